@@ -1,0 +1,274 @@
+"""Small-sample statistics for latency and memory series: medians, bootstrap intervals, rank tests.
+
+Units are whatever the inputs carry (ms for latencies, MiB for memory); every function returns
+values in the input unit unless it says otherwise (ratios and relative drifts are unitless).
+
+All functions take array-likes (lists, numpy arrays, pandas Series). Non-finite values (NaN, inf:
+failed or missing measurements) are dropped before computing. Bootstrap resampling is seeded and
+vectorised: one ``(n_resamples, n)`` index matrix per side, medians along axis 1, no Python loop
+over resamples.
+
+Serving benchmarks have few samples (a session has one cold request and a handful of warm
+ones), so the rules for tiny samples are explicit and documented on each function.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+from scipy import stats as _sst
+
+__all__ = [
+    "median_iqr",
+    "bootstrap_median_ci",
+    "bootstrap_ratio_ci",
+    "mann_whitney",
+    "slope_per_index",
+    "relative_drift",
+    "MIN_RANK_TEST_SAMPLES",
+]
+
+#: Fewest samples per side for which :func:`mann_whitney` runs the rank test.
+MIN_RANK_TEST_SAMPLES = 5
+
+# Cap on the number of elements of one resample matrix (rows are processed in chunks above it,
+# each chunk still vectorised), so a long memory series does not allocate gigabytes.
+_MAX_MATRIX_ELEMENTS = 4_000_000
+
+
+def _clean(x: Any) -> np.ndarray:
+    """1-D float array of the finite values of ``x``."""
+    a = np.asarray(x, dtype=float).ravel()
+    return a[np.isfinite(a)]
+
+
+def median_iqr(x: Any) -> tuple[float, float, float]:
+    """Median and interquartile range of a sample.
+
+    Args:
+        x: sample values (any unit, e.g. ms); non-finite values are dropped.
+
+    Returns:
+        ``(median, q1, q3)`` in the unit of ``x`` (q1/q3 are the 25th/75th percentiles, linear
+        interpolation). All NaN for an empty sample.
+    """
+    a = _clean(x)
+    if a.size == 0:
+        return (math.nan, math.nan, math.nan)
+    q1, med, q3 = np.percentile(a, [25.0, 50.0, 75.0])
+    return (float(med), float(q1), float(q3))
+
+
+def _bootstrap_medians(a: np.ndarray, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Medians of ``n_resamples`` resamples (with replacement) of ``a``: shape ``(n_resamples,)``."""
+    n = a.size
+    if n == 1:
+        return np.full(n_resamples, a[0])
+    rows = max(1, _MAX_MATRIX_ELEMENTS // n)
+    out = np.empty(n_resamples)
+    for start in range(0, n_resamples, rows):  # chunks of rows; one chunk for typical sizes
+        stop = min(n_resamples, start + rows)
+        idx = rng.integers(0, n, size=(stop - start, n))
+        out[start:stop] = np.median(a[idx], axis=1)
+    return out
+
+
+def _check_args(confidence: float, n_resamples: int) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+
+
+def bootstrap_median_ci(x: Any, confidence: float = 0.95, n_resamples: int = 2000,
+                        seed: int | None = 0) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval of the median.
+
+    Args:
+        x: sample values (e.g. warm e2e latencies in ms); non-finite values are dropped.
+        confidence: two-sided confidence level, e.g. 0.95.
+        n_resamples: number of bootstrap resamples.
+        seed: seed of the numpy Generator; the same seed and sample give the same interval.
+
+    Returns:
+        ``(lo, hi)`` in the unit of ``x``. A single value gives ``(v, v)`` (no spread can be
+        estimated from one sample); an empty sample gives ``(nan, nan)``.
+    """
+    _check_args(confidence, n_resamples)
+    a = _clean(x)
+    if a.size == 0:
+        return (math.nan, math.nan)
+    if a.size == 1:
+        return (float(a[0]), float(a[0]))
+    rng = np.random.default_rng(seed)
+    meds = _bootstrap_medians(a, n_resamples, rng)
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(meds, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return (float(lo), float(hi))
+
+
+def bootstrap_ratio_ci(a: Any, b: Any, confidence: float = 0.95, n_resamples: int = 2000,
+                       seed: int | None = 0) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval of ``median(a) / median(b)``.
+
+    ``a`` and ``b`` are resampled independently (they are separate samples, e.g. cold and warm
+    requests, or this run and another), each with its own index matrix from one seeded
+    Generator; the interval is the ``(1 - confidence) / 2`` and ``1 - (1 - confidence) / 2``
+    quantiles of the ratios of resampled medians.
+
+    Single-value samples: a side with one value (the cold request of a session is one sample)
+    is held fixed at that value, so the interval comes from resampling the other side only.
+    It then reflects the spread of the other side alone, not the unknown spread of the single
+    value. With one value on both sides the interval is degenerate: ``(r, r)``.
+
+    Args:
+        a: numerator sample (e.g. cold e2e ms); non-finite values are dropped.
+        b: denominator sample (e.g. warm e2e ms), same unit as ``a``.
+        confidence: two-sided confidence level.
+        n_resamples: number of bootstrap resamples.
+        seed: seed of the numpy Generator (deterministic for a given seed).
+
+    Returns:
+        ``(lo, hi)``, unitless. ``(nan, nan)`` when either side is empty. Resamples whose
+        denominator median is 0 give ±inf/NaN ratios; NaN ratios are ignored.
+    """
+    _check_args(confidence, n_resamples)
+    xa, xb = _clean(a), _clean(b)
+    if xa.size == 0 or xb.size == 0:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    ma = _bootstrap_medians(xa, n_resamples, rng)
+    mb = _bootstrap_medians(xb, n_resamples, rng)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = ma / mb
+    ratios = ratios[~np.isnan(ratios)]
+    if ratios.size == 0:
+        return (math.nan, math.nan)
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(ratios, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return (float(lo), float(hi))
+
+
+def mann_whitney(a: Any, b: Any,
+                 alternative: Literal["two-sided", "greater", "less"] = "two-sided",
+                 rel_threshold: float = 0.10, alpha: float = 0.05) -> dict[str, Any]:
+    """Mann-Whitney U rank test of ``a`` against ``b``, with an explicit rule for tiny samples.
+
+    "a is slower" means ``a``'s values (latencies, ms) tend to be larger than ``b``'s.
+
+    With at least :data:`MIN_RANK_TEST_SAMPLES` (5) finite values on both sides, this runs
+    ``scipy.stats.mannwhitneyu(a, b, alternative=alternative)`` (scipy picks the exact or the
+    asymptotic method) and reports its statistic and p-value; ``method`` is ``"mannwhitneyu"``.
+    The decision is ``"a slower"`` / ``"b slower"`` when ``pvalue < alpha`` and the medians
+    point that way (for ``"greater"`` only ``"a slower"`` is possible, for ``"less"`` only
+    ``"b slower"``), otherwise ``"no difference"``.
+
+    With fewer samples on either side (e.g. a single cold request against warm requests), a
+    rank test has no power (with 1 vs 4 the smallest possible two-sided p-value is 0.4), so no
+    p-value is given: ``statistic`` and ``pvalue`` are ``None`` and ``method`` is
+    ``"insufficient-samples"``. The decision rule is then:
+
+    - ``"a slower"`` only when ``min(a) > max(b)`` (complete separation) **and**
+      ``median(a) > median(b) * (1 + rel_threshold)``;
+    - ``"b slower"`` by the mirror rule (``min(b) > max(a)`` and
+      ``median(b) > median(a) * (1 + rel_threshold)``);
+    - otherwise ``"no difference"``.
+
+    The ``alternative`` restricts which of the two can be reported (as above). An empty side
+    gives decision ``"inconclusive"``.
+
+    Args:
+        a, b: samples in one unit (e.g. ms); non-finite values are dropped.
+        alternative: ``"two-sided"``, ``"greater"`` (a slower) or ``"less"`` (a faster).
+        rel_threshold: relative median difference required by the small-sample rule (0.10 =
+            10 %).
+        alpha: significance level used for the decision of the rank test.
+
+    Returns:
+        dict with ``statistic`` (U of ``a``, or None), ``pvalue`` (or None), ``method``,
+        ``n_a``, ``n_b``, ``note`` (human-readable reason), ``decision`` (``"a slower"``,
+        ``"b slower"``, ``"no difference"`` or ``"inconclusive"``), ``a_slower`` (bool),
+        ``median_a``, ``median_b`` (input unit) and ``alternative``.
+    """
+    if alternative not in ("two-sided", "greater", "less"):
+        raise ValueError(f"alternative must be two-sided, greater or less, got {alternative!r}")
+    xa, xb = _clean(a), _clean(b)
+    na, nb = int(xa.size), int(xb.size)
+    med_a = float(np.median(xa)) if na else math.nan
+    med_b = float(np.median(xb)) if nb else math.nan
+    allow_a = alternative in ("two-sided", "greater")
+    allow_b = alternative in ("two-sided", "less")
+    out: dict[str, Any] = {"statistic": None, "pvalue": None, "method": "insufficient-samples",
+                           "n_a": na, "n_b": nb, "note": "", "decision": "inconclusive",
+                           "a_slower": False, "median_a": med_a, "median_b": med_b,
+                           "alternative": alternative}
+    if na == 0 or nb == 0:
+        out["note"] = f"empty sample (n_a={na}, n_b={nb}): nothing to compare"
+        return out
+
+    if na >= MIN_RANK_TEST_SAMPLES and nb >= MIN_RANK_TEST_SAMPLES:
+        res = _sst.mannwhitneyu(xa, xb, alternative=alternative)
+        p = float(res.pvalue)
+        decision = "no difference"
+        if p < alpha:
+            if med_a > med_b and allow_a:
+                decision = "a slower"
+            elif med_b > med_a and allow_b:
+                decision = "b slower"
+        out.update(statistic=float(res.statistic), pvalue=p, method="mannwhitneyu",
+                   decision=decision,
+                   note=f"Mann-Whitney U ({alternative}), p={p:.3g} vs alpha={alpha}")
+    else:
+        sep_a = bool(xa.min() > xb.max())
+        sep_b = bool(xb.min() > xa.max())
+        big_a = bool(med_a > med_b * (1.0 + rel_threshold))
+        big_b = bool(med_b > med_a * (1.0 + rel_threshold))
+        decision = "no difference"
+        if allow_a and sep_a and big_a:
+            decision = "a slower"
+        elif allow_b and sep_b and big_b:
+            decision = "b slower"
+        out.update(decision=decision, note=(
+            f"fewer than {MIN_RANK_TEST_SAMPLES} samples on a side (n_a={na}, n_b={nb}): no "
+            f"p-value; rule: slower only with complete separation and a median difference "
+            f"> {rel_threshold:.0%} (separated: a>b {sep_a}, b>a {sep_b}; "
+            f"medians {med_a:.4g} vs {med_b:.4g})"))
+    out["a_slower"] = out["decision"] == "a slower"
+    return out
+
+
+def slope_per_index(y: Any) -> float:
+    """Least-squares slope of ``y`` against its index ``0..n-1``.
+
+    Used for growth per request, e.g. host RSS in MiB per request (a leak shows as a positive
+    slope). Non-finite values are dropped *with* their index (the x positions of the remaining
+    points are kept).
+
+    Args:
+        y: values in order (e.g. MiB after each request).
+
+    Returns:
+        slope in units of ``y`` per index step (e.g. MiB/request); NaN with fewer than 2
+        finite points.
+    """
+    arr = np.asarray(y, dtype=float).ravel()
+    x = np.arange(arr.size, dtype=float)
+    keep = np.isfinite(arr)
+    if keep.sum() < 2:
+        return math.nan
+    slope, _intercept = np.polyfit(x[keep], arr[keep], 1)
+    return float(slope)
+
+
+def relative_drift(first: float, last: float) -> float:
+    """Relative change from ``first`` to ``last``: ``last / first - 1`` (unitless).
+
+    E.g. 0.25 means ``last`` is 25 % above ``first`` (a warm request 25 % slower than the
+    previous one, or memory 25 % higher). NaN when ``first`` is 0 or either value is not
+    finite.
+    """
+    f, l_ = float(first), float(last)
+    if not (math.isfinite(f) and math.isfinite(l_)) or f == 0.0:
+        return math.nan
+    return l_ / f - 1.0
