@@ -1,0 +1,974 @@
+"""Baseline JSON in sglang's ``perf_baselines`` layout: load, derive, compare, update.
+
+Layout (sglang diffusion CI, see DESIGN.md "Interop facts"; ``tests/fixtures/perf_baselines_5090.json``
+is a real file)::
+
+    {"metadata": {"model", "hardware", "description", "last_updated": "YYYY-MM-DD", ...},
+     "tolerances": {"pr_test": {"e2e", "denoise_stage", "non_denoise_stage", "denoise_step",
+                                "denoise_agg", "load_peak_vram", "runtime_peak_vram", ["load"]},
+                    "long_term": {...}, <any other profile>: {...}},
+     "improvement_reporting": {"threshold": 0.2},
+     "sampling": {"step_fractions": [0.0, 0.2, ...]},
+     "scenarios": {case_id: {"stages_ms": {stage: ms}, "denoise_step_ms": {"<step index>": ms},
+                             "expected_e2e_ms", "expected_avg_denoise_ms",
+                             "expected_median_denoise_ms", ["expected_load_ms",
+                             "load_peak_vram_mb", "runtime_peak_vram_mb", "warmup_peak_vram_mb",
+                             "load_peak_allocated_mb", "runtime_peak_allocated_mb",
+                             "estimated_full_test_time_s", "notes"]}},
+     ["load_peak_vram_mb": {case_id: MiB}, "runtime_peak_vram_mb": {case_id: MiB}]}
+
+Documents are plain ``dict`` objects in file order, so unknown keys survive a load/save round trip
+(the 5090 fixture saves back byte for byte: 4-space indent, trailing newline).
+
+Units: times in ms (``*_s`` in seconds), memory in MiB.
+
+The public API:
+
+- :func:`load_baseline`, :func:`save_baseline`, :func:`dumps_baseline`, :func:`new_baseline`
+- :func:`from_bundle`, :func:`baseline_from_bundles`, :func:`set_scenario`
+- :func:`compare`, :func:`check_invariants`, :func:`classify_stage`, :func:`bound`
+- :func:`verdict_table`, :func:`verdict_markdown`, :func:`overall_status`,
+  :func:`improvement_snippets`
+- :func:`update_baseline`
+"""
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import pandas as pd
+
+from perfkit.bundle import ResultBundle
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# Constants. Every number the check uses lives here.
+#
+# Source: sglang's diffusion perf CI check (multimodal_gen perf baselines validation), as
+# paraphrased in DESIGN.md "Interop facts": a metric passes when
+#     actual <= max(expected * (1 + tol), expected + pad)
+# with the pads and tolerance overrides below. The default tolerance profiles are the numbers in
+# sglang's RTX 5090 baseline file (fixtures/sglang/perf_baselines_5090.json).
+# ---------------------------------------------------------------------------------------------
+
+#: sglang: default absolute pad (ms) for any timing without a more specific rule
+#: (e2e, denoise stages, denoise aggregates, load time).
+DEFAULT_PAD_MS = 20.0
+#: sglang: pad (ms) for non-denoise stages (text encoding, latent preparation, ...).
+NON_DENOISE_STAGE_PAD_MS = 120.0
+#: sglang: decoding stages use max(tol, 0.9) ...
+DECODING_STAGE_MIN_TOL = 0.9
+#: ... and a 450 ms pad.
+DECODING_STAGE_PAD_MS = 450.0
+#: sglang: denoising step 0 (first step, pays setup) uses tolerance 4.0 ...
+STEP0_TOL = 4.0
+#: ... and an 80 ms pad.
+STEP0_PAD_MS = 80.0
+#: sglang: other denoising steps of video models use a 160 ms pad.
+VIDEO_STEP_PAD_MS = 160.0
+#: other denoising steps of image models: the default pad (``compare(..., video=False)``).
+IMAGE_STEP_PAD_MS = DEFAULT_PAD_MS
+#: perfkit choice (not from sglang): VRAM peaks get no absolute pad, so the relative tolerance
+#: (1% load, 2% runtime in sglang's profiles) is the whole budget. Peaks come from torch's
+#: max_memory_reserved and are reproducible to the MiB on the same hardware.
+VRAM_PAD_MB = 0.0
+#: sglang: ``improvement_reporting.threshold`` default; faster than expected * (1 - threshold)
+#: prints an improvement hint.
+DEFAULT_IMPROVEMENT_THRESHOLD = 0.2
+#: sglang: ``sampling.step_fractions`` default; sampled step index = round(fraction * (n - 1)).
+DEFAULT_STEP_FRACTIONS = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+#: sglang's tolerance profiles, copied from its RTX 5090 baseline file.
+DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
+    "long_term": {
+        "e2e": 0.15,
+        "denoise_stage": 0.1,
+        "non_denoise_stage": 0.5,
+        "denoise_step": 0.25,
+        "denoise_agg": 0.15,
+        "load_peak_vram": 0.01,
+        "runtime_peak_vram": 0.02,
+    },
+    "pr_test": {
+        "e2e": 0.25,
+        "denoise_stage": 0.25,
+        "non_denoise_stage": 0.8,
+        "denoise_step": 0.3,
+        "denoise_agg": 0.2,
+        "load_peak_vram": 0.01,
+        "runtime_peak_vram": 0.02,
+    },
+}
+#: Rounding of values written by :func:`from_bundle` (sglang dumps ms with 2 decimals).
+MS_DECIMALS = 2
+MB_DECIMALS = 1
+S_DECIMALS = 1
+
+#: Scalar timing metrics of a scenario entry -> (tolerance key, pad ms).
+SCALAR_TIMING_METRICS: dict[str, tuple[str, float]] = {
+    "expected_e2e_ms": ("e2e", DEFAULT_PAD_MS),
+    "expected_avg_denoise_ms": ("denoise_agg", DEFAULT_PAD_MS),
+    "expected_median_denoise_ms": ("denoise_agg", DEFAULT_PAD_MS),
+    # optional: only gated when the profile has a "load" tolerance
+    "expected_load_ms": ("load", DEFAULT_PAD_MS),
+}
+#: Memory metrics (MiB) -> (tolerance key, pad MiB). Keys without a tolerance in the profile are
+#: reported as skipped (informational): sglang only gates load/runtime peak VRAM.
+MEMORY_METRICS: dict[str, tuple[str, float]] = {
+    "load_peak_vram_mb": ("load_peak_vram", VRAM_PAD_MB),
+    "runtime_peak_vram_mb": ("runtime_peak_vram", VRAM_PAD_MB),
+    "warmup_peak_vram_mb": ("warmup_peak_vram", VRAM_PAD_MB),
+    "load_peak_allocated_mb": ("load_peak_allocated", VRAM_PAD_MB),
+    "runtime_peak_allocated_mb": ("runtime_peak_allocated", VRAM_PAD_MB),
+}
+#: Tolerance keys that may be absent from a profile without it being an error.
+OPTIONAL_TOLERANCES = {"load", "warmup_peak_vram", "load_peak_allocated", "runtime_peak_allocated"}
+#: Top-level per-case maps some sglang files carry (case id -> MiB).
+TOP_LEVEL_CASE_MAPS = ("load_peak_vram_mb", "runtime_peak_vram_mb")
+#: Keys of a scenario entry that :func:`from_bundle` derives (replaced on update; others kept).
+DERIVED_KEYS = ("stages_ms", "denoise_step_ms", "expected_e2e_ms", "expected_avg_denoise_ms",
+                "expected_median_denoise_ms", "expected_load_ms", *MEMORY_METRICS,
+                "estimated_full_test_time_s")
+
+#: Invariants that hold on any hardware (ratios within one run). Params may override any key.
+#: warm/cold and first-request ratios follow DESIGN.md "Measurement rules" (gate on ratios
+#: measured within one run); leak slopes in MiB per request; latency drift is a fraction.
+DEFAULT_INVARIANTS: dict[str, Any] = {
+    "warm_cold_ratio_max": 1.0,
+    "covered_first_request_max_ratio": 1.5,
+    "covered_compiles_max": 0,
+    "host_anon_slope_mib_per_request_max": 16.0,
+    "device_reserved_slope_mib_per_request_max": 16.0,
+    "latency_drift_max": 0.25,
+    "caps_held": True,
+}
+#: Leak check names of cold_warm results -> invariant key holding its maximum.
+LEAK_INVARIANTS = {
+    "host_anon_slope_mib_per_request": "host_anon_slope_mib_per_request_max",
+    "device_reserved_slope_mib_per_request": "device_reserved_slope_mib_per_request_max",
+    "latency_drift": "latency_drift_max",
+}
+KNOWN_INVARIANTS = {"warm_cold_ratio_max", "warm_cold_ratio_min",
+                    "covered_first_request_max_ratio", "covered_compiles_max",
+                    "caps_held", "caps_completed", "warm_degrades_allowed",
+                    *LEAK_INVARIANTS.values()}
+
+VERDICT_COLUMNS = ["case", "metric", "expected", "actual", "bound", "status", "reason"]
+STATUSES = ("pass", "fail", "new", "improved", "skipped")
+
+
+class BaselineError(ValueError):
+    """A baseline file that cannot be read; the message names the file (and line/column)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Load / save
+# ---------------------------------------------------------------------------------------------
+
+def new_baseline(hardware: str | None = None, *, model: str = "Diffusion Server",
+                 tolerances: Mapping[str, Mapping[str, float]] | None = None,
+                 step_fractions: Iterable[float] | None = None,
+                 threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
+                 description: str = "") -> dict[str, Any]:
+    """An empty baseline document with sglang's default tolerances (:data:`DEFAULT_TOLERANCES`)."""
+    return {
+        "metadata": {"model": model, "hardware": hardware or "unknown",
+                     "description": description,
+                     "last_updated": _dt.date.today().isoformat()},
+        "tolerances": copy.deepcopy(dict(tolerances or DEFAULT_TOLERANCES)),
+        "improvement_reporting": {"threshold": threshold},
+        "sampling": {"step_fractions": list(step_fractions or DEFAULT_STEP_FRACTIONS)},
+        "scenarios": {},
+    }
+
+
+def _validate(doc: Any, source: str) -> None:
+    def bad(where: str, what: str) -> BaselineError:
+        return BaselineError(f"{source}: {where}: {what}")
+
+    if not isinstance(doc, dict):
+        raise bad("top level", f"is {type(doc).__name__}, expected a JSON object")
+    for key in ("metadata", "tolerances", "improvement_reporting", "sampling", "scenarios",
+                *TOP_LEVEL_CASE_MAPS):
+        if key in doc and not isinstance(doc[key], dict):
+            raise bad(key, f"is {type(doc[key]).__name__}, expected an object")
+    for prof, tols in (doc.get("tolerances") or {}).items():
+        if not isinstance(tols, dict):
+            raise bad(f"tolerances.{prof}", "expected an object")
+        for k, v in tols.items():
+            if not _is_number(v):
+                raise bad(f"tolerances.{prof}.{k}", f"{v!r} is not a number")
+    fr = (doc.get("sampling") or {}).get("step_fractions")
+    if fr is not None and (not isinstance(fr, list) or not all(_is_number(x) for x in fr)):
+        raise bad("sampling.step_fractions", "expected a list of numbers")
+    for case, entry in (doc.get("scenarios") or {}).items():
+        if not isinstance(entry, dict):
+            raise bad(f"scenarios.{case}", "expected an object")
+        for mkey in ("stages_ms", "denoise_step_ms"):
+            m = entry.get(mkey)
+            if m is None:
+                continue
+            if not isinstance(m, dict):
+                raise bad(f"scenarios.{case}.{mkey}", "expected an object")
+            for k, v in m.items():
+                if not _is_number(v):
+                    raise bad(f"scenarios.{case}.{mkey}.{k}", f"{v!r} is not a number")
+        for mkey in (*SCALAR_TIMING_METRICS, *MEMORY_METRICS, "estimated_full_test_time_s"):
+            if mkey in entry and entry[mkey] is not None and not _is_number(entry[mkey]):
+                raise bad(f"scenarios.{case}.{mkey}", f"{entry[mkey]!r} is not a number")
+    for key in TOP_LEVEL_CASE_MAPS:
+        for case, v in (doc.get(key) or {}).items():
+            if not _is_number(v):
+                raise bad(f"{key}.{case}", f"{v!r} is not a number")
+
+
+def loads_baseline(text: str, source: str = "<string>") -> dict[str, Any]:
+    """Parse baseline JSON text. Raises :class:`BaselineError` naming ``source`` and line/column."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BaselineError(f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: "
+                            f"{exc.msg}") from exc
+    _validate(doc, source)
+    return doc
+
+
+def load_baseline(path: str | Path) -> dict[str, Any]:
+    """Load a baseline file (sglang ``perf_baselines`` layout) as a plain dict, unknown keys kept.
+
+    Raises:
+        FileNotFoundError: when the file does not exist.
+        BaselineError: when it is not valid JSON (message: ``<file>: invalid JSON at line L column
+            C: ...``) or has the wrong shape (message names the file and the key path).
+    """
+    p = Path(path)
+    return loads_baseline(p.read_text(encoding="utf-8"), source=str(p))
+
+
+def dumps_baseline(doc: Mapping[str, Any]) -> str:
+    """Serialise like sglang's files: 4-space indent, key order kept, trailing newline."""
+    return json.dumps(doc, indent=4, ensure_ascii=False) + "\n"
+
+
+def save_baseline(doc: Mapping[str, Any], path: str | Path) -> Path:
+    """Write ``doc`` to ``path`` atomically (see :func:`atomic_write_text`). Returns the path."""
+    _validate(doc, "<document to save>")
+    p = Path(path)
+    atomic_write_text(p, dumps_baseline(doc))
+    return p
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically.
+
+    Writes a temp file in the same directory, flushes and fsyncs it, then ``os.replace``s it over
+    the target (and fsyncs the directory, best effort). On any error the temp file is removed and
+    the old file is left untouched. The new file keeps the old file's permission bits (or gets
+    0o666 minus the umask when it is new).
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.exists():
+        mode = p.stat().st_mode & 0o7777
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:
+        dfd = os.open(p.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:  # some filesystems cannot fsync a directory
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage classes
+# ---------------------------------------------------------------------------------------------
+
+StageClassifier = Callable[[str], str]
+
+
+def classify_stage(name: str) -> str:
+    """Stage class by sglang's rules, by substring so other engines' names fit.
+
+    Returns ``"decoding"`` for names containing ``Decod`` (checked first), ``"denoise"`` for names
+    containing ``Denois`` (``DenoisingStage``, ``LTX2AVDenoisingStage``), else ``"non_denoise"``.
+    """
+    if "Decod" in name:
+        return "decoding"
+    if "Denois" in name:
+        return "denoise"
+    return "non_denoise"
+
+
+def _classifier(stage_classes: StageClassifier | Mapping[str, str] | None) -> StageClassifier:
+    if stage_classes is None:
+        return classify_stage
+    if callable(stage_classes):
+        return stage_classes
+    mapping = dict(stage_classes)
+    return lambda name: mapping.get(name) or classify_stage(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Derive a scenario entry from a bundle
+# ---------------------------------------------------------------------------------------------
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _max(values: Iterable[Any]) -> float | None:
+    vals = [f for f in (_num(v) for v in values) if f is not None]
+    return max(vals) if vals else None
+
+
+def _measured_requests(bundle: ResultBundle, launch: str | None) -> pd.DataFrame:
+    req = bundle.requests
+    if req.empty:
+        return req
+    mask = pd.Series(True, index=req.index)
+    if "tag" in req:
+        mask &= req["tag"].fillna("").astype(str).str.lower() != "warmup"
+    if "status" in req:
+        mask &= req["status"] == "completed"
+    if launch is not None and "launch" in req:
+        mask &= req["launch"] == launch
+    return req[mask]
+
+
+def _keys(df: pd.DataFrame) -> list[tuple[Any, str]]:
+    """(launch, request_id) per row; a missing launch (column or value) is None."""
+    launches = df["launch"] if "launch" in df else [None] * len(df)
+    return [(None if la is None or (isinstance(la, float) and math.isnan(la)) else la, str(rid))
+            for la, rid in zip(launches, df["request_id"])]
+
+
+def _rows_of(df: pd.DataFrame, keys: set[tuple[Any, str]]) -> pd.DataFrame:
+    if df.empty or not keys or "request_id" not in df:
+        return df.iloc[0:0]
+    return df[[k in keys for k in _keys(df)]]
+
+
+def step_indices(n_steps: int, step_fractions: Iterable[float]) -> list[int]:
+    """Sampled step indices: ``round(fraction * (n_steps - 1))`` (sglang), deduplicated, sorted."""
+    if n_steps <= 0:
+        return []
+    return sorted({int(round(float(f) * (n_steps - 1))) for f in step_fractions})
+
+
+def from_bundle(bundle: ResultBundle, case_id: str, step_fractions: Iterable[float] | None = None,
+                launch: str | None = None,
+                stage_classes: StageClassifier | Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Derive one scenario entry (sglang layout) from a bundle's tables.
+
+    Measured requests are ``requests`` rows with ``tag != "warmup"`` and ``status == "completed"``
+    (restricted to ``launch`` when given). Like sglang's baseline dump, each value is the worst
+    (largest) over the measured requests:
+
+    - ``stages_ms``: stage -> ms (a stage repeated within a request sums first).
+    - ``denoise_step_ms``: ``str(step index)`` -> ms at ``step_fractions`` (default
+      :data:`DEFAULT_STEP_FRACTIONS`), index = ``round(fraction * (n - 1))``, from the steps of
+      denoise stages (``DenoisingStage`` when present, else any stage classed ``denoise``).
+    - ``expected_e2e_ms``: worst ``e2e_ms`` (``client_ms`` when e2e is missing).
+    - ``expected_avg_denoise_ms`` / ``expected_median_denoise_ms``: worst per-request mean /
+      median denoise step ms (0.0 when there are no steps, as sglang writes for such cases).
+    - ``expected_load_ms``: cold start, ``launches.ready_s * 1000`` (worst launch).
+    - ``load_peak_vram_mb`` / ``warmup_peak_vram_mb``: ``launches.load_peak_mb`` /
+      ``warmup_peak_mb`` (MiB).
+    - ``runtime_peak_vram_mb`` / ``runtime_peak_allocated_mb``: max ``requests.peak_reserved_mb``
+      / ``peak_allocated_mb`` (MiB).
+    - ``estimated_full_test_time_s``: per launch, ready_s plus the span from its first measured
+      request start to its last end (sum of e2e when no timestamps), summed over launches.
+
+    Keys whose source columns are missing or empty are left out.
+
+    Raises:
+        ValueError: when the bundle has no measured requests (for ``launch``).
+    """
+    fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
+    classify = _classifier(stage_classes)
+    req = _measured_requests(bundle, launch)
+    if req.empty:
+        where = f" in launch {launch!r}" if launch is not None else ""
+        raise ValueError(f"bundle {bundle.path or bundle.scenario}: no completed non-warmup "
+                         f"requests{where} for case {case_id!r}")
+    launch_col = pd.Series([k[0] for k in _keys(req)], index=req.index, dtype=object)
+    keys = set(_keys(req))
+    entry: dict[str, Any] = {}
+
+    # stages: per request sum by stage name, then the worst request
+    stages = _rows_of(bundle.stages, keys)
+    stages_ms: dict[str, float] = {}
+    if not stages.empty:
+        per_req = stages.assign(_launch=stages["launch"] if "launch" in stages else None) \
+            .groupby(["_launch", "request_id", "stage"], sort=False, dropna=False)["ms"].sum()
+        worst = per_req.groupby(level="stage", sort=False).max()
+        stages_ms = {str(k): round(float(v), MS_DECIMALS) for k, v in worst.items()}
+    entry["stages_ms"] = stages_ms
+
+    # steps
+    steps = _rows_of(bundle.steps, keys)
+    if not steps.empty and "stage" in steps:
+        names = steps["stage"].fillna("").astype(str)
+        if (names == "DenoisingStage").any():
+            steps = steps[names == "DenoisingStage"]
+        elif names.map(lambda s: classify(s) == "denoise").any():
+            steps = steps[names.map(lambda s: classify(s) == "denoise")]
+    step_ms: dict[int, float] = {}
+    avgs: list[float] = []
+    medians: list[float] = []
+    if not steps.empty:
+        sl = steps["launch"] if "launch" in steps else pd.Series(None, index=steps.index)
+        for _, grp in steps.assign(_launch=sl).groupby(["_launch", "request_id"], sort=False,
+                                                       dropna=False):
+            seq = [float(v) for v in grp.sort_values("step")["ms"]]
+            if not seq:
+                continue
+            avgs.append(statistics.fmean(seq))
+            medians.append(statistics.median(seq))
+            for i in step_indices(len(seq), fractions):
+                step_ms[i] = max(step_ms.get(i, -math.inf), seq[i])
+    entry["denoise_step_ms"] = {str(i): round(v, MS_DECIMALS) for i, v in sorted(step_ms.items())}
+
+    e2e = _max(req["e2e_ms"]) if "e2e_ms" in req else None
+    if e2e is None and "client_ms" in req:
+        e2e = _max(req["client_ms"])
+    if e2e is not None:
+        entry["expected_e2e_ms"] = round(e2e, MS_DECIMALS)
+    entry["expected_avg_denoise_ms"] = round(max(avgs), MS_DECIMALS) if avgs else 0.0
+    entry["expected_median_denoise_ms"] = round(max(medians), MS_DECIMALS) if medians else 0.0
+
+    # launches: cold start and load/warmup peaks
+    lt = bundle.launches
+    used = {k[0] for k in keys}
+    if not lt.empty and "launch" in lt:
+        lt = lt[lt["launch"].isin(used)] if used != {None} else lt
+        if launch is not None:
+            lt = lt[lt["launch"] == launch]
+    ready = _max(lt["ready_s"]) if "ready_s" in lt else None
+    if ready is not None:
+        entry["expected_load_ms"] = round(ready * 1000.0, MS_DECIMALS)
+    for col, key in (("load_peak_mb", "load_peak_vram_mb"), ("warmup_peak_mb", "warmup_peak_vram_mb")):
+        v = _max(lt[col]) if col in lt else None
+        if v is not None:
+            entry[key] = round(v, MB_DECIMALS)
+    for col, key in (("peak_reserved_mb", "runtime_peak_vram_mb"),
+                     ("peak_allocated_mb", "runtime_peak_allocated_mb")):
+        v = _max(req[col]) if col in req else None
+        if v is not None:
+            entry[key] = round(v, MB_DECIMALS)
+
+    # estimated full test time
+    total_s = 0.0
+    ready_by_launch = {}
+    if "ready_s" in lt and "launch" in lt:
+        ready_by_launch = {la: _num(r) or 0.0 for la, r in zip(lt["launch"], lt["ready_s"])}
+    elif ready is not None:  # launches without labels: count the cold start once
+        total_s += ready
+    for la, grp in req.assign(_launch=launch_col).groupby("_launch", sort=False, dropna=False):
+        span = None
+        if "t_start" in grp and "t_end" in grp:
+            t0, t1 = _num(grp["t_start"].min()), _num(grp["t_end"].max())
+            if t0 is not None and t1 is not None:
+                span = t1 - t0
+        if span is None:
+            col = "e2e_ms" if "e2e_ms" in grp else "client_ms" if "client_ms" in grp else None
+            span = float(grp[col].fillna(0).sum()) / 1000.0 if col else 0.0
+        total_s += span + ready_by_launch.get(la, 0.0)
+    entry["estimated_full_test_time_s"] = round(total_s, S_DECIMALS)
+    return entry
+
+
+def set_scenario(doc: dict[str, Any], case_id: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """Put ``entry`` under ``doc["scenarios"][case_id]`` in place and return ``doc``.
+
+    Keys of an existing entry that :func:`from_bundle` does not derive (``notes``, unknown keys)
+    are kept; derived keys are replaced. Top-level ``load_peak_vram_mb``/``runtime_peak_vram_mb``
+    maps, when the document has them, get this case's values too so they cannot go stale.
+    """
+    scenarios = doc.setdefault("scenarios", {})
+    old = scenarios.get(case_id) or {}
+    merged: dict[str, Any] = {}
+    for k, v in old.items():  # old key order; stale derived keys dropped
+        if k not in DERIVED_KEYS:
+            merged[k] = v
+        elif k in entry:
+            merged[k] = entry[k]
+    for k, v in entry.items():
+        merged.setdefault(k, v)
+    scenarios[case_id] = merged
+    for key in TOP_LEVEL_CASE_MAPS:
+        if isinstance(doc.get(key), dict) and key in entry:
+            doc[key][case_id] = entry[key]
+    return doc
+
+
+def baseline_from_bundles(cases: Mapping[str, ResultBundle] | Iterable[tuple[str, ResultBundle]],
+                          hardware: str | None = None, *,
+                          tolerances: Mapping[str, Mapping[str, float]] | None = None,
+                          step_fractions: Iterable[float] | None = None,
+                          launch: str | None = None, description: str | None = None,
+                          model: str = "Diffusion Server") -> dict[str, Any]:
+    """Build a whole baseline document from bundles.
+
+    Args:
+        cases: case id -> bundle (or (case id, bundle) pairs).
+        hardware: ``metadata.hardware``.
+        tolerances: profiles; default :data:`DEFAULT_TOLERANCES` (sglang's 5090 numbers).
+        step_fractions: default :data:`DEFAULT_STEP_FRACTIONS`.
+        launch: restrict every case to this launch label.
+        description: ``metadata.description``; default names the bundles' git commits.
+    """
+    items = list(cases.items()) if isinstance(cases, Mapping) else list(cases)
+    fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
+    if description is None:
+        commits = sorted({str(b.meta.get("git_commit")) for _, b in items if b.meta.get("git_commit")})
+        description = ("Reference numbers from perfkit bundles"
+                       + (f" at git commit {', '.join(commits)}" if commits else "") + ".")
+    doc = new_baseline(hardware, model=model, tolerances=tolerances, step_fractions=fractions,
+                       description=description)
+    for case_id, bundle in items:
+        set_scenario(doc, case_id, from_bundle(bundle, case_id, fractions, launch=launch))
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Verdict:
+    """One checked metric.
+
+    Attributes:
+        case: case id (or scenario name for invariants).
+        metric: ``stages_ms.<stage>``, ``denoise_step_ms.<i>``, ``expected_e2e_ms``, ... or the
+            invariant name.
+        expected: baseline value (ms or MiB) or invariant threshold.
+        actual: measured value (None when missing).
+        bound: the pass bound (``max(expected*(1+tol), expected+pad)`` for baseline metrics).
+        status: one of ``pass``, ``fail``, ``new``, ``improved``, ``skipped``.
+        reason: why, in words.
+        snippet: for ``improved``, the JSON fragment to paste into the case's baseline entry.
+    """
+
+    case: str
+    metric: str
+    expected: float | None
+    actual: float | None
+    bound: float | None
+    status: str
+    reason: str = ""
+    snippet: dict[str, Any] | None = field(default=None)
+
+
+def bound(expected: float, tol: float, pad: float) -> float:
+    """sglang's pass bound: ``max(expected * (1 + tol), expected + pad)``."""
+    return max(expected * (1.0 + tol), expected + pad)
+
+
+def _metric_rule(metric: str, tols: Mapping[str, float], classify: StageClassifier,
+                 video: bool) -> tuple[float | None, float, str]:
+    """(tolerance or None if the profile lacks it, pad, rule description) for a metric path."""
+    if metric.startswith("stages_ms."):
+        cls = classify(metric.split(".", 1)[1])
+        if cls == "denoise":
+            return tols.get("denoise_stage"), DEFAULT_PAD_MS, "denoise_stage"
+        if cls == "decoding":
+            t = tols.get("non_denoise_stage")
+            return (None if t is None else max(t, DECODING_STAGE_MIN_TOL)), DECODING_STAGE_PAD_MS, \
+                f"decoding: max(non_denoise_stage, {DECODING_STAGE_MIN_TOL})"
+        return tols.get("non_denoise_stage"), NON_DENOISE_STAGE_PAD_MS, "non_denoise_stage"
+    if metric.startswith("denoise_step_ms."):
+        if metric.split(".", 1)[1] == "0":
+            return STEP0_TOL, STEP0_PAD_MS, "step 0"
+        pad = VIDEO_STEP_PAD_MS if video else IMAGE_STEP_PAD_MS
+        return tols.get("denoise_step"), pad, "denoise_step"
+    if metric in SCALAR_TIMING_METRICS:
+        key, pad = SCALAR_TIMING_METRICS[metric]
+        return tols.get(key), pad, key
+    if metric in MEMORY_METRICS:
+        key, pad = MEMORY_METRICS[metric]
+        return tols.get(key), pad, key
+    return None, DEFAULT_PAD_MS, "unknown"
+
+
+def _flatten(entry: Mapping[str, Any]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for k in ("stages_ms", "denoise_step_ms"):
+        for name, v in (entry.get(k) or {}).items():
+            out[f"{k}.{name}"] = _num(v)
+    for k in (*SCALAR_TIMING_METRICS, *MEMORY_METRICS):
+        if k in entry:
+            out[k] = _num(entry[k])
+    return out
+
+
+def _expected_metrics(baseline: Mapping[str, Any], case: str) -> dict[str, float | None] | None:
+    entry = (baseline.get("scenarios") or {}).get(case)
+    top = {k: baseline[k][case] for k in TOP_LEVEL_CASE_MAPS
+           if isinstance(baseline.get(k), dict) and case in baseline[k]}
+    if entry is None and not top:
+        return None
+    flat = _flatten(entry or {})
+    for k, v in top.items():
+        flat.setdefault(k, _num(v))  # a value inside the scenario entry wins
+    return flat
+
+
+def _snippet(metric: str, value: float) -> dict[str, Any]:
+    if "." in metric:
+        group, name = metric.split(".", 1)
+        return {group: {name: value}}
+    return {metric: value}
+
+
+def compare(run: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any],
+            profile: str = "pr_test", strict: bool = False, *,
+            stage_classes: StageClassifier | Mapping[str, str] | None = None,
+            video: bool = True, threshold: float | None = None) -> list[Verdict]:
+    """Check a run against a baseline with sglang's rule.
+
+    A metric passes when ``actual <= max(expected * (1 + tol), expected + pad)`` (see the module
+    constants for tolerances/pads and their source). Stage classes come from
+    :func:`classify_stage` unless ``stage_classes`` (a callable or a name -> class mapping with
+    the default rules as fallback) says otherwise.
+
+    Args:
+        run: case id -> scenario entry (the output of :func:`from_bundle`); ms and MiB.
+        baseline: a loaded baseline document.
+        profile: tolerance profile name (``pr_test``, ``long_term``, ...).
+        strict: a case (or metric) with no baseline fails instead of being ``new``.
+        video: use the 160 ms pad for denoise steps after step 0 (False: 20 ms, image models).
+        threshold: improvement threshold; default the document's
+            ``improvement_reporting.threshold`` (0.2).
+
+    Returns:
+        Verdict rows: ``fail`` when over the bound or missing from the run; ``improved`` (a pass)
+        when faster than ``expected * (1 - threshold)``, with a snippet to paste; ``skipped`` when
+        the profile has no tolerance for an optional metric (``load``, allocated/warmup peaks).
+
+    Raises:
+        KeyError: when ``profile`` is not in the baseline's tolerances.
+    """
+    all_tols = baseline.get("tolerances") or {}
+    if profile not in all_tols:
+        raise KeyError(f"tolerance profile {profile!r} not in baseline (has: {sorted(all_tols)})")
+    tols = all_tols[profile]
+    if threshold is None:
+        threshold = float((baseline.get("improvement_reporting") or {}).get(
+            "threshold", DEFAULT_IMPROVEMENT_THRESHOLD))
+    classify = _classifier(stage_classes)
+    rows: list[Verdict] = []
+    for case, entry in run.items():
+        expected = _expected_metrics(baseline, case)
+        actual = _flatten(entry)
+        if expected is None:
+            status = "fail" if strict else "new"
+            rows.append(Verdict(case, "*", None, None, None, status,
+                                "case not in baseline" + (" (strict)" if strict else "")))
+            continue
+        for metric, exp in expected.items():
+            act = actual.get(metric)
+            tol, pad, rule = _metric_rule(metric, tols, classify, video)
+            if exp is None:
+                rows.append(Verdict(case, metric, None, act, None, "skipped",
+                                    "baseline value is null"))
+                continue
+            if tol is None:
+                known_optional = rule in OPTIONAL_TOLERANCES
+                if not known_optional:
+                    log.warning("profile %s has no tolerance for %s (%s)", profile, metric, rule)
+                rows.append(Verdict(case, metric, exp, act, None, "skipped",
+                                    f"profile {profile!r} has no {rule!r} tolerance"))
+                continue
+            b = bound(exp, tol, pad)
+            if act is None:
+                rows.append(Verdict(case, metric, exp, None, b, "fail", "missing from run"))
+                continue
+            rule_txt = f"{rule}: tol {tol:g}, pad {pad:g}"
+            if act > b:
+                over = (act / exp - 1.0) * 100 if exp else math.inf
+                rows.append(Verdict(case, metric, exp, act, b, "fail",
+                                    f"{act:g} > bound {b:g} (+{over:.1f}% vs expected; {rule_txt})"))
+            elif exp > 0 and act < exp * (1.0 - threshold):
+                snip = _snippet(metric, act)
+                rows.append(Verdict(case, metric, exp, act, b, "improved",
+                                    f"{(1 - act / exp) * 100:.1f}% faster than expected; update "
+                                    f"scenarios.{case} with {json.dumps(snip)}", snip))
+            else:
+                rows.append(Verdict(case, metric, exp, act, b, "pass", rule_txt))
+        for metric in actual:
+            if metric not in expected and actual[metric] is not None:
+                status = "fail" if strict else "new"
+                rows.append(Verdict(case, metric, None, actual[metric], None, status,
+                                    "metric not in baseline" + (" (strict)" if strict else "")))
+    return rows
+
+
+def improvement_snippets(rows: Iterable[Verdict]) -> dict[str, dict[str, Any]]:
+    """Merge the snippets of ``improved`` rows per case: case id -> fragment to paste."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r.status != "improved" or not r.snippet:
+            continue
+        dst = out.setdefault(r.case, {})
+        for k, v in r.snippet.items():
+            if isinstance(v, dict):
+                dst.setdefault(k, {}).update(v)
+            else:
+                dst[k] = v
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Invariants (any hardware)
+# ---------------------------------------------------------------------------------------------
+
+def _check_max(case: str, metric: str, value: Any, limit: float, what: str = "") -> Verdict:
+    v = _num(value)
+    if v is None:
+        return Verdict(case, metric, limit, None, limit, "skipped", "not measured")
+    ok = v <= limit
+    reason = f"{v:g} {'<=' if ok else '>'} {limit:g}" + (f" ({what})" if what else "")
+    return Verdict(case, metric, limit, v, limit, "pass" if ok else "fail", reason)
+
+
+def check_invariants(results: Mapping[str, Mapping[str, Any]],
+                     invariants: Mapping[str, Any]) -> list[Verdict]:
+    """Check hardware-independent invariants (ratios within one run) on scenario results.
+
+    Args:
+        results: scenario name -> that scenario's ``results.json`` dict (``cold_warm``,
+            ``warmup_shapes``, ``memory_budget``; see perfkit.scenarios).
+        invariants: the declared invariants (only these are checked), e.g.
+            :data:`DEFAULT_INVARIANTS`:
+
+            - ``warm_cold_ratio_max`` / ``warm_cold_ratio_min``: warm median ms / cold ms bounds.
+            - ``covered_first_request_max_ratio``: first request of a covered shape <= k x its
+              warm median.
+            - ``covered_compiles_max``: compiles during the first request of a covered shape.
+            - ``host_anon_slope_mib_per_request_max``, ``device_reserved_slope_mib_per_request_max``
+              (MiB per request) and ``latency_drift_max`` (fraction): leak checks of cold_warm.
+            - ``caps_held`` (bool): every memory cap held. ``caps_completed`` (bool): every capped
+              run completed. ``warm_degrades_allowed`` (bool, False gates): warm requests under a
+              cap must not degrade.
+
+    Missing scenarios or keys give ``skipped`` rows ("not measured"), never failures.
+    """
+    rows: list[Verdict] = []
+    for key in invariants:
+        if key not in KNOWN_INVARIANTS:
+            log.warning("unknown invariant %r ignored", key)
+            rows.append(Verdict("invariants", key, None, None, None, "skipped", "unknown invariant"))
+
+    cw = results.get("cold_warm")
+    for key in ("warm_cold_ratio_max", "warm_cold_ratio_min"):
+        if key not in invariants:
+            continue
+        limit = float(invariants[key])
+        if not cw:
+            rows.append(Verdict("cold_warm", "warm_cold_ratio", limit, None, limit, "skipped",
+                                "not measured"))
+            continue
+        ratio = _num(cw.get("warm_cold_ratio"))
+        if ratio is None and _num(cw.get("cold_ms")) and _num(cw.get("warm_median_ms")) is not None:
+            ratio = float(cw["warm_median_ms"]) / float(cw["cold_ms"])
+        ci = cw.get("warm_cold_ratio_ci")
+        ci_txt = f"95% CI {ci[0]:.3g}..{ci[1]:.3g}" if isinstance(ci, (list, tuple)) and len(ci) == 2 \
+            and all(_is_number(x) for x in ci) else ""
+        if key.endswith("_max"):
+            rows.append(_check_max("cold_warm", "warm_cold_ratio", ratio, limit, ci_txt))
+        elif ratio is None:
+            rows.append(Verdict("cold_warm", "warm_cold_ratio_min", limit, None, limit, "skipped",
+                                "not measured"))
+        else:
+            ok = ratio >= limit
+            rows.append(Verdict("cold_warm", "warm_cold_ratio_min", limit, ratio, limit,
+                                "pass" if ok else "fail",
+                                f"{ratio:g} {'>=' if ok else '<'} {limit:g}"
+                                + (f" ({ci_txt})" if ci_txt else "")))
+    leaks = {c.get("name"): c for c in ((cw or {}).get("leak_checks") or []) if isinstance(c, dict)}
+    for name, key in LEAK_INVARIANTS.items():
+        if key not in invariants:
+            continue
+        limit = float(invariants[key])
+        chk = leaks.get(name)
+        rows.append(_check_max("cold_warm", name, chk.get("value") if chk else None, limit))
+
+    ws = results.get("warmup_shapes")
+    coverage = [c for c in ((ws or {}).get("coverage") or []) if isinstance(c, dict)]
+    covered = [c for c in coverage if c.get("covered")]
+    for key, metric in (("covered_first_request_max_ratio", "covered_first_request_ratio"),
+                        ("covered_compiles_max", "covered_compiles")):
+        if key not in invariants:
+            continue
+        limit = float(invariants[key])
+        if not covered:
+            rows.append(Verdict("warmup_shapes", metric, limit, None, limit, "skipped",
+                                "not measured" if not coverage else "no covered shape measured"))
+            continue
+        for c in covered:
+            label = f"{metric}[warmup={c.get('warmup_frames')}f,request={c.get('request_frames')}f]"
+            if metric == "covered_compiles":
+                rows.append(_check_max("warmup_shapes", label, c.get("compiles"), limit))
+                continue
+            ratio = _num(c.get("ratio"))
+            if ratio is None and _num(c.get("warm_median_ms")) and _num(c.get("first_ms")) is not None:
+                ratio = float(c["first_ms"]) / float(c["warm_median_ms"])
+            what = f"penalty {c['penalty_ms']:.0f} ms in {c.get('penalty_stage')}" \
+                if _num(c.get("penalty_ms")) is not None else ""
+            rows.append(_check_max("warmup_shapes", label, ratio, limit, what))
+
+    mb = results.get("memory_budget")
+    caps = [c for c in ((mb or {}).get("caps") or []) if isinstance(c, dict)]
+    for key, col, bad_when in (("caps_held", "cap_held", False), ("caps_completed", "completed", False),
+                               ("warm_degrades_allowed", "warm_degrades", True)):
+        if key not in invariants:
+            continue
+        want = bool(invariants[key])
+        if key == "warm_degrades_allowed" and want:
+            continue  # degradation allowed: nothing to gate
+        if key != "warm_degrades_allowed" and not want:
+            continue
+        if not caps:
+            rows.append(Verdict("memory_budget", key, None, None, None, "skipped", "not measured"))
+            continue
+        for c in caps:
+            metric = f"{col}[{c.get('label')}]"
+            val = c.get(col)
+            if val is None:
+                rows.append(Verdict("memory_budget", metric, None, None, None, "skipped",
+                                    "not measured"))
+                continue
+            failed = bool(val) is bad_when
+            detail = (f"device cap {c.get('device_cap_gib')} GiB, host cap {c.get('host_cap_gib')} GiB,"
+                      f" enforcement {c.get('enforcement')}, peak reserved "
+                      f"{c.get('peak_reserved_mb')} MiB, host anon peak "
+                      f"{c.get('host_anon_peak_mib')} MiB, placement {c.get('placement')}")
+            rows.append(Verdict("memory_budget", metric, float(not bad_when), float(bool(val)),
+                                None, "fail" if failed else "pass",
+                                f"{col}={bool(val)}; {detail}"))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+# ---------------------------------------------------------------------------------------------
+
+def verdict_table(rows: Iterable[Verdict | Mapping[str, Any]]) -> pd.DataFrame:
+    """Verdict rows as a DataFrame with :data:`VERDICT_COLUMNS`
+    (case, metric, expected, actual, bound, status, reason)."""
+    recs = []
+    for r in rows:
+        d = r.__dict__ if isinstance(r, Verdict) else dict(r)
+        recs.append({c: d.get(c) for c in VERDICT_COLUMNS})
+    return pd.DataFrame(recs, columns=VERDICT_COLUMNS)
+
+
+def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def verdict_markdown(df: pd.DataFrame) -> str:
+    """A GitHub-flavoured markdown table of a verdict table (numbers with 2 decimals).
+
+    Uses ``DataFrame.to_markdown`` when ``tabulate`` is installed, else a small formatter.
+    """
+    try:
+        import tabulate  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return df.to_markdown(index=False, floatfmt=".2f")
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for rec in df.itertuples(index=False):
+        lines.append("| " + " | ".join(_cell(v) for v in rec) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def overall_status(df: pd.DataFrame) -> str:
+    """``"fail"`` when any row failed, else ``"pass"`` (new/improved/skipped do not fail)."""
+    return "fail" if (not df.empty and (df["status"] == "fail").any()) else "pass"
+
+
+# ---------------------------------------------------------------------------------------------
+# Update
+# ---------------------------------------------------------------------------------------------
+
+def update_baseline(bundle_dir: str | Path, baseline_file: str | Path, case_id: str, *,
+                    hardware: str | None = None,
+                    tolerances: Mapping[str, Mapping[str, float]] | None = None,
+                    launch: str | None = None) -> dict[str, Any]:
+    """Write ``case_id``'s entry, derived from the bundle at ``bundle_dir``, into ``baseline_file``.
+
+    The file is replaced atomically (temp file in the same directory, flush + fsync,
+    ``os.replace``): an interruption leaves the old file intact. Other cases, tolerances and
+    unknown keys are kept. ``metadata.last_updated`` becomes today (YYYY-MM-DD),
+    ``metadata.description`` names the bundle's git commit (``meta["git_commit"]``), and
+    ``metadata.hardware`` is set when ``hardware`` is given. A missing file is created with
+    ``tolerances`` (default :data:`DEFAULT_TOLERANCES`, sglang's values).
+
+    Returns:
+        The document written.
+    """
+    bundle = ResultBundle.load(bundle_dir)
+    path = Path(baseline_file)
+    if path.exists():
+        doc = load_baseline(path)
+    else:
+        log.info("creating baseline %s", path)
+        doc = new_baseline(hardware, tolerances=tolerances)
+    fractions = (doc.get("sampling") or {}).get("step_fractions") or DEFAULT_STEP_FRACTIONS
+    entry = from_bundle(bundle, case_id, fractions, launch=launch)
+    set_scenario(doc, case_id, entry)
+    meta = doc.setdefault("metadata", {})
+    commit = bundle.meta.get("git_commit") or "unknown"
+    meta["description"] = (f"Reference numbers for {case_id} from perfkit bundle "
+                           f"{Path(bundle_dir).name} ({bundle.scenario}) at git commit {commit}.")
+    meta["last_updated"] = _dt.date.today().isoformat()
+    if hardware is not None:
+        meta["hardware"] = hardware
+    save_baseline(doc, path)
+    log.info("baseline %s: case %s updated from %s", path, case_id, bundle_dir)
+    return doc
