@@ -1,0 +1,184 @@
+"""Client for sglang's video API: ``POST /v1/videos``, then poll ``GET /v1/videos/{id}``.
+
+The reference engine and sglang's diffusion server answer the same protocol. After completion the
+matching line in ``performance.log`` is found by request id (polled with a timeout: the server
+writes it after the status flips; a partial last line is tolerated).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from perfkit.records import PerfRecord, find_record
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("completed", "failed", "error", "cancelled")
+
+
+@dataclass
+class VideoRequestSpec:
+    """A request's fields (sglang's /v1/videos names). Pixels, frames, steps."""
+
+    prompt: str = "a cat walks on the beach at sunset, cinematic"
+    num_frames: int | None = None
+    height: int | None = None
+    width: int | None = None
+    num_inference_steps: int | None = None
+    seed: int = 0
+    guidance_scale: float | None = None
+    negative_prompt: str | None = None
+    fps: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def payload(self) -> dict[str, Any]:
+        body = {k: v for k, v in self.__dict__.items() if k != "extra" and v is not None}
+        body.update(self.extra)
+        return body
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "VideoRequestSpec":
+        """Build from a params mapping; unknown keys go to ``extra``."""
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "extra"}
+        extra = {k: v for k, v in d.items() if k not in cls.__dataclass_fields__}
+        return cls(**known, extra=extra)
+
+
+@dataclass
+class RequestOutcome:
+    """What happened to one request, client side.
+
+    Attributes:
+        request_id: server id ('' when the submit itself failed).
+        status: ``completed``, ``failed``, ``rejected`` (4xx on submit), ``timeout`` or ``error``
+            (connection lost, e.g. the engine died).
+        http_status: status code of the submit (0 when no answer).
+        client_ms: submit to terminal status, ms.
+        t_start, t_end: epoch seconds (same clock as the sampler).
+        error: error text from the server or the transport.
+        record: the matching performance.log record, when found.
+    """
+
+    request_id: str
+    status: str
+    http_status: int
+    client_ms: float
+    t_start: float
+    t_end: float
+    error: str | None = None
+    record: PerfRecord | None = None
+    body: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+
+class VideoClient:
+    """Synchronous client for one engine.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:30000``.
+        perf_log_dir: where the engine writes performance.log (None: no record lookup).
+        timeout_s: per request, submit to completion.
+        poll_s: polling interval.
+    """
+
+    def __init__(self, base_url: str, perf_log_dir: str | Path | None = None, timeout_s: float = 600.0,
+                 poll_s: float = 0.05):
+        self.base_url = base_url.rstrip("/")
+        self.perf_log_dir = Path(perf_log_dir) if perf_log_dir else None
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self.http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(30.0, connect=5.0))
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "VideoClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def health(self) -> bool:
+        try:
+            return self.http.get("/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def submit(self, spec: VideoRequestSpec) -> httpx.Response:
+        return self.http.post("/v1/videos", json=spec.payload())
+
+    def generate(self, spec: VideoRequestSpec, record_timeout_s: float = 10.0) -> RequestOutcome:
+        """Submit, poll to a terminal status, then find the record. Never raises for server-side
+        failures: they come back as the outcome's status and error."""
+        t_start = time.time()
+        p0 = time.perf_counter()
+
+        def outcome(rid: str, status: str, code: int, error: str | None, body=None) -> RequestOutcome:
+            return RequestOutcome(rid, status, code, (time.perf_counter() - p0) * 1000.0, t_start, time.time(),
+                                  error, None, body or {})
+
+        try:
+            resp = self.submit(spec)
+        except httpx.HTTPError as exc:
+            return outcome("", "error", 0, f"submit failed: {type(exc).__name__}: {exc}")
+        if resp.status_code >= 400:
+            return outcome("", "rejected", resp.status_code, _error_text(resp))
+        body = resp.json()
+        rid = str(body.get("id") or body.get("request_id") or "")
+        status = body.get("status", "queued")
+        deadline = p0 + self.timeout_s
+        while status not in TERMINAL:
+            if time.perf_counter() > deadline:
+                return outcome(rid, "timeout", resp.status_code,
+                               f"request {rid} not finished after {self.timeout_s:.0f} s (last status {status})")
+            time.sleep(self.poll_s)
+            try:
+                r = self.http.get(f"/v1/videos/{rid}")
+            except httpx.HTTPError as exc:
+                return outcome(rid, "error", resp.status_code,
+                               f"lost the engine while polling {rid}: {type(exc).__name__}: {exc}")
+            if r.status_code >= 400:
+                return outcome(rid, "error", r.status_code, _error_text(r))
+            body = r.json()
+            status = body.get("status", status)
+        out = outcome(rid, "completed" if status == "completed" else "failed", resp.status_code,
+                      body.get("error") if status != "completed" else None, body)
+        if isinstance(out.error, dict):
+            out.error = out.error.get("message") or str(out.error)
+        if self.perf_log_dir is not None and rid:
+            out.record = self.wait_record(rid, record_timeout_s)
+            if out.record is None:
+                log.warning("no performance.log line for %s after %.0f s", rid, record_timeout_s)
+        return out
+
+    def wait_record(self, request_id: str, timeout_s: float = 10.0) -> PerfRecord | None:
+        """Poll performance.log for the request's line."""
+        if self.perf_log_dir is None:
+            return None
+        deadline = time.perf_counter() + timeout_s
+        while True:
+            rec = find_record(self.perf_log_dir, request_id)
+            if rec is not None or time.perf_counter() > deadline:
+                return rec
+            time.sleep(0.05)
+
+
+def _error_text(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return f"HTTP {resp.status_code}: {resp.text[:300]}"
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict):
+        return f"HTTP {resp.status_code}: {err.get('message')}"
+    if isinstance(body, dict) and "detail" in body:
+        return f"HTTP {resp.status_code}: {body['detail']}"
+    return f"HTTP {resp.status_code}: {str(body)[:300]}"

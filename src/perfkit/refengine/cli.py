@@ -1,0 +1,174 @@
+"""Command line of the reference engine.
+
+The engine prints marks on stderr that the harness parses for the cold start parts::
+
+    perfkit-mark process_start t=<epoch s>
+    perfkit-mark models_loaded t=<epoch s>
+    perfkit-mark warmup_done t=<epoch s>
+    perfkit-mark listening port=<port>
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+import time
+
+log = logging.getLogger("perfkit.refengine")
+
+
+def mark(name: str, **fields) -> None:
+    """Print a ``perfkit-mark`` line on stderr (flushed)."""
+    extra = " ".join(f"{k}={v}" for k, v in fields.items())
+    print(f"perfkit-mark {name} {extra}".rstrip(), file=sys.stderr, flush=True)
+
+
+def _resolution(text: str) -> tuple[int, int]:
+    try:
+        h, w = text.lower().split("x")
+        return int(h), int(w)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m perfkit.refengine",
+                                description="perfkit reference engine: LTX-Video (diffusers) over HTTP")
+    p.add_argument("--preset", default="tiny", help="model preset: tiny | ltx-2b (default tiny)")
+    p.add_argument("--model-path", default=None, help="local diffusers-format checkpoint directory")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as a mark)")
+    p.add_argument("--perf-log-dir", default=None, help="append performance.log here")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--seed", type=int, default=0, help="weight seed")
+    p.add_argument("--compile", action="store_true", help="torch.compile the transformer (dynamic=False)")
+    p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--compile-vae", action="store_true", help="also compile the VAE decoder")
+    p.add_argument("--recompile-limit", type=int, default=None, help="torch._dynamo recompile limit")
+    p.add_argument("--two-stage", action="store_true", help="half-res pass + UpsampleStage + RefinementStage")
+    p.add_argument("--refine-steps", type=int, default=2)
+    p.add_argument("--warmup-frames", type=int, default=17, help="startup warmup frames (0 disables)")
+    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--warmup-resolution", type=_resolution, default=None, help="HEIGHTxWIDTH")
+    p.add_argument("--height", type=int, default=None, help="serving default height (px)")
+    p.add_argument("--width", type=int, default=None, help="serving default width (px)")
+    p.add_argument("--steps", type=int, default=None, help="serving default num_inference_steps")
+    p.add_argument("--max-frames", type=int, default=257)
+    p.add_argument("--num-gpus", type=int, default=1)
+    p.add_argument("--placement", default=None, choices=["device", "group_offload"],
+                   help="force a placement instead of deciding from the cap")
+    p.add_argument("--keep-outputs", action="store_true", help="save generated frames as .npy")
+    p.add_argument("--debug-leak-mib", type=int, default=0, help="TEST ONLY: leak this many MiB per request")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None, t0: float | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    mark("process_start", t=f"{t0 or time.time():.6f}")
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.num_gpus != 1:
+        print(f"error: --num-gpus {args.num_gpus}: only 1 is supported by this engine build", file=sys.stderr)
+        return 2
+    for name in ("warmup_frames", "max_frames", "debug_leak_mib"):
+        if getattr(args, name) < 0:
+            print(f"error: --{name.replace('_', '-')} must be >= 0", file=sys.stderr)
+            return 2
+
+    import torch
+    import uvicorn
+
+    from perfkit.bundle import _git_commit
+    from perfkit.refengine import models, placement
+    from perfkit.refengine.compile_watch import CompileWatch
+    from perfkit.refengine.pipeline import GenRequest, StagedPipeline
+    from perfkit.refengine.server import Engine, create_app
+
+    if args.preset not in models.PRESETS and not args.model_path:
+        print(f"error: unknown --preset {args.preset!r}; known: {', '.join(models.PRESETS)}", file=sys.stderr)
+        return 2
+    dev_name = args.device
+    if dev_name == "auto":
+        dev_name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(dev_name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    preset = models.PRESETS.get(args.preset, models.PRESETS["tiny"])
+    if args.dtype == "auto":
+        dtype = getattr(torch, preset.dtype) if device.type == "cuda" else torch.float32
+    else:
+        dtype = getattr(torch, args.dtype)
+    if args.recompile_limit is not None:
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = args.recompile_limit
+
+    # bind first so an occupied port fails before minutes of loading
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        print(f"error: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    port = sock.getsockname()[1]
+    mark("listening", port=port)
+
+    try:
+        cap = placement.apply_device_cap(device)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    if args.model_path:
+        comps = models.load_checkpoint(args.model_path, dtype, two_stage=args.two_stage, preset=args.preset)
+    else:
+        comps = models.build_preset(args.preset, dtype, seed=args.seed, two_stage=args.two_stage)
+    where = placement.place(comps, device, cap, force=args.placement)
+    do_compile = args.compile
+    if do_compile and where == "group_offload":
+        log.warning("torch.compile disabled under group offload")
+        do_compile = False
+    watch = CompileWatch()
+    pipe = StagedPipeline(comps, device, dtype, two_stage=args.two_stage, refine_steps=args.refine_steps,
+                          compile=do_compile, compile_backend=args.compile_backend,
+                          compile_vae=args.compile_vae, compile_watch=watch)
+    defaults = {"height": args.height or preset.height, "width": args.width or preset.width,
+                "steps": args.steps or preset.steps, "num_frames": preset.num_frames}
+    info = {"device": str(device), "placement": where, "preset": args.preset, "model_source": comps.source,
+            "dtype": str(dtype).replace("torch.", ""), "compile": do_compile,
+            "compile_backend": args.compile_backend if do_compile else None, "two_stage": args.two_stage,
+            "warmup_frames": args.warmup_frames, "device_cap_gib": cap,
+            "param_mib": {k: round(v / 2**20, 1) for k, v in comps.param_bytes.items()}}
+    engine = Engine(pipe, defaults, args.max_frames, args.perf_log_dir, info,
+                    keep_outputs_dir=(f"{args.perf_log_dir or '.'}/outputs" if args.keep_outputs else None),
+                    debug_leak_mib=args.debug_leak_mib, commit_hash=_git_commit())
+    from perfkit.refengine.server import _snapshot
+
+    engine.snapshots["load_peak"] = _snapshot(device)
+    mark("models_loaded", t=f"{time.time():.6f}", placement=where)
+    log.info("models loaded (%s, %s, %s)", comps.source, device, where)
+
+    if args.warmup_frames > 0:
+        wh, ww = args.warmup_resolution or (defaults["height"], defaults["width"])
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        job = engine.run_sync(GenRequest(prompt="warmup", num_frames=args.warmup_frames, height=wh, width=ww,
+                                         num_inference_steps=args.warmup_steps), tag="warmup")
+        if job.status != "completed":
+            print(f"error: startup warmup failed: {job.error}", file=sys.stderr)
+            return 3
+        engine.snapshots["warmup_peak"] = _snapshot(device)
+    mark("warmup_done", t=f"{time.time():.6f}")
+    engine.ready = True
+
+    app = create_app(engine, model_name=comps.source)
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    engine.queue.put(None)
+    return 0

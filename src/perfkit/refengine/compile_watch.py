@@ -1,0 +1,117 @@
+"""Counting torch.compile compilations per request, with recompilation reasons.
+
+Uses dynamo's compile start/end callbacks (``torch._dynamo.callback.callback_handler``) for
+count and time, and the ``recompiles`` logging artifact (``torch._logging.set_logs``) for the
+guard that failed. A message about ``recompile_limit``/``cache_size_limit`` marks that the limit
+was hit: after that torch runs the frame eagerly without saying so in the result, so we record it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CompileWindow:
+    """What compiled inside one window (a request).
+
+    Attributes:
+        compiles: dynamo compilations started in the window.
+        compile_ms: wall time spent compiling (ms), summed over compilations.
+        reasons: recompilation reasons (the failed guard lines).
+        limit_hit: the recompile limit was hit (frames then run eagerly).
+    """
+
+    compiles: int = 0
+    compile_ms: float = 0.0
+    reasons: list[str] = field(default_factory=list)
+    limit_hit: bool = False
+
+
+class _Handler(logging.Handler):
+    def __init__(self, watch: "CompileWatch"):
+        super().__init__(level=logging.DEBUG)
+        self.watch = watch
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001
+            return
+        self.watch._on_log(record.name, msg)
+
+
+class CompileWatch:
+    """Process-wide observer of dynamo compilations; open a window per request."""
+
+    def __init__(self) -> None:
+        import torch
+        import torch._dynamo  # noqa: F401
+
+        self._lock = threading.Lock()
+        self._starts: dict[str, float] = {}
+        self._current: CompileWindow | None = None
+        self._seen_reasons: set[tuple[str, str]] = set()
+        handler = torch._dynamo.callback.callback_handler
+        handler.register_start_callback(self._on_start)
+        handler.register_end_callback(self._on_end)
+        torch._logging.set_logs(recompiles=True)
+        h = _Handler(self)
+        logging.getLogger("torch._dynamo.guards").addHandler(h)
+        for name in ("torch._dynamo.convert_frame", "torch._dynamo"):
+            logging.getLogger(name).addHandler(h)
+
+    def _cid(self, args) -> str:
+        try:
+            return str(args[0].compile_id)
+        except Exception:  # noqa: BLE001
+            return "?"
+
+    def _on_start(self, *args, **kwargs) -> None:
+        with self._lock:
+            self._starts[self._cid(args)] = time.perf_counter()
+            if self._current is not None:
+                self._current.compiles += 1
+
+    def _on_end(self, *args, **kwargs) -> None:
+        with self._lock:
+            t0 = self._starts.pop(self._cid(args), None)
+            if t0 is not None and self._current is not None:
+                self._current.compile_ms += (time.perf_counter() - t0) * 1000.0
+
+    def _on_log(self, name: str, msg: str) -> None:
+        with self._lock:
+            w = self._current
+            if w is None:
+                return
+            if "recompile_limit" in msg or "cache_size_limit" in msg:
+                w.limit_hit = True
+                w.reasons.append(msg.strip().splitlines()[0][:300])
+                return
+            if "Recompiling function" in msg:
+                lines = [ln.strip() for ln in msg.splitlines()]
+                guards = [ln.lstrip("- ").strip() for ln in lines if ln.startswith("- ")]
+                # only the newest guard failure is informative (older ones repeat)
+                reason = guards[0] if guards else lines[0]
+                key = (name, msg)
+                if key not in self._seen_reasons:
+                    self._seen_reasons.add(key)
+                    w.reasons.append(reason[:300])
+
+    def begin(self) -> CompileWindow:
+        """Start a window; returns it (filled in as compilations happen)."""
+        with self._lock:
+            self._seen_reasons.clear()
+            self._current = CompileWindow()
+            return self._current
+
+    def end(self) -> CompileWindow:
+        """Close the current window and return it."""
+        with self._lock:
+            w = self._current or CompileWindow()
+            self._current = None
+            return w

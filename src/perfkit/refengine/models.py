@@ -1,0 +1,244 @@
+"""Model construction for the reference engine: diffusers LTX-Video components, seeded weights.
+
+Nothing is fetched from a model hub. Presets build the real diffusers classes
+(``LTXVideoTransformer3DModel``, ``AutoencoderKLLTXVideo``, ``FlowMatchEulerDiscreteScheduler``,
+``LTXLatentUpsamplerModel``) and a transformers ``T5EncoderModel`` with seeded random weights, so
+compute and memory match trained weights of the same configuration. A tokenizer is trained
+locally with the ``tokenizers`` library. ``load_checkpoint`` loads a local diffusers-format
+directory instead (the layout ``save_pretrained`` writes, as in ``Lightricks/LTX-Video``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+#: Words the local tokenizer is trained on (a deterministic BPE; only its shape matters).
+_CORPUS = (
+    "a cat walks on the beach at sunset, waves roll in, cinematic lighting, slow camera pan. "
+    "a red car drives through a neon city at night, rain on the street, reflections. "
+    "an astronaut floats above the earth, stars in the background, detailed, 4k, smooth motion. "
+    "low quality, worst quality, blurry, jittery, distorted, watermark, text, deformed."
+)
+
+
+@dataclass
+class Preset:
+    """A model configuration.
+
+    Attributes:
+        name: preset id.
+        transformer: kwargs for ``LTXVideoTransformer3DModel``.
+        vae: kwargs for ``AutoencoderKLLTXVideo``.
+        text_encoder: kwargs for ``transformers.T5Config``.
+        upsampler: kwargs for ``LTXLatentUpsamplerModel``.
+        max_sequence_length: prompt tokens fed to the text encoder.
+        height, width, steps, num_frames: serving defaults (pixels, steps, frames).
+        dtype: default weight dtype name on GPU (CPU always runs float32).
+    """
+
+    name: str
+    transformer: dict[str, Any]
+    vae: dict[str, Any]
+    text_encoder: dict[str, Any]
+    upsampler: dict[str, Any]
+    max_sequence_length: int = 128
+    height: int = 512
+    width: int = 768
+    steps: int = 30
+    num_frames: int = 25
+    dtype: str = "bfloat16"
+    vocab_size: int = 32128
+
+
+PRESETS: dict[str, Preset] = {
+    # Small enough for 2 CPU cores; keeps the full VAE's compression (32x spatial, 8x temporal).
+    "tiny": Preset(
+        name="tiny",
+        transformer=dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8,
+                         cross_attention_dim=16, num_layers=2, caption_channels=16),
+        vae=dict(latent_channels=8, block_out_channels=(8, 8, 8, 8),
+                 decoder_block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1),
+                 decoder_layers_per_block=(1, 1, 1, 1, 1)),
+        text_encoder=dict(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+                          relative_attention_num_buckets=8),
+        upsampler=dict(in_channels=8, mid_channels=32, num_blocks_per_stage=1),
+        max_sequence_length=16, height=64, width=64, steps=4, num_frames=25, dtype="float32",
+        vocab_size=512,
+    ),
+    # diffusers' default LTX-Video transformer (~1.9 B parameters), full-size VAE, T5-XXL encoder.
+    "ltx-2b": Preset(
+        name="ltx-2b",
+        transformer=dict(),
+        vae=dict(),
+        text_encoder=dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                          feed_forward_proj="gated-gelu", relative_attention_num_buckets=32),
+        upsampler=dict(),
+        max_sequence_length=128, height=512, width=768, steps=30, num_frames=25, dtype="bfloat16",
+    ),
+}
+
+
+@dataclass
+class Components:
+    """The built models and their metadata."""
+
+    transformer: torch.nn.Module
+    vae: torch.nn.Module
+    text_encoder: torch.nn.Module
+    tokenizer: Any
+    scheduler: Any
+    upsampler: torch.nn.Module | None
+    preset: Preset
+    source: str
+    param_bytes: dict[str, int] = field(default_factory=dict)
+
+
+def build_tokenizer(vocab_size: int, max_length: int):
+    """Train a small BPE tokenizer locally and wrap it for transformers.
+
+    Returns a ``transformers.PreTrainedTokenizerFast`` with ``<pad>``, ``</s>`` and ``<unk>``.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=min(vocab_size, 400), special_tokens=["<pad>", "</s>", "<unk>"],
+                                  show_progress=False)
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
+                                   unk_token="<unk>", model_max_length=max_length)
+
+
+@torch.no_grad()
+def _seeded_init(module: torch.nn.Module, seed: int) -> None:
+    """Fill every parameter with seeded values: N(0, 1/sqrt(fan_in)) for matrices, ones for norm
+    scales, zeros for biases. Keeps activations finite through deep random stacks."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for name, p in module.named_parameters():
+        if p.dim() >= 2:
+            fan_in = math.prod(p.shape[1:])
+            p.normal_(0.0, 1.0 / math.sqrt(max(fan_in, 1)), generator=gen) if p.device.type == "cpu" \
+                else p.copy_(torch.randn(p.shape, generator=gen).div_(math.sqrt(max(fan_in, 1))))
+        elif name.endswith("bias"):
+            p.zero_()
+        else:
+            p.fill_(1.0)
+    for name, b in module.named_buffers():
+        if b.is_floating_point() and b.device.type == "meta":
+            raise RuntimeError(f"buffer {name} left on meta device")
+
+
+def _materialise(cls_factory, seed: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """Construct on the meta device, allocate on ``device`` in ``dtype``, then seed-initialise.
+
+    Avoids a slow default initialisation of billions of parameters.
+    """
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        model = cls_factory()
+    # buffers were built for real (e.g. the VAE's latents_mean/std): keep their values
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers() if b.device.type != "meta"}
+    model = model.to_empty(device=device)
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            if n in buffers:
+                b.copy_(buffers[n].to(b.device))
+    model = model.to(dtype)
+    _seeded_init(model, seed)
+    return model.eval()
+
+
+def build_preset(name: str, dtype: torch.dtype, seed: int = 0, two_stage: bool = False,
+                 device: str | torch.device = "cpu") -> Components:
+    """Build a preset's components with seeded random weights on ``device``.
+
+    Raises:
+        KeyError: unknown preset (the message lists the known ones).
+    """
+    from diffusers import AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler, LTXVideoTransformer3DModel
+    from diffusers.pipelines.ltx.modeling_latent_upsampler import LTXLatentUpsamplerModel
+    from transformers import T5Config, T5EncoderModel
+
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    p = PRESETS[name]
+    dev = torch.device(device)
+    transformer = _materialise(lambda: LTXVideoTransformer3DModel(**p.transformer), seed, dev, dtype)
+    vae = _materialise(lambda: AutoencoderKLLTXVideo(**p.vae), seed + 1, dev, dtype)
+    t5cfg = T5Config(vocab_size=p.vocab_size, **p.text_encoder)
+    text_encoder = _materialise(lambda: T5EncoderModel(t5cfg), seed + 2, dev, dtype)
+    upsampler = None
+    if two_stage:
+        up_cfg = dict(p.upsampler)
+        up_cfg.setdefault("in_channels", transformer.config.in_channels)
+        upsampler = _materialise(lambda: LTXLatentUpsamplerModel(**up_cfg), seed + 3, dev, dtype)
+    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05,
+                                                base_image_seq_len=1024, max_image_seq_len=4096,
+                                                shift_terminal=0.1)
+    tokenizer = build_tokenizer(p.vocab_size, p.max_sequence_length)
+    comps = Components(transformer, vae, text_encoder, tokenizer, scheduler, upsampler, p, f"preset:{name}")
+    comps.param_bytes = param_bytes(comps)
+    return comps
+
+
+def param_bytes(c: Components) -> dict[str, int]:
+    """Bytes of parameters per component."""
+    out = {}
+    for key in ("transformer", "vae", "text_encoder", "upsampler"):
+        m = getattr(c, key)
+        if m is not None:
+            out[key] = sum(t.numel() * t.element_size() for t in m.parameters())
+    return out
+
+
+def save_checkpoint(c: Components, path: str | Path) -> Path:
+    """Save components as a diffusers-format directory (``model_index.json`` + subfolders)."""
+    from diffusers import LTXPipeline
+
+    pipe = LTXPipeline(scheduler=c.scheduler, vae=c.vae, text_encoder=c.text_encoder,
+                       tokenizer=c.tokenizer, transformer=c.transformer)
+    out = Path(path)
+    pipe.save_pretrained(out)
+    if c.upsampler is not None:
+        c.upsampler.save_pretrained(out / "latent_upsampler")
+    return out
+
+
+def load_checkpoint(path: str | Path, dtype: torch.dtype, two_stage: bool = False,
+                    preset: str = "tiny") -> Components:
+    """Load a local diffusers-format LTX-Video checkpoint directory.
+
+    The serving defaults (resolution, steps) come from ``preset``. With ``two_stage`` the latent
+    upsampler is read from ``path/latent_upsampler``.
+
+    Raises:
+        FileNotFoundError: the directory or its ``model_index.json`` is missing, or
+            ``two_stage`` is set and ``latent_upsampler/`` is missing.
+    """
+    from diffusers import LTXPipeline
+    from diffusers.pipelines.ltx.modeling_latent_upsampler import LTXLatentUpsamplerModel
+
+    d = Path(path)
+    if not (d / "model_index.json").exists():
+        raise FileNotFoundError(f"--model-path {d}: no model_index.json (not a diffusers checkpoint)")
+    pipe = LTXPipeline.from_pretrained(d, torch_dtype=dtype, local_files_only=True)
+    upsampler = None
+    if two_stage:
+        if not (d / "latent_upsampler").exists():
+            raise FileNotFoundError(f"--two-stage needs {d / 'latent_upsampler'}")
+        upsampler = LTXLatentUpsamplerModel.from_pretrained(d / "latent_upsampler", torch_dtype=dtype)
+    base = PRESETS.get(preset, PRESETS["tiny"])
+    comps = Components(pipe.transformer.eval(), pipe.vae.eval(), pipe.text_encoder.eval(), pipe.tokenizer,
+                       pipe.scheduler, upsampler.eval() if upsampler is not None else None, base, f"path:{d}")
+    comps.param_bytes = param_bytes(comps)
+    return comps

@@ -1,0 +1,275 @@
+"""The staged LTX-Video pipeline with per-stage timing and memory statistics.
+
+Stages follow sglang's names: ``TextEncodingStage``, ``LatentPreparationStage``,
+``DenoisingStage`` (each step recorded), optionally ``UpsampleStage`` and ``RefinementStage``
+(two-stage: first pass at half resolution, latent upsampler, a few steps at full resolution),
+and ``DecodingStage``. The device is synchronised at every stage and step boundary before the
+clock is read (``time.perf_counter``), and the peak memory statistics are reset at every stage
+boundary, so each stage's own peak is known.
+
+The maths reuses diffusers' ``LTXPipeline`` helpers (prompt encoding, latent preparation and
+(un)packing, timestep shift); only the loop is ours, to time it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import psutil
+import torch
+
+from perfkit.frames import align_frames
+from perfkit.refengine.compile_watch import CompileWatch, CompileWindow
+from perfkit.refengine.models import Components
+
+log = logging.getLogger(__name__)
+
+MIB = 2**20
+
+
+@dataclass
+class GenRequest:
+    """One video request (sglang's /v1/videos fields). Sizes in pixels, frames as requested."""
+
+    prompt: str
+    num_frames: int
+    height: int
+    width: int
+    num_inference_steps: int
+    seed: int = 0
+    guidance_scale: float = 3.0
+    negative_prompt: str = ""
+    fps: int = 24
+    stage_timing: bool = True
+
+
+@dataclass
+class StageResult:
+    name: str
+    ms: float
+    t_start: float
+    t_end: float
+    peak_allocated_mb: float | None = None
+    peak_reserved_mb: float | None = None
+
+
+@dataclass
+class RunResult:
+    """What one pipeline run produced: stage timings, steps (ms), compile window, memory."""
+
+    stages: list[StageResult] = field(default_factory=list)
+    steps: list[float] = field(default_factory=list)
+    refinement_steps: list[float] = field(default_factory=list)
+    total_ms: float = 0.0
+    t_start: float = 0.0
+    t_end: float = 0.0
+    effective_frames: int = 0
+    latent_shape: list[int] = field(default_factory=list)
+    compile: CompileWindow = field(default_factory=CompileWindow)
+    video: np.ndarray | None = None
+
+
+def host_memory_mib() -> tuple[float, float]:
+    """(RSS, anonymous RSS) of this process in MiB (anonymous from /proc/self/status RssAnon)."""
+    rss = psutil.Process().memory_info().rss / MIB
+    anon = float("nan")
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("RssAnon:"):
+                    anon = int(line.split()[1]) / 1024.0
+                    break
+    except OSError:
+        pass
+    return rss, anon
+
+
+class StagedPipeline:
+    """Runs LTX-Video requests stage by stage on one device.
+
+    Args:
+        comps: built components (placed already).
+        device: execution device.
+        dtype: compute dtype of the transformer/VAE.
+        two_stage: run half resolution + UpsampleStage + RefinementStage.
+        refine_steps: steps of RefinementStage.
+        compile: wrap the transformer (and with ``compile_vae`` the VAE decoder) in
+            ``torch.compile(dynamic=False)`` with ``compile_backend``.
+        compile_watch: the process's CompileWatch (required when compiling).
+    """
+
+    def __init__(self, comps: Components, device: torch.device, dtype: torch.dtype, two_stage: bool = False,
+                 refine_steps: int = 2, compile: bool = False, compile_backend: str = "inductor",
+                 compile_vae: bool = False, compile_watch: CompileWatch | None = None):
+        from diffusers import LTXPipeline
+
+        self.c = comps
+        self.device = device
+        self.dtype = dtype
+        self.two_stage = two_stage
+        self.refine_steps = refine_steps
+        self.watch = compile_watch
+        self.pipe = LTXPipeline(scheduler=comps.scheduler, vae=comps.vae, text_encoder=comps.text_encoder,
+                                tokenizer=comps.tokenizer, transformer=comps.transformer)
+        self.pipe.set_progress_bar_config(disable=True)
+        self.temporal = self.pipe.vae_temporal_compression_ratio
+        self.spatial = self.pipe.vae_spatial_compression_ratio
+        if compile:
+            comps.transformer.compile(dynamic=False, backend=compile_backend)
+            if compile_vae:
+                comps.vae.decoder.compile(dynamic=False, backend=compile_backend)
+        self.is_cuda = device.type == "cuda"
+
+    # -- measurement helpers -------------------------------------------------------------
+    def _sync(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def _stage(self, name: str, out: RunResult, timing: bool) -> Iterator[None]:
+        if timing:
+            self._sync()
+            if self.is_cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
+        t0 = time.perf_counter()
+        w0 = time.time()
+        yield
+        if timing:
+            self._sync()
+        ms = (time.perf_counter() - t0) * 1000.0
+        res = StageResult(name, ms, w0, time.time())
+        if timing and self.is_cuda:
+            res.peak_allocated_mb = torch.cuda.max_memory_allocated(self.device) / MIB
+            res.peak_reserved_mb = torch.cuda.max_memory_reserved(self.device) / MIB
+        out.stages.append(res)
+
+    # -- the pipeline --------------------------------------------------------------------
+    def _denoise(self, latents, embeds, mask, timesteps, n_lat, h_lat, w_lat, guidance, fps,
+                 timing: bool, step_times: list[float]):
+        cfg = guidance > 1.0
+        rope = (self.temporal / fps, self.spatial, self.spatial)
+        sched = self.c.scheduler
+        for t in timesteps:
+            t0 = time.perf_counter()
+            model_in = torch.cat([latents] * 2) if cfg else latents
+            model_in = model_in.to(embeds.dtype)
+            ts = t.expand(model_in.shape[0])
+            noise = self.c.transformer(hidden_states=model_in, encoder_hidden_states=embeds, timestep=ts,
+                                       encoder_attention_mask=mask, num_frames=n_lat, height=h_lat, width=w_lat,
+                                       rope_interpolation_scale=rope, return_dict=False)[0].float()
+            if cfg:
+                uncond, text = noise.chunk(2)
+                noise = uncond + guidance * (text - uncond)
+            latents = sched.step(noise, t, latents, return_dict=False)[0]
+            if timing:
+                self._sync()
+            step_times.append((time.perf_counter() - t0) * 1000.0)
+        return latents
+
+    def _timesteps(self, steps: int, seq_len: int, start_sigma: float = 1.0):
+        from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift, retrieve_timesteps
+
+        sched = self.c.scheduler
+        sigmas = np.linspace(start_sigma, 1.0 / steps if start_sigma == 1.0 else start_sigma / steps, steps)
+        mu = calculate_shift(seq_len, sched.config.get("base_image_seq_len", 256),
+                             sched.config.get("max_image_seq_len", 4096), sched.config.get("base_shift", 0.5),
+                             sched.config.get("max_shift", 1.15))
+        ts, _ = retrieve_timesteps(sched, steps, self.device, sigmas=sigmas, mu=mu)
+        return ts
+
+    @torch.no_grad()
+    def run(self, req: GenRequest, keep_output: bool = False) -> RunResult:
+        """Run one request. Returns timings, compile window and (optionally) the frames.
+
+        Raises:
+            torch.OutOfMemoryError: when the device runs out of memory (the caller reports it).
+        """
+        out = RunResult()
+        timing = req.stage_timing
+        pipe = self.pipe
+        frames = align_frames(req.num_frames, self.temporal)
+        out.effective_frames = frames
+        n_lat = (frames - 1) // self.temporal + 1
+        h_full, w_full = req.height, req.width
+        if self.two_stage:
+            h1 = max(self.spatial, (req.height // 2) // self.spatial * self.spatial)
+            w1 = max(self.spatial, (req.width // 2) // self.spatial * self.spatial)
+        else:
+            h1, w1 = h_full, w_full
+        gen = torch.Generator(device="cpu").manual_seed(req.seed)
+        if self.watch is not None:
+            self.watch.begin()
+        out.t_start = time.time()
+        t_all = time.perf_counter()
+        try:
+            cfg = req.guidance_scale > 1.0
+            with self._stage("TextEncodingStage", out, timing):
+                embeds, mask, neg, neg_mask = pipe.encode_prompt(
+                    prompt=req.prompt, negative_prompt=req.negative_prompt or "",
+                    do_classifier_free_guidance=cfg, num_videos_per_prompt=1,
+                    max_sequence_length=self.c.preset.max_sequence_length, device=self.device)
+                if cfg:
+                    embeds = torch.cat([neg, embeds], dim=0)
+                    mask = torch.cat([neg_mask, mask], dim=0)
+                embeds = embeds.to(self.dtype)
+            with self._stage("LatentPreparationStage", out, timing):
+                ch = self.c.transformer.config.in_channels
+                latents = pipe.prepare_latents(1, ch, h1, w1, frames, torch.float32, self.device, gen, None)
+                h_lat, w_lat = h1 // self.spatial, w1 // self.spatial
+                timesteps = self._timesteps(req.num_inference_steps, n_lat * h_lat * w_lat)
+            with self._stage("DenoisingStage", out, timing):
+                latents = self._denoise(latents, embeds, mask, timesteps, n_lat, h_lat, w_lat,
+                                        req.guidance_scale, req.fps, timing, out.steps)
+            p_s, p_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
+            vae = self.c.vae
+            if self.two_stage:
+                with self._stage("UpsampleStage", out, timing):
+                    lat5 = pipe._unpack_latents(latents, n_lat, h_lat, w_lat, p_s, p_t)
+                    lat5 = pipe._denormalize_latents(lat5, vae.latents_mean, vae.latents_std,
+                                                     vae.config.scaling_factor)
+                    up = self.c.upsampler(lat5.to(self.dtype)).float()
+                    up = pipe._normalize_latents(up, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+                    h_lat, w_lat = up.shape[-2], up.shape[-1]
+                    latents = pipe._pack_latents(up, p_s, p_t)
+                with self._stage("RefinementStage", out, timing):
+                    steps = max(1, self.refine_steps)
+                    ts = self._timesteps(steps, n_lat * h_lat * w_lat, start_sigma=0.4)
+                    noise = torch.randn(latents.shape, generator=gen).to(latents.device)
+                    latents = 0.4 * noise + 0.6 * latents
+                    latents = self._denoise(latents, embeds, mask, ts, n_lat, h_lat, w_lat,
+                                            req.guidance_scale, req.fps, timing, out.refinement_steps)
+            out.latent_shape = [int(self.c.transformer.config.in_channels), n_lat, int(h_lat), int(w_lat)]
+            with self._stage("DecodingStage", out, timing):
+                lat5 = pipe._unpack_latents(latents, n_lat, h_lat, w_lat, p_s, p_t)
+                lat5 = pipe._denormalize_latents(lat5, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+                video = vae.decode(lat5.to(self.dtype), None, return_dict=False)[0]
+                if keep_output:
+                    out.video = ((video.float().clamp(-1, 1) + 1) * 127.5).to(torch.uint8).cpu().numpy()
+            self._sync()
+        finally:
+            out.total_ms = (time.perf_counter() - t_all) * 1000.0
+            out.t_end = time.time()
+            if self.watch is not None:
+                out.compile = self.watch.end()
+        return out
+
+
+def set_threads_from_env() -> None:
+    """Respect PERFKIT_TORCH_THREADS (CPU runs), else leave torch's default."""
+    n = os.environ.get("PERFKIT_TORCH_THREADS")
+    if n:
+        torch.set_num_threads(int(n))
+
+
+def record_payload(res: RunResult) -> dict[str, Any]:
+    """The parts of a record that come from a run (stages, steps, perfkit extras)."""
+    return {
+        "stages": [{"name": s.name, "execution_time_ms": round(s.ms, 3)} for s in res.stages],
+        "steps": [round(x, 3) for x in res.steps],
+        "total_duration_ms": round(res.total_ms, 3),
+    }
