@@ -1,0 +1,550 @@
+"""Start an engine under memory caps, wait until it is ready, capture its logs, always tear down.
+
+::
+
+    with launch(EngineSpec(kind="reference"), caps=MemoryCaps(host_gib=32), run_dir=d) as eng:
+        client = ...(eng.base_url)
+        eng.cold_start          # {"ready_s": 41.2, "process_start_s": 0.4, ...}
+        eng.records()           # performance.log records so far
+    # here the engine's whole process group is gone
+
+Layout under ``run_dir/<label>/``: ``stdout.log``, ``stderr.log``, ``perf/`` (the perf log dir),
+``cache/{inductor,triton}`` (own compile caches unless ``spec.share_compile_cache``, then
+``run_dir/shared-cache/``).
+
+Cold start: ``ready_s`` is launch until ``GET health_path`` answers 200. Its parts come from engine
+log lines ``perfkit-mark <name> t=<epoch seconds>``: ``process_start_s`` and ``models_loaded_s``
+(mark − launch time) and ``warmup_s`` (warmup_done − models_loaded), None where absent.
+
+Teardown (normal exit, exception or KeyboardInterrupt): SIGTERM to the process group, ``grace_s``
+to exit, then SIGKILL to the group and to any descendant seen that survived (also those that left
+the group). Every process started is recorded in a module registry (:func:`started_processes`)
+so tests can assert that none survives.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import psutil
+
+from perfkit import records as _records
+from perfkit.caps import CapOutcome, HostCapEnforcer, MemoryCaps, kill_tree
+from perfkit.engine import EngineSpec
+
+log = logging.getLogger(__name__)
+
+MARK_RE = re.compile(r"perfkit-mark\s+(\w+)\s+t=([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?\d+)?)")
+POLL_S = 0.2
+
+
+class EngineStartError(RuntimeError):
+    """The engine did not become ready: it exited, timed out, or could not be started.
+
+    Attributes:
+        exit_code: the process exit code (negative: killed by that signal), None if still running
+            or never started.
+        log_tail: the last lines of its stdout+stderr.
+        cap_outcome: the host cap outcome (None without a launch).
+        command: the argv.
+        run_dir: the launch directory holding the logs.
+    """
+
+    def __init__(self, message: str, exit_code: int | None = None, log_tail: str = "",
+                 cap_outcome: CapOutcome | None = None, command: list[str] | None = None,
+                 run_dir: Path | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+        self.cap_outcome = cap_outcome
+        self.command = command
+        self.run_dir = run_dir
+
+
+class PortInUseError(EngineStartError):
+    """The fixed port of the spec is taken."""
+
+
+class EngineExitedError(RuntimeError):
+    """The engine is no longer running (see :meth:`EngineHandle.raise_if_dead`)."""
+
+
+# ---------------------------------------------------------------------------- registry
+@dataclass(frozen=True)
+class StartedProcess:
+    pid: int
+    pgid: int
+    create_time: float
+    label: str
+    command: tuple[str, ...]
+
+
+_REGISTRY: list[StartedProcess] = []
+_REGISTRY_LOCK = threading.Lock()
+
+
+def started_processes() -> list[StartedProcess]:
+    """Every engine process (and descendant seen at teardown) started by :func:`launch` in
+    this Python process, oldest first."""
+    with _REGISTRY_LOCK:
+        return list(_REGISTRY)
+
+
+def _register(p: StartedProcess) -> None:
+    with _REGISTRY_LOCK:
+        _REGISTRY.append(p)
+
+
+def surviving(procs: list[StartedProcess]) -> list[StartedProcess]:
+    """Those of ``procs`` still alive (same pid and start time, not a zombie)."""
+    out = []
+    for sp in procs:
+        try:
+            p = psutil.Process(sp.pid)
+            if abs(p.create_time() - sp.create_time) > 0.05:
+                continue
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            out.append(sp)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        except psutil.AccessDenied:
+            out.append(sp)
+    return out
+
+
+_LIVE: dict[int, "EngineHandle"] = {}
+
+
+@atexit.register
+def _kill_live_at_exit() -> None:
+    for h in list(_LIVE.values()):
+        with contextlib.suppress(Exception):
+            h._terminate(grace_s=2.0)
+
+
+# ---------------------------------------------------------------------------- helpers
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free now (bind port 0)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def parse_marks(text: str) -> dict[str, float]:
+    """``perfkit-mark <name> t=<epoch s>`` lines -> name -> t (the first of each name)."""
+    out: dict[str, float] = {}
+    for m in MARK_RE.finditer(text):
+        out.setdefault(m.group(1), float(m.group(2)))
+    return out
+
+
+def cold_start_parts(marks: dict[str, float], t_launch: float, t_ready: float | None) -> dict[str, Any]:
+    """Cold start dict: ready_s, process_start_s, models_loaded_s, warmup_s (None when absent)."""
+
+    def since(name: str) -> float | None:
+        t = marks.get(name)
+        return t - t_launch if t is not None else None
+
+    wd, ml = marks.get("warmup_done"), marks.get("models_loaded")
+    return {
+        "ready_s": (t_ready - t_launch) if t_ready is not None else None,
+        "process_start_s": since("process_start"),
+        "models_loaded_s": since("models_loaded"),
+        "warmup_s": (wd - ml) if wd is not None and ml is not None else None,
+        "t_launch": t_launch,
+        "t_ready": t_ready,
+        "marks": dict(marks),
+    }
+
+
+def _tail_file(path: Path, n: int) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max(65536, 400 * n)))
+            data = fh.read()
+    except OSError:
+        return []
+    return list(deque(data.decode("utf-8", errors="replace").splitlines(), maxlen=n))
+
+
+def _unique_dir(base: Path, label: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._=-]+", "_", label) or "engine"
+    d = base / safe
+    i = 1
+    while d.exists():
+        d = base / f"{safe}-{i}"
+        i += 1
+    d.mkdir(parents=True)
+    return d
+
+
+# ---------------------------------------------------------------------------- handle
+@dataclass
+class EngineHandle:
+    """A running engine.
+
+    Attributes:
+        spec: the EngineSpec.
+        label: launch label.
+        host, port, base_url: where it answers (``http://host:port``).
+        pid, pgid: root process id and its process group.
+        command: the exact argv; env_added: environment added to os.environ (spec + caps + caches).
+        run_dir: this launch's directory (``<run_dir>/<label>``).
+        perf_log_dir: where the engine writes ``performance.log``.
+        stdout_path, stderr_path: engine log files.
+        caps: the MemoryCaps (None: none given).
+        cold_start: ready_s, process_start_s, models_loaded_s, warmup_s (None when not marked),
+            t_launch, t_ready (epoch s), marks (name -> epoch s).
+        device_baseline_mib: device used memory read before launch (NaN without NVML).
+        exit_code: set when the process has ended.
+    """
+
+    spec: EngineSpec
+    label: str
+    host: str
+    port: int
+    pid: int
+    pgid: int
+    command: list[str]
+    env_added: dict[str, str]
+    run_dir: Path
+    perf_log_dir: Path
+    stdout_path: Path
+    stderr_path: Path
+    caps: MemoryCaps | None = None
+    cold_start: dict[str, Any] = field(default_factory=dict)
+    device_baseline_mib: float = math.nan
+    exit_code: int | None = None
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+    _enforcer: HostCapEnforcer | None = field(default=None, repr=False)
+    _create_time: float = field(default=0.0, repr=False)
+
+    @property
+    def base_url(self) -> str:
+        h = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{h}:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.base_url + self.spec.health_path
+
+    @property
+    def cap_outcome(self) -> CapOutcome:
+        """Live host cap outcome (enforcement, exceeded, message, peak_rss_gib)."""
+        if self._enforcer is not None:
+            return self._enforcer.outcome
+        return CapOutcome(message="no host cap")
+
+    @property
+    def perf_log_path(self) -> Path:
+        return self.perf_log_dir / _records.PERF_LOG_NAME
+
+    def alive(self) -> bool:
+        """True while the root process runs."""
+        if self._proc is None:
+            return False
+        rc = self._proc.poll()
+        if rc is not None:
+            self.exit_code = rc
+            return False
+        return True
+
+    def poll(self) -> int | None:
+        """Exit code, or None while running."""
+        self.alive()
+        return self.exit_code
+
+    def health(self, timeout_s: float = 2.0) -> bool:
+        """One ``GET health_path``: True on 200 (False when dead, refused or timed out)."""
+        if not self.alive():
+            return False
+        try:
+            return httpx.get(self.health_url, timeout=timeout_s, trust_env=False).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def raise_if_dead(self) -> None:
+        """Raise EngineExitedError (with the cap message when the cap killed it) if not running."""
+        if self.alive():
+            return
+        o = self.cap_outcome
+        why = o.message if o.exceeded else f"exit code {self.exit_code}"
+        raise EngineExitedError(f"engine {self.label!r} (pid {self.pid}) is not running: {why}\n"
+                                f"--- log tail ---\n{self.tail(30)}")
+
+    def tail(self, n: int = 50, stream: str = "both") -> str:
+        """Last ``n`` lines of stdout, stderr or both (stdout's then stderr's, each labelled)."""
+        if stream == "stdout":
+            return "\n".join(_tail_file(self.stdout_path, n))
+        if stream == "stderr":
+            return "\n".join(_tail_file(self.stderr_path, n))
+        out = _tail_file(self.stdout_path, n)
+        err = _tail_file(self.stderr_path, n)
+        parts = []
+        if out:
+            parts.append("[stdout]\n" + "\n".join(out))
+        if err:
+            parts.append("[stderr]\n" + "\n".join(err))
+        return "\n".join(parts)
+
+    def logs(self) -> dict[str, str]:
+        """Full log texts: {"<label>.stdout.log": ..., "<label>.stderr.log": ...}."""
+        out = {}
+        for name, p in (("stdout", self.stdout_path), ("stderr", self.stderr_path)):
+            try:
+                out[f"{self.label}.{name}.log"] = p.read_text(errors="replace")
+            except OSError:
+                out[f"{self.label}.{name}.log"] = ""
+        return out
+
+    def marks(self) -> dict[str, float]:
+        """``perfkit-mark`` lines found in the logs so far."""
+        text = ""
+        for p in (self.stderr_path, self.stdout_path):
+            with contextlib.suppress(OSError):
+                text += p.read_text(errors="replace")
+        return parse_marks(text)
+
+    def records(self) -> list[_records.PerfRecord]:
+        """Records in ``perf_log_dir/performance.log`` so far (malformed lines skipped)."""
+        return _records.read_perf_log(self.perf_log_path).records
+
+    def record_lines(self) -> list[str]:
+        """Raw performance.log lines (for ResultBundle.records)."""
+        try:
+            return [ln for ln in self.perf_log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return []
+
+    def sampler(self, interval_s: float = 0.1, gpu_index: int | list[int] = 0):
+        """A (not started) MemorySampler of this engine with the pre-launch device baseline."""
+        from perfkit.sampler import MemorySampler
+
+        return MemorySampler(self.pid, interval_s=interval_s, gpu_index=gpu_index,
+                             baseline_device_mib=self.device_baseline_mib)
+
+    def launch_row(self) -> dict[str, Any]:
+        """One row of the bundle's ``launches`` table (load/warmup peaks filled by the caller)."""
+        cs, o, caps = self.cold_start, self.cap_outcome, self.caps
+        return {
+            "launch": self.label, "label": self.label,
+            "ready_s": cs.get("ready_s"), "process_start_s": cs.get("process_start_s"),
+            "models_loaded_s": cs.get("models_loaded_s"), "warmup_s": cs.get("warmup_s"),
+            "warmup_frames": self.spec.warmup_frames if self.spec.kind == "reference" else None,
+            "device_cap_gib": caps.device_gib if caps else None,
+            "host_cap_gib": caps.host_gib if caps else None,
+            "enforcement": o.enforcement, "cap_exceeded": o.exceeded,
+            "command": " ".join(self.command), "exit_code": self.exit_code,
+        }
+
+    # ------------------------------------------------------------------ teardown
+    def _descendants(self) -> list[psutil.Process]:
+        found: dict[int, psutil.Process] = {}
+        if self._enforcer is not None:
+            found.update(self._enforcer.known)
+        try:
+            root = psutil.Process(self.pid)
+            if abs(root.create_time() - self._create_time) < 0.05:
+                found[root.pid] = root
+                for c in root.children(recursive=True):
+                    found[c.pid] = c
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            pass
+        # also anything still in the process group (children that were re-parented)
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if p.pid not in found and os.getpgid(p.pid) == self.pgid:
+                    found[p.pid] = p
+            except (ProcessLookupError, psutil.Error, OSError):
+                continue
+        return [p for pid, p in found.items() if pid != self.pid]
+
+    def _terminate(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM the group, wait ``grace_s``, SIGKILL the group and surviving descendants."""
+        _LIVE.pop(self.pid, None)
+        if self._enforcer is not None:
+            self._enforcer.stop()
+        desc = self._descendants()
+        for p in desc:
+            with contextlib.suppress(psutil.Error):
+                _register(StartedProcess(p.pid, self.pgid, p.create_time(), self.label, ()))
+        proc = self._proc
+        if proc is not None and proc.poll() is None or any(_running(p) for p in desc):
+            kill_tree(self.pgid, desc, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline:
+                if (proc is None or proc.poll() is not None) and not any(_running(p) for p in desc):
+                    break
+                time.sleep(0.05)
+            else:
+                log.warning("engine %s (pid %d) did not exit within %.1f s of SIGTERM; SIGKILL",
+                            self.label, self.pid, grace_s)
+            kill_tree(self.pgid, desc + self._descendants(), signal.SIGKILL)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+            self.exit_code = proc.poll()
+        psutil.wait_procs([p for p in desc if _running(p)], timeout=2)
+        if self._enforcer is not None:
+            self._enforcer.finish()
+        return self.exit_code
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# ---------------------------------------------------------------------------- launch
+@contextlib.contextmanager
+def launch(spec: EngineSpec, caps: MemoryCaps | None = None, run_dir: str | Path | None = None,
+           label: str = "engine", grace_s: float = 10.0,
+           startup_timeout_s: float | None = None) -> Iterator[EngineHandle]:
+    """Start ``spec`` under ``caps``, wait for health, yield an :class:`EngineHandle`, tear down.
+
+    Args:
+        spec: the engine.
+        caps: memory budgets (None: no caps).
+        run_dir: directory for this run's launches (default: a new temporary directory).
+        label: launch label; the launch directory is ``run_dir/<label>`` (``<label>-1``, … when
+            taken).
+        grace_s: seconds between SIGTERM and SIGKILL at teardown.
+        startup_timeout_s: overrides ``spec.startup_timeout_s``.
+
+    Raises:
+        PortInUseError: ``spec.port`` is set and taken (before anything is started).
+        FileNotFoundError: ``spec.check()`` failed (e.g. sglang not installed).
+        EngineStartError: the engine exited before ready (exit code and log tail in the message),
+            was not ready within the timeout, or went over the host cap while starting.
+    """
+    spec.check()
+    timeout = float(startup_timeout_s if startup_timeout_s is not None else spec.startup_timeout_s)
+    if spec.port is not None:
+        if port_in_use(spec.port, spec.host):
+            raise PortInUseError(f"port {spec.port} is already in use on {spec.host} "
+                                 f"(EngineSpec.port); stop what holds it or leave port unset")
+        port = spec.port
+    else:
+        port = free_port(spec.host)
+
+    base = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="perfkit-run-"))
+    d = _unique_dir(base, label)
+    perf_dir = d / "perf"
+    perf_dir.mkdir()
+    if spec.share_compile_cache:
+        cache = base / "shared-cache"
+    else:
+        cache = d / "cache"
+    (cache / "inductor").mkdir(parents=True, exist_ok=True)
+    (cache / "triton").mkdir(parents=True, exist_ok=True)
+
+    argv = spec.command(port, perf_dir)
+    added: dict[str, str] = {}
+    added.update(spec.env_for(perf_dir, port))
+    if caps is not None:
+        added.update(caps.env())
+    added.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+    added.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+    added["PYTHONUNBUFFERED"] = "1"
+    added["NCCL_NVLS_ENABLE"] = "0"
+    env = dict(os.environ)
+    env.update(added)
+
+    from perfkit.sampler import device_used_mib
+
+    gpu = list(range(spec.num_gpus)) if spec.kind != "command" else 0
+    baseline = device_used_mib(gpu)
+
+    stdout_path, stderr_path = d / "stdout.log", d / "stderr.log"
+    (d / "command.txt").write_text(" ".join(argv) + "\n")
+    log.info("launching %s: %s (logs in %s)", label, " ".join(argv), d)
+    with open(stdout_path, "wb") as out_fh, open(stderr_path, "wb") as err_fh:
+        t_launch = time.time()
+        try:
+            proc = subprocess.Popen(argv, stdout=out_fh, stderr=err_fh, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True, close_fds=True)
+        except OSError as exc:
+            raise EngineStartError(f"could not start engine {label!r}: {exc}", command=argv,
+                                   run_dir=d) from exc
+    try:
+        create_time = psutil.Process(proc.pid).create_time()
+    except psutil.Error:
+        create_time = 0.0
+    _register(StartedProcess(proc.pid, proc.pid, create_time, label, tuple(argv)))
+    handle = EngineHandle(spec=spec, label=label, host=spec.host, port=port, pid=proc.pid,
+                          pgid=proc.pid, command=argv, env_added=added, run_dir=d,
+                          perf_log_dir=perf_dir, stdout_path=stdout_path, stderr_path=stderr_path,
+                          caps=caps, device_baseline_mib=baseline, _proc=proc,
+                          _create_time=create_time)
+    _LIVE[proc.pid] = handle
+    try:
+        handle._enforcer = (caps or MemoryCaps()).start(proc.pid, name=label)
+        _wait_ready(handle, timeout, t_launch)
+        log.info("engine %s ready in %.2f s at %s", label, handle.cold_start["ready_s"],
+                 handle.base_url)
+        yield handle
+    finally:
+        handle._terminate(grace_s)
+        log.info("engine %s stopped (exit code %s)", label, handle.exit_code)
+
+
+def _wait_ready(h: EngineHandle, timeout: float, t_launch: float) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=httpx.Timeout(2.0), trust_env=False) as client:
+        while True:
+            if not h.alive():
+                time.sleep(0.1)  # let the last log lines land
+                o = h.cap_outcome
+                why = f"; {o.message}" if o.exceeded else ""
+                raise EngineStartError(
+                    f"engine {h.label!r} exited with code {h.exit_code} before it was ready{why}\n"
+                    f"command: {' '.join(h.command)}\n--- last 50 log lines ({h.run_dir}) ---\n"
+                    f"{h.tail(50)}",
+                    exit_code=h.exit_code, log_tail=h.tail(50), cap_outcome=o, command=h.command,
+                    run_dir=h.run_dir)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise EngineStartError(
+                    f"engine {h.label!r} not ready after {timeout:g} s (GET {h.health_url} never "
+                    f"answered 200)\ncommand: {' '.join(h.command)}\n--- last 50 log lines "
+                    f"({h.run_dir}) ---\n{h.tail(50)}",
+                    exit_code=None, log_tail=h.tail(50), cap_outcome=h.cap_outcome,
+                    command=h.command, run_dir=h.run_dir)
+            try:
+                r = client.get(h.health_url, timeout=max(0.1, min(2.0, remaining)))
+                if r.status_code == 200:
+                    t_ready = time.time()
+                    h.cold_start = cold_start_parts(h.marks(), t_launch, t_ready)
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))

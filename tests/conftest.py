@@ -1,0 +1,44 @@
+"""Session-wide test guards.
+
+``no_surviving_engines`` (autouse, every test): any engine process started through
+:func:`perfkit.launch.launch` during a test (and any descendant seen at its teardown) must be gone
+when the test ends. A survivor is killed and the test errors, so the run fails.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from perfkit import launch as _launch
+
+
+@pytest.fixture(autouse=True)
+def no_surviving_engines(request):
+    before = len(_launch.started_processes())
+    yield
+    started = _launch.started_processes()[before:]
+    if not started:
+        return
+    # a process killed a moment ago may still be exiting
+    deadline = time.monotonic() + 1.0
+    alive = _launch.surviving(started)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = _launch.surviving(alive)
+    if alive:
+        desc = ", ".join(f"pid {p.pid} ({p.label}: {' '.join(p.command)[:80]})" for p in alive)
+        for p in alive:
+            try:
+                os.killpg(p.pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                psutil.Process(p.pid).kill()
+            except psutil.Error:
+                pass
+        pytest.fail(f"{request.node.nodeid}: engine processes survived the test: {desc}",
+                    pytrace=False)
