@@ -1,0 +1,263 @@
+"""Shared machinery of the investigations: one measured engine launch -> tidy rows.
+
+:func:`measure_launch` starts an engine under caps, samples memory while it sends the requests,
+joins each response with its ``performance.log`` record by request id, and returns rows for the
+bundle tables (see :mod:`perfkit.bundle` for the columns). Startup warmup records are kept with
+``index = -1``.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from perfkit.bundle import ResultBundle, environment_meta
+from perfkit.caps import MemoryCaps
+from perfkit.client import RequestOutcome, VideoClient, VideoRequestSpec
+from perfkit.engine import EngineSpec
+from perfkit.launch import EngineStartError, launch
+from perfkit.records import PerfRecord, parse_lines
+
+log = logging.getLogger(__name__)
+
+NAN = math.nan
+
+
+@dataclass
+class LaunchData:
+    """Everything one launch produced.
+
+    Attributes:
+        label: launch label (unique in the bundle).
+        requests, stages, steps: row dicts for the bundle tables.
+        memory: sampler timeline (DataFrame, ``launch`` column added).
+        launch_row: the ``launches`` row (cold start parts, caps, command).
+        record_lines: raw performance.log lines.
+        logs: engine log name -> text.
+        outcomes: client outcomes of the measured requests, in order.
+        error: why the launch failed (start error, cap exceeded), or None.
+        command: the exact engine argv.
+    """
+
+    label: str
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    memory: pd.DataFrame = field(default_factory=pd.DataFrame)
+    launch_row: dict[str, Any] = field(default_factory=dict)
+    record_lines: list[str] = field(default_factory=list)
+    logs: dict[str, str] = field(default_factory=dict)
+    outcomes: list[RequestOutcome] = field(default_factory=list)
+    error: str | None = None
+    command: list[str] = field(default_factory=list)
+
+    def measured(self) -> pd.DataFrame:
+        """Measured (non-warmup) request rows as a DataFrame."""
+        df = pd.DataFrame(self.requests)
+        if df.empty:
+            return df
+        return df[df["index"] >= 0].sort_values("index")
+
+
+def _snap(rec: PerfRecord | None, checkpoint: str, key: str) -> float:
+    if rec is None:
+        return NAN
+    v = rec.peak_mb(checkpoint, key)
+    return NAN if v is None else v
+
+
+def record_rows(label: str, rec: PerfRecord, index: int, outcome: RequestOutcome | None,
+                request: VideoRequestSpec | None = None) -> tuple[dict, list[dict], list[dict]]:
+    """Rows (request, stages, steps) for one record; ``outcome`` adds the client-side view."""
+    pk = rec.perfkit
+    spans = {s["name"]: s for s in pk.get("stage_spans") or [] if isinstance(s, dict)}
+    status = pk.get("status") or ("completed" if rec.stages else "unknown")
+    if outcome is not None and not outcome.ok:
+        status = outcome.status
+    row = {
+        "launch": label, "request_id": rec.request_id, "index": index,
+        "tag": rec.tag or ("warmup" if index < 0 else "request"), "status": status,
+        "error": (outcome.error if outcome is not None else None) or pk.get("error"),
+        "num_frames": pk.get("num_frames_requested", request.num_frames if request else None),
+        "effective_num_frames": pk.get("num_frames_effective"), "latent_frames": pk.get("latent_frames"),
+        "latent_shape": "x".join(str(x) for x in pk.get("latent_shape") or []) or None,
+        "height": pk.get("height"), "width": pk.get("width"), "steps": pk.get("num_inference_steps"),
+        "client_ms": outcome.client_ms if outcome is not None else NAN,
+        "e2e_ms": rec.total_duration_ms if rec.total_duration_ms is not None else NAN,
+        "compiles": int(pk.get("compiles") or 0), "compile_ms": float(pk.get("compile_ms") or 0.0),
+        "recompile_reasons": "; ".join(pk.get("recompile_reasons") or []),
+        "recompile_limit_hit": bool(pk.get("recompile_limit_hit", False)),
+        "peak_allocated_mb": _snap(rec, "runtime_peak", "peak_allocated_mb"),
+        "peak_reserved_mb": _snap(rec, "runtime_peak", "peak_reserved_mb"),
+        "reserved_mb": _snap(rec, "runtime_peak", "reserved_mb"),
+        "host_rss_mib": float(pk.get("host_rss_mib", NAN) or NAN),
+        "host_anon_mib": float(pk.get("host_anon_mib", NAN) or NAN),
+        "placement": pk.get("placement"),
+        "t_start": pk.get("t_start", outcome.t_start if outcome else NAN),
+        "t_end": pk.get("t_end", outcome.t_end if outcome else NAN),
+    }
+    stage_peaks = pk.get("stage_peak_allocated_mb") or {}
+    stages = []
+    for name, ms in rec.stages:
+        sp = spans.get(name, {})
+        stages.append({"launch": label, "request_id": rec.request_id, "index": index, "tag": row["tag"],
+                       "stage": name, "ms": ms, "peak_allocated_mb": stage_peaks.get(name, NAN),
+                       "t_start": sp.get("t_start", NAN), "t_end": sp.get("t_end", NAN)})
+    steps = [{"launch": label, "request_id": rec.request_id, "index": index, "tag": row["tag"],
+              "stage": "DenoisingStage", "step": i, "ms": ms} for i, ms in enumerate(rec.steps)]
+    steps += [{"launch": label, "request_id": rec.request_id, "index": index, "tag": row["tag"],
+               "stage": "RefinementStage", "step": i, "ms": float(ms)}
+              for i, ms in enumerate(pk.get("refinement_steps") or [])]
+    return row, stages, steps
+
+
+def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRequestSpec) -> dict[str, Any]:
+    """A request row for a request without a record (rejected, engine died, timeout)."""
+    return {"launch": label, "request_id": outcome.request_id or f"{label}-{index}", "index": index,
+            "tag": "request", "status": outcome.status, "error": outcome.error,
+            "num_frames": request.num_frames, "effective_num_frames": None, "latent_frames": None,
+            "latent_shape": None, "height": request.height, "width": request.width,
+            "steps": request.num_inference_steps, "client_ms": outcome.client_ms, "e2e_ms": NAN,
+            "compiles": 0, "compile_ms": 0.0, "recompile_reasons": "", "recompile_limit_hit": False,
+            "peak_allocated_mb": NAN, "peak_reserved_mb": NAN, "reserved_mb": NAN, "host_rss_mib": NAN,
+            "host_anon_mib": NAN, "placement": None, "t_start": outcome.t_start, "t_end": outcome.t_end}
+
+
+def measure_launch(spec: EngineSpec, requests: list[VideoRequestSpec], run_dir: Path, label: str,
+                   caps: MemoryCaps | None = None, sample_interval_s: float = 0.1,
+                   request_timeout_s: float = 1800.0, stop_on_failure: bool = False) -> LaunchData:
+    """Launch ``spec`` under ``caps``, send ``requests`` one after the other, tear down.
+
+    Never raises for engine failures: a start error, a crash or a host cap kill end the launch
+    with :attr:`LaunchData.error` set and the rows gathered so far.
+    """
+    data = LaunchData(label=label)
+    try:
+        with launch(spec, caps=caps, run_dir=run_dir, label=label) as h:
+            data.command = list(h.command)
+            sampler = h.sampler(interval_s=sample_interval_s)
+            sampler.start()
+            try:
+                with VideoClient(h.base_url, h.perf_log_dir, timeout_s=request_timeout_s) as client:
+                    for i, req in enumerate(tqdm(requests, desc=label, leave=False, disable=len(requests) < 4)):
+                        out = client.generate(req)
+                        data.outcomes.append(out)
+                        if not out.ok:
+                            log.warning("%s request %d: %s (%s)", label, i, out.status, out.error)
+                            if not h.alive() or stop_on_failure:
+                                break
+            finally:
+                sampler.stop()
+            mem = sampler.to_frame()
+            mem.insert(0, "launch", label)
+            data.memory = mem
+            data.record_lines = h.record_lines()
+            data.launch_row = h.launch_row()
+            outcome = h.cap_outcome
+            if outcome.exceeded:
+                data.error = outcome.message
+    except EngineStartError as exc:
+        data.error = str(exc)
+        log.error("launch %s failed: %s", label, exc)
+    finally:
+        d = _launch_dir(run_dir, label)
+        if d is not None:
+            for name in ("stdout.log", "stderr.log"):
+                p = d / name
+                if p.exists():
+                    data.logs[f"{label}.{name}"] = p.read_text(errors="replace")[-2_000_000:]
+            perf = d / "perf" / "performance.log"
+            if not data.record_lines and perf.exists():
+                data.record_lines = [ln for ln in perf.read_text().splitlines() if ln.strip()]
+    if not data.launch_row:
+        data.launch_row = {"launch": label, "label": label, "ready_s": NAN, "command": " ".join(data.command),
+                           "device_cap_gib": caps.device_gib if caps else None,
+                           "host_cap_gib": caps.host_gib if caps else None, "error": data.error}
+    data.launch_row["error"] = data.error
+    _rows(data, requests)
+    return data
+
+
+def _launch_dir(run_dir: Path, label: str) -> Path | None:
+    cands = sorted(Path(run_dir).glob(f"{label}*"), key=lambda p: p.stat().st_mtime)
+    return cands[-1] if cands else None
+
+
+def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
+    recs = {r.request_id: r for r in parse_lines(data.record_lines).records}
+    warm = [r for r in recs.values() if r.is_warmup]
+    for rec in warm:
+        row, st, sp = record_rows(data.label, rec, -1, None)
+        data.requests.append(row)
+        data.stages += st
+        data.steps += sp
+        snap = rec.memory_snapshots
+        data.launch_row.setdefault("warmup_latent_shape", row["latent_shape"])
+    any_rec = next(iter(recs.values()), None)
+    if any_rec is not None:
+        data.launch_row["load_peak_mb"] = _snap(any_rec, "load_peak", "peak_reserved_mb")
+        data.launch_row["load_peak_allocated_mb"] = _snap(any_rec, "load_peak", "peak_allocated_mb")
+        data.launch_row["warmup_peak_mb"] = _snap(any_rec, "warmup_peak", "peak_reserved_mb")
+        data.launch_row["placement"] = any_rec.perfkit.get("placement")
+    for i, (out, req) in enumerate(zip(data.outcomes, requests)):
+        rec = recs.get(out.request_id) if out.request_id else None
+        if rec is None:
+            data.requests.append(failed_row(data.label, i, out, req))
+            continue
+        row, st, sp = record_rows(data.label, rec, i, out, req)
+        data.requests.append(row)
+        data.stages += st
+        data.steps += sp
+
+
+def assemble(scenario: str, launches: Iterable[LaunchData], params: dict[str, Any], results: dict[str, Any],
+             caps: list[MemoryCaps | None] | None = None) -> ResultBundle:
+    """Build a ResultBundle from launches (tables concatenated, records and logs kept)."""
+    launches = list(launches)
+    tables = {
+        "requests": pd.DataFrame([r for d in launches for r in d.requests]),
+        "stages": pd.DataFrame([r for d in launches for r in d.stages]),
+        "steps": pd.DataFrame([r for d in launches for r in d.steps]),
+        "memory": pd.concat([d.memory for d in launches if not d.memory.empty], ignore_index=True)
+        if any(not d.memory.empty for d in launches) else pd.DataFrame(),
+        "launches": pd.DataFrame([d.launch_row for d in launches]),
+    }
+    for name, df in tables.items():
+        for col in df.columns:
+            if df[col].dtype == object:
+                # mixed None/str/float columns must be one type for parquet
+                if df[col].map(lambda v: isinstance(v, str) or v is None or (isinstance(v, float) and np.isnan(v))).all():
+                    df[col] = df[col].astype("string")
+                else:
+                    df[col] = df[col].map(lambda v: None if v is None else str(v)).astype("string")
+    meta = environment_meta()
+    meta.update({"params": params, "commands": {d.label: d.command for d in launches},
+                 "caps": [c.to_dict() if c is not None else None for c in (caps or [])]})
+    return ResultBundle(scenario=scenario, meta=meta, results=results, tables=tables,
+                        records={d.label: d.record_lines for d in launches},
+                        logs={k: v for d in launches for k, v in d.logs.items()})
+
+
+def stage_penalty(stages: pd.DataFrame, first_id: str, warm_ids: list[str]) -> dict[str, float]:
+    """Stage -> (first request ms - median warm ms)."""
+    if stages.empty:
+        return {}
+    first = stages[stages["request_id"] == first_id].groupby("stage", sort=False)["ms"].sum()
+    warm = stages[stages["request_id"].isin(warm_ids)].groupby(["request_id", "stage"], sort=False)["ms"].sum()
+    warm_med = warm.groupby("stage").median() if not warm.empty else pd.Series(dtype=float)
+    return {st: float(first[st] - warm_med.get(st, NAN)) for st in first.index}
+
+
+def json_float(x: Any) -> float | None:
+    """float or None for NaN/None (results.json must be valid JSON)."""
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) or math.isinf(f) else f
