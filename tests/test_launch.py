@@ -175,7 +175,8 @@ def test_keyboard_interrupt_tears_down(tmp_path):
 
 
 def test_parse_marks():
-    text = ("noise\nperfkit-mark process_start t=100.5\nINFO perfkit-mark models_loaded t=103\n"
-            "perfkit-mark warmup_done t=1.7e9\nperfkit-mark process_start t=200\n")
+    text = ("noise\nperfkit-mark process_start t=100.5\nperfkit-mark listening port=8000\n"
+            "INFO perfkit-mark models_loaded t=103 placement=device\n"
+            "perfkit-mark warmup_done at=5 t=1.7e9\nperfkit-mark process_start t=200\n")
     assert parse_marks(text) == {"process_start": 100.5, "models_loaded": 103.0,
                                  "warmup_done": 1.7e9}

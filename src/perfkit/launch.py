@@ -49,7 +49,8 @@ from perfkit.engine import EngineSpec
 
 log = logging.getLogger(__name__)
 
-MARK_RE = re.compile(r"perfkit-mark\s+(\w+)\s+t=([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?\d+)?)")
+MARK_RE = re.compile(
+    r"perfkit-mark[ \t]+(\w+)\b[^\n]*?(?<![\w])t=([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?\d+)?)")
 POLL_S = 0.2
 
 

@@ -1,0 +1,129 @@
+"""MemoryCaps: environment, labels, host cap enforcement on real processes."""
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from perfkit.caps import CapOutcome, MemoryCaps, cgroup2_available
+from perfkit.engine import EngineSpec
+from perfkit.launch import EngineExitedError, EngineStartError, launch
+
+FAKE = str(Path(__file__).with_name("fake_engine.py"))
+
+
+def fake(*args: str) -> EngineSpec:
+    return EngineSpec(kind="command", startup_timeout_s=20,
+                      command_template=[sys.executable, FAKE, "--port", "{port}", "--perf-log-dir",
+                                        "{perf_log_dir}", *args])
+
+
+def test_env_and_label():
+    assert MemoryCaps().env() == {}
+    assert MemoryCaps().label == "unlimited"
+    c = MemoryCaps(device_gib=12, host_gib=32)
+    assert c.label == "12GiB dev + 32GiB host"
+    env = c.env()
+    assert env["PERFKIT_CAP_DEVICE_MEMORY_GIB"] == "12"
+    assert env["SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB"] == "12"
+    assert env["SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB"] == "32"
+    assert MemoryCaps(device_gib=7.5).label == "7.5GiB dev"
+    assert "SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB" not in MemoryCaps(device_gib=7.5).env()
+    assert MemoryCaps(host_gib=0.25).label == "0.25GiB host"
+    assert MemoryCaps(host_gib=1, label="tight").label == "tight"
+
+
+def test_roundtrip_and_validation():
+    c = MemoryCaps(device_gib=12, host_gib=32, host_enforcement="watchdog")
+    assert MemoryCaps.from_dict(c.to_dict()) == c
+    with pytest.raises(ValueError, match="MemoryCaps.host_gib"):
+        MemoryCaps(host_gib=-1)
+    with pytest.raises(ValueError, match="host_enforcement"):
+        MemoryCaps(host_enforcement="magic")
+
+
+def test_caps_env_reaches_engine(tmp_path):
+    with launch(fake(), caps=MemoryCaps(device_gib=12, host_gib=32), run_dir=tmp_path) as h:
+        env = psutil.Process(h.pid).environ()
+        assert env["SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB"] == "12"
+        assert env["SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB"] == "32"
+        assert h.cap_outcome.enforcement in ("cgroup", "watchdog")
+        assert not h.cap_outcome.exceeded
+    assert h.cap_outcome.peak_rss_gib > 0
+    row = h.launch_row()
+    assert row["host_cap_gib"] == 32 and row["device_cap_gib"] == 12 and row["cap_exceeded"] is False
+
+
+def test_host_cap_exceeded_after_ready_is_a_result(tmp_path):
+    caps = MemoryCaps(host_gib=0.25, host_enforcement="watchdog")
+    with launch(fake("--mode", "alloc", "--alloc-mib", "600", "--step-mib", "50"), caps=caps,
+                run_dir=tmp_path) as h:
+        assert h.cap_outcome.enforcement == "watchdog"
+        t0 = time.monotonic()
+        while h.alive() and time.monotonic() - t0 < 15:
+            time.sleep(0.1)
+        assert not h.alive(), "watchdog did not stop the engine"
+        assert time.monotonic() - t0 < 10
+        o = h.cap_outcome
+        assert o.exceeded and "host memory cap exceeded" in o.message
+        assert "> 0.25 GiB" in o.message
+        assert o.peak_rss_gib > 0.25
+        # a later request fails fast instead of hanging
+        t1 = time.monotonic()
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(h.health_url, timeout=5, trust_env=False)
+        assert time.monotonic() - t1 < 2
+        assert not h.health()
+        with pytest.raises(EngineExitedError, match="host memory cap exceeded"):
+            h.raise_if_dead()
+    assert h.launch_row()["cap_exceeded"] is True
+
+
+def test_host_cap_exceeded_during_startup(tmp_path):
+    caps = MemoryCaps(host_gib=0.25, host_enforcement="watchdog")
+    with pytest.raises(EngineStartError, match="host memory cap exceeded") as ei:
+        with launch(fake("--mode", "alloc", "--alloc-when", "start"), caps=caps, run_dir=tmp_path):
+            pass
+    assert ei.value.cap_outcome.exceeded
+
+
+def test_host_cap_auto_enforcement(tmp_path):
+    """auto: cgroup v2 where usable, else watchdog; either way going over is reported."""
+    caps = MemoryCaps(host_gib=0.25)
+    with launch(fake("--mode", "alloc", "--alloc-mib", "600"), caps=caps, run_dir=tmp_path) as h:
+        t0 = time.monotonic()
+        while h.alive() and time.monotonic() - t0 < 15:
+            time.sleep(0.1)
+        assert not h.alive()
+    o = h.cap_outcome
+    assert o.enforcement in ("cgroup", "watchdog")
+    if not cgroup2_available():
+        assert o.enforcement == "watchdog"
+    assert o.exceeded and "host memory cap exceeded" in o.message
+
+
+def test_within_cap_not_exceeded(tmp_path):
+    caps = MemoryCaps(host_gib=2, host_enforcement="watchdog")
+    with launch(fake("--mode", "alloc", "--alloc-mib", "100"), caps=caps, run_dir=tmp_path) as h:
+        time.sleep(1.0)
+        assert h.alive()
+    assert not h.cap_outcome.exceeded
+    assert 0.05 < h.cap_outcome.peak_rss_gib < 2
+
+
+def test_enforcer_directly_on_a_process():
+    p = subprocess.Popen([sys.executable, "-c",
+                          "import time; x = b\"x\" * (300 * 2**20); time.sleep(30)"],
+                         start_new_session=True)
+    try:
+        enf = MemoryCaps(host_gib=0.1, host_enforcement="watchdog").start(p.pid)
+        assert p.wait(timeout=10) == -9
+        o: CapOutcome = enf.finish()
+        assert o.exceeded and o.message.startswith("host memory cap exceeded:")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

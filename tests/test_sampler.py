@@ -1,0 +1,143 @@
+"""MemorySampler on real processes (no GPU needed)."""
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from perfkit.engine import EngineSpec
+from perfkit.launch import launch
+from perfkit.sampler import COLUMNS, MemorySampler, device_used_mib
+
+FAKE = str(Path(__file__).with_name("fake_engine.py"))
+
+GROW = ("import time, sys\n"
+        "hold = []\n"
+        "for i in range(8):\n"
+        "    hold.append(b'x' * (16 * 2**20)); time.sleep(0.1)\n"
+        "time.sleep(30)\n")
+
+
+def _nvml_here() -> bool:
+    return not math.isnan(device_used_mib())
+
+
+@pytest.fixture
+def grower():
+    p = subprocess.Popen([sys.executable, "-c", GROW])
+    yield p
+    p.kill()
+    p.wait()
+
+
+def test_sampler_host_only_covers_window(grower):
+    t0 = time.time()
+    with MemorySampler(grower.pid, interval_s=0.05) as s:
+        time.sleep(1.5)
+    t1 = time.time()
+    df = s.to_frame()
+    assert list(df.columns) == list(COLUMNS)
+    assert len(df) >= 15
+    assert df["t"].is_monotonic_increasing
+    assert df["t"].iloc[0] >= t0 and df["t"].iloc[-1] <= t1
+    assert df["t"].iloc[0] - t0 < 0.5 and t1 - df["t"].iloc[-1] < 0.5
+    assert (df["host_rss_mib"] > 0).all()
+    assert (df["host_anon_mib"] > 0).all() and (df["host_anon_mib"] <= df["host_rss_mib"]).all()
+    # the process grew by ~128 MiB during the window
+    assert df["host_anon_mib"].iloc[-1] - df["host_anon_mib"].iloc[0] > 64
+    if not _nvml_here():
+        assert df["device_used_mib"].isna().all()
+        assert df["gpu_util_pct"].isna().all()
+        assert s.device_mode == "none"
+    assert s.peak()["host_rss_mib"] == df["host_rss_mib"].max()
+    assert 0 <= s.overhead_pct() < 20
+
+
+def test_sampler_sums_process_tree():
+    code = ("import subprocess, sys, time\n"
+            "x = b'x' * (64 * 2**20)\n"
+            "c = subprocess.Popen([sys.executable, '-c', \"import time; y = b'y' * (64 * 2**20); "
+            "time.sleep(30)\"])\n"
+            "time.sleep(30)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        time.sleep(1.0)
+        s = MemorySampler(p.pid, interval_s=0.05)
+        with s:
+            time.sleep(0.5)
+        df = s.to_frame()
+        assert df["host_anon_mib"].iloc[-1] > 120  # both processes' 64 MiB
+    finally:
+        os.killpg(p.pid, 9)
+        p.wait()
+
+
+def test_sampler_stops_when_process_exits():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    s = MemorySampler(p.pid, interval_s=0.05).start()
+    p.wait()
+    deadline = time.monotonic() + 5
+    while s.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not s.running
+    s.stop()
+    assert len(s.to_frame()) >= 3
+
+
+def test_sampler_unknown_pid_is_empty_not_error():
+    s = MemorySampler(2**22 + 12345, interval_s=0.05)
+    with s:
+        time.sleep(0.2)
+    df = s.to_frame()
+    assert df.empty and list(df.columns) == list(COLUMNS)
+
+
+def test_sampler_from_handle(tmp_path):
+    spec = EngineSpec(kind="command", startup_timeout_s=20,
+                      command_template=[sys.executable, FAKE, "--port", "{port}"])
+    with launch(spec, run_dir=tmp_path) as h:
+        with h.sampler(interval_s=0.05) as s:
+            time.sleep(0.5)
+    df = s.to_frame()
+    assert len(df) >= 5 and (df["host_rss_mib"] > 5).all()
+    if not _nvml_here():
+        assert math.isnan(h.device_baseline_mib)
+
+
+def test_invalid_interval():
+    with pytest.raises(ValueError, match="interval_s"):
+        MemorySampler(os.getpid(), interval_s=0)
+
+
+def _cuda_here() -> bool:
+    if not _nvml_here():
+        return False
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(not _cuda_here(), reason="needs NVML and CUDA torch")
+def test_sampler_sees_device_memory():
+    base = device_used_mib(0)
+    code = ("import time, torch\n"
+            "x = torch.empty(2 * 2**30, dtype=torch.uint8, device='cuda'); x.fill_(1)\n"
+            "torch.cuda.synchronize(); print('ready', flush=True); time.sleep(30)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        s = MemorySampler(p.pid, interval_s=0.1, baseline_device_mib=base)
+        with s:
+            time.sleep(1.0)
+        df = s.to_frame()
+        assert s.device_mode in ("process", "device")
+        assert df["device_used_mib"].iloc[-1] >= 2048
+        assert df["gpu_util_pct"].notna().all()
+    finally:
+        p.kill()
+        p.wait()
