@@ -1,0 +1,134 @@
+"""The investigations on the real tiny reference engine (CPU, torch.compile with aot_eager)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pandas as pd
+import pytest
+
+from perfkit import baseline
+from perfkit.bundle import ResultBundle, load_many
+from perfkit.caps import MemoryCaps
+from perfkit.engine import EngineSpec
+from perfkit.scenarios import cold_vs_warm, find_min_budget, memory_budget, warmup_shapes
+
+REQ = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
+SPEC = EngineSpec(kind="reference", preset="tiny", compile=True, compile_backend="aot_eager", warmup_frames=17)
+
+INVARIANTS = {
+    "warm_cold_ratio_max": 1.0,
+    "covered_compiles_max": 0,
+    "host_anon_slope_mib_per_request_max": 16.0,
+    "caps_held": True,
+}
+
+
+@pytest.fixture(scope="module")
+def cold_warm(tmp_path_factory):
+    return cold_vs_warm(SPEC, REQ, repeats=5, run_dir=tmp_path_factory.mktemp("cw"),
+                        thresholds={"latency_drift": 10.0})
+
+
+@pytest.fixture(scope="module")
+def leaky(tmp_path_factory):
+    spec = dataclasses.replace(SPEC, compile=False, debug_leak_mib=64)
+    return cold_vs_warm(spec, REQ, repeats=4, run_dir=tmp_path_factory.mktemp("leak"),
+                        thresholds={"latency_drift": 10.0})
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return warmup_shapes(SPEC, warmup_frames=[17, 25], request_frames=[25], repeats=3, request=REQ,
+                         run_dir=tmp_path_factory.mktemp("ws"))
+
+
+def test_cold_request_is_slower_and_denoising_absorbs_the_penalty(cold_warm):
+    r = cold_warm.results
+    assert r["completed"] == 5
+    assert r["cold_ms"] > r["warm_median_ms"]
+    lo, hi = r["cold_warm_ratio_ci"]
+    assert lo > 1.0, r
+    assert r["penalty_stage"] == "DenoisingStage"
+    assert r["penalty_ms"]["DenoisingStage"] > 0
+    assert r["cold_compiles"] >= 1 and r["warm_compiles"] == 0
+    cs = r["cold_start"]
+    assert cs["ready_s"] > 0 and cs["models_loaded_s"] > 0 and cs["warmup_s"] > 0
+    assert cs["ready_s"] >= cs["models_loaded_s"]
+    # the tidy tables: one row per request and warmup; 4 stages each; 4 steps each
+    req = cold_warm.requests
+    assert sorted(req["index"]) == [-1, 0, 1, 2, 3, 4]
+    assert (cold_warm.stages.groupby("request_id").size() == 4).all()
+    assert (cold_warm.steps.groupby("request_id").size() >= 2).all()
+
+
+def test_sampler_timeline_covers_requests_and_records_match(cold_warm):
+    mem, req = cold_warm.memory, cold_warm.requests
+    measured = req[req["index"] >= 0]
+    assert mem["t"].min() <= measured["t_start"].min()
+    assert mem["t"].max() >= measured["t_end"].max() - 0.2
+    assert mem["host_rss_mib"].notna().all()
+    # every measured request found its performance.log line by id (no NaN e2e)
+    assert measured["e2e_ms"].notna().all()
+    assert measured["request_id"].is_unique
+
+
+def test_normal_engine_passes_leak_checks_and_invariants(cold_warm):
+    checks = {c["name"]: c for c in cold_warm.results["leak_checks"]}
+    assert checks["host_anon_slope_mib_per_request"]["passed"], checks
+    rows = baseline.check_invariants({"cold_warm": cold_warm.results}, INVARIANTS)
+    table = baseline.verdict_table(rows)
+    assert baseline.overall_status(table) == "pass", table
+
+
+def test_leaking_engine_is_caught(leaky):
+    checks = {c["name"]: c for c in leaky.results["leak_checks"]}
+    slope = checks["host_anon_slope_mib_per_request"]
+    assert not slope["passed"]
+    assert 48 <= slope["value"] <= 80, slope  # 64 MiB kept per request
+    table = baseline.verdict_table(baseline.check_invariants({"cold_warm": leaky.results}, INVARIANTS))
+    assert baseline.overall_status(table) == "fail"
+
+
+def test_warmup_coverage_matrix(shapes):
+    cov = {(c["warmup_frames"], c["request_frames"]): c for c in shapes.results["coverage"]}
+    miss, hit = cov[(17, 25)], cov[(25, 25)]
+    assert miss["covered"] is False and miss["penalty_ms"] > 0 and miss["compiles"] >= 1
+    assert any("size mismatch" in r for r in miss["recompile_reasons"])
+    assert miss["penalty_stage"] == "DenoisingStage"
+    assert hit["covered"] is True and hit["compiles"] == 0
+    assert miss["penalty_ms"] > hit["penalty_ms"]
+    # covered shapes gate green
+    table = baseline.verdict_table(baseline.check_invariants({"warmup_shapes": shapes.results},
+                                                             {"covered_compiles_max": 0}))
+    assert baseline.overall_status(table) == "pass", table
+
+
+def test_memory_budget_under_host_cap_completes(tmp_path):
+    spec = dataclasses.replace(SPEC, compile=False, warmup_frames=0)
+    b = memory_budget(spec, caps=[MemoryCaps(), MemoryCaps(host_gib=6.0)], request=REQ, repeats=2,
+                      run_dir=tmp_path)
+    capped = b.results["caps"][1]
+    assert capped["completed"] and capped["cap_held"], capped
+    assert capped["enforcement"] in ("cgroup", "watchdog")
+    assert capped["host_anon_peak_mib"] > 50
+    assert capped["placement"] == "cpu"
+    assert b.results["caps"][0]["enforcement"] == "none"
+
+
+def test_find_min_budget_says_gpu_only_on_cpu(tmp_path):
+    out = find_min_budget(SPEC, REQ, 1, 8, run_dir=tmp_path)
+    assert out["min_gib"] is None and "GPU" in out["note"]
+
+
+def test_bundles_round_trip_and_load_into_one_table(cold_warm, shapes, tmp_path):
+    p1 = cold_warm.save(tmp_path / "cw")
+    p2 = shapes.save(tmp_path / "ws")
+    back = ResultBundle.load(p1)
+    assert back.results == json.loads(json.dumps(cold_warm.results, default=str))
+    pd.testing.assert_frame_equal(back.requests, cold_warm.requests, check_dtype=False)
+    assert back.meta["perfkit_version"] and back.meta["cpu_count"]
+    assert "command" in back.launches.columns
+    both = load_many([p1, p2])
+    assert set(both["scenario"]) == {"cold_warm", "warmup_shapes"}
+    assert "host" in both.columns and len(both) == len(cold_warm.requests) + len(shapes.requests)
