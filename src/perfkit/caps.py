@@ -320,6 +320,7 @@ class HostCapEnforcer:
                     raise
                 self._cgroup = cg
                 self.outcome.enforcement = "cgroup"
+                self.outcome.message = f"within host cap {host_gib:g} GiB (cgroup)"
                 log.info("host cap %.3g GiB enforced by cgroup %s", host_gib, cg.path)
             except OSError as exc:
                 if mode == "cgroup":
@@ -329,6 +330,8 @@ class HostCapEnforcer:
                 self.outcome.enforcement = "watchdog"
         else:
             self.outcome.enforcement = "watchdog"
+        if self.outcome.enforcement == "watchdog":
+            self.outcome.message = f"within host cap {host_gib:g} GiB (watchdog)"
 
     def start(self) -> None:
         if self._root is None:
