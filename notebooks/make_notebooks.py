@@ -1,0 +1,253 @@
+"""Generate the suite's notebooks (committed without outputs).
+
+    python notebooks/make_notebooks.py          # rewrite notebooks/*.ipynb
+    python notebooks/make_notebooks.py --check  # exit 1 when a committed notebook differs
+
+Notebooks stay thin: perfkit calls, plots, a short reading. Logic lives in the package
+(perfkit.suite, perfkit.report, perfkit.plots, perfkit.baseline) where tests reach it.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+
+ENGINE = '''engine = {  # perfkit.engine.EngineSpec fields; the tiny reference engine on this machine
+    "kind": "reference",
+    "preset": "tiny",
+    "compile": True,
+    "compile_backend": "aot_eager",
+    "warmup_frames": 17,
+}
+request = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}'''
+
+COMMON_TAIL = '''invariants = None  # None: perfkit.baseline.DEFAULT_INVARIANTS
+run_dir = "outputs/notebooks"  # the bundle lands in run_dir/<scenario>/
+bundle_dir = None  # a recorded bundle to replay instead of launching anything'''
+
+SETUP = '''from pathlib import Path
+
+import pandas as pd
+from IPython.display import Markdown, display
+
+from perfkit import plots, suite
+from perfkit.baseline import verdict_table
+from perfkit.report import reading, show, summary_frame
+
+pd.set_option("display.max_colwidth", 120)'''
+
+
+def _nb(title: str, intro: str, params: str, cells: list) -> nbformat.NotebookNode:
+    pcell = new_code_cell(params)
+    pcell.metadata["tags"] = ["parameters"]
+    nb = new_notebook(cells=[new_markdown_cell(f"# {title}\n\n{intro}"), pcell,
+                             new_code_cell(SETUP), *cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                 "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    for i, c in enumerate(nb.cells):  # stable ids: regenerating gives the same files
+        c.id = f"cell-{i:02d}"
+    return nb
+
+
+def cold_warm() -> nbformat.NotebookNode:
+    params = f'''{ENGINE}
+repeats = 5  # requests in one session: the cold one, then warm ones
+thresholds = None  # leak-check thresholds (None: the scenario's defaults)
+caps = None  # e.g. {{"device_gib": 12, "host_gib": 32}}
+{COMMON_TAIL}'''
+    cells = [
+        new_code_cell('''out = Path(run_dir) / "cold_warm"
+bundle = suite.load_or_run("cold_warm", out=out, bundle_dir=bundle_dir, engine=engine,
+                           request=request, repeats=repeats, thresholds=thresholds, caps=caps)
+results = bundle.results
+rows = suite.scenario_verdict("cold_warm", results, invariants)
+_verdict = suite.write_verdict(out, "cold_warm", rows)'''),
+        new_markdown_cell("## Headline numbers"),
+        new_code_cell('''display(summary_frame("cold_warm", results))
+display(Markdown(reading("cold_warm", results)))'''),
+        new_markdown_cell("## Gate (invariants measured within this run)"),
+        new_code_cell("display(verdict_table(rows))"),
+        new_markdown_cell("## Per-stage latency, cold vs warm requests"),
+        new_code_cell("show(plots.stage_breakdown(bundle.stages))"),
+        new_markdown_cell("## End-to-end latency per request"),
+        new_code_cell("show(plots.e2e_per_request(bundle.requests))"),
+        new_markdown_cell("## Denoising step times"),
+        new_code_cell("show(plots.step_times(bundle.steps))"),
+        new_markdown_cell("## Memory timeline"),
+        new_code_cell('''cap_lines = {"device_cap_gib": (caps or {}).get("device_gib"),
+             "host_cap_gib": (caps or {}).get("host_gib")}
+show(plots.memory_timeline(bundle.memory, bundle.requests, bundle.stages, caps=cap_lines))'''),
+        new_markdown_cell("## Leak checks"),
+        new_code_cell('display(pd.DataFrame(results.get("leak_checks") or []))'),
+        new_markdown_cell(
+            "## How to read this\n\n"
+            "- The **cold request** (red) pays what the startup warmup did not: shape setup, "
+            "lazy initialisation. The **first-request penalty** is cold minus the warm median, per "
+            "stage; the stage that holds it says where to look.\n"
+            "- A warm/cold ratio above 1 means warm requests are slower than the first: state "
+            "leaks across requests (residency, in-flight copies, host copies). The leak checks "
+            "fit a slope to host/device memory per request and to latency drift.\n"
+            "- Absolute milliseconds are only comparable on the same hardware; the gate here uses "
+            "ratios measured within this run."),
+    ]
+    return _nb("Cold vs warm",
+               "Does the second (warm) request in one server session meet the same numbers as the "
+               "first (cold) request, or does state leak across requests and degrade it?",
+               params, cells)
+
+
+def warmup_shapes() -> nbformat.NotebookNode:
+    params = f'''{ENGINE}
+warmup_frames = [17, 25]  # startup warmup frames, one launch each (17 -> 3 latent frames)
+request_frames = [25]  # request frames sent to each launch (25 -> 4 latent frames)
+repeats = 3  # requests per shape per launch
+{COMMON_TAIL}'''
+    cells = [
+        new_code_cell('''out = Path(run_dir) / "warmup_shapes"
+bundle = suite.load_or_run("warmup_shapes", out=out, bundle_dir=bundle_dir, engine=engine,
+                           request=request, warmup_frames=warmup_frames,
+                           request_frames=request_frames, repeats=repeats)
+results = bundle.results
+rows = suite.scenario_verdict("warmup_shapes", results, invariants)
+_verdict = suite.write_verdict(out, "warmup_shapes", rows)'''),
+        new_markdown_cell("## Coverage"),
+        new_code_cell('''coverage = summary_frame("warmup_shapes", results)
+display(coverage)
+display(Markdown(reading("warmup_shapes", results)))'''),
+        new_markdown_cell("## Gate (covered shapes pay no setup)"),
+        new_code_cell("display(verdict_table(rows))"),
+        new_markdown_cell("## First-request penalty by warmup shape and request shape"),
+        new_code_cell("show(plots.coverage_heatmap(coverage))"),
+        new_markdown_cell("## End-to-end latency per request, one line per launch"),
+        new_code_cell("show(plots.e2e_per_request(bundle.requests))"),
+        new_markdown_cell("## Per-stage latency"),
+        new_code_cell("show(plots.stage_breakdown(bundle.stages))"),
+        new_markdown_cell(
+            "## How to read this\n\n"
+            "LTX aligns frames to 8k+1 and compresses time by 8: latent frames = (frames − 1) // 8 "
+            "+ 1, so a 17-frame warmup runs 3 latent frames and a 25-frame request needs 4. A "
+            "request shape is **covered** when the startup warmup already ran its latent shape; "
+            "an uncovered shape pays recompilation / graph capture on its first request (the "
+            "penalty above, with its compile count). The fix is a warmup at the served shapes."),
+    ]
+    return _nb("Warmup shapes",
+               "Does the server's startup warmup cover the shapes users send?", params, cells)
+
+
+def memory_budget() -> nbformat.NotebookNode:
+    params = f'''{ENGINE}
+# one launch per budget; a missing device_gib/host_gib means no cap on that side
+caps = [{{"label": "unlimited"}}, {{"label": "8GiB host", "host_gib": 8}}]
+repeats = 2  # requests per launch
+min_budget = None  # e.g. {{"lo_gib": 4, "hi_gib": 24}}: search the smallest device budget (GPU)
+{COMMON_TAIL}'''
+    cells = [
+        new_code_cell('''out = Path(run_dir) / "memory_budget"
+bundle = suite.load_or_run("memory_budget", out=out, bundle_dir=bundle_dir, engine=engine,
+                           request=request, caps=caps, repeats=repeats, min_budget=min_budget)
+results = bundle.results
+rows = suite.scenario_verdict("memory_budget", results, invariants)
+_verdict = suite.write_verdict(out, "memory_budget", rows)'''),
+        new_markdown_cell("## Budgets"),
+        new_code_cell('''display(summary_frame("memory_budget", results))
+display(Markdown(reading("memory_budget", results)))'''),
+        new_markdown_cell("## Gate (caps held, runs completed)"),
+        new_code_cell("display(verdict_table(rows))"),
+        new_markdown_cell("## Memory timeline per budget"),
+        new_code_cell('''for row in bundle.launches.to_dict("records") or [{}]:
+    show(plots.memory_timeline(
+        bundle.memory, bundle.requests, bundle.stages, launch=row.get("launch"),
+        caps={"device_cap_gib": row.get("device_cap_gib"), "host_cap_gib": row.get("host_cap_gib")},
+        title=f"Memory timeline: {row.get('label') or row.get('launch') or 'run'}"))'''),
+        new_markdown_cell("## Latency per request under each budget"),
+        new_code_cell("show(plots.e2e_per_request(bundle.requests))"),
+        new_markdown_cell(
+            "## How to read this\n\n"
+            "Each budget is one launch. The device cap works like sglang's CI "
+            "(`SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB`: the worker caps torch's memory "
+            "fraction); the host cap is what host planning sees "
+            "(`SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB`) and, where possible, enforced "
+            "(cgroup or watchdog: see `enforcement`). A budget is met when the run completed and "
+            "the cap held; `placement` says what the engine moved off the device to fit, and "
+            "`warm_degrades` whether warm requests got slower under the cap."),
+    ]
+    return _nb("Memory budget",
+               "Does the pipeline fit the memory budget (e.g. 12 GiB GPU + 32 GiB host), and what "
+               "does it cost in latency?", params, cells)
+
+
+def baseline_gate() -> nbformat.NotebookNode:
+    params = f'''{ENGINE}
+baseline_file = None  # a baseline JSON (sglang layout) of the same hardware, or None
+profile = "pr_test"  # tolerance profile
+strict = False  # a case missing from the baseline fails instead of being "new"
+hardware = None  # metadata.hardware of this run's baseline.json (None: from the bundles)
+invariants = None  # None: perfkit.baseline.DEFAULT_INVARIANTS
+run_dir = "outputs/notebooks"  # the run whose bundles are gated (nothing is launched)'''
+    cells = [
+        new_code_cell('''g = suite.gate(run_dir, engine=engine, request=request, baseline_file=baseline_file,
+              profile=profile, strict=strict, hardware=hardware, invariants=invariants)
+if g.errors:
+    raise RuntimeError("; ".join(g.errors))
+_verdict = suite.write_verdict(Path(run_dir) / "baseline_gate", "baseline_gate", g.rows,
+                               cases=g.cases, compared_with=g.compared_with)
+table = verdict_table(g.rows)'''),
+        new_markdown_cell("## This run's baseline (sglang layout)"),
+        new_code_cell('''display(Markdown(f"`{Path(run_dir) / 'baseline.json'}`: {len(g.cases)} cases. "
+                 "Copy it under `baselines/` (same hardware only) to gate later runs."))
+display(pd.DataFrame([{"case": c, "e2e (ms)": e.get("expected_e2e_ms"),
+                       "median step (ms)": e.get("expected_median_denoise_ms"),
+                       "load (ms)": e.get("expected_load_ms"),
+                       "runtime peak VRAM (MiB)": e.get("runtime_peak_vram_mb")}
+                      for c, e in g.baseline_doc["scenarios"].items()]))'''),
+        new_markdown_cell("## Invariants (any hardware)"),
+        new_code_cell("display(verdict_table(g.invariant_rows))"),
+        new_markdown_cell("## Against the baseline"),
+        new_code_cell('''if g.compared_with:
+    display(Markdown(f"Compared with `{g.compared_with}`, profile `{profile}`."))
+    base = verdict_table(g.baseline_rows)
+    display(base)
+    show(plots.baseline_vs_actual(base))
+else:
+    display(Markdown("No baseline file for this hardware: gated on invariants only."))'''),
+        new_markdown_cell(
+            "## How to read this\n\n"
+            "A baseline metric passes when actual ≤ max(expected × (1 + tol), expected + pad), "
+            "sglang's rule; `improved` rows were faster than expected × (1 − 0.2) and carry the "
+            "snippet to paste into the baseline. Invariants are ratios within this run (warm/cold, "
+            "covered-shape first request, leak slopes, caps held) and hold on any hardware."),
+    ]
+    return _nb("Baseline gate",
+               "This run's numbers in sglang's baseline layout, compared with the baseline of the "
+               "same hardware, and the invariants that hold anywhere. Launches nothing: it reads "
+               "the bundles the investigations wrote.", params, cells)
+
+
+NOTEBOOKS = {"cold_warm": cold_warm, "warmup_shapes": warmup_shapes,
+             "memory_budget": memory_budget, "baseline_gate": baseline_gate}
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    bad = 0
+    for name, make in NOTEBOOKS.items():
+        nb = make()
+        text = nbformat.writes(nb) + "\n"
+        p = HERE / f"{name}.ipynb"
+        if check:
+            if not p.exists() or p.read_text() != text:
+                print(f"{p} is stale: run python notebooks/make_notebooks.py")
+                bad = 1
+        else:
+            p.write_text(text)
+            print(f"wrote {p}")
+    return bad
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

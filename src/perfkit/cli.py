@@ -1,0 +1,240 @@
+"""The ``perfkit`` command.
+
+    perfkit suite --params params/ci-cpu.yaml [--out outputs/RUN] [--replay RUN] [--only NAME]
+    perfkit run notebooks/cold_warm.ipynb -p repeats=3 -p run_dir=outputs/x [--out FILE]
+    perfkit report outputs/RUN
+    perfkit compare --run outputs/RUN --baseline baselines/h200.json [--profile pr_test] [--strict]
+    perfkit baseline update --bundle outputs/RUN/cold_warm --baseline FILE --case ID [--hardware NAME]
+    perfkit engine serve [refengine args...]      (python -m perfkit.refengine)
+
+Exit codes: 0 every gate passed, 1 a regression (a gate failed), 2 an error (bad params, engine
+crash, notebook exception).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from perfkit.suite import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
+
+log = logging.getLogger("perfkit")
+
+
+def _parse_kv(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for it in items or []:
+        if "=" not in it:
+            raise SystemExit(f"perfkit: -p expects key=value, got {it!r}")
+        k, v = it.split("=", 1)
+        try:
+            out[k.strip()] = yaml.safe_load(v) if v != "" else ""
+        except yaml.YAMLError:
+            out[k.strip()] = v
+    return out
+
+
+def cmd_suite(a: argparse.Namespace) -> int:
+    from perfkit.params import ParamsError
+    from perfkit.suite import run_suite
+
+    try:
+        res = run_suite(a.params, a.out, replay=a.replay, only=a.only, notebooks=a.notebooks,
+                        screenshot=not a.no_screenshot, progress=not a.quiet)
+    except ParamsError as exc:
+        print(f"perfkit: invalid params:\n{exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except FileNotFoundError as exc:
+        print(f"perfkit: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    for n in res.notebooks:
+        wall = f"{n.wall_s:.1f} s" if n.wall_s is not None else ""
+        print(f"  {n.name:15s} {n.status:8s} {wall:>9s}  {n.error or ''}")
+    print(f"perfkit suite: {res.status.upper()} (exit {res.exit_code})")
+    print(f"  report:   {res.run_dir / 'report.html'}")
+    print(f"  summary:  {res.run_dir / 'summary.md'}")
+    if (res.run_dir / "baseline.json").exists():
+        print(f"  baseline: {res.run_dir / 'baseline.json'}")
+    return res.exit_code
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from perfkit.suite import default_out, execute_notebook
+
+    nb = Path(a.notebook)
+    if not nb.exists():
+        print(f"perfkit: notebook {nb} not found", file=sys.stderr)
+        return EXIT_ERROR
+    params: dict[str, Any] = {}
+    if a.params:
+        from perfkit.params import ParamsError, load_params
+
+        try:
+            sp = load_params(a.params)
+        except ParamsError as exc:
+            print(f"perfkit: invalid params:\n{exc}", file=sys.stderr)
+            return EXIT_ERROR
+        from perfkit.suite import notebook_parameters
+
+        params.update(notebook_parameters(nb.stem, sp, Path("unused")))
+        params.pop("run_dir", None)
+    params.update(_parse_kv(a.p))
+    run_dir = Path(params.get("run_dir") or default_out(nb.stem)).resolve()
+    params["run_dir"] = str(run_dir)
+    out = Path(a.out) if a.out else run_dir / "notebooks" / nb.name
+    r = execute_notebook(nb, out, params, cwd=Path.cwd(), timeout_s=a.timeout)
+    print(f"{nb.name}: {r.status} in {r.wall_s:.1f} s -> {out}")
+    if r.error:
+        print(f"  {r.error}", file=sys.stderr)
+        return EXIT_ERROR
+    from perfkit.suite import read_verdict
+
+    v = read_verdict(run_dir / nb.stem)
+    if v and v.get("status") == "fail":
+        return EXIT_REGRESSION
+    return EXIT_OK
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from perfkit import report
+
+    run = Path(a.run)
+    if not run.is_dir():
+        print(f"perfkit: {run} is not a run directory", file=sys.stderr)
+        return EXIT_ERROR
+    report.write_summary(run)
+    html = report.render_report(run, a.out)
+    print(f"report: {html}")
+    if a.screenshot:
+        try:
+            print(f"screenshot: {report.screenshot(html, run / 'report.png')}")
+        except Exception as exc:  # noqa: BLE001
+            print(f"perfkit: no screenshot: {exc}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from perfkit import baseline as bl
+    from perfkit.suite import run_cases
+
+    try:
+        ref = bl.load_baseline(a.baseline)
+    except (OSError, bl.BaselineError) as exc:
+        print(f"perfkit: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    cases = run_cases(a.run)
+    if not cases:
+        print(f"perfkit: no cases in {a.run} (no baseline.json nor bundles)", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        rows = bl.compare(cases, ref, profile=a.profile, strict=a.strict)
+    except KeyError as exc:
+        print(f"perfkit: {exc.args[0]}", file=sys.stderr)
+        return EXIT_ERROR
+    df = bl.verdict_table(rows)
+    print(bl.verdict_markdown(df))
+    status = bl.overall_status(df)
+    print(f"compare: {status.upper()}")
+    return EXIT_REGRESSION if status == "fail" else EXIT_OK
+
+
+def cmd_baseline_update(a: argparse.Namespace) -> int:
+    from perfkit import baseline as bl
+
+    try:
+        doc = bl.update_baseline(a.bundle, a.baseline, a.case, hardware=a.hardware)
+    except (OSError, ValueError) as exc:
+        print(f"perfkit: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    e = doc["scenarios"][a.case]
+    print(f"{a.baseline}: case {a.case} updated (e2e {e.get('expected_e2e_ms')} ms)")
+    return EXIT_OK
+
+
+def cmd_engine_serve(rest: list[str]) -> int:
+    argv = [sys.executable, "-m", "perfkit.refengine", *rest]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
+    return EXIT_ERROR  # pragma: no cover
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="perfkit", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="exit codes: 0 pass, 1 regression, 2 error")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("suite", help="run the investigation notebooks and gate the run")
+    s.add_argument("--params", required=True, help="params YAML (see params/)")
+    s.add_argument("--out", help="run directory (default outputs/<name>-<timestamp>)")
+    s.add_argument("--replay", help="a run directory whose bundles are replayed (no launch)")
+    s.add_argument("--only", action="append", choices=["cold_warm", "warmup_shapes", "memory_budget"],
+                   help="run only this investigation (repeatable); the gate always runs")
+    s.add_argument("--notebooks", help=argparse.SUPPRESS)  # tests: another notebooks folder
+    s.add_argument("--no-screenshot", action="store_true", help="skip the report screenshot")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_suite)
+
+    r = sub.add_parser("run", help="run one notebook with papermill")
+    r.add_argument("notebook")
+    r.add_argument("-p", action="append", default=[], metavar="KEY=VALUE",
+                   help="a parameter (value parsed as YAML); repeatable")
+    r.add_argument("--params", help="take the notebook's parameters from a params YAML first")
+    r.add_argument("--out", help="executed notebook path (default RUN_DIR/notebooks/NAME)")
+    r.add_argument("--timeout", type=float, default=None, help="per-cell timeout (s)")
+    r.set_defaults(func=cmd_run)
+
+    rp = sub.add_parser("report", help="re-render report.html and summary.md of a run")
+    rp.add_argument("run")
+    rp.add_argument("--out", help="HTML path (default RUN/report.html)")
+    rp.add_argument("--screenshot", action="store_true", help="also save RUN/report.png")
+    rp.set_defaults(func=cmd_report)
+
+    c = sub.add_parser("compare", help="compare a run with a baseline file")
+    c.add_argument("--run", required=True)
+    c.add_argument("--baseline", required=True)
+    c.add_argument("--profile", default="pr_test")
+    c.add_argument("--strict", action="store_true")
+    c.set_defaults(func=cmd_compare)
+
+    b = sub.add_parser("baseline", help="baseline files")
+    bsub = b.add_subparsers(dest="bcmd", required=True)
+    bu = bsub.add_parser("update", help="write one case from a bundle into a baseline file")
+    bu.add_argument("--bundle", required=True)
+    bu.add_argument("--baseline", required=True)
+    bu.add_argument("--case", required=True)
+    bu.add_argument("--hardware")
+    bu.set_defaults(func=cmd_baseline_update)
+
+    e = sub.add_parser("engine", help="engines")
+    esub = e.add_subparsers(dest="ecmd", required=True)
+    es = esub.add_parser("serve", help="run the reference engine (python -m perfkit.refengine)",
+                         add_help=False)
+    es.set_defaults(func=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `perfkit engine serve ARGS...`: everything after `serve` goes to the engine untouched
+    if len(argv) >= 2 and argv[0] == "engine" and argv[1] == "serve":
+        return cmd_engine_serve(argv[2:])
+    a = build_parser().parse_args(argv)
+    level = logging.WARNING - 10 * min(a.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(a.func(a))
+    except KeyboardInterrupt:
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

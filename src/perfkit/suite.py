@@ -1,0 +1,609 @@
+"""Papermill orchestration: run the investigation notebooks, gate the run, assemble its outputs.
+
+``perfkit suite --params params/ci-cpu.yaml --out outputs/RUN`` calls :func:`run_suite`, which
+
+1. validates the params (:func:`perfkit.params.load_params`) before anything is launched;
+2. runs each enabled investigation notebook (``cold_warm``, ``warmup_shapes``,
+   ``memory_budget``) with papermill; each writes its bundle to ``RUN/<scenario>/`` and its gate
+   rows to ``RUN/<scenario>/verdict.json``;
+3. runs the baseline gate notebook, which launches nothing: it reuses the bundles measured in
+   step 2, writes ``RUN/baseline.json`` (this run's numbers, sglang layout), compares them with
+   the params' baseline file when one is set and re-checks the invariants on all results;
+4. writes ``RUN/summary.md`` (appended to ``$GITHUB_STEP_SUMMARY`` when set), ``RUN/run.json``
+   and ``RUN/report.html`` (:mod:`perfkit.report`), even when a notebook failed.
+
+Exit codes (:data:`EXIT_OK`, :data:`EXIT_REGRESSION`, :data:`EXIT_ERROR`): 0 every gate passed,
+1 a gate failed (regression), 2 an error (bad params, engine crash, notebook exception, kernel
+death).
+
+The helpers the notebooks call live here too, so notebooks stay thin: :func:`load_or_run`
+(replay a recorded bundle or run a scenario), :func:`scenario_verdict`, :func:`write_verdict`,
+:func:`case_id`, :func:`bundle_cases`, :func:`gate`.
+
+Run directory layout::
+
+    RUN/params.yaml            the validated params (resolved, with defaults)
+    RUN/run.json               notebook statuses, wall times, errors, exit code
+    RUN/notebooks/<nb>.ipynb   executed notebooks (with outputs)
+    RUN/<scenario>/            ResultBundle + verdict.json
+    RUN/baseline_gate/verdict.json
+    RUN/baseline.json  RUN/summary.md  RUN/report.html  RUN/report.png (when chromium is there)
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+import yaml
+
+from perfkit import baseline as bl
+from perfkit.bundle import ResultBundle
+from perfkit.params import SCENARIOS, ParamsError, SuiteParams, load_params
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_REGRESSION = 1
+EXIT_ERROR = 2
+
+GATE = "baseline_gate"
+NOTEBOOKS = (*SCENARIOS, GATE)
+#: invariant keys checked by each investigation notebook (the gate re-checks them all)
+SCENARIO_INVARIANTS: dict[str, tuple[str, ...]] = {
+    "cold_warm": ("warm_cold_ratio_max", "warm_cold_ratio_min", *bl.LEAK_INVARIANTS.values()),
+    "warmup_shapes": ("covered_first_request_max_ratio", "covered_compiles_max"),
+    "memory_budget": ("caps_held", "caps_completed", "warm_degrades_allowed"),
+}
+VERDICT_FILE = "verdict.json"
+RUN_FILE = "run.json"
+KERNEL_NAME = "python3"
+
+
+def repo_root() -> Path:
+    """The checkout this perfkit runs from (where ``notebooks/`` lives)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def notebooks_dir() -> Path:
+    env = os.environ.get("PERFKIT_NOTEBOOKS")
+    return Path(env) if env else repo_root() / "notebooks"
+
+
+# ---------------------------------------------------------------------------------------------
+# Case ids and bundle slicing
+# ---------------------------------------------------------------------------------------------
+
+def _slug(s: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]+", "", str(s).replace(" + ", "-").replace(" ", "")) or "x"
+
+
+def case_id(engine: Mapping[str, Any], request: Mapping[str, Any], *, warmup_frames: int | None = None,
+            num_frames: int | None = None, suffix: str = "") -> str:
+    """Case id saying preset, shape and startup warmup: ``tiny_25f_64x64_4s_w17``.
+
+    ``suffix`` distinguishes scenarios measuring the same shape (``_shapes``, ``_cap-24GiBdev``).
+    """
+    preset = engine.get("preset") or engine.get("kind") or "engine"
+    if engine.get("kind") == "sglang":
+        preset = Path(str(engine.get("model_path") or "sglang")).name
+    nf = num_frames if num_frames is not None else request.get("num_frames")
+    w = warmup_frames if warmup_frames is not None else engine.get("warmup_frames", 17)
+    cid = (f"{_slug(preset)}_{nf}f_{request.get('height')}x{request.get('width')}_"
+           f"{request.get('num_inference_steps')}s_w{w}")
+    return cid + suffix
+
+
+def sub_bundle(bundle: ResultBundle, *, launch: Any = None, num_frames: int | None = None) -> ResultBundle:
+    """The part of a bundle from one launch and/or one request frame count (tables filtered)."""
+    req = bundle.requests
+    if req.empty:
+        return bundle
+    mask = pd.Series(True, index=req.index)
+    if launch is not None and "launch" in req:
+        mask &= req["launch"] == launch
+    if num_frames is not None and "num_frames" in req:
+        mask &= (req["num_frames"] == num_frames) | (req.get("index", 0) == -1)
+    keep = req[mask]
+    keys = set(zip(keep.get("launch", pd.Series([None] * len(keep))), keep["request_id"].astype(str)))
+    tables = dict(bundle.tables)
+    tables["requests"] = keep
+    for name in ("stages", "steps"):
+        t = bundle.table(name)
+        if not t.empty and "request_id" in t:
+            la = t["launch"] if "launch" in t else pd.Series([None] * len(t), index=t.index)
+            tables[name] = t[[k in keys for k in zip(la, t["request_id"].astype(str))]]
+    for name in ("memory", "launches"):
+        t = bundle.table(name)
+        if launch is not None and not t.empty and "launch" in t:
+            tables[name] = t[t["launch"] == launch]
+    return ResultBundle(scenario=bundle.scenario, meta=bundle.meta, results=bundle.results,
+                        tables=tables, path=bundle.path)
+
+
+def _launch_rows(bundle: ResultBundle) -> list[dict[str, Any]]:
+    lt = bundle.launches
+    return [] if lt.empty else lt.to_dict("records")
+
+
+def _has_measured(bundle: ResultBundle) -> bool:
+    req = bundle.requests
+    if req.empty:
+        return False
+    m = pd.Series(True, index=req.index)
+    if "tag" in req:
+        m &= req["tag"].fillna("").astype(str).str.lower() != "warmup"
+    if "status" in req:
+        m &= req["status"] == "completed"
+    return bool(m.any())
+
+
+def bundle_cases(bundles: Mapping[str, ResultBundle], engine: Mapping[str, Any],
+                 request: Mapping[str, Any]) -> dict[str, ResultBundle]:
+    """Case id -> (sub-)bundle for this run's baseline.json.
+
+    - cold_warm: one case, ``<preset>_<F>f_<H>x<W>_<S>s_w<warmup>``.
+    - warmup_shapes: one case per (launch, request frames), suffix ``_shapes``.
+    - memory_budget: one case per launch (cap), suffix ``_cap-<label>``.
+
+    Slices without a completed measured request are left out.
+    """
+    cases: dict[str, ResultBundle] = {}
+    cw = bundles.get("cold_warm")
+    if cw is not None and _has_measured(cw):
+        cases[case_id(engine, request)] = cw
+    ws = bundles.get("warmup_shapes")
+    if ws is not None and not ws.requests.empty:
+        req = ws.requests
+        for row in _launch_rows(ws) or [{"launch": None}]:
+            la = row.get("launch")
+            w = row.get("warmup_frames")
+            w = int(w) if w is not None and not (isinstance(w, float) and math.isnan(w)) else None
+            sel = req if la is None or "launch" not in req else req[req["launch"] == la]
+            if "index" in sel:
+                sel = sel[sel["index"] != -1]
+            frames = sorted({int(f) for f in sel.get("num_frames", pd.Series(dtype=float)).dropna()})
+            for f in frames:
+                sb = sub_bundle(ws, launch=la, num_frames=f)
+                if _has_measured(sb):
+                    cases[case_id(engine, request, warmup_frames=w, num_frames=f,
+                                  suffix="_shapes")] = sb
+    mb = bundles.get("memory_budget")
+    if mb is not None and not mb.requests.empty:
+        for row in _launch_rows(mb) or [{"launch": None, "label": "unlimited"}]:
+            la = row.get("launch")
+            label = row.get("label") or la or "unlimited"
+            sb = sub_bundle(mb, launch=la)
+            if _has_measured(sb):
+                cases[case_id(engine, request, suffix=f"_cap-{_slug(label)}")] = sb
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook helpers: load or run, verdicts
+# ---------------------------------------------------------------------------------------------
+
+def _caps(d: Mapping[str, Any] | None):
+    from perfkit.caps import MemoryCaps
+
+    if d is None:
+        return None
+    d = {k: v for k, v in dict(d).items() if v is not None}
+    return MemoryCaps(**d)
+
+
+def load_or_run(scenario: str, *, out: str | Path, bundle_dir: str | Path | None = None,
+                engine: Mapping[str, Any] | None = None, request: Mapping[str, Any] | None = None,
+                **kwargs: Any) -> ResultBundle:
+    """Replay ``bundle_dir`` (launches nothing) or run ``scenario``; the bundle lands in ``out``.
+
+    ``kwargs`` go to the scenario function (perfkit.scenarios): ``repeats``, ``thresholds``,
+    ``caps`` (a dict, or for memory_budget a list of dicts), ``warmup_frames``,
+    ``request_frames``, ``min_budget`` ({lo_gib, hi_gib} or None; memory_budget only).
+    """
+    out = Path(out)
+    if bundle_dir:
+        b = ResultBundle.load(bundle_dir)
+        if b.scenario != scenario:
+            raise ValueError(f"bundle_dir {bundle_dir} holds a {b.scenario!r} bundle, "
+                             f"expected {scenario!r}")
+        if Path(bundle_dir).resolve() != out.resolve():
+            b.save(out)
+        log.info("replaying %s bundle from %s", scenario, bundle_dir)
+        return b
+
+    from perfkit import scenarios
+    from perfkit.client import VideoRequestSpec
+    from perfkit.engine import EngineSpec
+
+    spec = EngineSpec.from_dict(dict(engine or {}))
+    req = VideoRequestSpec.from_dict(dict(request or {}))
+    out.mkdir(parents=True, exist_ok=True)
+    if scenario == "cold_warm":
+        b = scenarios.cold_vs_warm(spec, req, repeats=int(kwargs.get("repeats", 5)),
+                                   caps=_caps(kwargs.get("caps")), run_dir=out,
+                                   thresholds=kwargs.get("thresholds"))
+    elif scenario == "warmup_shapes":
+        b = scenarios.warmup_shapes(spec, warmup_frames=list(kwargs["warmup_frames"]),
+                                    request_frames=list(kwargs["request_frames"]),
+                                    repeats=int(kwargs.get("repeats", 3)), request=req, run_dir=out)
+    elif scenario == "memory_budget":
+        caps = [_caps(c) for c in (kwargs.get("caps") or [{}])]
+        b = scenarios.memory_budget(spec, caps=caps, request=req,
+                                    repeats=int(kwargs.get("repeats", 2)), run_dir=out)
+        mbud = kwargs.get("min_budget")
+        if mbud:
+            b.results["min_budget_gib"] = scenarios.find_min_budget(
+                spec, req, float(mbud["lo_gib"]), float(mbud["hi_gib"]), run_dir=out / "min_budget")
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+    b.save(out)
+    return b
+
+
+def scenario_verdict(scenario: str, results: Mapping[str, Any],
+                     invariants: Mapping[str, Any] | None = None) -> list[bl.Verdict]:
+    """Invariant rows for one investigation (only the invariants that concern it)."""
+    inv = dict(bl.DEFAULT_INVARIANTS if invariants is None else invariants)
+    keys = SCENARIO_INVARIANTS.get(scenario, ())
+    mine = {k: v for k, v in inv.items() if k in keys}
+    return bl.check_invariants({scenario: dict(results)}, mine)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        try:
+            return _jsonable(v.item())
+        except (TypeError, ValueError):
+            pass
+    return v
+
+
+def write_verdict(out: str | Path, scenario: str, rows: Iterable[bl.Verdict | Mapping[str, Any]],
+                  **extra: Any) -> dict[str, Any]:
+    """Write ``out/verdict.json``: {scenario, status, rows, ...extra}. Returns the document."""
+    df = bl.verdict_table(rows)
+    doc = {"scenario": scenario, "status": bl.overall_status(df),
+           "rows": _jsonable(df.to_dict("records")), **_jsonable(extra)}
+    p = Path(out)
+    p.mkdir(parents=True, exist_ok=True)
+    bl.atomic_write_text(p / VERDICT_FILE, json.dumps(doc, indent=2, default=str) + "\n")
+    return doc
+
+
+def read_verdict(path: str | Path) -> dict[str, Any] | None:
+    p = Path(path)
+    if p.is_dir():
+        p = p / VERDICT_FILE
+    if not p.exists():
+        return None
+    return json.loads(p.read_text())
+
+
+def load_run_bundles(run_dir: str | Path) -> dict[str, ResultBundle]:
+    """Scenario -> bundle for each ``run_dir/<scenario>/`` holding one."""
+    out: dict[str, ResultBundle] = {}
+    for s in SCENARIOS:
+        d = Path(run_dir) / s
+        if (d / "meta.json").exists():
+            out[s] = ResultBundle.load(d)
+    return out
+
+
+@dataclass
+class GateResult:
+    baseline_doc: dict[str, Any]
+    cases: list[str]
+    invariant_rows: list[bl.Verdict]
+    baseline_rows: list[bl.Verdict]
+    compared_with: str | None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[bl.Verdict]:
+        return [*self.invariant_rows, *self.baseline_rows]
+
+
+def gate(run_dir: str | Path, *, engine: Mapping[str, Any], request: Mapping[str, Any],
+         baseline_file: str | Path | None = None, profile: str = "pr_test", strict: bool = False,
+         hardware: str | None = None, invariants: Mapping[str, Any] | None = None) -> GateResult:
+    """The baseline gate. Launches nothing: reads the bundles under ``run_dir``.
+
+    Writes ``run_dir/baseline.json`` (this run's numbers, sglang layout, one case per
+    :func:`bundle_cases`), compares them with ``baseline_file`` when given (``profile``,
+    ``strict``) and checks ``invariants`` (default :data:`perfkit.baseline.DEFAULT_INVARIANTS`)
+    on every scenario's results.
+    """
+    run_dir = Path(run_dir)
+    bundles = load_run_bundles(run_dir)
+    errors: list[str] = []
+    if not bundles:
+        errors.append(f"no bundles under {run_dir}")
+    cases = bundle_cases(bundles, engine, request)
+    hw = hardware or _hardware(bundles)
+    doc = bl.baseline_from_bundles(cases, hardware=hw)
+    bl.save_baseline(doc, run_dir / "baseline.json")
+    inv = dict(bl.DEFAULT_INVARIANTS if invariants is None else invariants)
+    inv_rows = bl.check_invariants({s: b.results for s, b in bundles.items()}, inv)
+    base_rows: list[bl.Verdict] = []
+    compared = None
+    if baseline_file:
+        bpath = Path(baseline_file)
+        if not bpath.is_absolute() and not bpath.exists():
+            bpath = repo_root() / bpath
+        if bpath.exists():
+            ref = bl.load_baseline(bpath)
+            base_rows = bl.compare(doc["scenarios"], ref, profile=profile, strict=strict)
+            compared = str(bpath)
+        else:
+            log.warning("baseline file %s does not exist: comparing nothing", baseline_file)
+            base_rows = [bl.Verdict("baseline", str(baseline_file), None, None, None,
+                                    "fail" if strict else "skipped",
+                                    "baseline file not found" + (" (strict)" if strict else ""))]
+    return GateResult(doc, list(cases), inv_rows, base_rows, compared, errors)
+
+
+def _hardware(bundles: Mapping[str, ResultBundle]) -> str:
+    for b in bundles.values():
+        gpu = b.meta.get("gpu_name")
+        if gpu:
+            return str(gpu)
+    for b in bundles.values():
+        if b.meta.get("cpu_count"):
+            return f"cpu x{b.meta['cpu_count']} ({b.meta.get('host', 'host')})"
+    return "unknown"
+
+
+def run_cases(run_dir: str | Path, engine: Mapping[str, Any] | None = None,
+              request: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Case id -> scenario entry for a finished run (from its baseline.json, else its bundles)."""
+    run_dir = Path(run_dir)
+    if engine is None or request is None:
+        p = run_dir / "params.yaml"
+        if (run_dir / "baseline.json").exists() and engine is None:
+            return dict(bl.load_baseline(run_dir / "baseline.json").get("scenarios") or {})
+        if p.exists():
+            sp = yaml.safe_load(p.read_text())
+            engine = engine or sp.get("engine") or {}
+            request = request or sp.get("request") or {}
+    cases = bundle_cases(load_run_bundles(run_dir), engine or {}, request or {})
+    return {c: bl.from_bundle(b, c) for c, b in cases.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Running notebooks
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class NotebookRun:
+    name: str
+    status: str = "pending"  # ok, error, skipped
+    wall_s: float | None = None
+    error: str | None = None
+    ename: str | None = None
+    output: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def kernel_name() -> str:
+    """A kernel that runs this Python (``python3`` resolves to ``sys.executable``; otherwise a
+    ``perfkit`` kernelspec pointing at this interpreter is installed under ``sys.prefix``)."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    ksm = KernelSpecManager()
+    try:
+        spec = ksm.get_kernel_spec(KERNEL_NAME)
+        exe = spec.argv[0] if spec.argv else ""
+        if exe in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}") \
+                or Path(exe).resolve() == Path(sys.executable).resolve():
+            return KERNEL_NAME
+        log.info("kernel python3 runs %s, not %s: using a perfkit kernel", exe, sys.executable)
+    except NoSuchKernel:
+        pass
+    from ipykernel.kernelspec import install
+
+    install(kernel_name="perfkit", display_name="Python (perfkit)", prefix=sys.prefix)
+    return "perfkit"
+
+
+def _error_of(nb_path: Path) -> tuple[str | None, str | None]:
+    """(ename, text) of the first error output in an executed notebook."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(nb_path), as_version=4)
+    except Exception:  # noqa: BLE001
+        return None, None
+    for cell in nb.cells:
+        for o in cell.get("outputs", []) or []:
+            if o.get("output_type") == "error":
+                return o.get("ename"), f"{o.get('ename')}: {o.get('evalue')}"
+    return None, None
+
+
+def execute_notebook(src: str | Path, dst: str | Path, parameters: Mapping[str, Any], *,
+                     cwd: str | Path | None = None, timeout_s: float | None = None,
+                     kernel: str | None = None) -> NotebookRun:
+    """Run one notebook with papermill; never raises for a failing notebook."""
+    import papermill as pm
+
+    src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    run = NotebookRun(name=src.stem, output=str(dst), parameters=_jsonable(dict(parameters)))
+    t0 = time.monotonic()
+    try:
+        pm.execute_notebook(str(src), str(dst), parameters=dict(parameters),
+                            kernel_name=kernel or kernel_name(), cwd=str(cwd) if cwd else None,
+                            progress_bar=False, log_output=False,
+                            execution_timeout=int(timeout_s) if timeout_s else None)
+        run.status = "ok"
+    except Exception as exc:  # noqa: BLE001 - papermill errors, dead kernels, timeouts
+        run.status = "error"
+        ename, text = _error_of(dst) if dst.exists() else (None, None)
+        run.ename = ename or type(exc).__name__
+        run.error = text or f"{type(exc).__name__}: {exc}"
+        log.error("notebook %s failed: %s", src.name, run.error)
+    run.wall_s = round(time.monotonic() - t0, 2)
+    return run
+
+
+def notebook_parameters(name: str, params: SuiteParams, run_dir: Path,
+                        replay: Path | None = None) -> dict[str, Any]:
+    """Papermill parameters of one notebook, from the suite params."""
+    common = {"run_dir": str(run_dir), "engine": dict(params.engine),
+              "request": params.request.model_dump(), "invariants": params.invariants_all()}
+    if name == GATE:
+        b = params.baseline
+        bfile = b.file
+        return {**common, "baseline_file": bfile, "profile": b.profile, "strict": b.strict,
+                "hardware": b.hardware}
+    sec = getattr(params, name).model_dump()
+    sec.pop("enabled", None)
+    bundle_dir = None
+    if replay is not None and (replay / name / "meta.json").exists():
+        bundle_dir = str(replay / name)
+    return {**common, **sec, "bundle_dir": bundle_dir}
+
+
+@dataclass
+class SuiteResult:
+    run_dir: Path
+    exit_code: int
+    status: str
+    notebooks: list[NotebookRun]
+    verdicts: pd.DataFrame
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "exit_code": self.exit_code, "status": self.status,
+                "notebooks": [asdict(n) for n in self.notebooks]}
+
+
+def default_out(name: str) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("outputs") / f"{name}-{stamp}"
+
+
+def collect_verdicts(run_dir: str | Path) -> pd.DataFrame:
+    """All verdict rows of a run (investigations + gate), duplicates dropped, with a
+    ``notebook`` column."""
+    frames = []
+    for name in NOTEBOOKS:
+        doc = read_verdict(Path(run_dir) / name)
+        if doc and doc.get("rows"):
+            df = bl.verdict_table(doc["rows"])
+            df.insert(0, "notebook", name)
+            frames.append(df)
+    if not frames:
+        return pd.DataFrame(columns=["notebook", *bl.VERDICT_COLUMNS])
+    df = pd.concat(frames, ignore_index=True)
+    return df.drop_duplicates(subset=["case", "metric"], keep="first").reset_index(drop=True)
+
+
+def exit_code_for(notebooks: Iterable[NotebookRun | Mapping[str, Any]], verdicts: pd.DataFrame) -> int:
+    for n in notebooks:
+        st = n.status if isinstance(n, NotebookRun) else n.get("status")
+        if st == "error":
+            return EXIT_ERROR
+    if not verdicts.empty and (verdicts["status"] == "fail").any():
+        return EXIT_REGRESSION
+    return EXIT_OK
+
+
+STATUS_WORD = {EXIT_OK: "pass", EXIT_REGRESSION: "regression", EXIT_ERROR: "error"}
+
+
+def run_suite(params_path: str | Path, out: str | Path | None = None, *,
+              replay: str | Path | None = None, only: Iterable[str] | None = None,
+              notebooks: str | Path | None = None, screenshot: bool = True,
+              progress: bool = True) -> SuiteResult:
+    """Run the suite (see the module doc). Raises :class:`ParamsError` before any launch when
+    the params are invalid; every later failure is reported through the exit code."""
+    from perfkit import report
+
+    params = load_params(params_path)
+    spec = params.engine_spec()
+    try:
+        spec.check()
+    except FileNotFoundError as exc:
+        if not replay:
+            raise ParamsError(f"{params_path}: engine: {exc}") from None
+    run_dir = Path(out) if out else default_out(params.name)
+    run_dir = run_dir.resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    replay_dir = Path(replay).resolve() if replay else None
+    (run_dir / "params.yaml").write_text(
+        f"# validated from {params_path}\n" + yaml.safe_dump(params.model_dump(), sort_keys=False))
+    nb_dir = Path(notebooks) if notebooks else notebooks_dir()
+    names = [n for n in params.enabled() if not only or n in set(only)] + [GATE]
+    runs: list[NotebookRun] = [NotebookRun(n, status="skipped") for n in SCENARIOS
+                               if n not in names]
+    kern = kernel_name()
+    t_start = time.monotonic()
+    try:
+        from tqdm import tqdm
+
+        it = tqdm(names, desc="perfkit suite", unit="notebook", disable=not progress,
+                  file=sys.stderr)
+    except ImportError:  # pragma: no cover
+        it = names
+    for name in it:
+        if hasattr(it, "set_postfix_str"):
+            it.set_postfix_str(name)
+        src = nb_dir / f"{name}.ipynb"
+        dst = run_dir / "notebooks" / f"{name}.ipynb"
+        if not src.exists():
+            runs.append(NotebookRun(name, status="error", error=f"notebook {src} not found",
+                                    ename="FileNotFoundError"))
+            continue
+        # a stale verdict from an earlier run in the same directory must not count
+        stale = run_dir / name / VERDICT_FILE
+        if stale.exists():
+            stale.unlink()
+        log.info("running %s", src)
+        r = execute_notebook(src, dst, notebook_parameters(name, params, run_dir, replay_dir),
+                             cwd=run_dir, timeout_s=params.timeout_s, kernel=kern)
+        if r.status == "ok" and read_verdict(run_dir / name) is None:
+            r.status, r.ename = "error", "MissingVerdict"
+            r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"
+        runs.append(r)
+    order = {n: i for i, n in enumerate(NOTEBOOKS)}
+    runs.sort(key=lambda r: order.get(r.name, 99))
+    verdicts = collect_verdicts(run_dir)
+    code = exit_code_for(runs, verdicts)
+    info = {"params_file": str(params_path), "name": params.name,
+            "description": params.description, "exit_code": code, "status": STATUS_WORD[code],
+            "wall_s": round(time.monotonic() - t_start, 2),
+            "finished": _dt.datetime.now().isoformat(timespec="seconds"),
+            "replay": str(replay_dir) if replay_dir else None,
+            "notebooks": [asdict(r) for r in runs]}
+    (run_dir / RUN_FILE).write_text(json.dumps(_jsonable(info), indent=2, default=str) + "\n")
+    summary = report.write_summary(run_dir)
+    gh = os.environ.get("GITHUB_STEP_SUMMARY")
+    if gh:
+        try:
+            with open(gh, "a", encoding="utf-8") as fh:
+                fh.write(summary + "\n")
+        except OSError as exc:
+            log.warning("cannot append to GITHUB_STEP_SUMMARY %s: %s", gh, exc)
+    html = report.render_report(run_dir)
+    if screenshot:
+        try:
+            report.screenshot(html, run_dir / "report.png")
+        except Exception as exc:  # noqa: BLE001 - a screenshot is a nicety
+            log.warning("no screenshot: %s", exc)
+    return SuiteResult(run_dir, code, STATUS_WORD[code], runs, verdicts)
