@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     if args.recompile_limit is not None:
         import torch._dynamo
 
+        # this override is thread-local (a ContextVar in torch >= 2.13) and requests run on the
+        # worker thread, so the pipeline also passes the limit to torch.compile itself
         torch._dynamo.config.recompile_limit = args.recompile_limit
 
     # bind first so an occupied port fails before minutes of loading
@@ -136,7 +138,8 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     watch = CompileWatch()
     pipe = StagedPipeline(comps, device, dtype, two_stage=args.two_stage, refine_steps=args.refine_steps,
                           compile=do_compile, compile_backend=args.compile_backend,
-                          compile_vae=args.compile_vae, compile_watch=watch)
+                          compile_vae=args.compile_vae, compile_watch=watch,
+                          recompile_limit=args.recompile_limit)
     defaults = {"height": args.height or preset.height, "width": args.width or preset.width,
                 "steps": args.steps or preset.steps, "num_frames": preset.num_frames}
     info = {"device": str(device), "placement": where, "preset": args.preset, "model_source": comps.source,

@@ -36,8 +36,13 @@ class _Handler(logging.Handler):
     def __init__(self, watch: "CompileWatch"):
         super().__init__(level=logging.DEBUG)
         self.watch = watch
+        self._last: logging.LogRecord | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
+        # attached to a logger and its parent: a propagated record arrives twice
+        if record is self._last:
+            return
+        self._last = record
         try:
             msg = record.getMessage()
         except Exception:  # noqa: BLE001

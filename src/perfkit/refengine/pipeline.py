@@ -101,11 +101,15 @@ class StagedPipeline:
         compile: wrap the transformer (and with ``compile_vae`` the VAE decoder) in
             ``torch.compile(dynamic=False)`` with ``compile_backend``.
         compile_watch: the process's CompileWatch (required when compiling).
+        recompile_limit: dynamo's recompile limit for the compiled modules (None: torch's
+            default). Passed to ``torch.compile`` itself: torch's config overrides are
+            thread-local, and requests run on the engine's worker thread.
     """
 
     def __init__(self, comps: Components, device: torch.device, dtype: torch.dtype, two_stage: bool = False,
                  refine_steps: int = 2, compile: bool = False, compile_backend: str = "inductor",
-                 compile_vae: bool = False, compile_watch: CompileWatch | None = None):
+                 compile_vae: bool = False, compile_watch: CompileWatch | None = None,
+                 recompile_limit: int | None = None):
         from diffusers import LTXPipeline
 
         self.c = comps
@@ -120,9 +124,12 @@ class StagedPipeline:
         self.temporal = self.pipe.vae_temporal_compression_ratio
         self.spatial = self.pipe.vae_spatial_compression_ratio
         if compile:
-            comps.transformer.compile(dynamic=False, backend=compile_backend)
+            kw: dict[str, Any] = {"dynamic": False, "backend": compile_backend}
+            if recompile_limit is not None:
+                kw["recompile_limit"] = recompile_limit
+            comps.transformer.compile(**kw)
             if compile_vae:
-                comps.vae.decoder.compile(dynamic=False, backend=compile_backend)
+                comps.vae.decoder.compile(**kw)
         self.is_cuda = device.type == "cuda"
 
     # -- measurement helpers -------------------------------------------------------------

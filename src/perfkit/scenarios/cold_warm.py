@@ -21,6 +21,7 @@ from perfkit.caps import MemoryCaps
 from perfkit.client import VideoRequestSpec
 from perfkit.engine import EngineSpec
 from perfkit.scenarios.common import assemble, json_float, measure_launch, stage_penalty
+from perfkit.scenarios.overhead import overhead_probe
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ def _request(request: VideoRequestSpec | dict | None) -> VideoRequestSpec:
 
 def cold_vs_warm(spec: EngineSpec, request: VideoRequestSpec | dict | None = None, repeats: int = 5,
                  caps: MemoryCaps | None = None, run_dir: str | Path = "outputs/cold_warm",
-                 thresholds: dict[str, float] | None = None, sample_interval_s: float = 0.1) -> ResultBundle:
+                 thresholds: dict[str, float] | None = None, sample_interval_s: float = 0.1,
+                 overhead_pairs: int = 0) -> ResultBundle:
     """Run the cold vs warm investigation.
 
     Args:
@@ -52,6 +54,9 @@ def cold_vs_warm(spec: EngineSpec, request: VideoRequestSpec | dict | None = Non
         caps: memory budget for the launch.
         run_dir: where launch directories go.
         thresholds: leak thresholds (see :data:`DEFAULT_THRESHOLDS`).
+        overhead_pairs: when > 0, after the measured requests the same session measures the
+            instrumentation's cost (:mod:`perfkit.scenarios.overhead`) with this many ABBA pairs;
+            results ``instrumentation``.
 
     Returns:
         A ResultBundle (scenario ``cold_warm``) whose results hold ``cold_ms``, ``warm_median_ms``,
@@ -67,11 +72,15 @@ def cold_vs_warm(spec: EngineSpec, request: VideoRequestSpec | dict | None = Non
     req = _request(request)
     th = {**DEFAULT_THRESHOLDS, **(thresholds or {})}
     run_dir = Path(run_dir)
-    data = measure_launch(spec, [req] * repeats, run_dir, "session", caps=caps, sample_interval_s=sample_interval_s)
+    after = overhead_probe(req, pairs=overhead_pairs, sampler_interval_s=sample_interval_s) if overhead_pairs else None
+    data = measure_launch(spec, [req] * repeats, run_dir, "session", caps=caps, sample_interval_s=sample_interval_s,
+                          after=after)
     df = data.measured()
     results: dict[str, Any] = {"repeats": repeats, "error": data.error, "thresholds": th,
                                "cold_start": {k: json_float(data.launch_row.get(k)) for k in
                                               ("ready_s", "process_start_s", "models_loaded_s", "warmup_s")}}
+    if data.extra:
+        results["instrumentation"] = {k: v for k, v in data.extra.items() if k != "request_ids"}
     ok = df[df["status"] == "completed"] if not df.empty else df
     results["completed"] = int(len(ok))
     if len(ok) >= 2 and (ok["index"] == 0).any():
@@ -110,7 +119,8 @@ def cold_vs_warm(spec: EngineSpec, request: VideoRequestSpec | dict | None = Non
     else:
         results["leak_checks"] = []
         log.error("cold_vs_warm: fewer than 2 completed requests (%s)", data.error or "see engine log")
-    params = {"spec": spec.to_dict(), "request": req.payload(), "repeats": repeats, "thresholds": th}
+    params = {"spec": spec.to_dict(), "request": req.payload(), "repeats": repeats, "thresholds": th,
+              "overhead_pairs": overhead_pairs}
     return assemble("cold_warm", [data], params, results, caps=[caps])
 
 

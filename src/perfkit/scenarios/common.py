@@ -11,7 +11,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -56,6 +56,7 @@ class LaunchData:
     outcomes: list[RequestOutcome] = field(default_factory=list)
     error: str | None = None
     command: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def measured(self) -> pd.DataFrame:
         """Measured (non-warmup) request rows as a DataFrame."""
@@ -131,11 +132,16 @@ def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRe
 
 def measure_launch(spec: EngineSpec, requests: list[VideoRequestSpec], run_dir: Path, label: str,
                    caps: MemoryCaps | None = None, sample_interval_s: float = 0.1,
-                   request_timeout_s: float = 1800.0, stop_on_failure: bool = False) -> LaunchData:
+                   request_timeout_s: float = 1800.0, stop_on_failure: bool = False,
+                   after: Callable[[Any, VideoClient, Any], dict[str, Any]] | None = None) -> LaunchData:
     """Launch ``spec`` under ``caps``, send ``requests`` one after the other, tear down.
 
     Never raises for engine failures: a start error, a crash or a host cap kill end the launch
     with :attr:`LaunchData.error` set and the rows gathered so far.
+
+    ``after(handle, client, sampler)`` runs in the same session once the requests are done (the
+    sampler still running); its dict lands in :attr:`LaunchData.extra`. Its requests are not
+    part of the measured rows.
     """
     data = LaunchData(label=label)
     try:
@@ -152,6 +158,8 @@ def measure_launch(spec: EngineSpec, requests: list[VideoRequestSpec], run_dir: 
                             log.warning("%s request %d: %s (%s)", label, i, out.status, out.error)
                             if not h.alive() or stop_on_failure:
                                 break
+                    if after is not None and h.alive():
+                        data.extra = after(h, client, sampler)
             finally:
                 sampler.stop()
             mem = sampler.to_frame()
@@ -181,6 +189,7 @@ def measure_launch(spec: EngineSpec, requests: list[VideoRequestSpec], run_dir: 
                            "host_cap_gib": caps.host_gib if caps else None, "error": data.error}
     data.launch_row["error"] = data.error
     _rows(data, requests)
+
     return data
 
 
