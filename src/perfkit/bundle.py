@@ -82,6 +82,9 @@ def redact(obj: Any) -> Any:
 
 
 def _git_commit() -> str | None:
+    """HEAD of perfkit's checkout; ``PERFKIT_GIT_COMMIT`` overrides (copies without .git)."""
+    if os.environ.get("PERFKIT_GIT_COMMIT"):
+        return os.environ["PERFKIT_GIT_COMMIT"]
     try:
         here = Path(__file__).resolve().parent
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
