@@ -1,0 +1,225 @@
+"""The reference engine end to end: real server processes, real HTTP, real performance.log records.
+
+One plain engine is shared by the module (``plain``); tests that need other flags start their own.
+Compiling tests use ``--compile-backend aot_eager`` (inductor takes ~37 s on the 2-core runner).
+"""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from refengine_helpers import running_engine, spec
+
+from perfkit.client import VideoClient, VideoRequestSpec
+
+pytestmark = pytest.mark.slow
+
+ALL_STAGES = ["TextEncodingStage", "LatentPreparationStage", "DenoisingStage", "DecodingStage"]
+COMPILE = ("--compile", "--compile-backend", "aot_eager")
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    with running_engine(tmp_path_factory.mktemp("plain")) as eng:
+        yield eng
+
+
+@pytest.fixture
+def client(plain):
+    with plain.client() as c:
+        yield c
+
+
+def _ok(out):
+    assert out.ok, f"{out.status}: {out.error}"
+    assert out.record is not None, f"no performance.log line for {out.request_id}"
+    return out.record
+
+
+# -- one request ----------------------------------------------------------------------------------
+
+def test_request_record_has_stages_steps_and_latent_facts(client):
+    rec = _ok(client.generate(spec(25, steps=4)))
+    assert [name for name, _ in rec.stages] == ALL_STAGES
+    assert all(ms > 0 for _, ms in rec.stages)
+    assert len(rec.steps) == 4 and all(s > 0 for s in rec.steps)
+    assert rec.tag == "request" and not rec.is_warmup
+    assert rec.total_duration_ms and rec.total_duration_ms >= sum(rec.steps)
+    pk = rec.perfkit
+    assert pk["status"] == "completed"
+    assert pk["latent_frames"] == 4
+    assert pk["num_frames_effective"] == 25
+    assert pk["num_frames_requested"] == 25
+    assert (pk["height"], pk["width"], pk["num_inference_steps"]) == (64, 64, 4)
+    assert pk["latent_shape"][1:] == [4, 2, 2]
+    assert pk["compiles"] == 0 and pk["recompile_limit_hit"] is False
+
+
+def test_frames_are_aligned_to_8k_plus_1(client):
+    rec = _ok(client.generate(spec(24)))
+    assert rec.perfkit["num_frames_requested"] == 24
+    assert rec.perfkit["num_frames_effective"] == 25
+    assert rec.perfkit["latent_frames"] == 4
+
+
+def test_warmup_run_is_recorded_with_tag_warmup(plain):
+    warm = [r for r in plain.records() if r.is_warmup]
+    assert len(warm) == 1
+    w = warm[0]
+    assert w.tag == "warmup"
+    assert w.perfkit["num_frames_effective"] == 17 and w.perfkit["latent_frames"] == 3
+    assert len(w.steps) == 2  # --warmup-steps default
+    assert [name for name, _ in w.stages] == ALL_STAGES
+    # the warmup is the first line: written before the server became ready
+    assert plain.records()[0].is_warmup
+
+
+# -- bad requests ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field,value", [("num_frames", 0), ("height", 65), ("num_inference_steps", 0),
+                                         ("num_frames", "abc")])
+def test_bad_request_is_4xx_naming_the_field_and_server_stays_up(client, field, value):
+    body = spec().payload()
+    body[field] = value
+    resp = client.http.post("/v1/videos", json=body)
+    assert 400 <= resp.status_code < 500, resp.text
+    err = resp.json()["error"]
+    assert field in err["message"]
+    assert field in err["fields"]
+    # the same through the client: a rejected outcome naming the field
+    bad = client.generate(VideoRequestSpec(**{**_spec_fields(), field: value}))
+    assert bad.status == "rejected" and 400 <= bad.http_status < 500
+    assert field in (bad.error or "")
+    # and the next good request succeeds
+    _ok(client.generate(spec(17, steps=2)))
+
+
+def _spec_fields():
+    s = spec()
+    return {k: getattr(s, k) for k in ("num_frames", "height", "width", "num_inference_steps")}
+
+
+# -- concurrency ----------------------------------------------------------------------------------
+
+def test_two_concurrent_requests_complete_with_intact_lines(plain):
+    outs: dict[int, object] = {}
+    errors: list[BaseException] = []
+
+    def go(i: int) -> None:
+        try:
+            with plain.client() as c:
+                outs[i] = c.generate(spec(25, seed=i))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert len(outs) == 2
+    ids = set()
+    for out in outs.values():
+        _ok(out)
+        ids.add(out.request_id)
+    assert len(ids) == 2
+    lines = plain.perf_log_lines()
+    objs = [json.loads(line) for line in lines]  # every line is one whole JSON object
+    logged = [o["request_id"] for o in objs]
+    assert all(logged.count(i) == 1 for i in ids)
+    # one run at a time: the two runs' spans do not overlap
+    a, b = sorted((out.record.perfkit["t_start"], out.record.perfkit["t_end"]) for out in outs.values())
+    assert a[1] <= b[0]
+
+
+# -- other endpoints ------------------------------------------------------------------------------
+
+def test_unknown_video_is_404(client):
+    r = client.http.get("/v1/videos/unknown")
+    assert r.status_code == 404
+    assert "unknown" in r.json()["error"]["message"]
+
+
+def test_models_lists_the_model(client):
+    r = client.http.get("/v1/models")
+    assert r.status_code == 200
+    data = r.json()["data"]
+    assert [m["id"] for m in data] == ["preset:tiny"]
+    assert data[0]["preset"] == "tiny" and data[0]["placement"] == "cpu"
+
+
+def test_health_is_200_when_ready(client):
+    assert client.health()
+
+
+# -- compile: warmup shape coverage --------------------------------------------------------------
+
+def test_uncovered_shape_recompiles_on_first_request(tmp_path):
+    with running_engine(tmp_path, *COMPILE, "--warmup-frames", "17") as eng, eng.client() as c:
+        warm = [r for r in eng.records() if r.is_warmup]
+        assert len(warm) == 1 and warm[0].perfkit["compiles"] >= 1  # the warmup compiled 17 frames
+        first = _ok(c.generate(spec(25)))
+        second = _ok(c.generate(spec(25)))
+    p1, p2 = first.perfkit, second.perfkit
+    assert p1["compiles"] >= 1, p1
+    assert p1["compile_ms"] > 0
+    assert any("size mismatch" in r for r in p1["recompile_reasons"]), p1["recompile_reasons"]
+    assert p1["recompile_limit_hit"] is False
+    assert p2["compiles"] == 0 and p2["recompile_reasons"] == []
+    assert first.total_duration_ms > second.total_duration_ms
+    assert first.stage_ms()["DenoisingStage"] > second.stage_ms()["DenoisingStage"]
+
+
+def test_covered_shape_does_not_recompile(tmp_path):
+    with running_engine(tmp_path, *COMPILE, "--warmup-frames", "25") as eng, eng.client() as c:
+        first = _ok(c.generate(spec(25)))
+    assert first.perfkit["compiles"] == 0, first.perfkit
+    assert first.perfkit["recompile_reasons"] == []
+
+
+def test_recompile_limit_hit_is_recorded(tmp_path):
+    with running_engine(tmp_path, *COMPILE, "--recompile-limit", "1", "--warmup-frames", "17") as eng, \
+            eng.client() as c:
+        recs = [_ok(c.generate(spec(n))) for n in (17, 25, 33)]
+        stderr = eng.stderr_text()
+    assert "hit config.recompile_limit" in stderr  # what torch itself logs
+    hit = [r for r in recs if r.perfkit["recompile_limit_hit"]]
+    assert hit, [r.perfkit["recompile_reasons"] for r in recs]
+    # the first uncovered shape (25) hits a limit of 1 (the warmup's 17-frame graph is the one entry)
+    assert recs[1].perfkit["recompile_limit_hit"] is True
+    assert any("recompile_limit" in reason for reason in recs[1].perfkit["recompile_reasons"])
+    # the limit message is recorded once, not once per logger it passes through
+    assert sum("recompile_limit" in reason for reason in recs[1].perfkit["recompile_reasons"]) == 1
+    # past the limit torch runs the frame eagerly: nothing compiles
+    assert recs[1].perfkit["compiles"] == 0 and recs[2].perfkit["compiles"] == 0
+    assert recs[0].perfkit["recompile_limit_hit"] is False
+
+
+# -- two-stage ------------------------------------------------------------------------------------
+
+def test_two_stage_records_upsample_and_refinement(tmp_path):
+    with running_engine(tmp_path, "--two-stage", "--warmup-frames", "0") as eng, eng.client() as c:
+        rec = _ok(c.generate(spec(25, steps=4)))
+    names = [n for n, _ in rec.stages]
+    assert names == ["TextEncodingStage", "LatentPreparationStage", "DenoisingStage", "UpsampleStage",
+                     "RefinementStage", "DecodingStage"]
+    assert len(rec.steps) == 4
+    assert len(rec.perfkit["refinement_steps"]) == 2  # --refine-steps default
+    assert rec.perfkit["two_stage"] is True
+    assert rec.perfkit["latent_shape"][1:] == [4, 2, 2]  # refined at full resolution
+
+
+# -- leak check -----------------------------------------------------------------------------------
+
+def test_debug_leak_grows_host_anon_by_the_leak(tmp_path):
+    leak = 64
+    with running_engine(tmp_path, "--debug-leak-mib", str(leak)) as eng, eng.client() as c:
+        # a first request allocates the 25-frame working set; measure the ones after it
+        _ok(c.generate(spec(25)))
+        recs = [_ok(c.generate(spec(25))) for _ in range(3)]
+    anon = [r.perfkit["host_anon_mib"] for r in recs]
+    deltas = [b - a for a, b in zip(anon, anon[1:])]
+    for d in deltas:
+        assert 0.75 * leak <= d <= 1.5 * leak, (anon, deltas)
