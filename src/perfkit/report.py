@@ -9,8 +9,9 @@ bundles; see :mod:`perfkit.suite`) into ``report.html``:
 - images embedded as base64 ``data:`` URIs, our own small stylesheet inline.
 
 The page makes no network request: nbconvert's ``basic`` template is used (no require.js, no
-MathJax, no web fonts), and :func:`external_refs` checks that no ``src``/``href``/``url()``
-points outside the page; :func:`render_report` raises if one does.
+MathJax, no web fonts), scripts/stylesheets loaded from elsewhere are dropped, and
+:func:`external_refs` checks that no ``src``/``href``/``url()`` points outside the page; any
+that a notebook output carries is made inert (:func:`neutralise_external`).
 
 :func:`write_summary` writes ``summary.md`` (a verdict table for a PR comment);
 :func:`show` displays a matplotlib Figure as an embedded PNG in a notebook;
@@ -325,9 +326,7 @@ nav ul{columns:2;padding-left:1.2em}
 pre{background:#f6f8fa;padding:8px;overflow-x:auto;font-size:.85em;white-space:pre-wrap}
 img{max-width:100%;height:auto}
 .nb .jp-OutputArea-output,.nb .output_area{margin:.4em 0}
-.nb .jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"] pre,.nb .output_stderr pre{
- background:#fff8c5}
-.nb .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]{display:none}
+.nb .output_error pre{background:#ffebe9}
 .error-box{border:2px solid #cf222e;background:#ffebe9;padding:8px 12px;margin:.6em 0}
 .muted{color:#6e7781}
 .nb h1{font-size:1.5em;border-bottom:2px solid #d0d7de;padding-bottom:.2em;margin-top:2em}
@@ -339,13 +338,26 @@ section{margin-top:2.5em}
 """
 
 _EXTERNAL = re.compile(
-    r"""(?:\b(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//)"""
+    r"""(?:(?<![\w-])(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//)"""
     r"""|(?:url\(\s*["']?\s*(?:https?:)?//)|(?:@import\s+["']?(?:https?:)?//)""", re.I)
 
 
 def external_refs(text: str) -> list[str]:
     """Snippets of ``text`` that would make a browser fetch something from the network."""
     return [text[max(0, m.start() - 40): m.end() + 60] for m in _EXTERNAL.finditer(text)]
+
+
+_ATTR_EXT = re.compile(r"""(?<![\w-])(src|href|action|poster|data)(\s*=\s*["']?\s*)((?:https?:)?//)""", re.I)
+_URL_EXT = re.compile(r"""(url\(\s*["']?\s*)((?:https?:)?//)""", re.I)
+_IMPORT_EXT = re.compile(r"""(@import\s+["']?)((?:https?:)?//)""", re.I)
+
+
+def neutralise_external(text: str) -> str:
+    """Make network references inert: ``src="https://x"`` -> ``data-offline-src="https://x"``,
+    ``url(https://x)`` -> ``url(data:,https://x)``."""
+    text = _ATTR_EXT.sub(lambda m: f"data-offline-{m.group(1)}{m.group(2)}{m.group(3)}", text)
+    text = _URL_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", text)
+    return _IMPORT_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", text)
 
 
 def _strip_external(body: str) -> str:
@@ -361,7 +373,12 @@ def notebook_body(nb_path: str | Path) -> str:
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(str(nb_path), as_version=4)
-    # papermill's injected-parameters and the parameters cell have no outputs to show
+    # progress bars and log lines on stderr are for the person at the terminal, not the report
+    # (the executed notebook keeps them); errors (tracebacks) stay
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.get("outputs", [])
+                            if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
     exp = HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
                        exclude_output_prompt=True, embed_images=True)
     exp.mathjax_url = ""
@@ -489,8 +506,12 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
             f"<title>{html.escape(title)}</title><style>{CSS}</style></head>"
             f"<body><main>{''.join(parts)}</main></body></html>\n")
     bad = external_refs(page)
-    if bad:
-        raise RuntimeError(f"report would load from the network: {bad[:3]}")
+    if bad:  # e.g. an HTML output of a notebook pointing at the web: neutralise, keep offline
+        log.warning("report: %d network reference(s) neutralised, e.g. %s", len(bad), bad[0])
+        page = neutralise_external(page)
+        left = external_refs(page)
+        if left:
+            raise RuntimeError(f"report would load from the network: {left[:3]}")
     dst = Path(out) if out else run_dir / "report.html"
     dst.write_text(page, encoding="utf-8")
     log.info("report: %s", dst)

@@ -209,6 +209,7 @@ def load_or_run(scenario: str, *, out: str | Path, bundle_dir: str | Path | None
     ``kwargs`` go to the scenario function (perfkit.scenarios): ``repeats``, ``thresholds``,
     ``caps`` (a dict, or for memory_budget a list of dicts), ``warmup_frames``,
     ``request_frames``, ``min_budget`` ({lo_gib, hi_gib} or None; memory_budget only).
+    Launch directories (engine logs, perf logs, compile caches) go to ``out/launches/``.
     """
     out = Path(out)
     if bundle_dir:
@@ -228,22 +229,20 @@ def load_or_run(scenario: str, *, out: str | Path, bundle_dir: str | Path | None
     spec = EngineSpec.from_dict(dict(engine or {}))
     req = VideoRequestSpec.from_dict(dict(request or {}))
     out.mkdir(parents=True, exist_ok=True)
+    work = out / "launches"  # launch directories (logs, perf logs, compile caches)
     if scenario == "cold_warm":
         b = scenarios.cold_vs_warm(spec, req, repeats=int(kwargs.get("repeats", 5)),
-                                   caps=_caps(kwargs.get("caps")), run_dir=out,
+                                   caps=_caps(kwargs.get("caps")), run_dir=work,
                                    thresholds=kwargs.get("thresholds"))
     elif scenario == "warmup_shapes":
         b = scenarios.warmup_shapes(spec, warmup_frames=list(kwargs["warmup_frames"]),
                                     request_frames=list(kwargs["request_frames"]),
-                                    repeats=int(kwargs.get("repeats", 3)), request=req, run_dir=out)
+                                    repeats=int(kwargs.get("repeats", 3)), request=req, run_dir=work)
     elif scenario == "memory_budget":
         caps = [_caps(c) for c in (kwargs.get("caps") or [{}])]
         b = scenarios.memory_budget(spec, caps=caps, request=req,
-                                    repeats=int(kwargs.get("repeats", 2)), run_dir=out)
-        mbud = kwargs.get("min_budget")
-        if mbud:
-            b.results["min_budget_gib"] = scenarios.find_min_budget(
-                spec, req, float(mbud["lo_gib"]), float(mbud["hi_gib"]), run_dir=out / "min_budget")
+                                    repeats=int(kwargs.get("repeats", 2)), run_dir=work,
+                                    min_budget=kwargs.get("min_budget") or None)
     else:
         raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     b.save(out)

@@ -1,0 +1,199 @@
+"""report.html in headless Chromium (Debian's chromium): images load, no console errors, the
+verdict is visible, and the page makes no network request at all.
+
+Driven over the DevTools protocol (websocket-client): every request the page makes is recorded
+from ``Network.requestWillBeSent`` (anything but ``file:``/``data:``/``about:`` fails the test),
+console messages and uncaught exceptions from ``Runtime``/``Log``. A screenshot is saved next to
+the report. Skipped only when no chromium binary is installed.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from perfkit import report
+
+sys.path.insert(0, str(Path(__file__).parent))
+import synthetic  # noqa: E402
+
+CHROMIUM = report.chromium_binary()
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed")]
+LOCAL_SCHEMES = ("file:", "data:", "about:", "blob:")
+
+
+class CDP:
+    """A minimal DevTools-protocol client over one page websocket."""
+
+    def __init__(self, ws_url: str) -> None:
+        import websocket
+
+        self.ws = websocket.create_connection(ws_url, timeout=30, suppress_origin=True)
+        self.next_id = 0
+        self.events: list[dict] = []
+
+    def send(self, method: str, **params):
+        self.next_id += 1
+        mid = self.next_id
+        self.ws.send(json.dumps({"id": mid, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == mid:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+            if "method" in msg:
+                self.events.append(msg)
+
+    def wait_event(self, method: str, timeout: float = 30.0) -> dict:
+        for e in self.events:
+            if e["method"] == method:
+                return e
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.ws.settimeout(max(0.1, deadline - time.monotonic()))
+            msg = json.loads(self.ws.recv())
+            if "method" in msg:
+                self.events.append(msg)
+                if msg["method"] == method:
+                    return msg
+        raise TimeoutError(method)
+
+    def drain(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.ws.settimeout(max(0.05, deadline - time.monotonic()))
+            try:
+                msg = json.loads(self.ws.recv())
+            except Exception:  # noqa: BLE001 - timeout: nothing more to read
+                return
+            if "method" in msg:
+                self.events.append(msg)
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def _start_chromium(profile: Path) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [CHROMIUM, *report.CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+         "--remote-debugging-port=0", "--remote-allow-origins=*", "--window-size=1280,1600",
+         "about:blank"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    port_file = profile / "DevToolsActivePort"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if port_file.exists() and port_file.read_text().strip():
+            port = port_file.read_text().split()[0]
+            break
+        if proc.poll() is not None:
+            raise RuntimeError(f"chromium exited: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        raise RuntimeError("chromium did not open its DevTools port")
+    import urllib.request
+
+    targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10).read())
+    page = next(t for t in targets if t.get("type") == "page")
+    return proc, page["webSocketDebuggerUrl"]
+
+
+def open_report(html: Path, tmp_path: Path, screenshot: Path) -> dict:
+    """Load ``html`` in Chromium; return what happened (requests, console errors, checks)."""
+    proc, ws_url = _start_chromium(tmp_path / "profile")
+    try:
+        cdp = CDP(ws_url)
+        cdp.send("Network.enable")
+        cdp.send("Runtime.enable")
+        cdp.send("Log.enable")
+        cdp.send("Page.enable")
+        cdp.send("Page.navigate", url=html.resolve().as_uri())
+        cdp.wait_event("Page.loadEventFired", timeout=60)
+        cdp.drain(1.0)  # anything lazy (fonts, late scripts) would show up here
+        check = cdp.send("Runtime.evaluate", returnByValue=True, expression="""(() => {
+            const imgs = Array.from(document.images);
+            const v = document.getElementById('verdict');
+            const r = v ? v.getBoundingClientRect() : null;
+            const cs = v ? getComputedStyle(v) : null;
+            return {
+              images: imgs.length,
+              broken: imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt),
+              verdict: v ? v.innerText : null,
+              verdictVisible: !!(r && r.width > 0 && r.height > 0 && r.top < window.innerHeight
+                                 && cs.visibility !== 'hidden' && cs.display !== 'none'),
+              scripts: document.scripts.length,
+              links: Array.from(document.querySelectorAll('link')).map(l => l.href),
+            };
+        })()""")["result"]["value"]
+        shot = cdp.send("Page.captureScreenshot", format="png")
+        screenshot.write_bytes(base64.b64decode(shot["data"]))
+        cdp.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    requests = [e["params"]["request"]["url"] for e in cdp.events
+                if e["method"] == "Network.requestWillBeSent"]
+    errors = [e["params"] for e in cdp.events if e["method"] == "Runtime.exceptionThrown"]
+    errors += [e["params"] for e in cdp.events if e["method"] == "Runtime.consoleAPICalled"
+               and e["params"].get("type") in ("error", "assert")]
+    errors += [e["params"]["entry"] for e in cdp.events if e["method"] == "Log.entryAdded"
+               and e["params"]["entry"].get("level") == "error"]
+    return {"check": check, "requests": requests, "errors": errors}
+
+
+@pytest.fixture(scope="module")
+def replay_run(tmp_path_factory) -> Path:
+    """A real suite run (papermill, notebooks, report) replaying synthetic bundles."""
+    from perfkit.suite import run_suite
+
+    base = tmp_path_factory.mktemp("browser")
+    rec = synthetic.make_run(base / "recorded")
+    res = run_suite("params/ci-cpu.yaml", base / "run", replay=rec, screenshot=False,
+                    progress=False)
+    assert res.exit_code == 0, (base / "run" / "summary.md").read_text()
+    return base / "run"
+
+
+def test_report_offline_in_chromium(replay_run: Path, tmp_path: Path):
+    html = replay_run / "report.html"
+    seen = open_report(html, tmp_path, replay_run / "report-cdp.png")
+    c = seen["check"]
+    assert c["images"] >= 8, c
+    assert c["broken"] == [], f"images that did not load: {c['broken']}"
+    assert c["verdict"] and "PASS" in c["verdict"], c
+    assert c["verdictVisible"], c
+    assert c["scripts"] == 0 and c["links"] == [], c
+    remote = [u for u in seen["requests"] if not u.startswith(LOCAL_SCHEMES)]
+    assert remote == [], f"network requests: {remote}"
+    assert any(u.startswith("file:") for u in seen["requests"]), "the CDP recorder saw nothing"
+    assert seen["errors"] == [], seen["errors"]
+    assert (replay_run / "report-cdp.png").stat().st_size > 10_000
+
+
+def test_screenshot_with_chromium_flag(replay_run: Path):
+    png = report.screenshot(replay_run / "report.html", replay_run / "report.png")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_recorder_catches_a_network_request(tmp_path: Path):
+    """The check is real: a page that loads from a CDN is caught (the fetch itself fails
+    offline, but the attempt is recorded)."""
+    page = tmp_path / "bad.html"
+    page.write_text("<!DOCTYPE html><html><head><script "
+                    "src='https://cdn.example.invalid/require.min.js'></script></head>"
+                    "<body><div id='verdict'>PASS</div></body></html>")
+    seen = open_report(page, tmp_path, tmp_path / "bad.png")
+    assert any(u.startswith("https://cdn.example.invalid") for u in seen["requests"]), seen
+    assert report.external_refs(page.read_text())

@@ -1,0 +1,225 @@
+"""The suite: papermill notebooks, gate, outputs and exit codes.
+
+Replay tests run the real notebooks through papermill on synthetic bundles (no engine); the
+end-to-end test runs ``perfkit suite --params params/ci-cpu.yaml`` for real on the tiny
+reference engine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from perfkit import baseline as bl
+from perfkit import suite
+from perfkit.bundle import ResultBundle
+
+sys.path.insert(0, str(Path(__file__).parent))
+import synthetic  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+NB_DIR = ROOT / "notebooks"
+
+
+def perfkit(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "perfkit.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+# --------------------------------------------------------------------------- notebooks
+
+@pytest.mark.parametrize("name", suite.NOTEBOOKS)
+def test_notebook_committed_clean_with_parameters_cell(name):
+    nb = nbformat.read(str(NB_DIR / f"{name}.ipynb"), as_version=4)
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1
+    src = tagged[0].source
+    assert "run_dir =" in src and "engine =" in src and "request =" in src
+    if name != suite.GATE:
+        assert "bundle_dir = None" in src
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert not c.outputs and c.execution_count is None, f"{name}: outputs committed"
+
+
+def test_notebooks_match_generator():
+    proc = subprocess.run([sys.executable, str(NB_DIR / "make_notebooks.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_notebook_parameters_parse_with_papermill():
+    """Every parameter the suite passes is declared in the notebook's parameters cell."""
+    from papermill.inspection import inspect_notebook
+
+    from perfkit.params import load_params
+
+    p = load_params(ROOT / "params" / "ci-cpu.yaml")
+    for name in suite.NOTEBOOKS:
+        declared = set(inspect_notebook(str(NB_DIR / f"{name}.ipynb")))
+        passed = set(suite.notebook_parameters(name, p, Path("/tmp/x")))
+        assert passed <= declared, f"{name}: undeclared {passed - declared}"
+
+
+# --------------------------------------------------------------------------- helpers
+
+def test_case_ids():
+    eng = {"kind": "reference", "preset": "tiny", "warmup_frames": 17}
+    req = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
+    assert suite.case_id(eng, req) == "tiny_25f_64x64_4s_w17"
+    assert suite.case_id(eng, req, warmup_frames=25, suffix="_shapes") == "tiny_25f_64x64_4s_w25_shapes"
+
+
+def test_bundle_cases_and_gate(tmp_path):
+    run = synthetic.make_run(tmp_path)
+    eng = {"kind": "reference", "preset": "tiny", "warmup_frames": 17}
+    req = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
+    cases = suite.bundle_cases(suite.load_run_bundles(run), eng, req)
+    assert set(cases) == {"tiny_25f_64x64_4s_w17", "tiny_25f_64x64_4s_w17_shapes",
+                          "tiny_25f_64x64_4s_w25_shapes", "tiny_25f_64x64_4s_w17_cap-unlimited",
+                          "tiny_25f_64x64_4s_w17_cap-8GiBhost"}
+    # a shapes case holds one launch only
+    assert set(cases["tiny_25f_64x64_4s_w25_shapes"].requests["launch"]) == {"w25"}
+    g = suite.gate(run, engine=eng, request=req)
+    doc = bl.load_baseline(run / "baseline.json")
+    assert set(doc["scenarios"]) == set(cases)
+    assert all(r.status != "fail" for r in g.rows)
+    # comparing the run with its own baseline passes
+    g2 = suite.gate(run, engine=eng, request=req, baseline_file=run / "baseline.json")
+    assert any(r.status == "pass" for r in g2.baseline_rows)
+    assert all(r.status in ("pass", "skipped") for r in g2.baseline_rows), \
+        [r for r in g2.baseline_rows if r.status not in ("pass", "skipped")]
+
+
+def test_exit_code_rules():
+    import pandas as pd
+
+    ok = pd.DataFrame([{"status": "pass"}])
+    bad = pd.DataFrame([{"status": "fail"}])
+    assert suite.exit_code_for([{"status": "ok"}], ok) == 0
+    assert suite.exit_code_for([{"status": "ok"}], bad) == 1
+    assert suite.exit_code_for([{"status": "error"}], ok) == 2
+
+
+# --------------------------------------------------------------------------- replayed suite
+
+@pytest.mark.slow
+def test_replayed_suite_passes(tmp_path):
+    rec = synthetic.make_run(tmp_path / "recorded")
+    out = tmp_path / "run"
+    summary = tmp_path / "gh_summary.md"
+    proc = perfkit("suite", "--params", "params/ci-cpu.yaml", "--out", str(out), "--replay",
+                   str(rec), "--no-screenshot", "-q", env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for f in ("report.html", "summary.md", "baseline.json", "run.json", "params.yaml"):
+        assert (out / f).exists(), f
+    for n in suite.NOTEBOOKS:
+        assert (out / "notebooks" / f"{n}.ipynb").exists()
+    for s in ("cold_warm", "warmup_shapes", "memory_budget"):
+        ResultBundle.load(out / s)
+    text = (out / "summary.md").read_text()
+    assert "PASS" in text and "warm/cold ratio" in text
+    assert summary.read_text() == text + "\n"
+    html = (out / "report.html").read_text()
+    assert "Verdict" in html and html.count("data:image/png;base64,") >= 8
+    assert "<script" not in html
+    doc = bl.load_baseline(out / "baseline.json")
+    assert "tiny_25f_64x64_4s_w17" in doc["scenarios"]
+
+
+@pytest.mark.slow
+def test_regression_exits_1(tmp_path):
+    rec = synthetic.make_run(tmp_path / "recorded", slow_warm=True)
+    out = tmp_path / "run"
+    proc = perfkit("suite", "--params", "params/ci-cpu.yaml", "--out", str(out), "--replay",
+                   str(rec), "--only", "cold_warm", "--no-screenshot", "-q")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    text = (out / "summary.md").read_text()
+    assert "REGRESSION" in text and "| warm_cold_ratio |" in text and "| fail |" in text
+    assert "REGRESSION" in (out / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_notebook_that_raises_still_reports_exit_2(tmp_path):
+    """A params value that makes a notebook raise: the replayed cold_warm bundle is really a
+    warmup_shapes bundle. The report still renders, with the error visible; exit code 2."""
+    rec = tmp_path / "recorded"
+    synthetic.warmup_shapes().save(rec / "cold_warm")
+    out = tmp_path / "run"
+    proc = perfkit("suite", "--params", "params/ci-cpu.yaml", "--out", str(out), "--replay",
+                   str(rec), "--only", "cold_warm", "--no-screenshot", "-q")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    html = (out / "report.html").read_text()
+    assert "ERROR" in html and "cold_warm failed" in html
+    assert "ValueError" in html and "expected &#x27;cold_warm&#x27;" in html  # the traceback
+    run = json.loads((out / "run.json").read_text())
+    nb = {n["name"]: n for n in run["notebooks"]}
+    assert nb["cold_warm"]["status"] == "error" and nb["cold_warm"]["ename"] == "ValueError"
+    assert "ERROR" in (out / "summary.md").read_text()
+    # perfkit report re-renders the same run
+    (out / "report.html").unlink()
+    assert perfkit("report", str(out)).returncode == 0
+    assert "cold_warm failed" in (out / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_missing_notebook_is_an_error(tmp_path):
+    rec = synthetic.make_run(tmp_path / "recorded")
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    (nbs / "baseline_gate.ipynb").write_text((NB_DIR / "baseline_gate.ipynb").read_text())
+    out = tmp_path / "run"
+    proc = perfkit("suite", "--params", "params/ci-cpu.yaml", "--out", str(out), "--replay",
+                   str(rec), "--only", "cold_warm", "--notebooks", str(nbs), "--no-screenshot", "-q")
+    assert proc.returncode == 2
+    assert "cold_warm.ipynb not found" in (out / "report.html").read_text()
+
+
+# --------------------------------------------------------------------------- end to end, for real
+
+@pytest.mark.slow
+def test_suite_end_to_end_on_reference_engine(tmp_path):
+    """``perfkit suite --params params/ci-cpu.yaml`` on the tiny reference engine, for real."""
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = perfkit("suite", "--params", "params/ci-cpu.yaml", "--out", str(out), "-q",
+                   timeout=900)
+    wall = time.monotonic() - t0
+    run = json.loads((out / "run.json").read_text())
+    statuses = {n["name"]: n["status"] for n in run["notebooks"]}
+    assert statuses == {n: "ok" for n in suite.NOTEBOOKS}, (run, proc.stderr[-3000:])
+    verdicts = suite.collect_verdicts(out)
+    failed = verdicts[verdicts["status"] == "fail"]
+    # exit 0 when every gate passed, 1 when one failed (noisy runner): never an error
+    assert proc.returncode == (1 if len(failed) else 0), (failed.to_string(), proc.stdout)
+    assert wall < 600, f"ci-cpu suite took {wall:.0f} s"
+    # outputs
+    doc = bl.load_baseline(out / "baseline.json")
+    assert "tiny_25f_64x64_4s_w17" in doc["scenarios"]
+    assert doc["scenarios"]["tiny_25f_64x64_4s_w17"]["expected_e2e_ms"] > 0
+    assert any(c.endswith("_shapes") for c in doc["scenarios"])
+    text = (out / "summary.md").read_text()
+    assert ("PASS" if proc.returncode == 0 else "REGRESSION") in text
+    for words in ("cold request", "warm median", "warmup 17f → request 25f", "cap unlimited",
+                  "warm_cold_ratio", "covered_compiles"):
+        assert words in text, words
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 8
+    from perfkit.report import external_refs
+
+    assert external_refs(html) == []
+    for s in ("cold_warm", "warmup_shapes", "memory_budget"):
+        b = ResultBundle.load(out / s)
+        assert not b.requests.empty
+    # the gate launched nothing: every launch belongs to an investigation
+    cw = json.loads((out / "cold_warm" / "results.json").read_text())
+    assert cw["cold_ms"] > 0 and cw["warm_median_ms"] > 0
+    cov = json.loads((out / "warmup_shapes" / "results.json").read_text())["coverage"]
+    by = {(c["warmup_frames"], c["request_frames"]): c for c in cov}
+    assert by[(17, 25)]["covered"] is False and by[(25, 25)]["covered"] is True
