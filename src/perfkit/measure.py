@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--two-stage-shapes", action="store_true")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         params = load_params(a.params)
     except ValueError as exc:

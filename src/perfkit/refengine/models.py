@@ -196,6 +196,23 @@ def build_preset(name: str, dtype: torch.dtype, seed: int = 0, two_stage: bool =
     return comps
 
 
+def estimate_param_bytes(name: str, dtype: torch.dtype, two_stage: bool = False) -> int:
+    """Bytes the preset's weights take in ``dtype``, counted on the meta device (nothing allocated)."""
+    from accelerate import init_empty_weights
+    from diffusers import AutoencoderKLLTXVideo, LTXVideoTransformer3DModel
+    from diffusers.pipelines.ltx.modeling_latent_upsampler import LTXLatentUpsamplerModel
+    from transformers import T5Config, T5EncoderModel
+
+    p = PRESETS[name]
+    with init_empty_weights():
+        mods = [LTXVideoTransformer3DModel(**p.transformer), AutoencoderKLLTXVideo(**p.vae),
+                T5EncoderModel(T5Config(vocab_size=p.vocab_size, **p.text_encoder))]
+        if two_stage:
+            mods.append(LTXLatentUpsamplerModel(**{"in_channels": mods[0].config.in_channels, **p.upsampler}))
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(t.numel() for m in mods for t in m.parameters()) * size
+
+
 def param_bytes(c: Components) -> dict[str, int]:
     """Bytes of parameters per component."""
     out = {}

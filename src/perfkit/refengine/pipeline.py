@@ -161,6 +161,14 @@ class StagedPipeline:
         cfg = guidance > 1.0
         rope = (self.temporal / fps, self.spatial, self.spatial)
         sched = self.c.scheduler
+        # On CUDA, step times come from events recorded between steps: no host sync per step, so
+        # the CPU keeps enqueueing ahead as in production (a sync per step cost ~9 % of e2e on an
+        # H200 with a compiled 2 B transformer). The stage boundary syncs once, then reads them.
+        events = []
+        if timing and self.is_cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            events.append(ev)
         for t in timesteps:
             t0 = time.perf_counter()
             model_in = torch.cat([latents] * 2) if cfg else latents
@@ -173,9 +181,15 @@ class StagedPipeline:
                 uncond, text = noise.chunk(2)
                 noise = uncond + guidance * (text - uncond)
             latents = sched.step(noise, t, latents, return_dict=False)[0]
-            if timing:
-                self._sync()
-            step_times.append((time.perf_counter() - t0) * 1000.0)
+            if events:
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                events.append(ev)
+            elif timing:
+                step_times.append((time.perf_counter() - t0) * 1000.0)
+        if events:
+            events[-1].synchronize()
+            step_times.extend(a.elapsed_time(b) for a, b in zip(events, events[1:]))
         return latents
 
     def _timesteps(self, steps: int, seq_len: int, start_sigma: float = 1.0):

@@ -208,7 +208,8 @@ def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
         data.steps += sp
         snap = rec.memory_snapshots
         data.launch_row.setdefault("warmup_latent_shape", row["latent_shape"])
-    any_rec = next(iter(recs.values()), None)
+    # the last record carries every snapshot (the warmup's own line predates warmup_peak)
+    any_rec = next(reversed(list(recs.values())), None)
     if any_rec is not None:
         data.launch_row["load_peak_mb"] = _snap(any_rec, "load_peak", "peak_reserved_mb")
         data.launch_row["load_peak_allocated_mb"] = _snap(any_rec, "load_peak", "peak_allocated_mb")
