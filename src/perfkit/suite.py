@@ -31,6 +31,7 @@ Run directory layout::
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import logging
@@ -435,10 +436,33 @@ def _error_of(nb_path: Path) -> tuple[str | None, str | None]:
     return None, None
 
 
+@contextlib.contextmanager
+def _stderr_to(path: Path | None):
+    """Send file descriptor 2 (ours and the kernel's, which inherits it) to ``path``."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as fh:
+        os.dup2(fh.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def execute_notebook(src: str | Path, dst: str | Path, parameters: Mapping[str, Any], *,
                      cwd: str | Path | None = None, timeout_s: float | None = None,
-                     kernel: str | None = None) -> NotebookRun:
-    """Run one notebook with papermill; never raises for a failing notebook."""
+                     kernel: str | None = None, kernel_log: str | Path | None = None) -> NotebookRun:
+    """Run one notebook with papermill; never raises for a failing notebook.
+
+    ``kernel_log``: file that receives the kernel's own stderr (ipykernel's transport warnings,
+    shutdown noise) and papermill's log lines instead of the terminal.
+    """
     import papermill as pm
 
     src, dst = Path(src), Path(dst)
@@ -446,10 +470,12 @@ def execute_notebook(src: str | Path, dst: str | Path, parameters: Mapping[str, 
     run = NotebookRun(name=src.stem, output=str(dst), parameters=_jsonable(dict(parameters)))
     t0 = time.monotonic()
     try:
-        pm.execute_notebook(str(src), str(dst), parameters=dict(parameters),
-                            kernel_name=kernel or kernel_name(), cwd=str(cwd) if cwd else None,
-                            progress_bar=False, log_output=False,
-                            execution_timeout=int(timeout_s) if timeout_s else None)
+        with _stderr_to(Path(kernel_log) if kernel_log else None):
+                pm.execute_notebook(str(src), str(dst), parameters=dict(parameters),
+                                kernel_name=kernel or kernel_name(),
+                                cwd=str(cwd) if cwd else None, progress_bar=False,
+                                log_output=False,
+                                execution_timeout=int(timeout_s) if timeout_s else None)
         run.status = "ok"
     except Exception as exc:  # noqa: BLE001 - papermill errors, dead kernels, timeouts
         run.status = "error"
@@ -556,8 +582,10 @@ def run_suite(params_path: str | Path, out: str | Path | None = None, *,
     try:
         from tqdm import tqdm
 
+        # the bar writes to a copy of the terminal's stderr: fd 2 goes to kernel logs meanwhile
+        bar_file = os.fdopen(os.dup(2), "w") if progress else sys.stderr
         it = tqdm(names, desc="perfkit suite", unit="notebook", disable=not progress,
-                  file=sys.stderr)
+                  file=bar_file)
     except ImportError:  # pragma: no cover
         it = names
     for name in it:
@@ -575,11 +603,14 @@ def run_suite(params_path: str | Path, out: str | Path | None = None, *,
             stale.unlink()
         log.info("running %s", src)
         r = execute_notebook(src, dst, notebook_parameters(name, params, run_dir, replay_dir),
-                             cwd=run_dir, timeout_s=params.timeout_s, kernel=kern)
+                             cwd=run_dir, timeout_s=params.timeout_s, kernel=kern,
+                             kernel_log=run_dir / "notebooks" / f"{name}.kernel.log")
         if r.status == "ok" and read_verdict(run_dir / name) is None:
             r.status, r.ename = "error", "MissingVerdict"
             r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"
         runs.append(r)
+    if hasattr(it, "close"):
+        it.close()
     order = {n: i for i, n in enumerate(NOTEBOOKS)}
     runs.sort(key=lambda r: order.get(r.name, 99))
     verdicts = collect_verdicts(run_dir)
