@@ -102,6 +102,8 @@ class WarmupShapesParams(_Model):
 class MinBudgetParams(_Model):
     lo_gib: float = Field(gt=0)
     hi_gib: float = Field(gt=0)
+    #: bisection stops when hi - lo <= this (GiB); each probe is one engine launch
+    resolution_gib: float = Field(1.0, gt=0)
 
     @model_validator(mode="after")
     def _order(self) -> "MinBudgetParams":
