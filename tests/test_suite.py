@@ -168,6 +168,33 @@ def test_notebook_that_raises_still_reports_exit_2(tmp_path):
     assert "cold_warm failed" in (out / "report.html").read_text()
 
 
+def test_engine_crash_is_a_scenario_error():
+    b = synthetic.cold_warm()
+    b.results = {"error": "engine exited with code -9 during request 1", "leak_checks": []}
+    with pytest.raises(suite.ScenarioError, match="engine exited"):
+        suite.check_bundle("cold_warm", b)
+    mb = synthetic.memory_budget()
+    mb.results["caps"][0]["completed"] = False  # the uncapped run crashed
+    with pytest.raises(suite.ScenarioError, match="without caps"):
+        suite.check_bundle("memory_budget", mb)
+    mb = synthetic.memory_budget()
+    mb.results["caps"][1]["completed"] = False  # a capped run failing is a verdict, not an error
+    suite.check_bundle("memory_budget", mb)
+
+
+@pytest.mark.slow
+def test_replayed_engine_crash_exits_2(tmp_path):
+    rec = tmp_path / "recorded"
+    b = synthetic.cold_warm()
+    b.results = {"error": "engine exited with code -9", "leak_checks": []}
+    b.save(rec / "cold_warm")
+    out = tmp_path / "run"
+    proc = perfkit("suite", "--params", "params/ci-cpu.yaml", "--out", str(out), "--replay",
+                   str(rec), "--only", "cold_warm", "--no-screenshot", "-q")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "ScenarioError" in (out / "report.html").read_text()
+
+
 @pytest.mark.slow
 def test_missing_notebook_is_an_error(tmp_path):
     rec = synthetic.make_run(tmp_path / "recorded")

@@ -211,6 +211,10 @@ def load_or_run(scenario: str, *, out: str | Path, bundle_dir: str | Path | None
     ``caps`` (a dict, or for memory_budget a list of dicts), ``warmup_frames``,
     ``request_frames``, ``min_budget`` ({lo_gib, hi_gib} or None; memory_budget only).
     Launch directories (engine logs, perf logs, compile caches) go to ``out/launches/``.
+
+    Raises:
+        ScenarioError: the bundle holds no usable measurement (:func:`check_bundle`): the
+            notebook fails and the suite exits 2.
     """
     out = Path(out)
     if bundle_dir:
@@ -221,6 +225,7 @@ def load_or_run(scenario: str, *, out: str | Path, bundle_dir: str | Path | None
         if Path(bundle_dir).resolve() != out.resolve():
             b.save(out)
         log.info("replaying %s bundle from %s", scenario, bundle_dir)
+        check_bundle(scenario, b)
         return b
 
     from perfkit import scenarios
@@ -247,7 +252,44 @@ def load_or_run(scenario: str, *, out: str | Path, bundle_dir: str | Path | None
     else:
         raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     b.save(out)
+    check_bundle(scenario, b)  # after saving: the bundle (engine logs) is there to look at
     return b
+
+
+class ScenarioError(RuntimeError):
+    """The measurement itself failed (engine crash, no completed request): exit code 2."""
+
+
+def check_bundle(scenario: str, bundle: ResultBundle) -> None:
+    """Raise :class:`ScenarioError` when a bundle holds no usable measurement.
+
+    cold_warm: an error or no cold/warm numbers. warmup_shapes: no coverage, or an entry with an
+    error. memory_budget: a launch without caps that did not complete (an engine crash, not a
+    budget verdict; a capped launch that fails is a gate result instead).
+    """
+    r = bundle.results or {}
+    where = f"{scenario} ({bundle.path or 'bundle'})"
+    if scenario == "cold_warm":
+        if r.get("error") or r.get("cold_ms") is None or r.get("warm_median_ms") is None:
+            raise ScenarioError(f"{where}: no cold/warm measurement: "
+                                f"{r.get('error') or 'fewer than 2 completed requests'}")
+    elif scenario == "warmup_shapes":
+        cov = r.get("coverage") or []
+        if not cov:
+            raise ScenarioError(f"{where}: no coverage measured")
+        bad = [c for c in cov if c.get("error")]
+        if bad:
+            raise ScenarioError(f"{where}: warmup {bad[0].get('warmup_frames')}f / request "
+                                f"{bad[0].get('request_frames')}f failed: {bad[0]['error']}")
+    elif scenario == "memory_budget":
+        caps = r.get("caps") or []
+        if not caps:
+            raise ScenarioError(f"{where}: no budget measured")
+        for c in caps:
+            if c.get("device_cap_gib") is None and c.get("host_cap_gib") is None \
+                    and not c.get("completed"):
+                raise ScenarioError(f"{where}: the run without caps ({c.get('label')}) did not "
+                                    f"complete: {c.get('error') or 'see the engine log'}")
 
 
 def scenario_verdict(scenario: str, results: Mapping[str, Any],
