@@ -163,7 +163,7 @@ display(Markdown(reading("memory_budget", results)))'''),
     show(plots.memory_timeline(
         bundle.memory, bundle.requests, bundle.stages, launch=row.get("launch"),
         caps={"device_cap_gib": row.get("device_cap_gib"), "host_cap_gib": row.get("host_cap_gib")},
-        title=f"Memory timeline: {row.get('label') or row.get('launch') or 'run'}"))'''),
+        title=f"Memory timeline: {row.get('cap_label') or row.get('label') or 'run'}"))'''),
         new_markdown_cell("## Latency per request under each budget"),
         new_code_cell("show(plots.e2e_per_request(bundle.requests))"),
         new_markdown_cell(

@@ -185,10 +185,28 @@ def summary_frame(scenario: str, results: Mapping[str, Any]) -> pd.DataFrame:
             rows.append((f"penalty {st} (ms)", ms))
         return pd.DataFrame(rows, columns=["metric", "value"])
     if scenario == "warmup_shapes":
-        return pd.DataFrame(r.get("coverage") or [])
+        return _cols(pd.DataFrame(r.get("coverage") or []), COVERAGE_COLUMNS)
     if scenario == "memory_budget":
-        return pd.DataFrame(r.get("caps") or [])
+        return _cols(pd.DataFrame(r.get("caps") or []), CAPS_COLUMNS)
     return pd.DataFrame()
+
+
+COVERAGE_COLUMNS = ["warmup_frames", "request_frames", "warmup_latent_frames",
+                    "request_latent_frames", "covered", "first_ms", "warm_median_ms", "penalty_ms",
+                    "ratio", "compiles", "penalty_stage", "error"]
+CAPS_COLUMNS = ["label", "device_cap_gib", "host_cap_gib", "completed", "cap_held", "enforcement",
+                "peak_reserved_mb", "host_anon_peak_mib", "placement", "cold_ms", "warm_ms",
+                "warm_degrades", "error"]
+
+
+def _cols(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
+    """The listed columns that exist, in that order (the full rows stay in results.json)."""
+    if df.empty:
+        return df
+    keep = [c for c in cols if c in df.columns]
+    if "error" in keep and df["error"].isna().all():
+        keep.remove("error")
+    return df[keep]
 
 
 # ---------------------------------------------------------------------------------------------

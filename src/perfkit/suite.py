@@ -182,7 +182,7 @@ def bundle_cases(bundles: Mapping[str, ResultBundle], engine: Mapping[str, Any],
     if mb is not None and not mb.requests.empty:
         for row in _launch_rows(mb) or [{"launch": None, "label": "unlimited"}]:
             la = row.get("launch")
-            label = row.get("label") or la or "unlimited"
+            label = row.get("cap_label") or row.get("label") or la or "unlimited"
             sb = sub_bundle(mb, launch=la)
             if _has_measured(sb):
                 cases[case_id(engine, request, suffix=f"_cap-{_slug(label)}")] = sb
