@@ -123,6 +123,11 @@ display(Markdown(reading("warmup_shapes", results)))'''),
         new_code_cell("display(verdict_table(rows))"),
         new_markdown_cell("## First-request penalty by warmup shape and request shape"),
         new_code_cell("show(plots.coverage_heatmap(coverage))"),
+        new_markdown_cell("## Which stage absorbs the penalty (first request − warm median, ms)\n\n"
+                          "With the two-stage pipeline the half-resolution `DenoisingStage` and the "
+                          "full-resolution `RefinementStage` each specialise on their own latent shape."),
+        new_code_cell('''display(pd.DataFrame({f"warmup {c['warmup_frames']}f → request {c['request_frames']}f":
+                           c.get("penalty_by_stage_ms") or {} for c in results["coverage"]}).T.round(1))'''),
         new_markdown_cell("## End-to-end latency per request, one line per launch"),
         new_code_cell("show(plots.e2e_per_request(bundle.requests))"),
         new_markdown_cell("## Per-stage latency"),

@@ -104,12 +104,26 @@ def case_id(engine: Mapping[str, Any], request: Mapping[str, Any], *, warmup_fra
     return cid + suffix
 
 
-def sub_bundle(bundle: ResultBundle, *, launch: Any = None, num_frames: int | None = None) -> ResultBundle:
-    """The part of a bundle from one launch and/or one request frame count (tables filtered)."""
+def sub_bundle(bundle: ResultBundle, *, launch: Any = None, num_frames: int | None = None,
+               skip_first: bool = False) -> ResultBundle:
+    """The part of a bundle from one launch and/or one request frame count (tables filtered).
+
+    ``skip_first`` drops the first measured request of the selection (an uncovered cold request,
+    whose shape setup is the investigation's finding, not the steady state a baseline holds).
+    """
     req = bundle.requests
     if req.empty:
         return bundle
     mask = pd.Series(True, index=req.index)
+    if skip_first and "index" in req:
+        sel = req
+        if launch is not None and "launch" in req:
+            sel = sel[sel["launch"] == launch]
+        if num_frames is not None and "num_frames" in req:
+            sel = sel[sel["num_frames"] == num_frames]
+        measured = sel[sel["index"] >= 0]
+        if len(measured) >= 2:
+            mask &= req.index != measured["index"].idxmin()
     if launch is not None and "launch" in req:
         mask &= req["launch"] == launch
     if num_frames is not None and "num_frames" in req:
@@ -148,20 +162,44 @@ def _has_measured(bundle: ResultBundle) -> bool:
     return bool(m.any())
 
 
+def _cold_covered(bundle: ResultBundle) -> bool:
+    """Whether the first measured request has the latent shape the startup warmup ran.
+
+    False (uncovered) when the warmup's shape differs or there was no warmup; True when shapes
+    are unknown (other engines' records carry no latent shape: keep every request, as sglang's
+    baseline dump does).
+    """
+    req = bundle.requests
+    if req.empty or "latent_shape" not in req or "index" not in req:
+        return True
+    warm = req[req["index"] < 0]["latent_shape"].dropna()
+    first = req[req["index"] >= 0].sort_values("index")["latent_shape"].dropna()
+    if first.empty:
+        return True
+    if warm.empty:
+        return False
+    return str(first.iloc[0]) in {str(x) for x in warm}
+
+
 def bundle_cases(bundles: Mapping[str, ResultBundle], engine: Mapping[str, Any],
                  request: Mapping[str, Any]) -> dict[str, ResultBundle]:
     """Case id -> (sub-)bundle for this run's baseline.json.
 
     - cold_warm: one case, ``<preset>_<F>f_<H>x<W>_<S>s_w<warmup>``.
-    - warmup_shapes: one case per (launch, request frames), suffix ``_shapes``.
+    - warmup_shapes: one case per (launch, covered request frames), suffix ``_shapes``.
     - memory_budget: one case per launch (cap), suffix ``_cap-<label>``.
+
+    As in sglang's baseline dump every request counts and the worst is kept, except an
+    uncovered cold request (its shape differs from the startup warmup's): its shape setup is
+    what the investigations report and the invariants gate, so the baseline holds the steady
+    state. Uncovered warmup_shapes slices are left out for the same reason.
 
     Slices without a completed measured request are left out.
     """
     cases: dict[str, ResultBundle] = {}
     cw = bundles.get("cold_warm")
     if cw is not None and _has_measured(cw):
-        cases[case_id(engine, request)] = cw
+        cases[case_id(engine, request)] = sub_bundle(cw, skip_first=not _cold_covered(cw))
     ws = bundles.get("warmup_shapes")
     if ws is not None and not ws.requests.empty:
         req = ws.requests
@@ -173,7 +211,11 @@ def bundle_cases(bundles: Mapping[str, ResultBundle], engine: Mapping[str, Any],
             if "index" in sel:
                 sel = sel[sel["index"] != -1]
             frames = sorted({int(f) for f in sel.get("num_frames", pd.Series(dtype=float)).dropna()})
+            covered = {(c.get("warmup_frames"), c.get("request_frames")): c.get("covered")
+                       for c in ws.results.get("coverage") or []}
             for f in frames:
+                if covered.get((w, f)) is False:
+                    continue  # an uncovered shape's first request is the finding, gated by invariants
                 sb = sub_bundle(ws, launch=la, num_frames=f)
                 if _has_measured(sb):
                     cases[case_id(engine, request, warmup_frames=w, num_frames=f,
@@ -184,6 +226,7 @@ def bundle_cases(bundles: Mapping[str, ResultBundle], engine: Mapping[str, Any],
             la = row.get("launch")
             label = row.get("cap_label") or row.get("label") or la or "unlimited"
             sb = sub_bundle(mb, launch=la)
+            sb = sub_bundle(mb, launch=la, skip_first=not _cold_covered(sb))
             if _has_measured(sb):
                 cases[case_id(engine, request, suffix=f"_cap-{_slug(label)}")] = sb
     return cases
