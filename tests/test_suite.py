@@ -81,9 +81,9 @@ def test_bundle_cases_and_gate(tmp_path):
     eng = {"kind": "reference", "preset": "tiny", "warmup_frames": 17}
     req = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
     cases = suite.bundle_cases(suite.load_run_bundles(run), eng, req)
-    assert set(cases) == {"tiny_25f_64x64_4s_w17", "tiny_25f_64x64_4s_w17_shapes",
-                          "tiny_25f_64x64_4s_w25_shapes", "tiny_25f_64x64_4s_w17_cap-unlimited",
-                          "tiny_25f_64x64_4s_w17_cap-8GiBhost"}
+    # the uncovered 17 -> 25 slice is the investigation's finding, not a baseline case
+    assert set(cases) == {"tiny_25f_64x64_4s_w17", "tiny_25f_64x64_4s_w25_shapes",
+                          "tiny_25f_64x64_4s_w17_cap-unlimited", "tiny_25f_64x64_4s_w17_cap-8GiBhost"}
     # a shapes case holds one launch only
     assert set(cases["tiny_25f_64x64_4s_w25_shapes"].requests["launch"]) == {"w25"}
     g = suite.gate(run, engine=eng, request=req)
