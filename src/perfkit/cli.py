@@ -5,7 +5,10 @@
     perfkit report outputs/RUN
     perfkit compare --run outputs/RUN --baseline baselines/h200.json [--profile pr_test] [--strict]
     perfkit baseline update --bundle outputs/RUN/cold_warm --baseline FILE --case ID [--hardware NAME]
-    perfkit engine serve [refengine args...]      (python -m perfkit.refengine)
+    perfkit engine serve [refengine args...]      (python -m perfkit.refengine; takes sglang
+        serve's --model-path/--port/--host/--num-gpus and honours SGLANG_PERF_LOG_DIR when
+        SGLANG_DIFFUSION_STAGE_LOGGING=1, so EngineSpec(kind="sglang",
+        executable=["perfkit", "engine"]) drives it like sglang's server)
 
 Exit codes: 0 every gate passed, 1 a regression (a gate failed), 2 an error (bad params, engine
 crash, notebook exception).
@@ -165,6 +168,24 @@ def cmd_engine_serve(rest: list[str]) -> int:
     return EXIT_ERROR  # pragma: no cover
 
 
+def cmd_wheelhouse(a: argparse.Namespace) -> int:
+    from perfkit import wheelhouse
+
+    try:
+        if a.wcmd == "download":
+            reqs = wheelhouse.download(a.dir, a.have, python_version=a.python_version, profile=a.profile,
+                                       platforms=tuple(a.platform) if a.platform else wheelhouse.DEFAULT_PLATFORMS)
+            print(f"{len(reqs)} wheels in {a.dir}: {' '.join(reqs)}")
+            print("on the host: python3 -m pip install --no-index --no-deps "
+                  f"{a.dir}/*.whl   (or: perfkit wheelhouse install {a.dir})")
+        else:
+            wheelhouse.install(a.dir, a.target)
+    except (RuntimeError, FileNotFoundError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="perfkit", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -214,6 +235,25 @@ def build_parser() -> argparse.ArgumentParser:
     bu.add_argument("--hardware")
     bu.set_defaults(func=cmd_baseline_update)
 
+    m = sub.add_parser("measure", help="run the investigations into bundles without notebooks "
+                                       "(GPU hosts without Jupyter)", add_help=False)
+    m.set_defaults(func=None)
+
+    w = sub.add_parser("wheelhouse", help="offline wheels for air-gapped hosts")
+    wsub = w.add_subparsers(dest="wcmd", required=True)
+    wd = wsub.add_parser("download", help="download wheels of what a host lacks")
+    wd.add_argument("dir")
+    wd.add_argument("--have", help="the host's `pip list --format=freeze` (names it already has)")
+    wd.add_argument("--python-version", default="3.12", help="the host's Python (default 3.12)")
+    wd.add_argument("--platform", action="append", help="pip platform tag (repeatable; default manylinux x86_64)")
+    wd.add_argument("--profile", choices=["full", "measure"], default="full",
+                    help="full: everything perfkit needs; measure: engine + investigations only")
+    wd.set_defaults(func=cmd_wheelhouse)
+    wi = wsub.add_parser("install", help="install a wheelhouse offline (on the host)")
+    wi.add_argument("dir")
+    wi.add_argument("--target", help="install into this folder (then add it to PYTHONPATH)")
+    wi.set_defaults(func=cmd_wheelhouse)
+
     e = sub.add_parser("engine", help="engines")
     esub = e.add_subparsers(dest="ecmd", required=True)
     es = esub.add_parser("serve", help="run the reference engine (python -m perfkit.refengine)",
@@ -227,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     # `perfkit engine serve ARGS...`: everything after `serve` goes to the engine untouched
     if len(argv) >= 2 and argv[0] == "engine" and argv[1] == "serve":
         return cmd_engine_serve(argv[2:])
+    if argv and argv[0] == "measure":
+        from perfkit.measure import main as measure_main
+
+        return measure_main(argv[1:])
     a = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(a.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
