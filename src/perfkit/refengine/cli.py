@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 import time
@@ -56,7 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=None, help="serving default width (px)")
     p.add_argument("--steps", type=int, default=None, help="serving default num_inference_steps")
     p.add_argument("--max-frames", type=int, default=257)
-    p.add_argument("--num-gpus", type=int, default=1)
+    p.add_argument("--num-gpus", type=int, default=1,
+                   help="N > 1: CFG parallel over N ranks with torch.distributed (NCCL on cuda:0..N-1, gloo "
+                        "on the CPU); rank 0 serves HTTP and spawns the others (see refengine.dist)")
+    p.add_argument("--multi-gpu-warmup-frames", type=int, default=None,
+                   help="startup warmup frames for --two-stage with --num-gpus > 1 instead of --warmup-frames "
+                        "(sglang uses 25 there: a 24-frame request aligns to 25 = 4 latent frames, a 17-frame "
+                        "warmup covers 3); default: --warmup-frames")
+    p.add_argument("--dist-init", default=None,
+                   help="tcp://HOST:PORT of rank 0's rendezvous store (default: 127.0.0.1, a free port)")
+    p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)  # set by rank 0 for the others
+    p.add_argument("--world-size", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--placement", default=None, choices=["device", "group_offload"],
                    help="force a placement instead of deciding from the cap")
     p.add_argument("--keep-outputs", action="store_true", help="save generated frames as .npy")
@@ -66,12 +77,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, t0: float | None = None) -> int:
+    raw_argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    mark("process_start", t=f"{t0 or time.time():.6f}")
+    rank = args.rank or 0  # > 0: a CFG-parallel rank spawned by rank 0 (no HTTP, no marks)
+    if rank == 0:
+        mark("process_start", t=f"{t0 or time.time():.6f}")
+    who = f"[rank{rank}] " if args.num_gpus > 1 else ""
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.num_gpus != 1:
-        print(f"error: --num-gpus {args.num_gpus}: only 1 is supported by this engine build", file=sys.stderr)
+                        format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s")
+    if args.num_gpus < 1:
+        print(f"error: --num-gpus must be >= 1, got {args.num_gpus}", file=sys.stderr)
+        return 2
+    if args.rank is not None and not (0 <= args.rank < args.num_gpus and args.world_size == args.num_gpus
+                                      and args.dist_init):
+        print("error: --rank needs 0 <= rank < --num-gpus, --world-size == --num-gpus and --dist-init",
+              file=sys.stderr)
         return 2
     for name in ("warmup_frames", "max_frames", "debug_leak_mib"):
         if getattr(args, name) < 0:
@@ -96,6 +116,20 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     device = torch.device(dev_name)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    if args.num_gpus > 1:
+        from perfkit.refengine import dist
+
+        try:
+            device = dist.rank_device(device, rank, args.num_gpus)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if device.type == "cpu" and not os.environ.get("PERFKIT_TORCH_THREADS"):
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.num_gpus))  # ranks share the cores
+        if device.type == "cuda":
+            # before building: the seeded init draws on the current device (not GPU 0 on every rank)
+            torch.cuda.set_device(device)
+        os.environ["NCCL_NVLS_ENABLE"] = "0"  # read at NCCL communicator init
     preset = models.PRESETS.get(args.preset, models.PRESETS["tiny"])
     if args.dtype == "auto":
         dtype = getattr(torch, preset.dtype) if device.type == "cuda" else torch.float32
@@ -109,15 +143,26 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         torch._dynamo.config.recompile_limit = args.recompile_limit
 
     # bind first so an occupied port fails before minutes of loading
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((args.host, args.port))
-    except OSError as exc:
-        print(f"error: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 2
-    port = sock.getsockname()[1]
-    mark("listening", port=port)
+    if rank == 0:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((args.host, args.port))
+        except OSError as exc:
+            print(f"error: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
+            return 2
+        port = sock.getsockname()[1]
+        mark("listening", port=port)
+    runner = None  # rank 0 of a multi-rank engine: spawns the other ranks now, they load in parallel
+    if args.num_gpus > 1:
+        if rank == 0:
+            import atexit
+
+            store, init_url = dist.make_master_store(args.dist_init, args.num_gpus)
+            runner = dist.Rank0Runner(dist.spawn_ranks(raw_argv, args.num_gpus, init_url))
+            atexit.register(runner.shutdown)
+        else:
+            store = dist.client_store(args.dist_init, args.num_gpus)
 
     try:
         cap = placement.apply_device_cap(device)
@@ -144,18 +189,36 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         log.warning("torch.compile disabled under group offload")
         do_compile = False
     watch = CompileWatch()
+    par = dist.init(rank, args.num_gpus, store, device) if args.num_gpus > 1 else None
     pipe = StagedPipeline(comps, device, dtype, two_stage=args.two_stage, refine_steps=args.refine_steps,
                           compile=do_compile, compile_backend=args.compile_backend,
                           compile_vae=args.compile_vae, compile_watch=watch,
-                          recompile_limit=args.recompile_limit)
+                          recompile_limit=args.recompile_limit, cfg_parallel=par)
+    # the startup warmup; multi-GPU two-stage may use its own frame count (seed case 003)
+    warmup_frames, warmup_rule = args.warmup_frames, "generic"
+    if (args.two_stage and args.num_gpus > 1 and args.multi_gpu_warmup_frames is not None
+            and args.warmup_frames > 0):
+        warmup_frames, warmup_rule = args.multi_gpu_warmup_frames, "multi_gpu_two_stage"
+    if rank > 0:
+        from perfkit.refengine.server import _snapshot
+
+        log.info("rank %d loaded (%s, %s); serving rank 0's requests", rank, device, where)
+        return dist.worker_loop(pipe, par, warmup_first=warmup_frames > 0,
+                                snapshots={"load_peak": _snapshot(device)})
+    if runner is not None:
+        runner.attach(pipe, par)
     defaults = {"height": args.height or preset.height, "width": args.width or preset.width,
                 "steps": args.steps or preset.steps, "num_frames": preset.num_frames}
     info = {"device": str(device), "placement": where, "preset": args.preset, "model_source": comps.source,
             "dtype": str(dtype).replace("torch.", ""), "compile": do_compile,
             "compile_backend": args.compile_backend if do_compile else None, "two_stage": args.two_stage,
-            "warmup_frames": args.warmup_frames, "device_cap_gib": cap,
-            "param_mib": {k: round(v / 2**20, 1) for k, v in comps.param_bytes.items()}}
-    engine = Engine(pipe, defaults, args.max_frames, args.perf_log_dir, info,
+            "warmup_frames": warmup_frames, "warmup_frames_rule": warmup_rule,
+            "multi_gpu_warmup_frames": args.multi_gpu_warmup_frames, "device_cap_gib": cap,
+            "param_mib": {k: round(v / 2**20, 1) for k, v in comps.param_bytes.items()},
+            # frames: 8k+1 for every N (CFG parallel keeps the whole latent on each rank)
+            "num_gpus": args.num_gpus, "parallelism": "cfg" if args.num_gpus > 1 else None,
+            "frame_rule": "8k+1"}
+    engine = Engine(runner or pipe, defaults, args.max_frames, args.perf_log_dir, info,
                     keep_outputs_dir=(f"{args.perf_log_dir or '.'}/outputs" if args.keep_outputs else None),
                     debug_leak_mib=args.debug_leak_mib, commit_hash=_git_commit())
     from perfkit.refengine.server import _snapshot
@@ -164,11 +227,11 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     mark("models_loaded", t=f"{time.time():.6f}", placement=where)
     log.info("models loaded (%s, %s, %s)", comps.source, device, where)
 
-    if args.warmup_frames > 0:
+    if warmup_frames > 0:
         wh, ww = args.warmup_resolution or (defaults["height"], defaults["width"])
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        job = engine.run_sync(GenRequest(prompt="warmup", num_frames=args.warmup_frames, height=wh, width=ww,
+        job = engine.run_sync(GenRequest(prompt="warmup", num_frames=warmup_frames, height=wh, width=ww,
                                          num_inference_steps=args.warmup_steps), tag="warmup")
         if job.status != "completed":
             print(f"error: startup warmup failed: {job.error}", file=sys.stderr)
@@ -176,10 +239,14 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         engine.snapshots["warmup_peak"] = _snapshot(device)
     mark("warmup_done", t=f"{time.time():.6f}")
     engine.ready = True
+    if runner is not None:
+        runner.ready = True
 
     app = create_app(engine, model_name=comps.source)
     config = uvicorn.Config(app, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
     engine.queue.put(None)
+    if runner is not None:
+        runner.shutdown()
     return 0

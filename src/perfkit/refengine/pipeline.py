@@ -72,6 +72,8 @@ class RunResult:
     latent_shape: list[int] = field(default_factory=list)
     compile: CompileWindow = field(default_factory=CompileWindow)
     video: np.ndarray | None = None
+    #: multi-rank engines: every rank's report (rank order), filled on rank 0 (see refengine.dist)
+    ranks: list[dict[str, Any]] | None = None
 
 
 def host_memory_mib() -> tuple[float, float]:
@@ -104,12 +106,15 @@ class StagedPipeline:
         recompile_limit: dynamo's recompile limit for the compiled modules (None: torch's
             default). Passed to ``torch.compile`` itself: torch's config overrides are
             thread-local, and requests run on the engine's worker thread.
+        cfg_parallel: this rank's :class:`~perfkit.refengine.dist.CfgParallel` (``--num-gpus``
+            > 1): each rank computes one guidance branch per step and the predictions are
+            gathered; only rank 0 decodes. None: one process computes both branches as a batch.
     """
 
     def __init__(self, comps: Components, device: torch.device, dtype: torch.dtype, two_stage: bool = False,
                  refine_steps: int = 2, compile: bool = False, compile_backend: str = "inductor",
                  compile_vae: bool = False, compile_watch: CompileWatch | None = None,
-                 recompile_limit: int | None = None):
+                 recompile_limit: int | None = None, cfg_parallel: Any = None):
         from diffusers import LTXPipeline
 
         self.c = comps
@@ -131,6 +136,7 @@ class StagedPipeline:
             if compile_vae:
                 comps.vae.decoder.compile(**kw)
         self.is_cuda = device.type == "cuda"
+        self.cfg_parallel = cfg_parallel
 
     # -- measurement helpers -------------------------------------------------------------
     def _sync(self) -> None:
@@ -169,17 +175,20 @@ class StagedPipeline:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             events.append(ev)
+        par = self.cfg_parallel
         for t in timesteps:
             t0 = time.perf_counter()
-            model_in = torch.cat([latents] * 2) if cfg else latents
-            model_in = model_in.to(embeds.dtype)
-            ts = t.expand(model_in.shape[0])
-            noise = self.c.transformer(hidden_states=model_in, encoder_hidden_states=embeds, timestep=ts,
-                                       encoder_attention_mask=mask, num_frames=n_lat, height=h_lat, width=w_lat,
-                                       rope_interpolation_scale=rope, return_dict=False)[0].float()
-            if cfg:
-                uncond, text = noise.chunk(2)
-                noise = uncond + guidance * (text - uncond)
+            if par is None:
+                model_in = torch.cat([latents] * 2) if cfg else latents
+                model_in = model_in.to(embeds.dtype)
+                noise = self._predict(model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope)
+                if cfg:
+                    uncond, text = noise.chunk(2)
+                    noise = uncond + guidance * (text - uncond)
+            else:  # one branch here, the other on the peer rank; gathered and combined
+                noise = par.noise(lambda x, e, m, t=t: self._predict(x.to(e.dtype), e, m, t, n_lat, h_lat, w_lat,
+                                                                     rope),
+                                  latents, embeds, mask, cfg, guidance)
             latents = sched.step(noise, t, latents, return_dict=False)[0]
             if events:
                 ev = torch.cuda.Event(enable_timing=True)
@@ -191,6 +200,12 @@ class StagedPipeline:
             events[-1].synchronize()
             step_times.extend(a.elapsed_time(b) for a, b in zip(events, events[1:]))
         return latents
+
+    def _predict(self, model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope):
+        ts = t.expand(model_in.shape[0])
+        return self.c.transformer(hidden_states=model_in, encoder_hidden_states=embeds, timestep=ts,
+                                  encoder_attention_mask=mask, num_frames=n_lat, height=h_lat, width=w_lat,
+                                  rope_interpolation_scale=rope, return_dict=False)[0].float()
 
     def _timesteps(self, steps: int, seq_len: int, start_sigma: float = 1.0):
         from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift, retrieve_timesteps
@@ -265,6 +280,9 @@ class StagedPipeline:
                     latents = self._denoise(latents, embeds, mask, ts, n_lat, h_lat, w_lat,
                                             req.guidance_scale, req.fps, timing, out.refinement_steps)
             out.latent_shape = [int(self.c.transformer.config.in_channels), n_lat, int(h_lat), int(w_lat)]
+            if self.cfg_parallel is not None and self.cfg_parallel.rank != 0:
+                self._sync()
+                return out  # only rank 0 decodes (finally below still closes the run)
             with self._stage("DecodingStage", out, timing):
                 lat5 = pipe._unpack_latents(latents, n_lat, h_lat, w_lat, p_s, p_t)
                 lat5 = pipe._denormalize_latents(lat5, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from perfkit.records import PERF_LOG_NAME
+from perfkit.refengine.dist import max_snapshots
 from perfkit.refengine.pipeline import GenRequest, RunResult, StagedPipeline, host_memory_mib, record_payload
 
 log = logging.getLogger(__name__)
@@ -268,6 +269,13 @@ class Engine:
             })
             if res.compile.limit_hit:
                 log.warning("request %s hit the recompile limit: frames now run eagerly", job.id)
+            if res.ranks:
+                # multi-rank (CFG parallel): stages/steps above are rank 0's (it serves, decodes, and
+                # its steps include waiting for the peer's branch); memory is the max across ranks,
+                # as sglang records it; every rank's own numbers are under perfkit.ranks
+                res.ranks[0]["memory_snapshots"] = dict(snaps)
+                rec["memory_snapshots"] = max_snapshots([r.get("memory_snapshots") or {} for r in res.ranks])
+                pk["ranks"] = res.ranks
         rec["perfkit"] = pk
         job.result = rec
         self.writer.write(rec)
@@ -314,6 +322,9 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     async def health() -> JSONResponse:
         if not engine.ready:
             return JSONResponse(status_code=503, content={"status": "warming up"})
+        fatal = getattr(engine.pipeline, "fatal", None)  # multi-rank engine after a rank failed
+        if fatal:
+            return JSONResponse(status_code=503, content={"status": "failed", "error": fatal})
         return JSONResponse(content={"status": "ok"})
 
     @app.get("/v1/models")

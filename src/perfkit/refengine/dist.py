@@ -1,0 +1,381 @@
+"""CFG parallelism for the reference engine (``--num-gpus N``, N > 1) with torch.distributed.
+
+Layout (N processes, one per device; NCCL on CUDA, gloo on CPU)::
+
+    rank 0 (the launched process)      ranks 1..N-1 (spawned by rank 0, same argv + --rank r)
+    HTTP, job queue, records           no HTTP, no perfkit-mark lines
+    broadcast each request  ────────►  receive it (gloo control group: no GPU busy-wait while idle)
+    TextEncoding, LatentPreparation    the same (same seeded weights, same CPU-seeded latents)
+    DenoisingStage / RefinementStage, per step:
+      rank 0: unconditional branch     rank 1: conditional branch; ranks >= 2: idle (send zeros)
+      all_gather the noise predictions, every rank combines them and steps its scheduler, so the
+      latents stay identical on every rank
+    DecodingStage (rank 0 only)
+    gather every rank's report  ◄────  stages, steps, compile window, memory peaks, host RSS
+
+Guidance off (guidance_scale <= 1) has one branch: rank 0 computes it and the other ranks idle.
+More than 2 ranks: CFG has two branches, so ranks >= 2 idle (they still join every collective;
+nothing is split further). The frame rule stays 8k+1: every rank holds the whole latent, so CFG
+parallelism puts no GPU-count term into the frame alignment (sequence parallelism would).
+
+Failures: the process group cannot be trusted after a request failed on one rank part-way through
+its collectives. Rank 0 then fails that request, stops the other ranks and stays up with
+``fatal`` set (``/health`` answers 503, later requests fail at once). A rank that dies is noticed
+by rank 0's monitor thread the same way; a rank-0 run stuck in an NCCL collective with a dead
+peer makes rank 0 exit (code 3) after :data:`STUCK_EXIT_S`.
+
+Teardown: the other ranks are children of rank 0 in its process group (perfkit.launch signals
+the group), die with rank 0 (``PR_SET_PDEATHSIG``), and are terminated when rank 0 returns.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import datetime as _dt
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+#: Collective timeout (s). Idle ranks wait for the next request inside a broadcast, so this
+#: bounds the idle time between requests; override with PERFKIT_DIST_TIMEOUT_S.
+DEFAULT_TIMEOUT_S = 24 * 3600.0
+#: Seconds rank 0 waits for an in-flight request after a peer died before it exits (code 3).
+STUCK_EXIT_S = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+def timeout() -> _dt.timedelta:
+    return _dt.timedelta(seconds=float(os.environ.get("PERFKIT_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+
+
+def rank_device(device: torch.device, rank: int, world_size: int) -> torch.device:
+    """The device of ``rank``: ``cuda:(base + rank)`` (base: the index given, else 0), or the CPU.
+
+    Raises:
+        ValueError: fewer CUDA devices than ranks.
+    """
+    if device.type != "cuda" or world_size == 1:
+        return device
+    base = device.index or 0
+    have = torch.cuda.device_count()
+    if base + world_size > have:
+        raise ValueError(f"--num-gpus {world_size} from cuda:{base} needs {base + world_size} CUDA devices, "
+                         f"{have} visible")
+    return torch.device("cuda", base + rank)
+
+
+def make_master_store(init: str | None, world_size: int):
+    """Rank 0's TCPStore: on the port of ``init`` (``tcp://HOST:PORT``), else a free port.
+
+    Returns (store, ``tcp://HOST:PORT`` for the other ranks).
+    """
+    from torch.distributed import TCPStore
+
+    host, port = _parse_init(init) if init else ("127.0.0.1", 0)
+    store = TCPStore(host, port, world_size, is_master=True, timeout=timeout(), wait_for_workers=False)
+    return store, f"tcp://{host}:{store.port}"
+
+
+def _parse_init(init: str) -> tuple[str, int]:
+    if not init.startswith("tcp://") or ":" not in init[6:]:
+        raise ValueError(f"--dist-init must look like tcp://HOST:PORT, got {init!r}")
+    host, port = init[6:].rsplit(":", 1)
+    return host, int(port)
+
+
+@dataclass
+class CfgParallel:
+    """One rank's view of the CFG-parallel group.
+
+    Attributes:
+        rank, world_size: this rank and the group size.
+        device: this rank's device.
+        backend: ``nccl`` (CUDA) or ``gloo`` (CPU) for the noise all_gather.
+        control: the gloo group for requests and reports (None: the default group is gloo).
+    """
+
+    rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+    control: Any = None
+
+    # -- the denoising step --------------------------------------------------------------
+    def noise(self, predict: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+              latents: torch.Tensor, embeds: torch.Tensor, mask: torch.Tensor, cfg: bool,
+              guidance: float) -> torch.Tensor:
+        """This rank's branch through ``predict``, gathered with the others, combined (CFG).
+
+        ``embeds``/``mask`` hold [unconditional, conditional] with CFG (rank 0 takes the first,
+        rank 1 the second), else the conditional one only (rank 0 computes it).
+        """
+        import torch.distributed as dist
+
+        branches = 2 if cfg else 1
+        if self.rank < branches:
+            b = slice(self.rank, self.rank + 1) if cfg else slice(None)
+            local = predict(latents, embeds[b], mask[b])
+        else:
+            local = torch.zeros(latents.shape, dtype=torch.float32, device=latents.device)
+        local = local.contiguous()
+        parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(parts, local)
+        if cfg:
+            return parts[0] + guidance * (parts[1] - parts[0])
+        return parts[0]
+
+    # -- control messages (gloo) ---------------------------------------------------------
+    def broadcast(self, msg: Any = None) -> Any:
+        """Rank 0 sends ``msg``; every rank returns it."""
+        import torch.distributed as dist
+
+        box = [msg]
+        dist.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0 (rank order); None elsewhere."""
+        import torch.distributed as dist
+
+        out = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0, group=self.control)
+        return out
+
+
+def init(rank: int, world_size: int, store, device: torch.device) -> CfgParallel:
+    """Join the process group (``store``: rank 0's TCPStore, or a client of it)."""
+    import torch.distributed as dist
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout())
+    control = dist.new_group(backend="gloo", timeout=timeout()) if backend != "gloo" else None
+    log.info("rank %d/%d joined (%s on %s)", rank, world_size, backend, device)
+    return CfgParallel(rank, world_size, device, backend, control)
+
+
+def client_store(init_url: str, world_size: int):
+    from torch.distributed import TCPStore
+
+    host, port = _parse_init(init_url)
+    return TCPStore(host, port, world_size, is_master=False, timeout=timeout())
+
+
+# ---------------------------------------------------------------------------- processes
+def _pdeathsig_hook() -> Callable[[], None] | None:
+    """A preexec_fn asking the kernel to SIGKILL the child when rank 0 dies (Linux; libc loaded
+    here in the parent, so the child only makes the system call between fork and exec)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return hook
+
+
+def spawn_ranks(argv: list[str], world_size: int, init_url: str) -> list[subprocess.Popen]:
+    """Start ranks 1..world_size-1: ``python -m perfkit.refengine ARGV --rank r ...``.
+
+    They inherit stdout/stderr and the process group of rank 0, get ``NCCL_NVLS_ENABLE=0`` and
+    are killed by the kernel when rank 0 dies.
+    """
+    env = dict(os.environ)
+    env["NCCL_NVLS_ENABLE"] = "0"
+    env["PYTHONUNBUFFERED"] = "1"
+    procs = []
+    hook = _pdeathsig_hook()
+    for r in range(1, world_size):
+        cmd = [sys.executable, "-m", "perfkit.refengine", *argv, "--rank", str(r),
+               "--world-size", str(world_size), "--dist-init", init_url]
+        procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env, preexec_fn=hook))
+        log.info("started rank %d (pid %d)", r, procs[-1].pid)
+    return procs
+
+
+def stop_ranks(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """SIGTERM the ranks, wait ``grace_s``, SIGKILL those left; reaps them all."""
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+
+
+# ---------------------------------------------------------------------------- reports
+def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any]) -> dict[str, Any]:
+    """One rank's part of a record: stages, steps, compile window, memory, host RSS."""
+    from perfkit.refengine.pipeline import host_memory_mib
+
+    rss, anon = host_memory_mib()
+    rt = snapshots.get("runtime_peak") or {}
+    return {
+        "rank": rank, "device": str(device),
+        "stages": [{"name": s.name, "execution_time_ms": round(s.ms, 3)} for s in res.stages],
+        "steps": [round(x, 3) for x in res.steps],
+        "refinement_steps": [round(x, 3) for x in res.refinement_steps],
+        "total_duration_ms": round(res.total_ms, 3),
+        "stage_peak_allocated_mb": {s.name: round(s.peak_allocated_mb, 2) for s in res.stages
+                                    if s.peak_allocated_mb is not None},
+        "peak_allocated_mb": rt.get("peak_allocated_mb"), "peak_reserved_mb": rt.get("peak_reserved_mb"),
+        "memory_snapshots": {k: v for k, v in snapshots.items() if v is not None},
+        "compiles": res.compile.compiles, "compile_ms": round(res.compile.compile_ms, 3),
+        "recompile_reasons": res.compile.reasons,
+        "host_rss_mib": round(rss, 2), "host_anon_mib": round(anon, 2),
+        "t_start": res.t_start, "t_end": res.t_end,
+    }
+
+
+def max_snapshots(per_rank: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Checkpoint -> field -> max across ranks (sglang reports the max of memory across ranks)."""
+    out: dict[str, dict[str, float]] = {}
+    for snaps in per_rank:
+        for ck, vals in (snaps or {}).items():
+            if not vals:
+                continue
+            cur = out.setdefault(ck, {})
+            for k, v in vals.items():
+                if v is not None and (k not in cur or v > cur[k]):
+                    cur[k] = v
+    return out
+
+
+# ---------------------------------------------------------------------------- rank 0
+class Rank0Runner:
+    """Rank 0's pipeline front: broadcasts each request, runs its part, gathers the reports.
+
+    Duck-types :class:`~perfkit.refengine.pipeline.StagedPipeline` for the server (``run``,
+    ``device``). ``fatal`` is set once the group is unusable (see the module docstring). Made
+    right after the other ranks are spawned, so a rank that dies while loading stops rank 0
+    too (exit 3); :meth:`attach` adds the pipeline, ``ready`` is set when serving starts.
+    """
+
+    def __init__(self, procs: list[subprocess.Popen]):
+        self.pipe = None
+        self.par: CfgParallel | None = None
+        self.procs = procs
+        self.device = torch.device("cpu")
+        self.fatal: str | None = None
+        self.busy = False
+        self.ready = False
+        self.stopping = False
+        self._seq = 0
+        self._monitor = threading.Thread(target=self._watch, name="rank-monitor", daemon=True)
+        self._monitor.start()
+
+    def attach(self, pipe, par: CfgParallel) -> None:
+        """The pipeline and group, once built (the monitor runs from the spawn on)."""
+        self.pipe, self.par, self.device = pipe, par, pipe.device
+
+    def run(self, req, keep_output: bool = False):
+        from perfkit.refengine.server import _snapshot
+
+        if self.fatal:
+            raise RuntimeError(f"multi-rank engine unusable: {self.fatal}")
+        self.busy = True
+        try:
+            try:
+                self.par.broadcast({"op": "run", "seq": self._seq, "req": dataclasses.asdict(req)})
+                self._seq += 1
+                res = self.pipe.run(req, keep_output=keep_output)
+                mine = rank_report(res, 0, self.device, {"runtime_peak": _snapshot(self.device)})
+                res.ranks = self.par.gather(mine)
+            except BaseException as exc:
+                self._fail(f"rank 0: {type(exc).__name__}: {exc}")
+                raise
+            return res
+        finally:
+            self.busy = False
+
+    def _fail(self, why: str) -> None:
+        if self.fatal:
+            return
+        self.fatal = why
+        log.error("multi-rank engine unusable (%s): stopping the other ranks; rank 0 stays up, "
+                  "unhealthy", why)
+        self.stopping = True
+        stop_ranks(self.procs, grace_s=2.0)
+
+    def _watch(self) -> None:
+        while not self.stopping:
+            for r, p in enumerate(self.procs, start=1):
+                rc = p.poll()
+                if rc is None or self.stopping:
+                    continue
+                why = f"rank {r} (pid {p.pid}) exited with code {rc}"
+                if rc in (-signal.SIGTERM, -signal.SIGINT):
+                    log.warning("rank %d was stopped by signal %d (teardown of the process group?)", r, -rc)
+                if not self.ready:
+                    log.error("%s during startup", why)
+                    stop_ranks(self.procs, grace_s=1.0)
+                    os._exit(3)
+                self._fail(why)
+                deadline = time.monotonic() + STUCK_EXIT_S
+                while self.busy and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if self.busy:
+                    log.error("a request is stuck in a collective with a dead rank: exiting")
+                    os._exit(3)
+                return
+            time.sleep(0.2)
+
+    def shutdown(self) -> None:
+        """Stop the other ranks (rank 0 is exiting)."""
+        self.stopping = True
+        stop_ranks(self.procs)
+
+
+# ---------------------------------------------------------------------------- ranks >= 1
+def worker_loop(pipe, par: CfgParallel, warmup_first: bool, snapshots: dict[str, Any]) -> int:
+    """Serve rank 0's broadcasts until told to stop; returns the exit code.
+
+    ``warmup_first``: the first run is the startup warmup (its peak becomes ``warmup_peak``).
+    """
+    from perfkit.refengine.pipeline import GenRequest
+    from perfkit.refengine.server import _snapshot
+
+    dev = pipe.device
+    n = 0
+    while True:
+        msg = par.broadcast(None)
+        if not msg or msg.get("op") != "run":
+            log.info("rank %d: stop", par.rank)
+            return 0
+        req = GenRequest(**msg["req"])
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        try:
+            res = pipe.run(req, keep_output=False)
+        except BaseException:
+            log.exception("rank %d: request %d failed; this rank exits", par.rank, msg.get("seq"))
+            return 1
+        snap = _snapshot(dev)
+        if n == 0 and warmup_first:
+            snapshots["warmup_peak"] = snap
+        par.gather(rank_report(res, par.rank, dev, {**snapshots, "runtime_peak": snap}))
+        n += 1
