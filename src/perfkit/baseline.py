@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterable, Mapping
 import pandas as pd
 
 from perfkit.bundle import ResultBundle
+from perfkit.stages import baseline_class as _baseline_class
 
 log = logging.getLogger(__name__)
 
@@ -315,16 +316,15 @@ StageClassifier = Callable[[str], str]
 
 
 def classify_stage(name: str) -> str:
-    """Stage class by sglang's rules, by substring so other engines' names fit.
+    """Stage class by sglang's rules, through :func:`perfkit.stages.stage_class`.
 
-    Returns ``"decoding"`` for names containing ``Decod`` (checked first), ``"denoise"`` for names
-    containing ``Denois`` (``DenoisingStage``, ``LTX2AVDenoisingStage``), else ``"non_denoise"``.
+    Returns ``"decoding"`` for decoding stages (names containing ``Decod``, checked first),
+    ``"denoise"`` for denoising stages (``DenoisingStage``, ``LTX2AVDenoisingStage``) and
+    refinement stages (``RefinementStage``, ``LTX2RefinementStage``: sglang marks them as
+    denoising stages), else ``"non_denoise"`` (``*BeforeDenoisingStage`` and preparation stages
+    included).
     """
-    if "Decod" in name:
-        return "decoding"
-    if "Denois" in name:
-        return "denoise"
-    return "non_denoise"
+    return _baseline_class(name)
 
 
 def _classifier(stage_classes: StageClassifier | Mapping[str, str] | None) -> StageClassifier:

@@ -3,9 +3,37 @@
 Three kinds:
 
 - ``reference``: perfkit's own engine, ``python -m perfkit.refengine`` with typed options.
-- ``sglang``: ``sglang serve --model-path M --port P --host H --num-gpus N`` plus ``server_args``.
-  Its environment turns on sglang's per-request records (``SGLANG_DIFFUSION_STAGE_LOGGING=1``,
-  ``SGLANG_PERF_LOG_DIR=<perf_log_dir>``).
+- ``sglang``: ``<executable> serve --model-path M --port P --host H --num-gpus N``, then the
+  startup warmup and compile settings mapped to sglang's flags (below), then ``server_args`` and
+  ``extra_args``. ``executable`` is ``["sglang"]`` (the console script) or the ``python -m``
+  form ``[sys.executable, "-m", "sglang.cli.main"]`` (``sglang.cli.main`` is the module behind
+  the console script). Its environment turns on sglang's per-request records
+  (``SGLANG_DIFFUSION_STAGE_LOGGING=1``, ``SGLANG_PERF_LOG_DIR=<perf_log_dir>``); memory caps
+  add ``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB`` / ``..._FORCE_HOST_AVAILABLE_GIB``
+  (:meth:`perfkit.caps.MemoryCaps.env`). Ready when ``GET /health`` answers 200.
+
+  Flags checked against sglang 0.5.23: its diffusion parser (``sglang/multimodal_gen/runtime/
+  server_args/server_args.py``), ``sglang serve --model-type diffusion --help``, and argvs built
+  here parsed by that parser with no unknown argument (a throwaway venv, not a dependency of
+  perfkit or its tests). In that version ``sglang serve``
+  warms up with one synthetic request at startup (``--warmup-mode server``, video frames capped
+  at 17, 25 for multi-GPU LTX-2 two-stage):
+
+  ==============================  ==========================================================
+  EngineSpec                      sglang serve
+  ==============================  ==========================================================
+  ``warmup_frames=0``             ``--warmup-mode off``
+  ``warmup_frames=N`` (N != 17)   ``--warmup-num-frames N`` (17, the default, adds nothing:
+                                  sglang's own frame choice stays)
+  ``warmup_resolution="HxW"``     ``--warmup-resolutions WxH`` (sglang writes width first)
+  ``warmup_steps=N``              ``--warmup-steps N``
+  ``warmup_mode``                 ``--warmup-mode off|request|server``
+  ``compile=True``                ``--enable-torch-compile``
+  ==============================  ==========================================================
+
+  Offload, parallelism and pipeline flags go in ``server_args`` as sglang spells them, e.g.
+  ``[--dit-layerwise-offload, --text-encoder-cpu-offload, --vae-cpu-offload, --pin-cpu-memory,
+  --pipeline-class-name, LTX2TwoStagePipeline, --ulysses-degree, "2"]``.
 - ``command``: any argv (``command``), with ``{port}``, ``{host}`` and ``{perf_log_dir}``
   placeholders substituted at launch.
 
@@ -30,6 +58,10 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("reference", "sglang", "command")
+#: Startup warmup modes (sglang's ``--warmup-mode`` choices).
+WARMUP_MODES = ("off", "request", "server")
+#: The default ``warmup_frames``; for kind ``sglang`` it adds no flag (sglang's own default).
+DEFAULT_WARMUP_FRAMES = 17
 
 _RESOLUTION = re.compile(r"^\d+x\d+$")
 
@@ -50,6 +82,9 @@ class EngineSpec:
         two_stage: run the two-stage (upsample + refinement) pipeline.
         warmup_frames: frames of the startup warmup (17 -> 3 latent frames); 0 disables it.
         warmup_resolution: ``"HxW"`` of the startup warmup (None: the serving default).
+        warmup_steps: denoising steps of the startup warmup (None: the engine's default).
+        warmup_mode: ``off``, ``server`` (a synthetic warmup request at startup) or, sglang only,
+            ``request`` (warm on the first real requests); None: the engine's default.
         height, width, steps: serving defaults (None: the engine's own).
         dtype, device: torch dtype / device strings (None: the engine's default).
         num_gpus: GPUs to use.
@@ -60,7 +95,8 @@ class EngineSpec:
     Attributes (sglang kind):
         executable: argv prefix that runs sglang (``["sglang"]``; e.g.
             ``[sys.executable, "-m", "sglang.cli.main"]``).
-        server_args: extra ``sglang serve`` arguments.
+        server_args: extra ``sglang serve`` arguments (offload, parallelism, pipeline class, ...).
+        model_path, num_gpus, warmup_*, compile: mapped as in the module doc.
 
     Attributes (command kind):
         command_template: argv with ``{port}``, ``{host}``, ``{perf_log_dir}`` placeholders
@@ -87,6 +123,8 @@ class EngineSpec:
     two_stage: bool = False
     warmup_frames: int = 17
     warmup_resolution: str | None = None
+    warmup_steps: int | None = None
+    warmup_mode: str | None = None
     height: int | None = None
     width: int | None = None
     steps: int | None = None
@@ -128,7 +166,7 @@ class EngineSpec:
                 raise _err(name, f"must be an int, got {v!r}")
             if v < lo:
                 raise _err(name, f"must be >= {lo}, got {v}")
-        for name in ("height", "width", "steps", "max_frames"):
+        for name in ("height", "width", "steps", "max_frames", "warmup_steps"):
             v = getattr(self, name)
             if v is None:
                 continue
@@ -149,6 +187,14 @@ class EngineSpec:
                 raise _err(name, f"must be a non-empty string, got {v!r}")
         if not self.health_path.startswith("/"):
             raise _err("health_path", f"must start with '/', got {self.health_path!r}")
+        if self.warmup_mode is not None and self.warmup_mode not in WARMUP_MODES:
+            raise _err("warmup_mode", f"must be one of {', '.join(WARMUP_MODES)} or None, "
+                                      f"got {self.warmup_mode!r}")
+        if self.warmup_mode == "request" and self.kind == "reference":
+            raise _err("warmup_mode", "'request' is only supported by kind 'sglang'")
+        if self.warmup_frames == 0 and self.warmup_mode not in (None, "off"):
+            raise _err("warmup_mode", f"{self.warmup_mode!r} contradicts warmup_frames=0 "
+                                      f"(which turns the startup warmup off)")
         for name in ("model_path", "dtype", "device"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
@@ -190,10 +236,19 @@ class EngineSpec:
             if _which(exe) is None:
                 raise FileNotFoundError(
                     f"EngineSpec.executable: {exe!r} is not on PATH (kind 'sglang'); install sglang "
-                    f"or set executable, e.g. [{sys.executable!r}, '-m', 'sglang.cli.main']")
+                    f"(pip install 'sglang[diffusion]') or set executable, e.g. "
+                    f"[{sys.executable!r}, '-m', 'sglang.cli.main']")
+            module = _module_of(self.executable)
+            if module is not None and not _module_importable(_which(exe) or exe, module):
+                raise FileNotFoundError(
+                    f"EngineSpec.executable: {' '.join(self.executable)!r}: module {module!r} "
+                    f"cannot be imported by {exe} (kind 'sglang'); install sglang into that "
+                    f"Python (pip install 'sglang[diffusion]') or point executable elsewhere")
             mp = self.model_path or ""
             if not _is_hub_id(mp) and not Path(mp).expanduser().exists():
-                raise FileNotFoundError(f"EngineSpec.model_path: {mp!r} does not exist")
+                raise FileNotFoundError(
+                    f"EngineSpec.model_path: {mp!r} does not exist (kind 'sglang' needs a local "
+                    f"model directory or a hub id 'org/name')")
         elif self.kind == "command":
             exe = (self.command_template or [""])[0]
             if "{" not in exe and _which(exe) is None:
@@ -217,9 +272,12 @@ class EngineSpec:
                 argv += ["--compile-vae"]
             if self.two_stage:
                 argv += ["--two-stage"]
-            argv += ["--warmup-frames", str(self.warmup_frames)]
+            frames = 0 if self.warmup_mode == "off" else self.warmup_frames
+            argv += ["--warmup-frames", str(frames)]
             if self.warmup_resolution:
                 argv += ["--warmup-resolution", self.warmup_resolution]
+            if self.warmup_steps is not None:
+                argv += ["--warmup-steps", str(self.warmup_steps)]
             for name in ("height", "width", "steps"):
                 v = getattr(self, name)
                 if v is not None:
@@ -240,11 +298,38 @@ class EngineSpec:
             argv = list(self.executable) + [
                 "serve", "--model-path", str(self.model_path), "--port", str(port),
                 "--host", self.host, "--num-gpus", str(self.num_gpus)]
+            argv += self.sglang_warmup_args()
+            if self.compile:
+                argv += ["--enable-torch-compile"]
             tail = list(self.server_args) + list(self.extra_args)
         else:
             argv = list(self.command_template or [])
             tail = list(self.extra_args)
         return [self._subst(a, port, d) for a in argv + tail]
+
+    def sglang_warmup_args(self) -> list[str]:
+        """``sglang serve`` flags for the startup warmup settings (see the module doc)."""
+        out: list[str] = []
+        mode = "off" if self.warmup_frames == 0 else self.warmup_mode
+        if mode is not None:
+            out += ["--warmup-mode", mode]
+        if self.warmup_frames not in (0, DEFAULT_WARMUP_FRAMES):
+            out += ["--warmup-num-frames", str(self.warmup_frames)]
+        if self.warmup_resolution:
+            h, w = self.warmup_resolution.split("x")
+            out += ["--warmup-resolutions", f"{w}x{h}"]
+        if self.warmup_steps is not None:
+            out += ["--warmup-steps", str(self.warmup_steps)]
+        return out
+
+    def startup_warmup_frames(self) -> int | None:
+        """Frames of the synthetic startup warmup this spec asks for: 0 when off (or, sglang,
+        warmed on requests), None for kind ``command`` (unknown)."""
+        if self.kind == "command":
+            return None
+        if self.warmup_mode in ("off", "request"):
+            return 0
+        return self.warmup_frames
 
     def env_for(self, perf_log_dir: str | Path, port: int | None = None) -> dict[str, str]:
         """Environment additions for a launch (``spec.env`` included, placeholders substituted).
@@ -320,6 +405,35 @@ def _which(exe: str) -> str | None:
     if os.sep in exe:
         return exe if os.path.isfile(exe) and os.access(exe, os.X_OK) else None
     return shutil.which(exe)
+
+
+def _module_of(argv: list[str]) -> str | None:
+    """The module of a ``python -m module`` argv prefix, else None."""
+    if len(argv) >= 3 and argv[1] == "-m":
+        return argv[2]
+    return None
+
+
+def _module_importable(python: str, module: str) -> bool:
+    """Whether ``python`` finds the top-level package of ``module`` (not imported: only
+    located, so this is quick even for heavy packages)."""
+    import importlib.util
+    import subprocess
+
+    top = module.split(".")[0]
+    try:
+        same = Path(python).resolve() == Path(sys.executable).resolve()
+    except OSError:
+        same = False
+    if same:
+        return importlib.util.find_spec(top) is not None
+    try:
+        r = subprocess.run([python, "-c", f"import importlib.util, sys; "
+                            f"sys.exit(importlib.util.find_spec({top!r}) is None)"],
+                           capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
 
 
 def _is_hub_id(s: str) -> bool:

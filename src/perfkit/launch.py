@@ -358,7 +358,7 @@ class EngineHandle:
             "launch": self.label, "label": self.label,
             "ready_s": cs.get("ready_s"), "process_start_s": cs.get("process_start_s"),
             "models_loaded_s": cs.get("models_loaded_s"), "warmup_s": cs.get("warmup_s"),
-            "warmup_frames": self.spec.warmup_frames if self.spec.kind == "reference" else None,
+            "warmup_frames": self.spec.startup_warmup_frames(),
             "device_cap_gib": caps.device_gib if caps else None,
             "host_cap_gib": caps.host_gib if caps else None,
             "enforcement": o.enforcement, "cap_exceeded": o.exceeded,

@@ -24,6 +24,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from perfkit import stages as _stages
+
 __all__ = [
     "STAGE_ORDER",
     "STATUS_COLORS",
@@ -37,18 +39,21 @@ __all__ = [
     "figure_to_png_bytes",
 ]
 
-#: sglang's pipeline stage order; stages not listed are drawn after these, in order of appearance.
-STAGE_ORDER = (
-    "InputValidationStage",
-    "TextEncodingStage",
-    "ConditioningStage",
-    "TimestepPreparationStage",
-    "LatentPreparationStage",
-    "DenoisingStage",
-    "UpsampleStage",
-    "RefinementStage",
-    "DecodingStage",
-)
+#: Pipeline stage order (:data:`perfkit.stages.PIPELINE_ORDER`: the reference engine's and
+#: sglang's stage names, LTX-2 included); stages not listed are drawn after these, in order of
+#: appearance.
+STAGE_ORDER = _stages.PIPELINE_ORDER
+
+#: Stage colours by class (:func:`perfkit.stages.stage_class`): denoising in blues, refinement in
+#: purples, decoding in greens (the n-th stage of a class in one figure takes the n-th shade),
+#: every other stage from :data:`OTHER_STAGE_COLORS` in pipeline order.
+STAGE_CLASS_COLORS = {
+    _stages.DENOISING: ("tab:blue", "#6baed6", "#08519c", "#c6dbef"),
+    _stages.REFINEMENT: ("tab:purple", "#9e9ac8", "#54278f", "#dadaeb"),
+    _stages.DECODING: ("tab:green", "#74c476", "#006d2c", "#c7e9c0"),
+}
+OTHER_STAGE_COLORS = ("tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray",
+                      "#ffbb78", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#c7c7c7")
 
 #: Colour per verdict status in :func:`baseline_vs_actual`.
 STATUS_COLORS = {"pass": "tab:green", "fail": "tab:red", "improved": "tab:blue", "new": "tab:grey"}
@@ -85,9 +90,7 @@ def _drop_warmup(df: pd.DataFrame, include_warmup: bool) -> pd.DataFrame:
 
 
 def _ordered_stages(names: Iterable[str]) -> list[str]:
-    seen = list(dict.fromkeys(str(n) for n in names))
-    known = [s for s in STAGE_ORDER if s in seen]
-    return known + [s for s in seen if s not in STAGE_ORDER]
+    return _stages.order_stages(names)
 
 
 def _launches(df: pd.DataFrame) -> list[Any]:
@@ -204,17 +207,18 @@ def stage_breakdown(stages: pd.DataFrame, *, include_warmup: bool = False,
 
 
 def _stage_colors(stage_cols: list[str]) -> dict[str, Any]:
-    import matplotlib
-
-    cmap = matplotlib.colormaps["tab10"]
-    fixed = {s: cmap(i % 10) for i, s in enumerate(STAGE_ORDER)}
-    extra = matplotlib.colormaps["Set3"]
-    out, j = {}, 0
+    """Stage -> colour: by stage class (see :data:`STAGE_CLASS_COLORS`)."""
+    out: dict[str, Any] = {}
+    used = {c: 0 for c in STAGE_CLASS_COLORS}
+    j = 0
     for s in stage_cols:
-        if s in fixed:
-            out[s] = fixed[s]
+        cls = _stages.stage_class(s)
+        if cls in STAGE_CLASS_COLORS:
+            shades = STAGE_CLASS_COLORS[cls]
+            out[s] = shades[used[cls] % len(shades)]
+            used[cls] += 1
         else:
-            out[s] = extra(j % 12)
+            out[s] = OTHER_STAGE_COLORS[j % len(OTHER_STAGE_COLORS)]
             j += 1
     return out
 

@@ -11,6 +11,11 @@ Layout (sglang diffusion server, ``SGLANG_DIFFUSION_STAGE_LOGGING=1`` and
                                         "peak_allocated_mb", "peak_reserved_mb"},
                           "warmup_peak": {...}, "runtime_peak": {...}}}
 
+sglang 0.5.23 also writes ``is_denoising`` in each stage entry and ``peak_host_anon_mb`` in each
+snapshot (kept in :attr:`PerfRecord.raw` / :attr:`PerfRecord.memory_snapshots`); it writes no line
+for its startup warmup, and its ``tag`` is ``"pipeline_stage_metrics"``. Stage names are kept as
+written; :mod:`perfkit.stages` classes them (denoising, refinement, decoding, other).
+
 The reference engine adds a ``perfkit`` object (see :class:`PerfRecord.perfkit`):
 ``latent_shape`` (list of int), ``latent_frames``, ``num_frames_requested``,
 ``num_frames_effective``, ``height``, ``width``, ``num_inference_steps``, ``compiles``,

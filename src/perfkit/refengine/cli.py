@@ -33,6 +33,19 @@ def _resolution(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH, got {text!r}") from None
 
 
+#: Values sglang reads as true for its boolean environment variables.
+_TRUTHY = ("1", "true", "yes", "y", "t", "on")
+
+
+def sglang_perf_log_dir(environ=None) -> str | None:
+    """sglang's perf env: ``SGLANG_PERF_LOG_DIR`` when ``SGLANG_DIFFUSION_STAGE_LOGGING`` is true
+    (``1``/``true``/``yes``/``on``, any case), else None."""
+    env = os.environ if environ is None else environ
+    if str(env.get("SGLANG_DIFFUSION_STAGE_LOGGING", "")).strip().lower() not in _TRUTHY:
+        return None
+    return env.get("SGLANG_PERF_LOG_DIR") or None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m perfkit.refengine",
                                 description="perfkit reference engine: LTX-Video (diffusers) over HTTP")
@@ -40,17 +53,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-path", default=None, help="local diffusers-format checkpoint directory")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as a mark)")
-    p.add_argument("--perf-log-dir", default=None, help="append performance.log here")
+    p.add_argument("--perf-log-dir", default=None,
+                   help="append performance.log here (default: $SGLANG_PERF_LOG_DIR when "
+                        "$SGLANG_DIFFUSION_STAGE_LOGGING is true, as sglang's server does)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--seed", type=int, default=0, help="weight seed")
-    p.add_argument("--compile", action="store_true", help="torch.compile the transformer (dynamic=False)")
+    p.add_argument("--compile", "--enable-torch-compile", action="store_true",
+                   help="torch.compile the transformer (dynamic=False)")
     p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--compile-vae", action="store_true", help="also compile the VAE decoder")
     p.add_argument("--recompile-limit", type=int, default=None, help="torch._dynamo recompile limit")
     p.add_argument("--two-stage", action="store_true", help="half-res pass + UpsampleStage + RefinementStage")
     p.add_argument("--refine-steps", type=int, default=2)
-    p.add_argument("--warmup-frames", type=int, default=17, help="startup warmup frames (0 disables)")
+    p.add_argument("--warmup-frames", "--warmup-num-frames", type=int, default=17,
+                   help="startup warmup frames (0 disables)")
+    p.add_argument("--warmup-mode", choices=["off", "server"], default=None,
+                   help="sglang's flag: off disables the startup warmup, server keeps it")
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--warmup-resolution", type=_resolution, default=None, help="HEIGHTxWIDTH")
     p.add_argument("--height", type=int, default=None, help="serving default height (px)")
@@ -80,6 +99,10 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     raw_argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     rank = args.rank or 0  # > 0: a CFG-parallel rank spawned by rank 0 (no HTTP, no marks)
+    if args.perf_log_dir is None:
+        args.perf_log_dir = sglang_perf_log_dir()
+    if args.warmup_mode == "off":
+        args.warmup_frames = 0
     if rank == 0:
         mark("process_start", t=f"{t0 or time.time():.6f}")
     who = f"[rank{rank}] " if args.num_gpus > 1 else ""
