@@ -136,6 +136,8 @@ class StagedPipeline:
             if compile_vae:
                 comps.vae.decoder.compile(**kw)
         self.is_cuda = device.type == "cuda"
+        self._active_sched = comps.scheduler
+        self._one_step_sched = None
         self.cfg_parallel = cfg_parallel
 
     # -- measurement helpers -------------------------------------------------------------
@@ -166,7 +168,7 @@ class StagedPipeline:
                  timing: bool, step_times: list[float]):
         cfg = guidance > 1.0
         rope = (self.temporal / fps, self.spatial, self.spatial)
-        sched = self.c.scheduler
+        sched = self._active_sched
         # On CUDA, step times come from events recorded between steps: no host sync per step, so
         # the CPU keeps enqueueing ahead as in production (a sync per step cost ~9 % of e2e on an
         # H200 with a compiled 2 B transformer). The stage boundary syncs once, then reads them.
@@ -211,6 +213,13 @@ class StagedPipeline:
         from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift, retrieve_timesteps
 
         sched = self.c.scheduler
+        if steps == 1 and sched.config.get("shift_terminal"):
+            # diffusers stretches sigmas so the last equals shift_terminal, which divides by zero
+            # for a single sigma (NaN timesteps): one-step requests use a copy without it
+            if self._one_step_sched is None:
+                self._one_step_sched = type(sched).from_config(sched.config, shift_terminal=None)
+            sched = self._one_step_sched
+        self._active_sched = sched
         sigmas = np.linspace(start_sigma, 1.0 / steps if start_sigma == 1.0 else start_sigma / steps, steps)
         mu = calculate_shift(seq_len, sched.config.get("base_image_seq_len", 256),
                              sched.config.get("max_image_seq_len", 4096), sched.config.get("base_shift", 0.5),
