@@ -132,3 +132,23 @@ def test_bundles_round_trip_and_load_into_one_table(cold_warm, shapes, tmp_path)
     both = load_many([p1, p2])
     assert set(both["scenario"]) == {"cold_warm", "warmup_shapes"}
     assert "host" in both.columns and len(both) == len(cold_warm.requests) + len(shapes.requests)
+
+
+def test_a_cold_warm_session_serves_warmup_shapes_and_memory_budget(cold_warm, tmp_path):
+    """One engine launch serves several investigations when their parameters allow (seed 001)."""
+    ws = warmup_shapes(SPEC, warmup_frames=[17], request_frames=[25], repeats=3, request=REQ,
+                       run_dir=tmp_path / "ws", reuse=cold_warm)
+    assert ws.results["reused_launches"] == ["warmup17"]
+    assert not (tmp_path / "ws").exists()  # nothing launched
+    c = ws.results["coverage"][0]
+    assert c["covered"] is False and c["compiles"] >= 1
+    assert sorted(ws.requests["index"]) == [-1, 0, 1, 2]
+    assert set(ws.requests["launch"]) == {"warmup17"}
+    assert ws.launches["reused_from"].iloc[0] == "cold_warm/session"
+    mb = memory_budget(SPEC, caps=[MemoryCaps()], request=REQ, repeats=2, run_dir=tmp_path / "mb",
+                       reuse=cold_warm)
+    assert mb.results["reused_launches"] == ["cap0"] and mb.results["caps"][0]["completed"]
+    # a different request shape cannot reuse it
+    other = dict(REQ, num_frames=17)
+    assert warmup_shapes(SPEC, warmup_frames=[17], request_frames=[17], repeats=2, request=other,
+                         run_dir=tmp_path / "ws2", reuse=cold_warm).results["reused_launches"] == []

@@ -279,6 +279,15 @@ def load_or_run(scenario: str, *, out: str | Path, bundle_dir: str | Path | None
     req = VideoRequestSpec.from_dict(dict(request or {}))
     out.mkdir(parents=True, exist_ok=True)
     work = out / "launches"  # launch directories (logs, perf logs, compile caches)
+    # one engine launch serves several investigations where the parameters allow it: the
+    # cold_warm session, when it already ran what warmup_shapes / memory_budget would launch
+    reuse = None
+    if scenario in ("warmup_shapes", "memory_budget") and kwargs.get("share_launches", True) \
+            and (out.parent / "cold_warm" / "meta.json").exists():
+        try:
+            reuse = ResultBundle.load(out.parent / "cold_warm")
+        except (OSError, ValueError) as exc:
+            log.warning("cold_warm bundle not reusable: %s", exc)
     if scenario == "cold_warm":
         b = scenarios.cold_vs_warm(spec, req, repeats=int(kwargs.get("repeats", 5)),
                                    caps=_caps(kwargs.get("caps")), run_dir=work,
@@ -286,12 +295,13 @@ def load_or_run(scenario: str, *, out: str | Path, bundle_dir: str | Path | None
     elif scenario == "warmup_shapes":
         b = scenarios.warmup_shapes(spec, warmup_frames=list(kwargs["warmup_frames"]),
                                     request_frames=list(kwargs["request_frames"]),
-                                    repeats=int(kwargs.get("repeats", 3)), request=req, run_dir=work)
+                                    repeats=int(kwargs.get("repeats", 3)), request=req, run_dir=work,
+                                    reuse=reuse)
     elif scenario == "memory_budget":
         caps = [_caps(c) for c in (kwargs.get("caps") or [{}])]
         b = scenarios.memory_budget(spec, caps=caps, request=req,
                                     repeats=int(kwargs.get("repeats", 2)), run_dir=work,
-                                    min_budget=kwargs.get("min_budget") or None)
+                                    min_budget=kwargs.get("min_budget") or None, reuse=reuse)
     else:
         raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     b.save(out)

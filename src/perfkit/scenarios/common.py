@@ -271,3 +271,62 @@ def json_float(x: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(f) or math.isinf(f) else f
+
+
+def reuse_launch(bundle: Any, spec: EngineSpec, request: VideoRequestSpec, n_requests: int, label: str,
+                 caps: MemoryCaps | None = None) -> LaunchData | None:
+    """A launch of another investigation that already measured what this one would launch for.
+
+    Returns the first ``n_requests`` measured requests (plus the startup warmup) of ``bundle``'s
+    single launch, relabelled ``label``, when that launch ran the same engine spec and request
+    under the same caps with at least ``n_requests`` requests; else None. This is how one engine
+    launch serves several investigations (seed 001: share a launch across the cases that can)
+    without changing what either measures: a fresh launch would repeat the same session.
+    """
+    if bundle is None or not getattr(bundle, "tables", None):
+        return None
+    params = bundle.meta.get("params") or {}
+    launches = bundle.launches
+    if len(launches) != 1 or params.get("spec") != spec.to_dict() or params.get("request") != request.payload():
+        return None
+    their_caps = (bundle.meta.get("caps") or [None])[0]
+    mine = caps.to_dict() if caps is not None and not caps.unlimited else None
+    theirs = their_caps if their_caps and (their_caps.get("device_gib") or their_caps.get("host_gib")) else None
+    if (mine or None) != (theirs or None):
+        return None
+    req = bundle.requests
+    if req.empty or int((req["index"] >= 0).sum()) < n_requests:
+        return None
+    src = launches.iloc[0]["launch"]
+    keep = req[(req["launch"] == src) & (req["index"] < n_requests)]
+    ids = set(keep["request_id"].astype(str))
+    if len(keep[keep["index"] >= 0]) < n_requests or (keep[keep["index"] >= 0]["status"] != "completed").any():
+        return None
+
+    def rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+        if df.empty:
+            return []
+        sel = df[df["request_id"].astype(str).isin(ids)].copy()
+        sel["launch"] = label
+        return [{k: (None if v is pd.NA else v) for k, v in r.items()} for r in sel.to_dict("records")]
+
+    data = LaunchData(label=label)
+    data.requests = rows(req)
+    data.stages = rows(bundle.stages)
+    data.steps = rows(bundle.steps)
+    mem = bundle.memory
+    if not mem.empty:
+        t_end = float(pd.to_numeric(keep["t_end"], errors="coerce").max()) + 0.5
+        mem = mem[(mem["launch"] == src) & (mem["t"] <= t_end)].copy()
+        mem["launch"] = label
+    data.memory = mem
+    lr = {k: (None if v is pd.NA else v) for k, v in launches.iloc[0].to_dict().items()}
+    lr.update({"launch": label, "label": label, "reused_from": f"{bundle.scenario}/{src}"})
+    data.launch_row = lr
+    data.record_lines = [ln for ln in bundle.records.get(src, []) if any(i in ln for i in ids)]
+    data.logs = {k.replace(src, label, 1): v for k, v in bundle.logs.items() if k.startswith(src)}
+    data.command = str(lr.get("command") or "").split()
+    err = lr.get("error")
+    data.error = None if err is None or (isinstance(err, float) and math.isnan(err)) else str(err)
+    log.info("%s reuses the %s launch of %s (%d requests)", label, src, bundle.scenario, n_requests)
+    return data

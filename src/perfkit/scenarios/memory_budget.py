@@ -17,7 +17,7 @@ from perfkit.bundle import ResultBundle, _gpu_info
 from perfkit.caps import MemoryCaps
 from perfkit.client import VideoRequestSpec
 from perfkit.engine import EngineSpec
-from perfkit.scenarios.common import assemble, json_float, measure_launch
+from perfkit.scenarios.common import assemble, json_float, measure_launch, reuse_launch
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def _req(request) -> VideoRequestSpec:
 def memory_budget(spec: EngineSpec, caps: list[MemoryCaps | None] | None = None,
                   request: VideoRequestSpec | dict | None = None, repeats: int = 2,
                   run_dir: str | Path = "outputs/memory_budget", sample_interval_s: float = 0.1,
-                  min_budget: dict[str, float] | None = None) -> ResultBundle:
+                  min_budget: dict[str, float] | None = None, reuse: Any = None) -> ResultBundle:
     """Run the memory-budget investigation.
 
     Args:
@@ -42,6 +42,8 @@ def memory_budget(spec: EngineSpec, caps: list[MemoryCaps | None] | None = None,
         request: the request, sent ``repeats`` times per launch (1 cold + warm).
         repeats: >= 1.
         min_budget: ``{"lo_gib", "hi_gib"}`` to also bisect the minimum device cap (GPU only).
+        reuse: a cold_warm ResultBundle of this run; the unlimited cap takes its session when it
+            ran the same spec and request without caps (results ``reused_launches``).
 
     Returns:
         ResultBundle ``memory_budget``; results ``caps`` has one entry per cap: ``label``,
@@ -58,11 +60,15 @@ def memory_budget(spec: EngineSpec, caps: list[MemoryCaps | None] | None = None,
     caps = list(caps) if caps else [MemoryCaps(), MemoryCaps(device_gib=12, host_gib=32)]
     caps = [c if c is not None else MemoryCaps() for c in caps]
     req = _req(request)
-    launches, entries = [], []
+    launches, entries, reused = [], [], []
     for i, cap in enumerate(caps):
         label = f"cap{i}"
-        data = measure_launch(spec, [req] * repeats, Path(run_dir), label, caps=cap,
-                              sample_interval_s=sample_interval_s)
+        data = reuse_launch(reuse, spec, req, repeats, label, caps=cap) if reuse is not None else None
+        if data is not None:
+            reused.append(label)
+        else:
+            data = measure_launch(spec, [req] * repeats, Path(run_dir), label, caps=cap,
+                                  sample_interval_s=sample_interval_s)
         data.launch_row["cap_label"] = cap.label
         launches.append(data)
         df = data.measured()
@@ -91,7 +97,8 @@ def memory_budget(spec: EngineSpec, caps: list[MemoryCaps | None] | None = None,
             e.update({"cold_ms": json_float(ok["e2e_ms"].iloc[0]) if len(ok) else None, "warm_ms": None,
                       "warm_degrades": None})
         entries.append(e)
-    results: dict[str, Any] = {"caps": entries, "warm_degrade_tolerance": WARM_DEGRADE_TOLERANCE}
+    results: dict[str, Any] = {"caps": entries, "warm_degrade_tolerance": WARM_DEGRADE_TOLERANCE,
+                               "reused_launches": reused}
     if min_budget:
         mb = find_min_budget(spec, req, float(min_budget["lo_gib"]), float(min_budget["hi_gib"]),
                              run_dir=Path(run_dir) / "bisect", resolution_gib=float(min_budget.get("resolution_gib", 1.0)))

@@ -21,14 +21,15 @@ from perfkit.bundle import ResultBundle
 from perfkit.client import VideoRequestSpec
 from perfkit.engine import EngineSpec
 from perfkit.frames import latent_frames
-from perfkit.scenarios.common import assemble, json_float, measure_launch, stage_penalty
+from perfkit.scenarios.common import assemble, json_float, measure_launch, reuse_launch, stage_penalty
 
 log = logging.getLogger(__name__)
 
 
 def warmup_shapes(spec: EngineSpec, warmup_frames: list[int] = (17, 25), request_frames: list[int] = (25,),
                   repeats: int = 3, request: VideoRequestSpec | dict | None = None,
-                  run_dir: str | Path = "outputs/warmup_shapes", sample_interval_s: float = 0.1) -> ResultBundle:
+                  run_dir: str | Path = "outputs/warmup_shapes", sample_interval_s: float = 0.1,
+                  reuse: Any = None) -> ResultBundle:
     """Run the warmup-shapes investigation.
 
     Args:
@@ -37,6 +38,10 @@ def warmup_shapes(spec: EngineSpec, warmup_frames: list[int] = (17, 25), request
         request_frames: request num_frames to probe; each is sent ``repeats`` times in a row.
         repeats: requests per shape (>= 2: the first and at least one warm).
         request: other request fields (resolution, steps, prompt).
+        reuse: a cold_warm ResultBundle of this run; a warmup setting whose launch it already
+            measured (same spec and warmup, one request shape equal to its request, at least
+            ``repeats`` requests) takes that session's first requests instead of launching again
+            (:func:`perfkit.scenarios.common.reuse_launch`; results ``reused_launches``).
 
     Returns:
         ResultBundle ``warmup_shapes``; results ``coverage`` is a list with one entry per
@@ -54,11 +59,18 @@ def warmup_shapes(spec: EngineSpec, warmup_frames: list[int] = (17, 25), request
         raise ValueError("warmup_shapes: warmup_frames and request_frames must not be empty")
     base = request if isinstance(request, VideoRequestSpec) else VideoRequestSpec.from_dict(request or {})
     launches = []
+    reused: list[str] = []
     coverage: list[dict[str, Any]] = []
     for w in warmup_frames:
         s = dataclasses.replace(spec, warmup_frames=int(w), share_compile_cache=False)
         reqs = [dataclasses.replace(base, num_frames=int(f)) for f in request_frames for _ in range(repeats)]
-        data = measure_launch(s, reqs, Path(run_dir), f"warmup{w}", sample_interval_s=sample_interval_s)
+        data = None
+        if reuse is not None and len(request_frames) == 1:
+            data = reuse_launch(reuse, s, reqs[0], repeats, f"warmup{w}")
+            if data is not None:
+                reused.append(f"warmup{w}")
+        if data is None:
+            data = measure_launch(s, reqs, Path(run_dir), f"warmup{w}", sample_interval_s=sample_interval_s)
         launches.append(data)
         df = pd.DataFrame(data.requests)
         warm_rec = df[df["index"] < 0] if not df.empty else df
@@ -97,4 +109,4 @@ def warmup_shapes(spec: EngineSpec, warmup_frames: list[int] = (17, 25), request
             coverage.append(entry)
     params = {"spec": spec.to_dict(), "warmup_frames": list(map(int, warmup_frames)),
               "request_frames": list(map(int, request_frames)), "repeats": repeats, "request": base.payload()}
-    return assemble("warmup_shapes", launches, params, {"coverage": coverage})
+    return assemble("warmup_shapes", launches, params, {"coverage": coverage, "reused_launches": reused})
