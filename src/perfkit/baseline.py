@@ -939,8 +939,18 @@ def overall_status(df: pd.DataFrame) -> str:
 def update_baseline(bundle_dir: str | Path, baseline_file: str | Path, case_id: str, *,
                     hardware: str | None = None,
                     tolerances: Mapping[str, Mapping[str, float]] | None = None,
-                    launch: str | None = None) -> dict[str, Any]:
+                    launch: str | None = None, num_frames: int | None = None) -> dict[str, Any]:
     """Write ``case_id``'s entry, derived from the bundle at ``bundle_dir``, into ``baseline_file``.
+
+    The entry holds the steady state the suite's gate writes (:func:`perfkit.suite.bundle_cases`):
+    every measured request of the selected launch (``launch``; ``num_frames`` picks one request
+    shape), the worst kept as sglang does, except an uncovered cold request (its shape differs
+    from the startup warmup's, so its recompilation is the investigation's finding, not a number
+    to gate on). A bundle of several launches needs ``launch``.
+
+    Raises:
+        ValueError: several launches and no ``launch``; an unknown launch; ``hardware`` differs
+            from the file's ``metadata.hardware`` (a baseline holds one hardware's numbers).
 
     The file is replaced atomically (temp file in the same directory, flush + fsync,
     ``os.replace``): an interruption leaves the old file intact. Other cases, tolerances and
@@ -952,15 +962,29 @@ def update_baseline(bundle_dir: str | Path, baseline_file: str | Path, case_id: 
     Returns:
         The document written.
     """
+    from perfkit.suite import cold_request_covered, sub_bundle
+
     bundle = ResultBundle.load(bundle_dir)
+    launches = [str(x) for x in bundle.launches.get("launch", [])] if not bundle.launches.empty else []
+    if launch is None and len(launches) > 1:
+        raise ValueError(f"{bundle_dir} holds {len(launches)} launches ({', '.join(launches)}): "
+                         f"name one with --launch")
+    if launch is not None and launches and launch not in launches:
+        raise ValueError(f"{bundle_dir}: no launch {launch!r} (has {', '.join(launches)})")
+    sel = sub_bundle(bundle, launch=launch, num_frames=num_frames)
+    sel = sub_bundle(sel, skip_first=not cold_request_covered(sel))
     path = Path(baseline_file)
     if path.exists():
         doc = load_baseline(path)
+        have = (doc.get("metadata") or {}).get("hardware")
+        if hardware is not None and have and have != hardware:
+            raise ValueError(f"{path} holds numbers for hardware {have!r}, not {hardware!r}: "
+                             f"write another hardware's numbers to its own baseline file")
     else:
         log.info("creating baseline %s", path)
         doc = new_baseline(hardware, tolerances=tolerances)
     fractions = (doc.get("sampling") or {}).get("step_fractions") or DEFAULT_STEP_FRACTIONS
-    entry = from_bundle(bundle, case_id, fractions, launch=launch)
+    entry = from_bundle(sel, case_id, fractions)
     set_scenario(doc, case_id, entry)
     meta = doc.setdefault("metadata", {})
     commit = bundle.meta.get("git_commit") or "unknown"

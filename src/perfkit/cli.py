@@ -151,7 +151,8 @@ def cmd_baseline_update(a: argparse.Namespace) -> int:
     from perfkit import baseline as bl
 
     try:
-        doc = bl.update_baseline(a.bundle, a.baseline, a.case, hardware=a.hardware)
+        doc = bl.update_baseline(a.bundle, a.baseline, a.case, hardware=a.hardware, launch=a.launch,
+                                 num_frames=a.num_frames)
     except (OSError, ValueError) as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -232,7 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     bu.add_argument("--bundle", required=True)
     bu.add_argument("--baseline", required=True)
     bu.add_argument("--case", required=True)
-    bu.add_argument("--hardware")
+    bu.add_argument("--hardware", help="must match the file's metadata.hardware when it has one")
+    bu.add_argument("--launch", help="the launch to take (bundles of several launches: warmup17, cap1, ...)")
+    bu.add_argument("--num-frames", type=int, help="one request shape of a warmup_shapes launch")
     bu.set_defaults(func=cmd_baseline_update)
 
     m = sub.add_parser("measure", help="run the investigations into bundles without notebooks "

@@ -181,6 +181,9 @@ def _cold_covered(bundle: ResultBundle) -> bool:
     return str(first.iloc[0]) in {str(x) for x in warm}
 
 
+cold_request_covered = _cold_covered
+
+
 def bundle_cases(bundles: Mapping[str, ResultBundle], engine: Mapping[str, Any],
                  request: Mapping[str, Any]) -> dict[str, ResultBundle]:
     """Case id -> (sub-)bundle for this run's baseline.json.
