@@ -30,6 +30,7 @@ import math
 import os
 import re
 import signal
+import sys
 import socket
 import subprocess
 import tempfile
@@ -425,6 +426,23 @@ def _running(p: psutil.Process) -> bool:
         return False
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM me when my launcher dies (Linux ``PR_SET_PDEATHSIG``).
+
+    The engine runs in its own session (so its group can be signalled as a whole), which also
+    means a killed launcher (a notebook kernel shut down by papermill, ``perfkit suite`` stopped
+    by a CI cancel) would leave it running; the death signal closes that gap. Elsewhere: no-op.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 # ---------------------------------------------------------------------------- launch
 @contextlib.contextmanager
 def launch(spec: EngineSpec, caps: MemoryCaps | None = None, run_dir: str | Path | None = None,
@@ -492,7 +510,8 @@ def launch(spec: EngineSpec, caps: MemoryCaps | None = None, run_dir: str | Path
         t_launch = time.time()
         try:
             proc = subprocess.Popen(argv, stdout=out_fh, stderr=err_fh, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True, close_fds=True)
+                                    env=env, start_new_session=True, close_fds=True,
+                                    preexec_fn=_die_with_parent)
         except OSError as exc:
             raise EngineStartError(f"could not start engine {label!r}: {exc}", command=argv,
                                    run_dir=d) from exc
