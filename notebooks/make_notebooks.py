@@ -200,7 +200,8 @@ run_dir = "outputs/notebooks"  # the run whose bundles are gated (nothing is lau
 if g.errors:
     raise RuntimeError("; ".join(g.errors))
 _verdict = suite.write_verdict(Path(run_dir) / "baseline_gate", "baseline_gate", g.rows,
-                               cases=g.cases, compared_with=g.compared_with)
+                               cases=g.cases, compared_with=g.compared_with,
+                               warnings=g.warnings)
 table = verdict_table(g.rows)'''),
         new_markdown_cell("## This run's baseline (sglang layout)"),
         new_code_cell('''display(Markdown(f"`{Path(run_dir) / 'baseline.json'}`: {len(g.cases)} cases. "
@@ -213,7 +214,9 @@ display(pd.DataFrame([{"case": c, "e2e (ms)": e.get("expected_e2e_ms"),
         new_markdown_cell("## Invariants (any hardware)"),
         new_code_cell("display(verdict_table(g.invariant_rows))"),
         new_markdown_cell("## Against the baseline"),
-        new_code_cell('''if g.compared_with:
+        new_code_cell('''for w in g.warnings:
+    display(Markdown(f"**Warning:** {w}"))
+if g.compared_with:
     display(Markdown(f"Compared with `{g.compared_with}`, profile `{profile}`."))
     base = verdict_table(g.baseline_rows)
     display(base)

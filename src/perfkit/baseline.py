@@ -1,6 +1,6 @@
 """Baseline JSON in sglang's ``perf_baselines`` layout: load, derive, compare, update.
 
-Layout (sglang diffusion CI, see DESIGN.md "Interop facts"; ``tests/fixtures/perf_baselines_5090.json``
+Layout (sglang diffusion CI, see docs/DESIGN.md "Interop facts"; ``tests/fixtures/perf_baselines_5090.json``
 is a real file)::
 
     {"metadata": {"model", "hardware", "description", "last_updated": "YYYY-MM-DD", ...},
@@ -26,7 +26,8 @@ The public API:
 
 - :func:`load_baseline`, :func:`save_baseline`, :func:`dumps_baseline`, :func:`new_baseline`
 - :func:`from_bundle`, :func:`baseline_from_bundles`, :func:`set_scenario`
-- :func:`compare`, :func:`check_invariants`, :func:`classify_stage`, :func:`bound`
+- :func:`compare`, :func:`check_overlap`, :func:`check_invariants`, :func:`classify_stage`,
+  :func:`bound`
 - :func:`verdict_table`, :func:`verdict_markdown`, :func:`overall_status`,
   :func:`improvement_snippets`
 - :func:`update_baseline`
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 # Constants. Every number the check uses lives here.
 #
 # Source: sglang's diffusion perf CI check (multimodal_gen perf baselines validation), as
-# paraphrased in DESIGN.md "Interop facts": a metric passes when
+# paraphrased in docs/DESIGN.md "Interop facts": a metric passes when
 #     actual <= max(expected * (1 + tol), expected + pad)
 # with the pads and tolerance overrides below. The default tolerance profiles are the numbers in
 # sglang's RTX 5090 baseline file (fixtures/sglang/perf_baselines_5090.json).
@@ -141,7 +142,7 @@ DERIVED_KEYS = ("stages_ms", "denoise_step_ms", "expected_e2e_ms", "expected_avg
                 "estimated_full_test_time_s")
 
 #: Invariants that hold on any hardware (ratios within one run). Params may override any key.
-#: warm/cold and first-request ratios follow DESIGN.md "Measurement rules" (gate on ratios
+#: warm/cold and first-request ratios follow docs/DESIGN.md "Measurement rules" (gate on ratios
 #: measured within one run); leak slopes in MiB per request; latency drift is a fraction.
 DEFAULT_INVARIANTS: dict[str, Any] = {
     "warm_cold_ratio_max": 1.0,
@@ -739,6 +740,30 @@ def compare(run: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any],
                 rows.append(Verdict(case, metric, None, actual[metric], None, status,
                                     "metric not in baseline" + (" (strict)" if strict else "")))
     return rows
+
+
+def check_overlap(run: Mapping[str, Any], baseline: Mapping[str, Any], *, source: str,
+                  run_hardware: str | None = None) -> tuple[list[Verdict], list[str]]:
+    """Whether comparing ``run`` (case id -> entry) with ``baseline`` compares anything.
+
+    Returns ``(rows, warnings)``: a failing row (case ``baseline``, metric ``cases compared``)
+    when no case of the run is in the baseline, so that a run on other hardware (a CPU run
+    against ``baselines/h200.json``) never reads as a pass; and warnings naming both hardware
+    labels when nothing was compared or when the labels differ.
+    """
+    ref_hw = (baseline.get("metadata") or {}).get("hardware") or "unknown"
+    run_hw = run_hardware or "unknown"
+    common = [c for c in run if c in (baseline.get("scenarios") or {})]
+    hw = f"hardware {ref_hw!r} vs this run's {run_hw!r}"
+    if not common:
+        what = "no case of this run is in" if run else "this run has no case to compare with"
+        reason = f"{what} {source} ({hw}): nothing compared"
+        return ([Verdict("baseline", "cases compared", None, 0, None, "fail", reason)],
+                [f"{reason}; a baseline only gates runs of its own hardware and cases"])
+    if ref_hw != run_hw:
+        return [], [f"{source} was measured on {ref_hw!r}, this run on {run_hw!r}: absolute "
+                    f"numbers are only comparable on the same hardware"]
+    return [], []
 
 
 def improvement_snippets(rows: Iterable[Verdict]) -> dict[str, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The ``perfkit`` command.
+"""The perfkit command: run, gate and report diffusion video serving investigations.
 
     perfkit suite --params params/ci-cpu.yaml [--out outputs/RUN] [--replay RUN] [--only NAME]
     perfkit run notebooks/cold_warm.ipynb -p repeats=3 -p run_dir=outputs/x [--out FILE]
@@ -30,35 +30,71 @@ from perfkit.suite import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
 log = logging.getLogger("perfkit")
 
 
+class UsageError(ValueError):
+    """A bad command line (``-p`` without ``=``, unparsable value, unknown parameter): exit 2."""
+
+
 def _parse_kv(items: list[str]) -> dict[str, Any]:
+    """``-p KEY=VALUE`` items -> {key: YAML-parsed value}. Raises :class:`UsageError`."""
     out: dict[str, Any] = {}
     for it in items or []:
         if "=" not in it:
-            raise SystemExit(f"perfkit: -p expects key=value, got {it!r}")
+            raise UsageError(f"-p expects KEY=VALUE, got {it!r}")
         k, v = it.split("=", 1)
+        k = k.strip()
+        if not k:
+            raise UsageError(f"-p expects KEY=VALUE, got {it!r} (empty key)")
         try:
-            out[k.strip()] = yaml.safe_load(v) if v != "" else ""
-        except yaml.YAMLError:
-            out[k.strip()] = v
+            out[k] = yaml.safe_load(v) if v != "" else ""
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise UsageError(f"-p {k}: value {v!r} is not valid YAML ({where}); quote strings "
+                             f"with special characters, e.g. -p '{k}=\"...\"'") from None
     return out
+
+
+def _check_notebook_parameters(nb: Path, given: dict[str, Any]) -> None:
+    """Raise :class:`UsageError` for a ``-p`` name the notebook's ``parameters`` cell lacks."""
+    import difflib
+
+    import papermill as pm
+
+    try:
+        declared = list(pm.inspect_notebook(str(nb)))
+    except Exception as exc:  # noqa: BLE001 - not a notebook, unreadable JSON, ...
+        raise UsageError(f"cannot read the parameters of {nb}: {exc}") from None
+    unknown = [k for k in given if k not in declared]
+    if not unknown:
+        return
+    hints = []
+    for k in unknown:
+        m = difflib.get_close_matches(k, declared, n=1, cutoff=0.6)
+        hints.append(f"{k!r}" + (f" (did you mean {m[0]!r}?)" if m else ""))
+    known = ", ".join(declared) if declared else "none (the notebook has no parameters cell)"
+    raise UsageError(f"{nb.name}: unknown parameter{'s' if len(unknown) > 1 else ''} "
+                     f"{', '.join(hints)}; known: {known}")
 
 
 def cmd_suite(a: argparse.Namespace) -> int:
     from perfkit.params import ParamsError
-    from perfkit.suite import run_suite
+    from perfkit.suite import SuiteError, run_suite
 
     try:
         res = run_suite(a.params, a.out, replay=a.replay, only=a.only, notebooks=a.notebooks,
-                        screenshot=not a.no_screenshot, progress=not a.quiet)
+                        screenshot=not a.no_screenshot, progress=not a.quiet, force=a.force)
     except ParamsError as exc:
         print(f"perfkit: invalid params:\n{exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except SuiteError as exc:
+        print(f"perfkit: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except FileNotFoundError as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
         return EXIT_ERROR
     for n in res.notebooks:
         wall = f"{n.wall_s:.1f} s" if n.wall_s is not None else ""
-        print(f"  {n.name:15s} {n.status:8s} {wall:>9s}  {n.error or ''}")
+        status = f"{n.status} ({n.reason})" if n.status == "skipped" and n.reason else n.status
+        print(f"  {n.name:15s} {status:8s} {wall:>9s}  {n.error or ''}")
     print(f"perfkit suite: {res.status.upper()} (exit {res.exit_code})")
     print(f"  report:   {res.run_dir / 'report.html'}")
     print(f"  summary:  {res.run_dir / 'summary.md'}")
@@ -87,14 +123,28 @@ def cmd_run(a: argparse.Namespace) -> int:
 
         params.update(notebook_parameters(nb.stem, sp, Path("unused")))
         params.pop("run_dir", None)
-    params.update(_parse_kv(a.p))
+    try:
+        given = _parse_kv(a.p)
+        _check_notebook_parameters(nb, given)
+    except UsageError as exc:
+        print(f"perfkit: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    params.update(given)
     run_dir = Path(params.get("run_dir") or default_out(nb.stem)).resolve()
     params["run_dir"] = str(run_dir)
     out = Path(a.out) if a.out else run_dir / "notebooks" / nb.name
+    top = run_dir  # the outermost folder this run creates (removed again when nothing ran)
+    while not top.parent.exists():
+        top = top.parent
+    created = not run_dir.exists()
     r = execute_notebook(nb, out, params, cwd=Path.cwd(), timeout_s=a.timeout)
     print(f"{nb.name}: {r.status} in {r.wall_s:.1f} s -> {out}")
     if r.error:
         print(f"  {r.error}", file=sys.stderr)
+        if created and top.exists() and not any(f.is_file() for f in top.rglob("*")):
+            import shutil
+
+            shutil.rmtree(top, ignore_errors=True)  # nothing ran: leave no empty run directory
         return EXIT_ERROR
     from perfkit.suite import read_verdict
 
@@ -124,7 +174,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 def cmd_compare(a: argparse.Namespace) -> int:
     from perfkit import baseline as bl
-    from perfkit.suite import run_cases
+    from perfkit.suite import run_cases, run_hardware
 
     try:
         ref = bl.load_baseline(a.baseline)
@@ -140,7 +190,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"perfkit: {exc.args[0]}", file=sys.stderr)
         return EXIT_ERROR
-    df = bl.verdict_table(rows)
+    overlap, warnings = bl.check_overlap(cases, ref, source=str(a.baseline),
+                                         run_hardware=run_hardware(a.run))
+    for w in warnings:
+        print(f"perfkit: warning: {w}", file=sys.stderr)
+    df = bl.verdict_table([*overlap, *rows])
     print(bl.verdict_markdown(df))
     status = bl.overall_status(df)
     print(f"compare: {status.upper()}")
@@ -201,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--only", action="append", choices=["cold_warm", "warmup_shapes", "memory_budget"],
                    help="run only this investigation (repeatable); the gate always runs")
     s.add_argument("--notebooks", help=argparse.SUPPRESS)  # tests: another notebooks folder
+    s.add_argument("--force", action="store_true",
+                   help="--out may hold an earlier run: its outputs are removed first")
     s.add_argument("--no-screenshot", action="store_true", help="skip the report screenshot")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_suite)

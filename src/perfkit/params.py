@@ -35,6 +35,10 @@ __all__ = ["ParamsError", "SuiteParams", "load_params", "parse_params", "SCENARI
 
 #: Investigation notebooks, in run order; the baseline gate runs after them.
 SCENARIOS = ("cold_warm", "warmup_shapes", "memory_budget")
+#: The reference engine (perfkit.refengine) answers 400 to a height/width not a multiple of this.
+REFERENCE_PIXEL_MULTIPLE = 32
+#: The reference engine's default --max-frames (requests above it get a 400).
+REFERENCE_MAX_FRAMES = 257
 
 
 class ParamsError(ValueError):
@@ -178,6 +182,45 @@ class SuiteParams(_Model):
                 raise ValueError(f"{key} must be a number, got {val!r}")
         return v
 
+    @model_validator(mode="after")
+    def _reference_engine(self) -> "SuiteParams":
+        """What the reference engine would refuse only after a launch: a 400 for a height or
+        width that is not a multiple of 32, an unknown preset, more frames than --max-frames."""
+        eng = self.engine
+        if eng.get("kind", "reference") != "reference":
+            return self
+        problems: list[tuple[tuple, str]] = []
+        for sec, src in (("request", self.request.model_dump()), ("engine", eng)):
+            for key in ("height", "width"):
+                v = src.get(key)
+                if isinstance(v, int) and not isinstance(v, bool) and v % REFERENCE_PIXEL_MULTIPLE:
+                    problems.append(((sec, key), f"must be a multiple of {REFERENCE_PIXEL_MULTIPLE} "
+                                                 f"for the reference engine, got {v}"))
+        if not eng.get("model_path"):
+            preset = eng.get("preset", "tiny")
+            try:
+                from perfkit.refengine.models import PRESETS
+            except ImportError:  # pragma: no cover - no torch here: the launch will say so
+                PRESETS = None
+            if PRESETS is not None and preset not in PRESETS:
+                problems.append((("engine", "preset"),
+                                 f"unknown preset {preset!r} for the reference engine; known: "
+                                 f"{', '.join(PRESETS)} (or set engine.model_path)"))
+        max_frames = eng.get("max_frames") or REFERENCE_MAX_FRAMES
+        if self.request.num_frames > max_frames:
+            problems.append((("request", "num_frames"),
+                             f"must be <= {max_frames} (the reference engine's max_frames), "
+                             f"got {self.request.num_frames}"))
+        if self.warmup_shapes.enabled:
+            for i, f in enumerate(self.warmup_shapes.request_frames):
+                if f > max_frames:
+                    problems.append((("warmup_shapes", "request_frames", i),
+                                     f"must be <= {max_frames} (the reference engine's "
+                                     f"max_frames), got {f}"))
+        if problems:
+            raise _AtKeys(problems)
+        return self
+
     # ------------------------------------------------------------------ helpers
     def enabled(self) -> list[str]:
         """Enabled investigations, in run order."""
@@ -193,6 +236,14 @@ class SuiteParams(_Model):
         from perfkit.baseline import DEFAULT_INVARIANTS
 
         return {**DEFAULT_INVARIANTS, **self.invariants}
+
+
+class _AtKeys(ValueError):
+    """Problems found across sections: ((key path), message) each."""
+
+    def __init__(self, problems: list[tuple[tuple, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in problems))
 
 
 class _UnknownKey(ValueError):
@@ -279,6 +330,14 @@ def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
         line = _line_of(text, key_loc) if text else None
         at = f" (line {line})" if line else at
         return f"{source}: unknown key {exc.key!r} in {path}{at}{_suggest(exc.key, exc.known)}"
+    if isinstance(exc, _AtKeys):
+        out = []
+        for ploc, msg in exc.problems:
+            ppath = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in ploc)
+            line = _line_of(text, ploc) if text else None
+            out.append(f"{source}: {ppath.replace('.[', '[')}: {msg}"
+                       + (f" (line {line})" if line else ""))
+        return "\n".join(out)
     if typ == "missing":
         return f"{source}: {path}: required key is missing"
     msg = str(exc) if exc is not None else err.get("msg", "invalid")

@@ -279,9 +279,15 @@ def _md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _status_text(n: dict[str, Any]) -> str:
+    """A notebook's status, with the reason when skipped: ``skipped (no bundle in replay dir)``."""
+    st = str(n.get("status"))
+    return f"{st} ({n['reason']})" if st == "skipped" and n.get("reason") else st
+
+
 def summary_markdown(run_dir: str | Path) -> str:
     """The run's verdict as Markdown: status line, notebooks, key numbers, gate rows."""
-    from perfkit.suite import collect_verdicts, exit_code_for, STATUS_WORD
+    from perfkit.suite import collect_verdicts, exit_code_for, read_verdict, STATUS_WORD
 
     run_dir = Path(run_dir)
     info = _run_info(run_dir)
@@ -300,10 +306,13 @@ def summary_markdown(run_dir: str | Path) -> str:
     nbs = info.get("notebooks", [])
     if nbs:
         parts += ["", "### Notebooks", "",
-                  _md_table(pd.DataFrame([{"notebook": n["name"], "status": n["status"],
+                  _md_table(pd.DataFrame([{"notebook": n["name"], "status": _status_text(n),
                                            "wall (s)": n.get("wall_s"),
                                            "error": (n.get("error") or "")[:200]}
                                           for n in nbs]))]
+    gate_doc = read_verdict(run_dir / "baseline_gate") or {}
+    if gate_doc.get("warnings"):
+        parts += ["", "### Warnings", "", *[f"- {w}" for w in gate_doc["warnings"]]]
     keys = _key_numbers(run_dir)
     if keys:
         parts += ["", "### Key numbers", "",
@@ -471,7 +480,8 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if nbs:
         parts.append(_table_html(pd.DataFrame([{"notebook": n["name"], "status": n["status"],
                                                 "wall (s)": n.get("wall_s"),
-                                                "error": n.get("error") or ""} for n in nbs])))
+                                                "error": n.get("error") or n.get("reason") or ""}
+                                               for n in nbs])))
     keys = _key_numbers(run_dir)
     if keys:
         parts.append("<h3>Key numbers</h3>")
@@ -488,7 +498,7 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         parts.append(_table_html(v))
     toc = "".join(f"<li><a href='#{n['name']}'>{html.escape(TITLES.get(n['name'], n['name']))}"
                   f"</a> — <span style='color:{STATUS_COLOR.get(n['status'], '#1f2328')}'>"
-                  f"{html.escape(n['status'])}</span></li>" for n in nbs)
+                  f"{html.escape(_status_text(n))}</span></li>" for n in nbs)
     if toc:
         parts.insert(2, f"<nav><ul>{toc}</ul></nav>")
     for n in nbs:
@@ -504,7 +514,8 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
             if QUESTIONS.get(name):
                 parts.append(f"<p><i>{html.escape(QUESTIONS[name])}</i></p>")
         if n.get("status") == "skipped":
-            parts.append("<p class='muted'>skipped (disabled in the params)</p></section>")
+            why = n.get("reason") or "disabled in the params"
+            parts.append(f"<p class='muted'>skipped ({html.escape(why)})</p></section>")
             continue
         if n.get("status") == "error":
             parts.append(f"<div class='error-box'><b>{html.escape(name)} failed:</b> "

@@ -12,6 +12,10 @@
 4. writes ``RUN/summary.md`` (appended to ``$GITHUB_STEP_SUMMARY`` when set), ``RUN/run.json``
    and ``RUN/report.html`` (:mod:`perfkit.report`), even when a notebook failed.
 
+Before anything runs, a replay directory without bundles, a missing or broken ``baseline.file``
+and an ``--out`` already holding another run (without ``--force``) are errors (exit 2). A replay
+launches nothing: an investigation whose bundle the replay directory lacks is skipped.
+
 Exit codes (:data:`EXIT_OK`, :data:`EXIT_REGRESSION`, :data:`EXIT_ERROR`): 0 every gate passed,
 1 a gate failed (regression), 2 an error (bad params, engine crash, notebook exception, kernel
 death).
@@ -38,6 +42,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -337,6 +342,10 @@ def check_bundle(scenario: str, bundle: ResultBundle) -> None:
         if bad:
             raise ScenarioError(f"{where}: warmup {bad[0].get('warmup_frames')}f / request "
                                 f"{bad[0].get('request_frames')}f failed: {bad[0]['error']}")
+        if not any(c.get("first_ms") is not None for c in cov):
+            raise ScenarioError(f"{where}: no request shape was measured (every entry lacks a "
+                                f"first request and a warm one): "
+                                f"{_first_request_error(bundle) or 'see the engine log'}")
     elif scenario == "memory_budget":
         caps = r.get("caps") or []
         if not caps:
@@ -346,6 +355,17 @@ def check_bundle(scenario: str, bundle: ResultBundle) -> None:
                     and not c.get("completed"):
                 raise ScenarioError(f"{where}: the run without caps ({c.get('label')}) did not "
                                     f"complete: {c.get('error') or 'see the engine log'}")
+
+
+def _first_request_error(bundle: ResultBundle) -> str | None:
+    """The first measured request's error text (e.g. the engine's HTTP 400 message), if any."""
+    req = bundle.requests
+    if req.empty or "error" not in req:
+        return None
+    if "index" in req:
+        req = req[req["index"] >= 0].sort_values("index", kind="stable")
+    errs = [str(e) for e in req["error"] if isinstance(e, str) and e.strip()]
+    return errs[0] if errs else None
 
 
 def scenario_verdict(scenario: str, results: Mapping[str, Any],
@@ -411,6 +431,8 @@ class GateResult:
     baseline_rows: list[bl.Verdict]
     compared_with: str | None
     errors: list[str] = field(default_factory=list)
+    #: e.g. the baseline's hardware differs from this run's (printed, not gated)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def rows(self) -> list[bl.Verdict]:
@@ -439,21 +461,54 @@ def gate(run_dir: str | Path, *, engine: Mapping[str, Any], request: Mapping[str
     inv = dict(bl.DEFAULT_INVARIANTS if invariants is None else invariants)
     inv_rows = bl.check_invariants({s: b.results for s, b in bundles.items()}, inv)
     base_rows: list[bl.Verdict] = []
+    warnings: list[str] = []
     compared = None
     if baseline_file:
-        bpath = Path(baseline_file)
-        if not bpath.is_absolute() and not bpath.exists():
-            bpath = repo_root() / bpath
+        bpath = resolve_baseline_file(baseline_file)
         if bpath.exists():
             ref = bl.load_baseline(bpath)
             base_rows = bl.compare(doc["scenarios"], ref, profile=profile, strict=strict)
             compared = str(bpath)
+            overlap, warnings = bl.check_overlap(doc["scenarios"], ref, source=str(baseline_file),
+                                                 run_hardware=hw)
+            base_rows = [*overlap, *base_rows]
+            for w in warnings:
+                log.warning("%s", w)
         else:
             log.warning("baseline file %s does not exist: comparing nothing", baseline_file)
             base_rows = [bl.Verdict("baseline", str(baseline_file), None, None, None,
                                     "fail" if strict else "skipped",
                                     "baseline file not found" + (" (strict)" if strict else ""))]
-    return GateResult(doc, list(cases), inv_rows, base_rows, compared, errors)
+    return GateResult(doc, list(cases), inv_rows, base_rows, compared, errors, warnings)
+
+
+def resolve_baseline_file(file: str | Path) -> Path:
+    """A params ``baseline.file``: as given when it exists (absolute or relative to the current
+    directory), else relative to the perfkit checkout (:func:`repo_root`)."""
+    p = Path(file)
+    if not p.is_absolute() and not p.exists():
+        return repo_root() / p
+    return p
+
+
+def run_hardware(run_dir: str | Path) -> str:
+    """The hardware label of a finished run: its baseline.json's ``metadata.hardware``, else the
+    params' ``baseline.hardware``, else what its bundles say (GPU name, CPU count)."""
+    run_dir = Path(run_dir)
+    try:
+        hw = (bl.load_baseline(run_dir / "baseline.json").get("metadata") or {}).get("hardware")
+        if hw:
+            return str(hw)
+    except (OSError, bl.BaselineError):
+        pass
+    try:
+        sp = yaml.safe_load((run_dir / "params.yaml").read_text()) or {}
+        hw = (sp.get("baseline") or {}).get("hardware")
+        if hw:
+            return str(hw)
+    except (OSError, yaml.YAMLError, AttributeError):
+        pass
+    return _hardware(load_run_bundles(run_dir))
 
 
 def _hardware(bundles: Mapping[str, ResultBundle]) -> str:
@@ -496,6 +551,8 @@ class NotebookRun:
     ename: str | None = None
     output: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: why a notebook was skipped (disabled in the params, not selected, no bundle to replay)
+    reason: str | None = None
 
 
 def kernel_name() -> str:
@@ -598,7 +655,9 @@ def notebook_parameters(name: str, params: SuiteParams, run_dir: Path,
     sec = getattr(params, name).model_dump()
     sec.pop("enabled", None)
     bundle_dir = None
-    if replay is not None and (replay / name / "meta.json").exists():
+    if replay is not None:
+        if not (replay / name / "meta.json").exists():  # a replay never launches an engine
+            raise SuiteError(f"--replay {replay}: no {name} bundle ({NO_REPLAY_BUNDLE})")
         bundle_dir = str(replay / name)
     return {**common, **sec, "bundle_dir": bundle_dir}
 
@@ -650,15 +709,105 @@ def exit_code_for(notebooks: Iterable[NotebookRun | Mapping[str, Any]], verdicts
 STATUS_WORD = {EXIT_OK: "pass", EXIT_REGRESSION: "regression", EXIT_ERROR: "error"}
 
 
+class SuiteError(ValueError):
+    """A suite that cannot start (replay directory without bundles, run directory holding
+    another run): nothing ran; exit code 2."""
+
+
+#: skip reason of an investigation whose bundle the replay directory lacks
+NO_REPLAY_BUNDLE = "no bundle in replay dir"
+#: what a run directory holds once a suite ran there (see the module doc)
+RUN_OUTPUTS = (RUN_FILE, "params.yaml", "baseline.json", "summary.md", "report.html",
+               "report.png", "notebooks", *NOTEBOOKS)
+
+
+def check_baseline_file(params: SuiteParams, source: str | Path) -> None:
+    """Raise :class:`ParamsError` when ``baseline.file`` is set but missing, not a valid
+    baseline (the message gives line/column for broken JSON) or lacks ``baseline.profile``.
+    ``file: null`` means invariants only and passes."""
+    f = params.baseline.file
+    if f is None:
+        return
+    p = resolve_baseline_file(f)
+    if not p.exists():
+        raise ParamsError(f"{source}: baseline.file: {f} does not exist (looked in {Path.cwd()} "
+                          f"and {repo_root()}); use 'file: null' to gate on invariants only")
+    try:
+        ref = bl.load_baseline(p)
+    except bl.BaselineError as exc:
+        raise ParamsError(f"{source}: baseline.file: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParamsError(f"{source}: baseline.file: cannot read {p}: {exc}") from None
+    profiles = sorted(ref.get("tolerances") or {})
+    if params.baseline.profile not in profiles:
+        raise ParamsError(f"{source}: baseline.profile: {params.baseline.profile!r} is not a "
+                          f"tolerance profile of {f} (it has: {', '.join(profiles) or 'none'})")
+
+
+def replay_plan(replay_dir: Path, selected: Iterable[str]) -> list[str]:
+    """The selected investigations without a bundle in ``replay_dir`` (they are skipped, never
+    launched). Raises :class:`SuiteError` when ``replay_dir`` is missing or holds no bundle of
+    the selected investigations."""
+    selected = list(selected)
+    if not replay_dir.exists():
+        raise SuiteError(f"--replay {replay_dir}: no such directory (--replay launches nothing: "
+                         "it needs a run directory holding bundles)")
+    if not replay_dir.is_dir():
+        raise SuiteError(f"--replay {replay_dir}: not a directory")
+    have = [s for s in SCENARIOS if (replay_dir / s / "meta.json").exists()]
+    if not have:
+        raise SuiteError(f"--replay {replay_dir}: no bundle to replay (expected "
+                         f"<dir>/<investigation>/meta.json for one of {', '.join(SCENARIOS)}); "
+                         "--replay launches nothing")
+    missing = [n for n in selected if n not in have]
+    if selected and len(missing) == len(selected):
+        raise SuiteError(f"--replay {replay_dir}: no bundle of {', '.join(selected)} (it holds "
+                         f"{', '.join(have)}); --replay launches nothing")
+    return missing
+
+
+def prepare_run_dir(run_dir: Path, *, force: bool = False, replay_dir: Path | None = None) -> None:
+    """Refuse (:class:`SuiteError`) a run directory that holds another run, unless ``force``:
+    then that run's outputs (:data:`RUN_OUTPUTS`) are removed, so no stale bundle or verdict
+    mixes into the new report."""
+    if replay_dir is not None and replay_dir == run_dir:
+        raise SuiteError(f"--replay and --out are the same directory ({run_dir}): choose another "
+                         "--out (the replayed bundles are copied there)")
+    if not run_dir.exists():
+        return
+    if not run_dir.is_dir():
+        raise SuiteError(f"--out {run_dir}: exists and is not a directory")
+    found = [run_dir / n for n in RUN_OUTPUTS if (run_dir / n).exists()]
+    if not found:
+        return
+    if not force:
+        raise SuiteError(f"--out {run_dir} already holds another run "
+                         f"({', '.join(p.name for p in found)}); its bundles would mix into this "
+                         "run's report: choose a new --out, or pass --force to replace that run")
+    for p in found:
+        log.warning("--force: removing %s of the earlier run", p)
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
 def run_suite(params_path: str | Path, out: str | Path | None = None, *,
               replay: str | Path | None = None, only: Iterable[str] | None = None,
               notebooks: str | Path | None = None, screenshot: bool = True,
-              progress: bool = True) -> SuiteResult:
-    """Run the suite (see the module doc). Raises :class:`ParamsError` before any launch when
-    the params are invalid; every later failure is reported through the exit code."""
+              progress: bool = True, force: bool = False) -> SuiteResult:
+    """Run the suite (see the module doc). Raises :class:`ParamsError` (bad params, baseline
+    file) or :class:`SuiteError` (replay directory without bundles, ``out`` holding another run
+    and no ``force``) before anything runs; every later failure is reported through the exit
+    code.
+
+    With ``replay`` nothing is launched: an investigation whose bundle the replay directory
+    lacks is skipped (:data:`NO_REPLAY_BUNDLE`).
+    """
     from perfkit import report
 
     params = load_params(params_path)
+    check_baseline_file(params, params_path)
     spec = params.engine_spec()
     try:
         spec.check()
@@ -667,14 +816,23 @@ def run_suite(params_path: str | Path, out: str | Path | None = None, *,
             raise ParamsError(f"{params_path}: engine: {exc}") from None
     run_dir = Path(out) if out else default_out(params.name)
     run_dir = run_dir.resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
     replay_dir = Path(replay).resolve() if replay else None
+    enabled = params.enabled()
+    selected = [n for n in enabled if not only or n in set(only)]
+    skipped = {n: "disabled in the params" if n not in enabled else "not selected by --only"
+               for n in SCENARIOS if n not in selected}
+    if replay_dir is not None:
+        for n in replay_plan(replay_dir, selected):
+            skipped[n] = NO_REPLAY_BUNDLE
+            log.warning("--replay %s: no %s bundle: %s skipped", replay_dir, n, n)
+    prepare_run_dir(run_dir, force=force, replay_dir=replay_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "params.yaml").write_text(
         f"# validated from {params_path}\n" + yaml.safe_dump(params.model_dump(), sort_keys=False))
     nb_dir = Path(notebooks) if notebooks else notebooks_dir()
-    names = [n for n in params.enabled() if not only or n in set(only)] + [GATE]
-    runs: list[NotebookRun] = [NotebookRun(n, status="skipped") for n in SCENARIOS
-                               if n not in names]
+    names = [n for n in selected if n not in skipped] + [GATE]
+    runs: list[NotebookRun] = [NotebookRun(n, status="skipped", reason=skipped[n])
+                               for n in SCENARIOS if n in skipped]
     kern = kernel_name()
     t_start = time.monotonic()
     try:

@@ -118,10 +118,28 @@ def cold_vs_warm(spec: EngineSpec, request: VideoRequestSpec | dict | None = Non
         results["leak_checks"] = checks
     else:
         results["leak_checks"] = []
-        log.error("cold_vs_warm: fewer than 2 completed requests (%s)", data.error or "see engine log")
+        if not results["error"]:  # the engine ran but refused or failed the requests: say why
+            results["error"] = _request_error(data, df, repeats)
+        log.error("cold_vs_warm: fewer than 2 completed requests (%s)", results["error"])
     params = {"spec": spec.to_dict(), "request": req.payload(), "repeats": repeats, "thresholds": th,
               "overhead_pairs": overhead_pairs}
     return assemble("cold_warm", [data], params, results, caps=[caps])
+
+
+def _request_error(data: Any, df: pd.DataFrame, repeats: int) -> str:
+    """Why fewer than 2 requests completed: the first failed request's error (e.g. the engine's
+    HTTP 400 message), from the client outcomes or the request rows."""
+    done = int((df["status"] == "completed").sum()) if not df.empty and "status" in df else 0
+    head = f"{done} of {repeats} requests completed"
+    for i, out in enumerate(data.outcomes):
+        if not out.ok:
+            http = f", HTTP {out.http_status}" if out.http_status else ""
+            return f"{head}; request {i} {out.status}{http}: {out.error or 'no error text'}"
+    if not df.empty and "error" in df:
+        errs = [str(e) for e in df["error"] if isinstance(e, str) and e.strip()]
+        if errs:
+            return f"{head}; first error: {errs[0]}"
+    return f"{head} (see the engine log)"
 
 
 def _check(name: str, value: float, threshold: float) -> dict[str, Any]:
