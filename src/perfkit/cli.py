@@ -53,6 +53,16 @@ def _parse_kv(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM (CI cancel, ``timeout``) stops the run like Ctrl-C: engines torn down, report written."""
+    import signal
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def _check_notebook_parameters(nb: Path, given: dict[str, Any]) -> None:
     """Raise :class:`UsageError` for a ``-p`` name the notebook's ``parameters`` cell lacks."""
     import difflib
@@ -76,6 +86,7 @@ def _check_notebook_parameters(nb: Path, given: dict[str, Any]) -> None:
 
 
 def cmd_suite(a: argparse.Namespace) -> int:
+    _sigterm_as_interrupt()
     from perfkit.params import ParamsError
     from perfkit.suite import SuiteError, run_suite
 

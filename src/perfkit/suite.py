@@ -858,9 +858,17 @@ def run_suite(params_path: str | Path, out: str | Path | None = None, *,
         if stale.exists():
             stale.unlink()
         log.info("running %s", src)
-        r = execute_notebook(src, dst, notebook_parameters(name, params, run_dir, replay_dir),
-                             cwd=run_dir, timeout_s=params.timeout_s, kernel=kern,
-                             kernel_log=run_dir / "notebooks" / f"{name}.kernel.log")
+        try:
+            r = execute_notebook(src, dst, notebook_parameters(name, params, run_dir, replay_dir),
+                                 cwd=run_dir, timeout_s=params.timeout_s, kernel=kern,
+                                 kernel_log=run_dir / "notebooks" / f"{name}.kernel.log")
+        except KeyboardInterrupt:
+            # Ctrl-C or SIGTERM (CI cancel): the kernel is shut down, its engine follows it
+            # (launch's parent-death signal); stop here, but still write the report (exit 2)
+            log.error("interrupted while running %s: writing the report of what ran", name)
+            runs.append(NotebookRun(name, status="error", ename="KeyboardInterrupt",
+                                    error=f"interrupted (Ctrl-C or SIGTERM) while running {name}"))
+            break
         if r.status == "ok" and read_verdict(run_dir / name) is None:
             r.status, r.ename = "error", "MissingVerdict"
             r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"
