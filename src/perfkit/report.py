@@ -124,8 +124,14 @@ def reading(scenario: str, results: Mapping[str, Any]) -> str:
                 f"`{c['name']}` = {_f(c.get('value'), '.3g')} > {_f(c.get('threshold'), '.3g')}"
                 for c in failed) + ".")
         elif r.get("leak_checks"):
-            lines.append("Every leak check passed (" + ", ".join(
-                f"`{c['name']}`" for c in r["leak_checks"]) + ").")
+            measured = [c for c in r["leak_checks"] if c.get("value") is not None]
+            unmeasured = [c for c in r["leak_checks"] if c.get("value") is None]
+            if measured:
+                lines.append("Every measured leak check passed (" + ", ".join(
+                    f"`{c['name']}`" for c in measured) + ").")
+            if unmeasured:
+                lines.append("Not measured on this host: " + ", ".join(
+                    f"`{c['name']}`" for c in unmeasured) + " (no device memory readings).")
         return "\n\n".join(lines)
     if scenario == "warmup_shapes":
         rows = r.get("coverage") or []
