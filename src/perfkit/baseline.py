@@ -359,17 +359,7 @@ def _max(values: Iterable[Any]) -> float | None:
 
 
 def _measured_requests(bundle: ResultBundle, launch: str | None) -> pd.DataFrame:
-    req = bundle.requests
-    if req.empty:
-        return req
-    mask = pd.Series(True, index=req.index)
-    if "tag" in req:
-        mask &= req["tag"].fillna("").astype(str).str.lower() != "warmup"
-    if "status" in req:
-        mask &= req["status"] == "completed"
-    if launch is not None and "launch" in req:
-        mask &= req["launch"] == launch
-    return req[mask]
+    return bundle.measured_requests(launch)
 
 
 def _keys(df: pd.DataFrame) -> list[tuple[Any, str]]:

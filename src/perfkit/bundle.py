@@ -180,6 +180,20 @@ class ResultBundle:
     def launches(self) -> pd.DataFrame:
         return self.table("launches")
 
+    def measured_requests(self, launch: str | None = None) -> pd.DataFrame:
+        """Completed, non-warmup request rows (of one launch when given)."""
+        req = self.requests
+        if req.empty:
+            return req
+        mask = pd.Series(True, index=req.index)
+        if "tag" in req:
+            mask &= req["tag"].fillna("").astype(str).str.lower() != "warmup"
+        if "status" in req:
+            mask &= req["status"] == "completed"
+        if launch is not None and "launch" in req:
+            mask &= req["launch"] == launch
+        return req[mask]
+
     def save(self, path: str | Path) -> Path:
         """Write the bundle under ``path`` (created). Returns the directory."""
         d = Path(path)

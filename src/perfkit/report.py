@@ -291,17 +291,24 @@ def _status_text(n: dict[str, Any]) -> str:
     return f"{st} ({n['reason']})" if st == "skipped" and n.get("reason") else st
 
 
-def summary_markdown(run_dir: str | Path) -> str:
-    """The run's verdict as Markdown: status line, notebooks, key numbers, gate rows."""
-    from perfkit.suite import collect_verdicts, exit_code_for, read_verdict, STATUS_WORD
+def _run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
+    """(run.json info, verdict rows, exit code, status word) of a run directory."""
+    from perfkit.suite import STATUS_WORD, collect_verdicts, exit_code_for
 
-    run_dir = Path(run_dir)
     info = _run_info(run_dir)
     verdicts = collect_verdicts(run_dir)
     code = info.get("exit_code")
     if code is None:
         code = exit_code_for(info.get("notebooks", []), verdicts)
-    word = STATUS_WORD.get(code, "error")
+    return info, verdicts, code, STATUS_WORD.get(code, "error")
+
+
+def summary_markdown(run_dir: str | Path) -> str:
+    """The run's verdict as Markdown: status line, notebooks, key numbers, gate rows."""
+    from perfkit.suite import read_verdict
+
+    run_dir = Path(run_dir)
+    info, verdicts, code, word = _run_status(run_dir)
     icon = {"pass": "✅", "regression": "❌", "error": "💥"}.get(word, "")
     n_fail = int((verdicts["status"] == "fail").sum()) if not verdicts.empty else 0
     n_pass = int(verdicts["status"].isin(["pass", "improved"]).sum()) if not verdicts.empty else 0
@@ -444,15 +451,8 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     Raises:
         RuntimeError: if the page would load anything from the network (a bug to fix here).
     """
-    from perfkit.suite import STATUS_WORD, collect_verdicts, exit_code_for
-
     run_dir = Path(run_dir)
-    info = _run_info(run_dir)
-    verdicts = collect_verdicts(run_dir)
-    code = info.get("exit_code")
-    if code is None:
-        code = exit_code_for(info.get("notebooks", []), verdicts)
-    word = STATUS_WORD.get(code, "error")
+    info, verdicts, code, word = _run_status(run_dir)
     color = STATUS_COLOR.get(word, "#cf222e")
     title = f"perfkit report: {info.get('name', run_dir.name)}"
     nbs = info.get("notebooks", [])

@@ -156,15 +156,7 @@ def _launch_rows(bundle: ResultBundle) -> list[dict[str, Any]]:
 
 
 def _has_measured(bundle: ResultBundle) -> bool:
-    req = bundle.requests
-    if req.empty:
-        return False
-    m = pd.Series(True, index=req.index)
-    if "tag" in req:
-        m &= req["tag"].fillna("").astype(str).str.lower() != "warmup"
-    if "status" in req:
-        m &= req["status"] == "completed"
-    return bool(m.any())
+    return not bundle.measured_requests().empty
 
 
 def _cold_covered(bundle: ResultBundle) -> bool:
