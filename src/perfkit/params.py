@@ -86,20 +86,13 @@ class WarmupShapesParams(_Model):
     request_frames: list[int] = Field(default_factory=lambda: [25], min_length=1)
     repeats: int = Field(3, ge=2, le=1000)
 
-    @field_validator("warmup_frames")
+    @field_validator("warmup_frames", "request_frames")
     @classmethod
-    def _warmup_ge0(cls, v: list[int]) -> list[int]:
+    def _frames(cls, v: list[int], info) -> list[int]:
+        least = 0 if info.field_name == "warmup_frames" else 1  # 0 warmup frames: no warmup
         for x in v:
-            if x < 0:
-                raise ValueError(f"frame counts must be >= 0, got {x}")
-        return v
-
-    @field_validator("request_frames")
-    @classmethod
-    def _request_ge1(cls, v: list[int]) -> list[int]:
-        for x in v:
-            if x < 1:
-                raise ValueError(f"frame counts must be >= 1, got {x}")
+            if x < least:
+                raise ValueError(f"frame counts must be >= {least}, got {x}")
         return v
 
 
