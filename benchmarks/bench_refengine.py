@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from refengine_helpers import running_engine  # noqa: E402
 
-from perfkit.client import VideoRequestSpec  # noqa: E402
+from perfkit.engine.client import VideoRequestSpec  # noqa: E402
 from perfkit.stats import bootstrap_ratio_ci  # noqa: E402
 
 CONFIGS = {

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from perfkit.sampler import MemorySampler
+from perfkit.readings.sampler import MemorySampler
 
 TREE = ("import subprocess, sys, time\n"
         "x = b'x' * (64 * 2**20)\n"

@@ -4,10 +4,11 @@
     python notebooks/make_notebooks.py --check  # exit 1 when a committed notebook differs
 
 Notebooks stay thin: perfkit calls, plots, a short reading. Logic lives in the package
-(perfkit.suite, perfkit.report, perfkit.plots, perfkit.baseline) where tests reach it.
+(perfkit.suite, perfkit.report, perfkit.report.plots, perfkit.gate.baseline) where tests reach it.
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -16,16 +17,15 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
 
-ENGINE = '''engine = {  # perfkit.engine.EngineSpec fields; the tiny reference engine on this machine
+ENGINE = '''engine = {  # perfkit.engine.spec.EngineSpec fields; the tiny reference engine on this machine
     "kind": "reference",
     "preset": "tiny",
     "compile": True,
     "compile_backend": "aot_eager",
-    "warmup_frames": 17,
 }
 request = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}'''
 
-COMMON_TAIL = '''invariants = None  # None: perfkit.baseline.DEFAULT_INVARIANTS
+COMMON_TAIL = '''invariants = None  # None: the scenarios' invariant defaults (perfkit.scenarios.registry)
 run_dir = "outputs/notebooks"  # the bundle lands in run_dir/<scenario>/
 bundle_dir = None  # a recorded bundle to replay instead of launching anything'''
 
@@ -34,11 +34,64 @@ SETUP = '''from pathlib import Path
 import pandas as pd
 from IPython.display import Markdown, display
 
-from perfkit import plots, suite
-from perfkit.baseline import verdict_table
-from perfkit.report import reading, show, summary_frame
+from perfkit.checks import check_table
+from perfkit.gate import run as gate_run
+from perfkit.gate import verdicts
+from perfkit.report import plots, reading, show, summary_frame
+from perfkit.scenarios.runner import load_or_run
 
 pd.set_option("display.max_colwidth", 120)'''
+
+
+def _fields(name: str) -> list[tuple[str, object, str]]:
+    '''(field, default, comment) of a scenario's params model, ``enabled`` left out.'''
+    from perfkit.scenarios import registry
+
+    model = registry.get(name).params_model
+    out = []
+    for key, f in model.model_fields.items():
+        if key == "enabled":
+            continue
+        default = f.get_default(call_default_factory=True)
+        if hasattr(default, "model_dump"):
+            default = default.model_dump(exclude_none=True)
+        elif isinstance(default, list):
+            default = [d.model_dump(exclude_none=True) if hasattr(d, "model_dump") else d
+                       for d in default]
+        out.append((key, default, _field_comment(model, key)))
+    return out
+
+
+def _field_comment(model, key: str) -> str:
+    '''The ``#:`` comment above a field in its class source (one line).'''
+    import inspect
+
+    for cls in model.__mro__:
+        try:
+            src = inspect.getsource(cls)
+        except (OSError, TypeError):
+            continue
+        m = re.search(r"((?:[ \t]*#:[^\n]*\n)+)[ \t]*" + re.escape(key) + r"\s*:", src)
+        if m:
+            return " ".join(ln.strip()[2:].strip() for ln in m.group(1).splitlines())
+    return ""
+
+
+def section_params(name: str) -> str:
+    '''The scenario's params as notebook parameters: defaults and comments come from its params
+    model, the only place they are written.'''
+    return "\n".join(f"{k} = {d!r}" + (f"  # {c}" if c else "") for k, d, c in _fields(name))
+
+
+def measure_cell(name: str) -> str:
+    '''Replay or run the scenario, then write its verdict.'''
+    args = ", ".join(f"{k}={k}" for k, _, _ in _fields(name))
+    return f'''out = Path(run_dir) / "{name}"
+bundle = load_or_run("{name}", out=out, bundle_dir=bundle_dir, engine=engine, request=request,
+                     {args})
+results = bundle.results
+rows = gate_run.scenario_checks("{name}", results, invariants)
+_verdict = verdicts.write_verdict(out, "{name}", rows)'''
 
 
 def _nb(title: str, intro: str, params: str, cells: list) -> nbformat.NotebookNode:
@@ -56,22 +109,15 @@ def _nb(title: str, intro: str, params: str, cells: list) -> nbformat.NotebookNo
 
 def cold_warm() -> nbformat.NotebookNode:
     params = f'''{ENGINE}
-repeats = 5  # requests in one session: the cold one, then warm ones
-thresholds = None  # leak-check thresholds (None: the scenario's defaults)
-caps = None  # e.g. {{"device_gib": 12, "host_gib": 32}}
+{section_params("cold_warm")}
 {COMMON_TAIL}'''
     cells = [
-        new_code_cell('''out = Path(run_dir) / "cold_warm"
-bundle = suite.load_or_run("cold_warm", out=out, bundle_dir=bundle_dir, engine=engine,
-                           request=request, repeats=repeats, thresholds=thresholds, caps=caps)
-results = bundle.results
-rows = suite.scenario_verdict("cold_warm", results, invariants)
-_verdict = suite.write_verdict(out, "cold_warm", rows)'''),
+        new_code_cell(measure_cell("cold_warm")),
         new_markdown_cell("## Headline numbers"),
         new_code_cell('''display(summary_frame("cold_warm", results))
 display(Markdown(reading("cold_warm", results)))'''),
         new_markdown_cell("## Gate (invariants measured within this run)"),
-        new_code_cell("display(verdict_table(rows))"),
+        new_code_cell("display(check_table(rows))"),
         new_markdown_cell("## Per-stage latency, cold vs warm requests"),
         new_code_cell("show(plots.stage_breakdown(bundle.stages))"),
         new_markdown_cell("## End-to-end latency per request"),
@@ -103,24 +149,16 @@ show(plots.memory_timeline(bundle.memory, bundle.requests, bundle.stages, caps=c
 
 def warmup_shapes() -> nbformat.NotebookNode:
     params = f'''{ENGINE}
-warmup_frames = [17, 25]  # startup warmup frames, one launch each (17 -> 3 latent frames)
-request_frames = [25]  # request frames sent to each launch (25 -> 4 latent frames)
-repeats = 3  # requests per shape per launch
+{section_params("warmup_shapes")}
 {COMMON_TAIL}'''
     cells = [
-        new_code_cell('''out = Path(run_dir) / "warmup_shapes"
-bundle = suite.load_or_run("warmup_shapes", out=out, bundle_dir=bundle_dir, engine=engine,
-                           request=request, warmup_frames=warmup_frames,
-                           request_frames=request_frames, repeats=repeats)
-results = bundle.results
-rows = suite.scenario_verdict("warmup_shapes", results, invariants)
-_verdict = suite.write_verdict(out, "warmup_shapes", rows)'''),
+        new_code_cell(measure_cell("warmup_shapes")),
         new_markdown_cell("## Coverage"),
         new_code_cell('''coverage = summary_frame("warmup_shapes", results)
 display(coverage)
 display(Markdown(reading("warmup_shapes", results)))'''),
         new_markdown_cell("## Gate (covered shapes pay no setup)"),
-        new_code_cell("display(verdict_table(rows))"),
+        new_code_cell("display(check_table(rows))"),
         new_markdown_cell("## First-request penalty by warmup shape and request shape"),
         new_code_cell("show(plots.coverage_heatmap(coverage))"),
         new_markdown_cell("## Which stage absorbs the penalty (first request − warm median, ms)\n\n"
@@ -146,23 +184,15 @@ display(Markdown(reading("warmup_shapes", results)))'''),
 
 def memory_budget() -> nbformat.NotebookNode:
     params = f'''{ENGINE}
-# one launch per budget; a missing device_gib/host_gib means no cap on that side
-caps = [{{"label": "unlimited"}}, {{"label": "8GiB host", "host_gib": 8}}]
-repeats = 2  # requests per launch
-min_budget = None  # e.g. {{"lo_gib": 4, "hi_gib": 24}}: search the smallest device budget (GPU)
+{section_params("memory_budget")}
 {COMMON_TAIL}'''
     cells = [
-        new_code_cell('''out = Path(run_dir) / "memory_budget"
-bundle = suite.load_or_run("memory_budget", out=out, bundle_dir=bundle_dir, engine=engine,
-                           request=request, caps=caps, repeats=repeats, min_budget=min_budget)
-results = bundle.results
-rows = suite.scenario_verdict("memory_budget", results, invariants)
-_verdict = suite.write_verdict(out, "memory_budget", rows)'''),
+        new_code_cell(measure_cell("memory_budget")),
         new_markdown_cell("## Budgets"),
         new_code_cell('''display(summary_frame("memory_budget", results))
 display(Markdown(reading("memory_budget", results)))'''),
         new_markdown_cell("## Gate (caps held, runs completed)"),
-        new_code_cell("display(verdict_table(rows))"),
+        new_code_cell("display(check_table(rows))"),
         new_markdown_cell("## Memory timeline per budget"),
         new_code_cell('''for row in bundle.launches.to_dict("records") or [{}]:
     show(plots.memory_timeline(
@@ -186,23 +216,46 @@ display(Markdown(reading("memory_budget", results)))'''),
                "does it cost in latency?", params, cells)
 
 
+def overhead() -> nbformat.NotebookNode:
+    params = f'''{ENGINE}
+{section_params("overhead")}
+{COMMON_TAIL}'''
+    cells = [
+        new_code_cell(measure_cell("overhead")),
+        new_markdown_cell("## Overhead of each instrument"),
+        new_code_cell('''display(summary_frame("overhead", results))
+display(Markdown(reading("overhead", results)))'''),
+        new_markdown_cell("## Gate (upper end of each interval)"),
+        new_code_cell("display(check_table(rows))"),
+        new_markdown_cell(
+            "## How to read this\n\n"
+            "Each instrument is switched on and off in interleaved ABBA pairs of warm requests of one "
+            "session, judged on the server's end-to-end time. The overhead is median(on) / "
+            "median(off) − 1 with a 95 % bootstrap interval; the gate holds the interval's upper "
+            "end to `instrumentation_overhead_max`, so a noisy probe cannot pass on a lucky median."),
+    ]
+    return _nb("Instrumentation overhead",
+               "What does perfkit's own instrumentation (stage timing, the memory sampler) cost?",
+               params, cells)
+
+
 def baseline_gate() -> nbformat.NotebookNode:
     params = f'''{ENGINE}
 baseline_file = None  # a baseline JSON (sglang layout) of the same hardware, or None
 profile = "pr_test"  # tolerance profile
 strict = False  # a case missing from the baseline fails instead of being "new"
 hardware = None  # metadata.hardware of this run's baseline.json (None: from the bundles)
-invariants = None  # None: perfkit.baseline.DEFAULT_INVARIANTS
+invariants = None  # None: the scenarios' invariant defaults
 run_dir = "outputs/notebooks"  # the run whose bundles are gated (nothing is launched)'''
     cells = [
-        new_code_cell('''g = suite.gate(run_dir, engine=engine, request=request, baseline_file=baseline_file,
+        new_code_cell('''g = gate_run.gate(run_dir, engine=engine, request=request, baseline_file=baseline_file,
               profile=profile, strict=strict, hardware=hardware, invariants=invariants)
 if g.errors:
     raise RuntimeError("; ".join(g.errors))
-_verdict = suite.write_verdict(Path(run_dir) / "baseline_gate", "baseline_gate", g.rows,
+_verdict = verdicts.write_verdict(Path(run_dir) / verdicts.GATE, verdicts.GATE, g.rows,
                                cases=g.cases, compared_with=g.compared_with,
                                warnings=g.warnings)
-table = verdict_table(g.rows)'''),
+table = check_table(g.rows)'''),
         new_markdown_cell("## This run's baseline (sglang layout)"),
         new_code_cell('''display(Markdown(f"`{Path(run_dir) / 'baseline.json'}`: {len(g.cases)} cases. "
                  "Copy it under `baselines/` (same hardware only) to gate later runs."))
@@ -212,13 +265,13 @@ display(pd.DataFrame([{"case": c, "e2e (ms)": e.get("expected_e2e_ms"),
                        "runtime peak VRAM (MiB)": e.get("runtime_peak_vram_mb")}
                       for c, e in g.baseline_doc["scenarios"].items()]))'''),
         new_markdown_cell("## Invariants (any hardware)"),
-        new_code_cell("display(verdict_table(g.invariant_rows))"),
+        new_code_cell("display(check_table(g.invariant_rows))"),
         new_markdown_cell("## Against the baseline"),
         new_code_cell('''for w in g.warnings:
     display(Markdown(f"**Warning:** {w}"))
 if g.compared_with:
     display(Markdown(f"Compared with `{g.compared_with}`, profile `{profile}`."))
-    base = verdict_table(g.baseline_rows)
+    base = check_table(g.baseline_rows)
     display(base)
     show(plots.baseline_vs_actual(base))
 else:
@@ -237,7 +290,7 @@ else:
 
 
 NOTEBOOKS = {"cold_warm": cold_warm, "warmup_shapes": warmup_shapes,
-             "memory_budget": memory_budget, "baseline_gate": baseline_gate}
+             "memory_budget": memory_budget, "overhead": overhead, "baseline_gate": baseline_gate}
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,7 @@
 """Session-wide test guards.
 
 ``no_surviving_engines`` (autouse, every test): any engine process started through
-:func:`perfkit.launch.launch` during a test (and any descendant seen at its teardown) must be gone
+:func:`perfkit.engine.launch.launch` during a test (and any descendant seen at its teardown) must be gone
 when the test ends. A survivor is killed and the test errors, so the run fails.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from perfkit import launch as _launch
+from perfkit.engine import launch as _launch
 
 
 @pytest.fixture(autouse=True)

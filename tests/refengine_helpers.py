@@ -1,4 +1,4 @@
-"""Start the reference engine as a real subprocess for tests (independent of perfkit.launch).
+"""Start the reference engine as a real subprocess for tests (independent of perfkit.engine.launch).
 
 ::
 
@@ -26,8 +26,8 @@ from typing import Iterator
 
 import httpx
 
-from perfkit.client import VideoClient, VideoRequestSpec
-from perfkit.records import PerfRecord, read_perf_log
+from perfkit.engine.client import VideoClient, VideoRequestSpec
+from perfkit.readings.records import PerfRecord, read_perf_log
 
 PORT_RE = re.compile(r"perfkit-mark listening port=(\d+)")
 #: Seconds an engine may take to become ready (model build + warmup, compile included).

@@ -1,4 +1,4 @@
-"""Tests for perfkit.baseline against sglang's real RTX 5090 baseline and synthetic bundles."""
+"""Tests for perfkit.gate.baseline against sglang's real RTX 5090 baseline and synthetic bundles."""
 from __future__ import annotations
 
 import copy
@@ -10,8 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfkit import baseline as bl
+from perfkit.gate import baseline as bl
 from perfkit.bundle import ResultBundle
+from perfkit.scenarios import registry
+from perfkit.checks import CHECK_COLUMNS, STATUSES, check_markdown, check_table, overall_status
 
 FIXTURE = Path(__file__).parent / "fixtures" / "perf_baselines_5090.json"
 
@@ -63,7 +65,7 @@ def test_empty_stage_maps_and_zero_denoise_are_valid():
         "expected_avg_denoise_ms": 0.0, "expected_median_denoise_ms": 0.0}}})
     d = bl.loads_baseline(text)
     rows = bl.compare({"img": d["scenarios"]["img"]}, d)
-    assert bl.overall_status(bl.verdict_table(rows)) == "pass"
+    assert overall_status(check_table(rows)) == "pass"
 
 
 def test_corrupt_json_names_file_and_line(tmp_path):
@@ -120,9 +122,9 @@ def test_unknown_profile_raises(doc):
 
 
 def test_identical_run_passes_all(doc):
-    df = bl.verdict_table(bl.compare(run_from(doc), doc))
+    df = check_table(bl.compare(run_from(doc), doc))
     assert set(df["status"]) == {"pass"}
-    assert bl.overall_status(df) == "pass"
+    assert overall_status(df) == "pass"
 
 
 # ---------------------------------------------------------------------------- regressions
@@ -134,7 +136,7 @@ def test_denoising_stage_slower(doc, factor, status):
     rows = bl.compare(run, doc, "pr_test")
     r = rows_by_metric(rows, "wan2_1_t2v_1.3b")["stages_ms.DenoisingStage"]
     assert r.status == status
-    assert bl.overall_status(bl.verdict_table(rows)) == status
+    assert overall_status(check_table(rows)) == status
 
 
 def test_vram_three_percent_over_fails(doc):
@@ -157,12 +159,12 @@ def test_missing_metric_fails_with_reason(doc):
 
 def test_new_case_and_strict(doc):
     run = {"ltx_video_t2v": {"stages_ms": {"DenoisingStage": 1.0}, "expected_e2e_ms": 2.0}}
-    df = bl.verdict_table(bl.compare(run, doc))
+    df = check_table(bl.compare(run, doc))
     assert list(df["status"]) == ["new"]
-    assert bl.overall_status(df) == "pass"
-    df = bl.verdict_table(bl.compare(run, doc, strict=True))
+    assert overall_status(df) == "pass"
+    df = check_table(bl.compare(run, doc, strict=True))
     assert list(df["status"]) == ["fail"]
-    assert bl.overall_status(df) == "fail"
+    assert overall_status(df) == "fail"
 
 
 def test_new_metric_in_known_case(doc):
@@ -185,7 +187,7 @@ def test_improvement_hint_with_snippet(doc):
     assert by["denoise_step_ms.10"].status == "improved"
     assert bl.improvement_snippets(rows) == {"wan2_1_t2v_1.3b": {
         "stages_ms": {"DenoisingStage": 15000.0}, "denoise_step_ms": {"10": 300.0}}}
-    assert bl.overall_status(bl.verdict_table(rows)) == "pass"
+    assert overall_status(check_table(rows)) == "pass"
 
 
 def test_optional_load_tolerance(doc):
@@ -218,16 +220,16 @@ def test_stage_class_hook():
 def test_verdict_table_and_markdown(doc):
     run = run_from(doc, "wan2_1_t2v_1.3b")
     run["wan2_1_t2v_1.3b"]["stages_ms"]["DenoisingStage"] *= 1.3
-    df = bl.verdict_table(bl.compare(run, doc))
-    assert list(df.columns) == bl.VERDICT_COLUMNS
-    assert set(df["status"]) <= set(bl.STATUSES)
-    md = bl.verdict_markdown(df)
+    df = check_table(bl.compare(run, doc))
+    assert list(df.columns) == CHECK_COLUMNS
+    assert set(df["status"]) <= set(STATUSES)
+    md = check_markdown(df)
     lines = md.strip().splitlines()
     assert lines[0].startswith("| case") and "status" in lines[0]
     assert set(lines[1].replace("|", "").replace(":", "")) <= {"-", " "}
     assert len(lines) == len(df) + 2
     assert any("stages_ms.DenoisingStage" in ln and "fail" in ln for ln in lines)
-    assert bl.overall_status(bl.verdict_table([])) == "pass"
+    assert overall_status(check_table([])) == "pass"
 
 
 # ---------------------------------------------------------------------------- from_bundle
@@ -306,8 +308,8 @@ def test_baseline_from_bundles_compares_clean():
     assert d["tolerances"] == bl.DEFAULT_TOLERANCES
     assert d["metadata"]["hardware"] == "H200" and "abc1234" in d["metadata"]["description"]
     run = {"ltx_t2v": bl.from_bundle(b, "ltx_t2v")}
-    df = bl.verdict_table(bl.compare(run, d))
-    assert bl.overall_status(df) == "pass"
+    df = check_table(bl.compare(run, d))
+    assert overall_status(df) == "pass"
     # tolerances copied from sglang's file
     assert bl.DEFAULT_TOLERANCES == bl.load_baseline(FIXTURE)["tolerances"]
 
@@ -387,9 +389,9 @@ GOOD = {
 
 
 def test_invariants_pass():
-    rows = bl.check_invariants(GOOD, bl.DEFAULT_INVARIANTS)
-    df = bl.verdict_table(rows)
-    assert bl.overall_status(df) == "pass", df.to_string()
+    rows = registry.checks_for(GOOD, registry.invariant_defaults())
+    df = check_table(rows)
+    assert overall_status(df) == "pass", df.to_string()
     assert set(df["status"]) == {"pass"}
     # the uncovered 17->25 shape is not gated; the covered one is, twice (ratio, compiles)
     assert len(df[df["case"] == "warmup_shapes"]) == 2
@@ -402,26 +404,26 @@ def test_invariants_fail():
     bad["cold_warm"]["leak_checks"][0]["value"] = 40.0
     bad["warmup_shapes"]["coverage"][0].update(first_ms=4500.0, ratio=3.0, compiles=2)
     bad["memory_budget"]["caps"][0]["cap_held"] = False
-    df = bl.verdict_table(bl.check_invariants(bad, {**bl.DEFAULT_INVARIANTS,
+    df = check_table(registry.checks_for(bad, {**registry.invariant_defaults(),
                                                     "warm_cold_ratio_min": 0.5}))
     failed = set(df.loc[df["status"] == "fail", "metric"])
     assert failed == {"warm_cold_ratio", "host_anon_slope_mib_per_request",
                       "covered_first_request_ratio[warmup=17f,request=17f]",
                       "covered_compiles[warmup=17f,request=17f]", "cap_held[12g+32g]"}
-    assert bl.overall_status(df) == "fail"
+    assert overall_status(df) == "fail"
     mn = df[df["metric"] == "warm_cold_ratio_min"].iloc[0]
     assert mn["status"] == "pass"
 
 
 def test_invariants_absent_are_skipped():
-    df = bl.verdict_table(bl.check_invariants({"cold_warm": {"cold_ms": 1.0}},
-                                              {**bl.DEFAULT_INVARIANTS, "bogus": 1}))
+    df = check_table(registry.checks_for({"cold_warm": {"cold_ms": 1.0}},
+                                              {**registry.invariant_defaults(), "bogus": 1}))
     assert set(df["status"]) == {"skipped"}
-    assert bl.overall_status(df) == "pass"
+    assert overall_status(df) == "pass"
     assert (df["reason"].str.contains("not measured") | (df["metric"] == "bogus")).all()
 
 
 def test_invariant_ratio_computed_when_absent():
     res = {"cold_warm": {"cold_ms": 1000.0, "warm_median_ms": 1200.0}}
-    df = bl.verdict_table(bl.check_invariants(res, {"warm_cold_ratio_max": 1.0}))
+    df = check_table(registry.checks_for(res, {"warm_cold_ratio_max": 1.0}))
     assert df.iloc[0]["status"] == "fail" and df.iloc[0]["actual"] == pytest.approx(1.2)

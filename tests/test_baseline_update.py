@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from perfkit import baseline as bl
+from perfkit.gate import baseline as bl
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLES = ROOT / "examples" / "h200" / "bundles"

@@ -8,9 +8,9 @@ import httpx
 import psutil
 import pytest
 
-from perfkit.caps import CapOutcome, MemoryCaps, cgroup2_available
-from perfkit.engine import EngineSpec
-from perfkit.launch import EngineExitedError, EngineStartError, launch
+from perfkit.engine.caps import CapOutcome, MemoryCaps, cgroup2_available
+from perfkit.engine.spec import EngineSpec
+from perfkit.engine.launch import EngineExitedError, EngineStartError, launch
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
 

@@ -1,6 +1,6 @@
 """The reference engine with ``--num-gpus 2`` on the CPU: CFG parallel over two gloo ranks.
 
-Started through :func:`perfkit.launch.launch`, as scenarios start it. Checks: a request completes,
+Started through :func:`perfkit.engine.launch.launch`, as scenarios start it. Checks: a request completes,
 both ranks' timings are in its record, memory snapshots are the max across ranks, the frames match
 the single-process engine for the same seed, the multi-GPU two-stage warmup option, a dead rank
 makes the engine unhealthy, and teardown leaves no rank alive.
@@ -16,10 +16,10 @@ import psutil
 import pytest
 from refengine_helpers import spec
 
-from perfkit.engine import EngineSpec
-from perfkit.launch import launch
+from perfkit.engine.spec import EngineSpec
+from perfkit.engine.launch import launch
 from perfkit.refengine.cli import main as engine_main
-from perfkit.refengine.dist import max_snapshots
+from perfkit.refengine.memory import max_snapshots
 
 pytestmark = pytest.mark.slow
 
@@ -130,7 +130,7 @@ def test_bad_parallel_arguments_exit_2(argv, capsys):
 
 
 def _client(h):
-    from perfkit.client import VideoClient
+    from perfkit.engine.client import VideoClient
 
     return VideoClient(h.base_url, perf_log_dir=h.perf_log_dir, timeout_s=300.0)
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from perfkit import baseline as bl
+from perfkit.gate import baseline as bl
 from perfkit.cli import _parse_kv, build_parser
+from perfkit.gate import run as gate_run
 
 sys.path.insert(0, str(Path(__file__).parent))
 import synthetic  # noqa: E402
@@ -53,7 +54,7 @@ def gated_run(tmp_path) -> Path:
     from perfkit import suite
 
     run = synthetic.make_run(tmp_path / "run")
-    suite.gate(run, engine={"preset": "tiny", "warmup_frames": 17},
+    gate_run.gate(run, engine={"preset": "tiny", "warmup_frames": 17},
                request={"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4})
     return run
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from perfkit.engine import EngineSpec
+from perfkit.engine.spec import EngineSpec
 
 
 def test_reference_argv_defaults():

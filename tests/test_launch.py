@@ -10,8 +10,8 @@ import httpx
 import psutil
 import pytest
 
-from perfkit.engine import EngineSpec
-from perfkit.launch import (EngineExitedError, EngineStartError, PortInUseError, launch,
+from perfkit.engine.spec import EngineSpec
+from perfkit.engine.launch import (EngineExitedError, EngineStartError, PortInUseError, launch,
                             parse_marks, started_processes, surviving)
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))

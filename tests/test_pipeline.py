@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perfkit.frames import align_frames, latent_frames
+from perfkit.common.frames import align_frames, latent_frames
 from perfkit.refengine.models import build_preset
 from perfkit.refengine.pipeline import GenRequest, StagedPipeline
 

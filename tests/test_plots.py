@@ -1,4 +1,4 @@
-"""Tests for perfkit.plots on small DataFrames with the bundle.py columns."""
+"""Tests for perfkit.report.plots on small DataFrames with the bundle.py columns."""
 from __future__ import annotations
 
 import matplotlib

@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from perfkit import baseline as bl
+from perfkit.gate import baseline as bl
 from perfkit import suite
 from perfkit.params import ParamsError, load_params, parse_params
+from perfkit.gate import run as gate_run
+from perfkit.scenarios import registry
+from perfkit.checks import check_table, overall_status
 
 sys.path.insert(0, str(Path(__file__).parent))
 import synthetic  # noqa: E402
@@ -131,7 +134,7 @@ def test_baseline_file_checks():
 @pytest.fixture()
 def gated_run(tmp_path) -> Path:
     run = synthetic.make_run(tmp_path / "run")
-    suite.gate(run, engine=ENG, request=REQ, hardware="ci-cpu-2core")
+    gate_run.gate(run, engine=ENG, request=REQ, hardware="ci-cpu-2core")
     return run
 
 
@@ -157,13 +160,13 @@ def test_compare_other_hardware_with_common_cases_warns(gated_run, tmp_path):
 
 
 def test_gate_against_other_hardware_is_not_a_pass(gated_run):
-    g = suite.gate(gated_run, engine=ENG, request=REQ, hardware="ci-cpu-2core",
+    g = gate_run.gate(gated_run, engine=ENG, request=REQ, hardware="ci-cpu-2core",
                    baseline_file="baselines/h200.json")
     fails = [r for r in g.baseline_rows if r.status == "fail"]
     assert fails and "nothing compared" in fails[0].reason
     assert "'NVIDIA H200'" in fails[0].reason and "'ci-cpu-2core'" in fails[0].reason
     assert g.warnings
-    assert bl.overall_status(bl.verdict_table(g.rows)) == "fail"
+    assert overall_status(check_table(g.rows)) == "fail"
 
 
 # --------------------------------------------------------------------------- 4. up-front checks
@@ -221,14 +224,14 @@ def test_warmup_shapes_with_nothing_measured_is_an_error():
     req["error"] = req["error"].astype(object)
     req.loc[req["index"] >= 0, "error"] = "num_frames: must be between 1 and 257, got 300"
     b.tables["requests"] = req
-    with pytest.raises(suite.ScenarioError, match="no request shape was measured.*must be between"):
-        suite.check_bundle("warmup_shapes", b)
-    suite.check_bundle("warmup_shapes", synthetic.warmup_shapes())
+    with pytest.raises(registry.ScenarioError, match="no request shape was measured.*must be between"):
+        registry.get("warmup_shapes").check_bundle(b)
+    registry.get("warmup_shapes").check_bundle(synthetic.warmup_shapes())
 
 
 def test_cold_warm_error_carries_the_request_error(monkeypatch, tmp_path):
-    from perfkit.client import RequestOutcome, VideoRequestSpec
-    from perfkit.engine import EngineSpec
+    from perfkit.engine.client import RequestOutcome, VideoRequestSpec
+    from perfkit.engine.spec import EngineSpec
     from perfkit.scenarios import cold_warm as cw
     from perfkit.scenarios.common import LaunchData, failed_row
 
@@ -245,8 +248,8 @@ def test_cold_warm_error_carries_the_request_error(monkeypatch, tmp_path):
     b = cw.cold_vs_warm(EngineSpec(), VideoRequestSpec(height=65), repeats=3, run_dir=tmp_path)
     err = b.results["error"]
     assert "0 of 3 requests completed" in err and "HTTP 400" in err and "got 65" in err
-    with pytest.raises(suite.ScenarioError, match="HTTP 400"):
-        suite.check_bundle("cold_warm", b)
+    with pytest.raises(registry.ScenarioError, match="HTTP 400"):
+        registry.get("cold_warm").check_bundle(b)
 
 
 # --------------------------------------------------------------------------- 6. perfkit run

@@ -11,7 +11,7 @@ import threading
 import pytest
 from refengine_helpers import running_engine, spec
 
-from perfkit.client import VideoClient, VideoRequestSpec
+from perfkit.engine.client import VideoClient, VideoRequestSpec
 
 pytestmark = pytest.mark.slow
 

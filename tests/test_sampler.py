@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from perfkit.engine import EngineSpec
-from perfkit.launch import launch
-from perfkit.sampler import COLUMNS, MemorySampler, device_used_mib
+from perfkit.engine.spec import EngineSpec
+from perfkit.engine.launch import launch
+from perfkit.readings.sampler import COLUMNS, MemorySampler, device_used_mib
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
 

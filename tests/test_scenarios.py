@@ -7,10 +7,10 @@ import json
 import pandas as pd
 import pytest
 
-from perfkit import baseline
+from perfkit.gate import baseline
 from perfkit.bundle import ResultBundle, load_many
-from perfkit.caps import MemoryCaps
-from perfkit.engine import EngineSpec
+from perfkit.engine.caps import MemoryCaps
+from perfkit.engine.spec import EngineSpec
 from perfkit.scenarios import cold_vs_warm, find_min_budget, memory_budget, warmup_shapes
 
 REQ = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}

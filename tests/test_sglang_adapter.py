@@ -18,14 +18,15 @@ import matplotlib.colors
 import pandas as pd
 import pytest
 
-from perfkit import baseline as bl
-from perfkit import plots, stages
-from perfkit.caps import MemoryCaps
-from perfkit.client import RequestOutcome
-from perfkit.engine import EngineSpec
-from perfkit.launch import started_processes
+from perfkit.gate import baseline as bl
+from perfkit.report import plots
+from perfkit.readings import stages
+from perfkit.engine.caps import MemoryCaps
+from perfkit.engine.client import RequestOutcome
+from perfkit.engine.spec import EngineSpec
+from perfkit.engine.launch import started_processes
 from perfkit.params import load_params
-from perfkit.records import SNAPSHOT_KEYS, find_record, parse_lines, read_perf_log
+from perfkit.readings.records import SNAPSHOT_KEYS, find_record, parse_lines, read_perf_log
 from perfkit.refengine.cli import sglang_perf_log_dir
 from perfkit.scenarios import cold_vs_warm
 from perfkit.scenarios.common import LaunchData, _rows

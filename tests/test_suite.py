@@ -16,9 +16,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from perfkit import baseline as bl
+from perfkit.gate import baseline as bl
 from perfkit import suite
 from perfkit.bundle import ResultBundle
+from perfkit.params import load_params
+from perfkit.gate import run as gate_run
+from perfkit.gate import verdicts
+from perfkit.scenarios import registry
 
 sys.path.insert(0, str(Path(__file__).parent))
 import synthetic  # noqa: E402
@@ -34,14 +38,14 @@ def perfkit(*args: str, env: dict | None = None, timeout: float = 900) -> subpro
 
 # --------------------------------------------------------------------------- notebooks
 
-@pytest.mark.parametrize("name", suite.NOTEBOOKS)
+@pytest.mark.parametrize("name", verdicts.notebooks())
 def test_notebook_committed_clean_with_parameters_cell(name):
     nb = nbformat.read(str(NB_DIR / f"{name}.ipynb"), as_version=4)
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1
     src = tagged[0].source
     assert "run_dir =" in src and "engine =" in src and "request =" in src
-    if name != suite.GATE:
+    if name != verdicts.GATE:
         assert "bundle_dir = None" in src
     for c in nb.cells:
         if c.cell_type == "code":
@@ -61,7 +65,7 @@ def test_notebook_parameters_parse_with_papermill():
     from perfkit.params import load_params
 
     p = load_params(ROOT / "params" / "ci-cpu.yaml")
-    for name in suite.NOTEBOOKS:
+    for name in verdicts.notebooks():
         declared = set(inspect_notebook(str(NB_DIR / f"{name}.ipynb")))
         passed = set(suite.notebook_parameters(name, p, Path("/tmp/x")))
         assert passed <= declared, f"{name}: undeclared {passed - declared}"
@@ -72,26 +76,26 @@ def test_notebook_parameters_parse_with_papermill():
 def test_case_ids():
     eng = {"kind": "reference", "preset": "tiny", "warmup_frames": 17}
     req = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
-    assert suite.case_id(eng, req) == "tiny_25f_64x64_4s_w17"
-    assert suite.case_id(eng, req, warmup_frames=25, suffix="_shapes") == "tiny_25f_64x64_4s_w25_shapes"
+    assert gate_run.case_id(eng, req) == "tiny_25f_64x64_4s_w17"
+    assert gate_run.case_id(eng, req, warmup_frames=25, suffix="_shapes") == "tiny_25f_64x64_4s_w25_shapes"
 
 
 def test_bundle_cases_and_gate(tmp_path):
     run = synthetic.make_run(tmp_path)
     eng = {"kind": "reference", "preset": "tiny", "warmup_frames": 17}
     req = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
-    cases = suite.bundle_cases(suite.load_run_bundles(run), eng, req)
+    cases = gate_run.bundle_cases(gate_run.load_run_bundles(run), eng, req)
     # the uncovered 17 -> 25 slice is the investigation's finding, not a baseline case
     assert set(cases) == {"tiny_25f_64x64_4s_w17", "tiny_25f_64x64_4s_w25_shapes",
                           "tiny_25f_64x64_4s_w17_cap-unlimited", "tiny_25f_64x64_4s_w17_cap-8GiBhost"}
     # a shapes case holds one launch only
     assert set(cases["tiny_25f_64x64_4s_w25_shapes"].requests["launch"]) == {"w25"}
-    g = suite.gate(run, engine=eng, request=req)
+    g = gate_run.gate(run, engine=eng, request=req)
     doc = bl.load_baseline(run / "baseline.json")
     assert set(doc["scenarios"]) == set(cases)
     assert all(r.status != "fail" for r in g.rows)
     # comparing the run with its own baseline passes
-    g2 = suite.gate(run, engine=eng, request=req, baseline_file=run / "baseline.json")
+    g2 = gate_run.gate(run, engine=eng, request=req, baseline_file=run / "baseline.json")
     assert any(r.status == "pass" for r in g2.baseline_rows)
     assert all(r.status in ("pass", "skipped") for r in g2.baseline_rows), \
         [r for r in g2.baseline_rows if r.status not in ("pass", "skipped")]
@@ -102,9 +106,9 @@ def test_exit_code_rules():
 
     ok = pd.DataFrame([{"status": "pass"}])
     bad = pd.DataFrame([{"status": "fail"}])
-    assert suite.exit_code_for([{"status": "ok"}], ok) == 0
-    assert suite.exit_code_for([{"status": "ok"}], bad) == 1
-    assert suite.exit_code_for([{"status": "error"}], ok) == 2
+    assert verdicts.exit_code_for([{"status": "ok"}], ok) == 0
+    assert verdicts.exit_code_for([{"status": "ok"}], bad) == 1
+    assert verdicts.exit_code_for([{"status": "error"}], ok) == 2
 
 
 # --------------------------------------------------------------------------- replayed suite
@@ -119,7 +123,7 @@ def test_replayed_suite_passes(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for f in ("report.html", "summary.md", "baseline.json", "run.json", "params.yaml"):
         assert (out / f).exists(), f
-    for n in suite.NOTEBOOKS:
+    for n in verdicts.notebooks():
         assert (out / "notebooks" / f"{n}.ipynb").exists()
     for s in ("cold_warm", "warmup_shapes", "memory_budget"):
         ResultBundle.load(out / s)
@@ -171,15 +175,15 @@ def test_notebook_that_raises_still_reports_exit_2(tmp_path):
 def test_engine_crash_is_a_scenario_error():
     b = synthetic.cold_warm()
     b.results = {"error": "engine exited with code -9 during request 1", "leak_checks": []}
-    with pytest.raises(suite.ScenarioError, match="engine exited"):
-        suite.check_bundle("cold_warm", b)
+    with pytest.raises(registry.ScenarioError, match="engine exited"):
+        registry.get("cold_warm").check_bundle(b)
     mb = synthetic.memory_budget()
     mb.results["caps"][0]["completed"] = False  # the uncapped run crashed
-    with pytest.raises(suite.ScenarioError, match="without caps"):
-        suite.check_bundle("memory_budget", mb)
+    with pytest.raises(registry.ScenarioError, match="without caps"):
+        registry.get("memory_budget").check_bundle(mb)
     mb = synthetic.memory_budget()
     mb.results["caps"][1]["completed"] = False  # a capped run failing is a verdict, not an error
-    suite.check_bundle("memory_budget", mb)
+    registry.get("memory_budget").check_bundle(mb)
 
 
 @pytest.mark.slow
@@ -220,9 +224,10 @@ def test_suite_end_to_end_on_reference_engine(tmp_path):
     wall = time.monotonic() - t0
     run = json.loads((out / "run.json").read_text())
     statuses = {n["name"]: n["status"] for n in run["notebooks"]}
-    assert statuses == {n: "ok" for n in suite.NOTEBOOKS}, (run, proc.stderr[-3000:])
-    verdicts = suite.collect_verdicts(out)
-    failed = verdicts[verdicts["status"] == "fail"]
+    enabled = {n: "ok" for n in (*load_params(ROOT / "params" / "ci-cpu.yaml").enabled(), verdicts.GATE)}
+    assert {n: s for n, s in statuses.items() if s != "skipped"} == enabled, (run, proc.stderr[-3000:])
+    rows = verdicts.collect_verdicts(out)
+    failed = rows[rows["status"] == "fail"]
     # exit 0 when every gate passed, 1 when one failed (noisy runner): never an error
     assert proc.returncode == (1 if len(failed) else 0), (failed.to_string(), proc.stdout)
     assert wall < 600, f"ci-cpu suite took {wall:.0f} s"

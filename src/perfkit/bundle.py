@@ -42,6 +42,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from perfkit.common.provenance import git_commit
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
@@ -81,19 +83,6 @@ def redact(obj: Any) -> Any:
     return obj
 
 
-def _git_commit() -> str | None:
-    """HEAD of perfkit's checkout; ``PERFKIT_GIT_COMMIT`` overrides (copies without .git)."""
-    if os.environ.get("PERFKIT_GIT_COMMIT"):
-        return os.environ["PERFKIT_GIT_COMMIT"]
-    try:
-        here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                             text=True, timeout=5)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def _gpu_info() -> dict[str, Any]:
     try:
         import pynvml
@@ -119,7 +108,7 @@ def environment_meta() -> dict[str, Any]:
 
     meta: dict[str, Any] = {
         "perfkit_version": perfkit.__version__,
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "python": platform.python_version(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
@@ -250,6 +239,66 @@ class ResultBundle:
                 logs[p.name] = p.read_text(errors="replace")
         return cls(scenario=meta.get("scenario", d.name), meta=meta, results=results,
                    tables=tables, records=records, logs=logs, path=d)
+
+
+def sub_bundle(bundle: ResultBundle, *, launch: Any = None, num_frames: int | None = None,
+               skip_first: bool = False) -> ResultBundle:
+    """The part of a bundle from one launch and/or one request frame count (tables filtered).
+
+    ``skip_first`` drops the first measured request of the selection (an uncovered cold request,
+    whose shape setup is the investigation's finding, not the steady state a baseline holds).
+    """
+    req = bundle.requests
+    if req.empty:
+        return bundle
+    mask = pd.Series(True, index=req.index)
+    if skip_first and "index" in req:
+        sel = req
+        if launch is not None and "launch" in req:
+            sel = sel[sel["launch"] == launch]
+        if num_frames is not None and "num_frames" in req:
+            sel = sel[sel["num_frames"] == num_frames]
+        measured = sel[sel["index"] >= 0]
+        if len(measured) >= 2:
+            mask &= req.index != measured["index"].idxmin()
+    if launch is not None and "launch" in req:
+        mask &= req["launch"] == launch
+    if num_frames is not None and "num_frames" in req:
+        mask &= (req["num_frames"] == num_frames) | (req.get("index", 0) == -1)
+    keep = req[mask]
+    keys = set(zip(keep.get("launch", pd.Series([None] * len(keep))), keep["request_id"].astype(str)))
+    tables = dict(bundle.tables)
+    tables["requests"] = keep
+    for name in ("stages", "steps"):
+        t = bundle.table(name)
+        if not t.empty and "request_id" in t:
+            la = t["launch"] if "launch" in t else pd.Series([None] * len(t), index=t.index)
+            tables[name] = t[[k in keys for k in zip(la, t["request_id"].astype(str))]]
+    for name in ("memory", "launches"):
+        t = bundle.table(name)
+        if launch is not None and not t.empty and "launch" in t:
+            tables[name] = t[t["launch"] == launch]
+    return ResultBundle(scenario=bundle.scenario, meta=bundle.meta, results=bundle.results,
+                        tables=tables, path=bundle.path)
+
+
+def cold_request_covered(bundle: ResultBundle) -> bool:
+    """Whether the first measured request has the latent shape the startup warmup ran.
+
+    False (uncovered) when the warmup's shape differs or there was no warmup; True when shapes
+    are unknown (other engines' records carry no latent shape: keep every request, as sglang's
+    baseline dump does).
+    """
+    req = bundle.requests
+    if req.empty or "latent_shape" not in req or "index" not in req:
+        return True
+    warm = req[req["index"] < 0]["latent_shape"].dropna()
+    first = req[req["index"] >= 0].sort_values("index")["latent_shape"].dropna()
+    if first.empty:
+        return True
+    if warm.empty:
+        return False
+    return str(first.iloc[0]) in {str(x) for x in warm}
 
 
 def _safe(name: str) -> str:

@@ -25,7 +25,8 @@ from typing import Any
 
 import yaml
 
-from perfkit.suite import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
+from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
+from perfkit.checks import check_markdown, check_table, overall_status
 
 log = logging.getLogger("perfkit")
 
@@ -157,7 +158,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
             shutil.rmtree(top, ignore_errors=True)  # nothing ran: leave no empty run directory
         return EXIT_ERROR
-    from perfkit.suite import read_verdict
+    from perfkit.gate.verdicts import read_verdict
 
     v = read_verdict(run_dir / nb.stem)
     if v and v.get("status") == "fail":
@@ -184,8 +185,8 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from perfkit import baseline as bl
-    from perfkit.suite import run_cases, run_hardware
+    from perfkit.gate import baseline as bl
+    from perfkit.gate.run import run_cases, run_hardware
 
     try:
         ref = bl.load_baseline(a.baseline)
@@ -205,15 +206,15 @@ def cmd_compare(a: argparse.Namespace) -> int:
                                          run_hardware=run_hardware(a.run))
     for w in warnings:
         print(f"perfkit: warning: {w}", file=sys.stderr)
-    df = bl.verdict_table([*overlap, *rows])
-    print(bl.verdict_markdown(df))
-    status = bl.overall_status(df)
+    df = check_table([*overlap, *rows])
+    print(check_markdown(df))
+    status = overall_status(df)
     print(f"compare: {status.upper()}")
     return EXIT_REGRESSION if status == "fail" else EXIT_OK
 
 
 def cmd_baseline_update(a: argparse.Namespace) -> int:
-    from perfkit import baseline as bl
+    from perfkit.gate import baseline as bl
 
     try:
         doc = bl.update_baseline(a.bundle, a.baseline, a.case, hardware=a.hardware, launch=a.launch,

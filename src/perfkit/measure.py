@@ -20,20 +20,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from perfkit.caps import MemoryCaps
-from perfkit.client import VideoRequestSpec
-from perfkit.engine import EngineSpec
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
 from perfkit.params import SuiteParams, load_params
-from perfkit.scenarios import cold_vs_warm, memory_budget, warmup_shapes
+from perfkit.scenarios import registry
+from perfkit.scenarios.overhead import NAME as OVERHEAD
+from perfkit.scenarios.warmup_shapes import NAME as WARMUP_SHAPES
+from perfkit.scenarios.registry import RunContext
 
 log = logging.getLogger("perfkit.measure")
-
-
-def _caps(c) -> MemoryCaps | None:
-    if c is None:
-        return None
-    d = c.model_dump() if hasattr(c, "model_dump") else dict(c)
-    return MemoryCaps(device_gib=d.get("device_gib"), host_gib=d.get("host_gib"), label=d.get("label"))
 
 
 def measure(params: SuiteParams, out: str | Path, only: list[str] | None = None, work_dir: str | Path | None = None,
@@ -45,52 +40,46 @@ def measure(params: SuiteParams, out: str | Path, only: list[str] | None = None,
         out: bundle destination (kept small: no compile caches).
         only: restrict to these scenarios.
         work_dir: launch directories with logs and compile caches (default: a temp dir).
-        overhead_pairs: measure the instrumentation cost in the cold_warm session.
-        two_stage_shapes: also run warmup_shapes with the two-stage pipeline
-            (bundle ``warmup_shapes_two_stage``).
+        overhead_pairs: > 0 enables the instrumentation-overhead scenario with this many pairs.
+        two_stage_shapes: also run the warmup-shapes scenario with the two-stage pipeline
+            (bundle ``<name>_two_stage``).
 
     Returns:
         a summary ``{scenario: {"bundle": path, "wall_s": s, "error": str | None}}`` (also
-        written to ``out/measure.json``). Scenario errors are logged and recorded, not raised.
+        written to ``out/measure.json``). Scenario errors are logged and recorded, not raised;
+        a scenario whose bundle holds no usable measurement counts as an error.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="perfkit-measure-"))
     spec = EngineSpec.from_dict(dict(params.engine))
     req = VideoRequestSpec.from_dict(params.request.model_dump(exclude_none=True))
-    jobs: list[tuple[str, Any]] = []
-    if params.cold_warm.enabled:
-        cw = params.cold_warm
-        jobs.append(("cold_warm", lambda: cold_vs_warm(spec, req, repeats=cw.repeats, caps=_caps(cw.caps),
-                                                       run_dir=work / "cold_warm", thresholds=cw.thresholds,
-                                                       overhead_pairs=overhead_pairs)))
-    if params.warmup_shapes.enabled:
-        ws = params.warmup_shapes
-        jobs.append(("warmup_shapes", lambda: warmup_shapes(spec, ws.warmup_frames, ws.request_frames, ws.repeats,
-                                                            request=req, run_dir=work / "warmup_shapes")))
-        if two_stage_shapes:
-            two = dataclasses.replace(spec, two_stage=True)
-            jobs.append(("warmup_shapes_two_stage",
-                         lambda: warmup_shapes(two, ws.warmup_frames, ws.request_frames, ws.repeats, request=req,
-                                               run_dir=work / "warmup_shapes_two_stage")))
-    if params.memory_budget.enabled:
-        mb = params.memory_budget
-        jobs.append(("memory_budget", lambda: memory_budget(
-            spec, [_caps(c) for c in mb.caps], request=req, repeats=mb.repeats, run_dir=work / "memory_budget",
-            min_budget=mb.min_budget.model_dump() if mb.min_budget else None)))
-    summary: dict[str, Any] = {}
-    for name, job in jobs:
-        if only and name not in only and name.split("_two_stage")[0] not in only:
+    jobs: list[tuple[str, Any, Any, Any]] = []
+    for s in registry.all_scenarios():
+        sec = params.section(s.name)
+        if s.name == OVERHEAD and overhead_pairs > 0:
+            sec = sec.model_copy(update={"enabled": True, "pairs": overhead_pairs})
+        if not sec.enabled or (only and s.name not in only):
             continue
+        jobs.append((s.name, s, sec, spec))
+        if two_stage_shapes and s.name == WARMUP_SHAPES:
+            jobs.append((f"{s.name}_two_stage", s, sec, dataclasses.replace(spec, two_stage=True)))
+    summary: dict[str, Any] = {}
+    shared: dict[str, Any] = {}
+    for name, s, sec, eng in jobs:
         t0 = time.time()
         log.info("measuring %s", name)
         try:
-            bundle = job()
+            ctx = RunContext(engine=eng, request=req, work_dir=work / name, shared=dict(shared))
+            bundle = s.run(ctx, sec)
             path = bundle.save(out / name)
+            shared.setdefault(s.name, bundle)
+            s.check_bundle(bundle)
             summary[name] = {"bundle": str(path), "wall_s": round(time.time() - t0, 1), "error": None}
         except Exception as exc:  # noqa: BLE001 - one failed investigation must not lose the others
             log.exception("%s failed", name)
-            summary[name] = {"bundle": None, "wall_s": round(time.time() - t0, 1), "error": f"{type(exc).__name__}: {exc}"}
+            summary[name] = {"bundle": None, "wall_s": round(time.time() - t0, 1),
+                             "error": f"{type(exc).__name__}: {exc}"}
         (out / "measure.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -114,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = measure(params, a.out, only=a.only.split(",") if a.only else None, work_dir=a.work_dir,
                       overhead_pairs=a.overhead_pairs, two_stage_shapes=a.two_stage_shapes)
     print(json.dumps(summary, indent=2))
+    if not summary:
+        print("error: nothing was measured (every investigation disabled or not selected)", file=sys.stderr)
+        return 2
     return 2 if any(v["error"] for v in summary.values()) else 0
 
 

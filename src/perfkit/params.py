@@ -6,14 +6,14 @@ Layout (every section optional except ``name``; unknown keys are errors)::
     description: ...
     timeout_s: 600                 # per notebook cell (papermill execution timeout)
     engine: {kind, preset, compile, compile_backend, device, dtype, warmup_frames, ...}
-                                   # any EngineSpec field (perfkit.engine)
+                                   # any EngineSpec field (perfkit.engine.spec)
     request: {num_frames, height, width, num_inference_steps, seed, prompt, ...}
     cold_warm: {enabled, repeats, thresholds: {...}, caps: {device_gib, host_gib, label} | null}
     warmup_shapes: {enabled, warmup_frames: [17, 25], request_frames: [25], repeats}
     memory_budget: {enabled, caps: [{label, device_gib, host_gib}], repeats,
                     min_budget: {lo_gib, hi_gib} | null}
     baseline: {file: path | null, profile: pr_test, strict: false, hardware: name | null}
-    invariants: {warm_cold_ratio_max: 1.0, ...}   # perfkit.baseline.KNOWN_INVARIANTS
+    invariants: {warm_cold_ratio_max: 1.0, ...}   # perfkit.gate.baseline.KNOWN_INVARIANTS
 
 Errors name the file, the key path and, for unknown keys, the closest known key::
 
@@ -29,16 +29,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from perfkit.common.presets import MAX_FRAMES, PIXEL_MULTIPLE, PRESET_NAMES
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-__all__ = ["ParamsError", "SuiteParams", "load_params", "parse_params", "SCENARIOS"]
+from perfkit.engine.spec import EngineSpec
+from perfkit.scenarios import registry
+from perfkit.scenarios.registry import ScenarioParams
 
-#: Investigation notebooks, in run order; the baseline gate runs after them.
-SCENARIOS = ("cold_warm", "warmup_shapes", "memory_budget")
-#: The reference engine (perfkit.refengine) answers 400 to a height/width not a multiple of this.
-REFERENCE_PIXEL_MULTIPLE = 32
-#: The reference engine's default --max-frames (requests above it get a 400).
-REFERENCE_MAX_FRAMES = 257
+__all__ = ["ParamsError", "SuiteParams", "InvariantsParams", "load_params", "parse_params"]
+
 
 
 class ParamsError(ValueError):
@@ -63,59 +62,6 @@ class RequestParams(_Model):
     fps: Optional[int] = Field(None, ge=1)
 
 
-class CapParams(_Model):
-    """One memory budget. ``None`` means no cap on that side."""
-
-    label: Optional[str] = None
-    device_gib: Optional[float] = Field(None, gt=0)
-    host_gib: Optional[float] = Field(None, gt=0)
-
-
-class ColdWarmParams(_Model):
-    enabled: bool = True
-    #: requests in the session: one cold + (repeats - 1) warm
-    repeats: int = Field(5, ge=2, le=1000)
-    #: leak-check thresholds passed to perfkit.scenarios.cold_vs_warm
-    thresholds: Optional[dict[str, float]] = None
-    caps: Optional[CapParams] = None
-
-
-class WarmupShapesParams(_Model):
-    enabled: bool = True
-    warmup_frames: list[int] = Field(default_factory=lambda: [17, 25], min_length=1)
-    request_frames: list[int] = Field(default_factory=lambda: [25], min_length=1)
-    repeats: int = Field(3, ge=2, le=1000)
-
-    @field_validator("warmup_frames", "request_frames")
-    @classmethod
-    def _frames(cls, v: list[int], info) -> list[int]:
-        least = 0 if info.field_name == "warmup_frames" else 1  # 0 warmup frames: no warmup
-        for x in v:
-            if x < least:
-                raise ValueError(f"frame counts must be >= {least}, got {x}")
-        return v
-
-
-class MinBudgetParams(_Model):
-    lo_gib: float = Field(gt=0)
-    hi_gib: float = Field(gt=0)
-    #: bisection stops when hi - lo <= this (GiB); each probe is one engine launch
-    resolution_gib: float = Field(1.0, gt=0)
-
-    @model_validator(mode="after")
-    def _order(self) -> "MinBudgetParams":
-        if self.lo_gib >= self.hi_gib:
-            raise ValueError(f"lo_gib ({self.lo_gib:g}) must be < hi_gib ({self.hi_gib:g})")
-        return self
-
-
-class MemoryBudgetParams(_Model):
-    enabled: bool = True
-    caps: list[CapParams] = Field(default_factory=lambda: [CapParams()], min_length=1)
-    repeats: int = Field(2, ge=1, le=1000)
-    min_budget: Optional[MinBudgetParams] = None
-
-
 class BaselineParams(_Model):
     #: baseline JSON to compare against (relative to the params file's repo root or absolute)
     file: Optional[str] = None
@@ -125,18 +71,14 @@ class BaselineParams(_Model):
     hardware: Optional[str] = None
 
 
-class SuiteParams(_Model):
+class _SuiteBase(_Model):
     name: str
     description: str = ""
     #: papermill per-cell execution timeout (s); None: no limit
     timeout_s: Optional[float] = Field(1800, gt=0)
     engine: dict[str, Any] = Field(default_factory=dict)
     request: RequestParams = Field(default_factory=RequestParams)
-    cold_warm: ColdWarmParams = Field(default_factory=ColdWarmParams)
-    warmup_shapes: WarmupShapesParams = Field(default_factory=WarmupShapesParams)
-    memory_budget: MemoryBudgetParams = Field(default_factory=MemoryBudgetParams)
     baseline: BaselineParams = Field(default_factory=BaselineParams)
-    invariants: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -148,8 +90,6 @@ class SuiteParams(_Model):
     @field_validator("engine")
     @classmethod
     def _engine(cls, v: dict[str, Any]) -> dict[str, Any]:
-        from perfkit.engine import EngineSpec
-
         known = {f.name for f in dataclasses.fields(EngineSpec)} | {"command"}
         for key in v:
             if key not in known:
@@ -160,23 +100,8 @@ class SuiteParams(_Model):
             raise ValueError(str(exc)) from None
         return v
 
-    @field_validator("invariants")
-    @classmethod
-    def _invariants(cls, v: dict[str, Any]) -> dict[str, Any]:
-        from perfkit.baseline import KNOWN_INVARIANTS
-
-        for key, val in v.items():
-            if key not in KNOWN_INVARIANTS:
-                raise _UnknownKey(key, sorted(KNOWN_INVARIANTS))
-            if key in ("caps_held", "caps_completed", "warm_degrades_allowed"):
-                if not isinstance(val, bool):
-                    raise ValueError(f"{key} must be true or false, got {val!r}")
-            elif isinstance(val, bool) or not isinstance(val, (int, float)):
-                raise ValueError(f"{key} must be a number, got {val!r}")
-        return v
-
     @model_validator(mode="after")
-    def _reference_engine(self) -> "SuiteParams":
+    def _reference_engine(self) -> "_SuiteBase":
         """What the reference engine would refuse only after a launch: a 400 for a height or
         width that is not a multiple of 32, an unknown preset, more frames than --max-frames."""
         eng = self.engine
@@ -186,30 +111,31 @@ class SuiteParams(_Model):
         for sec, src in (("request", self.request.model_dump()), ("engine", eng)):
             for key in ("height", "width"):
                 v = src.get(key)
-                if isinstance(v, int) and not isinstance(v, bool) and v % REFERENCE_PIXEL_MULTIPLE:
-                    problems.append(((sec, key), f"must be a multiple of {REFERENCE_PIXEL_MULTIPLE} "
+                if isinstance(v, int) and not isinstance(v, bool) and v % PIXEL_MULTIPLE:
+                    problems.append(((sec, key), f"must be a multiple of {PIXEL_MULTIPLE} "
                                                  f"for the reference engine, got {v}"))
         if not eng.get("model_path"):
             preset = eng.get("preset", "tiny")
-            try:
-                from perfkit.refengine.models import PRESETS
-            except ImportError:  # pragma: no cover - no torch here: the launch will say so
-                PRESETS = None
-            if PRESETS is not None and preset not in PRESETS:
+            if preset not in PRESET_NAMES:
                 problems.append((("engine", "preset"),
                                  f"unknown preset {preset!r} for the reference engine; known: "
-                                 f"{', '.join(PRESETS)} (or set engine.model_path)"))
-        max_frames = eng.get("max_frames") or REFERENCE_MAX_FRAMES
+                                 f"{', '.join(PRESET_NAMES)} (or set engine.model_path)"))
+        max_frames = eng.get("max_frames") or MAX_FRAMES
         if self.request.num_frames > max_frames:
             problems.append((("request", "num_frames"),
                              f"must be <= {max_frames} (the reference engine's max_frames), "
                              f"got {self.request.num_frames}"))
-        if self.warmup_shapes.enabled:
-            for i, f in enumerate(self.warmup_shapes.request_frames):
-                if f > max_frames:
-                    problems.append((("warmup_shapes", "request_frames", i),
-                                     f"must be <= {max_frames} (the reference engine's "
-                                     f"max_frames), got {f}"))
+        for s in registry.all_scenarios():
+            sec = getattr(self, s.name)
+            if not sec.enabled:
+                continue
+            for key, value in sec:  # any request-frame list a scenario declares
+                if key == "request_frames":
+                    for i, f in enumerate(value):
+                        if f > max_frames:
+                            problems.append(((s.name, key, i),
+                                             f"must be <= {max_frames} (the reference engine's "
+                                             f"max_frames), got {f}"))
         if problems:
             raise _AtKeys(problems)
         return self
@@ -217,18 +143,39 @@ class SuiteParams(_Model):
     # ------------------------------------------------------------------ helpers
     def enabled(self) -> list[str]:
         """Enabled investigations, in run order."""
-        return [s for s in SCENARIOS if getattr(self, s).enabled]
+        return [s.name for s in registry.all_scenarios() if getattr(self, s.name).enabled]
 
-    def engine_spec(self):
-        from perfkit.engine import EngineSpec
+    def section(self, name: str) -> ScenarioParams:
+        """The validated params section of scenario ``name``."""
+        return getattr(self, name)
 
+    def engine_spec(self) -> EngineSpec:
         return EngineSpec.from_dict(self.engine)
 
     def invariants_all(self) -> dict[str, Any]:
-        """perfkit.baseline.DEFAULT_INVARIANTS overlaid with this file's ``invariants``."""
-        from perfkit.baseline import DEFAULT_INVARIANTS
+        """Every gated invariant: the scenarios' defaults overlaid with this file's
+        ``invariants`` (keys whose limit is None are not gated and left out)."""
+        return {k: v for k, v in self.invariants.model_dump().items() if v is not None}
 
-        return {**DEFAULT_INVARIANTS, **self.invariants}
+
+def _build_models() -> tuple[type[BaseModel], type[BaseModel]]:
+    """(InvariantsModel, SuiteParams) assembled from the registry: one section per scenario,
+    one ``invariants`` mapping with every scenario's invariant fields and defaults."""
+    inv_fields: dict[str, Any] = {}
+    for s in registry.all_scenarios():
+        for key, f in s.invariants_model.model_fields.items():
+            inv_fields[key] = (f.annotation, f)
+    invariants = create_model("InvariantsParams", __base__=registry.InvariantParams, **inv_fields)
+    sections: dict[str, Any] = {s.name: (s.params_model, Field(default_factory=s.params_model))
+                                for s in registry.all_scenarios()}
+    sections["invariants"] = (invariants, Field(default_factory=invariants))
+    model = create_model("SuiteParams", __base__=_SuiteBase, **sections)
+    model.__doc__ = ("A params file: name, description, timeout_s, engine, request, baseline, one "
+                     "section per registered scenario, invariants.")
+    return invariants, model
+
+
+InvariantsParams, SuiteParams = _build_models()
 
 
 class _AtKeys(ValueError):

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     import torch
     import uvicorn
 
-    from perfkit.bundle import _git_commit
+    from perfkit.common.provenance import git_commit
     from perfkit.refengine import models, placement
     from perfkit.refengine.compile_watch import CompileWatch
     from perfkit.refengine.pipeline import GenRequest, StagedPipeline
@@ -223,11 +223,11 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
             and args.warmup_frames > 0):
         warmup_frames, warmup_rule = args.multi_gpu_warmup_frames, "multi_gpu_two_stage"
     if rank > 0:
-        from perfkit.refengine.server import _snapshot
+        from perfkit.refengine.memory import snapshot
 
         log.info("rank %d loaded (%s, %s); serving rank 0's requests", rank, device, where)
         return dist.worker_loop(pipe, par, warmup_first=warmup_frames > 0,
-                                snapshots={"load_peak": _snapshot(device)})
+                                snapshots={"load_peak": snapshot(device)})
     if runner is not None:
         runner.attach(pipe, par)
     defaults = {"height": args.height or preset.height, "width": args.width or preset.width,
@@ -243,10 +243,10 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
             "frame_rule": "8k+1"}
     engine = Engine(runner or pipe, defaults, args.max_frames, args.perf_log_dir, info,
                     keep_outputs_dir=(f"{args.perf_log_dir or '.'}/outputs" if args.keep_outputs else None),
-                    debug_leak_mib=args.debug_leak_mib, commit_hash=_git_commit())
-    from perfkit.refengine.server import _snapshot
+                    debug_leak_mib=args.debug_leak_mib, commit_hash=git_commit())
+    from perfkit.refengine.memory import snapshot
 
-    engine.snapshots["load_peak"] = _snapshot(device)
+    engine.snapshots["load_peak"] = snapshot(device)
     mark("models_loaded", t=f"{time.time():.6f}", placement=where)
     log.info("models loaded (%s, %s, %s)", comps.source, device, where)
 
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         if job.status != "completed":
             print(f"error: startup warmup failed: {job.error}", file=sys.stderr)
             return 3
-        engine.snapshots["warmup_peak"] = _snapshot(device)
+        engine.snapshots["warmup_peak"] = snapshot(device)
     mark("warmup_done", t=f"{time.time():.6f}")
     engine.ready = True
     if runner is not None:

@@ -24,7 +24,7 @@ its collectives. Rank 0 then fails that request, stops the other ranks and stays
 by rank 0's monitor thread the same way; a rank-0 run stuck in an NCCL collective with a dead
 peer makes rank 0 exit (code 3) after :data:`STUCK_EXIT_S`.
 
-Teardown: the other ranks are children of rank 0 in its process group (perfkit.launch signals
+Teardown: the other ranks are children of rank 0 in its process group (perfkit.engine.launch signals
 the group), die with rank 0 (``PR_SET_PDEATHSIG``), and are terminated when rank 0 returns.
 """
 from __future__ import annotations
@@ -251,20 +251,6 @@ def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any])
     }
 
 
-def max_snapshots(per_rank: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    """Checkpoint -> field -> max across ranks (sglang reports the max of memory across ranks)."""
-    out: dict[str, dict[str, float]] = {}
-    for snaps in per_rank:
-        for ck, vals in (snaps or {}).items():
-            if not vals:
-                continue
-            cur = out.setdefault(ck, {})
-            for k, v in vals.items():
-                if v is not None and (k not in cur or v > cur[k]):
-                    cur[k] = v
-    return out
-
-
 # ---------------------------------------------------------------------------- rank 0
 class Rank0Runner:
     """Rank 0's pipeline front: broadcasts each request, runs its part, gathers the reports.
@@ -293,7 +279,7 @@ class Rank0Runner:
         self.pipe, self.par, self.device = pipe, par, pipe.device
 
     def run(self, req, keep_output: bool = False):
-        from perfkit.refengine.server import _snapshot
+        from perfkit.refengine.memory import snapshot
 
         if self.fatal:
             raise RuntimeError(f"multi-rank engine unusable: {self.fatal}")
@@ -303,7 +289,7 @@ class Rank0Runner:
                 self.par.broadcast({"op": "run", "seq": self._seq, "req": dataclasses.asdict(req)})
                 self._seq += 1
                 res = self.pipe.run(req, keep_output=keep_output)
-                mine = rank_report(res, 0, self.device, {"runtime_peak": _snapshot(self.device)})
+                mine = rank_report(res, 0, self.device, {"runtime_peak": snapshot(self.device)})
                 res.ranks = self.par.gather(mine)
             except BaseException as exc:
                 self._fail(f"rank 0: {type(exc).__name__}: {exc}")
@@ -357,7 +343,7 @@ def worker_loop(pipe, par: CfgParallel, warmup_first: bool, snapshots: dict[str,
     ``warmup_first``: the first run is the startup warmup (its peak becomes ``warmup_peak``).
     """
     from perfkit.refengine.pipeline import GenRequest
-    from perfkit.refengine.server import _snapshot
+    from perfkit.refengine.memory import snapshot
 
     dev = pipe.device
     n = 0
@@ -374,7 +360,7 @@ def worker_loop(pipe, par: CfgParallel, warmup_first: bool, snapshots: dict[str,
         except BaseException:
             log.exception("rank %d: request %d failed; this rank exits", par.rank, msg.get("seq"))
             return 1
-        snap = _snapshot(dev)
+        snap = snapshot(dev)
         if n == 0 and warmup_first:
             snapshots["warmup_peak"] = snap
         par.gather(rank_report(res, par.rank, dev, {**snapshots, "runtime_peak": snap}))

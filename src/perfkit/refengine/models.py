@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from perfkit.common.presets import PRESET_NAMES
+
 log = logging.getLogger(__name__)
 
 #: Words the local tokenizer is trained on (a deterministic BPE; only its shape matters).
@@ -83,6 +85,8 @@ PRESETS: dict[str, Preset] = {
         max_sequence_length=128, height=512, width=768, steps=30, num_frames=25, dtype="bfloat16",
     ),
 }
+if tuple(PRESETS) != PRESET_NAMES:  # the leaf module names them for validation without torch
+    raise ImportError(f"perfkit.common.presets.PRESET_NAMES {PRESET_NAMES} != refengine presets {tuple(PRESETS)}")
 
 
 @dataclass

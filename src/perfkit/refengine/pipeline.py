@@ -23,7 +23,7 @@ import numpy as np
 import psutil
 import torch
 
-from perfkit.frames import align_frames
+from perfkit.common.frames import align_frames
 from perfkit.refengine.compile_watch import CompileWatch, CompileWindow
 from perfkit.refengine.models import Components
 

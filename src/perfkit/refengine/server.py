@@ -26,8 +26,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from perfkit.records import PERF_LOG_NAME
-from perfkit.refengine.dist import max_snapshots
+from perfkit.common.recordformat import PERF_LOG_NAME
+from perfkit.refengine.memory import max_snapshots, snapshot
 from perfkit.refengine.pipeline import GenRequest, RunResult, StagedPipeline, host_memory_mib, record_payload
 
 log = logging.getLogger(__name__)
@@ -91,17 +91,6 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, (np.floating, np.integer)):
         return o.item()
     return str(o)
-
-
-def _snapshot(device: torch.device) -> dict[str, float] | None:
-    if device.type != "cuda":
-        return None
-    return {
-        "allocated_mb": round(torch.cuda.memory_allocated(device) / MIB, 2),
-        "reserved_mb": round(torch.cuda.memory_reserved(device) / MIB, 2),
-        "peak_allocated_mb": round(torch.cuda.max_memory_allocated(device) / MIB, 2),
-        "peak_reserved_mb": round(torch.cuda.max_memory_reserved(device) / MIB, 2),
-    }
 
 
 class Engine:
@@ -212,7 +201,7 @@ class Engine:
             job.error = f"{type(exc).__name__}: {exc}"
             log.exception("request %s failed", job.id)
         finally:
-            peak = _snapshot(dev)
+            peak = snapshot(dev)
             if dev.type == "cuda":
                 torch.cuda.empty_cache() if job.status == "failed" else None
             job.completed = time.time()

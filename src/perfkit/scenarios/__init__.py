@@ -1,11 +1,20 @@
-"""The investigations, as plain functions returning a :class:`perfkit.bundle.ResultBundle`.
+"""The investigations. Each module registers one :class:`~perfkit.scenarios.registry.Scenario`
+when imported; importing this package fills the registry in run order:
 
-- :func:`cold_vs_warm`: cold request vs warm requests in one session, leak checks.
-- :func:`warmup_shapes`: does the startup warmup cover the request shapes.
-- :func:`memory_budget` / :func:`find_min_budget`: fit and cost under memory caps.
+- :mod:`.cold_warm`: cold request vs warm requests in one session, leak checks (seed 000).
+- :mod:`.warmup_shapes`: does the startup warmup cover the request shapes (seed 003).
+- :mod:`.memory_budget`: fit and cost under memory caps, minimum device budget (seed 000).
+- :mod:`.overhead`: what perfkit's own instrumentation costs (disabled by default).
+
+The package also exports each investigation's measuring function for direct use.
 """
+# isort: off  (import order = registration order = run order)
 from perfkit.scenarios.cold_warm import cold_vs_warm
-from perfkit.scenarios.memory_budget import find_min_budget, memory_budget
 from perfkit.scenarios.warmup_shapes import warmup_shapes
+from perfkit.scenarios.memory_budget import find_min_budget, memory_budget
+from perfkit.scenarios.overhead import overhead_probe
+# isort: on
+from perfkit.scenarios.registry import all_scenarios, get, names
 
-__all__ = ["cold_vs_warm", "warmup_shapes", "memory_budget", "find_min_budget"]
+__all__ = ["cold_vs_warm", "warmup_shapes", "memory_budget", "find_min_budget", "overhead_probe",
+           "all_scenarios", "get", "names"]

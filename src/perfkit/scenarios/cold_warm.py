@@ -10,27 +10,55 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import pandas as pd
+from pydantic import Field
 
 from perfkit import stats
-from perfkit.bundle import ResultBundle
-from perfkit.caps import MemoryCaps
-from perfkit.client import VideoRequestSpec
-from perfkit.engine import EngineSpec
+from perfkit.bundle import ResultBundle, cold_request_covered, sub_bundle
+from perfkit.checks import Check, check_max, check_min, number
+from perfkit.engine.caps import MemoryCaps
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
 from perfkit.scenarios.common import assemble, json_float, measure_launch, stage_penalty
-from perfkit.scenarios.overhead import overhead_probe
+from perfkit.scenarios.registry import (CapParams, InvariantParams, KeyNumber, RunContext, Scenario,
+                                       ScenarioError, ScenarioParams, register)
 
 log = logging.getLogger(__name__)
 
-#: Leak thresholds used when params give none: MiB per request and fraction of the 2nd request.
-DEFAULT_THRESHOLDS = {
-    "host_anon_slope_mib_per_request": 16.0,
-    "device_reserved_slope_mib_per_request": 16.0,
-    "latency_drift": 0.25,
+NAME = "cold_warm"
+#: leak check name -> the invariant key holding its maximum (limits: :class:`ColdWarmInvariants`)
+LEAK_CHECKS = {
+    "host_anon_slope_mib_per_request": "host_anon_slope_mib_per_request_max",
+    "device_reserved_slope_mib_per_request": "device_reserved_slope_mib_per_request_max",
+    "latency_drift": "latency_drift_max",
 }
+
+
+class ColdWarmParams(ScenarioParams):
+    """``cold_warm`` section: one session, the cold request then warm ones of the same shape."""
+
+    #: requests in the session: one cold + (repeats - 1) warm
+    repeats: int = Field(5, ge=2, le=1000)
+    #: memory budget of the launch (None: no cap)
+    caps: Optional[CapParams] = None
+
+
+class ColdWarmInvariants(InvariantParams):
+    """Within-run invariants of cold vs warm (docs/DESIGN.md: gate on ratios within one run)."""
+
+    #: warm median / cold request must not exceed this (warm requests slower than the cold one:
+    #: state leaks across requests)
+    warm_cold_ratio_max: Optional[float] = 1.0
+    warm_cold_ratio_min: Optional[float] = None
+    #: slope of host anonymous memory over warm requests (MiB per request)
+    host_anon_slope_mib_per_request_max: Optional[float] = 16.0
+    #: slope of device memory reserved over warm requests (MiB per request)
+    device_reserved_slope_mib_per_request_max: Optional[float] = 16.0
+    #: (last warm - second request) / second request (fraction)
+    latency_drift_max: Optional[float] = 0.25
 
 
 def _request(request: VideoRequestSpec | dict | None) -> VideoRequestSpec:
@@ -43,8 +71,7 @@ def _request(request: VideoRequestSpec | dict | None) -> VideoRequestSpec:
 
 def cold_vs_warm(spec: EngineSpec, request: VideoRequestSpec | dict | None = None, repeats: int = 5,
                  caps: MemoryCaps | None = None, run_dir: str | Path = "outputs/cold_warm",
-                 thresholds: dict[str, float] | None = None, sample_interval_s: float = 0.1,
-                 overhead_pairs: int = 0) -> ResultBundle:
+                 sample_interval_s: float = 0.1) -> ResultBundle:
     """Run the cold vs warm investigation.
 
     Args:
@@ -53,16 +80,12 @@ def cold_vs_warm(spec: EngineSpec, request: VideoRequestSpec | dict | None = Non
         repeats: requests in the session (>= 2: one cold, the rest warm).
         caps: memory budget for the launch.
         run_dir: where launch directories go.
-        thresholds: leak thresholds (see :data:`DEFAULT_THRESHOLDS`).
-        overhead_pairs: when > 0, after the measured requests the same session measures the
-            instrumentation's cost (:mod:`perfkit.scenarios.overhead`) with this many ABBA pairs;
-            results ``instrumentation``.
 
     Returns:
         A ResultBundle (scenario ``cold_warm``) whose results hold ``cold_ms``, ``warm_median_ms``,
         ``warm_cold_ratio`` (warm median / cold) and ``cold_warm_ratio`` (cold / warm median)
         with 95 % bootstrap intervals, ``penalty_ms`` per stage, ``penalty_stage``,
-        ``cold_start`` (s) and ``leak_checks``.
+        ``cold_start`` (s) and ``leak_checks`` (name, value; judged by :func:`checks`).
 
     Raises:
         ValueError: repeats < 2.
@@ -70,17 +93,12 @@ def cold_vs_warm(spec: EngineSpec, request: VideoRequestSpec | dict | None = Non
     if repeats < 2:
         raise ValueError(f"cold_vs_warm: repeats must be >= 2 (one cold + warm), got {repeats}")
     req = _request(request)
-    th = {**DEFAULT_THRESHOLDS, **(thresholds or {})}
     run_dir = Path(run_dir)
-    after = overhead_probe(req, pairs=overhead_pairs, sampler_interval_s=sample_interval_s) if overhead_pairs else None
-    data = measure_launch(spec, [req] * repeats, run_dir, "session", caps=caps, sample_interval_s=sample_interval_s,
-                          after=after)
+    data = measure_launch(spec, [req] * repeats, run_dir, "session", caps=caps, sample_interval_s=sample_interval_s)
     df = data.measured()
-    results: dict[str, Any] = {"repeats": repeats, "error": data.error, "thresholds": th,
+    results: dict[str, Any] = {"repeats": repeats, "error": data.error,
                                "cold_start": {k: json_float(data.launch_row.get(k)) for k in
                                               ("ready_s", "process_start_s", "models_loaded_s", "warmup_s")}}
-    if data.extra:
-        results["instrumentation"] = {k: v for k, v in data.extra.items() if k != "request_ids"}
     ok = df[df["status"] == "completed"] if not df.empty else df
     results["completed"] = int(len(ok))
     if len(ok) >= 2 and (ok["index"] == 0).any():
@@ -107,23 +125,21 @@ def cold_vs_warm(spec: EngineSpec, request: VideoRequestSpec | dict | None = Non
         warm_rows = ok[ok["index"] > 0]
         checks = []
         slope = stats.slope_per_index(warm_rows["host_anon_mib"].to_numpy(float))
-        checks.append(_check("host_anon_slope_mib_per_request", slope, th["host_anon_slope_mib_per_request"]))
+        checks.append(_leak("host_anon_slope_mib_per_request", slope))
         slope_d = stats.slope_per_index(warm_rows["reserved_mb"].to_numpy(float))
-        checks.append(_check("device_reserved_slope_mib_per_request", slope_d,
-                             th["device_reserved_slope_mib_per_request"]))
+        checks.append(_leak("device_reserved_slope_mib_per_request", slope_d))
         if len(e2e) >= 3:
             second = float(ok.loc[ok["index"] == 1, "e2e_ms"].iloc[0])
             last = float(ok.sort_values("index")["e2e_ms"].iloc[-1])
-            checks.append(_check("latency_drift", stats.relative_drift(second, last), th["latency_drift"]))
+            checks.append(_leak("latency_drift", stats.relative_drift(second, last)))
         results["leak_checks"] = checks
     else:
         results["leak_checks"] = []
         if not results["error"]:  # the engine ran but refused or failed the requests: say why
             results["error"] = _request_error(data, df, repeats)
         log.error("cold_vs_warm: fewer than 2 completed requests (%s)", results["error"])
-    params = {"spec": spec.to_dict(), "request": req.payload(), "repeats": repeats, "thresholds": th,
-              "overhead_pairs": overhead_pairs}
-    return assemble("cold_warm", [data], params, results, caps=[caps])
+    params = {"spec": spec.to_dict(), "request": req.payload(), "repeats": repeats}
+    return assemble(NAME, [data], params, results, caps=[caps])
 
 
 def _request_error(data: Any, df: pd.DataFrame, repeats: int) -> str:
@@ -142,8 +158,132 @@ def _request_error(data: Any, df: pd.DataFrame, repeats: int) -> str:
     return f"{head} (see the engine log)"
 
 
-def _check(name: str, value: float, threshold: float) -> dict[str, Any]:
+def _leak(name: str, value: float) -> dict[str, Any]:
     v = json_float(value)
-    return {"name": name, "value": v, "threshold": threshold,
-            "passed": True if v is None else bool(v <= threshold),
-            "measured": v is not None}
+    return {"name": name, "value": v, "measured": v is not None}
+
+
+# ------------------------------------------------------------------------------ registry entry
+def run(ctx: RunContext, p: ColdWarmParams) -> ResultBundle:
+    """The registry's ``run``: :func:`cold_vs_warm` with the params section."""
+    return cold_vs_warm(ctx.engine, ctx.request, repeats=p.repeats,
+                        caps=p.caps.to_caps() if p.caps else None, run_dir=ctx.work_dir / NAME)
+
+
+def check_bundle(bundle: ResultBundle) -> None:
+    """Raise :class:`ScenarioError` when the bundle has an error or no cold/warm numbers."""
+    r = bundle.results or {}
+    if r.get("error") or r.get("cold_ms") is None or r.get("warm_median_ms") is None:
+        raise ScenarioError(f"{NAME} ({bundle.path or 'bundle'}): no cold/warm measurement: "
+                            f"{r.get('error') or 'fewer than 2 completed requests'}")
+
+
+def _ratio_ci(r: Mapping[str, Any]) -> str:
+    ci = r.get("warm_cold_ratio_ci")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(number(x) is not None for x in ci):
+        return f"95% CI {ci[0]:.3g}..{ci[1]:.3g}"
+    return ""
+
+
+def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
+    """warm/cold ratio bounds and the leak checks, against :class:`ColdWarmInvariants`."""
+    rows: list[Check] = []
+    ratio = number(r.get("warm_cold_ratio"))
+    if ratio is None and number(r.get("cold_ms")) and number(r.get("warm_median_ms")) is not None:
+        ratio = float(r["warm_median_ms"]) / float(r["cold_ms"])
+    ci = _ratio_ci(r)
+    if "warm_cold_ratio_max" in inv:
+        rows.append(check_max(NAME, "warm_cold_ratio", ratio, float(inv["warm_cold_ratio_max"]), ci))
+    if "warm_cold_ratio_min" in inv:
+        rows.append(check_min(NAME, "warm_cold_ratio_min", ratio, float(inv["warm_cold_ratio_min"]), ci))
+    leaks = {c.get("name"): c for c in (r.get("leak_checks") or []) if isinstance(c, dict)}
+    for name, key in LEAK_CHECKS.items():
+        if key in inv:
+            chk = leaks.get(name)
+            rows.append(check_max(NAME, name, chk.get("value") if chk else None, float(inv[key])))
+    return rows
+
+
+def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
+    """Cold start (ready), cold request, warm median, warm/cold ratio, penalty stage."""
+    cs = r.get("cold_start") or {}
+    return [KeyNumber("cold start, ready", number(cs.get("ready_s")), "s", ".1f"),
+            KeyNumber("cold request", number(r.get("cold_ms")), "ms"),
+            KeyNumber("warm median", number(r.get("warm_median_ms")), "ms"),
+            KeyNumber("warm/cold ratio", number(r.get("warm_cold_ratio")), "", ".2f"),
+            KeyNumber("first-request penalty stage", r.get("penalty_stage") or None)]
+
+
+def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
+    """metric/value rows: cold start parts, cold and warm ms, ratio and CI, penalty per stage."""
+    cs = r.get("cold_start") or {}
+    ci = r.get("warm_cold_ratio_ci") or [None, None]
+    rows = [("cold start: ready (s)", cs.get("ready_s")),
+            ("cold start: models loaded (s)", cs.get("models_loaded_s")),
+            ("cold start: startup warmup (s)", cs.get("warmup_s")),
+            ("cold request (ms)", r.get("cold_ms")),
+            ("warm median (ms)", r.get("warm_median_ms")),
+            ("warm/cold ratio", r.get("warm_cold_ratio")),
+            ("warm/cold ratio 95% CI", f"{_f(ci[0], '.3f')}..{_f(ci[1], '.3f')}"),
+            ("first-request penalty stage", r.get("penalty_stage"))]
+    for st, ms in (r.get("penalty_ms") or {}).items():
+        rows.append((f"penalty {st} (ms)", ms))
+    return pd.DataFrame(rows, columns=["metric", "value"])
+
+
+def _f(v: Any, fmt: str = ".0f", unit: str = "") -> str:
+    x = number(v)
+    return "–" if x is None else f"{x:{fmt}}{unit}"
+
+
+def reading(r: Mapping[str, Any]) -> str:
+    """A few sentences of Markdown: cold start parts, cold vs warm, where the penalty sits."""
+    ci = r.get("warm_cold_ratio_ci") or [None, None]
+    cs = r.get("cold_start") or {}
+    pen = r.get("penalty_ms") or {}
+    stage = r.get("penalty_stage")
+    ratio = number(r.get("warm_cold_ratio"))
+    lines = [
+        f"**Cold start** took {_f(cs.get('ready_s'), '.1f', ' s')} until ready "
+        f"(process start {_f(cs.get('process_start_s'), '.1f', ' s')}, models loaded "
+        f"{_f(cs.get('models_loaded_s'), '.1f', ' s')}, startup warmup "
+        f"{_f(cs.get('warmup_s'), '.1f', ' s')}).",
+        f"The **cold request** took {_f(r.get('cold_ms'), '.0f', ' ms')}; the **warm** "
+        f"median is {_f(r.get('warm_median_ms'), '.0f', ' ms')}: warm/cold ratio "
+        f"{_f(ratio, '.2f')} (95% CI {_f(ci[0], '.2f')}..{_f(ci[1], '.2f')}).",
+    ]
+    if stage:
+        lines.append(f"The **first-request penalty** sits mostly in `{stage}` "
+                     f"({_f(pen.get(stage), '.0f', ' ms')}).")
+    if ratio is not None and ratio > 1.0:
+        lines.append("Warm requests are *slower* than the cold one: look for state that "
+                     "leaks across requests (residency, in-flight copies, host copies).")
+    leaks = [c for c in (r.get("leak_checks") or []) if isinstance(c, dict)]
+    measured = [c for c in leaks if number(c.get("value")) is not None]
+    unmeasured = [c for c in leaks if number(c.get("value")) is None]
+    if measured:
+        lines.append("Leak checks measured: " + ", ".join(
+            f"`{c['name']}` = {_f(c.get('value'), '.3g')}" for c in measured)
+            + " (judged against the invariants in the gate table).")
+    if unmeasured:
+        lines.append("Not measured on this host: " + ", ".join(
+            f"`{c['name']}`" for c in unmeasured) + " (no device memory readings).")
+    return "\n\n".join(lines)
+
+
+def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
+    """One baseline case, ``<preset>_<F>f_<H>x<W>_<S>s_w<warmup>``: every measured request, the
+    worst kept (sglang's baseline dump), except an uncovered cold request (its shape setup is the
+    finding, gated by the invariants, not the steady state a baseline holds)."""
+    if bundle.measured_requests().empty:
+        return {}
+    return {case_id(): sub_bundle(bundle, skip_first=not cold_request_covered(bundle))}
+
+
+SCENARIO = register(Scenario(
+    name=NAME, title="Cold vs warm",
+    question="Does the warm request in one server session meet the numbers of the first, or does "
+             "state leak across requests?",
+    params_model=ColdWarmParams, invariants_model=ColdWarmInvariants, run=run,
+    check_bundle=check_bundle, checks=checks, key_numbers=key_numbers,
+    summary_table=summary_table, reading=reading, cases=cases))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -18,11 +19,11 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from perfkit.bundle import ResultBundle, environment_meta
-from perfkit.caps import MemoryCaps
-from perfkit.client import RequestOutcome, VideoClient, VideoRequestSpec
-from perfkit.engine import EngineSpec
-from perfkit.launch import EngineStartError, launch
-from perfkit.records import PerfRecord, parse_lines
+from perfkit.engine.caps import MemoryCaps
+from perfkit.engine.client import RequestOutcome, VideoClient, VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
+from perfkit.engine.launch import EngineStartError, launch
+from perfkit.readings.records import PerfRecord, parse_lines
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,6 @@ def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
         data.requests.append(row)
         data.stages += st
         data.steps += sp
-        snap = rec.memory_snapshots
         data.launch_row.setdefault("warmup_latent_shape", row["latent_shape"])
     # the last record carries every snapshot (the warmup's own line predates warmup_peak)
     any_rec = next(reversed(list(recs.values())), None)
@@ -264,6 +264,12 @@ def stage_penalty(stages: pd.DataFrame, first_id: str, warm_ids: list[str]) -> d
     return {st: float(first[st] - warm_med.get(st, NAN)) for st in first.index}
 
 
+def slug(s: Any) -> str:
+    """``s`` with only letters, digits, ``.`` and ``-`` (case ids: ``"12GiB + 32GiB"`` ->
+    ``"12GiB-32GiB"``)."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "", str(s).replace(" + ", "-").replace(" ", "")) or "x"
+
+
 def json_float(x: Any) -> float | None:
     """float or None for NaN/None (results.json must be valid JSON)."""
     try:
@@ -277,12 +283,19 @@ def reuse_launch(bundle: Any, spec: EngineSpec, request: VideoRequestSpec, n_req
                  caps: MemoryCaps | None = None) -> LaunchData | None:
     """A launch of another investigation that already measured what this one would launch for.
 
+    ``bundle`` may be a list of candidates (the bundles measured earlier in the run).
     Returns the first ``n_requests`` measured requests (plus the startup warmup) of ``bundle``'s
     single launch, relabelled ``label``, when that launch ran the same engine spec and request
     under the same caps with at least ``n_requests`` requests; else None. This is how one engine
     launch serves several investigations (seed 001: share a launch across the cases that can)
     without changing what either measures: a fresh launch would repeat the same session.
     """
+    if isinstance(bundle, (list, tuple)):  # several candidates: the first that fits
+        for b in bundle:
+            data = reuse_launch(b, spec, request, n_requests, label, caps=caps)
+            if data is not None:
+                return data
+        return None
     if bundle is None or not getattr(bundle, "tables", None):
         return None
     params = bundle.meta.get("params") or {}

@@ -8,21 +8,63 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, model_validator
 
-from perfkit.bundle import ResultBundle, _gpu_info
-from perfkit.caps import MemoryCaps
-from perfkit.client import VideoRequestSpec
-from perfkit.engine import EngineSpec
-from perfkit.scenarios.common import assemble, json_float, measure_launch, reuse_launch
+from perfkit.bundle import ResultBundle, _gpu_info, cold_request_covered, sub_bundle
+from perfkit.checks import Check, check_flag
+from perfkit.engine.caps import MemoryCaps
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
+from perfkit.scenarios.common import assemble, json_float, measure_launch, reuse_launch, slug
+from perfkit.scenarios.registry import (CapParams, InvariantParams, KeyNumber, RunContext, Scenario,
+                                       ScenarioError, ScenarioParams, _Model, register)
 
 log = logging.getLogger(__name__)
 
+NAME = "memory_budget"
 #: A warm request slower than the cold one by more than this fraction "degrades".
 WARM_DEGRADE_TOLERANCE = 0.10
+
+
+class MinBudgetParams(_Model):
+    """Bisection of the smallest device budget that completes (GPU only; one launch a probe)."""
+
+    lo_gib: float = Field(gt=0)
+    hi_gib: float = Field(gt=0)
+    #: bisection stops when hi - lo <= this (GiB)
+    resolution_gib: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> "MinBudgetParams":
+        if self.lo_gib >= self.hi_gib:
+            raise ValueError(f"lo_gib ({self.lo_gib:g}) must be < hi_gib ({self.hi_gib:g})")
+        return self
+
+
+class MemoryBudgetParams(ScenarioParams):
+    """``memory_budget`` section: one launch per budget, ``repeats`` requests each."""
+
+    #: the budgets; the default is one launch without caps
+    caps: list[CapParams] = Field(default_factory=lambda: [CapParams()], min_length=1)
+    #: requests per launch (the first is the cold request)
+    repeats: int = Field(2, ge=1, le=1000)
+    min_budget: Optional[MinBudgetParams] = None
+
+
+class MemoryBudgetInvariants(InvariantParams):
+    """What every budget must show (booleans)."""
+
+    #: every memory cap held (no OOM inside the cap, no host cap exceeded)
+    caps_held: Optional[bool] = True
+    #: every capped run completed all its requests
+    caps_completed: Optional[bool] = None
+    #: False gates: warm requests under a cap must not be slower than the cold one by more than
+    #: ``WARM_DEGRADE_TOLERANCE``
+    warm_degrades_allowed: Optional[bool] = None
 
 
 def _req(request) -> VideoRequestSpec:
@@ -37,12 +79,12 @@ def memory_budget(spec: EngineSpec, caps: list[MemoryCaps | None] | None = None,
 
     Args:
         spec: the engine.
-        caps: one launch per entry (None or ``MemoryCaps()`` = unlimited). Default: unlimited and
-            12 GiB device + 32 GiB host.
+        caps: one launch per entry (None or ``MemoryCaps()`` = unlimited). Default: those of
+            :class:`MemoryBudgetParams`.
         request: the request, sent ``repeats`` times per launch (1 cold + warm).
         repeats: >= 1.
         min_budget: ``{"lo_gib", "hi_gib"}`` to also bisect the minimum device cap (GPU only).
-        reuse: a cold_warm ResultBundle of this run; the unlimited cap takes its session when it
+        reuse: bundles measured earlier in this run; the unlimited cap takes a session that
             ran the same spec and request without caps (results ``reused_launches``).
 
     Returns:
@@ -57,7 +99,7 @@ def memory_budget(spec: EngineSpec, caps: list[MemoryCaps | None] | None = None,
     """
     if repeats < 1:
         raise ValueError(f"memory_budget: repeats must be >= 1, got {repeats}")
-    caps = list(caps) if caps else [MemoryCaps(), MemoryCaps(device_gib=12, host_gib=32)]
+    caps = list(caps) if caps else [c.to_caps() for c in MemoryBudgetParams().caps]
     caps = [c if c is not None else MemoryCaps() for c in caps]
     req = _req(request)
     launches, entries, reused = [], [], []
@@ -107,7 +149,7 @@ def memory_budget(spec: EngineSpec, caps: list[MemoryCaps | None] | None = None,
         results["min_budget_note"] = mb.get("note")
     params = {"spec": spec.to_dict(), "caps": [c.to_dict() for c in caps], "request": req.payload(),
               "repeats": repeats, "min_budget": min_budget}
-    return assemble("memory_budget", launches, params, results, caps=caps)
+    return assemble(NAME, launches, params, results, caps=caps)
 
 
 def find_min_budget(spec: EngineSpec, request: VideoRequestSpec | dict | None, lo_gib: float, hi_gib: float,
@@ -157,3 +199,126 @@ def find_min_budget(spec: EngineSpec, request: VideoRequestSpec | dict | None, l
         else:
             lo = mid
     return {"min_gib": hi, "probes": probes, "note": f"smallest passing cap within {resolution_gib} GiB"}
+
+
+# ------------------------------------------------------------------------------ registry entry
+def run(ctx: RunContext, p: MemoryBudgetParams) -> ResultBundle:
+    """The registry's ``run``: :func:`memory_budget` (the unlimited budget reuses a session
+    measured earlier in the run when it ran the same spec and request)."""
+    return memory_budget(ctx.engine, caps=[c.to_caps() for c in p.caps], request=ctx.request,
+                         repeats=p.repeats, run_dir=ctx.work_dir / NAME,
+                         min_budget=p.min_budget.model_dump() if p.min_budget else None,
+                         reuse=list(ctx.shared.values()) or None)
+
+
+def check_bundle(bundle: ResultBundle) -> None:
+    """Raise :class:`ScenarioError` when no budget was measured, or the launch without caps did
+    not complete (an engine crash, not a budget verdict; a capped launch that fails is a check)."""
+    where = f"{NAME} ({bundle.path or 'bundle'})"
+    caps = (bundle.results or {}).get("caps") or []
+    if not caps:
+        raise ScenarioError(f"{where}: no budget measured")
+    for c in caps:
+        if c.get("device_cap_gib") is None and c.get("host_cap_gib") is None and not c.get("completed"):
+            raise ScenarioError(f"{where}: the run without caps ({c.get('label')}) did not "
+                                f"complete: {c.get('error') or 'see the engine log'}")
+
+
+def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
+    """Per budget: cap held, run completed, warm requests not degraded (as the invariants ask)."""
+    rows: list[Check] = []
+    caps = [c for c in (r.get("caps") or []) if isinstance(c, dict)]
+    for key, col, want in (("caps_held", "cap_held", True), ("caps_completed", "completed", True),
+                           ("warm_degrades_allowed", "warm_degrades", False)):
+        if key not in inv:
+            continue
+        gated = bool(inv[key]) if key != "warm_degrades_allowed" else not bool(inv[key])
+        if not gated:
+            continue
+        if not caps:
+            rows.append(Check(NAME, key, None, None, None, "skipped", "not measured"))
+            continue
+        for c in caps:
+            detail = (f"device cap {c.get('device_cap_gib')} GiB, host cap {c.get('host_cap_gib')} GiB,"
+                      f" enforcement {c.get('enforcement')}, peak reserved "
+                      f"{c.get('peak_reserved_mb')} MiB, host anon peak "
+                      f"{c.get('host_anon_peak_mib')} MiB, placement {c.get('placement')}")
+            rows.append(check_flag(NAME, f"{col}[{c.get('label')}]", c.get(col), want, detail))
+    return rows
+
+
+def _mib(v: Any) -> str:
+    x = json_float(v)
+    return "–" if x is None else f"{x:.0f} MiB"
+
+
+def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
+    """Per budget: completed, held, peak reserved; the minimum device budget when searched."""
+    out = [KeyNumber(f"cap {c.get('label')}",
+                     ("completed" if c.get("completed") else "did not complete")
+                     + ", " + ("held" if c.get("cap_held") else "not held")
+                     + f", peak reserved {_mib(c.get('peak_reserved_mb'))}")
+           for c in r.get("caps") or []]
+    if r.get("min_budget_gib") is not None:
+        out.append(KeyNumber("minimum device budget", json_float(r["min_budget_gib"]), "GiB", ".1f"))
+    return out
+
+
+SUMMARY_COLUMNS = ["label", "device_cap_gib", "host_cap_gib", "completed", "cap_held", "enforcement",
+                   "peak_reserved_mb", "host_anon_peak_mib", "placement", "cold_ms", "warm_ms",
+                   "warm_degrades", "error"]
+
+
+def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per budget with :data:`SUMMARY_COLUMNS` that exist."""
+    df = pd.DataFrame(r.get("caps") or [])
+    if df.empty:
+        return df
+    keep = [c for c in SUMMARY_COLUMNS if c in df.columns]
+    if "error" in keep and df["error"].isna().all():
+        keep.remove("error")
+    return df[keep]
+
+
+def reading(r: Mapping[str, Any]) -> str:
+    """One line per budget, then the minimum device budget."""
+    out = []
+    for c in r.get("caps") or []:
+        out.append(f"- **{c.get('label')}**: "
+                   + ("completed" if c.get("completed") else "**did not complete**")
+                   + ", cap " + ("held" if c.get("cap_held") else "**not held**")
+                   + f" (enforcement {c.get('enforcement')}); peak reserved "
+                   f"{_mib(c.get('peak_reserved_mb'))}, host anon peak "
+                   f"{_mib(c.get('host_anon_peak_mib'))}, placement {c.get('placement') or '–'}"
+                   + ("; warm requests degrade" if c.get("warm_degrades") else "") + ".")
+    mb = json_float(r.get("min_budget_gib"))
+    out.append("")
+    out.append(f"Smallest device budget that completes: {mb:.1f} GiB." if mb is not None
+               else "Smallest device budget: not searched (no GPU, or not asked).")
+    return "\n".join(out)
+
+
+def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
+    """One case per launch (budget), suffix ``_cap-<label>``; an uncovered cold request is left
+    out as in cold_warm."""
+    out: dict[str, ResultBundle] = {}
+    if bundle.requests.empty:
+        return out
+    rows = (bundle.launches.to_dict("records") if not bundle.launches.empty
+            else [{"launch": None, "label": "unlimited"}])
+    for row in rows:
+        la = row.get("launch")
+        label = row.get("cap_label") or row.get("label") or la or "unlimited"
+        sb = sub_bundle(bundle, launch=la)
+        sb = sub_bundle(bundle, launch=la, skip_first=not cold_request_covered(sb))
+        if not sb.measured_requests().empty:
+            out[case_id(suffix=f"_cap-{slug(label)}")] = sb
+    return out
+
+
+SCENARIO = register(Scenario(
+    name=NAME, title="Memory budget",
+    question="Does the pipeline fit the memory budget, and what does it cost in latency?",
+    params_model=MemoryBudgetParams, invariants_model=MemoryBudgetInvariants, run=run,
+    check_bundle=check_bundle, checks=checks, key_numbers=key_numbers,
+    summary_table=summary_table, reading=reading, cases=cases))

@@ -11,19 +11,55 @@ import dataclasses
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, field_validator
 
 from perfkit import stats
-from perfkit.bundle import ResultBundle
-from perfkit.client import VideoRequestSpec
-from perfkit.engine import EngineSpec
-from perfkit.frames import latent_frames
+from perfkit.bundle import ResultBundle, sub_bundle
+from perfkit.checks import Check, check_max, number
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
+from perfkit.common.frames import latent_frames
 from perfkit.scenarios.common import assemble, json_float, measure_launch, reuse_launch, stage_penalty
+from perfkit.scenarios.registry import (InvariantParams, KeyNumber, RunContext, Scenario, ScenarioError,
+                                       ScenarioParams, register)
 
 log = logging.getLogger(__name__)
+
+NAME = "warmup_shapes"
+
+
+class WarmupShapesParams(ScenarioParams):
+    """``warmup_shapes`` section: one launch per startup warmup setting, each request shape sent
+    ``repeats`` times in a row."""
+
+    #: startup warmup frames, one launch each (0: no warmup). 17 -> 3 latent frames.
+    warmup_frames: list[int] = Field(default_factory=lambda: [17, 25], min_length=1)
+    #: request frames sent to each launch. 25 -> 4 latent frames.
+    request_frames: list[int] = Field(default_factory=lambda: [25], min_length=1)
+    #: requests per shape per launch (the first and at least one warm)
+    repeats: int = Field(3, ge=2, le=1000)
+
+    @field_validator("warmup_frames", "request_frames")
+    @classmethod
+    def _frames(cls, v: list[int], info) -> list[int]:
+        least = 0 if info.field_name == "warmup_frames" else 1
+        for x in v:
+            if x < least:
+                raise ValueError(f"frame counts must be >= {least}, got {x}")
+        return v
+
+
+class WarmupShapesInvariants(InvariantParams):
+    """A covered shape (its latent shape ran in the startup warmup) pays no shape setup."""
+
+    #: first request of a covered shape / its warm median must not exceed this
+    covered_first_request_max_ratio: Optional[float] = 1.5
+    #: compiles during the first request of a covered shape
+    covered_compiles_max: Optional[float] = 0
 
 
 def warmup_shapes(spec: EngineSpec, warmup_frames: list[int] = (17, 25), request_frames: list[int] = (25,),
@@ -38,7 +74,7 @@ def warmup_shapes(spec: EngineSpec, warmup_frames: list[int] = (17, 25), request
         request_frames: request num_frames to probe; each is sent ``repeats`` times in a row.
         repeats: requests per shape (>= 2: the first and at least one warm).
         request: other request fields (resolution, steps, prompt).
-        reuse: a cold_warm ResultBundle of this run; a warmup setting whose launch it already
+        reuse: bundles measured earlier in this run; a warmup setting whose launch one already
             measured (same spec and warmup, one request shape equal to its request, at least
             ``repeats`` requests) takes that session's first requests instead of launching again
             (:func:`perfkit.scenarios.common.reuse_launch`; results ``reused_launches``).
@@ -109,4 +145,160 @@ def warmup_shapes(spec: EngineSpec, warmup_frames: list[int] = (17, 25), request
             coverage.append(entry)
     params = {"spec": spec.to_dict(), "warmup_frames": list(map(int, warmup_frames)),
               "request_frames": list(map(int, request_frames)), "repeats": repeats, "request": base.payload()}
-    return assemble("warmup_shapes", launches, params, {"coverage": coverage, "reused_launches": reused})
+    return assemble(NAME, launches, params, {"coverage": coverage, "reused_launches": reused})
+
+
+# ------------------------------------------------------------------------------ registry entry
+def run(ctx: RunContext, p: WarmupShapesParams) -> ResultBundle:
+    """The registry's ``run``: :func:`warmup_shapes`, reusing a launch measured earlier in the run
+    when it ran exactly one of these warmup settings."""
+    return warmup_shapes(ctx.engine, warmup_frames=list(p.warmup_frames),
+                         request_frames=list(p.request_frames), repeats=p.repeats,
+                         request=ctx.request, run_dir=ctx.work_dir / NAME,
+                         reuse=list(ctx.shared.values()) or None)
+
+
+def _first_request_error(bundle: ResultBundle) -> str | None:
+    """The first measured request's error text (e.g. the engine's HTTP 400 message), if any."""
+    req = bundle.requests
+    if req.empty or "error" not in req:
+        return None
+    if "index" in req:
+        req = req[req["index"] >= 0].sort_values("index", kind="stable")
+    errs = [str(e) for e in req["error"] if isinstance(e, str) and e.strip()]
+    return errs[0] if errs else None
+
+
+def check_bundle(bundle: ResultBundle) -> None:
+    """Raise :class:`ScenarioError` when no coverage was measured or an entry failed."""
+    where = f"{NAME} ({bundle.path or 'bundle'})"
+    cov = (bundle.results or {}).get("coverage") or []
+    if not cov:
+        raise ScenarioError(f"{where}: no coverage measured")
+    bad = [c for c in cov if c.get("error")]
+    if bad:
+        raise ScenarioError(f"{where}: warmup {bad[0].get('warmup_frames')}f / request "
+                            f"{bad[0].get('request_frames')}f failed: {bad[0]['error']}")
+    if not any(c.get("first_ms") is not None for c in cov):
+        raise ScenarioError(f"{where}: no request shape was measured (every entry lacks a first "
+                            f"request and a warm one): "
+                            f"{_first_request_error(bundle) or 'see the engine log'}")
+
+
+def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
+    """Covered shapes: first-request ratio and compiles, against :class:`WarmupShapesInvariants`."""
+    rows: list[Check] = []
+    coverage = [c for c in (r.get("coverage") or []) if isinstance(c, dict)]
+    covered = [c for c in coverage if c.get("covered")]
+    for key, metric in (("covered_first_request_max_ratio", "covered_first_request_ratio"),
+                        ("covered_compiles_max", "covered_compiles")):
+        if key not in inv:
+            continue
+        limit = float(inv[key])
+        if not covered:
+            rows.append(Check(NAME, metric, limit, None, limit, "skipped",
+                              "not measured" if not coverage else "no covered shape measured"))
+            continue
+        for c in covered:
+            label = f"{metric}[warmup={c.get('warmup_frames')}f,request={c.get('request_frames')}f]"
+            if metric == "covered_compiles":
+                rows.append(check_max(NAME, label, c.get("compiles"), limit))
+                continue
+            ratio = number(c.get("ratio"))
+            if ratio is None and number(c.get("warm_median_ms")) and number(c.get("first_ms")) is not None:
+                ratio = float(c["first_ms"]) / float(c["warm_median_ms"])
+            what = (f"penalty {c['penalty_ms']:.0f} ms in {c.get('penalty_stage')}"
+                    if number(c.get("penalty_ms")) is not None else "")
+            rows.append(check_max(NAME, label, ratio, limit, what))
+    return rows
+
+
+def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
+    """One line per (warmup setting, request shape): covered or not, penalty, compiles."""
+    out = []
+    for c in r.get("coverage") or []:
+        pen = number(c.get("penalty_ms"))
+        out.append(KeyNumber(
+            f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f",
+            ("covered" if c.get("covered") else "not covered")
+            + f", penalty {'–' if pen is None else f'{pen:.0f} ms'}, "
+            f"{c.get('compiles', '–')} compiles"))
+    return out
+
+
+SUMMARY_COLUMNS = ["warmup_frames", "request_frames", "warmup_latent_frames",
+                   "request_latent_frames", "covered", "first_ms", "warm_median_ms", "penalty_ms",
+                   "ratio", "compiles", "penalty_stage", "error"]
+
+
+def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per (warmup setting, request shape) with :data:`SUMMARY_COLUMNS` that exist."""
+    df = pd.DataFrame(r.get("coverage") or [])
+    if df.empty:
+        return df
+    keep = [c for c in SUMMARY_COLUMNS if c in df.columns]
+    if "error" in keep and df["error"].isna().all():
+        keep.remove("error")
+    return df[keep]
+
+
+def reading(r: Mapping[str, Any]) -> str:
+    """One line per shape pair, then what an uncovered shape costs."""
+    rows = r.get("coverage") or []
+    if not rows:
+        return "No coverage results."
+
+    def f(v: Any, fmt: str, unit: str = "") -> str:
+        x = number(v)
+        return "–" if x is None else f"{x:{fmt}}{unit}"
+
+    out = []
+    for c in rows:
+        cov = "covered" if c.get("covered") else "**not covered**"
+        out.append(f"- warmup {c.get('warmup_frames')} frames → request "
+                   f"{c.get('request_frames')} frames: {cov}; first request "
+                   f"{f(c.get('first_ms'), '.0f', ' ms')} vs warm median "
+                   f"{f(c.get('warm_median_ms'), '.0f', ' ms')} (penalty "
+                   f"{f(c.get('penalty_ms'), '.0f', ' ms')}, x{f(c.get('ratio'), '.2f')}, "
+                   f"{c.get('compiles', '–')} compiles"
+                   + (f", mostly in `{c['penalty_stage']}`" if c.get("penalty_stage") else "")
+                   + ").")
+    uncovered = [c for c in rows if not c.get("covered")]
+    tail = ("A shape the warmup does not cover pays its shape setup (recompilation, graph "
+            "capture) on the first user request." if uncovered else
+            "Every requested shape is covered by the startup warmup.")
+    return "\n".join(out) + "\n\n" + tail
+
+
+def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
+    """One case per (launch, covered request frames), suffix ``_shapes``. Uncovered slices are
+    left out: their first request's shape setup is the finding, gated by the invariants."""
+    out: dict[str, ResultBundle] = {}
+    req = bundle.requests
+    if req.empty:
+        return out
+    covered = {(c.get("warmup_frames"), c.get("request_frames")): c.get("covered")
+               for c in (bundle.results or {}).get("coverage") or []}
+    rows = bundle.launches.to_dict("records") if not bundle.launches.empty else [{"launch": None}]
+    for row in rows:
+        la = row.get("launch")
+        w = number(row.get("warmup_frames"))
+        w = int(w) if w is not None else None
+        sel = req if la is None or "launch" not in req else req[req["launch"] == la]
+        sel = sel[sel["index"] != -1] if "index" in sel else sel
+        frames = sorted({int(f) for f in sel.get("num_frames", pd.Series(dtype=float)).dropna()})
+        for f in frames:
+            if covered.get((w, f)) is False:
+                continue
+            sb = sub_bundle(bundle, launch=la, num_frames=f)
+            if not sb.measured_requests().empty:
+                out[case_id(warmup_frames=w, num_frames=f, suffix="_shapes")] = sb
+    return out
+
+
+SCENARIO = register(Scenario(
+    name=NAME, title="Warmup shapes",
+    question="Does the startup warmup cover the shapes users send?",
+    params_model=WarmupShapesParams, invariants_model=WarmupShapesInvariants, run=run,
+    check_bundle=check_bundle, checks=checks, key_numbers=key_numbers,
+    summary_table=summary_table, reading=reading, cases=cases))

@@ -95,7 +95,7 @@ KNOWN_STAGES: dict[str, str] = {
     "LTX2AVDecodingStage": DECODING,
 }
 
-#: stage class -> the baseline gate's class (``perfkit.baseline.classify_stage``).
+#: stage class -> the baseline gate's class (``perfkit.gate.baseline.classify_stage``).
 BASELINE_CLASS = {DENOISING: "denoise", REFINEMENT: "denoise", DECODING: "decoding",
                   OTHER: "non_denoise"}
 

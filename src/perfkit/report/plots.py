@@ -24,7 +24,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from perfkit import stages as _stages
+from perfkit.readings import stages as _stages
 
 __all__ = [
     "STAGE_ORDER",
@@ -39,12 +39,12 @@ __all__ = [
     "figure_to_png_bytes",
 ]
 
-#: Pipeline stage order (:data:`perfkit.stages.PIPELINE_ORDER`: the reference engine's and
+#: Pipeline stage order (:data:`perfkit.readings.stages.PIPELINE_ORDER`: the reference engine's and
 #: sglang's stage names, LTX-2 included); stages not listed are drawn after these, in order of
 #: appearance.
 STAGE_ORDER = _stages.PIPELINE_ORDER
 
-#: Stage colours by class (:func:`perfkit.stages.stage_class`): denoising in blues, refinement in
+#: Stage colours by class (:func:`perfkit.readings.stages.stage_class`): denoising in blues, refinement in
 #: purples, decoding in greens (the n-th stage of a class in one figure takes the n-th shade),
 #: every other stage from :data:`OTHER_STAGE_COLORS` in pipeline order.
 STAGE_CLASS_COLORS = {

@@ -14,7 +14,7 @@ Layout (sglang diffusion server, ``SGLANG_DIFFUSION_STAGE_LOGGING=1`` and
 sglang 0.5.23 also writes ``is_denoising`` in each stage entry and ``peak_host_anon_mb`` in each
 snapshot (kept in :attr:`PerfRecord.raw` / :attr:`PerfRecord.memory_snapshots`); it writes no line
 for its startup warmup, and its ``tag`` is ``"pipeline_stage_metrics"``. Stage names are kept as
-written; :mod:`perfkit.stages` classes them (denoising, refinement, decoding, other).
+written; :mod:`perfkit.readings.stages` classes them (denoising, refinement, decoding, other).
 
 The reference engine adds a ``perfkit`` object (see :class:`PerfRecord.perfkit`):
 ``latent_shape`` (list of int), ``latent_frames``, ``num_frames_requested``,
@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from perfkit.common.recordformat import PERF_LOG_NAME
+
 log = logging.getLogger(__name__)
 
-PERF_LOG_NAME = "performance.log"
 
 #: sglang's memory snapshot checkpoints.
 SNAPSHOT_KEYS = ("load_peak", "warmup_peak", "runtime_peak")

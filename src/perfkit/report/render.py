@@ -34,21 +34,24 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from perfkit.gate.verdicts import GATE, STATUS_WORD, collect_verdicts, exit_code_for, notebooks, read_verdict
+from perfkit.scenarios import registry
+
 log = logging.getLogger(__name__)
 
-TITLES = {
-    "cold_warm": "Cold vs warm",
-    "warmup_shapes": "Warmup shapes",
-    "memory_budget": "Memory budget",
-    "baseline_gate": "Baseline gate",
-}
-QUESTIONS = {
-    "cold_warm": "Does the warm request in one server session meet the numbers of the first, "
-                 "or does state leak across requests?",
-    "warmup_shapes": "Does the startup warmup cover the shapes users send?",
-    "memory_budget": "Does the pipeline fit the memory budget, and what does it cost in latency?",
-    "baseline_gate": "This run's numbers against the baseline, and the invariants.",
-}
+GATE_TITLE = "Baseline gate"
+GATE_QUESTION = "This run's numbers against the baseline, and the invariants."
+
+
+def section_title(name: str) -> str:
+    """The heading of a notebook's section: the scenario's title, or the gate's."""
+    return GATE_TITLE if name == GATE else registry.get(name).title
+
+
+def section_question(name: str) -> str:
+    return GATE_QUESTION if name == GATE else registry.get(name).question
+
+
 STATUS_COLOR = {"pass": "#1a7f37", "ok": "#1a7f37", "fail": "#cf222e", "error": "#cf222e",
                 "regression": "#cf222e", "improved": "#0969da", "new": "#6e7781",
                 "skipped": "#6e7781", "pending": "#6e7781"}
@@ -75,144 +78,37 @@ def show(fig: Any, dpi: int = 100, alt: str | None = None) -> None:
     """
     from IPython.display import Image, display
 
-    from perfkit.plots import figure_to_png_bytes
+    from perfkit.report.plots import figure_to_png_bytes
 
     display(Image(data=figure_to_png_bytes(fig, dpi=dpi), format="png",
                   alt=alt or figure_title(fig)))
 
 
-def _f(v: Any, fmt: str = ".0f", unit: str = "") -> str:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return "n/a"
-    if math.isnan(x):
-        return "n/a"
-    return f"{x:{fmt}}{unit}"
-
-
 def reading(scenario: str, results: Mapping[str, Any]) -> str:
-    """A few sentences of Markdown saying what the results mean, in the design doc's words."""
-    r = results or {}
-    if scenario == "cold_warm":
-        ci = r.get("warm_cold_ratio_ci") or [None, None]
-        cs = r.get("cold_start") or {}
-        pen = r.get("penalty_ms") or {}
-        stage = r.get("penalty_stage")
-        ratio = r.get("warm_cold_ratio")
-        lines = [
-            f"**Cold start** took {_f(cs.get('ready_s'), '.1f', ' s')} until ready "
-            f"(process start {_f(cs.get('process_start_s'), '.1f', ' s')}, models loaded "
-            f"{_f(cs.get('models_loaded_s'), '.1f', ' s')}, startup warmup "
-            f"{_f(cs.get('warmup_s'), '.1f', ' s')}).",
-            f"The **cold request** took {_f(r.get('cold_ms'), '.0f', ' ms')}; the **warm** "
-            f"median is {_f(r.get('warm_median_ms'), '.0f', ' ms')}: warm/cold ratio "
-            f"{_f(ratio, '.2f')} (95% CI {_f(ci[0], '.2f')}..{_f(ci[1], '.2f')}).",
-        ]
-        if stage:
-            lines.append(f"The **first-request penalty** sits mostly in `{stage}` "
-                         f"({_f(pen.get(stage), '.0f', ' ms')}).")
-        try:
-            if ratio is not None and float(ratio) > 1.0:
-                lines.append("Warm requests are *slower* than the cold one: look for state that "
-                             "leaks across requests (residency, in-flight copies, host copies).")
-        except (TypeError, ValueError):
-            pass
-        failed = [c for c in (r.get("leak_checks") or []) if c.get("passed") is False]
-        if failed:
-            lines.append("Leak checks failed: " + ", ".join(
-                f"`{c['name']}` = {_f(c.get('value'), '.3g')} > {_f(c.get('threshold'), '.3g')}"
-                for c in failed) + ".")
-        elif r.get("leak_checks"):
-            measured = [c for c in r["leak_checks"] if c.get("value") is not None]
-            unmeasured = [c for c in r["leak_checks"] if c.get("value") is None]
-            if measured:
-                lines.append("Every measured leak check passed (" + ", ".join(
-                    f"`{c['name']}`" for c in measured) + ").")
-            if unmeasured:
-                lines.append("Not measured on this host: " + ", ".join(
-                    f"`{c['name']}`" for c in unmeasured) + " (no device memory readings).")
-        return "\n\n".join(lines)
-    if scenario == "warmup_shapes":
-        rows = r.get("coverage") or []
-        if not rows:
-            return "No coverage results."
-        out = []
-        for c in rows:
-            cov = "covered" if c.get("covered") else "**not covered**"
-            out.append(f"- warmup {c.get('warmup_frames')} frames → request "
-                       f"{c.get('request_frames')} frames: {cov}; first request "
-                       f"{_f(c.get('first_ms'), '.0f', ' ms')} vs warm median "
-                       f"{_f(c.get('warm_median_ms'), '.0f', ' ms')} (penalty "
-                       f"{_f(c.get('penalty_ms'), '.0f', ' ms')}, x{_f(c.get('ratio'), '.2f')}, "
-                       f"{c.get('compiles', 'n/a')} compiles"
-                       + (f", mostly in `{c['penalty_stage']}`" if c.get("penalty_stage") else "")
-                       + ").")
-        uncovered = [c for c in rows if not c.get("covered")]
-        tail = ("A shape the warmup does not cover pays its shape setup (recompilation, graph "
-                "capture) on the first user request." if uncovered else
-                "Every requested shape is covered by the startup warmup.")
-        return "\n".join(out) + "\n\n" + tail
-    if scenario == "memory_budget":
-        rows = r.get("caps") or []
-        out = []
-        for c in rows:
-            out.append(f"- **{c.get('label')}**: "
-                       + ("completed" if c.get("completed") else "**did not complete**")
-                       + ", cap " + ("held" if c.get("cap_held") else "**not held**")
-                       + f" (enforcement {c.get('enforcement')}); peak reserved "
-                       f"{_f(c.get('peak_reserved_mb'), '.0f', ' MiB')}, host anon peak "
-                       f"{_f(c.get('host_anon_peak_mib'), '.0f', ' MiB')}, placement "
-                       f"{c.get('placement') or 'n/a'}"
-                       + ("; warm requests degrade" if c.get("warm_degrades") else "") + ".")
-        mb = r.get("min_budget_gib")
-        out.append("")
-        out.append(f"Smallest device budget that completes: {_f(mb, '.1f', ' GiB')}." if mb
-                   is not None else "Smallest device budget: not searched (no GPU, or not asked).")
-        return "\n".join(out)
-    return ""
+    """A few sentences of Markdown saying what the results mean (the scenario's ``reading``)."""
+    return registry.get(scenario).reading(results or {})
 
 
 def summary_frame(scenario: str, results: Mapping[str, Any]) -> pd.DataFrame:
-    """The headline numbers of a scenario as a small table (for notebooks and the report)."""
-    r = results or {}
-    if scenario == "cold_warm":
-        cs = r.get("cold_start") or {}
-        ci = r.get("warm_cold_ratio_ci") or [None, None]
-        rows = [("cold start: ready (s)", cs.get("ready_s")),
-                ("cold start: models loaded (s)", cs.get("models_loaded_s")),
-                ("cold start: startup warmup (s)", cs.get("warmup_s")),
-                ("cold request (ms)", r.get("cold_ms")),
-                ("warm median (ms)", r.get("warm_median_ms")),
-                ("warm/cold ratio", r.get("warm_cold_ratio")),
-                ("warm/cold ratio 95% CI", f"{_f(ci[0], '.3f')}..{_f(ci[1], '.3f')}"),
-                ("first-request penalty stage", r.get("penalty_stage"))]
-        for st, ms in (r.get("penalty_ms") or {}).items():
-            rows.append((f"penalty {st} (ms)", ms))
-        return pd.DataFrame(rows, columns=["metric", "value"])
-    if scenario == "warmup_shapes":
-        return _cols(pd.DataFrame(r.get("coverage") or []), COVERAGE_COLUMNS)
-    if scenario == "memory_budget":
-        return _cols(pd.DataFrame(r.get("caps") or []), CAPS_COLUMNS)
-    return pd.DataFrame()
+    """The headline numbers of a scenario as a small table (the scenario's ``summary_table``)."""
+    return registry.get(scenario).summary_table(results or {})
 
 
-COVERAGE_COLUMNS = ["warmup_frames", "request_frames", "warmup_latent_frames",
-                    "request_latent_frames", "covered", "first_ms", "warm_median_ms", "penalty_ms",
-                    "ratio", "compiles", "penalty_stage", "error"]
-CAPS_COLUMNS = ["label", "device_cap_gib", "host_cap_gib", "completed", "cap_held", "enforcement",
-                "peak_reserved_mb", "host_anon_peak_mib", "placement", "cold_ms", "warm_ms",
-                "warm_degrades", "error"]
+def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
+    """(ename, text) of the first error output in an executed notebook."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(nb_path), as_version=4)
+    except Exception:  # noqa: BLE001
+        return None, None
+    for cell in nb.cells:
+        for o in cell.get("outputs", []) or []:
+            if o.get("output_type") == "error":
+                return o.get("ename"), f"{o.get('ename')}: {o.get('evalue')}"
+    return None, None
 
 
-def _cols(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
-    """The listed columns that exist, in that order (the full rows stay in results.json)."""
-    if df.empty:
-        return df
-    keep = [c for c in cols if c in df.columns]
-    if "error" in keep and df["error"].isna().all():
-        keep.remove("error")
-    return df[keep]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,48 +120,23 @@ def _run_info(run_dir: Path) -> dict[str, Any]:
     if p.exists():
         return json.loads(p.read_text())
     # a run dir made by hand (perfkit run): infer from files
-    from perfkit.suite import NOTEBOOKS, read_verdict
-
     nbs = []
-    for name in NOTEBOOKS:
+    for name in notebooks():
         nbp = run_dir / "notebooks" / f"{name}.ipynb"
         if nbp.exists() or read_verdict(run_dir / name):
-            from perfkit.suite import _error_of
-
-            ename, err = _error_of(nbp) if nbp.exists() else (None, None)
+            ename, err = notebook_error(nbp) if nbp.exists() else (None, None)
             nbs.append({"name": name, "status": "error" if err else "ok", "error": err,
                         "ename": ename, "wall_s": None, "output": str(nbp)})
     return {"name": run_dir.name, "notebooks": nbs}
 
 
-def _key_numbers(run_dir: Path) -> list[tuple[str, str]]:
+def key_numbers(run_dir: Path) -> list[tuple[str, str]]:
+    """(what, value) of every scenario's key numbers, from ``run_dir/<scenario>/results.json``."""
     out: list[tuple[str, str]] = []
-    for s in ("cold_warm", "warmup_shapes", "memory_budget"):
-        p = run_dir / s / "results.json"
-        if not p.exists():
-            continue
-        r = json.loads(p.read_text())
-        if s == "cold_warm":
-            cs = r.get("cold_start") or {}
-            out += [("cold start, ready", _f(cs.get("ready_s"), ".1f", " s")),
-                    ("cold request", _f(r.get("cold_ms"), ".0f", " ms")),
-                    ("warm median", _f(r.get("warm_median_ms"), ".0f", " ms")),
-                    ("warm/cold ratio", _f(r.get("warm_cold_ratio"), ".2f")),
-                    ("first-request penalty stage", str(r.get("penalty_stage") or "n/a"))]
-        elif s == "warmup_shapes":
-            for c in r.get("coverage") or []:
-                out.append((f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f",
-                            ("covered" if c.get("covered") else "not covered")
-                            + f", penalty {_f(c.get('penalty_ms'), '.0f', ' ms')}, "
-                            f"{c.get('compiles', 'n/a')} compiles"))
-        else:
-            for c in r.get("caps") or []:
-                out.append((f"cap {c.get('label')}",
-                            ("completed" if c.get("completed") else "did not complete")
-                            + ", " + ("held" if c.get("cap_held") else "not held")
-                            + f", peak reserved {_f(c.get('peak_reserved_mb'), '.0f', ' MiB')}"))
-            if r.get("min_budget_gib") is not None:
-                out.append(("minimum device budget", _f(r["min_budget_gib"], ".1f", " GiB")))
+    for s in registry.all_scenarios():
+        p = run_dir / s.name / "results.json"
+        if p.exists():
+            out += [(k.label, k.text) for k in s.key_numbers(json.loads(p.read_text()))]
     return out
 
 
@@ -293,8 +164,6 @@ def _status_text(n: dict[str, Any]) -> str:
 
 def _run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
     """(run.json info, verdict rows, exit code, status word) of a run directory."""
-    from perfkit.suite import STATUS_WORD, collect_verdicts, exit_code_for
-
     info = _run_info(run_dir)
     verdicts = collect_verdicts(run_dir)
     code = info.get("exit_code")
@@ -305,8 +174,6 @@ def _run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
 
 def summary_markdown(run_dir: str | Path) -> str:
     """The run's verdict as Markdown: status line, notebooks, key numbers, gate rows."""
-    from perfkit.suite import read_verdict
-
     run_dir = Path(run_dir)
     info, verdicts, code, word = _run_status(run_dir)
     icon = {"pass": "✅", "regression": "❌", "error": "💥"}.get(word, "")
@@ -326,7 +193,7 @@ def summary_markdown(run_dir: str | Path) -> str:
     gate_doc = read_verdict(run_dir / "baseline_gate") or {}
     if gate_doc.get("warnings"):
         parts += ["", "### Warnings", "", *[f"- {w}" for w in gate_doc["warnings"]]]
-    keys = _key_numbers(run_dir)
+    keys = key_numbers(run_dir)
     if keys:
         parts += ["", "### Key numbers", "",
                   _md_table(pd.DataFrame(keys, columns=["what", "value"]))]
@@ -488,7 +355,7 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
                                                 "wall (s)": n.get("wall_s"),
                                                 "error": n.get("error") or n.get("reason") or ""}
                                                for n in nbs])))
-    keys = _key_numbers(run_dir)
+    keys = key_numbers(run_dir)
     if keys:
         parts.append("<h3>Key numbers</h3>")
         parts.append(_table_html(pd.DataFrame(keys, columns=["what", "value"]), None))
@@ -502,7 +369,7 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         v = v.assign(_o=v["status"].map(order).fillna(5)).sort_values("_o", kind="stable") \
             .drop(columns="_o")
         parts.append(_table_html(v))
-    toc = "".join(f"<li><a href='#{n['name']}'>{html.escape(TITLES.get(n['name'], n['name']))}"
+    toc = "".join(f"<li><a href='#{n['name']}'>{html.escape(section_title(n['name']))}"
                   f"</a> — <span style='color:{STATUS_COLOR.get(n['status'], '#1f2328')}'>"
                   f"{html.escape(_status_text(n))}</span></li>" for n in nbs)
     if toc:
@@ -516,9 +383,8 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         if not nbp.exists():
             nbp = run_dir / "notebooks" / f"{name}.ipynb"
         if n.get("status") == "skipped" or not nbp.exists():
-            parts.append(f"<h2>{html.escape(TITLES.get(name, name))}</h2>")
-            if QUESTIONS.get(name):
-                parts.append(f"<p><i>{html.escape(QUESTIONS[name])}</i></p>")
+            parts.append(f"<h2>{html.escape(section_title(name))}</h2>")
+            parts.append(f"<p><i>{html.escape(section_question(name))}</i></p>")
         if n.get("status") == "skipped":
             why = n.get("reason") or "disabled in the params"
             parts.append(f"<p class='muted'>skipped ({html.escape(why)})</p></section>")
@@ -599,7 +465,3 @@ def screenshot(html_path: str | Path, png_path: str | Path, *, width: int = 1280
         raise RuntimeError(f"chromium wrote no screenshot (exit {proc.returncode}): "
                            f"{proc.stderr[-500:]}")
     return png
-
-
-def data_uri_png(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()

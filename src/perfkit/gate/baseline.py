@@ -49,7 +49,9 @@ from typing import Any, Callable, Iterable, Mapping
 import pandas as pd
 
 from perfkit.bundle import ResultBundle
-from perfkit.stages import baseline_class as _baseline_class
+from perfkit.checks import Check, number
+from perfkit.readings.stages import baseline_class as _baseline_class
+from perfkit.checks import overall_status
 
 log = logging.getLogger(__name__)
 
@@ -140,33 +142,6 @@ TOP_LEVEL_CASE_MAPS = ("load_peak_vram_mb", "runtime_peak_vram_mb")
 DERIVED_KEYS = ("stages_ms", "denoise_step_ms", "expected_e2e_ms", "expected_avg_denoise_ms",
                 "expected_median_denoise_ms", "expected_load_ms", *MEMORY_METRICS,
                 "estimated_full_test_time_s")
-
-#: Invariants that hold on any hardware (ratios within one run). Params may override any key.
-#: warm/cold and first-request ratios follow docs/DESIGN.md "Measurement rules" (gate on ratios
-#: measured within one run); leak slopes in MiB per request; latency drift is a fraction.
-DEFAULT_INVARIANTS: dict[str, Any] = {
-    "warm_cold_ratio_max": 1.0,
-    "covered_first_request_max_ratio": 1.5,
-    "covered_compiles_max": 0,
-    "host_anon_slope_mib_per_request_max": 16.0,
-    "device_reserved_slope_mib_per_request_max": 16.0,
-    "latency_drift_max": 0.25,
-    "caps_held": True,
-}
-#: Leak check names of cold_warm results -> invariant key holding its maximum.
-LEAK_INVARIANTS = {
-    "host_anon_slope_mib_per_request": "host_anon_slope_mib_per_request_max",
-    "device_reserved_slope_mib_per_request": "device_reserved_slope_mib_per_request_max",
-    "latency_drift": "latency_drift_max",
-}
-KNOWN_INVARIANTS = {"warm_cold_ratio_max", "warm_cold_ratio_min",
-                    "covered_first_request_max_ratio", "covered_compiles_max",
-                    "caps_held", "caps_completed", "warm_degrades_allowed",
-                    *LEAK_INVARIANTS.values()}
-
-VERDICT_COLUMNS = ["case", "metric", "expected", "actual", "bound", "status", "reason"]
-STATUSES = ("pass", "fail", "new", "improved", "skipped")
-
 
 class BaselineError(ValueError):
     """A baseline file that cannot be read; the message names the file (and line/column)."""
@@ -317,7 +292,7 @@ StageClassifier = Callable[[str], str]
 
 
 def classify_stage(name: str) -> str:
-    """Stage class by sglang's rules, through :func:`perfkit.stages.stage_class`.
+    """Stage class by sglang's rules, through :func:`perfkit.readings.stages.stage_class`.
 
     Returns ``"decoding"`` for decoding stages (names containing ``Decod``, checked first),
     ``"denoise"`` for denoising stages (``DenoisingStage``, ``LTX2AVDenoisingStage``) and
@@ -562,32 +537,6 @@ def baseline_from_bundles(cases: Mapping[str, ResultBundle] | Iterable[tuple[str
 # Verdicts
 # ---------------------------------------------------------------------------------------------
 
-@dataclass
-class Verdict:
-    """One checked metric.
-
-    Attributes:
-        case: case id (or scenario name for invariants).
-        metric: ``stages_ms.<stage>``, ``denoise_step_ms.<i>``, ``expected_e2e_ms``, ... or the
-            invariant name.
-        expected: baseline value (ms or MiB) or invariant threshold.
-        actual: measured value (None when missing).
-        bound: the pass bound (``max(expected*(1+tol), expected+pad)`` for baseline metrics).
-        status: one of ``pass``, ``fail``, ``new``, ``improved``, ``skipped``.
-        reason: why, in words.
-        snippet: for ``improved``, the JSON fragment to paste into the case's baseline entry.
-    """
-
-    case: str
-    metric: str
-    expected: float | None
-    actual: float | None
-    bound: float | None
-    status: str
-    reason: str = ""
-    snippet: dict[str, Any] | None = field(default=None)
-
-
 def bound(expected: float, tol: float, pad: float) -> float:
     """sglang's pass bound: ``max(expected * (1 + tol), expected + pad)``."""
     return max(expected * (1.0 + tol), expected + pad)
@@ -652,7 +601,7 @@ def _snippet(metric: str, value: float) -> dict[str, Any]:
 def compare(run: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any],
             profile: str = "pr_test", strict: bool = False, *,
             stage_classes: StageClassifier | Mapping[str, str] | None = None,
-            video: bool = True, threshold: float | None = None) -> list[Verdict]:
+            video: bool = True, threshold: float | None = None) -> list[Check]:
     """Check a run against a baseline with sglang's rule.
 
     A metric passes when ``actual <= max(expected * (1 + tol), expected + pad)`` (see the module
@@ -685,55 +634,55 @@ def compare(run: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any],
         threshold = float((baseline.get("improvement_reporting") or {}).get(
             "threshold", DEFAULT_IMPROVEMENT_THRESHOLD))
     classify = _classifier(stage_classes)
-    rows: list[Verdict] = []
+    rows: list[Check] = []
     for case, entry in run.items():
         expected = _expected_metrics(baseline, case)
         actual = _flatten(entry)
         if expected is None:
             status = "fail" if strict else "new"
-            rows.append(Verdict(case, "*", None, None, None, status,
+            rows.append(Check(case, "*", None, None, None, status,
                                 "case not in baseline" + (" (strict)" if strict else "")))
             continue
         for metric, exp in expected.items():
             act = actual.get(metric)
             tol, pad, rule = _metric_rule(metric, tols, classify, video)
             if exp is None:
-                rows.append(Verdict(case, metric, None, act, None, "skipped",
+                rows.append(Check(case, metric, None, act, None, "skipped",
                                     "baseline value is null"))
                 continue
             if tol is None:
                 known_optional = rule in OPTIONAL_TOLERANCES
                 if not known_optional:
                     log.warning("profile %s has no tolerance for %s (%s)", profile, metric, rule)
-                rows.append(Verdict(case, metric, exp, act, None, "skipped",
+                rows.append(Check(case, metric, exp, act, None, "skipped",
                                     f"profile {profile!r} has no {rule!r} tolerance"))
                 continue
             b = bound(exp, tol, pad)
             if act is None:
-                rows.append(Verdict(case, metric, exp, None, b, "fail", "missing from run"))
+                rows.append(Check(case, metric, exp, None, b, "fail", "missing from run"))
                 continue
             rule_txt = f"{rule}: tol {tol:g}, pad {pad:g}"
             if act > b:
                 over = (act / exp - 1.0) * 100 if exp else math.inf
-                rows.append(Verdict(case, metric, exp, act, b, "fail",
+                rows.append(Check(case, metric, exp, act, b, "fail",
                                     f"{act:g} > bound {b:g} (+{over:.1f}% vs expected; {rule_txt})"))
             elif exp > 0 and act < exp * (1.0 - threshold):
                 snip = _snippet(metric, act)
-                rows.append(Verdict(case, metric, exp, act, b, "improved",
+                rows.append(Check(case, metric, exp, act, b, "improved",
                                     f"{(1 - act / exp) * 100:.1f}% faster than expected; update "
                                     f"scenarios.{case} with {json.dumps(snip)}", snip))
             else:
-                rows.append(Verdict(case, metric, exp, act, b, "pass", rule_txt))
+                rows.append(Check(case, metric, exp, act, b, "pass", rule_txt))
         for metric in actual:
             if metric not in expected and actual[metric] is not None:
                 status = "fail" if strict else "new"
-                rows.append(Verdict(case, metric, None, actual[metric], None, status,
+                rows.append(Check(case, metric, None, actual[metric], None, status,
                                     "metric not in baseline" + (" (strict)" if strict else "")))
     return rows
 
 
 def check_overlap(run: Mapping[str, Any], baseline: Mapping[str, Any], *, source: str,
-                  run_hardware: str | None = None) -> tuple[list[Verdict], list[str]]:
+                  run_hardware: str | None = None) -> tuple[list[Check], list[str]]:
     """Whether comparing ``run`` (case id -> entry) with ``baseline`` compares anything.
 
     Returns ``(rows, warnings)``: a failing row (case ``baseline``, metric ``cases compared``)
@@ -748,7 +697,7 @@ def check_overlap(run: Mapping[str, Any], baseline: Mapping[str, Any], *, source
     if not common:
         what = "no case of this run is in" if run else "this run has no case to compare with"
         reason = f"{what} {source} ({hw}): nothing compared"
-        return ([Verdict("baseline", "cases compared", None, 0, None, "fail", reason)],
+        return ([Check("baseline", "cases compared", None, 0, None, "fail", reason)],
                 [f"{reason}; a baseline only gates runs of its own hardware and cases"])
     if ref_hw != run_hw:
         return [], [f"{source} was measured on {ref_hw!r}, this run on {run_hw!r}: absolute "
@@ -756,7 +705,7 @@ def check_overlap(run: Mapping[str, Any], baseline: Mapping[str, Any], *, source
     return [], []
 
 
-def improvement_snippets(rows: Iterable[Verdict]) -> dict[str, dict[str, Any]]:
+def improvement_snippets(rows: Iterable[Check]) -> dict[str, dict[str, Any]]:
     """Merge the snippets of ``improved`` rows per case: case id -> fragment to paste."""
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -772,182 +721,6 @@ def improvement_snippets(rows: Iterable[Verdict]) -> dict[str, dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Invariants (any hardware)
-# ---------------------------------------------------------------------------------------------
-
-def _check_max(case: str, metric: str, value: Any, limit: float, what: str = "") -> Verdict:
-    v = _num(value)
-    if v is None:
-        return Verdict(case, metric, limit, None, limit, "skipped", "not measured")
-    ok = v <= limit
-    reason = f"{v:g} {'<=' if ok else '>'} {limit:g}" + (f" ({what})" if what else "")
-    return Verdict(case, metric, limit, v, limit, "pass" if ok else "fail", reason)
-
-
-def check_invariants(results: Mapping[str, Mapping[str, Any]],
-                     invariants: Mapping[str, Any]) -> list[Verdict]:
-    """Check hardware-independent invariants (ratios within one run) on scenario results.
-
-    Args:
-        results: scenario name -> that scenario's ``results.json`` dict (``cold_warm``,
-            ``warmup_shapes``, ``memory_budget``; see perfkit.scenarios).
-        invariants: the declared invariants (only these are checked), e.g.
-            :data:`DEFAULT_INVARIANTS`:
-
-            - ``warm_cold_ratio_max`` / ``warm_cold_ratio_min``: warm median ms / cold ms bounds.
-            - ``covered_first_request_max_ratio``: first request of a covered shape <= k x its
-              warm median.
-            - ``covered_compiles_max``: compiles during the first request of a covered shape.
-            - ``host_anon_slope_mib_per_request_max``, ``device_reserved_slope_mib_per_request_max``
-              (MiB per request) and ``latency_drift_max`` (fraction): leak checks of cold_warm.
-            - ``caps_held`` (bool): every memory cap held. ``caps_completed`` (bool): every capped
-              run completed. ``warm_degrades_allowed`` (bool, False gates): warm requests under a
-              cap must not degrade.
-
-    Missing scenarios or keys give ``skipped`` rows ("not measured"), never failures.
-    """
-    rows: list[Verdict] = []
-    for key in invariants:
-        if key not in KNOWN_INVARIANTS:
-            log.warning("unknown invariant %r ignored", key)
-            rows.append(Verdict("invariants", key, None, None, None, "skipped", "unknown invariant"))
-
-    cw = results.get("cold_warm")
-    for key in ("warm_cold_ratio_max", "warm_cold_ratio_min"):
-        if key not in invariants:
-            continue
-        limit = float(invariants[key])
-        if not cw:
-            rows.append(Verdict("cold_warm", "warm_cold_ratio", limit, None, limit, "skipped",
-                                "not measured"))
-            continue
-        ratio = _num(cw.get("warm_cold_ratio"))
-        if ratio is None and _num(cw.get("cold_ms")) and _num(cw.get("warm_median_ms")) is not None:
-            ratio = float(cw["warm_median_ms"]) / float(cw["cold_ms"])
-        ci = cw.get("warm_cold_ratio_ci")
-        ci_txt = f"95% CI {ci[0]:.3g}..{ci[1]:.3g}" if isinstance(ci, (list, tuple)) and len(ci) == 2 \
-            and all(_is_number(x) for x in ci) else ""
-        if key.endswith("_max"):
-            rows.append(_check_max("cold_warm", "warm_cold_ratio", ratio, limit, ci_txt))
-        elif ratio is None:
-            rows.append(Verdict("cold_warm", "warm_cold_ratio_min", limit, None, limit, "skipped",
-                                "not measured"))
-        else:
-            ok = ratio >= limit
-            rows.append(Verdict("cold_warm", "warm_cold_ratio_min", limit, ratio, limit,
-                                "pass" if ok else "fail",
-                                f"{ratio:g} {'>=' if ok else '<'} {limit:g}"
-                                + (f" ({ci_txt})" if ci_txt else "")))
-    leaks = {c.get("name"): c for c in ((cw or {}).get("leak_checks") or []) if isinstance(c, dict)}
-    for name, key in LEAK_INVARIANTS.items():
-        if key not in invariants:
-            continue
-        limit = float(invariants[key])
-        chk = leaks.get(name)
-        rows.append(_check_max("cold_warm", name, chk.get("value") if chk else None, limit))
-
-    ws = results.get("warmup_shapes")
-    coverage = [c for c in ((ws or {}).get("coverage") or []) if isinstance(c, dict)]
-    covered = [c for c in coverage if c.get("covered")]
-    for key, metric in (("covered_first_request_max_ratio", "covered_first_request_ratio"),
-                        ("covered_compiles_max", "covered_compiles")):
-        if key not in invariants:
-            continue
-        limit = float(invariants[key])
-        if not covered:
-            rows.append(Verdict("warmup_shapes", metric, limit, None, limit, "skipped",
-                                "not measured" if not coverage else "no covered shape measured"))
-            continue
-        for c in covered:
-            label = f"{metric}[warmup={c.get('warmup_frames')}f,request={c.get('request_frames')}f]"
-            if metric == "covered_compiles":
-                rows.append(_check_max("warmup_shapes", label, c.get("compiles"), limit))
-                continue
-            ratio = _num(c.get("ratio"))
-            if ratio is None and _num(c.get("warm_median_ms")) and _num(c.get("first_ms")) is not None:
-                ratio = float(c["first_ms"]) / float(c["warm_median_ms"])
-            what = f"penalty {c['penalty_ms']:.0f} ms in {c.get('penalty_stage')}" \
-                if _num(c.get("penalty_ms")) is not None else ""
-            rows.append(_check_max("warmup_shapes", label, ratio, limit, what))
-
-    mb = results.get("memory_budget")
-    caps = [c for c in ((mb or {}).get("caps") or []) if isinstance(c, dict)]
-    for key, col, bad_when in (("caps_held", "cap_held", False), ("caps_completed", "completed", False),
-                               ("warm_degrades_allowed", "warm_degrades", True)):
-        if key not in invariants:
-            continue
-        want = bool(invariants[key])
-        if key == "warm_degrades_allowed" and want:
-            continue  # degradation allowed: nothing to gate
-        if key != "warm_degrades_allowed" and not want:
-            continue
-        if not caps:
-            rows.append(Verdict("memory_budget", key, None, None, None, "skipped", "not measured"))
-            continue
-        for c in caps:
-            metric = f"{col}[{c.get('label')}]"
-            val = c.get(col)
-            if val is None:
-                rows.append(Verdict("memory_budget", metric, None, None, None, "skipped",
-                                    "not measured"))
-                continue
-            failed = bool(val) is bad_when
-            detail = (f"device cap {c.get('device_cap_gib')} GiB, host cap {c.get('host_cap_gib')} GiB,"
-                      f" enforcement {c.get('enforcement')}, peak reserved "
-                      f"{c.get('peak_reserved_mb')} MiB, host anon peak "
-                      f"{c.get('host_anon_peak_mib')} MiB, placement {c.get('placement')}")
-            rows.append(Verdict("memory_budget", metric, float(not bad_when), float(bool(val)),
-                                None, "fail" if failed else "pass",
-                                f"{col}={bool(val)}; {detail}"))
-    return rows
-
-
-# ---------------------------------------------------------------------------------------------
-# Tables
-# ---------------------------------------------------------------------------------------------
-
-def verdict_table(rows: Iterable[Verdict | Mapping[str, Any]]) -> pd.DataFrame:
-    """Verdict rows as a DataFrame with :data:`VERDICT_COLUMNS`
-    (case, metric, expected, actual, bound, status, reason)."""
-    recs = []
-    for r in rows:
-        d = r.__dict__ if isinstance(r, Verdict) else dict(r)
-        recs.append({c: d.get(c) for c in VERDICT_COLUMNS})
-    return pd.DataFrame(recs, columns=VERDICT_COLUMNS)
-
-
-def _cell(v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    if isinstance(v, float):
-        return f"{v:.2f}"
-    return str(v).replace("|", "\\|").replace("\n", " ")
-
-
-def verdict_markdown(df: pd.DataFrame) -> str:
-    """A GitHub-flavoured markdown table of a verdict table (numbers with 2 decimals).
-
-    Uses ``DataFrame.to_markdown`` when ``tabulate`` is installed, else a small formatter.
-    """
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        return df.to_markdown(index=False, floatfmt=".2f")
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for rec in df.itertuples(index=False):
-        lines.append("| " + " | ".join(_cell(v) for v in rec) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def overall_status(df: pd.DataFrame) -> str:
-    """``"fail"`` when any row failed, else ``"pass"`` (new/improved/skipped do not fail)."""
-    return "fail" if (not df.empty and (df["status"] == "fail").any()) else "pass"
-
-
-# ---------------------------------------------------------------------------------------------
 # Update
 # ---------------------------------------------------------------------------------------------
 
@@ -957,7 +730,7 @@ def update_baseline(bundle_dir: str | Path, baseline_file: str | Path, case_id: 
                     launch: str | None = None, num_frames: int | None = None) -> dict[str, Any]:
     """Write ``case_id``'s entry, derived from the bundle at ``bundle_dir``, into ``baseline_file``.
 
-    The entry holds the steady state the suite's gate writes (:func:`perfkit.suite.bundle_cases`):
+    The entry holds the steady state the suite's gate writes (:func:`perfkit.gate_run.bundle_cases`):
     every measured request of the selected launch (``launch``; ``num_frames`` picks one request
     shape), the worst kept as sglang does, except an uncovered cold request (its shape differs
     from the startup warmup's, so its recompilation is the investigation's finding, not a number
@@ -977,7 +750,7 @@ def update_baseline(bundle_dir: str | Path, baseline_file: str | Path, case_id: 
     Returns:
         The document written.
     """
-    from perfkit.suite import cold_request_covered, sub_bundle
+    from perfkit.bundle import cold_request_covered, sub_bundle
 
     bundle = ResultBundle.load(bundle_dir)
     launches = [str(x) for x in bundle.launches.get("launch", [])] if not bundle.launches.empty else []

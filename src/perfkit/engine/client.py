@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from perfkit.records import PerfRecord, find_record
+from perfkit.readings.records import PerfRecord, find_record
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ Three kinds:
   the console script). Its environment turns on sglang's per-request records
   (``SGLANG_DIFFUSION_STAGE_LOGGING=1``, ``SGLANG_PERF_LOG_DIR=<perf_log_dir>``); memory caps
   add ``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB`` / ``..._FORCE_HOST_AVAILABLE_GIB``
-  (:meth:`perfkit.caps.MemoryCaps.env`). Ready when ``GET /health`` answers 200.
+  (:meth:`perfkit.engine.caps.MemoryCaps.env`). Ready when ``GET /health`` answers 200.
 
   Flags checked against sglang 0.5.23: its diffusion parser (``sglang/multimodal_gen/runtime/
   server_args/server_args.py``), ``sglang serve --model-type diffusion --help``, and argvs built

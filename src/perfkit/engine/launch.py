@@ -44,9 +44,9 @@ from typing import Any, Iterator
 import httpx
 import psutil
 
-from perfkit import records as _records
-from perfkit.caps import CapOutcome, HostCapEnforcer, MemoryCaps, kill_tree
-from perfkit.engine import EngineSpec
+from perfkit.readings import records as _records
+from perfkit.engine.caps import CapOutcome, HostCapEnforcer, MemoryCaps, kill_tree
+from perfkit.engine.spec import EngineSpec
 
 log = logging.getLogger(__name__)
 
@@ -347,7 +347,7 @@ class EngineHandle:
 
     def sampler(self, interval_s: float = 0.1, gpu_index: int | list[int] = 0):
         """A (not started) MemorySampler of this engine with the pre-launch device baseline."""
-        from perfkit.sampler import MemorySampler
+        from perfkit.readings.sampler import MemorySampler
 
         return MemorySampler(self.pid, interval_s=interval_s, gpu_index=gpu_index,
                              baseline_device_mib=self.device_baseline_mib)
@@ -498,7 +498,7 @@ def launch(spec: EngineSpec, caps: MemoryCaps | None = None, run_dir: str | Path
     env = dict(os.environ)
     env.update(added)
 
-    from perfkit.sampler import device_used_mib
+    from perfkit.readings.sampler import device_used_mib
 
     gpu = list(range(spec.num_gpus)) if spec.kind != "command" else 0
     baseline = device_used_mib(gpu)

@@ -1,0 +1,130 @@
+"""The check object: what scenarios emit and the gate judges, and its tables.
+
+A :class:`Check` is one judged metric: an invariant measured within a run (a ratio, a slope, a
+flag) or a baseline metric compared with sglang's rule. Scenarios produce them from their
+results (:attr:`perfkit.scenarios.registry.Scenario.checks`); the gate adds the baseline rows and
+turns them into an exit code.
+
+Statuses: ``pass``, ``fail``, ``new`` (a case the baseline lacks), ``improved`` (faster than the
+baseline by more than its improvement threshold), ``skipped`` (not measured: never a pass).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+__all__ = ["Check", "CHECK_COLUMNS", "STATUSES", "check_max", "check_min", "check_flag",
+           "check_table", "check_markdown", "overall_status", "number"]
+
+CHECK_COLUMNS = ["case", "metric", "expected", "actual", "bound", "status", "reason"]
+STATUSES = ("pass", "fail", "new", "improved", "skipped")
+NOT_MEASURED = "not measured"
+
+
+@dataclass
+class Check:
+    """One checked metric.
+
+    Attributes:
+        case: case id (baseline rows) or the scenario's name (invariants).
+        metric: ``stages_ms.<stage>``, ``denoise_step_ms.<i>``, ``expected_e2e_ms``, ... or the
+            invariant's metric name (``warm_cold_ratio``, ``cap_held[12GiB]``).
+        expected: the baseline value (ms or MiB) or the invariant's limit.
+        actual: the measured value; None when it was not measured (then ``status`` is
+            ``skipped``, never ``pass``).
+        bound: the value ``actual`` is held to: ``max(expected*(1+tol), expected+pad)`` for a
+            baseline metric (sglang's rule), the limit (plus any noise margin) for an invariant.
+        status: one of :data:`STATUSES`.
+        reason: why, in words (``"1.02 <= 1.1 (limit 1, margin 10 %)"``).
+        margin: the noise margin applied to an invariant's limit (fraction), when one is.
+        snippet: for ``improved``, the JSON fragment to paste into the case's baseline entry.
+    """
+
+    case: str
+    metric: str
+    expected: float | None
+    actual: float | None
+    bound: float | None
+    status: str
+    reason: str = ""
+    snippet: dict[str, Any] | None = field(default=None)
+    margin: float | None = None
+
+
+def number(v: Any) -> float | None:
+    """A finite float, or None for None/NaN/inf/bool/non-numbers."""
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def check_max(case: str, metric: str, value: Any, limit: float, what: str = "",
+              margin: float | None = None) -> Check:
+    """``value <= limit * (1 + margin)``; ``skipped`` ("not measured") when value is missing."""
+    v = number(value)
+    bnd = limit * (1.0 + margin) if margin else limit
+    if v is None:
+        return Check(case, metric, limit, None, bnd, "skipped", NOT_MEASURED, margin=margin)
+    ok = v <= bnd
+    m = f", limit {limit:g} + {margin:.0%} margin" if margin else ""
+    reason = f"{v:g} {'<=' if ok else '>'} {bnd:g}{m}" + (f" ({what})" if what else "")
+    return Check(case, metric, limit, v, bnd, "pass" if ok else "fail", reason, margin=margin)
+
+
+def check_min(case: str, metric: str, value: Any, limit: float, what: str = "") -> Check:
+    """``value >= limit``; ``skipped`` when value is missing."""
+    v = number(value)
+    if v is None:
+        return Check(case, metric, limit, None, limit, "skipped", NOT_MEASURED)
+    ok = v >= limit
+    reason = f"{v:g} {'>=' if ok else '<'} {limit:g}" + (f" ({what})" if what else "")
+    return Check(case, metric, limit, v, limit, "pass" if ok else "fail", reason)
+
+
+def check_flag(case: str, metric: str, value: Any, want: bool, detail: str = "") -> Check:
+    """A boolean that must equal ``want``; ``skipped`` when value is None."""
+    if value is None:
+        return Check(case, metric, None, None, None, "skipped", NOT_MEASURED)
+    ok = bool(value) is want
+    name = metric.split("[", 1)[0]
+    return Check(case, metric, float(want), float(bool(value)), None, "pass" if ok else "fail",
+                 f"{name}={bool(value)}" + (f"; {detail}" if detail else ""))
+
+
+def check_table(rows: Iterable[Check | Mapping[str, Any]]) -> pd.DataFrame:
+    """Check rows as a DataFrame with :data:`CHECK_COLUMNS`
+    (case, metric, expected, actual, bound, status, reason)."""
+    recs = []
+    for r in rows:
+        d = r.__dict__ if isinstance(r, Check) else dict(r)
+        recs.append({c: d.get(c) for c in CHECK_COLUMNS})
+    return pd.DataFrame(recs, columns=CHECK_COLUMNS)
+
+
+def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def check_markdown(df: pd.DataFrame) -> str:
+    """A GitHub-flavoured Markdown table of a check table (numbers with 2 decimals)."""
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for rec in df.itertuples(index=False):
+        lines.append("| " + " | ".join(_cell(v) for v in rec) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def overall_status(df: pd.DataFrame) -> str:
+    """``"fail"`` when any row failed, else ``"pass"`` (new/improved/skipped do not fail)."""
+    return "fail" if (not df.empty and (df["status"] == "fail").any()) else "pass"

@@ -1,0 +1,191 @@
+"""The run's gate: this run's numbers in sglang's baseline layout, compared with a baseline of
+the same hardware, plus every scenario's within-run checks. Launches nothing: reads the bundles a
+run directory holds.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from perfkit.bundle import ResultBundle
+from perfkit.checks import Check
+from perfkit.common.provenance import repo_root
+from perfkit.engine.spec import DEFAULT_WARMUP_FRAMES
+from perfkit.gate import baseline as bl
+from perfkit.scenarios.common import slug
+from perfkit.scenarios import registry
+
+log = logging.getLogger(__name__)
+
+
+def case_id(engine: Mapping[str, Any], request: Mapping[str, Any], *, warmup_frames: int | None = None,
+            num_frames: int | None = None, suffix: str = "") -> str:
+    """Case id saying preset, shape and startup warmup: ``tiny_25f_64x64_4s_w17``.
+
+    ``suffix`` distinguishes scenarios measuring the same shape (``_shapes``, ``_cap-24GiBdev``).
+    """
+    preset = engine.get("preset") or engine.get("kind") or "engine"
+    if engine.get("kind") == "sglang":
+        preset = Path(str(engine.get("model_path") or "sglang")).name
+    nf = num_frames if num_frames is not None else request.get("num_frames")
+    w = warmup_frames if warmup_frames is not None else engine.get("warmup_frames", DEFAULT_WARMUP_FRAMES)
+    cid = (f"{slug(preset)}_{nf}f_{request.get('height')}x{request.get('width')}_"
+           f"{request.get('num_inference_steps')}s_w{w}")
+    return cid + suffix
+
+
+def case_namer(engine: Mapping[str, Any], request: Mapping[str, Any]):
+    """``case_id`` bound to this run's engine and request (what scenarios' ``cases`` receive)."""
+    def name(**kw: Any) -> str:
+        return case_id(engine, request, **kw)
+    return name
+
+
+def bundle_cases(bundles: Mapping[str, ResultBundle], engine: Mapping[str, Any],
+                 request: Mapping[str, Any]) -> dict[str, ResultBundle]:
+    """Case id -> (sub-)bundle for this run's baseline.json: each scenario's ``cases`` (see
+    :attr:`perfkit.scenarios.registry.Scenario.cases`), in run order."""
+    namer = case_namer(engine, request)
+    cases: dict[str, ResultBundle] = {}
+    for s in registry.all_scenarios():
+        b = bundles.get(s.name)
+        if b is not None:
+            cases.update(s.cases(b, namer))
+    return cases
+
+
+def scenario_checks(scenario: str, results: Mapping[str, Any],
+                    invariants: Mapping[str, Any] | None = None) -> list[Check]:
+    """Check rows of one scenario against the invariants it declares (``invariants``: the
+    params' merged invariants; None: the registry's defaults)."""
+    inv = registry.invariant_defaults() if invariants is None else dict(invariants)
+    return registry.checks_for({scenario: dict(results)}, inv, only=scenario)
+
+
+def load_run_bundles(run_dir: str | Path) -> dict[str, ResultBundle]:
+    """Scenario -> bundle for each ``run_dir/<scenario>/`` holding one."""
+    out: dict[str, ResultBundle] = {}
+    for s in registry.names():
+        d = Path(run_dir) / s
+        if (d / "meta.json").exists():
+            out[s] = ResultBundle.load(d)
+    return out
+
+
+@dataclass
+class GateResult:
+    baseline_doc: dict[str, Any]
+    cases: list[str]
+    invariant_rows: list[Check]
+    baseline_rows: list[Check]
+    compared_with: str | None
+    errors: list[str] = field(default_factory=list)
+    #: e.g. the baseline's hardware differs from this run's (printed, not gated)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[Check]:
+        return [*self.invariant_rows, *self.baseline_rows]
+
+
+def gate(run_dir: str | Path, *, engine: Mapping[str, Any], request: Mapping[str, Any],
+         baseline_file: str | Path | None = None, profile: str = "pr_test", strict: bool = False,
+         hardware: str | None = None, invariants: Mapping[str, Any] | None = None) -> GateResult:
+    """The baseline gate. Launches nothing: reads the bundles under ``run_dir``.
+
+    Writes ``run_dir/baseline.json`` (this run's numbers, sglang layout, one case per
+    :func:`bundle_cases`), compares them with ``baseline_file`` when given (``profile``,
+    ``strict``) and checks ``invariants`` (default: every scenario's invariant defaults)
+    on every scenario's results.
+    """
+    run_dir = Path(run_dir)
+    bundles = load_run_bundles(run_dir)
+    errors: list[str] = []
+    if not bundles:
+        errors.append(f"no bundles under {run_dir}")
+    cases = bundle_cases(bundles, engine, request)
+    hw = hardware or _hardware(bundles)
+    doc = bl.baseline_from_bundles(cases, hardware=hw)
+    bl.save_baseline(doc, run_dir / "baseline.json")
+    inv = registry.invariant_defaults() if invariants is None else dict(invariants)
+    inv_rows = registry.checks_for({s: b.results for s, b in bundles.items()}, inv)
+    base_rows: list[Check] = []
+    warnings: list[str] = []
+    compared = None
+    if baseline_file:
+        bpath = resolve_baseline_file(baseline_file)
+        if bpath.exists():
+            ref = bl.load_baseline(bpath)
+            base_rows = bl.compare(doc["scenarios"], ref, profile=profile, strict=strict)
+            compared = str(bpath)
+            overlap, warnings = bl.check_overlap(doc["scenarios"], ref, source=str(baseline_file),
+                                                 run_hardware=hw)
+            base_rows = [*overlap, *base_rows]
+            for w in warnings:
+                log.warning("%s", w)
+        else:
+            log.warning("baseline file %s does not exist: comparing nothing", baseline_file)
+            base_rows = [Check("baseline", str(baseline_file), None, None, None,
+                                    "fail" if strict else "skipped",
+                                    "baseline file not found" + (" (strict)" if strict else ""))]
+    return GateResult(doc, list(cases), inv_rows, base_rows, compared, errors, warnings)
+
+
+def resolve_baseline_file(file: str | Path) -> Path:
+    """A params ``baseline.file``: as given when it exists (absolute or relative to the current
+    directory), else relative to the perfkit checkout (:func:`repo_root`)."""
+    p = Path(file)
+    if not p.is_absolute() and not p.exists():
+        return repo_root() / p
+    return p
+
+
+def run_hardware(run_dir: str | Path) -> str:
+    """The hardware label of a finished run: its baseline.json's ``metadata.hardware``, else the
+    params' ``baseline.hardware``, else what its bundles say (GPU name, CPU count)."""
+    run_dir = Path(run_dir)
+    try:
+        hw = (bl.load_baseline(run_dir / "baseline.json").get("metadata") or {}).get("hardware")
+        if hw:
+            return str(hw)
+    except (OSError, bl.BaselineError):
+        pass
+    try:
+        sp = yaml.safe_load((run_dir / "params.yaml").read_text()) or {}
+        hw = (sp.get("baseline") or {}).get("hardware")
+        if hw:
+            return str(hw)
+    except (OSError, yaml.YAMLError, AttributeError):
+        pass
+    return _hardware(load_run_bundles(run_dir))
+
+
+def _hardware(bundles: Mapping[str, ResultBundle]) -> str:
+    for b in bundles.values():
+        gpu = b.meta.get("gpu_name")
+        if gpu:
+            return str(gpu)
+    for b in bundles.values():
+        if b.meta.get("cpu_count"):
+            return f"cpu x{b.meta['cpu_count']} ({b.meta.get('host', 'host')})"
+    return "unknown"
+
+
+def run_cases(run_dir: str | Path, engine: Mapping[str, Any] | None = None,
+              request: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Case id -> scenario entry for a finished run (from its baseline.json, else its bundles)."""
+    run_dir = Path(run_dir)
+    if engine is None or request is None:
+        p = run_dir / "params.yaml"
+        if (run_dir / "baseline.json").exists() and engine is None:
+            return dict(bl.load_baseline(run_dir / "baseline.json").get("scenarios") or {})
+        if p.exists():
+            sp = yaml.safe_load(p.read_text())
+            engine = engine or sp.get("engine") or {}
+            request = request or sp.get("request") or {}
+    cases = bundle_cases(load_run_bundles(run_dir), engine or {}, request or {})
+    return {c: bl.from_bundle(b, c) for c, b in cases.items()}

@@ -1,0 +1,97 @@
+"""Verdict files and exit codes: what each notebook's gate decided, read back for the summary,
+the report and the suite's exit code.
+
+``RUN/<notebook>/verdict.json`` holds ``{scenario, status, rows: [Check...], ...}``; the gate
+notebook's adds ``cases``, ``compared_with`` and ``warnings``. Exit codes, one rule for every
+command: :data:`EXIT_OK` (0) every check passed, :data:`EXIT_REGRESSION` (1) a check failed,
+:data:`EXIT_ERROR` (2) an error (bad input, engine crash, notebook exception, nothing compared).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+from perfkit.checks import CHECK_COLUMNS, Check, check_table, overall_status
+from perfkit.gate.baseline import atomic_write_text
+from perfkit.scenarios import registry
+
+EXIT_OK = 0
+EXIT_REGRESSION = 1
+EXIT_ERROR = 2
+STATUS_WORD = {EXIT_OK: "pass", EXIT_REGRESSION: "regression", EXIT_ERROR: "error"}
+
+#: the notebook that gates the run (after every scenario's notebook)
+GATE = "baseline_gate"
+VERDICT_FILE = "verdict.json"
+RUN_FILE = "run.json"
+
+
+def notebooks() -> tuple[str, ...]:
+    """Notebook names in run order: every registered scenario, then the gate."""
+    return (*registry.names(), GATE)
+
+
+def jsonable(v: Any) -> Any:
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        try:
+            return jsonable(v.item())
+        except (TypeError, ValueError):
+            pass
+    return v
+
+
+def write_verdict(out: str | Path, scenario: str, rows: Iterable[Check | Mapping[str, Any]],
+                  **extra: Any) -> dict[str, Any]:
+    """Write ``out/verdict.json``: {scenario, status, rows, ...extra}. Returns the document."""
+    df = check_table(rows)
+    doc = {"scenario": scenario, "status": overall_status(df),
+           "rows": jsonable(df.to_dict("records")), **jsonable(extra)}
+    p = Path(out)
+    p.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(p / VERDICT_FILE, json.dumps(doc, indent=2, default=str) + "\n")
+    return doc
+
+
+def read_verdict(path: str | Path) -> dict[str, Any] | None:
+    p = Path(path)
+    if p.is_dir():
+        p = p / VERDICT_FILE
+    if not p.exists():
+        return None
+    return json.loads(p.read_text())
+
+
+def collect_verdicts(run_dir: str | Path) -> pd.DataFrame:
+    """All verdict rows of a run (investigations + gate), duplicates dropped, with a
+    ``notebook`` column."""
+    frames = []
+    for name in notebooks():
+        doc = read_verdict(Path(run_dir) / name)
+        if doc and doc.get("rows"):
+            df = check_table(doc["rows"])
+            df.insert(0, "notebook", name)
+            frames.append(df)
+    if not frames:
+        return pd.DataFrame(columns=["notebook", *CHECK_COLUMNS])
+    df = pd.concat(frames, ignore_index=True)
+    return df.drop_duplicates(subset=["case", "metric"], keep="first").reset_index(drop=True)
+
+
+def exit_code_for(notebooks: Iterable[Any], verdicts: pd.DataFrame) -> int:
+    for n in notebooks:
+        st = n.status if not isinstance(n, Mapping) else n.get("status")
+        if st == "error":
+            return EXIT_ERROR
+    if not verdicts.empty and (verdicts["status"] == "fail").any():
+        return EXIT_REGRESSION
+    return EXIT_OK

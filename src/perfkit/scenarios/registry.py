@@ -1,0 +1,225 @@
+"""The scenario registry: one investigation = one module that registers one :class:`Scenario`.
+
+A scenario declares in one place everything the rest of perfkit needs to know about it: its
+name and title, its params model (the only place its defaults live), its invariants model (the
+within-run checks it gates and their default limits), ``run`` (measure, return a
+:class:`~perfkit.bundle.ResultBundle`), ``check_bundle`` (is there a usable measurement),
+``checks`` (results + invariants -> :class:`~perfkit.checks.Check` rows), ``key_numbers`` (the
+figures the summary, the report and the READMEs quote), ``summary_table`` and ``reading`` (what
+its notebook and report section show), ``cases`` (its slices of this run's sglang-layout
+baseline), its report section template and its notebook.
+
+The suite, ``--only``, params validation, the report, the summary, the baseline derivation and
+the CLI read this registry; no scenario name is written anywhere else in the package.
+
+Adding an investigation: write ``perfkit/scenarios/<name>.py`` ending in ``register(Scenario(...))``,
+import it in :mod:`perfkit.scenarios`, add ``notebooks/<name>.ipynb`` (``make_notebooks.py``) and
+``perfkit/report/templates/sections/<name>.html.j2``. See docs/DESIGN.md.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from perfkit.bundle import ResultBundle
+from perfkit.checks import Check
+from perfkit.engine.caps import MemoryCaps
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
+
+__all__ = ["Scenario", "RunContext", "KeyNumber", "ScenarioParams", "InvariantParams", "CapParams",
+           "ScenarioError", "register", "get", "all_scenarios", "names"]
+
+
+class ScenarioError(RuntimeError):
+    """The measurement itself failed (engine crash, no completed request): the notebook fails
+    and the suite exits 2."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+
+
+class ScenarioParams(_Model):
+    """Base of every scenario's params section: ``enabled`` plus the scenario's own fields."""
+
+    enabled: bool = True
+
+
+class InvariantParams(_Model):
+    """Base of every scenario's invariants: keys of the params file's ``invariants`` section.
+    A field set to None is not gated."""
+
+
+class CapParams(_Model):
+    """One memory budget (GiB). ``None`` means no cap on that side."""
+
+    label: Optional[str] = None
+    device_gib: Optional[float] = Field(None, gt=0)
+    host_gib: Optional[float] = Field(None, gt=0)
+
+    def to_caps(self) -> MemoryCaps:
+        """The :class:`~perfkit.engine.caps.MemoryCaps` of this budget."""
+        return MemoryCaps(device_gib=self.device_gib, host_gib=self.host_gib, label=self.label)
+
+
+@dataclass
+class RunContext:
+    """What a scenario's ``run`` gets besides its params.
+
+    Attributes:
+        engine: the engine to launch.
+        request: the request shape the params file gives (``request`` section).
+        work_dir: launch directories (engine logs, perf logs, compile caches) go under it.
+        shared: bundles other scenarios measured earlier in the same run, by name; a scenario may
+            reuse their launch when it ran exactly what it would launch (seed 001: share one
+            engine launch across the cases that can).
+    """
+
+    engine: EngineSpec
+    request: VideoRequestSpec
+    work_dir: Path
+    shared: dict[str, ResultBundle] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KeyNumber:
+    """One figure quoted by the summary, the report and the READMEs.
+
+    Attributes:
+        label: what it is, in the design doc's words (``"warm median"``).
+        value: the number (None: not measured, shown as "–"), or a short text.
+        unit: ``"ms"``, ``"s"``, ``"MiB"``, ``"GiB"``, ``""`` (ratios, counts).
+        fmt: format spec for numbers (``".0f"``).
+    """
+
+    label: str
+    value: float | str | None
+    unit: str = ""
+    fmt: str = ".0f"
+
+    @property
+    def text(self) -> str:
+        """``"954 ms"``; "–" when not measured."""
+        v = self.value
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "–"
+        if isinstance(v, str):
+            return v
+        return f"{v:{self.fmt}}" + (f" {self.unit}" if self.unit else "")
+
+
+CaseNamer = Callable[..., str]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One investigation (see the module doc for what each field is for).
+
+    Attributes:
+        name: registry key, params section, bundle directory and notebook name.
+        title: heading in notebooks and the report.
+        question: the question it answers, one sentence.
+        params_model: its params section (subclass of :class:`ScenarioParams`).
+        invariants_model: the invariants it gates (subclass of :class:`InvariantParams`).
+        run: ``(context, params) -> ResultBundle``.
+        check_bundle: raises :class:`ScenarioError` when a bundle holds no usable measurement.
+        checks: ``(results, invariants dict) -> [Check]`` for its invariants.
+        key_numbers: ``results -> [KeyNumber]``.
+        summary_table: ``results -> DataFrame`` (headline table of its notebook and section).
+        reading: ``results -> Markdown`` (a few sentences in the design doc's words).
+        cases: ``(bundle, case_id) -> {case id: sub-bundle}`` for this run's baseline.json.
+        template: section template under ``perfkit/report/templates/``.
+        notebook: notebook file name under ``notebooks/``.
+    """
+
+    name: str
+    title: str
+    question: str
+    params_model: type[ScenarioParams]
+    invariants_model: type[InvariantParams]
+    run: Callable[[RunContext, Any], ResultBundle]
+    check_bundle: Callable[[ResultBundle], None]
+    checks: Callable[[Mapping[str, Any], Mapping[str, Any]], list[Check]]
+    key_numbers: Callable[[Mapping[str, Any]], list[KeyNumber]]
+    summary_table: Callable[[Mapping[str, Any]], pd.DataFrame]
+    reading: Callable[[Mapping[str, Any]], str]
+    cases: Callable[[ResultBundle, CaseNamer], dict[str, ResultBundle]]
+    template: str = ""
+    notebook: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.template:
+            object.__setattr__(self, "template", f"sections/{self.name}.html.j2")
+        if not self.notebook:
+            object.__setattr__(self, "notebook", f"{self.name}.ipynb")
+
+    def invariant_defaults(self) -> dict[str, Any]:
+        """Invariant key -> default limit (None: not gated unless the params file sets it)."""
+        return self.invariants_model().model_dump()
+
+
+_REGISTRY: dict[str, Scenario] = {}
+
+
+def register(scenario: Scenario) -> Scenario:
+    """Add ``scenario`` (run order = registration order). Raises ValueError on a duplicate name
+    or an invariant key another scenario already declares."""
+    if scenario.name in _REGISTRY:
+        raise ValueError(f"scenario {scenario.name!r} is registered twice")
+    mine = set(scenario.invariants_model.model_fields)
+    for other in _REGISTRY.values():
+        clash = mine & set(other.invariants_model.model_fields)
+        if clash:
+            raise ValueError(f"invariant keys {sorted(clash)} of {scenario.name!r} are already "
+                             f"declared by {other.name!r}")
+    _REGISTRY[scenario.name] = scenario
+    return scenario
+
+
+def get(name: str) -> Scenario:
+    """The registered scenario ``name``. Raises KeyError naming the known ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(_REGISTRY)}") from None
+
+
+def all_scenarios() -> list[Scenario]:
+    """Every registered scenario, in run order."""
+    return list(_REGISTRY.values())
+
+
+def names() -> tuple[str, ...]:
+    """Registered scenario names, in run order."""
+    return tuple(_REGISTRY)
+
+
+def invariant_defaults() -> dict[str, Any]:
+    """Every scenario's invariant defaults, merged (keys are unique across scenarios)."""
+    out: dict[str, Any] = {}
+    for s in _REGISTRY.values():
+        out.update(s.invariant_defaults())
+    return out
+
+
+def checks_for(results: Mapping[str, Mapping[str, Any]], invariants: Mapping[str, Any],
+               only: str | None = None) -> list[Check]:
+    """Check rows of every scenario with results (or of ``only``), each against the invariants
+    it declares. A limit of None is not gated; a scenario without results gives ``skipped``
+    rows for its gated invariants (never a pass)."""
+    rows: list[Check] = []
+    for s in _REGISTRY.values():
+        if only is not None and s.name != only:
+            continue
+        mine = {k: invariants.get(k, d) for k, d in s.invariant_defaults().items()}
+        mine = {k: v for k, v in mine.items() if v is not None}
+        if not mine:
+            continue
+        rows += s.checks(results.get(s.name) or {}, mine)
+    return rows

@@ -1,0 +1,88 @@
+"""Run a registered scenario, or replay its recorded bundle: what every scenario notebook calls.
+
+``load_or_run(name, out=RUN/<name>, bundle_dir=None, engine={...}, request={...}, **section)``
+validates ``section`` with the scenario's params model (the same model the params file goes
+through), then either loads ``bundle_dir`` (launches nothing) or runs the scenario; the bundle
+lands in ``out``. Launch directories (engine logs, perf logs, compile caches) go to
+``out/launches/``.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import ValidationError
+
+from perfkit.bundle import ResultBundle
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
+from perfkit.scenarios import registry
+from perfkit.scenarios.registry import RunContext, ScenarioError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["load_or_run", "shared_bundles", "ScenarioError"]
+
+
+def shared_bundles(out: Path, name: str) -> dict[str, ResultBundle]:
+    """Bundles that scenarios registered before ``name`` already wrote beside ``out`` in this run
+    (``out.parent/<scenario>/``); a later scenario may reuse their launch."""
+    found: dict[str, ResultBundle] = {}
+    for other in registry.names():
+        if other == name:
+            break
+        d = out.parent / other
+        if (d / "meta.json").exists():
+            try:
+                found[other] = ResultBundle.load(d)
+            except (OSError, ValueError) as exc:
+                log.warning("%s bundle not reusable: %s", other, exc)
+    return found
+
+
+def load_or_run(scenario: str, *, out: str | Path, bundle_dir: str | Path | None = None,
+                engine: Mapping[str, Any] | None = None, request: Mapping[str, Any] | None = None,
+                share_launches: bool = True, **section: Any) -> ResultBundle:
+    """Replay ``bundle_dir`` (launches nothing) or run ``scenario``; the bundle lands in ``out``.
+
+    Args:
+        scenario: a registered scenario name.
+        out: the bundle's directory (``RUN/<scenario>``).
+        bundle_dir: a recorded bundle to replay instead of launching anything.
+        engine: EngineSpec fields; request: VideoRequestSpec fields (sglang's names).
+        share_launches: reuse a launch that an earlier scenario of this run already measured
+            when it ran exactly what this one would launch.
+        section: the scenario's params (its params model validates them; ``enabled`` ignored).
+
+    Raises:
+        KeyError: unknown scenario. ValueError: invalid params (the message names the field), or
+            ``bundle_dir`` holds another scenario's bundle.
+        ScenarioError: the bundle holds no usable measurement (the notebook fails, exit 2).
+    """
+    s = registry.get(scenario)
+    out = Path(out)
+    if bundle_dir:
+        b = ResultBundle.load(bundle_dir)
+        if b.scenario != scenario:
+            raise ValueError(f"bundle_dir {bundle_dir} holds a {b.scenario!r} bundle, "
+                             f"expected {scenario!r}")
+        if Path(bundle_dir).resolve() != out.resolve():
+            b.save(out)
+        log.info("replaying %s bundle from %s", scenario, bundle_dir)
+        s.check_bundle(b)
+        return b
+    try:
+        params = s.params_model.model_validate({k: v for k, v in section.items() if k != "enabled"})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"{scenario} params: {problems}") from None
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = RunContext(engine=EngineSpec.from_dict(dict(engine or {})),
+                     request=VideoRequestSpec.from_dict(dict(request or {})),
+                     work_dir=out / "launches",
+                     shared=shared_bundles(out, scenario) if share_launches else {})
+    b = s.run(ctx, params)
+    b.save(out)
+    s.check_bundle(b)  # after saving: the bundle (engine logs) is there to look at
+    return b
