@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 from matplotlib.container import BarContainer  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from perfkit import plots  # noqa: E402
+from perfkit.report import plots  # noqa: E402
 
 T0 = 1_700_000_000.0
 STAGES = ["TextEncodingStage", "LatentPreparationStage", "DenoisingStage", "DecodingStage"]

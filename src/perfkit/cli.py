@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
+from perfkit.scenarios import registry
 from perfkit.checks import check_markdown, check_table, overall_status
 
 log = logging.getLogger("perfkit")
@@ -264,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--params", required=True, help="params YAML (see params/)")
     s.add_argument("--out", help="run directory (default outputs/<name>-<timestamp>)")
     s.add_argument("--replay", help="a run directory whose bundles are replayed (no launch)")
-    s.add_argument("--only", action="append", choices=["cold_warm", "warmup_shapes", "memory_budget"],
+    s.add_argument("--only", action="append", choices=list(registry.names()),
                    help="run only this investigation (repeatable); the gate always runs")
     s.add_argument("--notebooks", help=argparse.SUPPRESS)  # tests: another notebooks folder
     s.add_argument("--force", action="store_true",
@@ -303,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     bu.add_argument("--case", required=True)
     bu.add_argument("--hardware", help="must match the file's metadata.hardware when it has one")
     bu.add_argument("--launch", help="the launch to take (bundles of several launches: warmup17, cap1, ...)")
-    bu.add_argument("--num-frames", type=int, help="one request shape of a warmup_shapes launch")
+    bu.add_argument("--num-frames", type=int, help="one request shape of a launch that sent several shapes")
     bu.set_defaults(func=cmd_baseline_update)
 
     m = sub.add_parser("measure", help="run the investigations into bundles without notebooks "

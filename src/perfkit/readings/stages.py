@@ -124,10 +124,6 @@ def is_denoising(name: str) -> bool:
     return stage_class(name) == DENOISING
 
 
-def is_decoding(name: str) -> bool:
-    return stage_class(name) == DECODING
-
-
 def baseline_class(name: str) -> str:
     """The baseline gate's class: ``denoise`` (denoising and refinement), ``decoding`` or
     ``non_denoise``."""

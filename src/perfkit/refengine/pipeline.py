@@ -307,13 +307,6 @@ class StagedPipeline:
         return out
 
 
-def set_threads_from_env() -> None:
-    """Respect PERFKIT_TORCH_THREADS (CPU runs), else leave torch's default."""
-    n = os.environ.get("PERFKIT_TORCH_THREADS")
-    if n:
-        torch.set_num_threads(int(n))
-
-
 def record_payload(res: RunResult) -> dict[str, Any]:
     """The parts of a record that come from a run (stages, steps, perfkit extras)."""
     return {

@@ -1,0 +1,102 @@
+"""The house rules of docs/DESIGN.md, checked on the source: no import cycle, the layers of the
+import-linter contract, and no scenario name written outside its own module."""
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+import grimp
+import pytest
+
+from perfkit.scenarios import registry
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "perfkit"
+
+
+def test_no_import_cycle_in_src():
+    graph = grimp.build_graph("perfkit")
+    deps = {m: graph.find_modules_directly_imported_by(m) for m in graph.modules}
+    try:
+        TopologicalSorter(deps).prepare()
+    except CycleError as exc:
+        pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")
+
+
+def test_import_linter_contracts_hold():
+    exe = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run([str(exe)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "Contracts: 3 kept, 0 broken." in proc.stdout
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = getattr(node, "body", [])
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def _literals(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string constant in a file except docstrings and ``__all__``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = _docstring_nodes(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            skip |= {id(n) for n in ast.walk(node.value)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
+
+
+def _names(text: str, name: str) -> bool:
+    """``text`` names scenario ``name``: equal to it, or (for names with an underscore, which
+    are no English words) holding it as a word; ``overhead`` in prose is not a name."""
+    if text == name:
+        return True
+    return "_" in name and re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", text) is not None
+
+
+def test_scenario_names_are_written_only_in_their_own_module():
+    names = registry.names()
+    assert len(names) >= 4
+    files = [*SRC.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+    found = []
+    for f in files:
+        own = f.parent.name == "scenarios" and f.stem in names
+        for line, text in _literals(f):
+            for name in names:
+                if own and f.stem == name:
+                    continue
+                if _names(text, name):
+                    found.append(f"{f.relative_to(ROOT)}:{line}: {name!r} in {text[:60]!r}")
+    assert not found, "scenario names outside their module:\n" + "\n".join(found)
+
+
+def test_every_scenario_has_its_notebook_template_and_params_section():
+    from perfkit.params import SuiteParams
+
+    for s in registry.all_scenarios():
+        assert (ROOT / "notebooks" / s.notebook).exists(), s.notebook
+        assert (SRC / "report" / "templates" / s.template).exists(), s.template
+        assert s.name in SuiteParams.model_fields
+        # its defaults live in its params model only: the params file's section is that model
+        assert SuiteParams.model_fields[s.name].annotation is s.params_model
+
+
+def test_invariant_defaults_come_from_the_scenarios():
+    from perfkit.params import parse_params
+
+    p = parse_params({"name": "x"})
+    merged = {}
+    for s in registry.all_scenarios():
+        merged.update({k: v for k, v in s.invariant_defaults().items() if v is not None})
+    assert p.invariants_all() == merged
+    assert p.invariants_all()["warm_cold_ratio_max"] == 1.0
+    assert "instrumentation_overhead_max" not in p.invariants_all()  # None: reported, not gated
