@@ -26,17 +26,20 @@ def test_measure_writes_bundles_without_notebooks(tmp_path):
     pfile.write_text(yaml.safe_dump(params))
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "perfkit.cli", "measure", "--params", str(pfile),
-                           "--out", str(out), "--overhead-pairs", "1", "--work-dir", str(tmp_path / "w")],
+                           "--out", str(out), "--overhead-pairs", "2", "--work-dir", str(tmp_path / "w")],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "measure.json").read_text())
     assert summary["cold_warm"]["error"] is None
     b = ResultBundle.load(out / "cold_warm")
     assert b.results["completed"] == 2
-    inst = b.results["instrumentation"]
-    assert inst["stage_timing"]["n_on"] == 1 and inst["sampler"]["n_off"] == 1
-    # the probe's requests are not part of the measured table
     assert sorted(b.requests["index"]) == [-1, 0, 1]
+    # --overhead-pairs runs the overhead investigation in a launch of its own
+    assert summary["overhead"]["error"] is None
+    ov = ResultBundle.load(out / "overhead")
+    assert ov.results["stage_timing"]["n_on"] == 2 and ov.results["sampler"]["n_off"] == 2
+    # the probe's requests are not part of the measured table: only its warm-up request is
+    assert sorted(ov.requests["index"]) == [-1, 0]
     # no compile caches travel with the bundle
     assert not any(p.name == "cache" for p in out.rglob("*"))
 
