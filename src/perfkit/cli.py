@@ -4,6 +4,7 @@
     perfkit run notebooks/cold_warm.ipynb -p repeats=3 -p run_dir=outputs/x [--out FILE]
     perfkit report outputs/RUN
     perfkit compare --run outputs/RUN --baseline baselines/h200.json [--profile pr_test] [--strict]
+    perfkit compare --before A.json --after B.json    (two sglang perf dumps)
     perfkit baseline update --bundle outputs/RUN/cold_warm --baseline FILE --case ID [--hardware NAME]
     perfkit engine serve [refengine args...]      (python -m perfkit.refengine; takes sglang
         serve's --model-path/--port/--host/--num-gpus and honours SGLANG_PERF_LOG_DIR when
@@ -185,32 +186,106 @@ def cmd_report(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_compare(a: argparse.Namespace) -> int:
+def _compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """Case id -> scenario entry for what ``--run`` names, and its hardware label (None: unknown).
+
+    A perfkit run directory (as before), a bundle directory (``meta.json``), a performance.log
+    (sglang's per-request JSON lines) or a perf dump JSON (sglang's ``--perf-dump-path``).
+    Raises OSError/ValueError (RecordError, BaselineError) for unreadable input.
+    """
+    from perfkit.bundle import ResultBundle
     from perfkit.gate import baseline as bl
     from perfkit.gate.run import run_cases, run_hardware
+    from perfkit.readings import perfdump, records
 
+    if run.is_dir():
+        if (run / "meta.json").exists():
+            b = ResultBundle.load(run)
+            cid = case or b.scenario
+            return {cid: bl.from_bundle(b, cid)}, b.meta.get("gpu_name")
+        cases = run_cases(run)
+        if cases or not (run / "performance.log").exists():
+            return cases, run_hardware(run)
+        run = run / "performance.log"
+    if not run.exists():
+        raise FileNotFoundError(f"{run}: no such file or directory")
+    text = run.read_text(encoding="utf-8")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        obj = None
+    cid = case or run.stem
+    if isinstance(obj, dict) and perfdump.is_perf_dump(obj):
+        return {cid: bl.entry_from_records([perfdump.loads_perf_dump(text, str(run)).to_record()])}, None
+    recs = records.parse_lines(text.splitlines(keepends=True), partial_last=False, source=str(run),
+                               strict=True).records
+    recs = [r for r in recs if not r.is_warmup]
+    return ({cid: bl.entry_from_records(recs)} if recs else {}), None
+
+
+def _compare_dumps(a: argparse.Namespace) -> int:
+    from perfkit.readings import perfdump
+
+    try:
+        before = perfdump.read_perf_dump(a.before)
+        after = perfdump.read_perf_dump(a.after)
+    except (OSError, ValueError) as exc:
+        print(f"perfkit: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    c = perfdump.compare_dumps(before, after)
+    print(perfdump.dump_comparison_markdown(c))
+    if c.verdict == "error":
+        print(f"perfkit: nothing comparable between {a.before} and {a.after} (no E2E and no "
+              f"stage measured on both sides)", file=sys.stderr)
+        return EXIT_ERROR
+    for r in c.regressions:
+        print(f"regression: {r.name} {r.before:.2f} ms -> {r.after:.2f} ms", file=sys.stderr)
+    print(f"compare: {c.verdict.upper()}")
+    return EXIT_REGRESSION if c.verdict == "fail" else EXIT_OK
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from perfkit.gate import baseline as bl
+
+    if a.before or a.after:
+        if not (a.before and a.after) or a.run or a.baseline:
+            print("perfkit: compare takes --before A.json --after B.json, or --run and --baseline",
+                  file=sys.stderr)
+            return EXIT_ERROR
+        return _compare_dumps(a)
+    if not (a.run and a.baseline):
+        print("perfkit: compare needs --run and --baseline (or --before and --after)", file=sys.stderr)
+        return EXIT_ERROR
     try:
         ref = bl.load_baseline(a.baseline)
     except (OSError, bl.BaselineError) as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    cases = run_cases(a.run)
+    try:
+        cases, hardware = _compare_cases(Path(a.run), a.case)
+    except (OSError, ValueError) as exc:
+        print(f"perfkit: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     if not cases:
-        print(f"perfkit: no cases in {a.run} (no baseline.json nor bundles)", file=sys.stderr)
+        print(f"perfkit: no cases in {a.run} (no baseline.json, bundles nor records)", file=sys.stderr)
         return EXIT_ERROR
     try:
         rows = bl.compare(cases, ref, profile=a.profile, strict=a.strict)
     except KeyError as exc:
         print(f"perfkit: {exc.args[0]}", file=sys.stderr)
         return EXIT_ERROR
-    overlap, warnings = bl.check_overlap(cases, ref, source=str(a.baseline),
-                                         run_hardware=run_hardware(a.run))
+    except bl.BaselineError as exc:
+        print(f"perfkit: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    overlap, warnings = bl.check_overlap(cases, ref, source=str(a.baseline), run_hardware=hardware)
     for w in warnings:
         print(f"perfkit: warning: {w}", file=sys.stderr)
     df = check_table([*overlap, *rows])
-    print(check_markdown(df))
+    shown = df.astype(object).where(df.notna(), "–")  # not measured: "–", never 0
+    print(check_markdown(shown))
     status = overall_status(df)
     print(f"compare: {status.upper()}")
+    # no common case: a failing "cases compared" row, exit 1 (tests/test_preflight.py keeps this)
     return EXIT_REGRESSION if status == "fail" else EXIT_OK
 
 
@@ -289,11 +364,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--screenshot", action="store_true", help="also save RUN/report.png")
     rp.set_defaults(func=cmd_report)
 
-    c = sub.add_parser("compare", help="compare a run with a baseline file")
-    c.add_argument("--run", required=True)
-    c.add_argument("--baseline", required=True)
+    c = sub.add_parser("compare", help="compare a run with a baseline file, or two sglang perf dumps")
+    c.add_argument("--run", help="a run directory, a bundle directory, a performance.log or an "
+                                 "sglang perf dump JSON")
+    c.add_argument("--baseline", help="baseline JSON (sglang perf_baselines layout)")
+    c.add_argument("--case", help="case id for a bundle, performance.log or perf dump "
+                                  "(default: the bundle's scenario / the file's stem)")
     c.add_argument("--profile", default="pr_test")
     c.add_argument("--strict", action="store_true")
+    c.add_argument("--before", help="sglang perf dump JSON (--perf-dump-path) of the baseline build")
+    c.add_argument("--after", help="sglang perf dump JSON of the new build")
     c.set_defaults(func=cmd_compare)
 
     b = sub.add_parser("baseline", help="baseline files")

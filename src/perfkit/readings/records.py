@@ -25,13 +25,22 @@ and ``stage_peak_reserved_mb`` (stage -> MiB), ``stage_spans`` (list of {name, t
 t_end}, epoch seconds), ``t_start``/``t_end`` (epoch seconds), ``refinement_steps`` (ms),
 ``status`` and ``error``.
 
-Unknown fields are kept in :attr:`PerfRecord.raw`; a malformed line is reported with its
-line number and skipped, never raised.
+Reading rules (no number is ever invented): every timing and memory value is returned as
+written or rejected with :class:`RecordError`, which names the file, the line and the key. A
+stage entry names its time ``execution_time_ms`` (sglang's ``performance.log``) or
+``duration_ms`` (sglang's ``--perf-dump-path`` JSON), exactly those; ``steps`` holds numbers or
+``{"step": i, "duration_ms": ms}`` objects. JSON ``null`` means "not measured" and is kept as
+``None``. Strings, booleans, NaN, infinities and negative numbers are errors, never 0.
+
+Unknown fields are kept in :attr:`PerfRecord.raw`. :func:`parse_lines` / :func:`read_perf_log`
+report a malformed line with its file, line number and key and skip it (``strict=True``
+raises instead); an unterminated last line is taken as still being written.
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -43,6 +52,124 @@ log = logging.getLogger(__name__)
 
 #: sglang's memory snapshot checkpoints.
 SNAPSHOT_KEYS = ("load_peak", "warmup_peak", "runtime_peak")
+#: The keys a stage entry may name its time with: ``execution_time_ms`` in sglang's
+#: ``performance.log`` (``PerformanceLogger.log_request_summary``), ``duration_ms`` in its perf
+#: dump (``PerformanceLogger.dump_benchmark_report``), both in
+#: ``multimodal_gen/runtime/utils/perf_logger.py``.
+STAGE_TIME_KEYS = ("execution_time_ms", "duration_ms")
+
+
+class RecordError(ValueError):
+    """A record that cannot be read as written. The message names the file (when known), the line
+    (when known) and the key; the parts are kept in :attr:`source`, :attr:`line` and :attr:`key`."""
+
+    def __init__(self, key: str, problem: str, *, source: str | None = None,
+                 line: int | None = None) -> None:
+        self.key, self.problem, self.source, self.line = key, problem, source, line
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        where = ""
+        if self.source:
+            where = f"{self.source}"
+        if self.line:
+            where = f"{where}:{self.line}" if where else f"line {self.line}"
+        return f"{where + ': ' if where else ''}key {self.key!r}: {self.problem}"
+
+    def located(self, source: str | None = None, line: int | None = None) -> "RecordError":
+        """The same error with the file and/or line filled in."""
+        return RecordError(self.key, self.problem, source=source or self.source,
+                           line=line or self.line)
+
+
+def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
+    """``value`` as a float, exactly as written; ``None`` for JSON null (``nullable``).
+
+    Raises :class:`RecordError` naming ``key`` for anything else: strings (``"12.5"``), booleans,
+    NaN, infinities, negative numbers, lists, objects. Never returns a default.
+    """
+    if value is None:
+        if nullable:
+            return None
+        raise RecordError(key, "is null, expected a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RecordError(key, f"{value!r} ({type(value).__name__}) is not a number")
+    f = float(value)
+    if math.isnan(f) or math.isinf(f):
+        raise RecordError(key, f"{value!r} is not a finite number")
+    if f < 0:
+        raise RecordError(key, f"{value!r} is negative")
+    return f
+
+
+def _opt_str(obj: dict[str, Any], key: str) -> str | None:
+    v = obj.get(key)
+    if v is not None and not isinstance(v, str):
+        raise RecordError(key, f"{v!r} ({type(v).__name__}) is not a string")
+    return v
+
+
+def read_stage_entry(st: Any, index: int, group: str = "stages") -> tuple[str, float | None]:
+    """One stage entry ``{"name", "execution_time_ms" | "duration_ms"}`` -> (name, ms or None).
+
+    Follows sglang's ``perf_logger.py``: ``log_request_summary`` writes ``execution_time_ms``,
+    ``dump_benchmark_report`` writes ``duration_ms``. Exactly one of the two must be there;
+    other keys (``is_denoising``) are allowed. Raises :class:`RecordError` naming the key.
+    """
+    where = f"{group}[{index}]"
+    if not isinstance(st, dict):
+        raise RecordError(where, f"{st!r} is not an object with name and execution_time_ms")
+    name = st.get("name")
+    if not isinstance(name, str):
+        raise RecordError(f"{where}.name", f"{name!r} is not a stage name"
+                          if "name" in st else "is missing")
+    present = [k for k in STAGE_TIME_KEYS if k in st]
+    if not present:
+        others = sorted(k for k in st if k not in ("name", "is_denoising"))
+        raise RecordError(f"{where}.execution_time_ms",
+                          f"stage {name!r} has no time: expected execution_time_ms or duration_ms"
+                          + (f", found {', '.join(others)}" if others else ""))
+    if len(present) > 1:
+        raise RecordError(f"{where}.duration_ms", f"stage {name!r} has both execution_time_ms and "
+                          f"duration_ms: which one was measured is ambiguous")
+    key = present[0]
+    return name, read_number(st[key], f"{where}.{key}")
+
+
+def read_step_list(steps: Any, key: str = "steps") -> list[float | None]:
+    """Denoising step times: numbers (``performance.log``) or ``{"step": i, "duration_ms": ms}``
+    objects (sglang's perf dump ``denoise_steps_ms``), ``step`` equal to the position.
+    Raises :class:`RecordError` naming the key."""
+    if not isinstance(steps, list):
+        raise RecordError(key, f"{steps!r} is not a list")
+    out: list[float | None] = []
+    for i, s in enumerate(steps):
+        if isinstance(s, dict):
+            if "step" not in s:
+                raise RecordError(f"{key}[{i}].step", "is missing")
+            if isinstance(s["step"], bool) or not isinstance(s["step"], int) or s["step"] != i:
+                raise RecordError(f"{key}[{i}].step", f"{s['step']!r} is not the step index {i}")
+            if "duration_ms" not in s:
+                extra = sorted(k for k in s if k != "step")
+                raise RecordError(f"{key}[{i}].duration_ms", "is missing"
+                                  + (f" (found {', '.join(extra)})" if extra else ""))
+            out.append(read_number(s["duration_ms"], f"{key}[{i}].duration_ms"))
+        else:
+            out.append(read_number(s, f"{key}[{i}]"))
+    return out
+
+
+def read_memory_map(obj: Any, key: str) -> dict[str, dict[str, float | None]]:
+    """checkpoint -> {allocated_mb, reserved_mb, peak_allocated_mb, peak_reserved_mb, ...} (MiB),
+    every value a number or null. Raises :class:`RecordError` naming the key."""
+    if not isinstance(obj, dict):
+        raise RecordError(key, f"{obj!r} is not an object")
+    out: dict[str, dict[str, float | None]] = {}
+    for cp, snap in obj.items():
+        if not isinstance(snap, dict):
+            raise RecordError(f"{key}.{cp}", f"{snap!r} is not an object")
+        out[cp] = {k: read_number(v, f"{key}.{cp}.{k}") for k, v in snap.items()}
+    return out
 
 
 @dataclass
@@ -66,10 +193,10 @@ class PerfRecord:
     timestamp: str | None = None
     commit_hash: str | None = None
     tag: str | None = None
-    stages: list[tuple[str, float]] = field(default_factory=list)
-    steps: list[float] = field(default_factory=list)
+    stages: list[tuple[str, float | None]] = field(default_factory=list)
+    steps: list[float | None] = field(default_factory=list)
     total_duration_ms: float | None = None
-    memory_snapshots: dict[str, dict[str, float]] = field(default_factory=dict)
+    memory_snapshots: dict[str, dict[str, float | None]] = field(default_factory=dict)
     perfkit: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
     line_no: int = 0
@@ -79,11 +206,15 @@ class PerfRecord:
         """True for startup warmup runs (tag ``warmup``)."""
         return (self.tag or "").lower() == "warmup"
 
-    def stage_ms(self) -> dict[str, float]:
-        """Stage name -> ms (a repeated name sums)."""
-        out: dict[str, float] = {}
+    def stage_ms(self) -> dict[str, float | None]:
+        """Stage name -> ms (a repeated name sums; None when any part was not measured)."""
+        out: dict[str, float | None] = {}
         for name, ms in self.stages:
-            out[name] = out.get(name, 0.0) + ms
+            if name in out:
+                prev = out[name]
+                out[name] = None if prev is None or ms is None else prev + ms
+            else:
+                out[name] = ms
         return out
 
     def peak_mb(self, checkpoint: str = "runtime_peak", key: str = "peak_reserved_mb") -> float | None:
@@ -94,38 +225,51 @@ class PerfRecord:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any], line_no: int = 0) -> "PerfRecord":
-        """Build from a parsed JSON object.
+        """Build from a parsed ``performance.log`` object (sglang ``RequestPerfRecord``, written by
+        ``PerformanceLogger.log_request_summary`` in ``multimodal_gen/runtime/utils/perf_logger.py``).
+
+        ``request_id``, ``stages``, ``steps`` and ``total_duration_ms`` must be there (sglang always
+        writes them); ``total_duration_ms`` and any time may be null (kept as None).
+        ``memory_snapshots`` may be absent (older sglang). See :func:`read_stage_entry` and
+        :func:`read_step_list` for the accepted stage and step shapes.
 
         Raises:
-            ValueError: when ``request_id`` is missing or ``stages``/``steps`` have the wrong shape.
+            RecordError: naming the key (and ``line_no`` when given) of the first value that is
+                not what sglang writes.
         """
+        try:
+            return cls._from_dict(obj, line_no)
+        except RecordError as exc:
+            raise exc.located(line=line_no or None) from None
+
+    @classmethod
+    def _from_dict(cls, obj: Any, line_no: int) -> "PerfRecord":
         if not isinstance(obj, dict):
-            raise ValueError(f"record is {type(obj).__name__}, expected a JSON object")
-        rid = obj.get("request_id")
-        if rid is None:
-            raise ValueError("record has no request_id")
-        stages_in = obj.get("stages") or []
-        if not isinstance(stages_in, list):
-            raise ValueError("stages is not a list")
-        stages: list[tuple[str, float]] = []
-        for st in stages_in:
-            if not isinstance(st, dict) or "name" not in st:
-                raise ValueError(f"stage entry {st!r} lacks a name")
-            stages.append((str(st["name"]), float(st.get("execution_time_ms") or 0.0)))
-        steps_in = obj.get("steps") or []
-        if not isinstance(steps_in, list):
-            raise ValueError("steps is not a list")
-        total = obj.get("total_duration_ms")
+            raise RecordError("<record>", f"is {type(obj).__name__}, expected a JSON object")
+        for key in ("request_id", "stages", "steps", "total_duration_ms"):
+            if key not in obj:
+                raise RecordError(key, "is missing")
+        rid = obj["request_id"]
+        if not isinstance(rid, str) or not rid:
+            raise RecordError("request_id", f"{rid!r} is not a request id")
+        if not isinstance(obj["stages"], list):
+            raise RecordError("stages", f"{obj['stages']!r} is not a list")
+        stages = [read_stage_entry(st, i) for i, st in enumerate(obj["stages"])]
+        steps = read_step_list(obj["steps"])
+        snaps = obj.get("memory_snapshots")
+        pk = obj.get("perfkit")
+        if pk is not None and not isinstance(pk, dict):
+            raise RecordError("perfkit", f"{pk!r} is not an object")
         return cls(
-            request_id=str(rid),
-            timestamp=obj.get("timestamp"),
-            commit_hash=obj.get("commit_hash"),
-            tag=obj.get("tag"),
+            request_id=rid,
+            timestamp=_opt_str(obj, "timestamp"),
+            commit_hash=_opt_str(obj, "commit_hash"),
+            tag=_opt_str(obj, "tag"),
             stages=stages,
-            steps=[float(s) for s in steps_in],
-            total_duration_ms=float(total) if total is not None else None,
-            memory_snapshots=dict(obj.get("memory_snapshots") or {}),
-            perfkit=dict(obj.get("perfkit") or {}),
+            steps=steps,
+            total_duration_ms=read_number(obj["total_duration_ms"], "total_duration_ms"),
+            memory_snapshots=read_memory_map(snaps, "memory_snapshots") if snaps is not None else {},
+            perfkit=dict(pk or {}),
             raw=obj,
             line_no=line_no,
         )
@@ -139,13 +283,18 @@ class ParseReport:
     skipped: list[tuple[int, str]]
 
 
-def parse_lines(lines: list[str], partial_last: bool = True) -> ParseReport:
-    """Parse performance.log lines.
+def parse_lines(lines: list[str], partial_last: bool = True, *, source: str | None = None,
+                strict: bool = False) -> ParseReport:
+    """Parse performance.log lines (sglang's layout, see the module doc).
 
     Args:
         lines: the file's lines (with or without newlines).
         partial_last: treat an unterminated, unparsable last line as still being written
             (skipped silently) rather than malformed.
+        source: the file name, for messages.
+        strict: raise :class:`RecordError` for the first malformed line instead of skipping it.
+
+    A skipped line's reason names the file, the line and the key; nothing is read as 0.
     """
     records: list[PerfRecord] = []
     skipped: list[tuple[int, str]] = []
@@ -154,20 +303,28 @@ def parse_lines(lines: list[str], partial_last: bool = True) -> ParseReport:
         if not text:
             continue
         try:
-            records.append(PerfRecord.from_dict(json.loads(text), line_no=i))
-        except (json.JSONDecodeError, ValueError, TypeError) as exc:
-            if partial_last and i == len(lines) and not line.endswith("\n"):
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise RecordError("<json>", f"not a whole JSON object ({exc.msg} at column "
+                                  f"{exc.colno})") from None
+            records.append(PerfRecord.from_dict(obj, line_no=i))
+        except RecordError as exc:
+            if partial_last and i == len(lines) and not line.endswith("\n") and exc.key == "<json>":
                 continue
-            log.warning("performance.log line %d skipped: %s", i, exc)
-            skipped.append((i, str(exc)))
+            err = exc.located(source=source, line=i)
+            if strict:
+                raise err from None
+            log.warning("performance.log record skipped: %s", err)
+            skipped.append((i, str(err)))
     return ParseReport(records, skipped)
 
 
-def read_perf_log(path: str | Path) -> ParseReport:
+def read_perf_log(path: str | Path, *, strict: bool = False) -> ParseReport:
     """Read a ``performance.log`` file (or a directory holding one).
 
-    A missing file gives an empty report. Malformed lines are logged with their number and
-    skipped.
+    A missing file gives an empty report. Malformed lines are logged with the file, line and key
+    and skipped (``strict=True``: :class:`RecordError` is raised).
     """
     p = Path(path)
     if p.is_dir():
@@ -176,7 +333,7 @@ def read_perf_log(path: str | Path) -> ParseReport:
         return ParseReport([], [])
     with open(p, encoding="utf-8", errors="replace") as fh:
         lines = fh.read().splitlines(keepends=True)
-    return parse_lines(lines)
+    return parse_lines(lines, source=str(p), strict=strict)
 
 
 def iter_records(path: str | Path) -> Iterator[PerfRecord]:

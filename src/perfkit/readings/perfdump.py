@@ -1,0 +1,328 @@
+"""sglang's perf dump (``--perf-dump-path FILE``): one JSON object per request run.
+
+Written by ``PerformanceLogger.dump_benchmark_report`` in sglang's
+``python/sglang/multimodal_gen/runtime/utils/perf_logger.py`` (``json.dump(report, f,
+indent=2)``). Two layouts are read, exactly as that function writes them:
+
+- older (e.g. sglang commit ``b135ce87cafdd095e92d0c2d985159584601dd4a``)::
+
+    {"timestamp": str, "request_id": str, "commit_hash": str ("N/A" without git), "tag": str
+     ("benchmark_dump" by default), "total_duration_ms": float,
+     "steps": [{"name": stage, "duration_ms": ms}, ...],     # per stage, in execution order
+     "meta": {...}}
+
+- newer (``denoise_steps_ms`` from sglang commit ``0017ffd3911e583595194690fe0653a659d7a3cc``
+  on; ``memory_checkpoints`` in later versions) adds::
+
+     "denoise_steps_ms": [{"step": i, "duration_ms": ms}, ...],
+     "memory_checkpoints": {"after_<Stage>": {"allocated_mb", "reserved_mb",
+                                              "peak_allocated_mb", "peak_reserved_mb"}}
+
+Note the name clash: a dump's ``steps`` are *stages*; its denoising steps are
+``denoise_steps_ms``. Everything is read by the rules of :mod:`perfkit.readings.records`: a number
+as written or :class:`~perfkit.readings.records.RecordError` naming the file and the key; null is
+kept as None ("not measured"); nothing defaults to 0.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfkit.readings.records import (PerfRecord, RecordError, read_memory_map, read_number,
+                                      read_stage_entry, read_step_list)
+
+#: Keys every dump has (``dump_benchmark_report`` writes them unconditionally).
+REQUIRED_KEYS = ("request_id", "total_duration_ms", "steps")
+#: The keys of the newest layout.
+NEWER_KEYS = ("denoise_steps_ms", "memory_checkpoints")
+
+
+@dataclass
+class PerfDump:
+    """One perf dump.
+
+    Attributes:
+        request_id, timestamp, commit_hash, tag: as written.
+        total_duration_ms: end to end (ms); None when null.
+        stages: (stage name, ms) in the dump's ``steps`` order.
+        denoise_steps: denoising step ms (``denoise_steps_ms``); None when the dump has no such
+            key (older layout), [] when it has an empty list.
+        memory_checkpoints: ``after_<Stage>`` -> {allocated_mb, ...} (MiB); None when absent.
+        meta: the ``meta`` object.
+        raw: the whole parsed object.
+        path: the file it came from.
+    """
+
+    request_id: str
+    total_duration_ms: float | None
+    stages: list[tuple[str, float | None]] = field(default_factory=list)
+    denoise_steps: list[float | None] | None = None
+    memory_checkpoints: dict[str, dict[str, float | None]] | None = None
+    timestamp: str | None = None
+    commit_hash: str | None = None
+    tag: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None
+
+    @property
+    def layout(self) -> str:
+        """``"stages_only"`` (older sglang) or ``"with_denoise_steps"``."""
+        return "stages_only" if self.denoise_steps is None else "with_denoise_steps"
+
+    def stage_ms(self) -> dict[str, float | None]:
+        """Stage name -> ms (a repeated name sums; None when a part was not measured)."""
+        return self.to_record().stage_ms()
+
+    def to_record(self) -> PerfRecord:
+        """The same request as a :class:`~perfkit.readings.records.PerfRecord`:
+        ``denoise_steps`` become ``steps`` ([] for the older layout), ``memory_checkpoints``
+        become ``memory_snapshots``."""
+        return PerfRecord(request_id=self.request_id, timestamp=self.timestamp,
+                          commit_hash=self.commit_hash, tag=self.tag, stages=list(self.stages),
+                          steps=list(self.denoise_steps or []),
+                          total_duration_ms=self.total_duration_ms,
+                          memory_snapshots=dict(self.memory_checkpoints or {}), raw=self.raw)
+
+
+def _opt_str(obj: dict[str, Any], key: str) -> str | None:
+    v = obj.get(key)
+    if v is not None and not isinstance(v, str):
+        raise RecordError(key, f"{v!r} ({type(v).__name__}) is not a string")
+    return v
+
+
+def perf_dump_from_dict(obj: Any) -> PerfDump:
+    """Read a parsed dump (either layout of sglang's ``PerformanceLogger.dump_benchmark_report``).
+
+    Raises:
+        RecordError: naming the key of the first value that is not what sglang writes (a missing
+            ``request_id``/``total_duration_ms``/``steps``, a stage without ``duration_ms``, a
+            string, NaN, negative number, ...).
+    """
+    if not isinstance(obj, dict):
+        raise RecordError("<dump>", f"is {type(obj).__name__}, expected a JSON object")
+    for key in REQUIRED_KEYS:
+        if key not in obj:
+            raise RecordError(key, "is missing (not an sglang perf dump?)")
+    rid = obj["request_id"]
+    if not isinstance(rid, str) or not rid:
+        raise RecordError("request_id", f"{rid!r} is not a request id")
+    if not isinstance(obj["steps"], list):
+        raise RecordError("steps", f"{obj['steps']!r} is not a list of stages")
+    stages = [read_stage_entry(st, i, group="steps") for i, st in enumerate(obj["steps"])]
+    denoise = read_step_list(obj["denoise_steps_ms"], "denoise_steps_ms") \
+        if "denoise_steps_ms" in obj else None
+    mem = read_memory_map(obj["memory_checkpoints"], "memory_checkpoints") \
+        if "memory_checkpoints" in obj else None
+    meta = obj.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        raise RecordError("meta", f"{meta!r} is not an object")
+    return PerfDump(request_id=rid,
+                    total_duration_ms=read_number(obj["total_duration_ms"], "total_duration_ms"),
+                    stages=stages, denoise_steps=denoise, memory_checkpoints=mem,
+                    timestamp=_opt_str(obj, "timestamp"), commit_hash=_opt_str(obj, "commit_hash"),
+                    tag=_opt_str(obj, "tag"), meta=dict(meta or {}), raw=obj)
+
+
+def loads_perf_dump(text: str, source: str = "<string>") -> PerfDump:
+    """Parse dump text. Raises :class:`RecordError` naming ``source`` (and the key)."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError("<json>", f"invalid JSON at line {exc.lineno} column {exc.colno}: "
+                          f"{exc.msg}", source=source) from None
+    try:
+        dump = perf_dump_from_dict(obj)
+    except RecordError as exc:
+        raise exc.located(source=source) from None
+    dump.path = source
+    return dump
+
+
+def read_perf_dump(path: str | Path) -> PerfDump:
+    """Read a perf dump file written by sglang's ``--perf-dump-path`` (see the module doc).
+
+    Raises:
+        FileNotFoundError: no such file.
+        RecordError: not valid JSON or not a dump; the message names the file and the key.
+    """
+    p = Path(path)
+    return loads_perf_dump(p.read_text(encoding="utf-8"), source=str(p))
+
+
+def is_perf_dump(obj: Any) -> bool:
+    """Whether a parsed JSON object looks like a perf dump (has ``steps`` as a list of objects
+    and ``total_duration_ms``), as opposed to a performance.log record (``stages``) or a
+    baseline file (``scenarios``)."""
+    return (isinstance(obj, dict) and "total_duration_ms" in obj and "steps" in obj
+            and "stages" not in obj and "scenarios" not in obj)
+
+
+# ---------------------------------------------------------------------------------------------
+# Before/after comparison of two dumps, as sglang's benchmarks/compare_perf.py prints it
+# ---------------------------------------------------------------------------------------------
+
+#: compare_perf.py: E2E "Slower"/"Faster" beyond +-2 %.
+E2E_STATUS_PCT = 2.0
+#: compare_perf.py ``get_perf_status_emoji`` defaults: a stage is slower (red) above
+#: max(base * (1 + 0.1), base + 120 ms), faster (green) below min(base * 0.9, base - 120 ms).
+STAGE_REL_TOL = 0.1
+STAGE_MIN_ABS_TOL_MS = 120.0
+#: compare_perf.py: stage rows shown when |diff| > 0.5 ms or either side > 100 ms.
+STAGE_SHOW_DIFF_MS = 0.5
+STAGE_SHOW_MS = 100.0
+#: compare_perf.py's name for the denoising steps summed into one row.
+DENOISING_LOOP = "Denoising Loop"
+
+
+@dataclass
+class DumpRow:
+    """One row of a dump comparison: ``status`` is ``slower``, ``faster``, ``similar`` or
+    ``not measured`` (a side is null or absent: shown as "–", never judged)."""
+
+    name: str
+    before: float | None
+    after: float | None
+    status: str
+    steps: tuple[int, int] | None = None  # (before, after) step counts of the loop row
+
+    @property
+    def diff(self) -> float | None:
+        return None if self.before is None or self.after is None else self.after - self.before
+
+    @property
+    def pct(self) -> float | None:
+        d = self.diff
+        if d is None:
+            return None
+        return 0.0 if self.before == 0 else d / self.before * 100.0  # compare_perf: base 0 -> 0 %
+
+
+@dataclass
+class DumpComparison:
+    """The result of :func:`compare_dumps`."""
+
+    before: PerfDump
+    after: PerfDump
+    e2e: DumpRow
+    stages: list[DumpRow]
+
+    @property
+    def compared(self) -> int:
+        """How many rows had a number on both sides."""
+        return sum(1 for r in (self.e2e, *self.stages) if r.diff is not None)
+
+    @property
+    def regressions(self) -> list[DumpRow]:
+        return [r for r in (self.e2e, *self.stages) if r.status == "slower"]
+
+    @property
+    def verdict(self) -> str:
+        """``fail`` (a regression), ``pass``, or ``error`` (nothing comparable)."""
+        if self.compared == 0:
+            return "error"
+        return "fail" if self.regressions else "pass"
+
+
+def _stage_status(b: float | None, n: float | None) -> str:
+    if b is None or n is None:
+        return "not measured"
+    upper = max(b * (1 + STAGE_REL_TOL), b + STAGE_MIN_ABS_TOL_MS)
+    lower = min(b * (1 - STAGE_REL_TOL), b - STAGE_MIN_ABS_TOL_MS)
+    return "slower" if n > upper else "faster" if n < lower else "similar"
+
+
+def _grouped(d: PerfDump) -> tuple[dict[str, float | None], list[str], dict[str, int]]:
+    """Stage durations with ``denoising_step_<i>`` entries (and ``denoise_steps_ms``) summed into
+    one ``Denoising Loop`` row, as compare_perf.py's ``consolidate_steps`` does; a null part
+    makes the sum None."""
+    import re
+
+    pat = re.compile(r"^denoising_step_(\d+)$")
+    dur: dict[str, float | None] = {}
+    counts: dict[str, int] = {}
+    order: list[str] = []
+    items = list(d.stages)
+    if d.denoise_steps:
+        items += [(f"denoising_step_{i}", ms) for i, ms in enumerate(d.denoise_steps)]
+    for name, ms in items:
+        key = DENOISING_LOOP if pat.match(name) else name
+        if key not in dur:
+            dur[key], counts[key] = 0.0, 0
+            order.append(key)
+        prev = dur[key]
+        dur[key] = None if prev is None or ms is None else prev + ms
+        counts[key] += 1
+    return dur, order, counts
+
+
+def compare_dumps(before: PerfDump, after: PerfDump) -> DumpComparison:
+    """Compare two perf dumps the way sglang's ``python/sglang/multimodal_gen/benchmarks/
+    compare_perf.py`` does: the E2E delta (slower/faster beyond +-2 %), per-stage deltas judged
+    by ``max(base * 1.1, base + 120 ms)`` / ``min(base * 0.9, base - 120 ms)``, the denoising
+    steps summed into one ``Denoising Loop`` row, stages ordered as in ``after`` then those only
+    in ``before``, rows shown when |diff| > 0.5 ms or a side > 100 ms.
+
+    Differences from compare_perf.py, on purpose: a missing or null value is "not measured"
+    (shown as "–", never judged) where compare_perf.py reads it as 0.
+    """
+    b_e2e, n_e2e = before.total_duration_ms, after.total_duration_ms
+    if b_e2e is None or n_e2e is None:
+        e2e = DumpRow("E2E Latency", b_e2e, n_e2e, "not measured")
+    else:
+        pct = 0.0 if b_e2e == 0 else (n_e2e - b_e2e) / b_e2e * 100.0
+        status = "faster" if pct < -E2E_STATUS_PCT else "slower" if pct > E2E_STATUS_PCT else "similar"
+        e2e = DumpRow("E2E Latency", b_e2e, n_e2e, status)
+    b_dur, b_order, b_cnt = _grouped(before)
+    n_dur, n_order, n_cnt = _grouped(after)
+    names = list(n_order) + [x for x in b_order if x not in n_order]
+    rows: list[DumpRow] = []
+    for name in names:
+        b, n = b_dur.get(name), n_dur.get(name)
+        row = DumpRow(name, b, n, _stage_status(b, n),
+                      (b_cnt.get(name, 0), n_cnt.get(name, 0)) if name == DENOISING_LOOP else None)
+        d = row.diff
+        if d is None or abs(d) > STAGE_SHOW_DIFF_MS or b > STAGE_SHOW_MS or n > STAGE_SHOW_MS:
+            rows.append(row)
+    return DumpComparison(before, after, e2e, rows)
+
+
+_EMOJI = {"slower": "🔴", "faster": "🟢", "similar": "⚪️", "not measured": "–"}
+
+
+def _ms(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}"
+
+
+def dump_comparison_markdown(c: DumpComparison) -> str:
+    """The report compare_perf.py prints (summary table, stage breakdown, metadata), "–" for
+    values that were not measured."""
+    e = c.e2e
+    e2e_status = {"faster": "✅ (Faster)", "slower": "❌ (Slower)", "similar": "➖ (Similar)",
+                  "not measured": "– (not measured)"}[e.status]
+    diff = "–" if e.diff is None else f"**{e.diff:+.2f} ms ({e.pct:+.1f}%)**"
+    tput = [("–" if v is None else f"{1000 / v if v else 0:.2f} req/s") for v in (e.before, e.after)]
+    out = ["### Performance Comparison Report", "", "#### 1. High-level Summary",
+           "| Metric | Baseline | New | Diff | Status |", "| :--- | :--- | :--- | :--- | :--- |",
+           f"| **E2E Latency** | {_ms(e.before)} ms | {_ms(e.after)} ms | {diff} | {e2e_status} |",
+           f"| **Throughput** | {tput[0]} | {tput[1]} | - | - |", "", "#### 2. Stage Breakdown"]
+    if not c.stages:
+        out.append("*No significant stage differences found.*")
+    else:
+        out += ["| Stage Name | Baseline (ms) | New (ms) | Diff (ms) | Diff (%) | Status |",
+                "| :--- | :--- | :--- | :--- | :--- | :--- |"]
+        for r in c.stages:
+            name = r.name
+            if r.steps is not None:
+                bs, ns = r.steps
+                name += f" ({ns} steps)" if bs == ns else f" ({bs}->{ns} steps)"
+            d = "–" if r.diff is None else f"{r.diff:+.2f}"
+            p = "–" if r.pct is None else f"{r.pct:+.1f}%"
+            out.append(f"| {name} | {_ms(r.before)} | {_ms(r.after)} | {d} | {p} | {_EMOJI[r.status]} |")
+    out += ["", "<details>", "<summary>Metadata</summary>", "",
+            f"- Baseline Commit: `{c.before.commit_hash or 'N/A'}`",
+            f"- New Commit: `{c.after.commit_hash or 'N/A'}`", "</details>"]
+    return "\n".join(out) + "\n"
