@@ -34,6 +34,7 @@ SETUP = '''from pathlib import Path
 import pandas as pd
 from IPython.display import Markdown, display
 
+from perfkit.bundle import table_rows
 from perfkit.checks import check_table
 from perfkit.gate import run as gate_run
 from perfkit.gate import verdicts
@@ -194,7 +195,7 @@ display(Markdown(reading("memory_budget", results)))'''),
         new_markdown_cell("## Gate (caps held, runs completed)"),
         new_code_cell("display(check_table(rows))"),
         new_markdown_cell("## Memory timeline per budget"),
-        new_code_cell('''for row in bundle.launches.to_dict("records") or [{}]:
+        new_code_cell('''for row in table_rows(bundle.launches) or [{}]:
     show(plots.memory_timeline(
         bundle.memory, bundle.requests, bundle.stages, launch=row.get("launch"),
         caps={"device_cap_gib": row.get("device_cap_gib"), "host_cap_gib": row.get("host_cap_gib")},

@@ -24,34 +24,33 @@ def _session(launch: str, frames: int, n: int, cold_extra: float = 400.0, t0: fl
     for idx in range(-1, n):
         rid = f"req-{next(_ids)}"
         extra = cold_extra if idx == 0 else 0.0
-        tag = "warmup" if idx == -1 else ""
         nf = warmup_frames if idx == -1 else frames
         ts = t
         total = 0.0
         for name, ms in STAGES:
             ms = ms * slow + (extra if name == "DenoisingStage" else 0.0)
-            stg.append({"launch": launch, "request_id": rid, "index": idx, "tag": tag, "stage": name,
-                        "ms": ms, "peak_allocated_mb": 0.0, "t_start": t, "t_end": t + ms / 1000})
+            stg.append({"launch": launch, "request_id": rid, "index": idx, "stage": name,
+                        "ms": ms, "peak_allocated_mib": 0.0, "t_start_s": t, "t_end_s": t + ms / 1000})
             if name == "DenoisingStage":
                 for i in range(4):
                     sm = ms / 4 + (extra * 0.5 if i == 0 else 0)
-                    stp.append({"launch": launch, "request_id": rid, "index": idx, "tag": tag,
+                    stp.append({"launch": launch, "request_id": rid, "index": idx,
                                 "stage": name, "step": i, "ms": sm})
             t += ms / 1000
             total += ms
-        req.append({"launch": launch, "request_id": rid, "index": idx, "tag": tag,
+        req.append({"launch": launch, "request_id": rid, "index": idx,
                     "status": "completed", "error": None, "num_frames": nf,
                     "effective_num_frames": nf, "latent_frames": (nf - 1) // 8 + 1, "height": 64,
                     "width": 64, "steps": 4, "client_ms": total + 5, "e2e_ms": total,
                     "compiles": 1 if idx == 0 and frames != warmup_frames else 0,
-                    "compile_ms": extra, "recompile_limit_hit": False, "peak_allocated_mb": None,
-                    "peak_reserved_mb": None, "host_rss_mib": 900.0 + leak_mib * max(idx, 0),
+                    "compile_ms": extra, "recompile_limit_hit": False, "peak_allocated_mib": None,
+                    "peak_reserved_mib": None, "host_rss_mib": 900.0 + leak_mib * max(idx, 0),
                     "host_anon_mib": 700.0 + leak_mib * max(idx, 0), "placement": "cpu",
-                    "t_start": ts, "t_end": t})
+                    "t_start_s": ts, "t_end_s": t})
         t += 0.05
     for k in range(int((t - t0) / 0.1)):
-        mem.append({"launch": launch, "t": t0 + k * 0.1, "device_used_mib": float("nan"),
-                    "host_rss_mib": 900.0 + k, "host_anon_mib": 700.0 + k, "gpu_util_pct": None})
+        mem.append({"launch": launch, "t_s": t0 + k * 0.1, "device_used_mib": float("nan"),
+                    "host_rss_mib": 900.0 + k, "host_anon_mib": 700.0 + k, "gpu_util_fraction": None})
     return req, stg, stp, mem
 
 
@@ -60,7 +59,7 @@ def _launch_row(launch: str, label: str, warmup_frames: int = 17, device_cap=Non
             "models_loaded_s": 5.0, "warmup_s": 3.1, "warmup_frames": warmup_frames,
             "device_cap_gib": device_cap, "host_cap_gib": host_cap, "enforcement": "watchdog",
             "cap_exceeded": False, "command": "python -m perfkit.refengine --preset tiny",
-            "exit_code": 0, "load_peak_mb": None, "warmup_peak_mb": None}
+            "exit_code": 0, "load_peak_mib": None, "warmup_peak_mib": None}
 
 
 def _bundle(scenario: str, sessions, launches, results) -> ResultBundle:
@@ -113,7 +112,7 @@ def memory_budget(cap_held: bool = True) -> ResultBundle:
         launches.append(_launch_row(la, label, host_cap=host))
         caps.append({"label": label, "device_cap_gib": None, "host_cap_gib": host,
                      "completed": True, "cap_held": cap_held if host else True,
-                     "enforcement": "watchdog" if host else "none", "peak_reserved_mb": None,
+                     "enforcement": "watchdog" if host else "none", "peak_reserved_mib": None,
                      "host_anon_peak_mib": 1200.0, "placement": "cpu", "warm_degrades": False})
     return _bundle("memory_budget", sessions, launches, {"caps": caps, "min_budget_gib": None})
 

@@ -237,30 +237,30 @@ def test_verdict_table_and_markdown(doc):
 def synthetic_bundle(commit="abc1234"):
     """One launch, a startup warmup, 3 measured requests (the 2nd is the slowest) and a failed one."""
     reqs, stages, steps = [], [], []
-    specs = [  # (index, tag, status, e2e, denoise ms per step, decode ms, reserved, allocated)
+    specs = [  # (index, kind, status, e2e, denoise ms per step, decode ms, reserved, allocated)
         (-1, "warmup", "completed", 9000.0, [500.0] * 4, 900.0, 9000.0, 8000.0),
         (0, "cold", "completed", 1500.0, [300.0, 100.0, 100.0, 100.0], 200.0, 5000.0, 4000.0),
         (1, "warm", "completed", 1700.0, [200.0, 150.0, 140.0, 130.0], 250.0, 5100.0, 4100.0),
         (2, "warm", "completed", 1400.0, [180.0, 90.0, 95.0, 100.0], 210.0, 5050.0, 4200.0),
         (3, "warm", "failed", 99999.0, [999.0] * 4, 999.0, 99999.0, 99999.0),
     ]
-    for i, (idx, tag, status, e2e, st, dec, res, alloc) in enumerate(specs):
+    for i, (idx, _kind, status, e2e, st, dec, res, alloc) in enumerate(specs):
         rid = f"r{i}"
         t0 = 1000.0 + 10 * i
-        reqs.append(dict(launch="L0", request_id=rid, index=idx, tag=tag, status=status,
-                         e2e_ms=e2e, client_ms=e2e + 5, peak_reserved_mb=res,
-                         peak_allocated_mb=alloc, t_start=t0, t_end=t0 + e2e / 1000))
-        stages.append(dict(launch="L0", request_id=rid, index=idx, tag=tag,
+        reqs.append(dict(launch="L0", request_id=rid, index=idx, status=status,
+                         e2e_ms=e2e, client_ms=e2e + 5, peak_reserved_mib=res,
+                         peak_allocated_mib=alloc, t_start_s=t0, t_end_s=t0 + e2e / 1000))
+        stages.append(dict(launch="L0", request_id=rid, index=idx,
                            stage="TextEncodingStage", ms=50.0 + i))
-        stages.append(dict(launch="L0", request_id=rid, index=idx, tag=tag,
+        stages.append(dict(launch="L0", request_id=rid, index=idx,
                            stage="DenoisingStage", ms=sum(st)))
-        stages.append(dict(launch="L0", request_id=rid, index=idx, tag=tag,
+        stages.append(dict(launch="L0", request_id=rid, index=idx,
                            stage="DecodingStage", ms=dec))
         for s, ms in enumerate(st):
-            steps.append(dict(launch="L0", request_id=rid, index=idx, tag=tag,
+            steps.append(dict(launch="L0", request_id=rid, index=idx,
                               stage="DenoisingStage", step=s, ms=ms))
-    launches = pd.DataFrame([dict(launch="L0", label="cold", ready_s=42.5, load_peak_mb=3000.0,
-                                  warmup_peak_mb=6000.0)])
+    launches = pd.DataFrame([dict(launch="L0", label="cold", ready_s=42.5, load_peak_mib=3000.0,
+                                  warmup_peak_mib=6000.0)])
     return ResultBundle(scenario="cold_warm", meta={"git_commit": commit},
                         tables={"requests": pd.DataFrame(reqs), "stages": pd.DataFrame(stages),
                                 "steps": pd.DataFrame(steps), "launches": launches})
@@ -383,7 +383,7 @@ GOOD = {
          "compiles": 3, "penalty_stage": "DenoisingStage"}]},
     "memory_budget": {"caps": [
         {"label": "12g+32g", "device_cap_gib": 12.0, "host_cap_gib": 32.0, "completed": True,
-         "cap_held": True, "enforcement": "torch_fraction", "peak_reserved_mb": 11000.0,
+         "cap_held": True, "enforcement": "torch_fraction", "peak_reserved_mib": 11000.0,
          "host_anon_peak_mib": 20000.0, "placement": "cpu_offload", "warm_degrades": False}]},
 }
 

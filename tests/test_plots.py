@@ -26,14 +26,14 @@ def _requests(launches=("L0",), n=4) -> pd.DataFrame:
         for idx in range(-1, n):
             e2e = 2600.0 if idx == 0 else (1200.0 if idx < 0 else 1100.0 + 5 * idx + 10 * li)
             rows.append(dict(launch=launch, request_id=f"{launch}-r{idx}", index=idx,
-                             tag="warmup" if idx < 0 else "cold_warm", status="ok", error=None,
+                             status="ok", error=None,
                              num_frames=25, effective_num_frames=25, latent_frames=4,
                              height=512, width=768, steps=4, client_ms=e2e + 30.0, e2e_ms=e2e,
                              compiles=1 if idx == 0 else 0, compile_ms=0.0,
-                             recompile_limit_hit=False, peak_allocated_mb=9000.0,
-                             peak_reserved_mb=9500.0, host_rss_mib=4000.0 + idx,
-                             host_anon_mib=3000.0, placement="cuda", t_start=t,
-                             t_end=t + e2e / 1000.0))
+                             recompile_limit_hit=False, peak_allocated_mib=9000.0,
+                             peak_reserved_mib=9500.0, host_rss_mib=4000.0 + idx,
+                             host_anon_mib=3000.0, placement="cuda", t_start_s=t,
+                             t_end_s=t + e2e / 1000.0))
             t += e2e / 1000.0 + 1.0
     return pd.DataFrame(rows)
 
@@ -41,12 +41,12 @@ def _requests(launches=("L0",), n=4) -> pd.DataFrame:
 def _stages(requests: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, r in requests.iterrows():
-        t = r["t_start"]
+        t = r["t_start_s"]
         for st in STAGES:
             ms = STAGE_MS[st] * (2.2 if r["index"] == 0 else 1.0)
             rows.append(dict(launch=r["launch"], request_id=r["request_id"], index=r["index"],
-                             tag=r["tag"], stage=st, ms=ms, peak_allocated_mb=8000.0,
-                             t_start=t, t_end=t + ms / 1000.0))
+                             stage=st, ms=ms, peak_allocated_mib=8000.0,
+                             t_start_s=t, t_end_s=t + ms / 1000.0))
             t += ms / 1000.0
     return pd.DataFrame(rows)
 
@@ -57,17 +57,17 @@ def _steps(requests: pd.DataFrame, n_steps=4) -> pd.DataFrame:
         for s in range(n_steps):
             ms = 225.0 + (800.0 if (r["index"] == 0 and s == 0) else 0.0)
             rows.append(dict(launch=r["launch"], request_id=r["request_id"], index=r["index"],
-                             tag=r["tag"], stage="DenoisingStage", step=s, ms=ms))
+                             stage="DenoisingStage", step=s, ms=ms))
     return pd.DataFrame(rows)
 
 
 def _memory(requests: pd.DataFrame, device=True) -> pd.DataFrame:
-    t = np.arange(T0 - 2.0, float(requests["t_end"].max()) + 2.0, 0.5)
+    t = np.arange(T0 - 2.0, float(requests["t_end_s"].max()) + 2.0, 0.5)
     return pd.DataFrame(dict(
-        launch="L0", t=t,
+        launch="L0", t_s=t,
         device_used_mib=(8000.0 + 10 * np.arange(t.size)) if device else np.nan,
         host_rss_mib=4000.0 + np.arange(t.size), host_anon_mib=3000.0 + np.arange(t.size),
-        gpu_util_pct=50.0 if device else np.nan))
+        gpu_util_fraction=0.5 if device else np.nan))
 
 
 def _png_ok(fig: Figure) -> None:
@@ -110,8 +110,8 @@ def test_stage_breakdown_warmup_and_multi_launch():
 
 
 def test_stage_breakdown_empty():
-    fig = plots.stage_breakdown(pd.DataFrame(columns=["launch", "request_id", "index", "tag",
-                                                      "stage", "ms"]))
+    fig = plots.stage_breakdown(pd.DataFrame(columns=["launch", "request_id", "index", "stage",
+                                                      "ms"]))
     assert isinstance(fig, Figure)
     _png_ok(fig)
 

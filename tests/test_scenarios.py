@@ -65,8 +65,8 @@ def test_cold_request_is_slower_and_denoising_absorbs_the_penalty(cold_warm):
 def test_sampler_timeline_covers_requests_and_records_match(cold_warm):
     mem, req = cold_warm.memory, cold_warm.requests
     measured = req[req["index"] >= 0]
-    assert mem["t"].min() <= measured["t_start"].min()
-    assert mem["t"].max() >= measured["t_end"].max() - 0.2
+    assert mem["t_s"].min() <= measured["t_start_s"].min()
+    assert mem["t_s"].max() >= measured["t_end_s"].max() - 0.2
     assert mem["host_rss_mib"].notna().all()
     # every measured request found its performance.log line by id (no NaN e2e)
     assert measured["e2e_ms"].notna().all()

@@ -218,9 +218,9 @@ def test_records_in_sglangs_layout(tmp_path):
     assert list(req["request_id"]) == ids and list(req["index"]) == [0, 1, 2]
     assert (req["status"] == "completed").all()
     assert req["e2e_ms"].iloc[0] == pytest.approx(1.5 * sum(ms for _, ms, _ in LTX2_STAGES))
-    assert req["peak_reserved_mb"].iloc[1] == 55001.0
-    assert data.launch_row["load_peak_mb"] == 41000.0
-    assert data.launch_row["warmup_peak_mb"] == 52000.0
+    assert req["peak_reserved_mib"].iloc[1] == 55001.0
+    assert data.launch_row["load_peak_mib"] == 41000.0
+    assert data.launch_row["warmup_peak_mib"] == 52000.0
     st = pd.DataFrame(data.stages)
     assert list(st[st["request_id"] == ids[0]]["stage"]) == [n for n, _, _ in LTX2_STAGES]
     assert len(data.steps) == 90
@@ -260,7 +260,7 @@ def test_stage_order_and_colours_for_sglang_names():
     rows = []
     for i, rid in enumerate(["a", "b"]):
         for n, ms, _ in reversed(LTX2_STAGES):  # arrival order must not matter
-            rows.append(dict(launch="L", request_id=rid, index=i, tag="request", stage=n, ms=ms))
+            rows.append(dict(launch="L", request_id=rid, index=i, stage=n, ms=ms))
     fig = plots.stage_breakdown(pd.DataFrame(rows))
     ax = fig.axes[0]
     bars = {c.get_label(): c for c in ax.containers}

@@ -5,27 +5,22 @@ Directory layout (``outputs/RUN/<scenario>/``)::
     meta.json         schema_version, scenario, perfkit version, git commit, torch/diffusers
                       versions, host, cpu_count, gpu name/driver, caps, params, engine commands
                       (secrets redacted)
-    results.json      scenario-derived results (penalties, coverage, leak checks, verdicts)
-    requests.parquet  one row per request (warmup runs included, index -1)
+    results.json      schema_version and the scenario-derived results (penalties, coverage, leak
+                      checks, verdicts)
+    requests.parquet  one row per request (startup warmup included, index -1)
     stages.parquet    one row per (request, stage)
     steps.parquet     one row per (request, denoising step)
     memory.parquet    memory timeline samples
     launches.parquet  one row per engine launch (cold start and its parts)
-    records/<launch>.jsonl   raw performance.log lines
+    records/<launch>.jsonl   raw performance.log lines (sglang's layout, its ``_mb`` keys, its
+                             ``"tag": "warmup"``)
     logs/<launch>.{stdout,stderr}.log   engine logs
 
-Table columns (all times in ms unless named ``*_s``/``t*``; memory in MiB):
-
-- requests: launch, request_id, index (0 = cold request, -1 = startup warmup), tag, status,
-  error, num_frames, effective_num_frames, latent_frames, height, width, steps, client_ms,
-  e2e_ms, compiles, compile_ms, recompile_limit_hit, peak_allocated_mb, peak_reserved_mb,
-  host_rss_mib, host_anon_mib, placement, t_start, t_end (epoch s)
-- stages: launch, request_id, index, tag, stage, ms, peak_allocated_mb, t_start, t_end
-- steps: launch, request_id, index, tag, stage, step, ms
-- memory: launch, t (epoch s), device_used_mib, host_rss_mib, host_anon_mib, gpu_util_pct
-- launches: launch, label, ready_s, process_start_s, models_loaded_s, warmup_s,
-  warmup_frames, device_cap_gib, host_cap_gib, enforcement, cap_exceeded, command, exit_code,
-  load_peak_mb, warmup_peak_mb
+The tables' columns are declared once, with dtype, unit and doc, in :mod:`perfkit.bundle_schema`
+(:data:`TABLE_SCHEMAS`): times end in ``_ms`` (ms) or ``_s`` (s; ``t_*_s`` are epoch seconds),
+memory in ``_mib``/``_gib``. A startup warmup request has ``index == WARMUP_INDEX`` (-1); it is
+the only warmup mark in the tables. :meth:`ResultBundle.save` refuses undeclared columns and
+casts declared ones; :meth:`ResultBundle.load` upgrades older bundles (schema 1) in memory.
 """
 from __future__ import annotations
 
@@ -42,12 +37,18 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from perfkit.bundle_schema import (SCHEMA_VERSION, TABLE_NAMES, TABLES as TABLE_SCHEMAS,
+                                   WARMUP_INDEX, Column, Table, conform, sampler_frame,
+                                   upgrade_results, upgrade_table)
 from perfkit.common.provenance import git_commit
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-TABLES = ("requests", "stages", "steps", "memory", "launches")
+#: table names, in file order (declarations: :data:`TABLE_SCHEMAS`)
+TABLES = TABLE_NAMES
+__all__ = ["SCHEMA_VERSION", "TABLES", "TABLE_SCHEMAS", "WARMUP_INDEX", "Column", "Table",
+           "ResultBundle", "conform", "sampler_frame", "upgrade_results", "upgrade_table",
+           "environment_meta", "redact", "sub_bundle", "table_rows", "cold_request_covered", "load_many"]
 
 _SECRET_KEY = re.compile(r"(token|secret|password|passwd|api[_-]?key|access[_-]?key|auth)", re.I)
 _SECRET_INLINE = re.compile(
@@ -125,13 +126,16 @@ def environment_meta() -> dict[str, Any]:
 
 @dataclass
 class ResultBundle:
-    """One scenario's data. Tables are pandas DataFrames with the columns in the module doc.
+    """One scenario's data. Tables are pandas DataFrames with the columns declared in
+    :data:`TABLE_SCHEMAS` (units there: ms, s, MiB, GiB, ...); read them through
+    :meth:`table` (or the properties), which gives every declared column in its dtype.
 
     Attributes:
         scenario: ``cold_warm``, ``warmup_shapes`` or ``memory_budget``.
         meta: reproduction facts (see :func:`environment_meta`), caps, params, commands.
         results: scenario-derived results (JSON-serialisable dict).
-        tables: name -> DataFrame for each of :data:`TABLES`.
+        tables: name -> DataFrame for each of :data:`TABLES` (may lack declared columns; may
+            not hold undeclared ones: :meth:`save` and :meth:`table` raise ValueError).
         records: launch label -> raw performance.log lines (JSON strings).
         logs: file name -> text of engine logs.
         path: where it was saved/loaded, if anywhere.
@@ -146,56 +150,75 @@ class ResultBundle:
     path: Path | None = None
 
     def table(self, name: str) -> pd.DataFrame:
-        """A table by name (an empty DataFrame when absent)."""
-        return self.tables.get(name, pd.DataFrame())
+        """Table ``name`` with every declared column (missing ones all-NA) in its declared
+        dtype (:data:`TABLE_SCHEMAS`); an absent table is an empty frame with those columns.
+        Units: see the declaration (times ms or s, memory MiB/GiB).
+
+        Raises:
+            KeyError: ``name`` is not a declared table.
+            ValueError: the table holds a column its declaration lacks.
+        """
+        if name not in TABLE_SCHEMAS:
+            raise KeyError(f"no table {name!r}; tables: {', '.join(TABLES)}")
+        df = conform(name, self.tables.get(name))
+        if name in self.tables:
+            self.tables[name] = df  # conformed once; later reads are cheap
+        return df
 
     @property
     def requests(self) -> pd.DataFrame:
+        """The ``requests`` table: one row per request, startup warmup included (index -1)."""
         return self.table("requests")
 
     @property
     def stages(self) -> pd.DataFrame:
+        """The ``stages`` table: one row per (request, stage); ms."""
         return self.table("stages")
 
     @property
     def steps(self) -> pd.DataFrame:
+        """The ``steps`` table: one row per (request, step); ms."""
         return self.table("steps")
 
     @property
     def memory(self) -> pd.DataFrame:
+        """The ``memory`` table: memory timeline samples; MiB, t_s epoch s."""
         return self.table("memory")
 
     @property
     def launches(self) -> pd.DataFrame:
+        """The ``launches`` table: one row per engine launch; cold start parts in s, peaks in MiB."""
         return self.table("launches")
 
     def measured_requests(self, launch: str | None = None) -> pd.DataFrame:
-        """Completed, non-warmup request rows (of one launch when given)."""
+        """Completed request rows that are not the startup warmup (``index != WARMUP_INDEX``),
+        of one launch when given. Times in ms, memory in MiB (see :data:`TABLE_SCHEMAS`)."""
         req = self.requests
         if req.empty:
             return req
-        mask = pd.Series(True, index=req.index)
-        if "tag" in req:
-            mask &= req["tag"].fillna("").astype(str).str.lower() != "warmup"
-        if "status" in req:
-            mask &= req["status"] == "completed"
-        if launch is not None and "launch" in req:
-            mask &= req["launch"] == launch
-        return req[mask]
+        mask = (req["index"] != WARMUP_INDEX).fillna(False) & (req["status"] == "completed").fillna(False)
+        if launch is not None:
+            mask &= (req["launch"] == launch).fillna(False)
+        return req[mask.to_numpy(bool)]
 
     def save(self, path: str | Path) -> Path:
-        """Write the bundle under ``path`` (created). Returns the directory."""
+        """Write the bundle under ``path`` (created) at :data:`SCHEMA_VERSION` (meta.json and
+        results.json carry it). Every table is checked against its declaration and written with
+        every declared column in its dtype. Returns the directory.
+
+        Raises:
+            ValueError: a table holds an undeclared column (the message names table and column).
+        """
+        tables = {name: conform(name, self.tables.get(name)) for name in TABLES}  # check first
         d = Path(path)
         d.mkdir(parents=True, exist_ok=True)
         meta = dict(self.meta)
-        meta.setdefault("schema_version", SCHEMA_VERSION)
+        meta["schema_version"] = SCHEMA_VERSION
         meta["scenario"] = self.scenario
         _write_json(d / "meta.json", redact(meta))
-        _write_json(d / "results.json", redact(self.results))
-        for name in TABLES:
-            df = self.tables.get(name)
-            if df is None:
-                df = pd.DataFrame()
+        results = {k: v for k, v in dict(self.results).items() if k != "schema_version"}
+        _write_json(d / "results.json", redact({"schema_version": SCHEMA_VERSION, **results}))
+        for name, df in tables.items():
             df.to_parquet(d / f"{name}.parquet", index=False)
         (d / "records").mkdir(exist_ok=True)
         for label, lines in self.records.items():
@@ -210,25 +233,38 @@ class ResultBundle:
 
     @classmethod
     def load(cls, path: str | Path) -> "ResultBundle":
-        """Load a bundle directory.
+        """Load a bundle directory; a bundle of an older schema (1) is upgraded in memory
+        (:func:`~perfkit.bundle_schema.upgrade_table`, :func:`~perfkit.bundle_schema.upgrade_results`:
+        v1 ``*_mb`` columns and keys become ``*_mib``, ``t*`` become ``t*_s``, the ``tag`` column
+        folds into ``index``); the files are left as they are. Tables come back with every
+        declared column in its dtype; ``results`` without ``schema_version``.
 
         Raises:
             FileNotFoundError: when ``path`` has no meta.json.
-            ValueError: when its schema version is newer than this perfkit understands.
+            ValueError: when meta.json or results.json has a schema version newer than this perfkit
+                understands (the message names the file), or a table has an undeclared column.
         """
         d = Path(path)
         meta_p = d / "meta.json"
         if not meta_p.exists():
             raise FileNotFoundError(f"{d} is not a result bundle: no meta.json")
         meta = json.loads(meta_p.read_text())
-        if int(meta.get("schema_version", 1)) > SCHEMA_VERSION:
-            raise ValueError(f"{d}: bundle schema {meta['schema_version']} is newer than "
-                             f"this perfkit ({SCHEMA_VERSION})")
-        results = json.loads((d / "results.json").read_text()) if (d / "results.json").exists() else {}
+        version = _version(meta, meta_p, default=1)
+        res_p = d / "results.json"
+        results = json.loads(res_p.read_text()) if res_p.exists() else {}
+        res_version = _version(results, res_p, default=version) if isinstance(results, dict) else version
+        results = upgrade_results(results, res_version)
         tables = {}
         for name in TABLES:
             p = d / f"{name}.parquet"
-            tables[name] = pd.read_parquet(p) if p.exists() else pd.DataFrame()
+            df = pd.read_parquet(p) if p.exists() else pd.DataFrame()
+            try:
+                tables[name] = conform(name, upgrade_table(name, df, version))
+            except ValueError as exc:
+                raise ValueError(f"{p}: {exc}") from None
+        if version < SCHEMA_VERSION:
+            meta["upgraded_from_schema"] = version
+            meta["schema_version"] = SCHEMA_VERSION
         records = {}
         if (d / "records").is_dir():
             for p in sorted((d / "records").glob("*.jsonl")):
@@ -241,9 +277,24 @@ class ResultBundle:
                    tables=tables, records=records, logs=logs, path=d)
 
 
+def _version(doc: Any, path: Path, default: int) -> int:
+    """The ``schema_version`` of a loaded JSON file (``default`` when absent). Raises ValueError
+    naming ``path`` when it is newer than :data:`SCHEMA_VERSION` or not an integer."""
+    raw = doc.get("schema_version", default) if isinstance(doc, dict) else default
+    try:
+        v = int(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: schema_version {raw!r} is not an integer") from None
+    if v > SCHEMA_VERSION:
+        raise ValueError(f"{path}: bundle schema {v} is newer than this perfkit "
+                         f"(schema {SCHEMA_VERSION}); upgrade perfkit to read it")
+    return v
+
+
 def sub_bundle(bundle: ResultBundle, *, launch: Any = None, num_frames: int | None = None,
                skip_first: bool = False) -> ResultBundle:
-    """The part of a bundle from one launch and/or one request frame count (tables filtered).
+    """The part of a bundle from one launch and/or one request frame count (tables filtered;
+    the startup warmup rows, ``index == WARMUP_INDEX``, of the selected launch are kept).
 
     ``skip_first`` drops the first measured request of the selection (an uncovered cold request,
     whose shape setup is the investigation's finding, not the steady state a baseline holds).
@@ -252,34 +303,44 @@ def sub_bundle(bundle: ResultBundle, *, launch: Any = None, num_frames: int | No
     if req.empty:
         return bundle
     mask = pd.Series(True, index=req.index)
-    if skip_first and "index" in req:
+    if skip_first:
         sel = req
-        if launch is not None and "launch" in req:
-            sel = sel[sel["launch"] == launch]
-        if num_frames is not None and "num_frames" in req:
-            sel = sel[sel["num_frames"] == num_frames]
-        measured = sel[sel["index"] >= 0]
+        if launch is not None:
+            sel = sel[(sel["launch"] == launch).fillna(False)]
+        if num_frames is not None:
+            sel = sel[(sel["num_frames"] == num_frames).fillna(False)]
+        measured = sel[(sel["index"] != WARMUP_INDEX).fillna(False)]
         if len(measured) >= 2:
-            mask &= req.index != measured["index"].idxmin()
-    if launch is not None and "launch" in req:
-        mask &= req["launch"] == launch
-    if num_frames is not None and "num_frames" in req:
-        mask &= (req["num_frames"] == num_frames) | (req.get("index", 0) == -1)
-    keep = req[mask]
-    keys = set(zip(keep.get("launch", pd.Series([None] * len(keep))), keep["request_id"].astype(str)))
+            mask &= req.index != measured["index"].astype("float64").idxmin()
+    if launch is not None:
+        mask &= (req["launch"] == launch).fillna(False)
+    if num_frames is not None:
+        mask &= ((req["num_frames"] == num_frames) | (req["index"] == WARMUP_INDEX)).fillna(False)
+    keep = req[mask.to_numpy(bool)]
+    keys = set(_row_keys(keep))
     tables = dict(bundle.tables)
     tables["requests"] = keep
     for name in ("stages", "steps"):
         t = bundle.table(name)
-        if not t.empty and "request_id" in t:
-            la = t["launch"] if "launch" in t else pd.Series([None] * len(t), index=t.index)
-            tables[name] = t[[k in keys for k in zip(la, t["request_id"].astype(str))]]
+        if not t.empty:
+            tables[name] = t[[k in keys for k in _row_keys(t)]]
     for name in ("memory", "launches"):
         t = bundle.table(name)
-        if launch is not None and not t.empty and "launch" in t:
-            tables[name] = t[t["launch"] == launch]
+        if launch is not None and not t.empty:
+            tables[name] = t[(t["launch"] == launch).fillna(False).to_numpy(bool)]
     return ResultBundle(scenario=bundle.scenario, meta=bundle.meta, results=bundle.results,
                         tables=tables, path=bundle.path)
+
+
+def _row_keys(df: pd.DataFrame) -> list[tuple[Any, str]]:
+    """(launch, request_id) per row; a missing launch is None."""
+    return [(None if pd.isna(la) else la, str(rid)) for la, rid in zip(df["launch"], df["request_id"])]
+
+
+def table_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """A table's rows as dicts with ``pd.NA`` (a missing value of a nullable column) as None;
+    float NaN stays NaN."""
+    return [{k: (None if v is pd.NA else v) for k, v in r.items()} for r in df.to_dict("records")]
 
 
 def cold_request_covered(bundle: ResultBundle) -> bool:
@@ -290,10 +351,11 @@ def cold_request_covered(bundle: ResultBundle) -> bool:
     baseline dump does).
     """
     req = bundle.requests
-    if req.empty or "latent_shape" not in req or "index" not in req:
+    if req.empty or req["latent_shape"].isna().all():
         return True
-    warm = req[req["index"] < 0]["latent_shape"].dropna()
-    first = req[req["index"] >= 0].sort_values("index")["latent_shape"].dropna()
+    warmup = (req["index"] == WARMUP_INDEX).fillna(False).to_numpy(bool)
+    warm = req[warmup]["latent_shape"].dropna()
+    first = req[~warmup].sort_values("index")["latent_shape"].dropna()
     if first.empty:
         return True
     if warm.empty:

@@ -340,7 +340,7 @@ def _measured_requests(bundle: ResultBundle, launch: str | None) -> pd.DataFrame
 def _keys(df: pd.DataFrame) -> list[tuple[Any, str]]:
     """(launch, request_id) per row; a missing launch (column or value) is None."""
     launches = df["launch"] if "launch" in df else [None] * len(df)
-    return [(None if la is None or (isinstance(la, float) and math.isnan(la)) else la, str(rid))
+    return [(None if la is None or la is pd.NA or (isinstance(la, float) and math.isnan(la)) else la, str(rid))
             for la, rid in zip(launches, df["request_id"])]
 
 
@@ -362,7 +362,7 @@ def from_bundle(bundle: ResultBundle, case_id: str, step_fractions: Iterable[flo
                 stage_classes: StageClassifier | Mapping[str, str] | None = None) -> dict[str, Any]:
     """Derive one scenario entry (sglang layout) from a bundle's tables.
 
-    Measured requests are ``requests`` rows with ``tag != "warmup"`` and ``status == "completed"``
+    Measured requests are ``requests`` rows with ``index != WARMUP_INDEX`` and ``status == "completed"``
     (restricted to ``launch`` when given). Like sglang's baseline dump, each value is the worst
     (largest) over the measured requests:
 
@@ -374,10 +374,10 @@ def from_bundle(bundle: ResultBundle, case_id: str, step_fractions: Iterable[flo
     - ``expected_avg_denoise_ms`` / ``expected_median_denoise_ms``: worst per-request mean /
       median denoise step ms (0.0 when there are no steps, as sglang writes for such cases).
     - ``expected_load_ms``: cold start, ``launches.ready_s * 1000`` (worst launch).
-    - ``load_peak_vram_mb`` / ``warmup_peak_vram_mb``: ``launches.load_peak_mb`` /
-      ``warmup_peak_mb`` (MiB).
-    - ``runtime_peak_vram_mb`` / ``runtime_peak_allocated_mb``: max ``requests.peak_reserved_mb``
-      / ``peak_allocated_mb`` (MiB).
+    - ``load_peak_vram_mb`` / ``warmup_peak_vram_mb``: ``launches.load_peak_mib`` /
+      ``warmup_peak_mib`` (MiB; sglang's ``_mb`` keys are MiB).
+    - ``runtime_peak_vram_mb`` / ``runtime_peak_allocated_mb``: max ``requests.peak_reserved_mib``
+      / ``peak_allocated_mib`` (MiB).
     - ``estimated_full_test_time_s``: per launch, ready_s plus the span from its first measured
       request start to its last end (sum of e2e when no timestamps), summed over launches.
 
@@ -449,12 +449,12 @@ def from_bundle(bundle: ResultBundle, case_id: str, step_fractions: Iterable[flo
     ready = _max(lt["ready_s"]) if "ready_s" in lt else None
     if ready is not None:
         entry["expected_load_ms"] = round(ready * 1000.0, MS_DECIMALS)
-    for col, key in (("load_peak_mb", "load_peak_vram_mb"), ("warmup_peak_mb", "warmup_peak_vram_mb")):
+    for col, key in (("load_peak_mib", "load_peak_vram_mb"), ("warmup_peak_mib", "warmup_peak_vram_mb")):
         v = _max(lt[col]) if col in lt else None
         if v is not None:
             entry[key] = round(v, MB_DECIMALS)
-    for col, key in (("peak_reserved_mb", "runtime_peak_vram_mb"),
-                     ("peak_allocated_mb", "runtime_peak_allocated_mb")):
+    for col, key in (("peak_reserved_mib", "runtime_peak_vram_mb"),
+                     ("peak_allocated_mib", "runtime_peak_allocated_mb")):
         v = _max(req[col]) if col in req else None
         if v is not None:
             entry[key] = round(v, MB_DECIMALS)
@@ -468,8 +468,8 @@ def from_bundle(bundle: ResultBundle, case_id: str, step_fractions: Iterable[flo
         total_s += ready
     for la, grp in req.assign(_launch=launch_col).groupby("_launch", sort=False, dropna=False):
         span = None
-        if "t_start" in grp and "t_end" in grp:
-            t0, t1 = _num(grp["t_start"].min()), _num(grp["t_end"].max())
+        if "t_start_s" in grp and "t_end_s" in grp:
+            t0, t1 = _num(grp["t_start_s"].min()), _num(grp["t_end_s"].max())
             if t0 is not None and t1 is not None:
                 span = t1 - t0
         if span is None:

@@ -1,7 +1,7 @@
 """Matplotlib figures for perfkit bundles: one function per figure, each returns a Figure.
 
 Every function takes the DataFrames of a :class:`perfkit.bundle.ResultBundle` (columns as in
-that module's docstring: times in ms, memory in MiB, ``t*`` in epoch seconds) and returns a
+:mod:`perfkit.bundle_schema`: times in ms, memory in MiB, ``t*_s`` in epoch seconds) and returns a
 :class:`matplotlib.figure.Figure`. Nothing here calls ``plt.show``; figures are built with
 ``matplotlib.figure.Figure`` directly, not through pyplot, so they work under any backend
 (Agg included), are not kept alive by pyplot's global figure list (no leak in long loops,
@@ -10,7 +10,7 @@ on them is a harmless no-op. In a notebook, show one with ``display(fig)`` or by
 it as the cell's value; :func:`figure_to_png_bytes` renders one to PNG for reports.
 
 Words follow the design doc: cold request (index 0), warm request (index >= 1), startup
-warmup (index -1 or tag ``"warmup"``, excluded by default), first-request penalty, covered
+warmup (``index == WARMUP_INDEX``, -1; excluded by default), first-request penalty, covered
 shape; stage names are sglang's.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from perfkit.bundle import WARMUP_INDEX
 from perfkit.readings import stages as _stages
 
 __all__ = [
@@ -59,34 +60,31 @@ OTHER_STAGE_COLORS = ("tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:c
 STATUS_COLORS = {"pass": "tab:green", "fail": "tab:red", "improved": "tab:blue", "new": "tab:grey"}
 
 COLD_COLOR = "tab:red"
-_WARMUP_TAG = "warmup"
 
 
 # --------------------------------------------------------------------------- helpers
 
 def request_label(index: Any) -> str:
-    """``"cold"`` for index 0, ``"warm #i"`` for index i >= 1, ``"warmup"`` for index < 0."""
+    """``"cold"`` for index 0, ``"warm #i"`` for index i >= 1, ``"warmup"`` for the startup
+    warmup (``WARMUP_INDEX``, -1)."""
     try:
         i = int(index)
     except (TypeError, ValueError):
         return str(index)
     if i == 0:
         return "cold"
-    if i < 0:
+    if i == WARMUP_INDEX:
         return "warmup"
     return f"warm #{i}"
 
 
 def _drop_warmup(df: pd.DataFrame, include_warmup: bool) -> pd.DataFrame:
-    """Rows that are not startup warmup (index -1 or tag ``warmup``), unless asked to keep them."""
-    if include_warmup or df.empty:
+    """Rows that are not the startup warmup (``index == WARMUP_INDEX``), unless asked to keep
+    them."""
+    if include_warmup or df.empty or "index" not in df.columns:
         return df
-    keep = pd.Series(True, index=df.index)
-    if "index" in df.columns:
-        keep &= ~(pd.to_numeric(df["index"], errors="coerce") < 0)
-    if "tag" in df.columns:
-        keep &= df["tag"].astype(str).str.lower() != _WARMUP_TAG
-    return df[keep]
+    keep = pd.Series(pd.to_numeric(df["index"], errors="coerce") != WARMUP_INDEX, index=df.index)
+    return df[keep.fillna(True).to_numpy(bool)]
 
 
 def _ordered_stages(names: Iterable[str]) -> list[str]:
@@ -134,12 +132,12 @@ def stage_breakdown(stages: pd.DataFrame, *, include_warmup: bool = False,
     """Stacked per-stage latency bars (ms), one bar per request.
 
     Bars are labelled ``cold`` (index 0) and ``warm #i`` (index i); with several launches in
-    the table the label is prefixed by the launch. Startup warmup rows (index -1 or tag
-    ``warmup``) are excluded unless ``include_warmup``. Stage segments are stacked in sglang's
+    the table the label is prefixed by the launch. Startup warmup rows (``index ==
+    WARMUP_INDEX``) are excluded unless ``include_warmup``. Stage segments are stacked in sglang's
     pipeline order (:data:`STAGE_ORDER`); repeated rows of one stage in one request are summed.
 
     Args:
-        stages: the bundle's stages table (launch, request_id, index, tag, stage, ms, ...).
+        stages: the bundle's stages table (launch, request_id, index, stage, ms, ...).
         include_warmup: also draw startup warmup requests.
         launch: only this launch (default: all).
         title: figure title (default names the figure in the field's terms).
@@ -230,9 +228,9 @@ def e2e_per_request(requests: pd.DataFrame, *, metric: str = "e2e_ms",
     """End-to-end latency (ms) per request index, one line per launch; cold request highlighted.
 
     Args:
-        requests: the bundle's requests table (launch, index, tag, e2e_ms, client_ms, ...).
+        requests: the bundle's requests table (launch, index, e2e_ms, client_ms, ...).
         metric: column to draw (``e2e_ms`` server side, or ``client_ms`` as seen by the client).
-        include_warmup: also draw startup warmup rows (index -1).
+        include_warmup: also draw startup warmup rows (``WARMUP_INDEX``).
         title: figure title.
 
     Returns:
@@ -280,7 +278,7 @@ def step_times(steps: pd.DataFrame, *, stage: str | None = "DenoisingStage",
     """Denoising step time (ms) vs step index, one line per request; the cold request in red.
 
     Args:
-        steps: the bundle's steps table (launch, request_id, index, tag, stage, step, ms).
+        steps: the bundle's steps table (launch, request_id, index, stage, step, ms).
         stage: only steps of this stage (default ``DenoisingStage``); when the table has no
             row of it (or no ``stage`` column) all rows are used; ``None`` uses all rows.
         include_warmup: also draw startup warmup requests.
@@ -414,7 +412,7 @@ def memory_timeline(memory: pd.DataFrame, requests: pd.DataFrame | None = None,
 
     Panels: device used MiB (top, only when ``device_used_mib`` has a finite value; a CPU
     host draws the host panel only) and host RSS / anonymous MiB. On every panel, request
-    spans (``t_start``..``t_end``) are shaded (cold request red, warm blue, startup warmup
+    spans (``t_start_s``..``t_end_s``) are shaded (cold request red, warm blue, startup warmup
     grey) and stage starts are marked with dotted vertical lines (one colour per stage).
     Caps draw horizontal dashed lines: ``device_cap_gib`` on the device panel,
     ``host_cap_gib`` on the host panel, converted to MiB (x1024). ``None``/NaN caps are skipped.
@@ -423,10 +421,10 @@ def memory_timeline(memory: pd.DataFrame, requests: pd.DataFrame | None = None,
     ``"stage-mark"``.
 
     Args:
-        memory: the bundle's memory table (launch, t epoch s, device_used_mib, host_rss_mib,
+        memory: the bundle's memory table (launch, t_s epoch s, device_used_mib, host_rss_mib,
             host_anon_mib, ...).
-        requests: requests table (t_start, t_end epoch s, index, tag) for spans, optional.
-        stages: stages table (stage, t_start epoch s) for stage marks, optional.
+        requests: requests table (t_start_s, t_end_s epoch s, index) for spans, optional.
+        stages: stages table (stage, t_start_s epoch s) for stage marks, optional.
         caps: e.g. ``{"device_cap_gib": 12, "host_cap_gib": 32}``.
         launch: only this launch (applied to all tables that have a launch column).
         include_warmup: shade startup warmup spans too (grey).
@@ -446,12 +444,12 @@ def memory_timeline(memory: pd.DataFrame, requests: pd.DataFrame | None = None,
         return pd.to_numeric(mem[name], errors="coerce") if name in mem.columns else \
             pd.Series(np.nan, index=mem.index, dtype=float)
 
-    t = _col("t")
+    t = _col("t_s")
     t0_candidates = [float(t.min())] if t.notna().any() else []
     if not t0_candidates:  # no samples: fall back to the earliest request/stage time
         for df in (requests, stages):
-            if df is not None and "t_start" in df.columns:
-                ts = pd.to_numeric(df["t_start"], errors="coerce")
+            if df is not None and "t_start_s" in df.columns:
+                ts = pd.to_numeric(df["t_start_s"], errors="coerce")
                 if ts.notna().any():
                     t0_candidates.append(float(ts.min()))
     t0 = min(t0_candidates) if t0_candidates else 0.0
@@ -478,7 +476,7 @@ def memory_timeline(memory: pd.DataFrame, requests: pd.DataFrame | None = None,
             y = pd.to_numeric(sub[col], errors="coerce") if col in sub.columns else None
             if y is None or not y.notna().any():
                 continue
-            x = pd.to_numeric(sub["t"], errors="coerce") - t0
+            x = pd.to_numeric(sub["t_s"], errors="coerce") - t0
             order = np.argsort(x.to_numpy())
             ax.plot(x.to_numpy()[order], y.to_numpy()[order],
                     label=f"{label} ({lk})" if multi else label, **kw)
@@ -503,33 +501,31 @@ def memory_timeline(memory: pd.DataFrame, requests: pd.DataFrame | None = None,
 
     # request spans
     span_handles: dict[str, Any] = {}
-    if requests is not None and not requests.empty and {"t_start", "t_end"} <= set(
+    if requests is not None and not requests.empty and {"t_start_s", "t_end_s"} <= set(
             requests.columns):
         req = _drop_warmup(requests, include_warmup)
         for _, r in req.iterrows():
-            if not (_finite(r["t_start"]) and _finite(r["t_end"])):
+            if not (_finite(r["t_start_s"]) and _finite(r["t_end_s"])):
                 continue
             kind = request_label(r.get("index")) if "index" in r else "request"
-            if str(r.get("tag", "")).lower() == _WARMUP_TAG:
-                kind = "warmup"
             color = {"cold": COLD_COLOR, "warmup": "tab:grey"}.get(kind, "tab:blue")
             key = kind if kind in ("cold", "warmup") else "warm"
             for ax in axes:
-                ax.axvspan(float(r["t_start"]) - t0, float(r["t_end"]) - t0, color=color,
+                ax.axvspan(float(r["t_start_s"]) - t0, float(r["t_end_s"]) - t0, color=color,
                            alpha=0.12, gid="request-span", lw=0)
             span_handles.setdefault(key, Patch(color=color, alpha=0.25,
                                                label=f"{key} request" if key != "warmup"
                                                else "startup warmup"))
     # stage marks
     stage_handles: dict[str, Any] = {}
-    if stages is not None and not stages.empty and {"stage", "t_start"} <= set(stages.columns):
+    if stages is not None and not stages.empty and {"stage", "t_start_s"} <= set(stages.columns):
         st = _drop_warmup(stages, include_warmup)
-        st = st[pd.to_numeric(st["t_start"], errors="coerce").notna()]
+        st = st[pd.to_numeric(st["t_start_s"], errors="coerce").notna()]
         colors = _stage_colors(_ordered_stages(st["stage"]))
         for _, r in st.iterrows():
             c = colors[str(r["stage"])]
             for ax in axes:
-                ax.axvline(float(r["t_start"]) - t0, color=c, ls=":", lw=1.0, gid="stage-mark")
+                ax.axvline(float(r["t_start_s"]) - t0, color=c, ls=":", lw=1.0, gid="stage-mark")
             if str(r["stage"]) not in stage_handles:
                 from matplotlib.lines import Line2D
 

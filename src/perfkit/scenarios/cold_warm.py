@@ -126,7 +126,7 @@ def cold_vs_warm(spec: EngineSpec, request: VideoRequestSpec | dict | None = Non
         checks = []
         slope = stats.slope_per_index(warm_rows["host_anon_mib"].to_numpy(float))
         checks.append(_leak("host_anon_slope_mib_per_request", slope))
-        slope_d = stats.slope_per_index(warm_rows["reserved_mb"].to_numpy(float))
+        slope_d = stats.slope_per_index(warm_rows["reserved_mib"].to_numpy(float))
         checks.append(_leak("device_reserved_slope_mib_per_request", slope_d))
         if len(e2e) >= 3:
             second = float(ok.loc[ok["index"] == 1, "e2e_ms"].iloc[0])

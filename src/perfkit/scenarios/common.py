@@ -2,8 +2,9 @@
 
 :func:`measure_launch` starts an engine under caps, samples memory while it sends the requests,
 joins each response with its ``performance.log`` record by request id, and returns rows for the
-bundle tables (see :mod:`perfkit.bundle` for the columns). Startup warmup records are kept with
-``index = -1``.
+bundle tables (declared in :mod:`perfkit.bundle_schema`: times in ms or s, memory in MiB).
+Startup warmup records are kept with ``index = WARMUP_INDEX`` (-1), the tables' only warmup mark
+(the raw records keep sglang's ``"tag": "warmup"``).
 """
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from perfkit.bundle import ResultBundle, environment_meta
+from perfkit.bundle import (WARMUP_INDEX, ResultBundle, conform, environment_meta, sampler_frame,
+                            table_rows)
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import RequestOutcome, VideoClient, VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
@@ -60,11 +61,11 @@ class LaunchData:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def measured(self) -> pd.DataFrame:
-        """Measured (non-warmup) request rows as a DataFrame."""
+        """Measured request rows (``index != WARMUP_INDEX``) as a DataFrame, in index order."""
         df = pd.DataFrame(self.requests)
         if df.empty:
             return df
-        return df[df["index"] >= 0].sort_values("index")
+        return df[df["index"] != WARMUP_INDEX].sort_values("index")
 
 
 def _snap(rec: PerfRecord | None, checkpoint: str, key: str) -> float:
@@ -76,15 +77,19 @@ def _snap(rec: PerfRecord | None, checkpoint: str, key: str) -> float:
 
 def record_rows(label: str, rec: PerfRecord, index: int, outcome: RequestOutcome | None,
                 request: VideoRequestSpec | None = None) -> tuple[dict, list[dict], list[dict]]:
-    """Rows (request, stages, steps) for one record; ``outcome`` adds the client-side view."""
+    """Rows (request, stages, steps) for one record; ``outcome`` adds the client-side view.
+
+    ``index`` is the request's place in its launch (0 cold, >= 1 warm, ``WARMUP_INDEX`` for the
+    startup warmup). Columns as declared in :mod:`perfkit.bundle_schema` (ms, s, MiB): sglang's
+    ``*_mb`` snapshot keys land in ``*_mib`` columns (sglang's mb are MiB).
+    """
     pk = rec.perfkit
     spans = {s["name"]: s for s in pk.get("stage_spans") or [] if isinstance(s, dict)}
     status = pk.get("status") or ("completed" if rec.stages else "unknown")
     if outcome is not None and not outcome.ok:
         status = outcome.status
     row = {
-        "launch": label, "request_id": rec.request_id, "index": index,
-        "tag": rec.tag or ("warmup" if index < 0 else "request"), "status": status,
+        "launch": label, "request_id": rec.request_id, "index": index, "status": status,
         "error": (outcome.error if outcome is not None else None) or pk.get("error"),
         "num_frames": pk.get("num_frames_requested", request.num_frames if request else None),
         "effective_num_frames": pk.get("num_frames_effective"), "latent_frames": pk.get("latent_frames"),
@@ -95,40 +100,41 @@ def record_rows(label: str, rec: PerfRecord, index: int, outcome: RequestOutcome
         "compiles": int(pk.get("compiles") or 0), "compile_ms": float(pk.get("compile_ms") or 0.0),
         "recompile_reasons": "; ".join(pk.get("recompile_reasons") or []),
         "recompile_limit_hit": bool(pk.get("recompile_limit_hit", False)),
-        "peak_allocated_mb": _snap(rec, "runtime_peak", "peak_allocated_mb"),
-        "peak_reserved_mb": _snap(rec, "runtime_peak", "peak_reserved_mb"),
-        "reserved_mb": _snap(rec, "runtime_peak", "reserved_mb"),
+        "peak_allocated_mib": _snap(rec, "runtime_peak", "peak_allocated_mb"),
+        "peak_reserved_mib": _snap(rec, "runtime_peak", "peak_reserved_mb"),
+        "reserved_mib": _snap(rec, "runtime_peak", "reserved_mb"),
         "host_rss_mib": float(pk.get("host_rss_mib", NAN) or NAN),
         "host_anon_mib": float(pk.get("host_anon_mib", NAN) or NAN),
         "placement": pk.get("placement"),
-        "t_start": pk.get("t_start", outcome.t_start if outcome else NAN),
-        "t_end": pk.get("t_end", outcome.t_end if outcome else NAN),
+        "t_start_s": pk.get("t_start", outcome.t_start if outcome else NAN),
+        "t_end_s": pk.get("t_end", outcome.t_end if outcome else NAN),
     }
     stage_peaks = pk.get("stage_peak_allocated_mb") or {}
     stages = []
     for name, ms in rec.stages:
         sp = spans.get(name, {})
-        stages.append({"launch": label, "request_id": rec.request_id, "index": index, "tag": row["tag"],
-                       "stage": name, "ms": ms, "peak_allocated_mb": stage_peaks.get(name, NAN),
-                       "t_start": sp.get("t_start", NAN), "t_end": sp.get("t_end", NAN)})
-    steps = [{"launch": label, "request_id": rec.request_id, "index": index, "tag": row["tag"],
+        stages.append({"launch": label, "request_id": rec.request_id, "index": index,
+                       "stage": name, "ms": ms, "peak_allocated_mib": stage_peaks.get(name, NAN),
+                       "t_start_s": sp.get("t_start", NAN), "t_end_s": sp.get("t_end", NAN)})
+    steps = [{"launch": label, "request_id": rec.request_id, "index": index,
               "stage": "DenoisingStage", "step": i, "ms": ms} for i, ms in enumerate(rec.steps)]
-    steps += [{"launch": label, "request_id": rec.request_id, "index": index, "tag": row["tag"],
+    steps += [{"launch": label, "request_id": rec.request_id, "index": index,
                "stage": "RefinementStage", "step": i, "ms": float(ms)}
               for i, ms in enumerate(pk.get("refinement_steps") or [])]
     return row, stages, steps
 
 
 def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRequestSpec) -> dict[str, Any]:
-    """A request row for a request without a record (rejected, engine died, timeout)."""
+    """A request row for a request without a record (rejected, engine died, timeout); its
+    memory columns (MiB) and server time (ms) are NaN."""
     return {"launch": label, "request_id": outcome.request_id or f"{label}-{index}", "index": index,
-            "tag": "request", "status": outcome.status, "error": outcome.error,
+            "status": outcome.status, "error": outcome.error,
             "num_frames": request.num_frames, "effective_num_frames": None, "latent_frames": None,
             "latent_shape": None, "height": request.height, "width": request.width,
             "steps": request.num_inference_steps, "client_ms": outcome.client_ms, "e2e_ms": NAN,
             "compiles": 0, "compile_ms": 0.0, "recompile_reasons": "", "recompile_limit_hit": False,
-            "peak_allocated_mb": NAN, "peak_reserved_mb": NAN, "reserved_mb": NAN, "host_rss_mib": NAN,
-            "host_anon_mib": NAN, "placement": None, "t_start": outcome.t_start, "t_end": outcome.t_end}
+            "peak_allocated_mib": NAN, "peak_reserved_mib": NAN, "reserved_mib": NAN, "host_rss_mib": NAN,
+            "host_anon_mib": NAN, "placement": None, "t_start_s": outcome.t_start, "t_end_s": outcome.t_end}
 
 
 def measure_launch(spec: EngineSpec, requests: list[VideoRequestSpec], run_dir: Path, label: str,
@@ -163,7 +169,7 @@ def measure_launch(spec: EngineSpec, requests: list[VideoRequestSpec], run_dir: 
                         data.extra = after(h, client, sampler)
             finally:
                 sampler.stop()
-            mem = sampler.to_frame()
+            mem = sampler_frame(sampler.to_frame())
             mem.insert(0, "launch", label)
             data.memory = mem
             data.record_lines = h.record_lines()
@@ -203,7 +209,7 @@ def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
     recs = {r.request_id: r for r in parse_lines(data.record_lines).records}
     warm = [r for r in recs.values() if r.is_warmup]
     for rec in warm:
-        row, st, sp = record_rows(data.label, rec, -1, None)
+        row, st, sp = record_rows(data.label, rec, WARMUP_INDEX, None)
         data.requests.append(row)
         data.stages += st
         data.steps += sp
@@ -211,9 +217,9 @@ def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
     # the last record carries every snapshot (the warmup's own line predates warmup_peak)
     any_rec = next(reversed(list(recs.values())), None)
     if any_rec is not None:
-        data.launch_row["load_peak_mb"] = _snap(any_rec, "load_peak", "peak_reserved_mb")
-        data.launch_row["load_peak_allocated_mb"] = _snap(any_rec, "load_peak", "peak_allocated_mb")
-        data.launch_row["warmup_peak_mb"] = _snap(any_rec, "warmup_peak", "peak_reserved_mb")
+        data.launch_row["load_peak_mib"] = _snap(any_rec, "load_peak", "peak_reserved_mb")
+        data.launch_row["load_peak_allocated_mib"] = _snap(any_rec, "load_peak", "peak_allocated_mb")
+        data.launch_row["warmup_peak_mib"] = _snap(any_rec, "warmup_peak", "peak_reserved_mb")
         data.launch_row["placement"] = any_rec.perfkit.get("placement")
     for i, (out, req) in enumerate(zip(data.outcomes, requests)):
         rec = recs.get(out.request_id) if out.request_id else None
@@ -228,24 +234,22 @@ def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
 
 def assemble(scenario: str, launches: Iterable[LaunchData], params: dict[str, Any], results: dict[str, Any],
              caps: list[MemoryCaps | None] | None = None) -> ResultBundle:
-    """Build a ResultBundle from launches (tables concatenated, records and logs kept)."""
+    """Build a ResultBundle from launches (tables concatenated and conformed to their
+    declarations, records and logs kept).
+
+    Raises:
+        ValueError: a row carries a column its table does not declare.
+    """
     launches = list(launches)
+    mems = [sampler_frame(d.memory) for d in launches if not d.memory.empty]
     tables = {
         "requests": pd.DataFrame([r for d in launches for r in d.requests]),
         "stages": pd.DataFrame([r for d in launches for r in d.stages]),
         "steps": pd.DataFrame([r for d in launches for r in d.steps]),
-        "memory": pd.concat([d.memory for d in launches if not d.memory.empty], ignore_index=True)
-        if any(not d.memory.empty for d in launches) else pd.DataFrame(),
+        "memory": pd.concat(mems, ignore_index=True) if mems else pd.DataFrame(),
         "launches": pd.DataFrame([d.launch_row for d in launches]),
     }
-    for name, df in tables.items():
-        for col in df.columns:
-            if df[col].dtype == object:
-                # mixed None/str/float columns must be one type for parquet
-                if df[col].map(lambda v: isinstance(v, str) or v is None or (isinstance(v, float) and np.isnan(v))).all():
-                    df[col] = df[col].astype("string")
-                else:
-                    df[col] = df[col].map(lambda v: None if v is None else str(v)).astype("string")
+    tables = {name: conform(name, df) for name, df in tables.items()}
     meta = environment_meta()
     meta.update({"params": params, "commands": {d.label: d.command for d in launches},
                  "caps": [c.to_dict() if c is not None else None for c in (caps or [])]})
@@ -308,12 +312,14 @@ def reuse_launch(bundle: Any, spec: EngineSpec, request: VideoRequestSpec, n_req
     if (mine or None) != (theirs or None):
         return None
     req = bundle.requests
-    if req.empty or int((req["index"] >= 0).sum()) < n_requests:
+    measured = (req["index"] != WARMUP_INDEX).fillna(False) if not req.empty else None
+    if req.empty or int(measured.sum()) < n_requests:
         return None
     src = launches.iloc[0]["launch"]
-    keep = req[(req["launch"] == src) & (req["index"] < n_requests)]
+    keep = req[((req["launch"] == src) & (req["index"] < n_requests)).fillna(False).to_numpy(bool)]
     ids = set(keep["request_id"].astype(str))
-    if len(keep[keep["index"] >= 0]) < n_requests or (keep[keep["index"] >= 0]["status"] != "completed").any():
+    kept = keep[(keep["index"] != WARMUP_INDEX).fillna(False).to_numpy(bool)]
+    if len(kept) < n_requests or (kept["status"] != "completed").fillna(True).any():
         return None
 
     def rows(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -321,7 +327,7 @@ def reuse_launch(bundle: Any, spec: EngineSpec, request: VideoRequestSpec, n_req
             return []
         sel = df[df["request_id"].astype(str).isin(ids)].copy()
         sel["launch"] = label
-        return [{k: (None if v is pd.NA else v) for k, v in r.items()} for r in sel.to_dict("records")]
+        return table_rows(sel)
 
     data = LaunchData(label=label)
     data.requests = rows(req)
@@ -329,11 +335,11 @@ def reuse_launch(bundle: Any, spec: EngineSpec, request: VideoRequestSpec, n_req
     data.steps = rows(bundle.steps)
     mem = bundle.memory
     if not mem.empty:
-        t_end = float(pd.to_numeric(keep["t_end"], errors="coerce").max()) + 0.5
-        mem = mem[(mem["launch"] == src) & (mem["t"] <= t_end)].copy()
+        t_end = float(pd.to_numeric(keep["t_end_s"], errors="coerce").max()) + 0.5
+        mem = mem[((mem["launch"] == src) & (mem["t_s"] <= t_end)).fillna(False).to_numpy(bool)].copy()
         mem["launch"] = label
     data.memory = mem
-    lr = {k: (None if v is pd.NA else v) for k, v in launches.iloc[0].to_dict().items()}
+    lr = table_rows(launches.iloc[:1])[0]
     lr.update({"launch": label, "label": label, "reused_from": f"{bundle.scenario}/{src}"})
     data.launch_row = lr
     data.record_lines = [ln for ln in bundle.records.get(src, []) if any(i in ln for i in ids)]

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from perfkit.bundle import ResultBundle, _gpu_info, cold_request_covered, sub_bundle
+from perfkit.bundle import ResultBundle, _gpu_info, cold_request_covered, sub_bundle, table_rows, upgrade_results
 from perfkit.checks import Check, check_flag
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
@@ -90,7 +90,8 @@ def memory_budget(spec: EngineSpec, caps: list[MemoryCaps | None] | None = None,
     Returns:
         ResultBundle ``memory_budget``; results ``caps`` has one entry per cap: ``label``,
         ``device_cap_gib``, ``host_cap_gib``, ``completed`` (all requests), ``cap_held``,
-        ``enforcement``, ``peak_reserved_mb``/``peak_allocated_mb`` (device, MiB),
+        ``enforcement``, ``peak_reserved_mib``/``peak_allocated_mib`` (device, MiB),
+        ``load_peak_mib`` (device peak reserved during model load, MiB),
         ``host_anon_peak_mib`` (sampler), ``placement``, ``cold_ms``, ``warm_ms``,
         ``warm_degrades``, ``error``; ``min_budget_gib`` when asked (None on CPU).
 
@@ -123,9 +124,9 @@ def memory_budget(spec: EngineSpec, caps: list[MemoryCaps | None] | None = None,
             "label": cap.label, "device_cap_gib": cap.device_gib, "host_cap_gib": cap.host_gib,
             "completed": bool(len(ok) == repeats), "n_completed": int(len(ok)),
             "cap_held": bool(not exceeded and not oom), "enforcement": lr.get("enforcement"),
-            "peak_reserved_mb": json_float(ok["peak_reserved_mb"].max()) if len(ok) else None,
-            "peak_allocated_mb": json_float(ok["peak_allocated_mb"].max()) if len(ok) else None,
-            "load_peak_mb": json_float(lr.get("load_peak_mb")),
+            "peak_reserved_mib": json_float(ok["peak_reserved_mib"].max()) if len(ok) else None,
+            "peak_allocated_mib": json_float(ok["peak_allocated_mib"].max()) if len(ok) else None,
+            "load_peak_mib": json_float(lr.get("load_peak_mib")),
             "host_anon_peak_mib": json_float(host_peak),
             "placement": lr.get("placement"), "error": data.error or (None if len(ok) == repeats else
                                                                       "; ".join(df["error"].dropna().astype(str))),
@@ -225,7 +226,9 @@ def check_bundle(bundle: ResultBundle) -> None:
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
-    """Per budget: cap held, run completed, warm requests not degraded (as the invariants ask)."""
+    """Per budget: cap held, run completed, warm requests not degraded (as the invariants ask).
+    ``r`` may be results.json of any schema version (v1 ``_mb`` keys are read as ``_mib``)."""
+    r = _current(r)
     rows: list[Check] = []
     caps = [c for c in (r.get("caps") or []) if isinstance(c, dict)]
     for key, col, want in (("caps_held", "cap_held", True), ("caps_completed", "completed", True),
@@ -241,10 +244,15 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
         for c in caps:
             detail = (f"device cap {c.get('device_cap_gib')} GiB, host cap {c.get('host_cap_gib')} GiB,"
                       f" enforcement {c.get('enforcement')}, peak reserved "
-                      f"{c.get('peak_reserved_mb')} MiB, host anon peak "
+                      f"{c.get('peak_reserved_mib')} MiB, host anon peak "
                       f"{c.get('host_anon_peak_mib')} MiB, placement {c.get('placement')}")
             rows.append(check_flag(NAME, f"{col}[{c.get('label')}]", c.get(col), want, detail))
     return rows
+
+
+def _current(r: Mapping[str, Any]) -> dict[str, Any]:
+    """results with the current keys (a results.json of schema 1 has ``*_mb`` caps keys)."""
+    return upgrade_results(r, int((r or {}).get("schema_version", 1)))
 
 
 def _mib(v: Any) -> str:
@@ -253,11 +261,13 @@ def _mib(v: Any) -> str:
 
 
 def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
-    """Per budget: completed, held, peak reserved; the minimum device budget when searched."""
+    """Per budget: completed, held, peak reserved (MiB); the minimum device budget (GiB) when
+    searched. ``r`` may be results.json of any schema version."""
+    r = _current(r)
     out = [KeyNumber(f"cap {c.get('label')}",
                      ("completed" if c.get("completed") else "did not complete")
                      + ", " + ("held" if c.get("cap_held") else "not held")
-                     + f", peak reserved {_mib(c.get('peak_reserved_mb'))}")
+                     + f", peak reserved {_mib(c.get('peak_reserved_mib'))}")
            for c in r.get("caps") or []]
     if r.get("min_budget_gib") is not None:
         out.append(KeyNumber("minimum device budget", json_float(r["min_budget_gib"]), "GiB", ".1f"))
@@ -265,13 +275,14 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
 
 
 SUMMARY_COLUMNS = ["label", "device_cap_gib", "host_cap_gib", "completed", "cap_held", "enforcement",
-                   "peak_reserved_mb", "host_anon_peak_mib", "placement", "cold_ms", "warm_ms",
+                   "peak_reserved_mib", "host_anon_peak_mib", "placement", "cold_ms", "warm_ms",
                    "warm_degrades", "error"]
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per budget with :data:`SUMMARY_COLUMNS` that exist."""
-    df = pd.DataFrame(r.get("caps") or [])
+    """One row per budget with :data:`SUMMARY_COLUMNS` that exist (memory in MiB, caps in GiB,
+    times in ms)."""
+    df = pd.DataFrame(_current(r).get("caps") or [])
     if df.empty:
         return df
     keep = [c for c in SUMMARY_COLUMNS if c in df.columns]
@@ -281,14 +292,15 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def reading(r: Mapping[str, Any]) -> str:
-    """One line per budget, then the minimum device budget."""
+    """One line per budget (memory in MiB), then the minimum device budget (GiB)."""
+    r = _current(r)
     out = []
     for c in r.get("caps") or []:
         out.append(f"- **{c.get('label')}**: "
                    + ("completed" if c.get("completed") else "**did not complete**")
                    + ", cap " + ("held" if c.get("cap_held") else "**not held**")
                    + f" (enforcement {c.get('enforcement')}); peak reserved "
-                   f"{_mib(c.get('peak_reserved_mb'))}, host anon peak "
+                   f"{_mib(c.get('peak_reserved_mib'))}, host anon peak "
                    f"{_mib(c.get('host_anon_peak_mib'))}, placement {c.get('placement') or '–'}"
                    + ("; warm requests degrade" if c.get("warm_degrades") else "") + ".")
     mb = json_float(r.get("min_budget_gib"))
@@ -304,7 +316,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     out: dict[str, ResultBundle] = {}
     if bundle.requests.empty:
         return out
-    rows = (bundle.launches.to_dict("records") if not bundle.launches.empty
+    rows = (table_rows(bundle.launches) if not bundle.launches.empty
             else [{"launch": None, "label": "unlimited"}])
     for row in rows:
         la = row.get("launch")

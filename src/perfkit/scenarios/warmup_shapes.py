@@ -18,7 +18,7 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from perfkit import stats
-from perfkit.bundle import ResultBundle, sub_bundle
+from perfkit.bundle import WARMUP_INDEX, ResultBundle, sub_bundle, table_rows
 from perfkit.checks import Check, check_max, number
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
@@ -109,7 +109,7 @@ def warmup_shapes(spec: EngineSpec, warmup_frames: list[int] = (17, 25), request
             data = measure_launch(s, reqs, Path(run_dir), f"warmup{w}", sample_interval_s=sample_interval_s)
         launches.append(data)
         df = pd.DataFrame(data.requests)
-        warm_rec = df[df["index"] < 0] if not df.empty else df
+        warm_rec = df[df["index"] == WARMUP_INDEX] if not df.empty else df
         warm_shape = warm_rec["latent_shape"].iloc[0] if not warm_rec.empty else None
         stages = pd.DataFrame(data.stages)
         for j, f in enumerate(request_frames):
@@ -161,10 +161,9 @@ def run(ctx: RunContext, p: WarmupShapesParams) -> ResultBundle:
 def _first_request_error(bundle: ResultBundle) -> str | None:
     """The first measured request's error text (e.g. the engine's HTTP 400 message), if any."""
     req = bundle.requests
-    if req.empty or "error" not in req:
+    if req.empty:
         return None
-    if "index" in req:
-        req = req[req["index"] >= 0].sort_values("index", kind="stable")
+    req = req[(req["index"] != WARMUP_INDEX).fillna(False).to_numpy(bool)].sort_values("index", kind="stable")
     errs = [str(e) for e in req["error"] if isinstance(e, str) and e.strip()]
     return errs[0] if errs else None
 
@@ -279,14 +278,14 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
         return out
     covered = {(c.get("warmup_frames"), c.get("request_frames")): c.get("covered")
                for c in (bundle.results or {}).get("coverage") or []}
-    rows = bundle.launches.to_dict("records") if not bundle.launches.empty else [{"launch": None}]
+    rows = table_rows(bundle.launches) if not bundle.launches.empty else [{"launch": None}]
     for row in rows:
         la = row.get("launch")
         w = number(row.get("warmup_frames"))
         w = int(w) if w is not None else None
-        sel = req if la is None or "launch" not in req else req[req["launch"] == la]
-        sel = sel[sel["index"] != -1] if "index" in sel else sel
-        frames = sorted({int(f) for f in sel.get("num_frames", pd.Series(dtype=float)).dropna()})
+        sel = req if la is None else req[(req["launch"] == la).fillna(False).to_numpy(bool)]
+        sel = sel[(sel["index"] != WARMUP_INDEX).fillna(False).to_numpy(bool)]
+        frames = sorted({int(f) for f in sel["num_frames"].dropna()})
         for f in frames:
             if covered.get((w, f)) is False:
                 continue

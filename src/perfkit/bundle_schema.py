@@ -1,0 +1,314 @@
+"""The declared tables of a :class:`perfkit.bundle.ResultBundle`: every column once, with its
+pandas dtype, its unit and one line of doc; the version of the bundle files; the upgrade of
+older bundles.
+
+Rules (checked by ``tests/test_bundle_schema.py``):
+
+- every column's unit is one of :data:`UNITS`;
+- perfkit's own column names end in ``_ms`` / ``_s`` / ``_mib`` / ``_gib`` exactly when their
+  unit is ms / s / MiB / GiB (the name's last ``_``-separated word; a column named only by its
+  unit, ``ms``, counts). sglang's own files (``performance.log`` records, baseline JSON) keep
+  sglang's ``_mb`` keys, which are MiB; they are not tables;
+- a startup warmup request is marked one way: ``index == WARMUP_INDEX`` (-1) in requests, stages
+  and steps. The raw records keep sglang's ``"tag": "warmup"``; the tables carry no tag.
+
+Versions (:data:`SCHEMA_VERSION`, written to meta.json and results.json):
+
+- 1: MiB columns named ``*_mb``; epoch times ``t``/``t_start``/``t_end``; a ``tag`` column
+  (``"warmup"``) besides ``index == -1``; memory ``gpu_util_pct`` (0-100); results.json
+  unversioned, memory_budget caps entries with ``peak_reserved_mb``/``peak_allocated_mb``/
+  ``load_peak_mb``.
+- 2: the declarations below. :func:`upgrade_table` / :func:`upgrade_results` turn version 1
+  into version 2 in memory (files on disk are never rewritten).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+#: version of the bundle files this perfkit writes (meta.json and results.json)
+SCHEMA_VERSION = 2
+
+#: ``index`` of a startup warmup request (requests, stages, steps); measured requests have
+#: index >= 0 (0 = the cold request of a launch)
+WARMUP_INDEX = -1
+
+#: allowed units of a column
+UNITS = frozenset({"ms", "s", "MiB", "GiB", "count", "bool", "text", "id", "index", "frames",
+                   "px", "fraction", "json"})
+
+#: unit -> the last ``_``-separated word of a column with that unit (and only of those)
+UNIT_SUFFIX = {"ms": "ms", "s": "s", "MiB": "mib", "GiB": "gib"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One declared column.
+
+    Attributes:
+        name: column name.
+        dtype: pandas dtype string (``"float64"``, ``"Int64"``, ``"string"``, ``"boolean"``).
+        unit: one of :data:`UNITS`.
+        doc: one line: what the value is.
+    """
+
+    name: str
+    dtype: str
+    unit: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class Table:
+    """One declared table: a name, a line of doc and its columns (in file order)."""
+
+    name: str
+    doc: str
+    columns: tuple[Column, ...]
+
+    @property
+    def names(self) -> list[str]:
+        """Column names, in order."""
+        return [c.name for c in self.columns]
+
+    def column(self, name: str) -> Column:
+        """The declared column ``name``. Raises KeyError when undeclared."""
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(f"table {self.name!r} declares no column {name!r}")
+
+
+def _c(name: str, dtype: str, unit: str, doc: str) -> Column:
+    return Column(name, dtype, unit, doc)
+
+
+_WARMUP_DOC = f"request index in its launch: 0 = cold request, >= 1 warm, {WARMUP_INDEX} = startup warmup"
+_KEY = (
+    _c("launch", "string", "id", "launch label (unique in the bundle)"),
+    _c("request_id", "string", "id", "request id (joins requests, stages, steps and records)"),
+    _c("index", "Int64", "index", _WARMUP_DOC),
+)
+
+TABLES: dict[str, Table] = {t.name: t for t in (
+    Table("requests", "one row per request (startup warmup included, index -1)", _KEY + (
+        _c("status", "string", "text", "completed, failed, rejected, timeout, ..."),
+        _c("error", "string", "text", "why the request failed (engine or client message)"),
+        _c("num_frames", "Int64", "frames", "frames requested"),
+        _c("effective_num_frames", "Int64", "frames", "frames generated (aligned to 8k+1)"),
+        _c("latent_frames", "Int64", "frames", "latent frames ((num_frames - 1) // 8 + 1)"),
+        _c("latent_shape", "string", "text", "latent tensor shape, 'AxBxCxD'"),
+        _c("height", "Int64", "px", "output height"),
+        _c("width", "Int64", "px", "output width"),
+        _c("steps", "Int64", "count", "denoising steps requested"),
+        _c("client_ms", "float64", "ms", "latency seen by the client (submit to result)"),
+        _c("e2e_ms", "float64", "ms", "server end-to-end time (record total_duration_ms)"),
+        _c("compiles", "Int64", "count", "torch.compile compilations during the request"),
+        _c("compile_ms", "float64", "ms", "time spent compiling during the request"),
+        _c("recompile_reasons", "string", "text", "recompilation reasons, '; '-joined"),
+        _c("recompile_limit_hit", "boolean", "bool", "torch.compile's recompile limit was hit"),
+        _c("peak_allocated_mib", "float64", "MiB", "device peak allocated during the request"),
+        _c("peak_reserved_mib", "float64", "MiB", "device peak reserved during the request"),
+        _c("reserved_mib", "float64", "MiB", "device reserved at the request's runtime peak"),
+        _c("host_rss_mib", "float64", "MiB", "host RSS of the engine after the request"),
+        _c("host_anon_mib", "float64", "MiB", "host anonymous RSS of the engine after the request"),
+        _c("placement", "string", "text", "where the weights lived (device, group_offload, ...)"),
+        _c("t_start_s", "float64", "s", "request start, epoch seconds"),
+        _c("t_end_s", "float64", "s", "request end, epoch seconds"),
+    )),
+    Table("stages", "one row per (request, stage)", _KEY + (
+        _c("stage", "string", "text", "stage name (sglang's: DenoisingStage, DecodingStage, ...)"),
+        _c("ms", "float64", "ms", "stage execution time"),
+        _c("peak_allocated_mib", "float64", "MiB", "device peak allocated during the stage"),
+        _c("t_start_s", "float64", "s", "stage start, epoch seconds"),
+        _c("t_end_s", "float64", "s", "stage end, epoch seconds"),
+    )),
+    Table("steps", "one row per (request, denoising or refinement step)", _KEY + (
+        _c("stage", "string", "text", "stage the step belongs to (DenoisingStage, RefinementStage)"),
+        _c("step", "Int64", "index", "step index within the stage, from 0"),
+        _c("ms", "float64", "ms", "step time"),
+    )),
+    Table("memory", "memory timeline samples of each launch", (
+        _c("launch", "string", "id", "launch label"),
+        _c("t_s", "float64", "s", "sample time, epoch seconds"),
+        _c("device_used_mib", "float64", "MiB", "engine device memory in use (NaN without NVML)"),
+        _c("host_rss_mib", "float64", "MiB", "host RSS of the engine process tree"),
+        _c("host_anon_mib", "float64", "MiB", "host anonymous RSS of the engine process tree"),
+        _c("gpu_util_fraction", "float64", "fraction", "NVML GPU utilisation, 0..1 (NaN without NVML)"),
+    )),
+    Table("launches", "one row per engine launch (cold start and its parts)", (
+        _c("launch", "string", "id", "launch label (unique in the bundle)"),
+        _c("label", "string", "id", "launch label as given to the launcher"),
+        _c("ready_s", "float64", "s", "cold start: launch until ready"),
+        _c("process_start_s", "float64", "s", "cold start part: until the process ran"),
+        _c("models_loaded_s", "float64", "s", "cold start part: until the models were loaded"),
+        _c("warmup_s", "float64", "s", "cold start part: the startup warmup"),
+        _c("warmup_frames", "Int64", "frames", "startup warmup num_frames (0: none)"),
+        _c("warmup_latent_shape", "string", "text", "latent shape the startup warmup ran"),
+        _c("device_cap_gib", "float64", "GiB", "device memory cap (NaN: none)"),
+        _c("host_cap_gib", "float64", "GiB", "host memory cap (NaN: none)"),
+        _c("cap_label", "string", "text", "the memory budget's label (memory_budget)"),
+        _c("enforcement", "string", "text", "how the caps were enforced (none, cgroup, watchdog, ...)"),
+        _c("cap_exceeded", "boolean", "bool", "a host cap was exceeded (the engine was stopped)"),
+        _c("command", "string", "text", "engine argv, space-joined (secrets redacted)"),
+        _c("exit_code", "Int64", "id", "engine exit code (NA: still running at teardown)"),
+        _c("error", "string", "text", "why the launch failed, if it did"),
+        _c("load_peak_mib", "float64", "MiB", "device peak reserved during model load"),
+        _c("load_peak_allocated_mib", "float64", "MiB", "device peak allocated during model load"),
+        _c("warmup_peak_mib", "float64", "MiB", "device peak reserved during the startup warmup"),
+        _c("placement", "string", "text", "where the weights lived (device, group_offload, ...)"),
+        _c("reused_from", "string", "text", "'<scenario>/<launch>' whose session this launch reuses"),
+    )),
+)}
+
+#: table names, in file order
+TABLE_NAMES = tuple(TABLES)
+
+# --------------------------------------------------------------------------- version 1
+#: table -> {version 1 column: version 2 column}
+V1_COLUMN_RENAMES: dict[str, dict[str, str]] = {
+    "requests": {"peak_allocated_mb": "peak_allocated_mib", "peak_reserved_mb": "peak_reserved_mib",
+                 "reserved_mb": "reserved_mib", "t_start": "t_start_s", "t_end": "t_end_s"},
+    "stages": {"peak_allocated_mb": "peak_allocated_mib", "t_start": "t_start_s", "t_end": "t_end_s"},
+    "steps": {},
+    "memory": {"t": "t_s"},
+    "launches": {"load_peak_mb": "load_peak_mib", "load_peak_allocated_mb": "load_peak_allocated_mib",
+                 "warmup_peak_mb": "warmup_peak_mib"},
+}
+#: results.json: list key -> {version 1 key of its entries: version 2 key}
+V1_RESULTS_ENTRY_RENAMES: dict[str, dict[str, str]] = {
+    "caps": {"peak_reserved_mb": "peak_reserved_mib", "peak_allocated_mb": "peak_allocated_mib",
+             "load_peak_mb": "load_peak_mib"},
+}
+_V1_WARMUP_TAG = "warmup"
+
+
+def unit_of_suffix(name: str) -> str | None:
+    """The unit a column name claims by its last ``_``-separated word (``"e2e_ms"`` -> ``"ms"``,
+    ``"ms"`` -> ``"ms"``, ``"host_cap_gib"`` -> ``"GiB"``), or None."""
+    last = name.rsplit("_", 1)[-1]
+    for unit, suffix in UNIT_SUFFIX.items():
+        if last == suffix:
+            return unit
+    return None
+
+
+def sampler_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """A :class:`perfkit.readings.sampler.MemorySampler` frame (``t``, ``gpu_util_pct``) in the
+    memory table's columns (``t_s``, ``gpu_util_fraction`` = pct / 100). Frames already in
+    the table's columns pass unchanged."""
+    df = frame.rename(columns=V1_COLUMN_RENAMES["memory"])
+    if "gpu_util_pct" in df.columns:
+        df = df.assign(gpu_util_fraction=pd.to_numeric(df["gpu_util_pct"], errors="coerce") / 100.0)
+        df = df.drop(columns=["gpu_util_pct"])
+    return df
+
+
+def upgrade_table(name: str, df: pd.DataFrame, version: int) -> pd.DataFrame:
+    """``df`` of table ``name`` written by schema ``version``, in the current columns.
+
+    Version 1: columns renamed (:data:`V1_COLUMN_RENAMES`), ``gpu_util_pct`` -> fraction, and the
+    ``tag`` column folded into ``index`` (a row tagged ``warmup`` gets :data:`WARMUP_INDEX`) and
+    dropped. Values are otherwise unchanged (MiB stay MiB, seconds stay seconds).
+    """
+    if version >= SCHEMA_VERSION or df is None:
+        return df
+    out = df.rename(columns=V1_COLUMN_RENAMES.get(name, {}))
+    if name == "memory":
+        out = sampler_frame(out)
+    if "tag" in out.columns and name in ("requests", "stages", "steps"):
+        warm = out["tag"].astype("string").str.lower() == _V1_WARMUP_TAG
+        if "index" in out.columns and warm.fillna(False).any():
+            out = out.copy()
+            out.loc[warm.fillna(False).to_numpy(bool), "index"] = WARMUP_INDEX
+        out = out.drop(columns=["tag"])
+    return out
+
+
+def upgrade_results(results: Mapping[str, Any], version: int = 1) -> dict[str, Any]:
+    """results.json written by schema ``version``, with the current keys (a new dict).
+
+    Version 1: entries of ``caps`` (memory_budget) get ``peak_reserved_mib``,
+    ``peak_allocated_mib`` and ``load_peak_mib`` for the ``_mb`` keys (values in MiB, unchanged).
+    Idempotent: already current keys pass unchanged; ``schema_version`` is dropped.
+    """
+    out = {k: v for k, v in dict(results or {}).items() if k != "schema_version"}
+    if version >= SCHEMA_VERSION:
+        return out
+    for key, renames in V1_RESULTS_ENTRY_RENAMES.items():
+        entries = out.get(key)
+        if isinstance(entries, list):
+            out[key] = [{renames.get(k, k): v for k, v in e.items()} if isinstance(e, dict) else e
+                        for e in entries]
+    return out
+
+
+def _cast(s: pd.Series, dtype: str) -> pd.Series:
+    if str(s.dtype) == dtype:
+        return s
+    if dtype == "string":
+        return s.map(lambda v: None if _missing(v) else str(v)).astype("string")
+    if dtype == "boolean":
+        return s.map(lambda v: pd.NA if _missing(v) else bool(v)).astype("boolean")
+    if dtype in ("Int64", "int64", "float64"):
+        num = pd.to_numeric(s, errors="coerce")
+        if dtype == "float64":
+            return num.astype("float64")
+        # integers that came as floats (NaN-padded) or strings
+        return num.round().astype("Int64") if num.dtype.kind == "f" else num.astype(dtype)
+    return s.astype(dtype)
+
+
+def _missing(v: Any) -> bool:
+    if v is None or v is pd.NA:
+        return True
+    if isinstance(v, (float, np.floating)):
+        return math.isnan(v)
+    return False
+
+
+def conform(name: str, df: pd.DataFrame | None) -> pd.DataFrame:
+    """``df`` as table ``name`` declares it: every declared column, in declared order, cast to
+    its dtype; a missing column is added all-NA.
+
+    Raises:
+        KeyError: ``name`` is not a declared table.
+        ValueError: ``df`` has a column the table does not declare (the message names the table
+            and the column).
+    """
+    table = TABLES[name]
+    df = pd.DataFrame() if df is None else df
+    extra = [c for c in df.columns if c not in table.names]
+    if extra:
+        raise ValueError(f"table {name!r}: undeclared column(s) {', '.join(map(repr, extra))} "
+                         f"(declare them in perfkit.bundle_schema.TABLES[{name!r}])")
+    n = len(df)
+    cols = {}
+    for c in table.columns:
+        if c.name in df.columns:
+            cols[c.name] = _cast(df[c.name].reset_index(drop=True), c.dtype)
+        else:
+            cols[c.name] = pd.Series([pd.NA] * n if c.dtype in ("string", "boolean", "Int64")
+                                     else [np.nan] * n, dtype=c.dtype)
+    out = pd.DataFrame(cols, columns=table.names)
+    out.index = df.index if n else out.index
+    return out
+
+
+def empty(name: str) -> pd.DataFrame:
+    """An empty frame with table ``name``'s declared columns and dtypes."""
+    return conform(name, None)
+
+
+def markdown() -> str:
+    """Every table and column as Markdown (name, dtype, unit, doc) for docs."""
+    lines = []
+    for t in TABLES.values():
+        lines += [f"### {t.name}", "", t.doc, "", "| column | dtype | unit | doc |", "|---|---|---|---|"]
+        lines += [f"| {c.name} | {c.dtype} | {c.unit} | {c.doc} |" for c in t.columns]
+        lines.append("")
+    return "\n".join(lines)
