@@ -134,6 +134,9 @@ MEMORY_METRICS: dict[str, tuple[str, float]] = {
     "load_peak_allocated_mb": ("load_peak_allocated", VRAM_PAD_MB),
     "runtime_peak_allocated_mb": ("runtime_peak_allocated", VRAM_PAD_MB),
 }
+#: sglang's per-frame time stage key: null in its baselines when not measured; skipped for
+#: video cases by its check (``_validate_stages``).
+PER_FRAME_METRIC = "stages_ms.per_frame_generation"
 #: Tolerance keys that may be absent from a profile without it being an error.
 OPTIONAL_TOLERANCES = {"load", "warmup_peak_vram", "load_peak_allocated", "runtime_peak_allocated"}
 #: Top-level per-case maps some sglang files carry (case id -> MiB).
@@ -178,34 +181,43 @@ def _validate(doc: Any, source: str) -> None:
                 *TOP_LEVEL_CASE_MAPS):
         if key in doc and not isinstance(doc[key], dict):
             raise bad(key, f"is {type(doc[key]).__name__}, expected an object")
+    def number(where: str, v: Any, nullable: bool = True) -> None:
+        # JSON null is "not measured" (sglang writes it, e.g. stages_ms.per_frame_generation of
+        # video cases); anything but a finite, non-negative number is an error, never 0.
+        if v is None and nullable:
+            return
+        problem = _number_problem(v)
+        if problem:
+            raise bad(where, f"{v!r} {problem}")
+
     for prof, tols in (doc.get("tolerances") or {}).items():
         if not isinstance(tols, dict):
             raise bad(f"tolerances.{prof}", "expected an object")
         for k, v in tols.items():
-            if not _is_number(v):
-                raise bad(f"tolerances.{prof}.{k}", f"{v!r} is not a number")
+            number(f"tolerances.{prof}.{k}", v, nullable=False)
     fr = (doc.get("sampling") or {}).get("step_fractions")
-    if fr is not None and (not isinstance(fr, list) or not all(_is_number(x) for x in fr)):
-        raise bad("sampling.step_fractions", "expected a list of numbers")
+    if fr is not None:
+        if not isinstance(fr, list):
+            raise bad("sampling.step_fractions", "expected a list of numbers")
+        for i, x in enumerate(fr):
+            number(f"sampling.step_fractions[{i}]", x, nullable=False)
     for case, entry in (doc.get("scenarios") or {}).items():
         if not isinstance(entry, dict):
             raise bad(f"scenarios.{case}", "expected an object")
         for mkey in ("stages_ms", "denoise_step_ms"):
-            m = entry.get(mkey)
-            if m is None:
+            if mkey not in entry:
                 continue
+            m = entry[mkey]
             if not isinstance(m, dict):
-                raise bad(f"scenarios.{case}.{mkey}", "expected an object")
+                raise bad(f"scenarios.{case}.{mkey}", f"{m!r} is not an object")
             for k, v in m.items():
-                if not _is_number(v):
-                    raise bad(f"scenarios.{case}.{mkey}.{k}", f"{v!r} is not a number")
+                number(f"scenarios.{case}.{mkey}.{k}", v)
         for mkey in (*SCALAR_TIMING_METRICS, *MEMORY_METRICS, "estimated_full_test_time_s"):
-            if mkey in entry and entry[mkey] is not None and not _is_number(entry[mkey]):
-                raise bad(f"scenarios.{case}.{mkey}", f"{entry[mkey]!r} is not a number")
+            if mkey in entry:
+                number(f"scenarios.{case}.{mkey}", entry[mkey])
     for key in TOP_LEVEL_CASE_MAPS:
         for case, v in (doc.get(key) or {}).items():
-            if not _is_number(v):
-                raise bad(f"{key}.{case}", f"{v!r} is not a number")
+            number(f"{key}.{case}", v)
 
 
 def loads_baseline(text: str, source: str = "<string>") -> dict[str, Any]:
@@ -318,6 +330,17 @@ def _classifier(stage_classes: StageClassifier | Mapping[str, str] | None) -> St
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _number_problem(v: Any) -> str | None:
+    """Why ``v`` is not a metric value (a finite, non-negative JSON number), or None."""
+    if not _is_number(v):
+        return f"({type(v).__name__}) is not a number"
+    if math.isnan(v) or math.isinf(v):
+        return "is not a finite number"
+    if v < 0:
+        return "is negative"
+    return None
 
 
 def _num(v: Any) -> float | None:
@@ -533,6 +556,58 @@ def baseline_from_bundles(cases: Mapping[str, ResultBundle] | Iterable[tuple[str
     return doc
 
 
+def entry_from_records(records: Iterable[Any], step_fractions: Iterable[float] | None = None
+                       ) -> dict[str, Any]:
+    """One scenario entry (sglang layout) from per-request records
+    (:class:`perfkit.readings.records.PerfRecord`, e.g. a performance.log's lines or a perf
+    dump's :meth:`~perfkit.readings.perfdump.PerfDump.to_record`), the worst request kept as
+    sglang's baseline dump does (``test_server_utils.py``): ``stages_ms``, ``denoise_step_ms``
+    at ``step_fractions``, ``expected_e2e_ms`` (``total_duration_ms``),
+    ``expected_avg_denoise_ms`` / ``expected_median_denoise_ms`` and, when the records carry a
+    ``runtime_peak`` snapshot, ``runtime_peak_vram_mb`` / ``runtime_peak_allocated_mb``.
+
+    A value that no record measured (null everywhere) is written as None, never as 0; a step
+    list with a null is left out of the averages (it cannot be averaged honestly).
+
+    Raises:
+        ValueError: no records.
+    """
+    recs = list(records)
+    if not recs:
+        raise ValueError("no records to derive a baseline entry from")
+    fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
+
+    def worst(vals: Iterable[float | None]) -> float | None:
+        got = [v for v in vals if v is not None]
+        return round(max(got), MS_DECIMALS) if got else None
+
+    names: list[str] = []
+    per_rec = [r.stage_ms() for r in recs]
+    for sm in per_rec:
+        names += [n for n in sm if n not in names]
+    entry: dict[str, Any] = {"stages_ms": {n: worst(sm.get(n) for sm in per_rec) for n in names}}
+    step_ms: dict[int, list[float | None]] = {}
+    avgs: list[float] = []
+    medians: list[float] = []
+    for r in recs:
+        seq = list(r.steps)
+        for i in step_indices(len(seq), fractions):
+            step_ms.setdefault(i, []).append(seq[i])
+        if seq and all(v is not None for v in seq):
+            avgs.append(statistics.fmean(seq))
+            medians.append(statistics.median(seq))
+    entry["denoise_step_ms"] = {str(i): worst(v) for i, v in sorted(step_ms.items())}
+    entry["expected_e2e_ms"] = worst(r.total_duration_ms for r in recs)
+    entry["expected_avg_denoise_ms"] = round(max(avgs), MS_DECIMALS) if avgs else 0.0
+    entry["expected_median_denoise_ms"] = round(max(medians), MS_DECIMALS) if medians else 0.0
+    for key, snap_key in (("runtime_peak_vram_mb", "peak_reserved_mb"),
+                          ("runtime_peak_allocated_mb", "peak_allocated_mb")):
+        vals = [(r.memory_snapshots.get("runtime_peak") or {}).get(snap_key) for r in recs]
+        if any(v is not None for v in vals):
+            entry[key] = worst(vals)
+    return entry
+
+
 # ---------------------------------------------------------------------------------------------
 # Verdicts
 # ---------------------------------------------------------------------------------------------
@@ -568,14 +643,30 @@ def _metric_rule(metric: str, tols: Mapping[str, float], classify: StageClassifi
     return None, DEFAULT_PAD_MS, "unknown"
 
 
-def _flatten(entry: Mapping[str, Any]) -> dict[str, float | None]:
+def _metric_value(v: Any, where: str) -> float | None:
+    """A metric as written: None for JSON null ("not measured"), else a finite, non-negative
+    number; anything else raises :class:`BaselineError` naming ``where`` (never read as 0)."""
+    if v is None:
+        return None
+    problem = _number_problem(v)
+    if problem:
+        raise BaselineError(f"{where}: {v!r} {problem}")
+    return float(v)
+
+
+def _flatten(entry: Mapping[str, Any], where: str = "<entry>") -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for k in ("stages_ms", "denoise_step_ms"):
-        for name, v in (entry.get(k) or {}).items():
-            out[f"{k}.{name}"] = _num(v)
+        m = entry.get(k)
+        if m is None:
+            continue
+        if not isinstance(m, Mapping):
+            raise BaselineError(f"{where}.{k}: {m!r} is not an object")
+        for name, v in m.items():
+            out[f"{k}.{name}"] = _metric_value(v, f"{where}.{k}.{name}")
     for k in (*SCALAR_TIMING_METRICS, *MEMORY_METRICS):
         if k in entry:
-            out[k] = _num(entry[k])
+            out[k] = _metric_value(entry[k], f"{where}.{k}")
     return out
 
 
@@ -585,9 +676,10 @@ def _expected_metrics(baseline: Mapping[str, Any], case: str) -> dict[str, float
            if isinstance(baseline.get(k), dict) and case in baseline[k]}
     if entry is None and not top:
         return None
-    flat = _flatten(entry or {})
+    flat = _flatten(entry or {}, f"baseline scenarios.{case}")
     for k, v in top.items():
-        flat.setdefault(k, _num(v))  # a value inside the scenario entry wins
+        # a value inside the scenario entry wins
+        flat.setdefault(k, _metric_value(v, f"baseline {k}.{case}"))
     return flat
 
 
@@ -619,12 +711,22 @@ def compare(run: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any],
             ``improvement_reporting.threshold`` (0.2).
 
     Returns:
-        Verdict rows: ``fail`` when over the bound or missing from the run; ``improved`` (a pass)
-        when faster than ``expected * (1 - threshold)``, with a snippet to paste; ``skipped`` when
-        the profile has no tolerance for an optional metric (``load``, allocated/warmup peaks).
+        Verdict rows: ``fail`` when over the bound or missing from the run (or null in the run);
+        ``improved`` (a pass) when faster than ``expected * (1 - threshold)``, with a snippet to
+        paste; ``skipped`` when the profile has no tolerance for an optional metric (``load``,
+        allocated/warmup peaks), when the baseline value is null ("not measured in the
+        baseline"), and for ``stages_ms.per_frame_generation`` of video cases.
+
+    Null values follow sglang's own check (``_validate_stages`` in
+    ``multimodal_gen/test/server/test_server_utils.py``): ``per_frame_generation`` is skipped
+    for video cases; otherwise it is a stage like the others, the run's average frame time
+    (e2e / frames) checked with the non-denoise tolerance. Its baseline dump writes null there
+    when no frame time was measured; perfkit reads such a null as "not measured", never as 0.
 
     Raises:
         KeyError: when ``profile`` is not in the baseline's tolerances.
+        BaselineError: a value in ``run`` or ``baseline`` that is not a number or null (the
+            message names the case and the key).
     """
     all_tols = baseline.get("tolerances") or {}
     if profile not in all_tols:
@@ -637,7 +739,7 @@ def compare(run: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any],
     rows: list[Check] = []
     for case, entry in run.items():
         expected = _expected_metrics(baseline, case)
-        actual = _flatten(entry)
+        actual = _flatten(entry, f"run {case}")
         if expected is None:
             status = "fail" if strict else "new"
             rows.append(Check(case, "*", None, None, None, status,
@@ -648,7 +750,11 @@ def compare(run: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any],
             tol, pad, rule = _metric_rule(metric, tols, classify, video)
             if exp is None:
                 rows.append(Check(case, metric, None, act, None, "skipped",
-                                    "baseline value is null"))
+                                  "not measured in the baseline (null)"))
+                continue
+            if metric == PER_FRAME_METRIC and video:
+                rows.append(Check(case, metric, exp, act, None, "skipped",
+                                  "sglang skips per_frame_generation for video cases"))
                 continue
             if tol is None:
                 known_optional = rule in OPTIONAL_TOLERANCES
@@ -659,7 +765,8 @@ def compare(run: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any],
                 continue
             b = bound(exp, tol, pad)
             if act is None:
-                rows.append(Check(case, metric, exp, None, b, "fail", "missing from run"))
+                why = "not measured in the run (null)" if metric in actual else "missing from run"
+                rows.append(Check(case, metric, exp, None, b, "fail", why))
                 continue
             rule_txt = f"{rule}: tol {tol:g}, pad {pad:g}"
             if act > b:
