@@ -1,9 +1,13 @@
-"""The report: one self-contained HTML page per run (jinja2 templates), the Markdown summary,
-matplotlib figures (:mod:`~perfkit.report.plots`) and the notebook display helpers."""
+"""The report: one self-contained HTML page per run (jinja2 templates under ``templates/``),
+the Markdown summary, one table formatter for both (:mod:`~perfkit.report.tables`), matplotlib
+figures (:mod:`~perfkit.report.plots`) and the notebook display helpers."""
 from perfkit.report.render import (  # noqa: F401
+    CHROMIUM_FLAGS,
     chromium_binary,
     external_refs,
+    neutralise_external,
     reading,
+    render_page,
     render_report,
     screenshot,
     show,
@@ -11,3 +15,4 @@ from perfkit.report.render import (  # noqa: F401
     summary_markdown,
     write_summary,
 )
+from perfkit.report.tables import format_table, markdown_table  # noqa: F401

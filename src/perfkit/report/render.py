@@ -8,6 +8,13 @@ bundles; see :mod:`perfkit.suite`) into ``report.html``:
   ``HTMLExporter`` with ``exclude_input``; a failing cell's traceback stays visible);
 - images embedded as base64 ``data:`` URIs, our own small stylesheet inline.
 
+The page is rendered by jinja2 from ``perfkit/report/templates/``: ``page.html.j2`` (the page,
+with ``report.css`` included inline) and one section template per notebook
+(``sections/<scenario>.html.j2``, named by the scenario registry, and
+``sections/baseline_gate.html.j2``), all extending ``sections/_base.html.j2``. Every table goes
+through :func:`perfkit.report.tables.format_table`, which the Markdown summary uses too. No
+Python file of this package writes HTML markup.
+
 The page makes no network request: nbconvert's ``basic`` template is used (no require.js, no
 MathJax, no web fonts), scripts/stylesheets loaded from elsewhere are dropped, and
 :func:`external_refs` checks that no ``src``/``href``/``url()`` points outside the page; any
@@ -19,11 +26,9 @@ that a notebook output carries is made inert (:func:`neutralise_external`).
 """
 from __future__ import annotations
 
-import base64
-import html
+import functools
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -32,9 +37,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+import jinja2
+import markupsafe
 import pandas as pd
 
 from perfkit.gate.verdicts import GATE, STATUS_WORD, collect_verdicts, exit_code_for, notebooks, read_verdict
+from perfkit.report.tables import Table, format_table, markdown_table, status_class
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
@@ -49,12 +57,9 @@ def section_title(name: str) -> str:
 
 
 def section_question(name: str) -> str:
+    """The one-sentence question of a notebook's section (the scenario's, or the gate's).
+    Raises KeyError for a name that is neither registered nor the gate."""
     return GATE_QUESTION if name == GATE else registry.get(name).question
-
-
-STATUS_COLOR = {"pass": "#1a7f37", "ok": "#1a7f37", "fail": "#cf222e", "error": "#cf222e",
-                "regression": "#cf222e", "improved": "#0969da", "new": "#6e7781",
-                "skipped": "#6e7781", "pending": "#6e7781"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,30 +135,27 @@ def _run_info(run_dir: Path) -> dict[str, Any]:
     return {"name": run_dir.name, "notebooks": nbs}
 
 
-def key_numbers(run_dir: Path) -> list[tuple[str, str]]:
-    """(what, value) of every scenario's key numbers, from ``run_dir/<scenario>/results.json``."""
+def _scenario_key_numbers(run_dir: Path, name: str) -> list[registry.KeyNumber]:
+    """The key numbers of scenario ``name`` from ``run_dir/<name>/results.json`` ([] when the
+    file is not there). Raises KeyError (unknown scenario), ValueError (unreadable JSON) or
+    whatever the scenario's ``key_numbers`` raises."""
+    s = registry.get(name)
+    p = run_dir / s.name / "results.json"
+    if not p.exists():
+        return []
+    return list(s.key_numbers(json.loads(p.read_text())))
+
+
+def key_numbers(run_dir: str | Path) -> list[tuple[str, str]]:
+    """(what, value) of every scenario's key numbers, from ``run_dir/<scenario>/results.json``,
+    in registry order. A scenario whose results cannot be read is logged and left out."""
     out: list[tuple[str, str]] = []
     for s in registry.all_scenarios():
-        p = run_dir / s.name / "results.json"
-        if p.exists():
-            out += [(k.label, k.text) for k in s.key_numbers(json.loads(p.read_text()))]
+        try:
+            out += [(k.label, k.text) for k in _scenario_key_numbers(Path(run_dir), s.name)]
+        except Exception as exc:  # noqa: BLE001 - the summary is written in every case
+            log.warning("report: key numbers of %s: %r", s.name, exc)
     return out
-
-
-def _md_cell(v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
-    return str(v).replace("|", "\\|").replace("\n", " ")
-
-
-def _md_table(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for rec in df.itertuples(index=False):
-        lines.append("| " + " | ".join(_md_cell(v) for v in rec) + " |")
-    return "\n".join(lines)
 
 
 def _status_text(n: dict[str, Any]) -> str:
@@ -186,21 +188,21 @@ def summary_markdown(run_dir: str | Path) -> str:
     nbs = info.get("notebooks", [])
     if nbs:
         parts += ["", "### Notebooks", "",
-                  _md_table(pd.DataFrame([{"notebook": n["name"], "status": _status_text(n),
+                  markdown_table(pd.DataFrame([{"notebook": n["name"], "status": _status_text(n),
                                            "wall (s)": n.get("wall_s"),
                                            "error": (n.get("error") or "")[:200]}
                                           for n in nbs]))]
-    gate_doc = read_verdict(run_dir / "baseline_gate") or {}
+    gate_doc = read_verdict(run_dir / GATE) or {}
     if gate_doc.get("warnings"):
         parts += ["", "### Warnings", "", *[f"- {w}" for w in gate_doc["warnings"]]]
     keys = key_numbers(run_dir)
     if keys:
         parts += ["", "### Key numbers", "",
-                  _md_table(pd.DataFrame(keys, columns=["what", "value"]))]
+                  markdown_table(pd.DataFrame(keys, columns=["what", "value"]))]
     if not verdicts.empty:
         shown = verdicts[verdicts["status"] != "skipped"]
         parts += ["", "### Gates", "",
-                  _md_table(shown[["case", "metric", "expected", "actual", "status", "reason"]])]
+                  markdown_table(shown[["case", "metric", "expected", "actual", "status", "reason"]])]
         sk = len(verdicts) - len(shown)
         if sk:
             parts.append(f"\n{sk} rows skipped (not measured here).")
@@ -208,41 +210,43 @@ def summary_markdown(run_dir: str | Path) -> str:
 
 
 def write_summary(run_dir: str | Path) -> str:
+    """Write ``run_dir/summary.md`` (:func:`summary_markdown`) and return its text."""
     text = summary_markdown(run_dir)
     (Path(run_dir) / "summary.md").write_text(text, encoding="utf-8")
     return text
 
 
 # ---------------------------------------------------------------------------------------------
-# HTML
+# HTML (jinja2 templates under perfkit/report/templates/)
 # ---------------------------------------------------------------------------------------------
 
-CSS = """
-body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;color:#1f2328;
- background:#fff;line-height:1.45}
-main{max-width:1100px;margin:0 auto;padding:16px 24px 64px}
-h1{font-size:1.6em;margin:.4em 0} h2{border-bottom:1px solid #d0d7de;padding-bottom:.2em;
- margin-top:1.6em} h3{margin-top:1.2em}
-.badge{display:inline-block;padding:.15em .6em;border-radius:1em;color:#fff;font-weight:600}
-#verdict{font-size:1.3em;margin:.5em 0 1em}
-table{border-collapse:collapse;margin:.5em 0;font-size:.9em}
-th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#f6f8fa} tr:nth-child(even) td{background:#fbfcfd}
-td.st{font-weight:600}
-nav ul{columns:2;padding-left:1.2em}
-pre{background:#f6f8fa;padding:8px;overflow-x:auto;font-size:.85em;white-space:pre-wrap}
-img{max-width:100%;height:auto}
-.nb .jp-OutputArea-output,.nb .output_area{margin:.4em 0}
-.nb .output_error pre{background:#ffebe9}
-.error-box{border:2px solid #cf222e;background:#ffebe9;padding:8px 12px;margin:.6em 0}
-.muted{color:#6e7781}
-.nb h1{font-size:1.5em;border-bottom:2px solid #d0d7de;padding-bottom:.2em;margin-top:2em}
-.nb h2{font-size:1.15em;border:0} .anchor-link{display:none}
-section{margin-top:2.5em}
-.ansi-red-fg{color:#cf222e}.ansi-green-fg{color:#1a7f37}.ansi-yellow-fg{color:#9a6700}
-.ansi-blue-fg{color:#0969da}.ansi-magenta-fg{color:#8250df}.ansi-cyan-fg{color:#1b7c83}
-.ansi-bold{font-weight:bold}
-"""
+#: the page template; it includes ``report.css`` inline and renders each section's HTML
+PAGE_TEMPLATE = "page.html.j2"
+#: the gate notebook's section template (scenario sections come from the registry)
+GATE_TEMPLATE = f"sections/{GATE}.html.j2"
+#: the section of a notebook that is neither registered nor the gate (a run of an older perfkit)
+FALLBACK_SECTION_TEMPLATE = "sections/_base.html.j2"
+
+#: gate rows sort failures first
+_GATE_ORDER = {"fail": 0, "improved": 1, "pass": 2, "new": 3, "skipped": 4}
+_GATE_COLUMNS = ["notebook", "case", "metric", "expected", "actual", "bound", "status", "reason"]
+
+
+@functools.lru_cache(maxsize=1)
+def template_env() -> jinja2.Environment:
+    """The report's jinja2 environment: templates from the ``perfkit.report`` package
+    (``templates/``), HTML autoescaped, plus the ``status_class`` filter
+    (:func:`perfkit.report.tables.status_class`).
+
+    Raises:
+        ValueError: (from jinja2's PackageLoader) if the templates directory is not installed.
+    """
+    env = jinja2.Environment(loader=jinja2.PackageLoader("perfkit.report", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]),
+                             trim_blocks=False, lstrip_blocks=False)
+    env.filters["status_class"] = status_class
+    return env
+
 
 _EXTERNAL = re.compile(
     r"""(?:(?<![\w-])(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//)"""
@@ -250,7 +254,9 @@ _EXTERNAL = re.compile(
 
 
 def external_refs(text: str) -> list[str]:
-    """Snippets of ``text`` that would make a browser fetch something from the network."""
+    """Snippets of ``text`` that would make a browser fetch something from the network
+    (``src=``/``href=``/``action=``/``poster=``/``data=`` to ``//`` or ``http(s)://``, CSS
+    ``url(//…)`` and ``@import``). Empty when the page is self-contained."""
     return [text[max(0, m.start() - 40): m.end() + 60] for m in _EXTERNAL.finditer(text)]
 
 
@@ -267,19 +273,38 @@ def neutralise_external(text: str) -> str:
     return _IMPORT_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", text)
 
 
+_SCRIPT_SRC = re.compile(r"<script[^>]*\bsrc\s*=[^>]*>\s*</script>", re.I)
+_LINK_EXT = re.compile(r"<link[^>]*\bhref\s*=\s*[\"']?(?:https?:)?//[^>]*>", re.I)
+
+
 def _strip_external(body: str) -> str:
     """Drop script/link elements that load from the network (belt and braces)."""
-    body = re.sub(r"<script[^>]*\bsrc\s*=[^>]*>\s*</script>", "", body, flags=re.I)
-    body = re.sub(r"<link[^>]*\bhref\s*=\s*[\"']?(?:https?:)?//[^>]*>", "", body, flags=re.I)
-    return body
+    return _LINK_EXT.sub("", _SCRIPT_SRC.sub("", body))
 
 
-def notebook_body(nb_path: str | Path) -> str:
-    """HTML fragment of an executed notebook: code hidden, outputs (images embedded) kept."""
+def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
+    """HTML fragment of an executed notebook: code hidden, outputs (images embedded) kept.
+
+    Args:
+        nb_path: an executed ``.ipynb``.
+        drop_heading: when the first cell is Markdown starting with ``# <drop_heading>``, it is
+            left out (the report's section already shows the title and the question).
+
+    Returns:
+        nbconvert's ``basic`` HTML (no scripts or stylesheets loaded from the network); stderr
+        stream outputs are dropped, error outputs (tracebacks) kept.
+
+    Raises:
+        OSError, nbformat.ValidationError, ValueError: when the notebook cannot be read.
+    """
     import nbformat
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(str(nb_path), as_version=4)
+    if drop_heading and nb.cells and nb.cells[0].cell_type == "markdown":
+        first = (nb.cells[0].source.strip().splitlines() or [""])[0].strip()
+        if first == f"# {drop_heading}":
+            nb.cells = nb.cells[1:]
     # progress bars and log lines on stderr are for the person at the terminal, not the report
     # (the executed notebook keeps them); errors (tracebacks) stay
     for cell in nb.cells:
@@ -293,23 +318,142 @@ def notebook_body(nb_path: str | Path) -> str:
     return _strip_external(body)
 
 
-def _table_html(df: pd.DataFrame, status_col: str | None = "status") -> str:
-    if df.empty:
-        return "<p class='muted'>none</p>"
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    rows = []
-    for rec in df.to_dict("records"):
-        cells = []
-        for c in df.columns:
-            v = rec[c]
-            txt = _md_cell(v).replace("\\|", "|")
-            if c == status_col and isinstance(v, str):
-                cells.append(f"<td class='st' style='color:{STATUS_COLOR.get(v, '#1f2328')}'>"
-                             f"{html.escape(v)}</td>")
-            else:
-                cells.append(f"<td>{html.escape(txt)}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+def section_template(name: str) -> str:
+    """The section template of notebook ``name``: the scenario's ``template`` (registry), the
+    gate's, or the shared base for a name neither knows (logged)."""
+    if name == GATE:
+        return GATE_TEMPLATE
+    try:
+        return registry.get(name).template
+    except KeyError:
+        log.warning("report: notebook %r is not a registered scenario; plain section", name)
+        return FALLBACK_SECTION_TEMPLATE
+
+
+def _notebook_path(run_dir: Path, n: Mapping[str, Any]) -> Path:
+    name = n["name"]
+    nbp = Path(n.get("output") or run_dir / "notebooks" / f"{name}.ipynb")
+    if not nbp.is_absolute():
+        nbp = run_dir / nbp
+    if not nbp.exists():
+        nbp = run_dir / "notebooks" / f"{name}.ipynb"
+    return nbp
+
+
+def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]:
+    """What a section template gets for one notebook entry ``n`` of ``run.json``.
+
+    Keys: ``name``, ``title``, ``question``, ``status`` (``ok``/``error``/``skipped``/…),
+    ``status_text`` (with the skip reason), ``reason``, ``error``, ``wall_s``, ``keys``
+    (:class:`~perfkit.scenarios.registry.KeyNumber` list), ``keys_error``, ``verdict`` (the
+    notebook's verdict.json without its rows, or {}), ``notebook_path``, ``body`` (notebook
+    HTML, or None) and ``body_error``. Never raises on a broken notebook or results file: the
+    problem is logged and shown in the section.
+    """
+    run_dir = Path(run_dir)
+    name = str(n["name"])
+    status = str(n.get("status") or "")
+    try:
+        title, question = section_title(name), section_question(name)
+    except KeyError:
+        title, question = name, ""
+    keys, keys_error = [], None
+    if name != GATE:
+        try:
+            keys = _scenario_key_numbers(run_dir, name)
+        except Exception as exc:  # noqa: BLE001 - a broken results file must not kill the report
+            log.warning("report: key numbers of %s: %r", name, exc)
+            keys_error = repr(exc)
+    verdict = {k: v for k, v in (read_verdict(run_dir / name) or {}).items() if k != "rows"}
+    nbp = _notebook_path(run_dir, n)
+    body, body_error = None, None
+    if status != "skipped" and nbp.exists():
+        try:
+            body = notebook_body(nbp, drop_heading=title)
+        except Exception as exc:  # noqa: BLE001 - a broken notebook must not kill the report
+            log.warning("report: cannot render %s: %r", nbp, exc)
+            body_error = repr(exc)
+    return {"name": name, "title": title, "question": question, "status": status,
+            "status_text": _status_text(n), "reason": n.get("reason"), "error": n.get("error"),
+            "wall_s": n.get("wall_s"), "keys": keys, "keys_error": keys_error,
+            "verdict": verdict, "notebook_path": str(nbp), "body": body,
+            "body_error": body_error}
+
+
+def render_section(run_dir: str | Path, n: Mapping[str, Any]) -> str:
+    """The HTML of one notebook's section (``<section id=NAME>``), from its section template
+    (:func:`section_template`) and :func:`section_context`.
+
+    Raises:
+        jinja2.TemplateNotFound: if a registered scenario's template file is missing.
+    """
+    ctx = section_context(run_dir, n)
+    return template_env().get_template(section_template(ctx["name"])).render(**ctx)
+
+
+def _gate_table(verdicts: pd.DataFrame) -> Table:
+    if verdicts.empty:
+        return format_table(pd.DataFrame(columns=_GATE_COLUMNS))
+    v = verdicts[[c for c in _GATE_COLUMNS if c in verdicts.columns]]
+    v = v.assign(_o=v["status"].map(_GATE_ORDER).fillna(5)).sort_values("_o", kind="stable") \
+        .drop(columns="_o")
+    return format_table(v)
+
+
+def page_context(run_dir: str | Path) -> dict[str, Any]:
+    """What ``page.html.j2`` gets for a run directory.
+
+    Keys: ``title``, ``verdict`` (``pass``/``regression``/``error``), ``exit_code``, ``meta``
+    (list of ``{"text", "code"}`` items of the run meta line), ``environment`` (str),
+    ``toc`` (``{"name", "title", "status_text"}`` per notebook), ``errors`` (failed notebook
+    entries), ``notebooks_table``, ``key_numbers``, ``gates`` (:class:`~perfkit.report.tables.Table`),
+    ``warnings`` (the gate's), ``sections`` (rendered section HTML, one per notebook, as
+    :class:`markupsafe.Markup`).
+    """
+    run_dir = Path(run_dir)
+    info, verdicts, code, word = _run_status(run_dir)
+    nbs = info.get("notebooks", [])
+    meta: list[dict[str, Any]] = []
+    if info.get("description"):
+        meta.append({"text": info["description"]})
+    if info.get("params_file"):
+        meta.append({"text": "params", "code": info["params_file"]})
+    if info.get("finished"):
+        meta.append({"text": f"finished {info['finished']}"})
+    if info.get("wall_s") is not None:
+        meta.append({"text": f"wall time {info['wall_s']:.0f} s"})
+    if info.get("replay"):
+        meta.append({"text": "replayed from", "code": info["replay"]})
+    toc = []
+    for n in nbs:
+        try:
+            title = section_title(n["name"])
+        except KeyError:
+            title = n["name"]
+        toc.append({"name": n["name"], "title": title, "status_text": _status_text(n)})
+    nb_table = format_table(pd.DataFrame(
+        [{"notebook": n["name"], "status": n.get("status"), "wall (s)": n.get("wall_s"),
+          "error": n.get("error") or n.get("reason") or ""} for n in nbs],
+        columns=["notebook", "status", "wall (s)", "error"])) if nbs else None
+    keys = key_numbers(run_dir)
+    gate_doc = read_verdict(run_dir / GATE) or {}
+    return {
+        "title": f"perfkit report: {info.get('name', run_dir.name)}",
+        "verdict": word, "exit_code": code, "meta": meta, "environment": _env_line(run_dir),
+        "toc": toc, "errors": [n for n in nbs if n.get("status") == "error"],
+        "notebooks_table": nb_table,
+        "key_numbers": format_table(pd.DataFrame(keys, columns=["what", "value"]), None)
+        if keys else None,
+        "warnings": list(gate_doc.get("warnings") or []),
+        "gates": _gate_table(verdicts),
+        "sections": [markupsafe.Markup(render_section(run_dir, n)) for n in nbs],
+    }
+
+
+def render_page(run_dir: str | Path) -> str:
+    """The report page of ``run_dir`` as an HTML string (not yet checked for network
+    references; :func:`render_report` does that)."""
+    return template_env().get_template(PAGE_TEMPLATE).render(**page_context(run_dir))
 
 
 def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -317,95 +461,10 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     Raises:
         RuntimeError: if the page would load anything from the network (a bug to fix here).
+        jinja2.TemplateError: if a template is missing or broken (a packaging bug).
     """
     run_dir = Path(run_dir)
-    info, verdicts, code, word = _run_status(run_dir)
-    color = STATUS_COLOR.get(word, "#cf222e")
-    title = f"perfkit report: {info.get('name', run_dir.name)}"
-    nbs = info.get("notebooks", [])
-
-    parts = [f"<h1>{html.escape(title)}</h1>",
-             f"<div id='verdict'>Verdict: <span class='badge' style='background:{color}'>"
-             f"{html.escape(word.upper())}</span> <span class='muted'>(exit code {code})</span>"
-             "</div>"]
-    meta = []
-    if info.get("description"):
-        meta.append(html.escape(info["description"]))
-    if info.get("params_file"):
-        meta.append(f"params <code>{html.escape(info['params_file'])}</code>")
-    if info.get("finished"):
-        meta.append(f"finished {html.escape(info['finished'])}")
-    if info.get("wall_s") is not None:
-        meta.append(f"wall time {info['wall_s']:.0f} s")
-    if info.get("replay"):
-        meta.append(f"replayed from <code>{html.escape(info['replay'])}</code>")
-    env = _env_line(run_dir)
-    if env:
-        meta.append(html.escape(env))
-    if meta:
-        parts.append("<p class='muted'>" + " · ".join(meta) + "</p>")
-    errors = [n for n in nbs if n.get("status") == "error"]
-    for n in errors:
-        parts.append(f"<div class='error-box'><b>{html.escape(n['name'])} failed:</b> "
-                     f"<code>{html.escape(n.get('error') or 'unknown error')}</code> — see "
-                     f"<a href='#{html.escape(n['name'])}'>its section</a>.</div>")
-    parts.append("<h2 id='summary'>Summary</h2>")
-    if nbs:
-        parts.append(_table_html(pd.DataFrame([{"notebook": n["name"], "status": n["status"],
-                                                "wall (s)": n.get("wall_s"),
-                                                "error": n.get("error") or n.get("reason") or ""}
-                                               for n in nbs])))
-    keys = key_numbers(run_dir)
-    if keys:
-        parts.append("<h3>Key numbers</h3>")
-        parts.append(_table_html(pd.DataFrame(keys, columns=["what", "value"]), None))
-    parts.append("<h3>Gates</h3>")
-    if verdicts.empty:
-        parts.append("<p class='muted'>no gate rows (see errors above)</p>")
-    else:
-        v = verdicts[["notebook", "case", "metric", "expected", "actual", "bound", "status",
-                      "reason"]]
-        order = {"fail": 0, "improved": 1, "pass": 2, "new": 3, "skipped": 4}
-        v = v.assign(_o=v["status"].map(order).fillna(5)).sort_values("_o", kind="stable") \
-            .drop(columns="_o")
-        parts.append(_table_html(v))
-    toc = "".join(f"<li><a href='#{n['name']}'>{html.escape(section_title(n['name']))}"
-                  f"</a> — <span style='color:{STATUS_COLOR.get(n['status'], '#1f2328')}'>"
-                  f"{html.escape(_status_text(n))}</span></li>" for n in nbs)
-    if toc:
-        parts.insert(2, f"<nav><ul>{toc}</ul></nav>")
-    for n in nbs:
-        name = n["name"]
-        parts.append(f"<section id='{html.escape(name)}'>")
-        nbp = Path(n.get("output") or run_dir / "notebooks" / f"{name}.ipynb")
-        if not nbp.is_absolute():
-            nbp = run_dir / nbp
-        if not nbp.exists():
-            nbp = run_dir / "notebooks" / f"{name}.ipynb"
-        if n.get("status") == "skipped" or not nbp.exists():
-            parts.append(f"<h2>{html.escape(section_title(name))}</h2>")
-            parts.append(f"<p><i>{html.escape(section_question(name))}</i></p>")
-        if n.get("status") == "skipped":
-            why = n.get("reason") or "disabled in the params"
-            parts.append(f"<p class='muted'>skipped ({html.escape(why)})</p></section>")
-            continue
-        if n.get("status") == "error":
-            parts.append(f"<div class='error-box'><b>{html.escape(name)} failed:</b> "
-                         f"<code>{html.escape(n.get('error') or '')}</code> (traceback below)"
-                         "</div>")
-        if nbp.exists():
-            try:
-                parts.append(f"<div class='nb'>{notebook_body(nbp)}</div>")
-            except Exception as exc:  # noqa: BLE001 - a broken notebook must not kill the report
-                parts.append(f"<div class='error-box'>cannot render {html.escape(str(nbp))}: "
-                             f"{html.escape(repr(exc))}</div>")
-        else:
-            parts.append("<p class='muted'>no executed notebook</p>")
-        parts.append("</section>")
-    page = ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<title>{html.escape(title)}</title><style>{CSS}</style></head>"
-            f"<body><main>{''.join(parts)}</main></body></html>\n")
+    page = render_page(run_dir)
     bad = external_refs(page)
     if bad:  # e.g. an HTML output of a notebook pointing at the web: neutralise, keep offline
         log.warning("report: %d network reference(s) neutralised, e.g. %s", len(bad), bad[0])
@@ -420,16 +479,22 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 
 def _env_line(run_dir: Path) -> str:
-    for s in ("cold_warm", "warmup_shapes", "memory_budget"):
-        p = run_dir / s / "meta.json"
-        if p.exists():
+    """Hardware and versions from the first scenario bundle's ``meta.json`` ("" when none)."""
+    for s in registry.all_scenarios():
+        p = run_dir / s.name / "meta.json"
+        if not p.exists():
+            continue
+        try:
             m = json.loads(p.read_text())
-            bits = [m.get("gpu_name") or f"CPU x{m.get('cpu_count')}",
-                    f"torch {m.get('torch_version')}", f"diffusers {m.get('diffusers_version')}",
-                    f"perfkit {m.get('perfkit_version')}"]
-            if m.get("git_commit"):
-                bits.append(f"commit {str(m['git_commit'])[:10]}")
-            return ", ".join(str(b) for b in bits)
+        except (OSError, ValueError) as exc:
+            log.warning("report: unreadable %s: %r", p, exc)
+            continue
+        bits = [m.get("gpu_name") or f"CPU x{m.get('cpu_count')}",
+                f"torch {m.get('torch_version')}", f"diffusers {m.get('diffusers_version')}",
+                f"perfkit {m.get('perfkit_version')}"]
+        if m.get("git_commit"):
+            bits.append(f"commit {str(m['git_commit'])[:10]}")
+        return ", ".join(str(b) for b in bits)
     return ""
 
 
@@ -443,6 +508,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
 
 
 def chromium_binary() -> str | None:
+    """Path of a Chromium/Chrome binary (``$PERFKIT_CHROMIUM`` first), or None."""
     for name in (os.environ.get("PERFKIT_CHROMIUM"), "chromium", "chromium-browser",
                  "google-chrome"):
         if name and shutil.which(name):
