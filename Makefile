@@ -27,6 +27,9 @@ suite: setup
 	$(BIN)/perfkit suite --params $(PARAMS) --out $(OUT)
 
 test: setup
+	$(BIN)/lint-imports
+	$(BIN)/ruff check src tests benchmarks notebooks
+	$(BIN)/ruff format --check src tests benchmarks notebooks
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 notebooks: setup

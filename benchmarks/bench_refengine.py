@@ -17,6 +17,7 @@ the run's noise, not the cost of synchronising a GPU.
     python benchmarks/bench_refengine.py                  # both configurations, 20 + 20 requests
     python benchmarks/bench_refengine.py --configs eager --requests 40
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,10 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from refengine_helpers import running_engine  # noqa: E402
-
 from perfkit.engine.client import VideoRequestSpec  # noqa: E402
 from perfkit.stats import bootstrap_ratio_ci  # noqa: E402
+from refengine_helpers import running_engine  # noqa: E402
 
 CONFIGS = {
     "eager": [],
@@ -43,8 +43,14 @@ CONFIGS = {
 
 
 def _spec(a: argparse.Namespace, timing: bool, seed: int) -> VideoRequestSpec:
-    return VideoRequestSpec(num_frames=a.frames, height=a.size, width=a.size, num_inference_steps=a.steps,
-                            seed=seed, extra={"perfkit_stage_timing": timing})
+    return VideoRequestSpec(
+        num_frames=a.frames,
+        height=a.size,
+        width=a.size,
+        num_inference_steps=a.steps,
+        seed=seed,
+        extra={"perfkit_stage_timing": timing},
+    )
 
 
 def run_config(name: str, a: argparse.Namespace, root: Path) -> dict:
@@ -68,8 +74,11 @@ def run_config(name: str, a: argparse.Namespace, root: Path) -> dict:
                 if out.record.perfkit.get("stage_timing") is not timing:
                     raise SystemExit(f"{name}: the engine did not honour perfkit_stage_timing={timing}")
                 if out.record.perfkit.get("compiles"):
-                    print(f"  note: {name} request {out.request_id} compiled "
-                          f"({out.record.perfkit['compiles']}x) after the warm-up", file=sys.stderr)
+                    print(
+                        f"  note: {name} request {out.request_id} compiled "
+                        f"({out.record.perfkit['compiles']}x) after the warm-up",
+                        file=sys.stderr,
+                    )
                 series[timing]["server"].append(out.record.total_duration_ms)
                 series[timing]["client"].append(out.client_ms)
                 got[timing] = (out.record.total_duration_ms, out.client_ms)
@@ -77,16 +86,26 @@ def run_config(name: str, a: argparse.Namespace, root: Path) -> dict:
             pairs["client"].append(got[True][1] / got[False][1])
         ready_s = eng.ready_s
     on, off = series[True], series[False]
-    res = {"config": name, "ready_s": ready_s, "n": a.requests, "series": {str(k): v for k, v in series.items()},
-           "load_avg_1m": os.getloadavg()[0]}
+    res = {
+        "config": name,
+        "ready_s": ready_s,
+        "n": a.requests,
+        "series": {str(k): v for k, v in series.items()},
+        "load_avg_1m": os.getloadavg()[0],
+    }
     for key in ("server", "client"):
         m_on, m_off = statistics.median(on[key]), statistics.median(off[key])
         lo, hi = bootstrap_ratio_ci(on[key], off[key], seed=a.seed)
         q_on, q_off = statistics.quantiles(on[key], n=4), statistics.quantiles(off[key], n=4)
-        res[key] = {"on": m_on, "off": m_off, "overhead_pct": (m_on / m_off - 1) * 100,
-                    "ci_pct": ((lo - 1) * 100, (hi - 1) * 100),
-                    "iqr_on": (q_on[0], q_on[2]), "iqr_off": (q_off[0], q_off[2]),
-                    "paired_pct": (statistics.median(pairs[key]) - 1) * 100}
+        res[key] = {
+            "on": m_on,
+            "off": m_off,
+            "overhead_pct": (m_on / m_off - 1) * 100,
+            "ci_pct": ((lo - 1) * 100, (hi - 1) * 100),
+            "iqr_on": (q_on[0], q_on[2]),
+            "iqr_off": (q_off[0], q_off[2]),
+            "paired_pct": (statistics.median(pairs[key]) - 1) * 100,
+        }
     return res
 
 
@@ -99,12 +118,20 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=64, help="height = width, pixels")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--poll-s", type=float, default=0.02,
-                    help="client status polling interval: client ms is quantised by it, and faster polling "
-                         "takes CPU and the GIL from the engine on a small host")
+    ap.add_argument(
+        "--poll-s",
+        type=float,
+        default=0.02,
+        help="client status polling interval: client ms is quantised by it, and faster polling "
+        "takes CPU and the GIL from the engine on a small host",
+    )
     ap.add_argument("--target-pct", type=float, default=2.0)
-    ap.add_argument("--torch-threads", type=int, default=0,
-                    help="OMP_NUM_THREADS for the engine (0: torch's default); 1 is steadier on a busy host")
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="OMP_NUM_THREADS for the engine (0: torch's default); 1 is steadier on a busy host",
+    )
     ap.add_argument("--out-dir", default=None, help="keep engine logs here (default: a temp dir)")
     ap.add_argument("--json", default=None, help="write the results (raw series included) here")
     a = ap.parse_args()
@@ -113,33 +140,49 @@ def main() -> int:
         root = Path(a.out_dir) if a.out_dir else Path(tmp)
         results = [run_config(name, a, root) for name in a.configs]
 
-    print(f"tiny engine, {a.frames} frames {a.size}x{a.size}, {a.steps} steps; {a.warmup_requests} warm-up "
-          f"requests, then {a.requests} with stage timing on and {a.requests} off, interleaved")
+    print(
+        f"tiny engine, {a.frames} frames {a.size}x{a.size}, {a.steps} steps; {a.warmup_requests} warm-up "
+        f"requests, then {a.requests} with stage timing on and {a.requests} off, interleaved"
+    )
     worst = -math.inf
     verdicts = []
     for r in results:
         s, c = r["server"], r["client"]
-        print(f"[{r['config']}] ready {r['ready_s']:.1f} s; 1-min load average at the end "
-              f"{r['load_avg_1m']:.2f} (on {os.cpu_count()} CPUs)")
+        print(
+            f"[{r['config']}] ready {r['ready_s']:.1f} s; 1-min load average at the end "
+            f"{r['load_avg_1m']:.2f} (on {os.cpu_count()} CPUs)"
+        )
         for mode in ("on", "off"):
             iq_s, iq_c = s[f"iqr_{mode}"], c[f"iqr_{mode}"]
-            print(f"  warm e2e median (timing {mode:>3}): server {s[mode]:.1f} ms "
-                  f"(IQR {iq_s[0]:.1f}-{iq_s[1]:.1f}), client {c[mode]:.1f} ms (IQR {iq_c[0]:.1f}-{iq_c[1]:.1f})")
+            print(
+                f"  warm e2e median (timing {mode:>3}): server {s[mode]:.1f} ms "
+                f"(IQR {iq_s[0]:.1f}-{iq_s[1]:.1f}), client {c[mode]:.1f} ms (IQR {iq_c[0]:.1f}-{iq_c[1]:.1f})"
+            )
         for key, v in (("server", s), ("client", c)):
-            print(f"  stage-timing overhead ({key}): {v['overhead_pct']:+.2f} % "
-                  f"(95% CI {v['ci_pct'][0]:+.2f} .. {v['ci_pct'][1]:+.2f} %; median paired ratio "
-                  f"{v['paired_pct']:+.2f} %)")
+            print(
+                f"  stage-timing overhead ({key}): {v['overhead_pct']:+.2f} % "
+                f"(95% CI {v['ci_pct'][0]:+.2f} .. {v['ci_pct'][1]:+.2f} %; median paired ratio "
+                f"{v['paired_pct']:+.2f} %)"
+            )
         worst = max(worst, s["overhead_pct"])
         lo, hi = s["ci_pct"]
         v = "PASS" if hi < a.target_pct else "FAIL" if lo > a.target_pct else "INCONCLUSIVE"
         verdicts.append(v)
-        print(f"  verdict: {v}" + (" (the run's noise is wider than the target: rerun on a quiet host or with "
-                                   "more --requests)" if v == "INCONCLUSIVE" else ""))
+        print(
+            f"  verdict: {v}"
+            + (
+                " (the run's noise is wider than the target: rerun on a quiet host or with more --requests)"
+                if v == "INCONCLUSIVE"
+                else ""
+            )
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     verdict = "FAIL" if "FAIL" in verdicts else "INCONCLUSIVE" if "INCONCLUSIVE" in verdicts else "PASS"
-    print(f"stage-timing overhead target < {a.target_pct:g} % (server medians, 95% CI upper bound under the "
-          f"target to pass): {verdict} (worst point estimate {worst:+.2f} %)")
+    print(
+        f"stage-timing overhead target < {a.target_pct:g} % (server medians, 95% CI upper bound under the "
+        f"target to pass): {verdict} (worst point estimate {worst:+.2f} %)"
+    )
     return {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}[verdict]
 
 

@@ -6,6 +6,7 @@ thread) as a % of one core, plus the whole benchmark process's CPU time as a cro
 
     python benchmarks/bench_sampler.py --seconds 20 --interval 0.1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,11 +17,13 @@ import time
 
 from perfkit.readings.sampler import MemorySampler
 
-TREE = ("import subprocess, sys, time\n"
-        "x = b'x' * (64 * 2**20)\n"
-        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)']) "
-        "for _ in range({children})]\n"
-        "time.sleep(3600)\n")
+TREE = (
+    "import subprocess, sys, time\n"
+    "x = b'x' * (64 * 2**20)\n"
+    "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)']) "
+    "for _ in range({children})]\n"
+    "time.sleep(3600)\n"
+)
 
 
 def main() -> int:
@@ -31,8 +34,7 @@ def main() -> int:
     ap.add_argument("--target-pct", type=float, default=1.0)
     a = ap.parse_args()
 
-    p = subprocess.Popen([sys.executable, "-c", TREE.format(children=a.children)],
-                         start_new_session=True)
+    p = subprocess.Popen([sys.executable, "-c", TREE.format(children=a.children)], start_new_session=True)
     try:
         time.sleep(1.0)
         cpu0 = time.process_time()
@@ -44,10 +46,14 @@ def main() -> int:
         pct = s.overhead_pct()
         proc_pct = 100.0 * cpu_proc / a.seconds
         per_sample_ms = 1000.0 * s.cpu_seconds / max(n, 1)
-        print(f"samples: {n} over {a.seconds:g} s at {a.interval * 1000:g} ms "
-              f"(tree of {a.children + 1} processes, device mode: {s.device_mode})")
-        print(f"sampler thread CPU: {s.cpu_seconds * 1000:.1f} ms = {pct:.3f}% of one core "
-              f"({per_sample_ms:.3f} ms per sample)")
+        print(
+            f"samples: {n} over {a.seconds:g} s at {a.interval * 1000:g} ms "
+            f"(tree of {a.children + 1} processes, device mode: {s.device_mode})"
+        )
+        print(
+            f"sampler thread CPU: {s.cpu_seconds * 1000:.1f} ms = {pct:.3f}% of one core "
+            f"({per_sample_ms:.3f} ms per sample)"
+        )
         print(f"benchmark process CPU (cross-check, includes the main thread): {proc_pct:.3f}%")
         ok = pct < a.target_pct
         print(f"{'PASS' if ok else 'FAIL'}: target < {a.target_pct:g}% of one core")

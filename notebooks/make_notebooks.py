@@ -6,6 +6,7 @@
 Notebooks stay thin: perfkit calls, plots, a short reading. Logic lives in the package
 (perfkit.suite, perfkit.report, perfkit.report.plots, perfkit.gate.baseline) where tests reach it.
 """
+
 from __future__ import annotations
 
 import re
@@ -17,19 +18,19 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
 
-ENGINE = '''engine = {  # perfkit.engine.spec.EngineSpec fields; the tiny reference engine on this machine
+ENGINE = """engine = {  # perfkit.engine.spec.EngineSpec fields; the tiny reference engine on this machine
     "kind": "reference",
     "preset": "tiny",
     "compile": True,
     "compile_backend": "aot_eager",
 }
-request = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}'''
+request = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}"""
 
-COMMON_TAIL = '''invariants = None  # None: the scenarios' invariant defaults (perfkit.scenarios.registry)
+COMMON_TAIL = """invariants = None  # None: the scenarios' invariant defaults (perfkit.scenarios.registry)
 run_dir = "outputs/notebooks"  # the bundle lands in run_dir/<scenario>/
-bundle_dir = None  # a recorded bundle to replay instead of launching anything'''
+bundle_dir = None  # a recorded bundle to replay instead of launching anything"""
 
-SETUP = '''from pathlib import Path
+SETUP = """from pathlib import Path
 
 import pandas as pd
 from IPython.display import Markdown, display
@@ -41,11 +42,11 @@ from perfkit.gate import verdicts
 from perfkit.report import plots, reading, show, summary_frame
 from perfkit.scenarios.runner import load_or_run
 
-pd.set_option("display.max_colwidth", 120)'''
+pd.set_option("display.max_colwidth", 120)"""
 
 
 def _fields(name: str) -> list[tuple[str, object, str]]:
-    '''(field, default, comment) of a scenario's params model, ``enabled`` left out.'''
+    """(field, default, comment) of a scenario's params model, ``enabled`` left out."""
     from perfkit.scenarios import registry
 
     model = registry.get(name).params_model
@@ -57,14 +58,13 @@ def _fields(name: str) -> list[tuple[str, object, str]]:
         if hasattr(default, "model_dump"):
             default = default.model_dump(exclude_none=True)
         elif isinstance(default, list):
-            default = [d.model_dump(exclude_none=True) if hasattr(d, "model_dump") else d
-                       for d in default]
+            default = [d.model_dump(exclude_none=True) if hasattr(d, "model_dump") else d for d in default]
         out.append((key, default, _field_comment(model, key)))
     return out
 
 
 def _field_comment(model, key: str) -> str:
-    '''The ``#:`` comment above a field in its class source (one line).'''
+    """The ``#:`` comment above a field in its class source (one line)."""
     import inspect
 
     for cls in model.__mro__:
@@ -79,13 +79,13 @@ def _field_comment(model, key: str) -> str:
 
 
 def section_params(name: str) -> str:
-    '''The scenario's params as notebook parameters: defaults and comments come from its params
-    model, the only place they are written.'''
+    """The scenario's params as notebook parameters: defaults and comments come from its params
+    model, the only place they are written."""
     return "\n".join(f"{k} = {d!r}" + (f"  # {c}" if c else "") for k, d, c in _fields(name))
 
 
 def measure_cell(name: str) -> str:
-    '''Replay or run the scenario, then write its verdict.'''
+    """Replay or run the scenario, then write its verdict."""
     args = ", ".join(f"{k}={k}" for k, _, _ in _fields(name))
     return f'''out = Path(run_dir) / "{name}"
 bundle = load_or_run("{name}", out=out, bundle_dir=bundle_dir, engine=engine, request=request,
@@ -98,10 +98,12 @@ _verdict = verdicts.write_verdict(out, "{name}", rows)'''
 def _nb(title: str, intro: str, params: str, cells: list) -> nbformat.NotebookNode:
     pcell = new_code_cell(params)
     pcell.metadata["tags"] = ["parameters"]
-    nb = new_notebook(cells=[new_markdown_cell(f"# {title}\n\n{intro}"), pcell,
-                             new_code_cell(SETUP), *cells])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                 "language": "python"}
+    nb = new_notebook(cells=[new_markdown_cell(f"# {title}\n\n{intro}"), pcell, new_code_cell(SETUP), *cells])
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }
     nb.metadata["language_info"] = {"name": "python"}
     for i, c in enumerate(nb.cells):  # stable ids: regenerating gives the same files
         c.id = f"cell-{i:02d}"
@@ -109,14 +111,14 @@ def _nb(title: str, intro: str, params: str, cells: list) -> nbformat.NotebookNo
 
 
 def cold_warm() -> nbformat.NotebookNode:
-    params = f'''{ENGINE}
+    params = f"""{ENGINE}
 {section_params("cold_warm")}
-{COMMON_TAIL}'''
+{COMMON_TAIL}"""
     cells = [
         new_code_cell(measure_cell("cold_warm")),
         new_markdown_cell("## Headline numbers"),
-        new_code_cell('''display(summary_frame("cold_warm", results))
-display(Markdown(reading("cold_warm", results)))'''),
+        new_code_cell("""display(summary_frame("cold_warm", results))
+display(Markdown(reading("cold_warm", results)))"""),
         new_markdown_cell("## Gate (invariants measured within this run)"),
         new_code_cell("display(check_table(rows))"),
         new_markdown_cell("## Per-stage latency, cold vs warm requests"),
@@ -126,9 +128,9 @@ display(Markdown(reading("cold_warm", results)))'''),
         new_markdown_cell("## Denoising step times"),
         new_code_cell("show(plots.step_times(bundle.steps))"),
         new_markdown_cell("## Memory timeline"),
-        new_code_cell('''cap_lines = {"device_cap_gib": (caps or {}).get("device_gib"),
+        new_code_cell("""cap_lines = {"device_cap_gib": (caps or {}).get("device_gib"),
              "host_cap_gib": (caps or {}).get("host_gib")}
-show(plots.memory_timeline(bundle.memory, bundle.requests, bundle.stages, caps=cap_lines))'''),
+show(plots.memory_timeline(bundle.memory, bundle.requests, bundle.stages, caps=cap_lines))"""),
         new_markdown_cell("## Leak checks"),
         new_code_cell('display(pd.DataFrame(results.get("leak_checks") or []))'),
         new_markdown_cell(
@@ -140,33 +142,39 @@ show(plots.memory_timeline(bundle.memory, bundle.requests, bundle.stages, caps=c
             "leaks across requests (residency, in-flight copies, host copies). The leak checks "
             "fit a slope to host/device memory per request and to latency drift.\n"
             "- Absolute milliseconds are only comparable on the same hardware; the gate here uses "
-            "ratios measured within this run."),
+            "ratios measured within this run."
+        ),
     ]
-    return _nb("Cold vs warm",
-               "Does the second (warm) request in one server session meet the same numbers as the "
-               "first (cold) request, or does state leak across requests and degrade it?",
-               params, cells)
+    return _nb(
+        "Cold vs warm",
+        "Does the second (warm) request in one server session meet the same numbers as the "
+        "first (cold) request, or does state leak across requests and degrade it?",
+        params,
+        cells,
+    )
 
 
 def warmup_shapes() -> nbformat.NotebookNode:
-    params = f'''{ENGINE}
+    params = f"""{ENGINE}
 {section_params("warmup_shapes")}
-{COMMON_TAIL}'''
+{COMMON_TAIL}"""
     cells = [
         new_code_cell(measure_cell("warmup_shapes")),
         new_markdown_cell("## Coverage"),
-        new_code_cell('''coverage = summary_frame("warmup_shapes", results)
+        new_code_cell("""coverage = summary_frame("warmup_shapes", results)
 display(coverage)
-display(Markdown(reading("warmup_shapes", results)))'''),
+display(Markdown(reading("warmup_shapes", results)))"""),
         new_markdown_cell("## Gate (covered shapes pay no setup)"),
         new_code_cell("display(check_table(rows))"),
         new_markdown_cell("## First-request penalty by warmup shape and request shape"),
         new_code_cell("show(plots.coverage_heatmap(coverage))"),
-        new_markdown_cell("## Which stage absorbs the penalty (first request − warm median, ms)\n\n"
-                          "With the two-stage pipeline the half-resolution `DenoisingStage` and the "
-                          "full-resolution `RefinementStage` each specialise on their own latent shape."),
-        new_code_cell('''display(pd.DataFrame({f"warmup {c['warmup_frames']}f → request {c['request_frames']}f":
-                           c.get("penalty_by_stage_ms") or {} for c in results["coverage"]}).T.round(1))'''),
+        new_markdown_cell(
+            "## Which stage absorbs the penalty (first request − warm median, ms)\n\n"
+            "With the two-stage pipeline the half-resolution `DenoisingStage` and the "
+            "full-resolution `RefinementStage` each specialise on their own latent shape."
+        ),
+        new_code_cell("""display(pd.DataFrame({f"warmup {c['warmup_frames']}f → request {c['request_frames']}f":
+                           c.get("penalty_by_stage_ms") or {} for c in results["coverage"]}).T.round(1))"""),
         new_markdown_cell("## End-to-end latency per request, one line per launch"),
         new_code_cell("show(plots.e2e_per_request(bundle.requests))"),
         new_markdown_cell("## Per-stage latency"),
@@ -177,29 +185,31 @@ display(Markdown(reading("warmup_shapes", results)))'''),
             "+ 1, so a 17-frame warmup runs 3 latent frames and a 25-frame request needs 4. A "
             "request shape is **covered** when the startup warmup already ran its latent shape; "
             "an uncovered shape pays recompilation / graph capture on its first request (the "
-            "penalty above, with its compile count). The fix is a warmup at the served shapes."),
+            "penalty above, with its compile count). The fix is a warmup at the served shapes."
+        ),
     ]
-    return _nb("Warmup shapes",
-               "Does the server's startup warmup cover the shapes users send?", params, cells)
+    return _nb(
+        "Warmup shapes", "Does the server's startup warmup cover the shapes users send?", params, cells
+    )
 
 
 def memory_budget() -> nbformat.NotebookNode:
-    params = f'''{ENGINE}
+    params = f"""{ENGINE}
 {section_params("memory_budget")}
-{COMMON_TAIL}'''
+{COMMON_TAIL}"""
     cells = [
         new_code_cell(measure_cell("memory_budget")),
         new_markdown_cell("## Budgets"),
-        new_code_cell('''display(summary_frame("memory_budget", results))
-display(Markdown(reading("memory_budget", results)))'''),
+        new_code_cell("""display(summary_frame("memory_budget", results))
+display(Markdown(reading("memory_budget", results)))"""),
         new_markdown_cell("## Gate (caps held, runs completed)"),
         new_code_cell("display(check_table(rows))"),
         new_markdown_cell("## Memory timeline per budget"),
-        new_code_cell('''for row in table_rows(bundle.launches) or [{}]:
+        new_code_cell("""for row in table_rows(bundle.launches) or [{}]:
     show(plots.memory_timeline(
         bundle.memory, bundle.requests, bundle.stages, launch=row.get("launch"),
         caps={"device_cap_gib": row.get("device_cap_gib"), "host_cap_gib": row.get("host_cap_gib")},
-        title=f"Memory timeline: {row.get('cap_label') or row.get('label') or 'run'}"))'''),
+        title=f"Memory timeline: {row.get('cap_label') or row.get('label') or 'run'}"))"""),
         new_markdown_cell("## Latency per request under each budget"),
         new_code_cell("show(plots.e2e_per_request(bundle.requests))"),
         new_markdown_cell(
@@ -210,22 +220,27 @@ display(Markdown(reading("memory_budget", results)))'''),
             "(`SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB`) and, where possible, enforced "
             "(cgroup or watchdog: see `enforcement`). A budget is met when the run completed and "
             "the cap held; `placement` says what the engine moved off the device to fit, and "
-            "`warm_degrades` whether warm requests got slower under the cap."),
+            "`warm_degrades` whether warm requests got slower under the cap."
+        ),
     ]
-    return _nb("Memory budget",
-               "Does the pipeline fit the memory budget (e.g. 12 GiB GPU + 32 GiB host), and what "
-               "does it cost in latency?", params, cells)
+    return _nb(
+        "Memory budget",
+        "Does the pipeline fit the memory budget (e.g. 12 GiB GPU + 32 GiB host), and what "
+        "does it cost in latency?",
+        params,
+        cells,
+    )
 
 
 def overhead() -> nbformat.NotebookNode:
-    params = f'''{ENGINE}
+    params = f"""{ENGINE}
 {section_params("overhead")}
-{COMMON_TAIL}'''
+{COMMON_TAIL}"""
     cells = [
         new_code_cell(measure_cell("overhead")),
         new_markdown_cell("## Overhead of each instrument"),
-        new_code_cell('''display(summary_frame("overhead", results))
-display(Markdown(reading("overhead", results)))'''),
+        new_code_cell("""display(summary_frame("overhead", results))
+display(Markdown(reading("overhead", results)))"""),
         new_markdown_cell("## Gate (upper end of each interval)"),
         new_code_cell("display(check_table(rows))"),
         new_markdown_cell(
@@ -233,42 +248,46 @@ display(Markdown(reading("overhead", results)))'''),
             "Each instrument is switched on and off in interleaved ABBA pairs of warm requests of one "
             "session, judged on the server's end-to-end time. The overhead is median(on) / "
             "median(off) − 1 with a 95 % bootstrap interval; the gate holds the interval's upper "
-            "end to `instrumentation_overhead_max`, so a noisy probe cannot pass on a lucky median."),
+            "end to `instrumentation_overhead_max`, so a noisy probe cannot pass on a lucky median."
+        ),
     ]
-    return _nb("Instrumentation overhead",
-               "What does perfkit's own instrumentation (stage timing, the memory sampler) cost?",
-               params, cells)
+    return _nb(
+        "Instrumentation overhead",
+        "What does perfkit's own instrumentation (stage timing, the memory sampler) cost?",
+        params,
+        cells,
+    )
 
 
 def baseline_gate() -> nbformat.NotebookNode:
-    params = f'''{ENGINE}
+    params = f"""{ENGINE}
 baseline_file = None  # a baseline JSON (sglang layout) of the same hardware, or None
 profile = "pr_test"  # tolerance profile
 strict = False  # a case missing from the baseline fails instead of being "new"
 hardware = None  # metadata.hardware of this run's baseline.json (None: from the bundles)
 invariants = None  # None: the scenarios' invariant defaults
-run_dir = "outputs/notebooks"  # the run whose bundles are gated (nothing is launched)'''
+run_dir = "outputs/notebooks"  # the run whose bundles are gated (nothing is launched)"""
     cells = [
-        new_code_cell('''g = gate_run.gate(run_dir, engine=engine, request=request, baseline_file=baseline_file,
+        new_code_cell("""g = gate_run.gate(run_dir, engine=engine, request=request, baseline_file=baseline_file,
               profile=profile, strict=strict, hardware=hardware, invariants=invariants)
 if g.errors:
     raise RuntimeError("; ".join(g.errors))
 _verdict = verdicts.write_verdict(Path(run_dir) / verdicts.GATE, verdicts.GATE, g.rows,
                                cases=g.cases, compared_with=g.compared_with,
                                warnings=g.warnings)
-table = check_table(g.rows)'''),
+table = check_table(g.rows)"""),
         new_markdown_cell("## This run's baseline (sglang layout)"),
-        new_code_cell('''display(Markdown(f"`{Path(run_dir) / 'baseline.json'}`: {len(g.cases)} cases. "
+        new_code_cell("""display(Markdown(f"`{Path(run_dir) / 'baseline.json'}`: {len(g.cases)} cases. "
                  "Copy it under `baselines/` (same hardware only) to gate later runs."))
 display(pd.DataFrame([{"case": c, "e2e (ms)": e.get("expected_e2e_ms"),
                        "median step (ms)": e.get("expected_median_denoise_ms"),
                        "load (ms)": e.get("expected_load_ms"),
                        "runtime peak VRAM (MiB)": e.get("runtime_peak_vram_mb")}
-                      for c, e in g.baseline_doc["scenarios"].items()]))'''),
+                      for c, e in g.baseline_doc["scenarios"].items()]))"""),
         new_markdown_cell("## Invariants (any hardware)"),
         new_code_cell("display(check_table(g.invariant_rows))"),
         new_markdown_cell("## Against the baseline"),
-        new_code_cell('''for w in g.warnings:
+        new_code_cell("""for w in g.warnings:
     display(Markdown(f"**Warning:** {w}"))
 if g.compared_with:
     display(Markdown(f"Compared with `{g.compared_with}`, profile `{profile}`."))
@@ -276,22 +295,32 @@ if g.compared_with:
     display(base)
     show(plots.baseline_vs_actual(base))
 else:
-    display(Markdown("No baseline file for this hardware: gated on invariants only."))'''),
+    display(Markdown("No baseline file for this hardware: gated on invariants only."))"""),
         new_markdown_cell(
             "## How to read this\n\n"
             "A baseline metric passes when actual ≤ max(expected × (1 + tol), expected + pad), "
             "sglang's rule; `improved` rows were faster than expected × (1 − 0.2) and carry the "
             "snippet to paste into the baseline. Invariants are ratios within this run (warm/cold, "
-            "covered-shape first request, leak slopes, caps held) and hold on any hardware."),
+            "covered-shape first request, leak slopes, caps held) and hold on any hardware."
+        ),
     ]
-    return _nb("Baseline gate",
-               "This run's numbers in sglang's baseline layout, compared with the baseline of the "
-               "same hardware, and the invariants that hold anywhere. Launches nothing: it reads "
-               "the bundles the investigations wrote.", params, cells)
+    return _nb(
+        "Baseline gate",
+        "This run's numbers in sglang's baseline layout, compared with the baseline of the "
+        "same hardware, and the invariants that hold anywhere. Launches nothing: it reads "
+        "the bundles the investigations wrote.",
+        params,
+        cells,
+    )
 
 
-NOTEBOOKS = {"cold_warm": cold_warm, "warmup_shapes": warmup_shapes,
-             "memory_budget": memory_budget, "overhead": overhead, "baseline_gate": baseline_gate}
+NOTEBOOKS = {
+    "cold_warm": cold_warm,
+    "warmup_shapes": warmup_shapes,
+    "memory_budget": memory_budget,
+    "overhead": overhead,
+    "baseline_gate": baseline_gate,
+}
 
 
 def main(argv: list[str]) -> int:

@@ -4,6 +4,7 @@
 :func:`perfkit.engine.launch.launch` during a test (and any descendant seen at its teardown) must be gone
 when the test ends. A survivor is killed and the test errors, so the run fails.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,5 +41,4 @@ def no_surviving_engines(request):
                 psutil.Process(p.pid).kill()
             except psutil.Error:
                 pass
-        pytest.fail(f"{request.node.nodeid}: engine processes survived the test: {desc}",
-                    pytrace=False)
+        pytest.fail(f"{request.node.nodeid}: engine processes survived the test: {desc}", pytrace=False)

@@ -9,6 +9,7 @@ Modes:
 Options: --child (a sleeping child in the same process group), --escape-child (a child in its own
 session, outside the group), --ignore-term (ignore SIGTERM).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -89,9 +90,14 @@ def main() -> None:
     time.sleep(a.warmup_s)
     if a.perf_log_dir:
         os.makedirs(a.perf_log_dir, exist_ok=True)
-        rec = {"request_id": "warmup-0", "tag": "warmup", "stages": [
-            {"name": "DenoisingStage", "execution_time_ms": 12.5}], "steps": [6.0, 6.5],
-            "total_duration_ms": 13.0, "memory_snapshots": {}}
+        rec = {
+            "request_id": "warmup-0",
+            "tag": "warmup",
+            "stages": [{"name": "DenoisingStage", "execution_time_ms": 12.5}],
+            "steps": [6.0, 6.5],
+            "total_duration_ms": 13.0,
+            "memory_snapshots": {},
+        }
         with open(os.path.join(a.perf_log_dir, "performance.log"), "a") as fh:
             fh.write(json.dumps(rec) + "\n")
     mark("warmup_done")
@@ -100,8 +106,7 @@ def main() -> None:
             time.sleep(1)
     server = http.server.ThreadingHTTPServer((a.host, a.port), Handler)
     if a.mode == "alloc" and a.alloc_when == "ready":
-        threading.Thread(target=allocate, args=(a.alloc_mib, a.step_mib, a.step_s, hold),
-                         daemon=True).start()
+        threading.Thread(target=allocate, args=(a.alloc_mib, a.step_mib, a.step_s, hold), daemon=True).start()
     server.serve_forever()
 
 

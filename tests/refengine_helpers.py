@@ -11,6 +11,7 @@ The engine runs in its own session (process group). Its stderr streams to ``stde
 engine directory; the port comes from the ``perfkit-mark listening port=N`` line there. Ready is
 ``GET /health`` == 200. Teardown: SIGTERM to the group, a grace period, then SIGKILL to the group.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -100,8 +101,13 @@ class RunningEngine:
         return self.proc.returncode
 
 
-def start_engine(directory: str | Path, *extra_args: str, preset: str = "tiny",
-                 timeout_s: float = START_TIMEOUT_S, env: dict[str, str] | None = None) -> RunningEngine:
+def start_engine(
+    directory: str | Path,
+    *extra_args: str,
+    preset: str = "tiny",
+    timeout_s: float = START_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+) -> RunningEngine:
     """Start ``python -m perfkit.refengine`` and wait until /health is 200.
 
     Raises:
@@ -110,18 +116,39 @@ def start_engine(directory: str | Path, *extra_args: str, preset: str = "tiny",
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     (d / "perf").mkdir(exist_ok=True)
-    argv = [sys.executable, "-m", "perfkit.refengine", "--preset", preset, "--port", "0",
-            "--perf-log-dir", str(d / "perf"), *extra_args]
+    argv = [
+        sys.executable,
+        "-m",
+        "perfkit.refengine",
+        "--preset",
+        preset,
+        "--port",
+        "0",
+        "--perf-log-dir",
+        str(d / "perf"),
+        *extra_args,
+    ]
     full_env = dict(os.environ)
-    full_env.update({"PYTHONUNBUFFERED": "1",
-                     "TORCHINDUCTOR_CACHE_DIR": str(d / "cache" / "inductor"),
-                     "TRITON_CACHE_DIR": str(d / "cache" / "triton")})
+    full_env.update(
+        {
+            "PYTHONUNBUFFERED": "1",
+            "TORCHINDUCTOR_CACHE_DIR": str(d / "cache" / "inductor"),
+            "TRITON_CACHE_DIR": str(d / "cache" / "triton"),
+        }
+    )
     full_env.update(env or {})
     err_fh = open(d / "stderr.log", "wb")
     out_fh = open(d / "stdout.log", "wb")
     try:
-        proc = subprocess.Popen(argv, stdout=out_fh, stderr=err_fh, stdin=subprocess.DEVNULL,
-                                env=full_env, start_new_session=True, cwd=str(d))
+        proc = subprocess.Popen(
+            argv,
+            stdout=out_fh,
+            stderr=err_fh,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            start_new_session=True,
+            cwd=str(d),
+        )
     finally:
         out_fh.close()
     eng = RunningEngine(proc=proc, directory=d, argv=argv, _stderr_fh=err_fh)
@@ -139,11 +166,13 @@ def _wait_ready(eng: RunningEngine, deadline: float) -> None:
     with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as http:
         while True:
             if eng.proc.poll() is not None:
-                raise EngineStartFailed(f"engine exited with {eng.proc.returncode} before ready:\n"
-                                        f"{eng.stderr_text()[-4000:]}")
+                raise EngineStartFailed(
+                    f"engine exited with {eng.proc.returncode} before ready:\n{eng.stderr_text()[-4000:]}"
+                )
             if time.monotonic() > deadline:
-                raise EngineStartFailed(f"engine not ready in time (port {eng.port or '?'}):\n"
-                                        f"{eng.stderr_text()[-4000:]}")
+                raise EngineStartFailed(
+                    f"engine not ready in time (port {eng.port or '?'}):\n{eng.stderr_text()[-4000:]}"
+                )
             if not eng.port:
                 m = PORT_RE.search(eng.stderr_text())
                 if m:
@@ -170,4 +199,6 @@ def running_engine(directory: str | Path, *extra_args: str, **kw) -> Iterator[Ru
 
 def spec(num_frames: int = 25, steps: int = 4, height: int = 64, width: int = 64, **kw) -> VideoRequestSpec:
     """A small request (64x64, 4 steps, 25 frames by default)."""
-    return VideoRequestSpec(num_frames=num_frames, height=height, width=width, num_inference_steps=steps, **kw)
+    return VideoRequestSpec(
+        num_frames=num_frames, height=height, width=width, num_inference_steps=steps, **kw
+    )

@@ -1,5 +1,6 @@
 """The house rules of docs/DESIGN.md, checked on the source: no import cycle, the layers of the
 import-linter contract, and no scenario name written outside its own module."""
+
 from __future__ import annotations
 
 import ast
@@ -51,8 +52,11 @@ def _literals(path: Path) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
             skip |= {id(n) for n in ast.walk(node.value)}
-    return [(n.lineno, n.value) for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
+    return [
+        (n.lineno, n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip
+    ]
 
 
 def _names(text: str, name: str) -> bool:

@@ -1,4 +1,5 @@
 """Tests for perfkit.gate.baseline against sglang's real RTX 5090 baseline and synthetic bundles."""
+
 from __future__ import annotations
 
 import copy
@@ -10,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfkit.gate import baseline as bl
 from perfkit.bundle import ResultBundle
-from perfkit.scenarios import registry
 from perfkit.checks import CHECK_COLUMNS, STATUSES, check_markdown, check_table, overall_status
+from perfkit.gate import baseline as bl
+from perfkit.scenarios import registry
 
 FIXTURE = Path(__file__).parent / "fixtures" / "perf_baselines_5090.json"
 
@@ -41,6 +42,7 @@ def rows_by_metric(rows, case):
 
 # ---------------------------------------------------------------------------- load / save
 
+
 def test_fixture_round_trip_equal(doc, tmp_path):
     out = tmp_path / "b.json"
     bl.save_baseline(doc, out)
@@ -60,9 +62,20 @@ def test_unknown_keys_survive(doc, tmp_path):
 
 
 def test_empty_stage_maps_and_zero_denoise_are_valid():
-    text = json.dumps({"tolerances": bl.DEFAULT_TOLERANCES, "scenarios": {"img": {
-        "stages_ms": {}, "denoise_step_ms": {}, "expected_e2e_ms": 100.0,
-        "expected_avg_denoise_ms": 0.0, "expected_median_denoise_ms": 0.0}}})
+    text = json.dumps(
+        {
+            "tolerances": bl.DEFAULT_TOLERANCES,
+            "scenarios": {
+                "img": {
+                    "stages_ms": {},
+                    "denoise_step_ms": {},
+                    "expected_e2e_ms": 100.0,
+                    "expected_avg_denoise_ms": 0.0,
+                    "expected_median_denoise_ms": 0.0,
+                }
+            },
+        }
+    )
     d = bl.loads_baseline(text)
     rows = bl.compare({"img": d["scenarios"]["img"]}, d)
     assert overall_status(check_table(rows)) == "pass"
@@ -85,6 +98,7 @@ def test_wrong_shape_names_file_and_key(tmp_path):
 
 
 # ---------------------------------------------------------------------------- bounds
+
 
 def test_hand_computed_bounds_pr_test(doc):
     rows = rows_by_metric(bl.compare(run_from(doc), doc, "pr_test"), "wan2_1_t2v_1.3b")
@@ -109,8 +123,7 @@ def test_hand_computed_bounds_pr_test(doc):
 
 
 def test_long_term_profile_and_image_step_pad(doc):
-    rows = rows_by_metric(bl.compare(run_from(doc), doc, "long_term", video=False),
-                          "zimage_image_t2i")
+    rows = rows_by_metric(bl.compare(run_from(doc), doc, "long_term", video=False), "zimage_image_t2i")
     assert rows["stages_ms.DenoisingStage"].bound == pytest.approx(2178.8 * 1.1)
     # step 2 270.3: max(270.3 * 1.25 = 337.875, 270.3 + 20)
     assert rows["denoise_step_ms.2"].bound == pytest.approx(337.875)
@@ -128,6 +141,7 @@ def test_identical_run_passes_all(doc):
 
 
 # ---------------------------------------------------------------------------- regressions
+
 
 @pytest.mark.parametrize("factor,status", [(1.30, "fail"), (1.05, "pass")])
 def test_denoising_stage_slower(doc, factor, status):
@@ -185,8 +199,9 @@ def test_improvement_hint_with_snippet(doc):
     assert r.snippet == {"stages_ms": {"DenoisingStage": 15000.0}}
     assert '{"stages_ms": {"DenoisingStage": 15000.0}}' in r.reason
     assert by["denoise_step_ms.10"].status == "improved"
-    assert bl.improvement_snippets(rows) == {"wan2_1_t2v_1.3b": {
-        "stages_ms": {"DenoisingStage": 15000.0}, "denoise_step_ms": {"10": 300.0}}}
+    assert bl.improvement_snippets(rows) == {
+        "wan2_1_t2v_1.3b": {"stages_ms": {"DenoisingStage": 15000.0}, "denoise_step_ms": {"10": 300.0}}
+    }
     assert overall_status(check_table(rows)) == "pass"
 
 
@@ -217,6 +232,7 @@ def test_stage_class_hook():
 
 # ---------------------------------------------------------------------------- tables
 
+
 def test_verdict_table_and_markdown(doc):
     run = run_from(doc, "wan2_1_t2v_1.3b")
     run["wan2_1_t2v_1.3b"]["stages_ms"]["DenoisingStage"] *= 1.3
@@ -234,6 +250,7 @@ def test_verdict_table_and_markdown(doc):
 
 # ---------------------------------------------------------------------------- from_bundle
 
+
 def synthetic_bundle(commit="abc1234"):
     """One launch, a startup warmup, 3 measured requests (the 2nd is the slowest) and a failed one."""
     reqs, stages, steps = [], [], []
@@ -247,30 +264,44 @@ def synthetic_bundle(commit="abc1234"):
     for i, (idx, _kind, status, e2e, st, dec, res, alloc) in enumerate(specs):
         rid = f"r{i}"
         t0 = 1000.0 + 10 * i
-        reqs.append(dict(launch="L0", request_id=rid, index=idx, status=status,
-                         e2e_ms=e2e, client_ms=e2e + 5, peak_reserved_mib=res,
-                         peak_allocated_mib=alloc, t_start_s=t0, t_end_s=t0 + e2e / 1000))
-        stages.append(dict(launch="L0", request_id=rid, index=idx,
-                           stage="TextEncodingStage", ms=50.0 + i))
-        stages.append(dict(launch="L0", request_id=rid, index=idx,
-                           stage="DenoisingStage", ms=sum(st)))
-        stages.append(dict(launch="L0", request_id=rid, index=idx,
-                           stage="DecodingStage", ms=dec))
+        reqs.append(
+            dict(
+                launch="L0",
+                request_id=rid,
+                index=idx,
+                status=status,
+                e2e_ms=e2e,
+                client_ms=e2e + 5,
+                peak_reserved_mib=res,
+                peak_allocated_mib=alloc,
+                t_start_s=t0,
+                t_end_s=t0 + e2e / 1000,
+            )
+        )
+        stages.append(dict(launch="L0", request_id=rid, index=idx, stage="TextEncodingStage", ms=50.0 + i))
+        stages.append(dict(launch="L0", request_id=rid, index=idx, stage="DenoisingStage", ms=sum(st)))
+        stages.append(dict(launch="L0", request_id=rid, index=idx, stage="DecodingStage", ms=dec))
         for s, ms in enumerate(st):
-            steps.append(dict(launch="L0", request_id=rid, index=idx,
-                              stage="DenoisingStage", step=s, ms=ms))
-    launches = pd.DataFrame([dict(launch="L0", label="cold", ready_s=42.5, load_peak_mib=3000.0,
-                                  warmup_peak_mib=6000.0)])
-    return ResultBundle(scenario="cold_warm", meta={"git_commit": commit},
-                        tables={"requests": pd.DataFrame(reqs), "stages": pd.DataFrame(stages),
-                                "steps": pd.DataFrame(steps), "launches": launches})
+            steps.append(dict(launch="L0", request_id=rid, index=idx, stage="DenoisingStage", step=s, ms=ms))
+    launches = pd.DataFrame(
+        [dict(launch="L0", label="cold", ready_s=42.5, load_peak_mib=3000.0, warmup_peak_mib=6000.0)]
+    )
+    return ResultBundle(
+        scenario="cold_warm",
+        meta={"git_commit": commit},
+        tables={
+            "requests": pd.DataFrame(reqs),
+            "stages": pd.DataFrame(stages),
+            "steps": pd.DataFrame(steps),
+            "launches": launches,
+        },
+    )
 
 
 def test_from_bundle_keeps_worst():
     e = bl.from_bundle(synthetic_bundle(), "ltx_t2v")
     # stage worst over the 3 measured requests (warmup r0 and failed r4 excluded)
-    assert e["stages_ms"] == {"TextEncodingStage": 53.0, "DenoisingStage": 620.0,
-                              "DecodingStage": 250.0}
+    assert e["stages_ms"] == {"TextEncodingStage": 53.0, "DenoisingStage": 620.0, "DecodingStage": 250.0}
     # 4 steps, fractions 0..1 by 0.2 -> indices round(f * 3) = 0, 1, 2, 3
     assert e["denoise_step_ms"] == {"0": 300.0, "1": 150.0, "2": 140.0, "3": 130.0}
     assert e["expected_e2e_ms"] == 1700.0
@@ -315,6 +346,7 @@ def test_baseline_from_bundles_compares_clean():
 
 
 # ---------------------------------------------------------------------------- update
+
 
 def test_update_creates_and_keeps_other_cases(tmp_path):
     bdir = synthetic_bundle().save(tmp_path / "bundle")
@@ -365,26 +397,68 @@ def test_interrupted_update_leaves_old_file(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------- invariants
 
 GOOD = {
-    "cold_warm": {"cold_ms": 2000.0, "warm_median_ms": 1500.0, "warm_cold_ratio": 0.75,
-                  "warm_cold_ratio_ci": [0.7, 0.8], "penalty_ms": {"DenoisingStage": 400.0},
-                  "penalty_stage": "DenoisingStage",
-                  "leak_checks": [
-                      {"name": "host_anon_slope_mib_per_request", "value": 2.0, "threshold": 16.0,
-                       "passed": True},
-                      {"name": "device_reserved_slope_mib_per_request", "value": 0.0,
-                       "threshold": 16.0, "passed": True},
-                      {"name": "latency_drift", "value": 0.02, "threshold": 0.25, "passed": True}]},
-    "warmup_shapes": {"coverage": [
-        {"warmup_frames": 17, "request_frames": 17, "covered": True, "first_ms": 1600.0,
-         "warm_median_ms": 1500.0, "penalty_ms": 100.0, "ratio": 1.07, "ratio_ci": [1.0, 1.1],
-         "compiles": 0, "penalty_stage": None},
-        {"warmup_frames": 17, "request_frames": 25, "covered": False, "first_ms": 9000.0,
-         "warm_median_ms": 1800.0, "penalty_ms": 7200.0, "ratio": 5.0, "ratio_ci": [4.5, 5.5],
-         "compiles": 3, "penalty_stage": "DenoisingStage"}]},
-    "memory_budget": {"caps": [
-        {"label": "12g+32g", "device_cap_gib": 12.0, "host_cap_gib": 32.0, "completed": True,
-         "cap_held": True, "enforcement": "torch_fraction", "peak_reserved_mib": 11000.0,
-         "host_anon_peak_mib": 20000.0, "placement": "cpu_offload", "warm_degrades": False}]},
+    "cold_warm": {
+        "cold_ms": 2000.0,
+        "warm_median_ms": 1500.0,
+        "warm_cold_ratio": 0.75,
+        "warm_cold_ratio_ci": [0.7, 0.8],
+        "penalty_ms": {"DenoisingStage": 400.0},
+        "penalty_stage": "DenoisingStage",
+        "leak_checks": [
+            {"name": "host_anon_slope_mib_per_request", "value": 2.0, "threshold": 16.0, "passed": True},
+            {
+                "name": "device_reserved_slope_mib_per_request",
+                "value": 0.0,
+                "threshold": 16.0,
+                "passed": True,
+            },
+            {"name": "latency_drift", "value": 0.02, "threshold": 0.25, "passed": True},
+        ],
+    },
+    "warmup_shapes": {
+        "coverage": [
+            {
+                "warmup_frames": 17,
+                "request_frames": 17,
+                "covered": True,
+                "first_ms": 1600.0,
+                "warm_median_ms": 1500.0,
+                "penalty_ms": 100.0,
+                "ratio": 1.07,
+                "ratio_ci": [1.0, 1.1],
+                "compiles": 0,
+                "penalty_stage": None,
+            },
+            {
+                "warmup_frames": 17,
+                "request_frames": 25,
+                "covered": False,
+                "first_ms": 9000.0,
+                "warm_median_ms": 1800.0,
+                "penalty_ms": 7200.0,
+                "ratio": 5.0,
+                "ratio_ci": [4.5, 5.5],
+                "compiles": 3,
+                "penalty_stage": "DenoisingStage",
+            },
+        ]
+    },
+    "memory_budget": {
+        "caps": [
+            {
+                "label": "12g+32g",
+                "device_cap_gib": 12.0,
+                "host_cap_gib": 32.0,
+                "completed": True,
+                "cap_held": True,
+                "enforcement": "torch_fraction",
+                "peak_reserved_mib": 11000.0,
+                "host_anon_peak_mib": 20000.0,
+                "placement": "cpu_offload",
+                "warm_degrades": False,
+            }
+        ]
+    },
 }
 
 
@@ -404,20 +478,24 @@ def test_invariants_fail():
     bad["cold_warm"]["leak_checks"][0]["value"] = 40.0
     bad["warmup_shapes"]["coverage"][0].update(first_ms=4500.0, ratio=3.0, compiles=2)
     bad["memory_budget"]["caps"][0]["cap_held"] = False
-    df = check_table(registry.checks_for(bad, {**registry.invariant_defaults(),
-                                                    "warm_cold_ratio_min": 0.5}))
+    df = check_table(registry.checks_for(bad, {**registry.invariant_defaults(), "warm_cold_ratio_min": 0.5}))
     failed = set(df.loc[df["status"] == "fail", "metric"])
-    assert failed == {"warm_cold_ratio", "host_anon_slope_mib_per_request",
-                      "covered_first_request_ratio[warmup=17f,request=17f]",
-                      "covered_compiles[warmup=17f,request=17f]", "cap_held[12g+32g]"}
+    assert failed == {
+        "warm_cold_ratio",
+        "host_anon_slope_mib_per_request",
+        "covered_first_request_ratio[warmup=17f,request=17f]",
+        "covered_compiles[warmup=17f,request=17f]",
+        "cap_held[12g+32g]",
+    }
     assert overall_status(df) == "fail"
     mn = df[df["metric"] == "warm_cold_ratio_min"].iloc[0]
     assert mn["status"] == "pass"
 
 
 def test_invariants_absent_are_skipped():
-    df = check_table(registry.checks_for({"cold_warm": {"cold_ms": 1.0}},
-                                              {**registry.invariant_defaults(), "bogus": 1}))
+    df = check_table(
+        registry.checks_for({"cold_warm": {"cold_ms": 1.0}}, {**registry.invariant_defaults(), "bogus": 1})
+    )
     assert set(df["status"]) == {"skipped"}
     assert overall_status(df) == "pass"
     assert (df["reason"].str.contains("not measured") | (df["metric"] == "bogus")).all()

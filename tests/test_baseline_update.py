@@ -1,5 +1,6 @@
 """`perfkit baseline update` on the real H200 bundles in examples/h200: the steady state, one
 hardware per file, and agreement with the suite's gate."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,12 @@ H200 = ROOT / "baselines" / "h200.json"
 
 
 def _update(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perfkit.cli", "baseline", "update", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "perfkit.cli", "baseline", "update", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -31,8 +36,16 @@ def copy(tmp_path):
 
 def test_update_keeps_the_steady_state_not_the_uncovered_cold_request(copy):
     case = "ltx-2b_25f_512x768_30s_w17"
-    r = _update("--bundle", str(BUNDLES / "cold_warm"), "--baseline", str(copy), "--case", case,
-                "--hardware", "NVIDIA H200")
+    r = _update(
+        "--bundle",
+        str(BUNDLES / "cold_warm"),
+        "--baseline",
+        str(copy),
+        "--case",
+        case,
+        "--hardware",
+        "NVIDIA H200",
+    )
     assert r.returncode == 0, r.stderr
     got = bl.load_baseline(copy)["scenarios"][case]
     want = bl.load_baseline(H200)["scenarios"][case]
@@ -44,8 +57,16 @@ def test_update_keeps_the_steady_state_not_the_uncovered_cold_request(copy):
 
 def test_update_refuses_another_hardware(copy):
     before = copy.read_bytes()
-    r = _update("--bundle", str(BUNDLES / "cold_warm"), "--baseline", str(copy), "--case", "x",
-                "--hardware", "ci-cpu-2core")
+    r = _update(
+        "--bundle",
+        str(BUNDLES / "cold_warm"),
+        "--baseline",
+        str(copy),
+        "--case",
+        "x",
+        "--hardware",
+        "ci-cpu-2core",
+    )
     assert r.returncode == 2 and "NVIDIA H200" in r.stderr
     assert copy.read_bytes() == before
 
@@ -54,7 +75,17 @@ def test_update_of_a_multi_launch_bundle_names_the_launch(copy):
     r = _update("--bundle", str(BUNDLES / "warmup_shapes"), "--baseline", str(copy), "--case", "x")
     assert r.returncode == 2 and "warmup17" in r.stderr and "--launch" in r.stderr
     case = "ltx-2b_25f_512x768_30s_w25_shapes"
-    r = _update("--bundle", str(BUNDLES / "warmup_shapes"), "--baseline", str(copy), "--case", case,
-                "--launch", "warmup25", "--num-frames", "25")
+    r = _update(
+        "--bundle",
+        str(BUNDLES / "warmup_shapes"),
+        "--baseline",
+        str(copy),
+        "--case",
+        case,
+        "--launch",
+        "warmup25",
+        "--num-frames",
+        "25",
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(copy.read_text())["scenarios"][case] == bl.load_baseline(H200)["scenarios"][case]

@@ -1,6 +1,7 @@
 """The bundle's declared tables and versions: units and name suffixes agree, ``save`` refuses an
 undeclared column, version 1 bundles (the committed examples) load with version 2 names and the
 same numbers, saved bundles carry schema_version 2 and keep their dtypes."""
+
 from __future__ import annotations
 
 import json
@@ -10,10 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import synthetic
 from perfkit import bundle_schema as bs
 from perfkit.bundle import SCHEMA_VERSION, TABLE_SCHEMAS, TABLES, WARMUP_INDEX, ResultBundle
-
-import synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 V1 = ROOT / "examples" / "h200" / "bundles"
@@ -87,10 +87,8 @@ def test_v1_bundle_loads_with_v2_names_and_same_numbers():
     req = b.requests
     assert list(req.columns) == TABLE_SCHEMAS["requests"].names
     assert "peak_reserved_mb" not in req and "tag" not in req
-    pd.testing.assert_series_equal(req["peak_reserved_mib"], raw_req["peak_reserved_mb"],
-                                   check_names=False)
-    pd.testing.assert_series_equal(req["peak_allocated_mib"], raw_req["peak_allocated_mb"],
-                                   check_names=False)
+    pd.testing.assert_series_equal(req["peak_reserved_mib"], raw_req["peak_reserved_mb"], check_names=False)
+    pd.testing.assert_series_equal(req["peak_allocated_mib"], raw_req["peak_allocated_mb"], check_names=False)
     pd.testing.assert_series_equal(req["t_start_s"], raw_req["t_start"], check_names=False)
     assert list(req["e2e_ms"]) == list(raw_req["e2e_ms"])
     # the warmup, marked both ways in v1, is index -1 only
@@ -98,8 +96,9 @@ def test_v1_bundle_loads_with_v2_names_and_same_numbers():
     assert b.launches["load_peak_mib"].iloc[0] == raw_lt["load_peak_mb"].iloc[0]
     assert b.launches["warmup_peak_mib"].iloc[0] == raw_lt["warmup_peak_mb"].iloc[0]
     assert list(b.memory["t_s"]) == list(raw_mem["t"])
-    pd.testing.assert_series_equal(b.memory["gpu_util_fraction"], raw_mem["gpu_util_pct"] / 100.0,
-                                   check_names=False)
+    pd.testing.assert_series_equal(
+        b.memory["gpu_util_fraction"], raw_mem["gpu_util_pct"] / 100.0, check_names=False
+    )
     stages = b.stages
     raw_st = pd.read_parquet(d / "stages.parquet")
     assert list(stages["ms"]) == list(raw_st["ms"])
@@ -118,8 +117,11 @@ def test_v1_results_keys_are_renamed():
         assert not any(k.endswith("_mb") for k in new)
 
 
-@pytest.mark.parametrize("d", [V1 / "cold_warm", V1 / "warmup_shapes", V1 / "memory_budget",
-                               V1_TWO_STAGE / "warmup_shapes"], ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize(
+    "d",
+    [V1 / "cold_warm", V1 / "warmup_shapes", V1 / "memory_budget", V1_TWO_STAGE / "warmup_shapes"],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
 def test_committed_v1_bundles_load_and_resave_as_v2(d, tmp_path):
     before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
     b = ResultBundle.load(d)
@@ -128,8 +130,9 @@ def test_committed_v1_bundles_load_and_resave_as_v2(d, tmp_path):
     assert json.loads((out / "meta.json").read_text())["schema_version"] == 2
     again = ResultBundle.load(out)
     for name in TABLES:
-        pd.testing.assert_frame_equal(again.table(name).reset_index(drop=True),
-                                      b.table(name).reset_index(drop=True))
+        pd.testing.assert_frame_equal(
+            again.table(name).reset_index(drop=True), b.table(name).reset_index(drop=True)
+        )
     assert again.results == b.results
 
 

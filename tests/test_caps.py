@@ -1,4 +1,5 @@
 """MemoryCaps: environment, labels, host cap enforcement on real processes."""
+
 import subprocess
 import sys
 import time
@@ -9,16 +10,26 @@ import psutil
 import pytest
 
 from perfkit.engine.caps import CapOutcome, MemoryCaps, cgroup2_available
-from perfkit.engine.spec import EngineSpec
 from perfkit.engine.launch import EngineExitedError, EngineStartError, launch
+from perfkit.engine.spec import EngineSpec
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
 
 
 def fake(*args: str) -> EngineSpec:
-    return EngineSpec(kind="command", startup_timeout_s=20,
-                      command_template=[sys.executable, FAKE, "--port", "{port}", "--perf-log-dir",
-                                        "{perf_log_dir}", *args])
+    return EngineSpec(
+        kind="command",
+        startup_timeout_s=20,
+        command_template=[
+            sys.executable,
+            FAKE,
+            "--port",
+            "{port}",
+            "--perf-log-dir",
+            "{perf_log_dir}",
+            *args,
+        ],
+    )
 
 
 def test_env_and_label():
@@ -59,8 +70,9 @@ def test_caps_env_reaches_engine(tmp_path):
 
 def test_host_cap_exceeded_after_ready_is_a_result(tmp_path):
     caps = MemoryCaps(host_gib=0.25, host_enforcement="watchdog")
-    with launch(fake("--mode", "alloc", "--alloc-mib", "600", "--step-mib", "50"), caps=caps,
-                run_dir=tmp_path) as h:
+    with launch(
+        fake("--mode", "alloc", "--alloc-mib", "600", "--step-mib", "50"), caps=caps, run_dir=tmp_path
+    ) as h:
         assert h.cap_outcome.enforcement == "watchdog"
         t0 = time.monotonic()
         while h.alive() and time.monotonic() - t0 < 15:
@@ -115,9 +127,10 @@ def test_within_cap_not_exceeded(tmp_path):
 
 
 def test_enforcer_directly_on_a_process():
-    p = subprocess.Popen([sys.executable, "-c",
-                          "import time; x = b\"x\" * (300 * 2**20); time.sleep(30)"],
-                         start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", 'import time; x = b"x" * (300 * 2**20); time.sleep(30)'],
+        start_new_session=True,
+    )
     try:
         enf = MemoryCaps(host_gib=0.1, host_enforcement="watchdog").start(p.pid)
         assert p.wait(timeout=10) == -9

@@ -5,6 +5,7 @@ both ranks' timings are in its record, memory snapshots are the max across ranks
 the single-process engine for the same seed, the multi-GPU two-stage warmup option, a dead rank
 makes the engine unhealthy, and teardown leaves no rank alive.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,12 +15,12 @@ import time
 import numpy as np
 import psutil
 import pytest
-from refengine_helpers import spec
 
-from perfkit.engine.spec import EngineSpec
 from perfkit.engine.launch import launch
+from perfkit.engine.spec import EngineSpec
 from perfkit.refengine.cli import main as engine_main
 from perfkit.refengine.memory import max_snapshots
+from refengine_helpers import spec
 
 pytestmark = pytest.mark.slow
 
@@ -56,8 +57,9 @@ def test_two_ranks_complete_a_request_with_both_ranks_timed_and_match_one_proces
         rec = _ok(out)
         got = _frames(h, out)
         warm = [r for r in h.records() if r.is_warmup]
-    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], \
+    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], (
         "a rank survived teardown"
+    )
 
     pk = rec.perfkit
     assert pk["num_gpus"] == 2 and pk["parallelism"] == "cfg"
@@ -116,11 +118,19 @@ def test_a_dead_rank_makes_the_engine_unhealthy_and_requests_fail(tmp_path):
 
 
 def test_max_snapshots_takes_the_max_of_each_field_across_ranks():
-    a = {"load_peak": {"allocated_mb": 10.0, "peak_allocated_mb": 30.0}, "runtime_peak": {"peak_allocated_mb": 5.0}}
-    b = {"load_peak": {"allocated_mb": 12.0, "peak_allocated_mb": 20.0}, "warmup_peak": {"peak_allocated_mb": 7.0}}
-    assert max_snapshots([a, b]) == {"load_peak": {"allocated_mb": 12.0, "peak_allocated_mb": 30.0},
-                                     "runtime_peak": {"peak_allocated_mb": 5.0},
-                                     "warmup_peak": {"peak_allocated_mb": 7.0}}
+    a = {
+        "load_peak": {"allocated_mb": 10.0, "peak_allocated_mb": 30.0},
+        "runtime_peak": {"peak_allocated_mb": 5.0},
+    }
+    b = {
+        "load_peak": {"allocated_mb": 12.0, "peak_allocated_mb": 20.0},
+        "warmup_peak": {"peak_allocated_mb": 7.0},
+    }
+    assert max_snapshots([a, b]) == {
+        "load_peak": {"allocated_mb": 12.0, "peak_allocated_mb": 30.0},
+        "runtime_peak": {"peak_allocated_mb": 5.0},
+        "warmup_peak": {"peak_allocated_mb": 7.0},
+    }
 
 
 @pytest.mark.parametrize("argv", [["--num-gpus", "0"], ["--num-gpus", "2", "--rank", "1"]])

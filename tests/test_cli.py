@@ -1,8 +1,8 @@
 """The `perfkit` command: run, report, compare, baseline update, engine serve."""
+
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from perfkit.gate import baseline as bl
 from perfkit.cli import _parse_kv, build_parser
+from perfkit.gate import baseline as bl
 from perfkit.gate import run as gate_run
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -21,8 +21,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def perfkit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perfkit.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "perfkit.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def test_entry_point_declared_and_help():
@@ -35,7 +40,11 @@ def test_entry_point_declared_and_help():
 
 def test_parse_kv_yaml_values():
     assert _parse_kv(["repeats=3", "bundle_dir=null", "caps=[{host_gib: 8}]", "name=a=b"]) == {
-        "repeats": 3, "bundle_dir": None, "caps": [{"host_gib": 8}], "name": "a=b"}
+        "repeats": 3,
+        "bundle_dir": None,
+        "caps": [{"host_gib": 8}],
+        "name": "a=b",
+    }
 
 
 def test_parser_requires_params():
@@ -51,11 +60,13 @@ def test_engine_serve_forwards_to_refengine():
 
 @pytest.fixture()
 def gated_run(tmp_path) -> Path:
-    from perfkit import suite
 
     run = synthetic.make_run(tmp_path / "run")
-    gate_run.gate(run, engine={"preset": "tiny", "warmup_frames": 17},
-               request={"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4})
+    gate_run.gate(
+        run,
+        engine={"preset": "tiny", "warmup_frames": 17},
+        request={"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4},
+    )
     return run
 
 
@@ -82,8 +93,18 @@ def test_compare_bad_baseline_is_error(gated_run, tmp_path):
 
 def test_baseline_update(gated_run, tmp_path):
     dst = tmp_path / "baselines" / "cpu.json"
-    proc = perfkit("baseline", "update", "--bundle", str(gated_run / "cold_warm"), "--baseline",
-                   str(dst), "--case", "tiny_25f_64x64_4s_w17", "--hardware", "ci-cpu")
+    proc = perfkit(
+        "baseline",
+        "update",
+        "--bundle",
+        str(gated_run / "cold_warm"),
+        "--baseline",
+        str(dst),
+        "--case",
+        "tiny_25f_64x64_4s_w17",
+        "--hardware",
+        "ci-cpu",
+    )
     assert proc.returncode == 0, proc.stderr
     doc = bl.load_baseline(dst)
     assert doc["metadata"]["hardware"] == "ci-cpu"
@@ -95,8 +116,7 @@ def test_run_one_notebook_replaying_a_bundle(tmp_path):
     rec = tmp_path / "rec"
     synthetic.cold_warm().save(rec)
     run_dir = tmp_path / "nbrun"
-    proc = perfkit("run", "notebooks/cold_warm.ipynb", "-p", f"bundle_dir={rec}", "-p",
-                   f"run_dir={run_dir}")
+    proc = perfkit("run", "notebooks/cold_warm.ipynb", "-p", f"bundle_dir={rec}", "-p", f"run_dir={run_dir}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (run_dir / "notebooks" / "cold_warm.ipynb").exists()
     v = json.loads((run_dir / "cold_warm" / "verdict.json").read_text())

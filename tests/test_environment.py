@@ -1,10 +1,11 @@
 """environment.yml mirrors pyproject.toml's dependencies and test extra."""
+
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +22,9 @@ def test_environment_yml_mirrors_pyproject():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
     have = {_norm(r) for r in pip if not r.startswith("-e")}
-    assert have == want, f"only in environment.yml: {sorted(have - want)}; only in pyproject: {sorted(want - have)}"
+    assert have == want, (
+        f"only in environment.yml: {sorted(have - want)}; only in pyproject: {sorted(want - have)}"
+    )
     assert "-e ." in pip
     py = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python"))
     assert py.startswith("python=3.1")

@@ -1,4 +1,5 @@
 """Launch tests with real processes (tests/fake_engine.py)."""
+
 import os
 import signal
 import socket
@@ -10,18 +11,35 @@ import httpx
 import psutil
 import pytest
 
+from perfkit.engine.launch import (
+    EngineExitedError,
+    EngineStartError,
+    PortInUseError,
+    launch,
+    parse_marks,
+    started_processes,
+    surviving,
+)
 from perfkit.engine.spec import EngineSpec
-from perfkit.engine.launch import (EngineExitedError, EngineStartError, PortInUseError, launch,
-                            parse_marks, started_processes, surviving)
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
 
 
 def fake(*args: str, **kw) -> EngineSpec:
     kw.setdefault("startup_timeout_s", 20)
-    return EngineSpec(kind="command",
-                      command_template=[sys.executable, FAKE, "--port", "{port}", "--perf-log-dir",
-                                        "{perf_log_dir}", *args], **kw)
+    return EngineSpec(
+        kind="command",
+        command_template=[
+            sys.executable,
+            FAKE,
+            "--port",
+            "{port}",
+            "--perf-log-dir",
+            "{perf_log_dir}",
+            *args,
+        ],
+        **kw,
+    )
 
 
 def _gone(pid: int) -> bool:
@@ -83,8 +101,11 @@ def test_second_launch_same_label_gets_own_dir_and_cache(tmp_path):
         pass
     with launch(fake(share_compile_cache=True), run_dir=tmp_path, label="s2") as d:
         pass
-    assert c.env_added["TORCHINDUCTOR_CACHE_DIR"] == d.env_added["TORCHINDUCTOR_CACHE_DIR"] \
+    assert (
+        c.env_added["TORCHINDUCTOR_CACHE_DIR"]
+        == d.env_added["TORCHINDUCTOR_CACHE_DIR"]
         == str(tmp_path / "shared-cache" / "inductor")
+    )
 
 
 def test_exit_code_3_gives_start_error_with_tail(tmp_path):
@@ -175,8 +196,9 @@ def test_keyboard_interrupt_tears_down(tmp_path):
 
 
 def test_parse_marks():
-    text = ("noise\nperfkit-mark process_start t=100.5\nperfkit-mark listening port=8000\n"
-            "INFO perfkit-mark models_loaded t=103 placement=device\n"
-            "perfkit-mark warmup_done at=5 t=1.7e9\nperfkit-mark process_start t=200\n")
-    assert parse_marks(text) == {"process_start": 100.5, "models_loaded": 103.0,
-                                 "warmup_done": 1.7e9}
+    text = (
+        "noise\nperfkit-mark process_start t=100.5\nperfkit-mark listening port=8000\n"
+        "INFO perfkit-mark models_loaded t=103 placement=device\n"
+        "perfkit-mark warmup_done at=5 t=1.7e9\nperfkit-mark process_start t=200\n"
+    )
+    assert parse_marks(text) == {"process_start": 100.5, "models_loaded": 103.0, "warmup_done": 1.7e9}

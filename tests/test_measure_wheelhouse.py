@@ -1,4 +1,5 @@
 """`perfkit measure` (bundles without notebooks) and the offline wheelhouse."""
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,25 @@ def test_measure_writes_bundles_without_notebooks(tmp_path):
     pfile = tmp_path / "p.yaml"
     pfile.write_text(yaml.safe_dump(params))
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "perfkit.cli", "measure", "--params", str(pfile),
-                           "--out", str(out), "--overhead-pairs", "2", "--work-dir", str(tmp_path / "w")],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "perfkit.cli",
+            "measure",
+            "--params",
+            str(pfile),
+            "--out",
+            str(out),
+            "--overhead-pairs",
+            "2",
+            "--work-dir",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "measure.json").read_text())
     assert summary["cold_warm"]["error"] is None
@@ -47,8 +64,12 @@ def test_measure_writes_bundles_without_notebooks(tmp_path):
 def test_measure_bad_params_exit_2(tmp_path):
     pfile = tmp_path / "p.yaml"
     pfile.write_text("name: x\ncold_wram: {}\n")
-    proc = subprocess.run([sys.executable, "-m", "perfkit.measure", "--params", str(pfile), "--out",
-                           str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "perfkit.measure", "--params", str(pfile), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "cold_wram" in proc.stderr
 

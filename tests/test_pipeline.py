@@ -1,4 +1,5 @@
 """The staged pipeline in-process (no server): stage names, step counts, edge cases."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,14 @@ def pipe():
 def test_one_and_more_steps(pipe, steps):
     r = pipe.run(GenRequest("a cat", 17, 64, 64, steps))
     assert len(r.steps) == steps and len(r.refinement_steps) == 1
-    assert [s.name for s in r.stages] == ["TextEncodingStage", "LatentPreparationStage", "DenoisingStage",
-                                          "UpsampleStage", "RefinementStage", "DecodingStage"]
+    assert [s.name for s in r.stages] == [
+        "TextEncodingStage",
+        "LatentPreparationStage",
+        "DenoisingStage",
+        "UpsampleStage",
+        "RefinementStage",
+        "DecodingStage",
+    ]
     assert r.latent_shape[1] == 3
 
 

@@ -1,4 +1,5 @@
 """Tests for perfkit.report.plots on small DataFrames with the bundle.py columns."""
+
 from __future__ import annotations
 
 import matplotlib
@@ -15,8 +16,12 @@ from perfkit.report import plots  # noqa: E402
 
 T0 = 1_700_000_000.0
 STAGES = ["TextEncodingStage", "LatentPreparationStage", "DenoisingStage", "DecodingStage"]
-STAGE_MS = {"TextEncodingStage": 40.0, "LatentPreparationStage": 5.0, "DenoisingStage": 900.0,
-            "DecodingStage": 150.0}
+STAGE_MS = {
+    "TextEncodingStage": 40.0,
+    "LatentPreparationStage": 5.0,
+    "DenoisingStage": 900.0,
+    "DecodingStage": 150.0,
+}
 
 
 def _requests(launches=("L0",), n=4) -> pd.DataFrame:
@@ -25,15 +30,33 @@ def _requests(launches=("L0",), n=4) -> pd.DataFrame:
         t = T0 + 100.0 * li
         for idx in range(-1, n):
             e2e = 2600.0 if idx == 0 else (1200.0 if idx < 0 else 1100.0 + 5 * idx + 10 * li)
-            rows.append(dict(launch=launch, request_id=f"{launch}-r{idx}", index=idx,
-                             status="ok", error=None,
-                             num_frames=25, effective_num_frames=25, latent_frames=4,
-                             height=512, width=768, steps=4, client_ms=e2e + 30.0, e2e_ms=e2e,
-                             compiles=1 if idx == 0 else 0, compile_ms=0.0,
-                             recompile_limit_hit=False, peak_allocated_mib=9000.0,
-                             peak_reserved_mib=9500.0, host_rss_mib=4000.0 + idx,
-                             host_anon_mib=3000.0, placement="cuda", t_start_s=t,
-                             t_end_s=t + e2e / 1000.0))
+            rows.append(
+                dict(
+                    launch=launch,
+                    request_id=f"{launch}-r{idx}",
+                    index=idx,
+                    status="ok",
+                    error=None,
+                    num_frames=25,
+                    effective_num_frames=25,
+                    latent_frames=4,
+                    height=512,
+                    width=768,
+                    steps=4,
+                    client_ms=e2e + 30.0,
+                    e2e_ms=e2e,
+                    compiles=1 if idx == 0 else 0,
+                    compile_ms=0.0,
+                    recompile_limit_hit=False,
+                    peak_allocated_mib=9000.0,
+                    peak_reserved_mib=9500.0,
+                    host_rss_mib=4000.0 + idx,
+                    host_anon_mib=3000.0,
+                    placement="cuda",
+                    t_start_s=t,
+                    t_end_s=t + e2e / 1000.0,
+                )
+            )
             t += e2e / 1000.0 + 1.0
     return pd.DataFrame(rows)
 
@@ -44,9 +67,18 @@ def _stages(requests: pd.DataFrame) -> pd.DataFrame:
         t = r["t_start_s"]
         for st in STAGES:
             ms = STAGE_MS[st] * (2.2 if r["index"] == 0 else 1.0)
-            rows.append(dict(launch=r["launch"], request_id=r["request_id"], index=r["index"],
-                             stage=st, ms=ms, peak_allocated_mib=8000.0,
-                             t_start_s=t, t_end_s=t + ms / 1000.0))
+            rows.append(
+                dict(
+                    launch=r["launch"],
+                    request_id=r["request_id"],
+                    index=r["index"],
+                    stage=st,
+                    ms=ms,
+                    peak_allocated_mib=8000.0,
+                    t_start_s=t,
+                    t_end_s=t + ms / 1000.0,
+                )
+            )
             t += ms / 1000.0
     return pd.DataFrame(rows)
 
@@ -56,18 +88,31 @@ def _steps(requests: pd.DataFrame, n_steps=4) -> pd.DataFrame:
     for _, r in requests.iterrows():
         for s in range(n_steps):
             ms = 225.0 + (800.0 if (r["index"] == 0 and s == 0) else 0.0)
-            rows.append(dict(launch=r["launch"], request_id=r["request_id"], index=r["index"],
-                             stage="DenoisingStage", step=s, ms=ms))
+            rows.append(
+                dict(
+                    launch=r["launch"],
+                    request_id=r["request_id"],
+                    index=r["index"],
+                    stage="DenoisingStage",
+                    step=s,
+                    ms=ms,
+                )
+            )
     return pd.DataFrame(rows)
 
 
 def _memory(requests: pd.DataFrame, device=True) -> pd.DataFrame:
     t = np.arange(T0 - 2.0, float(requests["t_end_s"].max()) + 2.0, 0.5)
-    return pd.DataFrame(dict(
-        launch="L0", t_s=t,
-        device_used_mib=(8000.0 + 10 * np.arange(t.size)) if device else np.nan,
-        host_rss_mib=4000.0 + np.arange(t.size), host_anon_mib=3000.0 + np.arange(t.size),
-        gpu_util_fraction=0.5 if device else np.nan))
+    return pd.DataFrame(
+        dict(
+            launch="L0",
+            t_s=t,
+            device_used_mib=(8000.0 + 10 * np.arange(t.size)) if device else np.nan,
+            host_rss_mib=4000.0 + np.arange(t.size),
+            host_anon_mib=3000.0 + np.arange(t.size),
+            gpu_util_fraction=0.5 if device else np.nan,
+        )
+    )
 
 
 def _png_ok(fig: Figure) -> None:
@@ -87,8 +132,7 @@ def test_stage_breakdown_stacks_and_labels():
     bars = _bars(ax)
     assert len(bars) == len(STAGES)  # one container per stage
     assert all(len(c) == 4 for c in bars)  # warmup excluded: cold + 3 warm
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["cold", "warm #1", "warm #2",
-                                                            "warm #3"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["cold", "warm #1", "warm #2", "warm #3"]
     assert "ms" in ax.get_ylabel()
     assert [c.get_label() for c in bars] == STAGES
     # stacking: top of the last segment of the cold bar = total cold stage ms
@@ -110,8 +154,7 @@ def test_stage_breakdown_warmup_and_multi_launch():
 
 
 def test_stage_breakdown_empty():
-    fig = plots.stage_breakdown(pd.DataFrame(columns=["launch", "request_id", "index", "stage",
-                                                      "ms"]))
+    fig = plots.stage_breakdown(pd.DataFrame(columns=["launch", "request_id", "index", "stage", "ms"]))
     assert isinstance(fig, Figure)
     _png_ok(fig)
 
@@ -144,10 +187,15 @@ def test_step_times_one_line_per_request_cold_highlighted():
 
 
 def test_coverage_heatmap_annotations():
-    cov = pd.DataFrame(dict(warmup_frames=[17, 17, 25, 25], request_frames=[17, 25, 17, 25],
-                            covered=[True, False, False, True],
-                            penalty_ms=[12.0, 3100.0, 2900.0, 15.0],
-                            ratio=[1.01, 3.8, 3.6, 1.02]))
+    cov = pd.DataFrame(
+        dict(
+            warmup_frames=[17, 17, 25, 25],
+            request_frames=[17, 25, 17, 25],
+            covered=[True, False, False, True],
+            penalty_ms=[12.0, 3100.0, 2900.0, 15.0],
+            ratio=[1.01, 3.8, 3.6, 1.02],
+        )
+    )
     fig = plots.coverage_heatmap(cov)
     ax = fig.axes[0]
     assert len(ax.images) == 1
@@ -164,8 +212,7 @@ def test_memory_timeline_caps_spans_and_stage_marks():
     req = _requests(n=3)
     st = _stages(req)
     mem = _memory(req)
-    fig = plots.memory_timeline(mem, requests=req, stages=st,
-                                caps={"device_cap_gib": 12, "host_cap_gib": 32})
+    fig = plots.memory_timeline(mem, requests=req, stages=st, caps={"device_cap_gib": 12, "host_cap_gib": 32})
     assert len(fig.axes) == 2
     ax_dev, ax_host = fig.axes
     assert "MiB" in ax_dev.get_ylabel() and "MiB" in ax_host.get_ylabel()
@@ -190,8 +237,7 @@ def test_memory_timeline_cpu_host_only():
     req = _requests(n=2)
     mem = _memory(req, device=False)
     assert mem["device_used_mib"].isna().all()
-    fig = plots.memory_timeline(mem, requests=req, caps={"device_cap_gib": 12,
-                                                         "host_cap_gib": 32})
+    fig = plots.memory_timeline(mem, requests=req, caps={"device_cap_gib": 12, "host_cap_gib": 32})
     assert len(fig.axes) == 1
     ax = fig.axes[0]
     labels = [ln.get_label() for ln in ax.lines]
@@ -212,18 +258,45 @@ def test_memory_timeline_without_context():
 
 
 def test_baseline_vs_actual_bars_band_and_status_colours():
-    v = pd.DataFrame([
-        dict(case="ltx_t2v_25f", metric="e2e", expected=2000.0, actual=2100.0, bound=2200.0,
-             status="pass"),
-        dict(case="ltx_t2v_25f", metric="denoise_stage", expected=1500.0, actual=1900.0,
-             bound=1800.0, status="fail"),
-        dict(case="ltx_t2v_25f", metric="DecodingStage", expected=300.0, actual=200.0,
-             bound=570.0, status="improved"),
-        dict(case="ltx_t2v_25f", metric="denoise_step_3", expected=np.nan, actual=60.0,
-             bound=np.nan, status="new"),
-        dict(case="ltx_t2v_25f", metric="runtime_peak_vram", expected=9000.0, actual=9100.0,
-             bound=9900.0, status="pass"),
-    ])
+    v = pd.DataFrame(
+        [
+            dict(
+                case="ltx_t2v_25f", metric="e2e", expected=2000.0, actual=2100.0, bound=2200.0, status="pass"
+            ),
+            dict(
+                case="ltx_t2v_25f",
+                metric="denoise_stage",
+                expected=1500.0,
+                actual=1900.0,
+                bound=1800.0,
+                status="fail",
+            ),
+            dict(
+                case="ltx_t2v_25f",
+                metric="DecodingStage",
+                expected=300.0,
+                actual=200.0,
+                bound=570.0,
+                status="improved",
+            ),
+            dict(
+                case="ltx_t2v_25f",
+                metric="denoise_step_3",
+                expected=np.nan,
+                actual=60.0,
+                bound=np.nan,
+                status="new",
+            ),
+            dict(
+                case="ltx_t2v_25f",
+                metric="runtime_peak_vram",
+                expected=9000.0,
+                actual=9100.0,
+                bound=9900.0,
+                status="pass",
+            ),
+        ]
+    )
     fig = plots.baseline_vs_actual(v)
     assert len(fig.axes) == 2  # ms panel and MiB panel
     ax_ms, ax_mib = fig.axes
@@ -242,8 +315,7 @@ def test_baseline_vs_actual_bars_band_and_status_colours():
 
 
 def test_baseline_vs_actual_all_nan_expected():
-    v = pd.DataFrame([dict(case="c", metric="e2e", expected=np.nan, actual=1.0, bound=np.nan,
-                           status="new")])
+    v = pd.DataFrame([dict(case="c", metric="e2e", expected=np.nan, actual=1.0, bound=np.nan, status="new")])
     fig = plots.baseline_vs_actual(v)
     assert isinstance(fig, Figure)
     _png_ok(fig)

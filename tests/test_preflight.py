@@ -4,6 +4,7 @@ other hardware, shapes the reference engine refuses, bad ``-p`` values, a reused
 Every check here runs before anything is launched; the suite tests that need papermill replay
 synthetic bundles (tests/synthetic.py), so no engine starts.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,12 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from perfkit.gate import baseline as bl
 from perfkit import suite
-from perfkit.params import ParamsError, load_params, parse_params
-from perfkit.gate import run as gate_run
-from perfkit.scenarios import registry
 from perfkit.checks import check_table, overall_status
+from perfkit.gate import baseline as bl
+from perfkit.gate import run as gate_run
+from perfkit.params import ParamsError, load_params, parse_params
+from perfkit.scenarios import registry
 
 sys.path.insert(0, str(Path(__file__).parent))
 import synthetic  # noqa: E402
@@ -32,8 +33,14 @@ REQ = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
 
 
 def perfkit(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perfkit.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "perfkit.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=dict(os.environ),
+    )
 
 
 def _params(tmp_path: Path, **sections) -> Path:
@@ -48,10 +55,20 @@ def _params(tmp_path: Path, **sections) -> Path:
 
 # --------------------------------------------------------------------------- 1. replay
 
+
 def test_replay_of_missing_dir_is_an_error_before_anything_runs(tmp_path):
     out = tmp_path / "run"
-    proc = perfkit("suite", "--params", str(CI), "--out", str(out), "--replay",
-                   str(tmp_path / "nope"), "--no-screenshot", "-q")
+    proc = perfkit(
+        "suite",
+        "--params",
+        str(CI),
+        "--out",
+        str(out),
+        "--replay",
+        str(tmp_path / "nope"),
+        "--no-screenshot",
+        "-q",
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--replay" in proc.stderr and "no such directory" in proc.stderr
     assert not out.exists()
@@ -66,15 +83,18 @@ def test_replay_of_dir_without_bundles_is_an_error(tmp_path):
     # bundles there, but none of the selected investigations'
     synthetic.warmup_shapes().save(empty / "warmup_shapes")
     with pytest.raises(suite.SuiteError, match="no bundle of cold_warm"):
-        suite.run_suite(CI, tmp_path / "run", replay=empty, only=["cold_warm"], progress=False,
-                        screenshot=False)
+        suite.run_suite(
+            CI, tmp_path / "run", replay=empty, only=["cold_warm"], progress=False, screenshot=False
+        )
 
 
 def test_replay_plan_and_parameters_never_launch(tmp_path):
     rec = tmp_path / "rec"
     synthetic.cold_warm().save(rec / "cold_warm")
-    assert suite.replay_plan(rec, ["cold_warm", "warmup_shapes", "memory_budget"]) == \
-        ["warmup_shapes", "memory_budget"]
+    assert suite.replay_plan(rec, ["cold_warm", "warmup_shapes", "memory_budget"]) == [
+        "warmup_shapes",
+        "memory_budget",
+    ]
     p = load_params(CI)
     assert suite.notebook_parameters("cold_warm", p, tmp_path, rec)["bundle_dir"] == str(rec / "cold_warm")
     with pytest.raises(suite.SuiteError, match="no bundle in replay dir"):
@@ -86,8 +106,9 @@ def test_replay_skips_investigations_without_bundle(tmp_path):
     rec = tmp_path / "rec"
     synthetic.cold_warm().save(rec / "cold_warm")
     out = tmp_path / "run"
-    proc = perfkit("suite", "--params", str(CI), "--out", str(out), "--replay", str(rec),
-                   "--no-screenshot", "-q")
+    proc = perfkit(
+        "suite", "--params", str(CI), "--out", str(out), "--replay", str(rec), "--no-screenshot", "-q"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "skipped (no bundle in replay dir)" in proc.stdout
     run = json.loads((out / "run.json").read_text())
@@ -101,6 +122,7 @@ def test_replay_skips_investigations_without_bundle(tmp_path):
 
 
 # --------------------------------------------------------------------------- 2. baseline.file
+
 
 def test_missing_baseline_file_is_a_params_error(tmp_path):
     p = _params(tmp_path, baseline={"file": "baselines/nope.json"})
@@ -131,6 +153,7 @@ def test_baseline_file_checks():
 
 # --------------------------------------------------------------------------- 3. other hardware
 
+
 @pytest.fixture()
 def gated_run(tmp_path) -> Path:
     run = synthetic.make_run(tmp_path / "run")
@@ -141,11 +164,12 @@ def gated_run(tmp_path) -> Path:
 def test_compare_with_no_common_case_fails(gated_run):
     proc = perfkit("compare", "--run", str(gated_run), "--baseline", "baselines/h200.json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    msg = ("no case of this run is in baselines/h200.json (hardware 'NVIDIA H200' vs this run's "
-           "'ci-cpu-2core'): nothing compared")
+    msg = (
+        "no case of this run is in baselines/h200.json (hardware 'NVIDIA H200' vs this run's "
+        "'ci-cpu-2core'): nothing compared"
+    )
     assert msg in proc.stdout and "compare: FAIL" in proc.stdout
-    assert "warning" in proc.stderr and "'NVIDIA H200'" in proc.stderr \
-        and "'ci-cpu-2core'" in proc.stderr
+    assert "warning" in proc.stderr and "'NVIDIA H200'" in proc.stderr and "'ci-cpu-2core'" in proc.stderr
 
 
 def test_compare_other_hardware_with_common_cases_warns(gated_run, tmp_path):
@@ -160,8 +184,9 @@ def test_compare_other_hardware_with_common_cases_warns(gated_run, tmp_path):
 
 
 def test_gate_against_other_hardware_is_not_a_pass(gated_run):
-    g = gate_run.gate(gated_run, engine=ENG, request=REQ, hardware="ci-cpu-2core",
-                   baseline_file="baselines/h200.json")
+    g = gate_run.gate(
+        gated_run, engine=ENG, request=REQ, hardware="ci-cpu-2core", baseline_file="baselines/h200.json"
+    )
     fails = [r for r in g.baseline_rows if r.status == "fail"]
     assert fails and "nothing compared" in fails[0].reason
     assert "'NVIDIA H200'" in fails[0].reason and "'ci-cpu-2core'" in fails[0].reason
@@ -170,6 +195,7 @@ def test_gate_against_other_hardware_is_not_a_pass(gated_run):
 
 
 # --------------------------------------------------------------------------- 4. up-front checks
+
 
 def _err(d: dict) -> str:
     text = yaml.safe_dump(d, sort_keys=False)
@@ -184,8 +210,7 @@ def test_reference_engine_pixel_rule():
     assert "width" not in msg
     assert "engine.width: must be a multiple of 32" in _err({"name": "x", "engine": {"width": 100}})
     # other engines have their own rules
-    parse_params({"name": "x", "engine": {"kind": "sglang", "model_path": "/m"},
-                  "request": {"height": 65}})
+    parse_params({"name": "x", "engine": {"kind": "sglang", "model_path": "/m"}, "request": {"height": 65}})
 
 
 def test_reference_engine_preset_must_be_known():
@@ -195,10 +220,10 @@ def test_reference_engine_preset_must_be_known():
 
 
 def test_frame_counts():
-    parse_params({"name": "x", "engine": {"warmup_frames": 0},
-                  "warmup_shapes": {"warmup_frames": [0, 17]}})  # no warmup is allowed
-    assert "warmup_shapes.request_frames" in _err({"name": "x",
-                                                   "warmup_shapes": {"request_frames": [0]}})
+    parse_params(
+        {"name": "x", "engine": {"warmup_frames": 0}, "warmup_shapes": {"warmup_frames": [0, 17]}}
+    )  # no warmup is allowed
+    assert "warmup_shapes.request_frames" in _err({"name": "x", "warmup_shapes": {"request_frames": [0]}})
     assert "request.num_frames" in _err({"name": "x", "request": {"num_frames": 0}})
     msg = _err({"name": "x", "request": {"num_frames": 300}})
     assert "request.num_frames: must be <= 257 (the reference engine's max_frames), got 300" in msg
@@ -214,6 +239,7 @@ def test_bad_shape_fails_before_launch_via_cli(tmp_path):
 
 
 # --------------------------------------------------------------------------- 5. all rejected
+
 
 def test_warmup_shapes_with_nothing_measured_is_an_error():
     b = synthetic.warmup_shapes()
@@ -238,8 +264,9 @@ def test_cold_warm_error_carries_the_request_error(monkeypatch, tmp_path):
     def fake_measure(spec, requests, run_dir, label, **kw):
         d = LaunchData(label=label, launch_row={"launch": label, "ready_s": 1.0})
         for i, r in enumerate(requests):
-            o = RequestOutcome("", "rejected", 400, 3.0, 0.0, 0.0,
-                               error="height: must be a positive multiple of 32, got 65")
+            o = RequestOutcome(
+                "", "rejected", 400, 3.0, 0.0, 0.0, error="height: must be a positive multiple of 32, got 65"
+            )
             d.outcomes.append(o)
             d.requests.append(failed_row(label, i, o, r))
         return d
@@ -254,11 +281,15 @@ def test_cold_warm_error_carries_the_request_error(monkeypatch, tmp_path):
 
 # --------------------------------------------------------------------------- 6. perfkit run
 
-@pytest.mark.parametrize("p, expected", [
-    ("repeats", "-p expects KEY=VALUE, got 'repeats'"),
-    ("caps=[{host_gib: 8}", "-p caps: value '[{host_gib: 8}' is not valid YAML"),
-    ("repeat=3", "unknown parameter 'repeat' (did you mean 'repeats'?); known: engine, request"),
-])
+
+@pytest.mark.parametrize(
+    "p, expected",
+    [
+        ("repeats", "-p expects KEY=VALUE, got 'repeats'"),
+        ("caps=[{host_gib: 8}", "-p caps: value '[{host_gib: 8}' is not valid YAML"),
+        ("repeat=3", "unknown parameter 'repeat' (did you mean 'repeats'?); known: engine, request"),
+    ],
+)
 def test_run_bad_p_is_a_usage_error(tmp_path, p, expected):
     run_dir = tmp_path / "r"
     proc = perfkit("run", "notebooks/cold_warm.ipynb", "-p", f"run_dir={run_dir}", "-p", p)
@@ -272,8 +303,9 @@ def test_failed_run_leaves_no_empty_run_dir(monkeypatch, tmp_path):
 
     def fails(nb, out, params, **kw):  # the kernel never started: nothing was written
         Path(out).parent.mkdir(parents=True, exist_ok=True)  # as execute_notebook does
-        return suite.NotebookRun(Path(nb).stem, status="error", wall_s=0.1,
-                                 error="NoSuchKernel: python3", ename="NoSuchKernel")
+        return suite.NotebookRun(
+            Path(nb).stem, status="error", wall_s=0.1, error="NoSuchKernel: python3", ename="NoSuchKernel"
+        )
 
     monkeypatch.setattr(suite, "execute_notebook", fails)
     monkeypatch.chdir(tmp_path)
@@ -284,11 +316,23 @@ def test_failed_run_leaves_no_empty_run_dir(monkeypatch, tmp_path):
 
 # --------------------------------------------------------------------------- 7. --out reuse
 
+
 def test_out_holding_another_run_is_refused(tmp_path):
     rec = synthetic.make_run(tmp_path / "rec")
     out = synthetic.make_run(tmp_path / "old")  # an earlier run: three bundles
-    proc = perfkit("suite", "--params", str(CI), "--out", str(out), "--replay", str(rec),
-                   "--only", "cold_warm", "--no-screenshot", "-q")
+    proc = perfkit(
+        "suite",
+        "--params",
+        str(CI),
+        "--out",
+        str(out),
+        "--replay",
+        str(rec),
+        "--only",
+        "cold_warm",
+        "--no-screenshot",
+        "-q",
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "already holds another run" in proc.stderr and "--force" in proc.stderr
     assert (out / "warmup_shapes" / "meta.json").exists()  # untouched
@@ -307,6 +351,7 @@ def test_force_removes_the_earlier_run(tmp_path):
 
 
 # --------------------------------------------------------------------------- 8. help
+
 
 def test_help_is_plain_text():
     proc = perfkit("--help")

@@ -4,6 +4,7 @@ Property tests (hypothesis): valid random records read back exactly; corrupted o
 value or an error naming the key, never a default. Plus the real sglang files in
 tests/fixtures/sglang/ (see its README.md).
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,13 +35,14 @@ PROPS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthC
 # strategies
 # ---------------------------------------------------------------------------------------------
 
-ms = st.floats(min_value=0, max_value=1e7, allow_nan=False, allow_infinity=False) | \
-    st.integers(min_value=0, max_value=10**7)
+ms = st.floats(min_value=0, max_value=1e7, allow_nan=False, allow_infinity=False) | st.integers(
+    min_value=0, max_value=10**7
+)
 ms_or_null = ms | st.none()
-names = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_", min_size=1,
-                max_size=20)
-snapshot = st.fixed_dictionaries({"allocated_mb": ms, "reserved_mb": ms,
-                                  "peak_allocated_mb": ms, "peak_reserved_mb": ms})
+names = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=20)
+snapshot = st.fixed_dictionaries(
+    {"allocated_mb": ms, "reserved_mb": ms, "peak_allocated_mb": ms, "peak_reserved_mb": ms}
+)
 
 
 @st.composite
@@ -51,13 +53,19 @@ def log_records(draw):
     as_objects = draw(st.booleans())
     raw_steps = draw(st.lists(ms_or_null, max_size=12))
     steps = [{"step": i, "duration_ms": v} for i, v in enumerate(raw_steps)] if as_objects else raw_steps
-    obj = {"request_id": draw(st.uuids()).hex, "timestamp": "2026-01-01T00:00:00+00:00",
-           "commit_hash": draw(st.sampled_from(["N/A", "abc123", None])),
-           "tag": "pipeline_stage_metrics", "stages": stages, "steps": steps,
-           "total_duration_ms": draw(ms_or_null)}
+    obj = {
+        "request_id": draw(st.uuids()).hex,
+        "timestamp": "2026-01-01T00:00:00+00:00",
+        "commit_hash": draw(st.sampled_from(["N/A", "abc123", None])),
+        "tag": "pipeline_stage_metrics",
+        "stages": stages,
+        "steps": steps,
+        "total_duration_ms": draw(ms_or_null),
+    }
     if draw(st.booleans()):
-        obj["memory_snapshots"] = draw(st.dictionaries(st.sampled_from(["load_peak", "warmup_peak",
-                                                                        "runtime_peak"]), snapshot))
+        obj["memory_snapshots"] = draw(
+            st.dictionaries(st.sampled_from(["load_peak", "warmup_peak", "runtime_peak"]), snapshot)
+        )
     return obj, key, raw_steps
 
 
@@ -65,9 +73,14 @@ def log_records(draw):
 def dumps(draw):
     """A perf dump as dump_benchmark_report writes it, either layout."""
     stages = draw(st.lists(st.tuples(names, ms_or_null), max_size=8))
-    obj = {"timestamp": "2026-01-01T00:00:00+00:00", "request_id": draw(st.uuids()).hex,
-           "commit_hash": "N/A", "tag": "benchmark_dump", "total_duration_ms": draw(ms_or_null),
-           "steps": [{"name": n, "duration_ms": v} for n, v in stages]}
+    obj = {
+        "timestamp": "2026-01-01T00:00:00+00:00",
+        "request_id": draw(st.uuids()).hex,
+        "commit_hash": "N/A",
+        "tag": "benchmark_dump",
+        "total_duration_ms": draw(ms_or_null),
+        "steps": [{"name": n, "duration_ms": v} for n, v in stages],
+    }
     raw_steps = None
     if draw(st.booleans()):
         raw_steps = draw(st.lists(ms_or_null, max_size=12))
@@ -81,8 +94,15 @@ def _f(v):
     return None if v is None else float(v)
 
 
-BAD_VALUES = [("number as string", "12.5"), ("NaN", float("nan")), ("infinity", float("inf")),
-              ("negative", -1.0), ("bool", True), ("list", [1.0]), ("object", {"ms": 1.0})]
+BAD_VALUES = [
+    ("number as string", "12.5"),
+    ("NaN", float("nan")),
+    ("infinity", float("inf")),
+    ("negative", -1.0),
+    ("bool", True),
+    ("list", [1.0]),
+    ("object", {"ms": 1.0}),
+]
 
 # ---------------------------------------------------------------------------------------------
 # performance.log
@@ -100,8 +120,9 @@ def test_log_line_reads_back_exactly(case):
     assert rec.stages == [(s["name"], _f(s[key])) for s in obj["stages"]]
     assert rec.steps == [_f(v) for v in raw_steps]
     assert rec.total_duration_ms == _f(obj["total_duration_ms"])
-    assert rec.memory_snapshots == {cp: {k: float(v) for k, v in snap.items()}
-                                    for cp, snap in (obj.get("memory_snapshots") or {}).items()}
+    assert rec.memory_snapshots == {
+        cp: {k: float(v) for k, v in snap.items()} for cp, snap in (obj.get("memory_snapshots") or {}).items()
+    }
 
 
 def _corrupt(obj, draw):
@@ -176,11 +197,18 @@ def test_log_truncated_line(case, data):
 
 def test_log_duration_ms_stage_keys_read_right_values(tmp_path):
     """Stage entries named as in sglang's perf dump (duration_ms) were read as 0.0 before."""
-    line = {"request_id": "r1", "timestamp": None, "commit_hash": "N/A", "tag": "pipeline_stage_metrics",
-            "stages": [{"name": "TextEncodingStage", "duration_ms": 252.98},
-                       {"name": "DenoisingStage", "duration_ms": 5229.75}],
-            "steps": [{"step": 0, "duration_ms": 286.89}, {"step": 1, "duration_ms": 167.02}],
-            "total_duration_ms": 5600.5}
+    line = {
+        "request_id": "r1",
+        "timestamp": None,
+        "commit_hash": "N/A",
+        "tag": "pipeline_stage_metrics",
+        "stages": [
+            {"name": "TextEncodingStage", "duration_ms": 252.98},
+            {"name": "DenoisingStage", "duration_ms": 5229.75},
+        ],
+        "steps": [{"step": 0, "duration_ms": 286.89}, {"step": 1, "duration_ms": 167.02}],
+        "total_duration_ms": 5600.5,
+    }
     (tmp_path / "performance.log").write_text(json.dumps(line) + "\n")
     rep = read_perf_log(tmp_path, strict=True)
     (rec,) = rep.records
@@ -193,11 +221,14 @@ def test_log_unknown_time_key_and_ambiguous_keys():
     with pytest.raises(RecordError, match=r"elapsed_ms"):
         PerfRecord.from_dict({**base, "stages": [{"name": "S", "elapsed_ms": 3.0}]})
     with pytest.raises(RecordError, match="both"):
-        PerfRecord.from_dict({**base, "stages": [{"name": "S", "duration_ms": 3.0,
-                                                  "execution_time_ms": 3.0}]})
+        PerfRecord.from_dict(
+            {**base, "stages": [{"name": "S", "duration_ms": 3.0, "execution_time_ms": 3.0}]}
+        )
     with pytest.raises(RecordError, match=r"steps\[1\]\.step"):
-        PerfRecord.from_dict({**base, "stages": [], "steps": [{"step": 0, "duration_ms": 1},
-                                                              {"step": 5, "duration_ms": 1}]})
+        PerfRecord.from_dict(
+            {**base, "stages": [], "steps": [{"step": 0, "duration_ms": 1}, {"step": 5, "duration_ms": 1}]}
+        )
+
 
 # ---------------------------------------------------------------------------------------------
 # perf dumps
@@ -215,8 +246,9 @@ def test_dump_reads_back_exactly(case):
         assert d.denoise_steps is None and d.memory_checkpoints is None and d.layout == "stages_only"
     else:
         assert d.denoise_steps == [_f(v) for v in raw_steps]
-        assert d.memory_checkpoints == {k: {kk: float(vv) for kk, vv in v.items()}
-                                        for k, v in obj["memory_checkpoints"].items()}
+        assert d.memory_checkpoints == {
+            k: {kk: float(vv) for kk, vv in v.items()} for k, v in obj["memory_checkpoints"].items()
+        }
     rec = d.to_record()
     assert rec.stages == d.stages and rec.steps == (d.denoise_steps or [])
 
@@ -282,6 +314,7 @@ def test_dump_comparison_rules():
     c = perfdump.compare_dumps(nulls, nulls)
     assert c.verdict == "error" and "–" in perfdump.dump_comparison_markdown(c)
 
+
 # ---------------------------------------------------------------------------------------------
 # baseline files
 # ---------------------------------------------------------------------------------------------
@@ -293,10 +326,13 @@ def baselines(draw):
     doc["metadata"]["last_updated"] = "2026-01-01"
     for _ in range(draw(st.integers(0, 4))):
         case = draw(names)
-        entry = {"stages_ms": draw(st.dictionaries(names, ms_or_null, max_size=6)),
-                 "denoise_step_ms": {str(i): v for i, v in enumerate(draw(st.lists(ms, max_size=6)))},
-                 "expected_e2e_ms": draw(ms), "expected_avg_denoise_ms": draw(ms_or_null),
-                 "expected_median_denoise_ms": draw(ms)}
+        entry = {
+            "stages_ms": draw(st.dictionaries(names, ms_or_null, max_size=6)),
+            "denoise_step_ms": {str(i): v for i, v in enumerate(draw(st.lists(ms, max_size=6)))},
+            "expected_e2e_ms": draw(ms),
+            "expected_avg_denoise_ms": draw(ms_or_null),
+            "expected_median_denoise_ms": draw(ms),
+        }
         if draw(st.booleans()):
             entry["runtime_peak_vram_mb"] = draw(ms_or_null)
         doc["scenarios"][case] = entry
@@ -337,15 +373,19 @@ def test_real_baselines_load_round_trip_and_compare_with_themselves(path):
     doc = bl.load_baseline(path)
     assert bl.dumps_baseline(doc) == path.read_text(encoding="utf-8")  # same bytes
     # the run as sglang measures it: each case's entry plus its values in top-level maps (5090)
-    run = {c: {**e, **{k: doc[k][c] for k in bl.TOP_LEVEL_CASE_MAPS if c in (doc.get(k) or {})}}
-           for c, e in doc["scenarios"].items()}
+    run = {
+        c: {**e, **{k: doc[k][c] for k in bl.TOP_LEVEL_CASE_MAPS if c in (doc.get(k) or {})}}
+        for c, e in doc["scenarios"].items()
+    }
     for video in (True, False):
         rows = bl.compare(run, doc, video=video)
         assert rows and {r.status for r in rows} <= {"pass", "skipped"}
     nulls = [r for r in bl.compare(run, doc) if r.metric.endswith("per_frame_generation")]
     if path == H100:
-        assert len(nulls) == 5 and all(r.status == "skipped" and r.expected is None and
-                                       "not measured in the baseline" in r.reason for r in nulls)
+        assert len(nulls) == 5 and all(
+            r.status == "skipped" and r.expected is None and "not measured in the baseline" in r.reason
+            for r in nulls
+        )
 
 
 def test_per_frame_generation_rule():
@@ -362,14 +402,16 @@ def test_per_frame_generation_rule():
     image = [r for r in bl.compare(run, doc, video=False) if r.metric == pf]
     assert image[0].status == "fail" and "not measured in the run" in image[0].reason
 
+
 # ---------------------------------------------------------------------------------------------
 # perfkit compare (real CLI subprocess)
 # ---------------------------------------------------------------------------------------------
 
 
 def perfkit(*args):
-    return subprocess.run([sys.executable, "-m", "perfkit.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "perfkit.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_compare_dumps(tmp_path):
@@ -398,7 +440,9 @@ def test_cli_compare_bad_or_empty_dumps(tmp_path):
     assert proc.returncode == 2 and "steps[0].duration_ms" in proc.stderr
     empty = {"request_id": "x", "total_duration_ms": None, "steps": [], "meta": {}}
     (tmp_path / "empty.json").write_text(json.dumps(empty))
-    proc = perfkit("compare", "--before", str(tmp_path / "empty.json"), "--after", str(tmp_path / "empty.json"))
+    proc = perfkit(
+        "compare", "--before", str(tmp_path / "empty.json"), "--after", str(tmp_path / "empty.json")
+    )
     assert proc.returncode == 2 and "nothing comparable" in proc.stderr
     proc = perfkit("compare", "--before", str(DUMP_V2))
     assert proc.returncode == 2
@@ -413,9 +457,15 @@ def test_cli_compare_run_as_dump_or_log(tmp_path):
     proc = perfkit("compare", "--run", str(DUMP_V2), "--baseline", str(base), "--case", "fast_hunyuan_video")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rec = dict(d.to_record().raw)
-    line = {"request_id": "r1", "timestamp": None, "commit_hash": "N/A", "tag": "pipeline_stage_metrics",
-            "stages": [{"name": n, "execution_time_ms": v} for n, v in d.stages],
-            "steps": d.denoise_steps, "total_duration_ms": rec["total_duration_ms"]}
+    line = {
+        "request_id": "r1",
+        "timestamp": None,
+        "commit_hash": "N/A",
+        "tag": "pipeline_stage_metrics",
+        "stages": [{"name": n, "execution_time_ms": v} for n, v in d.stages],
+        "steps": d.denoise_steps,
+        "total_duration_ms": rec["total_duration_ms"],
+    }
     log = tmp_path / "performance.log"
     log.write_text(json.dumps(line) + "\n")
     proc = perfkit("compare", "--run", str(log), "--baseline", str(base), "--case", "fast_hunyuan_video")

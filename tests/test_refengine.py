@@ -3,15 +3,16 @@
 One plain engine is shared by the module (``plain``); tests that need other flags start their own.
 Compiling tests use ``--compile-backend aot_eager`` (inductor takes ~37 s on the 2-core runner).
 """
+
 from __future__ import annotations
 
 import json
 import threading
 
 import pytest
-from refengine_helpers import running_engine, spec
 
-from perfkit.engine.client import VideoClient, VideoRequestSpec
+from perfkit.engine.client import VideoRequestSpec
+from refengine_helpers import running_engine, spec
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +39,7 @@ def _ok(out):
 
 
 # -- one request ----------------------------------------------------------------------------------
+
 
 def test_request_record_has_stages_steps_and_latent_facts(client):
     rec = _ok(client.generate(spec(25, steps=4)))
@@ -77,8 +79,10 @@ def test_warmup_run_is_recorded_with_tag_warmup(plain):
 
 # -- bad requests ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("field,value", [("num_frames", 0), ("height", 65), ("num_inference_steps", 0),
-                                         ("num_frames", "abc")])
+
+@pytest.mark.parametrize(
+    "field,value", [("num_frames", 0), ("height", 65), ("num_inference_steps", 0), ("num_frames", "abc")]
+)
 def test_bad_request_is_4xx_naming_the_field_and_server_stays_up(client, field, value):
     body = spec().payload()
     body[field] = value
@@ -101,6 +105,7 @@ def _spec_fields():
 
 
 # -- concurrency ----------------------------------------------------------------------------------
+
 
 def test_two_concurrent_requests_complete_with_intact_lines(plain):
     outs: dict[int, object] = {}
@@ -136,6 +141,7 @@ def test_two_concurrent_requests_complete_with_intact_lines(plain):
 
 # -- other endpoints ------------------------------------------------------------------------------
 
+
 def test_unknown_video_is_404(client):
     r = client.http.get("/v1/videos/unknown")
     assert r.status_code == 404
@@ -155,6 +161,7 @@ def test_health_is_200_when_ready(client):
 
 
 # -- compile: warmup shape coverage --------------------------------------------------------------
+
 
 def test_uncovered_shape_recompiles_on_first_request(tmp_path):
     with running_engine(tmp_path, *COMPILE, "--warmup-frames", "17") as eng, eng.client() as c:
@@ -180,8 +187,10 @@ def test_covered_shape_does_not_recompile(tmp_path):
 
 
 def test_recompile_limit_hit_is_recorded(tmp_path):
-    with running_engine(tmp_path, *COMPILE, "--recompile-limit", "1", "--warmup-frames", "17") as eng, \
-            eng.client() as c:
+    with (
+        running_engine(tmp_path, *COMPILE, "--recompile-limit", "1", "--warmup-frames", "17") as eng,
+        eng.client() as c,
+    ):
         recs = [_ok(c.generate(spec(n))) for n in (17, 25, 33)]
         stderr = eng.stderr_text()
     assert "hit config.recompile_limit" in stderr  # what torch itself logs
@@ -199,12 +208,19 @@ def test_recompile_limit_hit_is_recorded(tmp_path):
 
 # -- two-stage ------------------------------------------------------------------------------------
 
+
 def test_two_stage_records_upsample_and_refinement(tmp_path):
     with running_engine(tmp_path, "--two-stage", "--warmup-frames", "0") as eng, eng.client() as c:
         rec = _ok(c.generate(spec(25, steps=4)))
     names = [n for n, _ in rec.stages]
-    assert names == ["TextEncodingStage", "LatentPreparationStage", "DenoisingStage", "UpsampleStage",
-                     "RefinementStage", "DecodingStage"]
+    assert names == [
+        "TextEncodingStage",
+        "LatentPreparationStage",
+        "DenoisingStage",
+        "UpsampleStage",
+        "RefinementStage",
+        "DecodingStage",
+    ]
     assert len(rec.steps) == 4
     assert len(rec.perfkit["refinement_steps"]) == 2  # --refine-steps default
     assert rec.perfkit["two_stage"] is True
@@ -212,6 +228,7 @@ def test_two_stage_records_upsample_and_refinement(tmp_path):
 
 
 # -- leak check -----------------------------------------------------------------------------------
+
 
 def test_debug_leak_grows_host_anon_by_the_leak(tmp_path):
     leak = 64

@@ -6,6 +6,7 @@ from ``Network.requestWillBeSent`` (anything but ``file:``/``data:``/``about:`` 
 console messages and uncaught exceptions from ``Runtime``/``Log``. A screenshot is saved next to
 the report. Skipped only when no chromium binary is installed.
 """
+
 from __future__ import annotations
 
 import base64
@@ -23,8 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import synthetic  # noqa: E402
 
 CHROMIUM = report.chromium_binary()
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed")]
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed")]
 LOCAL_SCHEMES = ("file:", "data:", "about:", "blob:")
 
 
@@ -82,10 +82,18 @@ class CDP:
 
 def _start_chromium(profile: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [CHROMIUM, *report.CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-         "--remote-debugging-port=0", "--remote-allow-origins=*", "--window-size=1280,1600",
-         "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            CHROMIUM,
+            *report.CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            "--remote-debugging-port=0",
+            "--remote-allow-origins=*",
+            "--window-size=1280,1600",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     port_file = profile / "DevToolsActivePort"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -117,7 +125,10 @@ def open_report(html: Path, tmp_path: Path, screenshot: Path) -> dict:
         cdp.send("Page.navigate", url=html.resolve().as_uri())
         cdp.wait_event("Page.loadEventFired", timeout=60)
         cdp.drain(1.0)  # anything lazy (fonts, late scripts) would show up here
-        check = cdp.send("Runtime.evaluate", returnByValue=True, expression="""(() => {
+        check = cdp.send(
+            "Runtime.evaluate",
+            returnByValue=True,
+            expression="""(() => {
             const imgs = Array.from(document.images);
             const v = document.getElementById('verdict');
             const r = v ? v.getBoundingClientRect() : null;
@@ -131,7 +142,8 @@ def open_report(html: Path, tmp_path: Path, screenshot: Path) -> dict:
               scripts: document.scripts.length,
               links: Array.from(document.querySelectorAll('link')).map(l => l.href),
             };
-        })()""")["result"]["value"]
+        })()""",
+        )["result"]["value"]
         shot = cdp.send("Page.captureScreenshot", format="png")
         screenshot.write_bytes(base64.b64decode(shot["data"]))
         cdp.close()
@@ -142,13 +154,20 @@ def open_report(html: Path, tmp_path: Path, screenshot: Path) -> dict:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    requests = [e["params"]["request"]["url"] for e in cdp.events
-                if e["method"] == "Network.requestWillBeSent"]
+    requests = [
+        e["params"]["request"]["url"] for e in cdp.events if e["method"] == "Network.requestWillBeSent"
+    ]
     errors = [e["params"] for e in cdp.events if e["method"] == "Runtime.exceptionThrown"]
-    errors += [e["params"] for e in cdp.events if e["method"] == "Runtime.consoleAPICalled"
-               and e["params"].get("type") in ("error", "assert")]
-    errors += [e["params"]["entry"] for e in cdp.events if e["method"] == "Log.entryAdded"
-               and e["params"]["entry"].get("level") == "error"]
+    errors += [
+        e["params"]
+        for e in cdp.events
+        if e["method"] == "Runtime.consoleAPICalled" and e["params"].get("type") in ("error", "assert")
+    ]
+    errors += [
+        e["params"]["entry"]
+        for e in cdp.events
+        if e["method"] == "Log.entryAdded" and e["params"]["entry"].get("level") == "error"
+    ]
     return {"check": check, "requests": requests, "errors": errors}
 
 
@@ -159,8 +178,7 @@ def replay_run(tmp_path_factory) -> Path:
 
     base = tmp_path_factory.mktemp("browser")
     rec = synthetic.make_run(base / "recorded")
-    res = run_suite("params/ci-cpu.yaml", base / "run", replay=rec, screenshot=False,
-                    progress=False)
+    res = run_suite("params/ci-cpu.yaml", base / "run", replay=rec, screenshot=False, progress=False)
     assert res.exit_code == 0, (base / "run" / "summary.md").read_text()
     return base / "run"
 
@@ -191,9 +209,11 @@ def test_recorder_catches_a_network_request(tmp_path: Path):
     """The check is real: a page that loads from a CDN is caught (the fetch itself fails
     offline, but the attempt is recorded)."""
     page = tmp_path / "bad.html"
-    page.write_text("<!DOCTYPE html><html><head><script "
-                    "src='https://cdn.example.invalid/require.min.js'></script></head>"
-                    "<body><div id='verdict'>PASS</div></body></html>")
+    page.write_text(
+        "<!DOCTYPE html><html><head><script "
+        "src='https://cdn.example.invalid/require.min.js'></script></head>"
+        "<body><div id='verdict'>PASS</div></body></html>"
+    )
     seen = open_report(page, tmp_path, tmp_path / "bad.png")
     assert any(u.startswith("https://cdn.example.invalid") for u in seen["requests"]), seen
     assert report.external_refs(page.read_text())

@@ -2,6 +2,7 @@
 one table formatter for the page and the Markdown summary, one section template per
 registered scenario (named by the registry) plus the gate's, and a real replayed H200 run that
 renders with its key numbers, its verdict and no network reference."""
+
 from __future__ import annotations
 
 import ast
@@ -27,9 +28,11 @@ REPORT_PKG = Path(perfkit.report.__file__).parent
 PERFKIT = Path(sys.executable).parent / "perfkit"
 
 # markup we would write: an opening tag (or a closing one) of the elements a report page uses
-_TAG = re.compile(r"</?(?:h[1-6]|p|div|table|thead|tbody|tr|td|th|span|li|ul|ol|nav|section|"
-                  r"style|html|body|head|code|pre|b|i|main|title|meta)(?=[\s>/])|<a\s|<!doctype",
-                  re.I)
+_TAG = re.compile(
+    r"</?(?:h[1-6]|p|div|table|thead|tbody|tr|td|th|span|li|ul|ol|nav|section|"
+    r"style|html|body|head|code|pre|b|i|main|title|meta)(?=[\s>/])|<a\s|<!doctype",
+    re.I,
+)
 
 
 # --------------------------------------------------------------------------- no markup in .py
@@ -39,9 +42,13 @@ def _markup_literals(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     patterns = set()
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "re"
-                and node.args):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "re"
+            and node.args
+        ):
             patterns |= {id(s) for s in ast.walk(node.args[0]) if isinstance(s, ast.Constant)}
     bad = []
     for node in ast.walk(tree):
@@ -57,14 +64,16 @@ def test_the_markup_check_catches_markup(tmp_path: Path):
     """The check is real: f-strings and plain strings holding tags are flagged, regex patterns
     and prose are not."""
     p = tmp_path / "sample.py"
-    p.write_text('import re\n'
-                 'x = 1\n'
-                 'a = f"<h2>{x}</h2>"\n'
-                 'b = "<td class=\'st\'>"\n'
-                 'c = "<a href=\'#x\'>x</a>"\n'
-                 'd = re.compile(r"<script[^>]*>")\n'
-                 'e = "a < b and p > q"\n'
-                 'f = "returns ``<section id=NAME>``"\n')
+    p.write_text(
+        "import re\n"
+        "x = 1\n"
+        'a = f"<h2>{x}</h2>"\n'
+        "b = \"<td class='st'>\"\n"
+        "c = \"<a href='#x'>x</a>\"\n"
+        'd = re.compile(r"<script[^>]*>")\n'
+        'e = "a < b and p > q"\n'
+        'f = "returns ``<section id=NAME>``"\n'
+    )
     bad = _markup_literals(p)
     assert {int(b.split(":")[1]) for b in bad} == {3, 4, 5}, bad
 
@@ -97,8 +106,16 @@ def test_environment_autoescapes_html_templates():
     env = render.template_env()
     assert isinstance(env.loader, jinja2.PackageLoader)
     out = env.get_template("sections/_base.html.j2").render(
-        name="x", title="<script>alert(1)</script>", question="", status="ok",
-        status_text="ok", keys=[], body=None, wall_s=None, verdict={})
+        name="x",
+        title="<script>alert(1)</script>",
+        question="",
+        status="ok",
+        status_text="ok",
+        keys=[],
+        body=None,
+        wall_s=None,
+        verdict={},
+    )
     assert "<script>" not in out and "&lt;script&gt;" in out
 
 
@@ -106,31 +123,63 @@ def test_templates_are_package_data():
     text = (ROOT / "pyproject.toml").read_text()
     assert '"report/templates/*"' in text and '"report/templates/**/*"' in text
     tpl = REPORT_PKG / "templates"
-    for name in ("page.html.j2", "report.css", "sections/_base.html.j2",
-                 f"sections/{GATE}.html.j2", *(s.template for s in registry.all_scenarios())):
+    for name in (
+        "page.html.j2",
+        "report.css",
+        "sections/_base.html.j2",
+        f"sections/{GATE}.html.j2",
+        *(s.template for s in registry.all_scenarios()),
+    ):
         assert (tpl / name).is_file(), name
 
 
 # --------------------------------------------------------------------------- table formatter
 
 
-@pytest.mark.parametrize("value, text", [
-    (None, "–"), (float("nan"), "–"), (np.nan, "–"), (pd.NA, "–"), (pd.NaT, "–"),
-    (True, "yes"), (False, "no"), (np.bool_(True), "yes"),
-    (3, "3"), (np.int64(14512), "14512"), (0, "0"),
-    (14512.0, "14512"), (973.14, "973"), (-1234.6, "-1235"), (100.0, "100"),
-    (91.94, "91.9"), (16.0, "16.0"), (-12.34, "-12.3"),
-    (2.3137, "2.31"), (0.0163331, "0.0163"), (1.0, "1"), (-3.9126e-13, "-3.91e-13"),
-    ("pass", "pass"), ("two\nlines", "two lines"),
-])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (None, "–"),
+        (float("nan"), "–"),
+        (np.nan, "–"),
+        (pd.NA, "–"),
+        (pd.NaT, "–"),
+        (True, "yes"),
+        (False, "no"),
+        (np.bool_(True), "yes"),
+        (3, "3"),
+        (np.int64(14512), "14512"),
+        (0, "0"),
+        (14512.0, "14512"),
+        (973.14, "973"),
+        (-1234.6, "-1235"),
+        (100.0, "100"),
+        (91.94, "91.9"),
+        (16.0, "16.0"),
+        (-12.34, "-12.3"),
+        (2.3137, "2.31"),
+        (0.0163331, "0.0163"),
+        (1.0, "1"),
+        (-3.9126e-13, "-3.91e-13"),
+        ("pass", "pass"),
+        ("two\nlines", "two lines"),
+    ],
+)
 def test_cell_text(value, text):
     assert tables.cell_text(value) == text
 
 
 def test_format_table_drops_the_index_and_marks_status():
-    df = pd.DataFrame({"case": ["a", "b"], "actual": [954.2, None], "status": ["pass", "fail"],
-                       "held": [True, False], "n": pd.array([1, None], dtype="Int64")},
-                      index=["i0", "i1"])
+    df = pd.DataFrame(
+        {
+            "case": ["a", "b"],
+            "actual": [954.2, None],
+            "status": ["pass", "fail"],
+            "held": [True, False],
+            "n": pd.array([1, None], dtype="Int64"),
+        },
+        index=["i0", "i1"],
+    )
     t = tables.format_table(df)
     header, rows = t
     assert header == ["case", "actual", "status", "held", "n"]
@@ -145,8 +194,7 @@ def test_format_table_drops_the_index_and_marks_status():
 def test_markdown_uses_the_same_cells():
     df = pd.DataFrame({"metric": ["a|b"], "actual": [0.0163331], "bound": [None]})
     md = tables.markdown_table(df)
-    assert md.splitlines() == ["| metric | actual | bound |", "|---|---|---|",
-                               "| a\\|b | 0.0163 | – |"]
+    assert md.splitlines() == ["| metric | actual | bound |", "|---|---|---|", "| a\\|b | 0.0163 | – |"]
 
 
 def test_status_class():
@@ -216,9 +264,23 @@ def h200_run(tmp_path_factory) -> Path:
     """``perfkit suite`` replaying the recorded H200 bundles (papermill, notebooks, report)."""
     out = tmp_path_factory.mktemp("h200") / "run"
     proc = subprocess.run(
-        [str(PERFKIT), "suite", "--params", "params/h200.yaml", "--replay",
-         "examples/h200/bundles", "--out", str(out), "--no-screenshot", "-q"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        [
+            str(PERFKIT),
+            "suite",
+            "--params",
+            "params/h200.yaml",
+            "--replay",
+            "examples/h200/bundles",
+            "--out",
+            str(out),
+            "--no-screenshot",
+            "-q",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
@@ -245,8 +307,9 @@ def test_page_has_every_enabled_section(h200_run: Path, h200_html: str):
 
 
 def test_page_key_numbers_and_verdict(h200_html: str):
-    assert re.search(r'id="verdict">Verdict: <span class="badge badge-pass">PASS</span>',
-                     h200_html), h200_html[:3000]
+    assert re.search(r'id="verdict">Verdict: <span class="badge badge-pass">PASS</span>', h200_html), (
+        h200_html[:3000]
+    )
     p = _Cells()
     p.feed(h200_html)
     assert "954 ms" in p.cells  # warm median
@@ -256,8 +319,8 @@ def test_page_key_numbers_and_verdict(h200_html: str):
     i = p.cells.index("cold start, ready")
     assert p.cells[i + 1] == "73.0 s"
     # the cold_warm section quotes its own key numbers
-    sec = h200_html[h200_html.index('<section id="cold_warm"'):]
-    sec = sec[:sec.index("</section>")]
+    sec = h200_html[h200_html.index('<section id="cold_warm"') :]
+    sec = sec[: sec.index("</section>")]
     assert "<td>warm median</td><td>954 ms</td>" in sec
 
 
@@ -298,8 +361,7 @@ def test_report_renders_again_into_another_file(h200_run: Path, tmp_path: Path):
     assert "954 ms" in html and external_refs(html) == []
 
 
-def test_network_reference_in_a_notebook_is_neutralised(h200_run: Path, tmp_path: Path,
-                                                        monkeypatch):
+def test_network_reference_in_a_notebook_is_neutralised(h200_run: Path, tmp_path: Path, monkeypatch):
     """A notebook output pointing at the web does not make the page fetch it."""
     real = render.notebook_body
 

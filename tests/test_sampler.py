@@ -1,4 +1,5 @@
 """MemorySampler on real processes (no GPU needed)."""
+
 import math
 import os
 import subprocess
@@ -8,17 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from perfkit.engine.spec import EngineSpec
 from perfkit.engine.launch import launch
+from perfkit.engine.spec import EngineSpec
 from perfkit.readings.sampler import COLUMNS, MemorySampler, device_used_mib
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
 
-GROW = ("import time, sys\n"
-        "hold = []\n"
-        "for i in range(8):\n"
-        "    hold.append(b'x' * (16 * 2**20)); time.sleep(0.1)\n"
-        "time.sleep(30)\n")
+GROW = (
+    "import time, sys\n"
+    "hold = []\n"
+    "for i in range(8):\n"
+    "    hold.append(b'x' * (16 * 2**20)); time.sleep(0.1)\n"
+    "time.sleep(30)\n"
+)
 
 
 def _nvml_here() -> bool:
@@ -57,11 +60,13 @@ def test_sampler_host_only_covers_window(grower):
 
 
 def test_sampler_sums_process_tree():
-    code = ("import subprocess, sys, time\n"
-            "x = b'x' * (64 * 2**20)\n"
-            "c = subprocess.Popen([sys.executable, '-c', \"import time; y = b'y' * (64 * 2**20); "
-            "time.sleep(30)\"])\n"
-            "time.sleep(30)\n")
+    code = (
+        "import subprocess, sys, time\n"
+        "x = b'x' * (64 * 2**20)\n"
+        "c = subprocess.Popen([sys.executable, '-c', \"import time; y = b'y' * (64 * 2**20); "
+        'time.sleep(30)"])\n'
+        "time.sleep(30)\n"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     try:
         time.sleep(1.0)
@@ -96,8 +101,9 @@ def test_sampler_unknown_pid_is_empty_not_error():
 
 
 def test_sampler_from_handle(tmp_path):
-    spec = EngineSpec(kind="command", startup_timeout_s=20,
-                      command_template=[sys.executable, FAKE, "--port", "{port}"])
+    spec = EngineSpec(
+        kind="command", startup_timeout_s=20, command_template=[sys.executable, FAKE, "--port", "{port}"]
+    )
     with launch(spec, run_dir=tmp_path) as h:
         with h.sampler(interval_s=0.05) as s:
             time.sleep(0.5)
@@ -117,6 +123,7 @@ def _cuda_here() -> bool:
         return False
     try:
         import torch
+
         return torch.cuda.is_available()
     except ImportError:
         return False
@@ -125,9 +132,11 @@ def _cuda_here() -> bool:
 @pytest.mark.skipif(not _cuda_here(), reason="needs NVML and CUDA torch")
 def test_sampler_sees_device_memory():
     base = device_used_mib(0)
-    code = ("import time, torch\n"
-            "x = torch.empty(2 * 2**30, dtype=torch.uint8, device='cuda'); x.fill_(1)\n"
-            "torch.cuda.synchronize(); print('ready', flush=True); time.sleep(30)\n")
+    code = (
+        "import time, torch\n"
+        "x = torch.empty(2 * 2**30, dtype=torch.uint8, device='cuda'); x.fill_(1)\n"
+        "torch.cuda.synchronize(); print('ready', flush=True); time.sleep(30)\n"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "ready"

@@ -6,6 +6,7 @@ sglang's command line and perf environment), so everything but the executable is
 Record fixtures follow docs/DESIGN.md "Interop facts" and sglang 0.5.23's ``perf_logger.py``
 (``RequestPerfRecord``: stages carry ``is_denoising``; snapshots carry ``peak_host_anon_mb``).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,16 +19,16 @@ import matplotlib.colors
 import pandas as pd
 import pytest
 
-from perfkit.gate import baseline as bl
-from perfkit.report import plots
-from perfkit.readings import stages
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import RequestOutcome
-from perfkit.engine.spec import EngineSpec
 from perfkit.engine.launch import started_processes
+from perfkit.engine.spec import EngineSpec
+from perfkit.gate import baseline as bl
 from perfkit.params import load_params
+from perfkit.readings import stages
 from perfkit.readings.records import SNAPSHOT_KEYS, find_record, parse_lines, read_perf_log
 from perfkit.refengine.cli import sglang_perf_log_dir
+from perfkit.report import plots
 from perfkit.scenarios import cold_vs_warm
 from perfkit.scenarios.common import LaunchData, _rows
 
@@ -36,29 +37,80 @@ BASE = ["serve", "--model-path", "/models/ltx2", "--port", "30000", "--host", "1
 
 
 # ----------------------------------------------------------------------------- command line / env
-@pytest.mark.parametrize("kwargs, expected", [
-    # defaults: sglang's own warmup (17 frames, server mode) -> no warmup flag
-    ({}, ["sglang", *BASE, "--num-gpus", "1"]),
-    # python -m form, several GPUs, offload + parallelism server args, extra args last
-    ({"executable": [sys.executable, "-m", "sglang.cli.main"], "num_gpus": 2,
-      "server_args": ["--dit-layerwise-offload", "--text-encoder-cpu-offload", "--ulysses-degree", "2"],
-      "extra_args": ["--log-level", "debug"]},
-     [sys.executable, "-m", "sglang.cli.main", *BASE, "--num-gpus", "2", "--dit-layerwise-offload",
-      "--text-encoder-cpu-offload", "--ulysses-degree", "2", "--log-level", "debug"]),
-    # startup warmup passed through with sglang's flag names; resolution is width first there
-    ({"warmup_frames": 25, "warmup_resolution": "480x832", "warmup_steps": 2, "compile": True,
-      "server_args": ["--pipeline-class-name", "LTX2TwoStagePipeline"]},
-     ["sglang", *BASE, "--num-gpus", "1", "--warmup-num-frames", "25", "--warmup-resolutions",
-      "832x480", "--warmup-steps", "2", "--enable-torch-compile", "--pipeline-class-name",
-      "LTX2TwoStagePipeline"]),
-    ({"warmup_frames": 0}, ["sglang", *BASE, "--num-gpus", "1", "--warmup-mode", "off"]),
-    ({"warmup_mode": "request", "warmup_frames": 49},
-     ["sglang", *BASE, "--num-gpus", "1", "--warmup-mode", "request", "--warmup-num-frames", "49"]),
-    ({"warmup_mode": "server"}, ["sglang", *BASE, "--num-gpus", "1", "--warmup-mode", "server"]),
-    # the reference engine behind sglang's command line (what the end-to-end test runs)
-    ({"executable": [sys.executable, "-m", "perfkit.cli", "engine"], "extra_args": ["--preset", "tiny"]},
-     [sys.executable, "-m", "perfkit.cli", "engine", *BASE, "--num-gpus", "1", "--preset", "tiny"]),
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        # defaults: sglang's own warmup (17 frames, server mode) -> no warmup flag
+        ({}, ["sglang", *BASE, "--num-gpus", "1"]),
+        # python -m form, several GPUs, offload + parallelism server args, extra args last
+        (
+            {
+                "executable": [sys.executable, "-m", "sglang.cli.main"],
+                "num_gpus": 2,
+                "server_args": [
+                    "--dit-layerwise-offload",
+                    "--text-encoder-cpu-offload",
+                    "--ulysses-degree",
+                    "2",
+                ],
+                "extra_args": ["--log-level", "debug"],
+            },
+            [
+                sys.executable,
+                "-m",
+                "sglang.cli.main",
+                *BASE,
+                "--num-gpus",
+                "2",
+                "--dit-layerwise-offload",
+                "--text-encoder-cpu-offload",
+                "--ulysses-degree",
+                "2",
+                "--log-level",
+                "debug",
+            ],
+        ),
+        # startup warmup passed through with sglang's flag names; resolution is width first there
+        (
+            {
+                "warmup_frames": 25,
+                "warmup_resolution": "480x832",
+                "warmup_steps": 2,
+                "compile": True,
+                "server_args": ["--pipeline-class-name", "LTX2TwoStagePipeline"],
+            },
+            [
+                "sglang",
+                *BASE,
+                "--num-gpus",
+                "1",
+                "--warmup-num-frames",
+                "25",
+                "--warmup-resolutions",
+                "832x480",
+                "--warmup-steps",
+                "2",
+                "--enable-torch-compile",
+                "--pipeline-class-name",
+                "LTX2TwoStagePipeline",
+            ],
+        ),
+        ({"warmup_frames": 0}, ["sglang", *BASE, "--num-gpus", "1", "--warmup-mode", "off"]),
+        (
+            {"warmup_mode": "request", "warmup_frames": 49},
+            ["sglang", *BASE, "--num-gpus", "1", "--warmup-mode", "request", "--warmup-num-frames", "49"],
+        ),
+        ({"warmup_mode": "server"}, ["sglang", *BASE, "--num-gpus", "1", "--warmup-mode", "server"]),
+        # the reference engine behind sglang's command line (what the end-to-end test runs)
+        (
+            {
+                "executable": [sys.executable, "-m", "perfkit.cli", "engine"],
+                "extra_args": ["--preset", "tiny"],
+            },
+            [sys.executable, "-m", "perfkit.cli", "engine", *BASE, "--num-gpus", "1", "--preset", "tiny"],
+        ),
+    ],
+)
 def test_sglang_command_lines(kwargs, expected):
     spec = EngineSpec(kind="sglang", model_path="/models/ltx2", **kwargs)
     assert spec.command(30000, "/runs/x/perf") == expected
@@ -67,9 +119,11 @@ def test_sglang_command_lines(kwargs, expected):
 
 
 def test_sglang_environment_with_caps():
-    spec = EngineSpec(kind="sglang", model_path="/models/ltx2",
-                      env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-                           "MY_LOG": "{perf_log_dir}/x.log"})
+    spec = EngineSpec(
+        kind="sglang",
+        model_path="/models/ltx2",
+        env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "MY_LOG": "{perf_log_dir}/x.log"},
+    )
     env = spec.env_for("/runs/x/perf", port=30000)
     assert env["SGLANG_DIFFUSION_STAGE_LOGGING"] == "1"
     assert env["SGLANG_PERF_LOG_DIR"] == "/runs/x/perf"
@@ -109,8 +163,13 @@ def test_params_example_validates():
     assert spec.kind == "sglang" and spec.model_path == "Lightricks/LTX-2"
     argv = spec.command(30000, "/p")
     assert argv[:2] == ["sglang", "serve"]
-    for flag in ("--dit-layerwise-offload", "--text-encoder-cpu-offload", "--vae-cpu-offload",
-                 "--pin-cpu-memory", "--warmup-steps"):
+    for flag in (
+        "--dit-layerwise-offload",
+        "--text-encoder-cpu-offload",
+        "--vae-cpu-offload",
+        "--pin-cpu-memory",
+        "--warmup-steps",
+    ):
         assert flag in argv
     assert params.enabled() == ["cold_warm", "warmup_shapes", "memory_budget"]
 
@@ -132,12 +191,16 @@ def test_missing_executable_or_model_path_fails_before_launch(tmp_path, case):
         spec = EngineSpec(kind="sglang", model_path=str(model), executable=["sglang-not-installed-xyz"])
         pattern = r"EngineSpec.executable: 'sglang-not-installed-xyz' is not on PATH"
     elif case == "no-module":
-        spec = EngineSpec(kind="sglang", model_path=str(model),
-                          executable=[sys.executable, "-m", "no_such_sglang_pkg.cli.main"])
+        spec = EngineSpec(
+            kind="sglang",
+            model_path=str(model),
+            executable=[sys.executable, "-m", "no_such_sglang_pkg.cli.main"],
+        )
         pattern = r"EngineSpec.executable: .*module 'no_such_sglang_pkg.cli.main' cannot be imported"
     else:
-        spec = EngineSpec(kind="sglang", model_path=str(tmp_path / "missing"),
-                          executable=[str(_fake_exe(tmp_path))])
+        spec = EngineSpec(
+            kind="sglang", model_path=str(tmp_path / "missing"), executable=[str(_fake_exe(tmp_path))]
+        )
         pattern = r"EngineSpec.model_path: '.*missing' does not exist"
     before = len(started_processes())
     run_dir = tmp_path / "run"
@@ -158,33 +221,50 @@ def test_refengine_takes_the_perf_dir_from_sglangs_env():
 
 # ----------------------------------------------------------------------------- records, sglang layout
 LTX2_STAGES = [  # LTX-2 two-stage pipeline (sglang ltx_2_pipeline.py), ms
-    ("InputValidationStage", 0.1, False), ("TextEncodingStage", 180.0, False),
-    ("LTX2TextConnectorStage", 4.0, False), ("LTX2HalveResolutionStage", 0.05, False),
-    ("LTX2LoRASwitchStage", 0.4, False), ("LTX2SigmaPreparationStage", 0.2, False),
-    ("TimestepPreparationStage", 0.3, False), ("LTX2AVLatentPreparationStage", 6.0, False),
-    ("LTX2ImageEncodingStage", 0.1, False), ("LTX2AVDenoisingStage", 9000.0, True),
-    ("LTX2UpsampleStage", 350.0, False), ("ltx2_lora_switch_stage2", 0.3, False),
-    ("ltx2_image_encoding_stage2", 0.1, False), ("LTX2RefinementStage", 2100.0, True),
+    ("InputValidationStage", 0.1, False),
+    ("TextEncodingStage", 180.0, False),
+    ("LTX2TextConnectorStage", 4.0, False),
+    ("LTX2HalveResolutionStage", 0.05, False),
+    ("LTX2LoRASwitchStage", 0.4, False),
+    ("LTX2SigmaPreparationStage", 0.2, False),
+    ("TimestepPreparationStage", 0.3, False),
+    ("LTX2AVLatentPreparationStage", 6.0, False),
+    ("LTX2ImageEncodingStage", 0.1, False),
+    ("LTX2AVDenoisingStage", 9000.0, True),
+    ("LTX2UpsampleStage", 350.0, False),
+    ("ltx2_lora_switch_stage2", 0.3, False),
+    ("ltx2_image_encoding_stage2", 0.1, False),
+    ("LTX2RefinementStage", 2100.0, True),
     ("LTX2AVDecodingStage", 1400.0, False),
 ]
 
 
 def _snapshot(peak_reserved: float, peak_alloc: float, host: float = 9000.0) -> dict:
-    return {"allocated_mb": peak_alloc * 0.8, "reserved_mb": peak_reserved * 0.9,
-            "peak_allocated_mb": peak_alloc, "peak_reserved_mb": peak_reserved,
-            "peak_host_anon_mb": host}
+    return {
+        "allocated_mb": peak_alloc * 0.8,
+        "reserved_mb": peak_reserved * 0.9,
+        "peak_allocated_mb": peak_alloc,
+        "peak_reserved_mb": peak_reserved,
+        "peak_host_anon_mb": host,
+    }
 
 
 def sglang_record(rid: str, scale: float = 1.0, n_steps: int = 30) -> dict:
     return {
-        "request_id": rid, "timestamp": "2026-01-01T00:00:00+00:00", "commit_hash": "0123abc",
+        "request_id": rid,
+        "timestamp": "2026-01-01T00:00:00+00:00",
+        "commit_hash": "0123abc",
         "tag": "pipeline_stage_metrics",
-        "stages": [{"name": n, "execution_time_ms": ms * scale, "is_denoising": d} for n, ms, d in LTX2_STAGES],
+        "stages": [
+            {"name": n, "execution_time_ms": ms * scale, "is_denoising": d} for n, ms, d in LTX2_STAGES
+        ],
         "steps": [300.0 * scale] + [290.0] * (n_steps - 1),
         "total_duration_ms": sum(ms for _, ms, _ in LTX2_STAGES) * scale,
-        "memory_snapshots": {"load_peak": _snapshot(41000.0, 40500.0),
-                             "warmup_peak": _snapshot(52000.0, 50100.0),
-                             "runtime_peak": _snapshot(55000.0 + scale, 51000.0)},
+        "memory_snapshots": {
+            "load_peak": _snapshot(41000.0, 40500.0),
+            "warmup_peak": _snapshot(52000.0, 50100.0),
+            "runtime_peak": _snapshot(55000.0 + scale, 51000.0),
+        },
     }
 
 
@@ -227,24 +307,27 @@ def test_records_in_sglangs_layout(tmp_path):
 
 
 # ----------------------------------------------------------------------------- stage classes
-@pytest.mark.parametrize("name, cls, gate", [
-    ("DenoisingStage", "denoising", "denoise"),
-    ("LTX2AVDenoisingStage", "denoising", "denoise"),
-    ("LTX2DenoisingStage", "denoising", "denoise"),
-    ("RefinementStage", "refinement", "denoise"),
-    ("LTX2RefinementStage", "refinement", "denoise"),
-    ("DecodingStage", "decoding", "decoding"),
-    ("LTX2AVDecodingStage", "decoding", "decoding"),
-    ("CausalVaeDecodingStage", "decoding", "decoding"),
-    ("ImageVAEEncodingStage", "other", "non_denoise"),
-    ("LTX2UpsampleStage", "other", "non_denoise"),
-    ("TextEncodingStage", "other", "non_denoise"),
-    ("ltx2_image_encoding_stage2", "other", "non_denoise"),
-    ("WanAnimate2BeforeDenoisingStage", "other", "non_denoise"),
-    ("Kandinsky6SRDenoisingStage", "denoising", "denoise"),  # unknown name: by substring
-    ("Flux3ImageDecodeStage", "decoding", "decoding"),
-    ("SomeNewStage", "other", "non_denoise"),
-])
+@pytest.mark.parametrize(
+    "name, cls, gate",
+    [
+        ("DenoisingStage", "denoising", "denoise"),
+        ("LTX2AVDenoisingStage", "denoising", "denoise"),
+        ("LTX2DenoisingStage", "denoising", "denoise"),
+        ("RefinementStage", "refinement", "denoise"),
+        ("LTX2RefinementStage", "refinement", "denoise"),
+        ("DecodingStage", "decoding", "decoding"),
+        ("LTX2AVDecodingStage", "decoding", "decoding"),
+        ("CausalVaeDecodingStage", "decoding", "decoding"),
+        ("ImageVAEEncodingStage", "other", "non_denoise"),
+        ("LTX2UpsampleStage", "other", "non_denoise"),
+        ("TextEncodingStage", "other", "non_denoise"),
+        ("ltx2_image_encoding_stage2", "other", "non_denoise"),
+        ("WanAnimate2BeforeDenoisingStage", "other", "non_denoise"),
+        ("Kandinsky6SRDenoisingStage", "denoising", "denoise"),  # unknown name: by substring
+        ("Flux3ImageDecodeStage", "decoding", "decoding"),
+        ("SomeNewStage", "other", "non_denoise"),
+    ],
+)
 def test_stage_classes(name, cls, gate):
     assert stages.stage_class(name) == cls
     assert bl.classify_stage(name) == gate
@@ -274,10 +357,18 @@ def test_stage_order_and_colours_for_sglang_names():
 
 def test_baseline_gate_tolerances_for_sglang_stage_names():
     doc = bl.new_baseline("test")
-    case = {"stages_ms": {"LTX2AVDenoisingStage": 1000.0, "LTX2RefinementStage": 1000.0,
-                          "LTX2AVDecodingStage": 1000.0, "LTX2UpsampleStage": 1000.0},
-            "denoise_step_ms": {}, "expected_e2e_ms": 4000.0, "expected_avg_denoise_ms": 0.0,
-            "expected_median_denoise_ms": 0.0}
+    case = {
+        "stages_ms": {
+            "LTX2AVDenoisingStage": 1000.0,
+            "LTX2RefinementStage": 1000.0,
+            "LTX2AVDecodingStage": 1000.0,
+            "LTX2UpsampleStage": 1000.0,
+        },
+        "denoise_step_ms": {},
+        "expected_e2e_ms": 4000.0,
+        "expected_avg_denoise_ms": 0.0,
+        "expected_median_denoise_ms": 0.0,
+    }
     bl.set_scenario(doc, "ltx2", case)
     run = {"ltx2": {**case, "stages_ms": {k: 1700.0 for k in case["stages_ms"]}}}
     rows = {r.metric: r for r in bl.compare(run, doc, profile="long_term")}
@@ -296,27 +387,40 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
     from perfkit.refengine import models
 
-    return models.save_checkpoint(models.build_preset("tiny", torch.float32, seed=0),
-                                  tmp_path_factory.mktemp("ckpt") / "tiny-ltx")
+    return models.save_checkpoint(
+        models.build_preset("tiny", torch.float32, seed=0), tmp_path_factory.mktemp("ckpt") / "tiny-ltx"
+    )
 
 
 @pytest.mark.slow
 def test_cold_vs_warm_through_the_sglang_adapter(tmp_path, tiny_checkpoint):
-    spec = EngineSpec(kind="sglang", model_path=str(tiny_checkpoint),
-                      executable=[sys.executable, "-m", "perfkit.cli", "engine"],
-                      warmup_frames=9, warmup_steps=2,
-                      server_args=["--preset", "tiny", "--height", "64", "--width", "64", "--steps", "4"],
-                      startup_timeout_s=240)
+    spec = EngineSpec(
+        kind="sglang",
+        model_path=str(tiny_checkpoint),
+        executable=[sys.executable, "-m", "perfkit.cli", "engine"],
+        warmup_frames=9,
+        warmup_steps=2,
+        server_args=["--preset", "tiny", "--height", "64", "--width", "64", "--steps", "4"],
+        startup_timeout_s=240,
+    )
     req = {"num_frames": 9, "height": 64, "width": 64, "num_inference_steps": 4}
-    bundle = cold_vs_warm(spec, req, repeats=3, run_dir=tmp_path, thresholds={"latency_drift": 10.0})
+    bundle = cold_vs_warm(spec, req, repeats=3, run_dir=tmp_path)
     r = bundle.results
     assert r["error"] is None, r["error"]
     assert r["completed"] == 3
 
     # the sglang command line ran, with the warmup flags under sglang's names and no perf dir
     argv = bundle.meta["commands"]["session"]
-    assert argv[:8] == [sys.executable, "-m", "perfkit.cli", "engine", "serve", "--model-path",
-                        str(tiny_checkpoint), "--port"]
+    assert argv[:8] == [
+        sys.executable,
+        "-m",
+        "perfkit.cli",
+        "engine",
+        "serve",
+        "--model-path",
+        str(tiny_checkpoint),
+        "--port",
+    ]
     assert argv[argv.index("--num-gpus") + 1] == "1"
     assert argv[argv.index("--warmup-num-frames") + 1] == "9"
     assert argv[argv.index("--warmup-steps") + 1] == "2"

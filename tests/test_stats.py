@@ -1,4 +1,5 @@
 """Tests for perfkit.stats with real values."""
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ Replay tests run the real notebooks through papermill on synthetic bundles (no e
 end-to-end test runs ``perfkit suite --params params/ci-cpu.yaml`` for real on the tiny
 reference engine.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,12 +17,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from perfkit.gate import baseline as bl
 from perfkit import suite
 from perfkit.bundle import ResultBundle
-from perfkit.params import load_params
+from perfkit.gate import baseline as bl
 from perfkit.gate import run as gate_run
 from perfkit.gate import verdicts
+from perfkit.params import load_params
 from perfkit.scenarios import registry
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -32,11 +33,18 @@ NB_DIR = ROOT / "notebooks"
 
 
 def perfkit(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perfkit.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "perfkit.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
 
 
 # --------------------------------------------------------------------------- notebooks
+
 
 @pytest.mark.parametrize("name", verdicts.notebooks())
 def test_notebook_committed_clean_with_parameters_cell(name):
@@ -53,8 +61,9 @@ def test_notebook_committed_clean_with_parameters_cell(name):
 
 
 def test_notebooks_match_generator():
-    proc = subprocess.run([sys.executable, str(NB_DIR / "make_notebooks.py"), "--check"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(NB_DIR / "make_notebooks.py"), "--check"], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout
 
 
@@ -73,6 +82,7 @@ def test_notebook_parameters_parse_with_papermill():
 
 # --------------------------------------------------------------------------- helpers
 
+
 def test_case_ids():
     eng = {"kind": "reference", "preset": "tiny", "warmup_frames": 17}
     req = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
@@ -86,8 +96,12 @@ def test_bundle_cases_and_gate(tmp_path):
     req = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
     cases = gate_run.bundle_cases(gate_run.load_run_bundles(run), eng, req)
     # the uncovered 17 -> 25 slice is the investigation's finding, not a baseline case
-    assert set(cases) == {"tiny_25f_64x64_4s_w17", "tiny_25f_64x64_4s_w25_shapes",
-                          "tiny_25f_64x64_4s_w17_cap-unlimited", "tiny_25f_64x64_4s_w17_cap-8GiBhost"}
+    assert set(cases) == {
+        "tiny_25f_64x64_4s_w17",
+        "tiny_25f_64x64_4s_w25_shapes",
+        "tiny_25f_64x64_4s_w17_cap-unlimited",
+        "tiny_25f_64x64_4s_w17_cap-8GiBhost",
+    }
     # a shapes case holds one launch only
     assert set(cases["tiny_25f_64x64_4s_w25_shapes"].requests["launch"]) == {"w25"}
     g = gate_run.gate(run, engine=eng, request=req)
@@ -97,8 +111,9 @@ def test_bundle_cases_and_gate(tmp_path):
     # comparing the run with its own baseline passes
     g2 = gate_run.gate(run, engine=eng, request=req, baseline_file=run / "baseline.json")
     assert any(r.status == "pass" for r in g2.baseline_rows)
-    assert all(r.status in ("pass", "skipped") for r in g2.baseline_rows), \
-        [r for r in g2.baseline_rows if r.status not in ("pass", "skipped")]
+    assert all(r.status in ("pass", "skipped") for r in g2.baseline_rows), [
+        r for r in g2.baseline_rows if r.status not in ("pass", "skipped")
+    ]
 
 
 def test_exit_code_rules():
@@ -113,20 +128,37 @@ def test_exit_code_rules():
 
 # --------------------------------------------------------------------------- replayed suite
 
+
 @pytest.mark.slow
 def test_replayed_suite_passes(tmp_path):
     rec = synthetic.make_run(tmp_path / "recorded")
     out = tmp_path / "run"
     summary = tmp_path / "gh_summary.md"
-    proc = perfkit("suite", "--params", "params/ci-cpu.yaml", "--out", str(out), "--replay",
-                   str(rec), "--no-screenshot", "-q", env={"GITHUB_STEP_SUMMARY": str(summary)})
+    proc = perfkit(
+        "suite",
+        "--params",
+        "params/ci-cpu.yaml",
+        "--out",
+        str(out),
+        "--replay",
+        str(rec),
+        "--no-screenshot",
+        "-q",
+        env={"GITHUB_STEP_SUMMARY": str(summary)},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for f in ("report.html", "summary.md", "baseline.json", "run.json", "params.yaml"):
         assert (out / f).exists(), f
-    for n in verdicts.notebooks():
+    ran = [*load_params(ROOT / "params" / "ci-cpu.yaml").enabled(), verdicts.GATE]
+    for n in ran:
         assert (out / "notebooks" / f"{n}.ipynb").exists()
-    for s in ("cold_warm", "warmup_shapes", "memory_budget"):
+    for s in ran[:-1]:
         ResultBundle.load(out / s)
+    # a disabled investigation is reported as skipped, and has no notebook
+    statuses = {n["name"]: n for n in json.loads((out / "run.json").read_text())["notebooks"]}
+    skipped = [n for n in verdicts.notebooks() if n not in ran]
+    assert skipped and all(statuses[n]["status"] == "skipped" for n in skipped), statuses
+    assert all(statuses[n]["reason"] == "disabled in the params" for n in skipped)
     text = (out / "summary.md").read_text()
     assert "PASS" in text and "warm/cold ratio" in text
     assert summary.read_text() == text + "\n"
@@ -141,8 +173,19 @@ def test_replayed_suite_passes(tmp_path):
 def test_regression_exits_1(tmp_path):
     rec = synthetic.make_run(tmp_path / "recorded", slow_warm=True)
     out = tmp_path / "run"
-    proc = perfkit("suite", "--params", "params/ci-cpu.yaml", "--out", str(out), "--replay",
-                   str(rec), "--only", "cold_warm", "--no-screenshot", "-q")
+    proc = perfkit(
+        "suite",
+        "--params",
+        "params/ci-cpu.yaml",
+        "--out",
+        str(out),
+        "--replay",
+        str(rec),
+        "--only",
+        "cold_warm",
+        "--no-screenshot",
+        "-q",
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     text = (out / "summary.md").read_text()
     assert "REGRESSION" in text and "| warm_cold_ratio |" in text and "| fail |" in text
@@ -156,8 +199,19 @@ def test_notebook_that_raises_still_reports_exit_2(tmp_path):
     rec = tmp_path / "recorded"
     synthetic.warmup_shapes().save(rec / "cold_warm")
     out = tmp_path / "run"
-    proc = perfkit("suite", "--params", "params/ci-cpu.yaml", "--out", str(out), "--replay",
-                   str(rec), "--only", "cold_warm", "--no-screenshot", "-q")
+    proc = perfkit(
+        "suite",
+        "--params",
+        "params/ci-cpu.yaml",
+        "--out",
+        str(out),
+        "--replay",
+        str(rec),
+        "--only",
+        "cold_warm",
+        "--no-screenshot",
+        "-q",
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     html = (out / "report.html").read_text()
     assert "ERROR" in html and "cold_warm failed" in html
@@ -195,8 +249,19 @@ def test_replayed_engine_crash_exits_2(tmp_path):
     b.results = {"error": "engine exited with code -9", "leak_checks": []}
     b.save(rec / "cold_warm")
     out = tmp_path / "run"
-    proc = perfkit("suite", "--params", "params/ci-cpu.yaml", "--out", str(out), "--replay",
-                   str(rec), "--only", "cold_warm", "--no-screenshot", "-q")
+    proc = perfkit(
+        "suite",
+        "--params",
+        "params/ci-cpu.yaml",
+        "--out",
+        str(out),
+        "--replay",
+        str(rec),
+        "--only",
+        "cold_warm",
+        "--no-screenshot",
+        "-q",
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "ScenarioError" in (out / "report.html").read_text()
 
@@ -208,21 +273,34 @@ def test_missing_notebook_is_an_error(tmp_path):
     nbs.mkdir()
     (nbs / "baseline_gate.ipynb").write_text((NB_DIR / "baseline_gate.ipynb").read_text())
     out = tmp_path / "run"
-    proc = perfkit("suite", "--params", "params/ci-cpu.yaml", "--out", str(out), "--replay",
-                   str(rec), "--only", "cold_warm", "--notebooks", str(nbs), "--no-screenshot", "-q")
+    proc = perfkit(
+        "suite",
+        "--params",
+        "params/ci-cpu.yaml",
+        "--out",
+        str(out),
+        "--replay",
+        str(rec),
+        "--only",
+        "cold_warm",
+        "--notebooks",
+        str(nbs),
+        "--no-screenshot",
+        "-q",
+    )
     assert proc.returncode == 2
     assert "cold_warm.ipynb not found" in (out / "report.html").read_text()
 
 
 # --------------------------------------------------------------------------- end to end, for real
 
+
 @pytest.mark.slow
 def test_suite_end_to_end_on_reference_engine(tmp_path):
     """``perfkit suite --params params/ci-cpu.yaml`` on the tiny reference engine, for real."""
     out = tmp_path / "run"
     t0 = time.monotonic()
-    proc = perfkit("suite", "--params", "params/ci-cpu.yaml", "--out", str(out), "-q",
-                   timeout=900)
+    proc = perfkit("suite", "--params", "params/ci-cpu.yaml", "--out", str(out), "-q", timeout=900)
     wall = time.monotonic() - t0
     run = json.loads((out / "run.json").read_text())
     statuses = {n["name"]: n["status"] for n in run["notebooks"]}
@@ -240,8 +318,14 @@ def test_suite_end_to_end_on_reference_engine(tmp_path):
     assert any(c.endswith("_shapes") for c in doc["scenarios"])
     text = (out / "summary.md").read_text()
     assert ("PASS" if proc.returncode == 0 else "REGRESSION") in text
-    for words in ("cold request", "warm median", "warmup 17f → request 25f", "cap unlimited",
-                  "warm_cold_ratio", "covered_compiles"):
+    for words in (
+        "cold request",
+        "warm median",
+        "warmup 17f → request 25f",
+        "cap unlimited",
+        "warm_cold_ratio",
+        "covered_compiles",
+    ):
         assert words in text, words
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 8

@@ -1,4 +1,5 @@
 """A `perfkit suite` stopped by SIGTERM (CI cancel) leaves no engine behind and still a report."""
+
 from __future__ import annotations
 
 import signal
@@ -23,10 +24,26 @@ def _engines(marker: str) -> list[psutil.Process]:
 
 def test_sigterm_tears_down_the_engine_and_writes_the_report(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "perfkit.cli", "suite", "--params",
-                             str(ROOT / "params" / "ci-cpu.yaml"), "--out", str(out), "--only", "cold_warm",
-                             "-q", "--no-screenshot"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "perfkit.cli",
+            "suite",
+            "--params",
+            str(ROOT / "params" / "ci-cpu.yaml"),
+            "--out",
+            str(out),
+            "--only",
+            "cold_warm",
+            "-q",
+            "--no-screenshot",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.time() + 180
         while not _engines(str(out)) and time.time() < deadline and proc.poll() is None:

@@ -1,2 +1,3 @@
 """perfkit: performance investigation suite for diffusion video serving engines."""
+
 __version__ = "0.1.0"

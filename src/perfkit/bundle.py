@@ -22,6 +22,7 @@ memory in ``_mib``/``_gib``. A startup warmup request has ``index == WARMUP_INDE
 the only warmup mark in the tables. :meth:`ResultBundle.save` refuses undeclared columns and
 casts declared ones; :meth:`ResultBundle.load` upgrades older bundles (schema 1) in memory.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,25 +31,49 @@ import os
 import platform
 import re
 import socket
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 
-from perfkit.bundle_schema import (SCHEMA_VERSION, TABLE_NAMES, TABLES as TABLE_SCHEMAS,
-                                   WARMUP_INDEX, Column, Table, conform, sampler_frame,
-                                   upgrade_results, upgrade_table)
+from perfkit.bundle_schema import (
+    SCHEMA_VERSION,
+    TABLE_NAMES,
+    WARMUP_INDEX,
+    Column,
+    Table,
+    conform,
+    sampler_frame,
+    upgrade_results,
+    upgrade_table,
+)
+from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
 from perfkit.common.provenance import git_commit
 
 log = logging.getLogger(__name__)
 
 #: table names, in file order (declarations: :data:`TABLE_SCHEMAS`)
 TABLES = TABLE_NAMES
-__all__ = ["SCHEMA_VERSION", "TABLES", "TABLE_SCHEMAS", "WARMUP_INDEX", "Column", "Table",
-           "ResultBundle", "conform", "sampler_frame", "upgrade_results", "upgrade_table",
-           "environment_meta", "redact", "sub_bundle", "table_rows", "cold_request_covered", "load_many"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "TABLES",
+    "TABLE_SCHEMAS",
+    "WARMUP_INDEX",
+    "Column",
+    "Table",
+    "ResultBundle",
+    "conform",
+    "sampler_frame",
+    "upgrade_results",
+    "upgrade_table",
+    "environment_meta",
+    "redact",
+    "sub_bundle",
+    "table_rows",
+    "cold_request_covered",
+    "load_many",
+]
 
 _SECRET_KEY = re.compile(r"(token|secret|password|passwd|api[_-]?key|access[_-]?key|auth)", re.I)
 _SECRET_INLINE = re.compile(
@@ -68,14 +93,20 @@ def redact(obj: Any) -> Any:
     prefixes (hf_, sk-, ghp_) masked.
     """
     if isinstance(obj, dict):
-        return {k: (REDACTED if _SECRET_KEY.search(str(k)) and v not in (None, "") else redact(v))
-                for k, v in obj.items()}
+        return {
+            k: (REDACTED if _SECRET_KEY.search(str(k)) and v not in (None, "") else redact(v))
+            for k, v in obj.items()
+        }
     if isinstance(obj, (list, tuple)):
         out = [redact(v) for v in obj]
         # a secret flag followed by its value as the next argv element
         for i in range(len(out) - 1):
-            if isinstance(out[i], str) and out[i].startswith("-") and _SECRET_KEY.search(out[i]) \
-                    and "=" not in out[i]:
+            if (
+                isinstance(out[i], str)
+                and out[i].startswith("-")
+                and _SECRET_KEY.search(out[i])
+                and "=" not in out[i]
+            ):
                 out[i + 1] = REDACTED
         return out
     if isinstance(obj, str):
@@ -94,9 +125,12 @@ def _gpu_info() -> dict[str, Any]:
             name = pynvml.nvmlDeviceGetName(h)
             drv = pynvml.nvmlSystemGetDriverVersion()
             total = pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**20
-            return {"gpu_name": name if isinstance(name, str) else name.decode(),
-                    "gpu_driver": drv if isinstance(drv, str) else drv.decode(),
-                    "gpu_count": pynvml.nvmlDeviceGetCount(), "gpu_total_mib": round(total)}
+            return {
+                "gpu_name": name if isinstance(name, str) else name.decode(),
+                "gpu_driver": drv if isinstance(drv, str) else drv.decode(),
+                "gpu_count": pynvml.nvmlDeviceGetCount(),
+                "gpu_total_mib": round(total),
+            }
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no NVML on this host is a normal case
@@ -223,7 +257,8 @@ class ResultBundle:
         (d / "records").mkdir(exist_ok=True)
         for label, lines in self.records.items():
             (d / "records" / f"{_safe(label)}.jsonl").write_text(
-                "".join(line if line.endswith("\n") else line + "\n" for line in lines))
+                "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+            )
         (d / "logs").mkdir(exist_ok=True)
         for name, text in self.logs.items():
             (d / "logs" / _safe(name)).write_text(redact(text))
@@ -273,8 +308,15 @@ class ResultBundle:
         if (d / "logs").is_dir():
             for p in sorted((d / "logs").iterdir()):
                 logs[p.name] = p.read_text(errors="replace")
-        return cls(scenario=meta.get("scenario", d.name), meta=meta, results=results,
-                   tables=tables, records=records, logs=logs, path=d)
+        return cls(
+            scenario=meta.get("scenario", d.name),
+            meta=meta,
+            results=results,
+            tables=tables,
+            records=records,
+            logs=logs,
+            path=d,
+        )
 
 
 def _version(doc: Any, path: Path, default: int) -> int:
@@ -286,13 +328,16 @@ def _version(doc: Any, path: Path, default: int) -> int:
     except (TypeError, ValueError):
         raise ValueError(f"{path}: schema_version {raw!r} is not an integer") from None
     if v > SCHEMA_VERSION:
-        raise ValueError(f"{path}: bundle schema {v} is newer than this perfkit "
-                         f"(schema {SCHEMA_VERSION}); upgrade perfkit to read it")
+        raise ValueError(
+            f"{path}: bundle schema {v} is newer than this perfkit "
+            f"(schema {SCHEMA_VERSION}); upgrade perfkit to read it"
+        )
     return v
 
 
-def sub_bundle(bundle: ResultBundle, *, launch: Any = None, num_frames: int | None = None,
-               skip_first: bool = False) -> ResultBundle:
+def sub_bundle(
+    bundle: ResultBundle, *, launch: Any = None, num_frames: int | None = None, skip_first: bool = False
+) -> ResultBundle:
     """The part of a bundle from one launch and/or one request frame count (tables filtered;
     the startup warmup rows, ``index == WARMUP_INDEX``, of the selected launch are kept).
 
@@ -328,8 +373,9 @@ def sub_bundle(bundle: ResultBundle, *, launch: Any = None, num_frames: int | No
         t = bundle.table(name)
         if launch is not None and not t.empty:
             tables[name] = t[(t["launch"] == launch).fillna(False).to_numpy(bool)]
-    return ResultBundle(scenario=bundle.scenario, meta=bundle.meta, results=bundle.results,
-                        tables=tables, path=bundle.path)
+    return ResultBundle(
+        scenario=bundle.scenario, meta=bundle.meta, results=bundle.results, tables=tables, path=bundle.path
+    )
 
 
 def _row_keys(df: pd.DataFrame) -> list[tuple[Any, str]]:

@@ -21,6 +21,7 @@ Versions (:data:`SCHEMA_VERSION`, written to meta.json and results.json):
 - 2: the declarations below. :func:`upgrade_table` / :func:`upgrade_results` turn version 1
   into version 2 in memory (files on disk are never rewritten).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,9 @@ SCHEMA_VERSION = 2
 WARMUP_INDEX = -1
 
 #: allowed units of a column
-UNITS = frozenset({"ms", "s", "MiB", "GiB", "count", "bool", "text", "id", "index", "frames",
-                   "px", "fraction", "json"})
+UNITS = frozenset(
+    {"ms", "s", "MiB", "GiB", "count", "bool", "text", "id", "index", "frames", "px", "fraction", "json"}
+)
 
 #: unit -> the last ``_``-separated word of a column with that unit (and only of those)
 UNIT_SUFFIX = {"ms": "ms", "s": "s", "MiB": "mib", "GiB": "gib"}
@@ -94,76 +96,112 @@ _KEY = (
     _c("index", "Int64", "index", _WARMUP_DOC),
 )
 
-TABLES: dict[str, Table] = {t.name: t for t in (
-    Table("requests", "one row per request (startup warmup included, index -1)", _KEY + (
-        _c("status", "string", "text", "completed, failed, rejected, timeout, ..."),
-        _c("error", "string", "text", "why the request failed (engine or client message)"),
-        _c("num_frames", "Int64", "frames", "frames requested"),
-        _c("effective_num_frames", "Int64", "frames", "frames generated (aligned to 8k+1)"),
-        _c("latent_frames", "Int64", "frames", "latent frames ((num_frames - 1) // 8 + 1)"),
-        _c("latent_shape", "string", "text", "latent tensor shape, 'AxBxCxD'"),
-        _c("height", "Int64", "px", "output height"),
-        _c("width", "Int64", "px", "output width"),
-        _c("steps", "Int64", "count", "denoising steps requested"),
-        _c("client_ms", "float64", "ms", "latency seen by the client (submit to result)"),
-        _c("e2e_ms", "float64", "ms", "server end-to-end time (record total_duration_ms)"),
-        _c("compiles", "Int64", "count", "torch.compile compilations during the request"),
-        _c("compile_ms", "float64", "ms", "time spent compiling during the request"),
-        _c("recompile_reasons", "string", "text", "recompilation reasons, '; '-joined"),
-        _c("recompile_limit_hit", "boolean", "bool", "torch.compile's recompile limit was hit"),
-        _c("peak_allocated_mib", "float64", "MiB", "device peak allocated during the request"),
-        _c("peak_reserved_mib", "float64", "MiB", "device peak reserved during the request"),
-        _c("reserved_mib", "float64", "MiB", "device reserved at the request's runtime peak"),
-        _c("host_rss_mib", "float64", "MiB", "host RSS of the engine after the request"),
-        _c("host_anon_mib", "float64", "MiB", "host anonymous RSS of the engine after the request"),
-        _c("placement", "string", "text", "where the weights lived (device, group_offload, ...)"),
-        _c("t_start_s", "float64", "s", "request start, epoch seconds"),
-        _c("t_end_s", "float64", "s", "request end, epoch seconds"),
-    )),
-    Table("stages", "one row per (request, stage)", _KEY + (
-        _c("stage", "string", "text", "stage name (sglang's: DenoisingStage, DecodingStage, ...)"),
-        _c("ms", "float64", "ms", "stage execution time"),
-        _c("peak_allocated_mib", "float64", "MiB", "device peak allocated during the stage"),
-        _c("t_start_s", "float64", "s", "stage start, epoch seconds"),
-        _c("t_end_s", "float64", "s", "stage end, epoch seconds"),
-    )),
-    Table("steps", "one row per (request, denoising or refinement step)", _KEY + (
-        _c("stage", "string", "text", "stage the step belongs to (DenoisingStage, RefinementStage)"),
-        _c("step", "Int64", "index", "step index within the stage, from 0"),
-        _c("ms", "float64", "ms", "step time"),
-    )),
-    Table("memory", "memory timeline samples of each launch", (
-        _c("launch", "string", "id", "launch label"),
-        _c("t_s", "float64", "s", "sample time, epoch seconds"),
-        _c("device_used_mib", "float64", "MiB", "engine device memory in use (NaN without NVML)"),
-        _c("host_rss_mib", "float64", "MiB", "host RSS of the engine process tree"),
-        _c("host_anon_mib", "float64", "MiB", "host anonymous RSS of the engine process tree"),
-        _c("gpu_util_fraction", "float64", "fraction", "NVML GPU utilisation, 0..1 (NaN without NVML)"),
-    )),
-    Table("launches", "one row per engine launch (cold start and its parts)", (
-        _c("launch", "string", "id", "launch label (unique in the bundle)"),
-        _c("label", "string", "id", "launch label as given to the launcher"),
-        _c("ready_s", "float64", "s", "cold start: launch until ready"),
-        _c("process_start_s", "float64", "s", "cold start part: until the process ran"),
-        _c("models_loaded_s", "float64", "s", "cold start part: until the models were loaded"),
-        _c("warmup_s", "float64", "s", "cold start part: the startup warmup"),
-        _c("warmup_frames", "Int64", "frames", "startup warmup num_frames (0: none)"),
-        _c("warmup_latent_shape", "string", "text", "latent shape the startup warmup ran"),
-        _c("device_cap_gib", "float64", "GiB", "device memory cap (NaN: none)"),
-        _c("host_cap_gib", "float64", "GiB", "host memory cap (NaN: none)"),
-        _c("cap_label", "string", "text", "the memory budget's label (memory_budget)"),
-        _c("enforcement", "string", "text", "how the caps were enforced (none, cgroup, watchdog, ...)"),
-        _c("cap_exceeded", "boolean", "bool", "a host cap was exceeded (the engine was stopped)"),
-        _c("command", "string", "text", "engine argv, space-joined (secrets redacted)"),
-        _c("exit_code", "Int64", "id", "engine exit code (NA: still running at teardown)"),
-        _c("error", "string", "text", "why the launch failed, if it did"),
-        _c("load_peak_mib", "float64", "MiB", "device peak reserved during model load"),
-        _c("load_peak_allocated_mib", "float64", "MiB", "device peak allocated during model load"),
-        _c("warmup_peak_mib", "float64", "MiB", "device peak reserved during the startup warmup"),
-        _c("placement", "string", "text", "where the weights lived (device, group_offload, ...)"),
-        _c("reused_from", "string", "text", "'<scenario>/<launch>' whose session this launch reuses"),
-    )),
-)}
+TABLES: dict[str, Table] = {
+    t.name: t
+    for t in (
+        Table(
+            "requests",
+            "one row per request (startup warmup included, index -1)",
+            _KEY
+            + (
+                _c("status", "string", "text", "completed, failed, rejected, timeout, ..."),
+                _c("error", "string", "text", "why the request failed (engine or client message)"),
+                _c("num_frames", "Int64", "frames", "frames requested"),
+                _c("effective_num_frames", "Int64", "frames", "frames generated (aligned to 8k+1)"),
+                _c("latent_frames", "Int64", "frames", "latent frames ((num_frames - 1) // 8 + 1)"),
+                _c("latent_shape", "string", "text", "latent tensor shape, 'AxBxCxD'"),
+                _c("height", "Int64", "px", "output height"),
+                _c("width", "Int64", "px", "output width"),
+                _c("steps", "Int64", "count", "denoising steps requested"),
+                _c("client_ms", "float64", "ms", "latency seen by the client (submit to result)"),
+                _c("e2e_ms", "float64", "ms", "server end-to-end time (record total_duration_ms)"),
+                _c("compiles", "Int64", "count", "torch.compile compilations during the request"),
+                _c("compile_ms", "float64", "ms", "time spent compiling during the request"),
+                _c("recompile_reasons", "string", "text", "recompilation reasons, '; '-joined"),
+                _c("recompile_limit_hit", "boolean", "bool", "torch.compile's recompile limit was hit"),
+                _c("peak_allocated_mib", "float64", "MiB", "device peak allocated during the request"),
+                _c("peak_reserved_mib", "float64", "MiB", "device peak reserved during the request"),
+                _c("reserved_mib", "float64", "MiB", "device reserved at the request's runtime peak"),
+                _c("host_rss_mib", "float64", "MiB", "host RSS of the engine after the request"),
+                _c("host_anon_mib", "float64", "MiB", "host anonymous RSS of the engine after the request"),
+                _c("placement", "string", "text", "where the weights lived (device, group_offload, ...)"),
+                _c("t_start_s", "float64", "s", "request start, epoch seconds"),
+                _c("t_end_s", "float64", "s", "request end, epoch seconds"),
+            ),
+        ),
+        Table(
+            "stages",
+            "one row per (request, stage)",
+            _KEY
+            + (
+                _c("stage", "string", "text", "stage name (sglang's: DenoisingStage, DecodingStage, ...)"),
+                _c("ms", "float64", "ms", "stage execution time"),
+                _c("peak_allocated_mib", "float64", "MiB", "device peak allocated during the stage"),
+                _c("t_start_s", "float64", "s", "stage start, epoch seconds"),
+                _c("t_end_s", "float64", "s", "stage end, epoch seconds"),
+            ),
+        ),
+        Table(
+            "steps",
+            "one row per (request, denoising or refinement step)",
+            _KEY
+            + (
+                _c("stage", "string", "text", "stage the step belongs to (DenoisingStage, RefinementStage)"),
+                _c("step", "Int64", "index", "step index within the stage, from 0"),
+                _c("ms", "float64", "ms", "step time"),
+            ),
+        ),
+        Table(
+            "memory",
+            "memory timeline samples of each launch",
+            (
+                _c("launch", "string", "id", "launch label"),
+                _c("t_s", "float64", "s", "sample time, epoch seconds"),
+                _c("device_used_mib", "float64", "MiB", "engine device memory in use (NaN without NVML)"),
+                _c("host_rss_mib", "float64", "MiB", "host RSS of the engine process tree"),
+                _c("host_anon_mib", "float64", "MiB", "host anonymous RSS of the engine process tree"),
+                _c(
+                    "gpu_util_fraction",
+                    "float64",
+                    "fraction",
+                    "NVML GPU utilisation, 0..1 (NaN without NVML)",
+                ),
+            ),
+        ),
+        Table(
+            "launches",
+            "one row per engine launch (cold start and its parts)",
+            (
+                _c("launch", "string", "id", "launch label (unique in the bundle)"),
+                _c("label", "string", "id", "launch label as given to the launcher"),
+                _c("ready_s", "float64", "s", "cold start: launch until ready"),
+                _c("process_start_s", "float64", "s", "cold start part: until the process ran"),
+                _c("models_loaded_s", "float64", "s", "cold start part: until the models were loaded"),
+                _c("warmup_s", "float64", "s", "cold start part: the startup warmup"),
+                _c("warmup_frames", "Int64", "frames", "startup warmup num_frames (0: none)"),
+                _c("warmup_latent_shape", "string", "text", "latent shape the startup warmup ran"),
+                _c("device_cap_gib", "float64", "GiB", "device memory cap (NaN: none)"),
+                _c("host_cap_gib", "float64", "GiB", "host memory cap (NaN: none)"),
+                _c("cap_label", "string", "text", "the memory budget's label (memory_budget)"),
+                _c(
+                    "enforcement",
+                    "string",
+                    "text",
+                    "how the caps were enforced (none, cgroup, watchdog, ...)",
+                ),
+                _c("cap_exceeded", "boolean", "bool", "a host cap was exceeded (the engine was stopped)"),
+                _c("command", "string", "text", "engine argv, space-joined (secrets redacted)"),
+                _c("exit_code", "Int64", "id", "engine exit code (NA: still running at teardown)"),
+                _c("error", "string", "text", "why the launch failed, if it did"),
+                _c("load_peak_mib", "float64", "MiB", "device peak reserved during model load"),
+                _c("load_peak_allocated_mib", "float64", "MiB", "device peak allocated during model load"),
+                _c("warmup_peak_mib", "float64", "MiB", "device peak reserved during the startup warmup"),
+                _c("placement", "string", "text", "where the weights lived (device, group_offload, ...)"),
+                _c("reused_from", "string", "text", "'<scenario>/<launch>' whose session this launch reuses"),
+            ),
+        ),
+    )
+}
 
 #: table names, in file order
 TABLE_NAMES = tuple(TABLES)
@@ -171,18 +209,29 @@ TABLE_NAMES = tuple(TABLES)
 # --------------------------------------------------------------------------- version 1
 #: table -> {version 1 column: version 2 column}
 V1_COLUMN_RENAMES: dict[str, dict[str, str]] = {
-    "requests": {"peak_allocated_mb": "peak_allocated_mib", "peak_reserved_mb": "peak_reserved_mib",
-                 "reserved_mb": "reserved_mib", "t_start": "t_start_s", "t_end": "t_end_s"},
+    "requests": {
+        "peak_allocated_mb": "peak_allocated_mib",
+        "peak_reserved_mb": "peak_reserved_mib",
+        "reserved_mb": "reserved_mib",
+        "t_start": "t_start_s",
+        "t_end": "t_end_s",
+    },
     "stages": {"peak_allocated_mb": "peak_allocated_mib", "t_start": "t_start_s", "t_end": "t_end_s"},
     "steps": {},
     "memory": {"t": "t_s"},
-    "launches": {"load_peak_mb": "load_peak_mib", "load_peak_allocated_mb": "load_peak_allocated_mib",
-                 "warmup_peak_mb": "warmup_peak_mib"},
+    "launches": {
+        "load_peak_mb": "load_peak_mib",
+        "load_peak_allocated_mb": "load_peak_allocated_mib",
+        "warmup_peak_mb": "warmup_peak_mib",
+    },
 }
 #: results.json: list key -> {version 1 key of its entries: version 2 key}
 V1_RESULTS_ENTRY_RENAMES: dict[str, dict[str, str]] = {
-    "caps": {"peak_reserved_mb": "peak_reserved_mib", "peak_allocated_mb": "peak_allocated_mib",
-             "load_peak_mb": "load_peak_mib"},
+    "caps": {
+        "peak_reserved_mb": "peak_reserved_mib",
+        "peak_allocated_mb": "peak_allocated_mib",
+        "load_peak_mb": "load_peak_mib",
+    },
 }
 _V1_WARMUP_TAG = "warmup"
 
@@ -242,8 +291,9 @@ def upgrade_results(results: Mapping[str, Any], version: int = 1) -> dict[str, A
     for key, renames in V1_RESULTS_ENTRY_RENAMES.items():
         entries = out.get(key)
         if isinstance(entries, list):
-            out[key] = [{renames.get(k, k): v for k, v in e.items()} if isinstance(e, dict) else e
-                        for e in entries]
+            out[key] = [
+                {renames.get(k, k): v for k, v in e.items()} if isinstance(e, dict) else e for e in entries
+            ]
     return out
 
 
@@ -284,16 +334,19 @@ def conform(name: str, df: pd.DataFrame | None) -> pd.DataFrame:
     df = pd.DataFrame() if df is None else df
     extra = [c for c in df.columns if c not in table.names]
     if extra:
-        raise ValueError(f"table {name!r}: undeclared column(s) {', '.join(map(repr, extra))} "
-                         f"(declare them in perfkit.bundle_schema.TABLES[{name!r}])")
+        raise ValueError(
+            f"table {name!r}: undeclared column(s) {', '.join(map(repr, extra))} "
+            f"(declare them in perfkit.bundle_schema.TABLES[{name!r}])"
+        )
     n = len(df)
     cols = {}
     for c in table.columns:
         if c.name in df.columns:
             cols[c.name] = _cast(df[c.name].reset_index(drop=True), c.dtype)
         else:
-            cols[c.name] = pd.Series([pd.NA] * n if c.dtype in ("string", "boolean", "Int64")
-                                     else [np.nan] * n, dtype=c.dtype)
+            cols[c.name] = pd.Series(
+                [pd.NA] * n if c.dtype in ("string", "boolean", "Int64") else [np.nan] * n, dtype=c.dtype
+            )
     out = pd.DataFrame(cols, columns=table.names)
     out.index = df.index if n else out.index
     return out

@@ -8,6 +8,7 @@ turns them into an exit code.
 Statuses: ``pass``, ``fail``, ``new`` (a case the baseline lacks), ``improved`` (faster than the
 baseline by more than its improvement threshold), ``skipped`` (not measured: never a pass).
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,18 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-__all__ = ["Check", "CHECK_COLUMNS", "STATUSES", "check_max", "check_min", "check_flag",
-           "check_table", "check_markdown", "overall_status", "number"]
+__all__ = [
+    "Check",
+    "CHECK_COLUMNS",
+    "STATUSES",
+    "check_max",
+    "check_min",
+    "check_flag",
+    "check_table",
+    "check_markdown",
+    "overall_status",
+    "number",
+]
 
 CHECK_COLUMNS = ["case", "metric", "expected", "actual", "bound", "status", "reason"]
 STATUSES = ("pass", "fail", "new", "improved", "skipped")
@@ -65,8 +76,9 @@ def number(v: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def check_max(case: str, metric: str, value: Any, limit: float, what: str = "",
-              margin: float | None = None) -> Check:
+def check_max(
+    case: str, metric: str, value: Any, limit: float, what: str = "", margin: float | None = None
+) -> Check:
     """``value <= limit * (1 + margin)``; ``skipped`` ("not measured") when value is missing."""
     v = number(value)
     bnd = limit * (1.0 + margin) if margin else limit
@@ -94,8 +106,15 @@ def check_flag(case: str, metric: str, value: Any, want: bool, detail: str = "")
         return Check(case, metric, None, None, None, "skipped", NOT_MEASURED)
     ok = bool(value) is want
     name = metric.split("[", 1)[0]
-    return Check(case, metric, float(want), float(bool(value)), None, "pass" if ok else "fail",
-                 f"{name}={bool(value)}" + (f"; {detail}" if detail else ""))
+    return Check(
+        case,
+        metric,
+        float(want),
+        float(bool(value)),
+        None,
+        "pass" if ok else "fail",
+        f"{name}={bool(value)}" + (f"; {detail}" if detail else ""),
+    )
 
 
 def check_table(rows: Iterable[Check | Mapping[str, Any]]) -> pd.DataFrame:

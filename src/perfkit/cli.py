@@ -14,6 +14,7 @@
 Exit codes: 0 every gate passed, 1 a regression (a gate failed), 2 an error (bad params, engine
 crash, notebook exception).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,9 +27,9 @@ from typing import Any
 
 import yaml
 
+from perfkit.checks import check_markdown, check_table, overall_status
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
 from perfkit.scenarios import registry
-from perfkit.checks import check_markdown, check_table, overall_status
 
 log = logging.getLogger("perfkit")
 
@@ -51,8 +52,10 @@ def _parse_kv(items: list[str]) -> dict[str, Any]:
             out[k] = yaml.safe_load(v) if v != "" else ""
         except yaml.YAMLError as exc:
             where = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise UsageError(f"-p {k}: value {v!r} is not valid YAML ({where}); quote strings "
-                             f"with special characters, e.g. -p '{k}=\"...\"'") from None
+            raise UsageError(
+                f"-p {k}: value {v!r} is not valid YAML ({where}); quote strings "
+                f"with special characters, e.g. -p '{k}=\"...\"'"
+            ) from None
     return out
 
 
@@ -84,8 +87,9 @@ def _check_notebook_parameters(nb: Path, given: dict[str, Any]) -> None:
         m = difflib.get_close_matches(k, declared, n=1, cutoff=0.6)
         hints.append(f"{k!r}" + (f" (did you mean {m[0]!r}?)" if m else ""))
     known = ", ".join(declared) if declared else "none (the notebook has no parameters cell)"
-    raise UsageError(f"{nb.name}: unknown parameter{'s' if len(unknown) > 1 else ''} "
-                     f"{', '.join(hints)}; known: {known}")
+    raise UsageError(
+        f"{nb.name}: unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; known: {known}"
+    )
 
 
 def cmd_suite(a: argparse.Namespace) -> int:
@@ -94,8 +98,16 @@ def cmd_suite(a: argparse.Namespace) -> int:
     from perfkit.suite import SuiteError, run_suite
 
     try:
-        res = run_suite(a.params, a.out, replay=a.replay, only=a.only, notebooks=a.notebooks,
-                        screenshot=not a.no_screenshot, progress=not a.quiet, force=a.force)
+        res = run_suite(
+            a.params,
+            a.out,
+            replay=a.replay,
+            only=a.only,
+            notebooks=a.notebooks,
+            screenshot=not a.no_screenshot,
+            progress=not a.quiet,
+            force=a.force,
+        )
     except ParamsError as exc:
         print(f"perfkit: invalid params:\n{exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -217,8 +229,9 @@ def _compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any
     cid = case or run.stem
     if isinstance(obj, dict) and perfdump.is_perf_dump(obj):
         return {cid: bl.entry_from_records([perfdump.loads_perf_dump(text, str(run)).to_record()])}, None
-    recs = records.parse_lines(text.splitlines(keepends=True), partial_last=False, source=str(run),
-                               strict=True).records
+    recs = records.parse_lines(
+        text.splitlines(keepends=True), partial_last=False, source=str(run), strict=True
+    ).records
     recs = [r for r in recs if not r.is_warmup]
     return ({cid: bl.entry_from_records(recs)} if recs else {}), None
 
@@ -235,8 +248,11 @@ def _compare_dumps(a: argparse.Namespace) -> int:
     c = perfdump.compare_dumps(before, after)
     print(perfdump.dump_comparison_markdown(c))
     if c.verdict == "error":
-        print(f"perfkit: nothing comparable between {a.before} and {a.after} (no E2E and no "
-              f"stage measured on both sides)", file=sys.stderr)
+        print(
+            f"perfkit: nothing comparable between {a.before} and {a.after} (no E2E and no "
+            f"stage measured on both sides)",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     for r in c.regressions:
         print(f"regression: {r.name} {r.before:.2f} ms -> {r.after:.2f} ms", file=sys.stderr)
@@ -249,8 +265,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
     if a.before or a.after:
         if not (a.before and a.after) or a.run or a.baseline:
-            print("perfkit: compare takes --before A.json --after B.json, or --run and --baseline",
-                  file=sys.stderr)
+            print(
+                "perfkit: compare takes --before A.json --after B.json, or --run and --baseline",
+                file=sys.stderr,
+            )
             return EXIT_ERROR
         return _compare_dumps(a)
     if not (a.run and a.baseline):
@@ -293,8 +311,9 @@ def cmd_baseline_update(a: argparse.Namespace) -> int:
     from perfkit.gate import baseline as bl
 
     try:
-        doc = bl.update_baseline(a.bundle, a.baseline, a.case, hardware=a.hardware, launch=a.launch,
-                                 num_frames=a.num_frames)
+        doc = bl.update_baseline(
+            a.bundle, a.baseline, a.case, hardware=a.hardware, launch=a.launch, num_frames=a.num_frames
+        )
     except (OSError, ValueError) as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -316,11 +335,18 @@ def cmd_wheelhouse(a: argparse.Namespace) -> int:
 
     try:
         if a.wcmd == "download":
-            reqs = wheelhouse.download(a.dir, a.have, python_version=a.python_version, profile=a.profile,
-                                       platforms=tuple(a.platform) if a.platform else wheelhouse.DEFAULT_PLATFORMS)
+            reqs = wheelhouse.download(
+                a.dir,
+                a.have,
+                python_version=a.python_version,
+                profile=a.profile,
+                platforms=tuple(a.platform) if a.platform else wheelhouse.DEFAULT_PLATFORMS,
+            )
             print(f"{len(reqs)} wheels in {a.dir}: {' '.join(reqs)}")
-            print("on the host: python3 -m pip install --no-index --no-deps "
-                  f"{a.dir}/*.whl   (or: perfkit wheelhouse install {a.dir})")
+            print(
+                "on the host: python3 -m pip install --no-index --no-deps "
+                f"{a.dir}/*.whl   (or: perfkit wheelhouse install {a.dir})"
+            )
         else:
             wheelhouse.install(a.dir, a.target)
     except (RuntimeError, FileNotFoundError, OSError) as exc:
@@ -330,9 +356,12 @@ def cmd_wheelhouse(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="perfkit", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="exit codes: 0 pass, 1 regression, 2 error")
+    p = argparse.ArgumentParser(
+        prog="perfkit",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit codes: 0 pass, 1 regression, 2 error",
+    )
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -340,19 +369,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--params", required=True, help="params YAML (see params/)")
     s.add_argument("--out", help="run directory (default outputs/<name>-<timestamp>)")
     s.add_argument("--replay", help="a run directory whose bundles are replayed (no launch)")
-    s.add_argument("--only", action="append", choices=list(registry.names()),
-                   help="run only this investigation (repeatable); the gate always runs")
+    s.add_argument(
+        "--only",
+        action="append",
+        choices=list(registry.names()),
+        help="run only this investigation (repeatable); the gate always runs",
+    )
     s.add_argument("--notebooks", help=argparse.SUPPRESS)  # tests: another notebooks folder
-    s.add_argument("--force", action="store_true",
-                   help="--out may hold an earlier run: its outputs are removed first")
+    s.add_argument(
+        "--force", action="store_true", help="--out may hold an earlier run: its outputs are removed first"
+    )
     s.add_argument("--no-screenshot", action="store_true", help="skip the report screenshot")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_suite)
 
     r = sub.add_parser("run", help="run one notebook with papermill")
     r.add_argument("notebook")
-    r.add_argument("-p", action="append", default=[], metavar="KEY=VALUE",
-                   help="a parameter (value parsed as YAML); repeatable")
+    r.add_argument(
+        "-p",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a parameter (value parsed as YAML); repeatable",
+    )
     r.add_argument("--params", help="take the notebook's parameters from a params YAML first")
     r.add_argument("--out", help="executed notebook path (default RUN_DIR/notebooks/NAME)")
     r.add_argument("--timeout", type=float, default=None, help="per-cell timeout (s)")
@@ -365,11 +404,15 @@ def build_parser() -> argparse.ArgumentParser:
     rp.set_defaults(func=cmd_report)
 
     c = sub.add_parser("compare", help="compare a run with a baseline file, or two sglang perf dumps")
-    c.add_argument("--run", help="a run directory, a bundle directory, a performance.log or an "
-                                 "sglang perf dump JSON")
+    c.add_argument(
+        "--run", help="a run directory, a bundle directory, a performance.log or an sglang perf dump JSON"
+    )
     c.add_argument("--baseline", help="baseline JSON (sglang perf_baselines layout)")
-    c.add_argument("--case", help="case id for a bundle, performance.log or perf dump "
-                                  "(default: the bundle's scenario / the file's stem)")
+    c.add_argument(
+        "--case",
+        help="case id for a bundle, performance.log or perf dump "
+        "(default: the bundle's scenario / the file's stem)",
+    )
     c.add_argument("--profile", default="pr_test")
     c.add_argument("--strict", action="store_true")
     c.add_argument("--before", help="sglang perf dump JSON (--perf-dump-path) of the baseline build")
@@ -387,8 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
     bu.add_argument("--num-frames", type=int, help="one request shape of a launch that sent several shapes")
     bu.set_defaults(func=cmd_baseline_update)
 
-    m = sub.add_parser("measure", help="run the investigations into bundles without notebooks "
-                                       "(GPU hosts without Jupyter)", add_help=False)
+    m = sub.add_parser(
+        "measure",
+        help="run the investigations into bundles without notebooks (GPU hosts without Jupyter)",
+        add_help=False,
+    )
     m.set_defaults(func=None)
 
     w = sub.add_parser("wheelhouse", help="offline wheels for air-gapped hosts")
@@ -397,9 +443,15 @@ def build_parser() -> argparse.ArgumentParser:
     wd.add_argument("dir")
     wd.add_argument("--have", help="the host's `pip list --format=freeze` (names it already has)")
     wd.add_argument("--python-version", default="3.12", help="the host's Python (default 3.12)")
-    wd.add_argument("--platform", action="append", help="pip platform tag (repeatable; default manylinux x86_64)")
-    wd.add_argument("--profile", choices=["full", "measure"], default="full",
-                    help="full: everything perfkit needs; measure: engine + investigations only")
+    wd.add_argument(
+        "--platform", action="append", help="pip platform tag (repeatable; default manylinux x86_64)"
+    )
+    wd.add_argument(
+        "--profile",
+        choices=["full", "measure"],
+        default="full",
+        help="full: everything perfkit needs; measure: engine + investigations only",
+    )
     wd.set_defaults(func=cmd_wheelhouse)
     wi = wsub.add_parser("install", help="install a wheelhouse offline (on the host)")
     wi.add_argument("dir")
@@ -408,8 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("engine", help="engines")
     esub = e.add_subparsers(dest="ecmd", required=True)
-    es = esub.add_parser("serve", help="run the reference engine (python -m perfkit.refengine)",
-                         add_help=False)
+    es = esub.add_parser(
+        "serve", help="run the reference engine (python -m perfkit.refengine)", add_help=False
+    )
     es.set_defaults(func=None)
     return p
 

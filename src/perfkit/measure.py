@@ -8,6 +8,7 @@ writes ``DIR/<scenario>/`` bundles (meta.json, parquet tables, records, logs) an
 ``DIR/measure.json`` (what ran, wall times, errors). The notebooks and the report then render
 anywhere from those bundles (``perfkit suite --params ... --bundles DIR``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,14 +26,20 @@ from perfkit.engine.spec import EngineSpec
 from perfkit.params import SuiteParams, load_params
 from perfkit.scenarios import registry
 from perfkit.scenarios.overhead import NAME as OVERHEAD
-from perfkit.scenarios.warmup_shapes import NAME as WARMUP_SHAPES
 from perfkit.scenarios.registry import RunContext
+from perfkit.scenarios.warmup_shapes import NAME as WARMUP_SHAPES
 
 log = logging.getLogger("perfkit.measure")
 
 
-def measure(params: SuiteParams, out: str | Path, only: list[str] | None = None, work_dir: str | Path | None = None,
-            overhead_pairs: int = 0, two_stage_shapes: bool = False) -> dict[str, Any]:
+def measure(
+    params: SuiteParams,
+    out: str | Path,
+    only: list[str] | None = None,
+    work_dir: str | Path | None = None,
+    overhead_pairs: int = 0,
+    two_stage_shapes: bool = False,
+) -> dict[str, Any]:
     """Run the enabled investigations and save each bundle under ``out/<scenario>``.
 
     Args:
@@ -78,8 +85,11 @@ def measure(params: SuiteParams, out: str | Path, only: list[str] | None = None,
             summary[name] = {"bundle": str(path), "wall_s": round(time.time() - t0, 1), "error": None}
         except Exception as exc:  # noqa: BLE001 - one failed investigation must not lose the others
             log.exception("%s failed", name)
-            summary[name] = {"bundle": None, "wall_s": round(time.time() - t0, 1),
-                             "error": f"{type(exc).__name__}: {exc}"}
+            summary[name] = {
+                "bundle": None,
+                "wall_s": round(time.time() - t0, 1),
+                "error": f"{type(exc).__name__}: {exc}",
+            }
         (out / "measure.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -100,8 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    summary = measure(params, a.out, only=a.only.split(",") if a.only else None, work_dir=a.work_dir,
-                      overhead_pairs=a.overhead_pairs, two_stage_shapes=a.two_stage_shapes)
+    summary = measure(
+        params,
+        a.out,
+        only=a.only.split(",") if a.only else None,
+        work_dir=a.work_dir,
+        overhead_pairs=a.overhead_pairs,
+        two_stage_shapes=a.two_stage_shapes,
+    )
     print(json.dumps(summary, indent=2))
     if not summary:
         print("error: nothing was measured (every investigation disabled or not selected)", file=sys.stderr)

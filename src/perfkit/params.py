@@ -20,6 +20,7 @@ Errors name the file, the key path and, for unknown keys, the closest known key:
     params/ci-cpu.yaml: unknown key 'cold_wram' (line 12) (did you mean 'cold_warm'?)
     params/ci-cpu.yaml: cold_warm.repeats: must be >= 2, got 0 (line 14)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,15 +30,22 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from perfkit.common.presets import MAX_FRAMES, PIXEL_MULTIPLE, PRESET_NAMES
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
+from perfkit.common.presets import MAX_FRAMES, PIXEL_MULTIPLE, PRESET_NAMES
 from perfkit.engine.spec import EngineSpec
 from perfkit.scenarios import registry
 from perfkit.scenarios.registry import ScenarioParams
 
 __all__ = ["ParamsError", "SuiteParams", "InvariantsParams", "load_params", "parse_params"]
-
 
 
 class ParamsError(ValueError):
@@ -112,19 +120,31 @@ class _SuiteBase(_Model):
             for key in ("height", "width"):
                 v = src.get(key)
                 if isinstance(v, int) and not isinstance(v, bool) and v % PIXEL_MULTIPLE:
-                    problems.append(((sec, key), f"must be a multiple of {PIXEL_MULTIPLE} "
-                                                 f"for the reference engine, got {v}"))
+                    problems.append(
+                        (
+                            (sec, key),
+                            f"must be a multiple of {PIXEL_MULTIPLE} for the reference engine, got {v}",
+                        )
+                    )
         if not eng.get("model_path"):
             preset = eng.get("preset", "tiny")
             if preset not in PRESET_NAMES:
-                problems.append((("engine", "preset"),
-                                 f"unknown preset {preset!r} for the reference engine; known: "
-                                 f"{', '.join(PRESET_NAMES)} (or set engine.model_path)"))
+                problems.append(
+                    (
+                        ("engine", "preset"),
+                        f"unknown preset {preset!r} for the reference engine; known: "
+                        f"{', '.join(PRESET_NAMES)} (or set engine.model_path)",
+                    )
+                )
         max_frames = eng.get("max_frames") or MAX_FRAMES
         if self.request.num_frames > max_frames:
-            problems.append((("request", "num_frames"),
-                             f"must be <= {max_frames} (the reference engine's max_frames), "
-                             f"got {self.request.num_frames}"))
+            problems.append(
+                (
+                    ("request", "num_frames"),
+                    f"must be <= {max_frames} (the reference engine's max_frames), "
+                    f"got {self.request.num_frames}",
+                )
+            )
         for s in registry.all_scenarios():
             sec = getattr(self, s.name)
             if not sec.enabled:
@@ -133,9 +153,12 @@ class _SuiteBase(_Model):
                 if key == "request_frames":
                     for i, f in enumerate(value):
                         if f > max_frames:
-                            problems.append(((s.name, key, i),
-                                             f"must be <= {max_frames} (the reference engine's "
-                                             f"max_frames), got {f}"))
+                            problems.append(
+                                (
+                                    (s.name, key, i),
+                                    f"must be <= {max_frames} (the reference engine's max_frames), got {f}",
+                                )
+                            )
         if problems:
             raise _AtKeys(problems)
         return self
@@ -166,12 +189,15 @@ def _build_models() -> tuple[type[BaseModel], type[BaseModel]]:
         for key, f in s.invariants_model.model_fields.items():
             inv_fields[key] = (f.annotation, f)
     invariants = create_model("InvariantsParams", __base__=registry.InvariantParams, **inv_fields)
-    sections: dict[str, Any] = {s.name: (s.params_model, Field(default_factory=s.params_model))
-                                for s in registry.all_scenarios()}
+    sections: dict[str, Any] = {
+        s.name: (s.params_model, Field(default_factory=s.params_model)) for s in registry.all_scenarios()
+    }
     sections["invariants"] = (invariants, Field(default_factory=invariants))
     model = create_model("SuiteParams", __base__=_SuiteBase, **sections)
-    model.__doc__ = ("A params file: name, description, timeout_s, engine, request, baseline, one "
-                     "section per registered scenario, invariants.")
+    model.__doc__ = (
+        "A params file: name, description, timeout_s, engine, request, baseline, one "
+        "section per registered scenario, invariants."
+    )
     return invariants, model
 
 
@@ -263,8 +289,12 @@ def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
         parent = loc[:-1]
         where = ".".join(str(p) for p in parent if not isinstance(p, int))
         known = _known_fields(SuiteParams, parent)
-        return (f"{source}: unknown key {key!r}" + (f" in {where}" if where else "") + at
-                + _suggest(str(key), known))
+        return (
+            f"{source}: unknown key {key!r}"
+            + (f" in {where}" if where else "")
+            + at
+            + _suggest(str(key), known)
+        )
     if isinstance(exc, _UnknownKey):
         key_loc = loc + (exc.key,)
         line = _line_of(text, key_loc) if text else None
@@ -275,14 +305,13 @@ def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
         for ploc, msg in exc.problems:
             ppath = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in ploc)
             line = _line_of(text, ploc) if text else None
-            out.append(f"{source}: {ppath.replace('.[', '[')}: {msg}"
-                       + (f" (line {line})" if line else ""))
+            out.append(f"{source}: {ppath.replace('.[', '[')}: {msg}" + (f" (line {line})" if line else ""))
         return "\n".join(out)
     if typ == "missing":
         return f"{source}: {path}: required key is missing"
     msg = str(exc) if exc is not None else err.get("msg", "invalid")
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     m = re.match(r"EngineSpec\.(\w+) (.*)", msg, re.S)
     if m and loc == ("engine",):
         field = "command" if m.group(1) == "command_template" else m.group(1)

@@ -11,6 +11,7 @@ over resamples.
 Serving benchmarks have few samples (a session has one cold request and a handful of warm
 ones), so the rules for tiny samples are explicit and documented on each function.
 """
+
 from __future__ import annotations
 
 import math
@@ -81,8 +82,9 @@ def _check_args(confidence: float, n_resamples: int) -> None:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
 
 
-def bootstrap_median_ci(x: Any, confidence: float = 0.95, n_resamples: int = 2000,
-                        seed: int | None = 0) -> tuple[float, float]:
+def bootstrap_median_ci(
+    x: Any, confidence: float = 0.95, n_resamples: int = 2000, seed: int | None = 0
+) -> tuple[float, float]:
     """Percentile-bootstrap confidence interval of the median.
 
     Args:
@@ -108,8 +110,9 @@ def bootstrap_median_ci(x: Any, confidence: float = 0.95, n_resamples: int = 200
     return (float(lo), float(hi))
 
 
-def bootstrap_ratio_ci(a: Any, b: Any, confidence: float = 0.95, n_resamples: int = 2000,
-                       seed: int | None = 0) -> tuple[float, float]:
+def bootstrap_ratio_ci(
+    a: Any, b: Any, confidence: float = 0.95, n_resamples: int = 2000, seed: int | None = 0
+) -> tuple[float, float]:
     """Percentile-bootstrap confidence interval of ``median(a) / median(b)``.
 
     ``a`` and ``b`` are resampled independently (they are separate samples, e.g. cold and warm
@@ -150,9 +153,13 @@ def bootstrap_ratio_ci(a: Any, b: Any, confidence: float = 0.95, n_resamples: in
     return (float(lo), float(hi))
 
 
-def mann_whitney(a: Any, b: Any,
-                 alternative: Literal["two-sided", "greater", "less"] = "two-sided",
-                 rel_threshold: float = 0.10, alpha: float = 0.05) -> dict[str, Any]:
+def mann_whitney(
+    a: Any,
+    b: Any,
+    alternative: Literal["two-sided", "greater", "less"] = "two-sided",
+    rel_threshold: float = 0.10,
+    alpha: float = 0.05,
+) -> dict[str, Any]:
     """Mann-Whitney U rank test of ``a`` against ``b``, with an explicit rule for tiny samples.
 
     "a is slower" means ``a``'s values (latencies, ms) tend to be larger than ``b``'s.
@@ -199,10 +206,19 @@ def mann_whitney(a: Any, b: Any,
     med_b = float(np.median(xb)) if nb else math.nan
     allow_a = alternative in ("two-sided", "greater")
     allow_b = alternative in ("two-sided", "less")
-    out: dict[str, Any] = {"statistic": None, "pvalue": None, "method": "insufficient-samples",
-                           "n_a": na, "n_b": nb, "note": "", "decision": "inconclusive",
-                           "a_slower": False, "median_a": med_a, "median_b": med_b,
-                           "alternative": alternative}
+    out: dict[str, Any] = {
+        "statistic": None,
+        "pvalue": None,
+        "method": "insufficient-samples",
+        "n_a": na,
+        "n_b": nb,
+        "note": "",
+        "decision": "inconclusive",
+        "a_slower": False,
+        "median_a": med_a,
+        "median_b": med_b,
+        "alternative": alternative,
+    }
     if na == 0 or nb == 0:
         out["note"] = f"empty sample (n_a={na}, n_b={nb}): nothing to compare"
         return out
@@ -216,9 +232,13 @@ def mann_whitney(a: Any, b: Any,
                 decision = "a slower"
             elif med_b > med_a and allow_b:
                 decision = "b slower"
-        out.update(statistic=float(res.statistic), pvalue=p, method="mannwhitneyu",
-                   decision=decision,
-                   note=f"Mann-Whitney U ({alternative}), p={p:.3g} vs alpha={alpha}")
+        out.update(
+            statistic=float(res.statistic),
+            pvalue=p,
+            method="mannwhitneyu",
+            decision=decision,
+            note=f"Mann-Whitney U ({alternative}), p={p:.3g} vs alpha={alpha}",
+        )
     else:
         sep_a = bool(xa.min() > xb.max())
         sep_b = bool(xb.min() > xa.max())
@@ -229,11 +249,15 @@ def mann_whitney(a: Any, b: Any,
             decision = "a slower"
         elif allow_b and sep_b and big_b:
             decision = "b slower"
-        out.update(decision=decision, note=(
-            f"fewer than {MIN_RANK_TEST_SAMPLES} samples on a side (n_a={na}, n_b={nb}): no "
-            f"p-value; rule: slower only with complete separation and a median difference "
-            f"> {rel_threshold:.0%} (separated: a>b {sep_a}, b>a {sep_b}; "
-            f"medians {med_a:.4g} vs {med_b:.4g})"))
+        out.update(
+            decision=decision,
+            note=(
+                f"fewer than {MIN_RANK_TEST_SAMPLES} samples on a side (n_a={na}, n_b={nb}): no "
+                f"p-value; rule: slower only with complete separation and a median difference "
+                f"> {rel_threshold:.0%} (separated: a>b {sep_a}, b>a {sep_b}; "
+                f"medians {med_a:.4g} vs {med_b:.4g})"
+            ),
+        )
     out["a_slower"] = out["decision"] == "a slower"
     return out
 

@@ -33,15 +33,14 @@ Run directory layout::
     RUN/baseline_gate/verdict.json
     RUN/baseline.json  RUN/summary.md  RUN/report.html  RUN/report.png (when chromium is there)
 """
+
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
 import json
 import logging
-import math
 import os
-import re
 import shutil
 import sys
 import time
@@ -55,8 +54,16 @@ import yaml
 from perfkit.common.provenance import repo_root
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
-from perfkit.gate.verdicts import (EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, GATE, RUN_FILE, STATUS_WORD,
-                                   VERDICT_FILE, collect_verdicts, exit_code_for, jsonable, read_verdict)
+from perfkit.gate.verdicts import (
+    GATE,
+    RUN_FILE,
+    STATUS_WORD,
+    VERDICT_FILE,
+    collect_verdicts,
+    exit_code_for,
+    jsonable,
+    read_verdict,
+)
 from perfkit.gate.verdicts import notebooks as notebook_names
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.report.render import notebook_error
@@ -94,8 +101,10 @@ def kernel_name() -> str:
     try:
         spec = ksm.get_kernel_spec(KERNEL_NAME)
         exe = spec.argv[0] if spec.argv else ""
-        if exe in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}") \
-                or Path(exe).resolve() == Path(sys.executable).resolve():
+        if (
+            exe in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+            or Path(exe).resolve() == Path(sys.executable).resolve()
+        ):
             return KERNEL_NAME
         log.info("kernel python3 runs %s, not %s: using a perfkit kernel", exe, sys.executable)
     except NoSuchKernel:
@@ -125,9 +134,16 @@ def _stderr_to(path: Path | None):
             os.close(saved)
 
 
-def execute_notebook(src: str | Path, dst: str | Path, parameters: Mapping[str, Any], *,
-                     cwd: str | Path | None = None, timeout_s: float | None = None,
-                     kernel: str | None = None, kernel_log: str | Path | None = None) -> NotebookRun:
+def execute_notebook(
+    src: str | Path,
+    dst: str | Path,
+    parameters: Mapping[str, Any],
+    *,
+    cwd: str | Path | None = None,
+    timeout_s: float | None = None,
+    kernel: str | None = None,
+    kernel_log: str | Path | None = None,
+) -> NotebookRun:
     """Run one notebook with papermill; never raises for a failing notebook.
 
     ``kernel_log``: file that receives the kernel's own stderr (ipykernel's transport warnings,
@@ -141,11 +157,16 @@ def execute_notebook(src: str | Path, dst: str | Path, parameters: Mapping[str, 
     t0 = time.monotonic()
     try:
         with _stderr_to(Path(kernel_log) if kernel_log else None):
-                pm.execute_notebook(str(src), str(dst), parameters=dict(parameters),
-                                kernel_name=kernel or kernel_name(),
-                                cwd=str(cwd) if cwd else None, progress_bar=False,
-                                log_output=False,
-                                execution_timeout=int(timeout_s) if timeout_s else None)
+            pm.execute_notebook(
+                str(src),
+                str(dst),
+                parameters=dict(parameters),
+                kernel_name=kernel or kernel_name(),
+                cwd=str(cwd) if cwd else None,
+                progress_bar=False,
+                log_output=False,
+                execution_timeout=int(timeout_s) if timeout_s else None,
+            )
         run.status = "ok"
     except Exception as exc:  # noqa: BLE001 - papermill errors, dead kernels, timeouts
         run.status = "error"
@@ -157,16 +178,26 @@ def execute_notebook(src: str | Path, dst: str | Path, parameters: Mapping[str, 
     return run
 
 
-def notebook_parameters(name: str, params: SuiteParams, run_dir: Path,
-                        replay: Path | None = None) -> dict[str, Any]:
+def notebook_parameters(
+    name: str, params: SuiteParams, run_dir: Path, replay: Path | None = None
+) -> dict[str, Any]:
     """Papermill parameters of one notebook, from the suite params."""
-    common = {"run_dir": str(run_dir), "engine": dict(params.engine),
-              "request": params.request.model_dump(), "invariants": params.invariants_all()}
+    common = {
+        "run_dir": str(run_dir),
+        "engine": dict(params.engine),
+        "request": params.request.model_dump(),
+        "invariants": params.invariants_all(),
+    }
     if name == GATE:
         b = params.baseline
         bfile = b.file
-        return {**common, "baseline_file": bfile, "profile": b.profile, "strict": b.strict,
-                "hardware": b.hardware}
+        return {
+            **common,
+            "baseline_file": bfile,
+            "profile": b.profile,
+            "strict": b.strict,
+            "hardware": b.hardware,
+        }
     sec = getattr(params, name).model_dump()
     sec.pop("enabled", None)
     bundle_dir = None
@@ -186,8 +217,12 @@ class SuiteResult:
     verdicts: pd.DataFrame
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run_dir": str(self.run_dir), "exit_code": self.exit_code, "status": self.status,
-                "notebooks": [asdict(n) for n in self.notebooks]}
+        return {
+            "run_dir": str(self.run_dir),
+            "exit_code": self.exit_code,
+            "status": self.status,
+            "notebooks": [asdict(n) for n in self.notebooks],
+        }
 
 
 def default_out(name: str) -> Path:
@@ -203,8 +238,15 @@ class SuiteError(ValueError):
 #: skip reason of an investigation whose bundle the replay directory lacks
 NO_REPLAY_BUNDLE = "no bundle in replay dir"
 #: what a run directory holds once a suite ran there (see the module doc)
-RUN_OUTPUTS = (RUN_FILE, "params.yaml", "baseline.json", "summary.md", "report.html",
-               "report.png", "notebooks")
+RUN_OUTPUTS = (
+    RUN_FILE,
+    "params.yaml",
+    "baseline.json",
+    "summary.md",
+    "report.html",
+    "report.png",
+    "notebooks",
+)
 
 
 def check_baseline_file(params: SuiteParams, source: str | Path) -> None:
@@ -216,8 +258,10 @@ def check_baseline_file(params: SuiteParams, source: str | Path) -> None:
         return
     p = resolve_baseline_file(f)
     if not p.exists():
-        raise ParamsError(f"{source}: baseline.file: {f} does not exist (looked in {Path.cwd()} "
-                          f"and {repo_root()}); use 'file: null' to gate on invariants only")
+        raise ParamsError(
+            f"{source}: baseline.file: {f} does not exist (looked in {Path.cwd()} "
+            f"and {repo_root()}); use 'file: null' to gate on invariants only"
+        )
     try:
         ref = bl.load_baseline(p)
     except bl.BaselineError as exc:
@@ -226,8 +270,10 @@ def check_baseline_file(params: SuiteParams, source: str | Path) -> None:
         raise ParamsError(f"{source}: baseline.file: cannot read {p}: {exc}") from None
     profiles = sorted(ref.get("tolerances") or {})
     if params.baseline.profile not in profiles:
-        raise ParamsError(f"{source}: baseline.profile: {params.baseline.profile!r} is not a "
-                          f"tolerance profile of {f} (it has: {', '.join(profiles) or 'none'})")
+        raise ParamsError(
+            f"{source}: baseline.profile: {params.baseline.profile!r} is not a "
+            f"tolerance profile of {f} (it has: {', '.join(profiles) or 'none'})"
+        )
 
 
 def replay_plan(replay_dir: Path, selected: Iterable[str]) -> list[str]:
@@ -236,19 +282,25 @@ def replay_plan(replay_dir: Path, selected: Iterable[str]) -> list[str]:
     the selected investigations."""
     selected = list(selected)
     if not replay_dir.exists():
-        raise SuiteError(f"--replay {replay_dir}: no such directory (--replay launches nothing: "
-                         "it needs a run directory holding bundles)")
+        raise SuiteError(
+            f"--replay {replay_dir}: no such directory (--replay launches nothing: "
+            "it needs a run directory holding bundles)"
+        )
     if not replay_dir.is_dir():
         raise SuiteError(f"--replay {replay_dir}: not a directory")
     have = [s for s in registry.names() if (replay_dir / s / "meta.json").exists()]
     if not have:
-        raise SuiteError(f"--replay {replay_dir}: no bundle to replay (expected "
-                         f"<dir>/<investigation>/meta.json for one of {', '.join(registry.names())}); "
-                         "--replay launches nothing")
+        raise SuiteError(
+            f"--replay {replay_dir}: no bundle to replay (expected "
+            f"<dir>/<investigation>/meta.json for one of {', '.join(registry.names())}); "
+            "--replay launches nothing"
+        )
     missing = [n for n in selected if n not in have]
     if selected and len(missing) == len(selected):
-        raise SuiteError(f"--replay {replay_dir}: no bundle of {', '.join(selected)} (it holds "
-                         f"{', '.join(have)}); --replay launches nothing")
+        raise SuiteError(
+            f"--replay {replay_dir}: no bundle of {', '.join(selected)} (it holds "
+            f"{', '.join(have)}); --replay launches nothing"
+        )
     return missing
 
 
@@ -257,8 +309,10 @@ def prepare_run_dir(run_dir: Path, *, force: bool = False, replay_dir: Path | No
     then that run's outputs (:data:`RUN_OUTPUTS`) are removed, so no stale bundle or verdict
     mixes into the new report."""
     if replay_dir is not None and replay_dir == run_dir:
-        raise SuiteError(f"--replay and --out are the same directory ({run_dir}): choose another "
-                         "--out (the replayed bundles are copied there)")
+        raise SuiteError(
+            f"--replay and --out are the same directory ({run_dir}): choose another "
+            "--out (the replayed bundles are copied there)"
+        )
     if not run_dir.exists():
         return
     if not run_dir.is_dir():
@@ -267,9 +321,11 @@ def prepare_run_dir(run_dir: Path, *, force: bool = False, replay_dir: Path | No
     if not found:
         return
     if not force:
-        raise SuiteError(f"--out {run_dir} already holds another run "
-                         f"({', '.join(p.name for p in found)}); its bundles would mix into this "
-                         "run's report: choose a new --out, or pass --force to replace that run")
+        raise SuiteError(
+            f"--out {run_dir} already holds another run "
+            f"({', '.join(p.name for p in found)}); its bundles would mix into this "
+            "run's report: choose a new --out, or pass --force to replace that run"
+        )
     for p in found:
         log.warning("--force: removing %s of the earlier run", p)
         if p.is_dir() and not p.is_symlink():
@@ -278,10 +334,17 @@ def prepare_run_dir(run_dir: Path, *, force: bool = False, replay_dir: Path | No
             p.unlink()
 
 
-def run_suite(params_path: str | Path, out: str | Path | None = None, *,
-              replay: str | Path | None = None, only: Iterable[str] | None = None,
-              notebooks: str | Path | None = None, screenshot: bool = True,
-              progress: bool = True, force: bool = False) -> SuiteResult:
+def run_suite(
+    params_path: str | Path,
+    out: str | Path | None = None,
+    *,
+    replay: str | Path | None = None,
+    only: Iterable[str] | None = None,
+    notebooks: str | Path | None = None,
+    screenshot: bool = True,
+    progress: bool = True,
+    force: bool = False,
+) -> SuiteResult:
     """Run the suite (see the module doc). Raises :class:`ParamsError` (bad params, baseline
     file) or :class:`SuiteError` (replay directory without bundles, ``out`` holding another run
     and no ``force``) before anything runs; every later failure is reported through the exit
@@ -305,8 +368,11 @@ def run_suite(params_path: str | Path, out: str | Path | None = None, *,
     replay_dir = Path(replay).resolve() if replay else None
     enabled = params.enabled()
     selected = [n for n in enabled if not only or n in set(only)]
-    skipped = {n: "disabled in the params" if n not in enabled else "not selected by --only"
-               for n in registry.names() if n not in selected}
+    skipped = {
+        n: "disabled in the params" if n not in enabled else "not selected by --only"
+        for n in registry.names()
+        if n not in selected
+    }
     if replay_dir is not None:
         for n in replay_plan(replay_dir, selected):
             skipped[n] = NO_REPLAY_BUNDLE
@@ -314,11 +380,13 @@ def run_suite(params_path: str | Path, out: str | Path | None = None, *,
     prepare_run_dir(run_dir, force=force, replay_dir=replay_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "params.yaml").write_text(
-        f"# validated from {params_path}\n" + yaml.safe_dump(params.model_dump(), sort_keys=False))
+        f"# validated from {params_path}\n" + yaml.safe_dump(params.model_dump(), sort_keys=False)
+    )
     nb_dir = Path(notebooks) if notebooks else notebooks_dir()
     names = [n for n in selected if n not in skipped] + [GATE]
-    runs: list[NotebookRun] = [NotebookRun(n, status="skipped", reason=skipped[n])
-                               for n in registry.names() if n in skipped]
+    runs: list[NotebookRun] = [
+        NotebookRun(n, status="skipped", reason=skipped[n]) for n in registry.names() if n in skipped
+    ]
     kern = kernel_name()
     t_start = time.monotonic()
     try:
@@ -326,8 +394,7 @@ def run_suite(params_path: str | Path, out: str | Path | None = None, *,
 
         # the bar writes to a copy of the terminal's stderr: fd 2 goes to kernel logs meanwhile
         bar_file = os.fdopen(os.dup(2), "w") if progress else sys.stderr
-        it = tqdm(names, desc="perfkit suite", unit="notebook", disable=not progress,
-                  file=bar_file)
+        it = tqdm(names, desc="perfkit suite", unit="notebook", disable=not progress, file=bar_file)
     except ImportError:  # pragma: no cover
         it = names
     for name in it:
@@ -336,8 +403,11 @@ def run_suite(params_path: str | Path, out: str | Path | None = None, *,
         src = nb_dir / f"{name}.ipynb"
         dst = run_dir / "notebooks" / f"{name}.ipynb"
         if not src.exists():
-            runs.append(NotebookRun(name, status="error", error=f"notebook {src} not found",
-                                    ename="FileNotFoundError"))
+            runs.append(
+                NotebookRun(
+                    name, status="error", error=f"notebook {src} not found", ename="FileNotFoundError"
+                )
+            )
             continue
         # a stale verdict from an earlier run in the same directory must not count
         stale = run_dir / name / VERDICT_FILE
@@ -345,15 +415,27 @@ def run_suite(params_path: str | Path, out: str | Path | None = None, *,
             stale.unlink()
         log.info("running %s", src)
         try:
-            r = execute_notebook(src, dst, notebook_parameters(name, params, run_dir, replay_dir),
-                                 cwd=run_dir, timeout_s=params.timeout_s, kernel=kern,
-                                 kernel_log=run_dir / "notebooks" / f"{name}.kernel.log")
+            r = execute_notebook(
+                src,
+                dst,
+                notebook_parameters(name, params, run_dir, replay_dir),
+                cwd=run_dir,
+                timeout_s=params.timeout_s,
+                kernel=kern,
+                kernel_log=run_dir / "notebooks" / f"{name}.kernel.log",
+            )
         except KeyboardInterrupt:
             # Ctrl-C or SIGTERM (CI cancel): the kernel is shut down, its engine follows it
             # (launch's parent-death signal); stop here, but still write the report (exit 2)
             log.error("interrupted while running %s: writing the report of what ran", name)
-            runs.append(NotebookRun(name, status="error", ename="KeyboardInterrupt",
-                                    error=f"interrupted (Ctrl-C or SIGTERM) while running {name}"))
+            runs.append(
+                NotebookRun(
+                    name,
+                    status="error",
+                    ename="KeyboardInterrupt",
+                    error=f"interrupted (Ctrl-C or SIGTERM) while running {name}",
+                )
+            )
             break
         if r.status == "ok" and read_verdict(run_dir / name) is None:
             r.status, r.ename = "error", "MissingVerdict"
@@ -365,12 +447,17 @@ def run_suite(params_path: str | Path, out: str | Path | None = None, *,
     runs.sort(key=lambda r: order.get(r.name, 99))
     verdicts = collect_verdicts(run_dir)
     code = exit_code_for(runs, verdicts)
-    info = {"params_file": str(params_path), "name": params.name,
-            "description": params.description, "exit_code": code, "status": STATUS_WORD[code],
-            "wall_s": round(time.monotonic() - t_start, 2),
-            "finished": _dt.datetime.now().isoformat(timespec="seconds"),
-            "replay": str(replay_dir) if replay_dir else None,
-            "notebooks": [asdict(r) for r in runs]}
+    info = {
+        "params_file": str(params_path),
+        "name": params.name,
+        "description": params.description,
+        "exit_code": code,
+        "status": STATUS_WORD[code],
+        "wall_s": round(time.monotonic() - t_start, 2),
+        "finished": _dt.datetime.now().isoformat(timespec="seconds"),
+        "replay": str(replay_dir) if replay_dir else None,
+        "notebooks": [asdict(r) for r in runs],
+    }
     (run_dir / RUN_FILE).write_text(json.dumps(jsonable(info), indent=2, default=str) + "\n")
     summary = report.write_summary(run_dir)
     gh = os.environ.get("GITHUB_STEP_SUMMARY")

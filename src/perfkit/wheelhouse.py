@@ -7,6 +7,7 @@ downloads binary wheels of the rest for the target's Python and platform with ``
 On the host, ``perfkit wheelhouse install DIR`` (or plain ``pip install --no-index --no-deps
 DIR/*.whl``) installs them without a network.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,15 @@ from packaging.requirements import Requirement
 log = logging.getLogger(__name__)
 
 #: manylinux tags pip must be told explicitly (it matches each exactly), newest first.
-DEFAULT_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
-                     "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64", "any")
+DEFAULT_PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+    "any",
+)
 
 
 def canonical(name: str) -> str:
@@ -31,13 +39,33 @@ def canonical(name: str) -> str:
 
 
 #: What a measuring host needs (no Jupyter stack: notebooks render from bundles elsewhere).
-MEASURE_ROOTS = ("diffusers", "transformers", "tokenizers", "accelerate", "fastapi", "uvicorn", "pydantic",
-                 "httpx", "psutil", "nvidia-ml-py", "pandas", "pyarrow", "numpy", "scipy", "tqdm", "PyYAML",
-                 "matplotlib", "packaging")
+MEASURE_ROOTS = (
+    "diffusers",
+    "transformers",
+    "tokenizers",
+    "accelerate",
+    "fastapi",
+    "uvicorn",
+    "pydantic",
+    "httpx",
+    "psutil",
+    "nvidia-ml-py",
+    "pandas",
+    "pyarrow",
+    "numpy",
+    "scipy",
+    "tqdm",
+    "PyYAML",
+    "matplotlib",
+    "packaging",
+)
 
 
-def requirement_closure(roots: tuple[str, ...] | list[str] = ("perfkit",), have: set[str] = frozenset(),
-                        extras: tuple[str, ...] = ()) -> dict[str, str]:
+def requirement_closure(
+    roots: tuple[str, ...] | list[str] = ("perfkit",),
+    have: set[str] = frozenset(),
+    extras: tuple[str, ...] = (),
+) -> dict[str, str]:
     """Project name -> installed version for the dependency closure of ``roots`` here.
 
     The walk does not descend into packages in ``have`` (the host's own copy brings its own
@@ -87,15 +115,22 @@ def read_have(path: str | Path) -> set[str]:
     return names
 
 
-def missing(closure: dict[str, str], have: set[str], skip: set[str] = frozenset({"torch", "triton"})) -> dict[str, str]:
+def missing(
+    closure: dict[str, str], have: set[str], skip: set[str] = frozenset({"torch", "triton"})
+) -> dict[str, str]:
     """The part of ``closure`` the host lacks (torch/triton are never shipped: the host's own build
     is the one that matches its driver)."""
     return {n: v for n, v in closure.items() if n not in have and n not in {canonical(s) for s in skip}}
 
 
-def download(dest: str | Path, have_file: str | Path | None, python_version: str = "3.12",
-             platforms: tuple[str, ...] = DEFAULT_PLATFORMS, pin: bool = True,
-             profile: str = "full") -> list[str]:
+def download(
+    dest: str | Path,
+    have_file: str | Path | None,
+    python_version: str = "3.12",
+    platforms: tuple[str, ...] = DEFAULT_PLATFORMS,
+    pin: bool = True,
+    profile: str = "full",
+) -> list[str]:
     """Download wheels of what the host lacks into ``dest``. Returns the requirement strings.
 
     ``profile``: ``full`` (everything perfkit needs, Jupyter stack included) or ``measure``
@@ -112,8 +147,21 @@ def download(dest: str | Path, have_file: str | Path | None, python_version: str
     reqs = [f"{n}=={v}" if pin else n for n, v in sorted(need.items())]
     log.info("%d packages to download for Python %s: %s", len(reqs), python_version, " ".join(reqs))
     for r in reqs:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--python-version", python_version, "--implementation", "cp", "-d", str(d), "-q"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            python_version,
+            "--implementation",
+            "cp",
+            "-d",
+            str(d),
+            "-q",
+        ]
         for p in platforms:
             cmd += ["--platform", p]
         out = subprocess.run(cmd + [r], capture_output=True, text=True)
@@ -130,7 +178,17 @@ def install_command(wheel_dir: str | Path, target: str | Path | None = None) -> 
     wheels = sorted(str(p) for p in Path(wheel_dir).glob("*.whl"))
     if not wheels:
         raise FileNotFoundError(f"{wheel_dir}: no .whl files")
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--upgrade"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--upgrade",
+    ]
     if target:
         cmd += ["--target", str(target)]
     return cmd + wheels

@@ -4,6 +4,7 @@ Source: LTX-Video's VAE compresses time by 8 with a causal first frame, so the p
 ``8k + 1`` frames and yields ``(num_frames - 1) // 8 + 1`` latent frames (17 -> 3, 25 -> 4);
 spatial compression is 32 for the full VAE (diffusers ``LTXPipeline``).
 """
+
 from __future__ import annotations
 
 TEMPORAL_COMPRESSION = 8
@@ -27,7 +28,8 @@ def latent_frames(num_frames: int, temporal: int = TEMPORAL_COMPRESSION) -> int:
     return (align_frames(num_frames, temporal) - 1) // temporal + 1
 
 
-def latent_shape(num_frames: int, height: int, width: int, channels: int = 128,
-                 spatial: int = SPATIAL_COMPRESSION) -> tuple[int, int, int, int]:
+def latent_shape(
+    num_frames: int, height: int, width: int, channels: int = 128, spatial: int = SPATIAL_COMPRESSION
+) -> tuple[int, int, int, int]:
     """(channels, latent frames, latent height, latent width) for a request."""
     return (channels, latent_frames(num_frames), height // spatial, width // spatial)

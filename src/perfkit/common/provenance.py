@@ -1,4 +1,5 @@
 """Where a measurement came from: perfkit's own git commit."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,9 @@ def git_commit() -> str | None:
         return os.environ["PERFKIT_GIT_COMMIT"]
     try:
         here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                             text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None

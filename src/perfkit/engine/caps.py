@@ -17,6 +17,7 @@ Going over the cap is a result, not a hang: the engine is killed, its sockets cl
 requests fail fast, and :class:`CapOutcome` says ``exceeded`` with a message like
 ``host memory cap exceeded: 0.31 GiB > 0.25 GiB``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -54,16 +55,22 @@ class MemoryCaps:
         interval_s: watchdog sampling interval.
     """
 
-    def __init__(self, device_gib: float | None = None, host_gib: float | None = None,
-                 label: str | None = None, host_enforcement: str = "auto",
-                 interval_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        device_gib: float | None = None,
+        host_gib: float | None = None,
+        label: str | None = None,
+        host_enforcement: str = "auto",
+        interval_s: float = 0.1,
+    ) -> None:
         for name, v in (("device_gib", device_gib), ("host_gib", host_gib)):
             if v is not None:
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                     raise ValueError(f"MemoryCaps.{name} must be a positive number or None, got {v!r}")
         if host_enforcement not in ENFORCEMENTS:
-            raise ValueError(f"MemoryCaps.host_enforcement must be one of {ENFORCEMENTS}, "
-                             f"got {host_enforcement!r}")
+            raise ValueError(
+                f"MemoryCaps.host_enforcement must be one of {ENFORCEMENTS}, got {host_enforcement!r}"
+            )
         if not 0.01 <= interval_s <= 5:
             raise ValueError(f"MemoryCaps.interval_s must be in [0.01, 5], got {interval_s!r}")
         self.device_gib = float(device_gib) if device_gib is not None else None
@@ -102,8 +109,13 @@ class MemoryCaps:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device_gib": self.device_gib, "host_gib": self.host_gib, "label": self.label,
-                "host_enforcement": self.host_enforcement, "interval_s": self.interval_s}
+        return {
+            "device_gib": self.device_gib,
+            "host_gib": self.host_gib,
+            "label": self.label,
+            "host_enforcement": self.host_enforcement,
+            "interval_s": self.interval_s,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "MemoryCaps":
@@ -120,14 +132,20 @@ class MemoryCaps:
         return hash((self.device_gib, self.host_gib, self.label))
 
     def __repr__(self) -> str:
-        return (f"MemoryCaps(device_gib={self.device_gib!r}, host_gib={self.host_gib!r}, "
-                f"label={self.label!r})")
+        return f"MemoryCaps(device_gib={self.device_gib!r}, host_gib={self.host_gib!r}, label={self.label!r})"
 
-    def start(self, pid: int, name: str = "engine",
-              on_exceeded: Callable[["CapOutcome"], None] | None = None) -> "HostCapEnforcer":
+    def start(
+        self, pid: int, name: str = "engine", on_exceeded: Callable[["CapOutcome"], None] | None = None
+    ) -> "HostCapEnforcer":
         """Start enforcing the host budget on the process tree rooted at ``pid``."""
-        enf = HostCapEnforcer(pid, self.host_gib, mode=self.host_enforcement,
-                              interval_s=self.interval_s, name=name, on_exceeded=on_exceeded)
+        enf = HostCapEnforcer(
+            pid,
+            self.host_gib,
+            mode=self.host_enforcement,
+            interval_s=self.interval_s,
+            name=name,
+            on_exceeded=on_exceeded,
+        )
         enf.start()
         return enf
 
@@ -289,9 +307,15 @@ class HostCapEnforcer:
     before terminating the engine on purpose so that the teardown is not taken for a cap event).
     """
 
-    def __init__(self, pid: int, host_gib: float | None, mode: str = "auto",
-                 interval_s: float = 0.1, name: str = "engine",
-                 on_exceeded: Callable[[CapOutcome], None] | None = None) -> None:
+    def __init__(
+        self,
+        pid: int,
+        host_gib: float | None,
+        mode: str = "auto",
+        interval_s: float = 0.1,
+        name: str = "engine",
+        on_exceeded: Callable[[CapOutcome], None] | None = None,
+    ) -> None:
         self.pid = pid
         self.host_gib = host_gib
         self.interval_s = interval_s
@@ -325,8 +349,7 @@ class HostCapEnforcer:
             except OSError as exc:
                 if mode == "cgroup":
                     raise
-                log.info("host cap %.3g GiB enforced by watchdog (cgroup v2 not usable: %s)",
-                         host_gib, exc)
+                log.info("host cap %.3g GiB enforced by watchdog (cgroup v2 not usable: %s)", host_gib, exc)
                 self.outcome.enforcement = "watchdog"
         else:
             self.outcome.enforcement = "watchdog"
@@ -336,8 +359,7 @@ class HostCapEnforcer:
     def start(self) -> None:
         if self._root is None:
             return
-        self._thread = threading.Thread(target=self._run, name=f"perfkit-capwatch-{self.pid}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"perfkit-capwatch-{self.pid}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -363,8 +385,9 @@ class HostCapEnforcer:
                 self.outcome.peak_rss_gib = gib
             if self._cgroup is not None:
                 if self._cgroup.oom_kills() > 0:
-                    self._exceeded(max(gib, (self._cgroup.peak_bytes() or 0) / GIB),
-                                   kill=False, how="cgroup OOM kill")
+                    self._exceeded(
+                        max(gib, (self._cgroup.peak_bytes() or 0) / GIB), kill=False, how="cgroup OOM kill"
+                    )
                     break
             elif cap is not None and rss > cap:
                 self._exceeded(gib, kill=True, how="watchdog")
@@ -376,8 +399,7 @@ class HostCapEnforcer:
         o.exceeded = True
         o.t_exceeded = time.time()
         o.peak_rss_gib = max(o.peak_rss_gib, gib)
-        o.message = (f"host memory cap exceeded: {gib:.2f} GiB > {self.host_gib:g} GiB "
-                     f"({how}; engine killed)")
+        o.message = f"host memory cap exceeded: {gib:.2f} GiB > {self.host_gib:g} GiB ({how}; engine killed)"
         log.warning("%s (pid %d)", o.message, self.pid)
         if kill:
             kill_tree(self._pgid, list(self.known.values()))
@@ -400,8 +422,7 @@ class HostCapEnforcer:
         if self._cgroup is not None:
             if not self.outcome.exceeded and self._cgroup.oom_kills() > 0:
                 peak = (self._cgroup.peak_bytes() or 0) / GIB
-                self._exceeded(max(peak, self.outcome.peak_rss_gib), kill=False,
-                               how="cgroup OOM kill")
+                self._exceeded(max(peak, self.outcome.peak_rss_gib), kill=False, how="cgroup OOM kill")
             peak = self._cgroup.peak_bytes()
             if peak is not None:
                 self.outcome.peak_rss_gib = max(self.outcome.peak_rss_gib, peak / GIB)

@@ -4,6 +4,7 @@ The reference engine and sglang's diffusion server answer the same protocol. Aft
 matching line in ``performance.log`` is found by request id (polled with a timeout: the server
 writes it after the status flips; a partial last line is tolerated).
 """
+
 from __future__ import annotations
 
 import logging
@@ -89,8 +90,13 @@ class VideoClient:
         poll_s: polling interval.
     """
 
-    def __init__(self, base_url: str, perf_log_dir: str | Path | None = None, timeout_s: float = 600.0,
-                 poll_s: float = 0.05):
+    def __init__(
+        self,
+        base_url: str,
+        perf_log_dir: str | Path | None = None,
+        timeout_s: float = 600.0,
+        poll_s: float = 0.05,
+    ):
         self.base_url = base_url.rstrip("/")
         self.perf_log_dir = Path(perf_log_dir) if perf_log_dir else None
         self.timeout_s = timeout_s
@@ -122,8 +128,17 @@ class VideoClient:
         p0 = time.perf_counter()
 
         def outcome(rid: str, status: str, code: int, error: str | None, body=None) -> RequestOutcome:
-            return RequestOutcome(rid, status, code, (time.perf_counter() - p0) * 1000.0, t_start, time.time(),
-                                  error, None, body or {})
+            return RequestOutcome(
+                rid,
+                status,
+                code,
+                (time.perf_counter() - p0) * 1000.0,
+                t_start,
+                time.time(),
+                error,
+                None,
+                body or {},
+            )
 
         try:
             resp = self.submit(spec)
@@ -137,20 +152,33 @@ class VideoClient:
         deadline = p0 + self.timeout_s
         while status not in TERMINAL:
             if time.perf_counter() > deadline:
-                return outcome(rid, "timeout", resp.status_code,
-                               f"request {rid} not finished after {self.timeout_s:.0f} s (last status {status})")
+                return outcome(
+                    rid,
+                    "timeout",
+                    resp.status_code,
+                    f"request {rid} not finished after {self.timeout_s:.0f} s (last status {status})",
+                )
             time.sleep(self.poll_s)
             try:
                 r = self.http.get(f"/v1/videos/{rid}")
             except httpx.HTTPError as exc:
-                return outcome(rid, "error", resp.status_code,
-                               f"lost the engine while polling {rid}: {type(exc).__name__}: {exc}")
+                return outcome(
+                    rid,
+                    "error",
+                    resp.status_code,
+                    f"lost the engine while polling {rid}: {type(exc).__name__}: {exc}",
+                )
             if r.status_code >= 400:
                 return outcome(rid, "error", r.status_code, _error_text(r))
             body = r.json()
             status = body.get("status", status)
-        out = outcome(rid, "completed" if status == "completed" else "failed", resp.status_code,
-                      body.get("error") if status != "completed" else None, body)
+        out = outcome(
+            rid,
+            "completed" if status == "completed" else "failed",
+            resp.status_code,
+            body.get("error") if status != "completed" else None,
+            body,
+        )
         if isinstance(out.error, dict):
             out.error = out.error.get("message") or str(out.error)
         if self.perf_log_dir is not None and rid:

@@ -21,6 +21,7 @@ to exit, then SIGKILL to the group and to any descendant seen that survived (als
 the group). Every process started is recorded in a module registry (:func:`started_processes`)
 so tests can assert that none survives.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -30,9 +31,9 @@ import math
 import os
 import re
 import signal
-import sys
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -44,14 +45,13 @@ from typing import Any, Iterator
 import httpx
 import psutil
 
-from perfkit.readings import records as _records
 from perfkit.engine.caps import CapOutcome, HostCapEnforcer, MemoryCaps, kill_tree
 from perfkit.engine.spec import EngineSpec
+from perfkit.readings import records as _records
 
 log = logging.getLogger(__name__)
 
-MARK_RE = re.compile(
-    r"perfkit-mark[ \t]+(\w+)\b[^\n]*?(?<![\w])t=([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?\d+)?)")
+MARK_RE = re.compile(r"perfkit-mark[ \t]+(\w+)\b[^\n]*?(?<![\w])t=([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?\d+)?)")
 POLL_S = 0.2
 
 
@@ -67,9 +67,15 @@ class EngineStartError(RuntimeError):
         run_dir: the launch directory holding the logs.
     """
 
-    def __init__(self, message: str, exit_code: int | None = None, log_tail: str = "",
-                 cap_outcome: CapOutcome | None = None, command: list[str] | None = None,
-                 run_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        exit_code: int | None = None,
+        log_tail: str = "",
+        cap_outcome: CapOutcome | None = None,
+        command: list[str] | None = None,
+        run_dir: Path | None = None,
+    ) -> None:
         super().__init__(message)
         self.exit_code = exit_code
         self.log_tail = log_tail
@@ -298,8 +304,9 @@ class EngineHandle:
             return
         o = self.cap_outcome
         why = o.message if o.exceeded else f"exit code {self.exit_code}"
-        raise EngineExitedError(f"engine {self.label!r} (pid {self.pid}) is not running: {why}\n"
-                                f"--- log tail ---\n{self.tail(30)}")
+        raise EngineExitedError(
+            f"engine {self.label!r} (pid {self.pid}) is not running: {why}\n--- log tail ---\n{self.tail(30)}"
+        )
 
     def tail(self, n: int = 50, stream: str = "both") -> str:
         """Last ``n`` lines of stdout, stderr or both (stdout's then stderr's, each labelled)."""
@@ -349,21 +356,27 @@ class EngineHandle:
         """A (not started) MemorySampler of this engine with the pre-launch device baseline."""
         from perfkit.readings.sampler import MemorySampler
 
-        return MemorySampler(self.pid, interval_s=interval_s, gpu_index=gpu_index,
-                             baseline_device_mib=self.device_baseline_mib)
+        return MemorySampler(
+            self.pid, interval_s=interval_s, gpu_index=gpu_index, baseline_device_mib=self.device_baseline_mib
+        )
 
     def launch_row(self) -> dict[str, Any]:
         """One row of the bundle's ``launches`` table (load/warmup peaks filled by the caller)."""
         cs, o, caps = self.cold_start, self.cap_outcome, self.caps
         return {
-            "launch": self.label, "label": self.label,
-            "ready_s": cs.get("ready_s"), "process_start_s": cs.get("process_start_s"),
-            "models_loaded_s": cs.get("models_loaded_s"), "warmup_s": cs.get("warmup_s"),
+            "launch": self.label,
+            "label": self.label,
+            "ready_s": cs.get("ready_s"),
+            "process_start_s": cs.get("process_start_s"),
+            "models_loaded_s": cs.get("models_loaded_s"),
+            "warmup_s": cs.get("warmup_s"),
             "warmup_frames": self.spec.startup_warmup_frames(),
             "device_cap_gib": caps.device_gib if caps else None,
             "host_cap_gib": caps.host_gib if caps else None,
-            "enforcement": o.enforcement, "cap_exceeded": o.exceeded,
-            "command": " ".join(self.command), "exit_code": self.exit_code,
+            "enforcement": o.enforcement,
+            "cap_exceeded": o.exceeded,
+            "command": " ".join(self.command),
+            "exit_code": self.exit_code,
         }
 
     # ------------------------------------------------------------------ teardown
@@ -406,8 +419,12 @@ class EngineHandle:
                     break
                 time.sleep(0.05)
             else:
-                log.warning("engine %s (pid %d) did not exit within %.1f s of SIGTERM; SIGKILL",
-                            self.label, self.pid, grace_s)
+                log.warning(
+                    "engine %s (pid %d) did not exit within %.1f s of SIGTERM; SIGKILL",
+                    self.label,
+                    self.pid,
+                    grace_s,
+                )
             kill_tree(self.pgid, desc + self._descendants(), signal.SIGKILL)
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -445,9 +462,14 @@ def _die_with_parent() -> None:
 
 # ---------------------------------------------------------------------------- launch
 @contextlib.contextmanager
-def launch(spec: EngineSpec, caps: MemoryCaps | None = None, run_dir: str | Path | None = None,
-           label: str = "engine", grace_s: float = 10.0,
-           startup_timeout_s: float | None = None) -> Iterator[EngineHandle]:
+def launch(
+    spec: EngineSpec,
+    caps: MemoryCaps | None = None,
+    run_dir: str | Path | None = None,
+    label: str = "engine",
+    grace_s: float = 10.0,
+    startup_timeout_s: float | None = None,
+) -> Iterator[EngineHandle]:
     """Start ``spec`` under ``caps``, wait for health, yield an :class:`EngineHandle`, tear down.
 
     Args:
@@ -469,8 +491,10 @@ def launch(spec: EngineSpec, caps: MemoryCaps | None = None, run_dir: str | Path
     timeout = float(startup_timeout_s if startup_timeout_s is not None else spec.startup_timeout_s)
     if spec.port is not None:
         if port_in_use(spec.port, spec.host):
-            raise PortInUseError(f"port {spec.port} is already in use on {spec.host} "
-                                 f"(EngineSpec.port); stop what holds it or leave port unset")
+            raise PortInUseError(
+                f"port {spec.port} is already in use on {spec.host} "
+                f"(EngineSpec.port); stop what holds it or leave port unset"
+            )
         port = spec.port
     else:
         port = free_port(spec.host)
@@ -509,28 +533,48 @@ def launch(spec: EngineSpec, caps: MemoryCaps | None = None, run_dir: str | Path
     with open(stdout_path, "wb") as out_fh, open(stderr_path, "wb") as err_fh:
         t_launch = time.time()
         try:
-            proc = subprocess.Popen(argv, stdout=out_fh, stderr=err_fh, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True, close_fds=True,
-                                    preexec_fn=_die_with_parent)
+            proc = subprocess.Popen(
+                argv,
+                stdout=out_fh,
+                stderr=err_fh,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=_die_with_parent,
+            )
         except OSError as exc:
-            raise EngineStartError(f"could not start engine {label!r}: {exc}", command=argv,
-                                   run_dir=d) from exc
+            raise EngineStartError(
+                f"could not start engine {label!r}: {exc}", command=argv, run_dir=d
+            ) from exc
     try:
         create_time = psutil.Process(proc.pid).create_time()
     except psutil.Error:
         create_time = 0.0
     _register(StartedProcess(proc.pid, proc.pid, create_time, label, tuple(argv)))
-    handle = EngineHandle(spec=spec, label=label, host=spec.host, port=port, pid=proc.pid,
-                          pgid=proc.pid, command=argv, env_added=added, run_dir=d,
-                          perf_log_dir=perf_dir, stdout_path=stdout_path, stderr_path=stderr_path,
-                          caps=caps, device_baseline_mib=baseline, _proc=proc,
-                          _create_time=create_time)
+    handle = EngineHandle(
+        spec=spec,
+        label=label,
+        host=spec.host,
+        port=port,
+        pid=proc.pid,
+        pgid=proc.pid,
+        command=argv,
+        env_added=added,
+        run_dir=d,
+        perf_log_dir=perf_dir,
+        stdout_path=stdout_path,
+        stderr_path=stderr_path,
+        caps=caps,
+        device_baseline_mib=baseline,
+        _proc=proc,
+        _create_time=create_time,
+    )
     _LIVE[proc.pid] = handle
     try:
         handle._enforcer = (caps or MemoryCaps()).start(proc.pid, name=label)
         _wait_ready(handle, timeout, t_launch)
-        log.info("engine %s ready in %.2f s at %s", label, handle.cold_start["ready_s"],
-                 handle.base_url)
+        log.info("engine %s ready in %.2f s at %s", label, handle.cold_start["ready_s"], handle.base_url)
         yield handle
     finally:
         handle._terminate(grace_s)
@@ -549,16 +593,24 @@ def _wait_ready(h: EngineHandle, timeout: float, t_launch: float) -> None:
                     f"engine {h.label!r} exited with code {h.exit_code} before it was ready{why}\n"
                     f"command: {' '.join(h.command)}\n--- last 50 log lines ({h.run_dir}) ---\n"
                     f"{h.tail(50)}",
-                    exit_code=h.exit_code, log_tail=h.tail(50), cap_outcome=o, command=h.command,
-                    run_dir=h.run_dir)
+                    exit_code=h.exit_code,
+                    log_tail=h.tail(50),
+                    cap_outcome=o,
+                    command=h.command,
+                    run_dir=h.run_dir,
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise EngineStartError(
                     f"engine {h.label!r} not ready after {timeout:g} s (GET {h.health_url} never "
                     f"answered 200)\ncommand: {' '.join(h.command)}\n--- last 50 log lines "
                     f"({h.run_dir}) ---\n{h.tail(50)}",
-                    exit_code=None, log_tail=h.tail(50), cap_outcome=h.cap_outcome,
-                    command=h.command, run_dir=h.run_dir)
+                    exit_code=None,
+                    log_tail=h.tail(50),
+                    cap_outcome=h.cap_outcome,
+                    command=h.command,
+                    run_dir=h.run_dir,
+                )
             try:
                 r = client.get(h.health_url, timeout=max(0.1, min(2.0, remaining)))
                 if r.status_code == 200:

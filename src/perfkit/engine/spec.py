@@ -45,6 +45,7 @@ through params YAML. Validation errors name the field, e.g.
 Note: the argv template of the ``command`` kind lives in the field ``command_template`` (the name
 ``command`` is the method); :meth:`from_dict` accepts the key ``command`` for it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -175,11 +176,11 @@ class EngineSpec:
             if v < 1:
                 raise _err(name, f"must be >= 1, got {v}")
         if self.port is not None:
-            if isinstance(self.port, bool) or not isinstance(self.port, int) \
-                    or not 1 <= self.port <= 65535:
+            if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= 65535:
                 raise _err("port", f"must be an int in 1..65535 or None, got {self.port!r}")
         if self.warmup_resolution is not None and not (
-                isinstance(self.warmup_resolution, str) and _RESOLUTION.match(self.warmup_resolution)):
+            isinstance(self.warmup_resolution, str) and _RESOLUTION.match(self.warmup_resolution)
+        ):
             raise _err("warmup_resolution", f"must look like '64x64', got {self.warmup_resolution!r}")
         for name in ("preset", "compile_backend", "health_path", "host"):
             v = getattr(self, name)
@@ -188,13 +189,16 @@ class EngineSpec:
         if not self.health_path.startswith("/"):
             raise _err("health_path", f"must start with '/', got {self.health_path!r}")
         if self.warmup_mode is not None and self.warmup_mode not in WARMUP_MODES:
-            raise _err("warmup_mode", f"must be one of {', '.join(WARMUP_MODES)} or None, "
-                                      f"got {self.warmup_mode!r}")
+            raise _err(
+                "warmup_mode", f"must be one of {', '.join(WARMUP_MODES)} or None, got {self.warmup_mode!r}"
+            )
         if self.warmup_mode == "request" and self.kind == "reference":
             raise _err("warmup_mode", "'request' is only supported by kind 'sglang'")
         if self.warmup_frames == 0 and self.warmup_mode not in (None, "off"):
-            raise _err("warmup_mode", f"{self.warmup_mode!r} contradicts warmup_frames=0 "
-                                      f"(which turns the startup warmup off)")
+            raise _err(
+                "warmup_mode",
+                f"{self.warmup_mode!r} contradicts warmup_frames=0 (which turns the startup warmup off)",
+            )
         for name in ("model_path", "dtype", "device"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
@@ -212,11 +216,13 @@ class EngineSpec:
         if not self.executable:
             raise _err("executable", "must not be empty")
         if not isinstance(self.env, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+            isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
+        ):
             raise _err("env", f"must map strings to strings, got {self.env!r}")
         if self.command_template is not None and (
-                not isinstance(self.command_template, list)
-                or not all(isinstance(a, str) for a in self.command_template)):
+            not isinstance(self.command_template, list)
+            or not all(isinstance(a, str) for a in self.command_template)
+        ):
             raise _err("command", f"must be a list of strings, got {self.command_template!r}")
         if self.kind == "command" and not self.command_template:
             raise _err("command", "is required (a non-empty argv list) for kind 'command'")
@@ -237,18 +243,21 @@ class EngineSpec:
                 raise FileNotFoundError(
                     f"EngineSpec.executable: {exe!r} is not on PATH (kind 'sglang'); install sglang "
                     f"(pip install 'sglang[diffusion]') or set executable, e.g. "
-                    f"[{sys.executable!r}, '-m', 'sglang.cli.main']")
+                    f"[{sys.executable!r}, '-m', 'sglang.cli.main']"
+                )
             module = _module_of(self.executable)
             if module is not None and not _module_importable(_which(exe) or exe, module):
                 raise FileNotFoundError(
                     f"EngineSpec.executable: {' '.join(self.executable)!r}: module {module!r} "
                     f"cannot be imported by {exe} (kind 'sglang'); install sglang into that "
-                    f"Python (pip install 'sglang[diffusion]') or point executable elsewhere")
+                    f"Python (pip install 'sglang[diffusion]') or point executable elsewhere"
+                )
             mp = self.model_path or ""
             if not _is_hub_id(mp) and not Path(mp).expanduser().exists():
                 raise FileNotFoundError(
                     f"EngineSpec.model_path: {mp!r} does not exist (kind 'sglang' needs a local "
-                    f"model directory or a hub id 'org/name')")
+                    f"model directory or a hub id 'org/name')"
+                )
         elif self.kind == "command":
             exe = (self.command_template or [""])[0]
             if "{" not in exe and _which(exe) is None:
@@ -262,8 +271,19 @@ class EngineSpec:
         """The exact argv to start this engine on ``port``, writing records to ``perf_log_dir``."""
         d = str(perf_log_dir)
         if self.kind == "reference":
-            argv = [sys.executable, "-m", "perfkit.refengine", "--preset", self.preset,
-                    "--host", self.host, "--port", str(port), "--perf-log-dir", d]
+            argv = [
+                sys.executable,
+                "-m",
+                "perfkit.refengine",
+                "--preset",
+                self.preset,
+                "--host",
+                self.host,
+                "--port",
+                str(port),
+                "--perf-log-dir",
+                d,
+            ]
             if self.model_path:
                 argv += ["--model-path", self.model_path]
             if self.compile:
@@ -296,8 +316,16 @@ class EngineSpec:
             tail = list(self.extra_args)
         elif self.kind == "sglang":
             argv = list(self.executable) + [
-                "serve", "--model-path", str(self.model_path), "--port", str(port),
-                "--host", self.host, "--num-gpus", str(self.num_gpus)]
+                "serve",
+                "--model-path",
+                str(self.model_path),
+                "--port",
+                str(port),
+                "--host",
+                self.host,
+                "--num-gpus",
+                str(self.num_gpus),
+            ]
             argv += self.sglang_warmup_args()
             if self.compile:
                 argv += ["--enable-torch-compile"]
@@ -392,8 +420,7 @@ class EngineSpec:
             try:
                 d["startup_timeout_s"] = float(d["startup_timeout_s"])
             except (TypeError, ValueError):
-                raise _err("startup_timeout_s",
-                           f"must be a number, got {d['startup_timeout_s']!r}") from None
+                raise _err("startup_timeout_s", f"must be a number, got {d['startup_timeout_s']!r}") from None
         return cls(**d)
 
     def replace(self, **changes: Any) -> "EngineSpec":
@@ -428,9 +455,15 @@ def _module_importable(python: str, module: str) -> bool:
     if same:
         return importlib.util.find_spec(top) is not None
     try:
-        r = subprocess.run([python, "-c", f"import importlib.util, sys; "
-                            f"sys.exit(importlib.util.find_spec({top!r}) is None)"],
-                           capture_output=True, timeout=60)
+        r = subprocess.run(
+            [
+                python,
+                "-c",
+                f"import importlib.util, sys; sys.exit(importlib.util.find_spec({top!r}) is None)",
+            ],
+            capture_output=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0

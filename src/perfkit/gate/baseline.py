@@ -32,6 +32,7 @@ The public API:
   :func:`improvement_snippets`
 - :func:`update_baseline`
 """
+
 from __future__ import annotations
 
 import copy
@@ -42,16 +43,14 @@ import math
 import os
 import statistics
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
 
 from perfkit.bundle import ResultBundle
-from perfkit.checks import Check, number
+from perfkit.checks import Check
 from perfkit.readings.stages import baseline_class as _baseline_class
-from perfkit.checks import overall_status
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +141,17 @@ OPTIONAL_TOLERANCES = {"load", "warmup_peak_vram", "load_peak_allocated", "runti
 #: Top-level per-case maps some sglang files carry (case id -> MiB).
 TOP_LEVEL_CASE_MAPS = ("load_peak_vram_mb", "runtime_peak_vram_mb")
 #: Keys of a scenario entry that :func:`from_bundle` derives (replaced on update; others kept).
-DERIVED_KEYS = ("stages_ms", "denoise_step_ms", "expected_e2e_ms", "expected_avg_denoise_ms",
-                "expected_median_denoise_ms", "expected_load_ms", *MEMORY_METRICS,
-                "estimated_full_test_time_s")
+DERIVED_KEYS = (
+    "stages_ms",
+    "denoise_step_ms",
+    "expected_e2e_ms",
+    "expected_avg_denoise_ms",
+    "expected_median_denoise_ms",
+    "expected_load_ms",
+    *MEMORY_METRICS,
+    "estimated_full_test_time_s",
+)
+
 
 class BaselineError(ValueError):
     """A baseline file that cannot be read; the message names the file (and line/column)."""
@@ -154,16 +161,24 @@ class BaselineError(ValueError):
 # Load / save
 # ---------------------------------------------------------------------------------------------
 
-def new_baseline(hardware: str | None = None, *, model: str = "Diffusion Server",
-                 tolerances: Mapping[str, Mapping[str, float]] | None = None,
-                 step_fractions: Iterable[float] | None = None,
-                 threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
-                 description: str = "") -> dict[str, Any]:
+
+def new_baseline(
+    hardware: str | None = None,
+    *,
+    model: str = "Diffusion Server",
+    tolerances: Mapping[str, Mapping[str, float]] | None = None,
+    step_fractions: Iterable[float] | None = None,
+    threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
+    description: str = "",
+) -> dict[str, Any]:
     """An empty baseline document with sglang's default tolerances (:data:`DEFAULT_TOLERANCES`)."""
     return {
-        "metadata": {"model": model, "hardware": hardware or "unknown",
-                     "description": description,
-                     "last_updated": _dt.date.today().isoformat()},
+        "metadata": {
+            "model": model,
+            "hardware": hardware or "unknown",
+            "description": description,
+            "last_updated": _dt.date.today().isoformat(),
+        },
         "tolerances": copy.deepcopy(dict(tolerances or DEFAULT_TOLERANCES)),
         "improvement_reporting": {"threshold": threshold},
         "sampling": {"step_fractions": list(step_fractions or DEFAULT_STEP_FRACTIONS)},
@@ -177,10 +192,17 @@ def _validate(doc: Any, source: str) -> None:
 
     if not isinstance(doc, dict):
         raise bad("top level", f"is {type(doc).__name__}, expected a JSON object")
-    for key in ("metadata", "tolerances", "improvement_reporting", "sampling", "scenarios",
-                *TOP_LEVEL_CASE_MAPS):
+    for key in (
+        "metadata",
+        "tolerances",
+        "improvement_reporting",
+        "sampling",
+        "scenarios",
+        *TOP_LEVEL_CASE_MAPS,
+    ):
         if key in doc and not isinstance(doc[key], dict):
             raise bad(key, f"is {type(doc[key]).__name__}, expected an object")
+
     def number(where: str, v: Any, nullable: bool = True) -> None:
         # JSON null is "not measured" (sglang writes it, e.g. stages_ms.per_frame_generation of
         # video cases); anything but a finite, non-negative number is an error, never 0.
@@ -225,8 +247,9 @@ def loads_baseline(text: str, source: str = "<string>") -> dict[str, Any]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise BaselineError(f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: "
-                            f"{exc.msg}") from exc
+        raise BaselineError(
+            f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from exc
     _validate(doc, source)
     return doc
 
@@ -328,6 +351,7 @@ def _classifier(stage_classes: StageClassifier | Mapping[str, str] | None) -> St
 # Derive a scenario entry from a bundle
 # ---------------------------------------------------------------------------------------------
 
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -363,8 +387,10 @@ def _measured_requests(bundle: ResultBundle, launch: str | None) -> pd.DataFrame
 def _keys(df: pd.DataFrame) -> list[tuple[Any, str]]:
     """(launch, request_id) per row; a missing launch (column or value) is None."""
     launches = df["launch"] if "launch" in df else [None] * len(df)
-    return [(None if la is None or la is pd.NA or (isinstance(la, float) and math.isnan(la)) else la, str(rid))
-            for la, rid in zip(launches, df["request_id"])]
+    return [
+        (None if la is None or la is pd.NA or (isinstance(la, float) and math.isnan(la)) else la, str(rid))
+        for la, rid in zip(launches, df["request_id"])
+    ]
 
 
 def _rows_of(df: pd.DataFrame, keys: set[tuple[Any, str]]) -> pd.DataFrame:
@@ -380,9 +406,13 @@ def step_indices(n_steps: int, step_fractions: Iterable[float]) -> list[int]:
     return sorted({int(round(float(f) * (n_steps - 1))) for f in step_fractions})
 
 
-def from_bundle(bundle: ResultBundle, case_id: str, step_fractions: Iterable[float] | None = None,
-                launch: str | None = None,
-                stage_classes: StageClassifier | Mapping[str, str] | None = None) -> dict[str, Any]:
+def from_bundle(
+    bundle: ResultBundle,
+    case_id: str,
+    step_fractions: Iterable[float] | None = None,
+    launch: str | None = None,
+    stage_classes: StageClassifier | Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """Derive one scenario entry (sglang layout) from a bundle's tables.
 
     Measured requests are ``requests`` rows with ``index != WARMUP_INDEX`` and ``status == "completed"``
@@ -414,8 +444,10 @@ def from_bundle(bundle: ResultBundle, case_id: str, step_fractions: Iterable[flo
     req = _measured_requests(bundle, launch)
     if req.empty:
         where = f" in launch {launch!r}" if launch is not None else ""
-        raise ValueError(f"bundle {bundle.path or bundle.scenario}: no completed non-warmup "
-                         f"requests{where} for case {case_id!r}")
+        raise ValueError(
+            f"bundle {bundle.path or bundle.scenario}: no completed non-warmup "
+            f"requests{where} for case {case_id!r}"
+        )
     launch_col = pd.Series([k[0] for k in _keys(req)], index=req.index, dtype=object)
     keys = set(_keys(req))
     entry: dict[str, Any] = {}
@@ -424,8 +456,11 @@ def from_bundle(bundle: ResultBundle, case_id: str, step_fractions: Iterable[flo
     stages = _rows_of(bundle.stages, keys)
     stages_ms: dict[str, float] = {}
     if not stages.empty:
-        per_req = stages.assign(_launch=stages["launch"] if "launch" in stages else None) \
-            .groupby(["_launch", "request_id", "stage"], sort=False, dropna=False)["ms"].sum()
+        per_req = (
+            stages.assign(_launch=stages["launch"] if "launch" in stages else None)
+            .groupby(["_launch", "request_id", "stage"], sort=False, dropna=False)["ms"]
+            .sum()
+        )
         worst = per_req.groupby(level="stage", sort=False).max()
         stages_ms = {str(k): round(float(v), MS_DECIMALS) for k, v in worst.items()}
     entry["stages_ms"] = stages_ms
@@ -443,8 +478,7 @@ def from_bundle(bundle: ResultBundle, case_id: str, step_fractions: Iterable[flo
     medians: list[float] = []
     if not steps.empty:
         sl = steps["launch"] if "launch" in steps else pd.Series(None, index=steps.index)
-        for _, grp in steps.assign(_launch=sl).groupby(["_launch", "request_id"], sort=False,
-                                                       dropna=False):
+        for _, grp in steps.assign(_launch=sl).groupby(["_launch", "request_id"], sort=False, dropna=False):
             seq = [float(v) for v in grp.sort_values("step")["ms"]]
             if not seq:
                 continue
@@ -476,8 +510,10 @@ def from_bundle(bundle: ResultBundle, case_id: str, step_fractions: Iterable[flo
         v = _max(lt[col]) if col in lt else None
         if v is not None:
             entry[key] = round(v, MB_DECIMALS)
-    for col, key in (("peak_reserved_mib", "runtime_peak_vram_mb"),
-                     ("peak_allocated_mib", "runtime_peak_allocated_mb")):
+    for col, key in (
+        ("peak_reserved_mib", "runtime_peak_vram_mb"),
+        ("peak_allocated_mib", "runtime_peak_allocated_mb"),
+    ):
         v = _max(req[col]) if col in req else None
         if v is not None:
             entry[key] = round(v, MB_DECIMALS)
@@ -527,12 +563,16 @@ def set_scenario(doc: dict[str, Any], case_id: str, entry: Mapping[str, Any]) ->
     return doc
 
 
-def baseline_from_bundles(cases: Mapping[str, ResultBundle] | Iterable[tuple[str, ResultBundle]],
-                          hardware: str | None = None, *,
-                          tolerances: Mapping[str, Mapping[str, float]] | None = None,
-                          step_fractions: Iterable[float] | None = None,
-                          launch: str | None = None, description: str | None = None,
-                          model: str = "Diffusion Server") -> dict[str, Any]:
+def baseline_from_bundles(
+    cases: Mapping[str, ResultBundle] | Iterable[tuple[str, ResultBundle]],
+    hardware: str | None = None,
+    *,
+    tolerances: Mapping[str, Mapping[str, float]] | None = None,
+    step_fractions: Iterable[float] | None = None,
+    launch: str | None = None,
+    description: str | None = None,
+    model: str = "Diffusion Server",
+) -> dict[str, Any]:
     """Build a whole baseline document from bundles.
 
     Args:
@@ -547,17 +587,22 @@ def baseline_from_bundles(cases: Mapping[str, ResultBundle] | Iterable[tuple[str
     fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
     if description is None:
         commits = sorted({str(b.meta.get("git_commit")) for _, b in items if b.meta.get("git_commit")})
-        description = ("Reference numbers from perfkit bundles"
-                       + (f" at git commit {', '.join(commits)}" if commits else "") + ".")
-    doc = new_baseline(hardware, model=model, tolerances=tolerances, step_fractions=fractions,
-                       description=description)
+        description = (
+            "Reference numbers from perfkit bundles"
+            + (f" at git commit {', '.join(commits)}" if commits else "")
+            + "."
+        )
+    doc = new_baseline(
+        hardware, model=model, tolerances=tolerances, step_fractions=fractions, description=description
+    )
     for case_id, bundle in items:
         set_scenario(doc, case_id, from_bundle(bundle, case_id, fractions, launch=launch))
     return doc
 
 
-def entry_from_records(records: Iterable[Any], step_fractions: Iterable[float] | None = None
-                       ) -> dict[str, Any]:
+def entry_from_records(
+    records: Iterable[Any], step_fractions: Iterable[float] | None = None
+) -> dict[str, Any]:
     """One scenario entry (sglang layout) from per-request records
     (:class:`perfkit.readings.records.PerfRecord`, e.g. a performance.log's lines or a perf
     dump's :meth:`~perfkit.readings.perfdump.PerfDump.to_record`), the worst request kept as
@@ -600,8 +645,10 @@ def entry_from_records(records: Iterable[Any], step_fractions: Iterable[float] |
     entry["expected_e2e_ms"] = worst(r.total_duration_ms for r in recs)
     entry["expected_avg_denoise_ms"] = round(max(avgs), MS_DECIMALS) if avgs else 0.0
     entry["expected_median_denoise_ms"] = round(max(medians), MS_DECIMALS) if medians else 0.0
-    for key, snap_key in (("runtime_peak_vram_mb", "peak_reserved_mb"),
-                          ("runtime_peak_allocated_mb", "peak_allocated_mb")):
+    for key, snap_key in (
+        ("runtime_peak_vram_mb", "peak_reserved_mb"),
+        ("runtime_peak_allocated_mb", "peak_allocated_mb"),
+    ):
         vals = [(r.memory_snapshots.get("runtime_peak") or {}).get(snap_key) for r in recs]
         if any(v is not None for v in vals):
             entry[key] = worst(vals)
@@ -612,13 +659,15 @@ def entry_from_records(records: Iterable[Any], step_fractions: Iterable[float] |
 # Verdicts
 # ---------------------------------------------------------------------------------------------
 
+
 def bound(expected: float, tol: float, pad: float) -> float:
     """sglang's pass bound: ``max(expected * (1 + tol), expected + pad)``."""
     return max(expected * (1.0 + tol), expected + pad)
 
 
-def _metric_rule(metric: str, tols: Mapping[str, float], classify: StageClassifier,
-                 video: bool) -> tuple[float | None, float, str]:
+def _metric_rule(
+    metric: str, tols: Mapping[str, float], classify: StageClassifier, video: bool
+) -> tuple[float | None, float, str]:
     """(tolerance or None if the profile lacks it, pad, rule description) for a metric path."""
     if metric.startswith("stages_ms."):
         cls = classify(metric.split(".", 1)[1])
@@ -626,8 +675,11 @@ def _metric_rule(metric: str, tols: Mapping[str, float], classify: StageClassifi
             return tols.get("denoise_stage"), DEFAULT_PAD_MS, "denoise_stage"
         if cls == "decoding":
             t = tols.get("non_denoise_stage")
-            return (None if t is None else max(t, DECODING_STAGE_MIN_TOL)), DECODING_STAGE_PAD_MS, \
-                f"decoding: max(non_denoise_stage, {DECODING_STAGE_MIN_TOL})"
+            return (
+                (None if t is None else max(t, DECODING_STAGE_MIN_TOL)),
+                DECODING_STAGE_PAD_MS,
+                f"decoding: max(non_denoise_stage, {DECODING_STAGE_MIN_TOL})",
+            )
         return tols.get("non_denoise_stage"), NON_DENOISE_STAGE_PAD_MS, "non_denoise_stage"
     if metric.startswith("denoise_step_ms."):
         if metric.split(".", 1)[1] == "0":
@@ -672,8 +724,11 @@ def _flatten(entry: Mapping[str, Any], where: str = "<entry>") -> dict[str, floa
 
 def _expected_metrics(baseline: Mapping[str, Any], case: str) -> dict[str, float | None] | None:
     entry = (baseline.get("scenarios") or {}).get(case)
-    top = {k: baseline[k][case] for k in TOP_LEVEL_CASE_MAPS
-           if isinstance(baseline.get(k), dict) and case in baseline[k]}
+    top = {
+        k: baseline[k][case]
+        for k in TOP_LEVEL_CASE_MAPS
+        if isinstance(baseline.get(k), dict) and case in baseline[k]
+    }
     if entry is None and not top:
         return None
     flat = _flatten(entry or {}, f"baseline scenarios.{case}")
@@ -690,10 +745,16 @@ def _snippet(metric: str, value: float) -> dict[str, Any]:
     return {metric: value}
 
 
-def compare(run: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any],
-            profile: str = "pr_test", strict: bool = False, *,
-            stage_classes: StageClassifier | Mapping[str, str] | None = None,
-            video: bool = True, threshold: float | None = None) -> list[Check]:
+def compare(
+    run: Mapping[str, Mapping[str, Any]],
+    baseline: Mapping[str, Any],
+    profile: str = "pr_test",
+    strict: bool = False,
+    *,
+    stage_classes: StageClassifier | Mapping[str, str] | None = None,
+    video: bool = True,
+    threshold: float | None = None,
+) -> list[Check]:
     """Check a run against a baseline with sglang's rule.
 
     A metric passes when ``actual <= max(expected * (1 + tol), expected + pad)`` (see the module
@@ -733,8 +794,9 @@ def compare(run: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any],
         raise KeyError(f"tolerance profile {profile!r} not in baseline (has: {sorted(all_tols)})")
     tols = all_tols[profile]
     if threshold is None:
-        threshold = float((baseline.get("improvement_reporting") or {}).get(
-            "threshold", DEFAULT_IMPROVEMENT_THRESHOLD))
+        threshold = float(
+            (baseline.get("improvement_reporting") or {}).get("threshold", DEFAULT_IMPROVEMENT_THRESHOLD)
+        )
     classify = _classifier(stage_classes)
     rows: list[Check] = []
     for case, entry in run.items():
@@ -742,26 +804,54 @@ def compare(run: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any],
         actual = _flatten(entry, f"run {case}")
         if expected is None:
             status = "fail" if strict else "new"
-            rows.append(Check(case, "*", None, None, None, status,
-                                "case not in baseline" + (" (strict)" if strict else "")))
+            rows.append(
+                Check(
+                    case,
+                    "*",
+                    None,
+                    None,
+                    None,
+                    status,
+                    "case not in baseline" + (" (strict)" if strict else ""),
+                )
+            )
             continue
         for metric, exp in expected.items():
             act = actual.get(metric)
             tol, pad, rule = _metric_rule(metric, tols, classify, video)
             if exp is None:
-                rows.append(Check(case, metric, None, act, None, "skipped",
-                                  "not measured in the baseline (null)"))
+                rows.append(
+                    Check(case, metric, None, act, None, "skipped", "not measured in the baseline (null)")
+                )
                 continue
             if metric == PER_FRAME_METRIC and video:
-                rows.append(Check(case, metric, exp, act, None, "skipped",
-                                  "sglang skips per_frame_generation for video cases"))
+                rows.append(
+                    Check(
+                        case,
+                        metric,
+                        exp,
+                        act,
+                        None,
+                        "skipped",
+                        "sglang skips per_frame_generation for video cases",
+                    )
+                )
                 continue
             if tol is None:
                 known_optional = rule in OPTIONAL_TOLERANCES
                 if not known_optional:
                     log.warning("profile %s has no tolerance for %s (%s)", profile, metric, rule)
-                rows.append(Check(case, metric, exp, act, None, "skipped",
-                                    f"profile {profile!r} has no {rule!r} tolerance"))
+                rows.append(
+                    Check(
+                        case,
+                        metric,
+                        exp,
+                        act,
+                        None,
+                        "skipped",
+                        f"profile {profile!r} has no {rule!r} tolerance",
+                    )
+                )
                 continue
             b = bound(exp, tol, pad)
             if act is None:
@@ -771,25 +861,54 @@ def compare(run: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any],
             rule_txt = f"{rule}: tol {tol:g}, pad {pad:g}"
             if act > b:
                 over = (act / exp - 1.0) * 100 if exp else math.inf
-                rows.append(Check(case, metric, exp, act, b, "fail",
-                                    f"{act:g} > bound {b:g} (+{over:.1f}% vs expected; {rule_txt})"))
+                rows.append(
+                    Check(
+                        case,
+                        metric,
+                        exp,
+                        act,
+                        b,
+                        "fail",
+                        f"{act:g} > bound {b:g} (+{over:.1f}% vs expected; {rule_txt})",
+                    )
+                )
             elif exp > 0 and act < exp * (1.0 - threshold):
                 snip = _snippet(metric, act)
-                rows.append(Check(case, metric, exp, act, b, "improved",
-                                    f"{(1 - act / exp) * 100:.1f}% faster than expected; update "
-                                    f"scenarios.{case} with {json.dumps(snip)}", snip))
+                rows.append(
+                    Check(
+                        case,
+                        metric,
+                        exp,
+                        act,
+                        b,
+                        "improved",
+                        f"{(1 - act / exp) * 100:.1f}% faster than expected; update "
+                        f"scenarios.{case} with {json.dumps(snip)}",
+                        snip,
+                    )
+                )
             else:
                 rows.append(Check(case, metric, exp, act, b, "pass", rule_txt))
         for metric in actual:
             if metric not in expected and actual[metric] is not None:
                 status = "fail" if strict else "new"
-                rows.append(Check(case, metric, None, actual[metric], None, status,
-                                    "metric not in baseline" + (" (strict)" if strict else "")))
+                rows.append(
+                    Check(
+                        case,
+                        metric,
+                        None,
+                        actual[metric],
+                        None,
+                        status,
+                        "metric not in baseline" + (" (strict)" if strict else ""),
+                    )
+                )
     return rows
 
 
-def check_overlap(run: Mapping[str, Any], baseline: Mapping[str, Any], *, source: str,
-                  run_hardware: str | None = None) -> tuple[list[Check], list[str]]:
+def check_overlap(
+    run: Mapping[str, Any], baseline: Mapping[str, Any], *, source: str, run_hardware: str | None = None
+) -> tuple[list[Check], list[str]]:
     """Whether comparing ``run`` (case id -> entry) with ``baseline`` compares anything.
 
     Returns ``(rows, warnings)``: a failing row (case ``baseline``, metric ``cases compared``)
@@ -804,11 +923,15 @@ def check_overlap(run: Mapping[str, Any], baseline: Mapping[str, Any], *, source
     if not common:
         what = "no case of this run is in" if run else "this run has no case to compare with"
         reason = f"{what} {source} ({hw}): nothing compared"
-        return ([Check("baseline", "cases compared", None, 0, None, "fail", reason)],
-                [f"{reason}; a baseline only gates runs of its own hardware and cases"])
+        return (
+            [Check("baseline", "cases compared", None, 0, None, "fail", reason)],
+            [f"{reason}; a baseline only gates runs of its own hardware and cases"],
+        )
     if ref_hw != run_hw:
-        return [], [f"{source} was measured on {ref_hw!r}, this run on {run_hw!r}: absolute "
-                    f"numbers are only comparable on the same hardware"]
+        return [], [
+            f"{source} was measured on {ref_hw!r}, this run on {run_hw!r}: absolute "
+            f"numbers are only comparable on the same hardware"
+        ]
     return [], []
 
 
@@ -831,10 +954,17 @@ def improvement_snippets(rows: Iterable[Check]) -> dict[str, dict[str, Any]]:
 # Update
 # ---------------------------------------------------------------------------------------------
 
-def update_baseline(bundle_dir: str | Path, baseline_file: str | Path, case_id: str, *,
-                    hardware: str | None = None,
-                    tolerances: Mapping[str, Mapping[str, float]] | None = None,
-                    launch: str | None = None, num_frames: int | None = None) -> dict[str, Any]:
+
+def update_baseline(
+    bundle_dir: str | Path,
+    baseline_file: str | Path,
+    case_id: str,
+    *,
+    hardware: str | None = None,
+    tolerances: Mapping[str, Mapping[str, float]] | None = None,
+    launch: str | None = None,
+    num_frames: int | None = None,
+) -> dict[str, Any]:
     """Write ``case_id``'s entry, derived from the bundle at ``bundle_dir``, into ``baseline_file``.
 
     The entry holds the steady state the suite's gate writes (:func:`perfkit.gate_run.bundle_cases`):
@@ -862,8 +992,9 @@ def update_baseline(bundle_dir: str | Path, baseline_file: str | Path, case_id: 
     bundle = ResultBundle.load(bundle_dir)
     launches = [str(x) for x in bundle.launches.get("launch", [])] if not bundle.launches.empty else []
     if launch is None and len(launches) > 1:
-        raise ValueError(f"{bundle_dir} holds {len(launches)} launches ({', '.join(launches)}): "
-                         f"name one with --launch")
+        raise ValueError(
+            f"{bundle_dir} holds {len(launches)} launches ({', '.join(launches)}): name one with --launch"
+        )
     if launch is not None and launches and launch not in launches:
         raise ValueError(f"{bundle_dir}: no launch {launch!r} (has {', '.join(launches)})")
     sel = sub_bundle(bundle, launch=launch, num_frames=num_frames)
@@ -873,8 +1004,10 @@ def update_baseline(bundle_dir: str | Path, baseline_file: str | Path, case_id: 
         doc = load_baseline(path)
         have = (doc.get("metadata") or {}).get("hardware")
         if hardware is not None and have and have != hardware:
-            raise ValueError(f"{path} holds numbers for hardware {have!r}, not {hardware!r}: "
-                             f"write another hardware's numbers to its own baseline file")
+            raise ValueError(
+                f"{path} holds numbers for hardware {have!r}, not {hardware!r}: "
+                f"write another hardware's numbers to its own baseline file"
+            )
     else:
         log.info("creating baseline %s", path)
         doc = new_baseline(hardware, tolerances=tolerances)
@@ -883,8 +1016,10 @@ def update_baseline(bundle_dir: str | Path, baseline_file: str | Path, case_id: 
     set_scenario(doc, case_id, entry)
     meta = doc.setdefault("metadata", {})
     commit = bundle.meta.get("git_commit") or "unknown"
-    meta["description"] = (f"Reference numbers for {case_id} from perfkit bundle "
-                           f"{Path(bundle_dir).name} ({bundle.scenario}) at git commit {commit}.")
+    meta["description"] = (
+        f"Reference numbers for {case_id} from perfkit bundle "
+        f"{Path(bundle_dir).name} ({bundle.scenario}) at git commit {commit}."
+    )
     meta["last_updated"] = _dt.date.today().isoformat()
     if hardware is not None:
         meta["hardware"] = hardware

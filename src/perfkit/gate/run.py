@@ -2,6 +2,7 @@
 the same hardware, plus every scenario's within-run checks. Launches nothing: reads the bundles a
 run directory holds.
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,14 +17,20 @@ from perfkit.checks import Check
 from perfkit.common.provenance import repo_root
 from perfkit.engine.spec import DEFAULT_WARMUP_FRAMES
 from perfkit.gate import baseline as bl
-from perfkit.scenarios.common import slug
 from perfkit.scenarios import registry
+from perfkit.scenarios.common import slug
 
 log = logging.getLogger(__name__)
 
 
-def case_id(engine: Mapping[str, Any], request: Mapping[str, Any], *, warmup_frames: int | None = None,
-            num_frames: int | None = None, suffix: str = "") -> str:
+def case_id(
+    engine: Mapping[str, Any],
+    request: Mapping[str, Any],
+    *,
+    warmup_frames: int | None = None,
+    num_frames: int | None = None,
+    suffix: str = "",
+) -> str:
     """Case id saying preset, shape and startup warmup: ``tiny_25f_64x64_4s_w17``.
 
     ``suffix`` distinguishes scenarios measuring the same shape (``_shapes``, ``_cap-24GiBdev``).
@@ -33,20 +40,25 @@ def case_id(engine: Mapping[str, Any], request: Mapping[str, Any], *, warmup_fra
         preset = Path(str(engine.get("model_path") or "sglang")).name
     nf = num_frames if num_frames is not None else request.get("num_frames")
     w = warmup_frames if warmup_frames is not None else engine.get("warmup_frames", DEFAULT_WARMUP_FRAMES)
-    cid = (f"{slug(preset)}_{nf}f_{request.get('height')}x{request.get('width')}_"
-           f"{request.get('num_inference_steps')}s_w{w}")
+    cid = (
+        f"{slug(preset)}_{nf}f_{request.get('height')}x{request.get('width')}_"
+        f"{request.get('num_inference_steps')}s_w{w}"
+    )
     return cid + suffix
 
 
 def case_namer(engine: Mapping[str, Any], request: Mapping[str, Any]):
     """``case_id`` bound to this run's engine and request (what scenarios' ``cases`` receive)."""
+
     def name(**kw: Any) -> str:
         return case_id(engine, request, **kw)
+
     return name
 
 
-def bundle_cases(bundles: Mapping[str, ResultBundle], engine: Mapping[str, Any],
-                 request: Mapping[str, Any]) -> dict[str, ResultBundle]:
+def bundle_cases(
+    bundles: Mapping[str, ResultBundle], engine: Mapping[str, Any], request: Mapping[str, Any]
+) -> dict[str, ResultBundle]:
     """Case id -> (sub-)bundle for this run's baseline.json: each scenario's ``cases`` (see
     :attr:`perfkit.scenarios.registry.Scenario.cases`), in run order."""
     namer = case_namer(engine, request)
@@ -58,8 +70,9 @@ def bundle_cases(bundles: Mapping[str, ResultBundle], engine: Mapping[str, Any],
     return cases
 
 
-def scenario_checks(scenario: str, results: Mapping[str, Any],
-                    invariants: Mapping[str, Any] | None = None) -> list[Check]:
+def scenario_checks(
+    scenario: str, results: Mapping[str, Any], invariants: Mapping[str, Any] | None = None
+) -> list[Check]:
     """Check rows of one scenario against the invariants it declares (``invariants``: the
     params' merged invariants; None: the registry's defaults)."""
     inv = registry.invariant_defaults() if invariants is None else dict(invariants)
@@ -92,9 +105,17 @@ class GateResult:
         return [*self.invariant_rows, *self.baseline_rows]
 
 
-def gate(run_dir: str | Path, *, engine: Mapping[str, Any], request: Mapping[str, Any],
-         baseline_file: str | Path | None = None, profile: str = "pr_test", strict: bool = False,
-         hardware: str | None = None, invariants: Mapping[str, Any] | None = None) -> GateResult:
+def gate(
+    run_dir: str | Path,
+    *,
+    engine: Mapping[str, Any],
+    request: Mapping[str, Any],
+    baseline_file: str | Path | None = None,
+    profile: str = "pr_test",
+    strict: bool = False,
+    hardware: str | None = None,
+    invariants: Mapping[str, Any] | None = None,
+) -> GateResult:
     """The baseline gate. Launches nothing: reads the bundles under ``run_dir``.
 
     Writes ``run_dir/baseline.json`` (this run's numbers, sglang layout, one case per
@@ -122,16 +143,25 @@ def gate(run_dir: str | Path, *, engine: Mapping[str, Any], request: Mapping[str
             ref = bl.load_baseline(bpath)
             base_rows = bl.compare(doc["scenarios"], ref, profile=profile, strict=strict)
             compared = str(bpath)
-            overlap, warnings = bl.check_overlap(doc["scenarios"], ref, source=str(baseline_file),
-                                                 run_hardware=hw)
+            overlap, warnings = bl.check_overlap(
+                doc["scenarios"], ref, source=str(baseline_file), run_hardware=hw
+            )
             base_rows = [*overlap, *base_rows]
             for w in warnings:
                 log.warning("%s", w)
         else:
             log.warning("baseline file %s does not exist: comparing nothing", baseline_file)
-            base_rows = [Check("baseline", str(baseline_file), None, None, None,
-                                    "fail" if strict else "skipped",
-                                    "baseline file not found" + (" (strict)" if strict else ""))]
+            base_rows = [
+                Check(
+                    "baseline",
+                    str(baseline_file),
+                    None,
+                    None,
+                    None,
+                    "fail" if strict else "skipped",
+                    "baseline file not found" + (" (strict)" if strict else ""),
+                )
+            ]
     return GateResult(doc, list(cases), inv_rows, base_rows, compared, errors, warnings)
 
 
@@ -175,8 +205,9 @@ def _hardware(bundles: Mapping[str, ResultBundle]) -> str:
     return "unknown"
 
 
-def run_cases(run_dir: str | Path, engine: Mapping[str, Any] | None = None,
-              request: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+def run_cases(
+    run_dir: str | Path, engine: Mapping[str, Any] | None = None, request: Mapping[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
     """Case id -> scenario entry for a finished run (from its baseline.json, else its bundles)."""
     run_dir = Path(run_dir)
     if engine is None or request is None:

@@ -6,6 +6,7 @@ notebook's adds ``cases``, ``compared_with`` and ``warnings``. Exit codes, one r
 command: :data:`EXIT_OK` (0) every check passed, :data:`EXIT_REGRESSION` (1) a check failed,
 :data:`EXIT_ERROR` (2) an error (bad input, engine crash, notebook exception, nothing compared).
 """
+
 from __future__ import annotations
 
 import json
@@ -50,12 +51,17 @@ def jsonable(v: Any) -> Any:
     return v
 
 
-def write_verdict(out: str | Path, scenario: str, rows: Iterable[Check | Mapping[str, Any]],
-                  **extra: Any) -> dict[str, Any]:
+def write_verdict(
+    out: str | Path, scenario: str, rows: Iterable[Check | Mapping[str, Any]], **extra: Any
+) -> dict[str, Any]:
     """Write ``out/verdict.json``: {scenario, status, rows, ...extra}. Returns the document."""
     df = check_table(rows)
-    doc = {"scenario": scenario, "status": overall_status(df),
-           "rows": jsonable(df.to_dict("records")), **jsonable(extra)}
+    doc = {
+        "scenario": scenario,
+        "status": overall_status(df),
+        "rows": jsonable(df.to_dict("records")),
+        **jsonable(extra),
+    }
     p = Path(out)
     p.mkdir(parents=True, exist_ok=True)
     atomic_write_text(p / VERDICT_FILE, json.dumps(doc, indent=2, default=str) + "\n")

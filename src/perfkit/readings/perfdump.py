@@ -23,6 +23,7 @@ Note the name clash: a dump's ``steps`` are *stages*; its denoising steps are
 as written or :class:`~perfkit.readings.records.RecordError` naming the file and the key; null is
 kept as None ("not measured"); nothing defaults to 0.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfkit.readings.records import (PerfRecord, RecordError, read_memory_map, read_number,
-                                      read_stage_entry, read_step_list)
+from perfkit.readings.records import (
+    PerfRecord,
+    RecordError,
+    read_memory_map,
+    read_number,
+    read_stage_entry,
+    read_step_list,
+)
 
 #: Keys every dump has (``dump_benchmark_report`` writes them unconditionally).
 REQUIRED_KEYS = ("request_id", "total_duration_ms", "steps")
@@ -80,11 +87,17 @@ class PerfDump:
         """The same request as a :class:`~perfkit.readings.records.PerfRecord`:
         ``denoise_steps`` become ``steps`` ([] for the older layout), ``memory_checkpoints``
         become ``memory_snapshots``."""
-        return PerfRecord(request_id=self.request_id, timestamp=self.timestamp,
-                          commit_hash=self.commit_hash, tag=self.tag, stages=list(self.stages),
-                          steps=list(self.denoise_steps or []),
-                          total_duration_ms=self.total_duration_ms,
-                          memory_snapshots=dict(self.memory_checkpoints or {}), raw=self.raw)
+        return PerfRecord(
+            request_id=self.request_id,
+            timestamp=self.timestamp,
+            commit_hash=self.commit_hash,
+            tag=self.tag,
+            stages=list(self.stages),
+            steps=list(self.denoise_steps or []),
+            total_duration_ms=self.total_duration_ms,
+            memory_snapshots=dict(self.memory_checkpoints or {}),
+            raw=self.raw,
+        )
 
 
 def _opt_str(obj: dict[str, Any], key: str) -> str | None:
@@ -113,18 +126,29 @@ def perf_dump_from_dict(obj: Any) -> PerfDump:
     if not isinstance(obj["steps"], list):
         raise RecordError("steps", f"{obj['steps']!r} is not a list of stages")
     stages = [read_stage_entry(st, i, group="steps") for i, st in enumerate(obj["steps"])]
-    denoise = read_step_list(obj["denoise_steps_ms"], "denoise_steps_ms") \
-        if "denoise_steps_ms" in obj else None
-    mem = read_memory_map(obj["memory_checkpoints"], "memory_checkpoints") \
-        if "memory_checkpoints" in obj else None
+    denoise = (
+        read_step_list(obj["denoise_steps_ms"], "denoise_steps_ms") if "denoise_steps_ms" in obj else None
+    )
+    mem = (
+        read_memory_map(obj["memory_checkpoints"], "memory_checkpoints")
+        if "memory_checkpoints" in obj
+        else None
+    )
     meta = obj.get("meta")
     if meta is not None and not isinstance(meta, dict):
         raise RecordError("meta", f"{meta!r} is not an object")
-    return PerfDump(request_id=rid,
-                    total_duration_ms=read_number(obj["total_duration_ms"], "total_duration_ms"),
-                    stages=stages, denoise_steps=denoise, memory_checkpoints=mem,
-                    timestamp=_opt_str(obj, "timestamp"), commit_hash=_opt_str(obj, "commit_hash"),
-                    tag=_opt_str(obj, "tag"), meta=dict(meta or {}), raw=obj)
+    return PerfDump(
+        request_id=rid,
+        total_duration_ms=read_number(obj["total_duration_ms"], "total_duration_ms"),
+        stages=stages,
+        denoise_steps=denoise,
+        memory_checkpoints=mem,
+        timestamp=_opt_str(obj, "timestamp"),
+        commit_hash=_opt_str(obj, "commit_hash"),
+        tag=_opt_str(obj, "tag"),
+        meta=dict(meta or {}),
+        raw=obj,
+    )
 
 
 def loads_perf_dump(text: str, source: str = "<string>") -> PerfDump:
@@ -132,8 +156,9 @@ def loads_perf_dump(text: str, source: str = "<string>") -> PerfDump:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise RecordError("<json>", f"invalid JSON at line {exc.lineno} column {exc.colno}: "
-                          f"{exc.msg}", source=source) from None
+        raise RecordError(
+            "<json>", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=source
+        ) from None
     try:
         dump = perf_dump_from_dict(obj)
     except RecordError as exc:
@@ -157,8 +182,13 @@ def is_perf_dump(obj: Any) -> bool:
     """Whether a parsed JSON object looks like a perf dump (has ``steps`` as a list of objects
     and ``total_duration_ms``), as opposed to a performance.log record (``stages``) or a
     baseline file (``scenarios``)."""
-    return (isinstance(obj, dict) and "total_duration_ms" in obj and "steps" in obj
-            and "stages" not in obj and "scenarios" not in obj)
+    return (
+        isinstance(obj, dict)
+        and "total_duration_ms" in obj
+        and "steps" in obj
+        and "stages" not in obj
+        and "scenarios" not in obj
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,8 +312,13 @@ def compare_dumps(before: PerfDump, after: PerfDump) -> DumpComparison:
     rows: list[DumpRow] = []
     for name in names:
         b, n = b_dur.get(name), n_dur.get(name)
-        row = DumpRow(name, b, n, _stage_status(b, n),
-                      (b_cnt.get(name, 0), n_cnt.get(name, 0)) if name == DENOISING_LOOP else None)
+        row = DumpRow(
+            name,
+            b,
+            n,
+            _stage_status(b, n),
+            (b_cnt.get(name, 0), n_cnt.get(name, 0)) if name == DENOISING_LOOP else None,
+        )
         d = row.diff
         if d is None or abs(d) > STAGE_SHOW_DIFF_MS or b > STAGE_SHOW_MS or n > STAGE_SHOW_MS:
             rows.append(row)
@@ -301,19 +336,32 @@ def dump_comparison_markdown(c: DumpComparison) -> str:
     """The report compare_perf.py prints (summary table, stage breakdown, metadata), "–" for
     values that were not measured."""
     e = c.e2e
-    e2e_status = {"faster": "✅ (Faster)", "slower": "❌ (Slower)", "similar": "➖ (Similar)",
-                  "not measured": "– (not measured)"}[e.status]
+    e2e_status = {
+        "faster": "✅ (Faster)",
+        "slower": "❌ (Slower)",
+        "similar": "➖ (Similar)",
+        "not measured": "– (not measured)",
+    }[e.status]
     diff = "–" if e.diff is None else f"**{e.diff:+.2f} ms ({e.pct:+.1f}%)**"
     tput = [("–" if v is None else f"{1000 / v if v else 0:.2f} req/s") for v in (e.before, e.after)]
-    out = ["### Performance Comparison Report", "", "#### 1. High-level Summary",
-           "| Metric | Baseline | New | Diff | Status |", "| :--- | :--- | :--- | :--- | :--- |",
-           f"| **E2E Latency** | {_ms(e.before)} ms | {_ms(e.after)} ms | {diff} | {e2e_status} |",
-           f"| **Throughput** | {tput[0]} | {tput[1]} | - | - |", "", "#### 2. Stage Breakdown"]
+    out = [
+        "### Performance Comparison Report",
+        "",
+        "#### 1. High-level Summary",
+        "| Metric | Baseline | New | Diff | Status |",
+        "| :--- | :--- | :--- | :--- | :--- |",
+        f"| **E2E Latency** | {_ms(e.before)} ms | {_ms(e.after)} ms | {diff} | {e2e_status} |",
+        f"| **Throughput** | {tput[0]} | {tput[1]} | - | - |",
+        "",
+        "#### 2. Stage Breakdown",
+    ]
     if not c.stages:
         out.append("*No significant stage differences found.*")
     else:
-        out += ["| Stage Name | Baseline (ms) | New (ms) | Diff (ms) | Diff (%) | Status |",
-                "| :--- | :--- | :--- | :--- | :--- | :--- |"]
+        out += [
+            "| Stage Name | Baseline (ms) | New (ms) | Diff (ms) | Diff (%) | Status |",
+            "| :--- | :--- | :--- | :--- | :--- | :--- |",
+        ]
         for r in c.stages:
             name = r.name
             if r.steps is not None:
@@ -322,7 +370,13 @@ def dump_comparison_markdown(c: DumpComparison) -> str:
             d = "–" if r.diff is None else f"{r.diff:+.2f}"
             p = "–" if r.pct is None else f"{r.pct:+.1f}%"
             out.append(f"| {name} | {_ms(r.before)} | {_ms(r.after)} | {d} | {p} | {_EMOJI[r.status]} |")
-    out += ["", "<details>", "<summary>Metadata</summary>", "",
-            f"- Baseline Commit: `{c.before.commit_hash or 'N/A'}`",
-            f"- New Commit: `{c.after.commit_hash or 'N/A'}`", "</details>"]
+    out += [
+        "",
+        "<details>",
+        "<summary>Metadata</summary>",
+        "",
+        f"- Baseline Commit: `{c.before.commit_hash or 'N/A'}`",
+        f"- New Commit: `{c.after.commit_hash or 'N/A'}`",
+        "</details>",
+    ]
     return "\n".join(out) + "\n"

@@ -36,6 +36,7 @@ Unknown fields are kept in :attr:`PerfRecord.raw`. :func:`parse_lines` / :func:`
 report a malformed line with its file, line number and key and skip it (``strict=True``
 raises instead); an unterminated last line is taken as still being written.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,7 @@ class RecordError(ValueError):
     """A record that cannot be read as written. The message names the file (when known), the line
     (when known) and the key; the parts are kept in :attr:`source`, :attr:`line` and :attr:`key`."""
 
-    def __init__(self, key: str, problem: str, *, source: str | None = None,
-                 line: int | None = None) -> None:
+    def __init__(self, key: str, problem: str, *, source: str | None = None, line: int | None = None) -> None:
         self.key, self.problem, self.source, self.line = key, problem, source, line
         super().__init__(self._text())
 
@@ -78,8 +78,7 @@ class RecordError(ValueError):
 
     def located(self, source: str | None = None, line: int | None = None) -> "RecordError":
         """The same error with the file and/or line filled in."""
-        return RecordError(self.key, self.problem, source=source or self.source,
-                           line=line or self.line)
+        return RecordError(self.key, self.problem, source=source or self.source, line=line or self.line)
 
 
 def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
@@ -121,17 +120,20 @@ def read_stage_entry(st: Any, index: int, group: str = "stages") -> tuple[str, f
         raise RecordError(where, f"{st!r} is not an object with name and execution_time_ms")
     name = st.get("name")
     if not isinstance(name, str):
-        raise RecordError(f"{where}.name", f"{name!r} is not a stage name"
-                          if "name" in st else "is missing")
+        raise RecordError(f"{where}.name", f"{name!r} is not a stage name" if "name" in st else "is missing")
     present = [k for k in STAGE_TIME_KEYS if k in st]
     if not present:
         others = sorted(k for k in st if k not in ("name", "is_denoising"))
-        raise RecordError(f"{where}.execution_time_ms",
-                          f"stage {name!r} has no time: expected execution_time_ms or duration_ms"
-                          + (f", found {', '.join(others)}" if others else ""))
+        raise RecordError(
+            f"{where}.execution_time_ms",
+            f"stage {name!r} has no time: expected execution_time_ms or duration_ms"
+            + (f", found {', '.join(others)}" if others else ""),
+        )
     if len(present) > 1:
-        raise RecordError(f"{where}.duration_ms", f"stage {name!r} has both execution_time_ms and "
-                          f"duration_ms: which one was measured is ambiguous")
+        raise RecordError(
+            f"{where}.duration_ms",
+            f"stage {name!r} has both execution_time_ms and duration_ms: which one was measured is ambiguous",
+        )
     key = present[0]
     return name, read_number(st[key], f"{where}.{key}")
 
@@ -151,8 +153,10 @@ def read_step_list(steps: Any, key: str = "steps") -> list[float | None]:
                 raise RecordError(f"{key}[{i}].step", f"{s['step']!r} is not the step index {i}")
             if "duration_ms" not in s:
                 extra = sorted(k for k in s if k != "step")
-                raise RecordError(f"{key}[{i}].duration_ms", "is missing"
-                                  + (f" (found {', '.join(extra)})" if extra else ""))
+                raise RecordError(
+                    f"{key}[{i}].duration_ms",
+                    "is missing" + (f" (found {', '.join(extra)})" if extra else ""),
+                )
             out.append(read_number(s["duration_ms"], f"{key}[{i}].duration_ms"))
         else:
             out.append(read_number(s, f"{key}[{i}]"))
@@ -283,8 +287,9 @@ class ParseReport:
     skipped: list[tuple[int, str]]
 
 
-def parse_lines(lines: list[str], partial_last: bool = True, *, source: str | None = None,
-                strict: bool = False) -> ParseReport:
+def parse_lines(
+    lines: list[str], partial_last: bool = True, *, source: str | None = None, strict: bool = False
+) -> ParseReport:
     """Parse performance.log lines (sglang's layout, see the module doc).
 
     Args:
@@ -306,8 +311,9 @@ def parse_lines(lines: list[str], partial_last: bool = True, *, source: str | No
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise RecordError("<json>", f"not a whole JSON object ({exc.msg} at column "
-                                  f"{exc.colno})") from None
+                raise RecordError(
+                    "<json>", f"not a whole JSON object ({exc.msg} at column {exc.colno})"
+                ) from None
             records.append(PerfRecord.from_dict(obj, line_no=i))
         except RecordError as exc:
             if partial_last and i == len(lines) and not line.endswith("\n") and exc.key == "<json>":

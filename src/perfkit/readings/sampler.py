@@ -15,6 +15,7 @@
 Without a GPU or NVML it samples the host only, with NaN device columns, and no error. Its own
 CPU cost is measured (:attr:`MemorySampler.cpu_seconds`, :meth:`MemorySampler.overhead_pct`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -162,8 +163,14 @@ class MemorySampler:
     samples as a DataFrame with columns :data:`COLUMNS`.
     """
 
-    def __init__(self, pid: int, interval_s: float = 0.1, gpu_index: int | Sequence[int] = 0,
-                 baseline_device_mib: float | None = None, tree_refresh_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        pid: int,
+        interval_s: float = 0.1,
+        gpu_index: int | Sequence[int] = 0,
+        baseline_device_mib: float | None = None,
+        tree_refresh_s: float = 1.0,
+    ) -> None:
         if not interval_s > 0:
             raise ValueError(f"MemorySampler.interval_s must be > 0, got {interval_s!r}")
         self.pid = pid
@@ -194,15 +201,13 @@ class MemorySampler:
             try:
                 self._handles = [self._nv.nvmlDeviceGetHandleByIndex(i) for i in self.gpu_indices]
             except Exception as exc:  # noqa: BLE001
-                log.info("NVML device %s not available (%s); sampling host only",
-                         self.gpu_indices, exc)
+                log.info("NVML device %s not available (%s); sampling host only", self.gpu_indices, exc)
                 _nvml_shutdown(self._nv)
                 self._nv, self._handles = None, []
         if self._nv is None:
             log.debug("sampler for pid %d: no NVML, host memory only", self.pid)
         self.t_started = time.time()
-        self._thread = threading.Thread(target=self._run, name=f"perfkit-sampler-{self.pid}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"perfkit-sampler-{self.pid}", daemon=True)
         self._thread.start()
         return self
 

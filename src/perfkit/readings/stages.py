@@ -18,6 +18,7 @@ substrings, case-insensitively so that custom stage names such as ``ltx2_image_e
 fit: ``decod``/``decode`` -> decoding (checked first), ``refine`` -> refinement,
 ``beforedenois``/``preparation`` -> other, ``denois`` -> denoising, anything else -> other.
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -96,8 +97,7 @@ KNOWN_STAGES: dict[str, str] = {
 }
 
 #: stage class -> the baseline gate's class (``perfkit.gate.baseline.classify_stage``).
-BASELINE_CLASS = {DENOISING: "denoise", REFINEMENT: "denoise", DECODING: "decoding",
-                  OTHER: "non_denoise"}
+BASELINE_CLASS = {DENOISING: "denoise", REFINEMENT: "denoise", DECODING: "decoding", OTHER: "non_denoise"}
 
 
 def stage_class(name: str) -> str:

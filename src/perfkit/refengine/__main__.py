@@ -1,4 +1,5 @@
 """``python -m perfkit.refengine``: start the reference engine (see :mod:`perfkit.refengine.cli`)."""
+
 import time
 
 _T0 = time.time()  # before heavy imports: the process_start mark

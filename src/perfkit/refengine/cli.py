@@ -7,6 +7,7 @@ The engine prints marks on stderr that the harness parses for the cold start par
     perfkit-mark warmup_done t=<epoch s>
     perfkit-mark listening port=<port>
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,48 +48,81 @@ def sglang_perf_log_dir(environ=None) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m perfkit.refengine",
-                                description="perfkit reference engine: LTX-Video (diffusers) over HTTP")
+    p = argparse.ArgumentParser(
+        prog="python -m perfkit.refengine",
+        description="perfkit reference engine: LTX-Video (diffusers) over HTTP",
+    )
     p.add_argument("--preset", default="tiny", help="model preset: tiny | ltx-2b (default tiny)")
     p.add_argument("--model-path", default=None, help="local diffusers-format checkpoint directory")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as a mark)")
-    p.add_argument("--perf-log-dir", default=None,
-                   help="append performance.log here (default: $SGLANG_PERF_LOG_DIR when "
-                        "$SGLANG_DIFFUSION_STAGE_LOGGING is true, as sglang's server does)")
+    p.add_argument(
+        "--perf-log-dir",
+        default=None,
+        help="append performance.log here (default: $SGLANG_PERF_LOG_DIR when "
+        "$SGLANG_DIFFUSION_STAGE_LOGGING is true, as sglang's server does)",
+    )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--seed", type=int, default=0, help="weight seed")
-    p.add_argument("--compile", "--enable-torch-compile", action="store_true",
-                   help="torch.compile the transformer (dynamic=False)")
+    p.add_argument(
+        "--compile",
+        "--enable-torch-compile",
+        action="store_true",
+        help="torch.compile the transformer (dynamic=False)",
+    )
     p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--compile-vae", action="store_true", help="also compile the VAE decoder")
     p.add_argument("--recompile-limit", type=int, default=None, help="torch._dynamo recompile limit")
     p.add_argument("--two-stage", action="store_true", help="half-res pass + UpsampleStage + RefinementStage")
     p.add_argument("--refine-steps", type=int, default=2)
-    p.add_argument("--warmup-frames", "--warmup-num-frames", type=int, default=17,
-                   help="startup warmup frames (0 disables)")
-    p.add_argument("--warmup-mode", choices=["off", "server"], default=None,
-                   help="sglang's flag: off disables the startup warmup, server keeps it")
+    p.add_argument(
+        "--warmup-frames",
+        "--warmup-num-frames",
+        type=int,
+        default=17,
+        help="startup warmup frames (0 disables)",
+    )
+    p.add_argument(
+        "--warmup-mode",
+        choices=["off", "server"],
+        default=None,
+        help="sglang's flag: off disables the startup warmup, server keeps it",
+    )
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--warmup-resolution", type=_resolution, default=None, help="HEIGHTxWIDTH")
     p.add_argument("--height", type=int, default=None, help="serving default height (px)")
     p.add_argument("--width", type=int, default=None, help="serving default width (px)")
     p.add_argument("--steps", type=int, default=None, help="serving default num_inference_steps")
     p.add_argument("--max-frames", type=int, default=257)
-    p.add_argument("--num-gpus", type=int, default=1,
-                   help="N > 1: CFG parallel over N ranks with torch.distributed (NCCL on cuda:0..N-1, gloo "
-                        "on the CPU); rank 0 serves HTTP and spawns the others (see refengine.dist)")
-    p.add_argument("--multi-gpu-warmup-frames", type=int, default=None,
-                   help="startup warmup frames for --two-stage with --num-gpus > 1 instead of --warmup-frames "
-                        "(sglang uses 25 there: a 24-frame request aligns to 25 = 4 latent frames, a 17-frame "
-                        "warmup covers 3); default: --warmup-frames")
-    p.add_argument("--dist-init", default=None,
-                   help="tcp://HOST:PORT of rank 0's rendezvous store (default: 127.0.0.1, a free port)")
+    p.add_argument(
+        "--num-gpus",
+        type=int,
+        default=1,
+        help="N > 1: CFG parallel over N ranks with torch.distributed (NCCL on cuda:0..N-1, gloo "
+        "on the CPU); rank 0 serves HTTP and spawns the others (see refengine.dist)",
+    )
+    p.add_argument(
+        "--multi-gpu-warmup-frames",
+        type=int,
+        default=None,
+        help="startup warmup frames for --two-stage with --num-gpus > 1 instead of --warmup-frames "
+        "(sglang uses 25 there: a 24-frame request aligns to 25 = 4 latent frames, a 17-frame "
+        "warmup covers 3); default: --warmup-frames",
+    )
+    p.add_argument(
+        "--dist-init",
+        default=None,
+        help="tcp://HOST:PORT of rank 0's rendezvous store (default: 127.0.0.1, a free port)",
+    )
     p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)  # set by rank 0 for the others
     p.add_argument("--world-size", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--placement", default=None, choices=["device", "group_offload"],
-                   help="force a placement instead of deciding from the cap")
+    p.add_argument(
+        "--placement",
+        default=None,
+        choices=["device", "group_offload"],
+        help="force a placement instead of deciding from the cap",
+    )
     p.add_argument("--keep-outputs", action="store_true", help="save generated frames as .npy")
     p.add_argument("--debug-leak-mib", type=int, default=0, help="TEST ONLY: leak this many MiB per request")
     p.add_argument("--log-level", default="INFO")
@@ -106,15 +140,21 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     if rank == 0:
         mark("process_start", t=f"{t0 or time.time():.6f}")
     who = f"[rank{rank}] " if args.num_gpus > 1 else ""
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s",
+    )
     if args.num_gpus < 1:
         print(f"error: --num-gpus must be >= 1, got {args.num_gpus}", file=sys.stderr)
         return 2
-    if args.rank is not None and not (0 <= args.rank < args.num_gpus and args.world_size == args.num_gpus
-                                      and args.dist_init):
-        print("error: --rank needs 0 <= rank < --num-gpus, --world-size == --num-gpus and --dist-init",
-              file=sys.stderr)
+    if args.rank is not None and not (
+        0 <= args.rank < args.num_gpus and args.world_size == args.num_gpus and args.dist_init
+    ):
+        print(
+            "error: --rank needs 0 <= rank < --num-gpus, --world-size == --num-gpus and --dist-init",
+            file=sys.stderr,
+        )
         return 2
     for name in ("warmup_frames", "max_frames", "debug_leak_mib"):
         if getattr(args, name) < 0:
@@ -204,8 +244,9 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
             need = models.estimate_param_bytes(args.preset, dtype, args.two_stage)
             if cap is None or need <= placement.WEIGHTS_SHARE_OF_CAP * cap * placement.GIB:
                 build_dev = device
-        comps = models.build_preset(args.preset, dtype, seed=args.seed, two_stage=args.two_stage,
-                                    device=build_dev)
+        comps = models.build_preset(
+            args.preset, dtype, seed=args.seed, two_stage=args.two_stage, device=build_dev
+        )
     where = placement.place(comps, device, cap, force=args.placement)
     do_compile = args.compile
     if do_compile and where == "group_offload":
@@ -213,37 +254,72 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         do_compile = False
     watch = CompileWatch()
     par = dist.init(rank, args.num_gpus, store, device) if args.num_gpus > 1 else None
-    pipe = StagedPipeline(comps, device, dtype, two_stage=args.two_stage, refine_steps=args.refine_steps,
-                          compile=do_compile, compile_backend=args.compile_backend,
-                          compile_vae=args.compile_vae, compile_watch=watch,
-                          recompile_limit=args.recompile_limit, cfg_parallel=par)
+    pipe = StagedPipeline(
+        comps,
+        device,
+        dtype,
+        two_stage=args.two_stage,
+        refine_steps=args.refine_steps,
+        compile=do_compile,
+        compile_backend=args.compile_backend,
+        compile_vae=args.compile_vae,
+        compile_watch=watch,
+        recompile_limit=args.recompile_limit,
+        cfg_parallel=par,
+    )
     # the startup warmup; multi-GPU two-stage may use its own frame count (seed case 003)
     warmup_frames, warmup_rule = args.warmup_frames, "generic"
-    if (args.two_stage and args.num_gpus > 1 and args.multi_gpu_warmup_frames is not None
-            and args.warmup_frames > 0):
+    if (
+        args.two_stage
+        and args.num_gpus > 1
+        and args.multi_gpu_warmup_frames is not None
+        and args.warmup_frames > 0
+    ):
         warmup_frames, warmup_rule = args.multi_gpu_warmup_frames, "multi_gpu_two_stage"
     if rank > 0:
         from perfkit.refengine.memory import snapshot
 
         log.info("rank %d loaded (%s, %s); serving rank 0's requests", rank, device, where)
-        return dist.worker_loop(pipe, par, warmup_first=warmup_frames > 0,
-                                snapshots={"load_peak": snapshot(device)})
+        return dist.worker_loop(
+            pipe, par, warmup_first=warmup_frames > 0, snapshots={"load_peak": snapshot(device)}
+        )
     if runner is not None:
         runner.attach(pipe, par)
-    defaults = {"height": args.height or preset.height, "width": args.width or preset.width,
-                "steps": args.steps or preset.steps, "num_frames": preset.num_frames}
-    info = {"device": str(device), "placement": where, "preset": args.preset, "model_source": comps.source,
-            "dtype": str(dtype).replace("torch.", ""), "compile": do_compile,
-            "compile_backend": args.compile_backend if do_compile else None, "two_stage": args.two_stage,
-            "warmup_frames": warmup_frames, "warmup_frames_rule": warmup_rule,
-            "multi_gpu_warmup_frames": args.multi_gpu_warmup_frames, "device_cap_gib": cap,
-            "param_mib": {k: round(v / 2**20, 1) for k, v in comps.param_bytes.items()},
-            # frames: 8k+1 for every N (CFG parallel keeps the whole latent on each rank)
-            "num_gpus": args.num_gpus, "parallelism": "cfg" if args.num_gpus > 1 else None,
-            "frame_rule": "8k+1"}
-    engine = Engine(runner or pipe, defaults, args.max_frames, args.perf_log_dir, info,
-                    keep_outputs_dir=(f"{args.perf_log_dir or '.'}/outputs" if args.keep_outputs else None),
-                    debug_leak_mib=args.debug_leak_mib, commit_hash=git_commit())
+    defaults = {
+        "height": args.height or preset.height,
+        "width": args.width or preset.width,
+        "steps": args.steps or preset.steps,
+        "num_frames": preset.num_frames,
+    }
+    info = {
+        "device": str(device),
+        "placement": where,
+        "preset": args.preset,
+        "model_source": comps.source,
+        "dtype": str(dtype).replace("torch.", ""),
+        "compile": do_compile,
+        "compile_backend": args.compile_backend if do_compile else None,
+        "two_stage": args.two_stage,
+        "warmup_frames": warmup_frames,
+        "warmup_frames_rule": warmup_rule,
+        "multi_gpu_warmup_frames": args.multi_gpu_warmup_frames,
+        "device_cap_gib": cap,
+        "param_mib": {k: round(v / 2**20, 1) for k, v in comps.param_bytes.items()},
+        # frames: 8k+1 for every N (CFG parallel keeps the whole latent on each rank)
+        "num_gpus": args.num_gpus,
+        "parallelism": "cfg" if args.num_gpus > 1 else None,
+        "frame_rule": "8k+1",
+    }
+    engine = Engine(
+        runner or pipe,
+        defaults,
+        args.max_frames,
+        args.perf_log_dir,
+        info,
+        keep_outputs_dir=(f"{args.perf_log_dir or '.'}/outputs" if args.keep_outputs else None),
+        debug_leak_mib=args.debug_leak_mib,
+        commit_hash=git_commit(),
+    )
     from perfkit.refengine.memory import snapshot
 
     engine.snapshots["load_peak"] = snapshot(device)
@@ -254,8 +330,16 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         wh, ww = args.warmup_resolution or (defaults["height"], defaults["width"])
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        job = engine.run_sync(GenRequest(prompt="warmup", num_frames=warmup_frames, height=wh, width=ww,
-                                         num_inference_steps=args.warmup_steps), tag="warmup")
+        job = engine.run_sync(
+            GenRequest(
+                prompt="warmup",
+                num_frames=warmup_frames,
+                height=wh,
+                width=ww,
+                num_inference_steps=args.warmup_steps,
+            ),
+            tag="warmup",
+        )
         if job.status != "completed":
             print(f"error: startup warmup failed: {job.error}", file=sys.stderr)
             return 3

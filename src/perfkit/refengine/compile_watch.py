@@ -5,6 +5,7 @@ count and time, and the ``recompiles`` logging artifact (``torch._logging.set_lo
 guard that failed. A message about ``recompile_limit``/``cache_size_limit`` marks that the limit
 was hit: after that torch runs the frame eagerly without saying so in the result, so we record it.
 """
+
 from __future__ import annotations
 
 import logging

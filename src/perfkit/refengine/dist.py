@@ -27,6 +27,7 @@ peer makes rank 0 exit (code 3) after :data:`STUCK_EXIT_S`.
 Teardown: the other ranks are children of rank 0 in its process group (perfkit.engine.launch signals
 the group), die with rank 0 (``PR_SET_PDEATHSIG``), and are terminated when rank 0 returns.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -70,8 +71,9 @@ def rank_device(device: torch.device, rank: int, world_size: int) -> torch.devic
     base = device.index or 0
     have = torch.cuda.device_count()
     if base + world_size > have:
-        raise ValueError(f"--num-gpus {world_size} from cuda:{base} needs {base + world_size} CUDA devices, "
-                         f"{have} visible")
+        raise ValueError(
+            f"--num-gpus {world_size} from cuda:{base} needs {base + world_size} CUDA devices, {have} visible"
+        )
     return torch.device("cuda", base + rank)
 
 
@@ -112,9 +114,15 @@ class CfgParallel:
     control: Any = None
 
     # -- the denoising step --------------------------------------------------------------
-    def noise(self, predict: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-              latents: torch.Tensor, embeds: torch.Tensor, mask: torch.Tensor, cfg: bool,
-              guidance: float) -> torch.Tensor:
+    def noise(
+        self,
+        predict: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        latents: torch.Tensor,
+        embeds: torch.Tensor,
+        mask: torch.Tensor,
+        cfg: bool,
+        guidance: float,
+    ) -> torch.Tensor:
         """This rank's branch through ``predict``, gathered with the others, combined (CFG).
 
         ``embeds``/``mask`` hold [unconditional, conditional] with CFG (rank 0 takes the first,
@@ -202,8 +210,18 @@ def spawn_ranks(argv: list[str], world_size: int, init_url: str) -> list[subproc
     procs = []
     hook = _pdeathsig_hook()
     for r in range(1, world_size):
-        cmd = [sys.executable, "-m", "perfkit.refengine", *argv, "--rank", str(r),
-               "--world-size", str(world_size), "--dist-init", init_url]
+        cmd = [
+            sys.executable,
+            "-m",
+            "perfkit.refengine",
+            *argv,
+            "--rank",
+            str(r),
+            "--world-size",
+            str(world_size),
+            "--dist-init",
+            init_url,
+        ]
         procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env, preexec_fn=hook))
         log.info("started rank %d (pid %d)", r, procs[-1].pid)
     return procs
@@ -235,19 +253,25 @@ def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any])
     rss, anon = host_memory_mib()
     rt = snapshots.get("runtime_peak") or {}
     return {
-        "rank": rank, "device": str(device),
+        "rank": rank,
+        "device": str(device),
         "stages": [{"name": s.name, "execution_time_ms": round(s.ms, 3)} for s in res.stages],
         "steps": [round(x, 3) for x in res.steps],
         "refinement_steps": [round(x, 3) for x in res.refinement_steps],
         "total_duration_ms": round(res.total_ms, 3),
-        "stage_peak_allocated_mb": {s.name: round(s.peak_allocated_mb, 2) for s in res.stages
-                                    if s.peak_allocated_mb is not None},
-        "peak_allocated_mb": rt.get("peak_allocated_mb"), "peak_reserved_mb": rt.get("peak_reserved_mb"),
+        "stage_peak_allocated_mb": {
+            s.name: round(s.peak_allocated_mb, 2) for s in res.stages if s.peak_allocated_mb is not None
+        },
+        "peak_allocated_mb": rt.get("peak_allocated_mb"),
+        "peak_reserved_mb": rt.get("peak_reserved_mb"),
         "memory_snapshots": {k: v for k, v in snapshots.items() if v is not None},
-        "compiles": res.compile.compiles, "compile_ms": round(res.compile.compile_ms, 3),
+        "compiles": res.compile.compiles,
+        "compile_ms": round(res.compile.compile_ms, 3),
         "recompile_reasons": res.compile.reasons,
-        "host_rss_mib": round(rss, 2), "host_anon_mib": round(anon, 2),
-        "t_start": res.t_start, "t_end": res.t_end,
+        "host_rss_mib": round(rss, 2),
+        "host_anon_mib": round(anon, 2),
+        "t_start": res.t_start,
+        "t_end": res.t_end,
     }
 
 
@@ -302,8 +326,9 @@ class Rank0Runner:
         if self.fatal:
             return
         self.fatal = why
-        log.error("multi-rank engine unusable (%s): stopping the other ranks; rank 0 stays up, "
-                  "unhealthy", why)
+        log.error(
+            "multi-rank engine unusable (%s): stopping the other ranks; rank 0 stays up, unhealthy", why
+        )
         self.stopping = True
         stop_ranks(self.procs, grace_s=2.0)
 
@@ -342,8 +367,8 @@ def worker_loop(pipe, par: CfgParallel, warmup_first: bool, snapshots: dict[str,
 
     ``warmup_first``: the first run is the startup warmup (its peak becomes ``warmup_peak``).
     """
-    from perfkit.refengine.pipeline import GenRequest
     from perfkit.refengine.memory import snapshot
+    from perfkit.refengine.pipeline import GenRequest
 
     dev = pipe.device
     n = 0

@@ -1,5 +1,6 @@
 """Device memory snapshots in sglang's layout (allocated/reserved and their peaks, MiB), and
 the max across CFG-parallel ranks. Shared by the server and the ranks (:mod:`.dist`)."""
+
 from __future__ import annotations
 
 import torch
@@ -17,7 +18,6 @@ def snapshot(device: torch.device) -> dict[str, float] | None:
         "peak_allocated_mb": round(torch.cuda.max_memory_allocated(device) / MIB, 2),
         "peak_reserved_mb": round(torch.cuda.max_memory_reserved(device) / MIB, 2),
     }
-
 
 
 def max_snapshots(per_rank: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:

@@ -7,6 +7,7 @@ compute and memory match trained weights of the same configuration. A tokenizer 
 locally with the ``tokenizers`` library. ``load_checkpoint`` loads a local diffusers-format
 directory instead (the layout ``save_pretrained`` writes, as in ``Lightricks/LTX-Video``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,15 +64,32 @@ PRESETS: dict[str, Preset] = {
     # Small enough for 2 CPU cores; keeps the full VAE's compression (32x spatial, 8x temporal).
     "tiny": Preset(
         name="tiny",
-        transformer=dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8,
-                         cross_attention_dim=16, num_layers=2, caption_channels=16),
-        vae=dict(latent_channels=8, block_out_channels=(8, 8, 8, 8),
-                 decoder_block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1),
-                 decoder_layers_per_block=(1, 1, 1, 1, 1)),
-        text_encoder=dict(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
-                          relative_attention_num_buckets=8),
+        transformer=dict(
+            in_channels=8,
+            out_channels=8,
+            num_attention_heads=2,
+            attention_head_dim=8,
+            cross_attention_dim=16,
+            num_layers=2,
+            caption_channels=16,
+        ),
+        vae=dict(
+            latent_channels=8,
+            block_out_channels=(8, 8, 8, 8),
+            decoder_block_out_channels=(8, 8, 8, 8),
+            layers_per_block=(1, 1, 1, 1, 1),
+            decoder_layers_per_block=(1, 1, 1, 1, 1),
+        ),
+        text_encoder=dict(
+            d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2, relative_attention_num_buckets=8
+        ),
         upsampler=dict(in_channels=8, mid_channels=32, num_blocks_per_stage=1),
-        max_sequence_length=16, height=64, width=64, steps=4, num_frames=25, dtype="float32",
+        max_sequence_length=16,
+        height=64,
+        width=64,
+        steps=4,
+        num_frames=25,
+        dtype="float32",
         vocab_size=512,
     ),
     # diffusers' default LTX-Video transformer (~1.9 B parameters), full-size VAE, T5-XXL encoder.
@@ -79,14 +97,28 @@ PRESETS: dict[str, Preset] = {
         name="ltx-2b",
         transformer=dict(),
         vae=dict(),
-        text_encoder=dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
-                          feed_forward_proj="gated-gelu", relative_attention_num_buckets=32),
+        text_encoder=dict(
+            d_model=4096,
+            d_kv=64,
+            d_ff=10240,
+            num_layers=24,
+            num_heads=64,
+            feed_forward_proj="gated-gelu",
+            relative_attention_num_buckets=32,
+        ),
         upsampler=dict(),
-        max_sequence_length=128, height=512, width=768, steps=30, num_frames=25, dtype="bfloat16",
+        max_sequence_length=128,
+        height=512,
+        width=768,
+        steps=30,
+        num_frames=25,
+        dtype="bfloat16",
     ),
 }
 if tuple(PRESETS) != PRESET_NAMES:  # the leaf module names them for validation without torch
-    raise ImportError(f"perfkit.common.presets.PRESET_NAMES {PRESET_NAMES} != refengine presets {tuple(PRESETS)}")
+    raise ImportError(
+        f"perfkit.common.presets.PRESET_NAMES {PRESET_NAMES} != refengine presets {tuple(PRESETS)}"
+    )
 
 
 @dataclass
@@ -114,12 +146,18 @@ def build_tokenizer(vocab_size: int, max_length: int):
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.BpeTrainer(vocab_size=min(vocab_size, 400), special_tokens=["<pad>", "</s>", "<unk>"],
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=min(vocab_size, 400), special_tokens=["<pad>", "</s>", "<unk>"], show_progress=False
+    )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
-                                   unk_token="<unk>", model_max_length=max_length)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=max_length,
+    )
 
 
 @torch.no_grad()
@@ -167,8 +205,9 @@ def _materialise(cls_factory, seed: int, device: torch.device, dtype: torch.dtyp
     return model.eval()
 
 
-def build_preset(name: str, dtype: torch.dtype, seed: int = 0, two_stage: bool = False,
-                 device: str | torch.device = "cpu") -> Components:
+def build_preset(
+    name: str, dtype: torch.dtype, seed: int = 0, two_stage: bool = False, device: str | torch.device = "cpu"
+) -> Components:
     """Build a preset's components with seeded random weights on ``device``.
 
     Raises:
@@ -191,9 +230,14 @@ def build_preset(name: str, dtype: torch.dtype, seed: int = 0, two_stage: bool =
         up_cfg = dict(p.upsampler)
         up_cfg.setdefault("in_channels", transformer.config.in_channels)
         upsampler = _materialise(lambda: LTXLatentUpsamplerModel(**up_cfg), seed + 3, dev, dtype)
-    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05,
-                                                base_image_seq_len=1024, max_image_seq_len=4096,
-                                                shift_terminal=0.1)
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        use_dynamic_shifting=True,
+        base_shift=0.95,
+        max_shift=2.05,
+        base_image_seq_len=1024,
+        max_image_seq_len=4096,
+        shift_terminal=0.1,
+    )
     tokenizer = build_tokenizer(p.vocab_size, p.max_sequence_length)
     comps = Components(transformer, vae, text_encoder, tokenizer, scheduler, upsampler, p, f"preset:{name}")
     comps.param_bytes = param_bytes(comps)
@@ -209,8 +253,11 @@ def estimate_param_bytes(name: str, dtype: torch.dtype, two_stage: bool = False)
 
     p = PRESETS[name]
     with init_empty_weights():
-        mods = [LTXVideoTransformer3DModel(**p.transformer), AutoencoderKLLTXVideo(**p.vae),
-                T5EncoderModel(T5Config(vocab_size=p.vocab_size, **p.text_encoder))]
+        mods = [
+            LTXVideoTransformer3DModel(**p.transformer),
+            AutoencoderKLLTXVideo(**p.vae),
+            T5EncoderModel(T5Config(vocab_size=p.vocab_size, **p.text_encoder)),
+        ]
         if two_stage:
             mods.append(LTXLatentUpsamplerModel(**{"in_channels": mods[0].config.in_channels, **p.upsampler}))
     size = torch.empty((), dtype=dtype).element_size()
@@ -231,8 +278,13 @@ def save_checkpoint(c: Components, path: str | Path) -> Path:
     """Save components as a diffusers-format directory (``model_index.json`` + subfolders)."""
     from diffusers import LTXPipeline
 
-    pipe = LTXPipeline(scheduler=c.scheduler, vae=c.vae, text_encoder=c.text_encoder,
-                       tokenizer=c.tokenizer, transformer=c.transformer)
+    pipe = LTXPipeline(
+        scheduler=c.scheduler,
+        vae=c.vae,
+        text_encoder=c.text_encoder,
+        tokenizer=c.tokenizer,
+        transformer=c.transformer,
+    )
     out = Path(path)
     pipe.save_pretrained(out)
     if c.upsampler is not None:
@@ -240,8 +292,9 @@ def save_checkpoint(c: Components, path: str | Path) -> Path:
     return out
 
 
-def load_checkpoint(path: str | Path, dtype: torch.dtype, two_stage: bool = False,
-                    preset: str = "tiny") -> Components:
+def load_checkpoint(
+    path: str | Path, dtype: torch.dtype, two_stage: bool = False, preset: str = "tiny"
+) -> Components:
     """Load a local diffusers-format LTX-Video checkpoint directory.
 
     The serving defaults (resolution, steps) come from ``preset``. With ``two_stage`` the latent
@@ -264,7 +317,15 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, two_stage: bool = Fals
             raise FileNotFoundError(f"--two-stage needs {d / 'latent_upsampler'}")
         upsampler = LTXLatentUpsamplerModel.from_pretrained(d / "latent_upsampler", torch_dtype=dtype)
     base = PRESETS.get(preset, PRESETS["tiny"])
-    comps = Components(pipe.transformer.eval(), pipe.vae.eval(), pipe.text_encoder.eval(), pipe.tokenizer,
-                       pipe.scheduler, upsampler.eval() if upsampler is not None else None, base, f"path:{d}")
+    comps = Components(
+        pipe.transformer.eval(),
+        pipe.vae.eval(),
+        pipe.text_encoder.eval(),
+        pipe.tokenizer,
+        pipe.scheduler,
+        upsampler.eval() if upsampler is not None else None,
+        base,
+        f"path:{d}",
+    )
     comps.param_bytes = param_bytes(comps)
     return comps

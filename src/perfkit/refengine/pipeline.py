@@ -10,10 +10,10 @@ boundary, so each stage's own peak is known.
 The maths reuses diffusers' ``LTXPipeline`` helpers (prompt encoding, latent preparation and
 (un)packing, timestep shift); only the loop is ours, to time it.
 """
+
 from __future__ import annotations
 
 import logging
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -111,10 +111,20 @@ class StagedPipeline:
             gathered; only rank 0 decodes. None: one process computes both branches as a batch.
     """
 
-    def __init__(self, comps: Components, device: torch.device, dtype: torch.dtype, two_stage: bool = False,
-                 refine_steps: int = 2, compile: bool = False, compile_backend: str = "inductor",
-                 compile_vae: bool = False, compile_watch: CompileWatch | None = None,
-                 recompile_limit: int | None = None, cfg_parallel: Any = None):
+    def __init__(
+        self,
+        comps: Components,
+        device: torch.device,
+        dtype: torch.dtype,
+        two_stage: bool = False,
+        refine_steps: int = 2,
+        compile: bool = False,
+        compile_backend: str = "inductor",
+        compile_vae: bool = False,
+        compile_watch: CompileWatch | None = None,
+        recompile_limit: int | None = None,
+        cfg_parallel: Any = None,
+    ):
         from diffusers import LTXPipeline
 
         self.c = comps
@@ -123,8 +133,13 @@ class StagedPipeline:
         self.two_stage = two_stage
         self.refine_steps = refine_steps
         self.watch = compile_watch
-        self.pipe = LTXPipeline(scheduler=comps.scheduler, vae=comps.vae, text_encoder=comps.text_encoder,
-                                tokenizer=comps.tokenizer, transformer=comps.transformer)
+        self.pipe = LTXPipeline(
+            scheduler=comps.scheduler,
+            vae=comps.vae,
+            text_encoder=comps.text_encoder,
+            tokenizer=comps.tokenizer,
+            transformer=comps.transformer,
+        )
         self.pipe.set_progress_bar_config(disable=True)
         self.temporal = self.pipe.vae_temporal_compression_ratio
         self.spatial = self.pipe.vae_spatial_compression_ratio
@@ -164,8 +179,20 @@ class StagedPipeline:
         out.stages.append(res)
 
     # -- the pipeline --------------------------------------------------------------------
-    def _denoise(self, latents, embeds, mask, timesteps, n_lat, h_lat, w_lat, guidance, fps,
-                 timing: bool, step_times: list[float]):
+    def _denoise(
+        self,
+        latents,
+        embeds,
+        mask,
+        timesteps,
+        n_lat,
+        h_lat,
+        w_lat,
+        guidance,
+        fps,
+        timing: bool,
+        step_times: list[float],
+    ):
         cfg = guidance > 1.0
         rope = (self.temporal / fps, self.spatial, self.spatial)
         sched = self._active_sched
@@ -188,9 +215,14 @@ class StagedPipeline:
                     uncond, text = noise.chunk(2)
                     noise = uncond + guidance * (text - uncond)
             else:  # one branch here, the other on the peer rank; gathered and combined
-                noise = par.noise(lambda x, e, m, t=t: self._predict(x.to(e.dtype), e, m, t, n_lat, h_lat, w_lat,
-                                                                     rope),
-                                  latents, embeds, mask, cfg, guidance)
+                noise = par.noise(
+                    lambda x, e, m, t=t: self._predict(x.to(e.dtype), e, m, t, n_lat, h_lat, w_lat, rope),
+                    latents,
+                    embeds,
+                    mask,
+                    cfg,
+                    guidance,
+                )
             latents = sched.step(noise, t, latents, return_dict=False)[0]
             if events:
                 ev = torch.cuda.Event(enable_timing=True)
@@ -205,9 +237,17 @@ class StagedPipeline:
 
     def _predict(self, model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope):
         ts = t.expand(model_in.shape[0])
-        return self.c.transformer(hidden_states=model_in, encoder_hidden_states=embeds, timestep=ts,
-                                  encoder_attention_mask=mask, num_frames=n_lat, height=h_lat, width=w_lat,
-                                  rope_interpolation_scale=rope, return_dict=False)[0].float()
+        return self.c.transformer(
+            hidden_states=model_in,
+            encoder_hidden_states=embeds,
+            timestep=ts,
+            encoder_attention_mask=mask,
+            num_frames=n_lat,
+            height=h_lat,
+            width=w_lat,
+            rope_interpolation_scale=rope,
+            return_dict=False,
+        )[0].float()
 
     def _timesteps(self, steps: int, seq_len: int, start_sigma: float = 1.0):
         from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift, retrieve_timesteps
@@ -221,9 +261,13 @@ class StagedPipeline:
             sched = self._one_step_sched
         self._active_sched = sched
         sigmas = np.linspace(start_sigma, 1.0 / steps if start_sigma == 1.0 else start_sigma / steps, steps)
-        mu = calculate_shift(seq_len, sched.config.get("base_image_seq_len", 256),
-                             sched.config.get("max_image_seq_len", 4096), sched.config.get("base_shift", 0.5),
-                             sched.config.get("max_shift", 1.15))
+        mu = calculate_shift(
+            seq_len,
+            sched.config.get("base_image_seq_len", 256),
+            sched.config.get("max_image_seq_len", 4096),
+            sched.config.get("base_shift", 0.5),
+            sched.config.get("max_shift", 1.15),
+        )
         ts, _ = retrieve_timesteps(sched, steps, self.device, sigmas=sigmas, mu=mu)
         return ts
 
@@ -255,9 +299,13 @@ class StagedPipeline:
             cfg = req.guidance_scale > 1.0
             with self._stage("TextEncodingStage", out, timing):
                 embeds, mask, neg, neg_mask = pipe.encode_prompt(
-                    prompt=req.prompt, negative_prompt=req.negative_prompt or "",
-                    do_classifier_free_guidance=cfg, num_videos_per_prompt=1,
-                    max_sequence_length=self.c.preset.max_sequence_length, device=self.device)
+                    prompt=req.prompt,
+                    negative_prompt=req.negative_prompt or "",
+                    do_classifier_free_guidance=cfg,
+                    num_videos_per_prompt=1,
+                    max_sequence_length=self.c.preset.max_sequence_length,
+                    device=self.device,
+                )
                 if cfg:
                     embeds = torch.cat([neg, embeds], dim=0)
                     mask = torch.cat([neg_mask, mask], dim=0)
@@ -268,17 +316,31 @@ class StagedPipeline:
                 h_lat, w_lat = h1 // self.spatial, w1 // self.spatial
                 timesteps = self._timesteps(req.num_inference_steps, n_lat * h_lat * w_lat)
             with self._stage("DenoisingStage", out, timing):
-                latents = self._denoise(latents, embeds, mask, timesteps, n_lat, h_lat, w_lat,
-                                        req.guidance_scale, req.fps, timing, out.steps)
+                latents = self._denoise(
+                    latents,
+                    embeds,
+                    mask,
+                    timesteps,
+                    n_lat,
+                    h_lat,
+                    w_lat,
+                    req.guidance_scale,
+                    req.fps,
+                    timing,
+                    out.steps,
+                )
             p_s, p_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
             vae = self.c.vae
             if self.two_stage:
                 with self._stage("UpsampleStage", out, timing):
                     lat5 = pipe._unpack_latents(latents, n_lat, h_lat, w_lat, p_s, p_t)
-                    lat5 = pipe._denormalize_latents(lat5, vae.latents_mean, vae.latents_std,
-                                                     vae.config.scaling_factor)
+                    lat5 = pipe._denormalize_latents(
+                        lat5, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
+                    )
                     up = self.c.upsampler(lat5.to(self.dtype)).float()
-                    up = pipe._normalize_latents(up, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+                    up = pipe._normalize_latents(
+                        up, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
+                    )
                     h_lat, w_lat = up.shape[-2], up.shape[-1]
                     latents = pipe._pack_latents(up, p_s, p_t)
                 with self._stage("RefinementStage", out, timing):
@@ -286,15 +348,28 @@ class StagedPipeline:
                     ts = self._timesteps(steps, n_lat * h_lat * w_lat, start_sigma=0.4)
                     noise = torch.randn(latents.shape, generator=gen).to(latents.device)
                     latents = 0.4 * noise + 0.6 * latents
-                    latents = self._denoise(latents, embeds, mask, ts, n_lat, h_lat, w_lat,
-                                            req.guidance_scale, req.fps, timing, out.refinement_steps)
+                    latents = self._denoise(
+                        latents,
+                        embeds,
+                        mask,
+                        ts,
+                        n_lat,
+                        h_lat,
+                        w_lat,
+                        req.guidance_scale,
+                        req.fps,
+                        timing,
+                        out.refinement_steps,
+                    )
             out.latent_shape = [int(self.c.transformer.config.in_channels), n_lat, int(h_lat), int(w_lat)]
             if self.cfg_parallel is not None and self.cfg_parallel.rank != 0:
                 self._sync()
                 return out  # only rank 0 decodes (finally below still closes the run)
             with self._stage("DecodingStage", out, timing):
                 lat5 = pipe._unpack_latents(latents, n_lat, h_lat, w_lat, p_s, p_t)
-                lat5 = pipe._denormalize_latents(lat5, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+                lat5 = pipe._denormalize_latents(
+                    lat5, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
+                )
                 video = vae.decode(lat5.to(self.dtype), None, return_dict=False)[0]
                 if keep_output:
                     out.video = ((video.float().clamp(-1, 1) + 1) * 127.5).to(torch.uint8).cpu().numpy()

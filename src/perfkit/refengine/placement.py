@@ -5,6 +5,7 @@ Honours ``PERFKIT_CAP_DEVICE_MEMORY_GIB`` and ``SGLANG_DIFFUSION_TEST_CAP_DEVICE
 weights do not fit under the cap with working headroom, the transformer and the text encoder are
 placed with diffusers' group (layerwise) offload instead of failing.
 """
+
 from __future__ import annotations
 
 import logging
@@ -82,6 +83,11 @@ def place(comps: Components, device: torch.device, cap_gib: float | None, force:
         if m is not None:
             m.to(device)
     for key in ("transformer", "text_encoder"):
-        apply_group_offloading(getattr(comps, key), onload_device=device, offload_device=torch.device("cpu"),
-                               offload_type="leaf_level", use_stream=True)
+        apply_group_offloading(
+            getattr(comps, key),
+            onload_device=device,
+            offload_device=torch.device("cpu"),
+            offload_type="leaf_level",
+            use_stream=True,
+        )
     return "group_offload"

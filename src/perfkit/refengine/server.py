@@ -5,6 +5,7 @@ Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/videos`` (returns id 
 queue, so concurrent requests queue and are never interleaved. Every run (startup warmup included)
 appends one whole JSON line to ``performance.log`` (sglang's per-request layout + ``perfkit``).
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -107,9 +108,17 @@ class Engine:
             memory on CUDA) to exercise leak checks.
     """
 
-    def __init__(self, pipeline: StagedPipeline, defaults: dict[str, int], max_frames: int,
-                 perf_log_dir: str | None, info: dict[str, Any], keep_outputs_dir: str | None = None,
-                 debug_leak_mib: int = 0, commit_hash: str | None = None):
+    def __init__(
+        self,
+        pipeline: StagedPipeline,
+        defaults: dict[str, int],
+        max_frames: int,
+        perf_log_dir: str | None,
+        info: dict[str, Any],
+        keep_outputs_dir: str | None = None,
+        debug_leak_mib: int = 0,
+        commit_hash: str | None = None,
+    ):
         self.pipeline = pipeline
         self.defaults = defaults
         self.max_frames = max_frames
@@ -153,9 +162,18 @@ class Engine:
             raise FieldError("num_inference_steps", f"must be >= 1, got {steps}")
         if vr.guidance_scale < 0:
             raise FieldError("guidance_scale", f"must be >= 0, got {vr.guidance_scale}")
-        return GenRequest(prompt=vr.prompt, num_frames=nf, height=h, width=w, num_inference_steps=steps,
-                          seed=vr.seed, guidance_scale=vr.guidance_scale, negative_prompt=vr.negative_prompt,
-                          fps=vr.fps, stage_timing=vr.perfkit_stage_timing)
+        return GenRequest(
+            prompt=vr.prompt,
+            num_frames=nf,
+            height=h,
+            width=w,
+            num_inference_steps=steps,
+            seed=vr.seed,
+            guidance_scale=vr.guidance_scale,
+            negative_prompt=vr.negative_prompt,
+            fps=vr.fps,
+            stage_timing=vr.perfkit_stage_timing,
+        )
 
     # -- jobs --------------------------------------------------------------------------
     def submit(self, req: GenRequest, tag: str = "request") -> Job:
@@ -227,35 +245,53 @@ class Engine:
             "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(),
             "commit_hash": self.commit_hash,
             "tag": job.tag,
-            "stages": [], "steps": [], "total_duration_ms": None,
+            "stages": [],
+            "steps": [],
+            "total_duration_ms": None,
             "memory_snapshots": snaps,
         }
         pk: dict[str, Any] = {
-            "status": job.status, "error": job.error,
-            "num_frames_requested": job.req.num_frames, "height": job.req.height, "width": job.req.width,
-            "num_inference_steps": job.req.num_inference_steps, "guidance_scale": job.req.guidance_scale,
+            "status": job.status,
+            "error": job.error,
+            "num_frames_requested": job.req.num_frames,
+            "height": job.req.height,
+            "width": job.req.width,
+            "num_inference_steps": job.req.num_inference_steps,
+            "guidance_scale": job.req.guidance_scale,
             "stage_timing": job.req.stage_timing,
-            "host_rss_mib": round(rss, 2), "host_anon_mib": round(anon, 2),
+            "host_rss_mib": round(rss, 2),
+            "host_anon_mib": round(anon, 2),
             **self.info,
         }
         if res is not None:
             rec.update(record_payload(res))
-            pk.update({
-                "num_frames_effective": res.effective_frames,
-                "latent_shape": res.latent_shape,
-                "latent_frames": res.latent_shape[1] if res.latent_shape else None,
-                "compiles": res.compile.compiles,
-                "compile_ms": round(res.compile.compile_ms, 3),
-                "recompile_reasons": res.compile.reasons,
-                "recompile_limit_hit": res.compile.limit_hit,
-                "refinement_steps": [round(x, 3) for x in res.refinement_steps],
-                "stage_peak_allocated_mb": {s.name: round(s.peak_allocated_mb, 2) for s in res.stages
-                                            if s.peak_allocated_mb is not None},
-                "stage_peak_reserved_mb": {s.name: round(s.peak_reserved_mb, 2) for s in res.stages
-                                           if s.peak_reserved_mb is not None},
-                "stage_spans": [{"name": s.name, "t_start": s.t_start, "t_end": s.t_end} for s in res.stages],
-                "t_start": res.t_start, "t_end": res.t_end,
-            })
+            pk.update(
+                {
+                    "num_frames_effective": res.effective_frames,
+                    "latent_shape": res.latent_shape,
+                    "latent_frames": res.latent_shape[1] if res.latent_shape else None,
+                    "compiles": res.compile.compiles,
+                    "compile_ms": round(res.compile.compile_ms, 3),
+                    "recompile_reasons": res.compile.reasons,
+                    "recompile_limit_hit": res.compile.limit_hit,
+                    "refinement_steps": [round(x, 3) for x in res.refinement_steps],
+                    "stage_peak_allocated_mb": {
+                        s.name: round(s.peak_allocated_mb, 2)
+                        for s in res.stages
+                        if s.peak_allocated_mb is not None
+                    },
+                    "stage_peak_reserved_mb": {
+                        s.name: round(s.peak_reserved_mb, 2)
+                        for s in res.stages
+                        if s.peak_reserved_mb is not None
+                    },
+                    "stage_spans": [
+                        {"name": s.name, "t_start": s.t_start, "t_end": s.t_end} for s in res.stages
+                    ],
+                    "t_start": res.t_start,
+                    "t_end": res.t_end,
+                }
+            )
             if res.compile.limit_hit:
                 log.warning("request %s hit the recompile limit: frames now run eagerly", job.id)
             if res.ranks:
@@ -280,13 +316,24 @@ class FieldError(ValueError):
 
 
 def _job_body(job: Job) -> dict[str, Any]:
-    body: dict[str, Any] = {"id": job.id, "object": "video", "status": job.status,
-                            "created_at": int(job.created), "error": job.error}
+    body: dict[str, Any] = {
+        "id": job.id,
+        "object": "video",
+        "status": job.status,
+        "created_at": int(job.created),
+        "error": job.error,
+    }
     if job.completed:
         body["completed_at"] = int(job.completed)
     r = job.req
-    body.update({"num_frames": r.num_frames, "height": r.height, "width": r.width,
-                 "num_inference_steps": r.num_inference_steps})
+    body.update(
+        {
+            "num_frames": r.num_frames,
+            "height": r.height,
+            "width": r.width,
+            "num_inference_steps": r.num_inference_steps,
+        }
+    )
     if job.result is not None:
         body["inference_time_s"] = (job.result.get("total_duration_ms") or 0) / 1000.0
     return body
@@ -304,8 +351,12 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
             loc = [str(x) for x in e.get("loc", []) if x != "body"]
             parts.append(f"{'.'.join(loc) or 'body'}: {e.get('msg')}")
         fields = [".".join(str(x) for x in e.get("loc", []) if x != "body") for e in errs]
-        return JSONResponse(status_code=400, content={"error": {"message": "; ".join(parts), "fields": fields,
-                                                                "type": "invalid_request_error"}})
+        return JSONResponse(
+            status_code=400,
+            content={
+                "error": {"message": "; ".join(parts), "fields": fields, "type": "invalid_request_error"}
+            },
+        )
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -318,16 +369,29 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "perfkit",
-                                            **{k: v for k, v in engine.info.items() if k != "device"}}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": model_name,
+                    "object": "model",
+                    "owned_by": "perfkit",
+                    **{k: v for k, v in engine.info.items() if k != "device"},
+                }
+            ],
+        }
 
     @app.post("/v1/videos")
     async def create_video(body: VideoRequest) -> JSONResponse:
         try:
             req = engine.to_gen_request(body)
         except FieldError as exc:
-            return JSONResponse(status_code=400, content={"error": {"message": str(exc), "fields": [exc.field],
-                                                                    "type": "invalid_request_error"}})
+            return JSONResponse(
+                status_code=400,
+                content={
+                    "error": {"message": str(exc), "fields": [exc.field], "type": "invalid_request_error"}
+                },
+            )
         job = engine.submit(req)
         return JSONResponse(status_code=200, content=_job_body(job))
 
@@ -335,7 +399,9 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     async def get_video(video_id: str) -> JSONResponse:
         job = engine.jobs.get(video_id)
         if job is None:
-            return JSONResponse(status_code=404, content={"error": {"message": f"video {video_id!r} not found"}})
+            return JSONResponse(
+                status_code=404, content={"error": {"message": f"video {video_id!r} not found"}}
+            )
         return JSONResponse(content=_job_body(job))
 
     return app

@@ -13,6 +13,7 @@ Words follow the design doc: cold request (index 0), warm request (index >= 1), 
 warmup (``index == WARMUP_INDEX``, -1; excluded by default), first-request penalty, covered
 shape; stage names are sglang's.
 """
+
 from __future__ import annotations
 
 import io
@@ -53,8 +54,20 @@ STAGE_CLASS_COLORS = {
     _stages.REFINEMENT: ("tab:purple", "#9e9ac8", "#54278f", "#dadaeb"),
     _stages.DECODING: ("tab:green", "#74c476", "#006d2c", "#c7e9c0"),
 }
-OTHER_STAGE_COLORS = ("tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray",
-                      "#ffbb78", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#c7c7c7")
+OTHER_STAGE_COLORS = (
+    "tab:orange",
+    "tab:brown",
+    "tab:pink",
+    "tab:olive",
+    "tab:cyan",
+    "tab:gray",
+    "#ffbb78",
+    "#c49c94",
+    "#f7b6d2",
+    "#dbdb8d",
+    "#9edae5",
+    "#c7c7c7",
+)
 
 #: Colour per verdict status in :func:`baseline_vs_actual`.
 STATUS_COLORS = {"pass": "tab:green", "fail": "tab:red", "improved": "tab:blue", "new": "tab:grey"}
@@ -63,6 +76,7 @@ COLD_COLOR = "tab:red"
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def request_label(index: Any) -> str:
     """``"cold"`` for index 0, ``"warm #i"`` for index i >= 1, ``"warmup"`` for the startup
@@ -127,8 +141,10 @@ def figure_to_png_bytes(fig: Figure, dpi: int = 100) -> bytes:
 
 # --------------------------------------------------------------------------- stage breakdown
 
-def stage_breakdown(stages: pd.DataFrame, *, include_warmup: bool = False,
-                    launch: Any = None, title: str | None = None) -> Figure:
+
+def stage_breakdown(
+    stages: pd.DataFrame, *, include_warmup: bool = False, launch: Any = None, title: str | None = None
+) -> Figure:
     """Stacked per-stage latency bars (ms), one bar per request.
 
     Bars are labelled ``cold`` (index 0) and ``warm #i`` (index i); with several launches in
@@ -157,14 +173,14 @@ def stage_breakdown(stages: pd.DataFrame, *, include_warmup: bool = False,
     keys = [k for k in ("launch", "index", "request_id") if k in df.columns]
     if not df.empty and keys and "stage" in df.columns:
         lorder = {lk: i for i, lk in enumerate(launches)}
-        df = df.assign(ms=pd.to_numeric(df["ms"], errors="coerce"),
-                       _lo=df["launch"].map(lorder) if "launch" in df.columns else 0,
-                       _io=pd.to_numeric(df["index"], errors="coerce")
-                       if "index" in df.columns else 0)
+        df = df.assign(
+            ms=pd.to_numeric(df["ms"], errors="coerce"),
+            _lo=df["launch"].map(lorder) if "launch" in df.columns else 0,
+            _io=pd.to_numeric(df["index"], errors="coerce") if "index" in df.columns else 0,
+        )
         df = df.sort_values(["_lo", "_io"], kind="stable")
         order = list(dict.fromkeys(zip(*[df[k] for k in keys])))
-        pivot = df.pivot_table(index=keys, columns="stage", values="ms", aggfunc="sum",
-                               sort=False)
+        pivot = df.pivot_table(index=keys, columns="stage", values="ms", aggfunc="sum", sort=False)
         if len(keys) == 1:
             order = [o[0] for o in order]
         pivot = pivot.reindex(order)
@@ -223,8 +239,10 @@ def _stage_colors(stage_cols: list[str]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- e2e per request
 
-def e2e_per_request(requests: pd.DataFrame, *, metric: str = "e2e_ms",
-                    include_warmup: bool = False, title: str | None = None) -> Figure:
+
+def e2e_per_request(
+    requests: pd.DataFrame, *, metric: str = "e2e_ms", include_warmup: bool = False, title: str | None = None
+) -> Figure:
     """End-to-end latency (ms) per request index, one line per launch; cold request highlighted.
 
     Args:
@@ -242,8 +260,9 @@ def e2e_per_request(requests: pd.DataFrame, *, metric: str = "e2e_ms",
     ax = fig.add_subplot()
     drew = False
     if not df.empty and metric in df.columns and "index" in df.columns:
-        df = df.assign(_v=pd.to_numeric(df[metric], errors="coerce"),
-                       _i=pd.to_numeric(df["index"], errors="coerce"))
+        df = df.assign(
+            _v=pd.to_numeric(df[metric], errors="coerce"), _i=pd.to_numeric(df["index"], errors="coerce")
+        )
         df = df[df["_v"].notna() & df["_i"].notna()]
         launches = _launches(df)
         cold_labelled = False
@@ -254,8 +273,15 @@ def e2e_per_request(requests: pd.DataFrame, *, metric: str = "e2e_ms",
             ax.plot(sub["_i"], sub["_v"], marker="o", label=str(lk) if lk is not None else metric)
             cold = sub[sub["_i"] == 0]
             if not cold.empty:
-                ax.scatter(cold["_i"], cold["_v"], s=140, marker="*", color=COLD_COLOR, zorder=5,
-                           label=None if cold_labelled else "cold request")
+                ax.scatter(
+                    cold["_i"],
+                    cold["_v"],
+                    s=140,
+                    marker="*",
+                    color=COLD_COLOR,
+                    zorder=5,
+                    label=None if cold_labelled else "cold request",
+                )
                 cold_labelled = True
             drew = True
         if drew:
@@ -273,8 +299,14 @@ def e2e_per_request(requests: pd.DataFrame, *, metric: str = "e2e_ms",
 
 # --------------------------------------------------------------------------- step times
 
-def step_times(steps: pd.DataFrame, *, stage: str | None = "DenoisingStage",
-               include_warmup: bool = False, title: str | None = None) -> Figure:
+
+def step_times(
+    steps: pd.DataFrame,
+    *,
+    stage: str | None = "DenoisingStage",
+    include_warmup: bool = False,
+    title: str | None = None,
+) -> Figure:
     """Denoising step time (ms) vs step index, one line per request; the cold request in red.
 
     Args:
@@ -298,10 +330,12 @@ def step_times(steps: pd.DataFrame, *, stage: str | None = "DenoisingStage",
     if not df.empty and {"step", "ms"} <= set(df.columns):
         group_keys = [k for k in ("launch", "request_id") if k in df.columns] or ["index"]
         groups = list(df.groupby(group_keys, sort=False))
-        groups.sort(key=lambda kv: (launches.index(kv[1]["launch"].iloc[0])
-                                    if "launch" in kv[1] else 0,
-                                    float(pd.to_numeric(kv[1]["index"], errors="coerce").min())
-                                    if "index" in kv[1] else 0.0))
+        groups.sort(
+            key=lambda kv: (
+                launches.index(kv[1]["launch"].iloc[0]) if "launch" in kv[1] else 0,
+                float(pd.to_numeric(kv[1]["index"], errors="coerce").min()) if "index" in kv[1] else 0.0,
+            )
+        )
         warm_n = sum(1 for _, g in groups if "index" not in g or int(g["index"].iloc[0]) != 0)
         import matplotlib
 
@@ -315,11 +349,17 @@ def step_times(steps: pd.DataFrame, *, stage: str | None = "DenoisingStage",
                 lab = f"{g['launch'].iloc[0]}: {lab}"
             is_cold = idx is not None and _finite(idx) and int(idx) == 0
             if is_cold:
-                ax.plot(g["step"], g["ms"], color=COLD_COLOR, lw=2.5, marker="o", label=lab,
-                        zorder=4)
+                ax.plot(g["step"], g["ms"], color=COLD_COLOR, lw=2.5, marker="o", label=lab, zorder=4)
             else:
-                ax.plot(g["step"], g["ms"], color=cmap(wi / max(1, warm_n - 1) * 0.85),
-                        lw=1.2, marker=".", alpha=0.85, label=lab)
+                ax.plot(
+                    g["step"],
+                    g["ms"],
+                    color=cmap(wi / max(1, warm_n - 1) * 0.85),
+                    lw=1.2,
+                    marker=".",
+                    alpha=0.85,
+                    label=lab,
+                )
                 wi += 1
             n_lines += 1
         ax.legend(fontsize="small", ncol=1 if n_lines <= 10 else 2)
@@ -333,6 +373,7 @@ def step_times(steps: pd.DataFrame, *, stage: str | None = "DenoisingStage",
 
 
 # --------------------------------------------------------------------------- coverage
+
 
 def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Figure:
     """Heatmap of the first-request penalty (ms) by startup warmup frames x request frames.
@@ -366,7 +407,8 @@ def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Fig
     agg = df.groupby(["warmup_frames", "request_frames"], sort=True).agg(
         penalty_ms=("penalty_ms", "median"),
         ratio=("ratio", lambda s: pd.to_numeric(s, errors="coerce").median()),
-        covered=("covered", lambda s: s.dropna().iloc[0] if s.notna().any() else None))
+        covered=("covered", lambda s: s.dropna().iloc[0] if s.notna().any() else None),
+    )
     rows = sorted(agg.index.get_level_values(0).unique())
     cols = sorted(agg.index.get_level_values(1).unique())
     grid = np.full((len(rows), len(cols)), np.nan)
@@ -379,8 +421,9 @@ def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Fig
     finite = grid[np.isfinite(grid)]
     vmin = min(0.0, float(finite.min())) if finite.size else 0.0
     vmax = float(finite.max()) if finite.size else 1.0
-    im = ax.imshow(masked, cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax if vmax > vmin else
-                   vmin + 1.0, origin="lower")
+    im = ax.imshow(
+        masked, cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax if vmax > vmin else vmin + 1.0, origin="lower"
+    )
     cb = fig.colorbar(im, ax=ax)
     cb.set_label("first-request penalty (ms)")
     ax.set_xticks(range(len(cols)), [str(c) for c in cols])
@@ -396,18 +439,32 @@ def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Fig
             lines.append(f"x{float(rec['ratio']):.2f}")
         lines.append(cov_s)
         dark = _finite(pen) and pen > thresh
-        ax.text(j, i, "\n".join(lines), ha="center", va="center", fontsize="small",
-                color="white" if dark else "black",
-                fontweight="normal" if cov_s == "covered" else "bold")
+        ax.text(
+            j,
+            i,
+            "\n".join(lines),
+            ha="center",
+            va="center",
+            fontsize="small",
+            color="white" if dark else "black",
+            fontweight="normal" if cov_s == "covered" else "bold",
+        )
     return fig
 
 
 # --------------------------------------------------------------------------- memory timeline
 
-def memory_timeline(memory: pd.DataFrame, requests: pd.DataFrame | None = None,
-                    stages: pd.DataFrame | None = None,
-                    caps: Mapping[str, Any] | None = None, *, launch: Any = None,
-                    include_warmup: bool = True, title: str | None = None) -> Figure:
+
+def memory_timeline(
+    memory: pd.DataFrame,
+    requests: pd.DataFrame | None = None,
+    stages: pd.DataFrame | None = None,
+    caps: Mapping[str, Any] | None = None,
+    *,
+    launch: Any = None,
+    include_warmup: bool = True,
+    title: str | None = None,
+) -> Figure:
     """Device and host memory (MiB) over time (s since the first sample), with context.
 
     Panels: device used MiB (top, only when ``device_used_mib`` has a finite value; a CPU
@@ -441,8 +498,11 @@ def memory_timeline(memory: pd.DataFrame, requests: pd.DataFrame | None = None,
     caps = dict(caps or {})
 
     def _col(name: str) -> pd.Series:
-        return pd.to_numeric(mem[name], errors="coerce") if name in mem.columns else \
-            pd.Series(np.nan, index=mem.index, dtype=float)
+        return (
+            pd.to_numeric(mem[name], errors="coerce")
+            if name in mem.columns
+            else pd.Series(np.nan, index=mem.index, dtype=float)
+        )
 
     t = _col("t_s")
     t0_candidates = [float(t.min())] if t.notna().any() else []
@@ -478,8 +538,9 @@ def memory_timeline(memory: pd.DataFrame, requests: pd.DataFrame | None = None,
                 continue
             x = pd.to_numeric(sub["t_s"], errors="coerce") - t0
             order = np.argsort(x.to_numpy())
-            ax.plot(x.to_numpy()[order], y.to_numpy()[order],
-                    label=f"{label} ({lk})" if multi else label, **kw)
+            ax.plot(
+                x.to_numpy()[order], y.to_numpy()[order], label=f"{label} ({lk})" if multi else label, **kw
+            )
             drew = True
         return drew
 
@@ -494,15 +555,13 @@ def memory_timeline(memory: pd.DataFrame, requests: pd.DataFrame | None = None,
     ax_host.set_ylabel("host memory (MiB)")
     ax_host.set_xlabel("time since first sample (s)")
     if ax_dev is None:
-        ax_host.set_title(title or "Memory timeline: host (MiB) with request spans "
-                          "(no device samples)")
+        ax_host.set_title(title or "Memory timeline: host (MiB) with request spans (no device samples)")
     if not host_drew and not has_device:
         _empty_note(ax_host, "no memory samples")
 
     # request spans
     span_handles: dict[str, Any] = {}
-    if requests is not None and not requests.empty and {"t_start_s", "t_end_s"} <= set(
-            requests.columns):
+    if requests is not None and not requests.empty and {"t_start_s", "t_end_s"} <= set(requests.columns):
         req = _drop_warmup(requests, include_warmup)
         for _, r in req.iterrows():
             if not (_finite(r["t_start_s"]) and _finite(r["t_end_s"])):
@@ -511,11 +570,20 @@ def memory_timeline(memory: pd.DataFrame, requests: pd.DataFrame | None = None,
             color = {"cold": COLD_COLOR, "warmup": "tab:grey"}.get(kind, "tab:blue")
             key = kind if kind in ("cold", "warmup") else "warm"
             for ax in axes:
-                ax.axvspan(float(r["t_start_s"]) - t0, float(r["t_end_s"]) - t0, color=color,
-                           alpha=0.12, gid="request-span", lw=0)
-            span_handles.setdefault(key, Patch(color=color, alpha=0.25,
-                                               label=f"{key} request" if key != "warmup"
-                                               else "startup warmup"))
+                ax.axvspan(
+                    float(r["t_start_s"]) - t0,
+                    float(r["t_end_s"]) - t0,
+                    color=color,
+                    alpha=0.12,
+                    gid="request-span",
+                    lw=0,
+                )
+            span_handles.setdefault(
+                key,
+                Patch(
+                    color=color, alpha=0.25, label=f"{key} request" if key != "warmup" else "startup warmup"
+                ),
+            )
     # stage marks
     stage_handles: dict[str, Any] = {}
     if stages is not None and not stages.empty and {"stage", "t_start_s"} <= set(stages.columns):
@@ -529,15 +597,12 @@ def memory_timeline(memory: pd.DataFrame, requests: pd.DataFrame | None = None,
             if str(r["stage"]) not in stage_handles:
                 from matplotlib.lines import Line2D
 
-                stage_handles[str(r["stage"])] = Line2D([], [], color=c, ls=":",
-                                                        label=str(r["stage"]))
+                stage_handles[str(r["stage"])] = Line2D([], [], color=c, ls=":", label=str(r["stage"]))
     for ax in axes:
         h, _ = ax.get_legend_handles_labels()
-        extra = list(span_handles.values()) + (list(stage_handles.values()) if ax is axes[0]
-                                                else [])
+        extra = list(span_handles.values()) + (list(stage_handles.values()) if ax is axes[0] else [])
         if h or extra:
-            ax.legend(handles=h + extra, fontsize="x-small", loc="upper left",
-                      bbox_to_anchor=(1.0, 1.0))
+            ax.legend(handles=h + extra, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
         if ax.has_data():
             ax.set_ylim(bottom=0)
     return fig
@@ -547,19 +612,20 @@ def _cap_line(ax: Any, cap_gib: Any, label: str, gid: str) -> None:
     if cap_gib is None or not _finite(cap_gib):
         return
     mib = float(cap_gib) * 1024.0
-    ax.axhline(mib, color="black", ls="--", lw=1.2, gid=gid,
-               label=f"{label} {float(cap_gib):g} GiB ({mib:.0f} MiB)")
+    ax.axhline(
+        mib, color="black", ls="--", lw=1.2, gid=gid, label=f"{label} {float(cap_gib):g} GiB ({mib:.0f} MiB)"
+    )
 
 
 # --------------------------------------------------------------------------- baseline gate
+
 
 def _metric_unit(metric: str) -> str:
     m = metric.lower()
     return "MiB" if any(k in m for k in ("vram", "_mb", "mib", "memory", "peak_alloc")) else "ms"
 
 
-def baseline_vs_actual(verdicts: pd.DataFrame, *, xscale: str = "auto",
-                       title: str | None = None) -> Figure:
+def baseline_vs_actual(verdicts: pd.DataFrame, *, xscale: str = "auto", title: str | None = None) -> Figure:
     """Actual vs expected per metric, with the tolerance band, coloured by verdict status.
 
     One horizontal bar per (case, metric) row: the bar is the actual value coloured by status
@@ -604,34 +670,47 @@ def baseline_vs_actual(verdicts: pd.DataFrame, *, xscale: str = "auto",
         act = sub["actual"].to_numpy(float)
         bnd = sub["bound"].to_numpy(float)
         bnd = np.where(np.isfinite(bnd), bnd, exp)
-        status = sub["status"].astype(str).str.lower() if "status" in sub.columns else \
-            pd.Series("new", index=sub.index)
+        status = (
+            sub["status"].astype(str).str.lower()
+            if "status" in sub.columns
+            else pd.Series("new", index=sub.index)
+        )
         colors = [STATUS_COLORS.get(s, "tab:grey") for s in status]
-        ax.barh(y, bnd - exp, left=exp, height=0.8, color="gold", alpha=0.35,
-                label="tolerance band (expected..bound)")
+        ax.barh(
+            y,
+            bnd - exp,
+            left=exp,
+            height=0.8,
+            color="gold",
+            alpha=0.35,
+            label="tolerance band (expected..bound)",
+        )
         ax.barh(y, np.nan_to_num(act, nan=0.0), height=0.4, color=colors)
         ax.scatter(exp, y, marker="|", s=300, color="black", zorder=5, label="expected")
         vals = np.concatenate([exp, act[np.isfinite(act)], bnd])
         pos = vals[vals > 0]
-        log = xscale == "log" or (xscale == "auto" and pos.size and pos.min() > 0
-                                  and pos.max() / pos.min() > 50 and (vals > 0).all())
+        log = xscale == "log" or (
+            xscale == "auto"
+            and pos.size
+            and pos.min() > 0
+            and pos.max() / pos.min() > 50
+            and (vals > 0).all()
+        )
         if log:
             ax.set_xscale("log")
         for yi, a, s in zip(y, act, status):
             if np.isfinite(a):
                 ax.text(a, yi, f" {a:.4g} ({s})", va="center", fontsize="x-small")
-        labels = [f"{c} · {m}" if multi_case else m
-                  for c, m in zip(sub.get("case", sub["metric"]), sub["metric"])]
+        labels = [
+            f"{c} · {m}" if multi_case else m for c, m in zip(sub.get("case", sub["metric"]), sub["metric"])
+        ]
         ax.set_yticks(y, labels, fontsize="small")
         ax.set_xlabel(f"value ({unit})")
         present = list(dict.fromkeys(status))
         handles, _ = ax.get_legend_handles_labels()
-        handles += [Patch(color=STATUS_COLORS.get(s, "tab:grey"), label=f"actual: {s}")
-                    for s in present]
-        ax.legend(handles=handles, fontsize="x-small", loc="upper left",
-                  bbox_to_anchor=(1.0, 1.0))
+        handles += [Patch(color=STATUS_COLORS.get(s, "tab:grey"), label=f"actual: {s}") for s in present]
+        ax.legend(handles=handles, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
         if k == 0:
             case_s = "" if multi_case or "case" not in df.columns else f" ({df['case'].iloc[0]})"
-            ax.set_title(title or f"Baseline vs actual{case_s}: bar = actual, | = expected, "
-                         "band = tolerance")
+            ax.set_title(title or f"Baseline vs actual{case_s}: bar = actual, | = expected, band = tolerance")
     return fig

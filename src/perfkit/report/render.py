@@ -24,6 +24,7 @@ that a notebook output carries is made inert (:func:`neutralise_external`).
 :func:`show` displays a matplotlib Figure as an embedded PNG in a notebook;
 :func:`reading` writes the short plain-words reading of a scenario's results.
 """
+
 from __future__ import annotations
 
 import functools
@@ -66,6 +67,7 @@ def section_question(name: str) -> str:
 # Notebook helpers
 # ---------------------------------------------------------------------------------------------
 
+
 def figure_title(fig: Any) -> str:
     """The figure's title (suptitle, else its axes' titles), for alt text."""
     sup = getattr(fig, "_suptitle", None)
@@ -85,8 +87,7 @@ def show(fig: Any, dpi: int = 100, alt: str | None = None) -> None:
 
     from perfkit.report.plots import figure_to_png_bytes
 
-    display(Image(data=figure_to_png_bytes(fig, dpi=dpi), format="png",
-                  alt=alt or figure_title(fig)))
+    display(Image(data=figure_to_png_bytes(fig, dpi=dpi), format="png", alt=alt or figure_title(fig)))
 
 
 def reading(scenario: str, results: Mapping[str, Any]) -> str:
@@ -114,11 +115,10 @@ def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
     return None, None
 
 
-
-
 # ---------------------------------------------------------------------------------------------
 # Summary (Markdown)
 # ---------------------------------------------------------------------------------------------
+
 
 def _run_info(run_dir: Path) -> dict[str, Any]:
     p = run_dir / "run.json"
@@ -130,8 +130,16 @@ def _run_info(run_dir: Path) -> dict[str, Any]:
         nbp = run_dir / "notebooks" / f"{name}.ipynb"
         if nbp.exists() or read_verdict(run_dir / name):
             ename, err = notebook_error(nbp) if nbp.exists() else (None, None)
-            nbs.append({"name": name, "status": "error" if err else "ok", "error": err,
-                        "ename": ename, "wall_s": None, "output": str(nbp)})
+            nbs.append(
+                {
+                    "name": name,
+                    "status": "error" if err else "ok",
+                    "error": err,
+                    "ename": ename,
+                    "wall_s": None,
+                    "output": str(nbp),
+                }
+            )
     return {"name": run_dir.name, "notebooks": nbs}
 
 
@@ -181,28 +189,47 @@ def summary_markdown(run_dir: str | Path) -> str:
     icon = {"pass": "✅", "regression": "❌", "error": "💥"}.get(word, "")
     n_fail = int((verdicts["status"] == "fail").sum()) if not verdicts.empty else 0
     n_pass = int(verdicts["status"].isin(["pass", "improved"]).sum()) if not verdicts.empty else 0
-    parts = [f"## perfkit: {info.get('name', run_dir.name)} — {icon} {word.upper()} (exit {code})",
-             "", f"{n_pass} gates passed, {n_fail} failed."]
+    parts = [
+        f"## perfkit: {info.get('name', run_dir.name)} — {icon} {word.upper()} (exit {code})",
+        "",
+        f"{n_pass} gates passed, {n_fail} failed.",
+    ]
     if info.get("description"):
         parts += ["", info["description"]]
     nbs = info.get("notebooks", [])
     if nbs:
-        parts += ["", "### Notebooks", "",
-                  markdown_table(pd.DataFrame([{"notebook": n["name"], "status": _status_text(n),
-                                           "wall (s)": n.get("wall_s"),
-                                           "error": (n.get("error") or "")[:200]}
-                                          for n in nbs]))]
+        parts += [
+            "",
+            "### Notebooks",
+            "",
+            markdown_table(
+                pd.DataFrame(
+                    [
+                        {
+                            "notebook": n["name"],
+                            "status": _status_text(n),
+                            "wall (s)": n.get("wall_s"),
+                            "error": (n.get("error") or "")[:200],
+                        }
+                        for n in nbs
+                    ]
+                )
+            ),
+        ]
     gate_doc = read_verdict(run_dir / GATE) or {}
     if gate_doc.get("warnings"):
         parts += ["", "### Warnings", "", *[f"- {w}" for w in gate_doc["warnings"]]]
     keys = key_numbers(run_dir)
     if keys:
-        parts += ["", "### Key numbers", "",
-                  markdown_table(pd.DataFrame(keys, columns=["what", "value"]))]
+        parts += ["", "### Key numbers", "", markdown_table(pd.DataFrame(keys, columns=["what", "value"]))]
     if not verdicts.empty:
         shown = verdicts[verdicts["status"] != "skipped"]
-        parts += ["", "### Gates", "",
-                  markdown_table(shown[["case", "metric", "expected", "actual", "status", "reason"]])]
+        parts += [
+            "",
+            "### Gates",
+            "",
+            markdown_table(shown[["case", "metric", "expected", "actual", "status", "reason"]]),
+        ]
         sk = len(verdicts) - len(shown)
         if sk:
             parts.append(f"\n{sk} rows skipped (not measured here).")
@@ -241,23 +268,28 @@ def template_env() -> jinja2.Environment:
     Raises:
         ValueError: (from jinja2's PackageLoader) if the templates directory is not installed.
     """
-    env = jinja2.Environment(loader=jinja2.PackageLoader("perfkit.report", "templates"),
-                             autoescape=jinja2.select_autoescape(["html", "j2"]),
-                             trim_blocks=False, lstrip_blocks=False)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("perfkit.report", "templates"),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        trim_blocks=False,
+        lstrip_blocks=False,
+    )
     env.filters["status_class"] = status_class
     return env
 
 
 _EXTERNAL = re.compile(
     r"""(?:(?<![\w-])(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//)"""
-    r"""|(?:url\(\s*["']?\s*(?:https?:)?//)|(?:@import\s+["']?(?:https?:)?//)""", re.I)
+    r"""|(?:url\(\s*["']?\s*(?:https?:)?//)|(?:@import\s+["']?(?:https?:)?//)""",
+    re.I,
+)
 
 
 def external_refs(text: str) -> list[str]:
     """Snippets of ``text`` that would make a browser fetch something from the network
     (``src=``/``href=``/``action=``/``poster=``/``data=`` to ``//`` or ``http(s)://``, CSS
     ``url(//…)`` and ``@import``). Empty when the page is self-contained."""
-    return [text[max(0, m.start() - 40): m.end() + 60] for m in _EXTERNAL.finditer(text)]
+    return [text[max(0, m.start() - 40) : m.end() + 60] for m in _EXTERNAL.finditer(text)]
 
 
 _ATTR_EXT = re.compile(r"""(?<![\w-])(src|href|action|poster|data)(\s*=\s*["']?\s*)((?:https?:)?//)""", re.I)
@@ -309,10 +341,18 @@ def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
     # (the executed notebook keeps them); errors (tracebacks) stay
     for cell in nb.cells:
         if cell.cell_type == "code":
-            cell.outputs = [o for o in cell.get("outputs", [])
-                            if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
-    exp = HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
-                       exclude_output_prompt=True, embed_images=True)
+            cell.outputs = [
+                o
+                for o in cell.get("outputs", [])
+                if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
+            ]
+    exp = HTMLExporter(
+        template_name="basic",
+        exclude_input=True,
+        exclude_input_prompt=True,
+        exclude_output_prompt=True,
+        embed_images=True,
+    )
     exp.mathjax_url = ""
     body, _ = exp.from_notebook_node(nb)
     return _strip_external(body)
@@ -373,11 +413,22 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
         except Exception as exc:  # noqa: BLE001 - a broken notebook must not kill the report
             log.warning("report: cannot render %s: %r", nbp, exc)
             body_error = repr(exc)
-    return {"name": name, "title": title, "question": question, "status": status,
-            "status_text": _status_text(n), "reason": n.get("reason"), "error": n.get("error"),
-            "wall_s": n.get("wall_s"), "keys": keys, "keys_error": keys_error,
-            "verdict": verdict, "notebook_path": str(nbp), "body": body,
-            "body_error": body_error}
+    return {
+        "name": name,
+        "title": title,
+        "question": question,
+        "status": status,
+        "status_text": _status_text(n),
+        "reason": n.get("reason"),
+        "error": n.get("error"),
+        "wall_s": n.get("wall_s"),
+        "keys": keys,
+        "keys_error": keys_error,
+        "verdict": verdict,
+        "notebook_path": str(nbp),
+        "body": body,
+        "body_error": body_error,
+    }
 
 
 def render_section(run_dir: str | Path, n: Mapping[str, Any]) -> str:
@@ -395,8 +446,11 @@ def _gate_table(verdicts: pd.DataFrame) -> Table:
     if verdicts.empty:
         return format_table(pd.DataFrame(columns=_GATE_COLUMNS))
     v = verdicts[[c for c in _GATE_COLUMNS if c in verdicts.columns]]
-    v = v.assign(_o=v["status"].map(_GATE_ORDER).fillna(5)).sort_values("_o", kind="stable") \
+    v = (
+        v.assign(_o=v["status"].map(_GATE_ORDER).fillna(5))
+        .sort_values("_o", kind="stable")
         .drop(columns="_o")
+    )
     return format_table(v)
 
 
@@ -431,19 +485,36 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         except KeyError:
             title = n["name"]
         toc.append({"name": n["name"], "title": title, "status_text": _status_text(n)})
-    nb_table = format_table(pd.DataFrame(
-        [{"notebook": n["name"], "status": n.get("status"), "wall (s)": n.get("wall_s"),
-          "error": n.get("error") or n.get("reason") or ""} for n in nbs],
-        columns=["notebook", "status", "wall (s)", "error"])) if nbs else None
+    nb_table = (
+        format_table(
+            pd.DataFrame(
+                [
+                    {
+                        "notebook": n["name"],
+                        "status": n.get("status"),
+                        "wall (s)": n.get("wall_s"),
+                        "error": n.get("error") or n.get("reason") or "",
+                    }
+                    for n in nbs
+                ],
+                columns=["notebook", "status", "wall (s)", "error"],
+            )
+        )
+        if nbs
+        else None
+    )
     keys = key_numbers(run_dir)
     gate_doc = read_verdict(run_dir / GATE) or {}
     return {
         "title": f"perfkit report: {info.get('name', run_dir.name)}",
-        "verdict": word, "exit_code": code, "meta": meta, "environment": _env_line(run_dir),
-        "toc": toc, "errors": [n for n in nbs if n.get("status") == "error"],
+        "verdict": word,
+        "exit_code": code,
+        "meta": meta,
+        "environment": _env_line(run_dir),
+        "toc": toc,
+        "errors": [n for n in nbs if n.get("status") == "error"],
         "notebooks_table": nb_table,
-        "key_numbers": format_table(pd.DataFrame(keys, columns=["what", "value"]), None)
-        if keys else None,
+        "key_numbers": format_table(pd.DataFrame(keys, columns=["what", "value"]), None) if keys else None,
         "warnings": list(gate_doc.get("warnings") or []),
         "gates": _gate_table(verdicts),
         "sections": [markupsafe.Markup(render_section(run_dir, n)) for n in nbs],
@@ -489,9 +560,12 @@ def _env_line(run_dir: Path) -> str:
         except (OSError, ValueError) as exc:
             log.warning("report: unreadable %s: %r", p, exc)
             continue
-        bits = [m.get("gpu_name") or f"CPU x{m.get('cpu_count')}",
-                f"torch {m.get('torch_version')}", f"diffusers {m.get('diffusers_version')}",
-                f"perfkit {m.get('perfkit_version')}"]
+        bits = [
+            m.get("gpu_name") or f"CPU x{m.get('cpu_count')}",
+            f"torch {m.get('torch_version')}",
+            f"diffusers {m.get('diffusers_version')}",
+            f"perfkit {m.get('perfkit_version')}",
+        ]
         if m.get("git_commit"):
             bits.append(f"commit {str(m['git_commit'])[:10]}")
         return ", ".join(str(b) for b in bits)
@@ -502,32 +576,51 @@ def _env_line(run_dir: Path) -> str:
 # Headless Chromium
 # ---------------------------------------------------------------------------------------------
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--disable-quic",
-                  "--no-first-run", "--hide-scrollbars", "--disable-extensions"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+    "--hide-scrollbars",
+    "--disable-extensions",
+]
 
 
 def chromium_binary() -> str | None:
     """Path of a Chromium/Chrome binary (``$PERFKIT_CHROMIUM`` first), or None."""
-    for name in (os.environ.get("PERFKIT_CHROMIUM"), "chromium", "chromium-browser",
-                 "google-chrome"):
+    for name in (os.environ.get("PERFKIT_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
         if name and shutil.which(name):
             return shutil.which(name)
     return None
 
 
-def screenshot(html_path: str | Path, png_path: str | Path, *, width: int = 1280,
-               height: int = 2400, timeout_s: float = 90) -> Path:
+def screenshot(
+    html_path: str | Path,
+    png_path: str | Path,
+    *,
+    width: int = 1280,
+    height: int = 2400,
+    timeout_s: float = 90,
+) -> Path:
     """Save a PNG of the page with headless Chromium. Raises RuntimeError when it cannot."""
     exe = chromium_binary()
     if exe is None:
         raise RuntimeError("chromium not found")
     png = Path(png_path).resolve()
     with tempfile.TemporaryDirectory(prefix="perfkit-chromium-") as prof:
-        cmd = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={prof}", f"--window-size={width},{height}",
-               f"--screenshot={png}", Path(html_path).resolve().as_uri()]
+        cmd = [
+            exe,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={prof}",
+            f"--window-size={width},{height}",
+            f"--screenshot={png}",
+            Path(html_path).resolve().as_uri(),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if not png.exists():
-        raise RuntimeError(f"chromium wrote no screenshot (exit {proc.returncode}): "
-                           f"{proc.stderr[-500:]}")
+        raise RuntimeError(f"chromium wrote no screenshot (exit {proc.returncode}): {proc.stderr[-500:]}")
     return png

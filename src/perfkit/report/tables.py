@@ -11,6 +11,7 @@ page's templates and :func:`markdown_table` both render from it, so a number rea
 - booleans as ``"yes"`` / ``"no"``;
 - strings unchanged (a ``status`` column keeps its word; the page colours it by CSS class).
 """
+
 from __future__ import annotations
 
 import math
@@ -123,7 +124,9 @@ def _md_escape(text: str) -> str:
 def markdown_table(df: pd.DataFrame) -> str:
     """A GitHub Markdown table of ``df``, cells from :func:`format_table` (``|`` escaped)."""
     t = format_table(df, None)
-    lines = ["| " + " | ".join(_md_escape(h) for h in t.header) + " |",
-             "|" + "|".join("---" for _ in t.header) + "|"]
+    lines = [
+        "| " + " | ".join(_md_escape(h) for h in t.header) + " |",
+        "|" + "|".join("---" for _ in t.header) + "|",
+    ]
     lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in t.rows]
     return "\n".join(lines)

@@ -8,13 +8,23 @@ when imported; importing this package fills the registry in run order:
 
 The package also exports each investigation's measuring function for direct use.
 """
+
 # isort: off  (import order = registration order = run order)
 from perfkit.scenarios.cold_warm import cold_vs_warm
-from perfkit.scenarios.warmup_shapes import warmup_shapes
 from perfkit.scenarios.memory_budget import find_min_budget, memory_budget
 from perfkit.scenarios.overhead import overhead_probe
+
 # isort: on
 from perfkit.scenarios.registry import all_scenarios, get, names
+from perfkit.scenarios.warmup_shapes import warmup_shapes
 
-__all__ = ["cold_vs_warm", "warmup_shapes", "memory_budget", "find_min_budget", "overhead_probe",
-           "all_scenarios", "get", "names"]
+__all__ = [
+    "cold_vs_warm",
+    "warmup_shapes",
+    "memory_budget",
+    "find_min_budget",
+    "overhead_probe",
+    "all_scenarios",
+    "get",
+    "names",
+]

@@ -5,6 +5,7 @@ One launch; the cold start and its parts; N identical requests. Request 0 is the
 1..N-1 are warm. Reports the first-request penalty per stage, the stage that absorbs most of it,
 and leak checks across the warm requests.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,16 @@ from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.scenarios.common import assemble, json_float, measure_launch, stage_penalty
-from perfkit.scenarios.registry import (CapParams, InvariantParams, KeyNumber, RunContext, Scenario,
-                                       ScenarioError, ScenarioParams, register)
+from perfkit.scenarios.registry import (
+    CapParams,
+    InvariantParams,
+    KeyNumber,
+    RunContext,
+    Scenario,
+    ScenarioError,
+    ScenarioParams,
+    register,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +78,14 @@ def _request(request: VideoRequestSpec | dict | None) -> VideoRequestSpec:
     return request
 
 
-def cold_vs_warm(spec: EngineSpec, request: VideoRequestSpec | dict | None = None, repeats: int = 5,
-                 caps: MemoryCaps | None = None, run_dir: str | Path = "outputs/cold_warm",
-                 sample_interval_s: float = 0.1) -> ResultBundle:
+def cold_vs_warm(
+    spec: EngineSpec,
+    request: VideoRequestSpec | dict | None = None,
+    repeats: int = 5,
+    caps: MemoryCaps | None = None,
+    run_dir: str | Path = "outputs/cold_warm",
+    sample_interval_s: float = 0.1,
+) -> ResultBundle:
     """Run the cold vs warm investigation.
 
     Args:
@@ -94,11 +108,18 @@ def cold_vs_warm(spec: EngineSpec, request: VideoRequestSpec | dict | None = Non
         raise ValueError(f"cold_vs_warm: repeats must be >= 2 (one cold + warm), got {repeats}")
     req = _request(request)
     run_dir = Path(run_dir)
-    data = measure_launch(spec, [req] * repeats, run_dir, "session", caps=caps, sample_interval_s=sample_interval_s)
+    data = measure_launch(
+        spec, [req] * repeats, run_dir, "session", caps=caps, sample_interval_s=sample_interval_s
+    )
     df = data.measured()
-    results: dict[str, Any] = {"repeats": repeats, "error": data.error,
-                               "cold_start": {k: json_float(data.launch_row.get(k)) for k in
-                                              ("ready_s", "process_start_s", "models_loaded_s", "warmup_s")}}
+    results: dict[str, Any] = {
+        "repeats": repeats,
+        "error": data.error,
+        "cold_start": {
+            k: json_float(data.launch_row.get(k))
+            for k in ("ready_s", "process_start_s", "models_loaded_s", "warmup_s")
+        },
+    }
     ok = df[df["status"] == "completed"] if not df.empty else df
     results["completed"] = int(len(ok))
     if len(ok) >= 2 and (ok["index"] == 0).any():
@@ -106,15 +127,19 @@ def cold_vs_warm(spec: EngineSpec, request: VideoRequestSpec | dict | None = Non
         cold = float(ok.loc[ok["index"] == 0, "e2e_ms"].iloc[0])
         warm = ok.loc[ok["index"] > 0, "e2e_ms"].to_numpy(float)
         wmed = float(np.median(warm))
-        results.update({
-            "cold_ms": cold, "warm_median_ms": wmed,
-            "warm_iqr_ms": [json_float(v) for v in stats.median_iqr(warm)[1:]],
-            "warm_cold_ratio": wmed / cold, "cold_warm_ratio": cold / wmed,
-            "warm_cold_ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci(warm, [cold])],
-            "cold_warm_ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci([cold], warm)],
-            "cold_compiles": int(ok.loc[ok["index"] == 0, "compiles"].iloc[0]),
-            "warm_compiles": int(ok.loc[ok["index"] > 0, "compiles"].sum()),
-        })
+        results.update(
+            {
+                "cold_ms": cold,
+                "warm_median_ms": wmed,
+                "warm_iqr_ms": [json_float(v) for v in stats.median_iqr(warm)[1:]],
+                "warm_cold_ratio": wmed / cold,
+                "cold_warm_ratio": cold / wmed,
+                "warm_cold_ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci(warm, [cold])],
+                "cold_warm_ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci([cold], warm)],
+                "cold_compiles": int(ok.loc[ok["index"] == 0, "compiles"].iloc[0]),
+                "warm_compiles": int(ok.loc[ok["index"] > 0, "compiles"].sum()),
+            }
+        )
         first_id = ok.loc[ok["index"] == 0, "request_id"].iloc[0]
         warm_ids = list(ok.loc[ok["index"] > 0, "request_id"])
         pen = stage_penalty(pd.DataFrame(data.stages), first_id, warm_ids)
@@ -166,16 +191,23 @@ def _leak(name: str, value: float) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ registry entry
 def run(ctx: RunContext, p: ColdWarmParams) -> ResultBundle:
     """The registry's ``run``: :func:`cold_vs_warm` with the params section."""
-    return cold_vs_warm(ctx.engine, ctx.request, repeats=p.repeats,
-                        caps=p.caps.to_caps() if p.caps else None, run_dir=ctx.work_dir / NAME)
+    return cold_vs_warm(
+        ctx.engine,
+        ctx.request,
+        repeats=p.repeats,
+        caps=p.caps.to_caps() if p.caps else None,
+        run_dir=ctx.work_dir / NAME,
+    )
 
 
 def check_bundle(bundle: ResultBundle) -> None:
     """Raise :class:`ScenarioError` when the bundle has an error or no cold/warm numbers."""
     r = bundle.results or {}
     if r.get("error") or r.get("cold_ms") is None or r.get("warm_median_ms") is None:
-        raise ScenarioError(f"{NAME} ({bundle.path or 'bundle'}): no cold/warm measurement: "
-                            f"{r.get('error') or 'fewer than 2 completed requests'}")
+        raise ScenarioError(
+            f"{NAME} ({bundle.path or 'bundle'}): no cold/warm measurement: "
+            f"{r.get('error') or 'fewer than 2 completed requests'}"
+        )
 
 
 def _ratio_ci(r: Mapping[str, Any]) -> str:
@@ -207,25 +239,29 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
     """Cold start (ready), cold request, warm median, warm/cold ratio, penalty stage."""
     cs = r.get("cold_start") or {}
-    return [KeyNumber("cold start, ready", number(cs.get("ready_s")), "s", ".1f"),
-            KeyNumber("cold request", number(r.get("cold_ms")), "ms"),
-            KeyNumber("warm median", number(r.get("warm_median_ms")), "ms"),
-            KeyNumber("warm/cold ratio", number(r.get("warm_cold_ratio")), "", ".2f"),
-            KeyNumber("first-request penalty stage", r.get("penalty_stage") or None)]
+    return [
+        KeyNumber("cold start, ready", number(cs.get("ready_s")), "s", ".1f"),
+        KeyNumber("cold request", number(r.get("cold_ms")), "ms"),
+        KeyNumber("warm median", number(r.get("warm_median_ms")), "ms"),
+        KeyNumber("warm/cold ratio", number(r.get("warm_cold_ratio")), "", ".2f"),
+        KeyNumber("first-request penalty stage", r.get("penalty_stage") or None),
+    ]
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     """metric/value rows: cold start parts, cold and warm ms, ratio and CI, penalty per stage."""
     cs = r.get("cold_start") or {}
     ci = r.get("warm_cold_ratio_ci") or [None, None]
-    rows = [("cold start: ready (s)", cs.get("ready_s")),
-            ("cold start: models loaded (s)", cs.get("models_loaded_s")),
-            ("cold start: startup warmup (s)", cs.get("warmup_s")),
-            ("cold request (ms)", r.get("cold_ms")),
-            ("warm median (ms)", r.get("warm_median_ms")),
-            ("warm/cold ratio", r.get("warm_cold_ratio")),
-            ("warm/cold ratio 95% CI", f"{_f(ci[0], '.3f')}..{_f(ci[1], '.3f')}"),
-            ("first-request penalty stage", r.get("penalty_stage"))]
+    rows = [
+        ("cold start: ready (s)", cs.get("ready_s")),
+        ("cold start: models loaded (s)", cs.get("models_loaded_s")),
+        ("cold start: startup warmup (s)", cs.get("warmup_s")),
+        ("cold request (ms)", r.get("cold_ms")),
+        ("warm median (ms)", r.get("warm_median_ms")),
+        ("warm/cold ratio", r.get("warm_cold_ratio")),
+        ("warm/cold ratio 95% CI", f"{_f(ci[0], '.3f')}..{_f(ci[1], '.3f')}"),
+        ("first-request penalty stage", r.get("penalty_stage")),
+    ]
     for st, ms in (r.get("penalty_ms") or {}).items():
         rows.append((f"penalty {st} (ms)", ms))
     return pd.DataFrame(rows, columns=["metric", "value"])
@@ -253,21 +289,29 @@ def reading(r: Mapping[str, Any]) -> str:
         f"{_f(ratio, '.2f')} (95% CI {_f(ci[0], '.2f')}..{_f(ci[1], '.2f')}).",
     ]
     if stage:
-        lines.append(f"The **first-request penalty** sits mostly in `{stage}` "
-                     f"({_f(pen.get(stage), '.0f', ' ms')}).")
+        lines.append(
+            f"The **first-request penalty** sits mostly in `{stage}` ({_f(pen.get(stage), '.0f', ' ms')})."
+        )
     if ratio is not None and ratio > 1.0:
-        lines.append("Warm requests are *slower* than the cold one: look for state that "
-                     "leaks across requests (residency, in-flight copies, host copies).")
+        lines.append(
+            "Warm requests are *slower* than the cold one: look for state that "
+            "leaks across requests (residency, in-flight copies, host copies)."
+        )
     leaks = [c for c in (r.get("leak_checks") or []) if isinstance(c, dict)]
     measured = [c for c in leaks if number(c.get("value")) is not None]
     unmeasured = [c for c in leaks if number(c.get("value")) is None]
     if measured:
-        lines.append("Leak checks measured: " + ", ".join(
-            f"`{c['name']}` = {_f(c.get('value'), '.3g')}" for c in measured)
-            + " (judged against the invariants in the gate table).")
+        lines.append(
+            "Leak checks measured: "
+            + ", ".join(f"`{c['name']}` = {_f(c.get('value'), '.3g')}" for c in measured)
+            + " (judged against the invariants in the gate table)."
+        )
     if unmeasured:
-        lines.append("Not measured on this host: " + ", ".join(
-            f"`{c['name']}`" for c in unmeasured) + " (no device memory readings).")
+        lines.append(
+            "Not measured on this host: "
+            + ", ".join(f"`{c['name']}`" for c in unmeasured)
+            + " (no device memory readings)."
+        )
     return "\n\n".join(lines)
 
 
@@ -280,10 +324,20 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return {case_id(): sub_bundle(bundle, skip_first=not cold_request_covered(bundle))}
 
 
-SCENARIO = register(Scenario(
-    name=NAME, title="Cold vs warm",
-    question="Does the warm request in one server session meet the numbers of the first, or does "
-             "state leak across requests?",
-    params_model=ColdWarmParams, invariants_model=ColdWarmInvariants, run=run,
-    check_bundle=check_bundle, checks=checks, key_numbers=key_numbers,
-    summary_table=summary_table, reading=reading, cases=cases))
+SCENARIO = register(
+    Scenario(
+        name=NAME,
+        title="Cold vs warm",
+        question="Does the warm request in one server session meet the numbers of the first, or does "
+        "state leak across requests?",
+        params_model=ColdWarmParams,
+        invariants_model=ColdWarmInvariants,
+        run=run,
+        check_bundle=check_bundle,
+        checks=checks,
+        key_numbers=key_numbers,
+        summary_table=summary_table,
+        reading=reading,
+        cases=cases,
+    )
+)

@@ -6,6 +6,7 @@ bundle tables (declared in :mod:`perfkit.bundle_schema`: times in ms or s, memor
 Startup warmup records are kept with ``index = WARMUP_INDEX`` (-1), the tables' only warmup mark
 (the raw records keep sglang's ``"tag": "warmup"``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,12 +19,11 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 from tqdm.auto import tqdm
 
-from perfkit.bundle import (WARMUP_INDEX, ResultBundle, conform, environment_meta, sampler_frame,
-                            table_rows)
+from perfkit.bundle import WARMUP_INDEX, ResultBundle, conform, environment_meta, sampler_frame, table_rows
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import RequestOutcome, VideoClient, VideoRequestSpec
-from perfkit.engine.spec import EngineSpec
 from perfkit.engine.launch import EngineStartError, launch
+from perfkit.engine.spec import EngineSpec
 from perfkit.readings.records import PerfRecord, parse_lines
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,13 @@ def _snap(rec: PerfRecord | None, checkpoint: str, key: str) -> float:
     return NAN if v is None else v
 
 
-def record_rows(label: str, rec: PerfRecord, index: int, outcome: RequestOutcome | None,
-                request: VideoRequestSpec | None = None) -> tuple[dict, list[dict], list[dict]]:
+def record_rows(
+    label: str,
+    rec: PerfRecord,
+    index: int,
+    outcome: RequestOutcome | None,
+    request: VideoRequestSpec | None = None,
+) -> tuple[dict, list[dict], list[dict]]:
     """Rows (request, stages, steps) for one record; ``outcome`` adds the client-side view.
 
     ``index`` is the request's place in its launch (0 cold, >= 1 warm, ``WARMUP_INDEX`` for the
@@ -89,15 +94,22 @@ def record_rows(label: str, rec: PerfRecord, index: int, outcome: RequestOutcome
     if outcome is not None and not outcome.ok:
         status = outcome.status
     row = {
-        "launch": label, "request_id": rec.request_id, "index": index, "status": status,
+        "launch": label,
+        "request_id": rec.request_id,
+        "index": index,
+        "status": status,
         "error": (outcome.error if outcome is not None else None) or pk.get("error"),
         "num_frames": pk.get("num_frames_requested", request.num_frames if request else None),
-        "effective_num_frames": pk.get("num_frames_effective"), "latent_frames": pk.get("latent_frames"),
+        "effective_num_frames": pk.get("num_frames_effective"),
+        "latent_frames": pk.get("latent_frames"),
         "latent_shape": "x".join(str(x) for x in pk.get("latent_shape") or []) or None,
-        "height": pk.get("height"), "width": pk.get("width"), "steps": pk.get("num_inference_steps"),
+        "height": pk.get("height"),
+        "width": pk.get("width"),
+        "steps": pk.get("num_inference_steps"),
         "client_ms": outcome.client_ms if outcome is not None else NAN,
         "e2e_ms": rec.total_duration_ms if rec.total_duration_ms is not None else NAN,
-        "compiles": int(pk.get("compiles") or 0), "compile_ms": float(pk.get("compile_ms") or 0.0),
+        "compiles": int(pk.get("compiles") or 0),
+        "compile_ms": float(pk.get("compile_ms") or 0.0),
         "recompile_reasons": "; ".join(pk.get("recompile_reasons") or []),
         "recompile_limit_hit": bool(pk.get("recompile_limit_hit", False)),
         "peak_allocated_mib": _snap(rec, "runtime_peak", "peak_allocated_mb"),
@@ -113,34 +125,87 @@ def record_rows(label: str, rec: PerfRecord, index: int, outcome: RequestOutcome
     stages = []
     for name, ms in rec.stages:
         sp = spans.get(name, {})
-        stages.append({"launch": label, "request_id": rec.request_id, "index": index,
-                       "stage": name, "ms": ms, "peak_allocated_mib": stage_peaks.get(name, NAN),
-                       "t_start_s": sp.get("t_start", NAN), "t_end_s": sp.get("t_end", NAN)})
-    steps = [{"launch": label, "request_id": rec.request_id, "index": index,
-              "stage": "DenoisingStage", "step": i, "ms": ms} for i, ms in enumerate(rec.steps)]
-    steps += [{"launch": label, "request_id": rec.request_id, "index": index,
-               "stage": "RefinementStage", "step": i, "ms": float(ms)}
-              for i, ms in enumerate(pk.get("refinement_steps") or [])]
+        stages.append(
+            {
+                "launch": label,
+                "request_id": rec.request_id,
+                "index": index,
+                "stage": name,
+                "ms": ms,
+                "peak_allocated_mib": stage_peaks.get(name, NAN),
+                "t_start_s": sp.get("t_start", NAN),
+                "t_end_s": sp.get("t_end", NAN),
+            }
+        )
+    steps = [
+        {
+            "launch": label,
+            "request_id": rec.request_id,
+            "index": index,
+            "stage": "DenoisingStage",
+            "step": i,
+            "ms": ms,
+        }
+        for i, ms in enumerate(rec.steps)
+    ]
+    steps += [
+        {
+            "launch": label,
+            "request_id": rec.request_id,
+            "index": index,
+            "stage": "RefinementStage",
+            "step": i,
+            "ms": float(ms),
+        }
+        for i, ms in enumerate(pk.get("refinement_steps") or [])
+    ]
     return row, stages, steps
 
 
 def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRequestSpec) -> dict[str, Any]:
     """A request row for a request without a record (rejected, engine died, timeout); its
     memory columns (MiB) and server time (ms) are NaN."""
-    return {"launch": label, "request_id": outcome.request_id or f"{label}-{index}", "index": index,
-            "status": outcome.status, "error": outcome.error,
-            "num_frames": request.num_frames, "effective_num_frames": None, "latent_frames": None,
-            "latent_shape": None, "height": request.height, "width": request.width,
-            "steps": request.num_inference_steps, "client_ms": outcome.client_ms, "e2e_ms": NAN,
-            "compiles": 0, "compile_ms": 0.0, "recompile_reasons": "", "recompile_limit_hit": False,
-            "peak_allocated_mib": NAN, "peak_reserved_mib": NAN, "reserved_mib": NAN, "host_rss_mib": NAN,
-            "host_anon_mib": NAN, "placement": None, "t_start_s": outcome.t_start, "t_end_s": outcome.t_end}
+    return {
+        "launch": label,
+        "request_id": outcome.request_id or f"{label}-{index}",
+        "index": index,
+        "status": outcome.status,
+        "error": outcome.error,
+        "num_frames": request.num_frames,
+        "effective_num_frames": None,
+        "latent_frames": None,
+        "latent_shape": None,
+        "height": request.height,
+        "width": request.width,
+        "steps": request.num_inference_steps,
+        "client_ms": outcome.client_ms,
+        "e2e_ms": NAN,
+        "compiles": 0,
+        "compile_ms": 0.0,
+        "recompile_reasons": "",
+        "recompile_limit_hit": False,
+        "peak_allocated_mib": NAN,
+        "peak_reserved_mib": NAN,
+        "reserved_mib": NAN,
+        "host_rss_mib": NAN,
+        "host_anon_mib": NAN,
+        "placement": None,
+        "t_start_s": outcome.t_start,
+        "t_end_s": outcome.t_end,
+    }
 
 
-def measure_launch(spec: EngineSpec, requests: list[VideoRequestSpec], run_dir: Path, label: str,
-                   caps: MemoryCaps | None = None, sample_interval_s: float = 0.1,
-                   request_timeout_s: float = 1800.0, stop_on_failure: bool = False,
-                   after: Callable[[Any, VideoClient, Any], dict[str, Any]] | None = None) -> LaunchData:
+def measure_launch(
+    spec: EngineSpec,
+    requests: list[VideoRequestSpec],
+    run_dir: Path,
+    label: str,
+    caps: MemoryCaps | None = None,
+    sample_interval_s: float = 0.1,
+    request_timeout_s: float = 1800.0,
+    stop_on_failure: bool = False,
+    after: Callable[[Any, VideoClient, Any], dict[str, Any]] | None = None,
+) -> LaunchData:
     """Launch ``spec`` under ``caps``, send ``requests`` one after the other, tear down.
 
     Never raises for engine failures: a start error, a crash or a host cap kill end the launch
@@ -158,7 +223,9 @@ def measure_launch(spec: EngineSpec, requests: list[VideoRequestSpec], run_dir: 
             sampler.start()
             try:
                 with VideoClient(h.base_url, h.perf_log_dir, timeout_s=request_timeout_s) as client:
-                    for i, req in enumerate(tqdm(requests, desc=label, leave=False, disable=len(requests) < 4)):
+                    for i, req in enumerate(
+                        tqdm(requests, desc=label, leave=False, disable=len(requests) < 4)
+                    ):
                         out = client.generate(req)
                         data.outcomes.append(out)
                         if not out.ok:
@@ -191,9 +258,15 @@ def measure_launch(spec: EngineSpec, requests: list[VideoRequestSpec], run_dir: 
             if not data.record_lines and perf.exists():
                 data.record_lines = [ln for ln in perf.read_text().splitlines() if ln.strip()]
     if not data.launch_row:
-        data.launch_row = {"launch": label, "label": label, "ready_s": NAN, "command": " ".join(data.command),
-                           "device_cap_gib": caps.device_gib if caps else None,
-                           "host_cap_gib": caps.host_gib if caps else None, "error": data.error}
+        data.launch_row = {
+            "launch": label,
+            "label": label,
+            "ready_s": NAN,
+            "command": " ".join(data.command),
+            "device_cap_gib": caps.device_gib if caps else None,
+            "host_cap_gib": caps.host_gib if caps else None,
+            "error": data.error,
+        }
     data.launch_row["error"] = data.error
     _rows(data, requests)
 
@@ -232,8 +305,13 @@ def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
         data.steps += sp
 
 
-def assemble(scenario: str, launches: Iterable[LaunchData], params: dict[str, Any], results: dict[str, Any],
-             caps: list[MemoryCaps | None] | None = None) -> ResultBundle:
+def assemble(
+    scenario: str,
+    launches: Iterable[LaunchData],
+    params: dict[str, Any],
+    results: dict[str, Any],
+    caps: list[MemoryCaps | None] | None = None,
+) -> ResultBundle:
     """Build a ResultBundle from launches (tables concatenated and conformed to their
     declarations, records and logs kept).
 
@@ -251,11 +329,21 @@ def assemble(scenario: str, launches: Iterable[LaunchData], params: dict[str, An
     }
     tables = {name: conform(name, df) for name, df in tables.items()}
     meta = environment_meta()
-    meta.update({"params": params, "commands": {d.label: d.command for d in launches},
-                 "caps": [c.to_dict() if c is not None else None for c in (caps or [])]})
-    return ResultBundle(scenario=scenario, meta=meta, results=results, tables=tables,
-                        records={d.label: d.record_lines for d in launches},
-                        logs={k: v for d in launches for k, v in d.logs.items()})
+    meta.update(
+        {
+            "params": params,
+            "commands": {d.label: d.command for d in launches},
+            "caps": [c.to_dict() if c is not None else None for c in (caps or [])],
+        }
+    )
+    return ResultBundle(
+        scenario=scenario,
+        meta=meta,
+        results=results,
+        tables=tables,
+        records={d.label: d.record_lines for d in launches},
+        logs={k: v for d in launches for k, v in d.logs.items()},
+    )
 
 
 def stage_penalty(stages: pd.DataFrame, first_id: str, warm_ids: list[str]) -> dict[str, float]:
@@ -263,7 +351,9 @@ def stage_penalty(stages: pd.DataFrame, first_id: str, warm_ids: list[str]) -> d
     if stages.empty:
         return {}
     first = stages[stages["request_id"] == first_id].groupby("stage", sort=False)["ms"].sum()
-    warm = stages[stages["request_id"].isin(warm_ids)].groupby(["request_id", "stage"], sort=False)["ms"].sum()
+    warm = (
+        stages[stages["request_id"].isin(warm_ids)].groupby(["request_id", "stage"], sort=False)["ms"].sum()
+    )
     warm_med = warm.groupby("stage").median() if not warm.empty else pd.Series(dtype=float)
     return {st: float(first[st] - warm_med.get(st, NAN)) for st in first.index}
 
@@ -283,8 +373,14 @@ def json_float(x: Any) -> float | None:
     return None if math.isnan(f) or math.isinf(f) else f
 
 
-def reuse_launch(bundle: Any, spec: EngineSpec, request: VideoRequestSpec, n_requests: int, label: str,
-                 caps: MemoryCaps | None = None) -> LaunchData | None:
+def reuse_launch(
+    bundle: Any,
+    spec: EngineSpec,
+    request: VideoRequestSpec,
+    n_requests: int,
+    label: str,
+    caps: MemoryCaps | None = None,
+) -> LaunchData | None:
     """A launch of another investigation that already measured what this one would launch for.
 
     ``bundle`` may be a list of candidates (the bundles measured earlier in the run).
@@ -304,11 +400,17 @@ def reuse_launch(bundle: Any, spec: EngineSpec, request: VideoRequestSpec, n_req
         return None
     params = bundle.meta.get("params") or {}
     launches = bundle.launches
-    if len(launches) != 1 or params.get("spec") != spec.to_dict() or params.get("request") != request.payload():
+    if (
+        len(launches) != 1
+        or params.get("spec") != spec.to_dict()
+        or params.get("request") != request.payload()
+    ):
         return None
     their_caps = (bundle.meta.get("caps") or [None])[0]
     mine = caps.to_dict() if caps is not None and not caps.unlimited else None
-    theirs = their_caps if their_caps and (their_caps.get("device_gib") or their_caps.get("host_gib")) else None
+    theirs = (
+        their_caps if their_caps and (their_caps.get("device_gib") or their_caps.get("host_gib")) else None
+    )
     if (mine or None) != (theirs or None):
         return None
     req = bundle.requests

@@ -4,6 +4,7 @@ what does it cost in latency? (seed case 000)
 A launch per cap; per request the peak device reserved/allocated and host anonymous RSS; the
 placement the engine chose; whether the cap held; whether the warm request degrades.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,14 +15,30 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from perfkit.bundle import ResultBundle, _gpu_info, cold_request_covered, sub_bundle, table_rows, upgrade_results
+from perfkit.bundle import (
+    ResultBundle,
+    _gpu_info,
+    cold_request_covered,
+    sub_bundle,
+    table_rows,
+    upgrade_results,
+)
 from perfkit.checks import Check, check_flag
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.scenarios.common import assemble, json_float, measure_launch, reuse_launch, slug
-from perfkit.scenarios.registry import (CapParams, InvariantParams, KeyNumber, RunContext, Scenario,
-                                       ScenarioError, ScenarioParams, _Model, register)
+from perfkit.scenarios.registry import (
+    CapParams,
+    InvariantParams,
+    KeyNumber,
+    RunContext,
+    Scenario,
+    ScenarioError,
+    ScenarioParams,
+    _Model,
+    register,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +88,16 @@ def _req(request) -> VideoRequestSpec:
     return request if isinstance(request, VideoRequestSpec) else VideoRequestSpec.from_dict(request or {})
 
 
-def memory_budget(spec: EngineSpec, caps: list[MemoryCaps | None] | None = None,
-                  request: VideoRequestSpec | dict | None = None, repeats: int = 2,
-                  run_dir: str | Path = "outputs/memory_budget", sample_interval_s: float = 0.1,
-                  min_budget: dict[str, float] | None = None, reuse: Any = None) -> ResultBundle:
+def memory_budget(
+    spec: EngineSpec,
+    caps: list[MemoryCaps | None] | None = None,
+    request: VideoRequestSpec | dict | None = None,
+    repeats: int = 2,
+    run_dir: str | Path = "outputs/memory_budget",
+    sample_interval_s: float = 0.1,
+    min_budget: dict[str, float] | None = None,
+    reuse: Any = None,
+) -> ResultBundle:
     """Run the memory-budget investigation.
 
     Args:
@@ -110,8 +133,9 @@ def memory_budget(spec: EngineSpec, caps: list[MemoryCaps | None] | None = None,
         if data is not None:
             reused.append(label)
         else:
-            data = measure_launch(spec, [req] * repeats, Path(run_dir), label, caps=cap,
-                                  sample_interval_s=sample_interval_s)
+            data = measure_launch(
+                spec, [req] * repeats, Path(run_dir), label, caps=cap, sample_interval_s=sample_interval_s
+            )
         data.launch_row["cap_label"] = cap.label
         launches.append(data)
         df = data.measured()
@@ -121,40 +145,75 @@ def memory_budget(spec: EngineSpec, caps: list[MemoryCaps | None] | None = None,
         exceeded = bool(lr.get("cap_exceeded")) or (data.error or "").startswith("host memory cap exceeded")
         oom = bool(not df.empty and df["error"].fillna("").str.contains("out of device memory").any())
         e = {
-            "label": cap.label, "device_cap_gib": cap.device_gib, "host_cap_gib": cap.host_gib,
-            "completed": bool(len(ok) == repeats), "n_completed": int(len(ok)),
-            "cap_held": bool(not exceeded and not oom), "enforcement": lr.get("enforcement"),
+            "label": cap.label,
+            "device_cap_gib": cap.device_gib,
+            "host_cap_gib": cap.host_gib,
+            "completed": bool(len(ok) == repeats),
+            "n_completed": int(len(ok)),
+            "cap_held": bool(not exceeded and not oom),
+            "enforcement": lr.get("enforcement"),
             "peak_reserved_mib": json_float(ok["peak_reserved_mib"].max()) if len(ok) else None,
             "peak_allocated_mib": json_float(ok["peak_allocated_mib"].max()) if len(ok) else None,
             "load_peak_mib": json_float(lr.get("load_peak_mib")),
             "host_anon_peak_mib": json_float(host_peak),
-            "placement": lr.get("placement"), "error": data.error or (None if len(ok) == repeats else
-                                                                      "; ".join(df["error"].dropna().astype(str))),
+            "placement": lr.get("placement"),
+            "error": data.error
+            or (None if len(ok) == repeats else "; ".join(df["error"].dropna().astype(str))),
         }
         if len(ok) >= 2:
             cold = float(ok["e2e_ms"].iloc[0])
             warm = float(np.median(ok["e2e_ms"].iloc[1:]))
-            e.update({"cold_ms": cold, "warm_ms": warm,
-                      "warm_degrades": bool(warm > cold * (1 + WARM_DEGRADE_TOLERANCE))})
+            e.update(
+                {
+                    "cold_ms": cold,
+                    "warm_ms": warm,
+                    "warm_degrades": bool(warm > cold * (1 + WARM_DEGRADE_TOLERANCE)),
+                }
+            )
         else:
-            e.update({"cold_ms": json_float(ok["e2e_ms"].iloc[0]) if len(ok) else None, "warm_ms": None,
-                      "warm_degrades": None})
+            e.update(
+                {
+                    "cold_ms": json_float(ok["e2e_ms"].iloc[0]) if len(ok) else None,
+                    "warm_ms": None,
+                    "warm_degrades": None,
+                }
+            )
         entries.append(e)
-    results: dict[str, Any] = {"caps": entries, "warm_degrade_tolerance": WARM_DEGRADE_TOLERANCE,
-                               "reused_launches": reused}
+    results: dict[str, Any] = {
+        "caps": entries,
+        "warm_degrade_tolerance": WARM_DEGRADE_TOLERANCE,
+        "reused_launches": reused,
+    }
     if min_budget:
-        mb = find_min_budget(spec, req, float(min_budget["lo_gib"]), float(min_budget["hi_gib"]),
-                             run_dir=Path(run_dir) / "bisect", resolution_gib=float(min_budget.get("resolution_gib", 1.0)))
+        mb = find_min_budget(
+            spec,
+            req,
+            float(min_budget["lo_gib"]),
+            float(min_budget["hi_gib"]),
+            run_dir=Path(run_dir) / "bisect",
+            resolution_gib=float(min_budget.get("resolution_gib", 1.0)),
+        )
         results["min_budget_gib"] = mb.get("min_gib")
         results["min_budget_probes"] = mb.get("probes")
         results["min_budget_note"] = mb.get("note")
-    params = {"spec": spec.to_dict(), "caps": [c.to_dict() for c in caps], "request": req.payload(),
-              "repeats": repeats, "min_budget": min_budget}
+    params = {
+        "spec": spec.to_dict(),
+        "caps": [c.to_dict() for c in caps],
+        "request": req.payload(),
+        "repeats": repeats,
+        "min_budget": min_budget,
+    }
     return assemble(NAME, launches, params, results, caps=caps)
 
 
-def find_min_budget(spec: EngineSpec, request: VideoRequestSpec | dict | None, lo_gib: float, hi_gib: float,
-                    run_dir: str | Path = "outputs/min_budget", resolution_gib: float = 1.0) -> dict[str, Any]:
+def find_min_budget(
+    spec: EngineSpec,
+    request: VideoRequestSpec | dict | None,
+    lo_gib: float,
+    hi_gib: float,
+    run_dir: str | Path = "outputs/min_budget",
+    resolution_gib: float = 1.0,
+) -> dict[str, Any]:
     """Bisect the smallest device cap (GiB) at which one request completes.
 
     GPU only: without an NVIDIA GPU visible through NVML it logs why and returns
@@ -178,13 +237,25 @@ def find_min_budget(spec: EngineSpec, request: VideoRequestSpec | dict | None, l
     probes: list[dict[str, Any]] = []
 
     def ok_at(gib: float) -> bool:
-        data = measure_launch(spec, [req], Path(run_dir), f"probe{gib:g}GiB", caps=MemoryCaps(device_gib=gib),
-                              stop_on_failure=True)
+        data = measure_launch(
+            spec,
+            [req],
+            Path(run_dir),
+            f"probe{gib:g}GiB",
+            caps=MemoryCaps(device_gib=gib),
+            stop_on_failure=True,
+        )
         df = data.measured()
         good = bool(not df.empty and (df["status"] == "completed").all() and data.error is None)
-        probes.append({"device_gib": gib, "completed": good, "placement": data.launch_row.get("placement"),
-                       "e2e_ms": json_float(df["e2e_ms"].iloc[0]) if not df.empty else None,
-                       "error": data.error or (None if good else "; ".join(df["error"].dropna().astype(str)))})
+        probes.append(
+            {
+                "device_gib": gib,
+                "completed": good,
+                "placement": data.launch_row.get("placement"),
+                "e2e_ms": json_float(df["e2e_ms"].iloc[0]) if not df.empty else None,
+                "error": data.error or (None if good else "; ".join(df["error"].dropna().astype(str))),
+            }
+        )
         log.info("min budget probe %.2f GiB: %s", gib, "ok" if good else "failed")
         return good
 
@@ -206,10 +277,15 @@ def find_min_budget(spec: EngineSpec, request: VideoRequestSpec | dict | None, l
 def run(ctx: RunContext, p: MemoryBudgetParams) -> ResultBundle:
     """The registry's ``run``: :func:`memory_budget` (the unlimited budget reuses a session
     measured earlier in the run when it ran the same spec and request)."""
-    return memory_budget(ctx.engine, caps=[c.to_caps() for c in p.caps], request=ctx.request,
-                         repeats=p.repeats, run_dir=ctx.work_dir / NAME,
-                         min_budget=p.min_budget.model_dump() if p.min_budget else None,
-                         reuse=list(ctx.shared.values()) or None)
+    return memory_budget(
+        ctx.engine,
+        caps=[c.to_caps() for c in p.caps],
+        request=ctx.request,
+        repeats=p.repeats,
+        run_dir=ctx.work_dir / NAME,
+        min_budget=p.min_budget.model_dump() if p.min_budget else None,
+        reuse=list(ctx.shared.values()) or None,
+    )
 
 
 def check_bundle(bundle: ResultBundle) -> None:
@@ -221,8 +297,10 @@ def check_bundle(bundle: ResultBundle) -> None:
         raise ScenarioError(f"{where}: no budget measured")
     for c in caps:
         if c.get("device_cap_gib") is None and c.get("host_cap_gib") is None and not c.get("completed"):
-            raise ScenarioError(f"{where}: the run without caps ({c.get('label')}) did not "
-                                f"complete: {c.get('error') or 'see the engine log'}")
+            raise ScenarioError(
+                f"{where}: the run without caps ({c.get('label')}) did not "
+                f"complete: {c.get('error') or 'see the engine log'}"
+            )
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
@@ -231,8 +309,11 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
     r = _current(r)
     rows: list[Check] = []
     caps = [c for c in (r.get("caps") or []) if isinstance(c, dict)]
-    for key, col, want in (("caps_held", "cap_held", True), ("caps_completed", "completed", True),
-                           ("warm_degrades_allowed", "warm_degrades", False)):
+    for key, col, want in (
+        ("caps_held", "cap_held", True),
+        ("caps_completed", "completed", True),
+        ("warm_degrades_allowed", "warm_degrades", False),
+    ):
         if key not in inv:
             continue
         gated = bool(inv[key]) if key != "warm_degrades_allowed" else not bool(inv[key])
@@ -242,10 +323,12 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             rows.append(Check(NAME, key, None, None, None, "skipped", "not measured"))
             continue
         for c in caps:
-            detail = (f"device cap {c.get('device_cap_gib')} GiB, host cap {c.get('host_cap_gib')} GiB,"
-                      f" enforcement {c.get('enforcement')}, peak reserved "
-                      f"{c.get('peak_reserved_mib')} MiB, host anon peak "
-                      f"{c.get('host_anon_peak_mib')} MiB, placement {c.get('placement')}")
+            detail = (
+                f"device cap {c.get('device_cap_gib')} GiB, host cap {c.get('host_cap_gib')} GiB,"
+                f" enforcement {c.get('enforcement')}, peak reserved "
+                f"{c.get('peak_reserved_mib')} MiB, host anon peak "
+                f"{c.get('host_anon_peak_mib')} MiB, placement {c.get('placement')}"
+            )
             rows.append(check_flag(NAME, f"{col}[{c.get('label')}]", c.get(col), want, detail))
     return rows
 
@@ -264,19 +347,36 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
     """Per budget: completed, held, peak reserved (MiB); the minimum device budget (GiB) when
     searched. ``r`` may be results.json of any schema version."""
     r = _current(r)
-    out = [KeyNumber(f"cap {c.get('label')}",
-                     ("completed" if c.get("completed") else "did not complete")
-                     + ", " + ("held" if c.get("cap_held") else "not held")
-                     + f", peak reserved {_mib(c.get('peak_reserved_mib'))}")
-           for c in r.get("caps") or []]
+    out = [
+        KeyNumber(
+            f"cap {c.get('label')}",
+            ("completed" if c.get("completed") else "did not complete")
+            + ", "
+            + ("held" if c.get("cap_held") else "not held")
+            + f", peak reserved {_mib(c.get('peak_reserved_mib'))}",
+        )
+        for c in r.get("caps") or []
+    ]
     if r.get("min_budget_gib") is not None:
         out.append(KeyNumber("minimum device budget", json_float(r["min_budget_gib"]), "GiB", ".1f"))
     return out
 
 
-SUMMARY_COLUMNS = ["label", "device_cap_gib", "host_cap_gib", "completed", "cap_held", "enforcement",
-                   "peak_reserved_mib", "host_anon_peak_mib", "placement", "cold_ms", "warm_ms",
-                   "warm_degrades", "error"]
+SUMMARY_COLUMNS = [
+    "label",
+    "device_cap_gib",
+    "host_cap_gib",
+    "completed",
+    "cap_held",
+    "enforcement",
+    "peak_reserved_mib",
+    "host_anon_peak_mib",
+    "placement",
+    "cold_ms",
+    "warm_ms",
+    "warm_degrades",
+    "error",
+]
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
@@ -296,17 +396,24 @@ def reading(r: Mapping[str, Any]) -> str:
     r = _current(r)
     out = []
     for c in r.get("caps") or []:
-        out.append(f"- **{c.get('label')}**: "
-                   + ("completed" if c.get("completed") else "**did not complete**")
-                   + ", cap " + ("held" if c.get("cap_held") else "**not held**")
-                   + f" (enforcement {c.get('enforcement')}); peak reserved "
-                   f"{_mib(c.get('peak_reserved_mib'))}, host anon peak "
-                   f"{_mib(c.get('host_anon_peak_mib'))}, placement {c.get('placement') or '–'}"
-                   + ("; warm requests degrade" if c.get("warm_degrades") else "") + ".")
+        out.append(
+            f"- **{c.get('label')}**: "
+            + ("completed" if c.get("completed") else "**did not complete**")
+            + ", cap "
+            + ("held" if c.get("cap_held") else "**not held**")
+            + f" (enforcement {c.get('enforcement')}); peak reserved "
+            f"{_mib(c.get('peak_reserved_mib'))}, host anon peak "
+            f"{_mib(c.get('host_anon_peak_mib'))}, placement {c.get('placement') or '–'}"
+            + ("; warm requests degrade" if c.get("warm_degrades") else "")
+            + "."
+        )
     mb = json_float(r.get("min_budget_gib"))
     out.append("")
-    out.append(f"Smallest device budget that completes: {mb:.1f} GiB." if mb is not None
-               else "Smallest device budget: not searched (no GPU, or not asked).")
+    out.append(
+        f"Smallest device budget that completes: {mb:.1f} GiB."
+        if mb is not None
+        else "Smallest device budget: not searched (no GPU, or not asked)."
+    )
     return "\n".join(out)
 
 
@@ -316,8 +423,9 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     out: dict[str, ResultBundle] = {}
     if bundle.requests.empty:
         return out
-    rows = (table_rows(bundle.launches) if not bundle.launches.empty
-            else [{"launch": None, "label": "unlimited"}])
+    rows = (
+        table_rows(bundle.launches) if not bundle.launches.empty else [{"launch": None, "label": "unlimited"}]
+    )
     for row in rows:
         la = row.get("launch")
         label = row.get("cap_label") or row.get("label") or la or "unlimited"
@@ -328,9 +436,19 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return out
 
 
-SCENARIO = register(Scenario(
-    name=NAME, title="Memory budget",
-    question="Does the pipeline fit the memory budget, and what does it cost in latency?",
-    params_model=MemoryBudgetParams, invariants_model=MemoryBudgetInvariants, run=run,
-    check_bundle=check_bundle, checks=checks, key_numbers=key_numbers,
-    summary_table=summary_table, reading=reading, cases=cases))
+SCENARIO = register(
+    Scenario(
+        name=NAME,
+        title="Memory budget",
+        question="Does the pipeline fit the memory budget, and what does it cost in latency?",
+        params_model=MemoryBudgetParams,
+        invariants_model=MemoryBudgetInvariants,
+        run=run,
+        check_bundle=check_bundle,
+        checks=checks,
+        key_numbers=key_numbers,
+        summary_table=summary_table,
+        reading=reading,
+        cases=cases,
+    )
+)

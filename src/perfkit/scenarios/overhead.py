@@ -14,11 +14,11 @@ to prove a small overhead instead of passing on a lucky median.
 One launch of its own (``overhead`` section: ``pairs``, ``sampler_interval_s``); disabled by
 default: on a shared 2-core runner the interval is wider than the effect.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
@@ -26,12 +26,19 @@ import pandas as pd
 from pydantic import Field
 
 from perfkit import stats
-from perfkit.engine.client import VideoClient, VideoRequestSpec
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check, check_max, number
+from perfkit.engine.client import VideoClient, VideoRequestSpec
 from perfkit.scenarios.common import assemble, json_float, measure_launch
-from perfkit.scenarios.registry import (InvariantParams, KeyNumber, RunContext, Scenario, ScenarioError,
-                                       ScenarioParams, register)
+from perfkit.scenarios.registry import (
+    InvariantParams,
+    KeyNumber,
+    RunContext,
+    Scenario,
+    ScenarioError,
+    ScenarioParams,
+    register,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +68,22 @@ def _summary(on: list[float], off: list[float]) -> dict[str, Any]:
         return {"n_on": len(on), "n_off": len(off), "overhead": None}
     ratio_ci = stats.bootstrap_ratio_ci(on, off)
     mw = stats.mann_whitney(on, off)
-    return {"n_on": len(on), "n_off": len(off), "median_on_ms": float(np.median(on)),
-            "median_off_ms": float(np.median(off)), "overhead": float(np.median(on) / np.median(off) - 1),
-            "overhead_ci": [json_float(ratio_ci[0] - 1), json_float(ratio_ci[1] - 1)],
-            "mann_whitney_p": json_float(mw.get("pvalue")), "on_ms": on, "off_ms": off}
+    return {
+        "n_on": len(on),
+        "n_off": len(off),
+        "median_on_ms": float(np.median(on)),
+        "median_off_ms": float(np.median(off)),
+        "overhead": float(np.median(on) / np.median(off) - 1),
+        "overhead_ci": [json_float(ratio_ci[0] - 1), json_float(ratio_ci[1] - 1)],
+        "mann_whitney_p": json_float(mw.get("pvalue")),
+        "on_ms": on,
+        "off_ms": off,
+    }
 
 
-def overhead_probe(request: VideoRequestSpec, pairs: int = 10, sampler_interval_s: float = 0.1,
-                   warmup: int = 1) -> Callable[[Any, VideoClient, Any], dict[str, Any]]:
+def overhead_probe(
+    request: VideoRequestSpec, pairs: int = 10, sampler_interval_s: float = 0.1, warmup: int = 1
+) -> Callable[[Any, VideoClient, Any], dict[str, Any]]:
     """An ``after`` hook for :func:`perfkit.scenarios.common.measure_launch`.
 
     Returns a dict ``{"stage_timing": {...}, "sampler": {...}, "request_ids": [...]}`` where each
@@ -92,14 +107,14 @@ def overhead_probe(request: VideoRequestSpec, pairs: int = 10, sampler_interval_
             e2e(timed)
         on, off = [], []
         for i in range(pairs):
-            for flag in ((True, False) if i % 2 == 0 else (False, True)):
+            for flag in (True, False) if i % 2 == 0 else (False, True):
                 v = e2e(timed if flag else untimed)
                 if v is not None:
                     (on if flag else off).append(v)
         sampler.stop()
         s_on, s_off = [], []
         for i in range(pairs):
-            for flag in ((True, False) if i % 2 == 0 else (False, True)):
+            for flag in (True, False) if i % 2 == 0 else (False, True):
                 probe = handle.sampler(interval_s=sampler_interval_s) if flag else None
                 if probe is not None:
                     probe.start()
@@ -108,8 +123,12 @@ def overhead_probe(request: VideoRequestSpec, pairs: int = 10, sampler_interval_
                     probe.stop()
                 if v is not None:
                     (s_on if flag else s_off).append(v)
-        return {"stage_timing": _summary(on, off), "sampler": _summary(s_on, s_off),
-                "sampler_interval_s": sampler_interval_s, "request_ids": ids}
+        return {
+            "stage_timing": _summary(on, off),
+            "sampler": _summary(s_on, s_off),
+            "sampler_interval_s": sampler_interval_s,
+            "request_ids": ids,
+        }
 
     return run
 
@@ -119,11 +138,18 @@ def run(ctx: RunContext, p: OverheadParams) -> ResultBundle:
     """One launch: a warm-up request, then :func:`overhead_probe` with ``p.pairs`` ABBA pairs."""
     probe = overhead_probe(ctx.request, pairs=p.pairs, sampler_interval_s=p.sampler_interval_s)
     data = measure_launch(ctx.engine, [ctx.request], ctx.work_dir / NAME, "probe", after=probe)
-    results: dict[str, Any] = {"error": data.error, "pairs": p.pairs,
-                               "sampler_interval_s": p.sampler_interval_s}
+    results: dict[str, Any] = {
+        "error": data.error,
+        "pairs": p.pairs,
+        "sampler_interval_s": p.sampler_interval_s,
+    }
     results.update({k: v for k, v in (data.extra or {}).items() if k in PARTS})
-    params = {"spec": ctx.engine.to_dict(), "request": ctx.request.payload(), "pairs": p.pairs,
-              "sampler_interval_s": p.sampler_interval_s}
+    params = {
+        "spec": ctx.engine.to_dict(),
+        "request": ctx.request.payload(),
+        "pairs": p.pairs,
+        "sampler_interval_s": p.sampler_interval_s,
+    }
     return assemble(NAME, [data], params, results)
 
 
@@ -131,8 +157,10 @@ def check_bundle(bundle: ResultBundle) -> None:
     """Raise :class:`ScenarioError` when the probe did not run or measured nothing."""
     r = bundle.results or {}
     if r.get("error") or not any(number((r.get(k) or {}).get("overhead")) is not None for k in PARTS):
-        raise ScenarioError(f"{NAME} ({bundle.path or 'bundle'}): no overhead measured: "
-                            f"{r.get('error') or 'every probe request failed'}")
+        raise ScenarioError(
+            f"{NAME} ({bundle.path or 'bundle'}): no overhead measured: "
+            f"{r.get('error') or 'every probe request failed'}"
+        )
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
@@ -156,8 +184,14 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
         s = r.get(part) or {}
         ov, ci = number(s.get("overhead")), s.get("overhead_ci") or [None, None]
         lo, hi = number(ci[0]), number(ci[1])
-        text = None if ov is None else (f"{ov:+.2%}" + (f" (95% CI {lo:+.2%} … {hi:+.2%})"
-                                                         if lo is not None and hi is not None else ""))
+        text = (
+            None
+            if ov is None
+            else (
+                f"{ov:+.2%}"
+                + (f" (95% CI {lo:+.2%} … {hi:+.2%})" if lo is not None and hi is not None else "")
+            )
+        )
         out.append(KeyNumber(f"{part.replace('_', ' ')} overhead", text))
     return out
 
@@ -168,9 +202,18 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     for part in PARTS:
         s = r.get(part) or {}
         ci = s.get("overhead_ci") or [None, None]
-        rows.append({"part": part, "n_on": s.get("n_on"), "n_off": s.get("n_off"),
-                     "median_on_ms": s.get("median_on_ms"), "median_off_ms": s.get("median_off_ms"),
-                     "overhead": s.get("overhead"), "ci_low": ci[0], "ci_high": ci[1]})
+        rows.append(
+            {
+                "part": part,
+                "n_on": s.get("n_on"),
+                "n_off": s.get("n_off"),
+                "median_on_ms": s.get("median_on_ms"),
+                "median_off_ms": s.get("median_off_ms"),
+                "overhead": s.get("overhead"),
+                "ci_low": ci[0],
+                "ci_high": ci[1],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -180,8 +223,10 @@ def reading(r: Mapping[str, Any]) -> str:
     for k in key_numbers(r):
         lines.append(f"- **{k.label}**: {k.text}")
     lines.append("")
-    lines.append("An interval that straddles 0 and is wider than the target says the probe needs "
-                 "more pairs, not that the overhead is small.")
+    lines.append(
+        "An interval that straddles 0 and is wider than the target says the probe needs "
+        "more pairs, not that the overhead is small."
+    )
     return "\n".join(lines)
 
 
@@ -190,9 +235,19 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return {}
 
 
-SCENARIO = register(Scenario(
-    name=NAME, title="Instrumentation overhead",
-    question="What does perfkit's own instrumentation (stage timing, memory sampler) cost?",
-    params_model=OverheadParams, invariants_model=OverheadInvariants, run=run,
-    check_bundle=check_bundle, checks=checks, key_numbers=key_numbers,
-    summary_table=summary_table, reading=reading, cases=cases))
+SCENARIO = register(
+    Scenario(
+        name=NAME,
+        title="Instrumentation overhead",
+        question="What does perfkit's own instrumentation (stage timing, memory sampler) cost?",
+        params_model=OverheadParams,
+        invariants_model=OverheadInvariants,
+        run=run,
+        check_bundle=check_bundle,
+        checks=checks,
+        key_numbers=key_numbers,
+        summary_table=summary_table,
+        reading=reading,
+        cases=cases,
+    )
+)

@@ -16,6 +16,7 @@ Adding an investigation: write ``perfkit/scenarios/<name>.py`` ending in ``regis
 import it in :mod:`perfkit.scenarios`, add ``notebooks/<name>.ipynb`` (``make_notebooks.py``) and
 ``perfkit/report/templates/sections/<name>.html.j2``. See docs/DESIGN.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,19 @@ from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 
-__all__ = ["Scenario", "RunContext", "KeyNumber", "ScenarioParams", "InvariantParams", "CapParams",
-           "ScenarioError", "register", "get", "all_scenarios", "names"]
+__all__ = [
+    "Scenario",
+    "RunContext",
+    "KeyNumber",
+    "ScenarioParams",
+    "InvariantParams",
+    "CapParams",
+    "ScenarioError",
+    "register",
+    "get",
+    "all_scenarios",
+    "names",
+]
 
 
 class ScenarioError(RuntimeError):
@@ -176,8 +188,9 @@ def register(scenario: Scenario) -> Scenario:
     for other in _REGISTRY.values():
         clash = mine & set(other.invariants_model.model_fields)
         if clash:
-            raise ValueError(f"invariant keys {sorted(clash)} of {scenario.name!r} are already "
-                             f"declared by {other.name!r}")
+            raise ValueError(
+                f"invariant keys {sorted(clash)} of {scenario.name!r} are already declared by {other.name!r}"
+            )
     _REGISTRY[scenario.name] = scenario
     return scenario
 
@@ -208,8 +221,9 @@ def invariant_defaults() -> dict[str, Any]:
     return out
 
 
-def checks_for(results: Mapping[str, Mapping[str, Any]], invariants: Mapping[str, Any],
-               only: str | None = None) -> list[Check]:
+def checks_for(
+    results: Mapping[str, Mapping[str, Any]], invariants: Mapping[str, Any], only: str | None = None
+) -> list[Check]:
     """Check rows of every scenario with results (or of ``only``), each against the invariants
     it declares. A limit of None is not gated; a scenario without results gives ``skipped``
     rows for its gated invariants (never a pass)."""

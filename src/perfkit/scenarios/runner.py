@@ -6,6 +6,7 @@ through), then either loads ``bundle_dir`` (launches nothing) or runs the scenar
 lands in ``out``. Launch directories (engine logs, perf logs, compile caches) go to
 ``out/launches/``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,9 +42,16 @@ def shared_bundles(out: Path, name: str) -> dict[str, ResultBundle]:
     return found
 
 
-def load_or_run(scenario: str, *, out: str | Path, bundle_dir: str | Path | None = None,
-                engine: Mapping[str, Any] | None = None, request: Mapping[str, Any] | None = None,
-                share_launches: bool = True, **section: Any) -> ResultBundle:
+def load_or_run(
+    scenario: str,
+    *,
+    out: str | Path,
+    bundle_dir: str | Path | None = None,
+    engine: Mapping[str, Any] | None = None,
+    request: Mapping[str, Any] | None = None,
+    share_launches: bool = True,
+    **section: Any,
+) -> ResultBundle:
     """Replay ``bundle_dir`` (launches nothing) or run ``scenario``; the bundle lands in ``out``.
 
     Args:
@@ -65,8 +73,7 @@ def load_or_run(scenario: str, *, out: str | Path, bundle_dir: str | Path | None
     if bundle_dir:
         b = ResultBundle.load(bundle_dir)
         if b.scenario != scenario:
-            raise ValueError(f"bundle_dir {bundle_dir} holds a {b.scenario!r} bundle, "
-                             f"expected {scenario!r}")
+            raise ValueError(f"bundle_dir {bundle_dir} holds a {b.scenario!r} bundle, expected {scenario!r}")
         if Path(bundle_dir).resolve() != out.resolve():
             b.save(out)
         log.info("replaying %s bundle from %s", scenario, bundle_dir)
@@ -78,10 +85,12 @@ def load_or_run(scenario: str, *, out: str | Path, bundle_dir: str | Path | None
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"{scenario} params: {problems}") from None
     out.mkdir(parents=True, exist_ok=True)
-    ctx = RunContext(engine=EngineSpec.from_dict(dict(engine or {})),
-                     request=VideoRequestSpec.from_dict(dict(request or {})),
-                     work_dir=out / "launches",
-                     shared=shared_bundles(out, scenario) if share_launches else {})
+    ctx = RunContext(
+        engine=EngineSpec.from_dict(dict(engine or {})),
+        request=VideoRequestSpec.from_dict(dict(request or {})),
+        work_dir=out / "launches",
+        shared=shared_bundles(out, scenario) if share_launches else {},
+    )
     b = s.run(ctx, params)
     b.save(out)
     s.check_bundle(b)  # after saving: the bundle (engine logs) is there to look at

@@ -5,6 +5,7 @@ setup (recompilation, graph capture) — seed case 003. One launch per warmup se
 fresh compile caches; for each request shape: first-request latency vs the warm median, compiles
 in the measured window, covered or not (same latent shape as the warmup run).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,12 +21,19 @@ from pydantic import Field, field_validator
 from perfkit import stats
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, sub_bundle, table_rows
 from perfkit.checks import Check, check_max, number
+from perfkit.common.frames import latent_frames
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.common.frames import latent_frames
 from perfkit.scenarios.common import assemble, json_float, measure_launch, reuse_launch, stage_penalty
-from perfkit.scenarios.registry import (InvariantParams, KeyNumber, RunContext, Scenario, ScenarioError,
-                                       ScenarioParams, register)
+from perfkit.scenarios.registry import (
+    InvariantParams,
+    KeyNumber,
+    RunContext,
+    Scenario,
+    ScenarioError,
+    ScenarioParams,
+    register,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +70,16 @@ class WarmupShapesInvariants(InvariantParams):
     covered_compiles_max: Optional[float] = 0
 
 
-def warmup_shapes(spec: EngineSpec, warmup_frames: list[int] = (17, 25), request_frames: list[int] = (25,),
-                  repeats: int = 3, request: VideoRequestSpec | dict | None = None,
-                  run_dir: str | Path = "outputs/warmup_shapes", sample_interval_s: float = 0.1,
-                  reuse: Any = None) -> ResultBundle:
+def warmup_shapes(
+    spec: EngineSpec,
+    warmup_frames: list[int] = (17, 25),
+    request_frames: list[int] = (25,),
+    repeats: int = 3,
+    request: VideoRequestSpec | dict | None = None,
+    run_dir: str | Path = "outputs/warmup_shapes",
+    sample_interval_s: float = 0.1,
+    reuse: Any = None,
+) -> ResultBundle:
     """Run the warmup-shapes investigation.
 
     Args:
@@ -116,12 +130,26 @@ def warmup_shapes(spec: EngineSpec, warmup_frames: list[int] = (17, 25), request
             idx = list(range(j * repeats, (j + 1) * repeats))
             rows = df[df["index"].isin(idx)].sort_values("index") if not df.empty else df
             ok = rows[rows["status"] == "completed"] if not rows.empty else rows
-            entry: dict[str, Any] = {"warmup_frames": int(w), "request_frames": int(f),
-                                     "warmup_latent_frames": latent_frames(w) if w > 0 else 0,
-                                     "request_latent_frames": latent_frames(f), "error": data.error}
+            entry: dict[str, Any] = {
+                "warmup_frames": int(w),
+                "request_frames": int(f),
+                "warmup_latent_frames": latent_frames(w) if w > 0 else 0,
+                "request_latent_frames": latent_frames(f),
+                "error": data.error,
+            }
             if len(ok) < 2 or ok["index"].iloc[0] != idx[0]:
-                entry.update({"covered": None, "first_ms": None, "warm_median_ms": None, "penalty_ms": None,
-                              "ratio": None, "ratio_ci": [None, None], "compiles": None, "penalty_stage": None})
+                entry.update(
+                    {
+                        "covered": None,
+                        "first_ms": None,
+                        "warm_median_ms": None,
+                        "penalty_ms": None,
+                        "ratio": None,
+                        "ratio_ci": [None, None],
+                        "compiles": None,
+                        "penalty_stage": None,
+                    }
+                )
                 coverage.append(entry)
                 continue
             first = float(ok["e2e_ms"].iloc[0])
@@ -130,21 +158,33 @@ def warmup_shapes(spec: EngineSpec, warmup_frames: list[int] = (17, 25), request
             shape = ok["latent_shape"].iloc[0]
             pen = stage_penalty(stages, ok["request_id"].iloc[0], list(ok["request_id"].iloc[1:]))
             finite = {k: v for k, v in pen.items() if not math.isnan(v)}
-            entry.update({
-                "covered": bool(warm_shape is not None and shape == warm_shape),
-                "request_latent_shape": shape, "warmup_latent_shape": warm_shape,
-                "first_ms": first, "warm_median_ms": wmed, "penalty_ms": first - wmed,
-                "ratio": first / wmed, "ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci([first], warm)],
-                "compiles": int(ok["compiles"].sum()), "compile_ms": float(ok["compile_ms"].sum()),
-                "first_compiles": int(ok["compiles"].iloc[0]),
-                "recompile_reasons": [r for r in ok["recompile_reasons"] if r],
-                "recompile_limit_hit": bool(ok["recompile_limit_hit"].any()),
-                "penalty_stage": max(finite, key=finite.get) if finite else None,
-                "penalty_by_stage_ms": {k: json_float(v) for k, v in pen.items()},
-            })
+            entry.update(
+                {
+                    "covered": bool(warm_shape is not None and shape == warm_shape),
+                    "request_latent_shape": shape,
+                    "warmup_latent_shape": warm_shape,
+                    "first_ms": first,
+                    "warm_median_ms": wmed,
+                    "penalty_ms": first - wmed,
+                    "ratio": first / wmed,
+                    "ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci([first], warm)],
+                    "compiles": int(ok["compiles"].sum()),
+                    "compile_ms": float(ok["compile_ms"].sum()),
+                    "first_compiles": int(ok["compiles"].iloc[0]),
+                    "recompile_reasons": [r for r in ok["recompile_reasons"] if r],
+                    "recompile_limit_hit": bool(ok["recompile_limit_hit"].any()),
+                    "penalty_stage": max(finite, key=finite.get) if finite else None,
+                    "penalty_by_stage_ms": {k: json_float(v) for k, v in pen.items()},
+                }
+            )
             coverage.append(entry)
-    params = {"spec": spec.to_dict(), "warmup_frames": list(map(int, warmup_frames)),
-              "request_frames": list(map(int, request_frames)), "repeats": repeats, "request": base.payload()}
+    params = {
+        "spec": spec.to_dict(),
+        "warmup_frames": list(map(int, warmup_frames)),
+        "request_frames": list(map(int, request_frames)),
+        "repeats": repeats,
+        "request": base.payload(),
+    }
     return assemble(NAME, launches, params, {"coverage": coverage, "reused_launches": reused})
 
 
@@ -152,10 +192,15 @@ def warmup_shapes(spec: EngineSpec, warmup_frames: list[int] = (17, 25), request
 def run(ctx: RunContext, p: WarmupShapesParams) -> ResultBundle:
     """The registry's ``run``: :func:`warmup_shapes`, reusing a launch measured earlier in the run
     when it ran exactly one of these warmup settings."""
-    return warmup_shapes(ctx.engine, warmup_frames=list(p.warmup_frames),
-                         request_frames=list(p.request_frames), repeats=p.repeats,
-                         request=ctx.request, run_dir=ctx.work_dir / NAME,
-                         reuse=list(ctx.shared.values()) or None)
+    return warmup_shapes(
+        ctx.engine,
+        warmup_frames=list(p.warmup_frames),
+        request_frames=list(p.request_frames),
+        repeats=p.repeats,
+        request=ctx.request,
+        run_dir=ctx.work_dir / NAME,
+        reuse=list(ctx.shared.values()) or None,
+    )
 
 
 def _first_request_error(bundle: ResultBundle) -> str | None:
@@ -176,12 +221,16 @@ def check_bundle(bundle: ResultBundle) -> None:
         raise ScenarioError(f"{where}: no coverage measured")
     bad = [c for c in cov if c.get("error")]
     if bad:
-        raise ScenarioError(f"{where}: warmup {bad[0].get('warmup_frames')}f / request "
-                            f"{bad[0].get('request_frames')}f failed: {bad[0]['error']}")
+        raise ScenarioError(
+            f"{where}: warmup {bad[0].get('warmup_frames')}f / request "
+            f"{bad[0].get('request_frames')}f failed: {bad[0]['error']}"
+        )
     if not any(c.get("first_ms") is not None for c in cov):
-        raise ScenarioError(f"{where}: no request shape was measured (every entry lacks a first "
-                            f"request and a warm one): "
-                            f"{_first_request_error(bundle) or 'see the engine log'}")
+        raise ScenarioError(
+            f"{where}: no request shape was measured (every entry lacks a first "
+            f"request and a warm one): "
+            f"{_first_request_error(bundle) or 'see the engine log'}"
+        )
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
@@ -189,14 +238,25 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
     rows: list[Check] = []
     coverage = [c for c in (r.get("coverage") or []) if isinstance(c, dict)]
     covered = [c for c in coverage if c.get("covered")]
-    for key, metric in (("covered_first_request_max_ratio", "covered_first_request_ratio"),
-                        ("covered_compiles_max", "covered_compiles")):
+    for key, metric in (
+        ("covered_first_request_max_ratio", "covered_first_request_ratio"),
+        ("covered_compiles_max", "covered_compiles"),
+    ):
         if key not in inv:
             continue
         limit = float(inv[key])
         if not covered:
-            rows.append(Check(NAME, metric, limit, None, limit, "skipped",
-                              "not measured" if not coverage else "no covered shape measured"))
+            rows.append(
+                Check(
+                    NAME,
+                    metric,
+                    limit,
+                    None,
+                    limit,
+                    "skipped",
+                    "not measured" if not coverage else "no covered shape measured",
+                )
+            )
             continue
         for c in covered:
             label = f"{metric}[warmup={c.get('warmup_frames')}f,request={c.get('request_frames')}f]"
@@ -206,8 +266,11 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             ratio = number(c.get("ratio"))
             if ratio is None and number(c.get("warm_median_ms")) and number(c.get("first_ms")) is not None:
                 ratio = float(c["first_ms"]) / float(c["warm_median_ms"])
-            what = (f"penalty {c['penalty_ms']:.0f} ms in {c.get('penalty_stage')}"
-                    if number(c.get("penalty_ms")) is not None else "")
+            what = (
+                f"penalty {c['penalty_ms']:.0f} ms in {c.get('penalty_stage')}"
+                if number(c.get("penalty_ms")) is not None
+                else ""
+            )
             rows.append(check_max(NAME, label, ratio, limit, what))
     return rows
 
@@ -217,17 +280,31 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
     out = []
     for c in r.get("coverage") or []:
         pen = number(c.get("penalty_ms"))
-        out.append(KeyNumber(
-            f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f",
-            ("covered" if c.get("covered") else "not covered")
-            + f", penalty {'–' if pen is None else f'{pen:.0f} ms'}, "
-            f"{c.get('compiles', '–')} compiles"))
+        out.append(
+            KeyNumber(
+                f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f",
+                ("covered" if c.get("covered") else "not covered")
+                + f", penalty {'–' if pen is None else f'{pen:.0f} ms'}, "
+                f"{c.get('compiles', '–')} compiles",
+            )
+        )
     return out
 
 
-SUMMARY_COLUMNS = ["warmup_frames", "request_frames", "warmup_latent_frames",
-                   "request_latent_frames", "covered", "first_ms", "warm_median_ms", "penalty_ms",
-                   "ratio", "compiles", "penalty_stage", "error"]
+SUMMARY_COLUMNS = [
+    "warmup_frames",
+    "request_frames",
+    "warmup_latent_frames",
+    "request_latent_frames",
+    "covered",
+    "first_ms",
+    "warm_median_ms",
+    "penalty_ms",
+    "ratio",
+    "compiles",
+    "penalty_stage",
+    "error",
+]
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
@@ -254,18 +331,23 @@ def reading(r: Mapping[str, Any]) -> str:
     out = []
     for c in rows:
         cov = "covered" if c.get("covered") else "**not covered**"
-        out.append(f"- warmup {c.get('warmup_frames')} frames → request "
-                   f"{c.get('request_frames')} frames: {cov}; first request "
-                   f"{f(c.get('first_ms'), '.0f', ' ms')} vs warm median "
-                   f"{f(c.get('warm_median_ms'), '.0f', ' ms')} (penalty "
-                   f"{f(c.get('penalty_ms'), '.0f', ' ms')}, x{f(c.get('ratio'), '.2f')}, "
-                   f"{c.get('compiles', '–')} compiles"
-                   + (f", mostly in `{c['penalty_stage']}`" if c.get("penalty_stage") else "")
-                   + ").")
+        out.append(
+            f"- warmup {c.get('warmup_frames')} frames → request "
+            f"{c.get('request_frames')} frames: {cov}; first request "
+            f"{f(c.get('first_ms'), '.0f', ' ms')} vs warm median "
+            f"{f(c.get('warm_median_ms'), '.0f', ' ms')} (penalty "
+            f"{f(c.get('penalty_ms'), '.0f', ' ms')}, x{f(c.get('ratio'), '.2f')}, "
+            f"{c.get('compiles', '–')} compiles"
+            + (f", mostly in `{c['penalty_stage']}`" if c.get("penalty_stage") else "")
+            + ")."
+        )
     uncovered = [c for c in rows if not c.get("covered")]
-    tail = ("A shape the warmup does not cover pays its shape setup (recompilation, graph "
-            "capture) on the first user request." if uncovered else
-            "Every requested shape is covered by the startup warmup.")
+    tail = (
+        "A shape the warmup does not cover pays its shape setup (recompilation, graph "
+        "capture) on the first user request."
+        if uncovered
+        else "Every requested shape is covered by the startup warmup."
+    )
     return "\n".join(out) + "\n\n" + tail
 
 
@@ -276,8 +358,10 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     req = bundle.requests
     if req.empty:
         return out
-    covered = {(c.get("warmup_frames"), c.get("request_frames")): c.get("covered")
-               for c in (bundle.results or {}).get("coverage") or []}
+    covered = {
+        (c.get("warmup_frames"), c.get("request_frames")): c.get("covered")
+        for c in (bundle.results or {}).get("coverage") or []
+    }
     rows = table_rows(bundle.launches) if not bundle.launches.empty else [{"launch": None}]
     for row in rows:
         la = row.get("launch")
@@ -295,9 +379,19 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return out
 
 
-SCENARIO = register(Scenario(
-    name=NAME, title="Warmup shapes",
-    question="Does the startup warmup cover the shapes users send?",
-    params_model=WarmupShapesParams, invariants_model=WarmupShapesInvariants, run=run,
-    check_bundle=check_bundle, checks=checks, key_numbers=key_numbers,
-    summary_table=summary_table, reading=reading, cases=cases))
+SCENARIO = register(
+    Scenario(
+        name=NAME,
+        title="Warmup shapes",
+        question="Does the startup warmup cover the shapes users send?",
+        params_model=WarmupShapesParams,
+        invariants_model=WarmupShapesInvariants,
+        run=run,
+        check_bundle=check_bundle,
+        checks=checks,
+        key_numbers=key_numbers,
+        summary_table=summary_table,
+        reading=reading,
+        cases=cases,
+    )
+)
