@@ -36,6 +36,7 @@ from perfkit.readings.records import (
     RecordError,
     read_memory_map,
     read_number,
+    read_optional_str,
     read_stage_entry,
     read_step_list,
 )
@@ -100,13 +101,6 @@ class PerfDump:
         )
 
 
-def _opt_str(obj: dict[str, Any], key: str) -> str | None:
-    v = obj.get(key)
-    if v is not None and not isinstance(v, str):
-        raise RecordError(key, f"{v!r} ({type(v).__name__}) is not a string")
-    return v
-
-
 def perf_dump_from_dict(obj: Any) -> PerfDump:
     """Read a parsed dump (either layout of sglang's ``PerformanceLogger.dump_benchmark_report``).
 
@@ -143,9 +137,9 @@ def perf_dump_from_dict(obj: Any) -> PerfDump:
         stages=stages,
         denoise_steps=denoise,
         memory_checkpoints=mem,
-        timestamp=_opt_str(obj, "timestamp"),
-        commit_hash=_opt_str(obj, "commit_hash"),
-        tag=_opt_str(obj, "tag"),
+        timestamp=read_optional_str(obj, "timestamp"),
+        commit_hash=read_optional_str(obj, "commit_hash"),
+        tag=read_optional_str(obj, "tag"),
         meta=dict(meta or {}),
         raw=obj,
     )

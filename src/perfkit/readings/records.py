@@ -101,7 +101,9 @@ def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
     return f
 
 
-def _opt_str(obj: dict[str, Any], key: str) -> str | None:
+def read_optional_str(obj: dict[str, Any], key: str) -> str | None:
+    """``obj[key]`` when it is a string or absent/null (None); anything else raises
+    :class:`RecordError` naming the key."""
     v = obj.get(key)
     if v is not None and not isinstance(v, str):
         raise RecordError(key, f"{v!r} ({type(v).__name__}) is not a string")
@@ -266,9 +268,9 @@ class PerfRecord:
             raise RecordError("perfkit", f"{pk!r} is not an object")
         return cls(
             request_id=rid,
-            timestamp=_opt_str(obj, "timestamp"),
-            commit_hash=_opt_str(obj, "commit_hash"),
-            tag=_opt_str(obj, "tag"),
+            timestamp=read_optional_str(obj, "timestamp"),
+            commit_hash=read_optional_str(obj, "commit_hash"),
+            tag=read_optional_str(obj, "tag"),
             stages=stages,
             steps=steps,
             total_duration_ms=read_number(obj["total_duration_ms"], "total_duration_ms"),
