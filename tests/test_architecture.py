@@ -67,6 +67,13 @@ def _names(text: str, name: str) -> bool:
     return "_" in name and re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", text) is not None
 
 
+def test_run_order_is_declared_not_import_order():
+    # warmup_shapes and memory_budget reuse the cold_warm session: cold_warm must run first
+    assert registry.names() == ("cold_warm", "warmup_shapes", "memory_budget", "overhead")
+    orders = [s.order for s in registry.all_scenarios()]
+    assert orders == sorted(orders)
+
+
 def test_scenario_names_are_written_only_in_their_own_module():
     names = registry.names()
     assert len(names) >= 4

@@ -182,7 +182,7 @@ TABLES: dict[str, Table] = {
                 _c("warmup_latent_shape", "string", "text", "latent shape the startup warmup ran"),
                 _c("device_cap_gib", "float64", "GiB", "device memory cap (NaN: none)"),
                 _c("host_cap_gib", "float64", "GiB", "host memory cap (NaN: none)"),
-                _c("cap_label", "string", "text", "the memory budget's label (memory_budget)"),
+                _c("cap_label", "string", "text", "the memory budget's label (a capped launch)"),
                 _c(
                     "enforcement",
                     "string",

@@ -232,7 +232,7 @@ def summary_markdown(run_dir: str | Path) -> str:
         ]
         sk = len(verdicts) - len(shown)
         if sk:
-            parts.append(f"\n{sk} rows skipped (not measured here).")
+            parts.append(f"\n{sk} row{'' if sk == 1 else 's'} skipped (not measured here).")
     return "\n".join(parts) + "\n"
 
 

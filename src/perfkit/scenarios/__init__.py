@@ -1,5 +1,5 @@
 """The investigations. Each module registers one :class:`~perfkit.scenarios.registry.Scenario`
-when imported; importing this package fills the registry in run order:
+when imported; importing this package fills the registry. Run order (``Scenario.order``):
 
 - :mod:`.cold_warm`: cold request vs warm requests in one session, leak checks (seed 000).
 - :mod:`.warmup_shapes`: does the startup warmup cover the request shapes (seed 003).
@@ -9,12 +9,10 @@ when imported; importing this package fills the registry in run order:
 The package also exports each investigation's measuring function for direct use.
 """
 
-# isort: off  (import order = registration order = run order)
+# importing a scenario module registers it; the run order is each Scenario's ``order``
 from perfkit.scenarios.cold_warm import cold_vs_warm
 from perfkit.scenarios.memory_budget import find_min_budget, memory_budget
 from perfkit.scenarios.overhead import overhead_probe
-
-# isort: on
 from perfkit.scenarios.registry import all_scenarios, get, names
 from perfkit.scenarios.warmup_shapes import warmup_shapes
 

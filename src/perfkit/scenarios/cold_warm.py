@@ -326,6 +326,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 
 SCENARIO = register(
     Scenario(
+        order=10,
         name=NAME,
         title="Cold vs warm",
         question="Does the warm request in one server session meet the numbers of the first, or does "

@@ -324,10 +324,10 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             continue
         for c in caps:
             detail = (
-                f"device cap {c.get('device_cap_gib')} GiB, host cap {c.get('host_cap_gib')} GiB,"
-                f" enforcement {c.get('enforcement')}, peak reserved "
-                f"{c.get('peak_reserved_mib')} MiB, host anon peak "
-                f"{c.get('host_anon_peak_mib')} MiB, placement {c.get('placement')}"
+                f"device cap {_gib(c.get('device_cap_gib'))}, host cap {_gib(c.get('host_cap_gib'))},"
+                f" enforcement {c.get('enforcement') or '–'}, peak reserved "
+                f"{_mib(c.get('peak_reserved_mib'))}, host anon peak "
+                f"{_mib(c.get('host_anon_peak_mib'))}, placement {c.get('placement') or '–'}"
             )
             rows.append(check_flag(NAME, f"{col}[{c.get('label')}]", c.get(col), want, detail))
     return rows
@@ -336,6 +336,11 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 def _current(r: Mapping[str, Any]) -> dict[str, Any]:
     """results with the current keys (a results.json of schema 1 has ``*_mb`` caps keys)."""
     return upgrade_results(r, int((r or {}).get("schema_version", 1)))
+
+
+def _gib(v: Any) -> str:
+    x = json_float(v)
+    return "none" if x is None else f"{x:g} GiB"
 
 
 def _mib(v: Any) -> str:
@@ -438,6 +443,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 
 SCENARIO = register(
     Scenario(
+        order=30,
         name=NAME,
         title="Memory budget",
         question="Does the pipeline fit the memory budget, and what does it cost in latency?",

@@ -237,6 +237,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 
 SCENARIO = register(
     Scenario(
+        order=90,
         name=NAME,
         title="Instrumentation overhead",
         question="What does perfkit's own instrumentation (stage timing, memory sampler) cost?",

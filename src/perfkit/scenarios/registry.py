@@ -147,6 +147,8 @@ class Scenario:
         reading: ``results -> Markdown`` (a few sentences in the design doc's words).
         cases: ``(bundle, case_id) -> {case id: sub-bundle}`` for this run's baseline.json.
         template: section template under ``perfkit/report/templates/``.
+        order: run order, lower first (cold_warm 10, warmup_shapes 20, memory_budget 30,
+            overhead 90); ties run by name.
         notebook: notebook file name under ``notebooks/``.
     """
 
@@ -162,6 +164,8 @@ class Scenario:
     summary_table: Callable[[Mapping[str, Any]], pd.DataFrame]
     reading: Callable[[Mapping[str, Any]], str]
     cases: Callable[[ResultBundle, CaseNamer], dict[str, ResultBundle]]
+    #: run order: lower runs first (a later scenario may reuse an earlier one's launch)
+    order: int = 100
     template: str = ""
     notebook: str = ""
 
@@ -180,8 +184,8 @@ _REGISTRY: dict[str, Scenario] = {}
 
 
 def register(scenario: Scenario) -> Scenario:
-    """Add ``scenario`` (run order = registration order). Raises ValueError on a duplicate name
-    or an invariant key another scenario already declares."""
+    """Add ``scenario`` (run order: :attr:`Scenario.order`, then name). Raises ValueError on a
+    duplicate name or an invariant key another scenario already declares."""
     if scenario.name in _REGISTRY:
         raise ValueError(f"scenario {scenario.name!r} is registered twice")
     mine = set(scenario.invariants_model.model_fields)
@@ -192,6 +196,9 @@ def register(scenario: Scenario) -> Scenario:
                 f"invariant keys {sorted(clash)} of {scenario.name!r} are already declared by {other.name!r}"
             )
     _REGISTRY[scenario.name] = scenario
+    ordered = sorted(_REGISTRY.values(), key=lambda s: (s.order, s.name))
+    _REGISTRY.clear()
+    _REGISTRY.update((s.name, s) for s in ordered)
     return scenario
 
 

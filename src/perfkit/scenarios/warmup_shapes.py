@@ -275,6 +275,12 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
     return rows
 
 
+def _compiles(n: Any) -> str:
+    """``"1 compile"``, ``"3 compiles"``, ``"– compiles"`` (not measured)."""
+    x = number(n)
+    return "– compiles" if x is None else f"{x:.0f} compile{'' if x == 1 else 's'}"
+
+
 def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
     """One line per (warmup setting, request shape): covered or not, penalty, compiles."""
     out = []
@@ -285,7 +291,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
                 f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f",
                 ("covered" if c.get("covered") else "not covered")
                 + f", penalty {'–' if pen is None else f'{pen:.0f} ms'}, "
-                f"{c.get('compiles', '–')} compiles",
+                f"{_compiles(c.get('compiles'))}",
             )
         )
     return out
@@ -337,7 +343,7 @@ def reading(r: Mapping[str, Any]) -> str:
             f"{f(c.get('first_ms'), '.0f', ' ms')} vs warm median "
             f"{f(c.get('warm_median_ms'), '.0f', ' ms')} (penalty "
             f"{f(c.get('penalty_ms'), '.0f', ' ms')}, x{f(c.get('ratio'), '.2f')}, "
-            f"{c.get('compiles', '–')} compiles"
+            f"{_compiles(c.get('compiles'))}"
             + (f", mostly in `{c['penalty_stage']}`" if c.get("penalty_stage") else "")
             + ")."
         )
@@ -381,6 +387,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 
 SCENARIO = register(
     Scenario(
+        order=20,
         name=NAME,
         title="Warmup shapes",
         question="Does the startup warmup cover the shapes users send?",
