@@ -1,13 +1,15 @@
 """EngineSpec: how to start an engine (the reference engine, sglang's server, any command) and reach it.
 
-Three kinds:
+A spec is a pydantic model, one class per kind, told apart by ``kind`` (a discriminated union,
+:data:`AnyEngineSpec`, which the params file embeds):
 
-- ``reference``: perfkit's own engine, ``python -m perfkit.refengine`` with typed options.
-- ``sglang``: ``<executable> serve --model-path M --port P --host H --num-gpus N``, then the
-  startup warmup and compile settings mapped to sglang's flags (below), then ``server_args`` and
-  ``extra_args``. ``executable`` is ``["sglang"]`` (the console script) or the ``python -m``
-  form ``[sys.executable, "-m", "sglang.cli.main"]`` (``sglang.cli.main`` is the module behind
-  the console script). Its environment turns on sglang's per-request records
+- ``reference`` (:class:`ReferenceEngine`, the default kind): perfkit's own engine,
+  ``python -m perfkit.refengine`` with typed options.
+- ``sglang`` (:class:`SglangEngine`): ``<executable> serve --model-path M --port P --host H
+  --num-gpus N``, then the startup warmup and compile settings mapped to sglang's flags (below),
+  then ``server_args`` and ``extra_args``. ``executable`` is ``["sglang"]`` (the console script) or
+  the ``python -m`` form ``[sys.executable, "-m", "sglang.cli.main"]`` (``sglang.cli.main`` is the
+  module behind the console script). Its environment turns on sglang's per-request records
   (``SGLANG_DIFFUSION_STAGE_LOGGING=1``, ``SGLANG_PERF_LOG_DIR=<perf_log_dir>``); memory caps
   add ``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB`` / ``..._FORCE_HOST_AVAILABLE_GIB``
   (:meth:`perfkit.engine.caps.MemoryCaps.env`). Ready when ``GET /health`` answers 200.
@@ -34,330 +36,218 @@ Three kinds:
   Offload, parallelism and pipeline flags go in ``server_args`` as sglang spells them, e.g.
   ``[--dit-layerwise-offload, --text-encoder-cpu-offload, --vae-cpu-offload, --pin-cpu-memory,
   --pipeline-class-name, LTX2TwoStagePipeline, --ulysses-degree, "2"]``.
-- ``command``: any argv (``command``), with ``{port}``, ``{host}`` and ``{perf_log_dir}``
-  placeholders substituted at launch.
+- ``command`` (:class:`CommandEngine`): any argv (``command``), with ``{port}``, ``{host}`` and
+  ``{perf_log_dir}`` placeholders substituted at launch.
 
-A spec is data: :meth:`EngineSpec.command` gives the exact argv, :meth:`EngineSpec.env_for` the
-environment additions, :meth:`EngineSpec.to_dict`/:meth:`EngineSpec.from_dict` round-trip it
-through params YAML. Validation errors name the field, e.g.
-``EngineSpec.warmup_frames must be >= 0, got -1``.
+``EngineSpec(kind=..., ...)`` and :meth:`EngineSpec.from_dict` build the model of that kind (so
+``isinstance(spec, EngineSpec)`` holds for every kind); :meth:`EngineSpec.command` gives the exact
+argv, :meth:`EngineSpec.env_for` the environment additions, :meth:`EngineSpec.to_dict` /
+:meth:`EngineSpec.from_dict` round-trip it through params YAML, :meth:`EngineSpec.replace` gives a
+validated copy. Unknown keys (a field of another kind included), wrong types and out-of-range
+values are errors that name the field: building a spec directly raises :class:`EngineSpecError`,
+one line per problem, e.g. ``EngineSpec.warmup_frames: Input should be greater than or equal to
+0, got -1``; embedded in params, pydantic's error locations name ``engine.<field>``.
 
 Note: the argv template of the ``command`` kind lives in the field ``command_template`` (the name
-``command`` is the method); :meth:`from_dict` accepts the key ``command`` for it.
+``command`` is the method); the key ``command`` is its spelling in dicts (:meth:`to_dict` writes
+it, :meth:`from_dict` and the constructor accept either).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import difflib
 import os
 import re
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+__all__ = [
+    "AnyEngineSpec",
+    "CommandEngine",
+    "DEFAULT_WARMUP_FRAMES",
+    "EngineSpec",
+    "EngineSpecError",
+    "KINDS",
+    "ReferenceEngine",
+    "SglangEngine",
+    "WARMUP_MODES",
+    "engine_keys",
+    "split_kind",
+    "unknown_key_hint",
+]
 
 KINDS = ("reference", "sglang", "command")
 #: Startup warmup modes (sglang's ``--warmup-mode`` choices).
 WARMUP_MODES = ("off", "request", "server")
 #: The default ``warmup_frames``; for kind ``sglang`` it adds no flag (sglang's own default).
 DEFAULT_WARMUP_FRAMES = 17
+#: pydantic error type of a rule between fields (ctx: ``field`` it names, ``detail``).
+CROSS_FIELD = "engine_cross_field"
+#: pydantic error type of an unknown ``kind`` (ctx: ``field`` = ``"kind"``).
+BAD_KIND = "engine_kind"
 
-_RESOLUTION = re.compile(r"^\d+x\d+$")
+_RESOLUTION = r"^\d+x\d+$"
 
 
-def _err(name: str, msg: str) -> ValueError:
-    return ValueError(f"EngineSpec.{name} {msg}")
+class EngineSpecError(ValueError):
+    """An invalid engine spec. ``problems``: ``(field, message)`` pairs; the text is one line per
+    problem, ``EngineSpec.<field>: <message>``."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(f"EngineSpec.{f}: {m}" for f, m in problems))
+
+    @classmethod
+    def from_validation(cls, exc: ValidationError, kind: str | None = None) -> EngineSpecError:
+        """Each pydantic error of ``exc`` (validating one spec; ``kind`` when the model was known,
+        else the union's tag in the location says it) as a field-named problem."""
+        problems = []
+        for err in exc.errors():
+            tag, loc = split_kind(tuple(err.get("loc") or ()))
+            k = tag or kind
+            typ, ctx, got = err.get("type", ""), err.get("ctx") or {}, err.get("input")
+            if typ in (CROSS_FIELD, BAD_KIND):
+                loc = loc + (ctx["field"],)
+            name = ".".join(str(p) for p in loc) or "(spec)"
+            if typ == "extra_forbidden":
+                msg = f"unknown field for kind {k!r}" + unknown_key_hint(k, str(loc[-1]))
+            elif typ == "missing":
+                msg = f"required for kind {k!r}"
+            elif typ == CROSS_FIELD:
+                msg = ctx["detail"]
+            elif typ == BAD_KIND:
+                got = got.get("kind") if isinstance(got, Mapping) else getattr(got, "kind", got)
+                msg = f"must be one of {', '.join(KINDS)}, got {got!r}"
+            else:
+                msg = err.get("msg", "invalid").removeprefix("Value error, ")
+                if "error" not in ctx and not isinstance(got, (dict, list)):
+                    msg += f", got {got!r}"
+            problems.append((name, msg))
+        return cls(problems)
 
 
-@dataclass
-class EngineSpec:
-    """How to start one engine.
+def _argv_list(v: Any) -> Any:
+    """An argv field's input: a string is split like a shell would; numbers in a list become
+    strings (YAML reads ``--ulysses-degree, 2`` as an int); anything else is left to validation."""
+    if isinstance(v, str):
+        return shlex.split(v)
+    if isinstance(v, (list, tuple)):
+        return [str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a for a in v]
+    return v
 
-    Attributes (reference kind):
-        preset: reference engine preset (``tiny`` by default).
-        model_path: local model directory (reference: optional; sglang: required, a local path or
-            a hub id ``org/name``).
-        compile, compile_backend, compile_vae: torch.compile the transformer (and the VAE).
-        two_stage: run the two-stage (upsample + refinement) pipeline.
-        warmup_frames: frames of the startup warmup (17 -> 3 latent frames); 0 disables it.
-        warmup_resolution: ``"HxW"`` of the startup warmup (None: the serving default).
-        warmup_steps: denoising steps of the startup warmup (None: the engine's default).
-        warmup_mode: ``off``, ``server`` (a synthetic warmup request at startup) or, sglang only,
-            ``request`` (warm on the first real requests); None: the engine's default.
-        height, width, steps: serving defaults (None: the engine's own).
-        dtype, device: torch dtype / device strings (None: the engine's default).
-        num_gpus: GPUs to use.
-        keep_outputs: keep generated videos on disk.
-        debug_leak_mib: the reference engine leaks this many MiB per request (tests of leak checks).
-        max_frames: refuse requests above this many frames.
 
-    Attributes (sglang kind):
-        executable: argv prefix that runs sglang (``["sglang"]``; e.g.
-            ``[sys.executable, "-m", "sglang.cli.main"]``).
-        server_args: extra ``sglang serve`` arguments (offload, parallelism, pipeline class, ...).
-        model_path, num_gpus, warmup_*, compile: mapped as in the module doc.
+def _cross_field(field: str, detail: str) -> PydanticCustomError:
+    return PydanticCustomError(CROSS_FIELD, "{field} {detail}", {"field": field, "detail": detail})
 
-    Attributes (command kind):
-        command_template: argv with ``{port}``, ``{host}``, ``{perf_log_dir}`` placeholders
-            (key ``command`` in :meth:`from_dict`).
 
-    Common:
-        extra_args: appended to the argv of every kind (placeholders substituted).
+class EngineSpec(BaseModel):
+    """How to start one engine: the fields every kind has, and the methods.
+
+    ``EngineSpec(kind=..., **fields)`` builds the model of that kind (:class:`ReferenceEngine`
+    when ``kind`` is left out, :class:`SglangEngine`, :class:`CommandEngine`); an invalid field
+    raises :class:`EngineSpecError` naming it.
+
+    Attributes:
+        kind: ``reference``, ``sglang`` or ``command``.
+        extra_args: appended to the argv of every kind (placeholders substituted); a string is
+            split like a shell would.
         env: extra environment (values may use ``{perf_log_dir}``/``{port}``/``{host}``).
-        health_path: ready when ``GET health_path`` answers 200.
+        health_path: ready when ``GET health_path`` answers 200 (starts with ``/``).
         host: address the engine binds and perfkit reaches.
-        port: fixed port (None: a free one is picked at launch).
-        startup_timeout_s: how long launch waits for health.
+        port: fixed port, 1..65535 (None: a free one is picked at launch).
+        startup_timeout_s: how long launch waits for health (s, > 0).
         share_compile_cache: share compile caches between the launches of one run directory
             instead of giving each launch its own.
     """
 
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
     kind: str = "reference"
-    # reference engine
-    preset: str = "tiny"
-    model_path: str | None = None
-    compile: bool = False
-    compile_backend: str = "inductor"
-    compile_vae: bool = False
-    two_stage: bool = False
-    warmup_frames: int = 17
-    warmup_resolution: str | None = None
-    warmup_steps: int | None = None
-    warmup_mode: str | None = None
-    height: int | None = None
-    width: int | None = None
-    steps: int | None = None
-    dtype: str | None = None
-    device: str | None = None
-    num_gpus: int = 1
-    keep_outputs: bool = False
-    debug_leak_mib: int = 0
-    max_frames: int | None = None
-    # sglang
-    executable: list[str] = field(default_factory=lambda: ["sglang"])
-    server_args: list[str] = field(default_factory=list)
-    # command
-    command_template: list[str] | None = None
-    # common
-    extra_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    health_path: str = "/health"
-    host: str = "127.0.0.1"
-    port: int | None = None
-    startup_timeout_s: float = 600.0
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    health_path: str = Field("/health", pattern=r"^/")
+    host: str = Field("127.0.0.1", min_length=1)
+    port: Optional[int] = Field(None, ge=1, le=65535)
+    startup_timeout_s: float = Field(600.0, gt=0)
     share_compile_cache: bool = False
 
-    def __post_init__(self) -> None:
-        self.validate()
+    #: whether the engine writes sglang's per-request records (their environment is set)
+    _sglang_records: ClassVar[bool] = False
 
-    # ------------------------------------------------------------------ validation
-    def validate(self) -> None:
-        """Check every field; raises ValueError naming the first bad field."""
-        if self.kind not in KINDS:
-            raise _err("kind", f"must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        for name in ("compile", "compile_vae", "two_stage", "keep_outputs", "share_compile_cache"):
-            v = getattr(self, name)
-            if not isinstance(v, bool):
-                raise _err(name, f"must be a bool, got {v!r}")
-        for name, lo in (("warmup_frames", 0), ("num_gpus", 1), ("debug_leak_mib", 0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise _err(name, f"must be an int, got {v!r}")
-            if v < lo:
-                raise _err(name, f"must be >= {lo}, got {v}")
-        for name in ("height", "width", "steps", "max_frames", "warmup_steps"):
-            v = getattr(self, name)
-            if v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise _err(name, f"must be an int or None, got {v!r}")
-            if v < 1:
-                raise _err(name, f"must be >= 1, got {v}")
-        if self.port is not None:
-            if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= 65535:
-                raise _err("port", f"must be an int in 1..65535 or None, got {self.port!r}")
-        if self.warmup_resolution is not None and not (
-            isinstance(self.warmup_resolution, str) and _RESOLUTION.match(self.warmup_resolution)
-        ):
-            raise _err("warmup_resolution", f"must look like '64x64', got {self.warmup_resolution!r}")
-        for name in ("preset", "compile_backend", "health_path", "host"):
-            v = getattr(self, name)
-            if not isinstance(v, str) or not v:
-                raise _err(name, f"must be a non-empty string, got {v!r}")
-        if not self.health_path.startswith("/"):
-            raise _err("health_path", f"must start with '/', got {self.health_path!r}")
-        if self.warmup_mode is not None and self.warmup_mode not in WARMUP_MODES:
-            raise _err(
-                "warmup_mode", f"must be one of {', '.join(WARMUP_MODES)} or None, got {self.warmup_mode!r}"
-            )
-        if self.warmup_mode == "request" and self.kind == "reference":
-            raise _err("warmup_mode", "'request' is only supported by kind 'sglang'")
-        if self.warmup_frames == 0 and self.warmup_mode not in (None, "off"):
-            raise _err(
-                "warmup_mode",
-                f"{self.warmup_mode!r} contradicts warmup_frames=0 (which turns the startup warmup off)",
-            )
-        for name in ("model_path", "dtype", "device"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, str) or not v):
-                raise _err(name, f"must be a non-empty string or None, got {v!r}")
+    def __new__(cls, *args: Any, **data: Any) -> EngineSpec:
+        if cls is EngineSpec:  # dispatch on kind
+            kind = data.get("kind", "reference")
+            sub = ENGINE_KINDS.get(kind) if isinstance(kind, str) else None
+            if sub is None:
+                EngineSpec.from_dict(data)  # raises EngineSpecError naming kind
+            cls = sub
+        return super().__new__(cls)
+
+    def __init__(self, /, **data: Any) -> None:
         try:
-            timeout = float(self.startup_timeout_s)
-        except (TypeError, ValueError):
-            raise _err("startup_timeout_s", f"must be a number, got {self.startup_timeout_s!r}") from None
-        if not timeout > 0:
-            raise _err("startup_timeout_s", f"must be > 0, got {self.startup_timeout_s!r}")
-        for name in ("executable", "server_args", "extra_args"):
-            v = getattr(self, name)
-            if not isinstance(v, list) or not all(isinstance(a, str) for a in v):
-                raise _err(name, f"must be a list of strings, got {v!r}")
-        if not self.executable:
-            raise _err("executable", "must not be empty")
-        if not isinstance(self.env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
-        ):
-            raise _err("env", f"must map strings to strings, got {self.env!r}")
-        if self.command_template is not None and (
-            not isinstance(self.command_template, list)
-            or not all(isinstance(a, str) for a in self.command_template)
-        ):
-            raise _err("command", f"must be a list of strings, got {self.command_template!r}")
-        if self.kind == "command" and not self.command_template:
-            raise _err("command", "is required (a non-empty argv list) for kind 'command'")
-        if self.kind == "sglang" and not self.model_path:
-            raise _err("model_path", "is required for kind 'sglang'")
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise EngineSpecError.from_validation(exc, self._kind()) from None
 
+    @classmethod
+    def _kind(cls) -> str | None:
+        f = cls.model_fields.get("kind")
+        return f.default if f is not None and cls is not EngineSpec else None
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _extra_args(cls, v: Any) -> Any:
+        return _argv_list(v)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, v: Any) -> Any:
+        if not isinstance(v, Mapping):
+            return v
+        scalar = (str, int, float, bool)
+        return {
+            (str(k) if isinstance(k, scalar) else k): (str(x) if isinstance(x, scalar) else x)
+            for k, x in v.items()
+        }
+
+    # ------------------------------------------------------------------ checks on this host
     def check(self) -> None:
-        """Checks that need the host, run before any launch.
+        """Checks that need the host, run before any launch (the model is already valid).
 
-        For ``sglang``: the executable must be on PATH and a local-looking ``model_path`` must
-        exist (a bare hub id ``org/name`` that is not a local directory is accepted). For
-        ``command``: the program must be found. Raises FileNotFoundError with a clear message.
+        Raises FileNotFoundError with a message naming the field; see each kind's ``check``.
         """
-        self.validate()
-        if self.kind == "sglang":
-            exe = self.executable[0]
-            if _which(exe) is None:
-                raise FileNotFoundError(
-                    f"EngineSpec.executable: {exe!r} is not on PATH (kind 'sglang'); install sglang "
-                    f"(pip install 'sglang[diffusion]') or set executable, e.g. "
-                    f"[{sys.executable!r}, '-m', 'sglang.cli.main']"
-                )
-            module = _module_of(self.executable)
-            if module is not None and not _module_importable(_which(exe) or exe, module):
-                raise FileNotFoundError(
-                    f"EngineSpec.executable: {' '.join(self.executable)!r}: module {module!r} "
-                    f"cannot be imported by {exe} (kind 'sglang'); install sglang into that "
-                    f"Python (pip install 'sglang[diffusion]') or point executable elsewhere"
-                )
-            mp = self.model_path or ""
-            if not _is_hub_id(mp) and not Path(mp).expanduser().exists():
-                raise FileNotFoundError(
-                    f"EngineSpec.model_path: {mp!r} does not exist (kind 'sglang' needs a local "
-                    f"model directory or a hub id 'org/name')"
-                )
-        elif self.kind == "command":
-            exe = (self.command_template or [""])[0]
-            if "{" not in exe and _which(exe) is None:
-                raise FileNotFoundError(f"EngineSpec.command: program {exe!r} not found")
-        elif self.kind == "reference" and self.model_path is not None:
-            if not Path(self.model_path).expanduser().exists() and not _is_hub_id(self.model_path):
-                raise FileNotFoundError(f"EngineSpec.model_path: {self.model_path!r} does not exist")
 
     # ------------------------------------------------------------------ argv / env
+    def _argv(self, port: int, perf_log_dir: str) -> list[str]:
+        raise NotImplementedError
+
     def command(self, port: int, perf_log_dir: str | Path) -> list[str]:
         """The exact argv to start this engine on ``port``, writing records to ``perf_log_dir``."""
         d = str(perf_log_dir)
-        if self.kind == "reference":
-            argv = [
-                sys.executable,
-                "-m",
-                "perfkit.refengine",
-                "--preset",
-                self.preset,
-                "--host",
-                self.host,
-                "--port",
-                str(port),
-                "--perf-log-dir",
-                d,
-            ]
-            if self.model_path:
-                argv += ["--model-path", self.model_path]
-            if self.compile:
-                argv += ["--compile", "--compile-backend", self.compile_backend]
-            if self.compile_vae:
-                argv += ["--compile-vae"]
-            if self.two_stage:
-                argv += ["--two-stage"]
-            frames = 0 if self.warmup_mode == "off" else self.warmup_frames
-            argv += ["--warmup-frames", str(frames)]
-            if self.warmup_resolution:
-                argv += ["--warmup-resolution", self.warmup_resolution]
-            if self.warmup_steps is not None:
-                argv += ["--warmup-steps", str(self.warmup_steps)]
-            for name in ("height", "width", "steps"):
-                v = getattr(self, name)
-                if v is not None:
-                    argv += [f"--{name}", str(v)]
-            if self.dtype:
-                argv += ["--dtype", self.dtype]
-            if self.device:
-                argv += ["--device", self.device]
-            argv += ["--num-gpus", str(self.num_gpus)]
-            if self.keep_outputs:
-                argv += ["--keep-outputs"]
-            if self.debug_leak_mib > 0:
-                argv += ["--debug-leak-mib", str(self.debug_leak_mib)]
-            if self.max_frames is not None:
-                argv += ["--max-frames", str(self.max_frames)]
-            tail = list(self.extra_args)
-        elif self.kind == "sglang":
-            argv = list(self.executable) + [
-                "serve",
-                "--model-path",
-                str(self.model_path),
-                "--port",
-                str(port),
-                "--host",
-                self.host,
-                "--num-gpus",
-                str(self.num_gpus),
-            ]
-            argv += self.sglang_warmup_args()
-            if self.compile:
-                argv += ["--enable-torch-compile"]
-            tail = list(self.server_args) + list(self.extra_args)
-        else:
-            argv = list(self.command_template or [])
-            tail = list(self.extra_args)
-        return [self._subst(a, port, d) for a in argv + tail]
-
-    def sglang_warmup_args(self) -> list[str]:
-        """``sglang serve`` flags for the startup warmup settings (see the module doc)."""
-        out: list[str] = []
-        mode = "off" if self.warmup_frames == 0 else self.warmup_mode
-        if mode is not None:
-            out += ["--warmup-mode", mode]
-        if self.warmup_frames not in (0, DEFAULT_WARMUP_FRAMES):
-            out += ["--warmup-num-frames", str(self.warmup_frames)]
-        if self.warmup_resolution:
-            h, w = self.warmup_resolution.split("x")
-            out += ["--warmup-resolutions", f"{w}x{h}"]
-        if self.warmup_steps is not None:
-            out += ["--warmup-steps", str(self.warmup_steps)]
-        return out
+        return [self._subst(a, port, d) for a in self._argv(port, d)]
 
     def startup_warmup_frames(self) -> int | None:
         """Frames of the synthetic startup warmup this spec asks for: 0 when off (or, sglang,
         warmed on requests), None for kind ``command`` (unknown)."""
-        if self.kind == "command":
-            return None
-        if self.warmup_mode in ("off", "request"):
-            return 0
-        return self.warmup_frames
+        return None
 
     def env_for(self, perf_log_dir: str | Path, port: int | None = None) -> dict[str, str]:
         """Environment additions for a launch (``spec.env`` included, placeholders substituted).
@@ -367,7 +257,7 @@ class EngineSpec:
         """
         d = str(perf_log_dir)
         out = {"PERFKIT_PERF_LOG_DIR": d}
-        if self.kind in ("sglang", "command"):
+        if self._sglang_records:
             out["SGLANG_DIFFUSION_STAGE_LOGGING"] = "1"
             out["SGLANG_PERF_LOG_DIR"] = d
         for k, v in self.env.items():
@@ -386,46 +276,322 @@ class EngineSpec:
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON/YAML-ready); :meth:`from_dict` reads it back."""
-        d = dataclasses.asdict(self)
-        d["command"] = d.pop("command_template")
-        return d
+        """Plain dict of this kind's fields (JSON/YAML-ready; the command kind's argv under
+        ``command``); :meth:`from_dict` reads it back."""
+        return self.model_dump(by_alias=True)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EngineSpec":
-        """Build from a dict (e.g. params YAML).
+    def from_dict(cls, d: Mapping[str, Any]) -> EngineSpec:
+        """Build the spec of ``d["kind"]`` (default ``reference``) from a dict (e.g. params YAML).
 
         Accepts ``command`` (or ``command_template``) for the command kind's argv, and strings for
-        list fields (split with shlex). Unknown keys raise ValueError naming them.
+        argv fields (split with shlex). Raises :class:`EngineSpecError` naming each bad field
+        (unknown keys with the closest known one).
         """
-        if not isinstance(d, dict):
-            raise ValueError(f"EngineSpec.from_dict expects a mapping, got {type(d).__name__}")
-        d = dict(d)
-        if "command" in d:
-            if "command_template" in d and d["command_template"] is not None:
-                raise ValueError("EngineSpec: give either 'command' or 'command_template', not both")
-            d["command_template"] = d.pop("command")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"EngineSpec: unknown field(s) {', '.join(unknown)}")
-        for key in ("executable", "server_args", "extra_args", "command_template"):
-            if isinstance(d.get(key), str):
-                d[key] = shlex.split(d[key])
-            elif isinstance(d.get(key), (list, tuple)):
-                d[key] = [str(a) for a in d[key]]
-        if isinstance(d.get("env"), dict):
-            d["env"] = {str(k): str(v) for k, v in d["env"].items()}
-        if d.get("startup_timeout_s") is not None and not isinstance(d["startup_timeout_s"], bool):
-            try:
-                d["startup_timeout_s"] = float(d["startup_timeout_s"])
-            except (TypeError, ValueError):
-                raise _err("startup_timeout_s", f"must be a number, got {d['startup_timeout_s']!r}") from None
-        return cls(**d)
+        if not isinstance(d, Mapping):
+            raise EngineSpecError([("(spec)", f"expects a mapping, got {type(d).__name__}")])
+        try:
+            if cls is EngineSpec:
+                return _ADAPTER.validate_python(dict(d))
+            return cls.model_validate(dict(d))
+        except ValidationError as exc:
+            raise EngineSpecError.from_validation(exc, cls._kind()) from None
 
-    def replace(self, **changes: Any) -> "EngineSpec":
-        """A validated copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
+    def replace(self, **changes: Any) -> EngineSpec:
+        """A validated copy with some fields changed (``kind`` too; the kind's model is rebuilt).
+
+        Unlike ``model_copy(update=...)``, which skips validation, a bad value or a field this
+        kind lacks raises :class:`EngineSpecError`.
+        """
+        if "command" in changes:
+            changes["command_template"] = changes.pop("command")
+        return EngineSpec.from_dict({**self.model_dump(), **changes})
+
+
+class _ServingEngine(EngineSpec):
+    """Fields the reference engine and sglang share: the model, GPUs, compile, startup warmup.
+
+    Attributes:
+        model_path: local model directory (reference: optional; sglang: required, a local path or
+            a hub id ``org/name``).
+        compile: torch.compile the transformer.
+        warmup_frames: frames of the startup warmup (17 -> 3 latent frames); 0 disables it.
+        warmup_resolution: ``"HxW"`` of the startup warmup (None: the serving default).
+        warmup_steps: denoising steps of the startup warmup, >= 1 (None: the engine's default).
+        warmup_mode: ``off``, ``server`` (a synthetic warmup request at startup) or, sglang only,
+            ``request`` (warm on the first real requests); None: the engine's default.
+        num_gpus: GPUs to use (>= 1).
+    """
+
+    model_path: Optional[str] = Field(None, min_length=1)
+    compile: bool = False
+    warmup_frames: int = Field(DEFAULT_WARMUP_FRAMES, ge=0)
+    warmup_resolution: Optional[str] = Field(None, pattern=_RESOLUTION)
+    warmup_steps: Optional[int] = Field(None, ge=1)
+    warmup_mode: Optional[Literal["off", "request", "server"]] = None
+    num_gpus: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _warmup_off(self) -> _ServingEngine:
+        if self.warmup_frames == 0 and self.warmup_mode not in (None, "off"):
+            raise _cross_field(
+                "warmup_mode",
+                f"{self.warmup_mode!r} contradicts warmup_frames=0 (which turns the startup warmup off)",
+            )
+        return self
+
+    def startup_warmup_frames(self) -> int | None:
+        """Frames of the synthetic startup warmup this spec asks for (0 when off or, sglang,
+        warmed on requests)."""
+        if self.warmup_mode in ("off", "request"):
+            return 0
+        return self.warmup_frames
+
+
+class ReferenceEngine(_ServingEngine):
+    """perfkit's reference engine (``python -m perfkit.refengine``); the default kind.
+
+    Attributes (besides :class:`EngineSpec`'s and the shared serving fields):
+        preset: reference engine preset (``tiny`` by default).
+        compile_backend: torch.compile backend (``inductor``).
+        compile_vae: torch.compile the VAE too.
+        two_stage: run the two-stage (upsample + refinement) pipeline.
+        warmup_mode: ``off`` or ``server`` (``request`` is sglang's only).
+        height, width, steps: serving defaults, >= 1 (None: the engine's own).
+        dtype, device: torch dtype / device strings (None: the engine's default).
+        keep_outputs: keep generated videos on disk.
+        debug_leak_mib: the engine leaks this many MiB per request (tests of leak checks).
+        max_frames: refuse requests above this many frames.
+    """
+
+    kind: Literal["reference"] = "reference"
+    preset: str = Field("tiny", min_length=1)
+    compile_backend: str = Field("inductor", min_length=1)
+    compile_vae: bool = False
+    two_stage: bool = False
+    warmup_mode: Optional[Literal["off", "server"]] = None
+    height: Optional[int] = Field(None, ge=1)
+    width: Optional[int] = Field(None, ge=1)
+    steps: Optional[int] = Field(None, ge=1)
+    dtype: Optional[str] = Field(None, min_length=1)
+    device: Optional[str] = Field(None, min_length=1)
+    keep_outputs: bool = False
+    debug_leak_mib: int = Field(0, ge=0)
+    max_frames: Optional[int] = Field(None, ge=1)
+
+    @field_validator("warmup_mode", mode="before")
+    @classmethod
+    def _request_mode(cls, v: Any) -> Any:
+        if v == "request":
+            raise ValueError("'request' is only supported by kind 'sglang'")
+        return v
+
+    def check(self) -> None:
+        """A ``model_path`` that is not a hub id must exist (FileNotFoundError)."""
+        if self.model_path is not None:
+            if not Path(self.model_path).expanduser().exists() and not _is_hub_id(self.model_path):
+                raise FileNotFoundError(f"EngineSpec.model_path: {self.model_path!r} does not exist")
+
+    def _argv(self, port: int, d: str) -> list[str]:
+        argv = [sys.executable, "-m", "perfkit.refengine", "--preset", self.preset, "--host", self.host]
+        argv += ["--port", str(port), "--perf-log-dir", d]
+        if self.model_path:
+            argv += ["--model-path", self.model_path]
+        if self.compile:
+            argv += ["--compile", "--compile-backend", self.compile_backend]
+        if self.compile_vae:
+            argv += ["--compile-vae"]
+        if self.two_stage:
+            argv += ["--two-stage"]
+        frames = 0 if self.warmup_mode == "off" else self.warmup_frames
+        argv += ["--warmup-frames", str(frames)]
+        if self.warmup_resolution:
+            argv += ["--warmup-resolution", self.warmup_resolution]
+        if self.warmup_steps is not None:
+            argv += ["--warmup-steps", str(self.warmup_steps)]
+        for name in ("height", "width", "steps"):
+            v = getattr(self, name)
+            if v is not None:
+                argv += [f"--{name}", str(v)]
+        if self.dtype:
+            argv += ["--dtype", self.dtype]
+        if self.device:
+            argv += ["--device", self.device]
+        argv += ["--num-gpus", str(self.num_gpus)]
+        if self.keep_outputs:
+            argv += ["--keep-outputs"]
+        if self.debug_leak_mib > 0:
+            argv += ["--debug-leak-mib", str(self.debug_leak_mib)]
+        if self.max_frames is not None:
+            argv += ["--max-frames", str(self.max_frames)]
+        return argv + list(self.extra_args)
+
+
+class SglangEngine(_ServingEngine):
+    """sglang's diffusion server (``sglang serve``); flags as in the module doc.
+
+    Attributes (besides :class:`EngineSpec`'s and the shared serving fields):
+        model_path: required: a local model directory or a hub id ``org/name``.
+        executable: argv prefix that runs sglang (``["sglang"]``; e.g.
+            ``[sys.executable, "-m", "sglang.cli.main"]``); not empty.
+        server_args: extra ``sglang serve`` arguments (offload, parallelism, pipeline class, ...).
+    """
+
+    kind: Literal["sglang"] = "sglang"
+    model_path: str = Field(min_length=1)
+    executable: list[str] = Field(default_factory=lambda: ["sglang"], min_length=1)
+    server_args: list[str] = Field(default_factory=list)
+
+    _sglang_records: ClassVar[bool] = True
+
+    @field_validator("executable", "server_args", mode="before")
+    @classmethod
+    def _argvs(cls, v: Any) -> Any:
+        return _argv_list(v)
+
+    def check(self) -> None:
+        """The executable must be on PATH (its module importable, for the ``python -m`` form) and
+        a local-looking ``model_path`` must exist (a bare hub id ``org/name`` that is not a local
+        directory is accepted). Raises FileNotFoundError naming the field."""
+        exe = self.executable[0]
+        if _which(exe) is None:
+            raise FileNotFoundError(
+                f"EngineSpec.executable: {exe!r} is not on PATH (kind 'sglang'); install sglang "
+                f"(pip install 'sglang[diffusion]') or set executable, e.g. "
+                f"[{sys.executable!r}, '-m', 'sglang.cli.main']"
+            )
+        module = _module_of(self.executable)
+        if module is not None and not _module_importable(_which(exe) or exe, module):
+            raise FileNotFoundError(
+                f"EngineSpec.executable: {' '.join(self.executable)!r}: module {module!r} "
+                f"cannot be imported by {exe} (kind 'sglang'); install sglang into that "
+                f"Python (pip install 'sglang[diffusion]') or point executable elsewhere"
+            )
+        mp = self.model_path
+        if not _is_hub_id(mp) and not Path(mp).expanduser().exists():
+            raise FileNotFoundError(
+                f"EngineSpec.model_path: {mp!r} does not exist (kind 'sglang' needs a local "
+                f"model directory or a hub id 'org/name')"
+            )
+
+    def _argv(self, port: int, d: str) -> list[str]:
+        argv = list(self.executable) + ["serve", "--model-path", self.model_path, "--port", str(port)]
+        argv += ["--host", self.host, "--num-gpus", str(self.num_gpus)]
+        argv += self.sglang_warmup_args()
+        if self.compile:
+            argv += ["--enable-torch-compile"]
+        return argv + list(self.server_args) + list(self.extra_args)
+
+    def sglang_warmup_args(self) -> list[str]:
+        """``sglang serve`` flags for the startup warmup settings (see the module doc)."""
+        out: list[str] = []
+        mode = "off" if self.warmup_frames == 0 else self.warmup_mode
+        if mode is not None:
+            out += ["--warmup-mode", mode]
+        if self.warmup_frames not in (0, DEFAULT_WARMUP_FRAMES):
+            out += ["--warmup-num-frames", str(self.warmup_frames)]
+        if self.warmup_resolution:
+            h, w = self.warmup_resolution.split("x")
+            out += ["--warmup-resolutions", f"{w}x{h}"]
+        if self.warmup_steps is not None:
+            out += ["--warmup-steps", str(self.warmup_steps)]
+        return out
+
+
+class CommandEngine(EngineSpec):
+    """Any server started by an argv; it writes sglang-format records (their environment is set).
+
+    Attributes (besides :class:`EngineSpec`'s):
+        command_template: required, non-empty argv with ``{port}``, ``{host}``, ``{perf_log_dir}``
+            placeholders (key ``command`` in dicts; a string is split like a shell would).
+    """
+
+    kind: Literal["command"] = "command"
+    command_template: list[str] = Field(
+        validation_alias=AliasChoices("command", "command_template"),
+        serialization_alias="command",
+        min_length=1,
+    )
+
+    _sglang_records: ClassVar[bool] = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "command" in data and data.get("command_template") is not None:
+            raise _cross_field("command", "give either 'command' or 'command_template', not both")
+        return data
+
+    @field_validator("command_template", mode="before")
+    @classmethod
+    def _argvs(cls, v: Any) -> Any:
+        return _argv_list(v)
+
+    def check(self) -> None:
+        """The program (the argv's first item, unless it is a placeholder) must be found."""
+        exe = self.command_template[0]
+        if "{" not in exe and _which(exe) is None:
+            raise FileNotFoundError(f"EngineSpec.command: program {exe!r} not found")
+
+    def _argv(self, port: int, d: str) -> list[str]:
+        return list(self.command_template) + list(self.extra_args)
+
+
+#: The model of each kind.
+ENGINE_KINDS: dict[str, type[EngineSpec]] = {
+    "reference": ReferenceEngine,
+    "sglang": SglangEngine,
+    "command": CommandEngine,
+}
+
+
+def _kind_of(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return v.get("kind", "reference")
+    return getattr(v, "kind", "reference")
+
+
+#: A spec of any kind, told apart by ``kind`` (missing: ``reference``): the type a pydantic field
+#: holding an engine spec uses (the params file's ``engine`` section).
+AnyEngineSpec = Annotated[
+    Union[
+        Annotated[ReferenceEngine, Tag("reference")],
+        Annotated[SglangEngine, Tag("sglang")],
+        Annotated[CommandEngine, Tag("command")],
+    ],
+    Discriminator(
+        _kind_of,
+        custom_error_type=BAD_KIND,
+        custom_error_message=f"kind must be one of {', '.join(KINDS)}",
+        custom_error_context={"field": "kind", "detail": f"must be one of {', '.join(KINDS)}"},
+    ),
+]
+
+_ADAPTER: TypeAdapter[EngineSpec] = TypeAdapter(AnyEngineSpec)
+
+
+def engine_keys(kind: str) -> list[str]:
+    """The keys a spec of ``kind`` takes (the command kind's argv as ``command``)."""
+    model = ENGINE_KINDS.get(kind, ReferenceEngine)
+    return ["command" if n == "command_template" else n for n in model.model_fields]
+
+
+def split_kind(loc: tuple) -> tuple[str | None, tuple]:
+    """``(kind, rest)`` of a pydantic error location inside :data:`AnyEngineSpec`, whose first
+    part is the kind's tag (``("sglang", "model_path")``); ``(None, loc)`` when it has none."""
+    if loc and loc[0] in ENGINE_KINDS:
+        return loc[0], tuple(loc[1:])
+    return None, tuple(loc)
+
+
+def unknown_key_hint(kind: str | None, key: str) -> str:
+    """What to say after "unknown key" for a spec of ``kind``: the kinds that have it
+    (`` (a field of kind 'sglang')``), else the closest key of that kind (`` (did you mean 'x'?)``)."""
+    owners = [k for k in KINDS if k != kind and key in engine_keys(k)]
+    if owners:
+        return f" (a field of kind {' and '.join(map(repr, owners))})"
+    m = difflib.get_close_matches(key, engine_keys(kind or "reference"), n=1, cutoff=0.6)
+    return f" (did you mean {m[0]!r}?)" if m else ""
 
 
 def _which(exe: str) -> str | None:

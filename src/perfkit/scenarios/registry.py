@@ -231,15 +231,16 @@ def invariant_defaults() -> dict[str, Any]:
 def checks_for(
     results: Mapping[str, Mapping[str, Any]], invariants: Mapping[str, Any], only: str | None = None
 ) -> list[Check]:
-    """Check rows of every scenario with results (or of ``only``), each against the invariants
-    it declares. A limit of None is not gated; a scenario without results gives ``skipped``
-    rows for its gated invariants (never a pass)."""
+    """Check rows of every scenario (or of ``only``) against exactly the ``invariants`` given
+    that it declares: pass the params' merged invariants (``SuiteParams.invariants_all()``) or
+    :func:`invariant_defaults`; a key left out, or set to None, is not gated. A scenario without
+    results gives ``skipped`` rows for its gated invariants (never a pass)."""
     rows: list[Check] = []
     for s in _REGISTRY.values():
         if only is not None and s.name != only:
             continue
-        mine = {k: invariants.get(k, d) for k, d in s.invariant_defaults().items()}
-        mine = {k: v for k, v in mine.items() if v is not None}
+        declared = s.invariants_model.model_fields
+        mine = {k: v for k, v in invariants.items() if k in declared and v is not None}
         if not mine:
             continue
         rows += s.checks(results.get(s.name) or {}, mine)
