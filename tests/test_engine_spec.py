@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from perfkit.engine.spec import EngineSpec
+from perfkit.engine.spec import CommandEngine, EngineSpec, EngineSpecError, ReferenceEngine, SglangEngine
 
 
 def test_reference_argv_defaults():
@@ -171,35 +171,151 @@ def test_roundtrip_dict():
 @pytest.mark.parametrize(
     "kwargs, field, text",
     [
-        ({"warmup_frames": -1}, "warmup_frames", "must be >= 0, got -1"),
-        ({"kind": "vllm"}, "kind", "must be one of"),
-        ({"num_gpus": 0}, "num_gpus", "must be >= 1"),
-        ({"warmup_resolution": "64"}, "warmup_resolution", "64x64"),
-        ({"height": 0}, "height", ">= 1"),
-        ({"compile": "yes"}, "compile", "bool"),
-        ({"port": 70000}, "port", "1..65535"),
-        ({"startup_timeout_s": 0}, "startup_timeout_s", "> 0"),
-        ({"health_path": "health"}, "health_path", "start with '/'"),
-        ({"kind": "command"}, "command", "required"),
-        ({"kind": "sglang"}, "model_path", "required"),
-        ({"debug_leak_mib": -5}, "debug_leak_mib", ">= 0"),
+        ({"warmup_frames": -1}, "warmup_frames", "greater than or equal to 0, got -1"),
+        ({"warmup_frames": "abc"}, "warmup_frames", "valid integer, got 'abc'"),
+        ({"warmup_frames": True}, "warmup_frames", "valid integer, got True"),
+        ({"kind": "vllm"}, "kind", "must be one of reference, sglang, command, got 'vllm'"),
+        ({"num_gpus": 0}, "num_gpus", "greater than or equal to 1"),
+        ({"warmup_resolution": "64"}, "warmup_resolution", "should match pattern"),
+        ({"height": 0}, "height", "greater than or equal to 1"),
+        ({"compile": "yes"}, "compile", "valid boolean"),
+        ({"port": 70000}, "port", "less than or equal to 65535"),
+        ({"startup_timeout_s": 0}, "startup_timeout_s", "greater than 0"),
+        ({"startup_timeout_s": "1e3"}, "startup_timeout_s", "valid number"),
+        ({"health_path": "health"}, "health_path", "should match pattern '^/'"),
+        ({"kind": "command"}, "command", "required for kind 'command'"),
+        ({"kind": "command", "command": []}, "command", "at least 1 item"),
+        ({"kind": "sglang"}, "model_path", "required for kind 'sglang'"),
+        ({"kind": "sglang", "model_path": "m/x", "executable": []}, "executable", "at least 1 item"),
+        ({"debug_leak_mib": -5}, "debug_leak_mib", "greater than or equal to 0"),
+        (
+            {"kind": "sglang", "model_path": "m/x", "server_args": ["--x", None]},
+            "server_args.1",
+            "valid string",
+        ),
+        ({"warmup_mode": "eager"}, "warmup_mode", "Input should be 'off' or 'server'"),
+        ({"warmup_mode": "request"}, "warmup_mode", "'request' is only supported by kind 'sglang'"),
+        (
+            {"kind": "sglang", "model_path": "m/x", "warmup_frames": 0, "warmup_mode": "server"},
+            "warmup_mode",
+            "'server' contradicts warmup_frames=0",
+        ),
     ],
 )
-def test_validation_names_field(kwargs, field, text):
-    with pytest.raises(ValueError) as ei:
-        EngineSpec(**kwargs)
+@pytest.mark.parametrize("build", ["constructor", "from_dict"])
+def test_validation_names_field(kwargs, field, text, build):
+    with pytest.raises(EngineSpecError) as ei:
+        EngineSpec(**kwargs) if build == "constructor" else EngineSpec.from_dict(kwargs)
     msg = str(ei.value)
-    assert f"EngineSpec.{field}" in msg and text in msg
+    assert msg.startswith(f"EngineSpec.{field}: ") and text in msg, msg
+    assert isinstance(ei.value, ValueError)
+    assert ei.value.problems[0][0] == field
 
 
 def test_exact_validation_message():
-    with pytest.raises(ValueError, match=r"^EngineSpec.warmup_frames must be >= 0, got -1$"):
+    with pytest.raises(
+        ValueError, match=r"^EngineSpec.warmup_frames: Input should be greater than or equal to 0, got -1$"
+    ):
         EngineSpec.from_dict({"warmup_frames": -1})
 
 
-def test_from_dict_unknown_key():
-    with pytest.raises(ValueError, match="unknown field.*warmpu_frames"):
-        EngineSpec.from_dict({"warmpu_frames": 17})
+def test_every_problem_is_named():
+    with pytest.raises(EngineSpecError) as ei:
+        EngineSpec(warmup_frames=-1, port=0, compil=True)
+    assert sorted(f for f, _ in ei.value.problems) == ["compil", "port", "warmup_frames"]
+    assert len(str(ei.value).splitlines()) == 3
+
+
+@pytest.mark.parametrize("build", [EngineSpec.from_dict, lambda d: EngineSpec(**d)])
+def test_unknown_key_did_you_mean(build):
+    with pytest.raises(
+        ValueError,
+        match=r"^EngineSpec.warmpu_frames: unknown field for kind 'reference' \(did you mean 'warmup_frames'\?\)$",
+    ):
+        build({"warmpu_frames": 17})
+    with pytest.raises(
+        ValueError, match=r"EngineSpec.server_arg: unknown field for kind 'sglang'.*'server_args'"
+    ):
+        build({"kind": "sglang", "model_path": "m/x", "server_arg": []})
+
+
+def test_field_of_another_kind_is_named():
+    # a sglang-only field on a reference spec
+    with pytest.raises(
+        EngineSpecError,
+        match=r"^EngineSpec.server_args: unknown field for kind 'reference' \(a field of kind 'sglang'\)$",
+    ):
+        EngineSpec(server_args=["--dit-layerwise-offload"])
+    # a reference-only field on a sglang spec
+    with pytest.raises(EngineSpecError, match=r"EngineSpec.preset: .*a field of kind 'reference'"):
+        EngineSpec.from_dict({"kind": "sglang", "model_path": "m/x", "preset": "tiny"})
+    # serving fields are not the command kind's
+    with pytest.raises(EngineSpecError, match=r"EngineSpec.warmup_frames: .*kind 'reference' and 'sglang'"):
+        EngineSpec(kind="command", command=["srv"], warmup_frames=25)
+
+
+def test_command_spellings():
+    a = EngineSpec(kind="command", command=["srv", "{port}"])
+    b = EngineSpec(kind="command", command_template="srv {port}")
+    assert a == b and a.command_template == ["srv", "{port}"]
+    with pytest.raises(
+        EngineSpecError, match="EngineSpec.command: give either 'command' or 'command_template'"
+    ):
+        EngineSpec.from_dict({"kind": "command", "command": ["a"], "command_template": ["b"]})
+
+
+def test_kinds_and_isinstance():
+    assert type(EngineSpec()) is ReferenceEngine
+    assert type(EngineSpec(kind="sglang", model_path="m/x")) is SglangEngine
+    assert type(EngineSpec.from_dict({"kind": "command", "command": ["x"]})) is CommandEngine
+    assert type(SglangEngine(model_path="m/x")) is SglangEngine
+    for spec in (EngineSpec(), SglangEngine(model_path="m/x"), CommandEngine(command=["x"])):
+        assert isinstance(spec, EngineSpec)
+    # a kind's own class names its own errors
+    with pytest.raises(EngineSpecError, match="^EngineSpec.model_path: required for kind 'sglang'$"):
+        SglangEngine()
+
+
+def test_list_and_env_inputs_from_yaml():
+    spec = EngineSpec.from_dict(
+        {
+            "kind": "sglang",
+            "model_path": "m/x",
+            "server_args": ["--ulysses-degree", 2],
+            "executable": "python -m sglang.cli.main",
+            "env": {"CUDA_VISIBLE_DEVICES": 0},
+        }
+    )
+    assert spec.server_args == ["--ulysses-degree", "2"]
+    assert spec.executable == ["python", "-m", "sglang.cli.main"]
+    assert spec.env == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert EngineSpec(startup_timeout_s=5).startup_timeout_s == 5.0
+
+
+def test_replace_validates():
+    spec = EngineSpec(compile=True)
+    two = spec.replace(two_stage=True)
+    assert two.two_stage and two.compile and not spec.two_stage
+    assert type(two) is ReferenceEngine
+    with pytest.raises(EngineSpecError, match="EngineSpec.warmup_frames: .*greater than or equal to 0"):
+        spec.replace(warmup_frames=-1)
+    with pytest.raises(EngineSpecError, match="EngineSpec.warmup_frames: unknown field for kind 'command'"):
+        EngineSpec(kind="command", command=["x"]).replace(warmup_frames=25)
+    cmd = EngineSpec(kind="command", command=["x"]).replace(command=["y"], port=9)
+    assert cmd.command_template == ["y"] and cmd.port == 9
+
+
+def test_assignment_is_validated():
+    spec = EngineSpec()
+    with pytest.raises(ValueError, match="warmup_frames"):
+        spec.warmup_frames = -1
+
+
+def test_to_dict_has_the_kinds_fields_only():
+    assert "server_args" not in EngineSpec().to_dict()
+    d = EngineSpec(kind="sglang", model_path="m/x").to_dict()
+    assert d["kind"] == "sglang" and "preset" not in d and d["executable"] == ["sglang"]
+    assert set(EngineSpec(kind="command", command=["x"]).to_dict()) >= {"command", "env", "port"}
 
 
 def test_sglang_check_missing_executable(tmp_path):

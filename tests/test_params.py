@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from perfkit.params import ParamsError, load_params, parse_params
+from perfkit.engine.spec import EngineSpec, ReferenceEngine, SglangEngine
+from perfkit.params import ParamsError, load_params, load_yaml, parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,8 +25,8 @@ def test_shipped_params_validate(name):
 
 def test_ci_cpu_is_cheap_and_compiled():
     p = load_params(ROOT / "params" / "ci-cpu.yaml")
-    assert p.engine["preset"] == "tiny" and p.engine["compile"] is True
-    assert p.engine["compile_backend"] == "aot_eager" and p.engine["device"] == "cpu"
+    assert p.engine.preset == "tiny" and p.engine.compile is True
+    assert p.engine.compile_backend == "aot_eager" and p.engine.device == "cpu"
     assert p.baseline.file is None  # CPU: invariants only
 
 
@@ -67,7 +68,39 @@ def _err(text: str) -> str:
             "cold_warm.repeats: Input should be greater than or equal to 2, got 0",
         ),
         ("name: x\nrequest:\n  num_frames: lots\n", "request.num_frames: Input should be a valid integer"),
-        ("name: x\nengine:\n  warmup_frames: -1\n", "engine.warmup_frames: must be >= 0, got -1 (line 3)"),
+        (
+            "name: x\nengine:\n  warmup_frames: -1\n",
+            "engine.warmup_frames: Input should be greater than or equal to 0, got -1 (line 3)",
+        ),
+        (
+            "name: x\nengine:\n  warmup_frames: abc\n",
+            "engine.warmup_frames: Input should be a valid integer, got 'abc' (line 3)",
+        ),
+        (
+            "name: x\nengine:\n  kind: vllm\n",
+            "engine.kind: must be one of reference, sglang, command, got 'vllm' (line 3)",
+        ),
+        (
+            "name: x\nengine:\n  kind: sglang\n  model_path: m/x\n  server_arg: []\n",
+            "unknown key 'server_arg' in engine (line 5) (did you mean 'server_args'?)",
+        ),
+        (
+            "name: x\nengine:\n  preset: tiny\n  server_args: [--x]\n",
+            "unknown key 'server_args' in engine (line 4) (a field of kind 'sglang')",
+        ),
+        (
+            "name: x\nengine:\n  kind: sglang\n",
+            "engine.model_path: required key is missing for kind 'sglang'",
+        ),
+        ("name: x\nengine:\n  kind: command\n", "engine.command: required key is missing for kind 'command'"),
+        (
+            "name: x\nengine:\n  kind: sglang\n  model_path: m/x\n  warmup_frames: 0\n  warmup_mode: server\n",
+            "engine.warmup_mode: 'server' contradicts warmup_frames=0 (which turns the startup warmup off) (line 6)",
+        ),
+        (
+            "name: x\nengine:\n  port: 0\n",
+            "engine.port: Input should be greater than or equal to 1, got 0 (line 3)",
+        ),
         (
             "name: x\nmemory_budget:\n  min_budget: {lo_gib: 5, hi_gib: 2}\n",
             "lo_gib (5) must be < hi_gib (2)",
@@ -100,6 +133,40 @@ def test_typo_fails_before_launch_via_cli(tmp_path):
     assert proc.returncode == 2
     assert "unknown key 'cold_wram'" in proc.stderr and "did you mean 'cold_warm'?" in proc.stderr
     assert not out.exists()  # nothing ran, nothing was launched
+
+
+def test_engine_section_is_the_spec():
+    p = parse_params({"name": "x", "engine": {"kind": "sglang", "model_path": "m/x", "num_gpus": 2}})
+    spec = p.engine_spec()
+    assert isinstance(spec, SglangEngine) and spec is p.engine and spec.num_gpus == 2
+    d = p.engine_dict()
+    assert d == spec.to_dict() and d["kind"] == "sglang" and d["executable"] == ["sglang"]
+    assert EngineSpec.from_dict(d) == spec
+    assert EngineSpec.from_dict(dict(p.engine)) == spec  # dict(model): its fields
+    assert isinstance(parse_params({"name": "x"}).engine, ReferenceEngine)  # no section: the default
+
+
+def test_yaml_12_floats(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("name: x\nengine:\n  startup_timeout_s: 1e3\nrequest:\n  guidance_scale: 5e-1\n")
+    p = load_params(f)
+    assert p.engine.startup_timeout_s == 1000.0 and p.request.guidance_scale == 0.5
+    assert load_yaml("a: 1e3\nb: 5e-1\nc: -1.5E+2\nd: 10\ne: 1_000\nf: '1e3'\ng: 1.5\nh: 1e\n") == {
+        "a": 1000.0,
+        "b": 0.5,
+        "c": -150.0,
+        "d": 10,
+        "e": 1000,
+        "f": "1e3",
+        "g": 1.5,
+        "h": "1e",
+    }
+    # an int field still refuses a float, naming the field
+    f.write_text("name: x\nengine:\n  warmup_frames: 1e3\n")
+    with pytest.raises(
+        ParamsError, match=r"engine.warmup_frames: Input should be a valid integer, got 1000.0 \(line 3\)"
+    ):
+        load_params(f)
 
 
 def test_yaml_syntax_error(tmp_path):

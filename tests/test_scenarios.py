@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pandas as pd
@@ -35,7 +34,7 @@ def cold_warm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def leaky(tmp_path_factory):
-    spec = dataclasses.replace(SPEC, compile=False, debug_leak_mib=64)
+    spec = SPEC.replace(compile=False, debug_leak_mib=64)
     return cold_vs_warm(spec, REQ, repeats=4, run_dir=tmp_path_factory.mktemp("leak"))
 
 
@@ -112,7 +111,7 @@ def test_warmup_coverage_matrix(shapes):
 
 
 def test_memory_budget_under_host_cap_completes(tmp_path):
-    spec = dataclasses.replace(SPEC, compile=False, warmup_frames=0)
+    spec = SPEC.replace(compile=False, warmup_frames=0)
     b = memory_budget(
         spec, caps=[MemoryCaps(), MemoryCaps(host_gib=6.0)], request=REQ, repeats=2, run_dir=tmp_path
     )

@@ -141,13 +141,17 @@ def test_startup_warmup_frames_and_validation():
     assert EngineSpec(kind="sglang", model_path="m/x", warmup_mode="request").startup_warmup_frames() == 0
     assert EngineSpec(kind="sglang", model_path="m/x", warmup_frames=0).startup_warmup_frames() == 0
     assert EngineSpec(kind="command", command_template=["x"]).startup_warmup_frames() is None
-    with pytest.raises(ValueError, match=r"EngineSpec.warmup_mode must be one of off, request, server"):
+    with pytest.raises(
+        ValueError, match=r"EngineSpec.warmup_mode: Input should be 'off', 'request' or 'server'"
+    ):
         EngineSpec(kind="sglang", model_path="m/x", warmup_mode="eager")
-    with pytest.raises(ValueError, match=r"EngineSpec.warmup_mode 'request' is only supported"):
+    with pytest.raises(ValueError, match=r"EngineSpec.warmup_mode: 'request' is only supported"):
         EngineSpec(kind="reference", warmup_mode="request")
-    with pytest.raises(ValueError, match=r"EngineSpec.warmup_mode 'server' contradicts warmup_frames=0"):
+    with pytest.raises(ValueError, match=r"EngineSpec.warmup_mode: 'server' contradicts warmup_frames=0"):
         EngineSpec(kind="sglang", model_path="m/x", warmup_frames=0, warmup_mode="server")
-    with pytest.raises(ValueError, match=r"EngineSpec.warmup_steps must be >= 1"):
+    with pytest.raises(
+        ValueError, match=r"EngineSpec.warmup_steps: Input should be greater than or equal to 1"
+    ):
         EngineSpec(kind="sglang", model_path="m/x", warmup_steps=0)
     # reference kind: the same fields map to its own flags
     argv = EngineSpec(warmup_mode="off", warmup_steps=3).command(1, "/p")

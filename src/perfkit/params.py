@@ -6,7 +6,7 @@ Layout (every section optional except ``name``; unknown keys are errors)::
     description: ...
     timeout_s: 600                 # per notebook cell (papermill execution timeout)
     engine: {kind, preset, compile, compile_backend, device, dtype, warmup_frames, ...}
-                                   # any EngineSpec field (perfkit.engine.spec)
+                                   # the fields of that kind's EngineSpec (perfkit.engine.spec)
     request: {num_frames, height, width, num_inference_steps, seed, prompt, ...}
     cold_warm: {enabled, repeats, thresholds: {...}, caps: {device_gib, host_gib, label} | null}
     warmup_shapes: {enabled, warmup_frames: [17, 25], request_frames: [25], repeats}
@@ -18,12 +18,14 @@ Layout (every section optional except ``name``; unknown keys are errors)::
 Errors name the file, the key path and, for unknown keys, the closest known key::
 
     params/ci-cpu.yaml: unknown key 'cold_wram' (line 12) (did you mean 'cold_warm'?)
-    params/ci-cpu.yaml: cold_warm.repeats: must be >= 2, got 0 (line 14)
+    params/ci-cpu.yaml: cold_warm.repeats: Input should be greater than or equal to 2, got 0 (line 14)
+
+The YAML is read as YAML 1.2 reads numbers: ``1e3`` and ``5e-1`` are floats (YAML 1.1, PyYAML's
+default, reads them as strings, which the strict models would refuse).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import re
 from pathlib import Path
@@ -41,11 +43,19 @@ from pydantic import (
 )
 
 from perfkit.common.presets import MAX_FRAMES, PIXEL_MULTIPLE, PRESET_NAMES
-from perfkit.engine.spec import EngineSpec
+from perfkit.engine.spec import (
+    BAD_KIND,
+    CROSS_FIELD,
+    AnyEngineSpec,
+    EngineSpec,
+    ReferenceEngine,
+    split_kind,
+    unknown_key_hint,
+)
 from perfkit.scenarios import registry
 from perfkit.scenarios.registry import ScenarioParams
 
-__all__ = ["ParamsError", "SuiteParams", "InvariantsParams", "load_params", "parse_params"]
+__all__ = ["ParamsError", "SuiteParams", "InvariantsParams", "load_params", "load_yaml", "parse_params"]
 
 
 class ParamsError(ValueError):
@@ -84,7 +94,8 @@ class _SuiteBase(_Model):
     description: str = ""
     #: papermill per-cell execution timeout (s); None: no limit
     timeout_s: Optional[float] = Field(1800, gt=0)
-    engine: dict[str, Any] = Field(default_factory=dict)
+    #: the engine: a spec of its kind (``kind`` left out: ``reference``)
+    engine: AnyEngineSpec = Field(default_factory=ReferenceEngine)
     request: RequestParams = Field(default_factory=RequestParams)
     baseline: BaselineParams = Field(default_factory=BaselineParams)
 
@@ -95,28 +106,15 @@ class _SuiteBase(_Model):
             raise ValueError("must not be empty")
         return v
 
-    @field_validator("engine")
-    @classmethod
-    def _engine(cls, v: dict[str, Any]) -> dict[str, Any]:
-        known = {f.name for f in dataclasses.fields(EngineSpec)} | {"command"}
-        for key in v:
-            if key not in known:
-                raise _UnknownKey(key, sorted(known))
-        try:
-            EngineSpec.from_dict(v)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(str(exc)) from None
-        return v
-
     @model_validator(mode="after")
     def _reference_engine(self) -> "_SuiteBase":
         """What the reference engine would refuse only after a launch: a 400 for a height or
         width that is not a multiple of 32, an unknown preset, more frames than --max-frames."""
         eng = self.engine
-        if eng.get("kind", "reference") != "reference":
+        if not isinstance(eng, ReferenceEngine):
             return self
         problems: list[tuple[tuple, str]] = []
-        for sec, src in (("request", self.request.model_dump()), ("engine", eng)):
+        for sec, src in (("request", self.request.model_dump()), ("engine", eng.model_dump())):
             for key in ("height", "width"):
                 v = src.get(key)
                 if isinstance(v, int) and not isinstance(v, bool) and v % PIXEL_MULTIPLE:
@@ -126,8 +124,8 @@ class _SuiteBase(_Model):
                             f"must be a multiple of {PIXEL_MULTIPLE} for the reference engine, got {v}",
                         )
                     )
-        if not eng.get("model_path"):
-            preset = eng.get("preset", "tiny")
+        if not eng.model_path:
+            preset = eng.preset
             if preset not in PRESET_NAMES:
                 problems.append(
                     (
@@ -136,7 +134,7 @@ class _SuiteBase(_Model):
                         f"{', '.join(PRESET_NAMES)} (or set engine.model_path)",
                     )
                 )
-        max_frames = eng.get("max_frames") or MAX_FRAMES
+        max_frames = eng.max_frames or MAX_FRAMES
         if self.request.num_frames > max_frames:
             problems.append(
                 (
@@ -173,7 +171,13 @@ class _SuiteBase(_Model):
         return getattr(self, name)
 
     def engine_spec(self) -> EngineSpec:
-        return EngineSpec.from_dict(self.engine)
+        """The validated engine spec (the ``engine`` section itself)."""
+        return self.engine
+
+    def engine_dict(self) -> dict[str, Any]:
+        """The engine spec as a plain dict (:meth:`EngineSpec.to_dict`: every field of its kind),
+        what notebooks receive as their ``engine`` parameter."""
+        return self.engine.to_dict()
 
     def invariants_all(self) -> dict[str, Any]:
         """Every gated invariant: the scenarios' defaults overlaid with this file's
@@ -210,13 +214,6 @@ class _AtKeys(ValueError):
     def __init__(self, problems: list[tuple[tuple, str]]) -> None:
         self.problems = problems
         super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in problems))
-
-
-class _UnknownKey(ValueError):
-    def __init__(self, key: str, known: list[str]) -> None:
-        self.key = key
-        self.known = known
-        super().__init__(f"unknown key {key!r}{_suggest(key, known)}")
 
 
 def _suggest(key: str, known: list[str]) -> str:
@@ -278,28 +275,31 @@ def _line_of(text: str, loc: tuple) -> int | None:
 
 def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
     loc = tuple(err.get("loc") or ())
+    typ = err.get("type", "")
+    ctx = err.get("ctx") or {}
+    kind = None
+    if loc[:1] == ("engine",):  # the union's tag names the kind, not a key: drop it
+        kind, rest = split_kind(loc[1:])
+        loc = ("engine", *rest)
+        if typ in (CROSS_FIELD, BAD_KIND):  # a rule about one field, or the kind itself
+            loc += (ctx["field"],)
+            inp = err.get("input")
+            bad_kind = inp.get("kind") if typ == BAD_KIND and isinstance(inp, dict) else None
+            err = {**err, "msg": ctx["detail"], "input": bad_kind}
+            ctx = {}
     path = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
     line = _line_of(text, loc) if text else None
     at = f" (line {line})" if line else ""
-    typ = err.get("type", "")
-    ctx = err.get("ctx") or {}
     exc = ctx.get("error")
     if typ == "extra_forbidden":
         key = loc[-1] if loc else "?"
         parent = loc[:-1]
         where = ".".join(str(p) for p in parent if not isinstance(p, int))
-        known = _known_fields(SuiteParams, parent)
-        return (
-            f"{source}: unknown key {key!r}"
-            + (f" in {where}" if where else "")
-            + at
-            + _suggest(str(key), known)
-        )
-    if isinstance(exc, _UnknownKey):
-        key_loc = loc + (exc.key,)
-        line = _line_of(text, key_loc) if text else None
-        at = f" (line {line})" if line else at
-        return f"{source}: unknown key {exc.key!r} in {path}{at}{_suggest(exc.key, exc.known)}"
+        if parent == ("engine",):
+            hint = unknown_key_hint(kind, str(key))
+        else:
+            hint = _suggest(str(key), _known_fields(SuiteParams, parent))
+        return f"{source}: unknown key {key!r}" + (f" in {where}" if where else "") + at + hint
     if isinstance(exc, _AtKeys):
         out = []
         for ploc, msg in exc.problems:
@@ -308,20 +308,14 @@ def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
             out.append(f"{source}: {ppath.replace('.[', '[')}: {msg}" + (f" (line {line})" if line else ""))
         return "\n".join(out)
     if typ == "missing":
-        return f"{source}: {path}: required key is missing"
+        for_kind = f" for kind {kind!r}" if kind and loc[:1] == ("engine",) else ""
+        return f"{source}: {path}: required key is missing{for_kind}"
     msg = str(exc) if exc is not None else err.get("msg", "invalid")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
-    m = re.match(r"EngineSpec\.(\w+) (.*)", msg, re.S)
-    if m and loc == ("engine",):
-        field = "command" if m.group(1) == "command_template" else m.group(1)
-        loc = ("engine", field)
-        path = f"engine.{field}"
-        msg = m.group(2)
-        line = _line_of(text, loc) if text else None
-        at = f" (line {line})" if line else at
     got = err.get("input")
-    got_s = "" if isinstance(got, (dict, list)) or exc is not None else f", got {got!r}"
+    skip = got is None and typ == CROSS_FIELD
+    got_s = "" if skip or isinstance(got, (dict, list, BaseModel)) or exc is not None else f", got {got!r}"
     return f"{source}: {path or 'top level'}: {msg}{got_s}{at}"
 
 
@@ -336,12 +330,30 @@ def parse_params(data: Any, source: str = "<params>", text: str | None = None) -
         raise ParamsError("\n".join(dict.fromkeys(lines))) from None
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """yaml.SafeLoader that also reads YAML 1.2 floats: ``1e3``, ``5e-1``, ``1.5E3``
+    (YAML 1.1 wants a dot and a signed exponent, so PyYAML reads those as strings)."""
+
+
+#: YAML 1.2 core schema float (after SafeLoader's own resolvers: ints stay ints)
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse params YAML (safe; YAML 1.2 floats, see :class:`_Yaml12Loader`)."""
+    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_params(path: str | Path) -> SuiteParams:
     """Read and validate a params YAML file. Raises :class:`ParamsError` (or FileNotFoundError)."""
     p = Path(path)
     text = p.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ParamsError(f"{p}: invalid YAML: {exc}") from None
     if data is None:

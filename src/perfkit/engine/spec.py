@@ -116,12 +116,16 @@ class EngineSpecError(ValueError):
         super().__init__("\n".join(f"EngineSpec.{f}: {m}" for f, m in problems))
 
     @classmethod
-    def from_validation(cls, exc: ValidationError, kind: str | None = None) -> EngineSpecError:
-        """Each pydantic error of ``exc`` (validating one spec; ``kind`` when the model was known,
-        else the union's tag in the location says it) as a field-named problem."""
+    def from_validation(
+        cls, exc: ValidationError, kind: str | None = None, tagged: bool = True
+    ) -> EngineSpecError:
+        """Each pydantic error of ``exc`` as a field-named problem. ``exc`` comes from validating
+        :data:`AnyEngineSpec` (``tagged``: locations start with the kind) or, ``tagged=False``,
+        the model of ``kind``."""
         problems = []
         for err in exc.errors():
-            tag, loc = split_kind(tuple(err.get("loc") or ()))
+            loc = tuple(err.get("loc") or ())
+            tag, loc = split_kind(loc) if tagged else (None, loc)
             k = tag or kind
             typ, ctx, got = err.get("type", ""), err.get("ctx") or {}, err.get("input")
             if typ in (CROSS_FIELD, BAD_KIND):
@@ -158,7 +162,22 @@ def _cross_field(field: str, detail: str) -> PydanticCustomError:
     return PydanticCustomError(CROSS_FIELD, "{field} {detail}", {"field": field, "detail": detail})
 
 
-class EngineSpec(BaseModel):
+class _SpecMeta(type(BaseModel)):  # type: ignore[misc]
+    """``EngineSpec(...)`` builds the model of ``kind``; a bad field raises EngineSpecError.
+
+    Only calls of the class go through here: pydantic validation (params, :meth:`from_dict`)
+    builds models without calling the class, so its errors keep their structure."""
+
+    def __call__(cls, /, **data: Any) -> Any:
+        if cls is EngineSpec:
+            return EngineSpec.from_dict(data)
+        try:
+            return super().__call__(**data)
+        except ValidationError as exc:
+            raise EngineSpecError.from_validation(exc, cls._kind(), tagged=False) from None
+
+
+class EngineSpec(BaseModel, metaclass=_SpecMeta):
     """How to start one engine: the fields every kind has, and the methods.
 
     ``EngineSpec(kind=..., **fields)`` builds the model of that kind (:class:`ReferenceEngine`
@@ -191,21 +210,6 @@ class EngineSpec(BaseModel):
 
     #: whether the engine writes sglang's per-request records (their environment is set)
     _sglang_records: ClassVar[bool] = False
-
-    def __new__(cls, *args: Any, **data: Any) -> EngineSpec:
-        if cls is EngineSpec:  # dispatch on kind
-            kind = data.get("kind", "reference")
-            sub = ENGINE_KINDS.get(kind) if isinstance(kind, str) else None
-            if sub is None:
-                EngineSpec.from_dict(data)  # raises EngineSpecError naming kind
-            cls = sub
-        return super().__new__(cls)
-
-    def __init__(self, /, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise EngineSpecError.from_validation(exc, self._kind()) from None
 
     @classmethod
     def _kind(cls) -> str | None:
@@ -295,7 +299,7 @@ class EngineSpec(BaseModel):
                 return _ADAPTER.validate_python(dict(d))
             return cls.model_validate(dict(d))
         except ValidationError as exc:
-            raise EngineSpecError.from_validation(exc, cls._kind()) from None
+            raise EngineSpecError.from_validation(exc, cls._kind(), tagged=cls is EngineSpec) from None
 
     def replace(self, **changes: Any) -> EngineSpec:
         """A validated copy with some fields changed (``kind`` too; the kind's model is rebuilt).
@@ -577,8 +581,9 @@ def engine_keys(kind: str) -> list[str]:
 
 
 def split_kind(loc: tuple) -> tuple[str | None, tuple]:
-    """``(kind, rest)`` of a pydantic error location inside :data:`AnyEngineSpec`, whose first
-    part is the kind's tag (``("sglang", "model_path")``); ``(None, loc)`` when it has none."""
+    """``(kind, rest)`` of a pydantic error location from validating :data:`AnyEngineSpec`, whose
+    first part is the kind's tag (``("sglang", "model_path")``); ``(None, loc)`` when it has none
+    (an unknown kind). Not for errors of one kind's model: ``("command",)`` there is a field."""
     if loc and loc[0] in ENGINE_KINDS:
         return loc[0], tuple(loc[1:])
     return None, tuple(loc)

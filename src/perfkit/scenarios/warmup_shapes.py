@@ -112,7 +112,7 @@ def warmup_shapes(
     reused: list[str] = []
     coverage: list[dict[str, Any]] = []
     for w in warmup_frames:
-        s = dataclasses.replace(spec, warmup_frames=int(w), share_compile_cache=False)
+        s = spec.replace(warmup_frames=int(w), share_compile_cache=False)
         reqs = [dataclasses.replace(base, num_frames=int(f)) for f in request_frames for _ in range(repeats)]
         data = None
         if reuse is not None and len(request_frames) == 1:
