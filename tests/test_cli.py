@@ -8,9 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
-from perfkit.cli import _parse_kv, build_parser
+from perfkit.cli import _parse_kv, cli
 from perfkit.gate import baseline as bl
 from perfkit.gate import run as gate_run
 
@@ -39,17 +40,79 @@ def test_entry_point_declared_and_help():
 
 
 def test_parse_kv_yaml_values():
-    assert _parse_kv(["repeats=3", "bundle_dir=null", "caps=[{host_gib: 8}]", "name=a=b"]) == {
+    assert _parse_kv(
+        ["repeats=3", "bundle_dir=null", "caps=[{host_gib: 8}]", "name=a=b", "t=1e3", "f=5e-1"]
+    ) == {
         "repeats": 3,
         "bundle_dir": None,
         "caps": [{"host_gib": 8}],
         "name": "a=b",
+        "t": 1000.0,  # YAML 1.1 reads 1e3 as a string; perfkit reads numbers as numbers
+        "f": 0.5,
     }
 
 
-def test_parser_requires_params():
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["suite"])
+def test_suite_requires_params():
+    proc = perfkit("suite")
+    assert proc.returncode == 2 and "--params" in proc.stderr
+
+
+def _walk(cmd: click.Command, path: tuple[str, ...] = ()):
+    yield path, cmd
+    if isinstance(cmd, click.Group):
+        for name, sub in cmd.commands.items():
+            yield from _walk(sub, (*path, name))
+
+
+def test_every_command_and_option_has_help():
+    seen = []
+    for path, cmd in _walk(cli):
+        seen.append(" ".join(path))
+        assert (cmd.help or "").strip(), f"perfkit {' '.join(path)}: no help text"
+        for param in cmd.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                assert (param.help or "").strip(), f"perfkit {' '.join(path)} {param.opts[0]}: no help"
+    for want in (
+        "suite",
+        "run",
+        "report",
+        "compare",
+        "baseline update",
+        "measure",
+        "wheelhouse download",
+        "wheelhouse install",
+        "engine serve",
+    ):
+        assert want in seen, seen
+
+
+@pytest.mark.parametrize(
+    "sub",
+    [
+        ["suite"],
+        ["run"],
+        ["compare"],
+        ["baseline", "update"],
+        ["measure"],
+        ["report"],
+        ["wheelhouse", "download"],
+    ],
+)
+def test_help_of_every_command_lists_exit_codes(sub):
+    proc = perfkit(*sub, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "Exit codes" in proc.stdout or "exit codes" in proc.stdout.lower(), proc.stdout
+
+
+def test_missing_params_file_is_named(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    for cmd in (
+        ["suite", "--params", str(missing)],
+        ["measure", "--params", str(missing), "--out", str(tmp_path)],
+    ):
+        proc = perfkit(*cmd)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert f"params file not found: {missing}" in proc.stderr, proc.stderr
 
 
 def test_engine_serve_forwards_to_refengine():

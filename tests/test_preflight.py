@@ -161,14 +161,15 @@ def gated_run(tmp_path) -> Path:
     return run
 
 
-def test_compare_with_no_common_case_fails(gated_run):
+def test_compare_with_no_common_case_is_an_error(gated_run):
+    # nothing comparable at all is misuse (2), not a regression (1) and never a pass
     proc = perfkit("compare", "--run", str(gated_run), "--baseline", "baselines/h200.json")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     msg = (
         "no case of this run is in baselines/h200.json (hardware 'NVIDIA H200' vs this run's "
         "'ci-cpu-2core'): nothing compared"
     )
-    assert msg in proc.stdout and "compare: FAIL" in proc.stdout
+    assert msg in proc.stdout and "compare: ERROR: nothing compared" in proc.stdout
     assert "warning" in proc.stderr and "'NVIDIA H200'" in proc.stderr and "'ci-cpu-2core'" in proc.stderr
 
 
@@ -290,7 +291,7 @@ def test_cold_warm_error_carries_the_request_error(monkeypatch, tmp_path):
         ("repeat=3", "unknown parameter 'repeat' (did you mean 'repeats'?); known: engine, request"),
     ],
 )
-def test_run_bad_p_is_a_usage_error(tmp_path, p, expected):
+def test_run_bad_p_is_a_usage_error(tmp_path, p, expected):  # noqa: D103
     run_dir = tmp_path / "r"
     proc = perfkit("run", "notebooks/cold_warm.ipynb", "-p", f"run_dir={run_dir}", "-p", p)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -356,4 +357,23 @@ def test_force_removes_the_earlier_run(tmp_path):
 def test_help_is_plain_text():
     proc = perfkit("--help")
     assert proc.returncode == 0
-    assert "``" not in proc.stdout and "perfkit command" in proc.stdout
+    assert "``" not in proc.stdout and "perfkit:" in proc.stdout and "Exit codes" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "nb, p, name",
+    [
+        ("warmup_shapes", "warmup_frames=abc", "warmup_frames"),
+        ("warmup_shapes", "warmup_frames=[17, abc]", "warmup_frames[1]"),
+        ("cold_warm", "repeats=1e1", "repeats"),  # 10.0 is not an integer: refused, naming it
+        ("cold_warm", "repeats=1", "repeats"),  # below the model's minimum (2)
+        ("memory_budget", "caps=[{host_gib: -1}]", "caps[0].host_gib"),
+        ("cold_warm", "request={num_frames: x}", "request.num_frames"),
+    ],
+)
+def test_run_p_values_are_validated_before_any_kernel(tmp_path, nb, p, name):
+    run_dir = tmp_path / "r"
+    proc = perfkit("run", f"notebooks/{nb}.ipynb", "-p", f"run_dir={run_dir}", "-p", p)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"\n{name}: " in proc.stderr, proc.stderr
+    assert not run_dir.exists()  # no kernel started, no executed notebook written

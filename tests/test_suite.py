@@ -341,3 +341,40 @@ def test_suite_end_to_end_on_reference_engine(tmp_path):
     cov = json.loads((out / "warmup_shapes" / "results.json").read_text())["coverage"]
     by = {(c["warmup_frames"], c["request_frames"]): c for c in cov}
     assert by[(17, 25)]["covered"] is False and by[(25, 25)]["covered"] is True
+
+
+@pytest.mark.slow
+def test_runs_without_out_never_overwrite_each_other(tmp_path):
+    """Two suites without --out (what `make suite` does) give two complete runs under
+    outputs/<params name>/<timestamp>/, the first kept intact, and `latest` points at the second."""
+    rec = synthetic.make_run(tmp_path / "recorded")
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "perfkit.cli",
+                "suite",
+                "--params",
+                str(ROOT / "params" / "ci-cpu.yaml"),
+                "--replay",
+                str(rec),
+                "--no-screenshot",
+                "-q",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs.append(sorted(p for p in (tmp_path / "outputs" / "ci-cpu").iterdir() if not p.is_symlink()))
+    first, second = runs[0], runs[1]
+    assert len(first) == 1 and len(second) == 2 and first[0] in second
+    for run in second:
+        for f in ("report.html", "summary.md", "run.json", "baseline.json"):
+            assert (run / f).is_file(), (run, f)
+    latest = tmp_path / "outputs" / "ci-cpu" / "latest"
+    assert latest.is_symlink() and latest.resolve() == [r for r in second if r != first[0]][0].resolve()
+    assert json.loads((first[0] / "run.json").read_text())["exit_code"] == 0

@@ -1,45 +1,42 @@
 """The perfkit command: run, gate and report diffusion video serving investigations.
 
-    perfkit suite --params params/ci-cpu.yaml [--out outputs/RUN] [--replay RUN] [--only NAME]
-    perfkit run notebooks/cold_warm.ipynb -p repeats=3 -p run_dir=outputs/x [--out FILE]
-    perfkit report outputs/RUN
-    perfkit compare --run outputs/RUN --baseline baselines/h200.json [--profile pr_test] [--strict]
-    perfkit compare --before A.json --after B.json    (two sglang perf dumps)
-    perfkit baseline update --bundle outputs/RUN/cold_warm --baseline FILE --case ID [--hardware NAME]
-    perfkit engine serve [refengine args...]      (python -m perfkit.refengine; takes sglang
-        serve's --model-path/--port/--host/--num-gpus and honours SGLANG_PERF_LOG_DIR when
-        SGLANG_DIFFUSION_STAGE_LOGGING=1, so EngineSpec(kind="sglang",
-        executable=["perfkit", "engine"]) drives it like sglang's server)
-
-Exit codes: 0 every gate passed, 1 a regression (a gate failed), 2 an error (bad params, engine
-crash, notebook exception).
+One command line (click) for every task; ``perfkit COMMAND --help`` describes each option.
+Exit codes, one rule for every command: 0 pass, 1 a regression or a failed check, 2 an error or
+misuse (bad input, a missing file, nothing comparable, a run that never started).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-import yaml
+import click
 
 from perfkit.checks import check_markdown, check_table, overall_status
-from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
-from perfkit.scenarios import registry
+from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, nothing_compared
+from perfkit.measure import investigations, measure_command
 
 log = logging.getLogger("perfkit")
+
+EXIT_CODES = "Exit codes: 0 pass, 1 a regression or a failed check, 2 an error or misuse."
 
 
 class UsageError(ValueError):
     """A bad command line (``-p`` without ``=``, unparsable value, unknown parameter): exit 2."""
 
 
-def _parse_kv(items: list[str]) -> dict[str, Any]:
-    """``-p KEY=VALUE`` items -> {key: YAML-parsed value}. Raises :class:`UsageError`."""
+def _parse_kv(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``-p KEY=VALUE`` items -> {key: value read as YAML 1.2 (``1e3`` is a number)}.
+    Raises :class:`UsageError`."""
+    import yaml
+
+    from perfkit.params import load_yaml
+
     out: dict[str, Any] = {}
     for it in items or []:
         if "=" not in it:
@@ -49,7 +46,7 @@ def _parse_kv(items: list[str]) -> dict[str, Any]:
         if not k:
             raise UsageError(f"-p expects KEY=VALUE, got {it!r} (empty key)")
         try:
-            out[k] = yaml.safe_load(v) if v != "" else ""
+            out[k] = load_yaml(v) if v != "" else ""
         except yaml.YAMLError as exc:
             where = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise UsageError(
@@ -92,7 +89,7 @@ def _check_notebook_parameters(nb: Path, given: dict[str, Any]) -> None:
     )
 
 
-def cmd_suite(a: argparse.Namespace) -> int:
+def cmd_suite(a: SimpleNamespace) -> int:
     _sigterm_as_interrupt()
     from perfkit.params import ParamsError
     from perfkit.suite import SuiteError, run_suite
@@ -129,7 +126,7 @@ def cmd_suite(a: argparse.Namespace) -> int:
     return res.exit_code
 
 
-def cmd_run(a: argparse.Namespace) -> int:
+def cmd_run(a: SimpleNamespace) -> int:
     from perfkit.suite import default_out, execute_notebook
 
     nb = Path(a.notebook)
@@ -149,11 +146,18 @@ def cmd_run(a: argparse.Namespace) -> int:
 
         params.update(notebook_parameters(nb.stem, sp, Path("unused")))
         params.pop("run_dir", None)
+    from perfkit.params import ParamsError
+    from perfkit.suite import validate_notebook_parameters
+
     try:
         given = _parse_kv(a.p)
         _check_notebook_parameters(nb, given)
+        given = validate_notebook_parameters(nb.stem, given)
     except UsageError as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except ParamsError as exc:
+        print(f"perfkit: invalid parameters for {nb.name}:\n{exc}", file=sys.stderr)
         return EXIT_ERROR
     params.update(given)
     run_dir = Path(params.get("run_dir") or default_out(nb.stem)).resolve()
@@ -180,7 +184,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_report(a: argparse.Namespace) -> int:
+def cmd_report(a: SimpleNamespace) -> int:
     from perfkit import report
 
     run = Path(a.run)
@@ -236,7 +240,7 @@ def _compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any
     return ({cid: bl.entry_from_records(recs)} if recs else {}), None
 
 
-def _compare_dumps(a: argparse.Namespace) -> int:
+def _compare_dumps(a: SimpleNamespace) -> int:
     from perfkit.readings import perfdump
 
     try:
@@ -260,7 +264,7 @@ def _compare_dumps(a: argparse.Namespace) -> int:
     return EXIT_REGRESSION if c.verdict == "fail" else EXIT_OK
 
 
-def cmd_compare(a: argparse.Namespace) -> int:
+def cmd_compare(a: SimpleNamespace) -> int:
     from perfkit.gate import baseline as bl
 
     if a.before or a.after:
@@ -302,12 +306,14 @@ def cmd_compare(a: argparse.Namespace) -> int:
     shown = df.astype(object).where(df.notna(), "–")  # not measured: "–", never 0
     print(check_markdown(shown))
     status = overall_status(df)
+    if nothing_compared(df):
+        print(f"compare: ERROR: nothing compared (no case of {a.run} is in {a.baseline})")
+        return EXIT_ERROR
     print(f"compare: {status.upper()}")
-    # no common case: a failing "cases compared" row, exit 1 (tests/test_preflight.py keeps this)
     return EXIT_REGRESSION if status == "fail" else EXIT_OK
 
 
-def cmd_baseline_update(a: argparse.Namespace) -> int:
+def cmd_baseline_update(a: SimpleNamespace) -> int:
     from perfkit.gate import baseline as bl
 
     try:
@@ -330,7 +336,7 @@ def cmd_engine_serve(rest: list[str]) -> int:
     return EXIT_ERROR  # pragma: no cover
 
 
-def cmd_wheelhouse(a: argparse.Namespace) -> int:
+def cmd_wheelhouse(a: SimpleNamespace) -> int:
     from perfkit import wheelhouse
 
     try:
@@ -355,134 +361,225 @@ def cmd_wheelhouse(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="perfkit",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="exit codes: 0 pass, 1 regression, 2 error",
-    )
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
-    sub = p.add_subparsers(dest="cmd", required=True)
+# --------------------------------------------------------------------------------- command line
+def _done(code: int) -> None:
+    sys.exit(int(code))
 
-    s = sub.add_parser("suite", help="run the investigation notebooks and gate the run")
-    s.add_argument("--params", required=True, help="params YAML (see params/)")
-    s.add_argument("--out", help="run directory (default outputs/<name>-<timestamp>)")
-    s.add_argument("--replay", help="a run directory whose bundles are replayed (no launch)")
-    s.add_argument(
-        "--only",
-        action="append",
-        choices=list(registry.names()),
-        help="run only this investigation (repeatable); the gate always runs",
-    )
-    s.add_argument("--notebooks", help=argparse.SUPPRESS)  # tests: another notebooks folder
-    s.add_argument(
-        "--force", action="store_true", help="--out may hold an earlier run: its outputs are removed first"
-    )
-    s.add_argument("--no-screenshot", action="store_true", help="skip the report screenshot")
-    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(func=cmd_suite)
 
-    r = sub.add_parser("run", help="run one notebook with papermill")
-    r.add_argument("notebook")
-    r.add_argument(
-        "-p",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a parameter (value parsed as YAML); repeatable",
-    )
-    r.add_argument("--params", help="take the notebook's parameters from a params YAML first")
-    r.add_argument("--out", help="executed notebook path (default RUN_DIR/notebooks/NAME)")
-    r.add_argument("--timeout", type=float, default=None, help="per-cell timeout (s)")
-    r.set_defaults(func=cmd_run)
+def _existing_file(kind: str):
+    """A click callback: the path must be an existing file, else exit 2 naming it."""
 
-    rp = sub.add_parser("report", help="re-render report.html and summary.md of a run")
-    rp.add_argument("run")
-    rp.add_argument("--out", help="HTML path (default RUN/report.html)")
-    rp.add_argument("--screenshot", action="store_true", help="also save RUN/report.png")
-    rp.set_defaults(func=cmd_report)
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_file():
+            raise click.BadParameter(f"{kind} not found: {value}")
+        return value
 
-    c = sub.add_parser("compare", help="compare a run with a baseline file, or two sglang perf dumps")
-    c.add_argument(
-        "--run", help="a run directory, a bundle directory, a performance.log or an sglang perf dump JSON"
-    )
-    c.add_argument("--baseline", help="baseline JSON (sglang perf_baselines layout)")
-    c.add_argument(
-        "--case",
-        help="case id for a bundle, performance.log or perf dump "
-        "(default: the bundle's scenario / the file's stem)",
-    )
-    c.add_argument("--profile", default="pr_test")
-    c.add_argument("--strict", action="store_true")
-    c.add_argument("--before", help="sglang perf dump JSON (--perf-dump-path) of the baseline build")
-    c.add_argument("--after", help="sglang perf dump JSON of the new build")
-    c.set_defaults(func=cmd_compare)
+    return check
 
-    b = sub.add_parser("baseline", help="baseline files")
-    bsub = b.add_subparsers(dest="bcmd", required=True)
-    bu = bsub.add_parser("update", help="write one case from a bundle into a baseline file")
-    bu.add_argument("--bundle", required=True)
-    bu.add_argument("--baseline", required=True)
-    bu.add_argument("--case", required=True)
-    bu.add_argument("--hardware", help="must match the file's metadata.hardware when it has one")
-    bu.add_argument("--launch", help="the launch to take (bundles of several launches: warmup17, cap1, ...)")
-    bu.add_argument("--num-frames", type=int, help="one request shape of a launch that sent several shapes")
-    bu.set_defaults(func=cmd_baseline_update)
 
-    m = sub.add_parser(
-        "measure",
-        help="run the investigations into bundles without notebooks (GPU hosts without Jupyter)",
-        add_help=False,
-    )
-    m.set_defaults(func=None)
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="Examples:\n\n"
+    "\b\n"
+    "  perfkit suite --params params/ci-cpu.yaml\n"
+    "  perfkit suite --params params/h200.yaml --replay examples/h200/bundles\n"
+    "  perfkit compare --run outputs/ci-cpu/latest --baseline baselines/h200.json\n"
+    "  perfkit run notebooks/NOTEBOOK.ipynb -p repeats=3\n\n" + EXIT_CODES,
+)
+@click.option("-v", "--verbose", count=True, help="more logging (-vv: debug)")
+def cli(verbose: int) -> None:
+    """perfkit: performance investigations of diffusion video serving engines."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    w = sub.add_parser("wheelhouse", help="offline wheels for air-gapped hosts")
-    wsub = w.add_subparsers(dest="wcmd", required=True)
-    wd = wsub.add_parser("download", help="download wheels of what a host lacks")
-    wd.add_argument("dir")
-    wd.add_argument("--have", help="the host's `pip list --format=freeze` (names it already has)")
-    wd.add_argument("--python-version", default="3.12", help="the host's Python (default 3.12)")
-    wd.add_argument(
-        "--platform", action="append", help="pip platform tag (repeatable; default manylinux x86_64)"
-    )
-    wd.add_argument(
-        "--profile",
-        choices=["full", "measure"],
-        default="full",
-        help="full: everything perfkit needs; measure: engine + investigations only",
-    )
-    wd.set_defaults(func=cmd_wheelhouse)
-    wi = wsub.add_parser("install", help="install a wheelhouse offline (on the host)")
-    wi.add_argument("dir")
-    wi.add_argument("--target", help="install into this folder (then add it to PYTHONPATH)")
-    wi.set_defaults(func=cmd_wheelhouse)
 
-    e = sub.add_parser("engine", help="engines")
-    esub = e.add_subparsers(dest="ecmd", required=True)
-    es = esub.add_parser(
-        "serve", help="run the reference engine (python -m perfkit.refengine)", add_help=False
-    )
-    es.set_defaults(func=None)
-    return p
+@cli.command("suite", epilog=EXIT_CODES + " The report is written in every case.")
+@click.option(
+    "--params",
+    "params",
+    required=True,
+    callback=_existing_file("params file"),
+    help="params YAML (see params/)",
+)
+@click.option(
+    "--out",
+    default=None,
+    help="run directory (default: outputs/<params name>/<timestamp>, with a 'latest' link)",
+)
+@click.option("--replay", default=None, help="a run directory whose bundles are replayed: launches nothing")
+@click.option(
+    "--only",
+    multiple=True,
+    callback=lambda ctx, param, value: investigations(value),
+    help="run only this investigation (repeatable, or a comma list); the gate always runs",
+)
+@click.option("--notebooks", default=None, hidden=True, help="another notebooks folder (tests)")
+@click.option("--force", is_flag=True, help="--out may hold an earlier run: its outputs are removed first")
+@click.option("--no-screenshot", is_flag=True, help="skip the report screenshot")
+@click.option("-q", "--quiet", is_flag=True, help="no progress bar")
+def suite_command(**kw: Any) -> None:
+    """Run the investigation notebooks of a params file, gate the run, write the report."""
+    kw["only"] = list(kw["only"]) or None
+    _done(cmd_suite(SimpleNamespace(**kw)))
+
+
+@cli.command(
+    "run",
+    epilog="Example: perfkit run notebooks/NOTEBOOK.ipynb -p repeats=3 -p run_dir=outputs/try. " + EXIT_CODES,
+)
+@click.argument("notebook")
+@click.option(
+    "-p",
+    "p",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="a notebook parameter (value read as YAML; validated before the kernel starts); repeatable",
+)
+@click.option(
+    "--params",
+    default=None,
+    callback=_existing_file("params file"),
+    help="take the notebook's parameters from a params YAML first",
+)
+@click.option("--out", default=None, help="executed notebook path (default RUN_DIR/notebooks/NAME)")
+@click.option("--timeout", type=float, default=None, help="per-cell timeout (s)")
+def run_command(**kw: Any) -> None:
+    """Run one notebook with papermill (its parameters validated by the same models as a params file)."""
+    _done(cmd_run(SimpleNamespace(**kw)))
+
+
+@cli.command("report", epilog=EXIT_CODES)
+@click.argument("run")
+@click.option("--out", default=None, help="HTML path (default RUN/report.html)")
+@click.option("--screenshot", is_flag=True, help="also save RUN/report.png (needs chromium)")
+def report_command(**kw: Any) -> None:
+    """Re-render report.html and summary.md of a run directory."""
+    _done(cmd_report(SimpleNamespace(**kw)))
+
+
+@cli.command(
+    "compare",
+    epilog="Examples: perfkit compare --run outputs/RUN --baseline baselines/h200.json; "
+    "perfkit compare --before before.json --after after.json. "
+    + EXIT_CODES
+    + " Nothing in common with the baseline is an error (2).",
+)
+@click.option(
+    "--run",
+    default=None,
+    help="a run directory, a bundle directory, a performance.log or an sglang perf dump JSON",
+)
+@click.option(
+    "--baseline",
+    default=None,
+    callback=_existing_file("baseline file"),
+    help="baseline JSON (sglang perf_baselines layout)",
+)
+@click.option(
+    "--case",
+    default=None,
+    help="case id for a bundle, performance.log or perf dump (default: the bundle's "
+    "investigation / the file's stem)",
+)
+@click.option("--profile", default="pr_test", show_default=True, help="tolerance profile of the baseline")
+@click.option("--strict", is_flag=True, help="a case missing from the baseline fails instead of being 'new'")
+@click.option(
+    "--before",
+    default=None,
+    callback=_existing_file("perf dump"),
+    help="sglang perf dump JSON (--perf-dump-path) of the reference build",
+)
+@click.option(
+    "--after",
+    default=None,
+    callback=_existing_file("perf dump"),
+    help="sglang perf dump JSON of the changed build",
+)
+def compare_command(**kw: Any) -> None:
+    """Compare a run with a baseline file (sglang's rule), or two sglang perf dumps."""
+    _done(cmd_compare(SimpleNamespace(**kw)))
+
+
+@cli.group("baseline")
+def baseline_group() -> None:
+    """Baseline files (sglang perf_baselines layout)."""
+
+
+@baseline_group.command("update", epilog=EXIT_CODES)
+@click.option("--bundle", required=True, help="a bundle directory (RUN/<investigation>)")
+@click.option("--baseline", required=True, help="the baseline JSON to update (created when missing)")
+@click.option("--case", required=True, help="the case id to write")
+@click.option("--hardware", default=None, help="must match the file's metadata.hardware when it has one")
+@click.option(
+    "--launch", default=None, help="the launch to take (bundles of several launches: warmup17, cap1, ...)"
+)
+@click.option(
+    "--num-frames", type=int, default=None, help="one request shape of a launch that sent several shapes"
+)
+def baseline_update_command(**kw: Any) -> None:
+    """Write one case, derived from a bundle, into a baseline file (atomically)."""
+    _done(cmd_baseline_update(SimpleNamespace(**kw)))
+
+
+@cli.group("wheelhouse")
+def wheelhouse_group() -> None:
+    """Offline wheels for air-gapped GPU hosts."""
+
+
+@wheelhouse_group.command("download", epilog=EXIT_CODES)
+@click.argument("dir")
+@click.option("--have", default=None, help="the host's `pip list --format=freeze` (names it already has)")
+@click.option("--python-version", default="3.12", show_default=True, help="the host's Python")
+@click.option("--platform", multiple=True, help="pip platform tag (repeatable; default manylinux x86_64)")
+@click.option(
+    "--profile",
+    type=click.Choice(["full", "measure"]),
+    default="full",
+    show_default=True,
+    help="full: everything perfkit needs; measure: engine + investigations only",
+)
+def wheelhouse_download_command(**kw: Any) -> None:
+    """Download wheels of what a host lacks, for its Python."""
+    _done(cmd_wheelhouse(SimpleNamespace(wcmd="download", **kw)))
+
+
+@wheelhouse_group.command("install", epilog=EXIT_CODES)
+@click.argument("dir")
+@click.option("--target", default=None, help="install into this folder (then add it to PYTHONPATH)")
+def wheelhouse_install_command(**kw: Any) -> None:
+    """Install a wheelhouse offline (on the host)."""
+    _done(cmd_wheelhouse(SimpleNamespace(wcmd="install", **kw)))
+
+
+@cli.group("engine")
+def engine_group() -> None:
+    """Engines."""
+
+
+@engine_group.command(
+    "serve",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    epilog="Every argument goes to the reference engine (python -m perfkit.refengine); "
+    "`perfkit engine serve --help` prints the engine's own options.",
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def engine_serve_command(args: tuple[str, ...]) -> None:
+    """Run the reference engine (sglang serve's flags: --model-path, --port, --num-gpus, ...)."""
+    _done(cmd_engine_serve(list(args)))
+
+
+cli.add_command(measure_command)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # `perfkit engine serve ARGS...`: everything after `serve` goes to the engine untouched
-    if len(argv) >= 2 and argv[0] == "engine" and argv[1] == "serve":
-        return cmd_engine_serve(argv[2:])
-    if argv and argv[0] == "measure":
-        from perfkit.measure import main as measure_main
-
-        return measure_main(argv[1:])
-    a = build_parser().parse_args(argv)
-    level = logging.WARNING - 10 * min(a.verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Run the command line; returns the exit code (also for ``perfkit`` itself)."""
     try:
-        return int(a.func(a))
+        cli.main(args=list(sys.argv[1:] if argv is None else argv), prog_name="perfkit", standalone_mode=True)
+    except SystemExit as exc:
+        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_ERROR
+    return EXIT_OK
 
 
 if __name__ == "__main__":

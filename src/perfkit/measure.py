@@ -11,7 +11,6 @@ anywhere from those bundles (``perfkit suite --params ... --bundles DIR``).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -20,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import click
 
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
@@ -94,35 +95,104 @@ def measure(
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m perfkit.measure", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--params", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default=None, help="comma-separated scenarios")
-    ap.add_argument("--work-dir", default=None)
-    ap.add_argument("--overhead-pairs", type=int, default=0)
-    ap.add_argument("--two-stage-shapes", action="store_true")
-    a = ap.parse_args(argv)
+def investigations(values: tuple[str, ...]) -> tuple[str, ...]:
+    """``--only`` values (repeated and/or comma lists) -> registered names. Raises
+    :class:`click.BadParameter` naming an unknown one (exit 2)."""
+    names = tuple(n.strip() for v in values for n in v.split(",") if n.strip())
+    unknown = [n for n in names if n not in registry.names()]
+    if unknown:
+        raise click.BadParameter(
+            f"unknown investigation {', '.join(map(repr, unknown))}; known: {', '.join(registry.names())}"
+        )
+    return names
+
+
+@click.command(
+    "measure",
+    help="Run the enabled investigations of a params file into bundles, without notebooks "
+    "(GPU hosts without the Jupyter stack).",
+    epilog="Example: python -m perfkit.measure --params params/h200.yaml --out bundles/ "
+    f"--only {','.join(registry.names()[:2])}. Exit codes: 0 every investigation measured, "
+    "2 an error (bad params, nothing selected, an investigation without a usable measurement).",
+)
+@click.option(
+    "--params",
+    "params_file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="params YAML (see params/)",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="bundle destination: OUT/<investigation>/ and OUT/measure.json",
+)
+@click.option(
+    "--only",
+    multiple=True,
+    callback=lambda ctx, param, value: investigations(value),
+    help=f"measure only this investigation (repeatable, or a comma list); one of {', '.join(registry.names())}",
+)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="launch directories with logs and compile caches (default: a temp dir)",
+)
+@click.option(
+    "--overhead-pairs",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="> 0 runs the instrumentation-overhead investigation with this many ABBA pairs",
+)
+@click.option(
+    "--two-stage-shapes",
+    is_flag=True,
+    help="also run the warmup-shapes investigation with the two-stage pipeline",
+)
+def measure_command(
+    params_file: str,
+    out: str,
+    only: tuple[str, ...],
+    work_dir: str | None,
+    overhead_pairs: int,
+    two_stage_shapes: bool,
+) -> None:
+    """The ``measure`` command (also ``perfkit measure``); exits with the code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if not Path(params_file).is_file():
+        click.echo(f"error: params file not found: {params_file}", err=True)
+        sys.exit(2)
     try:
-        params = load_params(a.params)
+        params = load_params(params_file)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     summary = measure(
         params,
-        a.out,
-        only=a.only.split(",") if a.only else None,
-        work_dir=a.work_dir,
-        overhead_pairs=a.overhead_pairs,
-        two_stage_shapes=a.two_stage_shapes,
+        out,
+        only=list(only) or None,
+        work_dir=work_dir,
+        overhead_pairs=overhead_pairs,
+        two_stage_shapes=two_stage_shapes,
     )
-    print(json.dumps(summary, indent=2))
+    click.echo(json.dumps(summary, indent=2))
     if not summary:
-        print("error: nothing was measured (every investigation disabled or not selected)", file=sys.stderr)
-        return 2
-    return 2 if any(v["error"] for v in summary.values()) else 0
+        click.echo("error: nothing was measured (every investigation disabled or not selected)", err=True)
+        sys.exit(2)
+    sys.exit(2 if any(v["error"] for v in summary.values()) else 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m perfkit.measure``: run :func:`measure_command`; returns its exit code."""
+    try:
+        measure_command.main(args=argv, prog_name="python -m perfkit.measure", standalone_mode=True)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
 
 
 if __name__ == "__main__":

@@ -50,8 +50,10 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 import yaml
+from pydantic import ValidationError
 
 from perfkit.common.provenance import repo_root
+from perfkit.engine.spec import EngineSpec
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
 from perfkit.gate.verdicts import (
@@ -68,6 +70,7 @@ from perfkit.gate.verdicts import notebooks as notebook_names
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.report.render import notebook_error
 from perfkit.scenarios import registry
+from perfkit.scenarios.common import slug
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +116,22 @@ def kernel_name() -> str:
 
     install(kernel_name="perfkit", display_name="Python (perfkit)", prefix=sys.prefix)
     return "perfkit"
+
+
+def _ipc_kernel_manager():
+    """A jupyter_client kernel manager whose kernel listens on IPC sockets, not TCP: the
+    kernel is local, and ipykernel warns on every start that TCP without encryption is
+    readable by anyone on the host (the source of that warning, fixed rather than hidden)."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import Unicode
+
+    class _IPCKernelManager(AsyncKernelManager):
+        transport = Unicode("ipc")
+
+    return _IPCKernelManager
+
+
+IPCKernelManager = _ipc_kernel_manager()
 
 
 @contextlib.contextmanager
@@ -166,6 +185,7 @@ def execute_notebook(
                 progress_bar=False,
                 log_output=False,
                 execution_timeout=int(timeout_s) if timeout_s else None,
+                kernel_manager_class=IPCKernelManager,
             )
         run.status = "ok"
     except Exception as exc:  # noqa: BLE001 - papermill errors, dead kernels, timeouts
@@ -208,6 +228,82 @@ def notebook_parameters(
     return {**common, **sec, "bundle_dir": bundle_dir}
 
 
+#: the gate notebook's parameters -> BaselineParams fields
+_GATE_PARAMS = {"baseline_file": "file", "profile": "profile", "strict": "strict", "hardware": "hardware"}
+
+
+def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0) -> list[str]:
+    """``prefix<loc>: message, got <input>`` per error (``drop`` leading loc parts skipped)."""
+    out = []
+    for e in exc.errors():
+        parts = list(e.get("loc") or ())[drop:]
+        loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in parts)
+        if not prefix:
+            loc = loc.lstrip(".")
+        got = e.get("input")
+        got_s = "" if isinstance(got, (dict, list)) else f", got {got!r}"
+        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        out.append(f"{prefix}{loc}: {msg}{got_s}")
+    return out
+
+
+def validate_notebook_parameters(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate ``perfkit run -p`` values with the models a params file goes through, before any
+    kernel starts: the scenario's params model for its fields, the engine spec, the request,
+    the invariants, the gate's baseline fields. Returns the validated values (a notebook never
+    receives a value no model has validated).
+
+    Raises:
+        ParamsError: every problem, each naming its parameter (``repeats: Input should be a valid
+            integer, got 1.0e1``). Unknown parameters are left to the notebook's parameters cell
+            check (with a did-you-mean).
+    """
+    from perfkit.params import BaselineParams, InvariantsParams, RequestParams
+
+    section = registry.get(name).params_model if name in registry.names() else None
+    out: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in given.items():
+        try:
+            if key in ("run_dir", "bundle_dir"):
+                if value is not None and not isinstance(value, str):
+                    problems.append(f"{key}: must be a path, got {value!r}")
+                out[key] = value
+            elif key == "engine":
+                if not isinstance(value, Mapping):
+                    raise ValueError(f"must be a mapping of engine fields, got {value!r}")
+                out[key] = EngineSpec.from_dict(dict(value)).to_dict()
+            elif key == "request":
+                out[key] = RequestParams.model_validate(value).model_dump()
+            elif key == "invariants":
+                out[key] = (
+                    None
+                    if value is None
+                    else {
+                        k: v
+                        for k, v in InvariantsParams.model_validate(value).model_dump().items()
+                        if k in value
+                    }
+                )
+            elif section is not None and key in section.model_fields:
+                out[key] = section.model_validate({key: value}).model_dump()[key]
+            elif name == GATE and key in _GATE_PARAMS:
+                out[key] = BaselineParams.model_validate({_GATE_PARAMS[key]: value}).model_dump()[
+                    _GATE_PARAMS[key]
+                ]
+            else:
+                out[key] = value
+        except ValidationError as exc:
+            # section and gate models are validated one field at a time: their loc starts with it
+            one_field = key not in ("engine", "request", "invariants")
+            problems += _pydantic_problems(key, exc, drop=1 if one_field else 0)
+        except (TypeError, ValueError) as exc:
+            problems.append(f"{key}: {exc}")
+    if problems:
+        raise ParamsError("\n".join(problems))
+    return out
+
+
 @dataclass
 class SuiteResult:
     run_dir: Path
@@ -225,9 +321,35 @@ class SuiteResult:
         }
 
 
+LATEST = "latest"
+
+
 def default_out(name: str) -> Path:
+    """A new run directory ``outputs/<name>/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``... when that
+    second is taken): runs never overwrite each other."""
+    base = Path("outputs") / slug(name)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("outputs") / f"{name}-{stamp}"
+    run_dir, n = base / stamp, 1
+    while run_dir.exists():
+        n += 1
+        run_dir = base / f"{stamp}-{n}"
+    return run_dir
+
+
+def link_latest(run_dir: Path) -> Path | None:
+    """Point ``<run_dir's parent>/latest`` at ``run_dir`` (a relative symlink, replaced
+    atomically). Returns the link, or None where symlinks are not possible (logged)."""
+    link = run_dir.parent / LATEST
+    tmp = run_dir.parent / f".{LATEST}.{os.getpid()}"
+    try:
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(run_dir.name, target_is_directory=True)
+        os.replace(tmp, link)
+        return link
+    except OSError as exc:
+        log.warning("could not link %s -> %s: %s", link, run_dir, exc)
+        return None
 
 
 class SuiteError(ValueError):
@@ -363,6 +485,7 @@ def run_suite(
     except FileNotFoundError as exc:
         if not replay:
             raise ParamsError(f"{params_path}: engine: {exc}") from None
+    new_default = out is None
     run_dir = Path(out) if out else default_out(params.name)
     run_dir = run_dir.resolve()
     replay_dir = Path(replay).resolve() if replay else None
@@ -468,6 +591,8 @@ def run_suite(
         except OSError as exc:
             log.warning("cannot append to GITHUB_STEP_SUMMARY %s: %s", gh, exc)
     html = report.render_report(run_dir)
+    if new_default:
+        link_latest(run_dir)
     if screenshot:
         try:
             report.screenshot(html, run_dir / "report.png")

@@ -55,6 +55,7 @@ MEASURE_ROOTS = (
     "numpy",
     "scipy",
     "tqdm",
+    "click",
     "PyYAML",
     "matplotlib",
     "packaging",

@@ -93,7 +93,23 @@ def collect_verdicts(run_dir: str | Path) -> pd.DataFrame:
     return df.drop_duplicates(subset=["case", "metric"], keep="first").reset_index(drop=True)
 
 
+#: the gate row that says a baseline compared nothing (perfkit.gate.baseline.check_overlap)
+NOTHING_COMPARED = ("baseline", "cases compared")
+
+
+def nothing_compared(verdicts: pd.DataFrame) -> bool:
+    """Whether a baseline was given and no case of the run was in it (misuse: exit 2)."""
+    if verdicts.empty:
+        return False
+    hit = (verdicts["case"] == NOTHING_COMPARED[0]) & (verdicts["metric"] == NOTHING_COMPARED[1])
+    return bool((hit & (verdicts["status"] == "fail")).any())
+
+
 def exit_code_for(notebooks: Iterable[Any], verdicts: pd.DataFrame) -> int:
+    """One rule for every command: 2 when a notebook errored or a baseline compared nothing
+    (misuse, not a regression), 1 when a check failed, else 0."""
+    if nothing_compared(verdicts):
+        return EXIT_ERROR
     for n in notebooks:
         st = n.status if not isinstance(n, Mapping) else n.get("status")
         if st == "error":

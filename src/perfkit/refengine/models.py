@@ -195,7 +195,10 @@ def _materialise(cls_factory, seed: int, device: torch.device, dtype: torch.dtyp
         model = cls_factory()
     # buffers were built for real (e.g. the VAE's latents_mean/std): keep their values
     buffers = {n: b.detach().clone() for n, b in model.named_buffers() if b.device.type != "meta"}
-    model = model.to(dtype)  # still on meta: no memory touched yet
+    # still on meta: no memory touched yet. torch's own Module.to: diffusers' override warns on
+    # every cast about modules to keep in float32, even when it lists none ("[]")
+    keep = list(getattr(model, "_keep_in_fp32_modules", None) or [])
+    model = model.to(dtype) if keep else torch.nn.Module.to(model, dtype)
     model = model.to_empty(device=device)
     with torch.no_grad():
         for n, b in model.named_buffers():
