@@ -124,6 +124,9 @@ def test_exit_code_rules():
     assert verdicts.exit_code_for([{"status": "ok"}], ok) == 0
     assert verdicts.exit_code_for([{"status": "ok"}], bad) == 1
     assert verdicts.exit_code_for([{"status": "error"}], ok) == 2
+    # a baseline that compared nothing is misuse (2), not a regression (1)
+    none = pd.DataFrame([{"case": "baseline", "metric": "cases compared", "status": "fail"}])
+    assert verdicts.exit_code_for([{"status": "ok"}], none) == 2
 
 
 # --------------------------------------------------------------------------- replayed suite

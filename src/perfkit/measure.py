@@ -11,7 +11,6 @@ anywhere from those bundles (``perfkit suite --params ... --bundles DIR``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sys
@@ -23,7 +22,6 @@ from typing import Any
 import click
 
 from perfkit.engine.client import VideoRequestSpec
-from perfkit.engine.spec import EngineSpec
 from perfkit.params import SuiteParams, load_params
 from perfkit.scenarios import registry
 from perfkit.scenarios.overhead import NAME as OVERHEAD
@@ -60,7 +58,7 @@ def measure(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="perfkit-measure-"))
-    spec = EngineSpec.from_dict(dict(params.engine))
+    spec = params.engine_spec()
     req = VideoRequestSpec.from_dict(params.request.model_dump(exclude_none=True))
     jobs: list[tuple[str, Any, Any, Any]] = []
     for s in registry.all_scenarios():
@@ -71,7 +69,7 @@ def measure(
             continue
         jobs.append((s.name, s, sec, spec))
         if two_stage_shapes and s.name == WARMUP_SHAPES:
-            jobs.append((f"{s.name}_two_stage", s, sec, dataclasses.replace(spec, two_stage=True)))
+            jobs.append((f"{s.name}_two_stage", s, sec, spec.replace(two_stage=True)))
     summary: dict[str, Any] = {}
     shared: dict[str, Any] = {}
     for name, s, sec, eng in jobs:

@@ -204,7 +204,7 @@ def notebook_parameters(
     """Papermill parameters of one notebook, from the suite params."""
     common = {
         "run_dir": str(run_dir),
-        "engine": dict(params.engine),
+        "engine": params.engine_dict(),
         "request": params.request.model_dump(),
         "invariants": params.invariants_all(),
     }

@@ -99,7 +99,7 @@ NOTHING_COMPARED = ("baseline", "cases compared")
 
 def nothing_compared(verdicts: pd.DataFrame) -> bool:
     """Whether a baseline was given and no case of the run was in it (misuse: exit 2)."""
-    if verdicts.empty:
+    if verdicts.empty or not {"case", "metric", "status"} <= set(verdicts.columns):
         return False
     hit = (verdicts["case"] == NOTHING_COMPARED[0]) & (verdicts["metric"] == NOTHING_COMPARED[1])
     return bool((hit & (verdicts["status"] == "fail")).any())
