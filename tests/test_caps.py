@@ -12,6 +12,7 @@ import pytest
 from perfkit.engine.caps import CapOutcome, MemoryCaps, cgroup2_available
 from perfkit.engine.launch import EngineExitedError, EngineStartError, launch
 from perfkit.engine.spec import EngineSpec
+from perfkit.readings.memory import HostMemoryReader
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
 
@@ -47,25 +48,59 @@ def test_env_and_label():
     assert MemoryCaps(host_gib=1, label="tight").label == "tight"
 
 
-def test_roundtrip_and_validation():
+def test_roundtrip_and_validation(tmp_path):
     c = MemoryCaps(device_gib=12, host_gib=32, host_enforcement="watchdog")
     assert MemoryCaps.from_dict(c.to_dict()) == c
+    assert "host_effective_gib" not in c.to_dict()
+    r = c.resolve(_roomy_host(tmp_path))
+    assert r.resolved and MemoryCaps.from_dict(r.to_dict()) == r
+    assert r.to_dict()["host_effective_gib"] == 32
     with pytest.raises(ValueError, match="MemoryCaps.host_gib"):
         MemoryCaps(host_gib=-1)
     with pytest.raises(ValueError, match="host_enforcement"):
         MemoryCaps(host_enforcement="magic")
 
 
+def _roomy_host(tmp_path) -> HostMemoryReader:
+    """A fake /proc + cgroup tree with 64 GiB MemTotal and no cgroup limit (a 32 GiB ask holds
+    on any machine)."""
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "self" / "cgroup").write_text("0::/\n")
+    (tmp_path / "proc" / "meminfo").write_text(f"MemTotal: {64 * 2**20} kB\n")
+    (tmp_path / "cg").mkdir()
+    return HostMemoryReader(tmp_path / "proc", tmp_path / "cg")
+
+
 def test_caps_env_reaches_engine(tmp_path):
-    with launch(fake(), caps=MemoryCaps(device_gib=12, host_gib=32), run_dir=tmp_path) as h:
+    caps = MemoryCaps(device_gib=12, host_gib=32).resolve(_roomy_host(tmp_path))
+    assert caps.host_clamp is None and caps.host_effective_gib == 32
+    with launch(fake(), caps=caps, run_dir=tmp_path) as h:
         env = psutil.Process(h.pid).environ()
         assert env["SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB"] == "12"
         assert env["SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB"] == "32"
         assert h.cap_outcome.enforcement in ("cgroup", "watchdog")
         assert not h.cap_outcome.exceeded
+        time.sleep(0.3)
+        row = h.launch_row()
     assert h.cap_outcome.peak_rss_gib > 0
-    row = h.launch_row()
     assert row["host_cap_gib"] == 32 and row["device_cap_gib"] == 12 and row["cap_exceeded"] is False
+    assert row["host_cap_asked_gib"] == row["host_cap_effective_gib"] == 32 and row["host_cap_clamp"] is None
+    assert row["cap_mechanism"] in ("cgroup", "watchdog-pss")
+    if row["cap_mechanism"] == "cgroup":
+        assert row["host_source"] == "cgroup" and row["cgroup_peak_mib"] > 0
+    else:
+        assert row["host_source"] == "pss" and row["host_pss_peak_mib"] > 0
+
+
+def test_ask_above_this_host_is_clamped_at_launch(tmp_path):
+    """No reader given: launch reads this host; an ask of a million GiB is clamped (MemTotal at
+    least) and the engine is told the clamped value."""
+    with launch(fake(), caps=MemoryCaps(host_gib=10**6), run_dir=tmp_path) as h:
+        told = float(psutil.Process(h.pid).environ()["SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB"])
+        row = h.launch_row()
+    assert told < 10**6 and abs(told - row["host_cap_effective_gib"]) < 1e-3 * told
+    assert row["host_cap_asked_gib"] == 10**6 and row["host_cap_clamp"]
+    assert h.cap_outcome.host_cap_gib == row["host_cap_effective_gib"]
 
 
 def test_host_cap_exceeded_after_ready_is_a_result(tmp_path):
@@ -82,7 +117,7 @@ def test_host_cap_exceeded_after_ready_is_a_result(tmp_path):
         o = h.cap_outcome
         assert o.exceeded and "host memory cap exceeded" in o.message
         assert "> 0.25 GiB" in o.message
-        assert o.peak_rss_gib > 0.25
+        assert o.mechanism == "watchdog-pss" and o.peak_pss_gib > 0.25
         # a later request fails fast instead of hanging
         t1 = time.monotonic()
         with pytest.raises(httpx.HTTPError):

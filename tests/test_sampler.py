@@ -1,5 +1,6 @@
 """MemorySampler on real processes (no GPU needed)."""
 
+import logging
 import math
 import os
 import subprocess
@@ -11,7 +12,13 @@ import pytest
 
 from perfkit.engine.launch import launch
 from perfkit.engine.spec import EngineSpec
-from perfkit.readings.sampler import COLUMNS, MemorySampler, device_used_mib
+from perfkit.readings.sampler import (
+    COLUMNS,
+    NVML_NOT_AVAILABLE,
+    DeviceReading,
+    MemorySampler,
+    device_used_mib,
+)
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
 
@@ -49,12 +56,15 @@ def test_sampler_host_only_covers_window(grower):
     assert df["t"].iloc[0] - t0 < 0.5 and t1 - df["t"].iloc[-1] < 0.5
     assert (df["host_rss_mib"] > 0).all()
     assert (df["host_anon_mib"] > 0).all() and (df["host_anon_mib"] <= df["host_rss_mib"]).all()
+    assert (df["host_pss_mib"] > 0).all() and (df["host_pss_mib"] <= df["host_rss_mib"]).all()
+    assert (df["host_uss_mib"] <= df["host_pss_mib"]).all()
     # the process grew by ~128 MiB during the window
     assert df["host_anon_mib"].iloc[-1] - df["host_anon_mib"].iloc[0] > 64
     if not _nvml_here():
         assert df["device_used_mib"].isna().all()
         assert df["gpu_util_pct"].isna().all()
         assert s.device_mode == "none"
+        assert (df["device_source"] == "none").all()
     assert s.peak()["host_rss_mib"] == df["host_rss_mib"].max()
     assert 0 <= s.overhead_pct() < 20
 
@@ -150,3 +160,105 @@ def test_sampler_sees_device_memory():
     finally:
         p.kill()
         p.wait()
+
+
+# ---------------------------------------------------------------------------- NVML plausibility
+MIB = 2**20
+
+
+class FakeNvml:
+    """An NvmlSource with set values: device used/total (MiB) and per-pid usedGpuMemory (bytes
+    or None)."""
+
+    def __init__(self, used_mib: float, total_mib: float, procs: list[tuple[int, int | None]]):
+        self.used_mib, self.total_mib, self.procs = used_mib, total_mib, procs
+        self.opened = self.closed = 0
+
+    def open(self, indices):
+        self.opened += 1
+        return True
+
+    def close(self):
+        self.closed += 1
+
+    def device(self, index):
+        return DeviceReading(int(self.used_mib * MIB), int(self.total_mib * MIB), 42.0)
+
+    def processes(self, index):
+        return list(self.procs)
+
+
+@pytest.fixture
+def sleeper():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    yield p
+    p.kill()
+    p.wait()
+
+
+def _sample(pid: int, nv: FakeNvml, baseline: float | None = 1000.0, n: int = 3):
+    s = MemorySampler(pid, interval_s=0.05, baseline_device_mib=baseline, nvml=nv)
+    s._nvml_ok = nv.open([0])
+    for _ in range(n):
+        assert s.sample_once()
+    return s, s.to_frame()
+
+
+def test_plausible_per_process_value_is_used(sleeper):
+    nv = FakeNvml(used_mib=9000, total_mib=24000, procs=[(sleeper.pid, 7000 * MIB), (1, 500 * MIB)])
+    s, df = _sample(sleeper.pid, nv)
+    assert (df["device_used_mib"] == 7000).all()
+    assert (df["device_source"] == "nvml-process").all() and s.device_mode == "process"
+    assert (df["gpu_util_pct"] == 42.0).all()
+
+
+def test_zero_while_device_grew_falls_back_to_device_delta(sleeper, caplog):
+    nv = FakeNvml(used_mib=5000, total_mib=24000, procs=[(sleeper.pid, 0)])
+    with caplog.at_level(logging.WARNING, logger="perfkit.readings.sampler"):
+        s, df = _sample(sleeper.pid, nv, baseline=1000.0)
+    assert (df["device_used_mib"] == 4000).all()  # used - pre-launch
+    assert (df["device_source"] == "nvml-device-delta").all() and s.device_mode == "device"
+    warns = [r for r in caplog.records if "not usable" in r.getMessage()]
+    assert len(warns) == 1 and "grew by 4000 MiB" in warns[0].getMessage()
+
+
+def test_zero_while_device_did_not_grow_is_plausible(sleeper):
+    nv = FakeNvml(used_mib=1100, total_mib=24000, procs=[(sleeper.pid, 0)])
+    _, df = _sample(sleeper.pid, nv, baseline=1000.0)
+    assert (df["device_used_mib"] == 0).all() and (df["device_source"] == "nvml-process").all()
+
+
+def test_more_than_the_device_has_falls_back(sleeper, caplog):
+    nv = FakeNvml(used_mib=3000, total_mib=24000, procs=[(sleeper.pid, 30000 * MIB)])
+    with caplog.at_level(logging.WARNING, logger="perfkit.readings.sampler"):
+        _, df = _sample(sleeper.pid, nv, baseline=1000.0)
+    assert (df["device_used_mib"] == 2000).all() and (df["device_source"] == "nvml-device-delta").all()
+    assert sum("more than the device has" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_not_available_sentinel_falls_back(sleeper, caplog):
+    for value in (None, NVML_NOT_AVAILABLE):
+        caplog.clear()
+        nv = FakeNvml(used_mib=3000, total_mib=24000, procs=[(sleeper.pid, value)])
+        with caplog.at_level(logging.WARNING, logger="perfkit.readings.sampler"):
+            _, df = _sample(sleeper.pid, nv, baseline=1000.0)
+        assert (df["device_used_mib"] == 2000).all() and (df["device_source"] == "nvml-device-delta").all()
+        assert sum("not available" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_engine_not_listed_uses_device_delta_without_warning(sleeper, caplog):
+    nv = FakeNvml(used_mib=3000, total_mib=24000, procs=[(1, 500 * MIB)])
+    with caplog.at_level(logging.WARNING, logger="perfkit.readings.sampler"):
+        _, df = _sample(sleeper.pid, nv, baseline=1000.0)
+    assert (df["device_used_mib"] == 2000).all() and (df["device_source"] == "nvml-device-delta").all()
+    assert not [r for r in caplog.records if "not usable" in r.getMessage()]
+
+
+def test_injected_nvml_through_the_thread(sleeper):
+    nv = FakeNvml(used_mib=9000, total_mib=24000, procs=[(sleeper.pid, 0)])
+    with MemorySampler(sleeper.pid, interval_s=0.05, baseline_device_mib=1000.0, nvml=nv) as s:
+        time.sleep(0.3)
+    df = s.to_frame()
+    assert len(df) >= 3 and (df["device_source"] == "nvml-device-delta").all()
+    assert nv.opened == nv.closed == 1
+    assert device_used_mib(0, nvml=FakeNvml(1234, 24000, [])) == 1234

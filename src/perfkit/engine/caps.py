@@ -4,14 +4,18 @@ Device budget: passed to the engine through the environment (``PERFKIT_CAP_DEVIC
 for the reference engine, ``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB`` for sglang, whose worker
 turns it into ``torch.cuda.set_per_process_memory_fraction``). The engine enforces it.
 
-Host budget: told to the engine (``SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB``,
-``PERFKIT_CAP_HOST_MEMORY_GIB``) and enforced from outside:
+Host budget: first clamped to what exists (:meth:`MemoryCaps.resolve`: the effective budget is
+min(asked, every cgroup memory limit above this process, MemTotal); a clamp is logged as a warning
+and recorded), then told to the engine (``SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB``,
+``PERFKIT_CAP_HOST_MEMORY_GIB``, both the effective value) and enforced from outside:
 
 - ``cgroup``: where ``/sys/fs/cgroup`` is cgroup v2 and perfkit may create a child cgroup with the
   memory controller, the engine is moved into one with ``memory.max`` (and ``memory.swap.max=0``);
-  the kernel OOM-kills it when over.
-- ``watchdog``: otherwise a thread sums RSS over the engine's process tree every
-  ``interval_s`` and kills the process group when the sum exceeds the cap.
+  the kernel OOM-kills it when over. Host figures: the cgroup's ``memory.current``/``memory.peak``.
+- ``watchdog``: otherwise a thread reads the PSS of the engine's process tree
+  (:mod:`perfkit.readings.memory`: pages shared copy-on-write between forked processes count
+  once) every ``interval_s`` and kills the process group when it exceeds the cap
+  (``watchdog-pss``; ``watchdog-rss`` only where PSS cannot be read, with a warning).
 
 Going over the cap is a result, not a hang: the engine is killed, its sockets close, later
 requests fail fast, and :class:`CapOutcome` says ``exceeded`` with a message like
@@ -31,6 +35,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import psutil
+
+from perfkit.readings.memory import DEFAULT as _DEFAULT_READER
+from perfkit.readings.memory import HostMemoryReader, MemoryReadError
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +60,13 @@ class MemoryCaps:
         host_enforcement: ``auto`` (cgroup where possible, else watchdog), ``cgroup``
             (fail when not possible), ``watchdog`` or ``none`` (environment only).
         interval_s: watchdog sampling interval.
+
+    Attributes:
+        host_gib: the host budget as asked (GiB).
+        host_effective_gib: the host budget in force after :meth:`resolve` (GiB; equal to
+            ``host_gib`` before it, None without a host cap).
+        host_clamp: why the effective budget is below the ask (None: not clamped).
+        resolved: :meth:`resolve` made this object (the limits of the host were read).
     """
 
     def __init__(
@@ -78,6 +92,35 @@ class MemoryCaps:
         self._label = label
         self.host_enforcement = host_enforcement
         self.interval_s = float(interval_s)
+        self.host_effective_gib: float | None = self.host_gib
+        self.host_clamp: str | None = None
+        self.resolved = False
+
+    def resolve(self, reader: HostMemoryReader | None = None) -> "MemoryCaps":
+        """A copy with the host budget clamped to what exists: min(``host_gib``, every cgroup
+        ``memory.max`` / v1 ``memory.limit_in_bytes`` above this process, MemTotal), in GiB.
+        A clamp is logged as a warning and kept in ``host_effective_gib`` / ``host_clamp``;
+        :meth:`env` then tells the engine the effective value. Without a host cap nothing is
+        read or clamped.
+
+        Args:
+            reader: where to read the limits (default: this host's /proc and /sys/fs/cgroup).
+
+        Raises:
+            MemoryReadError: a limit file or /proc/meminfo could not be read as a number.
+        """
+        out = MemoryCaps(self.device_gib, self.host_gib, self._label, self.host_enforcement, self.interval_s)
+        out.resolved = True
+        if self.host_gib is None:
+            return out
+        b = (reader or _DEFAULT_READER).host_budget(self.host_gib)
+        out.host_effective_gib = b.effective_gib
+        out.host_clamp = b.clamp
+        if b.clamp:
+            log.warning(
+                "host memory cap %g GiB asked, %.4g GiB in force: %s", self.host_gib, b.effective_gib, b.clamp
+            )
+        return out
 
     @property
     def label(self) -> str:
@@ -96,34 +139,49 @@ class MemoryCaps:
         return self.device_gib is None and self.host_gib is None
 
     def env(self) -> dict[str, str]:
-        """Environment variables telling the engine its budgets."""
+        """Environment variables telling the engine its budgets (GiB; the host one is the
+        effective budget once :meth:`resolve` clamped it)."""
         out: dict[str, str] = {}
         if self.device_gib is not None:
             v = f"{self.device_gib:g}"
             out["PERFKIT_CAP_DEVICE_MEMORY_GIB"] = v
             out["SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB"] = v
-        if self.host_gib is not None:
-            v = f"{self.host_gib:g}"
+        if self.host_effective_gib is not None:
+            v = f"{self.host_effective_gib:g}"
             out["SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB"] = v
             out["PERFKIT_CAP_HOST_MEMORY_GIB"] = v
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The caps as asked; a resolved one adds ``host_effective_gib`` and ``host_clamp``."""
+        out: dict[str, Any] = {
             "device_gib": self.device_gib,
             "host_gib": self.host_gib,
             "label": self.label,
             "host_enforcement": self.host_enforcement,
             "interval_s": self.interval_s,
         }
+        if self.resolved:
+            out["host_effective_gib"] = self.host_effective_gib
+            out["host_clamp"] = self.host_clamp
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "MemoryCaps":
+        """Inverse of :meth:`to_dict`. Raises ValueError for unknown fields or bad values."""
         d = dict(d or {})
+        resolved = "host_effective_gib" in d or "host_clamp" in d
+        eff = d.pop("host_effective_gib", None)
+        clamp = d.pop("host_clamp", None)
         unknown = set(d) - {"device_gib", "host_gib", "label", "host_enforcement", "interval_s"}
         if unknown:
             raise ValueError(f"MemoryCaps: unknown field(s) {', '.join(sorted(unknown))}")
-        return cls(**d)
+        out = cls(**d)
+        if resolved:
+            out.resolved = True
+            out.host_effective_gib = float(eff) if eff is not None else None
+            out.host_clamp = clamp
+        return out
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, MemoryCaps) and self.to_dict() == other.to_dict()
@@ -135,16 +193,30 @@ class MemoryCaps:
         return f"MemoryCaps(device_gib={self.device_gib!r}, host_gib={self.host_gib!r}, label={self.label!r})"
 
     def start(
-        self, pid: int, name: str = "engine", on_exceeded: Callable[["CapOutcome"], None] | None = None
+        self,
+        pid: int,
+        name: str = "engine",
+        on_exceeded: Callable[["CapOutcome"], None] | None = None,
+        reader: HostMemoryReader | None = None,
     ) -> "HostCapEnforcer":
-        """Start enforcing the host budget on the process tree rooted at ``pid``."""
+        """Start enforcing the effective host budget (:meth:`resolve`, done here when not yet)
+        on the process tree rooted at ``pid``.
+
+        Raises:
+            MemoryReadError: the host's limits could not be read (see :meth:`resolve`).
+            OSError: ``host_enforcement="cgroup"`` and no cgroup could be made.
+        """
+        caps = self if self.resolved else self.resolve()
         enf = HostCapEnforcer(
             pid,
-            self.host_gib,
+            caps.host_effective_gib,
             mode=self.host_enforcement,
             interval_s=self.interval_s,
             name=name,
             on_exceeded=on_exceeded,
+            reader=reader,
+            asked_gib=caps.host_gib,
+            clamp=caps.host_clamp,
         )
         enf.start()
         return enf
@@ -158,8 +230,18 @@ class CapOutcome:
         enforcement: ``cgroup``, ``watchdog`` or ``none``.
         exceeded: the engine went over the host cap (and was killed).
         message: ``host memory cap exceeded: X GiB > Y GiB`` when exceeded, else a short note.
-        peak_rss_gib: highest RSS summed over the process tree that was seen.
-        host_cap_gib: the cap (None: no host cap).
+        peak_rss_gib: highest RSS summed over the process tree that was seen (GiB; shared pages
+            count once per process, so it over-counts forked trees; kept for comparison).
+        peak_pss_gib: highest PSS of the process tree (GiB; None: not read).
+        peak_cgroup_gib: highest ``memory.current`` / ``memory.peak`` of the engine's own
+            cgroup (GiB; None without one).
+        host_cap_gib: the cap in force, i.e. the effective budget (GiB; None: no host cap).
+        host_cap_asked_gib: the cap asked (GiB; None: no host cap).
+        host_cap_clamp: why the cap in force is below the ask (None: not clamped).
+        mechanism: what held the cap: ``cgroup``, ``watchdog-pss``, ``watchdog-rss`` (PSS not
+            readable here) or ``none``.
+        host_source: where the host figures came from: ``cgroup`` (memory.current), ``pss``
+            (smaps_rollup of the tree), ``rss`` (statm of the tree) or ``none``.
         t_exceeded: epoch seconds when the cap was found exceeded.
     """
 
@@ -167,7 +249,13 @@ class CapOutcome:
     exceeded: bool = False
     message: str = ""
     peak_rss_gib: float = 0.0
+    peak_pss_gib: float | None = None
+    peak_cgroup_gib: float | None = None
     host_cap_gib: float | None = None
+    host_cap_asked_gib: float | None = None
+    host_cap_clamp: str | None = None
+    mechanism: str = "none"
+    host_source: str = "none"
     t_exceeded: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,26 +263,6 @@ class CapOutcome:
 
 
 # ---------------------------------------------------------------------------- process tree helpers
-def tree_processes(root: psutil.Process) -> list[psutil.Process]:
-    """``root`` and its live descendants (empty when root is gone)."""
-    try:
-        return [root] + root.children(recursive=True)
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return []
-    except psutil.AccessDenied:
-        return [root]
-
-
-def tree_rss_bytes(procs: list[psutil.Process]) -> int:
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            pass
-    return total
-
-
 def kill_tree(pgid: int | None, procs: list[psutil.Process], sig: int = signal.SIGKILL) -> None:
     """Signal a process group and any listed processes (which may have left the group)."""
     if pgid is not None:
@@ -271,21 +339,13 @@ class _Cgroup:
     def add(self, pid: int) -> None:
         (self.path / "cgroup.procs").write_text(str(pid))
 
-    def oom_kills(self) -> int:
-        try:
-            for line in (self.path / "memory.events").read_text().splitlines():
-                k, _, v = line.partition(" ")
-                if k == "oom_kill":
-                    return int(v)
-        except (OSError, ValueError):
-            pass
-        return 0
+    def oom_kills(self, reader: HostMemoryReader) -> int:
+        """``oom_kill`` of memory.events (0 when the key is absent: no OOM kill counted yet).
 
-    def peak_bytes(self) -> int | None:
-        try:
-            return int((self.path / "memory.peak").read_text())
-        except (OSError, ValueError):
-            return None
+        Raises:
+            MemoryReadError: memory.events is not readable or not ``key number`` lines.
+        """
+        return reader.cgroup_events(self.path).get("oom_kill", 0)
 
     def remove(self) -> None:
         for _ in range(20):
@@ -301,10 +361,25 @@ class _Cgroup:
 
 # ---------------------------------------------------------------------------- enforcer
 class HostCapEnforcer:
-    """Enforces a host budget on a process tree; always tracks the peak tree RSS.
+    """Enforces a host budget on a process tree; always tracks the tree's peak host memory.
 
-    Use :meth:`MemoryCaps.start`. ``outcome`` is live; :meth:`stop` ends the thread (call it
-    before terminating the engine on purpose so that the teardown is not taken for a cap event).
+    The cap is checked against the engine's own cgroup's ``memory.current`` where it has one
+    (the kernel enforces ``memory.max``), else against the PSS of the tree (watchdog). Use
+    :meth:`MemoryCaps.start`. ``outcome`` is live; :meth:`stop` ends the thread (call it before
+    terminating the engine on purpose so that the teardown is not taken for a cap event).
+
+    Args:
+        pid: root of the engine's process tree.
+        host_gib: the cap in force (GiB, the effective budget; None: only track the peak).
+        mode: ``auto``, ``cgroup``, ``watchdog`` or ``none`` (see :class:`MemoryCaps`).
+        interval_s: watchdog interval (s).
+        name: used in the cgroup's name.
+        on_exceeded: called with the outcome when the cap is found exceeded.
+        reader: host memory reader (default: this host's).
+        asked_gib, clamp: the cap as asked and why it was clamped (recorded in the outcome).
+
+    Raises:
+        OSError: ``mode="cgroup"`` and no cgroup could be made.
     """
 
     def __init__(
@@ -315,23 +390,34 @@ class HostCapEnforcer:
         interval_s: float = 0.1,
         name: str = "engine",
         on_exceeded: Callable[[CapOutcome], None] | None = None,
+        reader: HostMemoryReader | None = None,
+        asked_gib: float | None = None,
+        clamp: str | None = None,
     ) -> None:
         self.pid = pid
         self.host_gib = host_gib
         self.interval_s = interval_s
         self.on_exceeded = on_exceeded
-        self.outcome = CapOutcome(host_cap_gib=host_gib)
+        self.reader = reader or _DEFAULT_READER
+        self.outcome = CapOutcome(
+            host_cap_gib=host_gib,
+            host_cap_asked_gib=asked_gib if asked_gib is not None else host_gib,
+            host_cap_clamp=clamp,
+        )
         self.known: dict[int, psutil.Process] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._cgroup: _Cgroup | None = None
+        self._errors: set[str] = set()
         try:
             self._root: psutil.Process | None = psutil.Process(pid)
             self._pgid: int | None = os.getpgid(pid)
         except (psutil.NoSuchProcess, ProcessLookupError):
             self._root, self._pgid = None, None
+        self.outcome.host_source = "pss" if self.reader.has_smaps_rollup() else "rss"
         if host_gib is None or mode == "none":
             self.outcome.enforcement = "none"
+            self.outcome.mechanism = "none"
             self.outcome.message = "no host cap" if host_gib is None else "host cap not enforced"
             return
         if mode in ("auto", "cgroup"):
@@ -344,6 +430,8 @@ class HostCapEnforcer:
                     raise
                 self._cgroup = cg
                 self.outcome.enforcement = "cgroup"
+                self.outcome.mechanism = "cgroup"
+                self.outcome.host_source = "cgroup"
                 self.outcome.message = f"within host cap {host_gib:g} GiB (cgroup)"
                 log.info("host cap %.3g GiB enforced by cgroup %s", host_gib, cg.path)
             except OSError as exc:
@@ -354,51 +442,130 @@ class HostCapEnforcer:
         else:
             self.outcome.enforcement = "watchdog"
         if self.outcome.enforcement == "watchdog":
-            self.outcome.message = f"within host cap {host_gib:g} GiB (watchdog)"
+            self.outcome.mechanism = "watchdog-" + self.outcome.host_source
+            self.outcome.message = f"within host cap {host_gib:g} GiB ({self.outcome.mechanism})"
+            if self.outcome.host_source != "pss":
+                log.warning(
+                    "host cap watchdog reads summed RSS: %s/self/smaps_rollup is not there, so pages "
+                    "shared between forked processes count once per process",
+                    self.reader.proc_root,
+                )
+
+    @property
+    def cgroup_path(self) -> Path | None:
+        """The engine's own cgroup directory (None: it has none)."""
+        return self._cgroup.path if self._cgroup is not None else None
 
     def start(self) -> None:
+        """Start the watching thread (no-op when the process was already gone)."""
         if self._root is None:
             return
         self._thread = threading.Thread(target=self._run, name=f"perfkit-capwatch-{self.pid}", daemon=True)
         self._thread.start()
 
+    def _error_once(self, exc: Exception) -> None:
+        msg = str(exc)
+        if msg not in self._errors:
+            self._errors.add(msg)
+            log.error("host cap watchdog of pid %d: %s", self.pid, msg)
+
+    def _read_cgroup(self) -> float | None:
+        """GiB in the engine's cgroup now (and its peak into the outcome); None when unreadable."""
+        assert self._cgroup is not None
+        try:
+            m = self.reader.cgroup_memory(self._cgroup.path)
+        except MemoryReadError as exc:
+            self._error_once(exc)
+            return None
+        gib = max(m.current_mib, m.peak_mib or 0.0) / 1024
+        o = self.outcome
+        o.peak_cgroup_gib = max(o.peak_cgroup_gib or 0.0, gib)
+        return m.current_mib / 1024
+
     def _run(self) -> None:
         root = self._root
         assert root is not None
-        cap = self.host_gib * GIB if self.host_gib is not None else None
+        o = self.outcome
+        cap = self.host_gib
+        pss = o.host_source != "rss"
+        watch = self._cgroup is None and cap is not None
         refresh = 0.0
-        procs: list[psutil.Process] = [root]
+        pids: list[int] = [self.pid]
         while not self._stop.is_set():
             now = time.monotonic()
-            # the tree scan walks all of /proc: rescan every 0.5 s (1 s when only tracking the
-            # peak) and read the RSS of the known processes in between
+            # rescan the tree every 0.5 s (1 s when only tracking the peak); read the known
+            # processes in between
             if now >= refresh:
-                procs = tree_processes(root)
-                refresh = now + (0.5 if cap is not None else 1.0)
-                for p in procs:
-                    self.known.setdefault(p.pid, p)
-            if not procs or not root.is_running():
+                pids = self.reader.tree_pids(self.pid)
+                refresh = now + (0.5 if watch else 1.0)
+                for pid in pids:
+                    if pid not in self.known:
+                        try:
+                            self.known[pid] = psutil.Process(pid)
+                        except psutil.Error:
+                            log.debug("pid %d vanished before it was recorded", pid)
+            if not pids or not root.is_running():
+                self._cgroup_oom()
                 break
-            rss = tree_rss_bytes(procs)
-            gib = rss / GIB
-            if gib > self.outcome.peak_rss_gib:
-                self.outcome.peak_rss_gib = gib
+            t0 = time.monotonic()
+            try:
+                tm = self.reader.tree(self.pid, pids, pss=pss)
+            except MemoryReadError as exc:
+                if not pss:
+                    self._error_once(exc)
+                    tm = None
+                else:  # PSS not readable (permissions): fall back to RSS, said once
+                    log.warning("host cap watchdog: %s; falling back to summed RSS (statm)", exc)
+                    pss = False
+                    o.host_source = "rss" if self._cgroup is None else o.host_source
+                    if o.mechanism == "watchdog-pss":
+                        o.mechanism = "watchdog-rss"
+                    continue
+            cost = time.monotonic() - t0
+            if tm is not None and not tm.root_alive:  # the root exited (or is a zombie)
+                self._cgroup_oom()
+                break
+            if tm is not None:
+                if tm.rss_mib / 1024 > o.peak_rss_gib:
+                    o.peak_rss_gib = tm.rss_mib / 1024
+                if pss and tm.source == "pss":
+                    o.peak_pss_gib = max(o.peak_pss_gib or 0.0, tm.pss_mib / 1024)
             if self._cgroup is not None:
-                if self._cgroup.oom_kills() > 0:
+                if self._cgroup_oom():
+                    break
+            elif cap is not None and tm is not None:
+                gib = (tm.pss_mib if tm.source == "pss" else tm.rss_mib) / 1024
+                if gib > cap:
                     self._exceeded(
-                        max(gib, (self._cgroup.peak_bytes() or 0) / GIB), kill=False, how="cgroup OOM kill"
+                        gib, kill=True, how=f"{o.mechanism}, {'PSS' if tm.source == 'pss' else 'RSS'}"
                     )
                     break
-            elif cap is not None and rss > cap:
-                self._exceeded(gib, kill=True, how="watchdog")
-                break
-            self._stop.wait(self.interval_s if cap is not None else max(self.interval_s, 0.5))
+            # smaps_rollup walks page tables: never spend more than ~20% of a core on it
+            wait = self.interval_s if watch else max(self.interval_s, 0.5)
+            self._stop.wait(max(wait, 4 * cost))
+
+    def _cgroup_oom(self) -> bool:
+        """With a cgroup: read its memory (peak into the outcome) and OOM kills; True (and the
+        outcome marked exceeded) when the kernel OOM-killed in it."""
+        if self._cgroup is None:
+            return False
+        gib = self._read_cgroup()
+        try:
+            kills = self._cgroup.oom_kills(self.reader)
+        except MemoryReadError as exc:
+            self._error_once(exc)
+            return False
+        if kills > 0 and not self.outcome.exceeded:
+            peak = max(gib or 0.0, self.outcome.peak_cgroup_gib or 0.0)
+            self._exceeded(peak, kill=False, how="cgroup OOM kill")
+        return kills > 0
 
     def _exceeded(self, gib: float, kill: bool, how: str) -> None:
         o = self.outcome
         o.exceeded = True
         o.t_exceeded = time.time()
-        o.peak_rss_gib = max(o.peak_rss_gib, gib)
+        if self._cgroup is None and o.host_source == "rss":
+            o.peak_rss_gib = max(o.peak_rss_gib, gib)
         o.message = f"host memory cap exceeded: {gib:.2f} GiB > {self.host_gib:g} GiB ({how}; engine killed)"
         log.warning("%s (pid %d)", o.message, self.pid)
         if kill:
@@ -417,15 +584,10 @@ class HostCapEnforcer:
         return self.outcome
 
     def finish(self) -> CapOutcome:
-        """After the engine is gone: read cgroup OOM events, remove the cgroup."""
+        """After the engine is gone: read the cgroup's OOM events and peak, remove the cgroup."""
         self.stop()
         if self._cgroup is not None:
-            if not self.outcome.exceeded and self._cgroup.oom_kills() > 0:
-                peak = (self._cgroup.peak_bytes() or 0) / GIB
-                self._exceeded(max(peak, self.outcome.peak_rss_gib), kill=False, how="cgroup OOM kill")
-            peak = self._cgroup.peak_bytes()
-            if peak is not None:
-                self.outcome.peak_rss_gib = max(self.outcome.peak_rss_gib, peak / GIB)
+            self._cgroup_oom()
             self._cgroup.remove()
             self._cgroup = None
         return self.outcome

@@ -227,7 +227,8 @@ class EngineHandle:
         run_dir: this launch's directory (``<run_dir>/<label>``).
         perf_log_dir: where the engine writes ``performance.log``.
         stdout_path, stderr_path: engine log files.
-        caps: the MemoryCaps (None: none given).
+        caps: the MemoryCaps after :meth:`MemoryCaps.resolve` (asked and effective host budget;
+            None: none given).
         cold_start: ready_s, process_start_s, models_loaded_s, warmup_s (None when not marked),
             t_launch, t_ready (epoch s), marks (name -> epoch s).
         device_baseline_mib: device used memory read before launch (NaN without NVML).
@@ -352,12 +353,24 @@ class EngineHandle:
         except OSError:
             return []
 
-    def sampler(self, interval_s: float = 0.1, gpu_index: int | list[int] = 0):
-        """A (not started) MemorySampler of this engine with the pre-launch device baseline."""
+    @property
+    def cgroup_path(self) -> Path | None:
+        """The engine's own cgroup (v2) directory while the cap holds it there, else None."""
+        return self._enforcer.cgroup_path if self._enforcer is not None else None
+
+    def sampler(self, interval_s: float = 0.1, gpu_index: int | list[int] = 0, nvml: Any = None):
+        """A (not started) MemorySampler of this engine with the pre-launch device baseline and,
+        where the engine has its own cgroup, that cgroup (``cgroup_current_mib``). ``nvml``: an
+        NVML source for the sampler (default: pynvml)."""
         from perfkit.readings.sampler import MemorySampler
 
         return MemorySampler(
-            self.pid, interval_s=interval_s, gpu_index=gpu_index, baseline_device_mib=self.device_baseline_mib
+            self.pid,
+            interval_s=interval_s,
+            gpu_index=gpu_index,
+            baseline_device_mib=self.device_baseline_mib,
+            cgroup_path=self.cgroup_path,
+            nvml=nvml,
         )
 
     def launch_row(self) -> dict[str, Any]:
@@ -373,7 +386,14 @@ class EngineHandle:
             "warmup_frames": self.spec.startup_warmup_frames(),
             "device_cap_gib": caps.device_gib if caps else None,
             "host_cap_gib": caps.host_gib if caps else None,
+            "host_cap_asked_gib": caps.host_gib if caps else None,
+            "host_cap_effective_gib": caps.host_effective_gib if caps else None,
+            "host_cap_clamp": caps.host_clamp if caps else None,
             "enforcement": o.enforcement,
+            "cap_mechanism": o.mechanism,
+            "host_source": o.host_source,
+            "host_pss_peak_mib": o.peak_pss_gib * 1024 if o.peak_pss_gib is not None else None,
+            "cgroup_peak_mib": o.peak_cgroup_gib * 1024 if o.peak_cgroup_gib is not None else None,
             "cap_exceeded": o.exceeded,
             "command": " ".join(self.command),
             "exit_code": self.exit_code,
@@ -474,7 +494,9 @@ def launch(
 
     Args:
         spec: the engine.
-        caps: memory budgets (None: no caps).
+        caps: memory budgets (None: no caps). The host budget is clamped to what exists
+            (:meth:`MemoryCaps.resolve`, unless already resolved) and the engine's environment
+            gets the effective value.
         run_dir: directory for this run's launches (default: a new temporary directory).
         label: launch label; the launch directory is ``run_dir/<label>`` (``<label>-1``, … when
             taken).
@@ -486,8 +508,11 @@ def launch(
         FileNotFoundError: ``spec.check()`` failed (e.g. sglang not installed).
         EngineStartError: the engine exited before ready (exit code and log tail in the message),
             was not ready within the timeout, or went over the host cap while starting.
+        MemoryReadError: a cgroup limit or /proc/meminfo could not be read as a number.
     """
     spec.check()
+    if caps is not None and not caps.resolved:
+        caps = caps.resolve()
     timeout = float(startup_timeout_s if startup_timeout_s is not None else spec.startup_timeout_s)
     if spec.port is not None:
         if port_in_use(spec.port, spec.host):

@@ -1,17 +1,28 @@
-"""Memory timeline sampler: device memory (NVML) and host memory (/proc, psutil) of an engine.
+"""Memory timeline sampler: device memory (NVML) and host memory (/proc, cgroup) of an engine.
 
 :class:`MemorySampler` runs a background thread that every ``interval_s`` records one sample:
 
 - ``t``: epoch seconds (``time.time()``, the clock of request spans and records).
-- ``device_used_mib``: the engine's GPU memory. When NVML lists the engine (or one of its
-  descendants) among the device's compute processes with a usable per-process figure, the sum of
-  those; otherwise the device's used memory minus ``baseline_device_mib`` (the reading taken
-  before launch, see :func:`device_used_mib`) — inside containers NVML reports host pids, so
-  the per-process figure is often not usable. NaN without NVML.
-- ``host_rss_mib`` / ``host_anon_mib``: RSS and anonymous RSS (the kernel's ``RssAnon``, read as
-  resident − shared from ``/proc/<pid>/statm``) summed over the process tree.
+- ``device_used_mib``: the engine's GPU memory, from the source named in ``device_source``:
+
+  - ``nvml-process``: the sum of NVML's per-process ``usedGpuMemory`` over the engine's process
+    tree, when NVML lists them with a plausible figure;
+  - ``nvml-device-delta``: the device's used memory minus ``baseline_device_mib`` (read before
+    the launch, see :func:`device_used_mib`), when NVML does not list the engine (inside
+    containers NVML reports host pids) or its per-process figure cannot be true: NVML's "not
+    available" value, 0 while the device's used memory grew by more than
+    :data:`IMPLAUSIBLE_GROWTH_MIB` since before the launch, or more than the device has (a
+    warning is logged once per sampler);
+  - ``none``: no NVML (NaN).
+- ``host_pss_mib`` / ``host_uss_mib``: PSS and USS summed over the process tree (the one reader,
+  :mod:`perfkit.readings.memory`; pages shared copy-on-write between forked processes count
+  once in PSS). NaN where ``smaps_rollup`` is not readable.
+- ``host_rss_mib`` / ``host_anon_mib``: RSS and anonymous RSS summed over the tree (shared pages
+  count once per process; kept for comparison with earlier bundles).
+- ``cgroup_current_mib``: ``memory.current`` of the engine's own cgroup (NaN without one).
 - ``gpu_util_pct``: NVML utilisation (NaN without NVML).
 
+NVML is reached through an :class:`NvmlSource` (default :class:`PynvmlSource`); tests pass a fake.
 Without a GPU or NVML it samples the host only, with NaN device columns, and no error. Its own
 CPU cost is measured (:attr:`MemorySampler.cpu_seconds`, :meth:`MemorySampler.overhead_pct`).
 """
@@ -20,18 +31,37 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
-from typing import Any, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, Sequence
 
-import psutil
+from perfkit.readings.memory import DEFAULT as _DEFAULT_READER
+from perfkit.readings.memory import HostMemoryReader, MemoryReadError
 
 log = logging.getLogger(__name__)
 
 MIB = 2**20
 NAN = float("nan")
-COLUMNS = ("t", "device_used_mib", "host_rss_mib", "host_anon_mib", "gpu_util_pct")
+COLUMNS = (
+    "t",
+    "device_used_mib",
+    "host_rss_mib",
+    "host_anon_mib",
+    "host_pss_mib",
+    "host_uss_mib",
+    "cgroup_current_mib",
+    "gpu_util_pct",
+    "device_source",
+)
+#: numeric columns (all but ``device_source``)
+NUMERIC = tuple(c for c in COLUMNS if c != "device_source")
+DEVICE_SOURCES = ("nvml-process", "nvml-device-delta", "none")
+#: a per-process NVML figure of 0 while the device grew by more than this (MiB) is not true
+IMPLAUSIBLE_GROWTH_MIB = 256.0
+#: NVML_VALUE_NOT_AVAILABLE (unsigned long long -1), as some pynvml versions pass it through
+NVML_NOT_AVAILABLE = 2**64 - 1
 
 _nvml_lock = threading.Lock()
 _nvml_refs = 0
@@ -68,83 +98,89 @@ def _indices(gpu_index: int | Sequence[int]) -> list[int]:
     return [int(gpu_index)] if isinstance(gpu_index, int) else [int(i) for i in gpu_index]
 
 
-def device_used_mib(gpu_index: int | Sequence[int] = 0) -> float:
+@dataclass(frozen=True)
+class DeviceReading:
+    """One device's memory in bytes and utilisation in percent (NaN: not read)."""
+
+    used_bytes: int
+    total_bytes: int
+    util_pct: float = NAN
+
+
+class NvmlSource(Protocol):
+    """What the sampler needs from NVML (a fake in tests, :class:`PynvmlSource` otherwise)."""
+
+    def open(self, indices: Sequence[int]) -> bool:
+        """Prepare the devices; False when NVML or a device is not available."""
+
+    def close(self) -> None:
+        """Release what :meth:`open` took."""
+
+    def device(self, index: int) -> DeviceReading:
+        """Used/total memory (bytes) and utilisation of device ``index``. May raise."""
+
+    def processes(self, index: int) -> list[tuple[int, int | None]]:
+        """(pid, usedGpuMemory bytes or None when NVML says "not available") of the compute
+        processes on device ``index``. May raise."""
+
+
+class PynvmlSource:
+    """:class:`NvmlSource` over pynvml (reference-counted nvmlInit/nvmlShutdown)."""
+
+    def __init__(self) -> None:
+        self._nv: Any | None = None
+        self._handles: dict[int, Any] = {}
+
+    def open(self, indices: Sequence[int]) -> bool:
+        self._nv = _nvml_init()
+        if self._nv is None:
+            return False
+        try:
+            self._handles = {i: self._nv.nvmlDeviceGetHandleByIndex(i) for i in indices}
+        except Exception as exc:  # noqa: BLE001
+            log.info("NVML device %s not available (%s); sampling host only", list(indices), exc)
+            self.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._nv is not None:
+            _nvml_shutdown(self._nv)
+        self._nv, self._handles = None, {}
+
+    def device(self, index: int) -> DeviceReading:
+        nv, h = self._nv, self._handles[index]
+        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        try:
+            util = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+        except Exception:  # noqa: BLE001 - not supported on some devices (MIG)
+            util = NAN
+        return DeviceReading(int(mem.used), int(mem.total), util)
+
+    def processes(self, index: int) -> list[tuple[int, int | None]]:
+        procs = self._nv.nvmlDeviceGetComputeRunningProcesses(self._handles[index])
+        return [(int(p.pid), getattr(p, "usedGpuMemory", None)) for p in procs]
+
+
+def device_used_mib(gpu_index: int | Sequence[int] = 0, nvml: NvmlSource | None = None) -> float:
     """Used memory of the device(s) in MiB (summed), or NaN without NVML. Take it before a launch
     and pass it as ``MemorySampler(baseline_device_mib=...)``."""
-    nv = _nvml_init()
-    if nv is None:
+    src = nvml or PynvmlSource()
+    idx = _indices(gpu_index)
+    if not src.open(idx):
         return NAN
     try:
-        total = 0.0
-        for i in _indices(gpu_index):
-            total += nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(i)).used / MIB
-        return total
+        return sum(src.device(i).used_bytes for i in idx) / MIB
     except Exception as exc:  # noqa: BLE001
         log.debug("NVML read failed: %s", exc)
         return NAN
     finally:
-        _nvml_shutdown(nv)
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _read_statm(pid: int) -> tuple[float, float] | None:
-    """(RSS, anonymous RSS) in bytes from /proc/<pid>/statm; None when gone or a zombie.
-
-    statm's ``resident - shared`` is the kernel's RssAnon (shared = RssFile + RssShmem), and
-    statm is several times cheaper to read than /proc/<pid>/status.
-    """
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as fh:
-            fields = fh.read().split()
-    except OSError:
-        return None
-    try:
-        resident, shared = int(fields[1]), int(fields[2])
-    except (IndexError, ValueError):
-        return None
-    if resident == 0:
-        return None
-    return resident * _PAGE, max(0, resident - shared) * _PAGE
-
-
-def _children_file_ok(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}/task/{pid}/children")
+        src.close()
 
 
 def tree_pids(root: int) -> list[int]:
-    """``root`` and its descendants. Reads /proc/<pid>/task/<tid>/children (cost grows with the
-    tree, not with the host's process count); falls back to a psutil scan."""
-    if not _children_file_ok(root):
-        try:
-            return [root] + [c.pid for c in psutil.Process(root).children(recursive=True)]
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            return []
-        except psutil.AccessDenied:
-            return [root]
-    out: list[int] = []
-    todo = [root]
-    seen = set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            if pid == root:
-                return []
-            continue
-        out.append(pid)
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
-                    todo.extend(int(c) for c in fh.read().split())
-            except (OSError, ValueError):
-                continue
-    return out
+    """``root`` and its descendants (see :meth:`HostMemoryReader.tree_pids`)."""
+    return _DEFAULT_READER.tree_pids(root)
 
 
 class MemorySampler:
@@ -152,15 +188,21 @@ class MemorySampler:
 
     Args:
         pid: root process of the engine.
-        interval_s: sampling interval.
+        interval_s: sampling interval (s).
         gpu_index: NVML device index, or several (summed; utilisation is their mean).
-        baseline_device_mib: device used memory read before the launch; subtracted in the
-            device-total fallback (None: not subtracted).
-        tree_refresh_s: how often the process tree is re-scanned (reading RSS of known processes
-            is cheap; scanning /proc for descendants is not).
+        baseline_device_mib: device used memory (MiB) read before the launch; subtracted in the
+            device-total fallback, and the reference of the "device grew" plausibility check
+            (None/NaN: not subtracted, that check skipped).
+        tree_refresh_s: how often the process tree is re-scanned (s).
+        cgroup_path: the engine's own cgroup v2 directory (``cgroup_current_mib``; None: none).
+        nvml: NVML access (default :class:`PynvmlSource`).
+        reader: host memory reader (default: this host's /proc and /sys/fs/cgroup).
 
     Use as a context manager or call :meth:`start`/:meth:`stop`. :meth:`to_frame` gives the
     samples as a DataFrame with columns :data:`COLUMNS`.
+
+    Raises:
+        ValueError: interval_s <= 0.
     """
 
     def __init__(
@@ -170,6 +212,9 @@ class MemorySampler:
         gpu_index: int | Sequence[int] = 0,
         baseline_device_mib: float | None = None,
         tree_refresh_s: float = 1.0,
+        cgroup_path: str | Path | None = None,
+        nvml: NvmlSource | None = None,
+        reader: HostMemoryReader | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"MemorySampler.interval_s must be > 0, got {interval_s!r}")
@@ -178,33 +223,38 @@ class MemorySampler:
         self.gpu_indices = _indices(gpu_index)
         self.baseline_device_mib = baseline_device_mib
         self.tree_refresh_s = tree_refresh_s
-        self.device_mode = "none"  # "process" | "device" | "none"
+        self.cgroup_path = Path(cgroup_path) if cgroup_path is not None else None
+        self.nvml: NvmlSource = nvml if nvml is not None else PynvmlSource()
+        self.reader = reader or _DEFAULT_READER
+        #: source of the last sample's device figure (one of :data:`DEVICE_SOURCES`)
+        self.device_source = "none"
         self.cpu_seconds = 0.0
         self.t_started: float | None = None
         self.t_stopped: float | None = None
-        self._samples: list[tuple[float, float, float, float, float]] = []
+        self._samples: list[tuple] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._nv: Any | None = None
-        self._handles: list[Any] = []
+        self._nvml_ok = False
+        self._warned_implausible = False
+        self._pss = True
+        self._errors: set[str] = set()
         self._tree: list[int] = [pid]
         self._tree_t = 0.0
-        self._use_proc = os.path.exists(f"/proc/{os.getpid()}/statm")
+
+    @property
+    def device_mode(self) -> str:
+        """``process``, ``device`` or ``none`` (the last sample's source, older names)."""
+        return {"nvml-process": "process", "nvml-device-delta": "device"}.get(self.device_source, "none")
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "MemorySampler":
+        """Open NVML (when there) and start the sampling thread. Raises RuntimeError when
+        already started."""
         if self._thread is not None:
             raise RuntimeError("MemorySampler already started")
-        self._nv = _nvml_init()
-        if self._nv is not None:
-            try:
-                self._handles = [self._nv.nvmlDeviceGetHandleByIndex(i) for i in self.gpu_indices]
-            except Exception as exc:  # noqa: BLE001
-                log.info("NVML device %s not available (%s); sampling host only", self.gpu_indices, exc)
-                _nvml_shutdown(self._nv)
-                self._nv, self._handles = None, []
-        if self._nv is None:
+        self._nvml_ok = bool(self.nvml.open(self.gpu_indices))
+        if not self._nvml_ok:
             log.debug("sampler for pid %d: no NVML, host memory only", self.pid)
         self.t_started = time.time()
         self._thread = threading.Thread(target=self._run, name=f"perfkit-sampler-{self.pid}", daemon=True)
@@ -212,12 +262,13 @@ class MemorySampler:
         return self
 
     def stop(self) -> "MemorySampler":
+        """Stop the thread and release NVML."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(max(2.0, 5 * self.interval_s))
-        if self._nv is not None:
-            _nvml_shutdown(self._nv)
-            self._nv, self._handles = None, []
+        if self._nvml_ok:
+            self.nvml.close()
+            self._nvml_ok = False
         if self.t_stopped is None:
             self.t_stopped = time.time()
         return self
@@ -257,99 +308,136 @@ class MemorySampler:
             self.cpu_seconds = time.thread_time() - c0
             self.t_stopped = time.time()
 
-    def _refresh_tree(self) -> None:
-        self._tree = tree_pids(self.pid)
+    def _error_once(self, exc: Exception) -> None:
+        if str(exc) not in self._errors:
+            self._errors.add(str(exc))
+            log.warning("sampler of pid %d: %s", self.pid, exc)
 
-    def _host(self) -> tuple[float, float, bool]:
+    def _host(self) -> tuple[float, float, float, float, bool]:
+        """(rss, anon, pss, uss) MiB of the tree and whether the root is alive."""
         now = time.monotonic()
         if now - self._tree_t >= self.tree_refresh_s:
-            self._refresh_tree()
+            self._tree = self.reader.tree_pids(self.pid)
             self._tree_t = now
-        rss = anon = 0.0
-        seen = False
-        for pid in self._tree:
-            if self._use_proc:
-                r = _read_statm(pid)
-                if r is None:
-                    continue
-                rss += r[0]
-                anon += r[1]
-            else:
-                try:
-                    rss += psutil.Process(pid).memory_info().rss
-                    anon = NAN
-                except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                    continue
-            seen = seen or pid == self.pid
-        if not seen:  # the root is gone (or a zombie)
-            return NAN, NAN, False
-        return rss / MIB, anon / MIB, True
+        try:
+            tm = self.reader.tree(self.pid, self._tree, pss=self._pss)
+        except MemoryReadError as exc:
+            if not self._pss:
+                raise
+            self._error_once(f"{exc}; host PSS/USS not read from now on (NaN), RSS from statm")
+            self._pss = False
+            tm = self.reader.tree(self.pid, self._tree, pss=False)
+        if not tm.root_alive:  # the root is gone (or a zombie)
+            return NAN, NAN, NAN, NAN, False
+        return tm.rss_mib, tm.anon_mib, tm.pss_mib, tm.uss_mib, True
 
-    def _device(self) -> tuple[float, float]:
-        nv = self._nv
-        if nv is None:
-            return NAN, NAN
+    def _cgroup(self) -> float:
+        if self.cgroup_path is None:
+            return NAN
+        try:
+            return self.reader.cgroup_memory(self.cgroup_path).current_mib
+        except MemoryReadError as exc:
+            if self.cgroup_path.exists():
+                self._error_once(exc)
+            return NAN  # the cgroup is removed at teardown
+
+    def _device(self) -> tuple[float, float, str]:
+        """(device MiB, utilisation %, source)."""
+        if not self._nvml_ok:
+            return NAN, NAN, "none"
         tree = set(self._tree)
         per_proc = 0.0
         matched = False
-        used = 0.0
+        bad: list[str] = []
+        used = total = 0.0
         utils = []
-        for h in self._handles:
+        for i in self.gpu_indices:
             try:
-                procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
-            except Exception:  # noqa: BLE001
+                d = self.nvml.device(i)
+            except Exception as exc:  # noqa: BLE001
+                self._error_once(f"NVML device {i} not read: {exc}")
+                return NAN, NAN, "none"
+            used += d.used_bytes / MIB
+            total += d.total_bytes / MIB
+            if not math.isnan(d.util_pct):
+                utils.append(d.util_pct)
+            try:
+                procs = self.nvml.processes(i)
+            except Exception as exc:  # noqa: BLE001
+                log.debug("NVML processes of device %d not read: %s", i, exc)
                 procs = []
-            for p in procs:
-                mem = getattr(p, "usedGpuMemory", None)
-                if p.pid in tree and mem is not None:
-                    matched = True
+            for pid, mem in procs:
+                if pid not in tree:
+                    continue
+                matched = True
+                if mem is None or mem >= NVML_NOT_AVAILABLE:
+                    bad.append(f"pid {pid} on device {i}: usedGpuMemory not available")
+                else:
                     per_proc += mem / MIB
-            try:
-                used += nv.nvmlDeviceGetMemoryInfo(h).used / MIB
-            except Exception:  # noqa: BLE001
-                used = NAN
-            try:
-                utils.append(float(nv.nvmlDeviceGetUtilizationRates(h).gpu))
-            except Exception:  # noqa: BLE001
-                pass
         util = sum(utils) / len(utils) if utils else NAN
-        if matched:
-            self.device_mode = "process"
-            return per_proc, util
-        self.device_mode = "device"
         base = self.baseline_device_mib
-        if base is not None and not math.isnan(base):
-            used = max(0.0, used - base)
-        return used, util
+        has_base = base is not None and not math.isnan(base)
+        delta = max(0.0, used - base) if has_base else used
+        if matched and not bad:
+            if per_proc == 0 and has_base and used - base > IMPLAUSIBLE_GROWTH_MIB:
+                bad.append(
+                    f"usedGpuMemory is 0 while the device grew by {used - base:.0f} MiB since before launch"
+                )
+            elif per_proc > total:
+                bad.append(f"usedGpuMemory {per_proc:.0f} MiB is more than the device has ({total:.0f} MiB)")
+        if matched and not bad:
+            return per_proc, util, "nvml-process"
+        if bad and not self._warned_implausible:
+            self._warned_implausible = True
+            log.warning(
+                "NVML per-process memory of pid %d's tree is not usable (%s): using the device's used "
+                "memory minus the pre-launch reading (device_source nvml-device-delta)",
+                self.pid,
+                "; ".join(bad),
+            )
+        return delta, util, "nvml-device-delta"
 
     def sample_once(self) -> bool:
-        """Take one sample now. Returns False when the process is gone (no sample recorded)."""
-        rss, anon, alive = self._host()
+        """Take one sample now. Returns False when the process is gone (no sample recorded).
+
+        Raises:
+            MemoryReadError: host memory could not be read even from statm.
+        """
+        rss, anon, pss, uss, alive = self._host()
         if not alive:
             return False
-        dev, util = self._device()
+        cg = self._cgroup()
+        dev, util, src = self._device()
+        self.device_source = src
         with self._lock:
-            self._samples.append((time.time(), dev, rss, anon, util))
+            self._samples.append((time.time(), dev, rss, anon, pss, uss, cg, util, src))
         return True
 
     # ------------------------------------------------------------------ results
     @property
-    def samples(self) -> list[tuple[float, float, float, float, float]]:
-        """A copy of the samples as (t, device_used_mib, host_rss_mib, host_anon_mib, gpu_util_pct)."""
+    def samples(self) -> list[tuple]:
+        """A copy of the samples as tuples in the order of :data:`COLUMNS`."""
         with self._lock:
             return list(self._samples)
 
     def to_frame(self):  # -> pandas.DataFrame
-        """Samples as a DataFrame with columns :data:`COLUMNS` (float64)."""
+        """Samples as a DataFrame with columns :data:`COLUMNS` (float64; ``device_source``
+        string)."""
         import pandas as pd
 
-        return pd.DataFrame(self.samples, columns=list(COLUMNS), dtype="float64")
+        df = pd.DataFrame(self.samples, columns=list(COLUMNS))
+        for c in NUMERIC:
+            df[c] = df[c].astype("float64")
+        df["device_source"] = df["device_source"].astype("string")
+        return df
 
     def peak(self) -> dict[str, float]:
-        """Column -> max over the samples (NaN when none)."""
+        """Numeric column -> max over the samples (NaN when none)."""
         rows = self.samples
         out = {}
-        for i, c in enumerate(COLUMNS[1:], start=1):
+        for i, c in enumerate(COLUMNS):
+            if c not in NUMERIC or c == "t":
+                continue
             vals = [r[i] for r in rows if not math.isnan(r[i])]
             out[c] = max(vals) if vals else NAN
         return out

@@ -115,7 +115,11 @@ def memory_budget(
         ``device_cap_gib``, ``host_cap_gib``, ``completed`` (all requests), ``cap_held``,
         ``enforcement``, ``peak_reserved_mib``/``peak_allocated_mib`` (device, MiB),
         ``load_peak_mib`` (device peak reserved during model load, MiB),
-        ``host_anon_peak_mib`` (sampler), ``placement``, ``cold_ms``, ``warm_ms``,
+        ``host_anon_peak_mib`` (sampler, summed anon RSS), ``host_pss_peak_mib`` (peak PSS of
+        the engine tree, MiB), ``cgroup_peak_mib`` (the engine's own cgroup, MiB; None without
+        one), ``host_cap_effective_gib`` / ``host_cap_clamp`` (the host cap in force and why it
+        is below the ask), ``cap_mechanism`` (cgroup, watchdog-pss, ...), ``host_source``,
+        ``placement``, ``cold_ms``, ``warm_ms``,
         ``warm_degrades``, ``error``; ``min_budget_gib`` when asked (None on CPU).
 
     Raises:
@@ -141,7 +145,13 @@ def memory_budget(
         df = data.measured()
         ok = df[df["status"] == "completed"] if not df.empty else df
         lr = data.launch_row
-        host_peak = float(data.memory["host_anon_mib"].max()) if not data.memory.empty else float("nan")
+        host_peak = _col_max(data.memory, "host_anon_mib")
+        pss_peak = _col_max(data.memory, "host_pss_mib")
+        if json_float(lr.get("host_pss_peak_mib")) is not None:
+            pss_peak = max(x for x in (pss_peak, float(lr["host_pss_peak_mib"])) if x == x)
+        cg_peak = _col_max(data.memory, "cgroup_current_mib")
+        if json_float(lr.get("cgroup_peak_mib")) is not None:
+            cg_peak = max(x for x in (cg_peak, float(lr["cgroup_peak_mib"])) if x == x)
         exceeded = bool(lr.get("cap_exceeded")) or (data.error or "").startswith("host memory cap exceeded")
         oom = bool(not df.empty and df["error"].fillna("").str.contains("out of device memory").any())
         e = {
@@ -151,11 +161,17 @@ def memory_budget(
             "completed": bool(len(ok) == repeats),
             "n_completed": int(len(ok)),
             "cap_held": bool(not exceeded and not oom),
+            "host_cap_effective_gib": json_float(lr.get("host_cap_effective_gib")),
+            "host_cap_clamp": _text(lr.get("host_cap_clamp")),
             "enforcement": lr.get("enforcement"),
+            "cap_mechanism": _text(lr.get("cap_mechanism")),
+            "host_source": _text(lr.get("host_source")),
             "peak_reserved_mib": json_float(ok["peak_reserved_mib"].max()) if len(ok) else None,
             "peak_allocated_mib": json_float(ok["peak_allocated_mib"].max()) if len(ok) else None,
             "load_peak_mib": json_float(lr.get("load_peak_mib")),
             "host_anon_peak_mib": json_float(host_peak),
+            "host_pss_peak_mib": json_float(pss_peak),
+            "cgroup_peak_mib": json_float(cg_peak),
             "placement": lr.get("placement"),
             "error": data.error
             or (None if len(ok) == repeats else "; ".join(df["error"].dropna().astype(str))),
@@ -204,6 +220,18 @@ def memory_budget(
         "min_budget": min_budget,
     }
     return assemble(NAME, launches, params, results, caps=caps)
+
+
+def _col_max(df: pd.DataFrame, col: str) -> float:
+    """Max of a numeric column (NaN when empty, absent or all NA)."""
+    if df is None or df.empty or col not in df.columns:
+        return float("nan")
+    v = pd.to_numeric(df[col], errors="coerce").max()
+    return float(v) if pd.notna(v) else float("nan")
+
+
+def _text(v: Any) -> str | None:
+    return None if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v)
 
 
 def find_min_budget(
@@ -371,10 +399,15 @@ SUMMARY_COLUMNS = [
     "label",
     "device_cap_gib",
     "host_cap_gib",
+    "host_cap_effective_gib",
+    "host_cap_clamp",
     "completed",
     "cap_held",
     "enforcement",
+    "cap_mechanism",
     "peak_reserved_mib",
+    "host_pss_peak_mib",
+    "cgroup_peak_mib",
     "host_anon_peak_mib",
     "placement",
     "cold_ms",
@@ -386,13 +419,16 @@ SUMMARY_COLUMNS = [
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     """One row per budget with :data:`SUMMARY_COLUMNS` that exist (memory in MiB, caps in GiB,
-    times in ms)."""
+    times in ms); ``error``, ``host_cap_clamp`` and ``cgroup_peak_mib`` only when some budget
+    has one."""
     df = pd.DataFrame(_current(r).get("caps") or [])
     if df.empty:
         return df
     keep = [c for c in SUMMARY_COLUMNS if c in df.columns]
-    if "error" in keep and df["error"].isna().all():
-        keep.remove("error")
+    # shown only where there is something: an error, a clamp, a cgroup of the engine's own
+    for c in ("error", "host_cap_clamp", "cgroup_peak_mib"):
+        if c in keep and df[c].isna().all():
+            keep.remove(c)
     return df[keep]
 
 

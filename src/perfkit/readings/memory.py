@@ -1,0 +1,498 @@
+"""The one host memory reader: process trees (PSS, USS, RSS), cgroups, limits, MemTotal.
+
+Used by the sampler (:mod:`perfkit.readings.sampler`), the host cap watchdog
+(:mod:`perfkit.engine.caps`) and, through them, the scenarios. All figures are MiB unless a name
+says GiB.
+
+- Host memory of a process tree is **PSS** summed from ``/proc/<pid>/smaps_rollup``: pages shared
+  copy-on-write between a parent and its forked children count once over the tree (summed RSS
+  counts them once per process). USS (``Private_Clean + Private_Dirty``), RSS and anonymous RSS
+  (``Anonymous``) come from the same read.
+- When the engine has its own cgroup (v2), ``memory.current`` and ``memory.peak`` of it.
+- Limits above the current process: every cgroup ``memory.max`` (v2) or
+  ``memory.limit_in_bytes`` (v1) from its cgroup up to the root, and ``MemTotal``.
+
+Reading rules:
+
+- every number is the exact value in the file or a :class:`MemoryReadError` naming the file and
+  the key: never a silent 0;
+- a process that vanished mid-read (its /proc directory gone, an empty ``smaps_rollup`` of a
+  zombie) is skipped and logged at debug level; it is not counted as 0;
+- ``max`` (v2) and values >= 2**60 (v1's "unlimited" sentinel) mean no limit;
+- a cgroup directory or limit file that is not there (the root cgroup has no ``memory.max``; a
+  cgroup namespace hides the levels above) is no limit at that level.
+
+The roots (``/proc``, ``/sys/fs/cgroup``) are arguments of :class:`HostMemoryReader`, so tests
+can point a reader at a fake tree.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MIB = 2**20
+GIB = 2**30
+NAN = float("nan")
+#: cgroup v1 writes "unlimited" as a huge number (PAGE_COUNTER_MAX pages); anything from here on
+#: is no limit
+UNLIMITED_SENTINEL = 2**60
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class MemoryReadError(RuntimeError):
+    """A memory figure could not be read: the file exists (or must) but the key is missing, not a
+    number, or the file is not readable.
+
+    Attributes:
+        path: the file.
+        key: the key (``Pss``, ``MemTotal``, ``memory.max``, ...).
+    """
+
+    def __init__(self, path: str | Path, key: str, why: str) -> None:
+        super().__init__(f"{path}: {key}: {why}")
+        self.path = str(path)
+        self.key = key
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """Host memory of one process, MiB.
+
+    Attributes:
+        pid: the process.
+        rss_mib: resident set size.
+        pss_mib: proportional set size (shared pages divided by their sharers); NaN for the
+            ``statm`` source.
+        uss_mib: unique set size (private pages); NaN for the ``statm`` source.
+        anon_mib: anonymous resident memory.
+        source: ``smaps_rollup`` or ``statm``.
+    """
+
+    pid: int
+    rss_mib: float
+    pss_mib: float
+    uss_mib: float
+    anon_mib: float
+    source: str
+
+
+@dataclass(frozen=True)
+class TreeMemory:
+    """Host memory of a process tree, MiB, summed over the processes read.
+
+    Attributes:
+        root_alive: the root process was read (False: it is gone or a zombie).
+        pids: processes read.
+        vanished: processes listed but gone by the time they were read (skipped, not 0).
+        rss_mib, pss_mib, uss_mib, anon_mib: sums (pss/uss NaN for the ``rss`` source).
+        source: ``pss`` (smaps_rollup) or ``rss`` (statm: PSS not readable here).
+    """
+
+    root_alive: bool
+    pids: tuple[int, ...]
+    vanished: tuple[int, ...]
+    rss_mib: float
+    pss_mib: float
+    uss_mib: float
+    anon_mib: float
+    source: str
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    """``memory.current`` and ``memory.peak`` of a cgroup v2, MiB (peak None where the kernel
+    has no ``memory.peak``, before 5.19)."""
+
+    path: str
+    current_mib: float
+    peak_mib: float | None
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """One limit on the memory this process tree may use.
+
+    Attributes:
+        source: ``cgroup-v2``, ``cgroup-v1`` or ``meminfo``.
+        path: the file read.
+        gib: the limit (GiB).
+    """
+
+    source: str
+    path: str
+    gib: float
+
+
+@dataclass(frozen=True)
+class HostBudget:
+    """The host budget after clamping to what exists.
+
+    Attributes:
+        asked_gib: the cap asked (None: no cap).
+        effective_gib: min(asked, every limit) (None when nothing was asked).
+        clamp: why the effective budget is below the ask (None: not clamped), e.g.
+            ``"cgroup-v2 /sys/fs/cgroup/a/memory.max = 1 GiB"``.
+        limits: every finite limit found.
+    """
+
+    asked_gib: float | None
+    effective_gib: float | None
+    clamp: str | None
+    limits: tuple[MemoryLimit, ...] = field(default_factory=tuple)
+
+
+def _kib_lines(text: str, path: Path, keys: tuple[str, ...]) -> dict[str, int]:
+    """``Key:   123 kB`` lines -> key -> bytes for ``keys``. Raises MemoryReadError when a key
+    is missing or not a number."""
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        k, sep, rest = line.partition(":")
+        if not sep or k not in keys:
+            continue
+        parts = rest.split()
+        try:
+            v = int(parts[0])
+        except (IndexError, ValueError):
+            raise MemoryReadError(path, k, f"not a number: {rest.strip()!r}") from None
+        unit = parts[1].lower() if len(parts) > 1 else ""
+        if unit not in ("kb", ""):
+            raise MemoryReadError(path, k, f"unknown unit {parts[1]!r}")
+        found[k] = v * 1024 if unit == "kb" else v
+    missing = [k for k in keys if k not in found]
+    if missing:
+        raise MemoryReadError(path, missing[0], "key not found")
+    return found
+
+
+def _limit_value(path: Path, key: str) -> int | None:
+    """A cgroup limit file: bytes, None for ``max`` / the v1 sentinel. Raises MemoryReadError
+    when the content is not a number; FileNotFoundError passes through."""
+    text = path.read_text().strip()
+    if text == "max":
+        return None
+    try:
+        v = int(text)
+    except ValueError:
+        raise MemoryReadError(path, key, f"not a number or 'max': {text!r}") from None
+    return None if v >= UNLIMITED_SENTINEL else v
+
+
+class HostMemoryReader:
+    """Reads host memory figures from ``proc_root`` (``/proc``) and ``cgroup_root``
+    (``/sys/fs/cgroup``).
+
+    Args:
+        proc_root: the procfs mount (a test may pass a fake tree).
+        cgroup_root: the cgroup mount (v2 unified, or the v1 hierarchies' parent with ``memory/``
+            and maybe ``unified/``).
+    """
+
+    def __init__(self, proc_root: str | Path = "/proc", cgroup_root: str | Path = "/sys/fs/cgroup") -> None:
+        self.proc_root = Path(proc_root)
+        self.cgroup_root = Path(cgroup_root)
+        self._has_rollup: bool | None = None
+
+    # ------------------------------------------------------------------ processes
+    def tree_pids(self, root: int) -> list[int]:
+        """``root`` and its descendants (empty when root is gone). Reads
+        ``/proc/<pid>/task/<tid>/children`` (cost grows with the tree, not with the host's
+        process count); falls back to a psutil scan where that file does not exist."""
+        if not (self.proc_root / str(root) / "task" / str(root) / "children").exists():
+            if not (self.proc_root / str(root)).exists():
+                return []
+            import psutil
+
+            try:
+                return [root] + [c.pid for c in psutil.Process(root).children(recursive=True)]
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                return []
+            except psutil.AccessDenied:
+                return [root]
+        out: list[int] = []
+        todo = [root]
+        seen: set[int] = set()
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            try:
+                tids = os.listdir(self.proc_root / str(pid) / "task")
+            except OSError:
+                if pid == root:
+                    return []
+                log.debug("pid %d vanished while listing the tree of %d", pid, root)
+                continue
+            out.append(pid)
+            for tid in tids:
+                try:
+                    data = (self.proc_root / str(pid) / "task" / tid / "children").read_bytes()
+                except OSError:  # the thread or process ended meanwhile
+                    continue
+                todo.extend(int(c) for c in data.split())
+        return out
+
+    def has_smaps_rollup(self) -> bool:
+        """True when this kernel has ``/proc/<pid>/smaps_rollup`` (Linux >= 4.14)."""
+        if self._has_rollup is None:
+            self._has_rollup = (self.proc_root / "self" / "smaps_rollup").exists()
+        return self._has_rollup
+
+    def process(self, pid: int, pss: bool = True) -> ProcessMemory | None:
+        """Host memory of one process (MiB), or None when it vanished (gone, or a zombie).
+
+        ``pss=True`` reads ``smaps_rollup`` (PSS, USS, RSS, anon; the kernel walks the page
+        tables, so it costs more for a large process); ``pss=False`` or a kernel without
+        ``smaps_rollup`` reads ``statm`` (RSS and anon only, PSS/USS NaN).
+
+        Raises:
+            MemoryReadError: the file is there but not readable (permission) or a key is missing
+                or not a number.
+        """
+        if pss and self.has_smaps_rollup():
+            path = self.proc_root / str(pid) / "smaps_rollup"
+            try:
+                text = path.read_text()
+            except (FileNotFoundError, ProcessLookupError):
+                log.debug("pid %d vanished before %s was read", pid, path)
+                return None
+            except PermissionError as exc:
+                raise MemoryReadError(path, "Pss", f"not readable: {exc}") from None
+            except OSError as exc:  # ESRCH on a process that exited during the read
+                log.debug("pid %d vanished while %s was read: %s", pid, path, exc)
+                return None
+            if not text.strip():  # a zombie (or a kernel thread) has no memory map
+                log.debug("pid %d has an empty %s (zombie or exited): skipped", pid, path)
+                return None
+            v = _kib_lines(text, path, ("Rss", "Pss", "Private_Clean", "Private_Dirty", "Anonymous"))
+            return ProcessMemory(
+                pid=pid,
+                rss_mib=v["Rss"] / MIB,
+                pss_mib=v["Pss"] / MIB,
+                uss_mib=(v["Private_Clean"] + v["Private_Dirty"]) / MIB,
+                anon_mib=v["Anonymous"] / MIB,
+                source="smaps_rollup",
+            )
+        path = self.proc_root / str(pid) / "statm"
+        try:
+            fields = path.read_bytes().split()
+        except (FileNotFoundError, ProcessLookupError):
+            log.debug("pid %d vanished before %s was read", pid, path)
+            return None
+        except PermissionError as exc:
+            raise MemoryReadError(path, "resident", f"not readable: {exc}") from None
+        try:
+            resident, shared = int(fields[1]), int(fields[2])
+        except (IndexError, ValueError):
+            raise MemoryReadError(path, "resident", f"not 'size resident shared ...': {fields!r}") from None
+        if resident == 0:  # a zombie
+            log.debug("pid %d has no resident memory (zombie): skipped", pid)
+            return None
+        # statm's resident - shared is the kernel's RssAnon (shared = RssFile + RssShmem)
+        return ProcessMemory(
+            pid=pid,
+            rss_mib=resident * _PAGE / MIB,
+            pss_mib=NAN,
+            uss_mib=NAN,
+            anon_mib=max(0, resident - shared) * _PAGE / MIB,
+            source="statm",
+        )
+
+    def tree(self, root: int, pids: list[int] | None = None, pss: bool = True) -> TreeMemory:
+        """Host memory of the process tree rooted at ``root`` (MiB), summed over ``pids`` (default:
+        :meth:`tree_pids`). Vanished processes are skipped (listed in ``vanished``).
+
+        Raises:
+            MemoryReadError: as :meth:`process`.
+        """
+        pids = self.tree_pids(root) if pids is None else pids
+        read: list[ProcessMemory] = []
+        gone: list[int] = []
+        for pid in pids:
+            m = self.process(pid, pss=pss)
+            if m is None:
+                gone.append(pid)
+            else:
+                read.append(m)
+        by_pss = bool(read) and all(m.source == "smaps_rollup" for m in read)
+        if not read:
+            by_pss = pss and self.has_smaps_rollup()
+        return TreeMemory(
+            root_alive=any(m.pid == root for m in read),
+            pids=tuple(m.pid for m in read),
+            vanished=tuple(gone),
+            rss_mib=sum(m.rss_mib for m in read),
+            pss_mib=sum(m.pss_mib for m in read) if by_pss else NAN,
+            uss_mib=sum(m.uss_mib for m in read) if by_pss else NAN,
+            anon_mib=sum(m.anon_mib for m in read),
+            source="pss" if by_pss else "rss",
+        )
+
+    # ------------------------------------------------------------------ host
+    def mem_total_mib(self) -> float:
+        """``MemTotal`` of ``/proc/meminfo`` in MiB.
+
+        Raises:
+            MemoryReadError: the file is missing or has no number for MemTotal.
+        """
+        path = self.proc_root / "meminfo"
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise MemoryReadError(path, "MemTotal", f"not readable: {exc}") from None
+        return _kib_lines(text, path, ("MemTotal",))["MemTotal"] / MIB
+
+    # ------------------------------------------------------------------ cgroups
+    def _v2_root(self) -> Path | None:
+        for d in (self.cgroup_root, self.cgroup_root / "unified"):
+            if (d / "cgroup.controllers").exists():
+                return d
+        return None
+
+    def own_cgroups(self) -> list[tuple[str, Path, Path]]:
+        """(``cgroup-v2`` | ``cgroup-v1``, hierarchy root, directory) of the current process's
+        memory cgroups, from ``/proc/self/cgroup`` (empty when that file or the hierarchy is not
+        there)."""
+        path = self.proc_root / "self" / "cgroup"
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            log.debug("%s not readable (%s): no cgroup limits", path, exc)
+            return []
+        out: list[tuple[str, Path, Path]] = []
+        for line in text.splitlines():
+            hid, _, rest = line.partition(":")
+            ctrls, _, rel = rest.partition(":")
+            rel = rel.strip().lstrip("/")
+            if hid == "0" and ctrls == "":
+                root = self._v2_root()
+                if root is not None:
+                    out.append(("cgroup-v2", root, root / rel))
+            elif "memory" in ctrls.split(","):
+                root = self.cgroup_root / ctrls
+                if not root.is_dir():
+                    root = self.cgroup_root / "memory"
+                if root.is_dir():
+                    out.append(("cgroup-v1", root, root / rel))
+        return out
+
+    def cgroup_limits(self) -> list[MemoryLimit]:
+        """Every finite memory limit of the current process's cgroups and their ancestors up to
+        the hierarchy root (GiB): v2 ``memory.max``, v1 ``memory.limit_in_bytes``. ``max`` and
+        the v1 sentinel (>= 2**60) are no limit; a level without the directory or the file (the
+        v2 root, levels a cgroup namespace hides) is skipped.
+
+        Raises:
+            MemoryReadError: a limit file holds something other than a number or ``max``, or is
+                not readable.
+        """
+        out: list[MemoryLimit] = []
+        for kind, top, d in self.own_cgroups():
+            key = "memory.max" if kind == "cgroup-v2" else "memory.limit_in_bytes"
+            for level in [d, *[p for p in d.parents if p == top or top in p.parents]]:
+                f = level / key
+                try:
+                    v = _limit_value(f, key)
+                except FileNotFoundError:
+                    log.debug("%s: not there, no limit at this level", f)
+                    continue
+                except PermissionError as exc:
+                    raise MemoryReadError(f, key, f"not readable: {exc}") from None
+                if v is not None:
+                    out.append(MemoryLimit(kind, str(f), v / GIB))
+        return out
+
+    def cgroup_memory(self, path: str | Path) -> CgroupMemory:
+        """``memory.current`` and ``memory.peak`` (MiB) of the cgroup v2 directory ``path``.
+
+        Raises:
+            MemoryReadError: memory.current is missing or not a number, or memory.peak is there
+                but not a number (a kernel without memory.peak gives ``peak_mib=None``).
+        """
+        d = Path(path)
+        cur_f = d / "memory.current"
+        try:
+            text = cur_f.read_text().strip()
+        except OSError as exc:
+            raise MemoryReadError(cur_f, "memory.current", f"not readable: {exc}") from None
+        try:
+            cur = int(text)
+        except ValueError:
+            raise MemoryReadError(cur_f, "memory.current", f"not a number: {text!r}") from None
+        peak_f = d / "memory.peak"
+        try:
+            ptext = peak_f.read_text().strip()
+        except FileNotFoundError:
+            log.debug("%s: not there (kernel < 5.19)", peak_f)
+            return CgroupMemory(str(d), cur / MIB, None)
+        except OSError as exc:
+            raise MemoryReadError(peak_f, "memory.peak", f"not readable: {exc}") from None
+        try:
+            peak = int(ptext)
+        except ValueError:
+            raise MemoryReadError(peak_f, "memory.peak", f"not a number: {ptext!r}") from None
+        return CgroupMemory(str(d), cur / MIB, peak / MIB)
+
+    def cgroup_events(self, path: str | Path) -> dict[str, int]:
+        """``memory.events`` of the cgroup v2 directory ``path`` (``oom_kill``, ...).
+
+        Raises:
+            MemoryReadError: the file is not readable or a line is not ``key number``.
+        """
+        f = Path(path) / "memory.events"
+        try:
+            text = f.read_text()
+        except OSError as exc:
+            raise MemoryReadError(f, "memory.events", f"not readable: {exc}") from None
+        out: dict[str, int] = {}
+        for line in text.splitlines():
+            k, _, v = line.partition(" ")
+            try:
+                out[k] = int(v)
+            except ValueError:
+                raise MemoryReadError(f, k, f"not a number: {v!r}") from None
+        return out
+
+    # ------------------------------------------------------------------ budget
+    def limits(self) -> list[MemoryLimit]:
+        """Every finite limit: the cgroup limits (:meth:`cgroup_limits`) and MemTotal (GiB).
+
+        Raises:
+            MemoryReadError: as :meth:`cgroup_limits` and :meth:`mem_total_mib`.
+        """
+        out = self.cgroup_limits()
+        out.append(MemoryLimit("meminfo", str(self.proc_root / "meminfo"), self.mem_total_mib() / 1024))
+        return out
+
+    def host_budget(self, asked_gib: float | None) -> HostBudget:
+        """Effective host budget: min(``asked_gib``, every cgroup limit above this process,
+        MemTotal), in GiB. No ask (None) is no cap: nothing is clamped.
+
+        Raises:
+            MemoryReadError: as :meth:`limits`.
+        """
+        if asked_gib is None:
+            return HostBudget(None, None, None, ())
+        lims = tuple(self.limits())
+        low = min(lims, key=lambda m: m.gib) if lims else None
+        if low is None or not low.gib < asked_gib:
+            return HostBudget(float(asked_gib), float(asked_gib), None, lims)
+        name = "MemTotal" if low.source == "meminfo" else low.source
+        why = f"{name} {low.path} = {low.gib:.4g} GiB < asked {asked_gib:g} GiB"
+        return HostBudget(float(asked_gib), low.gib, why, lims)
+
+
+#: the reader of this host (real /proc and /sys/fs/cgroup)
+DEFAULT = HostMemoryReader()
+
+
+def is_nan(x: float | None) -> bool:
+    """True for None or NaN."""
+    return x is None or (isinstance(x, float) and math.isnan(x))
