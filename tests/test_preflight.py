@@ -369,6 +369,10 @@ def test_help_is_plain_text():
         ("cold_warm", "repeats=1", "repeats"),  # below the model's minimum (2)
         ("memory_budget", "caps=[{host_gib: -1}]", "caps[0].host_gib"),
         ("cold_warm", "request={num_frames: x}", "request.num_frames"),
+        ("cold_warm", "request={num_frames: 1000}", "request.num_frames"),  # > the engine's max
+        ("cold_warm", "engine={preset: nosuch}", "engine"),  # refused before the engine starts
+        ("cold_warm", "engine={compile_backend: nosuch}", "engine"),
+        ("cold_warm", "bundle_dir=/nonexistent", "bundle_dir"),
     ],
 )
 def test_run_p_values_are_validated_before_any_kernel(tmp_path, nb, p, name):
@@ -377,3 +381,24 @@ def test_run_p_values_are_validated_before_any_kernel(tmp_path, nb, p, name):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"\n{name}: " in proc.stderr, proc.stderr
     assert not run_dir.exists()  # no kernel started, no executed notebook written
+
+
+def test_replay_with_params_of_another_engine_is_refused(tmp_path):
+    """H200 ltx-2b bundles replayed with the tiny CPU params would be filed under the tiny case
+    ids and the CPU hardware label: refused, naming what differs."""
+    out = tmp_path / "run"
+    proc = perfkit(
+        "suite",
+        "--params",
+        str(CI),
+        "--out",
+        str(out),
+        "--replay",
+        str(ROOT / "examples" / "h200" / "bundles"),
+        "--no-screenshot",
+        "-q",
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the cold_warm bundle was measured with preset 'ltx-2b'" in proc.stderr
+    assert "says preset 'tiny'" in proc.stderr
+    assert not out.exists()

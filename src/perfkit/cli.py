@@ -160,13 +160,17 @@ def cmd_run(a: SimpleNamespace) -> int:
         print(f"perfkit: invalid parameters for {nb.name}:\n{exc}", file=sys.stderr)
         return EXIT_ERROR
     params.update(given)
-    run_dir = Path(params.get("run_dir") or default_out(nb.stem)).resolve()
+    if params.get("run_dir"):
+        run_dir = Path(params["run_dir"]).resolve()
+        top = run_dir  # the outermost folder this run creates (removed again when nothing ran)
+        while not top.parent.exists():
+            top = top.parent
+        created = not run_dir.exists()
+    else:  # a new outputs/<notebook>/<timestamp>/, made (empty) by default_out
+        run_dir = top = default_out(nb.stem).resolve()
+        created = True
     params["run_dir"] = str(run_dir)
     out = Path(a.out) if a.out else run_dir / "notebooks" / nb.name
-    top = run_dir  # the outermost folder this run creates (removed again when nothing ran)
-    while not top.parent.exists():
-        top = top.parent
-    created = not run_dir.exists()
     r = execute_notebook(nb, out, params, cwd=Path.cwd(), timeout_s=a.timeout)
     print(f"{nb.name}: {r.status} in {r.wall_s:.1f} s -> {out}")
     if r.error:
@@ -300,9 +304,9 @@ def cmd_compare(a: SimpleNamespace) -> int:
         print(f"perfkit: {exc}", file=sys.stderr)
         return EXIT_ERROR
     overlap, warnings = bl.check_overlap(cases, ref, source=str(a.baseline), run_hardware=hardware)
-    for w in warnings:
-        print(f"perfkit: warning: {w}", file=sys.stderr)
     df = check_table([*overlap, *rows])
+    for w in warnings:
+        print(f"perfkit: {'error' if nothing_compared(df) else 'warning'}: {w}", file=sys.stderr)
     shown = df.astype(object).where(df.notna(), "–")  # not measured: "–", never 0
     print(check_markdown(shown))
     status = overall_status(df)
@@ -371,7 +375,8 @@ def _existing_file(kind: str):
 
     def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
         if value is not None and not Path(value).is_file():
-            raise click.BadParameter(f"{kind} not found: {value}")
+            what = "is a directory, not a file" if Path(value).is_dir() else "not found"
+            raise click.BadParameter(f"{kind} {what}: {value}")
         return value
 
     return check

@@ -67,7 +67,7 @@ from perfkit.gate.verdicts import (
     read_verdict,
 )
 from perfkit.gate.verdicts import notebooks as notebook_names
-from perfkit.params import ParamsError, SuiteParams, load_params
+from perfkit.params import ParamsError, SuiteParams, load_params, parse_params
 from perfkit.report.render import notebook_error
 from perfkit.scenarios import registry
 from perfkit.scenarios.common import slug
@@ -268,6 +268,8 @@ def validate_notebook_parameters(name: str, given: Mapping[str, Any]) -> dict[st
             if key in ("run_dir", "bundle_dir"):
                 if value is not None and not isinstance(value, str):
                     problems.append(f"{key}: must be a path, got {value!r}")
+                elif key == "bundle_dir" and value and not (Path(value) / "meta.json").is_file():
+                    problems.append(f"bundle_dir: {value} is not a result bundle (no meta.json)")
                 out[key] = value
             elif key == "engine":
                 if not isinstance(value, Mapping):
@@ -299,6 +301,17 @@ def validate_notebook_parameters(name: str, given: Mapping[str, Any]) -> dict[st
             problems += _pydantic_problems(key, exc, drop=1 if one_field else 0)
         except (TypeError, ValueError) as exc:
             problems.append(f"{key}: {exc}")
+    if not problems:  # rules across sections (pixel multiples, max frames), as for a params file
+        doc: dict[str, Any] = {"name": "-p"}
+        for key in ("engine", "request"):
+            if out.get(key) is not None:
+                doc[key] = out[key]
+        if section is not None:
+            doc[name] = {k: v for k, v in out.items() if k in section.model_fields}
+        try:
+            parse_params(doc, source="-p")
+        except ParamsError as exc:
+            problems += [line.removeprefix("-p: ") for line in str(exc).splitlines()]
     if problems:
         raise ParamsError("\n".join(problems))
     return out
@@ -329,11 +342,15 @@ def default_out(name: str) -> Path:
     second is taken): runs never overwrite each other."""
     base = Path("outputs") / slug(name)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base.mkdir(parents=True, exist_ok=True)
     run_dir, n = base / stamp, 1
-    while run_dir.exists():
-        n += 1
-        run_dir = base / f"{stamp}-{n}"
-    return run_dir
+    while True:  # created here, exclusively: two runs started in the same second never share one
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            n += 1
+            run_dir = base / f"{stamp}-{n}"
 
 
 def link_latest(run_dir: Path) -> Path | None:
@@ -426,6 +443,54 @@ def replay_plan(replay_dir: Path, selected: Iterable[str]) -> list[str]:
     return missing
 
 
+#: what must agree between a replayed bundle and the params it is replayed with
+_IDENTITY_SPEC = ("kind", "preset", "model_path")
+_IDENTITY_REQUEST = ("height", "width", "num_inference_steps")
+
+
+def check_replay_identity(replay_dir: Path, names: Iterable[str], params: SuiteParams, source: str) -> None:
+    """Raise :class:`SuiteError` when a replayed bundle was measured with another engine or
+    request shape than ``params`` describe: case ids and the baseline's hardware label come from
+    the params, so such a replay would file one engine's numbers under another's name. Bundles
+    that record no params (hand-made ones) cannot be checked and are logged."""
+    engine = params.engine_dict()
+    request = params.request.model_dump()
+    problems = []
+    for name in names:
+        meta_file = replay_dir / name / "meta.json"
+        if not meta_file.exists():
+            continue
+        recorded = json.loads(meta_file.read_text()).get("params") or {}
+        spec, req = recorded.get("spec"), recorded.get("request")
+        if not spec or not req:
+            log.warning(
+                "--replay %s: the %s bundle records no engine spec or request: not checked", replay_dir, name
+            )
+            continue
+        theirs = [f"{k} {spec.get(k)!r}" for k in _IDENTITY_SPEC if spec.get(k) != engine.get(k)]
+        theirs += [f"request {k} {req.get(k)!r}" for k in _IDENTITY_REQUEST if req.get(k) != request.get(k)]
+        if theirs:
+            ours = [
+                f"{x.split(' ')[0]} {engine.get(x.split(' ')[0])!r}"
+                for x in theirs
+                if not x.startswith("request")
+            ]
+            ours += [
+                f"request {x.split(' ')[1]} {request.get(x.split(' ')[1])!r}"
+                for x in theirs
+                if x.startswith("request")
+            ]
+            problems.append(
+                f"the {name} bundle was measured with {', '.join(theirs)}; {source} says {', '.join(ours)}"
+            )
+    if problems:
+        raise SuiteError(
+            f"--replay {replay_dir}: "
+            + "; ".join(problems)
+            + ": replay with the params file the bundles were measured with"
+        )
+
+
 def prepare_run_dir(run_dir: Path, *, force: bool = False, replay_dir: Path | None = None) -> None:
     """Refuse (:class:`SuiteError`) a run directory that holds another run, unless ``force``:
     then that run's outputs (:data:`RUN_OUTPUTS`) are removed, so no stale bundle or verdict
@@ -486,8 +551,6 @@ def run_suite(
         if not replay:
             raise ParamsError(f"{params_path}: engine: {exc}") from None
     new_default = out is None
-    run_dir = Path(out) if out else default_out(params.name)
-    run_dir = run_dir.resolve()
     replay_dir = Path(replay).resolve() if replay else None
     enabled = params.enabled()
     selected = [n for n in enabled if not only or n in set(only)]
@@ -497,9 +560,12 @@ def run_suite(
         if n not in selected
     }
     if replay_dir is not None:
+        check_replay_identity(replay_dir, selected, params, str(params_path))
         for n in replay_plan(replay_dir, selected):
             skipped[n] = NO_REPLAY_BUNDLE
             log.warning("--replay %s: no %s bundle: %s skipped", replay_dir, n, n)
+    # a new default directory only once every check passed (a refused run leaves nothing)
+    run_dir = (Path(out) if out else default_out(params.name)).resolve()
     prepare_run_dir(run_dir, force=force, replay_dir=replay_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "params.yaml").write_text(
@@ -559,6 +625,12 @@ def run_suite(
                     error=f"interrupted (Ctrl-C or SIGTERM) while running {name}",
                 )
             )
+            done = {r.name for r in runs}
+            runs += [
+                NotebookRun(n, status="skipped", reason="not run: interrupted")
+                for n in names
+                if n not in done
+            ]
             break
         if r.status == "ok" and read_verdict(run_dir / name) is None:
             r.status, r.ename = "error", "MissingVerdict"
