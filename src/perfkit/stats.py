@@ -18,7 +18,6 @@ import math
 from typing import Any, Literal
 
 import numpy as np
-from scipy import stats as _sst
 
 __all__ = [
     "median_iqr",
@@ -224,6 +223,8 @@ def mann_whitney(
         return out
 
     if na >= MIN_RANK_TEST_SAMPLES and nb >= MIN_RANK_TEST_SAMPLES:
+        from scipy import stats as _sst  # 0.6 s to import: only when a rank test runs
+
         res = _sst.mannwhitneyu(xa, xb, alternative=alternative)
         p = float(res.pvalue)
         decision = "no difference"
