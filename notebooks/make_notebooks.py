@@ -232,6 +232,51 @@ display(Markdown(reading("memory_budget", results)))"""),
     )
 
 
+def offload_modes() -> nbformat.NotebookNode:
+    params = f"""{ENGINE}
+{section_params("offload_modes")}
+{COMMON_TAIL}"""
+    cells = [
+        new_code_cell(measure_cell("offload_modes")),
+        new_markdown_cell("## Modes"),
+        new_code_cell("""modes_table = summary_frame("offload_modes", results)
+display(modes_table)
+display(Markdown(reading("offload_modes", results)))"""),
+        new_markdown_cell(
+            "## Gate (placement reported as asked, warm not slower, memory order on a GPU)\n\n"
+            "Modes the device cannot run are `skipped`, never passed."
+        ),
+        new_code_cell("display(check_table(rows))"),
+        new_markdown_cell("## Device vs host memory, and warm latency, per mode"),
+        new_code_cell("show(plots.offload_memory_latency(modes_table))"),
+        new_markdown_cell("## Latency per request, one line per mode"),
+        new_code_cell("show(plots.e2e_per_request(bundle.requests))"),
+        new_markdown_cell("## Per-component placement the engine reported"),
+        new_code_cell(
+            """display(pd.DataFrame({m["mode"]: m.get("offload") or {} for m in results["modes"]}).T)"""
+        ),
+        new_markdown_cell(
+            "## How to read this\n\n"
+            "Each mode is one launch of the reference engine with `--offload MODE` for every "
+            "component. `none` keeps the weights on the device; `model` moves whole components in "
+            "and out (accelerate's `cpu_offload_with_hook`, as diffusers' "
+            "`enable_model_cpu_offload`); `group-block` and `group-leaf` onload blocks or leaf "
+            "modules just before they run (`diffusers.hooks.apply_group_offloading`, with a CUDA "
+            "stream prefetching the next group). Expect peak VRAM none > model ≥ group and host "
+            "memory the other way round, paid for in warm latency. On a CPU device only `none` "
+            "runs: the engine refuses the others at startup (exit code 2) and they are recorded "
+            "as *not applicable* with its reason."
+        ),
+    ]
+    return _nb(
+        "Offload modes",
+        "What does each offload mode (none, model, group-block, group-leaf) cost in latency and "
+        "save in device memory, and what does it move to the host?",
+        params,
+        cells,
+    )
+
+
 def overhead() -> nbformat.NotebookNode:
     params = f"""{ENGINE}
 {section_params("overhead")}
@@ -318,6 +363,7 @@ NOTEBOOKS = {
     "cold_warm": cold_warm,
     "warmup_shapes": warmup_shapes,
     "memory_budget": memory_budget,
+    "offload_modes": offload_modes,
     "overhead": overhead,
     "baseline_gate": baseline_gate,
 }

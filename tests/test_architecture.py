@@ -69,7 +69,7 @@ def _names(text: str, name: str) -> bool:
 
 def test_run_order_is_declared_not_import_order():
     # warmup_shapes and memory_budget reuse the cold_warm session: cold_warm must run first
-    assert registry.names() == ("cold_warm", "warmup_shapes", "memory_budget", "overhead")
+    assert registry.names() == ("cold_warm", "warmup_shapes", "memory_budget", "offload_modes", "overhead")
     orders = [s.order for s in registry.all_scenarios()]
     assert orders == sorted(orders)
 

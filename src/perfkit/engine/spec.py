@@ -86,6 +86,8 @@ __all__ = [
     "EngineSpec",
     "EngineSpecError",
     "KINDS",
+    "OFFLOAD_COMPONENTS",
+    "OFFLOAD_MODES",
     "ReferenceEngine",
     "SglangEngine",
     "WARMUP_MODES",
@@ -105,6 +107,13 @@ CROSS_FIELD = "engine_cross_field"
 BAD_KIND = "engine_kind"
 
 _RESOLUTION = r"^\d+x\d+$"
+
+#: Offload modes of the reference engine (``--offload``): resident, whole-model offload, group
+#: offload at block or leaf level.
+OFFLOAD_MODES = ("none", "model", "group-block", "group-leaf")
+OffloadMode = Literal["none", "model", "group-block", "group-leaf"]
+#: Components with their own offload mode (``--offload-<component>``), in argv order.
+OFFLOAD_COMPONENTS = ("transformer", "text_encoder", "vae")
 
 
 class EngineSpecError(ValueError):
@@ -366,6 +375,12 @@ class ReferenceEngine(_ServingEngine):
         keep_outputs: keep generated videos on disk.
         debug_leak_mib: the engine leaks this many MiB per request (tests of leak checks).
         max_frames: refuse requests above this many frames.
+        offload: offload mode of every component (``--offload``): ``none``, ``model``,
+            ``group-block``, ``group-leaf`` (:data:`OFFLOAD_MODES`); None: the engine's automatic
+            placement (resident unless a device cap forces group offload). Modes other than
+            ``none`` need an accelerator (the engine exits with code 2 on a CPU device).
+        offload_components: per-component modes overriding ``offload`` for that component
+            (keys ``transformer``, ``text_encoder``, ``vae``; ``--offload-<component>``).
     """
 
     kind: Literal["reference"] = "reference"
@@ -382,6 +397,10 @@ class ReferenceEngine(_ServingEngine):
     keep_outputs: bool = False
     debug_leak_mib: int = Field(0, ge=0)
     max_frames: Optional[int] = Field(None, ge=1)
+    offload: Optional[OffloadMode] = None
+    offload_components: dict[Literal["transformer", "text_encoder", "vae"], OffloadMode] = Field(
+        default_factory=dict
+    )
 
     @field_validator("warmup_mode", mode="before")
     @classmethod
@@ -428,6 +447,11 @@ class ReferenceEngine(_ServingEngine):
             argv += ["--debug-leak-mib", str(self.debug_leak_mib)]
         if self.max_frames is not None:
             argv += ["--max-frames", str(self.max_frames)]
+        if self.offload is not None:
+            argv += ["--offload", self.offload]
+        for comp in OFFLOAD_COMPONENTS:
+            if comp in self.offload_components:
+                argv += [f"--offload-{comp.replace('_', '-')}", self.offload_components[comp]]
         return argv + list(self.extra_args)
 
 

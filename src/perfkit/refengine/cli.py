@@ -20,6 +20,10 @@ import time
 log = logging.getLogger("perfkit.refengine")
 
 
+#: ``--offload`` choices (refengine.placement.OFFLOAD_MODES; torch is imported later).
+OFFLOAD_CHOICES = ("none", "model", "group-block", "group-leaf")
+
+
 def mark(name: str, **fields) -> None:
     """Print a ``perfkit-mark`` line on stderr (flushed)."""
     extra = " ".join(f"{k}={v}" for k, v in fields.items())
@@ -121,8 +125,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--placement",
         default=None,
         choices=["device", "group_offload"],
-        help="force a placement instead of deciding from the cap",
+        help="force a placement instead of deciding from the cap (older flag; ignored on a CPU "
+        "device; see --offload)",
     )
+    p.add_argument(
+        "--offload",
+        default=None,
+        choices=OFFLOAD_CHOICES,
+        help="offload mode of every component: none (resident), model (whole component moved in "
+        "and out, accelerate's cpu_offload_with_hook), group-block / group-leaf (diffusers' "
+        "apply_group_offloading at block / leaf level, CUDA stream prefetch). Default: none, "
+        "unless the device cap forces group-leaf offload of the transformer and text encoder. "
+        "Modes other than none need an accelerator: on a CPU device the engine exits with code 2",
+    )
+    for comp in ("transformer", "text-encoder", "vae"):
+        p.add_argument(
+            f"--offload-{comp}",
+            default=None,
+            choices=OFFLOAD_CHOICES,
+            help=f"offload mode of the {comp.replace('-', ' ')} (overrides --offload for it"
+            + ("; the two-stage upsampler follows it)" if comp == "vae" else ")"),
+        )
     p.add_argument("--keep-outputs", action="store_true", help="save generated frames as .npy")
     p.add_argument("--debug-leak-mib", type=int, default=0, help="TEST ONLY: leak this many MiB per request")
     p.add_argument("--log-level", default="INFO")
@@ -193,6 +216,22 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
             # before building: the seeded init draws on the current device (not GPU 0 on every rank)
             torch.cuda.set_device(device)
         os.environ["NCCL_NVLS_ENABLE"] = "0"  # read at NCCL communicator init
+    per_component = {
+        "transformer": args.offload_transformer,
+        "text_encoder": args.offload_text_encoder,
+        "vae": args.offload_vae,
+    }
+    asked = args.offload is not None or any(v is not None for v in per_component.values())
+    if asked and args.placement is not None:
+        print("error: give either --placement or --offload/--offload-<component>, not both", file=sys.stderr)
+        return 2
+    legacy = args.placement if device.type == "cuda" else None  # the older flag: ignored on the CPU
+    requested = placement.requested_modes(args.offload, per_component, legacy=legacy)
+    try:
+        placement.check_applicable(requested, device)
+    except placement.OffloadNotApplicable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     preset = models.PRESETS.get(args.preset, models.PRESETS["tiny"])
     if args.dtype == "auto":
         dtype = getattr(torch, preset.dtype) if device.type == "cuda" else torch.float32
@@ -240,18 +279,25 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         # build straight on the GPU when everything will be resident (seconds instead of a host
         # round trip of every tensor); on the host when the placement may offload
         build_dev = torch.device("cpu")
-        if device.type == "cuda" and args.placement != "group_offload":
+        if device.type == "cuda" and all(m in (None, "none") for m in requested.values()):
             need = models.estimate_param_bytes(args.preset, dtype, args.two_stage)
             if cap is None or need <= placement.WEIGHTS_SHARE_OF_CAP * cap * placement.GIB:
                 build_dev = device
         comps = models.build_preset(
             args.preset, dtype, seed=args.seed, two_stage=args.two_stage, device=build_dev
         )
-    where = placement.place(comps, device, cap, force=args.placement)
+    placed = placement.place_components(comps, device, cap, requested)
+    where = placed.name
     do_compile = args.compile
-    if do_compile and where == "group_offload":
-        log.warning("torch.compile disabled under group offload")
+    if do_compile and placed.offload.get("transformer", "none") != "none":
+        log.warning(
+            "torch.compile disabled: the transformer is offloaded (%s)", placed.offload["transformer"]
+        )
         do_compile = False
+    compile_vae = args.compile_vae and do_compile
+    if compile_vae and placed.offload.get("vae", "none") != "none":
+        log.warning("VAE torch.compile disabled: the VAE is offloaded (%s)", placed.offload["vae"])
+        compile_vae = False
     watch = CompileWatch()
     par = dist.init(rank, args.num_gpus, store, device) if args.num_gpus > 1 else None
     pipe = StagedPipeline(
@@ -262,7 +308,7 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         refine_steps=args.refine_steps,
         compile=do_compile,
         compile_backend=args.compile_backend,
-        compile_vae=args.compile_vae,
+        compile_vae=compile_vae,
         compile_watch=watch,
         recompile_limit=args.recompile_limit,
         cfg_parallel=par,
@@ -293,7 +339,7 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     }
     info = {
         "device": str(device),
-        "placement": where,
+        **placed.info(device),  # placement (summary), placement_by_component, offload, ...
         "preset": args.preset,
         "model_source": comps.source,
         "dtype": str(dtype).replace("torch.", ""),

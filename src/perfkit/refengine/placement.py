@@ -1,15 +1,41 @@
-"""Device placement under a memory cap.
+"""Device placement and offload modes, under a memory cap or as asked.
 
 Honours ``PERFKIT_CAP_DEVICE_MEMORY_GIB`` and ``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB``
-(as sglang's CI worker does: ``torch.cuda.set_per_process_memory_fraction(cap / total)``). When the
-weights do not fit under the cap with working headroom, the transformer and the text encoder are
-placed with diffusers' group (layerwise) offload instead of failing.
+(as sglang's CI worker does: ``torch.cuda.set_per_process_memory_fraction(cap / total)``).
+
+Offload modes (:data:`OFFLOAD_MODES`), per component (:data:`COMPONENTS`; the two-stage
+upsampler follows the VAE):
+
+- ``none``: the weights are resident on the device.
+- ``model``: the whole component is moved to the device when its ``forward`` runs and back to
+  the host when the next model-offloaded component runs (accelerate's
+  ``cpu_offload_with_hook``, chained like diffusers' ``enable_model_cpu_offload``; the chain is
+  closed into a cycle, so the last component of a request goes back to the host when the next
+  request's first one runs). A single model-offloaded component therefore stays on the device
+  after its first call, as it would in diffusers.
+- ``group-block``: diffusers' ``apply_group_offloading(offload_type="block_level",
+  num_blocks_per_group=1)``: each block of a ``ModuleList`` is onloaded before it runs and
+  offloaded after (the VAE's blocks are those of its decoder, the T5 encoder's those of its
+  stack).
+- ``group-leaf``: ``apply_group_offloading(offload_type="leaf_level")``: every leaf module is
+  onloaded just before it runs.
+
+Group modes use a CUDA stream (``use_stream=True``: the next group is prefetched while the current
+one runs) when the device is CUDA. Every mode but ``none`` needs an accelerator: on a CPU device
+:func:`check_applicable` raises :class:`OffloadNotApplicable` and the engine exits with code 2
+and the message ``offload mode 'model' needs an accelerator; device is cpu``.
+
+Automatic placement (no mode asked for a component): ``none``, unless the weights do not fit under
+the device cap with working headroom; then the transformer and the text encoder are placed with
+leaf-level group offload (the VAE and upsampler stay resident), as before the offload flags.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import torch
 
@@ -21,6 +47,68 @@ CAP_ENV_VARS = ("PERFKIT_CAP_DEVICE_MEMORY_GIB", "SGLANG_DIFFUSION_TEST_CAP_DEVI
 #: Fraction of the cap the resident weights may take; the rest is left for activations.
 WEIGHTS_SHARE_OF_CAP = 0.7
 GIB = 2**30
+
+#: Offload modes, one per component (``--offload``, ``--offload-<component>``).
+OFFLOAD_MODES = ("none", "model", "group-block", "group-leaf")
+#: Modes that move weights between host and an accelerator (refused on a CPU device).
+ACCELERATOR_MODES = ("model", "group-block", "group-leaf")
+#: Components with their own offload flag, in execution order (the upsampler follows ``vae``).
+COMPONENTS = ("text_encoder", "transformer", "vae")
+#: Execution order of every component that can be placed (model offload chains them so).
+_ORDER = ("text_encoder", "transformer", "upsampler", "vae")
+#: Submodules whose blocks are the groups of block-level offload, per component (None: the
+#: component's own ``ModuleList`` children; diffusers' ``block_modules`` argument).
+_BLOCK_MODULES: dict[str, list[str] | None] = {
+    "transformer": None,
+    "text_encoder": ["encoder"],
+    "vae": ["decoder"],
+    "upsampler": None,
+}
+
+
+class OffloadNotApplicable(ValueError):
+    """An offload mode that the device cannot run (every mode but ``none`` on a CPU device)."""
+
+
+@dataclass
+class Placement:
+    """Where each component's weights went.
+
+    Attributes:
+        name: the summary (``cpu`` for a CPU engine, ``device`` when every component is
+            resident, ``group_offload`` when any component is group-offloaded, ``model_offload``
+            when components are model-offloaded and none is group-offloaded).
+        offload: component -> the offload mode applied (``none``, ``model``, ``group-block``,
+            ``group-leaf``).
+        requested: component -> the mode asked for (None: automatic).
+        use_stream: whether group offload prefetches on a CUDA stream.
+        automatic: the modes came from the cap rule, not from flags.
+    """
+
+    name: str
+    offload: dict[str, str] = field(default_factory=dict)
+    requested: dict[str, str | None] = field(default_factory=dict)
+    use_stream: bool = False
+    automatic: bool = True
+
+    def by_component(self, device: torch.device) -> dict[str, str]:
+        """component -> where its weights live between calls: the device (``"cpu"``,
+        ``"cuda:0"``) when resident, ``"cpu->cuda:0"`` when offloaded to the host and onloaded
+        per call."""
+        dev = str(device)
+        return {k: dev if m == "none" else f"cpu->{dev}" for k, m in self.offload.items()}
+
+    def info(self, device: torch.device) -> dict[str, object]:
+        """The engine facts (``/v1/models`` and each record's ``perfkit`` extras): ``placement``
+        (the summary), ``placement_by_component``, ``offload``, ``offload_requested``,
+        ``offload_use_stream``."""
+        return {
+            "placement": self.name,
+            "placement_by_component": self.by_component(device),
+            "offload": dict(self.offload),
+            "offload_requested": dict(self.requested),
+            "offload_use_stream": self.use_stream,
+        }
 
 
 def device_cap_gib() -> float | None:
@@ -54,40 +142,162 @@ def apply_device_cap(device: torch.device) -> float | None:
     return cap
 
 
+def requested_modes(
+    offload: str | None = None,
+    per_component: Mapping[str, str | None] | None = None,
+    legacy: str | None = None,
+) -> dict[str, str | None]:
+    """component -> the mode asked for (None: automatic) from ``--offload`` (every component),
+    ``--offload-<component>`` (overrides it for that component) and the older ``--placement``
+    (``device``: ``none`` everywhere; ``group_offload``: leaf-level group offload of the
+    transformer and text encoder, VAE resident).
+
+    Raises:
+        ValueError: an unknown mode or component.
+    """
+    out: dict[str, str | None] = {c: None for c in COMPONENTS}
+    if legacy == "device":
+        out = {c: "none" for c in COMPONENTS}
+    elif legacy == "group_offload":
+        out = {"text_encoder": "group-leaf", "transformer": "group-leaf", "vae": "none"}
+    elif legacy is not None:
+        raise ValueError(f"unknown placement {legacy!r}; known: device, group_offload")
+    if offload is not None:
+        out = {c: offload for c in COMPONENTS}
+    for comp, mode in (per_component or {}).items():
+        if comp not in COMPONENTS:
+            raise ValueError(f"unknown component {comp!r}; known: {', '.join(COMPONENTS)}")
+        if mode is not None:
+            out[comp] = mode
+    for comp, mode in out.items():
+        if mode is not None and mode not in OFFLOAD_MODES:
+            raise ValueError(f"unknown offload mode {mode!r} for {comp}; known: {', '.join(OFFLOAD_MODES)}")
+    return out
+
+
+def check_applicable(requested: Mapping[str, str | None], device: torch.device) -> None:
+    """Raise :class:`OffloadNotApplicable` when a requested mode needs an accelerator and
+    ``device`` is the CPU. The message names the mode and the device:
+    ``offload mode 'model' needs an accelerator; device is cpu`` (then the components asking)."""
+    if device.type != "cpu":
+        return
+    bad = {c: m for c, m in requested.items() if m in ACCELERATOR_MODES}
+    if not bad:
+        return
+    mode = next(iter(dict.fromkeys(bad.values())))
+    comps = ", ".join(f"{c}={m}" for c, m in bad.items())
+    raise OffloadNotApplicable(
+        f"offload mode {mode!r} needs an accelerator; device is {device.type} ({comps})"
+    )
+
+
+def resolve(
+    comps: Components,
+    device: torch.device,
+    cap_gib: float | None,
+    requested: Mapping[str, str | None] | None = None,
+) -> dict[str, str]:
+    """component -> the mode to apply: the requested one, else the automatic rule (module doc).
+    The upsampler (two-stage) follows the VAE. A CPU engine gets ``none`` everywhere."""
+    req = dict(requested or {})
+    auto = "none"
+    total = sum(comps.param_bytes.values())
+    if device.type == "cuda" and cap_gib is not None and total > WEIGHTS_SHARE_OF_CAP * cap_gib * GIB:
+        auto = "group-leaf"
+    out: dict[str, str] = {}
+    for comp in COMPONENTS:
+        mode = req.get(comp)
+        if mode is None:
+            mode = auto if comp in ("transformer", "text_encoder") else "none"
+        out[comp] = mode if device.type != "cpu" else "none"
+    if comps.upsampler is not None:
+        out["upsampler"] = out["vae"]
+    return out
+
+
+def _summary(device: torch.device, modes: Mapping[str, str]) -> str:
+    if device.type == "cpu":
+        return "cpu"
+    if any(m.startswith("group-") for m in modes.values()):
+        return "group_offload"
+    if any(m == "model" for m in modes.values()):
+        return "model_offload"
+    return "device"
+
+
+def place_components(
+    comps: Components,
+    device: torch.device,
+    cap_gib: float | None,
+    requested: Mapping[str, str | None] | None = None,
+) -> Placement:
+    """Place every component by its mode (:func:`resolve`) and return what was applied.
+
+    ``none``: ``module.to(device)``; ``model``: accelerate's ``cpu_offload_with_hook`` chained
+    in execution order (a cycle); ``group-block`` / ``group-leaf``: diffusers'
+    ``apply_group_offloading(onload_device=device, offload_device=cpu, offload_type=...,
+    num_blocks_per_group=1, use_stream=<device is CUDA>)``.
+
+    Raises:
+        OffloadNotApplicable: a mode that needs an accelerator on a CPU device.
+    """
+    req = {c: (requested or {}).get(c) for c in COMPONENTS}
+    check_applicable(req, device)
+    modes = resolve(comps, device, cap_gib, req)
+    use_stream = device.type == "cuda" and any(m.startswith("group-") for m in modes.values())
+    total = sum(comps.param_bytes.values())
+    log.info("weights %.2f GiB, cap %s GiB -> offload %s", total / GIB, cap_gib, modes)
+    chain = []
+    for comp in _ORDER:
+        mode = modes.get(comp)
+        m = getattr(comps, comp)
+        if m is None or mode is None:
+            continue
+        if mode == "none":
+            m.to(device)
+        elif mode == "model":
+            chain.append(comp)
+        else:
+            from diffusers.hooks import apply_group_offloading
+
+            level = "block_level" if mode == "group-block" else "leaf_level"
+            kw: dict[str, object] = {}
+            if level == "block_level":
+                kw["num_blocks_per_group"] = 1
+                if _BLOCK_MODULES.get(comp):
+                    kw["block_modules"] = _BLOCK_MODULES[comp]
+            apply_group_offloading(
+                m,
+                onload_device=device,
+                offload_device=torch.device("cpu"),
+                offload_type=level,
+                use_stream=device.type == "cuda",
+                **kw,
+            )
+    if chain:
+        from accelerate import cpu_offload_with_hook
+
+        hooks = []
+        prev = None
+        for comp in chain:
+            _, prev = cpu_offload_with_hook(getattr(comps, comp), device, prev_module_hook=prev)
+            hooks.append(prev)
+        if len(hooks) > 1:  # close the cycle: the first component offloads the last one
+            hooks[0].hook.prev_module_hook = hooks[-1]
+    automatic = all(v is None for v in req.values())
+    return Placement(
+        name=_summary(device, modes), offload=modes, requested=req, use_stream=use_stream, automatic=automatic
+    )
+
+
 def place(comps: Components, device: torch.device, cap_gib: float | None, force: str | None = None) -> str:
     """Move components to ``device`` or group-offload them; returns the placement name.
 
-    Placements: ``cpu`` (CPU engine), ``device`` (everything resident), ``group_offload``
-    (transformer and text encoder offloaded layer-wise to host, onloaded per block with a CUDA
-    stream; VAE and upsampler resident).
+    ``force``: the older ``--placement`` values (``device``, ``group_offload``); see
+    :func:`place_components` for per-component modes. Placements: ``cpu`` (CPU engine),
+    ``device`` (everything resident), ``group_offload`` (transformer and text encoder offloaded
+    leaf-wise to host, onloaded with a CUDA stream; VAE and upsampler resident).
     """
     if device.type != "cuda":
-        return "cpu"
-    total = sum(comps.param_bytes.values())
-    mode = force
-    if mode is None:
-        mode = "device"
-        if cap_gib is not None and total > WEIGHTS_SHARE_OF_CAP * cap_gib * GIB:
-            mode = "group_offload"
-    log.info("weights %.2f GiB, cap %s GiB -> placement %s", total / GIB, cap_gib, mode)
-    if mode == "device":
-        for key in ("transformer", "vae", "text_encoder", "upsampler"):
-            m = getattr(comps, key)
-            if m is not None:
-                m.to(device)
-        return mode
-    from diffusers.hooks import apply_group_offloading
-
-    for key in ("vae", "upsampler"):
-        m = getattr(comps, key)
-        if m is not None:
-            m.to(device)
-    for key in ("transformer", "text_encoder"):
-        apply_group_offloading(
-            getattr(comps, key),
-            onload_device=device,
-            offload_device=torch.device("cpu"),
-            offload_type="leaf_level",
-            use_stream=True,
-        )
-    return "group_offload"
+        return "cpu"  # the older flag never refused a CPU device
+    return place_components(comps, device, cap_gib, requested_modes(legacy=force)).name

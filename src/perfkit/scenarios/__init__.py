@@ -4,6 +4,7 @@ when imported; importing this package fills the registry. Run order (``Scenario.
 - :mod:`.cold_warm`: cold request vs warm requests in one session, leak checks (seed 000).
 - :mod:`.warmup_shapes`: does the startup warmup cover the request shapes (seed 003).
 - :mod:`.memory_budget`: fit and cost under memory caps, minimum device budget (seed 000).
+- :mod:`.offload_modes`: cost and savings of each offload mode (none, model, group-block/leaf).
 - :mod:`.overhead`: what perfkit's own instrumentation costs (disabled by default).
 
 The package also exports each investigation's measuring function for direct use.
@@ -12,6 +13,7 @@ The package also exports each investigation's measuring function for direct use.
 # importing a scenario module registers it; the run order is each Scenario's ``order``
 from perfkit.scenarios.cold_warm import cold_vs_warm
 from perfkit.scenarios.memory_budget import find_min_budget, memory_budget
+from perfkit.scenarios.offload_modes import offload_modes
 from perfkit.scenarios.overhead import overhead_probe
 from perfkit.scenarios.registry import all_scenarios, get, names
 from perfkit.scenarios.warmup_shapes import warmup_shapes
@@ -21,6 +23,7 @@ __all__ = [
     "warmup_shapes",
     "memory_budget",
     "find_min_budget",
+    "offload_modes",
     "overhead_probe",
     "all_scenarios",
     "get",

@@ -1,0 +1,520 @@
+"""Offload modes: what does each of diffusers' offload modes cost and save, in one run?
+
+One launch per mode (the reference engine's ``--offload none|model|group-block|group-leaf``,
+applied to every component): ``none`` keeps every weight on the device; ``model`` moves whole
+components in and out (accelerate's ``cpu_offload_with_hook``, as diffusers'
+``enable_model_cpu_offload``); ``group-block`` / ``group-leaf`` onload blocks / leaf modules
+just before they run (``diffusers.hooks.apply_group_offloading``, CUDA stream prefetch). Per mode:
+the cold start and its parts (s), the cold and warm end-to-end latency (ms), the peak device
+memory reserved/allocated (MiB), the host memory peak (anonymous RSS, MiB) and the placement the
+engine reports per component.
+
+Modes that need an accelerator are refused by the engine on a CPU device (exit code 2, ``offload
+mode 'model' needs an accelerator; device is cpu``): such a launch is recorded as ``not
+applicable`` with the engine's reason, and its checks are skipped, never passed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional
+
+import numpy as np
+import pandas as pd
+from pydantic import Field, field_validator
+
+from perfkit.bundle import ResultBundle, cold_request_covered, sub_bundle
+from perfkit.checks import Check, check_flag
+from perfkit.engine.caps import MemoryCaps
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
+from perfkit.scenarios.common import LaunchData, assemble, json_float, measure_launch, reuse_launch
+from perfkit.scenarios.registry import (
+    CapParams,
+    InvariantParams,
+    KeyNumber,
+    RunContext,
+    Scenario,
+    ScenarioError,
+    ScenarioParams,
+    register,
+)
+
+log = logging.getLogger(__name__)
+
+NAME = "offload_modes"
+#: A warm request slower than the cold one by more than this fraction fails
+#: ``offload_warm_not_slower``.
+WARM_TOLERANCE = 0.10
+#: Slack of the ">=" comparisons of ``offload_vram_order`` (model vs group modes: their peaks
+#: can be equal up to allocator rounding), as a fraction of the larger value.
+ORDER_TOLERANCE = 0.05
+#: Row statuses.
+RAN, NOT_APPLICABLE, FAILED = "ran", "not applicable", "failed"
+#: The engine's refusal of a mode the device cannot run (refengine.placement).
+REFUSAL_RE = re.compile(r"offload mode '(?P<mode>[\w-]+)' needs an accelerator; device is (?P<device>\w+)")
+
+OffloadMode = Literal["none", "model", "group-block", "group-leaf"]
+
+
+class OffloadModesParams(ScenarioParams):
+    """``offload_modes`` section: one launch per mode, ``repeats`` requests each."""
+
+    #: offload modes to measure, one launch each (--offload MODE for every component)
+    modes: list[OffloadMode] = Field(default_factory=lambda: list(OFFLOAD_MODES), min_length=1)
+    #: requests per launch (the first is the cold request; >= 2 so there is a warm one)
+    repeats: int = Field(2, ge=2, le=1000)
+    #: one memory budget for every launch (None: no caps)
+    caps: Optional[CapParams] = None
+
+    @field_validator("modes")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"modes must be unique, got {v}")
+        return v
+
+
+class OffloadModesInvariants(InvariantParams):
+    """What every mode that ran must show (booleans; modes that could not run are skipped)."""
+
+    #: the engine reports, for every component, the offload mode that was asked for
+    offload_placement_matches: Optional[bool] = True
+    #: the warm request is not slower than the cold one (beyond ``WARM_TOLERANCE``)
+    offload_warm_not_slower: Optional[bool] = True
+    #: GPU: peak VRAM none > model >= group modes, host memory peak in the reverse order
+    offload_vram_order: Optional[bool] = True
+
+
+def _req(request: Any) -> VideoRequestSpec:
+    return request if isinstance(request, VideoRequestSpec) else VideoRequestSpec.from_dict(request or {})
+
+
+def _label(mode: str) -> str:
+    return f"offload-{mode}"
+
+
+def _reported(data: LaunchData) -> dict[str, Any]:
+    """The engine's placement facts from the launch's last record (``perfkit`` extras)."""
+    for line in reversed(data.record_lines):
+        try:
+            pk = json.loads(line).get("perfkit") or {}
+        except (ValueError, AttributeError):
+            continue
+        if pk:
+            return {
+                "placement": pk.get("placement"),
+                "offload": pk.get("offload"),
+                "placement_by_component": pk.get("placement_by_component"),
+                "offload_use_stream": pk.get("offload_use_stream"),
+                "device": pk.get("device"),
+            }
+    return {}
+
+
+def _refusal(error: str | None) -> str | None:
+    """The engine's "not applicable" reason in a launch error, or None."""
+    m = REFUSAL_RE.search(error or "")
+    return m.group(0) if m else None
+
+
+def _num(v: Any) -> float | None:
+    return json_float(v)
+
+
+def offload_modes(
+    spec: EngineSpec,
+    modes: list[str] | None = None,
+    request: VideoRequestSpec | dict | None = None,
+    repeats: int = 2,
+    caps: MemoryCaps | None = None,
+    run_dir: str | Path = "outputs/offload_modes",
+    sample_interval_s: float = 0.1,
+    reuse: Any = None,
+) -> ResultBundle:
+    """Measure each offload mode in its own launch.
+
+    Args:
+        spec: the engine (kind ``reference``; each launch sets ``offload=<mode>`` and clears
+            ``offload_components``). Another kind has no offload switch: every mode is "not
+            applicable".
+        modes: offload modes (default: all four, :data:`~perfkit.engine.spec.OFFLOAD_MODES`).
+        request: sent ``repeats`` times per launch (the first is the cold request).
+        repeats: >= 2.
+        caps: one memory budget for every launch (None: none).
+        reuse: bundles measured earlier in this run; mode ``none`` takes a launch that ran the
+            same spec and request (with ``offload=none``, or automatic placement without a
+            device cap, which is ``none``) instead of launching again.
+
+    Returns:
+        ResultBundle ``offload_modes``; results ``modes`` has one entry per mode: ``mode``,
+        ``label``, ``status`` (ran / not applicable / failed), ``reason``, ``ready_s``,
+        ``process_start_s``, ``load_s``, ``warmup_s`` (cold start and its parts, s),
+        ``cold_ms``, ``warm_ms`` (e2e, ms), ``peak_reserved_mib``, ``peak_allocated_mib``
+        (device, MiB), ``host_anon_peak_mib`` (sampler, MiB), ``placement`` (the engine's
+        summary), ``offload`` (component -> mode reported), ``placement_by_component``,
+        ``placement_matches``, ``warm_not_slower``, ``reused_from``; ``device``: the engine's.
+
+    Raises:
+        ValueError: repeats < 2, an unknown or repeated mode.
+    """
+    if repeats < 2:
+        raise ValueError(f"offload_modes: repeats must be >= 2, got {repeats}")
+    modes = list(modes) if modes else list(OFFLOAD_MODES)
+    bad = [m for m in modes if m not in OFFLOAD_MODES]
+    if bad or len(set(modes)) != len(modes):
+        raise ValueError(f"offload_modes: modes must be unique values of {OFFLOAD_MODES}, got {modes}")
+    req = _req(request)
+    caps = caps if caps is not None else MemoryCaps()
+    launches: list[LaunchData] = []
+    entries: list[dict[str, Any]] = []
+    device = None
+    for mode in modes:
+        label = _label(mode)
+        e: dict[str, Any] = {"mode": mode, "label": label, "reused_from": None}
+        try:
+            mspec = spec.replace(offload=mode, offload_components={})
+        except EngineSpecError:
+            e.update({"status": NOT_APPLICABLE, "reason": f"engine kind {spec.kind!r} has no offload modes"})
+            entries.append(e)
+            continue
+        data = None
+        if mode == "none" and reuse is not None:
+            data = reuse_launch(reuse, mspec, req, repeats, label, caps=caps)
+            if data is None and not caps.device_gib and spec.replace(offload_components={}) == spec:
+                auto = spec.replace(offload=None)  # automatic placement without a device cap: none
+                data = reuse_launch(reuse, auto, req, repeats, label, caps=caps)
+            if data is not None:
+                e["reused_from"] = data.launch_row.get("reused_from")
+        if data is None:
+            data = measure_launch(
+                mspec, [req] * repeats, Path(run_dir), label, caps=caps, sample_interval_s=sample_interval_s
+            )
+        launches.append(data)
+        e.update(_entry(data, mode, repeats))
+        device = device or e.get("device")
+        entries.append(e)
+    results: dict[str, Any] = {
+        "modes": entries,
+        "device": device,
+        "warm_tolerance": WARM_TOLERANCE,
+        "order_tolerance": ORDER_TOLERANCE,
+        "reused_launches": [e["label"] for e in entries if e.get("reused_from")],
+    }
+    params = {
+        "spec": spec.to_dict(),
+        "modes": modes,
+        "request": req.payload(),
+        "repeats": repeats,
+        "caps": caps.to_dict(),
+    }
+    return assemble(NAME, launches, params, results, caps=[caps] * len(launches))
+
+
+def _entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
+    """The results entry of one launch (see :func:`offload_modes`)."""
+    lr = data.launch_row
+    df = data.measured()
+    ok = df[df["status"] == "completed"] if not df.empty else df
+    refused = _refusal(data.error)
+    rep = _reported(data)
+    ps, ml = _num(lr.get("process_start_s")), _num(lr.get("models_loaded_s"))
+    e: dict[str, Any] = {
+        "ready_s": _num(lr.get("ready_s")),
+        "process_start_s": ps,
+        "load_s": (ml - ps) if ml is not None and ps is not None else ml,
+        "warmup_s": _num(lr.get("warmup_s")),
+        "n_completed": int(len(ok)),
+        "peak_reserved_mib": _num(ok["peak_reserved_mib"].max()) if len(ok) else None,
+        "peak_allocated_mib": _num(ok["peak_allocated_mib"].max()) if len(ok) else None,
+        "load_peak_mib": _num(lr.get("load_peak_mib")),
+        "host_anon_peak_mib": _num(data.memory["host_anon_mib"].max()) if not data.memory.empty else None,
+        "placement": rep.get("placement") or lr.get("placement"),
+        "offload": rep.get("offload"),
+        "placement_by_component": rep.get("placement_by_component"),
+        "offload_use_stream": rep.get("offload_use_stream"),
+        "device": rep.get("device"),
+        "cold_ms": _num(ok["e2e_ms"].iloc[0]) if len(ok) else None,
+        "warm_ms": _num(np.median(ok["e2e_ms"].iloc[1:])) if len(ok) >= 2 else None,
+    }
+    if refused:
+        e.update({"status": NOT_APPLICABLE, "reason": refused})
+        m = REFUSAL_RE.search(refused)
+        e["device"] = e["device"] or (m.group("device") if m else None)
+    elif len(ok) == repeats and data.error is None:
+        e.update({"status": RAN, "reason": None})
+    else:
+        why = data.error
+        if not why and not df.empty:
+            why = "; ".join(df["error"].dropna().astype(str))
+        e.update({"status": FAILED, "reason": (why or "see the engine log").splitlines()[0][:300]})
+    if e["status"] == RAN:
+        off = e["offload"] or {}
+        e["placement_matches"] = bool(off) and all(v == mode for v in off.values())
+        cold, warm = e["cold_ms"], e["warm_ms"]
+        e["warm_not_slower"] = (
+            bool(warm <= cold * (1 + WARM_TOLERANCE)) if cold is not None and warm is not None else None
+        )
+    else:
+        e["placement_matches"] = None
+        e["warm_not_slower"] = None
+    return e
+
+
+# ------------------------------------------------------------------------------ registry entry
+def run(ctx: RunContext, p: OffloadModesParams) -> ResultBundle:
+    """The registry's ``run``: :func:`offload_modes` (mode ``none`` reuses a session measured
+    earlier in the run when it ran the same spec and request)."""
+    return offload_modes(
+        ctx.engine,
+        modes=list(p.modes),
+        request=ctx.request,
+        repeats=p.repeats,
+        caps=p.caps.to_caps() if p.caps else None,
+        run_dir=ctx.work_dir / NAME,
+        reuse=list(ctx.shared.values()) or None,
+    )
+
+
+def check_bundle(bundle: ResultBundle) -> None:
+    """Raise :class:`ScenarioError` when no mode was measured, or no mode ran although some were
+    applicable (every launch crashed: an engine failure, not a verdict). Modes the device cannot
+    run are results, not errors."""
+    where = f"{NAME} ({bundle.path or 'bundle'})"
+    rows = (bundle.results or {}).get("modes") or []
+    if not rows:
+        raise ScenarioError(f"{where}: no offload mode measured")
+    if not any(r.get("status") == RAN for r in rows):
+        failed = [r for r in rows if r.get("status") == FAILED]
+        if failed:
+            raise ScenarioError(
+                f"{where}: no offload mode ran; "
+                + "; ".join(f"{r.get('mode')}: {r.get('reason')}" for r in failed)
+            )
+
+
+def _mib(v: Any) -> str:
+    x = json_float(v)
+    return "–" if x is None else f"{x:.0f} MiB"
+
+
+def _ms(v: Any) -> str:
+    x = json_float(v)
+    return "–" if x is None else f"{x:.0f} ms"
+
+
+def _placement_text(r: Mapping[str, Any]) -> str:
+    off = r.get("offload") or {}
+    if not off:
+        return r.get("placement") or "–"
+    return f"{r.get('placement')}: " + ", ".join(f"{k}={v}" for k, v in off.items())
+
+
+def _skip(metric: str, why: str) -> Check:
+    return Check(NAME, metric, None, None, None, "skipped", why)
+
+
+def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
+    """Per mode that ran: the engine's placement matches the mode, the warm request is not
+    slower; across modes (GPU): the VRAM / host memory order. A mode that could not run gives a
+    ``skipped`` row with its reason (never a pass); a mode that failed fails its placement row."""
+    rows: list[Check] = []
+    entries = [e for e in (r.get("modes") or []) if isinstance(e, dict)]
+    for key, col in (
+        ("offload_placement_matches", "placement_matches"),
+        ("offload_warm_not_slower", "warm_not_slower"),
+    ):
+        if not inv.get(key):
+            continue
+        if not entries:
+            rows.append(_skip(key, "not measured"))
+            continue
+        for e in entries:
+            metric = f"{col}[{e.get('mode')}]"
+            st = e.get("status")
+            if st == NOT_APPLICABLE:
+                rows.append(_skip(metric, f"not applicable: {e.get('reason')}"))
+            elif st == FAILED:
+                if col == "placement_matches":
+                    rows.append(check_flag(NAME, metric, False, True, f"launch failed: {e.get('reason')}"))
+                else:
+                    rows.append(_skip(metric, f"launch failed: {e.get('reason')}"))
+            else:
+                detail = (
+                    f"asked {e.get('mode')}, engine reports {_placement_text(e)}"
+                    if col == "placement_matches"
+                    else f"cold {_ms(e.get('cold_ms'))}, warm {_ms(e.get('warm_ms'))}, "
+                    f"tolerance {WARM_TOLERANCE:.0%}"
+                )
+                rows.append(check_flag(NAME, metric, e.get(col), True, detail))
+    if inv.get("offload_vram_order"):
+        rows += _order_checks(r, entries)
+    return rows
+
+
+def _order_checks(r: Mapping[str, Any], entries: list[dict[str, Any]]) -> list[Check]:
+    """VRAM none > model >= group-*, host memory none < model <= group-* (pairs of modes that
+    ran, with :data:`ORDER_TOLERANCE` on the non-strict ones); skipped off a GPU or with fewer
+    than two modes that ran."""
+    key = "offload_vram_order"
+    ran = {e["mode"]: e for e in entries if e.get("status") == RAN}
+    dev = str(r.get("device") or "")
+    if not dev.startswith("cuda"):
+        return [_skip(key, f"needs a GPU (device {dev or 'unknown'})")]
+    if len(ran) < 2:
+        return [_skip(key, f"fewer than two modes ran ({', '.join(ran) or 'none'})")]
+    pairs = [("none", "model", True)] + [("model", g, False) for g in ("group-block", "group-leaf")]
+    if "model" not in ran:
+        pairs += [("none", g, True) for g in ("group-block", "group-leaf")]
+    rows = []
+    for hi, lo, strict in pairs:
+        if hi not in ran or lo not in ran:
+            continue
+        for what, col, sign in (("vram", "peak_reserved_mib", 1), ("host", "host_anon_peak_mib", -1)):
+            a, b = json_float(ran[hi].get(col)), json_float(ran[lo].get(col))
+            metric = f"{what}_order[{hi}>{lo}]" if sign > 0 else f"{what}_order[{hi}<{lo}]"
+            if a is None or b is None:
+                rows.append(_skip(metric, f"{col} not measured"))
+                continue
+            big, small = (a, b) if sign > 0 else (b, a)
+            ok = big > small if strict else big >= small * (1 - ORDER_TOLERANCE)
+            rel = ">" if strict else f">= (within {ORDER_TOLERANCE:.0%})"
+            rows.append(
+                Check(
+                    NAME,
+                    metric,
+                    None,
+                    big - small,
+                    0.0,
+                    "pass" if ok else "fail",
+                    f"{col}: {hi} {_mib(a)}, {lo} {_mib(b)}; needs {'the first' if sign > 0 else 'the second'} {rel}",
+                )
+            )
+    return rows or [_skip(key, "no pair of ordered modes ran")]
+
+
+def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
+    """Per mode: ran (warm e2e ms, peak reserved MiB, host peak MiB) or not applicable."""
+    out = []
+    for e in r.get("modes") or []:
+        st = e.get("status")
+        if st == RAN:
+            text = (
+                f"warm {_ms(e.get('warm_ms'))}, peak reserved {_mib(e.get('peak_reserved_mib'))}, "
+                f"host peak {_mib(e.get('host_anon_peak_mib'))}"
+            )
+        else:
+            why = str(e.get("reason") or "")
+            m = REFUSAL_RE.search(why)
+            short = f"needs an accelerator; device is {m.group('device')}" if m else why[:80]
+            text = f"{st}" + (f" ({short})" if short else "")
+        out.append(KeyNumber(f"offload {e.get('mode')}", text))
+    return out
+
+
+SUMMARY_COLUMNS = [
+    "mode",
+    "status",
+    "reason",
+    "ready_s",
+    "process_start_s",
+    "load_s",
+    "warmup_s",
+    "cold_ms",
+    "warm_ms",
+    "peak_reserved_mib",
+    "peak_allocated_mib",
+    "host_anon_peak_mib",
+    "placement",
+]
+
+
+def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per mode with :data:`SUMMARY_COLUMNS`: ran / not applicable / failed and why,
+    the cold start and its parts (s), cold and warm e2e (ms), peak VRAM reserved/allocated (MiB),
+    host memory peak (MiB), the placement the engine reported (summary: component=mode)."""
+    rows = []
+    for e in r.get("modes") or []:
+        row = {c: e.get(c) for c in SUMMARY_COLUMNS}
+        row["placement"] = _placement_text(e) if e.get("status") == RAN else (e.get("placement") or "–")
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    for c in SUMMARY_COLUMNS[3:-1]:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df
+
+
+def reading(r: Mapping[str, Any]) -> str:
+    """One line per mode (times in ms and s, memory in MiB), then what the order says."""
+    out = []
+    for e in r.get("modes") or []:
+        st = e.get("status")
+        if st == RAN:
+            ready = json_float(e.get("ready_s"))
+            out.append(
+                f"- **{e.get('mode')}**: ran; ready in "
+                + ("–" if ready is None else f"{ready:.1f} s")
+                + f", cold {_ms(e.get('cold_ms'))}, warm {_ms(e.get('warm_ms'))}; peak reserved "
+                f"{_mib(e.get('peak_reserved_mib'))}, host peak {_mib(e.get('host_anon_peak_mib'))}; "
+                f"engine reports {_placement_text(e)}"
+                + (f" (launch reused from {e.get('reused_from')})" if e.get("reused_from") else "")
+                + "."
+            )
+        else:
+            out.append(f"- **{e.get('mode')}**: {st} ({e.get('reason') or '–'}).")
+    out.append("")
+    dev = str(r.get("device") or "")
+    if dev.startswith("cuda"):
+        out.append(
+            "Offloading trades device memory for host memory and transfer time: expect peak VRAM "
+            "none > model ≥ group, host memory in the reverse order, and warm latency growing "
+            "from none to group-leaf."
+        )
+    else:
+        out.append(
+            f"Device {dev or 'unknown'}: only `none` can run (offload moves weights between host "
+            "and an accelerator), so there is no memory order to judge here."
+        )
+    return "\n".join(out)
+
+
+def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
+    """One case per mode that ran, suffix ``_offload-<mode>``; an uncovered cold request is
+    left out as in the other investigations."""
+    out: dict[str, ResultBundle] = {}
+    if bundle.requests.empty:
+        return out
+    for e in (bundle.results or {}).get("modes") or []:
+        if e.get("status") != RAN:
+            continue
+        la = e.get("label") or _label(e.get("mode"))
+        sb = sub_bundle(bundle, launch=la)
+        if sb.measured_requests().empty:
+            continue
+        sb = sub_bundle(bundle, launch=la, skip_first=not cold_request_covered(sb))
+        if not sb.measured_requests().empty:
+            out[case_id(suffix=f"_offload-{e.get('mode')}")] = sb
+    return out
+
+
+SCENARIO = register(
+    Scenario(
+        order=40,
+        name=NAME,
+        title="Offload modes",
+        question="What does each offload mode (none, model, group-block, group-leaf) cost in "
+        "latency and save in device memory, and what does it move to the host?",
+        params_model=OffloadModesParams,
+        invariants_model=OffloadModesInvariants,
+        run=run,
+        check_bundle=check_bundle,
+        checks=checks,
+        key_numbers=key_numbers,
+        summary_table=summary_table,
+        reading=reading,
+        cases=cases,
+    )
+)
