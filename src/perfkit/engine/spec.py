@@ -79,6 +79,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from perfkit.common.presets import PRESET_NAMES
+
 __all__ = [
     "AnyEngineSpec",
     "CommandEngine",
@@ -385,15 +387,17 @@ class ReferenceEngine(_ServingEngine):
 
     kind: Literal["reference"] = "reference"
     preset: str = Field("tiny", min_length=1)
-    compile_backend: str = Field("inductor", min_length=1)
+    #: torch.compile backends the reference engine is run with (torch._dynamo.list_backends()
+    #: holds more; these are the ones that work without extra packages)
+    compile_backend: Literal["inductor", "aot_eager", "eager", "cudagraphs"] = "inductor"
     compile_vae: bool = False
     two_stage: bool = False
     warmup_mode: Optional[Literal["off", "server"]] = None
     height: Optional[int] = Field(None, ge=1)
     width: Optional[int] = Field(None, ge=1)
     steps: Optional[int] = Field(None, ge=1)
-    dtype: Optional[str] = Field(None, min_length=1)
-    device: Optional[str] = Field(None, min_length=1)
+    dtype: Optional[Literal["auto", "float32", "bfloat16", "float16"]] = None
+    device: Optional[str] = Field(None, pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     keep_outputs: bool = False
     debug_leak_mib: int = Field(0, ge=0)
     max_frames: Optional[int] = Field(None, ge=1)
@@ -408,6 +412,17 @@ class ReferenceEngine(_ServingEngine):
         if v == "request":
             raise ValueError("'request' is only supported by kind 'sglang'")
         return v
+
+    @model_validator(mode="after")
+    def _known_preset(self) -> ReferenceEngine:
+        # the engine refuses an unknown preset only after it started: refuse it here
+        if self.model_path is None and self.preset not in PRESET_NAMES:
+            raise _cross_field(
+                "preset",
+                f"{self.preset!r} is not a preset of the reference engine; known: "
+                f"{', '.join(PRESET_NAMES)} (or set model_path)",
+            )
+        return self
 
     def check(self) -> None:
         """A ``model_path`` that is not a hub id must exist (FileNotFoundError)."""
