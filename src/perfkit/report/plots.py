@@ -550,7 +550,11 @@ def memory_timeline(
         ax_dev.set_ylabel("device memory (MiB)")
         ax_dev.set_title(title or "Memory timeline: device and host (MiB) with request spans")
         _cap_line(ax_dev, caps.get("device_cap_gib"), "device cap", "cap:device")
-    host_drew = _series(ax_host, "host_rss_mib", "host RSS")
+    # PSS of the engine's process tree is what the host cap is judged on (shared pages counted
+    # once); RSS summed over the tree counts them once per process, anon leaves pinned pages out
+    host_drew = _series(ax_host, "host_pss_mib", "host PSS (tree)")
+    host_drew |= _series(ax_host, "cgroup_current_mib", "cgroup memory.current", ls="-.")
+    host_drew |= _series(ax_host, "host_rss_mib", "host RSS", ls=":")
     host_drew |= _series(ax_host, "host_anon_mib", "host anon", ls="--")
     _cap_line(ax_host, caps.get("host_cap_gib"), "host cap", "cap:host")
     ax_host.set_ylabel("host memory (MiB)")

@@ -148,7 +148,7 @@ class Scenario:
         cases: ``(bundle, case_id) -> {case id: sub-bundle}`` for this run's baseline.json.
         template: section template under ``perfkit/report/templates/``.
         order: run order, lower first (cold_warm 10, warmup_shapes 20, memory_budget 30,
-            overhead 90); ties run by name.
+            offload_modes 40, overhead 90); ties run by name.
         notebook: notebook file name under ``notebooks/``.
     """
 
