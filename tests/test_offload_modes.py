@@ -134,7 +134,7 @@ def test_cpu_run_gives_one_row_per_mode_none_ran_others_not_applicable(all_modes
     assert none["status"] == "ran" and none["reason"] is None
     assert none["offload"] == {"text_encoder": "none", "transformer": "none", "vae": "none"}
     assert none["placement"] == "cpu" and none["placement_matches"] is True
-    assert none["cold_ms"] > 0 and none["warm_ms"] > 0 and none["host_anon_peak_mib"] > 0
+    assert none["cold_ms"] > 0 and none["warm_ms"] > 0 and none["host_pss_peak_mib"] > 0
     assert none["reused_from"] and r["reused_launches"] == ["offload-none"]
     for mode in ACCEL:
         e = rows[mode]
@@ -183,7 +183,7 @@ def _gpu(**over):
             "label": f"offload-{mode}",
             "status": "ran",
             "peak_reserved_mib": vram,
-            "host_anon_peak_mib": host,
+            "host_pss_peak_mib": host,
             "cold_ms": 120.0,
             "warm_ms": warm,
             "offload": {"transformer": mode},

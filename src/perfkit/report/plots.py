@@ -730,7 +730,7 @@ def offload_memory_latency(modes: pd.DataFrame, *, title: str | None = None) -> 
 
     Args:
         modes: one row per mode with ``mode``, ``status`` (``ran`` / ``not applicable`` /
-            ``failed``), ``peak_reserved_mib``, ``host_anon_peak_mib``, ``warm_ms`` (the offload
+            ``failed``), ``peak_reserved_mib``, ``host_pss_peak_mib``, ``warm_ms`` (the offload
             investigation's summary table).
         title: figure title.
 
@@ -753,10 +753,10 @@ def offload_memory_latency(modes: pd.DataFrame, *, title: str | None = None) -> 
             return [math.nan] * len(modes)
         return [float(v) if _finite(v) else math.nan for v in pd.to_numeric(modes[name], errors="coerce")]
 
-    dev, host, warm = col("peak_reserved_mib"), col("host_anon_peak_mib"), col("warm_ms")
+    dev, host, warm = col("peak_reserved_mib"), col("host_pss_peak_mib"), col("warm_ms")
     w = 0.38
     ax_mem.bar(x - w / 2, np.nan_to_num(dev), w, label="device peak reserved", color="tab:blue")
-    ax_mem.bar(x + w / 2, np.nan_to_num(host), w, label="host memory peak (anon)", color="tab:orange")
+    ax_mem.bar(x + w / 2, np.nan_to_num(host), w, label="host PSS peak (engine tree)", color="tab:orange")
     ax_lat.bar(x, np.nan_to_num(warm), 0.6, color="tab:green", label="warm e2e")
     top_mem = max([v for v in dev + host if _finite(v)] or [1.0])
     top_lat = max([v for v in warm if _finite(v)] or [1.0])

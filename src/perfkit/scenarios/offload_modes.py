@@ -154,7 +154,8 @@ def offload_modes(
         ``label``, ``status`` (ran / not applicable / failed), ``reason``, ``ready_s``,
         ``process_start_s``, ``load_s``, ``warmup_s`` (cold start and its parts, s),
         ``cold_ms``, ``warm_ms`` (e2e, ms), ``peak_reserved_mib``, ``peak_allocated_mib``
-        (device, MiB), ``host_anon_peak_mib`` (sampler, MiB), ``placement`` (the engine's
+        (device, MiB), ``host_pss_peak_mib`` (PSS of the engine's tree, MiB; ``host_anon_peak_mib``
+        beside it), ``cgroup_peak_mib``, ``placement`` (the engine's
         summary), ``offload`` (component -> mode reported), ``placement_by_component``,
         ``placement_matches``, ``warm_not_slower``, ``reused_from``; ``device``: the engine's.
 
@@ -232,6 +233,10 @@ def _entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
         "peak_allocated_mib": _num(ok["peak_allocated_mib"].max()) if len(ok) else None,
         "load_peak_mib": _num(lr.get("load_peak_mib")),
         "host_anon_peak_mib": _num(data.memory["host_anon_mib"].max()) if not data.memory.empty else None,
+        # the host figure the checks use: PSS of the engine's tree (pinned offload buffers are
+        # resident and mapped, so they count here; anon RSS leaves them out)
+        "host_pss_peak_mib": _peak(data.memory, "host_pss_mib", lr.get("host_pss_peak_mib")),
+        "cgroup_peak_mib": _num(lr.get("cgroup_peak_mib")),
         "placement": rep.get("placement") or lr.get("placement"),
         "offload": rep.get("offload"),
         "placement_by_component": rep.get("placement_by_component"),
@@ -262,6 +267,16 @@ def _entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
         e["placement_matches"] = None
         e["warm_not_slower"] = None
     return e
+
+
+def _peak(memory: pd.DataFrame, col: str, launch_peak: Any) -> float | None:
+    """The larger of a memory column's sampled maximum and the launch row's peak (MiB); None
+    when neither was measured (never 0)."""
+    vals = [json_float(launch_peak)]
+    if not memory.empty and col in memory:
+        vals.append(json_float(pd.to_numeric(memory[col], errors="coerce").max()))
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None
 
 
 # ------------------------------------------------------------------------------ registry entry
@@ -373,7 +388,7 @@ def _order_checks(r: Mapping[str, Any], entries: list[dict[str, Any]]) -> list[C
     for hi, lo, strict in pairs:
         if hi not in ran or lo not in ran:
             continue
-        for what, col, sign in (("vram", "peak_reserved_mib", 1), ("host", "host_anon_peak_mib", -1)):
+        for what, col, sign in (("vram", "peak_reserved_mib", 1), ("host", "host_pss_peak_mib", -1)):
             a, b = json_float(ran[hi].get(col)), json_float(ran[lo].get(col))
             metric = f"{what}_order[{hi}>{lo}]" if sign > 0 else f"{what}_order[{hi}<{lo}]"
             if a is None or b is None:
@@ -404,7 +419,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
         if st == RAN:
             text = (
                 f"warm {_ms(e.get('warm_ms'))}, peak reserved {_mib(e.get('peak_reserved_mib'))}, "
-                f"host peak {_mib(e.get('host_anon_peak_mib'))}"
+                f"host PSS peak {_mib(e.get('host_pss_peak_mib'))}"
             )
         else:
             why = str(e.get("reason") or "")
@@ -427,6 +442,8 @@ SUMMARY_COLUMNS = [
     "warm_ms",
     "peak_reserved_mib",
     "peak_allocated_mib",
+    "host_pss_peak_mib",
+    "cgroup_peak_mib",
     "host_anon_peak_mib",
     "placement",
 ]
@@ -458,7 +475,7 @@ def reading(r: Mapping[str, Any]) -> str:
                 f"- **{e.get('mode')}**: ran; ready in "
                 + ("–" if ready is None else f"{ready:.1f} s")
                 + f", cold {_ms(e.get('cold_ms'))}, warm {_ms(e.get('warm_ms'))}; peak reserved "
-                f"{_mib(e.get('peak_reserved_mib'))}, host peak {_mib(e.get('host_anon_peak_mib'))}; "
+                f"{_mib(e.get('peak_reserved_mib'))}, host PSS peak {_mib(e.get('host_pss_peak_mib'))}; "
                 f"engine reports {_placement_text(e)}"
                 + (f" (launch reused from {e.get('reused_from')})" if e.get("reused_from") else "")
                 + "."
