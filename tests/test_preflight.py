@@ -170,7 +170,7 @@ def test_compare_with_no_common_case_is_an_error(gated_run):
         "'ci-cpu-2core'): nothing compared"
     )
     assert msg in proc.stdout and "compare: ERROR: nothing compared" in proc.stdout
-    assert "warning" in proc.stderr and "'NVIDIA H200'" in proc.stderr and "'ci-cpu-2core'" in proc.stderr
+    assert "error" in proc.stderr and "'NVIDIA H200'" in proc.stderr and "'ci-cpu-2core'" in proc.stderr
 
 
 def test_compare_other_hardware_with_common_cases_warns(gated_run, tmp_path):
@@ -216,7 +216,10 @@ def test_reference_engine_pixel_rule():
 
 def test_reference_engine_preset_must_be_known():
     msg = _err({"name": "x", "engine": {"preset": "ltx-13b"}})
-    assert "engine.preset: unknown preset 'ltx-13b'" in msg and "known: tiny, ltx-2b" in msg
+    assert (
+        "engine.preset: 'ltx-13b' is not a preset of the reference engine" in msg
+        and "known: tiny, ltx-2b" in msg
+    )
     parse_params({"name": "x", "engine": {"preset": "mine", "model_path": "/models/mine"}})
 
 

@@ -127,7 +127,7 @@ def cmd_suite(a: SimpleNamespace) -> int:
 
 
 def cmd_run(a: SimpleNamespace) -> int:
-    from perfkit.suite import default_out, execute_notebook
+    from perfkit.suite import default_out, execute_notebook, outputs_base
 
     nb = Path(a.notebook)
     if not nb.exists():
@@ -167,7 +167,14 @@ def cmd_run(a: SimpleNamespace) -> int:
             top = top.parent
         created = not run_dir.exists()
     else:  # a new outputs/<notebook>/<timestamp>/, made (empty) by default_out
-        run_dir = top = default_out(nb.stem).resolve()
+        base = outputs_base(nb.stem).resolve()
+        top = None
+        if not base.exists():  # remove what this run creates, outputs/ included, if nothing ran
+            top = base
+            while not top.parent.exists():
+                top = top.parent
+        run_dir = default_out(nb.stem).resolve()
+        top = top or run_dir
         created = True
     params["run_dir"] = str(run_dir)
     out = Path(a.out) if a.out else run_dir / "notebooks" / nb.name

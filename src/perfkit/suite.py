@@ -337,10 +337,15 @@ class SuiteResult:
 LATEST = "latest"
 
 
+def outputs_base(name: str) -> Path:
+    """``outputs/<name>`` (slugged): where the runs of one params file or notebook land."""
+    return Path("outputs") / slug(name)
+
+
 def default_out(name: str) -> Path:
     """A new run directory ``outputs/<name>/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``... when that
     second is taken): runs never overwrite each other."""
-    base = Path("outputs") / slug(name)
+    base = outputs_base(name)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     base.mkdir(parents=True, exist_ok=True)
     run_dir, n = base / stamp, 1

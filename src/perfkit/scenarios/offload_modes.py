@@ -377,6 +377,8 @@ def _order_checks(r: Mapping[str, Any], entries: list[dict[str, Any]]) -> list[C
     key = "offload_vram_order"
     ran = {e["mode"]: e for e in entries if e.get("status") == RAN}
     dev = str(r.get("device") or "")
+    if not entries:
+        return [_skip(key, "not measured")]
     if not dev.startswith("cuda"):
         return [_skip(key, f"needs a GPU (device {dev or 'unknown'})")]
     if len(ran) < 2:
