@@ -61,11 +61,14 @@ OffloadMode = Literal["none", "model", "group-block", "group-leaf"]
 
 
 class OffloadModesParams(ScenarioParams):
-    """``offload_modes`` section: one launch per mode, ``repeats`` requests each."""
+    """``offload_modes`` section: one launch per mode, ``repeats`` requests each. Off unless a
+    params file enables it: the modes are the reference engine's ``--offload`` flags."""
+
+    enabled: bool = False
 
     #: offload modes to measure, one launch each (--offload MODE for every component)
     modes: list[OffloadMode] = Field(default_factory=lambda: list(OFFLOAD_MODES), min_length=1)
-    #: requests per launch (the first is the cold request; >= 2 so there is a warm one)
+    #: requests per launch: the first is the cold request, at least 2 so there is a warm one
     repeats: int = Field(2, ge=2, le=1000)
     #: one memory budget for every launch (None: no caps)
     caps: Optional[CapParams] = None
