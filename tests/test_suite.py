@@ -368,6 +368,8 @@ def test_runs_without_out_never_overwrite_each_other(tmp_path):
                 str(rec),
                 "--no-screenshot",
                 "-q",
+                "--only",
+                "cold_warm",  # one investigation + the gate: the run layout is what is tested
             ],
             capture_output=True,
             text=True,
