@@ -115,6 +115,19 @@ def test_missing_params_file_is_named(tmp_path):
         assert f"params file not found: {missing}" in proc.stderr, proc.stderr
 
 
+def test_engine_options_all_have_help():
+    import argparse
+
+    from perfkit.refengine.cli import build_parser
+
+    parser = build_parser()
+    for action in parser._actions:
+        if action.help == argparse.SUPPRESS:
+            continue
+        assert (action.help or "").strip(), f"perfkit engine serve {action.option_strings}: no help"
+    assert parser.prog == "perfkit engine serve" and "Exit codes" in (parser.epilog or "")
+
+
 def test_engine_serve_forwards_to_refengine():
     proc = perfkit("engine", "serve", "--help")
     assert proc.returncode == 0, proc.stderr

@@ -53,12 +53,16 @@ def sglang_perf_log_dir(environ=None) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m perfkit.refengine",
-        description="perfkit reference engine: LTX-Video (diffusers) over HTTP",
+        prog="perfkit engine serve",
+        description="perfkit reference engine: LTX-Video (diffusers) over HTTP "
+        "(also: python -m perfkit.refengine)",
+        epilog="Example: perfkit engine serve --preset tiny --port 8000. Exit codes: 0 stopped "
+        "cleanly, 2 bad arguments or a refused configuration (unknown preset, an accelerator "
+        "offload mode on a CPU device), other non-zero: the engine failed.",
     )
     p.add_argument("--preset", default="tiny", help="model preset: tiny | ltx-2b (default tiny)")
     p.add_argument("--model-path", default=None, help="local diffusers-format checkpoint directory")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as a mark)")
     p.add_argument(
         "--perf-log-dir",
@@ -75,11 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="torch.compile the transformer (dynamic=False)",
     )
-    p.add_argument("--compile-backend", default="inductor")
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend: inductor | aot_eager | eager | cudagraphs",
+    )
     p.add_argument("--compile-vae", action="store_true", help="also compile the VAE decoder")
     p.add_argument("--recompile-limit", type=int, default=None, help="torch._dynamo recompile limit")
     p.add_argument("--two-stage", action="store_true", help="half-res pass + UpsampleStage + RefinementStage")
-    p.add_argument("--refine-steps", type=int, default=2)
+    p.add_argument(
+        "--refine-steps", type=int, default=2, help="RefinementStage steps of the two-stage pipeline"
+    )
     p.add_argument(
         "--warmup-frames",
         "--warmup-num-frames",
@@ -93,12 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="sglang's flag: off disables the startup warmup, server keeps it",
     )
-    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument(
+        "--warmup-steps", type=int, default=2, help="denoising steps of the startup warmup (sglang: 2)"
+    )
     p.add_argument("--warmup-resolution", type=_resolution, default=None, help="HEIGHTxWIDTH")
     p.add_argument("--height", type=int, default=None, help="serving default height (px)")
     p.add_argument("--width", type=int, default=None, help="serving default width (px)")
     p.add_argument("--steps", type=int, default=None, help="serving default num_inference_steps")
-    p.add_argument("--max-frames", type=int, default=257)
+    p.add_argument(
+        "--max-frames", type=int, default=257, help="requests with more frames get a 400 (default 257)"
+    )
     p.add_argument(
         "--num-gpus",
         type=int,
@@ -148,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
     p.add_argument("--keep-outputs", action="store_true", help="save generated frames as .npy")
     p.add_argument("--debug-leak-mib", type=int, default=0, help="TEST ONLY: leak this many MiB per request")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="logging level: DEBUG | INFO | WARNING | ERROR")
     return p
 
 
