@@ -507,3 +507,19 @@ def test_invariant_ratio_computed_when_absent():
     res = {"cold_warm": {"cold_ms": 1000.0, "warm_median_ms": 1200.0}}
     df = check_table(registry.checks_for(res, {"warm_cold_ratio_max": 1.0}))
     assert df.iloc[0]["status"] == "fail" and df.iloc[0]["actual"] == pytest.approx(1.2)
+
+
+def test_notes_only_baseline_case_is_not_a_hollow_pass(doc):
+    """A case present in the run and in the baseline must compare something: a baseline entry
+    holding only notes fails, naming the case (issue 17: no hollow pass)."""
+    case = "wan2_1_t2v_1.3b"
+    run = run_from(doc, case)
+    notes_only = copy.deepcopy(doc)
+    notes_only["scenarios"][case] = {"notes": "to be measured"}
+    for key in bl.TOP_LEVEL_CASE_MAPS:  # the 5090 file also keys VRAM peaks by case at top level
+        (notes_only.get(key) or {}).pop(case, None)
+    df = check_table(bl.compare(run, notes_only))
+    fails = df[df["status"] == "fail"]
+    assert list(fails["case"]) == [case] and list(fails["metric"]) == ["metrics compared"]
+    assert "holds no metric" in fails["reason"].iloc[0]
+    assert overall_status(df) == "fail"

@@ -816,6 +816,7 @@ def compare(
                 )
             )
             continue
+        first = len(rows)
         for metric, exp in expected.items():
             act = actual.get(metric)
             tol, pad, rule = _metric_rule(metric, tols, classify, video)
@@ -889,6 +890,14 @@ def compare(
                 )
             else:
                 rows.append(Check(case, metric, exp, act, b, "pass", rule_txt))
+        if not any(r.status in ("pass", "fail", "improved") for r in rows[first:]):
+            # no hollow pass: a case present on both sides must compare something
+            why = "its baseline entry holds no metric" if not expected else "every metric was skipped"
+            rows.append(
+                Check(
+                    case, "metrics compared", None, 0, None, "fail", f"nothing compared for this case: {why}"
+                )
+            )
         for metric in actual:
             if metric not in expected and actual[metric] is not None:
                 status = "fail" if strict else "new"
