@@ -409,6 +409,15 @@ def cold_request_covered(bundle: ResultBundle) -> bool:
     return str(first.iloc[0]) in {str(x) for x in warm}
 
 
+def steady_state(bundle: ResultBundle, *, launch: Any = None, num_frames: int | None = None) -> ResultBundle:
+    """The slice of ``bundle`` a baseline case holds: one launch and/or request shape
+    (:func:`sub_bundle`), without the first measured request when it was not covered by the
+    startup warmup (:func:`cold_request_covered`: its shape setup is the investigations' finding,
+    gated by their checks, not the steady state)."""
+    sel = sub_bundle(bundle, launch=launch, num_frames=num_frames)
+    return sub_bundle(sel, skip_first=not cold_request_covered(sel))
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", name)
 

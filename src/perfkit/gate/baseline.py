@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
 
-from perfkit.bundle import ResultBundle
+from perfkit.bundle import ResultBundle, steady_state
 from perfkit.checks import Check
 from perfkit.readings.stages import baseline_class as _baseline_class
 
@@ -996,8 +996,6 @@ def update_baseline(
     Returns:
         The document written.
     """
-    from perfkit.bundle import cold_request_covered, sub_bundle
-
     bundle = ResultBundle.load(bundle_dir)
     launches = [str(x) for x in bundle.launches.get("launch", [])] if not bundle.launches.empty else []
     if launch is None and len(launches) > 1:
@@ -1006,8 +1004,7 @@ def update_baseline(
         )
     if launch is not None and launches and launch not in launches:
         raise ValueError(f"{bundle_dir}: no launch {launch!r} (has {', '.join(launches)})")
-    sel = sub_bundle(bundle, launch=launch, num_frames=num_frames)
-    sel = sub_bundle(sel, skip_first=not cold_request_covered(sel))
+    sel = steady_state(bundle, launch=launch, num_frames=num_frames)
     path = Path(baseline_file)
     if path.exists():
         doc = load_baseline(path)

@@ -18,12 +18,12 @@ import pandas as pd
 from pydantic import Field
 
 from perfkit import stats
-from perfkit.bundle import ResultBundle, cold_request_covered, sub_bundle
+from perfkit.bundle import ResultBundle, steady_state
 from perfkit.checks import Check, check_max, check_min, number
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.scenarios.common import assemble, json_float, measure_launch, stage_penalty
+from perfkit.scenarios.common import assemble, fmt, json_float, measure_launch, stage_penalty
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -259,17 +259,12 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
         ("cold request (ms)", r.get("cold_ms")),
         ("warm median (ms)", r.get("warm_median_ms")),
         ("warm/cold ratio", r.get("warm_cold_ratio")),
-        ("warm/cold ratio 95% CI", f"{_f(ci[0], '.3f')}..{_f(ci[1], '.3f')}"),
+        ("warm/cold ratio 95% CI", f"{fmt(ci[0], '.3f')}..{fmt(ci[1], '.3f')}"),
         ("first-request penalty stage", r.get("penalty_stage")),
     ]
     for st, ms in (r.get("penalty_ms") or {}).items():
         rows.append((f"penalty {st} (ms)", ms))
     return pd.DataFrame(rows, columns=["metric", "value"])
-
-
-def _f(v: Any, fmt: str = ".0f", unit: str = "") -> str:
-    x = number(v)
-    return "–" if x is None else f"{x:{fmt}}{unit}"
 
 
 def reading(r: Mapping[str, Any]) -> str:
@@ -280,17 +275,17 @@ def reading(r: Mapping[str, Any]) -> str:
     stage = r.get("penalty_stage")
     ratio = number(r.get("warm_cold_ratio"))
     lines = [
-        f"**Cold start** took {_f(cs.get('ready_s'), '.1f', ' s')} until ready "
-        f"(process start {_f(cs.get('process_start_s'), '.1f', ' s')}, models loaded "
-        f"{_f(cs.get('models_loaded_s'), '.1f', ' s')}, startup warmup "
-        f"{_f(cs.get('warmup_s'), '.1f', ' s')}).",
-        f"The **cold request** took {_f(r.get('cold_ms'), '.0f', ' ms')}; the **warm** "
-        f"median is {_f(r.get('warm_median_ms'), '.0f', ' ms')}: warm/cold ratio "
-        f"{_f(ratio, '.2f')} (95% CI {_f(ci[0], '.2f')}..{_f(ci[1], '.2f')}).",
+        f"**Cold start** took {fmt(cs.get('ready_s'), '.1f', ' s')} until ready "
+        f"(process start {fmt(cs.get('process_start_s'), '.1f', ' s')}, models loaded "
+        f"{fmt(cs.get('models_loaded_s'), '.1f', ' s')}, startup warmup "
+        f"{fmt(cs.get('warmup_s'), '.1f', ' s')}).",
+        f"The **cold request** took {fmt(r.get('cold_ms'), '.0f', ' ms')}; the **warm** "
+        f"median is {fmt(r.get('warm_median_ms'), '.0f', ' ms')}: warm/cold ratio "
+        f"{fmt(ratio, '.2f')} (95% CI {fmt(ci[0], '.2f')}..{fmt(ci[1], '.2f')}).",
     ]
     if stage:
         lines.append(
-            f"The **first-request penalty** sits mostly in `{stage}` ({_f(pen.get(stage), '.0f', ' ms')})."
+            f"The **first-request penalty** sits mostly in `{stage}` ({fmt(pen.get(stage), '.0f', ' ms')})."
         )
     if ratio is not None and ratio > 1.0:
         lines.append(
@@ -303,7 +298,7 @@ def reading(r: Mapping[str, Any]) -> str:
     if measured:
         lines.append(
             "Leak checks measured: "
-            + ", ".join(f"`{c['name']}` = {_f(c.get('value'), '.3g')}" for c in measured)
+            + ", ".join(f"`{c['name']}` = {fmt(c.get('value'), '.3g')}" for c in measured)
             + " (judged against the invariants in the gate table)."
         )
     if unmeasured:
@@ -321,7 +316,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     finding, gated by the invariants, not the steady state a baseline holds)."""
     if bundle.measured_requests().empty:
         return {}
-    return {case_id(): sub_bundle(bundle, skip_first=not cold_request_covered(bundle))}
+    return {case_id(): steady_state(bundle)}
 
 
 SCENARIO = register(

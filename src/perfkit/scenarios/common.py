@@ -364,6 +364,25 @@ def slug(s: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "", str(s).replace(" + ", "-").replace(" ", "")) or "x"
 
 
+def fmt(v: Any, spec: str = ".0f", unit: str = "", missing: str = "–") -> str:
+    """A number for a reading or a check reason: ``fmt(954.2, ".0f", " ms")`` -> ``"954 ms"``;
+    ``missing`` ("–") when not measured (None, NaN, not a number), never 0."""
+    x = json_float(v)
+    return missing if x is None else f"{x:{spec}}{unit}"
+
+
+def pick_columns(
+    df: pd.DataFrame, columns: Iterable[str], sparse: Iterable[str] = ("error",)
+) -> pd.DataFrame:
+    """The listed ``columns`` that ``df`` has, in that order; a ``sparse`` column (an error, a
+    clamp) only when some row has a value. The full rows stay in results.json."""
+    if df.empty:
+        return df
+    keep = [c for c in columns if c in df.columns]
+    keep = [c for c in keep if c not in set(sparse) or not df[c].isna().all()]
+    return df[keep]
+
+
 def json_float(x: Any) -> float | None:
     """float or None for NaN/None (results.json must be valid JSON)."""
     try:

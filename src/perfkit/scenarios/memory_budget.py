@@ -18,8 +18,7 @@ from pydantic import Field, model_validator
 from perfkit.bundle import (
     ResultBundle,
     _gpu_info,
-    cold_request_covered,
-    sub_bundle,
+    steady_state,
     table_rows,
     upgrade_results,
 )
@@ -27,7 +26,15 @@ from perfkit.checks import Check, check_flag
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.scenarios.common import assemble, json_float, measure_launch, reuse_launch, slug
+from perfkit.scenarios.common import (
+    assemble,
+    fmt,
+    json_float,
+    measure_launch,
+    pick_columns,
+    reuse_launch,
+    slug,
+)
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -367,13 +374,11 @@ def _current(r: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _gib(v: Any) -> str:
-    x = json_float(v)
-    return "none" if x is None else f"{x:g} GiB"
+    return fmt(v, "g", " GiB", missing="none")  # a cap that is not set: no cap
 
 
 def _mib(v: Any) -> str:
-    x = json_float(v)
-    return "–" if x is None else f"{x:.0f} MiB"
+    return fmt(v, ".0f", " MiB")
 
 
 def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
@@ -421,15 +426,12 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     """One row per budget with :data:`SUMMARY_COLUMNS` that exist (memory in MiB, caps in GiB,
     times in ms); ``error``, ``host_cap_clamp`` and ``cgroup_peak_mib`` only when some budget
     has one."""
-    df = pd.DataFrame(_current(r).get("caps") or [])
-    if df.empty:
-        return df
-    keep = [c for c in SUMMARY_COLUMNS if c in df.columns]
     # shown only where there is something: an error, a clamp, a cgroup of the engine's own
-    for c in ("error", "host_cap_clamp", "cgroup_peak_mib"):
-        if c in keep and df[c].isna().all():
-            keep.remove(c)
-    return df[keep]
+    return pick_columns(
+        pd.DataFrame(_current(r).get("caps") or []),
+        SUMMARY_COLUMNS,
+        sparse=("error", "host_cap_clamp", "cgroup_peak_mib"),
+    )
 
 
 def reading(r: Mapping[str, Any]) -> str:
@@ -470,8 +472,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     for row in rows:
         la = row.get("launch")
         label = row.get("cap_label") or row.get("label") or la or "unlimited"
-        sb = sub_bundle(bundle, launch=la)
-        sb = sub_bundle(bundle, launch=la, skip_first=not cold_request_covered(sb))
+        sb = steady_state(bundle, launch=la)
         if not sb.measured_requests().empty:
             out[case_id(suffix=f"_cap-{slug(label)}")] = sb
     return out

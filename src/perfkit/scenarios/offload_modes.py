@@ -26,12 +26,12 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
 
-from perfkit.bundle import ResultBundle, cold_request_covered, sub_bundle
+from perfkit.bundle import ResultBundle, steady_state
 from perfkit.checks import Check, check_flag
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
-from perfkit.scenarios.common import LaunchData, assemble, json_float, measure_launch, reuse_launch
+from perfkit.scenarios.common import LaunchData, assemble, fmt, json_float, measure_launch, reuse_launch
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -315,13 +315,11 @@ def check_bundle(bundle: ResultBundle) -> None:
 
 
 def _mib(v: Any) -> str:
-    x = json_float(v)
-    return "–" if x is None else f"{x:.0f} MiB"
+    return fmt(v, ".0f", " MiB")
 
 
 def _ms(v: Any) -> str:
-    x = json_float(v)
-    return "–" if x is None else f"{x:.0f} ms"
+    return fmt(v, ".0f", " ms")
 
 
 def _placement_text(r: Mapping[str, Any]) -> str:
@@ -513,10 +511,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
         if e.get("status") != RAN:
             continue
         la = e.get("label") or _label(e.get("mode"))
-        sb = sub_bundle(bundle, launch=la)
-        if sb.measured_requests().empty:
-            continue
-        sb = sub_bundle(bundle, launch=la, skip_first=not cold_request_covered(sb))
+        sb = steady_state(bundle, launch=la)
         if not sb.measured_requests().empty:
             out[case_id(suffix=f"_offload-{e.get('mode')}")] = sb
     return out

@@ -24,7 +24,15 @@ from perfkit.checks import Check, check_max, number
 from perfkit.common.frames import latent_frames
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.scenarios.common import assemble, json_float, measure_launch, reuse_launch, stage_penalty
+from perfkit.scenarios.common import (
+    assemble,
+    fmt,
+    json_float,
+    measure_launch,
+    pick_columns,
+    reuse_launch,
+    stage_penalty,
+)
 from perfkit.scenarios.registry import (
     InvariantParams,
     KeyNumber,
@@ -315,13 +323,7 @@ SUMMARY_COLUMNS = [
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     """One row per (warmup setting, request shape) with :data:`SUMMARY_COLUMNS` that exist."""
-    df = pd.DataFrame(r.get("coverage") or [])
-    if df.empty:
-        return df
-    keep = [c for c in SUMMARY_COLUMNS if c in df.columns]
-    if "error" in keep and df["error"].isna().all():
-        keep.remove("error")
-    return df[keep]
+    return pick_columns(pd.DataFrame(r.get("coverage") or []), SUMMARY_COLUMNS)
 
 
 def reading(r: Mapping[str, Any]) -> str:
@@ -330,19 +332,15 @@ def reading(r: Mapping[str, Any]) -> str:
     if not rows:
         return "No coverage results."
 
-    def f(v: Any, fmt: str, unit: str = "") -> str:
-        x = number(v)
-        return "–" if x is None else f"{x:{fmt}}{unit}"
-
     out = []
     for c in rows:
         cov = "covered" if c.get("covered") else "**not covered**"
         out.append(
             f"- warmup {c.get('warmup_frames')} frames → request "
             f"{c.get('request_frames')} frames: {cov}; first request "
-            f"{f(c.get('first_ms'), '.0f', ' ms')} vs warm median "
-            f"{f(c.get('warm_median_ms'), '.0f', ' ms')} (penalty "
-            f"{f(c.get('penalty_ms'), '.0f', ' ms')}, x{f(c.get('ratio'), '.2f')}, "
+            f"{fmt(c.get('first_ms'), '.0f', ' ms')} vs warm median "
+            f"{fmt(c.get('warm_median_ms'), '.0f', ' ms')} (penalty "
+            f"{fmt(c.get('penalty_ms'), '.0f', ' ms')}, x{fmt(c.get('ratio'), '.2f')}, "
             f"{_compiles(c.get('compiles'))}"
             + (f", mostly in `{c['penalty_stage']}`" if c.get("penalty_stage") else "")
             + ")."
