@@ -127,6 +127,9 @@ def test_exit_code_rules():
     # a baseline that compared nothing is misuse (2), not a regression (1)
     none = pd.DataFrame([{"case": "baseline", "metric": "cases compared", "status": "fail"}])
     assert verdicts.exit_code_for([{"status": "ok"}], none) == 2
+    # every check skipped (nothing measured) is not a pass either
+    skipped = pd.DataFrame([{"case": "cold_warm", "metric": "warm_cold_ratio", "status": "skipped"}])
+    assert verdicts.exit_code_for([{"status": "ok"}], skipped) == 2
 
 
 # --------------------------------------------------------------------------- replayed suite

@@ -144,6 +144,16 @@ def check_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: statuses of rows that compared a measured value with something
+COMPARED = ("pass", "fail", "improved", "new")
+
+
 def overall_status(df: pd.DataFrame) -> str:
-    """``"fail"`` when any row failed, else ``"pass"`` (new/improved/skipped do not fail)."""
-    return "fail" if (not df.empty and (df["status"] == "fail").any()) else "pass"
+    """``"fail"`` when any row failed; ``"skipped"`` when every row was skipped (nothing was
+    measured: never a pass); else ``"pass"`` (new/improved/skipped rows do not fail). A table
+    without rows is ``"pass"``: nothing was asked of it."""
+    if df.empty:
+        return "pass"
+    if (df["status"] == "fail").any():
+        return "fail"
+    return "pass" if df["status"].isin(COMPARED).any() else "skipped"

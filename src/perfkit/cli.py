@@ -192,6 +192,9 @@ def cmd_run(a: SimpleNamespace) -> int:
     v = read_verdict(run_dir / nb.stem)
     if v and v.get("status") == "fail":
         return EXIT_REGRESSION
+    if v and v.get("status") == "skipped":  # every check skipped: nothing measured, not a pass
+        print(f"perfkit: {nb.name}: every check was skipped (nothing measured)", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
 
 
@@ -317,7 +320,7 @@ def cmd_compare(a: SimpleNamespace) -> int:
     shown = df.astype(object).where(df.notna(), "–")  # not measured: "–", never 0
     print(check_markdown(shown))
     status = overall_status(df)
-    if nothing_compared(df):
+    if nothing_compared(df) or status == "skipped":
         print(f"compare: ERROR: nothing compared (no case of {a.run} is in {a.baseline})")
         return EXIT_ERROR
     print(f"compare: {status.upper()}")

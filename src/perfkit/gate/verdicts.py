@@ -108,8 +108,8 @@ def nothing_compared(verdicts: pd.DataFrame) -> bool:
 def exit_code_for(notebooks: Iterable[Any], verdicts: pd.DataFrame) -> int:
     """One rule for every command: 2 when a notebook errored or a baseline compared nothing
     (misuse, not a regression), 1 when a check failed, else 0."""
-    if nothing_compared(verdicts):
-        return EXIT_ERROR
+    if nothing_compared(verdicts) or overall_status(verdicts) == "skipped":
+        return EXIT_ERROR  # nothing compared, or every check skipped: misuse, never a pass
     for n in notebooks:
         st = n.status if not isinstance(n, Mapping) else n.get("status")
         if st == "error":
