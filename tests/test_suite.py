@@ -130,6 +130,8 @@ def test_exit_code_rules():
     # every check skipped (nothing measured) is not a pass either
     skipped = pd.DataFrame([{"case": "cold_warm", "metric": "warm_cold_ratio", "status": "skipped"}])
     assert verdicts.exit_code_for([{"status": "ok"}], skipped) == 2
+    assert "nothing measured" in verdicts.nothing_measured_reason(skipped)
+    assert verdicts.nothing_measured_reason(ok) is None
 
 
 # --------------------------------------------------------------------------- replayed suite

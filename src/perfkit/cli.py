@@ -18,7 +18,13 @@ from typing import Any
 import click
 
 from perfkit.checks import check_markdown, check_table, overall_status
-from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, nothing_compared
+from perfkit.gate.verdicts import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_REGRESSION,
+    nothing_compared,
+    nothing_measured_reason,
+)
 from perfkit.measure import investigations, measure_command
 
 log = logging.getLogger("perfkit")
@@ -119,6 +125,9 @@ def cmd_suite(a: SimpleNamespace) -> int:
         status = f"{n.status} ({n.reason})" if n.status == "skipped" and n.reason else n.status
         print(f"  {n.name:15s} {status:8s} {wall:>9s}  {n.error or ''}")
     print(f"perfkit suite: {res.status.upper()} (exit {res.exit_code})")
+    why = nothing_measured_reason(res.verdicts)
+    if why:
+        print(f"  {why}")
     print(f"  report:   {res.run_dir / 'report.html'}")
     print(f"  summary:  {res.run_dir / 'summary.md'}")
     if (res.run_dir / "baseline.json").exists():

@@ -105,6 +105,26 @@ def nothing_compared(verdicts: pd.DataFrame) -> bool:
     return bool((hit & (verdicts["status"] == "fail")).any())
 
 
+def nothing_measured_reason(verdicts: pd.DataFrame) -> str | None:
+    """Why a run compared nothing (for the summary and the console), or None when it did:
+    the baseline held no case of the run, or every check was skipped (with their reasons)."""
+    if verdicts.empty or "status" not in verdicts:
+        return None
+    if nothing_compared(verdicts):
+        hit = verdicts[
+            (verdicts["case"] == NOTHING_COMPARED[0]) & (verdicts["metric"] == NOTHING_COMPARED[1])
+        ]
+        return f"nothing compared: {hit['reason'].iloc[0]}"
+    if overall_status(verdicts) != "skipped":
+        return None
+    rows = verdicts.to_dict("records")
+    reasons = list(
+        dict.fromkeys(f"{r.get('case')} {r.get('metric')}: {r.get('reason') or 'skipped'}" for r in rows)
+    )
+    more = f" (+{len(reasons) - 5} more)" if len(reasons) > 5 else ""
+    return "nothing measured, every check was skipped: " + "; ".join(reasons[:5]) + more
+
+
 def exit_code_for(notebooks: Iterable[Any], verdicts: pd.DataFrame) -> int:
     """One rule for every command: 2 when a notebook errored or a baseline compared nothing
     (misuse, not a regression), 1 when a check failed, else 0."""

@@ -42,7 +42,15 @@ import jinja2
 import markupsafe
 import pandas as pd
 
-from perfkit.gate.verdicts import GATE, STATUS_WORD, collect_verdicts, exit_code_for, notebooks, read_verdict
+from perfkit.gate.verdicts import (
+    GATE,
+    STATUS_WORD,
+    collect_verdicts,
+    exit_code_for,
+    notebooks,
+    nothing_measured_reason,
+    read_verdict,
+)
 from perfkit.report.tables import Table, format_table, markdown_table, status_class
 from perfkit.scenarios import registry
 
@@ -194,6 +202,9 @@ def summary_markdown(run_dir: str | Path) -> str:
         "",
         f"{n_pass} gates passed, {n_fail} failed.",
     ]
+    why = nothing_measured_reason(verdicts)
+    if why:
+        parts += ["", f"**Error: {why}**"]
     if info.get("description"):
         parts += ["", info["description"]]
     nbs = info.get("notebooks", [])
