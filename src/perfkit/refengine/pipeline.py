@@ -162,15 +162,21 @@ class StagedPipeline:
 
     @contextmanager
     def _stage(self, name: str, out: RunResult, timing: bool) -> Iterator[None]:
+        if self.watch is not None:
+            self.watch.stage = name
         if timing:
             self._sync()
             if self.is_cuda:
                 torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
         w0 = time.time()
-        yield
-        if timing:
-            self._sync()
+        try:
+            yield
+            if timing:
+                self._sync()
+        finally:
+            if self.watch is not None:
+                self.watch.stage = None
         ms = (time.perf_counter() - t0) * 1000.0
         res = StageResult(name, ms, w0, time.time())
         if timing and self.is_cuda:

@@ -274,6 +274,11 @@ class Engine:
                     "compile_ms": round(res.compile.compile_ms, 3),
                     "recompile_reasons": res.compile.reasons,
                     "recompile_limit_hit": res.compile.limit_hit,
+                    "recompile_limit_stage": res.compile.limit_stage,
+                    "compile_by_stage": {
+                        k: {**v, "compile_ms": round(v["compile_ms"], 3)}
+                        for k, v in res.compile.by_stage.items()
+                    },
                     "refinement_steps": [round(x, 3) for x in res.refinement_steps],
                     "stage_peak_allocated_mb": {
                         s.name: round(s.peak_allocated_mb, 2)
@@ -293,7 +298,11 @@ class Engine:
                 }
             )
             if res.compile.limit_hit:
-                log.warning("request %s hit the recompile limit: frames now run eagerly", job.id)
+                log.warning(
+                    "request %s hit the recompile limit in %s: frames now run eagerly",
+                    job.id,
+                    res.compile.limit_stage or "a stage not known",
+                )
             if res.ranks:
                 # multi-rank (CFG parallel): stages/steps above are rank 0's (it serves, decodes, and
                 # its steps include waiting for the peer's branch); memory is the max across ranks,
