@@ -302,7 +302,7 @@ class Rank0Runner:
         """The pipeline and group, once built (the monitor runs from the spawn on)."""
         self.pipe, self.par, self.device = pipe, par, pipe.device
 
-    def run(self, req, keep_output: bool = False):
+    def run(self, req, keep_output: bool = False, slow: bool = False):
         from perfkit.refengine.memory import snapshot
 
         if self.fatal:
@@ -312,7 +312,7 @@ class Rank0Runner:
             try:
                 self.par.broadcast({"op": "run", "seq": self._seq, "req": dataclasses.asdict(req)})
                 self._seq += 1
-                res = self.pipe.run(req, keep_output=keep_output)
+                res = self.pipe.run(req, keep_output=keep_output, slow=slow)
                 mine = rank_report(res, 0, self.device, {"runtime_peak": snapshot(self.device)})
                 res.ranks = self.par.gather(mine)
             except BaseException as exc:

@@ -154,11 +154,33 @@ class StagedPipeline:
         self._active_sched = comps.scheduler
         self._one_step_sched = None
         self.cfg_parallel = cfg_parallel
+        #: test-only injected slowdown (``--debug-stage-delay``): stage name -> fraction of the
+        #: stage's own work added as busy compute; applied only to runs given ``slow=True``
+        self.stage_delay: dict[str, float] = {}
+        self._slow: dict[str, float] = {}
 
     # -- measurement helpers -------------------------------------------------------------
     def _sync(self) -> None:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
+
+    def _busy(self, seconds: float) -> None:
+        """Test-only injected slowdown: busy compute on this pipeline's device for ``seconds``
+        (small matmuls until the clock has moved that far; the device is synchronised between
+        chunks, so the time is real device work, not a host sleep)."""
+        if seconds <= 0:
+            return
+        a = torch.randn(128, 128, device=self.device)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:  # ~0.1 ms a turn on a CPU core: overshoot stays small
+            a = torch.tanh(a @ a)
+            self._sync()
+
+    def _inject(self, frac: float, t0: float) -> None:
+        """Stretch the work since ``t0`` (perf_counter s) by ``frac`` with :meth:`_busy`."""
+        if frac > 0:
+            self._sync()
+            self._busy(frac * (time.perf_counter() - t0))
 
     @contextmanager
     def _stage(self, name: str, out: RunResult, timing: bool) -> Iterator[None]:
@@ -172,6 +194,9 @@ class StagedPipeline:
         w0 = time.time()
         try:
             yield
+            # a stage with denoising steps has its slowdown injected per step (step times scale too)
+            if name not in ("DenoisingStage", "RefinementStage"):
+                self._inject(self._slow.get(name, 0.0), t0)
             if timing:
                 self._sync()
         finally:
@@ -198,6 +223,7 @@ class StagedPipeline:
         fps,
         timing: bool,
         step_times: list[float],
+        slow: float = 0.0,
     ):
         cfg = guidance > 1.0
         rope = (self.temporal / fps, self.spatial, self.spatial)
@@ -230,6 +256,7 @@ class StagedPipeline:
                     guidance,
                 )
             latents = sched.step(noise, t, latents, return_dict=False)[0]
+            self._inject(slow, t0)
             if events:
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
@@ -278,13 +305,19 @@ class StagedPipeline:
         return ts
 
     @torch.no_grad()
-    def run(self, req: GenRequest, keep_output: bool = False) -> RunResult:
+    def run(self, req: GenRequest, keep_output: bool = False, slow: bool = False) -> RunResult:
         """Run one request. Returns timings, compile window and (optionally) the frames.
+
+        ``slow``: apply the test-only :attr:`stage_delay` to this run (the engine passes it for
+        measured requests, never for the startup warmup): each named stage gets busy compute on
+        the device equal to that fraction of its own work, inside its span (per step for
+        ``DenoisingStage``/``RefinementStage``, so step times scale too).
 
         Raises:
             torch.OutOfMemoryError: when the device runs out of memory (the caller reports it).
         """
         out = RunResult()
+        self._slow = dict(self.stage_delay) if slow else {}
         timing = req.stage_timing
         pipe = self.pipe
         frames = align_frames(req.num_frames, self.temporal)
@@ -334,6 +367,7 @@ class StagedPipeline:
                     req.fps,
                     timing,
                     out.steps,
+                    self._slow.get("DenoisingStage", 0.0),
                 )
             p_s, p_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
             vae = self.c.vae
@@ -366,6 +400,7 @@ class StagedPipeline:
                         req.fps,
                         timing,
                         out.refinement_steps,
+                        self._slow.get("RefinementStage", 0.0),
                     )
             out.latent_shape = [int(self.c.transformer.config.in_channels), n_lat, int(h_lat), int(w_lat)]
             if self.cfg_parallel is not None and self.cfg_parallel.rank != 0:

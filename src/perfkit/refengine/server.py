@@ -106,6 +106,9 @@ class Engine:
         keep_outputs_dir: where generated frames are saved as .npy (None: discarded).
         debug_leak_mib: test-only: keep this many MiB alive per request (host, and device
             memory on CUDA) to exercise leak checks.
+        debug_stage_delay_from: test-only: the pipeline's ``stage_delay`` applies to measured
+            requests (tag ``request``, never the startup warmup) from this 0-based index on
+            (0: all, 1: warm requests only).
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class Engine:
         keep_outputs_dir: str | None = None,
         debug_leak_mib: int = 0,
         commit_hash: str | None = None,
+        debug_stage_delay_from: int = 0,
     ):
         self.pipeline = pipeline
         self.defaults = defaults
@@ -127,6 +131,8 @@ class Engine:
         self.keep_dir = Path(keep_outputs_dir) if keep_outputs_dir else None
         self.debug_leak_mib = debug_leak_mib
         self.commit_hash = commit_hash
+        self.debug_stage_delay_from = debug_stage_delay_from
+        self._measured = 0  # measured requests run so far (the startup warmup is not one)
         self.jobs: dict[str, Job] = {}
         self.queue: queue.Queue[Job | None] = queue.Queue()
         self.ready = False
@@ -201,8 +207,12 @@ class Engine:
         res: RunResult | None = None
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
+        slow = False
+        if job.tag != "warmup":
+            slow = self._measured >= self.debug_stage_delay_from
+            self._measured += 1
         try:
-            res = self.pipeline.run(job.req, keep_output=self.keep_dir is not None)
+            res = self.pipeline.run(job.req, keep_output=self.keep_dir is not None, slow=slow)
             job.status = "completed"
             if self.keep_dir is not None and res.video is not None:
                 self.keep_dir.mkdir(parents=True, exist_ok=True)
