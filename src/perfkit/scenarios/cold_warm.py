@@ -118,7 +118,15 @@ def cold_vs_warm(
         "error": data.error,
         "cold_start": {
             k: json_float(data.launch_row.get(k))
-            for k in ("ready_s", "process_start_s", "models_loaded_s", "warmup_s")
+            for k in (
+                "ready_s",
+                "process_start_s",
+                "models_loaded_s",
+                "warmup_s",
+                "first_result_s",
+                "first_request_wait_s",
+                "first_request_ms",
+            )
         },
     }
     ok = df[df["status"] == "completed"] if not df.empty else df
@@ -252,10 +260,12 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 
 
 def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
-    """Cold start (ready), cold request, warm median, warm/cold ratio, penalty stage."""
+    """Cold start (ready, time to first result), cold request, warm median, warm/cold ratio,
+    penalty stage."""
     cs = r.get("cold_start") or {}
     return [
         KeyNumber("cold start, ready", number(cs.get("ready_s")), "s", ".1f"),
+        KeyNumber("cold start, time to first result", number(cs.get("first_result_s")), "s", ".1f"),
         KeyNumber("cold request", number(r.get("cold_ms")), "ms"),
         KeyNumber("warm median", number(r.get("warm_median_ms")), "ms"),
         KeyNumber("warm/cold ratio", number(r.get("warm_cold_ratio")), "", ".2f"),
@@ -267,12 +277,17 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     """metric/value rows: cold start parts, cold and warm ms, ratio and CI, penalty per stage."""
     cs = r.get("cold_start") or {}
     ci = r.get("warm_cold_ratio_ci") or [None, None]
+    iqr = r.get("warm_iqr_ms") or [None, None]
     rows = [
         ("cold start: ready (s)", cs.get("ready_s")),
         ("cold start: models loaded (s)", cs.get("models_loaded_s")),
         ("cold start: startup warmup (s)", cs.get("warmup_s")),
+        ("time to first result (s)", cs.get("first_result_s")),
+        ("time to first result: ready → first request sent (s)", cs.get("first_request_wait_s")),
+        ("time to first result: first request (ms)", cs.get("first_request_ms")),
         ("cold request (ms)", r.get("cold_ms")),
         ("warm median (ms)", r.get("warm_median_ms")),
+        ("warm interquartile range (ms)", f"{fmt(iqr[0], '.0f')}–{fmt(iqr[1], '.0f')}"),
         ("warm/cold ratio", r.get("warm_cold_ratio")),
         ("warm/cold ratio 95% CI", f"{fmt(ci[0], '.3f')}..{fmt(ci[1], '.3f')}"),
         ("first-request penalty stage", r.get("penalty_stage")),
@@ -294,6 +309,19 @@ def reading(r: Mapping[str, Any]) -> str:
         f"(process start {fmt(cs.get('process_start_s'), '.1f', ' s')}, models loaded "
         f"{fmt(cs.get('models_loaded_s'), '.1f', ' s')}, startup warmup "
         f"{fmt(cs.get('warmup_s'), '.1f', ' s')}).",
+    ]
+    if number(cs.get("first_result_s")) is not None:
+        lines.append(
+            f"**Time to first result** (launch until the first request ended, not trusting the "
+            f"engine's word that it was ready): {fmt(cs.get('first_result_s'), '.1f', ' s')}."
+        )
+        ready, first = number(cs.get("ready_s")), number(cs.get("first_result_s"))
+        if ready is not None and first is not None and ready < 0.25 * first:
+            lines.append(
+                "The engine said it was ready after only "
+                f"{fmt(ready / first, '.0%')} of that: it may answer /health before its warmup."
+            )
+    lines += [
         f"The **cold request** took {fmt(r.get('cold_ms'), '.0f', ' ms')}; the **warm** "
         f"median is {fmt(r.get('warm_median_ms'), '.0f', ' ms')}: warm/cold ratio "
         f"{fmt(ratio, '.2f')} (95% CI {fmt(ci[0], '.2f')}..{fmt(ci[1], '.2f')}).",
