@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Union
 
 import numpy as np
 import torch
@@ -50,8 +50,10 @@ class VideoRequest(BaseModel):
     negative_prompt: str = ""
     fps: int = Field(default=24, ge=1)
     size: str | None = None
-    #: perfkit extension: synchronise and time each stage (default on).
-    perfkit_stage_timing: bool = True
+    #: perfkit extension: time each stage. true / "events": CUDA events at stage boundaries,
+    #: resolved after the request (no sync while it runs); "sync": synchronise at every stage
+    #: boundary (the older method, to cross-check); false / "off": no stage timing.
+    perfkit_stage_timing: Union[bool, Literal["events", "sync", "off"]] = True
 
 
 @dataclass
@@ -268,7 +270,7 @@ class Engine:
             "width": job.req.width,
             "num_inference_steps": job.req.num_inference_steps,
             "guidance_scale": job.req.guidance_scale,
-            "stage_timing": job.req.stage_timing,
+            "stage_timing": job.req.timing_mode,
             "host_rss_mib": round(rss, 2),
             "host_anon_mib": round(anon, 2),
             **self.info,
