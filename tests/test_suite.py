@@ -88,6 +88,10 @@ def test_case_ids():
     req = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
     assert gate_run.case_id(eng, req) == "tiny_25f_64x64_4s_w17"
     assert gate_run.case_id(eng, req, warmup_frames=25, suffix="_shapes") == "tiny_25f_64x64_4s_w25_shapes"
+    # the two-stage pipeline and a multi-GPU engine are other cases of the same shape
+    two = {**eng, "two_stage": True, "num_gpus": 2}
+    assert gate_run.case_id(two, req) == "tiny_25f_64x64_4s_w17_2stage_2gpu"
+    assert gate_run.case_id({**two, "num_gpus": 1}, req) == "tiny_25f_64x64_4s_w17_2stage"
 
 
 def test_bundle_cases_and_gate(tmp_path):

@@ -32,7 +32,9 @@ def case_id(
     num_frames: int | None = None,
     suffix: str = "",
 ) -> str:
-    """Case id saying preset, shape and startup warmup: ``tiny_25f_64x64_4s_w17``.
+    """Case id saying preset, shape and startup warmup: ``tiny_25f_64x64_4s_w17``; then
+    ``_2stage`` for the two-stage pipeline and ``_<N>gpu`` for an engine over N > 1 GPUs
+    (``ltx-2b_24f_512x768_30s_w25_2stage_2gpu``), so one baseline file can hold both sides.
 
     ``suffix`` distinguishes scenarios measuring the same shape (``_shapes``, ``_cap-24GiBdev``).
     """
@@ -45,6 +47,11 @@ def case_id(
         f"{slug(preset)}_{nf}f_{request.get('height')}x{request.get('width')}_"
         f"{request.get('num_inference_steps')}s_w{w}"
     )
+    if engine.get("two_stage"):
+        cid += "_2stage"
+    gpus = engine.get("num_gpus") or 1
+    if isinstance(gpus, int) and gpus > 1:
+        cid += f"_{gpus}gpu"
     return cid + suffix
 
 
