@@ -462,6 +462,7 @@ class StagedPipeline:
             out.latent_shape = [int(self.c.transformer.config.in_channels), n_lat, int(h_lat), int(w_lat)]
             if self.cfg_parallel is not None and self.cfg_parallel.rank != 0:
                 self._sync()
+                self._resolve(out)  # event-timed stages and steps of this rank
                 return out  # only rank 0 decodes (finally below still closes the run)
             with self._stage("DecodingStage", out, timing):
                 lat5 = pipe._unpack_latents(latents, n_lat, h_lat, w_lat, p_s, p_t)

@@ -8,8 +8,10 @@ A README marks a block with two HTML comments; everything between them is genera
 
 ``src`` is a run or bundles directory (``<scenario>/results.json`` under it), relative to the
 README's repository root (the perfkit checkout); ``kind`` is ``key-numbers`` (one table of every
-scenario's key numbers) or ``full`` (per scenario: its key numbers, its summary table and its
-reading). The numbers are the registry's (:attr:`~perfkit.scenarios.registry.Scenario.key_numbers`,
+scenario's key numbers), ``full`` (per scenario: its key numbers, its summary table and its
+reading) or ``compare`` (with ``vs=DIR``: the warm requests of the two runs' ``cold_warm``
+sessions side by side — or of one launch of another bundle, written ``DIR/<scenario>@<launch>`` — per stage and per step, with the ratio src/vs and a 95 % bootstrap interval
+of the ratio of medians; e.g. 2 GPUs vs 1). The numbers are the registry's (:attr:`~perfkit.scenarios.registry.Scenario.key_numbers`,
 ``summary_table``, ``reading``), so a figure quoted in a README is the figure the report and
 summary.md show. Statistics named in the footer: medians and quartiles are numpy's default
 (linear interpolation between order statistics, Hyndman–Fan type 7); intervals are 95 %
@@ -28,12 +30,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfkit import stats
+from perfkit.bundle import ResultBundle
 from perfkit.report.tables import markdown_table
 from perfkit.scenarios import registry
 
 __all__ = ["FiguresError", "Block", "blocks", "render_block", "update_text", "update_file", "STATS_NOTE"]
 
-KINDS = ("key-numbers", "full")
+KINDS = ("key-numbers", "full", "compare")
 #: the statistics behind every generated figure, stated under each block
 STATS_NOTE = (
     "Medians and quartiles: numpy's linear interpolation (Hyndman–Fan type 7); intervals: 95 % "
@@ -52,10 +56,12 @@ class FiguresError(ValueError):
 
 @dataclass(frozen=True)
 class Block:
-    """One marked block: ``src`` directory (relative to ``root``) and ``kind``."""
+    """One marked block: ``src`` directory (relative to ``root``), ``kind`` and, for
+    ``compare``, the ``vs`` directory."""
 
     src: str
     kind: str
+    vs: str | None = None
 
 
 def blocks(text: str, where: str = "<text>") -> list[Block]:
@@ -72,7 +78,9 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
         kind = args.get("kind", "full")
         if kind not in KINDS:
             raise FiguresError(f"{where}: figures block kind={kind!r}; known: {', '.join(KINDS)}")
-        out.append(Block(args["src"], kind))
+        if kind == "compare" and "vs" not in args:
+            raise FiguresError(f"{where}: a kind=compare block needs vs=DIR: {m.group('open').strip()}")
+        out.append(Block(args["src"], kind, args.get("vs")))
     return out
 
 
@@ -92,6 +100,8 @@ def render_block(block: Block, root: Path) -> str:
         FiguresError: the directory holds no scenario results.
     """
     src = root / block.src
+    if block.kind == "compare":
+        return _compare(block, root)
     results = _results(src)
     if not results:
         raise FiguresError(f"{src}: no <scenario>/results.json to generate figures from")
@@ -124,7 +134,7 @@ def update_text(text: str, root: Path, where: str = "<text>") -> str:
 
     def sub(m: re.Match) -> str:
         args = dict(_ARG.findall(m.group("args")))
-        body = render_block(Block(args["src"], args.get("kind", "full")), root)
+        body = render_block(Block(args["src"], args.get("kind", "full"), args.get("vs")), root)
         return m.group("open") + body + m.group("close")
 
     return _BLOCK.sub(sub, text)
@@ -148,3 +158,81 @@ def update_file(path: str | Path, root: str | Path, check: bool = False) -> bool
         tmp.write_text(new, encoding="utf-8")
         tmp.replace(p)
     return new != old
+
+
+def _warm(src: str, root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.Series]:
+    """(warm request rows, their stages, their steps, the launch row) of ``root/src/cold_warm``,
+    or of one launch of another bundle when ``src`` is ``DIR/<scenario>@<launch>``.
+
+    Raises:
+        ValueError: no warm request or no such launch; OSError: no bundle there.
+    """
+    path, _, launch = src.partition("@")
+    b = ResultBundle.load(root / path if launch else root / path / "cold_warm")
+    req = b.requests
+    keep = (req["index"] > 0).fillna(False).to_numpy(bool) & (req["status"] == "completed").to_numpy(bool)
+    if launch:
+        keep &= (req["launch"] == launch).fillna(False).to_numpy(bool)
+    warm = req[keep]
+    lt = b.table("launches")
+    lt = lt[lt["launch"] == launch] if launch else lt
+    if warm.empty or lt.empty:
+        raise ValueError(f"{src}: no warm request or no such launch")
+    ids = set(warm["request_id"])
+    stages = b.stages[b.stages["request_id"].isin(ids)]
+    steps = b.steps[b.steps["request_id"].isin(ids)]
+    return warm, stages, steps, lt.iloc[0]
+
+
+def _compare(block: Block, root: Path) -> str:
+    try:
+        a, sa, pa, la = _warm(block.src, root)
+        b, sb, pb, lb = _warm(str(block.vs), root)
+    except (OSError, ValueError, KeyError) as exc:
+        raise FiguresError(
+            f"compare {block.src} vs {block.vs}: no cold_warm bundle to compare ({exc})"
+        ) from exc
+    rows = []
+
+    def row(what: str, x: list[float], y: list[float], unit: str = "ms") -> None:
+        x = [v for v in x if v == v]
+        y = [v for v in y if v == v]
+        if not x or not y:
+            return
+        mx, my = float(pd.Series(x).median()), float(pd.Series(y).median())
+        ci = "–"
+        if len(x) > 1 or len(y) > 1:
+            lo, hi = stats.bootstrap_ratio_ci(x, y)
+            ci = f"{lo:.2f}–{hi:.2f}"
+        rows.append((what, f"{mx:,.1f} {unit}", f"{my:,.1f} {unit}", f"{mx / my:.2f}", ci))
+
+    row("warm request e2e", list(a["e2e_ms"]), list(b["e2e_ms"]))
+    for stage in dict.fromkeys([*sa["stage"], *sb["stage"]]):
+        row(
+            f"{stage} (warm)",
+            list(sa.loc[sa["stage"] == stage, "ms"]),
+            list(sb.loc[sb["stage"] == stage, "ms"]),
+        )
+    for stage in dict.fromkeys([*pa["stage"], *pb["stage"]]):
+        row(
+            f"{stage} step",
+            list(pa.loc[pa["stage"] == stage, "ms"]),
+            list(pb.loc[pb["stage"] == stage, "ms"]),
+        )
+    row(
+        "peak VRAM reserved (per GPU, warm)",
+        list(a["peak_reserved_mib"]),
+        list(b["peak_reserved_mib"]),
+        "MiB",
+    )
+    row("cold start, ready", [float(la["ready_s"])], [float(lb["ready_s"])], "s")
+    row("time to first result", [float(la["first_result_s"])], [float(lb["first_result_s"])], "s")
+    df = pd.DataFrame(rows, columns=["what", block.src, str(block.vs), "ratio", "95% CI of the ratio"])
+    note = (
+        f"*Generated by `perfkit figures` from the warm requests of `{block.src}` and `{block.vs}` "
+        "(a directory: its `cold_warm` session; `DIR/<scenario>@<launch>`: that launch): "
+        "medians over the warm requests (steps: over every step of them); ratio = first / second "
+        "(below 1: the first is faster); intervals: percentile bootstrap of the ratio of medians, seed "
+        "0 (launch-level figures have one value a side: no interval).*"
+    )
+    return "\n".join([markdown_table(df), "", note, ""])
