@@ -28,6 +28,7 @@ __all__ = [
     "check_markdown",
     "overall_status",
     "number",
+    "number_text",
 ]
 
 CHECK_COLUMNS = ["case", "metric", "expected", "actual", "bound", "status", "reason"]
@@ -76,6 +77,31 @@ def number(v: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def number_text(v: float) -> str:
+    """A number in a check's reason, by the report's table rule: never exponent notation, never
+    more than three decimals (``0.0912293`` -> ``"0.091"``, ``-3.9e-13`` -> ``"0"``,
+    ``57445.3`` -> ``"57,445"``, ``1.0`` -> ``"1"``); inf as ``"∞"``."""
+    f = float(v)
+    if math.isnan(f):
+        return "nan"
+    if math.isinf(f):
+        return "∞" if f > 0 else "-∞"
+    a = abs(f)
+    if a < 1e15 and f == round(f):
+        return f"{int(round(f)):,}"
+    if a >= 100:
+        s = f"{f:,.0f}"
+    elif a >= 10:
+        s = f"{f:,.1f}"
+    elif a >= 1:
+        s = f"{f:.2f}"
+    else:
+        s = f"{f:.3f}"
+    if "." in s:
+        s = s.rstrip("0").rstrip(".")
+    return "0" if s in ("0", "-0") else s
+
+
 def check_max(
     case: str, metric: str, value: Any, limit: float, what: str = "", margin: float | None = None
 ) -> Check:
@@ -85,8 +111,8 @@ def check_max(
     if v is None:
         return Check(case, metric, limit, None, bnd, "skipped", NOT_MEASURED, margin=margin)
     ok = v <= bnd
-    m = f", limit {limit:g} + {margin:.0%} margin" if margin else ""
-    reason = f"{v:g} {'<=' if ok else '>'} {bnd:g}{m}" + (f" ({what})" if what else "")
+    m = f", limit {number_text(limit)} + {margin:.0%} margin" if margin else ""
+    reason = f"{number_text(v)} {'<=' if ok else '>'} {number_text(bnd)}{m}" + (f" ({what})" if what else "")
     return Check(case, metric, limit, v, bnd, "pass" if ok else "fail", reason, margin=margin)
 
 
@@ -96,7 +122,7 @@ def check_min(case: str, metric: str, value: Any, limit: float, what: str = "") 
     if v is None:
         return Check(case, metric, limit, None, limit, "skipped", NOT_MEASURED)
     ok = v >= limit
-    reason = f"{v:g} {'>=' if ok else '<'} {limit:g}" + (f" ({what})" if what else "")
+    reason = f"{number_text(v)} {'>=' if ok else '<'} {number_text(limit)}" + (f" ({what})" if what else "")
     return Check(case, metric, limit, v, limit, "pass" if ok else "fail", reason)
 
 

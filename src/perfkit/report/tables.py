@@ -5,8 +5,9 @@ page's templates and :func:`markdown_table` both render from it, so a number rea
 ``report.html`` and ``summary.md``:
 
 - no index column;
-- integers as integers; floats by magnitude: ``>= 100`` no decimals, ``>= 10`` one decimal,
-  below that three significant figures (``0.0163``, ``-3.91e-13``);
+- integers as integers; floats by :func:`perfkit.checks.number_text` (the rule check reasons
+  use too): ``>= 100`` no decimals, ``>= 10`` one, ``>= 1`` two, below that three, never
+  exponent notation (``0.016``; ``-3.91e-13`` reads ``0``);
 - missing values (None, NaN, ``pd.NA``, ``NaT``) as ``"–"``;
 - booleans as ``"yes"`` / ``"no"``;
 - strings unchanged (a ``status`` column keeps its word; the page colours it by CSS class).
@@ -22,6 +23,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from perfkit.checks import number_text
 
 __all__ = ["MISSING", "Table", "cell_text", "format_table", "markdown_table", "status_class"]
 
@@ -47,12 +50,7 @@ def cell_text(v: Any) -> str:
             return MISSING
         if math.isinf(f):
             return "∞" if f > 0 else "-∞"
-        a = abs(f)
-        if a >= 100:
-            return f"{f:.0f}"
-        if a >= 10:
-            return f"{f:.1f}"
-        return f"{f:.3g}"
+        return number_text(f)
     if isinstance(v, str):
         return v.replace("\r\n", " ").replace("\n", " ")
     try:

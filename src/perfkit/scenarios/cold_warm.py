@@ -19,7 +19,7 @@ from pydantic import Field
 
 from perfkit import stats
 from perfkit.bundle import ResultBundle, steady_state
-from perfkit.checks import Check, check_max, check_min, number
+from perfkit.checks import Check, check_max, check_min, number, number_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
@@ -213,7 +213,7 @@ def check_bundle(bundle: ResultBundle) -> None:
 def _ratio_ci(r: Mapping[str, Any]) -> str:
     ci = r.get("warm_cold_ratio_ci")
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(number(x) is not None for x in ci):
-        return f"95% CI {ci[0]:.3g}..{ci[1]:.3g}"
+        return f"95% CI {number_text(ci[0])}..{number_text(ci[1])}"
     return ""
 
 
@@ -298,7 +298,7 @@ def reading(r: Mapping[str, Any]) -> str:
     if measured:
         lines.append(
             "Leak checks measured: "
-            + ", ".join(f"`{c['name']}` = {fmt(c.get('value'), '.3g')}" for c in measured)
+            + ", ".join(f"`{c['name']}` = {number_text(c['value'])}" for c in measured)
             + " (judged against the invariants in the gate table)."
         )
     if unmeasured:
@@ -322,6 +322,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 SCENARIO = register(
     Scenario(
         order=10,
+        plan=lambda p: [p.repeats],
         name=NAME,
         title="Cold vs warm",
         question="Does the warm request in one server session meet the numbers of the first, or does "

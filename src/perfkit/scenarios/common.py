@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, conform, environment_meta, sampler_frame, table_rows
 from perfkit.engine.caps import MemoryCaps
@@ -25,6 +24,7 @@ from perfkit.engine.client import RequestOutcome, VideoClient, VideoRequestSpec
 from perfkit.engine.launch import EngineStartError, launch
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings.records import PerfRecord, parse_lines
+from perfkit.scenarios.progress import track_requests
 
 log = logging.getLogger(__name__)
 
@@ -223,9 +223,7 @@ def measure_launch(
             sampler.start()
             try:
                 with VideoClient(h.base_url, h.perf_log_dir, timeout_s=request_timeout_s) as client:
-                    for i, req in enumerate(
-                        tqdm(requests, desc=label, leave=False, disable=len(requests) < 4)
-                    ):
+                    for i, req in enumerate(track_requests(requests, label)):
                         out = client.generate(req)
                         data.outcomes.append(out)
                         if not out.ok:

@@ -45,6 +45,9 @@ __all__ = [
     "get",
     "all_scenarios",
     "names",
+    "invariant_defaults",
+    "merged_invariants",
+    "checks_for",
 ]
 
 
@@ -150,6 +153,8 @@ class Scenario:
         order: run order, lower first (cold_warm 10, warmup_shapes 20, memory_budget 30,
             offload_modes 40, overhead 90); ties run by name.
         notebook: notebook file name under ``notebooks/``.
+        plan: ``params -> [requests per launch]`` it would send (an upper bound when it reuses
+            an earlier scenario's launch); the suite's progress bars estimate from it.
     """
 
     name: str
@@ -166,6 +171,8 @@ class Scenario:
     cases: Callable[[ResultBundle, CaseNamer], dict[str, ResultBundle]]
     #: run order: lower runs first (a later scenario may reuse an earlier one's launch)
     order: int = 100
+    #: ``params -> [requests of each launch]`` it would make (progress estimate; None: unknown)
+    plan: Optional[Callable[[Any], list[int]]] = None
     template: str = ""
     notebook: str = ""
 
@@ -228,12 +235,53 @@ def invariant_defaults() -> dict[str, Any]:
     return out
 
 
+def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every scenario's invariant defaults overlaid with ``given`` (the ``invariants`` of a params
+    file, of a notebook or of a replay): a key given replaces its default, a key given as None is
+    not gated, every key not given keeps its default. So ``{"latency_drift_max": 0.05}`` tightens
+    one limit and leaves every other check in place.
+
+    Returns:
+        invariant key -> limit (None: reported, not gated), every declared key present.
+
+    Raises:
+        ValueError: a key no scenario declares (with the closest known one), or a value its
+            invariants model refuses (naming the key).
+    """
+    out = invariant_defaults()
+    if not given:
+        return out
+    unknown = [k for k in given if k not in out]
+    if unknown:
+        import difflib
+
+        hints = []
+        for k in unknown:
+            m = difflib.get_close_matches(str(k), list(out), n=1, cutoff=0.6)
+            hints.append(f"{k!r}" + (f" (did you mean {m[0]!r}?)" if m else ""))
+        raise ValueError(f"invariants: unknown key {', '.join(hints)}; known: {', '.join(out)}")
+    from pydantic import ValidationError
+
+    for s in _REGISTRY.values():
+        mine = {k: v for k, v in given.items() if k in s.invariants_model.model_fields}
+        if not mine:
+            continue
+        try:
+            s.invariants_model.model_validate(mine)
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            key = ".".join(map(str, e.get("loc") or ())) or "?"
+            raise ValueError(f"invariants: {key}: {e.get('msg')}, got {e.get('input')!r}") from None
+        out.update(mine)
+    return out
+
+
 def checks_for(
     results: Mapping[str, Mapping[str, Any]], invariants: Mapping[str, Any], only: str | None = None
 ) -> list[Check]:
     """Check rows of every scenario (or of ``only``) against exactly the ``invariants`` given
-    that it declares: pass the params' merged invariants (``SuiteParams.invariants_all()``) or
-    :func:`invariant_defaults`; a key left out, or set to None, is not gated. A scenario without
+    that it declares: pass :func:`merged_invariants` (or ``SuiteParams.invariants_all()``); a key
+    left out, or set to None, is not gated. A scenario without
     results gives ``skipped`` rows for its gated invariants (never a pass)."""
     rows: list[Check] = []
     for s in _REGISTRY.values():

@@ -386,6 +386,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 SCENARIO = register(
     Scenario(
         order=20,
+        plan=lambda p: [len(p.request_frames) * p.repeats] * len(p.warmup_frames),
         name=NAME,
         title="Warmup shapes",
         question="Does the startup warmup cover the shapes users send?",

@@ -1,0 +1,358 @@
+"""What the notebooks show beside the plots: the root-cause tables and the verdict in words.
+
+Everything here reads the same bundle tables and the same :class:`~perfkit.checks.Check` rows
+as the gate, and renders through the report's one table formatter
+(:func:`perfkit.report.tables.format_table`), so a notebook, the report and the gate never
+disagree:
+
+- :func:`show_table`: display a DataFrame through the formatter (no index column, "–" for not
+  measured, rounded numbers);
+- :func:`request_roles` / :func:`request_frame`: every request of a bundle labelled with its
+  shape (frames asked → generated, latent frames, pixels, steps) and its role: ``warmup``,
+  ``cold``, ``cold, new shape``, ``first of a new shape`` or ``warm``;
+- :func:`first_request_costs`: for each cold or first-of-a-new-shape request, its penalty over
+  the warm median of the same shape in the same launch, the stage holding most of it, and the
+  recompilations it paid (count, time, reason);
+- :func:`verdict_markdown`: the verdict in sentences, made from the check rows the gate judges;
+- :func:`invariants_frame`: the limits this run was judged against (defaults merged with the
+  ones given, e.g. on a replay).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+from perfkit.bundle import WARMUP_INDEX
+from perfkit.checks import Check, check_table, overall_status
+from perfkit.common.frames import align_frames, latent_frames
+from perfkit.report.tables import format_table, markdown_table
+from perfkit.scenarios import registry
+
+__all__ = [
+    "ROLES",
+    "FormattedTable",
+    "show_table",
+    "request_roles",
+    "request_frame",
+    "first_request_costs",
+    "verdict_markdown",
+    "invariants_frame",
+    "check_frame",
+]
+
+#: request roles, in the design doc's words
+ROLES = ("warmup", "cold", "cold, new shape", "first of a new shape", "warm")
+
+
+class FormattedTable:
+    """A DataFrame as the report formats it: HTML in a notebook (``_repr_html_``), a Markdown
+    table as text (``repr``). Made by :func:`show_table`."""
+
+    def __init__(self, df: pd.DataFrame, caption: str | None = None) -> None:
+        if not isinstance(df, pd.DataFrame):
+            raise TypeError(f"FormattedTable needs a DataFrame, got {type(df).__name__}")
+        self.df = df
+        self.caption = caption
+
+    def _repr_html_(self) -> str:
+        t = format_table(self.df)
+        cap = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in t.header)
+        body = []
+        for row in t.rows:
+            cells = []
+            for i, c in enumerate(row):
+                cls = (
+                    f' class="status-{html.escape(c.split()[0] if c.split() else "")}"'
+                    if i == t.status_col
+                    else ""
+                )
+                cells.append(f"<td{cls}>{html.escape(c)}</td>")
+            body.append("<tr>" + "".join(cells) + "</tr>")
+        if not body:
+            body.append(f'<tr><td colspan="{max(len(t.header), 1)}">(no rows)</td></tr>')
+        return (
+            '<table class="perfkit-table">'
+            f"{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        )
+
+    def __repr__(self) -> str:
+        text = markdown_table(self.df) if not self.df.empty else "(no rows)"
+        return (f"{self.caption}\n\n" if self.caption else "") + text
+
+
+def show_table(df: pd.DataFrame, caption: str | None = None) -> None:
+    """Display ``df`` in a notebook through the report's table formatter (no index column).
+
+    Raises:
+        TypeError: ``df`` is not a DataFrame.
+    """
+    from IPython.display import display
+
+    display(FormattedTable(df, caption))
+
+
+# ------------------------------------------------------------------------------ request roles
+def _shape_key(row: Mapping[str, Any]) -> tuple:
+    """What makes two requests the same compiled shape: the latent shape when recorded, else
+    (latent frames of the aligned frame count, height, width)."""
+    ls = row.get("latent_shape")
+    if isinstance(ls, str) and ls.strip():
+        return ("latent", ls)
+    nf = _int(row.get("num_frames"))
+    return ("frames", latent_frames(nf) if nf else None, _int(row.get("height")), _int(row.get("width")))
+
+
+def _int(v: Any) -> int | None:
+    try:
+        if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+            return None
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _shape_text(row: Mapping[str, Any]) -> str:
+    """``"24→25 frames (4 latent), 512x768, 30 steps"``."""
+    nf, eff = _int(row.get("num_frames")), _int(row.get("effective_num_frames"))
+    if eff is None and nf is not None:
+        eff = align_frames(nf)
+    frames = "–" if nf is None else (f"{nf}→{eff}" if eff is not None and eff != nf else f"{nf}")
+    lat = _int(row.get("latent_frames"))
+    if lat is None and eff is not None:
+        lat = latent_frames(eff)
+    h, w, steps = _int(row.get("height")), _int(row.get("width")), _int(row.get("steps"))
+    parts = [f"{frames} frames" + (f" ({lat} latent)" if lat is not None else "")]
+    if h is not None and w is not None:
+        parts.append(f"{h}x{w}")
+    if steps is not None:
+        parts.append(f"{steps} steps")
+    return ", ".join(parts)
+
+
+def request_roles(requests: pd.DataFrame) -> pd.DataFrame:
+    """``requests`` (a bundle's requests table) with ``role``, ``request`` and ``shape`` columns.
+
+    Per launch, in index order: the startup warmup (``index == -1``) is ``warmup``; the first
+    measured request is ``cold`` (``cold, new shape`` when its latent shape is not the warmup's);
+    a later request whose latent shape no earlier request of the launch (warmup included) had is
+    ``first of a new shape``; the rest are ``warm``. ``request`` is a short label
+    (``"warmup17 #3 first of a new shape"``), ``shape`` the shape in words
+    (``"24→25 frames (4 latent), 512x768, 30 steps"``).
+
+    Raises:
+        ValueError: ``requests`` lacks the ``launch`` or ``index`` column.
+    """
+    missing = [c for c in ("launch", "index") if c not in requests.columns]
+    if missing:
+        raise ValueError(f"request_roles: the requests table has no {', '.join(missing)} column")
+    df = requests.copy()
+    roles: dict[Any, str] = {}
+    for _, g in df.groupby("launch", sort=False, dropna=False):
+        seen: set[tuple] = set()
+        first = True
+        for idx, row in g.sort_values("index", kind="stable").iterrows():
+            key = _shape_key(row)
+            if _int(row["index"]) == WARMUP_INDEX:
+                roles[idx] = "warmup"
+            elif first:
+                roles[idx] = "cold, new shape" if seen and key not in seen else "cold"
+                first = False
+            else:
+                roles[idx] = "warm" if key in seen else "first of a new shape"
+            seen.add(key)
+    df["role"] = [roles.get(i, "warm") for i in df.index]
+    df["shape"] = [_shape_text(r) for _, r in df.iterrows()]
+    df["request"] = [
+        f"{r['launch']} " + ("warmup" if r["role"] == "warmup" else f"#{_int(r['index'])} {r['role']}")
+        for _, r in df.iterrows()
+    ]
+    return df
+
+
+def request_frame(requests: pd.DataFrame) -> pd.DataFrame:
+    """Every request of a bundle for display: launch, request index, role, shape, end-to-end
+    time (ms), recompilations (count, time in ms, reason) and status."""
+    if requests is None or requests.empty:
+        return pd.DataFrame(columns=["launch", "#", "role", "shape", "e2e (ms)", "status"])
+    df = request_roles(requests)
+    out = pd.DataFrame(
+        {
+            "launch": df["launch"],
+            "#": [("warmup" if _int(i) == WARMUP_INDEX else _int(i)) for i in df["index"]],
+            "role": df["role"],
+            "shape": df["shape"],
+            "e2e (ms)": df.get("e2e_ms"),
+            "compiles": df.get("compiles"),
+            "compiling (ms)": df.get("compile_ms"),
+            "recompile reason": [_reason(v) for v in df.get("recompile_reasons", [None] * len(df))],
+            "status": df.get("status"),
+        }
+    )
+    if out["recompile reason"].isna().all():
+        out = out.drop(columns=["recompile reason"])
+    return out.reset_index(drop=True)
+
+
+def _reason(v: Any) -> str | None:
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+        return None
+    s = str(v).strip()
+    return s or None
+
+
+# ------------------------------------------------------------------------------ first requests
+def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = None) -> pd.DataFrame:
+    """What each cold or first-of-a-new-shape request paid, and why.
+
+    For every request whose role (:func:`request_roles`) is ``cold``, ``cold, new shape`` or
+    ``first of a new shape``: its end-to-end time, the median of the warm requests of the same
+    shape in the same launch, the penalty (first − warm median, ms), the stage holding most of
+    it (from ``stages``: the same per-stage difference), and the recompilations the request
+    paid (count, compile time in ms, the compiler's reason, e.g. ``size mismatch at index 1,
+    expected 1152, actual 1536``).
+
+    Returns:
+        one row per such request (empty when the bundle has none); columns ``launch``,
+        ``request``, ``shape``, ``first (ms)``, ``warm median (ms)``, ``penalty (ms)``,
+        ``penalty stage``, ``stage penalty (ms)``, ``compiles``, ``compiling (ms)``,
+        ``recompile reason``.
+    """
+    cols = [
+        "launch",
+        "request",
+        "shape",
+        "first (ms)",
+        "warm median (ms)",
+        "penalty (ms)",
+        "penalty stage",
+        "stage penalty (ms)",
+        "compiles",
+        "compiling (ms)",
+        "recompile reason",
+    ]
+    if requests is None or requests.empty:
+        return pd.DataFrame(columns=cols)
+    df = request_roles(requests)
+    ok = df[df.get("status", "completed").astype("string").fillna("completed") == "completed"]
+    keys = {i: _shape_key(r) for i, r in ok.iterrows()}
+    out = []
+    for i, r in ok.iterrows():
+        if r["role"] not in ("cold", "cold, new shape", "first of a new shape"):
+            continue
+        warm = ok[(ok["launch"] == r["launch"]) & (ok["role"] == "warm")]
+        warm = warm[[keys[j] == keys[i] for j in warm.index]]
+        wmed = float(warm["e2e_ms"].median()) if not warm.empty else math.nan
+        first = float(r["e2e_ms"]) if pd.notna(r.get("e2e_ms")) else math.nan
+        stage, stage_ms = _penalty_stage(stages, r, warm)
+        out.append(
+            {
+                "launch": r["launch"],
+                "request": f"#{_int(r['index'])} {r['role']}",
+                "shape": r["shape"],
+                "first (ms)": first,
+                "warm median (ms)": wmed,
+                "penalty (ms)": first - wmed,
+                "penalty stage": stage,
+                "stage penalty (ms)": stage_ms,
+                "compiles": _int(r.get("compiles")),
+                "compiling (ms)": r.get("compile_ms"),
+                "recompile reason": _reason(r.get("recompile_reasons")),
+            }
+        )
+    return pd.DataFrame(out, columns=cols)
+
+
+def _penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: pd.DataFrame) -> tuple:
+    """(stage, ms) holding most of ``first``'s penalty over the warm median, per stage."""
+    if stages is None or stages.empty or warm.empty or "request_id" not in stages.columns:
+        return None, math.nan
+    mine = stages[stages["request_id"] == first.get("request_id")]
+    theirs = stages[stages["request_id"].isin(list(warm["request_id"]))]
+    if mine.empty or theirs.empty:
+        return None, math.nan
+    med = theirs.groupby("stage")["ms"].median()
+    pen = mine.groupby("stage")["ms"].sum() - med
+    pen = pen.dropna()
+    if pen.empty:
+        return None, math.nan
+    top = str(pen.idxmax())
+    return top, float(pen[top])
+
+
+# ------------------------------------------------------------------------------ verdict in words
+def _rows(rows: Iterable[Check | Mapping[str, Any]]) -> pd.DataFrame:
+    return check_table(list(rows))
+
+
+def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gate") -> str:
+    """The verdict in sentences, from the very check rows the gate judges (never from anything
+    recorded beside them): the overall status, then each failed, skipped and passed check with
+    its reason.
+
+    ``**Gate: fail.** 1 of 5 checks failed: `latency_drift` (0.091 > 0.05).`` A table of no
+    rows says that nothing was gated.
+    """
+    df = _rows(rows)
+    if df.empty:
+        return f"**{what}: nothing gated** (no invariant of this investigation has a limit)."
+    status = overall_status(df)
+    n = len(df)
+    lines = [f"**{what}: {status}.**"]
+
+    def listed(sub: pd.DataFrame) -> str:
+        return ", ".join(f"`{m}` ({r})" if r else f"`{m}`" for m, r in zip(sub["metric"], sub["reason"]))
+
+    failed = df[df["status"] == "fail"]
+    skipped = df[df["status"] == "skipped"]
+    passed = df[df["status"].isin(("pass", "improved", "new"))]
+    if not failed.empty:
+        lines.append(f"{len(failed)} of {n} checks failed: {listed(failed)}.")
+    if not skipped.empty:
+        lines.append(f"Not measured, so not judged: {listed(skipped)}.")
+    if not passed.empty:
+        word = "Every measured check passed" if failed.empty else "Passed"
+        lines.append(f"{word}: {listed(passed)}.")
+    return " ".join(lines)
+
+
+def check_frame(
+    rows: Iterable[Check | Mapping[str, Any]], metrics: Iterable[str] | None = None
+) -> pd.DataFrame:
+    """The check rows (those whose metric is in ``metrics``, when given) as a table: metric,
+    limit, measured, status, reason."""
+    df = _rows(rows)
+    if metrics is not None:
+        df = df[df["metric"].isin(list(metrics))]
+    return df.rename(columns={"expected": "limit", "actual": "measured"})[
+        ["metric", "limit", "measured", "status", "reason"]
+    ].reset_index(drop=True)
+
+
+def invariants_frame(scenario: str, given: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """The limits ``scenario`` is judged against: each invariant it declares, its default, the
+    value given (a params file's, a notebook's or a replay's ``invariants``; "–" when not
+    given) and the limit in effect (defaults merged with what is given,
+    :func:`perfkit.scenarios.registry.merged_invariants`; "–": reported, not gated).
+
+    Raises:
+        KeyError: unknown scenario. ValueError: an unknown invariant key in ``given``.
+    """
+    s = registry.get(scenario)
+    merged = registry.merged_invariants(given)
+    defaults = s.invariant_defaults()
+    given = dict(given or {})
+    rows = [
+        {
+            "invariant": k,
+            "default": d,
+            "given": given[k] if k in given else None,
+            "in effect": merged.get(k),
+        }
+        for k, d in defaults.items()
+    ]
+    return pd.DataFrame(rows, columns=["invariant", "default", "given", "in effect"])
