@@ -117,8 +117,10 @@ def _nb(title: str, intro: str, params: str, cells: list) -> nbformat.NotebookNo
         "language": "python",
     }
     nb.metadata["language_info"] = {"name": "python"}
-    for i, c in enumerate(nb.cells):  # stable ids: regenerating gives the same files
-        c.id = f"cell-{i:02d}"
+    # stable ids, the ones nbstripout's git filter writes (the cell's position): regenerating gives
+    # the same files, and a notebook saved from JupyterLab cleans back to exactly this file
+    for i, c in enumerate(nb.cells):
+        c.id = str(i)
     return nb
 
 

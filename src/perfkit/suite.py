@@ -197,8 +197,10 @@ class SuiteProgress:
             self.launch_bar = None
 
     @contextlib.contextmanager
-    def watch(self, path: Path, scenario: str):
-        """Tail ``path`` (events of ``scenario``'s notebook) while the block runs."""
+    def watch(self, path: Path, scenario: str, planned: int = 0):
+        """Tail ``path`` (events of ``scenario``'s notebook) while the block runs. ``planned``:
+        the requests its plan estimated; those it did not send (a launch reused from an earlier
+        scenario, a failure) are counted as done when it ends, so the ETA stays honest."""
         import threading
 
         from perfkit.scenarios.progress import read_events
@@ -206,6 +208,7 @@ class SuiteProgress:
         if not self.enabled:
             yield
             return
+        start = self.overall.n
         stop = threading.Event()
         offset = path.stat().st_size if path.exists() else 0
 
@@ -226,6 +229,9 @@ class SuiteProgress:
         finally:
             stop.set()
             t.join(timeout=5)
+            short = planned - (self.overall.n - start)
+            if short > 0:
+                self.overall.update(short)
 
     def close(self) -> None:
         if self.launch_bar is not None:
@@ -728,7 +734,7 @@ def run_suite(
         log.info("running %s", src)
         pfile = run_dir / "notebooks" / f"{name}.progress.jsonl"
         try:
-            with bars.watch(pfile, name):
+            with bars.watch(pfile, name, run_plan(params, [name])[1] if replay_dir is None else 0):
                 r = execute_notebook(
                     src,
                     dst,
