@@ -204,18 +204,25 @@ def test_progress_outside_jupyter_is_the_text_bar():
 
 def test_suite_bars_estimate_from_the_params():
     from perfkit.params import load_params
-    from perfkit.suite import SuiteProgress, run_plan
+    from perfkit.scenarios.progress import RunBars
+    from perfkit.suite import run_plan
 
     p = load_params(ROOT / "params" / "h200.yaml")
     # cold_warm 1 x 5, warmup_shapes 2 x (2 shapes x 3), memory_budget 2 caps x 5
     assert run_plan(p, p.enabled()) == (5, 27)
     with open(os.devnull, "w") as sink:
-        bars = SuiteProgress(sink, 5, 27)
+        bars = RunBars(sink, 5, 27)
         bars.handle({"event": "launch", "label": "session", "requests": 5}, "cold_warm")
         bars.handle({"event": "request", "label": "session", "i": 1, "n": 5})
         assert bars.overall.n == 1 and bars.overall.total == 27 and bars.launch_bar.n == 1
         bars.handle({"event": "launch_done", "label": "session"})
         assert bars.launch_bar is None
+        # in process (python -m perfkit.measure): track_requests feeds the bars, draws none itself
+        with bars.listen("warmup_shapes", planned=6):
+            assert list(progress.track_requests([1, 2, 3], "warmup17")) == [1, 2, 3]
+            assert bars.overall.n == 4
+        assert bars.overall.n == 7  # the 3 planned requests it did not send count as done
+        assert progress._LISTENERS == []
         bars.close()
 
 

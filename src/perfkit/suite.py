@@ -71,7 +71,7 @@ from perfkit.params import ParamsError, SuiteParams, load_params, parse_params
 from perfkit.report.render import notebook_error
 from perfkit.scenarios import registry
 from perfkit.scenarios.common import slug
-from perfkit.scenarios.progress import PROGRESS_ENV, planned_requests
+from perfkit.scenarios.progress import PROGRESS_ENV, RunBars, planned_requests
 
 log = logging.getLogger(__name__)
 
@@ -147,96 +147,6 @@ def _env(key: str, value: str):
             os.environ.pop(key, None)
         else:
             os.environ[key] = old
-
-
-class SuiteProgress:
-    """The suite's terminal bars below its notebook bar, drawn from the kernels' progress events
-    (:mod:`perfkit.scenarios.progress`): every request of the run (total from the scenarios'
-    plans, so tqdm gives an ETA; the launches in its postfix) and the requests of the current
-    launch. A thread tails the events file of the notebook that runs."""
-
-    def __init__(self, file: Any, launches: int, requests: int, enabled: bool = True) -> None:
-        from tqdm.std import tqdm
-
-        self._tqdm = tqdm
-        self.file = file
-        self.enabled = enabled and requests > 0
-        self.launches_planned = launches
-        self.launches_seen = 0
-        self.overall = tqdm(
-            total=requests, desc="requests", unit="request", file=file, position=1, disable=not self.enabled
-        )
-        self.launch_bar: Any = None
-        self._stop = None
-        self._thread = None
-
-    def handle(self, ev: Mapping[str, Any], scenario: str = "") -> None:
-        """Apply one event (``launch``, ``request``, ``launch_done``) to the bars."""
-        if not self.enabled:
-            return
-        kind = ev.get("event")
-        if kind == "launch":
-            self.launches_seen += 1
-            self.overall.set_postfix_str(f"launch {self.launches_seen}/~{self.launches_planned}")
-            if self.launch_bar is not None:
-                self.launch_bar.close()
-            self.launch_bar = self._tqdm(
-                total=int(ev.get("requests") or 0),
-                desc=f"{scenario} {ev.get('label', '')}".strip(),
-                unit="request",
-                file=self.file,
-                position=2,
-                leave=False,
-            )
-        elif kind == "request":
-            self.overall.update(1)
-            if self.launch_bar is not None:
-                self.launch_bar.update(1)
-        elif kind == "launch_done" and self.launch_bar is not None:
-            self.launch_bar.close()
-            self.launch_bar = None
-
-    @contextlib.contextmanager
-    def watch(self, path: Path, scenario: str, planned: int = 0):
-        """Tail ``path`` (events of ``scenario``'s notebook) while the block runs. ``planned``:
-        the requests its plan estimated; those it did not send (a launch reused from an earlier
-        scenario, a failure) are counted as done when it ends, so the ETA stays honest."""
-        import threading
-
-        from perfkit.scenarios.progress import read_events
-
-        if not self.enabled:
-            yield
-            return
-        start = self.overall.n
-        stop = threading.Event()
-        offset = path.stat().st_size if path.exists() else 0
-
-        def loop() -> None:
-            nonlocal offset
-            while True:
-                events, offset = read_events(path, offset)
-                for ev in events:
-                    self.handle(ev, scenario)
-                if stop.is_set():
-                    return
-                stop.wait(0.5)
-
-        t = threading.Thread(target=loop, name="perfkit-progress", daemon=True)
-        t.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            t.join(timeout=5)
-            short = planned - (self.overall.n - start)
-            if short > 0:
-                self.overall.update(short)
-
-    def close(self) -> None:
-        if self.launch_bar is not None:
-            self.launch_bar.close()
-        self.overall.close()
 
 
 @contextlib.contextmanager
@@ -715,7 +625,7 @@ def run_suite(
     bar_file = os.fdopen(os.dup(2), "w") if progress else sys.stderr
     it = tqdm(names, desc="perfkit suite", unit="notebook", disable=not progress, file=bar_file)
     planned = run_plan(params, [n for n in names if n != GATE]) if replay_dir is None else (0, 0)
-    bars = SuiteProgress(bar_file, *planned, enabled=progress)
+    bars = RunBars(bar_file, *planned, enabled=progress)
     for name in it:
         it.set_postfix_str(name)
         src = nb_dir / f"{name}.ipynb"
