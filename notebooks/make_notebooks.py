@@ -41,7 +41,7 @@ from perfkit.gate import run as gate_run
 from perfkit.gate import verdicts
 from perfkit.report import plots, reading, show, summary_frame
 from perfkit.report.notebook import (check_frame, first_request_costs, invariants_frame,
-                                     request_frame, show_table, verdict_markdown)
+                                     replay_markdown, request_frame, show_table, verdict_markdown)
 from perfkit.scenarios.runner import load_or_run"""
 
 
@@ -102,8 +102,7 @@ results = bundle.results
 rows = gate_run.scenario_checks("{name}", results, invariants)  # defaults merged with `invariants`
 _verdict = verdicts.write_verdict(out, "{name}", rows)
 if bundle_dir:
-    display(Markdown(f"Replayed from `{{bundle_dir}}`: the measurements are the recorded ones; "
-                     "the checks are judged again, here, against the limits below."))
+    display(Markdown(replay_markdown(bundle.meta.get("params"), dict({args}), bundle_dir)))
 show_table(invariants_frame("{name}", invariants), caption="Limits this run is judged against")'''
 
 

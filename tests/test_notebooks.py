@@ -279,3 +279,23 @@ def test_saving_a_notebook_with_outputs_leaves_git_clean(tmp_path):
     git("add", "-A")
     assert git("status", "--porcelain") == ""
     assert "72.954829" in (repo / "cold_warm.ipynb").read_text()  # the outputs stay in the file
+
+
+def test_replay_names_the_params_it_cannot_apply():
+    b = ResultBundle.load(H200 / "memory_budget")  # measured with 12 GiB + 32 GiB host, 3 repeats
+    text = nbk.replay_markdown(
+        b.meta.get("params"),
+        {
+            "caps": [
+                {"label": "unlimited"},
+                {"label": "12GiB dev + 32GiB host", "device_gib": 12.0, "host_gib": 32.0},
+            ],
+            "repeats": 5,
+        },
+        "bundles/memory_budget",
+    )
+    assert "judged again" in text
+    assert "`repeats`: given 5, measured with 3" in text
+    assert "`caps`" not in text  # the same caps, stated with fewer keys, are not a difference
+    same = nbk.replay_markdown(b.meta.get("params"), {"repeats": 3}, "x")
+    assert "differ" not in same

@@ -15,7 +15,9 @@ disagree:
   recompilations it paid (count, time, reason);
 - :func:`verdict_markdown`: the verdict in sentences, made from the check rows the gate judges;
 - :func:`invariants_frame`: the limits this run was judged against (defaults merged with the
-  ones given, e.g. on a replay).
+  ones given, e.g. on a replay);
+- :func:`replay_markdown`: on a replay, what is judged again (the checks) and which of the
+  given measurement params differ from those the bundle was measured with (they cannot apply).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "verdict_markdown",
     "invariants_frame",
     "check_frame",
+    "replay_markdown",
 ]
 
 #: request roles, in the design doc's words
@@ -356,3 +359,57 @@ def invariants_frame(scenario: str, given: Mapping[str, Any] | None = None) -> p
         for k, d in defaults.items()
     ]
     return pd.DataFrame(rows, columns=["invariant", "default", "given", "in effect"])
+
+
+# ------------------------------------------------------------------------------ replay
+def _comparable(given: Any, recorded: Any) -> Any:
+    """``recorded`` reduced to what ``given`` states: dict keys ``given`` has, None values
+    dropped (a recorded cap also records its defaults)."""
+    if isinstance(given, Mapping) and isinstance(recorded, Mapping):
+        return {k: _comparable(given[k], recorded.get(k)) for k in given if given[k] is not None}
+    if (
+        isinstance(given, (list, tuple))
+        and isinstance(recorded, (list, tuple))
+        and len(given) == len(recorded)
+    ):
+        return [_comparable(g, r) for g, r in zip(given, recorded)]
+    return recorded
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items() if x is not None}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def replay_markdown(recorded_params: Mapping[str, Any] | None, given: Mapping[str, Any], source: str) -> str:
+    """What a replay of ``source`` re-applies and what it cannot: the checks are judged again
+    against the invariants given (merged over the defaults); measurement params (repeats, caps,
+    shapes) are the bundle's. Each given param whose value differs from the one recorded in the
+    bundle's ``meta.json`` is named with both values.
+
+    Args:
+        recorded_params: the bundle's ``meta["params"]`` (None: not recorded).
+        given: the notebook's params section (field -> value).
+        source: the replayed bundle directory, for the text.
+    """
+    lines = [
+        f"Replayed from `{source}`: the measurements are the recorded ones; the checks are judged "
+        "again, here, against the limits below (a verdict recorded in the bundle is not used)."
+    ]
+    rec = dict(recorded_params or {})
+    diffs = []
+    for key, value in given.items():
+        if key not in rec:
+            continue
+        want, had = _plain(value), _plain(_comparable(value, rec[key]))
+        if want != had:
+            diffs.append(f"`{key}`: given {want!r}, measured with {_plain(rec[key])!r}")
+    if diffs:
+        lines.append(
+            "These params differ from what the bundle was measured with and cannot apply to a "
+            "replay (the table and plots show what was measured): " + "; ".join(diffs) + "."
+        )
+    return " ".join(lines)
