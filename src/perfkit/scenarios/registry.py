@@ -71,6 +71,20 @@ class InvariantParams(_Model):
     A field set to None is not gated."""
 
 
+class EngineInvariants(InvariantParams):
+    """What every launch's engine must really run (checked on every bundle by the gate, from
+    the ``launches`` table's effective config: :mod:`perfkit.readings.engine_config`).
+
+    A launch whose engine hit torch.compile's recompile limit always fails: after the limit
+    torch runs the frame eagerly, a silent slowdown a baseline would absorb.
+    """
+
+    #: True when the params expect the engine to drop torch.compile (e.g. a placement that
+    #: offloads the transformer); otherwise compile asked but not active fails, with the
+    #: engine's reason
+    compile_inactive_ok: bool = False
+
+
 class CapParams(_Model):
     """One memory budget (GiB). ``None`` means no cap on that side."""
 
@@ -196,6 +210,11 @@ def register(scenario: Scenario) -> Scenario:
     if scenario.name in _REGISTRY:
         raise ValueError(f"scenario {scenario.name!r} is registered twice")
     mine = set(scenario.invariants_model.model_fields)
+    taken = mine & set(EngineInvariants.model_fields)
+    if taken:
+        raise ValueError(
+            f"invariant keys {sorted(taken)} of {scenario.name!r} are the engine's (EngineInvariants)"
+        )
     for other in _REGISTRY.values():
         clash = mine & set(other.invariants_model.model_fields)
         if clash:
@@ -228,15 +247,16 @@ def names() -> tuple[str, ...]:
 
 
 def invariant_defaults() -> dict[str, Any]:
-    """Every scenario's invariant defaults, merged (keys are unique across scenarios)."""
-    out: dict[str, Any] = {}
+    """Every scenario's invariant defaults and the engine's (:class:`EngineInvariants`), merged
+    (keys are unique across scenarios)."""
+    out: dict[str, Any] = EngineInvariants().model_dump()
     for s in _REGISTRY.values():
         out.update(s.invariant_defaults())
     return out
 
 
 def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Every scenario's invariant defaults overlaid with ``given`` (the ``invariants`` of a params
+    """Every invariant default (:func:`invariant_defaults`) overlaid with ``given`` (the ``invariants`` of a params
     file, of a notebook or of a replay): a key given replaces its default, a key given as None is
     not gated, every key not given keeps its default. So ``{"latency_drift_max": 0.05}`` tightens
     one limit and leaves every other check in place.
@@ -262,12 +282,12 @@ def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
         raise ValueError(f"invariants: unknown key {', '.join(hints)}; known: {', '.join(out)}")
     from pydantic import ValidationError
 
-    for s in _REGISTRY.values():
-        mine = {k: v for k, v in given.items() if k in s.invariants_model.model_fields}
+    for model in (EngineInvariants, *(s.invariants_model for s in _REGISTRY.values())):
+        mine = {k: v for k, v in given.items() if k in model.model_fields}
         if not mine:
             continue
         try:
-            s.invariants_model.model_validate(mine)
+            model.model_validate(mine)
         except ValidationError as exc:
             e = exc.errors()[0]
             key = ".".join(map(str, e.get("loc") or ())) or "?"
