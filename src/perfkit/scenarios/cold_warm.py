@@ -243,7 +243,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
         KeyNumber("cold start, ready", number(cs.get("ready_s")), "s", ".1f"),
         KeyNumber("cold request", number(r.get("cold_ms")), "ms"),
         KeyNumber("warm median", number(r.get("warm_median_ms")), "ms"),
-        KeyNumber("warm/cold ratio", number(r.get("warm_cold_ratio")), "", ".2f"),
+        KeyNumber("warm/cold ratio", number(r.get("warm_cold_ratio")), "", "g"),
         KeyNumber("first-request penalty stage", r.get("penalty_stage") or None),
     ]
 
@@ -281,7 +281,7 @@ def reading(r: Mapping[str, Any]) -> str:
         f"{fmt(cs.get('warmup_s'), '.1f', ' s')}).",
         f"The **cold request** took {fmt(r.get('cold_ms'), '.0f', ' ms')}; the **warm** "
         f"median is {fmt(r.get('warm_median_ms'), '.0f', ' ms')}: warm/cold ratio "
-        f"{fmt(ratio, '.2f')} (95% CI {fmt(ci[0], '.2f')}..{fmt(ci[1], '.2f')}).",
+        f"{fmt(ratio, 'g')} (95% CI {fmt(ci[0], 'g')}..{fmt(ci[1], 'g')}).",
     ]
     if stage:
         lines.append(

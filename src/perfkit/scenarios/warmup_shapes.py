@@ -275,7 +275,8 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             if ratio is None and number(c.get("warm_median_ms")) and number(c.get("first_ms")) is not None:
                 ratio = float(c["first_ms"]) / float(c["warm_median_ms"])
             what = (
-                f"penalty {c['penalty_ms']:.0f} ms in {c.get('penalty_stage')}"
+                f"penalty {fmt(c['penalty_ms'], '.0f', ' ms')}"
+                + (f" in {c['penalty_stage']}" if c.get("penalty_stage") else "")
                 if number(c.get("penalty_ms")) is not None
                 else ""
             )
