@@ -213,7 +213,7 @@ def check_bundle(bundle: ResultBundle) -> None:
 def _ratio_ci(r: Mapping[str, Any]) -> str:
     ci = r.get("warm_cold_ratio_ci")
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(number(x) is not None for x in ci):
-        return f"95% CI {ci[0]:.3g}..{ci[1]:.3g}"
+        return f"95% CI {fmt(ci[0], 'g')}..{fmt(ci[1], 'g')}"
     return ""
 
 

@@ -299,7 +299,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
             KeyNumber(
                 f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f",
                 ("covered" if c.get("covered") else "not covered")
-                + f", penalty {'–' if pen is None else f'{pen:.0f} ms'}, "
+                + f", penalty {fmt(pen, '.0f', ' ms')}, "
                 f"{_compiles(c.get('compiles'))}",
             )
         )
