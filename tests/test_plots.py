@@ -260,7 +260,7 @@ def test_coverage_heatmap_annotations():
     assert len(ax.images) == 1
     texts = [t.get_text() for t in ax.texts]
     assert len(texts) == 4
-    assert any("3100 ms" in t and "not covered" in t for t in texts)
+    assert any("3,100 ms" in t and "not covered" in t for t in texts)
     assert sum(t.endswith("\ncovered") for t in texts) == 2
     assert any("ms" in a.get_ylabel() for a in fig.axes)  # colour bar in ms
     assert "frames" in ax.get_xlabel()

@@ -811,7 +811,7 @@ def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Fig
         pen = rec["penalty_ms"]
         cov = rec["covered"]
         cov_s = "?" if cov is None else ("covered" if bool(cov) else "not covered")
-        lines = [f"{pen:.0f} ms" if _finite(pen) else "n/a"]
+        lines = [f"{pen:,.0f} ms" if _finite(pen) else "n/a"]
         if _finite(rec["ratio"]):
             lines.append(f"x{float(rec['ratio']):.2f}")
         lines.append(cov_s)

@@ -252,10 +252,10 @@ _CELL_STYLE = [
     {"selector": "", "props": "border-collapse:collapse;margin:.4em 0;font-size:.9em;max-width:100%"},
     {
         "selector": "th, td",
-        "props": "border:1px solid #d0d7de;padding:3px 8px;text-align:left;"
-        "vertical-align:top;overflow-wrap:anywhere",
+        "props": "border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top",
     },
-    {"selector": "th", "props": "background:#f6f8fa"},
+    {"selector": "td", "props": "overflow-wrap:break-word"},
+    {"selector": "th", "props": "background:#f6f8fa;overflow-wrap:normal;word-break:normal"},
 ]
 
 
