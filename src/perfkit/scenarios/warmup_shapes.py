@@ -298,8 +298,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
         out.append(
             KeyNumber(
                 f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f",
-                ("covered" if c.get("covered") else "not covered")
-                + f", penalty {fmt(pen, '.0f', ' ms')}, "
+                ("covered" if c.get("covered") else "not covered") + f", penalty {fmt(pen, '.0f', ' ms')}, "
                 f"{_compiles(c.get('compiles'))}",
             )
         )
