@@ -508,7 +508,7 @@ def stage_breakdown(
         ax.set_xticks(x, stage_cols, rotation=15 if len(stage_cols) > 5 else 0)
         if log:
             _ms_axis(ax)
-            ax.set_ylabel("stage latency (log scale)")
+            ax.set_ylabel("stage latency (ms, s; log scale)")
         else:
             ax.set_ylabel("stage latency (ms)")
             ax.set_ylim(bottom=0)
@@ -642,7 +642,7 @@ def e2e_per_request(
         _empty_note(ax, f"no {metric} values")
     ax.set_xlabel("request index (0 = cold request, the first after ready)")
     what = "end-to-end" if metric == "e2e_ms" else "client-side"
-    ax.set_ylabel(f"{what} latency ({'log scale' if ax.get_yscale() == 'log' else 'ms'})")
+    ax.set_ylabel(f"{what} latency ({'ms, s; log scale' if ax.get_yscale() == 'log' else 'ms'})")
     ax.set_title(title or "End-to-end latency per request")
     return fig
 
@@ -744,7 +744,7 @@ def step_times(
     if n_lines == 0:
         _empty_note(ax, "no step records")
     ax.set_xlabel("denoising step index")
-    ax.set_ylabel(f"step time ({'log scale' if ax.get_yscale() == 'log' else 'ms'})")
+    ax.set_ylabel(f"step time ({'ms, s; log scale' if ax.get_yscale() == 'log' else 'ms'})")
     ax.set_title(title or f"Per-step time{f' ({stage})' if stage else ''}: cold vs warm requests")
     return fig
 
