@@ -33,7 +33,9 @@ def html_problems(nb_path: str | Path) -> list[str]:
     column, "NaN"/"None" text, exponent notation, a number with more than 3 decimals."""
     problems = []
     for h in outputs(nb_path, "text/html"):
-        text = re.sub(r"<[^>]+>", " ", h)
+        # the text a reader sees: style blocks (pandas Styler's generated ids) and tags dropped
+        text = re.sub(r"<(style|script)\b.*?</\1>", " ", h, flags=re.S | re.I)
+        text = re.sub(r"<[^>]+>", " ", text)
         if 'class="dataframe"' in h:
             problems.append("raw pandas table (index column)")
         for rx, what in (

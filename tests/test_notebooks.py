@@ -18,7 +18,8 @@ import yaml
 
 from notebook_checks import html_problems, outputs
 from perfkit.bundle import ResultBundle
-from perfkit.checks import Check, number_text
+from perfkit.checks import Check
+from perfkit.common.numfmt import number_text
 from perfkit.gate import verdicts
 from perfkit.gate.run import scenario_checks
 from perfkit.report import notebook as nbk
@@ -147,9 +148,17 @@ def test_request_roles_and_first_request_costs_on_h200_warmup_shapes():
     b = ResultBundle.load(H200 / "warmup_shapes")
     roles = nbk.request_roles(b.requests)
     w17 = roles[roles["launch"] == "warmup17"].sort_values("index")
-    assert list(w17["role"]) == ["warmup", "cold", "warm", "warm", "first of a new shape", "warm", "warm"]
+    assert list(w17["role"]) == [
+        "startup warmup",
+        "cold",
+        "warm",
+        "warm",
+        "first of a new shape",
+        "warm",
+        "warm",
+    ]
     w25 = roles[roles["launch"] == "warmup25"].sort_values("index")
-    assert list(w25["role"])[:4] == ["warmup", "cold, new shape", "warm", "warm"]
+    assert list(w25["role"])[:4] == ["startup warmup", "cold, new shape", "warm", "warm"]
     costs = nbk.first_request_costs(b.requests, b.stages)
     row = costs[(costs["launch"] == "warmup17") & (costs["request"] == "#3 first of a new shape")].iloc[0]
     assert row["penalty stage"] == "DenoisingStage"

@@ -17,6 +17,8 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from perfkit.common.numfmt import number_text
+
 __all__ = [
     "Check",
     "CHECK_COLUMNS",
@@ -28,7 +30,6 @@ __all__ = [
     "check_markdown",
     "overall_status",
     "number",
-    "number_text",
 ]
 
 CHECK_COLUMNS = ["case", "metric", "expected", "actual", "bound", "status", "reason"]
@@ -75,31 +76,6 @@ def number(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return x if math.isfinite(x) else None
-
-
-def number_text(v: float) -> str:
-    """A number in a check's reason, by the report's table rule: never exponent notation, never
-    more than three decimals (``0.0912293`` -> ``"0.091"``, ``-3.9e-13`` -> ``"0"``,
-    ``57445.3`` -> ``"57,445"``, ``1.0`` -> ``"1"``); inf as ``"∞"``."""
-    f = float(v)
-    if math.isnan(f):
-        return "nan"
-    if math.isinf(f):
-        return "∞" if f > 0 else "-∞"
-    a = abs(f)
-    if a < 1e15 and f == round(f):
-        return f"{int(round(f)):,}"
-    if a >= 100:
-        s = f"{f:,.0f}"
-    elif a >= 10:
-        s = f"{f:,.1f}"
-    elif a >= 1:
-        s = f"{f:.2f}"
-    else:
-        s = f"{f:.3f}"
-    if "." in s:
-        s = s.rstrip("0").rstrip(".")
-    return "0" if s in ("0", "-0") else s
 
 
 def check_max(

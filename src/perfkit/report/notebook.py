@@ -2,14 +2,15 @@
 
 Everything here reads the same bundle tables and the same :class:`~perfkit.checks.Check` rows
 as the gate, and renders through the report's one table formatter
-(:func:`perfkit.report.tables.format_table`), so a notebook, the report and the gate never
+(:func:`perfkit.report.tables.styled`), so a notebook, the report and the gate never
 disagree:
 
 - :func:`show_table`: display a DataFrame through the formatter (no index column, "–" for not
   measured, rounded numbers);
 - :func:`request_roles` / :func:`request_frame`: every request of a bundle labelled with its
-  shape (frames asked → generated, latent frames, pixels, steps) and its role: ``warmup``,
-  ``cold``, ``cold, new shape``, ``first of a new shape`` or ``warm``;
+  shape (frames asked → generated, latent frames, pixels, steps) and its role (those of
+  :func:`perfkit.report.plots.request_roles`): ``startup warmup``, ``cold``, ``cold, new
+  shape``, ``first of a new shape`` or ``warm``;
 - :func:`first_request_costs`: for each cold or first-of-a-new-shape request, its penalty over
   the warm median of the same shape in the same launch, the stage holding most of it, and the
   recompilations it paid (count, time, reason);
@@ -22,7 +23,6 @@ disagree:
 
 from __future__ import annotations
 
-import html
 import math
 from typing import Any, Iterable, Mapping
 
@@ -31,12 +31,13 @@ import pandas as pd
 from perfkit.bundle import WARMUP_INDEX
 from perfkit.checks import Check, check_table, overall_status
 from perfkit.common.frames import align_frames, latent_frames
-from perfkit.report.tables import format_table, markdown_table
+from perfkit.report.plots import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP
+from perfkit.report.plots import request_roles as plot_roles
+from perfkit.report.tables import styled
 from perfkit.scenarios import registry
 
 __all__ = [
     "ROLES",
-    "FormattedTable",
     "show_table",
     "request_roles",
     "request_frame",
@@ -47,56 +48,25 @@ __all__ = [
     "replay_markdown",
 ]
 
-#: request roles, in the design doc's words
-ROLES = ("warmup", "cold", "cold, new shape", "first of a new shape", "warm")
-
-
-class FormattedTable:
-    """A DataFrame as the report formats it: HTML in a notebook (``_repr_html_``), a Markdown
-    table as text (``repr``). Made by :func:`show_table`."""
-
-    def __init__(self, df: pd.DataFrame, caption: str | None = None) -> None:
-        if not isinstance(df, pd.DataFrame):
-            raise TypeError(f"FormattedTable needs a DataFrame, got {type(df).__name__}")
-        self.df = df
-        self.caption = caption
-
-    def _repr_html_(self) -> str:
-        t = format_table(self.df)
-        cap = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in t.header)
-        body = []
-        for row in t.rows:
-            cells = []
-            for i, c in enumerate(row):
-                cls = (
-                    f' class="status-{html.escape(c.split()[0] if c.split() else "")}"'
-                    if i == t.status_col
-                    else ""
-                )
-                cells.append(f"<td{cls}>{html.escape(c)}</td>")
-            body.append("<tr>" + "".join(cells) + "</tr>")
-        if not body:
-            body.append(f'<tr><td colspan="{max(len(t.header), 1)}">(no rows)</td></tr>')
-        return (
-            '<table class="perfkit-table">'
-            f"{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-        )
-
-    def __repr__(self) -> str:
-        text = markdown_table(self.df) if not self.df.empty else "(no rows)"
-        return (f"{self.caption}\n\n" if self.caption else "") + text
+#: request roles, in the design doc's words (those of :func:`perfkit.report.plots.request_roles`,
+#: the cold request split by whether the warmup had run its shape)
+COLD_NEW_SHAPE = "cold, new shape"
+ROLES = (ROLE_WARMUP, ROLE_COLD, COLD_NEW_SHAPE, ROLE_NEW_SHAPE, ROLE_WARM)
+#: the roles of a request that ran its shape first in its launch
+FIRST_OF_SHAPE = (ROLE_COLD, COLD_NEW_SHAPE, ROLE_NEW_SHAPE)
 
 
 def show_table(df: pd.DataFrame, caption: str | None = None) -> None:
-    """Display ``df`` in a notebook through the report's table formatter (no index column).
+    """Display ``df`` in a notebook through the report's table formatter
+    (:func:`perfkit.report.tables.styled`: no index column, units in the header, rounded
+    numbers, "–" for not measured).
 
     Raises:
         TypeError: ``df`` is not a DataFrame.
     """
     from IPython.display import display
 
-    display(FormattedTable(df, caption))
+    display(styled(df, caption=caption))
 
 
 # ------------------------------------------------------------------------------ request roles
@@ -137,13 +107,12 @@ def _shape_text(row: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def request_roles(requests: pd.DataFrame) -> pd.DataFrame:
+def request_roles(requests: pd.DataFrame, launches: pd.DataFrame | None = None) -> pd.DataFrame:
     """``requests`` (a bundle's requests table) with ``role``, ``request`` and ``shape`` columns.
 
-    Per launch, in index order: the startup warmup (``index == -1``) is ``warmup``; the first
-    measured request is ``cold`` (``cold, new shape`` when its latent shape is not the warmup's);
-    a later request whose latent shape no earlier request of the launch (warmup included) had is
-    ``first of a new shape``; the rest are ``warm``. ``request`` is a short label
+    The roles are :func:`perfkit.report.plots.request_roles`' (the plots label requests the
+    same way): ``startup warmup``, ``cold`` (``cold, new shape`` when the warmup had not run
+    its latent shape), ``first of a new shape``, ``warm``. ``request`` is a short label
     (``"warmup17 #3 first of a new shape"``), ``shape`` the shape in words
     (``"24→25 frames (4 latent), 512x768, 30 steps"``).
 
@@ -153,25 +122,20 @@ def request_roles(requests: pd.DataFrame) -> pd.DataFrame:
     missing = [c for c in ("launch", "index") if c not in requests.columns]
     if missing:
         raise ValueError(f"request_roles: the requests table has no {', '.join(missing)} column")
-    df = requests.copy()
-    roles: dict[Any, str] = {}
-    for _, g in df.groupby("launch", sort=False, dropna=False):
-        seen: set[tuple] = set()
-        first = True
-        for idx, row in g.sort_values("index", kind="stable").iterrows():
-            key = _shape_key(row)
-            if _int(row["index"]) == WARMUP_INDEX:
-                roles[idx] = "warmup"
-            elif first:
-                roles[idx] = "cold, new shape" if seen and key not in seen else "cold"
-                first = False
-            else:
-                roles[idx] = "warm" if key in seen else "first of a new shape"
-            seen.add(key)
-    df["role"] = [roles.get(i, "warm") for i in df.index]
+    df = requests.reset_index(drop=True)
+    roles = plot_roles(df, launches)
+    by_key = {
+        (r["launch"], r["request_id"], _int(r["index"])): (r["role"], bool(r["new_shape"]))
+        for _, r in roles.iterrows()
+    }
+    role = []
+    for _, r in df.iterrows():
+        name, new = by_key.get((r["launch"], r.get("request_id"), _int(r["index"])), (ROLE_WARM, False))
+        role.append(COLD_NEW_SHAPE if name == ROLE_COLD and new else name)
+    df["role"] = role
     df["shape"] = [_shape_text(r) for _, r in df.iterrows()]
     df["request"] = [
-        f"{r['launch']} " + ("warmup" if r["role"] == "warmup" else f"#{_int(r['index'])} {r['role']}")
+        f"{r['launch']} " + ("warmup" if r["role"] == ROLE_WARMUP else f"#{_int(r['index'])} {r['role']}")
         for _, r in df.iterrows()
     ]
     return df
@@ -245,9 +209,9 @@ def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = No
     keys = {i: _shape_key(r) for i, r in ok.iterrows()}
     out = []
     for i, r in ok.iterrows():
-        if r["role"] not in ("cold", "cold, new shape", "first of a new shape"):
+        if r["role"] not in FIRST_OF_SHAPE:
             continue
-        warm = ok[(ok["launch"] == r["launch"]) & (ok["role"] == "warm")]
+        warm = ok[(ok["launch"] == r["launch"]) & (ok["role"] == ROLE_WARM)]
         warm = warm[[keys[j] == keys[i] for j in warm.index]]
         wmed = float(warm["e2e_ms"].median()) if not warm.empty else math.nan
         first = float(r["e2e_ms"]) if pd.notna(r.get("e2e_ms")) else math.nan

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check
+from perfkit.common.numfmt import number_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
@@ -124,7 +125,8 @@ class KeyNumber:
         label: what it is, in the design doc's words (``"warm median"``).
         value: the number (None: not measured, shown as "–"), or a short text.
         unit: ``"ms"``, ``"s"``, ``"MiB"``, ``"GiB"``, ``""`` (ratios, counts).
-        fmt: format spec for numbers (``".0f"``).
+        fmt: format spec for numbers (``".0f"``; thousands are separated); a ``g`` spec
+            takes :func:`perfkit.common.numfmt.number_text` (``0.016``, never ``1.6e-02``).
     """
 
     label: str
@@ -134,13 +136,16 @@ class KeyNumber:
 
     @property
     def text(self) -> str:
-        """``"954 ms"``; "–" when not measured."""
+        """``"954 ms"``, ``"58,428 ms"`` (thousands separated); "–" when not measured."""
         v = self.value
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return "–"
         if isinstance(v, str):
             return v
-        return f"{v:{self.fmt}}" + (f" {self.unit}" if self.unit else "")
+        if self.fmt.endswith("g"):  # as many digits as read well: the one number rule
+            return number_text(v) + (f" {self.unit}" if self.unit else "")
+        spec = self.fmt if "," in self.fmt or not self.fmt.startswith(".") else "," + self.fmt
+        return f"{v:{spec}}" + (f" {self.unit}" if self.unit else "")
 
 
 CaseNamer = Callable[..., str]
