@@ -51,9 +51,9 @@ tables.use_in_notebook()  # every DataFrame shown through perfkit's one table fo
 GATE_CELL = """show_table(check_frame(rows))
 display(Markdown(verdict_markdown(rows)))"""
 
-ROOT_CAUSE = """show_table(first_request_costs(bundle.requests, bundle.stages))"""
+ROOT_CAUSE = """show_table(first_request_costs(bundle.requests, bundle.stages), transpose=False)"""
 
-REQUESTS = """show_table(request_frame(bundle.requests))"""
+REQUESTS = """show_table(request_frame(bundle.requests), transpose=False)"""
 
 
 def _fields(name: str) -> list[tuple[str, object, str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from html.parser import HTMLParser
 from pathlib import Path
 
 import nbformat
@@ -28,14 +29,40 @@ def outputs(nb_path: str | Path, mime: str) -> list[str]:
     return out
 
 
+class _Text(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs) -> None:
+        if tag in ("style", "script"):
+            self._skip += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("style", "script") and self._skip:
+            self._skip -= 1
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.parts.append(data)
+
+
+def visible_text(html: str) -> str:
+    """The text a reader sees in an HTML fragment: tags, style and script blocks (pandas
+    Styler's generated ids) dropped; an unescaped ``<=`` in a cell stays text."""
+    p = _Text()
+    p.feed(html)
+    p.close()
+    return " ".join(p.parts)
+
+
 def html_problems(nb_path: str | Path) -> list[str]:
     """What breaks the table rules in the notebook's HTML outputs: a pandas table with its index
     column, "NaN"/"None" text, exponent notation, a number with more than 3 decimals."""
     problems = []
     for h in outputs(nb_path, "text/html"):
-        # the text a reader sees: style blocks (pandas Styler's generated ids) and tags dropped
-        text = re.sub(r"<(style|script)\b.*?</\1>", " ", h, flags=re.S | re.I)
-        text = re.sub(r"<[^>]+>", " ", text)
+        text = visible_text(h)
         if 'class="dataframe"' in h:
             problems.append("raw pandas table (index column)")
         for rx, what in (

@@ -56,17 +56,19 @@ ROLES = (ROLE_WARMUP, ROLE_COLD, COLD_NEW_SHAPE, ROLE_NEW_SHAPE, ROLE_WARM)
 FIRST_OF_SHAPE = (ROLE_COLD, COLD_NEW_SHAPE, ROLE_NEW_SHAPE)
 
 
-def show_table(df: pd.DataFrame, caption: str | None = None) -> None:
+def show_table(df: pd.DataFrame, caption: str | None = None, transpose: bool | str = "auto") -> None:
     """Display ``df`` in a notebook through the report's table formatter
     (:func:`perfkit.report.tables.styled`: no index column, units in the header, rounded
-    numbers, "–" for not measured).
+    numbers, "–" for not measured). ``transpose``: as :func:`~perfkit.report.tables.styled`
+    (``"auto"`` turns a wide table with few rows on its side; False for a list of items, such
+    as requests, that reads best one per row).
 
     Raises:
         TypeError: ``df`` is not a DataFrame.
     """
     from IPython.display import display
 
-    display(styled(df, caption=caption))
+    display(styled(df, caption=caption, transpose=transpose))
 
 
 # ------------------------------------------------------------------------------ request roles
