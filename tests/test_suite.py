@@ -347,6 +347,18 @@ def test_suite_end_to_end_on_reference_engine(tmp_path):
     from perfkit.report import external_refs
 
     assert external_refs(html) == []
+    # progress: the kernels reported every launch and request to the suite's bars, drew none
+    # into the notebooks; the executed notebooks' tables went through the report's formatter
+    from notebook_checks import html_problems, outputs
+
+    events = [
+        json.loads(x) for x in (out / "notebooks" / "cold_warm.progress.jsonl").read_text().splitlines()
+    ]
+    assert [e["event"] for e in events][:2] == ["launch", "request"] and events[-1]["event"] == "launch_done"
+    assert sum(e["event"] == "request" for e in events) == events[0]["requests"] >= 2
+    for nb in (out / "notebooks").glob("*.ipynb"):
+        assert html_problems(nb) == [], nb.name
+        assert not any("Warning" in t or "%|" in t for t in outputs(nb, "stream")), nb.name
     for s in ("cold_warm", "warmup_shapes", "memory_budget"):
         b = ResultBundle.load(out / s)
         assert not b.requests.empty

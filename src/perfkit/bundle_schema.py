@@ -379,12 +379,21 @@ def upgrade_results(results: Mapping[str, Any], version: int = 1) -> dict[str, A
     """results.json written by schema ``version``, with the current keys (a new dict).
 
     Version 1: entries of ``caps`` (memory_budget) get ``peak_reserved_mib``,
-    ``peak_allocated_mib`` and ``load_peak_mib`` for the ``_mb`` keys (values in MiB, unchanged).
+    ``peak_allocated_mib`` and ``load_peak_mib`` for the ``_mb`` keys (values in MiB, unchanged);
+    the verdicts it recorded (``thresholds``, and ``passed``/``threshold`` of each leak check) are
+    dropped: checks are judged again from the measured values against the invariants of the
+    replay, so a recorded verdict cannot contradict the gate.
     Idempotent: already current keys pass unchanged; ``schema_version`` is dropped.
     """
     out = {k: v for k, v in dict(results or {}).items() if k != "schema_version"}
     if version >= SCHEMA_VERSION:
         return out
+    out.pop("thresholds", None)
+    if isinstance(out.get("leak_checks"), list):
+        out["leak_checks"] = [
+            {k: v for k, v in c.items() if k not in ("passed", "threshold")} if isinstance(c, dict) else c
+            for c in out["leak_checks"]
+        ]
     for key, renames in V1_RESULTS_ENTRY_RENAMES.items():
         entries = out.get(key)
         if isinstance(entries, list):

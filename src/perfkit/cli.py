@@ -135,8 +135,34 @@ def cmd_suite(a: SimpleNamespace) -> int:
     return res.exit_code
 
 
+def _run_with_bars(nb: Path, out: Path, params: dict[str, Any], a: SimpleNamespace):
+    """Execute the notebook; on a terminal, draw its requests' progress from the kernel's events
+    (:class:`perfkit.scenarios.progress.RunBars`; the estimate from the scenario's plan)."""
+    from perfkit.scenarios import registry
+    from perfkit.scenarios.progress import RunBars
+    from perfkit.suite import execute_notebook
+
+    plan: list[int] = []
+    if nb.stem in registry.names() and not params.get("bundle_dir"):
+        s = registry.get(nb.stem)
+        fields = s.params_model.model_fields
+        try:
+            sec = s.params_model.model_validate({k: v for k, v in params.items() if k in fields})
+            plan = list(s.plan(sec)) if s.plan is not None else []
+        except ValueError:
+            plan = []
+    planned = sum(plan)
+    pfile = out.with_suffix(".progress.jsonl")
+    bars = RunBars(sys.stderr, len(plan), planned, enabled=planned > 0 and sys.stderr.isatty())
+    try:
+        with bars.watch(pfile, nb.stem, planned):
+            return execute_notebook(nb, out, params, cwd=Path.cwd(), timeout_s=a.timeout, progress_file=pfile)
+    finally:
+        bars.close()
+
+
 def cmd_run(a: SimpleNamespace) -> int:
-    from perfkit.suite import default_out, execute_notebook, outputs_base
+    from perfkit.suite import default_out, outputs_base
 
     nb = Path(a.notebook)
     if not nb.exists():
@@ -187,7 +213,7 @@ def cmd_run(a: SimpleNamespace) -> int:
         created = True
     params["run_dir"] = str(run_dir)
     out = Path(a.out) if a.out else run_dir / "notebooks" / nb.name
-    r = execute_notebook(nb, out, params, cwd=Path.cwd(), timeout_s=a.timeout)
+    r = _run_with_bars(nb, out, params, a)
     print(f"{nb.name}: {r.status} in {r.wall_s:.1f} s -> {out}")
     if r.error:
         print(f"  {r.error}", file=sys.stderr)

@@ -81,9 +81,11 @@ def bundle_cases(
 def scenario_checks(
     scenario: str, results: Mapping[str, Any], invariants: Mapping[str, Any] | None = None
 ) -> list[Check]:
-    """Check rows of one scenario against the invariants it declares (``invariants``: the
-    params' merged invariants; None: the registry's defaults)."""
-    inv = registry.invariant_defaults() if invariants is None else dict(invariants)
+    """Check rows of one scenario against the invariants it declares: the registry's defaults
+    overlaid with ``invariants`` (:func:`perfkit.scenarios.registry.merged_invariants`: a key
+    given replaces its default, None turns it off, the others stay gated). Raises ValueError for
+    an unknown invariant key."""
+    inv = registry.merged_invariants(invariants)
     return registry.checks_for({scenario: dict(results)}, inv, only=scenario)
 
 
@@ -128,9 +130,9 @@ def gate(
 
     Writes ``run_dir/baseline.json`` (this run's numbers, sglang layout, one case per
     :func:`bundle_cases`), compares them with ``baseline_file`` when given (``profile``,
-    ``strict``), checks ``invariants`` (default: every scenario's invariant defaults)
-    on every scenario's results, and checks what each launch's engine really ran
-    (:func:`perfkit.gate.engine_config.engine_checks`).
+    ``strict``), checks every scenario's results against its invariant defaults overlaid with
+    ``invariants`` (:func:`perfkit.scenarios.registry.merged_invariants`), and checks what each
+    launch's engine really ran (:func:`perfkit.gate.engine_config.engine_checks`).
     """
     run_dir = Path(run_dir)
     bundles = load_run_bundles(run_dir)
@@ -141,7 +143,7 @@ def gate(
     hw = hardware or _hardware(bundles)
     doc = bl.baseline_from_bundles(cases, hardware=hw)
     bl.save_baseline(doc, run_dir / "baseline.json")
-    inv = registry.invariant_defaults() if invariants is None else dict(invariants)
+    inv = registry.merged_invariants(invariants)
     inv_rows = registry.checks_for({s: b.results for s, b in bundles.items()}, inv)
     inv_rows += engine_checks(bundles, inv)
     base_rows: list[Check] = []

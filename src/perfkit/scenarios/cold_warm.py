@@ -224,7 +224,7 @@ def check_bundle(bundle: ResultBundle) -> None:
 def _ratio_ci(r: Mapping[str, Any]) -> str:
     ci = r.get("warm_cold_ratio_ci")
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(number(x) is not None for x in ci):
-        return f"95% CI {ci[0]:.3g}..{ci[1]:.3g}"
+        return f"95% CI {fmt(ci[0], 'g')}..{fmt(ci[1], 'g')}"
     return ""
 
 
@@ -268,7 +268,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
         KeyNumber("cold start, time to first result", number(cs.get("first_result_s")), "s", ".1f"),
         KeyNumber("cold request", number(r.get("cold_ms")), "ms"),
         KeyNumber("warm median", number(r.get("warm_median_ms")), "ms"),
-        KeyNumber("warm/cold ratio", number(r.get("warm_cold_ratio")), "", ".2f"),
+        KeyNumber("warm/cold ratio", number(r.get("warm_cold_ratio")), "", "g"),
         KeyNumber("first-request penalty stage", r.get("penalty_stage") or None),
     ]
 
@@ -324,7 +324,7 @@ def reading(r: Mapping[str, Any]) -> str:
     lines += [
         f"The **cold request** took {fmt(r.get('cold_ms'), '.0f', ' ms')}; the **warm** "
         f"median is {fmt(r.get('warm_median_ms'), '.0f', ' ms')}: warm/cold ratio "
-        f"{fmt(ratio, '.2f')} (95% CI {fmt(ci[0], '.2f')}..{fmt(ci[1], '.2f')}).",
+        f"{fmt(ratio, 'g')} (95% CI {fmt(ci[0], 'g')}..{fmt(ci[1], 'g')}).",
     ]
     if stage:
         lines.append(
@@ -365,6 +365,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 SCENARIO = register(
     Scenario(
         order=10,
+        plan=lambda p: [p.repeats],
         name=NAME,
         title="Cold vs warm",
         question="Does the warm request in one server session meet the numbers of the first, or does "

@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, conform, environment_meta, sampler_frame, table_rows
+from perfkit.common.numfmt import number_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import RequestOutcome, VideoClient, VideoRequestSpec
 from perfkit.engine.launch import EngineStartError, launch
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings.engine_config import effective_config
 from perfkit.readings.records import PerfRecord, parse_lines
+from perfkit.scenarios.progress import track_requests
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +227,7 @@ def measure_launch(
             sampler.start()
             try:
                 with VideoClient(h.base_url, h.perf_log_dir, timeout_s=request_timeout_s) as client:
-                    for i, req in enumerate(
-                        tqdm(requests, desc=label, leave=False, disable=len(requests) < 4)
-                    ):
+                    for i, req in enumerate(track_requests(requests, label)):
                         out = client.generate(req)
                         data.outcomes.append(out)
                         if not out.ok:
@@ -392,10 +391,18 @@ def slug(s: Any) -> str:
 
 
 def fmt(v: Any, spec: str = ".0f", unit: str = "", missing: str = "–") -> str:
-    """A number for a reading or a check reason: ``fmt(954.2, ".0f", " ms")`` -> ``"954 ms"``;
-    ``missing`` ("–") when not measured (None, NaN, not a number), never 0."""
+    """A number for a reading or a check reason: ``fmt(954.2, ".0f", " ms")`` -> ``"954 ms"``,
+    ``fmt(58427.9, ".0f", " ms")`` -> ``"58,428 ms"``; a ``g`` spec takes
+    :func:`perfkit.common.numfmt.number_text` (``-3.9e-13`` -> ``"0"``, never exponent
+    notation); ``missing`` ("–") when not measured (None, NaN, not a number), never 0."""
     x = json_float(v)
-    return missing if x is None else f"{x:{spec}}{unit}"
+    if x is None:
+        return missing
+    if spec.endswith("g"):  # "as precise as it reads": the one number rule, no exponent
+        return f"{number_text(x)}{unit}"
+    if spec.startswith(".") and spec.endswith("f"):
+        spec = "," + spec  # thousands separated: 58,428 ms
+    return f"{x:{spec}}{unit}"
 
 
 def pick_columns(

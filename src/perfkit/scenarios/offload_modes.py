@@ -520,6 +520,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 SCENARIO = register(
     Scenario(
         order=40,
+        plan=lambda p: [p.repeats] * len(p.modes),
         name=NAME,
         title="Offload modes",
         question="What does each offload mode (none, model, group-block, group-leaf) cost in "

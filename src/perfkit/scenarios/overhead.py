@@ -290,6 +290,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 SCENARIO = register(
     Scenario(
         order=90,
+        plan=lambda p: [1],
         name=NAME,
         title="Instrumentation overhead",
         question="What does perfkit's own instrumentation (stage timing, memory sampler) cost?",

@@ -380,7 +380,8 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             if ratio is None and number(c.get("warm_median_ms")) and number(c.get("first_ms")) is not None:
                 ratio = float(c["first_ms"]) / float(c["warm_median_ms"])
             what = (
-                f"penalty {c['penalty_ms']:.0f} ms in {c.get('penalty_stage')}"
+                f"penalty {fmt(c['penalty_ms'], '.0f', ' ms')}"
+                + (f" in {c['penalty_stage']}" if c.get("penalty_stage") else "")
                 if number(c.get("penalty_ms")) is not None
                 else ""
             )
@@ -402,8 +403,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
         out.append(
             KeyNumber(
                 f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f",
-                ("covered" if c.get("covered") else "not covered")
-                + f", penalty {'–' if pen is None else f'{pen:.0f} ms'}, "
+                ("covered" if c.get("covered") else "not covered") + f", penalty {fmt(pen, '.0f', ' ms')}, "
                 f"{_compiles(c.get('compiles'))}",
             )
         )
@@ -514,6 +514,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 SCENARIO = register(
     Scenario(
         order=20,
+        plan=lambda p: [len(p.request_frames) * p.repeats] * len(p.warmup_frames),
         name=NAME,
         title="Warmup shapes",
         question="Does the startup warmup cover the shapes users send?",
