@@ -10,7 +10,7 @@ from pathlib import Path
 from perfkit.report.figures import Block, render_block
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "examples/h200/README.md")
+DOCS = ("README.md", "examples/h200/README.md", "examples/h200x2/README.md")
 
 
 def _figures(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -57,3 +57,17 @@ def test_bad_blocks_are_errors_naming_the_file(tmp_path):
     assert proc.returncode == 2 and "kind='pie'" in proc.stderr and str(doc) in proc.stderr
     doc.write_text("no blocks here\n")
     assert _figures(str(doc)).returncode == 2
+
+
+def test_compare_block_puts_two_runs_side_by_side_per_rank():
+    text = render_block(Block("examples/h200x2/bundles", "compare", "examples/h200x2/bundles-1gpu"), ROOT)
+    assert "A: `examples/h200x2/bundles` · B: `examples/h200x2/bundles-1gpu`" in text
+    assert "| warm request e2e | 967.8 ms | 833.1 ms | 1.16 |" in text
+    assert "| peak VRAM reserved, rank 1 (GPU 1) | 14,638.0 MiB | – | – | – |" in text
+
+
+def test_compare_block_needs_vs(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("<!-- perfkit:figures src=. kind=compare -->\n<!-- perfkit:end -->\n")
+    proc = _figures("--root", str(tmp_path), str(doc))
+    assert proc.returncode == 2 and "needs vs=DIR" in proc.stderr

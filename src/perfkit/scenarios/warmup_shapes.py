@@ -256,6 +256,10 @@ def rank_facts(record_lines: list[str], request_ids: list[str]) -> list[dict[str
                 "warm_refinement_step_median_ms": med("refinement_steps"),
                 "warm_compute_median_ms": med("cfg_compute_ms"),
                 "warm_gather_median_ms": med("cfg_gather_ms"),
+                # this rank's own device peak over the shape's requests (MiB; sglang's mb are MiB)
+                "peak_reserved_mib": json_float(
+                    max((float(r.get("peak_reserved_mb") or "nan") for r in [first, *warm]), default=None)
+                ),
             }
         )
     return out
@@ -463,7 +467,12 @@ def reading(r: Mapping[str, Any]) -> str:
                 )
                 + f"; warm step {fmt(rk.get('warm_step_median_ms'), '.1f', ' ms')} = its branch "
                 f"{fmt(rk.get('warm_compute_median_ms'), '.1f', ' ms')} + all_gather wait "
-                f"{fmt(rk.get('warm_gather_median_ms'), '.1f', ' ms')}."
+                f"{fmt(rk.get('warm_gather_median_ms'), '.1f', ' ms')}"
+                + (
+                    f"; peak VRAM reserved {fmt(rk.get('peak_reserved_mib'), ',.0f', ' MiB')}."
+                    if number(rk.get("peak_reserved_mib")) is not None
+                    else "."
+                )
             )
     for x in r.get("warm_across_warmups") or []:
         ci = x.get("ratio_ci") or [None, None]
