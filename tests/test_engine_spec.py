@@ -344,3 +344,21 @@ def test_sglang_check_on_path(tmp_path, monkeypatch):
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ.get("PATH", ""))
     EngineSpec(kind="sglang", model_path=str(tmp_path)).check()
+
+
+def test_reference_debug_stage_delay_reaches_the_engine_argv():
+    spec = EngineSpec.from_dict(
+        {"kind": "reference", "debug_stage_delay": {"DenoisingStage": "30%"}, "debug_stage_delay_from": 1}
+    )
+    assert spec.debug_stage_delay == {"DenoisingStage": 30.0}
+    argv = spec.command(9000, "/d")
+    i = argv.index("--debug-stage-delay")
+    assert argv[i : i + 4] == ["--debug-stage-delay", "DenoisingStage=30%", "--debug-stage-delay-from", "1"]
+    assert EngineSpec.from_dict(spec.to_dict()) == spec
+    assert "--debug-stage-delay" not in EngineSpec(kind="reference").command(9000, "/d")
+    with pytest.raises(EngineSpecError, match=r"debug_stage_delay\.Denoising.*DenoisingStage"):
+        EngineSpec.from_dict({"debug_stage_delay": {"Denoising": 30}})
+    with pytest.raises(EngineSpecError, match="expected a percent"):
+        EngineSpec.from_dict({"debug_stage_delay": {"DenoisingStage": "lots"}})
+    with pytest.raises(EngineSpecError, match="greater than or equal to 0"):
+        EngineSpec.from_dict({"debug_stage_delay": {"DenoisingStage": -5}})

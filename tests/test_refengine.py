@@ -240,3 +240,43 @@ def test_debug_leak_grows_host_anon_by_the_leak(tmp_path):
     deltas = [b - a for a, b in zip(anon, anon[1:])]
     for d in deltas:
         assert 0.75 * leak <= d <= 1.5 * leak, (anon, deltas)
+
+
+# -- injected slowdown (test-only) ----------------------------------------------------------------
+
+
+def test_debug_stage_delay_scales_the_stage_from_the_nth_measured_request(tmp_path):
+    # +100 % DenoisingStage from measured request 2 on: requests 0 and 1 and the startup warmup run
+    # at full speed, 2 and 3 pay twice the denoising work (per step), other stages untouched
+    args = ("--debug-stage-delay", "DenoisingStage=100%", "--debug-stage-delay-from", "2")
+    with running_engine(tmp_path, *args) as eng, eng.client() as c:
+        recs = [_ok(c.generate(spec(25))) for _ in range(4)]
+        warmup = [r for r in eng.records() if r.is_warmup]
+    stage = [dict(r.stages) for r in recs]
+    base, slow = stage[1], [stage[2], stage[3]]
+    for s in slow:
+        assert 1.6 <= s["DenoisingStage"] / base["DenoisingStage"] <= 2.6, (base, s)
+        assert s["TextEncodingStage"] / base["TextEncodingStage"] < 1.5, (base, s)
+        assert s["DecodingStage"] / base["DecodingStage"] < 1.5, (base, s)
+    steps = [sum(r.steps) for r in recs]
+    assert min(steps[2:]) >= 1.6 * steps[1], steps  # the steps carry the slowdown
+    assert recs[0].perfkit["debug_stage_delay_pct"] == {"DenoisingStage": 100.0}
+    assert recs[0].perfkit["debug_stage_delay_from"] == 2
+    # the startup warmup ran before any measured request and was not slowed: its per-step time
+    # (17 frames, 2 steps) stays below a slowed 25-frame step
+    assert len(warmup) == 1
+    assert max(warmup[0].steps) < min(recs[2].steps + recs[3].steps), (warmup[0].steps, recs[2].steps)
+
+
+def test_debug_stage_delay_is_refused_when_malformed(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "perfkit.refengine", "--debug-stage-delay", "DenoisingStage"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "expected STAGE=PCT" in out.stderr

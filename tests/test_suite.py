@@ -349,6 +349,19 @@ def test_suite_end_to_end_on_reference_engine(tmp_path):
     # the gate launched nothing: every launch belongs to an investigation
     cw = json.loads((out / "cold_warm" / "results.json").read_text())
     assert cw["cold_ms"] > 0 and cw["warm_median_ms"] > 0
+    # both cold-start figures: ready (the engine's word) and time to first result (ours)
+    cs = cw["cold_start"]
+    assert 0 < cs["ready_s"] < cs["first_result_s"]
+    assert cs["first_result_s"] == pytest.approx(
+        cs["ready_s"] + cs["first_request_wait_s"] + cs["first_request_ms"] / 1000, abs=0.05
+    )
+    entry = doc["scenarios"]["tiny_25f_64x64_4s_w17"]
+    assert entry["expected_first_result_ms"] > entry["expected_load_ms"] > 0
+    # what the engine really ran is recorded and gated
+    ln = ResultBundle.load(out / "cold_warm").table("launches").iloc[0]
+    assert ln["config_source"] == "engine record" and bool(ln["compile_active"])
+    assert ln["compile_backend"] == "aot_eager" and ln["attention_backend"] == "native"
+    assert "compile_active[session]" in set(rows["metric"]), rows["metric"].tolist()
     cov = json.loads((out / "warmup_shapes" / "results.json").read_text())["coverage"]
     by = {(c["warmup_frames"], c["request_frames"]): c for c in cov}
     assert by[(17, 25)]["covered"] is False and by[(25, 25)]["covered"] is True

@@ -481,6 +481,40 @@ def report_command(**kw: Any) -> None:
     _done(cmd_report(SimpleNamespace(**kw)))
 
 
+@cli.command("figures")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--root",
+    default=None,
+    type=click.Path(exists=True, file_okay=False),
+    help="directory the blocks' src= paths are relative to (default: the perfkit checkout)",
+)
+@click.option("--check", is_flag=True, help="change nothing; exit 1 when a block differs from its bundles")
+def figures_command(files: tuple[str, ...], root: str | None, check: bool) -> None:
+    """Regenerate the '<!-- perfkit:figures src=DIR kind=full|key-numbers -->' blocks of
+    Markdown FILES from the bundles under DIR (figures in docs come from the data).
+
+    Exit codes: 0 up to date (or rewritten), 1 --check found a stale block, 2 a bad block or a
+    src without results."""
+    from perfkit.common.provenance import repo_root
+    from perfkit.report.figures import FiguresError, update_file
+
+    base = Path(root) if root else repo_root()
+    stale = []
+    for f in files:
+        try:
+            changed = update_file(f, base, check=check)
+        except (FiguresError, OSError, ValueError) as exc:
+            click.echo(f"perfkit figures: {exc}", err=True)
+            sys.exit(EXIT_ERROR)
+        if changed:
+            stale.append(f)
+            click.echo(f"{f}: {'stale (differs from its bundles)' if check else 'regenerated'}")
+        else:
+            click.echo(f"{f}: up to date")
+    sys.exit(1 if check and stale else EXIT_OK)
+
+
 @cli.command(
     "compare",
     epilog="Examples: perfkit compare --run outputs/RUN --baseline baselines/h200.json; "

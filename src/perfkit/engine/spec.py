@@ -90,6 +90,7 @@ __all__ = [
     "KINDS",
     "OFFLOAD_COMPONENTS",
     "OFFLOAD_MODES",
+    "REFERENCE_STAGES",
     "ReferenceEngine",
     "SglangEngine",
     "WARMUP_MODES",
@@ -114,6 +115,16 @@ _RESOLUTION = r"^\d+x\d+$"
 #: offload at block or leaf level.
 OFFLOAD_MODES = ("none", "model", "group-block", "group-leaf")
 OffloadMode = Literal["none", "model", "group-block", "group-leaf"]
+#: Stages of the reference engine's pipeline (names as sglang spells them): the keys
+#: ``ReferenceEngine.debug_stage_delay`` accepts.
+REFERENCE_STAGES = (
+    "TextEncodingStage",
+    "LatentPreparationStage",
+    "DenoisingStage",
+    "UpsampleStage",
+    "RefinementStage",
+    "DecodingStage",
+)
 #: Components with their own offload mode (``--offload-<component>``), in argv order.
 OFFLOAD_COMPONENTS = ("transformer", "text_encoder", "vae")
 
@@ -370,12 +381,20 @@ class ReferenceEngine(_ServingEngine):
         preset: reference engine preset (``tiny`` by default).
         compile_backend: torch.compile backend (``inductor``).
         compile_vae: torch.compile the VAE too.
+        recompile_limit: torch._dynamo's recompile limit (``--recompile-limit``; None: torch's
+            default). A request that hits it runs eagerly afterwards, and the gate fails it.
         two_stage: run the two-stage (upsample + refinement) pipeline.
         warmup_mode: ``off`` or ``server`` (``request`` is sglang's only).
         height, width, steps: serving defaults, >= 1 (None: the engine's own).
         dtype, device: torch dtype / device strings (None: the engine's default).
         keep_outputs: keep generated videos on disk.
         debug_leak_mib: the engine leaks this many MiB per request (tests of leak checks).
+        debug_stage_delay: TEST ONLY injected slowdown, stage name (:data:`REFERENCE_STAGES`) ->
+            percent of that stage's own work added as busy compute on its device, inside its
+            span (``--debug-stage-delay STAGE=PCT``); measured requests only, never the startup
+            warmup. Values may be written ``30`` or ``"30%"`` (percent, >= 0).
+        debug_stage_delay_from: apply ``debug_stage_delay`` from this 0-based measured request
+            on (0: every request; 1: warm requests only, the cold request is left alone).
         max_frames: refuse requests above this many frames.
         offload: offload mode of every component (``--offload``): ``none``, ``model``,
             ``group-block``, ``group-leaf`` (:data:`OFFLOAD_MODES`); None: the engine's automatic
@@ -391,6 +410,7 @@ class ReferenceEngine(_ServingEngine):
     #: holds more; these are the ones that work without extra packages)
     compile_backend: Literal["inductor", "aot_eager", "eager", "cudagraphs"] = "inductor"
     compile_vae: bool = False
+    recompile_limit: Optional[int] = Field(None, ge=1)
     two_stage: bool = False
     warmup_mode: Optional[Literal["off", "server"]] = None
     height: Optional[int] = Field(None, ge=1)
@@ -400,6 +420,10 @@ class ReferenceEngine(_ServingEngine):
     device: Optional[str] = Field(None, pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     keep_outputs: bool = False
     debug_leak_mib: int = Field(0, ge=0)
+    debug_stage_delay: dict[Literal[REFERENCE_STAGES], Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict
+    )
+    debug_stage_delay_from: int = Field(0, ge=0)
     max_frames: Optional[int] = Field(None, ge=1)
     offload: Optional[OffloadMode] = None
     offload_components: dict[Literal["transformer", "text_encoder", "vae"], OffloadMode] = Field(
@@ -412,6 +436,24 @@ class ReferenceEngine(_ServingEngine):
         if v == "request":
             raise ValueError("'request' is only supported by kind 'sglang'")
         return v
+
+    @field_validator("debug_stage_delay", mode="before")
+    @classmethod
+    def _percent_strings(cls, v: Any) -> Any:
+        # "30%" / "30" / 30 -> 30.0 (YAML ints too: the model is strict)
+        if not isinstance(v, Mapping):
+            return v
+        out: dict[Any, Any] = {}
+        for k, x in v.items():
+            if isinstance(x, str):
+                try:
+                    x = float(x.strip().rstrip("%"))
+                except ValueError:
+                    raise ValueError(f"{k}: expected a percent like 30 or '30%', got {x!r}") from None
+            elif isinstance(x, int) and not isinstance(x, bool):
+                x = float(x)
+            out[k] = x
+        return out
 
     @model_validator(mode="after")
     def _known_preset(self) -> ReferenceEngine:
@@ -439,6 +481,8 @@ class ReferenceEngine(_ServingEngine):
             argv += ["--compile", "--compile-backend", self.compile_backend]
         if self.compile_vae:
             argv += ["--compile-vae"]
+        if self.recompile_limit is not None:
+            argv += ["--recompile-limit", str(self.recompile_limit)]
         if self.two_stage:
             argv += ["--two-stage"]
         frames = 0 if self.warmup_mode == "off" else self.warmup_frames
@@ -460,6 +504,10 @@ class ReferenceEngine(_ServingEngine):
             argv += ["--keep-outputs"]
         if self.debug_leak_mib > 0:
             argv += ["--debug-leak-mib", str(self.debug_leak_mib)]
+        for stage, pct in self.debug_stage_delay.items():
+            argv += ["--debug-stage-delay", f"{stage}={pct:g}%"]
+        if self.debug_stage_delay and self.debug_stage_delay_from:
+            argv += ["--debug-stage-delay-from", str(self.debug_stage_delay_from)]
         if self.max_frames is not None:
             argv += ["--max-frames", str(self.max_frames)]
         if self.offload is not None:

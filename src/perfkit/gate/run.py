@@ -17,6 +17,7 @@ from perfkit.checks import Check
 from perfkit.common.provenance import repo_root
 from perfkit.engine.spec import DEFAULT_WARMUP_FRAMES
 from perfkit.gate import baseline as bl
+from perfkit.gate.engine_config import engine_checks
 from perfkit.scenarios import registry
 from perfkit.scenarios.common import slug
 
@@ -120,8 +121,9 @@ def gate(
 
     Writes ``run_dir/baseline.json`` (this run's numbers, sglang layout, one case per
     :func:`bundle_cases`), compares them with ``baseline_file`` when given (``profile``,
-    ``strict``) and checks ``invariants`` (default: every scenario's invariant defaults)
-    on every scenario's results.
+    ``strict``), checks ``invariants`` (default: every scenario's invariant defaults)
+    on every scenario's results, and checks what each launch's engine really ran
+    (:func:`perfkit.gate.engine_config.engine_checks`).
     """
     run_dir = Path(run_dir)
     bundles = load_run_bundles(run_dir)
@@ -134,6 +136,7 @@ def gate(
     bl.save_baseline(doc, run_dir / "baseline.json")
     inv = registry.invariant_defaults() if invariants is None else dict(invariants)
     inv_rows = registry.checks_for({s: b.results for s, b in bundles.items()}, inv)
+    inv_rows += engine_checks(bundles, inv)
     base_rows: list[Check] = []
     warnings: list[str] = []
     compared = None

@@ -51,6 +51,22 @@ def sglang_perf_log_dir(environ=None) -> str | None:
     return env.get("SGLANG_PERF_LOG_DIR") or None
 
 
+def _stage_delay(text: str) -> tuple[str, float]:
+    """``STAGE=PCT`` (``DenoisingStage=30%`` or ``DenoisingStage=30``) -> (stage, percent)."""
+    name, sep, pct = text.partition("=")
+    try:
+        if not sep or not name.strip():
+            raise ValueError
+        value = float(pct.strip().rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected STAGE=PCT (e.g. DenoisingStage=30%), got {text!r}"
+        ) from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"PCT must be >= 0, got {text!r}")
+    return name.strip(), value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="perfkit engine serve",
@@ -162,6 +178,24 @@ def build_parser() -> argparse.ArgumentParser:
         )
     p.add_argument("--keep-outputs", action="store_true", help="save generated frames as .npy")
     p.add_argument("--debug-leak-mib", type=int, default=0, help="TEST ONLY: leak this many MiB per request")
+    p.add_argument(
+        "--debug-stage-delay",
+        action="append",
+        type=_stage_delay,
+        default=[],
+        metavar="STAGE=PCT",
+        help="TEST ONLY: slow STAGE down by PCT %% of its own work (e.g. DenoisingStage=30%%): busy "
+        "compute on the device inside the stage's span (per denoising step for DenoisingStage and "
+        "RefinementStage), on measured requests only, never the startup warmup; repeatable",
+    )
+    p.add_argument(
+        "--debug-stage-delay-from",
+        type=int,
+        default=0,
+        metavar="N",
+        help="TEST ONLY: apply --debug-stage-delay from the N-th measured request on (0-based; "
+        "0: every request, 1: warm requests only)",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level: DEBUG | INFO | WARNING | ERROR")
     return p
 
@@ -193,7 +227,7 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    for name in ("warmup_frames", "max_frames", "debug_leak_mib"):
+    for name in ("warmup_frames", "max_frames", "debug_leak_mib", "debug_stage_delay_from"):
         if getattr(args, name) < 0:
             print(f"error: --{name.replace('_', '-')} must be >= 0", file=sys.stderr)
             return 2
@@ -302,16 +336,27 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         )
     placed = placement.place_components(comps, device, cap, requested)
     where = placed.name
-    do_compile = args.compile
+    do_compile, compile_off_reason = args.compile, None
     if do_compile and placed.offload.get("transformer", "none") != "none":
-        log.warning(
-            "torch.compile disabled: the transformer is offloaded (%s)", placed.offload["transformer"]
-        )
+        compile_off_reason = f"the transformer is offloaded ({placed.offload['transformer']})"
+        log.warning("torch.compile disabled: %s", compile_off_reason)
         do_compile = False
+    if do_compile:
+        compile_off_reason = _compile_unusable(args.compile_backend, device)
+        if compile_off_reason:
+            log.warning("torch.compile disabled: %s", compile_off_reason)
+            do_compile = False
     compile_vae = args.compile_vae and do_compile
     if compile_vae and placed.offload.get("vae", "none") != "none":
         log.warning("VAE torch.compile disabled: the VAE is offloaded (%s)", placed.offload["vae"])
         compile_vae = False
+    stage_delay = {name: pct / 100.0 for name, pct in args.debug_stage_delay}
+    if stage_delay:
+        log.warning(
+            "TEST ONLY: injected slowdown %s from measured request %d on",
+            ", ".join(f"{k}=+{v:.0%}" for k, v in stage_delay.items()),
+            args.debug_stage_delay_from,
+        )
     watch = CompileWatch()
     par = dist.init(rank, args.num_gpus, store, device) if args.num_gpus > 1 else None
     pipe = StagedPipeline(
@@ -327,6 +372,9 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         recompile_limit=args.recompile_limit,
         cfg_parallel=par,
     )
+    pipe.stage_delay = stage_delay
+    if stage_delay:
+        pipe._busy(0.2)  # first calls of the busy kernel pay one-off setup: not in a measured stage
     # the startup warmup; multi-GPU two-stage may use its own frame count (seed case 003)
     warmup_frames, warmup_rule = args.warmup_frames, "generic"
     if (
@@ -357,8 +405,18 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         "preset": args.preset,
         "model_source": comps.source,
         "dtype": str(dtype).replace("torch.", ""),
+        # the effective config, as this engine runs it (perfkit records and gates it)
         "compile": do_compile,
+        "compile_requested": bool(args.compile),
+        "compile_active": do_compile,
+        "compile_disabled_reason": compile_off_reason,
         "compile_backend": args.compile_backend if do_compile else None,
+        "recompile_limit": (
+            (args.recompile_limit if args.recompile_limit is not None else _recompile_limit())
+            if do_compile
+            else None
+        ),
+        "attention_backend": _attention_backend(),
         "two_stage": args.two_stage,
         "warmup_frames": warmup_frames,
         "warmup_frames_rule": warmup_rule,
@@ -370,6 +428,9 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         "parallelism": "cfg" if args.num_gpus > 1 else None,
         "frame_rule": "8k+1",
     }
+    if stage_delay:
+        info["debug_stage_delay_pct"] = {k: round(v * 100.0, 3) for k, v in stage_delay.items()}
+        info["debug_stage_delay_from"] = args.debug_stage_delay_from
     engine = Engine(
         runner or pipe,
         defaults,
@@ -379,6 +440,7 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         keep_outputs_dir=(f"{args.perf_log_dir or '.'}/outputs" if args.keep_outputs else None),
         debug_leak_mib=args.debug_leak_mib,
         commit_hash=git_commit(),
+        debug_stage_delay_from=args.debug_stage_delay_from,
     )
     from perfkit.refengine.memory import snapshot
 
@@ -417,3 +479,40 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     if runner is not None:
         runner.shutdown()
     return 0
+
+
+def _recompile_limit() -> int | None:
+    """torch._dynamo's recompile limit in force (``recompile_limit``, formerly ``cache_size_limit``)."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            return int(getattr(cfg, name))
+    return None
+
+
+def _attention_backend() -> str:
+    """diffusers' active attention backend (``DIFFUSERS_ATTN_BACKEND``; "native" is torch SDPA)."""
+    try:
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+        backend, _ = _AttentionBackendRegistry.get_active_backend()
+        return str(getattr(backend, "value", backend))
+    except (ImportError, AttributeError):
+        return "not reported (diffusers has no attention dispatch)"
+
+
+def _compile_unusable(backend: str, device) -> str | None:
+    """Why torch.compile cannot run here, or None. inductor on a CPU device needs a working C++
+    compiler (torch's ``cpp_builder.get_cpp_compiler``, honouring ``CXX``): without one the
+    first request would fail, so the engine serves eagerly and says so."""
+    if backend != "inductor" or device.type != "cpu":
+        return None
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as exc:  # noqa: BLE001 - torch raises InvalidCxxCompiler and others
+        return f"inductor on CPU needs a C++ compiler: {exc}"
+    return None

@@ -45,7 +45,18 @@ class GenRequest:
     guidance_scale: float = 3.0
     negative_prompt: str = ""
     fps: int = 24
-    stage_timing: bool = True
+    #: stage timing: True / "events" (CUDA events at stage boundaries, resolved once after the
+    #: request: no host sync while it runs), "sync" (synchronise the device at every stage
+    #: boundary and read the host clock: the older method, kept to cross-check), False (off: one
+    #: sync at the end only). On a CPU device "events" and "sync" are the same host clock.
+    stage_timing: bool | str = True
+
+    @property
+    def timing_mode(self) -> str:
+        """``events``, ``sync`` or ``off`` (see :attr:`stage_timing`)."""
+        if self.stage_timing is False or self.stage_timing == "off":
+            return "off"
+        return "sync" if self.stage_timing == "sync" else "events"
 
 
 @dataclass
@@ -74,6 +85,10 @@ class RunResult:
     video: np.ndarray | None = None
     #: multi-rank engines: every rank's report (rank order), filled on rank 0 (see refengine.dist)
     ranks: list[dict[str, Any]] | None = None
+    #: CFG parallel: per denoising/refinement step, this rank's transformer time and its wait in
+    #: the all_gather (ms, CUDA events; perf_counter on CPU), in call order
+    cfg_compute_ms: list[float] = field(default_factory=list)
+    cfg_gather_ms: list[float] = field(default_factory=list)
 
 
 def host_memory_mib() -> tuple[float, float]:
@@ -154,29 +169,95 @@ class StagedPipeline:
         self._active_sched = comps.scheduler
         self._one_step_sched = None
         self.cfg_parallel = cfg_parallel
+        # event-timed stages/steps of the running request, resolved after it (see _resolve)
+        self._pending: list = []
+        self._pending_steps: list = []
+        self._request_event = None
+        #: test-only injected slowdown (``--debug-stage-delay``): stage name -> fraction of the
+        #: stage's own work added as busy compute; applied only to runs given ``slow=True``
+        self.stage_delay: dict[str, float] = {}
+        self._slow: dict[str, float] = {}
 
     # -- measurement helpers -------------------------------------------------------------
     def _sync(self) -> None:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
 
-    @contextmanager
-    def _stage(self, name: str, out: RunResult, timing: bool) -> Iterator[None]:
-        if timing:
+    def _busy(self, seconds: float) -> None:
+        """Test-only injected slowdown: busy compute on this pipeline's device for ``seconds``
+        (small matmuls until the clock has moved that far; the device is synchronised between
+        chunks, so the time is real device work, not a host sleep)."""
+        if seconds <= 0:
+            return
+        a = torch.randn(128, 128, device=self.device)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:  # ~0.1 ms a turn on a CPU core: overshoot stays small
+            a = torch.tanh(a @ a)
             self._sync()
+
+    def _inject(self, frac: float, t0: float) -> None:
+        """Stretch the work since ``t0`` (perf_counter s) by ``frac`` with :meth:`_busy`."""
+        if frac > 0:
+            self._sync()
+            self._busy(frac * (time.perf_counter() - t0))
+
+    def _event(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    @contextmanager
+    def _stage(self, name: str, out: RunResult, timing: bool | str) -> Iterator[None]:
+        """Time one stage. ``timing`` "events" on CUDA: an event on the current stream at each
+        boundary, resolved by :meth:`_resolve` after the request (the CPU keeps queueing the next
+        stage, as in production); "sync": synchronise at both boundaries and read the host clock;
+        falsy: no timing (one sync at the end of the request). Peak memory per stage comes from
+        the caching allocator's host-side statistics, which need no sync."""
+        if self.watch is not None:
+            self.watch.stage = name
+        events = timing == "events" and self.is_cuda
+        if timing:
+            if not events:
+                self._sync()
             if self.is_cuda:
                 torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
         w0 = time.time()
-        yield
-        if timing:
-            self._sync()
+        e0 = self._event() if events else None
+        try:
+            yield
+            # a stage with denoising steps has its slowdown injected per step (step times scale too)
+            if name not in ("DenoisingStage", "RefinementStage"):
+                self._inject(self._slow.get(name, 0.0), t0)
+            if timing and not events:
+                self._sync()
+        finally:
+            if self.watch is not None:
+                self.watch.stage = None
         ms = (time.perf_counter() - t0) * 1000.0
         res = StageResult(name, ms, w0, time.time())
         if timing and self.is_cuda:
             res.peak_allocated_mb = torch.cuda.max_memory_allocated(self.device) / MIB
             res.peak_reserved_mb = torch.cuda.max_memory_reserved(self.device) / MIB
+        if events:
+            self._pending.append((res, e0, self._event()))
         out.stages.append(res)
+
+    def _resolve(self, out: RunResult) -> None:
+        """Fill event-timed stages and steps once the request's work is done (one sync)."""
+        pending, self._pending = self._pending, []
+        steps, self._pending_steps = self._pending_steps, []
+        if not pending and not steps:
+            return
+        self._sync()
+        origin = self._request_event
+        for res, e0, e1 in pending:
+            res.ms = e0.elapsed_time(e1)
+            if origin is not None:  # wall times on the device's timeline, from the request start
+                res.t_start = out.t_start + origin.elapsed_time(e0) / 1000.0
+                res.t_end = out.t_start + origin.elapsed_time(e1) / 1000.0
+        for target, events in steps:
+            target.extend(a.elapsed_time(b) for a, b in zip(events, events[1:]))
 
     # -- the pipeline --------------------------------------------------------------------
     def _denoise(
@@ -192,6 +273,7 @@ class StagedPipeline:
         fps,
         timing: bool,
         step_times: list[float],
+        slow: float = 0.0,
     ):
         cfg = guidance > 1.0
         rope = (self.temporal / fps, self.spatial, self.spatial)
@@ -224,6 +306,7 @@ class StagedPipeline:
                     guidance,
                 )
             latents = sched.step(noise, t, latents, return_dict=False)[0]
+            self._inject(slow, t0)
             if events:
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
@@ -231,8 +314,11 @@ class StagedPipeline:
             elif timing:
                 step_times.append((time.perf_counter() - t0) * 1000.0)
         if events:
-            events[-1].synchronize()
-            step_times.extend(a.elapsed_time(b) for a, b in zip(events, events[1:]))
+            if timing == "events":  # resolved with the stages after the request
+                self._pending_steps.append((step_times, events))
+            else:
+                events[-1].synchronize()
+                step_times.extend(a.elapsed_time(b) for a, b in zip(events, events[1:]))
         return latents
 
     def _predict(self, model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope):
@@ -272,14 +358,22 @@ class StagedPipeline:
         return ts
 
     @torch.no_grad()
-    def run(self, req: GenRequest, keep_output: bool = False) -> RunResult:
+    def run(self, req: GenRequest, keep_output: bool = False, slow: bool = False) -> RunResult:
         """Run one request. Returns timings, compile window and (optionally) the frames.
+
+        ``slow``: apply the test-only :attr:`stage_delay` to this run (the engine passes it for
+        measured requests, never for the startup warmup): each named stage gets busy compute on
+        the device equal to that fraction of its own work, inside its span (per step for
+        ``DenoisingStage``/``RefinementStage``, so step times scale too).
 
         Raises:
             torch.OutOfMemoryError: when the device runs out of memory (the caller reports it).
         """
         out = RunResult()
-        timing = req.stage_timing
+        self._slow = dict(self.stage_delay) if slow else {}
+        timing = {"off": False, "events": "events", "sync": "sync"}[req.timing_mode]
+        self._pending, self._pending_steps = [], []
+        self._request_event = self._event() if timing == "events" and self.is_cuda else None
         pipe = self.pipe
         frames = align_frames(req.num_frames, self.temporal)
         out.effective_frames = frames
@@ -293,6 +387,8 @@ class StagedPipeline:
         gen = torch.Generator(device="cpu").manual_seed(req.seed)
         if self.watch is not None:
             self.watch.begin()
+        if self.cfg_parallel is not None:
+            self.cfg_parallel.begin_request()
         out.t_start = time.time()
         t_all = time.perf_counter()
         try:
@@ -328,6 +424,7 @@ class StagedPipeline:
                     req.fps,
                     timing,
                     out.steps,
+                    self._slow.get("DenoisingStage", 0.0),
                 )
             p_s, p_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
             vae = self.c.vae
@@ -360,6 +457,7 @@ class StagedPipeline:
                         req.fps,
                         timing,
                         out.refinement_steps,
+                        self._slow.get("RefinementStage", 0.0),
                     )
             out.latent_shape = [int(self.c.transformer.config.in_channels), n_lat, int(h_lat), int(w_lat)]
             if self.cfg_parallel is not None and self.cfg_parallel.rank != 0:
@@ -379,6 +477,9 @@ class StagedPipeline:
             out.t_end = time.time()
             if self.watch is not None:
                 out.compile = self.watch.end()
+            if self.cfg_parallel is not None:
+                out.cfg_compute_ms, out.cfg_gather_ms = self.cfg_parallel.step_split()
+        self._resolve(out)
         return out
 
 

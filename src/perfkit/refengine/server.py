@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Union
 
 import numpy as np
 import torch
@@ -50,8 +50,10 @@ class VideoRequest(BaseModel):
     negative_prompt: str = ""
     fps: int = Field(default=24, ge=1)
     size: str | None = None
-    #: perfkit extension: synchronise and time each stage (default on).
-    perfkit_stage_timing: bool = True
+    #: perfkit extension: time each stage. true / "events": CUDA events at stage boundaries,
+    #: resolved after the request (no sync while it runs); "sync": synchronise at every stage
+    #: boundary (the older method, to cross-check); false / "off": no stage timing.
+    perfkit_stage_timing: Union[bool, Literal["events", "sync", "off"]] = True
 
 
 @dataclass
@@ -106,6 +108,9 @@ class Engine:
         keep_outputs_dir: where generated frames are saved as .npy (None: discarded).
         debug_leak_mib: test-only: keep this many MiB alive per request (host, and device
             memory on CUDA) to exercise leak checks.
+        debug_stage_delay_from: test-only: the pipeline's ``stage_delay`` applies to measured
+            requests (tag ``request``, never the startup warmup) from this 0-based index on
+            (0: all, 1: warm requests only).
     """
 
     def __init__(
@@ -118,6 +123,7 @@ class Engine:
         keep_outputs_dir: str | None = None,
         debug_leak_mib: int = 0,
         commit_hash: str | None = None,
+        debug_stage_delay_from: int = 0,
     ):
         self.pipeline = pipeline
         self.defaults = defaults
@@ -127,6 +133,8 @@ class Engine:
         self.keep_dir = Path(keep_outputs_dir) if keep_outputs_dir else None
         self.debug_leak_mib = debug_leak_mib
         self.commit_hash = commit_hash
+        self.debug_stage_delay_from = debug_stage_delay_from
+        self._measured = 0  # measured requests run so far (the startup warmup is not one)
         self.jobs: dict[str, Job] = {}
         self.queue: queue.Queue[Job | None] = queue.Queue()
         self.ready = False
@@ -201,8 +209,12 @@ class Engine:
         res: RunResult | None = None
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
+        slow = False
+        if job.tag != "warmup":
+            slow = self._measured >= self.debug_stage_delay_from
+            self._measured += 1
         try:
-            res = self.pipeline.run(job.req, keep_output=self.keep_dir is not None)
+            res = self.pipeline.run(job.req, keep_output=self.keep_dir is not None, slow=slow)
             job.status = "completed"
             if self.keep_dir is not None and res.video is not None:
                 self.keep_dir.mkdir(parents=True, exist_ok=True)
@@ -258,7 +270,7 @@ class Engine:
             "width": job.req.width,
             "num_inference_steps": job.req.num_inference_steps,
             "guidance_scale": job.req.guidance_scale,
-            "stage_timing": job.req.stage_timing,
+            "stage_timing": job.req.timing_mode,
             "host_rss_mib": round(rss, 2),
             "host_anon_mib": round(anon, 2),
             **self.info,
@@ -274,6 +286,11 @@ class Engine:
                     "compile_ms": round(res.compile.compile_ms, 3),
                     "recompile_reasons": res.compile.reasons,
                     "recompile_limit_hit": res.compile.limit_hit,
+                    "recompile_limit_stage": res.compile.limit_stage,
+                    "compile_by_stage": {
+                        k: {**v, "compile_ms": round(v["compile_ms"], 3)}
+                        for k, v in res.compile.by_stage.items()
+                    },
                     "refinement_steps": [round(x, 3) for x in res.refinement_steps],
                     "stage_peak_allocated_mb": {
                         s.name: round(s.peak_allocated_mb, 2)
@@ -293,7 +310,11 @@ class Engine:
                 }
             )
             if res.compile.limit_hit:
-                log.warning("request %s hit the recompile limit: frames now run eagerly", job.id)
+                log.warning(
+                    "request %s hit the recompile limit in %s: frames now run eagerly",
+                    job.id,
+                    res.compile.limit_stage or "a stage not known",
+                )
             if res.ranks:
                 # multi-rank (CFG parallel): stages/steps above are rank 0's (it serves, decodes, and
                 # its steps include waiting for the peer's branch); memory is the max across ranks,

@@ -69,6 +69,20 @@ class InvariantParams(_Model):
     A field set to None is not gated."""
 
 
+class EngineInvariants(InvariantParams):
+    """What every launch's engine must really run (checked on every bundle by the gate, from
+    the ``launches`` table's effective config: :mod:`perfkit.readings.engine_config`).
+
+    A launch whose engine hit torch.compile's recompile limit always fails: after the limit
+    torch runs the frame eagerly, a silent slowdown a baseline would absorb.
+    """
+
+    #: True when the params expect the engine to drop torch.compile (e.g. a placement that
+    #: offloads the transformer); otherwise compile asked but not active fails, with the
+    #: engine's reason
+    compile_inactive_ok: bool = False
+
+
 class CapParams(_Model):
     """One memory budget (GiB). ``None`` means no cap on that side."""
 
@@ -194,6 +208,11 @@ def register(scenario: Scenario) -> Scenario:
     if scenario.name in _REGISTRY:
         raise ValueError(f"scenario {scenario.name!r} is registered twice")
     mine = set(scenario.invariants_model.model_fields)
+    taken = mine & set(EngineInvariants.model_fields)
+    if taken:
+        raise ValueError(
+            f"invariant keys {sorted(taken)} of {scenario.name!r} are the engine's (EngineInvariants)"
+        )
     for other in _REGISTRY.values():
         clash = mine & set(other.invariants_model.model_fields)
         if clash:
@@ -226,8 +245,9 @@ def names() -> tuple[str, ...]:
 
 
 def invariant_defaults() -> dict[str, Any]:
-    """Every scenario's invariant defaults, merged (keys are unique across scenarios)."""
-    out: dict[str, Any] = {}
+    """Every scenario's invariant defaults and the engine's (:class:`EngineInvariants`), merged
+    (keys are unique across scenarios)."""
+    out: dict[str, Any] = EngineInvariants().model_dump()
     for s in _REGISTRY.values():
         out.update(s.invariant_defaults())
     return out
