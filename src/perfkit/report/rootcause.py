@@ -69,6 +69,7 @@ CONFIG_COLUMNS: dict[str, str] = {
     "first_result_s": "time to first result (s)",
 }
 _EXTRA_CONFIG = {
+    "engine_device": "engine device",
     "warmup_frames": "startup warmup frames",
     "warmup_latent_shape": "startup warmup latent shape",
     "placement": "placement",
