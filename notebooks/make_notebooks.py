@@ -173,6 +173,7 @@ display(Markdown(reading("warmup_shapes", results)))"""),
         new_markdown_cell("## Which stage absorbs the penalty (first request − warm median, ms)"),
         new_code_cell("""by_stage = pd.DataFrame({f"warmup {c['warmup_frames']}f → request {c['request_frames']}f":
                          c.get("penalty_by_stage_ms") or {} for c in results["coverage"]}).T
+by_stage = by_stage.rename_axis("warmup → request")
 display(by_stage)
 if any(stage_class(s) == REFINEMENT for s in by_stage.columns):  # only for a two-stage run
     display(Markdown("With the two-stage pipeline the half-resolution denoising stage and the "
