@@ -492,6 +492,9 @@ def test_root_cause_parts_on_small_tables():
     assert rows["torch.compile active"] == ["yes", "no"]
     assert rows["compile disabled because"] == ["not reported", "offload"]
     assert "dtype" not in rows and "dtype" in rootcause.not_reported(launches)
+    active = launches.drop(columns="compile_disabled_reason").assign(compile_active=True)
+    assert "compile disabled because" not in rootcause.not_reported(active)
+    assert "compile disabled because" in rootcause.not_reported(active.assign(compile_active=[True, False]))
     assert rootcause.budget_clamps(launches) == [
         "cap1: host cap asked 64 GiB, in force 31.2 GiB (cgroup memory.max 31.2 GiB)"
     ]

@@ -69,6 +69,7 @@ CONFIG_COLUMNS: dict[str, str] = {
     "first_result_s": "time to first result (s)",
 }
 _EXTRA_CONFIG = {
+    "engine_device": "engine device",
     "warmup_frames": "startup warmup frames",
     "warmup_latent_shape": "startup warmup latent shape",
     "placement": "placement",
@@ -107,9 +108,13 @@ def _present(df: pd.DataFrame, col: str) -> bool:
 
 def not_reported(launches: pd.DataFrame | None) -> list[str]:
     """Labels of the :data:`CONFIG_COLUMNS` settings no launch reported (the bundle lacks the
-    column, or every launch left it empty)."""
+    column, or every launch left it empty); why compile was disabled is not missing when every
+    launch ran with compile active."""
     df = launches if launches is not None else pd.DataFrame()
-    return [label for col, label in CONFIG_COLUMNS.items() if not _present(df, col)]
+    out = [label for col, label in CONFIG_COLUMNS.items() if not _present(df, col)]
+    if _present(df, "compile_active") and df["compile_active"].fillna(False).astype(bool).all():
+        out = [x for x in out if x != CONFIG_COLUMNS["compile_disabled_reason"]]  # nothing to explain
+    return out
 
 
 def engine_config(launches: pd.DataFrame) -> Table | None:

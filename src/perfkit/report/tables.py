@@ -268,7 +268,8 @@ def styled(
     caption: str | None = None,
 ) -> Any:
     """A pandas ``Styler`` of ``df`` whose cells and headers are :func:`format_table`'s: no
-    index column (a labelled index, e.g. of a transposed frame, becomes the first column),
+    index column (a labelled index, e.g. of a transposed frame, becomes the first column,
+    headed by the index's name or "row"),
     units in the header, rounded numbers, "–" for not measured, status words coloured. Display it in a notebook (``display(styled(df))``) or render it with
     ``.to_html()``.
 
@@ -288,7 +289,7 @@ def styled(
     if not _default_index(df):  # a labelled index (a transposed frame) is a column of its own
         df = df.reset_index()
         if str(df.columns[0]) in ("index", "level_0"):
-            df = df.rename(columns={df.columns[0]: ""})
+            df = df.rename(columns={df.columns[0]: "row"})
     t = format_table(df, status_col, labels=labels, transpose=transpose)
     shown = pd.DataFrame(t.rows, columns=pd.Index(_unique(t.header)))
     st = shown.style.hide(axis="index").set_table_styles(_CELL_STYLE)

@@ -242,7 +242,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             # margin from the data: fail only when the one-sided 95 % lower bound exceeds the limit
             margin = max(0.0, ratio - lower) / limit
             what = (
-                f"one-sided 95% lower bound {lower:.3g}: bootstrap of the warm median, the single "
+                f"one-sided 95% lower bound {fmt(lower, 'g')}: bootstrap of the warm median, the single "
                 "cold request given the warm requests' relative spread"
             )
             rows.append(check_max(NAME, "warm_cold_ratio", ratio, limit, what, margin=margin))
