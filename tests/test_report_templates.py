@@ -537,3 +537,13 @@ def test_numbers_quoted_twice_agree(h200_html: str):
     assert "warm/cold ratio 0.016" in sec
     assert not re.search(r"(?<![\d.,])1 (compiles|requests|gates|rows|cases)\b", h200_html)  # plurals
     assert "two-stage pipeline" not in h200_html  # a sentence for a stage this run has not
+
+
+def test_styled_tables_escape_cell_text():
+    """Check reasons hold '<=' and engine messages may hold markup: shown as text, never as HTML."""
+    import pandas as pd
+
+    from perfkit.report.tables import styled
+
+    html = styled(pd.DataFrame({"reason": ["1.0 <= 2 <b>engine</b>"], "status": ["pass"]})).to_html()
+    assert "1.0 &lt;= 2 &lt;b&gt;engine&lt;/b&gt;" in html and "<b>engine" not in html

@@ -270,7 +270,8 @@ def styled(
     """A pandas ``Styler`` of ``df`` whose cells and headers are :func:`format_table`'s: no
     index column (a labelled index, e.g. of a transposed frame, becomes the first column,
     headed by the index's name or "row"),
-    units in the header, rounded numbers, "–" for not measured, status words coloured. Display it in a notebook (``display(styled(df))``) or render it with
+    units in the header, rounded numbers, "–" for not measured, status words coloured, text
+    HTML-escaped. Display it in a notebook (``display(styled(df))``) or render it with
     ``.to_html()``.
 
     Args:
@@ -292,7 +293,9 @@ def styled(
             df = df.rename(columns={df.columns[0]: "row"})
     t = format_table(df, status_col, labels=labels, transpose=transpose)
     shown = pd.DataFrame(t.rows, columns=pd.Index(_unique(t.header)))
-    st = shown.style.hide(axis="index").set_table_styles(_CELL_STYLE)
+    # cells and headers are text (reasons hold "<=" and engine messages): HTML-escaped
+    st = shown.style.format(escape="html").format_index(escape="html", axis=1)
+    st = st.hide(axis="index").set_table_styles(_CELL_STYLE)
     if t.status_col is not None and not shown.empty:
         col = shown.columns[t.status_col]
         st = st.map(lambda w: _STATUS_STYLE.get(status_class(w), "color:#6e7781"), subset=[col])
