@@ -694,7 +694,7 @@ def run_suite(
         "status": STATUS_WORD[code],
         "wall_s": round(time.monotonic() - t_start, 2),
         "finished": _dt.datetime.now().isoformat(timespec="seconds"),
-        "replay": str(replay_dir) if replay_dir else None,
+        "replay": _shown_path(replay_dir) if replay_dir else None,
         "notebooks": [asdict(r) for r in runs],
     }
     (run_dir / RUN_FILE).write_text(json.dumps(jsonable(info), indent=2, default=str) + "\n")
@@ -715,3 +715,12 @@ def run_suite(
         except Exception as exc:  # noqa: BLE001 - a screenshot is a nicety
             log.warning("no screenshot: %s", exc)
     return SuiteResult(run_dir, code, STATUS_WORD[code], runs, verdicts)
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the perfkit checkout when inside it (what a committed report should
+    show), else absolute."""
+    try:
+        return str(path.resolve().relative_to(repo_root().resolve()))
+    except ValueError:
+        return str(path)
