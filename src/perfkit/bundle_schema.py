@@ -207,6 +207,12 @@ TABLES: dict[str, Table] = {
                 _c("process_start_s", "float64", "s", "cold start part: until the process ran"),
                 _c("models_loaded_s", "float64", "s", "cold start part: until the models were loaded"),
                 _c("warmup_s", "float64", "s", "cold start part: the startup warmup"),
+                _c(
+                    "first_result_s",
+                    "float64",
+                    "s",
+                    "launch until the first successful request ended (time to first result)",
+                ),
                 _c("warmup_frames", "Int64", "frames", "startup warmup num_frames (0: none)"),
                 _c("warmup_latent_shape", "string", "text", "latent shape the startup warmup ran"),
                 _c("device_cap_gib", "float64", "GiB", "device memory cap (NaN: none)"),
