@@ -164,23 +164,30 @@ class StagedPipeline:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
 
+    def _clock(self) -> float:
+        """The clock that measures a piece of work for the injected slowdown (s): wall time on an
+        accelerator (the device does the work; the host only waits), this thread's CPU time on a
+        CPU device (the work is this thread's; time the OS gives other processes on a shared
+        host is not work, and sizing by wall time would inflate the slowdown under contention)."""
+        return time.perf_counter() if self.is_cuda else time.thread_time()
+
     def _busy(self, seconds: float) -> None:
-        """Test-only injected slowdown: busy compute on this pipeline's device for ``seconds``
-        (small matmuls until the clock has moved that far; the device is synchronised between
-        chunks, so the time is real device work, not a host sleep)."""
+        """Test-only injected slowdown: busy compute on this pipeline's device for ``seconds`` of
+        :meth:`_clock` (small matmuls until that clock has moved that far; the device is
+        synchronised between turns, so the time is real device work, not a host sleep)."""
         if seconds <= 0:
             return
-        a = torch.randn(128, 128, device=self.device)
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:  # ~0.1 ms a turn on a CPU core: overshoot stays small
+        a = torch.randn(64, 64, device=self.device)
+        end = self._clock() + seconds
+        while self._clock() < end:  # ~20 µs a turn on a CPU core: overshoot stays small
             a = torch.tanh(a @ a)
             self._sync()
 
-    def _inject(self, frac: float, t0: float) -> None:
-        """Stretch the work since ``t0`` (perf_counter s) by ``frac`` with :meth:`_busy`."""
+    def _inject(self, frac: float, c0: float) -> None:
+        """Stretch the work since ``c0`` (:meth:`_clock` s) by ``frac`` with :meth:`_busy`."""
         if frac > 0:
             self._sync()
-            self._busy(frac * (time.perf_counter() - t0))
+            self._busy(frac * (self._clock() - c0))
 
     @contextmanager
     def _stage(self, name: str, out: RunResult, timing: bool) -> Iterator[None]:
@@ -189,11 +196,12 @@ class StagedPipeline:
             if self.is_cuda:
                 torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
+        c0 = self._clock()
         w0 = time.time()
         yield
         # a stage with denoising steps has its slowdown injected per step (step times scale too)
         if name not in ("DenoisingStage", "RefinementStage"):
-            self._inject(self._slow.get(name, 0.0), t0)
+            self._inject(self._slow.get(name, 0.0), c0)
         if timing:
             self._sync()
         ms = (time.perf_counter() - t0) * 1000.0
@@ -233,6 +241,7 @@ class StagedPipeline:
         par = self.cfg_parallel
         for t in timesteps:
             t0 = time.perf_counter()
+            c0 = self._clock() if slow else 0.0
             if par is None:
                 model_in = torch.cat([latents] * 2) if cfg else latents
                 model_in = model_in.to(embeds.dtype)
@@ -250,7 +259,7 @@ class StagedPipeline:
                     guidance,
                 )
             latents = sched.step(noise, t, latents, return_dict=False)[0]
-            self._inject(slow, t0)
+            self._inject(slow, c0)
             if events:
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
