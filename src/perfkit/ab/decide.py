@@ -110,6 +110,9 @@ class AbResult:
             raise FileNotFoundError(f"{p}: no {RESULT_FILE} (not an ab run directory)")
         doc = json.loads(p.read_text())
         table = pd.DataFrame(doc.get("table") or [], columns=TABLE_COLUMNS)
+        for c in ("a", "b", "ratio", "low", "high", "threshold", "icc", "cv_between", "cv_within"):
+            table[c] = pd.to_numeric(table[c], errors="coerce").astype(float)  # null -> NaN
+        table["launches_needed"] = pd.to_numeric(table["launches_needed"], errors="coerce").astype("Int64")
         return cls(
             table=table,
             launch_means=pd.DataFrame(doc.get("launch_means") or []),
