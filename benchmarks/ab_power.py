@@ -24,6 +24,7 @@ not independent experiments. Also prints the pool's variance split (ICC, CVs) pe
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -109,10 +110,13 @@ def main() -> int:
         sp = stats.variance_split(sub["value"], sub["side"] + sub["launch"], sub["side"])
         ma, mb = _medians(va, m_pool).get(metric, {}), _medians(vb, m_pool).get(metric, {})
         iv = stats.ratio_interval(list(ma.values()), list(mb.values()))
-        print(
-            f"{metric:<24}{sp.cv_between * 100:>11.1f}%{sp.cv_within * 100:>10.1f}%{sp.icc:>7.2f}"
-            f"{(iv.ratio - 1) * 100:>+8.1f}%"
+        # one value a launch (ready, cold e2e): no split, the launch values' own spread instead
+        between = (
+            sp.cv_between if sp.cv_between == sp.cv_between else math.hypot(iv.sd_log_a, iv.sd_log_b) / 2**0.5
         )
+        within = f"{sp.cv_within * 100:>10.1f}%" if sp.cv_within == sp.cv_within else f"{'-':>11}"
+        icc = f"{sp.icc:>7.2f}" if sp.icc == sp.icc else f"{'-':>7}"
+        print(f"{metric:<24}{between * 100:>11.1f}%{within}{icc}{(iv.ratio - 1) * 100:>+8.1f}%")
 
     print(f"\nresampled decisions ({a.sims} draws each, threshold {a.threshold:.0%}, 95 % Welch t):")
     print(
