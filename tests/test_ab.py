@@ -139,3 +139,13 @@ def test_notebook_replays_the_committed_aa_pair(tmp_path):
     )
     text = out.read_text()
     assert "perfkit ab: no regression" in text and "image/png" in text
+
+
+def test_a_side_may_be_a_params_file_with_its_request():
+    from perfkit.cli import _ab_side
+
+    spec, req = _ab_side(str(ROOT / "params/ci-cpu.yaml"), "--a")
+    assert spec.kind == "reference" and spec.compile_backend == "aot_eager"
+    assert req["num_frames"] == 25 and req["num_inference_steps"] == 4
+    spec, req = _ab_side(str(SPEC_B), "--b")
+    assert req is None and spec.debug_stage_delay == {"DenoisingStage": 30.0}

@@ -185,7 +185,7 @@ def ab_summary_markdown(res: AbResult) -> str:
         how += f"; host load {' / '.join(str(x) for x in ab['loadavg_end'])}"
     lines += [how + ".", ""]
     for e in res.meta.get("launch_errors") or []:
-        lines.append(f"- launch failed: `{e}`")
+        lines.append(f"- launch failed: `{(str(e).splitlines() or [''])[0]}` (details in report.html)")
     if res.exit_code == 2 and not (res.table["decision"] != "not measured").any():
         lines.append("- nothing compared: no metric was measured on both sides")
     lines += ["", markdown_table(verdict_frame(res)), ""]
