@@ -138,7 +138,7 @@ def test_notebook_replays_the_committed_aa_pair(tmp_path):
         progress_bar=False,
     )
     text = out.read_text()
-    assert "perfkit ab: no regression" in text and "image/png" in text
+    assert "(exit code 0)" in text and "perfkit ab: REGRESSION" not in text and "image/png" in text
 
 
 def test_a_side_may_be_a_params_file_with_its_request():

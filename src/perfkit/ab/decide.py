@@ -78,8 +78,14 @@ class AbResult:
 
     @property
     def verdict(self) -> str:
-        """``regression``, ``no regression`` or ``error`` (from the exit code)."""
-        return {EXIT_OK: "no regression", EXIT_REGRESSION: "regression"}.get(self.exit_code, "error")
+        """``regression`` (exit 1), ``error`` (exit 2), else ``inconclusive`` when some metric
+        could not be decided (exit 0: no regression found, but not every metric was cleared),
+        else ``no regression``."""
+        if self.exit_code == EXIT_REGRESSION:
+            return "regression"
+        if self.exit_code != EXIT_OK:
+            return "error"
+        return "inconclusive" if (self.table["decision"] == "inconclusive").any() else "no regression"
 
     def save(self, out: str | Path) -> Path:
         """Write ``out/ab.json`` (table, launch means, exit code, meta; NaN as null)."""
@@ -179,7 +185,11 @@ def compare(
                 f"vs ±{thr * 100:.1f} %"
             )
             if decision == "inconclusive":
-                reason += f"; ~{needed} launches a side would decide" if needed else "; on a boundary"
+                reason += (
+                    f"; ~{needed} launches a side would decide"
+                    if needed
+                    else "; more than 200 launches a side would be needed (or B/A sits on a boundary)"
+                )
         rows.append(
             {
                 "metric": metric,

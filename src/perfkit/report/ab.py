@@ -64,13 +64,35 @@ def verdict_frame(res: AbResult) -> pd.DataFrame:
     )
 
 
+def _cv(x: Any) -> str:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "–"
+    return f"{v * 100:.1f} %" if math.isfinite(v) else "–"
+
+
+def decision_counts(res: AbResult) -> pd.DataFrame:
+    """One row per decision present (worst first): ``status`` (the decision), ``metrics`` (how
+    many) and ``which`` (their names): the page's gate summary above the A/B section."""
+    from perfkit.ab.stats import DECISIONS
+
+    t = res.table
+    rows = []
+    for d in DECISIONS:
+        names = list(t.loc[t["decision"] == d, "metric"])
+        if names:
+            rows.append({"status": d, "metrics": len(names), "which": ", ".join(names)})
+    return pd.DataFrame(rows, columns=["status", "metrics", "which"])
+
+
 def _variance_frame(res: AbResult) -> pd.DataFrame:
     t = res.table[res.table["decision"] != "not measured"]
     return pd.DataFrame(
         {
             "metric": t["metric"],
-            "CV between launches": [_pct(1 + float(v)) if v is not None else "–" for v in t["cv_between"]],
-            "CV within a launch": [_pct(1 + float(v)) if v is not None else "–" for v in t["cv_within"]],
+            "CV between launches": [_cv(v) for v in t["cv_between"]],
+            "CV within a launch": [_cv(v) for v in t["cv_within"]],
             "ICC": [_num(v, ".2f") for v in t["icc"]],
             "launches needed": [
                 "" if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA else str(v)
@@ -106,6 +128,12 @@ def _launch_frame(res: AbResult) -> pd.DataFrame:
     return df.sort_values("position", key=lambda s: pd.to_numeric(s, errors="coerce")) if not df.empty else df
 
 
+def _badge(res: AbResult) -> str:
+    """The page's verdict word: pass (no regression, every metric cleared or not measured),
+    inconclusive, regression or error."""
+    return {"no regression": STATUS_WORD[0]}.get(res.verdict, res.verdict)
+
+
 def ab_context(res: AbResult) -> dict[str, Any]:
     """What ``sections/ab.html.j2`` gets: verdict, confidence, order, N, M, thresholds, load,
     errors, verdicts/variance/launches tables (:class:`~perfkit.report.tables.Table`) and the
@@ -114,7 +142,7 @@ def ab_context(res: AbResult) -> dict[str, Any]:
     fig = ab_forest(res.table, res.launch_means)
     load = ab.get("loadavg_end")
     return {
-        "verdict": STATUS_WORD.get(res.exit_code, "error"),
+        "verdict": _badge(res),
         "confidence": res.confidence,
         "order": " ".join(ab.get("order") or []) or "(replayed: order not recorded)",
         "launches_per_side": ab.get("launches_per_side", "?"),
@@ -146,7 +174,7 @@ def render_ab_report(res: AbResult, out: str | Path) -> Path:
         meta.append({"text": "replayed from recorded bundles"})
     page = env.get_template(PAGE_TEMPLATE).render(
         title="perfkit ab: is B slower than A?",
-        verdict=STATUS_WORD.get(code, "error"),
+        verdict=_badge(res),
         exit_code=code,
         meta=meta,
         environment=None,
@@ -155,7 +183,7 @@ def render_ab_report(res: AbResult, out: str | Path) -> Path:
         notebooks_table=None,
         key_numbers=None,
         warnings=list(res.meta.get("warnings") or []),
-        gates=format_table(verdict_frame(res)),
+        gates=format_table(decision_counts(res)),
         sections=[markupsafe.Markup(section)],
     )
     bad = external_refs(page)
@@ -172,7 +200,7 @@ def ab_summary_markdown(res: AbResult) -> str:
     """``summary.md`` of an A/B (GitHub Markdown, for ``$GITHUB_STEP_SUMMARY``): the verdict,
     how it ran, the verdict table."""
     ab = res.meta.get("ab") or {}
-    word = {0: "no regression", 1: "REGRESSION"}.get(res.exit_code, "ERROR")
+    word = {"regression": "REGRESSION", "error": "ERROR"}.get(res.verdict, res.verdict)
     lines = [f"## perfkit ab: {word} (exit code {res.exit_code})", ""]
     how = (
         f"{ab.get('launches_per_side', '?')} launches a side, {ab.get('warm_per_launch', '?')} warm requests "
