@@ -247,29 +247,27 @@ def test_debug_leak_grows_host_anon_by_the_leak(tmp_path):
 
 def test_debug_stage_delay_scales_the_stage_from_the_nth_measured_request(tmp_path):
     # +100 % DenoisingStage from measured request 3 on: the startup warmup and requests 0-2 run at
-    # full speed, 3-5 do twice the denoising work (per step), other stages untouched. Minimums
-    # over requests: on a shared runner other processes stretch single requests.
+    # full speed, 3-5 do twice the denoising work (per step), other stages untouched. Asserted on
+    # CPU time, which other processes on a shared runner do not stretch: with one torch thread a
+    # span's wall time is at least the CPU time spent in it.
     args = ("--debug-stage-delay", "DenoisingStage=100%", "--debug-stage-delay-from", "3")
     with running_engine(tmp_path, *args, env={"OMP_NUM_THREADS": "1"}) as eng, eng.client() as c:
         recs = [_ok(c.generate(spec(25, steps=8))) for _ in range(6)]
         warmup = [r for r in eng.records() if r.is_warmup]
-    stage = [dict(r.stages) for r in recs]
-
-    def low(name, idx):
-        return min(stage[i][name] for i in idx)
-
-    fast, slow = (1, 2), (3, 4, 5)
-    assert 1.6 <= low("DenoisingStage", slow) / low("DenoisingStage", fast) <= 2.6, stage
-    assert low("TextEncodingStage", slow) / low("TextEncodingStage", fast) < 1.4, stage
-    assert low("DecodingStage", slow) / low("DecodingStage", fast) < 1.4, stage
-    steps = [min(r.steps) for r in recs]
-    assert min(steps[3:]) >= 1.6 * min(steps[1:3]), steps  # the steps carry the slowdown
+    # the engine says which runs it slowed: never the startup warmup, measured requests from 3 on
+    assert len(warmup) == 1 and warmup[0].perfkit["debug_stage_delay_applied"] is False
+    assert [r.perfkit["debug_stage_delay_applied"] for r in recs] == [False] * 3 + [True] * 3
+    assert all("debug_stage_delay_ms" not in r.perfkit for r in [*warmup, *recs[:3]])
+    for r in recs[3:]:
+        added = r.perfkit["debug_stage_delay_ms"]
+        assert list(added) == ["DenoisingStage"]  # no other stage got busy work
+        work, busy = added["DenoisingStage"]
+        assert 0.95 <= busy / work <= 1.15, (work, busy)  # +100 % of the stage's own work
+        # inside the stage's span and inside its steps, not after them
+        assert dict(r.stages)["DenoisingStage"] >= 0.98 * (work + busy), (r.stages, work, busy)
+        assert sum(r.steps) >= 0.98 * (work + busy), (r.steps, work, busy)
     assert recs[0].perfkit["debug_stage_delay_pct"] == {"DenoisingStage": 100.0}
     assert recs[0].perfkit["debug_stage_delay_from"] == 3
-    # the startup warmup (17 frames, 2 steps) was not slowed: its fastest step is below the
-    # fastest slowed 25-frame step
-    assert len(warmup) == 1
-    assert min(warmup[0].steps) < min(steps[3:]), (warmup[0].steps, steps)
 
 
 def test_debug_stage_delay_is_refused_when_malformed(tmp_path):

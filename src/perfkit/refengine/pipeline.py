@@ -74,6 +74,9 @@ class RunResult:
     video: np.ndarray | None = None
     #: multi-rank engines: every rank's report (rank order), filled on rank 0 (see refengine.dist)
     ranks: list[dict[str, Any]] | None = None
+    #: test-only injected slowdown: stage -> [work, injected] in ms of the pipeline's clock
+    #: (:meth:`StagedPipeline._clock`: thread CPU time on a CPU device, wall time on CUDA)
+    injected: dict[str, list[float]] = field(default_factory=dict)
 
 
 def host_memory_mib() -> tuple[float, float]:
@@ -158,6 +161,7 @@ class StagedPipeline:
         #: stage's own work added as busy compute; applied only to runs given ``slow=True``
         self.stage_delay: dict[str, float] = {}
         self._slow: dict[str, float] = {}
+        self._run = RunResult()
 
     # -- measurement helpers -------------------------------------------------------------
     def _sync(self) -> None:
@@ -183,11 +187,16 @@ class StagedPipeline:
             a = torch.tanh(a @ a)
             self._sync()
 
-    def _inject(self, frac: float, c0: float) -> None:
-        """Stretch the work since ``c0`` (:meth:`_clock` s) by ``frac`` with :meth:`_busy`."""
+    def _inject(self, frac: float, c0: float, stage: str) -> None:
+        """Stretch the work since ``c0`` (:meth:`_clock` s) by ``frac`` with :meth:`_busy`; the
+        work and the busy time (ms) add up in this run's ``injected[stage]``."""
         if frac > 0:
             self._sync()
-            self._busy(frac * (self._clock() - c0))
+            c1 = self._clock()
+            self._busy(frac * (c1 - c0))
+            acc = self._run.injected.setdefault(stage, [0.0, 0.0])
+            acc[0] += (c1 - c0) * 1000.0
+            acc[1] += (self._clock() - c1) * 1000.0
 
     @contextmanager
     def _stage(self, name: str, out: RunResult, timing: bool) -> Iterator[None]:
@@ -201,7 +210,7 @@ class StagedPipeline:
         yield
         # a stage with denoising steps has its slowdown injected per step (step times scale too)
         if name not in ("DenoisingStage", "RefinementStage"):
-            self._inject(self._slow.get(name, 0.0), c0)
+            self._inject(self._slow.get(name, 0.0), c0, name)
         if timing:
             self._sync()
         ms = (time.perf_counter() - t0) * 1000.0
@@ -226,6 +235,7 @@ class StagedPipeline:
         timing: bool,
         step_times: list[float],
         slow: float = 0.0,
+        stage: str = "DenoisingStage",
     ):
         cfg = guidance > 1.0
         rope = (self.temporal / fps, self.spatial, self.spatial)
@@ -259,7 +269,7 @@ class StagedPipeline:
                     guidance,
                 )
             latents = sched.step(noise, t, latents, return_dict=False)[0]
-            self._inject(slow, c0)
+            self._inject(slow, c0, stage)
             if events:
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
@@ -320,6 +330,7 @@ class StagedPipeline:
             torch.OutOfMemoryError: when the device runs out of memory (the caller reports it).
         """
         out = RunResult()
+        self._run = out
         self._slow = dict(self.stage_delay) if slow else {}
         timing = req.stage_timing
         pipe = self.pipe
@@ -404,6 +415,7 @@ class StagedPipeline:
                         timing,
                         out.refinement_steps,
                         self._slow.get("RefinementStage", 0.0),
+                        "RefinementStage",
                     )
             out.latent_shape = [int(self.c.transformer.config.in_channels), n_lat, int(h_lat), int(w_lat)]
             if self.cfg_parallel is not None and self.cfg_parallel.rank != 0:
