@@ -14,7 +14,12 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.perfkit-installed
 
-.PHONY: setup suite test notebooks clean
+#: what nbstripout strips besides outputs and counts: the language_info JupyterLab adds on save
+NB_EXTRA_KEYS := metadata.language_info.codemirror_mode metadata.language_info.file_extension \
+	metadata.language_info.mimetype metadata.language_info.nbconvert_exporter \
+	metadata.language_info.pygments_lexer metadata.language_info.version
+
+.PHONY: setup suite test notebooks clean git-filter
 
 setup: $(STAMP)
 
@@ -23,7 +28,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install $(TORCH)
 	$(BIN)/python -m pip install -e '.[test]'
+	$(MAKE) git-filter
 	touch $@
+
+# nbstripout as a git filter (this clone's .git/config; .gitattributes is committed): a notebook
+# saved from JupyterLab with its outputs reads as unchanged to git (git status stays clean)
+git-filter:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	  $(BIN)/nbstripout --install --attributes .gitattributes && \
+	  git config filter.nbstripout.extrakeys "$(NB_EXTRA_KEYS)" && \
+	  echo "nbstripout git filter installed: notebooks are committed without outputs"; \
+	else echo "not a git clone: no nbstripout filter"; fi
 
 suite: setup
 	$(BIN)/perfkit suite --params $(PARAMS) $(if $(OUT),--out $(OUT))

@@ -39,10 +39,21 @@ from perfkit.bundle import table_rows
 from perfkit.checks import check_table
 from perfkit.gate import run as gate_run
 from perfkit.gate import verdicts
-from perfkit.report import plots, reading, show, summary_frame
+from perfkit.readings.stages import REFINEMENT, stage_class
+from perfkit.report import plots, reading, show, summary_frame, tables
+from perfkit.report.notebook import (check_frame, first_request_costs, invariants_frame,
+                                     replay_markdown, request_frame, show_table, verdict_markdown)
 from perfkit.scenarios.runner import load_or_run
 
-pd.set_option("display.max_colwidth", 120)"""
+tables.use_in_notebook()  # every DataFrame shown through perfkit's one table formatter"""
+
+
+GATE_CELL = """show_table(check_frame(rows))
+display(Markdown(verdict_markdown(rows)))"""
+
+ROOT_CAUSE = """show_table(first_request_costs(bundle.requests, bundle.stages), transpose=False)"""
+
+REQUESTS = """show_table(request_frame(bundle.requests), transpose=False)"""
 
 
 def _fields(name: str) -> list[tuple[str, object, str]]:
@@ -91,8 +102,11 @@ def measure_cell(name: str) -> str:
 bundle = load_or_run("{name}", out=out, bundle_dir=bundle_dir, engine=engine, request=request,
                      {args})
 results = bundle.results
-rows = gate_run.scenario_checks("{name}", results, invariants)
-_verdict = verdicts.write_verdict(out, "{name}", rows)'''
+rows = gate_run.scenario_checks("{name}", results, invariants)  # defaults merged with `invariants`
+_verdict = verdicts.write_verdict(out, "{name}", rows)
+if bundle_dir:
+    display(Markdown(replay_markdown(bundle.meta.get("params"), dict({args}), bundle_dir)))
+show_table(invariants_frame("{name}", invariants), caption="Limits this run is judged against")'''
 
 
 def _nb(title: str, intro: str, params: str, cells: list, setup: str = SETUP) -> nbformat.NotebookNode:
@@ -105,8 +119,10 @@ def _nb(title: str, intro: str, params: str, cells: list, setup: str = SETUP) ->
         "language": "python",
     }
     nb.metadata["language_info"] = {"name": "python"}
-    for i, c in enumerate(nb.cells):  # stable ids: regenerating gives the same files
-        c.id = f"cell-{i:02d}"
+    # stable ids, the ones nbstripout's git filter writes (the cell's position): regenerating gives
+    # the same files, and a notebook saved from JupyterLab cleans back to exactly this file
+    for i, c in enumerate(nb.cells):
+        c.id = str(i)
     return nb
 
 
@@ -117,22 +133,35 @@ def cold_warm() -> nbformat.NotebookNode:
     cells = [
         new_code_cell(measure_cell("cold_warm")),
         new_markdown_cell("## Headline numbers"),
-        new_code_cell("""display(summary_frame("cold_warm", results))
+        new_code_cell("""show_table(summary_frame("cold_warm", results))
 display(Markdown(reading("cold_warm", results)))"""),
+        new_markdown_cell(
+            "## Why the first request pays: recompilation\n\n"
+            "Each request that ran a shape first in its launch (the cold request, or the first of a "
+            "new shape): its penalty over the warm median of the same shape, the stage holding "
+            "most of it, and the recompilations it paid (count, compile time, the compiler's reason)."
+        ),
+        new_code_cell(ROOT_CAUSE),
+        new_markdown_cell("## Every request: role and shape"),
+        new_code_cell(REQUESTS),
         new_markdown_cell("## Gate (invariants measured within this run)"),
-        new_code_cell("display(check_table(rows))"),
+        new_code_cell(GATE_CELL),
         new_markdown_cell("## Per-stage latency, cold vs warm requests"),
-        new_code_cell("show(plots.stage_breakdown(bundle.stages))"),
+        new_code_cell("show(plots.stage_breakdown(bundle))"),
         new_markdown_cell("## End-to-end latency per request"),
-        new_code_cell("show(plots.e2e_per_request(bundle.requests))"),
+        new_code_cell("show(plots.e2e_per_request(bundle))"),
         new_markdown_cell("## Denoising step times"),
-        new_code_cell("show(plots.step_times(bundle.steps))"),
+        new_code_cell("show(plots.step_times(bundle))"),
         new_markdown_cell("## Memory timeline"),
         new_code_cell("""cap_lines = {"device_cap_gib": (caps or {}).get("device_gib"),
              "host_cap_gib": (caps or {}).get("host_gib")}
-show(plots.memory_timeline(bundle.memory, bundle.requests, bundle.stages, caps=cap_lines))"""),
-        new_markdown_cell("## Leak checks"),
-        new_code_cell('display(pd.DataFrame(results.get("leak_checks") or []))'),
+show(plots.memory_timeline(bundle, caps=cap_lines))"""),
+        new_markdown_cell("## Leak checks (rows of the gate above)"),
+        new_code_cell("""from perfkit.scenarios.cold_warm import LEAK_CHECKS
+
+leak_rows = [r for r in rows if r.metric in LEAK_CHECKS]
+show_table(check_frame(leak_rows))
+display(Markdown(verdict_markdown(leak_rows, "Leak checks")))"""),
         new_markdown_cell(
             "## How to read this\n\n"
             "- The **cold request** (red) pays what the startup warmup did not: shape setup, "
@@ -162,23 +191,32 @@ def warmup_shapes() -> nbformat.NotebookNode:
         new_code_cell(measure_cell("warmup_shapes")),
         new_markdown_cell("## Coverage"),
         new_code_cell("""coverage = summary_frame("warmup_shapes", results)
-display(coverage)
+show_table(coverage)
 display(Markdown(reading("warmup_shapes", results)))"""),
+        new_markdown_cell(
+            "## Why an uncovered shape pays: recompilation\n\n"
+            "Each request that ran a shape first in its launch: its penalty over the warm median "
+            "of the same shape in that launch, the stage holding most of it, and the "
+            "recompilations it paid (count, compile time, the compiler's reason)."
+        ),
+        new_code_cell(ROOT_CAUSE),
+        new_markdown_cell("## Every request: role and shape"),
+        new_code_cell(REQUESTS),
         new_markdown_cell("## Gate (covered shapes pay no setup)"),
-        new_code_cell("display(check_table(rows))"),
+        new_code_cell(GATE_CELL),
         new_markdown_cell("## First-request penalty by warmup shape and request shape"),
         new_code_cell("show(plots.coverage_heatmap(coverage))"),
-        new_markdown_cell(
-            "## Which stage absorbs the penalty (first request − warm median, ms)\n\n"
-            "With the two-stage pipeline the half-resolution `DenoisingStage` and the "
-            "full-resolution `RefinementStage` each specialise on their own latent shape."
-        ),
-        new_code_cell("""display(pd.DataFrame({f"warmup {c['warmup_frames']}f → request {c['request_frames']}f":
-                           c.get("penalty_by_stage_ms") or {} for c in results["coverage"]}).T.round(1))"""),
+        new_markdown_cell("## Which stage absorbs the penalty (first request − warm median, ms)"),
+        new_code_cell("""by_stage = pd.DataFrame({f"warmup {c['warmup_frames']}f → request {c['request_frames']}f":
+                         c.get("penalty_by_stage_ms") or {} for c in results["coverage"]}).T
+show_table(by_stage.rename(columns=lambda st: f"{st} (ms)").rename_axis("case").reset_index())
+if any(stage_class(s) == REFINEMENT for s in by_stage.columns):  # only for a two-stage run
+    display(Markdown("With the two-stage pipeline the half-resolution denoising stage and the "
+                     "full-resolution refinement stage each specialise on their own latent shape."))"""),
         new_markdown_cell("## End-to-end latency per request, one line per launch"),
-        new_code_cell("show(plots.e2e_per_request(bundle.requests))"),
+        new_code_cell("show(plots.e2e_per_request(bundle))"),
         new_markdown_cell("## Per-stage latency"),
-        new_code_cell("show(plots.stage_breakdown(bundle.stages))"),
+        new_code_cell("show(plots.stage_breakdown(bundle))"),
         new_markdown_cell(
             "## How to read this\n\n"
             "LTX aligns frames to 8k+1 and compresses time by 8: latent frames = (frames − 1) // 8 "
@@ -200,18 +238,17 @@ def memory_budget() -> nbformat.NotebookNode:
     cells = [
         new_code_cell(measure_cell("memory_budget")),
         new_markdown_cell("## Budgets"),
-        new_code_cell("""display(summary_frame("memory_budget", results))
+        new_code_cell("""show_table(summary_frame("memory_budget", results))
 display(Markdown(reading("memory_budget", results)))"""),
         new_markdown_cell("## Gate (caps held, runs completed)"),
-        new_code_cell("display(check_table(rows))"),
+        new_code_cell(GATE_CELL),
         new_markdown_cell("## Memory timeline per budget"),
         new_code_cell("""for row in table_rows(bundle.launches) or [{}]:
     show(plots.memory_timeline(
-        bundle.memory, bundle.requests, bundle.stages, launch=row.get("launch"),
-        caps={"device_cap_gib": row.get("device_cap_gib"), "host_cap_gib": row.get("host_cap_gib")},
-        title=f"Memory timeline: {row.get('cap_label') or row.get('label') or 'run'}"))"""),
+        bundle, launch=row.get("launch"),
+        caps={"device_cap_gib": row.get("device_cap_gib"), "host_cap_gib": row.get("host_cap_gib")}))"""),
         new_markdown_cell("## Latency per request under each budget"),
-        new_code_cell("show(plots.e2e_per_request(bundle.requests))"),
+        new_code_cell("show(plots.e2e_per_request(bundle))"),
         new_markdown_cell(
             "## How to read this\n\n"
             "Each budget is one launch. The device cap works like sglang's CI "
@@ -240,20 +277,21 @@ def offload_modes() -> nbformat.NotebookNode:
         new_code_cell(measure_cell("offload_modes")),
         new_markdown_cell("## Modes"),
         new_code_cell("""modes_table = summary_frame("offload_modes", results)
-display(modes_table)
+show_table(modes_table)
 display(Markdown(reading("offload_modes", results)))"""),
         new_markdown_cell(
             "## Gate (placement reported as asked, warm not slower, memory order on a GPU)\n\n"
             "Modes the device cannot run are `skipped`, never passed."
         ),
-        new_code_cell("display(check_table(rows))"),
+        new_code_cell(GATE_CELL),
         new_markdown_cell("## Device vs host memory, and warm latency, per mode"),
         new_code_cell("show(plots.offload_memory_latency(modes_table))"),
         new_markdown_cell("## Latency per request, one line per mode"),
-        new_code_cell("show(plots.e2e_per_request(bundle.requests))"),
+        new_code_cell("show(plots.e2e_per_request(bundle))"),
         new_markdown_cell("## Per-component placement the engine reported"),
         new_code_cell(
-            """display(pd.DataFrame({m["mode"]: m.get("offload") or {} for m in results["modes"]}).T)"""
+            """placement = pd.DataFrame({m["mode"]: m.get("offload") or {} for m in results["modes"]}).T
+show_table(placement.rename_axis("mode").reset_index())"""
         ),
         new_markdown_cell(
             "## How to read this\n\n"
@@ -284,10 +322,10 @@ def overhead() -> nbformat.NotebookNode:
     cells = [
         new_code_cell(measure_cell("overhead")),
         new_markdown_cell("## Overhead of each instrument"),
-        new_code_cell("""display(summary_frame("overhead", results))
+        new_code_cell("""show_table(summary_frame("overhead", results))
 display(Markdown(reading("overhead", results)))"""),
         new_markdown_cell("## Gate (upper end of each interval)"),
-        new_code_cell("display(check_table(rows))"),
+        new_code_cell(GATE_CELL),
         new_markdown_cell(
             "## How to read this\n\n"
             "Each instrument is switched on and off in interleaved ABBA pairs of warm requests of one "
@@ -324,20 +362,22 @@ table = check_table(g.rows)"""),
         new_markdown_cell("## This run's baseline (sglang layout)"),
         new_code_cell("""display(Markdown(f"`{Path(run_dir) / 'baseline.json'}`: {len(g.cases)} cases. "
                  "Copy it under `baselines/` (same hardware only) to gate later runs."))
-display(pd.DataFrame([{"case": c, "e2e (ms)": e.get("expected_e2e_ms"),
+show_table(pd.DataFrame([{"case": c, "slowest warm e2e (ms)": e.get("expected_e2e_ms"),
                        "median step (ms)": e.get("expected_median_denoise_ms"),
                        "load (ms)": e.get("expected_load_ms"),
                        "runtime peak VRAM (MiB)": e.get("runtime_peak_vram_mb")}
                       for c, e in g.baseline_doc["scenarios"].items()]))"""),
         new_markdown_cell("## Invariants (any hardware)"),
-        new_code_cell("display(check_table(g.invariant_rows))"),
+        new_code_cell("""show_table(check_table(g.invariant_rows))
+display(Markdown(verdict_markdown(g.invariant_rows, "Invariants")))"""),
         new_markdown_cell("## Against the baseline"),
         new_code_cell("""for w in g.warnings:
     display(Markdown(f"**Warning:** {w}"))
 if g.compared_with:
     display(Markdown(f"Compared with `{g.compared_with}`, profile `{profile}`."))
     base = check_table(g.baseline_rows)
-    display(base)
+    show_table(base)
+    display(Markdown(verdict_markdown(g.baseline_rows, "Against the baseline")))
     show(plots.baseline_vs_actual(base))
 else:
     display(Markdown("No baseline file for this hardware: gated on invariants only."))"""),

@@ -1,4 +1,7 @@
-"""Session-wide test guards.
+"""Session-wide test guards and shared runs.
+
+``h200_replay_run`` (session): ``perfkit suite`` replaying the committed H200 bundles once
+(papermill, notebooks, report), shared by the report template and browser tests.
 
 ``no_surviving_engines`` (autouse, every test): any engine process started through
 :func:`perfkit.engine.launch.launch` during a test (and any descendant seen at its teardown) must be gone
@@ -9,7 +12,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -42,3 +48,22 @@ def no_surviving_engines(request):
             except psutil.Error:
                 pass
         pytest.fail(f"{request.node.nodeid}: engine processes survived the test: {desc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def h200_replay_run(tmp_path_factory) -> Path:
+    """``perfkit suite --params params/h200.yaml --replay examples/h200/bundles`` into a fresh
+    directory (about a minute); fails the tests that use it when the suite does not exit 0."""
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path_factory.mktemp("h200") / "run"
+    exe = Path(sys.executable).parent / "perfkit"
+    proc = subprocess.run(
+        [str(exe), "suite", "--params", "params/h200.yaml", "--replay", "examples/h200/bundles"]
+        + ["--out", str(out), "--no-screenshot", "-q"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out

@@ -105,9 +105,10 @@ def test_invariant_defaults_come_from_the_scenarios():
     from perfkit.params import parse_params
 
     p = parse_params({"name": "x"})
-    merged = {}
+    merged = registry.EngineInvariants().model_dump()  # what every launch's engine must run
     for s in registry.all_scenarios():
         merged.update({k: v for k, v in s.invariant_defaults().items() if v is not None})
     assert p.invariants_all() == merged
     assert p.invariants_all()["warm_cold_ratio_max"] == 1.0
+    assert p.invariants_all()["compile_inactive_ok"] is False
     assert "instrumentation_overhead_max" not in p.invariants_all()  # None: reported, not gated

@@ -71,6 +71,10 @@ def test_two_ranks_complete_a_request_with_both_ranks_timed_and_match_one_proces
     assert [s["name"] for s in ranks[1]["stages"]] == STAGES[:3]  # only rank 0 decodes
     for r in ranks:
         assert len(r["steps"]) == 4 and all(ms > 0 for ms in r["steps"])
+        # where each step's time went on this rank: its transformer branch vs the all_gather wait
+        assert len(r["cfg_compute_ms"]) == len(r["cfg_gather_ms"]) == 4
+        assert all(ms > 0 for ms in r["cfg_compute_ms"]) and all(ms >= 0 for ms in r["cfg_gather_ms"])
+        assert sum(r["cfg_compute_ms"]) <= sum(r["steps"])
         assert all(s["execution_time_ms"] > 0 for s in r["stages"])
         assert r["host_anon_mib"] > 0
     assert rec.steps == ranks[0]["steps"]
@@ -151,3 +155,31 @@ def test_no_rank_outlives_rank_0_killed_alone(tmp_path):
         os.kill(h.pid, signal.SIGKILL)  # rank 0 only, not the group: the kernel kills rank 1
         gone, alive = psutil.wait_procs([child], timeout=10)
         assert not alive, f"rank 1 (pid {child.pid}) outlived rank 0"
+
+
+def test_warmup_shapes_on_two_ranks_reports_each_rank_and_steady_state_across_warmups(tmp_path):
+    """Seed 003's investigation on two gloo ranks: per rank the first request's compiles and
+    where its penalty sits, the warm step split (branch vs all_gather wait), and the warm median
+    after each warmup setting compared with an interval."""
+    from perfkit.scenarios.warmup_shapes import reading, warmup_shapes
+
+    s = _spec(compile=True, compile_backend="aot_eager", warmup_frames=17)
+    b = warmup_shapes(s, warmup_frames=[17, 25], request_frames=[24], repeats=3, run_dir=tmp_path)
+    cov = {c["warmup_frames"]: c for c in b.results["coverage"]}
+    assert cov[17]["covered"] is False and cov[25]["covered"] is True
+    for w, c in cov.items():
+        ranks = c["ranks"]
+        assert [r["rank"] for r in ranks] == [0, 1]
+        for r in ranks:
+            assert r["warm_step_median_ms"] > 0 and r["warm_compute_median_ms"] > 0
+            assert r["warm_gather_median_ms"] >= 0 and r["warm_compiles"] == 0
+        if w == 17:  # both ranks recompile for the uncovered shape, in DenoisingStage
+            assert all(r["first_compiles"] >= 1 and r["penalty_stage"] == "DenoisingStage" for r in ranks)
+        else:
+            assert all(r["first_compiles"] == 0 for r in ranks)
+    (x,) = b.results["warm_across_warmups"]
+    assert (x["warmup_frames"], x["vs_warmup_frames"], x["request_frames"]) == (25, 17, 24)
+    lo, hi = x["ratio_ci"]
+    assert 0 < lo <= x["ratio"] <= hi and x["n"] == [2, 2]
+    text = reading(b.results)
+    assert "rank 1" in text and "all_gather wait" in text and "Steady state, request 24 frames" in text

@@ -55,6 +55,10 @@ def test_measure_writes_bundles_without_notebooks(tmp_path):
     assert summary["overhead"]["error"] is None
     ov = ResultBundle.load(out / "overhead")
     assert ov.results["stage_timing"]["n_on"] == 2 and ov.results["sampler"]["n_off"] == 2
+    # event-timed stages cross-checked against a sync at every boundary; they add up to e2e
+    agree = ov.results["timing_agreement"]
+    assert agree["pairs"] == 3 and "DenoisingStage" in agree["stages"]
+    assert 0.5 < agree["events_stage_sum_over_e2e"] <= 1.0
     # the probe's requests are not part of the measured table: only its warm-up request is
     assert sorted(ov.requests["index"]) == [-1, 0]
     # no compile caches travel with the bundle

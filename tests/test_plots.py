@@ -124,33 +124,92 @@ def _bars(ax) -> list[BarContainer]:
     return [c for c in ax.containers if isinstance(c, BarContainer)]
 
 
-def test_stage_breakdown_stacks_and_labels():
+def test_stage_breakdown_cold_beside_warm_median_per_stage():
     req = _requests(n=4)
-    fig = plots.stage_breakdown(_stages(req))
+    fig = plots.stage_breakdown(_stages(req), requests=req)
     assert isinstance(fig, Figure)
     ax = fig.axes[0]
     bars = _bars(ax)
-    assert len(bars) == len(STAGES)  # one container per stage
-    assert all(len(c) == 4 for c in bars)  # warmup excluded: cold + 3 warm
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["cold", "warm #1", "warm #2", "warm #3"]
-    assert "ms" in ax.get_ylabel()
-    assert [c.get_label() for c in bars] == STAGES
-    # stacking: top of the last segment of the cold bar = total cold stage ms
-    cold_top = bars[-1][0].get_y() + bars[-1][0].get_height()
-    assert cold_top == pytest.approx(2.2 * sum(STAGE_MS.values()))
+    # one series for the cold request and one for the warm median, one bar per stage each
+    assert [c.get_label() for c in bars] == ["cold · 25 frames", "warm median · 25 frames (n=3)"]
+    assert all(len(c) == len(STAGES) for c in bars)
+    assert [t.get_text() for t in ax.get_xticklabels()] == STAGES
+    cold, warm = bars
+    assert [r.get_height() for r in cold] == pytest.approx([2.2 * STAGE_MS[s] for s in STAGES])
+    assert [r.get_height() for r in warm] == pytest.approx([STAGE_MS[s] for s in STAGES])
+    assert ax.get_yscale() == "log"  # 5 ms beside 1980 ms: more than 30x
+    assert fig._suptitle.get_text() and "latency" in ax.get_ylabel()
+    assert plots.alt_text(fig).startswith("Per-stage latency")
     _png_ok(fig)
 
 
-def test_stage_breakdown_warmup_and_multi_launch():
-    req = _requests(launches=("L0", "L1"), n=3)
+def test_stage_breakdown_log_axis_roles_and_launches():
+    """A 60 s cold denoise beside ms-scale warm stages: log axis; a later request of a new
+    shape is its own series, named by role and shape; one panel per launch, named."""
+    req = _requests(launches=("L0", "L1"), n=4)
+    req.loc[req["index"] >= 2, ["num_frames", "effective_num_frames"]] = 17
     st = _stages(req)
-    fig = plots.stage_breakdown(st, include_warmup=True)
-    bars = _bars(fig.axes[0])
-    assert all(len(c) == 2 * 4 for c in bars)
-    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
-    assert labels[0] == "L0\nwarmup" and labels[1] == "L0\ncold" and labels[4] == "L1\nwarmup"
-    fig = plots.stage_breakdown(st, launch="L1")
-    assert all(len(c) == 3 for c in _bars(fig.axes[0]))
+    st.loc[(st["index"] == 0) & (st["stage"] == "DenoisingStage"), "ms"] = 60_000.0
+    launches = pd.DataFrame({"launch": ["L0", "L1"], "warmup_frames": [17, 25]})
+    fig = plots.stage_breakdown(st, requests=req, launches=launches)
+    assert len(fig.axes) == 2
+    ax0 = fig.axes[0]
+    assert ax0.get_yscale() == "log"
+    assert ax0.get_title() == "launch: warmup 17 frames"
+    labels = [c.get_label() for c in _bars(ax0)]
+    assert labels == [
+        "cold · 25 frames",
+        "warm median · 25 frames (n=1)",
+        "first of a new shape · 17 frames",
+        "warm median · 17 frames (n=1)",
+    ]
+    tick = ax0.yaxis.get_major_formatter()(1000.0, 0)
+    assert tick == "1 s"  # readable tick labels on the log axis
+    fig = plots.stage_breakdown(st, requests=req, launch="L1", include_warmup=True)
+    assert len(fig.axes) == 1
+    assert [c.get_label() for c in _bars(fig.axes[0])][0] == "startup warmup · 25 frames"
+
+
+def test_request_roles_by_shape():
+    req = _requests(n=5)
+    req.loc[req["index"] >= 3, ["num_frames", "effective_num_frames"]] = 17
+    roles = plots.request_roles(req)
+    assert roles["label"].tolist() == [
+        "startup warmup · 25 frames",
+        "cold · 25 frames",
+        "warm #1 · 25 frames",
+        "warm #2 · 25 frames",
+        "first of a new shape · 17 frames",
+        "warm #1 · 17 frames",
+    ]
+    assert roles["new_shape"].tolist() == [False, False, False, False, True, False]
+    # without the warmup row, the launch's warmup shape still counts as run
+    no_wu = req[req["index"] >= 0].assign(latent_shape="4x8")
+    no_wu.loc[no_wu["index"] == 0, "latent_shape"] = "3x8"
+    r = plots.request_roles(no_wu, pd.DataFrame({"launch": ["L0"], "warmup_latent_shape": ["4x8"]}))
+    assert r["label"].iloc[0] == "cold · 25 frames (new shape)"
+    assert r["label"].iloc[1] == "warm #1 · 25 frames"
+    assert plots.request_roles(None).empty
+
+
+def test_launch_names():
+    caps = pd.DataFrame(
+        {
+            "launch": ["cap0", "cap1", "cap2"],
+            "device_cap_gib": [np.nan, 12, np.nan],
+            "host_cap_gib": [np.nan, 32, 8],
+        }
+    )
+    assert plots.launch_names(caps) == {
+        "cap0": "unlimited",
+        "cap1": "12 GiB GPU + 32 GiB host",
+        "cap2": "8 GiB host",
+    }
+    assert plots.launch_names(pd.DataFrame({"launch": ["a", "b"], "warmup_frames": [17, 25]})) == {
+        "a": "warmup 17 frames",
+        "b": "warmup 25 frames",
+    }
+    assert plots.launch_names(pd.DataFrame({"launch": ["session"]})) == {"session": "session"}
 
 
 def test_stage_breakdown_empty():
@@ -201,7 +260,7 @@ def test_coverage_heatmap_annotations():
     assert len(ax.images) == 1
     texts = [t.get_text() for t in ax.texts]
     assert len(texts) == 4
-    assert any("3100 ms" in t and "not covered" in t for t in texts)
+    assert any("3,100 ms" in t and "not covered" in t for t in texts)
     assert sum(t.endswith("\ncovered") for t in texts) == 2
     assert any("ms" in a.get_ylabel() for a in fig.axes)  # colour bar in ms
     assert "frames" in ax.get_xlabel()
@@ -241,7 +300,7 @@ def test_memory_timeline_cpu_host_only():
     assert len(fig.axes) == 1
     ax = fig.axes[0]
     labels = [ln.get_label() for ln in ax.lines]
-    assert "host RSS" in labels and "host anon" in labels
+    assert "host RSS" in labels and "host anonymous" in labels
     assert [ln.get_gid() for ln in ax.lines].count("cap:host") == 1
     assert "cap:device" not in [ln.get_gid() for ln in ax.lines]
     assert "MiB" in ax.get_ylabel()
@@ -325,3 +384,90 @@ def test_request_label():
     assert plots.request_label(0) == "cold"
     assert plots.request_label(2) == "warm #2"
     assert plots.request_label(-1) == "warmup"
+
+
+def test_step_times_integer_ticks_log_axis_and_role_labels():
+    req = _requests(n=3)
+    steps = _steps(req, n_steps=5)
+    steps.loc[(steps["index"] == 0) & (steps["step"] == 0), "ms"] = 57_000.0
+    fig = plots.step_times(steps, requests=req)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"  # one 57 s step beside 225 ms steps
+    fig.canvas.draw()
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    labels = [ln.get_label() for ln in ax.lines]
+    assert "cold · 25 frames" in labels and "warm requests (one line each)" in labels
+    assert sum(not lab.startswith("_") for lab in labels) == 2  # warm lines share one entry
+
+
+def test_e2e_per_request_marks_roles():
+    req = _requests(n=4)
+    req.loc[req["index"] == 3, ["num_frames", "effective_num_frames"]] = 17
+    req.loc[req["index"] == 3, "e2e_ms"] = 60_000.0
+    fig = plots.e2e_per_request(req)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    notes = [t.get_text() for t in ax.texts]
+    assert any(n.startswith("first of a new shape · 17 frames") and "60.0 s" in n for n in notes), notes
+    assert any(n.startswith("cold · 25 frames") for n in notes)
+    assert not any("warm #3" in n for n in notes)
+
+
+def test_memory_timeline_from_launch_with_phases_peaks_and_compiles():
+    req = _requests(n=3)
+    req["compile_ms"] = np.where(req["index"] <= 0, 1500.0, 0.0)
+    req["compiles"] = np.where(req["index"] <= 0, 1, 0)
+    mem = _memory(req)
+    mem = mem[mem["t_s"] >= req.loc[req["index"] == 0, "t_start_s"].iloc[0]]  # sampler starts at ready
+    launches = pd.DataFrame(
+        {
+            "launch": ["L0"],
+            "ready_s": [20.0],
+            "process_start_s": [0.5],
+            "models_loaded_s": [12.0],
+            "warmup_s": [8.0],
+            "load_peak_mib": [7000.0],
+            "warmup_peak_mib": [8500.0],
+            "device_cap_gib": [12.0],
+            "host_cap_gib": [32.0],
+        }
+    )
+    fig = plots.memory_timeline(mem, req, _stages(req), launches=launches, device_name="NVIDIA H200")
+    ax_dev, ax_host = fig.axes
+    assert ax_host.get_xlabel() == "time since launch (s)"
+    assert ax_dev.get_xlim()[0] == pytest.approx(0.0)
+    phases = [p for p in ax_dev.patches if p.get_gid() == "phase-span"]
+    assert len(phases) == 2  # model load, startup warmup
+    texts = [t.get_text() for t in ax_host.texts]
+    assert "model load" in texts and "startup warmup" in texts
+    assert any("no memory samples" in t for t in texts)
+    peaks = {c.get_gid() for c in ax_dev.collections}
+    assert {"peak:load", "peak:warmup"} <= peaks
+    # the warmup request is the warmup phase; cold + 2 warm requests are shaded
+    assert len([p for p in ax_dev.patches if p.get_gid() == "request-span"]) == 3
+    marks = [ln for ln in ax_dev.lines if ln.get_gid() == "compile-mark"]
+    assert len(marks) == 2  # warmup and cold compiled
+    assert any(t.get_text() == "compile 1.5 s" for t in ax_dev.texts)
+    legend = [t.get_text() for t in ax_dev.get_legend().get_texts()]
+    assert "device used (NVIDIA H200)" in legend and "cold request" in legend
+    assert (
+        fig.axes[0].get_title() == "Memory timeline · 12 GiB GPU + 32 GiB host (device and host, from launch)"
+    )
+    _png_ok(fig)
+
+
+def test_plots_take_a_bundle(tmp_path):
+    """``plots.X(bundle)`` reads the bundle's tables: the notebooks pass the bundle."""
+    from perfkit.bundle import ResultBundle
+
+    b = ResultBundle.load("examples/h200/bundles/warmup_shapes")
+    fig = plots.stage_breakdown(b)
+    assert [ax.get_title() for ax in fig.axes] == ["launch: warmup 17 frames", "launch: warmup 25 frames"]
+    fig = plots.e2e_per_request(b)
+    assert any("first of a new shape · 25 frames" in t.get_text() for t in fig.axes[0].texts)
+    fig = plots.memory_timeline(b, launch="warmup17")
+    assert "warmup 17 frames" in fig.axes[0].get_title()
+    assert "NVIDIA H200" in " ".join(t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    alt = plots.alt_text(fig)
+    assert "Memory timeline" in alt and "MiB" in alt and "time since launch (s)" in alt

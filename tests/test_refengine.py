@@ -242,6 +242,95 @@ def test_debug_leak_grows_host_anon_by_the_leak(tmp_path):
         assert 0.75 * leak <= d <= 1.5 * leak, (anon, deltas)
 
 
+# -- request API: sglang's fields, unknown fields, the effective frame count -----------------------
+
+
+def test_unknown_field_is_400_naming_it(client):
+    body = {**spec().payload(), "num_frame": 24}
+    resp = client.http.post("/v1/videos", json=body)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["fields"] == ["num_frame"]
+    assert err["message"] == "num_frame: unknown field (did you mean 'num_frames'?)"
+
+
+def test_every_sglang_video_field_is_accepted_and_the_answer_echoes_effective_frames(client):
+    from perfkit.refengine.server import SGLANG_VIDEO_FIELDS
+
+    body = {
+        "prompt": "a cat",
+        "input_reference": "/tmp/cat.png",
+        "reference_url": "https://example.invalid/cat.png",
+        "video_path": "/tmp/in.mp4",
+        "video_url": "https://example.invalid/in.mp4",
+        "model": "tiny",
+        "n": 1,
+        "num_outputs_per_prompt": 1,
+        "seconds": 1,
+        "size": "64x64",
+        "fps": 24,
+        "num_frames": 24,
+        "seed": [7],
+        "generator_device": "cpu",
+        "width": 64,
+        "height": 64,
+        "num_inference_steps": 2,
+        "guidance_scale": 3.0,
+        "guidance_scale_2": 2.0,
+        "true_cfg_scale": 1.5,
+        "negative_prompt": "blurry",
+        "max_sequence_length": 128,
+        "flow_shift": 3.0,
+        "enable_teacache": True,
+        "enable_frame_interpolation": False,
+        "frame_interpolation_exp": 1,
+        "frame_interpolation_scale": 1.0,
+        "frame_interpolation_model_path": None,
+        "enable_upscaling": False,
+        "upscaling_model_path": None,
+        "upscaling_scale": 4,
+        "output_quality": "high",
+        "output_compression": 90,
+        "output_path": "/tmp/out",
+        "diffusers_kwargs": {"foo": 1},
+        "task": "t2v",
+        "conditions": [],
+        "target": {"short_edge": 64},
+        "audio_flow_shift": 1.0,
+        "perf_dump_path": "/tmp/dump.json",
+        "profile": False,
+        "num_profiled_timesteps": 2,
+        "profile_all_stages": False,
+    }
+    assert sorted(body) == sorted(SGLANG_VIDEO_FIELDS)  # the test sends every one
+    resp = client.http.post("/v1/videos", json=body)
+    assert resp.status_code == 200, resp.text
+    ans = resp.json()
+    assert ans["num_frames"] == 25 and ans["num_frames_requested"] == 24
+    assert ans["alignment_note"] == "num_frames 24 aligned up to 25 (LTX: 8k+1 frames)"
+    assert (ans["height"], ans["width"], ans["num_inference_steps"]) == (64, 64, 2)
+    # what the engine does not implement is said, not silently dropped
+    assert "enable_teacache" in ans["ignored_fields"] and "input_reference" in ans["ignored_fields"]
+    assert "num_frames" not in ans["ignored_fields"] and "seed" not in ans["ignored_fields"]
+    rec = client.wait_record(ans["id"], timeout_s=120)
+    assert rec is not None and rec.perfkit["num_frames_effective"] == 25
+    assert rec.perfkit["ignored_fields"] == ans["ignored_fields"]
+
+
+def test_seconds_gives_frames_when_num_frames_is_absent(client):
+    body = {"prompt": "a cat", "seconds": 1, "fps": 8, "height": 64, "width": 64, "num_inference_steps": 1}
+    ans = client.http.post("/v1/videos", json=body).json()
+    assert (ans["num_frames_requested"], ans["num_frames"]) == (8, 9), ans
+    bad = client.http.post("/v1/videos", json={**body, "seconds": 100})
+    assert bad.status_code == 400 and bad.json()["error"]["fields"] == ["seconds"]
+
+
+@pytest.mark.parametrize("field,value", [("n", 2), ("seed", [1, 2])])
+def test_what_the_engine_cannot_honour_is_400_naming_it(client, field, value):
+    resp = client.http.post("/v1/videos", json={**spec().payload(), field: value})
+    assert resp.status_code == 400 and resp.json()["error"]["fields"] == [field], resp.text
+
+
 # -- injected slowdown (test-only) ----------------------------------------------------------------
 
 

@@ -217,3 +217,92 @@ def test_recorder_catches_a_network_request(tmp_path: Path):
     seen = open_report(page, tmp_path, tmp_path / "bad.png")
     assert any(u.startswith("https://cdn.example.invalid") for u in seen["requests"]), seen
     assert report.external_refs(page.read_text())
+
+
+# --------------------------------------------------------------------------- read at 1280 x 800
+
+#: what a reviewer's browser shows: every <details> opened, then the page's width, the words
+#: "NaN"/"None"/"nan" in its text and the images without alt text
+_READ_CHECK = r"""(() => {
+  document.querySelectorAll('details').forEach(d => d.open = true);
+  const se = document.scrollingElement;
+  const wide = Array.from(document.querySelectorAll('body *'))
+    .filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5)
+    .slice(0, 5).map(e => e.tagName + ' ' + (e.innerText || '').slice(0, 80));
+  const text = document.body.innerText;
+  return {
+    scrollWidth: se.scrollWidth,
+    innerWidth: window.innerWidth,
+    wide: wide,
+    junk: text.match(/.{0,60}\b(NaN|None|nan)\b.{0,60}/g) || [],
+    images: document.images.length,
+    noAlt: Array.from(document.images).filter(i => !(i.getAttribute('alt') || '').trim()).length,
+    tables: document.querySelectorAll('table').length,
+  };
+})()"""
+
+
+def read_at(html: Path, tmp_path: Path, width: int = 1280, height: int = 800) -> dict:
+    """Load ``html`` in a ``width`` x ``height`` viewport; :data:`_READ_CHECK` and every
+    request the page made."""
+    proc, ws_url = _start_chromium(tmp_path / "profile-read")
+    try:
+        cdp = CDP(ws_url)
+        cdp.send("Network.enable")
+        cdp.send("Page.enable")
+        cdp.send(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        cdp.send("Page.navigate", url=html.resolve().as_uri())
+        cdp.wait_event("Page.loadEventFired", timeout=60)
+        cdp.drain(0.5)
+        facts = cdp.send("Runtime.evaluate", returnByValue=True, expression=_READ_CHECK)["result"]["value"]
+        cdp.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    facts["requests"] = [
+        e["params"]["request"]["url"] for e in cdp.events if e["method"] == "Network.requestWillBeSent"
+    ]
+    return facts
+
+
+@pytest.mark.parametrize("run", ["replay_run", "h200_replay_run"])
+def test_report_reads_at_1280x800(run: str, request, tmp_path: Path):
+    """The ci-cpu report (synthetic bundles) and the replayed H200 report: no horizontal
+    scroll at 1280 x 800 (details opened), no NaN/None/nan word, alt text on every image, and
+    not one network request."""
+    run_dir: Path = request.getfixturevalue(run)
+    f = read_at(run_dir / "report.html", tmp_path)
+    assert f["scrollWidth"] <= f["innerWidth"] == 1280, f["wide"]
+    assert f["junk"] == [], f["junk"]
+    assert f["images"] >= 8 and f["noAlt"] == 0, f
+    assert f["tables"] >= 10, f
+    remote = [u for u in f["requests"] if not u.startswith(LOCAL_SCHEMES)]
+    assert remote == [], f"network requests: {remote}"
+    # the page itself is the only thing loaded that is not inline (images are data: URIs)
+    loaded = [u for u in f["requests"] if not u.startswith("data:")]
+    assert loaded == [(run_dir / "report.html").resolve().as_uri()], loaded
+
+
+def test_read_check_catches_overflow_junk_and_missing_alt(tmp_path: Path):
+    """The checks are real: a wide table, a "None" and an image without alt are caught."""
+    page = tmp_path / "bad.html"
+    page.write_text(
+        "<!DOCTYPE html><html><body><table><tr><td style='white-space:nowrap'>"
+        + "x" * 400
+        + "</td></tr></table><p>peak None GiB</p>"
+        "<img src='data:image/gif;base64,R0lGODlhAQABAAAAACw=' alt=''></body></html>"
+    )
+    f = read_at(page, tmp_path)
+    assert f["scrollWidth"] > f["innerWidth"]
+    assert f["junk"] and "None" in f["junk"][0]
+    assert f["noAlt"] == 1

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -144,23 +143,35 @@ def test_templates_are_package_data():
         (np.nan, "–"),
         (pd.NA, "–"),
         (pd.NaT, "–"),
+        ("None", "–"),
+        ("nan", "–"),
+        ("none", "none"),  # a word (offload mode, enforcement), not a missing value
         (True, "yes"),
         (False, "no"),
         (np.bool_(True), "yes"),
         (3, "3"),
-        (np.int64(14512), "14512"),
+        (np.int64(14512), "14,512"),
         (0, "0"),
-        (14512.0, "14512"),
+        (14512.0, "14,512"),
+        (58427.881, "58,428"),
         (973.14, "973"),
-        (-1234.6, "-1235"),
+        (-1234.6, "-1,235"),
         (100.0, "100"),
         (91.94, "91.9"),
-        (16.0, "16.0"),
+        (72.95, "73.0"),
+        (16.0, "16"),
         (-12.34, "-12.3"),
         (2.3137, "2.31"),
-        (0.0163331, "0.0163"),
+        (1.5, "1.5"),
+        (0.25, "0.25"),
+        (0.0163331, "0.016"),
+        (0.885395, "0.885"),
         (1.0, "1"),
-        (-3.9126e-13, "-3.91e-13"),
+        (-3.9126e-13, "0"),
+        (1.633308e-02, "0.016"),
+        (float("inf"), "∞"),
+        ([1, 2.5], "1, 2.5"),
+        ({"a": None, "b": True}, "a=–, b=yes"),
         ("pass", "pass"),
         ("two\nlines", "two lines"),
     ],
@@ -184,6 +195,7 @@ def test_format_table_drops_the_index_and_marks_status():
     header, rows = t
     assert header == ["case", "actual", "status", "held", "n"]
     assert rows == [["a", "954", "pass", "yes", "1"], ["b", "–", "fail", "no", "–"]]
+    assert tables.format_table(df.rename(columns={"actual": "actual_ms"})).header[1] == "actual (ms)"
     assert t.status_col == 2
     assert tables.format_table(df, None).status_col is None
     assert tables.format_table(pd.DataFrame(columns=["x"])).empty
@@ -194,7 +206,7 @@ def test_format_table_drops_the_index_and_marks_status():
 def test_markdown_uses_the_same_cells():
     df = pd.DataFrame({"metric": ["a|b"], "actual": [0.0163331], "bound": [None]})
     md = tables.markdown_table(df)
-    assert md.splitlines() == ["| metric | actual | bound |", "|---|---|---|", "| a\\|b | 0.0163 | – |"]
+    assert md.splitlines() == ["| metric | actual | bound |", "|---|---|---|", "| a\\|b | 0.016 | – |"]
 
 
 def test_status_class():
@@ -247,42 +259,25 @@ class _Cells(HTMLParser):
 
 
 def _rounded(cell: str) -> bool:
-    """False for a plain decimal number shown with more digits than the formatter allows."""
-    m = re.fullmatch(r"-?(\d+)\.(\d+)", cell)
+    """False for a number shown with more digits than the formatter allows (more than three
+    decimals, a decimal above 100, two above 10) or in exponent notation."""
+    if re.search(r"\d[eE][-+]?\d", cell):
+        return False
+    m = re.fullmatch(r"-?([\d,]+)\.(\d+)", cell)
     if not m:
         return True
-    a = abs(float(cell))
+    a = abs(float(cell.replace(",", "")))
     if a >= 100:
         return False
     if a >= 10:
         return len(m.group(2)) == 1
-    return len((m.group(1) + m.group(2)).lstrip("0")) <= 3
+    return len(m.group(2)) <= 3
 
 
 @pytest.fixture(scope="module")
-def h200_run(tmp_path_factory) -> Path:
-    """``perfkit suite`` replaying the recorded H200 bundles (papermill, notebooks, report)."""
-    out = tmp_path_factory.mktemp("h200") / "run"
-    proc = subprocess.run(
-        [
-            str(PERFKIT),
-            "suite",
-            "--params",
-            "params/h200.yaml",
-            "--replay",
-            "examples/h200/bundles",
-            "--out",
-            str(out),
-            "--no-screenshot",
-            "-q",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+def h200_run(h200_replay_run: Path) -> Path:
+    """``perfkit suite`` replaying the recorded H200 bundles (conftest: one run per session)."""
+    return h200_replay_run
 
 
 @pytest.fixture(scope="module")
@@ -328,9 +323,9 @@ def test_page_tables_are_formatted(h200_html: str):
     p = _Cells()
     p.feed(h200_html)
     assert len(p.cells) > 100
-    junk = {"nan", "none", "<na>", "nat", "null"}
-    assert [c for c in p.cells if c.lower() in junk] == []
-    # numbers are rounded: >= 100 no decimals, >= 10 one, below that 3 significant figures
+    junk = {"nan", "NaN", "None", "<NA>", "NaT", "null"}  # "none" is a word (cap enforcement)
+    assert [c for c in p.cells if c in junk] == []
+    # numbers are rounded: >= 100 no decimals, >= 10 one, below that at most 3 decimals
     assert [c for c in p.cells if not _rounded(c)] == []
     # status words keep their word, coloured by class
     assert p.status_cells and all(cls == f"st st-{t}" for cls, t in p.status_cells)
@@ -372,3 +367,170 @@ def test_network_reference_in_a_notebook_is_neutralised(h200_run: Path, tmp_path
     html = render.render_report(h200_run, tmp_path / "r.html").read_text(encoding="utf-8")
     assert external_refs(html) == []
     assert "data-offline-src='https://example.invalid/x.png'" in html
+
+
+# --------------------------------------------------------------------------- the formatter's rules
+
+
+@pytest.mark.parametrize(
+    "name, label",
+    [
+        ("peak_reserved_mib", "peak reserved (MiB)"),
+        ("e2e_ms", "e2e (ms)"),
+        ("ms", "time (ms)"),
+        ("ready_s", "ready (s)"),
+        ("device_cap_gib", "device cap (GiB)"),
+        ("runtime_peak_vram_mb", "runtime peak vram (MiB)"),
+        ("host_anon_slope_mib_per_request", "host anon slope (MiB/request)"),
+        ("warmup_frames", "warmup frames"),
+        ("wall (s)", "wall (s)"),
+        ("warm median", "warm median"),
+        ("status", "status"),
+    ],
+)
+def test_column_label_puts_the_unit_in_the_header(name, label):
+    assert tables.column_label(name) == label
+
+
+def test_wide_table_with_few_rows_is_transposed():
+    df = pd.DataFrame({"mode": ["none", "model"], **{f"c{i}_ms": [1234.5, None] for i in range(9)}})
+    assert not tables.format_table(df).transposed  # the default keeps the API's shape
+    t = tables.format_table(df, transpose="auto")
+    assert t.transposed and t.header == ["mode", "none", "model"]
+    assert t.rows[0] == ["c0 (ms)", "1,234", "–"] and len(t.rows) == 9
+    narrow = tables.format_table(df.iloc[:, :4], transpose="auto")
+    assert not narrow.transposed and narrow.header[0] == "mode"
+
+
+def _html_cells(html: str) -> tuple[list[str], list[str]]:
+    class P(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.th, self.td, self.cur = [], [], None
+
+        def handle_starttag(self, tag, attrs):
+            if tag in ("th", "td"):
+                self.cur = (tag, [])
+
+        def handle_endtag(self, tag):
+            if tag in ("th", "td") and self.cur:
+                (self.th if self.cur[0] == "th" else self.td).append("".join(self.cur[1]).strip())
+                self.cur = None
+
+        def handle_data(self, data):
+            if self.cur:
+                self.cur[1].append(data)
+
+    p = P()
+    p.feed(html)
+    return p.th, p.td
+
+
+def test_styled_renders_the_formatter_cells_without_an_index():
+    df = pd.DataFrame(
+        {
+            "case": ["cold_warm", "cold_warm"],
+            "actual": [1.633308e-02, -3.912629e-13],
+            "bound": [1.0, np.nan],
+            "status": ["pass", "skipped"],
+            "peak_reserved_mib": [16196.0, None],
+        },
+        index=[7, 9],
+    )
+    html = tables.styled(df).to_html()
+    th, td = _html_cells(html)
+    assert th == ["case", "actual", "bound", "status", "peak reserved (MiB)"]  # no index header
+    assert td == ["cold_warm", "0.016", "1", "pass", "16,196", "cold_warm", "0", "–", "skipped", "–"]
+    assert not re.search(r"\b(NaN|None|nan)\b", html) and not re.search(r"\de-\d", html)
+    # a labelled index (a transposed frame) is kept as the first column
+    t = pd.DataFrame({"DenoisingStage": [57445.2885]}, index=["warmup 17f → request 25f"])
+    th, td = _html_cells(tables.styled(t).to_html())
+    assert td == ["warmup 17f → request 25f", "57,445"]
+
+
+def test_use_in_notebook_registers_the_dataframe_formatter():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    assert tables.use_in_notebook() is False  # not in IPython: nothing done
+    shell = InteractiveShell.instance()
+    try:
+        assert tables.use_in_notebook() is True
+        data, _ = shell.display_formatter.format(pd.DataFrame({"x_ms": [1.633308e-02, None]}))
+        th, td = _html_cells(data["text/html"])
+        assert th == ["x (ms)"] and td == ["0.016", "–"]
+    finally:
+        InteractiveShell.clear_instance()
+
+
+def test_key_number_text_separates_thousands():
+    assert registry.KeyNumber("cold request", 58427.881, "ms").text == "58,428 ms"
+    assert registry.KeyNumber("ratio", 0.0163331, "", "g").text == "0.016"
+    assert registry.KeyNumber("x", None, "ms").text == "–"
+
+
+# --------------------------------------------------------------------------- root-cause panel
+
+
+def test_root_cause_parts_on_small_tables():
+    from perfkit.report import rootcause
+
+    launches = pd.DataFrame(
+        {
+            "launch": ["cap0", "cap1"],
+            "device_cap_gib": [np.nan, 12.0],
+            "host_cap_gib": [np.nan, 32.0],
+            "host_cap_asked_gib": [np.nan, 64.0],
+            "host_cap_effective_gib": [np.nan, 31.2],
+            "host_cap_clamp": [None, "cgroup memory.max 31.2 GiB"],
+            "compile_active": [True, False],
+            "compile_disabled_reason": [None, "offload"],
+        }
+    )
+    cfg = rootcause.engine_config(launches)
+    assert cfg.header == ["setting", "cap0 (unlimited)", "cap1 (12 GiB GPU + 32 GiB host)"]
+    rows = {r[0]: r[1:] for r in cfg.rows}
+    assert rows["torch.compile active"] == ["yes", "no"]
+    assert rows["compile disabled because"] == ["not reported", "offload"]
+    assert "dtype" not in rows and "dtype" in rootcause.not_reported(launches)
+    assert rootcause.budget_clamps(launches) == [
+        "cap1: host cap asked 64 GiB, in force 31.2 GiB (cgroup memory.max 31.2 GiB)"
+    ]
+    logs = {
+        "cap1.stderr.log": "2026-11-29 16:03:08,693 WARNING x: compile disabled under offload (layer 3)\n"
+        "2026-11-29 16:03:09,001 WARNING x: compile disabled under offload (layer 4)\n"
+        "INFO fine\nRuntimeError: CUDA out of memory\n",
+        "cap0.stderr.log": "W1129 15:55:29.799000 451 torch/x.py:1] slow path taken\n",
+    }
+    t = rootcause.log_findings(logs)
+    assert t.header == ["count", "logged by", "message"]
+    assert t.rows[0][:2] == ["2", "cap1"] and "compile disabled under offload" in t.rows[0][2]
+    assert {r[2] for r in t.rows[1:]} >= {"RuntimeError: CUDA out of memory"}
+    assert len(t.rows) == 3
+    assert rootcause.log_findings({"a.log": "all good\n"}) is None
+
+
+def test_root_cause_panel_on_the_h200_replay(h200_html: str):
+    sec = h200_html[h200_html.index('<section id="cold_warm"') :]
+    sec = sec[: sec.index("</section>")]
+    panel = sec[sec.index('class="rootcause"') :]
+    # the recompilation reason, its cost and the stage that paid, from the requests table
+    assert "size mismatch at index 1. expected 1152, actual 1536" in panel
+    assert "<td>56.9</td>" in panel and "<td>DenoisingStage</td>" in panel
+    # the instrumentation overhead measured with the run (results.json only before)
+    assert "<td>sampler</td>" in panel and "<td>stage timing</td>" in panel
+    # settings the engine of 2026-11 did not report are named, not invented
+    assert "Not reported by the engine:" in panel
+    mb = h200_html[h200_html.index('<section id="memory_budget"') :]
+    assert "cap1 (12 GiB GPU + 32 GiB host)" in mb[: mb.index("</section>")]
+
+
+def test_numbers_quoted_twice_agree(h200_html: str):
+    """A figure on the page reads the same wherever it is quoted (key numbers, reading, tables)."""
+    sec = h200_html[h200_html.index('<section id="cold_warm"') :]
+    sec = sec[: sec.index("</section>")]
+    assert "<td>cold request</td><td>58,428 ms</td>" in h200_html
+    assert "took 58,428 ms" in sec  # the reading quotes the key number
+    assert "<td>warm/cold ratio</td><td>0.016</td>" in sec
+    assert "warm/cold ratio 0.016" in sec
+    assert not re.search(r"(?<![\d.,])1 (compiles|requests|gates|rows|cases)\b", h200_html)  # plurals
+    assert "two-stage pipeline" not in h200_html  # a sentence for a stage this run has not

@@ -88,6 +88,10 @@ def test_case_ids():
     req = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
     assert gate_run.case_id(eng, req) == "tiny_25f_64x64_4s_w17"
     assert gate_run.case_id(eng, req, warmup_frames=25, suffix="_shapes") == "tiny_25f_64x64_4s_w25_shapes"
+    # the two-stage pipeline and a multi-GPU engine are other cases of the same shape
+    two = {**eng, "two_stage": True, "num_gpus": 2}
+    assert gate_run.case_id(two, req) == "tiny_25f_64x64_4s_w17_2stage_2gpu"
+    assert gate_run.case_id({**two, "num_gpus": 1}, req) == "tiny_25f_64x64_4s_w17_2stage"
 
 
 def test_bundle_cases_and_gate(tmp_path):
@@ -343,12 +347,37 @@ def test_suite_end_to_end_on_reference_engine(tmp_path):
     from perfkit.report import external_refs
 
     assert external_refs(html) == []
+    # progress: the kernels reported every launch and request to the suite's bars, drew none
+    # into the notebooks; the executed notebooks' tables went through the report's formatter
+    from notebook_checks import html_problems, outputs
+
+    events = [
+        json.loads(x) for x in (out / "notebooks" / "cold_warm.progress.jsonl").read_text().splitlines()
+    ]
+    assert [e["event"] for e in events][:2] == ["launch", "request"] and events[-1]["event"] == "launch_done"
+    assert sum(e["event"] == "request" for e in events) == events[0]["requests"] >= 2
+    for nb in (out / "notebooks").glob("*.ipynb"):
+        assert html_problems(nb) == [], nb.name
+        assert not any("Warning" in t or "%|" in t for t in outputs(nb, "stream")), nb.name
     for s in ("cold_warm", "warmup_shapes", "memory_budget"):
         b = ResultBundle.load(out / s)
         assert not b.requests.empty
     # the gate launched nothing: every launch belongs to an investigation
     cw = json.loads((out / "cold_warm" / "results.json").read_text())
     assert cw["cold_ms"] > 0 and cw["warm_median_ms"] > 0
+    # both cold-start figures: ready (the engine's word) and time to first result (ours)
+    cs = cw["cold_start"]
+    assert 0 < cs["ready_s"] < cs["first_result_s"]
+    assert cs["first_result_s"] == pytest.approx(
+        cs["ready_s"] + cs["first_request_wait_s"] + cs["first_request_ms"] / 1000, abs=0.05
+    )
+    entry = doc["scenarios"]["tiny_25f_64x64_4s_w17"]
+    assert entry["expected_first_result_ms"] > entry["expected_load_ms"] > 0
+    # what the engine really ran is recorded and gated
+    ln = ResultBundle.load(out / "cold_warm").table("launches").iloc[0]
+    assert ln["config_source"] == "engine record" and bool(ln["compile_active"])
+    assert ln["compile_backend"] == "aot_eager" and ln["attention_backend"] == "native"
+    assert "compile_active[session]" in set(rows["metric"]), rows["metric"].tolist()
     cov = json.loads((out / "warmup_shapes" / "results.json").read_text())["coverage"]
     by = {(c["warmup_frames"], c["request_frames"]): c for c in cov}
     assert by[(17, 25)]["covered"] is False and by[(25, 25)]["covered"] is True

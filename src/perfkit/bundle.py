@@ -125,11 +125,25 @@ def _gpu_info() -> dict[str, Any]:
             name = pynvml.nvmlDeviceGetName(h)
             drv = pynvml.nvmlSystemGetDriverVersion()
             total = pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**20
+            gpus = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                hi = pynvml.nvmlDeviceGetHandleByIndex(i)
+                n, u = pynvml.nvmlDeviceGetName(hi), pynvml.nvmlDeviceGetUUID(hi)
+                gpus.append(
+                    {
+                        "index": i,
+                        "name": n if isinstance(n, str) else n.decode(),
+                        "uuid": u if isinstance(u, str) else u.decode(),
+                        "total_mib": round(pynvml.nvmlDeviceGetMemoryInfo(hi).total / 2**20),
+                    }
+                )
             return {
                 "gpu_name": name if isinstance(name, str) else name.decode(),
                 "gpu_driver": drv if isinstance(drv, str) else drv.decode(),
                 "gpu_count": pynvml.nvmlDeviceGetCount(),
                 "gpu_total_mib": round(total),
+                # every GPU NVML sees, by NVML index (which ignores CUDA_VISIBLE_DEVICES)
+                "gpus": gpus,
             }
         finally:
             pynvml.nvmlShutdown()
@@ -155,7 +169,21 @@ def environment_meta() -> dict[str, Any]:
         except Exception:  # noqa: BLE001
             meta[f"{mod}_version"] = None
     meta.update(_gpu_info())
+    meta["nccl_version"] = _nccl_version()
     return meta
+
+
+def _nccl_version() -> str | None:
+    """NCCL's version as torch reports it (``torch.cuda.nccl.version()``), None without CUDA."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        v = torch.cuda.nccl.version()
+        return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception:  # noqa: BLE001 - a CPU build has no NCCL
+        return None
 
 
 @dataclass

@@ -119,6 +119,12 @@ TABLES: dict[str, Table] = {
                 _c("compile_ms", "float64", "ms", "time spent compiling during the request"),
                 _c("recompile_reasons", "string", "text", "recompilation reasons, '; '-joined"),
                 _c("recompile_limit_hit", "boolean", "bool", "torch.compile's recompile limit was hit"),
+                _c(
+                    "recompile_limit_stage",
+                    "string",
+                    "text",
+                    "pipeline stage running when the recompile limit was hit",
+                ),
                 _c("peak_allocated_mib", "float64", "MiB", "device peak allocated during the request"),
                 _c("peak_reserved_mib", "float64", "MiB", "device peak reserved during the request"),
                 _c("reserved_mib", "float64", "MiB", "device reserved at the request's runtime peak"),
@@ -211,7 +217,19 @@ TABLES: dict[str, Table] = {
                     "first_result_s",
                     "float64",
                     "s",
-                    "launch until the first successful request ended (time to first result)",
+                    "time to first result: launch until the first successful request ended",
+                ),
+                _c(
+                    "first_request_wait_s",
+                    "float64",
+                    "s",
+                    "time to first result part: ready until the first successful request was sent",
+                ),
+                _c(
+                    "first_request_ms",
+                    "float64",
+                    "ms",
+                    "time to first result part: the first successful request (client view)",
                 ),
                 _c("warmup_frames", "Int64", "frames", "startup warmup num_frames (0: none)"),
                 _c("warmup_latent_shape", "string", "text", "latent shape the startup warmup ran"),
@@ -257,6 +275,26 @@ TABLES: dict[str, Table] = {
                 _c("warmup_peak_mib", "float64", "MiB", "device peak reserved during the startup warmup"),
                 _c("placement", "string", "text", "where the weights lived (device, group_offload, ...)"),
                 _c("reused_from", "string", "text", "'<scenario>/<launch>' whose session this launch reuses"),
+                _c(
+                    "config_source",
+                    "string",
+                    "text",
+                    "where the effective config came from: engine record, engine log, not reported",
+                ),
+                _c("compile_requested", "boolean", "bool", "torch.compile asked for (engine's view)"),
+                _c("compile_active", "boolean", "bool", "torch.compile in force, as the engine reports"),
+                _c("compile_backend", "string", "text", "torch.compile backend in force"),
+                _c(
+                    "compile_disabled_reason",
+                    "string",
+                    "text",
+                    "the engine's reason when compile was asked but is not active",
+                ),
+                _c("recompile_limit", "Int64", "count", "torch._dynamo recompile limit in force"),
+                _c("attention_backend", "string", "text", "attention implementation in force"),
+                _c("dtype", "string", "text", "weights dtype in force"),
+                _c("offload", "string", "text", "offload mode per component, as the engine reports"),
+                _c("engine_device", "string", "text", "the engine's device, as it reports"),
             ),
         ),
     )
@@ -341,12 +379,21 @@ def upgrade_results(results: Mapping[str, Any], version: int = 1) -> dict[str, A
     """results.json written by schema ``version``, with the current keys (a new dict).
 
     Version 1: entries of ``caps`` (memory_budget) get ``peak_reserved_mib``,
-    ``peak_allocated_mib`` and ``load_peak_mib`` for the ``_mb`` keys (values in MiB, unchanged).
+    ``peak_allocated_mib`` and ``load_peak_mib`` for the ``_mb`` keys (values in MiB, unchanged);
+    the verdicts it recorded (``thresholds``, and ``passed``/``threshold`` of each leak check) are
+    dropped: checks are judged again from the measured values against the invariants of the
+    replay, so a recorded verdict cannot contradict the gate.
     Idempotent: already current keys pass unchanged; ``schema_version`` is dropped.
     """
     out = {k: v for k, v in dict(results or {}).items() if k != "schema_version"}
     if version >= SCHEMA_VERSION:
         return out
+    out.pop("thresholds", None)
+    if isinstance(out.get("leak_checks"), list):
+        out["leak_checks"] = [
+            {k: v for k, v in c.items() if k not in ("passed", "threshold")} if isinstance(c, dict) else c
+            for c in out["leak_checks"]
+        ]
     for key, renames in V1_RESULTS_ENTRY_RENAMES.items():
         entries = out.get(key)
         if isinstance(entries, list):

@@ -17,6 +17,8 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from perfkit.common.numfmt import number_text
+
 __all__ = [
     "Check",
     "CHECK_COLUMNS",
@@ -85,8 +87,8 @@ def check_max(
     if v is None:
         return Check(case, metric, limit, None, bnd, "skipped", NOT_MEASURED, margin=margin)
     ok = v <= bnd
-    m = f", limit {limit:g} + {margin:.0%} margin" if margin else ""
-    reason = f"{v:g} {'<=' if ok else '>'} {bnd:g}{m}" + (f" ({what})" if what else "")
+    m = f", limit {number_text(limit)} + {margin:.0%} margin" if margin else ""
+    reason = f"{number_text(v)} {'<=' if ok else '>'} {number_text(bnd)}{m}" + (f" ({what})" if what else "")
     return Check(case, metric, limit, v, bnd, "pass" if ok else "fail", reason, margin=margin)
 
 
@@ -96,7 +98,7 @@ def check_min(case: str, metric: str, value: Any, limit: float, what: str = "") 
     if v is None:
         return Check(case, metric, limit, None, limit, "skipped", NOT_MEASURED)
     ok = v >= limit
-    reason = f"{v:g} {'>=' if ok else '<'} {limit:g}" + (f" ({what})" if what else "")
+    reason = f"{number_text(v)} {'>=' if ok else '<'} {number_text(limit)}" + (f" ({what})" if what else "")
     return Check(case, metric, limit, v, limit, "pass" if ok else "fail", reason)
 
 

@@ -135,8 +135,34 @@ def cmd_suite(a: SimpleNamespace) -> int:
     return res.exit_code
 
 
+def _run_with_bars(nb: Path, out: Path, params: dict[str, Any], a: SimpleNamespace):
+    """Execute the notebook; on a terminal, draw its requests' progress from the kernel's events
+    (:class:`perfkit.scenarios.progress.RunBars`; the estimate from the scenario's plan)."""
+    from perfkit.scenarios import registry
+    from perfkit.scenarios.progress import RunBars
+    from perfkit.suite import execute_notebook
+
+    plan: list[int] = []
+    if nb.stem in registry.names() and not params.get("bundle_dir"):
+        s = registry.get(nb.stem)
+        fields = s.params_model.model_fields
+        try:
+            sec = s.params_model.model_validate({k: v for k, v in params.items() if k in fields})
+            plan = list(s.plan(sec)) if s.plan is not None else []
+        except ValueError:
+            plan = []
+    planned = sum(plan)
+    pfile = out.with_suffix(".progress.jsonl")
+    bars = RunBars(sys.stderr, len(plan), planned, enabled=planned > 0 and sys.stderr.isatty())
+    try:
+        with bars.watch(pfile, nb.stem, planned):
+            return execute_notebook(nb, out, params, cwd=Path.cwd(), timeout_s=a.timeout, progress_file=pfile)
+    finally:
+        bars.close()
+
+
 def cmd_run(a: SimpleNamespace) -> int:
-    from perfkit.suite import default_out, execute_notebook, outputs_base
+    from perfkit.suite import default_out, outputs_base
 
     nb = Path(a.notebook)
     if not nb.exists():
@@ -187,7 +213,7 @@ def cmd_run(a: SimpleNamespace) -> int:
         created = True
     params["run_dir"] = str(run_dir)
     out = Path(a.out) if a.out else run_dir / "notebooks" / nb.name
-    r = execute_notebook(nb, out, params, cwd=Path.cwd(), timeout_s=a.timeout)
+    r = _run_with_bars(nb, out, params, a)
     print(f"{nb.name}: {r.status} in {r.wall_s:.1f} s -> {out}")
     if r.error:
         print(f"  {r.error}", file=sys.stderr)
@@ -594,6 +620,40 @@ def run_command(**kw: Any) -> None:
 def report_command(**kw: Any) -> None:
     """Re-render report.html and summary.md of a run directory."""
     _done(cmd_report(SimpleNamespace(**kw)))
+
+
+@cli.command("figures")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--root",
+    default=None,
+    type=click.Path(exists=True, file_okay=False),
+    help="directory the blocks' src= paths are relative to (default: the perfkit checkout)",
+)
+@click.option("--check", is_flag=True, help="change nothing; exit 1 when a block differs from its bundles")
+def figures_command(files: tuple[str, ...], root: str | None, check: bool) -> None:
+    """Regenerate the '<!-- perfkit:figures src=DIR kind=full|key-numbers -->' blocks of
+    Markdown FILES from the bundles under DIR (figures in docs come from the data).
+
+    Exit codes: 0 up to date (or rewritten), 1 --check found a stale block, 2 a bad block or a
+    src without results."""
+    from perfkit.common.provenance import repo_root
+    from perfkit.report.figures import FiguresError, update_file
+
+    base = Path(root) if root else repo_root()
+    stale = []
+    for f in files:
+        try:
+            changed = update_file(f, base, check=check)
+        except (FiguresError, OSError, ValueError) as exc:
+            click.echo(f"perfkit figures: {exc}", err=True)
+            sys.exit(EXIT_ERROR)
+        if changed:
+            stale.append(f)
+            click.echo(f"{f}: {'stale (differs from its bundles)' if check else 'regenerated'}")
+        else:
+            click.echo(f"{f}: up to date")
+    sys.exit(1 if check and stale else EXIT_OK)
 
 
 @cli.command(

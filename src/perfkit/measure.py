@@ -25,6 +25,7 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.params import SuiteParams, load_params
 from perfkit.scenarios import registry
 from perfkit.scenarios.overhead import NAME as OVERHEAD
+from perfkit.scenarios.progress import RunBars, planned_requests
 from perfkit.scenarios.registry import RunContext
 from perfkit.scenarios.warmup_shapes import NAME as WARMUP_SHAPES
 
@@ -38,6 +39,7 @@ def measure(
     work_dir: str | Path | None = None,
     overhead_pairs: int = 0,
     two_stage_shapes: bool = False,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Run the enabled investigations and save each bundle under ``out/<scenario>``.
 
@@ -49,6 +51,8 @@ def measure(
         overhead_pairs: > 0 enables the instrumentation-overhead scenario with this many pairs.
         two_stage_shapes: also run the warmup-shapes scenario with the two-stage pipeline
             (bundle ``<name>_two_stage``).
+        progress: draw a bar over every planned request (ETA from the scenarios' plans) and
+            one per launch on stderr.
 
     Returns:
         a summary ``{scenario: {"bundle": path, "wall_s": s, "error": str | None}}`` (also
@@ -72,12 +76,15 @@ def measure(
             jobs.append((f"{s.name}_two_stage", s, sec, spec.replace(two_stage=True)))
     summary: dict[str, Any] = {}
     shared: dict[str, Any] = {}
+    plans = {name: (s.plan(sec) if s.plan is not None else []) for name, s, sec, _ in jobs}
+    bars = RunBars(sys.stderr, *planned_requests(plans.values()), enabled=progress)
     for name, s, sec, eng in jobs:
         t0 = time.time()
         log.info("measuring %s", name)
         try:
             ctx = RunContext(engine=eng, request=req, work_dir=work / name, shared=dict(shared))
-            bundle = s.run(ctx, sec)
+            with bars.listen(name, sum(plans[name])):
+                bundle = s.run(ctx, sec)
             path = bundle.save(out / name)
             shared.setdefault(s.name, bundle)
             s.check_bundle(bundle)
@@ -90,6 +97,7 @@ def measure(
                 "error": f"{type(exc).__name__}: {exc}",
             }
         (out / "measure.json").write_text(json.dumps(summary, indent=2))
+    bars.close()
     return summary
 
 

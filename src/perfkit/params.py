@@ -179,7 +179,9 @@ class _SuiteBase(_Model):
 def _build_models() -> tuple[type[BaseModel], type[BaseModel]]:
     """(InvariantsModel, SuiteParams) assembled from the registry: one section per scenario,
     one ``invariants`` mapping with every scenario's invariant fields and defaults."""
-    inv_fields: dict[str, Any] = {}
+    inv_fields: dict[str, Any] = {
+        k: (f.annotation, f) for k, f in registry.EngineInvariants.model_fields.items()
+    }
     for s in registry.all_scenarios():
         for key, f in s.invariants_model.model_fields.items():
             inv_fields[key] = (f.annotation, f)

@@ -152,6 +152,44 @@ def bootstrap_ratio_ci(
     return (float(lo), float(hi))
 
 
+def ratio_lower_bound_single_reference(
+    sample: Any, reference: float, confidence: float = 0.95, n_resamples: int = 4000, seed: int | None = 0
+) -> float:
+    """One-sided lower confidence bound of ``median(sample) / reference`` where ``reference`` is
+    one measurement with no spread of its own (the cold request of a session).
+
+    Percentile bootstrap: each resample takes the median of ``sample`` resampled with
+    replacement, and a reference draw ``reference * x_j / median(sample)`` with ``x_j`` one more
+    random value of the sample: the single reference is given the sample's *relative* spread
+    (same request shape in the same session, so the same noise is the working assumption). The
+    bound is the ``1 - confidence`` quantile of the ratios. Unlike :func:`bootstrap_ratio_ci`
+    with a fixed reference, a noisy reference cannot make an identical build fail.
+
+    Args:
+        sample: e.g. warm e2e times (ms); non-finite values dropped.
+        reference: e.g. the cold request's e2e (ms, same unit), > 0.
+        confidence: one-sided level (0.95: the bound is the 5th percentile).
+        n_resamples: bootstrap resamples.
+        seed: numpy Generator seed (deterministic for a given seed).
+
+    Returns:
+        The lower bound (unitless ratio); NaN when the sample is empty or the reference is not a
+        positive finite number. With one sample value the bound is that value / reference.
+    """
+    _check_args(confidence, n_resamples)
+    x = _clean(sample)
+    ref = float(reference) if reference is not None else math.nan
+    if x.size == 0 or not math.isfinite(ref) or ref <= 0:
+        return math.nan
+    med = float(np.median(x))
+    if x.size == 1 or med <= 0:
+        return med / ref
+    rng = np.random.default_rng(seed)
+    meds = _bootstrap_medians(x, n_resamples, rng)
+    refs = ref * x[rng.integers(0, x.size, n_resamples)] / med
+    return float(np.quantile(meds / refs, 1.0 - confidence))
+
+
 def mann_whitney(
     a: Any,
     b: Any,

@@ -71,6 +71,7 @@ from perfkit.params import ParamsError, SuiteParams, load_params, parse_params
 from perfkit.report.render import notebook_error
 from perfkit.scenarios import registry
 from perfkit.scenarios.common import slug
+from perfkit.scenarios.progress import PROGRESS_ENV, RunBars, planned_requests
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,20 @@ IPCKernelManager = _ipc_kernel_manager()
 
 
 @contextlib.contextmanager
+def _env(key: str, value: str):
+    """Set ``os.environ[key]`` for the block (kernels started meanwhile inherit it)."""
+    old = os.environ.get(key)
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
+@contextlib.contextmanager
 def _stderr_to(path: Path | None):
     """Send file descriptor 2 (ours and the kernel's, which inherits it) to ``path``."""
     if path is None:
@@ -162,11 +177,15 @@ def execute_notebook(
     timeout_s: float | None = None,
     kernel: str | None = None,
     kernel_log: str | Path | None = None,
+    progress_file: str | Path | None = None,
 ) -> NotebookRun:
     """Run one notebook with papermill; never raises for a failing notebook.
 
     ``kernel_log``: file that receives the kernel's own stderr (ipykernel's transport warnings,
     shutdown noise) and papermill's log lines instead of the terminal.
+    ``progress_file``: where the kernel appends its progress events
+    (:mod:`perfkit.scenarios.progress`; default ``<dst>.progress.jsonl``): no bar is drawn into
+    the notebook's saved outputs.
     """
     import papermill as pm
 
@@ -174,8 +193,9 @@ def execute_notebook(
     dst.parent.mkdir(parents=True, exist_ok=True)
     run = NotebookRun(name=src.stem, output=str(dst), parameters=jsonable(dict(parameters)))
     t0 = time.monotonic()
+    pfile = Path(progress_file) if progress_file else dst.with_suffix(".progress.jsonl")
     try:
-        with _stderr_to(Path(kernel_log) if kernel_log else None):
+        with _stderr_to(Path(kernel_log) if kernel_log else None), _env(PROGRESS_ENV, str(pfile)):
             pm.execute_notebook(
                 str(src),
                 str(dst),
@@ -206,7 +226,9 @@ def notebook_parameters(
         "run_dir": str(run_dir),
         "engine": params.engine_dict(),
         "request": params.request.model_dump(),
-        "invariants": params.invariants_all(),
+        # every key, None included: the notebook merges them over the defaults, so a limit the
+        # params file turns off (null) must reach it as None, not be left out
+        "invariants": params.invariants.model_dump(),
     }
     if name == GATE:
         b = params.baseline
@@ -526,6 +548,22 @@ def prepare_run_dir(run_dir: Path, *, force: bool = False, replay_dir: Path | No
             p.unlink()
 
 
+def run_plan(params: SuiteParams, names: Iterable[str]) -> tuple[int, int]:
+    """(launches, requests) the investigations ``names`` would make with ``params``, from each
+    scenario's ``plan`` (an upper bound: a scenario may reuse an earlier one's launch)."""
+    plans = []
+    for n in names:
+        if n not in registry.names():  # the gate notebook launches nothing
+            continue
+        s = registry.get(n)
+        if s.plan is not None:
+            try:
+                plans.append(s.plan(params.section(n)))
+            except (AttributeError, TypeError, ValueError) as exc:
+                log.debug("no plan for %s: %s", n, exc)
+    return planned_requests(plans)
+
+
 def run_suite(
     params_path: str | Path,
     out: str | Path | None = None,
@@ -583,17 +621,15 @@ def run_suite(
     ]
     kern = kernel_name()
     t_start = time.monotonic()
-    try:
-        from tqdm import tqdm
+    from tqdm.std import tqdm
 
-        # the bar writes to a copy of the terminal's stderr: fd 2 goes to kernel logs meanwhile
-        bar_file = os.fdopen(os.dup(2), "w") if progress else sys.stderr
-        it = tqdm(names, desc="perfkit suite", unit="notebook", disable=not progress, file=bar_file)
-    except ImportError:  # pragma: no cover
-        it = names
+    # the bars write to a copy of the terminal's stderr: fd 2 goes to kernel logs meanwhile
+    bar_file = os.fdopen(os.dup(2), "w") if progress else sys.stderr
+    it = tqdm(names, desc="perfkit suite", unit="notebook", disable=not progress, file=bar_file)
+    planned = run_plan(params, [n for n in names if n != GATE]) if replay_dir is None else (0, 0)
+    bars = RunBars(bar_file, *planned, enabled=progress)
     for name in it:
-        if hasattr(it, "set_postfix_str"):
-            it.set_postfix_str(name)
+        it.set_postfix_str(name)
         src = nb_dir / f"{name}.ipynb"
         dst = run_dir / "notebooks" / f"{name}.ipynb"
         if not src.exists():
@@ -608,16 +644,19 @@ def run_suite(
         if stale.exists():
             stale.unlink()
         log.info("running %s", src)
+        pfile = run_dir / "notebooks" / f"{name}.progress.jsonl"
         try:
-            r = execute_notebook(
-                src,
-                dst,
-                notebook_parameters(name, params, run_dir, replay_dir),
-                cwd=run_dir,
-                timeout_s=params.timeout_s,
-                kernel=kern,
-                kernel_log=run_dir / "notebooks" / f"{name}.kernel.log",
-            )
+            with bars.watch(pfile, name, run_plan(params, [name])[1] if replay_dir is None else 0):
+                r = execute_notebook(
+                    src,
+                    dst,
+                    notebook_parameters(name, params, run_dir, replay_dir),
+                    cwd=run_dir,
+                    timeout_s=params.timeout_s,
+                    kernel=kern,
+                    kernel_log=run_dir / "notebooks" / f"{name}.kernel.log",
+                    progress_file=pfile,
+                )
         except KeyboardInterrupt:
             # Ctrl-C or SIGTERM (CI cancel): the kernel is shut down, its engine follows it
             # (launch's parent-death signal); stop here, but still write the report (exit 2)
@@ -641,8 +680,8 @@ def run_suite(
             r.status, r.ename = "error", "MissingVerdict"
             r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"
         runs.append(r)
-    if hasattr(it, "close"):
-        it.close()
+    bars.close()
+    it.close()
     order = {n: i for i, n in enumerate(notebook_names())}
     runs.sort(key=lambda r: order.get(r.name, 99))
     verdicts = collect_verdicts(run_dir)

@@ -3,9 +3,10 @@
 Order ``A B B A A B …`` (:func:`perfkit.ab.stats.interleaved_order`), N launches a side; each
 launch is one :func:`perfkit.scenarios.common.measure_launch` (fresh compile caches unless the
 spec shares them): cold start, the cold request, then M warm requests of the same shape, with
-per-stage and per-step times and memory. Each launch row gets ``first_result_s`` (launch until
-the first successful request ended, s). The host's load averages (``os.getloadavg``) before each
-launch and at the end go into the bundles' meta: the runner may be shared.
+per-stage and per-step times and memory; its launch row carries ``first_result_s`` (launch
+until the first successful request ended, s; :func:`perfkit.scenarios.common.first_result`).
+The host's load averages (``os.getloadavg``) before each launch and at the end go into the
+bundles' meta: the runner may be shared.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from perfkit.scenarios.common import LaunchData, assemble, measure_launch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AbPlan", "run_ab", "first_result_s", "SIDES", "BUNDLE_NAME"]
+__all__ = ["AbPlan", "run_ab", "SIDES", "BUNDLE_NAME"]
 
 #: side -> its bundle directory under the ab run directory
 SIDES = {"A": "a", "B": "b"}
@@ -60,15 +61,6 @@ class AbPlan:
             raise ValueError(f"launches a side must be >= 1, got {self.launches}")
         if self.warm < 1:
             raise ValueError(f"warm requests a launch must be >= 1, got {self.warm}")
-
-
-def first_result_s(data: LaunchData, t_launch: float | None) -> float | None:
-    """Launch until the first successful request ended (s), from the client's outcome times
-    (epoch s) and the launch start; None when no request succeeded or the start is unknown."""
-    if t_launch is None:
-        return None
-    ends = [o.t_end for o in data.outcomes if o.ok and o.t_end is not None]
-    return (min(ends) - t_launch) if ends else None
 
 
 def _loadavg() -> list[float] | None:
@@ -103,10 +95,7 @@ def run_ab(plan: AbPlan, out: str | Path) -> dict[str, ResultBundle]:
             out / "launches",
             label,
             request_timeout_s=plan.request_timeout_s,
-            after=lambda h, _c, _s: {"t_launch": h.cold_start.get("t_launch")},
         )
-        if d.launch_row.get("first_result_s") is None or _nan(d.launch_row.get("first_result_s")):
-            d.launch_row["first_result_s"] = first_result_s(d, d.extra.get("t_launch"))
         log.info(
             "launch %s (%d/%d): ready %.2f s, first result %s s%s",
             label,
@@ -139,7 +128,3 @@ def run_ab(plan: AbPlan, out: str | Path) -> dict[str, ResultBundle]:
         b.save(out / sub)
         bundles[side] = b
     return bundles
-
-
-def _nan(v: Any) -> bool:
-    return isinstance(v, float) and math.isnan(v)

@@ -8,17 +8,28 @@ from pathlib import Path
 
 
 def git_commit() -> str | None:
-    """HEAD of perfkit's checkout (not of the working directory's repository), or None when
-    perfkit is not installed from a checkout. ``PERFKIT_GIT_COMMIT`` overrides (copies without
-    ``.git``, e.g. a GPU host that received a tarball)."""
+    """HEAD of perfkit's own checkout, ``+dirty`` appended when perfkit's tracked files differ
+    from it (what ran is then not exactly that commit), or None when perfkit does not run from
+    its own checkout: an installed wheel, or an unpacked copy inside some other repository (whose
+    HEAD says nothing about perfkit). ``PERFKIT_GIT_COMMIT`` overrides (copies without ``.git``,
+    e.g. a GPU host that received a tarball)."""
     if os.environ.get("PERFKIT_GIT_COMMIT"):
         return os.environ["PERFKIT_GIT_COMMIT"]
+    root = repo_root()
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
     try:
-        here = Path(__file__).resolve().parent
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        )
-        return out.stdout.strip() or None
+        top = git("rev-parse", "--show-toplevel")
+        if not top or Path(top).resolve() != root.resolve():
+            return None  # not perfkit's own checkout
+        head = git("rev-parse", "HEAD")
+        if not head:
+            return None
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", "src", "pyproject.toml")
+        return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
 

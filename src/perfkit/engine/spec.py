@@ -381,6 +381,8 @@ class ReferenceEngine(_ServingEngine):
         preset: reference engine preset (``tiny`` by default).
         compile_backend: torch.compile backend (``inductor``).
         compile_vae: torch.compile the VAE too.
+        recompile_limit: torch._dynamo's recompile limit (``--recompile-limit``; None: torch's
+            default). A request that hits it runs eagerly afterwards, and the gate fails it.
         two_stage: run the two-stage (upsample + refinement) pipeline.
         warmup_mode: ``off`` or ``server`` (``request`` is sglang's only).
         height, width, steps: serving defaults, >= 1 (None: the engine's own).
@@ -408,6 +410,7 @@ class ReferenceEngine(_ServingEngine):
     #: holds more; these are the ones that work without extra packages)
     compile_backend: Literal["inductor", "aot_eager", "eager", "cudagraphs"] = "inductor"
     compile_vae: bool = False
+    recompile_limit: Optional[int] = Field(None, ge=1)
     two_stage: bool = False
     warmup_mode: Optional[Literal["off", "server"]] = None
     height: Optional[int] = Field(None, ge=1)
@@ -478,6 +481,8 @@ class ReferenceEngine(_ServingEngine):
             argv += ["--compile", "--compile-backend", self.compile_backend]
         if self.compile_vae:
             argv += ["--compile-vae"]
+        if self.recompile_limit is not None:
+            argv += ["--recompile-limit", str(self.recompile_limit)]
         if self.two_stage:
             argv += ["--two-stage"]
         frames = 0 if self.warmup_mode == "off" else self.warmup_frames

@@ -123,6 +123,9 @@ SCALAR_TIMING_METRICS: dict[str, tuple[str, float]] = {
     "expected_median_denoise_ms": ("denoise_agg", DEFAULT_PAD_MS),
     # optional: only gated when the profile has a "load" tolerance
     "expected_load_ms": ("load", DEFAULT_PAD_MS),
+    # perfkit extension (sglang has no such key): time to first result, launch until the first
+    # successful request ended; optional, gated when the profile has a "first_result" tolerance
+    "expected_first_result_ms": ("first_result", DEFAULT_PAD_MS),
 }
 #: Memory metrics (MiB) -> (tolerance key, pad MiB). Keys without a tolerance in the profile are
 #: reported as skipped (informational): sglang only gates load/runtime peak VRAM.
@@ -137,7 +140,13 @@ MEMORY_METRICS: dict[str, tuple[str, float]] = {
 #: video cases by its check (``_validate_stages``).
 PER_FRAME_METRIC = "stages_ms.per_frame_generation"
 #: Tolerance keys that may be absent from a profile without it being an error.
-OPTIONAL_TOLERANCES = {"load", "warmup_peak_vram", "load_peak_allocated", "runtime_peak_allocated"}
+OPTIONAL_TOLERANCES = {
+    "load",
+    "first_result",
+    "warmup_peak_vram",
+    "load_peak_allocated",
+    "runtime_peak_allocated",
+}
 #: Top-level per-case maps some sglang files carry (case id -> MiB).
 TOP_LEVEL_CASE_MAPS = ("load_peak_vram_mb", "runtime_peak_vram_mb")
 #: Keys of a scenario entry that :func:`from_bundle` derives (replaced on update; others kept).
@@ -148,6 +157,7 @@ DERIVED_KEYS = (
     "expected_avg_denoise_ms",
     "expected_median_denoise_ms",
     "expected_load_ms",
+    "expected_first_result_ms",
     *MEMORY_METRICS,
     "estimated_full_test_time_s",
 )
@@ -427,6 +437,8 @@ def from_bundle(
     - ``expected_avg_denoise_ms`` / ``expected_median_denoise_ms``: worst per-request mean /
       median denoise step ms (0.0 when there are no steps, as sglang writes for such cases).
     - ``expected_load_ms``: cold start, ``launches.ready_s * 1000`` (worst launch).
+    - ``expected_first_result_ms``: time to first result, ``launches.first_result_s * 1000``
+      (worst launch; perfkit's key, absent in sglang's files).
     - ``load_peak_vram_mb`` / ``warmup_peak_vram_mb``: ``launches.load_peak_mib`` /
       ``warmup_peak_mib`` (MiB; sglang's ``_mb`` keys are MiB).
     - ``runtime_peak_vram_mb`` / ``runtime_peak_allocated_mb``: max ``requests.peak_reserved_mib``
@@ -506,6 +518,9 @@ def from_bundle(
     ready = _max(lt["ready_s"]) if "ready_s" in lt else None
     if ready is not None:
         entry["expected_load_ms"] = round(ready * 1000.0, MS_DECIMALS)
+    first = _max(lt["first_result_s"]) if "first_result_s" in lt else None
+    if first is not None:
+        entry["expected_first_result_ms"] = round(first * 1000.0, MS_DECIMALS)
     for col, key in (("load_peak_mib", "load_peak_vram_mb"), ("warmup_peak_mib", "warmup_peak_vram_mb")):
         v = _max(lt[col]) if col in lt else None
         if v is not None:

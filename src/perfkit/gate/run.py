@@ -17,6 +17,7 @@ from perfkit.checks import Check
 from perfkit.common.provenance import repo_root
 from perfkit.engine.spec import DEFAULT_WARMUP_FRAMES
 from perfkit.gate import baseline as bl
+from perfkit.gate.engine_config import engine_checks
 from perfkit.scenarios import registry
 from perfkit.scenarios.common import slug
 
@@ -31,7 +32,9 @@ def case_id(
     num_frames: int | None = None,
     suffix: str = "",
 ) -> str:
-    """Case id saying preset, shape and startup warmup: ``tiny_25f_64x64_4s_w17``.
+    """Case id saying preset, shape and startup warmup: ``tiny_25f_64x64_4s_w17``; then
+    ``_2stage`` for the two-stage pipeline and ``_<N>gpu`` for an engine over N > 1 GPUs
+    (``ltx-2b_24f_512x768_30s_w25_2stage_2gpu``), so one baseline file can hold both sides.
 
     ``suffix`` distinguishes scenarios measuring the same shape (``_shapes``, ``_cap-24GiBdev``).
     """
@@ -44,6 +47,11 @@ def case_id(
         f"{slug(preset)}_{nf}f_{request.get('height')}x{request.get('width')}_"
         f"{request.get('num_inference_steps')}s_w{w}"
     )
+    if engine.get("two_stage"):
+        cid += "_2stage"
+    gpus = engine.get("num_gpus") or 1
+    if isinstance(gpus, int) and gpus > 1:
+        cid += f"_{gpus}gpu"
     return cid + suffix
 
 
@@ -73,9 +81,11 @@ def bundle_cases(
 def scenario_checks(
     scenario: str, results: Mapping[str, Any], invariants: Mapping[str, Any] | None = None
 ) -> list[Check]:
-    """Check rows of one scenario against the invariants it declares (``invariants``: the
-    params' merged invariants; None: the registry's defaults)."""
-    inv = registry.invariant_defaults() if invariants is None else dict(invariants)
+    """Check rows of one scenario against the invariants it declares: the registry's defaults
+    overlaid with ``invariants`` (:func:`perfkit.scenarios.registry.merged_invariants`: a key
+    given replaces its default, None turns it off, the others stay gated). Raises ValueError for
+    an unknown invariant key."""
+    inv = registry.merged_invariants(invariants)
     return registry.checks_for({scenario: dict(results)}, inv, only=scenario)
 
 
@@ -120,8 +130,9 @@ def gate(
 
     Writes ``run_dir/baseline.json`` (this run's numbers, sglang layout, one case per
     :func:`bundle_cases`), compares them with ``baseline_file`` when given (``profile``,
-    ``strict``) and checks ``invariants`` (default: every scenario's invariant defaults)
-    on every scenario's results.
+    ``strict``), checks every scenario's results against its invariant defaults overlaid with
+    ``invariants`` (:func:`perfkit.scenarios.registry.merged_invariants`), and checks what each
+    launch's engine really ran (:func:`perfkit.gate.engine_config.engine_checks`).
     """
     run_dir = Path(run_dir)
     bundles = load_run_bundles(run_dir)
@@ -132,8 +143,9 @@ def gate(
     hw = hardware or _hardware(bundles)
     doc = bl.baseline_from_bundles(cases, hardware=hw)
     bl.save_baseline(doc, run_dir / "baseline.json")
-    inv = registry.invariant_defaults() if invariants is None else dict(invariants)
+    inv = registry.merged_invariants(invariants)
     inv_rows = registry.checks_for({s: b.results for s, b in bundles.items()}, inv)
+    inv_rows += engine_checks(bundles, inv)
     base_rows: list[Check] = []
     warnings: list[str] = []
     compared = None

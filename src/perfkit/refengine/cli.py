@@ -336,12 +336,16 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         )
     placed = placement.place_components(comps, device, cap, requested)
     where = placed.name
-    do_compile = args.compile
+    do_compile, compile_off_reason = args.compile, None
     if do_compile and placed.offload.get("transformer", "none") != "none":
-        log.warning(
-            "torch.compile disabled: the transformer is offloaded (%s)", placed.offload["transformer"]
-        )
+        compile_off_reason = f"the transformer is offloaded ({placed.offload['transformer']})"
+        log.warning("torch.compile disabled: %s", compile_off_reason)
         do_compile = False
+    if do_compile:
+        compile_off_reason = _compile_unusable(args.compile_backend, device)
+        if compile_off_reason:
+            log.warning("torch.compile disabled: %s", compile_off_reason)
+            do_compile = False
     compile_vae = args.compile_vae and do_compile
     if compile_vae and placed.offload.get("vae", "none") != "none":
         log.warning("VAE torch.compile disabled: the VAE is offloaded (%s)", placed.offload["vae"])
@@ -401,8 +405,18 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         "preset": args.preset,
         "model_source": comps.source,
         "dtype": str(dtype).replace("torch.", ""),
+        # the effective config, as this engine runs it (perfkit records and gates it)
         "compile": do_compile,
+        "compile_requested": bool(args.compile),
+        "compile_active": do_compile,
+        "compile_disabled_reason": compile_off_reason,
         "compile_backend": args.compile_backend if do_compile else None,
+        "recompile_limit": (
+            (args.recompile_limit if args.recompile_limit is not None else _recompile_limit())
+            if do_compile
+            else None
+        ),
+        "attention_backend": _attention_backend(),
         "two_stage": args.two_stage,
         "warmup_frames": warmup_frames,
         "warmup_frames_rule": warmup_rule,
@@ -465,3 +479,40 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     if runner is not None:
         runner.shutdown()
     return 0
+
+
+def _recompile_limit() -> int | None:
+    """torch._dynamo's recompile limit in force (``recompile_limit``, formerly ``cache_size_limit``)."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            return int(getattr(cfg, name))
+    return None
+
+
+def _attention_backend() -> str:
+    """diffusers' active attention backend (``DIFFUSERS_ATTN_BACKEND``; "native" is torch SDPA)."""
+    try:
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+        backend, _ = _AttentionBackendRegistry.get_active_backend()
+        return str(getattr(backend, "value", backend))
+    except (ImportError, AttributeError):
+        return "not reported (diffusers has no attention dispatch)"
+
+
+def _compile_unusable(backend: str, device) -> str | None:
+    """Why torch.compile cannot run here, or None. inductor on a CPU device needs a working C++
+    compiler (torch's ``cpp_builder.get_cpp_compiler``, honouring ``CXX``): without one the
+    first request would fail, so the engine serves eagerly and says so."""
+    if backend != "inductor" or device.type != "cpu":
+        return None
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as exc:  # noqa: BLE001 - torch raises InvalidCxxCompiler and others
+        return f"inductor on CPU needs a C++ compiler: {exc}"
+    return None

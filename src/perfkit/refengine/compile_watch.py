@@ -25,12 +25,23 @@ class CompileWindow:
         compile_ms: wall time spent compiling (ms), summed over compilations.
         reasons: recompilation reasons (the failed guard lines).
         limit_hit: the recompile limit was hit (frames then run eagerly).
+        limit_stage: the pipeline stage that was running when the limit was hit (None: not hit,
+            or hit outside a stage).
+        by_stage: stage name -> {"compiles", "compile_ms", "reasons"} for the stages that
+            compiled (the stage is the one :attr:`CompileWatch.stage` named at the time).
     """
 
     compiles: int = 0
     compile_ms: float = 0.0
     reasons: list[str] = field(default_factory=list)
     limit_hit: bool = False
+    limit_stage: str | None = None
+    by_stage: dict[str, dict] = field(default_factory=dict)
+
+    def _stage_entry(self, stage: str | None) -> dict:
+        return self.by_stage.setdefault(
+            stage or "outside a stage", {"compiles": 0, "compile_ms": 0.0, "reasons": []}
+        )
 
 
 class _Handler(logging.Handler):
@@ -62,6 +73,8 @@ class CompileWatch:
         self._starts: dict[str, float] = {}
         self._current: CompileWindow | None = None
         self._seen_reasons: set[tuple[str, str]] = set()
+        #: the pipeline stage running now (set by the pipeline around each stage)
+        self.stage: str | None = None
         handler = torch._dynamo.callback.callback_handler
         handler.register_start_callback(self._on_start)
         handler.register_end_callback(self._on_end)
@@ -82,12 +95,15 @@ class CompileWatch:
             self._starts[self._cid(args)] = time.perf_counter()
             if self._current is not None:
                 self._current.compiles += 1
+                self._current._stage_entry(self.stage)["compiles"] += 1
 
     def _on_end(self, *args, **kwargs) -> None:
         with self._lock:
             t0 = self._starts.pop(self._cid(args), None)
             if t0 is not None and self._current is not None:
-                self._current.compile_ms += (time.perf_counter() - t0) * 1000.0
+                ms = (time.perf_counter() - t0) * 1000.0
+                self._current.compile_ms += ms
+                self._current._stage_entry(self.stage)["compile_ms"] += ms
 
     def _on_log(self, name: str, msg: str) -> None:
         with self._lock:
@@ -96,7 +112,10 @@ class CompileWatch:
                 return
             if "recompile_limit" in msg or "cache_size_limit" in msg:
                 w.limit_hit = True
-                w.reasons.append(msg.strip().splitlines()[0][:300])
+                w.limit_stage = w.limit_stage or self.stage
+                reason = msg.strip().splitlines()[0][:300]
+                w.reasons.append(reason)
+                w._stage_entry(self.stage)["reasons"].append(reason)
                 return
             if "Recompiling function" in msg:
                 lines = [ln.strip() for ln in msg.splitlines()]
@@ -107,6 +126,7 @@ class CompileWatch:
                 if key not in self._seen_reasons:
                     self._seen_reasons.add(key)
                     w.reasons.append(reason[:300])
+                    w._stage_entry(self.stage)["reasons"].append(reason[:300])
 
     def begin(self) -> CompileWindow:
         """Start a window; returns it (filled in as compilations happen)."""

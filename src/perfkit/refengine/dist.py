@@ -41,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -112,6 +112,34 @@ class CfgParallel:
     device: torch.device
     backend: str
     control: Any = None
+    _marks: list = field(default_factory=list, repr=False)
+
+    def begin_request(self) -> None:
+        """Start collecting this request's per-step compute/gather split."""
+        self._marks = []
+
+    def step_split(self) -> tuple[list[float], list[float]]:
+        """(transformer ms, all_gather ms) per step of the request, in call order. On CUDA the
+        times come from events recorded around the two calls (no host sync while running;
+        resolved here, after the request's final sync); on CPU from ``time.perf_counter``."""
+        compute, gather = [], []
+        for a, b, c in self._marks:
+            if isinstance(a, float):
+                compute.append(round((b - a) * 1000.0, 3))
+                gather.append(round((c - b) * 1000.0, 3))
+            else:
+                c.synchronize()
+                compute.append(round(a.elapsed_time(b), 3))
+                gather.append(round(b.elapsed_time(c), 3))
+        self._marks = []
+        return compute, gather
+
+    def _mark(self):
+        if self.device.type == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
 
     # -- the denoising step --------------------------------------------------------------
     def noise(
@@ -131,6 +159,7 @@ class CfgParallel:
         import torch.distributed as dist
 
         branches = 2 if cfg else 1
+        t0 = self._mark()
         if self.rank < branches:
             b = slice(self.rank, self.rank + 1) if cfg else slice(None)
             local = predict(latents, embeds[b], mask[b])
@@ -138,7 +167,9 @@ class CfgParallel:
             local = torch.zeros(latents.shape, dtype=torch.float32, device=latents.device)
         local = local.contiguous()
         parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        t1 = self._mark()
         dist.all_gather(parts, local)
+        self._marks.append((t0, t1, self._mark()))
         if cfg:
             return parts[0] + guidance * (parts[1] - parts[0])
         return parts[0]
@@ -268,6 +299,8 @@ def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any])
         "compiles": res.compile.compiles,
         "compile_ms": round(res.compile.compile_ms, 3),
         "recompile_reasons": res.compile.reasons,
+        "cfg_compute_ms": list(res.cfg_compute_ms),
+        "cfg_gather_ms": list(res.cfg_gather_ms),
         "host_rss_mib": round(rss, 2),
         "host_anon_mib": round(anon, 2),
         "t_start": res.t_start,

@@ -45,7 +45,18 @@ class GenRequest:
     guidance_scale: float = 3.0
     negative_prompt: str = ""
     fps: int = 24
-    stage_timing: bool = True
+    #: stage timing: True / "events" (CUDA events at stage boundaries, resolved once after the
+    #: request: no host sync while it runs), "sync" (synchronise the device at every stage
+    #: boundary and read the host clock: the older method, kept to cross-check), False (off: one
+    #: sync at the end only). On a CPU device "events" and "sync" are the same host clock.
+    stage_timing: bool | str = True
+
+    @property
+    def timing_mode(self) -> str:
+        """``events``, ``sync`` or ``off`` (see :attr:`stage_timing`)."""
+        if self.stage_timing is False or self.stage_timing == "off":
+            return "off"
+        return "sync" if self.stage_timing == "sync" else "events"
 
 
 @dataclass
@@ -74,6 +85,10 @@ class RunResult:
     video: np.ndarray | None = None
     #: multi-rank engines: every rank's report (rank order), filled on rank 0 (see refengine.dist)
     ranks: list[dict[str, Any]] | None = None
+    #: CFG parallel: per denoising/refinement step, this rank's transformer time and its wait in
+    #: the all_gather (ms, CUDA events; perf_counter on CPU), in call order
+    cfg_compute_ms: list[float] = field(default_factory=list)
+    cfg_gather_ms: list[float] = field(default_factory=list)
     #: test-only injected slowdown: stage -> [work, injected] in ms of the pipeline's clock
     #: (:meth:`StagedPipeline._clock`: thread CPU time on a CPU device, wall time on CUDA)
     injected: dict[str, list[float]] = field(default_factory=dict)
@@ -157,6 +172,10 @@ class StagedPipeline:
         self._active_sched = comps.scheduler
         self._one_step_sched = None
         self.cfg_parallel = cfg_parallel
+        # event-timed stages/steps of the running request, resolved after it (see _resolve)
+        self._pending: list = []
+        self._pending_steps: list = []
+        self._request_event = None
         #: test-only injected slowdown (``--debug-stage-delay``): stage name -> fraction of the
         #: stage's own work added as busy compute; applied only to runs given ``slow=True``
         self.stage_delay: dict[str, float] = {}
@@ -198,27 +217,64 @@ class StagedPipeline:
             acc[0] += (c1 - c0) * 1000.0
             acc[1] += (self._clock() - c1) * 1000.0
 
+    def _event(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
     @contextmanager
-    def _stage(self, name: str, out: RunResult, timing: bool) -> Iterator[None]:
+    def _stage(self, name: str, out: RunResult, timing: bool | str) -> Iterator[None]:
+        """Time one stage. ``timing`` "events" on CUDA: an event on the current stream at each
+        boundary, resolved by :meth:`_resolve` after the request (the CPU keeps queueing the next
+        stage, as in production); "sync": synchronise at both boundaries and read the host clock;
+        falsy: no timing (one sync at the end of the request). Peak memory per stage comes from
+        the caching allocator's host-side statistics, which need no sync."""
+        if self.watch is not None:
+            self.watch.stage = name
+        events = timing == "events" and self.is_cuda
         if timing:
-            self._sync()
+            if not events:
+                self._sync()
             if self.is_cuda:
                 torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
         c0 = self._clock()
         w0 = time.time()
-        yield
-        # a stage with denoising steps has its slowdown injected per step (step times scale too)
-        if name not in ("DenoisingStage", "RefinementStage"):
-            self._inject(self._slow.get(name, 0.0), c0, name)
-        if timing:
-            self._sync()
+        e0 = self._event() if events else None
+        try:
+            yield
+            # a stage with denoising steps has its slowdown injected per step (step times scale too)
+            if name not in ("DenoisingStage", "RefinementStage"):
+                self._inject(self._slow.get(name, 0.0), c0, name)
+            if timing and not events:
+                self._sync()
+        finally:
+            if self.watch is not None:
+                self.watch.stage = None
         ms = (time.perf_counter() - t0) * 1000.0
         res = StageResult(name, ms, w0, time.time())
         if timing and self.is_cuda:
             res.peak_allocated_mb = torch.cuda.max_memory_allocated(self.device) / MIB
             res.peak_reserved_mb = torch.cuda.max_memory_reserved(self.device) / MIB
+        if events:
+            self._pending.append((res, e0, self._event()))
         out.stages.append(res)
+
+    def _resolve(self, out: RunResult) -> None:
+        """Fill event-timed stages and steps once the request's work is done (one sync)."""
+        pending, self._pending = self._pending, []
+        steps, self._pending_steps = self._pending_steps, []
+        if not pending and not steps:
+            return
+        self._sync()
+        origin = self._request_event
+        for res, e0, e1 in pending:
+            res.ms = e0.elapsed_time(e1)
+            if origin is not None:  # wall times on the device's timeline, from the request start
+                res.t_start = out.t_start + origin.elapsed_time(e0) / 1000.0
+                res.t_end = out.t_start + origin.elapsed_time(e1) / 1000.0
+        for target, events in steps:
+            target.extend(a.elapsed_time(b) for a, b in zip(events, events[1:]))
 
     # -- the pipeline --------------------------------------------------------------------
     def _denoise(
@@ -277,8 +333,11 @@ class StagedPipeline:
             elif timing:
                 step_times.append((time.perf_counter() - t0) * 1000.0)
         if events:
-            events[-1].synchronize()
-            step_times.extend(a.elapsed_time(b) for a, b in zip(events, events[1:]))
+            if timing == "events":  # resolved with the stages after the request
+                self._pending_steps.append((step_times, events))
+            else:
+                events[-1].synchronize()
+                step_times.extend(a.elapsed_time(b) for a, b in zip(events, events[1:]))
         return latents
 
     def _predict(self, model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope):
@@ -332,7 +391,9 @@ class StagedPipeline:
         out = RunResult()
         self._run = out
         self._slow = dict(self.stage_delay) if slow else {}
-        timing = req.stage_timing
+        timing = {"off": False, "events": "events", "sync": "sync"}[req.timing_mode]
+        self._pending, self._pending_steps = [], []
+        self._request_event = self._event() if timing == "events" and self.is_cuda else None
         pipe = self.pipe
         frames = align_frames(req.num_frames, self.temporal)
         out.effective_frames = frames
@@ -346,6 +407,8 @@ class StagedPipeline:
         gen = torch.Generator(device="cpu").manual_seed(req.seed)
         if self.watch is not None:
             self.watch.begin()
+        if self.cfg_parallel is not None:
+            self.cfg_parallel.begin_request()
         out.t_start = time.time()
         t_all = time.perf_counter()
         try:
@@ -420,6 +483,7 @@ class StagedPipeline:
             out.latent_shape = [int(self.c.transformer.config.in_channels), n_lat, int(h_lat), int(w_lat)]
             if self.cfg_parallel is not None and self.cfg_parallel.rank != 0:
                 self._sync()
+                self._resolve(out)  # event-timed stages and steps of this rank
                 return out  # only rank 0 decodes (finally below still closes the run)
             with self._stage("DecodingStage", out, timing):
                 lat5 = pipe._unpack_latents(latents, n_lat, h_lat, w_lat, p_s, p_t)
@@ -435,6 +499,9 @@ class StagedPipeline:
             out.t_end = time.time()
             if self.watch is not None:
                 out.compile = self.watch.end()
+            if self.cfg_parallel is not None:
+                out.cfg_compute_ms, out.cfg_gather_ms = self.cfg_parallel.step_split()
+        self._resolve(out)
         return out
 
 

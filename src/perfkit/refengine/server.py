@@ -1,7 +1,10 @@
 """HTTP front of the reference engine (FastAPI), speaking sglang's /v1/videos protocol.
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/videos`` (returns id and status),
-``GET /v1/videos/{id}``. One pipeline run at a time: a single worker thread takes jobs from a
+``GET /v1/videos/{id}``. ``POST /v1/videos`` accepts every field of sglang's request model
+(:data:`SGLANG_VIDEO_FIELDS`) and refuses any other with a 400 naming it; its answer echoes the
+effective shape (``num_frames`` aligned to 8k+1, ``num_frames_requested``, ``alignment_note``)
+and the sglang fields it ignored. One pipeline run at a time: a single worker thread takes jobs from a
 queue, so concurrent requests queue and are never interleaved. Every run (startup warmup included)
 appends one whole JSON line to ``performance.log`` (sglang's per-request layout + ``perfkit``).
 """
@@ -18,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 import torch
@@ -27,6 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from perfkit.common.frames import TEMPORAL_COMPRESSION, align_frames
 from perfkit.common.recordformat import PERF_LOG_NAME
 from perfkit.refengine.memory import max_snapshots, snapshot
 from perfkit.refengine.pipeline import GenRequest, RunResult, StagedPipeline, host_memory_mib, record_payload
@@ -35,23 +39,144 @@ log = logging.getLogger(__name__)
 MIB = 2**20
 
 
-class VideoRequest(BaseModel):
-    """sglang's /v1/videos request fields (unknown fields are ignored, as a server would)."""
+#: Every field of sglang's ``POST /v1/videos`` request model (``VideoGenerationsRequest`` in
+#: ``python/sglang/multimodal_gen/runtime/entrypoints/openai/protocol.py``, the version with
+#: width/height, diffusers_kwargs, frame interpolation and profiling fields). The reference engine
+#: accepts each of them, so a client written for sglang works unchanged; any other field is a 400
+#: naming it. Those it does not implement are listed in the answer's ``ignored_fields``.
+SGLANG_VIDEO_FIELDS = (
+    "prompt",
+    "input_reference",
+    "reference_url",
+    "video_path",
+    "video_url",
+    "model",
+    "n",
+    "num_outputs_per_prompt",
+    "seconds",
+    "size",
+    "fps",
+    "num_frames",
+    "seed",
+    "generator_device",
+    "width",
+    "height",
+    "num_inference_steps",
+    "guidance_scale",
+    "guidance_scale_2",
+    "true_cfg_scale",
+    "negative_prompt",
+    "max_sequence_length",
+    "flow_shift",
+    "enable_teacache",
+    "enable_frame_interpolation",
+    "frame_interpolation_exp",
+    "frame_interpolation_scale",
+    "frame_interpolation_model_path",
+    "enable_upscaling",
+    "upscaling_model_path",
+    "upscaling_scale",
+    "output_quality",
+    "output_compression",
+    "output_path",
+    "diffusers_kwargs",
+    "task",
+    "conditions",
+    "target",
+    "audio_flow_shift",
+    "perf_dump_path",
+    "profile",
+    "num_profiled_timesteps",
+    "profile_all_stages",
+)
+#: the fields this engine acts on (the rest of :data:`SGLANG_VIDEO_FIELDS` is accepted and ignored)
+USED_FIELDS = (
+    "prompt",
+    "num_frames",
+    "seconds",
+    "height",
+    "width",
+    "size",
+    "num_inference_steps",
+    "seed",
+    "guidance_scale",
+    "negative_prompt",
+    "fps",
+    "n",
+    "num_outputs_per_prompt",
+    "perfkit_stage_timing",
+)
+#: frames per second when the request gives none (what the pipeline's RoPE scaling assumes)
+DEFAULT_FPS = 24
 
-    model_config = ConfigDict(extra="ignore", strict=False)
+
+class VideoRequest(BaseModel):
+    """sglang's /v1/videos request (:data:`SGLANG_VIDEO_FIELDS`) plus perfkit's own
+    ``perfkit_stage_timing``. Any other field is refused (400 naming it): a misspelt field such as
+    ``num_frame`` would otherwise be ignored and the request measured with the default shape."""
+
+    model_config = ConfigDict(extra="forbid", strict=False)
 
     prompt: str = Field(min_length=1)
-    num_frames: int | None = None
-    height: int | None = None
-    width: int | None = None
-    num_inference_steps: int | None = None
-    seed: int = 0
-    guidance_scale: float = 3.0
-    negative_prompt: str = ""
-    fps: int = Field(default=24, ge=1)
-    size: str | None = None
-    #: perfkit extension: synchronise and time each stage (default on).
-    perfkit_stage_timing: bool = True
+    input_reference: Optional[str] = None
+    reference_url: Optional[str] = None
+    video_path: Optional[str] = None
+    video_url: Optional[str] = None
+    model: Optional[str] = None
+    n: Optional[int] = 1
+    num_outputs_per_prompt: Optional[int] = None
+    #: sglang's duration: frames = seconds x fps when num_frames is not given
+    seconds: Optional[int] = 4
+    #: "WIDTHxHEIGHT", used when height and width are not given
+    size: Optional[str] = ""
+    fps: Optional[int] = Field(default=None, ge=1)
+    num_frames: Optional[int] = None
+    seed: Optional[Union[int, list[int]]] = 0
+    generator_device: Optional[str] = "cuda"
+    width: Optional[int] = None
+    height: Optional[int] = None
+    num_inference_steps: Optional[int] = None
+    guidance_scale: Optional[float] = None
+    guidance_scale_2: Optional[float] = None
+    true_cfg_scale: Optional[float] = None
+    negative_prompt: Optional[str] = None
+    max_sequence_length: Optional[int] = None
+    flow_shift: Optional[float] = None
+    enable_teacache: Optional[bool] = False
+    enable_frame_interpolation: Optional[bool] = False
+    frame_interpolation_exp: Optional[int] = 1
+    frame_interpolation_scale: Optional[float] = 1.0
+    frame_interpolation_model_path: Optional[str] = None
+    enable_upscaling: Optional[bool] = False
+    upscaling_model_path: Optional[str] = None
+    upscaling_scale: Optional[int] = 4
+    output_quality: Optional[str] = "default"
+    output_compression: Optional[int] = None
+    output_path: Optional[str] = None
+    diffusers_kwargs: Optional[dict[str, Any]] = None
+    task: Optional[str] = None
+    conditions: Optional[Any] = None
+    target: Optional[Any] = None
+    audio_flow_shift: Optional[float] = None
+    perf_dump_path: Optional[str] = None
+    profile: Optional[bool] = False
+    num_profiled_timesteps: Optional[int] = None
+    profile_all_stages: Optional[bool] = False
+    #: perfkit extension: time each stage. true / "events": CUDA events at stage boundaries,
+    #: resolved after the request (no sync while it runs); "sync": synchronise at every stage
+    #: boundary (the older method, to cross-check); false / "off": no stage timing.
+    perfkit_stage_timing: Union[bool, Literal["events", "sync", "off"]] = True
+
+    def ignored_fields(self) -> list[str]:
+        """sglang fields this request sets to something other than their default that the
+        reference engine does not implement (they do not change what it computes)."""
+        out = []
+        for name in sorted(self.model_fields_set):
+            if name in USED_FIELDS:
+                continue
+            if getattr(self, name) != type(self).model_fields[name].default:
+                out.append(name)
+        return out
 
 
 @dataclass
@@ -65,6 +190,10 @@ class Job:
     completed: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
     result: dict[str, Any] | None = None
+    #: frames the pipeline generates (num_frames aligned up to 8k+1)
+    effective_frames: int | None = None
+    #: sglang fields the request set that this engine does not implement
+    ignored_fields: list[str] = field(default_factory=list)
     slowed: bool = False  # the test-only injected slowdown applied to this run
 
 
@@ -146,8 +275,13 @@ class Engine:
     def to_gen_request(self, vr: VideoRequest) -> GenRequest:
         """Fill defaults and check limits.
 
+        Frames: ``num_frames``, else ``seconds`` x ``fps`` when the request sets ``seconds``
+        (sglang's duration), else the serving default. Pixels: ``height``/``width``, else
+        ``size`` ("WIDTHxHEIGHT"), else the serving default.
+
         Raises:
-            FieldError: naming the field that is out of range.
+            FieldError: naming the field that is out of range or cannot be honoured (``n`` > 1,
+                a list of several seeds).
         """
         h, w = vr.height, vr.width
         if vr.size and (h is None and w is None):
@@ -158,33 +292,67 @@ class Engine:
                 raise FieldError("size", f"must look like WIDTHxHEIGHT, got {vr.size!r}") from None
         h = self.defaults["height"] if h is None else h
         w = self.defaults["width"] if w is None else w
-        nf = self.defaults["num_frames"] if vr.num_frames is None else vr.num_frames
+        fps = DEFAULT_FPS if vr.fps is None else vr.fps
+        frames_from = "num_frames"
+        if vr.num_frames is not None:
+            nf = vr.num_frames
+        elif "seconds" in vr.model_fields_set and vr.seconds is not None:
+            nf, frames_from = vr.seconds * fps, "seconds"
+            if nf < 1 or nf > self.max_frames:
+                raise FieldError(
+                    "seconds",
+                    f"{vr.seconds} s at {fps} fps is {nf} frames; must be between 1 and "
+                    f"{self.max_frames} frames (or give num_frames)",
+                )
+        else:
+            nf = self.defaults["num_frames"]
         steps = self.defaults["steps"] if vr.num_inference_steps is None else vr.num_inference_steps
-        if nf < 1 or nf > self.max_frames:
+        if frames_from == "num_frames" and (nf < 1 or nf > self.max_frames):
             raise FieldError("num_frames", f"must be between 1 and {self.max_frames}, got {nf}")
         for name, val in (("height", h), ("width", w)):
             if val < 32 or val % 32:
                 raise FieldError(name, f"must be a positive multiple of 32, got {val}")
         if steps < 1:
             raise FieldError("num_inference_steps", f"must be >= 1, got {steps}")
-        if vr.guidance_scale < 0:
-            raise FieldError("guidance_scale", f"must be >= 0, got {vr.guidance_scale}")
+        guidance = 3.0 if vr.guidance_scale is None else vr.guidance_scale
+        if guidance < 0:
+            raise FieldError("guidance_scale", f"must be >= 0, got {guidance}")
+        for name in ("n", "num_outputs_per_prompt"):
+            count = getattr(vr, name)
+            if count is not None and count != 1:
+                raise FieldError(name, f"the reference engine makes one video per request, got {count}")
+        seed = vr.seed
+        if isinstance(seed, list):
+            if len(seed) != 1:
+                raise FieldError("seed", f"one seed per request (one video), got {len(seed)} seeds")
+            seed = seed[0]
         return GenRequest(
             prompt=vr.prompt,
             num_frames=nf,
             height=h,
             width=w,
             num_inference_steps=steps,
-            seed=vr.seed,
-            guidance_scale=vr.guidance_scale,
-            negative_prompt=vr.negative_prompt,
-            fps=vr.fps,
+            seed=0 if seed is None else seed,
+            guidance_scale=guidance,
+            negative_prompt=vr.negative_prompt or "",
+            fps=fps,
             stage_timing=vr.perfkit_stage_timing,
         )
 
+    def effective_frames(self, num_frames: int) -> int:
+        """Frames the pipeline generates for ``num_frames``: aligned up to ``8k + 1`` (the LTX
+        VAE's temporal compression; :func:`perfkit.common.frames.align_frames`)."""
+        return align_frames(num_frames, getattr(self.pipeline, "temporal", TEMPORAL_COMPRESSION))
+
     # -- jobs --------------------------------------------------------------------------
-    def submit(self, req: GenRequest, tag: str = "request") -> Job:
-        job = Job(id=f"video_{uuid.uuid4().hex[:16]}", req=req, tag=tag)
+    def submit(self, req: GenRequest, tag: str = "request", ignored_fields: list[str] | None = None) -> Job:
+        job = Job(
+            id=f"video_{uuid.uuid4().hex[:16]}",
+            req=req,
+            tag=tag,
+            effective_frames=self.effective_frames(req.num_frames),
+            ignored_fields=list(ignored_fields or []),
+        )
         self.jobs[job.id] = job
         self.queue.put(job)
         return job
@@ -270,7 +438,8 @@ class Engine:
             "width": job.req.width,
             "num_inference_steps": job.req.num_inference_steps,
             "guidance_scale": job.req.guidance_scale,
-            "stage_timing": job.req.stage_timing,
+            "stage_timing": job.req.timing_mode,
+            "ignored_fields": job.ignored_fields,
             "host_rss_mib": round(rss, 2),
             "host_anon_mib": round(anon, 2),
             **self.info,
@@ -290,6 +459,11 @@ class Engine:
                     "compile_ms": round(res.compile.compile_ms, 3),
                     "recompile_reasons": res.compile.reasons,
                     "recompile_limit_hit": res.compile.limit_hit,
+                    "recompile_limit_stage": res.compile.limit_stage,
+                    "compile_by_stage": {
+                        k: {**v, "compile_ms": round(v["compile_ms"], 3)}
+                        for k, v in res.compile.by_stage.items()
+                    },
                     "refinement_steps": [round(x, 3) for x in res.refinement_steps],
                     "stage_peak_allocated_mb": {
                         s.name: round(s.peak_allocated_mb, 2)
@@ -309,7 +483,11 @@ class Engine:
                 }
             )
             if res.compile.limit_hit:
-                log.warning("request %s hit the recompile limit: frames now run eagerly", job.id)
+                log.warning(
+                    "request %s hit the recompile limit in %s: frames now run eagerly",
+                    job.id,
+                    res.compile.limit_stage or "a stage not known",
+                )
             if res.ranks:
                 # multi-rank (CFG parallel): stages/steps above are rank 0's (it serves, decodes, and
                 # its steps include waiting for the peer's branch); memory is the max across ranks,
@@ -331,7 +509,18 @@ class FieldError(ValueError):
         self.message = message
 
 
+def alignment_note(requested: int, effective: int | None) -> str:
+    """Why the answer's ``num_frames`` differs from the request's: ``"num_frames 24 aligned up
+    to 25 (LTX: 8k+1 frames)"``; empty when they are equal."""
+    if effective is None or effective == requested:
+        return ""
+    return f"num_frames {requested} aligned up to {effective} (LTX: 8k+1 frames)"
+
+
 def _job_body(job: Job) -> dict[str, Any]:
+    """The /v1/videos answer: sglang's video object plus the effective shape. ``num_frames`` is
+    what the pipeline generates (aligned), ``num_frames_requested`` what was asked, and
+    ``alignment_note`` says why they differ."""
     body: dict[str, Any] = {
         "id": job.id,
         "object": "video",
@@ -342,17 +531,31 @@ def _job_body(job: Job) -> dict[str, Any]:
     if job.completed:
         body["completed_at"] = int(job.completed)
     r = job.req
+    effective = job.effective_frames if job.effective_frames is not None else r.num_frames
     body.update(
         {
-            "num_frames": r.num_frames,
+            "num_frames": effective,
+            "num_frames_requested": r.num_frames,
+            "alignment_note": alignment_note(r.num_frames, effective),
             "height": r.height,
             "width": r.width,
+            "size": f"{r.width}x{r.height}",
             "num_inference_steps": r.num_inference_steps,
+            "ignored_fields": job.ignored_fields,
         }
     )
     if job.result is not None:
         body["inference_time_s"] = (job.result.get("total_duration_ms") or 0) / 1000.0
     return body
+
+
+def _did_you_mean(name: str) -> str:
+    """`` (did you mean 'num_frames'?)`` for a misspelt request field, else empty."""
+    import difflib
+
+    known = [*SGLANG_VIDEO_FIELDS, "perfkit_stage_timing"]
+    m = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (did you mean {m[0]!r}?)" if m else ""
 
 
 def create_app(engine: Engine, model_name: str) -> FastAPI:
@@ -362,11 +565,15 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errs = exc.errors()
-        parts = []
+        parts, fields = [], []
         for e in errs:
             loc = [str(x) for x in e.get("loc", []) if x != "body"]
-            parts.append(f"{'.'.join(loc) or 'body'}: {e.get('msg')}")
-        fields = [".".join(str(x) for x in e.get("loc", []) if x != "body") for e in errs]
+            name = ".".join(loc) or "body"
+            fields.append(".".join(loc))
+            if e.get("type") == "extra_forbidden":
+                parts.append(f"{name}: unknown field{_did_you_mean(name)}")
+            else:
+                parts.append(f"{name}: {e.get('msg')}")
         return JSONResponse(
             status_code=400,
             content={
@@ -408,7 +615,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
                     "error": {"message": str(exc), "fields": [exc.field], "type": "invalid_request_error"}
                 },
             )
-        job = engine.submit(req)
+        job = engine.submit(req, ignored_fields=body.ignored_fields())
         return JSONResponse(status_code=200, content=_job_body(job))
 
     @app.get("/v1/videos/{video_id}")

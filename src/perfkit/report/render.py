@@ -51,6 +51,7 @@ from perfkit.gate.verdicts import (
     nothing_measured_reason,
     read_verdict,
 )
+from perfkit.report.rootcause import root_cause
 from perfkit.report.tables import Table, format_table, markdown_table, status_class
 from perfkit.scenarios import registry
 
@@ -77,16 +78,16 @@ def section_question(name: str) -> str:
 
 
 def figure_title(fig: Any) -> str:
-    """The figure's title (suptitle, else its axes' titles), for alt text."""
-    sup = getattr(fig, "_suptitle", None)
-    if sup is not None and sup.get_text():
-        return sup.get_text()
-    titles = [ax.get_title() for ax in fig.get_axes() if ax.get_title()]
-    return "; ".join(titles) or "perfkit figure"
+    """Alt text of a figure: its title and what its axes show
+    (:func:`perfkit.report.plots.alt_text`); never empty."""
+    from perfkit.report.plots import alt_text
+
+    return alt_text(fig)
 
 
 def show(fig: Any, dpi: int = 100, alt: str | None = None) -> None:
-    """Display a matplotlib Figure as an embedded PNG with alt text (the figure's title).
+    """Display a matplotlib Figure as an embedded PNG with alt text (the figure's title and
+    axes, :func:`perfkit.report.plots.alt_text`).
 
     Works without pyplot or ``%matplotlib``; the PNG lands in the notebook's outputs, so the
     HTML report embeds it as a ``data:`` URI.
@@ -200,7 +201,7 @@ def summary_markdown(run_dir: str | Path) -> str:
     parts = [
         f"## perfkit: {info.get('name', run_dir.name)} — {icon} {word.upper()} (exit {code})",
         "",
-        f"{n_pass} gates passed, {n_fail} failed.",
+        f"{_plural(n_pass, 'gate')} passed, {n_fail} failed.",
     ]
     why = nothing_measured_reason(verdicts)
     if why:
@@ -398,7 +399,8 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
     ``status_text`` (with the skip reason), ``reason``, ``error``, ``wall_s``, ``keys``
     (:class:`~perfkit.scenarios.registry.KeyNumber` list), ``keys_error``, ``verdict`` (the
     notebook's verdict.json without its rows, or {}), ``notebook_path``, ``body`` (notebook
-    HTML, or None) and ``body_error``. Never raises on a broken notebook or results file: the
+    HTML, or None), ``body_error`` and ``root_cause`` (the root-cause panel,
+    :func:`perfkit.report.rootcause.root_cause`, or None). Never raises on a broken notebook or results file: the
     problem is logged and shown in the section.
     """
     run_dir = Path(run_dir)
@@ -416,6 +418,7 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
             log.warning("report: key numbers of %s: %r", name, exc)
             keys_error = repr(exc)
     verdict = {k: v for k, v in (read_verdict(run_dir / name) or {}).items() if k != "rows"}
+    rc = root_cause(run_dir, name) if name != GATE and status != "skipped" else None
     nbp = _notebook_path(run_dir, n)
     body, body_error = None, None
     if status != "skipped" and nbp.exists():
@@ -439,6 +442,7 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
         "notebook_path": str(nbp),
         "body": body,
         "body_error": body_error,
+        "root_cause": rc,
     }
 
 
@@ -453,10 +457,14 @@ def render_section(run_dir: str | Path, n: Mapping[str, Any]) -> str:
     return template_env().get_template(section_template(ctx["name"])).render(**ctx)
 
 
-def _gate_table(verdicts: pd.DataFrame) -> Table:
+def _gate_table(verdicts: pd.DataFrame, statuses: tuple[str, ...] | None = None) -> Table:
+    """The gate rows (failures first) as a formatted table; only rows whose status is in
+    ``statuses`` when given."""
     if verdicts.empty:
         return format_table(pd.DataFrame(columns=_GATE_COLUMNS))
     v = verdicts[[c for c in _GATE_COLUMNS if c in verdicts.columns]]
+    if statuses is not None:
+        v = v[v["status"].isin(statuses)]
     v = (
         v.assign(_o=v["status"].map(_GATE_ORDER).fillna(5))
         .sort_values("_o", kind="stable")
@@ -465,13 +473,31 @@ def _gate_table(verdicts: pd.DataFrame) -> Table:
     return format_table(v)
 
 
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    """``"1 row"``, ``"3 rows"``, ``"0 rows"``."""
+    return f"{n} {word if n == 1 else (plural or word + 's')}"
+
+
+def gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
+    """``[{"status", "n", "text"}]`` per gate status present, failures first
+    (``"60 passed"``, ``"1 failed"``, ``"30 skipped"``)."""
+    if verdicts.empty:
+        return []
+    words = {"fail": "failed", "pass": "passed", "improved": "improved", "new": "new", "skipped": "skipped"}
+    counts = verdicts["status"].astype(str).value_counts()
+    order = sorted(counts.index, key=lambda s: _GATE_ORDER.get(s, 5))
+    return [{"status": s, "n": int(counts[s]), "text": f"{int(counts[s])} {words.get(s, s)}"} for s in order]
+
+
 def page_context(run_dir: str | Path) -> dict[str, Any]:
     """What ``page.html.j2`` gets for a run directory.
 
     Keys: ``title``, ``verdict`` (``pass``/``regression``/``error``), ``exit_code``, ``meta``
     (list of ``{"text", "code"}`` items of the run meta line), ``environment`` (str),
     ``toc`` (``{"name", "title", "status_text"}`` per notebook), ``errors`` (failed notebook
-    entries), ``notebooks_table``, ``key_numbers``, ``gates`` (:class:`~perfkit.report.tables.Table`),
+    entries), ``notebooks_table``, ``key_numbers``, ``gates`` (:class:`~perfkit.report.tables.Table`
+    of every gate row), ``gates_attention`` (only failed and improved rows), ``gate_counts``
+    (:func:`gate_counts`),
     ``warnings`` (the gate's), ``sections`` (rendered section HTML, one per notebook, as
     :class:`markupsafe.Markup`).
     """
@@ -528,6 +554,8 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "key_numbers": format_table(pd.DataFrame(keys, columns=["what", "value"]), None) if keys else None,
         "warnings": list(gate_doc.get("warnings") or []),
         "gates": _gate_table(verdicts),
+        "gates_attention": _gate_table(verdicts, ("fail", "improved")),
+        "gate_counts": gate_counts(verdicts),
         "sections": [markupsafe.Markup(render_section(run_dir, n)) for n in nbs],
     }
 

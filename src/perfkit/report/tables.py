@@ -1,15 +1,31 @@
-"""One table formatter for the report page and the Markdown summary.
+"""One table formatter for the report page, the Markdown summary and the notebooks.
 
 :func:`format_table` turns a DataFrame into header labels and rows of display strings; the
-page's templates and :func:`markdown_table` both render from it, so a number reads the same in
-``report.html`` and ``summary.md``:
+page's templates, :func:`markdown_table` and :func:`styled` (a pandas Styler for notebooks) all
+render from it, so a number reads the same in ``report.html``, ``summary.md`` and JupyterLab:
 
 - no index column;
-- integers as integers; floats by magnitude: ``>= 100`` no decimals, ``>= 10`` one decimal,
-  below that three significant figures (``0.0163``, ``-3.91e-13``);
-- missing values (None, NaN, ``pd.NA``, ``NaT``) as ``"–"``;
+- units in the header: a column named by perfkit's unit suffixes reads as words and its unit
+  (``peak_reserved_mib`` -> ``peak reserved (MiB)``, ``cold_ms`` -> ``cold (ms)``,
+  ``host_anon_slope_mib_per_request`` -> ``host anon slope (MiB/request)``; sglang's ``_mb`` is
+  MiB); a label that already has a unit in brackets is kept (:func:`column_label`);
+- integers with thousands separators (``14,512``); a float that is a whole number as one;
+  other floats by magnitude: ``>= 100`` no decimals (``58,428``), ``>= 10`` one decimal,
+  ``>= 1`` two, below that three (``0.016``), trailing zeros dropped below 10 (``1.5``);
+  never exponent notation, never more than three decimals (a value that rounds to zero
+  reads ``0``); :func:`perfkit.common.numfmt.number_text` is the rule;
+- missing values (None, NaN, ``pd.NA``, ``NaT``, and the strings ``"None"``, ``"nan"``,
+  ``"NaN"``, ``"<NA>"`` that a ``str()`` upstream left) as ``"–"``;
 - booleans as ``"yes"`` / ``"no"``;
+- lists and dicts as ``a, b`` / ``k=v, k=v`` (never a Python repr);
 - strings unchanged (a ``status`` column keeps its word; the page colours it by CSS class).
+
+Wide tables: a table with many columns and few rows can be transposed (``transpose="auto"``:
+more than :data:`WIDE_COLUMNS` columns and fewer rows than columns), so it reads top to bottom
+instead of scrolling sideways; the page's stylesheet also lets long cells wrap.
+
+In a notebook, :func:`use_in_notebook` makes every displayed DataFrame render through
+:func:`styled`.
 """
 
 from __future__ import annotations
@@ -18,49 +34,100 @@ import math
 import numbers
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["MISSING", "Table", "cell_text", "format_table", "markdown_table", "status_class"]
+from perfkit.common.numfmt import number_text
+
+__all__ = [
+    "MISSING",
+    "WIDE_COLUMNS",
+    "Table",
+    "cell_text",
+    "column_label",
+    "format_table",
+    "markdown_table",
+    "status_class",
+    "styled",
+    "use_in_notebook",
+]
 
 #: what a missing value reads as
 MISSING = "–"
+
+#: ``transpose="auto"`` turns a table with more columns than this (and fewer rows than
+#: columns) on its side
+WIDE_COLUMNS = 8
+
+#: column-name suffix -> unit shown in the header
+_UNIT_WORDS = {"ms": "ms", "s": "s", "mib": "MiB", "gib": "GiB", "mb": "MiB", "gb": "GiB", "pct": "%"}
+#: strings that mean "not measured" when they reach a table (a ``str(None)`` upstream)
+_MISSING_WORDS = {"None", "nan", "NaN", "<NA>", "NaT", "null"}
+
+
+def _number_text(f: float) -> str:
+    """A finite float as display text (:func:`perfkit.common.numfmt.number_text`)."""
+    return number_text(f)
 
 
 def cell_text(v: Any) -> str:
     """The display string of one cell value (see the module doc for the rules).
 
-    Accepts Python and numpy scalars, None/NaN/``pd.NA``/``NaT``, and anything else (shown with
-    ``str``, newlines folded into spaces). Never raises on a value.
+    Accepts Python and numpy scalars, None/NaN/``pd.NA``/``NaT``, lists, tuples, dicts, and
+    anything else (shown with ``str``, newlines folded into spaces). Never raises on a value.
     """
     if v is None or v is pd.NA or v is pd.NaT:
         return MISSING
     if isinstance(v, (bool, np.bool_)):
         return "yes" if bool(v) else "no"
     if isinstance(v, numbers.Integral):
-        return str(int(v))
+        return f"{int(v):,}"
     if isinstance(v, numbers.Real):
         f = float(v)
         if math.isnan(f):
             return MISSING
         if math.isinf(f):
             return "∞" if f > 0 else "-∞"
-        a = abs(f)
-        if a >= 100:
-            return f"{f:.0f}"
-        if a >= 10:
-            return f"{f:.1f}"
-        return f"{f:.3g}"
+        return _number_text(f)
     if isinstance(v, str):
+        if v.strip() in _MISSING_WORDS:
+            return MISSING
         return v.replace("\r\n", " ").replace("\n", " ")
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k}={cell_text(x)}" for k, x in v.items()) or MISSING
+    if isinstance(v, (list, tuple, set, np.ndarray)):
+        return ", ".join(cell_text(x) for x in v) or MISSING
     try:
         if pd.api.types.is_scalar(v) and pd.isna(v):
             return MISSING
     except (TypeError, ValueError):
         pass
     return str(v).replace("\n", " ")
+
+
+def column_label(name: Any) -> str:
+    """The header of a column: words and its unit.
+
+    ``"peak_reserved_mib"`` -> ``"peak reserved (MiB)"``; ``"e2e_ms"`` -> ``"e2e (ms)"``;
+    ``"ms"`` -> ``"time (ms)"``; ``"host_anon_slope_mib_per_request"`` ->
+    ``"host anon slope (MiB/request)"``; ``"warmup_frames"`` -> ``"warmup frames"``. A label
+    with a space or brackets already (``"wall (s)"``, ``"warm median"``) is kept as it is.
+    """
+    s = str(name)
+    if " " in s or "(" in s or "_" not in s and s.lower() not in _UNIT_WORDS:
+        return s
+    words = s.split("_")
+    per = ""
+    if "per" in words[1:-1]:
+        i = len(words) - 1 - words[::-1].index("per")
+        per, words = "/" + " ".join(words[i + 1 :]), words[:i]
+    unit = _UNIT_WORDS.get(words[-1].lower()) if words else None
+    if unit is not None:
+        words = words[:-1] or ["time" if unit in ("ms", "s") else "memory"]
+        return f"{' '.join(words)} ({unit}{per})"
+    return " ".join(words) + (f" (per {per[1:]})" if per else "")
 
 
 @dataclass(frozen=True)
@@ -72,11 +139,14 @@ class Table:
         rows: one list of display strings per DataFrame row (each ``len == len(header)``).
         status_col: index of the column whose cells are status words (coloured by the page),
             or None.
+        transposed: True when the table was turned on its side (``transpose``): the first
+            column then holds the original column labels.
     """
 
     header: list[str]
     rows: list[list[str]]
     status_col: int | None = None
+    transposed: bool = False
 
     def __iter__(self):
         """Unpacks as ``header, rows``."""
@@ -87,14 +157,37 @@ class Table:
         """True when the table has no rows."""
         return not self.rows
 
+    @property
+    def wide(self) -> bool:
+        """True when the table has more than :data:`WIDE_COLUMNS` columns (the page lets its
+        cells wrap tighter)."""
+        return len(self.header) > WIDE_COLUMNS
 
-def format_table(df: pd.DataFrame, status_col: str | None = "status") -> Table:
+
+def _should_transpose(df: pd.DataFrame, transpose: bool | str) -> bool:
+    if transpose == "auto":
+        return df.shape[1] > WIDE_COLUMNS and 0 < df.shape[0] < df.shape[1]
+    return bool(transpose)
+
+
+def format_table(
+    df: pd.DataFrame,
+    status_col: str | None = "status",
+    *,
+    labels: bool = True,
+    transpose: bool | str = False,
+) -> Table:
     """Header labels and rows of display strings of ``df`` (index dropped).
 
     Args:
         df: any DataFrame (object, numeric, boolean or nullable columns).
         status_col: name of the column holding status words, marked in
             :attr:`Table.status_col` when ``df`` has it; None for no status column.
+        labels: headers through :func:`column_label` (units in the header); False keeps the
+            column names as they are.
+        transpose: True turns the table on its side (one row per column: its label, then the
+            rows' cells, headed by the first column's cells); ``"auto"`` does so for a wide
+            table with few rows (see :data:`WIDE_COLUMNS`); False (default) never.
 
     Returns:
         a :class:`Table` (``header, rows = format_table(df)`` unpacks it).
@@ -104,9 +197,14 @@ def format_table(df: pd.DataFrame, status_col: str | None = "status") -> Table:
     """
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"format_table needs a DataFrame, got {type(df).__name__}")
-    header = [str(c) for c in df.columns]
+    header = [column_label(c) if labels else str(c) for c in df.columns]
     rows = [[cell_text(v) for v in rec] for rec in df.itertuples(index=False, name=None)]
-    idx = header.index(status_col) if status_col is not None and status_col in header else None
+    names = [str(c) for c in df.columns]
+    idx = names.index(status_col) if status_col is not None and status_col in names else None
+    if _should_transpose(df, transpose) and header:
+        t_header = [header[0], *(r[0] for r in rows)]
+        t_rows = [[header[j], *(r[j] for r in rows)] for j in range(1, len(header))]
+        return Table(header=t_header, rows=t_rows, status_col=None, transposed=True)
     return Table(header=header, rows=rows, status_col=idx)
 
 
@@ -121,12 +219,119 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def markdown_table(df: pd.DataFrame) -> str:
-    """A GitHub Markdown table of ``df``, cells from :func:`format_table` (``|`` escaped)."""
-    t = format_table(df, None)
+def markdown_table(df: pd.DataFrame, *, labels: bool = True) -> str:
+    """A GitHub Markdown table of ``df``, cells and headers from :func:`format_table` (``|``
+    escaped). ``labels=False`` keeps the column names as they are.
+
+    Raises:
+        TypeError: if ``df`` is not a DataFrame.
+    """
+    t = format_table(df, None, labels=labels)
     lines = [
         "| " + " | ".join(_md_escape(h) for h in t.header) + " |",
         "|" + "|".join("---" for _ in t.header) + "|",
     ]
     lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in t.rows]
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- notebooks
+
+#: inline style of a status word by its class (notebooks have no report stylesheet)
+_STATUS_STYLE = {
+    "pass": "color:#1a7f37;font-weight:600",
+    "ok": "color:#1a7f37;font-weight:600",
+    "ran": "color:#1a7f37;font-weight:600",
+    "fail": "color:#cf222e;font-weight:600",
+    "error": "color:#cf222e;font-weight:600",
+    "regression": "color:#cf222e;font-weight:600",
+    "failed": "color:#cf222e;font-weight:600",
+    "improved": "color:#0969da;font-weight:600",
+}
+_CELL_STYLE = [
+    {"selector": "", "props": "border-collapse:collapse;margin:.4em 0;font-size:.9em;max-width:100%"},
+    {
+        "selector": "th, td",
+        "props": "border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top",
+    },
+    {"selector": "td", "props": "overflow-wrap:break-word"},
+    {"selector": "th", "props": "background:#f6f8fa;overflow-wrap:normal;word-break:normal"},
+]
+
+
+def styled(
+    df: pd.DataFrame,
+    status_col: str | None = "status",
+    *,
+    labels: bool = True,
+    transpose: bool | str = "auto",
+    caption: str | None = None,
+) -> Any:
+    """A pandas ``Styler`` of ``df`` whose cells and headers are :func:`format_table`'s: no
+    index column (a labelled index, e.g. of a transposed frame, becomes the first column),
+    units in the header, rounded numbers, "–" for not measured, status words coloured. Display it in a notebook (``display(styled(df))``) or render it with
+    ``.to_html()``.
+
+    Args:
+        df: any DataFrame.
+        status_col: the column of status words to colour (ignored when absent).
+        labels: headers with units (:func:`column_label`).
+        transpose: as in :func:`format_table`; ``"auto"`` (default) turns a wide table with
+            few rows on its side.
+        caption: a caption above the table.
+
+    Raises:
+        TypeError: if ``df`` is not a DataFrame.
+    """
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"styled needs a DataFrame, got {type(df).__name__}")
+    if not _default_index(df):  # a labelled index (a transposed frame) is a column of its own
+        df = df.reset_index()
+        if str(df.columns[0]) in ("index", "level_0"):
+            df = df.rename(columns={df.columns[0]: ""})
+    t = format_table(df, status_col, labels=labels, transpose=transpose)
+    shown = pd.DataFrame(t.rows, columns=pd.Index(_unique(t.header)))
+    st = shown.style.hide(axis="index").set_table_styles(_CELL_STYLE)
+    if t.status_col is not None and not shown.empty:
+        col = shown.columns[t.status_col]
+        st = st.map(lambda w: _STATUS_STYLE.get(status_class(w), "color:#6e7781"), subset=[col])
+    if caption:
+        st = st.set_caption(caption)
+    return st
+
+
+def _default_index(df: pd.DataFrame) -> bool:
+    """True when the index says nothing (unnamed integers: row numbers, a filtered frame's
+    positions), so it is not shown; a named or labelled index is data."""
+    idx = df.index
+    return idx.nlevels == 1 and idx.name is None and (len(idx) == 0 or idx.dtype.kind in "iu")
+
+
+def _unique(header: list[str]) -> list[str]:
+    """Column labels made unique (a Styler needs them so): repeats get `` (2)``, ..."""
+    seen: dict[str, int] = {}
+    out = []
+    for h in header:
+        n = seen.get(h, 0) + 1
+        seen[h] = n
+        out.append(h if n == 1 else f"{h} ({n})")
+    return out
+
+
+def _dataframe_html(df: pd.DataFrame) -> str:
+    return styled(df).to_html()
+
+
+def use_in_notebook() -> bool:
+    """Make every DataFrame a notebook cell displays render through :func:`styled` (HTML
+    output; the plain-text output stays pandas'). Returns False outside IPython (nothing
+    done), True once registered. Safe to call twice."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    if ip is None:
+        return False
+    ip.display_formatter.formatters["text/html"].for_type(pd.DataFrame, _dataframe_html)
+    return True

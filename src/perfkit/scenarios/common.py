@@ -17,14 +17,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, conform, environment_meta, sampler_frame, table_rows
+from perfkit.common.numfmt import number_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import RequestOutcome, VideoClient, VideoRequestSpec
 from perfkit.engine.launch import EngineStartError, launch
 from perfkit.engine.spec import EngineSpec
+from perfkit.readings.engine_config import effective_config
 from perfkit.readings.records import PerfRecord, parse_lines
+from perfkit.scenarios.progress import track_requests
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,7 @@ def record_rows(
         "compile_ms": float(pk.get("compile_ms") or 0.0),
         "recompile_reasons": "; ".join(pk.get("recompile_reasons") or []),
         "recompile_limit_hit": bool(pk.get("recompile_limit_hit", False)),
+        "recompile_limit_stage": pk.get("recompile_limit_stage"),
         "peak_allocated_mib": _snap(rec, "runtime_peak", "peak_allocated_mb"),
         "peak_reserved_mib": _snap(rec, "runtime_peak", "peak_reserved_mb"),
         "reserved_mib": _snap(rec, "runtime_peak", "reserved_mb"),
@@ -184,6 +187,7 @@ def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRe
         "compile_ms": 0.0,
         "recompile_reasons": "",
         "recompile_limit_hit": False,
+        "recompile_limit_stage": None,
         "peak_allocated_mib": NAN,
         "peak_reserved_mib": NAN,
         "reserved_mib": NAN,
@@ -223,9 +227,7 @@ def measure_launch(
             sampler.start()
             try:
                 with VideoClient(h.base_url, h.perf_log_dir, timeout_s=request_timeout_s) as client:
-                    for i, req in enumerate(
-                        tqdm(requests, desc=label, leave=False, disable=len(requests) < 4)
-                    ):
+                    for i, req in enumerate(track_requests(requests, label)):
                         out = client.generate(req)
                         data.outcomes.append(out)
                         if not out.ok:
@@ -241,6 +243,7 @@ def measure_launch(
             data.memory = mem
             data.record_lines = h.record_lines()
             data.launch_row = h.launch_row()
+            data.launch_row.update(first_result(data.outcomes, h.cold_start))
             outcome = h.cap_outcome
             if outcome.exceeded:
                 data.error = outcome.message
@@ -273,6 +276,26 @@ def measure_launch(
     return data
 
 
+def first_result(outcomes: list[RequestOutcome], cold_start: dict[str, Any]) -> dict[str, float]:
+    """Time to first result (s) and its parts, for the ``launches`` table.
+
+    ``first_result_s``: launch until the first *successful* request ended (client clock, the
+    same epoch clock as ``cold_start["t_launch"]``); ``first_request_wait_s``: ready until that
+    request was sent; ``first_request_ms``: that request as the client saw it. NaN when no
+    request succeeded or the launch time is unknown. Unlike ``ready_s`` this does not trust the
+    engine's word: an engine that answers /health before it has warmed up pays it here.
+    """
+    t_launch, t_ready = cold_start.get("t_launch"), cold_start.get("t_ready")
+    ok = next((o for o in outcomes if o.ok), None)
+    if ok is None or t_launch is None:
+        return {"first_result_s": NAN, "first_request_wait_s": NAN, "first_request_ms": NAN}
+    return {
+        "first_result_s": ok.t_end - t_launch,
+        "first_request_wait_s": ok.t_start - t_ready if t_ready is not None else NAN,
+        "first_request_ms": ok.client_ms,
+    }
+
+
 def _launch_dir(run_dir: Path, label: str) -> Path | None:
     cands = sorted(Path(run_dir).glob(f"{label}*"), key=lambda p: p.stat().st_mtime)
     return cands[-1] if cands else None
@@ -294,6 +317,9 @@ def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
         data.launch_row["load_peak_allocated_mib"] = _snap(any_rec, "load_peak", "peak_allocated_mb")
         data.launch_row["warmup_peak_mib"] = _snap(any_rec, "warmup_peak", "peak_reserved_mb")
         data.launch_row["placement"] = any_rec.perfkit.get("placement")
+    cfg = effective_config(any_rec.perfkit if any_rec is not None else None, data.logs).to_row()
+    cfg["engine_device"] = cfg.pop("device")
+    data.launch_row.update(cfg)
     for i, (out, req) in enumerate(zip(data.outcomes, requests)):
         rec = recs.get(out.request_id) if out.request_id else None
         if rec is None:
@@ -365,10 +391,18 @@ def slug(s: Any) -> str:
 
 
 def fmt(v: Any, spec: str = ".0f", unit: str = "", missing: str = "–") -> str:
-    """A number for a reading or a check reason: ``fmt(954.2, ".0f", " ms")`` -> ``"954 ms"``;
-    ``missing`` ("–") when not measured (None, NaN, not a number), never 0."""
+    """A number for a reading or a check reason: ``fmt(954.2, ".0f", " ms")`` -> ``"954 ms"``,
+    ``fmt(58427.9, ".0f", " ms")`` -> ``"58,428 ms"``; a ``g`` spec takes
+    :func:`perfkit.common.numfmt.number_text` (``-3.9e-13`` -> ``"0"``, never exponent
+    notation); ``missing`` ("–") when not measured (None, NaN, not a number), never 0."""
     x = json_float(v)
-    return missing if x is None else f"{x:{spec}}{unit}"
+    if x is None:
+        return missing
+    if spec.endswith("g"):  # "as precise as it reads": the one number rule, no exponent
+        return f"{number_text(x)}{unit}"
+    if spec.startswith(".") and spec.endswith("f"):
+        spec = "," + spec  # thousands separated: 58,428 ms
+    return f"{x:{spec}}{unit}"
 
 
 def pick_columns(

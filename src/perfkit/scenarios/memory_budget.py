@@ -481,6 +481,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 SCENARIO = register(
     Scenario(
         order=30,
+        plan=lambda p: [p.repeats] * len(p.caps),
         name=NAME,
         title="Memory budget",
         question="Does the pipeline fit the memory budget, and what does it cost in latency?",

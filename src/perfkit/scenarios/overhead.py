@@ -3,8 +3,10 @@
 Two A/B comparisons on warm requests of the same shape, interleaved (ABBA order) so drift hits
 both sides equally, each judged on the server's end-to-end time (``total_duration_ms``):
 
-- stage timing: device synchronised and clock read at every stage and step boundary (on) vs
-  one synchronisation at the end (off; request field ``perfkit_stage_timing: false``);
+- stage timing: CUDA events recorded at every stage and step boundary and resolved once after
+  the request (on; the engine's default) vs none (off; request field
+  ``perfkit_stage_timing: false``); a few requests timed the older way (device synchronised at
+  every stage boundary, ``"sync"``) cross-check that the event times agree and add up to e2e;
 - the memory sampler: a MemorySampler polling NVML and /proc every ``interval_s`` (on) vs none.
 
 Overhead = median(on) / median(off) - 1, with a 95 % bootstrap interval; the gate holds the
@@ -29,7 +31,7 @@ from perfkit import stats
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check, check_max, number
 from perfkit.engine.client import VideoClient, VideoRequestSpec
-from perfkit.scenarios.common import assemble, json_float, measure_launch
+from perfkit.scenarios.common import assemble, fmt, json_float, measure_launch
 from perfkit.scenarios.registry import (
     InvariantParams,
     KeyNumber,
@@ -81,8 +83,43 @@ def _summary(on: list[float], off: list[float]) -> dict[str, Any]:
     }
 
 
+def _agreement(client: VideoClient, request: VideoRequestSpec, ids: list[str], n: int) -> dict[str, Any]:
+    """``n`` interleaved pairs of requests timed with events (the default) and with a sync at
+    every stage boundary: per stage the medians (ms) and events/sync ratio, and the event-timed
+    stages' sum over the server e2e (median; close to 1 when stage times add up)."""
+    by: dict[str, dict[str, list[float]]] = {}
+    sums: list[float] = []
+    for i in range(n):
+        for mode in ("events", "sync") if i % 2 == 0 else ("sync", "events"):
+            out = client.generate(
+                dataclasses.replace(request, extra={**request.extra, "perfkit_stage_timing": mode})
+            )
+            ids.append(out.request_id)
+            if not out.ok or out.record is None:
+                continue
+            stages = out.record.stage_ms()
+            for name, ms in stages.items():
+                by.setdefault(name, {"events": [], "sync": []})[mode].append(ms)
+            if mode == "events" and out.record.total_duration_ms:
+                sums.append(sum(stages.values()) / out.record.total_duration_ms)
+    per_stage = {}
+    for name, d in by.items():
+        if d["events"] and d["sync"]:
+            ev, sy = float(np.median(d["events"])), float(np.median(d["sync"]))
+            per_stage[name] = {"events_ms": ev, "sync_ms": sy, "ratio": json_float(ev / sy) if sy else None}
+    return {
+        "pairs": n,
+        "stages": per_stage,
+        "events_stage_sum_over_e2e": json_float(float(np.median(sums))) if sums else None,
+    }
+
+
 def overhead_probe(
-    request: VideoRequestSpec, pairs: int = 10, sampler_interval_s: float = 0.1, warmup: int = 1
+    request: VideoRequestSpec,
+    pairs: int = 10,
+    sampler_interval_s: float = 0.1,
+    warmup: int = 1,
+    agree: int = 3,
 ) -> Callable[[Any, VideoClient, Any], dict[str, Any]]:
     """An ``after`` hook for :func:`perfkit.scenarios.common.measure_launch`.
 
@@ -123,8 +160,10 @@ def overhead_probe(
                     probe.stop()
                 if v is not None:
                     (s_on if flag else s_off).append(v)
+        agreement = _agreement(client, request, ids, agree)
         return {
             "stage_timing": _summary(on, off),
+            "timing_agreement": agreement,
             "sampler": _summary(s_on, s_off),
             "sampler_interval_s": sampler_interval_s,
             "request_ids": ids,
@@ -143,7 +182,7 @@ def run(ctx: RunContext, p: OverheadParams) -> ResultBundle:
         "pairs": p.pairs,
         "sampler_interval_s": p.sampler_interval_s,
     }
-    results.update({k: v for k, v in (data.extra or {}).items() if k in PARTS})
+    results.update({k: v for k, v in (data.extra or {}).items() if k in (*PARTS, "timing_agreement")})
     params = {
         "spec": ctx.engine.to_dict(),
         "request": ctx.request.payload(),
@@ -227,6 +266,19 @@ def reading(r: Mapping[str, Any]) -> str:
         "An interval that straddles 0 and is wider than the target says the probe needs "
         "more pairs, not that the overhead is small."
     )
+    agree = r.get("timing_agreement") or {}
+    stages = agree.get("stages") or {}
+    if stages:
+        lines.append("")
+        lines.append(
+            "Event-timed stages vs the same stages timed with a sync at every boundary "
+            f"({agree.get('pairs')} pairs, medians): "
+            + ", ".join(
+                f"`{name}` {fmt(d.get('events_ms'), '.1f')} vs {fmt(d.get('sync_ms'), '.1f')} ms"
+                for name, d in stages.items()
+            )
+            + f"; event-timed stages add up to {fmt(agree.get('events_stage_sum_over_e2e'), '.1%')} of e2e."
+        )
     return "\n".join(lines)
 
 
@@ -238,6 +290,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 SCENARIO = register(
     Scenario(
         order=90,
+        plan=lambda p: [1],
         name=NAME,
         title="Instrumentation overhead",
         question="What does perfkit's own instrumentation (stage timing, memory sampler) cost?",

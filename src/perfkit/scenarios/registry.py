@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check
+from perfkit.common.numfmt import number_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
@@ -45,6 +46,9 @@ __all__ = [
     "get",
     "all_scenarios",
     "names",
+    "invariant_defaults",
+    "merged_invariants",
+    "checks_for",
 ]
 
 
@@ -66,6 +70,20 @@ class ScenarioParams(_Model):
 class InvariantParams(_Model):
     """Base of every scenario's invariants: keys of the params file's ``invariants`` section.
     A field set to None is not gated."""
+
+
+class EngineInvariants(InvariantParams):
+    """What every launch's engine must really run (checked on every bundle by the gate, from
+    the ``launches`` table's effective config: :mod:`perfkit.readings.engine_config`).
+
+    A launch whose engine hit torch.compile's recompile limit always fails: after the limit
+    torch runs the frame eagerly, a silent slowdown a baseline would absorb.
+    """
+
+    #: True when the params expect the engine to drop torch.compile (e.g. a placement that
+    #: offloads the transformer); otherwise compile asked but not active fails, with the
+    #: engine's reason
+    compile_inactive_ok: bool = False
 
 
 class CapParams(_Model):
@@ -107,7 +125,8 @@ class KeyNumber:
         label: what it is, in the design doc's words (``"warm median"``).
         value: the number (None: not measured, shown as "–"), or a short text.
         unit: ``"ms"``, ``"s"``, ``"MiB"``, ``"GiB"``, ``""`` (ratios, counts).
-        fmt: format spec for numbers (``".0f"``).
+        fmt: format spec for numbers (``".0f"``; thousands are separated); a ``g`` spec
+            takes :func:`perfkit.common.numfmt.number_text` (``0.016``, never ``1.6e-02``).
     """
 
     label: str
@@ -117,13 +136,16 @@ class KeyNumber:
 
     @property
     def text(self) -> str:
-        """``"954 ms"``; "–" when not measured."""
+        """``"954 ms"``, ``"58,428 ms"`` (thousands separated); "–" when not measured."""
         v = self.value
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return "–"
         if isinstance(v, str):
             return v
-        return f"{v:{self.fmt}}" + (f" {self.unit}" if self.unit else "")
+        if self.fmt.endswith("g"):  # as many digits as read well: the one number rule
+            return number_text(v) + (f" {self.unit}" if self.unit else "")
+        spec = self.fmt if "," in self.fmt or not self.fmt.startswith(".") else "," + self.fmt
+        return f"{v:{spec}}" + (f" {self.unit}" if self.unit else "")
 
 
 CaseNamer = Callable[..., str]
@@ -150,6 +172,8 @@ class Scenario:
         order: run order, lower first (cold_warm 10, warmup_shapes 20, memory_budget 30,
             offload_modes 40, overhead 90); ties run by name.
         notebook: notebook file name under ``notebooks/``.
+        plan: ``params -> [requests per launch]`` it would send (an upper bound when it reuses
+            an earlier scenario's launch); the suite's progress bars estimate from it.
     """
 
     name: str
@@ -166,6 +190,8 @@ class Scenario:
     cases: Callable[[ResultBundle, CaseNamer], dict[str, ResultBundle]]
     #: run order: lower runs first (a later scenario may reuse an earlier one's launch)
     order: int = 100
+    #: ``params -> [requests of each launch]`` it would make (progress estimate; None: unknown)
+    plan: Optional[Callable[[Any], list[int]]] = None
     template: str = ""
     notebook: str = ""
 
@@ -189,6 +215,11 @@ def register(scenario: Scenario) -> Scenario:
     if scenario.name in _REGISTRY:
         raise ValueError(f"scenario {scenario.name!r} is registered twice")
     mine = set(scenario.invariants_model.model_fields)
+    taken = mine & set(EngineInvariants.model_fields)
+    if taken:
+        raise ValueError(
+            f"invariant keys {sorted(taken)} of {scenario.name!r} are the engine's (EngineInvariants)"
+        )
     for other in _REGISTRY.values():
         clash = mine & set(other.invariants_model.model_fields)
         if clash:
@@ -221,10 +252,52 @@ def names() -> tuple[str, ...]:
 
 
 def invariant_defaults() -> dict[str, Any]:
-    """Every scenario's invariant defaults, merged (keys are unique across scenarios)."""
-    out: dict[str, Any] = {}
+    """Every scenario's invariant defaults and the engine's (:class:`EngineInvariants`), merged
+    (keys are unique across scenarios)."""
+    out: dict[str, Any] = EngineInvariants().model_dump()
     for s in _REGISTRY.values():
         out.update(s.invariant_defaults())
+    return out
+
+
+def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every invariant default (:func:`invariant_defaults`) overlaid with ``given`` (the ``invariants`` of a params
+    file, of a notebook or of a replay): a key given replaces its default, a key given as None is
+    not gated, every key not given keeps its default. So ``{"latency_drift_max": 0.05}`` tightens
+    one limit and leaves every other check in place.
+
+    Returns:
+        invariant key -> limit (None: reported, not gated), every declared key present.
+
+    Raises:
+        ValueError: a key no scenario declares (with the closest known one), or a value its
+            invariants model refuses (naming the key).
+    """
+    out = invariant_defaults()
+    if not given:
+        return out
+    unknown = [k for k in given if k not in out]
+    if unknown:
+        import difflib
+
+        hints = []
+        for k in unknown:
+            m = difflib.get_close_matches(str(k), list(out), n=1, cutoff=0.6)
+            hints.append(f"{k!r}" + (f" (did you mean {m[0]!r}?)" if m else ""))
+        raise ValueError(f"invariants: unknown key {', '.join(hints)}; known: {', '.join(out)}")
+    from pydantic import ValidationError
+
+    for model in (EngineInvariants, *(s.invariants_model for s in _REGISTRY.values())):
+        mine = {k: v for k, v in given.items() if k in model.model_fields}
+        if not mine:
+            continue
+        try:
+            model.model_validate(mine)
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            key = ".".join(map(str, e.get("loc") or ())) or "?"
+            raise ValueError(f"invariants: {key}: {e.get('msg')}, got {e.get('input')!r}") from None
+        out.update(mine)
     return out
 
 
@@ -232,8 +305,8 @@ def checks_for(
     results: Mapping[str, Mapping[str, Any]], invariants: Mapping[str, Any], only: str | None = None
 ) -> list[Check]:
     """Check rows of every scenario (or of ``only``) against exactly the ``invariants`` given
-    that it declares: pass the params' merged invariants (``SuiteParams.invariants_all()``) or
-    :func:`invariant_defaults`; a key left out, or set to None, is not gated. A scenario without
+    that it declares: pass :func:`merged_invariants` (or ``SuiteParams.invariants_all()``); a key
+    left out, or set to None, is not gated. A scenario without
     results gives ``skipped`` rows for its gated invariants (never a pass)."""
     rows: list[Check] = []
     for s in _REGISTRY.values():

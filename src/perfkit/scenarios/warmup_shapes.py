@@ -24,6 +24,7 @@ from perfkit.checks import Check, check_max, number
 from perfkit.common.frames import latent_frames
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
+from perfkit.readings.records import parse_lines
 from perfkit.scenarios.common import (
     assemble,
     fmt,
@@ -183,8 +184,13 @@ def warmup_shapes(
                     "recompile_limit_hit": bool(ok["recompile_limit_hit"].any()),
                     "penalty_stage": max(finite, key=finite.get) if finite else None,
                     "penalty_by_stage_ms": {k: json_float(v) for k, v in pen.items()},
+                    "warm_ms": [json_float(v) for v in warm],
+                    "warm_stage_median_ms": _warm_stage_medians(stages, list(ok["request_id"].iloc[1:])),
                 }
             )
+            ranks = rank_facts(data.record_lines, list(ok["request_id"]))
+            if ranks:
+                entry["ranks"] = ranks
             coverage.append(entry)
     params = {
         "spec": spec.to_dict(),
@@ -193,7 +199,110 @@ def warmup_shapes(
         "repeats": repeats,
         "request": base.payload(),
     }
-    return assemble(NAME, launches, params, {"coverage": coverage, "reused_launches": reused})
+    results = {
+        "coverage": coverage,
+        "reused_launches": reused,
+        "warm_across_warmups": warm_across_warmups(coverage),
+    }
+    return assemble(NAME, launches, params, results)
+
+
+def _warm_stage_medians(stages: pd.DataFrame, warm_ids: list[str]) -> dict[str, float | None]:
+    """Stage -> median ms over the warm requests ``warm_ids``."""
+    if stages.empty or not warm_ids:
+        return {}
+    w = stages[stages["request_id"].isin(warm_ids)]
+    return {str(k): json_float(v) for k, v in w.groupby("stage", sort=False)["ms"].median().items()}
+
+
+def rank_facts(record_lines: list[str], request_ids: list[str]) -> list[dict[str, Any]]:
+    """Per rank of a multi-rank (CFG parallel) engine, for one shape's requests (the first, then
+    the warm ones): the first request's compiles, its penalty per stage and the stage that
+    absorbs most of it, and the warm medians of the step time and of its parts (the rank's
+    transformer branch vs its wait in the all_gather, ms). [] for a single-rank engine."""
+    recs = {r.request_id: r for r in parse_lines(record_lines).records}
+    chosen = [recs[i] for i in request_ids if i in recs]
+    if len(chosen) < 2 or not chosen[0].perfkit.get("ranks"):
+        return []
+    out = []
+    for k, first in enumerate(chosen[0].perfkit["ranks"]):
+        warm = [r.perfkit["ranks"][k] for r in chosen[1:] if len(r.perfkit.get("ranks") or []) > k]
+
+        def stage_ms(rep: dict) -> dict[str, float]:
+            return {s["name"]: float(s["execution_time_ms"]) for s in rep.get("stages") or []}
+
+        first_st = stage_ms(first)
+        warm_st = [stage_ms(w) for w in warm]
+        pen = {
+            name: ms - float(np.median([w[name] for w in warm_st if name in w]))
+            for name, ms in first_st.items()
+            if any(name in w for w in warm_st)
+        }
+
+        def med(key: str) -> float | None:
+            vals = [v for w in warm for v in (w.get(key) or [])]
+            return json_float(float(np.median(vals))) if vals else None
+
+        out.append(
+            {
+                "rank": first.get("rank", k),
+                "device": first.get("device"),
+                "first_compiles": int(first.get("compiles") or 0),
+                "warm_compiles": int(sum(int(w.get("compiles") or 0) for w in warm)),
+                "first_recompile_reasons": list(first.get("recompile_reasons") or []),
+                "penalty_by_stage_ms": {n: json_float(v) for n, v in pen.items()},
+                "penalty_stage": max(pen, key=pen.get) if pen else None,
+                "warm_step_median_ms": med("steps"),
+                "warm_refinement_step_median_ms": med("refinement_steps"),
+                "warm_compute_median_ms": med("cfg_compute_ms"),
+                "warm_gather_median_ms": med("cfg_gather_ms"),
+                # this rank's own device peak over the shape's requests (MiB; sglang's mb are MiB)
+                "peak_reserved_mib": json_float(
+                    max((float(r.get("peak_reserved_mb") or "nan") for r in [first, *warm]), default=None)
+                ),
+            }
+        )
+    return out
+
+
+def warm_across_warmups(coverage: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each request shape measured after more than one warmup setting: the warm median after
+    each later setting over the warm median after the first (ratio, 95 % percentile-bootstrap
+    interval of the ratio of medians, :func:`perfkit.stats.bootstrap_ratio_ci`), and the same per
+    stage (medians only). A difference here is steady-state speed, not the first-request penalty.
+    """
+    out = []
+    by_frames: dict[int, list[dict[str, Any]]] = {}
+    for c in coverage:
+        if c.get("warm_ms"):
+            by_frames.setdefault(int(c["request_frames"]), []).append(c)
+    for frames, entries in by_frames.items():
+        if len(entries) < 2:
+            continue
+        ref = entries[0]
+        for other in entries[1:]:
+            a = [v for v in other["warm_ms"] if v is not None]
+            b = [v for v in ref["warm_ms"] if v is not None]
+            lo, hi = stats.bootstrap_ratio_ci(a, b)
+            st_a, st_b = other.get("warm_stage_median_ms") or {}, ref.get("warm_stage_median_ms") or {}
+            out.append(
+                {
+                    "request_frames": frames,
+                    "warmup_frames": other["warmup_frames"],
+                    "vs_warmup_frames": ref["warmup_frames"],
+                    "warm_median_ms": json_float(float(np.median(a))),
+                    "vs_warm_median_ms": json_float(float(np.median(b))),
+                    "ratio": json_float(float(np.median(a)) / float(np.median(b))),
+                    "ratio_ci": [json_float(lo), json_float(hi)],
+                    "n": [len(a), len(b)],
+                    "stage_ratio": {
+                        k: json_float(st_a[k] / st_b[k])
+                        for k in st_a
+                        if st_b.get(k) and st_a.get(k) is not None
+                    },
+                }
+            )
+    return out
 
 
 # ------------------------------------------------------------------------------ registry entry
@@ -275,7 +384,8 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             if ratio is None and number(c.get("warm_median_ms")) and number(c.get("first_ms")) is not None:
                 ratio = float(c["first_ms"]) / float(c["warm_median_ms"])
             what = (
-                f"penalty {c['penalty_ms']:.0f} ms in {c.get('penalty_stage')}"
+                f"penalty {fmt(c['penalty_ms'], '.0f', ' ms')}"
+                + (f" in {c['penalty_stage']}" if c.get("penalty_stage") else "")
                 if number(c.get("penalty_ms")) is not None
                 else ""
             )
@@ -297,8 +407,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
         out.append(
             KeyNumber(
                 f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f",
-                ("covered" if c.get("covered") else "not covered")
-                + f", penalty {'–' if pen is None else f'{pen:.0f} ms'}, "
+                ("covered" if c.get("covered") else "not covered") + f", penalty {fmt(pen, '.0f', ' ms')}, "
                 f"{_compiles(c.get('compiles'))}",
             )
         )
@@ -345,6 +454,34 @@ def reading(r: Mapping[str, Any]) -> str:
             + (f", mostly in `{c['penalty_stage']}`" if c.get("penalty_stage") else "")
             + ")."
         )
+    for c in rows:
+        for rk in c.get("ranks") or []:
+            out.append(
+                f"  - rank {rk.get('rank')} ({rk.get('device')}): first request "
+                f"{_compiles(rk.get('first_compiles'))}"
+                + (
+                    f", penalty mostly in `{rk['penalty_stage']}` "
+                    f"({fmt((rk.get('penalty_by_stage_ms') or {}).get(rk['penalty_stage']), '.0f', ' ms')})"
+                    if rk.get("penalty_stage")
+                    else ""
+                )
+                + f"; warm step {fmt(rk.get('warm_step_median_ms'), '.1f', ' ms')} = its branch "
+                f"{fmt(rk.get('warm_compute_median_ms'), '.1f', ' ms')} + all_gather wait "
+                f"{fmt(rk.get('warm_gather_median_ms'), '.1f', ' ms')}"
+                + (
+                    f"; peak VRAM reserved {fmt(rk.get('peak_reserved_mib'), ',.0f', ' MiB')}."
+                    if number(rk.get("peak_reserved_mib")) is not None
+                    else "."
+                )
+            )
+    for x in r.get("warm_across_warmups") or []:
+        ci = x.get("ratio_ci") or [None, None]
+        out.append(
+            f"- Steady state, request {x.get('request_frames')} frames: warm median after a "
+            f"{x.get('warmup_frames')}-frame warmup {fmt(x.get('warm_median_ms'), '.0f', ' ms')} vs "
+            f"{fmt(x.get('vs_warm_median_ms'), '.0f', ' ms')} after a {x.get('vs_warmup_frames')}-frame "
+            f"one: x{fmt(x.get('ratio'), '.2f')} (95% CI {fmt(ci[0], '.2f')}..{fmt(ci[1], '.2f')})."
+        )
     uncovered = [c for c in rows if not c.get("covered")]
     tail = (
         "A shape the warmup does not cover pays its shape setup (recompilation, graph "
@@ -386,6 +523,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 SCENARIO = register(
     Scenario(
         order=20,
+        plan=lambda p: [len(p.request_frames) * p.repeats] * len(p.warmup_frames),
         name=NAME,
         title="Warmup shapes",
         question="Does the startup warmup cover the shapes users send?",

@@ -1,0 +1,43 @@
+"""Numbers as a reader sees them, in every table, sentence and check reason perfkit writes.
+
+:func:`number_text` is the one rule (the report's table formatter, the check reasons and the
+scenarios' readings use it): whole numbers with thousands separators (``14,512``); other
+values by magnitude: ``>= 100`` no decimals (``58,428``), ``>= 10`` one decimal (``91.9``),
+``>= 1`` two (``2.31``), below that three (``0.016``); trailing zeros dropped below 10
+(``1.5``, ``0.25``; ``73.0`` keeps its one decimal); never
+exponent notation, never more than three decimals (a value that rounds to zero reads ``0``).
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["number_text"]
+
+
+def number_text(x: float) -> str:
+    """``x`` as display text (see the module doc); ``"∞"``/``"-∞"`` for infinities and
+    ``"nan"`` is never returned: NaN reads ``"–"`` (not measured).
+
+    Raises:
+        TypeError, ValueError: when ``x`` is not a real number.
+    """
+    f = float(x)
+    if math.isnan(f):
+        return "–"
+    if math.isinf(f):
+        return "∞" if f > 0 else "-∞"
+    a = abs(f)
+    if a < 1e15 and f == round(f):
+        return f"{int(round(f)):,}"
+    if a >= 100:
+        s = f"{f:,.0f}"
+    elif a >= 10:
+        s = f"{f:,.1f}"
+    elif a >= 1:
+        s = f"{f:.2f}"
+    else:
+        s = f"{f:.3f}"
+    if "." in s and a < 10:  # 1.50 -> 1.5; 73.0 keeps its decimal (it was rounded there)
+        s = s.rstrip("0").rstrip(".")
+    return "0" if s in ("0", "-0") else s

@@ -1,0 +1,107 @@
+"""Gate rows for what the engine really ran (effective config and compile health), per launch.
+
+Two rules, on every bundle's ``launches`` and ``requests`` tables:
+
+- ``compile_active[<launch>]``: torch.compile asked for but not in force fails, with the
+  engine's reason (``compile_disabled_reason``), unless the params expect it
+  (``invariants.compile_inactive_ok``). A launch whose engine did not report its config gets no
+  row here (the report says "not reported"); a launch that did not ask for compile gets none.
+- ``recompile_limit[<launch>]``: any request (the startup warmup included) that hit torch's
+  recompile limit fails, naming the request, the stage and torch's reason: after the limit torch
+  runs the frame eagerly without an error, a slowdown a baseline would silently absorb.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import pandas as pd
+
+from perfkit.bundle import WARMUP_INDEX, ResultBundle
+from perfkit.checks import Check
+
+__all__ = ["engine_checks"]
+
+
+def _flag(v: Any) -> bool | None:
+    return None if v is None or v is pd.NA or (isinstance(v, float) and v != v) else bool(v)
+
+
+def _text(v: Any) -> str:
+    return "" if v is None or v is pd.NA or (isinstance(v, float) and v != v) else str(v)
+
+
+def _request_label(row: Mapping[str, Any]) -> str:
+    idx = row.get("index")
+    role = "the startup warmup" if idx == WARMUP_INDEX else f"request {idx}"
+    frames = row.get("effective_num_frames")
+    if frames is None or frames is pd.NA:
+        frames = row.get("num_frames")
+    return f"{role} ({frames} frames)" if _text(frames) else role
+
+
+def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, Any]) -> list[Check]:
+    """Check rows (case = scenario name) for every launch of every bundle; see the module doc.
+
+    Args:
+        bundles: scenario -> its bundle.
+        invariants: the merged invariants; ``compile_inactive_ok`` (bool) is read.
+    """
+    inactive_ok = bool(invariants.get("compile_inactive_ok", False))
+    rows: list[Check] = []
+    for scenario, b in bundles.items():
+        launches = b.table("launches")
+        requests = b.table("requests")
+        for _, ln in launches.iterrows():
+            if _text(ln.get("reused_from")):
+                continue  # judged in the bundle that measured it
+            label = _text(ln.get("launch"))
+            asked, active = _flag(ln.get("compile_requested")), _flag(ln.get("compile_active"))
+            if asked:
+                metric = f"compile_active[{label}]"
+                if active:
+                    rows.append(Check(scenario, metric, 1.0, 1.0, 1.0, "pass", "compile asked and active"))
+                elif active is False:
+                    why = _text(ln.get("compile_disabled_reason")) or "the engine gave no reason"
+                    status = "pass" if inactive_ok else "fail"
+                    tail = " (expected: invariants.compile_inactive_ok)" if inactive_ok else ""
+                    rows.append(
+                        Check(
+                            scenario,
+                            metric,
+                            1.0,
+                            0.0,
+                            1.0,
+                            status,
+                            f"compile asked but not active: {why}{tail}",
+                        )
+                    )
+            if not active:
+                continue
+            mine = requests[requests["launch"] == label] if not requests.empty else requests
+            hit = mine[mine["recompile_limit_hit"].fillna(False).astype(bool)] if not mine.empty else mine
+            metric = f"recompile_limit[{label}]"
+            if hit.empty:
+                rows.append(
+                    Check(scenario, metric, 0.0, 0.0, 0.0, "pass", "no request hit the recompile limit")
+                )
+                continue
+            first = hit.iloc[0]
+            stage = _text(first.get("recompile_limit_stage")) or "a stage not reported"
+            reasons = [r for r in _text(first.get("recompile_reasons")).split("; ") if r]
+            limit = ln.get("recompile_limit")
+            lim = f" (limit {int(limit)})" if _text(limit) else ""
+            rows.append(
+                Check(
+                    scenario,
+                    metric,
+                    0.0,
+                    float(len(hit)),
+                    0.0,
+                    "fail",
+                    f"{_request_label(first)} hit torch.compile's recompile limit{lim} in {stage}; "
+                    f"later calls ran eagerly. torch: {'; '.join(reasons) or 'no reason logged'}"
+                    + (f" ({len(hit)} requests hit it)" if len(hit) > 1 else ""),
+                )
+            )
+    return rows

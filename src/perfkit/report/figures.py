@@ -1,0 +1,263 @@
+"""Figures in docs generated from bundles: Markdown blocks in READMEs kept true by a check.
+
+A README marks a block with two HTML comments; everything between them is generated::
+
+    <!-- perfkit:figures src=examples/h200/bundles kind=full -->
+    ... generated ...
+    <!-- perfkit:end -->
+
+``src`` is a run or bundles directory (``<scenario>/results.json`` under it), relative to the
+README's repository root (the perfkit checkout); ``kind`` is ``key-numbers`` (one table of every
+scenario's key numbers), ``full`` (per scenario: its key numbers, its summary table and its
+reading) or ``compare`` (with ``vs=DIR``: the warm requests of the two runs' ``cold_warm``
+sessions side by side — or of one launch of another bundle, written ``DIR/<scenario>@<launch>`` — per stage and per step, with the ratio src/vs and a 95 % bootstrap interval
+of the ratio of medians; e.g. 2 GPUs vs 1). The numbers are the registry's (:attr:`~perfkit.scenarios.registry.Scenario.key_numbers`,
+``summary_table``, ``reading``), so a figure quoted in a README is the figure the report and
+summary.md show. Statistics named in the footer: medians and quartiles are numpy's default
+(linear interpolation between order statistics, Hyndman–Fan type 7); intervals are 95 %
+percentile bootstraps with seed 0 (:mod:`perfkit.stats`).
+
+``perfkit figures FILE...`` rewrites the blocks; ``--check`` exits 1 when a committed block
+differs from what the bundles give.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from perfkit import stats
+from perfkit.bundle import ResultBundle
+from perfkit.readings.records import parse_lines
+from perfkit.report.tables import markdown_table
+from perfkit.scenarios import registry
+
+__all__ = ["FiguresError", "Block", "blocks", "render_block", "update_text", "update_file", "STATS_NOTE"]
+
+KINDS = ("key-numbers", "full", "compare")
+#: the statistics behind every generated figure, stated under each block
+STATS_NOTE = (
+    "Medians and quartiles: numpy's linear interpolation (Hyndman–Fan type 7); intervals: 95 % "
+    "percentile bootstrap, seed 0."
+)
+_BLOCK = re.compile(
+    r"(?P<open><!-- perfkit:figures (?P<args>[^>]*?) -->\n)(?P<body>.*?)(?P<close><!-- perfkit:end -->)",
+    re.S,
+)
+_ARG = re.compile(r"(\w+)=(\S+)")
+
+
+class FiguresError(ValueError):
+    """A figures block that cannot be generated; the message names the file and the block."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One marked block: ``src`` directory (relative to ``root``), ``kind`` and, for
+    ``compare``, the ``vs`` directory."""
+
+    src: str
+    kind: str
+    vs: str | None = None
+
+
+def blocks(text: str, where: str = "<text>") -> list[Block]:
+    """The marked blocks of a document, in order.
+
+    Raises:
+        FiguresError: a block without ``src`` or with an unknown ``kind`` (names ``where``).
+    """
+    out = []
+    for m in _BLOCK.finditer(text):
+        args = dict(_ARG.findall(m.group("args")))
+        if "src" not in args:
+            raise FiguresError(f"{where}: figures block without src=: {m.group('open').strip()}")
+        kind = args.get("kind", "full")
+        if kind not in KINDS:
+            raise FiguresError(f"{where}: figures block kind={kind!r}; known: {', '.join(KINDS)}")
+        if kind == "compare" and "vs" not in args:
+            raise FiguresError(f"{where}: a kind=compare block needs vs=DIR: {m.group('open').strip()}")
+        out.append(Block(args["src"], kind, args.get("vs")))
+    return out
+
+
+def _results(src: Path) -> dict[str, dict]:
+    found = {}
+    for s in registry.all_scenarios():
+        p = src / s.name / "results.json"
+        if p.exists():
+            found[s.name] = json.loads(p.read_text())
+    return found
+
+
+def render_block(block: Block, root: Path) -> str:
+    """The Markdown of one block from the bundles under ``root / block.src``.
+
+    Raises:
+        FiguresError: the directory holds no scenario results.
+    """
+    src = root / block.src
+    if block.kind == "compare":
+        return _compare(block, root)
+    results = _results(src)
+    if not results:
+        raise FiguresError(f"{src}: no <scenario>/results.json to generate figures from")
+    parts: list[str] = []
+    if block.kind == "key-numbers":
+        rows = [
+            (registry.get(name).title, k.label, k.text)
+            for name, r in results.items()
+            for k in registry.get(name).key_numbers(r)
+        ]
+        parts.append(markdown_table(pd.DataFrame(rows, columns=["investigation", "what", "value"])))
+    else:
+        for name, r in results.items():
+            s = registry.get(name)
+            keys = pd.DataFrame([(k.label, k.text) for k in s.key_numbers(r)], columns=["what", "value"])
+            parts += [f"#### {s.title}", "", markdown_table(keys), ""]
+            table = s.summary_table(r)
+            if table is not None and not table.empty:
+                parts += [markdown_table(table), ""]
+            reading = (s.reading(r) or "").strip()
+            if reading:
+                parts += [reading, ""]
+    parts += ["", f"*Generated by `perfkit figures` from `{block.src}`. {STATS_NOTE}*", ""]
+    return "\n".join(p for p in parts).replace("\n\n\n", "\n\n")
+
+
+def update_text(text: str, root: Path, where: str = "<text>") -> str:
+    """``text`` with every marked block regenerated (see :func:`render_block`)."""
+    blocks(text, where)  # validate first: a bad block fails before anything is rendered
+
+    def sub(m: re.Match) -> str:
+        args = dict(_ARG.findall(m.group("args")))
+        body = render_block(Block(args["src"], args.get("kind", "full"), args.get("vs")), root)
+        return m.group("open") + body + m.group("close")
+
+    return _BLOCK.sub(sub, text)
+
+
+def update_file(path: str | Path, root: str | Path, check: bool = False) -> bool:
+    """Regenerate the blocks of ``path``; returns whether its text changed. With ``check`` the
+    file is left as it is (the caller reports the stale file). The file is replaced whole (a
+    temporary file renamed over it), never half-written.
+
+    Raises:
+        FiguresError: a bad block or a ``src`` without results; OSError: unreadable file.
+    """
+    p = Path(path)
+    old = p.read_text(encoding="utf-8")
+    if not blocks(old, str(p)):
+        raise FiguresError(f"{p}: no '<!-- perfkit:figures src=... -->' block")
+    new = update_text(old, Path(root), str(p))
+    if new != old and not check:
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(new, encoding="utf-8")
+        tmp.replace(p)
+    return new != old
+
+
+def _warm(src: str, root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.Series]:
+    """(warm request rows, their stages, their steps, the launch row) of ``root/src/cold_warm``,
+    or of one launch of another bundle when ``src`` is ``DIR/<scenario>@<launch>``.
+
+    Raises:
+        ValueError: no warm request or no such launch; OSError: no bundle there.
+    """
+    path, _, launch = src.partition("@")
+    b = ResultBundle.load(root / path if launch else root / path / "cold_warm")
+    req = b.requests
+    keep = (req["index"] > 0).fillna(False).to_numpy(bool) & (req["status"] == "completed").to_numpy(bool)
+    if launch:
+        keep &= (req["launch"] == launch).fillna(False).to_numpy(bool)
+    warm = req[keep]
+    lt = b.table("launches")
+    lt = lt[lt["launch"] == launch] if launch else lt
+    if warm.empty or lt.empty:
+        raise ValueError(f"{src}: no warm request or no such launch")
+    ids = set(warm["request_id"])
+    stages = b.stages[b.stages["request_id"].isin(ids)]
+    steps = b.steps[b.steps["request_id"].isin(ids)]
+    row = lt.iloc[0].copy()
+    # per-rank device peaks of a multi-GPU engine (its records' perfkit.ranks; MiB)
+    peaks: dict[int, float] = {}
+    for lines in b.records.values():
+        for rec in parse_lines(lines).records:
+            if rec.request_id not in ids:
+                continue
+            for k, r in enumerate(rec.perfkit.get("ranks") or []):
+                v = r.get("peak_reserved_mb")
+                if isinstance(v, (int, float)):
+                    peaks[k] = max(peaks.get(k, 0.0), float(v))
+    row["rank_peaks"] = peaks
+    return warm, stages, steps, row
+
+
+def _compare(block: Block, root: Path) -> str:
+    try:
+        a, sa, pa, la = _warm(block.src, root)
+        b, sb, pb, lb = _warm(str(block.vs), root)
+    except (OSError, ValueError, KeyError) as exc:
+        raise FiguresError(
+            f"compare {block.src} vs {block.vs}: no cold_warm bundle to compare ({exc})"
+        ) from exc
+    rows = []
+
+    def row(what: str, x: list[float], y: list[float], unit: str = "ms") -> None:
+        x = [v for v in x if v == v]
+        y = [v for v in y if v == v]
+        if not x and not y:
+            return
+        if not x or not y:  # measured on one side only (e.g. rank 1 of a 2-GPU run vs 1 GPU)
+            one = f"{float(pd.Series(x or y).median()):,.1f} {unit}"
+            rows.append((what, one if x else "–", one if y else "–", "–", "–"))
+            return
+        mx, my = float(pd.Series(x).median()), float(pd.Series(y).median())
+        ci = "–"
+        if len(x) > 1 or len(y) > 1:
+            lo, hi = stats.bootstrap_ratio_ci(x, y)
+            ci = f"{lo:.2f}–{hi:.2f}"
+        rows.append((what, f"{mx:,.1f} {unit}", f"{my:,.1f} {unit}", f"{mx / my:.2f}", ci))
+
+    row("warm request e2e", list(a["e2e_ms"]), list(b["e2e_ms"]))
+    for stage in dict.fromkeys([*sa["stage"], *sb["stage"]]):
+        row(
+            f"{stage} (warm)",
+            list(sa.loc[sa["stage"] == stage, "ms"]),
+            list(sb.loc[sb["stage"] == stage, "ms"]),
+        )
+    for stage in dict.fromkeys([*pa["stage"], *pb["stage"]]):
+        row(
+            f"{stage} step",
+            list(pa.loc[pa["stage"] == stage, "ms"]),
+            list(pb.loc[pb["stage"] == stage, "ms"]),
+        )
+    row(
+        "peak VRAM reserved (largest GPU, warm)",
+        list(a["peak_reserved_mib"]),
+        list(b["peak_reserved_mib"]),
+        "MiB",
+    )
+    for k in sorted(set(la["rank_peaks"]) | set(lb["rank_peaks"])):
+        row(
+            f"peak VRAM reserved, rank {k} (GPU {k})",
+            [la["rank_peaks"].get(k, math.nan)],
+            [lb["rank_peaks"].get(k, math.nan)],
+            "MiB",
+        )
+    row("cold start, ready", [float(la["ready_s"])], [float(lb["ready_s"])], "s")
+    row("time to first result", [float(la["first_result_s"])], [float(lb["first_result_s"])], "s")
+    df = pd.DataFrame(rows, columns=["what", "A", "B", "A/B", "95% CI of A/B"])
+    note = (
+        f"*Generated by `perfkit figures` from the warm requests of `{block.src}` and `{block.vs}` "
+        "(a directory: its `cold_warm` session; `DIR/<scenario>@<launch>`: that launch): "
+        "medians over the warm requests (steps: over every step of them); A/B below 1: A is faster; "
+        "intervals: percentile bootstrap of the ratio of medians, seed "
+        "0 (launch-level figures have one value a side: no interval).*"
+    )
+    return "\n".join([f"A: `{block.src}` · B: `{block.vs}`", "", markdown_table(df), "", note, ""])

@@ -1,0 +1,381 @@
+"""What the notebooks show beside the plots: the root-cause tables and the verdict in words.
+
+Everything here reads the same bundle tables and the same :class:`~perfkit.checks.Check` rows
+as the gate, and renders through the report's one table formatter
+(:func:`perfkit.report.tables.styled`), so a notebook, the report and the gate never
+disagree:
+
+- :func:`show_table`: display a DataFrame through the formatter (no index column, "–" for not
+  measured, rounded numbers);
+- :func:`request_roles` / :func:`request_frame`: every request of a bundle labelled with its
+  shape (frames asked → generated, latent frames, pixels, steps) and its role (those of
+  :func:`perfkit.report.plots.request_roles`): ``startup warmup``, ``cold``, ``cold, new
+  shape``, ``first of a new shape`` or ``warm``;
+- :func:`first_request_costs`: for each cold or first-of-a-new-shape request, its penalty over
+  the warm median of the same shape in the same launch, the stage holding most of it, and the
+  recompilations it paid (count, time, reason);
+- :func:`verdict_markdown`: the verdict in sentences, made from the check rows the gate judges;
+- :func:`invariants_frame`: the limits this run was judged against (defaults merged with the
+  ones given, e.g. on a replay);
+- :func:`replay_markdown`: on a replay, what is judged again (the checks) and which of the
+  given measurement params differ from those the bundle was measured with (they cannot apply).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+from perfkit.bundle import WARMUP_INDEX
+from perfkit.checks import Check, check_table, overall_status
+from perfkit.common.frames import align_frames, latent_frames
+from perfkit.report.plots import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP
+from perfkit.report.plots import request_roles as plot_roles
+from perfkit.report.tables import styled
+from perfkit.scenarios import registry
+
+__all__ = [
+    "ROLES",
+    "show_table",
+    "request_roles",
+    "request_frame",
+    "first_request_costs",
+    "verdict_markdown",
+    "invariants_frame",
+    "check_frame",
+    "replay_markdown",
+]
+
+#: request roles, in the design doc's words (those of :func:`perfkit.report.plots.request_roles`,
+#: the cold request split by whether the warmup had run its shape)
+COLD_NEW_SHAPE = "cold, new shape"
+ROLES = (ROLE_WARMUP, ROLE_COLD, COLD_NEW_SHAPE, ROLE_NEW_SHAPE, ROLE_WARM)
+#: the roles of a request that ran its shape first in its launch
+FIRST_OF_SHAPE = (ROLE_COLD, COLD_NEW_SHAPE, ROLE_NEW_SHAPE)
+
+
+def show_table(df: pd.DataFrame, caption: str | None = None, transpose: bool | str = "auto") -> None:
+    """Display ``df`` in a notebook through the report's table formatter
+    (:func:`perfkit.report.tables.styled`: no index column, units in the header, rounded
+    numbers, "–" for not measured). ``transpose``: as :func:`~perfkit.report.tables.styled`
+    (``"auto"`` turns a wide table with few rows on its side; False for a list of items, such
+    as requests, that reads best one per row).
+
+    Raises:
+        TypeError: ``df`` is not a DataFrame.
+    """
+    from IPython.display import display
+
+    display(styled(df, caption=caption, transpose=transpose))
+
+
+# ------------------------------------------------------------------------------ request roles
+def _shape_key(row: Mapping[str, Any]) -> tuple:
+    """What makes two requests the same compiled shape: the latent shape when recorded, else
+    (latent frames of the aligned frame count, height, width)."""
+    ls = row.get("latent_shape")
+    if isinstance(ls, str) and ls.strip():
+        return ("latent", ls)
+    nf = _int(row.get("num_frames"))
+    return ("frames", latent_frames(nf) if nf else None, _int(row.get("height")), _int(row.get("width")))
+
+
+def _int(v: Any) -> int | None:
+    try:
+        if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+            return None
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _shape_text(row: Mapping[str, Any]) -> str:
+    """``"24→25 frames (4 latent), 512x768, 30 steps"``."""
+    nf, eff = _int(row.get("num_frames")), _int(row.get("effective_num_frames"))
+    if eff is None and nf is not None:
+        eff = align_frames(nf)
+    frames = "–" if nf is None else (f"{nf}→{eff}" if eff is not None and eff != nf else f"{nf}")
+    lat = _int(row.get("latent_frames"))
+    if lat is None and eff is not None:
+        lat = latent_frames(eff)
+    h, w, steps = _int(row.get("height")), _int(row.get("width")), _int(row.get("steps"))
+    parts = [f"{frames} frames" + (f" ({lat} latent)" if lat is not None else "")]
+    if h is not None and w is not None:
+        parts.append(f"{h}x{w}")
+    if steps is not None:
+        parts.append(f"{steps} steps")
+    return ", ".join(parts)
+
+
+def request_roles(requests: pd.DataFrame, launches: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``requests`` (a bundle's requests table) with ``role``, ``request`` and ``shape`` columns.
+
+    The roles are :func:`perfkit.report.plots.request_roles`' (the plots label requests the
+    same way): ``startup warmup``, ``cold`` (``cold, new shape`` when the warmup had not run
+    its latent shape), ``first of a new shape``, ``warm``. ``request`` is a short label
+    (``"warmup17 #3 first of a new shape"``), ``shape`` the shape in words
+    (``"24→25 frames (4 latent), 512x768, 30 steps"``).
+
+    Raises:
+        ValueError: ``requests`` lacks the ``launch`` or ``index`` column.
+    """
+    missing = [c for c in ("launch", "index") if c not in requests.columns]
+    if missing:
+        raise ValueError(f"request_roles: the requests table has no {', '.join(missing)} column")
+    df = requests.reset_index(drop=True)
+    roles = plot_roles(df, launches)
+    by_key = {
+        (r["launch"], r["request_id"], _int(r["index"])): (r["role"], bool(r["new_shape"]))
+        for _, r in roles.iterrows()
+    }
+    role = []
+    for _, r in df.iterrows():
+        name, new = by_key.get((r["launch"], r.get("request_id"), _int(r["index"])), (ROLE_WARM, False))
+        role.append(COLD_NEW_SHAPE if name == ROLE_COLD and new else name)
+    df["role"] = role
+    df["shape"] = [_shape_text(r) for _, r in df.iterrows()]
+    df["request"] = [
+        f"{r['launch']} " + ("warmup" if r["role"] == ROLE_WARMUP else f"#{_int(r['index'])} {r['role']}")
+        for _, r in df.iterrows()
+    ]
+    return df
+
+
+def request_frame(requests: pd.DataFrame) -> pd.DataFrame:
+    """Every request of a bundle for display: launch, request index, role, shape, end-to-end
+    time (ms), recompilations (count, time in ms, reason) and status."""
+    if requests is None or requests.empty:
+        return pd.DataFrame(columns=["launch", "#", "role", "shape", "e2e (ms)", "status"])
+    df = request_roles(requests)
+    out = pd.DataFrame(
+        {
+            "launch": df["launch"],
+            "#": [("warmup" if _int(i) == WARMUP_INDEX else _int(i)) for i in df["index"]],
+            "role": df["role"],
+            "shape": df["shape"],
+            "e2e (ms)": df.get("e2e_ms"),
+            "compiles": df.get("compiles"),
+            "compiling (ms)": df.get("compile_ms"),
+            "recompile reason": [_reason(v) for v in df.get("recompile_reasons", [None] * len(df))],
+            "status": df.get("status"),
+        }
+    )
+    if out["recompile reason"].isna().all():
+        out = out.drop(columns=["recompile reason"])
+    return out.reset_index(drop=True)
+
+
+def _reason(v: Any) -> str | None:
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+        return None
+    s = str(v).strip()
+    return s or None
+
+
+# ------------------------------------------------------------------------------ first requests
+def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = None) -> pd.DataFrame:
+    """What each cold or first-of-a-new-shape request paid, and why.
+
+    For every request whose role (:func:`request_roles`) is ``cold``, ``cold, new shape`` or
+    ``first of a new shape``: its end-to-end time, the median of the warm requests of the same
+    shape in the same launch, the penalty (first − warm median, ms), the stage holding most of
+    it (from ``stages``: the same per-stage difference), and the recompilations the request
+    paid (count, compile time in ms, the compiler's reason, e.g. ``size mismatch at index 1,
+    expected 1152, actual 1536``).
+
+    Returns:
+        one row per such request (empty when the bundle has none); columns ``launch``,
+        ``request``, ``shape``, ``first (ms)``, ``warm median (ms)``, ``penalty (ms)``,
+        ``penalty stage``, ``stage penalty (ms)``, ``compiles``, ``compiling (ms)``,
+        ``recompile reason``.
+    """
+    cols = [
+        "launch",
+        "request",
+        "shape",
+        "first (ms)",
+        "warm median (ms)",
+        "penalty (ms)",
+        "penalty stage",
+        "stage penalty (ms)",
+        "compiles",
+        "compiling (ms)",
+        "recompile reason",
+    ]
+    if requests is None or requests.empty:
+        return pd.DataFrame(columns=cols)
+    df = request_roles(requests)
+    ok = df[df.get("status", "completed").astype("string").fillna("completed") == "completed"]
+    keys = {i: _shape_key(r) for i, r in ok.iterrows()}
+    out = []
+    for i, r in ok.iterrows():
+        if r["role"] not in FIRST_OF_SHAPE:
+            continue
+        warm = ok[(ok["launch"] == r["launch"]) & (ok["role"] == ROLE_WARM)]
+        warm = warm[[keys[j] == keys[i] for j in warm.index]]
+        wmed = float(warm["e2e_ms"].median()) if not warm.empty else math.nan
+        first = float(r["e2e_ms"]) if pd.notna(r.get("e2e_ms")) else math.nan
+        stage, stage_ms = _penalty_stage(stages, r, warm)
+        out.append(
+            {
+                "launch": r["launch"],
+                "request": f"#{_int(r['index'])} {r['role']}",
+                "shape": r["shape"],
+                "first (ms)": first,
+                "warm median (ms)": wmed,
+                "penalty (ms)": first - wmed,
+                "penalty stage": stage,
+                "stage penalty (ms)": stage_ms,
+                "compiles": _int(r.get("compiles")),
+                "compiling (ms)": r.get("compile_ms"),
+                "recompile reason": _reason(r.get("recompile_reasons")),
+            }
+        )
+    return pd.DataFrame(out, columns=cols)
+
+
+def _penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: pd.DataFrame) -> tuple:
+    """(stage, ms) holding most of ``first``'s penalty over the warm median, per stage."""
+    if stages is None or stages.empty or warm.empty or "request_id" not in stages.columns:
+        return None, math.nan
+    mine = stages[stages["request_id"] == first.get("request_id")]
+    theirs = stages[stages["request_id"].isin(list(warm["request_id"]))]
+    if mine.empty or theirs.empty:
+        return None, math.nan
+    med = theirs.groupby("stage")["ms"].median()
+    pen = mine.groupby("stage")["ms"].sum() - med
+    pen = pen.dropna()
+    if pen.empty:
+        return None, math.nan
+    top = str(pen.idxmax())
+    return top, float(pen[top])
+
+
+# ------------------------------------------------------------------------------ verdict in words
+def _rows(rows: Iterable[Check | Mapping[str, Any]]) -> pd.DataFrame:
+    return check_table(list(rows))
+
+
+def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gate") -> str:
+    """The verdict in sentences, from the very check rows the gate judges (never from anything
+    recorded beside them): the overall status, then each failed, skipped and passed check with
+    its reason.
+
+    ``**Gate: fail.** 1 of 5 checks failed: `latency_drift` (0.091 > 0.05).`` A table of no
+    rows says that nothing was gated.
+    """
+    df = _rows(rows)
+    if df.empty:
+        return f"**{what}: nothing gated** (no invariant of this investigation has a limit)."
+    status = overall_status(df)
+    n = len(df)
+    lines = [f"**{what}: {status}.**"]
+
+    def listed(sub: pd.DataFrame) -> str:
+        return ", ".join(f"`{m}` ({r})" if r else f"`{m}`" for m, r in zip(sub["metric"], sub["reason"]))
+
+    failed = df[df["status"] == "fail"]
+    skipped = df[df["status"] == "skipped"]
+    passed = df[df["status"].isin(("pass", "improved", "new"))]
+    if not failed.empty:
+        lines.append(f"{len(failed)} of {n} checks failed: {listed(failed)}.")
+    if not skipped.empty:
+        lines.append(f"Not measured, so not judged: {listed(skipped)}.")
+    if not passed.empty:
+        word = "Every measured check passed" if failed.empty else "Passed"
+        lines.append(f"{word}: {listed(passed)}.")
+    return " ".join(lines)
+
+
+def check_frame(
+    rows: Iterable[Check | Mapping[str, Any]], metrics: Iterable[str] | None = None
+) -> pd.DataFrame:
+    """The check rows (those whose metric is in ``metrics``, when given) as a table: metric,
+    limit, measured, status, reason."""
+    df = _rows(rows)
+    if metrics is not None:
+        df = df[df["metric"].isin(list(metrics))]
+    return df.rename(columns={"expected": "limit", "actual": "measured"})[
+        ["metric", "limit", "measured", "status", "reason"]
+    ].reset_index(drop=True)
+
+
+def invariants_frame(scenario: str, given: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """The limits ``scenario`` is judged against: each invariant it declares, its default, the
+    value given (a params file's, a notebook's or a replay's ``invariants``; "–" when not
+    given) and the limit in effect (defaults merged with what is given,
+    :func:`perfkit.scenarios.registry.merged_invariants`; "–": reported, not gated).
+
+    Raises:
+        KeyError: unknown scenario. ValueError: an unknown invariant key in ``given``.
+    """
+    s = registry.get(scenario)
+    merged = registry.merged_invariants(given)
+    defaults = s.invariant_defaults()
+    given = dict(given or {})
+    rows = [
+        {
+            "invariant": k,
+            "default": d,
+            "given": given[k] if k in given else None,
+            "in effect": merged.get(k),
+        }
+        for k, d in defaults.items()
+    ]
+    return pd.DataFrame(rows, columns=["invariant", "default", "given", "in effect"])
+
+
+# ------------------------------------------------------------------------------ replay
+def _comparable(given: Any, recorded: Any) -> Any:
+    """``recorded`` reduced to what ``given`` states: dict keys ``given`` has, None values
+    dropped (a recorded cap also records its defaults)."""
+    if isinstance(given, Mapping) and isinstance(recorded, Mapping):
+        return {k: _comparable(given[k], recorded.get(k)) for k in given if given[k] is not None}
+    if (
+        isinstance(given, (list, tuple))
+        and isinstance(recorded, (list, tuple))
+        and len(given) == len(recorded)
+    ):
+        return [_comparable(g, r) for g, r in zip(given, recorded)]
+    return recorded
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items() if x is not None}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def replay_markdown(recorded_params: Mapping[str, Any] | None, given: Mapping[str, Any], source: str) -> str:
+    """What a replay of ``source`` re-applies and what it cannot: the checks are judged again
+    against the invariants given (merged over the defaults); measurement params (repeats, caps,
+    shapes) are the bundle's. Each given param whose value differs from the one recorded in the
+    bundle's ``meta.json`` is named with both values.
+
+    Args:
+        recorded_params: the bundle's ``meta["params"]`` (None: not recorded).
+        given: the notebook's params section (field -> value).
+        source: the replayed bundle directory, for the text.
+    """
+    lines = [
+        f"Replayed from `{source}`: the measurements are the recorded ones; the checks are judged "
+        "again, here, against the limits below (a verdict recorded in the bundle is not used)."
+    ]
+    rec = dict(recorded_params or {})
+    diffs = []
+    for key, value in given.items():
+        if key not in rec:
+            continue
+        want, had = _plain(value), _plain(_comparable(value, rec[key]))
+        if want != had:
+            diffs.append(f"`{key}`: given {want!r}, measured with {_plain(rec[key])!r}")
+    if diffs:
+        lines.append(
+            "These params differ from what the bundle was measured with and cannot apply to a "
+            "replay (the table and plots show what was measured): " + "; ".join(diffs) + "."
+        )
+    return " ".join(lines)

@@ -1,0 +1,363 @@
+"""What a root-cause reader needs, per investigation, from its bundle: the root-cause panel.
+
+:func:`root_cause` reads one scenario's bundle in a run directory and returns what the section
+template's ``root_cause`` macro renders (no HTML here):
+
+- **effective engine config** per launch, from the bundle's ``launches`` table: the columns in
+  :data:`CONFIG_COLUMNS` that the table has (compile requested/active/backend and why it was
+  disabled, attention backend, dtype, offload, recompile limit, where the config came from,
+  time to first result, startup warmup, placement, caps); one the engine did not report reads
+  "not reported";
+- **recompilations**: every request that compiled (``compiles`` > 0 in the requests table),
+  labelled by role and shape, with its compile count and time, the stage that paid for it (the
+  stage with the largest excess over the warm median of the same shape) and the recompilation
+  reasons (``recompile_reasons``), deduplicated;
+- **engine-log warnings and errors**, deduplicated with counts and the launches that logged
+  them (numbers, addresses and timestamps folded so repeats count as one);
+- **budget clamps**: launches whose host cap in force is below the ask (``host_cap_clamp``) or
+  whose cap was exceeded;
+- **instrumentation overhead** when some investigation of the run measured it (an overhead
+  probe's parts: median overhead and its 95 % interval, fraction of server e2e).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from perfkit.bundle import WARMUP_INDEX, ResultBundle
+from perfkit.report.plots import request_roles
+from perfkit.report.tables import MISSING, Table, cell_text, format_table
+from perfkit.scenarios import registry
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CONFIG_COLUMNS",
+    "NOT_REPORTED",
+    "root_cause",
+    "engine_config",
+    "not_reported",
+    "recompilations",
+    "log_findings",
+    "budget_clamps",
+    "instrumentation_overhead",
+]
+
+#: what a setting the engine did not report reads as
+NOT_REPORTED = "not reported"
+
+#: launches-table column -> row label of the effective config; the first block is always shown
+#: ("not reported" when the bundle lacks the column or it is empty), the second when present
+CONFIG_COLUMNS: dict[str, str] = {
+    "compile_requested": "torch.compile requested",
+    "compile_active": "torch.compile active",
+    "compile_backend": "compile backend",
+    "compile_disabled_reason": "compile disabled because",
+    "attention_backend": "attention backend",
+    "dtype": "dtype",
+    "offload": "offload",
+    "recompile_limit": "recompile limit",
+    "config_source": "config source",
+    "first_result_s": "time to first result (s)",
+}
+_EXTRA_CONFIG = {
+    "warmup_frames": "startup warmup frames",
+    "warmup_latent_shape": "startup warmup latent shape",
+    "placement": "placement",
+    "device_cap_gib": "device cap (GiB)",
+    "host_cap_effective_gib": "host cap in force (GiB)",
+    "enforcement": "cap enforcement",
+    "reused_from": "session reused from",
+}
+
+_LOG_LINE = re.compile(
+    r"^\s*[WEF]\d{4}\s|\b(?:WARNING|WARN|ERROR|CRITICAL|FATAL)\b|\b\w*(?:Warning|Error|Exception):|"
+    r"^Traceback\b|\bdeprecated\b",
+)
+_NOISE = [
+    (re.compile(r"^\s*[VIWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+"), ""),  # glog prefix
+    (re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[,.]\d+\s*"), ""),  # logging timestamp
+    (re.compile(r"0x[0-9a-fA-F]+"), "0x…"),
+    (re.compile(r"\b\d+(\.\d+)?\b"), "N"),
+]
+
+
+def _load(run_dir: Path, name: str) -> ResultBundle | None:
+    d = Path(run_dir) / name
+    if not (d / "meta.json").exists():
+        return None
+    try:
+        return ResultBundle.load(d)
+    except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the report
+        log.warning("report: cannot load bundle %s: %r", d, exc)
+        return None
+
+
+def _present(df: pd.DataFrame, col: str) -> bool:
+    return col in df.columns and bool(df[col].notna().any())
+
+
+def not_reported(launches: pd.DataFrame | None) -> list[str]:
+    """Labels of the :data:`CONFIG_COLUMNS` settings no launch reported (the bundle lacks the
+    column, or every launch left it empty)."""
+    df = launches if launches is not None else pd.DataFrame()
+    return [label for col, label in CONFIG_COLUMNS.items() if not _present(df, col)]
+
+
+def engine_config(launches: pd.DataFrame) -> Table | None:
+    """The effective engine config per launch (rows: settings, columns: launches), or None
+    for no launches: the :data:`CONFIG_COLUMNS` settings some launch reported (a launch that
+    left one empty reads :data:`NOT_REPORTED`; :func:`not_reported` lists the settings none
+    reported), then the launch's startup warmup, placement and caps when recorded."""
+    if launches is None or launches.empty or "launch" not in launches.columns:
+        return None
+    from perfkit.report.plots import launch_names
+
+    names = launch_names(launches)
+    cols = [str(lk) for lk in launches["launch"]]
+    header = [
+        "setting",
+        *(names.get(lk, lk) if names.get(lk, lk) == lk else f"{lk} ({names[lk]})" for lk in cols),
+    ]
+    rows = []
+    for col, label in CONFIG_COLUMNS.items():
+        if _present(launches, col):
+            rows.append([label, *(NOT_REPORTED if pd.isna(v) else cell_text(v) for v in launches[col])])
+    for col, label in _EXTRA_CONFIG.items():
+        if _present(launches, col):
+            rows.append([label, *(cell_text(v) for v in launches[col])])
+    return Table(header=header, rows=rows)
+
+
+def _stage_excess(bundle: ResultBundle, roles: pd.DataFrame) -> dict[Any, tuple[str, float]]:
+    """request_id -> (stage, ms over the warm median of that stage, same launch and shape)."""
+    st = bundle.stages
+    if st is None or st.empty or "request_id" not in st.columns:
+        return {}
+    pv = st.assign(ms=pd.to_numeric(st["ms"], errors="coerce")).pivot_table(
+        index="request_id", columns="stage", values="ms", aggfunc="sum"
+    )
+    r = roles.set_index("request_id")
+    out: dict[Any, tuple[str, float]] = {}
+    for rid in pv.index:
+        if rid not in r.index:
+            continue
+        me = r.loc[rid]
+        if isinstance(me, pd.DataFrame):
+            me = me.iloc[0]
+        warm = r[(r["role"] == "warm") & (r["launch"] == me["launch"]) & (r["shape"] == me["shape"])].index
+        warm = [w for w in warm if w in pv.index]
+        if not warm:
+            continue
+        excess = pv.loc[rid] - pv.loc[warm].median()
+        excess = excess.dropna()
+        if excess.empty:
+            continue
+        stage = str(excess.idxmax())
+        out[rid] = (stage, float(excess.max()))
+    return out
+
+
+def recompilations(bundle: ResultBundle) -> Table | None:
+    """One row per request that compiled: launch, request (role · frames), compiles, compile
+    time (s), the stage that paid for it and by how much (ms over the warm median of that
+    stage, same launch and shape), and the recompilation reasons (``; ``-joined, each once).
+    None when no request compiled or the bundle has no compile columns."""
+    req = bundle.requests
+    if req is None or req.empty or not _present(req, "compiles"):
+        return None
+    n = pd.to_numeric(req["compiles"], errors="coerce").fillna(0)
+    comp = req[n > 0]
+    if comp.empty:
+        return None
+    roles = request_roles(req, bundle.launches)
+    label = dict(zip(roles["request_id"], roles["label"]))
+    excess = _stage_excess(bundle, roles)
+    multi = req["launch"].nunique() > 1 if "launch" in req.columns else False
+    rows = []
+    for _, r in comp.iterrows():
+        rid = r.get("request_id")
+        reasons = str(r.get("recompile_reasons") or "") if pd.notna(r.get("recompile_reasons")) else ""
+        uniq = list(OrderedDict.fromkeys(x.strip() for x in reasons.split(";") if x.strip()))
+        if not uniq:
+            i = pd.to_numeric(pd.Series([r.get("index")]), errors="coerce").iloc[0]
+            uniq = ["first compilation (startup warmup)" if i == WARMUP_INDEX else "no reason recorded"]
+        stage, extra = excess.get(rid, (None, None))
+        ms = r.get("compile_ms")
+        rows.append(
+            {
+                **({"launch": r.get("launch")} if multi else {}),
+                "request": label.get(rid, cell_text(r.get("index"))),
+                "compiles": r.get("compiles"),
+                "compile time (s)": float(ms) / 1000 if pd.notna(ms) else None,
+                "stage that paid": stage,
+                "stage excess (s)": extra / 1000 if extra is not None else None,
+                "reason": "; ".join(uniq),
+            }
+        )
+    return format_table(pd.DataFrame(rows), None, labels=False)
+
+
+def log_findings(logs: Mapping[str, str], limit: int = 20) -> Table | None:
+    """Warnings and errors in engine logs (``name -> text``), deduplicated: one row per message
+    (numbers, addresses and timestamps folded), with its count and the logs it came from; the
+    most frequent first, at most ``limit`` rows. None when there are none."""
+    found: dict[str, dict[str, Any]] = {}
+    for name, text in (logs or {}).items():
+        launch = re.sub(r"\.(stdout|stderr)\.log$", "", name)
+        for line in str(text).splitlines():
+            if not _LOG_LINE.search(line):
+                continue
+            msg = line.strip()
+            key = msg
+            for pat, rep in _NOISE:
+                key = pat.sub(rep, key)
+            e = found.setdefault(key, {"message": _shorten(_strip_prefix(msg)), "count": 0, "launches": []})
+            e["count"] += 1
+            if launch not in e["launches"]:
+                e["launches"].append(launch)
+    if not found:
+        return None
+    rows = sorted(found.values(), key=lambda e: -e["count"])[:limit]
+    df = pd.DataFrame(
+        [{"count": e["count"], "logged by": ", ".join(e["launches"]), "message": e["message"]} for e in rows]
+    )
+    return format_table(df, None, labels=False)
+
+
+def _strip_prefix(line: str) -> str:
+    for pat, rep in _NOISE[:2]:
+        line = pat.sub(rep, line)
+    return line
+
+
+def _shorten(text: str, n: int = 300) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def budget_clamps(launches: pd.DataFrame) -> list[str]:
+    """Sentences for launches whose host cap in force is below the ask (``host_cap_clamp``)
+    or whose cap was exceeded; [] when none."""
+    out: list[str] = []
+    if launches is None or launches.empty:
+        return out
+    for _, r in launches.iterrows():
+        lk = r.get("launch")
+        clamp = r.get("host_cap_clamp")
+        if isinstance(clamp, str) and clamp.strip():
+            ask, eff = r.get("host_cap_asked_gib"), r.get("host_cap_effective_gib")
+            if pd.isna(ask):
+                ask = r.get("host_cap_gib")
+            out.append(f"{lk}: host cap asked {cell_text(ask)} GiB, in force {cell_text(eff)} GiB ({clamp})")
+        if r.get("cap_exceeded") is True or (pd.notna(r.get("cap_exceeded")) and bool(r.get("cap_exceeded"))):
+            out.append(f"{lk}: the host cap was exceeded and the engine was stopped")
+    return out
+
+
+def _overhead_parts(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Overhead probe parts in a results dict: top-level ``{part: {median_on_ms,
+    median_off_ms, overhead_ci, ...}}`` entries, or those under ``instrumentation``."""
+    parts: dict[str, Mapping[str, Any]] = {}
+    for src in (results, results.get("instrumentation") or {}):
+        if not isinstance(src, Mapping):
+            continue
+        for k, v in src.items():
+            if isinstance(v, Mapping) and "overhead_ci" in v and "median_off_ms" in v:
+                parts[str(k)] = v
+    return parts
+
+
+def instrumentation_overhead(run_dir: str | Path, name: str) -> tuple[Table | None, str | None]:
+    """(table, where) of the instrumentation overhead: scenario ``name``'s own results first,
+    then any other investigation of the run that measured it (``where`` names its section
+    title, None for its own). (None, None) when nothing in the run measured it."""
+    run_dir = Path(run_dir)
+    order = [name] + [s.name for s in registry.all_scenarios() if s.name != name]
+    for n in order:
+        p = run_dir / n / "results.json"
+        if not p.exists():
+            continue
+        try:
+            parts = _overhead_parts(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+        if not parts:
+            continue
+        rows = []
+        for part, s in parts.items():
+            ci = list(s.get("overhead_ci") or [None, None]) + [None, None]
+            rows.append(
+                {
+                    "part": part.replace("_", " "),
+                    "pairs": s.get("n_on"),
+                    "median on (ms)": s.get("median_on_ms"),
+                    "median off (ms)": s.get("median_off_ms"),
+                    "median cost": _pct(_ratio(s.get("median_on_ms"), s.get("median_off_ms"))),
+                    "95% interval": f"{_pct(ci[0])} … {_pct(ci[1])}" if ci[0] is not None else MISSING,
+                }
+            )
+        where = None if n == name else registry.get(n).title
+        return format_table(pd.DataFrame(rows), None, labels=False), where
+    return None, None
+
+
+def _ratio(on: Any, off: Any) -> float | None:
+    """on / off - 1 (the probe's median overhead), None when either is missing."""
+    try:
+        a, b = float(on), float(off)
+    except (TypeError, ValueError):
+        return None
+    return a / b - 1 if np.isfinite(a) and np.isfinite(b) and b > 0 else None
+
+
+def _pct(v: Any) -> str:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return MISSING
+    return MISSING if not np.isfinite(f) else f"{f:+.2%}"
+
+
+def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
+    """The root-cause panel of scenario ``name`` in ``run_dir`` (its bundle at
+    ``run_dir/<name>``), or None when there is no bundle.
+
+    Keys: ``config`` (:func:`engine_config`), ``not_reported`` (:func:`not_reported`), ``recompiles`` (:func:`recompilations`),
+    ``logs`` (:func:`log_findings`), ``clamps`` (:func:`budget_clamps`), ``instrumentation``
+    and ``instrumentation_from`` (:func:`instrumentation_overhead`), ``commands`` (``{"launch",
+    "command"}`` per launch). Never raises on a broken bundle (logged, None).
+    """
+    b = _load(Path(run_dir), name)
+    if b is None:
+        return None
+    try:
+        ov, ov_from = instrumentation_overhead(run_dir, name)
+        launches = b.launches if b.launches is not None else pd.DataFrame()
+        commands = []
+        if _present(launches, "command"):
+            commands = [
+                {"launch": str(r["launch"]), "command": str(r["command"])}
+                for _, r in launches.iterrows()
+                if pd.notna(r.get("command"))
+            ]
+        return {
+            "config": engine_config(launches),
+            "not_reported": not_reported(launches),
+            "recompiles": recompilations(b),
+            "logs": log_findings(b.logs),
+            "clamps": budget_clamps(launches),
+            "instrumentation": ov,
+            "instrumentation_from": ov_from,
+            "commands": commands,
+        }
+    except Exception as exc:  # noqa: BLE001 - the report is written in every case
+        log.warning("report: root-cause panel of %s: %r", name, exc)
+        return None

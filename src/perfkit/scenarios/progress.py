@@ -1,0 +1,253 @@
+"""Progress of long runs: a bar per launch and per request, with an estimate from the params.
+
+:func:`track_requests` wraps the requests of one launch (what
+:func:`perfkit.scenarios.common.measure_launch` sends). Where it renders:
+
+- in a terminal (``python -m perfkit.measure``, a script): tqdm's text bar on stderr;
+- in JupyterLab: tqdm's notebook widget when ipywidgets is installed, else the text bar (never
+  tqdm's "IProgress not found" warning, which ``tqdm.auto`` prints without ipywidgets);
+- in a notebook executed by ``perfkit suite`` or ``perfkit run`` (papermill): nothing is drawn
+  into the notebook (a bar there would be saved as text in its outputs); each event is appended
+  as one JSON line to the file named by ``$PERFKIT_PROGRESS_FILE``, and the suite draws the bars
+  in its terminal from it (:class:`RunBars`).
+
+The estimate: each scenario's ``plan(params)`` gives the requests of each launch it would make
+(:func:`planned_requests`); the suite sums them over the notebooks it runs, so the overall bar
+has a total and tqdm an ETA. Launches a scenario reuses from an earlier one make the estimate an
+upper bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: environment variable naming the events file (set for papermill kernels by the suite)
+PROGRESS_ENV = "PERFKIT_PROGRESS_FILE"
+#: launches with fewer requests than this draw no per-request bar (they finish in seconds)
+MIN_REQUESTS_FOR_BAR = 2
+
+__all__ = [
+    "PROGRESS_ENV",
+    "RunBars",
+    "track_requests",
+    "tqdm_class",
+    "emit",
+    "read_events",
+    "planned_requests",
+]
+
+#: in-process receivers of events (:meth:`RunBars.listen`)
+_LISTENERS: list[Callable[[Mapping[str, Any]], None]] = []
+
+
+def tqdm_class() -> type:
+    """The tqdm class for here: the notebook widget in a Jupyter kernel that has ipywidgets,
+    else the text bar (``tqdm.std``)."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
+        try:
+            import ipywidgets  # noqa: F401
+            from tqdm.notebook import tqdm as notebook_tqdm
+
+            return notebook_tqdm
+        except ImportError:
+            pass
+    from tqdm.std import tqdm as std_tqdm
+
+    return std_tqdm
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Append ``{"event": event, "t": unix seconds, **fields}`` to ``$PERFKIT_PROGRESS_FILE``
+    (no-op when unset; a write error is logged, never raised)."""
+    ev = {"event": event, "t": time.time(), **fields}
+    for listener in list(_LISTENERS):
+        listener(ev)
+    path = os.environ.get(PROGRESS_ENV)
+    if not path:
+        return
+    line = json.dumps(ev, default=str) + "\n"
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+    except OSError as exc:
+        log.debug("progress file %s: %s", path, exc)
+
+
+def track_requests(requests: Sequence[T], label: str) -> Iterator[T]:
+    """Yield ``requests`` while showing a per-request bar for launch ``label`` (see the module
+    doc for where it renders). Emits ``launch`` (label, requests), ``request`` (label, index i
+    done so far, n) and ``launch_done`` events."""
+    items = list(requests)
+    n = len(items)
+    emit("launch", label=label, requests=n)
+    # in a papermill kernel the suite draws the bars: nothing goes into the notebook
+    # (or a RunBars in this process draws them)
+    quiet = bool(os.environ.get(PROGRESS_ENV)) or bool(_LISTENERS) or n < MIN_REQUESTS_FOR_BAR
+    bar = None if quiet else tqdm_class()(total=n, desc=label, unit="request", leave=False)
+    try:
+        for i, item in enumerate(items):
+            yield item
+            if bar is not None:
+                bar.update(1)
+            emit("request", label=label, i=i + 1, n=n)
+    finally:  # also when the caller stops early (a failed request)
+        if bar is not None:
+            bar.close()
+        emit("launch_done", label=label)
+
+
+def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Events appended to ``path`` since byte ``offset``, and the new offset (a partial last
+    line is left for the next call). A missing file gives no events."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    events = []
+    for line in data[: end + 1].splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return events, offset + end + 1
+
+
+def planned_requests(plans: Iterable[Sequence[int]]) -> tuple[int, int]:
+    """(launches, requests) of several scenarios' plans (each a list of requests per launch)."""
+    launches = requests = 0
+    for plan in plans:
+        launches += len(plan)
+        requests += sum(int(x) for x in plan)
+    return launches, requests
+
+
+class RunBars:
+    """Terminal bars of a whole run, drawn from progress events: every request of the run (its
+    total from the scenarios' plans, so tqdm gives an ETA; the launches so far in its postfix)
+    and the requests of the current launch. ``perfkit suite`` and ``perfkit run`` feed it from
+    a kernel's events file (:meth:`watch`); ``python -m perfkit.measure`` in process
+    (:meth:`listen`)."""
+
+    def __init__(self, file: Any, launches: int, requests: int, enabled: bool = True) -> None:
+        from tqdm.std import tqdm
+
+        self._tqdm = tqdm
+        self.file = file
+        self.enabled = enabled and requests > 0
+        self.launches_planned = launches
+        self.launches_seen = 0
+        self.overall = tqdm(
+            total=requests, desc="requests", unit="request", file=file, position=1, disable=not self.enabled
+        )
+        self.launch_bar: Any = None
+        self._stop = None
+        self._thread = None
+
+    def handle(self, ev: Mapping[str, Any], scenario: str = "") -> None:
+        """Apply one event (``launch``, ``request``, ``launch_done``) to the bars."""
+        if not self.enabled:
+            return
+        kind = ev.get("event")
+        if kind == "launch":
+            self.launches_seen += 1
+            of = f"/~{self.launches_planned}" if self.launches_planned else ""
+            self.overall.set_postfix_str(f"launch {self.launches_seen}{of}")
+            if self.launch_bar is not None:
+                self.launch_bar.close()
+            self.launch_bar = self._tqdm(
+                total=int(ev.get("requests") or 0),
+                desc=f"{scenario} {ev.get('label', '')}".strip(),
+                unit="request",
+                file=self.file,
+                position=2,
+                leave=False,
+            )
+        elif kind == "request":
+            self.overall.update(1)
+            if self.launch_bar is not None:
+                self.launch_bar.update(1)
+        elif kind == "launch_done" and self.launch_bar is not None:
+            self.launch_bar.close()
+            self.launch_bar = None
+
+    @contextlib.contextmanager
+    def watch(self, path: Path, scenario: str, planned: int = 0):
+        """Tail ``path`` (events of ``scenario``'s notebook) while the block runs. ``planned``:
+        the requests its plan estimated; those it did not send (a launch reused from an earlier
+        scenario, a failure) are counted as done when it ends, so the ETA stays honest."""
+        if not self.enabled:
+            yield
+            return
+        start = self.overall.n
+        stop = threading.Event()
+        offset = path.stat().st_size if path.exists() else 0
+
+        def loop() -> None:
+            nonlocal offset
+            while True:
+                events, offset = read_events(path, offset)
+                for ev in events:
+                    self.handle(ev, scenario)
+                if stop.is_set():
+                    return
+                stop.wait(0.5)
+
+        t = threading.Thread(target=loop, name="perfkit-progress", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join(timeout=5)
+            short = planned - (self.overall.n - start)
+            if short > 0:
+                self.overall.update(short)
+
+    @contextlib.contextmanager
+    def listen(self, scenario: str, planned: int = 0):
+        """Take this process's events (:func:`track_requests` in the same process) while the
+        block runs; the per-launch bar is drawn here, not by :func:`track_requests`."""
+        if not self.enabled:
+            yield
+            return
+        start = self.overall.n
+
+        def on_event(ev: Mapping[str, Any]) -> None:
+            self.handle(ev, scenario)
+
+        _LISTENERS.append(on_event)
+        try:
+            yield
+        finally:
+            _LISTENERS.remove(on_event)
+            short = planned - (self.overall.n - start)
+            if short > 0:
+                self.overall.update(short)
+
+    def close(self) -> None:
+        """Close the bars."""
+        if self.launch_bar is not None:
+            self.launch_bar.close()
+        self.overall.close()

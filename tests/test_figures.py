@@ -1,0 +1,73 @@
+"""Figures in docs come from the data: README blocks regenerated from committed bundles."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from perfkit.report.figures import Block, render_block
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "examples/h200/README.md", "examples/h200x2/README.md")
+
+
+def _figures(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "perfkit.cli", "figures", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env=os.environ,
+    )
+
+
+def test_committed_figures_match_their_bundles():
+    proc = _figures("--check", *DOCS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + "\nrun: perfkit figures " + " ".join(DOCS)
+
+
+def test_the_warm_iqr_is_the_bundles_linear_quantiles():
+    text = render_block(Block("examples/h200/bundles", "full"), ROOT)
+    assert "| warm interquartile range (ms) | 929–967 |" in text
+    assert "linear interpolation" in text
+    assert "944–965" not in (ROOT / "examples/h200/README.md").read_text()
+
+
+def test_stale_block_is_found_and_rewritten(tmp_path):
+    doc = tmp_path / "README.md"
+    good = (ROOT / "README.md").read_text()
+    doc.write_text(good.replace("| 954 ms |", "| 944 ms |"))
+    proc = _figures("--root", str(ROOT), "--check", str(doc))
+    assert proc.returncode == 1 and "stale" in proc.stdout
+    assert "| 944 ms |" in doc.read_text()  # --check changes nothing
+    assert _figures("--root", str(ROOT), str(doc)).returncode == 0
+    assert doc.read_text() == good
+
+
+def test_bad_blocks_are_errors_naming_the_file(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("<!-- perfkit:figures src=nowhere kind=full -->\n<!-- perfkit:end -->\n")
+    proc = _figures("--root", str(tmp_path), str(doc))
+    assert proc.returncode == 2 and "no <scenario>/results.json" in proc.stderr
+    doc.write_text("<!-- perfkit:figures src=. kind=pie -->\n<!-- perfkit:end -->\n")
+    proc = _figures("--root", str(tmp_path), str(doc))
+    assert proc.returncode == 2 and "kind='pie'" in proc.stderr and str(doc) in proc.stderr
+    doc.write_text("no blocks here\n")
+    assert _figures(str(doc)).returncode == 2
+
+
+def test_compare_block_puts_two_runs_side_by_side_per_rank():
+    text = render_block(Block("examples/h200x2/bundles", "compare", "examples/h200x2/bundles-1gpu"), ROOT)
+    assert "A: `examples/h200x2/bundles` · B: `examples/h200x2/bundles-1gpu`" in text
+    assert "| warm request e2e | 967.8 ms | 833.1 ms | 1.16 |" in text
+    assert "| peak VRAM reserved, rank 1 (GPU 1) | 14,638.0 MiB | – | – | – |" in text
+
+
+def test_compare_block_needs_vs(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("<!-- perfkit:figures src=. kind=compare -->\n<!-- perfkit:end -->\n")
+    proc = _figures("--root", str(tmp_path), str(doc))
+    assert proc.returncode == 2 and "needs vs=DIR" in proc.stderr
