@@ -9,6 +9,7 @@ import math
 import warnings
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -42,18 +43,24 @@ def test_live_30pct_denoising_slowdown_is_a_denoising_regression(live):
     assert d["TextEncodingStage"] != "regression", r.table.to_string()
     assert d["peak_vram"] == "not measured"  # CPU: no device memory, never "no change"
     den = r.table.set_index("metric").loc["DenoisingStage"]
-    assert den["n_a"] == den["n_b"] == 3 and den["ratio"] > 1.0
-    # a shared runner: other processes' load (recorded per launch) can stretch launches by 2x;
-    # when the runner was overloaded (load average above its CPU count) the A/B may only say
-    # "inconclusive" (never "no change" or "improvement"); otherwise it must call the regression
+    assert den["n_a"] == den["n_b"] == 3
+    # this 2-core runner is a shared VM: with its launch CV at 10-30 % (docs/choosing-n-m.md) three
+    # launches a side cannot always resolve +30 %. Then the A/B must say so: "inconclusive" with
+    # more launches needed (never "no change" or "improvement"); otherwise it calls the regression
     ab = r.meta["ab"]
-    overloaded = max(v["loadavg"][0] for v in ab["launch_load"].values()) > ab["cpu_count"]
-    if overloaded and d["DenoisingStage"] == "inconclusive":
-        warnings.warn(f"overloaded runner ({ab['launch_load']}): DenoisingStage inconclusive", stacklevel=1)
-        assert res.exit_code == r.exit_code == (1 if "regression" in d.values() else 0)
-    else:
-        assert d["DenoisingStage"] == "regression", f"{r.table.to_string()}\nload: {ab['launch_load']}"
+    if d["DenoisingStage"] == "regression":
         assert den["low"] > 1.05 and res.exit_code == r.exit_code == 1, res.output
+    else:
+        assert d["DenoisingStage"] == "inconclusive", r.table.to_string()
+        needed = den["launches_needed"]
+        assert needed is pd.NA or needed >= 3, r.table.to_string()  # asks for launches, not fewer
+        assert res.exit_code == r.exit_code == (1 if "regression" in d.values() else 0)
+        warnings.warn(
+            f"DenoisingStage +30 % inconclusive at 3 launches a side (B/A {den['ratio']:.2f}, "
+            f"CV between launches {den['cv_between']:.0%}, launches needed {needed}); "
+            f"load {ab['launch_load']}",
+            stacklevel=1,
+        )
     # summary.md for $GITHUB_STEP_SUMMARY, printed too; the report page with the forest plot
     md = (out / "summary.md").read_text()
     word = "REGRESSION" if r.exit_code == 1 else r.verdict
