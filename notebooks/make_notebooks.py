@@ -109,10 +109,10 @@ if bundle_dir:
 show_table(invariants_frame("{name}", invariants), caption="Limits this run is judged against")'''
 
 
-def _nb(title: str, intro: str, params: str, cells: list) -> nbformat.NotebookNode:
+def _nb(title: str, intro: str, params: str, cells: list, setup: str = SETUP) -> nbformat.NotebookNode:
     pcell = new_code_cell(params)
     pcell.metadata["tags"] = ["parameters"]
-    nb = new_notebook(cells=[new_markdown_cell(f"# {title}\n\n{intro}"), pcell, new_code_cell(SETUP), *cells])
+    nb = new_notebook(cells=[new_markdown_cell(f"# {title}\n\n{intro}"), pcell, new_code_cell(setup), *cells])
     nb.metadata["kernelspec"] = {
         "name": "python3",
         "display_name": "Python 3 (ipykernel)",
@@ -399,6 +399,66 @@ else:
     )
 
 
+def ab() -> nbformat.NotebookNode:
+    params = """spec_a = "../examples/ab/tiny-cpu.yaml"  # side A: an engine spec YAML (perfkit.engine.spec)
+spec_b = "../examples/ab/tiny-cpu-denoise-30pct.yaml"  # side B (spec_a again: an A/A check)
+launches = 3  # N, launches a side, interleaved A B B A ...
+warm = 5  # M, warm requests a launch after the cold request
+threshold = 0.05  # decision threshold (fraction): regression when the interval lies above 1 + threshold
+run_dir = "outputs/notebooks/ab"  # the side bundles land in run_dir/a and run_dir/b
+replay_a = None  # a recorded side-A bundle (e.g. "../examples/ab/aa/a"): launches nothing
+replay_b = None  # the recorded side-B bundle"""
+    setup = """from pathlib import Path
+
+import pandas as pd
+from IPython.display import Markdown, display
+
+from perfkit.ab.decide import compare_bundles
+from perfkit.ab.driver import AbPlan, run_ab
+from perfkit.bundle import ResultBundle
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
+from perfkit.params import load_yaml
+from perfkit.report import plots, show
+from perfkit.report.ab import ab_summary_markdown
+
+pd.set_option("display.max_colwidth", 120)"""
+    cells = [
+        new_code_cell("""if replay_a:
+    bundles = {"A": ResultBundle.load(replay_a), "B": ResultBundle.load(replay_b)}
+else:
+    spec = lambda p: EngineSpec.from_dict(load_yaml(Path(p).read_text()))  # noqa: E731
+    plan = AbPlan(spec(spec_a), spec(spec_b), VideoRequestSpec(), launches, warm)
+    bundles = run_ab(plan, run_dir)
+res = compare_bundles(bundles["A"], bundles["B"], threshold)"""),
+        new_markdown_cell("## Verdict per metric"),
+        new_code_cell("display(Markdown(ab_summary_markdown(res)))"),
+        new_markdown_cell("## Forest plot: B/A with intervals, each launch's dots behind"),
+        new_code_cell("show(plots.ab_forest(res.table, res.launch_means))"),
+        new_markdown_cell("## Variance between and within launches"),
+        new_code_cell(
+            'display(res.table[["metric", "icc", "cv_between", "cv_within", "launches_needed", "reason"]])'
+        ),
+        new_markdown_cell(
+            "## How to read this\n\n"
+            "Each launch is one sample: its median per metric. The interval of B/A is a 95 % Welch t "
+            "interval on the logs of those launch values; a metric is a regression when the whole "
+            "interval lies above 1 + threshold, an improvement below 1 − threshold, no change inside "
+            "±threshold, else inconclusive (with the launches a side that would decide it, sized from "
+            "the measured variance as Kalibera & Jones do). `docs/choosing-n-m.md` says how to pick N "
+            "and M."
+        ),
+    ]
+    return _nb(
+        "A/B: is B slower than A?",
+        "Interleaved launches of two engine specs, per-metric ratios B/A with intervals that hold "
+        "at a few launches a side (the same as `perfkit ab`).",
+        params,
+        cells,
+        setup=setup,
+    )
+
+
 NOTEBOOKS = {
     "cold_warm": cold_warm,
     "warmup_shapes": warmup_shapes,
@@ -406,6 +466,7 @@ NOTEBOOKS = {
     "offload_modes": offload_modes,
     "overhead": overhead,
     "baseline_gate": baseline_gate,
+    "ab": ab,
 }
 
 

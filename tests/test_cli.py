@@ -82,6 +82,7 @@ def test_every_command_and_option_has_help():
         "wheelhouse download",
         "wheelhouse install",
         "engine serve",
+        "ab",
     ):
         assert want in seen, seen
 
@@ -96,6 +97,7 @@ def test_every_command_and_option_has_help():
         ["measure"],
         ["report"],
         ["wheelhouse", "download"],
+        ["ab"],
     ],
 )
 def test_help_of_every_command_lists_exit_codes(sub):

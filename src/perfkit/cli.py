@@ -410,6 +410,121 @@ def cmd_wheelhouse(a: SimpleNamespace) -> int:
     return EXIT_OK
 
 
+def _ab_side(path: str, option: str) -> tuple[Any, dict[str, Any] | None]:
+    """An ``--a``/``--b`` file -> (EngineSpec, request dict or None). A mapping with an
+    ``engine`` key is a params file (validated as one, its ``request`` taken); any other mapping
+    is an engine spec. Raises click.BadParameter naming the option and the file."""
+    import yaml
+
+    from perfkit.engine.spec import EngineSpec, EngineSpecError
+    from perfkit.params import ParamsError, load_params, load_yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise click.BadParameter(
+            f"{'is a directory, not a file' if p.is_dir() else 'not found'}: {path}", param_hint=option
+        )
+    try:
+        data = load_yaml(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise click.BadParameter(
+            f"{path}: invalid YAML: {str(exc).splitlines()[0]}", param_hint=option
+        ) from None
+    if not isinstance(data, dict):
+        raise click.BadParameter(
+            f"{path}: expected an engine spec or a params file (a mapping)", param_hint=option
+        )
+    try:
+        if "engine" in data:
+            params = load_params(p)
+            return params.engine_spec(), params.request.model_dump(exclude_none=True)
+        return EngineSpec.from_dict(data), None
+    except (ParamsError, EngineSpecError) as exc:
+        raise click.BadParameter(f"{path}:\n{exc}", param_hint=option) from None
+
+
+def _fraction(text: str | None, option: str) -> float | None:
+    """``5%`` or ``0.05`` -> 0.05; raises click.BadParameter outside (0, 1)."""
+    if text is None:
+        return None
+    t = str(text).strip()
+    try:
+        v = float(t.rstrip("%")) / (100.0 if t.endswith("%") else 1.0)
+    except ValueError:
+        raise click.BadParameter(
+            f"expected a fraction like 0.05 or a percent like 5%, got {text!r}", param_hint=option
+        ) from None
+    if not 0.0 < v < 1.0:
+        raise click.BadParameter(f"must be between 0 and 1 (0 % and 100 %), got {text!r}", param_hint=option)
+    return v
+
+
+def cmd_ab(a: SimpleNamespace) -> int:
+    """``perfkit ab``: run (or replay) an A/B, write ab.json, summary.md, report.html; exit code."""
+    import datetime as _dt
+
+    from perfkit.ab import stats as ab_stats
+    from perfkit.ab.decide import compare_bundles, thresholds_from_run
+    from perfkit.bundle import ResultBundle
+    from perfkit.report.ab import write_ab_outputs
+
+    threshold = _fraction(a.threshold, "--threshold") or ab_stats.DEFAULT_THRESHOLD
+    confidence = _fraction(a.confidence, "--confidence") or ab_stats.DEFAULT_CONFIDENCE
+    thresholds: dict[str, float] = {}
+    if a.threshold_from:
+        try:
+            thresholds = thresholds_from_run(a.threshold_from)
+        except (FileNotFoundError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--threshold-from") from None
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    if a.replay:
+        if a.a or a.b:
+            raise click.UsageError("give either --replay DIR_A DIR_B or --a/--b, not both")
+        bundles = {}
+        for side, d in zip("AB", a.replay):
+            try:
+                bundles[side] = ResultBundle.load(d)
+            except (FileNotFoundError, ValueError) as exc:
+                raise click.BadParameter(str(exc), param_hint="--replay") from None
+        out = Path(a.out or Path("outputs") / "ab" / f"{stamp}-replay")
+    else:
+        if not (a.a and a.b):
+            raise click.UsageError("give --a and --b (engine spec or params files), or --replay DIR_A DIR_B")
+        from perfkit.ab.driver import AbPlan, run_ab
+        from perfkit.engine.client import VideoRequestSpec
+
+        spec_a, req_a = _ab_side(a.a, "--a")
+        spec_b, req_b = _ab_side(a.b, "--b")
+        if req_a is not None and req_b is not None and req_a != req_b:
+            raise click.BadParameter(
+                f"the params files ask for different requests ({req_a} vs {req_b}): an A/B compares one shape",
+                param_hint="--a/--b",
+            )
+        req = dict(req_a or req_b or {})
+        for key, opt in (("num_frames", a.num_frames), ("height", a.height), ("width", a.width)):
+            if opt is not None:
+                req[key] = opt
+        if a.steps is not None:
+            req["num_inference_steps"] = a.steps
+        if a.share_compile_cache:
+            spec_a, spec_b = (s.replace(share_compile_cache=True) for s in (spec_a, spec_b))
+        out = Path(a.out or Path("outputs") / "ab" / stamp)
+        if out.exists() and any(out.iterdir()):
+            raise click.BadParameter(f"{out} exists and is not empty", param_hint="--out")
+        plan = AbPlan(spec_a, spec_b, VideoRequestSpec.from_dict(req), a.launches, a.warm)
+        _sigterm_as_interrupt()
+        bundles = run_ab(plan, out)
+    res = compare_bundles(bundles["A"], bundles["B"], threshold, thresholds, confidence)
+    res.meta["replay"] = bool(a.replay)
+    if a.threshold_from:
+        res.meta["thresholds_from"] = str(a.threshold_from)
+    paths = write_ab_outputs(res, out)
+    if not a.quiet:
+        print(paths["summary"].read_text())
+        print(f"report: {paths['report']}")
+    return res.exit_code
+
+
 # --------------------------------------------------------------------------------- command line
 def _done(code: int) -> None:
     sys.exit(int(code))
@@ -650,6 +765,84 @@ def engine_group() -> None:
 def engine_serve_command(args: tuple[str, ...]) -> None:
     """Run the reference engine (sglang serve's flags: --model-path, --port, --num-gpus, ...)."""
     _done(cmd_engine_serve(list(args)))
+
+
+@cli.command(
+    "ab",
+    epilog="Examples:\n\n\b\n"
+    "  perfkit ab --a a.yaml --b b.yaml -n 4 -m 5 --out outputs/ab/pr123\n"
+    "  perfkit ab --a a.yaml --b a.yaml --out outputs/ab/aa     # A/A: the noise floor\n"
+    "  perfkit ab --a a.yaml --b b.yaml --threshold-from outputs/ab/aa\n"
+    "  perfkit ab --replay outputs/ab/pr123/a outputs/ab/pr123/b\n\n"
+    "Exit codes: 0 no metric regressed, 1 a metric regressed, 2 an error or misuse (bad input, a "
+    "failed launch, nothing measured on both sides).",
+)
+@click.option("--a", "a", default=None, metavar="FILE", help="side A: an engine spec YAML or a params file")
+@click.option(
+    "--b",
+    "b",
+    default=None,
+    metavar="FILE",
+    help="side B: an engine spec YAML or a params file (A again: A/A)",
+)
+@click.option(
+    "-n",
+    "--launches",
+    type=click.IntRange(1, 100),
+    default=4,
+    show_default=True,
+    help="launches a side (interleaved A B B A ...)",
+)
+@click.option(
+    "-m",
+    "--warm",
+    type=click.IntRange(1, 1000),
+    default=5,
+    show_default=True,
+    help="warm requests a launch, after the cold request",
+)
+@click.option(
+    "--out",
+    default=None,
+    help="run directory (default outputs/ab/<timestamp>); holds a/, b/, ab.json, summary.md, report.html",
+)
+@click.option(
+    "--threshold",
+    default=None,
+    help="decision threshold, a fraction or a percent (default 5%: a regression is an interval above +5%)",
+)
+@click.option(
+    "--threshold-from",
+    default=None,
+    metavar="RUN",
+    help="per-metric thresholds from a recorded A/A run directory (its ab.json): each metric's A/A interval",
+)
+@click.option("--confidence", default=None, help="two-sided confidence of the intervals (default 0.95)")
+@click.option(
+    "--replay",
+    nargs=2,
+    default=None,
+    metavar="DIR_A DIR_B",
+    help="re-decide from two recorded side bundles: launches nothing",
+)
+@click.option(
+    "--num-frames",
+    type=click.IntRange(1),
+    default=None,
+    help="request frames (default: the params file's, else the engine's)",
+)
+@click.option("--height", type=click.IntRange(1), default=None, help="request height (px)")
+@click.option("--width", type=click.IntRange(1), default=None, help="request width (px)")
+@click.option("--steps", type=click.IntRange(1), default=None, help="request denoising steps")
+@click.option(
+    "--share-compile-cache",
+    is_flag=True,
+    help="launches share compile caches (default: fresh ones each launch)",
+)
+@click.option("-q", "--quiet", is_flag=True, help="do not print summary.md")
+def ab_command(**kw: Any) -> None:
+    """A/B two engines: interleaved launches, per-metric ratios B/A with intervals, a verdict."""
+    _done(cmd_ab(SimpleNamespace(**kw)))
 
 
 cli.add_command(measure_command)

@@ -89,6 +89,9 @@ class RunResult:
     #: the all_gather (ms, CUDA events; perf_counter on CPU), in call order
     cfg_compute_ms: list[float] = field(default_factory=list)
     cfg_gather_ms: list[float] = field(default_factory=list)
+    #: test-only injected slowdown: stage -> [work, injected] in ms of the pipeline's clock
+    #: (:meth:`StagedPipeline._clock`: thread CPU time on a CPU device, wall time on CUDA)
+    injected: dict[str, list[float]] = field(default_factory=dict)
 
 
 def host_memory_mib() -> tuple[float, float]:
@@ -177,29 +180,42 @@ class StagedPipeline:
         #: stage's own work added as busy compute; applied only to runs given ``slow=True``
         self.stage_delay: dict[str, float] = {}
         self._slow: dict[str, float] = {}
+        self._run = RunResult()
 
     # -- measurement helpers -------------------------------------------------------------
     def _sync(self) -> None:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
 
+    def _clock(self) -> float:
+        """The clock that measures a piece of work for the injected slowdown (s): wall time on an
+        accelerator (the device does the work; the host only waits), this thread's CPU time on a
+        CPU device (the work is this thread's; time the OS gives other processes on a shared
+        host is not work, and sizing by wall time would inflate the slowdown under contention)."""
+        return time.perf_counter() if self.is_cuda else time.thread_time()
+
     def _busy(self, seconds: float) -> None:
-        """Test-only injected slowdown: busy compute on this pipeline's device for ``seconds``
-        (small matmuls until the clock has moved that far; the device is synchronised between
-        chunks, so the time is real device work, not a host sleep)."""
+        """Test-only injected slowdown: busy compute on this pipeline's device for ``seconds`` of
+        :meth:`_clock` (small matmuls until that clock has moved that far; the device is
+        synchronised between turns, so the time is real device work, not a host sleep)."""
         if seconds <= 0:
             return
-        a = torch.randn(128, 128, device=self.device)
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:  # ~0.1 ms a turn on a CPU core: overshoot stays small
+        a = torch.randn(64, 64, device=self.device)
+        end = self._clock() + seconds
+        while self._clock() < end:  # ~20 µs a turn on a CPU core: overshoot stays small
             a = torch.tanh(a @ a)
             self._sync()
 
-    def _inject(self, frac: float, t0: float) -> None:
-        """Stretch the work since ``t0`` (perf_counter s) by ``frac`` with :meth:`_busy`."""
+    def _inject(self, frac: float, c0: float, stage: str) -> None:
+        """Stretch the work since ``c0`` (:meth:`_clock` s) by ``frac`` with :meth:`_busy`; the
+        work and the busy time (ms) add up in this run's ``injected[stage]``."""
         if frac > 0:
             self._sync()
-            self._busy(frac * (time.perf_counter() - t0))
+            c1 = self._clock()
+            self._busy(frac * (c1 - c0))
+            acc = self._run.injected.setdefault(stage, [0.0, 0.0])
+            acc[0] += (c1 - c0) * 1000.0
+            acc[1] += (self._clock() - c1) * 1000.0
 
     def _event(self):
         ev = torch.cuda.Event(enable_timing=True)
@@ -222,13 +238,14 @@ class StagedPipeline:
             if self.is_cuda:
                 torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
+        c0 = self._clock()
         w0 = time.time()
         e0 = self._event() if events else None
         try:
             yield
             # a stage with denoising steps has its slowdown injected per step (step times scale too)
             if name not in ("DenoisingStage", "RefinementStage"):
-                self._inject(self._slow.get(name, 0.0), t0)
+                self._inject(self._slow.get(name, 0.0), c0, name)
             if timing and not events:
                 self._sync()
         finally:
@@ -274,6 +291,7 @@ class StagedPipeline:
         timing: bool,
         step_times: list[float],
         slow: float = 0.0,
+        stage: str = "DenoisingStage",
     ):
         cfg = guidance > 1.0
         rope = (self.temporal / fps, self.spatial, self.spatial)
@@ -289,6 +307,7 @@ class StagedPipeline:
         par = self.cfg_parallel
         for t in timesteps:
             t0 = time.perf_counter()
+            c0 = self._clock() if slow else 0.0
             if par is None:
                 model_in = torch.cat([latents] * 2) if cfg else latents
                 model_in = model_in.to(embeds.dtype)
@@ -306,7 +325,7 @@ class StagedPipeline:
                     guidance,
                 )
             latents = sched.step(noise, t, latents, return_dict=False)[0]
-            self._inject(slow, t0)
+            self._inject(slow, c0, stage)
             if events:
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
@@ -370,6 +389,7 @@ class StagedPipeline:
             torch.OutOfMemoryError: when the device runs out of memory (the caller reports it).
         """
         out = RunResult()
+        self._run = out
         self._slow = dict(self.stage_delay) if slow else {}
         timing = {"off": False, "events": "events", "sync": "sync"}[req.timing_mode]
         self._pending, self._pending_steps = [], []
@@ -458,6 +478,7 @@ class StagedPipeline:
                         timing,
                         out.refinement_steps,
                         self._slow.get("RefinementStage", 0.0),
+                        "RefinementStage",
                     )
             out.latent_shape = [int(self.c.transformer.config.in_channels), n_lat, int(h_lat), int(w_lat)]
             if self.cfg_parallel is not None and self.cfg_parallel.rank != 0:

@@ -194,6 +194,7 @@ class Job:
     effective_frames: int | None = None
     #: sglang fields the request set that this engine does not implement
     ignored_fields: list[str] = field(default_factory=list)
+    slowed: bool = False  # the test-only injected slowdown applied to this run
 
 
 class PerfLogWriter:
@@ -379,6 +380,7 @@ class Engine:
         if job.tag != "warmup":
             slow = self._measured >= self.debug_stage_delay_from
             self._measured += 1
+        job.slowed = slow
         try:
             res = self.pipeline.run(job.req, keep_output=self.keep_dir is not None, slow=slow)
             job.status = "completed"
@@ -442,6 +444,10 @@ class Engine:
             "host_anon_mib": round(anon, 2),
             **self.info,
         }
+        if "debug_stage_delay_pct" in self.info:
+            pk["debug_stage_delay_applied"] = job.slowed
+            if res is not None and res.injected:  # stage -> [its own work, busy time added] (ms)
+                pk["debug_stage_delay_ms"] = {k: [round(x, 3) for x in v] for k, v in res.injected.items()}
         if res is not None:
             rec.update(record_payload(res))
             pk.update(

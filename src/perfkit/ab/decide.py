@@ -1,0 +1,292 @@
+"""Decide an A/B from two sides' bundles: per metric the ratio B/A, its interval, the variance
+split and the decision; the exit code.
+
+Exit codes (:mod:`perfkit.gate.verdicts`' rule): 0 no metric regressed, 1 a metric regressed,
+2 an error: nothing was compared (every metric "not measured") or a launch failed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from perfkit.ab import stats
+from perfkit.ab.metrics import METRIC_UNITS, launch_means, metric_order, metric_values
+from perfkit.bundle import ResultBundle
+from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, jsonable
+
+__all__ = ["AbResult", "compare", "compare_bundles", "thresholds_from_run", "RESULT_FILE", "TABLE_COLUMNS"]
+
+#: the comparison's file in an ab run directory (next to the bundles ``a/`` and ``b/``)
+RESULT_FILE = "ab.json"
+#: columns of :attr:`AbResult.table`
+TABLE_COLUMNS = [
+    "metric",
+    "unit",
+    "a",
+    "b",
+    "ratio",
+    "low",
+    "high",
+    "threshold",
+    "decision",
+    "n_a",
+    "n_b",
+    "launches_needed",
+    "icc",
+    "cv_between",
+    "cv_within",
+    "reason",
+]
+
+#: fixed metrics always listed (a stage is listed when either side measured it)
+ALWAYS = ("ready", "first_result", "cold_e2e", "warm_e2e", "denoising_step", "peak_vram", "host_peak")
+
+
+@dataclass
+class AbResult:
+    """One A/B decision.
+
+    Attributes:
+        table: one row per metric, :data:`TABLE_COLUMNS`: ``a``/``b`` geometric means of the launch
+            medians (metric unit: ms, s, MiB), ``ratio`` B/A with [``low``, ``high``]
+            (``confidence``), ``threshold`` (fraction), ``decision`` (one of
+            :data:`perfkit.ab.stats.DECISIONS`), launches used, ``launches_needed`` a side to
+            decide (Kalibera–Jones sizing; NA when decided or unknown), the variance split
+            (ICC, CVs between/within launches, of log values), ``reason`` in words.
+        launch_means: ``side, metric, launch, unit, value, n``: each launch's median.
+        exit_code: 0, 1 or 2 (module doc).
+        confidence: two-sided confidence of the intervals.
+        meta: how it was run (order, load averages, specs, N, M, threshold source, errors).
+    """
+
+    table: pd.DataFrame
+    launch_means: pd.DataFrame
+    exit_code: int
+    confidence: float = stats.DEFAULT_CONFIDENCE
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def decisions(self) -> dict[str, str]:
+        """metric -> decision."""
+        return dict(zip(self.table["metric"], self.table["decision"]))
+
+    @property
+    def verdict(self) -> str:
+        """``regression`` (exit 1), ``error`` (exit 2), else ``inconclusive`` when some metric
+        could not be decided (exit 0: no regression found, but not every metric was cleared),
+        else ``no regression``."""
+        if self.exit_code == EXIT_REGRESSION:
+            return "regression"
+        if self.exit_code != EXIT_OK:
+            return "error"
+        return "inconclusive" if (self.table["decision"] == "inconclusive").any() else "no regression"
+
+    def save(self, out: str | Path) -> Path:
+        """Write ``out/ab.json`` (table, launch means, exit code, meta; NaN as null)."""
+        p = Path(out) / RESULT_FILE
+        p.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "exit_code": self.exit_code,
+            "verdict": self.verdict,
+            "confidence": self.confidence,
+            "table": jsonable(self.table.to_dict("records")),
+            "launch_means": jsonable(self.launch_means.to_dict("records")),
+            "meta": jsonable(self.meta),
+        }
+        p.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> "AbResult":
+        """Read an ``ab.json`` (a file or its directory).
+
+        Raises:
+            FileNotFoundError: no ab.json there.
+        """
+        p = Path(path)
+        if p.is_dir():
+            p = p / RESULT_FILE
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no {RESULT_FILE} (not an ab run directory)")
+        doc = json.loads(p.read_text())
+        table = pd.DataFrame(doc.get("table") or [], columns=TABLE_COLUMNS)
+        for c in ("a", "b", "ratio", "low", "high", "threshold", "icc", "cv_between", "cv_within"):
+            table[c] = pd.to_numeric(table[c], errors="coerce").astype(float)  # null -> NaN
+        table["launches_needed"] = pd.to_numeric(table["launches_needed"], errors="coerce").astype("Int64")
+        return cls(
+            table=table,
+            launch_means=pd.DataFrame(doc.get("launch_means") or []),
+            exit_code=int(doc["exit_code"]),
+            confidence=float(doc.get("confidence", stats.DEFAULT_CONFIDENCE)),
+            meta=doc.get("meta") or {},
+        )
+
+
+def _fmt_ratio(x: float) -> str:
+    return f"{(x - 1) * 100:+.1f} %" if math.isfinite(x) else "–"
+
+
+def compare(
+    values_a: pd.DataFrame,
+    values_b: pd.DataFrame,
+    threshold: float = stats.DEFAULT_THRESHOLD,
+    thresholds: Mapping[str, float] | None = None,
+    confidence: float = stats.DEFAULT_CONFIDENCE,
+    failed_launches: int = 0,
+) -> AbResult:
+    """Compare two sides' :func:`~perfkit.ab.metrics.metric_values` tables.
+
+    Args:
+        values_a, values_b: long tables (launch, metric, unit, index, value) of A and B.
+        threshold: decision threshold (fraction) for metrics without their own.
+        thresholds: metric -> its own threshold (e.g. from a recorded A/A).
+        confidence: two-sided confidence of the intervals.
+        failed_launches: launches that failed (start error, crash): any makes the exit code 2.
+
+    Returns:
+        :class:`AbResult` (its ``meta`` empty: the caller adds how it ran).
+
+    Raises:
+        ValueError: threshold not in (0, 1) or confidence not in (0, 1).
+    """
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(f"threshold must be a fraction in (0, 1), got {threshold}")
+    thresholds = dict(thresholds or {})
+    lm = pd.concat(
+        [launch_means(values_a).assign(side="A"), launch_means(values_b).assign(side="B")], ignore_index=True
+    )[["side", "metric", "launch", "unit", "value", "n"]]
+    both = pd.concat([values_a.assign(side="A"), values_b.assign(side="B")], ignore_index=True)
+    names = metric_order([*ALWAYS, *both["metric"].unique()])
+    rows = []
+    for metric in names:
+        thr = float(thresholds.get(metric, threshold))
+        ma = lm[(lm["side"] == "A") & (lm["metric"] == metric)]["value"].to_numpy(float)
+        mb = lm[(lm["side"] == "B") & (lm["metric"] == metric)]["value"].to_numpy(float)
+        iv = stats.ratio_interval(ma, mb, confidence)
+        decision = stats.decide(iv, thr)
+        sub = both[both["metric"] == metric]
+        split = stats.variance_split(sub["value"], sub["side"] + ":" + sub["launch"], sub["side"])
+        needed = stats.launches_needed(iv, thr) if decision == "inconclusive" else None
+        unit = METRIC_UNITS.get(metric, "ms")
+        if decision == "not measured":
+            missing = [s for s, v in (("A", ma), ("B", mb)) if v.size == 0]
+            reason = f"nothing measured on {' and '.join(missing)}"
+        elif decision == "inconclusive" and (iv.n_a < 2 or iv.n_b < 2):
+            reason = f"{min(iv.n_a, iv.n_b)} launch on a side: no interval"
+        else:
+            reason = (
+                f"B/A {_fmt_ratio(iv.ratio)} [{_fmt_ratio(iv.low)}, {_fmt_ratio(iv.high)}] "
+                f"vs ±{thr * 100:.1f} %"
+            )
+            if decision == "inconclusive":
+                reason += (
+                    f"; ~{needed} launches a side would decide"
+                    if needed
+                    else "; more than 200 launches a side would be needed (or B/A sits on a boundary)"
+                )
+        rows.append(
+            {
+                "metric": metric,
+                "unit": unit,
+                "a": math.exp(pd.Series(ma).apply(math.log).mean()) if ma.size else math.nan,
+                "b": math.exp(pd.Series(mb).apply(math.log).mean()) if mb.size else math.nan,
+                "ratio": iv.ratio,
+                "low": iv.low,
+                "high": iv.high,
+                "threshold": thr,
+                "decision": decision,
+                "n_a": iv.n_a,
+                "n_b": iv.n_b,
+                "launches_needed": needed,
+                "icc": split.icc,
+                "cv_between": split.cv_between,
+                "cv_within": split.cv_within,
+                "reason": reason,
+            }
+        )
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    table["launches_needed"] = table["launches_needed"].astype("Int64")
+    measured = table["decision"] != "not measured"
+    if not measured.any() or failed_launches:
+        code = EXIT_ERROR
+    elif (table["decision"] == "regression").any():
+        code = EXIT_REGRESSION
+    else:
+        code = EXIT_OK
+    return AbResult(table=table, launch_means=lm, exit_code=code, confidence=confidence)
+
+
+def _failed(bundle: ResultBundle) -> list[str]:
+    la = bundle.launches
+    if la.empty or "error" not in la:
+        return []
+    bad = la[la["error"].notna()]
+    return [f"{r['launch']}: {r['error']}" for r in bad.to_dict("records")]
+
+
+def compare_bundles(
+    a: ResultBundle,
+    b: ResultBundle,
+    threshold: float = stats.DEFAULT_THRESHOLD,
+    thresholds: Mapping[str, float] | None = None,
+    confidence: float = stats.DEFAULT_CONFIDENCE,
+) -> AbResult:
+    """:func:`compare` of two recorded sides (``perfkit ab`` and ``perfkit ab --replay``): the
+    meta records each side's launches, failed launches and the threshold(s) used."""
+    errors = _failed(a) + _failed(b)
+    res = compare(
+        metric_values(a),
+        metric_values(b),
+        threshold=threshold,
+        thresholds=thresholds,
+        confidence=confidence,
+        failed_launches=len(errors),
+    )
+    res.meta.update(
+        {
+            "ab": a.meta.get("ab") or b.meta.get("ab") or {},
+            "threshold": threshold,
+            "thresholds": dict(thresholds or {}),
+            "launch_errors": errors,
+            "sides": {
+                side: {
+                    "path": str(bd.path) if bd.path else None,
+                    "launches": [str(x) for x in bd.launches["launch"]] if not bd.launches.empty else [],
+                    "spec": (bd.meta.get("params") or {}).get("spec"),
+                }
+                for side, bd in (("A", a), ("B", b))
+            },
+        }
+    )
+    return res
+
+
+def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, float]:
+    """Per-metric thresholds from a recorded A/A run (its ``ab.json``): each metric's largest
+    distance of its interval ends from 1 (:func:`perfkit.ab.stats.threshold_from_aa`), so that
+    A/A would have said "no change" for it. Metrics the A/A could not bound are left out (they
+    keep the default).
+
+    Raises:
+        FileNotFoundError: no ab.json at ``path``.
+        ValueError: the A/A has no metric with an interval.
+    """
+    res = AbResult.load(path)
+    out: dict[str, float] = {}
+    for r in res.table.to_dict("records"):
+        lo, hi = r.get("low"), r.get("high")
+        if lo is None or hi is None or not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
+            continue
+        iv = stats.RatioInterval(r["ratio"], float(lo), float(hi), 0, 0, 0, 0, 0, 0, res.confidence)
+        out[r["metric"]] = stats.threshold_from_aa([iv], floor=floor)
+    if not out:
+        raise ValueError(
+            f"{path}: the A/A run has no metric with an interval (fewer than 2 launches a side?)"
+        )
+    return out

@@ -1,0 +1,130 @@
+"""Run an A/B: balanced interleaved launches of two engine specs, a bundle per side.
+
+Order ``A B B A A B …`` (:func:`perfkit.ab.stats.interleaved_order`), N launches a side; each
+launch is one :func:`perfkit.scenarios.common.measure_launch` (fresh compile caches unless the
+spec shares them): cold start, the cold request, then M warm requests of the same shape, with
+per-stage and per-step times and memory; its launch row carries ``first_result_s`` (launch
+until the first successful request ended, s; :func:`perfkit.scenarios.common.first_result`).
+The host's load averages (``os.getloadavg``) before each launch and at the end go into the
+bundles' meta: the runner may be shared.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from perfkit.ab.stats import interleaved_order
+from perfkit.bundle import ResultBundle
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
+from perfkit.scenarios.common import LaunchData, assemble, measure_launch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AbPlan", "run_ab", "SIDES", "BUNDLE_NAME"]
+
+#: side -> its bundle directory under the ab run directory
+SIDES = {"A": "a", "B": "b"}
+#: the ``scenario`` field of the sides' bundles
+BUNDLE_NAME = "ab"
+
+
+@dataclass(frozen=True)
+class AbPlan:
+    """What to run.
+
+    Attributes:
+        spec_a, spec_b: the two engines (the same one twice: an A/A check).
+        request: the request shape (cold and warm requests alike).
+        launches: N, launches a side (>= 1; 2 or more for an interval).
+        warm: M, warm requests a launch after the cold request (>= 1).
+        request_timeout_s: per request (s).
+    """
+
+    spec_a: EngineSpec
+    spec_b: EngineSpec
+    request: VideoRequestSpec
+    launches: int
+    warm: int
+    request_timeout_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        if self.launches < 1:
+            raise ValueError(f"launches a side must be >= 1, got {self.launches}")
+        if self.warm < 1:
+            raise ValueError(f"warm requests a launch must be >= 1, got {self.warm}")
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def run_ab(plan: AbPlan, out: str | Path) -> dict[str, ResultBundle]:
+    """Run the plan's launches in balanced interleaved order; save and return a bundle per side
+    (``out/a``, ``out/b``; launch dirs under ``out/launches``).
+
+    Never raises for engine failures: a failed launch keeps its error in the ``launches`` table
+    (the decision then exits 2). Returns {"A": bundle, "B": bundle}.
+    """
+    out = Path(out)
+    order = interleaved_order(plan.launches)
+    reqs = [plan.request] * (1 + plan.warm)
+    data: dict[str, list[LaunchData]] = {"A": [], "B": []}
+    loads: dict[str, Any] = {}
+    count = {"A": 0, "B": 0}
+    t0 = time.time()
+    for pos, side in enumerate(tqdm(order, desc="ab launches", unit="launch")):
+        spec = plan.spec_a if side == "A" else plan.spec_b
+        label = f"{side}{count[side]:02d}"
+        count[side] += 1
+        loads[label] = {"position": pos, "loadavg": _loadavg()}
+        d = measure_launch(
+            spec,
+            reqs,
+            out / "launches",
+            label,
+            request_timeout_s=plan.request_timeout_s,
+        )
+        log.info(
+            "launch %s (%d/%d): ready %.2f s, first result %s s%s",
+            label,
+            pos + 1,
+            len(order),
+            d.launch_row.get("ready_s") or math.nan,
+            d.launch_row.get("first_result_s"),
+            f", error: {d.error}" if d.error else "",
+        )
+        data[side].append(d)
+    meta_ab = {
+        "order": [f"{s}{order[:i].count(s):02d}" for i, s in enumerate(order)],
+        "launches_per_side": plan.launches,
+        "warm_per_launch": plan.warm,
+        "launch_load": loads,
+        "loadavg_end": _loadavg(),
+        "cpu_count": os.cpu_count(),
+        "wall_s": round(time.time() - t0, 1),
+    }
+    bundles = {}
+    for side, sub in SIDES.items():
+        spec = plan.spec_a if side == "A" else plan.spec_b
+        b = assemble(
+            BUNDLE_NAME,
+            data[side],
+            params={"side": side, "spec": spec.to_dict(), "request": plan.request.payload()},
+            results={"side": side, "launches": [d.label for d in data[side]]},
+        )
+        b.meta["ab"] = meta_ab
+        b.save(out / sub)
+        bundles[side] = b
+    return bundles

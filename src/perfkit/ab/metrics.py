@@ -1,0 +1,130 @@
+"""The values an A/B compares, read from one side's bundle: one long table, a row per
+(launch, metric, request).
+
+Metrics (``metric`` column; unit in ``unit``):
+
+========================  =====  ====================================================================
+``ready``                 s      cold start: launch until ``/health`` answered (one value a launch)
+``first_result``          s      launch until the first successful request ended (one a launch)
+``cold_e2e``              ms     the cold request's server e2e time (one a launch)
+``warm_e2e``              ms     each warm request's server e2e time (M a launch)
+``<stage>``               ms     each warm request's time in that stage (sglang names)
+``denoising_step``        ms     each warm request's mean denoising step time
+``peak_vram``             MiB    the launch's peak device memory reserved over its requests
+``host_peak``             MiB    the launch's peak host PSS of the engine tree (sampler)
+========================  =====  ====================================================================
+
+A metric without a value on a launch has no row there (never a 0); the decision then says
+"not measured" for it rather than "no change".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from perfkit.bundle import WARMUP_INDEX, ResultBundle
+from perfkit.readings import stages as _stages
+
+__all__ = ["METRIC_UNITS", "LAUNCH_METRICS", "metric_values", "launch_means", "metric_order"]
+
+#: unit of each fixed metric (stage metrics are ms)
+METRIC_UNITS = {
+    "ready": "s",
+    "first_result": "s",
+    "cold_e2e": "ms",
+    "warm_e2e": "ms",
+    "denoising_step": "ms",
+    "peak_vram": "MiB",
+    "host_peak": "MiB",
+}
+#: metrics with one value a launch (no variance within a launch)
+LAUNCH_METRICS = ("ready", "first_result", "cold_e2e", "peak_vram", "host_peak")
+
+COLUMNS = ["launch", "metric", "unit", "index", "value"]
+
+
+def _num(v: Any) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return x if math.isfinite(x) and x > 0 else math.nan
+
+
+def metric_values(bundle: ResultBundle) -> pd.DataFrame:
+    """Long table of a side's values: columns ``launch, metric, unit, index, value`` (``index``:
+    the request's place in its launch, 0 for launch-level metrics). Only completed measured
+    requests count; values that are missing, zero or not finite are left out (not measured).
+    Units as in the module table (s, ms, MiB).
+    """
+    rows: list[tuple[Any, str, str, int, float]] = []
+    launches = bundle.launches
+    req = bundle.measured_requests()
+    mem = bundle.memory
+
+    def add(launch: Any, metric: str, index: int, value: Any, unit: str | None = None) -> None:
+        v = _num(value)
+        if not math.isnan(v):
+            rows.append((str(launch), metric, unit or METRIC_UNITS.get(metric, "ms"), int(index), v))
+
+    for lr in launches.to_dict("records"):
+        lab = lr["launch"]
+        add(lab, "ready", 0, lr.get("ready_s"))
+        add(lab, "first_result", 0, lr.get("first_result_s"))
+        host = _num(lr.get("host_pss_peak_mib"))
+        if math.isnan(host) and not mem.empty:
+            m = mem[(mem["launch"] == lab).fillna(False).to_numpy(bool)]
+            host = _num(pd.to_numeric(m["host_pss_mib"], errors="coerce").max()) if not m.empty else math.nan
+        add(lab, "host_peak", 0, host)
+        r = req[(req["launch"] == lab).fillna(False).to_numpy(bool)] if not req.empty else req
+        if not r.empty:
+            add(lab, "peak_vram", 0, pd.to_numeric(r["peak_reserved_mib"], errors="coerce").max())
+            cold = r[r["index"] == 0]
+            if not cold.empty:
+                add(lab, "cold_e2e", 0, cold["e2e_ms"].iloc[0])
+            for rec in r[r["index"] >= 1].to_dict("records"):
+                add(lab, "warm_e2e", rec["index"], rec["e2e_ms"])
+    warm_ids = set(req.loc[(req["index"] >= 1).fillna(False).to_numpy(bool), "request_id"].astype(str))
+    st = bundle.stages
+    if not st.empty and warm_ids:
+        st = st[st["request_id"].astype(str).isin(warm_ids) & (st["index"] != WARMUP_INDEX).fillna(False)]
+        per = st.groupby(["launch", "index", "stage"], sort=False)["ms"].sum().reset_index()
+        for rec in per.to_dict("records"):
+            add(rec["launch"], rec["stage"], rec["index"], rec["ms"], "ms")
+    sp = bundle.steps
+    if not sp.empty and warm_ids:
+        sp = sp[sp["request_id"].astype(str).isin(warm_ids)]
+        sp = sp[sp["stage"].map(lambda s: _stages.stage_class(str(s)) == _stages.DENOISING)]
+        per = sp.groupby(["launch", "index"], sort=False)["ms"].mean().reset_index()
+        for rec in per.to_dict("records"):
+            add(rec["launch"], "denoising_step", rec["index"], rec["ms"])
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def launch_means(values: pd.DataFrame) -> pd.DataFrame:
+    """Per (metric, launch): the launch's one number, the **median** of its values (in the
+    metric's unit), and how many requests it has. Columns ``metric, launch, unit, value, n``.
+
+    The median, not the mean: on a shared host a request that the OS preempts takes several times
+    its usual time (a heavy right tail, seen on the 2-core runner), and one such stall would move a
+    launch mean; benchstat summarises by medians for the same reason. The launches' medians are
+    then the samples of the interval (:func:`perfkit.ab.stats.ratio_interval`).
+    """
+    if values.empty:
+        return pd.DataFrame(columns=["metric", "launch", "unit", "value", "n"])
+    g = values.groupby(["metric", "launch"], sort=False)
+    out = g.agg(unit=("unit", "first"), value=("value", "median"), n=("value", "size")).reset_index()
+    return out[["metric", "launch", "unit", "value", "n"]]
+
+
+def metric_order(names: Any) -> list[str]:
+    """Metrics in report order: ready, first result, cold e2e, warm e2e, the stages in pipeline
+    order, denoising step, peak VRAM, host peak."""
+    names = list(dict.fromkeys(names))
+    head = [m for m in ("ready", "first_result", "cold_e2e", "warm_e2e") if m in names]
+    tail = [m for m in ("denoising_step", "peak_vram", "host_peak") if m in names]
+    stages = _stages.order_stages([m for m in names if m not in head and m not in tail])
+    return head + stages + tail

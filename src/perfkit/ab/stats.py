@@ -1,0 +1,340 @@
+"""Statistics of an A/B comparison with the engine launch as the unit of repetition.
+
+A launch (cold start, cold request, warm requests) is what repeats between builds: about a third
+of a warm request's variance lies between launches on an H200 (docs/DESIGN.md), so requests of one
+launch are not independent samples, and an interval built from requests as if they were is too
+narrow. A launch is therefore reduced to one number first (the median of its requests,
+:func:`perfkit.ab.metrics.launch_means`) and the functions here treat launches as the samples (Kalibera & Jones, "Rigorous
+benchmarking in reasonable time", ISMM 2013: repeat at the level that holds the variance).
+
+The interval of a ratio B/A is a **Welch t interval on the difference of the means of the log
+per-launch values**, exponentiated (:func:`ratio_interval`). It is exact for log-normal launch values with
+unequal variances up to Welch–Satterthwaite's degrees-of-freedom approximation, and keeps close to
+its nominal coverage at 2–4 launches a side, where a (nested) percentile bootstrap does not: with
+3 launches a side a percentile bootstrap can only draw 10 distinct resample means and its
+intervals are too narrow (issue 19 measured a 5 % false-alarm rate at nominal 2.5 %). Coverage
+on A/A data is measured by ``tests/test_ab_stats.py`` (synthetic, seeded) and by
+``benchmarks/ab_power.py`` (live launches). pyperf's ``compare_to`` uses a t-test on worker
+values the same way; benchstat and asv use rank tests, which cannot reach significance at all with
+3 launches a side (the smallest two-sided Mann–Whitney p for 3 vs 3 is 0.1).
+
+Units: ratios and fractions are unitless; inputs are in any positive unit (ms, s, MiB).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_CONFIDENCE",
+    "DEFAULT_THRESHOLD",
+    "DECISIONS",
+    "RatioInterval",
+    "VarianceSplit",
+    "ratio_interval",
+    "variance_split",
+    "decide",
+    "launches_needed",
+    "requests_per_launch",
+    "threshold_from_aa",
+    "interleaved_order",
+]
+
+#: Default decision threshold: a ratio interval wholly above 1 + 5 % is a regression, wholly below
+#: 1 − 5 % an improvement, wholly inside ±5 % no change. 5 % is the smallest change the 2-core CPU
+#: runner resolves at 4 launches a side (its tiny preset's warm request has a CV of 12 %); on an
+#: H200 (launch-mean CV 1–2 %) a recorded A/A gives a tighter one (``--threshold-from``).
+DEFAULT_THRESHOLD = 0.05
+#: Two-sided confidence of the intervals (each one-sided error 2.5 %).
+DEFAULT_CONFIDENCE = 0.95
+#: Decision words, worst first.
+DECISIONS = ("regression", "inconclusive", "improvement", "no change", "not measured")
+
+
+def _positive(x: Any) -> np.ndarray:
+    a = np.asarray(list(x) if not isinstance(x, np.ndarray) else x, dtype=float).ravel()
+    return a[np.isfinite(a) & (a > 0)]
+
+
+@dataclass(frozen=True)
+class RatioInterval:
+    """Ratio B/A of the geometric means of per-launch values (launch medians), with its Welch t interval.
+
+    Attributes:
+        ratio: exp(mean log B − mean log A) (unitless; NaN when a side has no launch).
+        low, high: the interval's ends (NaN with fewer than 2 launches on a side).
+        n_a, n_b: launches used per side.
+        df: Welch–Satterthwaite degrees of freedom.
+        se_log: standard error of the log ratio.
+        sd_log_a, sd_log_b: standard deviation of log launch means per side (≈ CV of launch means).
+        confidence: two-sided confidence of [low, high].
+    """
+
+    ratio: float
+    low: float
+    high: float
+    n_a: int
+    n_b: int
+    df: float
+    se_log: float
+    sd_log_a: float
+    sd_log_b: float
+    confidence: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-ready apart from NaN)."""
+        return asdict(self)
+
+
+def ratio_interval(
+    a: Iterable[float], b: Iterable[float], confidence: float = DEFAULT_CONFIDENCE
+) -> RatioInterval:
+    """Welch t interval of the ratio B/A from per-launch values.
+
+    Args:
+        a, b: one value per launch and side (a launch mean, or a launch's single value such as its
+            ready time), any positive unit (ms, s, MiB). Non-finite and non-positive values are
+            dropped.
+        confidence: two-sided confidence in (0, 1).
+
+    Returns:
+        :class:`RatioInterval`: ``ratio`` is the ratio of geometric means; [low, high] is
+        ``exp(d ± t_{df, (1+c)/2} · se)`` with d the difference of mean logs,
+        ``se = sqrt(s_a²/n_a + s_b²/n_b)`` and Welch–Satterthwaite df. With both sides constant
+        (se = 0) the interval is the ratio itself. Fewer than 2 launches on a side: NaN ends.
+
+    Raises:
+        ValueError: confidence outside (0, 1).
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    la, lb = np.log(_positive(a)), np.log(_positive(b))
+    na, nb = la.size, lb.size
+    nan = math.nan
+    if na == 0 or nb == 0:
+        return RatioInterval(nan, nan, nan, na, nb, nan, nan, nan, nan, confidence)
+    d = float(lb.mean() - la.mean())
+    ratio = math.exp(d)
+    if na < 2 or nb < 2:
+        sa = float(la.std(ddof=1)) if na > 1 else nan
+        sb = float(lb.std(ddof=1)) if nb > 1 else nan
+        return RatioInterval(ratio, nan, nan, na, nb, nan, nan, sa, sb, confidence)
+    sa, sb = float(la.std(ddof=1)), float(lb.std(ddof=1))
+    va, vb = sa**2 / na, sb**2 / nb
+    se = math.sqrt(va + vb)
+    if se == 0.0:
+        return RatioInterval(ratio, ratio, ratio, na, nb, math.inf, 0.0, sa, sb, confidence)
+    df = (va + vb) ** 2 / ((va**2 / (na - 1) if va else 0.0) + (vb**2 / (nb - 1) if vb else 0.0))
+    t = _t_quantile(0.5 + confidence / 2.0, df)
+    return RatioInterval(
+        ratio, math.exp(d - t * se), math.exp(d + t * se), na, nb, float(df), se, sa, sb, confidence
+    )
+
+
+def _t_quantile(q: float, df: float) -> float:
+    from scipy import stats  # imported here: the CLI starts without scipy (see perfkit.stats)
+
+    return float(stats.t.ppf(q, df))
+
+
+@dataclass(frozen=True)
+class VarianceSplit:
+    """Variance of log values split between and within launches (one-way random effects).
+
+    Attributes:
+        between: σ_b², variance of launch means beyond what the requests inside explain (log²;
+            √ ≈ CV between launches).
+        within: σ_w², variance of requests around their launch mean (log²).
+        icc: σ_b² / (σ_b² + σ_w²): the share of a single request's variance that lies between
+            launches (intraclass correlation).
+        launches: launches used; requests_per_launch: mean requests per launch.
+    """
+
+    between: float
+    within: float
+    icc: float
+    launches: int
+    requests_per_launch: float
+
+    @property
+    def cv_between(self) -> float:
+        """√σ_b² (≈ CV of launch means beyond request noise, unitless)."""
+        return math.sqrt(self.between) if self.between >= 0 else math.nan
+
+    @property
+    def cv_within(self) -> float:
+        """√σ_w² (≈ CV of requests inside a launch, unitless)."""
+        return math.sqrt(self.within) if self.within >= 0 else math.nan
+
+    def launch_mean_var(self, m: float) -> float:
+        """Variance of a launch mean of ``m`` requests: σ_b² + σ_w²/m (log²)."""
+        return self.between + self.within / m
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict with the CVs added."""
+        return {**asdict(self), "cv_between": self.cv_between, "cv_within": self.cv_within}
+
+
+def variance_split(
+    values: Iterable[float], launches: Iterable[Any], sides: Iterable[Any] | None = None
+) -> VarianceSplit:
+    """One-way ANOVA estimate of the variance components of log values (launches nested in sides).
+
+    Args:
+        values: one value per request (positive; ms or any unit), non-positive/non-finite dropped.
+        launches: the launch of each value (any hashable label, unique across sides).
+        sides: the side of each value (``"A"``/``"B"``); the side means are removed first, so a
+            real A/B difference does not count as variance between launches. None: one side.
+
+    Returns:
+        :class:`VarianceSplit` with σ_w² = MSW and σ_b² = max(0, (MSB − MSW) / m₀), m₀ the
+        ANOVA's effective group size (Searle, Casella & McCulloch, Variance Components, §3.5).
+        NaN components when fewer than 2 launches or no launch with 2 requests.
+    """
+    import pandas as pd
+
+    v = np.asarray(list(values), dtype=float)
+    lab = list(launches)
+    sd = list(sides) if sides is not None else ["_"] * len(lab)
+    df = pd.DataFrame({"x": v, "launch": lab, "side": sd})
+    df = df[np.isfinite(df["x"]) & (df["x"] > 0)]
+    df = df.assign(x=np.log(df["x"]))
+    nan = math.nan
+    if df.empty:
+        return VarianceSplit(nan, nan, nan, 0, nan)
+    g = df.groupby(["side", "launch"], sort=False)["x"]
+    sizes, means = g.size(), g.mean()
+    k, n = len(sizes), int(sizes.sum())
+    n_sides = df["side"].nunique()
+    ss_w = float(((df["x"] - g.transform("mean")) ** 2).sum())
+    side_mean = df.groupby("side")["x"].mean()
+    ss_b = float(sum(sizes[i] * (means[i] - side_mean[i[0]]) ** 2 for i in sizes.index))
+    df_w, df_b = n - k, k - n_sides
+    m_bar = n / k
+    if df_b < 1 or df_w < 1:
+        return VarianceSplit(nan, ss_w / df_w if df_w >= 1 else nan, nan, k, m_bar)
+    msw, msb = ss_w / df_w, ss_b / df_b
+    # effective group size, per side then pooled (equal sizes: m)
+    m0 = 0.0
+    for _, s in sizes.groupby(level=0):
+        ns = s.sum()
+        m0 += float(ns - (s**2).sum() / ns)
+    m0 /= df_b
+    between = max(0.0, (msb - msw) / m0) if m0 > 0 else nan
+    total = between + msw
+    return VarianceSplit(between, msw, between / total if total > 0 else nan, k, m_bar)
+
+
+def decide(iv: RatioInterval, threshold: float = DEFAULT_THRESHOLD) -> str:
+    """The decision for one metric.
+
+    ``regression``: the interval lies above 1 + threshold; ``improvement``: below 1 − threshold;
+    ``no change``: inside [1 − threshold, 1 + threshold]; ``inconclusive``: anything else (it
+    straddles a boundary, or a side has a single launch); ``not measured``: a side has no value.
+    """
+    if iv.n_a == 0 or iv.n_b == 0 or not math.isfinite(iv.ratio):
+        return "not measured"
+    if not (math.isfinite(iv.low) and math.isfinite(iv.high)):
+        return "inconclusive"
+    if iv.low > 1.0 + threshold:
+        return "regression"
+    if iv.high < 1.0 - threshold:
+        return "improvement"
+    if iv.low >= 1.0 - threshold and iv.high <= 1.0 + threshold:
+        return "no change"
+    return "inconclusive"
+
+
+def launches_needed(
+    iv: RatioInterval, threshold: float = DEFAULT_THRESHOLD, max_launches: int = 200
+) -> int | None:
+    """Launches a side that would decide a metric, if the ratio and the launch-mean variance stay
+    as measured (Kalibera & Jones 2013, §"dimensioning": size the repetitions at the level that
+    holds the variance from a first run's variance estimates).
+
+    The pooled variance of log launch means s² (σ_b² + σ_w²/M for M requests a launch) gives the
+    half-width ``t_{2n−2} · s · √(2/n)`` at n launches a side; the answer is the smallest n whose
+    half-width fits between the log ratio and the nearest decision boundary (log(1 ± threshold)).
+
+    Returns:
+        launches a side (≥ the current count), or None when it cannot be estimated (fewer than 2
+        launches on a side) or would exceed ``max_launches`` (the ratio sits on a boundary).
+    """
+    if iv.n_a < 2 or iv.n_b < 2 or not math.isfinite(iv.ratio):
+        return None
+    s2 = ((iv.n_a - 1) * iv.sd_log_a**2 + (iv.n_b - 1) * iv.sd_log_b**2) / (iv.n_a + iv.n_b - 2)
+    lr = math.log(iv.ratio)
+    up, lo = math.log1p(threshold), math.log1p(-threshold)
+    if lr > up:
+        margin = lr - up
+    elif lr < lo:
+        margin = lo - lr
+    else:
+        margin = min(up - lr, lr - lo)
+    if margin <= 0:
+        return None
+    if s2 == 0:
+        return max(iv.n_a, iv.n_b)
+    s = math.sqrt(s2)
+    for n in range(max(2, min(iv.n_a, iv.n_b)), max_launches + 1):
+        if _t_quantile(0.5 + iv.confidence / 2.0, 2 * n - 2) * s * math.sqrt(2.0 / n) < margin:
+            return n
+    return None
+
+
+def requests_per_launch(split: VarianceSplit, launch_cost_s: float, request_cost_s: float) -> int | None:
+    """Warm requests per launch that minimise the variance of the mean for a fixed time budget:
+    ``⌈√((launch_cost / request_cost) · σ_w² / σ_b²)⌉`` (Kalibera & Jones 2013, eq. for the
+    optimal repetition count of the lower level of a two-level experiment).
+
+    Args:
+        split: the measured variance split.
+        launch_cost_s: cost of one more launch (s: cold start + cold request).
+        request_cost_s: cost of one more warm request (s).
+
+    Returns:
+        requests a launch (≥ 1), or None when σ_b² is 0 or unknown (then any M; more launches do
+        not beat more requests).
+    """
+    b, w = split.between, split.within
+    if not (math.isfinite(b) and math.isfinite(w)) or b <= 0 or request_cost_s <= 0:
+        return None
+    return max(1, math.ceil(math.sqrt(launch_cost_s / request_cost_s * w / b)))
+
+
+def threshold_from_aa(intervals: Iterable[RatioInterval], floor: float = 0.01) -> float:
+    """A decision threshold from a recorded A/A: the largest distance of an A/A interval end from 1
+    over the metrics given (so the same runs would have called every metric "no change"), never
+    below ``floor`` (fraction). NaN intervals are ignored.
+
+    Raises:
+        ValueError: no finite interval among ``intervals`` (nothing measured in the A/A).
+    """
+    dist = [
+        max(abs(iv.high - 1.0), abs(1.0 - iv.low))
+        for iv in intervals
+        if math.isfinite(iv.low) and math.isfinite(iv.high)
+    ]
+    if not dist:
+        raise ValueError("the A/A run has no metric with an interval (fewer than 2 launches a side?)")
+    return max(floor, max(dist))
+
+
+def interleaved_order(n: int) -> list[str]:
+    """Balanced interleaved launch order for n launches a side: ``A B B A A B B A …``
+    (pairs alternate AB / BA, so a drift of the host over the run hits both sides alike; asv's
+    ``continuous`` alternates rounds the same way).
+
+    Raises:
+        ValueError: n < 1.
+    """
+    if n < 1:
+        raise ValueError(f"launches per side must be >= 1, got {n}")
+    out: list[str] = []
+    for i in range(n):
+        out += ["A", "B"] if i % 2 == 0 else ["B", "A"]
+    return out

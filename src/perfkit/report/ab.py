@@ -1,0 +1,238 @@
+"""The A/B report (``perfkit ab``): ``report.html`` (the report page with one A/B section:
+verdict table, forest plot, variance split, launches) and ``summary.md`` for
+``$GITHUB_STEP_SUMMARY``. Rendered from ``templates/page.html.j2`` and
+``templates/sections/ab.html.j2``; tables through :func:`perfkit.report.tables.format_table`.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import markupsafe
+import pandas as pd
+
+from perfkit.ab.decide import AbResult
+from perfkit.gate.verdicts import STATUS_WORD
+from perfkit.report.plots import ab_forest, figure_to_png_bytes
+from perfkit.report.render import PAGE_TEMPLATE, external_refs, template_env
+from perfkit.report.tables import format_table, markdown_table
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ab_context", "render_ab_report", "ab_summary_markdown", "SUMMARY_FILE", "REPORT_FILE"]
+
+SUMMARY_FILE = "summary.md"
+REPORT_FILE = "report.html"
+
+
+def _pct(x: Any) -> str:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "–"
+    return f"{(v - 1) * 100:+.1f} %" if math.isfinite(v) else "–"
+
+
+def _num(x: Any, spec: str = ".4g") -> str:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "–"
+    return f"{v:{spec}}" if math.isfinite(v) else "–"
+
+
+def verdict_frame(res: AbResult) -> pd.DataFrame:
+    """The verdict table for people: metric, unit, A, B (geometric means of the launch medians),
+    B/A and interval as % change, threshold, decision (``status`` column), launches, reason."""
+    t = res.table
+    return pd.DataFrame(
+        {
+            "metric": t["metric"],
+            "unit": t["unit"],
+            "A": [_num(v) for v in t["a"]],
+            "B": [_num(v) for v in t["b"]],
+            "B/A": [_pct(v) for v in t["ratio"]],
+            "interval": [f"[{_pct(lo)}, {_pct(hi)}]" for lo, hi in zip(t["low"], t["high"])],
+            "threshold": [f"±{float(v) * 100:.1f} %" for v in t["threshold"]],
+            "status": t["decision"],
+            "launches A/B": [f"{a}/{b}" for a, b in zip(t["n_a"], t["n_b"])],
+        }
+    )
+
+
+def _cv(x: Any) -> str:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "–"
+    return f"{v * 100:.1f} %" if math.isfinite(v) else "–"
+
+
+def decision_counts(res: AbResult) -> pd.DataFrame:
+    """One row per decision present (worst first): ``status`` (the decision), ``metrics`` (how
+    many) and ``which`` (their names): the page's gate summary above the A/B section."""
+    from perfkit.ab.stats import DECISIONS
+
+    t = res.table
+    rows = []
+    for d in DECISIONS:
+        names = list(t.loc[t["decision"] == d, "metric"])
+        if names:
+            rows.append({"status": d, "metrics": len(names), "which": ", ".join(names)})
+    return pd.DataFrame(rows, columns=["status", "metrics", "which"])
+
+
+def _variance_frame(res: AbResult) -> pd.DataFrame:
+    t = res.table[res.table["decision"] != "not measured"]
+    return pd.DataFrame(
+        {
+            "metric": t["metric"],
+            "CV between launches": [_cv(v) for v in t["cv_between"]],
+            "CV within a launch": [_cv(v) for v in t["cv_within"]],
+            "ICC": [_num(v, ".2f") for v in t["icc"]],
+            "launches needed": [
+                "" if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA else str(v)
+                for v in t["launches_needed"]
+            ],
+        }
+    )
+
+
+def _launch_frame(res: AbResult) -> pd.DataFrame:
+    lm = res.launch_means
+    ab = res.meta.get("ab") or {}
+    loads = ab.get("launch_load") or {}
+    if lm.empty:
+        return pd.DataFrame()
+    wide = lm.pivot_table(index=["side", "launch"], columns="metric", values="value", aggfunc="first")
+    rows = []
+    for (side, launch), r in wide.iterrows():
+        ld = loads.get(str(launch)) or {}
+        rows.append(
+            {
+                "launch": launch,
+                "side": side,
+                "position": ld.get("position", ""),
+                "ready (s)": _num(r.get("ready"), ".3g"),
+                "first result (s)": _num(r.get("first_result"), ".3g"),
+                "cold e2e (ms)": _num(r.get("cold_e2e"), ".4g"),
+                "warm e2e (ms)": _num(r.get("warm_e2e"), ".4g"),
+                "load avg": " / ".join(str(x) for x in (ld.get("loadavg") or [])),
+            }
+        )
+    df = pd.DataFrame(rows)
+    return df.sort_values("position", key=lambda s: pd.to_numeric(s, errors="coerce")) if not df.empty else df
+
+
+def _badge(res: AbResult) -> str:
+    """The page's verdict word: pass (no regression, every metric cleared or not measured),
+    inconclusive, regression or error."""
+    return {"no regression": STATUS_WORD[0]}.get(res.verdict, res.verdict)
+
+
+def ab_context(res: AbResult) -> dict[str, Any]:
+    """What ``sections/ab.html.j2`` gets: verdict, confidence, order, N, M, thresholds, load,
+    errors, verdicts/variance/launches tables (:class:`~perfkit.report.tables.Table`) and the
+    forest plot as base64 PNG."""
+    ab = res.meta.get("ab") or {}
+    fig = ab_forest(res.table, res.launch_means)
+    load = ab.get("loadavg_end")
+    return {
+        "verdict": _badge(res),
+        "confidence": res.confidence,
+        "order": " ".join(ab.get("order") or []) or "(replayed: order not recorded)",
+        "launches_per_side": ab.get("launches_per_side", "?"),
+        "warm_per_launch": ab.get("warm_per_launch", "?"),
+        "threshold_pct": f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %",
+        "thresholds_from": res.meta.get("thresholds_from"),
+        "load": " / ".join(str(x) for x in load) if load else None,
+        "errors": list(res.meta.get("launch_errors") or []),
+        "verdicts": format_table(verdict_frame(res)),
+        "variance": format_table(_variance_frame(res), None),
+        "launches": format_table(_launch_frame(res), None),
+        "forest_png": base64.b64encode(figure_to_png_bytes(fig)).decode("ascii"),
+        "forest_alt": "forest plot of B/A per metric with intervals and per-launch dots",
+    }
+
+
+def render_ab_report(res: AbResult, out: str | Path) -> Path:
+    """Write ``out/report.html`` (the report page with the A/B section). Returns its path.
+
+    Raises:
+        RuntimeError: the page would load something from the network (a bug).
+    """
+    env = template_env()
+    section = env.get_template("sections/ab.html.j2").render(**ab_context(res))
+    code = res.exit_code
+    sides = res.meta.get("sides") or {}
+    meta = [{"text": f"side {s}", "code": (sides.get(s) or {}).get("path") or "?"} for s in ("A", "B")]
+    if res.meta.get("replay"):
+        meta.append({"text": "replayed from recorded bundles"})
+    page = env.get_template(PAGE_TEMPLATE).render(
+        title="perfkit ab: is B slower than A?",
+        verdict=_badge(res),
+        exit_code=code,
+        meta=meta,
+        environment=None,
+        toc=[],
+        errors=[],
+        notebooks_table=None,
+        key_numbers=None,
+        warnings=list(res.meta.get("warnings") or []),
+        gates=format_table(decision_counts(res)),
+        sections=[markupsafe.Markup(section)],
+    )
+    bad = external_refs(page)
+    if bad:
+        raise RuntimeError(f"ab report would load from the network: {bad[:3]}")
+    p = Path(out) / REPORT_FILE
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(page, encoding="utf-8")
+    log.info("ab report: %s", p)
+    return p
+
+
+def ab_summary_markdown(res: AbResult) -> str:
+    """``summary.md`` of an A/B (GitHub Markdown, for ``$GITHUB_STEP_SUMMARY``): the verdict,
+    how it ran, the verdict table."""
+    ab = res.meta.get("ab") or {}
+    word = {"regression": "REGRESSION", "error": "ERROR"}.get(res.verdict, res.verdict)
+    lines = [f"## perfkit ab: {word} (exit code {res.exit_code})", ""]
+    how = (
+        f"{ab.get('launches_per_side', '?')} launches a side, {ab.get('warm_per_launch', '?')} warm requests "
+        f"a launch, {res.confidence * 100:.0f} % Welch t intervals on launch medians, default threshold "
+        f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %"
+    )
+    if res.meta.get("thresholds_from"):
+        how += f" (per-metric thresholds from `{res.meta['thresholds_from']}`)"
+    if ab.get("loadavg_end"):
+        how += f"; host load {' / '.join(str(x) for x in ab['loadavg_end'])}"
+    lines += [how + ".", ""]
+    for e in res.meta.get("launch_errors") or []:
+        lines.append(f"- launch failed: `{(str(e).splitlines() or [''])[0]}` (details in report.html)")
+    if res.exit_code == 2 and not (res.table["decision"] != "not measured").any():
+        lines.append("- nothing compared: no metric was measured on both sides")
+    lines += ["", markdown_table(verdict_frame(res)), ""]
+    return "\n".join(lines)
+
+
+def write_ab_outputs(res: AbResult, out: str | Path) -> dict[str, Path]:
+    """``ab.json``, ``summary.md`` and ``report.html`` under ``out``; summary.md is also appended
+    to ``$GITHUB_STEP_SUMMARY`` when that is set. Returns name -> path."""
+    import os
+
+    out = Path(out)
+    paths = {"result": res.save(out)}
+    md = ab_summary_markdown(res)
+    (out / SUMMARY_FILE).write_text(md, encoding="utf-8")
+    paths["summary"] = out / SUMMARY_FILE
+    gh = os.environ.get("GITHUB_STEP_SUMMARY")
+    if gh:
+        with open(gh, "a", encoding="utf-8") as fh:
+            fh.write(md + "\n")
+    paths["report"] = render_ab_report(res, out)
+    return paths
