@@ -48,7 +48,7 @@ def _pool(a: argparse.Namespace) -> tuple[ResultBundle, ResultBundle]:
     from perfkit.engine.spec import EngineSpec
     from perfkit.params import load_yaml
 
-    spec_a = EngineSpec.from_dict(load_yaml((ROOT / "examples/ab/tiny-cpu.yaml").read_text()))
+    spec_a = EngineSpec.from_dict(load_yaml((ROOT / a.spec).read_text()))
     spec_b = spec_a.replace(debug_stage_delay={"DenoisingStage": float(a.slowdown)})
     out = Path(a.pool_dir or f"outputs/ab-pool-{os.getpid()}")
     plan = AbPlan(spec_a, spec_b, VideoRequestSpec(), a.pool, max(a.m + [a.warm]))
@@ -80,6 +80,11 @@ def _decide(ma: dict[str, float], mb: dict[str, float], la: list[str], lb: list[
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pool", type=int, default=8, help="launches a side in the live pool (<= 8 on 2 cores)")
+    ap.add_argument(
+        "--spec",
+        default="examples/ab/tiny-cpu.yaml",
+        help="engine spec of side A (B adds the slowdown); relative to the checkout",
+    )
     ap.add_argument("--warm", type=int, default=5, help="warm requests a launch in the pool")
     ap.add_argument("--n", type=int, nargs="+", default=[2, 3, 4], help="launches a side to resample")
     ap.add_argument("--m", type=int, nargs="+", default=[3, 5], help="warm requests a launch to use")
