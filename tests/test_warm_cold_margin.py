@@ -1,22 +1,30 @@
 """'warm <= cold' with a noise margin from the data (issue 17, item 3).
 
-Live: the tiny reference engine on CPU without compile, requests of ~0.4 s so that cold and warm
-are alike; an identical build passes (its ratio sits around 1.0, which the old margin-free rule
-failed about half the time), and a slowdown injected into the warm requests only
-(``debug_stage_delay`` 30 % on every stage from request 1 on) fails.
+On recorded H200 data (the 1-GPU two-stage session of examples/h200x2, an identical build: same
+engine, same shape, one session): its warm median is 2.8 % above the cold request, which the old
+margin-free rule failed; with the margin it passes, and the same session with its warm requests
+made 30 % slower fails. Live, on the tiny engine: a slowdown injected into the warm requests only
+(``debug_stage_delay``, from request 1 on) fails. The live slowdown is 100 %: this 2-core VM's
+speed drifts by 15-30 % within a session (docs/choosing-n-m.md), so a live 30 % is not
+reliably separable from drift with one cold request — which is the margin doing its job.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from perfkit import stats
+from perfkit.bundle import ResultBundle
 from perfkit.engine.spec import ReferenceEngine
 from perfkit.scenarios.cold_warm import checks, cold_vs_warm
 
+ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("TextEncodingStage", "LatentPreparationStage", "DenoisingStage", "DecodingStage")
 SHAPE = {"num_frames": 33, "height": 256, "width": 384, "num_inference_steps": 8}
+LIMIT = {"warm_cold_ratio_max": 1.0}
 
 
 def test_lower_bound_is_below_the_ratio_and_tracks_the_spread():
@@ -34,27 +42,62 @@ def test_lower_bound_is_below_the_ratio_and_tracks_the_spread():
 
 
 def test_check_without_recorded_bound_has_no_margin():
-    (row,) = checks(
-        {"warm_cold_ratio": 1.05, "cold_ms": 100, "warm_median_ms": 105}, {"warm_cold_ratio_max": 1.0}
-    )
+    (row,) = checks({"warm_cold_ratio": 1.05, "cold_ms": 100, "warm_median_ms": 105}, LIMIT)
     assert row.status == "fail" and row.margin is None and "no noise margin" in row.reason
 
 
-def _run(tmp_path, **kw):
-    spec = ReferenceEngine(
-        preset="tiny", device="cpu", dtype="float32", warmup_frames=33, height=256, width=384, **kw
-    )
-    b = cold_vs_warm(spec, SHAPE, repeats=6, run_dir=tmp_path)
-    (row,) = checks(b.results, {"warm_cold_ratio_max": 1.0})
-    return b.results, row
+def _session(scale_warm: float = 1.0) -> dict:
+    """The recorded H200 session's ratio and bound, its warm requests scaled by ``scale_warm``."""
+    b = ResultBundle.load(ROOT / "examples/h200x2/bundles-1gpu/cold_warm")
+    req = b.requests[b.requests["index"] >= 0].sort_values("index")
+    cold = float(req["e2e_ms"].iloc[0])
+    warm = req["e2e_ms"].iloc[1:].to_numpy(float) * scale_warm
+    return {
+        "warm_cold_ratio": float(np.median(warm)) / cold,
+        "warm_cold_ratio_lower95": stats.ratio_lower_bound_single_reference(warm, cold),
+    }
+
+
+def test_identical_build_on_an_h200_passes_with_the_margin_and_failed_without():
+    r = _session()
+    assert r["warm_cold_ratio"] == pytest.approx(1.028, abs=0.001)  # warm 2.8 % above cold
+    (row,) = checks(r, LIMIT)
+    assert row.status == "pass" and "lower bound 0.93" in row.reason
+    (old,) = checks({"warm_cold_ratio": r["warm_cold_ratio"]}, LIMIT)  # the margin-free rule
+    assert old.status == "fail"
+
+
+def test_thirty_percent_warm_slowdown_on_the_same_session_fails():
+    r = _session(scale_warm=1.3)
+    (row,) = checks(r, LIMIT)
+    assert row.status == "fail", row.reason
+    assert r["warm_cold_ratio_lower95"] > 1.15
 
 
 @pytest.mark.slow
-def test_identical_build_passes_and_injected_warm_slowdown_fails(tmp_path):
-    same, row = _run(tmp_path / "same")
-    assert row.status == "pass", row.reason
-    assert row.margin is not None and row.margin > 0 and "lower bound" in row.reason
-    slow, row = _run(tmp_path / "slow", debug_stage_delay={s: 30 for s in STAGES}, debug_stage_delay_from=1)
-    assert slow["warm_cold_ratio"] > 1.2, slow
+def test_live_warm_only_slowdown_fails(tmp_path):
+    spec = ReferenceEngine(
+        preset="tiny",
+        device="cpu",
+        dtype="float32",
+        warmup_frames=33,
+        height=256,
+        width=384,
+        debug_stage_delay={s: 100 for s in STAGES},
+        debug_stage_delay_from=1,
+    )
+    b = cold_vs_warm(spec, SHAPE, repeats=6, run_dir=tmp_path)
+    (row,) = checks(b.results, LIMIT)
+    # the engine's records say the warm requests did twice the work, the cold one none extra
+    recs = {r.request_id: r for lines in b.records.values() for r in _records(lines)}
+    ok = b.requests[b.requests["index"] >= 0].sort_values("index")
+    applied = [recs[i].perfkit.get("debug_stage_delay_applied") for i in ok["request_id"]]
+    assert applied[0] is False and all(applied[1:]), applied
     assert row.status == "fail", row.reason
-    assert slow["warm_cold_ratio_lower95"] > 1.0
+    assert b.results["warm_cold_ratio_lower95"] > 1.0 and "lower bound" in row.reason
+
+
+def _records(lines):
+    from perfkit.readings.records import parse_lines
+
+    return parse_lines(lines).records
