@@ -16,6 +16,7 @@ import markupsafe
 import pandas as pd
 
 from perfkit.ab.decide import AbResult
+from perfkit.common.numfmt import number_text
 from perfkit.gate.verdicts import STATUS_WORD
 from perfkit.report.plots import ab_forest, figure_to_png_bytes
 from perfkit.report.render import PAGE_TEMPLATE, external_refs, template_env
@@ -29,20 +30,25 @@ SUMMARY_FILE = "summary.md"
 REPORT_FILE = "report.html"
 
 
+def _finite(x: Any) -> float | None:
+    """``x`` as a finite float, or None (not measured)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
 def _pct(x: Any) -> str:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return "–"
-    return f"{(v - 1) * 100:+.1f} %" if math.isfinite(v) else "–"
+    """A ratio as a signed percent change (1.05 -> "+5.0 %"); "–" when not measured."""
+    v = _finite(x)
+    return "–" if v is None else f"{(v - 1) * 100:+.1f} %"
 
 
-def _num(x: Any, spec: str = ".4g") -> str:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return "–"
-    return f"{v:{spec}}" if math.isfinite(v) else "–"
+def _num(x: Any) -> str:
+    """A value by the report's one number rule (:func:`perfkit.common.numfmt.number_text`)."""
+    v = _finite(x)
+    return "–" if v is None else number_text(v)
 
 
 def verdict_frame(res: AbResult) -> pd.DataFrame:
@@ -65,11 +71,9 @@ def verdict_frame(res: AbResult) -> pd.DataFrame:
 
 
 def _cv(x: Any) -> str:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return "–"
-    return f"{v * 100:.1f} %" if math.isfinite(v) else "–"
+    """A coefficient of variation as a percent ("–" when not measured)."""
+    v = _finite(x)
+    return "–" if v is None else f"{v * 100:.1f} %"
 
 
 def decision_counts(res: AbResult) -> pd.DataFrame:
@@ -93,7 +97,7 @@ def _variance_frame(res: AbResult) -> pd.DataFrame:
             "metric": t["metric"],
             "CV between launches": [_cv(v) for v in t["cv_between"]],
             "CV within a launch": [_cv(v) for v in t["cv_within"]],
-            "ICC": [_num(v, ".2f") for v in t["icc"]],
+            "ICC": [_num(v) for v in t["icc"]],
             "launches needed": [
                 "" if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA else str(v)
                 for v in t["launches_needed"]
@@ -117,10 +121,10 @@ def _launch_frame(res: AbResult) -> pd.DataFrame:
                 "launch": launch,
                 "side": side,
                 "position": ld.get("position", ""),
-                "ready (s)": _num(r.get("ready"), ".3g"),
-                "first result (s)": _num(r.get("first_result"), ".3g"),
-                "cold e2e (ms)": _num(r.get("cold_e2e"), ".4g"),
-                "warm e2e (ms)": _num(r.get("warm_e2e"), ".4g"),
+                "ready (s)": _num(r.get("ready")),
+                "first result (s)": _num(r.get("first_result")),
+                "cold e2e (ms)": _num(r.get("cold_e2e")),
+                "warm e2e (ms)": _num(r.get("warm_e2e")),
                 "load avg": " / ".join(str(x) for x in (ld.get("loadavg") or [])),
             }
         )
