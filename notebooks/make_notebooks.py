@@ -45,7 +45,7 @@ from perfkit.report.notebook import (check_frame, first_request_costs, invariant
                                      replay_markdown, request_frame, show_table, verdict_markdown)
 from perfkit.scenarios.runner import load_or_run
 
-tables.use_in_notebook()  # every DataFrame shown through perfkit's one table formatter"""
+_ = tables.use_in_notebook()  # every DataFrame shown through perfkit's one table formatter"""
 
 
 GATE_CELL = """show_table(check_frame(rows))

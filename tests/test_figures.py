@@ -71,3 +71,56 @@ def test_compare_block_needs_vs(tmp_path):
     doc.write_text("<!-- perfkit:figures src=. kind=compare -->\n<!-- perfkit:end -->\n")
     proc = _figures("--root", str(tmp_path), str(doc))
     assert proc.returncode == 2 and "needs vs=DIR" in proc.stderr
+
+
+def test_unterminated_or_unknown_blocks_and_corrupt_results_are_named_errors(tmp_path):
+    good = (ROOT / "README.md").read_text()
+    doc = tmp_path / "README.md"
+    # a good block then an unterminated one: an error, and the file is left as it was
+    bad = (
+        good.replace("| 954 ms |", "| 944 ms |")
+        + "\n<!-- perfkit:figures src=examples/h200/bundles -->\nstale\n"
+    )
+    doc.write_text(bad)
+    proc = _figures("--root", str(ROOT), str(doc))
+    assert proc.returncode == 2 and "complete block" in proc.stderr and str(doc) in proc.stderr
+    assert doc.read_text() == bad
+    doc.write_text("<!-- perfkit:figures src=. kind=full foo=bar -->\n<!-- perfkit:end -->\n")
+    proc = _figures("--root", str(tmp_path), str(doc))
+    assert proc.returncode == 2 and "unknown figures attribute(s) foo" in proc.stderr
+    # corrupt results.json: the error names the document and the file
+    (tmp_path / "b" / "cold_warm").mkdir(parents=True)
+    (tmp_path / "b" / "cold_warm" / "results.json").write_text("{not json")
+    doc.write_text("<!-- perfkit:figures src=b kind=full -->\n<!-- perfkit:end -->\n")
+    proc = _figures("--root", str(tmp_path), str(doc))
+    assert (
+        proc.returncode == 2 and str(doc) in proc.stderr and "results.json: unreadable results" in proc.stderr
+    )
+    # several files: one bad file leaves the good ones untouched
+    ok = tmp_path / "ok.md"
+    ok.write_text(good.replace("| 954 ms |", "| 944 ms |"))
+    assert _figures("--root", str(ROOT), str(ok), str(doc)).returncode == 2
+    assert "| 944 ms |" in ok.read_text()
+
+
+def test_report_refuses_a_folder_that_is_not_a_run_and_a_corrupt_verdict_is_an_error(tmp_path):
+    import json
+    import shutil
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "perfkit.cli", "report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "not a run directory" in proc.stderr
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "examples/h200/report", run)
+    (run / "baseline_gate" / "verdict.json").write_text("{")
+    proc = subprocess.run(
+        [sys.executable, "-m", "perfkit.cli", "report", str(run)], capture_output=True, text=True, timeout=300
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    summary = (run / "summary.md").read_text()
+    assert "PASS" not in summary.splitlines()[0] and "unreadable verdict file" in summary
+    assert json.loads((run / "run.json").read_text())  # the run's own files are intact

@@ -25,6 +25,7 @@ from perfkit.gate.verdicts import (
     nothing_compared,
     nothing_measured_reason,
 )
+from perfkit.gate.verdicts import notebooks as notebook_names
 from perfkit.measure import investigations, measure_command
 
 log = logging.getLogger("perfkit")
@@ -239,6 +240,11 @@ def cmd_report(a: SimpleNamespace) -> int:
     run = Path(a.run)
     if not run.is_dir():
         print(f"perfkit: {run} is not a run directory", file=sys.stderr)
+        return EXIT_ERROR
+    if not (run / "run.json").exists() and not any(
+        (run / n / "verdict.json").exists() for n in notebook_names()
+    ):
+        print(f"perfkit: {run} is not a run directory (no run.json and no verdict.json)", file=sys.stderr)
         return EXIT_ERROR
     report.write_summary(run)
     html = report.render_report(run, a.out)
@@ -642,14 +648,16 @@ def figures_command(files: tuple[str, ...], root: str | None, check: bool) -> No
 
     base = Path(root) if root else repo_root()
     stale = []
+    try:  # every file is rendered before any is written: one bad block leaves all files as they were
+        stale = [f for f in files if update_file(f, base, check=True)]
+        if not check:
+            for f in stale:
+                update_file(f, base)
+    except (FiguresError, OSError, ValueError) as exc:
+        click.echo(f"perfkit figures: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
     for f in files:
-        try:
-            changed = update_file(f, base, check=check)
-        except (FiguresError, OSError, ValueError) as exc:
-            click.echo(f"perfkit figures: {exc}", err=True)
-            sys.exit(EXIT_ERROR)
-        if changed:
-            stale.append(f)
+        if f in stale:
             click.echo(f"{f}: {'stale (differs from its bundles)' if check else 'regenerated'}")
         else:
             click.echo(f"{f}: up to date")

@@ -10,6 +10,7 @@ command: :data:`EXIT_OK` (0) every check passed, :data:`EXIT_REGRESSION` (1) a c
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -19,6 +20,8 @@ import pandas as pd
 from perfkit.checks import CHECK_COLUMNS, Check, check_table, overall_status
 from perfkit.gate.baseline import atomic_write_text
 from perfkit.scenarios import registry
+
+log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -69,12 +72,21 @@ def write_verdict(
 
 
 def read_verdict(path: str | Path) -> dict[str, Any] | None:
+    """The verdict document at ``path`` (a verdict.json or its directory); None when absent.
+    An unreadable file is an ``error`` verdict naming the file (never a crash, never a pass)."""
     p = Path(path)
     if p.is_dir():
         p = p / VERDICT_FILE
     if not p.exists():
         return None
-    return json.loads(p.read_text())
+    try:
+        doc = json.loads(p.read_text())
+        if not isinstance(doc, dict):
+            raise ValueError(f"a JSON object was expected, got {type(doc).__name__}")
+        return doc
+    except (OSError, ValueError) as exc:
+        log.error("unreadable verdict %s: %s", p, exc)
+        return {"status": "error", "error": f"unreadable verdict file {p}: {exc}", "rows": []}
 
 
 def collect_verdicts(run_dir: str | Path) -> pd.DataFrame:

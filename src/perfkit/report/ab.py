@@ -207,8 +207,8 @@ def ab_summary_markdown(res: AbResult) -> str:
     word = {"regression": "REGRESSION", "error": "ERROR"}.get(res.verdict, res.verdict)
     lines = [f"## perfkit ab: {word} (exit code {res.exit_code})", ""]
     how = (
-        f"{ab.get('launches_per_side', '?')} launches a side, {ab.get('warm_per_launch', '?')} warm requests "
-        f"a launch, {res.confidence * 100:.0f} % Welch t intervals on launch medians, default threshold "
+        f"{ab.get('launches_per_side', '?')} launches a side, {ab.get('warm_per_launch', '?')} warm "
+        f"request{'' if ab.get('warm_per_launch') == 1 else 's'} a launch, {res.confidence * 100:.0f} % Welch t intervals on launch medians, default threshold "
         f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %"
     )
     if res.meta.get("thresholds_from"):

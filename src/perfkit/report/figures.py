@@ -73,9 +73,23 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
     Raises:
         FiguresError: a block without ``src`` or with an unknown ``kind`` (names ``where``).
     """
+    opens = len(re.findall(r"<!-- perfkit:figures\b", text))
+    ends = text.count("<!-- perfkit:end -->")
+    found = list(_BLOCK.finditer(text))
+    if opens != len(found) or ends != len(found):
+        raise FiguresError(
+            f"{where}: {opens} '<!-- perfkit:figures ... -->' marker(s) and {ends} '<!-- perfkit:end -->' "
+            f"marker(s) make {len(found)} complete block(s): every block opens on its own line and ends "
+            "with '<!-- perfkit:end -->'"
+        )
     out = []
-    for m in _BLOCK.finditer(text):
+    for m in found:
         args = dict(_ARG.findall(m.group("args")))
+        unknown = sorted(set(args) - {"src", "kind", "vs"})
+        if unknown:
+            raise FiguresError(
+                f"{where}: unknown figures attribute(s) {', '.join(unknown)} (known: src, kind, vs)"
+            )
         if "src" not in args:
             raise FiguresError(f"{where}: figures block without src=: {m.group('open').strip()}")
         kind = args.get("kind", "full")
@@ -92,7 +106,10 @@ def _results(src: Path) -> dict[str, dict]:
     for s in registry.all_scenarios():
         p = src / s.name / "results.json"
         if p.exists():
-            found[s.name] = json.loads(p.read_text())
+            try:
+                found[s.name] = json.loads(p.read_text())
+            except ValueError as exc:
+                raise FiguresError(f"{p}: unreadable results ({exc})") from exc
     return found
 
 
@@ -137,8 +154,13 @@ def update_text(text: str, root: Path, where: str = "<text>") -> str:
 
     def sub(m: re.Match) -> str:
         args = dict(_ARG.findall(m.group("args")))
-        body = render_block(Block(args["src"], args.get("kind", "full"), args.get("vs")), root)
-        return m.group("open") + body + m.group("close")
+        try:
+            return m.group("open") + _render(args) + m.group("close")
+        except FiguresError as exc:
+            raise FiguresError(f"{where}: {exc}") from exc
+
+    def _render(args: dict[str, str]) -> str:
+        return render_block(Block(args["src"], args.get("kind", "full"), args.get("vs")), root)
 
     return _BLOCK.sub(sub, text)
 

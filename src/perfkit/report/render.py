@@ -132,8 +132,16 @@ def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
 def _run_info(run_dir: Path) -> dict[str, Any]:
     p = run_dir / "run.json"
     if p.exists():
-        return json.loads(p.read_text())
-    # a run dir made by hand (perfkit run): infer from files
+        info = json.loads(p.read_text())
+        # a verdict file that cannot be read makes its notebook an error (never a pass)
+        for n in info.get("notebooks") or []:
+            doc = read_verdict(run_dir / str(n.get("name")))
+            if doc and doc.get("status") == "error" and n.get("status") == "ok":
+                n.update({"status": "error", "error": doc.get("error")})
+                info["exit_code"] = None  # recomputed from the files as they are now
+        return info
+    # a run dir made by hand (perfkit run): infer from files; a directory with no notebook and
+    # no verdict is not a run
     nbs = []
     for name in notebooks():
         nbp = run_dir / "notebooks" / f"{name}.ipynb"
