@@ -15,27 +15,21 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import pandas as pd
-
-from perfkit.bundle import WARMUP_INDEX, ResultBundle
+from perfkit.bundle import WARMUP_INDEX, ResultBundle, table_rows
 from perfkit.checks import Check
 
 __all__ = ["engine_checks"]
 
 
-def _flag(v: Any) -> bool | None:
-    return None if v is None or v is pd.NA or (isinstance(v, float) and v != v) else bool(v)
-
-
 def _text(v: Any) -> str:
-    return "" if v is None or v is pd.NA or (isinstance(v, float) and v != v) else str(v)
+    return "" if v is None or (isinstance(v, float) and v != v) else str(v)
 
 
 def _request_label(row: Mapping[str, Any]) -> str:
     idx = row.get("index")
     role = "the startup warmup" if idx == WARMUP_INDEX else f"request {idx}"
     frames = row.get("effective_num_frames")
-    if frames is None or frames is pd.NA:
+    if frames is None:
         frames = row.get("num_frames")
     return f"{role} ({frames} frames)" if _text(frames) else role
 
@@ -52,11 +46,11 @@ def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, 
     for scenario, b in bundles.items():
         launches = b.table("launches")
         requests = b.table("requests")
-        for _, ln in launches.iterrows():
+        for ln in table_rows(launches):  # missing values as None
             if _text(ln.get("reused_from")):
                 continue  # judged in the bundle that measured it
             label = _text(ln.get("launch"))
-            asked, active = _flag(ln.get("compile_requested")), _flag(ln.get("compile_active"))
+            asked, active = ln.get("compile_requested"), ln.get("compile_active")
             if asked:
                 metric = f"compile_active[{label}]"
                 if active:
@@ -86,7 +80,7 @@ def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, 
                     Check(scenario, metric, 0.0, 0.0, 0.0, "pass", "no request hit the recompile limit")
                 )
                 continue
-            first = hit.iloc[0]
+            first = table_rows(hit.iloc[:1])[0]
             stage = _text(first.get("recompile_limit_stage")) or "a stage not reported"
             reasons = [r for r in _text(first.get("recompile_reasons")).split("; ") if r]
             limit = ln.get("recompile_limit")

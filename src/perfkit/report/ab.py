@@ -16,6 +16,7 @@ import markupsafe
 import pandas as pd
 
 from perfkit.ab.decide import AbResult
+from perfkit.checks import number
 from perfkit.common.numfmt import number_text
 from perfkit.gate.verdicts import STATUS_WORD
 from perfkit.report.plots import ab_forest, figure_to_png_bytes
@@ -30,24 +31,15 @@ SUMMARY_FILE = "summary.md"
 REPORT_FILE = "report.html"
 
 
-def _finite(x: Any) -> float | None:
-    """``x`` as a finite float, or None (not measured)."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
 def _pct(x: Any) -> str:
     """A ratio as a signed percent change (1.05 -> "+5.0 %"); "–" when not measured."""
-    v = _finite(x)
+    v = number(x)
     return "–" if v is None else f"{(v - 1) * 100:+.1f} %"
 
 
 def _num(x: Any) -> str:
     """A value by the report's one number rule (:func:`perfkit.common.numfmt.number_text`)."""
-    v = _finite(x)
+    v = number(x)
     return "–" if v is None else number_text(v)
 
 
@@ -72,7 +64,7 @@ def verdict_frame(res: AbResult) -> pd.DataFrame:
 
 def _cv(x: Any) -> str:
     """A coefficient of variation as a percent ("–" when not measured)."""
-    v = _finite(x)
+    v = number(x)
     return "–" if v is None else f"{v * 100:.1f} %"
 
 
