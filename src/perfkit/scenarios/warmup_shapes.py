@@ -247,8 +247,13 @@ def rank_facts(record_lines: list[str], request_ids: list[str]) -> list[dict[str
             {
                 "rank": first.get("rank", k),
                 "device": first.get("device"),
-                "first_compiles": int(first.get("compiles") or 0),
-                "warm_compiles": int(sum(int(w.get("compiles") or 0) for w in warm)),
+                # a rank report without a count is "not measured" (None), never 0
+                "first_compiles": _count(first.get("compiles")),
+                "warm_compiles": (
+                    sum(_count(w.get("compiles")) for w in warm)
+                    if all(_count(w.get("compiles")) is not None for w in warm)
+                    else None
+                ),
                 "first_recompile_reasons": list(first.get("recompile_reasons") or []),
                 "penalty_by_stage_ms": {n: json_float(v) for n, v in pen.items()},
                 "penalty_stage": max(pen, key=pen.get) if pen else None,
@@ -263,6 +268,10 @@ def rank_facts(record_lines: list[str], request_ids: list[str]) -> list[dict[str
             }
         )
     return out
+
+
+def _count(v: Any) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
 
 
 def warm_across_warmups(coverage: list[dict[str, Any]]) -> list[dict[str, Any]]:
