@@ -1,0 +1,51 @@
+"""What an executor reports for one unit of work (the contract between the planner and every
+executor: in-process and Ray)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping
+
+#: ``(unit, out_dir) -> None``: measure one unit (a JSON-able dict with at least ``id``,
+#: ``gpus``) and write its bundles under ``out_dir``; raise on failure.
+RunUnit = Callable[[Mapping[str, Any], Path], None]
+
+#: ``(event, unit id, outcome or None)``: "started", "retry", "finished" (for progress bars).
+OnEvent = Callable[[str, str, "UnitOutcome | None"], None]
+
+
+@dataclass
+class UnitOutcome:
+    """One unit's result as the driver sees it.
+
+    Attributes:
+        unit_id: the unit's id (stable across shards and executors).
+        status: "ok" or "error" (an error after the last attempt).
+        out_dir: where the unit's bundles landed on the driver (None when nothing came back).
+        wall_s: seconds from the last attempt's start to its end, on the worker.
+        attempts: attempts made (1 + retries used).
+        error: why the last attempt failed (None when ok).
+        log_tail: the end of the failed attempt's logs (engine stderr, traceback).
+        host: the worker's host name.
+        gpu_uuids: the GPUs the unit ran on, by NVML UUID (empty on CPU).
+        started_at, ended_at: epoch seconds of the last attempt (to tell which units overlapped).
+    """
+
+    unit_id: str
+    status: Literal["ok", "error"]
+    out_dir: Path | None = None
+    wall_s: float | None = None
+    attempts: int = 1
+    error: str | None = None
+    log_tail: str | None = None
+    host: str | None = None
+    gpu_uuids: list[str] = field(default_factory=list)
+    started_at: float | None = None
+    ended_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (``out_dir`` as a string)."""
+        d = asdict(self)
+        d["out_dir"] = str(self.out_dir) if self.out_dir is not None else None
+        return d
