@@ -24,6 +24,7 @@ not independent experiments. Also prints the pool's variance split (ICC, CVs) pe
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -48,10 +49,13 @@ def _pool(a: argparse.Namespace) -> tuple[ResultBundle, ResultBundle]:
     from perfkit.engine.spec import EngineSpec
     from perfkit.params import load_yaml
 
-    spec_a = EngineSpec.from_dict(load_yaml((ROOT / a.spec).read_text()))
+    data = load_yaml((ROOT / a.spec).read_text())
+    # an engine spec, or a mapping with `engine` and `request` (the request shape of the pool)
+    engine, request = (data["engine"], data.get("request") or {}) if "engine" in data else (data, {})
+    spec_a = EngineSpec.from_dict(engine)
     spec_b = spec_a.replace(debug_stage_delay={"DenoisingStage": float(a.slowdown)})
     out = Path(a.pool_dir or f"outputs/ab-pool-{os.getpid()}")
-    plan = AbPlan(spec_a, spec_b, VideoRequestSpec(), a.pool, max(a.m + [a.warm]))
+    plan = AbPlan(spec_a, spec_b, VideoRequestSpec.from_dict(request), a.pool, max(a.m + [a.warm]))
     b = run_ab(plan, out)
     print(f"pool recorded in {out}")
     return b["A"], b["B"]
@@ -83,7 +87,8 @@ def main() -> int:
     ap.add_argument(
         "--spec",
         default="examples/ab/tiny-cpu.yaml",
-        help="engine spec of side A (B adds the slowdown); relative to the checkout",
+        help="engine spec of side A (B adds the slowdown), or a mapping with `engine` and `request`;"
+        " relative to the checkout",
     )
     ap.add_argument("--warm", type=int, default=5, help="warm requests a launch in the pool")
     ap.add_argument("--n", type=int, nargs="+", default=[2, 3, 4], help="launches a side to resample")
@@ -94,6 +99,7 @@ def main() -> int:
     ap.add_argument("--pool-dir", default=None, help="record the pool here, or reuse one recorded here")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     bundle_a, bundle_b = _pool(a)
     va, vb = metric_values(bundle_a), metric_values(bundle_b)
     la, lb = sorted(va["launch"].unique()), sorted(vb["launch"].unique())

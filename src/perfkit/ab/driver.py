@@ -84,6 +84,7 @@ def run_ab(plan: AbPlan, out: str | Path) -> dict[str, ResultBundle]:
     loads: dict[str, Any] = {}
     count = {"A": 0, "B": 0}
     t0 = time.time()
+    bundles: dict[str, ResultBundle] = {}
     for pos, side in enumerate(tqdm(order, desc="ab launches", unit="launch")):
         spec = plan.spec_a if side == "A" else plan.spec_b
         label = f"{side}{count[side]:02d}"
@@ -106,9 +107,25 @@ def run_ab(plan: AbPlan, out: str | Path) -> dict[str, ResultBundle]:
             f", error: {d.error}" if d.error else "",
         )
         data[side].append(d)
+        # saved after every launch: a pool cut short (a lost host, a killed job) keeps what it ran
+        bundles = _save_sides(plan, out, data, order[: pos + 1], loads, t0)
+    return bundles
+
+
+def _save_sides(
+    plan: AbPlan,
+    out: Path,
+    data: dict[str, list[LaunchData]],
+    done: list[str],
+    loads: dict[str, Any],
+    t0: float,
+) -> dict[str, ResultBundle]:
+    """Assemble and save the bundle of each side that has launches so far (``out/a``, ``out/b``);
+    ``done`` is the order of the launches run so far."""
     meta_ab = {
-        "order": [f"{s}{order[:i].count(s):02d}" for i, s in enumerate(order)],
+        "order": [f"{s}{done[:i].count(s):02d}" for i, s in enumerate(done)],
         "launches_per_side": plan.launches,
+        "launches_done": {side: len(data[side]) for side in SIDES},
         "warm_per_launch": plan.warm,
         "launch_load": loads,
         "loadavg_end": _loadavg(),
@@ -117,6 +134,8 @@ def run_ab(plan: AbPlan, out: str | Path) -> dict[str, ResultBundle]:
     }
     bundles = {}
     for side, sub in SIDES.items():
+        if not data[side]:
+            continue
         spec = plan.spec_a if side == "A" else plan.spec_b
         b = assemble(
             BUNDLE_NAME,
