@@ -180,6 +180,11 @@ class StagedPipeline:
         #: stage's own work added as busy compute; applied only to runs given ``slow=True``
         self.stage_delay: dict[str, float] = {}
         self._slow: dict[str, float] = {}
+        # CUDA injection: pieces of the running request (stage, start, end, busy start, busy end),
+        # the last device-time estimate per stage, the spin kernel's cycles per ms
+        self._inj_pieces: list = []
+        self._inj_est: dict[str, float] = {}
+        self._sleep_cpms: float | None = None
         self._run = RunResult()
 
     # -- measurement helpers -------------------------------------------------------------
@@ -195,27 +200,80 @@ class StagedPipeline:
         return time.perf_counter() if self.is_cuda else time.thread_time()
 
     def _busy(self, seconds: float) -> None:
-        """Test-only injected slowdown: busy compute on this pipeline's device for ``seconds`` of
-        :meth:`_clock` (small matmuls until that clock has moved that far; the device is
-        synchronised between turns, so the time is real device work, not a host sleep)."""
+        """Test-only injected slowdown on a CPU device: busy compute for ``seconds`` of
+        :meth:`_clock` (small matmuls until this thread's CPU time has moved that far)."""
         if seconds <= 0:
             return
         a = torch.randn(64, 64, device=self.device)
         end = self._clock() + seconds
         while self._clock() < end:  # ~20 µs a turn on a CPU core: overshoot stays small
             a = torch.tanh(a @ a)
-            self._sync()
 
-    def _inject(self, frac: float, c0: float, stage: str) -> None:
-        """Stretch the work since ``c0`` (:meth:`_clock` s) by ``frac`` with :meth:`_busy`; the
-        work and the busy time (ms) add up in this run's ``injected[stage]``."""
-        if frac > 0:
-            self._sync()
+    def _mark(self) -> Any:
+        """Start of a piece of work the injected slowdown is sized by: an event on the current
+        stream on CUDA (no sync), else :meth:`_clock`."""
+        return self._event() if self.is_cuda else self._clock()
+
+    def _cycles_per_ms(self) -> float:
+        """GPU clock cycles per ms of ``torch.cuda._sleep`` (its spin kernel), measured once per
+        process with events (two syncs, on the first slowed request)."""
+        if self._sleep_cpms is None:
+            for _ in range(2):  # the first run pays the kernel's first launch
+                self._sync()
+                a = self._event()
+                torch.cuda._sleep(10_000_000)
+                b = self._event()
+                b.synchronize()
+                self._sleep_cpms = 10_000_000 / max(a.elapsed_time(b), 1e-3)
+        return self._sleep_cpms
+
+    def _inject(self, frac: float, mark: Any, stage: str) -> None:
+        """Stretch the work since ``mark`` (:meth:`_mark`) by ``frac``.
+
+        CPU: busy compute for ``frac`` × the thread CPU time since ``mark``. CUDA, without a
+        host sync (a sync per denoising step would itself cost several % by stopping the CPU
+        from queueing ahead, which is what sizing by a synced clock did, so a 2 % request came
+        out near +10 % on an H200): the piece's device time is estimated from the newest piece
+        of the same stage whose events have completed (``Event.query``; one sync on a stage's
+        first slowed piece in the process), and ``frac`` × that is enqueued as a spin kernel
+        (``torch.cuda._sleep``, calibrated in cycles per ms). The exact work and busy ms are
+        read from the events after the request (:meth:`_account_injected`).
+        """
+        if frac <= 0:
+            return
+        if not self.is_cuda:
             c1 = self._clock()
-            self._busy(frac * (c1 - c0))
+            self._busy(frac * (c1 - mark))
             acc = self._run.injected.setdefault(stage, [0.0, 0.0])
-            acc[0] += (c1 - c0) * 1000.0
+            acc[0] += (c1 - mark) * 1000.0
             acc[1] += (self._clock() - c1) * 1000.0
+            return
+        e1 = self._event()
+        est = None
+        for st, a, b, _b0, _b1 in reversed(self._inj_pieces):
+            if st == stage and b.query():
+                est = a.elapsed_time(b)
+                break
+        if est is None:
+            est = self._inj_est.get(stage)
+        if est is None:
+            e1.synchronize()
+            est = mark.elapsed_time(e1)
+        self._inj_est[stage] = est
+        cycles = int(frac * est * self._cycles_per_ms())
+        b0 = self._event()
+        if cycles > 0:
+            torch.cuda._sleep(cycles)
+        self._inj_pieces.append((stage, mark, e1, b0, self._event()))
+
+    def _account_injected(self, out: RunResult) -> None:
+        """After the request's final sync: the work and busy ms of every CUDA-injected piece, from
+        its events, into ``out.injected[stage]`` as [work, busy]."""
+        pieces, self._inj_pieces = self._inj_pieces, []
+        for st, a, b, b0, b1 in pieces:
+            acc = out.injected.setdefault(st, [0.0, 0.0])
+            acc[0] += a.elapsed_time(b)
+            acc[1] += b0.elapsed_time(b1)
 
     def _event(self):
         ev = torch.cuda.Event(enable_timing=True)
@@ -238,14 +296,14 @@ class StagedPipeline:
             if self.is_cuda:
                 torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
-        c0 = self._clock()
+        mark = self._mark() if self._slow.get(name, 0.0) > 0 else None
         w0 = time.time()
         e0 = self._event() if events else None
         try:
             yield
             # a stage with denoising steps has its slowdown injected per step (step times scale too)
             if name not in ("DenoisingStage", "RefinementStage"):
-                self._inject(self._slow.get(name, 0.0), c0, name)
+                self._inject(self._slow.get(name, 0.0), mark, name)
             if timing and not events:
                 self._sync()
         finally:
@@ -307,7 +365,7 @@ class StagedPipeline:
         par = self.cfg_parallel
         for t in timesteps:
             t0 = time.perf_counter()
-            c0 = self._clock() if slow else 0.0
+            mark = self._mark() if slow else None
             if par is None:
                 model_in = torch.cat([latents] * 2) if cfg else latents
                 model_in = model_in.to(embeds.dtype)
@@ -325,7 +383,7 @@ class StagedPipeline:
                     guidance,
                 )
             latents = sched.step(noise, t, latents, return_dict=False)[0]
-            self._inject(slow, c0, stage)
+            self._inject(slow, mark, stage)
             if events:
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
@@ -391,6 +449,7 @@ class StagedPipeline:
         out = RunResult()
         self._run = out
         self._slow = dict(self.stage_delay) if slow else {}
+        self._inj_pieces = []
         timing = {"off": False, "events": "events", "sync": "sync"}[req.timing_mode]
         self._pending, self._pending_steps = [], []
         self._request_event = self._event() if timing == "events" and self.is_cuda else None
@@ -483,6 +542,7 @@ class StagedPipeline:
             out.latent_shape = [int(self.c.transformer.config.in_channels), n_lat, int(h_lat), int(w_lat)]
             if self.cfg_parallel is not None and self.cfg_parallel.rank != 0:
                 self._sync()
+                self._account_injected(out)
                 self._resolve(out)  # event-timed stages and steps of this rank
                 return out  # only rank 0 decodes (finally below still closes the run)
             with self._stage("DecodingStage", out, timing):
@@ -494,6 +554,7 @@ class StagedPipeline:
                 if keep_output:
                     out.video = ((video.float().clamp(-1, 1) + 1) * 127.5).to(torch.uint8).cpu().numpy()
             self._sync()
+            self._account_injected(out)
         finally:
             out.total_ms = (time.perf_counter() - t_all) * 1000.0
             out.t_end = time.time()
