@@ -254,6 +254,18 @@ def test_unknown_field_is_400_naming_it(client):
     assert err["message"] == "num_frame: unknown field (did you mean 'num_frames'?)"
 
 
+def test_invalid_json_is_400_naming_the_body_and_the_character(client):
+    resp = client.http.post(
+        "/v1/videos", content=b'{"prompt": "a cat",', headers={"content-type": "application/json"}
+    )
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["fields"] == ["body"]
+    assert err["message"].startswith("body: invalid JSON at character 19: "), err["message"]
+    # the engine keeps serving
+    assert client.http.get("/health").status_code == 200
+
+
 def test_every_sglang_video_field_is_accepted_and_the_answer_echoes_effective_frames(client):
     from perfkit.refengine.server import SGLANG_VIDEO_FIELDS
 

@@ -567,6 +567,13 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         errs = exc.errors()
         parts, fields = [], []
         for e in errs:
+            if e.get("type") == "json_invalid":  # its loc is ("body", character offset), not a field
+                pos = next((x for x in e.get("loc", [])[1:] if isinstance(x, int)), None)
+                where = f" at character {pos}" if pos is not None else ""
+                why = (e.get("ctx") or {}).get("error") or e.get("msg")
+                parts.append(f"body: invalid JSON{where}: {why}")
+                fields.append("body")
+                continue
             loc = [str(x) for x in e.get("loc", []) if x != "body"]
             name = ".".join(loc) or "body"
             fields.append(".".join(loc))
