@@ -1,0 +1,136 @@
+"""The Ray executor on a real local Ray (logical GPUs declared with ``num_gpus=2``; no CUDA)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from perfkit.scaleout.ray_executor import (  # noqa: E402
+    pack_dir,
+    run_units_ray,
+    unit_dir_name,
+    unpack_dir,
+)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the module: 2 CPUs, 2 logical GPUs (without ``num_gpus`` a GPU task
+    never schedules on a host without GPUs)."""
+    if ray.is_initialized():
+        ray.shutdown()
+    here = Path(__file__).resolve().parent
+    src = str(here.parent / "src")
+    path = os.pathsep.join(
+        [src, str(here)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    ray.init(
+        num_cpus=2,
+        num_gpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+    )
+    yield ray
+    ray.shutdown()
+
+
+# run_unit functions (module level: pickled by reference, so tests/ is on the workers' path)
+def _write_gpu_ids(unit, out: Path) -> None:
+    import ray as r
+
+    (out / "bundle").mkdir()
+    (out / "bundle" / "seen.json").write_text(
+        json.dumps(
+            {"gpu_ids": [str(g) for g in r.get_gpu_ids()], "cvd": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        )
+    )
+    time.sleep(float(unit.get("sleep", 0)))
+
+
+def _fail(unit, out: Path) -> None:
+    (out / "partial.txt").write_text("half")
+    raise RuntimeError(f"engine {unit['id']} exited with code 3")
+
+
+def _crash(unit, out: Path) -> None:
+    os._exit(1)
+
+
+def test_two_gpu_unit_sees_both_gpus_without_cuda(local_ray, tmp_path):
+    events = []
+    [oc] = run_units_ray(
+        [{"id": "cfg2", "gpus": 2}],
+        _write_gpu_ids,
+        tmp_path,
+        on_event=lambda e, uid, o: events.append((e, uid)),
+    )
+    assert oc.status == "ok", oc.log_tail
+    seen = json.loads((tmp_path / "cfg2" / "bundle" / "seen.json").read_text())
+    assert sorted(seen["gpu_ids"]) == ["0", "1"]
+    assert sorted(seen["cvd"].split(",")) == ["0", "1"]  # what an engine launched here inherits
+    assert oc.out_dir == tmp_path / "cfg2" and oc.attempts == 1 and oc.host
+    assert oc.gpu_uuids == []  # logical GPUs: no NVML device behind them
+    assert events == [("started", "cfg2"), ("finished", "cfg2")]
+
+
+def test_one_gpu_units_run_side_by_side_on_different_gpus(local_ray, tmp_path):
+    units = [{"id": "a", "gpus": 1, "sleep": 2.0}, {"id": "b", "gpus": 1, "sleep": 2.0}]
+    out = run_units_ray(units, _write_gpu_ids, tmp_path)
+    assert [o.unit_id for o in out] == ["a", "b"] and all(o.status == "ok" for o in out)
+    a, b = out
+    assert a.started_at < b.ended_at and b.started_at < a.ended_at, "the two units did not overlap"
+    ids = [json.loads((tmp_path / u / "bundle" / "seen.json").read_text())["gpu_ids"] for u in ("a", "b")]
+    assert all(len(i) == 1 for i in ids) and ids[0] != ids[1]
+
+
+def test_failing_unit_is_retried_then_an_error_and_crash_does_not_stop_others(local_ray, tmp_path):
+    events = []
+    units = [
+        {"id": "bad", "gpus": 0},
+        {"id": "crash", "gpus": 1},
+        {"id": "good", "gpus": 1},
+    ]
+
+    def run(unit, out):
+        {"bad": _fail, "crash": _crash, "good": _write_gpu_ids}[unit["id"]](unit, out)
+
+    out = run_units_ray(units, run, tmp_path, retries=1, on_event=lambda e, uid, o: events.append((e, uid)))
+    bad, crash, good = out
+    assert bad.status == "error" and bad.attempts == 2
+    assert bad.error == "RuntimeError: engine bad exited with code 3"
+    assert "Traceback" in bad.log_tail and "exited with code 3" in bad.log_tail
+    assert (tmp_path / "bad" / "partial.txt").read_text() == "half"  # a failed unit's output kept
+    assert crash.status == "error" and crash.attempts == 2 and crash.out_dir is None
+    assert crash.error.startswith("WorkerCrashedError: The worker died"), crash.error
+    assert good.status == "ok" and good.attempts == 1
+    assert events.count(("retry", "bad")) == 1 and events.count(("retry", "crash")) == 1
+    assert sorted(uid for e, uid in events if e == "finished") == ["bad", "crash", "good"]
+
+
+def test_archive_round_trip(tmp_path):
+    src = tmp_path / "src"
+    (src / "cold_warm" / "tables").mkdir(parents=True)
+    (src / "cold_warm" / "meta.json").write_text('{"a": 1}')
+    (src / "cold_warm" / "tables" / "x.bin").write_bytes(bytes(range(256)) * 100)
+    (src / "empty").mkdir()
+    data = pack_dir(src)
+    d = unpack_dir(data, tmp_path / "dst")
+    files = sorted(p.relative_to(d).as_posix() for p in d.rglob("*"))
+    assert files == sorted(p.relative_to(src).as_posix() for p in src.rglob("*"))
+    assert (d / "cold_warm" / "tables" / "x.bin").read_bytes() == bytes(range(256)) * 100
+    assert (d / "cold_warm" / "meta.json").read_text() == '{"a": 1}'
+
+
+def test_bad_units_are_refused_before_ray(tmp_path):
+    with pytest.raises(ValueError, match="unique"):
+        run_units_ray([{"id": "a", "gpus": 0}, {"id": "a", "gpus": 0}], _fail, tmp_path)
+    with pytest.raises(ValueError, match="gpus"):
+        run_units_ray([{"id": "a", "gpus": 1.5}], _fail, tmp_path)
+    assert unit_dir_name("cold_warm/h200 x2") == "cold_warm_h200_x2"
