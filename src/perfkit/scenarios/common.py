@@ -47,6 +47,7 @@ class LaunchData:
         outcomes: client outcomes of the measured requests, in order.
         error: why the launch failed (start error, cap exceeded), or None.
         command: the exact engine argv.
+        gpus: the GPUs the engine ran on ({index (NVML), uuid, name} each; [] without NVML).
     """
 
     label: str
@@ -61,6 +62,7 @@ class LaunchData:
     error: str | None = None
     command: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
 
     def measured(self) -> pd.DataFrame:
         """Measured request rows (``index != WARMUP_INDEX``) as a DataFrame, in index order."""
@@ -223,6 +225,7 @@ def measure_launch(
     try:
         with launch(spec, caps=caps, run_dir=run_dir, label=label) as h:
             data.command = list(h.command)
+            data.gpus = list(h.gpus)
             sampler = h.sampler(interval_s=sample_interval_s)
             sampler.start()
             try:
@@ -359,6 +362,8 @@ def assemble(
         {
             "params": params,
             "commands": {d.label: d.command for d in launches},
+            # the GPUs each launch ran on, matched by UUID (meta "gpus" lists every GPU here)
+            "launch_gpus": {d.label: d.gpus for d in launches},
             "caps": [c.to_dict() if c is not None else None for c in (caps or [])],
         }
     )
