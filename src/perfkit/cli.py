@@ -404,13 +404,14 @@ def cmd_wheelhouse(a: SimpleNamespace) -> int:
                 platforms=tuple(a.platform) if a.platform else wheelhouse.DEFAULT_PLATFORMS,
             )
             print(f"{len(reqs)} wheels in {a.dir}: {' '.join(reqs)}")
+            print(f"wheelhouse size: {wheelhouse.wheelhouse_size(a.dir) / 2**20:.1f} MiB")
             print(
                 "on the host: python3 -m pip install --no-index --no-deps "
                 f"{a.dir}/*.whl   (or: perfkit wheelhouse install {a.dir})"
             )
         else:
             wheelhouse.install(a.dir, a.target)
-    except (RuntimeError, FileNotFoundError, OSError) as exc:
+    except (RuntimeError, FileNotFoundError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
@@ -740,10 +741,11 @@ def wheelhouse_group() -> None:
 @click.option("--platform", multiple=True, help="pip platform tag (repeatable; default manylinux x86_64)")
 @click.option(
     "--profile",
-    type=click.Choice(["full", "measure"]),
+    type=click.Choice(["full", "measure", "ray", "measure+ray"]),
     default="full",
     show_default=True,
-    help="full: everything perfkit needs; measure: engine + investigations only",
+    help="full: everything perfkit needs; measure: engine + investigations only; ray: Ray (slimmed: "
+    "Ray Core: no Java worker, dashboard web UI or AI libraries) and its missing requirements",
 )
 def wheelhouse_download_command(**kw: Any) -> None:
     """Download wheels of what a host lacks, for its Python."""
