@@ -27,9 +27,11 @@ from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.scenarios.common import (
+    PlannedLaunch,
     assemble,
     fmt,
     json_float,
+    launch_key,
     measure_launch,
     pick_columns,
     reuse_launch,
@@ -478,8 +480,20 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return out
 
 
+def planned_launches(
+    p: MemoryBudgetParams, engine: EngineSpec, request: VideoRequestSpec
+) -> list[PlannedLaunch]:
+    """The registry's ``launches``: one per budget (each may reuse an earlier session of the
+    same spec, request and caps); the min-budget bisection's launches are one dependent chain
+    of unknown length, left out (the scenario is one unit of work)."""
+    return [
+        PlannedLaunch((launch_key(engine, request, c.to_caps()),), p.repeats, reuses=True) for c in p.caps
+    ]
+
+
 SCENARIO = register(
     Scenario(
+        launches=planned_launches,
         order=30,
         plan=lambda p: [p.repeats] * len(p.caps),
         name=NAME,

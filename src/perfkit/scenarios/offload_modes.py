@@ -31,7 +31,16 @@ from perfkit.checks import Check, check_flag
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
-from perfkit.scenarios.common import LaunchData, assemble, fmt, json_float, measure_launch, reuse_launch
+from perfkit.scenarios.common import (
+    LaunchData,
+    PlannedLaunch,
+    assemble,
+    fmt,
+    json_float,
+    launch_key,
+    measure_launch,
+    reuse_launch,
+)
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -518,8 +527,29 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return out
 
 
+def planned_launches(
+    p: OffloadModesParams, engine: EngineSpec, request: VideoRequestSpec
+) -> list[PlannedLaunch]:
+    """The registry's ``launches``: one per mode; mode ``none`` may reuse an earlier session
+    (its own spec, or automatic placement without a device cap, as :func:`offload_modes`)."""
+    caps = p.caps.to_caps() if p.caps else MemoryCaps()
+    out = []
+    for mode in p.modes:
+        try:
+            mspec = engine.replace(offload=mode, offload_components={})
+        except EngineSpecError:
+            out.append(PlannedLaunch((), 0))
+            continue
+        keys = [launch_key(mspec, request, caps)]
+        if mode == "none" and not caps.device_gib and engine.replace(offload_components={}) == engine:
+            keys.append(launch_key(engine.replace(offload=None), request, caps))
+        out.append(PlannedLaunch(tuple(keys), p.repeats, reuses=mode == "none"))
+    return out
+
+
 SCENARIO = register(
     Scenario(
+        launches=planned_launches,
         order=40,
         plan=lambda p: [p.repeats] * len(p.modes),
         name=NAME,
