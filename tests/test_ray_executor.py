@@ -108,6 +108,8 @@ def test_failing_unit_is_retried_then_an_error_and_crash_does_not_stop_others(lo
     assert "Traceback" in bad.log_tail and "exited with code 3" in bad.log_tail
     assert (tmp_path / "bad" / "partial.txt").read_text() == "half"  # a failed unit's output kept
     assert crash.status == "error" and crash.attempts == 2 and crash.out_dir is None
+    doc = json.loads((tmp_path / "crash" / "unit.json").read_text())
+    assert doc["unit"]["id"] == "crash" and doc["outcome"]["status"] == "error"
     assert crash.error.startswith("WorkerCrashedError: The worker died"), crash.error
     assert good.status == "ok" and good.attempts == 1
     assert events.count(("retry", "bad")) == 1 and events.count(("retry", "crash")) == 1

@@ -5,8 +5,10 @@
     outcomes = run_units_ray(units, run_unit, dest, address="auto", retries=1, on_event=bar)
 
 - A unit is a JSON-able dict with at least ``id`` and ``gpus`` (int; 0 on CPU), optionally
-  ``cpus`` (default 1). Its task asks Ray for ``num_gpus=unit["gpus"]``, so a 2-GPU CFG-parallel
-  launch waits for two free GPUs and 1-GPU launches on a multi-GPU host run side by side. Ray
+  ``cpus``. Its task asks Ray for ``num_gpus=unit["gpus"]``, so a 2-GPU CFG-parallel launch
+  waits for two free GPUs and 1-GPU launches on a multi-GPU host run side by side. ``cpus``
+  defaults to 1 for a GPU unit; a CPU unit (``gpus`` 0) asks for every CPU of the smallest
+  alive node, so that engines measured on CPU never share cores with each other. Ray
   sets ``CUDA_VISIBLE_DEVICES`` of the task to the GPUs it got; the engine launched by the unit
   inherits it and perfkit's sampler resolves it to NVML devices by UUID
   (:func:`perfkit.readings.sampler.resolve_visible_gpus`).
@@ -14,7 +16,8 @@
   directory as a tar archive in memory (it travels back through Ray's object store, also when
   ``run_unit`` failed: partial bundles and engine logs are kept) and returns it with its status,
   error, log tail, host name, GPUs (Ray ids and NVML UUIDs) and start/end times.
-- The driver unpacks each unit's archive to ``dest/<unit id>/`` and returns one
+- The driver unpacks each unit's archive to ``dest/<unit id>/``, writes ``unit.json`` there (the
+  unit and its outcome, as the in-process executor does) and returns one
   :class:`~perfkit.scaleout.outcome.UnitOutcome` per unit, **in the order of** ``units``.
 - A unit that raises or whose worker dies (``os._exit``, OOM kill, node lost: Ray raises
   ``WorkerCrashedError``, ``NodeDiedError``, ``RayTaskError``, ...) is resubmitted by the driver
@@ -30,6 +33,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import re
@@ -54,6 +58,8 @@ _SECRET = re.compile(r"token|secret|password|passwd|api_?key|access_?key|auth", 
 #: lines of worker logging kept as the log tail of a failed unit
 LOG_TAIL_LINES = 200
 INSTALL_HINT = "the Ray executor needs ray: pip install 'perfkit[ray]'"
+#: a unit's record beside its output (same name and shape as the in-process executor's)
+UNIT_FILE = "unit.json"
 
 
 def _import_ray():
@@ -283,11 +289,14 @@ def run_units_ray(
         job_env = dict(runtime_env) if runtime_env else None
     try:
         task = ray.remote(run_one)
+        cpu_unit_cpus = _smallest_node_cpus(ray)
 
         def submit(u: Mapping[str, Any]):
+            gpus = int(u.get("gpus", 0))
+            cpus = u.get("cpus")
             opts: dict[str, Any] = {
-                "num_gpus": int(u.get("gpus", 0)),
-                "num_cpus": float(u.get("cpus", 1)),
+                "num_gpus": gpus,
+                "num_cpus": float(cpus if cpus is not None else (1 if gpus else cpu_unit_cpus)),
                 "max_retries": 0,  # the driver retries (and counts) itself
                 "retry_exceptions": False,
             }
@@ -313,11 +322,28 @@ def run_units_ray(
                 pending[submit(units[i])] = (i, attempt + 1)
                 continue
             results[i] = oc
+            _write_unit_file(dest / unit_dir_name(ids[i]), units[i], oc)
             emit("finished", ids[i], oc)
         return [r for r in results if r is not None]
     finally:
         if started_here:
             ray.shutdown()
+
+
+def _smallest_node_cpus(ray: Any) -> float:
+    """CPUs of the smallest alive node (1 when Ray does not say)."""
+    try:
+        cpus = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
+    except Exception:  # noqa: BLE001
+        cpus = []
+    cpus = [c for c in cpus if c > 0]
+    return float(min(cpus)) if cpus else 1.0
+
+
+def _write_unit_file(d: Path, unit: Mapping[str, Any], oc: UnitOutcome) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    doc = {"unit": dict(unit), "outcome": oc.to_dict()}
+    (d / UNIT_FILE).write_text(json.dumps(doc, indent=2, default=str) + "\n")
 
 
 def _collect(ray: Any, ref: Any, unit_id: str, attempt: int, dest: Path) -> UnitOutcome:
