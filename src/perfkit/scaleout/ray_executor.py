@@ -156,6 +156,12 @@ def run_one(unit: Mapping[str, Any], run_unit: RunUnit) -> dict[str, Any]:
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)
     status, error = "ok", None
+    # per-request bars of a worker would be streamed to the driver line by line: the driver
+    # draws the one bar over all units (progress events go nowhere here)
+    progress_env = "PERFKIT_PROGRESS_FILE"
+    had_progress = os.environ.get(progress_env)
+    if had_progress is None:
+        os.environ[progress_env] = os.devnull
     with tempfile.TemporaryDirectory(prefix=f"perfkit-unit-{unit_dir_name(unit['id'])}-") as tmp:
         out = Path(tmp) / "out"
         out.mkdir()
@@ -168,6 +174,8 @@ def run_one(unit: Mapping[str, Any], run_unit: RunUnit) -> dict[str, Any]:
         finally:
             root.removeHandler(handler)
             root.setLevel(old_level)
+            if had_progress is None:
+                os.environ.pop(progress_env, None)
         ended = time.time()
         archive = pack_dir(out)
     return {
@@ -363,7 +371,7 @@ def _collect(ray: Any, ref: Any, unit_id: str, attempt: int, dest: Path) -> Unit
         unit_id,
         status,
         out_dir=out_dir,
-        wall_s=r["ended_at"] - r["started_at"],
+        wall_s=round(r["ended_at"] - r["started_at"], 2),
         attempts=attempt,
         error=error,
         log_tail=tail,
