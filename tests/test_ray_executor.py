@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -51,7 +52,12 @@ def _write_gpu_ids(unit, out: Path) -> None:
             {"gpu_ids": [str(g) for g in r.get_gpu_ids()], "cvd": os.environ.get("CUDA_VISIBLE_DEVICES")}
         )
     )
-    time.sleep(float(unit.get("sleep", 0)))
+    if unit.get("barrier"):  # wait (up to 60 s) until every peer has started too
+        b = Path(unit["barrier"])
+        (b / f"{unit['id']}.started").touch()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all((b / f"{p}.started").exists() for p in unit["peers"]):
+            time.sleep(0.05)
 
 
 def _fail(unit, out: Path) -> None:
@@ -81,8 +87,11 @@ def test_two_gpu_unit_sees_both_gpus_without_cuda(local_ray, tmp_path):
 
 
 def test_one_gpu_units_run_side_by_side_on_different_gpus(local_ray, tmp_path):
-    units = [{"id": "a", "gpus": 1, "sleep": 2.0}, {"id": "b", "gpus": 1, "sleep": 2.0}]
-    out = run_units_ray(units, _write_gpu_ids, tmp_path)
+    # each unit waits until the other has started: they overlap only when Ray runs them at once
+    (tmp_path / "barrier").mkdir()
+    units = [{"id": u, "gpus": 1, "barrier": str(tmp_path / "barrier"), "peers": ["a", "b"]} for u in "ab"]
+    out = run_units_ray(units, _write_gpu_ids, tmp_path / "out")
+    tmp_path = tmp_path / "out"
     assert [o.unit_id for o in out] == ["a", "b"] and all(o.status == "ok" for o in out)
     a, b = out
     assert a.started_at < b.ended_at and b.started_at < a.ended_at, "the two units did not overlap"
@@ -136,3 +145,9 @@ def test_bad_units_are_refused_before_ray(tmp_path):
     with pytest.raises(ValueError, match="gpus"):
         run_units_ray([{"id": "a", "gpus": 1.5}], _fail, tmp_path)
     assert unit_dir_name("cold_warm/h200 x2") == "cold_warm_h200_x2"
+
+
+def test_without_ray_the_error_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(RuntimeError, match=r"pip install 'perfkit\[ray\]'"):
+        run_units_ray([{"id": "a", "gpus": 0}], _fail, tmp_path)
