@@ -1,6 +1,7 @@
 """Partitions and merge, for real on the tiny reference engine (CPU): a small suite derived from
-params/ci-cpu.yaml (a shared launch: warmup_shapes' 17-frame warmup reuses cold_warm's session;
-a multi-launch scenario split into units: warmup_shapes; a scenario of tier ``extra``) run
+params/ci-cpu.yaml (shared launches: warmup_shapes' 17-frame warmup, memory_budget's unlimited
+budget and offload mode none reuse cold_warm's session; multi-launch scenarios split into units:
+warmup_shapes, memory_budget, offload_modes; a scenario of tier ``extra``: overhead) run
 unsplit, then as shards 1/2 and 2/2 through the CLI and merged: same verdict, same tables bar
 timing values. A deleted shard, a failed unit and shards of other params exit 2, named."""
 
@@ -24,6 +25,7 @@ from perfkit.scaleout import shards
 from perfkit.scenarios.cold_warm import NAME as COLD_WARM
 from perfkit.scenarios.memory_budget import NAME as MEMORY_BUDGET
 from perfkit.scenarios.offload_modes import NAME as OFFLOAD_MODES
+from perfkit.scenarios.overhead import NAME as OVERHEAD
 from perfkit.scenarios.warmup_shapes import NAME as WARMUP_SHAPES
 from perfkit.suite import SCALEOUT
 
@@ -49,8 +51,10 @@ def small_params(path: Path, **changes) -> Path:
     doc["name"] = "ci-cpu-scaleout"
     doc[COLD_WARM] = {"enabled": True, "repeats": 3}
     doc[WARMUP_SHAPES] = {"enabled": True, "warmup_frames": [17, 25], "request_frames": [25], "repeats": 2}
-    doc[MEMORY_BUDGET] = {**doc[MEMORY_BUDGET], "tier": "extra"}
-    doc[OFFLOAD_MODES] = {"enabled": False}
+    # two budgets (the unlimited one reuses cold_warm's session) and two modes (none reuses it
+    # too; model is refused by the CPU engine: "not applicable"): both split into units
+    doc[OFFLOAD_MODES] = {**doc[OFFLOAD_MODES], "modes": ["none", "model"]}
+    doc[OVERHEAD] = {"enabled": True, "tier": "extra"}
     for key in (
         "warm_cold_ratio_max",
         "covered_first_request_max_ratio",
@@ -123,9 +127,15 @@ def test_shards_exit_0_and_write_manifests(runs):
         assert runs[key].returncode == 0, runs[key].stdout + runs[key].stderr[-3000:]
         m = json.loads((runs[f"{key}_dir"] / shards.MANIFEST).read_text())
         assert m["partition"]["total"] == 2 and m["perfkit_commit"]
-        assert [u["shard"] for u in m["units"]] == [1, 2]  # all shards' units, the same plan
+        # all shards' units, the same plan: cold_warm's unit (4 parts) is the longest
+        assert [(u["id"], u["shard"]) for u in m["units"]] == [
+            (COLD_WARM, 1),
+            (f"{WARMUP_SHAPES}.warmup25", 2),
+            (f"{MEMORY_BUDGET}.cap1", 2),
+            (f"{OFFLOAD_MODES}.model", 2),
+        ]
         assert all(o["status"] == "ok" and o["wall_s"] > 0 for o in m["outcomes"])
-        assert m["skipped"][MEMORY_BUDGET] == TIERED
+        assert m["skipped"][OVERHEAD] == TIERED
         # bundles only: no notebooks, no report
         assert (
             not list(runs[f"{key}_dir"].rglob("*.ipynb"))
@@ -136,7 +146,7 @@ def test_shards_exit_0_and_write_manifests(runs):
     assert m1["units"] == m2["units"] and m1["params_sha256"] == m2["params_sha256"]
     # the shared launch: warmup17 ran in cold_warm's unit, after it, in one shard
     first = m1["units"][0]
-    assert [p["scenario"] for p in first["parts"]] == [COLD_WARM, WARMUP_SHAPES]
+    assert [p["scenario"] for p in first["parts"]] == [COLD_WARM, WARMUP_SHAPES, MEMORY_BUDGET, OFFLOAD_MODES]
 
 
 def test_merged_equals_unsplit(runs):
@@ -149,12 +159,24 @@ def test_merged_equals_unsplit(runs):
     sa = {n["name"]: (n["status"], n.get("reason")) for n in ra["notebooks"]}
     sb = {n["name"]: (n["status"], n.get("reason")) for n in rb["notebooks"]}
     assert sa == sb
-    assert sa[MEMORY_BUDGET] == ("skipped", TIERED)  # --tier per-commit ran only those
-    assert not (a / MEMORY_BUDGET).exists() and not (b / MEMORY_BUDGET).exists()
+    assert sa[OVERHEAD] == ("skipped", TIERED)  # --tier per-commit ran only those
+    assert not (a / OVERHEAD).exists() and not (b / OVERHEAD).exists()
     assert _verdict_rows(a) == _verdict_rows(b)
-    for name in (COLD_WARM, WARMUP_SHAPES):
+    for name in (COLD_WARM, WARMUP_SHAPES, MEMORY_BUDGET, OFFLOAD_MODES):
         ba, bb = ResultBundle.load(a / name), ResultBundle.load(b / name)
         assert _tables(ba) == _tables(bb), name
+        assert ba.results.get("reused_launches") == bb.results.get("reused_launches"), name
+    mb_a, mb_b = ResultBundle.load(a / MEMORY_BUDGET), ResultBundle.load(b / MEMORY_BUDGET)
+    keys = ("label", "host_cap_gib", "completed", "n_completed", "cap_held")
+    assert [{k: c.get(k) for k in keys} for c in mb_a.results["caps"]] == [
+        {k: c.get(k) for k in keys} for c in mb_b.results["caps"]
+    ]
+    om_a, om_b = ResultBundle.load(a / OFFLOAD_MODES), ResultBundle.load(b / OFFLOAD_MODES)
+    keys = ("mode", "label", "status", "reused_from")
+    assert [{k: e.get(k) for k in keys} for e in om_a.results["modes"]] == [
+        {k: e.get(k) for k in keys} for e in om_b.results["modes"]
+    ]
+    assert om_a.results.get("device") == om_b.results.get("device")
     wa, wb = ResultBundle.load(a / WARMUP_SHAPES), ResultBundle.load(b / WARMUP_SHAPES)
     assert wa.results["reused_launches"] == wb.results["reused_launches"] == ["warmup17"]
     cov = [

@@ -45,13 +45,24 @@ def test_units_of_ci_cpu_keep_shared_launches_together():
     p = ci_params()
     units = plan_units(p, p.enabled())
     ids = [u.id for u in units]
-    # warmup_shapes splits into one unit per warmup setting; warmup17 reuses cold_warm's launch
-    # (same spec, request, no caps, 5 >= 3 requests), so it runs in cold_warm's unit, after it
-    assert ids == [COLD_WARM, f"{WARMUP_SHAPES}.warmup25"]
+    # warmup_shapes, memory_budget and offload_modes split into one part per launch; the parts
+    # that reuse cold_warm's launch (same spec, request, no caps, enough requests: warmup17,
+    # the unlimited budget, mode none) run in cold_warm's unit, right after it
+    assert ids == [
+        COLD_WARM,
+        f"{WARMUP_SHAPES}.warmup25",
+        f"{MEMORY_BUDGET}.cap1",
+        f"{OFFLOAD_MODES}.model",
+        f"{OFFLOAD_MODES}.group-block",
+        f"{OFFLOAD_MODES}.group-leaf",
+    ]
     first = units[0]
-    assert [x.id for x in first.parts][:2] == [COLD_WARM, f"{WARMUP_SHAPES}.warmup17"]
-    # memory_budget's unlimited cap and offload mode none reuse cold_warm's launch too
-    assert {MEMORY_BUDGET, OFFLOAD_MODES} <= set(first.scenarios)
+    assert [x.id for x in first.parts] == [
+        COLD_WARM,
+        f"{WARMUP_SHAPES}.warmup17",
+        f"{MEMORY_BUDGET}.cap0",
+        f"{OFFLOAD_MODES}.none",
+    ]
     for u in units:
         assert u.gpus == 0  # CPU engine
         assert u.estimate_s == DEFAULT_ESTIMATE_S * len(u.parts)
@@ -60,6 +71,16 @@ def test_units_of_ci_cpu_keep_shared_launches_together():
         assert WorkUnit.from_dict(json.loads(json.dumps(u.to_dict()))).to_dict() == u.to_dict()
     # every launch of the plan appears once: 1 cold_warm + 2 warmup + 2 caps + 4 modes
     assert sum(u.launches for u in units) == 9
+
+
+def test_min_budget_search_keeps_memory_budget_whole():
+    p = ci_params().model_copy(deep=True)
+    sec = p.section(MEMORY_BUDGET)
+    p2 = parse_params(
+        {**p.model_dump(), MEMORY_BUDGET: {**sec.model_dump(), "min_budget": {"lo_gib": 1, "hi_gib": 4}}}
+    )
+    units = plan_units(p2, [MEMORY_BUDGET])
+    assert [u.id for u in units] == [MEMORY_BUDGET] and units[0].parts[0].key is None
 
 
 def test_a_unit_that_cannot_reuse_is_its_own_unit():
@@ -255,3 +276,23 @@ def test_refresh_estimates(tmp_path):
     assert bl.load_baseline(f)["scenarios"][cw]["estimated_full_test_time_s"] == 20.0
     with pytest.raises(ValueError, match="no finished unit"):
         shards.refresh_estimates(f, [tmp_path / "nothing"])
+
+
+def test_one_progress_bar_over_launches(tmp_path):
+    import io
+
+    from perfkit.scenarios.progress import emit
+
+    units = [WorkUnit(id="a", parts=[], launches=3), WorkUnit(id="b", parts=[], launches=2)]
+    buf = io.StringIO()
+    on_event, close = ex.progress_events(units, file=buf)
+
+    def run_unit(unit, out_dir):
+        emit("launch_done", label="x")  # what track_requests emits at the end of each launch
+        if unit["id"] == "b":
+            raise RuntimeError("no")
+
+    ex.run_units_inprocess([u.to_dict() for u in units], run_unit, tmp_path, on_event=on_event)
+    close()
+    text = buf.getvalue()
+    assert "5/5" in text and "1 failed" in text
