@@ -23,6 +23,7 @@ from perfkit.engine.spec import EngineSpec
 from perfkit.scaleout.outcome import OnEvent, RunUnit, UnitOutcome
 from perfkit.scaleout.units import WorkUnit
 from perfkit.scenarios import registry
+from perfkit.scenarios.progress import listening
 from perfkit.scenarios.registry import RunContext
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,8 @@ def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
 
     Raises:
         ValueError: a part's params that its params model refuses (naming the field).
-        ScenarioError: a part that measured nothing usable (its bundle is saved first).
+        ScenarioError: a whole-scenario part that measured nothing usable (its bundle is saved
+            first); a split part's bundle is checked once joined, when the merged run replays it.
         Exception: whatever the engine or the scenario raised.
     """
     u = _unit(unit)
@@ -87,8 +89,8 @@ def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
             "wall_s": round(time.time() - t0, 2),
         }
         bundle.save(dest)
-        s.check_bundle(bundle)
-        if part.key is None:
+        if part.key is None:  # a split part is judged whole: the joined bundle, on replay
+            s.check_bundle(bundle)
             shared.setdefault(part.scenario, bundle)
 
 
@@ -153,8 +155,14 @@ def run_units_inprocess(
             if out_dir.exists():
                 shutil.rmtree(out_dir)
             t0, wall0 = time.time(), time.monotonic()
+
+            def on_progress(ev: Mapping[str, Any], uid: str = u.id) -> None:
+                if on_event and ev.get("event") == "launch_done":
+                    on_event("launch", uid, None)
+
             try:
-                run_unit(u.to_dict(), out_dir)
+                with listening(on_progress):
+                    run_unit(u.to_dict(), out_dir)
                 oc = UnitOutcome(u.id, "ok", out_dir=out_dir, attempts=attempt, host=host)
             except Exception as exc:  # noqa: BLE001 - one failed unit must not lose the others
                 err = f"{type(exc).__name__}: {exc}"
@@ -220,7 +228,8 @@ def progress_events(
 
     Returns:
         ``(on_event, close)``: pass ``on_event`` to the executor; call ``close`` at the end.
-        The bar advances by a unit's launches when it finishes and names running units.
+        The bar advances by one per ``launch`` event (in-process executors) and by the rest of
+        a unit's planned launches when it finishes (any executor); it names running units.
     """
     from tqdm.std import tqdm
 
@@ -230,10 +239,14 @@ def progress_events(
     )
     running: list[str] = []
     failed: list[str] = []
+    done: dict[str, int] = {}
 
     def on_event(event: str, unit_id: str, outcome: UnitOutcome | None) -> None:
         if event == "started" and unit_id not in running:
             running.append(unit_id)
+        elif event == "launch" and done.get(unit_id, 0) < launches.get(unit_id, 1):
+            done[unit_id] = done.get(unit_id, 0) + 1
+            bar.update(1)
         elif event == "retry":
             bar.write(f"retrying {unit_id}")
         elif event == "finished":
@@ -241,7 +254,8 @@ def progress_events(
                 running.remove(unit_id)
             if outcome is not None and outcome.status != "ok":
                 failed.append(unit_id)
-            bar.update(launches.get(unit_id, 1))
+            bar.update(max(launches.get(unit_id, 1) - done.get(unit_id, 0), 0))
+            done[unit_id] = launches.get(unit_id, 1)
         bar.set_postfix_str(", ".join(running) + (f" ({len(failed)} failed)" if failed else ""))
 
     return on_event, bar.close

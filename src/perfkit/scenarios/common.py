@@ -570,3 +570,23 @@ def launch_key(spec: EngineSpec, request: VideoRequestSpec, caps: MemoryCaps | N
 
     mine = caps.to_dict() if caps is not None and not caps.unlimited else None
     return json.dumps([spec.to_dict(), request.payload(), mine], sort_keys=True, default=str)
+
+
+def relabel(bundle: ResultBundle, old: str, new: str) -> ResultBundle:
+    """``bundle`` with launch label ``old`` renamed ``new`` in place (the ``launch`` and ``label``
+    columns of every table, records, engine commands, engine log names), for joining parts
+    whose scenario names launches by position (``cap0`` of a part is ``cap2`` of the whole).
+    Returns ``bundle``."""
+    if old == new:
+        return bundle
+    for name, df in bundle.tables.items():
+        for col in ("launch", "label"):
+            if col in df.columns and not df.empty:
+                df = df.copy()
+                df[col] = df[col].where(df[col].astype("string") != old, new)
+        bundle.tables[name] = df
+    bundle.records = {(new if k == old else k): v for k, v in bundle.records.items()}
+    cmds = bundle.meta.get("commands") or {}
+    bundle.meta["commands"] = {(new if k == old else k): v for k, v in cmds.items()}
+    bundle.logs = {(new + k[len(old) :] if k.startswith(old + ".") else k): v for k, v in bundle.logs.items()}
+    return bundle

@@ -36,6 +36,7 @@ from perfkit.scenarios.common import (
     PlannedLaunch,
     assemble,
     fmt,
+    join_bundles,
     json_float,
     launch_key,
     measure_launch,
@@ -527,6 +528,35 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return out
 
 
+def split(p: OffloadModesParams) -> list[tuple[str, OffloadModesParams]]:
+    """The registry's ``split``: one part per mode (each a launch of its own), keyed by its
+    mode (``none``, ``group-block``), in the params' order."""
+    return [(m, p.model_copy(update={"modes": [m]})) for m in p.modes]
+
+
+def join(parts: list[ResultBundle], p: OffloadModesParams) -> ResultBundle:
+    """The registry's ``join``: the bundle :func:`offload_modes` would have written for ``p``
+    from its :func:`split` parts' bundles (in split order): mode entries in order, ``device``
+    the first reported, ``reused_launches`` rebuilt from the entries (the order checks are
+    judged from these results, as for an unsplit bundle).
+
+    Raises:
+        ValueError: the parts do not cover ``p.modes`` in order (naming both).
+    """
+    got = [m for b in parts for m in (b.meta.get("params") or {}).get("modes") or []]
+    if got != list(p.modes):
+        raise ValueError(f"{NAME}: parts measured modes {got}, the params ask for {list(p.modes)}")
+    entries = [e for b in parts for e in b.results.get("modes") or []]
+    results = {
+        **{k: v for k, v in parts[0].results.items() if k not in ("modes", "device", "reused_launches")},
+        "modes": entries,
+        "device": next((b.results.get("device") for b in parts if b.results.get("device")), None),
+        "reused_launches": [e["label"] for e in entries if e.get("reused_from")],
+    }
+    params = {**(parts[0].meta.get("params") or {}), "modes": list(p.modes)}
+    return join_bundles(NAME, parts, params, results)
+
+
 def planned_launches(
     p: OffloadModesParams, engine: EngineSpec, request: VideoRequestSpec
 ) -> list[PlannedLaunch]:
@@ -550,6 +580,8 @@ def planned_launches(
 SCENARIO = register(
     Scenario(
         launches=planned_launches,
+        split=split,
+        join=join,
         order=40,
         plan=lambda p: [p.repeats] * len(p.modes),
         name=NAME,
