@@ -52,6 +52,10 @@ def _write_gpu_ids(unit, out: Path) -> None:
             {"gpu_ids": [str(g) for g in r.get_gpu_ids()], "cvd": os.environ.get("CUDA_VISIBLE_DEVICES")}
         )
     )
+    from perfkit.scenarios.progress import track_requests
+
+    for launch in range(int(unit.get("launches", 0))):  # what an engine launch reports
+        list(track_requests([1, 2], f"launch{launch}"))
     if unit.get("barrier"):  # wait (up to 60 s) until every peer has started too
         b = Path(unit["barrier"])
         (b / f"{unit['id']}.started").touch()
@@ -72,7 +76,7 @@ def _crash(unit, out: Path) -> None:
 def test_two_gpu_unit_sees_both_gpus_without_cuda(local_ray, tmp_path):
     events = []
     [oc] = run_units_ray(
-        [{"id": "cfg2", "gpus": 2}],
+        [{"id": "cfg2", "gpus": 2, "launches": 2}],
         _write_gpu_ids,
         tmp_path,
         on_event=lambda e, uid, o: events.append((e, uid)),
@@ -83,7 +87,7 @@ def test_two_gpu_unit_sees_both_gpus_without_cuda(local_ray, tmp_path):
     assert sorted(seen["cvd"].split(",")) == ["0", "1"]  # what an engine launched here inherits
     assert oc.out_dir == tmp_path / "cfg2" and oc.attempts == 1 and oc.host
     assert oc.gpu_uuids == []  # logical GPUs: no NVML device behind them
-    assert events == [("started", "cfg2"), ("finished", "cfg2")]
+    assert events == [("started", "cfg2"), ("launch", "cfg2"), ("launch", "cfg2"), ("finished", "cfg2")]
 
 
 def test_one_gpu_units_run_side_by_side_on_different_gpus(local_ray, tmp_path):
@@ -122,6 +126,7 @@ def test_failing_unit_is_retried_then_an_error_and_crash_does_not_stop_others(lo
     assert crash.error.startswith("WorkerCrashedError: The worker died"), crash.error
     assert good.status == "ok" and good.attempts == 1
     assert events.count(("retry", "bad")) == 1 and events.count(("retry", "crash")) == 1
+    assert events.count(("started", "bad")) == 2  # each attempt, when its task starts
     assert sorted(uid for e, uid in events if e == "finished") == ["bad", "crash", "good"]
 
 

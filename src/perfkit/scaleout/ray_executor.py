@@ -23,9 +23,11 @@
   ``WorkerCrashedError``, ``NodeDiedError``, ``RayTaskError``, ...) is resubmitted by the driver
   up to ``retries`` times (Ray's own task retries are off, so the count is ours), then reported
   as an ``error`` outcome with the error and log tail; no exception of a unit reaches the caller.
-- ``on_event(event, unit_id, outcome)`` runs on the driver: ``started`` when a unit's task is
-  submitted (Ray may still queue it until its GPUs are free), ``retry`` with the failed
-  attempt's outcome when it is resubmitted, ``finished`` with the final outcome.
+- ``on_event(event, unit_id, outcome)`` runs on the driver: ``started`` when a unit's task
+  starts on its worker (not while Ray queues it for its GPUs), ``launch`` each time one of its
+  engine launches is done, ``retry`` with the failed attempt's outcome when it is resubmitted,
+  ``finished`` with the final outcome. Workers send ``started``/``launch`` through a
+  ``ray.util.queue.Queue`` (an actor asking for no CPU); they draw no bars of their own.
 
 ``ray`` is imported lazily: the rest of perfkit works without it (``pip install 'perfkit[ray]'``).
 """
@@ -137,12 +139,32 @@ def _gpus_here(ray: Any) -> tuple[list[str], list[str]]:
     return ids, [r.uuid for r in refs]
 
 
-def run_one(unit: Mapping[str, Any], run_unit: RunUnit) -> dict[str, Any]:
+def _sender(events: Any, unit_id: str):
+    """A callback that puts ``(event, unit id)`` on the driver's queue (never raises)."""
+
+    def send(event: str) -> None:
+        if events is None:
+            return
+        try:
+            events.put_nowait((event, unit_id))
+        except Exception as exc:  # noqa: BLE001 - progress must not fail the unit
+            log.debug("progress event %s of %s not sent: %s", event, unit_id, exc)
+
+    return send
+
+
+def run_one(unit: Mapping[str, Any], run_unit: RunUnit, events: Any = None) -> dict[str, Any]:
     """Run one unit here (the body of the Ray task; also usable without Ray).
+
+    ``events``: a queue (``put_nowait``) for ``("started" | "launch", unit id)`` progress events.
 
     Returns a dict: status ("ok"/"error"), error, log_tail, host, gpu_ids, gpu_uuids,
     started_at, ended_at, archive (bytes of :func:`pack_dir` of the unit's output directory).
     """
+    from perfkit.scenarios.progress import listening
+
+    send = _sender(events, str(unit["id"]))
+    send("started")
     try:
         import ray
     except ImportError:  # pragma: no cover - run_one without Ray
@@ -156,17 +178,19 @@ def run_one(unit: Mapping[str, Any], run_unit: RunUnit) -> dict[str, Any]:
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)
     status, error = "ok", None
-    # per-request bars of a worker would be streamed to the driver line by line: the driver
-    # draws the one bar over all units (progress events go nowhere here)
-    progress_env = "PERFKIT_PROGRESS_FILE"
-    had_progress = os.environ.get(progress_env)
-    if had_progress is None:
-        os.environ[progress_env] = os.devnull
+
+    # a listener also keeps the worker from drawing per-request bars (streamed to the driver
+    # line by line); the driver draws the one bar over all units
+    def on_progress(ev: Mapping[str, Any]) -> None:
+        if ev.get("event") == "launch_done":
+            send("launch")
+
     with tempfile.TemporaryDirectory(prefix=f"perfkit-unit-{unit_dir_name(unit['id'])}-") as tmp:
         out = Path(tmp) / "out"
         out.mkdir()
         try:
-            run_unit(unit, out)
+            with listening(on_progress):
+                run_unit(unit, out)
         except BaseException as exc:  # noqa: BLE001 - reported, never raised
             status = "error"
             error = f"{type(exc).__name__}: {exc}"
@@ -174,8 +198,6 @@ def run_one(unit: Mapping[str, Any], run_unit: RunUnit) -> dict[str, Any]:
         finally:
             root.removeHandler(handler)
             root.setLevel(old_level)
-            if had_progress is None:
-                os.environ.pop(progress_env, None)
         ended = time.time()
         archive = pack_dir(out)
     return {
@@ -295,9 +317,21 @@ def run_units_ray(
         # a Ray someone else started (a test fixture, a notebook): its workers already have
         # the environment it was started with; only an explicit runtime_env is added per task
         job_env = dict(runtime_env) if runtime_env else None
+    events = _event_queue(ray)
     try:
         task = ray.remote(run_one)
         cpu_unit_cpus = _smallest_node_cpus(ray)
+
+        def drain() -> None:
+            if events is None:
+                return
+            try:
+                got = events.get_nowait_batch(events.qsize())
+            except Exception as exc:  # noqa: BLE001
+                log.debug("progress events not read: %s", exc)
+                return
+            for ev, uid in got:
+                emit(ev, uid, None)
 
         def submit(u: Mapping[str, Any]):
             gpus = int(u.get("gpus", 0))
@@ -311,16 +345,18 @@ def run_units_ray(
             if job_env is not None:
                 opts["runtime_env"] = job_env
             return task.options(name=f"perfkit-unit-{unit_dir_name(u['id'])}", **opts).remote(
-                dict(u), run_unit
+                dict(u), run_unit, events
             )
 
         pending: dict[Any, tuple[int, int]] = {}  # ref -> (unit index, attempt)
         for i, u in enumerate(units):
             pending[submit(u)] = (i, 1)
-            emit("started", ids[i], None)
         results: list[UnitOutcome | None] = [None] * len(units)
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            drain()  # a unit's events are queued before its task returns
+            if not ready:
+                continue
             ref = ready[0]
             i, attempt = pending.pop(ref)
             oc = _collect(ray, ref, ids[i], attempt, dest)
@@ -334,8 +370,24 @@ def run_units_ray(
             emit("finished", ids[i], oc)
         return [r for r in results if r is not None]
     finally:
+        if events is not None:
+            try:
+                events.shutdown(force=True)
+            except Exception:  # noqa: BLE001
+                pass
         if started_here:
             ray.shutdown()
+
+
+def _event_queue(ray: Any) -> Any:
+    """A queue actor for workers' progress events (None when it cannot be made: no events)."""
+    try:
+        from ray.util.queue import Queue
+
+        return Queue(actor_options={"num_cpus": 0})
+    except Exception as exc:  # noqa: BLE001
+        log.warning("no progress events from Ray workers: %s", exc)
+        return None
 
 
 def _smallest_node_cpus(ray: Any) -> float:
