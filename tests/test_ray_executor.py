@@ -66,6 +66,8 @@ def _write_gpu_ids(unit, out: Path) -> None:
 
 def _fail(unit, out: Path) -> None:
     (out / "partial.txt").write_text("half")
+    (out / "engine").mkdir()
+    (out / "engine" / "stderr.log").write_text("CUDA error: out of memory\n")
     raise RuntimeError(f"engine {unit['id']} exited with code 3")
 
 
@@ -119,6 +121,7 @@ def test_failing_unit_is_retried_then_an_error_and_crash_does_not_stop_others(lo
     assert bad.status == "error" and bad.attempts == 2
     assert bad.error == "RuntimeError: engine bad exited with code 3"
     assert "Traceback" in bad.log_tail and "exited with code 3" in bad.log_tail
+    assert "--- engine/stderr.log (end) ---\nCUDA error: out of memory" in bad.log_tail
     assert (tmp_path / "bad" / "partial.txt").read_text() == "half"  # a failed unit's output kept
     assert crash.status == "error" and crash.attempts == 2 and crash.out_dir is None
     doc = json.loads((tmp_path / "crash" / "unit.json").read_text())

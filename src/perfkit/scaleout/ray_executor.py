@@ -153,6 +153,17 @@ def _sender(events: Any, unit_id: str):
     return send
 
 
+def _newest_log_tail(d: Path, chars: int = 4000) -> str:
+    """The end of the newest ``*.log`` under ``d`` (an engine's stdout/stderr), or ""."""
+    try:
+        logs = sorted((p for p in d.rglob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
+        if not logs:
+            return ""
+        return f"\n--- {logs[-1].relative_to(d)} (end) ---\n" + logs[-1].read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
 def run_one(unit: Mapping[str, Any], run_unit: RunUnit, events: Any = None) -> dict[str, Any]:
     """Run one unit here (the body of the Ray task; also usable without Ray).
 
@@ -199,11 +210,12 @@ def run_one(unit: Mapping[str, Any], run_unit: RunUnit, events: Any = None) -> d
             root.removeHandler(handler)
             root.setLevel(old_level)
         ended = time.time()
+        tail = "\n".join(handler.lines) + _newest_log_tail(out) if status == "error" else None
         archive = pack_dir(out)
     return {
         "status": status,
         "error": error,
-        "log_tail": "\n".join(handler.lines) if status == "error" else None,
+        "log_tail": tail,
         "host": socket.gethostname(),
         "gpu_ids": gpu_ids,
         "gpu_uuids": gpu_uuids,
