@@ -65,10 +65,12 @@ UNIT_FILE = "unit.json"
 
 
 def _import_ray():
+    from perfkit.scaleout.executor import ExecutorError
+
     try:
         import ray
-    except ImportError as exc:
-        raise RuntimeError(INSTALL_HINT) from exc
+    except ImportError:
+        raise ExecutorError(INSTALL_HINT) from None
     return ray
 
 
@@ -302,7 +304,8 @@ def run_units_ray(
         One UnitOutcome per unit, in the order of ``units``.
 
     Raises:
-        RuntimeError: ray is not installed (``pip install 'perfkit[ray]'``).
+        ExecutorError: ray is not installed (the message says ``pip install 'perfkit[ray]'``),
+            or Ray could not be started or joined (``address="auto"`` without a cluster).
         ValueError: a unit without ``id``, a duplicate id, or ``gpus`` not a non-negative int.
     """
     ids = [str(u.get("id", "")) for u in units]
@@ -321,8 +324,14 @@ def run_units_ray(
 
     started_here = False
     if not ray.is_initialized():
+        from perfkit.scaleout.executor import ExecutorError
+
         env = _merge_env(default_runtime_env(address), runtime_env)
-        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        try:
+            ray.init(address=address, runtime_env=env, log_to_driver=True)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = f"the Ray cluster at {address!r}" if address else "a local Ray"
+            raise ExecutorError(f"could not start or join {where}: {exc}") from None
         started_here = True
         job_env: dict[str, Any] | None = None
     else:
