@@ -49,7 +49,11 @@ def _write_gpu_ids(unit, out: Path) -> None:
     (out / "bundle").mkdir()
     (out / "bundle" / "seen.json").write_text(
         json.dumps(
-            {"gpu_ids": [str(g) for g in r.get_gpu_ids()], "cvd": os.environ.get("CUDA_VISIBLE_DEVICES")}
+            {
+                "gpu_ids": [str(g) for g in r.get_gpu_ids()],
+                "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "omp": os.environ.get("OMP_NUM_THREADS"),
+            }
         )
     )
     from perfkit.scenarios.progress import track_requests
@@ -87,6 +91,7 @@ def test_two_gpu_unit_sees_both_gpus_without_cuda(local_ray, tmp_path):
     seen = json.loads((tmp_path / "cfg2" / "bundle" / "seen.json").read_text())
     assert sorted(seen["gpu_ids"]) == ["0", "1"]
     assert sorted(seen["cvd"].split(",")) == ["0", "1"]  # what an engine launched here inherits
+    assert seen["omp"] == os.environ.get("OMP_NUM_THREADS")  # the driver's, not Ray's task CPUs
     assert oc.out_dir == tmp_path / "cfg2" and oc.attempts == 1 and oc.host
     assert oc.gpu_uuids == []  # logical GPUs: no NVML device behind them
     assert events == [("started", "cfg2"), ("launch", "cfg2"), ("launch", "cfg2"), ("finished", "cfg2")]

@@ -166,10 +166,15 @@ def _newest_log_tail(d: Path, chars: int = 4000) -> str:
         return ""
 
 
-def run_one(unit: Mapping[str, Any], run_unit: RunUnit, events: Any = None) -> dict[str, Any]:
+def run_one(
+    unit: Mapping[str, Any], run_unit: RunUnit, events: Any = None, omp_threads: str | None = None
+) -> dict[str, Any]:
     """Run one unit here (the body of the Ray task; also usable without Ray).
 
     ``events``: a queue (``put_nowait``) for ``("started" | "launch", unit id)`` progress events.
+    ``omp_threads``: the driver's ``OMP_NUM_THREADS`` (None: unset). Ray sets it to the task's
+    CPUs (1 for a GPU unit) when unset, and an engine launched here would inherit that; the
+    unit runs with the driver's value instead, as it would in process.
 
     Returns a dict: status ("ok"/"error"), error, log_tail, host, gpu_ids, gpu_uuids,
     started_at, ended_at, archive (bytes of :func:`pack_dir` of the unit's output directory).
@@ -198,6 +203,11 @@ def run_one(unit: Mapping[str, Any], run_unit: RunUnit, events: Any = None) -> d
         if ev.get("event") == "launch_done":
             send("launch")
 
+    ray_omp = os.environ.get("OMP_NUM_THREADS")
+    if omp_threads is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = omp_threads
     with tempfile.TemporaryDirectory(prefix=f"perfkit-unit-{unit_dir_name(unit['id'])}-") as tmp:
         out = Path(tmp) / "out"
         out.mkdir()
@@ -211,6 +221,10 @@ def run_one(unit: Mapping[str, Any], run_unit: RunUnit, events: Any = None) -> d
         finally:
             root.removeHandler(handler)
             root.setLevel(old_level)
+            if ray_omp is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = ray_omp
         ended = time.time()
         tail = "\n".join(handler.lines) + _newest_log_tail(out) if status == "error" else None
         archive = pack_dir(out)
@@ -366,7 +380,7 @@ def run_units_ray(
             if job_env is not None:
                 opts["runtime_env"] = job_env
             return task.options(name=f"perfkit-unit-{unit_dir_name(u['id'])}", **opts).remote(
-                dict(u), run_unit, events
+                dict(u), run_unit, events, os.environ.get("OMP_NUM_THREADS")
             )
 
         pending: dict[Any, tuple[int, int]] = {}  # ref -> (unit index, attempt)
