@@ -260,3 +260,29 @@ def test_failed_unit_with_other_bundles_is_named_in_the_report(runs, tmp_path):
     # the scenario missing a part is not replayed as if complete
     st = {n["name"]: n["status"] for n in run["notebooks"]}
     assert st[WARMUP_SHAPES] == "skipped"
+
+
+def test_executor_inprocess_runs_units_then_the_report(tmp_path):
+    """``perfkit suite --executor inprocess``: every unit (one shard of one), merged, replayed."""
+    params = small_params(tmp_path / "params.yaml")
+    out = tmp_path / "run"
+    proc = perfkit(
+        "suite",
+        "--params",
+        str(params),
+        "--executor",
+        "inprocess",
+        "--only",
+        COLD_WARM,
+        "--out",
+        str(out),
+        "-q",
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    st = {n["name"]: n["status"] for n in run["notebooks"]}
+    assert st[COLD_WARM] == "ok" and st[WARMUP_SHAPES] == "skipped"
+    assert run["scaleout"]["problems"] == [] and [o["unit_id"] for o in run["scaleout"]["outcomes"]] == [
+        COLD_WARM
+    ]
+    assert (out / "shards" / "1" / shards.MANIFEST).is_file() and (out / "report.html").is_file()

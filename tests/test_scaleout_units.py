@@ -296,3 +296,13 @@ def test_one_progress_bar_over_launches(tmp_path):
     close()
     text = buf.getvalue()
     assert "5/5" in text and "1 failed" in text
+
+
+def test_merge_refuses_what_is_not_a_shard(tmp_path):
+    (tmp_path / "empty").mkdir()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / shards.MANIFEST).write_text(json.dumps({"kind": "perfkit-shard", "params": {}}))
+    with pytest.raises(ValueError, match="nothing to merge") as exc:
+        shards.merge_shards([tmp_path / "empty", bad], tmp_path / "merged")
+    assert "no shard.json" in str(exc.value) and "incomplete shard manifest" in str(exc.value)

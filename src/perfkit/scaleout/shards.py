@@ -229,6 +229,13 @@ def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"{f}: unreadable shard manifest ({exc})"
     if doc.get("kind") != "perfkit-shard":
         return None, f"{f}: not a perfkit shard manifest"
+    missing = [k for k in ("partition", "params_sha256", "params", "units") if k not in doc]
+    part = doc.get("partition")
+    if missing or not isinstance(part, dict) or not {"index", "total"} <= set(part):
+        return (
+            None,
+            f"{f}: incomplete shard manifest (missing {', '.join(missing) or 'partition index/total'})",
+        )
     return doc, None
 
 

@@ -209,6 +209,7 @@ def plan_units(
 
     Raises:
         KeyError: an unknown scenario name.
+        ValueError: a split key that would make a unit id that is not filesystem-safe.
     """
     wanted = set(names)
     unknown = wanted - set(registry.names())
