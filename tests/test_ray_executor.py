@@ -60,6 +60,7 @@ def _write_gpu_ids(unit, out: Path) -> None:
 
     for launch in range(int(unit.get("launches", 0))):  # what an engine launch reports
         list(track_requests([1, 2], f"launch{launch}"))
+    time.sleep(float(unit.get("sleep", 0)))
     if unit.get("barrier"):  # wait (up to 60 s) until every peer has started too
         b = Path(unit["barrier"])
         (b / f"{unit['id']}.started").touch()
@@ -108,6 +109,15 @@ def test_one_gpu_units_run_side_by_side_on_different_gpus(local_ray, tmp_path):
     assert a.started_at < b.ended_at and b.started_at < a.ended_at, "the two units did not overlap"
     ids = [json.loads((tmp_path / u / "bundle" / "seen.json").read_text())["gpu_ids"] for u in ("a", "b")]
     assert all(len(i) == 1 for i in ids) and ids[0] != ids[1]
+
+
+def test_cpu_units_have_the_node_to_themselves(local_ray, tmp_path):
+    # a CPU unit asks for every CPU of the node; sending its progress events must not give them
+    # back to Ray meanwhile (a task blocked in ray.get does), or the next unit would start beside it
+    units = [{"id": f"cpu{i}", "gpus": 0, "launches": 2, "sleep": 1.0} for i in (1, 2)]
+    a, b = run_units_ray(units, _write_gpu_ids, tmp_path)
+    assert a.status == b.status == "ok"
+    assert a.ended_at <= b.started_at or b.ended_at <= a.started_at, "two CPU units overlapped"
 
 
 def test_failing_unit_is_retried_then_an_error_and_crash_does_not_stop_others(local_ray, tmp_path):

@@ -141,18 +141,35 @@ def _gpus_here(ray: Any) -> tuple[list[str], list[str]]:
     return ids, [r.uuid for r in refs]
 
 
-def _sender(events: Any, unit_id: str):
-    """A callback that puts ``(event, unit id)`` on the driver's queue (never raises)."""
+class _Sender:
+    """Puts ``(event, unit id)`` on the driver's queue without waiting (never raises).
 
-    def send(event: str) -> None:
-        if events is None:
+    A task blocked in ``ray.get`` gives its CPUs back to Ray, which may then start another unit
+    on them (a CPU unit would no longer have the node to itself), so events are sent as
+    fire-and-forget actor calls; :meth:`flush` waits for them once the unit is done, so that
+    they reach the queue before the task's result does.
+    """
+
+    def __init__(self, events: Any, unit_id: str) -> None:
+        self.events, self.unit_id, self.refs = events, unit_id, []
+
+    def __call__(self, event: str) -> None:
+        if self.events is None:
             return
         try:
-            events.put_nowait((event, unit_id))
+            self.refs.append(self.events.actor.put_nowait.remote((event, self.unit_id)))
         except Exception as exc:  # noqa: BLE001 - progress must not fail the unit
-            log.debug("progress event %s of %s not sent: %s", event, unit_id, exc)
+            log.debug("progress event %s of %s not sent: %s", event, self.unit_id, exc)
 
-    return send
+    def flush(self, timeout_s: float = 10.0) -> None:
+        if not self.refs:
+            return
+        try:
+            import ray
+
+            ray.wait(self.refs, num_returns=len(self.refs), timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("progress events of %s not confirmed: %s", self.unit_id, exc)
 
 
 def _newest_log_tail(d: Path, chars: int = 4000) -> str:
@@ -171,7 +188,8 @@ def run_one(
 ) -> dict[str, Any]:
     """Run one unit here (the body of the Ray task; also usable without Ray).
 
-    ``events``: a queue (``put_nowait``) for ``("started" | "launch", unit id)`` progress events.
+    ``events``: a ``ray.util.queue.Queue`` for ``("started" | "launch", unit id)`` progress
+    events (None: none sent).
     ``omp_threads``: the driver's ``OMP_NUM_THREADS`` (None: unset). Ray sets it to the task's
     CPUs (1 for a GPU unit) when unset, and an engine launched here would inherit that; the
     unit runs with the driver's value instead, as it would in process.
@@ -181,7 +199,7 @@ def run_one(
     """
     from perfkit.scenarios.progress import listening
 
-    send = _sender(events, str(unit["id"]))
+    send = _Sender(events, str(unit["id"]))
     send("started")
     try:
         import ray
@@ -226,6 +244,7 @@ def run_one(
             else:
                 os.environ["OMP_NUM_THREADS"] = ray_omp
         ended = time.time()
+        send.flush()
         tail = "\n".join(handler.lines) + _newest_log_tail(out) if status == "error" else None
         archive = pack_dir(out)
     return {
