@@ -114,7 +114,7 @@ def test_one_gpu_units_run_side_by_side_on_different_gpus(local_ray, tmp_path):
 def test_cpu_units_have_the_node_to_themselves(local_ray, tmp_path):
     # a CPU unit asks for every CPU of the node; sending its progress events must not give them
     # back to Ray meanwhile (a task blocked in ray.get does), or the next unit would start beside it
-    units = [{"id": f"cpu{i}", "gpus": 0, "launches": 2, "sleep": 1.0} for i in (1, 2)]
+    units = [{"id": f"cpu{i}", "gpus": 0, "launches": 30, "sleep": 1.0} for i in (1, 2)]
     a, b = run_units_ray(units, _write_gpu_ids, tmp_path)
     assert a.status == b.status == "ok"
     assert a.ended_at <= b.started_at or b.ended_at <= a.started_at, "two CPU units overlapped"
