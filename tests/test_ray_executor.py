@@ -13,6 +13,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from perfkit.scaleout.ray_executor import (  # noqa: E402
+    default_runtime_env,
     pack_dir,
     run_units_ray,
     unit_dir_name,
@@ -176,3 +177,21 @@ def test_without_ray_the_error_says_what_to_install(tmp_path, monkeypatch):
 
     with pytest.raises(ExecutorError, match=r"pip install 'perfkit\[ray\]'"):
         run_units_ray([{"id": "a", "gpus": 0}], _fail, tmp_path)
+
+
+def test_runtime_env_ships_perfkit_and_its_variables_not_secrets(monkeypatch):
+    import perfkit
+
+    monkeypatch.setenv("PERFKIT_FOO", "1")
+    monkeypatch.setenv("HF_HOME", "/models")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.setenv("SGLANG_API_KEY", "k")
+    monkeypatch.setenv("UNRELATED", "x")
+    pkg = Path(perfkit.__file__).resolve().parent
+    local = default_runtime_env(None)
+    ev = local["env_vars"]
+    assert ev["PERFKIT_FOO"] == "1" and ev["HF_HOME"] == "/models"
+    assert "HF_TOKEN" not in ev and "SGLANG_API_KEY" not in ev and "UNRELATED" not in ev
+    assert ev["PYTHONPATH"].split(os.pathsep)[0] == str(pkg.parent) and "py_modules" not in local
+    cluster = default_runtime_env("auto")
+    assert cluster["py_modules"] == [str(pkg)] and "PYTHONPATH" not in cluster["env_vars"]

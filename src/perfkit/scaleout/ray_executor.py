@@ -276,8 +276,11 @@ def default_runtime_env(address: str | None = None) -> dict[str, Any]:
     }
     rt: dict[str, Any] = {"env_vars": env}
     if address is None:
-        paths = [str(pkg.parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if pkg.parent.name not in ("site-packages", "dist-packages"):  # a source checkout
+            paths.insert(0, str(pkg.parent))
+        if paths:
+            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     else:
         rt["py_modules"] = [str(pkg)]
     return rt
@@ -370,6 +373,8 @@ def run_units_ray(
     else:
         # a Ray someone else started (a test fixture, a notebook): its workers already have
         # the environment it was started with; only an explicit runtime_env is added per task
+        if address is not None:
+            log.warning("Ray is already initialised in this process: address %r not used", address)
         job_env = dict(runtime_env) if runtime_env else None
     events = _event_queue(ray)
     try:
