@@ -269,11 +269,7 @@ def default_runtime_env(address: str | None = None) -> dict[str, Any]:
     import perfkit
 
     pkg = Path(perfkit.__file__).resolve().parent
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k.startswith(ENV_PREFIXES) and not _SECRET.search(k) and k != "PERFKIT_RAY_ADDRESS"
-    }
+    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and not _SECRET.search(k)}
     rt: dict[str, Any] = {"env_vars": env}
     if address is None:
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -342,8 +338,11 @@ def run_units_ray(
     Raises:
         ExecutorError: ray is not installed (the message says ``pip install 'perfkit[ray]'``),
             or Ray could not be started or joined (``address="auto"`` without a cluster).
-        ValueError: a unit without ``id``, a duplicate id, or ``gpus`` not a non-negative int.
+        ValueError: a unit without ``id``, a duplicate id, ``gpus`` not a non-negative int, or
+            ``retries`` < 0.
     """
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries}")
     ids = [str(u.get("id", "")) for u in units]
     if any(not i for i in ids):
         raise ValueError("every unit needs an 'id'")
