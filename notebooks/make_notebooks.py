@@ -63,7 +63,7 @@ def _fields(name: str) -> list[tuple[str, object, str]]:
     model = registry.get(name).params_model
     out = []
     for key, f in model.model_fields.items():
-        if key == "enabled":
+        if key in ("enabled", "tier"):
             continue
         default = f.get_default(call_default_factory=True)
         if hasattr(default, "model_dump"):

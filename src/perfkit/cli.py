@@ -96,22 +96,117 @@ def _check_notebook_parameters(nb: Path, given: dict[str, Any]) -> None:
     )
 
 
-def cmd_suite(a: SimpleNamespace) -> int:
-    _sigterm_as_interrupt()
+def cmd_partition(a: SimpleNamespace) -> int:
+    """``perfkit suite --partition I/N``: shard I's units into bundles and a shard manifest."""
     from perfkit.params import ParamsError
-    from perfkit.suite import SuiteError, run_suite
+    from perfkit.scaleout.executor import ExecutorError
+    from perfkit.scaleout.shards import MANIFEST, run_shard
+    from perfkit.scaleout.units import PartitionError, parse_partition
 
     try:
-        res = run_suite(
+        i, n = parse_partition(a.partition)
+    except PartitionError as exc:
+        print(f"perfkit: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    if a.replay:
+        print("perfkit: --partition measures; it cannot be combined with --replay", file=sys.stderr)
+        return EXIT_ERROR
+    if not a.out:
+        print("perfkit: --partition needs --out (the shard's output directory)", file=sys.stderr)
+        return EXIT_ERROR
+    out = Path(a.out)
+    if (out / MANIFEST).exists() and not a.force:
+        print(
+            f"perfkit: --out {out} already holds a shard ({MANIFEST}): pass --force to replace it",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    opts = {"address": a.address} if a.executor == "ray" and a.address else {}
+    try:
+        m = run_shard(
             a.params,
-            a.out,
-            replay=a.replay,
+            out,
+            i,
+            n,
             only=a.only,
+            tier=a.tier,
+            executor=a.executor or "inprocess",
+            executor_options=opts,
+            progress=not a.quiet,
+        )
+    except (ParamsError, ExecutorError, ValueError, FileNotFoundError) as exc:
+        print(f"perfkit: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    bad = [o for o in m["outcomes"] if o["status"] != "ok"]
+    for o in m["outcomes"]:
+        print(f"  {o['unit_id']:30s} {o['status']:6s} {o['wall_s'] or 0:9.1f} s  {o.get('error') or ''}")
+    print(f"perfkit suite --partition {i}/{n}: {len(m['outcomes'])} unit(s), {len(bad)} failed")
+    print(f"  manifest: {out / MANIFEST}")
+    return EXIT_ERROR if bad else EXIT_OK
+
+
+def cmd_merge(a: SimpleNamespace) -> int:
+    """``perfkit merge DIR... --out RUN``: join shards, then notebooks (replay), gate, report."""
+    _sigterm_as_interrupt()
+    from perfkit.params import ParamsError
+    from perfkit.suite import SuiteError, merge_runs
+
+    try:
+        res = merge_runs(
+            a.dirs,
+            a.out,
+            params_path=a.params,
             notebooks=a.notebooks,
             screenshot=not a.no_screenshot,
             progress=not a.quiet,
             force=a.force,
         )
+    except (ParamsError, SuiteError, FileNotFoundError) as exc:
+        print(f"perfkit: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return _print_result(res, "perfkit merge")
+
+
+def cmd_suite(a: SimpleNamespace) -> int:
+    _sigterm_as_interrupt()
+    from perfkit.params import ParamsError
+    from perfkit.scaleout.executor import ExecutorError
+    from perfkit.suite import SuiteError, run_suite, run_units_suite
+
+    if a.partition is not None:
+        return cmd_partition(a)
+    try:
+        if a.executor is not None:
+            if a.replay:
+                print("perfkit: --executor measures; it cannot be combined with --replay", file=sys.stderr)
+                return EXIT_ERROR
+            res = run_units_suite(
+                a.params,
+                a.out,
+                executor=a.executor,
+                executor_options={"address": a.address} if a.executor == "ray" and a.address else None,
+                only=a.only,
+                tier=a.tier,
+                notebooks=a.notebooks,
+                screenshot=not a.no_screenshot,
+                progress=not a.quiet,
+                force=a.force,
+            )
+        else:
+            res = run_suite(
+                a.params,
+                a.out,
+                replay=a.replay,
+                only=a.only,
+                tier=a.tier,
+                notebooks=a.notebooks,
+                screenshot=not a.no_screenshot,
+                progress=not a.quiet,
+                force=a.force,
+            )
+    except ExecutorError as exc:
+        print(f"perfkit: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     except ParamsError as exc:
         print(f"perfkit: invalid params:\n{exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -121,11 +216,16 @@ def cmd_suite(a: SimpleNamespace) -> int:
     except FileNotFoundError as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    return _print_result(res, "perfkit suite")
+
+
+def _print_result(res: Any, command: str) -> int:
+    """Print a suite result (notebooks, status, where the report is); return its exit code."""
     for n in res.notebooks:
         wall = f"{n.wall_s:.1f} s" if n.wall_s is not None else ""
         status = f"{n.status} ({n.reason})" if n.status == "skipped" and n.reason else n.status
         print(f"  {n.name:15s} {status:8s} {wall:>9s}  {n.error or ''}")
-    print(f"perfkit suite: {res.status.upper()} (exit {res.exit_code})")
+    print(f"{command}: {res.status.upper()} (exit {res.exit_code})")
     why = nothing_measured_reason(res.verdicts)
     if why:
         print(f"  {why}")
@@ -371,6 +471,27 @@ def cmd_compare(a: SimpleNamespace) -> int:
 def cmd_baseline_update(a: SimpleNamespace) -> int:
     from perfkit.gate import baseline as bl
 
+    if a.unit_times:
+        from perfkit.scaleout.shards import refresh_estimates
+
+        if a.bundle or a.case:
+            print(
+                "perfkit: --unit-times refreshes estimates only: leave out --bundle/--case", file=sys.stderr
+            )
+            return EXIT_ERROR
+        try:
+            written = refresh_estimates(a.baseline, a.unit_times)
+        except (OSError, ValueError) as exc:
+            print(f"perfkit: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        for c, v in written.items():
+            print(f"{a.baseline}: case {c} estimated_full_test_time_s {v}")
+        if not written:
+            print(f"{a.baseline}: no case of these units is in the file (nothing refreshed)")
+        return EXIT_OK
+    if not a.bundle or not a.case:
+        print("perfkit: baseline update needs --bundle and --case (or --unit-times)", file=sys.stderr)
+        return EXIT_ERROR
     try:
         doc = bl.update_baseline(
             a.bundle, a.baseline, a.case, hardware=a.hardware, launch=a.launch, num_frames=a.num_frames
@@ -404,13 +525,14 @@ def cmd_wheelhouse(a: SimpleNamespace) -> int:
                 platforms=tuple(a.platform) if a.platform else wheelhouse.DEFAULT_PLATFORMS,
             )
             print(f"{len(reqs)} wheels in {a.dir}: {' '.join(reqs)}")
+            print(f"wheelhouse size: {wheelhouse.wheelhouse_size(a.dir) / 2**20:.1f} MiB")
             print(
                 "on the host: python3 -m pip install --no-index --no-deps "
                 f"{a.dir}/*.whl   (or: perfkit wheelhouse install {a.dir})"
             )
         else:
             wheelhouse.install(a.dir, a.target)
-    except (RuntimeError, FileNotFoundError, OSError) as exc:
+    except (RuntimeError, FileNotFoundError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
@@ -584,6 +706,27 @@ def cli(verbose: int) -> None:
     callback=lambda ctx, param, value: investigations(value),
     help="run only this investigation (repeatable, or a comma list); the gate always runs",
 )
+@click.option(
+    "--tier",
+    type=click.Choice(["per-commit", "extra"]),
+    default=None,
+    help="run only the investigations of this tier (params: <section>.tier)",
+)
+@click.option(
+    "--partition",
+    default=None,
+    metavar="I/N",
+    help="run shard I of N (1-based) of the units of work: bundles and OUT/shard.json only, "
+    "no notebooks; join the shards with perfkit merge",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["inprocess", "ray"]),
+    default=None,
+    help="run the units of work through this executor, then replay them into the report "
+    "(default: the notebooks measure, in process)",
+)
+@click.option("--address", default=None, help="Ray cluster address (--executor ray; e.g. auto)")
 @click.option("--notebooks", default=None, hidden=True, help="another notebooks folder (tests)")
 @click.option("--force", is_flag=True, help="--out may hold an earlier run: its outputs are removed first")
 @click.option("--no-screenshot", is_flag=True, help="skip the report screenshot")
@@ -592,6 +735,25 @@ def suite_command(**kw: Any) -> None:
     """Run the investigation notebooks of a params file, gate the run, write the report."""
     kw["only"] = list(kw["only"]) or None
     _done(cmd_suite(SimpleNamespace(**kw)))
+
+
+@cli.command("merge", epilog=EXIT_CODES + " A missing shard or a failed unit is an error (2).")
+@click.argument("dirs", nargs=-1, required=True)
+@click.option("--out", required=True, help="the merged run directory")
+@click.option(
+    "--params",
+    default=None,
+    callback=_existing_file("params file"),
+    help="params YAML the shards must have run (default: the shards' own)",
+)
+@click.option("--notebooks", default=None, hidden=True, help="another notebooks folder (tests)")
+@click.option("--force", is_flag=True, help="--out may hold an earlier run: its outputs are removed first")
+@click.option("--no-screenshot", is_flag=True, help="skip the report screenshot")
+@click.option("-q", "--quiet", is_flag=True, help="no progress bar")
+def merge_command(**kw: Any) -> None:
+    """Join the outputs of perfkit suite --partition shards into one run: notebooks (replay),
+    gate, report."""
+    _done(cmd_merge(SimpleNamespace(**kw)))
 
 
 @cli.command(
@@ -713,9 +875,15 @@ def baseline_group() -> None:
 
 
 @baseline_group.command("update", epilog=EXIT_CODES)
-@click.option("--bundle", required=True, help="a bundle directory (RUN/<investigation>)")
+@click.option("--bundle", default=None, help="a bundle directory (RUN/<investigation>)")
 @click.option("--baseline", required=True, help="the baseline JSON to update (created when missing)")
-@click.option("--case", required=True, help="the case id to write")
+@click.option("--case", default=None, help="the case id to write")
+@click.option(
+    "--unit-times",
+    multiple=True,
+    help="refresh estimated_full_test_time_s of the file's cases from the unit wall times of "
+    "shard outputs or merged runs (repeatable; instead of --bundle/--case)",
+)
 @click.option("--hardware", default=None, help="must match the file's metadata.hardware when it has one")
 @click.option(
     "--launch", default=None, help="the launch to take (bundles of several launches: warmup17, cap1, ...)"
@@ -740,10 +908,11 @@ def wheelhouse_group() -> None:
 @click.option("--platform", multiple=True, help="pip platform tag (repeatable; default manylinux x86_64)")
 @click.option(
     "--profile",
-    type=click.Choice(["full", "measure"]),
+    type=click.Choice(["full", "measure", "ray", "measure+ray"]),
     default="full",
     show_default=True,
-    help="full: everything perfkit needs; measure: engine + investigations only",
+    help="full: everything perfkit needs; measure: engine + investigations only; ray: Ray (slimmed: "
+    "Ray Core: no Java worker, dashboard web UI or AI libraries) and its missing requirements",
 )
 def wheelhouse_download_command(**kw: Any) -> None:
     """Download wheels of what a host lacks, for its Python."""

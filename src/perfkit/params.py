@@ -13,6 +13,8 @@ Layout (every section optional except ``name``; unknown keys are errors)::
     memory_budget: {enabled, caps: [{label, device_gib, host_gib}], repeats,
                     min_budget: {lo_gib, hi_gib} | null}
     baseline: {file: path | null, profile: pr_test, strict: false, hardware: name | null}
+    scaleout: {retries: 0}         # extra attempts of a failed unit of work (--partition, --executor)
+    # every scenario section also takes tier: per-commit | extra (default per-commit; --tier)
     invariants: {warm_cold_ratio_max: 1.0, ...}   # perfkit.gate.baseline.KNOWN_INVARIANTS
 
 Errors name the file, the key path and, for unknown keys, the closest known key::
@@ -89,6 +91,14 @@ class BaselineParams(_Model):
     hardware: Optional[str] = None
 
 
+class ScaleoutParams(_Model):
+    """``scaleout`` section: how units of work run (``perfkit suite --partition/--executor``,
+    ``perfkit merge``; see docs/DESIGN.md "Scale-out")."""
+
+    #: extra attempts of a unit that raised (engine crash, node lost) before it is an error
+    retries: int = Field(0, ge=0, le=5)
+
+
 class _SuiteBase(_Model):
     name: str
     description: str = ""
@@ -98,6 +108,7 @@ class _SuiteBase(_Model):
     engine: AnyEngineSpec = Field(default_factory=ReferenceEngine)
     request: RequestParams = Field(default_factory=RequestParams)
     baseline: BaselineParams = Field(default_factory=BaselineParams)
+    scaleout: ScaleoutParams = Field(default_factory=ScaleoutParams)
 
     @field_validator("name")
     @classmethod

@@ -69,6 +69,7 @@ from perfkit.gate.verdicts import (
 from perfkit.gate.verdicts import notebooks as notebook_names
 from perfkit.params import ParamsError, SuiteParams, load_params, parse_params
 from perfkit.report.render import notebook_error
+from perfkit.scaleout.shards import select
 from perfkit.scenarios import registry
 from perfkit.scenarios.common import slug
 from perfkit.scenarios.progress import PROGRESS_ENV, RunBars, planned_requests
@@ -242,6 +243,7 @@ def notebook_parameters(
         }
     sec = getattr(params, name).model_dump()
     sec.pop("enabled", None)
+    sec.pop("tier", None)
     bundle_dir = None
     if replay is not None:
         if not (replay / name / "meta.json").exists():  # a replay never launches an engine
@@ -400,6 +402,9 @@ class SuiteError(ValueError):
     """A suite that cannot start (replay directory without bundles, run directory holding
     another run): nothing ran; exit code 2."""
 
+
+#: name of the run.json entry that carries scale-out problems (missing shard, failed unit)
+SCALEOUT = "scale-out"
 
 #: skip reason of an investigation whose bundle the replay directory lacks
 NO_REPLAY_BUNDLE = "no bundle in replay dir"
@@ -574,14 +579,20 @@ def run_suite(
     screenshot: bool = True,
     progress: bool = True,
     force: bool = False,
+    tier: str | None = None,
+    scaleout: Mapping[str, Any] | None = None,
 ) -> SuiteResult:
     """Run the suite (see the module doc). Raises :class:`ParamsError` (bad params, baseline
-    file) or :class:`SuiteError` (replay directory without bundles, ``out`` holding another run
-    and no ``force``) before anything runs; every later failure is reported through the exit
-    code.
+    file, unknown ``tier``) or :class:`SuiteError` (replay directory without bundles, ``out``
+    holding another run and no ``force``) before anything runs; every later failure is
+    reported through the exit code.
 
     With ``replay`` nothing is launched: an investigation whose bundle the replay directory
-    lacks is skipped (:data:`NO_REPLAY_BUNDLE`).
+    lacks is skipped (:data:`NO_REPLAY_BUNDLE`). ``tier`` (``per-commit`` or ``extra``) runs
+    only the investigations of that tier; the others are skipped with the reason.
+    ``scaleout``: a merge document (:func:`perfkit.scaleout.shards.merge_shards`) whose
+    ``problems`` (missing shard, failed unit, other params) become a :data:`SCALEOUT` error
+    entry (exit 2, named in run.json, summary.md and the report); it is kept in run.json.
     """
     from perfkit import report
 
@@ -595,13 +606,10 @@ def run_suite(
             raise ParamsError(f"{params_path}: engine: {exc}") from None
     new_default = out is None
     replay_dir = Path(replay).resolve() if replay else None
-    enabled = params.enabled()
-    selected = [n for n in enabled if not only or n in set(only)]
-    skipped = {
-        n: "disabled in the params" if n not in enabled else "not selected by --only"
-        for n in registry.names()
-        if n not in selected
-    }
+    try:
+        selected, skipped = select(params, only, tier)
+    except ValueError as exc:
+        raise ParamsError(str(exc)) from None
     if replay_dir is not None:
         check_replay_identity(replay_dir, selected, params, str(params_path))
         for n in replay_plan(replay_dir, selected):
@@ -684,6 +692,18 @@ def run_suite(
     it.close()
     order = {n: i for i, n in enumerate(notebook_names())}
     runs.sort(key=lambda r: order.get(r.name, 99))
+    problems = list((scaleout or {}).get("problems") or [])
+    if problems:
+        runs.insert(
+            0,
+            NotebookRun(
+                SCALEOUT,
+                status="error",
+                ename="ScaleOutError",
+                error=f"{len(problems)} scale-out problem{'' if len(problems) == 1 else 's'}: "
+                + "; ".join(problems),
+            ),
+        )
     verdicts = collect_verdicts(run_dir)
     code = exit_code_for(runs, verdicts)
     info = {
@@ -697,6 +717,8 @@ def run_suite(
         "replay": _shown_path(replay_dir) if replay_dir else None,
         "notebooks": [asdict(r) for r in runs],
     }
+    if scaleout is not None:
+        info["scaleout"] = {k: v for k, v in scaleout.items() if k != "params"}
     (run_dir / RUN_FILE).write_text(json.dumps(jsonable(info), indent=2, default=str) + "\n")
     summary = report.write_summary(run_dir)
     gh = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -724,3 +746,110 @@ def _shown_path(path: Path) -> str:
         return str(path.resolve().relative_to(repo_root().resolve()))
     except ValueError:
         return str(path)
+
+
+def merge_runs(
+    dirs: Iterable[str | Path],
+    out: str | Path,
+    *,
+    params_path: str | Path | None = None,
+    notebooks: str | Path | None = None,
+    screenshot: bool = True,
+    progress: bool = True,
+    force: bool = False,
+) -> SuiteResult:
+    """``perfkit merge DIR... --out RUN``: join shard outputs into ``RUN/merged/``
+    (:func:`perfkit.scaleout.shards.merge_shards`), then the usual path in replay mode:
+    notebooks (every check judged again), gate, report, summary. Missing shards, failed units
+    and shards of other params are named in run.json, summary.md and the report, and make the
+    exit code 2.
+
+    Raises:
+        ParamsError: a bad ``params_path``. SuiteError: ``out`` holds another run (without
+            ``force``), or nothing could be merged (no readable shard, no unit output).
+    """
+    from perfkit.scaleout.shards import MERGED_DIR, merge_shards
+
+    run_dir = Path(out).resolve()
+    params = load_params(params_path) if params_path else None
+    prepare_run_dir(run_dir, force=force)
+    merged = run_dir / MERGED_DIR
+    if merged.exists():
+        if not force:
+            raise SuiteError(
+                f"--out {run_dir} already holds merged shards ({merged}): pass --force to replace them"
+            )
+        shutil.rmtree(merged)
+    try:
+        doc = merge_shards(dirs, merged, params)
+    except ValueError as exc:
+        raise SuiteError(f"perfkit merge: {exc}") from None
+    if not doc["merged"]:
+        raise SuiteError(
+            "perfkit merge: no bundle could be merged: "
+            + "; ".join(doc["problems"] or ["no units were planned"])
+        )
+    return run_suite(
+        params_path or merged / "params.yaml",
+        run_dir,
+        replay=merged,
+        only=doc.get("only"),
+        tier=doc.get("tier"),
+        notebooks=notebooks,
+        screenshot=screenshot,
+        progress=progress,
+        scaleout=doc,
+    )
+
+
+def run_units_suite(
+    params_path: str | Path,
+    out: str | Path | None = None,
+    *,
+    executor: str = "inprocess",
+    executor_options: Mapping[str, Any] | None = None,
+    only: Iterable[str] | None = None,
+    tier: str | None = None,
+    notebooks: str | Path | None = None,
+    screenshot: bool = True,
+    progress: bool = True,
+    force: bool = False,
+) -> SuiteResult:
+    """``perfkit suite --executor NAME``: every unit of work through that executor (one shard of
+    one, into ``RUN/shards/1/``), then :func:`merge_runs` into ``RUN``.
+
+    Raises:
+        ParamsError, SuiteError: as :func:`merge_runs`. ExecutorError: unknown or missing
+            executor (e.g. ``ray`` without ``perfkit[ray]``).
+    """
+    from perfkit.scaleout.executor import executor as get_executor
+    from perfkit.scaleout.shards import run_shard
+
+    params = load_params(params_path)
+    check_baseline_file(params, params_path)
+    get_executor(executor)  # fails before anything runs
+    run_dir = (Path(out) if out else default_out(params.name)).resolve()
+    prepare_run_dir(run_dir, force=force)
+    shard_dir = run_dir / "shards" / "1"
+    if shard_dir.exists():
+        shutil.rmtree(shard_dir)
+    run_shard(
+        params_path,
+        shard_dir,
+        1,
+        1,
+        only=only,
+        tier=tier,
+        executor=executor,
+        executor_options=executor_options,
+        progress=progress,
+    )
+    return merge_runs(
+        [shard_dir],
+        run_dir,
+        params_path=params_path,
+        notebooks=notebooks,
+        screenshot=screenshot,
+        progress=progress,
+        force=True,
+    )

@@ -6,14 +6,25 @@ leaves out what the target host already has (names from its ``pip list --format=
 downloads binary wheels of the rest for the target's Python and platform with ``pip download``.
 On the host, ``perfkit wheelhouse install DIR`` (or plain ``pip install --no-index --no-deps
 DIR/*.whl``) installs them without a network.
+
+Profiles (``--profile``, joined with ``+``): ``full``, ``measure`` (engine + investigations) and
+``ray`` (Ray and what the host lacks of its requirements). The ray wheel is slimmed after the
+download (:func:`slim_wheel`): its Java worker (``ray/jars/``, 31 MiB of a 76 MiB wheel), the
+dashboard's prebuilt web UI with its source maps and Ray's AI libraries (RLlib, Serve, Tune, Train,
+Data, LLM) are left out, and its RECORD rewritten,
+so that ``measure+ray`` fits a device call (64 MiB of working tree, wheels included).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
+import os
 import re
 import subprocess
 import sys
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -60,6 +71,95 @@ MEASURE_ROOTS = (
     "matplotlib",
     "packaging",
 )
+
+
+#: What the Ray executor needs on a worker (its requirements are followed; extras are not).
+RAY_ROOTS = ("ray",)
+PROFILES = {"full": ("perfkit",), "measure": MEASURE_ROOTS, "ray": RAY_ROOTS}
+
+#: members left out of the ray wheel by :func:`slim_wheel`: the Java worker, the dashboard's
+#: prebuilt web UI (JS bundles and source maps; Ray runs without it) and Ray's AI libraries
+#: (RLlib, LLM, Serve, Tune, Train, Data). Ray Core (``import ray``, tasks, actors, runtime_env,
+#: placement groups, the dashboard's Python side) is untouched.
+RAY_SLIM_DROP = (
+    "ray/jars/",
+    "ray/dashboard/client/build/",
+    "ray/rllib/",
+    "ray/llm/",
+    "ray/serve/",
+    "ray/tune/",
+    "ray/train/",
+    "ray/data/",
+)
+SLIM_NOTE = "PERFKIT_SLIM"
+
+
+def profile_roots(profile: str) -> tuple[str, ...]:
+    """Roots of a profile name (``measure``, ``measure+ray``, ...).
+
+    Raises:
+        ValueError: an unknown profile.
+    """
+    roots: list[str] = []
+    for part in profile.split("+"):
+        if part not in PROFILES:
+            raise ValueError(f"unknown wheelhouse profile {part!r} (known: {', '.join(PROFILES)})")
+        roots += [r for r in PROFILES[part] if r not in roots]
+    return tuple(roots)
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def slim_wheel(path: str | Path, drop: tuple[str, ...] = RAY_SLIM_DROP) -> tuple[int, int]:
+    """Rewrite a wheel in place without the members under the ``drop`` prefixes; its RECORD
+    loses their lines and gains ``<dist-info>/PERFKIT_SLIM`` (what was dropped), so pip installs
+    it as usual. File modes (the raylet and GCS binaries are executables) are kept. A wheel
+    slimmed already is left as it is.
+
+    Returns:
+        (size before, size after) in bytes.
+
+    Raises:
+        ValueError: not a wheel (no ``*.dist-info/RECORD``).
+    """
+    p = Path(path)
+    before = p.stat().st_size
+    with zipfile.ZipFile(p) as zin:
+        names = zin.namelist()
+        record = next((n for n in names if n.count("/") == 1 and n.endswith(".dist-info/RECORD")), None)
+        if record is None:
+            raise ValueError(f"{p}: not a wheel (no *.dist-info/RECORD)")
+        dist_info = record.rsplit("/", 1)[0]
+        note_name = f"{dist_info}/{SLIM_NOTE}"
+        if note_name in names:
+            return before, before
+        dropped = [n for n in names if n.startswith(drop)]
+        note = ("perfkit wheelhouse left out:\n" + "".join(f"{d}\n" for d in drop)).encode()
+        kept_record = [
+            ln
+            for ln in zin.read(record).decode().splitlines()
+            if ln.strip() and not ln.split(",", 1)[0].startswith(drop) and ln.split(",", 1)[0] != record
+        ]
+        kept_record += [f"{note_name},{_record_hash(note)},{len(note)}", f"{record},,"]
+        tmp = p.with_name(p.name + ".slim")
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zout:
+            for info in zin.infolist():
+                if info.filename in dropped or info.filename == record:
+                    continue
+                zout.writestr(info, zin.read(info), compress_type=zipfile.ZIP_DEFLATED)
+            zout.writestr(zipfile.ZipInfo(note_name, date_time=(2020, 1, 1, 0, 0, 0)), note)
+            rec = zipfile.ZipInfo(record, date_time=(2020, 1, 1, 0, 0, 0))
+            zout.writestr(rec, ("\n".join(kept_record) + "\n").encode(), compress_type=zipfile.ZIP_DEFLATED)
+    os.replace(tmp, p)
+    log.info("%s: %d members left out (%s)", p.name, len(dropped), ", ".join(drop))
+    return before, p.stat().st_size
+
+
+def wheelhouse_size(dest: str | Path) -> int:
+    """Bytes of the ``*.whl`` files in ``dest``."""
+    return sum(f.stat().st_size for f in Path(dest).glob("*.whl"))
 
 
 def requirement_closure(
@@ -134,17 +234,28 @@ def download(
 ) -> list[str]:
     """Download wheels of what the host lacks into ``dest``. Returns the requirement strings.
 
-    ``profile``: ``full`` (everything perfkit needs, Jupyter stack included) or ``measure``
-    (engine + scenarios only: :data:`MEASURE_ROOTS`).
+    ``profile``: ``full`` (everything perfkit needs, Jupyter stack included), ``measure``
+    (engine + scenarios only: :data:`MEASURE_ROOTS`), ``ray`` (:data:`RAY_ROOTS`; the ray wheel
+    is then slimmed with :func:`slim_wheel`), or several joined with ``+`` (``measure+ray``).
 
     Raises:
         RuntimeError: pip could not find a binary wheel for a requirement (its output included).
+        ValueError: an unknown profile.
+        RuntimeError: a root (e.g. ray for ``ray``) is not installed here (its version and
+            requirements are read from this environment).
     """
+    roots = profile_roots(profile)
     d = Path(dest)
     d.mkdir(parents=True, exist_ok=True)
     have = read_have(have_file) if have_file else set()
-    roots = MEASURE_ROOTS if profile == "measure" else ("perfkit",)
-    need = missing(requirement_closure(roots, have), have)
+    try:
+        closure = requirement_closure(roots, have)
+    except metadata.PackageNotFoundError as exc:
+        raise RuntimeError(
+            f"{exc.name} is not installed here: its version and requirements are read from this "
+            "environment (for the ray profile: pip install 'perfkit[ray]')"
+        ) from exc
+    need = missing(closure, have)
     reqs = [f"{n}=={v}" if pin else n for n, v in sorted(need.items())]
     log.info("%d packages to download for Python %s: %s", len(reqs), python_version, " ".join(reqs))
     for r in reqs:
@@ -171,6 +282,10 @@ def download(
             out = subprocess.run(cmd + [r.split("==")[0]], capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"pip download {r} failed:\n{out.stdout}\n{out.stderr}")
+    if "ray" in need:
+        for w in d.glob("ray-*.whl"):
+            b, a = slim_wheel(w)
+            log.info("%s slimmed: %.1f -> %.1f MiB", w.name, b / 2**20, a / 2**20)
     return reqs
 
 

@@ -232,6 +232,10 @@ class EngineHandle:
         cold_start: ready_s, process_start_s, models_loaded_s, warmup_s (None when not marked),
             t_launch, t_ready (epoch s), marks (name -> epoch s).
         device_baseline_mib: device used memory read before launch (NaN without NVML).
+        gpus: the GPUs the engine was given, as NVML knows them ({index, uuid, name} each,
+            resolved by UUID from its CUDA_VISIBLE_DEVICES; [] without NVML).
+        gpu_indices: the NVML indices its sampler reads (those of ``gpus``; without NVML the
+            first ``num_gpus`` indices, as before).
         exit_code: set when the process has ended.
     """
 
@@ -250,7 +254,10 @@ class EngineHandle:
     caps: MemoryCaps | None = None
     cold_start: dict[str, Any] = field(default_factory=dict)
     device_baseline_mib: float = math.nan
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    gpu_indices: list[int] = field(default_factory=lambda: [0])
     exit_code: int | None = None
+    _nvml: Any = field(default=None, repr=False)
     _proc: subprocess.Popen | None = field(default=None, repr=False)
     _enforcer: HostCapEnforcer | None = field(default=None, repr=False)
     _create_time: float = field(default=0.0, repr=False)
@@ -358,19 +365,22 @@ class EngineHandle:
         """The engine's own cgroup (v2) directory while the cap holds it there, else None."""
         return self._enforcer.cgroup_path if self._enforcer is not None else None
 
-    def sampler(self, interval_s: float = 0.1, gpu_index: int | list[int] = 0, nvml: Any = None):
+    def sampler(self, interval_s: float = 0.1, gpu_index: int | list[int] | None = None, nvml: Any = None):
         """A (not started) MemorySampler of this engine with the pre-launch device baseline and,
-        where the engine has its own cgroup, that cgroup (``cgroup_current_mib``). ``nvml``: an
-        NVML source for the sampler (default: pynvml)."""
+        where the engine has its own cgroup, that cgroup (``cgroup_current_mib``).
+
+        ``gpu_index``: NVML indices to read (default :attr:`gpu_indices`, the engine's own GPUs
+        matched by UUID). ``nvml``: an NVML source (default: the one given to :func:`launch`,
+        else pynvml)."""
         from perfkit.readings.sampler import MemorySampler
 
         return MemorySampler(
             self.pid,
             interval_s=interval_s,
-            gpu_index=gpu_index,
+            gpu_index=self.gpu_indices if gpu_index is None else gpu_index,
             baseline_device_mib=self.device_baseline_mib,
             cgroup_path=self.cgroup_path,
-            nvml=nvml,
+            nvml=nvml if nvml is not None else self._nvml,
         )
 
     def launch_row(self) -> dict[str, Any]:
@@ -489,6 +499,7 @@ def launch(
     label: str = "engine",
     grace_s: float = 10.0,
     startup_timeout_s: float | None = None,
+    nvml: Any = None,
 ) -> Iterator[EngineHandle]:
     """Start ``spec`` under ``caps``, wait for health, yield an :class:`EngineHandle`, tear down.
 
@@ -502,6 +513,14 @@ def launch(
             taken).
         grace_s: seconds between SIGTERM and SIGKILL at teardown.
         startup_timeout_s: overrides ``spec.startup_timeout_s``.
+        nvml: NVML source for GPU matching, the baseline and the sampler (tests; default pynvml).
+
+    GPUs: the engine's ``CUDA_VISIBLE_DEVICES`` (from the spec's env or this process's, as Ray
+    sets it for a task) is resolved to NVML devices by UUID
+    (:func:`~perfkit.readings.sampler.resolve_visible_gpus`); the first ``num_gpus`` of them
+    (one for a ``command`` engine) are the ones read. When ``CUDA_DEVICE_ORDER`` is not set, the
+    engine gets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so that CUDA's ordinals (integer entries, or
+    ``cuda:N`` without the variable) are NVML's indices.
 
     Raises:
         PortInUseError: ``spec.port`` is set and taken (before anything is started).
@@ -547,10 +566,19 @@ def launch(
     env = dict(os.environ)
     env.update(added)
 
-    from perfkit.readings.sampler import device_used_mib
+    from perfkit.readings.sampler import GpuResolveError, device_used_mib, resolve_visible_gpus
 
-    gpu = list(range(spec.num_gpus)) if spec.kind != "command" else 0
-    baseline = device_used_mib(gpu)
+    n_gpus = spec.num_gpus if spec.kind != "command" else 1
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if "CUDA_DEVICE_ORDER" not in env:  # CUDA ordinals = NVML indices
+        added["CUDA_DEVICE_ORDER"] = env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    try:
+        gpus = resolve_visible_gpus(visible, nvml=nvml)[:n_gpus]
+    except GpuResolveError as exc:
+        log.warning("%s: %s; sampling NVML indices 0..%d instead", label, exc, n_gpus - 1)
+        gpus = []
+    gpu_indices = [g.index for g in gpus] or list(range(n_gpus))
+    baseline = device_used_mib(gpu_indices, nvml=nvml)
 
     stdout_path, stderr_path = d / "stdout.log", d / "stderr.log"
     (d / "command.txt").write_text(" ".join(argv) + "\n")
@@ -592,6 +620,9 @@ def launch(
         stderr_path=stderr_path,
         caps=caps,
         device_baseline_mib=baseline,
+        gpus=[g.to_dict() for g in gpus],
+        gpu_indices=gpu_indices,
+        _nvml=nvml,
         _proc=proc,
         _create_time=create_time,
     )

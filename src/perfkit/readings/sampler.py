@@ -124,6 +124,99 @@ class NvmlSource(Protocol):
         processes on device ``index``. May raise."""
 
 
+@dataclass(frozen=True)
+class GpuRef:
+    """One GPU as NVML knows it: its NVML index (PCI bus order, whatever CUDA_VISIBLE_DEVICES
+    says), UUID (``GPU-…``) and name."""
+
+    index: int
+    uuid: str
+    name: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "uuid": self.uuid, "name": self.name}
+
+
+class GpuResolveError(ValueError):
+    """CUDA_VISIBLE_DEVICES names a device NVML does not have (or a MIG instance)."""
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def nvml_inventory(nvml: Any = None) -> list[GpuRef] | None:
+    """Every GPU NVML sees, by NVML index, or None without NVML. ``nvml``: a source with an
+    ``inventory()`` method (tests), default pynvml."""
+    if nvml is not None:
+        inv = getattr(nvml, "inventory", None)
+        return list(inv()) if inv is not None else None
+    nv = _nvml_init()
+    if nv is None:
+        return None
+    try:
+        out = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            out.append(GpuRef(i, _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h))))
+        return out
+    except Exception as exc:  # noqa: BLE001
+        log.debug("NVML inventory failed: %s", exc)
+        return None
+    finally:
+        _nvml_shutdown(nv)
+
+
+def resolve_visible_gpus(visible: str | None, nvml: Any = None) -> list[GpuRef]:
+    """The NVML devices a CUDA process sees, in its CUDA order, from its ``CUDA_VISIBLE_DEVICES``.
+
+    NVML ignores CUDA_VISIBLE_DEVICES: a process given ``CUDA_VISIBLE_DEVICES=1`` (Ray does this
+    for a task on GPU 1) calls that GPU ``cuda:0`` while NVML index 0 is another GPU. Entries are
+    ``GPU-…`` UUIDs (or unique prefixes of one, as CUDA accepts) or integers. Integers are CUDA
+    ordinals, which equal NVML indices when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (perfkit sets it for
+    the engines it launches; CUDA's default "fastest first" order gives the same on a host of
+    identical GPUs). Parsing stops at the first entry that is not a device, as CUDA does; ``None``
+    (unset) means every GPU; ``""`` or ``-1`` none.
+
+    Returns [] without NVML.
+
+    Raises:
+        GpuResolveError: an entry names no NVML device, an ambiguous UUID prefix, or a MIG
+            instance (``MIG-…``: its memory is not the device's).
+    """
+    inv = nvml_inventory(nvml)
+    if inv is None:
+        return []
+    if visible is None:
+        return list(inv)
+    out: list[GpuRef] = []
+    for raw in visible.split(","):
+        e = raw.strip()
+        if not e:
+            break
+        if e.startswith("MIG-"):
+            raise GpuResolveError(f"CUDA_VISIBLE_DEVICES entry {e!r} is a MIG instance: not sampled by UUID")
+        if e.startswith("GPU-"):
+            hits = [g for g in inv if g.uuid.startswith(e)]
+            if len(hits) != 1:
+                what = "no NVML device has" if not hits else "several NVML devices have"
+                raise GpuResolveError(f"CUDA_VISIBLE_DEVICES entry {e!r}: {what} that UUID")
+            out.append(hits[0])
+            continue
+        try:
+            i = int(e)
+        except ValueError:
+            break
+        if i < 0:
+            break
+        if i >= len(inv):
+            raise GpuResolveError(
+                f"CUDA_VISIBLE_DEVICES entry {e!r}: NVML sees {len(inv)} GPU(s) (indices 0-{len(inv) - 1})"
+            )
+        out.append(inv[i])
+    return out
+
+
 class PynvmlSource:
     """:class:`NvmlSource` over pynvml (reference-counted nvmlInit/nvmlShutdown)."""
 

@@ -11,7 +11,8 @@ from typing import Any, Callable, Literal, Mapping
 #: ``gpus``) and write its bundles under ``out_dir``; raise on failure.
 RunUnit = Callable[[Mapping[str, Any], Path], None]
 
-#: ``(event, unit id, outcome or None)``: "started", "retry", "finished" (for progress bars).
+#: ``(event, unit id, outcome or None)``: "started", "launch" (one of its launches finished;
+#: optional), "retry", "finished" (for progress bars).
 OnEvent = Callable[[str, str, "UnitOutcome | None"], None]
 
 

@@ -23,7 +23,15 @@ from perfkit.checks import Check, check_max, check_min, number
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.scenarios.common import assemble, fmt, json_float, measure_launch, stage_penalty
+from perfkit.scenarios.common import (
+    PlannedLaunch,
+    assemble,
+    fmt,
+    json_float,
+    launch_key,
+    measure_launch,
+    stage_penalty,
+)
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -379,5 +387,9 @@ SCENARIO = register(
         summary_table=summary_table,
         reading=reading,
         cases=cases,
+        case_ids=lambda p, namer: [namer()],
+        launches=lambda p, engine, request: [
+            PlannedLaunch((launch_key(engine, request, p.caps.to_caps() if p.caps else None),), p.repeats)
+        ],
     )
 )

@@ -47,6 +47,7 @@ class LaunchData:
         outcomes: client outcomes of the measured requests, in order.
         error: why the launch failed (start error, cap exceeded), or None.
         command: the exact engine argv.
+        gpus: the GPUs the engine ran on ({index (NVML), uuid, name} each; [] without NVML).
     """
 
     label: str
@@ -61,6 +62,7 @@ class LaunchData:
     error: str | None = None
     command: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
 
     def measured(self) -> pd.DataFrame:
         """Measured request rows (``index != WARMUP_INDEX``) as a DataFrame, in index order."""
@@ -223,6 +225,7 @@ def measure_launch(
     try:
         with launch(spec, caps=caps, run_dir=run_dir, label=label) as h:
             data.command = list(h.command)
+            data.gpus = list(h.gpus)
             sampler = h.sampler(interval_s=sample_interval_s)
             sampler.start()
             try:
@@ -359,6 +362,8 @@ def assemble(
         {
             "params": params,
             "commands": {d.label: d.command for d in launches},
+            # the GPUs each launch ran on, matched by UUID (meta "gpus" lists every GPU here)
+            "launch_gpus": {d.label: d.gpus for d in launches},
             "caps": [c.to_dict() if c is not None else None for c in (caps or [])],
         }
     )
@@ -504,3 +509,84 @@ def reuse_launch(
     data.error = None if err is None or (isinstance(err, float) and math.isnan(err)) else str(err)
     log.info("%s reuses the %s launch of %s (%d requests)", label, src, bundle.scenario, n_requests)
     return data
+
+
+def join_bundles(
+    scenario: str, parts: list[ResultBundle], params: dict[str, Any], results: dict[str, Any]
+) -> ResultBundle:
+    """One bundle from the bundles of a scenario's split parts (each part measured some of its
+    launches; see :attr:`perfkit.scenarios.registry.Scenario.split`): tables concatenated in
+    part order and conformed to their declarations, records, logs, engine commands and caps
+    united, the environment facts of the first part, ``params`` and ``results`` as given (the
+    caller recomputes the results from the joined data).
+
+    Raises:
+        ValueError: no parts, or a part of another scenario (naming it).
+    """
+    if not parts:
+        raise ValueError(f"{scenario}: nothing to join (no part bundles)")
+    for b in parts:
+        if b.scenario != scenario:
+            raise ValueError(f"{scenario}: cannot join a {b.scenario!r} bundle ({b.path})")
+    tables = {}
+    for name in {n for b in parts for n in b.tables}:
+        frames = [b.tables[name] for b in parts if name in b.tables and not b.tables[name].empty]
+        tables[name] = conform(name, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+    meta = dict(parts[0].meta)
+    meta["params"] = params
+    meta["commands"] = {k: v for b in parts for k, v in (b.meta.get("commands") or {}).items()}
+    meta["caps"] = [c for b in parts for c in (b.meta.get("caps") or [])]
+    return ResultBundle(
+        scenario=scenario,
+        meta=meta,
+        results=results,
+        tables=tables,
+        records={k: v for b in parts for k, v in b.records.items()},
+        logs={k: v for b in parts for k, v in b.logs.items()},
+    )
+
+
+@dataclass(frozen=True)
+class PlannedLaunch:
+    """What a scenario would launch, as the scale-out planner sees it before anything runs.
+
+    Attributes:
+        keys: identities of the launch (:func:`launch_key`); a later launch whose key equals one
+            of an earlier single-launch scenario's, with no more requests, reuses that session
+            (:func:`reuse_launch`). Empty: never matched.
+        requests: measured requests it sends.
+        reuses: True when the scenario takes a matching earlier launch instead of launching.
+    """
+
+    keys: tuple[str, ...]
+    requests: int
+    reuses: bool = False
+
+
+def launch_key(spec: EngineSpec, request: VideoRequestSpec, caps: MemoryCaps | None = None) -> str:
+    """The identity :func:`reuse_launch` compares (engine spec, request payload, caps as asked
+    when they cap anything), as a JSON string."""
+    import json
+
+    mine = caps.to_dict() if caps is not None and not caps.unlimited else None
+    return json.dumps([spec.to_dict(), request.payload(), mine], sort_keys=True, default=str)
+
+
+def relabel(bundle: ResultBundle, old: str, new: str) -> ResultBundle:
+    """``bundle`` with launch label ``old`` renamed ``new`` in place (the ``launch`` and ``label``
+    columns of every table, records, engine commands, engine log names), for joining parts
+    whose scenario names launches by position (``cap0`` of a part is ``cap2`` of the whole).
+    Returns ``bundle``."""
+    if old == new:
+        return bundle
+    for name, df in bundle.tables.items():
+        for col in ("launch", "label"):
+            if col in df.columns and not df.empty:
+                df = df.copy()
+                df[col] = df[col].where(df[col].astype("string") != old, new)
+        bundle.tables[name] = df
+    bundle.records = {(new if k == old else k): v for k, v in bundle.records.items()}
+    cmds = bundle.meta.get("commands") or {}
+    bundle.meta["commands"] = {(new if k == old else k): v for k, v in cmds.items()}
+    bundle.logs = {(new + k[len(old) :] if k.startswith(old + ".") else k): v for k, v in bundle.logs.items()}
+    return bundle

@@ -27,11 +27,15 @@ from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.scenarios.common import (
+    PlannedLaunch,
     assemble,
     fmt,
+    join_bundles,
     json_float,
+    launch_key,
     measure_launch,
     pick_columns,
+    relabel,
     reuse_launch,
     slug,
 )
@@ -478,8 +482,57 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return out
 
 
+def split(p: MemoryBudgetParams) -> list[tuple[str, MemoryBudgetParams]]:
+    """The registry's ``split``: one part per budget (``cap0``, ``cap1``: each a launch of its
+    own) when no minimum-budget search is asked; with ``min_budget`` the scenario stays one
+    part (the bisection is one dependent chain after the budgets)."""
+    if p.min_budget is not None or len(p.caps) < 2:
+        return [("all", p)]
+    return [(f"cap{i}", p.model_copy(update={"caps": [c]})) for i, c in enumerate(p.caps)]
+
+
+def join(parts: list[ResultBundle], p: MemoryBudgetParams) -> ResultBundle:
+    """The registry's ``join``: the bundle :func:`memory_budget` would have written for ``p``
+    from its :func:`split` parts' bundles (in split order): each part's ``cap0`` launch
+    relabelled by its position, budget entries in order, reused launches renamed alike.
+
+    Raises:
+        ValueError: a part that is not one budget, or parts that do not match ``p.caps``.
+    """
+    if len(parts) != len(p.caps):
+        raise ValueError(f"{NAME}: {len(parts)} parts for {len(p.caps)} budgets")
+    entries, reused = [], []
+    for i, b in enumerate(parts):
+        got = b.results.get("caps") or []
+        if len(got) != 1:
+            raise ValueError(f"{NAME}: part {i} ({b.path}) measured {len(got)} budgets, expected 1")
+        relabel(b, "cap0", f"cap{i}")
+        entries += got
+        reused += [f"cap{i}" for x in b.results.get("reused_launches") or [] if x == "cap0"]
+    results = {**parts[0].results, "caps": entries, "reused_launches": reused}
+    params = {
+        **(parts[0].meta.get("params") or {}),
+        "caps": [c for b in parts for c in (b.meta.get("params") or {}).get("caps") or []],
+    }
+    return join_bundles(NAME, parts, params, results)
+
+
+def planned_launches(
+    p: MemoryBudgetParams, engine: EngineSpec, request: VideoRequestSpec
+) -> list[PlannedLaunch]:
+    """The registry's ``launches``: one per budget (each may reuse an earlier session of the
+    same spec, request and caps); the min-budget bisection's launches are one dependent chain
+    of unknown length, left out (the scenario is one unit of work)."""
+    return [
+        PlannedLaunch((launch_key(engine, request, c.to_caps()),), p.repeats, reuses=True) for c in p.caps
+    ]
+
+
 SCENARIO = register(
     Scenario(
+        launches=planned_launches,
+        split=split,
+        join=join,
         order=30,
         plan=lambda p: [p.repeats] * len(p.caps),
         name=NAME,

@@ -31,7 +31,17 @@ from perfkit.checks import Check, check_flag
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
-from perfkit.scenarios.common import LaunchData, assemble, fmt, json_float, measure_launch, reuse_launch
+from perfkit.scenarios.common import (
+    LaunchData,
+    PlannedLaunch,
+    assemble,
+    fmt,
+    join_bundles,
+    json_float,
+    launch_key,
+    measure_launch,
+    reuse_launch,
+)
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -518,8 +528,60 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return out
 
 
+def split(p: OffloadModesParams) -> list[tuple[str, OffloadModesParams]]:
+    """The registry's ``split``: one part per mode (each a launch of its own), keyed by its
+    mode (``none``, ``group-block``), in the params' order."""
+    return [(m, p.model_copy(update={"modes": [m]})) for m in p.modes]
+
+
+def join(parts: list[ResultBundle], p: OffloadModesParams) -> ResultBundle:
+    """The registry's ``join``: the bundle :func:`offload_modes` would have written for ``p``
+    from its :func:`split` parts' bundles (in split order): mode entries in order, ``device``
+    the first reported, ``reused_launches`` rebuilt from the entries (the order checks are
+    judged from these results, as for an unsplit bundle).
+
+    Raises:
+        ValueError: the parts do not cover ``p.modes`` in order (naming both).
+    """
+    got = [m for b in parts for m in (b.meta.get("params") or {}).get("modes") or []]
+    if got != list(p.modes):
+        raise ValueError(f"{NAME}: parts measured modes {got}, the params ask for {list(p.modes)}")
+    entries = [e for b in parts for e in b.results.get("modes") or []]
+    results = {
+        **{k: v for k, v in parts[0].results.items() if k not in ("modes", "device", "reused_launches")},
+        "modes": entries,
+        "device": next((b.results.get("device") for b in parts if b.results.get("device")), None),
+        "reused_launches": [e["label"] for e in entries if e.get("reused_from")],
+    }
+    params = {**(parts[0].meta.get("params") or {}), "modes": list(p.modes)}
+    return join_bundles(NAME, parts, params, results)
+
+
+def planned_launches(
+    p: OffloadModesParams, engine: EngineSpec, request: VideoRequestSpec
+) -> list[PlannedLaunch]:
+    """The registry's ``launches``: one per mode; mode ``none`` may reuse an earlier session
+    (its own spec, or automatic placement without a device cap, as :func:`offload_modes`)."""
+    caps = p.caps.to_caps() if p.caps else MemoryCaps()
+    out = []
+    for mode in p.modes:
+        try:
+            mspec = engine.replace(offload=mode, offload_components={})
+        except EngineSpecError:
+            out.append(PlannedLaunch((), 0))
+            continue
+        keys = [launch_key(mspec, request, caps)]
+        if mode == "none" and not caps.device_gib and engine.replace(offload_components={}) == engine:
+            keys.append(launch_key(engine.replace(offload=None), request, caps))
+        out.append(PlannedLaunch(tuple(keys), p.repeats, reuses=mode == "none"))
+    return out
+
+
 SCENARIO = register(
     Scenario(
+        launches=planned_launches,
+        split=split,
+        join=join,
         order=40,
         plan=lambda p: [p.repeats] * len(p.modes),
         name=NAME,

@@ -45,6 +45,7 @@ __all__ = [
     "emit",
     "read_events",
     "planned_requests",
+    "listening",
 ]
 
 #: in-process receivers of events (:meth:`RunBars.listen`)
@@ -88,6 +89,18 @@ def emit(event: str, **fields: Any) -> None:
             fh.write(line)
     except OSError as exc:
         log.debug("progress file %s: %s", path, exc)
+
+
+@contextlib.contextmanager
+def listening(callback: Callable[[Mapping[str, Any]], None]) -> Iterator[None]:
+    """Pass this process's progress events (``launch``, ``request``, ``launch_done``) to
+    ``callback`` while the block runs; :func:`track_requests` draws no bar of its own meanwhile
+    (the listener's owner draws one)."""
+    _LISTENERS.append(callback)
+    try:
+        yield
+    finally:
+        _LISTENERS.remove(callback)
 
 
 def track_requests(requests: Sequence[T], label: str) -> Iterator[T]:

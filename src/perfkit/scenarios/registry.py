@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Literal, Mapping, Optional
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
@@ -62,9 +62,12 @@ class _Model(BaseModel):
 
 
 class ScenarioParams(_Model):
-    """Base of every scenario's params section: ``enabled`` plus the scenario's own fields."""
+    """Base of every scenario's params section: ``enabled``, ``tier`` plus the scenario's own
+    fields. ``tier``: ``per-commit`` (default) or ``extra``; ``perfkit suite --tier`` picks them
+    (seed 001: split per-commit from extra runs)."""
 
     enabled: bool = True
+    tier: Literal["per-commit", "extra"] = "per-commit"
 
 
 class InvariantParams(_Model):
@@ -174,6 +177,19 @@ class Scenario:
         notebook: notebook file name under ``notebooks/``.
         plan: ``params -> [requests per launch]`` it would send (an upper bound when it reuses
             an earlier scenario's launch); the suite's progress bars estimate from it.
+        split: ``params -> [(part key, sub-params)]``: independent launches, each a unit of work
+            of its own (:mod:`perfkit.scaleout.units`); None: the scenario is one unit. Part
+            keys are filesystem-safe (``warmup17``); the order is the unsplit run's order.
+        join: ``([part bundles in split order], params) -> bundle``: the bundle the unsplit
+            scenario would have written (tables concatenated, results recomputed from the
+            joined data). Required with ``split``.
+        case_ids: ``(params, namer) -> [case id]``: the baseline cases a (sub-)params would
+            write (``namer`` as in :attr:`cases`); the scale-out planner reads their
+            ``estimated_full_test_time_s``. None: no baseline estimate.
+        launches: ``(params, engine, request) -> [PlannedLaunch]``
+            (:class:`perfkit.scenarios.common.PlannedLaunch`): what it would launch, one per
+            launch in run order, so the planner keeps a launch that a later scenario reuses
+            and that scenario in one unit. None: one launch, never shared.
     """
 
     name: str
@@ -192,10 +208,20 @@ class Scenario:
     order: int = 100
     #: ``params -> [requests of each launch]`` it would make (progress estimate; None: unknown)
     plan: Optional[Callable[[Any], list[int]]] = None
+    #: ``params -> [(part key, sub-params)]``: one unit of work per independent launch
+    split: Optional[Callable[[Any], list[tuple[str, Any]]]] = None
+    #: ``([part bundles], params) -> bundle``: what the unsplit scenario would have written
+    join: Optional[Callable[[list[ResultBundle], Any], ResultBundle]] = None
+    #: ``(params, namer) -> [case id]`` its baseline cases (estimates of the scale-out planner)
+    case_ids: Optional[Callable[[Any, CaseNamer], list[str]]] = None
+    #: ``(params, engine, request) -> [PlannedLaunch]`` what it would launch (shared launches)
+    launches: Optional[Callable[[Any, EngineSpec, VideoRequestSpec], list[Any]]] = None
     template: str = ""
     notebook: str = ""
 
     def __post_init__(self) -> None:
+        if (self.split is None) != (self.join is None):
+            raise ValueError(f"scenario {self.name!r}: split and join come together")
         if not self.template:
             object.__setattr__(self, "template", f"sections/{self.name}.html.j2")
         if not self.notebook:

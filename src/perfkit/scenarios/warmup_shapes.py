@@ -26,9 +26,12 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings.records import parse_lines
 from perfkit.scenarios.common import (
+    PlannedLaunch,
     assemble,
     fmt,
+    join_bundles,
     json_float,
+    launch_key,
     measure_launch,
     pick_columns,
     reuse_launch,
@@ -329,6 +332,68 @@ def run(ctx: RunContext, p: WarmupShapesParams) -> ResultBundle:
     )
 
 
+def split(p: WarmupShapesParams) -> list[tuple[str, WarmupShapesParams]]:
+    """The registry's ``split``: one part per startup warmup setting (each is a launch of its
+    own): ``("warmup17", params with warmup_frames [17])``, in the params' order."""
+    out: list[tuple[str, WarmupShapesParams]] = []
+    seen: set[str] = set()
+    for i, w in enumerate(p.warmup_frames):
+        key = f"warmup{w}" if f"warmup{w}" not in seen else f"warmup{w}-{i}"
+        seen.add(key)
+        out.append((key, p.model_copy(update={"warmup_frames": [int(w)]})))
+    return out
+
+
+def join(parts: list[ResultBundle], p: WarmupShapesParams) -> ResultBundle:
+    """The registry's ``join``: the bundle :func:`warmup_shapes` would have written for ``p``
+    from the bundles of its :func:`split` parts (in split order): coverage entries and reused
+    launches in launch order, ``warm_across_warmups`` recomputed from the joined coverage.
+
+    Raises:
+        ValueError: the parts do not cover ``p.warmup_frames`` in order (naming both).
+    """
+    got = [w for b in parts for w in (b.meta.get("params") or {}).get("warmup_frames") or []]
+    if got != list(map(int, p.warmup_frames)):
+        raise ValueError(
+            f"{NAME}: parts measured warmup_frames {got}, the params ask for {list(p.warmup_frames)}"
+        )
+    coverage = [c for b in parts for c in b.results.get("coverage") or []]
+    results = {
+        "coverage": coverage,
+        "reused_launches": [x for b in parts for x in b.results.get("reused_launches") or []],
+        "warm_across_warmups": warm_across_warmups(coverage),
+    }
+    params = {**(parts[0].meta.get("params") or {}), "warmup_frames": list(map(int, p.warmup_frames))}
+    return join_bundles(NAME, parts, params, results)
+
+
+def planned_launches(
+    p: WarmupShapesParams, engine: EngineSpec, request: VideoRequestSpec
+) -> list[PlannedLaunch]:
+    """The registry's ``launches``: one per warmup setting; with one request shape it reuses
+    an earlier session of the same spec and request (see :func:`warmup_shapes`)."""
+    out = []
+    for w in p.warmup_frames:
+        s = engine.replace(warmup_frames=int(w), share_compile_cache=False)
+        n = len(p.request_frames) * p.repeats
+        if len(p.request_frames) == 1:
+            req = dataclasses.replace(request, num_frames=int(p.request_frames[0]))
+            out.append(PlannedLaunch((launch_key(s, req),), p.repeats, reuses=True))
+        else:
+            out.append(PlannedLaunch((), n))
+    return out
+
+
+def case_ids(p: WarmupShapesParams, namer: Any) -> list[str]:
+    """The registry's ``case_ids``: one case per (warmup setting, request shape) (a shape the
+    warmup does not cover writes none; its id is listed all the same)."""
+    return [
+        namer(warmup_frames=w, num_frames=f, suffix="_shapes")
+        for w in p.warmup_frames
+        for f in p.request_frames
+    ]
+
+
 def _first_request_error(bundle: ResultBundle) -> str | None:
     """The first measured request's error text (e.g. the engine's HTTP 400 message), if any."""
     req = bundle.requests
@@ -545,5 +610,9 @@ SCENARIO = register(
         summary_table=summary_table,
         reading=reading,
         cases=cases,
+        split=split,
+        join=join,
+        case_ids=case_ids,
+        launches=planned_launches,
     )
 )

@@ -1,0 +1,261 @@
+"""Run units of work: :func:`run_unit` measures one unit without Jupyter, the in-process
+executor runs units one after another, :func:`executor` picks an executor by name, and
+:func:`progress_events` draws the one progress bar every executor drives through ``on_event``.
+
+Output of a unit: ``DEST/<unit id>/<part id>/`` bundles (``cold_warm/``,
+``warmup_shapes.warmup17/``), each bundle's ``meta.json`` naming its unit and part under
+``scaleout``, and ``DEST/<unit id>/unit.json`` (the unit and its outcome).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
+from perfkit.scaleout.outcome import OnEvent, RunUnit, UnitOutcome
+from perfkit.scaleout.units import WorkUnit
+from perfkit.scenarios import registry
+from perfkit.scenarios.progress import listening
+from perfkit.scenarios.registry import RunContext
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "run_unit",
+    "run_units_inprocess",
+    "executor",
+    "progress_events",
+    "EXECUTORS",
+    "ExecutorError",
+    "UNIT_FILE",
+    "LOG_TAIL_CHARS",
+]
+
+#: a unit's record beside its bundles
+UNIT_FILE = "unit.json"
+#: characters of logs kept with an error outcome
+LOG_TAIL_CHARS = 4000
+#: ``--executor`` values: name -> module (in this package) holding ``run_units_<name>``
+EXECUTORS = {"inprocess": "executor", "ray": "ray_executor"}
+
+
+class ExecutorError(ValueError):
+    """An executor that cannot be used (unknown name, its module or package missing): exit 2."""
+
+
+def _unit(unit: Mapping[str, Any] | WorkUnit) -> WorkUnit:
+    return unit if isinstance(unit, WorkUnit) else WorkUnit.from_dict(unit)
+
+
+def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
+    """Measure one unit (a :class:`WorkUnit` or its dict) into ``out_dir``: its parts one after
+    another, each through its scenario's ``run`` as ``python -m perfkit.measure`` does, each
+    bundle saved to ``out_dir/<part id>/`` (launch directories under ``<part id>/launches``).
+    A part sees as shared launches the bundles of the whole single-launch scenarios before it
+    in the unit (what the unsplit run would offer it).
+
+    Raises:
+        ValueError: a part's params that its params model refuses (naming the field).
+        ScenarioError: a whole-scenario part that measured nothing usable (its bundle is saved
+            first); a split part's bundle is checked once joined, when the merged run replays it.
+        Exception: whatever the engine or the scenario raised.
+    """
+    u = _unit(unit)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    engine = EngineSpec.from_dict(dict(u.engine))
+    request = VideoRequestSpec.from_dict(dict(u.request))
+    shared: dict[str, Any] = {}
+    for part in u.parts:
+        s = registry.get(part.scenario)
+        sec = s.params_model.model_validate(part.params)
+        dest = out_dir / part.id
+        ctx = RunContext(engine=engine, request=request, work_dir=dest / "launches", shared=dict(shared))
+        log.info("unit %s: running %s", u.id, part.id)
+        t0 = time.time()
+        bundle = s.run(ctx, sec)
+        bundle.meta["scaleout"] = {
+            "unit": u.id,
+            "part": part.id,
+            "key": part.key,
+            "wall_s": round(time.time() - t0, 2),
+        }
+        bundle.save(dest)
+        if part.key is None:  # a split part is judged whole: the joined bundle, on replay
+            s.check_bundle(bundle)
+            shared.setdefault(part.scenario, bundle)
+
+
+def _log_tail(out_dir: Path, error_text: str) -> str:
+    """The traceback plus the end of the newest engine log under ``out_dir``."""
+    logs = (
+        sorted((p for p in out_dir.rglob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
+        if out_dir.exists()
+        else []
+    )
+    tail = error_text
+    if logs:
+        try:
+            text = logs[-1].read_text(errors="replace")
+            tail += f"\n--- {logs[-1].name} (end) ---\n" + text[-LOG_TAIL_CHARS:]
+        except OSError:
+            pass
+    return tail[-LOG_TAIL_CHARS:]
+
+
+def write_unit_file(out_dir: Path, unit: WorkUnit, outcome: UnitOutcome) -> None:
+    """``out_dir/unit.json``: the unit (:meth:`WorkUnit.to_dict`) and its outcome."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"unit": unit.to_dict(), "outcome": outcome.to_dict()}
+    (out_dir / UNIT_FILE).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def run_units_inprocess(
+    units: Sequence[Mapping[str, Any] | WorkUnit],
+    run_unit: RunUnit = run_unit,
+    dest: Path | str = ".",
+    *,
+    retries: int = 0,
+    on_event: OnEvent | None = None,
+) -> list[UnitOutcome]:
+    """Run ``units`` one after another in this process, each into ``dest/<unit id>/``.
+
+    A unit that raises is retried ``retries`` more times (its partial output removed first),
+    then reported as an ``error`` outcome with the error and the end of its logs; the other
+    units still run. ``on_event`` gets ``("started"|"retry"|"finished", unit id, outcome)``.
+
+    Returns:
+        one :class:`UnitOutcome` per unit, in the given order (``wall_s``, ``started_at`` and
+        ``ended_at`` of the last attempt; ``out_dir`` the unit's directory).
+
+    Raises:
+        ValueError: ``retries`` < 0.
+    """
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries}")
+    dest = Path(dest)
+    outcomes = []
+    host = socket.gethostname()
+    for raw in units:
+        u = _unit(raw)
+        out_dir = dest / u.id
+        if on_event:
+            on_event("started", u.id, None)
+        attempt = 0
+        while True:
+            attempt += 1
+            if out_dir.exists():
+                shutil.rmtree(out_dir)
+            t0, wall0 = time.time(), time.monotonic()
+
+            def on_progress(ev: Mapping[str, Any], uid: str = u.id) -> None:
+                if on_event and ev.get("event") == "launch_done":
+                    on_event("launch", uid, None)
+
+            try:
+                with listening(on_progress):
+                    run_unit(u.to_dict(), out_dir)
+                oc = UnitOutcome(u.id, "ok", out_dir=out_dir, attempts=attempt, host=host)
+            except Exception as exc:  # noqa: BLE001 - one failed unit must not lose the others
+                err = f"{type(exc).__name__}: {exc}"
+                if attempt <= retries:
+                    log.warning(
+                        "unit %s failed (attempt %d of %d): %s: retrying", u.id, attempt, retries + 1, err
+                    )
+                    if on_event:
+                        on_event("retry", u.id, None)
+                    continue
+                log.error("unit %s failed after %d attempt(s): %s", u.id, attempt, err)
+                oc = UnitOutcome(
+                    u.id,
+                    "error",
+                    out_dir=out_dir if out_dir.exists() else None,
+                    attempts=attempt,
+                    error=err,
+                    log_tail=_log_tail(out_dir, traceback.format_exc()),
+                    host=host,
+                )
+            oc.wall_s = round(time.monotonic() - wall0, 2)
+            oc.started_at, oc.ended_at = t0, time.time()
+            break
+        write_unit_file(out_dir, u, oc)
+        outcomes.append(oc)
+        if on_event:
+            on_event("finished", u.id, oc)
+    return outcomes
+
+
+def executor(name: str) -> Callable[..., list[UnitOutcome]]:
+    """The executor ``name`` (:data:`EXECUTORS`): ``run_units_<name>(units, run_unit, dest, *,
+    retries=0, on_event=None, ...)``.
+
+    Raises:
+        ExecutorError: an unknown name, or its module (or the package it needs, e.g. ``ray``)
+            is not installed; the message says what to install.
+    """
+    import importlib
+
+    if name not in EXECUTORS:
+        raise ExecutorError(f"--executor {name!r}: unknown executor; known: {', '.join(EXECUTORS)}")
+    if name == "inprocess":
+        return run_units_inprocess
+    modname = f"perfkit.scaleout.{EXECUTORS[name]}"
+    try:
+        mod = importlib.import_module(modname)
+    except ImportError as exc:
+        raise ExecutorError(
+            f"--executor {name}: {modname} cannot be imported ({exc}); "
+            f"install it with pip install 'perfkit[{name}]'"
+        ) from None
+    fn = getattr(mod, f"run_units_{name}", None)
+    if fn is None:
+        raise ExecutorError(f"--executor {name}: {modname} has no run_units_{name}")
+    return fn
+
+
+def progress_events(
+    units: Sequence[WorkUnit], *, enabled: bool = True, file: Any = None
+) -> tuple[OnEvent, Callable[[], None]]:
+    """One tqdm bar over every unit's launches (whichever executor drives it).
+
+    Returns:
+        ``(on_event, close)``: pass ``on_event`` to the executor; call ``close`` at the end.
+        The bar advances by one per ``launch`` event (in-process executors) and by the rest of
+        a unit's planned launches when it finishes (any executor); it names running units.
+    """
+    from tqdm.std import tqdm
+
+    launches = {u.id: max(u.launches, 1) for u in units}
+    bar = tqdm(
+        total=sum(launches.values()), desc="perfkit units", unit="launch", disable=not enabled, file=file
+    )
+    running: list[str] = []
+    failed: list[str] = []
+    done: dict[str, int] = {}
+
+    def on_event(event: str, unit_id: str, outcome: UnitOutcome | None) -> None:
+        if event == "started" and unit_id not in running:
+            running.append(unit_id)
+        elif event == "launch" and done.get(unit_id, 0) < launches.get(unit_id, 1):
+            done[unit_id] = done.get(unit_id, 0) + 1
+            bar.update(1)
+        elif event == "retry":
+            bar.write(f"retrying {unit_id}")
+        elif event == "finished":
+            if unit_id in running:
+                running.remove(unit_id)
+            if outcome is not None and outcome.status != "ok":
+                failed.append(unit_id)
+            bar.update(max(launches.get(unit_id, 1) - done.get(unit_id, 0), 0))
+            done[unit_id] = launches.get(unit_id, 1)
+        bar.set_postfix_str(", ".join(running) + (f" ({len(failed)} failed)" if failed else ""))
+
+    return on_event, bar.close

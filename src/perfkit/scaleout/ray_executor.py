@@ -1,0 +1,492 @@
+"""The Ray executor: each unit of work is a Ray task asking for the GPUs its engine needs.
+
+::
+
+    outcomes = run_units_ray(units, run_unit, dest, address="auto", retries=1, on_event=bar)
+
+- A unit is a JSON-able dict with at least ``id`` and ``gpus`` (int; 0 on CPU), optionally
+  ``cpus``. Its task asks Ray for ``num_gpus=unit["gpus"]``, so a 2-GPU CFG-parallel launch
+  waits for two free GPUs and 1-GPU launches on a multi-GPU host run side by side. ``cpus``
+  defaults to 1 for a GPU unit; a CPU unit (``gpus`` 0) asks for every CPU of the smallest
+  alive node, so that engines measured on CPU never share cores with each other. Ray
+  sets ``CUDA_VISIBLE_DEVICES`` of the task to the GPUs it got; the engine launched by the unit
+  inherits it and perfkit's sampler resolves it to NVML devices by UUID
+  (:func:`perfkit.readings.sampler.resolve_visible_gpus`).
+- The task runs ``run_unit(unit, out_dir)`` in a temporary directory on the worker, packs that
+  directory as a tar archive in memory (it travels back through Ray's object store, also when
+  ``run_unit`` failed: partial bundles and engine logs are kept) and returns it with its status,
+  error, log tail, host name, GPUs (Ray ids and NVML UUIDs) and start/end times.
+- The driver unpacks each unit's archive to ``dest/<unit id>/``, writes ``unit.json`` there (the
+  unit and its outcome, as the in-process executor does) and returns one
+  :class:`~perfkit.scaleout.outcome.UnitOutcome` per unit, **in the order of** ``units``.
+- A unit that raises or whose worker dies (``os._exit``, OOM kill, node lost: Ray raises
+  ``WorkerCrashedError``, ``NodeDiedError``, ``RayTaskError``, ...) is resubmitted by the driver
+  up to ``retries`` times (Ray's own task retries are off, so the count is ours), then reported
+  as an ``error`` outcome with the error and log tail; no exception of a unit reaches the caller.
+- ``on_event(event, unit_id, outcome)`` runs on the driver: ``started`` when a unit's task
+  starts on its worker (not while Ray queues it for its GPUs), ``launch`` each time one of its
+  engine launches is done, ``retry`` with the failed attempt's outcome when it is resubmitted,
+  ``finished`` with the final outcome. Workers send ``started``/``launch`` through a
+  ``ray.util.queue.Queue`` (an actor asking for no CPU); they draw no bars of their own.
+
+``ray`` is imported lazily: the rest of perfkit works without it (``pip install 'perfkit[ray]'``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import tarfile
+import tempfile
+import time
+import traceback
+from collections import deque
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from perfkit.scaleout.outcome import OnEvent, RunUnit, UnitOutcome
+
+log = logging.getLogger(__name__)
+
+#: environment variables shipped to the workers (prefixes); values of names that look like
+#: secrets are not shipped (the runtime_env is visible in Ray's dashboard)
+ENV_PREFIXES = ("PERFKIT_", "HF_", "HUGGINGFACE_", "SGLANG_", "TRANSFORMERS_", "NCCL_")
+_SECRET = re.compile(r"token|secret|password|passwd|api_?key|access_?key|auth", re.I)
+#: lines of worker logging kept as the log tail of a failed unit
+LOG_TAIL_LINES = 200
+INSTALL_HINT = "the Ray executor needs ray: pip install 'perfkit[ray]'"
+#: a unit's record beside its output (same name and shape as the in-process executor's)
+UNIT_FILE = "unit.json"
+
+
+def _import_ray():
+    from perfkit.scaleout.executor import ExecutorError
+
+    try:
+        import ray
+    except ImportError:
+        raise ExecutorError(INSTALL_HINT) from None
+    return ray
+
+
+def unit_dir_name(unit_id: str) -> str:
+    """The directory name of a unit under ``dest`` (its id, with characters that are not safe in
+    one path component replaced by ``_``)."""
+    safe = re.sub(r"[^A-Za-z0-9._=+@-]+", "_", str(unit_id)).strip(".")
+    return safe or "unit"
+
+
+# ---------------------------------------------------------------------------- archives
+def pack_dir(path: str | Path) -> bytes:
+    """A directory's contents as a gzip'd tar archive (member names relative to it)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        for p in sorted(Path(path).rglob("*")):
+            tar.add(p, arcname=p.relative_to(path).as_posix(), recursive=False)
+    return buf.getvalue()
+
+
+def unpack_dir(data: bytes, dest: str | Path) -> Path:
+    """Unpack an archive of :func:`pack_dir` into ``dest`` (created; emptied first when it
+    exists). Members that would land outside ``dest`` (absolute paths, ``..``, links out) are
+    refused by tarfile's ``data`` filter.
+
+    Raises:
+        tarfile.TarError: not such an archive, or a member refused by the filter.
+    """
+    d = Path(dest)
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+        tar.extractall(d, filter="data")
+    return d
+
+
+# ---------------------------------------------------------------------------- the task
+class _TailHandler(logging.Handler):
+    def __init__(self, n: int) -> None:
+        super().__init__(logging.INFO)
+        self.lines: deque[str] = deque(maxlen=n)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(self.format(record))
+        except Exception:  # noqa: BLE001 - logging must not fail the unit
+            pass
+
+
+def _gpus_here(ray: Any) -> tuple[list[str], list[str]]:
+    """(Ray's GPU ids of this task, their NVML UUIDs or [] when NVML does not work here)."""
+    try:
+        ids = [str(i) for i in ray.get_gpu_ids()]
+    except Exception:  # noqa: BLE001
+        ids = []
+    if not ids:
+        return [], []
+    try:
+        from perfkit.readings.sampler import resolve_visible_gpus
+
+        # Ray sets CUDA_VISIBLE_DEVICES to these ids: resolve them as the engine will
+        refs = resolve_visible_gpus(",".join(ids))
+    except Exception as exc:  # noqa: BLE001 - logical GPUs on a host without NVML
+        log.debug("GPU ids %s not resolved to NVML devices: %s", ids, exc)
+        refs = []
+    return ids, [r.uuid for r in refs]
+
+
+class _Sender:
+    """Puts ``(event, unit id)`` on the driver's queue without waiting (never raises).
+
+    A task blocked in ``ray.get`` gives its CPUs back to Ray, which may then start another unit
+    on them (a CPU unit would no longer have the node to itself), so events are sent as
+    fire-and-forget actor calls; :meth:`flush` waits for them once the unit is done, so that
+    they reach the queue before the task's result does.
+    """
+
+    def __init__(self, events: Any, unit_id: str) -> None:
+        self.events, self.unit_id, self.refs = events, unit_id, []
+
+    def __call__(self, event: str) -> None:
+        if self.events is None:
+            return
+        try:
+            self.refs.append(self.events.actor.put_nowait.remote((event, self.unit_id)))
+        except Exception as exc:  # noqa: BLE001 - progress must not fail the unit
+            log.debug("progress event %s of %s not sent: %s", event, self.unit_id, exc)
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        if not self.refs:
+            return
+        try:
+            import ray
+
+            ray.wait(self.refs, num_returns=len(self.refs), timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("progress events of %s not confirmed: %s", self.unit_id, exc)
+
+
+def _newest_log_tail(d: Path, chars: int = 4000) -> str:
+    """The end of the newest ``*.log`` under ``d`` (an engine's stdout/stderr), or ""."""
+    try:
+        logs = sorted((p for p in d.rglob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
+        if not logs:
+            return ""
+        return f"\n--- {logs[-1].relative_to(d)} (end) ---\n" + logs[-1].read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def run_one(
+    unit: Mapping[str, Any], run_unit: RunUnit, events: Any = None, omp_threads: str | None = None
+) -> dict[str, Any]:
+    """Run one unit here (the body of the Ray task; also usable without Ray).
+
+    ``events``: a ``ray.util.queue.Queue`` for ``("started" | "launch", unit id)`` progress
+    events (None: none sent).
+    ``omp_threads``: the driver's ``OMP_NUM_THREADS`` (None: unset). Ray sets it to the task's
+    CPUs (1 for a GPU unit) when unset, and an engine launched here would inherit that; the
+    unit runs with the driver's value instead, as it would in process.
+
+    Returns a dict: status ("ok"/"error"), error, log_tail, host, gpu_ids, gpu_uuids,
+    started_at, ended_at, archive (bytes of :func:`pack_dir` of the unit's output directory).
+    """
+    from perfkit.scenarios.progress import listening
+
+    send = _Sender(events, str(unit["id"]))
+    send("started")
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - run_one without Ray
+        ray = None
+    started = time.time()
+    gpu_ids, gpu_uuids = _gpus_here(ray) if ray is not None else ([], [])
+    handler = _TailHandler(LOG_TAIL_LINES)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    old_level = root.level
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+    status, error = "ok", None
+
+    # a listener also keeps the worker from drawing per-request bars (streamed to the driver
+    # line by line); the driver draws the one bar over all units
+    def on_progress(ev: Mapping[str, Any]) -> None:
+        if ev.get("event") == "launch_done":
+            send("launch")
+
+    ray_omp = os.environ.get("OMP_NUM_THREADS")
+    if omp_threads is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = omp_threads
+    with tempfile.TemporaryDirectory(prefix=f"perfkit-unit-{unit_dir_name(unit['id'])}-") as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir()
+        try:
+            with listening(on_progress):
+                run_unit(unit, out)
+        except BaseException as exc:  # noqa: BLE001 - reported, never raised
+            status = "error"
+            error = f"{type(exc).__name__}: {exc}"
+            handler.lines.extend(traceback.format_exc().rstrip().splitlines())
+        finally:
+            root.removeHandler(handler)
+            root.setLevel(old_level)
+            if ray_omp is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = ray_omp
+        ended = time.time()
+        send.flush()
+        tail = "\n".join(handler.lines) + _newest_log_tail(out) if status == "error" else None
+        archive = pack_dir(out)
+    return {
+        "status": status,
+        "error": error,
+        "log_tail": tail,
+        "host": socket.gethostname(),
+        "gpu_ids": gpu_ids,
+        "gpu_uuids": gpu_uuids,
+        "started_at": started,
+        "ended_at": ended,
+        "archive": archive,
+    }
+
+
+# ---------------------------------------------------------------------------- runtime env
+def default_runtime_env(address: str | None = None) -> dict[str, Any]:
+    """What the workers get: ``env_vars`` (``PERFKIT_*``, ``HF_*``, ``SGLANG_*``, … of this
+    process, secrets left out) and perfkit's own source. A local Ray (``address=None``) gets it on
+    ``PYTHONPATH`` (the workers run on this machine); a cluster gets the package through
+    ``py_modules`` (uploaded by Ray; the workers need perfkit's dependencies installed)."""
+    import perfkit
+
+    pkg = Path(perfkit.__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and not _SECRET.search(k)}
+    rt: dict[str, Any] = {"env_vars": env}
+    if address is None:
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if pkg.parent.name not in ("site-packages", "dist-packages"):  # a source checkout
+            paths.insert(0, str(pkg.parent))
+        if paths:
+            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    else:
+        rt["py_modules"] = [str(pkg)]
+    return rt
+
+
+def _merge_env(base: dict[str, Any], extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in (extra or {}).items():
+        if k == "env_vars":
+            out["env_vars"] = {**out.get("env_vars", {}), **v}
+        else:
+            out[k] = v
+    return out
+
+
+# ---------------------------------------------------------------------------- the driver
+def _error_of(exc: BaseException) -> tuple[str, str]:
+    """(one-line error, log tail) of an exception raised by ``ray.get``: a task error names its
+    cause (``RayTaskError(ModuleNotFoundError): ...``), a crash its kind (``WorkerCrashedError:
+    The worker died unexpectedly ...``)."""
+    text = str(exc).strip()
+    name = type(exc).__name__
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and cause is not exc:
+        inner = str(cause).strip().splitlines()
+        msg = inner[-1] if inner else ""
+        return f"{name}({type(cause).__name__}): {msg}".rstrip(": "), text[-20_000:]
+    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    return f"{name}: {first}" if first else name, text[-20_000:]
+
+
+def run_units_ray(
+    units: Sequence[Mapping[str, Any]],
+    run_unit: RunUnit,
+    dest: str | Path,
+    *,
+    address: str | None = None,
+    retries: int = 0,
+    on_event: OnEvent | None = None,
+    runtime_env: Mapping[str, Any] | None = None,
+) -> list[UnitOutcome]:
+    """Run ``units`` as Ray tasks; unpack each one's output to ``dest/<unit id>/``.
+
+    Args:
+        units: JSON-able dicts with ``id`` (unique), ``gpus`` (int) and optionally ``cpus``.
+        run_unit: ``(unit, out_dir) -> None``; measures the unit into ``out_dir``, raises on
+            failure. Pickled to the workers (cloudpickle): a module-level function of an
+            importable module, or a closure over picklable values.
+        dest: driver directory for the units' outputs.
+        address: None: use the Ray of this process when initialised, else start a local one;
+            ``"auto"`` or ``"ray://host:10001"``: join that cluster.
+        retries: resubmissions of a failed or crashed unit (0: none).
+        on_event: progress callback (see the module doc), called on the driver.
+        runtime_env: merged over :func:`default_runtime_env` (``env_vars`` merged key by key).
+
+    Returns:
+        One UnitOutcome per unit, in the order of ``units``.
+
+    Raises:
+        ExecutorError: ray is not installed (the message says ``pip install 'perfkit[ray]'``),
+            or Ray could not be started or joined (``address="auto"`` without a cluster).
+        ValueError: a unit without ``id``, a duplicate id, ``gpus`` not a non-negative int, or
+            ``retries`` < 0.
+    """
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries}")
+    ids = [str(u.get("id", "")) for u in units]
+    if any(not i for i in ids):
+        raise ValueError("every unit needs an 'id'")
+    if len(set(map(unit_dir_name, ids))) != len(ids):
+        raise ValueError(f"unit ids are not unique (as directory names): {ids}")
+    for u in units:
+        g = u.get("gpus", 0)
+        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+            raise ValueError(f"unit {u['id']!r}: gpus must be a non-negative int, got {g!r}")
+    ray = _import_ray()
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    emit = on_event or (lambda *_: None)
+
+    started_here = False
+    if not ray.is_initialized():
+        from perfkit.scaleout.executor import ExecutorError
+
+        env = _merge_env(default_runtime_env(address), runtime_env)
+        try:
+            ray.init(address=address, runtime_env=env, log_to_driver=True)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = f"the Ray cluster at {address!r}" if address else "a local Ray"
+            raise ExecutorError(f"could not start or join {where}: {exc}") from None
+        started_here = True
+        job_env: dict[str, Any] | None = None
+    else:
+        # a Ray someone else started (a test fixture, a notebook): its workers already have
+        # the environment it was started with; only an explicit runtime_env is added per task
+        if address is not None:
+            log.warning("Ray is already initialised in this process: address %r not used", address)
+        job_env = dict(runtime_env) if runtime_env else None
+    events = _event_queue(ray)
+    try:
+        task = ray.remote(run_one)
+        cpu_unit_cpus = _smallest_node_cpus(ray)
+
+        def drain() -> None:
+            if events is None:
+                return
+            try:
+                got = events.get_nowait_batch(events.qsize())
+            except Exception as exc:  # noqa: BLE001
+                log.debug("progress events not read: %s", exc)
+                return
+            for ev, uid in got:
+                emit(ev, uid, None)
+
+        def submit(u: Mapping[str, Any]):
+            gpus = int(u.get("gpus", 0))
+            cpus = u.get("cpus")
+            opts: dict[str, Any] = {
+                "num_gpus": gpus,
+                "num_cpus": float(cpus if cpus is not None else (1 if gpus else cpu_unit_cpus)),
+                "max_retries": 0,  # the driver retries (and counts) itself
+                "retry_exceptions": False,
+            }
+            if job_env is not None:
+                opts["runtime_env"] = job_env
+            return task.options(name=f"perfkit-unit-{unit_dir_name(u['id'])}", **opts).remote(
+                dict(u), run_unit, events, os.environ.get("OMP_NUM_THREADS")
+            )
+
+        pending: dict[Any, tuple[int, int]] = {}  # ref -> (unit index, attempt)
+        for i, u in enumerate(units):
+            pending[submit(u)] = (i, 1)
+        results: list[UnitOutcome | None] = [None] * len(units)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            drain()  # a unit's events are queued before its task returns
+            if not ready:
+                continue
+            ref = ready[0]
+            i, attempt = pending.pop(ref)
+            oc = _collect(ray, ref, ids[i], attempt, dest)
+            if oc.status != "ok" and attempt <= retries:
+                log.warning("unit %s failed (attempt %d): %s; retrying", ids[i], attempt, oc.error)
+                emit("retry", ids[i], oc)
+                pending[submit(units[i])] = (i, attempt + 1)
+                continue
+            results[i] = oc
+            _write_unit_file(dest / unit_dir_name(ids[i]), units[i], oc)
+            emit("finished", ids[i], oc)
+        return [r for r in results if r is not None]
+    finally:
+        if events is not None:
+            try:
+                events.shutdown(force=True)
+            except Exception:  # noqa: BLE001
+                pass
+        if started_here:
+            ray.shutdown()
+
+
+def _event_queue(ray: Any) -> Any:
+    """A queue actor for workers' progress events (None when it cannot be made: no events)."""
+    try:
+        from ray.util.queue import Queue
+
+        return Queue(actor_options={"num_cpus": 0})
+    except Exception as exc:  # noqa: BLE001
+        log.warning("no progress events from Ray workers: %s", exc)
+        return None
+
+
+def _smallest_node_cpus(ray: Any) -> float:
+    """CPUs of the smallest alive node (1 when Ray does not say)."""
+    try:
+        cpus = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
+    except Exception:  # noqa: BLE001
+        cpus = []
+    cpus = [c for c in cpus if c > 0]
+    return float(min(cpus)) if cpus else 1.0
+
+
+def _write_unit_file(d: Path, unit: Mapping[str, Any], oc: UnitOutcome) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    doc = {"unit": dict(unit), "outcome": oc.to_dict()}
+    (d / UNIT_FILE).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def _collect(ray: Any, ref: Any, unit_id: str, attempt: int, dest: Path) -> UnitOutcome:
+    """The outcome of one finished attempt (its archive unpacked to ``dest/<unit id>/``)."""
+    try:
+        r = ray.get(ref)
+    except Exception as exc:  # noqa: BLE001 - crashes, lost nodes, task errors: all reported
+        err, tail = _error_of(exc)
+        return UnitOutcome(unit_id, "error", attempts=attempt, error=err, log_tail=tail)
+    out_dir: Path | None = None
+    status, error, tail = r["status"], r["error"], r["log_tail"]
+    try:
+        out_dir = unpack_dir(r["archive"], dest / unit_dir_name(unit_id))
+    except (tarfile.TarError, OSError) as exc:
+        status, error = "error", f"the unit's output did not unpack: {type(exc).__name__}: {exc}"
+    return UnitOutcome(
+        unit_id,
+        status,
+        out_dir=out_dir,
+        wall_s=round(r["ended_at"] - r["started_at"], 2),
+        attempts=attempt,
+        error=error,
+        log_tail=tail,
+        host=r["host"],
+        gpu_uuids=list(r["gpu_uuids"]),
+        started_at=r["started_at"],
+        ended_at=r["ended_at"],
+    )

@@ -1,0 +1,459 @@
+"""CI partitions and merging: ``perfkit suite --partition I/N`` runs shard I's units into
+bundles plus a shard manifest; ``perfkit merge`` joins shard outputs into one run's bundles.
+
+Shard output layout::
+
+    SHARD/shard.json               the manifest (see :func:`run_shard`)
+    SHARD/units/<unit id>/         unit.json and one bundle per part (<part id>/)
+
+Merged layout (what ``perfkit merge DIR... --out RUN`` replays from)::
+
+    RUN/merged/<scenario>/         the bundle the unsplit run would have written
+    RUN/merged/merge.json          shards read, problems, units with outcomes, concurrency
+    RUN/merged/params.yaml         the shards' params (when ``--params`` is not given)
+
+A shard whose manifest is missing, a planned unit without outputs, a failed unit and shards
+measured with other params are *problems*: each is named (shard, unit) in ``merge.json`` and,
+through the suite, in run.json, summary.md and the report, and the verdict is an error (2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from perfkit.bundle import ResultBundle
+from perfkit.common.provenance import git_commit
+from perfkit.gate import baseline as bl
+from perfkit.gate.run import resolve_baseline_file
+from perfkit.params import SuiteParams, load_params
+from perfkit.scaleout.executor import executor as get_executor
+from perfkit.scaleout.executor import progress_events, run_unit
+from perfkit.scaleout.outcome import UnitOutcome
+from perfkit.scaleout.units import WorkUnit, partition, plan_units
+from perfkit.scenarios import registry
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "MANIFEST",
+    "MERGE_FILE",
+    "MERGED_DIR",
+    "UNITS_DIR",
+    "params_hash",
+    "select",
+    "run_shard",
+    "merge_shards",
+    "concurrent_pairs",
+    "recorded_durations",
+]
+
+MANIFEST = "shard.json"
+UNITS_DIR = "units"
+MERGED_DIR = "merged"
+MERGE_FILE = "merge.json"
+TIERS = ("per-commit", "extra")
+
+
+def params_hash(params: SuiteParams) -> str:
+    """sha256 of the validated params (canonical JSON): equal for the same settings whatever
+    the file's comments, key order or path."""
+    doc = json.dumps(params.model_dump(), sort_keys=True, default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def select(
+    params: SuiteParams, only: Iterable[str] | None = None, tier: str | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """(selected scenario names in run order, {left-out name: why}): enabled in the params,
+    picked by ``only`` (when given) and of ``tier`` (when given).
+
+    Raises:
+        ValueError: an unknown tier (naming the known ones).
+    """
+    if tier is not None and tier not in TIERS:
+        raise ValueError(f"--tier {tier!r}: unknown tier; known: {', '.join(TIERS)}")
+    only_set = set(only) if only else None
+    enabled = params.enabled()
+    selected, skipped = [], {}
+    for n in registry.names():
+        if n not in enabled:
+            skipped[n] = "disabled in the params"
+        elif only_set is not None and n not in only_set:
+            skipped[n] = "not selected by --only"
+        elif tier is not None and params.section(n).tier != tier:
+            skipped[n] = f"tier {params.section(n).tier}, not selected by --tier {tier}"
+        else:
+            selected.append(n)
+    return selected, skipped
+
+
+def _baseline_doc(params: SuiteParams) -> dict[str, Any] | None:
+    f = params.baseline.file
+    if not f:
+        return None
+    try:
+        return bl.load_baseline(resolve_baseline_file(f))
+    except (OSError, ValueError) as exc:
+        log.warning("no estimates from baseline %s: %s", f, exc)
+        return None
+
+
+def recorded_durations(paths: Iterable[str | Path]) -> dict[str, float]:
+    """Unit id -> measured wall seconds from shard manifests or merge files (``shard.json``,
+    ``merge.json``, or directories holding one); unreadable ones are logged and skipped."""
+    out: dict[str, float] = {}
+    for p in paths:
+        p = Path(p)
+        for f in [p] if p.is_file() else [p / MANIFEST, p / MERGED_DIR / MERGE_FILE, p / MERGE_FILE]:
+            if not f.is_file():
+                continue
+            try:
+                doc = json.loads(f.read_text())
+            except (OSError, ValueError) as exc:
+                log.warning("%s: unreadable (%s): no recorded durations from it", f, exc)
+                continue
+            for oc in doc.get("outcomes") or []:
+                if oc.get("status") == "ok" and oc.get("wall_s"):
+                    out[str(oc["unit_id"])] = float(oc["wall_s"])
+    return out
+
+
+def run_shard(
+    params_path: str | Path,
+    out: str | Path,
+    index: int,
+    total: int,
+    *,
+    only: Iterable[str] | None = None,
+    tier: str | None = None,
+    executor: str = "inprocess",
+    executor_options: Mapping[str, Any] | None = None,
+    recorded: Mapping[str, float] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run shard ``index`` of ``total`` (1-based): plan every unit of the selection, partition
+    them (:func:`perfkit.scaleout.units.partition`), run this shard's with ``executor``; writes
+    bundles under ``out/units/`` and the manifest ``out/shard.json``.
+
+    The manifest holds: ``kind`` ("perfkit-shard"), ``params_file``, ``params_sha256``
+    (:func:`params_hash`), ``params`` (validated), ``partition`` {index, total}, ``selected``
+    and ``skipped`` (name -> why), ``units`` (every planned unit of ALL shards, with its shard,
+    estimate and source), ``outcomes`` (this shard's :class:`UnitOutcome` dicts),
+    ``perfkit_commit``, ``executor``, ``wall_s``.
+
+    Returns:
+        the manifest.
+
+    Raises:
+        ParamsError, FileNotFoundError: bad params. ExecutorError: unknown or missing executor.
+        ValueError: bad tier, or index/total out of range.
+    """
+    if not (total >= 1 and 1 <= index <= total):
+        raise ValueError(f"shard {index}/{total}: need 1 <= I <= N")
+    params = load_params(params_path)
+    run_units = get_executor(executor)
+    selected, skipped = select(params, only, tier)
+    units = plan_units(params, selected, baseline=_baseline_doc(params), recorded=recorded)
+    shards = partition(units, total)
+    mine = shards[index - 1]
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    manifest: dict[str, Any] = {
+        "kind": "perfkit-shard",
+        "params_file": str(params_path),
+        "params_sha256": params_hash(params),
+        "params": params.model_dump(),
+        "partition": {"index": index, "total": total},
+        "selected": selected,
+        "skipped": skipped,
+        "only": list(only) if only else None,
+        "tier": tier,
+        "units": [u.to_dict() for u in units],
+        "outcomes": [],
+        "perfkit_commit": git_commit(),
+        "executor": executor,
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    log.info(
+        "shard %d/%d: %d of %d units (%s)", index, total, len(mine), len(units), ", ".join(u.id for u in mine)
+    )
+    on_event, close = progress_events(mine, enabled=progress)
+    t0 = time.monotonic()
+    try:
+        outcomes = run_units(
+            [u.to_dict() for u in mine],
+            run_unit,
+            out / UNITS_DIR,
+            retries=params.scaleout.retries,
+            on_event=on_event,
+            **dict(executor_options or {}),
+        )
+    finally:
+        close()
+    manifest["outcomes"] = [o.to_dict() for o in outcomes]
+    manifest["wall_s"] = round(time.monotonic() - t0, 2)
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    return manifest
+
+
+def concurrent_pairs(outcomes: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+    """Pairs of unit ids whose last attempts overlapped in time (``started_at``/``ended_at``,
+    epoch seconds), sorted: [[a, b], ...] with a < b."""
+    spans = [
+        (str(o["unit_id"]), float(o["started_at"]), float(o["ended_at"]))
+        for o in outcomes
+        if o.get("started_at") is not None and o.get("ended_at") is not None
+    ]
+    pairs = []
+    for i, (a, s1, e1) in enumerate(spans):
+        for b, s2, e2 in spans[i + 1 :]:
+            if s1 < e2 and s2 < e1:
+                pairs.append(sorted([a, b]))
+    return sorted(pairs)
+
+
+def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
+    f = d / MANIFEST
+    if not f.is_file():
+        return None, f"{d}: not a shard output (no {MANIFEST})"
+    try:
+        doc = json.loads(f.read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"{f}: unreadable shard manifest ({exc})"
+    if doc.get("kind") != "perfkit-shard":
+        return None, f"{f}: not a perfkit shard manifest"
+    missing = [k for k in ("partition", "params_sha256", "params", "units") if k not in doc]
+    part = doc.get("partition")
+    if missing or not isinstance(part, dict) or not {"index", "total"} <= set(part):
+        return (
+            None,
+            f"{f}: incomplete shard manifest (missing {', '.join(missing) or 'partition index/total'})",
+        )
+    return doc, None
+
+
+def merge_shards(
+    dirs: Iterable[str | Path], dest: str | Path, params: SuiteParams | None = None
+) -> dict[str, Any]:
+    """Join shard outputs into ``dest/<scenario>/`` bundles (``Scenario.join`` for split
+    scenarios) and write ``dest/merge.json``.
+
+    Args:
+        dirs: shard output directories (``--partition`` ``--out`` of each shard).
+        dest: where the merged bundles go (``RUN/merged``).
+        params: the params to merge for (``perfkit merge --params``); default: the shards'.
+
+    Returns:
+        the merge document: ``shards`` (dir, partition, params hash, commit), ``problems``
+        (each naming the shard or unit), ``units`` (planned, with shard and outcome),
+        ``outcomes``, ``concurrent`` (:func:`concurrent_pairs`), ``selected``, ``skipped``,
+        ``merged`` (scenario -> bundle dir), ``params_sha256``, ``params`` (validated dict).
+
+    Raises:
+        ValueError: no shard manifest could be read at all (nothing to merge; naming the dirs).
+    """
+    dest = Path(dest)
+    problems: list[str] = []
+    manifests: list[tuple[Path, dict[str, Any]]] = []
+    for d in map(Path, dirs):
+        doc, err = _read_manifest(d)
+        if err:
+            problems.append(err)
+        else:
+            manifests.append((d.resolve(), doc))
+    if not manifests:
+        raise ValueError("nothing to merge: " + "; ".join(problems or ["no shard directories given"]))
+    ref_dir, ref = manifests[0]
+    want_hash = params_hash(params) if params is not None else ref["params_sha256"]
+    total = int(ref["partition"]["total"])
+    by_index: dict[int, tuple[Path, dict[str, Any]]] = {}
+    for d, m in manifests:
+        if m.get("params_sha256") != want_hash:
+            problems.append(
+                f"shard {m['partition']['index']}/{m['partition']['total']} ({d}) was measured with "
+                f"other params ({m.get('params_file')}, sha256 {str(m.get('params_sha256'))[:12]}) "
+                f"than {'--params' if params is not None else ref.get('params_file')} "
+                f"(sha256 {want_hash[:12]})"
+            )
+            continue
+        if int(m["partition"]["total"]) != total or [u["id"] for u in m["units"]] != [
+            u["id"] for u in ref["units"]
+        ]:
+            problems.append(
+                f"{d}: planned another partition ({m['partition']}) than {ref_dir} ({ref['partition']})"
+            )
+            continue
+        i = int(m["partition"]["index"])
+        if i in by_index:
+            problems.append(f"shard {i}/{total} given twice: {by_index[i][0]} and {d} (the first is used)")
+            continue
+        by_index[i] = (d, m)
+    for i in range(1, total + 1):
+        if i not in by_index:
+            ids = [u["id"] for u in ref["units"] if u.get("shard") == i]
+            problems.append(
+                f"shard {i}/{total} missing: its units {', '.join(ids) or '(none)'} were not measured"
+            )
+    units = [WorkUnit.from_dict(u) for u in ref["units"]]
+    outcomes: dict[str, dict[str, Any]] = {}
+    part_dirs: dict[str, Path] = {}
+    for u in units:
+        if u.shard not in by_index:
+            continue
+        d, m = by_index[u.shard]
+        oc = next((o for o in m.get("outcomes") or [] if o.get("unit_id") == u.id), None)
+        where = f"shard {u.shard}/{total} ({d})"
+        if oc is None:
+            problems.append(f"unit {u.id} of {where}: no outcome (the shard did not finish)")
+            continue
+        outcomes[u.id] = oc
+        if oc.get("status") != "ok":
+            problems.append(
+                f"unit {u.id} of {where} failed after {oc.get('attempts')} attempt(s): {oc.get('error')}"
+            )
+            continue
+        for p in u.parts:
+            pd_ = d / UNITS_DIR / u.id / p.id
+            if not (pd_ / "meta.json").is_file():
+                problems.append(f"unit {u.id} of {where}: its output {pd_} is missing")
+                continue
+            part_dirs[p.id] = pd_
+    the_params = params if params is not None else _params_from(ref)
+    dest.mkdir(parents=True, exist_ok=True)
+    merged: dict[str, str] = {}
+    pairs = concurrent_pairs(outcomes.values())
+    for name in ref.get("selected") or []:
+        s = registry.get(name)
+        parts = [p for u in units for p in u.parts if p.scenario == name]
+        if not parts or any(p.id not in part_dirs for p in parts):
+            continue  # named above; the suite skips its notebook (no bundle)
+        try:
+            bundles = [ResultBundle.load(part_dirs[p.id]) for p in parts]
+            if len(parts) > 1:
+                assert s.join is not None  # split scenarios have join (registry checks)
+                b = s.join(bundles, the_params.section(name))
+            else:
+                b = bundles[0]
+        except Exception as exc:  # noqa: BLE001 - a bad part is a named problem, not a traceback
+            problems.append(f"{name}: cannot join its parts ({', '.join(p.id for p in parts)}): {exc}")
+            continue
+        unit_of = {p.id: u.id for u in units for p in u.parts}
+        mine = sorted({unit_of[p.id] for p in parts})
+        b.meta["scaleout"] = {
+            "units": mine,
+            "parts": [p.id for p in parts],
+            "wall_s": {p.id: (bb.meta.get("scaleout") or {}).get("wall_s") for p, bb in zip(parts, bundles)},
+            "concurrent_with": sorted(
+                {x for a, c in pairs for x in (a, c) if (a in mine or c in mine)} - set(mine)
+            ),
+        }
+        b.save(dest / name)
+        merged[name] = str(dest / name)
+    doc = {
+        "kind": "perfkit-merge",
+        "shards": [
+            {
+                "dir": str(d),
+                "partition": m["partition"],
+                "params_file": m.get("params_file"),
+                "params_sha256": m.get("params_sha256"),
+                "perfkit_commit": m.get("perfkit_commit"),
+                "executor": m.get("executor"),
+                "wall_s": m.get("wall_s"),
+            }
+            for d, m in manifests
+        ],
+        "params_sha256": want_hash,
+        "params": the_params.model_dump(),
+        "selected": ref.get("selected") or [],
+        "skipped": ref.get("skipped") or {},
+        "only": ref.get("only"),
+        "tier": ref.get("tier"),
+        "units": [u.to_dict() for u in units],
+        "outcomes": list(outcomes.values()),
+        "concurrent": pairs,
+        "merged": merged,
+        "problems": problems,
+    }
+    (dest / MERGE_FILE).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    if params is None:
+        (dest / "params.yaml").write_text(
+            f"# the params of the shards merged here ({ref.get('params_file')})\n"
+            + yaml.safe_dump(the_params.model_dump(), sort_keys=False)
+        )
+    for p in problems:
+        log.error("merge: %s", p)
+    return doc
+
+
+def _params_from(manifest: Mapping[str, Any]) -> SuiteParams:
+    from perfkit.params import parse_params
+
+    return parse_params(manifest["params"], source=f"{manifest.get('params_file')} (from the shard manifest)")
+
+
+def outcome_of(doc: Mapping[str, Any], unit_id: str) -> UnitOutcome | None:
+    """The :class:`UnitOutcome` of ``unit_id`` in a shard manifest or merge document."""
+    for o in doc.get("outcomes") or []:
+        if o.get("unit_id") == unit_id:
+            keep = {k: v for k, v in o.items() if k in UnitOutcome.__dataclass_fields__}
+            keep["out_dir"] = Path(keep["out_dir"]) if keep.get("out_dir") else None
+            return UnitOutcome(**keep)
+    return None
+
+
+def refresh_estimates(baseline_file: str | Path, sources: Iterable[str | Path]) -> dict[str, float]:
+    """Set ``estimated_full_test_time_s`` of the baseline's cases from measured unit wall times
+    (shard manifests or merge files, or run directories holding ``merged/merge.json``): each
+    finished unit's wall seconds are shared evenly among its parts' case ids; cases the file
+    lacks are left out (write them with ``perfkit baseline update --bundle`` first). The file
+    is replaced atomically.
+
+    Returns:
+        case id -> the estimate written (s).
+
+    Raises:
+        ValueError: no source holds a finished unit, or the baseline file is not valid.
+        OSError: the file cannot be read or written.
+    """
+    doc = bl.load_baseline(Path(baseline_file))
+    cases = doc.setdefault("scenarios", {})
+    written: dict[str, float] = {}
+    found = 0
+    for src in sources:
+        p = Path(src)
+        files = [p] if p.is_file() else [p / MANIFEST, p / MERGED_DIR / MERGE_FILE, p / MERGE_FILE]
+        for f in files:
+            if not f.is_file():
+                continue
+            try:
+                m = json.loads(f.read_text())
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"{f}: unreadable ({exc})") from None
+            units = {u["id"]: WorkUnit.from_dict(u) for u in m.get("units") or []}
+            for oc in m.get("outcomes") or []:
+                u = units.get(oc.get("unit_id"))
+                if u is None or oc.get("status") != "ok" or not oc.get("wall_s"):
+                    continue
+                found += 1
+                ids = [c for part in u.parts for c in part.case_ids]
+                if not ids:
+                    continue
+                share = round(float(oc["wall_s"]) / len(ids), 1)
+                for c in ids:
+                    if c in cases:
+                        cases[c]["estimated_full_test_time_s"] = share
+                        written[c] = share
+    if not found:
+        raise ValueError(
+            "no finished unit in " + ", ".join(map(str, sources)) + f" (expected {MANIFEST} or {MERGE_FILE})"
+        )
+    bl.save_baseline(doc, Path(baseline_file))
+    return written

@@ -1,0 +1,324 @@
+"""Units of work: the suite's launches grouped so that each unit runs on its own (a CI shard, a
+Ray task) and the merged bundles equal those of one unsplit run.
+
+A unit is one or more *parts*; a part is a whole scenario, or one launch of a scenario that
+splits (``Scenario.split``: ``warmup_shapes.warmup25``). A part that would reuse a launch of an
+earlier single-launch scenario (``Scenario.launches``: same spec, request and caps, no more
+requests) joins that scenario's unit and runs right after it, so a shared launch is never
+launched twice. Estimates follow sglang's ``multimodal_gen/test/run_suite.py``:
+
+1. ``baseline``: the baseline file's ``estimated_full_test_time_s`` of the part's cases;
+2. ``e2e``: else their ``expected_e2e_ms / 1000 + 120``;
+3. ``recorded``: else the unit's measured wall time from an earlier run (a shard manifest);
+4. ``default``: else 300 s.
+
+:func:`partition` puts the longest unit first onto the least-loaded shard (ties: lower shard
+index; units of equal estimate in id order), so every shard of a CI matrix plans alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping
+
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.gate.run import case_namer
+from perfkit.params import SuiteParams
+from perfkit.scenarios import registry
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Part",
+    "WorkUnit",
+    "plan_units",
+    "partition",
+    "parse_partition",
+    "PartitionError",
+    "DEFAULT_ESTIMATE_S",
+    "E2E_OVERHEAD_S",
+]
+
+#: sglang's fallback when a case has no estimate at all (s)
+DEFAULT_ESTIMATE_S = 300.0
+#: sglang's allowance over the expected end-to-end time of a case without an estimate (s)
+E2E_OVERHEAD_S = 120.0
+
+_SAFE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+class PartitionError(ValueError):
+    """A ``--partition`` value that is not ``I/N`` with 1 <= I <= N (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One scenario, or one launch of a scenario that splits.
+
+    Attributes:
+        scenario: registry name.
+        key: the split part's key (``warmup17``); None for the whole scenario.
+        params: the (sub-)section as a plain dict (what ``params_model`` validates).
+        launches: launches it makes (an upper bound: a reused launch counts).
+        requests: measured requests it sends.
+        case_ids: baseline cases it writes (``Scenario.case_ids``; [] when unknown).
+    """
+
+    scenario: str
+    key: str | None
+    params: dict[str, Any]
+    launches: int = 1
+    requests: int = 0
+    case_ids: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        """``<scenario>`` or ``<scenario>.<key>`` (filesystem-safe)."""
+        return self.scenario if self.key is None else f"{self.scenario}.{self.key}"
+
+
+@dataclass
+class WorkUnit:
+    """One unit of work: parts that run one after another in one process.
+
+    Attributes:
+        id: its first part's id (stable across shards, filesystem-safe).
+        parts: what it runs, in order (a launch and the parts that reuse it).
+        launches, requests: summed over its parts.
+        gpus: GPUs its engine needs (``num_gpus`` of the engine spec; 0 on CPU).
+        tier: ``per-commit`` when any part is, else ``extra``.
+        estimate_s: planned seconds; estimate_source: ``baseline``, ``e2e``, ``recorded`` or
+            ``default`` (joined with ``+`` when its parts differ, e.g. ``baseline+default``).
+        shard: 1-based shard (set by :func:`partition`; None before).
+        engine, request: the engine spec and request fields every part runs with.
+    """
+
+    id: str
+    parts: list[Part]
+    launches: int = 0
+    requests: int = 0
+    gpus: int = 0
+    tier: str = "per-commit"
+    estimate_s: float = DEFAULT_ESTIMATE_S
+    estimate_source: str = "default"
+    shard: int | None = None
+    engine: dict[str, Any] = field(default_factory=dict)
+    request: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scenarios(self) -> list[str]:
+        """Scenario names of its parts (a split scenario's name once)."""
+        return list(dict.fromkeys(p.scenario for p in self.parts))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (what executors receive as the unit; :func:`from_dict` reads it)."""
+        d = asdict(self)
+        d["scenarios"] = self.scenarios
+        for p in d["parts"]:
+            p["case_ids"] = list(p["case_ids"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "WorkUnit":
+        """Inverse of :meth:`to_dict`. Raises KeyError/TypeError on a malformed dict."""
+        parts = [
+            Part(
+                scenario=p["scenario"],
+                key=p.get("key"),
+                params=dict(p.get("params") or {}),
+                launches=int(p.get("launches", 1)),
+                requests=int(p.get("requests", 0)),
+                case_ids=tuple(p.get("case_ids") or ()),
+            )
+            for p in d["parts"]
+        ]
+        keep = {
+            k: d[k]
+            for k in (
+                "launches",
+                "requests",
+                "gpus",
+                "tier",
+                "estimate_s",
+                "estimate_source",
+                "shard",
+                "engine",
+                "request",
+            )
+            if k in d
+        }
+        return cls(id=str(d["id"]), parts=parts, **keep)
+
+
+def _gpus(params: SuiteParams) -> int:
+    """GPUs one launch of the params' engine takes: ``num_gpus`` (CFG parallel, sequence
+    parallel) when the spec has it, 1 on a CUDA device, 0 on CPU."""
+    eng = params.engine_spec()
+    if str(getattr(eng, "device", "") or "").startswith("cpu"):
+        return 0
+    n = getattr(eng, "num_gpus", None)
+    return n if isinstance(n, int) and n > 0 else 1
+
+
+def _estimate(
+    part_cases: Iterable[str], baseline: Mapping[str, Any] | None
+) -> tuple[float | None, str | None]:
+    """(seconds, source) of a part's cases from a baseline document; (None, None) when any case
+    lacks both an estimate and an expected e2e (the caller falls back)."""
+    cases = list(part_cases)
+    entries = (baseline or {}).get("scenarios") or {}
+    if not cases or not entries:
+        return None, None
+    total, sources = 0.0, set()
+    for c in cases:
+        e = entries.get(c)
+        if not isinstance(e, Mapping):
+            return None, None
+        est = e.get("estimated_full_test_time_s")
+        e2e = e.get("expected_e2e_ms")
+        if isinstance(est, (int, float)) and est > 0:
+            total += float(est)
+            sources.add("baseline")
+        elif isinstance(e2e, (int, float)) and e2e > 0:
+            total += float(e2e) / 1000.0 + E2E_OVERHEAD_S
+            sources.add("e2e")
+        else:
+            return None, None
+    return total, "+".join(sorted(sources))
+
+
+def plan_units(
+    params: SuiteParams,
+    names: Iterable[str],
+    baseline: Mapping[str, Any] | None = None,
+    recorded: Mapping[str, float] | None = None,
+) -> list[WorkUnit]:
+    """The units of work of the scenarios ``names`` (registered names, run order kept).
+
+    Args:
+        params: validated suite params.
+        names: scenarios to run (the suite's selection after ``--only``/``--tier``/enabled).
+        baseline: a loaded sglang-layout baseline (``estimated_full_test_time_s`` per case).
+        recorded: unit id -> measured wall seconds of an earlier run (shard manifests).
+
+    Returns:
+        units in run order of their first part; a part that reuses an earlier single-launch
+        scenario's launch sits in that scenario's unit, right after it.
+
+    Raises:
+        KeyError: an unknown scenario name.
+        ValueError: a split key that would make a unit id that is not filesystem-safe.
+    """
+    wanted = set(names)
+    unknown = wanted - set(registry.names())
+    if unknown:
+        raise KeyError(f"unknown scenario(s) {sorted(unknown)}; known: {', '.join(registry.names())}")
+    engine = params.engine_spec()
+    request = VideoRequestSpec.from_dict(params.request.model_dump())
+    namer = case_namer(params.engine_dict(), params.request.model_dump())
+    gpus = _gpus(params)
+    units: list[WorkUnit] = []
+    #: launch key -> (unit, measured requests) of earlier single-launch whole scenarios
+    reusable: dict[str, tuple[WorkUnit, int]] = {}
+    for s in registry.all_scenarios():
+        if s.name not in wanted:
+            continue
+        sec = params.section(s.name)
+        split = s.split(sec) if s.split is not None else [(None, sec)]
+        whole = len(split) == 1
+        for key, sub in split:
+            planned = s.launches(sub, engine, request) if s.launches is not None else []
+            dump = sub.model_dump()
+            part = Part(
+                scenario=s.name,
+                key=key if not whole else None,
+                params=dump,
+                launches=max(len(planned), 1),
+                requests=sum(p.requests for p in planned) or (sum(s.plan(sub)) if s.plan else 0),
+                case_ids=tuple(s.case_ids(sub, namer)) if s.case_ids is not None else (),
+            )
+            if not _SAFE.match(part.id):
+                raise ValueError(f"unit id {part.id!r} is not filesystem-safe (split key of {s.name})")
+            host = None
+            for pl in planned:
+                if not pl.reuses:
+                    continue
+                for k in pl.keys:
+                    hit = reusable.get(k)
+                    if hit is not None and hit[1] >= pl.requests:
+                        host = hit[0]
+                        break
+                if host is not None:
+                    break
+            if host is None:
+                host = WorkUnit(
+                    id=part.id,
+                    parts=[],
+                    gpus=gpus,
+                    tier=sec.tier,
+                    engine=params.engine_dict(),
+                    request=params.request.model_dump(),
+                )
+                units.append(host)
+            elif sec.tier == "per-commit":
+                host.tier = "per-commit"
+            host.parts.append(part)
+            if whole and len(planned) == 1:  # a single-launch bundle: later parts may reuse it
+                for k in planned[0].keys:
+                    reusable.setdefault(k, (host, planned[0].requests))
+    for u in units:
+        u.launches = sum(p.launches for p in u.parts)
+        u.requests = sum(p.requests for p in u.parts)
+        ests = [_estimate(p.case_ids, baseline) for p in u.parts]
+        if all(e is not None for e, _ in ests):
+            total = sum(e for e, _ in ests)
+            sources = [src for _, src in ests]
+        elif recorded and recorded.get(u.id):
+            total, sources = float(recorded[u.id]), ["recorded"]
+        else:
+            total = sum(e if e is not None else DEFAULT_ESTIMATE_S for e, _ in ests)
+            sources = [src or "default" for _, src in ests]
+        u.estimate_s = round(total, 1)
+        u.estimate_source = "+".join(dict.fromkeys(sources))
+    return units
+
+
+def parse_partition(text: str) -> tuple[int, int]:
+    """``"I/N"`` -> (I, N) with 1 <= I <= N (1-based shard I of N).
+
+    Raises:
+        PartitionError: anything else, naming the value (``0/2``, ``3/2``, ``x/2``, ``2``).
+    """
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if not m:
+        raise PartitionError(f"--partition {text!r}: expected I/N, e.g. 1/2 (shard I of N, 1-based)")
+    i, n = int(m.group(1)), int(m.group(2))
+    if n < 1:
+        raise PartitionError(f"--partition {text!r}: N must be >= 1")
+    if not 1 <= i <= n:
+        raise PartitionError(f"--partition {text!r}: I must be between 1 and {n} (shards are 1-based)")
+    return i, n
+
+
+def partition(units: Iterable[WorkUnit], n: int) -> list[list[WorkUnit]]:
+    """Assign every unit a shard (1..n, set on ``unit.shard``): longest estimate first onto the
+    least-loaded shard (ties: the lower shard); units of equal estimate go in id order. The
+    result depends only on the units' ids and estimates.
+
+    Returns:
+        n lists (shard 1 first), each in the units' original run order.
+
+    Raises:
+        PartitionError: n < 1.
+    """
+    if n < 1:
+        raise PartitionError(f"partition into {n} shards: need at least 1")
+    units = list(units)
+    load = [0.0] * n
+    for u in sorted(units, key=lambda u: (-u.estimate_s, u.id)):
+        k = min(range(n), key=lambda j: (load[j], j))
+        u.shard = k + 1
+        load[k] += u.estimate_s
+    return [[u for u in units if u.shard == k + 1] for k in range(n)]

@@ -1,0 +1,68 @@
+"""``perfkit suite --executor ray`` on a local single-node Ray gives what the in-process executor
+gives: the small suite derived from params/ci-cpu.yaml (``test_scaleout_merge.small_params``:
+timing invariants off, since two runs on a shared 2-core runner differ in timing), for real on
+the tiny reference engine, through both executors: same verdict rows, same tables bar timing
+values, every unit's output back from its task."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from perfkit.bundle import ResultBundle
+from perfkit.scaleout import shards
+from perfkit.scenarios.cold_warm import NAME as COLD_WARM
+from perfkit.scenarios.memory_budget import NAME as MEMORY_BUDGET
+from perfkit.scenarios.offload_modes import NAME as OFFLOAD_MODES
+from perfkit.scenarios.warmup_shapes import NAME as WARMUP_SHAPES
+
+pytest.importorskip("ray")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_scaleout_merge import _tables, _verdict_rows, small_params  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _suite(params: Path, out: Path, executor: str) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "perfkit.cli", "suite", "--params", str(params), "--executor", executor]
+        + ["--tier", "per-commit", "--out", str(out), "--no-screenshot", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env=os.environ.copy(),
+    )
+    return proc, time.monotonic() - t0
+
+
+@pytest.mark.slow
+def test_suite_through_ray_equals_in_process(tmp_path):
+    params = small_params(tmp_path / "params.yaml")
+    ray_proc, ray_s = _suite(params, tmp_path / "ray", "ray")
+    inp_proc, inp_s = _suite(params, tmp_path / "inprocess", "inprocess")
+    assert inp_proc.returncode in (0, 1), inp_proc.stdout + inp_proc.stderr[-3000:]
+    assert ray_proc.returncode == inp_proc.returncode, ray_proc.stdout + ray_proc.stderr[-3000:]
+    a, b = tmp_path / "inprocess", tmp_path / "ray"
+    ra, rb = json.loads((a / "run.json").read_text()), json.loads((b / "run.json").read_text())
+    assert ra["status"] == rb["status"]
+    assert {n["name"]: n["status"] for n in ra["notebooks"]} == {
+        n["name"]: n["status"] for n in rb["notebooks"]
+    }
+    assert _verdict_rows(a) == _verdict_rows(b)
+    for name in (COLD_WARM, WARMUP_SHAPES, MEMORY_BUDGET, OFFLOAD_MODES):
+        assert _tables(ResultBundle.load(a / name)) == _tables(ResultBundle.load(b / name)), name
+    manifest = json.loads((b / "shards" / "1" / shards.MANIFEST).read_text())
+    assert manifest["executor"] == "ray" and rb["scaleout"]["problems"] == []
+    assert manifest["outcomes"] and all(o["status"] == "ok" and o["host"] for o in manifest["outcomes"])
+    for o in manifest["outcomes"]:  # each unit's output came back from its task, unit.json beside it
+        assert (b / "shards" / "1" / "units" / o["unit_id"] / "unit.json").is_file()
+    print(f"wall time: ray {ray_s:.0f} s, in-process {inp_s:.0f} s", file=sys.stderr)

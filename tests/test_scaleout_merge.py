@@ -1,0 +1,288 @@
+"""Partitions and merge, for real on the tiny reference engine (CPU): a small suite derived from
+params/ci-cpu.yaml (shared launches: warmup_shapes' 17-frame warmup, memory_budget's unlimited
+budget and offload mode none reuse cold_warm's session; multi-launch scenarios split into units:
+warmup_shapes, memory_budget, offload_modes; a scenario of tier ``extra``: overhead) run
+unsplit, then as shards 1/2 and 2/2 through the CLI and merged: same verdict, same tables bar
+timing values. A deleted shard, a failed unit and shards of other params exit 2, named."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from perfkit.bundle import ResultBundle
+from perfkit.gate import verdicts
+from perfkit.params import load_yaml
+from perfkit.scaleout import shards
+from perfkit.scenarios.cold_warm import NAME as COLD_WARM
+from perfkit.scenarios.memory_budget import NAME as MEMORY_BUDGET
+from perfkit.scenarios.offload_modes import NAME as OFFLOAD_MODES
+from perfkit.scenarios.overhead import NAME as OVERHEAD
+from perfkit.scenarios.warmup_shapes import NAME as WARMUP_SHAPES
+from perfkit.suite import SCALEOUT
+
+ROOT = Path(__file__).resolve().parents[1]
+TIERED = "tier extra, not selected by --tier per-commit"
+
+
+def perfkit(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "perfkit.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=os.environ.copy(),
+    )
+
+
+def small_params(path: Path, **changes) -> Path:
+    """params/ci-cpu.yaml made smaller; timing invariants off (a shared 2-core runner makes
+    them differ between two runs; the deterministic ones stay: compiles, caps)."""
+    doc = load_yaml((ROOT / "params" / "ci-cpu.yaml").read_text())
+    doc["name"] = "ci-cpu-scaleout"
+    doc[COLD_WARM] = {"enabled": True, "repeats": 3}
+    doc[WARMUP_SHAPES] = {"enabled": True, "warmup_frames": [17, 25], "request_frames": [25], "repeats": 2}
+    # two budgets (the unlimited one reuses cold_warm's session) and two modes (none reuses it
+    # too; model is refused by the CPU engine: "not applicable"): both split into units
+    doc[OFFLOAD_MODES] = {**doc[OFFLOAD_MODES], "modes": ["none", "model"]}
+    doc[OVERHEAD] = {"enabled": True, "tier": "extra"}
+    for key in (
+        "warm_cold_ratio_max",
+        "covered_first_request_max_ratio",
+        "latency_drift_max",
+        "host_anon_slope_mib_per_request_max",
+    ):
+        doc["invariants"][key] = None
+    doc.update(changes)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Unsplit, shard 1/2, shard 2/2, merged (all --tier per-commit), with wall times."""
+    tmp = tmp_path_factory.mktemp("scaleout")
+    params = small_params(tmp / "params.yaml")
+    walls = {}
+    out = {"params": params, "tmp": tmp, "walls": walls}
+    tier = ["--tier", "per-commit"]
+    quiet = ["-q", "--no-screenshot"]
+    for key, args in (
+        ("unsplit", ["suite", "--params", str(params), "--out", str(tmp / "unsplit"), *tier, *quiet]),
+        (
+            "s1",
+            ["suite", "--params", str(params), "--partition", "1/2", "--out", str(tmp / "s1"), *tier, "-q"],
+        ),
+        (
+            "s2",
+            ["suite", "--params", str(params), "--partition", "2/2", "--out", str(tmp / "s2"), *tier, "-q"],
+        ),
+        ("merged", ["merge", str(tmp / "s1"), str(tmp / "s2"), "--out", str(tmp / "merged"), *quiet]),
+    ):
+        t0 = time.monotonic()
+        out[key] = perfkit(*args)
+        walls[key] = round(time.monotonic() - t0, 1)
+        out[f"{key}_dir"] = tmp / key
+    (tmp / "walls.json").write_text(json.dumps(walls))
+    print("wall times (s):", walls, file=sys.stderr)
+    return out
+
+
+def _verdict_rows(run: Path) -> list[tuple]:
+    df = verdicts.collect_verdicts(run)
+    cols = [c for c in ("notebook", "scenario", "check", "metric", "status") if c in df.columns]
+    return sorted(map(tuple, df[cols].astype(str).to_numpy().tolist()))
+
+
+#: columns compared between runs (labels, shapes, counts, statuses: no timing values)
+_REQ_COLS = ["launch", "index", "num_frames", "height", "width", "status", "latent_shape", "compiles"]
+
+
+def _tables(bundle: ResultBundle) -> dict[str, object]:
+    req = bundle.requests
+    keep = [c for c in _REQ_COLS if c in req.columns]
+    return {
+        "requests": req[keep].astype(str).sort_values(keep).to_numpy().tolist(),
+        "launches": sorted(bundle.launches["launch"].astype(str)),
+        "stages": sorted(bundle.stages[["launch", "stage"]].astype(str).itertuples(index=False, name=None))
+        if not bundle.stages.empty
+        else [],
+        "steps": len(bundle.steps),
+        "records": {k: len(v) for k, v in bundle.records.items()},
+        "params": bundle.meta.get("params"),
+    }
+
+
+def test_shards_exit_0_and_write_manifests(runs):
+    for key in ("s1", "s2"):
+        assert runs[key].returncode == 0, runs[key].stdout + runs[key].stderr[-3000:]
+        m = json.loads((runs[f"{key}_dir"] / shards.MANIFEST).read_text())
+        assert m["partition"]["total"] == 2 and m["perfkit_commit"]
+        # all shards' units, the same plan: cold_warm's unit (4 parts) is the longest
+        assert [(u["id"], u["shard"]) for u in m["units"]] == [
+            (COLD_WARM, 1),
+            (f"{WARMUP_SHAPES}.warmup25", 2),
+            (f"{MEMORY_BUDGET}.cap1", 2),
+            (f"{OFFLOAD_MODES}.model", 2),
+        ]
+        assert all(o["status"] == "ok" and o["wall_s"] > 0 for o in m["outcomes"])
+        assert m["skipped"][OVERHEAD] == TIERED
+        # bundles only: no notebooks, no report
+        assert (
+            not list(runs[f"{key}_dir"].rglob("*.ipynb"))
+            and not (runs[f"{key}_dir"] / "report.html").exists()
+        )
+    m1 = json.loads((runs["s1_dir"] / shards.MANIFEST).read_text())
+    m2 = json.loads((runs["s2_dir"] / shards.MANIFEST).read_text())
+    assert m1["units"] == m2["units"] and m1["params_sha256"] == m2["params_sha256"]
+    # the shared launch: warmup17 ran in cold_warm's unit, after it, in one shard
+    first = m1["units"][0]
+    assert [p["scenario"] for p in first["parts"]] == [COLD_WARM, WARMUP_SHAPES, MEMORY_BUDGET, OFFLOAD_MODES]
+
+
+def test_merged_equals_unsplit(runs):
+    un, mg = runs["unsplit"], runs["merged"]
+    assert un.returncode in (0, 1), un.stdout + un.stderr[-3000:]
+    assert mg.returncode == un.returncode, mg.stdout + mg.stderr[-3000:]
+    a, b = runs["unsplit_dir"], runs["merged_dir"]
+    ra, rb = json.loads((a / "run.json").read_text()), json.loads((b / "run.json").read_text())
+    assert ra["status"] == rb["status"]
+    sa = {n["name"]: (n["status"], n.get("reason")) for n in ra["notebooks"]}
+    sb = {n["name"]: (n["status"], n.get("reason")) for n in rb["notebooks"]}
+    assert sa == sb
+    assert sa[OVERHEAD] == ("skipped", TIERED)  # --tier per-commit ran only those
+    assert not (a / OVERHEAD).exists() and not (b / OVERHEAD).exists()
+    assert _verdict_rows(a) == _verdict_rows(b)
+    for name in (COLD_WARM, WARMUP_SHAPES, MEMORY_BUDGET, OFFLOAD_MODES):
+        ba, bb = ResultBundle.load(a / name), ResultBundle.load(b / name)
+        assert _tables(ba) == _tables(bb), name
+        assert ba.results.get("reused_launches") == bb.results.get("reused_launches"), name
+    mb_a, mb_b = ResultBundle.load(a / MEMORY_BUDGET), ResultBundle.load(b / MEMORY_BUDGET)
+    keys = ("label", "host_cap_gib", "completed", "n_completed", "cap_held")
+    assert [{k: c.get(k) for k in keys} for c in mb_a.results["caps"]] == [
+        {k: c.get(k) for k in keys} for c in mb_b.results["caps"]
+    ]
+    om_a, om_b = ResultBundle.load(a / OFFLOAD_MODES), ResultBundle.load(b / OFFLOAD_MODES)
+    keys = ("mode", "label", "status", "reused_from")
+    assert [{k: e.get(k) for k in keys} for e in om_a.results["modes"]] == [
+        {k: e.get(k) for k in keys} for e in om_b.results["modes"]
+    ]
+    assert om_a.results.get("device") == om_b.results.get("device")
+    wa, wb = ResultBundle.load(a / WARMUP_SHAPES), ResultBundle.load(b / WARMUP_SHAPES)
+    assert wa.results["reused_launches"] == wb.results["reused_launches"] == ["warmup17"]
+    cov = [
+        {k: c.get(k) for k in ("warmup_frames", "request_frames", "covered", "compiles")}
+        for c in wa.results["coverage"]
+    ]
+    assert cov == [
+        {k: c.get(k) for k in ("warmup_frames", "request_frames", "covered", "compiles")}
+        for c in wb.results["coverage"]
+    ]
+    assert len(wb.results["warm_across_warmups"]) == len(wa.results["warm_across_warmups"]) == 1
+    # baseline cases, summary table rows
+    ja, jb = json.loads((a / "baseline.json").read_text()), json.loads((b / "baseline.json").read_text())
+    assert sorted(ja["scenarios"]) == sorted(jb["scenarios"])
+    # merged bundles name their units; the merge file records outcomes and concurrency (none here)
+    merge = json.loads((b / shards.MERGED_DIR / shards.MERGE_FILE).read_text())
+    assert merge["problems"] == [] and merge["concurrent"] == []
+    assert wb.meta["scaleout"]["parts"] == [f"{WARMUP_SHAPES}.warmup17", f"{WARMUP_SHAPES}.warmup25"]
+    assert rb["scaleout"]["problems"] == []
+    print("wall times (s):", runs["walls"], file=sys.stderr)
+
+
+def _summary_and_report(run: Path) -> tuple[str, str, dict]:
+    return (
+        (run / "summary.md").read_text(),
+        (run / "report.html").read_text(),
+        json.loads((run / "run.json").read_text()),
+    )
+
+
+def test_deleted_shard_exits_2_naming_it(runs, tmp_path):
+    out = tmp_path / "merged"
+    proc = perfkit("merge", str(runs["s1_dir"]), "--out", str(out), "-q", "--no-screenshot")
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    summary, report, run = _summary_and_report(out)
+    for text in (summary, report, json.dumps(run)):
+        assert "shard 2/2 missing" in text and f"{WARMUP_SHAPES}.warmup25" in text
+    assert run["exit_code"] == 2
+    assert any(n["name"] == SCALEOUT and n["status"] == "error" for n in run["notebooks"])
+
+
+def test_deleted_unit_output_and_failed_unit_exit_2(runs, tmp_path):
+    s2 = tmp_path / "s2"
+    shutil.copytree(runs["s2_dir"], s2)
+    shutil.rmtree(s2 / shards.UNITS_DIR)  # the manifest stays, the outputs are gone
+    s1 = tmp_path / "s1"
+    shutil.copytree(runs["s1_dir"], s1)
+    m = json.loads((s1 / shards.MANIFEST).read_text())
+    m["outcomes"][0].update(status="error", error="RuntimeError: engine crashed")
+    (s1 / shards.MANIFEST).write_text(json.dumps(m))
+    out = tmp_path / "merged"
+    proc = perfkit("merge", str(s1), str(s2), "--out", str(out), "-q", "--no-screenshot")
+    # nothing could be merged: exit 2 with every problem named (no report without bundles)
+    assert proc.returncode == 2
+    assert "engine crashed" in proc.stderr and "is missing" in proc.stderr and "warmup25" in proc.stderr
+
+
+def test_shards_of_other_params_exit_2(runs, tmp_path):
+    other = small_params(tmp_path / "other.yaml", description="another")
+    out = tmp_path / "merged"
+    proc = perfkit(
+        "merge", str(runs["s1_dir"]), str(runs["s2_dir"]), "--params", str(other), "--out", str(out), "-q"
+    )
+    assert proc.returncode == 2
+    # every shard is refused: nothing merged, both named
+    assert "other params" in proc.stderr and "shard 1/2" in proc.stderr and "shard 2/2" in proc.stderr
+
+
+def test_failed_unit_with_other_bundles_is_named_in_the_report(runs, tmp_path):
+    s2 = tmp_path / "s2"
+    shutil.copytree(runs["s2_dir"], s2)
+    m = json.loads((s2 / shards.MANIFEST).read_text())
+    m["outcomes"][0].update(status="error", error="RuntimeError: node lost", attempts=2)
+    (s2 / shards.MANIFEST).write_text(json.dumps(m))
+    out = tmp_path / "merged"
+    proc = perfkit("merge", str(runs["s1_dir"]), str(s2), "--out", str(out), "-q", "--no-screenshot")
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    summary, report, run = _summary_and_report(out)
+    for text in (summary, report, json.dumps(run)):
+        assert "node lost" in text and f"{WARMUP_SHAPES}.warmup25" in text
+    # the scenario missing a part is not replayed as if complete
+    st = {n["name"]: n["status"] for n in run["notebooks"]}
+    assert st[WARMUP_SHAPES] == "skipped"
+
+
+def test_executor_inprocess_runs_units_then_the_report(tmp_path):
+    """``perfkit suite --executor inprocess``: every unit (one shard of one), merged, replayed."""
+    params = small_params(tmp_path / "params.yaml")
+    out = tmp_path / "run"
+    proc = perfkit(
+        "suite",
+        "--params",
+        str(params),
+        "--executor",
+        "inprocess",
+        "--only",
+        COLD_WARM,
+        "--out",
+        str(out),
+        "-q",
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    st = {n["name"]: n["status"] for n in run["notebooks"]}
+    assert st[COLD_WARM] == "ok" and st[WARMUP_SHAPES] == "skipped"
+    assert run["scaleout"]["problems"] == [] and [o["unit_id"] for o in run["scaleout"]["outcomes"]] == [
+        COLD_WARM
+    ]
+    assert (out / "shards" / "1" / shards.MANIFEST).is_file() and (out / "report.html").is_file()
