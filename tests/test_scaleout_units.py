@@ -63,14 +63,18 @@ def test_units_of_ci_cpu_keep_shared_launches_together():
         f"{MEMORY_BUDGET}.cap0",
         f"{OFFLOAD_MODES}.none",
     ]
+    # the parts that reuse cold_warm's launch make no launch and cost nothing of their own
+    assert [(x.launches, x.requests, x.reuses) for x in first.parts[1:]] == [(0, 0, (COLD_WARM,))] * 3
+    assert first.launches == 1 and first.requests == 5
+    assert first.estimate_s == DEFAULT_ESTIMATE_S and first.estimate_source == "default+shared launch"
     for u in units:
         assert u.gpus == 0  # CPU engine
-        assert u.estimate_s == DEFAULT_ESTIMATE_S * len(u.parts)
-        assert u.estimate_source == "default"
-        assert u.launches >= len(u.parts) and u.requests > 0
+        assert u.estimate_s == DEFAULT_ESTIMATE_S
+        assert u.launches == 1 and u.requests > 0
         assert WorkUnit.from_dict(json.loads(json.dumps(u.to_dict()))).to_dict() == u.to_dict()
-    # every launch of the plan appears once: 1 cold_warm + 2 warmup + 2 caps + 4 modes
-    assert sum(u.launches for u in units) == 9
+    # every launch the plan makes is counted once: cold_warm's (shared by three parts),
+    # warmup 25, the 8 GiB cap and three offload modes
+    assert sum(u.launches for u in units) == 6
 
 
 def test_min_budget_search_keeps_memory_budget_whole():
@@ -97,9 +101,9 @@ def test_estimates_follow_sglang_fallbacks():
     ws25 = namer(warmup_frames=25, num_frames=25, suffix="_shapes")
     doc = {"scenarios": {cw: {"estimated_full_test_time_s": 42.0}, ws25: {"expected_e2e_ms": 5000.0}}}
     units = {u.id: u for u in plan_units(p, [COLD_WARM, WARMUP_SHAPES], baseline=doc)}
-    # cold_warm: baseline; warmup17 (its own part in that unit): no case entry -> default
-    assert units[COLD_WARM].estimate_s == 42.0 + DEFAULT_ESTIMATE_S
-    assert units[COLD_WARM].estimate_source == "baseline+default"
+    # cold_warm: baseline; warmup17 reuses its launch and costs nothing of its own
+    assert units[COLD_WARM].estimate_s == 42.0
+    assert units[COLD_WARM].estimate_source == "baseline+shared launch"
     w25 = units[f"{WARMUP_SHAPES}.warmup25"]
     assert w25.estimate_s == 5.0 + E2E_OVERHEAD_S and w25.estimate_source == "e2e"
     # recorded durations replace a default

@@ -61,9 +61,11 @@ class Part:
         scenario: registry name.
         key: the split part's key (``warmup17``); None for the whole scenario.
         params: the (sub-)section as a plain dict (what ``params_model`` validates).
-        launches: launches it makes (an upper bound: a reused launch counts).
-        requests: measured requests it sends.
+        launches: new launches it makes (a launch it reuses from an earlier part of its unit
+            does not count: 0 when it only reuses).
+        requests: measured requests it sends (0 when it only reuses a launch's requests).
         case_ids: baseline cases it writes (``Scenario.case_ids``; [] when unknown).
+        reuses: ids of the parts whose launch it reuses (empty when it launches its own).
     """
 
     scenario: str
@@ -72,6 +74,7 @@ class Part:
     launches: int = 1
     requests: int = 0
     case_ids: tuple[str, ...] = ()
+    reuses: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -118,6 +121,7 @@ class WorkUnit:
         d["scenarios"] = self.scenarios
         for p in d["parts"]:
             p["case_ids"] = list(p["case_ids"])
+            p["reuses"] = list(p["reuses"])
         return d
 
     @classmethod
@@ -131,6 +135,7 @@ class WorkUnit:
                 launches=int(p.get("launches", 1)),
                 requests=int(p.get("requests", 0)),
                 case_ids=tuple(p.get("case_ids") or ()),
+                reuses=tuple(p.get("reuses") or ()),
             )
             for p in d["parts"]
         ]
@@ -221,7 +226,7 @@ def plan_units(
     gpus = _gpus(params)
     units: list[WorkUnit] = []
     #: launch key -> (unit, measured requests) of earlier single-launch whole scenarios
-    reusable: dict[str, tuple[WorkUnit, int]] = {}
+    reusable: dict[str, tuple[WorkUnit, int, str]] = {}
     for s in registry.all_scenarios():
         if s.name not in wanted:
             continue
@@ -231,27 +236,33 @@ def plan_units(
         for key, sub in split:
             planned = s.launches(sub, engine, request) if s.launches is not None else []
             dump = sub.model_dump()
+            host = None
+            reused: list[str] = []  # ids of the parts whose launch a planned launch reuses
+            fresh = []  # planned launches it makes itself
+            for pl in planned:
+                hit = None
+                if pl.reuses:
+                    for k in pl.keys:
+                        h = reusable.get(k)
+                        if h is not None and h[1] >= pl.requests and (host is None or h[0] is host):
+                            hit = h
+                            break
+                if hit is None:
+                    fresh.append(pl)
+                else:
+                    host = hit[0]
+                    reused.append(hit[2])
             part = Part(
                 scenario=s.name,
                 key=key if not whole else None,
                 params=dump,
-                launches=max(len(planned), 1),
-                requests=sum(p.requests for p in planned) or (sum(s.plan(sub)) if s.plan else 0),
+                launches=len(fresh) if planned else 1,
+                requests=sum(p.requests for p in fresh) if planned else (sum(s.plan(sub)) if s.plan else 0),
                 case_ids=tuple(s.case_ids(sub, namer)) if s.case_ids is not None else (),
+                reuses=tuple(dict.fromkeys(reused)),
             )
             if not _SAFE.match(part.id):
                 raise ValueError(f"unit id {part.id!r} is not filesystem-safe (split key of {s.name})")
-            host = None
-            for pl in planned:
-                if not pl.reuses:
-                    continue
-                for k in pl.keys:
-                    hit = reusable.get(k)
-                    if hit is not None and hit[1] >= pl.requests:
-                        host = hit[0]
-                        break
-                if host is not None:
-                    break
             if host is None:
                 host = WorkUnit(
                     id=part.id,
@@ -267,11 +278,13 @@ def plan_units(
             host.parts.append(part)
             if whole and len(planned) == 1:  # a single-launch bundle: later parts may reuse it
                 for k in planned[0].keys:
-                    reusable.setdefault(k, (host, planned[0].requests))
+                    reusable.setdefault(k, (host, planned[0].requests, part.id))
     for u in units:
         u.launches = sum(p.launches for p in u.parts)
         u.requests = sum(p.requests for p in u.parts)
-        ests = [_estimate(p.case_ids, baseline) for p in u.parts]
+        # a part that only reuses a launch costs nothing of its own (sglang's per-case estimate
+        # assumes a launch of its own)
+        ests = [_estimate(p.case_ids, baseline) if p.launches else (0.0, "shared launch") for p in u.parts]
         if all(e is not None for e, _ in ests):
             total = sum(e for e, _ in ests)
             sources = [src for _, src in ests]
