@@ -26,7 +26,7 @@ if [ -n "$extra" ]; then
     CUDA_VISIBLE_DEVICES=1 bash -c "$extra" >/tmp/so/extra.log 2>&1 &
 fi
 t1=$SECONDS
-left=$((575 - SECONDS))
+left=$((${DEADLINE_S:-575} - SECONDS))
 CUDA_VISIBLE_DEVICES=0 timeout "$left" python3 -m perfkit.cli suite --params "$params" --partition 1/1 \
     --executor inprocess --out /tmp/so/inprocess -q >/tmp/so/inprocess.log 2>&1
 echo "in process (GPU 0): exit $? in $((SECONDS - t1)) s" | tee -a "$out/times.txt"

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import json
 import logging
 import os
@@ -120,8 +121,10 @@ def kernel_name() -> str:
     return "perfkit"
 
 
+@functools.cache
 def _ipc_kernel_manager():
-    """A jupyter_client kernel manager whose kernel listens on IPC sockets, not TCP: the
+    """Built on first use, so that the unit path (``--partition``, executors) runs on a GPU
+    host without the Jupyter stack. A jupyter_client kernel manager whose kernel listens on IPC sockets, not TCP: the
     kernel is local, and ipykernel warns on every start that TCP without encryption is
     readable by anyone on the host (the source of that warning, fixed rather than hidden)."""
     from jupyter_client.manager import AsyncKernelManager
@@ -131,9 +134,6 @@ def _ipc_kernel_manager():
         transport = Unicode("ipc")
 
     return _IPCKernelManager
-
-
-IPCKernelManager = _ipc_kernel_manager()
 
 
 @contextlib.contextmanager
@@ -206,7 +206,7 @@ def execute_notebook(
                 progress_bar=False,
                 log_output=False,
                 execution_timeout=int(timeout_s) if timeout_s else None,
-                kernel_manager_class=IPCKernelManager,
+                kernel_manager_class=_ipc_kernel_manager(),
             )
         run.status = "ok"
     except Exception as exc:  # noqa: BLE001 - papermill errors, dead kernels, timeouts
