@@ -163,6 +163,23 @@ def test_a_cold_warm_session_serves_warmup_shapes_and_memory_budget(cold_warm, t
     assert sorted(ws.requests["index"]) == [-1, 0, 1, 2]
     assert set(ws.requests["launch"]) == {"warmup17"}
     assert ws.launches["reused_from"].iloc[0] == "cold_warm/session"
+    # the GPUs a reused launch ran on come with it (as a GPU host records them)
+    gpu = [{"index": 1, "uuid": "GPU-16a29f6b-5412-7158-14a5-922c67e47101", "name": "NVIDIA H200"}]
+    saved = cold_warm.meta.get("launch_gpus")
+    cold_warm.meta["launch_gpus"] = {"session": gpu}
+    try:
+        again = warmup_shapes(
+            SPEC,
+            warmup_frames=[17],
+            request_frames=[25],
+            repeats=3,
+            request=REQ,
+            run_dir=tmp_path / "ws2",
+            reuse=cold_warm,
+        )
+    finally:
+        cold_warm.meta["launch_gpus"] = saved
+    assert again.meta["launch_gpus"] == {"warmup17": gpu}
     mb = memory_budget(
         SPEC, caps=[MemoryCaps()], request=REQ, repeats=2, run_dir=tmp_path / "mb", reuse=cold_warm
     )

@@ -505,6 +505,7 @@ def reuse_launch(
     data.record_lines = [ln for ln in bundle.records.get(src, []) if any(i in ln for i in ids)]
     data.logs = {k.replace(src, label, 1): v for k, v in bundle.logs.items() if k.startswith(src)}
     data.command = str(lr.get("command") or "").split()
+    data.gpus = list(((bundle.meta.get("launch_gpus") or {}).get(src)) or [])
     err = lr.get("error")
     data.error = None if err is None or (isinstance(err, float) and math.isnan(err)) else str(err)
     log.info("%s reuses the %s launch of %s (%d requests)", label, src, bundle.scenario, n_requests)
