@@ -10,7 +10,12 @@ from pathlib import Path
 from perfkit.report.figures import Block, render_block
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "examples/h200/README.md", "examples/h200x2/README.md")
+DOCS = (
+    "README.md",
+    "examples/h200/README.md",
+    "examples/h200x2/README.md",
+    "examples/h200x2/scaleout/README.md",
+)
 
 
 def _figures(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

@@ -127,12 +127,14 @@ def test_shards_exit_0_and_write_manifests(runs):
         assert runs[key].returncode == 0, runs[key].stdout + runs[key].stderr[-3000:]
         m = json.loads((runs[f"{key}_dir"] / shards.MANIFEST).read_text())
         assert m["partition"]["total"] == 2 and m["perfkit_commit"]
-        # all shards' units, the same plan: cold_warm's unit (4 parts) is the longest
+        # all shards' units, the same plan: one launch of 300 s (default) each, since the parts
+        # that reuse cold_warm's launch cost nothing; equal estimates go in unit-id order to
+        # the least-loaded shard (ties: the lower one), two units a shard
         assert [(u["id"], u["shard"]) for u in m["units"]] == [
             (COLD_WARM, 1),
             (f"{WARMUP_SHAPES}.warmup25", 2),
             (f"{MEMORY_BUDGET}.cap1", 2),
-            (f"{OFFLOAD_MODES}.model", 2),
+            (f"{OFFLOAD_MODES}.model", 1),
         ]
         assert all(o["status"] == "ok" and o["wall_s"] > 0 for o in m["outcomes"])
         assert m["skipped"][OVERHEAD] == TIERED
@@ -196,6 +198,11 @@ def test_merged_equals_unsplit(runs):
     assert merge["problems"] == [] and merge["concurrent"] == []
     assert wb.meta["scaleout"]["parts"] == [f"{WARMUP_SHAPES}.warmup17", f"{WARMUP_SHAPES}.warmup25"]
     assert rb["scaleout"]["problems"] == []
+    # a plain run has no units table; the merged one lists every unit, each ok once
+    assert "### Units of work" not in (a / "summary.md").read_text()
+    units = (b / "summary.md").read_text().split("### Units of work", 1)[1].split("###", 1)[0]
+    rows = [ln for ln in units.splitlines() if ln.startswith("| ") and not ln.startswith("| unit")]
+    assert len(rows) == len(merge["units"]) and all("| ok | 1 |" in ln for ln in rows), units
     print("wall times (s):", runs["walls"], file=sys.stderr)
 
 
@@ -260,6 +267,11 @@ def test_failed_unit_with_other_bundles_is_named_in_the_report(runs, tmp_path):
     # the scenario missing a part is not replayed as if complete
     st = {n["name"]: n["status"] for n in run["notebooks"]}
     assert st[WARMUP_SHAPES] == "skipped"
+    # the units table names the failed unit, its attempts and its error, on the page too
+    units = summary.split("### Units of work", 1)[1].split("###", 1)[0]
+    failed = [ln for ln in units.splitlines() if "node lost" in ln]
+    assert len(failed) == 1 and "| error | 2 |" in failed[0], units
+    assert 'id="units"' in report and "node lost" in report.split('id="units"', 1)[1].split("</table>", 1)[0]
 
 
 def test_executor_inprocess_runs_units_then_the_report(tmp_path):

@@ -199,6 +199,45 @@ def _run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
     return info, verdicts, code, STATUS_WORD.get(code, "error")
 
 
+def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
+    """The units of work of a merged run (``run.json``'s ``scaleout``), one row each: unit,
+    parts, shard, status, attempts, wall (s), the GPUs it ran on (NVML UUIDs, shortened), the
+    units it ran beside (overlapping in time: its timings were taken next to theirs) and the
+    error. None for a run without units (plain ``perfkit suite``)."""
+    so = info.get("scaleout") or {}
+    units = so.get("units") or []
+    if not units:
+        return None
+    outcomes = {o.get("unit_id"): o for o in so.get("outcomes") or [] if isinstance(o, Mapping)}
+    beside: dict[str, set[str]] = {}
+    for pair in so.get("concurrent") or []:
+        if isinstance(pair, (list, tuple)) and len(pair) == 2:
+            a, b = (str(x) for x in pair)
+            beside.setdefault(a, set()).add(b)
+            beside.setdefault(b, set()).add(a)
+    rows = []
+    for u in units:
+        uid = u.get("id")
+        o = outcomes.get(uid) or {}
+        rows.append(
+            {
+                "unit": uid,
+                "parts": ", ".join(
+                    p.get("scenario", "") + (f".{p['key']}" if p.get("key") else "")
+                    for p in u.get("parts") or []
+                ),
+                "shard": u.get("shard"),
+                "status": o.get("status") or "not run",
+                "attempts": o.get("attempts"),
+                "wall (s)": o.get("wall_s"),
+                "GPUs": ", ".join(g[:12] + "…" for g in o.get("gpu_uuids") or []) or None,
+                "ran beside": ", ".join(sorted(beside.get(uid, ()))) or None,
+                "error": (o.get("error") or "")[:200] or None,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def summary_markdown(run_dir: str | Path) -> str:
     """The run's verdict as Markdown: status line, notebooks, key numbers, gate rows."""
     run_dir = Path(run_dir)
@@ -236,6 +275,9 @@ def summary_markdown(run_dir: str | Path) -> str:
                 )
             ),
         ]
+    units = units_frame(info)
+    if units is not None:
+        parts += ["", "### Units of work", "", markdown_table(units)]
     gate_doc = read_verdict(run_dir / GATE) or {}
     if gate_doc.get("warnings"):
         parts += ["", "### Warnings", "", *[f"- {w}" for w in gate_doc["warnings"]]]
@@ -503,7 +545,8 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
     Keys: ``title``, ``verdict`` (``pass``/``regression``/``error``), ``exit_code``, ``meta``
     (list of ``{"text", "code"}`` items of the run meta line), ``environment`` (str),
     ``toc`` (``{"name", "title", "status_text"}`` per notebook), ``errors`` (failed notebook
-    entries), ``notebooks_table``, ``key_numbers``, ``gates`` (:class:`~perfkit.report.tables.Table`
+    entries), ``notebooks_table``, ``units_table`` (:func:`units_frame`; None without units),
+    ``key_numbers``, ``gates`` (:class:`~perfkit.report.tables.Table`
     of every gate row), ``gates_attention`` (only failed and improved rows), ``gate_counts``
     (:func:`gate_counts`),
     ``warnings`` (the gate's), ``sections`` (rendered section HTML, one per notebook, as
@@ -559,6 +602,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "toc": toc,
         "errors": [n for n in nbs if n.get("status") == "error"],
         "notebooks_table": nb_table,
+        "units_table": format_table(units) if (units := units_frame(info)) is not None else None,
         "key_numbers": format_table(pd.DataFrame(keys, columns=["what", "value"]), None) if keys else None,
         "warnings": list(gate_doc.get("warnings") or []),
         "gates": _gate_table(verdicts),

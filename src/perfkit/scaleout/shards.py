@@ -353,6 +353,9 @@ def merge_shards(
             "concurrent_with": sorted(
                 {x for a, c in pairs for x in (a, c) if (a in mine or c in mine)} - set(mine)
             ),
+            # every pair of units that overlapped in time where one is this bundle's, its own
+            # parts' units among them (a split scenario whose launches ran side by side)
+            "concurrent_pairs": [[a, c] for a, c in pairs if a in mine or c in mine],
         }
         b.save(dest / name)
         merged[name] = str(dest / name)
