@@ -298,3 +298,99 @@ def test_executor_inprocess_runs_units_then_the_report(tmp_path):
         COLD_WARM
     ]
     assert (out / "shards" / "1" / shards.MANIFEST).is_file() and (out / "report.html").is_file()
+
+
+def test_a_lost_table_file_is_named_not_read_as_empty(runs, tmp_path):
+    s2 = tmp_path / "s2"
+    shutil.copytree(runs["s2_dir"], s2)
+    m = json.loads((s2 / shards.MANIFEST).read_text())
+    unit = next(u for u in m["units"] if u["shard"] == 2)
+    part = unit["parts"][0]
+    pid = part["scenario"] + (f".{part['key']}" if part.get("key") else "")
+    (s2 / shards.UNITS_DIR / unit["id"] / pid / "requests.parquet").unlink()
+    out = tmp_path / "merged"
+    proc = perfkit("merge", str(runs["s1_dir"]), str(s2), "--out", str(out), "-q", "--no-screenshot")
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    summary, report, run = _summary_and_report(out)
+    for text in (summary, report, json.dumps(run["scaleout"]["problems"])):
+        assert f"unit {unit['id']}: part {pid} lacks requests.parquet" in text
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda m: m.update(units=None), "units must be a list"),
+        (lambda m: m["units"].__setitem__(1, None), "units[1] must be a mapping"),
+        (lambda m: m["units"][0].pop("parts"), "missing key 'parts'"),
+        (lambda m: m["partition"].update(index="two"), "partition.index must be an integer"),
+        (lambda m: m["units"][0].update(shard="1"), ".shard must be an integer"),
+        (lambda m: m["outcomes"][0].pop("status"), "outcomes must be a list"),
+    ],
+)
+def test_a_malformed_manifest_is_a_named_problem(runs, tmp_path, edit, words):
+    s2 = tmp_path / "s2"
+    shutil.copytree(runs["s2_dir"], s2)
+    m = json.loads((s2 / shards.MANIFEST).read_text())
+    edit(m)
+    (s2 / shards.MANIFEST).write_text(json.dumps(m))
+    out = tmp_path / "merged"
+    proc = perfkit("merge", str(runs["s1_dir"]), str(s2), "--out", str(out), "-q", "--no-screenshot")
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    _, report, run = _summary_and_report(out)  # summary.md clips long errors; these are whole
+    problems = json.dumps(run["scaleout"]["problems"])
+    assert "malformed shard manifest" in problems and words in problems, problems
+    assert "malformed shard manifest" in report
+
+
+def test_a_shard_stopped_by_sigterm_keeps_what_finished_and_exits_2(runs, tmp_path):
+    out = tmp_path / "k"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perfkit.cli", "suite", "--params", str(runs["params"]), "--partition", "1/2"]
+        + ["--tier", "per-commit", "--out", str(out), "-q"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        f = out / shards.MANIFEST
+        if f.is_file() and json.loads(f.read_text() or "{}").get("outcomes"):
+            break  # a unit finished: the manifest says so before the shard ends
+        time.sleep(0.5)
+    assert proc.poll() is None, "the shard ended before it could be interrupted"
+    proc.terminate()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err[-3000:]
+    assert "interrupted" in err
+    m = json.loads((out / shards.MANIFEST).read_text())
+    assert "interrupted" in m["interrupted"] and len(m["outcomes"]) >= 1
+    merged = tmp_path / "merged"
+    res = perfkit("merge", str(out), str(runs["s2_dir"]), "--out", str(merged), "-q", "--no-screenshot")
+    assert res.returncode == 2
+    summary, _, run = _summary_and_report(merged)
+    assert any("shard 1/2" in p and "was interrupted" in p for p in run["scaleout"]["problems"])
+    finished = m["outcomes"][0]["unit_id"]
+    row = next(ln for ln in summary.split("### Units of work", 1)[1].splitlines() if f"| {finished} |" in ln)
+    assert "| ok |" in row, row
+
+
+def test_every_unit_failing_still_writes_the_report(runs, tmp_path):
+    params = small_params(tmp_path / "crash.yaml")
+    doc = load_yaml(params.read_text())
+    doc["engine"]["extra_args"] = ["--no-such-flag"]  # the engine exits at once
+    doc["scaleout"] = {"retries": 1}
+    params.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = tmp_path / "run"
+    proc = perfkit(
+        "suite", "--params", str(params), "--executor", "inprocess", "--only", COLD_WARM,
+        "--out", str(out), "-q", "--no-screenshot",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    summary, report, run = _summary_and_report(out)
+    assert run["exit_code"] == 2
+    assert "failed after 2 attempt(s)" in report and "--no-such-flag" in report
+    assert "| cold_warm | cold_warm | 1 | error | 2 |" in summary
+    st = {n["name"]: n["status"] for n in run["notebooks"]}
+    assert st[SCALEOUT] == "error" and st[COLD_WARM] == "skipped"

@@ -100,7 +100,7 @@ def cmd_partition(a: SimpleNamespace) -> int:
     """``perfkit suite --partition I/N``: shard I's units into bundles and a shard manifest."""
     from perfkit.params import ParamsError
     from perfkit.scaleout.executor import ExecutorError
-    from perfkit.scaleout.shards import MANIFEST, run_shard
+    from perfkit.scaleout.shards import MANIFEST, ShardInterrupted, run_shard
     from perfkit.scaleout.units import PartitionError, parse_partition
 
     try:
@@ -134,7 +134,7 @@ def cmd_partition(a: SimpleNamespace) -> int:
             executor_options=opts,
             progress=not a.quiet,
         )
-    except (ParamsError, ExecutorError, ValueError, FileNotFoundError) as exc:
+    except (ParamsError, ExecutorError, ValueError, FileNotFoundError, ShardInterrupted) as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
         return EXIT_ERROR
     bad = [o for o in m["outcomes"] if o["status"] != "ok"]
@@ -173,8 +173,18 @@ def cmd_suite(a: SimpleNamespace) -> int:
     from perfkit.scaleout.executor import ExecutorError
     from perfkit.suite import SuiteError, run_suite, run_units_suite
 
+    if a.address and a.executor != "ray":
+        print(f"perfkit: --address {a.address} is ignored: it is for --executor ray", file=sys.stderr)
     if a.partition is not None:
         return cmd_partition(a)
+    common = dict(
+        only=a.only,
+        tier=a.tier,
+        notebooks=a.notebooks,
+        screenshot=not a.no_screenshot,
+        progress=not a.quiet,
+        force=a.force,
+    )
     try:
         if a.executor is not None:
             if a.replay:
@@ -185,25 +195,10 @@ def cmd_suite(a: SimpleNamespace) -> int:
                 a.out,
                 executor=a.executor,
                 executor_options={"address": a.address} if a.executor == "ray" and a.address else None,
-                only=a.only,
-                tier=a.tier,
-                notebooks=a.notebooks,
-                screenshot=not a.no_screenshot,
-                progress=not a.quiet,
-                force=a.force,
+                **common,
             )
         else:
-            res = run_suite(
-                a.params,
-                a.out,
-                replay=a.replay,
-                only=a.only,
-                tier=a.tier,
-                notebooks=a.notebooks,
-                screenshot=not a.no_screenshot,
-                progress=not a.quiet,
-                force=a.force,
-            )
+            res = run_suite(a.params, a.out, replay=a.replay, **common)
     except ExecutorError as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
         return EXIT_ERROR

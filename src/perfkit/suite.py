@@ -403,6 +403,8 @@ class SuiteError(ValueError):
     another run): nothing ran; exit code 2."""
 
 
+#: why a merged run skips an investigation: a part of it is missing or failed
+NOT_MERGED = "not measured: a unit of it failed or is missing (see the scale-out entry)"
 #: name of the run.json entry that carries scale-out problems (missing shard, failed unit)
 SCALEOUT = "scale-out"
 
@@ -447,11 +449,14 @@ def check_baseline_file(params: SuiteParams, source: str | Path) -> None:
         )
 
 
-def replay_plan(replay_dir: Path, selected: Iterable[str]) -> list[str]:
+def replay_plan(replay_dir: Path, selected: Iterable[str], *, allow_empty: bool = False) -> list[str]:
     """The selected investigations without a bundle in ``replay_dir`` (they are skipped, never
-    launched). Raises :class:`SuiteError` when ``replay_dir`` is missing or holds no bundle of
+    launched). Raises :class:`SuiteError` when ``replay_dir`` is missing or, unless
+    ``allow_empty`` (a merge whose every unit failed: its report names why), holds no bundle of
     the selected investigations."""
     selected = list(selected)
+    if allow_empty and replay_dir.is_dir():
+        return [n for n in selected if not (replay_dir / n / "meta.json").exists()]
     if not replay_dir.exists():
         raise SuiteError(
             f"--replay {replay_dir}: no such directory (--replay launches nothing: "
@@ -612,8 +617,8 @@ def run_suite(
         raise ParamsError(str(exc)) from None
     if replay_dir is not None:
         check_replay_identity(replay_dir, selected, params, str(params_path))
-        for n in replay_plan(replay_dir, selected):
-            skipped[n] = NO_REPLAY_BUNDLE
+        for n in replay_plan(replay_dir, selected, allow_empty=scaleout is not None):
+            skipped[n] = NOT_MERGED if scaleout is not None else NO_REPLAY_BUNDLE
             log.warning("--replay %s: no %s bundle: %s skipped", replay_dir, n, n)
     # a new default directory only once every check passed (a refused run leaves nothing)
     run_dir = (Path(out) if out else default_out(params.name)).resolve()
@@ -785,10 +790,13 @@ def merge_runs(
     except ValueError as exc:
         raise SuiteError(f"perfkit merge: {exc}") from None
     if not doc["merged"]:
-        raise SuiteError(
-            "perfkit merge: no bundle could be merged: "
-            + "; ".join(doc["problems"] or ["no units were planned"])
+        # still a run: its report names every problem (the report is written in every case)
+        log.error(
+            "perfkit merge: no bundle could be merged: %s",
+            "; ".join(doc["problems"] or ["no units were planned"]),
         )
+        if not doc["problems"]:
+            doc["problems"] = ["no units were planned: nothing was measured"]
     return run_suite(
         params_path or merged / "params.yaml",
         run_dir,
@@ -823,7 +831,7 @@ def run_units_suite(
             executor (e.g. ``ray`` without ``perfkit[ray]``).
     """
     from perfkit.scaleout.executor import executor as get_executor
-    from perfkit.scaleout.shards import run_shard
+    from perfkit.scaleout.shards import ShardInterrupted, run_shard
 
     params = load_params(params_path)
     check_baseline_file(params, params_path)
@@ -833,17 +841,20 @@ def run_units_suite(
     shard_dir = run_dir / "shards" / "1"
     if shard_dir.exists():
         shutil.rmtree(shard_dir)
-    run_shard(
-        params_path,
-        shard_dir,
-        1,
-        1,
-        only=only,
-        tier=tier,
-        executor=executor,
-        executor_options=executor_options,
-        progress=progress,
-    )
+    try:
+        run_shard(
+            params_path,
+            shard_dir,
+            1,
+            1,
+            only=only,
+            tier=tier,
+            executor=executor,
+            executor_options=executor_options,
+            progress=progress,
+        )
+    except ShardInterrupted as exc:  # the manifest keeps what finished: report it (exit 2)
+        log.error("%s", exc)
     return merge_runs(
         [shard_dir],
         run_dir,

@@ -199,6 +199,14 @@ def _run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
     return info, verdicts, code, STATUS_WORD.get(code, "error")
 
 
+def _clip(text: Any, n: int = 200) -> str | None:
+    """``text`` cut to ``n`` characters at a word boundary, with "…" when cut (None for empty)."""
+    t = str(text or "").strip()
+    if len(t) <= n:
+        return t or None
+    return t[:n].rsplit(" ", 1)[0].rstrip() + " …"
+
+
 def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
     """The units of work of a merged run (``run.json``'s ``scaleout``), one row each: unit,
     parts, shard, status, attempts, wall (s), the GPUs it ran on (NVML UUIDs, shortened), the
@@ -232,7 +240,7 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
                 "wall (s)": o.get("wall_s"),
                 "GPUs": ", ".join(g[:12] + "…" for g in o.get("gpu_uuids") or []) or None,
                 "ran beside": ", ".join(sorted(beside.get(uid, ()))) or None,
-                "error": (o.get("error") or "")[:200] or None,
+                "error": _clip(o.get("error")),
             }
         )
     return pd.DataFrame(rows)
@@ -268,7 +276,7 @@ def summary_markdown(run_dir: str | Path) -> str:
                             "notebook": n["name"],
                             "status": _status_text(n),
                             "wall (s)": n.get("wall_s"),
-                            "error": (n.get("error") or "")[:200],
+                            "error": _clip(n.get("error")) or "",
                         }
                         for n in nbs
                     ]

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from perfkit.bundle import ResultBundle
+from perfkit.bundle import TABLES, ResultBundle
 from perfkit.common.provenance import git_commit
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
@@ -180,12 +180,21 @@ def run_shard(
         "perfkit_commit": git_commit(),
         "executor": executor,
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    _write_manifest(out, manifest)
     log.info(
         "shard %d/%d: %d of %d units (%s)", index, total, len(mine), len(units), ", ".join(u.id for u in mine)
     )
-    on_event, close = progress_events(mine, enabled=progress)
+    bar_event, close = progress_events(mine, enabled=progress)
     t0 = time.monotonic()
+    done: dict[str, dict[str, Any]] = {}
+
+    def on_event(event: str, unit_id: str, outcome: UnitOutcome | None) -> None:
+        bar_event(event, unit_id, outcome)
+        if event == "finished" and outcome is not None:  # a run cut short keeps what finished
+            done[unit_id] = outcome.to_dict()
+            manifest["outcomes"] = list(done.values())
+            _write_manifest(out, manifest)
+
     try:
         outcomes = run_units(
             [u.to_dict() for u in mine],
@@ -195,12 +204,35 @@ def run_shard(
             on_event=on_event,
             **dict(executor_options or {}),
         )
+    except KeyboardInterrupt as exc:
+        left = [u.id for u in mine if u.id not in done]
+        manifest["interrupted"] = (
+            f"interrupted ({exc or 'Ctrl-C'}) after {len(done)} of {len(mine)} units; "
+            f"not finished: {', '.join(left) or '(none)'}"
+        )
+        manifest["wall_s"] = round(time.monotonic() - t0, 2)
+        _write_manifest(out, manifest)
+        raise ShardInterrupted(
+            f"shard {index}/{total}: {manifest['interrupted']} ({out / MANIFEST})"
+        ) from None
     finally:
         close()
     manifest["outcomes"] = [o.to_dict() for o in outcomes]
     manifest["wall_s"] = round(time.monotonic() - t0, 2)
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    _write_manifest(out, manifest)
     return manifest
+
+
+class ShardInterrupted(RuntimeError):
+    """A shard run stopped by Ctrl-C or SIGTERM; its manifest keeps the units that finished and
+    says which did not (exit 2)."""
+
+
+def _write_manifest(out: Path, manifest: Mapping[str, Any]) -> None:
+    """Write ``out/shard.json`` whole or not at all (a temporary file, then a rename)."""
+    tmp = out / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    tmp.replace(out / MANIFEST)
 
 
 def concurrent_pairs(outcomes: Iterable[Mapping[str, Any]]) -> list[list[str]]:
@@ -236,6 +268,27 @@ def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
             None,
             f"{f}: incomplete shard manifest (missing {', '.join(missing) or 'partition index/total'})",
         )
+    # the shapes merge relies on, checked here so that a hand-edited file is a named problem
+    try:
+        for k in ("index", "total"):
+            if not isinstance(part[k], int) or isinstance(part[k], bool):
+                raise ValueError(f"partition.{k} must be an integer, got {part[k]!r}")
+        if not isinstance(doc["units"], list):
+            raise ValueError(f"units must be a list, got {type(doc['units']).__name__}")
+        for i, u in enumerate(doc["units"]):
+            if not isinstance(u, dict):
+                raise ValueError(f"units[{i}] must be a mapping, got {u!r}")
+            unit = WorkUnit.from_dict(u)
+            if not isinstance(u.get("shard"), int) or isinstance(u.get("shard"), bool):
+                raise ValueError(f"units[{i}] ({unit.id}).shard must be an integer, got {u.get('shard')!r}")
+        outcomes = doc.get("outcomes") or []
+        if not isinstance(outcomes, list) or not all(
+            isinstance(o, dict) and o.get("unit_id") and o.get("status") in ("ok", "error") for o in outcomes
+        ):
+            raise ValueError("outcomes must be a list of mappings with unit_id and status ok|error")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+        return None, f"{f}: malformed shard manifest: {what}"
     return doc, None
 
 
@@ -291,6 +344,8 @@ def merge_shards(
             )
             continue
         i = int(m["partition"]["index"])
+        if m.get("interrupted"):
+            problems.append(f"shard {i}/{total} ({d}) was {m['interrupted']}")
         if i in by_index:
             problems.append(f"shard {i}/{total} given twice: {by_index[i][0]} and {d} (the first is used)")
             continue
@@ -311,7 +366,8 @@ def merge_shards(
         oc = next((o for o in m.get("outcomes") or [] if o.get("unit_id") == u.id), None)
         where = f"shard {u.shard}/{total} ({d})"
         if oc is None:
-            problems.append(f"unit {u.id} of {where}: no outcome (the shard did not finish)")
+            why = "the shard was interrupted" if m.get("interrupted") else "the shard did not finish"
+            problems.append(f"unit {u.id} of {where}: no outcome ({why})")
             continue
         outcomes[u.id] = oc
         if oc.get("status") != "ok":
@@ -323,6 +379,13 @@ def merge_shards(
             pd_ = d / UNITS_DIR / u.id / p.id
             if not (pd_ / "meta.json").is_file():
                 problems.append(f"unit {u.id} of {where}: its output {pd_} is missing")
+                continue
+            # a saved bundle writes every table (empty ones too): a missing file is lost data,
+            # which ResultBundle.load would read as an empty table
+            lost = [f"{t}.parquet" for t in TABLES if not (pd_ / f"{t}.parquet").is_file()]
+            lost += [] if (pd_ / "results.json").is_file() else ["results.json"]
+            if lost:
+                problems.append(f"unit {u.id}: part {p.id} lacks {', '.join(lost)} ({where}: {pd_})")
                 continue
             part_dirs[p.id] = pd_
     the_params = params if params is not None else _params_from(ref)
