@@ -96,6 +96,11 @@ def _check_notebook_parameters(nb: Path, given: dict[str, Any]) -> None:
     )
 
 
+def _executor_options(a: SimpleNamespace) -> dict[str, Any]:
+    """Keyword options for the chosen executor: ``address`` for Ray, when given."""
+    return {"address": a.address} if a.executor == "ray" and a.address else {}
+
+
 def cmd_partition(a: SimpleNamespace) -> int:
     """``perfkit suite --partition I/N``: shard I's units into bundles and a shard manifest."""
     from perfkit.params import ParamsError
@@ -121,7 +126,6 @@ def cmd_partition(a: SimpleNamespace) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
-    opts = {"address": a.address} if a.executor == "ray" and a.address else {}
     try:
         m = run_shard(
             a.params,
@@ -131,7 +135,7 @@ def cmd_partition(a: SimpleNamespace) -> int:
             only=a.only,
             tier=a.tier,
             executor=a.executor or "inprocess",
-            executor_options=opts,
+            executor_options=_executor_options(a),
             progress=not a.quiet,
         )
     except (ParamsError, ExecutorError, ValueError, FileNotFoundError, ShardInterrupted) as exc:
@@ -194,7 +198,7 @@ def cmd_suite(a: SimpleNamespace) -> int:
                 a.params,
                 a.out,
                 executor=a.executor,
-                executor_options={"address": a.address} if a.executor == "ray" and a.address else None,
+                executor_options=_executor_options(a),
                 **common,
             )
         else:
