@@ -24,6 +24,7 @@ not independent experiments. Also prints the pool's variance split (ICC, CVs) pe
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -44,7 +45,7 @@ METRICS_SHOWN = ("DenoisingStage", "warm_e2e", "TextEncodingStage", "denoising_s
 def _pool(a: argparse.Namespace) -> tuple[ResultBundle, ResultBundle]:
     if a.pool_dir and (Path(a.pool_dir) / "a" / "meta.json").exists():
         return ResultBundle.load(Path(a.pool_dir) / "a"), ResultBundle.load(Path(a.pool_dir) / "b")
-    from perfkit.ab.driver import AbPlan, run_ab
+    from perfkit.ab.driver import run_arms
     from perfkit.engine.client import VideoRequestSpec
     from perfkit.engine.spec import EngineSpec
     from perfkit.params import load_yaml
@@ -53,10 +54,31 @@ def _pool(a: argparse.Namespace) -> tuple[ResultBundle, ResultBundle]:
     # an engine spec, or a mapping with `engine` and `request` (the request shape of the pool)
     engine, request = (data["engine"], data.get("request") or {}) if "engine" in data else (data, {})
     spec_a = EngineSpec.from_dict(engine)
-    spec_b = spec_a.replace(debug_stage_delay={"DenoisingStage": float(a.slowdown)})
+    # one arm per slowdown, B, C, ...: each compared with the same A launches
+    arms = {"A": spec_a}
+    counts = {"A": a.pool}
+    for i, slow in enumerate(a.slowdown):
+        arm = "BCDEFG"[i]
+        arms[arm] = spec_a.replace(debug_stage_delay={"DenoisingStage": float(slow)})
+        counts[arm] = a.pool_b[i] if a.pool_b else a.pool
     out = Path(a.pool_dir or f"outputs/ab-pool-{os.getpid()}")
-    plan = AbPlan(spec_a, spec_b, VideoRequestSpec.from_dict(request), a.pool, max(a.m + [a.warm]))
-    b = run_ab(plan, out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pool.json").write_text(
+        json.dumps(
+            {
+                "arms": {
+                    arm: {"DenoisingStage_pct": float(slow), "target": tgt}
+                    for arm, slow, tgt in zip("BCDEFG", a.slowdown, a.target or ["DenoisingStage"] * 9)
+                },
+                "launches": counts,
+                "warm": max(a.m + [a.warm]),
+                "spec": a.spec,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    b = run_arms(arms, VideoRequestSpec.from_dict(request), counts, max(a.m + [a.warm]), out)
     print(f"pool recorded in {out}")
     return b["A"], b["B"]
 
@@ -94,7 +116,22 @@ def main() -> int:
     ap.add_argument("--n", type=int, nargs="+", default=[2, 3, 4], help="launches a side to resample")
     ap.add_argument("--m", type=int, nargs="+", default=[3, 5], help="warm requests a launch to use")
     ap.add_argument("--sims", type=int, default=2000, help="resamples per (N, M)")
-    ap.add_argument("--slowdown", type=float, default=30.0, help="injected DenoisingStage slowdown, %%")
+    ap.add_argument(
+        "--slowdown",
+        type=float,
+        nargs="+",
+        default=[30.0],
+        help="injected DenoisingStage slowdown, %%, one B arm each (B, C, ...)",
+    )
+    ap.add_argument(
+        "--pool-b", type=int, nargs="+", default=None, help="launches of each B arm (default --pool)"
+    )
+    ap.add_argument(
+        "--target",
+        nargs="+",
+        default=None,
+        help="the metric each B arm is meant to be caught on (DenoisingStage, warm_e2e); kept in pool.json",
+    )
     ap.add_argument("--threshold", type=float, default=stats.DEFAULT_THRESHOLD)
     ap.add_argument("--pool-dir", default=None, help="record the pool here, or reuse one recorded here")
     ap.add_argument("--seed", type=int, default=0)
@@ -132,7 +169,7 @@ def main() -> int:
     print(f"\nresampled decisions ({a.sims} draws each, threshold {a.threshold:.0%}, 95 % Welch t):")
     print(
         f"{'N':>3}{'M':>3}  {'A/A covers 1':>13}{'A/A false alarm: Denoising':>28}{'warm e2e':>10}{'any':>7}"
-        f"   {'detect Denoising +' + format(a.slowdown, 'g') + '%':>24}{'TextEnc regr.':>15}"
+        f"   {'detect Denoising +' + format(a.slowdown[0], 'g') + '%':>24}{'TextEnc regr.':>15}"
     )
     for n in a.n:
         for m in a.m:

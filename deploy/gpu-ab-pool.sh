@@ -2,10 +2,12 @@
 # Record A/B power pools on a GPU host (issue 23), one pool per GPU, side by side, in the
 # background (setsid: a pool outlives the 10-minute command that started it), then poll and pack.
 #
-#   deploy/gpu-ab-pool.sh start OUT SPEC LAUNCHES WARM name:gpu:slowdown...   # start, then poll
-#   deploy/gpu-ab-pool.sh poll OUT SECONDS                                     # poll again, pack
+#   deploy/gpu-ab-pool.sh start OUT SPEC LAUNCHES WARM name:gpu:slowdown[,slowdown...]...   # start, poll
+#   deploy/gpu-ab-pool.sh poll OUT SECONDS                                                  # poll, pack
 #
-# Each pool runs benchmarks/ab_power.py --pool LAUNCHES --warm WARM --slowdown PCT on its GPU;
+# Each pool runs benchmarks/ab_power.py --pool LAUNCHES --warm WARM --slowdown PCT... on its GPU
+# (one B arm per slowdown, all against the same A launches; POOL_ARGS adds arguments, e.g.
+# "--pool-b 10 8 --target DenoisingStage warm_e2e");
 # the pool's bundles (a/, b/: saved after every launch) and log are packed into OUT/<name>.tar.gz
 # at every poll, without the launch dirs (compile caches). A pool is done when its log ends
 # with "rc=N".
@@ -32,9 +34,11 @@ if [ "$mode" = start ]; then
     spec=$1 launches=$2 warm=$3; shift 3
     for job in "$@"; do
         IFS=: read -r name gpu slow <<<"$job"
+        slow=${slow//,/ }
         mkdir -p "$pools/$name"
         setsid nohup bash -c "CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/ab_power.py --spec $spec \
-            --pool $launches --warm $warm --slowdown $slow --n 2 3 4 5 --m 1 3 5 --pool-dir $pools/$name \
+            --pool $launches --warm $warm --slowdown $slow ${POOL_ARGS:-} --n 2 3 4 5 --m 1 3 5 \
+            --pool-dir $pools/$name \
             >$pools/$name.log 2>&1; echo rc=\$? >>$pools/$name.log" >/dev/null 2>&1 &
         echo "started $name on GPU $gpu: slowdown $slow %"
     done

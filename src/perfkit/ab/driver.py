@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from tqdm.auto import tqdm
 
@@ -29,7 +29,7 @@ from perfkit.scenarios.common import LaunchData, assemble, measure_launch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AbPlan", "run_ab", "SIDES", "BUNDLE_NAME"]
+__all__ = ["AbPlan", "run_ab", "run_arms", "SIDES", "BUNDLE_NAME"]
 
 #: side -> its bundle directory under the ab run directory
 SIDES = {"A": "a", "B": "b"}
@@ -77,26 +77,52 @@ def run_ab(plan: AbPlan, out: str | Path) -> dict[str, ResultBundle]:
     Never raises for engine failures: a failed launch keeps its error in the ``launches`` table
     (the decision then exits 2). Returns {"A": bundle, "B": bundle}.
     """
+    return run_arms(
+        {"A": plan.spec_a, "B": plan.spec_b},
+        plan.request,
+        plan.launches,
+        plan.warm,
+        out,
+        request_timeout_s=plan.request_timeout_s,
+    )
+
+
+def run_arms(
+    specs: Mapping[str, EngineSpec],
+    request: VideoRequestSpec,
+    launches: int | Mapping[str, int],
+    warm: int,
+    out: str | Path,
+    request_timeout_s: float = 1800.0,
+) -> dict[str, ResultBundle]:
+    """Run launches of several engine specs ("arms": A, and B, C, … each a variant of it) in one
+    balanced interleaved order (:func:`perfkit.ab.stats.interleaved_order`), a bundle per arm
+    under ``out/<arm in lower case>``: one power pool can hold A and several slowdowns, each
+    compared with the same A launches. ``launches``: a side, or arm -> launches.
+
+    Every bundle is saved after every launch (a pool cut short keeps what it ran) and its meta
+    ``ab`` holds the whole order, the load averages and the wall time. Never raises for engine
+    failures (a failed launch keeps its error in its ``launches`` row).
+
+    Raises:
+        ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec.
+    """
+    if warm < 1:
+        raise ValueError(f"warm requests a launch must be >= 1, got {warm}")
+    counts = {arm: launches for arm in specs} if isinstance(launches, int) else dict(launches)
+    if set(counts) != set(specs):
+        raise ValueError(f"launch counts for arms {sorted(counts)} but specs for {sorted(specs)}")
     out = Path(out)
-    order = interleaved_order(plan.launches)
-    reqs = [plan.request] * (1 + plan.warm)
-    data: dict[str, list[LaunchData]] = {"A": [], "B": []}
+    order = interleaved_order(counts)
+    reqs = [request] * (1 + warm)
+    data: dict[str, list[LaunchData]] = {arm: [] for arm in specs}
     loads: dict[str, Any] = {}
-    count = {"A": 0, "B": 0}
     t0 = time.time()
     bundles: dict[str, ResultBundle] = {}
-    for pos, side in enumerate(tqdm(order, desc="ab launches", unit="launch")):
-        spec = plan.spec_a if side == "A" else plan.spec_b
-        label = f"{side}{count[side]:02d}"
-        count[side] += 1
+    for pos, arm in enumerate(tqdm(order, desc="ab launches", unit="launch")):
+        label = f"{arm}{len(data[arm]):02d}"
         loads[label] = {"position": pos, "loadavg": _loadavg()}
-        d = measure_launch(
-            spec,
-            reqs,
-            out / "launches",
-            label,
-            request_timeout_s=plan.request_timeout_s,
-        )
+        d = measure_launch(specs[arm], reqs, out / "launches", label, request_timeout_s=request_timeout_s)
         log.info(
             "launch %s (%d/%d): ready %.2f s, first result %s s%s",
             label,
@@ -106,44 +132,46 @@ def run_ab(plan: AbPlan, out: str | Path) -> dict[str, ResultBundle]:
             d.launch_row.get("first_result_s"),
             f", error: {d.error}" if d.error else "",
         )
-        data[side].append(d)
+        data[arm].append(d)
         # saved after every launch: a pool cut short (a lost host, a killed job) keeps what it ran
-        bundles = _save_sides(plan, out, data, order[: pos + 1], loads, t0)
+        bundles = _save_arms(specs, request, counts, warm, out, data, order[: pos + 1], loads, t0)
     return bundles
 
 
-def _save_sides(
-    plan: AbPlan,
+def _save_arms(
+    specs: Mapping[str, EngineSpec],
+    request: VideoRequestSpec,
+    counts: Mapping[str, int],
+    warm: int,
     out: Path,
     data: dict[str, list[LaunchData]],
     done: list[str],
     loads: dict[str, Any],
     t0: float,
 ) -> dict[str, ResultBundle]:
-    """Assemble and save the bundle of each side that has launches so far (``out/a``, ``out/b``);
+    """Assemble and save the bundle of each arm that has launches so far (``out/<arm>``);
     ``done`` is the order of the launches run so far."""
     meta_ab = {
         "order": [f"{s}{done[:i].count(s):02d}" for i, s in enumerate(done)],
-        "launches_per_side": plan.launches,
-        "launches_done": {side: len(data[side]) for side in SIDES},
-        "warm_per_launch": plan.warm,
+        "launches_per_side": counts["A"] if len(set(counts.values())) == 1 else dict(counts),
+        "launches_done": {arm: len(data[arm]) for arm in specs},
+        "warm_per_launch": warm,
         "launch_load": loads,
         "loadavg_end": _loadavg(),
         "cpu_count": os.cpu_count(),
         "wall_s": round(time.time() - t0, 1),
     }
     bundles = {}
-    for side, sub in SIDES.items():
-        if not data[side]:
+    for arm, spec in specs.items():
+        if not data[arm]:
             continue
-        spec = plan.spec_a if side == "A" else plan.spec_b
         b = assemble(
             BUNDLE_NAME,
-            data[side],
-            params={"side": side, "spec": spec.to_dict(), "request": plan.request.payload()},
-            results={"side": side, "launches": [d.label for d in data[side]]},
+            data[arm],
+            params={"side": arm, "spec": spec.to_dict(), "request": request.payload()},
+            results={"side": arm, "launches": [d.label for d in data[arm]]},
         )
         b.meta["ab"] = meta_ab
-        b.save(out / sub)
-        bundles[side] = b
+        b.save(out / arm.lower())
+        bundles[arm] = b
     return bundles

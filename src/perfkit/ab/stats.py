@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -324,17 +324,21 @@ def threshold_from_aa(intervals: Iterable[RatioInterval], floor: float = 0.01) -
     return max(floor, max(dist))
 
 
-def interleaved_order(n: int) -> list[str]:
-    """Balanced interleaved launch order for n launches a side: ``A B B A A B B A …``
-    (pairs alternate AB / BA, so a drift of the host over the run hits both sides alike; asv's
-    ``continuous`` alternates rounds the same way).
+def interleaved_order(n: int | Mapping[str, int]) -> list[str]:
+    """Balanced interleaved launch order: for n launches a side ``A B B A A B B A …`` (rounds
+    alternate AB / BA, so a drift of the host over the run hits both sides alike; asv's
+    ``continuous`` alternates rounds the same way). Given a mapping arm -> launches (a power
+    pool with several B arms), each round holds every arm with launches left, forward in even
+    rounds and backward in odd ones: ``{"A": 2, "B": 2, "C": 1}`` gives ``A B C B A``.
 
     Raises:
-        ValueError: n < 1.
+        ValueError: a count < 1 (or no arm).
     """
-    if n < 1:
+    counts = {"A": n, "B": n} if isinstance(n, int) else dict(n)
+    if not counts or min(counts.values()) < 1:
         raise ValueError(f"launches per side must be >= 1, got {n}")
     out: list[str] = []
-    for i in range(n):
-        out += ["A", "B"] if i % 2 == 0 else ["B", "A"]
+    for i in range(max(counts.values())):
+        arms = [arm for arm, k in counts.items() if k > i]
+        out += arms if i % 2 == 0 else arms[::-1]
     return out
