@@ -1,24 +1,26 @@
-"""Power of `perfkit ab`: A/A false-alarm rate and detection rate of an injected slowdown, from
-one live pool of launches a side, by resampling launches.
+"""Power of `perfkit ab`: A/A false-alarm rate and detection rate of injected slowdowns, from
+one live pool of launches, by resampling launches (`perfkit.ab.power`).
 
-One pool: `perfkit.ab.driver.run_ab` runs --pool launches of A (examples/ab/tiny-cpu.yaml) and
-of B (the same with the test-only `debug_stage_delay: {DenoisingStage: 30%}`), interleaved
-A B B A ..., each with --warm warm requests. Then, for each N (launches a side) and M (warm
-requests a launch, the first M of each launch):
+One pool: `perfkit.ab.driver.run_arms` runs --pool launches of A (--spec, default
+examples/ab/tiny-cpu.yaml) and of one B arm per --slowdown (the same engine with the test-only
+`debug_stage_delay: {DenoisingStage: X%}`), all in one interleaved order (A B C C B A ...), each
+with --warm warm requests; `pool.json` records each arm's slowdown and the metric it is meant to
+be caught on (--target). Then, for each N (launches a side), M (the first M warm requests of a
+launch) and decision setting (--threshold, --confidence):
 
-- A/A: draw 2N distinct A launches, split them into two sides of N, decide (Welch t interval on
-  launch medians, threshold 5 %): the false-alarm rate is how often a metric is called a
-  regression (DenoisingStage, warm e2e, and any metric), and the coverage how often the
-  DenoisingStage interval holds 1 (nominal 95 %);
-- A/B: draw N A launches and N B launches: the detection rate is how often DenoisingStage is
-  called a regression; TextEncodingStage (untouched) shows the false alarms on a stage the
-  slowdown does not touch.
+- A/A: 2N distinct A launches split in two sides: how often DenoisingStage, warm e2e or any
+  metric is called a regression (false alarms), and how often the DenoisingStage interval
+  holds 1;
+- A/B: N A launches against N launches of each arm: how often DenoisingStage and warm e2e are
+  called a regression (detection), and TextEncodingStage (untouched by the slowdown).
 
 Resampled draws share launches, so the rates are estimates from one pool (its size printed),
-not independent experiments. Also prints the pool's variance split (ICC, CVs) per metric.
+not independent experiments. Also prints the pool's variance split (ICC, CVs) per metric and
+the cheapest (N, M) meeting --detect-min and --alarm-max.
 
     PYTHONPATH=src python benchmarks/ab_power.py --pool 8 --warm 5 --n 2 3 4 --m 3 5
-    PYTHONPATH=src python benchmarks/ab_power.py --pool-dir outputs/ab-pool   # reuse a recorded pool
+    PYTHONPATH=src python benchmarks/ab_power.py --pool-dir examples/h200/ab-pool/h200 \
+        --threshold 0.01 --confidence 0.95      # recompute from a recorded pool
 """
 
 from __future__ import annotations
@@ -26,25 +28,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
-from perfkit.ab import stats
-from perfkit.ab.metrics import metric_values
-from perfkit.bundle import ResultBundle
+from perfkit.ab import power, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS_SHOWN = ("DenoisingStage", "warm_e2e", "TextEncodingStage", "denoising_step", "cold_e2e", "ready")
 
 
-def _pool(a: argparse.Namespace) -> tuple[ResultBundle, ResultBundle]:
+def _record(a: argparse.Namespace) -> None:
+    """Record a pool into --pool-dir unless one is there (sets --pool-dir when it was not given)."""
     if a.pool_dir and (Path(a.pool_dir) / "a" / "meta.json").exists():
-        return ResultBundle.load(Path(a.pool_dir) / "a"), ResultBundle.load(Path(a.pool_dir) / "b")
+        return
     from perfkit.ab.driver import run_arms
     from perfkit.engine.client import VideoRequestSpec
     from perfkit.engine.spec import EngineSpec
@@ -78,34 +75,18 @@ def _pool(a: argparse.Namespace) -> tuple[ResultBundle, ResultBundle]:
         )
         + "\n"
     )
-    b = run_arms(arms, VideoRequestSpec.from_dict(request), counts, max(a.m + [a.warm]), out)
+    run_arms(arms, VideoRequestSpec.from_dict(request), counts, max(a.m + [a.warm]), out)
+    a.pool_dir = str(out)
     print(f"pool recorded in {out}")
-    return b["A"], b["B"]
 
 
-def _medians(values: pd.DataFrame, m: int) -> dict[str, dict[str, float]]:
-    """metric -> launch -> median of the launch's values with index <= m (launch metrics as is)."""
-    v = values[(values["index"] <= m) | (values["index"] == 0)]
-    g = v.groupby(["metric", "launch"])["value"].median()
-    out: dict[str, dict[str, float]] = {}
-    for (metric, launch), x in g.items():
-        out.setdefault(metric, {})[launch] = float(x)
-    return out
-
-
-def _interval(
-    ma: dict[str, float], mb: dict[str, float], la: list[str], lb: list[str]
-) -> stats.RatioInterval:
-    return stats.ratio_interval([ma[x] for x in la if x in ma], [mb[x] for x in lb if x in mb])
-
-
-def _decide(ma: dict[str, float], mb: dict[str, float], la: list[str], lb: list[str], thr: float) -> str:
-    return stats.decide(_interval(ma, mb, la, lb), thr)
+def _pct(x: float) -> str:
+    return "n/a" if x != x else f"{x:.1%}"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pool", type=int, default=8, help="launches a side in the live pool (<= 8 on 2 cores)")
+    ap.add_argument("--pool", type=int, default=8, help="launches of A in the live pool (<= 8 on 2 cores)")
     ap.add_argument(
         "--spec",
         default="examples/ab/tiny-cpu.yaml",
@@ -115,7 +96,7 @@ def main() -> int:
     ap.add_argument("--warm", type=int, default=5, help="warm requests a launch in the pool")
     ap.add_argument("--n", type=int, nargs="+", default=[2, 3, 4], help="launches a side to resample")
     ap.add_argument("--m", type=int, nargs="+", default=[3, 5], help="warm requests a launch to use")
-    ap.add_argument("--sims", type=int, default=2000, help="resamples per (N, M)")
+    ap.add_argument("--sims", type=int, default=2000, help="resamples per (arm, N, M)")
     ap.add_argument(
         "--slowdown",
         type=float,
@@ -132,83 +113,62 @@ def main() -> int:
         default=None,
         help="the metric each B arm is meant to be caught on (DenoisingStage, warm_e2e); kept in pool.json",
     )
-    ap.add_argument("--threshold", type=float, default=stats.DEFAULT_THRESHOLD)
+    ap.add_argument("--threshold", type=float, nargs="+", default=[stats.DEFAULT_THRESHOLD])
+    ap.add_argument("--confidence", type=float, nargs="+", default=[stats.DEFAULT_CONFIDENCE])
+    ap.add_argument("--detect-min", type=float, default=0.95, help="detection target of the recommendation")
+    ap.add_argument(
+        "--alarm-max", type=float, default=0.01, help="A/A false-alarm bound of the recommendation"
+    )
     ap.add_argument("--pool-dir", default=None, help="record the pool here, or reuse one recorded here")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    bundle_a, bundle_b = _pool(a)
-    va, vb = metric_values(bundle_a), metric_values(bundle_b)
-    la, lb = sorted(va["launch"].unique()), sorted(vb["launch"].unique())
-    ab_meta = bundle_a.meta.get("ab") or {}
-    m_pool = int(ab_meta.get("warm_per_launch", va["index"].max()))
+    _record(a)
+    pool = power.load_pool(a.pool_dir)
+    sizes = ", ".join(f"{len(pool.launches(arm))} of {arm}" for arm in pool.values)
     print(
-        f"pool: {len(la)} launches of A, {len(lb)} of B (interleaved), {m_pool} warm requests a launch, "
-        f"host load at the end {ab_meta.get('loadavg_end')}, {ab_meta.get('cpu_count')} CPUs"
+        f"pool {pool.path}: {sizes} (interleaved), {pool.warm} warm requests a launch, "
+        f"host load at the end {pool.meta.get('loadavg_end')}, {pool.meta.get('cpu_count')} CPUs"
     )
-    rng = np.random.default_rng(a.seed)
-
-    print("\nvariance split of the pool (log values, both sides, side means removed):")
-    print(f"{'metric':<24}{'CV between':>12}{'CV within':>11}{'ICC':>7}{'B/A':>9}")
-    both = pd.concat([va.assign(side="A"), vb.assign(side="B")])
-    for metric in METRICS_SHOWN:
-        sub = both[both["metric"] == metric]
-        if sub.empty:
-            continue
-        sp = stats.variance_split(sub["value"], sub["side"] + sub["launch"], sub["side"])
-        ma, mb = _medians(va, m_pool).get(metric, {}), _medians(vb, m_pool).get(metric, {})
-        iv = stats.ratio_interval(list(ma.values()), list(mb.values()))
-        # one value a launch (ready, cold e2e): no split, the launch values' own spread instead
-        between = (
-            sp.cv_between if sp.cv_between == sp.cv_between else math.hypot(iv.sd_log_a, iv.sd_log_b) / 2**0.5
+    for arm, info in pool.arms.items():
+        print(
+            f"  arm {arm}: DenoisingStage +{info.get('DenoisingStage_pct')} %, caught on {info.get('target')}"
         )
-        within = f"{sp.cv_within * 100:>10.1f}%" if sp.cv_within == sp.cv_within else f"{'-':>11}"
-        icc = f"{sp.icc:>7.2f}" if sp.icc == sp.icc else f"{'-':>7}"
-        print(f"{metric:<24}{between * 100:>11.1f}%{within}{icc}{(iv.ratio - 1) * 100:>+8.1f}%")
 
-    print(f"\nresampled decisions ({a.sims} draws each, threshold {a.threshold:.0%}, 95 % Welch t):")
+    print("\nvariance split of the pool (log values, all arms, arm means removed); measured change per arm:")
+    var = power.variance_table(pool)
     print(
-        f"{'N':>3}{'M':>3}  {'A/A covers 1':>13}{'A/A false alarm: Denoising':>28}{'warm e2e':>10}{'any':>7}"
-        f"   {'detect Denoising +' + format(a.slowdown[0], 'g') + '%':>24}{'TextEnc regr.':>15}"
+        var.to_string(
+            index=False,
+            formatters={c: _pct for c in ("cv_between", "cv_within", "cv_launch_a")}
+            | {c: "{:+.1f}%".format for c in var.columns if c.endswith("_pct")}
+            | {"icc": "{:.2f}".format},
+        )
     )
-    for n in a.n:
-        for m in a.m:
-            if m > m_pool:
-                continue
-            meda, medb = _medians(va, m), _medians(vb, m)
-            metrics = sorted(set(meda) & set(medb))
-            fa = {"DenoisingStage": 0, "warm_e2e": 0, "any": 0, "covers": 0}
-            det = te = 0
-            can_aa = 2 * n <= len(la)
-            for _ in range(a.sims):
-                if can_aa:
-                    pick = rng.choice(la, 2 * n, replace=False)
-                    s1, s2 = list(pick[:n]), list(pick[n:])
-                    ivs = {k: _interval(meda[k], meda[k], s1, s2) for k in metrics}
-                    words = {k: stats.decide(iv, a.threshold) for k, iv in ivs.items()}
-                    den = ivs["DenoisingStage"]
-                    fa["covers"] += den.low <= 1.0 <= den.high
-                    fa["DenoisingStage"] += words.get("DenoisingStage") == "regression"
-                    fa["warm_e2e"] += words.get("warm_e2e") == "regression"
-                    fa["any"] += "regression" in words.values()
-                pa = list(rng.choice(la, n, replace=False))
-                pb = list(rng.choice(lb, n, replace=False))
-                det += (
-                    _decide(meda["DenoisingStage"], medb["DenoisingStage"], pa, pb, a.threshold)
-                    == "regression"
-                )
-                te += (
-                    _decide(meda["TextEncodingStage"], medb["TextEncodingStage"], pa, pb, a.threshold)
-                    == "regression"
-                )
-            rate = lambda k: f"{k / a.sims:.1%}" if can_aa else "n/a"  # noqa: E731
+    settings = [(t, c) for t in a.threshold for c in a.confidence]
+    table = power.power_table(pool, a.n, a.m, settings, sims=a.sims, seed=a.seed)
+    print(f"\nresampled decisions ({a.sims} draws each, Welch t on launch medians):")
+    shown = table.drop(columns=["slowdown_pct", "launches_a", "launches_b"])
+    print(
+        shown.to_string(
+            index=False,
+            formatters={c: _pct for c in shown.columns if c.startswith(("aa_", "detect_", "alarm_"))},
+        )
+    )
+    for alarm in ("key", "any"):
+        rec = power.recommend(table, a.detect_min, a.alarm_max, alarm=alarm)
+        what = "DenoisingStage and warm e2e" if alarm == "key" else "any metric"
+        if rec.empty:
             print(
-                f"{n:>3}{m:>3}  {rate(fa['covers']):>13}{rate(fa['DenoisingStage']):>28}"
-                f"{rate(fa['warm_e2e']):>10}{rate(fa['any']):>7}"
-                f"   {det / a.sims:>24.1%}{te / a.sims:>15.1%}"
+                f"\nno (N, M) meets detection >= {a.detect_min:.0%} with A/A false alarms ({what}) <= {a.alarm_max:.0%}"
             )
-    if any(2 * n > len(la) for n in a.n):
-        print(f"(A/A needs 2N distinct A launches: n/a where 2N > {len(la)})")
+        else:
+            r = rec.iloc[0]
+            print(
+                f"\ncheapest meeting detection >= {a.detect_min:.0%}, A/A false alarms ({what}) <= {a.alarm_max:.0%}: "
+                f"N = {r['n']}, M = {r['m']}, threshold {r['threshold']:.1%}, confidence {r['confidence']:.0%} "
+                f"(detection >= {r['detect_min_seen']:.1%}, false alarms <= {r['alarm_max_seen']:.1%})"
+            )
     return 0
 
 

@@ -11,7 +11,9 @@ README's repository root (the perfkit checkout); ``kind`` is ``key-numbers`` (on
 scenario's key numbers), ``full`` (per scenario: its key numbers, its summary table and its
 reading) or ``compare`` (with ``vs=DIR``: the warm requests of the two runs' ``cold_warm``
 sessions side by side — or of one launch of another bundle, written ``DIR/<scenario>@<launch>`` — per stage and per step, with the ratio src/vs and a 95 % bootstrap interval
-of the ratio of medians; e.g. 2 GPUs vs 1). The numbers are the registry's (:attr:`~perfkit.scenarios.registry.Scenario.key_numbers`,
+of the ratio of medians; e.g. 2 GPUs vs 1) or ``ab-power`` (``src`` an A/B power pool,
+:mod:`perfkit.report.power`, decided at ``threshold=`` and ``confidence=``, fractions, default
+``perfkit ab``'s). The numbers are the registry's (:attr:`~perfkit.scenarios.registry.Scenario.key_numbers`,
 ``summary_table``, ``reading``), so a figure quoted in a README is the figure the report and
 summary.md show. Statistics named in the footer: medians and quartiles are numpy's default
 (linear interpolation between order statistics, Hyndman–Fan type 7); intervals are 95 %
@@ -32,15 +34,17 @@ from pathlib import Path
 import pandas as pd
 
 from perfkit import stats
+from perfkit.ab import stats as stats_ab
 from perfkit.bundle import ResultBundle
 from perfkit.readings.records import parse_lines
+from perfkit.report.power import power_markdown
 from perfkit.report.tables import markdown_table
 from perfkit.scenarios import registry
 from perfkit.scenarios.cold_warm import NAME as SESSION
 
 __all__ = ["FiguresError", "Block", "blocks", "render_block", "update_text", "update_file", "STATS_NOTE"]
 
-KINDS = ("key-numbers", "full", "compare")
+KINDS = ("key-numbers", "full", "compare", "ab-power")
 #: the statistics behind every generated figure, stated under each block
 STATS_NOTE = (
     "Medians and quartiles: numpy's linear interpolation (Hyndman–Fan type 7); intervals: 95 % "
@@ -51,6 +55,7 @@ _BLOCK = re.compile(
     re.S,
 )
 _ARG = re.compile(r"(\w+)=(\S+)")
+_ATTRS = ("src", "kind", "vs", "threshold", "confidence")
 
 
 class FiguresError(ValueError):
@@ -60,11 +65,14 @@ class FiguresError(ValueError):
 @dataclass(frozen=True)
 class Block:
     """One marked block: ``src`` directory (relative to ``root``), ``kind`` and, for
-    ``compare``, the ``vs`` directory."""
+    ``compare``, the ``vs`` directory; for ``ab-power``, the decision setting (``threshold``,
+    ``confidence``: fractions)."""
 
     src: str
     kind: str
     vs: str | None = None
+    threshold: float | None = None
+    confidence: float | None = None
 
 
 def blocks(text: str, where: str = "<text>") -> list[Block]:
@@ -85,10 +93,10 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
     out = []
     for m in found:
         args = dict(_ARG.findall(m.group("args")))
-        unknown = sorted(set(args) - {"src", "kind", "vs"})
+        unknown = sorted(set(args) - set(_ATTRS))
         if unknown:
             raise FiguresError(
-                f"{where}: unknown figures attribute(s) {', '.join(unknown)} (known: src, kind, vs)"
+                f"{where}: unknown figures attribute(s) {', '.join(unknown)} (known: {', '.join(_ATTRS)})"
             )
         if "src" not in args:
             raise FiguresError(f"{where}: figures block without src=: {m.group('open').strip()}")
@@ -97,8 +105,28 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
             raise FiguresError(f"{where}: figures block kind={kind!r}; known: {', '.join(KINDS)}")
         if kind == "compare" and "vs" not in args:
             raise FiguresError(f"{where}: a kind=compare block needs vs=DIR: {m.group('open').strip()}")
-        out.append(Block(args["src"], kind, args.get("vs")))
+        out.append(_block(args, where))
     return out
+
+
+def _block(args: dict[str, str], where: str) -> Block:
+    setting: dict[str, float | None] = {}
+    for key, default in (
+        ("threshold", stats_ab.DEFAULT_THRESHOLD),
+        ("confidence", stats_ab.DEFAULT_CONFIDENCE),
+    ):
+        text = args.get(key)
+        try:
+            setting[key] = float(text) if text is not None else default
+        except ValueError:
+            raise FiguresError(
+                f"{where}: figures {key}={text!r} is not a number (a fraction, e.g. 0.01)"
+            ) from None
+        if not 0.0 < float(setting[key] or 0) < 1.0:
+            raise FiguresError(f"{where}: figures {key}={text!r} must be a fraction in (0, 1)")
+    return Block(
+        args["src"], args.get("kind", "full"), args.get("vs"), setting["threshold"], setting["confidence"]
+    )
 
 
 def _results(src: Path) -> dict[str, dict]:
@@ -122,6 +150,13 @@ def render_block(block: Block, root: Path) -> str:
     src = root / block.src
     if block.kind == "compare":
         return _compare(block, root)
+    if block.kind == "ab-power":
+        try:
+            return power_markdown(
+                src, float(block.threshold or 0), float(block.confidence or 0), label=block.src
+            )
+        except (OSError, ValueError) as exc:
+            raise FiguresError(f"ab-power {block.src}: {exc}") from exc
     results = _results(src)
     if not results:
         raise FiguresError(f"{src}: no <scenario>/results.json to generate figures from")
@@ -160,7 +195,7 @@ def update_text(text: str, root: Path, where: str = "<text>") -> str:
             raise FiguresError(f"{where}: {exc}") from exc
 
     def _render(args: dict[str, str]) -> str:
-        return render_block(Block(args["src"], args.get("kind", "full"), args.get("vs")), root)
+        return render_block(_block(args, where), root)
 
     return _BLOCK.sub(sub, text)
 

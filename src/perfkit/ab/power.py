@@ -1,0 +1,319 @@
+"""Power of `perfkit ab` from a recorded pool: how small a regression it sees, how often it cries wolf.
+
+A *pool* is a directory of launches recorded by :func:`perfkit.ab.driver.run_arms`: ``a/`` (the
+engine as it is) and one directory per B arm (``b/``, ``c/``, …: the same engine with the
+test-only ``debug_stage_delay`` slowing DenoisingStage by a known share), interleaved in one
+order, with an optional ``pool.json`` naming each arm's slowdown and the metric it is meant to
+be caught on (``benchmarks/ab_power.py`` writes it).
+
+From it, for each N (launches a side) and M (warm requests a launch: the first M of each launch)
+and each decision setting (threshold, confidence), by resampling launches:
+
+- **A/A false alarm**: draw 2N distinct A launches, split them into two sides of N and decide
+  every metric as ``perfkit ab`` does (:func:`perfkit.ab.stats.ratio_interval` on launch medians,
+  :func:`perfkit.ab.stats.decide`): how often a key metric, or any metric (the exit code), is
+  called a regression; and how often the DenoisingStage interval holds 1 (its coverage);
+- **detection**: draw N A launches and N launches of a B arm: how often DenoisingStage and warm
+  e2e are called a regression; and how often TextEncodingStage (which the slowdown does not
+  touch) is.
+
+Draws share launches, so the rates are estimates from one pool (its size goes with every rate),
+not independent experiments. The intervals are computed for all draws at once (numpy) with the
+same Welch–Satterthwaite formulas as :func:`perfkit.ab.stats.ratio_interval`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from perfkit.ab import stats
+from perfkit.ab.metrics import metric_values
+from perfkit.bundle import ResultBundle
+
+__all__ = [
+    "Pool",
+    "load_pool",
+    "log_medians",
+    "variance_table",
+    "power_table",
+    "recommend",
+    "POOL_FILE",
+    "KEY_METRICS",
+    "UNTOUCHED",
+]
+
+#: the pool's description (arms, their slowdowns and target metrics), next to the bundles
+POOL_FILE = "pool.json"
+#: the metrics whose alarms and detections are reported one by one
+KEY_METRICS = ("DenoisingStage", "warm_e2e")
+#: a stage the injected slowdown does not touch: its "detections" are false alarms
+UNTOUCHED = "TextEncodingStage"
+
+
+@dataclass
+class Pool:
+    """A recorded power pool.
+
+    Attributes:
+        path: its directory.
+        values: arm ("A", "B", …) -> :func:`perfkit.ab.metrics.metric_values` of its bundle.
+        arms: B arm -> ``{"DenoisingStage_pct": float, "target": metric}`` (from ``pool.json``,
+            else from the arm's engine spec with target DenoisingStage).
+        warm: warm requests a launch (M of the pool).
+        meta: the A bundle's ``meta["ab"]`` (order, load averages, wall time).
+    """
+
+    path: Path
+    values: dict[str, pd.DataFrame]
+    arms: dict[str, dict[str, Any]]
+    warm: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def launches(self, arm: str) -> list[str]:
+        """The arm's launch labels, sorted."""
+        return sorted(self.values[arm]["launch"].unique())
+
+
+def load_pool(path: str | Path) -> Pool:
+    """Read a pool directory (module doc).
+
+    Raises:
+        FileNotFoundError: no ``a/`` bundle or no B arm bundle under ``path``.
+        ValueError: ``pool.json`` unreadable or naming an arm without a bundle.
+    """
+    p = Path(path)
+    if not (p / "a" / "meta.json").exists():
+        raise FileNotFoundError(
+            f"{p}: no a/meta.json (not a power pool: record one with benchmarks/ab_power.py)"
+        )
+    bundles = {
+        d.name.upper(): ResultBundle.load(d)
+        for d in sorted(p.iterdir())
+        if d.is_dir() and len(d.name) == 1 and (d / "meta.json").exists()
+    }
+    if len(bundles) < 2:
+        raise FileNotFoundError(f"{p}: no B arm (b/meta.json) next to a/")
+    arms: dict[str, dict[str, Any]] = {}
+    if (p / POOL_FILE).exists():
+        try:
+            doc = json.loads((p / POOL_FILE).read_text())
+            arms = {str(k): dict(v) for k, v in (doc.get("arms") or {}).items()}
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise ValueError(f"{p / POOL_FILE}: unreadable pool description ({exc})") from exc
+        missing = sorted(set(arms) - set(bundles))
+        if missing:
+            raise ValueError(f"{p / POOL_FILE}: arms {missing} have no bundle directory")
+    for arm, b in bundles.items():
+        if arm != "A" and arm not in arms:
+            delay = ((b.meta.get("params") or {}).get("spec") or {}).get("debug_stage_delay") or {}
+            arms[arm] = {"DenoisingStage_pct": delay.get("DenoisingStage"), "target": "DenoisingStage"}
+    a_meta = bundles["A"].meta.get("ab") or {}
+    values = {arm: metric_values(b) for arm, b in bundles.items()}
+    warm = int(a_meta.get("warm_per_launch") or values["A"]["index"].max())
+    return Pool(p, values, dict(sorted(arms.items())), warm, a_meta)
+
+
+def log_medians(values: pd.DataFrame, m: int) -> pd.DataFrame:
+    """Log of each launch's median over its first ``m`` warm requests (launch-level metrics as
+    they are): a frame indexed by launch with one column per metric (NaN: not measured there)."""
+    v = values[(values["index"] <= m) | (values["index"] == 0)]
+    med = v.groupby(["launch", "metric"])["value"].median().unstack("metric")
+    return np.log(med.astype(float))
+
+
+def variance_table(pool: Pool, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per metric: CV between and within launches and the ICC of all arms together (each arm's
+    mean removed; :func:`perfkit.ab.stats.variance_split`), the launch-median CV of A (for
+    one-value-a-launch metrics, the only spread there is), and each B arm's measured ratio B/A
+    over the whole pool (percent change).
+
+    Columns: ``metric, cv_between, cv_within, icc, cv_launch_a`` (fractions) and ``<arm>_pct``.
+    """
+    names = list(metrics or (*KEY_METRICS, UNTOUCHED, "denoising_step", "cold_e2e", "ready"))
+    both = pd.concat([v.assign(side=arm) for arm, v in pool.values.items()], ignore_index=True)
+    med = {arm: log_medians(v, pool.warm) for arm, v in pool.values.items()}
+    rows = []
+    for metric in names:
+        sub = both[both["metric"] == metric]
+        if sub.empty:
+            continue
+        sp = stats.variance_split(sub["value"], sub["side"] + sub["launch"], sub["side"])
+        a = med["A"][metric].dropna() if metric in med["A"] else pd.Series(dtype=float)
+        row: dict[str, Any] = {
+            "metric": metric,
+            "cv_between": sp.cv_between,
+            "cv_within": sp.cv_within,
+            "icc": sp.icc,
+            "cv_launch_a": float(a.std(ddof=1)) if len(a) > 1 else math.nan,
+        }
+        for arm in pool.arms:
+            b = med[arm][metric].dropna() if metric in med[arm] else pd.Series(dtype=float)
+            row[f"{arm}_pct"] = (math.exp(b.mean() - a.mean()) - 1) * 100 if len(a) and len(b) else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _welch(xa: np.ndarray, xb: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """Welch t interval ends (log) of mean(xb) − mean(xa) along axis 1 of (S, n, K) arrays of log
+    launch values (NaN: not measured); NaN ends where a side has fewer than 2 values."""
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        na, nb = np.isfinite(xa).sum(1), np.isfinite(xb).sum(1)
+        va = np.nanvar(xa, axis=1, ddof=1) / na
+        vb = np.nanvar(xb, axis=1, ddof=1) / nb
+        d = np.nanmean(xb, axis=1) - np.nanmean(xa, axis=1)
+        se = np.sqrt(va + vb)
+        den = np.where(va > 0, va**2 / (na - 1), 0.0) + np.where(vb > 0, vb**2 / (nb - 1), 0.0)
+        df = np.where(den > 0, (va + vb) ** 2 / np.where(den > 0, den, 1.0), np.inf)
+        from scipy import stats as sps  # imported here: the CLI starts without scipy
+
+        t = sps.t.ppf(0.5 + confidence / 2.0, df)
+        half = np.where(se > 0, t * se, 0.0)
+        low, high = d - half, d + half
+        bad = (na < 2) | (nb < 2) | ~np.isfinite(d)
+    low[bad] = np.nan
+    high[bad] = np.nan
+    return low, high
+
+
+def _draws(rng: np.random.Generator, n_launches: int, k: int, sims: int) -> np.ndarray:
+    """(sims, k) indices: k distinct launches of n_launches in each row."""
+    return np.argsort(rng.random((sims, n_launches)), axis=1)[:, :k]
+
+
+def power_table(
+    pool: Pool,
+    n: Iterable[int] = (2, 3, 4, 5),
+    m: Iterable[int] | None = None,
+    settings: Iterable[tuple[float, float]] = ((stats.DEFAULT_THRESHOLD, stats.DEFAULT_CONFIDENCE),),
+    sims: int = 2000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Resampled rates for every B arm, N, M and decision setting (module doc).
+
+    Args:
+        pool: from :func:`load_pool`.
+        n: launches a side. A/A needs 2N distinct A launches (NaN rates where the pool has fewer).
+        m: warm requests a launch (default 1, 3, 5 and the pool's own M, those ≤ the pool's M).
+        settings: (threshold, confidence) pairs: a regression is an interval wholly above
+            1 + threshold (:func:`perfkit.ab.stats.decide`).
+        sims: draws per (arm, N, M).
+        seed: of the draws (the same seed gives the same table).
+
+    Returns:
+        One row per (arm, n, m, threshold, confidence) with ``slowdown_pct`` (of DenoisingStage),
+        ``target``, ``launches_a``, ``launches_b`` (the pool), ``aa_covers`` (DenoisingStage
+        interval holds 1), ``aa_alarm_<metric>`` for :data:`KEY_METRICS`, ``aa_alarm_any``,
+        ``detect_<metric>`` for :data:`KEY_METRICS`, ``alarm_untouched`` (fractions of ``sims``).
+
+    Raises:
+        ValueError: a setting outside (0, 1), or N < 2.
+    """
+    settings = [(float(t), float(c)) for t, c in settings]
+    for t, c in settings:
+        if not (0.0 <= t < 1.0 and 0.0 < c < 1.0):
+            raise ValueError(f"threshold must be in [0, 1) and confidence in (0, 1), got ({t}, {c})")
+    ns = sorted(set(int(x) for x in n))
+    if not ns or ns[0] < 2:
+        raise ValueError(f"launches a side must be >= 2 for an interval, got {ns}")
+    ms = sorted(set(int(x) for x in (m or (1, 3, 5, pool.warm)) if int(x) <= pool.warm))
+    rng = np.random.default_rng(seed)
+    rows = []
+    for mm in ms:
+        med = {arm: log_medians(v, mm) for arm, v in pool.values.items()}
+        a = med["A"]
+        la = a.to_numpy()
+        cols = list(a.columns)
+        for nn in ns:
+            aa = None
+            if 2 * nn <= len(a):
+                idx = _draws(rng, len(a), 2 * nn, sims)
+                x = la[idx]
+                aa = {c: _welch(x[:, :nn], x[:, nn:], c) for c in {c for _, c in settings}}
+            for arm, info in pool.arms.items():
+                b = med[arm].reindex(columns=cols)
+                ia, ib = (
+                    _draws(rng, len(a), nn, sims),
+                    _draws(rng, len(b), nn, sims) if nn <= len(b) else None,
+                )
+                ab = (
+                    {c: _welch(la[ia], b.to_numpy()[ib], c) for c in {c for _, c in settings}}
+                    if ib is not None
+                    else None
+                )
+                for thr, conf in settings:
+                    row: dict[str, Any] = {
+                        "arm": arm,
+                        "slowdown_pct": info.get("DenoisingStage_pct"),
+                        "target": info.get("target", "DenoisingStage"),
+                        "n": nn,
+                        "m": mm,
+                        "threshold": thr,
+                        "confidence": conf,
+                        "launches_a": len(a),
+                        "launches_b": len(b),
+                    }
+                    up = math.log1p(thr)
+                    if aa is not None:
+                        low, high = aa[conf]
+                        reg = low > up
+                        k = cols.index("DenoisingStage")
+                        row["aa_covers"] = float(np.mean((low[:, k] <= 0) & (high[:, k] >= 0)))
+                        for metric in KEY_METRICS:
+                            row[f"aa_alarm_{metric}"] = float(np.mean(reg[:, cols.index(metric)]))
+                        row["aa_alarm_any"] = float(np.mean(reg.any(axis=1)))
+                    else:
+                        row.update({"aa_covers": math.nan, "aa_alarm_any": math.nan})
+                        row.update({f"aa_alarm_{k}": math.nan for k in KEY_METRICS})
+                    if ab is not None:
+                        low, _ = ab[conf]
+                        for metric in KEY_METRICS:
+                            row[f"detect_{metric}"] = float(np.mean(low[:, cols.index(metric)] > up))
+                        row["alarm_untouched"] = (
+                            float(np.mean(low[:, cols.index(UNTOUCHED)] > up))
+                            if UNTOUCHED in cols
+                            else math.nan
+                        )
+                    else:
+                        row.update({f"detect_{k}": math.nan for k in KEY_METRICS})
+                        row["alarm_untouched"] = math.nan
+                    rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def recommend(
+    table: pd.DataFrame, detect_min: float = 0.95, alarm_max: float = 0.01, alarm: str = "key"
+) -> pd.DataFrame:
+    """The cheapest settings that meet the targets: rows of :func:`power_table` (one per setting
+    and N, M, all arms together) where every arm's detection on its ``target`` metric is at least
+    ``detect_min`` and the A/A false-alarm rate is at most ``alarm_max``; ``alarm="key"`` takes
+    the worst of :data:`KEY_METRICS`, ``"any"`` the rate of any metric (the exit code). Sorted by
+    launches (N), then requests (M), then false alarms (fewest first); empty when nothing meets
+    them.
+
+    Returns:
+        Columns ``threshold, confidence, n, m, detect_min_seen, alarm_max_seen``.
+    """
+    if table.empty:
+        return pd.DataFrame(
+            columns=["threshold", "confidence", "n", "m", "detect_min_seen", "alarm_max_seen"]
+        )
+    t = table.copy()
+    t["detect"] = [r[f"detect_{r['target']}"] for _, r in t.iterrows()]
+    alarm_cols = [f"aa_alarm_{k}" for k in KEY_METRICS] if alarm == "key" else ["aa_alarm_any"]
+    t["alarm"] = t[alarm_cols].max(axis=1, skipna=False)
+    g = t.groupby(["threshold", "confidence", "n", "m"], as_index=False).agg(
+        detect_min_seen=("detect", "min"), alarm_max_seen=("alarm", "max")
+    )
+    ok = g[(g["detect_min_seen"] >= detect_min) & (g["alarm_max_seen"] <= alarm_max)]
+    # the fewest launches, then requests; among equals the fewest false alarms, then the most detections
+    ok = ok.sort_values(["n", "m", "alarm_max_seen", "detect_min_seen"], ascending=[True, True, True, False])
+    return ok.astype({"n": int, "m": int}).reset_index(drop=True)
