@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,13 @@ def test_measure_writes_bundles_without_notebooks(tmp_path):
     assert summary["overhead"]["error"] is None
     ov = ResultBundle.load(out / "overhead")
     assert ov.results["stage_timing"]["n_on"] == 2 and ov.results["sampler"]["n_off"] == 2
+    # paired: the overhead is the median of the pairs' on/off ratios (ABBA neighbours)
+    st = ov.results["stage_timing"]
+    assert st["estimator"].startswith("paired") and st["n_pairs"] == 2
+    ratios = sorted(on / off for on, off in st["pairs_ms"])
+    assert math.isclose(st["overhead"], math.exp((math.log(ratios[0]) + math.log(ratios[1])) / 2) - 1)
+    assert st["overhead_ci"][0] <= st["overhead"] <= st["overhead_ci"][1]
+    assert sorted(on for on, _ in st["pairs_ms"]) == sorted(st["on_ms"])
     # event-timed stages cross-checked against a sync at every boundary; they add up to e2e
     agree = ov.results["timing_agreement"]
     assert agree["pairs"] == 3 and "DenoisingStage" in agree["stages"]

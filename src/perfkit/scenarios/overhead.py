@@ -9,9 +9,13 @@ both sides equally, each judged on the server's end-to-end time (``total_duratio
   every stage boundary, ``"sync"``) cross-check that the event times agree and add up to e2e;
 - the memory sampler: a MemorySampler polling NVML and /proc every ``interval_s`` (on) vs none.
 
-Overhead = median(on) / median(off) - 1, with a 95 % bootstrap interval; the gate holds the
-interval's upper end to a limit (``instrumentation_overhead_max``), so a noisy measurement fails
-to prove a small overhead instead of passing on a lucky median.
+Overhead = exp(median over pairs of log(on / off)) - 1: each ABBA pair's two requests ran next
+to each other, so a slow spell of the host that spans a pair cancels in its ratio; the 95 %
+interval is a percentile bootstrap of that median (:func:`perfkit.stats.bootstrap_median_ci`).
+Bundles recorded before pairs were kept (no ``pairs_ms``) report median(on) / median(off) - 1
+with an unpaired bootstrap (``estimator`` says which). The gate holds the interval's upper end
+to a limit (``instrumentation_overhead_max``), so a noisy measurement fails to prove a small
+overhead instead of passing on a lucky median.
 
 One launch of its own (``overhead`` section: ``pairs``, ``sampler_interval_s``); disabled by
 default: on a shared 2-core runner the interval is wider than the effect.
@@ -65,22 +69,45 @@ class OverheadInvariants(InvariantParams):
     instrumentation_overhead_max: Optional[float] = None
 
 
-def _summary(on: list[float], off: list[float]) -> dict[str, Any]:
+def _summary(
+    on: list[float], off: list[float], pairs: list[tuple[float, float]] | None = None
+) -> dict[str, Any]:
+    """One part's numbers: medians (ms), the overhead (fraction) and its 95 % interval, paired
+    when ``pairs`` (on ms, off ms of one ABBA pair) has 2 or more (module doc)."""
     if not on or not off:
         return {"n_on": len(on), "n_off": len(off), "overhead": None}
-    ratio_ci = stats.bootstrap_ratio_ci(on, off)
     mw = stats.mann_whitney(on, off)
-    return {
+    out: dict[str, Any] = {
         "n_on": len(on),
         "n_off": len(off),
         "median_on_ms": float(np.median(on)),
         "median_off_ms": float(np.median(off)),
-        "overhead": float(np.median(on) / np.median(off) - 1),
-        "overhead_ci": [json_float(ratio_ci[0] - 1), json_float(ratio_ci[1] - 1)],
         "mann_whitney_p": json_float(mw.get("pvalue")),
         "on_ms": on,
         "off_ms": off,
     }
+    if pairs is not None and len(pairs) >= 2:
+        logs = np.log(np.asarray([a for a, _ in pairs]) / np.asarray([b for _, b in pairs]))
+        lo, hi = stats.bootstrap_median_ci(logs)
+        out.update(
+            {
+                "estimator": "paired: median of on/off ratios of ABBA pairs",
+                "n_pairs": len(pairs),
+                "pairs_ms": [list(p) for p in pairs],
+                "overhead": float(np.expm1(np.median(logs))),
+                "overhead_ci": [json_float(float(np.expm1(lo))), json_float(float(np.expm1(hi)))],
+            }
+        )
+        return out
+    ratio_ci = stats.bootstrap_ratio_ci(on, off)
+    out.update(
+        {
+            "estimator": "unpaired: ratio of medians",
+            "overhead": float(np.median(on) / np.median(off) - 1),
+            "overhead_ci": [json_float(ratio_ci[0] - 1), json_float(ratio_ci[1] - 1)],
+        }
+    )
+    return out
 
 
 def _agreement(client: VideoClient, request: VideoRequestSpec, ids: list[str], n: int) -> dict[str, Any]:
@@ -124,7 +151,8 @@ def overhead_probe(
     """An ``after`` hook for :func:`perfkit.scenarios.common.measure_launch`.
 
     Returns a dict ``{"stage_timing": {...}, "sampler": {...}, "request_ids": [...]}`` where each
-    part has median_on_ms, median_off_ms, overhead (fraction), overhead_ci and the samples (ms).
+    part has median_on_ms, median_off_ms, overhead (fraction), overhead_ci, the estimator, the
+    samples and the complete pairs (``pairs_ms``: [on, off], ms).
     """
 
     def run(handle, client: VideoClient, sampler) -> dict[str, Any]:
@@ -142,29 +170,35 @@ def overhead_probe(
         untimed = dataclasses.replace(request, extra={**request.extra, "perfkit_stage_timing": False})
         for _ in range(warmup):
             e2e(timed)
-        on, off = [], []
+        on, off, both = [], [], []
         for i in range(pairs):
+            got = {}
             for flag in (True, False) if i % 2 == 0 else (False, True):
-                v = e2e(timed if flag else untimed)
-                if v is not None:
-                    (on if flag else off).append(v)
+                got[flag] = e2e(timed if flag else untimed)
+                if got[flag] is not None:
+                    (on if flag else off).append(got[flag])
+            if got[True] is not None and got[False] is not None:
+                both.append((got[True], got[False]))
         sampler.stop()
-        s_on, s_off = [], []
+        s_on, s_off, s_both = [], [], []
         for i in range(pairs):
+            got = {}
             for flag in (True, False) if i % 2 == 0 else (False, True):
                 probe = handle.sampler(interval_s=sampler_interval_s) if flag else None
                 if probe is not None:
                     probe.start()
-                v = e2e(timed)
+                got[flag] = e2e(timed)
                 if probe is not None:
                     probe.stop()
-                if v is not None:
-                    (s_on if flag else s_off).append(v)
+                if got[flag] is not None:
+                    (s_on if flag else s_off).append(got[flag])
+            if got[True] is not None and got[False] is not None:
+                s_both.append((got[True], got[False]))
         agreement = _agreement(client, request, ids, agree)
         return {
-            "stage_timing": _summary(on, off),
+            "stage_timing": _summary(on, off, both),
             "timing_agreement": agreement,
-            "sampler": _summary(s_on, s_off),
+            "sampler": _summary(s_on, s_off, s_both),
             "sampler_interval_s": sampler_interval_s,
             "request_ids": ids,
         }
@@ -261,7 +295,16 @@ def reading(r: Mapping[str, Any]) -> str:
     lines = []
     for k in key_numbers(r):
         lines.append(f"- **{k.label}**: {k.text}")
+    how = {
+        f"{(r.get(part) or {}).get('estimator')}"
+        + (f" ({(r.get(part) or {}).get('n_pairs')} pairs)" if (r.get(part) or {}).get("n_pairs") else "")
+        for part in PARTS
+        if (r.get(part) or {}).get("estimator")
+    }
     lines.append("")
+    if how:
+        lines.append(f"Estimator: {'; '.join(sorted(how))}; 95 % percentile bootstrap, seed 0.")
+        lines.append("")
     lines.append(
         "An interval that straddles 0 and is wider than the target says the probe needs "
         "more pairs, not that the overhead is small."
