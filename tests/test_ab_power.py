@@ -77,6 +77,19 @@ def test_rates_from_the_committed_h200_pool():
         power.power_table(pool, n=[1])
 
 
+def test_slow_spells_of_the_second_h200_pool():
+    # the pool alone on one H200 (examples/h200/README.md, "Gate power"): spells in 8 of 10 A launches
+    pool = power.load_pool(ROOT / "examples/h200/ab-pool/h200-1gpu")
+    assert pool.arms["C"] == {"DenoisingStage_pct": 5.85, "target": "warm_e2e"}
+    sp = power.slow_spells(pool).set_index("arm")
+    assert list(sp.loc["A", ["requests", "slow_requests", "launches", "slow_launches"]]) == [60, 24, 10, 8]
+    # quiet, the injected shares are where they were asked: B +2 %, C +4-6 %
+    assert 1.015 < sp.loc["B", "quiet_ms"] / sp.loc["A", "quiet_ms"] < 1.025
+    assert 1.03 < sp.loc["C", "quiet_ms"] / sp.loc["A", "quiet_ms"] < 1.07
+    t = power.power_table(pool, n=[5], m=[6], settings=[(0.01, 0.99)], sims=500)
+    assert (t["detect_DenoisingStage"] < 0.1).all() and (t["aa_covers"] >= 0.95).all()
+
+
 def test_bad_pools_are_named_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no a/meta.json"):
         power.load_pool(tmp_path)

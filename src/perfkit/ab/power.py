@@ -45,6 +45,7 @@ __all__ = [
     "variance_table",
     "power_table",
     "recommend",
+    "slow_spells",
     "POOL_FILE",
     "KEY_METRICS",
     "UNTOUCHED",
@@ -158,6 +159,36 @@ def variance_table(pool: Pool, metrics: Sequence[str] | None = None) -> pd.DataF
             b = med[arm][metric].dropna() if metric in med[arm] else pd.Series(dtype=float)
             row[f"{arm}_pct"] = (math.exp(b.mean() - a.mean()) - 1) * 100 if len(a) and len(b) else math.nan
         rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def slow_spells(pool: Pool, metric: str = "DenoisingStage", factor: float = 1.05) -> pd.DataFrame:
+    """How much of each arm ran in a slow spell: warm requests whose ``metric`` took more than
+    ``factor`` × the arm's quiet level (the 10th percentile of all its warm requests), and the
+    launches with at least one such request. A host that slows the GPU for seconds at a time
+    (power capping, a neighbour) shows here before it shows as a wide interval.
+
+    Columns: ``arm, quiet_ms, requests, slow_requests, launches, slow_launches, worst_pct``
+    (the slowest request over the quiet level, percent).
+    """
+    rows = []
+    for arm, v in pool.values.items():
+        x = v[(v["metric"] == metric) & (v["index"] > 0)]
+        if x.empty:
+            continue
+        quiet = float(x["value"].quantile(0.10))
+        slow = x[x["value"] > factor * quiet]
+        rows.append(
+            {
+                "arm": arm,
+                "quiet_ms": quiet,
+                "requests": len(x),
+                "slow_requests": len(slow),
+                "launches": x["launch"].nunique(),
+                "slow_launches": slow["launch"].nunique(),
+                "worst_pct": (float(x["value"].max()) / quiet - 1) * 100,
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -66,6 +66,12 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
             },
         }
     )
+    sp = power.slow_spells(pool)
+    spells = "; ".join(
+        f"{r.arm}: {r.slow_requests} of {r.requests} warm requests in {r.slow_launches} of {r.launches} launches "
+        f"(quiet level {r.quiet_ms:.0f} ms, worst +{r.worst_pct:.0f} %)"
+        for r in sp.itertuples()
+    )
     table = power.power_table(pool, settings=[(threshold, confidence)], sims=SIMS, seed=0)
     rows = []
     for (n, m), g in table.groupby(["n", "m"], sort=True):
@@ -87,6 +93,9 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
         head,
         "",
         markdown_table(vt),
+        "",
+        "Slow spells (a warm request's DenoisingStage more than 5 % above its arm's quiet level, the "
+        f"10th percentile of the arm's warm requests): {spells}.",
         "",
         f"Decided as `perfkit ab --threshold {threshold:g} --confidence {confidence:g}` would "
         f"(a regression: the {confidence:.0%} interval of B/A lies above {1 + threshold:g}); "
