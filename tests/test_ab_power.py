@@ -90,6 +90,37 @@ def test_slow_spells_of_the_second_h200_pool():
     assert (t["detect_DenoisingStage"] < 0.1).all() and (t["aa_covers"] >= 0.95).all()
 
 
+def test_slow_spells_read_the_clocks_the_sampler_recorded(tmp_path):
+    # the committed pool predates clock sampling: give arm A's memory samples clocks, slower and at
+    # the power cap inside its slow requests, and the spells say so
+    shutil.copytree(ROOT / "examples/h200/ab-pool/h200-1gpu", tmp_path / "p")
+    a = ResultBundle.load(tmp_path / "p" / "a")
+    pool = power.load_pool(tmp_path / "p")
+    assert math.isnan(power.slow_spells(pool).set_index("arm").loc["A", "slow_sm_mhz"])  # not recorded
+    x = pool.values["A"]
+    x = x[(x["metric"] == "DenoisingStage") & (x["index"] > 0)]
+    slow = x[x["value"] > 1.05 * x["value"].quantile(0.10)][["launch", "index"]]
+    req = a.requests.merge(slow, on=["launch", "index"])
+    mem = a.memory.copy()
+    mem["sm_clock_mhz"], mem["power_w"], mem["clock_event_reasons"] = 1900.0, 600.0, 0
+    for r in req.itertuples():
+        inside = (mem["launch"] == r.launch) & mem["t_s"].between(r.t_start_s, r.t_end_s)
+        assert inside.sum() >= 3, r  # the sampler ran during every request
+        mem.loc[inside, ["sm_clock_mhz", "clock_event_reasons"]] = [1600.0, 0x4]
+    a.tables["memory"] = mem
+    a.save(tmp_path / "p" / "a")
+    sp = power.slow_spells(power.load_pool(tmp_path / "p")).set_index("arm")
+    assert (sp.loc["A", "slow_sm_mhz"], sp.loc["A", "quiet_sm_mhz"]) == (1600.0, 1900.0)
+    assert (sp.loc["A", "slow_power_capped"], sp.loc["A", "quiet_power_capped"]) == (1.0, 0.0)
+    assert math.isnan(sp.loc["B", "slow_sm_mhz"])
+    text = update_text(
+        f"<!-- perfkit:figures src={tmp_path / 'p'} kind=ab-power -->\n<!-- perfkit:end -->", ROOT
+    )
+    assert (
+        "SM clock 1600 MHz slow vs 1900 MHz quiet, at a power limit in 100 % vs 0 % of their samples" in text
+    )
+
+
 def test_bad_pools_are_named_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no a/meta.json"):
         power.load_pool(tmp_path)

@@ -6,17 +6,22 @@ import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from perfkit.bundle_schema import conform, sampler_frame
 from perfkit.engine.launch import launch
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings.sampler import (
     COLUMNS,
+    NAN,
     NVML_NOT_AVAILABLE,
     DeviceReading,
     MemorySampler,
+    PynvmlSource,
     device_used_mib,
 )
 
@@ -262,3 +267,70 @@ def test_injected_nvml_through_the_thread(sleeper):
     assert len(df) >= 3 and (df["device_source"] == "nvml-device-delta").all()
     assert nv.opened == nv.closed == 1
     assert device_used_mib(0, nvml=FakeNvml(1234, 24000, [])) == 1234
+
+
+# ---------------------------------------------------------------------------- clocks and power
+class ClockNvml(FakeNvml):
+    """Two devices with their own SM clock (MHz), power (W) and clock-event reasons."""
+
+    def __init__(self, procs, readings):
+        super().__init__(used_mib=9000, total_mib=24000, procs=procs)
+        self.readings = readings
+
+    def device(self, index):
+        clock, watts, reasons = self.readings[index]
+        return DeviceReading(int(self.used_mib * MIB), int(self.total_mib * MIB), 50.0, clock, watts, reasons)
+
+
+def test_clocks_power_and_reasons_are_sampled_per_engine(sleeper):
+    nv = ClockNvml([(sleeper.pid, 7000 * MIB)], {0: (1830.0, 640.5, 0x4), 1: (1755.0, 601.0, 0x0)})
+    s = MemorySampler(sleeper.pid, interval_s=0.05, gpu_index=[0, 1], nvml=nv)
+    s._nvml_ok = nv.open([0, 1])
+    assert s.sample_once() and s.sample_once()
+    df = s.to_frame()
+    # the slowest GPU's clock, the engine's total power, the reasons of any GPU
+    assert (df["sm_clock_mhz"] == 1755.0).all() and (df["power_w"] == 1241.5).all()
+    assert (df["clock_event_reasons"] == 0x4).all() and str(df["clock_event_reasons"].dtype) == "Int64"
+    assert s.peak()["sm_clock_mhz"] == 1755.0 and "clock_event_reasons" not in s.peak()
+    # one GPU that does not report: not read (NaN / NA), never a 0 or the other GPU's figure
+    nv2 = ClockNvml([(sleeper.pid, 7000 * MIB)], {0: (1830.0, 640.5, 0x4), 1: (NAN, NAN, None)})
+    s2 = MemorySampler(sleeper.pid, interval_s=0.05, gpu_index=[0, 1], nvml=nv2)
+    s2._nvml_ok = nv2.open([0, 1])
+    assert s2.sample_once()
+    row = s2.to_frame().iloc[0]
+    assert (
+        math.isnan(row["sm_clock_mhz"]) and math.isnan(row["power_w"]) and row["clock_event_reasons"] is pd.NA
+    )
+    # the bundle's memory table declares them (MHz, W, mask)
+    table = conform("memory", sampler_frame(df.assign(launch="L")))
+    assert list(table["sm_clock_mhz"]) == [1755.0, 1755.0] and table["clock_event_reasons"].iloc[0] == 4
+
+
+def test_pynvml_source_reads_what_the_driver_gives_and_nan_for_the_rest(caplog):
+    class Nv:  # the calls PynvmlSource makes, as pynvml names them; clocks unsupported here
+        NVML_CLOCK_SM = 1
+
+        def nvmlDeviceGetMemoryInfo(self, h):
+            return types.SimpleNamespace(used=3 * MIB, total=10 * MIB)
+
+        def nvmlDeviceGetUtilizationRates(self, h):
+            return types.SimpleNamespace(gpu=77)
+
+        def nvmlDeviceGetClockInfo(self, h, kind):
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+        def nvmlDeviceGetPowerUsage(self, h):
+            return 612_345  # mW
+
+        def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+            return 0x4
+
+    src = PynvmlSource()
+    src._nv, src._handles = Nv(), {0: object()}
+    with caplog.at_level(logging.INFO, logger="perfkit.readings.sampler"):
+        d = src.device(0)
+        src.device(0)
+    assert (d.used_bytes, d.util_pct, d.power_w, d.clock_event_reasons) == (3 * MIB, 77.0, 612.345, 0x4)
+    assert math.isnan(d.sm_clock_mhz)
+    said = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
+    assert len(said) == 1 and "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)" in said[0]

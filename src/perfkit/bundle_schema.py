@@ -40,11 +40,28 @@ WARMUP_INDEX = -1
 
 #: allowed units of a column
 UNITS = frozenset(
-    {"ms", "s", "MiB", "GiB", "count", "bool", "text", "id", "index", "frames", "px", "fraction", "json"}
+    {
+        "ms",
+        "s",
+        "MiB",
+        "GiB",
+        "MHz",
+        "W",
+        "count",
+        "bool",
+        "text",
+        "id",
+        "index",
+        "frames",
+        "px",
+        "fraction",
+        "json",
+        "mask",
+    }
 )
 
 #: unit -> the last ``_``-separated word of a column with that unit (and only of those)
-UNIT_SUFFIX = {"ms": "ms", "s": "s", "MiB": "mib", "GiB": "gib"}
+UNIT_SUFFIX = {"ms": "ms", "s": "s", "MiB": "mib", "GiB": "gib", "MHz": "mhz", "W": "w"}
 
 
 @dataclass(frozen=True)
@@ -200,6 +217,17 @@ TABLES: dict[str, Table] = {
                     "float64",
                     "fraction",
                     "NVML GPU utilisation, 0..1 (NaN without NVML)",
+                ),
+                _c("sm_clock_mhz", "float64", "MHz", "NVML SM clock (slowest engine GPU; NaN: not read)"),
+                _c(
+                    "power_w", "float64", "W", "NVML power draw summed over the engine's GPUs (NaN: not read)"
+                ),
+                _c(
+                    "clock_event_reasons",
+                    "Int64",
+                    "mask",
+                    "NVML current clock-event reasons, OR over the engine's GPUs (0x4 software power cap, "
+                    "0x80 power brake, 0x20/0x40 thermal, 0x1 idle; NA: not read)",
                 ),
             ),
         ),

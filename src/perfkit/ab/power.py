@@ -37,6 +37,7 @@ import pandas as pd
 from perfkit.ab import stats
 from perfkit.ab.metrics import metric_values
 from perfkit.bundle import ResultBundle
+from perfkit.readings.sampler import POWER_REASONS
 
 __all__ = [
     "Pool",
@@ -70,6 +71,7 @@ class Pool:
             else from the arm's engine spec with target DenoisingStage).
         warm: warm requests a launch (M of the pool).
         meta: the A bundle's ``meta["ab"]`` (order, load averages, wall time).
+        bundles: arm -> its bundle (requests' times, the sampler's clocks and power).
     """
 
     path: Path
@@ -77,6 +79,7 @@ class Pool:
     arms: dict[str, dict[str, Any]]
     warm: int
     meta: dict[str, Any] = field(default_factory=dict)
+    bundles: dict[str, ResultBundle] = field(default_factory=dict)
 
     def launches(self, arm: str) -> list[str]:
         """The arm's launch labels, sorted."""
@@ -119,7 +122,7 @@ def load_pool(path: str | Path) -> Pool:
     a_meta = bundles["A"].meta.get("ab") or {}
     values = {arm: metric_values(b) for arm, b in bundles.items()}
     warm = int(a_meta.get("warm_per_launch") or values["A"]["index"].max())
-    return Pool(p, values, dict(sorted(arms.items())), warm, a_meta)
+    return Pool(p, values, dict(sorted(arms.items())), warm, a_meta, bundles)
 
 
 def log_medians(values: pd.DataFrame, m: int) -> pd.DataFrame:
@@ -162,14 +165,44 @@ def variance_table(pool: Pool, metrics: Sequence[str] | None = None) -> pd.DataF
     return pd.DataFrame(rows)
 
 
+def _request_clocks(bundle: ResultBundle) -> pd.DataFrame:
+    """Per warm request (``launch, index``): the median SM clock (MHz) and the share of samples
+    with a power reason set (:data:`perfkit.readings.sampler.POWER_REASONS`) while it ran, from
+    the sampler's memory table; empty when the bundle has no clock samples (recorded without
+    NVML, or before perfkit sampled clocks)."""
+    mem, req = bundle.memory, bundle.requests
+    if mem.empty or "sm_clock_mhz" not in mem or mem["sm_clock_mhz"].isna().all():
+        return pd.DataFrame(columns=["launch", "index", "sm_mhz", "power_capped"])
+    rows = []
+    warm = req[(req["index"] > 0) & req["t_start_s"].notna() & req["t_end_s"].notna()]
+    for r in warm.itertuples():
+        m = mem[(mem["launch"] == r.launch) & (mem["t_s"] >= r.t_start_s) & (mem["t_s"] <= r.t_end_s)]
+        clk = m["sm_clock_mhz"].dropna()
+        rs = m["clock_event_reasons"].dropna()
+        rows.append(
+            {
+                "launch": r.launch,
+                "index": r.index,
+                "sm_mhz": float(clk.median()) if len(clk) else math.nan,
+                "power_capped": float(((rs.astype("int64") & POWER_REASONS) > 0).mean())
+                if len(rs)
+                else math.nan,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def slow_spells(pool: Pool, metric: str = "DenoisingStage", factor: float = 1.05) -> pd.DataFrame:
     """How much of each arm ran in a slow spell: warm requests whose ``metric`` took more than
     ``factor`` × the arm's quiet level (the 10th percentile of all its warm requests), and the
     launches with at least one such request. A host that slows the GPU for seconds at a time
-    (power capping, a neighbour) shows here before it shows as a wide interval.
+    (power capping, a neighbour) shows here before it shows as a wide interval. Where the
+    sampler recorded clocks, the median SM clock (MHz) and the share of samples at a power limit
+    of the slow and the quiet requests say whether the GPU itself slowed down.
 
     Columns: ``arm, quiet_ms, requests, slow_requests, launches, slow_launches, worst_pct``
-    (the slowest request over the quiet level, percent).
+    (the slowest request over the quiet level, percent), ``slow_sm_mhz, quiet_sm_mhz,
+    slow_power_capped, quiet_power_capped`` (NaN: no clock samples).
     """
     rows = []
     for arm, v in pool.values.items():
@@ -177,18 +210,32 @@ def slow_spells(pool: Pool, metric: str = "DenoisingStage", factor: float = 1.05
         if x.empty:
             continue
         quiet = float(x["value"].quantile(0.10))
-        slow = x[x["value"] > factor * quiet]
-        rows.append(
-            {
-                "arm": arm,
-                "quiet_ms": quiet,
-                "requests": len(x),
-                "slow_requests": len(slow),
-                "launches": x["launch"].nunique(),
-                "slow_launches": slow["launch"].nunique(),
-                "worst_pct": (float(x["value"].max()) / quiet - 1) * 100,
-            }
+        is_slow = x["value"] > factor * quiet
+        slow = x[is_slow]
+        row: dict[str, Any] = {
+            "arm": arm,
+            "quiet_ms": quiet,
+            "requests": len(x),
+            "slow_requests": len(slow),
+            "launches": x["launch"].nunique(),
+            "slow_launches": slow["launch"].nunique(),
+            "worst_pct": (float(x["value"].max()) / quiet - 1) * 100,
+        }
+        clocks = _request_clocks(pool.bundles[arm]) if arm in pool.bundles else pd.DataFrame()
+        joined = (
+            x.assign(slow=is_slow).merge(clocks, on=["launch", "index"], how="left")
+            if not clocks.empty
+            else None
         )
+        for part, want in (("slow", True), ("quiet", False)):
+            sub = joined[joined["slow"] == want] if joined is not None else None
+            row[f"{part}_sm_mhz"] = (
+                float(sub["sm_mhz"].median()) if sub is not None and len(sub) else math.nan
+            )
+            row[f"{part}_power_capped"] = (
+                float(sub["power_capped"].mean()) if sub is not None and len(sub) else math.nan
+            )
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

@@ -29,13 +29,14 @@ CPU cost is measured (:attr:`MemorySampler.cpu_seconds`, :meth:`MemorySampler.ov
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from perfkit.readings.memory import DEFAULT as _DEFAULT_READER
 from perfkit.readings.memory import HostMemoryReader, MemoryReadError
@@ -53,6 +54,9 @@ COLUMNS = (
     "host_uss_mib",
     "cgroup_current_mib",
     "gpu_util_pct",
+    "sm_clock_mhz",
+    "power_w",
+    "clock_event_reasons",
     "device_source",
 )
 #: numeric columns (all but ``device_source``)
@@ -98,13 +102,26 @@ def _indices(gpu_index: int | Sequence[int]) -> list[int]:
     return [int(gpu_index)] if isinstance(gpu_index, int) else [int(i) for i in gpu_index]
 
 
+#: NVML clock-event reason bits that mean "slowed for power" (nvmlClocksEventReasonSwPowerCap,
+#: HwPowerBrakeSlowdown) and "slowed for heat" (SwThermalSlowdown, HwThermalSlowdown), from
+#: NVML's nvml.h (the names pynvml exports)
+POWER_REASONS = 0x04 | 0x80
+THERMAL_REASONS = 0x20 | 0x40
+
+
 @dataclass(frozen=True)
 class DeviceReading:
-    """One device's memory in bytes and utilisation in percent (NaN: not read)."""
+    """One device's memory in bytes, utilisation in percent, SM clock (MHz), power draw (W) and
+    NVML's current clock-event reasons (a bitmask: :data:`POWER_REASONS`, :data:`THERMAL_REASONS`;
+    0 when the clocks run free, 0x1 when idle). NaN / None: not read (the device or driver does not
+    report it)."""
 
     used_bytes: int
     total_bytes: int
     util_pct: float = NAN
+    sm_clock_mhz: float = NAN
+    power_w: float = NAN
+    clock_event_reasons: int | None = None
 
 
 class NvmlSource(Protocol):
@@ -223,6 +240,7 @@ class PynvmlSource:
     def __init__(self) -> None:
         self._nv: Any | None = None
         self._handles: dict[int, Any] = {}
+        self._unsupported: set[str] = set()
 
     def open(self, indices: Sequence[int]) -> bool:
         self._nv = _nvml_init()
@@ -241,14 +259,40 @@ class PynvmlSource:
             _nvml_shutdown(self._nv)
         self._nv, self._handles = None, {}
 
+    def _optional(self, what: str, read: Callable[[], Any]) -> Any:
+        """``read()``, or None when NVML cannot give it (logged once per reading: the column is
+        then NaN, "not read", never 0)."""
+        try:
+            return read()
+        except Exception as exc:  # noqa: BLE001 - not supported on some devices (MIG, old drivers)
+            if what not in self._unsupported:
+                self._unsupported.add(what)
+                log.info("NVML %s not read (%s): its column is NaN", what, exc)
+            return None
+
     def device(self, index: int) -> DeviceReading:
         nv, h = self._nv, self._handles[index]
         mem = nv.nvmlDeviceGetMemoryInfo(h)
-        try:
-            util = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
-        except Exception:  # noqa: BLE001 - not supported on some devices (MIG)
-            util = NAN
-        return DeviceReading(int(mem.used), int(mem.total), util)
+        util = self._optional(
+            "nvmlDeviceGetUtilizationRates", lambda: float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+        )
+        clock = self._optional(
+            "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)",
+            lambda: float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+        )
+        power = self._optional("nvmlDeviceGetPowerUsage", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
+        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            nv, "nvmlDeviceGetCurrentClocksThrottleReasons"
+        )
+        reasons = self._optional("nvmlDeviceGetCurrentClocksEventReasons", lambda: int(reasons_fn(h)))
+        return DeviceReading(
+            int(mem.used),
+            int(mem.total),
+            NAN if util is None else util,
+            NAN if clock is None else clock,
+            NAN if power is None else float(power),
+            reasons,
+        )
 
     def processes(self, index: int) -> list[tuple[int, int | None]]:
         procs = self._nv.nvmlDeviceGetComputeRunningProcesses(self._handles[index])
@@ -334,6 +378,7 @@ class MemorySampler:
         self._errors: set[str] = set()
         self._tree: list[int] = [pid]
         self._tree_t = 0.0
+        self._clocks: tuple[float, float, int | None] = (NAN, NAN, None)
 
     @property
     def device_mode(self) -> str:
@@ -435,7 +480,9 @@ class MemorySampler:
             return NAN  # the cgroup is removed at teardown
 
     def _device(self) -> tuple[float, float, str]:
-        """(device MiB, utilisation %, source)."""
+        """(device MiB, utilisation %, source); the clocks of the same reading go to
+        ``self._clocks`` (SM MHz: the slowest device; W: summed; reasons: OR of the devices)."""
+        self._clocks = (NAN, NAN, None)
         if not self._nvml_ok:
             return NAN, NAN, "none"
         tree = set(self._tree)
@@ -444,6 +491,9 @@ class MemorySampler:
         bad: list[str] = []
         used = total = 0.0
         utils = []
+        clocks: list[float] = []
+        watts: list[float] = []
+        reasons: list[int] = []
         for i in self.gpu_indices:
             try:
                 d = self.nvml.device(i)
@@ -454,6 +504,10 @@ class MemorySampler:
             total += d.total_bytes / MIB
             if not math.isnan(d.util_pct):
                 utils.append(d.util_pct)
+            clocks.append(d.sm_clock_mhz)
+            watts.append(d.power_w)
+            if d.clock_event_reasons is not None:
+                reasons.append(int(d.clock_event_reasons))
             try:
                 procs = self.nvml.processes(i)
             except Exception as exc:  # noqa: BLE001
@@ -468,6 +522,12 @@ class MemorySampler:
                 else:
                     per_proc += mem / MIB
         util = sum(utils) / len(utils) if utils else NAN
+        n = len(self.gpu_indices)
+        self._clocks = (
+            min(clocks) if clocks and not any(math.isnan(c) for c in clocks) else NAN,
+            sum(watts) if watts and not any(math.isnan(w) for w in watts) else NAN,
+            functools.reduce(lambda a, b: a | b, reasons) if len(reasons) == n and n else None,
+        )
         base = self.baseline_device_mib
         has_base = base is not None and not math.isnan(base)
         delta = max(0.0, used - base) if has_base else used
@@ -501,9 +561,12 @@ class MemorySampler:
             return False
         cg = self._cgroup()
         dev, util, src = self._device()
+        clock, watts, reasons = self._clocks
         self.device_source = src
         with self._lock:
-            self._samples.append((time.time(), dev, rss, anon, pss, uss, cg, util, src))
+            self._samples.append(
+                (time.time(), dev, rss, anon, pss, uss, cg, util, clock, watts, reasons, src)
+            )
         return True
 
     # ------------------------------------------------------------------ results
@@ -520,7 +583,7 @@ class MemorySampler:
 
         df = pd.DataFrame(self.samples, columns=list(COLUMNS))
         for c in NUMERIC:
-            df[c] = df[c].astype("float64")
+            df[c] = df[c].astype("Int64" if c == "clock_event_reasons" else "float64")
         df["device_source"] = df["device_source"].astype("string")
         return df
 
@@ -530,6 +593,8 @@ class MemorySampler:
         out = {}
         for i, c in enumerate(COLUMNS):
             if c not in NUMERIC or c == "t":
+                continue
+            if c == "clock_event_reasons":
                 continue
             vals = [r[i] for r in rows if not math.isnan(r[i])]
             out[c] = max(vals) if vals else NAN

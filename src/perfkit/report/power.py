@@ -69,7 +69,14 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
     sp = power.slow_spells(pool)
     spells = "; ".join(
         f"{r.arm}: {r.slow_requests} of {r.requests} warm requests in {r.slow_launches} of {r.launches} launches "
-        f"(quiet level {r.quiet_ms:.0f} ms, worst +{r.worst_pct:.0f} %)"
+        f"(quiet level {r.quiet_ms:.0f} ms, worst +{r.worst_pct:.0f} %"
+        + (
+            f"; SM clock {r.slow_sm_mhz:.0f} MHz slow vs {r.quiet_sm_mhz:.0f} MHz quiet, at a power limit in "
+            f"{_pct(r.slow_power_capped, 0)} vs {_pct(r.quiet_power_capped, 0)} of their samples"
+            if r.slow_sm_mhz == r.slow_sm_mhz and r.quiet_sm_mhz == r.quiet_sm_mhz
+            else ""
+        )
+        + ")"
         for r in sp.itertuples()
     )
     table = power.power_table(pool, settings=[(threshold, confidence)], sims=SIMS, seed=0)
