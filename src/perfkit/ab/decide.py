@@ -17,6 +17,7 @@ import pandas as pd
 
 from perfkit.ab import stats
 from perfkit.ab.metrics import METRIC_UNITS, launch_means, metric_order, metric_values
+from perfkit.ab.power import Pool, slow_spells
 from perfkit.bundle import ResultBundle
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, jsonable
 
@@ -238,18 +239,22 @@ def compare_bundles(
     confidence: float = stats.DEFAULT_CONFIDENCE,
 ) -> AbResult:
     """:func:`compare` of two recorded sides (``perfkit ab`` and ``perfkit ab --replay``): the
-    meta records each side's launches, failed launches and the threshold(s) used."""
+    meta records each side's launches, failed launches, the threshold(s) used and each side's
+    slow spells (:func:`perfkit.ab.power.slow_spells`: warm requests the host slowed down)."""
     errors = _failed(a) + _failed(b)
+    values = {"A": metric_values(a), "B": metric_values(b)}
     res = compare(
-        metric_values(a),
-        metric_values(b),
+        values["A"],
+        values["B"],
         threshold=threshold,
         thresholds=thresholds,
         confidence=confidence,
         failed_launches=len(errors),
     )
+    spells = slow_spells(Pool(Path(a.path or "."), values, {}, 0, {}, {"A": a, "B": b}))
     res.meta.update(
         {
+            "slow_spells": jsonable(spells.to_dict("records")),
             "ab": a.meta.get("ab") or b.meta.get("ab") or {},
             "threshold": threshold,
             "thresholds": dict(thresholds or {}),

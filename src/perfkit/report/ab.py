@@ -20,6 +20,7 @@ from perfkit.checks import number
 from perfkit.common.numfmt import number_text
 from perfkit.gate.verdicts import STATUS_WORD
 from perfkit.report.plots import ab_forest, figure_to_png_bytes
+from perfkit.report.power import spells_text
 from perfkit.report.render import PAGE_TEMPLATE, external_refs, template_env
 from perfkit.report.tables import format_table, markdown_table
 
@@ -132,7 +133,7 @@ def _badge(res: AbResult) -> str:
 
 def ab_context(res: AbResult) -> dict[str, Any]:
     """What ``sections/ab.html.j2`` gets: verdict, confidence, order, N, M, thresholds, load,
-    errors, verdicts/variance/launches tables (:class:`~perfkit.report.tables.Table`) and the
+    errors, the slow-spells sentence, verdicts/variance/launches tables (:class:`~perfkit.report.tables.Table`) and the
     forest plot as base64 PNG."""
     ab = res.meta.get("ab") or {}
     fig = ab_forest(res.table, res.launch_means)
@@ -141,12 +142,13 @@ def ab_context(res: AbResult) -> dict[str, Any]:
         "verdict": _badge(res),
         "confidence": res.confidence,
         "order": " ".join(ab.get("order") or []) or "(replayed: order not recorded)",
-        "launches_per_side": ab.get("launches_per_side", "?"),
+        "launches_per_side": _launches_text(ab),
         "warm_per_launch": ab.get("warm_per_launch", "?"),
         "threshold_pct": f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %",
         "thresholds_from": res.meta.get("thresholds_from"),
         "load": " / ".join(str(x) for x in load) if load else None,
         "errors": list(res.meta.get("launch_errors") or []),
+        "spells": spells_line(res),
         "verdicts": format_table(verdict_frame(res)),
         "variance": format_table(_variance_frame(res), None),
         "launches": format_table(_launch_frame(res), None),
@@ -192,6 +194,26 @@ def render_ab_report(res: AbResult, out: str | Path) -> Path:
     return p
 
 
+def _launches_text(ab: dict[str, Any]) -> str:
+    """"N launches a side", or per arm for a pool of several arms (``run_arms``)."""
+    n = ab.get("launches_per_side", "?")
+    if isinstance(n, dict):
+        return ", ".join(f"{k}: {v}" for k, v in n.items()) + " launches (arms of one pool)"
+    return f"{n} launches a side"
+
+
+def spells_line(res: AbResult) -> str:
+    """A sentence on the slow spells of the run (``res.meta["slow_spells"]``), or "" when no warm
+    request ran more than 5 % above its side's quiet level."""
+    sp = pd.DataFrame(res.meta.get("slow_spells") or [])
+    if sp.empty or not (pd.to_numeric(sp["slow_requests"], errors="coerce") > 0).any():
+        return ""
+    return (
+        "slow spells (DenoisingStage more than 5 % above the side's quiet level, its 10th "
+        f"percentile): {spells_text(sp)}: the host slowed these requests down, which widens the intervals"
+    )
+
+
 def ab_summary_markdown(res: AbResult) -> str:
     """``summary.md`` of an A/B (GitHub Markdown, for ``$GITHUB_STEP_SUMMARY``): the verdict,
     how it ran, the verdict table."""
@@ -199,7 +221,7 @@ def ab_summary_markdown(res: AbResult) -> str:
     word = {"regression": "REGRESSION", "error": "ERROR"}.get(res.verdict, res.verdict)
     lines = [f"## perfkit ab: {word} (exit code {res.exit_code})", ""]
     how = (
-        f"{ab.get('launches_per_side', '?')} launches a side, {ab.get('warm_per_launch', '?')} warm "
+        f"{_launches_text(ab)}, {ab.get('warm_per_launch', '?')} warm "
         f"request{'' if ab.get('warm_per_launch') == 1 else 's'} a launch, {res.confidence * 100:.0f} % Welch t intervals on launch medians, default threshold "
         f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %"
     )
@@ -212,6 +234,9 @@ def ab_summary_markdown(res: AbResult) -> str:
         lines.append(f"- launch failed: `{(str(e).splitlines() or [''])[0]}` (details in report.html)")
     if res.exit_code == 2 and not (res.table["decision"] != "not measured").any():
         lines.append("- nothing compared: no metric was measured on both sides")
+    spells = spells_line(res)
+    if spells:
+        lines.append(f"- {spells}")
     lines += ["", markdown_table(verdict_frame(res)), ""]
     return "\n".join(lines)
 

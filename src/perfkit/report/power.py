@@ -13,7 +13,7 @@ import pandas as pd
 from perfkit.ab import power
 from perfkit.report.tables import markdown_table
 
-__all__ = ["power_markdown", "DETECT_MIN", "ALARM_MAX", "SIMS"]
+__all__ = ["power_markdown", "spells_text", "DETECT_MIN", "ALARM_MAX", "SIMS"]
 
 #: the targets of the recommendation: detection at least, A/A false alarms at most (fractions)
 DETECT_MIN = 0.95
@@ -32,6 +32,25 @@ def _arm_words(arm: str, info: dict, launches: int) -> str:
     pct = info.get("DenoisingStage_pct")
     target = _METRIC_WORDS.get(info.get("target", ""), info.get("target"))
     return f"{arm}: DenoisingStage +{pct:g} % ({launches} launches, caught on {target})"
+
+
+def spells_text(sp: pd.DataFrame) -> str:
+    """One clause per arm of :func:`perfkit.ab.power.slow_spells`: slow requests and launches,
+    the quiet level (ms), the worst request and, where recorded, clocks and power-cap shares
+    (a frame read back from JSON, nulls for NaN, reads the same)."""
+    sp = sp.assign(**{c: pd.to_numeric(sp[c], errors="coerce") for c in sp.columns if c != "arm"})
+    return "; ".join(
+        f"{r.arm}: {r.slow_requests} of {r.requests} warm requests in {r.slow_launches} of {r.launches} launches "
+        f"(quiet level {r.quiet_ms:.0f} ms, worst +{r.worst_pct:.0f} %"
+        + (
+            f"; SM clock {r.slow_sm_mhz:.0f} MHz slow vs {r.quiet_sm_mhz:.0f} MHz quiet, at a power limit in "
+            f"{_pct(r.slow_power_capped, 0)} vs {_pct(r.quiet_power_capped, 0)} of their samples"
+            if r.slow_sm_mhz == r.slow_sm_mhz and r.quiet_sm_mhz == r.quiet_sm_mhz
+            else ""
+        )
+        + ")"
+        for r in sp.itertuples()
+    )
 
 
 def power_markdown(path: str | Path, threshold: float, confidence: float, label: str | None = None) -> str:
@@ -66,19 +85,7 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
             },
         }
     )
-    sp = power.slow_spells(pool)
-    spells = "; ".join(
-        f"{r.arm}: {r.slow_requests} of {r.requests} warm requests in {r.slow_launches} of {r.launches} launches "
-        f"(quiet level {r.quiet_ms:.0f} ms, worst +{r.worst_pct:.0f} %"
-        + (
-            f"; SM clock {r.slow_sm_mhz:.0f} MHz slow vs {r.quiet_sm_mhz:.0f} MHz quiet, at a power limit in "
-            f"{_pct(r.slow_power_capped, 0)} vs {_pct(r.quiet_power_capped, 0)} of their samples"
-            if r.slow_sm_mhz == r.slow_sm_mhz and r.quiet_sm_mhz == r.quiet_sm_mhz
-            else ""
-        )
-        + ")"
-        for r in sp.itertuples()
-    )
+    spells = spells_text(power.slow_spells(pool))
     table = power.power_table(pool, settings=[(threshold, confidence)], sims=SIMS, seed=0)
     rows = []
     for (n, m), g in table.groupby(["n", "m"], sort=True):
