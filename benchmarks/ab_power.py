@@ -101,8 +101,8 @@ def main() -> int:
         "--slowdown",
         type=float,
         nargs="+",
-        default=[30.0],
-        help="injected DenoisingStage slowdown, %%, one B arm each (B, C, ...)",
+        default=None,
+        help="injected DenoisingStage slowdown, %%, one B arm each (B, C, ...); default 30",
     )
     ap.add_argument(
         "--pool-b", type=int, nargs="+", default=None, help="launches of each B arm (default --pool)"
@@ -122,7 +122,22 @@ def main() -> int:
     ap.add_argument("--pool-dir", default=None, help="record the pool here, or reuse one recorded here")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    a.slowdown_given = a.slowdown is not None or a.pool_b is not None
+    a.slowdown = a.slowdown or [30.0]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return _report(a)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"ab_power: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _report(a: argparse.Namespace) -> int:
+    recorded = bool(a.pool_dir) and (Path(a.pool_dir) / "a" / "meta.json").exists()
+    if recorded and (a.slowdown_given or a.target):
+        print(
+            f"note: {a.pool_dir} holds a recorded pool: --slowdown/--pool-b/--target are not used (pool.json says)"
+        )
     _record(a)
     pool = power.load_pool(a.pool_dir)
     sizes = ", ".join(f"{len(pool.launches(arm))} of {arm}" for arm in pool.values)
@@ -155,7 +170,12 @@ def main() -> int:
             formatters={c: _pct for c in shown.columns if c.startswith(("aa_", "detect_", "alarm_"))},
         )
     )
+    untrusted = power.arm_warnings(pool)
+    for said in untrusted.values():
+        print(f"\nwarning: {said}; no N and M are recommended from this pool")
     for alarm in ("key", "any"):
+        if untrusted:
+            break
         rec = power.recommend(table, a.detect_min, a.alarm_max, alarm=alarm)
         what = "DenoisingStage and warm e2e" if alarm == "key" else "any metric"
         if rec.empty:
@@ -166,7 +186,7 @@ def main() -> int:
             r = rec.iloc[0]
             print(
                 f"\ncheapest meeting detection >= {a.detect_min:.0%}, A/A false alarms ({what}) <= {a.alarm_max:.0%}: "
-                f"N = {r['n']}, M = {r['m']}, threshold {r['threshold']:.1%}, confidence {r['confidence']:.0%} "
+                f"N = {int(r['n'])}, M = {int(r['m'])}, threshold {r['threshold']:.1%}, confidence {r['confidence']:.0%} "
                 f"(detection >= {r['detect_min_seen']:.1%}, false alarms <= {r['alarm_max_seen']:.1%})"
             )
     return 0

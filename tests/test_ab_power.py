@@ -131,9 +131,50 @@ def test_bad_pools_are_named_errors(tmp_path):
     (tmp_path / "p" / power.POOL_FILE).write_text(json.dumps({"arms": {"C": {"DenoisingStage_pct": 5}}}))
     with pytest.raises(ValueError, match=r"pool.json: arms \['C'\] have no bundle"):
         power.load_pool(tmp_path / "p")
-    (tmp_path / "p" / power.POOL_FILE).write_text("{not json")
-    with pytest.raises(ValueError, match="unreadable pool description"):
+    for doc, said in (
+        ("{not json", r"bad pool description \(\(top\): Invalid JSON"),
+        ('{"arms": null}', r"arms: Input should be an object"),
+        ('{"arms": {"B": 5}}', r"arms\.B: Input should be an object"),
+        (
+            '{"arms": {"B": {"DenoisingStage_pct": "2"}}}',
+            r"arms\.B\.DenoisingStage_pct: Input should be a valid number",
+        ),
+        (
+            '{"arms": {"B": {"DenoisingStage_pct": 2, "target": "warm_e2e_typo"}}}',
+            r"arms\.B\.target: Input should be",
+        ),
+        ('{"arms": {"B": {"target": "warm_e2e"}}}', r"arms\.B\.DenoisingStage_pct: Field required"),
+    ):
+        (tmp_path / "p" / power.POOL_FILE).write_text(doc)
+        with pytest.raises(ValueError, match=said):
+            power.load_pool(tmp_path / "p")
+    (tmp_path / "p" / power.POOL_FILE).unlink()
+    (tmp_path / "p" / "a" / "requests.parquet").unlink()
+    with pytest.raises(
+        FileNotFoundError, match=r"a/requests.parquet: missing \(arm A of the pool has no requests.parquet\)"
+    ):
         power.load_pool(tmp_path / "p")
+
+
+def test_a_side_too_small_for_n_is_no_rate_not_zero(tmp_path):
+    # A cut to its first 3 launches: N = 5 draws nothing from A, so no rate (NaN), never 0 %
+    shutil.copytree(POOL, tmp_path / "p")
+    a = ResultBundle.load(tmp_path / "p" / "a")
+    keep = ["A00", "A01", "A02"]
+    for name in ("requests", "stages", "steps", "memory", "launches"):
+        df = a.table(name)
+        a.tables[name] = df[df["launch"].isin(keep)]
+    a.save(tmp_path / "p" / "a")
+    pool = power.load_pool(tmp_path / "p")
+    t = power.power_table(pool, n=[2, 3, 5], m=[5], settings=[(0.01, 0.95)], sims=200).set_index("n")
+    assert t.loc[5, ["detect_DenoisingStage", "detect_warm_e2e", "alarm_untouched"]].isna().all()
+    assert math.isnan(t.loc[2, "aa_covers"])  # A/A needs 4 distinct A launches
+    assert t.loc[3, "detect_DenoisingStage"] > 0.5  # +9.7 % at 3 a side, from the 3 there are
+    assert power.recommend(t.reset_index(), 0.0, 1.0).empty  # no A/A rate anywhere: nothing recommended
+    with pytest.raises(ValueError, match=r"M \[6\]: the pool has 1 to 5 warm requests"):
+        power.power_table(pool, n=[2], m=[6])
+    with pytest.raises(ValueError, match="sims must be >= 1"):
+        power.power_table(pool, n=[2], sims=0)
 
 
 def test_ab_power_figures_block(tmp_path):
@@ -142,13 +183,19 @@ def test_ab_power_figures_block(tmp_path):
     assert "| DenoisingStage | 2.2 % | 1.9 % | 0.57 |" in text
     assert "Decided as `perfkit ab --threshold 0.01 --confidence 0.95`" in text
     assert "| 5 | 5 | 100.0 % | 0.0 % | 0.0 % |" in text
-    assert "**N = 4, M = 1**" in text  # the key metrics' recommendation at this setting
-    for bad, said in (("threshold=x", "not a number"), ("confidence=1.5", r"fraction in \(0, 1\)")):
+    # its B overshot (+9.7 % for 2 % asked): its rates are not a 2 % change's, so nothing is recommended
+    assert "- **Off its asked change:** arm B measured +9.7 % on DenoisingStage against +2 % asked" in text
+    assert "Cheapest N and M" not in text
+    for good, bad, said in (
+        ("threshold=0.01", "threshold=x", "not a number"),
+        ("confidence=0.95", "confidence=1.5", r"fraction in \(0, 1\)"),
+    ):
         with pytest.raises(FiguresError, match=said):
-            update_text(
-                block.replace("threshold=0.01", bad).replace("confidence=0.95", bad) + "<!-- perfkit:end -->",
-                ROOT,
-            )
+            update_text(block.replace(good, bad) + "<!-- perfkit:end -->", ROOT)
+    with pytest.raises(FiguresError, match="threshold given twice"):
+        update_text(
+            block.replace("threshold=0.01", "threshold=0.01 threshold=0.5") + "<!-- perfkit:end -->", ROOT
+        )
     with pytest.raises(FiguresError, match="ab-power nowhere: .*no a/meta.json"):
         update_text("<!-- perfkit:figures src=nowhere kind=ab-power -->\n<!-- perfkit:end -->", ROOT)
 

@@ -24,15 +24,15 @@ same Welch–Satterthwaite formulas as :func:`perfkit.ab.stats.ratio_interval`.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit.ab import stats
 from perfkit.ab.metrics import metric_values
@@ -47,6 +47,9 @@ __all__ = [
     "power_table",
     "recommend",
     "slow_spells",
+    "arm_warnings",
+    "Arm",
+    "PoolFile",
     "POOL_FILE",
     "KEY_METRICS",
     "UNTOUCHED",
@@ -86,43 +89,105 @@ class Pool:
         return sorted(self.values[arm]["launch"].unique())
 
 
+class Arm(BaseModel):
+    """One B arm as ``pool.json`` describes it: the injected share of DenoisingStage (percent)
+    and the metric it is meant to be caught on."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    DenoisingStage_pct: float = Field(gt=0, lt=1000)
+    target: Literal["DenoisingStage", "warm_e2e"] = "DenoisingStage"
+
+
+class PoolFile(BaseModel):
+    """``pool.json``: the arms (B, C, …) and, informative only, what was asked when recording."""
+
+    model_config = ConfigDict(extra="allow")
+
+    arms: dict[str, Arm]
+
+
+#: the tables a pool's bundles must have (a pool without them has nothing to compare)
+NEEDED_TABLES = ("requests.parquet", "stages.parquet", "launches.parquet")
+
+
+def _pool_file(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        doc = PoolFile.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        where = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        )
+        raise ValueError(f"{path}: bad pool description ({where})") from None
+    return {k: v.model_dump() for k, v in doc.arms.items()}
+
+
 def load_pool(path: str | Path) -> Pool:
     """Read a pool directory (module doc).
 
     Raises:
-        FileNotFoundError: no ``a/`` bundle or no B arm bundle under ``path``.
-        ValueError: ``pool.json`` unreadable or naming an arm without a bundle.
+        FileNotFoundError: no ``a/`` bundle, no B arm bundle, or an arm without one of
+            :data:`NEEDED_TABLES` (the file is named).
+        ValueError: ``pool.json`` unreadable or invalid (the key is named), naming an arm without
+            a bundle, or an arm without a spec'd slowdown.
     """
     p = Path(path)
     if not (p / "a" / "meta.json").exists():
         raise FileNotFoundError(
             f"{p}: no a/meta.json (not a power pool: record one with benchmarks/ab_power.py)"
         )
-    bundles = {
-        d.name.upper(): ResultBundle.load(d)
-        for d in sorted(p.iterdir())
-        if d.is_dir() and len(d.name) == 1 and (d / "meta.json").exists()
-    }
+    dirs = [d for d in sorted(p.iterdir()) if d.is_dir() and len(d.name) == 1 and (d / "meta.json").exists()]
+    for d in dirs:
+        for name in NEEDED_TABLES:
+            if not (d / name).exists():
+                raise FileNotFoundError(
+                    f"{d / name}: missing (arm {d.name.upper()} of the pool has no {name})"
+                )
+    bundles = {d.name.upper(): ResultBundle.load(d) for d in dirs}
     if len(bundles) < 2:
         raise FileNotFoundError(f"{p}: no B arm (b/meta.json) next to a/")
     arms: dict[str, dict[str, Any]] = {}
     if (p / POOL_FILE).exists():
-        try:
-            doc = json.loads((p / POOL_FILE).read_text())
-            arms = {str(k): dict(v) for k, v in (doc.get("arms") or {}).items()}
-        except (ValueError, AttributeError, TypeError) as exc:
-            raise ValueError(f"{p / POOL_FILE}: unreadable pool description ({exc})") from exc
+        arms = _pool_file(p / POOL_FILE)
         missing = sorted(set(arms) - set(bundles))
         if missing:
             raise ValueError(f"{p / POOL_FILE}: arms {missing} have no bundle directory")
     for arm, b in bundles.items():
         if arm != "A" and arm not in arms:
             delay = ((b.meta.get("params") or {}).get("spec") or {}).get("debug_stage_delay") or {}
-            arms[arm] = {"DenoisingStage_pct": delay.get("DenoisingStage"), "target": "DenoisingStage"}
+            pct = delay.get("DenoisingStage")
+            if not isinstance(pct, (int, float)) or isinstance(pct, bool):
+                raise ValueError(
+                    f"{p / arm.lower() / 'meta.json'}: params.spec.debug_stage_delay.DenoisingStage is "
+                    f"{pct!r}, not a percentage (and {POOL_FILE} does not describe arm {arm})"
+                )
+            arms[arm] = {"DenoisingStage_pct": float(pct), "target": "DenoisingStage"}
     a_meta = bundles["A"].meta.get("ab") or {}
     values = {arm: metric_values(b) for arm, b in bundles.items()}
+    for arm, v in values.items():
+        if not (v["metric"] == "DenoisingStage").any():
+            raise ValueError(f"{p / arm.lower()}: no completed warm request with a DenoisingStage time")
     warm = int(a_meta.get("warm_per_launch") or values["A"]["index"].max())
     return Pool(p, values, dict(sorted(arms.items())), warm, a_meta, bundles)
+
+
+def arm_warnings(pool: Pool, tolerance_pp: float = 1.0) -> dict[str, str]:
+    """Arms whose measured DenoisingStage change (ratio of geometric means of launch medians over
+    the whole pool) is further from the asked share than ``tolerance_pp`` percentage points or
+    half the asked share, whichever is larger: their rates do not describe the asked change
+    (an injection that overshot, or a host that swamped it). arm -> the sentence."""
+    var = variance_table(pool, ["DenoisingStage"])
+    out = {}
+    for arm, info in pool.arms.items():
+        asked = float(info["DenoisingStage_pct"])
+        got = float(var[f"{arm}_pct"].iloc[0]) if len(var) else math.nan
+        if not math.isfinite(got) or abs(got - asked) > max(tolerance_pp, asked / 2):
+            out[arm] = (
+                f"arm {arm} measured {got:+.1f} % on DenoisingStage against +{asked:g} % asked (the injection "
+                "overshot, or the host swamped it): its rates describe what the gate saw here, not that change"
+            )
+    return out
 
 
 def log_medians(values: pd.DataFrame, m: int) -> pd.DataFrame:
@@ -262,6 +327,15 @@ def _welch(xa: np.ndarray, xb: np.ndarray, confidence: float) -> tuple[np.ndarra
     return low, high
 
 
+def _rate(hits: np.ndarray, ends: np.ndarray) -> float:
+    """Share of draws with a hit; a draw without an interval (NaN end) counts as no hit, as
+    ``perfkit ab`` calls it inconclusive, but no draw with an interval at all is no rate (NaN),
+    never 0."""
+    if not np.isfinite(ends).any():
+        return math.nan
+    return float(np.mean(hits))
+
+
 def _draws(rng: np.random.Generator, n_launches: int, k: int, sims: int) -> np.ndarray:
     """(sims, k) indices: k distinct launches of n_launches in each row."""
     return np.argsort(rng.random((sims, n_launches)), axis=1)[:, :k]
@@ -297,12 +371,22 @@ def power_table(
     """
     settings = [(float(t), float(c)) for t, c in settings]
     for t, c in settings:
-        if not (0.0 <= t < 1.0 and 0.0 < c < 1.0):
-            raise ValueError(f"threshold must be in [0, 1) and confidence in (0, 1), got ({t}, {c})")
+        if not (0.0 < t < 1.0 and 0.0 < c < 1.0):
+            raise ValueError(
+                f"threshold and confidence must be in (0, 1) (as perfkit ab takes them), got ({t}, {c})"
+            )
     ns = sorted(set(int(x) for x in n))
     if not ns or ns[0] < 2:
         raise ValueError(f"launches a side must be >= 2 for an interval, got {ns}")
-    ms = sorted(set(int(x) for x in (m or (1, 3, 5, pool.warm)) if int(x) <= pool.warm))
+    if sims < 1:
+        raise ValueError(f"sims must be >= 1, got {sims}")
+    if m is None:
+        ms = sorted({x for x in (1, 3, 5, pool.warm) if x <= pool.warm})
+    else:
+        ms = sorted(set(int(x) for x in m))
+        bad = [x for x in ms if not 1 <= x <= pool.warm]
+        if bad:
+            raise ValueError(f"M {bad}: the pool has 1 to {pool.warm} warm requests a launch")
     rng = np.random.default_rng(seed)
     rows = []
     for mm in ms:
@@ -318,15 +402,11 @@ def power_table(
                 aa = {c: _welch(x[:, :nn], x[:, nn:], c) for c in {c for _, c in settings}}
             for arm, info in pool.arms.items():
                 b = med[arm].reindex(columns=cols)
-                ia, ib = (
-                    _draws(rng, len(a), nn, sims),
-                    _draws(rng, len(b), nn, sims) if nn <= len(b) else None,
-                )
-                ab = (
-                    {c: _welch(la[ia], b.to_numpy()[ib], c) for c in {c for _, c in settings}}
-                    if ib is not None
-                    else None
-                )
+                # N launches of each side: none drawn (no rate) when either side has fewer
+                ab = None
+                if nn <= len(a) and nn <= len(b):
+                    ia, ib = _draws(rng, len(a), nn, sims), _draws(rng, len(b), nn, sims)
+                    ab = {c: _welch(la[ia], b.to_numpy()[ib], c) for c in {c for _, c in settings}}
                 for thr, conf in settings:
                     row: dict[str, Any] = {
                         "arm": arm,
@@ -344,22 +424,23 @@ def power_table(
                         low, high = aa[conf]
                         reg = low > up
                         k = cols.index("DenoisingStage")
-                        row["aa_covers"] = float(np.mean((low[:, k] <= 0) & (high[:, k] >= 0)))
+                        row["aa_covers"] = _rate((low[:, k] <= 0) & (high[:, k] >= 0), low[:, k])
                         for metric in KEY_METRICS:
-                            row[f"aa_alarm_{metric}"] = float(np.mean(reg[:, cols.index(metric)]))
-                        row["aa_alarm_any"] = float(np.mean(reg.any(axis=1)))
+                            j = cols.index(metric) if metric in cols else None
+                            row[f"aa_alarm_{metric}"] = math.nan if j is None else _rate(reg[:, j], low[:, j])
+                        row["aa_alarm_any"] = _rate(reg.any(axis=1), low)
                     else:
                         row.update({"aa_covers": math.nan, "aa_alarm_any": math.nan})
                         row.update({f"aa_alarm_{k}": math.nan for k in KEY_METRICS})
                     if ab is not None:
                         low, _ = ab[conf]
                         for metric in KEY_METRICS:
-                            row[f"detect_{metric}"] = float(np.mean(low[:, cols.index(metric)] > up))
-                        row["alarm_untouched"] = (
-                            float(np.mean(low[:, cols.index(UNTOUCHED)] > up))
-                            if UNTOUCHED in cols
-                            else math.nan
-                        )
+                            j = cols.index(metric) if metric in cols else None
+                            row[f"detect_{metric}"] = (
+                                math.nan if j is None else _rate(low[:, j] > up, low[:, j])
+                            )
+                        j = cols.index(UNTOUCHED) if UNTOUCHED in cols else None
+                        row["alarm_untouched"] = math.nan if j is None else _rate(low[:, j] > up, low[:, j])
                     else:
                         row.update({f"detect_{k}": math.nan for k in KEY_METRICS})
                         row["alarm_untouched"] = math.nan
@@ -388,8 +469,10 @@ def recommend(
     t["detect"] = [r[f"detect_{r['target']}"] for _, r in t.iterrows()]
     alarm_cols = [f"aa_alarm_{k}" for k in KEY_METRICS] if alarm == "key" else ["aa_alarm_any"]
     t["alarm"] = t[alarm_cols].max(axis=1, skipna=False)
+    # NaN (no rate: nothing drawn) is never "met": min/max keep it
     g = t.groupby(["threshold", "confidence", "n", "m"], as_index=False).agg(
-        detect_min_seen=("detect", "min"), alarm_max_seen=("alarm", "max")
+        detect_min_seen=("detect", lambda x: x.min(skipna=False)),
+        alarm_max_seen=("alarm", lambda x: x.max(skipna=False)),
     )
     ok = g[(g["detect_min_seen"] >= detect_min) & (g["alarm_max_seen"] <= alarm_max)]
     # the fewest launches, then requests; among equals the fewest false alarms, then the most detections

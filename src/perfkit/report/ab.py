@@ -195,7 +195,7 @@ def render_ab_report(res: AbResult, out: str | Path) -> Path:
 
 
 def _launches_text(ab: dict[str, Any]) -> str:
-    """"N launches a side", or per arm for a pool of several arms (``run_arms``)."""
+    """ "N launches a side", or per arm for a pool of several arms (``run_arms``)."""
     n = ab.get("launches_per_side", "?")
     if isinstance(n, dict):
         return ", ".join(f"{k}: {v}" for k, v in n.items()) + " launches (arms of one pool)"

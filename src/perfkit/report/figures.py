@@ -92,7 +92,13 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
         )
     out = []
     for m in found:
-        args = dict(_ARG.findall(m.group("args")))
+        pairs = _ARG.findall(m.group("args"))
+        twice = sorted({k for k, _ in pairs if [x for x, _ in pairs].count(k) > 1})
+        if twice:
+            raise FiguresError(
+                f"{where}: figures attribute(s) {', '.join(twice)} given twice: {m.group('open').strip()}"
+            )
+        args = dict(pairs)
         unknown = sorted(set(args) - set(_ATTRS))
         if unknown:
             raise FiguresError(

@@ -118,8 +118,13 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
         markdown_table(pd.DataFrame(rows)),
         "",
     ]
+    untrusted = power.arm_warnings(pool)
+    for arm, said in untrusted.items():
+        lines.append(f"- **Off its asked change:** {said}; no N and M are recommended from this pool.")
     for alarm, what in (("key", "DenoisingStage and warm e2e"), ("any", "any metric: the exit code")):
         rec = power.recommend(table, DETECT_MIN, ALARM_MAX, alarm=alarm)
+        if untrusted:
+            continue
         if rec.empty:
             lines.append(
                 f"- No N ≤ {int(table['n'].max())} meets detection ≥ {DETECT_MIN:.0%} of every arm with A/A "
