@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 from perfkit.ab import power, stats
+from perfkit.common.numfmt import percent_text
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS_SHOWN = ("DenoisingStage", "warm_e2e", "TextEncodingStage", "denoising_step", "cold_e2e", "ready")
@@ -78,10 +79,6 @@ def _record(a: argparse.Namespace) -> None:
     run_arms(arms, VideoRequestSpec.from_dict(request), counts, max(a.m + [a.warm]), out)
     a.pool_dir = str(out)
     print(f"pool recorded in {out}")
-
-
-def _pct(x: float) -> str:
-    return "n/a" if x != x else f"{x:.1%}"
 
 
 def main() -> int:
@@ -155,7 +152,7 @@ def _report(a: argparse.Namespace) -> int:
     print(
         var.to_string(
             index=False,
-            formatters={c: _pct for c in ("cv_between", "cv_within", "cv_launch_a")}
+            formatters={c: percent_text for c in ("cv_between", "cv_within", "cv_launch_a")}
             | {c: "{:+.1f}%".format for c in var.columns if c.endswith("_pct")}
             | {"icc": "{:.2f}".format},
         )
@@ -167,7 +164,7 @@ def _report(a: argparse.Namespace) -> int:
     print(
         shown.to_string(
             index=False,
-            formatters={c: _pct for c in shown.columns if c.startswith(("aa_", "detect_", "alarm_"))},
+            formatters={c: percent_text for c in shown.columns if c.startswith(("aa_", "detect_", "alarm_"))},
         )
     )
     untrusted = power.arm_warnings(pool)

@@ -147,15 +147,19 @@ def test_bundles_round_trip_and_load_into_one_table(cold_warm, shapes, tmp_path)
 
 def test_a_cold_warm_session_serves_warmup_shapes_and_memory_budget(cold_warm, tmp_path):
     """One engine launch serves several investigations when their parameters allow (seed 001)."""
-    ws = warmup_shapes(
-        SPEC,
-        warmup_frames=[17],
-        request_frames=[25],
-        repeats=3,
-        request=REQ,
-        run_dir=tmp_path / "ws",
-        reuse=cold_warm,
-    )
+
+    def shapes(run_dir):
+        return warmup_shapes(
+            SPEC,
+            warmup_frames=[17],
+            request_frames=[25],
+            repeats=3,
+            request=REQ,
+            run_dir=run_dir,
+            reuse=cold_warm,
+        )
+
+    ws = shapes(tmp_path / "ws")
     assert ws.results["reused_launches"] == ["warmup17"]
     assert not (tmp_path / "ws").exists()  # nothing launched
     c = ws.results["coverage"][0]
@@ -168,15 +172,7 @@ def test_a_cold_warm_session_serves_warmup_shapes_and_memory_budget(cold_warm, t
     saved = cold_warm.meta.get("launch_gpus")
     cold_warm.meta["launch_gpus"] = {"session": gpu}
     try:
-        again = warmup_shapes(
-            SPEC,
-            warmup_frames=[17],
-            request_frames=[25],
-            repeats=3,
-            request=REQ,
-            run_dir=tmp_path / "ws2",
-            reuse=cold_warm,
-        )
+        again = shapes(tmp_path / "ws2")
     finally:
         cold_warm.meta["launch_gpus"] = saved
     assert again.meta["launch_gpus"] == {"warmup17": gpu}

@@ -25,7 +25,6 @@ same Welch–Satterthwaite formulas as :func:`perfkit.ab.stats.ratio_interval`.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
@@ -304,27 +303,9 @@ def slow_spells(pool: Pool, metric: str = "DenoisingStage", factor: float = 1.05
     return pd.DataFrame(rows)
 
 
-def _welch(xa: np.ndarray, xb: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
-    """Welch t interval ends (log) of mean(xb) − mean(xa) along axis 1 of (S, n, K) arrays of log
-    launch values (NaN: not measured); NaN ends where a side has fewer than 2 values."""
-    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
-        warnings.simplefilter("ignore", RuntimeWarning)
-        na, nb = np.isfinite(xa).sum(1), np.isfinite(xb).sum(1)
-        va = np.nanvar(xa, axis=1, ddof=1) / na
-        vb = np.nanvar(xb, axis=1, ddof=1) / nb
-        d = np.nanmean(xb, axis=1) - np.nanmean(xa, axis=1)
-        se = np.sqrt(va + vb)
-        den = np.where(va > 0, va**2 / (na - 1), 0.0) + np.where(vb > 0, vb**2 / (nb - 1), 0.0)
-        df = np.where(den > 0, (va + vb) ** 2 / np.where(den > 0, den, 1.0), np.inf)
-        from scipy import stats as sps  # imported here: the CLI starts without scipy
-
-        t = sps.t.ppf(0.5 + confidence / 2.0, df)
-        half = np.where(se > 0, t * se, 0.0)
-        low, high = d - half, d + half
-        bad = (na < 2) | (nb < 2) | ~np.isfinite(d)
-    low[bad] = np.nan
-    high[bad] = np.nan
-    return low, high
+def _ends(xa: np.ndarray, xb: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) log ends of :func:`perfkit.ab.stats.welch_log_intervals`."""
+    return stats.welch_log_intervals(xa, xb, confidence)[3:]
 
 
 def _rate(hits: np.ndarray, ends: np.ndarray) -> float:
@@ -399,14 +380,14 @@ def power_table(
             if 2 * nn <= len(a):
                 idx = _draws(rng, len(a), 2 * nn, sims)
                 x = la[idx]
-                aa = {c: _welch(x[:, :nn], x[:, nn:], c) for c in {c for _, c in settings}}
+                aa = {c: _ends(x[:, :nn], x[:, nn:], c) for c in {c for _, c in settings}}
             for arm, info in pool.arms.items():
                 b = med[arm].reindex(columns=cols)
                 # N launches of each side: none drawn (no rate) when either side has fewer
                 ab = None
                 if nn <= len(a) and nn <= len(b):
                     ia, ib = _draws(rng, len(a), nn, sims), _draws(rng, len(b), nn, sims)
-                    ab = {c: _welch(la[ia], b.to_numpy()[ib], c) for c in {c for _, c in settings}}
+                    ab = {c: _ends(la[ia], b.to_numpy()[ib], c) for c in {c for _, c in settings}}
                 for thr, conf in settings:
                     row: dict[str, Any] = {
                         "arm": arm,

@@ -24,6 +24,7 @@ Units: ratios and fractions are unitless; inputs are in any positive unit (ms, s
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
@@ -36,6 +37,7 @@ __all__ = [
     "RatioInterval",
     "VarianceSplit",
     "ratio_interval",
+    "welch_log_intervals",
     "variance_split",
     "decide",
     "launches_needed",
@@ -124,15 +126,44 @@ def ratio_interval(
         sb = float(lb.std(ddof=1)) if nb > 1 else nan
         return RatioInterval(ratio, nan, nan, na, nb, nan, nan, sa, sb, confidence)
     sa, sb = float(la.std(ddof=1)), float(lb.std(ddof=1))
-    va, vb = sa**2 / na, sb**2 / nb
-    se = math.sqrt(va + vb)
+    _, se, df, low, high = (
+        float(v[0, 0]) for v in welch_log_intervals(la[None, :, None], lb[None, :, None], confidence)
+    )
     if se == 0.0:
         return RatioInterval(ratio, ratio, ratio, na, nb, math.inf, 0.0, sa, sb, confidence)
-    df = (va + vb) ** 2 / ((va**2 / (na - 1) if va else 0.0) + (vb**2 / (nb - 1) if vb else 0.0))
-    t = _t_quantile(0.5 + confidence / 2.0, df)
-    return RatioInterval(
-        ratio, math.exp(d - t * se), math.exp(d + t * se), na, nb, float(df), se, sa, sb, confidence
-    )
+    return RatioInterval(ratio, math.exp(low), math.exp(high), na, nb, df, se, sa, sb, confidence)
+
+
+def welch_log_intervals(
+    xa: np.ndarray, xb: np.ndarray, confidence: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The Welch t interval of mean(xb) − mean(xa) for many comparisons at once: ``xa``, ``xb``
+    are (S, n, K) arrays of log launch values (S draws, n launches a side, K metrics; NaN: not
+    measured there), reduced along axis 1. :func:`ratio_interval` is its one-comparison case;
+    :mod:`perfkit.ab.power` resamples thousands of draws with it.
+
+    Returns:
+        (d, se, df, low, high), each (S, K): the difference of mean logs, its standard error,
+        the Welch–Satterthwaite df (inf when se = 0), and the interval's ends in log units (the
+        difference itself when se = 0; NaN when a side has fewer than 2 values).
+    """
+    from scipy import stats  # imported here: the CLI starts without scipy (see perfkit.stats)
+
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: NaN, handled below
+        na, nb = np.isfinite(xa).sum(1), np.isfinite(xb).sum(1)
+        va = np.nanvar(xa, axis=1, ddof=1) / na
+        vb = np.nanvar(xb, axis=1, ddof=1) / nb
+        d = np.nanmean(xb, axis=1) - np.nanmean(xa, axis=1)
+        se = np.sqrt(va + vb)
+        den = np.where(va > 0, va**2 / (na - 1), 0.0) + np.where(vb > 0, vb**2 / (nb - 1), 0.0)
+        df = np.where(den > 0, (va + vb) ** 2 / np.where(den > 0, den, 1.0), np.inf)
+        half = np.where(se > 0, stats.t.ppf(0.5 + confidence / 2.0, df) * se, 0.0)
+        low, high = d - half, d + half
+    bad = (na < 2) | (nb < 2) | ~np.isfinite(d)
+    low[bad] = np.nan
+    high[bad] = np.nan
+    return d, se, df, low, high
 
 
 def _t_quantile(q: float, df: float) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["number_text"]
+__all__ = ["number_text", "percent_text"]
 
 
 def number_text(x: float) -> str:
@@ -41,3 +41,15 @@ def number_text(x: float) -> str:
     if "." in s and a < 10:  # 1.50 -> 1.5; 73.0 keeps its decimal (it was rounded there)
         s = s.rstrip("0").rstrip(".")
     return "0" if s in ("0", "-0") else s
+
+
+def percent_text(x: object, digits: int = 1) -> str:
+    """A fraction as a percent (``0.054`` -> ``"5.4 %"``); ``"–"`` (not measured) for None,
+    NaN, infinities and non-numbers, never ``"nan %"``."""
+    try:
+        f = float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "–"
+    if isinstance(x, bool) or not math.isfinite(f):
+        return "–"
+    return f"{f * 100:.{digits}f} %"

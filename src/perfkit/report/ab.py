@@ -17,7 +17,7 @@ import pandas as pd
 
 from perfkit.ab.decide import AbResult
 from perfkit.checks import number
-from perfkit.common.numfmt import number_text
+from perfkit.common.numfmt import number_text, percent_text
 from perfkit.gate.verdicts import STATUS_WORD
 from perfkit.report.plots import ab_forest, figure_to_png_bytes
 from perfkit.report.power import spells_text
@@ -63,12 +63,6 @@ def verdict_frame(res: AbResult) -> pd.DataFrame:
     )
 
 
-def _cv(x: Any) -> str:
-    """A coefficient of variation as a percent ("–" when not measured)."""
-    v = number(x)
-    return "–" if v is None else f"{v * 100:.1f} %"
-
-
 def decision_counts(res: AbResult) -> pd.DataFrame:
     """One row per decision present (worst first): ``status`` (the decision), ``metrics`` (how
     many) and ``which`` (their names): the page's gate summary above the A/B section."""
@@ -88,8 +82,8 @@ def _variance_frame(res: AbResult) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "metric": t["metric"],
-            "CV between launches": [_cv(v) for v in t["cv_between"]],
-            "CV within a launch": [_cv(v) for v in t["cv_within"]],
+            "CV between launches": [percent_text(v) for v in t["cv_between"]],
+            "CV within a launch": [percent_text(v) for v in t["cv_within"]],
             "ICC": [_num(v) for v in t["icc"]],
             "launches needed": [
                 "" if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA else str(v)

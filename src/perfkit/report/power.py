@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfkit.ab import power
+from perfkit.common.numfmt import percent_text
 from perfkit.report.tables import markdown_table
 
 __all__ = ["power_markdown", "spells_text", "DETECT_MIN", "ALARM_MAX", "SIMS"]
@@ -22,10 +23,6 @@ ALARM_MAX = 0.01
 SIMS = 2000
 
 _METRIC_WORDS = {"DenoisingStage": "DenoisingStage", "warm_e2e": "warm e2e"}
-
-
-def _pct(x: float, digits: int = 1) -> str:
-    return "–" if x is None or x != x else f"{x * 100:.{digits}f} %"
 
 
 def _arm_words(arm: str, info: dict, launches: int) -> str:
@@ -44,7 +41,7 @@ def spells_text(sp: pd.DataFrame) -> str:
         f"(quiet level {r.quiet_ms:.0f} ms, worst +{r.worst_pct:.0f} %"
         + (
             f"; SM clock {r.slow_sm_mhz:.0f} MHz slow vs {r.quiet_sm_mhz:.0f} MHz quiet, at a power limit in "
-            f"{_pct(r.slow_power_capped, 0)} vs {_pct(r.quiet_power_capped, 0)} of their samples"
+            f"{percent_text(r.slow_power_capped, 0)} vs {percent_text(r.quiet_power_capped, 0)} of their samples"
             if r.slow_sm_mhz == r.slow_sm_mhz and r.quiet_sm_mhz == r.quiet_sm_mhz
             else ""
         )
@@ -61,9 +58,8 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
     """
     pool = power.load_pool(path)
     a_n = len(pool.launches("A"))
-    bundle_meta = pool.meta
     arms = "; ".join(_arm_words(arm, info, len(pool.launches(arm))) for arm, info in pool.arms.items())
-    wall = bundle_meta.get("wall_s")
+    wall = pool.meta.get("wall_s")
     head = (
         f"Pool `{label or path}`: {a_n} launches of A; {arms}; one interleaved order, "
         f"{pool.warm} warm requests a launch"
@@ -74,10 +70,10 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
     vt = pd.DataFrame(
         {
             "metric": var["metric"],
-            "CV between launches": [_pct(x) for x in var["cv_between"]],
-            "CV within a launch": [_pct(x) for x in var["cv_within"]],
+            "CV between launches": [percent_text(x) for x in var["cv_between"]],
+            "CV within a launch": [percent_text(x) for x in var["cv_within"]],
             "ICC": ["–" if x != x else f"{x:.2f}" for x in var["icc"]],
-            "CV of A's launch medians": [_pct(x) for x in var["cv_launch_a"]],
+            "CV of A's launch medians": [percent_text(x) for x in var["cv_launch_a"]],
             **{
                 f"measured {c[:-4]}/A": ["–" if x != x else f"{x:+.1f} %" for x in var[c]]
                 for c in var.columns
@@ -93,15 +89,17 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
         row = {
             "N": int(n),
             "M": int(m),
-            "A/A: interval holds 1": _pct(first["aa_covers"]),
-            "A/A alarm: DenoisingStage": _pct(first["aa_alarm_DenoisingStage"]),
-            "warm e2e": _pct(first["aa_alarm_warm_e2e"]),
-            "any metric": _pct(first["aa_alarm_any"]),
+            "A/A: interval holds 1": percent_text(first["aa_covers"]),
+            "A/A alarm: DenoisingStage": percent_text(first["aa_alarm_DenoisingStage"]),
+            "warm e2e": percent_text(first["aa_alarm_warm_e2e"]),
+            "any metric": percent_text(first["aa_alarm_any"]),
         }
         for _, r in g.iterrows():
             target = r["target"]
-            row[f"{r['arm']}: caught on {_METRIC_WORDS.get(target, target)}"] = _pct(r[f"detect_{target}"])
-            row[f"{r['arm']}: TextEncodingStage alarm"] = _pct(r["alarm_untouched"])
+            row[f"{r['arm']}: caught on {_METRIC_WORDS.get(target, target)}"] = percent_text(
+                r[f"detect_{target}"]
+            )
+            row[f"{r['arm']}: TextEncodingStage alarm"] = percent_text(r["alarm_untouched"])
         rows.append(row)
     lines = [
         head,
@@ -119,12 +117,12 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
         "",
     ]
     untrusted = power.arm_warnings(pool)
-    for arm, said in untrusted.items():
+    for said in untrusted.values():
         lines.append(f"- **Off its asked change:** {said}; no N and M are recommended from this pool.")
-    for alarm, what in (("key", "DenoisingStage and warm e2e"), ("any", "any metric: the exit code")):
+    for alarm, what in (
+        () if untrusted else (("key", "DenoisingStage and warm e2e"), ("any", "any metric: the exit code"))
+    ):
         rec = power.recommend(table, DETECT_MIN, ALARM_MAX, alarm=alarm)
-        if untrusted:
-            continue
         if rec.empty:
             lines.append(
                 f"- No N ≤ {int(table['n'].max())} meets detection ≥ {DETECT_MIN:.0%} of every arm with A/A "
@@ -135,7 +133,7 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
             lines.append(
                 f"- Cheapest N and M with detection ≥ {DETECT_MIN:.0%} of every arm and A/A false alarms "
                 f"({what}) ≤ {ALARM_MAX:.0%}: **N = {int(r['n'])}, M = {int(r['m'])}** (worst detection "
-                f"{_pct(r['detect_min_seen'])}, worst false alarm {_pct(r['alarm_max_seen'])})."
+                f"{percent_text(r['detect_min_seen'])}, worst false alarm {percent_text(r['alarm_max_seen'])})."
             )
     sizes = f"{a_n} A launches" + "".join(f", {len(pool.launches(arm))} {arm}" for arm in pool.arms)
     lines += [

@@ -170,35 +170,35 @@ def overhead_probe(
         untimed = dataclasses.replace(request, extra={**request.extra, "perfkit_stage_timing": False})
         for _ in range(warmup):
             e2e(timed)
-        on, off, both = [], [], []
-        for i in range(pairs):
-            got = {}
-            for flag in (True, False) if i % 2 == 0 else (False, True):
-                got[flag] = e2e(timed if flag else untimed)
-                if got[flag] is not None:
-                    (on if flag else off).append(got[flag])
-            if got[True] is not None and got[False] is not None:
-                both.append((got[True], got[False]))
+
+        def abba(one: Callable[[bool], float | None]) -> dict[str, Any]:
+            """``pairs`` ABBA pairs of ``one(on)``: the on and off values and the complete pairs."""
+            on, off, both = [], [], []
+            for i in range(pairs):
+                got = {flag: one(flag) for flag in ((True, False) if i % 2 == 0 else (False, True))}
+                on += [got[True]] if got[True] is not None else []
+                off += [got[False]] if got[False] is not None else []
+                if got[True] is not None and got[False] is not None:
+                    both.append((got[True], got[False]))
+            return _summary(on, off, both)
+
+        def sampled(flag: bool) -> float | None:
+            probe = handle.sampler(interval_s=sampler_interval_s) if flag else None
+            if probe is not None:
+                probe.start()
+            v = e2e(timed)
+            if probe is not None:
+                probe.stop()
+            return v
+
+        stage_timing = abba(lambda flag: e2e(timed if flag else untimed))
         sampler.stop()
-        s_on, s_off, s_both = [], [], []
-        for i in range(pairs):
-            got = {}
-            for flag in (True, False) if i % 2 == 0 else (False, True):
-                probe = handle.sampler(interval_s=sampler_interval_s) if flag else None
-                if probe is not None:
-                    probe.start()
-                got[flag] = e2e(timed)
-                if probe is not None:
-                    probe.stop()
-                if got[flag] is not None:
-                    (s_on if flag else s_off).append(got[flag])
-            if got[True] is not None and got[False] is not None:
-                s_both.append((got[True], got[False]))
+        sampler_part = abba(sampled)
         agreement = _agreement(client, request, ids, agree)
         return {
-            "stage_timing": _summary(on, off, both),
+            "stage_timing": stage_timing,
             "timing_agreement": agreement,
-            "sampler": _summary(s_on, s_off, s_both),
+            "sampler": sampler_part,
             "sampler_interval_s": sampler_interval_s,
             "request_ids": ids,
         }
