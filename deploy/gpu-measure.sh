@@ -6,7 +6,12 @@
 #   deploy/gpu-measure.sh OUT JOB...      JOB = name:gpus:params[:extra measure args, comma-separated]
 #
 # gpus is a CUDA_VISIBLE_DEVICES value ("0", "1", "0,1"). Jobs separated by "--" run one after
-# the other; jobs within a group run at the same time (e.g. two 1-GPU jobs on a 2-GPU host):
+# the other; jobs within a group run at the same time (e.g. two 1-GPU jobs on a 2-GPU host).
+# Independent lanes (one chain of jobs per GPU) are instances started side by side with their own
+# OUT; the carried wheels are installed once:
+#
+#   deploy/gpu-measure.sh "$OUT/gpu0" a:0:P -- b:0:P & deploy/gpu-measure.sh "$OUT/gpu1" c:1:P & wait
+#
 #
 #   deploy/gpu-measure.sh "$OUT" x2:0,1:params/h200x2-two-stage.yaml -- \
 #       one:0:params/h200x2-two-stage-1gpu.yaml mem:1:params/h200-memory.yaml:--only,offload_modes
@@ -14,8 +19,13 @@ set -uo pipefail
 out=$1; shift
 mkdir -p "$out"
 if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 2
+    # several instances may start at once (one per GPU lane): the first installs, the rest wait
+    ( flock 9
+      [ -f /tmp/site/.perfkit-installed ] || {
+          python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+              --target /tmp/site .whl/*.whl && touch /tmp/site/.perfkit-installed; }
+    ) 9>/tmp/site.lock
+    [ -f /tmp/site/.perfkit-installed ] || exit 2
     export PYTHONPATH=/tmp/site:$PWD/src
 else
     export PYTHONPATH=$PWD/src

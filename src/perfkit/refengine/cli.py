@@ -165,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="offload mode of every component: none (resident), model (whole component moved in "
         "and out, accelerate's cpu_offload_with_hook), group-block / group-leaf (diffusers' "
         "apply_group_offloading at block / leaf level, CUDA stream prefetch). Default: none, "
-        "unless the device cap forces group-leaf offload of the transformer and text encoder. "
+        "unless the device cap forces group-leaf offload: the text encoder first, then the "
+        "transformer, until the resident rest fits. "
         "Modes other than none need an accelerator: on a CPU device the engine exits with code 2",
     )
     for comp in ("transformer", "text-encoder", "vae"):
@@ -337,10 +338,23 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     placed = placement.place_components(comps, device, cap, requested)
     where = placed.name
     do_compile, compile_off_reason = args.compile, None
-    if do_compile and placed.offload.get("transformer", "none") != "none":
-        compile_off_reason = f"the transformer is offloaded ({placed.offload['transformer']})"
+    recompile_limit = args.recompile_limit
+    t_mode = placed.offload.get("transformer", "none")
+    if do_compile and t_mode not in placement.COMPILE_COMPATIBLE:
+        compile_off_reason = (
+            f"the transformer is offloaded ({t_mode}); torch.compile is kept only under "
+            f"{' or '.join(placement.COMPILE_COMPATIBLE)}"
+        )
         log.warning("torch.compile disabled: %s", compile_off_reason)
         do_compile = False
+    if do_compile and t_mode == "group-block" and recompile_limit is None:
+        # one graph per offloaded block, all of the same code: dynamo's default limit (8) would
+        # leave most blocks eager (diffusers PR #11605, test_compile_with_group_offloading)
+        recompile_limit = placement.GROUP_COMPILE_RECOMPILE_LIMIT
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = recompile_limit
+        log.info("block-level offloaded transformer compiled: recompile limit %d", recompile_limit)
     if do_compile:
         compile_off_reason = _compile_unusable(args.compile_backend, device)
         if compile_off_reason:
@@ -369,7 +383,7 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         compile_backend=args.compile_backend,
         compile_vae=compile_vae,
         compile_watch=watch,
-        recompile_limit=args.recompile_limit,
+        recompile_limit=recompile_limit,
         cfg_parallel=par,
     )
     pipe.stage_delay = stage_delay
@@ -412,9 +426,7 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         "compile_disabled_reason": compile_off_reason,
         "compile_backend": args.compile_backend if do_compile else None,
         "recompile_limit": (
-            (args.recompile_limit if args.recompile_limit is not None else _recompile_limit())
-            if do_compile
-            else None
+            (recompile_limit if recompile_limit is not None else _recompile_limit()) if do_compile else None
         ),
         "attention_backend": _attention_backend(),
         "two_stage": args.two_stage,

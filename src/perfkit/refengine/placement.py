@@ -25,9 +25,20 @@ one runs) when the device is CUDA. Every mode but ``none`` needs an accelerator:
 :func:`check_applicable` raises :class:`OffloadNotApplicable` and the engine exits with code 2
 and the message ``offload mode 'model' needs an accelerator; device is cpu``.
 
-Automatic placement (no mode asked for a component): ``none``, unless the weights do not fit under
-the device cap with working headroom; then the transformer and the text encoder are placed with
-leaf-level group offload (the VAE and upsampler stay resident), as before the offload flags.
+Automatic placement (no mode asked for a component, :func:`auto_modes`): every component is
+resident, unless the resident weights exceed :data:`WEIGHTS_SHARE_OF_CAP` of the device cap; then
+components are moved to leaf-level group offload one at a time in :data:`AUTO_OFFLOAD_ORDER`
+until the rest fits: the text encoder first (it runs once a request), then the transformer (it runs
+twice a step, 60 times in a 30-step CFG request). The VAE and upsampler stay resident. Under a
+12 GiB cap, ltx-2b's T5-XXL-shaped encoder (9.1 GiB) goes to the host and the 3.6 GiB transformer
+stays resident, so torch.compile stays on for it.
+
+torch.compile and offload: a resident or block-level offloaded transformer can be compiled
+(diffusers made block-level group offload compatible with torch.compile in its PR #11605; the
+onload/offload hooks are excluded from compilation, each block is one more graph, so the engine
+raises dynamo's recompile limit to :data:`GROUP_COMPILE_RECOMPILE_LIMIT` when none is given).
+A leaf-level or model-offloaded transformer is not compiled; the engine records why
+(``compile_disabled_reason``).
 """
 
 from __future__ import annotations
@@ -54,6 +65,14 @@ OFFLOAD_MODES = ("none", "model", "group-block", "group-leaf")
 ACCELERATOR_MODES = ("model", "group-block", "group-leaf")
 #: Components with their own offload flag, in execution order (the upsampler follows ``vae``).
 COMPONENTS = ("text_encoder", "transformer", "vae")
+#: Components the automatic rule offloads, in this order, until the resident rest fits the cap.
+AUTO_OFFLOAD_ORDER = ("text_encoder", "transformer")
+#: Offload modes of the transformer under which torch.compile is kept (diffusers PR #11605).
+COMPILE_COMPATIBLE = ("none", "group-block")
+#: dynamo recompile limit set for a compiled block-level offloaded transformer when none is
+#: given: each of its blocks is a separate graph of the same code (diffusers' test
+#: ``test_compile_with_group_offloading`` raises the limit for the same reason).
+GROUP_COMPILE_RECOMPILE_LIMIT = 1024
 #: Execution order of every component that can be placed (model offload chains them so).
 _ORDER = ("text_encoder", "transformer", "upsampler", "vae")
 #: Submodules whose blocks are the groups of block-level offload, per component (None: the
@@ -191,6 +210,42 @@ def check_applicable(requested: Mapping[str, str | None], device: torch.device) 
     )
 
 
+def auto_modes(
+    param_bytes: Mapping[str, int],
+    cap_gib: float | None,
+    requested: Mapping[str, str | None] | None = None,
+) -> dict[str, str]:
+    """component -> its mode: the requested one, else the automatic one (module doc): ``none``,
+    or ``group-leaf`` for the components of :data:`AUTO_OFFLOAD_ORDER` that must leave the device
+    for the resident weights to fit ``WEIGHTS_SHARE_OF_CAP * cap_gib``. A requested ``none``
+    counts as resident; the upsampler's bytes count with the VAE.
+
+    Args:
+        param_bytes: component -> bytes of its parameters (``Components.param_bytes``).
+        cap_gib: the device cap in GiB; None places everything resident.
+        requested: component -> the mode asked for (None: automatic).
+
+    Example: ltx-2b in bf16 (text encoder 9.1 GiB, transformer 3.6 GiB, VAE 0.8 GiB) under a
+    12 GiB cap (8.4 GiB for weights) gives ``text_encoder: group-leaf``, the rest ``none``;
+    under a 4 GiB cap the transformer is offloaded too.
+    """
+    req = dict(requested or {})
+    out = {c: req.get(c) or "none" for c in COMPONENTS}
+    if cap_gib is None:
+        return out
+    budget = WEIGHTS_SHARE_OF_CAP * cap_gib * GIB
+    resident = sum(
+        b for c, b in param_bytes.items() if req.get("vae" if c == "upsampler" else c) in (None, "none")
+    )
+    for comp in AUTO_OFFLOAD_ORDER:
+        if resident <= budget:
+            break
+        if req.get(comp) is None and comp in param_bytes:
+            out[comp] = "group-leaf"
+            resident -= param_bytes[comp]
+    return out
+
+
 def resolve(
     comps: Components,
     device: torch.device,
@@ -200,16 +255,10 @@ def resolve(
     """component -> the mode to apply: the requested one, else the automatic rule (module doc).
     The upsampler (two-stage) follows the VAE. A CPU engine gets ``none`` everywhere."""
     req = dict(requested or {})
-    auto = "none"
-    total = sum(comps.param_bytes.values())
-    if device.type == "cuda" and cap_gib is not None and total > WEIGHTS_SHARE_OF_CAP * cap_gib * GIB:
-        auto = "group-leaf"
+    auto = auto_modes(comps.param_bytes, cap_gib if device.type == "cuda" else None, req)
     out: dict[str, str] = {}
     for comp in COMPONENTS:
-        mode = req.get(comp)
-        if mode is None:
-            mode = auto if comp in ("transformer", "text_encoder") else "none"
-        out[comp] = mode if device.type != "cpu" else "none"
+        out[comp] = auto[comp] if device.type != "cpu" else "none"
     if comps.upsampler is not None:
         out["upsampler"] = out["vae"]
     return out
