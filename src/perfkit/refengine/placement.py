@@ -21,7 +21,11 @@ upsampler follows the VAE):
   onloaded just before it runs.
 
 Group modes use a CUDA stream (``use_stream=True``: the next group is prefetched while the current
-one runs) when the device is CUDA. Every mode but ``none`` needs an accelerator: on a CPU device
+one runs) when the device is CUDA, except block-level offload of a component whose blocks sit in a
+submodule (the text encoder's stack, the VAE's decoder): diffusers 0.42.1 registers its layer
+execution tracker twice when ``block_modules`` and streams are combined (``ValueError: Hook with
+name layer_execution_tracker already exists``, seen on the H200), so those components are
+offloaded block by block without a stream (:data:`_STREAMLESS_BLOCK_LEVEL`). Every mode but ``none`` needs an accelerator: on a CPU device
 :func:`check_applicable` raises :class:`OffloadNotApplicable` and the engine exits with code 2
 and the message ``offload mode 'model' needs an accelerator; device is cpu``.
 
@@ -73,6 +77,9 @@ COMPILE_COMPATIBLE = ("none", "group-block")
 #: given: each of its blocks is a separate graph of the same code (diffusers' test
 #: ``test_compile_with_group_offloading`` raises the limit for the same reason).
 GROUP_COMPILE_RECOMPILE_LIMIT = 1024
+#: Components whose block-level offload runs without a CUDA stream (their blocks sit in the
+#: submodule named in ``_BLOCK_MODULES``; module doc: a diffusers 0.42.1 hook clash).
+_STREAMLESS_BLOCK_LEVEL = ("text_encoder", "vae")
 #: Execution order of every component that can be placed (model offload chains them so).
 _ORDER = ("text_encoder", "transformer", "upsampler", "vae")
 #: Submodules whose blocks are the groups of block-level offload, per component (None: the
@@ -100,7 +107,9 @@ class Placement:
         offload: component -> the offload mode applied (``none``, ``model``, ``group-block``,
             ``group-leaf``).
         requested: component -> the mode asked for (None: automatic).
-        use_stream: whether group offload prefetches on a CUDA stream.
+        use_stream: whether any group-offloaded component prefetches on a CUDA stream.
+        streams: component -> whether its group offload prefetches on a CUDA stream (group-
+            offloaded components only).
         automatic: the modes came from the cap rule, not from flags.
     """
 
@@ -108,6 +117,7 @@ class Placement:
     offload: dict[str, str] = field(default_factory=dict)
     requested: dict[str, str | None] = field(default_factory=dict)
     use_stream: bool = False
+    streams: dict[str, bool] = field(default_factory=dict)
     automatic: bool = True
 
     def by_component(self, device: torch.device) -> dict[str, str]:
@@ -120,13 +130,14 @@ class Placement:
     def info(self, device: torch.device) -> dict[str, object]:
         """The engine facts (``/v1/models`` and each record's ``perfkit`` extras): ``placement``
         (the summary), ``placement_by_component``, ``offload``, ``offload_requested``,
-        ``offload_use_stream``."""
+        ``offload_use_stream``, ``offload_streams``."""
         return {
             "placement": self.name,
             "placement_by_component": self.by_component(device),
             "offload": dict(self.offload),
             "offload_requested": dict(self.requested),
             "offload_use_stream": self.use_stream,
+            "offload_streams": dict(self.streams),
         }
 
 
@@ -293,7 +304,11 @@ def place_components(
     req = {c: (requested or {}).get(c) for c in COMPONENTS}
     check_applicable(req, device)
     modes = resolve(comps, device, cap_gib, req)
-    use_stream = device.type == "cuda" and any(m.startswith("group-") for m in modes.values())
+    streams = {
+        c: device.type == "cuda" and not (m == "group-block" and c in _STREAMLESS_BLOCK_LEVEL)
+        for c, m in modes.items()
+        if m.startswith("group-")
+    }
     total = sum(comps.param_bytes.values())
     log.info("weights %.2f GiB, cap %s GiB -> offload %s", total / GIB, cap_gib, modes)
     chain = []
@@ -320,7 +335,7 @@ def place_components(
                 onload_device=device,
                 offload_device=torch.device("cpu"),
                 offload_type=level,
-                use_stream=device.type == "cuda",
+                use_stream=streams[comp],
                 **kw,
             )
     if chain:
@@ -335,7 +350,12 @@ def place_components(
             hooks[0].hook.prev_module_hook = hooks[-1]
     automatic = all(v is None for v in req.values())
     return Placement(
-        name=_summary(device, modes), offload=modes, requested=req, use_stream=use_stream, automatic=automatic
+        name=_summary(device, modes),
+        offload=modes,
+        requested=req,
+        use_stream=any(streams.values()),
+        streams=streams,
+        automatic=automatic,
     )
 
 
