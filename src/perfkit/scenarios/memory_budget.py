@@ -400,7 +400,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
         for c in r.get("caps") or []
     ]
     if r.get("min_budget_gib") is not None:
-        out.append(KeyNumber("minimum device budget", json_float(r["min_budget_gib"]), "GiB", ".1f"))
+        out.append(KeyNumber("minimum device budget", json_float(r["min_budget_gib"]), "GiB", "g"))
     return out
 
 
@@ -456,11 +456,18 @@ def reading(r: Mapping[str, Any]) -> str:
         )
     mb = json_float(r.get("min_budget_gib"))
     out.append("")
-    out.append(
-        f"Smallest device budget that completes: {mb:.1f} GiB."
-        if mb is not None
-        else "Smallest device budget: not searched (no GPU, or not asked)."
-    )
+    if mb is None:
+        out.append("Smallest device budget: not searched (no GPU, or not asked).")
+    else:
+        below = [
+            float(p["device_gib"])
+            for p in r.get("min_budget_probes") or []
+            if not p.get("completed") and json_float(p.get("device_gib")) is not None and p["device_gib"] < mb
+        ]
+        out.append(
+            f"Smallest device budget that completes: {mb:g} GiB"
+            + (f" (the largest failing probe: {max(below):g} GiB)." if below else ".")
+        )
     return "\n".join(out)
 
 
