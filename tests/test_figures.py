@@ -129,3 +129,51 @@ def test_report_refuses_a_folder_that_is_not_a_run_and_a_corrupt_verdict_is_an_e
     summary = (run / "summary.md").read_text()
     assert "PASS" not in summary.splitlines()[0] and "unreadable verdict file" in summary
     assert json.loads((run / "run.json").read_text())  # the run's own files are intact
+
+
+def test_pooled_overhead_is_every_launchs_pairs_under_one_estimator():
+    import json
+
+    import numpy as np
+
+    from perfkit.scenarios.overhead import pooled
+
+    runs = [
+        json.loads((ROOT / f"examples/h200/{d}/overhead/results.json").read_text())
+        for d in ("bundles-overhead", "bundles-overhead-2")
+    ]
+    r = pooled(runs)
+    st = r["stage_timing"]
+    assert r["launches"] == 2 and st["n_pairs"] == 80 and st["n_on"] == 80
+    logs = np.log(
+        [a / b for a, b in runs[0]["stage_timing"]["pairs_ms"] + runs[1]["stage_timing"]["pairs_ms"]]
+    )
+    assert st["overhead"] == float(np.expm1(np.median(logs)))
+    # 80 pairs give a narrower interval than either launch's 40
+    width = st["overhead_ci"][1] - st["overhead_ci"][0]
+    assert all(
+        width < x["stage_timing"]["overhead_ci"][1] - x["stage_timing"]["overhead_ci"][0] for x in runs
+    )
+    assert "pooled over 2 launches" in st["estimator"]
+
+
+def test_pooled_overhead_refuses_launches_without_pairs(tmp_path):
+    import pytest
+
+    from perfkit.scenarios.overhead import pooled
+    from perfkit.scenarios.registry import ScenarioError
+
+    with pytest.raises(ScenarioError, match="nothing to pool"):
+        pooled([])
+    with pytest.raises(ScenarioError, match="launch 2 of 2 has no stage_timing pairs_ms"):
+        pooled(
+            [
+                {"stage_timing": {"pairs_ms": [[1.0, 1.0]], "on_ms": [1.0], "off_ms": [1.0]}},
+                {"stage_timing": {}},
+            ]
+        )
+    # a figures block over a directory without an overhead bundle names it
+    from perfkit.report.figures import FiguresError
+
+    with pytest.raises(FiguresError, match="has no overhead/results.json"):
+        render_block(Block(f"examples/h200/bundles-overhead,{tmp_path}", "overhead-pooled"), ROOT)

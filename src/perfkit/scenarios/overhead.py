@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -107,6 +107,48 @@ def _summary(
             "overhead_ci": [json_float(ratio_ci[0] - 1), json_float(ratio_ci[1] - 1)],
         }
     )
+    return out
+
+
+def pooled(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Pool the ABBA pairs of several launches of this probe (same engine, request and code)
+    into one paired estimate per part: the same estimator over every pair (module doc), so
+    launches of 40 pairs add up to the interval of their sum. A launch's slow spells still
+    cancel inside its own pairs; a shift between launches does not enter (each pair is inside
+    one launch).
+
+    Args:
+        results: each launch's ``overhead/results.json`` content.
+
+    Returns:
+        ``{"launches": n, "stage_timing": {...}, "sampler": {...}}``, each part as in one
+        launch's results (``n_pairs``, ``overhead``, ``overhead_ci``, medians in ms), without
+        ``timing_agreement``.
+
+    Raises:
+        ScenarioError: no results, or a launch whose part has no ``pairs_ms`` (recorded before
+            pairs were kept: it cannot be pooled; names the launch by its position).
+    """
+    if not results:
+        raise ScenarioError(f"{NAME}: nothing to pool (no launch results given)")
+    out: dict[str, Any] = {"launches": len(results)}
+    for part in PARTS:
+        pairs: list[tuple[float, float]] = []
+        on: list[float] = []
+        off: list[float] = []
+        for i, r in enumerate(results, 1):
+            s = r.get(part) or {}
+            if not s.get("pairs_ms"):
+                raise ScenarioError(
+                    f"{NAME}: launch {i} of {len(results)} has no {part} pairs_ms (recorded before "
+                    "pairs were kept): it cannot be pooled"
+                )
+            pairs += [(float(a), float(b)) for a, b in s["pairs_ms"]]
+            on += [float(x) for x in s.get("on_ms") or []]
+            off += [float(x) for x in s.get("off_ms") or []]
+        part_out = _summary(on, off, pairs)
+        part_out["estimator"] = f"{part_out['estimator']}, pooled over {len(results)} launches"
+        out[part] = part_out
     return out
 
 
