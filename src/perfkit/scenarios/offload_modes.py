@@ -4,7 +4,9 @@ One launch per mode (the reference engine's ``--offload none|model|group-block|g
 applied to every component): ``none`` keeps every weight on the device; ``model`` moves whole
 components in and out (accelerate's ``cpu_offload_with_hook``, as diffusers'
 ``enable_model_cpu_offload``); ``group-block`` / ``group-leaf`` onload blocks / leaf modules
-just before they run (``diffusers.hooks.apply_group_offloading``, CUDA stream prefetch). Per mode:
+just before they run (``diffusers.hooks.apply_group_offloading``, CUDA stream prefetch; the
+reference engine block-offloads the text encoder and VAE without a stream, and records which
+components prefetch in ``offload_streams``). Per mode:
 the cold start and its parts (s), the cold and warm end-to-end latency (ms), the peak device
 memory reserved/allocated (MiB), the host memory peak (anonymous RSS, MiB) and the placement the
 engine reports per component.
