@@ -54,3 +54,38 @@ def test_copy_inside_another_repository_is_unknown(tmp_path):
     shutil.copytree(ROOT / "src", copy / "src")
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
     assert _commit_of(copy / "src") == "None"
+
+
+def test_source_digest_names_the_files_not_the_checkout(tmp_path):
+    """Two copies of the same files give the same digest, whatever their .git says; one changed
+    byte under src/perfkit changes it; a tree without src/perfkit has none."""
+    from perfkit.common.provenance import source_digest
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        shutil.copytree(ROOT / "src", d / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        shutil.copy(ROOT / "pyproject.toml", d / "pyproject.toml")
+    _git(b, "init", "-q")  # a stale or foreign .git does not enter
+    first = source_digest(a)
+    assert first is not None and len(first) == 16 and first == source_digest(b)
+    with (b / "src" / "perfkit" / "stats.py").open("a") as fh:
+        fh.write("\n")
+    assert source_digest(b) != first
+    assert source_digest(tmp_path) is None
+
+
+def test_report_header_keeps_dirty_and_the_source_digest(tmp_path):
+    """The H200 consumer bundles ran from a tree newer than its .git: the report says +dirty."""
+    import json
+
+    from perfkit.report.render import _env_line
+
+    meta = json.loads((ROOT / "examples/h200/consumer-12g/launch1/cold_warm/meta.json").read_text())
+    assert meta["git_commit"].endswith("+dirty")
+    (tmp_path / "cold_warm").mkdir()
+    (tmp_path / "cold_warm" / "meta.json").write_text(
+        json.dumps({**meta, "source_digest": "0123456789abcdef"})
+    )
+    line = _env_line(tmp_path)
+    assert f"commit {meta['git_commit'][:10]}+dirty" in line and "source 0123456789abcdef" in line
+    assert "NVIDIA H200" in line

@@ -49,7 +49,7 @@ from perfkit.bundle_schema import (
     upgrade_table,
 )
 from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
-from perfkit.common.provenance import git_commit
+from perfkit.common.provenance import git_commit, source_digest
 
 log = logging.getLogger(__name__)
 
@@ -152,12 +152,14 @@ def _gpu_info() -> dict[str, Any]:
 
 
 def environment_meta() -> dict[str, Any]:
-    """Facts needed to reproduce a run: versions, git commit, host, CPU count, GPU."""
+    """Facts needed to reproduce a run: versions, git commit and source digest
+    (:func:`perfkit.common.provenance.source_digest`), host, CPU count, GPU."""
     import perfkit
 
     meta: dict[str, Any] = {
         "perfkit_version": perfkit.__version__,
         "git_commit": git_commit(),
+        "source_digest": source_digest(),
         "python": platform.python_version(),
         "host": socket.gethostname(),
         "platform": platform.platform(),

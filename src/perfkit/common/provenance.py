@@ -1,7 +1,8 @@
-"""Where a measurement came from: perfkit's own git commit."""
+"""Where a measurement came from: perfkit's own git commit and a digest of its source."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -32,6 +33,27 @@ def git_commit() -> str | None:
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def source_digest(root: Path | None = None) -> str | None:
+    """SHA-256 (hex, first 16 digits) of perfkit's source as it is on disk: every ``*.py`` under
+    ``src/perfkit`` and ``pyproject.toml``, by path (sorted) and content. It names the code that
+    ran when the commit cannot: a GPU host that received a working tree whose ``.git`` is older
+    than its files reports ``<old commit>+dirty``, and this digest, recomputed from any checkout
+    (``python -c "from perfkit.common.provenance import source_digest; print(source_digest())"``),
+    says which commit's files those were. None when ``root`` (default :func:`repo_root`) has no
+    ``src/perfkit`` (an installed wheel)."""
+    root = repo_root() if root is None else Path(root)
+    pkg = root / "src" / "perfkit"
+    if not pkg.is_dir():
+        return None
+    h = hashlib.sha256()
+    files = sorted(pkg.rglob("*.py")) + [root / "pyproject.toml"]
+    for f in files:
+        if f.is_file():
+            h.update(f.relative_to(root).as_posix().encode() + b"\0")
+            h.update(f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def repo_root() -> Path:

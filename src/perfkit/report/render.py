@@ -666,7 +666,10 @@ def _env_line(run_dir: Path) -> str:
             f"perfkit {m.get('perfkit_version')}",
         ]
         if m.get("git_commit"):
-            bits.append(f"commit {str(m['git_commit'])[:10]}")
+            c = str(m["git_commit"])
+            bits.append(f"commit {c[:10]}" + ("+dirty" if c.endswith("+dirty") else ""))
+        if m.get("source_digest"):
+            bits.append(f"source {m['source_digest']}")
         return ", ".join(str(b) for b in bits)
     return ""
 
