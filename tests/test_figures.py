@@ -157,23 +157,46 @@ def test_pooled_overhead_is_every_launchs_pairs_under_one_estimator():
     assert "pooled over 2 launches" in st["estimator"]
 
 
-def test_pooled_overhead_refuses_launches_without_pairs(tmp_path):
+def test_pooled_overhead_refuses_bad_launches_naming_launch_and_field(tmp_path):
+    import copy
+    import json
+
     import pytest
 
+    from perfkit.report.figures import FiguresError
     from perfkit.scenarios.overhead import pooled
     from perfkit.scenarios.registry import ScenarioError
 
-    with pytest.raises(ScenarioError, match="nothing to pool"):
-        pooled([])
-    with pytest.raises(ScenarioError, match="launch 2 of 2 has no stage_timing pairs_ms"):
-        pooled(
-            [
-                {"stage_timing": {"pairs_ms": [[1.0, 1.0]], "on_ms": [1.0], "off_ms": [1.0]}},
-                {"stage_timing": {}},
-            ]
-        )
-    # a figures block over a directory without an overhead bundle names it
-    from perfkit.report.figures import FiguresError
+    good = json.loads((ROOT / "examples/h200/bundles-overhead-2/overhead/results.json").read_text())
 
-    with pytest.raises(FiguresError, match="has no overhead/results.json"):
-        render_block(Block(f"examples/h200/bundles-overhead,{tmp_path}", "overhead-pooled"), ROOT)
+    def with_part(**changes):
+        r = copy.deepcopy(good)
+        r["stage_timing"].update(changes)
+        return r
+
+    st = good["stage_timing"]
+    bad = {
+        "two or more launches": [good],
+        "launch 2 has no stage_timing.pairs_ms": [good, with_part(pairs_ms=None)],
+        "pairs_ms.0.0: Input should be a valid number": [good, with_part(pairs_ms=[["806.1", 807.0]] * 2)],
+        "greater than 0": [good, with_part(pairs_ms=[[0, 807.0]] + st["pairs_ms"][1:])],
+        "finite number": [good, with_part(on_ms=[float("inf")] * 40)],
+        "at most 2 items": [good, with_part(pairs_ms=[[1.0, 2.0, 3.0]] * 40)],
+        "40 pairs but 39 on_ms": [good, with_part(on_ms=st["on_ms"][1:])],
+        "results are a list": [good, []],
+    }
+    other = copy.deepcopy(good)
+    other["stage_timing"]["pairs_ms"] = [[a + 1.0, b] for a, b in st["pairs_ms"]]
+    bad["launch 2 repeats the sampler pairs of launch 1"] = [good, {**other, "sampler": good["sampler"]}]
+    for msg, runs in bad.items():
+        with pytest.raises(ScenarioError, match=msg):
+            pooled(runs)
+    # figures: a directory given twice (also by another spelling), an empty item, a missing one
+    for src, msg in (
+        ("examples/h200/bundles-overhead,./examples/h200/bundles-overhead/", "again"),
+        ("examples/h200/bundles-overhead,,examples/h200/bundles-overhead-2", "empty item"),
+        (f"examples/h200/bundles-overhead,{tmp_path / 'nope'}", "no such directory"),
+        (f"examples/h200/bundles-overhead,{tmp_path}", "has no overhead/results.json"),
+    ):
+        with pytest.raises(FiguresError, match=msg):
+            render_block(Block(src, "overhead-pooled"), ROOT)

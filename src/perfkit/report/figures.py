@@ -204,15 +204,24 @@ def _overhead_pooled(block: Block, root: Path) -> str:
     """``kind=overhead-pooled``: ``src`` is a comma-separated list of bundles directories, each
     with an instrumentation-overhead bundle; their ABBA pairs pooled
     (:func:`perfkit.scenarios.overhead.pooled`), rendered as ``full``."""
-    srcs = [x for x in block.src.split(",") if x]
+    srcs = block.src.split(",")
+    if any(not x for x in srcs):
+        raise FiguresError(f"overhead-pooled src={block.src}: an empty item in the list")
     found = []
+    where: dict[Path, str] = {}
     for src in srcs:
-        r = _results(root / src).get(OVERHEAD)
+        d = (root / src).resolve()
+        if d in where:
+            raise FiguresError(f"overhead-pooled src={block.src}: {src} is {where[d]} again")
+        where[d] = src
+        if not d.is_dir():
+            raise FiguresError(f"overhead-pooled: {root / src}: no such directory")
+        r = _results(d).get(OVERHEAD)
         if r is None:
             raise FiguresError(f"overhead-pooled: {root / src} has no {OVERHEAD}/results.json")
         found.append(r)
     try:
-        r = overhead.pooled(found)
+        r = overhead.pooled(found, names=[f"{s}/{OVERHEAD}/results.json" for s in srcs])
     except registry.ScenarioError as exc:
         raise FiguresError(f"overhead-pooled {block.src}: {exc}") from exc
     parts = _full_section(OVERHEAD, r)

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Annotated, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
+from pydantic import BaseModel, Field, ValidationError
 
 from perfkit import stats
 from perfkit.bundle import ResultBundle
@@ -110,7 +110,19 @@ def _summary(
     return out
 
 
-def pooled(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+#: an ABBA time: a finite positive number of ms (a string, bool, null, 0 or inf is refused)
+_Ms = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
+
+
+class _PooledPart(BaseModel):
+    """One part of one launch's results, as :func:`pooled` needs it."""
+
+    pairs_ms: list[tuple[_Ms, _Ms]] = Field(min_length=2)
+    on_ms: list[_Ms]
+    off_ms: list[_Ms]
+
+
+def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None) -> dict[str, Any]:
     """Pool the ABBA pairs of several launches of this probe (same engine, request and code)
     into one paired estimate per part: the same estimator over every pair (module doc), so
     launches of 40 pairs add up to the interval of their sum. A launch's slow spells still
@@ -118,7 +130,8 @@ def pooled(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     one launch).
 
     Args:
-        results: each launch's ``overhead/results.json`` content.
+        results: each launch's ``overhead/results.json`` content (two or more launches).
+        names: what to call each launch in errors (default "launch 1", "launch 2", ...).
 
     Returns:
         ``{"launches": n, "stage_timing": {...}, "sampler": {...}}``, each part as in one
@@ -126,26 +139,55 @@ def pooled(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ``timing_agreement``.
 
     Raises:
-        ScenarioError: no results, or a launch whose part has no ``pairs_ms`` (recorded before
-            pairs were kept: it cannot be pooled; names the launch by its position).
+        ScenarioError: fewer than two launches; a launch that is not a results mapping; a part
+            whose ``pairs_ms`` / ``on_ms`` / ``off_ms`` are missing (a launch recorded before
+            pairs were kept), not lists of finite positive ms, with fewer than 2 pairs or with
+            ``on_ms``/``off_ms`` of another length than the pairs; a launch whose pairs repeat
+            another launch's (the same bundle given twice). Each names the launch and the field.
     """
-    if not results:
-        raise ScenarioError(f"{NAME}: nothing to pool (no launch results given)")
+    names = list(names) if names is not None else [f"launch {i}" for i in range(1, len(results) + 1)]
+    if len(results) < 2:
+        raise ScenarioError(
+            f"{NAME}: pooling needs two or more launches, got {len(results)} (one launch is its own "
+            "results: kind=full)"
+        )
     out: dict[str, Any] = {"launches": len(results)}
     for part in PARTS:
         pairs: list[tuple[float, float]] = []
         on: list[float] = []
         off: list[float] = []
-        for i, r in enumerate(results, 1):
-            s = r.get(part) or {}
-            if not s.get("pairs_ms"):
+        seen: dict[tuple, str] = {}
+        for name, r in zip(names, results):
+            if not isinstance(r, Mapping):
+                raise ScenarioError(f"{NAME}: {name}: results are a {type(r).__name__}, not a mapping")
+            raw = r.get(part)
+            if not isinstance(raw, Mapping) or not raw.get("pairs_ms"):
                 raise ScenarioError(
-                    f"{NAME}: launch {i} of {len(results)} has no {part} pairs_ms (recorded before "
-                    "pairs were kept): it cannot be pooled"
+                    f"{NAME}: {name} has no {part}.pairs_ms (missing, null or empty; a launch recorded "
+                    "before pairs were kept cannot be pooled)"
                 )
-            pairs += [(float(a), float(b)) for a, b in s["pairs_ms"]]
-            on += [float(x) for x in s.get("on_ms") or []]
-            off += [float(x) for x in s.get("off_ms") or []]
+            try:
+                s = _PooledPart.model_validate(raw)
+            except ValidationError as exc:
+                bad = "; ".join(
+                    f"{part}.{'.'.join(str(x) for x in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
+                    for e in exc.errors()[:3]
+                )
+                raise ScenarioError(f"{NAME}: {name}: {bad}") from None
+            if not len(s.on_ms) == len(s.off_ms) == len(s.pairs_ms):
+                raise ScenarioError(
+                    f"{NAME}: {name}: {part} has {len(s.pairs_ms)} pairs but {len(s.on_ms)} on_ms and "
+                    f"{len(s.off_ms)} off_ms (one of each per pair)"
+                )
+            key = tuple(s.pairs_ms)
+            if key in seen:
+                raise ScenarioError(
+                    f"{NAME}: {name} repeats the {part} pairs of {seen[key]} (the same launch twice)"
+                )
+            seen[key] = name
+            pairs += s.pairs_ms
+            on += s.on_ms
+            off += s.off_ms
         part_out = _summary(on, off, pairs)
         part_out["estimator"] = f"{part_out['estimator']}, pooled over {len(results)} launches"
         out[part] = part_out
