@@ -22,10 +22,11 @@ upsampler follows the VAE):
 
 Group modes use a CUDA stream (``use_stream=True``: the next group is prefetched while the current
 one runs) when the device is CUDA, except block-level offload of a component whose blocks sit in a
-submodule (the text encoder's stack, the VAE's decoder): diffusers 0.42.1 registers its layer
-execution tracker twice when ``block_modules`` and streams are combined (``ValueError: Hook with
-name layer_execution_tracker already exists``, seen on the H200), so those components are
-offloaded block by block without a stream (:data:`_STREAMLESS_BLOCK_LEVEL`). Every mode but ``none`` needs an accelerator: on a CPU device
+submodule (``_BLOCK_MODULES``: the text encoder's stack, the VAE's decoder): diffusers 0.42.1
+registers its layer execution tracker twice when ``block_modules`` and streams are combined
+(``ValueError: Hook with name layer_execution_tracker already exists``, seen on the H200), so
+those components are offloaded block by block without a stream. Every mode but ``none`` needs an
+accelerator: on a CPU device
 :func:`check_applicable` raises :class:`OffloadNotApplicable` and the engine exits with code 2
 and the message ``offload mode 'model' needs an accelerator; device is cpu``.
 
@@ -77,9 +78,6 @@ COMPILE_COMPATIBLE = ("none", "group-block")
 #: given: each of its blocks is a separate graph of the same code (diffusers' test
 #: ``test_compile_with_group_offloading`` raises the limit for the same reason).
 GROUP_COMPILE_RECOMPILE_LIMIT = 1024
-#: Components whose block-level offload runs without a CUDA stream (their blocks sit in the
-#: submodule named in ``_BLOCK_MODULES``; module doc: a diffusers 0.42.1 hook clash).
-_STREAMLESS_BLOCK_LEVEL = ("text_encoder", "vae")
 #: Execution order of every component that can be placed (model offload chains them so).
 _ORDER = ("text_encoder", "transformer", "upsampler", "vae")
 #: Submodules whose blocks are the groups of block-level offload, per component (None: the
@@ -265,11 +263,10 @@ def resolve(
 ) -> dict[str, str]:
     """component -> the mode to apply: the requested one, else the automatic rule (module doc).
     The upsampler (two-stage) follows the VAE. A CPU engine gets ``none`` everywhere."""
-    req = dict(requested or {})
-    auto = auto_modes(comps.param_bytes, cap_gib if device.type == "cuda" else None, req)
-    out: dict[str, str] = {}
-    for comp in COMPONENTS:
-        out[comp] = auto[comp] if device.type != "cpu" else "none"
+    if device.type == "cpu":
+        out = {c: "none" for c in COMPONENTS}
+    else:
+        out = auto_modes(comps.param_bytes, cap_gib if device.type == "cuda" else None, requested)
     if comps.upsampler is not None:
         out["upsampler"] = out["vae"]
     return out
@@ -305,7 +302,8 @@ def place_components(
     check_applicable(req, device)
     modes = resolve(comps, device, cap_gib, req)
     streams = {
-        c: device.type == "cuda" and not (m == "group-block" and c in _STREAMLESS_BLOCK_LEVEL)
+        # block_modules with a stream clash in diffusers 0.42.1 (module doc)
+        c: device.type == "cuda" and not (m == "group-block" and _BLOCK_MODULES.get(c))
         for c, m in modes.items()
         if m.startswith("group-")
     }

@@ -151,6 +151,9 @@ def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = N
             f"{NAME}: pooling needs two or more launches, got {len(results)} (one launch is its own "
             "results: kind=full)"
         )
+    for name, r in zip(names, results):
+        if not isinstance(r, Mapping):
+            raise ScenarioError(f"{NAME}: {name}: results are a {type(r).__name__}, not a mapping")
     out: dict[str, Any] = {"launches": len(results)}
     for part in PARTS:
         pairs: list[tuple[float, float]] = []
@@ -158,8 +161,6 @@ def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = N
         off: list[float] = []
         seen: dict[tuple, str] = {}
         for name, r in zip(names, results):
-            if not isinstance(r, Mapping):
-                raise ScenarioError(f"{NAME}: {name}: results are a {type(r).__name__}, not a mapping")
             raw = r.get(part)
             if not isinstance(raw, Mapping) or not raw.get("pairs_ms"):
                 raise ScenarioError(
