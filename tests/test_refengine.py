@@ -383,3 +383,20 @@ def test_debug_stage_delay_is_refused_when_malformed(tmp_path):
     )
     assert out.returncode == 2
     assert "expected STAGE=PCT" in out.stderr
+
+
+def test_compile_kwargs_pass_the_recompile_limit_only_where_torch_compile_takes_it():
+    from perfkit.refengine.pipeline import compile_kwargs
+
+    def compile_2_11(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None):
+        """torch 2.11's torch.compile keywords (no recompile_limit)."""
+
+    # the installed torch (2.13) takes it; torch 2.11's signature does not, and the H200 engine
+    # died with TypeError when it was passed
+    assert compile_kwargs("inductor", 1024) == {
+        "dynamic": False,
+        "backend": "inductor",
+        "recompile_limit": 1024,
+    }
+    assert compile_kwargs("inductor", 1024, compile_2_11) == {"dynamic": False, "backend": "inductor"}
+    assert compile_kwargs("eager", None) == {"dynamic": False, "backend": "eager"}

@@ -109,6 +109,20 @@ def host_memory_mib() -> tuple[float, float]:
     return rss, anon
 
 
+def compile_kwargs(backend: str, recompile_limit: int | None, compile_fn: Any = None) -> dict[str, Any]:
+    """Keyword arguments for ``torch.compile`` (``dynamic=False``, ``backend``), with
+    ``recompile_limit`` only where ``compile_fn`` (default ``torch.compile``) takes it: torch 2.13
+    added the argument, torch 2.11 raises ``TypeError`` on it (found on the H200 host) and reads the
+    limit from ``torch._dynamo.config`` alone."""
+    import inspect
+
+    kw: dict[str, Any] = {"dynamic": False, "backend": backend}
+    takes = "recompile_limit" in inspect.signature(compile_fn or torch.compile).parameters
+    if recompile_limit is not None and takes:
+        kw["recompile_limit"] = recompile_limit
+    return kw
+
+
 class StagedPipeline:
     """Runs LTX-Video requests stage by stage on one device.
 
@@ -122,8 +136,9 @@ class StagedPipeline:
             ``torch.compile(dynamic=False)`` with ``compile_backend``.
         compile_watch: the process's CompileWatch (required when compiling).
         recompile_limit: dynamo's recompile limit for the compiled modules (None: torch's
-            default). Passed to ``torch.compile`` itself: torch's config overrides are
-            thread-local, and requests run on the engine's worker thread.
+            default). Passed to ``torch.compile`` itself where it takes it (torch >= 2.13, whose
+            config overrides are thread-local while requests run on the engine's worker thread);
+            older torch takes only the process-wide ``torch._dynamo.config`` the CLI sets.
         cfg_parallel: this rank's :class:`~perfkit.refengine.dist.CfgParallel` (``--num-gpus``
             > 1): each rank computes one guidance branch per step and the predictions are
             gathered; only rank 0 decodes. None: one process computes both branches as a batch.
@@ -162,9 +177,7 @@ class StagedPipeline:
         self.temporal = self.pipe.vae_temporal_compression_ratio
         self.spatial = self.pipe.vae_spatial_compression_ratio
         if compile:
-            kw: dict[str, Any] = {"dynamic": False, "backend": compile_backend}
-            if recompile_limit is not None:
-                kw["recompile_limit"] = recompile_limit
+            kw = compile_kwargs(compile_backend, recompile_limit)
             comps.transformer.compile(**kw)
             if compile_vae:
                 comps.vae.decoder.compile(**kw)
