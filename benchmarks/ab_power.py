@@ -174,7 +174,7 @@ def _report(a: argparse.Namespace) -> int:
         if untrusted:
             break
         rec = power.recommend(table, a.detect_min, a.alarm_max, alarm=alarm)
-        what = "DenoisingStage and warm e2e" if alarm == "key" else "any metric"
+        what = "DenoisingStage and warm e2e" if alarm == "key" else "the exit code: B exits 1, A/A exits 1"
         if rec.empty:
             print(
                 f"\nno (N, M) meets detection >= {a.detect_min:.0%} with A/A false alarms ({what}) <= {a.alarm_max:.0%}"

@@ -90,6 +90,32 @@ def test_slow_spells_of_the_second_h200_pool():
     assert (t["detect_DenoisingStage"] < 0.1).all() and (t["aa_covers"] >= 0.95).all()
 
 
+def test_the_quiet_h200_pool_meets_the_gate_targets_at_n5_m5():
+    # issue 23's target from the committed third pool (examples/h200/README.md, "Gate power"):
+    # at N = 5, M = 5, a 1 % threshold and 99 % confidence, the exit code catches both slowdowns in
+    # >= 95 % of draws and an A/A exits 1 in <= 1 %; at 95 % the key metrics still never alarm,
+    # but the exit code's A/A rate is above 1 %
+    pool = power.load_pool(ROOT / "examples/h200/ab-pool/h200-dec01")
+    assert pool.warm == 6 and [len(pool.launches(a)) for a in "ABC"] == [10, 10, 8]
+    assert power.slow_spells(pool)["slow_requests"].sum() == 0
+    assert power.arm_warnings(pool) == {}
+    t = power.power_table(pool, n=[4, 5], m=[5], settings=[(0.01, 0.99), (0.01, 0.95)], sims=2000)
+    at = t[(t["n"] == 5) & (t["confidence"] == 0.99)].set_index("arm")
+    assert (at["detect_any"] >= 0.95).all() and at.loc["B", "detect_DenoisingStage"] >= 0.95
+    assert 0 < at.loc["B", "aa_alarm_any"] <= 0.01
+    assert at.loc["B", "aa_alarm_DenoisingStage"] == at.loc["B", "aa_alarm_warm_e2e"] == 0.0
+    # warm e2e itself moved only ~+3 % in C (its text encoder ran faster by chance): called in about half
+    assert 0.3 < at.loc["C", "detect_warm_e2e"] < 0.7
+    rec = power.recommend(t[t["confidence"] == 0.99], 0.95, 0.01, alarm="any")
+    assert list(rec[["n", "m"]].iloc[0]) == [5, 5] and rec.iloc[0]["alarm_max_seen"] <= 0.01
+    assert power.recommend(t[t["confidence"] == 0.99], 0.95, 0.01, alarm="key").empty
+    loose = t[t["confidence"] == 0.95]
+    assert list(power.recommend(loose, 0.95, 0.01, alarm="key")[["n", "m"]].iloc[0]) == [5, 5]
+    assert power.recommend(loose, 0.95, 0.01, alarm="any").empty
+    with pytest.raises(ValueError, match="'key' or 'any'"):
+        power.recommend(t, alarm="exit")
+
+
 def test_slow_spells_read_the_clocks_the_sampler_recorded(tmp_path):
     # the committed pool predates clock sampling: give arm A's memory samples clocks, slower and at
     # the power cap inside its slow requests, and the spells say so

@@ -345,7 +345,8 @@ def power_table(
         One row per (arm, n, m, threshold, confidence) with ``slowdown_pct`` (of DenoisingStage),
         ``target``, ``launches_a``, ``launches_b`` (the pool), ``aa_covers`` (DenoisingStage
         interval holds 1), ``aa_alarm_<metric>`` for :data:`KEY_METRICS`, ``aa_alarm_any``,
-        ``detect_<metric>`` for :data:`KEY_METRICS`, ``alarm_untouched`` (fractions of ``sims``).
+        ``detect_<metric>`` for :data:`KEY_METRICS`, ``detect_any`` (the B draw's exit code is 1:
+        any metric called a regression), ``alarm_untouched`` (fractions of ``sims``).
 
     Raises:
         ValueError: a setting outside (0, 1), or N < 2.
@@ -422,9 +423,11 @@ def power_table(
                             )
                         j = cols.index(UNTOUCHED) if UNTOUCHED in cols else None
                         row["alarm_untouched"] = math.nan if j is None else _rate(low[:, j] > up, low[:, j])
+                        # the exit code: any metric called a regression
+                        row["detect_any"] = _rate((low > up).any(axis=1), low)
                     else:
                         row.update({f"detect_{k}": math.nan for k in KEY_METRICS})
-                        row["alarm_untouched"] = math.nan
+                        row.update({"alarm_untouched": math.nan, "detect_any": math.nan})
                     rows.append(row)
     return pd.DataFrame(rows)
 
@@ -434,20 +437,31 @@ def recommend(
 ) -> pd.DataFrame:
     """The cheapest settings that meet the targets: rows of :func:`power_table` (one per setting
     and N, M, all arms together) where every arm's detection on its ``target`` metric is at least
-    ``detect_min`` and the A/A false-alarm rate is at most ``alarm_max``; ``alarm="key"`` takes
-    the worst of :data:`KEY_METRICS`, ``"any"`` the rate of any metric (the exit code). Sorted by
+    ``detect_min`` and the A/A false-alarm rate is at most ``alarm_max``. ``alarm="key"`` judges
+    the metrics themselves: detection on each arm's ``target``, false alarms the worst of
+    :data:`KEY_METRICS`. ``alarm="any"`` judges the exit code, as a CI job sees it: detection is
+    the B draw exiting 1 (``detect_any``: any metric called a regression) and a false alarm the
+    A/A draw exiting 1 (``aa_alarm_any``). Sorted by
     launches (N), then requests (M), then false alarms (fewest first); empty when nothing meets
     them.
 
     Returns:
         Columns ``threshold, confidence, n, m, detect_min_seen, alarm_max_seen``.
+
+    Raises:
+        ValueError: ``alarm`` is neither ``"key"`` nor ``"any"``.
     """
+    if alarm not in ("key", "any"):
+        raise ValueError(f"alarm must be 'key' or 'any', got {alarm!r}")
     if table.empty:
         return pd.DataFrame(
             columns=["threshold", "confidence", "n", "m", "detect_min_seen", "alarm_max_seen"]
         )
     t = table.copy()
-    t["detect"] = [r[f"detect_{r['target']}"] for _, r in t.iterrows()]
+    if alarm == "any":
+        t["detect"] = t["detect_any"]
+    else:
+        t["detect"] = [r[f"detect_{r['target']}"] for _, r in t.iterrows()]
     alarm_cols = [f"aa_alarm_{k}" for k in KEY_METRICS] if alarm == "key" else ["aa_alarm_any"]
     t["alarm"] = t[alarm_cols].max(axis=1, skipna=False)
     # NaN (no rate: nothing drawn) is never "met": min/max keep it

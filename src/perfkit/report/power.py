@@ -100,6 +100,7 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
                 r[f"detect_{target}"]
             )
             row[f"{r['arm']}: TextEncodingStage alarm"] = percent_text(r["alarm_untouched"])
+            row[f"{r['arm']}: exit 1"] = percent_text(r["detect_any"])
         rows.append(row)
     lines = [
         head,
@@ -120,7 +121,9 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
     for said in untrusted.values():
         lines.append(f"- **Off its asked change:** {said}; no N and M are recommended from this pool.")
     for alarm, what in (
-        () if untrusted else (("key", "DenoisingStage and warm e2e"), ("any", "any metric: the exit code"))
+        ()
+        if untrusted
+        else (("key", "DenoisingStage and warm e2e"), ("any", "the exit code: B exits 1, A/A exits 1"))
     ):
         rec = power.recommend(table, DETECT_MIN, ALARM_MAX, alarm=alarm)
         if rec.empty:
