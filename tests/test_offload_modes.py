@@ -147,6 +147,10 @@ def test_cpu_run_gives_one_row_per_mode_none_ran_others_not_applicable(all_modes
     assert list(table["status"]) == ["ran"] + ["not applicable"] * 3
     assert {"ready_s", "load_s", "warmup_s", "cold_ms", "warm_ms", "peak_reserved_mib"} <= set(table.columns)
     assert table.loc[0, "placement"].startswith("cpu: text_encoder=none")
+    # torch.compile as the engine's records have it (this spec asks for aot_eager)
+    assert none["compile_requested"] is True and none["compile_active"] is True
+    assert none["compile_disabled_reason"] is None
+    assert list(table["compile"]) == ["on", "–", "–", "–"]
     get(NAME).check_bundle(all_modes)
     assert isinstance(plots.offload_memory_latency(table), Figure)
 
@@ -238,3 +242,40 @@ def test_params_need_two_repeats_and_unique_modes():
         model(modes=["none", "none"])
     with pytest.raises(ValueError):
         model(modes=["disk"])
+
+
+def test_the_h200_block_offload_bundle_shows_compile_on_from_the_engine_records():
+    # examples/h200/bundles-offload-block-compile (2026-12-01): the block-offloaded transformer
+    # was compiled; the table says so from the results, and the records agree
+    import json
+    from pathlib import Path
+
+    from perfkit.bundle import ResultBundle
+
+    b = ResultBundle.load(
+        Path(__file__).resolve().parents[1] / "examples/h200/bundles-offload-block-compile/offload_modes"
+    )
+    table = get(NAME).summary_table(b.results)
+    assert list(table["mode"]) == ["group-block"] and list(table["compile"]) == ["on"]
+    pk = [json.loads(line)["perfkit"] for line in b.records["offload-group-block"]]
+    assert all(p["compile_active"] for p in pk)
+    assert [p["compiles"] for p in pk] == [56, 0, 0, 0]  # the startup warmup, then three requests
+    assert "torch.compile on" in get(NAME).reading(b.results)
+
+
+def test_compile_text_says_what_the_engine_reported():
+    text = offload_modes_module().compile_text
+    assert text({"compile_active": True}) == "on"
+    assert text({"compile_active": False, "compile_requested": False}) == "off (not asked)"
+    why = "the transformer is offloaded (group-leaf); torch.compile is kept only under none or group-block"
+    assert (
+        text({"compile_active": False, "compile_requested": True, "compile_disabled_reason": why})
+        == f"off: {why}"
+    )
+    assert text({}) == "–"  # not recorded (bundles from before the field): never a guess
+
+
+def offload_modes_module():
+    import importlib
+
+    return importlib.import_module("perfkit.scenarios.offload_modes")

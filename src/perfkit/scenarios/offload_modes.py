@@ -126,6 +126,9 @@ def _reported(data: LaunchData) -> dict[str, Any]:
                 "placement_by_component": pk.get("placement_by_component"),
                 "offload_use_stream": pk.get("offload_use_stream"),
                 "device": pk.get("device"),
+                "compile_active": pk.get("compile_active"),
+                "compile_disabled_reason": pk.get("compile_disabled_reason"),
+                "compile_requested": pk.get("compile_requested"),
             }
     return {}
 
@@ -172,6 +175,8 @@ def offload_modes(
         (device, MiB), ``host_pss_peak_mib`` (PSS of the engine's tree, MiB; ``host_anon_peak_mib``
         beside it), ``cgroup_peak_mib``, ``placement`` (the engine's
         summary), ``offload`` (component -> mode reported), ``placement_by_component``,
+        ``compile_requested``, ``compile_active``, ``compile_disabled_reason`` (the engine's
+        records: whether torch.compile was asked, in force, and why not; None: not recorded),
         ``placement_matches``, ``warm_not_slower``, ``reused_from``; ``device``: the engine's.
 
     Raises:
@@ -257,6 +262,9 @@ def _entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
         "placement_by_component": rep.get("placement_by_component"),
         "offload_use_stream": rep.get("offload_use_stream"),
         "device": rep.get("device"),
+        "compile_active": rep.get("compile_active"),
+        "compile_disabled_reason": rep.get("compile_disabled_reason"),
+        "compile_requested": rep.get("compile_requested"),
         "cold_ms": _num(ok["e2e_ms"].iloc[0]) if len(ok) else None,
         "warm_ms": _num(np.median(ok["e2e_ms"].iloc[1:])) if len(ok) >= 2 else None,
     }
@@ -339,6 +347,21 @@ def _placement_text(r: Mapping[str, Any]) -> str:
     if not off:
         return r.get("placement") or "–"
     return f"{r.get('placement')}: " + ", ".join(f"{k}={v}" for k, v in off.items())
+
+
+def compile_text(e: Mapping[str, Any]) -> str:
+    """What the engine reported about torch.compile for one mode entry: ``on``, ``off (not
+    asked)``, ``off: <reason>``, or ``–`` where the records said nothing (bundles from before
+    the entry carried it)."""
+    active = e.get("compile_active")
+    if active is None:
+        return "–"
+    if active:
+        return "on"
+    if e.get("compile_requested") is False:
+        return "off (not asked)"
+    why = e.get("compile_disabled_reason")
+    return f"off: {why}" if why else "off"
 
 
 def _skip(metric: str, why: str) -> Check:
@@ -461,6 +484,7 @@ SUMMARY_COLUMNS = [
     "host_pss_peak_mib",
     "cgroup_peak_mib",
     "host_anon_peak_mib",
+    "compile",
     "placement",
 ]
 
@@ -468,14 +492,16 @@ SUMMARY_COLUMNS = [
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     """One row per mode with :data:`SUMMARY_COLUMNS`: ran / not applicable / failed and why,
     the cold start and its parts (s), cold and warm e2e (ms), peak VRAM reserved/allocated (MiB),
-    host memory peak (MiB), the placement the engine reported (summary: component=mode)."""
+    host memory peak (MiB), torch.compile as the engine reported it (:func:`compile_text`), the
+    placement the engine reported (summary: component=mode)."""
     rows = []
     for e in r.get("modes") or []:
         row = {c: e.get(c) for c in SUMMARY_COLUMNS}
         row["placement"] = _placement_text(e) if e.get("status") == RAN else (e.get("placement") or "–")
+        row["compile"] = compile_text(e) if e.get("status") == RAN else "–"
         rows.append(row)
     df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-    for c in SUMMARY_COLUMNS[3:-1]:
+    for c in SUMMARY_COLUMNS[3:-2]:  # the numbers: ready_s … host_anon_peak_mib
         df[c] = pd.to_numeric(df[c], errors="coerce")
     return df
 
@@ -493,6 +519,7 @@ def reading(r: Mapping[str, Any]) -> str:
                 + f", cold {_ms(e.get('cold_ms'))}, warm {_ms(e.get('warm_ms'))}; peak reserved "
                 f"{_mib(e.get('peak_reserved_mib'))}, host PSS peak {_mib(e.get('host_pss_peak_mib'))}; "
                 f"engine reports {_placement_text(e)}"
+                + (f", torch.compile {compile_text(e)}" if compile_text(e) != "–" else "")
                 + (f" (launch reused from {e.get('reused_from')})" if e.get("reused_from") else "")
                 + "."
             )
