@@ -1,5 +1,6 @@
 """Power of `perfkit ab`: A/A false-alarm rate and detection rate of injected slowdowns, from
-one live pool of launches, by resampling launches (`perfkit.ab.power`).
+one live pool of launches, over every way to pick the launches (exact for the pool) or random
+draws where there are too many (`perfkit.ab.power`).
 
 One pool: `perfkit.ab.driver.run_arms` runs --pool launches of A (--spec, default
 examples/ab/tiny-cpu.yaml) and of one B arm per --slowdown (the same engine with the test-only
@@ -43,6 +44,12 @@ def _record(a: argparse.Namespace) -> None:
     """Record a pool into --pool-dir unless one is there (sets --pool-dir when it was not given)."""
     if a.pool_dir and (Path(a.pool_dir) / "a" / "meta.json").exists():
         return
+    if a.pool_dir and Path(a.pool_dir).is_dir() and any(Path(a.pool_dir).iterdir()):
+        # a typo'd or damaged pool must not start minutes of launches over what is there
+        raise ValueError(
+            f"{a.pool_dir}: not a recorded pool (no a/meta.json) and not empty: give an empty or new "
+            "directory to record one"
+        )
     from perfkit.ab.driver import run_arms
     from perfkit.engine.client import VideoRequestSpec
     from perfkit.engine.spec import EngineSpec
@@ -91,9 +98,14 @@ def main() -> int:
         " relative to the checkout",
     )
     ap.add_argument("--warm", type=int, default=5, help="warm requests a launch in the pool")
-    ap.add_argument("--n", type=int, nargs="+", default=[2, 3, 4], help="launches a side to resample")
+    ap.add_argument("--n", type=int, nargs="+", default=[2, 3, 4], help="launches a side")
     ap.add_argument("--m", type=int, nargs="+", default=[3, 5], help="warm requests a launch to use")
-    ap.add_argument("--sims", type=int, default=2000, help="resamples per (arm, N, M)")
+    ap.add_argument(
+        "--sims",
+        type=int,
+        default=2000,
+        help="random draws per (arm, N, M) where the ways to pick launches exceed perfkit.ab.power.MAX_EXACT",
+    )
     ap.add_argument(
         "--slowdown",
         type=float,
@@ -159,22 +171,36 @@ def _report(a: argparse.Namespace) -> int:
     )
     settings = [(t, c) for t in a.threshold for c in a.confidence]
     table = power.power_table(pool, a.n, a.m, settings, sims=a.sims, seed=a.seed)
-    print(f"\nresampled decisions ({a.sims} draws each, Welch t on launch medians):")
-    shown = table.drop(columns=["slowdown_pct", "launches_a", "launches_b"])
+    exact = bool(table["aa_exact"].dropna().all() and table["ab_exact"].dropna().all())
+    how = (
+        "every way to pick the launches (exact for this pool)"
+        if exact
+        else f"up to {a.sims} random draws each"
+    )
+    print(f"\ndecisions over {how}, Welch t on launch medians (aa_* columns are shared by every arm's rows):")
+    shown = table.drop(columns=["slowdown_pct", "launches_a", "launches_b", "aa_exact", "ab_exact"])
     print(
         shown.to_string(
             index=False,
-            formatters={c: percent_text for c in shown.columns if c.startswith(("aa_", "detect_", "alarm_"))},
+            formatters={
+                c: percent_text
+                for c in shown.columns
+                if c.startswith(("aa_", "detect_", "alarm_")) and not c.endswith("_ways")
+            },
         )
     )
     untrusted = power.arm_warnings(pool)
     for said in untrusted.values():
         print(f"\nwarning: {said}; no N and M are recommended from this pool")
-    for alarm in ("key", "any"):
+    for alarm in ("key", "gate", "any"):
         if untrusted:
             break
         rec = power.recommend(table, a.detect_min, a.alarm_max, alarm=alarm)
-        what = "DenoisingStage and warm e2e" if alarm == "key" else "the exit code: B exits 1, A/A exits 1"
+        what = {
+            "key": "each arm on its own metric, false alarms of DenoisingStage and warm e2e",
+            "gate": "the exit code with --gate-metrics DenoisingStage,warm_e2e",
+            "any": "the exit code with every metric gating",
+        }[alarm]
         if rec.empty:
             print(
                 f"\nno (N, M) meets detection >= {a.detect_min:.0%} with A/A false alarms ({what}) <= {a.alarm_max:.0%}"

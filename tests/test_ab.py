@@ -167,3 +167,62 @@ def test_a_side_may_be_a_params_file_with_its_request():
     assert req["num_frames"] == 25 and req["num_inference_steps"] == 4
     spec, req = _ab_side(str(SPEC_B), "--b")
     assert req is None and spec.debug_stage_delay == {"DenoisingStage": 30.0}
+
+
+def _values(stage_ms: dict[str, float], launches: int = 4, warm: int = 3) -> pd.DataFrame:
+    """metric_values-shaped rows: each stage at its ms with a small deterministic spread."""
+    rows = []
+    for i in range(launches):
+        for j in range(1, warm + 1):
+            for metric, ms in stage_ms.items():
+                rows.append({"launch": f"L{i}", "metric": metric, "unit": "ms", "index": j,
+                             "value": ms * (1 + 0.002 * ((i + j) % 3 - 1))})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_gate_metrics_set_the_exit_code_and_the_rest_are_reported(tmp_path):
+    from perfkit.ab.decide import compare
+    from perfkit.report.ab import ab_summary_markdown
+
+    a = _values({"DenoisingStage": 700.0, "TextEncodingStage": 40.0, "warm_e2e": 800.0})
+    b = _values({"DenoisingStage": 700.0, "TextEncodingStage": 60.0, "warm_e2e": 800.0})  # TE +50 %
+    every = compare(a, b, threshold=0.01)
+    assert every.exit_code == 1 and every.decisions["TextEncodingStage"] == "regression"
+    gated = compare(a, b, threshold=0.01, gate=["DenoisingStage", "warm_e2e"])
+    assert gated.exit_code == 0 and gated.verdict == "no regression"
+    assert gated.decisions["TextEncodingStage"] == "regression"  # still decided and shown
+    assert gated.ungated_regressions == ["TextEncodingStage"]
+    gated.meta["gate_metrics"] = ["DenoisingStage", "warm_e2e"]
+    md = ab_summary_markdown(gated)
+    assert "reported, not gated: TextEncodingStage regressed" in md
+    assert "| regression (not gated) |" in md and "gates on DenoisingStage, warm_e2e only" in md
+    # a round trip keeps which metrics gated; an ab.json from before the column gates everything
+    gated.save(tmp_path)
+    assert AbResult.load(tmp_path).ungated_regressions == ["TextEncodingStage"]
+    doc = json.loads((tmp_path / "ab.json").read_text())
+    for r in doc["table"]:
+        r.pop("gated")
+    (tmp_path / "ab.json").write_text(json.dumps(doc))
+    assert AbResult.load(tmp_path).ungated_regressions == []
+    # the gated metric regressing does set it; a gate of nothing measured is an error, not a pass
+    slow = _values({"DenoisingStage": 735.0, "TextEncodingStage": 40.0, "warm_e2e": 835.0})
+    assert compare(a, slow, threshold=0.01, gate=["DenoisingStage"]).exit_code == 1
+    assert compare(a, b, threshold=0.01, gate=["peak_vram"]).exit_code == 2
+    with pytest.raises(ValueError, match=r"\['DecodingStage'\] are not compared here"):
+        compare(a, b, gate=["DecodingStage"])
+
+
+def test_gate_metrics_on_the_command_line(tmp_path):
+    res = ab("--replay", str(AA / "a"), str(AA / "b"), "--out", str(tmp_path / "g"), "-q",
+             "--gate-metrics", "DenoisingStage, warm_e2e")  # fmt: skip
+    r = AbResult.load(tmp_path / "g")
+    assert res.exit_code == 0 and r.meta["gate_metrics"] == ["DenoisingStage", "warm_e2e"]
+    assert dict(zip(r.table["metric"], r.table["gated"])) == {
+        m: m in ("DenoisingStage", "warm_e2e") for m in r.table["metric"]
+    }
+    assert "gates on DenoisingStage, warm_e2e only" in (tmp_path / "g" / "report.html").read_text()
+    bad = ab("--replay", str(AA / "a"), str(AA / "b"), "--out", str(tmp_path / "x"), "--gate-metrics", "e2e")
+    assert bad.exit_code == 2 and "['e2e']" in bad.output and "--gate-metrics" in bad.output
+    absent = ab("--replay", str(AA / "a"), str(AA / "b"), "--out", str(tmp_path / "y"),
+                "--gate-metrics", "RefinementStage")  # fmt: skip
+    assert absent.exit_code == 2 and "['RefinementStage'] are not compared here" in absent.output

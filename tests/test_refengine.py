@@ -400,3 +400,9 @@ def test_compile_kwargs_pass_the_recompile_limit_only_where_torch_compile_takes_
     }
     assert compile_kwargs("inductor", 1024, compile_2_11) == {"dynamic": False, "backend": "inductor"}
     assert compile_kwargs("eager", None) == {"dynamic": False, "backend": "eager"}
+    for limit in (0, -5, True, "8", 8.5):
+        with pytest.raises(ValueError, match="recompile_limit must be a positive integer"):
+            compile_kwargs("inductor", limit)
+    for backend in (None, ""):
+        with pytest.raises(ValueError, match="compile backend must be a non-empty name"):
+            compile_kwargs(backend, None)

@@ -603,6 +603,7 @@ def cmd_ab(a: SimpleNamespace) -> int:
             thresholds = thresholds_from_run(a.threshold_from)
         except (FileNotFoundError, ValueError) as exc:
             raise click.BadParameter(str(exc), param_hint="--threshold-from") from None
+    gate = _gate_metrics(a.gate_metrics)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     if a.replay:
         if a.a or a.b:
@@ -641,7 +642,11 @@ def cmd_ab(a: SimpleNamespace) -> int:
         plan = AbPlan(spec_a, spec_b, VideoRequestSpec.from_dict(req), a.launches, a.warm)
         _sigterm_as_interrupt()
         bundles = run_ab(plan, out)
-    res = compare_bundles(bundles["A"], bundles["B"], threshold, thresholds, confidence)
+    try:
+        res = compare_bundles(bundles["A"], bundles["B"], threshold, thresholds, confidence, gate=gate)
+    except ValueError as exc:
+        kept = "" if a.replay else f" (the launches are kept: --replay {out / 'a'} {out / 'b'})"
+        raise click.BadParameter(f"{exc}{kept}", param_hint="--gate-metrics") from None
     res.meta["replay"] = bool(a.replay)
     if a.threshold_from:
         res.meta["thresholds_from"] = str(a.threshold_from)
@@ -650,6 +655,27 @@ def cmd_ab(a: SimpleNamespace) -> int:
         print(paths["summary"].read_text())
         print(f"report: {paths['report']}")
     return res.exit_code
+
+
+def _gate_metrics(text: str | None) -> list[str] | None:
+    """``--gate-metrics``: comma-separated metric names, each a fixed A/B metric
+    (:data:`perfkit.ab.metrics.METRIC_UNITS`) or an sglang stage name (``…Stage``); None: all.
+
+    Raises:
+        click.BadParameter: empty, or a name that is neither.
+    """
+    if text is None:
+        return None
+    from perfkit.ab.metrics import METRIC_UNITS
+
+    names = [x.strip() for x in str(text).split(",") if x.strip()]
+    bad = [x for x in names if x not in METRIC_UNITS and not x.endswith("Stage")]
+    if not names or bad:
+        raise click.BadParameter(
+            f"{bad or 'nothing given'}: name metrics such as {', '.join(METRIC_UNITS)} or a stage (DenoisingStage)",
+            param_hint="--gate-metrics",
+        )
+    return names
 
 
 # --------------------------------------------------------------------------------- command line
@@ -799,8 +825,14 @@ def report_command(**kw: Any) -> None:
 )
 @click.option("--check", is_flag=True, help="change nothing; exit 1 when a block differs from its bundles")
 def figures_command(files: tuple[str, ...], root: str | None, check: bool) -> None:
-    """Regenerate the '<!-- perfkit:figures src=DIR kind=full|key-numbers -->' blocks of
-    Markdown FILES from the bundles under DIR (figures in docs come from the data).
+    """Regenerate the '<!-- perfkit:figures src=DIR kind=KIND -->' blocks of Markdown FILES
+    from the bundles under DIR (figures in docs come from the data).
+
+    \b
+    KIND: key-numbers, full (a bundle's key numbers / all its figures),
+    compare (vs=DIR2: two bundles side by side), ab-power (a recorded A/B power
+    pool; attributes threshold=0.01 confidence=0.95), overhead-pooled
+    (src=DIR1,DIR2,...: the overhead scenario's ABBA pairs of several launches).
 
     Exit codes: 0 up to date (or rewritten), 1 --check found a stale block, 2 a bad block or a
     src without results."""
@@ -994,6 +1026,13 @@ def engine_serve_command(args: tuple[str, ...]) -> None:
     help="per-metric thresholds from a recorded A/A run directory (its ab.json): each metric's A/A interval",
 )
 @click.option("--confidence", default=None, help="two-sided confidence of the intervals (default 0.95)")
+@click.option(
+    "--gate-metrics",
+    default=None,
+    metavar="M1,M2",
+    help="metrics whose regression sets the exit code (e.g. DenoisingStage,warm_e2e); the rest are"
+    " reported only (default: every metric gates)",
+)
 @click.option(
     "--replay",
     nargs=2,

@@ -1,8 +1,10 @@
 """Decide an A/B from two sides' bundles: per metric the ratio B/A, its interval, the variance
 split and the decision; the exit code.
 
-Exit codes (:mod:`perfkit.gate.verdicts`' rule): 0 no metric regressed, 1 a metric regressed,
-2 an error: nothing was compared (every metric "not measured") or a launch failed.
+Exit codes (:mod:`perfkit.gate.verdicts`' rule): 0 no gated metric regressed, 1 a gated metric
+regressed, 2 an error: nothing gated was compared (every gated metric "not measured") or a launch
+failed. Every metric gates unless ``--gate-metrics`` names some; the others are decided and shown
+("reported, not gated").
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
@@ -42,6 +44,7 @@ TABLE_COLUMNS = [
     "icc",
     "cv_between",
     "cv_within",
+    "gated",
     "reason",
 ]
 
@@ -59,7 +62,9 @@ class AbResult:
             (``confidence``), ``threshold`` (fraction), ``decision`` (one of
             :data:`perfkit.ab.stats.DECISIONS`), launches used, ``launches_needed`` a side to
             decide (Kalibera–Jones sizing; NA when decided or unknown), the variance split
-            (ICC, CVs between/within launches, of log values), ``reason`` in words.
+            (ICC, CVs between/within launches, of log values), ``gated`` (whether its regression
+            sets the exit code: every metric unless ``--gate-metrics`` named some), ``reason``
+            in words.
         launch_means: ``side, metric, launch, unit, value, n``: each launch's median.
         exit_code: 0, 1 or 2 (module doc).
         confidence: two-sided confidence of the intervals.
@@ -86,7 +91,14 @@ class AbResult:
             return "regression"
         if self.exit_code != EXIT_OK:
             return "error"
-        return "inconclusive" if (self.table["decision"] == "inconclusive").any() else "no regression"
+        gated = self.table[self.table["gated"].fillna(True).astype(bool)]
+        return "inconclusive" if (gated["decision"] == "inconclusive").any() else "no regression"
+
+    @property
+    def ungated_regressions(self) -> list[str]:
+        """Metrics called a regression that do not set the exit code (``--gate-metrics``)."""
+        t = self.table
+        return list(t.loc[(t["decision"] == "regression") & ~t["gated"].fillna(True).astype(bool), "metric"])
 
     def save(self, out: str | Path) -> Path:
         """Write ``out/ab.json`` (table, launch means, exit code, meta; NaN as null)."""
@@ -120,6 +132,8 @@ class AbResult:
         for c in ("a", "b", "ratio", "low", "high", "threshold", "icc", "cv_between", "cv_within"):
             table[c] = pd.to_numeric(table[c], errors="coerce").astype(float)  # null -> NaN
         table["launches_needed"] = pd.to_numeric(table["launches_needed"], errors="coerce").astype("Int64")
+        # ab.json from before --gate-metrics: every metric gated
+        table["gated"] = table["gated"].map(lambda v: True if v is None or v != v else bool(v)).astype(bool)
         return cls(
             table=table,
             launch_means=pd.DataFrame(doc.get("launch_means") or []),
@@ -140,6 +154,7 @@ def compare(
     thresholds: Mapping[str, float] | None = None,
     confidence: float = stats.DEFAULT_CONFIDENCE,
     failed_launches: int = 0,
+    gate: Sequence[str] | None = None,
 ) -> AbResult:
     """Compare two sides' :func:`~perfkit.ab.metrics.metric_values` tables.
 
@@ -149,12 +164,16 @@ def compare(
         thresholds: metric -> its own threshold (e.g. from a recorded A/A).
         confidence: two-sided confidence of the intervals.
         failed_launches: launches that failed (start error, crash): any makes the exit code 2.
+        gate: the metrics whose regression sets the exit code (``perfkit ab --gate-metrics``);
+            the others are decided and shown but only reported. None: every metric gates. With
+            none of them measured on both sides the exit code is 2 (nothing gated was compared).
 
     Returns:
         :class:`AbResult` (its ``meta`` empty: the caller adds how it ran).
 
     Raises:
-        ValueError: threshold not in (0, 1) or confidence not in (0, 1).
+        ValueError: threshold not in (0, 1) or confidence not in (0, 1); ``gate`` empty, or naming
+            a metric neither side has (the message lists those compared).
     """
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold must be a fraction in (0, 1), got {threshold}")
@@ -164,6 +183,13 @@ def compare(
     )[["side", "metric", "launch", "unit", "value", "n"]]
     both = pd.concat([values_a.assign(side="A"), values_b.assign(side="B")], ignore_index=True)
     names = metric_order([*ALWAYS, *both["metric"].unique()])
+    if gate is not None:
+        gate = list(dict.fromkeys(gate))
+        unknown = [g for g in gate if g not in names]
+        if not gate or unknown:
+            raise ValueError(
+                f"gate metrics {unknown or '(none)'} are not compared here; the metrics are {', '.join(names)}"
+            )
     rows = []
     for metric in names:
         thr = float(thresholds.get(metric, threshold))
@@ -191,6 +217,9 @@ def compare(
                     if needed
                     else "; more than 200 launches a side would be needed (or B/A sits on a boundary)"
                 )
+        gated = gate is None or metric in gate
+        if not gated and decision == "regression":
+            reason += "; reported, not gated"
         rows.append(
             {
                 "metric": metric,
@@ -208,15 +237,17 @@ def compare(
                 "icc": split.icc,
                 "cv_between": split.cv_between,
                 "cv_within": split.cv_within,
+                "gated": gated,
                 "reason": reason,
             }
         )
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     table["launches_needed"] = table["launches_needed"].astype("Int64")
-    measured = table["decision"] != "not measured"
+    gated = table[table["gated"]]
+    measured = gated["decision"] != "not measured"
     if not measured.any() or failed_launches:
         code = EXIT_ERROR
-    elif (table["decision"] == "regression").any():
+    elif (gated["decision"] == "regression").any():
         code = EXIT_REGRESSION
     else:
         code = EXIT_OK
@@ -237,6 +268,7 @@ def compare_bundles(
     threshold: float = stats.DEFAULT_THRESHOLD,
     thresholds: Mapping[str, float] | None = None,
     confidence: float = stats.DEFAULT_CONFIDENCE,
+    gate: Sequence[str] | None = None,
 ) -> AbResult:
     """:func:`compare` of two recorded sides (``perfkit ab`` and ``perfkit ab --replay``): the
     meta records each side's launches, failed launches, the threshold(s) used and each side's
@@ -250,6 +282,7 @@ def compare_bundles(
         thresholds=thresholds,
         confidence=confidence,
         failed_launches=len(errors),
+        gate=gate,
     )
     spells = slow_spells(Pool(Path(a.path or "."), values, {}, 0, {}, {"A": a, "B": b}))
     res.meta.update(
@@ -258,6 +291,7 @@ def compare_bundles(
             "ab": a.meta.get("ab") or b.meta.get("ab") or {},
             "threshold": threshold,
             "thresholds": dict(thresholds or {}),
+            "gate_metrics": list(gate) if gate is not None else None,
             "launch_errors": errors,
             "sides": {
                 side: {

@@ -7,23 +7,27 @@ order, with an optional ``pool.json`` naming each arm's slowdown and the metric 
 be caught on (``benchmarks/ab_power.py`` writes it).
 
 From it, for each N (launches a side) and M (warm requests a launch: the first M of each launch)
-and each decision setting (threshold, confidence), by resampling launches:
+and each decision setting (threshold, confidence), over every way to pick the launches (exact
+for this pool) or, where there are more than :data:`MAX_EXACT` ways, over random draws:
 
 - **A/A false alarm**: draw 2N distinct A launches, split them into two sides of N and decide
   every metric as ``perfkit ab`` does (:func:`perfkit.ab.stats.ratio_interval` on launch medians,
-  :func:`perfkit.ab.stats.decide`): how often a key metric, or any metric (the exit code), is
-  called a regression; and how often the DenoisingStage interval holds 1 (its coverage);
+  :func:`perfkit.ab.stats.decide`): how often a key metric, the gate (``perfkit ab
+  --gate-metrics`` of :data:`KEY_METRICS`: any of them), or any metric (the exit code without
+  ``--gate-metrics``) is called a regression; and how often the DenoisingStage interval holds 1;
 - **detection**: draw N A launches and N launches of a B arm: how often DenoisingStage and warm
   e2e are called a regression; and how often TextEncodingStage (which the slowdown does not
   touch) is.
 
-Draws share launches, so the rates are estimates from one pool (its size goes with every rate),
-not independent experiments. The intervals are computed for all draws at once (numpy) with the
+Draws share launches, so the rates describe one pool (its size goes with every rate), not
+independent experiments: with 10 A launches there are only 252 ordered A/A splits at N = 5, so
+an A/A rate moves in steps of 0.4 %. The intervals are computed for all draws at once (numpy) with the
 same Welch–Satterthwaite formulas as :func:`perfkit.ab.stats.ratio_interval`.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,12 +56,15 @@ __all__ = [
     "POOL_FILE",
     "KEY_METRICS",
     "UNTOUCHED",
+    "MAX_EXACT",
 ]
 
 #: the pool's description (arms, their slowdowns and target metrics), next to the bundles
 POOL_FILE = "pool.json"
-#: the metrics whose alarms and detections are reported one by one
+#: the metrics whose alarms and detections are reported one by one, and the gate's metrics
 KEY_METRICS = ("DenoisingStage", "warm_e2e")
+#: up to this many ways to pick the launches, every way is taken (exact rates for the pool)
+MAX_EXACT = 100_000
 #: a stage the injected slowdown does not touch: its "detections" are false alarms
 UNTOUCHED = "TextEncodingStage"
 
@@ -129,7 +136,8 @@ def load_pool(path: str | Path) -> Pool:
         FileNotFoundError: no ``a/`` bundle, no B arm bundle, or an arm without one of
             :data:`NEEDED_TABLES` (the file is named).
         ValueError: ``pool.json`` unreadable or invalid (the key is named), naming an arm without
-            a bundle, or an arm without a spec'd slowdown.
+            a bundle or in lower case, describing no arm; an arm without a spec'd slowdown; a
+            launch without a warm DenoisingStage time (named).
     """
     p = Path(path)
     if not (p / "a" / "meta.json").exists():
@@ -149,9 +157,17 @@ def load_pool(path: str | Path) -> Pool:
     arms: dict[str, dict[str, Any]] = {}
     if (p / POOL_FILE).exists():
         arms = _pool_file(p / POOL_FILE)
+        lower = sorted(k for k in arms if k != k.upper())
+        if lower:
+            raise ValueError(f"{p / POOL_FILE}: arm names are upper-case letters (B, C, …), got {lower}")
         missing = sorted(set(arms) - set(bundles))
         if missing:
             raise ValueError(f"{p / POOL_FILE}: arms {missing} have no bundle directory")
+        if not arms:
+            raise ValueError(
+                f"{p / POOL_FILE}: describes no arm, yet {', '.join(sorted(set(bundles) - {'A'}))} "
+                "have bundles (remove the file to read the slowdowns from the bundles)"
+            )
     for arm, b in bundles.items():
         if arm != "A" and arm not in arms:
             delay = ((b.meta.get("params") or {}).get("spec") or {}).get("debug_stage_delay") or {}
@@ -167,6 +183,17 @@ def load_pool(path: str | Path) -> Pool:
     for arm, v in values.items():
         if not (v["metric"] == "DenoisingStage").any():
             raise ValueError(f"{p / arm.lower()}: no completed warm request with a DenoisingStage time")
+        # a launch without a warm DenoisingStage would sit in every draw as "no interval":
+        # rates biased down without a word, so it is an error naming the launch
+        la = bundles[arm].launches
+        listed = [str(x) for x in la["launch"]] if not la.empty and "launch" in la else []
+        warm_den = set(v.loc[(v["metric"] == "DenoisingStage") & (v["index"] >= 1), "launch"].astype(str))
+        empty = [x for x in listed if x not in warm_den]
+        if empty:
+            raise ValueError(
+                f"{p / arm.lower()}: launches {empty} have no completed warm request with a DenoisingStage "
+                "time (failed or cut short: drop them from the pool, or record it again)"
+            )
     warm = int(a_meta.get("warm_per_launch") or values["A"]["index"].max())
     return Pool(p, values, dict(sorted(arms.items())), warm, a_meta, bundles)
 
@@ -322,6 +349,32 @@ def _draws(rng: np.random.Generator, n_launches: int, k: int, sims: int) -> np.n
     return np.argsort(rng.random((sims, n_launches)), axis=1)[:, :k]
 
 
+def _aa_ways(rng: np.random.Generator, n_launches: int, n: int, sims: int) -> tuple[np.ndarray, bool]:
+    """(rows, 2n) indices of A/A splits (first n one side, last n the other) and whether they
+    are every ordered split (exact: at most :data:`MAX_EXACT` of them) or ``sims`` random draws."""
+    ways = math.comb(n_launches, n) * math.comb(n_launches - n, n)
+    if ways <= MAX_EXACT:
+        rows = [
+            x + y
+            for x in itertools.combinations(range(n_launches), n)
+            for y in itertools.combinations([i for i in range(n_launches) if i not in x], n)
+        ]
+        return np.array(rows, dtype=int), True
+    return _draws(rng, n_launches, 2 * n, sims), False
+
+
+def _ab_ways(
+    rng: np.random.Generator, n_a: int, n_b: int, n: int, sims: int
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Paired index rows (A's n launches, B's n launches): every pair of subsets when there are
+    at most :data:`MAX_EXACT`, else ``sims`` random draws; and whether it is every pair."""
+    if math.comb(n_a, n) * math.comb(n_b, n) <= MAX_EXACT:
+        ca = np.array(list(itertools.combinations(range(n_a), n)), dtype=int)
+        cb = np.array(list(itertools.combinations(range(n_b), n)), dtype=int)
+        return np.repeat(ca, len(cb), axis=0), np.tile(cb, (len(ca), 1)), True
+    return _draws(rng, n_a, n, sims), _draws(rng, n_b, n, sims), False
+
+
 def power_table(
     pool: Pool,
     n: Iterable[int] = (2, 3, 4, 5),
@@ -338,7 +391,8 @@ def power_table(
         m: warm requests a launch (default 1, 3, 5 and the pool's own M, those ≤ the pool's M).
         settings: (threshold, confidence) pairs: a regression is an interval wholly above
             1 + threshold (:func:`perfkit.ab.stats.decide`).
-        sims: draws per (arm, N, M).
+        sims: random draws per (arm, N, M) where there are more than :data:`MAX_EXACT` ways to
+            pick the launches; up to that, every way is taken once (exact for the pool).
         seed: of the draws (the same seed gives the same table).
 
     Returns:
@@ -346,7 +400,10 @@ def power_table(
         ``target``, ``launches_a``, ``launches_b`` (the pool), ``aa_covers`` (DenoisingStage
         interval holds 1), ``aa_alarm_<metric>`` for :data:`KEY_METRICS`, ``aa_alarm_any``,
         ``detect_<metric>`` for :data:`KEY_METRICS`, ``detect_any`` (the B draw's exit code is 1:
-        any metric called a regression), ``alarm_untouched`` (fractions of ``sims``).
+        any metric called a regression), ``detect_gate`` and ``aa_alarm_gate`` (the exit code of
+        ``perfkit ab --gate-metrics DenoisingStage,warm_e2e``: any key metric called a
+        regression), ``alarm_untouched`` (fractions of the draws); ``aa_ways``/``ab_ways`` (how
+        many draws) and ``aa_exact``/``ab_exact`` (every way taken; None: no draw).
 
     Raises:
         ValueError: a setting outside (0, 1), or N < 2.
@@ -376,18 +433,21 @@ def power_table(
         a = med["A"]
         la = a.to_numpy()
         cols = list(a.columns)
+        gate = [cols.index(k) for k in KEY_METRICS if k in cols]
         for nn in ns:
-            aa = None
+            aa, aa_ways, aa_exact = None, 0, None
             if 2 * nn <= len(a):
-                idx = _draws(rng, len(a), 2 * nn, sims)
+                idx, aa_exact = _aa_ways(rng, len(a), nn, sims)
                 x = la[idx]
+                aa_ways = len(idx)
                 aa = {c: _ends(x[:, :nn], x[:, nn:], c) for c in {c for _, c in settings}}
             for arm, info in pool.arms.items():
                 b = med[arm].reindex(columns=cols)
                 # N launches of each side: none drawn (no rate) when either side has fewer
-                ab = None
+                ab, ab_ways, ab_exact = None, 0, None
                 if nn <= len(a) and nn <= len(b):
-                    ia, ib = _draws(rng, len(a), nn, sims), _draws(rng, len(b), nn, sims)
+                    ia, ib, ab_exact = _ab_ways(rng, len(a), len(b), nn, sims)
+                    ab_ways = len(ia)
                     ab = {c: _ends(la[ia], b.to_numpy()[ib], c) for c in {c for _, c in settings}}
                 for thr, conf in settings:
                     row: dict[str, Any] = {
@@ -400,6 +460,10 @@ def power_table(
                         "confidence": conf,
                         "launches_a": len(a),
                         "launches_b": len(b),
+                        "aa_ways": aa_ways,
+                        "aa_exact": aa_exact,
+                        "ab_ways": ab_ways,
+                        "ab_exact": ab_exact,
                     }
                     up = math.log1p(thr)
                     if aa is not None:
@@ -411,8 +475,13 @@ def power_table(
                             j = cols.index(metric) if metric in cols else None
                             row[f"aa_alarm_{metric}"] = math.nan if j is None else _rate(reg[:, j], low[:, j])
                         row["aa_alarm_any"] = _rate(reg.any(axis=1), low)
+                        row["aa_alarm_gate"] = (
+                            _rate(reg[:, gate].any(axis=1), low[:, gate]) if gate else math.nan
+                        )
                     else:
-                        row.update({"aa_covers": math.nan, "aa_alarm_any": math.nan})
+                        row.update(
+                            {"aa_covers": math.nan, "aa_alarm_any": math.nan, "aa_alarm_gate": math.nan}
+                        )
                         row.update({f"aa_alarm_{k}": math.nan for k in KEY_METRICS})
                     if ab is not None:
                         low, _ = ab[conf]
@@ -423,47 +492,83 @@ def power_table(
                             )
                         j = cols.index(UNTOUCHED) if UNTOUCHED in cols else None
                         row["alarm_untouched"] = math.nan if j is None else _rate(low[:, j] > up, low[:, j])
-                        # the exit code: any metric called a regression
+                        # the exit code: any metric called a regression; with the gate, any key metric
                         row["detect_any"] = _rate((low > up).any(axis=1), low)
+                        row["detect_gate"] = (
+                            _rate((low[:, gate] > up).any(axis=1), low[:, gate]) if gate else math.nan
+                        )
                     else:
                         row.update({f"detect_{k}": math.nan for k in KEY_METRICS})
-                        row.update({"alarm_untouched": math.nan, "detect_any": math.nan})
+                        row.update(
+                            {"alarm_untouched": math.nan, "detect_any": math.nan, "detect_gate": math.nan}
+                        )
                     rows.append(row)
     return pd.DataFrame(rows)
+
+
+#: what :func:`recommend` judges: detection column(s), false-alarm column(s)
+_JUDGED = {
+    "key": (None, tuple(f"aa_alarm_{k}" for k in KEY_METRICS)),
+    "gate": ("detect_gate", ("aa_alarm_gate",)),
+    "any": ("detect_any", ("aa_alarm_any",)),
+}
 
 
 def recommend(
     table: pd.DataFrame, detect_min: float = 0.95, alarm_max: float = 0.01, alarm: str = "key"
 ) -> pd.DataFrame:
     """The cheapest settings that meet the targets: rows of :func:`power_table` (one per setting
-    and N, M, all arms together) where every arm's detection on its ``target`` metric is at least
-    ``detect_min`` and the A/A false-alarm rate is at most ``alarm_max``. ``alarm="key"`` judges
-    the metrics themselves: detection on each arm's ``target``, false alarms the worst of
-    :data:`KEY_METRICS`. ``alarm="any"`` judges the exit code, as a CI job sees it: detection is
-    the B draw exiting 1 (``detect_any``: any metric called a regression) and a false alarm the
-    A/A draw exiting 1 (``aa_alarm_any``). Sorted by
-    launches (N), then requests (M), then false alarms (fewest first); empty when nothing meets
-    them.
+    and N, M, all arms together) where every arm's detection is at least ``detect_min`` and the
+    A/A false-alarm rate is at most ``alarm_max``, judged as ``alarm`` says:
+
+    - ``"key"``: the metrics themselves: detection on each arm's ``target`` metric, false alarms
+      the worst of :data:`KEY_METRICS`;
+    - ``"gate"``: the exit code of ``perfkit ab --gate-metrics DenoisingStage,warm_e2e``: B exits 1
+      (``detect_gate``), A/A exits 1 (``aa_alarm_gate``);
+    - ``"any"``: the exit code without ``--gate-metrics`` (every metric gates): ``detect_any``,
+      ``aa_alarm_any``.
+
+    Sorted by launches (N), then requests (M), then false alarms (fewest first); empty when
+    nothing meets them. A NaN rate (nothing drawn) never meets a target.
 
     Returns:
         Columns ``threshold, confidence, n, m, detect_min_seen, alarm_max_seen``.
 
     Raises:
-        ValueError: ``alarm`` is neither ``"key"`` nor ``"any"``.
+        ValueError: ``alarm`` is not one of the three; ``detect_min`` or ``alarm_max`` is not a
+            fraction in [0, 1]; ``table`` lacks a column the judgement needs (not a
+            :func:`power_table`, or one from before the column existed).
     """
-    if alarm not in ("key", "any"):
-        raise ValueError(f"alarm must be 'key' or 'any', got {alarm!r}")
+    if alarm not in _JUDGED:
+        raise ValueError(f"alarm must be one of {sorted(_JUDGED)}, got {alarm!r}")
+    for name, v in (("detect_min", detect_min), ("alarm_max", alarm_max)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= float(v) <= 1.0:
+            raise ValueError(f"{name} must be a fraction in [0, 1] (0.95, not 95), got {v!r}")
+    if not isinstance(table, pd.DataFrame):
+        raise ValueError(f"table must be a power_table() DataFrame, got {type(table).__name__}")
     if table.empty:
         return pd.DataFrame(
             columns=["threshold", "confidence", "n", "m", "detect_min_seen", "alarm_max_seen"]
         )
+    det_col, alarm_cols = _JUDGED[alarm]
     t = table.copy()
-    if alarm == "any":
-        t["detect"] = t["detect_any"]
+    if det_col is None:
+        targets = sorted(set(t["target"])) if "target" in t else []
+        need = ["target", *[f"detect_{x}" for x in targets]]
     else:
+        need = [det_col]
+    missing = [c for c in [*need, *alarm_cols, "threshold", "confidence", "n", "m"] if c not in t]
+    if missing:
+        raise ValueError(f"table lacks {missing} (not a power_table() of this perfkit)")
+    cols = list(alarm_cols) + ([det_col] if det_col else [f"detect_{x}" for x in targets])
+    bad = [c for c in cols if not pd.api.types.is_numeric_dtype(t[c])]
+    if bad:
+        raise ValueError(f"table columns {bad} are not numeric rates")
+    if det_col is None:
         t["detect"] = [r[f"detect_{r['target']}"] for _, r in t.iterrows()]
-    alarm_cols = [f"aa_alarm_{k}" for k in KEY_METRICS] if alarm == "key" else ["aa_alarm_any"]
-    t["alarm"] = t[alarm_cols].max(axis=1, skipna=False)
+    else:
+        t["detect"] = t[det_col]
+    t["alarm"] = t[list(alarm_cols)].max(axis=1, skipna=False)
     # NaN (no rate: nothing drawn) is never "met": min/max keep it
     g = t.groupby(["threshold", "confidence", "n", "m"], as_index=False).agg(
         detect_min_seen=("detect", lambda x: x.min(skipna=False)),

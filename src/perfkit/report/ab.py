@@ -57,7 +57,10 @@ def verdict_frame(res: AbResult) -> pd.DataFrame:
             "B/A": [_pct(v) for v in t["ratio"]],
             "interval": [f"[{_pct(lo)}, {_pct(hi)}]" for lo, hi in zip(t["low"], t["high"])],
             "threshold": [f"±{float(v) * 100:.1f} %" for v in t["threshold"]],
-            "status": t["decision"],
+            "status": [
+                d if g is None or g != g or bool(g) else f"{d} (not gated)"
+                for d, g in zip(t["decision"], t["gated"] if "gated" in t else [True] * len(t))
+            ],
             "launches A/B": [f"{a}/{b}" for a, b in zip(t["n_a"], t["n_b"])],
         }
     )
@@ -140,6 +143,7 @@ def ab_context(res: AbResult) -> dict[str, Any]:
         "warm_per_launch": ab.get("warm_per_launch", "?"),
         "threshold_pct": f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %",
         "thresholds_from": res.meta.get("thresholds_from"),
+        "gate_metrics": ", ".join(res.meta.get("gate_metrics") or []),
         "load": " / ".join(str(x) for x in load) if load else None,
         "errors": list(res.meta.get("launch_errors") or []),
         "spells": spells_line(res),
@@ -221,6 +225,8 @@ def ab_summary_markdown(res: AbResult) -> str:
     )
     if res.meta.get("thresholds_from"):
         how += f" (per-metric thresholds from `{res.meta['thresholds_from']}`)"
+    if res.meta.get("gate_metrics"):
+        how += f"; the exit code gates on {', '.join(res.meta['gate_metrics'])} only"
     if ab.get("loadavg_end"):
         how += f"; host load {' / '.join(str(x) for x in ab['loadavg_end'])}"
     lines += [how + ".", ""]
@@ -231,6 +237,8 @@ def ab_summary_markdown(res: AbResult) -> str:
     spells = spells_line(res)
     if spells:
         lines.append(f"- {spells}")
+    if res.ungated_regressions:
+        lines.append(f"- reported, not gated: {', '.join(res.ungated_regressions)} regressed")
     lines += ["", markdown_table(verdict_frame(res)), ""]
     return "\n".join(lines)
 
