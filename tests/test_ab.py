@@ -151,12 +151,18 @@ def test_notebook_replays_the_committed_aa_pair(tmp_path):
     pm.execute_notebook(
         str(ROOT / "notebooks/ab.ipynb"),
         str(out),
-        parameters={"replay_a": str(AA / "a"), "replay_b": str(AA / "b"), "run_dir": str(tmp_path)},
+        parameters={
+            "replay_a": str(AA / "a"),
+            "replay_b": str(AA / "b"),
+            "run_dir": str(tmp_path),
+            "gate_metrics": ["DenoisingStage", "warm_e2e"],
+        },
         cwd=str(ROOT / "notebooks"),
         progress_bar=False,
     )
     text = out.read_text()
     assert "(exit code 0)" in text and "perfkit ab: REGRESSION" not in text and "image/png" in text
+    assert "(not gated)" in text  # the other metrics are shown, not gating
 
 
 def test_a_side_may_be_a_params_file_with_its_request():
@@ -203,6 +209,9 @@ def test_gate_metrics_set_the_exit_code_and_the_rest_are_reported(tmp_path):
     for r in doc["table"]:
         r.pop("gated")
     (tmp_path / "ab.json").write_text(json.dumps(doc))
+    assert AbResult.load(tmp_path).ungated_regressions == ["TextEncodingStage"]  # from meta.gate_metrics
+    doc["meta"].pop("gate_metrics")
+    (tmp_path / "ab.json").write_text(json.dumps(doc))
     assert AbResult.load(tmp_path).ungated_regressions == []
     # the gated metric regressing does set it; a gate of nothing measured is an error, not a pass
     slow = _values({"DenoisingStage": 735.0, "TextEncodingStage": 40.0, "warm_e2e": 835.0})
@@ -210,6 +219,10 @@ def test_gate_metrics_set_the_exit_code_and_the_rest_are_reported(tmp_path):
     assert compare(a, b, threshold=0.01, gate=["peak_vram"]).exit_code == 2
     with pytest.raises(ValueError, match=r"\['DecodingStage'\] are not compared here"):
         compare(a, b, gate=["DecodingStage"])
+    with pytest.raises(ValueError, match="gate must be a list of metric names"):
+        compare(a, b, gate="warm_e2e")
+    with pytest.raises(ValueError, match="gate names no metric"):
+        compare(a, b, gate=[])
 
 
 def test_gate_metrics_on_the_command_line(tmp_path):
@@ -222,7 +235,61 @@ def test_gate_metrics_on_the_command_line(tmp_path):
     }
     assert "gates on DenoisingStage, warm_e2e only" in (tmp_path / "g" / "report.html").read_text()
     bad = ab("--replay", str(AA / "a"), str(AA / "b"), "--out", str(tmp_path / "x"), "--gate-metrics", "e2e")
-    assert bad.exit_code == 2 and "['e2e']" in bad.output and "--gate-metrics" in bad.output
+    assert bad.exit_code == 2 and "unknown metric 'e2e'" in bad.output and "--gate-metrics" in bad.output
     absent = ab("--replay", str(AA / "a"), str(AA / "b"), "--out", str(tmp_path / "y"),
                 "--gate-metrics", "RefinementStage")  # fmt: skip
     assert absent.exit_code == 2 and "['RefinementStage'] are not compared here" in absent.output
+    case = ab(
+        "--replay",
+        str(AA / "a"),
+        str(AA / "b"),
+        "--out",
+        str(tmp_path / "z"),
+        "--gate-metrics",
+        "denoisingstage",
+    )
+    assert case.exit_code == 2 and "did you mean DenoisingStage? names are case-sensitive" in case.output
+    # given twice, and repeated: one list, each name once
+    twice = ab("--replay", str(AA / "a"), str(AA / "b"), "--out", str(tmp_path / "t"), "-q",
+               "--gate-metrics", "warm_e2e,warm_e2e", "--gate-metrics", "DenoisingStage")  # fmt: skip
+    assert twice.exit_code == 0 and AbResult.load(tmp_path / "t").meta["gate_metrics"] == [
+        "warm_e2e",
+        "DenoisingStage",
+    ]
+    # gated on nothing measured: exit 2, and it says why on stderr even with -q
+    none = ab(
+        "--replay",
+        str(AA / "a"),
+        str(AA / "b"),
+        "--out",
+        str(tmp_path / "n"),
+        "-q",
+        "--gate-metrics",
+        "peak_vram",
+    )
+    assert none.exit_code == 2
+    assert "nothing gated was compared: none of the gated metrics (peak_vram) was measured" in none.output
+    # a replay never overwrites a run (here the A/A whose thresholds it reads), nor writes over a file
+    again = ab(
+        "--replay",
+        str(AA / "a"),
+        str(AA / "b"),
+        "--out",
+        str(tmp_path / "g"),
+        "--threshold-from",
+        str(tmp_path / "g"),
+    )
+    assert again.exit_code == 2 and "exists and is not empty" in again.output
+    (tmp_path / "afile").write_text("x")
+    onfile = ab("--replay", str(AA / "a"), str(AA / "b"), "--out", str(tmp_path / "afile"))
+    assert onfile.exit_code == 2 and "is a file" in onfile.output
+    # ab.json's gated must be a boolean; missing, it follows meta.gate_metrics
+    doc = json.loads((tmp_path / "g" / "ab.json").read_text())
+    for r in doc["table"]:
+        r.pop("gated")
+    (tmp_path / "g" / "ab.json").write_text(json.dumps(doc))
+    assert dict(zip(*AbResult.load(tmp_path / "g").table[["metric", "gated"]].T.values))["ready"] == False  # noqa: E712
+    doc["table"][0]["gated"] = "no"
+    (tmp_path / "g" / "ab.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="table row 'ready': gated is 'no', not true or false"):
+        AbResult.load(tmp_path / "g")

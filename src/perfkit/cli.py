@@ -614,7 +614,7 @@ def cmd_ab(a: SimpleNamespace) -> int:
                 bundles[side] = ResultBundle.load(d)
             except (FileNotFoundError, ValueError) as exc:
                 raise click.BadParameter(str(exc), param_hint="--replay") from None
-        out = Path(a.out or Path("outputs") / "ab" / f"{stamp}-replay")
+        out = _ab_out(a.out, f"{stamp}-replay")
     else:
         if not (a.a and a.b):
             raise click.UsageError("give --a and --b (engine spec or params files), or --replay DIR_A DIR_B")
@@ -636,9 +636,7 @@ def cmd_ab(a: SimpleNamespace) -> int:
             req["num_inference_steps"] = a.steps
         if a.share_compile_cache:
             spec_a, spec_b = (s.replace(share_compile_cache=True) for s in (spec_a, spec_b))
-        out = Path(a.out or Path("outputs") / "ab" / stamp)
-        if out.exists() and any(out.iterdir()):
-            raise click.BadParameter(f"{out} exists and is not empty", param_hint="--out")
+        out = _ab_out(a.out, stamp)
         plan = AbPlan(spec_a, spec_b, VideoRequestSpec.from_dict(req), a.launches, a.warm)
         _sigterm_as_interrupt()
         bundles = run_ab(plan, out)
@@ -654,27 +652,67 @@ def cmd_ab(a: SimpleNamespace) -> int:
     if not a.quiet:
         print(paths["summary"].read_text())
         print(f"report: {paths['report']}")
+    if res.exit_code == 2:  # say why on stderr too, -q or not
+        why = [
+            x[2:]
+            for x in paths["summary"].read_text().splitlines()
+            if x.startswith(("- nothing", "- launch failed"))
+        ]
+        print(f"perfkit ab: error: {'; '.join(why) or 'see ' + str(paths['summary'])}", file=sys.stderr)
     return res.exit_code
 
 
-def _gate_metrics(text: str | None) -> list[str] | None:
+def _ab_out(given: str | None, stamp: str) -> Path:
+    """The ab run directory: ``--out`` (refused when it is a file or a non-empty directory: a
+    replay must not overwrite a run, e.g. the A/A its thresholds come from), else a new
+    ``outputs/ab/<stamp>`` (``-2``, ``-3``, … when that is taken).
+
+    Raises:
+        click.BadParameter: ``--out`` is a file or a non-empty directory.
+    """
+    if given:
+        out = Path(given)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            what = "is a file" if not out.is_dir() else "exists and is not empty"
+            raise click.BadParameter(f"{out} {what}", param_hint="--out")
+        return out
+    out, k = Path("outputs") / "ab" / stamp, 1
+    while out.exists():
+        k += 1
+        out = Path("outputs") / "ab" / f"{stamp}-{k}"
+    return out
+
+
+def _gate_metrics(texts: Any) -> list[str] | None:
     """``--gate-metrics``: comma-separated metric names, each a fixed A/B metric
     (:data:`perfkit.ab.metrics.METRIC_UNITS`) or an sglang stage name (``…Stage``); None: all.
 
     Raises:
         click.BadParameter: empty, or a name that is neither.
     """
-    if text is None:
+    if not texts:
         return None
-    from perfkit.ab.metrics import METRIC_UNITS
+    import difflib
 
-    names = [x.strip() for x in str(text).split(",") if x.strip()]
-    bad = [x for x in names if x not in METRIC_UNITS and not x.endswith("Stage")]
-    if not names or bad:
-        raise click.BadParameter(
-            f"{bad or 'nothing given'}: name metrics such as {', '.join(METRIC_UNITS)} or a stage (DenoisingStage)",
-            param_hint="--gate-metrics",
-        )
+    from perfkit.ab.metrics import METRIC_UNITS
+    from perfkit.readings.stages import KNOWN_STAGES
+
+    texts = [texts] if isinstance(texts, str) else list(texts)  # the option may be given twice
+    names = list(dict.fromkeys(x.strip() for t in texts for x in str(t).split(",") if x.strip()))
+    if not names:
+        raise click.BadParameter("no metric named", param_hint="--gate-metrics")
+    known = [*METRIC_UNITS, *KNOWN_STAGES]
+    for x in names:
+        if x not in METRIC_UNITS and not x.endswith("Stage"):
+            near = [k for k in known if k.lower() == x.lower()] or difflib.get_close_matches(
+                x, known, n=1, cutoff=0.6
+            )
+            raise click.BadParameter(
+                f"unknown metric {x!r}"
+                + (f" (did you mean {near[0]}? names are case-sensitive)" if near else "")
+                + f"; metrics: {', '.join(METRIC_UNITS)} or a stage such as DenoisingStage",
+                param_hint="--gate-metrics",
+            )
     return names
 
 
@@ -981,9 +1019,11 @@ def engine_serve_command(args: tuple[str, ...]) -> None:
     "  perfkit ab --a a.yaml --b b.yaml -n 4 -m 5 --out outputs/ab/pr123\n"
     "  perfkit ab --a a.yaml --b a.yaml --out outputs/ab/aa     # A/A: the noise floor\n"
     "  perfkit ab --a a.yaml --b b.yaml --threshold-from outputs/ab/aa\n"
-    "  perfkit ab --replay outputs/ab/pr123/a outputs/ab/pr123/b\n\n"
-    "Exit codes: 0 no metric regressed, 1 a metric regressed, 2 an error or misuse (bad input, a "
-    "failed launch, nothing measured on both sides).",
+    "  perfkit ab --replay outputs/ab/pr123/a outputs/ab/pr123/b\n"
+    "  perfkit ab --a a.yaml --b b.yaml -n 5 -m 5 --threshold 1% --gate-metrics DenoisingStage,warm_e2e\n\n"
+    "Exit codes: 0 no gated metric regressed, 1 a gated metric regressed (every metric gates unless "
+    "--gate-metrics names some), 2 an error or misuse (bad input, a failed launch, no gated metric "
+    "measured on both sides).",
 )
 @click.option("--a", "a", default=None, metavar="FILE", help="side A: an engine spec YAML or a params file")
 @click.option(
@@ -1029,9 +1069,11 @@ def engine_serve_command(args: tuple[str, ...]) -> None:
 @click.option(
     "--gate-metrics",
     default=None,
+    multiple=True,
     metavar="M1,M2",
-    help="metrics whose regression sets the exit code (e.g. DenoisingStage,warm_e2e); the rest are"
-    " reported only (default: every metric gates)",
+    help="metrics whose regression sets the exit code (e.g. DenoisingStage,warm_e2e; names are"
+    " case-sensitive, stages are the engine's); the rest are decided and shown, not gated (default:"
+    " every metric gates)",
 )
 @click.option(
     "--replay",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 from perfkit.ab import stats
@@ -95,6 +96,12 @@ class AbResult:
         return "inconclusive" if (gated["decision"] == "inconclusive").any() else "no regression"
 
     @property
+    def gated_unmeasured(self) -> list[str]:
+        """Gated metrics that were not measured on both sides (they gate nothing)."""
+        t = self.table
+        return list(t.loc[(t["decision"] == "not measured") & t["gated"].fillna(True).astype(bool), "metric"])
+
+    @property
     def ungated_regressions(self) -> list[str]:
         """Metrics called a regression that do not set the exit code (``--gate-metrics``)."""
         t = self.table
@@ -132,8 +139,7 @@ class AbResult:
         for c in ("a", "b", "ratio", "low", "high", "threshold", "icc", "cv_between", "cv_within"):
             table[c] = pd.to_numeric(table[c], errors="coerce").astype(float)  # null -> NaN
         table["launches_needed"] = pd.to_numeric(table["launches_needed"], errors="coerce").astype("Int64")
-        # ab.json from before --gate-metrics: every metric gated
-        table["gated"] = table["gated"].map(lambda v: True if v is None or v != v else bool(v)).astype(bool)
+        table["gated"] = _gated_column(table, (doc.get("meta") or {}).get("gate_metrics"), p)
         return cls(
             table=table,
             launch_means=pd.DataFrame(doc.get("launch_means") or []),
@@ -141,6 +147,24 @@ class AbResult:
             confidence=float(doc.get("confidence", stats.DEFAULT_CONFIDENCE)),
             meta=doc.get("meta") or {},
         )
+
+
+def _gated_column(table: pd.DataFrame, gate: Any, path: Path) -> list[bool]:
+    """Each row's ``gated`` as written (a boolean); a missing or null value is read from the
+    run's ``meta.gate_metrics`` (None there: every metric gated, as before the option existed).
+
+    Raises:
+        ValueError: a ``gated`` value that is not a boolean (the file and metric are named).
+    """
+    out = []
+    for metric, v in zip(table["metric"], table["gated"]):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            out.append(True if gate is None else metric in gate)
+        elif isinstance(v, (bool, np.bool_)):
+            out.append(bool(v))
+        else:
+            raise ValueError(f"{path}: table row {metric!r}: gated is {v!r}, not true or false")
+    return out
 
 
 def _fmt_ratio(x: float) -> str:
@@ -184,11 +208,15 @@ def compare(
     both = pd.concat([values_a.assign(side="A"), values_b.assign(side="B")], ignore_index=True)
     names = metric_order([*ALWAYS, *both["metric"].unique()])
     if gate is not None:
+        if isinstance(gate, str) or not all(isinstance(g, str) for g in gate):
+            raise ValueError(f"gate must be a list of metric names, got {gate!r}")
         gate = list(dict.fromkeys(gate))
+        if not gate:
+            raise ValueError("gate names no metric (None: every metric gates)")
         unknown = [g for g in gate if g not in names]
-        if not gate or unknown:
+        if unknown:
             raise ValueError(
-                f"gate metrics {unknown or '(none)'} are not compared here; the metrics are {', '.join(names)}"
+                f"gate metrics {unknown} are not compared here; the metrics are {', '.join(names)}"
             )
     rows = []
     for metric in names:
@@ -291,7 +319,7 @@ def compare_bundles(
             "ab": a.meta.get("ab") or b.meta.get("ab") or {},
             "threshold": threshold,
             "thresholds": dict(thresholds or {}),
-            "gate_metrics": list(gate) if gate is not None else None,
+            "gate_metrics": list(dict.fromkeys(gate)) if gate is not None else None,
             "launch_errors": errors,
             "sides": {
                 side: {

@@ -72,11 +72,13 @@ def decision_counts(res: AbResult) -> pd.DataFrame:
     from perfkit.ab.stats import DECISIONS
 
     t = res.table
+    gated = t["gated"].fillna(True).astype(bool) if "gated" in t else pd.Series(True, index=t.index)
     rows = []
-    for d in DECISIONS:
-        names = list(t.loc[t["decision"] == d, "metric"])
-        if names:
-            rows.append({"status": d, "metrics": len(names), "which": ", ".join(names)})
+    for label, mask in (("", gated), (" (not gated)", ~gated)):
+        for d in DECISIONS:
+            names = list(t.loc[(t["decision"] == d) & mask, "metric"])
+            if names:
+                rows.append({"status": d + label, "metrics": len(names), "which": ", ".join(names)})
     return pd.DataFrame(rows, columns=["status", "metrics", "which"])
 
 
@@ -234,6 +236,16 @@ def ab_summary_markdown(res: AbResult) -> str:
         lines.append(f"- launch failed: `{(str(e).splitlines() or [''])[0]}` (details in report.html)")
     if res.exit_code == 2 and not (res.table["decision"] != "not measured").any():
         lines.append("- nothing compared: no metric was measured on both sides")
+    elif res.meta.get("gate_metrics") and res.gated_unmeasured:
+        gate = ", ".join(res.meta["gate_metrics"])
+        if res.exit_code == 2 and set(res.gated_unmeasured) >= set(res.meta["gate_metrics"]):
+            lines.append(
+                f"- nothing gated was compared: none of the gated metrics ({gate}) was measured on both sides"
+            )
+        else:
+            lines.append(
+                f"- gated but not measured on both sides (gates nothing): {', '.join(res.gated_unmeasured)}"
+            )
     spells = spells_line(res)
     if spells:
         lines.append(f"- {spells}")
