@@ -93,6 +93,10 @@ def test_unterminated_or_unknown_blocks_and_corrupt_results_are_named_errors(tmp
     doc.write_text("<!-- perfkit:figures src=. kind=full foo=bar -->\n<!-- perfkit:end -->\n")
     proc = _figures("--root", str(tmp_path), str(doc))
     assert proc.returncode == 2 and "unknown figures attribute(s) foo" in proc.stderr
+    # an attribute its kind does not read is refused, not silently ignored
+    doc.write_text("<!-- perfkit:figures src=. kind=full threshold=0.01 -->\n<!-- perfkit:end -->\n")
+    proc = _figures("--root", str(tmp_path), str(doc))
+    assert proc.returncode == 2 and "kind=full takes no threshold (it takes: src, kind)" in proc.stderr
     # corrupt results.json: the error names the document and the file
     (tmp_path / "b" / "cold_warm").mkdir(parents=True)
     (tmp_path / "b" / "cold_warm" / "results.json").write_text("{not json")

@@ -59,6 +59,8 @@ _BLOCK = re.compile(
 )
 _ARG = re.compile(r"(\w+)=(\S+)")
 _ATTRS = ("src", "kind", "vs", "threshold", "confidence")
+#: the attributes each kind reads beyond src and kind (any other is refused, never ignored)
+_KIND_ATTRS = {"compare": ("vs",), "ab-power": ("threshold", "confidence")}
 
 
 class FiguresError(ValueError):
@@ -112,6 +114,12 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
         kind = args.get("kind", "full")
         if kind not in KINDS:
             raise FiguresError(f"{where}: figures block kind={kind!r}; known: {', '.join(KINDS)}")
+        ignored = sorted(set(args) - {"src", "kind"} - set(_KIND_ATTRS.get(kind, ())))
+        if kind in KINDS and ignored:
+            raise FiguresError(
+                f"{where}: kind={kind} takes no {', '.join(ignored)} "
+                f"(it takes: src, kind{''.join(', ' + a for a in _KIND_ATTRS.get(kind, ()))}): {m.group('open').strip()}"
+            )
         if kind == "compare" and "vs" not in args:
             raise FiguresError(f"{where}: a kind=compare block needs vs=DIR: {m.group('open').strip()}")
         out.append(_block(args, where))
