@@ -230,6 +230,17 @@ def test_a_side_too_small_for_n_is_no_rate_not_zero(tmp_path):
         power.power_table(pool, n=[2], m=[6])
     with pytest.raises(ValueError, match="sims must be >= 1"):
         power.power_table(pool, n=[2], sims=0)
+    # the figures say why a cell has no rate
+    from perfkit.report.power import power_markdown
+
+    md = power_markdown(tmp_path / "p", 0.01, 0.95)
+    assert (
+        "- No A/A rate (–) at N = 2, 3, 4, 5: an A/A needs 2N distinct A launches and the pool has 3." in md
+    )
+    assert (
+        "- No rate for B (–) at N = 4, 5: it needs N launches of A and of B; the pool has 3 of A and 10 of B."
+        in md
+    )
 
 
 def test_ab_power_figures_block(tmp_path):

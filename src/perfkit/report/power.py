@@ -130,6 +130,19 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
         markdown_table(pd.DataFrame(rows)),
         "",
     ]
+    short_aa = sorted({int(n) for n, w in zip(table["n"], table["aa_ways"]) if not w})
+    if short_aa:
+        lines.append(
+            f"- No A/A rate (–) at N = {', '.join(map(str, short_aa))}: an A/A needs 2N distinct A launches "
+            f"and the pool has {a_n}."
+        )
+    for arm in pool.arms:
+        ns = sorted({int(r.n) for r in table.itertuples() if r.arm == arm and not r.ab_ways})
+        if ns:
+            lines.append(
+                f"- No rate for {arm} (–) at N = {', '.join(map(str, ns))}: it needs N launches of A and of "
+                f"{arm}; the pool has {a_n} of A and {len(pool.launches(arm))} of {arm}."
+            )
     untrusted = power.arm_warnings(pool)
     for said in untrusted.values():
         lines.append(f"- **Off its asked change:** {said}; no N and M are recommended from this pool.")
