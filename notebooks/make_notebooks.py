@@ -405,6 +405,7 @@ spec_b = "../examples/ab/tiny-cpu-denoise-30pct.yaml"  # side B (spec_a again: a
 launches = 3  # N, launches a side, interleaved A B B A ...
 warm = 5  # M, warm requests a launch after the cold request
 threshold = 0.05  # decision threshold (fraction): regression when the interval lies above 1 + threshold
+gate_metrics = None  # e.g. ["DenoisingStage", "warm_e2e"]: only these set the verdict (None: every metric)
 run_dir = "outputs/notebooks/ab"  # the side bundles land in run_dir/a and run_dir/b
 replay_a = None  # a recorded side-A bundle (e.g. "../examples/ab/aa/a"): launches nothing
 replay_b = None  # the recorded side-B bundle"""
@@ -430,7 +431,7 @@ else:
     spec = lambda p: EngineSpec.from_dict(load_yaml(Path(p).read_text()))  # noqa: E731
     plan = AbPlan(spec(spec_a), spec(spec_b), VideoRequestSpec(), launches, warm)
     bundles = run_ab(plan, run_dir)
-res = compare_bundles(bundles["A"], bundles["B"], threshold)"""),
+res = compare_bundles(bundles["A"], bundles["B"], threshold, gate=gate_metrics)"""),
         new_markdown_cell("## Verdict per metric"),
         new_code_cell("display(Markdown(ab_summary_markdown(res)))"),
         new_markdown_cell("## Forest plot: B/A with intervals, each launch's dots behind"),
