@@ -192,15 +192,11 @@ def _report(a: argparse.Namespace) -> int:
     untrusted = power.arm_warnings(pool)
     for said in untrusted.values():
         print(f"\nwarning: {said}; no N and M are recommended from this pool")
-    for alarm in ("key", "gate", "any"):
+    for alarm in power.JUDGEMENTS:
         if untrusted:
             break
         rec = power.recommend(table, a.detect_min, a.alarm_max, alarm=alarm)
-        what = {
-            "key": "each arm on its own metric, false alarms of DenoisingStage and warm e2e",
-            "gate": "the exit code with --gate-metrics DenoisingStage,warm_e2e",
-            "any": "the exit code with every metric gating",
-        }[alarm]
+        what = power.JUDGEMENTS[alarm]
         if rec.empty:
             print(
                 f"\nno (N, M) meets detection >= {a.detect_min:.0%} with A/A false alarms ({what}) <= {a.alarm_max:.0%}"

@@ -92,20 +92,27 @@ class AbResult:
             return "regression"
         if self.exit_code != EXIT_OK:
             return "error"
-        gated = self.table[self.table["gated"].fillna(True).astype(bool)]
+        gated = self.table[self.gated]
         return "inconclusive" if (gated["decision"] == "inconclusive").any() else "no regression"
+
+    @property
+    def gated(self) -> pd.Series:
+        """Per table row, whether its regression sets the exit code (booleans; a table without
+        the column, from before ``--gate-metrics``, gates every row)."""
+        t = self.table
+        return t["gated"].fillna(True).astype(bool) if "gated" in t else pd.Series(True, index=t.index)
 
     @property
     def gated_unmeasured(self) -> list[str]:
         """Gated metrics that were not measured on both sides (they gate nothing)."""
         t = self.table
-        return list(t.loc[(t["decision"] == "not measured") & t["gated"].fillna(True).astype(bool), "metric"])
+        return list(t.loc[(t["decision"] == "not measured") & self.gated, "metric"])
 
     @property
     def ungated_regressions(self) -> list[str]:
         """Metrics called a regression that do not set the exit code (``--gate-metrics``)."""
         t = self.table
-        return list(t.loc[(t["decision"] == "regression") & ~t["gated"].fillna(True).astype(bool), "metric"])
+        return list(t.loc[(t["decision"] == "regression") & ~self.gated, "metric"])
 
     def save(self, out: str | Path) -> Path:
         """Write ``out/ab.json`` (table, launch means, exit code, meta; NaN as null)."""

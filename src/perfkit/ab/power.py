@@ -57,6 +57,7 @@ __all__ = [
     "KEY_METRICS",
     "UNTOUCHED",
     "MAX_EXACT",
+    "JUDGEMENTS",
 ]
 
 #: the pool's description (arms, their slowdowns and target metrics), next to the bundles
@@ -507,6 +508,12 @@ def power_table(
 
 
 #: what :func:`recommend` judges: detection column(s), false-alarm column(s)
+#: what each judgement of :func:`recommend` means, in words (Markdown)
+JUDGEMENTS = {
+    "key": "each arm caught on its own metric; false alarms of DenoisingStage and warm e2e",
+    "gate": "the exit code with `--gate-metrics DenoisingStage,warm_e2e`",
+    "any": "the exit code with every metric gating",
+}
 _JUDGED = {
     "key": (None, tuple(f"aa_alarm_{k}" for k in KEY_METRICS)),
     "gate": ("detect_gate", ("aa_alarm_gate",)),

@@ -57,10 +57,7 @@ def verdict_frame(res: AbResult) -> pd.DataFrame:
             "B/A": [_pct(v) for v in t["ratio"]],
             "interval": [f"[{_pct(lo)}, {_pct(hi)}]" for lo, hi in zip(t["low"], t["high"])],
             "threshold": [f"±{float(v) * 100:.1f} %" for v in t["threshold"]],
-            "status": [
-                d if g is None or g != g or bool(g) else f"{d} (not gated)"
-                for d, g in zip(t["decision"], t["gated"] if "gated" in t else [True] * len(t))
-            ],
+            "status": [d if g else f"{d} (not gated)" for d, g in zip(t["decision"], res.gated)],
             "launches A/B": [f"{a}/{b}" for a, b in zip(t["n_a"], t["n_b"])],
         }
     )
@@ -72,7 +69,7 @@ def decision_counts(res: AbResult) -> pd.DataFrame:
     from perfkit.ab.stats import DECISIONS
 
     t = res.table
-    gated = t["gated"].fillna(True).astype(bool) if "gated" in t else pd.Series(True, index=t.index)
+    gated = res.gated
     rows = []
     for label, mask in (("", gated), (" (not gated)", ~gated)):
         for d in DECISIONS:

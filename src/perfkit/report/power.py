@@ -146,15 +146,7 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
     untrusted = power.arm_warnings(pool)
     for said in untrusted.values():
         lines.append(f"- **Off its asked change:** {said}; no N and M are recommended from this pool.")
-    for alarm, what in (
-        ()
-        if untrusted
-        else (
-            ("key", "each arm caught on its own metric; false alarms of DenoisingStage and warm e2e"),
-            ("gate", "the exit code with `--gate-metrics DenoisingStage,warm_e2e`"),
-            ("any", "the exit code with every metric gating"),
-        )
-    ):
+    for alarm, what in () if untrusted else power.JUDGEMENTS.items():
         rec = power.recommend(table, DETECT_MIN, ALARM_MAX, alarm=alarm)
         if rec.empty:
             lines.append(
