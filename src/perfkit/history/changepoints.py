@@ -1,0 +1,370 @@
+"""Change points, outliers and gaps in one series (hardware × case × metric), and events across
+series.
+
+The library: Apache Otava (``apache-otava``, the Python package of the E-Divisive change point
+detector that MongoDB published as ``signal-processing-algorithms`` and then gave to Apache as
+Hunter/Otava): :func:`otava.analysis.compute_change_points` splits the series in sliding
+windows with E-Divisive, then keeps a change only when a two-sided t-test between the
+neighbouring segments gives ``p < max_pvalue`` and its relative size exceeds ``min_magnitude``
+(Fleming et al., "Hunter: Using Change Point Detection to Hunt for Performance Regressions",
+ICPE 2023). No per-metric threshold: the series' own noise decides. ``signal-processing-
+algorithms`` itself cannot be installed beside torch 2.13 (it pins ``numpy<2`` and
+``setuptools<71``; pip then downgrades torch).
+
+What is done around it, per series (points ordered by run time):
+
+1. **Gaps**: a missing value (an error, a null, a non-positive number) is a gap: kept with its
+   reason, left out of everything else, never 0.
+2. **Outliers**: a point is a single-run outlier when it differs, in the same direction, from
+   both the median of up to 3 points before it and the median of up to 3 points after it, by
+   more than ``outlier_sigmas`` robust noise units and by more than ``outlier_min`` (relative),
+   while those two medians agree with each other better than with it. Noise: the MAD of the
+   series' successive log differences / √2 (steps are a few large differences, so they barely
+   move it). Outliers are reported, then left out of the change point search: a single run is
+   never a step.
+3. **Steps**: Otava on the remaining values. Each step gets its commit range (the last run
+   before it and the first run after it, with the gaps and outliers between them), its size
+   as the ratio of the segment means (after / before) with a 95 % Welch t interval on the log
+   values of the two segments, and regression or improvement (higher is worse for times and
+   memory; see :func:`higher_is_worse`).
+
+Across series, :func:`events` groups steps of one hardware whose commit ranges share a time:
+one cause (a merge, a dependency bump, a runner change) moving many cases at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Detection settings (unitless).
+
+    Attributes:
+        max_pvalue: a step is kept when the t-test between its segments gives p below this.
+        min_magnitude: ... and its relative size (max of after/before − 1 and before/after − 1)
+            is above this.
+        window_len: Otava's sliding window (points).
+        outlier_sigmas: a single-run outlier is this many robust noise units from both sides.
+        outlier_min: ... and at least this relative difference from both sides.
+        confidence: of the step size interval.
+        min_segment: a level needs this many runs (fewer: the change point next to it is
+            dropped, merging those runs into the nearer level).
+    """
+
+    max_pvalue: float = 0.001
+    min_magnitude: float = 0.02
+    window_len: int = 30
+    outlier_sigmas: float = 6.0
+    outlier_min: float = 0.05
+    confidence: float = 0.95
+    min_segment: int = 3
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run's value of a series; ``value`` None is a gap."""
+
+    run_key: str
+    run_id: str
+    commit: str
+    time: datetime
+    value: float | None
+    error: str | None = None
+
+
+@dataclass
+class Step:
+    """One change point: between ``before`` (last kept run before) and ``after`` (first run
+    from which the new level holds). ``ratio`` = mean after / mean before, with its interval
+    (``low``, ``high``; None when a segment has fewer than 2 runs)."""
+
+    index: int
+    before: Point
+    after: Point
+    between: list[Point]
+    mean_before: float
+    mean_after: float
+    ratio: float
+    low: float | None
+    high: float | None
+    pvalue: float
+    kind: str  # "regression" | "improvement"
+    n_before: int
+    n_after: int
+
+    @property
+    def change_pct(self) -> float:
+        return (self.ratio - 1.0) * 100.0
+
+
+@dataclass
+class Analysis:
+    """A series' points (time order) and what was found in them."""
+
+    hardware: str
+    case_id: str
+    metric: str
+    unit: str
+    points: list[Point]
+    steps: list[Step] = field(default_factory=list)
+    outliers: list[tuple[Point, float]] = field(default_factory=list)  # (point, ratio to neighbours)
+    gaps: list[Point] = field(default_factory=list)
+    noise: float = math.nan  # robust relative run-to-run noise (log units ~ fraction)
+
+    @property
+    def series(self) -> str:
+        return f"{self.case_id} {self.metric}"
+
+    def segment_values(self) -> list[float]:
+        """Values of the current level: kept runs since the last step (outliers and gaps out)."""
+        bad = {p.run_key for p, _ in self.outliers} | {p.run_key for p in self.gaps}
+        start = self.steps[-1].after.time if self.steps else None
+        return [
+            float(p.value)
+            for p in self.points
+            if p.run_key not in bad and p.value is not None and (start is None or p.time >= start)
+        ]
+
+
+def higher_is_worse(metric: str) -> bool:
+    """Whether a higher value of ``metric`` is a regression: True for times and memory (every
+    perfkit and sglang metric), False for rates (names ending in ``qps``, ``throughput``,
+    ``attainment``, ``_rate``)."""
+    m = metric.lower()
+    return not m.endswith(("qps", "throughput", "attainment", "_rate"))
+
+
+def robust_noise(values: Sequence[float]) -> float:
+    """Relative run-to-run noise of a series: 1.4826 × MAD of successive log differences / √2
+    (a fraction; 0.01 = 1 %). NaN for fewer than 3 values."""
+    y = np.log(np.asarray(values, dtype=float))
+    if y.size < 3:
+        return math.nan
+    d = np.diff(y)
+    return float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2.0))
+
+
+def _outliers(y: np.ndarray, sigma: float, s: Settings) -> list[tuple[int, float]]:
+    out = []
+    thr = max(s.outlier_sigmas * sigma, math.log1p(s.outlier_min))
+    for i in range(y.size):
+        left, right = y[max(0, i - 3) : i], y[i + 1 : i + 4]
+        if left.size == 0 or right.size == 0:
+            continue
+        ml, mr = float(np.median(left)), float(np.median(right))
+        dl, dr = y[i] - ml, y[i] - mr
+        if dl * dr <= 0:
+            continue
+        dev = min(abs(dl), abs(dr))
+        if dev > thr and abs(ml - mr) < dev / 2:
+            out.append((i, math.exp(y[i] - (ml + mr) / 2)))
+    return out
+
+
+def _interval(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[float | None, float | None]:
+    """Welch t interval of exp(mean log b − mean log a)."""
+    la, lb = np.log(a), np.log(b)
+    if la.size < 2 or lb.size < 2:
+        return None, None
+    va, vb = la.var(ddof=1) / la.size, lb.var(ddof=1) / lb.size
+    se = math.sqrt(va + vb)
+    d = float(lb.mean() - la.mean())
+    if se == 0:
+        return math.exp(d), math.exp(d)
+    df = (va + vb) ** 2 / ((va**2 / (la.size - 1) if la.size > 1 else 0) + (vb**2 / (lb.size - 1)))
+    t = float(sps.t.ppf(0.5 + confidence / 2, df))
+    return math.exp(d - t * se), math.exp(d + t * se)
+
+
+def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
+    """Drop change points until every level has ``min_segment`` runs and every step's interval
+    excludes "no change": a short level merges into the nearer neighbouring level (by log mean),
+    else the step with the weakest Welch test goes first."""
+    logv = np.log(vals)
+    idx = list(idx)
+    while idx:
+        b = [0, *idx, vals.size]
+        short = [n for n in range(len(b) - 1) if b[n + 1] - b[n] < s.min_segment]
+        if short:
+            n = short[0]
+            m = logv[b[n] : b[n + 1]].mean()
+            if n == 0:
+                drop = 0
+            elif n == len(b) - 2:
+                drop = len(idx) - 1
+            else:
+                left, right = logv[b[n - 1] : b[n]].mean(), logv[b[n + 1] : b[n + 2]].mean()
+                drop = n - 1 if abs(m - left) <= abs(m - right) else n
+            idx.pop(drop)
+            continue
+        weak = []
+        for n in range(len(idx)):
+            lo, hi = _interval(vals[b[n] : b[n + 1]], vals[b[n + 1] : b[n + 2]], s.confidence)
+            if lo is not None and lo <= 1.0 <= hi:
+                weak.append((float(sps.ttest_ind(logv[b[n] : b[n + 1]], logv[b[n + 1] : b[n + 2]], equal_var=False)[1]), n))
+        if not weak:
+            break
+        idx.pop(max(weak)[1])
+    return idx
+
+
+def analyse(
+    points: Sequence[Point],
+    *,
+    hardware: str = "",
+    case_id: str = "",
+    metric: str = "",
+    unit: str = "",
+    settings: Settings = Settings(),
+) -> Analysis:
+    """Gaps, single-run outliers and steps of one series (see the module doc for the rules).
+
+    Args:
+        points: the series' runs in time order (one value each; None = gap).
+        hardware, case_id, metric, unit: the series' name (metric decides regression vs
+            improvement: :func:`higher_is_worse`).
+
+    Returns:
+        :class:`Analysis`; steps ordered by time, ``index`` being the position of
+        ``after`` in ``points``.
+    """
+    from otava.analysis import compute_change_points
+
+    pts = list(points)
+    res = Analysis(hardware, case_id, metric, unit, pts)
+    good = []
+    for i, p in enumerate(pts):
+        v = p.value
+        if v is None or not math.isfinite(v) or v <= 0:
+            res.gaps.append(p)
+        else:
+            good.append(i)
+    if not good:
+        return res
+    y = np.log(np.array([pts[i].value for i in good], dtype=float))
+    res.noise = robust_noise([pts[i].value for i in good])
+    sigma = res.noise if math.isfinite(res.noise) else 0.0
+    out = _outliers(y, sigma, settings) if y.size >= 3 else []
+    out_idx = {j for j, _ in out}
+    res.outliers = [(pts[good[j]], r) for j, r in out]
+    kept = [i for k, i in enumerate(good) if k not in out_idx]
+    vals = np.array([pts[i].value for i in kept], dtype=float)
+    if vals.size < 4:
+        return res
+    cps, _ = compute_change_points(
+        list(vals),
+        window_len=settings.window_len,
+        max_pvalue=settings.max_pvalue,
+        min_magnitude=settings.min_magnitude,
+    )
+    idx = _prune(vals, sorted(int(c.index) for c in cps), settings)
+    bounds = [0, *idx, vals.size]
+    worse_up = higher_is_worse(metric)
+    for n, c in enumerate(idx):
+        a, b = vals[bounds[n] : c], vals[c : bounds[n + 2]]
+        lo, hi = _interval(a, b, settings.confidence)
+        ratio = float(b.mean() / a.mean())
+        p_before, p_after = pts[kept[c - 1]], pts[kept[c]]
+        between = pts[kept[c - 1] + 1 : kept[c]]
+        _, pval = sps.ttest_ind(a, b, equal_var=False) if a.size > 1 and b.size > 1 else (None, math.nan)
+        res.steps.append(
+            Step(
+                index=kept[c],
+                before=p_before,
+                after=p_after,
+                between=list(between),
+                mean_before=float(a.mean()),
+                mean_after=float(b.mean()),
+                ratio=ratio,
+                low=lo,
+                high=hi,
+                pvalue=float(pval),
+                kind="regression" if (ratio > 1) == worse_up else "improvement",
+                n_before=int(a.size),
+                n_after=int(b.size),
+            )
+        )
+    return res
+
+
+def analyse_frame(df: pd.DataFrame, settings: Settings = Settings()) -> list[Analysis]:
+    """Every series of a store frame (:func:`perfkit.history.store.read_store`): one
+    :class:`Analysis` per hardware × case × metric, points in time order."""
+    out = []
+    if df.empty:
+        return out
+    for (hw, case, metric), g in df.groupby(["hardware", "case_id", "metric"], sort=True):
+        g = g.sort_values(["time", "run_key"])
+        pts = [
+            Point(
+                r.run_key,
+                r.run_id,
+                r.commit,
+                r.time.to_pydatetime() if hasattr(r.time, "to_pydatetime") else r.time,
+                None if pd.isna(r.value) else float(r.value),
+                None if pd.isna(r.error) else str(r.error),
+            )
+            for r in g.itertuples(index=False)
+        ]
+        unit = str(g["unit"].iloc[0])
+        out.append(analyse(pts, hardware=hw, case_id=case, metric=metric, unit=unit, settings=settings))
+    return out
+
+
+@dataclass
+class Event:
+    """Steps of several series of one hardware whose commit ranges share a time: reported as one
+    event with the narrowest common range (``before`` .. ``after``)."""
+
+    hardware: str
+    before: Point
+    after: Point
+    members: list[tuple[Analysis, Step]]
+
+
+def events(analyses: Sequence[Analysis]) -> list[Event]:
+    """Group every step by hardware and overlapping commit range (interval stabbing: ranges
+    sorted by their end; each event takes every range that contains the earliest end not yet
+    covered). Ordered by hardware, then time."""
+    out: list[Event] = []
+    by_hw: dict[str, list[tuple[Analysis, Step]]] = {}
+    for a in analyses:
+        for s in a.steps:
+            by_hw.setdefault(a.hardware, []).append((a, s))
+    for hw in sorted(by_hw):
+        items = sorted(by_hw[hw], key=lambda m: (m[1].after.time, m[1].before.time))
+        while items:
+            stab = items[0][1].after.time
+            group = [m for m in items if m[1].before.time < stab <= m[1].after.time]
+            items = [m for m in items if m not in group]
+            before = max((m[1].before for m in group), key=lambda p: p.time)
+            after = min((m[1].after for m in group), key=lambda p: p.time)
+            out.append(Event(hw, before, after, group))
+    return out
+
+
+def last3_alarms(points: Sequence[Point], threshold: float = 0.05) -> list[tuple[Point, float]]:
+    """sglang's nightly alarm rule on a series: a run whose value is more than ``threshold``
+    (5 %) above the mean of the last 3 measured runs before it (gaps skipped). Returns
+    ``(run, value / mean − 1)`` for each alarm. Source: sgl-project/ci-data-diffusion's
+    dashboard ("more than 5 % above the mean of the last 3 runs")."""
+    seen: list[float] = []
+    out = []
+    for p in points:
+        if p.value is None or not math.isfinite(p.value) or p.value <= 0:
+            continue
+        if len(seen) >= 3:
+            m = sum(seen[-3:]) / 3
+            if p.value > m * (1 + threshold):
+                out.append((p, p.value / m - 1))
+        seen.append(float(p.value))
+    return out

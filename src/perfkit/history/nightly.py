@@ -1,0 +1,112 @@
+"""sglang's nightly diffusion comparisons as history runs.
+
+Source: the public repository ``sgl-project/ci-data-diffusion``, one JSON file per nightly run
+in ``diffusion-comparisons/<date>_<run_id>.json``::
+
+    {"timestamp": ISO-8601, "commit_sha": str, "run_id": str,
+     "results": [{"case_id", "framework", "model", "task", "latency_s": float | null,
+                  "error": str | null}, ...]}
+
+Each result is one value of metric ``latency_s`` (seconds). A result with an error or a null
+latency is stored as a gap with its error text, never as 0. The files do not name the
+hardware (sglang's nightly job runs on an H100 runner), so the caller says it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from perfkit.history.store import HistoryError, HistoryRun, Value
+
+SOURCE = "sglang-nightly"
+METRIC = "latency_s"
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    case_id: str
+    framework: str
+    model: str | None = None
+    task: str | None = None
+    latency_s: float | None
+    error: str | None = None
+
+
+class _File(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    timestamp: datetime
+    commit_sha: str
+    run_id: str | int
+    results: list[_Result]
+
+
+def nightly_files(path: str | Path) -> list[Path]:
+    """The comparison files under ``path``: a file, a directory of them, or a checkout of
+    ``ci-data-diffusion`` (its ``diffusion-comparisons/``). Sorted by name.
+
+    Raises:
+        HistoryError: ``path`` does not exist or holds no ``*.json`` file.
+    """
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if (p / "diffusion-comparisons").is_dir():
+        p = p / "diffusion-comparisons"
+    if not p.is_dir():
+        raise HistoryError(f"{path}: no such file or directory")
+    files = sorted(p.glob("*.json"))
+    if not files:
+        raise HistoryError(f"{p}: no nightly comparison file (*.json)")
+    return files
+
+
+def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
+    """One comparison file as a :class:`HistoryRun` (source ``sglang-nightly``).
+
+    A non-sglang framework's result gets case id ``<case_id>@<framework>``.
+
+    Raises:
+        HistoryError: not JSON, or a missing/mistyped key (names the file and the key, e.g.
+            ``results.3.latency_s``).
+    """
+    path = Path(path)
+    try:
+        doc = _File.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        key = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        raise HistoryError(f"{path}: {key}: {e['msg']}") from None
+    except OSError as exc:
+        raise HistoryError(f"{path}: {exc.strerror or exc}") from None
+    values = []
+    for r in doc.results:
+        case = r.case_id if r.framework == "sglang" else f"{r.case_id}@{r.framework}"
+        err = r.error if r.error else (None if r.latency_s is not None else "latency_s is null")
+        ok = r.latency_s is not None and not r.error
+        values.append(Value(case, METRIC, "s", float(r.latency_s) if ok else None, err))
+    if not values:
+        raise HistoryError(f"{path}: results: empty")
+    models = {v.case_id: (r.model, r.task) for v, r in zip(values, doc.results)}
+    return HistoryRun(
+        source=SOURCE,
+        run_id=str(doc.run_id),
+        hardware=hardware,
+        commit=doc.commit_sha,
+        time=doc.timestamp,
+        values=values,
+        source_file=path.name,
+        provenance={
+            "repository": "sgl-project/ci-data-diffusion",
+            "models": {c: {"model": m, "task": t} for c, (m, t) in models.items()},
+            "hardware_from": "given by the importer (the files do not name it)",
+        },
+    )
+
+
+def read_nightly(path: str | Path, hardware: str) -> list[HistoryRun]:
+    """Every comparison file under ``path`` (:func:`nightly_files`) as runs; the first bad
+    file raises :class:`HistoryError` naming it and its key, and nothing is returned."""
+    return [read_nightly_file(f, hardware) for f in nightly_files(path)]

@@ -1,0 +1,285 @@
+"""The history store: one row per case × metric × hardware × commit × time, in parquet files
+that DuckDB reads.
+
+Layout (``STORE`` is a directory; ``outputs/history`` by default)::
+
+    STORE/.lock                       the writers' lock (fcntl, advisory)
+    STORE/hw-<hardware slug>/<digest>.parquet
+                                      one file per add (a batch of runs of one hardware),
+                                      written to a temporary name and renamed: a reader never
+                                      sees half a file
+
+Why parquet files read by DuckDB rather than one DuckDB database file: a DuckDB file takes one
+writing process at a time (a second process cannot even open it while the first holds it),
+whereas parquet files are immutable once renamed into place, so writers on many CI runners can
+each drop their own files into the same directory on shared storage, and ``git``/``rsync``/
+object stores copy them as they are. DuckDB reads them all with one ``read_parquet`` glob and
+answers the queries (series, latest run, de-duplication) in SQL.
+
+Rules:
+
+- The same run added twice is stored once: a run's key (:func:`run_key`: source, hardware,
+  run id, commit, time) is looked up under the lock before writing, and reading keeps one copy
+  of a key should two files on shared storage (where the lock cannot reach) hold it.
+- Two writers at once lose nothing: each add holds ``STORE/.lock`` (``fcntl.flock``) while it
+  reads the known keys and renames its file into place.
+- A value that was not measured (an error, a null) is stored as NULL with its error text: a
+  gap, never 0.
+- Every row carries ``schema_version`` (:data:`SCHEMA_VERSION`); a file of a newer schema is
+  refused naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
+
+#: Version of the row layout below; bump it when a column changes meaning.
+SCHEMA_VERSION = 1
+
+#: Default store directory (relative to the current directory).
+DEFAULT_STORE = Path("outputs/history")
+
+#: column -> (arrow type, doc). Every file has exactly these columns.
+COLUMNS: dict[str, tuple[pa.DataType, str]] = {
+    "schema_version": (pa.int16(), "version of this layout (SCHEMA_VERSION)"),
+    "run_key": (pa.string(), "identity of the run (sha256 of source, hardware, run id, commit, time)"),
+    "source": (pa.string(), "sglang-nightly | suite | ab-A | ab-B | bundle"),
+    "run_id": (pa.string(), "the run's own id (CI run id, run directory name)"),
+    "hardware": (pa.string(), "hardware/runner label (GPU name, CI runner)"),
+    "commit": (pa.string(), "commit of the code measured (git sha)"),
+    "time": (pa.timestamp("us", tz="UTC"), "when the run ran (UTC)"),
+    "case_id": (pa.string(), "the case (sglang case id)"),
+    "metric": (pa.string(), "what was measured (e2e_ms, latency_s, DenoisingStage_ms, ...)"),
+    "unit": (pa.string(), "unit of value (ms, s, MiB)"),
+    "value": (pa.float64(), "the measured value; NULL when not measured (a gap)"),
+    "error": (pa.string(), "why the value is missing (the run's error text), else NULL"),
+    "source_file": (pa.string(), "file the row was read from"),
+    "provenance": (pa.string(), "JSON: what else the source said (model, task, versions, importer)"),
+    "added_at": (pa.timestamp("us", tz="UTC"), "when the row was stored (UTC)"),
+}
+SCHEMA = pa.schema([(k, t) for k, (t, _) in COLUMNS.items()])
+
+
+class HistoryError(ValueError):
+    """Bad input for the history: the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Value:
+    """One measured (or missing) value of a run: ``value`` None is a gap (``error`` says why)."""
+
+    case_id: str
+    metric: str
+    unit: str
+    value: float | None
+    error: str | None = None
+
+
+@dataclass
+class HistoryRun:
+    """One run to store: where it came from and its values (one per case × metric)."""
+
+    source: str
+    run_id: str
+    hardware: str
+    commit: str
+    time: datetime
+    values: list[Value]
+    source_file: str = ""
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return run_key(self.source, self.hardware, self.run_id, self.commit, self.time)
+
+
+def run_key(source: str, hardware: str, run_id: str, commit: str, time: datetime) -> str:
+    """The identity of a run: sha256 (hex, 24 chars) of its source, hardware, run id, commit and
+    UTC time. The same run read twice (from the same or a copied file) has the same key."""
+    t = _utc(time).isoformat()
+    text = "\x1f".join([source, hardware, str(run_id), commit, t])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _utc(t: datetime) -> datetime:
+    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+
+
+def _slug(text: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
+    return s or "unknown"
+
+
+@contextlib.contextmanager
+def _locked(store: Path) -> Iterator[None]:
+    store.mkdir(parents=True, exist_ok=True)
+    with open(store / ".lock", "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _files(store: Path) -> list[Path]:
+    return sorted(store.glob("hw-*/*.parquet"))
+
+
+def stored_run_keys(store: str | Path) -> set[str]:
+    """Keys of every run in ``store`` (empty for a missing or empty store)."""
+    files = _files(Path(store))
+    if not files:
+        return set()
+    con = _duckdb()
+    got = con.execute(
+        "SELECT DISTINCT run_key FROM read_parquet(?, union_by_name=true)", [[str(f) for f in files]]
+    ).fetchall()
+    return {r[0] for r in got}
+
+
+def _duckdb():
+    import duckdb
+
+    return duckdb.connect()
+
+
+def _table(runs: Sequence[HistoryRun], added_at: datetime) -> pa.Table:
+    cols: dict[str, list[Any]] = {k: [] for k in COLUMNS}
+    for r in runs:
+        prov = json.dumps(r.provenance, sort_keys=True, default=str)
+        key, t = r.key, _utc(r.time)
+        for v in r.values:
+            cols["schema_version"].append(SCHEMA_VERSION)
+            cols["run_key"].append(key)
+            cols["source"].append(r.source)
+            cols["run_id"].append(str(r.run_id))
+            cols["hardware"].append(r.hardware)
+            cols["commit"].append(r.commit)
+            cols["time"].append(t)
+            cols["case_id"].append(v.case_id)
+            cols["metric"].append(v.metric)
+            cols["unit"].append(v.unit)
+            cols["value"].append(None if v.value is None else float(v.value))
+            cols["error"].append(v.error)
+            cols["source_file"].append(r.source_file)
+            cols["provenance"].append(prov)
+            cols["added_at"].append(added_at)
+    return pa.table(cols, schema=SCHEMA)
+
+
+@dataclass
+class AddResult:
+    """What :func:`add_runs` did: keys stored now, keys already there, files written."""
+
+    added: list[str]
+    skipped: list[str]
+    files: list[Path]
+
+
+def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
+    """Store ``runs`` in ``store`` (created when missing), each run once.
+
+    Holds ``STORE/.lock`` while it reads the stored keys and renames its files into place, so
+    concurrent writers (processes on one host) lose nothing and store no run twice. Runs of
+    one hardware go into one new parquet file, written under a temporary name first.
+
+    Raises:
+        HistoryError: a run without values, or a value that is not a finite number or None
+            (names the run's file, case and metric).
+    """
+    store = Path(store)
+    runs = list(runs)
+    for r in runs:
+        if not r.values:
+            raise HistoryError(f"{r.source_file or r.run_id}: the run has no values")
+        for v in r.values:
+            if v.value is not None and not (isinstance(v.value, (int, float)) and v.value == v.value):
+                raise HistoryError(f"{r.source_file}: {v.case_id}.{v.metric}: not a number: {v.value!r}")
+    added: list[str] = []
+    skipped: list[str] = []
+    files: list[Path] = []
+    with _locked(store):
+        known = stored_run_keys(store)
+        fresh: dict[str, HistoryRun] = {}
+        for r in runs:
+            k = r.key
+            if k in known or k in fresh:
+                skipped.append(k)
+            else:
+                fresh[k] = r
+        by_hw: dict[str, list[HistoryRun]] = {}
+        for r in fresh.values():
+            by_hw.setdefault(r.hardware, []).append(r)
+        now = datetime.now(timezone.utc)
+        for hw, group in sorted(by_hw.items()):
+            keys = sorted(r.key for r in group)
+            digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:20]
+            d = store / f"hw-{_slug(hw)}"
+            d.mkdir(parents=True, exist_ok=True)
+            final = d / f"{digest}.parquet"
+            fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".parquet")
+            os.close(fd)
+            try:
+                pq.write_table(_table(group, now), tmp)
+                os.replace(tmp, final)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            files.append(final)
+            added.extend(keys)
+    log.info("history %s: %d run(s) added, %d already stored", store, len(added), len(skipped))
+    return AddResult(added, skipped, files)
+
+
+def read_store(store: str | Path, *, hardware: str | None = None) -> pd.DataFrame:
+    """Every row of ``store`` as a DataFrame with :data:`COLUMNS` (one copy per run key, case
+    and metric), sorted by hardware, case, metric, time. Empty (with the columns) when the
+    store has no files.
+
+    Raises:
+        HistoryError: a file that is not a history file (missing column) or of a newer
+            schema than :data:`SCHEMA_VERSION` (names the file and the column).
+    """
+    files = _files(Path(store))
+    if not files:
+        return pd.DataFrame({k: pd.Series(dtype=object) for k in COLUMNS})
+    for f in files:
+        names = pq.read_schema(f).names
+        missing = [c for c in COLUMNS if c not in names]
+        if missing:
+            raise HistoryError(f"{f}: not a history file: missing column {missing[0]!r}")
+    con = _duckdb()
+    where = "WHERE hardware = ?" if hardware is not None else ""
+    args: list[Any] = [[str(f) for f in files]] + ([hardware] if hardware is not None else [])
+    df = con.execute(
+        f"""SELECT * EXCLUDE (filename), filename FROM read_parquet(?, union_by_name=true, filename=true)
+            {where}
+            QUALIFY row_number() OVER (PARTITION BY run_key, case_id, metric ORDER BY filename) = 1
+            ORDER BY hardware, case_id, metric, time, run_key""",
+        args,
+    ).df()
+    newer = df[df["schema_version"] > SCHEMA_VERSION]
+    if len(newer):
+        raise HistoryError(
+            f"{newer['filename'].iloc[0]}: schema_version {int(newer['schema_version'].iloc[0])} is newer "
+            f"than this perfkit reads ({SCHEMA_VERSION})"
+        )
+    return df.drop(columns=["filename"]).reset_index(drop=True)
