@@ -18,7 +18,9 @@ What is done around it, per series (points ordered by run time):
 2. **Outliers**: a point is a single-run outlier when it differs, in the same direction, from
    both the median of up to 3 points before it and the median of up to 3 points after it, by
    more than ``outlier_sigmas`` robust noise units and by more than ``outlier_min`` (relative),
-   while those two medians agree with each other better than with it. Noise: the MAD of the
+   while those two medians agree with each other better than with it; and, once the steps
+   are known, when it lies that far from the median of its own level (a level of at least
+   2 × ``min_segment`` runs; the steps are then searched again without it). Noise: the MAD of the
    series' successive log differences / √2 (steps are a few large differences, so they barely
    move it). Outliers are reported, then left out of the change point search: a single run is
    never a step.
@@ -187,8 +189,9 @@ def _interval(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[float | 
 
 def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
     """Drop change points until every level has ``min_segment`` runs and every step's interval
-    excludes "no change": a short level merges into the nearer neighbouring level (by log mean),
-    else the step with the weakest Welch test goes first."""
+    excludes "no change" and its size exceeds ``min_magnitude``: a short level merges into the
+    nearer neighbouring level (by log mean), else the step with the weakest Welch test goes
+    first (the merge step of Otava, repeated after the short levels are gone)."""
     logv = np.log(vals)
     idx = list(idx)
     while idx:
@@ -208,8 +211,10 @@ def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
             continue
         weak = []
         for n in range(len(idx)):
-            lo, hi = _interval(vals[b[n] : b[n + 1]], vals[b[n + 1] : b[n + 2]], s.confidence)
-            if lo is not None and lo <= 1.0 <= hi:
+            a, c = vals[b[n] : b[n + 1]], vals[b[n + 1] : b[n + 2]]
+            lo, hi = _interval(a, c, s.confidence)
+            r = float(c.mean() / a.mean())
+            if (lo is not None and lo <= 1.0 <= hi) or max(r, 1 / r) - 1 <= s.min_magnitude:
                 weak.append((float(sps.ttest_ind(logv[b[n] : b[n + 1]], logv[b[n + 1] : b[n + 2]], equal_var=False)[1]), n))
         if not weak:
             break
@@ -253,20 +258,34 @@ def analyse(
     y = np.log(np.array([pts[i].value for i in good], dtype=float))
     res.noise = robust_noise([pts[i].value for i in good])
     sigma = res.noise if math.isfinite(res.noise) else 0.0
-    out = _outliers(y, sigma, settings) if y.size >= 3 else []
-    out_idx = {j for j, _ in out}
-    res.outliers = [(pts[good[j]], r) for j, r in out]
-    kept = [i for k, i in enumerate(good) if k not in out_idx]
-    vals = np.array([pts[i].value for i in kept], dtype=float)
-    if vals.size < 4:
-        return res
-    cps, _ = compute_change_points(
-        list(vals),
-        window_len=settings.window_len,
-        max_pvalue=settings.max_pvalue,
-        min_magnitude=settings.min_magnitude,
-    )
-    idx = _prune(vals, sorted(int(c.index) for c in cps), settings)
+    out = dict(_outliers(y, sigma, settings)) if y.size >= 3 else {}
+    thr = max(settings.outlier_sigmas * sigma, math.log1p(settings.outlier_min))
+    for _ in range(2):  # pass 2: a run far from its own level (found by pass 1's steps)
+        kept_k = [k for k in range(len(good)) if k not in out]
+        vals = np.array([pts[good[k]].value for k in kept_k], dtype=float)
+        if vals.size < 4:
+            res.outliers = [(pts[good[j]], r) for j, r in sorted(out.items())]
+            return res
+        cps, _ = compute_change_points(
+            list(vals),
+            window_len=settings.window_len,
+            max_pvalue=settings.max_pvalue,
+            min_magnitude=settings.min_magnitude,
+        )
+        idx = _prune(vals, sorted(int(c.index) for c in cps), settings)
+        b = [0, *idx, vals.size]
+        more = {}
+        for n in range(len(b) - 1):
+            seg = np.log(vals[b[n] : b[n + 1]])
+            med = float(np.median(seg))
+            for j in np.nonzero(np.abs(seg - med) > thr)[0]:
+                if seg.size >= 2 * settings.min_segment:
+                    more[kept_k[b[n] + int(j)]] = math.exp(seg[j] - med)
+        if not more:
+            break
+        out.update(more)
+    res.outliers = [(pts[good[j]], r) for j, r in sorted(out.items())]
+    kept = [good[k] for k in kept_k]
     bounds = [0, *idx, vals.size]
     worse_up = higher_is_worse(metric)
     for n, c in enumerate(idx):

@@ -1,0 +1,50 @@
+"""The history commands as single functions (what ``perfkit history ...`` calls)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from perfkit.history import changepoints as cp
+from perfkit.history.check import CheckResult, check_runs, write_summary
+from perfkit.history.nightly import read_nightly
+from perfkit.history.runs import read_run
+from perfkit.history.store import AddResult, HistoryRun, add_runs, read_store
+
+
+def add(store: str | Path, paths: Sequence[str | Path], *, commit: str | None = None,
+        hardware: str | None = None) -> AddResult:
+    """``perfkit history add``: read every path (:func:`perfkit.history.runs.read_run`) first,
+    then store them all (a bad path stores nothing). Raises HistoryError naming the file/key."""
+    runs = [r for p in paths for r in read_run(p, commit=commit, hardware=hardware)]
+    return add_runs(store, runs)
+
+
+def import_nightly(store: str | Path, path: str | Path, *, hardware: str) -> AddResult:
+    """``perfkit history import``: sglang's nightly comparison files under ``path`` (a
+    directory, a file or a ci-data-diffusion checkout). Raises HistoryError naming the file/key."""
+    return add_runs(store, read_nightly(path, hardware))
+
+
+def read_any(path: str | Path, *, hardware: str | None = None, commit: str | None = None) -> list[HistoryRun]:
+    """A run to check: a nightly comparison file (``*.json``; ``hardware`` needed) or a perfkit
+    run/A-B output/bundle directory."""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".json":
+        if not hardware:
+            from perfkit.history.store import HistoryError
+
+            raise HistoryError(f"{p}: a nightly comparison file does not name its hardware; give --hardware")
+        return read_nightly(p, hardware)
+    return read_run(p, commit=commit, hardware=hardware)
+
+
+def check(store: str | Path, path: str | Path, out_dir: str | Path, *, hardware: str | None = None,
+          commit: str | None = None, commit_url: str | None = None,
+          settings: cp.Settings = cp.Settings()) -> tuple[CheckResult, Path]:
+    """``perfkit history check``: judge the run at ``path`` against the store's series and write
+    ``out_dir/summary.md``. Returns the result (``exit_code``) and the summary's path."""
+    runs = read_any(path, hardware=hardware, commit=commit)
+    frame = read_store(store)
+    res = check_runs(frame, runs, settings)
+    return res, write_summary(res, out_dir, commit_url)

@@ -1,0 +1,214 @@
+"""perfkit's own runs as history runs: a suite run or a merged run (its ``baseline.json``), an
+A/B output (each side's bundle: ``ab-A``, ``ab-B``) or a single bundle directory.
+
+Values come from the sglang-layout case entries (:func:`perfkit.gate.baseline.from_bundle`,
+the numbers the baseline gate compares), one per case × metric:
+
+====================================  =====================  ====
+case entry key                        metric                 unit
+====================================  =====================  ====
+``expected_e2e_ms``                   ``e2e_ms``             ms
+``stages_ms.<Stage>``                 ``<Stage>_ms``         ms
+``expected_avg_denoise_ms``           ``avg_denoise_step_ms``  ms
+``expected_median_denoise_ms``        ``median_denoise_step_ms``  ms
+``expected_load_ms``                  ``load_ms``            ms
+``expected_first_result_ms``          ``first_result_ms``    ms
+``<name>_vram_mb`` / ``_allocated_mb``  ``<name>_vram_mib`` / ``_allocated_mib``  MiB
+====================================  =====================  ====
+
+sglang writes 0.0 for the denoise averages of a case without denoising steps; such a 0.0 is
+"not applicable" and is left out (never stored as a value).
+
+The commit measured is ``--commit`` when given, else the bundles' ``git_commit`` (perfkit's
+checkout, which is the engine's code for the reference engine); the time is ``run.json``'s
+``finished``, else ``baseline.json``'s modification time; an A/B side's is ``ab.json``'s
+modification time, a bundle's its ``meta.json``'s (the provenance says which).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from perfkit.bundle import ResultBundle
+from perfkit.common.provenance import repo_root
+from perfkit.gate import baseline as bl
+from perfkit.gate.run import case_id, load_run_bundles, run_hardware
+from perfkit.history.store import HistoryError, HistoryRun, Value
+
+_SCALARS = {
+    "expected_e2e_ms": ("e2e_ms", "ms"),
+    "expected_avg_denoise_ms": ("avg_denoise_step_ms", "ms"),
+    "expected_median_denoise_ms": ("median_denoise_step_ms", "ms"),
+    "expected_load_ms": ("load_ms", "ms"),
+    "expected_first_result_ms": ("first_result_ms", "ms"),
+}
+
+
+def case_values(case: str, entry: Mapping[str, Any], where: str) -> list[Value]:
+    """The values of one sglang-layout case entry (see the module table).
+
+    Raises:
+        HistoryError: a value that is not a number (names ``where``, the case and the key).
+    """
+    out: list[Value] = []
+
+    def num(key: str, v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise HistoryError(f"{where}: scenarios.{case}.{key}: not a number: {v!r}")
+        return float(v)
+
+    for key, (metric, unit) in _SCALARS.items():
+        if key in entry and entry[key] is not None:
+            v = num(key, entry[key])
+            if v == 0.0 and "denoise" in key:
+                continue
+            out.append(Value(case, metric, unit, v))
+    for stage, v in sorted((entry.get("stages_ms") or {}).items()):
+        out.append(Value(case, f"{stage}_ms", "ms", num(f"stages_ms.{stage}", v)))
+    for key, v in sorted(entry.items()):
+        if key.endswith(("_vram_mb", "_allocated_mb")) and v is not None:
+            out.append(Value(case, key[: -len("_mb")] + "_mib", "MiB", num(key, v)))
+    return out
+
+
+def _mtime(p: Path) -> datetime:
+    return datetime.fromtimestamp(p.stat().st_mtime, tz=timezone.utc)
+
+
+def _commit(bundles: Mapping[str, ResultBundle], given: str | None, where: Path) -> str:
+    if given:
+        return given
+    for b in bundles.values():
+        if b.meta.get("git_commit"):
+            return str(b.meta["git_commit"])
+    raise HistoryError(f"{where}: no git_commit in any bundle's meta.json; give --commit")
+
+
+def read_suite_run(run_dir: str | Path, *, commit: str | None = None, hardware: str | None = None) -> HistoryRun:
+    """A finished suite or merged run (``RUN/baseline.json`` and its bundles) as one run
+    (source ``suite``).
+
+    Raises:
+        HistoryError: no baseline.json, no cases, no commit, or a bad value (names the file
+            and the key).
+    """
+    run_dir = Path(run_dir)
+    bfile = run_dir / "baseline.json"
+    try:
+        doc = bl.load_baseline(bfile)
+    except (OSError, bl.BaselineError, ValueError) as exc:
+        raise HistoryError(f"{bfile}: {exc}") from None
+    cases = doc.get("scenarios") or {}
+    if not cases:
+        raise HistoryError(f"{bfile}: scenarios: no case")
+    bundles = load_run_bundles(run_dir)
+    values = [v for c, e in cases.items() for v in case_values(c, e, str(bfile))]
+    prov: dict[str, Any] = {"baseline_metadata": doc.get("metadata") or {}}
+    when: datetime | None = None
+    rj = run_dir / "run.json"
+    if rj.exists():
+        try:
+            run = json.loads(rj.read_text())
+        except (OSError, ValueError) as exc:
+            raise HistoryError(f"{rj}: {exc}") from None
+        prov.update({k: run.get(k) for k in ("name", "params_file", "status", "exit_code", "replay")})
+        if not bundles and run.get("replay"):  # a replayed run: its bundles are where it read them
+            rp = Path(str(run["replay"]))
+            bundles = load_run_bundles(rp if rp.is_absolute() or rp.exists() else repo_root() / rp)
+        if run.get("finished"):
+            try:
+                when = datetime.fromisoformat(str(run["finished"]))
+            except ValueError:
+                raise HistoryError(f"{rj}: finished: not an ISO time: {run['finished']!r}") from None
+            prov["time_from"] = "run.json finished"
+    if when is None:
+        when = _mtime(bfile)
+        prov["time_from"] = "baseline.json modification time"
+    if when.tzinfo is None:
+        when = when.astimezone(timezone.utc)
+    return HistoryRun(
+        source="suite",
+        run_id=f"{run_dir.name}@{when.isoformat()}",
+        hardware=hardware or run_hardware(run_dir),
+        commit=_commit(bundles, commit, run_dir),
+        time=when,
+        values=values,
+        source_file=str(bfile),
+        provenance=prov,
+    )
+
+
+def read_bundle_run(
+    bundle_dir: str | Path,
+    *,
+    source: str = "bundle",
+    commit: str | None = None,
+    hardware: str | None = None,
+    time_file: str | Path | None = None,
+) -> HistoryRun:
+    """One bundle directory (an A/B side: ``meta.params`` has ``spec`` and ``request``; else a
+    scenario bundle with ``params.engine``/``params.request``) as one run of one case.
+
+    Raises:
+        HistoryError: not a bundle, or no engine spec/request in its meta (names the file).
+    """
+    d = Path(bundle_dir)
+    try:
+        b = ResultBundle.load(d)
+    except Exception as exc:  # noqa: BLE001 - any unreadable bundle is bad input, named
+        raise HistoryError(f"{d}: not a readable bundle: {exc}") from None
+    params = b.meta.get("params") or {}
+    engine = params.get("spec") or params.get("engine")
+    request = params.get("request")
+    if not isinstance(engine, Mapping) or not isinstance(request, Mapping):
+        raise HistoryError(f"{d / 'meta.json'}: params.spec (or params.engine) and params.request: missing")
+    # an A/B request may leave the shape to the engine's preset: then the case is the preset
+    case = case_id(engine, request) if request.get("num_frames") else str(engine.get("preset") or engine.get("kind"))
+    entry = bl.from_bundle(b, case)
+    hw = hardware or str(b.meta.get("gpu_name") or f"cpu x{b.meta.get('cpu_count')} ({b.meta.get('host')})")
+    tf = Path(time_file) if time_file else d / "meta.json"
+    when = _mtime(tf)
+    digest = hashlib.sha256((d / "meta.json").read_bytes()).hexdigest()[:12]
+    return HistoryRun(
+        source=source,
+        run_id=f"{d.parent.name}/{d.name}:{digest}",
+        hardware=hw,
+        commit=_commit({"b": b}, commit, d),
+        time=when,
+        values=case_values(case, entry, str(d)),
+        source_file=str(d),
+        provenance={"time_from": f"{tf.name} modification time", "perfkit_version": b.meta.get("perfkit_version")},
+    )
+
+
+def read_run(path: str | Path, *, commit: str | None = None, hardware: str | None = None) -> list[HistoryRun]:
+    """What ``perfkit history add PATH`` stores: a suite/merged run (``baseline.json``), an
+    A/B output (``ab.json`` with side bundles ``a/`` and ``b/``: two runs, ``ab-A`` and
+    ``ab-B``; ``commit`` then applies to neither: each side names its own) or one bundle.
+
+    Raises:
+        HistoryError: none of these (names the path).
+    """
+    p = Path(path)
+    if (p / "baseline.json").exists():
+        return [read_suite_run(p, commit=commit, hardware=hardware)]
+    if (p / "ab.json").exists():
+        return [
+            read_bundle_run(p / s, source=f"ab-{s.upper()}", hardware=hardware, time_file=p / "ab.json")
+            for s in ("a", "b")
+            if (p / s / "meta.json").exists()
+        ] or _bad(p)
+    if (p / "meta.json").exists():
+        return [read_bundle_run(p, commit=commit, hardware=hardware)]
+    return _bad(p)
+
+
+def _bad(p: Path) -> list[HistoryRun]:
+    raise HistoryError(
+        f"{p}: not a perfkit run (no baseline.json), A/B output (no ab.json with a/ and b/) or bundle (no meta.json)"
+    )
