@@ -1102,6 +1102,106 @@ def ab_command(**kw: Any) -> None:
     _done(cmd_ab(SimpleNamespace(**kw)))
 
 
+@cli.group(
+    "history",
+    epilog="Examples:\n\n\b\n"
+    "  perfkit history import tests/fixtures/sglang-nightly --hardware H100\n"
+    "  perfkit history add outputs/ci-cpu/latest\n"
+    "  perfkit history check outputs/ci-cpu/latest --out outputs/history-check\n"
+    "  perfkit history site outputs/history-site\n\n" + EXIT_CODES,
+)
+def history_group() -> None:
+    """Performance history across commits: a store, change points, a gate, an offline site."""
+
+
+_STORE = click.option(
+    "--store",
+    default="outputs/history",
+    show_default=True,
+    help="history store directory (parquet files; created when missing)",
+)
+_COMMIT_URL = click.option(
+    "--commit-url",
+    default=None,
+    help="link template for commits, e.g. https://github.com/sgl-project/sglang/commit/{commit}",
+)
+
+
+def _history_call(fn, *args: Any, **kw: Any) -> Any:
+    """Run a history library call; bad input exits 2 with one line naming file and key."""
+    from perfkit.history.store import HistoryError
+
+    try:
+        return fn(*args, **kw)
+    except (HistoryError, OSError) as exc:
+        click.echo(f"perfkit history: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+
+
+def _added(res: Any) -> None:
+    click.echo(f"{len(res.added)} run(s) added, {len(res.skipped)} already stored")
+
+
+@history_group.command("add", epilog=EXIT_CODES)
+@click.argument("runs", nargs=-1, required=True)
+@_STORE
+@click.option("--commit", default=None, help="commit measured (default: the bundles' git_commit)")
+@click.option("--hardware", default=None, help="hardware label (default: what the run says)")
+def history_add(runs: tuple[str, ...], store: str, commit: str | None, hardware: str | None) -> None:
+    """Store perfkit RUNS: suite or merged runs (baseline.json), A/B outputs (each side), bundles."""
+    from perfkit.history.api import add
+
+    _added(_history_call(add, store, runs, commit=commit, hardware=hardware))
+
+
+@history_group.command("import", epilog=EXIT_CODES)
+@click.argument("path")
+@_STORE
+@click.option("--hardware", required=True, help="hardware of these runs (the files do not say; sglang: H100)")
+def history_import(path: str, store: str, hardware: str) -> None:
+    """Store sglang's nightly comparison files (a directory, a file or a ci-data-diffusion checkout)."""
+    from perfkit.history.api import import_nightly
+
+    _added(_history_call(import_nightly, store, path, hardware=hardware))
+
+
+@history_group.command(
+    "check",
+    epilog="Exit codes: 0 no regression step, 1 a regression step, 2 bad input or nothing compared.",
+)
+@click.argument("run")
+@_STORE
+@click.option("--out", "out", default=None, help="directory for summary.md (default: RUN's directory)")
+@click.option("--hardware", default=None, help="hardware label (needed for a nightly comparison file)")
+@click.option("--commit", default=None, help="commit measured (default: the bundles' git_commit)")
+@_COMMIT_URL
+@click.option("-q", "--quiet", is_flag=True, help="do not print summary.md")
+def history_check(run: str, store: str, out: str | None, hardware: str | None, commit: str | None,
+                  commit_url: str | None, quiet: bool) -> None:
+    """Is RUN (a perfkit run or a nightly comparison file) a new step against its series?"""
+    from perfkit.history.api import check
+
+    out_dir = out or (run if Path(run).is_dir() else str(Path(run).parent))
+    res, summary = _history_call(check, store, run, out_dir, hardware=hardware, commit=commit,
+                                 commit_url=commit_url)
+    if not quiet:
+        click.echo(summary.read_text())
+    click.echo(f"summary: {summary}")
+    _done(res.exit_code)
+
+
+@history_group.command("site", epilog=EXIT_CODES)
+@click.argument("out")
+@_STORE
+@_COMMIT_URL
+def history_site(out: str, store: str, commit_url: str | None) -> None:
+    """Write the offline history site to OUT/ (index.html, one page per hardware)."""
+    from perfkit.report.history_site import write_site
+
+    pages = _history_call(write_site, store, out, commit_url=commit_url)
+    click.echo(f"{len(pages)} page(s): {Path(out) / 'index.html'}")
+
+
 cli.add_command(measure_command)
 
 

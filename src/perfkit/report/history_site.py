@@ -1,0 +1,199 @@
+"""The offline history site: ``perfkit history site OUT/``.
+
+``OUT/index.html`` lists the hardware; ``OUT/<hardware slug>.html`` shows, for that hardware,
+the events (steps of several series in one commit range), then each case's trend per metric:
+a matplotlib figure (embedded as a base64 PNG ``data:`` URI) with the levels between change
+points, the steps, the single-run outliers and the gaps marked, and tables of the steps
+(commit range, size with its interval), outliers and gaps, plus the latest run's status
+(:func:`perfkit.history.check.judge` against the runs before it). Commit hashes link through
+a URL template (``--commit-url``) when one is given; the page itself loads nothing from the
+network (no script, no external stylesheet, no font).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from perfkit.common.numfmt import number_text  # noqa: E402
+from perfkit.history import changepoints as cp  # noqa: E402
+from perfkit.history.check import judge  # noqa: E402
+from perfkit.history.store import HistoryError, read_store  # noqa: E402
+from perfkit.report.plots import alt_text, figure_to_png_bytes  # noqa: E402
+from perfkit.report.render import template_env  # noqa: E402
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "hardware"
+
+
+def commit_link(commit: str, template: str | None) -> dict[str, str | None]:
+    """``{"text": short hash, "url": template with {commit} filled, or None}``."""
+    return {"text": commit[:10], "url": template.format(commit=commit) if template else None, "full": commit}
+
+
+def trend_figure(a: cp.Analysis) -> plt.Figure:
+    """The trend of one series: kept values (dots and line), each level's mean (a horizontal
+    segment), steps (dashed lines at the first run of the new level), outliers (red crosses),
+    gaps (grey ticks under the axis). x: run time (UTC); y: the metric in its unit."""
+    fig, ax = plt.subplots(figsize=(10, 2.8), dpi=80)
+    bad = {p.run_key for p, _ in a.outliers} | {p.run_key for p in a.gaps}
+    kept = [p for p in a.points if p.run_key not in bad]
+    ax.plot([p.time for p in kept], [p.value for p in kept], "-o", ms=2.5, lw=0.8, color="#0969da", label="run")
+    if a.outliers:
+        ax.plot([p.time for p, _ in a.outliers], [p.value for p, _ in a.outliers], "x", color="#cf222e",
+                ms=6, label="outlier")
+    bounds = [kept[0].time] if kept else []
+    for s in a.steps:
+        ax.axvline(s.after.time, color="#bf8700", ls="--", lw=1)
+        bounds.append(s.after.time)
+    if kept:
+        bounds.append(kept[-1].time)
+        means = [s.mean_before for s in a.steps] + ([a.steps[-1].mean_after] if a.steps else [])
+        if not a.steps:
+            means = [sum(p.value for p in kept) / len(kept)]
+        for (t0, t1), m in zip(zip(bounds[:-1], bounds[1:]), means):
+            ax.hlines(m, t0, t1, color="#1a7f37", lw=2, alpha=0.7)
+    if a.gaps:
+        lo = min([p.value for p in kept] or [0.0])
+        ax.plot([p.time for p in a.gaps], [lo] * len(a.gaps), "|", color="#6e7781", ms=10, label="gap")
+    ax.set_title(f"{a.case_id}: {a.metric} on {a.hardware}", fontsize=10)
+    ax.set_xlabel("run time (UTC)")
+    ax.set_ylabel(f"{a.metric} ({a.unit})")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=7)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    return fig
+
+
+def _latest(a: cp.Analysis, settings: cp.Settings) -> dict[str, Any]:
+    p = a.points[-1]
+    if p.value is None:
+        return {"status": "gap", "text": f"not measured: {p.error or 'no value'}", "point": p}
+    status, reason, level, low, high, n = judge(a.points[:-1], p.value, metric=a.metric, settings=settings)
+    if level is not None:
+        reason += f"; level {number_text(level)} ({number_text(low)}–{number_text(high)}) {a.unit}"
+    return {"status": status, "text": f"{number_text(p.value)} {a.unit}: {reason}", "point": p}
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{(x - 1) * 100:+.1f} %"
+
+
+def series_context(a: cp.Analysis, commit_url: str | None, settings: cp.Settings) -> dict[str, Any]:
+    """What the template shows for one series (figure, steps, outliers, gaps, latest)."""
+    fig = trend_figure(a)
+    png = base64.b64encode(figure_to_png_bytes(fig, dpi=80)).decode("ascii")
+    alt = alt_text(fig)
+    plt.close(fig)
+    steps = [
+        {
+            "kind": s.kind,
+            "before": commit_link(s.before.commit, commit_url),
+            "after": commit_link(s.after.commit, commit_url),
+            "before_time": f"{s.before.time:%Y-%m-%d %H:%M}",
+            "after_time": f"{s.after.time:%Y-%m-%d %H:%M}",
+            "between": len(s.between),
+            "levels": f"{number_text(s.mean_before)} → {number_text(s.mean_after)} {a.unit}",
+            "change": _pct(s.ratio),
+            "interval": "–" if s.low is None else f"{_pct(s.low)} to {_pct(s.high)}",
+            "runs": f"{s.n_before} / {s.n_after}",
+        }
+        for s in a.steps
+    ]
+    outliers = [
+        {"time": f"{p.time:%Y-%m-%d %H:%M}", "commit": commit_link(p.commit, commit_url),
+         "value": f"{number_text(p.value)} {a.unit}", "ratio": f"× {r:.2f}"}
+        for p, r in a.outliers
+    ]
+    gaps = Counter((p.error or "no value")[:160] for p in a.gaps)
+    return {
+        "id": _slug(f"{a.case_id}-{a.metric}"),
+        "case": a.case_id,
+        "metric": a.metric,
+        "png": png,
+        "alt": alt,
+        "n": len(a.points),
+        "noise": "–" if not math.isfinite(a.noise) else f"{a.noise * 100:.1f} %",
+        "steps": steps,
+        "outliers": outliers,
+        "gaps": [{"reason": k, "count": v} for k, v in gaps.most_common()],
+        "latest": {
+            **_latest(a, settings),
+            "commit": commit_link(a.points[-1].commit, commit_url),
+            "time": f"{a.points[-1].time:%Y-%m-%d %H:%M}",
+        },
+    }
+
+
+def write_site(
+    store: str | Path, out: str | Path, *, commit_url: str | None = None, settings: cp.Settings = cp.Settings()
+) -> list[Path]:
+    """Write the site for every hardware in ``store`` to ``out`` (created); returns the pages
+    written (index first).
+
+    Raises:
+        HistoryError: the store has no runs (names it), or a bad store file.
+    """
+    frame = read_store(store)
+    if frame.empty:
+        raise HistoryError(f"{store}: the history store has no runs")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = template_env()
+    analyses = cp.analyse_frame(frame, settings)
+    hw_pages = []
+    pages: list[Path] = []
+    for hw in sorted(frame["hardware"].unique()):
+        rows = frame[frame["hardware"] == hw]
+        mine = [a for a in analyses if a.hardware == hw]
+        evs = [e for e in cp.events(mine) if len(e.members) > 1]
+        events = [
+            {
+                "before": commit_link(e.before.commit, commit_url),
+                "after": commit_link(e.after.commit, commit_url),
+                "time": f"{e.before.time:%Y-%m-%d %H:%M} .. {e.after.time:%Y-%m-%d %H:%M}",
+                "members": [
+                    {"series": f"{a.case_id} {a.metric}", "kind": s.kind, "change": _pct(s.ratio)} for a, s in e.members
+                ],
+            }
+            for e in evs
+        ]
+        cases: dict[str, list[dict[str, Any]]] = {}
+        for a in mine:
+            cases.setdefault(a.case_id, []).append(series_context(a, commit_url, settings))
+        latest = rows.sort_values("time").iloc[-1]
+        page = out / f"{_slug(hw)}.html"
+        page.write_text(
+            env.get_template("history/hardware.html.j2").render(
+                hardware=hw,
+                runs=rows["run_key"].nunique(),
+                first=f"{rows['time'].min():%Y-%m-%d}",
+                last=f"{rows['time'].max():%Y-%m-%d}",
+                latest_commit=commit_link(str(latest["commit"]), commit_url),
+                sources=", ".join(sorted(rows["source"].unique())),
+                events=events,
+                cases=cases,
+                n_steps=sum(len(a.steps) for a in mine),
+                n_outliers=sum(len(a.outliers) for a in mine),
+                settings=settings,
+            )
+        )
+        pages.append(page)
+        hw_pages.append(
+            {"hardware": hw, "href": page.name, "runs": rows["run_key"].nunique(), "cases": len(cases),
+             "steps": sum(len(a.steps) for a in mine), "last": f"{rows['time'].max():%Y-%m-%d}"}
+        )
+    index = out / "index.html"
+    index.write_text(env.get_template("history/index.html.j2").render(pages=hw_pages, store=str(store)))
+    return [index, *pages]
