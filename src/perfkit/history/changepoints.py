@@ -20,7 +20,8 @@ What is done around it, per series (points ordered by run time):
    more than ``outlier_sigmas`` robust noise units and by more than ``outlier_min`` (relative),
    while those two medians agree with each other better than with it; and, once the steps
    are known, when it lies that far from the median of its own level (a level of at least
-   2 × ``min_segment`` runs; the steps are then searched again without it). Noise: the MAD of the
+   2 × ``min_segment`` runs, and not the series' first or last run, which have no
+   neighbour on one side; the steps are then searched again without it). Noise: the MAD of the
    series' successive log differences / √2 (steps are a few large differences, so they barely
    move it). Outliers are reported, then left out of the change point search: a single run is
    never a step.
@@ -279,7 +280,8 @@ def analyse(
             seg = np.log(vals[b[n] : b[n + 1]])
             med = float(np.median(seg))
             for j in np.nonzero(np.abs(seg - med) > thr)[0]:
-                if seg.size >= 2 * settings.min_segment:
+                # the series' first and last runs have no neighbour on one side: unconfirmed
+                if seg.size >= 2 * settings.min_segment and 0 < b[n] + int(j) < vals.size - 1:
                     more[kept_k[b[n] + int(j)]] = math.exp(seg[j] - med)
         if not more:
             break

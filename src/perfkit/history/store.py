@@ -249,6 +249,14 @@ def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
     return AddResult(added, skipped, files)
 
 
+def runs_frame(runs: Sequence[HistoryRun]) -> pd.DataFrame:
+    """``runs`` as a frame with :data:`COLUMNS`, as :func:`read_store` would return them once
+    stored (for analyses that need no store)."""
+    return _table(list(runs), datetime.now(timezone.utc)).to_pandas().sort_values(
+        ["hardware", "case_id", "metric", "time", "run_key"], ignore_index=True
+    )
+
+
 def read_store(store: str | Path, *, hardware: str | None = None) -> pd.DataFrame:
     """Every row of ``store`` as a DataFrame with :data:`COLUMNS` (one copy per run key, case
     and metric), sorted by hardware, case, metric, time. Empty (with the columns) when the
