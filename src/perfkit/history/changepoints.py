@@ -189,8 +189,10 @@ def _interval(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[float | 
 
 
 def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
-    """Drop change points until every level has ``min_segment`` runs and every step's interval
-    excludes "no change" and its size exceeds ``min_magnitude``: a short level merges into the
+    """Drop change points until every level has ``min_segment`` runs and every step passes a
+    Welch t-test on log values at ``max_pvalue`` (Otava's own test uses the population standard
+    deviation, which overstates small levels), its interval excludes "no change" and its size
+    exceeds ``min_magnitude``: a short level merges into the
     nearer neighbouring level (by log mean), else the step with the weakest Welch test goes
     first (the merge step of Otava, repeated after the short levels are gone)."""
     logv = np.log(vals)
@@ -215,8 +217,9 @@ def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
             a, c = vals[b[n] : b[n + 1]], vals[b[n + 1] : b[n + 2]]
             lo, hi = _interval(a, c, s.confidence)
             r = float(c.mean() / a.mean())
-            if (lo is not None and lo <= 1.0 <= hi) or max(r, 1 / r) - 1 <= s.min_magnitude:
-                weak.append((float(sps.ttest_ind(logv[b[n] : b[n + 1]], logv[b[n + 1] : b[n + 2]], equal_var=False)[1]), n))
+            p = float(sps.ttest_ind(logv[b[n] : b[n + 1]], logv[b[n + 1] : b[n + 2]], equal_var=False)[1])
+            if (lo is not None and lo <= 1.0 <= hi) or max(r, 1 / r) - 1 <= s.min_magnitude or not p < s.max_pvalue:
+                weak.append((p if math.isfinite(p) else 1.0, n))
         if not weak:
             break
         idx.pop(max(weak)[1])
