@@ -228,3 +228,22 @@ def test_check_with_nothing_to_compare_is_exit_2_and_a_new_step_is_exit_1(tmp_pa
     assert by["DenoisingStage_ms"].status == "ok" and res.exit_code == 1
     assert check_runs(frame, [run(100, 100.5)]).exit_code == 0
     assert check_runs(frame, [run(100, None, error="boom")]).rows[0].status == "not measured"
+
+
+def test_history_add_stores_a_suite_run_and_both_ab_sides_once(tmp_path: Path, capsys):
+    """The committed H200 report (a replayed suite run) and the A/A example (two sides)."""
+    root = Path(__file__).resolve().parents[1]
+    args = ["history", "add", str(root / "examples/h200/report"), str(root / "examples/ab/aa"), "--store", str(tmp_path)]
+    assert main(args) == 0
+    assert "3 run(s) added, 0 already stored" in capsys.readouterr().out
+    assert main(args) == 0
+    assert "0 run(s) added, 3 already stored" in capsys.readouterr().out
+    df = read_store(tmp_path)
+    assert sorted(df["source"].unique()) == ["ab-A", "ab-B", "suite"]
+    suite = df[df["source"] == "suite"].set_index(["case_id", "metric"])
+    assert suite.loc[("ltx-2b_25f_512x768_30s_w17", "e2e_ms"), "value"] == 973.1  # baseline.json's
+    assert suite.loc[("ltx-2b_25f_512x768_30s_w17", "runtime_peak_vram_mib"), "unit"] == "MiB"
+    assert set(suite["commit"]) == {"cd7aa53b840fa5a8af34f76bdc554080726b16db"}  # its bundles' git_commit
+    assert set(suite["hardware"]) == {"NVIDIA H200"}
+    assert main(["history", "add", str(tmp_path / "nowhere"), "--store", str(tmp_path)]) == 2
+    assert "nowhere: not a perfkit run" in capsys.readouterr().err
