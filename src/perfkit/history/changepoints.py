@@ -157,20 +157,28 @@ def robust_noise(values: Sequence[float]) -> float:
 
 
 def _outliers(y: np.ndarray, sigma: float, s: Settings) -> list[tuple[int, float]]:
-    out = []
+    """Pass 1 (vectorised): medians of up to 3 values before and after each point."""
     thr = max(s.outlier_sigmas * sigma, math.log1p(s.outlier_min))
-    for i in range(y.size):
-        left, right = y[max(0, i - 3) : i], y[i + 1 : i + 4]
-        if left.size == 0 or right.size == 0:
-            continue
-        ml, mr = float(np.median(left)), float(np.median(right))
-        dl, dr = y[i] - ml, y[i] - mr
-        if dl * dr <= 0:
-            continue
-        dev = min(abs(dl), abs(dr))
-        if dev > thr and abs(ml - mr) < dev / 2:
-            out.append((i, math.exp(y[i] - (ml + mr) / 2)))
-    return out
+    ser = pd.Series(y)
+    ml = ser.rolling(3, min_periods=1).median().shift(1).to_numpy()
+    mr = ser[::-1].rolling(3, min_periods=1).median().shift(1)[::-1].to_numpy()
+    dl, dr = y - ml, y - mr
+    dev = np.minimum(np.abs(dl), np.abs(dr))
+    with np.errstate(invalid="ignore"):
+        hit = (dl * dr > 0) & (dev > thr) & (np.abs(ml - mr) < dev / 2)
+    return [(int(i), math.exp(y[i] - (ml[i] + mr[i]) / 2)) for i in np.nonzero(hit)[0]]
+
+
+def _welch_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided Welch t-test p-value (NaN when a side has fewer than 2 values)."""
+    if a.size < 2 or b.size < 2:
+        return math.nan
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    if va + vb == 0:
+        return 0.0 if a.mean() != b.mean() else 1.0
+    t = (b.mean() - a.mean()) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+    return float(2 * sps.t.sf(abs(t), df))
 
 
 def _interval(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[float | None, float | None]:
@@ -217,7 +225,7 @@ def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
             a, c = vals[b[n] : b[n + 1]], vals[b[n + 1] : b[n + 2]]
             lo, hi = _interval(a, c, s.confidence)
             r = float(c.mean() / a.mean())
-            p = float(sps.ttest_ind(logv[b[n] : b[n + 1]], logv[b[n + 1] : b[n + 2]], equal_var=False)[1])
+            p = _welch_p(logv[b[n] : b[n + 1]], logv[b[n + 1] : b[n + 2]])
             if (lo is not None and lo <= 1.0 <= hi) or max(r, 1 / r) - 1 <= s.min_magnitude or not p < s.max_pvalue:
                 weak.append((p if math.isfinite(p) else 1.0, n))
         if not weak:
@@ -299,7 +307,7 @@ def analyse(
         ratio = float(b.mean() / a.mean())
         p_before, p_after = pts[kept[c - 1]], pts[kept[c]]
         between = pts[kept[c - 1] + 1 : kept[c]]
-        _, pval = sps.ttest_ind(a, b, equal_var=False) if a.size > 1 and b.size > 1 else (None, math.nan)
+        pval = _welch_p(np.log(a), np.log(b))
         res.steps.append(
             Step(
                 index=kept[c],
@@ -320,24 +328,33 @@ def analyse(
     return res
 
 
-def analyse_frame(df: pd.DataFrame, settings: Settings = Settings()) -> list[Analysis]:
+def analyse_frame(df: pd.DataFrame, settings: Settings = Settings(), *, workers: int = 1) -> list[Analysis]:
     """Every series of a store frame (:func:`perfkit.history.store.read_store`): one
-    :class:`Analysis` per hardware × case × metric, points in time order."""
-    out = []
+    :class:`Analysis` per hardware × case × metric, points in time order. ``workers`` > 1
+    analyses the series in that many processes (spawned; worth it from thousands of runs)."""
+    out: list[Analysis] = []
     if df.empty:
         return out
+    if workers > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        keys = ["hardware", "case_id", "metric"]
+        parts = [g for _, g in df.groupby(keys, sort=True)]
+        chunks = [pd.concat(parts[i::workers]) for i in range(min(workers, len(parts)))]
+        with ProcessPoolExecutor(len(chunks), mp_context=multiprocessing.get_context("spawn")) as ex:
+            done = [a for res in ex.map(analyse_frame, chunks, [settings] * len(chunks)) for a in res]
+        return sorted(done, key=lambda a: (a.hardware, a.case_id, a.metric))
     for (hw, case, metric), g in df.groupby(["hardware", "case_id", "metric"], sort=True):
         g = g.sort_values(["time", "run_key"])
+        times = g["time"].dt.to_pydatetime() if hasattr(g["time"], "dt") else list(g["time"])
+        values = g["value"].to_numpy(dtype=float, na_value=np.nan)
+        errors = g["error"].tolist()
         pts = [
-            Point(
-                r.run_key,
-                r.run_id,
-                r.commit,
-                r.time.to_pydatetime() if hasattr(r.time, "to_pydatetime") else r.time,
-                None if pd.isna(r.value) else float(r.value),
-                None if pd.isna(r.error) else str(r.error),
+            Point(k, r, c, t, None if v != v else float(v), None if e is None or e != e else str(e))
+            for k, r, c, t, v, e in zip(
+                g["run_key"].tolist(), g["run_id"].tolist(), g["commit"].tolist(), times, values, errors
             )
-            for r in g.itertuples(index=False)
         ]
         unit = str(g["unit"].iloc[0])
         out.append(analyse(pts, hardware=hw, case_id=case, metric=metric, unit=unit, settings=settings))

@@ -14,6 +14,7 @@ hardware (sglang's nightly job runs on an H100 runner), so the caller says it.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from pathlib import Path
 
@@ -41,6 +42,13 @@ class _File(BaseModel):
     commit_sha: str
     run_id: str | int
     results: list[_Result]
+
+
+@functools.lru_cache(maxsize=4096)
+def _labels(model: str | None, task: str | None, framework: str) -> dict[str, str | None]:
+    """One shared (never mutated) dict per distinct label set: 500,000 values need not carry
+    500,000 dicts."""
+    return {"model": model, "task": task, "framework": framework}
 
 
 def nightly_files(path: str | Path) -> list[Path]:
@@ -86,10 +94,10 @@ def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
         case = r.case_id if r.framework == "sglang" else f"{r.case_id}@{r.framework}"
         err = r.error if r.error else (None if r.latency_s is not None else "latency_s is null")
         ok = r.latency_s is not None and not r.error
-        values.append(Value(case, METRIC, "s", float(r.latency_s) if ok else None, err))
+        labels = _labels(r.model, r.task, r.framework)
+        values.append(Value(case, METRIC, "s", float(r.latency_s) if ok else None, err, labels))
     if not values:
         raise HistoryError(f"{path}: results: empty")
-    models = {v.case_id: (r.model, r.task) for v, r in zip(values, doc.results)}
     return HistoryRun(
         source=SOURCE,
         run_id=str(doc.run_id),
@@ -100,7 +108,6 @@ def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
         source_file=path.name,
         provenance={
             "repository": "sgl-project/ci-data-diffusion",
-            "models": {c: {"model": m, "task": t} for c, (m, t) in models.items()},
             "hardware_from": "given by the importer (the files do not name it)",
         },
     )

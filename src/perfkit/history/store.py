@@ -14,7 +14,9 @@ writing process at a time (a second process cannot even open it while the first 
 whereas parquet files are immutable once renamed into place, so writers on many CI runners can
 each drop their own files into the same directory on shared storage, and ``git``/``rsync``/
 object stores copy them as they are. DuckDB reads them all with one ``read_parquet`` glob and
-answers the queries (series, latest run, de-duplication) in SQL.
+answers queries in SQL (``stored_run_keys``; ``duckdb -c "SELECT ... FROM
+read_parquet('STORE/hw-*/*.parquet')"`` by hand); :func:`read_store` reads the files with
+pyarrow, which needs a fifth of the memory for a whole store (measured).
 
 Rules:
 
@@ -45,8 +47,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
 log = logging.getLogger(__name__)
@@ -91,6 +95,9 @@ class Value:
     unit: str
     value: float | None
     error: str | None = None
+    #: what the source says about this value alone (sglang: model, task), added to the run's
+    #: provenance in this row
+    labels: dict[str, Any] | None = None
 
 
 @dataclass
@@ -166,7 +173,13 @@ def _table(runs: Sequence[HistoryRun], added_at: datetime) -> pa.Table:
     for r in runs:
         prov = json.dumps(r.provenance, sort_keys=True, default=str)
         key, t = r.key, _utc(r.time)
+        memo: dict[int, str] = {}
         for v in r.values:
+            row_prov = prov
+            if v.labels:
+                row_prov = memo.get(id(v.labels)) or memo.setdefault(
+                    id(v.labels), json.dumps({**r.provenance, **v.labels}, sort_keys=True, default=str)
+                )
             cols["schema_version"].append(SCHEMA_VERSION)
             cols["run_key"].append(key)
             cols["source"].append(r.source)
@@ -180,7 +193,7 @@ def _table(runs: Sequence[HistoryRun], added_at: datetime) -> pa.Table:
             cols["value"].append(None if v.value is None else float(v.value))
             cols["error"].append(v.error)
             cols["source_file"].append(r.source_file)
-            cols["provenance"].append(prov)
+            cols["provenance"].append(row_prov)
             cols["added_at"].append(added_at)
     return pa.table(cols, schema=SCHEMA)
 
@@ -257,37 +270,49 @@ def runs_frame(runs: Sequence[HistoryRun]) -> pd.DataFrame:
     )
 
 
-def read_store(store: str | Path, *, hardware: str | None = None) -> pd.DataFrame:
-    """Every row of ``store`` as a DataFrame with :data:`COLUMNS` (one copy per run key, case
-    and metric), sorted by hardware, case, metric, time. Empty (with the columns) when the
-    store has no files.
+#: the columns the change point analysis reads (:func:`read_store` ``columns=``)
+ANALYSIS_COLUMNS = ("hardware", "case_id", "metric", "unit", "run_key", "run_id", "commit", "time", "value", "error", "source")
+
+
+def read_store(
+    store: str | Path, *, hardware: str | None = None, columns: Sequence[str] | None = None
+) -> pd.DataFrame:
+    """Every row of ``store`` as a DataFrame with :data:`COLUMNS` (or only ``columns``; one
+    copy per run key, case and metric), sorted by hardware, case, metric, time. Empty (with
+    the columns) when the store has no files.
 
     Raises:
         HistoryError: a file that is not a history file (missing column) or of a newer
             schema than :data:`SCHEMA_VERSION` (names the file and the column).
     """
     files = _files(Path(store))
+    cols = list(columns or COLUMNS)
+    unknown = [c for c in cols if c not in COLUMNS]
+    if unknown:
+        raise ValueError(f"read_store: unknown column {unknown[0]!r}")
     if not files:
-        return pd.DataFrame({k: pd.Series(dtype=object) for k in COLUMNS})
+        return pd.DataFrame({k: pd.Series(dtype=object) for k in cols})
     for f in files:
         names = pq.read_schema(f).names
         missing = [c for c in COLUMNS if c not in names]
         if missing:
             raise HistoryError(f"{f}: not a history file: missing column {missing[0]!r}")
-    con = _duckdb()
-    where = "WHERE hardware = ?" if hardware is not None else ""
-    args: list[Any] = [[str(f) for f in files]] + ([hardware] if hardware is not None else [])
-    df = con.execute(
-        f"""SELECT * EXCLUDE (filename), filename FROM read_parquet(?, union_by_name=true, filename=true)
-            {where}
-            QUALIFY row_number() OVER (PARTITION BY run_key, case_id, metric ORDER BY filename) = 1
-            ORDER BY hardware, case_id, metric, time, run_key""",
-        args,
-    ).df()
+    # pyarrow reads the files (projected columns) and pandas drops duplicate keys and sorts:
+    # DuckDB's conversion of 500,000 rows to pandas peaked at 5x the frame's size (measured,
+    # benchmarks/history_scale.py); DuckDB stays the query engine over the same files.
+    tables = []
+    for i, f in enumerate(files):
+        t = pq.read_table(f, columns=list(dict.fromkeys([*cols, "schema_version", "run_key", "case_id", "metric", "hardware", "time"])))
+        if hardware is not None:
+            t = t.filter(pa.compute.equal(t["hardware"], hardware))
+        tables.append(t.append_column("file_index", pa.array(np.full(t.num_rows, i, dtype=np.int32))))
+    df = pa.concat_tables(tables).to_pandas()
+    df = df.drop_duplicates(["run_key", "case_id", "metric"], keep="first")  # files in name order
+    df = df.sort_values(["hardware", "case_id", "metric", "time", "run_key"], kind="stable")
     newer = df[df["schema_version"] > SCHEMA_VERSION]
     if len(newer):
         raise HistoryError(
-            f"{newer['filename'].iloc[0]}: schema_version {int(newer['schema_version'].iloc[0])} is newer "
+            f"{files[int(newer['file_index'].iloc[0])]}: schema_version {int(newer['schema_version'].iloc[0])} is newer "
             f"than this perfkit reads ({SCHEMA_VERSION})"
         )
-    return df.drop(columns=["filename"]).reset_index(drop=True)
+    return df[cols].reset_index(drop=True)
