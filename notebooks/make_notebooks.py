@@ -460,6 +460,63 @@ res = compare_bundles(bundles["A"], bundles["B"], threshold, gate=gate_metrics)"
     )
 
 
+def history() -> nbformat.NotebookNode:
+    params = """store = "../outputs/history"  # the history store (perfkit history add/import write it)
+nightly = "../tests/fixtures/sglang-nightly"  # imported first when the store is empty (None: never)
+hardware = "H100"  # the series: hardware, case and metric
+case_id = "flux2_dev_t2i_1024"
+metric = "latency_s"  # the metric's name in the store"""
+    setup = """import pandas as pd
+from IPython.display import Markdown, display
+
+from perfkit.history import changepoints as cp
+from perfkit.history.api import import_nightly
+from perfkit.history.store import read_store
+from perfkit.report import show, tables
+from perfkit.report.history_site import series_context, trend_figure
+
+_ = tables.use_in_notebook()  # every DataFrame shown through perfkit's one table formatter"""
+    cells = [
+        new_code_cell("""if nightly and read_store(store).empty:
+    print(f"{len(import_nightly(store, nightly, hardware=hardware).added)} runs imported from {nightly}")
+frame = read_store(store, hardware=hardware)
+series = frame[(frame["case_id"] == case_id) & (frame["metric"] == metric)]
+if series.empty:
+    raise ValueError(f"{store}: no series {hardware} / {case_id} / {metric}; cases: {sorted(frame['case_id'].unique())}")
+(a,) = cp.analyse_frame(series)
+ctx = series_context(a, None, cp.Settings())
+display(Markdown(f"**{a.case_id} {a.metric} on {a.hardware}**: {len(a.points)} runs, {len(a.steps)} steps, "
+                 f"{len(a.outliers)} outliers, {len(a.gaps)} gaps; latest run: {ctx['latest']['status']} "
+                 f"({ctx['latest']['text']})"))"""),
+        new_markdown_cell("## Trend: levels, steps (dashed), outliers (crosses), gaps (ticks)"),
+        new_code_cell("show(trend_figure(a))"),
+        new_markdown_cell("## Steps: commit range, levels, size with its 95 % interval"),
+        new_code_cell("""display(pd.DataFrame(ctx["steps"]).assign(
+    before=lambda d: d["before"].str["full"], after=lambda d: d["after"].str["full"]) if ctx["steps"] else "no step")"""),
+        new_markdown_cell("## Single-run outliers and gaps"),
+        new_code_cell("""display(pd.DataFrame(ctx["outliers"]).assign(commit=lambda d: d["commit"].str["full"]) if ctx["outliers"] else "no outlier")
+display(pd.DataFrame(ctx["gaps"]) if ctx["gaps"] else "no gap")"""),
+        new_markdown_cell("## The runs"),
+        new_code_cell("""display(series[["time", "commit", "run_id", "value", "error"]].reset_index(drop=True))"""),
+        new_markdown_cell(
+            "## How to read this\n\n"
+            "Steps come from Apache Otava's E-Divisive with a t-test (`perfkit.history.changepoints`): "
+            "each is the last run before and the first run after the change, so the commit that caused "
+            "it lies in that range. A single run far from both its neighbours (or from its level) is an "
+            "outlier, never a step; errors and nulls are gaps, never 0. `perfkit history site` shows "
+            "every series of every hardware; `perfkit history check RUN` gates a new run against its series."
+        ),
+    ]
+    return _nb(
+        "History: one series across commits",
+        "A case's metric on one hardware across runs: its levels, the steps between them with their "
+        "commit ranges, single-run outliers and gaps (the same analysis as `perfkit history site`).",
+        params,
+        cells,
+        setup=setup,
+    )
+
+
 NOTEBOOKS = {
     "cold_warm": cold_warm,
     "warmup_shapes": warmup_shapes,
@@ -468,6 +525,7 @@ NOTEBOOKS = {
     "overhead": overhead,
     "baseline_gate": baseline_gate,
     "ab": ab,
+    "history": history,
 }
 
 

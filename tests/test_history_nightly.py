@@ -185,3 +185,29 @@ def test_the_site_reads_offline_at_1280_in_chromium(site: Path, tmp_path: Path):
         assert remote == [], f"network requests: {remote}"
         assert [u for u in f["requests"] if not u.startswith("data:")] == [(site / page).resolve().as_uri()]
     assert f["images"] == 14 and f["tables"] >= 10
+
+
+def test_the_history_notebook_runs_on_the_nightly_slice(tmp_path: Path):
+    """notebooks/history.ipynb (generated) through papermill: it imports the slice into an
+    empty store and shows flux2's steps."""
+    import nbformat
+    import papermill
+
+    out = tmp_path / "history.ipynb"
+    papermill.execute_notebook(
+        str(ROOT / "notebooks" / "history.ipynb"),
+        str(out),
+        parameters={"store": str(tmp_path / "store"), "nightly": str(NIGHTLY)},
+        cwd=str(ROOT / "notebooks"),
+        progress_bar=False,
+    )
+    nb = nbformat.read(str(out), as_version=4)
+    text = "\n".join(
+        str(o.get("text", "")) + str(o.get("data", {}).get("text/markdown", ""))
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+    )
+    assert "126 runs imported" in text
+    assert "**flux2_dev_t2i_1024 latency_s on H100**: 125 runs, 2 steps, 2 outliers, 5 gaps" in text
+    assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
