@@ -105,8 +105,10 @@ def main() -> None:
     print(f"change points ({len(analyses)} series): {t3 - t2:.1f} s")
     child_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = c3 - c0 + child_cpu.ru_utime + child_cpu.ru_stime
-    print(f"total import + change points: {t3 - t0:.1f} s wall, {cpu:.1f} s CPU (target 30 s); "
-          f"peak RSS {peak_mib:.0f} MiB (target 1024); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"total import + change points: {t3 - t0:.1f} s wall, {cpu:.1f} s CPU (target 30 s); "
+        f"peak RSS {peak_mib:.0f} MiB (target 1024); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     print(
         f"found: {steps} steps ({stepped} of the {len(range(0, a.cases, 5))} +8 % steps), "
         f"{outliers} outliers, {gaps} gaps"

@@ -497,7 +497,9 @@ display(Markdown(f"**{a.case_id} {a.metric} on {a.hardware}**: {len(a.points)} r
         new_code_cell("""display(pd.DataFrame(ctx["outliers"]).assign(commit=lambda d: d["commit"].str["full"]) if ctx["outliers"] else "no outlier")
 display(pd.DataFrame(ctx["gaps"]) if ctx["gaps"] else "no gap")"""),
         new_markdown_cell("## The runs"),
-        new_code_cell("""display(series[["time", "commit", "run_id", "value", "error"]].reset_index(drop=True))"""),
+        new_code_cell(
+            """display(series[["time", "commit", "run_id", "value", "error"]].reset_index(drop=True))"""
+        ),
         new_markdown_cell(
             "## How to read this\n\n"
             "Steps come from Apache Otava's E-Divisive with a t-test (`perfkit.history.changepoints`): "

@@ -199,8 +199,12 @@ def test_a_store_file_of_a_newer_schema_is_refused_naming_it(tmp_path: Path):
 
 
 def test_a_bad_nightly_file_is_refused_naming_file_and_key(tmp_path: Path, capsys):
-    good = {"timestamp": "2026-07-01T00:00:00+00:00", "commit_sha": "abc", "run_id": "1",
-            "results": [{"case_id": "x", "framework": "sglang", "latency_s": 1.0, "error": None}]}
+    good = {
+        "timestamp": "2026-07-01T00:00:00+00:00",
+        "commit_sha": "abc",
+        "run_id": "1",
+        "results": [{"case_id": "x", "framework": "sglang", "latency_s": 1.0, "error": None}],
+    }
     (tmp_path / "a.json").write_text(json.dumps(good))
     bad = json.loads(json.dumps(good))
     bad["results"][0]["latency_s"] = "fast"
@@ -233,7 +237,14 @@ def test_check_with_nothing_to_compare_is_exit_2_and_a_new_step_is_exit_1(tmp_pa
 def test_history_add_stores_a_suite_run_and_both_ab_sides_once(tmp_path: Path, capsys):
     """The committed H200 report (a replayed suite run) and the A/A example (two sides)."""
     root = Path(__file__).resolve().parents[1]
-    args = ["history", "add", str(root / "examples/h200/report"), str(root / "examples/ab/aa"), "--store", str(tmp_path)]
+    args = [
+        "history",
+        "add",
+        str(root / "examples/h200/report"),
+        str(root / "examples/ab/aa"),
+        "--store",
+        str(tmp_path),
+    ]
     assert main(args) == 0
     assert "3 run(s) added, 0 already stored" in capsys.readouterr().out
     assert main(args) == 0

@@ -119,7 +119,9 @@ def test_one_event_moves_flux1_flux2_and_zimage(analyses):
 
 
 def _nightly_file(commit: str) -> Path:
-    return next(f for f in NIGHTLY.glob("*.json") if json.loads(f.read_text())["commit_sha"].startswith(commit))
+    return next(
+        f for f in NIGHTLY.glob("*.json") if json.loads(f.read_text())["commit_sha"].startswith(commit)
+    )
 
 
 def test_history_check_on_the_run_of_a_regression_step_and_the_run_before(store: Path, tmp_path: Path):
@@ -127,7 +129,18 @@ def test_history_check_on_the_run_of_a_regression_step_and_the_run_before(store:
     names each series, the step and the commit range; the run before it passes (exit 0)."""
     out = tmp_path / "check"
     run = _nightly_file("c112f762")
-    args = ["history", "check", str(run), "--hardware", "H100", "--store", str(store), "--out", str(out), "-q"]
+    args = [
+        "history",
+        "check",
+        str(run),
+        "--hardware",
+        "H100",
+        "--store",
+        str(store),
+        "--out",
+        str(out),
+        "-q",
+    ]
     assert main([*args, "--commit-url", SGLANG]) == 1
     text = (out / "summary.md").read_text()
     assert "FAIL: regression step" in text

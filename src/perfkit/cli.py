@@ -1176,14 +1176,22 @@ def history_import(path: str, store: str, hardware: str) -> None:
 @click.option("--commit", default=None, help="commit measured (default: the bundles' git_commit)")
 @_COMMIT_URL
 @click.option("-q", "--quiet", is_flag=True, help="do not print summary.md")
-def history_check(run: str, store: str, out: str | None, hardware: str | None, commit: str | None,
-                  commit_url: str | None, quiet: bool) -> None:
+def history_check(
+    run: str,
+    store: str,
+    out: str | None,
+    hardware: str | None,
+    commit: str | None,
+    commit_url: str | None,
+    quiet: bool,
+) -> None:
     """Is RUN (a perfkit run or a nightly comparison file) a new step against its series?"""
     from perfkit.history.api import check
 
     out_dir = out or (run if Path(run).is_dir() else str(Path(run).parent))
-    res, summary = _history_call(check, store, run, out_dir, hardware=hardware, commit=commit,
-                                 commit_url=commit_url)
+    res, summary = _history_call(
+        check, store, run, out_dir, hardware=hardware, commit=commit, commit_url=commit_url
+    )
     if not quiet:
         click.echo(summary.read_text())
     click.echo(f"summary: {summary}")

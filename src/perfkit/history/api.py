@@ -12,8 +12,9 @@ from perfkit.history.runs import read_run
 from perfkit.history.store import AddResult, HistoryRun, add_runs, read_store
 
 
-def add(store: str | Path, paths: Sequence[str | Path], *, commit: str | None = None,
-        hardware: str | None = None) -> AddResult:
+def add(
+    store: str | Path, paths: Sequence[str | Path], *, commit: str | None = None, hardware: str | None = None
+) -> AddResult:
     """``perfkit history add``: read every path (:func:`perfkit.history.runs.read_run`) first,
     then store them all (a bad path stores nothing). Raises HistoryError naming the file/key."""
     runs = [r for p in paths for r in read_run(p, commit=commit, hardware=hardware)]
@@ -39,9 +40,16 @@ def read_any(path: str | Path, *, hardware: str | None = None, commit: str | Non
     return read_run(p, commit=commit, hardware=hardware)
 
 
-def check(store: str | Path, path: str | Path, out_dir: str | Path, *, hardware: str | None = None,
-          commit: str | None = None, commit_url: str | None = None,
-          settings: cp.Settings = cp.Settings()) -> tuple[CheckResult, Path]:
+def check(
+    store: str | Path,
+    path: str | Path,
+    out_dir: str | Path,
+    *,
+    hardware: str | None = None,
+    commit: str | None = None,
+    commit_url: str | None = None,
+    settings: cp.Settings = cp.Settings(),
+) -> tuple[CheckResult, Path]:
     """``perfkit history check``: judge the run at ``path`` against the store's series and write
     ``out_dir/summary.md``. Returns the result (``exit_code``) and the summary's path."""
     runs = read_any(path, hardware=hardware, commit=commit)

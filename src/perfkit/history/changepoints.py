@@ -226,7 +226,11 @@ def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
             lo, hi = _interval(a, c, s.confidence)
             r = float(c.mean() / a.mean())
             p = _welch_p(logv[b[n] : b[n + 1]], logv[b[n + 1] : b[n + 2]])
-            if (lo is not None and lo <= 1.0 <= hi) or max(r, 1 / r) - 1 <= s.min_magnitude or not p < s.max_pvalue:
+            if (
+                (lo is not None and lo <= 1.0 <= hi)
+                or max(r, 1 / r) - 1 <= s.min_magnitude
+                or not p < s.max_pvalue
+            ):
                 weak.append((p if math.isfinite(p) else 1.0, n))
         if not weak:
             break

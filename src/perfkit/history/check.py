@@ -121,9 +121,15 @@ def check_runs(
     groups = dict(tuple(frame.groupby(["hardware", "case_id", "metric"]))) if not frame.empty else {}
     for run in runs:
         key = run.key
-        t = pd.Timestamp(run.time).tz_convert("UTC") if pd.Timestamp(run.time).tzinfo else pd.Timestamp(run.time, tz="UTC")
+        t = (
+            pd.Timestamp(run.time).tz_convert("UTC")
+            if pd.Timestamp(run.time).tzinfo
+            else pd.Timestamp(run.time, tz="UTC")
+        )
         for v in run.values:
-            base = dict(hardware=run.hardware, case_id=v.case_id, metric=v.metric, unit=v.unit, commit=run.commit)
+            base = dict(
+                hardware=run.hardware, case_id=v.case_id, metric=v.metric, unit=v.unit, commit=run.commit
+            )
             if v.value is None or not math.isfinite(v.value) or v.value <= 0:
                 rows.append(CheckRow(**base, value=None, status="not measured", reason=v.error or "no value"))
                 continue
@@ -144,8 +150,19 @@ def check_runs(
                 ]
             status, reason, level, low, high, n = judge(pts, v.value, metric=v.metric, settings=settings)
             before = next((p for p in reversed(pts) if p.value is not None), None)
-            rows.append(CheckRow(**base, value=v.value, status=status, reason=reason, level=level, low=low,
-                                 high=high, n=n, before=before))
+            rows.append(
+                CheckRow(
+                    **base,
+                    value=v.value,
+                    status=status,
+                    reason=reason,
+                    level=level,
+                    low=low,
+                    high=high,
+                    n=n,
+                    before=before,
+                )
+            )
     return CheckResult(rows)
 
 
@@ -161,7 +178,11 @@ def summary_markdown(result: CheckResult, commit_url: str | None = None) -> str:
         return f"[`{c[:10]}`]({commit_url.format(commit=c)})" if commit_url else f"`{c[:10]}`"
 
     code = result.exit_code
-    verdict = {EXIT_OK: "PASS", EXIT_REGRESSION: "FAIL: regression step", EXIT_ERROR: "ERROR: nothing compared"}[code]
+    verdict = {
+        EXIT_OK: "PASS",
+        EXIT_REGRESSION: "FAIL: regression step",
+        EXIT_ERROR: "ERROR: nothing compared",
+    }[code]
     out = [f"# History check: {verdict}", ""]
     counts = pd.Series([r.status for r in result.rows]).value_counts().to_dict() if result.rows else {}
     out.append(", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no value checked")

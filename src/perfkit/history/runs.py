@@ -89,7 +89,9 @@ def _commit(bundles: Mapping[str, ResultBundle], given: str | None, where: Path)
     raise HistoryError(f"{where}: no git_commit in any bundle's meta.json; give --commit")
 
 
-def read_suite_run(run_dir: str | Path, *, commit: str | None = None, hardware: str | None = None) -> HistoryRun:
+def read_suite_run(
+    run_dir: str | Path, *, commit: str | None = None, hardware: str | None = None
+) -> HistoryRun:
     """A finished suite or merged run (``RUN/baseline.json`` and its bundles) as one run
     (source ``suite``).
 
@@ -168,7 +170,11 @@ def read_bundle_run(
     if not isinstance(engine, Mapping) or not isinstance(request, Mapping):
         raise HistoryError(f"{d / 'meta.json'}: params.spec (or params.engine) and params.request: missing")
     # an A/B request may leave the shape to the engine's preset: then the case is the preset
-    case = case_id(engine, request) if request.get("num_frames") else str(engine.get("preset") or engine.get("kind"))
+    case = (
+        case_id(engine, request)
+        if request.get("num_frames")
+        else str(engine.get("preset") or engine.get("kind"))
+    )
     entry = bl.from_bundle(b, case)
     hw = hardware or str(b.meta.get("gpu_name") or f"cpu x{b.meta.get('cpu_count')} ({b.meta.get('host')})")
     tf = Path(time_file) if time_file else d / "meta.json"
@@ -182,7 +188,10 @@ def read_bundle_run(
         time=when,
         values=case_values(case, entry, str(d)),
         source_file=str(d),
-        provenance={"time_from": f"{tf.name} modification time", "perfkit_version": b.meta.get("perfkit_version")},
+        provenance={
+            "time_from": f"{tf.name} modification time",
+            "perfkit_version": b.meta.get("perfkit_version"),
+        },
     )
 
 

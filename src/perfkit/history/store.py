@@ -265,13 +265,27 @@ def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
 def runs_frame(runs: Sequence[HistoryRun]) -> pd.DataFrame:
     """``runs`` as a frame with :data:`COLUMNS`, as :func:`read_store` would return them once
     stored (for analyses that need no store)."""
-    return _table(list(runs), datetime.now(timezone.utc)).to_pandas().sort_values(
-        ["hardware", "case_id", "metric", "time", "run_key"], ignore_index=True
+    return (
+        _table(list(runs), datetime.now(timezone.utc))
+        .to_pandas()
+        .sort_values(["hardware", "case_id", "metric", "time", "run_key"], ignore_index=True)
     )
 
 
 #: the columns the change point analysis reads (:func:`read_store` ``columns=``)
-ANALYSIS_COLUMNS = ("hardware", "case_id", "metric", "unit", "run_key", "run_id", "commit", "time", "value", "error", "source")
+ANALYSIS_COLUMNS = (
+    "hardware",
+    "case_id",
+    "metric",
+    "unit",
+    "run_key",
+    "run_id",
+    "commit",
+    "time",
+    "value",
+    "error",
+    "source",
+)
 
 
 def read_store(
@@ -302,7 +316,12 @@ def read_store(
     # benchmarks/history_scale.py); DuckDB stays the query engine over the same files.
     tables = []
     for i, f in enumerate(files):
-        t = pq.read_table(f, columns=list(dict.fromkeys([*cols, "schema_version", "run_key", "case_id", "metric", "hardware", "time"])))
+        t = pq.read_table(
+            f,
+            columns=list(
+                dict.fromkeys([*cols, "schema_version", "run_key", "case_id", "metric", "hardware", "time"])
+            ),
+        )
         if hardware is not None:
             t = t.filter(pa.compute.equal(t["hardware"], hardware))
         tables.append(t.append_column("file_index", pa.array(np.full(t.num_rows, i, dtype=np.int32))))

@@ -48,10 +48,18 @@ def trend_figure(a: cp.Analysis) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(10, 2.8), dpi=80)
     bad = {p.run_key for p, _ in a.outliers} | {p.run_key for p in a.gaps}
     kept = [p for p in a.points if p.run_key not in bad]
-    ax.plot([p.time for p in kept], [p.value for p in kept], "-o", ms=2.5, lw=0.8, color="#0969da", label="run")
+    ax.plot(
+        [p.time for p in kept], [p.value for p in kept], "-o", ms=2.5, lw=0.8, color="#0969da", label="run"
+    )
     if a.outliers:
-        ax.plot([p.time for p, _ in a.outliers], [p.value for p, _ in a.outliers], "x", color="#cf222e",
-                ms=6, label="outlier")
+        ax.plot(
+            [p.time for p, _ in a.outliers],
+            [p.value for p, _ in a.outliers],
+            "x",
+            color="#cf222e",
+            ms=6,
+            label="outlier",
+        )
     bounds = [kept[0].time] if kept else []
     for s in a.steps:
         ax.axvline(s.after.time, color="#bf8700", ls="--", lw=1)
@@ -112,8 +120,12 @@ def series_context(a: cp.Analysis, commit_url: str | None, settings: cp.Settings
         for s in a.steps
     ]
     outliers = [
-        {"time": f"{p.time:%Y-%m-%d %H:%M}", "commit": commit_link(p.commit, commit_url),
-         "value": f"{number_text(p.value)} {a.unit}", "ratio": f"× {r:.2f}"}
+        {
+            "time": f"{p.time:%Y-%m-%d %H:%M}",
+            "commit": commit_link(p.commit, commit_url),
+            "value": f"{number_text(p.value)} {a.unit}",
+            "ratio": f"× {r:.2f}",
+        }
         for p, r in a.outliers
     ]
     gaps = Counter((p.error or "no value")[:160] for p in a.gaps)
@@ -137,7 +149,11 @@ def series_context(a: cp.Analysis, commit_url: str | None, settings: cp.Settings
 
 
 def write_site(
-    store: str | Path, out: str | Path, *, commit_url: str | None = None, settings: cp.Settings = cp.Settings()
+    store: str | Path,
+    out: str | Path,
+    *,
+    commit_url: str | None = None,
+    settings: cp.Settings = cp.Settings(),
 ) -> list[Path]:
     """Write the site for every hardware in ``store`` to ``out`` (created); returns the pages
     written (index first).
@@ -164,7 +180,8 @@ def write_site(
                 "after": commit_link(e.after.commit, commit_url),
                 "time": f"{e.before.time:%Y-%m-%d %H:%M} .. {e.after.time:%Y-%m-%d %H:%M}",
                 "members": [
-                    {"series": f"{a.case_id} {a.metric}", "kind": s.kind, "change": _pct(s.ratio)} for a, s in e.members
+                    {"series": f"{a.case_id} {a.metric}", "kind": s.kind, "change": _pct(s.ratio)}
+                    for a, s in e.members
                 ],
             }
             for e in evs
@@ -191,8 +208,14 @@ def write_site(
         )
         pages.append(page)
         hw_pages.append(
-            {"hardware": hw, "href": page.name, "runs": rows["run_key"].nunique(), "cases": len(cases),
-             "steps": sum(len(a.steps) for a in mine), "last": f"{rows['time'].max():%Y-%m-%d}"}
+            {
+                "hardware": hw,
+                "href": page.name,
+                "runs": rows["run_key"].nunique(),
+                "cases": len(cases),
+                "steps": sum(len(a.steps) for a in mine),
+                "last": f"{rows['time'].max():%Y-%m-%d}",
+            }
         )
     index = out / "index.html"
     index.write_text(env.get_template("history/index.html.j2").render(pages=hw_pages, store=str(store)))
