@@ -26,12 +26,18 @@ def changes_markdown(analyses: Sequence[cp.Analysis], settings: cp.Settings = cp
     ]
     alarm_rows = []
     step_rows = []
+    totals = {"alarms": 0, "at_step": 0, "at_outlier": 0, "steps": 0, "steps_alarmed": 0}
     for a in analyses:
         alarms = cp.last3_alarms(a.points)
         firsts = {s.after.run_key: s for s in a.steps}
         outs = {p.run_key for p, _ in a.outliers}
         at_step = sum(1 for p, _ in alarms if p.run_key in firsts)
         at_out = sum(1 for p, _ in alarms if p.run_key in outs)
+        totals["alarms"] += len(alarms)
+        totals["at_step"] += at_step
+        totals["at_outlier"] += at_out
+        totals["steps"] += len(a.steps)
+        totals["steps_alarmed"] += at_step
         out.append(
             f"| `{a.case_id}` | {len(a.points)} | {len(a.gaps)} | {len(a.outliers)} | {len(a.steps)} "
             f"| {len(alarms)} | {at_step} | {at_out} | {len(alarms) - at_step - at_out} |"
@@ -58,6 +64,15 @@ def changes_markdown(analyses: Sequence[cp.Analysis], settings: cp.Settings = cp
                 f"| `{a.case_id}` | {p.time:%Y-%m-%d} | `{p.commit[:8]}` | {number_text(p.value)} {a.unit} "
                 f"| +{r * 100:.1f} % | {what} |"
             )
+    t = totals
+    out = [
+        f"In all: {t['steps']} change points, {t['steps_alarmed']} of them alarmed by the rule on their "
+        f"first run; the rule's {t['alarms']} alarms are {t['at_step']} first runs of a step, "
+        f"{t['at_outlier']} single-run outliers and {t['alarms'] - t['at_step'] - t['at_outlier']} "
+        "other runs.",
+        "",
+        *out,
+    ]
     out += [
         "",
         "Every change point (a level needs at least "
