@@ -198,13 +198,16 @@ def _interval(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[float | 
 
 def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
     """Drop change points until every level has ``min_segment`` runs and every step passes a
-    Welch t-test on log values at ``max_pvalue`` (Otava's own test uses the population standard
-    deviation, which overstates small levels), its interval excludes "no change" and its size
+    Welch t-test on log values at ``max_pvalue`` (divided by runs / 100 beyond 100 runs; Otava's
+    own test uses the population standard deviation, which overstates small levels), its interval excludes "no change" and its size
     exceeds ``min_magnitude``: a short level merges into the
     nearer neighbouring level (by log mean), else the step with the weakest Welch test goes
     first (the merge step of Otava, repeated after the short levels are gone)."""
     logv = np.log(vals)
     idx = list(idx)
+    # a long series offers E-Divisive many windows to find a chance level in: the test's p is
+    # divided by the number of windows beyond the first 100 runs (Bonferroni)
+    alpha = s.max_pvalue / max(1.0, vals.size / 100)
     while idx:
         b = [0, *idx, vals.size]
         short = [n for n in range(len(b) - 1) if b[n + 1] - b[n] < s.min_segment]
@@ -226,11 +229,7 @@ def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
             lo, hi = _interval(a, c, s.confidence)
             r = float(c.mean() / a.mean())
             p = _welch_p(logv[b[n] : b[n + 1]], logv[b[n + 1] : b[n + 2]])
-            if (
-                (lo is not None and lo <= 1.0 <= hi)
-                or max(r, 1 / r) - 1 <= s.min_magnitude
-                or not p < s.max_pvalue
-            ):
+            if (lo is not None and lo <= 1.0 <= hi) or max(r, 1 / r) - 1 <= s.min_magnitude or not p < alpha:
                 weak.append((p if math.isfinite(p) else 1.0, n))
         if not weak:
             break
