@@ -258,3 +258,40 @@ def test_history_add_stores_a_suite_run_and_both_ab_sides_once(tmp_path: Path, c
     assert set(suite["hardware"]) == {"NVIDIA H200"}
     assert main(["history", "add", str(tmp_path / "nowhere"), "--store", str(tmp_path)]) == 2
     assert "nowhere: not a perfkit run" in capsys.readouterr().err
+
+
+def test_perf_baselines_versions_across_git_history(tmp_path: Path, capsys):
+    """Three commits of a perf_baselines file: each version is a run of expected values at its
+    commit; a version that is not JSON is refused naming repository, commit and file."""
+    root = Path(__file__).resolve().parents[1]
+    repo = tmp_path / "sglang"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    doc = json.loads((root / "tests/fixtures/perf_baselines_5090.json").read_text())
+    f = repo / "perf_baselines_5090.json"
+    case = next(iter(doc["scenarios"]))
+    shas = []
+    for decoding in (26550.0, 26550.0, 13000.0):  # tightened by hand in the third commit
+        doc["scenarios"][case]["stages_ms"]["DecodingStage"] = decoding
+        doc["metadata"]["last_updated"] = f"v{len(shas)}"
+        f.write_text(json.dumps(doc))
+        subprocess.run([*git, "add", "."], check=True)
+        when = f"2026-06-0{len(shas) + 1}T00:00:00+00:00"
+        env = {**os.environ, "GIT_COMMITTER_DATE": when, "GIT_AUTHOR_DATE": when}
+        subprocess.run([*git, "commit", "-q", "-m", f"v{len(shas)}"], check=True, env=env)
+        shas.append(
+            subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        )
+    store = tmp_path / "store"
+    args = ["history", "import", str(repo), "--baselines", f.name, "--store", str(store)]
+    assert main(args) == 0 and "3 run(s) added" in capsys.readouterr().out
+    df = read_store(store)
+    dec = df[(df["case_id"] == case) & (df["metric"] == "DecodingStage_ms")].sort_values("time")
+    assert dec["value"].tolist() == [26550.0, 26550.0, 13000.0] and dec["commit"].tolist() == shas
+    assert set(df["source"]) == {"perf-baselines"} and set(df["hardware"]) == {"CI RTX 5090 pool"}
+    assert main(args) == 0 and "0 run(s) added, 3 already stored" in capsys.readouterr().out
+    f.write_text("{not json")
+    subprocess.run([*git, "commit", "-q", "-am", "broken"], check=True)
+    assert main(args) == 2
+    assert f":{f.name}: invalid JSON at line 1" in capsys.readouterr().err

@@ -1154,14 +1154,37 @@ def history_add(runs: tuple[str, ...], store: str, commit: str | None, hardware:
     _added(_history_call(add, store, runs, commit=commit, hardware=hardware))
 
 
-@history_group.command("import", epilog=EXIT_CODES)
+@history_group.command(
+    "import",
+    epilog="Examples: perfkit history import tests/fixtures/sglang-nightly --hardware H100; perfkit history "
+    "import ../sglang --baselines python/sglang/multimodal_gen/test/server/perf_baselines_5090.json. "
+    + EXIT_CODES,
+)
 @click.argument("path")
 @_STORE
-@click.option("--hardware", required=True, help="hardware of these runs (the files do not say; sglang: H100)")
-def history_import(path: str, store: str, hardware: str) -> None:
-    """Store sglang's nightly comparison files (a directory, a file or a ci-data-diffusion checkout)."""
-    from perfkit.history.api import import_nightly
+@click.option(
+    "--hardware", default=None, help="hardware of these runs (required for nightly files: they do not say)"
+)
+@click.option(
+    "--baselines",
+    "baselines",
+    default=None,
+    help="PATH is a git repository: import every committed version of this perf_baselines file in it",
+)
+def history_import(path: str, store: str, hardware: str | None, baselines: str | None) -> None:
+    """Store sglang's nightly comparison files (a directory, a file or a ci-data-diffusion
+    checkout), or with --baselines a perf_baselines file's versions across git history."""
+    from perfkit.history.api import import_baselines, import_nightly
 
+    if baselines:
+        _added(_history_call(import_baselines, store, path, baselines, hardware=hardware))
+        return
+    if not hardware:
+        click.echo(
+            "perfkit history import: nightly comparison files do not name their hardware; give --hardware",
+            err=True,
+        )
+        sys.exit(EXIT_ERROR)
     _added(_history_call(import_nightly, store, path, hardware=hardware))
 
 

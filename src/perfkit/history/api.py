@@ -21,6 +21,16 @@ def add(
     return add_runs(store, runs)
 
 
+def import_baselines(
+    store: str | Path, repo: str | Path, path: str, *, hardware: str | None = None
+) -> AddResult:
+    """``perfkit history import REPO --baselines FILE``: every committed version of a
+    perf_baselines file (:func:`perfkit.history.baselines.read_baseline_history`)."""
+    from perfkit.history.baselines import read_baseline_history
+
+    return add_runs(store, read_baseline_history(repo, path, hardware=hardware))
+
+
 def import_nightly(store: str | Path, path: str | Path, *, hardware: str) -> AddResult:
     """``perfkit history import``: sglang's nightly comparison files under ``path`` (a
     directory, a file or a ci-data-diffusion checkout). Raises HistoryError naming the file/key."""
