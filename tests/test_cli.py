@@ -83,6 +83,10 @@ def test_every_command_and_option_has_help():
         "wheelhouse install",
         "engine serve",
         "ab",
+        "history add",
+        "history import",
+        "history check",
+        "history site",
     ):
         assert want in seen, seen
 
@@ -98,6 +102,10 @@ def test_every_command_and_option_has_help():
         ["report"],
         ["wheelhouse", "download"],
         ["ab"],
+        ["history", "add"],
+        ["history", "import"],
+        ["history", "check"],
+        ["history", "site"],
     ],
 )
 def test_help_of_every_command_lists_exit_codes(sub):

@@ -1156,9 +1156,9 @@ def history_add(runs: tuple[str, ...], store: str, commit: str | None, hardware:
 
 @history_group.command(
     "import",
-    epilog="Examples: perfkit history import tests/fixtures/sglang-nightly --hardware H100; perfkit history "
-    "import ../sglang --baselines python/sglang/multimodal_gen/test/server/perf_baselines_5090.json. "
-    + EXIT_CODES,
+    epilog=EXIT_CODES
+    + " Examples: perfkit history import tests/fixtures/sglang-nightly --hardware H100; perfkit history "
+    "import ../sglang --baselines python/sglang/multimodal_gen/test/server/perf_baselines_5090.json.",
 )
 @click.argument("path")
 @_STORE
