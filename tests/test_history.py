@@ -156,11 +156,17 @@ def test_a_gap_is_stored_as_null_with_its_error(tmp_path: Path):
 _WRITER = textwrap.dedent(
     """
     import sys, time
+    from datetime import datetime, timedelta, timezone
     from pathlib import Path
-    sys.path.insert(0, {tests!r})
-    from test_history import run
-    from perfkit.history.store import add_runs
+    from perfkit.history.store import HistoryRun, Value, add_runs
     store, start, first = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def run(i):  # as tests/test_history.py's run(i)
+        return HistoryRun("test", f"r{i}", "H", f"c{i:04d}", T0 + timedelta(days=i),
+                          [Value("case", "e2e_ms", "ms", 100.0), Value("case", "DenoisingStage_ms", "ms", 80.0)],
+                          source_file=f"r{i}.json")
+
     while not start.exists():
         time.sleep(0.005)
     for i in range(first, first + 12):  # 12 adds each, interleaved with the other writer
@@ -173,7 +179,7 @@ def test_two_writers_at_once_lose_nothing(tmp_path: Path):
     """Two processes add 12 runs each (one add per run) at the same time, both also adding
     one shared run every time: every run is stored, each once."""
     script = tmp_path / "writer.py"
-    script.write_text(_WRITER.format(tests=str(Path(__file__).parent)))
+    script.write_text(_WRITER)
     store, start = tmp_path / "store", tmp_path / "start"
     procs = [
         subprocess.Popen([sys.executable, str(script), str(store), str(start), str(first)], env=os.environ)

@@ -154,13 +154,10 @@ def test_history_check_on_the_run_of_a_regression_step_and_the_run_before(store:
 
 
 def test_the_docs_table_is_generated_from_the_data():
-    import subprocess
+    from perfkit.report.figures import update_file
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "perfkit.cli", "figures", "--check", "docs/history-sglang-nightly.md"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stale = update_file(ROOT / "docs/history-sglang-nightly.md", ROOT, check=True)
+    assert not stale, "run: perfkit figures docs/history-sglang-nightly.md"
     text = (ROOT / "docs/history-sglang-nightly.md").read_text()
     assert "| `flux2_dev_t2i_1024` | `05ee93c4` (2026-06-19) .. `2cbe1e64` (2026-06-20) |" in text
     assert text.count("| `") > 14 + 20
