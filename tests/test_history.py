@@ -301,3 +301,17 @@ def test_perf_baselines_versions_across_git_history(tmp_path: Path, capsys):
     subprocess.run([*git, "commit", "-q", "-am", "broken"], check=True)
     assert main(args) == 2
     assert f":{f.name}: invalid JSON at line 1" in capsys.readouterr().err
+
+
+def test_history_check_of_a_run_with_no_history_is_exit_2_and_keeps_the_runs_summary(tmp_path: Path, capsys):
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    run_dir = tmp_path / "report"
+    shutil.copytree(root / "examples/h200/report", run_dir)
+    before = (run_dir / "summary.md").read_text()
+    assert main(["history", "check", str(run_dir), "--store", str(tmp_path / "store"), "-q"]) == 2
+    text = (run_dir / "history" / "summary.md").read_text()
+    assert text.startswith("# History check: ERROR: nothing compared")
+    assert "0 run(s) at the series' current level (needs 3)" in text
+    assert (run_dir / "summary.md").read_text() == before

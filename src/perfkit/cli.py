@@ -1194,7 +1194,12 @@ def history_import(path: str, store: str, hardware: str | None, baselines: str |
 )
 @click.argument("run")
 @_STORE
-@click.option("--out", "out", default=None, help="directory for summary.md (default: RUN's directory)")
+@click.option(
+    "--out",
+    "out",
+    default=None,
+    help="directory for summary.md (default: RUN/history/, for a file outputs/history-check/<name>/)",
+)
 @click.option("--hardware", default=None, help="hardware label (needed for a nightly comparison file)")
 @click.option("--commit", default=None, help="commit measured (default: the bundles' git_commit)")
 @_COMMIT_URL
@@ -1211,7 +1216,10 @@ def history_check(
     """Is RUN (a perfkit run or a nightly comparison file) a new step against its series?"""
     from perfkit.history.api import check
 
-    out_dir = out or (run if Path(run).is_dir() else str(Path(run).parent))
+    # never RUN/summary.md: that is the suite's own
+    out_dir = out or (
+        Path(run) / "history" if Path(run).is_dir() else Path("outputs/history-check") / Path(run).stem
+    )
     res, summary = _history_call(
         check, store, run, out_dir, hardware=hardware, commit=commit, commit_url=commit_url
     )
