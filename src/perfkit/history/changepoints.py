@@ -199,10 +199,10 @@ def _interval(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[float | 
 def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
     """Drop change points until every level has ``min_segment`` runs and every step passes a
     Welch t-test on log values at ``max_pvalue`` (divided by runs / 100 beyond 100 runs; Otava's
-    own test uses the population standard deviation, which overstates small levels), its interval excludes "no change" and its size
-    exceeds ``min_magnitude``: a short level merges into the
-    nearer neighbouring level (by log mean), else the step with the weakest Welch test goes
-    first (the merge step of Otava, repeated after the short levels are gone)."""
+    own test uses the population standard deviation, which overstates small levels), has an
+    interval that excludes "no change" and a size above ``min_magnitude``. A short level merges
+    into the nearer neighbouring level (by log mean); else the step with the weakest Welch test
+    goes first (Otava's merge step, repeated once the short levels are gone)."""
     logv = np.log(vals)
     idx = list(idx)
     # a long series offers E-Divisive many windows to find a chance level in: the test's p is
@@ -275,7 +275,7 @@ def analyse(
     sigma = res.noise if math.isfinite(res.noise) else 0.0
     out = dict(_outliers(y, sigma, settings)) if y.size >= 3 else {}
     thr = max(settings.outlier_sigmas * sigma, math.log1p(settings.outlier_min))
-    for _ in range(2):  # pass 2: a run far from its own level (found by pass 1's steps)
+    for attempt in range(3):  # pass 2: a run far from its own level (found by pass 1's steps)
         kept_k = [k for k in range(len(good)) if k not in out]
         vals = np.array([pts[good[k]].value for k in kept_k], dtype=float)
         if vals.size < 4:
@@ -297,7 +297,7 @@ def analyse(
                 # the series' first and last runs have no neighbour on one side: unconfirmed
                 if seg.size >= 2 * settings.min_segment and 0 < b[n] + int(j) < vals.size - 1:
                     more[kept_k[b[n] + int(j)]] = math.exp(seg[j] - med)
-        if not more:
+        if not more or attempt == 2:  # the last search's levels stand (its outliers none)
             break
         out.update(more)
     res.outliers = [(pts[good[j]], r) for j, r in sorted(out.items())]
