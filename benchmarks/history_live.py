@@ -8,7 +8,7 @@ exits 1. Prints the change points of every series of the case and both exit code
 
     PYTHONPATH=src python benchmarks/history_live.py [--runs 24] [--from 13] [--out outputs/history-live]
 
-Each run is ``python -m perfkit.measure --only cold_warm`` (params/ci-cpu.yaml, compile off to
+Each run is ``python -m perfkit.measure --only`` the cold/warm session (params/ci-cpu.yaml, compile off to
 keep a launch short), about 20 s on the 2-core machine.
 """
 
@@ -34,6 +34,7 @@ def main() -> int:
     from perfkit.history import changepoints as cp
     from perfkit.history.api import add, check
     from perfkit.history.store import read_store
+    from perfkit.scenarios.cold_warm import NAME as SESSION
 
     out = Path(a.out)
     shutil.rmtree(out, ignore_errors=True)
@@ -59,7 +60,7 @@ def main() -> int:
                 "--out",
                 str(run),
                 "--only",
-                "cold_warm",
+                SESSION,
             ],
             capture_output=True,
             text=True,
@@ -67,7 +68,7 @@ def main() -> int:
         if proc.returncode != 0:
             print(f"run {i}: measure failed ({proc.returncode}): {proc.stderr[-2000:]}")
             return 2
-        bundle = run / "cold_warm"
+        bundle = run / SESSION
         if i in (a.first_slow - 1, a.first_slow):
             res, summary = check(store, bundle, run, commit=f"run{i:02d}", hardware="ci-cpu")
             codes[i] = res.exit_code
