@@ -1158,7 +1158,7 @@ def history_add(runs: tuple[str, ...], store: str, commit: str | None, hardware:
     "import",
     epilog=EXIT_CODES
     + " Examples: perfkit history import tests/fixtures/sglang-nightly --hardware H100; perfkit history "
-    "import ../sglang --baselines python/sglang/multimodal_gen/test/server/perf_baselines_5090.json.",
+    "import ../sglang --baselines python/sglang/multimodal_gen/test/server/perf_baselines/h100.json.",
 )
 @click.argument("path")
 @_STORE

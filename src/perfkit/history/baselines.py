@@ -6,8 +6,8 @@ case_values`: ``e2e_ms``, ``<Stage>_ms``, ...; the top-level ``load_peak_vram_mb
 ``runtime_peak_vram_mb`` maps count as the case's own keys), at the commit's committer time.
 The series then show expected values moving as pull requests tighten or loosen them (e.g.
 sglang's 5090 case, DecodingStage 26,550 → 13,000 ms by hand). Hardware: ``--hardware``, else
-the file's ``metadata.hardware``, else the file name's suffix (``perf_baselines_5090.json`` →
-``5090``).
+the file's ``metadata.hardware``, else the file name (``perf_baselines/h100.json`` → ``h100``,
+``perf_baselines_5090.json`` → ``5090``, ``perf_baselines.json`` → ``default``).
 """
 
 from __future__ import annotations
