@@ -53,6 +53,7 @@ import pandas as pd
 import yaml
 from pydantic import ValidationError
 
+from perfkit.common import jsonsafe
 from perfkit.common.provenance import repo_root
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate import baseline as bl
@@ -724,7 +725,7 @@ def run_suite(
     }
     if scaleout is not None:
         info["scaleout"] = {k: v for k, v in scaleout.items() if k != "params"}
-    (run_dir / RUN_FILE).write_text(json.dumps(jsonable(info), indent=2, default=str) + "\n")
+    (run_dir / RUN_FILE).write_text(jsonsafe.dumps(jsonable(info), indent=2, default=str) + "\n")
     summary = report.write_summary(run_dir)
     gh = os.environ.get("GITHUB_STEP_SUMMARY")
     if gh:

@@ -50,6 +50,7 @@ import pandas as pd
 
 from perfkit.bundle import ResultBundle, steady_state
 from perfkit.checks import Check
+from perfkit.common import jsonsafe
 from perfkit.readings.stages import baseline_class as _baseline_class
 
 log = logging.getLogger(__name__)
@@ -278,7 +279,7 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
 
 def dumps_baseline(doc: Mapping[str, Any]) -> str:
     """Serialise like sglang's files: 4-space indent, key order kept, trailing newline."""
-    return json.dumps(doc, indent=4, ensure_ascii=False) + "\n"
+    return jsonsafe.dumps(doc, indent=4, ensure_ascii=False) + "\n"
 
 
 def save_baseline(doc: Mapping[str, Any], path: str | Path) -> Path:

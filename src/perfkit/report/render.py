@@ -246,6 +246,30 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
     return pd.DataFrame(rows)
 
 
+def refused_records(run_dir: str | Path) -> list[str]:
+    """One line per request that failed because the engine's performance.log record for it was
+    refused (a NaN, infinite or negative time, invalid UTF-8, a wrong type: the reason names the
+    file and line), from every bundle's ``requests`` table under ``run_dir`` (merged bundles
+    included). [] when there are none or no bundle is readable."""
+    from perfkit.readings.records import REFUSED
+
+    out: list[str] = []
+    run_dir = Path(run_dir)
+    paths = sorted(run_dir.glob("*/requests.parquet")) + sorted(run_dir.glob("merged/*/requests.parquet"))
+    for p in paths:
+        try:
+            df = pd.read_parquet(p, columns=["launch", "request_id", "index", "error"])
+        except Exception as exc:  # noqa: BLE001 - the summary is written in every case
+            log.warning("summary: cannot read %s: %r", p, exc)
+            continue
+        for r in df.itertuples(index=False):
+            if isinstance(r.error, str) and r.error.startswith(REFUSED):
+                out.append(
+                    f"{p.parent.name}: request {r.request_id} ({r.launch} #{r.index}) failed: {r.error}"
+                )
+    return out
+
+
 def summary_markdown(run_dir: str | Path) -> str:
     """The run's verdict as Markdown: status line, notebooks, key numbers, gate rows."""
     run_dir = Path(run_dir)
@@ -287,8 +311,9 @@ def summary_markdown(run_dir: str | Path) -> str:
     if units is not None:
         parts += ["", "### Units of work", "", markdown_table(units)]
     gate_doc = read_verdict(run_dir / GATE) or {}
-    if gate_doc.get("warnings"):
-        parts += ["", "### Warnings", "", *[f"- {w}" for w in gate_doc["warnings"]]]
+    warnings = [*(gate_doc.get("warnings") or []), *refused_records(run_dir)]
+    if warnings:
+        parts += ["", "### Warnings", "", *[f"- {w}" for w in warnings]]
     keys = key_numbers(run_dir)
     if keys:
         parts += ["", "### Key numbers", "", markdown_table(pd.DataFrame(keys, columns=["what", "value"]))]
@@ -612,7 +637,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "notebooks_table": nb_table,
         "units_table": format_table(units) if (units := units_frame(info)) is not None else None,
         "key_numbers": format_table(pd.DataFrame(keys, columns=["what", "value"]), None) if keys else None,
-        "warnings": list(gate_doc.get("warnings") or []),
+        "warnings": [*(gate_doc.get("warnings") or []), *refused_records(run_dir)],
         "gates": _gate_table(verdicts),
         "gates_attention": _gate_table(verdicts, ("fail", "improved")),
         "gate_counts": gate_counts(verdicts),

@@ -9,7 +9,6 @@ Output of a unit: ``DEST/<unit id>/<part id>/`` bundles (``cold_warm/``,
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import socket
@@ -18,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from perfkit.common import jsonsafe
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.scaleout.outcome import OnEvent, RunUnit, UnitOutcome
@@ -115,7 +115,7 @@ def write_unit_file(out_dir: Path, unit: WorkUnit, outcome: UnitOutcome) -> None
     """``out_dir/unit.json``: the unit (:meth:`WorkUnit.to_dict`) and its outcome."""
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"unit": unit.to_dict(), "outcome": outcome.to_dict()}
-    (out_dir / UNIT_FILE).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (out_dir / UNIT_FILE).write_text(jsonsafe.dumps(doc, indent=2, default=str) + "\n")
 
 
 def run_units_inprocess(

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from perfkit.bundle import TABLES, ResultBundle
+from perfkit.common import jsonsafe
 from perfkit.common.provenance import git_commit
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
@@ -231,7 +232,7 @@ class ShardInterrupted(RuntimeError):
 def _write_manifest(out: Path, manifest: Mapping[str, Any]) -> None:
     """Write ``out/shard.json`` whole or not at all (a temporary file, then a rename)."""
     tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    tmp.write_text(jsonsafe.dumps(manifest, indent=2, default=str) + "\n")
     tmp.replace(out / MANIFEST)
 
 
@@ -448,7 +449,7 @@ def merge_shards(
         "merged": merged,
         "problems": problems,
     }
-    (dest / MERGE_FILE).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (dest / MERGE_FILE).write_text(jsonsafe.dumps(doc, indent=2, default=str) + "\n")
     if params is None:
         (dest / "params.yaml").write_text(
             f"# the params of the shards merged here ({ref.get('params_file')})\n"
