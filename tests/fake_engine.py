@@ -125,7 +125,9 @@ def main() -> None:
 
     mark("process_start")
     if a.stderr_line_bytes:  # one long line (a hex dump) in the engine log
-        print(os.urandom(a.stderr_line_bytes // 2 + 1).hex()[: a.stderr_line_bytes], file=sys.stderr, flush=True)
+        print(
+            os.urandom(a.stderr_line_bytes // 2 + 1).hex()[: a.stderr_line_bytes], file=sys.stderr, flush=True
+        )
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print(f"fake engine pid {os.getpid()} mode {a.mode}", flush=True)

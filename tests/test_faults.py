@@ -26,7 +26,15 @@ MIB = 2**20
 def _fake(*args: str) -> EngineSpec:
     return EngineSpec(
         kind="command",
-        command_template=[sys.executable, FAKE, "--port", "{port}", "--perf-log-dir", "{perf_log_dir}", *args],
+        command_template=[
+            sys.executable,
+            FAKE,
+            "--port",
+            "{port}",
+            "--perf-log-dir",
+            "{perf_log_dir}",
+            *args,
+        ],
         startup_timeout_s=30,
     )
 
@@ -93,3 +101,61 @@ def test_json_outputs_have_no_nan(runs):
     meta = _no_nan((d / "meta.json").read_text())
     assert res["warm_median_ms"] is None and res["ok"] == 1.0
     assert "warm_median_ms" in meta["results_null"]
+
+
+# ---- every input validated: baseline fields, params and -p nesting (exit 2, no traceback) ----
+
+FIXTURE_BASELINE = Path(__file__).parent / "fixtures" / "perf_baselines_5090.json"
+RECORD = {
+    "request_id": "r1",
+    "tag": "pipeline_stage_metrics",
+    "stages": [{"name": "DenoisingStage", "execution_time_ms": 20.0}],
+    "steps": [10.0, 10.0],
+    "total_duration_ms": 25.0,
+    "memory_snapshots": {},
+}
+
+
+def _invoke(*args: str):
+    from click.testing import CliRunner
+
+    from perfkit.cli import cli
+
+    res = CliRunner().invoke(cli, list(args))
+    out = res.output + (res.stderr if res.stderr_bytes is not None else "")
+    assert res.exception is None or isinstance(res.exception, SystemExit), out
+    assert "Traceback" not in out, out
+    return res.exit_code, out
+
+
+@pytest.mark.parametrize("threshold", ['"0.2"', "NaN", "-5", '"abc"', "1.5", "true"])
+def test_baseline_threshold_refused_naming_file_and_key(tmp_path, threshold):
+    doc = FIXTURE_BASELINE.read_text()
+    base = json.loads(doc)
+    text = json.dumps(base).replace(
+        json.dumps({"improvement_reporting": base["improvement_reporting"]})[1:-1],
+        f'"improvement_reporting": {{"threshold": {threshold}}}',
+    )
+    assert f'"threshold": {threshold}' in text
+    bpath = tmp_path / "b.json"
+    bpath.write_text(text)
+    log = tmp_path / "performance.log"
+    log.write_text(json.dumps(RECORD) + "\n")
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(bpath))
+    assert code == 2, out
+    assert f"{bpath}: improvement_reporting.threshold:" in out
+
+
+def test_params_nested_20000_levels_exit_2_naming_file(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("engine: " + "[" * 20000 + "]" * 20000 + "\n")
+    code, out = _invoke("suite", "--params", str(deep), "--out", str(tmp_path / "out"))
+    assert code == 2, out
+    assert str(deep) in out and "nested deeper than 64 levels" in out
+
+
+def test_p_value_nested_20000_levels_exit_2_naming_it(tmp_path):
+    nb = Path(__file__).resolve().parents[1] / "notebooks" / "cold_warm.ipynb"
+    code, out = _invoke("run", str(nb), "-p", "bundle_dir=" + "[" * 20000 + "]" * 20000)
+    assert code == 2, out
+    assert "-p bundle_dir:" in out and "nested deeper than 64 levels" in out

@@ -340,7 +340,9 @@ class ResultBundle:
         results = {k: v for k, v in dict(self.results).items() if k != "schema_version"}
         nulled = jsonsafe.non_finite_paths(results)
         if nulled:  # JSON has no NaN: written as null, and meta.json says which and why
-            meta["results_null"] = {p: "not a finite number (nothing measured): written as null" for p in nulled}
+            meta["results_null"] = {
+                p: "not a finite number (nothing measured): written as null" for p in nulled
+            }
         _write_json(d / "meta.json", redact(meta))
         _write_json(d / "results.json", redact({"schema_version": SCHEMA_VERSION, **results}))
         for name, df in tables.items():

@@ -56,8 +56,9 @@ def _parse_kv(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
             out[k] = load_yaml(v) if v != "" else ""
         except yaml.YAMLError as exc:
             where = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            shown = repr(v) if len(v) <= 80 else repr(v[:60]) + f"… ({len(v):,} characters)"
             raise UsageError(
-                f"-p {k}: value {v!r} is not valid YAML ({where}); quote strings "
+                f"-p {k}: value {shown} is not valid YAML ({where}); quote strings "
                 f"with special characters, e.g. -p '{k}=\"...\"'"
             ) from None
     return out

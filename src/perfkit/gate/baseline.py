@@ -223,6 +223,13 @@ def _validate(doc: Any, source: str) -> None:
         if problem:
             raise bad(where, f"{v!r} {problem}")
 
+    imp = doc.get("improvement_reporting") or {}
+    if "threshold" in imp:
+        # sglang: faster than expected * (1 - threshold) is an improvement, so a threshold is a
+        # fraction in [0, 1]; a string ("0.2"), NaN or -5 would turn every row into "improved"
+        number("improvement_reporting.threshold", imp["threshold"], nullable=False)
+        if imp["threshold"] > 1:
+            raise bad("improvement_reporting.threshold", f"{imp['threshold']!r} is above 1 (a fraction)")
     for prof, tols in (doc.get("tolerances") or {}).items():
         if not isinstance(tols, dict):
             raise bad(f"tolerances.{prof}", "expected an object")
@@ -234,6 +241,8 @@ def _validate(doc: Any, source: str) -> None:
             raise bad("sampling.step_fractions", "expected a list of numbers")
         for i, x in enumerate(fr):
             number(f"sampling.step_fractions[{i}]", x, nullable=False)
+            if x > 1:
+                raise bad(f"sampling.step_fractions[{i}]", f"{x!r} is above 1 (a fraction of the steps)")
     for case, entry in (doc.get("scenarios") or {}).items():
         if not isinstance(entry, dict):
             raise bad(f"scenarios.{case}", "expected an object")
@@ -261,6 +270,8 @@ def loads_baseline(text: str, source: str = "<string>") -> dict[str, Any]:
         raise BaselineError(
             f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from exc
+    except RecursionError:
+        raise BaselineError(f"{source}: nested too deeply to be a baseline file") from None
     _validate(doc, source)
     return doc
 
@@ -274,7 +285,13 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
             C: ...``) or has the wrong shape (message names the file and the key path).
     """
     p = Path(path)
-    return loads_baseline(p.read_text(encoding="utf-8"), source=str(p))
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise BaselineError(f"{p}:{line}: invalid UTF-8 at byte {exc.start + 1}") from None
+    return loads_baseline(text, source=str(p))
 
 
 def dumps_baseline(doc: Mapping[str, Any]) -> str:
