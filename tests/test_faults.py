@@ -159,3 +159,140 @@ def test_p_value_nested_20000_levels_exit_2_naming_it(tmp_path):
     code, out = _invoke("run", str(nb), "-p", "bundle_dir=" + "[" * 20000 + "]" * 20000)
     assert code == 2, out
     assert "-p bundle_dir:" in out and "nested deeper than 64 levels" in out
+
+
+# ---- merge compares every part and shard (synthetic shards: no engine, no notebooks) ----
+
+
+def _make_shards(tmp: Path) -> list[Path]:
+    """Two shards of params/ci-cpu.yaml's plan (per-commit tier) as run_shard writes them, each
+    part a saved bundle whose meta carries what run_unit and the scenarios record."""
+    from perfkit.params import load_params
+    from perfkit.scaleout import shards
+    from perfkit.scaleout.units import partition, plan_units
+
+    root = Path(__file__).resolve().parents[1]
+    params = load_params(root / "params" / "ci-cpu.yaml")
+    selected, skipped = shards.select(params, tier="per-commit")
+    units = plan_units(params, selected)
+    parts = partition(units, 2)
+    dirs = []
+    for i in (1, 2):
+        d = tmp / f"s{i}"
+        outcomes = []
+        for u in parts[i - 1]:
+            for p in u.parts:
+                meta = {
+                    "git_commit": "a" * 40,
+                    "perfkit_version": "0.1.0",
+                    "params": {"spec": dict(u.engine), "request": dict(u.request)},
+                    "commands": {p.id: [sys.executable, "-m", "perfkit.refengine", "--port", str(4000 + i)]},
+                    "scaleout": {
+                        "unit": u.id,
+                        "part": p.id,
+                        "planned": {"engine": u.engine, "request": u.request, "params": p.params},
+                    },
+                }
+                ResultBundle(p.scenario, meta=meta).save(d / shards.UNITS_DIR / u.id / p.id)
+            outcomes.append({"unit_id": u.id, "status": "ok", "attempts": 1, "wall_s": 1.0})
+        manifest = {
+            "kind": "perfkit-shard",
+            "params_file": "params/ci-cpu.yaml",
+            "params_sha256": shards.params_hash(params),
+            "params": params.model_dump(),
+            "partition": {"index": i, "total": 2},
+            "selected": selected,
+            "skipped": skipped,
+            "tier": "per-commit",
+            "units": [u.to_dict() for u in units],
+            "outcomes": outcomes,
+            "perfkit_commit": "a" * 40,
+            "perfkit_version": "0.1.0",
+            "executor": "inprocess",
+        }
+        (d / shards.MANIFEST).write_text(json.dumps(manifest))
+        dirs.append(d)
+    return dirs
+
+
+IDENTITY_WORDS = ("measured with another", "records no", "measured for another plan")
+
+
+def _identity(doc) -> list[str]:
+    return [p for p in doc["problems"] if any(w in p for w in IDENTITY_WORDS)]
+
+
+@pytest.fixture(scope="module")
+def shard_dirs(tmp_path_factory):
+    return _make_shards(tmp_path_factory.mktemp("shards"))
+
+
+def _edit_meta(d: Path, edit) -> str:
+    """Edit the meta.json of the last part of shard dir ``d``; returns the part id."""
+    metas = sorted(d.glob("units/*/*/meta.json"))
+    m = json.loads(metas[-1].read_text())
+    edit(m)
+    metas[-1].write_text(json.dumps(m))
+    return metas[-1].parent.name
+
+
+def test_merge_of_consistent_shards_has_no_identity_problem(shard_dirs, tmp_path):
+    from perfkit.scaleout.shards import merge_shards
+
+    doc = merge_shards(shard_dirs, tmp_path / "m")
+    assert _identity(doc) == []
+    assert doc["commits"] == ["a" * 40] and set(doc["parts"])
+
+
+@pytest.mark.parametrize(
+    "what, edit",
+    [
+        ("commit", lambda m: m.update(git_commit="b" * 40)),
+        ("perfkit version", lambda m: m.update(perfkit_version="0.2.0")),
+        ("request", lambda m: m["params"]["request"].update(num_frames=25, height=96)),
+        ("engine spec", lambda m: m["params"]["spec"].update(steps=7)),
+        ("engine program", lambda m: m["commands"].update(x=["/usr/bin/sglang", "serve", "--port", "1"])),
+        ("plan", lambda m: m["scaleout"]["planned"]["params"].update(repeats=9)),
+    ],
+)
+@pytest.mark.parametrize("shard", [0, 1])
+def test_merge_names_each_mismatch_in_any_part_and_shard(shard_dirs, tmp_path, what, edit, shard):
+    import shutil
+
+    from perfkit.scaleout.shards import merge_shards
+
+    dirs = [tmp_path / d.name for d in shard_dirs]
+    for src, dst in zip(shard_dirs, dirs):
+        shutil.copytree(src, dst)
+    part = _edit_meta(dirs[shard], edit)
+    doc = merge_shards(dirs, tmp_path / "m")
+    named = [p for p in _identity(doc) if f"part {part} " in p]
+    assert named, doc["problems"]
+    word = "measured for another plan" if what == "plan" else f"another {what} than"
+    assert any(word in p for p in named), named
+
+
+def test_merge_names_a_shard_of_another_commit_unless_allowed(shard_dirs, tmp_path):
+    import shutil
+
+    from perfkit.scaleout import shards
+
+    dirs = [tmp_path / d.name for d in shard_dirs]
+    for src, dst in zip(shard_dirs, dirs):
+        shutil.copytree(src, dst)
+    m = json.loads((dirs[1] / shards.MANIFEST).read_text())
+    m["perfkit_commit"] = "c" * 40
+    (dirs[1] / shards.MANIFEST).write_text(json.dumps(m))
+    for meta in dirs[1].glob("units/*/*/meta.json"):
+        doc = json.loads(meta.read_text())
+        doc["git_commit"] = "c" * 40
+        meta.write_text(json.dumps(doc))
+    doc = shards.merge_shards(dirs, tmp_path / "m")
+    assert any(p.startswith("shard 2/2") and "another commit" in p for p in doc["problems"])
+    ok = shards.merge_shards(dirs, tmp_path / "m2", allow_mixed_commits=True)
+    assert _identity(ok) == [] and ok["commits"] == ["a" * 40, "c" * 40]
+    # the page and summary.md show each unit's commit
+    from perfkit.report.render import units_frame
+
+    frame = units_frame({"scaleout": ok})
+    assert set(frame["commit"].dropna()) == {"a" * 12, "c" * 12}

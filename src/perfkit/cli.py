@@ -165,6 +165,7 @@ def cmd_merge(a: SimpleNamespace) -> int:
             screenshot=not a.no_screenshot,
             progress=not a.quiet,
             force=a.force,
+            allow_mixed_commits=a.allow_mixed_commits,
         )
     except (ParamsError, SuiteError, FileNotFoundError) as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
@@ -812,6 +813,11 @@ def suite_command(**kw: Any) -> None:
 )
 @click.option("--notebooks", default=None, hidden=True, help="another notebooks folder (tests)")
 @click.option("--force", is_flag=True, help="--out may hold an earlier run: its outputs are removed first")
+@click.option(
+    "--allow-mixed-commits",
+    is_flag=True,
+    help="merge shards measured at different commits (each unit's commit is shown); otherwise an error (2)",
+)
 @click.option("--no-screenshot", is_flag=True, help="skip the report screenshot")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar")
 def merge_command(**kw: Any) -> None:

@@ -763,12 +763,14 @@ def merge_runs(
     screenshot: bool = True,
     progress: bool = True,
     force: bool = False,
+    allow_mixed_commits: bool = False,
 ) -> SuiteResult:
     """``perfkit merge DIR... --out RUN``: join shard outputs into ``RUN/merged/``
     (:func:`perfkit.scaleout.shards.merge_shards`), then the usual path in replay mode:
     notebooks (every check judged again), gate, report, summary. Missing shards, failed units
-    and shards of other params are named in run.json, summary.md and the report, and make the
-    exit code 2.
+    and shards or parts measured with other params, commit, perfkit version, engine or request
+    are named in run.json, summary.md and the report, and make the exit code 2
+    (``allow_mixed_commits``: other commits are accepted and each unit's shown).
 
     Raises:
         ParamsError: a bad ``params_path``. SuiteError: ``out`` holds another run (without
@@ -787,7 +789,7 @@ def merge_runs(
             )
         shutil.rmtree(merged)
     try:
-        doc = merge_shards(dirs, merged, params)
+        doc = merge_shards(dirs, merged, params, allow_mixed_commits=allow_mixed_commits)
     except ValueError as exc:
         raise SuiteError(f"perfkit merge: {exc}") from None
     if not doc["merged"]:

@@ -207,11 +207,17 @@ def _clip(text: Any, n: int = 200) -> str | None:
     return t[:n].rsplit(" ", 1)[0].rstrip() + " …"
 
 
+def _part_id(part: Mapping[str, Any]) -> str:
+    """A planned part's id (``scaleout.units.Part.id``): ``scenario`` or ``scenario.key``."""
+    return str(part.get("scenario", "")) + (f".{part['key']}" if part.get("key") else "")
+
+
 def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
     """The units of work of a merged run (``run.json``'s ``scaleout``), one row each: unit,
     parts, shard, status, attempts, wall (s), the GPUs it ran on (NVML UUIDs, shortened), the
-    units it ran beside (overlapping in time: its timings were taken next to theirs) and the
-    error. None for a run without units (plain ``perfkit suite``)."""
+    units it ran beside (overlapping in time: its timings were taken next to theirs), the
+    commit its parts were measured at (only when the merge holds several: ``perfkit merge
+    --allow-mixed-commits``) and the error. None for a run without units (plain ``perfkit suite``)."""
     so = info.get("scaleout") or {}
     units = so.get("units") or []
     if not units:
@@ -223,10 +229,15 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
             a, b = (str(x) for x in pair)
             beside.setdefault(a, set()).add(b)
             beside.setdefault(b, set()).add(a)
+    parts_info = so.get("parts") if isinstance(so.get("parts"), Mapping) else {}
+    mixed = len(so.get("commits") or []) > 1  # merged on purpose (--allow-mixed-commits): say whose
     rows = []
     for u in units:
         uid = u.get("id")
         o = outcomes.get(uid) or {}
+        commits = {
+            str((parts_info.get(_part_id(p)) or {}).get("commit") or "")[:12] for p in u.get("parts") or []
+        } - {""}
         rows.append(
             {
                 "unit": uid,
@@ -240,6 +251,7 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
                 "wall (s)": o.get("wall_s"),
                 "GPUs": ", ".join(g[:12] + "…" for g in o.get("gpu_uuids") or []) or None,
                 "ran beside": ", ".join(sorted(beside.get(uid, ()))) or None,
+                **({"commit": ", ".join(sorted(commits)) or None} if mixed else {}),
                 "error": _clip(o.get("error")),
             }
         )

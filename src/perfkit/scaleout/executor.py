@@ -87,6 +87,8 @@ def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
             "part": part.id,
             "key": part.key,
             "wall_s": round(time.time() - t0, 2),
+            # what it was measured for: merge compares it with the manifest's unit
+            "planned": {"engine": dict(u.engine), "request": dict(u.request), "params": dict(part.params)},
         }
         bundle.save(dest)
         if part.key is None:  # a split part is judged whole: the joined bundle, on replay
