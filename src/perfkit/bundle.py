@@ -369,17 +369,22 @@ class ResultBundle:
 
         Raises:
             FileNotFoundError: when ``path`` has no meta.json.
-            ValueError: when meta.json or results.json has a schema version newer than this perfkit
-                understands (the message names the file), or a table has an undeclared column.
+            ValueError: when meta.json or results.json is not a JSON object (invalid UTF-8 or JSON,
+                too deep, too large), has a schema version that is not an integer >= 1 or is newer
+                than this perfkit understands, or a scenario that is not a name (the message
+                names the file and key), or a table has an undeclared column.
         """
         d = Path(path)
         meta_p = d / "meta.json"
         if not meta_p.exists():
             raise FileNotFoundError(f"{d} is not a result bundle: no meta.json")
-        meta = json.loads(meta_p.read_text())
+        meta = _read_object(meta_p)
         version = _version(meta, meta_p, default=1)
+        scen = meta.get("scenario", d.name)
+        if not isinstance(scen, str) or not scen:
+            raise ValueError(f"{meta_p}: scenario: {scen!r} is not a scenario name")
         res_p = d / "results.json"
-        results = json.loads(res_p.read_text()) if res_p.exists() else {}
+        results = _read_object(res_p) if res_p.exists() else {}
         res_version = _version(results, res_p, default=version) if isinstance(results, dict) else version
         results = upgrade_results(results, res_version)
         tables = {}
@@ -402,7 +407,7 @@ class ResultBundle:
             for p in sorted((d / "logs").iterdir()):
                 logs[p.name] = p.read_text(errors="replace")
         return cls(
-            scenario=meta.get("scenario", d.name),
+            scenario=scen,
             meta=meta,
             results=results,
             tables=tables,
@@ -412,14 +417,39 @@ class ResultBundle:
         )
 
 
+#: a bundle's meta.json and results.json are a few KiB to a few MiB; larger is not a bundle
+MAX_JSON_BYTES = 256 * 2**20
+
+
+def _read_object(path: Path) -> dict[str, Any]:
+    """A bundle JSON file that must hold an object. Raises ValueError naming ``path`` (and the
+    line) for invalid UTF-8, invalid JSON, nesting too deep, a size over
+    :data:`MAX_JSON_BYTES` or another type."""
+    size = path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise ValueError(f"{path}: {size:,} bytes, over the limit of {MAX_JSON_BYTES:,} for a bundle file")
+    raw = path.read_bytes()
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{path}:{line}: invalid UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to be a bundle file") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: top level: is {type(doc).__name__}, expected a JSON object")
+    return doc
+
+
 def _version(doc: Any, path: Path, default: int) -> int:
     """The ``schema_version`` of a loaded JSON file (``default`` when absent). Raises ValueError
     naming ``path`` when it is newer than :data:`SCHEMA_VERSION` or not an integer."""
     raw = doc.get("schema_version", default) if isinstance(doc, dict) else default
-    try:
-        v = int(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"{path}: schema_version {raw!r} is not an integer") from None
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ValueError(f"{path}: schema_version {raw!r} is not a schema version (an integer >= 1)")
+    v = raw
     if v > SCHEMA_VERSION:
         raise ValueError(
             f"{path}: bundle schema {v} is newer than this perfkit "

@@ -83,12 +83,21 @@ class RecordError(ValueError):
         return RecordError(self.key, self.problem, source=source or self.source, line=line or self.line)
 
 
+_INF = float("inf")
+
+
 def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
     """``value`` as a float, exactly as written; ``None`` for JSON null (``nullable``).
 
     Raises :class:`RecordError` naming ``key`` for anything else: strings (``"12.5"``), booleans,
     NaN, infinities, negative numbers, lists, objects. Never returns a default.
     """
+    t = type(value)
+    if t is float:  # the common case first (NaN fails every comparison)
+        if 0.0 <= value < _INF:
+            return value
+    elif t is int and value >= 0:
+        return float(value)
     if value is None:
         if nullable:
             return None
@@ -428,13 +437,29 @@ def parse_lines(
     return _collect(iter_lines_report(lines, source=source, strict=strict, partial_last=partial_last))
 
 
+def decode_text(raw: bytes, source: str) -> str:
+    """``raw`` decoded as UTF-8, strictly. Raises :class:`RecordError` (key ``<utf-8>``) naming
+    ``source``, the line and the byte of the first invalid sequence."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise RecordError(
+            "<utf-8>",
+            f"invalid UTF-8 at byte {col} of the line ({raw[exc.start : exc.start + 4]!r})",
+            source=source,
+            line=line,
+        ) from None
+
+
 def _binary_lines(p: Path) -> Iterator[bytes]:
     with open(p, "rb") as fh:
         yield from fh
 
 
 def iter_perf_log(
-    path: str | Path, *, strict: bool = False, keep_raw: bool = True
+    path: str | Path, *, strict: bool = False, keep_raw: bool = True, partial_last: bool = True
 ) -> Iterator[PerfRecord | RecordError]:
     """Stream a ``performance.log`` (or a directory holding one): one record or
     :class:`RecordError` per line, in bounded memory (a line at a time; see
@@ -444,7 +469,9 @@ def iter_perf_log(
         p = p / PERF_LOG_NAME
     if not p.exists():
         return
-    yield from iter_lines_report(_binary_lines(p), source=str(p), strict=strict, keep_raw=keep_raw)
+    yield from iter_lines_report(
+        _binary_lines(p), source=str(p), strict=strict, keep_raw=keep_raw, partial_last=partial_last
+    )
 
 
 def read_perf_log(path: str | Path, *, strict: bool = False) -> ParseReport:

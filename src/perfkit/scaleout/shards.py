@@ -260,10 +260,12 @@ def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
     if not f.is_file():
         return None, f"{d}: not a shard output (no {MANIFEST})"
     try:
-        doc = json.loads(f.read_text())
-    except (OSError, ValueError) as exc:
+        doc = json.loads(f.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError included
         return None, f"{f}: unreadable shard manifest ({exc})"
-    if doc.get("kind") != "perfkit-shard":
+    except RecursionError:
+        return None, f"{f}: unreadable shard manifest (nested too deeply)"
+    if not isinstance(doc, dict) or doc.get("kind") != "perfkit-shard":
         return None, f"{f}: not a perfkit shard manifest"
     missing = [k for k in ("partition", "params_sha256", "params", "units") if k not in doc]
     part = doc.get("partition")
@@ -282,7 +284,10 @@ def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
         for i, u in enumerate(doc["units"]):
             if not isinstance(u, dict):
                 raise ValueError(f"units[{i}] must be a mapping, got {u!r}")
-            unit = WorkUnit.from_dict(u)
+            try:
+                unit = WorkUnit.from_dict(u)
+            except ValueError as exc:
+                raise ValueError(f"units[{i}].{exc}") from None
             if not isinstance(u.get("shard"), int) or isinstance(u.get("shard"), bool):
                 raise ValueError(f"units[{i}] ({unit.id}).shard must be an integer, got {u.get('shard')!r}")
         outcomes = doc.get("outcomes") or []
