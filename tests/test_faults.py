@@ -296,3 +296,21 @@ def test_merge_names_a_shard_of_another_commit_unless_allowed(shard_dirs, tmp_pa
 
     frame = units_frame({"scaleout": ok})
     assert set(frame["commit"].dropna()) == {"a" * 12, "c" * 12}
+
+
+def test_compare_refuses_undecodable_stage_name_naming_file_and_line(tmp_path):
+    log = tmp_path / "performance.log"
+    good = json.dumps(RECORD).encode()
+    log.write_bytes(good + b"\n" + good.replace(b"DenoisingStage", b"Denois\xff\xfeingStage") + b"\n")
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(FIXTURE_BASELINE))
+    assert code == 2, out
+    assert f"{log}:2: key '<utf-8>': invalid UTF-8" in out
+
+
+def test_compare_refuses_a_nan_record_naming_file_and_line(tmp_path):
+    log = tmp_path / "performance.log"
+    bad = dict(RECORD, total_duration_ms=float("nan"))
+    log.write_text(json.dumps(RECORD) + "\n" + json.dumps(bad) + "\n")
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(FIXTURE_BASELINE))
+    assert code == 2, out
+    assert f"{log}:2: key 'total_duration_ms': nan is not a finite number" in out

@@ -180,7 +180,10 @@ class WorkUnit:
                 raise ValueError(f"estimate_source: {d['estimate_source']!r} is not a string")
             keep["estimate_source"] = d["estimate_source"]
         if d.get("shard") is not None:
-            keep["shard"] = _count(d["shard"], "shard")
+            v = d["shard"]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"shard must be an integer >= 1, got {v!r}")
+            keep["shard"] = v
         for k in ("engine", "request"):
             if k in d:
                 keep[k] = _mapping(d[k], k)
