@@ -62,6 +62,10 @@ def runs(tmp_path_factory):
     bad, bad_s = _run(
         tmp, "bad", "--stderr-line-bytes", str(MIB), "--nan-request", "1", "--bad-utf8-request", "2"
     )
+    print(
+        f"launch+save wall: plain {plain_s:.2f} s, 1 MiB stderr line + bad records {bad_s:.2f} s",
+        file=sys.stderr,
+    )
     return tmp, plain_s, bad_s
 
 
