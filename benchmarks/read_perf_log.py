@@ -11,7 +11,8 @@ Writes a synthetic file of ``--lines`` records (sglang's layout with the referen
 - ``report``: :func:`perfkit.readings.records.read_perf_log` (every record kept, raw included).
 
 Peak memory is the child process's peak RSS (``ru_maxrss``, MiB), the interpreter and imports
-included; ``baseline`` is that of the imports alone.
+included; ``baseline`` is that of the imports alone. Times: wall and CPU (user + system) of the
+reading alone, imports excluded.
 
     python benchmarks/read_perf_log.py [--lines 200000] [--keep FILE]
 """
@@ -63,6 +64,8 @@ CHILD = r"""
 import resource, sys, time
 from perfkit.readings import records
 mode, path = sys.argv[1], sys.argv[2]
+ru0 = resource.getrusage(resource.RUSAGE_SELF)
+cpu0 = ru0.ru_utime + ru0.ru_stime
 t0 = time.perf_counter()
 n = 0
 if mode == "stream":
@@ -79,17 +82,20 @@ elif mode == "compare":
 elif mode == "report":
     n = len(records.read_perf_log(path).records)
 dt = time.perf_counter() - t0
-print(n, round(dt, 2), round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
+ru = resource.getrusage(resource.RUSAGE_SELF)
+cpu = ru.ru_utime + ru.ru_stime - cpu0
+print(n, round(dt, 2), round(cpu, 2), round(ru.ru_maxrss / 1024, 1))
 """
 
 
-def measure(mode: str, path: Path) -> tuple[int, float, float]:
-    """(records, seconds, peak RSS MiB) of reading ``path`` in a fresh process."""
+def measure(mode: str, path: Path) -> tuple[int, float, float, float]:
+    """(records, wall s, CPU s, peak RSS MiB) of reading ``path`` in a fresh process (CPU time
+    is what a loaded, shared runner does not inflate)."""
     out = subprocess.run(
         [sys.executable, "-c", CHILD, mode, str(path)], capture_output=True, text=True, check=True
     )
-    n, dt, rss = out.stdout.split()
-    return int(n), float(dt), float(rss)
+    n, dt, cpu, rss = out.stdout.split()
+    return int(n), float(dt), float(cpu), float(rss)
 
 
 def main() -> None:
@@ -115,8 +121,8 @@ def main() -> None:
         ).stdout.strip()
         print(f"baseline (imports only): peak RSS {base} MiB")
         for mode in a.modes.split(","):
-            n, dt, rss = measure(mode, path)
-            print(f"{mode:8s} {n:,} records  {dt:.2f} s  peak RSS {rss:.0f} MiB")
+            n, dt, cpu, rss = measure(mode, path)
+            print(f"{mode:8s} {n:,} records  {dt:.2f} s wall  {cpu:.2f} s CPU  peak RSS {rss:.0f} MiB")
 
 
 if __name__ == "__main__":
