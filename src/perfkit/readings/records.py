@@ -34,7 +34,13 @@ stage entry names its time ``execution_time_ms`` (sglang's ``performance.log``) 
 
 Unknown fields are kept in :attr:`PerfRecord.raw`. :func:`parse_lines` / :func:`read_perf_log`
 report a malformed line with its file, line number and key and skip it (``strict=True``
-raises instead); an unterminated last line is taken as still being written.
+raises instead); an unterminated last line is taken as still being written. A refused line
+that still names its request is in :attr:`ParseReport.rejected`, so that the caller fails that
+request with the reason instead of reading it as measured.
+
+Files are streamed (:func:`iter_perf_log`: one line in memory at a time) and decoded strictly:
+a line that is not UTF-8 (a stage name of stray bytes) is refused naming its line and byte,
+never read with U+FFFD replacement characters.
 """
 
 from __future__ import annotations
@@ -350,7 +356,6 @@ def iter_lines_report(
     only aggregate times). ``strict``: raise the first error instead of yielding it.
     """
     pending: tuple[int, str | bytes] | None = None
-    i = 0
     for i, line in enumerate(lines, start=1):
         if pending is not None:
             yield from _one(*pending, source=source, strict=strict, last=False, keep_raw=keep_raw)
