@@ -94,6 +94,9 @@ def test_refused_records_fail_their_requests_with_file_and_line(runs):
     assert len(lines) == 2
     text = summary_markdown(tmp / "run")
     assert "performance.log:3" in text and "performance.log:4" in text
+    from perfkit.report.render import page_context  # the report's Warnings box too
+
+    assert sum("performance.log:" in w for w in page_context(tmp / "run")["warnings"]) == 2
 
 
 def test_json_outputs_have_no_nan(runs):
