@@ -49,6 +49,7 @@ from perfkit.bundle_schema import (
     upgrade_table,
 )
 from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
+from perfkit.common import jsonsafe
 from perfkit.common.provenance import git_commit, source_digest
 
 log = logging.getLogger(__name__)
@@ -75,14 +76,71 @@ __all__ = [
     "load_many",
 ]
 
+# Redaction reads every string in linear time (docs/DESIGN.md, "Input limits"): a string is split
+# at whitespace once, and each token is checked with patterns that start only at a literal and
+# never backtrack (no nested or adjacent unbounded repeats), so one 1 MiB stderr line costs
+# milliseconds, not the hours a backtracking ``[\w-]*token[\w-]*=`` search took.
 _SECRET_KEY = re.compile(r"(token|secret|password|passwd|api[_-]?key|access[_-]?key|auth)", re.I)
-_SECRET_INLINE = re.compile(
-    r"((?:--?[\w-]*(?:token|secret|password|api[_-]?key|access[_-]?key)[\w-]*)[= ]|"
-    r"(?:[\w]*(?:TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY)[\w]*)=)(\S+)",
-    re.I,
-)
-_SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{10,}|sk-[A-Za-z0-9]{10,}|ghp_[A-Za-z0-9]{10,})\b")
+#: secret words a ``KEY=value`` or ``--flag value`` name holds (``auth``/``passwd`` only as keys)
+_SECRET_NAME = re.compile(r"token|secret|password|api[_-]?key|access[_-]?key", re.I)
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_SECRET_VALUE = re.compile(r"\b(?:hf_|sk-|ghp_)[A-Za-z0-9]{10,}+\b")
+_SPACE = re.compile(r"(\s+)")
 REDACTED = "***REDACTED***"
+
+
+def _secret_name(name: str, *, dashed_only: bool = False) -> bool:
+    """Whether the name that ends ``name`` names a secret, as the earlier patterns read it: a
+    ``[\\w-]`` run holding a ``-`` followed by a secret word (``--hf-token``), or (unless
+    ``dashed_only``) a ``\\w`` run holding one (``HF_TOKEN``). One backwards walk: linear."""
+    i = len(name)
+    word_start = None
+    while i > 0 and (name[i - 1] in _NAME_CHARS or name[i - 1].isalnum()):
+        if name[i - 1] == "-" and word_start is None:
+            word_start = i
+        i -= 1
+    if word_start is None:
+        word_start = i
+    dash = name.find("-", i)
+    if dash >= 0 and _SECRET_NAME.search(name, dash):
+        return True
+    return not dashed_only and bool(_SECRET_NAME.search(name, word_start))
+
+
+def _redact_token(tok: str) -> str:
+    """One whitespace-free token: the value after the first ``NAME=`` whose name holds a secret
+    word (``HF_TOKEN=x``, ``--api-key=x``) is replaced; the token is read once (linear)."""
+    start = 0
+    while True:
+        eq = tok.find("=", start)
+        if eq < 0:
+            return tok
+        if eq + 1 < len(tok) and _secret_name(tok[start:eq]):
+            return tok[: eq + 1] + REDACTED
+        start = eq + 1
+
+
+def _redact_text(text: str) -> str:
+    """Secrets in free text: ``NAME=value`` tokens (:func:`_redact_token`), the word after a
+    ``--secret-flag`` and one space, and well-known token prefixes (hf_, sk-, ghp_). Linear in
+    ``len(text)`` on any input."""
+    if "=" not in text and "-" not in text and not any(p in text for p in ("hf_", "sk-", "ghp_")):
+        return text
+    parts = _SPACE.split(text)  # tokens at even indices, whitespace runs at odd ones
+    flag_before = False
+    for i in range(0, len(parts), 2):
+        tok = parts[i]
+        if not tok:
+            continue
+        if flag_before and parts[i - 1] == " ":
+            parts[i] = REDACTED
+            flag_before = False
+            continue
+        flag_before = "-" in tok and _secret_name(tok, dashed_only=True)
+        if "=" in tok:
+            tok = _redact_token(tok)
+        parts[i] = _SECRET_VALUE.sub(REDACTED, tok)
+    return "".join(parts)
 
 
 def redact(obj: Any) -> Any:
@@ -90,7 +148,8 @@ def redact(obj: Any) -> Any:
 
     Keys that look like secrets (token, secret, password, api key, access key, auth) have their
     values replaced; strings have ``--hf-token X``/``HF_TOKEN=X`` forms and well-known token
-    prefixes (hf_, sk-, ghp_) masked.
+    prefixes (hf_, sk-, ghp_) masked. Linear time in the size of ``obj`` on any input (a string
+    is split at whitespace once; no pattern backtracks), and long lines are kept whole.
     """
     if isinstance(obj, dict):
         return {
@@ -110,8 +169,7 @@ def redact(obj: Any) -> Any:
                 out[i + 1] = REDACTED
         return out
     if isinstance(obj, str):
-        s = _SECRET_INLINE.sub(lambda m: m.group(1) + REDACTED, obj)
-        return _SECRET_VALUE.sub(REDACTED, s)
+        return _redact_text(obj)
     return obj
 
 
@@ -279,8 +337,13 @@ class ResultBundle:
         meta = dict(self.meta)
         meta["schema_version"] = SCHEMA_VERSION
         meta["scenario"] = self.scenario
-        _write_json(d / "meta.json", redact(meta))
         results = {k: v for k, v in dict(self.results).items() if k != "schema_version"}
+        nulled = jsonsafe.non_finite_paths(results)
+        if nulled:  # JSON has no NaN: written as null, and meta.json says which and why
+            meta["results_null"] = {
+                p: "not a finite number (nothing measured): written as null" for p in nulled
+            }
+        _write_json(d / "meta.json", redact(meta))
         _write_json(d / "results.json", redact({"schema_version": SCHEMA_VERSION, **results}))
         for name, df in tables.items():
             df.to_parquet(d / f"{name}.parquet", index=False)
@@ -306,17 +369,22 @@ class ResultBundle:
 
         Raises:
             FileNotFoundError: when ``path`` has no meta.json.
-            ValueError: when meta.json or results.json has a schema version newer than this perfkit
-                understands (the message names the file), or a table has an undeclared column.
+            ValueError: when meta.json or results.json is not a JSON object (invalid UTF-8 or JSON,
+                too deep, too large), has a schema version that is not an integer >= 1 or is newer
+                than this perfkit understands, or a scenario that is not a name (the message
+                names the file and key), or a table has an undeclared column.
         """
         d = Path(path)
         meta_p = d / "meta.json"
         if not meta_p.exists():
             raise FileNotFoundError(f"{d} is not a result bundle: no meta.json")
-        meta = json.loads(meta_p.read_text())
+        meta = _read_object(meta_p)
         version = _version(meta, meta_p, default=1)
+        scen = meta.get("scenario", d.name)
+        if not isinstance(scen, str) or not scen:
+            raise ValueError(f"{meta_p}: scenario: {scen!r} is not a scenario name")
         res_p = d / "results.json"
-        results = json.loads(res_p.read_text()) if res_p.exists() else {}
+        results = _read_object(res_p) if res_p.exists() else {}
         res_version = _version(results, res_p, default=version) if isinstance(results, dict) else version
         results = upgrade_results(results, res_version)
         tables = {}
@@ -339,7 +407,7 @@ class ResultBundle:
             for p in sorted((d / "logs").iterdir()):
                 logs[p.name] = p.read_text(errors="replace")
         return cls(
-            scenario=meta.get("scenario", d.name),
+            scenario=scen,
             meta=meta,
             results=results,
             tables=tables,
@@ -349,14 +417,39 @@ class ResultBundle:
         )
 
 
+#: a bundle's meta.json and results.json are a few KiB to a few MiB; larger is not a bundle
+MAX_JSON_BYTES = 256 * 2**20
+
+
+def _read_object(path: Path) -> dict[str, Any]:
+    """A bundle JSON file that must hold an object. Raises ValueError naming ``path`` (and the
+    line) for invalid UTF-8, invalid JSON, nesting too deep, a size over
+    :data:`MAX_JSON_BYTES` or another type."""
+    size = path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise ValueError(f"{path}: {size:,} bytes, over the limit of {MAX_JSON_BYTES:,} for a bundle file")
+    raw = path.read_bytes()
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{path}:{line}: invalid UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to be a bundle file") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: top level: is {type(doc).__name__}, expected a JSON object")
+    return doc
+
+
 def _version(doc: Any, path: Path, default: int) -> int:
     """The ``schema_version`` of a loaded JSON file (``default`` when absent). Raises ValueError
     naming ``path`` when it is newer than :data:`SCHEMA_VERSION` or not an integer."""
     raw = doc.get("schema_version", default) if isinstance(doc, dict) else default
-    try:
-        v = int(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"{path}: schema_version {raw!r} is not an integer") from None
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ValueError(f"{path}: schema_version {raw!r} is not a schema version (an integer >= 1)")
+    v = raw
     if v > SCHEMA_VERSION:
         raise ValueError(
             f"{path}: bundle schema {v} is newer than this perfkit "
@@ -454,7 +547,7 @@ def _safe(name: str) -> str:
 
 def _write_json(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    tmp.write_text(jsonsafe.dumps(obj, indent=2, sort_keys=True, default=str))
     os.replace(tmp, path)
 
 

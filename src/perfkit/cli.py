@@ -56,8 +56,9 @@ def _parse_kv(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
             out[k] = load_yaml(v) if v != "" else ""
         except yaml.YAMLError as exc:
             where = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            shown = repr(v) if len(v) <= 80 else repr(v[:60]) + f"… ({len(v):,} characters)"
             raise UsageError(
-                f"-p {k}: value {v!r} is not valid YAML ({where}); quote strings "
+                f"-p {k}: value {shown} is not valid YAML ({where}); quote strings "
                 f"with special characters, e.g. -p '{k}=\"...\"'"
             ) from None
     return out
@@ -164,6 +165,7 @@ def cmd_merge(a: SimpleNamespace) -> int:
             screenshot=not a.no_screenshot,
             progress=not a.quiet,
             force=a.force,
+            allow_mixed_commits=a.allow_mixed_commits,
         )
     except (ParamsError, SuiteError, FileNotFoundError) as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
@@ -379,19 +381,31 @@ def _compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any
         run = run / "performance.log"
     if not run.exists():
         raise FileNotFoundError(f"{run}: no such file or directory")
-    text = run.read_text(encoding="utf-8")
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError:
-        obj = None
     cid = case or run.stem
-    if isinstance(obj, dict) and perfdump.is_perf_dump(obj):
-        return {cid: bl.entry_from_records([perfdump.loads_perf_dump(text, str(run)).to_record()])}, None
-    recs = records.parse_lines(
-        text.splitlines(keepends=True), partial_last=False, source=str(run), strict=True
-    ).records
-    recs = [r for r in recs if not r.is_warmup]
-    return ({cid: bl.entry_from_records(recs)} if recs else {}), None
+    with open(run, "rb") as fh:
+        head = fh.read(perfdump.MAX_DUMP_BYTES + 1)
+    if len(head) <= perfdump.MAX_DUMP_BYTES and perfdump.is_perf_dump(_json_or_none(head)):
+        return {cid: bl.entry_from_records([perfdump.read_perf_dump(run).to_record()])}, None
+    del head
+    # a performance.log: streamed, one record at a time (raw fields dropped), strict UTF-8
+    recs = (
+        r
+        for r in records.iter_perf_log(run, strict=True, keep_raw=False, partial_last=False)
+        if isinstance(r, records.PerfRecord) and not r.is_warmup
+    )
+    try:
+        return {cid: bl.entry_from_records(recs)}, None
+    except ValueError as exc:
+        if isinstance(exc, records.RecordError):
+            raise
+        return {}, None  # no measured record
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _compare_dumps(a: SimpleNamespace) -> int:
@@ -811,6 +825,11 @@ def suite_command(**kw: Any) -> None:
 )
 @click.option("--notebooks", default=None, hidden=True, help="another notebooks folder (tests)")
 @click.option("--force", is_flag=True, help="--out may hold an earlier run: its outputs are removed first")
+@click.option(
+    "--allow-mixed-commits",
+    is_flag=True,
+    help="merge shards measured at different commits (each unit's commit is shown); otherwise an error (2)",
+)
 @click.option("--no-screenshot", is_flag=True, help="skip the report screenshot")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar")
 def merge_command(**kw: Any) -> None:

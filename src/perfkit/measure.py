@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from perfkit.common import jsonsafe
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.params import SuiteParams, load_params
 from perfkit.scenarios import registry
@@ -96,7 +97,7 @@ def measure(
                 "wall_s": round(time.time() - t0, 1),
                 "error": f"{type(exc).__name__}: {exc}",
             }
-        (out / "measure.json").write_text(json.dumps(summary, indent=2))
+        (out / "measure.json").write_text(jsonsafe.dumps(summary, indent=2))
     bars.close()
     return summary
 

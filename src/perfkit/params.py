@@ -57,7 +57,15 @@ from perfkit.engine.spec import (
 from perfkit.scenarios import registry
 from perfkit.scenarios.registry import ScenarioParams
 
-__all__ = ["ParamsError", "SuiteParams", "InvariantsParams", "load_params", "load_yaml", "parse_params"]
+__all__ = [
+    "ParamsError",
+    "SuiteParams",
+    "InvariantsParams",
+    "YamlLimitError",
+    "load_params",
+    "load_yaml",
+    "parse_params",
+]
 
 
 class ParamsError(ValueError):
@@ -347,15 +355,85 @@ _Yaml12Loader.add_implicit_resolver(
 )
 
 
+#: Input limits of every YAML perfkit reads (params files, ``-p`` values, engine spec files):
+#: a real params file is a few KiB and 4 levels deep; these refuse what would exhaust the
+#: parser's stack (a RecursionError) or expand through aliases into more values than memory holds.
+MAX_YAML_BYTES = 1 * 2**20
+MAX_YAML_DEPTH = 64
+MAX_YAML_VALUES = 100_000
+
+_OPEN = (
+    yaml.BlockMappingStartToken,
+    yaml.BlockSequenceStartToken,
+    yaml.FlowMappingStartToken,
+    yaml.FlowSequenceStartToken,
+)
+_CLOSE = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
+
+
+class YamlLimitError(yaml.YAMLError):
+    """YAML beyond :data:`MAX_YAML_BYTES`, :data:`MAX_YAML_DEPTH` or :data:`MAX_YAML_VALUES`;
+    a :class:`yaml.YAMLError`, so every caller's "invalid YAML" handling names the file."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(problem)
+
+
+def _check_limits(text: str) -> None:
+    """Refuse text over the size or nesting limit before parsing it (the scanner is a loop, not
+    a recursion: linear and stack-safe)."""
+    if len(text) > MAX_YAML_BYTES:
+        raise YamlLimitError(f"{len(text):,} characters, over the limit of {MAX_YAML_BYTES:,}")
+    depth = 0
+    for tok in yaml.scan(text, Loader=_Yaml12Loader):
+        if isinstance(tok, _OPEN):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise YamlLimitError(
+                    f"nested deeper than {MAX_YAML_DEPTH} levels (line {tok.start_mark.line + 1})"
+                )
+        elif isinstance(tok, _CLOSE):
+            depth -= 1
+
+
+def _check_values(data: Any) -> None:
+    """Refuse data holding more than :data:`MAX_YAML_VALUES` values counted with aliases
+    expanded (an alias "bomb" is small text but exponentially many values to validate)."""
+    stack, n = [data], 0
+    while stack:
+        v = stack.pop()
+        n += 1
+        if n > MAX_YAML_VALUES:
+            raise YamlLimitError(f"more than {MAX_YAML_VALUES:,} values (aliases expanded)")
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
 def load_yaml(text: str) -> Any:
-    """Parse params YAML (safe; YAML 1.2 floats, see :class:`_Yaml12Loader`)."""
-    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    """Parse params YAML (safe; YAML 1.2 floats, see :class:`_Yaml12Loader`).
+
+    Raises:
+        yaml.YAMLError: invalid YAML; :class:`YamlLimitError` (one) for text over the size,
+            nesting depth or value count limits (:data:`MAX_YAML_BYTES`, :data:`MAX_YAML_DEPTH`,
+            :data:`MAX_YAML_VALUES`).
+    """
+    _check_limits(text)
+    data = yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    _check_values(data)
+    return data
 
 
 def load_params(path: str | Path) -> SuiteParams:
     """Read and validate a params YAML file. Raises :class:`ParamsError` (or FileNotFoundError)."""
     p = Path(path)
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ParamsError(f"{p}: invalid UTF-8 at byte {exc.start + 1}") from None
     try:
         data = load_yaml(text)
     except yaml.YAMLError as exc:

@@ -53,6 +53,7 @@ import pandas as pd
 import yaml
 from pydantic import ValidationError
 
+from perfkit.common import jsonsafe
 from perfkit.common.provenance import repo_root
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate import baseline as bl
@@ -724,7 +725,7 @@ def run_suite(
     }
     if scaleout is not None:
         info["scaleout"] = {k: v for k, v in scaleout.items() if k != "params"}
-    (run_dir / RUN_FILE).write_text(json.dumps(jsonable(info), indent=2, default=str) + "\n")
+    (run_dir / RUN_FILE).write_text(jsonsafe.dumps(jsonable(info), indent=2, default=str) + "\n")
     summary = report.write_summary(run_dir)
     gh = os.environ.get("GITHUB_STEP_SUMMARY")
     if gh:
@@ -762,12 +763,14 @@ def merge_runs(
     screenshot: bool = True,
     progress: bool = True,
     force: bool = False,
+    allow_mixed_commits: bool = False,
 ) -> SuiteResult:
     """``perfkit merge DIR... --out RUN``: join shard outputs into ``RUN/merged/``
     (:func:`perfkit.scaleout.shards.merge_shards`), then the usual path in replay mode:
     notebooks (every check judged again), gate, report, summary. Missing shards, failed units
-    and shards of other params are named in run.json, summary.md and the report, and make the
-    exit code 2.
+    and shards or parts measured with other params, commit, perfkit version, engine or request
+    are named in run.json, summary.md and the report, and make the exit code 2
+    (``allow_mixed_commits``: other commits are accepted and each unit's shown).
 
     Raises:
         ParamsError: a bad ``params_path``. SuiteError: ``out`` holds another run (without
@@ -786,7 +789,7 @@ def merge_runs(
             )
         shutil.rmtree(merged)
     try:
-        doc = merge_shards(dirs, merged, params)
+        doc = merge_shards(dirs, merged, params, allow_mixed_commits=allow_mixed_commits)
     except ValueError as exc:
         raise SuiteError(f"perfkit merge: {exc}") from None
     if not doc["merged"]:

@@ -22,6 +22,7 @@ from perfkit.ab import stats
 from perfkit.ab.metrics import METRIC_UNITS, launch_means, metric_order, metric_values
 from perfkit.ab.power import Pool, slow_spells
 from perfkit.bundle import ResultBundle
+from perfkit.common import jsonsafe
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, jsonable
 
 __all__ = ["AbResult", "compare", "compare_bundles", "thresholds_from_run", "RESULT_FILE", "TABLE_COLUMNS"]
@@ -126,7 +127,7 @@ class AbResult:
             "launch_means": jsonable(self.launch_means.to_dict("records")),
             "meta": jsonable(self.meta),
         }
-        p.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        p.write_text(jsonsafe.dumps(doc, indent=2, default=str) + "\n")
         return p
 
     @classmethod

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from perfkit.readings.records import PerfRecord, find_record
+from perfkit.readings.records import PerfRecord, RecordError, lookup
 
 log = logging.getLogger(__name__)
 
@@ -193,9 +193,12 @@ class VideoClient:
             return None
         deadline = time.perf_counter() + timeout_s
         while True:
-            rec = find_record(self.perf_log_dir, request_id)
-            if rec is not None or time.perf_counter() > deadline:
-                return rec
+            found = lookup(self.perf_log_dir, request_id)
+            if isinstance(found, RecordError):  # its line was refused: waiting longer changes nothing
+                log.warning("%s", found)
+                return None
+            if found is not None or time.perf_counter() > deadline:
+                return found
             time.sleep(0.05)
 
 

@@ -164,10 +164,14 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def parse_marks(text: str) -> dict[str, float]:
-    """``perfkit-mark <name> t=<epoch s>`` lines -> name -> t (the first of each name)."""
+    """``perfkit-mark <name> t=<epoch s>`` lines -> name -> t (the first of each name; one mark
+    per line, the first). Linear in ``len(text)``."""
     out: dict[str, float] = {}
-    for m in MARK_RE.finditer(text):
-        out.setdefault(m.group(1), float(m.group(2)))
+    for line in text.splitlines():  # one try per line, at its first mark: linear on any log
+        i = line.find("perfkit-mark")
+        m = MARK_RE.match(line, i) if i >= 0 else None
+        if m is not None:
+            out.setdefault(m.group(1), float(m.group(2)))
     return out
 
 
@@ -354,11 +358,15 @@ class EngineHandle:
         return _records.read_perf_log(self.perf_log_path).records
 
     def record_lines(self) -> list[str]:
-        """Raw performance.log lines (for ResultBundle.records)."""
+        """Raw performance.log lines (for ResultBundle.records); a line that is not UTF-8 is kept
+        with its stray bytes as ``\\xNN`` escapes (lossless; the record reader refuses that line,
+        naming it, from the file itself)."""
         try:
-            return [ln for ln in self.perf_log_path.read_text(errors="replace").splitlines() if ln.strip()]
+            with open(self.perf_log_path, "rb") as fh:
+                raw = [ln.rstrip(b"\r\n") for ln in fh]
         except OSError:
             return []
+        return [ln.decode("utf-8", errors="backslashreplace") for ln in raw if ln.strip()]
 
     @property
     def cgroup_path(self) -> Path | None:

@@ -50,6 +50,7 @@ import pandas as pd
 
 from perfkit.bundle import ResultBundle, steady_state
 from perfkit.checks import Check
+from perfkit.common import jsonsafe
 from perfkit.readings.stages import baseline_class as _baseline_class
 
 log = logging.getLogger(__name__)
@@ -222,6 +223,13 @@ def _validate(doc: Any, source: str) -> None:
         if problem:
             raise bad(where, f"{v!r} {problem}")
 
+    imp = doc.get("improvement_reporting") or {}
+    if "threshold" in imp:
+        # sglang: faster than expected * (1 - threshold) is an improvement, so a threshold is a
+        # fraction in [0, 1]; a string ("0.2"), NaN or -5 would turn every row into "improved"
+        number("improvement_reporting.threshold", imp["threshold"], nullable=False)
+        if imp["threshold"] > 1:
+            raise bad("improvement_reporting.threshold", f"{imp['threshold']!r} is above 1 (a fraction)")
     for prof, tols in (doc.get("tolerances") or {}).items():
         if not isinstance(tols, dict):
             raise bad(f"tolerances.{prof}", "expected an object")
@@ -233,6 +241,8 @@ def _validate(doc: Any, source: str) -> None:
             raise bad("sampling.step_fractions", "expected a list of numbers")
         for i, x in enumerate(fr):
             number(f"sampling.step_fractions[{i}]", x, nullable=False)
+            if x > 1:
+                raise bad(f"sampling.step_fractions[{i}]", f"{x!r} is above 1 (a fraction of the steps)")
     for case, entry in (doc.get("scenarios") or {}).items():
         if not isinstance(entry, dict):
             raise bad(f"scenarios.{case}", "expected an object")
@@ -260,6 +270,8 @@ def loads_baseline(text: str, source: str = "<string>") -> dict[str, Any]:
         raise BaselineError(
             f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from exc
+    except RecursionError:
+        raise BaselineError(f"{source}: nested too deeply to be a baseline file") from None
     _validate(doc, source)
     return doc
 
@@ -273,12 +285,18 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
             C: ...``) or has the wrong shape (message names the file and the key path).
     """
     p = Path(path)
-    return loads_baseline(p.read_text(encoding="utf-8"), source=str(p))
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise BaselineError(f"{p}:{line}: invalid UTF-8 at byte {exc.start + 1}") from None
+    return loads_baseline(text, source=str(p))
 
 
 def dumps_baseline(doc: Mapping[str, Any]) -> str:
     """Serialise like sglang's files: 4-space indent, key order kept, trailing newline."""
-    return json.dumps(doc, indent=4, ensure_ascii=False) + "\n"
+    return jsonsafe.dumps(doc, indent=4, ensure_ascii=False) + "\n"
 
 
 def save_baseline(doc: Mapping[str, Any], path: str | Path) -> Path:
@@ -627,46 +645,59 @@ def entry_from_records(
     ``runtime_peak`` snapshot, ``runtime_peak_vram_mb`` / ``runtime_peak_allocated_mb``.
 
     A value that no record measured (null everywhere) is written as None, never as 0; a step
-    list with a null is left out of the averages (it cannot be averaged honestly).
+    list with a null is left out of the averages (it cannot be averaged honestly). One pass over
+    ``records`` keeping only the worst values: a generator over a file of any size takes
+    constant memory.
 
     Raises:
         ValueError: no records.
     """
-    recs = list(records)
-    if not recs:
-        raise ValueError("no records to derive a baseline entry from")
     fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
 
-    def worst(vals: Iterable[float | None]) -> float | None:
-        got = [v for v in vals if v is not None]
-        return round(max(got), MS_DECIMALS) if got else None
+    def worse(cur: float | None, v: float | None) -> float | None:
+        return cur if v is None else (v if cur is None else max(cur, v))
 
-    names: list[str] = []
-    per_rec = [r.stage_ms() for r in recs]
-    for sm in per_rec:
-        names += [n for n in sm if n not in names]
-    entry: dict[str, Any] = {"stages_ms": {n: worst(sm.get(n) for sm in per_rec) for n in names}}
-    step_ms: dict[int, list[float | None]] = {}
-    avgs: list[float] = []
-    medians: list[float] = []
-    for r in recs:
+    # one pass, keeping only the worst so far: records may be streamed from a file of any size
+    n = 0
+    stages: dict[str, float | None] = {}  # first-seen order
+    step_ms: dict[int, float | None] = {}
+    e2e: float | None = None
+    avg: float | None = None
+    med: float | None = None
+    peaks: dict[str, float | None] = {}
+    for r in records:
+        n += 1
+        for name, ms in r.stage_ms().items():
+            stages[name] = worse(stages.get(name), ms)
         seq = list(r.steps)
         for i in step_indices(len(seq), fractions):
-            step_ms.setdefault(i, []).append(seq[i])
+            step_ms[i] = worse(step_ms.get(i), seq[i])
         if seq and all(v is not None for v in seq):
-            avgs.append(statistics.fmean(seq))
-            medians.append(statistics.median(seq))
-    entry["denoise_step_ms"] = {str(i): worst(v) for i, v in sorted(step_ms.items())}
-    entry["expected_e2e_ms"] = worst(r.total_duration_ms for r in recs)
-    entry["expected_avg_denoise_ms"] = round(max(avgs), MS_DECIMALS) if avgs else 0.0
-    entry["expected_median_denoise_ms"] = round(max(medians), MS_DECIMALS) if medians else 0.0
-    for key, snap_key in (
-        ("runtime_peak_vram_mb", "peak_reserved_mb"),
-        ("runtime_peak_allocated_mb", "peak_allocated_mb"),
-    ):
-        vals = [(r.memory_snapshots.get("runtime_peak") or {}).get(snap_key) for r in recs]
-        if any(v is not None for v in vals):
-            entry[key] = worst(vals)
+            avg = worse(avg, statistics.fmean(seq))
+            med = worse(med, statistics.median(seq))
+        e2e = worse(e2e, r.total_duration_ms)
+        snap = r.memory_snapshots.get("runtime_peak") or {}
+        for key, snap_key in (
+            ("runtime_peak_vram_mb", "peak_reserved_mb"),
+            ("runtime_peak_allocated_mb", "peak_allocated_mb"),
+        ):
+            v = snap.get(snap_key)
+            if v is not None:
+                peaks[key] = worse(peaks.get(key), v)
+    if not n:
+        raise ValueError("no records to derive a baseline entry from")
+
+    def r3(v: float | None) -> float | None:
+        return None if v is None else round(v, MS_DECIMALS)
+
+    entry: dict[str, Any] = {"stages_ms": {k: r3(v) for k, v in stages.items()}}
+    entry["denoise_step_ms"] = {str(i): r3(v) for i, v in sorted(step_ms.items())}
+    entry["expected_e2e_ms"] = r3(e2e)
+    entry["expected_avg_denoise_ms"] = r3(avg) if avg is not None else 0.0
+    entry["expected_median_denoise_ms"] = r3(med) if med is not None else 0.0
+    for key in ("runtime_peak_vram_mb", "runtime_peak_allocated_mb"):
+        if key in peaks:
+            entry[key] = r3(peaks[key])
     return entry
 
 

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 
 from perfkit.checks import CHECK_COLUMNS, Check, check_table, overall_status
+from perfkit.common import jsonsafe
 from perfkit.gate.baseline import atomic_write_text
 from perfkit.scenarios import registry
 
@@ -67,7 +68,7 @@ def write_verdict(
     }
     p = Path(out)
     p.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(p / VERDICT_FILE, json.dumps(doc, indent=2, default=str) + "\n")
+    atomic_write_text(p / VERDICT_FILE, jsonsafe.dumps(doc, indent=2, default=str) + "\n")
     return doc
 
 

@@ -106,8 +106,10 @@ def from_record(perfkit: Mapping[str, Any]) -> EngineConfig | None:
 
 # sglang prints its dataclass ServerArgs at startup: ``server_args=ServerArgs(model_path=...,
 # enable_torch_compile=True, attention_backend='fa3', ...)`` (sglang/srt and multimodal_gen alike)
-_ARGS_LINE = re.compile(r"ServerArgs\((?P<body>.*)\)\s*$", re.M)
-_FIELD = re.compile(r"(?P<key>\w+)=(?P<val>'[^']*'|\"[^\"]*\"|[\w.+-]+)")
+# Linear on any log (docs/DESIGN.md, "Input limits"): lines are found with str methods, and the
+# field pattern starts only at the start of a word and never backtracks (possessive repeats).
+_ARGS_OPEN = "ServerArgs("
+_FIELD = re.compile(r"(?<!\w)(?P<key>\w++)=(?P<val>'[^']*+'|\"[^\"]*+\"|[\w.+-]++)")
 _SGLANG_KEYS = {
     "enable_torch_compile": "compile_active",
     "attention_backend": "attention_backend",
@@ -121,13 +123,16 @@ def from_sglang_log(text: str) -> EngineConfig | None:
     log has no such line. Only the keys present are filled: ``enable_torch_compile`` →
     compile_active, ``attention_backend``, ``dtype``, ``dit_cpu_offload`` → offload of the DiT.
     """
-    m = None
-    for m in _ARGS_LINE.finditer(text):
-        pass  # the last ServerArgs line (a restart logs again)
-    if m is None:
+    body = None
+    for line in text.splitlines():  # the last ServerArgs line (a restart logs again)
+        i = line.find(_ARGS_OPEN)
+        end = len(line.rstrip())
+        if i >= 0 and end > i + len(_ARGS_OPEN) and line[end - 1] == ")":
+            body = line[i + len(_ARGS_OPEN) : end - 1]
+    if body is None:
         return None
     found: dict[str, str] = {}
-    for f in _FIELD.finditer(m.group("body")):
+    for f in _FIELD.finditer(body):
         found[f.group("key")] = f.group("val").strip("'\"")
     if not any(k in found for k in _SGLANG_KEYS):
         return None

@@ -34,6 +34,7 @@ from typing import Any
 from perfkit.readings.records import (
     PerfRecord,
     RecordError,
+    decode_text,
     read_memory_map,
     read_number,
     read_optional_str,
@@ -145,6 +146,11 @@ def perf_dump_from_dict(obj: Any) -> PerfDump:
     )
 
 
+#: A dump holds one request (a few KiB; sglang's for LTX-2 two-stage is under 20 KiB): a file over
+#: this is refused before it is read, so reading a dump takes bounded memory.
+MAX_DUMP_BYTES = 16 * 2**20
+
+
 def loads_perf_dump(text: str, source: str = "<string>") -> PerfDump:
     """Parse dump text. Raises :class:`RecordError` naming ``source`` (and the key)."""
     try:
@@ -153,6 +159,8 @@ def loads_perf_dump(text: str, source: str = "<string>") -> PerfDump:
         raise RecordError(
             "<json>", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=source
         ) from None
+    except RecursionError:
+        raise RecordError("<json>", "nested too deeply to be a perf dump", source=source) from None
     try:
         dump = perf_dump_from_dict(obj)
     except RecordError as exc:
@@ -166,10 +174,17 @@ def read_perf_dump(path: str | Path) -> PerfDump:
 
     Raises:
         FileNotFoundError: no such file.
-        RecordError: not valid JSON or not a dump; the message names the file and the key.
+        RecordError: not valid JSON (invalid UTF-8 and nesting too deep included), over
+            :data:`MAX_DUMP_BYTES`, or not a dump; the message names the file (line) and key.
     """
     p = Path(path)
-    return loads_perf_dump(p.read_text(encoding="utf-8"), source=str(p))
+    with open(p, "rb") as fh:
+        raw = fh.read(MAX_DUMP_BYTES + 1)
+    if len(raw) > MAX_DUMP_BYTES:
+        raise RecordError(
+            "<dump>", f"over {MAX_DUMP_BYTES // 2**20} MiB: not one request's perf dump", source=str(p)
+        )
+    return loads_perf_dump(decode_text(raw, str(p)), source=str(p))
 
 
 def is_perf_dump(obj: Any) -> bool:

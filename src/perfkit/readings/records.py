@@ -34,7 +34,13 @@ stage entry names its time ``execution_time_ms`` (sglang's ``performance.log``) 
 
 Unknown fields are kept in :attr:`PerfRecord.raw`. :func:`parse_lines` / :func:`read_perf_log`
 report a malformed line with its file, line number and key and skip it (``strict=True``
-raises instead); an unterminated last line is taken as still being written.
+raises instead); an unterminated last line is taken as still being written. A refused line
+that still names its request is in :attr:`ParseReport.rejected`, so that the caller fails that
+request with the reason instead of reading it as measured.
+
+Files are streamed (:func:`iter_perf_log`: one line in memory at a time) and decoded strictly:
+a line that is not UTF-8 (a stage name of stray bytes) is refused naming its line and byte,
+never read with U+FFFD replacement characters.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from perfkit.common.recordformat import PERF_LOG_NAME
 
@@ -66,6 +72,8 @@ class RecordError(ValueError):
 
     def __init__(self, key: str, problem: str, *, source: str | None = None, line: int | None = None) -> None:
         self.key, self.problem, self.source, self.line = key, problem, source, line
+        #: the request the refused line names, when it could still be read (else None)
+        self.request_id: str | None = None
         super().__init__(self._text())
 
     def _text(self) -> str:
@@ -81,12 +89,21 @@ class RecordError(ValueError):
         return RecordError(self.key, self.problem, source=source or self.source, line=line or self.line)
 
 
+_INF = float("inf")
+
+
 def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
     """``value`` as a float, exactly as written; ``None`` for JSON null (``nullable``).
 
     Raises :class:`RecordError` naming ``key`` for anything else: strings (``"12.5"``), booleans,
     NaN, infinities, negative numbers, lists, objects. Never returns a default.
     """
+    t = type(value)
+    if t is float:  # the common case first (NaN fails every comparison)
+        if 0.0 <= value < _INF:
+            return value
+    elif t is int and value >= 0:
+        return float(value)
     if value is None:
         if nullable:
             return None
@@ -283,70 +300,199 @@ class PerfRecord:
 
 @dataclass
 class ParseReport:
-    """Records read from a file plus the lines that were skipped (line number, reason)."""
+    """Records read from a file plus the lines that were skipped (line number, reason).
+
+    ``rejected`` maps the request id of each refused line whose id could still be read (a NaN or
+    negative time, an undecodable stage name, a wrong type) to the reason, which names the file
+    and line: the caller marks that request failed with it instead of reading it as measured.
+    """
 
     records: list[PerfRecord]
     skipped: list[tuple[int, str]]
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+#: the reason prefix of a request failed because its record was refused (bundles, summary.md)
+REFUSED = "performance.log record refused"
+
+
+def _request_id_of(text: str) -> str | None:
+    """The ``request_id`` of a line that failed to read, when it is still a JSON object with a
+    string id (NaN/Infinity literals allowed); None otherwise."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    rid = obj.get("request_id") if isinstance(obj, dict) else None
+    return rid if isinstance(rid, str) and rid else None
+
+
+def _read_line(text: str, i: int) -> PerfRecord:
+    """One stripped, non-empty line -> record; :class:`RecordError` (no file yet) otherwise."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError("<json>", f"not a whole JSON object ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise RecordError("<json>", "nested too deeply to be a performance.log record") from None
+    return PerfRecord.from_dict(obj, line_no=i)
+
+
+def iter_lines_report(
+    lines: Iterable[str | bytes],
+    *,
+    source: str | None = None,
+    strict: bool = False,
+    partial_last: bool = True,
+    keep_raw: bool = True,
+) -> Iterator[PerfRecord | RecordError]:
+    """Read performance.log lines one at a time (bounded memory): each yields a
+    :class:`PerfRecord`, or a :class:`RecordError` naming ``source``, the line and the key (with
+    ``request_id`` set when the refused line still names its request). Bytes lines are decoded
+    strictly: invalid UTF-8 (a stage name of stray bytes) is refused naming the line and byte,
+    never read with replacement characters. An unterminated, unparsable last line is taken as
+    still being written (``partial_last``) and skipped silently. ``keep_raw=False`` leaves
+    :attr:`PerfRecord.raw` and :attr:`PerfRecord.perfkit` empty (less memory for readers that
+    only aggregate times). ``strict``: raise the first error instead of yielding it.
+    """
+    pending: tuple[int, str | bytes] | None = None
+    for i, line in enumerate(lines, start=1):
+        if pending is not None:
+            yield from _one(*pending, source=source, strict=strict, last=False, keep_raw=keep_raw)
+        pending = (i, line)
+    if pending is not None:
+        yield from _one(*pending, source=source, strict=strict, last=partial_last, keep_raw=keep_raw)
+
+
+def _one(
+    i: int, line: str | bytes, *, source: str | None, strict: bool, last: bool, keep_raw: bool
+) -> Iterator[PerfRecord | RecordError]:
+    unterminated = not (line.endswith(b"\n") if isinstance(line, bytes) else line.endswith("\n"))
+    if isinstance(line, bytes):
+        try:
+            text = line.decode("utf-8").strip()
+        except UnicodeDecodeError as exc:
+            text = line.decode("utf-8", errors="replace").strip()
+            err = RecordError(
+                "<utf-8>",
+                f"invalid UTF-8 at byte {exc.start + 1} of the line ({line[exc.start : exc.start + 4]!r}):"
+                " refused rather than read with replacement characters",
+                source=source,
+                line=i,
+            )
+            err.request_id = _request_id_of(text)
+            if strict:
+                raise err from None
+            yield err
+            return
+    else:
+        text = line.strip()
+    if not text:
+        return
+    try:
+        rec = _read_line(text, i)
+    except RecordError as exc:
+        if last and unterminated and exc.key == "<json>":
+            return
+        err = exc.located(source=source, line=i)
+        err.request_id = _request_id_of(text) if exc.key != "<json>" else None
+        if strict:
+            raise err from None
+        yield err
+        return
+    if not keep_raw:
+        rec.raw, rec.perfkit = {}, {}
+    yield rec
+
+
+def _collect(items: Iterable[PerfRecord | RecordError]) -> ParseReport:
+    records: list[PerfRecord] = []
+    skipped: list[tuple[int, str]] = []
+    rejected: dict[str, str] = {}
+    for it in items:
+        if isinstance(it, PerfRecord):
+            records.append(it)
+            continue
+        log.warning("performance.log record skipped: %s", it)
+        skipped.append((it.line or 0, str(it)))
+        if it.request_id:
+            rejected[it.request_id] = f"{REFUSED}: {it}"
+    return ParseReport(records, skipped, rejected)
 
 
 def parse_lines(
-    lines: list[str], partial_last: bool = True, *, source: str | None = None, strict: bool = False
+    lines: Iterable[str | bytes],
+    partial_last: bool = True,
+    *,
+    source: str | None = None,
+    strict: bool = False,
 ) -> ParseReport:
     """Parse performance.log lines (sglang's layout, see the module doc).
 
     Args:
-        lines: the file's lines (with or without newlines).
+        lines: the file's lines (with or without newlines; bytes are decoded strictly).
         partial_last: treat an unterminated, unparsable last line as still being written
             (skipped silently) rather than malformed.
         source: the file name, for messages.
         strict: raise :class:`RecordError` for the first malformed line instead of skipping it.
 
-    A skipped line's reason names the file, the line and the key; nothing is read as 0.
+    A skipped line's reason names the file, the line and the key; nothing is read as 0. A
+    refused line that still names its request is in :attr:`ParseReport.rejected`.
     """
-    records: list[PerfRecord] = []
-    skipped: list[tuple[int, str]] = []
-    for i, line in enumerate(lines, start=1):
-        text = line.strip()
-        if not text:
-            continue
-        try:
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise RecordError(
-                    "<json>", f"not a whole JSON object ({exc.msg} at column {exc.colno})"
-                ) from None
-            records.append(PerfRecord.from_dict(obj, line_no=i))
-        except RecordError as exc:
-            if partial_last and i == len(lines) and not line.endswith("\n") and exc.key == "<json>":
-                continue
-            err = exc.located(source=source, line=i)
-            if strict:
-                raise err from None
-            log.warning("performance.log record skipped: %s", err)
-            skipped.append((i, str(err)))
-    return ParseReport(records, skipped)
+    return _collect(iter_lines_report(lines, source=source, strict=strict, partial_last=partial_last))
 
 
-def read_perf_log(path: str | Path, *, strict: bool = False) -> ParseReport:
-    """Read a ``performance.log`` file (or a directory holding one).
+def decode_text(raw: bytes, source: str) -> str:
+    """``raw`` decoded as UTF-8, strictly. Raises :class:`RecordError` (key ``<utf-8>``) naming
+    ``source``, the line and the byte of the first invalid sequence."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise RecordError(
+            "<utf-8>",
+            f"invalid UTF-8 at byte {col} of the line ({raw[exc.start : exc.start + 4]!r})",
+            source=source,
+            line=line,
+        ) from None
 
-    A missing file gives an empty report. Malformed lines are logged with the file, line and key
-    and skipped (``strict=True``: :class:`RecordError` is raised).
-    """
+
+def _binary_lines(p: Path) -> Iterator[bytes]:
+    with open(p, "rb") as fh:
+        yield from fh
+
+
+def iter_perf_log(
+    path: str | Path, *, strict: bool = False, keep_raw: bool = True, partial_last: bool = True
+) -> Iterator[PerfRecord | RecordError]:
+    """Stream a ``performance.log`` (or a directory holding one): one record or
+    :class:`RecordError` per line, in bounded memory (a line at a time; see
+    :func:`iter_lines_report`). A missing file yields nothing."""
     p = Path(path)
     if p.is_dir():
         p = p / PERF_LOG_NAME
     if not p.exists():
-        return ParseReport([], [])
-    with open(p, encoding="utf-8", errors="replace") as fh:
-        lines = fh.read().splitlines(keepends=True)
-    return parse_lines(lines, source=str(p), strict=strict)
+        return
+    yield from iter_lines_report(
+        _binary_lines(p), source=str(p), strict=strict, keep_raw=keep_raw, partial_last=partial_last
+    )
+
+
+def read_perf_log(path: str | Path, *, strict: bool = False) -> ParseReport:
+    """Read a ``performance.log`` file (or a directory holding one), streamed line by line.
+
+    A missing file gives an empty report. Malformed lines (invalid UTF-8 included) are logged
+    with the file, line and key and skipped (``strict=True``: :class:`RecordError` is raised).
+    """
+    return _collect(iter_perf_log(path, strict=strict))
 
 
 def iter_records(path: str | Path) -> Iterator[PerfRecord]:
-    """Iterate the well-formed records of a performance.log."""
-    yield from read_perf_log(path).records
+    """Iterate the well-formed records of a performance.log (streamed)."""
+    for it in iter_perf_log(path):
+        if isinstance(it, PerfRecord):
+            yield it
 
 
 def find_record(path: str | Path, request_id: str) -> PerfRecord | None:
@@ -355,4 +501,14 @@ def find_record(path: str | Path, request_id: str) -> PerfRecord | None:
     for rec in iter_records(path):
         if rec.request_id == request_id:
             found = rec
+    return found
+
+
+def lookup(path: str | Path, request_id: str) -> PerfRecord | RecordError | None:
+    """The last line naming ``request_id``: its record, or the :class:`RecordError` that refused
+    it (file:line and key); None when no line names it yet."""
+    found: PerfRecord | RecordError | None = None
+    for it in iter_perf_log(path):
+        if (it.request_id if isinstance(it, (PerfRecord, RecordError)) else None) == request_id:
+            found = it
     return found

@@ -207,11 +207,17 @@ def _clip(text: Any, n: int = 200) -> str | None:
     return t[:n].rsplit(" ", 1)[0].rstrip() + " …"
 
 
+def _part_id(part: Mapping[str, Any]) -> str:
+    """A planned part's id (``scaleout.units.Part.id``): ``scenario`` or ``scenario.key``."""
+    return str(part.get("scenario", "")) + (f".{part['key']}" if part.get("key") else "")
+
+
 def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
     """The units of work of a merged run (``run.json``'s ``scaleout``), one row each: unit,
     parts, shard, status, attempts, wall (s), the GPUs it ran on (NVML UUIDs, shortened), the
-    units it ran beside (overlapping in time: its timings were taken next to theirs) and the
-    error. None for a run without units (plain ``perfkit suite``)."""
+    units it ran beside (overlapping in time: its timings were taken next to theirs), the
+    commit its parts were measured at (only when the merge holds several: ``perfkit merge
+    --allow-mixed-commits``) and the error. None for a run without units (plain ``perfkit suite``)."""
     so = info.get("scaleout") or {}
     units = so.get("units") or []
     if not units:
@@ -223,10 +229,15 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
             a, b = (str(x) for x in pair)
             beside.setdefault(a, set()).add(b)
             beside.setdefault(b, set()).add(a)
+    parts_info = so.get("parts") if isinstance(so.get("parts"), Mapping) else {}
+    mixed = len(so.get("commits") or []) > 1  # merged on purpose (--allow-mixed-commits): say whose
     rows = []
     for u in units:
         uid = u.get("id")
         o = outcomes.get(uid) or {}
+        commits = {
+            str((parts_info.get(_part_id(p)) or {}).get("commit") or "")[:12] for p in u.get("parts") or []
+        } - {""}
         rows.append(
             {
                 "unit": uid,
@@ -240,10 +251,35 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
                 "wall (s)": o.get("wall_s"),
                 "GPUs": ", ".join(g[:12] + "…" for g in o.get("gpu_uuids") or []) or None,
                 "ran beside": ", ".join(sorted(beside.get(uid, ()))) or None,
+                **({"commit": ", ".join(sorted(commits)) or None} if mixed else {}),
                 "error": _clip(o.get("error")),
             }
         )
     return pd.DataFrame(rows)
+
+
+def refused_records(run_dir: str | Path) -> list[str]:
+    """One line per request that failed because the engine's performance.log record for it was
+    refused (a NaN, infinite or negative time, invalid UTF-8, a wrong type: the reason names the
+    file and line), from every bundle's ``requests`` table under ``run_dir`` (merged bundles
+    included). [] when there are none or no bundle is readable."""
+    from perfkit.readings.records import REFUSED
+
+    out: list[str] = []
+    run_dir = Path(run_dir)
+    paths = sorted(run_dir.glob("*/requests.parquet")) + sorted(run_dir.glob("merged/*/requests.parquet"))
+    for p in paths:
+        try:
+            df = pd.read_parquet(p, columns=["launch", "request_id", "index", "error"])
+        except Exception as exc:  # noqa: BLE001 - the summary is written in every case
+            log.warning("summary: cannot read %s: %r", p, exc)
+            continue
+        for r in df.itertuples(index=False):
+            if isinstance(r.error, str) and r.error.startswith(REFUSED):
+                out.append(
+                    f"{p.parent.name}: request {r.request_id} ({r.launch} #{r.index}) failed: {r.error}"
+                )
+    return out
 
 
 def summary_markdown(run_dir: str | Path) -> str:
@@ -287,8 +323,9 @@ def summary_markdown(run_dir: str | Path) -> str:
     if units is not None:
         parts += ["", "### Units of work", "", markdown_table(units)]
     gate_doc = read_verdict(run_dir / GATE) or {}
-    if gate_doc.get("warnings"):
-        parts += ["", "### Warnings", "", *[f"- {w}" for w in gate_doc["warnings"]]]
+    warnings = [*(gate_doc.get("warnings") or []), *refused_records(run_dir)]
+    if warnings:
+        parts += ["", "### Warnings", "", *[f"- {w}" for w in warnings]]
     keys = key_numbers(run_dir)
     if keys:
         parts += ["", "### Key numbers", "", markdown_table(pd.DataFrame(keys, columns=["what", "value"]))]
@@ -612,7 +649,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "notebooks_table": nb_table,
         "units_table": format_table(units) if (units := units_frame(info)) is not None else None,
         "key_numbers": format_table(pd.DataFrame(keys, columns=["what", "value"]), None) if keys else None,
-        "warnings": list(gate_doc.get("warnings") or []),
+        "warnings": [*(gate_doc.get("warnings") or []), *refused_records(run_dir)],
         "gates": _gate_table(verdicts),
         "gates_attention": _gate_table(verdicts, ("fail", "improved")),
         "gate_counts": gate_counts(verdicts),

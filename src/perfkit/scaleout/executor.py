@@ -9,7 +9,6 @@ Output of a unit: ``DEST/<unit id>/<part id>/`` bundles (``cold_warm/``,
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import socket
@@ -18,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from perfkit.common import jsonsafe
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.scaleout.outcome import OnEvent, RunUnit, UnitOutcome
@@ -87,6 +87,8 @@ def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
             "part": part.id,
             "key": part.key,
             "wall_s": round(time.time() - t0, 2),
+            # what it was measured for: merge compares it with the manifest's unit
+            "planned": {"engine": dict(u.engine), "request": dict(u.request), "params": dict(part.params)},
         }
         bundle.save(dest)
         if part.key is None:  # a split part is judged whole: the joined bundle, on replay
@@ -115,7 +117,7 @@ def write_unit_file(out_dir: Path, unit: WorkUnit, outcome: UnitOutcome) -> None
     """``out_dir/unit.json``: the unit (:meth:`WorkUnit.to_dict`) and its outcome."""
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"unit": unit.to_dict(), "outcome": outcome.to_dict()}
-    (out_dir / UNIT_FILE).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (out_dir / UNIT_FILE).write_text(jsonsafe.dumps(doc, indent=2, default=str) + "\n")
 
 
 def run_units_inprocess(

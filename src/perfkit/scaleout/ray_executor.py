@@ -35,7 +35,6 @@
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import re
@@ -49,6 +48,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from perfkit.common import jsonsafe
 from perfkit.scaleout.outcome import OnEvent, RunUnit, UnitOutcome
 
 log = logging.getLogger(__name__)
@@ -461,7 +461,7 @@ def _smallest_node_cpus(ray: Any) -> float:
 def _write_unit_file(d: Path, unit: Mapping[str, Any], oc: UnitOutcome) -> None:
     d.mkdir(parents=True, exist_ok=True)
     doc = {"unit": dict(unit), "outcome": oc.to_dict()}
-    (d / UNIT_FILE).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (d / UNIT_FILE).write_text(jsonsafe.dumps(doc, indent=2, default=str) + "\n")
 
 
 def _collect(ray: Any, ref: Any, unit_id: str, attempt: int, dest: Path) -> UnitOutcome:

@@ -28,7 +28,8 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from perfkit.bundle import TABLES, ResultBundle
+from perfkit.bundle import TABLES, ResultBundle, redact
+from perfkit.common import jsonsafe
 from perfkit.common.provenance import git_commit
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
@@ -50,6 +51,8 @@ __all__ = [
     "select",
     "run_shard",
     "merge_shards",
+    "identity_problems",
+    "part_identity",
     "concurrent_pairs",
     "recorded_durations",
 ]
@@ -178,6 +181,7 @@ def run_shard(
         "units": [u.to_dict() for u in units],
         "outcomes": [],
         "perfkit_commit": git_commit(),
+        "perfkit_version": perfkit_version(),
         "executor": executor,
     }
     _write_manifest(out, manifest)
@@ -231,7 +235,7 @@ class ShardInterrupted(RuntimeError):
 def _write_manifest(out: Path, manifest: Mapping[str, Any]) -> None:
     """Write ``out/shard.json`` whole or not at all (a temporary file, then a rename)."""
     tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    tmp.write_text(jsonsafe.dumps(manifest, indent=2, default=str) + "\n")
     tmp.replace(out / MANIFEST)
 
 
@@ -256,10 +260,12 @@ def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
     if not f.is_file():
         return None, f"{d}: not a shard output (no {MANIFEST})"
     try:
-        doc = json.loads(f.read_text())
-    except (OSError, ValueError) as exc:
+        doc = json.loads(f.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError included
         return None, f"{f}: unreadable shard manifest ({exc})"
-    if doc.get("kind") != "perfkit-shard":
+    except RecursionError:
+        return None, f"{f}: unreadable shard manifest (nested too deeply)"
+    if not isinstance(doc, dict) or doc.get("kind") != "perfkit-shard":
         return None, f"{f}: not a perfkit shard manifest"
     missing = [k for k in ("partition", "params_sha256", "params", "units") if k not in doc]
     part = doc.get("partition")
@@ -278,7 +284,10 @@ def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
         for i, u in enumerate(doc["units"]):
             if not isinstance(u, dict):
                 raise ValueError(f"units[{i}] must be a mapping, got {u!r}")
-            unit = WorkUnit.from_dict(u)
+            try:
+                unit = WorkUnit.from_dict(u)
+            except ValueError as exc:
+                raise ValueError(f"units[{i}].{exc}") from None
             if not isinstance(u.get("shard"), int) or isinstance(u.get("shard"), bool):
                 raise ValueError(f"units[{i}] ({unit.id}).shard must be an integer, got {u.get('shard')!r}")
         outcomes = doc.get("outcomes") or []
@@ -292,8 +301,112 @@ def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
     return doc, None
 
 
+def perfkit_version() -> str:
+    """This perfkit's version (``perfkit.__version__``)."""
+    import perfkit
+
+    return str(perfkit.__version__)
+
+
+#: what every part and shard of one merged run must share (see :func:`part_identity`)
+IDENTITY_KEYS = ("commit", "perfkit version", "engine spec", "request", "engine program")
+
+
+def _program(argv: Any) -> str | None:
+    """The engine program of an argv: the executable's file name and the tokens before the first
+    ``--option`` (``python -m perfkit.refengine``, ``sglang serve``); values and ports, which
+    a scenario varies per launch, are left out."""
+    if not isinstance(argv, list) or not argv:
+        return None
+    out = [Path(str(argv[0])).name]
+    for tok in argv[1:]:
+        if str(tok).startswith("--"):
+            break
+        out.append(str(tok))
+    return " ".join(out)
+
+
+def _canon(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def part_identity(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What a part bundle's ``meta.json`` says it was measured with: ``commit``, ``perfkit
+    version``, ``engine spec`` and ``request`` (``meta.params.spec``/``request``: every scenario
+    records the unit's engine and request there), ``engine program`` (:func:`_program` of
+    each launch's argv, sorted, unique) and ``plan`` (the unit's engine, request and part params
+    that :func:`perfkit.scaleout.executor.run_unit` stamped in ``meta.scaleout.planned``, which
+    merge compares with the manifest's unit, not across parts)."""
+    params = meta.get("params") if isinstance(meta.get("params"), Mapping) else {}
+    cmds = meta.get("commands") if isinstance(meta.get("commands"), Mapping) else {}
+    so = meta.get("scaleout") if isinstance(meta.get("scaleout"), Mapping) else {}
+    return {
+        "commit": meta.get("git_commit"),
+        "perfkit version": meta.get("perfkit_version"),
+        "engine spec": params.get("spec"),
+        "request": params.get("request"),
+        "engine program": sorted({p for p in map(_program, cmds.values()) if p}),
+        "plan": so.get("planned"),
+    }
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """``key: A ≠ B`` for each leaf that differs (at most 5 named)."""
+    out: list[str] = []
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        for k in sorted(set(a) | set(b), key=str):
+            out += _differences(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else str(k))
+    elif _canon(a) != _canon(b):
+        out.append(f"{prefix or 'value'} {_short(a)} ≠ {_short(b)}")
+    return out
+
+
+def _short(v: Any) -> str:
+    t = _canon(v)
+    return t if len(t) <= 60 else t[:57] + "…"
+
+
+def identity_problems(
+    items: list[tuple[str, Mapping[str, Any]]], *, allow_mixed_commits: bool = False
+) -> list[str]:
+    """Every way the parts or shards in ``items`` (``(name, identity)``, the first the
+    reference) differ from the first: one named problem per item and key of
+    :data:`IDENTITY_KEYS` (``part cold_warm (shard 2/2, DIR): measured at another commit than
+    part X: abc ≠ def``). ``allow_mixed_commits`` accepts other commits (the page then shows each
+    part's). A key the reference lacks (None) is not compared; an item lacking what the
+    reference has is named."""
+    if not items:
+        return []
+    ref_name, ref = items[0]
+    out: list[str] = []
+    for name, ident in items[1:]:
+        for key in IDENTITY_KEYS:
+            if key not in ref or ref[key] in (None, []):
+                continue
+            if key == "commit" and allow_mixed_commits:
+                continue
+            got = ident.get(key)
+            if got == [] and key == "engine program":
+                continue  # a part that launched nothing (it reused a launch, or was refused)
+            if got in (None, []):
+                out.append(f"{name}: records no {key} ({ref_name} has {_short(ref[key])})")
+                continue
+            diff = _differences(got, ref[key])
+            if diff:
+                more = f" (+{len(diff) - 5} more)" if len(diff) > 5 else ""
+                hint = " (pass --allow-mixed-commits to merge builds on purpose)" if key == "commit" else ""
+                out.append(
+                    f"{name}: measured with another {key} than {ref_name}: {'; '.join(diff[:5])}{more}{hint}"
+                )
+    return out
+
+
 def merge_shards(
-    dirs: Iterable[str | Path], dest: str | Path, params: SuiteParams | None = None
+    dirs: Iterable[str | Path],
+    dest: str | Path,
+    params: SuiteParams | None = None,
+    *,
+    allow_mixed_commits: bool = False,
 ) -> dict[str, Any]:
     """Join shard outputs into ``dest/<scenario>/`` bundles (``Scenario.join`` for split
     scenarios) and write ``dest/merge.json``.
@@ -302,12 +415,21 @@ def merge_shards(
         dirs: shard output directories (``--partition`` ``--out`` of each shard).
         dest: where the merged bundles go (``RUN/merged``).
         params: the params to merge for (``perfkit merge --params``); default: the shards'.
+        allow_mixed_commits: accept shards and parts measured at other commits (each part's
+            commit is then in ``parts`` and on the page); otherwise each is a problem.
 
     Returns:
         the merge document: ``shards`` (dir, partition, params hash, commit), ``problems``
         (each naming the shard or unit), ``units`` (planned, with shard and outcome),
         ``outcomes``, ``concurrent`` (:func:`concurrent_pairs`), ``selected``, ``skipped``,
-        ``merged`` (scenario -> bundle dir), ``params_sha256``, ``params`` (validated dict).
+        ``merged`` (scenario -> bundle dir), ``params_sha256``, ``params`` (validated dict),
+        ``parts`` (part id -> {unit, shard, commit, perfkit_version}), ``commits`` (the distinct
+        commits measured), ``allow_mixed_commits``.
+
+    Every shard and every part is compared with the first (:func:`identity_problems`): commit,
+    perfkit version, params digest, engine spec, request, engine program and the planned unit;
+    each difference is a named problem (exit 2), other commits only without
+    ``allow_mixed_commits``.
 
     Raises:
         ValueError: no shard manifest could be read at all (nothing to merge; naming the dirs).
@@ -350,6 +472,16 @@ def merge_shards(
             problems.append(f"shard {i}/{total} given twice: {by_index[i][0]} and {d} (the first is used)")
             continue
         by_index[i] = (d, m)
+    problems += identity_problems(
+        [
+            (
+                f"shard {i}/{total} ({d})",
+                {"commit": m.get("perfkit_commit"), "perfkit version": m.get("perfkit_version")},
+            )
+            for i, (d, m) in sorted(by_index.items())
+        ],
+        allow_mixed_commits=allow_mixed_commits,
+    )
     for i in range(1, total + 1):
         if i not in by_index:
             ids = [u["id"] for u in ref["units"] if u.get("shard") == i]
@@ -359,6 +491,8 @@ def merge_shards(
     units = [WorkUnit.from_dict(u) for u in ref["units"]]
     outcomes: dict[str, dict[str, Any]] = {}
     part_dirs: dict[str, Path] = {}
+    identities: list[tuple[str, dict[str, Any]]] = []
+    part_info: dict[str, dict[str, Any]] = {}
     for u in units:
         if u.shard not in by_index:
             continue
@@ -387,7 +521,51 @@ def merge_shards(
             if lost:
                 problems.append(f"unit {u.id}: part {p.id} lacks {', '.join(lost)} ({where}: {pd_})")
                 continue
+            try:
+                meta = json.loads((pd_ / "meta.json").read_text(encoding="utf-8"))
+                if not isinstance(meta, dict):
+                    raise ValueError(f"is {type(meta).__name__}, expected an object")
+            except (OSError, ValueError, RecursionError) as exc:
+                problems.append(f"unit {u.id}: part {p.id}: unreadable {pd_ / 'meta.json'} ({exc})")
+                continue
+            ident = part_identity(meta)
+            # as the bundle saved it (secrets redacted, NaN as null)
+            planned = jsonsafe.finite(redact({"engine": u.engine, "request": u.request, "params": p.params}))
+            if ident["plan"] is None:
+                problems.append(
+                    f"part {p.id} ({where}): records no plan (meta.scaleout.planned): not measured by"
+                    " run_unit of this perfkit"
+                )
+            elif _canon(ident["plan"]) != _canon(planned):
+                diff = "; ".join(_differences(ident["plan"], planned)[:5])
+                problems.append(
+                    f"part {p.id} ({where}): measured for another plan than the manifest's unit {u.id}: {diff}"
+                )
+            identities.append((f"part {p.id} ({where})", ident))
+            part_info[p.id] = {
+                "unit": u.id,
+                "shard": u.shard,
+                "commit": ident["commit"],
+                "perfkit_version": ident["perfkit version"],
+            }
             part_dirs[p.id] = pd_
+    # every part against the first, and the first against its shard's manifest
+    if identities:
+        ref_shard = by_index.get(units[0].shard) if units else None
+        if ref_shard is not None:
+            identities.insert(
+                0,
+                (
+                    f"shard {units[0].shard}/{total} ({ref_shard[0]})",
+                    {
+                        "commit": ref_shard[1].get("perfkit_commit"),
+                        "perfkit version": ref_shard[1].get("perfkit_version"),
+                    },
+                ),
+            )
+            problems += identity_problems(identities[:2], allow_mixed_commits=allow_mixed_commits)
+            identities.pop(0)
+        problems += identity_problems(identities, allow_mixed_commits=allow_mixed_commits)
     the_params = params if params is not None else _params_from(ref)
     dest.mkdir(parents=True, exist_ok=True)
     merged: dict[str, str] = {}
@@ -431,6 +609,7 @@ def merge_shards(
                 "params_file": m.get("params_file"),
                 "params_sha256": m.get("params_sha256"),
                 "perfkit_commit": m.get("perfkit_commit"),
+                "perfkit_version": m.get("perfkit_version"),
                 "executor": m.get("executor"),
                 "wall_s": m.get("wall_s"),
             }
@@ -446,9 +625,12 @@ def merge_shards(
         "outcomes": list(outcomes.values()),
         "concurrent": pairs,
         "merged": merged,
+        "parts": part_info,
+        "commits": sorted({str(v["commit"]) for v in part_info.values() if v["commit"]}),
+        "allow_mixed_commits": allow_mixed_commits,
         "problems": problems,
     }
-    (dest / MERGE_FILE).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (dest / MERGE_FILE).write_text(jsonsafe.dumps(doc, indent=2, default=str) + "\n")
     if params is None:
         (dest / "params.yaml").write_text(
             f"# the params of the shards merged here ({ref.get('params_file')})\n"

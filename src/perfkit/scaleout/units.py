@@ -19,6 +19,7 @@ index; units of equal estimate in id order), so every shard of a CI matrix plans
 from __future__ import annotations
 
 import logging
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping
@@ -126,35 +127,89 @@ class WorkUnit:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "WorkUnit":
-        """Inverse of :meth:`to_dict`. Raises KeyError/TypeError on a malformed dict."""
-        parts = [
-            Part(
-                scenario=p["scenario"],
-                key=p.get("key"),
-                params=dict(p.get("params") or {}),
-                launches=int(p.get("launches", 1)),
-                requests=int(p.get("requests", 0)),
-                case_ids=tuple(p.get("case_ids") or ()),
-                reuses=tuple(p.get("reuses") or ()),
+        """Inverse of :meth:`to_dict`, every field checked (a manifest is outside input).
+
+        Raises:
+            KeyError: a required key (``id``, ``parts``, a part's ``scenario``) is missing.
+            ValueError: a field of the wrong type or range, naming it (``parts[1].launches``).
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError(f"is {type(d).__name__}, expected a mapping")
+        uid = d["id"]
+        if not isinstance(uid, str) or not uid:
+            raise ValueError(f"id: {uid!r} is not a unit id")
+        if not isinstance(d["parts"], list):
+            raise ValueError(f"parts: {type(d['parts']).__name__}, expected a list")
+        parts = []
+        for i, p in enumerate(d["parts"]):
+            if not isinstance(p, Mapping):
+                raise ValueError(f"parts[{i}]: {p!r} is not a mapping")
+            where = f"parts[{i}]"
+            scen = p["scenario"]
+            if not isinstance(scen, str) or not scen:
+                raise ValueError(f"{where}.scenario: {scen!r} is not a scenario name")
+            key = p.get("key")
+            if key is not None and not isinstance(key, str):
+                raise ValueError(f"{where}.key: {key!r} is not a string")
+            parts.append(
+                Part(
+                    scenario=scen,
+                    key=key,
+                    params=_mapping(p.get("params"), f"{where}.params"),
+                    launches=_count(p.get("launches", 1), f"{where}.launches"),
+                    requests=_count(p.get("requests", 0), f"{where}.requests"),
+                    case_ids=_strings(p.get("case_ids"), f"{where}.case_ids"),
+                    reuses=_strings(p.get("reuses"), f"{where}.reuses"),
+                )
             )
-            for p in d["parts"]
-        ]
-        keep = {
-            k: d[k]
-            for k in (
-                "launches",
-                "requests",
-                "gpus",
-                "tier",
-                "estimate_s",
-                "estimate_source",
-                "shard",
-                "engine",
-                "request",
-            )
-            if k in d
-        }
-        return cls(id=str(d["id"]), parts=parts, **keep)
+        keep: dict[str, Any] = {}
+        for k in ("launches", "requests", "gpus"):
+            if k in d:
+                keep[k] = _count(d[k], k)
+        if "tier" in d:
+            if d["tier"] not in ("per-commit", "extra"):
+                raise ValueError(f"tier: {d['tier']!r} is not per-commit or extra")
+            keep["tier"] = d["tier"]
+        if "estimate_s" in d:
+            v = d["estimate_s"]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"estimate_s: {v!r} is not a finite number of seconds >= 0")
+            keep["estimate_s"] = float(v)
+        if "estimate_source" in d:
+            if not isinstance(d["estimate_source"], str):
+                raise ValueError(f"estimate_source: {d['estimate_source']!r} is not a string")
+            keep["estimate_source"] = d["estimate_source"]
+        if d.get("shard") is not None:
+            v = d["shard"]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"shard must be an integer >= 1, got {v!r}")
+            keep["shard"] = v
+        for k in ("engine", "request"):
+            if k in d:
+                keep[k] = _mapping(d[k], k)
+        return cls(id=uid, parts=parts, **keep)
+
+
+def _count(v: Any, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{where}: {v!r} is not a count (an integer >= 0)")
+    return v
+
+
+def _mapping(v: Any, where: str) -> dict[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise ValueError(f"{where}: {v!r} is not a mapping")
+    return dict(v)
+
+
+def _strings(v: Any, where: str) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+        raise ValueError(f"{where}: {v!r} is not a list of strings")
+    return tuple(v)
 
 
 def _gpus(params: SuiteParams) -> int:

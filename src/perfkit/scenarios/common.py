@@ -25,7 +25,7 @@ from perfkit.engine.client import RequestOutcome, VideoClient, VideoRequestSpec
 from perfkit.engine.launch import EngineStartError, launch
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings.engine_config import effective_config
-from perfkit.readings.records import PerfRecord, parse_lines
+from perfkit.readings.records import PerfRecord, parse_lines, read_perf_log
 from perfkit.scenarios.progress import track_requests
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,8 @@ class LaunchData:
     logs: dict[str, str] = field(default_factory=dict)
     outcomes: list[RequestOutcome] = field(default_factory=list)
     error: str | None = None
+    #: the engine's performance.log, read again by :func:`_rows` (strict UTF-8, file:line reasons)
+    perf_log: Path | None = None
     command: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     gpus: list[dict[str, Any]] = field(default_factory=list)
@@ -245,6 +247,7 @@ def measure_launch(
             mem.insert(0, "launch", label)
             data.memory = mem
             data.record_lines = h.record_lines()
+            data.perf_log = h.perf_log_path
             data.launch_row = h.launch_row()
             data.launch_row.update(first_result(data.outcomes, h.cold_start))
             outcome = h.cap_outcome
@@ -305,7 +308,11 @@ def _launch_dir(run_dir: Path, label: str) -> Path | None:
 
 
 def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
-    recs = {r.request_id: r for r in parse_lines(data.record_lines).records}
+    if data.perf_log is not None and data.perf_log.exists():
+        report = read_perf_log(data.perf_log)
+    else:
+        report = parse_lines(data.record_lines, source=f"records/{data.label}.jsonl")
+    recs = {r.request_id: r for r in report.records}
     warm = [r for r in recs.values() if r.is_warmup]
     for rec in warm:
         row, st, sp = record_rows(data.label, rec, WARMUP_INDEX, None)
@@ -326,7 +333,11 @@ def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
     for i, (out, req) in enumerate(zip(data.outcomes, requests)):
         rec = recs.get(out.request_id) if out.request_id else None
         if rec is None:
-            data.requests.append(failed_row(data.label, i, out, req))
+            row = failed_row(data.label, i, out, req)
+            refused = report.rejected.get(out.request_id) if out.request_id else None
+            if refused is not None:  # its record was refused: not measured, whatever HTTP said
+                row["status"], row["error"] = "failed", refused
+            data.requests.append(row)
             continue
         row, st, sp = record_rows(data.label, rec, i, out, req)
         data.requests.append(row)

@@ -1,0 +1,61 @@
+"""JSON that stays JSON: no ``NaN``/``Infinity`` literals in anything perfkit writes.
+
+Python's :func:`json.dumps` writes float NaN as the bare word ``NaN``, which is not JSON (RFC 8259)
+and which strict readers (``json.loads(..., parse_constant=...)`` refusing it, JavaScript's
+``JSON.parse``, jq) refuse. :func:`finite` turns every non-finite float (numpy scalars included)
+into ``null``; :func:`dumps` does that and then writes with ``allow_nan=False``, so a value that
+slipped through is an error, never a bad file. "Not measured" is ``null``; the reason lives
+beside it (a request row's ``error``, a check's ``reason``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+__all__ = ["dumps", "finite", "non_finite_paths"]
+
+
+def finite(v: Any) -> Any:
+    """``v`` with every NaN/±inf float replaced by None, recursively (dict keys become str,
+    tuples lists, numpy scalars Python numbers)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        try:
+            return finite(v.item())
+        except (TypeError, ValueError):
+            pass
+    return v
+
+
+def non_finite_paths(v: Any, prefix: str = "") -> list[str]:
+    """Dotted paths (``results.warm.median_ms``, ``rows[2].actual``) of the non-finite floats in
+    ``v``: what :func:`finite` turns into null."""
+    out: list[str] = []
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            out.append(prefix or "<value>")
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            out += non_finite_paths(x, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            out += non_finite_paths(x, f"{prefix}[{i}]")
+    elif hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        try:
+            out += non_finite_paths(v.item(), prefix)
+        except (TypeError, ValueError):
+            pass
+    return out
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """:func:`json.dumps` of :func:`finite` ``(obj)`` with ``allow_nan=False`` (other keyword
+    arguments passed on, e.g. ``indent``, ``sort_keys``, ``default``)."""
+    return json.dumps(finite(obj), allow_nan=False, **kw)

@@ -1,0 +1,323 @@
+"""Issue 34: no input hangs a run, loses its data, or is half-read.
+
+A real stand-in engine (tests/fake_engine.py) writes a 1 MiB stderr line, a NaN stage time and
+an undecodable stage name; the launch is measured, assembled and saved as the scenarios do.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from perfkit.bundle import ResultBundle
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
+from perfkit.report.render import refused_records, summary_markdown
+from perfkit.scenarios.common import assemble, measure_launch
+
+FAKE = str(Path(__file__).with_name("fake_engine.py"))
+MIB = 2**20
+
+
+def _fake(*args: str) -> EngineSpec:
+    return EngineSpec(
+        kind="command",
+        command_template=[
+            sys.executable,
+            FAKE,
+            "--port",
+            "{port}",
+            "--perf-log-dir",
+            "{perf_log_dir}",
+            *args,
+        ],
+        startup_timeout_s=30,
+    )
+
+
+def _no_nan(text: str):
+    def refuse(name: str):
+        raise ValueError(f"non-JSON constant {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _run(tmp: Path, name: str, *args: str) -> tuple[ResultBundle, float]:
+    t0 = time.perf_counter()
+    reqs = [VideoRequestSpec(num_frames=9, height=64, width=64, num_inference_steps=2) for _ in range(3)]
+    data = measure_launch(_fake(*args), reqs, tmp / name, "L", sample_interval_s=0.5, request_timeout_s=20)
+    b = assemble("cold_warm", [data], {}, {"warm_median_ms": float("nan"), "ok": 1.0})
+    b.save(tmp / "run" / name)
+    return b, time.perf_counter() - t0
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("faults")
+    _, plain_s = _run(tmp, "plain")
+    bad, bad_s = _run(
+        tmp, "bad", "--stderr-line-bytes", str(MIB), "--nan-request", "1", "--bad-utf8-request", "2"
+    )
+    print(
+        f"launch+save wall: plain {plain_s:.2f} s, 1 MiB stderr line + bad records {bad_s:.2f} s",
+        file=sys.stderr,
+    )
+    return tmp, plain_s, bad_s
+
+
+def test_long_stderr_line_costs_under_10_s_and_is_kept(runs):
+    tmp, plain_s, bad_s = runs
+    assert bad_s - plain_s < 10, (plain_s, bad_s)
+    saved = ResultBundle.load(tmp / "run" / "bad")
+    longest = max(len(line) for line in saved.logs["L.stderr.log"].splitlines())
+    assert longest == MIB  # kept whole, not cut
+
+
+def test_refused_records_fail_their_requests_with_file_and_line(runs):
+    tmp = runs[0]
+    b = ResultBundle.load(tmp / "run" / "bad")
+    req = b.requests.sort_values("index")
+    measured = req[req["index"] >= 0]
+    status = dict(zip(measured["index"], measured["status"]))
+    assert status == {0: "completed", 1: "failed", 2: "failed"}
+    err = dict(zip(measured["index"], measured["error"]))
+    assert "performance.log:3: key 'stages[1].execution_time_ms'" in err[1] and "not a finite" in err[1]
+    assert "performance.log:4: key '<utf-8>': invalid UTF-8 at byte" in err[2]
+    assert not any("\ufffd" in s for s in b.stages["stage"].astype(str))  # never read with U+FFFD
+    assert set(b.stages["request_id"]) == {"warmup-0", "req-0"}
+    # summary.md names them (the run directory holds the bundle)
+    lines = refused_records(tmp / "run")
+    assert len(lines) == 2
+    text = summary_markdown(tmp / "run")
+    assert "performance.log:3" in text and "performance.log:4" in text
+    from perfkit.report.render import page_context  # the report's Warnings box too
+
+    assert sum("performance.log:" in w for w in page_context(tmp / "run")["warnings"]) == 2
+
+
+def test_json_outputs_have_no_nan(runs):
+    tmp = runs[0]
+    d = tmp / "run" / "bad"
+    for p in d.glob("*.json"):
+        _no_nan(p.read_text())
+    res = _no_nan((d / "results.json").read_text())
+    meta = _no_nan((d / "meta.json").read_text())
+    assert res["warm_median_ms"] is None and res["ok"] == 1.0
+    assert "warm_median_ms" in meta["results_null"]
+
+
+# ---- every input validated: baseline fields, params and -p nesting (exit 2, no traceback) ----
+
+FIXTURE_BASELINE = Path(__file__).parent / "fixtures" / "perf_baselines_5090.json"
+RECORD = {
+    "request_id": "r1",
+    "tag": "pipeline_stage_metrics",
+    "stages": [{"name": "DenoisingStage", "execution_time_ms": 20.0}],
+    "steps": [10.0, 10.0],
+    "total_duration_ms": 25.0,
+    "memory_snapshots": {},
+}
+
+
+def _invoke(*args: str):
+    from click.testing import CliRunner
+
+    from perfkit.cli import cli
+
+    res = CliRunner().invoke(cli, list(args))
+    out = res.output + (res.stderr if res.stderr_bytes is not None else "")
+    assert res.exception is None or isinstance(res.exception, SystemExit), out
+    assert "Traceback" not in out, out
+    return res.exit_code, out
+
+
+@pytest.mark.parametrize("threshold", ['"0.2"', "NaN", "-5", '"abc"', "1.5", "true"])
+def test_baseline_threshold_refused_naming_file_and_key(tmp_path, threshold):
+    doc = FIXTURE_BASELINE.read_text()
+    base = json.loads(doc)
+    text = json.dumps(base).replace(
+        json.dumps({"improvement_reporting": base["improvement_reporting"]})[1:-1],
+        f'"improvement_reporting": {{"threshold": {threshold}}}',
+    )
+    assert f'"threshold": {threshold}' in text
+    bpath = tmp_path / "b.json"
+    bpath.write_text(text)
+    log = tmp_path / "performance.log"
+    log.write_text(json.dumps(RECORD) + "\n")
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(bpath))
+    assert code == 2, out
+    assert f"{bpath}: improvement_reporting.threshold:" in out
+
+
+def test_params_nested_20000_levels_exit_2_naming_file(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("engine: " + "[" * 20000 + "]" * 20000 + "\n")
+    code, out = _invoke("suite", "--params", str(deep), "--out", str(tmp_path / "out"))
+    assert code == 2, out
+    assert str(deep) in out and "nested deeper than 64 levels" in out
+
+
+def test_p_value_nested_20000_levels_exit_2_naming_it(tmp_path):
+    nb = Path(__file__).resolve().parents[1] / "notebooks" / "cold_warm.ipynb"
+    code, out = _invoke("run", str(nb), "-p", "bundle_dir=" + "[" * 20000 + "]" * 20000)
+    assert code == 2, out
+    assert "-p bundle_dir:" in out and "nested deeper than 64 levels" in out
+
+
+# ---- merge compares every part and shard (synthetic shards: no engine, no notebooks) ----
+
+
+def _make_shards(tmp: Path) -> list[Path]:
+    """Two shards of params/ci-cpu.yaml's plan (per-commit tier) as run_shard writes them, each
+    part a saved bundle whose meta carries what run_unit and the scenarios record."""
+    from perfkit.params import load_params
+    from perfkit.scaleout import shards
+    from perfkit.scaleout.units import partition, plan_units
+
+    root = Path(__file__).resolve().parents[1]
+    params = load_params(root / "params" / "ci-cpu.yaml")
+    selected, skipped = shards.select(params, tier="per-commit")
+    units = plan_units(params, selected)
+    parts = partition(units, 2)
+    dirs = []
+    for i in (1, 2):
+        d = tmp / f"s{i}"
+        outcomes = []
+        for u in parts[i - 1]:
+            for p in u.parts:
+                meta = {
+                    "git_commit": "a" * 40,
+                    "perfkit_version": "0.1.0",
+                    "params": {"spec": dict(u.engine), "request": dict(u.request)},
+                    "commands": {p.id: [sys.executable, "-m", "perfkit.refengine", "--port", str(4000 + i)]},
+                    "scaleout": {
+                        "unit": u.id,
+                        "part": p.id,
+                        "planned": {"engine": u.engine, "request": u.request, "params": p.params},
+                    },
+                }
+                ResultBundle(p.scenario, meta=meta).save(d / shards.UNITS_DIR / u.id / p.id)
+            outcomes.append({"unit_id": u.id, "status": "ok", "attempts": 1, "wall_s": 1.0})
+        manifest = {
+            "kind": "perfkit-shard",
+            "params_file": "params/ci-cpu.yaml",
+            "params_sha256": shards.params_hash(params),
+            "params": params.model_dump(),
+            "partition": {"index": i, "total": 2},
+            "selected": selected,
+            "skipped": skipped,
+            "tier": "per-commit",
+            "units": [u.to_dict() for u in units],
+            "outcomes": outcomes,
+            "perfkit_commit": "a" * 40,
+            "perfkit_version": "0.1.0",
+            "executor": "inprocess",
+        }
+        (d / shards.MANIFEST).write_text(json.dumps(manifest))
+        dirs.append(d)
+    return dirs
+
+
+IDENTITY_WORDS = ("measured with another", "records no", "measured for another plan")
+
+
+def _identity(doc) -> list[str]:
+    return [p for p in doc["problems"] if any(w in p for w in IDENTITY_WORDS)]
+
+
+@pytest.fixture(scope="module")
+def shard_dirs(tmp_path_factory):
+    return _make_shards(tmp_path_factory.mktemp("shards"))
+
+
+def _edit_meta(d: Path, edit) -> str:
+    """Edit the meta.json of the last part of shard dir ``d``; returns the part id."""
+    metas = sorted(d.glob("units/*/*/meta.json"))
+    m = json.loads(metas[-1].read_text())
+    edit(m)
+    metas[-1].write_text(json.dumps(m))
+    return metas[-1].parent.name
+
+
+def test_merge_of_consistent_shards_has_no_identity_problem(shard_dirs, tmp_path):
+    from perfkit.scaleout.shards import merge_shards
+
+    doc = merge_shards(shard_dirs, tmp_path / "m")
+    assert _identity(doc) == []
+    assert doc["commits"] == ["a" * 40] and set(doc["parts"])
+
+
+@pytest.mark.parametrize(
+    "what, edit",
+    [
+        ("commit", lambda m: m.update(git_commit="b" * 40)),
+        ("perfkit version", lambda m: m.update(perfkit_version="0.2.0")),
+        ("request", lambda m: m["params"]["request"].update(num_frames=25, height=96)),
+        ("engine spec", lambda m: m["params"]["spec"].update(steps=7)),
+        ("engine program", lambda m: m["commands"].update(x=["/usr/bin/sglang", "serve", "--port", "1"])),
+        ("plan", lambda m: m["scaleout"]["planned"]["params"].update(repeats=9)),
+    ],
+)
+@pytest.mark.parametrize("shard", [0, 1])
+def test_merge_names_each_mismatch_in_any_part_and_shard(shard_dirs, tmp_path, what, edit, shard):
+    import shutil
+
+    from perfkit.scaleout.shards import merge_shards
+
+    dirs = [tmp_path / d.name for d in shard_dirs]
+    for src, dst in zip(shard_dirs, dirs):
+        shutil.copytree(src, dst)
+    part = _edit_meta(dirs[shard], edit)
+    doc = merge_shards(dirs, tmp_path / "m")
+    named = [p for p in _identity(doc) if f"part {part} " in p]
+    assert named, doc["problems"]
+    word = "measured for another plan" if what == "plan" else f"another {what} than"
+    assert any(word in p for p in named), named
+
+
+def test_merge_names_a_shard_of_another_commit_unless_allowed(shard_dirs, tmp_path):
+    import shutil
+
+    from perfkit.scaleout import shards
+
+    dirs = [tmp_path / d.name for d in shard_dirs]
+    for src, dst in zip(shard_dirs, dirs):
+        shutil.copytree(src, dst)
+    m = json.loads((dirs[1] / shards.MANIFEST).read_text())
+    m["perfkit_commit"] = "c" * 40
+    (dirs[1] / shards.MANIFEST).write_text(json.dumps(m))
+    for meta in dirs[1].glob("units/*/*/meta.json"):
+        doc = json.loads(meta.read_text())
+        doc["git_commit"] = "c" * 40
+        meta.write_text(json.dumps(doc))
+    doc = shards.merge_shards(dirs, tmp_path / "m")
+    assert any(p.startswith("shard 2/2") and "another commit" in p for p in doc["problems"])
+    ok = shards.merge_shards(dirs, tmp_path / "m2", allow_mixed_commits=True)
+    assert _identity(ok) == [] and ok["commits"] == ["a" * 40, "c" * 40]
+    # the page and summary.md show each unit's commit
+    from perfkit.report.render import units_frame
+
+    frame = units_frame({"scaleout": ok})
+    assert set(frame["commit"].dropna()) == {"a" * 12, "c" * 12}
+
+
+def test_compare_refuses_undecodable_stage_name_naming_file_and_line(tmp_path):
+    log = tmp_path / "performance.log"
+    good = json.dumps(RECORD).encode()
+    log.write_bytes(good + b"\n" + good.replace(b"DenoisingStage", b"Denois\xff\xfeingStage") + b"\n")
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(FIXTURE_BASELINE))
+    assert code == 2, out
+    assert f"{log}:2: key '<utf-8>': invalid UTF-8" in out
+
+
+def test_compare_refuses_a_nan_record_naming_file_and_line(tmp_path):
+    log = tmp_path / "performance.log"
+    bad = dict(RECORD, total_duration_ms=float("nan"))
+    log.write_text(json.dumps(RECORD) + "\n" + json.dumps(bad) + "\n")
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(FIXTURE_BASELINE))
+    assert code == 2, out
+    assert f"{log}:2: key 'total_duration_ms': nan is not a finite number" in out
