@@ -64,8 +64,14 @@ def _parse_kv(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
 
 
 def _sigterm_as_interrupt() -> None:
-    """SIGTERM (CI cancel, ``timeout``) stops the run like Ctrl-C: engines torn down, report written."""
+    """SIGTERM (CI cancel, ``timeout``) stops the run like Ctrl-C: engines torn down, report
+    written. This process also becomes the owner of everything it starts
+    (:func:`perfkit.engine.owner.become_subreaper`: orphans below it come back to it)."""
     import signal
+
+    from perfkit.engine.owner import become_subreaper
+
+    become_subreaper()
 
     def handler(signum, frame):  # noqa: ARG001
         raise KeyboardInterrupt(f"signal {signum}")

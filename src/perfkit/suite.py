@@ -54,6 +54,7 @@ import yaml
 from pydantic import ValidationError
 
 from perfkit.common.provenance import repo_root
+from perfkit.engine.owner import REGISTRY_ENV, Ended, Watch, describe
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
@@ -96,6 +97,9 @@ class NotebookRun:
     parameters: dict[str, Any] = field(default_factory=dict)
     #: why a notebook was skipped (disabled in the params, not selected, no bundle to replay)
     reason: str | None = None
+    #: processes its kernel started that outlived it and the suite (their owner) ended:
+    #: {pid, label, how, killed, after_s, stopped} each (:class:`perfkit.engine.owner.Ended`)
+    outlived: list[dict[str, Any]] = field(default_factory=list)
 
 
 def kernel_name() -> str:
@@ -658,8 +662,15 @@ def run_suite(
             stale.unlink()
         log.info("running %s", src)
         pfile = run_dir / "notebooks" / f"{name}.progress.jsonl"
+        # this process owns what the kernel launches: registered there, ended here if it
+        # outlives the kernel (perfkit.engine.owner)
+        registry_file = run_dir / "notebooks" / f"{name}.processes.jsonl"
+        watch = Watch.start(registry_file)
         try:
-            with bars.watch(pfile, name, run_plan(params, [name])[1] if replay_dir is None else 0):
+            with (
+                bars.watch(pfile, name, run_plan(params, [name])[1] if replay_dir is None else 0),
+                _env(REGISTRY_ENV, str(registry_file)),
+            ):
                 r = execute_notebook(
                     src,
                     dst,
@@ -671,6 +682,7 @@ def run_suite(
                     progress_file=pfile,
                 )
         except KeyboardInterrupt:
+            _end_outlived(watch, spec.stop_grace_s)
             # Ctrl-C or SIGTERM (CI cancel): the kernel is shut down, its engine follows it
             # (launch's parent-death signal); stop here, but still write the report (exit 2)
             log.error("interrupted while running %s: writing the report of what ran", name)
@@ -689,6 +701,9 @@ def run_suite(
                 if n not in done
             ]
             break
+        r.outlived = _end_outlived(watch, spec.stop_grace_s)
+        if r.outlived and r.status == "error":
+            r.error = f"{r.error}\n{describe([Ended(**e) for e in r.outlived])}"
         if r.status == "ok" and read_verdict(run_dir / name) is None:
             r.status, r.ename = "error", "MissingVerdict"
             r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"
@@ -742,6 +757,11 @@ def run_suite(
         except Exception as exc:  # noqa: BLE001 - a screenshot is a nicety
             log.warning("no screenshot: %s", exc)
     return SuiteResult(run_dir, code, STATUS_WORD[code], runs, verdicts)
+
+
+def _end_outlived(watch: Watch, grace_s: float) -> list[dict[str, Any]]:
+    """End what a notebook's kernel started and left running (:meth:`Watch.reap`); as dicts."""
+    return [e.to_dict() for e in watch.reap(grace_s=grace_s)]
 
 
 def _shown_path(path: Path) -> str:
