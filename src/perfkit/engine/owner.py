@@ -202,6 +202,17 @@ def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ende
     return out
 
 
+def _ended_alone(code: int | None) -> str:
+    """Words for a process found already ended (its exit status read when reaping it)."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"had ended on signal {-code} ({name}) by the time its launcher was gone"
+    return f"had exited with code {code} by the time its launcher was gone"
+
+
 @dataclass
 class Watch:
     """Everything under this process (and in a registry file) before a piece of work; see
@@ -209,6 +220,8 @@ class Watch:
 
     registry: Path | None = None
     before: set[tuple[int, float]] = field(default_factory=set)
+    #: new descendants found already ended (reaped here), with how
+    gone: list[Ended] = field(default_factory=list)
 
     @classmethod
     def start(cls, registry: str | Path | None = None) -> "Watch":
@@ -217,20 +230,30 @@ class Watch:
 
     def leftovers(self) -> dict[psutil.Process, str]:
         """Processes started since :meth:`start` that still run: new descendants of this process
-        and registered processes (same pid and start time), with their labels."""
+        and registered processes (same pid and start time), with their labels. A new descendant
+        that already ended (a zombie re-parented here: an engine killed by its parent-death
+        signal) is reaped and kept in :attr:`gone`."""
+        entries = registered(self.registry) if self.registry else []
+        by_pid = {int(e["pid"]): str(e.get("label") or "") for e in entries}
+        by_group = {int(e.get("pgid") or 0): str(e.get("label") or "") for e in entries}
         found: dict[tuple[int, float], tuple[psutil.Process, str]] = {}
         for k, p in descendants().items():
             if k in self.before:
                 continue
+            label = by_pid.get(p.pid, "")
+            if not label:
+                with contextlib.suppress(OSError):
+                    label = f"{by_group[os.getpgid(p.pid)]} (child)" if os.getpgid(p.pid) in by_group else ""
             try:
                 if p.status() == psutil.STATUS_ZOMBIE:
                     with contextlib.suppress(psutil.Error, ChildProcessError):
-                        p.wait(timeout=0)
+                        code = p.wait(timeout=0)
+                        self.gone.append(Ended(p.pid, label, _ended_alone(code), False, 0.0))
                     continue
             except psutil.Error:
                 continue
-            found[k] = (p, "")
-        for e in registered(self.registry) if self.registry else []:
+            found[k] = (p, label or "started under it, not registered")
+        for e in entries:
             p = alive(int(e["pid"]), float(e["create_time"]))
             if p is None:
                 continue
@@ -257,8 +280,9 @@ class Watch:
     def reap(self, grace_s: float = 5.0) -> list[Ended]:
         """End every leftover (:meth:`leftovers`) on a deadline (:func:`end_processes`); returns
         how each ended ([] when nothing was left). Logs a warning per process ended."""
+        self.gone = []
         left = self.leftovers()
-        ended = end_processes(left, grace_s)
+        ended = self.gone + end_processes(left, grace_s)
         for e in ended:
             log.warning("left running after its launcher: pid %d %s: %s", e.pid, e.label or "", e.how)
         return ended
@@ -270,6 +294,6 @@ def describe(ended: list[Ended]) -> str:
         return ""
     parts = [f"pid {e.pid}{' ' + repr(e.label) if e.label else ''} {e.how}" for e in ended]
     n = len(ended)
-    return f"{n} process{'es' if n != 1 else ''} outlived {'their' if n != 1 else 'its'} launcher and perfkit ended them: " + "; ".join(
+    return f"{n} process{'es' if n != 1 else ''} found after {'their' if n != 1 else 'its'} launcher ended: " + "; ".join(
         parts
     )

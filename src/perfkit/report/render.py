@@ -269,6 +269,7 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
     # the run's bundles, then those of its units (--executor: RUN/shards/<i>/units/<unit>/<part>)
     dirs = [(name, run_dir / name) for name in registry.names()]
     dirs += [(d.name, d) for d in sorted(run_dir.glob("shards/*/units/*/*")) if d.is_dir()]
+    seen: set[tuple[Any, ...]] = set()
     for name, d in dirs:
         if not (d / "meta.json").exists():
             continue
@@ -281,6 +282,10 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
             failed, by_perfkit = r.get("failed_request"), r.get("end_by_perfkit")
             if _na(failed) and (_na(r.get("ended")) or by_perfkit is True or _na(r.get("end_signal"))):
                 continue
+            key = (name.split(".")[0], r.get("launch"), r.get("ended"), str(failed))
+            if key in seen:  # a merged bundle and its unit's own copy
+                continue
+            seen.add(key)
             rows.append(
                 {
                     "investigation": name,
@@ -297,7 +302,7 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
                     "investigation": n.get("name"),
                     "launch": f"pid {e.get('pid')} {e.get('label') or ''}".strip(),
                     "failed request": None,
-                    "how the engine ended": f"outlived its notebook's kernel; {e.get('how')}",
+                    "how the engine ended": f"found after its notebook's kernel ended: {e.get('how')}",
                     "OOM-kill record": "–",
                 }
             )

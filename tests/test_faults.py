@@ -1,0 +1,231 @@
+"""Faults: every process a run starts ends with it, whatever hangs or dies first (issue 33).
+
+A stand-in engine (tests/fake_engine.py, mode ``serve``) fails at request 1 in one of five ways:
+it hangs while still answering /health, stops itself with SIGSTOP, drains in-flight jobs on
+SIGTERM and so never exits, forks children (one in a session of its own) and hangs, or
+SIGKILLs itself (as the OOM killer would). Each run is a real ``perfkit suite`` (papermill
+kernel), ``perfkit ab`` or ``perfkit suite --partition`` subprocess; they run side by side
+(one module fixture) to keep the wall time down. After each: exit 2 within the cell timeout
++ 15 s, no process the engine started is alive (checked by pid and start time, from the pid
+file the engine writes, not by name), and summary.md / the report name the request and how
+the engine ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from perfkit.engine.owner import alive
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = str(Path(__file__).with_name("fake_engine.py"))
+#: papermill's per-cell timeout of these runs; request 3 s + stop grace 2 s + 10 s fits in it
+CELL_TIMEOUT_S = 30
+FAULTS = ["hang", "sigstop", "drain", "fork", "sigkill"]
+#: how each fault's engine ends, as summary.md's "How the engines ended" says it
+ENDED = {
+    "hang": "ended on perfkit's SIGTERM",
+    "sigstop": "was stopped (SIGSTOP) when perfkit ended it; ended on perfkit's SIGTERM",
+    "drain": "did not exit within 2 s of SIGTERM: killed by perfkit (SIGKILL) after 2.0 s",
+    "fork": "ended on perfkit's SIGTERM",
+    "sigkill": "was killed by signal 9 (SIGKILL, not sent by perfkit)",
+}
+
+
+def engine(fault: str, pid_file: Path, request_timeout_s: float = 3) -> dict:
+    return {
+        "kind": "command",
+        "command": [
+            sys.executable,
+            FAKE,
+            "--port",
+            "{port}",
+            "--perf-log-dir",
+            "{perf_log_dir}",
+            "--mode",
+            "serve",
+            "--fault",
+            fault,
+            "--fault-at",
+            "1",
+            "--load-s",
+            "0",
+            "--warmup-s",
+            "0",
+            "--pid-file",
+            str(pid_file),
+        ],
+        "request_timeout_s": request_timeout_s,
+        "stop_grace_s": 2,
+    }
+
+
+def params_file(d: Path, fault: str, **kw) -> Path:
+    doc = {
+        "name": f"fault-{fault}",
+        "timeout_s": kw.pop("timeout_s", CELL_TIMEOUT_S),
+        "engine": engine(fault, d / "pids.txt", **kw),
+        "request": {"num_frames": 9, "height": 64, "width": 64, "num_inference_steps": 2},
+        "cold_warm": {"enabled": True, "repeats": 3},
+        **{n: {"enabled": False} for n in ("warmup_shapes", "memory_budget", "offload_modes")},
+    }
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / "params.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def started(d: Path) -> list[tuple[int, float]]:
+    """(pid, start time) of every process the engines of run ``d`` wrote to their pid file."""
+    f = d / "pids.txt"
+    if not f.exists():
+        return []
+    return [(int(a), float(b)) for a, b in (ln.split() for ln in f.read_text().splitlines() if ln.strip())]
+
+
+def perfkit(*args: str) -> list[str]:
+    return [sys.executable, "-m", "perfkit.cli", *args]
+
+
+def run(d: Path, argv: list[str], during=None) -> dict:
+    """Run ``argv`` (in ``d``), ``during(proc)`` meanwhile; then the outcome, with the wall time
+    and the engine processes still alive 1 s after the exit (by pid and start time)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        if during is not None:
+            during(proc, d)
+        out, _ = proc.communicate(timeout=CELL_TIMEOUT_S + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wall = time.monotonic() - t0
+    time.sleep(1.0)
+    survivors = [pid for pid, ct in started(d) if alive(pid, ct)]
+    for pid in survivors:  # never leave them to the next test
+        os.kill(pid, signal.SIGKILL)
+    return {"rc": proc.returncode, "out": out, "wall": wall, "started": started(d), "survivors": survivors}
+
+
+def kill_kernel_mid_request(proc: subprocess.Popen, d: Path) -> None:
+    """SIGKILL the notebook kernel (the engine's parent) once request 1 hangs: its teardown
+    never runs; the engine's SIGKILL parent-death signal and the suite (the owner) must act."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        logs = list((d / "run").rglob("session*/stdout.log"))
+        if logs and "fault" in logs[0].read_text():
+            break
+        time.sleep(0.2)
+    else:
+        return
+    pid, ct = started(d)[0]
+    kernel = psutil.Process(pid).parent()
+    kernel.kill()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("faults")
+    jobs = {}
+    for fault in FAULTS:
+        d = base / fault
+        p = params_file(d, fault)
+        jobs[fault] = (d, perfkit("suite", "--params", str(p), "--out", str(d / "run"), "-q", "--no-screenshot"), None)
+    d = base / "kernel-killed"
+    p = params_file(d, "fork", request_timeout_s=15)
+    jobs["kernel-killed"] = (
+        d,
+        perfkit("suite", "--params", str(p), "--out", str(d / "run"), "-q", "--no-screenshot"),
+        kill_kernel_mid_request,
+    )
+    d = base / "shard"
+    p = params_file(d, "hang")
+    jobs["shard"] = (d, perfkit("suite", "--params", str(p), "--partition", "1/1", "--out", str(d / "shard")), None)
+    d = base / "ab"
+    d.mkdir()
+    (d / "a.yaml").write_text(yaml.safe_dump(engine("none", d / "pids.txt")))
+    (d / "b.yaml").write_text(yaml.safe_dump(engine("hang", d / "pids.txt")))
+    jobs["ab"] = (
+        d,
+        perfkit(
+            "ab", "--a", str(d / "a.yaml"), "--b", str(d / "b.yaml"), "--launches", "1", "--warm", "2",
+            "--out", str(d / "ab"), "-q",
+        ),
+        None,
+    )
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futs = {k: pool.submit(run, d, argv, during) for k, (d, argv, during) in jobs.items()}
+        return {k: (jobs[k][0], f.result()) for k, f in futs.items()}
+
+
+def _common(res: dict) -> None:
+    assert res["rc"] == 2, res["out"][-3000:]
+    assert res["wall"] <= CELL_TIMEOUT_S + 15, f"exit after {res['wall']:.1f} s"
+    assert res["started"], "the engine never started"
+    assert not res["survivors"], f"alive after the run: {res['survivors']}\n{res['out'][-2000:]}"
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_suite_fault_ends_every_process_and_names_request_and_end(runs, fault):
+    d, res = runs[fault]
+    _common(res)
+    if fault == "fork":
+        assert len(res["started"]) == 3  # the engine, a child in its group, one in its own session
+    summary = (d / "run" / "summary.md").read_text()
+    assert "### How the engines ended" in summary
+    row = next(ln for ln in summary.splitlines() if ln.startswith("| cold_warm | session |"))
+    assert "| 1 |" in row and ENDED[fault] in row, row
+    html = (d / "run" / "report.html").read_text()
+    assert "request 1" in html and "How the engines ended" in html
+    if fault == "sigkill":  # the engine was killed (signal 9) during request 1; the OOM record was read
+        assert "was killed by signal 9 (SIGKILL, not sent by perfkit) during request 1" in html
+        assert "no record found" in row or "kernel log:" in row or "cgroup" in row
+    else:
+        assert "request 1 (id req-1)" in html or fault == "sigstop"
+    # the bundle names it too
+    import pandas as pd
+
+    la = pd.read_parquet(d / "run" / "cold_warm" / "launches.parquet")
+    assert int(la["failed_request"].iloc[0]) == 1 and ENDED[fault] in la["ended"].iloc[0]
+
+
+def test_kernel_killed_mid_request_leaves_nothing(runs):
+    """The kernel dies before its teardown: the engine goes with it (SIGKILL parent-death
+    signal), its children (one outside its session) are ended by the suite, their owner."""
+    d, res = runs["kernel-killed"]
+    _common(res)
+    assert len(res["started"]) == 3
+    info = json.loads((d / "run" / "run.json").read_text())
+    nb = next(n for n in info["notebooks"] if n["name"] == "cold_warm")
+    assert nb["status"] == "error"
+    ended = {e["pid"] for e in nb["outlived"]}
+    children = {pid for pid, _ in res["started"][1:]}
+    assert children <= ended, (nb["outlived"], res["started"])
+    assert "found after its notebook's kernel ended" in (d / "run" / "summary.md").read_text()
+
+
+def test_shard_run_with_a_hung_engine(runs):
+    d, res = runs["shard"]
+    _common(res)
+    manifest = json.loads((d / "shard" / "shard.json").read_text())
+    err = manifest["outcomes"][0]["error"]
+    assert "request 1 (id req-1) timed out" in err and ENDED["hang"] in err, err
+
+
+def test_ab_with_a_hung_b_side(runs):
+    d, res = runs["ab"]
+    _common(res)
+    summary = (d / "ab" / "summary.md").read_text()
+    assert "B00" in summary and "request 1 (id req-1) timed out" in summary, summary
+    assert ENDED["hang"] in summary
