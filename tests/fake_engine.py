@@ -135,7 +135,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--perf-log-dir", default=None)
     ap.add_argument("--mode", default="ok", choices=["ok", "exit", "hang", "alloc", "serve"])
-    ap.add_argument("--fault", default="none", choices=["none", "hang", "sigstop", "drain", "fork", "sigkill"])
+    ap.add_argument(
+        "--fault", default="none", choices=["none", "hang", "sigstop", "drain", "fork", "sigkill"]
+    )
     ap.add_argument("--fault-at", type=int, default=1)
     ap.add_argument("--request-s", type=float, default=0.05)
     ap.add_argument("--pid-file", default=None)

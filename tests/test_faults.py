@@ -141,7 +141,11 @@ def runs(tmp_path_factory):
     for fault in FAULTS:
         d = base / fault
         p = params_file(d, fault)
-        jobs[fault] = (d, perfkit("suite", "--params", str(p), "--out", str(d / "run"), "-q", "--no-screenshot"), None)
+        jobs[fault] = (
+            d,
+            perfkit("suite", "--params", str(p), "--out", str(d / "run"), "-q", "--no-screenshot"),
+            None,
+        )
     d = base / "kernel-killed"
     p = params_file(d, "fork", request_timeout_s=15)
     jobs["kernel-killed"] = (
@@ -151,7 +155,11 @@ def runs(tmp_path_factory):
     )
     d = base / "shard"
     p = params_file(d, "hang")
-    jobs["shard"] = (d, perfkit("suite", "--params", str(p), "--partition", "1/1", "--out", str(d / "shard")), None)
+    jobs["shard"] = (
+        d,
+        perfkit("suite", "--params", str(p), "--partition", "1/1", "--out", str(d / "shard")),
+        None,
+    )
     d = base / "ab"
     d.mkdir()
     (d / "a.yaml").write_text(yaml.safe_dump(engine("none", d / "pids.txt")))
@@ -159,8 +167,18 @@ def runs(tmp_path_factory):
     jobs["ab"] = (
         d,
         perfkit(
-            "ab", "--a", str(d / "a.yaml"), "--b", str(d / "b.yaml"), "--launches", "1", "--warm", "2",
-            "--out", str(d / "ab"), "-q",
+            "ab",
+            "--a",
+            str(d / "a.yaml"),
+            "--b",
+            str(d / "b.yaml"),
+            "--launches",
+            "1",
+            "--warm",
+            "2",
+            "--out",
+            str(d / "ab"),
+            "-q",
         ),
         None,
     )

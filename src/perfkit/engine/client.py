@@ -176,7 +176,9 @@ class VideoClient:
                 r = self.http.get(f"/v1/videos/{rid}", timeout=call_timeout())
             except httpx.TimeoutException as exc:
                 if time.perf_counter() >= deadline:
-                    return timed_out(rid, resp.status_code, status, f"; the engine did not answer: {type(exc).__name__}")
+                    return timed_out(
+                        rid, resp.status_code, status, f"; the engine did not answer: {type(exc).__name__}"
+                    )
                 continue
             except httpx.HTTPError as exc:
                 return outcome(

@@ -36,7 +36,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -489,7 +488,13 @@ class EngineHandle:
             self.exit_code = proc.poll()
         psutil.wait_procs([p for p in desc if _running(p)], timeout=2)
         self.end = _end_words(
-            rc_before, self.exit_code, stopped, killed, waited, grace_s, [self.pid, *(p.pid for p in desc)],
+            rc_before,
+            self.exit_code,
+            stopped,
+            killed,
+            waited,
+            grace_s,
+            [self.pid, *(p.pid for p in desc)],
             self.cgroup_path,
         )
         if self._enforcer is not None:

@@ -197,7 +197,9 @@ def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ende
         else:
             t = gone_at.get(p.pid, 0.0)
             out.append(
-                Ended(p.pid, label, f"ended on SIGTERM{was} after {t:.1f} s", False, round(t, 2), stopped[p.pid])
+                Ended(
+                    p.pid, label, f"ended on SIGTERM{was} after {t:.1f} s", False, round(t, 2), stopped[p.pid]
+                )
             )
     return out
 
@@ -294,6 +296,7 @@ def describe(ended: list[Ended]) -> str:
         return ""
     parts = [f"pid {e.pid}{' ' + repr(e.label) if e.label else ''} {e.how}" for e in ended]
     n = len(ended)
-    return f"{n} process{'es' if n != 1 else ''} found after {'their' if n != 1 else 'its'} launcher ended: " + "; ".join(
-        parts
+    return (
+        f"{n} process{'es' if n != 1 else ''} found after {'their' if n != 1 else 'its'} launcher ended: "
+        + "; ".join(parts)
     )
