@@ -61,7 +61,7 @@ class Jobs:
         a = self.a
         t0 = time.time()
         if k == a.fault_at and a.fault != "none":
-            print(f"request {k} ({rid}): fault {a.fault}", flush=True)
+            print(f"request {k} ({rid}): fault {a.fault} t={time.time():.3f}", flush=True)
             if a.fault == "sigstop":
                 os.kill(os.getpid(), signal.SIGSTOP)
             elif a.fault == "sigkill":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,8 +31,9 @@ from perfkit.engine.owner import alive
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
-#: papermill's per-cell timeout of these runs; request 3 s + stop grace 2 s + 10 s fits in it
-CELL_TIMEOUT_S = 30
+#: papermill's per-cell timeout of these runs (request 3 s + stop grace 2 s + 10 s fit in it; the
+#: rest is room for kernel starts on a loaded 2-core runner)
+CELL_TIMEOUT_S = 60
 FAULTS = ["hang", "sigstop", "drain", "fork", "sigkill"]
 #: how each fault's engine ends, as summary.md's "How the engines ended" says it
 ENDED = {
@@ -94,13 +96,22 @@ def started(d: Path) -> list[tuple[int, float]]:
     return [(int(a), float(b)) for a, b in (ln.split() for ln in f.read_text().splitlines() if ln.strip())]
 
 
+def fault_at(d: Path) -> float | None:
+    """When the engine of run ``d`` met its fault (epoch s, from its log line), or None."""
+    for log in d.rglob("stdout.log"):
+        m = re.search(r"fault \w+ t=([0-9.]+)", log.read_text(errors="replace"))
+        if m:
+            return float(m.group(1))
+    return None
+
+
 def perfkit(*args: str) -> list[str]:
     return [sys.executable, "-m", "perfkit.cli", *args]
 
 
-def run(d: Path, argv: list[str], during=None) -> dict:
+def run(d: Path, argv: list[str], during=None, settle_s: float = 1.0) -> dict:
     """Run ``argv`` (in ``d``), ``during(proc)`` meanwhile; then the outcome, with the wall time
-    and the engine processes still alive 1 s after the exit (by pid and start time)."""
+    and the engine processes still alive ``settle_s`` after the exit (by pid and start time)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -110,28 +121,50 @@ def run(d: Path, argv: list[str], during=None) -> dict:
     finally:
         if proc.poll() is None:
             proc.kill()
-    wall = time.monotonic() - t0
-    time.sleep(1.0)
-    survivors = [pid for pid, ct in started(d) if alive(pid, ct)]
+    wall, t_exit = time.monotonic() - t0, time.time()
+    deadline = time.monotonic() + settle_s
+    while True:
+        survivors = [pid for pid, ct in started(d) if alive(pid, ct)]
+        if not survivors or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     for pid in survivors:  # never leave them to the next test
         os.kill(pid, signal.SIGKILL)
-    return {"rc": proc.returncode, "out": out, "wall": wall, "started": started(d), "survivors": survivors}
+    return {
+        "rc": proc.returncode,
+        "out": out,
+        "wall": wall,
+        "after_fault": t_exit - fault_at(d) if fault_at(d) else None,
+        "started": started(d),
+        "survivors": survivors,
+    }
+
+
+def _wait_for_fault(d: Path) -> bool:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        logs = list((d / "run").rglob("session*/stdout.log"))
+        if logs and "fault" in logs[0].read_text():
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def kill_kernel_mid_request(proc: subprocess.Popen, d: Path) -> None:
     """SIGKILL the notebook kernel (the engine's parent) once request 1 hangs: its teardown
     never runs; the engine's SIGKILL parent-death signal and the suite (the owner) must act."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        logs = list((d / "run").rglob("session*/stdout.log"))
-        if logs and "fault" in logs[0].read_text():
-            break
-        time.sleep(0.2)
-    else:
-        return
-    pid, ct = started(d)[0]
-    kernel = psutil.Process(pid).parent()
-    kernel.kill()
+    if _wait_for_fault(d):
+        psutil.Process(started(d)[0][0]).parent().kill()
+
+
+def kill_suite_mid_request(proc: subprocess.Popen, d: Path) -> None:
+    """SIGKILL ``perfkit suite`` itself once request 1 hangs: nothing of it runs again; its
+    reaper must end the kernel, the engine and the engine's children (kernel's pid and start
+    time kept in ``d/kernel.txt``)."""
+    if _wait_for_fault(d):
+        kernel = psutil.Process(started(d)[0][0]).parent()
+        (d / "kernel.txt").write_text(f"{kernel.pid} {kernel.create_time()!r}\n")
+        proc.kill()
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +185,13 @@ def runs(tmp_path_factory):
         d,
         perfkit("suite", "--params", str(p), "--out", str(d / "run"), "-q", "--no-screenshot"),
         kill_kernel_mid_request,
+    )
+    d = base / "suite-killed"
+    p = params_file(d, "fork", request_timeout_s=15)
+    jobs["suite-killed"] = (
+        d,
+        perfkit("suite", "--params", str(p), "--out", str(d / "run"), "-q", "--no-screenshot"),
+        kill_suite_mid_request,
     )
     d = base / "shard"
     p = params_file(d, "hang")
@@ -182,14 +222,18 @@ def runs(tmp_path_factory):
         ),
         None,
     )
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futs = {k: pool.submit(run, d, argv, during) for k, (d, argv, during) in jobs.items()}
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futs = {
+            k: pool.submit(run, d, argv, during, 15.0 if k == "suite-killed" else 1.0)
+            for k, (d, argv, during) in jobs.items()
+        }
         return {k: (jobs[k][0], f.result()) for k, f in futs.items()}
 
 
 def _common(res: dict) -> None:
     assert res["rc"] == 2, res["out"][-3000:]
-    assert res["wall"] <= CELL_TIMEOUT_S + 15, f"exit after {res['wall']:.1f} s"
+    after = f", {res['after_fault']:.1f} s after the fault" if res["after_fault"] else ""
+    assert res["wall"] <= CELL_TIMEOUT_S + 15, f"exit after {res['wall']:.1f} s{after}"
     assert res["started"], "the engine never started"
     assert not res["survivors"], f"alive after the run: {res['survivors']}\n{res['out'][-2000:]}"
 
@@ -231,6 +275,17 @@ def test_kernel_killed_mid_request_leaves_nothing(runs):
     children = {pid for pid, _ in res["started"][1:]}
     assert children <= ended, (nb["outlived"], res["started"])
     assert "found after its notebook's kernel ended" in (d / "run" / "summary.md").read_text()
+
+
+def test_suite_killed_mid_request_leaves_nothing(runs):
+    """``perfkit suite`` SIGKILLed while a request hangs: its reaper (a process of its own
+    session) ends the kernel, the engine and both of the engine's children within seconds."""
+    d, res = runs["suite-killed"]
+    assert res["rc"] == -signal.SIGKILL
+    assert len(res["started"]) == 3
+    assert not res["survivors"], res["survivors"]
+    kpid, kct = (d / "kernel.txt").read_text().split()
+    assert alive(int(kpid), float(kct)) is None, "the kernel outlived the killed suite"
 
 
 def test_shard_run_with_a_hung_engine(runs):

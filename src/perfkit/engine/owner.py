@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -113,6 +114,26 @@ def alive(pid: int, create_time: float) -> psutil.Process | None:
         return p
     except psutil.Error:
         return None
+
+
+def marked(prefix: str | Path) -> list[psutil.Process]:
+    """Running processes whose environment has :data:`REGISTRY_ENV` under ``prefix`` (a registry
+    file, or the directory of a run's registry files): everything a kernel started inherits it,
+    so this finds them even after they left every session and parent (unless they cleared
+    their environment). Processes whose environment cannot be read are skipped."""
+    pre = str(prefix)
+    out = []
+    me = os.getpid()
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        try:
+            v = p.environ().get(REGISTRY_ENV)
+            if v and (v == pre or v.startswith(pre.rstrip("/") + "/")) and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
 
 
 def _key(p: psutil.Process) -> tuple[int, float] | None:
@@ -277,6 +298,11 @@ class Watch:
                         found[qk] = (q, f"{e.get('label') or ''} (child)")
                 except (psutil.Error, OSError):
                     continue
+        if self.registry is not None:  # whatever still carries this registry in its environment
+            for p in marked(self.registry):
+                k = _key(p)
+                if k is not None and k not in found and k not in self.before:
+                    found[k] = (p, "started under it (its environment names this run)")
         return {p: label for p, label in found.values() if p.pid != os.getpid()}
 
     def reap(self, grace_s: float = 5.0) -> list[Ended]:
@@ -300,3 +326,85 @@ def describe(ended: list[Ended]) -> str:
         f"{n} process{'es' if n != 1 else ''} found after {'their' if n != 1 else 'its'} launcher ended: "
         + "; ".join(parts)
     )
+
+
+# ---------------------------------------------------------------------------- the reaper
+def spawn_reaper(directory: str | Path, grace_s: float) -> "subprocess.Popen[bytes] | None":
+    """Start the reaper of this process's run: a small process (its own session, so a Ctrl-C to
+    ours does not reach it) that waits for this process to end, then ends every process
+    registered in ``directory/*.processes.jsonl`` or whose environment names a registry under
+    ``directory`` (:func:`marked`), SIGTERM then SIGKILL after ``grace_s``. It is what remains
+    when the owner itself is killed (SIGKILL, OOM): stop it with :func:`stop_reaper` at a normal
+    end. Returns None when it cannot be started (logged)."""
+
+    me = psutil.Process()
+    argv = [
+        sys.executable,
+        "-m",
+        "perfkit.engine.owner",
+        "--owner",
+        str(me.pid),
+        "--owner-start",
+        repr(me.create_time()),
+        "--dir",
+        str(directory),
+        "--grace",
+        repr(float(grace_s)),
+    ]
+    try:
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True
+        )
+    except OSError as exc:
+        log.warning("no reaper for %s: %s", directory, exc)
+        return None
+
+
+def stop_reaper(proc: "subprocess.Popen[bytes] | None") -> None:
+    """End a reaper started by :func:`spawn_reaper` (the owner ended normally)."""
+    if proc is None:
+        return
+    with contextlib.suppress(OSError):
+        proc.kill()
+    with contextlib.suppress(Exception):
+        proc.wait(timeout=5)
+
+
+def reap_directory(directory: str | Path, grace_s: float) -> list[Ended]:
+    """End what the registries under ``directory`` name and what carries one of them in its
+    environment (the reaper's work once its owner is gone)."""
+    d = Path(directory)
+    procs: dict[psutil.Process, str] = {}
+    for f in sorted(d.glob("*.processes.jsonl")):
+        for e in registered(f):
+            p = alive(int(e["pid"]), float(e["create_time"]))
+            if p is not None:
+                procs[p] = str(e.get("label") or "")
+    for p in marked(d):
+        if not any(q.pid == p.pid for q in procs):
+            procs[p] = "started under the run"
+    return end_processes(procs, grace_s)
+
+
+def _reaper_main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m perfkit.engine.owner", description=spawn_reaper.__doc__)
+    ap.add_argument("--owner", type=int, required=True)
+    ap.add_argument("--owner-start", type=float, required=True)
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--grace", type=float, default=5.0)
+    ap.add_argument("--poll", type=float, default=0.5)
+    a = ap.parse_args(argv)
+    while alive(a.owner, a.owner_start) is not None:
+        time.sleep(a.poll)
+    ended = reap_directory(a.dir, a.grace)
+    if ended:
+        with contextlib.suppress(OSError):
+            with open(Path(a.dir) / "reaper.log", "a", encoding="utf-8") as fh:
+                fh.write(describe(ended) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_reaper_main())
