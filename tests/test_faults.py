@@ -302,3 +302,30 @@ def test_ab_with_a_hung_b_side(runs):
     summary = (d / "ab" / "summary.md").read_text()
     assert "B00" in summary and "request 1 (id req-1) timed out" in summary, summary
     assert ENDED["hang"] in summary
+
+
+def test_oom_record_is_read_never_guessed(tmp_path):
+    """The OOM-kill record comes from the kernel log's own lines (or the cgroup's
+    memory.events); without one it says what was read."""
+    from perfkit.readings.oom import oom_record
+
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(
+        "6,100,5000000,-;eth0: link up\n"
+        "4,101,6000000,-;python invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE), order=0\n"
+        " SUBSYSTEM=memory\n"
+        "6,102,6000100,-;oom-kill:constraint=CONSTRAINT_NONE,task=python,pid=4242,uid=0\n"
+        "3,103,6000200,-;Out of memory: Killed process 4242 (python) total-vm:9000kB, anon-rss:8000kB\n"
+    )
+    rec = oom_record([4242, 4243], kmsg=str(kmsg))
+    assert rec.startswith("kernel log: oom-kill:") and "Killed process 4242 (python)" in rec
+    assert oom_record([42], kmsg=str(kmsg)) == f"no record found (read {kmsg})"
+    assert "not readable: FileNotFoundError" in oom_record([42], kmsg=str(tmp_path / "none"))
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    (cg / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    assert oom_record([42], cgroup_path=cg, kmsg=str(kmsg)) == f"cgroup {cg}: memory.events oom_kill 1"
+    # a record older than the engine (the same pid, reused) is not its record
+    boot = psutil.boot_time()
+    assert oom_record([4242], kmsg=str(kmsg), since=boot + 8.0).startswith("no record found")
+    assert oom_record([4242], kmsg=str(kmsg), since=boot + 6.0).startswith("kernel log:")

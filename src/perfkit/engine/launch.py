@@ -496,6 +496,7 @@ class EngineHandle:
             grace_s,
             [self.pid, *(p.pid for p in desc)],
             self.cgroup_path,
+            self._create_time or None,
         )
         if self._enforcer is not None:
             self._enforcer.finish()
@@ -518,6 +519,7 @@ def _end_words(
     grace_s: float,
     pids: list[int],
     cgroup_path: Path | None,
+    since: float | None = None,
 ) -> dict[str, Any]:
     """How an engine ended, as :attr:`EngineHandle.end` holds it (see there)."""
     from perfkit.readings.oom import oom_record
@@ -528,7 +530,7 @@ def _end_words(
     if rc_before is not None:  # it ended by itself, before perfkit's teardown
         if sig is not None:
             how = f"was killed by signal {sig} ({_signal_name(sig)}, not sent by perfkit)"
-            oom = oom_record(pids, cgroup_path)
+            oom = oom_record(pids, cgroup_path, since=since)
         else:
             how = f"exited with code {code}"
         by_perfkit = False

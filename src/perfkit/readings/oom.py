@@ -13,17 +13,24 @@ import os
 import re
 from pathlib import Path
 
+import psutil
+
 KMSG = "/dev/kmsg"
 _KILLED = re.compile(r"Killed process (\d+)")
+#: a /dev/kmsg record: "priority,sequence,microseconds,flags;message"
+_RECORD = re.compile(r"^\d+,\d+,(\d+),[^;]*;(.*)$")
 _OOMKILL = re.compile(r"oom-kill:.*?[,:]pid=(\d+)")
 
 
-def kernel_log_lines(path: str = KMSG, max_records: int = 100_000) -> list[str]:
-    """Every record of the kernel log ring buffer now (message text only).
+def kernel_log_lines(path: str = KMSG, max_records: int = 100_000, since: float | None = None) -> list[str]:
+    """Every record of the kernel log ring buffer now (message text only; ``path`` may also be
+    a file of such records, one a line, as tests write). ``since``: only records written at or
+    after this epoch time (s; a record's time is the boot time plus its microseconds).
 
     Raises:
         OSError: the log cannot be opened (no permission: ``kernel.dmesg_restrict``).
     """
+    boot = psutil.boot_time() if since is not None else 0.0
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     out: list[str] = []
     try:
@@ -38,15 +45,23 @@ def kernel_log_lines(path: str = KMSG, max_records: int = 100_000) -> list[str]:
                 raise
             if not rec:
                 break
-            text = rec.decode("utf-8", errors="replace")
-            out.append(text.split(";", 1)[1].split("\n", 1)[0] if ";" in text else text.strip())
+            for ln in rec.decode("utf-8", errors="replace").splitlines():
+                if ln.startswith(" "):  # a record's continuation (SUBSYSTEM=, DEVICE=)
+                    continue
+                m = _RECORD.match(ln)
+                if m and since is not None and boot + int(m.group(1)) / 1e6 < since - 1.0:
+                    continue
+                out.append(m.group(2) if m else ln)
     finally:
         os.close(fd)
     return out
 
 
-def oom_record(pids: list[int], cgroup_path: str | Path | None = None, kmsg: str = KMSG) -> str:
-    """The OOM-kill record of any of ``pids`` (the engine and its descendants) as one line.
+def oom_record(
+    pids: list[int], cgroup_path: str | Path | None = None, kmsg: str = KMSG, since: float | None = None
+) -> str:
+    """The OOM-kill record of any of ``pids`` (the engine and its descendants) as one line;
+    ``since``: the engine's start (epoch s), so that an older record of a reused pid is not it.
 
     Returns ``"cgroup <path>: memory.events oom_kill 1"``, ``"kernel log: <line>"`` (the first
     matching lines, joined by `` | ``), or ``"no record found (<what was read>)"``. Never
@@ -65,7 +80,7 @@ def oom_record(pids: list[int], cgroup_path: str | Path | None = None, kmsg: str
             read.append(f"{ev} not readable: {type(exc).__name__}")
     want = {str(p) for p in pids}
     try:
-        lines = kernel_log_lines(kmsg)
+        lines = kernel_log_lines(kmsg, since=since)
         hits = [
             ln
             for ln in lines
