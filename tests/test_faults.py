@@ -200,6 +200,13 @@ def runs(tmp_path_factory):
         perfkit("suite", "--params", str(p), "--partition", "1/1", "--out", str(d / "shard")),
         None,
     )
+    d = base / "measure"
+    p = params_file(d, "drain")
+    jobs["measure"] = (
+        d,
+        [sys.executable, "-m", "perfkit.measure", "--params", str(p), "--out", str(d / "m")],
+        None,
+    )
     d = base / "ab"
     d.mkdir()
     (d / "a.yaml").write_text(yaml.safe_dump(engine("none", d / "pids.txt")))
@@ -294,6 +301,13 @@ def test_shard_run_with_a_hung_engine(runs):
     manifest = json.loads((d / "shard" / "shard.json").read_text())
     err = manifest["outcomes"][0]["error"]
     assert "request 1 (id req-1) timed out" in err and ENDED["hang"] in err, err
+
+
+def test_measure_with_an_engine_that_never_exits(runs):
+    d, res = runs["measure"]
+    _common(res)
+    err = json.loads((d / "m" / "measure.json").read_text())["cold_warm"]["error"]
+    assert "request 1 (id req-1) timed out" in err and ENDED["drain"] in err, err
 
 
 def test_ab_with_a_hung_b_side(runs):
