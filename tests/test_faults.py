@@ -266,6 +266,8 @@ def test_suite_fault_ends_every_process_and_names_request_and_end(runs, fault):
     import pandas as pd
 
     la = pd.read_parquet(d / "run" / "cold_warm" / "launches.parquet")
+    info = json.loads((d / "run" / "run.json").read_text())
+    assert all(n["in_flight"] is None for n in info["notebooks"])  # the launch ended in the kernel
     assert int(la["failed_request"].iloc[0]) == 1 and ENDED[fault] in la["ended"].iloc[0]
 
 
@@ -281,7 +283,15 @@ def test_kernel_killed_mid_request_leaves_nothing(runs):
     ended = {e["pid"] for e in nb["outlived"]}
     children = {pid for pid, _ in res["started"][1:]}
     assert children <= ended, (nb["outlived"], res["started"])
-    assert "found after its notebook's kernel ended" in (d / "run" / "summary.md").read_text()
+    # the request in flight when the kernel stopped is named, from the kernel's progress events
+    assert nb["in_flight"] == {"launch": "session", "request": 1}
+    assert "the kernel stopped during launch 'session', request 1" in nb["error"]
+    summary = (d / "run" / "summary.md").read_text()
+    engine_pid = res["started"][0][0]
+    row = next(
+        ln for ln in summary.splitlines() if ln.startswith(f"| cold_warm | pid {engine_pid} session |")
+    )
+    assert "| 1 |" in row and "had ended on signal 9 (SIGKILL)" in row, row
 
 
 def test_suite_killed_mid_request_leaves_nothing(runs):

@@ -74,7 +74,7 @@ from perfkit.report.render import notebook_error
 from perfkit.scaleout.shards import select
 from perfkit.scenarios import registry
 from perfkit.scenarios.common import slug
-from perfkit.scenarios.progress import PROGRESS_ENV, RunBars, planned_requests
+from perfkit.scenarios.progress import PROGRESS_ENV, RunBars, in_flight, planned_requests
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,9 @@ class NotebookRun:
     #: processes its kernel started that outlived it and the suite (their owner) ended:
     #: {pid, label, how, killed, after_s, stopped} each (:class:`perfkit.engine.owner.Ended`)
     outlived: list[dict[str, Any]] = field(default_factory=list)
+    #: the launch and request under way when a failed notebook's kernel stopped
+    #: (:func:`perfkit.scenarios.progress.in_flight`), None when no launch was cut short
+    in_flight: dict[str, Any] | None = None
 
 
 def kernel_name() -> str:
@@ -706,8 +709,16 @@ def run_suite(
                 ]
                 break
             r.outlived = _end_outlived(watch, spec.stop_grace_s)
-            if r.outlived and r.status == "error":
-                r.error = f"{r.error}\n{describe([Ended(**e) for e in r.outlived])}"
+            if r.status == "error":
+                # a kernel that died mid-launch (cell timeout, kill) left a request in flight
+                r.in_flight = in_flight(pfile)
+                if r.in_flight:
+                    r.error = (
+                        f"{r.error}\nthe kernel stopped during launch {r.in_flight['launch']!r}, "
+                        f"request {r.in_flight['request']}"
+                    )
+                if r.outlived:
+                    r.error = f"{r.error}\n{describe([Ended(**e) for e in r.outlived])}"
             if r.status == "ok" and read_verdict(run_dir / name) is None:
                 r.status, r.ename = "error", "MissingVerdict"
                 r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"

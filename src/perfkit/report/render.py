@@ -258,7 +258,8 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
     launch, the request that hung or failed (its index in the launch, 0 = cold), how the engine
     ended (exit code, signal, ``killed by perfkit (SIGKILL) after N s``) and the host's OOM-kill
     record (read from the kernel log or the cgroup, "no record found" when none); then every
-    process a notebook's kernel left running that the suite (its owner) ended. Read from each
+    process a notebook's kernel left running that the suite (its owner) ended (its failed request:
+    the one in flight when the kernel stopped, run.json's ``in_flight``). Read from each
     ``RUN/<scenario>/launches.parquet`` (and the units' bundles of an ``--executor`` run under
     ``RUN/shards/``; columns ``failed_request``, ``ended``, ``end_signal``,
     ``end_by_perfkit``, ``oom_record``) and run.json's ``outlived``. None when there is none."""
@@ -296,12 +297,15 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
                 }
             )
     for n in _run_info(run_dir).get("notebooks", []):
+        fl = n.get("in_flight") or {}
         for e in n.get("outlived") or []:
+            label = str(e.get("label") or "")
+            mine = fl and label.split(" ")[0] == str(fl.get("launch"))
             rows.append(
                 {
                     "investigation": n.get("name"),
-                    "launch": f"pid {e.get('pid')} {e.get('label') or ''}".strip(),
-                    "failed request": None,
+                    "launch": f"pid {e.get('pid')} {label}".strip(),
+                    "failed request": fl.get("request") if mine else None,
                     "how the engine ended": f"found after its notebook's kernel ended: {e.get('how')}",
                     "OOM-kill record": "–",
                 }
