@@ -1,17 +1,28 @@
 """A fake engine for launch tests: prints perfkit-mark lines, serves GET /health (http.server).
 
 Modes:
-  ok      mark, write one warmup record to <perf-log-dir>/performance.log, serve /health, and
-          POST /v1/videos (completed at once; one sglang-layout record per request; GET
-          /v1/videos/<id> answers completed). --nan-request I writes request I's (0-based)
-          DenoisingStage time as NaN, --bad-utf8-request I writes its stage name with stray
-          bytes (invalid UTF-8); --stderr-line-bytes N prints one N-byte hex line to stderr at start
+  ok      mark, write one warmup record to <perf-log-dir>/performance.log, serve /health
   exit    print a few lines, exit with --exit-code
   hang    run but never answer /health with 200 (no server at all)
   alloc   serve /health, then allocate --alloc-mib in --step-mib steps (--alloc-when start: before
           serving)
+  serve   serve /health and sglang's video API (mode ok serves it too) (POST /v1/videos, GET /v1/videos/{id}): each
+          request completes after --request-s and appends its performance.log record
 Options: --child (a sleeping child in the same process group), --escape-child (a child in its own
 session, outside the group), --ignore-term (ignore SIGTERM).
+
+Faults of mode serve, at the request numbered --fault-at (0 = the first, the cold request):
+  hang     the request never finishes; /health still answers 200
+  sigstop  the engine stops itself (SIGSTOP) inside the request
+  drain    the request never finishes, and SIGTERM only starts "draining in-flight jobs"
+           (uvicorn's graceful shutdown waiting on a job that never ends): it never exits
+  fork     at start, a child in the engine's group and one in a session of its own; then as hang
+  sigkill  the engine SIGKILLs itself inside the request (as the OOM killer would)
+Input faults (any serving mode): --nan-request N (request N's DenoisingStage time is NaN),
+--bad-utf8-request N (request N's stage name is invalid UTF-8), --stderr-line-bytes B (one line of
+B hex digits on stderr at startup).
+--pid-file: every process of the engine (itself, its children) appends "pid create_time" there,
+so a test can check by pid and start time, not by name, that none survives.
 """
 
 from __future__ import annotations
@@ -31,63 +42,92 @@ def mark(name: str) -> None:
     print(f"perfkit-mark {name} t={time.time():.6f}", file=sys.stderr, flush=True)
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
-    perf_log: str | None = None
-    nan_request = -1
-    bad_utf8_request = -1
-    served = 0
-    lock = threading.Lock()
+class Jobs:
+    """The video API's jobs: id -> status; request numbers count from 0."""
 
-    def _json(self, code: int, doc: dict) -> None:
-        body = json.dumps(doc).encode()
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.status: dict[str, str] = {}
+        self.n = 0
+        self.lock = threading.Lock()
+
+    def submit(self) -> str:
+        with self.lock:
+            k = self.n
+            self.n += 1
+        rid = f"req-{k}"
+        self.status[rid] = "running"
+        threading.Thread(target=self.run, args=(rid, k), daemon=True).start()
+        return rid
+
+    def run(self, rid: str, k: int) -> None:
+        a = self.a
+        t0 = time.time()
+        if k == a.fault_at and a.fault != "none":
+            print(f"request {k} ({rid}): fault {a.fault} t={time.time():.3f}", flush=True)
+            if a.fault == "sigstop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            elif a.fault == "sigkill":
+                time.sleep(0.1)
+                os.kill(os.getpid(), signal.SIGKILL)
+            while True:  # hang, drain, fork (and a continued sigstop): never finishes
+                time.sleep(1)
+        time.sleep(a.request_s)
+        if a.perf_log_dir:
+            ms = (time.time() - t0) * 1000.0
+            denoise = float("nan") if k == a.nan_request else ms
+            line = json.dumps(
+                {
+                    "request_id": rid,
+                    "tag": "pipeline_stage_metrics",
+                    "stages": [
+                        {"name": "TextEncodingStage", "execution_time_ms": 2.0},
+                        {"name": "DenoisingStage", "execution_time_ms": denoise},
+                        {"name": "DecodingStage", "execution_time_ms": 3.0},
+                    ],
+                    "steps": [ms / 2, ms / 2],
+                    "total_duration_ms": ms + 5.0,
+                    "memory_snapshots": {},
+                }
+            ).encode()
+            if k == a.bad_utf8_request:  # an undecodable stage name
+                line = line.replace(b"DenoisingStage", b"Denois\xff\xfeingStage")
+            with open(os.path.join(a.perf_log_dir, "performance.log"), "ab") as fh:
+                fh.write(line + b"\n")
+        self.status[rid] = "completed"
+
+
+JOBS: Jobs | None = None
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def _send(self, code: int, body: bytes) -> None:
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-
-    def do_POST(self) -> None:  # noqa: N802
-        if self.path != "/v1/videos":
-            return self._json(404, {"detail": "not found"})
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        cls = type(self)
-        with cls.lock:
-            i, cls.served = cls.served, cls.served + 1
-        rid = f"req-{i}"
-        denoise = float("nan") if i == cls.nan_request else 20.0 + i
-        line = json.dumps(
-            {
-                "request_id": rid,
-                "tag": "pipeline_stage_metrics",
-                "stages": [
-                    {"name": "TextEncodingStage", "execution_time_ms": 2.0},
-                    {"name": "DenoisingStage", "execution_time_ms": denoise},
-                    {"name": "DecodingStage", "execution_time_ms": 3.0},
-                ],
-                "steps": [10.0, 10.0 + i],
-                "total_duration_ms": 25.0 + i,
-                "memory_snapshots": {},
-            }
-        ).encode()
-        if i == cls.bad_utf8_request:
-            line = line.replace(b"DenoisingStage", b"Denois\xff\xfeingStage")
-        if cls.perf_log:
-            with open(cls.perf_log, "ab") as fh:
-                fh.write(line + b"\n")
-        self._json(200, {"id": rid, "status": "completed"})
 
     def do_GET(self) -> None:  # noqa: N802
-        if self.path.startswith("/v1/videos/"):
-            return self._json(200, {"id": self.path.rsplit("/", 1)[-1], "status": "completed"})
         if self.path == "/health":
-            body = b"ok"
-            self.send_response(200)
+            self._send(200, b"ok")
+        elif JOBS is not None and self.path.startswith("/v1/videos/"):
+            rid = self.path.rsplit("/", 1)[1]
+            st = JOBS.status.get(rid)
+            if st is None:
+                self._send(404, b'{"detail": "no such job"}')
+            else:
+                self._send(200, json.dumps({"id": rid, "status": st}).encode())
         else:
-            body = b"not found"
-            self.send_response(404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            self._send(404, b"not found")
+
+    def do_POST(self) -> None:  # noqa: N802
+        n = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(n)
+        if JOBS is not None and self.path == "/v1/videos":
+            rid = JOBS.submit()
+            self._send(200, json.dumps({"id": rid, "status": "queued"}).encode())
+        else:
+            self._send(404, b"not found")
 
     def log_message(self, fmt: str, *args) -> None:  # quiet
         pass
@@ -107,7 +147,13 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--perf-log-dir", default=None)
-    ap.add_argument("--mode", default="ok", choices=["ok", "exit", "hang", "alloc"])
+    ap.add_argument("--mode", default="ok", choices=["ok", "exit", "hang", "alloc", "serve"])
+    ap.add_argument(
+        "--fault", default="none", choices=["none", "hang", "sigstop", "drain", "fork", "sigkill"]
+    )
+    ap.add_argument("--fault-at", type=int, default=1)
+    ap.add_argument("--request-s", type=float, default=0.05)
+    ap.add_argument("--pid-file", default=None)
     ap.add_argument("--exit-code", type=int, default=3)
     ap.add_argument("--load-s", type=float, default=0.3)
     ap.add_argument("--warmup-s", type=float, default=0.2)
@@ -130,12 +176,25 @@ def main() -> None:
         )
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if a.fault == "drain":
+
+        def drain(signum, frame) -> None:  # noqa: ARG001
+            print("SIGTERM: draining in-flight jobs before exiting", flush=True)
+
+        signal.signal(signal.SIGTERM, drain)
     print(f"fake engine pid {os.getpid()} mode {a.mode}", flush=True)
     sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
-    if a.child:
-        subprocess.Popen(sleeper)
-    if a.escape_child:
-        subprocess.Popen(sleeper, start_new_session=True)
+    kids = []
+    if a.child or a.fault == "fork":
+        kids.append(subprocess.Popen(sleeper))
+    if a.escape_child or a.fault == "fork":
+        kids.append(subprocess.Popen(sleeper, start_new_session=True))
+    if a.pid_file:
+        import psutil
+
+        with open(a.pid_file, "a") as fh:
+            for pid in [os.getpid(), *(k.pid for k in kids)]:
+                fh.write(f"{pid} {psutil.Process(pid).create_time()!r}\n")
     if a.mode == "exit":
         print("loading model... failed: out of luck", file=sys.stderr, flush=True)
         sys.exit(a.exit_code)
@@ -161,8 +220,9 @@ def main() -> None:
     if a.mode == "hang":
         while True:
             time.sleep(1)
-    Handler.nan_request, Handler.bad_utf8_request = a.nan_request, a.bad_utf8_request
-    Handler.perf_log = os.path.join(a.perf_log_dir, "performance.log") if a.perf_log_dir else None
+    global JOBS
+    if a.mode in ("ok", "serve"):
+        JOBS = Jobs(a)
     server = http.server.ThreadingHTTPServer((a.host, a.port), Handler)
     if a.mode == "alloc" and a.alloc_when == "ready":
         threading.Thread(target=allocate, args=(a.alloc_mib, a.step_mib, a.step_s, hold), daemon=True).start()

@@ -138,11 +138,33 @@ def test_typo_fails_before_launch_via_cli(tmp_path):
 def test_engine_section_is_the_spec():
     p = parse_params({"name": "x", "engine": {"kind": "sglang", "model_path": "m/x", "num_gpus": 2}})
     spec = p.engine_spec()
-    assert isinstance(spec, SglangEngine) and spec is p.engine and spec.num_gpus == 2
+    assert isinstance(spec, SglangEngine) and spec.num_gpus == 2
+    # the section itself, its request timeout filled in from the cell timeout (1800 - 10 - 10 s)
+    assert p.engine.request_timeout_s is None and spec.request_timeout_s == 1780
+    assert spec == p.engine.replace(request_timeout_s=1780)
     d = p.engine_dict()
     assert d == spec.to_dict() and d["kind"] == "sglang" and d["executable"] == ["sglang"]
     assert EngineSpec.from_dict(d) == spec
-    assert EngineSpec.from_dict(dict(p.engine)) == spec  # dict(model): its fields
+    assert EngineSpec.from_dict(dict(p.engine)) == p.engine  # dict(model): its fields
+
+
+def test_timeouts_are_ordered():
+    """request + stop grace + teardown margin must fit in the cell timeout (issue 33)."""
+    eng = {"kind": "command", "command": ["x", "{port}"]}
+    ok = parse_params(
+        {"name": "x", "timeout_s": 30, "engine": {**eng, "request_timeout_s": 18, "stop_grace_s": 2}}
+    )
+    assert ok.request_timeout_s() == 18
+    assert parse_params({"name": "x", "timeout_s": 30, "engine": eng}).request_timeout_s() == 10
+    assert parse_params({"name": "x", "timeout_s": None, "engine": eng}).request_timeout_s() == 1800
+    with pytest.raises(
+        ParamsError, match=r"engine.request_timeout_s: request_timeout_s 19 \+ stop_grace_s 2"
+    ):
+        parse_params(
+            {"name": "x", "timeout_s": 30, "engine": {**eng, "request_timeout_s": 19, "stop_grace_s": 2}}
+        )
+    with pytest.raises(ParamsError, match=r"timeout_s: must be > engine.stop_grace_s 10"):
+        parse_params({"name": "x", "timeout_s": 20, "engine": eng})
     assert isinstance(parse_params({"name": "x"}).engine, ReferenceEngine)  # no section: the default
 
 

@@ -239,7 +239,7 @@ PARAMS = yaml.safe_load((ROOT / "params" / "ci-cpu.yaml").read_text())
 
 
 @SETTINGS
-@given(corrupted(PARAMS, depths=(50, 500)))  # 20,000 levels: test_faults (YAML scans in Python)
+@given(corrupted(PARAMS, depths=(50, 500)))  # 20,000 levels: test_input_faults (YAML scans in Python)
 def test_params_file_refused_naming_file_or_valid(raw):
     with tempfile.TemporaryDirectory() as tmp:
         p = Path(tmp) / "p.yaml"

@@ -298,6 +298,28 @@ TABLES: dict[str, Table] = {
                 _c("command", "string", "text", "engine argv, space-joined (secrets redacted)"),
                 _c("exit_code", "Int64", "id", "engine exit code (NA: still running at teardown)"),
                 _c("error", "string", "text", "why the launch failed, if it did"),
+                _c(
+                    "ended",
+                    "string",
+                    "text",
+                    "how the engine ended (exit code, signal, killed by perfkit after N s)",
+                ),
+                _c("end_signal", "Int64", "id", "signal that ended the engine (9: SIGKILL; NA: none)"),
+                _c(
+                    "end_by_perfkit", "boolean", "bool", "perfkit's teardown ended it (not the engine itself)"
+                ),
+                _c(
+                    "failed_request",
+                    "Int64",
+                    "id",
+                    "index of the request that hung or failed and ended the launch",
+                ),
+                _c(
+                    "oom_record",
+                    "string",
+                    "text",
+                    "the host's OOM-kill record of the engine (kernel log, cgroup)",
+                ),
                 _c("load_peak_mib", "float64", "MiB", "device peak reserved during model load"),
                 _c("load_peak_allocated_mib", "float64", "MiB", "device peak allocated during model load"),
                 _c("warmup_peak_mib", "float64", "MiB", "device peak reserved during the startup warmup"),

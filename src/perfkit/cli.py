@@ -65,8 +65,14 @@ def _parse_kv(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
 
 
 def _sigterm_as_interrupt() -> None:
-    """SIGTERM (CI cancel, ``timeout``) stops the run like Ctrl-C: engines torn down, report written."""
+    """SIGTERM (CI cancel, ``timeout``) stops the run like Ctrl-C: engines torn down, report
+    written. This process also becomes the owner of everything it starts
+    (:func:`perfkit.engine.owner.become_subreaper`: orphans below it come back to it)."""
     import signal
+
+    from perfkit.engine.owner import become_subreaper
+
+    become_subreaper()
 
     def handler(signum, frame):  # noqa: ARG001
         raise KeyboardInterrupt(f"signal {signum}")
@@ -256,11 +262,27 @@ def _run_with_bars(nb: Path, out: Path, params: dict[str, Any], a: SimpleNamespa
     planned = sum(plan)
     pfile = out.with_suffix(".progress.jsonl")
     bars = RunBars(sys.stderr, len(plan), planned, enabled=planned > 0 and sys.stderr.isatty())
+    # this process owns what the kernel starts (perfkit.engine.owner): ended here if it outlives it
+    from perfkit.engine.owner import REGISTRY_ENV, Watch, become_subreaper, describe
+
+    become_subreaper()
+    registry_file = out.with_suffix(".processes.jsonl")
+    watch = Watch.start(registry_file)
+    old_env = os.environ.get(REGISTRY_ENV)
+    os.environ[REGISTRY_ENV] = str(registry_file)
     try:
         with bars.watch(pfile, nb.stem, planned):
-            return execute_notebook(nb, out, params, cwd=Path.cwd(), timeout_s=a.timeout, progress_file=pfile)
+            r = execute_notebook(nb, out, params, cwd=Path.cwd(), timeout_s=a.timeout, progress_file=pfile)
     finally:
         bars.close()
+        if old_env is None:
+            os.environ.pop(REGISTRY_ENV, None)
+        else:
+            os.environ[REGISTRY_ENV] = old_env
+        left = watch.reap()
+    if left and r.status == "error":
+        r.error = f"{r.error}\n{describe(left)}"
+    return r
 
 
 def cmd_run(a: SimpleNamespace) -> int:

@@ -23,6 +23,7 @@ import click
 
 from perfkit.common import jsonsafe
 from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.owner import Watch, become_subreaper, describe
 from perfkit.params import SuiteParams, load_params
 from perfkit.scenarios import registry
 from perfkit.scenarios.overhead import NAME as OVERHEAD
@@ -58,7 +59,8 @@ def measure(
     Returns:
         a summary ``{scenario: {"bundle": path, "wall_s": s, "error": str | None}}`` (also
         written to ``out/measure.json``). Scenario errors are logged and recorded, not raised;
-        a scenario whose bundle holds no usable measurement counts as an error.
+        a scenario whose bundle holds no usable measurement counts as an error, and so does
+        a process that outlived its launch (ended here on a deadline and named).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,6 +84,7 @@ def measure(
     for name, s, sec, eng in jobs:
         t0 = time.time()
         log.info("measuring %s", name)
+        watch = Watch.start()
         try:
             ctx = RunContext(engine=eng, request=req, work_dir=work / name, shared=dict(shared))
             with bars.listen(name, sum(plans[name])):
@@ -97,6 +100,10 @@ def measure(
                 "wall_s": round(time.time() - t0, 1),
                 "error": f"{type(exc).__name__}: {exc}",
             }
+        finally:  # what outlived the investigation's launches is ended, and named
+            left = watch.reap(grace_s=eng.stop_grace_s)
+        if left:
+            summary[name]["error"] = "; ".join(x for x in (summary[name]["error"], describe(left)) if x)
         (out / "measure.json").write_text(jsonsafe.dumps(summary, indent=2))
     bars.close()
     return summary
@@ -168,6 +175,7 @@ def measure_command(
     two_stage_shapes: bool,
 ) -> None:
     """The ``measure`` command (also ``perfkit measure``); exits with the code."""
+    become_subreaper()  # this process owns its engines and whatever they start
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if not Path(params_file).is_file():

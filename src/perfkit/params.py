@@ -4,7 +4,8 @@ Layout (every section optional except ``name``; unknown keys are errors)::
 
     name: ci-cpu
     description: ...
-    timeout_s: 600                 # per notebook cell (papermill execution timeout)
+    timeout_s: 600                 # per notebook cell (papermill execution timeout); must be >=
+                                   # engine.request_timeout_s + engine.stop_grace_s + 10 s
     engine: {kind, preset, compile, compile_backend, device, dtype, warmup_frames, ...}
                                    # the fields of that kind's EngineSpec (perfkit.engine.spec)
     request: {num_frames, height, width, num_inference_steps, seed, prompt, ...}
@@ -48,6 +49,7 @@ from perfkit.common.presets import MAX_FRAMES, PIXEL_MULTIPLE
 from perfkit.engine.spec import (
     BAD_KIND,
     CROSS_FIELD,
+    DEFAULT_REQUEST_TIMEOUT_S,
     AnyEngineSpec,
     EngineSpec,
     ReferenceEngine,
@@ -66,6 +68,11 @@ __all__ = [
     "load_yaml",
     "parse_params",
 ]
+
+
+#: seconds a cell keeps, after a request's timeout and the engine's stop grace, for the rest of
+#: its teardown (records, the bundle, the logs)
+TEARDOWN_MARGIN_S = 10.0
 
 
 class ParamsError(ValueError):
@@ -171,7 +178,52 @@ class _SuiteBase(_Model):
             raise _AtKeys(problems)
         return self
 
+    @model_validator(mode="after")
+    def _timeouts_ordered(self) -> "_SuiteBase":
+        """Cell, request and teardown timeouts in order: a request that hangs times out, and
+        the engine's teardown (``stop_grace_s`` to SIGKILL) ends, before papermill's cell
+        timeout kills the kernel: ``request_timeout_s + stop_grace_s + TEARDOWN_MARGIN_S <=
+        timeout_s``."""
+        if self.timeout_s is None:
+            return self
+        eng, margin = self.engine, TEARDOWN_MARGIN_S
+        if eng.request_timeout_s is not None:
+            need = eng.request_timeout_s + eng.stop_grace_s + margin
+            if need > self.timeout_s:
+                raise _AtKeys(
+                    [
+                        (
+                            ("engine", "request_timeout_s"),
+                            f"request_timeout_s {eng.request_timeout_s:g} + stop_grace_s "
+                            f"{eng.stop_grace_s:g} + {margin:g} s for the teardown must be <= "
+                            f"timeout_s {self.timeout_s:g} (the notebook cell's timeout), so that "
+                            f"a hung request ends and its engine is stopped before the cell is killed",
+                        )
+                    ]
+                )
+        elif self.timeout_s <= eng.stop_grace_s + margin:
+            raise _AtKeys(
+                [
+                    (
+                        ("timeout_s",),
+                        f"must be > engine.stop_grace_s {eng.stop_grace_s:g} + {margin:g} s for the "
+                        f"teardown, got {self.timeout_s:g}",
+                    )
+                ]
+            )
+        return self
+
     # ------------------------------------------------------------------ helpers
+    def request_timeout_s(self) -> float:
+        """A request's timeout (s): ``engine.request_timeout_s``, else what the cell timeout
+        leaves after the teardown (``timeout_s - stop_grace_s - TEARDOWN_MARGIN_S``, at most
+        :data:`~perfkit.engine.spec.DEFAULT_REQUEST_TIMEOUT_S`)."""
+        if self.engine.request_timeout_s is not None:
+            return self.engine.request_timeout_s
+        if self.timeout_s is None:
+            return DEFAULT_REQUEST_TIMEOUT_S
+        return min(DEFAULT_REQUEST_TIMEOUT_S, self.timeout_s - self.engine.stop_grace_s - TEARDOWN_MARGIN_S)
+
     def enabled(self) -> list[str]:
         """Enabled investigations, in run order."""
         return [s.name for s in registry.all_scenarios() if getattr(self, s.name).enabled]
@@ -181,13 +233,16 @@ class _SuiteBase(_Model):
         return getattr(self, name)
 
     def engine_spec(self) -> EngineSpec:
-        """The validated engine spec (the ``engine`` section itself)."""
-        return self.engine
+        """The validated engine spec (the ``engine`` section), its ``request_timeout_s`` filled
+        in from the cell timeout when not given (:meth:`request_timeout_s`)."""
+        if self.engine.request_timeout_s is not None:
+            return self.engine
+        return self.engine.replace(request_timeout_s=self.request_timeout_s())
 
     def engine_dict(self) -> dict[str, Any]:
         """The engine spec as a plain dict (:meth:`EngineSpec.to_dict`: every field of its kind),
-        what notebooks receive as their ``engine`` parameter."""
-        return self.engine.to_dict()
+        what notebooks receive as their ``engine`` parameter (:meth:`engine_spec`'s)."""
+        return self.engine_spec().to_dict()
 
     def invariants_all(self) -> dict[str, Any]:
         """Every gated invariant: the scenarios' defaults overlaid with this file's

@@ -55,6 +55,7 @@ from pydantic import ValidationError
 
 from perfkit.common import jsonsafe
 from perfkit.common.provenance import repo_root
+from perfkit.engine.owner import REGISTRY_ENV, Ended, Watch, describe, spawn_reaper, stop_reaper
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
@@ -74,7 +75,7 @@ from perfkit.report.render import notebook_error
 from perfkit.scaleout.shards import select
 from perfkit.scenarios import registry
 from perfkit.scenarios.common import slug
-from perfkit.scenarios.progress import PROGRESS_ENV, RunBars, planned_requests
+from perfkit.scenarios.progress import PROGRESS_ENV, RunBars, in_flight, planned_requests
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,12 @@ class NotebookRun:
     parameters: dict[str, Any] = field(default_factory=dict)
     #: why a notebook was skipped (disabled in the params, not selected, no bundle to replay)
     reason: str | None = None
+    #: processes its kernel started that outlived it and the suite (their owner) ended:
+    #: {pid, label, how, killed, after_s, stopped} each (:class:`perfkit.engine.owner.Ended`)
+    outlived: list[dict[str, Any]] = field(default_factory=list)
+    #: the launch and request under way when a failed notebook's kernel stopped
+    #: (:func:`perfkit.scenarios.progress.in_flight`), None when no launch was cut short
+    in_flight: dict[str, Any] | None = None
 
 
 def kernel_name() -> str:
@@ -642,58 +649,83 @@ def run_suite(
     it = tqdm(names, desc="perfkit suite", unit="notebook", disable=not progress, file=bar_file)
     planned = run_plan(params, [n for n in names if n != GATE]) if replay_dir is None else (0, 0)
     bars = RunBars(bar_file, *planned, enabled=progress)
-    for name in it:
-        it.set_postfix_str(name)
-        src = nb_dir / f"{name}.ipynb"
-        dst = run_dir / "notebooks" / f"{name}.ipynb"
-        if not src.exists():
-            runs.append(
-                NotebookRun(
-                    name, status="error", error=f"notebook {src} not found", ename="FileNotFoundError"
+    # if this process is killed outright, the reaper ends what its kernels started
+    (run_dir / "notebooks").mkdir(parents=True, exist_ok=True)
+    reaper = spawn_reaper(run_dir / "notebooks", spec.stop_grace_s) if replay_dir is None else None
+    try:
+        for name in it:
+            it.set_postfix_str(name)
+            src = nb_dir / f"{name}.ipynb"
+            dst = run_dir / "notebooks" / f"{name}.ipynb"
+            if not src.exists():
+                runs.append(
+                    NotebookRun(
+                        name, status="error", error=f"notebook {src} not found", ename="FileNotFoundError"
+                    )
                 )
-            )
-            continue
-        # a stale verdict from an earlier run in the same directory must not count
-        stale = run_dir / name / VERDICT_FILE
-        if stale.exists():
-            stale.unlink()
-        log.info("running %s", src)
-        pfile = run_dir / "notebooks" / f"{name}.progress.jsonl"
-        try:
-            with bars.watch(pfile, name, run_plan(params, [name])[1] if replay_dir is None else 0):
-                r = execute_notebook(
-                    src,
-                    dst,
-                    notebook_parameters(name, params, run_dir, replay_dir),
-                    cwd=run_dir,
-                    timeout_s=params.timeout_s,
-                    kernel=kern,
-                    kernel_log=run_dir / "notebooks" / f"{name}.kernel.log",
-                    progress_file=pfile,
+                continue
+            # a stale verdict from an earlier run in the same directory must not count
+            stale = run_dir / name / VERDICT_FILE
+            if stale.exists():
+                stale.unlink()
+            log.info("running %s", src)
+            pfile = run_dir / "notebooks" / f"{name}.progress.jsonl"
+            # this process owns what the kernel launches: registered there, ended here if it
+            # outlives the kernel (perfkit.engine.owner)
+            registry_file = run_dir / "notebooks" / f"{name}.processes.jsonl"
+            watch = Watch.start(registry_file)
+            try:
+                with (
+                    bars.watch(pfile, name, run_plan(params, [name])[1] if replay_dir is None else 0),
+                    _env(REGISTRY_ENV, str(registry_file)),
+                ):
+                    r = execute_notebook(
+                        src,
+                        dst,
+                        notebook_parameters(name, params, run_dir, replay_dir),
+                        cwd=run_dir,
+                        timeout_s=params.timeout_s,
+                        kernel=kern,
+                        kernel_log=run_dir / "notebooks" / f"{name}.kernel.log",
+                        progress_file=pfile,
+                    )
+            except KeyboardInterrupt:
+                _end_outlived(watch, spec.stop_grace_s)
+                # Ctrl-C or SIGTERM (CI cancel): the kernel is shut down, its engine follows it
+                # (launch's parent-death signal); stop here, but still write the report (exit 2)
+                log.error("interrupted while running %s: writing the report of what ran", name)
+                runs.append(
+                    NotebookRun(
+                        name,
+                        status="error",
+                        ename="KeyboardInterrupt",
+                        error=f"interrupted (Ctrl-C or SIGTERM) while running {name}",
+                    )
                 )
-        except KeyboardInterrupt:
-            # Ctrl-C or SIGTERM (CI cancel): the kernel is shut down, its engine follows it
-            # (launch's parent-death signal); stop here, but still write the report (exit 2)
-            log.error("interrupted while running %s: writing the report of what ran", name)
-            runs.append(
-                NotebookRun(
-                    name,
-                    status="error",
-                    ename="KeyboardInterrupt",
-                    error=f"interrupted (Ctrl-C or SIGTERM) while running {name}",
-                )
-            )
-            done = {r.name for r in runs}
-            runs += [
-                NotebookRun(n, status="skipped", reason="not run: interrupted")
-                for n in names
-                if n not in done
-            ]
-            break
-        if r.status == "ok" and read_verdict(run_dir / name) is None:
-            r.status, r.ename = "error", "MissingVerdict"
-            r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"
-        runs.append(r)
+                done = {r.name for r in runs}
+                runs += [
+                    NotebookRun(n, status="skipped", reason="not run: interrupted")
+                    for n in names
+                    if n not in done
+                ]
+                break
+            r.outlived = _end_outlived(watch, spec.stop_grace_s)
+            if r.status == "error":
+                # a kernel that died mid-launch (cell timeout, kill) left a request in flight
+                r.in_flight = in_flight(pfile)
+                if r.in_flight:
+                    r.error = (
+                        f"{r.error}\nthe kernel stopped during launch {r.in_flight['launch']!r}, "
+                        f"request {r.in_flight['request']}"
+                    )
+                if r.outlived:
+                    r.error = f"{r.error}\n{describe([Ended(**e) for e in r.outlived])}"
+            if r.status == "ok" and read_verdict(run_dir / name) is None:
+                r.status, r.ename = "error", "MissingVerdict"
+                r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"
+            runs.append(r)
+    finally:
+        stop_reaper(reaper)
     bars.close()
     it.close()
     order = {n: i for i, n in enumerate(notebook_names())}
@@ -743,6 +775,11 @@ def run_suite(
         except Exception as exc:  # noqa: BLE001 - a screenshot is a nicety
             log.warning("no screenshot: %s", exc)
     return SuiteResult(run_dir, code, STATUS_WORD[code], runs, verdicts)
+
+
+def _end_outlived(watch: Watch, grace_s: float) -> list[dict[str, Any]]:
+    """End what a notebook's kernel started and left running (:meth:`Watch.reap`); as dicts."""
+    return [e.to_dict() for e in watch.reap(grace_s=grace_s)]
 
 
 def _shown_path(path: Path) -> str:

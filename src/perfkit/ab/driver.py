@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from perfkit.ab.stats import interleaved_order
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.owner import Watch, describe
 from perfkit.engine.spec import EngineSpec
 from perfkit.scenarios.common import LaunchData, assemble, measure_launch
 
@@ -46,7 +47,8 @@ class AbPlan:
         request: the request shape (cold and warm requests alike).
         launches: N, launches a side (>= 1; 2 or more for an interval).
         warm: M, warm requests a launch after the cold request (>= 1).
-        request_timeout_s: per request (s).
+        request_timeout_s: per request (s; None: each spec's ``request_timeout_s``, else
+            :data:`~perfkit.engine.spec.DEFAULT_REQUEST_TIMEOUT_S`).
     """
 
     spec_a: EngineSpec
@@ -54,7 +56,7 @@ class AbPlan:
     request: VideoRequestSpec
     launches: int
     warm: int
-    request_timeout_s: float = 1800.0
+    request_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.launches < 1:
@@ -93,7 +95,7 @@ def run_arms(
     launches: int | Mapping[str, int],
     warm: int,
     out: str | Path,
-    request_timeout_s: float = 1800.0,
+    request_timeout_s: float | None = None,
 ) -> dict[str, ResultBundle]:
     """Run launches of several engine specs ("arms": A, and B, C, … each a variant of it) in one
     balanced interleaved order (:func:`perfkit.ab.stats.interleaved_order`), a bundle per arm
@@ -102,7 +104,10 @@ def run_arms(
 
     Every bundle is saved after every launch (a pool cut short keeps what it ran) and its meta
     ``ab`` holds the whole order, the load averages and the wall time. Never raises for engine
-    failures (a failed launch keeps its error in its ``launches`` row).
+    failures (a failed launch keeps its error in its ``launches`` row: a request that hung or
+    lost the engine is named with how the engine ended). After each launch any process it
+    started that outlived its teardown is ended (:class:`perfkit.engine.owner.Watch`) and named
+    in that error.
 
     Raises:
         ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec.
@@ -122,7 +127,11 @@ def run_arms(
     for pos, arm in enumerate(tqdm(order, desc="ab launches", unit="launch")):
         label = f"{arm}{len(data[arm]):02d}"
         loads[label] = {"position": pos, "loadavg": _loadavg()}
+        watch = Watch.start()
         d = measure_launch(specs[arm], reqs, out / "launches", label, request_timeout_s=request_timeout_s)
+        left = watch.reap(grace_s=specs[arm].stop_grace_s)  # what outlived the launch's teardown
+        if left:
+            d.launch_row["error"] = d.error = "; ".join(x for x in (d.error, describe(left)) if x)
         log.info(
             "launch %s (%d/%d): ready %.2f s, first result %s s%s",
             label,

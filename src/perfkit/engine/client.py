@@ -86,7 +86,7 @@ class VideoClient:
     Args:
         base_url: e.g. ``http://127.0.0.1:30000``.
         perf_log_dir: where the engine writes performance.log (None: no record lookup).
-        timeout_s: per request, submit to completion.
+        timeout_s: per request, submit to completion (no HTTP call waits past it).
         poll_s: polling interval.
     """
 
@@ -140,8 +140,27 @@ class VideoClient:
                 body or {},
             )
 
+        deadline = p0 + self.timeout_s
+
+        def call_timeout() -> httpx.Timeout:
+            # no single HTTP call outlives the request's deadline (a stopped engine accepts the
+            # connection and never answers)
+            left = max(0.2, deadline - time.perf_counter())
+            return httpx.Timeout(min(30.0, left), connect=min(5.0, left))
+
+        def timed_out(rid: str, code: int, status: str, why: str = "") -> RequestOutcome:
+            return outcome(
+                rid,
+                "timeout",
+                code,
+                f"request {rid or '(not yet accepted)'} not finished after {self.timeout_s:g} s "
+                f"(last status {status}{why})",
+            )
+
         try:
-            resp = self.submit(spec)
+            resp = self.http.post("/v1/videos", json=spec.payload(), timeout=call_timeout())
+        except httpx.TimeoutException as exc:
+            return timed_out("", 0, "submitting", f"; the engine did not answer: {type(exc).__name__}")
         except httpx.HTTPError as exc:
             return outcome("", "error", 0, f"submit failed: {type(exc).__name__}: {exc}")
         if resp.status_code >= 400:
@@ -149,18 +168,18 @@ class VideoClient:
         body = resp.json()
         rid = str(body.get("id") or body.get("request_id") or "")
         status = body.get("status", "queued")
-        deadline = p0 + self.timeout_s
         while status not in TERMINAL:
             if time.perf_counter() > deadline:
-                return outcome(
-                    rid,
-                    "timeout",
-                    resp.status_code,
-                    f"request {rid} not finished after {self.timeout_s:.0f} s (last status {status})",
-                )
+                return timed_out(rid, resp.status_code, status)
             time.sleep(self.poll_s)
             try:
-                r = self.http.get(f"/v1/videos/{rid}")
+                r = self.http.get(f"/v1/videos/{rid}", timeout=call_timeout())
+            except httpx.TimeoutException as exc:
+                if time.perf_counter() >= deadline:
+                    return timed_out(
+                        rid, resp.status_code, status, f"; the engine did not answer: {type(exc).__name__}"
+                    )
+                continue
             except httpx.HTTPError as exc:
                 return outcome(
                     rid,

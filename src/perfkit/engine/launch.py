@@ -16,10 +16,13 @@ Cold start: ``ready_s`` is launch until ``GET health_path`` answers 200. Its par
 log lines ``perfkit-mark <name> t=<epoch seconds>``: ``process_start_s`` and ``models_loaded_s``
 (mark − launch time) and ``warmup_s`` (warmup_done − models_loaded), None where absent.
 
-Teardown (normal exit, exception or KeyboardInterrupt): SIGTERM to the process group, ``grace_s``
-to exit, then SIGKILL to the group and to any descendant seen that survived (also those that left
-the group). Every process started is recorded in a module registry (:func:`started_processes`)
-so tests can assert that none survives.
+Teardown (normal exit, exception or KeyboardInterrupt): SIGTERM and SIGCONT to the process
+group, ``grace_s`` (default ``spec.stop_grace_s``) to exit, then SIGKILL to the group, to any
+descendant seen that survived (also those that left the group) and to the engine's own cgroup
+where it has one; :attr:`EngineHandle.end` says how it ended. Every process started is recorded
+in a module registry (:func:`started_processes`) so tests can assert that none survives, and
+with the owner (:mod:`perfkit.engine.owner`: the file named by ``PERFKIT_OWNER_REGISTRY``), which
+ends it if this process dies first; the engine itself gets a SIGKILL parent-death signal.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -45,6 +47,7 @@ from typing import Any, Iterator
 import httpx
 import psutil
 
+from perfkit.engine import owner as _owner
 from perfkit.engine.caps import CapOutcome, HostCapEnforcer, MemoryCaps, kill_tree
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings import records as _records
@@ -241,6 +244,14 @@ class EngineHandle:
         gpu_indices: the NVML indices its sampler reads (those of ``gpus``; without NVML the
             first ``num_gpus`` indices, as before).
         exit_code: set when the process has ended.
+        end: set at teardown, how the engine ended: ``how`` (words: ``exited with code 3``,
+            ``was killed by signal 9 (SIGKILL, not sent by perfkit)``, ``ended on perfkit's SIGTERM
+            after 0.2 s (exit code -15)``, ``did not exit within 2 s of SIGTERM: killed by
+            perfkit (SIGKILL) after 2.0 s``, prefixed ``was stopped (SIGSTOP) ...`` when it
+            was), ``exit_code``, ``signal`` (None unless killed by one), ``by_perfkit``,
+            ``after_s`` (SIGTERM until gone, s), ``stopped``, ``oom`` (the host's OOM-kill
+            record, :func:`perfkit.readings.oom.oom_record`, when a signal not sent by perfkit
+            ended it; else None).
     """
 
     spec: EngineSpec
@@ -264,6 +275,7 @@ class EngineHandle:
     _nvml: Any = field(default=None, repr=False)
     _proc: subprocess.Popen | None = field(default=None, repr=False)
     _enforcer: HostCapEnforcer | None = field(default=None, repr=False)
+    end: dict[str, Any] = field(default_factory=dict)
     _create_time: float = field(default=0.0, repr=False)
 
     @property
@@ -440,38 +452,121 @@ class EngineHandle:
         return [p for pid, p in found.items() if pid != self.pid]
 
     def _terminate(self, grace_s: float = 10.0) -> int | None:
-        """SIGTERM the group, wait ``grace_s``, SIGKILL the group and surviving descendants."""
+        """SIGTERM (and SIGCONT, so that a stopped engine acts on it) to the group, wait
+        ``grace_s``, SIGKILL the group and surviving descendants (and the engine's own cgroup,
+        where it has one: ``cgroup.kill``). Sets :attr:`end` (how the engine ended)."""
         _LIVE.pop(self.pid, None)
         if self._enforcer is not None:
             self._enforcer.stop()
         desc = self._descendants()
         for p in desc:
             with contextlib.suppress(psutil.Error):
-                _register(StartedProcess(p.pid, self.pgid, p.create_time(), self.label, ()))
+                sp = StartedProcess(p.pid, self.pgid, p.create_time(), self.label, ())
+                _register(sp)
+                _owner.register(sp.pid, sp.pgid, sp.create_time, f"{self.label} (child)")
         proc = self._proc
+        rc_before = proc.poll() if proc is not None else None
+        stopped = False
+        with contextlib.suppress(psutil.Error):
+            stopped = rc_before is None and psutil.Process(self.pid).status() == psutil.STATUS_STOPPED
+        killed, waited = False, 0.0
         if proc is not None and proc.poll() is None or any(_running(p) for p in desc):
+            t0 = time.monotonic()
             kill_tree(self.pgid, desc, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
+            kill_tree(self.pgid, desc, signal.SIGCONT)
+            deadline = t0 + grace_s
             while time.monotonic() < deadline:
                 if (proc is None or proc.poll() is not None) and not any(_running(p) for p in desc):
                     break
                 time.sleep(0.05)
             else:
+                killed = proc is not None and proc.poll() is None
                 log.warning(
                     "engine %s (pid %d) did not exit within %.1f s of SIGTERM; SIGKILL",
                     self.label,
                     self.pid,
                     grace_s,
                 )
+            waited = time.monotonic() - t0
+            _cgroup_kill(self.cgroup_path)
             kill_tree(self.pgid, desc + self._descendants(), signal.SIGKILL)
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
             self.exit_code = proc.poll()
         psutil.wait_procs([p for p in desc if _running(p)], timeout=2)
+        self.end = _end_words(
+            rc_before,
+            self.exit_code,
+            stopped,
+            killed,
+            waited,
+            grace_s,
+            [self.pid, *(p.pid for p in desc)],
+            self.cgroup_path,
+            self._create_time or None,
+        )
         if self._enforcer is not None:
             self._enforcer.finish()
         return self.exit_code
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def _end_words(
+    rc_before: int | None,
+    rc: int | None,
+    stopped: bool,
+    killed: bool,
+    waited_s: float,
+    grace_s: float,
+    pids: list[int],
+    cgroup_path: Path | None,
+    since: float | None = None,
+) -> dict[str, Any]:
+    """How an engine ended, as :attr:`EngineHandle.end` holds it (see there)."""
+    from perfkit.readings.oom import oom_record
+
+    code = rc_before if rc_before is not None else rc
+    sig = -code if code is not None and code < 0 else None
+    oom = None
+    if rc_before is not None:  # it ended by itself, before perfkit's teardown
+        if sig is not None:
+            how = f"was killed by signal {sig} ({_signal_name(sig)}, not sent by perfkit)"
+            oom = oom_record(pids, cgroup_path, since=since)
+        else:
+            how = f"exited with code {code}"
+        by_perfkit = False
+    elif killed:
+        how = f"did not exit within {grace_s:g} s of SIGTERM: killed by perfkit (SIGKILL) after {waited_s:.1f} s"
+        by_perfkit = True
+    else:
+        how = f"ended on perfkit's SIGTERM after {waited_s:.1f} s (exit code {code})"
+        by_perfkit = True
+    if stopped:
+        how = f"was stopped (SIGSTOP) when perfkit ended it; {how}"
+    return {
+        "how": how,
+        "exit_code": code,
+        "signal": sig,
+        "by_perfkit": by_perfkit,
+        "after_s": round(waited_s, 2),
+        "stopped": stopped,
+        "oom": oom,
+    }
+
+
+def _cgroup_kill(path: Path | None) -> None:
+    """``cgroup.kill`` of the engine's own cgroup v2 (Linux >= 5.14), when it has one."""
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        (Path(path) / "cgroup.kill").write_text("1")
 
 
 def _running(p: psutil.Process) -> bool:
@@ -482,20 +577,16 @@ def _running(p: psutil.Process) -> bool:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM me when my launcher dies (Linux ``PR_SET_PDEATHSIG``).
+    """In the child before exec: SIGKILL me when my launcher dies (Linux ``PR_SET_PDEATHSIG``).
 
     The engine runs in its own session (so its group can be signalled as a whole), which also
     means a killed launcher (a notebook kernel shut down by papermill, ``perfkit suite`` stopped
-    by a CI cancel) would leave it running; the death signal closes that gap. Elsewhere: no-op.
+    by a CI cancel) would leave it running; the death signal closes that gap. SIGKILL, not
+    SIGTERM: a stopped engine, or one that drains in-flight jobs on SIGTERM, would not act on
+    SIGTERM. The engine's own children are ended by the owner (:mod:`perfkit.engine.owner`).
+    Elsewhere: no-op.
     """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    _owner.die_with_parent(signal.SIGKILL)
 
 
 # ---------------------------------------------------------------------------- launch
@@ -505,7 +596,7 @@ def launch(
     caps: MemoryCaps | None = None,
     run_dir: str | Path | None = None,
     label: str = "engine",
-    grace_s: float = 10.0,
+    grace_s: float | None = None,
     startup_timeout_s: float | None = None,
     nvml: Any = None,
 ) -> Iterator[EngineHandle]:
@@ -519,7 +610,7 @@ def launch(
         run_dir: directory for this run's launches (default: a new temporary directory).
         label: launch label; the launch directory is ``run_dir/<label>`` (``<label>-1``, … when
             taken).
-        grace_s: seconds between SIGTERM and SIGKILL at teardown.
+        grace_s: seconds between SIGTERM and SIGKILL at teardown (default ``spec.stop_grace_s``).
         startup_timeout_s: overrides ``spec.startup_timeout_s``.
         nvml: NVML source for GPU matching, the baseline and the sampler (tests; default pynvml).
 
@@ -538,6 +629,7 @@ def launch(
         MemoryReadError: a cgroup limit or /proc/meminfo could not be read as a number.
     """
     spec.check()
+    grace_s = float(spec.stop_grace_s if grace_s is None else grace_s)
     if caps is not None and not caps.resolved:
         caps = caps.resolve()
     timeout = float(startup_timeout_s if startup_timeout_s is not None else spec.startup_timeout_s)
@@ -613,6 +705,7 @@ def launch(
     except psutil.Error:
         create_time = 0.0
     _register(StartedProcess(proc.pid, proc.pid, create_time, label, tuple(argv)))
+    _owner.register(proc.pid, proc.pid, create_time, label)
     handle = EngineHandle(
         spec=spec,
         label=label,

@@ -84,6 +84,7 @@ from perfkit.common.presets import PRESET_NAMES
 __all__ = [
     "AnyEngineSpec",
     "CommandEngine",
+    "DEFAULT_REQUEST_TIMEOUT_S",
     "DEFAULT_WARMUP_FRAMES",
     "EngineSpec",
     "EngineSpecError",
@@ -100,6 +101,8 @@ __all__ = [
 ]
 
 KINDS = ("reference", "sglang", "command")
+#: a request's timeout when neither the spec nor a params file's ``timeout_s`` sets one (s)
+DEFAULT_REQUEST_TIMEOUT_S = 1800.0
 #: Startup warmup modes (sglang's ``--warmup-mode`` choices).
 WARMUP_MODES = ("off", "request", "server")
 #: The default ``warmup_frames``; for kind ``sglang`` it adds no flag (sglang's own default).
@@ -215,6 +218,11 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         host: address the engine binds and perfkit reaches.
         port: fixed port, 1..65535 (None: a free one is picked at launch).
         startup_timeout_s: how long launch waits for health (s, > 0).
+        request_timeout_s: how long one request may take, submit to completion (s, > 0; None:
+            :data:`DEFAULT_REQUEST_TIMEOUT_S`, or in a params file what its ``timeout_s`` leaves
+            after the teardown: :func:`perfkit.params` orders them). A request past it ends
+            the launch (the engine is in an unknown state).
+        stop_grace_s: seconds between perfkit's SIGTERM and its SIGKILL at teardown (> 0).
         share_compile_cache: share compile caches between the launches of one run directory
             instead of giving each launch its own.
     """
@@ -228,6 +236,8 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
     host: str = Field("127.0.0.1", min_length=1)
     port: Optional[int] = Field(None, ge=1, le=65535)
     startup_timeout_s: float = Field(600.0, gt=0)
+    request_timeout_s: Optional[float] = Field(None, gt=0)
+    stop_grace_s: float = Field(10.0, gt=0)
     share_compile_cache: bool = False
 
     #: whether the engine writes sglang's per-request records (their environment is set)

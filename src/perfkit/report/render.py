@@ -282,6 +282,73 @@ def refused_records(run_dir: str | Path) -> list[str]:
     return out
 
 
+def _na(v: Any) -> bool:
+    try:
+        return v is None or bool(pd.isna(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
+    """The launches that did not end by perfkit's plain teardown, one row each: investigation,
+    launch, the request that hung or failed (its index in the launch, 0 = cold), how the engine
+    ended (exit code, signal, ``killed by perfkit (SIGKILL) after N s``) and the host's OOM-kill
+    record (read from the kernel log or the cgroup, "no record found" when none); then every
+    process a notebook's kernel left running that the suite (its owner) ended (its failed request:
+    the one in flight when the kernel stopped, run.json's ``in_flight``). Read from each
+    ``RUN/<scenario>/launches.parquet`` (and the units' bundles of an ``--executor`` run under
+    ``RUN/shards/``; columns ``failed_request``, ``ended``, ``end_signal``,
+    ``end_by_perfkit``, ``oom_record``) and run.json's ``outlived``. None when there is none."""
+    from perfkit.bundle import ResultBundle
+
+    run_dir = Path(run_dir)
+    rows = []
+    # the run's bundles, then those of its units (--executor: RUN/shards/<i>/units/<unit>/<part>)
+    dirs = [(name, run_dir / name) for name in registry.names()]
+    dirs += [(d.name, d) for d in sorted(run_dir.glob("shards/*/units/*/*")) if d.is_dir()]
+    seen: set[tuple[Any, ...]] = set()
+    for name, d in dirs:
+        if not (d / "meta.json").exists():
+            continue
+        try:
+            la = ResultBundle.load(d).table("launches")
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("%s: launches not readable: %s", d, exc)
+            continue
+        for r in la.to_dict("records"):
+            failed, by_perfkit = r.get("failed_request"), r.get("end_by_perfkit")
+            if _na(failed) and (_na(r.get("ended")) or by_perfkit is True or _na(r.get("end_signal"))):
+                continue
+            key = (name.split(".")[0], r.get("launch"), r.get("ended"), str(failed))
+            if key in seen:  # a merged bundle and its unit's own copy
+                continue
+            seen.add(key)
+            rows.append(
+                {
+                    "investigation": name,
+                    "launch": r.get("launch"),
+                    "failed request": None if _na(failed) else int(failed),
+                    "how the engine ended": r.get("ended") or "not recorded",
+                    "OOM-kill record": r.get("oom_record") or "–",
+                }
+            )
+    for n in _run_info(run_dir).get("notebooks", []):
+        fl = n.get("in_flight") or {}
+        for e in n.get("outlived") or []:
+            label = str(e.get("label") or "")
+            mine = fl and label.split(" ")[0] == str(fl.get("launch"))
+            rows.append(
+                {
+                    "investigation": n.get("name"),
+                    "launch": f"pid {e.get('pid')} {label}".strip(),
+                    "failed request": fl.get("request") if mine else None,
+                    "how the engine ended": f"found after its notebook's kernel ended: {e.get('how')}",
+                    "OOM-kill record": "–",
+                }
+            )
+    return pd.DataFrame(rows) if rows else None
+
+
 def summary_markdown(run_dir: str | Path) -> str:
     """The run's verdict as Markdown: status line, notebooks, key numbers, gate rows."""
     run_dir = Path(run_dir)
@@ -322,6 +389,9 @@ def summary_markdown(run_dir: str | Path) -> str:
     units = units_frame(info)
     if units is not None:
         parts += ["", "### Units of work", "", markdown_table(units)]
+    ends = engine_ends_frame(run_dir)
+    if ends is not None:
+        parts += ["", "### How the engines ended", "", markdown_table(ends)]
     gate_doc = read_verdict(run_dir / GATE) or {}
     warnings = [*(gate_doc.get("warnings") or []), *refused_records(run_dir)]
     if warnings:
@@ -591,6 +661,8 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
     (list of ``{"text", "code"}`` items of the run meta line), ``environment`` (str),
     ``toc`` (``{"name", "title", "status_text"}`` per notebook), ``errors`` (failed notebook
     entries), ``notebooks_table``, ``units_table`` (:func:`units_frame`; None without units),
+    ``engine_ends_table`` (:func:`engine_ends_frame`: launches that hung, failed or were
+    killed, and processes the owner ended; None without),
     ``key_numbers``, ``gates`` (:class:`~perfkit.report.tables.Table`
     of every gate row), ``gates_attention`` (only failed and improved rows), ``gate_counts``
     (:func:`gate_counts`),
@@ -648,6 +720,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "errors": [n for n in nbs if n.get("status") == "error"],
         "notebooks_table": nb_table,
         "units_table": format_table(units) if (units := units_frame(info)) is not None else None,
+        "engine_ends_table": format_table(ends) if (ends := engine_ends_frame(run_dir)) is not None else None,
         "key_numbers": format_table(pd.DataFrame(keys, columns=["what", "value"]), None) if keys else None,
         "warnings": [*(gate_doc.get("warnings") or []), *refused_records(run_dir)],
         "gates": _gate_table(verdicts),

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from perfkit.common import jsonsafe
 from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.owner import Watch, describe
 from perfkit.engine.spec import EngineSpec
 from perfkit.scaleout.outcome import OnEvent, RunUnit, UnitOutcome
 from perfkit.scaleout.units import WorkUnit
@@ -81,7 +82,11 @@ def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
         ctx = RunContext(engine=engine, request=request, work_dir=dest / "launches", shared=dict(shared))
         log.info("unit %s: running %s", u.id, part.id)
         t0 = time.time()
-        bundle = s.run(ctx, sec)
+        watch = Watch.start()
+        try:
+            bundle = s.run(ctx, sec)
+        finally:  # what outlived the part's launches is ended here
+            left = watch.reap(grace_s=engine.stop_grace_s)
         bundle.meta["scaleout"] = {
             "unit": u.id,
             "part": part.id,
@@ -90,6 +95,8 @@ def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
             # what it was measured for: merge compares it with the manifest's unit
             "planned": {"engine": dict(u.engine), "request": dict(u.request), "params": dict(part.params)},
         }
+        if left:
+            bundle.meta["scaleout"]["outlived_launches"] = describe(left)
         bundle.save(dest)
         if part.key is None:  # a split part is judged whole: the joined bundle, on replay
             s.check_bundle(bundle)

@@ -23,7 +23,7 @@ from perfkit.common.numfmt import number_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import RequestOutcome, VideoClient, VideoRequestSpec
 from perfkit.engine.launch import EngineStartError, launch
-from perfkit.engine.spec import EngineSpec
+from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S, EngineSpec
 from perfkit.readings.engine_config import effective_config
 from perfkit.readings.records import PerfRecord, parse_lines, read_perf_log
 from perfkit.scenarios.progress import track_requests
@@ -210,20 +210,28 @@ def measure_launch(
     label: str,
     caps: MemoryCaps | None = None,
     sample_interval_s: float = 0.1,
-    request_timeout_s: float = 1800.0,
+    request_timeout_s: float | None = None,
     stop_on_failure: bool = False,
     after: Callable[[Any, VideoClient, Any], dict[str, Any]] | None = None,
 ) -> LaunchData:
     """Launch ``spec`` under ``caps``, send ``requests`` one after the other, tear down.
 
     Never raises for engine failures: a start error, a crash or a host cap kill end the launch
-    with :attr:`LaunchData.error` set and the rows gathered so far.
+    with :attr:`LaunchData.error` set and the rows gathered so far. A request that times out
+    (``request_timeout_s``, default ``spec.request_timeout_s``, else
+    :data:`~perfkit.engine.spec.DEFAULT_REQUEST_TIMEOUT_S`) or loses the engine ends the launch
+    too: the error names that request and how the engine ended (:func:`failed_launch_text`),
+    and the ``launches`` row carries ``ended``, ``end_signal``, ``end_by_perfkit``,
+    ``failed_request`` and ``oom_record``.
 
     ``after(handle, client, sampler)`` runs in the same session once the requests are done (the
     sampler still running); its dict lands in :attr:`LaunchData.extra`. Its requests are not
     part of the measured rows.
     """
     data = LaunchData(label=label)
+    timeout_s = float(request_timeout_s or spec.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
+    h = None
+    failed: int | None = None  # the request that ended the launch
     try:
         with launch(spec, caps=caps, run_dir=run_dir, label=label) as h:
             data.command = list(h.command)
@@ -231,13 +239,16 @@ def measure_launch(
             sampler = h.sampler(interval_s=sample_interval_s)
             sampler.start()
             try:
-                with VideoClient(h.base_url, h.perf_log_dir, timeout_s=request_timeout_s) as client:
+                with VideoClient(h.base_url, h.perf_log_dir, timeout_s=timeout_s) as client:
                     for i, req in enumerate(track_requests(requests, label)):
                         out = client.generate(req)
                         data.outcomes.append(out)
                         if not out.ok:
                             log.warning("%s request %d: %s (%s)", label, i, out.status, out.error)
-                            if not h.alive() or stop_on_failure:
+                            # a request that timed out or lost the engine leaves it in an unknown
+                            # state: no more requests to it (each would wait its own timeout)
+                            if not h.alive() or stop_on_failure or out.status in ("timeout", "error"):
+                                failed = i
                                 break
                     if after is not None and h.alive():
                         data.extra = after(h, client, sampler)
@@ -253,6 +264,20 @@ def measure_launch(
             outcome = h.cap_outcome
             if outcome.exceeded:
                 data.error = outcome.message
+        # here the engine is gone: say how it ended, and which request it took with it
+        end = h.end or {}
+        data.launch_row.update(
+            {
+                "exit_code": h.exit_code,
+                "ended": end.get("how"),
+                "end_signal": end.get("signal"),
+                "end_by_perfkit": end.get("by_perfkit"),
+                "failed_request": failed,
+                "oom_record": end.get("oom"),
+            }
+        )
+        if failed is not None and data.error is None:
+            data.error = failed_launch_text(label, failed, data.outcomes[failed], end)
     except EngineStartError as exc:
         data.error = str(exc)
         log.error("launch %s failed: %s", label, exc)
@@ -280,6 +305,27 @@ def measure_launch(
     _rows(data, requests)
 
     return data
+
+
+def failed_launch_text(label: str, index: int, outcome: RequestOutcome, end: dict[str, Any]) -> str:
+    """The launch error of a request that hung or failed and ended the launch, naming the
+    request (its index in the launch, 0 = cold, and id), what the client saw, and how the engine
+    ended (:attr:`perfkit.engine.launch.EngineHandle.end`) with its OOM-kill record when read::
+
+        launch 'session': request 2 (id 7f3a) timed out: request 7f3a not finished after 3 s
+        (last status running); the engine did not exit within 2 s of SIGTERM: killed by
+        perfkit (SIGKILL) after 2.0 s
+    """
+    what = {"timeout": "timed out", "error": "failed (engine lost)"}.get(outcome.status, outcome.status)
+    rid = f" (id {outcome.request_id})" if outcome.request_id else ""
+    text = f"launch {label!r}: request {index}{rid} {what}: {outcome.error or 'no error text'}"
+    how = end.get("how")
+    if how:
+        during = f" during request {index}" if not end.get("by_perfkit") else ""
+        text += f"; the engine {how}{during}"
+    if end.get("oom"):
+        text += f"; OOM-kill record: {end['oom']}"
+    return text
 
 
 def first_result(outcomes: list[RequestOutcome], cold_start: dict[str, Any]) -> dict[str, float]:

@@ -126,6 +126,26 @@ def track_requests(requests: Sequence[T], label: str) -> Iterator[T]:
         emit("launch_done", label=label)
 
 
+def in_flight(path: str | Path) -> dict[str, Any] | None:
+    """The launch whose requests were under way when the events of ``path`` stop (a kernel that
+    died mid-launch never writes its ``launch_done``): ``{"launch": label, "request": i}``,
+    ``i`` the index (0 = cold) of the request then in flight; None when every launch ended."""
+    events, _ = read_events(path)
+    open_: dict[str, int] = {}
+    for ev in events:
+        label = str(ev.get("label"))
+        if ev.get("event") == "launch":
+            open_[label] = 0
+        elif ev.get("event") == "request" and label in open_:
+            open_[label] = int(ev.get("i") or 0)
+        elif ev.get("event") == "launch_done":
+            open_.pop(label, None)
+    if not open_:
+        return None
+    label, done = list(open_.items())[-1]
+    return {"launch": label, "request": done}
+
+
 def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
     """Events appended to ``path`` since byte ``offset``, and the new offset (a partial last
     line is left for the next call). A missing file gives no events."""

@@ -1,0 +1,410 @@
+"""The owner of every process perfkit starts: registered, found again, ended on a deadline.
+
+A notebook kernel can die before its engine's teardown has run (papermill shuts a kernel down a
+few seconds after a cell timeout); the engine must not outlive perfkit for that. The process
+that runs the kernels (``perfkit suite``), or the one that launches engines itself
+(``perfkit ab``, ``perfkit measure``, a ``--partition``/``--executor`` shard), is their *owner*:
+
+- :func:`become_subreaper` (Linux ``PR_SET_CHILD_SUBREAPER``): an orphaned descendant (an
+  engine whose kernel died, a child that left its engine's session) is re-parented to the owner,
+  not to init, so the owner still finds it among its descendants.
+- :func:`registry_env` / :func:`register`: :func:`perfkit.engine.launch.launch` appends every
+  process it starts (pid, process group, start time, label) to the JSON-lines file named by
+  :data:`REGISTRY_ENV`, which the owner sets for the kernels it starts.
+- :class:`Watch`: a snapshot of the owner's descendants taken before a notebook or a unit runs;
+  :meth:`Watch.reap` afterwards ends everything new under the owner and everything registered
+  that still runs (same pid *and* start time: a reused pid is never signalled): SIGTERM (and
+  SIGCONT, so a stopped process acts on it) to each process group and process, ``grace_s``,
+  then SIGKILL; it returns how each one ended.
+
+The launcher's own teardown (:meth:`EngineHandle._terminate`) does the same for one engine and
+gives the engine a SIGKILL parent-death signal; this module is what remains when the launcher
+itself is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+#: environment variable naming the owner's registry file (JSON lines)
+REGISTRY_ENV = "PERFKIT_OWNER_REGISTRY"
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+#: start times within this many seconds are the same process (psutil rounds to clock ticks)
+SAME_START_S = 0.05
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except OSError:
+        return False
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of its descendants (Linux; True when set): an orphan
+    below it is re-parented here instead of to init, so :class:`Watch` still sees it."""
+    ok = _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    if not ok:
+        log.info("PR_SET_CHILD_SUBREAPER not available: orphans go to init (the registry still finds them)")
+    return ok
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent (the thread that forked
+    it) dies (``PR_SET_PDEATHSIG``; call in the child, e.g. as ``preexec_fn``). No-op elsewhere."""
+    _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def register(pid: int, pgid: int, create_time: float, label: str, path: str | Path | None = None) -> None:
+    """Append one started process to the owner's registry file (``path``, default the file
+    named by :data:`REGISTRY_ENV`; nothing when neither is set). Never raises."""
+    target = path or os.environ.get(REGISTRY_ENV)
+    if not target:
+        return
+    line = json.dumps(
+        {"pid": pid, "pgid": pgid, "create_time": create_time, "label": label, "owner_pid": os.getpid()}
+    )
+    try:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+    except OSError as exc:
+        log.warning("cannot register pid %d with the owner (%s): %s", pid, target, exc)
+
+
+def registered(path: str | Path) -> list[dict[str, Any]]:
+    """The entries of a registry file (unreadable lines skipped; a missing file: [])."""
+    out = []
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError:
+        return []
+    for ln in text.splitlines():
+        with contextlib.suppress(ValueError):
+            d = json.loads(ln)
+            if isinstance(d, dict) and "pid" in d and "create_time" in d:
+                out.append(d)
+    return out
+
+
+def alive(pid: int, create_time: float) -> psutil.Process | None:
+    """The process ``pid`` if it runs and started at ``create_time`` (not a zombie), else None."""
+    try:
+        p = psutil.Process(pid)
+        if abs(p.create_time() - create_time) > SAME_START_S or p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p
+    except psutil.Error:
+        return None
+
+
+def marked(prefix: str | Path) -> list[psutil.Process]:
+    """Running processes whose environment has :data:`REGISTRY_ENV` under ``prefix`` (a registry
+    file, or the directory of a run's registry files): everything a kernel started inherits it,
+    so this finds them even after they left every session and parent (unless they cleared
+    their environment). Processes whose environment cannot be read are skipped."""
+    pre = str(prefix)
+    out = []
+    me = os.getpid()
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        try:
+            v = p.environ().get(REGISTRY_ENV)
+            if v and (v == pre or v.startswith(pre.rstrip("/") + "/")) and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _key(p: psutil.Process) -> tuple[int, float] | None:
+    try:
+        return (p.pid, p.create_time())
+    except psutil.Error:
+        return None
+
+
+def descendants() -> dict[tuple[int, float], psutil.Process]:
+    """This process's descendants by (pid, start time)."""
+    try:
+        kids = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return {}
+    return {k: p for p in kids if (k := _key(p)) is not None}
+
+
+@dataclass
+class Ended:
+    """How one process the owner ended went: ``how`` in words (``exited on SIGTERM after 0.2 s``,
+    ``did not exit within 2 s of SIGTERM: killed by perfkit (SIGKILL) after 2.0 s``)."""
+
+    pid: int
+    label: str
+    how: str
+    killed: bool
+    after_s: float
+    stopped: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ended]:
+    """SIGTERM (+ SIGCONT) each process and its process group, wait up to ``grace_s``, SIGKILL
+    what is left (groups included), reap our own children; returns how each ended."""
+    if not procs:
+        return []
+    stopped = {}
+    for p in procs:
+        try:
+            stopped[p.pid] = p.status() == psutil.STATUS_STOPPED
+        except psutil.Error:
+            stopped[p.pid] = False
+    groups = set()
+    for p in procs:
+        with contextlib.suppress(OSError):
+            groups.add(os.getpgid(p.pid))
+    groups.discard(os.getpgrp())  # never our own group
+    t0 = time.monotonic()
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        for g in groups:
+            with contextlib.suppress(OSError):
+                os.killpg(g, sig)
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+    gone_at: dict[int, float] = {}
+
+    def _gone(p: psutil.Process) -> None:
+        gone_at[p.pid] = time.monotonic() - t0
+
+    _, rest = psutil.wait_procs(list(procs), timeout=grace_s, callback=_gone)
+    t_kill = time.monotonic() - t0
+    for g in groups:
+        with contextlib.suppress(OSError):
+            os.killpg(g, signal.SIGKILL)
+    for p in rest:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGKILL)
+    psutil.wait_procs(rest, timeout=5)
+    out = []
+    for p, label in procs.items():
+        was = " (it was stopped)" if stopped.get(p.pid) else ""
+        if p in rest:
+            how = (
+                f"did not exit within {grace_s:g} s of SIGTERM{was}: killed by perfkit (SIGKILL) "
+                f"after {t_kill:.1f} s"
+            )
+            out.append(Ended(p.pid, label, how, True, round(t_kill, 2), stopped.get(p.pid, False)))
+        else:
+            t = gone_at.get(p.pid, 0.0)
+            out.append(
+                Ended(
+                    p.pid, label, f"ended on SIGTERM{was} after {t:.1f} s", False, round(t, 2), stopped[p.pid]
+                )
+            )
+    return out
+
+
+def _ended_alone(code: int | None) -> str:
+    """Words for a process found already ended (its exit status read when reaping it)."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"had ended on signal {-code} ({name}) by the time its launcher was gone"
+    return f"had exited with code {code} by the time its launcher was gone"
+
+
+@dataclass
+class Watch:
+    """Everything under this process (and in a registry file) before a piece of work; see
+    :meth:`reap`. ``registry``: the file the work's launches register in (None: none)."""
+
+    registry: Path | None = None
+    before: set[tuple[int, float]] = field(default_factory=set)
+    #: new descendants found already ended (reaped here), with how
+    gone: list[Ended] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, registry: str | Path | None = None) -> "Watch":
+        """Snapshot this process's descendants now."""
+        return cls(Path(registry) if registry else None, set(descendants()))
+
+    def leftovers(self) -> dict[psutil.Process, str]:
+        """Processes started since :meth:`start` that still run: new descendants of this process
+        and registered processes (same pid and start time), with their labels. A new descendant
+        that already ended (a zombie re-parented here: an engine killed by its parent-death
+        signal) is reaped and kept in :attr:`gone`."""
+        entries = registered(self.registry) if self.registry else []
+        by_pid = {int(e["pid"]): str(e.get("label") or "") for e in entries}
+        by_group = {int(e.get("pgid") or 0): str(e.get("label") or "") for e in entries}
+        found: dict[tuple[int, float], tuple[psutil.Process, str]] = {}
+        for k, p in descendants().items():
+            if k in self.before:
+                continue
+            label = by_pid.get(p.pid, "")
+            if not label:
+                with contextlib.suppress(OSError):
+                    label = f"{by_group[os.getpgid(p.pid)]} (child)" if os.getpgid(p.pid) in by_group else ""
+            try:
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    with contextlib.suppress(psutil.Error, ChildProcessError):
+                        code = p.wait(timeout=0)
+                        self.gone.append(Ended(p.pid, label, _ended_alone(code), False, 0.0))
+                    continue
+            except psutil.Error:
+                continue
+            found[k] = (p, label or "started under it, not registered")
+        for e in entries:
+            p = alive(int(e["pid"]), float(e["create_time"]))
+            if p is None:
+                continue
+            k = (p.pid, p.create_time())
+            if k not in self.before:
+                found[k] = (p, str(e.get("label") or ""))
+            # the rest of its group (children that were re-parented elsewhere)
+            pgid = int(e.get("pgid") or 0)
+            for q in psutil.process_iter():
+                try:
+                    qk = (q.pid, q.create_time())
+                    if (
+                        pgid
+                        and qk not in found
+                        and qk not in self.before
+                        and os.getpgid(q.pid) == pgid
+                        and q.create_time() >= float(e["create_time"]) - SAME_START_S
+                    ):
+                        found[qk] = (q, f"{e.get('label') or ''} (child)")
+                except (psutil.Error, OSError):
+                    continue
+        if self.registry is not None:  # whatever still carries this registry in its environment
+            for p in marked(self.registry):
+                k = _key(p)
+                if k is not None and k not in found and k not in self.before:
+                    found[k] = (p, "started under it (its environment names this run)")
+        return {p: label for p, label in found.values() if p.pid != os.getpid()}
+
+    def reap(self, grace_s: float = 5.0) -> list[Ended]:
+        """End every leftover (:meth:`leftovers`) on a deadline (:func:`end_processes`); returns
+        how each ended ([] when nothing was left). Logs a warning per process ended."""
+        self.gone = []
+        left = self.leftovers()
+        ended = self.gone + end_processes(left, grace_s)
+        for e in ended:
+            log.warning("left running after its launcher: pid %d %s: %s", e.pid, e.label or "", e.how)
+        return ended
+
+
+def describe(ended: list[Ended]) -> str:
+    """One sentence naming what the owner had to end (``""`` for nothing)."""
+    if not ended:
+        return ""
+    parts = [f"pid {e.pid}{' ' + repr(e.label) if e.label else ''} {e.how}" for e in ended]
+    n = len(ended)
+    return (
+        f"{n} process{'es' if n != 1 else ''} found after {'their' if n != 1 else 'its'} launcher ended: "
+        + "; ".join(parts)
+    )
+
+
+# ---------------------------------------------------------------------------- the reaper
+def spawn_reaper(directory: str | Path, grace_s: float) -> "subprocess.Popen[bytes] | None":
+    """Start the reaper of this process's run: a small process (its own session, so a Ctrl-C to
+    ours does not reach it) that waits for this process to end, then ends every process
+    registered in ``directory/*.processes.jsonl`` or whose environment names a registry under
+    ``directory`` (:func:`marked`), SIGTERM then SIGKILL after ``grace_s``. It is what remains
+    when the owner itself is killed (SIGKILL, OOM): stop it with :func:`stop_reaper` at a normal
+    end. Returns None when it cannot be started (logged)."""
+
+    me = psutil.Process()
+    argv = [
+        sys.executable,
+        "-m",
+        "perfkit.engine.owner",
+        "--owner",
+        str(me.pid),
+        "--owner-start",
+        repr(me.create_time()),
+        "--dir",
+        str(directory),
+        "--grace",
+        repr(float(grace_s)),
+    ]
+    try:
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True
+        )
+    except OSError as exc:
+        log.warning("no reaper for %s: %s", directory, exc)
+        return None
+
+
+def stop_reaper(proc: "subprocess.Popen[bytes] | None") -> None:
+    """End a reaper started by :func:`spawn_reaper` (the owner ended normally)."""
+    if proc is None:
+        return
+    with contextlib.suppress(OSError):
+        proc.kill()
+    with contextlib.suppress(Exception):
+        proc.wait(timeout=5)
+
+
+def reap_directory(directory: str | Path, grace_s: float) -> list[Ended]:
+    """End what the registries under ``directory`` name and what carries one of them in its
+    environment (the reaper's work once its owner is gone)."""
+    d = Path(directory)
+    procs: dict[psutil.Process, str] = {}
+    for f in sorted(d.glob("*.processes.jsonl")):
+        for e in registered(f):
+            p = alive(int(e["pid"]), float(e["create_time"]))
+            if p is not None:
+                procs[p] = str(e.get("label") or "")
+    for p in marked(d):
+        if not any(q.pid == p.pid for q in procs):
+            procs[p] = "started under the run"
+    return end_processes(procs, grace_s)
+
+
+def _reaper_main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m perfkit.engine.owner", description=spawn_reaper.__doc__)
+    ap.add_argument("--owner", type=int, required=True)
+    ap.add_argument("--owner-start", type=float, required=True)
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--grace", type=float, default=5.0)
+    ap.add_argument("--poll", type=float, default=0.5)
+    a = ap.parse_args(argv)
+    while alive(a.owner, a.owner_start) is not None:
+        time.sleep(a.poll)
+    ended = reap_directory(a.dir, a.grace)
+    if ended:
+        with contextlib.suppress(OSError):
+            with open(Path(a.dir) / "reaper.log", "a", encoding="utf-8") as fh:
+                fh.write(describe(ended) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_reaper_main())

@@ -1,0 +1,355 @@
+"""Faults: every process a run starts ends with it, whatever hangs or dies first (issue 33).
+
+A stand-in engine (tests/fake_engine.py, mode ``serve``) fails at request 1 in one of five ways:
+it hangs while still answering /health, stops itself with SIGSTOP, drains in-flight jobs on
+SIGTERM and so never exits, forks children (one in a session of its own) and hangs, or
+SIGKILLs itself (as the OOM killer would). Each run is a real ``perfkit suite`` (papermill
+kernel), ``perfkit ab`` or ``perfkit suite --partition`` subprocess; they run side by side
+(one module fixture) to keep the wall time down. After each: exit 2 within the cell timeout
++ 15 s, no process the engine started is alive (checked by pid and start time, from the pid
+file the engine writes, not by name), and summary.md / the report name the request and how
+the engine ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from perfkit.engine.owner import alive
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = str(Path(__file__).with_name("fake_engine.py"))
+#: papermill's per-cell timeout of these runs (request 3 s + stop grace 2 s + 10 s fit in it; the
+#: rest is room for kernel starts on a loaded 2-core runner)
+CELL_TIMEOUT_S = 60
+FAULTS = ["hang", "sigstop", "drain", "fork", "sigkill"]
+#: how each fault's engine ends, as summary.md's "How the engines ended" says it
+ENDED = {
+    "hang": "ended on perfkit's SIGTERM",
+    "sigstop": "was stopped (SIGSTOP) when perfkit ended it; ended on perfkit's SIGTERM",
+    "drain": "did not exit within 2 s of SIGTERM: killed by perfkit (SIGKILL) after 2.0 s",
+    "fork": "ended on perfkit's SIGTERM",
+    "sigkill": "was killed by signal 9 (SIGKILL, not sent by perfkit)",
+}
+
+
+def engine(fault: str, pid_file: Path, request_timeout_s: float = 3) -> dict:
+    return {
+        "kind": "command",
+        "command": [
+            sys.executable,
+            FAKE,
+            "--port",
+            "{port}",
+            "--perf-log-dir",
+            "{perf_log_dir}",
+            "--mode",
+            "serve",
+            "--fault",
+            fault,
+            "--fault-at",
+            "1",
+            "--load-s",
+            "0",
+            "--warmup-s",
+            "0",
+            "--pid-file",
+            str(pid_file),
+        ],
+        "request_timeout_s": request_timeout_s,
+        "stop_grace_s": 2,
+    }
+
+
+def params_file(d: Path, fault: str, **kw) -> Path:
+    doc = {
+        "name": f"fault-{fault}",
+        "timeout_s": kw.pop("timeout_s", CELL_TIMEOUT_S),
+        "engine": engine(fault, d / "pids.txt", **kw),
+        "request": {"num_frames": 9, "height": 64, "width": 64, "num_inference_steps": 2},
+        "cold_warm": {"enabled": True, "repeats": 3},
+        **{n: {"enabled": False} for n in ("warmup_shapes", "memory_budget", "offload_modes")},
+    }
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / "params.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def started(d: Path) -> list[tuple[int, float]]:
+    """(pid, start time) of every process the engines of run ``d`` wrote to their pid file."""
+    f = d / "pids.txt"
+    if not f.exists():
+        return []
+    return [(int(a), float(b)) for a, b in (ln.split() for ln in f.read_text().splitlines() if ln.strip())]
+
+
+def fault_at(d: Path) -> float | None:
+    """When the engine of run ``d`` met its fault (epoch s, from its log line), or None."""
+    for log in d.rglob("stdout.log"):
+        m = re.search(r"fault \w+ t=([0-9.]+)", log.read_text(errors="replace"))
+        if m:
+            return float(m.group(1))
+    return None
+
+
+def perfkit(*args: str) -> list[str]:
+    return [sys.executable, "-m", "perfkit.cli", *args]
+
+
+def run(d: Path, argv: list[str], during=None, settle_s: float = 1.0) -> dict:
+    """Run ``argv`` (in ``d``), ``during(proc)`` meanwhile; then the outcome, with the wall time
+    and the engine processes still alive ``settle_s`` after the exit (by pid and start time)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        if during is not None:
+            during(proc, d)
+        out, _ = proc.communicate(timeout=CELL_TIMEOUT_S + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wall, t_exit = time.monotonic() - t0, time.time()
+    deadline = time.monotonic() + settle_s
+    while True:
+        survivors = [pid for pid, ct in started(d) if alive(pid, ct)]
+        if not survivors or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for pid in survivors:  # never leave them to the next test
+        os.kill(pid, signal.SIGKILL)
+    return {
+        "rc": proc.returncode,
+        "out": out,
+        "wall": wall,
+        "after_fault": t_exit - fault_at(d) if fault_at(d) else None,
+        "started": started(d),
+        "survivors": survivors,
+    }
+
+
+def _wait_for_fault(d: Path) -> bool:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        logs = list((d / "run").rglob("session*/stdout.log"))
+        if logs and "fault" in logs[0].read_text():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def kill_kernel_mid_request(proc: subprocess.Popen, d: Path) -> None:
+    """SIGKILL the notebook kernel (the engine's parent) once request 1 hangs: its teardown
+    never runs; the engine's SIGKILL parent-death signal and the suite (the owner) must act."""
+    if _wait_for_fault(d):
+        psutil.Process(started(d)[0][0]).parent().kill()
+
+
+def kill_suite_mid_request(proc: subprocess.Popen, d: Path) -> None:
+    """SIGKILL ``perfkit suite`` itself once request 1 hangs: nothing of it runs again; its
+    reaper must end the kernel, the engine and the engine's children (kernel's pid and start
+    time kept in ``d/kernel.txt``)."""
+    if _wait_for_fault(d):
+        kernel = psutil.Process(started(d)[0][0]).parent()
+        (d / "kernel.txt").write_text(f"{kernel.pid} {kernel.create_time()!r}\n")
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("faults")
+    jobs = {}
+    for fault in FAULTS:
+        d = base / fault
+        p = params_file(d, fault)
+        jobs[fault] = (
+            d,
+            perfkit("suite", "--params", str(p), "--out", str(d / "run"), "-q", "--no-screenshot"),
+            None,
+        )
+    d = base / "kernel-killed"
+    p = params_file(d, "fork", request_timeout_s=15)
+    jobs["kernel-killed"] = (
+        d,
+        perfkit("suite", "--params", str(p), "--out", str(d / "run"), "-q", "--no-screenshot"),
+        kill_kernel_mid_request,
+    )
+    d = base / "suite-killed"
+    p = params_file(d, "fork", request_timeout_s=15)
+    jobs["suite-killed"] = (
+        d,
+        perfkit("suite", "--params", str(p), "--out", str(d / "run"), "-q", "--no-screenshot"),
+        kill_suite_mid_request,
+    )
+    d = base / "shard"
+    p = params_file(d, "hang")
+    jobs["shard"] = (
+        d,
+        perfkit("suite", "--params", str(p), "--partition", "1/1", "--out", str(d / "shard")),
+        None,
+    )
+    d = base / "measure"
+    p = params_file(d, "drain")
+    jobs["measure"] = (
+        d,
+        [sys.executable, "-m", "perfkit.measure", "--params", str(p), "--out", str(d / "m")],
+        None,
+    )
+    d = base / "ab"
+    d.mkdir()
+    (d / "a.yaml").write_text(yaml.safe_dump(engine("none", d / "pids.txt")))
+    (d / "b.yaml").write_text(yaml.safe_dump(engine("hang", d / "pids.txt")))
+    jobs["ab"] = (
+        d,
+        perfkit(
+            "ab",
+            "--a",
+            str(d / "a.yaml"),
+            "--b",
+            str(d / "b.yaml"),
+            "--launches",
+            "1",
+            "--warm",
+            "2",
+            "--out",
+            str(d / "ab"),
+            "-q",
+        ),
+        None,
+    )
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futs = {
+            k: pool.submit(run, d, argv, during, 15.0 if k == "suite-killed" else 1.0)
+            for k, (d, argv, during) in jobs.items()
+        }
+        return {k: (jobs[k][0], f.result()) for k, f in futs.items()}
+
+
+def _common(res: dict) -> None:
+    assert res["rc"] == 2, res["out"][-3000:]
+    after = f", {res['after_fault']:.1f} s after the fault" if res["after_fault"] else ""
+    assert res["wall"] <= CELL_TIMEOUT_S + 15, f"exit after {res['wall']:.1f} s{after}"
+    assert res["started"], "the engine never started"
+    assert not res["survivors"], f"alive after the run: {res['survivors']}\n{res['out'][-2000:]}"
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_suite_fault_ends_every_process_and_names_request_and_end(runs, fault):
+    d, res = runs[fault]
+    _common(res)
+    if fault == "fork":
+        assert len(res["started"]) == 3  # the engine, a child in its group, one in its own session
+    summary = (d / "run" / "summary.md").read_text()
+    assert "### How the engines ended" in summary
+    row = next(ln for ln in summary.splitlines() if ln.startswith("| cold_warm | session |"))
+    assert "| 1 |" in row and ENDED[fault] in row, row
+    html = (d / "run" / "report.html").read_text()
+    assert "request 1" in html and "How the engines ended" in html
+    if fault == "sigkill":  # the engine was killed (signal 9) during request 1; the OOM record was read
+        assert "was killed by signal 9 (SIGKILL, not sent by perfkit) during request 1" in html
+        assert "no record found" in row or "kernel log:" in row or "cgroup" in row
+    else:
+        assert "request 1 (id req-1)" in html or fault == "sigstop"
+    # the bundle names it too
+    import pandas as pd
+
+    la = pd.read_parquet(d / "run" / "cold_warm" / "launches.parquet")
+    info = json.loads((d / "run" / "run.json").read_text())
+    assert all(n["in_flight"] is None for n in info["notebooks"])  # the launch ended in the kernel
+    assert int(la["failed_request"].iloc[0]) == 1 and ENDED[fault] in la["ended"].iloc[0]
+
+
+def test_kernel_killed_mid_request_leaves_nothing(runs):
+    """The kernel dies before its teardown: the engine goes with it (SIGKILL parent-death
+    signal), its children (one outside its session) are ended by the suite, their owner."""
+    d, res = runs["kernel-killed"]
+    _common(res)
+    assert len(res["started"]) == 3
+    info = json.loads((d / "run" / "run.json").read_text())
+    nb = next(n for n in info["notebooks"] if n["name"] == "cold_warm")
+    assert nb["status"] == "error"
+    ended = {e["pid"] for e in nb["outlived"]}
+    children = {pid for pid, _ in res["started"][1:]}
+    assert children <= ended, (nb["outlived"], res["started"])
+    # the request in flight when the kernel stopped is named, from the kernel's progress events
+    assert nb["in_flight"] == {"launch": "session", "request": 1}
+    assert "the kernel stopped during launch 'session', request 1" in nb["error"]
+    summary = (d / "run" / "summary.md").read_text()
+    engine_pid = res["started"][0][0]
+    row = next(
+        ln for ln in summary.splitlines() if ln.startswith(f"| cold_warm | pid {engine_pid} session |")
+    )
+    assert "| 1 |" in row and "had ended on signal 9 (SIGKILL)" in row, row
+
+
+def test_suite_killed_mid_request_leaves_nothing(runs):
+    """``perfkit suite`` SIGKILLed while a request hangs: its reaper (a process of its own
+    session) ends the kernel, the engine and both of the engine's children within seconds."""
+    d, res = runs["suite-killed"]
+    assert res["rc"] == -signal.SIGKILL
+    assert len(res["started"]) == 3
+    assert not res["survivors"], res["survivors"]
+    kpid, kct = (d / "kernel.txt").read_text().split()
+    assert alive(int(kpid), float(kct)) is None, "the kernel outlived the killed suite"
+
+
+def test_shard_run_with_a_hung_engine(runs):
+    d, res = runs["shard"]
+    _common(res)
+    manifest = json.loads((d / "shard" / "shard.json").read_text())
+    err = manifest["outcomes"][0]["error"]
+    assert "request 1 (id req-1) timed out" in err and ENDED["hang"] in err, err
+
+
+def test_measure_with_an_engine_that_never_exits(runs):
+    d, res = runs["measure"]
+    _common(res)
+    err = json.loads((d / "m" / "measure.json").read_text())["cold_warm"]["error"]
+    assert "request 1 (id req-1) timed out" in err and ENDED["drain"] in err, err
+
+
+def test_ab_with_a_hung_b_side(runs):
+    d, res = runs["ab"]
+    _common(res)
+    summary = (d / "ab" / "summary.md").read_text()
+    assert "B00" in summary and "request 1 (id req-1) timed out" in summary, summary
+    assert ENDED["hang"] in summary
+
+
+def test_oom_record_is_read_never_guessed(tmp_path):
+    """The OOM-kill record comes from the kernel log's own lines (or the cgroup's
+    memory.events); without one it says what was read."""
+    from perfkit.readings.oom import oom_record
+
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(
+        "6,100,5000000,-;eth0: link up\n"
+        "4,101,6000000,-;python invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE), order=0\n"
+        " SUBSYSTEM=memory\n"
+        "6,102,6000100,-;oom-kill:constraint=CONSTRAINT_NONE,task=python,pid=4242,uid=0\n"
+        "3,103,6000200,-;Out of memory: Killed process 4242 (python) total-vm:9000kB, anon-rss:8000kB\n"
+    )
+    rec = oom_record([4242, 4243], kmsg=str(kmsg))
+    assert rec.startswith("kernel log: oom-kill:") and "Killed process 4242 (python)" in rec
+    assert oom_record([42], kmsg=str(kmsg)) == f"no record found (read {kmsg})"
+    assert "not readable: FileNotFoundError" in oom_record([42], kmsg=str(tmp_path / "none"))
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    (cg / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    assert oom_record([42], cgroup_path=cg, kmsg=str(kmsg)) == f"cgroup {cg}: memory.events oom_kill 1"
+    # a record older than the engine (the same pid, reused) is not its record
+    boot = psutil.boot_time()
+    assert oom_record([4242], kmsg=str(kmsg), since=boot + 8.0).startswith("no record found")
+    assert oom_record([4242], kmsg=str(kmsg), since=boot + 6.0).startswith("kernel log:")
