@@ -146,7 +146,11 @@ def main() -> int:
     ap.add_argument("--seq-sims", type=int, default=2000, help="sequential replay: experiments a row")
     ap.add_argument("--gate", default="DenoisingStage,warm_e2e", help="sequential replay: gated metrics")
     ap.add_argument(
-        "--replay-pools", nargs="+", default=None, metavar="DIR", help="only the sequential replay, on each pool"
+        "--replay-pools",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="only the sequential replay, on each pool",
     )
     a = ap.parse_args()
     a.slowdown_given = a.slowdown is not None or a.pool_b is not None
@@ -256,10 +260,16 @@ def _sequential(a: argparse.Namespace, pool: power.Pool) -> None:
                 print(
                     summ.to_string(
                         index=False,
-                        formatters={c: percent_text for c in ("regression", "caught", "decided", "undecided")},
+                        formatters={
+                            c: percent_text for c in ("regression", "caught", "decided", "undecided")
+                        },
                     )
                 )
-                dist = runs.groupby("kind", sort=False)["launches"].value_counts(normalize=True).unstack(fill_value=0)
+                dist = (
+                    runs.groupby("kind", sort=False)["launches"]
+                    .value_counts(normalize=True)
+                    .unstack(fill_value=0)
+                )
                 print("launches a side used (share of experiments):")
                 print(dist.to_string(float_format=lambda x: f"{x:.1%}"))
 

@@ -50,7 +50,8 @@ def _synthetic(rng, n, sd=0.02, shift=0.0, slow_at=()):
         x = rng.normal(mu, sd, n)
         logmed[side] = {f"{side}{i:02d}": np.array([v]) for i, v in enumerate(x)}
         slow[side] = {
-            f"{side}{i:02d}": np.full(5, 100.0 * (1.2 if f"{side}{i:02d}" in slow_at else 1.0)) for i in range(n)
+            f"{side}{i:02d}": np.full(5, 100.0 * (1.2 if f"{side}{i:02d}" in slow_at else 1.0))
+            for i in range(n)
         }
     return logmed, slow
 
@@ -130,7 +131,9 @@ def test_replayed_on_the_recorded_h200_pools_it_meets_issue_39s_targets():
     n = noisy.set_index("kind")
     assert n.loc["A/A", "regression"] <= 0.01
     # the noisy occasion: +2 % is caught within the maximum or the run ends undecided, never exit 0
-    assert n.loc["B", "decided"] == 0 and n.loc["B", "regression"] + n.loc["B", "undecided"] == pytest.approx(1)
+    assert n.loc["B", "decided"] == 0 and n.loc["B", "regression"] + n.loc["B", "undecided"] == pytest.approx(
+        1
+    )
     assert n.loc["B", "undecided"] > 0.9
     with pytest.raises(ValueError, match="fewer than the first look's 6"):
         sq.pool_design(power.load_pool(QUIET), sq.Design(6, 10))

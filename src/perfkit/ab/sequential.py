@@ -129,7 +129,9 @@ class Design:
 
     def __post_init__(self) -> None:
         if self.min_launches < 2:
-            raise ValueError(f"min_launches must be >= 2 (an interval needs 2 a side), got {self.min_launches}")
+            raise ValueError(
+                f"min_launches must be >= 2 (an interval needs 2 a side), got {self.min_launches}"
+            )
         if self.max_launches < self.min_launches:
             raise ValueError(
                 f"max_launches ({self.max_launches}) must be >= min_launches ({self.min_launches})"
@@ -419,7 +421,11 @@ def pool_design(pool: Any, design: Design) -> Design:
             f"disjoint sides), fewer than the first look's {design.min_launches}"
         )
     return Design(
-        design.min_launches, min(design.max_launches, cap), design.confidence, design.spending, design.slow_rule
+        design.min_launches,
+        min(design.max_launches, cap),
+        design.confidence,
+        design.spending,
+        design.slow_rule,
     )
 
 
@@ -483,7 +489,9 @@ def replay_pool(
             while w.stop is None:
                 side = w.next_arm or "A"
                 w = walker.add(side, str(seq[side][len(w.run[side])]))
-            regressed = [k for k, v in (w.final.metrics if w.final else {}).items() if v["decision"] == "regression"]
+            regressed = [
+                k for k, v in (w.final.metrics if w.final else {}).items() if v["decision"] == "regression"
+            ]
             rows.append(
                 {
                     "kind": kind,
@@ -553,7 +561,9 @@ def gated_metrics(values: Mapping[str, pd.DataFrame], gate: Sequence[str] | None
     return metric_order(pd.concat([v["metric"] for v in values.values()]).unique())
 
 
-def _thresholds(metrics: Sequence[str], threshold: float, thresholds: Mapping[str, float] | None) -> list[float]:
+def _thresholds(
+    metrics: Sequence[str], threshold: float, thresholds: Mapping[str, float] | None
+) -> list[float]:
     return [float((thresholds or {}).get(m, threshold)) for m in metrics]
 
 

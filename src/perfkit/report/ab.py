@@ -276,6 +276,15 @@ def sequential_text(res: AbResult) -> str:
     return text
 
 
+def _conf_text(res: AbResult) -> str:
+    """"95 %", or for a sequential result "95 % over all looks (the last look's 97.92 %)"."""
+    seq = res.meta.get("sequential") or {}
+    overall = (seq.get("design") or {}).get("confidence")
+    if overall is None:
+        return f"{res.confidence * 100:.0f} %"
+    return f"{float(overall) * 100:.0f} % over all looks (the last look's {res.confidence:.2%})"
+
+
 def ab_summary_markdown(res: AbResult) -> str:
     """``summary.md`` of an A/B (GitHub Markdown, for ``$GITHUB_STEP_SUMMARY``): the verdict,
     how it ran, the verdict table."""
@@ -284,7 +293,7 @@ def ab_summary_markdown(res: AbResult) -> str:
     lines = [f"## perfkit ab: {word} (exit code {res.exit_code})", ""]
     how = (
         f"{_launches_text(ab)}, {ab.get('warm_per_launch', '?')} warm "
-        f"request{'' if ab.get('warm_per_launch') == 1 else 's'} a launch, {res.confidence * 100:.0f} % Welch t intervals on launch medians, default threshold "
+        f"request{'' if ab.get('warm_per_launch') == 1 else 's'} a launch, {_conf_text(res)} Welch t intervals on launch medians, default threshold "
         f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %"
     )
     if res.meta.get("thresholds_from"):
@@ -319,7 +328,12 @@ def ab_summary_markdown(res: AbResult) -> str:
     lines += ["", markdown_table(verdict_frame(res)), ""]
     looks = looks_frame(res)
     if not looks.empty:
-        lines += ["Looks (gated metrics, B/A interval at each look's confidence):", "", markdown_table(looks), ""]
+        lines += [
+            "Looks (gated metrics, B/A interval at each look's confidence):",
+            "",
+            markdown_table(looks),
+            "",
+        ]
     return "\n".join(lines)
 
 

@@ -61,7 +61,11 @@ _BLOCK = re.compile(
 _ARG = re.compile(r"(\w+)=(\S+)")
 _ATTRS = ("src", "kind", "vs", "threshold", "confidence")
 #: the attributes each kind reads beyond src and kind (any other is refused, never ignored)
-_KIND_ATTRS = {"compare": ("vs",), "ab-power": ("threshold", "confidence"), "ab-sequential": ("threshold", "confidence")}
+_KIND_ATTRS = {
+    "compare": ("vs",),
+    "ab-power": ("threshold", "confidence"),
+    "ab-sequential": ("threshold", "confidence"),
+}
 
 
 class FiguresError(ValueError):
