@@ -1146,7 +1146,8 @@ def engine_serve_command(args: tuple[str, ...]) -> None:
 @click.option(
     "--confidence",
     default=None,
-    help="two-sided confidence over all looks (default 0.95; each look's interval is wider, alpha spending)",
+    help="two-sided confidence over all looks and gated metrics (default 0.95; each look's intervals are"
+    " wider: alpha spending, split over the gated metrics)",
 )
 @click.option(
     "--gate-metrics",

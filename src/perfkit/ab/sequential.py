@@ -20,10 +20,11 @@ Methods*, 2000, ch. 7):
   α at the last look (fewer early stops, a narrower last interval).
 
 Look ``n`` builds the usual Welch t interval on launch medians (:func:`perfkit.ab.stats.ratio_interval`)
-at confidence ``1 − (α(t_n) − α(t_{n−1}))``. The increments add up to α, so by the union bound the
-chance that *any* look's interval misses the true ratio is at most α whatever the correlation
-between looks (and the chance an A/A is called a regression at any look at most α/2 per gated
-metric). This is conservative next to exact group-sequential boundaries, which have no closed
+for each of the K gated metrics at confidence ``1 − (α(t_n) − α(t_{n−1})) / K``. The shares add up
+to α, so by the union bound the chance that *any* look's interval of *any* gated metric misses its
+true ratio is at most α whatever the correlation between looks and metrics, and the chance that an
+A/A exits 1 as a regression at most α/2 (2.5 % at the default 95 %; the recorded pools measure
+0–0.7 %, ``docs/choosing-n-m.md``). This is conservative next to exact group-sequential boundaries, which have no closed
 form for Welch t at 2–10 launches a side; an always-valid confidence sequence (Howard et al.,
 2021) needs a variance bound or many samples to be that tight at a handful of launches. With
 ``min_launches == max_launches`` there is one look at the nominal confidence: the fixed-N A/B.
@@ -113,7 +114,7 @@ class Design:
     Attributes:
         min_launches: launches a side at the first look (>= 2: an interval needs 2).
         max_launches: launches run a side at most (replacements count), >= min_launches.
-        confidence: overall two-sided confidence over all looks (α = 1 − confidence).
+        confidence: overall two-sided confidence over all looks and gated metrics (α = 1 − confidence).
         spending: the alpha-spending function (:data:`SPENDINGS`).
         slow_rule: launches in a slow spell: ``replace`` or ``keep`` (:data:`SLOW_RULES`).
 
@@ -144,8 +145,9 @@ class Design:
             raise ValueError(f"slow_rule must be one of {', '.join(SLOW_RULES)}, got {self.slow_rule!r}")
 
     def look_confidence(self, n: int) -> float:
-        """The two-sided confidence of the interval at the look with ``n`` launches a side:
-        1 − (α(n / max) − α((n − 1) / max)), the first look (``min_launches``) spending α(min / max)."""
+        """The two-sided confidence of the look with ``n`` launches a side:
+        1 − (α(n / max) − α((n − 1) / max)), the first look (``min_launches``) spending α(min / max);
+        each of K gated metrics then gets 1 − (that share) / K (:class:`Walker`)."""
         alpha = 1.0 - self.confidence
         hi = spent_alpha(n / self.max_launches, alpha, self.spending)
         lo = 0.0 if n <= self.min_launches else spent_alpha((n - 1) / self.max_launches, alpha, self.spending)
@@ -250,7 +252,9 @@ def _look(
     design: Design,
     position: int,
 ) -> Look:
-    conf = design.look_confidence(n)
+    # the look's share of α, split evenly over the gated metrics (Bonferroni): the exit code reads
+    # any of them, so its false-alarm rate, not each metric's, is what the spending bounds
+    conf = 1.0 - (1.0 - design.look_confidence(n)) / max(1, len(metrics))
     use = {s: kept[s][:n] for s in ("A", "B")}
     xa = np.array([logmed["A"][x] for x in use["A"]], dtype=float).reshape(n, len(metrics))
     xb = np.array([logmed["B"][x] for x in use["B"]], dtype=float).reshape(n, len(metrics))

@@ -277,7 +277,7 @@ def sequential_text(res: AbResult) -> str:
 
 
 def _conf_text(res: AbResult) -> str:
-    """"95 %", or for a sequential result "95 % over all looks (the last look's 97.92 %)"."""
+    """ "95 %", or for a sequential result "95 % over all looks (the last look's 97.92 %)"."""
     seq = res.meta.get("sequential") or {}
     overall = (seq.get("design") or {}).get("confidence")
     if overall is None:

@@ -243,8 +243,10 @@ def sequential_markdown(
         "each a random order of the pool's launches drawn without replacement for each side (an A/A: the first "
         f"{mx} of a random order of A's launches on one side, the next {mx} on the other), fed one launch at a "
         "time in the order the procedure asks for; launch values are medians of the warm requests, intervals "
-        "Welch t at each look's share of the error rate (Pocock spending). The experiments share launches, so "
-        "the rates describe this pool, not independent occasions.*",
+        "Welch t at each look's share of the error rate (Pocock spending), split over the two gated metrics. The experiments share launches, so "
+        'the rates describe this pool, not independent occasions. "Caught on its metric": the run stopped on a '
+        "regression of the arm's own metric; a run stops at the first gated regression, so an arm called a "
+        "regression on DenoisingStage first is not looked at on warm e2e again.*",
         "",
     ]
     return "\n".join(lines)
