@@ -256,8 +256,9 @@ def _look(
     # any of them, so its false-alarm rate, not each metric's, is what the spending bounds
     conf = 1.0 - (1.0 - design.look_confidence(n)) / max(1, len(metrics))
     use = {s: kept[s][:n] for s in ("A", "B")}
-    xa = np.array([logmed["A"][x] for x in use["A"]], dtype=float).reshape(n, len(metrics))
-    xb = np.array([logmed["B"][x] for x in use["B"]], dtype=float).reshape(n, len(metrics))
+    none = np.full(len(metrics), np.nan)  # a launch without any value: not measured there
+    xa = np.array([logmed["A"].get(x, none) for x in use["A"]], dtype=float).reshape(n, len(metrics))
+    xb = np.array([logmed["B"].get(x, none) for x in use["B"]], dtype=float).reshape(n, len(metrics))
     out: dict[str, dict[str, Any]] = {}
     for k, metric in enumerate(metrics):
         iv = stats.ratio_interval(np.exp(xa[:, k]), np.exp(xb[:, k]), conf)
