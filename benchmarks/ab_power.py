@@ -269,6 +269,7 @@ def _sequential(a: argparse.Namespace, pool: power.Pool) -> None:
                     runs.groupby("kind", sort=False)["launches"]
                     .value_counts(normalize=True)
                     .unstack(fill_value=0)
+                    .sort_index(axis=1)
                 )
                 print("launches a side used (share of experiments):")
                 print(dist.to_string(float_format=lambda x: f"{x:.1%}"))

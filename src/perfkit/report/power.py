@@ -209,6 +209,8 @@ def sequential_markdown(
         design = sq.Design(sq.DEFAULT_MIN_LAUNCHES, sq.DEFAULT_MAX_LAUNCHES, confidence, "pocock", rule)
         runs = sq.replay_pool(pool, design, SEQ_GATE, threshold, sims=SEQ_SIMS, seed=0)
         for r in sq.replay_summary(runs).itertuples():
+            used = runs.loc[runs["kind"] == r.kind, "launches"]
+            dist = used.value_counts(normalize=True).reindex(range(design.min_launches, r.max_launches + 1))
             mx = r.max_launches
             what = (
                 "A/A"
@@ -228,6 +230,10 @@ def sequential_markdown(
                     "launches a side: median": f"{r.median_launches:g}",
                     "90th pct": f"{r.p90_launches:g}",
                     "most": str(r.max_used),
+                    "stopped at " + " / ".join(str(k) for k in dist.index): " / ".join(
+                        f"{(v if v == v else 0) * 100:.0f}" for v in dist
+                    )
+                    + " %",
                 }
             )
     sizes = f"{a_n} A launches" + "".join(f", {len(pool.launches(arm))} {arm}" for arm in pool.arms)
