@@ -2,7 +2,8 @@
 split and the decision; the exit code.
 
 Exit codes (:mod:`perfkit.gate.verdicts`' rule): 0 no gated metric regressed, 1 a gated metric
-regressed, 2 an error: nothing gated was compared (every gated metric "not measured") or a launch
+regressed (or, set by :func:`perfkit.ab.sequential.decide_sequential`, a gated metric is still
+undecided at the sequential maximum), 2 an error: nothing gated was compared (every gated metric "not measured") or a launch
 failed. Every metric gates unless ``--gate-metrics`` names some; the others are decided and shown
 ("reported, not gated").
 """
