@@ -19,7 +19,17 @@ Resampled draws share launches, so the rates are estimates from one pool (its si
 not independent experiments. Also prints the pool's variance split (ICC, CVs) per metric and
 the cheapest (N, M) meeting --detect-min and --alarm-max.
 
+The sequential `perfkit ab` (`perfkit.ab.sequential`: first look at --min-launches, then pairs
+until every gated metric is decided, at most --max-launches a side, cut to what the pool holds)
+is replayed on the pool too, with each slow-spell rule: A/A exits 1 as a regression, each arm
+caught, runs ending undecided, launches a side used. Each experiment draws, without
+replacement, a random order of the pool's launches for each side (an A/A: the first `max` of a
+random order of A's launches on one side, the next `max` on the other) and feeds them one at a
+time in the order the procedure asks for. `--replay-pools DIR...` does only that, on each pool.
+
     PYTHONPATH=src python benchmarks/ab_power.py --pool 8 --warm 5 --n 2 3 4 --m 3 5
+    PYTHONPATH=src python benchmarks/ab_power.py --replay-pools examples/h200/ab-pool/h200-dec01 \
+        examples/h200/ab-pool/h200-1gpu --threshold 0.01      # the sequential replay only
     PYTHONPATH=src python benchmarks/ab_power.py --pool-dir examples/h200/ab-pool/h200 \
         --threshold 0.01 --confidence 0.95      # recompute from a recorded pool
 """
@@ -31,6 +41,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from perfkit.ab import power, stats
@@ -130,11 +141,26 @@ def main() -> int:
     )
     ap.add_argument("--pool-dir", default=None, help="record the pool here, or reuse one recorded here")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--min-launches", type=int, default=3, help="sequential replay: first look")
+    ap.add_argument("--max-launches", type=int, default=10, help="sequential replay: most a side")
+    ap.add_argument("--seq-sims", type=int, default=2000, help="sequential replay: experiments a row")
+    ap.add_argument("--gate", default="DenoisingStage,warm_e2e", help="sequential replay: gated metrics")
+    ap.add_argument(
+        "--replay-pools",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="only the sequential replay, on each pool",
+    )
     a = ap.parse_args()
     a.slowdown_given = a.slowdown is not None or a.pool_b is not None
     a.slowdown = a.slowdown or [30.0]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        if a.replay_pools:
+            for d in a.replay_pools:
+                _sequential(a, power.load_pool(d))
+            return 0
         return _report(a)
     except (FileNotFoundError, ValueError) as exc:
         print(f"ab_power: error: {exc}", file=sys.stderr)
@@ -208,7 +234,45 @@ def _report(a: argparse.Namespace) -> int:
                 f"N = {int(r['n'])}, M = {int(r['m'])}, threshold {r['threshold']:.1%}, confidence {r['confidence']:.0%} "
                 f"(detection >= {r['detect_min_seen']:.1%}, false alarms <= {r['alarm_max_seen']:.1%})"
             )
+    _sequential(a, pool)
     return 0
+
+
+def _sequential(a: argparse.Namespace, pool: power.Pool) -> None:
+    """Print the sequential procedure's replay on ``pool`` (module doc), each slow-spell rule and
+    each --threshold and --confidence."""
+    from perfkit.ab import sequential as sq
+
+    gate = [g.strip() for g in a.gate.split(",") if g.strip()]
+    for thr in a.threshold:
+        for conf in a.confidence:
+            for rule in sq.SLOW_RULES:
+                design = sq.Design(a.min_launches, a.max_launches, conf, "pocock", rule)
+                t0 = time.time()
+                runs = sq.replay_pool(pool, design, gate, thr, sims=a.seq_sims, seed=a.seed)
+                summ = sq.replay_summary(runs)
+                mx = int(summ["max_launches"].iloc[0])
+                print(
+                    f"\nsequential replay of {pool.path}: launches {a.min_launches}..{mx} a side (cut to the pool), "
+                    f"threshold {thr:g}, confidence {conf:g} (Pocock), gate {','.join(gate)}, slow spells {rule}, "
+                    f"{a.seq_sims} experiments a row ({time.time() - t0:.0f} s):"
+                )
+                print(
+                    summ.to_string(
+                        index=False,
+                        formatters={
+                            c: percent_text for c in ("regression", "caught", "decided", "undecided")
+                        },
+                    )
+                )
+                dist = (
+                    runs.groupby("kind", sort=False)["launches"]
+                    .value_counts(normalize=True)
+                    .unstack(fill_value=0)
+                    .sort_index(axis=1)
+                )
+                print("launches a side used (share of experiments):")
+                print(dist.to_string(float_format=lambda x: f"{x:.1%}"))
 
 
 if __name__ == "__main__":

@@ -402,7 +402,9 @@ else:
 def ab() -> nbformat.NotebookNode:
     params = """spec_a = "../examples/ab/tiny-cpu.yaml"  # side A: an engine spec YAML (perfkit.engine.spec)
 spec_b = "../examples/ab/tiny-cpu-denoise-30pct.yaml"  # side B (spec_a again: an A/A check)
-launches = 3  # N, launches a side, interleaved A B B A ...
+launches = 3  # launches a side before the first look, interleaved A B B A ...
+max_launches = 6  # launches run a side at most: pairs are added until every gated metric is decided
+undecided = "fail"  # a gated metric still inconclusive at max_launches: "fail" (exit 1) or "pass"
 warm = 5  # M, warm requests a launch after the cold request
 threshold = 0.05  # decision threshold (fraction): regression when the interval lies above 1 + threshold
 gate_metrics = None  # e.g. ["DenoisingStage", "warm_e2e"]: only these set the verdict (None: every metric)
@@ -414,8 +416,8 @@ replay_b = None  # the recorded side-B bundle"""
 import pandas as pd
 from IPython.display import Markdown, display
 
-from perfkit.ab.decide import compare_bundles
-from perfkit.ab.driver import AbPlan, run_ab
+from perfkit.ab.driver import AbPlan
+from perfkit.ab.sequential import Design, decide_sequential, run_sequential
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
@@ -427,11 +429,14 @@ pd.set_option("display.max_colwidth", 120)"""
     cells = [
         new_code_cell("""if replay_a:
     bundles = {"A": ResultBundle.load(replay_a), "B": ResultBundle.load(replay_b)}
+    recorded = min(len(b.launches) for b in bundles.values())  # the recording is the maximum
+    design = Design(min(launches, recorded), min(max_launches, recorded))
 else:
     spec = lambda p: EngineSpec.from_dict(load_yaml(Path(p).read_text()))  # noqa: E731
+    design = Design(launches, max_launches)
     plan = AbPlan(spec(spec_a), spec(spec_b), VideoRequestSpec(), launches, warm)
-    bundles = run_ab(plan, run_dir)
-res = compare_bundles(bundles["A"], bundles["B"], threshold, gate=gate_metrics)"""),
+    bundles = run_sequential(plan, design, run_dir, threshold, gate=gate_metrics)
+res = decide_sequential(bundles["A"], bundles["B"], design, threshold, gate=gate_metrics, undecided=undecided)"""),
         new_markdown_cell("## Verdict per metric"),
         new_code_cell("display(Markdown(ab_summary_markdown(res)))"),
         new_markdown_cell("## Forest plot: B/A with intervals, each launch's dots behind"),
@@ -446,8 +451,10 @@ res = compare_bundles(bundles["A"], bundles["B"], threshold, gate=gate_metrics)"
             "interval on the logs of those launch values; a metric is a regression when the whole "
             "interval lies above 1 + threshold, an improvement below 1 − threshold, no change inside "
             "±threshold, else inconclusive (with the launches a side that would decide it, sized from "
-            "the measured variance as Kalibera & Jones do). `docs/choosing-n-m.md` says how to pick N "
-            "and M."
+            "the measured variance as Kalibera & Jones do). Launches are added in pairs until every "
+            "gated metric is decided, each look's interval at its share of the error rate (alpha "
+            "spending); still inconclusive at `max_launches` is *undecided*, exit 1 unless "
+            '`undecided = "pass"`. `docs/choosing-n-m.md` says how to pick the launches and M.'
         ),
     ]
     return _nb(

@@ -627,12 +627,13 @@ def cmd_ab(a: SimpleNamespace) -> int:
     import datetime as _dt
 
     from perfkit.ab import stats as ab_stats
-    from perfkit.ab.decide import compare_bundles, thresholds_from_run
+    from perfkit.ab.decide import thresholds_from_run
+    from perfkit.ab.sequential import decide_sequential, run_sequential
     from perfkit.bundle import ResultBundle
     from perfkit.report.ab import write_ab_outputs
 
     threshold = _fraction(a.threshold, "--threshold") or ab_stats.DEFAULT_THRESHOLD
-    confidence = _fraction(a.confidence, "--confidence") or ab_stats.DEFAULT_CONFIDENCE
+    confidence = _fraction(a.confidence, "--confidence")
     thresholds: dict[str, float] = {}
     if a.threshold_from:
         try:
@@ -651,10 +652,11 @@ def cmd_ab(a: SimpleNamespace) -> int:
             except (FileNotFoundError, ValueError) as exc:
                 raise click.BadParameter(str(exc), param_hint="--replay") from None
         out = _ab_out(a.out, f"{stamp}-replay")
+        design = _ab_design(a, confidence, bundles)
     else:
         if not (a.a and a.b):
             raise click.UsageError("give --a and --b (engine spec or params files), or --replay DIR_A DIR_B")
-        from perfkit.ab.driver import AbPlan, run_ab
+        from perfkit.ab.driver import AbPlan
         from perfkit.engine.client import VideoRequestSpec
 
         spec_a, req_a = _ab_side(a.a, "--a")
@@ -672,12 +674,15 @@ def cmd_ab(a: SimpleNamespace) -> int:
             req["num_inference_steps"] = a.steps
         if a.share_compile_cache:
             spec_a, spec_b = (s.replace(share_compile_cache=True) for s in (spec_a, spec_b))
+        design = _ab_design(a, confidence, None)
         out = _ab_out(a.out, stamp)
-        plan = AbPlan(spec_a, spec_b, VideoRequestSpec.from_dict(req), a.launches, a.warm)
+        plan = AbPlan(spec_a, spec_b, VideoRequestSpec.from_dict(req), design.min_launches, a.warm)
         _sigterm_as_interrupt()
-        bundles = run_ab(plan, out)
+        bundles = run_sequential(plan, design, out, threshold, thresholds, gate)
     try:
-        res = compare_bundles(bundles["A"], bundles["B"], threshold, thresholds, confidence, gate=gate)
+        res = decide_sequential(
+            bundles["A"], bundles["B"], design, threshold, thresholds, gate=gate, undecided=a.undecided
+        )
     except ValueError as exc:
         kept = "" if a.replay else f" (the launches are kept: --replay {out / 'a'} {out / 'b'})"
         raise click.BadParameter(f"{exc}{kept}", param_hint="--gate-metrics") from None
@@ -695,7 +700,48 @@ def cmd_ab(a: SimpleNamespace) -> int:
             if x.startswith(("- nothing", "- launch failed"))
         ]
         print(f"perfkit ab: error: {'; '.join(why) or 'see ' + str(paths['summary'])}", file=sys.stderr)
+    seq = res.meta.get("sequential") or {}
+    if res.undecided:  # the launches it would need, on stderr too, -q or not
+        need = seq.get("launches_needed") or {}
+        print(
+            f"perfkit ab: {'undecided' if res.exit_code else 'undecided, passed by --undecided pass'}: "
+            + "; ".join(
+                f"{m} still inconclusive"
+                + (f", about {need[m]} launches a side would decide it" if need.get(m) else "")
+                for m in res.undecided
+            ),
+            file=sys.stderr,
+        )
     return res.exit_code
+
+
+def _ab_design(a: SimpleNamespace, confidence: float | None, bundles: dict[str, Any] | None) -> Any:
+    """The sequential design from the options; a replay's unset ones from the recording (its
+    meta ``ab.sequential``, else one look at its launches a side: the fixed-N A/B it was).
+
+    Raises:
+        click.BadParameter: a design out of range (the option is named).
+    """
+    from perfkit.ab import sequential as sq
+
+    rec: dict[str, Any] = {}
+    if bundles is not None:
+        rec = dict((bundles["A"].meta.get("ab") or {}).get("sequential") or {})
+        if not rec:
+            per = min(len(bundles["A"].launches), len(bundles["B"].launches))
+            rec = {"min_launches": max(2, min(sq.DEFAULT_MIN_LAUNCHES, per)), "max_launches": max(2, per)}
+    lo = a.launches or rec.get("min_launches") or sq.DEFAULT_MIN_LAUNCHES
+    hi = a.max_launches or rec.get("max_launches") or max(sq.DEFAULT_MAX_LAUNCHES, lo)
+    try:
+        return sq.Design(
+            min_launches=int(lo),
+            max_launches=int(hi),
+            confidence=confidence or float(rec.get("confidence") or sq.stats.DEFAULT_CONFIDENCE),
+            spending=a.spending or rec.get("spending") or "pocock",
+            slow_rule=a.slow_spells or rec.get("slow_rule") or "replace",
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="-n/--launches, --max-launches") from None
 
 
 def _ab_out(given: str | None, stamp: str) -> Path:
@@ -1061,9 +1107,13 @@ def engine_serve_command(args: tuple[str, ...]) -> None:
     "  perfkit ab --a a.yaml --b a.yaml --out outputs/ab/aa     # A/A: the noise floor\n"
     "  perfkit ab --a a.yaml --b b.yaml --threshold-from outputs/ab/aa\n"
     "  perfkit ab --replay outputs/ab/pr123/a outputs/ab/pr123/b\n"
-    "  perfkit ab --a a.yaml --b b.yaml -n 5 -m 5 --threshold 1% --gate-metrics DenoisingStage,warm_e2e\n\n"
-    "Exit codes: 0 no gated metric regressed, 1 a gated metric regressed (every metric gates unless "
-    "--gate-metrics names some), 2 an error or misuse (bad input, a failed launch, no gated metric "
+    "  perfkit ab --a a.yaml --b b.yaml -n 3 --max-launches 10 -m 5 --threshold 1% "
+    "--gate-metrics DenoisingStage,warm_e2e\n\n"
+    "It launches -n a side, then adds interleaved pairs until every gated metric is decided "
+    "(alpha spending keeps the false-alarm rate over the looks) or --max-launches.\n\n"
+    "Exit codes: 0 every gated metric decided, none regressed; 1 a gated metric regressed, or "
+    "is still undecided at --max-launches (unless --undecided pass); every metric gates unless "
+    "--gate-metrics names some; 2 an error or misuse (bad input, a failed launch, no gated metric "
     "measured on both sides).",
 )
 @click.option("--a", "a", default=None, metavar="FILE", help="side A: an engine spec YAML or a params file")
@@ -1077,10 +1127,38 @@ def engine_serve_command(args: tuple[str, ...]) -> None:
 @click.option(
     "-n",
     "--launches",
-    type=click.IntRange(1, 100),
-    default=4,
+    type=click.IntRange(2, 100),
+    default=None,
+    help="launches a side before the first look (interleaved A B B A ...; default 3, a replay: as recorded)",
+)
+@click.option(
+    "--max-launches",
+    type=click.IntRange(2, 100),
+    default=None,
+    help="launches run a side at most (slow-spell replacements count); until then pairs are added"
+    " until every gated metric is decided (default 10; a replay: as recorded)",
+)
+@click.option(
+    "--undecided",
+    type=click.Choice(["fail", "pass"]),
+    default="fail",
     show_default=True,
-    help="launches a side (interleaved A B B A ...)",
+    help="a gated metric still inconclusive at --max-launches: exit 1 (fail) or exit 0 (pass, said in"
+    " the summary)",
+)
+@click.option(
+    "--slow-spells",
+    type=click.Choice(["replace", "keep"]),
+    default=None,
+    help="a launch whose median ran in a host slow spell: left out and replaced by another launch of its"
+    " side (replace, default; it counts against --max-launches) or kept",
+)
+@click.option(
+    "--spending",
+    type=click.Choice(["pocock", "obrien-fleming"]),
+    default=None,
+    help="alpha spending over the looks (default pocock: decides early; obrien-fleming: keeps most for"
+    " the last look)",
 )
 @click.option(
     "-m",
@@ -1106,7 +1184,12 @@ def engine_serve_command(args: tuple[str, ...]) -> None:
     metavar="RUN",
     help="per-metric thresholds from a recorded A/A run directory (its ab.json): each metric's A/A interval",
 )
-@click.option("--confidence", default=None, help="two-sided confidence of the intervals (default 0.95)")
+@click.option(
+    "--confidence",
+    default=None,
+    help="two-sided confidence over all looks and gated metrics (default 0.95; each look's intervals are"
+    " wider: alpha spending, split over the gated metrics)",
+)
 @click.option(
     "--gate-metrics",
     default=None,

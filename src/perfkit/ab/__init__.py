@@ -7,4 +7,7 @@ intervals that hold at a few launches a side, and a decision per metric.
 - :mod:`perfkit.ab.decide`: compares two bundles: the table of ratios and verdicts, exit code.
 - :mod:`perfkit.ab.driver`: runs the balanced interleaved launches (A B B A …) into a bundle per
   side.
+- :mod:`perfkit.ab.sequential`: launches until every gated metric is decided (alpha spending over
+  the looks, slow-spell launches replaced, undecided at the maximum exits 1); its replay on a
+  recorded pool.
 """

@@ -2,7 +2,8 @@
 split and the decision; the exit code.
 
 Exit codes (:mod:`perfkit.gate.verdicts`' rule): 0 no gated metric regressed, 1 a gated metric
-regressed, 2 an error: nothing gated was compared (every gated metric "not measured") or a launch
+regressed (or, set by :func:`perfkit.ab.sequential.decide_sequential`, a gated metric is still
+undecided at the sequential maximum), 2 an error: nothing gated was compared (every gated metric "not measured") or a launch
 failed. Every metric gates unless ``--gate-metrics`` names some; the others are decided and shown
 ("reported, not gated").
 """
@@ -86,15 +87,26 @@ class AbResult:
 
     @property
     def verdict(self) -> str:
-        """``regression`` (exit 1), ``error`` (exit 2), else ``inconclusive`` when some metric
-        could not be decided (exit 0: no regression found, but not every metric was cleared),
-        else ``no regression``."""
+        """``regression`` (exit 1), ``undecided`` (exit 1: a gated metric still inconclusive at
+        the sequential maximum, :attr:`undecided`), ``error`` (exit 2), else ``inconclusive``
+        when some gated metric could not be decided (exit 0: no regression found, but not every
+        metric was cleared; ``--undecided pass``, or a comparison outside the procedure), else
+        ``no regression``."""
         if self.exit_code == EXIT_REGRESSION:
+            gated = self.table[self.gated]
+            if self.undecided and not (gated["decision"] == "regression").any():
+                return "undecided"
             return "regression"
         if self.exit_code != EXIT_OK:
             return "error"
         gated = self.table[self.gated]
         return "inconclusive" if (gated["decision"] == "inconclusive").any() else "no regression"
+
+    @property
+    def undecided(self) -> list[str]:
+        """Gated metrics the sequential procedure left inconclusive at its maximum
+        (``meta["sequential"]["undecided"]``; :mod:`perfkit.ab.sequential`)."""
+        return list((self.meta.get("sequential") or {}).get("undecided") or [])
 
     @property
     def gated(self) -> pd.Series:
@@ -305,15 +317,21 @@ def compare_bundles(
     thresholds: Mapping[str, float] | None = None,
     confidence: float = stats.DEFAULT_CONFIDENCE,
     gate: Sequence[str] | None = None,
+    keep: Mapping[str, Sequence[str]] | None = None,
 ) -> AbResult:
     """:func:`compare` of two recorded sides (``perfkit ab`` and ``perfkit ab --replay``): the
     meta records each side's launches, failed launches, the threshold(s) used and each side's
-    slow spells (:func:`perfkit.ab.power.slow_spells`: warm requests the host slowed down)."""
+    slow spells (:func:`perfkit.ab.power.slow_spells`: warm requests the host slowed down).
+    ``keep``: side -> the launches the intervals use (the sequential procedure's last look,
+    :mod:`perfkit.ab.sequential`); None: every launch."""
     errors = _failed(a) + _failed(b)
     values = {"A": metric_values(a), "B": metric_values(b)}
+    used = dict(values)
+    for side, labels in (keep or {}).items():
+        used[side] = values[side][values[side]["launch"].isin([str(x) for x in labels])]
     res = compare(
-        values["A"],
-        values["B"],
+        used["A"],
+        used["B"],
         threshold=threshold,
         thresholds=thresholds,
         confidence=confidence,

@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
@@ -96,6 +96,8 @@ def run_arms(
     warm: int,
     out: str | Path,
     request_timeout_s: float | None = None,
+    extend: Callable[[dict[str, ResultBundle]], Sequence[str]] | None = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> dict[str, ResultBundle]:
     """Run launches of several engine specs ("arms": A, and B, C, … each a variant of it) in one
     balanced interleaved order (:func:`perfkit.ab.stats.interleaved_order`), a bundle per arm
@@ -108,6 +110,10 @@ def run_arms(
     lost the engine is named with how the engine ended). After each launch any process it
     started that outlived its teardown is ended (:class:`perfkit.engine.owner.Watch`) and named
     in that error.
+
+    ``extend`` (the sequential A/B, :mod:`perfkit.ab.sequential`): once the planned order has
+    run, it is called with the bundles so far and returns the arms to launch next (empty: stop);
+    ``meta`` is added to every bundle's meta ``ab`` (e.g. the sequential design).
 
     Raises:
         ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec.
@@ -124,7 +130,10 @@ def run_arms(
     loads: dict[str, Any] = {}
     t0 = time.time()
     bundles: dict[str, ResultBundle] = {}
-    for pos, arm in enumerate(tqdm(order, desc="ab launches", unit="launch")):
+    bar = tqdm(total=len(order), desc="ab launches", unit="launch")
+    pos = 0
+    while pos < len(order) or (extend is not None and _extended(order, extend, bundles, bar)):
+        arm = order[pos]
         label = f"{arm}{len(data[arm]):02d}"
         loads[label] = {"position": pos, "loadavg": _loadavg()}
         watch = Watch.start()
@@ -143,8 +152,19 @@ def run_arms(
         )
         data[arm].append(d)
         # saved after every launch: a pool cut short (a lost host, a killed job) keeps what it ran
-        bundles = _save_arms(specs, request, counts, warm, out, data, order[: pos + 1], loads, t0)
+        bundles = _save_arms(specs, request, counts, warm, out, data, order[: pos + 1], loads, t0, meta)
+        bar.update()
+        pos += 1
+    bar.close()
     return bundles
+
+
+def _extended(order: list[str], extend: Callable[..., Sequence[str]], bundles: Any, bar: Any) -> bool:
+    """Append ``extend(bundles)`` to ``order`` (and to the bar's total); whether it added any."""
+    more = list(extend(bundles))
+    order += more
+    bar.total = len(order)
+    return bool(more)
 
 
 def _save_arms(
@@ -157,6 +177,7 @@ def _save_arms(
     done: list[str],
     loads: dict[str, Any],
     t0: float,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, ResultBundle]:
     """Assemble and save the bundle of each arm that has launches so far (``out/<arm>``);
     ``done`` is the order of the launches run so far."""
@@ -169,6 +190,7 @@ def _save_arms(
         "loadavg_end": _loadavg(),
         "cpu_count": os.cpu_count(),
         "wall_s": round(time.time() - t0, 1),
+        **dict(extra or {}),
     }
     bundles = {}
     for arm, spec in specs.items():

@@ -50,6 +50,9 @@ __all__ = [
     "power_table",
     "recommend",
     "slow_spells",
+    "slow_launches",
+    "SLOW_FACTOR",
+    "QUIET_QUANTILE",
     "arm_warnings",
     "Arm",
     "PoolFile",
@@ -68,6 +71,10 @@ KEY_METRICS = ("DenoisingStage", "warm_e2e")
 MAX_EXACT = 100_000
 #: a stage the injected slowdown does not touch: its "detections" are false alarms
 UNTOUCHED = "TextEncodingStage"
+#: a warm request ran in a slow spell when it took more than this × its side's quiet level
+SLOW_FACTOR = 1.05
+#: the quiet level: this quantile of the side's warm requests (numpy's linear interpolation)
+QUIET_QUANTILE = 0.10
 
 
 @dataclass
@@ -284,7 +291,28 @@ def _request_clocks(bundle: ResultBundle) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def slow_spells(pool: Pool, metric: str = "DenoisingStage", factor: float = 1.05) -> pd.DataFrame:
+def slow_launches(
+    requests: dict[str, np.ndarray], factor: float = SLOW_FACTOR, share: float = 0.5
+) -> list[str]:
+    """The launches whose median ran in a slow spell: at least ``share`` of their warm requests
+    took more than ``factor`` × the side's quiet level (the :data:`QUIET_QUANTILE` of all the
+    side's warm requests given), the rule of :func:`slow_spells` applied launch by launch.
+
+    Args:
+        requests: launch label -> its warm requests' times of one metric (ms), one side.
+
+    Returns:
+        the marked labels, in the order given (none when no request was given).
+    """
+    arrays = {k: np.asarray(v, dtype=float) for k, v in requests.items()}
+    every = np.concatenate([v for v in arrays.values() if v.size] or [np.empty(0)])
+    if not every.size:
+        return []
+    quiet = float(np.quantile(every, QUIET_QUANTILE))
+    return [k for k, v in arrays.items() if v.size and float(np.mean(v > factor * quiet)) >= share]
+
+
+def slow_spells(pool: Pool, metric: str = "DenoisingStage", factor: float = SLOW_FACTOR) -> pd.DataFrame:
     """How much of each arm ran in a slow spell: warm requests whose ``metric`` took more than
     ``factor`` × the arm's quiet level (the 10th percentile of all its warm requests), and the
     launches with at least one such request. A host that slows the GPU for seconds at a time
@@ -301,7 +329,7 @@ def slow_spells(pool: Pool, metric: str = "DenoisingStage", factor: float = 1.05
         x = v[(v["metric"] == metric) & (v["index"] > 0)]
         if x.empty:
             continue
-        quiet = float(x["value"].quantile(0.10))
+        quiet = float(x["value"].quantile(QUIET_QUANTILE))
         is_slow = x["value"] > factor * quiet
         slow = x[is_slow]
         row: dict[str, Any] = {

@@ -26,7 +26,15 @@ from perfkit.report.tables import format_table, markdown_table
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ab_context", "render_ab_report", "ab_summary_markdown", "SUMMARY_FILE", "REPORT_FILE"]
+__all__ = [
+    "ab_context",
+    "render_ab_report",
+    "ab_summary_markdown",
+    "looks_frame",
+    "sequential_text",
+    "SUMMARY_FILE",
+    "REPORT_FILE",
+]
 
 SUMMARY_FILE = "summary.md"
 REPORT_FILE = "report.html"
@@ -146,6 +154,8 @@ def ab_context(res: AbResult) -> dict[str, Any]:
         "load": " / ".join(str(x) for x in load) if load else None,
         "errors": list(res.meta.get("launch_errors") or []),
         "spells": spells_line(res),
+        "sequential": sequential_text(res),
+        "looks": format_table(looks_frame(res), None),
         "verdicts": format_table(verdict_frame(res)),
         "variance": format_table(_variance_frame(res), None),
         "launches": format_table(_launch_frame(res), None),
@@ -194,6 +204,8 @@ def render_ab_report(res: AbResult, out: str | Path) -> Path:
 def _launches_text(ab: dict[str, Any]) -> str:
     """ "N launches a side", or per arm for a pool of several arms (``run_arms``)."""
     n = ab.get("launches_per_side", "?")
+    if ab.get("sequential") and isinstance(ab.get("launches_done"), dict):
+        return ", ".join(f"{k}: {v}" for k, v in ab["launches_done"].items()) + " launches recorded"
     if isinstance(n, dict):
         return ", ".join(f"{k}: {v}" for k, v in n.items()) + " launches (arms of one pool)"
     return f"{n} launches a side"
@@ -211,6 +223,68 @@ def spells_line(res: AbResult) -> str:
     )
 
 
+def looks_frame(res: AbResult) -> pd.DataFrame:
+    """The sequential procedure's looks (``res.meta["sequential"]``, :mod:`perfkit.ab.sequential`):
+    one row a look with launches a side, the interval's confidence and per gated metric B/A
+    ``[low, high]`` and its decision. Empty for a result without looks."""
+    seq = res.meta.get("sequential") or {}
+    rows = []
+    for i, lk in enumerate(seq.get("looks") or [], 1):
+        row: dict[str, Any] = {
+            "look": i,
+            "launches a side": lk.get("n"),
+            "confidence": f"{float(lk.get('confidence') or math.nan) * 100:.2f} %",
+        }
+        for metric, v in (lk.get("metrics") or {}).items():
+            lo, hi = (number(v.get(k)) for k in ("low", "high"))
+            row[metric] = f"[{_pct(lo)}, {_pct(hi)}] {v.get('decision')}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def sequential_text(res: AbResult) -> str:
+    """One sentence: how the procedure ran and why it stopped (launches run and replaced,
+    spending, the undecided metrics with the launches they would need); "" without
+    ``meta["sequential"]``."""
+    seq = res.meta.get("sequential") or {}
+    if not seq:
+        return ""
+    d = seq.get("design") or {}
+    run = seq.get("launches_run") or {}
+    text = (
+        f"sequential: first look at {d.get('min_launches')} launches a side, at most "
+        f"{d.get('max_launches')} run a side, {d.get('spending')} alpha spending of "
+        f"{(1 - float(d.get('confidence', 0.95))) * 100:.0f} % over the looks; ran "
+        f"{', '.join(f'{v} of {k}' for k, v in run.items())}; stopped: {seq.get('reason')}"
+    )
+    replaced = {k: v for k, v in (seq.get("replaced") or {}).items() if v}
+    if replaced:
+        text += "; replaced as run in a slow spell: " + ", ".join(x for v in replaced.values() for x in v)
+    if seq.get("spell_kept"):
+        text += (
+            f"; side {', '.join(seq['spell_kept'])}: half or more of its launches in a slow spell, kept "
+            "(the host's state, not a spell)"
+        )
+    need = seq.get("launches_needed") or {}
+    if res.undecided:
+        text += "; undecided: " + ", ".join(
+            m + (f" (about {need[m]} launches a side would decide it)" if need.get(m) else "")
+            for m in res.undecided
+        )
+        if seq.get("undecided_rule") == "pass":
+            text += "; exit 0 only because of `--undecided pass`"
+    return text
+
+
+def _conf_text(res: AbResult) -> str:
+    """ "95 %", or for a sequential result "95 % over all looks (the last look's 97.92 %)"."""
+    seq = res.meta.get("sequential") or {}
+    overall = (seq.get("design") or {}).get("confidence")
+    if overall is None:
+        return f"{res.confidence * 100:.0f} %"
+    return f"{float(overall) * 100:.0f} % over all looks (the last look's {res.confidence:.2%})"
+
+
 def ab_summary_markdown(res: AbResult) -> str:
     """``summary.md`` of an A/B (GitHub Markdown, for ``$GITHUB_STEP_SUMMARY``): the verdict,
     how it ran, the verdict table."""
@@ -219,7 +293,7 @@ def ab_summary_markdown(res: AbResult) -> str:
     lines = [f"## perfkit ab: {word} (exit code {res.exit_code})", ""]
     how = (
         f"{_launches_text(ab)}, {ab.get('warm_per_launch', '?')} warm "
-        f"request{'' if ab.get('warm_per_launch') == 1 else 's'} a launch, {res.confidence * 100:.0f} % Welch t intervals on launch medians, default threshold "
+        f"request{'' if ab.get('warm_per_launch') == 1 else 's'} a launch, {_conf_text(res)} Welch t intervals on launch medians, default threshold "
         f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %"
     )
     if res.meta.get("thresholds_from"):
@@ -243,12 +317,23 @@ def ab_summary_markdown(res: AbResult) -> str:
             lines.append(
                 f"- gated but not measured on both sides (gates nothing): {', '.join(res.gated_unmeasured)}"
             )
+    seq = sequential_text(res)
+    if seq:
+        lines.append(f"- {seq}")
     spells = spells_line(res)
     if spells:
         lines.append(f"- {spells}")
     if res.ungated_regressions:
         lines.append(f"- reported, not gated: {', '.join(res.ungated_regressions)} regressed")
     lines += ["", markdown_table(verdict_frame(res)), ""]
+    looks = looks_frame(res)
+    if not looks.empty:
+        lines += [
+            "Looks (gated metrics, B/A interval at each look's confidence):",
+            "",
+            markdown_table(looks),
+            "",
+        ]
     return "\n".join(lines)
 
 

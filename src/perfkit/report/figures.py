@@ -13,7 +13,8 @@ reading) or ``compare`` (with ``vs=DIR``: the warm requests of the two runs' ``c
 sessions side by side — or of one launch of another bundle, written ``DIR/<scenario>@<launch>`` — per stage and per step, with the ratio src/vs and a 95 % bootstrap interval
 of the ratio of medians; e.g. 2 GPUs vs 1) or ``ab-power`` (``src`` an A/B power pool,
 :mod:`perfkit.report.power`, decided at ``threshold=`` and ``confidence=``, fractions, default
-``perfkit ab``'s). The numbers are the registry's (:attr:`~perfkit.scenarios.registry.Scenario.key_numbers`,
+``perfkit ab``'s) or ``ab-sequential`` (the same pool, the sequential ``perfkit ab`` replayed on
+it: :func:`perfkit.report.power.sequential_markdown`). The numbers are the registry's (:attr:`~perfkit.scenarios.registry.Scenario.key_numbers`,
 ``summary_table``, ``reading``), so a figure quoted in a README is the figure the report and
 summary.md show. Statistics named in the footer: medians and quartiles are numpy's default
 (linear interpolation between order statistics, Hyndman–Fan type 7); intervals are 95 %
@@ -42,7 +43,7 @@ from perfkit import stats
 from perfkit.ab import stats as stats_ab
 from perfkit.bundle import ResultBundle
 from perfkit.readings.records import parse_lines
-from perfkit.report.power import power_markdown
+from perfkit.report.power import power_markdown, sequential_markdown
 from perfkit.report.tables import markdown_table
 from perfkit.scenarios import overhead, registry
 from perfkit.scenarios.cold_warm import NAME as SESSION
@@ -50,7 +51,7 @@ from perfkit.scenarios.overhead import NAME as OVERHEAD
 
 __all__ = ["FiguresError", "Block", "blocks", "render_block", "update_text", "update_file", "STATS_NOTE"]
 
-KINDS = ("key-numbers", "full", "compare", "ab-power", "overhead-pooled", "history-nightly")
+KINDS = ("key-numbers", "full", "compare", "ab-power", "ab-sequential", "overhead-pooled", "history-nightly")
 #: the statistics behind every generated figure, stated under each block
 STATS_NOTE = (
     "Medians and quartiles: numpy's linear interpolation (Hyndman–Fan type 7); intervals: 95 % "
@@ -63,7 +64,11 @@ _BLOCK = re.compile(
 _ARG = re.compile(r"(\w+)=(\S+)")
 _ATTRS = ("src", "kind", "vs", "threshold", "confidence")
 #: the attributes each kind reads beyond src and kind (any other is refused, never ignored)
-_KIND_ATTRS = {"compare": ("vs",), "ab-power": ("threshold", "confidence")}
+_KIND_ATTRS = {
+    "compare": ("vs",),
+    "ab-power": ("threshold", "confidence"),
+    "ab-sequential": ("threshold", "confidence"),
+}
 
 
 class FiguresError(ValueError):
@@ -177,6 +182,13 @@ def render_block(block: Block, root: Path) -> str:
             )
         except (OSError, ValueError) as exc:
             raise FiguresError(f"ab-power {block.src}: {exc}") from exc
+    if block.kind == "ab-sequential":
+        try:
+            return sequential_markdown(
+                src, float(block.threshold or 0), float(block.confidence or 0), label=block.src
+            )
+        except (OSError, ValueError) as exc:
+            raise FiguresError(f"ab-sequential {block.src}: {exc}") from exc
     if block.kind == "overhead-pooled":
         return _overhead_pooled(block, root)
     if block.kind == "history-nightly":
