@@ -93,6 +93,10 @@ class RunResult:
     #: test-only injected slowdown: stage -> [work, injected] in ms of the pipeline's clock
     #: (:meth:`StagedPipeline._clock`: thread CPU time on a CPU device, wall time on CUDA)
     injected: dict[str, list[float]] = field(default_factory=dict)
+    #: CPU device: the injected busy pieces' wall time per stage (ms; the clock a profiler trace
+    #: shows, which on a shared host exceeds the thread CPU time above by the time other
+    #: processes got the core)
+    injected_wall: dict[str, float] = field(default_factory=dict)
 
 
 def host_memory_mib() -> tuple[float, float]:
@@ -273,11 +277,14 @@ class StagedPipeline:
             return
         if not self.is_cuda:
             c1 = self._clock()
+            w1 = time.perf_counter()
             with maybe_range(self.profiler, INJECTED_RANGE):
                 self._busy(frac * (c1 - mark))
             acc = self._run.injected.setdefault(stage, [0.0, 0.0])
             acc[0] += (c1 - mark) * 1000.0
             acc[1] += (self._clock() - c1) * 1000.0
+            wall = self._run.injected_wall
+            wall[stage] = wall.get(stage, 0.0) + (time.perf_counter() - w1) * 1000.0
             return
         e1 = self._event()
         est = None

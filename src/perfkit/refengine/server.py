@@ -418,6 +418,9 @@ class Engine:
                 )
                 self.pipeline.profiler = profiler
             res = self.pipeline.run(job.req, keep_output=self.keep_dir is not None, slow=slow)
+            if profiler is not None:  # the trace is written before the request reads as done
+                self.pipeline.profiler = None
+                job.trace, profiler = profiler.finish(), None
             job.status = "completed"
             if self.keep_dir is not None and res.video is not None:
                 self.keep_dir.mkdir(parents=True, exist_ok=True)
@@ -486,6 +489,8 @@ class Engine:
             pk["debug_stage_delay_applied"] = job.slowed
             if res is not None and res.injected:  # stage -> [its own work, busy time added] (ms)
                 pk["debug_stage_delay_ms"] = {k: [round(x, 3) for x in v] for k, v in res.injected.items()}
+            if res is not None and res.injected_wall:
+                pk["debug_stage_delay_wall_ms"] = {k: round(v, 3) for k, v in res.injected_wall.items()}
         if job.trace is not None:  # sglang's profile fields: what was profiled and where it went
             pk["profile"] = {**job.trace.to_dict(), "rank": self.rank}
         if res is not None:

@@ -1,0 +1,139 @@
+"""Below the stage: what the profiled requests' traces say, op by op.
+
+Reads a bundle's ``traces`` table and the trace files under its ``traces/`` directory
+(:mod:`perfkit.scenarios.profiled` puts them there), through :mod:`perfkit.readings.traces`:
+per profiled request the top ops per stage (count, total ms, mean ms, share of the stage's op
+time), and the diff of two profiled requests (``profiled cold`` → ``profiled warm``): the ops
+whose time changed most, with ms on both sides and their share of the change. Used by the
+cold_warm notebook and by the report's "below the stage" panel, which links the trace files
+(they open in Perfetto, ui.perfetto.dev, or chrome://tracing).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from perfkit.bundle import ResultBundle
+from perfkit.readings import traces as tr
+from perfkit.report.tables import Table, format_table
+
+log = logging.getLogger(__name__)
+
+#: the diff's sides, in order (a -> b)
+DIFF_ROLES = ("profiled cold", "profiled warm")
+
+
+@dataclass
+class BelowStage:
+    """What a bundle's profiled requests say.
+
+    Attributes:
+        traces: the ``traces`` table (one row per profiled request).
+        stage_top: role -> top ops per stage (``stage`` + :data:`~perfkit.readings.traces.OP_COLUMNS`).
+        diff: :func:`~perfkit.readings.traces.op_diff` of :data:`DIFF_ROLES` (None without both).
+        errors: traces that could not be read (file and why).
+    """
+
+    traces: pd.DataFrame
+    stage_top: dict[str, pd.DataFrame] = field(default_factory=dict)
+    diff: pd.DataFrame | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def events_by_role(bundle: ResultBundle) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """role -> :func:`~perfkit.readings.traces.op_events` of each kept trace, and the errors
+    (file and why) of those that could not be read."""
+    out, errors = {}, []
+    t = bundle.table("traces")
+    for row in t.itertuples(index=False):
+        if not bool(row.kept) or pd.isna(row.file):
+            continue
+        name = Path(str(row.file)).name
+        path = bundle.traces.get(name) or (Path(bundle.path) / str(row.file) if bundle.path else None)
+        try:
+            if path is None:
+                raise tr.TraceError(f"{row.file}: not in the bundle")
+            out[str(row.role)] = tr.op_events(tr.load_trace(path))
+        except tr.TraceError as exc:
+            errors.append(str(exc))
+    return out, errors
+
+
+def below_stage(bundle: ResultBundle, top: int = 5) -> BelowStage | None:
+    """The profiled requests of ``bundle`` op by op; None when it profiled nothing."""
+    t = bundle.table("traces")
+    if t.empty:
+        return None
+    events, errors = events_by_role(bundle)
+    out = BelowStage(traces=t, errors=errors)
+    for role, ev in events.items():
+        out.stage_top[role] = tr.stage_top_ops(ev, top)
+    a, b = DIFF_ROLES
+    if a in events and b in events:
+        out.diff = tr.op_diff(events[a], events[b])
+    return out
+
+
+def trace_list(bs: BelowStage, link_prefix: str = "") -> pd.DataFrame:
+    """The traces table for display: role, mode, steps recorded, size (MiB), file (path from
+    the page: ``link_prefix`` + the bundle's relative path), note."""
+    t = bs.traces
+    return pd.DataFrame(
+        {
+            "role": t["role"],
+            "status": t["status"],
+            "mode": t["mode"],
+            "steps_recorded": t["steps_recorded"],
+            "size_mib": t["size_mib"],
+            "file": [link_prefix + f if isinstance(f, str) else None for f in t["file"].astype(object)],
+            "note": t["note"],
+        }
+    )
+
+
+def diff_frame(diff: pd.DataFrame, n: int = 8) -> pd.DataFrame:
+    """The ``n`` ops whose time changed most, for display (ms cold, ms warm, change, share)."""
+    d = diff.head(n)
+    return pd.DataFrame(
+        {
+            "op": d["op"],
+            "calls_cold": d["count_a"],
+            "calls_warm": d["count_b"],
+            "cold_ms": d["ms_a"],
+            "warm_ms": d["ms_b"],
+            "change_ms": d["delta_ms"],
+            "share_of_change": d["delta_share"],
+        }
+    )
+
+
+def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[str, Any] | None:
+    """The report's "below the stage" panel of one bundle directory, or None when it profiled
+    nothing (or has no bundle). Keys: ``traces`` (:class:`Table`), ``files`` (links),
+    ``diff`` (:class:`Table` or None), ``stage_top`` ([(role, Table)]), ``errors``.
+    Never raises: an unreadable bundle is logged and gives an ``errors`` entry."""
+    d = Path(bundle_dir)
+    if not (d / "meta.json").exists():
+        return None
+    try:
+        bs = below_stage(ResultBundle.load(d), top=top)
+    except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the report
+        log.warning("report: below the stage of %s: %r", d, exc)
+        return {"traces": None, "files": [], "diff": None, "stage_top": [], "errors": [repr(exc)]}
+    if bs is None:
+        return None
+    tl = trace_list(bs, link_prefix)
+    files = [f for f in tl["file"] if isinstance(f, str)]
+    diff: Table | None = format_table(diff_frame(bs.diff)) if bs.diff is not None else None
+    return {
+        "traces": format_table(tl),
+        "files": files,
+        "diff": diff,
+        "stage_top": [(role, format_table(t)) for role, t in bs.stage_top.items()],
+        "errors": bs.errors,
+    }
