@@ -182,3 +182,24 @@ def test_op_table_counts_top_level_ops_once():
     e = tr.op_events(ev).set_index("op")
     assert e.loc["aten::linear", "step"] == 0 and e.loc["aten::add", "step"] == -1
     assert (e["stage"] == "DenoisingStage").all()
+
+
+def test_notebook_replay_shows_the_diff_and_top_ops_per_stage(runs):
+    import papermill
+    from notebook_checks import outputs
+
+    _, _, d = runs
+    nb = d / "cold_warm.ipynb"
+    root = Path(__file__).resolve().parents[1]
+    papermill.execute_notebook(
+        str(root / "notebooks" / "cold_warm.ipynb"),
+        str(nb),
+        parameters={"bundle_dir": str(d / "run" / "cold_warm"), "run_dir": str(d / "nb-run")},
+        kernel_name="python3",
+        progress_bar=False,
+        cwd=str(root),
+    )
+    html = "\n".join(outputs(nb, "text/html"))
+    assert "Top ops per stage, profiled warm" in html and "Top ops per stage, profiled cold" in html
+    diff = html.split("changed most")[1]
+    assert diff.index(INJECTED_RANGE) < diff.index("aten::")
