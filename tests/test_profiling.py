@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import pytest
-from refengine_helpers import running_engine, spec
 
 from perfkit.bundle import ResultBundle
 from perfkit.checks import check_table
@@ -23,6 +22,7 @@ from perfkit.report.belowstage import below_stage
 from perfkit.report.render import render_section
 from perfkit.scenarios import cold_vs_warm
 from perfkit.scenarios.profiled import ProfileParams
+from refengine_helpers import running_engine, spec
 
 NAME_RE = re.compile(r"^(video_[0-9a-f]+)-(full_stages|\d+_steps)-global-rank0\.trace\.json\.gz$")
 SERVE = ("-m", "perfkit.cli", "engine", "serve")
@@ -32,7 +32,9 @@ def test_trace_directory_follows_sglangs_order():
     both = {"SGLANG_DIFFUSION_TORCH_PROFILER_DIR": "/a", "SGLANG_TORCH_PROFILER_DIR": "/b"}
     assert trace_dir(both) == Path("/a")
     assert trace_dir({"SGLANG_TORCH_PROFILER_DIR": "/b"}) == Path("/b")
-    assert trace_dir({"SGLANG_DIFFUSION_TORCH_PROFILER_DIR": "", "SGLANG_TORCH_PROFILER_DIR": "/b"}) == Path("/b")
+    assert trace_dir({"SGLANG_DIFFUSION_TORCH_PROFILER_DIR": "", "SGLANG_TORCH_PROFILER_DIR": "/b"}) == Path(
+        "/b"
+    )
     assert trace_dir({}) == Path("./logs")
 
 
@@ -71,12 +73,20 @@ def test_profiled_requests_leave_sglang_named_traces_in_sglangs_directory(served
     tdir, recs = served
     files = sorted(p.name for p in tdir.iterdir())
     assert len(files) == 4 and all(NAME_RE.match(f) for f in files), files
-    want = {"default": ("5_steps", 5), "two": ("2_steps", 2), "all_steps": ("6_steps", 5), "all_stages": ("full_stages", 6)}
+    want = {
+        "default": ("5_steps", 5),
+        "two": ("2_steps", 2),
+        "all_steps": ("6_steps", 5),
+        "all_stages": ("full_stages", 6),
+    }
     for key, (mode, steps) in want.items():
         prof = recs[key].perfkit["profile"]
         name = f"{recs[key].request_id}-{mode}-global-rank0.trace.json.gz"
         assert (prof["mode"], prof["steps_recorded"]) == (mode, steps), key
-        assert prof["path"] == str((tdir / name).resolve()) and prof["size_bytes"] == (tdir / name).stat().st_size
+        assert (
+            prof["path"] == str((tdir / name).resolve())
+            and prof["size_bytes"] == (tdir / name).stat().st_size
+        )
     assert "profile" not in recs["off"].perfkit
     refused = recs["refused"]
     assert refused.status == "rejected" and "num_profiled_timesteps" in refused.error
@@ -136,7 +146,9 @@ def test_same_verdict_rows_with_and_without_profiling(runs):
     # the noise limits of params/ci-cpu.yaml: two runs on a shared 2-core host differ in timing
     inv = {"latency_drift_max": 3.0, "host_anon_slope_mib_per_request_max": 16.0}
     rows = [
-        check_table(scenario_checks("cold_warm", b.results, inv))[["case", "metric", "status"]].to_dict("records")
+        check_table(scenario_checks("cold_warm", b.results, inv))[["case", "metric", "status"]].to_dict(
+            "records"
+        )
         for b in (plain, prof)
     ]
     assert rows[0] == rows[1] and len(rows[0]) >= 3
@@ -169,8 +181,24 @@ def test_report_section_shows_the_panel_and_links_the_traces(runs):
 def test_op_table_counts_top_level_ops_once():
     ev = {
         "traceEvents": [
-            {"ph": "X", "cat": "user_annotation", "name": "DenoisingStage", "ts": 0, "dur": 100, "pid": 1, "tid": 1},
-            {"ph": "X", "cat": "user_annotation", "name": "denoising_step_0", "ts": 0, "dur": 50, "pid": 1, "tid": 1},
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "DenoisingStage",
+                "ts": 0,
+                "dur": 100,
+                "pid": 1,
+                "tid": 1,
+            },
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "denoising_step_0",
+                "ts": 0,
+                "dur": 50,
+                "pid": 1,
+                "tid": 1,
+            },
             {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": 1, "dur": 30, "pid": 1, "tid": 1},
             {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "ts": 2, "dur": 20, "pid": 1, "tid": 1},
             {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 60, "dur": 10, "pid": 1, "tid": 1},
@@ -178,7 +206,9 @@ def test_op_table_counts_top_level_ops_once():
     }
     t = tr.op_table(tr.op_events(ev)).set_index("op")
     assert set(t.index) == {"aten::linear", "aten::add"}  # addmm is inside linear
-    assert t.loc["aten::linear", "total_ms"] == pytest.approx(0.03) and t.loc["aten::linear", "share"] == pytest.approx(0.75)
+    assert t.loc["aten::linear", "total_ms"] == pytest.approx(0.03) and t.loc[
+        "aten::linear", "share"
+    ] == pytest.approx(0.75)
     e = tr.op_events(ev).set_index("op")
     assert e.loc["aten::linear", "step"] == 0 and e.loc["aten::add", "step"] == -1
     assert (e["stage"] == "DenoisingStage").all()
@@ -186,6 +216,7 @@ def test_op_table_counts_top_level_ops_once():
 
 def test_notebook_replay_shows_the_diff_and_top_ops_per_stage(runs):
     import papermill
+
     from notebook_checks import outputs
 
     _, _, d = runs

@@ -147,7 +147,9 @@ def op_table(events: pd.DataFrame, *, kernels: bool = False, by_stage: bool = Fa
     """Time by op (:data:`OP_COLUMNS`; ``stage`` first with ``by_stage``): ``count`` calls,
     ``total_ms`` and ``mean_ms`` of wall time, ``share`` of the sum over the table (per stage
     with ``by_stage``), largest first. Top-level CPU ops, or device kernels with ``kernels``."""
-    sel = events[events["cat"] == "kernel"] if kernels else events[(events["cat"] != "kernel") & events["top"]]
+    sel = (
+        events[events["cat"] == "kernel"] if kernels else events[(events["cat"] != "kernel") & events["top"]]
+    )
     keys = ["stage", "op"] if by_stage else ["op"]
     cols = (["stage"] if by_stage else []) + OP_COLUMNS
     if sel.empty:

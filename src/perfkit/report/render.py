@@ -51,9 +51,9 @@ from perfkit.gate.verdicts import (
     nothing_measured_reason,
     read_verdict,
 )
+from perfkit.report.belowstage import panel as below_stage_panel
 from perfkit.report.rootcause import root_cause
 from perfkit.report.tables import Table, format_table, markdown_table, status_class
-from perfkit.report.belowstage import panel as below_stage_panel
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)

@@ -71,7 +71,9 @@ class ProfileParams(BaseModel):
         }
 
 
-def profile_requests(request: VideoRequestSpec, profile: ProfileParams) -> list[tuple[str | None, VideoRequestSpec]]:
+def profile_requests(
+    request: VideoRequestSpec, profile: ProfileParams
+) -> list[tuple[str | None, VideoRequestSpec]]:
     """The extra launch's requests: (role or None when not profiled, request) for the cold one
     and a warm one (same shape)."""
     out = []
@@ -124,7 +126,9 @@ def run_profiled(
             "size_mib": math.nan,
             "kept": False,
             "note": None,
-            "e2e_ms": rec.total_duration_ms if rec is not None and rec.total_duration_ms is not None else math.nan,
+            "e2e_ms": rec.total_duration_ms
+            if rec is not None and rec.total_duration_ms is not None
+            else math.nan,
             "injected_ms": sum((pk.get("debug_stage_delay_wall_ms") or {}).values())
             if pk.get("debug_stage_delay_wall_ms")
             else math.nan,
@@ -140,7 +144,9 @@ def run_profiled(
             size = path.stat().st_size / 2**20
             row["size_mib"] = size
             if size > profile.max_trace_mib:
-                row["note"] = f"trace {size:.1f} MiB is over the cap of {profile.max_trace_mib:g} MiB: not kept"
+                row["note"] = (
+                    f"trace {size:.1f} MiB is over the cap of {profile.max_trace_mib:g} MiB: not kept"
+                )
             else:
                 row["kept"] = True
                 row["file"] = f"traces/{path.name}"
