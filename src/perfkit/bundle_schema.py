@@ -338,7 +338,7 @@ TABLES: dict[str, Table] = {
                 _c(
                     "file",
                     "string",
-                    "path",
+                    "text",
                     "the trace file, relative to the bundle (traces/...); NA: none kept",
                 ),
                 _c("size_mib", "float64", "MiB", "the gzipped trace's size"),
