@@ -31,7 +31,12 @@ def ab(*args: str):
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     out = tmp_path_factory.mktemp("ab") / "run"
-    res = ab("--a", str(SPEC_A), "--b", str(SPEC_B), "-n", "3", "-m", "5", "--out", str(out))
+    # --profile: one extra launch a side profiles a cold and a warm request (issue 35); the
+    # assertions below that count launches check that it stays out of the A/B
+    res = ab(
+        "--a", str(SPEC_A), "--b", str(SPEC_B), "-n", "3", "-m", "5", "--out", str(out),
+        "--profile", "--profile-all-stages",
+    )  # fmt: skip
     return out, res
 
 
@@ -83,6 +88,29 @@ def test_live_30pct_denoising_slowdown_is_a_denoising_regression(live):
     rec = json.loads(b.records["B00"][-1])
     assert rec["perfkit"]["debug_stage_delay_pct"] == {"DenoisingStage": 30.0}
     assert "debug_stage_delay_pct" not in json.loads(a.records["A00"][-1])["perfkit"]
+
+
+@pytest.mark.slow
+def test_profiled_ab_page_names_the_injected_op_first_with_its_recorded_ms(live):
+    from perfkit.refengine.profiling import INJECTED_RANGE
+
+    out, _ = live
+    a, b = ResultBundle.load(out / "a"), ResultBundle.load(out / "b")
+    for bd, side in ((a, "a"), (b, "b")):
+        t = bd.table("traces")
+        assert list(t["role"]) == ["profiled cold", "profiled warm"] and t["kept"].all()
+        assert set(t["launch"]) == {f"profiled-{side}"} and list(t["mode"]) == ["full_stages"] * 2
+        assert not set(t["launch"]) & set(bd.launches["launch"])  # not a measured launch
+    html = (out / "report.html").read_text()
+    diff = html.split("changed most")[1].split("</table>")[0]
+    first = diff.split("<tbody>")[1].split("</tr>")[0]
+    cells = [c.split("</td>")[0] for c in first.split("<td>")[1:]]
+    # op, calls a, calls b, a (ms), b (ms), change (ms): the injected range exists on B only
+    assert cells[0] == INJECTED_RANGE and cells[1] == "0" and int(cells[2]) == 16, cells
+    recorded = float(b.table("traces").set_index("role").loc["profiled warm", "injected_ms"])
+    assert abs(float(cells[5].replace(",", "")) - recorded) <= 0.2 * recorded, (cells, recorded)
+    for f in b.table("traces")["file"]:
+        assert f'href="b/{f}"' in html
 
 
 @pytest.mark.slow

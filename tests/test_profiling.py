@@ -19,7 +19,7 @@ from perfkit.gate.run import scenario_checks
 from perfkit.readings import traces as tr
 from perfkit.refengine.profiling import INJECTED_RANGE, trace_dir
 from perfkit.report.belowstage import below_stage
-from perfkit.report.render import render_section
+from perfkit.report.render import external_refs, render_section
 from perfkit.scenarios import cold_vs_warm
 from perfkit.scenarios.profiled import ProfileParams
 from refengine_helpers import running_engine, spec
@@ -172,6 +172,7 @@ def test_report_section_shows_the_panel_and_links_the_traces(runs):
     _, prof, d = runs
     html = render_section(d / "run", {"name": "cold_warm", "status": "ok"})
     assert "Below the stage" in html and "Perfetto" in html and "chrome://tracing" in html
+    assert not external_refs(html)  # the page stays self-contained
     for f in prof.table("traces")["file"]:
         assert f'href="cold_warm/{f}"' in html
     diff = html.split("changed most")[1]

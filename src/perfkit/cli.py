@@ -637,7 +637,17 @@ def cmd_ab(a: SimpleNamespace) -> int:
         if a.share_compile_cache:
             spec_a, spec_b = (s.replace(share_compile_cache=True) for s in (spec_a, spec_b))
         out = _ab_out(a.out, stamp)
-        plan = AbPlan(spec_a, spec_b, VideoRequestSpec.from_dict(req), a.launches, a.warm)
+        profile = None
+        if a.profile:
+            from perfkit.scenarios.profiled import ProfileParams
+
+            try:
+                profile = ProfileParams(steps=a.profile_steps, all_stages=a.profile_all_stages)
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                raise click.BadParameter(
+                    str(exc).splitlines()[-1].strip(), param_hint="--profile-steps"
+                ) from None
+        plan = AbPlan(spec_a, spec_b, VideoRequestSpec.from_dict(req), a.launches, a.warm, profile=profile)
         _sigterm_as_interrupt()
         bundles = run_ab(plan, out)
     try:
@@ -1095,6 +1105,25 @@ def engine_serve_command(args: tuple[str, ...]) -> None:
     "--share-compile-cache",
     is_flag=True,
     help="launches share compile caches (default: fresh ones each launch)",
+)
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="after the measured launches, an extra launch a side profiles a cold and a warm request"
+    " (sglang's profile fields); the report diffs A's and B's ops (not part of any metric)",
+)
+@click.option(
+    "--profile-steps",
+    type=int,
+    default=5,
+    show_default=True,
+    help="with --profile: denoising steps recorded after one warm-up step (sglang's"
+    " num_profiled_timesteps; -1 all)",
+)
+@click.option(
+    "--profile-all-stages",
+    is_flag=True,
+    help="with --profile: every stage (sglang's profile_all_stages)",
 )
 @click.option("-q", "--quiet", is_flag=True, help="do not print summary.md")
 def ab_command(**kw: Any) -> None:

@@ -26,6 +26,7 @@ from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.scenarios.common import LaunchData, assemble, measure_launch
+from perfkit.scenarios.profiled import ProfileParams, attach, run_profiled
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ class AbPlan:
         launches: N, launches a side (>= 1; 2 or more for an interval).
         warm: M, warm requests a launch after the cold request (>= 1).
         request_timeout_s: per request (s).
+        profile: profile a cold and a warm request of each side in an extra launch after the
+            measured ones (:mod:`perfkit.scenarios.profiled`); None: nothing profiled.
     """
 
     spec_a: EngineSpec
@@ -55,6 +58,7 @@ class AbPlan:
     launches: int
     warm: int
     request_timeout_s: float = 1800.0
+    profile: ProfileParams | None = None
 
     def __post_init__(self) -> None:
         if self.launches < 1:
@@ -84,6 +88,7 @@ def run_ab(plan: AbPlan, out: str | Path) -> dict[str, ResultBundle]:
         plan.warm,
         out,
         request_timeout_s=plan.request_timeout_s,
+        profile=plan.profile,
     )
 
 
@@ -94,6 +99,7 @@ def run_arms(
     warm: int,
     out: str | Path,
     request_timeout_s: float = 1800.0,
+    profile: ProfileParams | None = None,
 ) -> dict[str, ResultBundle]:
     """Run launches of several engine specs ("arms": A, and B, C, … each a variant of it) in one
     balanced interleaved order (:func:`perfkit.ab.stats.interleaved_order`), a bundle per arm
@@ -103,6 +109,11 @@ def run_arms(
     Every bundle is saved after every launch (a pool cut short keeps what it ran) and its meta
     ``ab`` holds the whole order, the load averages and the wall time. Never raises for engine
     failures (a failed launch keeps its error in its ``launches`` row).
+
+    ``profile``: after every measured launch, one extra launch per arm (label
+    ``profiled-<arm>``) profiles its cold and a warm request; the traces go into that arm's
+    bundle (``traces`` table, ``traces/``). Not a measured launch: not in the order, the
+    launch counts or any metric.
 
     Raises:
         ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec.
@@ -135,6 +146,11 @@ def run_arms(
         data[arm].append(d)
         # saved after every launch: a pool cut short (a lost host, a killed job) keeps what it ran
         bundles = _save_arms(specs, request, counts, warm, out, data, order[: pos + 1], loads, t0)
+    if profile is not None:
+        for arm, b in bundles.items():
+            label = f"profiled-{arm.lower()}"
+            attach(b, *run_profiled(specs[arm], request, profile, out / "launches", label=label))
+            b.save(out / arm.lower())
     return bundles
 
 

@@ -137,3 +137,70 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
         "stage_top": [(role, format_table(t)) for role, t in bs.stage_top.items()],
         "errors": bs.errors,
     }
+
+
+def ab_panel(
+    path_a: str | Path | None, path_b: str | Path | None, page_dir: str | Path
+) -> dict[str, Any] | None:
+    """The A/B page's "below the stage" panel: the ops whose time changed most from side A's
+    profiled warm request to side B's (``perfkit ab --profile``), both sides' traces linked
+    relative to ``page_dir``. None when neither side profiled anything. Keys as :func:`panel`
+    (``stage_top`` holds each side's profiled warm request). Never raises."""
+    import os
+
+    sides: dict[str, BelowStage] = {}
+    events: dict[str, pd.DataFrame] = {}
+    errors: list[str] = []
+    lists = []
+    for side, p in (("A", path_a), ("B", path_b)):
+        if not p or not (Path(p) / "meta.json").exists():
+            continue
+        try:
+            b = ResultBundle.load(p)
+            bs = below_stage(b)
+        except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the page
+            errors.append(f"side {side}: {exc!r}")
+            continue
+        if bs is None:
+            continue
+        sides[side] = bs
+        errors += [f"side {side}: {e}" for e in bs.errors]
+        prefix = os.path.relpath(Path(p), Path(page_dir)).replace(os.sep, "/") + "/"
+        lists.append(trace_list(bs, prefix).assign(side=side))
+        ev, _ = events_by_role(b)
+        if DIFF_ROLES[1] in ev:
+            events[side] = ev[DIFF_ROLES[1]]
+    if not sides and not errors:
+        return None
+    tl = pd.concat(lists, ignore_index=True) if lists else pd.DataFrame()
+    if not tl.empty:
+        tl = tl[["side", *[c for c in tl.columns if c != "side"]]]
+    diff = None
+    if "A" in events and "B" in events:
+        d = tr.op_diff(events["A"], events["B"]).head(8)
+        diff = format_table(
+            pd.DataFrame(
+                {
+                    "op": d["op"],
+                    "calls_a": d["count_a"],
+                    "calls_b": d["count_b"],
+                    "a_ms": d["ms_a"],
+                    "b_ms": d["ms_b"],
+                    "change_ms": d["delta_ms"],
+                    "share_of_change": d["delta_share"],
+                }
+            )
+        )
+    stage_top = [
+        (f"side {side}, {DIFF_ROLES[1]}", format_table(bs.stage_top[DIFF_ROLES[1]]))
+        for side, bs in sides.items()
+        if DIFF_ROLES[1] in bs.stage_top
+    ]
+    return {
+        "traces": format_table(tl) if not tl.empty else None,
+        "files": [f for f in (tl["file"] if not tl.empty else []) if isinstance(f, str)],
+        "diff": diff,
+        "diff_title": "side A's profiled warm request → side B's",
+        "stage_top": stage_top,
+        "errors": errors,
+    }

@@ -92,19 +92,20 @@ def run_profiled(
     profile: ProfileParams,
     run_dir: Path,
     caps: MemoryCaps | None = None,
+    label: str = LAUNCH,
 ) -> tuple[pd.DataFrame, dict[str, Path]]:
-    """Run the extra launch and collect its traces.
+    """Run the extra launch (``label``) and collect its traces.
 
     Returns:
         The ``traces`` table (declared in :mod:`perfkit.bundle_schema`; one row per profiled
         request, a failed one included with its status and error) and ``{file name: path}`` of
         the traces to copy into the bundle (those under ``max_trace_mib``).
     """
-    tdir = (Path(run_dir) / "profiler-traces").resolve()
+    tdir = (Path(run_dir) / f"{label}-traces").resolve()
     tdir.mkdir(parents=True, exist_ok=True)
     env = {**spec.env, DIR_VARIABLE: str(tdir)}
     plan = profile_requests(request, profile)
-    data = measure_launch(spec.replace(env=env), [r for _, r in plan], Path(run_dir), LAUNCH, caps=caps)
+    data = measure_launch(spec.replace(env=env), [r for _, r in plan], Path(run_dir), label, caps=caps)
     recs = {r.request_id: r for r in parse_lines(data.record_lines).records}
     rows, files = [], {}
     for i, (role, _req) in enumerate(plan):
@@ -115,7 +116,7 @@ def run_profiled(
         pk = rec.perfkit if rec is not None else {}
         prof = pk.get("profile") or {}
         row: dict[str, Any] = {
-            "launch": LAUNCH,
+            "launch": label,
             "request_id": out.request_id if out is not None else None,
             "index": i,
             "role": role,
