@@ -37,21 +37,25 @@ class BelowStage:
         stage_top: role -> top ops per stage (``stage`` + :data:`~perfkit.readings.traces.OP_COLUMNS`).
         diff: :func:`~perfkit.readings.traces.op_diff` of :data:`DIFF_ROLES` (None without both).
         errors: traces that could not be read (file and why).
+        events: role -> :func:`~perfkit.readings.traces.op_events` of its trace.
     """
 
     traces: pd.DataFrame
     stage_top: dict[str, pd.DataFrame] = field(default_factory=dict)
     diff: pd.DataFrame | None = None
     errors: list[str] = field(default_factory=list)
+    events: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
-def events_by_role(bundle: ResultBundle) -> tuple[dict[str, pd.DataFrame], list[str]]:
-    """role -> :func:`~perfkit.readings.traces.op_events` of each kept trace, and the errors
-    (file and why) of those that could not be read."""
+def events_by_role(
+    bundle: ResultBundle, roles: tuple[str, ...] | None = None
+) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """role -> :func:`~perfkit.readings.traces.op_events` of each kept trace (of ``roles``
+    only, when given), and the errors (file and why) of those that could not be read."""
     out, errors = {}, []
     t = bundle.table("traces")
     for row in t.itertuples(index=False):
-        if not bool(row.kept) or pd.isna(row.file):
+        if not bool(row.kept) or pd.isna(row.file) or (roles is not None and row.role not in roles):
             continue
         name = Path(str(row.file)).name
         path = bundle.traces.get(name) or (Path(bundle.path) / str(row.file) if bundle.path else None)
@@ -64,13 +68,16 @@ def events_by_role(bundle: ResultBundle) -> tuple[dict[str, pd.DataFrame], list[
     return out, errors
 
 
-def below_stage(bundle: ResultBundle, top: int = 5) -> BelowStage | None:
-    """The profiled requests of ``bundle`` op by op; None when it profiled nothing."""
+def below_stage(
+    bundle: ResultBundle, top: int = 5, roles: tuple[str, ...] | None = None
+) -> BelowStage | None:
+    """The profiled requests of ``bundle`` op by op (the traces of ``roles`` only, when given:
+    a trace takes seconds to read); None when it profiled nothing."""
     t = bundle.table("traces")
     if t.empty:
         return None
-    events, errors = events_by_role(bundle)
-    out = BelowStage(traces=t, errors=errors)
+    events, errors = events_by_role(bundle, roles)
+    out = BelowStage(traces=t, errors=errors, events=events)
     for role, ev in events.items():
         out.stage_top[role] = tr.stage_top_ops(ev, top)
     a, b = DIFF_ROLES
@@ -157,7 +164,7 @@ def ab_panel(
             continue
         try:
             b = ResultBundle.load(p)
-            bs = below_stage(b)
+            bs = below_stage(b, roles=(DIFF_ROLES[1],))
         except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the page
             errors.append(f"side {side}: {exc!r}")
             continue
@@ -167,9 +174,8 @@ def ab_panel(
         errors += [f"side {side}: {e}" for e in bs.errors]
         prefix = os.path.relpath(Path(p), Path(page_dir)).replace(os.sep, "/") + "/"
         lists.append(trace_list(bs, prefix).assign(side=side))
-        ev, _ = events_by_role(b)
-        if DIFF_ROLES[1] in ev:
-            events[side] = ev[DIFF_ROLES[1]]
+        if DIFF_ROLES[1] in bs.events:
+            events[side] = bs.events[DIFF_ROLES[1]]
     if not sides and not errors:
         return None
     tl = pd.concat(lists, ignore_index=True) if lists else pd.DataFrame()
