@@ -7,6 +7,9 @@ effective shape (``num_frames`` aligned to 8k+1, ``num_frames_requested``, ``ali
 and the sglang fields it ignored. One pipeline run at a time: a single worker thread takes jobs from a
 queue, so concurrent requests queue and are never interleaved. Every run (startup warmup included)
 appends one whole JSON line to ``performance.log`` (sglang's per-request layout + ``perfkit``).
+A request with sglang's ``profile: true`` (and ``num_profiled_timesteps``, ``profile_all_stages``)
+leaves a torch.profiler trace named and placed as sglang's (:mod:`perfkit.refengine.profiling`);
+its record's ``perfkit.profile`` says where.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from perfkit.common.frames import TEMPORAL_COMPRESSION, align_frames
 from perfkit.common.recordformat import PERF_LOG_NAME
 from perfkit.refengine.memory import max_snapshots, snapshot
 from perfkit.refengine.pipeline import GenRequest, RunResult, StagedPipeline, host_memory_mib, record_payload
-from perfkit.refengine.profiling import RequestProfiler, TraceInfo, profiled_steps
+from perfkit.refengine.profiling import RequestProfiler, TraceInfo, profile_mode, profiled_steps
 
 log = logging.getLogger(__name__)
 MIB = 2**20
@@ -409,13 +412,7 @@ class Engine:
         profiler = None
         try:
             if job.profile is not None:
-                profiler = RequestProfiler(
-                    job.id,
-                    all_stages=job.profile["all_stages"],
-                    num_profiled_timesteps=job.profile["num_profiled_timesteps"],
-                    num_inference_steps=job.req.num_inference_steps,
-                    rank=self.rank,
-                )
+                profiler = self._start_profiler(job)
                 self.pipeline.profiler = profiler
             res = self.pipeline.run(job.req, keep_output=self.keep_dir is not None, slow=slow)
             if profiler is not None:  # the trace is written before the request reads as done
@@ -449,6 +446,25 @@ class Engine:
             except Exception:  # noqa: BLE001
                 log.exception("could not write the record of %s", job.id)
             job.done.set()
+
+    def _start_profiler(self, job: Job) -> RequestProfiler | None:
+        """The request's profiler (sglang's fields), or None when torch.profiler cannot start
+        (then the record's ``profile.error`` says why and the request runs unprofiled)."""
+        all_stages = job.profile["all_stages"]
+        steps = job.profile["num_profiled_timesteps"]
+        try:
+            return RequestProfiler(
+                job.id,
+                all_stages=all_stages,
+                num_profiled_timesteps=steps,
+                num_inference_steps=job.req.num_inference_steps,
+                rank=self.rank,
+            )
+        except Exception as exc:  # noqa: BLE001 - profiling must never fail the request
+            log.exception("request %s: the profiler did not start", job.id)
+            mode = profile_mode(all_stages, steps, job.req.num_inference_steps)
+            job.trace = TraceInfo(mode, None, None, 0, f"{type(exc).__name__}: {exc}")
+            return None
 
     def _leak(self, mib: int) -> None:
         buf = np.ones(mib * MIB, dtype=np.uint8)  # touched pages: counts in anonymous RSS
