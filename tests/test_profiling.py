@@ -200,13 +200,23 @@ def test_op_table_counts_top_level_ops_once():
                 "pid": 1,
                 "tid": 1,
             },
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "Torch-Compiled Region: 0/1",
+                "ts": 1,
+                "dur": 40,
+                "pid": 1,
+                "tid": 1,
+            },
             {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": 1, "dur": 30, "pid": 1, "tid": 1},
             {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "ts": 2, "dur": 20, "pid": 1, "tid": 1},
             {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 60, "dur": 10, "pid": 1, "tid": 1},
         ]
     }
     t = tr.op_table(tr.op_events(ev)).set_index("op")
-    assert set(t.index) == {"aten::linear", "aten::add"}  # addmm is inside linear
+    # addmm is inside linear; the compiled region is seen through
+    assert set(t.index) == {"aten::linear", "aten::add"}
     assert t.loc["aten::linear", "total_ms"] == pytest.approx(0.03) and t.loc[
         "aten::linear", "share"
     ] == pytest.approx(0.75)

@@ -9,7 +9,9 @@ breakdown is empty and the temporal breakdown raises ``IndexError``; and it know
 Ranges: a ``user_annotation`` event whose name ends in ``Stage`` is a *stage* range
 (``DenoisingStage``; the reference engine names them as sglang's stages), ``denoising_step_{i}``
 a *step* range, ``ProfilerStep#N`` torch's schedule range; none of these is an op. An *op* is a
-``cpu_op`` or another ``user_annotation`` (e.g. ``perfkit::debug_stage_delay``). Ops nest (an
+``cpu_op`` or another ``user_annotation`` (e.g. ``perfkit::debug_stage_delay``), except
+torch.compile's wrappers (``Torch-Compiled Region: 0/1``, ...: :data:`COMPILE_WRAPPER`), which
+are seen through. Ops nest (an
 ``aten::linear`` holds an ``aten::addmm``); a *top-level* op is one no other op encloses on its
 thread, and op time is the wall time of top-level ops (inclusive of what they call), so the
 times of one request add up to at most its recorded window and shares are shares of that sum.
@@ -31,6 +33,9 @@ import pandas as pd
 #: names of ranges that are structure, not ops
 STEP_RANGE = re.compile(r"^denoising_step_(\d+)$")
 PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+#: torch.compile's wrappers around a compiled graph: transparent, so the ops a compiled region
+#: runs are top-level (otherwise a compiled transformer is one op, ``Torch-Compiled Region: 0/1``)
+COMPILE_WRAPPER = re.compile(r"^(Torch-Compiled Region|## Call CompiledFxGraph|CompiledFunction$)")
 #: columns of :func:`op_events`
 EVENT_COLUMNS = ["op", "cat", "tid", "ts_us", "dur_ms", "stage", "step", "top"]
 #: columns of :func:`op_table` (``stage`` first when grouped by stage)
@@ -68,7 +73,12 @@ def is_stage(name: str) -> bool:
 
 
 def _structural(name: str) -> bool:
-    return is_stage(name) or bool(STEP_RANGE.match(name)) or bool(PROFILER_STEP.match(name))
+    return (
+        is_stage(name)
+        or bool(STEP_RANGE.match(name))
+        or bool(PROFILER_STEP.match(name))
+        or bool(COMPILE_WRAPPER.match(name))
+    )
 
 
 def op_events(trace: dict[str, Any]) -> pd.DataFrame:
@@ -101,7 +111,7 @@ def op_events(trace: dict[str, Any]) -> pd.DataFrame:
                     stage = oname
                 elif (m := STEP_RANGE.match(oname)) is not None:
                     step = int(m.group(1))
-                elif not PROFILER_STEP.match(oname) and outer.get("cat") != "cuda_runtime":
+                elif not _structural(oname) and outer.get("cat") != "cuda_runtime":
                     inside_op = True
             if stage == "(none)" and step >= 0:  # steps-only traces start inside the stage
                 stage = "DenoisingStage"
