@@ -245,3 +245,26 @@ def test_notebook_replay_shows_the_diff_and_top_ops_per_stage(runs):
     assert "Top ops per stage, profiled warm" in html and "Top ops per stage, profiled cold" in html
     diff = html.split("changed most")[1]
     assert diff.index(INJECTED_RANGE) < diff.index("aten::")
+
+
+def test_bad_profile_settings_are_refused_naming_the_field():
+    from click.testing import CliRunner
+
+    from perfkit.cli import cli
+    from perfkit.scenarios.cold_warm import ColdWarmParams
+
+    with pytest.raises(ValueError, match="steps must be -1"):
+        ColdWarmParams.model_validate({"profile": {"steps": 0}})
+    with pytest.raises(ValueError, match="requests"):
+        ColdWarmParams.model_validate({"profile": {"requests": ["hot"]}})
+    assert ColdWarmParams.model_validate({"profile": {}}).profile.fields() == {
+        "profile": True,
+        "num_profiled_timesteps": 5,
+        "profile_all_stages": False,
+    }
+    root = Path(__file__).resolve().parents[1]
+    spec_a = str(root / "examples/ab/tiny-cpu.yaml")
+    res = CliRunner().invoke(cli, ["ab", "--a", spec_a, "--b", spec_a, "--profile", "--profile-steps", "0"])
+    assert res.exit_code == 2 and "--profile-steps" in res.output and "steps must be -1" in res.output, (
+        res.output
+    )

@@ -639,14 +639,15 @@ def cmd_ab(a: SimpleNamespace) -> int:
         out = _ab_out(a.out, stamp)
         profile = None
         if a.profile:
+            from pydantic import ValidationError
+
             from perfkit.scenarios.profiled import ProfileParams
 
             try:
                 profile = ProfileParams(steps=a.profile_steps, all_stages=a.profile_all_stages)
-            except ValueError as exc:  # pydantic's ValidationError is a ValueError
-                raise click.BadParameter(
-                    str(exc).splitlines()[-1].strip(), param_hint="--profile-steps"
-                ) from None
+            except ValidationError as exc:  # its messages, without pydantic's prefix
+                msg = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+                raise click.BadParameter(msg, param_hint="--profile-steps") from None
         plan = AbPlan(spec_a, spec_b, VideoRequestSpec.from_dict(req), a.launches, a.warm, profile=profile)
         _sigterm_as_interrupt()
         bundles = run_ab(plan, out)
