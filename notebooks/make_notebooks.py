@@ -139,7 +139,9 @@ else:
     if below.diff is not None:
         show_table(belowstage.diff_frame(below.diff), caption="Ops whose time changed most, profiled cold → profiled warm")
     for role, top in below.stage_top.items():
-        show_table(top, caption=f"Top ops per stage, {role}")"""
+        show_table(top, caption=f"Top ops per stage, {role}")
+    for role, events in below.events.items():
+        show(plots.step_timeline(events, title=f"One denoising step over time, {role}"))"""
 
 
 def cold_warm() -> nbformat.NotebookNode:

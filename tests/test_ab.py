@@ -111,6 +111,7 @@ def test_profiled_ab_page_names_the_injected_op_first_with_its_recorded_ms(live)
     assert abs(float(cells[5].replace(",", "")) - recorded) <= 0.2 * recorded, (cells, recorded)
     for f in b.table("traces")["file"]:
         assert f'href="b/{f}"' in html
+    assert "One denoising step over time, side B, profiled warm" in html
 
 
 @pytest.mark.slow

@@ -173,6 +173,8 @@ def test_report_section_shows_the_panel_and_links_the_traces(runs):
     html = render_section(d / "run", {"name": "cold_warm", "status": "ok"})
     assert "Below the stage" in html and "Perfetto" in html and "chrome://tracing" in html
     assert not external_refs(html)  # the page stays self-contained
+    # one denoising step of the profiled warm request over time, the injected range in it
+    assert 'alt="Denoising step 0: top-level ops over time, profiled warm: op vs time' in html
     for f in prof.table("traces")["file"]:
         assert f'href="cold_warm/{f}"' in html
     diff = html.split("changed most")[1]
@@ -243,6 +245,11 @@ def test_notebook_replay_shows_the_diff_and_top_ops_per_stage(runs):
     )
     html = "\n".join(outputs(nb, "text/html"))
     assert "Top ops per stage, profiled warm" in html and "Top ops per stage, profiled cold" in html
+    import nbformat
+
+    cell = next(c for c in nbformat.read(str(nb), as_version=4).cells if "belowstage.below_stage" in c.source)
+    pngs = [o for o in cell.outputs if "image/png" in (o.get("data") or {})]
+    assert len(pngs) == 2  # one denoising step over time, profiled cold and profiled warm
     diff = html.split("changed most")[1]
     assert diff.index(INJECTED_RANGE) < diff.index("aten::")
 

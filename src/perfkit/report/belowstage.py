@@ -20,6 +20,7 @@ import pandas as pd
 
 from perfkit.bundle import ResultBundle
 from perfkit.readings import traces as tr
+from perfkit.report.plots import alt_text, figure_to_png_bytes, step_timeline
 from perfkit.report.tables import Table, format_table
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,21 @@ def below_stage(
     return out
 
 
+def timeline(events: pd.DataFrame, who: str) -> dict[str, str]:
+    """One denoising step of ``events`` as an embeddable figure: ``{"png": base64, "alt": …,
+    "who": who}`` (:func:`perfkit.report.plots.step_timeline`)."""
+    import base64
+
+    fig = step_timeline(events, title=None)
+    title = fig.axes[0].get_title()
+    fig.axes[0].set_title(f"{title}, {who}")
+    return {
+        "png": base64.b64encode(figure_to_png_bytes(fig)).decode("ascii"),
+        "alt": alt_text(fig),
+        "who": who,
+    }
+
+
 def trace_list(bs: BelowStage, link_prefix: str = "") -> pd.DataFrame:
     """The traces table for display: role, mode, steps recorded, size (MiB), file (path from
     the page: ``link_prefix`` + the bundle's relative path), note."""
@@ -137,11 +153,13 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
     tl = trace_list(bs, link_prefix)
     files = [f for f in tl["file"] if isinstance(f, str)]
     diff: Table | None = format_table(diff_frame(bs.diff)) if bs.diff is not None else None
+    last = list(bs.events)[-1] if bs.events else None  # the warm request when there is one
     return {
         "traces": format_table(tl),
         "files": files,
         "diff": diff,
         "stage_top": [(role, format_table(t)) for role, t in bs.stage_top.items()],
+        "timeline": timeline(bs.events[last], last) if last is not None else None,
         "errors": bs.errors,
     }
 
@@ -208,5 +226,6 @@ def ab_panel(
         "diff": diff,
         "diff_title": "side A's profiled warm request → side B's",
         "stage_top": stage_top,
+        "timeline": timeline(events["B"], f"side B, {DIFF_ROLES[1]}") if "B" in events else None,
         "errors": errors,
     }
