@@ -644,7 +644,9 @@ def cmd_ab(a: SimpleNamespace) -> int:
             from perfkit.scenarios.profiled import ProfileParams
 
             try:
-                profile = ProfileParams(steps=a.profile_steps, all_stages=a.profile_all_stages)
+                profile = ProfileParams(
+                    steps=a.profile_steps, all_stages=a.profile_all_stages, warm=a.profile_warm
+                )
             except ValidationError as exc:  # its messages, without pydantic's prefix
                 msg = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
                 raise click.BadParameter(msg, param_hint="--profile-steps") from None
@@ -1120,6 +1122,13 @@ def engine_serve_command(args: tuple[str, ...]) -> None:
     show_default=True,
     help="with --profile: denoising steps recorded after one warm-up step (sglang's"
     " num_profiled_timesteps; -1 all)",
+)
+@click.option(
+    "--profile-warm",
+    type=click.IntRange(1, 9),
+    default=3,
+    show_default=True,
+    help="with --profile: warm requests profiled a side (the diff takes each op's median over them)",
 )
 @click.option(
     "--profile-all-stages",

@@ -178,17 +178,41 @@ def stage_top_ops(events: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     return t.groupby("stage", sort=False).head(n).reset_index(drop=True)
 
 
-def op_diff(a: pd.DataFrame, b: pd.DataFrame, *, kernels: bool = False) -> pd.DataFrame:
+def median_op_table(traces: list[pd.DataFrame], *, kernels: bool = False) -> pd.DataFrame:
+    """:func:`op_table` of several traces of alike requests, each op's ``count`` and
+    ``total_ms`` the median over the traces (0 in a trace without the op), ``mean_ms`` =
+    total / count, ``share`` of the summed medians."""
+    tables = [op_table(t, kernels=kernels).set_index("op") for t in traces]
+    ops = list(dict.fromkeys(o for t in tables for o in t.index))
+    if not ops:
+        return pd.DataFrame(columns=OP_COLUMNS)
+    g = pd.DataFrame({"op": ops})
+    g["count"] = [float(np.median([t["count"].get(o, 0) for t in tables])) for o in ops]
+    g["total_ms"] = [float(np.median([t["total_ms"].get(o, 0.0) for t in tables])) for o in ops]
+    g["mean_ms"] = g["total_ms"] / g["count"].where(g["count"] > 0)
+    g["share"] = g["total_ms"] / g["total_ms"].sum() if g["total_ms"].sum() > 0 else np.nan
+    return g.sort_values("total_ms", ascending=False)[OP_COLUMNS].reset_index(drop=True)
+
+
+def op_diff(
+    a: pd.DataFrame | list[pd.DataFrame], b: pd.DataFrame | list[pd.DataFrame], *, kernels: bool = False
+) -> pd.DataFrame:
     """What changed from trace ``a`` to trace ``b`` (:data:`DIFF_COLUMNS`), one row per op in
     either: calls (``count_a``, ``count_b``), time (``ms_a``, ``ms_b``, ``delta_ms`` = b − a),
     ``delta_share`` = |delta| / the sum of |delta| over all ops; largest |delta| first. Inputs
-    are :func:`op_events` frames."""
-    ta = op_table(a, kernels=kernels).set_index("op")
-    tb = op_table(b, kernels=kernels).set_index("op")
+    are :func:`op_events` frames, or lists of them (alike requests: each op's median,
+    :func:`median_op_table`)."""
+
+    def table(x: pd.DataFrame | list[pd.DataFrame]) -> pd.DataFrame:
+        if isinstance(x, list):
+            return median_op_table(x, kernels=kernels).set_index("op")
+        return op_table(x, kernels=kernels).set_index("op")
+
+    ta, tb = table(a), table(b)
     ops = list(dict.fromkeys([*ta.index, *tb.index]))
     out = pd.DataFrame({"op": ops})
-    out["count_a"] = [int(ta["count"].get(o, 0)) for o in ops]
-    out["count_b"] = [int(tb["count"].get(o, 0)) for o in ops]
+    out["count_a"] = [float(ta["count"].get(o, 0)) for o in ops]
+    out["count_b"] = [float(tb["count"].get(o, 0)) for o in ops]
     out["ms_a"] = [float(ta["total_ms"].get(o, 0.0)) for o in ops]
     out["ms_b"] = [float(tb["total_ms"].get(o, 0.0)) for o in ops]
     out["delta_ms"] = out["ms_b"] - out["ms_a"]

@@ -3,8 +3,8 @@
 Reads a bundle's ``traces`` table and the trace files under its ``traces/`` directory
 (:mod:`perfkit.scenarios.profiled` puts them there), through :mod:`perfkit.readings.traces`:
 per profiled request the top ops per stage (count, total ms, mean ms, share of the stage's op
-time), and the diff of two profiled requests (``profiled cold`` → ``profiled warm``): the ops
-whose time changed most, with ms on both sides and their share of the change. Used by the
+time), and the diff of the profiled cold request and the profiled warm ones (each op's median
+over them): the ops whose time changed most, with ms on both sides and their share of the change. Used by the
 cold_warm notebook and by the report's "below the stage" panel, which links the trace files
 (they open in Perfetto, ui.perfetto.dev, or chrome://tracing).
 """
@@ -36,7 +36,8 @@ class BelowStage:
     Attributes:
         traces: the ``traces`` table (one row per profiled request).
         stage_top: role -> top ops per stage (``stage`` + :data:`~perfkit.readings.traces.OP_COLUMNS`).
-        diff: :func:`~perfkit.readings.traces.op_diff` of :data:`DIFF_ROLES` (None without both).
+        diff: :func:`~perfkit.readings.traces.op_diff` of the profiled cold request and the
+            profiled warm ones (their median; None without both).
         errors: traces that could not be read (file and why).
         events: role -> :func:`~perfkit.readings.traces.op_events` of its trace.
     """
@@ -51,12 +52,17 @@ class BelowStage:
 def events_by_role(
     bundle: ResultBundle, roles: tuple[str, ...] | None = None
 ) -> tuple[dict[str, pd.DataFrame], list[str]]:
-    """role -> :func:`~perfkit.readings.traces.op_events` of each kept trace (of ``roles``
-    only, when given), and the errors (file and why) of those that could not be read."""
+    """role -> :func:`~perfkit.readings.traces.op_events` of each kept trace (only roles that
+    start with one of ``roles``, when given), and the errors (file and why) of those that could
+    not be read."""
     out, errors = {}, []
     t = bundle.table("traces")
     for row in t.itertuples(index=False):
-        if not bool(row.kept) or pd.isna(row.file) or (roles is not None and row.role not in roles):
+        if (
+            not bool(row.kept)
+            or pd.isna(row.file)
+            or (roles is not None and not str(row.role).startswith(roles))
+        ):
             continue
         name = Path(str(row.file)).name
         path = bundle.traces.get(name) or (Path(bundle.path) / str(row.file) if bundle.path else None)
@@ -80,11 +86,17 @@ def below_stage(
     events, errors = events_by_role(bundle, roles)
     out = BelowStage(traces=t, errors=errors, events=events)
     for role, ev in events.items():
-        out.stage_top[role] = tr.stage_top_ops(ev, top)
-    a, b = DIFF_ROLES
-    if a in events and b in events:
-        out.diff = tr.op_diff(events[a], events[b])
+        if role in DIFF_ROLES:  # the cold one and the first warm one
+            out.stage_top[role] = tr.stage_top_ops(ev, top)
+    warm = warm_events(events)
+    if DIFF_ROLES[0] in events and warm:
+        out.diff = tr.op_diff(events[DIFF_ROLES[0]], warm)
     return out
+
+
+def warm_events(events: dict[str, pd.DataFrame]) -> list[pd.DataFrame]:
+    """The events of the profiled warm requests (``profiled warm``, ``profiled warm 2``, ...)."""
+    return [ev for role, ev in events.items() if role.startswith(DIFF_ROLES[1])]
 
 
 def timeline(events: pd.DataFrame, who: str) -> dict[str, str]:
@@ -120,7 +132,8 @@ def trace_list(bs: BelowStage, link_prefix: str = "") -> pd.DataFrame:
 
 
 def diff_frame(diff: pd.DataFrame, n: int = 8) -> pd.DataFrame:
-    """The ``n`` ops whose time changed most, for display (ms cold, ms warm, change, share)."""
+    """The ``n`` ops whose time changed most, for display (ms cold, ms warm, change, share;
+    warm calls and ms are medians over the profiled warm requests)."""
     d = diff.head(n)
     return pd.DataFrame(
         {
@@ -153,7 +166,7 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
     tl = trace_list(bs, link_prefix)
     files = [f for f in tl["file"] if isinstance(f, str)]
     diff: Table | None = format_table(diff_frame(bs.diff)) if bs.diff is not None else None
-    last = list(bs.events)[-1] if bs.events else None  # the warm request when there is one
+    last = DIFF_ROLES[1] if DIFF_ROLES[1] in bs.events else (list(bs.events)[-1] if bs.events else None)
     return {
         "traces": format_table(tl),
         "files": files,
@@ -182,7 +195,7 @@ def ab_panel(
             continue
         try:
             b = ResultBundle.load(p)
-            bs = below_stage(b, roles=(DIFF_ROLES[1],))
+            bs = below_stage(b, roles=(DIFF_ROLES[1],))  # the warm ones only
         except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the page
             errors.append(f"side {side}: {exc!r}")
             continue
@@ -192,8 +205,8 @@ def ab_panel(
         errors += [f"side {side}: {e}" for e in bs.errors]
         prefix = os.path.relpath(Path(p), Path(page_dir)).replace(os.sep, "/") + "/"
         lists.append(trace_list(bs, prefix).assign(side=side))
-        if DIFF_ROLES[1] in bs.events:
-            events[side] = bs.events[DIFF_ROLES[1]]
+        if warm_events(bs.events):
+            events[side] = warm_events(bs.events)
     if not sides and not errors:
         return None
     tl = pd.concat(lists, ignore_index=True) if lists else pd.DataFrame()
@@ -224,8 +237,8 @@ def ab_panel(
         "traces": format_table(tl) if not tl.empty else None,
         "files": [f for f in (tl["file"] if not tl.empty else []) if isinstance(f, str)],
         "diff": diff,
-        "diff_title": "side A's profiled warm request → side B's",
+        "diff_title": "side A's profiled warm requests → side B's (each op's median over them)",
         "stage_top": stage_top,
-        "timeline": timeline(events["B"], f"side B, {DIFF_ROLES[1]}") if "B" in events else None,
+        "timeline": timeline(events["B"][0], f"side B, {DIFF_ROLES[1]}") if "B" in events else None,
         "errors": errors,
     }

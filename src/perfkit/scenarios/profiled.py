@@ -5,7 +5,7 @@ A profiled request is an *extra* request: it runs in an extra launch of the same
 measured session is untouched (a profiler costs time, and a cold request happens once per
 session). Its rows are only in the bundle's ``traces`` table: no latency statistic, invariant,
 gate or launch count reads them. The extra launch sends request 0 (the cold request of its
-session) and request 1 (a warm one, same shape), each with sglang's fields ``profile: true``,
+session) and ``warm`` warm ones (same shape), each with sglang's fields ``profile: true``,
 ``num_profiled_timesteps`` and ``profile_all_stages`` when asked for; the engine's environment
 gets ``SGLANG_DIFFUSION_TORCH_PROFILER_DIR`` (sglang's variable, so a real sglang server's traces
 land in the same place), and each trace is copied into the bundle under ``traces/`` unless it is
@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 LAUNCH = "profiled"
 #: sglang's directory variable for diffusion profiler traces
 DIR_VARIABLE = "SGLANG_DIFFUSION_TORCH_PROFILER_DIR"
-#: the request roles: request 0 of the extra launch is its cold request, request 1 a warm one
+#: the request roles: request 0 of the extra launch is its cold request, the next ones warm
+#: (the second and later warm ones are ``profiled warm 2``, ``profiled warm 3``, ...)
 ROLES = {"cold": "profiled cold", "warm": "profiled warm"}
 
 
@@ -44,8 +45,10 @@ class ProfileParams(BaseModel):
 
     ``requests``: ``cold`` and/or ``warm``; ``steps``: sglang's ``num_profiled_timesteps``
     (denoising steps recorded after one warm-up step; -1: all); ``all_stages``: sglang's
-    ``profile_all_stages`` (every stage, every step; ``steps`` then unused); ``max_trace_mib``:
-    a trace larger than this is listed but not copied into the bundle.
+    ``profile_all_stages`` (every stage, every step; ``steps`` then unused); ``warm``: warm
+    requests profiled (a diff takes each op's median over them: one request can meet a noisy
+    moment of the host); ``max_trace_mib``: a trace larger than this is listed but not copied
+    into the bundle.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -53,6 +56,7 @@ class ProfileParams(BaseModel):
     requests: list[Literal["cold", "warm"]] = Field(default_factory=lambda: ["cold", "warm"], min_length=1)
     steps: int = 5
     all_stages: bool = False
+    warm: int = Field(1, ge=1, le=9)
     max_trace_mib: float = Field(64.0, gt=0)
 
     @field_validator("steps")
@@ -75,14 +79,14 @@ def profile_requests(
     request: VideoRequestSpec, profile: ProfileParams
 ) -> list[tuple[str | None, VideoRequestSpec]]:
     """The extra launch's requests: (role or None when not profiled, request) for the cold one
-    and a warm one (same shape)."""
-    out = []
-    for name in ("cold", "warm"):
-        if name in profile.requests:
-            extra = {**request.extra, **profile.fields()}
-            out.append((ROLES[name], VideoRequestSpec(**{**request.__dict__, "extra": extra})))
-        else:
-            out.append((None, request))
+    and, when warm ones are asked for, ``profile.warm`` warm ones (same shape)."""
+    extra = {**request.extra, **profile.fields()}
+    profiled = VideoRequestSpec(**{**request.__dict__, "extra": extra})
+    out: list[tuple[str | None, VideoRequestSpec]] = [
+        (ROLES["cold"], profiled) if "cold" in profile.requests else (None, request)
+    ]
+    if "warm" in profile.requests:
+        out += [(ROLES["warm"] + (f" {k}" if k > 1 else ""), profiled) for k in range(1, profile.warm + 1)]
     return out
 
 
