@@ -126,6 +126,24 @@ def _nb(title: str, intro: str, params: str, cells: list, setup: str = SETUP) ->
     return nb
 
 
+#: the profiled requests of a bundle, op by op (perfkit.report.belowstage)
+BELOW_STAGE = """from perfkit.report import belowstage
+
+below = belowstage.below_stage(bundle)
+if below is None:
+    display(Markdown("No request was profiled (set `profile`, e.g. `{'requests': ['cold', 'warm'], 'steps': 5}`)."))
+else:
+    show_table(belowstage.trace_list(below), caption="Profiled requests and their trace files")
+    for err in below.errors:
+        display(Markdown(f"**Trace not read:** `{err}`"))
+    if below.diff is not None:
+        show_table(belowstage.diff_frame(below.diff), caption="Ops whose time changed most, profiled cold → profiled warm (median)")
+    for role, top in below.stage_top.items():
+        show_table(top, caption=f"Top ops per stage, {role}")
+    for role, events in list(below.events.items())[:2]:  # the cold one, the first warm one
+        show(plots.step_timeline(events, title=f"One denoising step over time, {role}"))"""
+
+
 def cold_warm() -> nbformat.NotebookNode:
     params = f"""{ENGINE}
 {section_params("cold_warm")}
@@ -142,6 +160,15 @@ display(Markdown(reading("cold_warm", results)))"""),
             "most of it, and the recompilations it paid (count, compile time, the compiler's reason)."
         ),
         new_code_cell(ROOT_CAUSE),
+        new_markdown_cell(
+            "## Below the stage: profiled requests\n\n"
+            "With `profile` set, an extra launch sends a cold and a warm request with sglang's "
+            "profiling fields (`profile`, `num_profiled_timesteps`, `profile_all_stages`); their "
+            "torch.profiler traces are in the bundle under `traces/` (open them in Perfetto, "
+            "ui.perfetto.dev, or chrome://tracing). They are extra requests: no statistic, "
+            "invariant or gate here reads them. Op time is the wall time of top-level ops."
+        ),
+        new_code_cell(BELOW_STAGE),
         new_markdown_cell("## Every request: role and shape"),
         new_code_cell(REQUESTS),
         new_markdown_cell("## Gate (invariants measured within this run)"),

@@ -107,8 +107,10 @@ def start_engine(
     preset: str = "tiny",
     timeout_s: float = START_TIMEOUT_S,
     env: dict[str, str] | None = None,
+    entry: tuple[str, ...] = ("-m", "perfkit.refengine"),
 ) -> RunningEngine:
-    """Start ``python -m perfkit.refengine`` and wait until /health is 200.
+    """Start ``python -m perfkit.refengine`` (or ``entry``, e.g. ``("-m", "perfkit.cli", "engine",
+    "serve")``) and wait until /health is 200.
 
     Raises:
         EngineStartFailed: exited or not ready within ``timeout_s`` (the message has the stderr tail).
@@ -118,8 +120,7 @@ def start_engine(
     (d / "perf").mkdir(exist_ok=True)
     argv = [
         sys.executable,
-        "-m",
-        "perfkit.refengine",
+        *entry,
         "--preset",
         preset,
         "--port",

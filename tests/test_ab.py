@@ -33,8 +33,11 @@ def live(tmp_path_factory):
     # sequential (issue 39): first look at 2 launches a side, then a pair more unless DenoisingStage
     # is decided (at most 3 launches a side: the 6 launches this test always had)
     out = tmp_path_factory.mktemp("ab") / "run"
+    # --profile: one extra launch a side profiles a cold and a warm request (issue 35); the
+    # assertions below that count launches check that it stays out of the A/B
     res = ab("--a", str(SPEC_A), "--b", str(SPEC_B), "-n", "2", "--max-launches", "3", "-m", "5",
-             "--gate-metrics", "DenoisingStage", "--out", str(out))  # fmt: skip
+             "--gate-metrics", "DenoisingStage", "--out", str(out),
+             "--profile", "--profile-all-stages")  # fmt: skip
     return out, res
 
 
@@ -118,6 +121,32 @@ def test_live_aa_cut_at_two_launches_is_undecided_not_a_pass(tmp_path):
     seq = r.meta["sequential"]
     assert seq["stop"] == "maximum" and seq["launches_run"] == {"A": 2, "B": 2}
     assert r.undecided and "perfkit ab: undecided: " in res.output and "still inconclusive" in res.output
+
+
+@pytest.mark.slow
+def test_profiled_ab_page_names_the_injected_op_first_with_its_recorded_ms(live):
+    from perfkit.refengine.profiling import INJECTED_RANGE
+
+    out, _ = live
+    a, b = ResultBundle.load(out / "a"), ResultBundle.load(out / "b")
+    for bd, side in ((a, "a"), (b, "b")):
+        t = bd.table("traces")
+        warm = ["profiled warm", "profiled warm 2", "profiled warm 3"]  # --profile-warm 3 (default)
+        assert list(t["role"]) == ["profiled cold", *warm] and t["kept"].all()
+        assert set(t["launch"]) == {f"profiled-{side}"} and list(t["mode"]) == ["full_stages"] * 4
+        assert not set(t["launch"]) & set(bd.launches["launch"])  # not a measured launch
+    html = (out / "report.html").read_text()
+    diff = html.split("changed most")[1].split("</table>")[0]
+    first = diff.split("<tbody>")[1].split("</tr>")[0]
+    cells = [c.split("</td>")[0] for c in first.split("<td>")[1:]]
+    # op, calls a, calls b, a (ms), b (ms), change (ms): the injected range exists on B only
+    assert cells[0] == INJECTED_RANGE and cells[1] == "0" and int(cells[2]) == 16, cells
+    # each side's ops are medians over its 3 profiled warm requests
+    recorded = float(b.table("traces").set_index("role").loc[warm, "injected_ms"].median())
+    assert abs(float(cells[5].replace(",", "")) - recorded) <= 0.2 * recorded, (cells, recorded)
+    for f in b.table("traces")["file"]:
+        assert f'href="b/{f}"' in html
+    assert "One denoising step over time, side B, profiled warm" in html
 
 
 @pytest.mark.slow

@@ -15,6 +15,8 @@ Directory layout (``outputs/RUN/<scenario>/``)::
     records/<launch>.jsonl   raw performance.log lines (sglang's layout, its ``_mb`` keys, its
                              ``"tag": "warmup"``)
     logs/<launch>.{stdout,stderr}.log   engine logs
+    traces/<file>     profiler traces of profiled requests (sglang's gzipped Chrome traces;
+                      listed by the ``traces`` table)
 
 The tables' columns are declared once, with dtype, unit and doc, in :mod:`perfkit.bundle_schema`
 (:data:`TABLE_SCHEMAS`): times end in ``_ms`` (ms) or ``_s`` (s; ``t_*_s`` are epoch seconds),
@@ -30,6 +32,7 @@ import logging
 import os
 import platform
 import re
+import shutil
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,6 +263,8 @@ class ResultBundle:
             not hold undeclared ones: :meth:`save` and :meth:`table` raise ValueError).
         records: launch label -> raw performance.log lines (JSON strings).
         logs: file name -> text of engine logs.
+        traces: file name -> where the file is now (profiler traces; copied under
+            ``traces/`` on :meth:`save`, found there on :meth:`load`).
         path: where it was saved/loaded, if anywhere.
     """
 
@@ -269,6 +274,7 @@ class ResultBundle:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     records: dict[str, list[str]] = field(default_factory=dict)
     logs: dict[str, str] = field(default_factory=dict)
+    traces: dict[str, Path] = field(default_factory=dict)
     path: Path | None = None
 
     def table(self, name: str) -> pd.DataFrame:
@@ -355,6 +361,13 @@ class ResultBundle:
         (d / "logs").mkdir(exist_ok=True)
         for name, text in self.logs.items():
             (d / "logs" / _safe(name)).write_text(redact(text))
+        if self.traces:
+            (d / "traces").mkdir(exist_ok=True)
+        for name, src in list(self.traces.items()):
+            dest = d / "traces" / _safe(name)
+            if Path(src).resolve() != dest.resolve():
+                shutil.copyfile(src, dest)
+            self.traces[name] = dest
         self.path = d
         log.info("bundle %s saved to %s", self.scenario, d)
         return d
@@ -406,6 +419,7 @@ class ResultBundle:
         if (d / "logs").is_dir():
             for p in sorted((d / "logs").iterdir()):
                 logs[p.name] = p.read_text(errors="replace")
+        traces = {p.name: p for p in sorted((d / "traces").iterdir())} if (d / "traces").is_dir() else {}
         return cls(
             scenario=scen,
             meta=meta,
@@ -413,6 +427,7 @@ class ResultBundle:
             tables=tables,
             records=records,
             logs=logs,
+            traces=traces,
             path=d,
         )
 

@@ -347,6 +347,44 @@ TABLES: dict[str, Table] = {
                 _c("engine_device", "string", "text", "the engine's device, as it reports"),
             ),
         ),
+        Table(
+            "traces",
+            "one row per profiled request (an extra request: in no other table, statistic or gate); "
+            "its torch.profiler trace (sglang's file) is under traces/ in the bundle",
+            _KEY
+            + (
+                _c("role", "string", "text", "which request was profiled: profiled cold, profiled warm"),
+                _c("status", "string", "text", "the profiled request's status (completed, failed, ...)"),
+                _c("mode", "string", "text", "sglang's profile mode: full_stages or N_steps"),
+                _c("steps_recorded", "Int64", "count", "denoising steps inside the recorded window"),
+                _c(
+                    "file",
+                    "string",
+                    "text",
+                    "the trace file, relative to the bundle (traces/...); NA: none kept",
+                ),
+                _c("size_mib", "float64", "MiB", "the gzipped trace's size"),
+                _c(
+                    "kept",
+                    "boolean",
+                    "bool",
+                    "the trace is in the bundle (false: over the size cap, or none)",
+                ),
+                _c("note", "string", "text", "why no trace was kept (size cap, the engine's error)"),
+                _c(
+                    "e2e_ms",
+                    "float64",
+                    "ms",
+                    "the profiled request's server time (profiler overhead included)",
+                ),
+                _c(
+                    "injected_ms",
+                    "float64",
+                    "ms",
+                    "test-only injected slowdown of the request, wall time (engine record; NaN: none)",
+                ),
+            ),
+        ),
     )
 }
 

@@ -676,7 +676,22 @@ def cmd_ab(a: SimpleNamespace) -> int:
             spec_a, spec_b = (s.replace(share_compile_cache=True) for s in (spec_a, spec_b))
         design = _ab_design(a, confidence, None)
         out = _ab_out(a.out, stamp)
-        plan = AbPlan(spec_a, spec_b, VideoRequestSpec.from_dict(req), design.min_launches, a.warm)
+        profile = None
+        if a.profile:
+            from pydantic import ValidationError
+
+            from perfkit.scenarios.profiled import ProfileParams
+
+            try:
+                profile = ProfileParams(
+                    steps=a.profile_steps, all_stages=a.profile_all_stages, warm=a.profile_warm
+                )
+            except ValidationError as exc:  # its messages, without pydantic's prefix
+                msg = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+                raise click.BadParameter(msg, param_hint="--profile-steps") from None
+        plan = AbPlan(
+            spec_a, spec_b, VideoRequestSpec.from_dict(req), design.min_launches, a.warm, profile=profile
+        )
         _sigterm_as_interrupt()
         bundles = run_sequential(plan, design, out, threshold, thresholds, gate)
     try:
@@ -1219,6 +1234,32 @@ def engine_serve_command(args: tuple[str, ...]) -> None:
     "--share-compile-cache",
     is_flag=True,
     help="launches share compile caches (default: fresh ones each launch)",
+)
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="after the measured launches, an extra launch a side profiles a cold and a warm request"
+    " (sglang's profile fields); the report diffs A's and B's ops (not part of any metric)",
+)
+@click.option(
+    "--profile-steps",
+    type=int,
+    default=5,
+    show_default=True,
+    help="with --profile: denoising steps recorded after one warm-up step (sglang's"
+    " num_profiled_timesteps; -1 all)",
+)
+@click.option(
+    "--profile-warm",
+    type=click.IntRange(1, 9),
+    default=3,
+    show_default=True,
+    help="with --profile: warm requests profiled a side (the diff takes each op's median over them)",
+)
+@click.option(
+    "--profile-all-stages",
+    is_flag=True,
+    help="with --profile: every stage (sglang's profile_all_stages)",
 )
 @click.option("-q", "--quiet", is_flag=True, help="do not print summary.md")
 def ab_command(**kw: Any) -> None:

@@ -27,6 +27,7 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, describe
 from perfkit.engine.spec import EngineSpec
 from perfkit.scenarios.common import LaunchData, assemble, measure_launch
+from perfkit.scenarios.profiled import ProfileParams, attach, run_profiled
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class AbPlan:
         warm: M, warm requests a launch after the cold request (>= 1).
         request_timeout_s: per request (s; None: each spec's ``request_timeout_s``, else
             :data:`~perfkit.engine.spec.DEFAULT_REQUEST_TIMEOUT_S`).
+        profile: profile a cold and a warm request of each side in an extra launch after the
+            measured ones (:mod:`perfkit.scenarios.profiled`); None: nothing profiled.
     """
 
     spec_a: EngineSpec
@@ -57,6 +60,7 @@ class AbPlan:
     launches: int
     warm: int
     request_timeout_s: float | None = None
+    profile: ProfileParams | None = None
 
     def __post_init__(self) -> None:
         if self.launches < 1:
@@ -86,6 +90,7 @@ def run_ab(plan: AbPlan, out: str | Path) -> dict[str, ResultBundle]:
         plan.warm,
         out,
         request_timeout_s=plan.request_timeout_s,
+        profile=plan.profile,
     )
 
 
@@ -98,6 +103,7 @@ def run_arms(
     request_timeout_s: float | None = None,
     extend: Callable[[dict[str, ResultBundle]], Sequence[str]] | None = None,
     meta: Mapping[str, Any] | None = None,
+    profile: ProfileParams | None = None,
 ) -> dict[str, ResultBundle]:
     """Run launches of several engine specs ("arms": A, and B, C, … each a variant of it) in one
     balanced interleaved order (:func:`perfkit.ab.stats.interleaved_order`), a bundle per arm
@@ -114,6 +120,11 @@ def run_arms(
     ``extend`` (the sequential A/B, :mod:`perfkit.ab.sequential`): once the planned order has
     run, it is called with the bundles so far and returns the arms to launch next (empty: stop);
     ``meta`` is added to every bundle's meta ``ab`` (e.g. the sequential design).
+
+    ``profile``: after every measured launch, one extra launch per arm (label
+    ``profiled-<arm>``) profiles its cold and a warm request; the traces go into that arm's
+    bundle (``traces`` table, ``traces/``). Not a measured launch: not in the order, the
+    launch counts or any metric.
 
     Raises:
         ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec.
@@ -156,6 +167,11 @@ def run_arms(
         bar.update()
         pos += 1
     bar.close()
+    if profile is not None:
+        for arm, b in bundles.items():
+            label = f"profiled-{arm.lower()}"
+            attach(b, *run_profiled(specs[arm], request, profile, out / "launches", label=label))
+            b.save(out / arm.lower())
     return bundles
 
 

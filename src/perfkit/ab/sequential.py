@@ -701,4 +701,5 @@ def run_sequential(
         request_timeout_s=plan.request_timeout_s,
         extend=extend,
         meta={"sequential": design.to_dict()},
+        profile=plan.profile,
     )

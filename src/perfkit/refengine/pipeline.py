@@ -26,6 +26,7 @@ import torch
 from perfkit.common.frames import align_frames
 from perfkit.refengine.compile_watch import CompileWatch, CompileWindow
 from perfkit.refengine.models import Components
+from perfkit.refengine.profiling import INJECTED_RANGE, RequestProfiler, maybe_range, step_scope
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,10 @@ class RunResult:
     #: test-only injected slowdown: stage -> [work, injected] in ms of the pipeline's clock
     #: (:meth:`StagedPipeline._clock`: thread CPU time on a CPU device, wall time on CUDA)
     injected: dict[str, list[float]] = field(default_factory=dict)
+    #: CPU device: the injected busy pieces' wall time per stage (ms; the clock a profiler trace
+    #: shows, which on a shared host exceeds the thread CPU time above by the time other
+    #: processes got the core)
+    injected_wall: dict[str, float] = field(default_factory=dict)
 
 
 def host_memory_mib() -> tuple[float, float]:
@@ -213,6 +218,8 @@ class StagedPipeline:
         self._inj_est: dict[str, float] = {}
         self._sleep_cpms: float | None = None
         self._run = RunResult()
+        #: the running request's profiler (sglang's ``profile`` field), set by the engine
+        self.profiler: RequestProfiler | None = None
 
     # -- measurement helpers -------------------------------------------------------------
     def _sync(self) -> None:
@@ -270,10 +277,14 @@ class StagedPipeline:
             return
         if not self.is_cuda:
             c1 = self._clock()
-            self._busy(frac * (c1 - mark))
+            w1 = time.perf_counter()
+            with maybe_range(self.profiler, INJECTED_RANGE):
+                self._busy(frac * (c1 - mark))
             acc = self._run.injected.setdefault(stage, [0.0, 0.0])
             acc[0] += (c1 - mark) * 1000.0
             acc[1] += (self._clock() - c1) * 1000.0
+            wall = self._run.injected_wall
+            wall[stage] = wall.get(stage, 0.0) + (time.perf_counter() - w1) * 1000.0
             return
         e1 = self._event()
         est = None
@@ -290,7 +301,8 @@ class StagedPipeline:
         cycles = int(frac * est * self._cycles_per_ms())
         b0 = self._event()
         if cycles > 0:
-            torch.cuda._sleep(cycles)
+            with maybe_range(self.profiler, INJECTED_RANGE):
+                torch.cuda._sleep(cycles)
         self._inj_pieces.append((stage, mark, e1, b0, self._event()))
 
     def _account_injected(self, out: RunResult) -> None:
@@ -327,10 +339,11 @@ class StagedPipeline:
         w0 = time.time()
         e0 = self._event() if events else None
         try:
-            yield
-            # a stage with denoising steps has its slowdown injected per step (step times scale too)
-            if name not in ("DenoisingStage", "RefinementStage"):
-                self._inject(self._slow.get(name, 0.0), mark, name)
+            with maybe_range(self.profiler, name):
+                yield
+                # a stage with denoising steps has its slowdown injected per step (step times scale too)
+                if name not in ("DenoisingStage", "RefinementStage"):
+                    self._inject(self._slow.get(name, 0.0), mark, name)
             if timing and not events:
                 self._sync()
         finally:
@@ -390,33 +403,37 @@ class StagedPipeline:
             ev.record()
             events.append(ev)
         par = self.cfg_parallel
-        for t in timesteps:
-            t0 = time.perf_counter()
-            mark = self._mark() if slow else None
-            if par is None:
-                model_in = torch.cat([latents] * 2) if cfg else latents
-                model_in = model_in.to(embeds.dtype)
-                noise = self._predict(model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope)
-                if cfg:
-                    uncond, text = noise.chunk(2)
-                    noise = uncond + guidance * (text - uncond)
-            else:  # one branch here, the other on the peer rank; gathered and combined
-                noise = par.noise(
-                    lambda x, e, m, t=t: self._predict(x.to(e.dtype), e, m, t, n_lat, h_lat, w_lat, rope),
-                    latents,
-                    embeds,
-                    mask,
-                    cfg,
-                    guidance,
-                )
-            latents = sched.step(noise, t, latents, return_dict=False)[0]
-            self._inject(slow, mark, stage)
-            if events:
-                ev = torch.cuda.Event(enable_timing=True)
-                ev.record()
-                events.append(ev)
-            elif timing:
-                step_times.append((time.perf_counter() - t0) * 1000.0)
+        # a profiled request: each denoising step is a ``denoising_step_{i}`` range and advances
+        # sglang's step schedule (refinement steps do not)
+        profiler = self.profiler if stage == "DenoisingStage" else None
+        for i, t in enumerate(timesteps):
+            with step_scope(profiler, i):
+                t0 = time.perf_counter()
+                mark = self._mark() if slow else None
+                if par is None:
+                    model_in = torch.cat([latents] * 2) if cfg else latents
+                    model_in = model_in.to(embeds.dtype)
+                    noise = self._predict(model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope)
+                    if cfg:
+                        uncond, text = noise.chunk(2)
+                        noise = uncond + guidance * (text - uncond)
+                else:  # one branch here, the other on the peer rank; gathered and combined
+                    noise = par.noise(
+                        lambda x, e, m, t=t: self._predict(x.to(e.dtype), e, m, t, n_lat, h_lat, w_lat, rope),
+                        latents,
+                        embeds,
+                        mask,
+                        cfg,
+                        guidance,
+                    )
+                latents = sched.step(noise, t, latents, return_dict=False)[0]
+                self._inject(slow, mark, stage)
+                if events:
+                    ev = torch.cuda.Event(enable_timing=True)
+                    ev.record()
+                    events.append(ev)
+                elif timing:
+                    step_times.append((time.perf_counter() - t0) * 1000.0)
         if events:
             if timing == "events":  # resolved with the stages after the request
                 self._pending_steps.append((step_times, events))

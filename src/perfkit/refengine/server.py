@@ -7,6 +7,9 @@ effective shape (``num_frames`` aligned to 8k+1, ``num_frames_requested``, ``ali
 and the sglang fields it ignored. One pipeline run at a time: a single worker thread takes jobs from a
 queue, so concurrent requests queue and are never interleaved. Every run (startup warmup included)
 appends one whole JSON line to ``performance.log`` (sglang's per-request layout + ``perfkit``).
+A request with sglang's ``profile: true`` (and ``num_profiled_timesteps``, ``profile_all_stages``)
+leaves a torch.profiler trace named and placed as sglang's (:mod:`perfkit.refengine.profiling`);
+its record's ``perfkit.profile`` says where.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from perfkit.common.frames import TEMPORAL_COMPRESSION, align_frames
 from perfkit.common.recordformat import PERF_LOG_NAME
 from perfkit.refengine.memory import max_snapshots, snapshot
 from perfkit.refengine.pipeline import GenRequest, RunResult, StagedPipeline, host_memory_mib, record_payload
+from perfkit.refengine.profiling import RequestProfiler, TraceInfo, profile_mode, profiled_steps
 
 log = logging.getLogger(__name__)
 MIB = 2**20
@@ -104,6 +108,9 @@ USED_FIELDS = (
     "fps",
     "n",
     "num_outputs_per_prompt",
+    "profile",
+    "num_profiled_timesteps",
+    "profile_all_stages",
     "perfkit_stage_timing",
 )
 #: frames per second when the request gives none (what the pipeline's RoPE scaling assumes)
@@ -195,6 +202,11 @@ class Job:
     #: sglang fields the request set that this engine does not implement
     ignored_fields: list[str] = field(default_factory=list)
     slowed: bool = False  # the test-only injected slowdown applied to this run
+    #: sglang's profiling fields of the request: None (not profiled) or
+    #: {"all_stages": bool, "num_profiled_timesteps": int | None}
+    profile: dict[str, Any] | None = None
+    #: what the profiler wrote (mode, path, size), for the record
+    trace: TraceInfo | None = None
 
 
 class PerfLogWriter:
@@ -262,6 +274,8 @@ class Engine:
         self.debug_leak_mib = debug_leak_mib
         self.commit_hash = commit_hash
         self.debug_stage_delay_from = debug_stage_delay_from
+        #: the global rank written into trace names (the serving process is rank 0)
+        self.rank = 0
         self._measured = 0  # measured requests run so far (the startup warmup is not one)
         self.jobs: dict[str, Job] = {}
         self.queue: queue.Queue[Job | None] = queue.Queue()
@@ -321,6 +335,11 @@ class Engine:
             count = getattr(vr, name)
             if count is not None and count != 1:
                 raise FieldError(name, f"the reference engine makes one video per request, got {count}")
+        if vr.profile and not vr.profile_all_stages:
+            try:
+                profiled_steps(vr.num_profiled_timesteps, steps)
+            except ValueError as exc:
+                raise FieldError("num_profiled_timesteps", str(exc).split(": ", 1)[1]) from None
         seed = vr.seed
         if isinstance(seed, list):
             if len(seed) != 1:
@@ -345,13 +364,22 @@ class Engine:
         return align_frames(num_frames, getattr(self.pipeline, "temporal", TEMPORAL_COMPRESSION))
 
     # -- jobs --------------------------------------------------------------------------
-    def submit(self, req: GenRequest, tag: str = "request", ignored_fields: list[str] | None = None) -> Job:
+    def submit(
+        self,
+        req: GenRequest,
+        tag: str = "request",
+        ignored_fields: list[str] | None = None,
+        profile: dict[str, Any] | None = None,
+    ) -> Job:
+        """Queue one run. ``profile``: sglang's profiling fields ({all_stages,
+        num_profiled_timesteps}) when the request set ``profile: true``, else None."""
         job = Job(
             id=f"video_{uuid.uuid4().hex[:16]}",
             req=req,
             tag=tag,
             effective_frames=self.effective_frames(req.num_frames),
             ignored_fields=list(ignored_fields or []),
+            profile=profile,
         )
         self.jobs[job.id] = job
         self.queue.put(job)
@@ -381,8 +409,15 @@ class Engine:
             slow = self._measured >= self.debug_stage_delay_from
             self._measured += 1
         job.slowed = slow
+        profiler = None
         try:
+            if job.profile is not None:
+                profiler = self._start_profiler(job)
+                self.pipeline.profiler = profiler
             res = self.pipeline.run(job.req, keep_output=self.keep_dir is not None, slow=slow)
+            if profiler is not None:  # the trace is written before the request reads as done
+                self.pipeline.profiler = None
+                job.trace, profiler = profiler.finish(), None
             job.status = "completed"
             if self.keep_dir is not None and res.video is not None:
                 self.keep_dir.mkdir(parents=True, exist_ok=True)
@@ -399,6 +434,9 @@ class Engine:
             job.error = f"{type(exc).__name__}: {exc}"
             log.exception("request %s failed", job.id)
         finally:
+            if profiler is not None:
+                self.pipeline.profiler = None
+                job.trace = profiler.finish()
             peak = snapshot(dev)
             if dev.type == "cuda":
                 torch.cuda.empty_cache() if job.status == "failed" else None
@@ -408,6 +446,25 @@ class Engine:
             except Exception:  # noqa: BLE001
                 log.exception("could not write the record of %s", job.id)
             job.done.set()
+
+    def _start_profiler(self, job: Job) -> RequestProfiler | None:
+        """The request's profiler (sglang's fields), or None when torch.profiler cannot start
+        (then the record's ``profile.error`` says why and the request runs unprofiled)."""
+        all_stages = job.profile["all_stages"]
+        steps = job.profile["num_profiled_timesteps"]
+        try:
+            return RequestProfiler(
+                job.id,
+                all_stages=all_stages,
+                num_profiled_timesteps=steps,
+                num_inference_steps=job.req.num_inference_steps,
+                rank=self.rank,
+            )
+        except Exception as exc:  # noqa: BLE001 - profiling must never fail the request
+            log.exception("request %s: the profiler did not start", job.id)
+            mode = profile_mode(all_stages, steps, job.req.num_inference_steps)
+            job.trace = TraceInfo(mode, None, None, 0, f"{type(exc).__name__}: {exc}")
+            return None
 
     def _leak(self, mib: int) -> None:
         buf = np.ones(mib * MIB, dtype=np.uint8)  # touched pages: counts in anonymous RSS
@@ -448,6 +505,10 @@ class Engine:
             pk["debug_stage_delay_applied"] = job.slowed
             if res is not None and res.injected:  # stage -> [its own work, busy time added] (ms)
                 pk["debug_stage_delay_ms"] = {k: [round(x, 3) for x in v] for k, v in res.injected.items()}
+            if res is not None and res.injected_wall:
+                pk["debug_stage_delay_wall_ms"] = {k: round(v, 3) for k, v in res.injected_wall.items()}
+        if job.trace is not None:  # sglang's profile fields: what was profiled and where it went
+            pk["profile"] = {**job.trace.to_dict(), "rank": self.rank}
         if res is not None:
             rec.update(record_payload(res))
             pk.update(
@@ -622,7 +683,13 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
                     "error": {"message": str(exc), "fields": [exc.field], "type": "invalid_request_error"}
                 },
             )
-        job = engine.submit(req, ignored_fields=body.ignored_fields())
+        profile = None
+        if body.profile:
+            profile = {
+                "all_stages": bool(body.profile_all_stages),
+                "num_profiled_timesteps": body.num_profiled_timesteps,
+            }
+        job = engine.submit(req, ignored_fields=body.ignored_fields(), profile=profile)
         return JSONResponse(status_code=200, content=_job_body(job))
 
     @app.get("/v1/videos/{video_id}")

@@ -19,6 +19,7 @@ from perfkit.ab.decide import AbResult
 from perfkit.checks import number
 from perfkit.common.numfmt import number_text, percent_text
 from perfkit.gate.verdicts import STATUS_WORD
+from perfkit.report.belowstage import ab_panel
 from perfkit.report.plots import ab_forest, figure_to_png_bytes
 from perfkit.report.power import spells_text
 from perfkit.report.render import PAGE_TEMPLATE, external_refs, template_env
@@ -135,10 +136,13 @@ def _badge(res: AbResult) -> str:
     return {"no regression": STATUS_WORD[0]}.get(res.verdict, res.verdict)
 
 
-def ab_context(res: AbResult) -> dict[str, Any]:
+def ab_context(res: AbResult, page_dir: str | Path = ".") -> dict[str, Any]:
     """What ``sections/ab.html.j2`` gets: verdict, confidence, order, N, M, thresholds, load,
-    errors, the slow-spells sentence, verdicts/variance/launches tables (:class:`~perfkit.report.tables.Table`) and the
-    forest plot as base64 PNG."""
+    errors, the slow-spells sentence, verdicts/variance/launches tables (:class:`~perfkit.report.tables.Table`), the
+    forest plot as base64 PNG and ``below_stage`` (the sides' profiled requests op by op,
+    :func:`perfkit.report.belowstage.ab_panel`, trace links relative to ``page_dir``; None
+    without ``--profile``)."""
+    sides = res.meta.get("sides") or {}
     ab = res.meta.get("ab") or {}
     fig = ab_forest(res.table, res.launch_means)
     load = ab.get("loadavg_end")
@@ -161,6 +165,9 @@ def ab_context(res: AbResult) -> dict[str, Any]:
         "launches": format_table(_launch_frame(res), None),
         "forest_png": base64.b64encode(figure_to_png_bytes(fig)).decode("ascii"),
         "forest_alt": "forest plot of B/A per metric with intervals and per-launch dots",
+        "below_stage": ab_panel(
+            (sides.get("A") or {}).get("path"), (sides.get("B") or {}).get("path"), page_dir
+        ),
     }
 
 
@@ -171,7 +178,7 @@ def render_ab_report(res: AbResult, out: str | Path) -> Path:
         RuntimeError: the page would load something from the network (a bug).
     """
     env = template_env()
-    section = env.get_template("sections/ab.html.j2").render(**ab_context(res))
+    section = env.get_template("sections/ab.html.j2").render(**ab_context(res, out))
     code = res.exit_code
     sides = res.meta.get("sides") or {}
     meta = [{"text": f"side {s}", "code": (sides.get(s) or {}).get("path") or "?"} for s in ("A", "B")]

@@ -44,6 +44,7 @@ __all__ = [
     "baseline_vs_actual",
     "offload_memory_latency",
     "ab_forest",
+    "step_timeline",
     "figure_to_png_bytes",
 ]
 
@@ -1406,4 +1407,50 @@ def ab_forest(table: pd.DataFrame, launch_means: pd.DataFrame, *, title: str | N
     ax.legend(handles=handles, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     note = f"\nnot measured: {', '.join(skipped)}" if skipped else ""
     ax.set_title(title + note, fontsize="small")
+    return fig
+
+
+def step_timeline(
+    events: pd.DataFrame, *, step: int | None = None, lanes: int = 8, title: str | None = None
+) -> Figure:
+    """One denoising step of a profiled request over time: its top-level ops as bars, one lane
+    per op (the ``lanes`` ops with most time in the step; the rest in one lane "other ops").
+
+    Args:
+        events: :func:`perfkit.readings.traces.op_events` of one trace (``ts_us`` µs, ``dur_ms``).
+        step: the denoising step (default: the first recorded one).
+        lanes: ops drawn in lanes of their own.
+        title: figure title.
+
+    Returns:
+        Figure with one axis: x is ms from the step's first op, y the ops (most time at the
+        top); an empty note when the trace holds no step.
+    """
+    ev = (
+        events[(events["cat"] != "kernel") & events["top"] & (events["step"] >= 0)]
+        if not events.empty
+        else events
+    )
+    fig = _new_figure(8.5, 3.8)
+    ax = fig.add_subplot()
+    if ev.empty:
+        ax.set_title(title or "One denoising step: top-level ops over time")
+        _empty_note(ax, "no denoising step in this trace")
+        return fig
+    step = int(ev["step"].min()) if step is None else step
+    ev = ev[ev["step"] == step]
+    ev = ev[ev["tid"] == ev.groupby("tid")["dur_ms"].sum().idxmax()]  # the thread doing the work
+    t0 = float(ev["ts_us"].min())
+    order = list(ev.groupby("op")["dur_ms"].sum().sort_values(ascending=False).index)
+    shown = order[:lanes]
+    names = shown + (["other ops"] if len(order) > lanes else [])
+    colours = [f"C{i % 10}" for i in range(len(names))]
+    for lane, name in enumerate(names):
+        sel = ev[ev["op"] == name] if name != "other ops" else ev[~ev["op"].isin(shown)]
+        bars = [((float(ts) - t0) / 1000.0, float(d)) for ts, d in zip(sel["ts_us"], sel["dur_ms"])]
+        ax.broken_barh(bars, (len(names) - 1 - lane - 0.4, 0.8), color=colours[lane])
+    ax.set_yticks(range(len(names)), list(reversed(names)), fontsize="small")
+    ax.set_xlabel("time from the step's first op (ms)")
+    ax.set_ylabel("op")
+    ax.set_title(title or f"Denoising step {step}: top-level ops over time")
     return fig

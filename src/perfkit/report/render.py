@@ -51,6 +51,7 @@ from perfkit.gate.verdicts import (
     nothing_measured_reason,
     read_verdict,
 )
+from perfkit.report.belowstage import panel as below_stage_panel
 from perfkit.report.rootcause import root_cause
 from perfkit.report.tables import Table, format_table, markdown_table, status_class
 from perfkit.scenarios import registry
@@ -564,8 +565,9 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
     ``status_text`` (with the skip reason), ``reason``, ``error``, ``wall_s``, ``keys``
     (:class:`~perfkit.scenarios.registry.KeyNumber` list), ``keys_error``, ``verdict`` (the
     notebook's verdict.json without its rows, or {}), ``notebook_path``, ``body`` (notebook
-    HTML, or None), ``body_error`` and ``root_cause`` (the root-cause panel,
-    :func:`perfkit.report.rootcause.root_cause`, or None). Never raises on a broken notebook or results file: the
+    HTML, or None), ``body_error``, ``root_cause`` (the root-cause panel,
+    :func:`perfkit.report.rootcause.root_cause`, or None) and ``below_stage`` (the profiled
+    requests' panel, :func:`perfkit.report.belowstage.panel`, or None). Never raises on a broken notebook or results file: the
     problem is logged and shown in the section.
     """
     run_dir = Path(run_dir)
@@ -584,6 +586,8 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
             keys_error = repr(exc)
     verdict = {k: v for k, v in (read_verdict(run_dir / name) or {}).items() if k != "rows"}
     rc = root_cause(run_dir, name) if name != GATE and status != "skipped" else None
+    # the bundle sits at RUN/<name>/, beside the page: trace links are relative to the page
+    below = below_stage_panel(run_dir / name, link_prefix=f"{name}/") if name != GATE else None
     nbp = _notebook_path(run_dir, n)
     body, body_error = None, None
     if status != "skipped" and nbp.exists():
@@ -608,6 +612,7 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
         "body": body,
         "body_error": body_error,
         "root_cause": rc,
+        "below_stage": below,
     }
 
 

@@ -32,6 +32,7 @@ from perfkit.scenarios.common import (
     measure_launch,
     stage_penalty,
 )
+from perfkit.scenarios.profiled import ProfileParams, attach, run_profiled
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -61,6 +62,9 @@ class ColdWarmParams(ScenarioParams):
     repeats: int = Field(5, ge=2, le=1000)
     #: memory budget of the launch (None: no cap)
     caps: Optional[CapParams] = None
+    #: profiler traces of extra requests (sglang's profiling fields) in an extra launch after
+    #: the measured one: None (default) profiles nothing
+    profile: Optional[ProfileParams] = None
 
 
 class ColdWarmInvariants(InvariantParams):
@@ -94,6 +98,7 @@ def cold_vs_warm(
     caps: MemoryCaps | None = None,
     run_dir: str | Path = "outputs/cold_warm",
     sample_interval_s: float = 0.1,
+    profile: ProfileParams | dict | None = None,
 ) -> ResultBundle:
     """Run the cold vs warm investigation.
 
@@ -103,6 +108,9 @@ def cold_vs_warm(
         repeats: requests in the session (>= 2: one cold, the rest warm).
         caps: memory budget for the launch.
         run_dir: where launch directories go.
+        profile: profile extra requests (:class:`~perfkit.scenarios.profiled.ProfileParams`):
+            an extra launch after the measured one whose traces fill the bundle's ``traces``
+            table and ``traces/``; nothing measured reads them.
 
     Returns:
         A ResultBundle (scenario ``cold_warm``) whose results hold ``cold_ms``, ``warm_median_ms``,
@@ -183,7 +191,14 @@ def cold_vs_warm(
             results["error"] = _request_error(data, df, repeats)
         log.error("cold_vs_warm: fewer than 2 completed requests (%s)", results["error"])
     params = {"spec": spec.to_dict(), "request": req.payload(), "repeats": repeats}
-    return assemble(NAME, [data], params, results, caps=[caps])
+    if isinstance(profile, dict):
+        profile = ProfileParams.model_validate(profile)
+    if profile is not None:
+        params["profile"] = profile.model_dump()
+    bundle = assemble(NAME, [data], params, results, caps=[caps])
+    if profile is not None:
+        attach(bundle, *run_profiled(spec, req, profile, run_dir, caps=caps))
+    return bundle
 
 
 def _request_error(data: Any, df: pd.DataFrame, repeats: int) -> str:
@@ -216,6 +231,7 @@ def run(ctx: RunContext, p: ColdWarmParams) -> ResultBundle:
         repeats=p.repeats,
         caps=p.caps.to_caps() if p.caps else None,
         run_dir=ctx.work_dir / NAME,
+        profile=p.profile,
     )
 
 

@@ -1,0 +1,222 @@
+"""Profiler traces (torch.profiler Chrome traces, sglang's per-request files) as op tables.
+
+A trace is the JSON torch's ``export_chrome_trace`` writes (gzipped when the name ends in
+``.gz``, as sglang's ``{request_id}-{mode}-global-rank{rank}.trace.json.gz`` files are). Read here
+with pandas, not HTA (``holistictraceanalysis`` 0.5.0): HTA parses these files, but its breakdowns
+(temporal, kernel, idle time, TraceDiff) are built on GPU kernels: on a CPU trace the kernel
+breakdown is empty and the temporal breakdown raises ``IndexError``; and it knows no stages.
+
+Ranges: a ``user_annotation`` event whose name ends in ``Stage`` is a *stage* range
+(``DenoisingStage``; the reference engine names them as sglang's stages), ``denoising_step_{i}``
+a *step* range, ``ProfilerStep#N`` torch's schedule range; none of these is an op. An *op* is a
+``cpu_op`` or another ``user_annotation`` (e.g. ``perfkit::debug_stage_delay``), except
+torch.compile's wrappers (``Torch-Compiled Region: 0/1``, ...: :data:`COMPILE_WRAPPER`), which
+are seen through. Ops nest (an
+``aten::linear`` holds an ``aten::addmm``); a *top-level* op is one no other op encloses on its
+thread, and op time is the wall time of top-level ops (inclusive of what they call), so the
+times of one request add up to at most its recorded window and shares are shares of that sum.
+Device kernels (``cat == "kernel"``) get their own table, attributed to the stage of the CPU
+launch that has the same ``correlation`` id.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+#: names of ranges that are structure, not ops
+STEP_RANGE = re.compile(r"^denoising_step_(\d+)$")
+PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+#: torch.compile's wrappers around a compiled graph: transparent, so the ops a compiled region
+#: runs are top-level (otherwise a compiled transformer is one op, ``Torch-Compiled Region: 0/1``)
+COMPILE_WRAPPER = re.compile(r"^(Torch-Compiled Region|## Call CompiledFxGraph|CompiledFunction$)")
+#: columns of :func:`op_events`
+EVENT_COLUMNS = ["op", "cat", "tid", "ts_us", "dur_ms", "stage", "step", "top"]
+#: columns of :func:`op_table` (``stage`` first when grouped by stage)
+OP_COLUMNS = ["op", "count", "total_ms", "mean_ms", "share"]
+#: columns of :func:`op_diff`
+DIFF_COLUMNS = ["op", "count_a", "count_b", "ms_a", "ms_b", "delta_ms", "delta_share"]
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read (the message names the file and what was wrong)."""
+
+
+def load_trace(path: str | Path) -> dict[str, Any]:
+    """The trace's JSON object (``traceEvents`` and torch's metadata).
+
+    Raises:
+        TraceError: missing file, not gzip/JSON, or no ``traceEvents`` list (names the file).
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        doc = json.loads(raw)
+    except (OSError, EOFError, ValueError) as exc:
+        raise TraceError(f"{p}: not a readable Chrome trace: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise TraceError(f"{p}: no traceEvents list (not a torch.profiler Chrome trace)")
+    return doc
+
+
+def is_stage(name: str) -> bool:
+    """A stage range: a name ending in ``Stage`` (sglang's stage class names)."""
+    return name.endswith("Stage")
+
+
+def _structural(name: str) -> bool:
+    return (
+        is_stage(name)
+        or bool(STEP_RANGE.match(name))
+        or bool(PROFILER_STEP.match(name))
+        or bool(COMPILE_WRAPPER.match(name))
+    )
+
+
+def op_events(trace: dict[str, Any]) -> pd.DataFrame:
+    """One row per op of the trace (:data:`EVENT_COLUMNS`): ``op`` name, ``cat``, ``tid``,
+    ``ts_us`` (trace clock, µs), ``dur_ms``, ``stage`` (the innermost enclosing stage range on
+    that thread, ``"(none)"`` outside every stage), ``step`` (the enclosing
+    ``denoising_step_{i}``, else -1), ``top`` (no other op encloses it). Kernels: rows with
+    ``cat == "kernel"``, stage and step from their launch (same ``correlation``), ``top`` True.
+    """
+    evs = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+    cpu = [e for e in evs if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")]
+    rows: list[dict[str, Any]] = []
+    launch_of: dict[Any, tuple[str, int]] = {}
+    by_tid: dict[Any, list[dict[str, Any]]] = {}
+    for e in cpu:
+        by_tid.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for (_, tid), events in by_tid.items():
+        # start order; at equal starts the longer (enclosing) event first
+        events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+        stack: list[tuple[float, dict[str, Any]]] = []  # (end, event)
+        for e in events:
+            ts, dur = float(e["ts"]), float(e["dur"])
+            while stack and stack[-1][0] <= ts:
+                stack.pop()
+            name = str(e.get("name", ""))
+            stage, step, inside_op = "(none)", -1, False
+            for _, outer in stack:
+                oname = str(outer.get("name", ""))
+                if is_stage(oname):
+                    stage = oname
+                elif (m := STEP_RANGE.match(oname)) is not None:
+                    step = int(m.group(1))
+                elif not _structural(oname) and outer.get("cat") != "cuda_runtime":
+                    inside_op = True
+            if stage == "(none)" and step >= 0:  # steps-only traces start inside the stage
+                stage = "DenoisingStage"
+            cat = e.get("cat")
+            if cat in ("cuda_runtime", "cuda_driver"):
+                corr = (e.get("args") or {}).get("correlation")
+                if corr is not None:
+                    launch_of[corr] = (stage, step)
+            elif not _structural(name):
+                rows.append(
+                    {
+                        "op": name,
+                        "cat": cat,
+                        "tid": tid,
+                        "ts_us": ts,
+                        "dur_ms": dur / 1000.0,
+                        "stage": stage,
+                        "step": step,
+                        "top": not inside_op,
+                    }
+                )
+            stack.append((ts + dur, e))
+    for e in evs:
+        if e.get("cat") != "kernel":
+            continue
+        stage, step = launch_of.get((e.get("args") or {}).get("correlation"), ("(none)", -1))
+        rows.append(
+            {
+                "op": str(e.get("name", "")),
+                "cat": "kernel",
+                "tid": e.get("tid"),
+                "ts_us": float(e["ts"]),
+                "dur_ms": float(e["dur"]) / 1000.0,
+                "stage": stage,
+                "step": step,
+                "top": True,
+            }
+        )
+    return pd.DataFrame(rows, columns=EVENT_COLUMNS)
+
+
+def op_table(events: pd.DataFrame, *, kernels: bool = False, by_stage: bool = False) -> pd.DataFrame:
+    """Time by op (:data:`OP_COLUMNS`; ``stage`` first with ``by_stage``): ``count`` calls,
+    ``total_ms`` and ``mean_ms`` of wall time, ``share`` of the sum over the table (per stage
+    with ``by_stage``), largest first. Top-level CPU ops, or device kernels with ``kernels``."""
+    sel = (
+        events[events["cat"] == "kernel"] if kernels else events[(events["cat"] != "kernel") & events["top"]]
+    )
+    keys = ["stage", "op"] if by_stage else ["op"]
+    cols = (["stage"] if by_stage else []) + OP_COLUMNS
+    if sel.empty:
+        return pd.DataFrame(columns=cols)
+    g = sel.groupby(keys, sort=False)["dur_ms"].agg(count="count", total_ms="sum").reset_index()
+    g["mean_ms"] = g["total_ms"] / g["count"]
+    denom = g.groupby("stage")["total_ms"].transform("sum") if by_stage else g["total_ms"].sum()
+    g["share"] = g["total_ms"] / denom
+    g = g.sort_values(keys[:-1] + ["total_ms"], ascending=[True] * (len(keys) - 1) + [False])
+    return g[cols].reset_index(drop=True)
+
+
+def stage_top_ops(events: pd.DataFrame, n: int = 5) -> pd.DataFrame:
+    """The ``n`` ops with most time in each stage (columns ``stage`` + :data:`OP_COLUMNS`)."""
+    t = op_table(events, by_stage=True)
+    return t.groupby("stage", sort=False).head(n).reset_index(drop=True)
+
+
+def median_op_table(traces: list[pd.DataFrame], *, kernels: bool = False) -> pd.DataFrame:
+    """:func:`op_table` of several traces of alike requests, each op's ``count`` and
+    ``total_ms`` the median over the traces (0 in a trace without the op), ``mean_ms`` =
+    total / count, ``share`` of the summed medians."""
+    tables = [op_table(t, kernels=kernels).set_index("op") for t in traces]
+    ops = list(dict.fromkeys(o for t in tables for o in t.index))
+    if not ops:
+        return pd.DataFrame(columns=OP_COLUMNS)
+    g = pd.DataFrame({"op": ops})
+    g["count"] = [float(np.median([t["count"].get(o, 0) for t in tables])) for o in ops]
+    g["total_ms"] = [float(np.median([t["total_ms"].get(o, 0.0) for t in tables])) for o in ops]
+    g["mean_ms"] = g["total_ms"] / g["count"].where(g["count"] > 0)
+    g["share"] = g["total_ms"] / g["total_ms"].sum() if g["total_ms"].sum() > 0 else np.nan
+    return g.sort_values("total_ms", ascending=False)[OP_COLUMNS].reset_index(drop=True)
+
+
+def op_diff(
+    a: pd.DataFrame | list[pd.DataFrame], b: pd.DataFrame | list[pd.DataFrame], *, kernels: bool = False
+) -> pd.DataFrame:
+    """What changed from trace ``a`` to trace ``b`` (:data:`DIFF_COLUMNS`), one row per op in
+    either: calls (``count_a``, ``count_b``), time (``ms_a``, ``ms_b``, ``delta_ms`` = b − a),
+    ``delta_share`` = |delta| / the sum of |delta| over all ops; largest |delta| first. Inputs
+    are :func:`op_events` frames, or lists of them (alike requests: each op's median,
+    :func:`median_op_table`)."""
+
+    def table(x: pd.DataFrame | list[pd.DataFrame]) -> pd.DataFrame:
+        if isinstance(x, list):
+            return median_op_table(x, kernels=kernels).set_index("op")
+        return op_table(x, kernels=kernels).set_index("op")
+
+    ta, tb = table(a), table(b)
+    ops = list(dict.fromkeys([*ta.index, *tb.index]))
+    out = pd.DataFrame({"op": ops})
+    out["count_a"] = [float(ta["count"].get(o, 0)) for o in ops]
+    out["count_b"] = [float(tb["count"].get(o, 0)) for o in ops]
+    out["ms_a"] = [float(ta["total_ms"].get(o, 0.0)) for o in ops]
+    out["ms_b"] = [float(tb["total_ms"].get(o, 0.0)) for o in ops]
+    out["delta_ms"] = out["ms_b"] - out["ms_a"]
+    total = float(np.abs(out["delta_ms"]).sum())
+    out["delta_share"] = np.abs(out["delta_ms"]) / total if total > 0 else np.nan
+    out = out.reindex(out["delta_ms"].abs().sort_values(ascending=False).index)
+    return out[DIFF_COLUMNS].reset_index(drop=True)

@@ -1,0 +1,214 @@
+"""Per-request torch.profiler traces with sglang's diffusion profiling API.
+
+sglang's diffusion server (``python/sglang/multimodal_gen/runtime/utils/profiler.py``,
+``SGLDiffusionProfiler``, read for these semantics; no code copied) profiles one request when the
+request sets ``profile: true``:
+
+- ``profile_all_stages: true``: every stage of the request is recorded; the mode is
+  ``full_stages``.
+- otherwise only denoising steps: one warm-up step (run under the profiler, discarded), then
+  ``num_profiled_timesteps`` recorded steps (default 5; ``-1``: the request's
+  ``num_inference_steps``), through ``torch.profiler.schedule(wait=0, warmup=1, active=N,
+  repeat=1)`` advanced once per denoising step; the mode is ``{N}_steps``. A request with fewer
+  steps records what there is (so ``-1`` records every step after the warm-up one).
+- activities CPU, plus CUDA when torch sees a GPU; ``record_shapes`` and ``with_stack`` on.
+- one gzipped Chrome trace per request and rank:
+  ``{request_id}-{mode}-global-rank{rank}.trace.json.gz`` in
+  ``SGLANG_DIFFUSION_TORCH_PROFILER_DIR``, else ``SGLANG_TORCH_PROFILER_DIR``, else ``./logs``
+  (relative to the engine's working directory).
+
+The reference engine adds ``record_function`` ranges named after sglang's stages
+(``DenoisingStage``, ...) and ``denoising_step_{i}`` per step, so a trace says which stage and step
+each op ran in; the test-only injected slowdown runs inside a ``perfkit::debug_stage_delay`` range.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ContextManager, Iterator
+
+import torch
+
+log = logging.getLogger(__name__)
+
+#: sglang's default number of profiled denoising steps (after one warm-up step)
+DEFAULT_PROFILED_STEPS = 5
+#: the warm-up steps sglang's schedule runs under the profiler and discards
+WARMUP_STEPS = 1
+#: directory variables, in the order sglang reads them; then ``./logs``
+DIR_VARIABLES = ("SGLANG_DIFFUSION_TORCH_PROFILER_DIR", "SGLANG_TORCH_PROFILER_DIR")
+DEFAULT_DIR = "./logs"
+#: the range the test-only injected slowdown runs in (``--debug-stage-delay``)
+INJECTED_RANGE = "perfkit::debug_stage_delay"
+
+
+def trace_dir(environ: dict[str, str] | None = None) -> Path:
+    """Where traces go: ``SGLANG_DIFFUSION_TORCH_PROFILER_DIR``, else ``SGLANG_TORCH_PROFILER_DIR``,
+    else ``./logs`` (sglang's order; an empty variable counts as unset)."""
+    env = os.environ if environ is None else environ
+    for name in DIR_VARIABLES:
+        if env.get(name):
+            return Path(env[name])
+    return Path(DEFAULT_DIR)
+
+
+def profile_mode(all_stages: bool, num_profiled_timesteps: int | None, num_inference_steps: int) -> str:
+    """sglang's mode id, spaces as underscores: ``full_stages`` or ``{N}_steps`` (N: the asked
+    steps, default 5, ``-1`` -> ``num_inference_steps``).
+
+    Raises:
+        ValueError: ``num_profiled_timesteps`` is 0 or below -1.
+    """
+    if all_stages:
+        return "full_stages"
+    return f"{profiled_steps(num_profiled_timesteps, num_inference_steps)}_steps"
+
+
+def profiled_steps(num_profiled_timesteps: int | None, num_inference_steps: int) -> int:
+    """Steps to record: the request's ``num_profiled_timesteps`` (None: 5; -1: every step).
+
+    Raises:
+        ValueError: 0 or below -1 (names the field).
+    """
+    n = DEFAULT_PROFILED_STEPS if num_profiled_timesteps is None else num_profiled_timesteps
+    if n == -1:
+        return num_inference_steps
+    if n < 1:
+        raise ValueError(f"num_profiled_timesteps: must be -1 (all steps) or >= 1, got {n}")
+    return n
+
+
+@dataclass
+class TraceInfo:
+    """What one profiled request left: ``mode`` (``full_stages`` / ``N_steps``), ``path``
+    (absolute), ``size_bytes``, ``steps_recorded`` (denoising steps inside the recorded window),
+    ``error`` (why no trace was written, else None)."""
+
+    mode: str
+    path: str | None
+    size_bytes: int | None
+    steps_recorded: int
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "path": self.path,
+            "size_bytes": self.size_bytes,
+            "steps_recorded": self.steps_recorded,
+            "error": self.error,
+        }
+
+
+class RequestProfiler:
+    """torch.profiler around one request, with sglang's modes and file name.
+
+    Args:
+        request_id: the request's id (the trace file's first part).
+        all_stages: sglang's ``profile_all_stages``.
+        num_profiled_timesteps: sglang's field (None: 5, -1: all).
+        num_inference_steps: the request's steps.
+        directory: where the trace goes (default :func:`trace_dir`).
+        rank: the global rank written into the name.
+        cuda: add CUDA activities (default: ``torch.cuda.is_available()``).
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        all_stages: bool,
+        num_profiled_timesteps: int | None,
+        num_inference_steps: int,
+        directory: Path | None = None,
+        rank: int = 0,
+        cuda: bool | None = None,
+    ):
+        self.request_id = request_id
+        self.all_stages = bool(all_stages)
+        self.mode = profile_mode(self.all_stages, num_profiled_timesteps, num_inference_steps)
+        self.directory = Path(directory) if directory is not None else trace_dir()
+        self.rank = rank
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available() if cuda is None else cuda:
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        kw: dict[str, Any] = {"activities": acts, "record_shapes": True, "with_stack": True}
+        self._steps_left = 0
+        if not self.all_stages:
+            self._active = profiled_steps(num_profiled_timesteps, num_inference_steps)
+            kw["schedule"] = torch.profiler.schedule(
+                wait=0, warmup=WARMUP_STEPS, active=self._active, repeat=1, skip_first=0
+            )
+            self._steps_left = WARMUP_STEPS + self._active
+        self._prof = torch.profiler.profile(**kw)
+        self._step_index = 0
+        self.steps_recorded = 0
+        self._stopped = False
+        self._prof.start()
+        log.info("profiling request %s (%s) into %s", request_id, self.mode, self.directory)
+
+    @property
+    def file_name(self) -> str:
+        """``{request_id}-{mode}-global-rank{rank}.trace.json.gz`` (sglang's name)."""
+        return f"{self.request_id}-{self.mode}-global-rank{self.rank}.trace.json.gz"
+
+    def stage(self, name: str) -> ContextManager[Any]:
+        """A ``record_function`` range named after the stage."""
+        return torch.profiler.record_function(name)
+
+    def step_range(self, index: int) -> ContextManager[Any]:
+        """A ``record_function`` range ``denoising_step_{index}``."""
+        return torch.profiler.record_function(f"denoising_step_{index}")
+
+    def denoising_step_done(self) -> None:
+        """Advance the step schedule after one denoising step (steps-only mode); once the
+        warm-up and the recorded steps are done the profiler stops (sglang stops early too, to
+        keep the trace small). In ``full_stages`` mode steps do not move the schedule."""
+        if self.all_stages:
+            self.steps_recorded += 1
+            return
+        if self._stopped or self._steps_left <= 0:
+            return
+        if self._step_index >= WARMUP_STEPS:
+            self.steps_recorded += 1
+        self._step_index += 1
+        self._steps_left -= 1
+        self._prof.step()
+
+    def finish(self) -> TraceInfo:
+        """Stop and write the gzipped Chrome trace. Never raises: a failure to write is the
+        returned :attr:`TraceInfo.error` (the request itself stands)."""
+        try:
+            if not self._stopped:
+                self._stopped = True
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                self._prof.stop()
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = (self.directory / self.file_name).resolve()
+            self._prof.export_chrome_trace(str(path))  # .gz: torch writes it gzipped
+            size = path.stat().st_size
+            log.info("saved profiler trace of %s to %s (%d bytes)", self.request_id, path, size)
+            return TraceInfo(self.mode, str(path), size, self.steps_recorded)
+        except Exception as exc:  # noqa: BLE001 - a trace that cannot be written must not fail the request
+            log.exception("could not write the profiler trace of %s", self.request_id)
+            return TraceInfo(self.mode, None, None, self.steps_recorded, f"{type(exc).__name__}: {exc}")
+
+
+def maybe_range(profiler: RequestProfiler | None, name: str) -> ContextManager[Any]:
+    """``record_function(name)`` while a request is profiled, else nothing (no cost)."""
+    return profiler.stage(name) if profiler is not None else nullcontext()
+
+
+@contextmanager
+def step_scope(profiler: RequestProfiler | None, index: int) -> Iterator[None]:
+    """One denoising step: its ``denoising_step_{index}`` range, then the schedule advances."""
+    if profiler is None:
+        yield
+        return
+    with profiler.step_range(index):
+        yield
+    profiler.denoising_step_done()

@@ -1,0 +1,244 @@
+"""Below the stage: what the profiled requests' traces say, op by op.
+
+Reads a bundle's ``traces`` table and the trace files under its ``traces/`` directory
+(:mod:`perfkit.scenarios.profiled` puts them there), through :mod:`perfkit.readings.traces`:
+per profiled request the top ops per stage (count, total ms, mean ms, share of the stage's op
+time), and the diff of the profiled cold request and the profiled warm ones (each op's median
+over them): the ops whose time changed most, with ms on both sides and their share of the change. Used by the
+cold_warm notebook and by the report's "below the stage" panel, which links the trace files
+(they open in Perfetto, ui.perfetto.dev, or chrome://tracing).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from perfkit.bundle import ResultBundle
+from perfkit.readings import traces as tr
+from perfkit.report.plots import alt_text, figure_to_png_bytes, step_timeline
+from perfkit.report.tables import Table, format_table
+
+log = logging.getLogger(__name__)
+
+#: the diff's sides, in order (a -> b)
+DIFF_ROLES = ("profiled cold", "profiled warm")
+
+
+@dataclass
+class BelowStage:
+    """What a bundle's profiled requests say.
+
+    Attributes:
+        traces: the ``traces`` table (one row per profiled request).
+        stage_top: role -> top ops per stage (``stage`` + :data:`~perfkit.readings.traces.OP_COLUMNS`).
+        diff: :func:`~perfkit.readings.traces.op_diff` of the profiled cold request and the
+            profiled warm ones (their median; None without both).
+        errors: traces that could not be read (file and why).
+        events: role -> :func:`~perfkit.readings.traces.op_events` of its trace.
+    """
+
+    traces: pd.DataFrame
+    stage_top: dict[str, pd.DataFrame] = field(default_factory=dict)
+    diff: pd.DataFrame | None = None
+    errors: list[str] = field(default_factory=list)
+    events: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+
+def events_by_role(
+    bundle: ResultBundle, roles: tuple[str, ...] | None = None
+) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """role -> :func:`~perfkit.readings.traces.op_events` of each kept trace (only roles that
+    start with one of ``roles``, when given), and the errors (file and why) of those that could
+    not be read."""
+    out, errors = {}, []
+    t = bundle.table("traces")
+    for row in t.itertuples(index=False):
+        if (
+            not bool(row.kept)
+            or pd.isna(row.file)
+            or (roles is not None and not str(row.role).startswith(roles))
+        ):
+            continue
+        name = Path(str(row.file)).name
+        path = bundle.traces.get(name) or (Path(bundle.path) / str(row.file) if bundle.path else None)
+        try:
+            if path is None:
+                raise tr.TraceError(f"{row.file}: not in the bundle")
+            out[str(row.role)] = tr.op_events(tr.load_trace(path))
+        except tr.TraceError as exc:
+            errors.append(str(exc))
+    return out, errors
+
+
+def below_stage(
+    bundle: ResultBundle, top: int = 5, roles: tuple[str, ...] | None = None
+) -> BelowStage | None:
+    """The profiled requests of ``bundle`` op by op (the traces of ``roles`` only, when given:
+    a trace takes seconds to read); None when it profiled nothing."""
+    t = bundle.table("traces")
+    if t.empty:
+        return None
+    events, errors = events_by_role(bundle, roles)
+    out = BelowStage(traces=t, errors=errors, events=events)
+    for role, ev in events.items():
+        if role in DIFF_ROLES:  # the cold one and the first warm one
+            out.stage_top[role] = tr.stage_top_ops(ev, top)
+    warm = warm_events(events)
+    if DIFF_ROLES[0] in events and warm:
+        out.diff = tr.op_diff(events[DIFF_ROLES[0]], warm)
+    return out
+
+
+def warm_events(events: dict[str, pd.DataFrame]) -> list[pd.DataFrame]:
+    """The events of the profiled warm requests (``profiled warm``, ``profiled warm 2``, ...)."""
+    return [ev for role, ev in events.items() if role.startswith(DIFF_ROLES[1])]
+
+
+def timeline(events: pd.DataFrame, who: str) -> dict[str, str]:
+    """One denoising step of ``events`` as an embeddable figure: ``{"png": base64, "alt": …,
+    "who": who}`` (:func:`perfkit.report.plots.step_timeline`)."""
+    import base64
+
+    fig = step_timeline(events, title=None)
+    title = fig.axes[0].get_title()
+    fig.axes[0].set_title(f"{title}, {who}")
+    return {
+        "png": base64.b64encode(figure_to_png_bytes(fig)).decode("ascii"),
+        "alt": alt_text(fig),
+        "who": who,
+    }
+
+
+def trace_list(bs: BelowStage, link_prefix: str = "") -> pd.DataFrame:
+    """The traces table for display: role, mode, steps recorded, size (MiB), file (path from
+    the page: ``link_prefix`` + the bundle's relative path), note."""
+    t = bs.traces
+    return pd.DataFrame(
+        {
+            "role": t["role"],
+            "status": t["status"],
+            "mode": t["mode"],
+            "steps_recorded": t["steps_recorded"],
+            "size_mib": t["size_mib"],
+            "file": [link_prefix + f if isinstance(f, str) else None for f in t["file"].astype(object)],
+            "note": t["note"],
+        }
+    )
+
+
+def diff_frame(diff: pd.DataFrame, n: int = 8) -> pd.DataFrame:
+    """The ``n`` ops whose time changed most, for display (ms cold, ms warm, change, share;
+    warm calls and ms are medians over the profiled warm requests)."""
+    d = diff.head(n)
+    return pd.DataFrame(
+        {
+            "op": d["op"],
+            "calls_cold": d["count_a"],
+            "calls_warm": d["count_b"],
+            "cold_ms": d["ms_a"],
+            "warm_ms": d["ms_b"],
+            "change_ms": d["delta_ms"],
+            "share_of_change": d["delta_share"],
+        }
+    )
+
+
+def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[str, Any] | None:
+    """The report's "below the stage" panel of one bundle directory, or None when it profiled
+    nothing (or has no bundle). Keys: ``traces`` (:class:`Table`), ``files`` (links),
+    ``diff`` (:class:`Table` or None), ``stage_top`` ([(role, Table)]), ``errors``.
+    Never raises: an unreadable bundle is logged and gives an ``errors`` entry."""
+    d = Path(bundle_dir)
+    if not (d / "meta.json").exists():
+        return None
+    try:
+        bs = below_stage(ResultBundle.load(d), top=top)
+    except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the report
+        log.warning("report: below the stage of %s: %r", d, exc)
+        return {"traces": None, "files": [], "diff": None, "stage_top": [], "errors": [repr(exc)]}
+    if bs is None:
+        return None
+    tl = trace_list(bs, link_prefix)
+    files = [f for f in tl["file"] if isinstance(f, str)]
+    diff: Table | None = format_table(diff_frame(bs.diff)) if bs.diff is not None else None
+    last = DIFF_ROLES[1] if DIFF_ROLES[1] in bs.events else (list(bs.events)[-1] if bs.events else None)
+    return {
+        "traces": format_table(tl),
+        "files": files,
+        "diff": diff,
+        "stage_top": [(role, format_table(t)) for role, t in bs.stage_top.items()],
+        "timeline": timeline(bs.events[last], last) if last is not None else None,
+        "errors": bs.errors,
+    }
+
+
+def ab_panel(
+    path_a: str | Path | None, path_b: str | Path | None, page_dir: str | Path
+) -> dict[str, Any] | None:
+    """The A/B page's "below the stage" panel: the ops whose time changed most from side A's
+    profiled warm request to side B's (``perfkit ab --profile``), both sides' traces linked
+    relative to ``page_dir``. None when neither side profiled anything. Keys as :func:`panel`
+    (``stage_top`` holds each side's profiled warm request). Never raises."""
+    import os
+
+    sides: dict[str, BelowStage] = {}
+    events: dict[str, pd.DataFrame] = {}
+    errors: list[str] = []
+    lists = []
+    for side, p in (("A", path_a), ("B", path_b)):
+        if not p or not (Path(p) / "meta.json").exists():
+            continue
+        try:
+            b = ResultBundle.load(p)
+            bs = below_stage(b, roles=(DIFF_ROLES[1],))  # the warm ones only
+        except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the page
+            errors.append(f"side {side}: {exc!r}")
+            continue
+        if bs is None:
+            continue
+        sides[side] = bs
+        errors += [f"side {side}: {e}" for e in bs.errors]
+        prefix = os.path.relpath(Path(p), Path(page_dir)).replace(os.sep, "/") + "/"
+        lists.append(trace_list(bs, prefix).assign(side=side))
+        if warm_events(bs.events):
+            events[side] = warm_events(bs.events)
+    if not sides and not errors:
+        return None
+    tl = pd.concat(lists, ignore_index=True) if lists else pd.DataFrame()
+    if not tl.empty:
+        tl = tl[["side", *[c for c in tl.columns if c != "side"]]]
+    diff = None
+    if "A" in events and "B" in events:
+        d = tr.op_diff(events["A"], events["B"]).head(8)
+        diff = format_table(
+            pd.DataFrame(
+                {
+                    "op": d["op"],
+                    "calls_a": d["count_a"],
+                    "calls_b": d["count_b"],
+                    "a_ms": d["ms_a"],
+                    "b_ms": d["ms_b"],
+                    "change_ms": d["delta_ms"],
+                    "share_of_change": d["delta_share"],
+                }
+            )
+        )
+    stage_top = [
+        (f"side {side}, {DIFF_ROLES[1]}", format_table(bs.stage_top[DIFF_ROLES[1]]))
+        for side, bs in sides.items()
+        if DIFF_ROLES[1] in bs.stage_top
+    ]
+    return {
+        "traces": format_table(tl) if not tl.empty else None,
+        "files": [f for f in (tl["file"] if not tl.empty else []) if isinstance(f, str)],
+        "diff": diff,
+        "diff_title": "side A's profiled warm requests → side B's (each op's median over them)",
+        "stage_top": stage_top,
+        "timeline": timeline(events["B"][0], f"side B, {DIFF_ROLES[1]}") if "B" in events else None,
+        "errors": errors,
+    }

@@ -1,0 +1,182 @@
+"""Profiled requests: torch.profiler traces through sglang's own per-request profiling API.
+
+A profiled request is an *extra* request: it runs in an extra launch of the same engine spec
+(label ``profiled``), after the measured launch, so no measured request is replaced and the
+measured session is untouched (a profiler costs time, and a cold request happens once per
+session). Its rows are only in the bundle's ``traces`` table: no latency statistic, invariant,
+gate or launch count reads them. The extra launch sends request 0 (the cold request of its
+session) and ``warm`` warm ones (same shape), each with sglang's fields ``profile: true``,
+``num_profiled_timesteps`` and ``profile_all_stages`` when asked for; the engine's environment
+gets ``SGLANG_DIFFUSION_TORCH_PROFILER_DIR`` (sglang's variable, so a real sglang server's traces
+land in the same place), and each trace is copied into the bundle under ``traces/`` unless it is
+over the size cap.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from perfkit.bundle import ResultBundle, conform
+from perfkit.engine.caps import MemoryCaps
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
+from perfkit.readings.records import parse_lines
+from perfkit.scenarios.common import measure_launch
+
+log = logging.getLogger(__name__)
+
+#: the label of the extra launch that runs profiled requests
+LAUNCH = "profiled"
+#: sglang's directory variable for diffusion profiler traces
+DIR_VARIABLE = "SGLANG_DIFFUSION_TORCH_PROFILER_DIR"
+#: the request roles: request 0 of the extra launch is its cold request, the next ones warm
+#: (the second and later warm ones are ``profiled warm 2``, ``profiled warm 3``, ...)
+ROLES = {"cold": "profiled cold", "warm": "profiled warm"}
+
+
+class ProfileParams(BaseModel):
+    """``profile`` setting of an investigation: which requests get a trace, and how much of them.
+
+    ``requests``: ``cold`` and/or ``warm``; ``steps``: sglang's ``num_profiled_timesteps``
+    (denoising steps recorded after one warm-up step; -1: all); ``all_stages``: sglang's
+    ``profile_all_stages`` (every stage, every step; ``steps`` then unused); ``warm``: warm
+    requests profiled (a diff takes each op's median over them: one request can meet a noisy
+    moment of the host); ``max_trace_mib``: a trace larger than this is listed but not copied
+    into the bundle.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: list[Literal["cold", "warm"]] = Field(default_factory=lambda: ["cold", "warm"], min_length=1)
+    steps: int = 5
+    all_stages: bool = False
+    warm: int = Field(1, ge=1, le=9)
+    max_trace_mib: float = Field(64.0, gt=0)
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, v: int) -> int:
+        if v != -1 and v < 1:
+            raise ValueError(f"steps must be -1 (all) or >= 1 (sglang's num_profiled_timesteps), got {v}")
+        return v
+
+    def fields(self) -> dict[str, Any]:
+        """sglang's request fields for a profiled request."""
+        return {
+            "profile": True,
+            "num_profiled_timesteps": self.steps,
+            "profile_all_stages": self.all_stages,
+        }
+
+
+def profile_requests(
+    request: VideoRequestSpec, profile: ProfileParams
+) -> list[tuple[str | None, VideoRequestSpec]]:
+    """The extra launch's requests: (role or None when not profiled, request) for the cold one
+    and, when warm ones are asked for, ``profile.warm`` warm ones (same shape)."""
+    extra = {**request.extra, **profile.fields()}
+    profiled = VideoRequestSpec(**{**request.__dict__, "extra": extra})
+    out: list[tuple[str | None, VideoRequestSpec]] = [
+        (ROLES["cold"], profiled) if "cold" in profile.requests else (None, request)
+    ]
+    if "warm" in profile.requests:
+        out += [(ROLES["warm"] + (f" {k}" if k > 1 else ""), profiled) for k in range(1, profile.warm + 1)]
+    return out
+
+
+def run_profiled(
+    spec: EngineSpec,
+    request: VideoRequestSpec,
+    profile: ProfileParams,
+    run_dir: Path,
+    caps: MemoryCaps | None = None,
+    label: str = LAUNCH,
+) -> tuple[pd.DataFrame, dict[str, Path]]:
+    """Run the extra launch (``label``) and collect its traces.
+
+    Returns:
+        The ``traces`` table (declared in :mod:`perfkit.bundle_schema`; one row per profiled
+        request, a failed one included with its status and error) and ``{file name: path}`` of
+        the traces to copy into the bundle (those under ``max_trace_mib``).
+    """
+    tdir = (Path(run_dir) / f"{label}-traces").resolve()
+    tdir.mkdir(parents=True, exist_ok=True)
+    env = {**spec.env, DIR_VARIABLE: str(tdir)}
+    plan = profile_requests(request, profile)
+    data = measure_launch(spec.replace(env=env), [r for _, r in plan], Path(run_dir), label, caps=caps)
+    recs = {r.request_id: r for r in parse_lines(data.record_lines).records}
+    rows, files = [], {}
+    for i, (role, _req) in enumerate(plan):
+        if role is None:
+            continue
+        out = data.outcomes[i] if i < len(data.outcomes) else None
+        rec = recs.get(out.request_id) if out is not None and out.request_id else None
+        pk = rec.perfkit if rec is not None else {}
+        prof = pk.get("profile") or {}
+        row: dict[str, Any] = {
+            "launch": label,
+            "request_id": out.request_id if out is not None else None,
+            "index": i,
+            "role": role,
+            "status": out.status if out is not None else "not sent",
+            "mode": prof.get("mode"),
+            "steps_recorded": prof.get("steps_recorded"),
+            "file": None,
+            "size_mib": math.nan,
+            "kept": False,
+            "note": None,
+            "e2e_ms": rec.total_duration_ms
+            if rec is not None and rec.total_duration_ms is not None
+            else math.nan,
+            "injected_ms": sum((pk.get("debug_stage_delay_wall_ms") or {}).values())
+            if pk.get("debug_stage_delay_wall_ms")
+            else math.nan,
+        }
+        path = _trace_path(prof, tdir, out.request_id if out is not None else "")
+        if out is None or not out.ok:
+            row["note"] = (out.error if out is not None else data.error) or "the request did not complete"
+        elif path is None:
+            row["note"] = prof.get("error") or (
+                "the engine wrote no trace (does it implement sglang's profile field?)"
+            )
+        else:
+            size = path.stat().st_size / 2**20
+            row["size_mib"] = size
+            if size > profile.max_trace_mib:
+                row["note"] = (
+                    f"trace {size:.1f} MiB is over the cap of {profile.max_trace_mib:g} MiB: not kept"
+                )
+            else:
+                row["kept"] = True
+                row["file"] = f"traces/{path.name}"
+                files[path.name] = path
+        rows.append(row)
+    if data.error:
+        log.warning("profiled launch: %s", data.error)
+    return conform("traces", pd.DataFrame(rows)), files
+
+
+def _trace_path(prof: dict[str, Any], tdir: Path, request_id: str) -> Path | None:
+    """The trace the engine reported (its record's ``profile.path``), else the one sglang's name
+    pattern finds for the request in ``tdir`` (a real sglang server reports no path)."""
+    p = prof.get("path")
+    if p and Path(p).is_file():
+        return Path(p)
+    if request_id:
+        found = sorted(tdir.glob(f"{request_id}-*-global-rank0.trace.json*"))
+        if found:
+            return found[0]
+    return None
+
+
+def attach(bundle: ResultBundle, table: pd.DataFrame, files: dict[str, Path]) -> ResultBundle:
+    """Put the ``traces`` table and the trace files into ``bundle`` (returned)."""
+    bundle.tables["traces"] = table
+    bundle.traces.update(files)
+    return bundle

@@ -1,0 +1,279 @@
+"""Profiler traces through sglang's per-request profiling API (issue 35), on the tiny reference
+engine (CPU): the engine's files and names, the cold_warm profile setting, the op diff, the
+report's panel."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from perfkit.bundle import ResultBundle
+from perfkit.checks import check_table
+from perfkit.engine.spec import EngineSpec
+from perfkit.gate.run import scenario_checks
+from perfkit.readings import traces as tr
+from perfkit.refengine.profiling import INJECTED_RANGE, trace_dir
+from perfkit.report.belowstage import below_stage
+from perfkit.report.render import external_refs, render_section
+from perfkit.scenarios import cold_vs_warm
+from perfkit.scenarios.profiled import ProfileParams
+from refengine_helpers import running_engine, spec
+
+NAME_RE = re.compile(r"^(video_[0-9a-f]+)-(full_stages|\d+_steps)-global-rank0\.trace\.json\.gz$")
+SERVE = ("-m", "perfkit.cli", "engine", "serve")
+
+
+def test_trace_directory_follows_sglangs_order():
+    both = {"SGLANG_DIFFUSION_TORCH_PROFILER_DIR": "/a", "SGLANG_TORCH_PROFILER_DIR": "/b"}
+    assert trace_dir(both) == Path("/a")
+    assert trace_dir({"SGLANG_TORCH_PROFILER_DIR": "/b"}) == Path("/b")
+    assert trace_dir({"SGLANG_DIFFUSION_TORCH_PROFILER_DIR": "", "SGLANG_TORCH_PROFILER_DIR": "/b"}) == Path(
+        "/b"
+    )
+    assert trace_dir({}) == Path("./logs")
+
+
+def _user_ranges(path: str) -> list[str]:
+    raw = Path(path).read_bytes()
+    assert raw[:2] == b"\x1f\x8b", f"{path} is not gzipped"
+    doc = json.loads(gzip.decompress(raw))
+    return [e["name"] for e in doc["traceEvents"] if e.get("cat") == "user_annotation"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """`perfkit engine serve` with only sglang's fallback variable set, and one request per
+    profiling field (plus one unprofiled and one refused)."""
+    d = tmp_path_factory.mktemp("serve")
+    tdir = d / "torch-traces"
+    env = {"SGLANG_TORCH_PROFILER_DIR": str(tdir), "SGLANG_DIFFUSION_TORCH_PROFILER_DIR": ""}
+    bodies = {
+        "default": {"profile": True},
+        "two": {"profile": True, "num_profiled_timesteps": 2},
+        "all_steps": {"profile": True, "num_profiled_timesteps": -1},
+        "all_stages": {"profile": True, "profile_all_stages": True},
+        "off": {},
+    }
+    out = {}
+    with running_engine(d / "engine", entry=SERVE, env=env) as eng, eng.client() as c:
+        for key, body in bodies.items():
+            o = c.generate(spec(25, steps=6, extra=body))
+            assert o.ok and o.record is not None, f"{key}: {o.status} {o.error}"
+            out[key] = o.record
+        out["refused"] = c.generate(spec(25, steps=6, extra={"profile": True, "num_profiled_timesteps": 0}))
+    return tdir, out
+
+
+def test_profiled_requests_leave_sglang_named_traces_in_sglangs_directory(served):
+    tdir, recs = served
+    files = sorted(p.name for p in tdir.iterdir())
+    assert len(files) == 4 and all(NAME_RE.match(f) for f in files), files
+    want = {
+        "default": ("5_steps", 5),
+        "two": ("2_steps", 2),
+        "all_steps": ("6_steps", 5),
+        "all_stages": ("full_stages", 6),
+    }
+    for key, (mode, steps) in want.items():
+        prof = recs[key].perfkit["profile"]
+        name = f"{recs[key].request_id}-{mode}-global-rank0.trace.json.gz"
+        assert (prof["mode"], prof["steps_recorded"]) == (mode, steps), key
+        assert (
+            prof["path"] == str((tdir / name).resolve())
+            and prof["size_bytes"] == (tdir / name).stat().st_size
+        )
+    assert "profile" not in recs["off"].perfkit
+    refused = recs["refused"]
+    assert refused.status == "rejected" and "num_profiled_timesteps" in refused.error
+
+
+def test_traces_carry_stage_ranges_and_step_ranges(served):
+    _, recs = served
+    full = _user_ranges(recs["all_stages"].perfkit["profile"]["path"])
+    for stage in ("TextEncodingStage", "LatentPreparationStage", "DenoisingStage", "DecodingStage"):
+        assert stage in full
+    assert [r for r in full if r.startswith("denoising_step_")] == [f"denoising_step_{i}" for i in range(6)]
+    two = _user_ranges(recs["two"].perfkit["profile"]["path"])
+    # one warm-up step (step 0) runs unrecorded, then 2 steps; text encoding is not in the window
+    assert [r for r in two if r.startswith("denoising_step_")] == ["denoising_step_1", "denoising_step_2"]
+    assert "TextEncodingStage" not in two
+
+
+# -- cold_warm with a profile setting ------------------------------------------------------------
+REQ = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
+# compile off: a profiler with with_stack makes dynamo's recompile of the cold request very slow
+SLOW = EngineSpec(
+    kind="reference",
+    preset="tiny",
+    warmup_frames=17,
+    debug_stage_delay={"DenoisingStage": 100},
+    debug_stage_delay_from=1,
+)
+PROFILE = ProfileParams(requests=["cold", "warm"], all_stages=True, warm=2)
+WARM = ["profiled warm", "profiled warm 2"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same cold_warm run with and without profiling (bundles saved and loaded back)."""
+    d = tmp_path_factory.mktemp("cw")
+    plain = cold_vs_warm(SLOW, REQ, repeats=3, run_dir=d / "plain-run")
+    prof = cold_vs_warm(SLOW, REQ, repeats=3, run_dir=d / "prof-run", profile=PROFILE)
+    plain.save(d / "plain" / "cold_warm")
+    prof.save(d / "run" / "cold_warm")
+    return ResultBundle.load(d / "plain" / "cold_warm"), ResultBundle.load(d / "run" / "cold_warm"), d
+
+
+def test_profiled_requests_are_extra_and_their_traces_are_in_the_bundle(runs):
+    plain, prof, d = runs
+    t = prof.table("traces")
+    assert list(t["role"]) == ["profiled cold", *WARM] and list(t["mode"]) == ["full_stages"] * 3
+    assert t["kept"].all() and (t["size_mib"] > 0).all()
+    for f in t["file"]:
+        assert (d / "run" / "cold_warm" / f).is_file() and NAME_RE.match(Path(f).name)
+    # extra: the measured session is as without profiling (one launch, 3 measured requests)
+    assert len(prof.launches) == 1 and len(prof.measured_requests()) == 3
+    assert not set(t["request_id"]) & set(prof.requests["request_id"])
+    assert plain.table("traces").empty and not plain.traces
+
+
+def test_same_verdict_rows_with_and_without_profiling(runs):
+    plain, prof, _ = runs
+    # the noise limits of params/ci-cpu.yaml: two runs on a shared 2-core host differ in timing
+    inv = {"latency_drift_max": 3.0, "host_anon_slope_mib_per_request_max": 16.0}
+    rows = [
+        check_table(scenario_checks("cold_warm", b.results, inv))[["case", "metric", "status"]].to_dict(
+            "records"
+        )
+        for b in (plain, prof)
+    ]
+    assert rows[0] == rows[1] and len(rows[0]) >= 3
+
+
+def test_diff_names_the_injected_op_first_with_its_recorded_ms(runs):
+    _, prof, _ = runs
+    bs = below_stage(prof)
+    assert bs is not None and not bs.errors
+    first = bs.diff.iloc[0]
+    assert first["op"] == INJECTED_RANGE and first["count_a"] == 0 and first["count_b"] == 4
+    # the diff's warm side is each op's median over the profiled warm requests
+    recorded = float(prof.table("traces").set_index("role").loc[WARM, "injected_ms"].median())
+    assert not math.isnan(recorded) and abs(first["delta_ms"] - recorded) <= 0.2 * recorded
+    warm = bs.stage_top["profiled warm"]
+    top = warm[warm["stage"] == "DenoisingStage"].iloc[0]
+    assert top["op"] == INJECTED_RANGE and 0 < top["share"] <= 1
+    assert set(warm["stage"]) >= {"TextEncodingStage", "DenoisingStage", "DecodingStage"}
+
+
+def test_report_section_shows_the_panel_and_links_the_traces(runs):
+    _, prof, d = runs
+    html = render_section(d / "run", {"name": "cold_warm", "status": "ok"})
+    assert "Below the stage" in html and "Perfetto" in html and "chrome://tracing" in html
+    assert not external_refs(html)  # the page stays self-contained
+    # one denoising step of the profiled warm request over time, the injected range in it
+    assert 'alt="Denoising step 0: top-level ops over time, profiled warm: op vs time' in html
+    for f in prof.table("traces")["file"]:
+        assert f'href="cold_warm/{f}"' in html
+    diff = html.split("changed most")[1]
+    assert diff.index(INJECTED_RANGE) < diff.index("aten::")
+
+
+def test_op_table_counts_top_level_ops_once():
+    ev = {
+        "traceEvents": [
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "DenoisingStage",
+                "ts": 0,
+                "dur": 100,
+                "pid": 1,
+                "tid": 1,
+            },
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "denoising_step_0",
+                "ts": 0,
+                "dur": 50,
+                "pid": 1,
+                "tid": 1,
+            },
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "Torch-Compiled Region: 0/1",
+                "ts": 1,
+                "dur": 40,
+                "pid": 1,
+                "tid": 1,
+            },
+            {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": 1, "dur": 30, "pid": 1, "tid": 1},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "ts": 2, "dur": 20, "pid": 1, "tid": 1},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 60, "dur": 10, "pid": 1, "tid": 1},
+        ]
+    }
+    t = tr.op_table(tr.op_events(ev)).set_index("op")
+    # addmm is inside linear; the compiled region is seen through
+    assert set(t.index) == {"aten::linear", "aten::add"}
+    assert t.loc["aten::linear", "total_ms"] == pytest.approx(0.03) and t.loc[
+        "aten::linear", "share"
+    ] == pytest.approx(0.75)
+    e = tr.op_events(ev).set_index("op")
+    assert e.loc["aten::linear", "step"] == 0 and e.loc["aten::add", "step"] == -1
+    assert (e["stage"] == "DenoisingStage").all()
+
+
+def test_notebook_replay_shows_the_diff_and_top_ops_per_stage(runs):
+    import papermill
+
+    from notebook_checks import outputs
+
+    _, _, d = runs
+    nb = d / "cold_warm.ipynb"
+    root = Path(__file__).resolve().parents[1]
+    papermill.execute_notebook(
+        str(root / "notebooks" / "cold_warm.ipynb"),
+        str(nb),
+        parameters={"bundle_dir": str(d / "run" / "cold_warm"), "run_dir": str(d / "nb-run")},
+        kernel_name="python3",
+        progress_bar=False,
+        cwd=str(root),
+    )
+    html = "\n".join(outputs(nb, "text/html"))
+    assert "Top ops per stage, profiled warm" in html and "Top ops per stage, profiled cold" in html
+    import nbformat
+
+    cell = next(c for c in nbformat.read(str(nb), as_version=4).cells if "belowstage.below_stage" in c.source)
+    pngs = [o for o in cell.outputs if "image/png" in (o.get("data") or {})]
+    assert len(pngs) == 2  # one denoising step over time, profiled cold and profiled warm
+    diff = html.split("changed most")[1]
+    assert diff.index(INJECTED_RANGE) < diff.index("aten::")
+
+
+def test_bad_profile_settings_are_refused_naming_the_field():
+    from click.testing import CliRunner
+
+    from perfkit.cli import cli
+    from perfkit.scenarios.cold_warm import ColdWarmParams
+
+    with pytest.raises(ValueError, match="steps must be -1"):
+        ColdWarmParams.model_validate({"profile": {"steps": 0}})
+    with pytest.raises(ValueError, match="requests"):
+        ColdWarmParams.model_validate({"profile": {"requests": ["hot"]}})
+    assert ColdWarmParams.model_validate({"profile": {}}).profile.fields() == {
+        "profile": True,
+        "num_profiled_timesteps": 5,
+        "profile_all_stages": False,
+    }
+    root = Path(__file__).resolve().parents[1]
+    spec_a = str(root / "examples/ab/tiny-cpu.yaml")
+    res = CliRunner().invoke(cli, ["ab", "--a", spec_a, "--b", spec_a, "--profile", "--profile-steps", "0"])
+    assert res.exit_code == 2 and "--profile-steps" in res.output and "steps must be -1" in res.output, (
+        res.output
+    )
