@@ -16,6 +16,7 @@ keep a launch short), about 20 s on the 2-core machine.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -26,15 +27,44 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(out: Path, runs: int, first_slow: int, device: str) -> None:
+def measure(
+    out: Path,
+    runs: int,
+    first_slow: int,
+    device: str,
+    threads: int = 0,
+    steps: int = 0,
+    lanes: int = 1,
+    size: int = 0,
+) -> None:
     """``runs`` measured runs of the cold/warm session into ``out/runNN/`` (no history import:
-    this part also runs on a host without perfkit's history dependencies)."""
+    this part also runs on a host without perfkit's history dependencies).
+
+    ``threads``: the engine's torch threads on CPU (``OMP_NUM_THREADS``; 0: the engine's default,
+    every core). ``steps``: the request's denoising steps, ``size``: its height and width in pixels
+    (0: params/ci-cpu.yaml's). ``lanes``: runs
+    measured side by side, each lane pinned to its own cores (``os.sched_setaffinity``); run i goes
+    to lane i mod lanes, so a lane's bias is spread over the history, not turned into a step."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from perfkit.scenarios.cold_warm import NAME as SESSION
 
     base = yaml.safe_load((ROOT / "params/ci-cpu.yaml").read_text())
-    for i in range(1, runs + 1):
+    cores = sorted(os.sched_getaffinity(0))
+    per_lane = max(1, len(cores) // lanes)
+
+    def one(i: int) -> None:
         p = dict(base)
         p["engine"] = {**base["engine"], "compile": False, "device": device}
+        if threads:
+            env = dict(p["engine"].get("env") or {})
+            env.update({"PERFKIT_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)})
+            p["engine"]["env"] = env
+        p["request"] = dict(base["request"])
+        if steps:
+            p["request"]["num_inference_steps"] = steps
+        if size:
+            p["request"].update(height=size, width=size)
         if device != "cpu":
             p["engine"]["dtype"] = "bfloat16"
         if i >= first_slow:
@@ -51,10 +81,21 @@ def measure(out: Path, runs: int, first_slow: int, device: str) -> None:
             "--out",
             str(out / f"run{i:02d}"),
         ]
-        proc = subprocess.run([*cmd, "--only", SESSION], capture_output=True, text=True)
+        lane = (i - 1) % lanes
+        mine = set(cores[lane * per_lane : (lane + 1) * per_lane]) if lanes > 1 else set(cores)
+        proc = subprocess.run(
+            [*cmd, "--only", SESSION],
+            capture_output=True,
+            text=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, mine),  # noqa: PLW0108
+        )
         if proc.returncode != 0:
             raise SystemExit(f"run {i}: measure failed ({proc.returncode}): {proc.stderr[-2000:]}")
-        print(f"run {i} measured", flush=True)
+        print(f"run {i} measured (lane {lane})", flush=True)
+
+    with ThreadPoolExecutor(max_workers=lanes) as pool:
+        for _ in pool.map(one, range(1, runs + 1)):
+            pass
 
 
 def judge(out: Path, runs: int, first_slow: int, hardware: str) -> dict[int, int]:
@@ -92,6 +133,14 @@ def main() -> int:
     ap.add_argument("--from", dest="first_slow", type=int, default=13)
     ap.add_argument("--out", default="outputs/history-live")
     ap.add_argument("--device", default="cpu", help="the reference engine's device (cpu, cuda)")
+    ap.add_argument("--threads", type=int, default=0, help="the engine's torch threads on CPU (0: all cores)")
+    ap.add_argument(
+        "--steps", type=int, default=0, help="denoising steps a request (0: params/ci-cpu.yaml's)"
+    )
+    ap.add_argument(
+        "--size", type=int, default=0, help="request height and width, px (0: params/ci-cpu.yaml's)"
+    )
+    ap.add_argument("--lanes", type=int, default=1, help="runs measured side by side, each on its own cores")
     ap.add_argument("--measure-only", action="store_true", help="measure, store nothing (e.g. on a GPU host)")
     ap.add_argument(
         "--judge-only", action="store_true", help="store and judge runs already measured in --out"
@@ -100,7 +149,7 @@ def main() -> int:
     out = Path(a.out)
     if not a.judge_only:
         shutil.rmtree(out, ignore_errors=True)
-        measure(out, a.runs, a.first_slow, a.device)
+        measure(out, a.runs, a.first_slow, a.device, a.threads, a.steps, a.lanes, a.size)
     if not a.measure_only:
         judge(out, a.runs, a.first_slow, hardware=f"live-{a.device}")
     return 0
