@@ -137,10 +137,13 @@ else:
     for err in below.errors:
         display(Markdown(f"**Trace not read:** `{err}`"))
     if below.diff is not None:
-        show_table(belowstage.diff_frame(below.diff), caption="Ops whose time changed most, profiled cold → profiled warm (median)")
+        show_table(belowstage.diff_frame(below.diff, first=belowstage.first_word(below)),
+                   caption=f"Ops whose time changed most, {belowstage.diff_title(below)}")
     for role, top in below.stage_top.items():
         show_table(top, caption=f"Top ops per stage, {role}")
-    for role, events in list(below.events.items())[:2]:  # the cold one, the first warm one
+    for role, over in belowstage.overhead_tables(below):
+        show_table(over, caption=f"CPU-side overhead and device idle share per stage, {role}")
+    for role, events in list(below.events.items())[:2]:  # the first one, the first warm one
         show(plots.step_timeline(events, title=f"One denoising step over time, {role}"))"""
 
 

@@ -277,3 +277,76 @@ def test_bad_profile_settings_are_refused_naming_the_field():
     assert res.exit_code == 2 and "--profile-steps" in res.output and "steps must be -1" in res.output, (
         res.output
     )
+
+
+# -- overhead and device idle share ----------------------------------------------------------------
+def _x(cat, name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
+
+
+def test_overhead_and_device_idle_share_are_exact_on_a_synthetic_trace():
+    cpu = [
+        _x("user_annotation", "DenoisingStage", 0, 1000),
+        _x("cpu_op", "aten::mm", 100, 300),
+        _x("cpu_op", "aten::addmm", 150, 100),  # inside aten::mm: counted once
+        _x("cuda_runtime", "cudaLaunchKernel", 120, 10, correlation=7),
+        _x("cpu_op", "aten::add", 500, 200),
+        _x("user_annotation", "DecodingStage", 1100, 400),  # no op at all: all overhead
+    ]
+    device = [
+        _x("kernel", "gemm", 200, 200, tid=7, correlation=7),
+        _x("kernel", "gemm", 300, 200, tid=8),  # overlaps the first on another stream
+        _x("gpu_memcpy", "Memcpy DtoH", 600, 50, tid=7),
+        _x("kernel", "add", 900, 200, tid=7),  # 100 µs inside DenoisingStage, ends as decoding starts
+        _x("kernel", "conv", 1050, 100, tid=7),  # 50 µs inside DecodingStage
+    ]
+    t = tr.overhead_table({"traceEvents": cpu + device}, rank=3).set_index("stage")
+    assert list(t.index) == ["DenoisingStage", "DecodingStage", "(all stages)"] and (t["rank"] == 3).all()
+    den, dec, every = t.loc["DenoisingStage"], t.loc["DecodingStage"], t.loc["(all stages)"]
+    assert (den["window_ms"], den["op_ms"], den["cpu_overhead_ms"]) == pytest.approx((1.0, 0.5, 0.5))
+    assert den["cpu_overhead_share"] == pytest.approx(0.5) and den["launch_ms"] == pytest.approx(0.01)
+    # busy: 200..500 (two streams, once) + 600..650 + 900..1000 = 450 µs of 1000
+    assert den["kernels"] == 4 and den["device_busy_ms"] == pytest.approx(0.45)
+    assert den["device_idle_share"] == pytest.approx(0.55)
+    assert dec["cpu_overhead_share"] == pytest.approx(1.0) and dec["device_idle_share"] == pytest.approx(
+        0.875
+    )
+    assert every["window_ms"] == pytest.approx(1.4) and every["device_idle_share"] == pytest.approx(
+        1 - 0.5 / 1.4
+    )
+    # the same trace without device events: not available, never 0
+    cpu_only = tr.overhead_table({"traceEvents": cpu})
+    assert cpu_only["device_idle_share"].isna().all() and cpu_only["rank"].isna().all()
+    shown = tr.overhead_frame(cpu_only)
+    assert "rank" not in shown and set(shown["device_idle_share"]) == {tr.NO_DEVICE}
+    # a steps-only trace: DenoisingStage's window is its recorded steps
+    steps = [
+        _x("user_annotation", "denoising_step_1", 0, 100),
+        _x("user_annotation", "denoising_step_2", 200, 100),
+    ]
+    s = tr.overhead_table({"traceEvents": [*steps, _x("cpu_op", "aten::mm", 10, 50)]}).set_index("stage")
+    assert s.loc["DenoisingStage", "window_ms"] == pytest.approx(0.2)
+    assert s.loc["DenoisingStage", "cpu_overhead_ms"] == pytest.approx(0.15)
+    assert tr.rank_of("video_ab-2_steps-global-rank3.trace.json.gz") == 3 and tr.rank_of("x.json") is None
+
+
+def test_overhead_per_stage_on_real_cpu_traces(runs, served):
+    _, prof, d = runs
+    bs = below_stage(prof)
+    t = bs.overhead["profiled warm"].set_index("stage")
+    assert {"TextEncodingStage", "DenoisingStage", "DecodingStage", "(all stages)"} <= set(t.index)
+    assert (t["rank"] == 0).all() and (t["kernels"] == 0).all() and t["device_idle_share"].isna().all()
+    assert ((t["cpu_overhead_share"] > 0) & (t["cpu_overhead_share"] < 1)).all()
+    # the covered part is the stage's top-level op time (one thread, ops do not overlap)
+    ops = tr.op_table(bs.events["profiled warm"], by_stage=True).groupby("stage")["total_ms"].sum()
+    assert t.loc["DenoisingStage", "op_ms"] == pytest.approx(ops["DenoisingStage"], rel=1e-6)
+    e2e = float(prof.table("traces").set_index("role").loc["profiled warm", "e2e_ms"])
+    assert 0.5 * e2e < t.loc["(all stages)", "window_ms"] <= e2e
+    html = render_section(d / "run", {"name": "cold_warm", "status": "ok"})
+    assert "CPU-side overhead and device idle share per stage, profiled warm" in html and tr.NO_DEVICE in html
+    # a steps-only trace: DenoisingStage's window is its two recorded steps
+    path = served[1]["two"].perfkit["profile"]["path"]
+    doc = tr.load_trace(path)
+    steps = [e["dur"] / 1000 for e in doc["traceEvents"] if str(e.get("name")).startswith("denoising_step_")]
+    s = tr.overhead_table(doc, tr.rank_of(path)).set_index("stage")
+    assert len(steps) == 2 and s.loc["DenoisingStage", "window_ms"] == pytest.approx(sum(steps))
