@@ -230,6 +230,16 @@ display(Markdown(reading("warmup_shapes", results)))"""),
             "recompilations it paid (count, compile time, the compiler's reason)."
         ),
         new_code_cell(ROOT_CAUSE),
+        new_markdown_cell(
+            "## Below the stage: the first request of a new shape against a warm one\n\n"
+            "With `profile` set, an extra launch with the warmup that did not cover a shape sends "
+            "that shape's first request and warm ones with sglang's profiling fields; their "
+            "torch.profiler traces are in the bundle under `traces/` (open them in Perfetto, "
+            "ui.perfetto.dev, or chrome://tracing). They are extra requests: no statistic, "
+            "invariant or gate here reads them. The diff names the ops the first request of the "
+            "new shape spends its penalty in."
+        ),
+        new_code_cell(BELOW_STAGE),
         new_markdown_cell("## Every request: role and shape"),
         new_code_cell(REQUESTS),
         new_markdown_cell("## Gate (covered shapes pay no setup)"),

@@ -350,3 +350,37 @@ def test_overhead_per_stage_on_real_cpu_traces(runs, served):
     steps = [e["dur"] / 1000 for e in doc["traceEvents"] if str(e.get("name")).startswith("denoising_step_")]
     s = tr.overhead_table(doc, tr.rank_of(path)).set_index("stage")
     assert len(steps) == 2 and s.loc["DenoisingStage", "window_ms"] == pytest.approx(sum(steps))
+
+
+def test_warmup_shapes_profiles_the_first_request_of_an_uncovered_shape_against_a_warm_one(tmp_path):
+    from perfkit.scenarios import warmup_shapes
+
+    tiny = EngineSpec(kind="reference", preset="tiny")  # compile off
+    b = warmup_shapes(
+        tiny,
+        warmup_frames=[17],
+        request_frames=[25],
+        repeats=2,
+        request={"height": 64, "width": 64, "num_inference_steps": 4},
+        run_dir=tmp_path / "work",
+        profile={"requests": ["cold", "warm"], "steps": 2, "warm": 1},
+    )
+    b.save(tmp_path / "run" / "warmup_shapes")
+    b = ResultBundle.load(tmp_path / "run" / "warmup_shapes")
+    assert b.results["profiled"] == {"warmup_frames": 17, "request_frames": 25}
+    assert b.results["coverage"][0]["covered"] is False
+    t = b.table("traces")
+    assert list(t["role"]) == ["profiled first of new shape", "profiled warm"]
+    assert list(t["mode"]) == ["2_steps"] * 2 and t["kept"].all()
+    for f in t["file"]:
+        assert (tmp_path / "run" / "warmup_shapes" / f).is_file() and NAME_RE.match(Path(f).name)
+    # extra: not in the requests table, the launches or the coverage
+    assert not set(t["request_id"]) & set(b.requests["request_id"]) and len(b.launches) == 1
+    bs = below_stage(b)
+    assert bs.diff_from == "profiled first of new shape" and not bs.diff.empty
+    html = render_section(tmp_path / "run", {"name": "warmup_shapes", "status": "ok"})
+    diff = html.split("changed most, profiled first of new shape → profiled warm")[1]
+    assert diff.index("calls first") < diff.index("first (ms)") < diff.index("warm (ms)")
+    assert "CPU-side overhead and device idle share per stage, profiled first of new shape" in html
+    for f in t["file"]:
+        assert f'href="warmup_shapes/{f}"' in html
