@@ -197,7 +197,7 @@ def overhead_tables(bs: BelowStage) -> list[tuple[str, pd.DataFrame]]:
 def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[str, Any] | None:
     """The report's "below the stage" panel of one bundle directory, or None when it profiled
     nothing (or has no bundle). Keys: ``traces`` (:class:`Table`), ``files`` (links),
-    ``diff`` (:class:`Table` or None), ``stage_top`` ([(role, Table)]), ``errors``.
+    ``diff`` (:class:`Table` or None), ``stage_top`` ([(role, Table)]), ``cpu_and_idle`` ([(role, Table)]: overhead and idle share per stage), ``errors``.
     Never raises: an unreadable bundle is logged and gives an ``errors`` entry."""
     d = Path(bundle_dir)
     if not (d / "meta.json").exists():
@@ -211,7 +211,7 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
             "files": [],
             "diff": None,
             "stage_top": [],
-            "overhead": [],
+            "cpu_and_idle": [],
             "errors": [repr(exc)],
         }
     if bs is None:
@@ -228,7 +228,7 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
         "diff": diff,
         "diff_title": diff_title(bs),
         "stage_top": [(role, format_table(t)) for role, t in bs.stage_top.items()],
-        "overhead": [(role, format_table(t)) for role, t in overhead_tables(bs)],
+        "cpu_and_idle": [(role, format_table(t)) for role, t in overhead_tables(bs)],
         "timeline": timeline(bs.events[last], last) if last is not None else None,
         "errors": bs.errors,
     }
@@ -296,7 +296,7 @@ def ab_panel(
         "diff": diff,
         "diff_title": "side A's profiled warm requests → side B's (each op's median over them)",
         "stage_top": stage_top,
-        "overhead": [
+        "cpu_and_idle": [
             (f"side {side}, {role}", format_table(t))
             for side, bs in sides.items()
             for role, t in overhead_tables(bs)
