@@ -384,3 +384,42 @@ def test_warmup_shapes_profiles_the_first_request_of_an_uncovered_shape_against_
     assert "CPU-side overhead and device idle share per stage, profiled first of new shape" in html
     for f in t["file"]:
         assert f'href="warmup_shapes/{f}"' in html
+
+
+def test_warmup_shapes_join_keeps_the_first_profiled_parts_traces(tmp_path):
+    import pandas as pd
+
+    from perfkit.scenarios.warmup_shapes import WarmupShapesParams, join
+
+    def part(w: int, profiled: dict, roles: list[str]) -> ResultBundle:
+        files = {
+            f"video_{w}{i}-2_steps-global-rank0.trace.json.gz": tmp_path / f"{w}{i}.gz"
+            for i in range(len(roles))
+        }
+        for p in files.values():
+            p.write_bytes(b"x")
+        traces = pd.DataFrame(
+            {"launch": f"profiled-warmup{w}", "role": roles, "file": [f"traces/{n}" for n in files]}
+        )
+        return ResultBundle(
+            scenario="warmup_shapes",
+            meta={"params": {"warmup_frames": [w]}},
+            results={"coverage": [], "profiled": profiled},
+            tables={"traces": traces} if roles else {},
+            traces=files,
+        )
+
+    parts = [
+        part(25, {"note": "every measured shape is covered (or failed): nothing profiled"}, []),
+        part(9, {"warmup_frames": 9, "request_frames": 25}, ["profiled first of new shape", "profiled warm"]),
+        part(
+            17, {"warmup_frames": 17, "request_frames": 25}, ["profiled first of new shape", "profiled warm"]
+        ),
+    ]
+    j = join(parts, WarmupShapesParams(warmup_frames=[25, 9, 17], request_frames=[25], repeats=2))
+    assert j.results["profiled"] == {"warmup_frames": 9, "request_frames": 25}
+    assert set(j.table("traces")["launch"]) == {"profiled-warmup9"} and len(j.table("traces")) == 2
+    assert sorted(j.traces) == [
+        "video_90-2_steps-global-rank0.trace.json.gz",
+        "video_91-2_steps-global-rank0.trace.json.gz",
+    ]
