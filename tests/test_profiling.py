@@ -352,9 +352,13 @@ def test_overhead_per_stage_on_real_cpu_traces(runs, served):
     assert len(steps) == 2 and s.loc["DenoisingStage", "window_ms"] == pytest.approx(sum(steps))
 
 
-def test_warmup_shapes_profiles_the_first_request_of_an_uncovered_shape_against_a_warm_one(tmp_path):
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    """warmup_shapes with a 17-frame warmup and 25-frame requests (not covered), profiled in
+    steps mode, compile off (bundle saved and loaded back)."""
     from perfkit.scenarios import warmup_shapes
 
+    tmp_path = tmp_path_factory.mktemp("shapes")
     tiny = EngineSpec(kind="reference", preset="tiny")  # compile off
     b = warmup_shapes(
         tiny,
@@ -366,7 +370,11 @@ def test_warmup_shapes_profiles_the_first_request_of_an_uncovered_shape_against_
         profile={"requests": ["cold", "warm"], "steps": 2, "warm": 1},
     )
     b.save(tmp_path / "run" / "warmup_shapes")
-    b = ResultBundle.load(tmp_path / "run" / "warmup_shapes")
+    return ResultBundle.load(tmp_path / "run" / "warmup_shapes"), tmp_path
+
+
+def test_warmup_shapes_profiles_the_first_request_of_an_uncovered_shape_against_a_warm_one(shapes):
+    b, tmp_path = shapes
     assert b.results["profiled"] == {"warmup_frames": 17, "request_frames": 25}
     assert b.results["coverage"][0]["covered"] is False
     t = b.table("traces")
@@ -423,3 +431,26 @@ def test_warmup_shapes_join_keeps_the_first_profiled_parts_traces(tmp_path):
         "video_90-2_steps-global-rank0.trace.json.gz",
         "video_91-2_steps-global-rank0.trace.json.gz",
     ]
+
+
+def test_warmup_shapes_notebook_replay_shows_first_of_new_shape_against_warm(shapes):
+    import papermill
+
+    from notebook_checks import outputs
+
+    _, d = shapes
+    nb = d / "warmup_shapes.ipynb"
+    root = Path(__file__).resolve().parents[1]
+    papermill.execute_notebook(
+        str(root / "notebooks" / "warmup_shapes.ipynb"),
+        str(nb),
+        parameters={"bundle_dir": str(d / "run" / "warmup_shapes"), "run_dir": str(d / "nb-run")},
+        kernel_name="python3",
+        progress_bar=False,
+        cwd=str(root),
+    )
+    html = "\n".join(outputs(nb, "text/html"))
+    assert "Ops whose time changed most, profiled first of new shape → profiled warm" in html
+    assert "Top ops per stage, profiled first of new shape" in html
+    assert "CPU-side overhead and device idle share per stage, profiled warm" in html
+    assert tr.NO_DEVICE in html
