@@ -137,10 +137,13 @@ else:
     for err in below.errors:
         display(Markdown(f"**Trace not read:** `{err}`"))
     if below.diff is not None:
-        show_table(belowstage.diff_frame(below.diff), caption="Ops whose time changed most, profiled cold → profiled warm (median)")
+        show_table(belowstage.diff_frame(below.diff, first=belowstage.first_word(below)),
+                   caption=f"Ops whose time changed most, {belowstage.diff_title(below)}")
     for role, top in below.stage_top.items():
         show_table(top, caption=f"Top ops per stage, {role}")
-    for role, events in list(below.events.items())[:2]:  # the cold one, the first warm one
+    for role, over in belowstage.overhead_tables(below):
+        show_table(over, caption=f"CPU-side overhead and device idle share per stage, {role}")
+    for role, events in list(below.events.items())[:2]:  # the first one, the first warm one
         show(plots.step_timeline(events, title=f"One denoising step over time, {role}"))"""
 
 
@@ -227,6 +230,16 @@ display(Markdown(reading("warmup_shapes", results)))"""),
             "recompilations it paid (count, compile time, the compiler's reason)."
         ),
         new_code_cell(ROOT_CAUSE),
+        new_markdown_cell(
+            "## Below the stage: the first request of a new shape against a warm one\n\n"
+            "With `profile` set, an extra launch with the warmup that did not cover a shape sends "
+            "that shape's first request and warm ones with sglang's profiling fields; their "
+            "torch.profiler traces are in the bundle under `traces/` (open them in Perfetto, "
+            "ui.perfetto.dev, or chrome://tracing). They are extra requests: no statistic, "
+            "invariant or gate here reads them. The diff names the ops the first request of the "
+            "new shape spends its penalty in."
+        ),
+        new_code_cell(BELOW_STAGE),
         new_markdown_cell("## Every request: role and shape"),
         new_code_cell(REQUESTS),
         new_markdown_cell("## Gate (covered shapes pay no setup)"),

@@ -147,6 +147,10 @@ def test_profiled_ab_page_names_the_injected_op_first_with_its_recorded_ms(live)
     for f in b.table("traces")["file"]:
         assert f'href="b/{f}"' in html
     assert "One denoising step over time, side B, profiled warm" in html
+    # CPU-side overhead per stage for each side (issue 35 Build 3); a CPU trace has no device idle share
+    for side in ("A", "B"):
+        assert f"CPU-side overhead and device idle share per stage, side {side}, profiled warm" in html
+    assert "not available on cpu (no device kernels)" in html
 
 
 @pytest.mark.slow

@@ -277,3 +277,180 @@ def test_bad_profile_settings_are_refused_naming_the_field():
     assert res.exit_code == 2 and "--profile-steps" in res.output and "steps must be -1" in res.output, (
         res.output
     )
+
+
+# -- overhead and device idle share ----------------------------------------------------------------
+def _x(cat, name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
+
+
+def test_overhead_and_device_idle_share_are_exact_on_a_synthetic_trace():
+    cpu = [
+        _x("user_annotation", "DenoisingStage", 0, 1000),
+        _x("cpu_op", "aten::mm", 100, 300),
+        _x("cpu_op", "aten::addmm", 150, 100),  # inside aten::mm: counted once
+        _x("cuda_runtime", "cudaLaunchKernel", 120, 10, correlation=7),
+        _x("cpu_op", "aten::add", 500, 200),
+        _x("user_annotation", "DecodingStage", 1100, 400),  # no op at all: all overhead
+    ]
+    device = [
+        _x("kernel", "gemm", 200, 200, tid=7, correlation=7),
+        _x("kernel", "gemm", 300, 200, tid=8),  # overlaps the first on another stream
+        _x("gpu_memcpy", "Memcpy DtoH", 600, 50, tid=7),
+        _x("kernel", "add", 900, 200, tid=7),  # 100 µs inside DenoisingStage, ends as decoding starts
+        _x("kernel", "conv", 1050, 100, tid=7),  # 50 µs inside DecodingStage
+    ]
+    t = tr.overhead_table({"traceEvents": cpu + device}, rank=3).set_index("stage")
+    assert list(t.index) == ["DenoisingStage", "DecodingStage", "(all stages)"] and (t["rank"] == 3).all()
+    den, dec, every = t.loc["DenoisingStage"], t.loc["DecodingStage"], t.loc["(all stages)"]
+    assert (den["window_ms"], den["op_ms"], den["cpu_overhead_ms"]) == pytest.approx((1.0, 0.5, 0.5))
+    assert den["cpu_overhead_share"] == pytest.approx(0.5) and den["launch_ms"] == pytest.approx(0.01)
+    # busy: 200..500 (two streams, once) + 600..650 + 900..1000 = 450 µs of 1000
+    assert den["kernels"] == 4 and den["device_busy_ms"] == pytest.approx(0.45)
+    assert den["device_idle_share"] == pytest.approx(0.55)
+    assert dec["cpu_overhead_share"] == pytest.approx(1.0) and dec["device_idle_share"] == pytest.approx(
+        0.875
+    )
+    assert every["window_ms"] == pytest.approx(1.4) and every["device_idle_share"] == pytest.approx(
+        1 - 0.5 / 1.4
+    )
+    # the same trace without device events: not available, never 0
+    cpu_only = tr.overhead_table({"traceEvents": cpu})
+    assert cpu_only["device_idle_share"].isna().all() and cpu_only["rank"].isna().all()
+    shown = tr.overhead_frame(cpu_only)
+    assert "rank" not in shown and set(shown["device_idle_share"]) == {tr.NO_DEVICE}
+    # a steps-only trace: DenoisingStage's window is its recorded steps
+    steps = [
+        _x("user_annotation", "denoising_step_1", 0, 100),
+        _x("user_annotation", "denoising_step_2", 200, 100),
+    ]
+    s = tr.overhead_table({"traceEvents": [*steps, _x("cpu_op", "aten::mm", 10, 50)]}).set_index("stage")
+    assert s.loc["DenoisingStage", "window_ms"] == pytest.approx(0.2)
+    assert s.loc["DenoisingStage", "cpu_overhead_ms"] == pytest.approx(0.15)
+    assert tr.rank_of("video_ab-2_steps-global-rank3.trace.json.gz") == 3 and tr.rank_of("x.json") is None
+
+
+def test_overhead_per_stage_on_real_cpu_traces(runs, served):
+    _, prof, d = runs
+    bs = below_stage(prof)
+    t = bs.overhead["profiled warm"].set_index("stage")
+    assert {"TextEncodingStage", "DenoisingStage", "DecodingStage", "(all stages)"} <= set(t.index)
+    assert (t["rank"] == 0).all() and (t["kernels"] == 0).all() and t["device_idle_share"].isna().all()
+    assert ((t["cpu_overhead_share"] > 0) & (t["cpu_overhead_share"] < 1)).all()
+    # the covered part is the stage's top-level op time (one thread, ops do not overlap)
+    ops = tr.op_table(bs.events["profiled warm"], by_stage=True).groupby("stage")["total_ms"].sum()
+    assert t.loc["DenoisingStage", "op_ms"] == pytest.approx(ops["DenoisingStage"], rel=1e-6)
+    e2e = float(prof.table("traces").set_index("role").loc["profiled warm", "e2e_ms"])
+    assert 0.5 * e2e < t.loc["(all stages)", "window_ms"] <= e2e
+    html = render_section(d / "run", {"name": "cold_warm", "status": "ok"})
+    assert "CPU-side overhead and device idle share per stage, profiled warm" in html and tr.NO_DEVICE in html
+    # a steps-only trace: DenoisingStage's window is its two recorded steps
+    path = served[1]["two"].perfkit["profile"]["path"]
+    doc = tr.load_trace(path)
+    steps = [e["dur"] / 1000 for e in doc["traceEvents"] if str(e.get("name")).startswith("denoising_step_")]
+    s = tr.overhead_table(doc, tr.rank_of(path)).set_index("stage")
+    assert len(steps) == 2 and s.loc["DenoisingStage", "window_ms"] == pytest.approx(sum(steps))
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    """warmup_shapes with a 17-frame warmup and 25-frame requests (not covered), profiled in
+    steps mode, compile off (bundle saved and loaded back)."""
+    from perfkit.scenarios import warmup_shapes
+
+    tmp_path = tmp_path_factory.mktemp("shapes")
+    tiny = EngineSpec(kind="reference", preset="tiny")  # compile off
+    b = warmup_shapes(
+        tiny,
+        warmup_frames=[17],
+        request_frames=[25],
+        repeats=2,
+        request={"height": 64, "width": 64, "num_inference_steps": 4},
+        run_dir=tmp_path / "work",
+        profile={"requests": ["cold", "warm"], "steps": 2, "warm": 1},
+    )
+    b.save(tmp_path / "run" / "warmup_shapes")
+    return ResultBundle.load(tmp_path / "run" / "warmup_shapes"), tmp_path
+
+
+def test_warmup_shapes_profiles_the_first_request_of_an_uncovered_shape_against_a_warm_one(shapes):
+    b, tmp_path = shapes
+    assert b.results["profiled"] == {"warmup_frames": 17, "request_frames": 25}
+    assert b.results["coverage"][0]["covered"] is False
+    t = b.table("traces")
+    assert list(t["role"]) == ["profiled first of new shape", "profiled warm"]
+    assert list(t["mode"]) == ["2_steps"] * 2 and t["kept"].all()
+    for f in t["file"]:
+        assert (tmp_path / "run" / "warmup_shapes" / f).is_file() and NAME_RE.match(Path(f).name)
+    # extra: not in the requests table, the launches or the coverage
+    assert not set(t["request_id"]) & set(b.requests["request_id"]) and len(b.launches) == 1
+    bs = below_stage(b)
+    assert bs.diff_from == "profiled first of new shape" and not bs.diff.empty
+    html = render_section(tmp_path / "run", {"name": "warmup_shapes", "status": "ok"})
+    diff = html.split("changed most, profiled first of new shape → profiled warm")[1]
+    assert diff.index("calls first") < diff.index("first (ms)") < diff.index("warm (ms)")
+    assert "CPU-side overhead and device idle share per stage, profiled first of new shape" in html
+    for f in t["file"]:
+        assert f'href="warmup_shapes/{f}"' in html
+
+
+def test_warmup_shapes_join_keeps_the_first_profiled_parts_traces(tmp_path):
+    import pandas as pd
+
+    from perfkit.scenarios.warmup_shapes import WarmupShapesParams, join
+
+    def part(w: int, profiled: dict, roles: list[str]) -> ResultBundle:
+        files = {
+            f"video_{w}{i}-2_steps-global-rank0.trace.json.gz": tmp_path / f"{w}{i}.gz"
+            for i in range(len(roles))
+        }
+        for p in files.values():
+            p.write_bytes(b"x")
+        traces = pd.DataFrame(
+            {"launch": f"profiled-warmup{w}", "role": roles, "file": [f"traces/{n}" for n in files]}
+        )
+        return ResultBundle(
+            scenario="warmup_shapes",
+            meta={"params": {"warmup_frames": [w]}},
+            results={"coverage": [], "profiled": profiled},
+            tables={"traces": traces} if roles else {},
+            traces=files,
+        )
+
+    parts = [
+        part(25, {"note": "every measured shape is covered (or failed): nothing profiled"}, []),
+        part(9, {"warmup_frames": 9, "request_frames": 25}, ["profiled first of new shape", "profiled warm"]),
+        part(
+            17, {"warmup_frames": 17, "request_frames": 25}, ["profiled first of new shape", "profiled warm"]
+        ),
+    ]
+    j = join(parts, WarmupShapesParams(warmup_frames=[25, 9, 17], request_frames=[25], repeats=2))
+    assert j.results["profiled"] == {"warmup_frames": 9, "request_frames": 25}
+    assert set(j.table("traces")["launch"]) == {"profiled-warmup9"} and len(j.table("traces")) == 2
+    assert sorted(j.traces) == [
+        "video_90-2_steps-global-rank0.trace.json.gz",
+        "video_91-2_steps-global-rank0.trace.json.gz",
+    ]
+
+
+def test_warmup_shapes_notebook_replay_shows_first_of_new_shape_against_warm(shapes):
+    import papermill
+
+    from notebook_checks import outputs
+
+    _, d = shapes
+    nb = d / "warmup_shapes.ipynb"
+    root = Path(__file__).resolve().parents[1]
+    papermill.execute_notebook(
+        str(root / "notebooks" / "warmup_shapes.ipynb"),
+        str(nb),
+        parameters={"bundle_dir": str(d / "run" / "warmup_shapes"), "run_dir": str(d / "nb-run")},
+        kernel_name="python3",
+        progress_bar=False,
+        cwd=str(root),
+    )
+    html = "\n".join(outputs(nb, "text/html"))
+    assert "Ops whose time changed most, profiled first of new shape → profiled warm" in html
+    assert "Top ops per stage, profiled first of new shape" in html
+    assert "CPU-side overhead and device idle share per stage, profiled warm" in html
+    assert tr.NO_DEVICE in html

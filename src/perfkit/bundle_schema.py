@@ -353,7 +353,12 @@ TABLES: dict[str, Table] = {
             "its torch.profiler trace (sglang's file) is under traces/ in the bundle",
             _KEY
             + (
-                _c("role", "string", "text", "which request was profiled: profiled cold, profiled warm"),
+                _c(
+                    "role",
+                    "string",
+                    "text",
+                    "which request was profiled: profiled cold, profiled warm, profiled first of new shape",
+                ),
                 _c("status", "string", "text", "the profiled request's status (completed, failed, ...)"),
                 _c("mode", "string", "text", "sglang's profile mode: full_stages or N_steps"),
                 _c("steps_recorded", "Int64", "count", "denoising steps inside the recorded window"),

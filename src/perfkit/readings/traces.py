@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -220,3 +221,161 @@ def op_diff(
     out["delta_share"] = np.abs(out["delta_ms"]) / total if total > 0 else np.nan
     out = out.reindex(out["delta_ms"].abs().sort_values(ascending=False).index)
     return out[DIFF_COLUMNS].reset_index(drop=True)
+
+
+# ------------------------------------------------------------------------ overhead and idle share
+#: columns of :func:`overhead_table`
+OVERHEAD_COLUMNS = [
+    "rank",
+    "stage",
+    "window_ms",
+    "op_ms",
+    "cpu_overhead_ms",
+    "cpu_overhead_share",
+    "launch_ms",
+    "kernels",
+    "device_busy_ms",
+    "device_idle_share",
+]
+#: device activity: kernels, and the copies and sets a GPU runs
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+#: the rank in sglang's trace file names (``{request_id}-{mode}-global-rank{rank}.trace.json.gz``)
+RANK_IN_NAME = re.compile(r"-global-rank(\d+)\.trace\.json(\.gz)?$")
+#: what the device columns say on a trace without device activity
+NO_DEVICE = "not available on cpu (no device kernels)"
+
+
+def rank_of(path: str | Path) -> int | None:
+    """The rank sglang's file name carries (``…-global-rank{r}.trace.json.gz``), else None."""
+    m = RANK_IN_NAME.search(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def _union_ms(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length (ms) of the union of ``intervals`` (µs, start and end) clipped to [lo, hi]."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi)
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in clipped:
+        if cur_b is None or a > cur_b:
+            if cur_b is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    if cur_b is not None:
+        total += cur_b - cur_a
+    return total / 1000.0
+
+
+def overhead_table(trace: dict[str, Any], rank: int | None = None) -> pd.DataFrame:
+    """CPU-side overhead and device idle share per stage of one trace (:data:`OVERHEAD_COLUMNS`).
+
+    Definitions (times in ms, on the trace's clock):
+
+    - ``window_ms``: the stage's wall time in the trace: the union of its ``…Stage`` ranges; in a
+      steps-only trace (``{N}_steps``: recording starts inside ``DenoisingStage``, so its range
+      is not in the trace) ``DenoisingStage``'s window is the union of the recorded
+      ``denoising_step_{i}`` ranges.
+    - ``op_ms``: the part of the window covered by top-level ops (:func:`op_events`) on the
+      thread that ran the stage range (the union of their intervals: parallel ops count once).
+    - ``cpu_overhead_ms`` = ``window_ms`` − ``op_ms``: the stage's wall time not covered by any
+      top-level op, i.e. Python and framework time between ops (scheduling, Python glue, the
+      pipeline's own code); ``cpu_overhead_share`` = that / ``window_ms``.
+    - ``launch_ms``: time in CUDA runtime/driver calls (``cudaLaunchKernel``, …) in the window,
+      the CPU-side launch cost; ``kernels``: device events (:data:`DEVICE_CATS`) that overlap
+      the window.
+    - ``device_busy_ms``: the union of device-event intervals (kernels, memcpy, memset; all
+      streams) clipped to the window; ``device_idle_share`` = 1 − ``device_busy_ms`` /
+      ``window_ms``.
+
+    On a trace with no device events (a CPU run) ``launch_ms``, ``device_busy_ms`` and
+    ``device_idle_share`` are NaN and ``kernels`` is 0: *not available*, never an idle share of
+    0 or 1 (:func:`overhead_frame` writes :data:`NO_DEVICE`). One row per stage in the order the
+    stages ran, then ``(all stages)``: the sums of the windows and busy times, shares of the
+    summed window. ``rank``: as given (:func:`rank_of` of the file name), else NaN. An empty
+    frame when the trace has no stage or step range.
+    """
+    evs = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+
+    def iv(e: dict[str, Any]) -> tuple[float, float]:
+        return float(e["ts"]), float(e["ts"]) + float(e["dur"])
+
+    windows: dict[str, list[tuple[float, float]]] = {}
+    thread: dict[str, tuple[Any, Any]] = {}
+    for e in sorted((e for e in evs if e.get("cat") == "user_annotation"), key=lambda e: float(e["ts"])):
+        name = str(e.get("name", ""))
+        if is_stage(name):
+            windows.setdefault(name, []).append(iv(e))
+            thread.setdefault(name, (e.get("pid"), e.get("tid")))
+    if "DenoisingStage" not in windows:
+        steps = [e for e in evs if e.get("cat") == "user_annotation" and STEP_RANGE.match(str(e.get("name")))]
+        if steps:
+            windows["DenoisingStage"] = [iv(e) for e in steps]
+            thread["DenoisingStage"] = (steps[0].get("pid"), steps[0].get("tid"))
+    if not windows:
+        return pd.DataFrame(columns=OVERHEAD_COLUMNS)
+    # top-level ops per thread (the same nesting rule as op_events)
+    tops: dict[tuple[Any, Any], list[tuple[float, float]]] = {}
+    by_tid: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for e in evs:
+        if e.get("cat") in ("cpu_op", "user_annotation"):
+            by_tid.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for key, events in by_tid.items():
+        events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+        end_of_top = -math.inf
+        for e in events:
+            if _structural(str(e.get("name", ""))):
+                continue
+            a, b = iv(e)
+            if a >= end_of_top:  # ops nest: one starting before the last top-level op ends is inside it
+                tops.setdefault(key, []).append((a, b))
+                end_of_top = b
+    device = [iv(e) for e in evs if e.get("cat") in DEVICE_CATS]
+    launches = [iv(e) for e in evs if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    rows = []
+    for stage, ivs in sorted(windows.items(), key=lambda kv: min(a for a, _ in kv[1])):
+        win = _union_ms(ivs, min(a for a, _ in ivs), max(b for _, b in ivs))
+        ops = sum(_union_ms(tops.get(thread[stage], []), a, b) for a, b in ivs)
+        row: dict[str, Any] = {
+            "rank": rank if rank is not None else math.nan,
+            "stage": stage,
+            "window_ms": win,
+            "op_ms": ops,
+            "cpu_overhead_ms": win - ops,
+            "kernels": sum(1 for a, b in device for lo, hi in ivs if b > lo and a < hi),
+        }
+        if device:
+            row["launch_ms"] = (
+                sum(min(b, hi) - max(a, lo) for a, b in launches for lo, hi in ivs if b > lo and a < hi)
+                / 1000.0
+            )
+            row["device_busy_ms"] = sum(_union_ms(device, a, b) for a, b in ivs)
+        else:
+            row["launch_ms"] = row["device_busy_ms"] = math.nan
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    total = {
+        "rank": rank if rank is not None else math.nan,
+        "stage": "(all stages)",
+        **{
+            c: out[c].sum(min_count=1)
+            for c in ("window_ms", "op_ms", "cpu_overhead_ms", "launch_ms", "device_busy_ms")
+        },
+        "kernels": int(out["kernels"].sum()),
+    }
+    out = pd.concat([out, pd.DataFrame([total])], ignore_index=True)
+    out["cpu_overhead_share"] = out["cpu_overhead_ms"] / out["window_ms"].where(out["window_ms"] > 0)
+    out["device_idle_share"] = 1.0 - out["device_busy_ms"] / out["window_ms"].where(out["window_ms"] > 0)
+    out["kernels"] = out["kernels"].astype(int)
+    return out[OVERHEAD_COLUMNS]
+
+
+def overhead_frame(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`overhead_table` for display: the device columns read :data:`NO_DEVICE` where the
+    trace had no device events (instead of a number), the rank column only when known."""
+    t = table.copy().astype({"launch_ms": object, "device_busy_ms": object, "device_idle_share": object})
+    for c in ("launch_ms", "device_busy_ms", "device_idle_share"):
+        t[c] = [NO_DEVICE if pd.isna(v) else v for v in table[c]]
+    if table["rank"].isna().all():
+        t = t.drop(columns=["rank"])
+    return t

@@ -3,9 +3,11 @@
 Reads a bundle's ``traces`` table and the trace files under its ``traces/`` directory
 (:mod:`perfkit.scenarios.profiled` puts them there), through :mod:`perfkit.readings.traces`:
 per profiled request the top ops per stage (count, total ms, mean ms, share of the stage's op
-time), and the diff of the profiled cold request and the profiled warm ones (each op's median
-over them): the ops whose time changed most, with ms on both sides and their share of the change. Used by the
-cold_warm notebook and by the report's "below the stage" panel, which links the trace files
+time), its CPU-side overhead and device idle share per stage and rank
+(:func:`perfkit.readings.traces.overhead_table`), and the diff of the profiled cold request (or
+first request of a new shape) and the profiled warm ones (each op's median over them): the ops
+whose time changed most, with ms on both sides and their share of the change. Used by the
+cold_warm and warmup_shapes notebooks and by the report's "below the stage" panel, which links the trace files
 (they open in Perfetto, ui.perfetto.dev, or chrome://tracing).
 """
 
@@ -27,6 +29,10 @@ log = logging.getLogger(__name__)
 
 #: the diff's sides, in order (a -> b)
 DIFF_ROLES = ("profiled cold", "profiled warm")
+#: roles of a first request that the diff sets against the warm ones: the cold request
+#: (cold_warm, ab) or the first request of a shape the startup warmup did not cover
+#: (warmup_shapes)
+FIRST_ROLES = (DIFF_ROLES[0], "profiled first of new shape")
 
 
 @dataclass
@@ -36,17 +42,23 @@ class BelowStage:
     Attributes:
         traces: the ``traces`` table (one row per profiled request).
         stage_top: role -> top ops per stage (``stage`` + :data:`~perfkit.readings.traces.OP_COLUMNS`).
-        diff: :func:`~perfkit.readings.traces.op_diff` of the profiled cold request and the
-            profiled warm ones (their median; None without both).
+        diff: :func:`~perfkit.readings.traces.op_diff` of the profiled first request (cold, or
+            first of a new shape: :data:`FIRST_ROLES`) and the profiled warm ones (their
+            median; None without both).
+        diff_from: the role of the diff's first side (None without a diff).
         errors: traces that could not be read (file and why).
         events: role -> :func:`~perfkit.readings.traces.op_events` of its trace.
+        overhead: role -> :func:`~perfkit.readings.traces.overhead_table` of its trace (CPU-side
+            overhead and device idle share per stage, the rank from the file name).
     """
 
     traces: pd.DataFrame
     stage_top: dict[str, pd.DataFrame] = field(default_factory=dict)
     diff: pd.DataFrame | None = None
+    diff_from: str | None = None
     errors: list[str] = field(default_factory=list)
     events: dict[str, pd.DataFrame] = field(default_factory=dict)
+    overhead: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
 def events_by_role(
@@ -55,7 +67,16 @@ def events_by_role(
     """role -> :func:`~perfkit.readings.traces.op_events` of each kept trace (only roles that
     start with one of ``roles``, when given), and the errors (file and why) of those that could
     not be read."""
-    out, errors = {}, []
+    events, _, errors = read_traces(bundle, roles)
+    return events, errors
+
+
+def read_traces(
+    bundle: ResultBundle, roles: tuple[str, ...] | None = None
+) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame], list[str]]:
+    """As :func:`events_by_role`, plus role -> :func:`~perfkit.readings.traces.overhead_table`
+    of each trace (rank from its file name): ``(events, overhead, errors)``."""
+    out, overhead, errors = {}, {}, []
     t = bundle.table("traces")
     for row in t.itertuples(index=False):
         if (
@@ -69,10 +90,12 @@ def events_by_role(
         try:
             if path is None:
                 raise tr.TraceError(f"{row.file}: not in the bundle")
-            out[str(row.role)] = tr.op_events(tr.load_trace(path))
+            doc = tr.load_trace(path)
+            out[str(row.role)] = tr.op_events(doc)
+            overhead[str(row.role)] = tr.overhead_table(doc, tr.rank_of(name))
         except tr.TraceError as exc:
             errors.append(str(exc))
-    return out, errors
+    return out, overhead, errors
 
 
 def below_stage(
@@ -83,14 +106,16 @@ def below_stage(
     t = bundle.table("traces")
     if t.empty:
         return None
-    events, errors = events_by_role(bundle, roles)
-    out = BelowStage(traces=t, errors=errors, events=events)
+    events, overhead, errors = read_traces(bundle, roles)
+    out = BelowStage(traces=t, errors=errors, events=events, overhead=overhead)
     for role, ev in events.items():
-        if role in DIFF_ROLES:  # the cold one and the first warm one
+        if role in (*FIRST_ROLES, DIFF_ROLES[1]):  # the first one and the first warm one
             out.stage_top[role] = tr.stage_top_ops(ev, top)
     warm = warm_events(events)
-    if DIFF_ROLES[0] in events and warm:
-        out.diff = tr.op_diff(events[DIFF_ROLES[0]], warm)
+    first = next((r for r in events if r in FIRST_ROLES), None)
+    if first is not None and warm:
+        out.diff = tr.op_diff(events[first], warm)
+        out.diff_from = first
     return out
 
 
@@ -131,16 +156,17 @@ def trace_list(bs: BelowStage, link_prefix: str = "") -> pd.DataFrame:
     )
 
 
-def diff_frame(diff: pd.DataFrame, n: int = 8) -> pd.DataFrame:
-    """The ``n`` ops whose time changed most, for display (ms cold, ms warm, change, share;
-    warm calls and ms are medians over the profiled warm requests)."""
+def diff_frame(diff: pd.DataFrame, n: int = 8, first: str = "cold") -> pd.DataFrame:
+    """The ``n`` ops whose time changed most, for display (ms of the first request, ``first``:
+    ``cold`` or ``first`` (of a new shape); ms warm, change, share; warm calls and ms are
+    medians over the profiled warm requests)."""
     d = diff.head(n)
     return pd.DataFrame(
         {
             "op": d["op"],
-            "calls_cold": d["count_a"],
+            f"calls_{first}": d["count_a"],
             "calls_warm": d["count_b"],
-            "cold_ms": d["ms_a"],
+            f"{first}_ms": d["ms_a"],
             "warm_ms": d["ms_b"],
             "change_ms": d["delta_ms"],
             "share_of_change": d["delta_share"],
@@ -148,10 +174,30 @@ def diff_frame(diff: pd.DataFrame, n: int = 8) -> pd.DataFrame:
     )
 
 
+def first_word(bs: BelowStage) -> str:
+    """``cold`` or ``first`` (of a new shape): what the diff's first side is called."""
+    return "cold" if bs.diff_from in (None, DIFF_ROLES[0]) else "first"
+
+
+def diff_title(bs: BelowStage) -> str:
+    """The diff's caption: which request against which."""
+    return f"{bs.diff_from or DIFF_ROLES[0]} → profiled warm (each op's median over the warm ones)"
+
+
+def overhead_tables(bs: BelowStage) -> list[tuple[str, pd.DataFrame]]:
+    """(role, :func:`~perfkit.readings.traces.overhead_frame`) for the profiled first request
+    and the first warm one (the ones whose top ops are shown)."""
+    return [
+        (role, tr.overhead_frame(t))
+        for role, t in bs.overhead.items()
+        if role in (*FIRST_ROLES, DIFF_ROLES[1]) and not t.empty
+    ]
+
+
 def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[str, Any] | None:
     """The report's "below the stage" panel of one bundle directory, or None when it profiled
     nothing (or has no bundle). Keys: ``traces`` (:class:`Table`), ``files`` (links),
-    ``diff`` (:class:`Table` or None), ``stage_top`` ([(role, Table)]), ``errors``.
+    ``diff`` (:class:`Table` or None), ``stage_top`` ([(role, Table)]), ``cpu_and_idle`` ([(role, Table)]: overhead and idle share per stage), ``errors``.
     Never raises: an unreadable bundle is logged and gives an ``errors`` entry."""
     d = Path(bundle_dir)
     if not (d / "meta.json").exists():
@@ -160,18 +206,29 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
         bs = below_stage(ResultBundle.load(d), top=top)
     except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the report
         log.warning("report: below the stage of %s: %r", d, exc)
-        return {"traces": None, "files": [], "diff": None, "stage_top": [], "errors": [repr(exc)]}
+        return {
+            "traces": None,
+            "files": [],
+            "diff": None,
+            "stage_top": [],
+            "cpu_and_idle": [],
+            "errors": [repr(exc)],
+        }
     if bs is None:
         return None
     tl = trace_list(bs, link_prefix)
     files = [f for f in tl["file"] if isinstance(f, str)]
-    diff: Table | None = format_table(diff_frame(bs.diff)) if bs.diff is not None else None
+    diff: Table | None = (
+        format_table(diff_frame(bs.diff, first=first_word(bs))) if bs.diff is not None else None
+    )
     last = DIFF_ROLES[1] if DIFF_ROLES[1] in bs.events else (list(bs.events)[-1] if bs.events else None)
     return {
         "traces": format_table(tl),
         "files": files,
         "diff": diff,
+        "diff_title": diff_title(bs),
         "stage_top": [(role, format_table(t)) for role, t in bs.stage_top.items()],
+        "cpu_and_idle": [(role, format_table(t)) for role, t in overhead_tables(bs)],
         "timeline": timeline(bs.events[last], last) if last is not None else None,
         "errors": bs.errors,
     }
@@ -239,6 +296,11 @@ def ab_panel(
         "diff": diff,
         "diff_title": "side A's profiled warm requests → side B's (each op's median over them)",
         "stage_top": stage_top,
+        "cpu_and_idle": [
+            (f"side {side}, {role}", format_table(t))
+            for side, bs in sides.items()
+            for role, t in overhead_tables(bs)
+        ],
         "timeline": timeline(events["B"][0], f"side B, {DIFF_ROLES[1]}") if "B" in events else None,
         "errors": errors,
     }

@@ -38,6 +38,9 @@ DIR_VARIABLE = "SGLANG_DIFFUSION_TORCH_PROFILER_DIR"
 #: the request roles: request 0 of the extra launch is its cold request, the next ones warm
 #: (the second and later warm ones are ``profiled warm 2``, ``profiled warm 3``, ...)
 ROLES = {"cold": "profiled cold", "warm": "profiled warm"}
+#: the role of request 0 in warmup_shapes' extra launch: its startup warmup does not cover the
+#: request's shape, so request 0 is the first request of a new shape
+FIRST_OF_NEW_SHAPE = "profiled first of new shape"
 
 
 class ProfileParams(BaseModel):
@@ -76,14 +79,15 @@ class ProfileParams(BaseModel):
 
 
 def profile_requests(
-    request: VideoRequestSpec, profile: ProfileParams
+    request: VideoRequestSpec, profile: ProfileParams, first_role: str = ROLES["cold"]
 ) -> list[tuple[str | None, VideoRequestSpec]]:
     """The extra launch's requests: (role or None when not profiled, request) for the cold one
-    and, when warm ones are asked for, ``profile.warm`` warm ones (same shape)."""
+    (role ``first_role``; profiled when ``cold`` is asked for) and, when warm ones are asked
+    for, ``profile.warm`` warm ones (same shape)."""
     extra = {**request.extra, **profile.fields()}
     profiled = VideoRequestSpec(**{**request.__dict__, "extra": extra})
     out: list[tuple[str | None, VideoRequestSpec]] = [
-        (ROLES["cold"], profiled) if "cold" in profile.requests else (None, request)
+        (first_role, profiled) if "cold" in profile.requests else (None, request)
     ]
     if "warm" in profile.requests:
         out += [(ROLES["warm"] + (f" {k}" if k > 1 else ""), profiled) for k in range(1, profile.warm + 1)]
@@ -97,8 +101,10 @@ def run_profiled(
     run_dir: Path,
     caps: MemoryCaps | None = None,
     label: str = LAUNCH,
+    first_role: str = ROLES["cold"],
 ) -> tuple[pd.DataFrame, dict[str, Path]]:
-    """Run the extra launch (``label``) and collect its traces.
+    """Run the extra launch (``label``) and collect its traces. ``first_role``: the role of its
+    request 0 (``profiled cold``; warmup_shapes: :data:`FIRST_OF_NEW_SHAPE`).
 
     Returns:
         The ``traces`` table (declared in :mod:`perfkit.bundle_schema`; one row per profiled
@@ -108,7 +114,7 @@ def run_profiled(
     tdir = (Path(run_dir) / f"{label}-traces").resolve()
     tdir.mkdir(parents=True, exist_ok=True)
     env = {**spec.env, DIR_VARIABLE: str(tdir)}
-    plan = profile_requests(request, profile)
+    plan = profile_requests(request, profile, first_role)
     data = measure_launch(spec.replace(env=env), [r for _, r in plan], Path(run_dir), label, caps=caps)
     recs = {r.request_id: r for r in parse_lines(data.record_lines).records}
     rows, files = [], {}

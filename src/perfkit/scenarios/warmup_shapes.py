@@ -37,6 +37,7 @@ from perfkit.scenarios.common import (
     reuse_launch,
     stage_penalty,
 )
+from perfkit.scenarios.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
 from perfkit.scenarios.registry import (
     InvariantParams,
     KeyNumber,
@@ -62,6 +63,10 @@ class WarmupShapesParams(ScenarioParams):
     request_frames: list[int] = Field(default_factory=lambda: [25], min_length=1)
     #: requests per shape per launch (the first and at least one warm)
     repeats: int = Field(3, ge=2, le=1000)
+    #: profiler traces of extra requests in an extra launch: the first request of the first
+    #: uncovered shape (``cold`` in ``requests``) and warm ones of that shape; None (default)
+    #: profiles nothing
+    profile: Optional[ProfileParams] = None
 
     @field_validator("warmup_frames", "request_frames")
     @classmethod
@@ -91,6 +96,7 @@ def warmup_shapes(
     run_dir: str | Path = "outputs/warmup_shapes",
     sample_interval_s: float = 0.1,
     reuse: Any = None,
+    profile: ProfileParams | dict | None = None,
 ) -> ResultBundle:
     """Run the warmup-shapes investigation.
 
@@ -104,6 +110,12 @@ def warmup_shapes(
             measured (same spec and warmup, one request shape equal to its request, at least
             ``repeats`` requests) takes that session's first requests instead of launching again
             (:func:`perfkit.scenarios.common.reuse_launch`; results ``reused_launches``).
+        profile: profile extra requests (:class:`~perfkit.scenarios.profiled.ProfileParams`):
+            after the measured launches, an extra launch (label ``profiled-warmup{w}``) with the
+            warmup of the first (warmup, shape) pair that is not covered sends that shape's first
+            request (role ``profiled first of new shape``) and ``profile.warm`` warm ones; the
+            ``traces`` table and files go into the bundle, no statistic reads them (results
+            ``profiled``: the pair, or why nothing was profiled).
 
     Returns:
         ResultBundle ``warmup_shapes``; results ``coverage`` is a list with one entry per
@@ -202,12 +214,36 @@ def warmup_shapes(
         "repeats": repeats,
         "request": base.payload(),
     }
-    results = {
+    results: dict[str, Any] = {
         "coverage": coverage,
         "reused_launches": reused,
         "warm_across_warmups": warm_across_warmups(coverage),
     }
-    return assemble(NAME, launches, params, results)
+    if isinstance(profile, dict):
+        profile = ProfileParams.model_validate(profile)
+    if profile is None:
+        return assemble(NAME, launches, params, results)
+    params["profile"] = profile.model_dump()
+    pair = next((c for c in coverage if c.get("covered") is False), None)
+    if pair is None:
+        results["profiled"] = {"note": "every measured shape is covered (or failed): nothing profiled"}
+        log.info("%s: profile set, but no uncovered shape to profile", NAME)
+        return assemble(NAME, launches, params, results)
+    w, f = pair["warmup_frames"], pair["request_frames"]
+    results["profiled"] = {"warmup_frames": w, "request_frames": f}
+    bundle = assemble(NAME, launches, params, results)
+    s = spec.replace(warmup_frames=int(w), share_compile_cache=False)
+    return attach(
+        bundle,
+        *run_profiled(
+            s,
+            dataclasses.replace(base, num_frames=int(f)),
+            profile,
+            Path(run_dir),
+            label=f"profiled-warmup{w}",
+            first_role=FIRST_OF_NEW_SHAPE,
+        ),
+    )
 
 
 def _warm_stage_medians(stages: pd.DataFrame, warm_ids: list[str]) -> dict[str, float | None]:
@@ -329,6 +365,7 @@ def run(ctx: RunContext, p: WarmupShapesParams) -> ResultBundle:
         request=ctx.request,
         run_dir=ctx.work_dir / NAME,
         reuse=list(ctx.shared.values()) or None,
+        profile=p.profile,
     )
 
 
@@ -364,7 +401,19 @@ def join(parts: list[ResultBundle], p: WarmupShapesParams) -> ResultBundle:
         "warm_across_warmups": warm_across_warmups(coverage),
     }
     params = {**(parts[0].meta.get("params") or {}), "warmup_frames": list(map(int, p.warmup_frames))}
-    return join_bundles(NAME, parts, params, results)
+    # profiling: as unsplit, only the first uncovered pair's extra launch (the first part that
+    # profiled); the other parts' traces are dropped
+    profiled = next((b for b in parts if "warmup_frames" in (b.results.get("profiled") or {})), None)
+    if profiled is not None:
+        results["profiled"] = profiled.results["profiled"]
+    elif any("profiled" in b.results for b in parts):
+        results["profiled"] = next(b.results["profiled"] for b in parts if "profiled" in b.results)
+    joined = join_bundles(NAME, parts, params, results)
+    if profiled is not None:
+        attach(joined, profiled.table("traces"), dict(profiled.traces))
+    else:
+        joined.tables.pop("traces", None)
+    return joined
 
 
 def planned_launches(
