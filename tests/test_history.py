@@ -226,6 +226,60 @@ def test_a_bad_nightly_file_is_refused_naming_file_and_key(tmp_path: Path, capsy
     assert "b.json: results.0.latency_s: Field required" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("latency", "why"),
+    [
+        ("7.5", "Input should be a valid number"),  # a string is a mistyped key, not 7.5
+        (True, "Input should be a valid number"),  # not 1.0
+        ("NaN", "finite number"),
+        ("1e400", "finite number"),  # reads as inf
+        (-3, "greater than or equal to 0"),
+    ],
+)
+def test_a_nightly_latency_that_is_not_a_finite_number_is_refused(tmp_path: Path, capsys, latency, why):
+    """Found by the breaker: "7.5", true and 1e400 (inf) were stored as 7.5, 1.0 and inf."""
+    doc = {
+        "timestamp": "2026-07-01T00:00:00+00:00",
+        "commit_sha": "abc",
+        "run_id": "1",
+        "results": [{"case_id": "x", "framework": "sglang", "latency_s": 0.0, "error": None}],
+    }
+    text = json.dumps(doc)
+    raw = latency if latency in ("NaN", "1e400") else json.dumps(latency)
+    (tmp_path / "n.json").write_text(text.replace('"latency_s": 0.0', f'"latency_s": {raw}'))
+    store = tmp_path / "store"
+    assert (
+        main(["history", "import", str(tmp_path / "n.json"), "--hardware", "H100", "--store", str(store)])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "n.json: results.0.latency_s:" in err and why in err and "Traceback" not in err
+    assert read_store(store).empty
+
+
+def test_a_nightly_file_with_an_empty_commit_or_a_case_twice_is_refused(tmp_path: Path, capsys):
+    r = {"case_id": "x", "framework": "sglang", "latency_s": 1.0, "error": None}
+    doc = {"timestamp": "2026-07-01T00:00:00+00:00", "commit_sha": "", "run_id": "1", "results": [r]}
+    (tmp_path / "n.json").write_text(json.dumps(doc))
+    args = ["history", "import", str(tmp_path / "n.json"), "--hardware", "H", "--store", str(tmp_path / "s")]
+    assert main(args) == 2
+    assert "n.json: commit_sha: String should have at least 1 character" in capsys.readouterr().err
+    doc.update(commit_sha="abc", results=[r, {**r, "latency_s": 2.0}])
+    (tmp_path / "n.json").write_text(json.dumps(doc))
+    assert main(args) == 2
+    assert "n.json: results.1.case_id: 'x' (sglang) appears twice" in capsys.readouterr().err
+
+
+def test_add_runs_refuses_inf_and_bool_values(tmp_path: Path):
+    for bad in (float("inf"), True):
+        r = HistoryRun(
+            "test", "r1", "H", "c1", T0, [Value("case", "e2e_ms", "ms", bad)], source_file="r1.json"
+        )
+        with pytest.raises(HistoryError, match=r"r1.json: case.e2e_ms: not a number"):
+            add_runs(tmp_path, [r])
+    assert read_store(tmp_path).empty
+
+
 def test_check_with_nothing_to_compare_is_exit_2_and_a_new_step_is_exit_1(tmp_path: Path):
     frame = read_store(tmp_path)  # empty
     new = run(100, 130.0)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -53,13 +54,13 @@ def case_values(case: str, entry: Mapping[str, Any], where: str) -> list[Value]:
     """The values of one sglang-layout case entry (see the module table).
 
     Raises:
-        HistoryError: a value that is not a number (names ``where``, the case and the key).
+        HistoryError: a value that is not a finite number (NaN, inf, a string, a bool; names ``where``, the case and the key).
     """
     out: list[Value] = []
 
     def num(key: str, v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise HistoryError(f"{where}: scenarios.{case}.{key}: not a number: {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise HistoryError(f"{where}: scenarios.{case}.{key}: not a finite number: {v!r}")
         return float(v)
 
     for key, (metric, unit) in _SCALARS.items():

@@ -38,6 +38,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import tempfile
@@ -224,7 +225,10 @@ def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
         if not r.values:
             raise HistoryError(f"{r.source_file or r.run_id}: the run has no values")
         for v in r.values:
-            if v.value is not None and not (isinstance(v.value, (int, float)) and v.value == v.value):
+            ok = (
+                isinstance(v.value, (int, float)) and not isinstance(v.value, bool) and math.isfinite(v.value)
+            )
+            if v.value is not None and not ok:
                 raise HistoryError(f"{r.source_file}: {v.case_id}.{v.metric}: not a number: {v.value!r}")
     added: list[str] = []
     skipped: list[str] = []
