@@ -204,6 +204,30 @@ def test_a_store_file_of_a_newer_schema_is_refused_naming_it(tmp_path: Path):
         read_store(tmp_path)
 
 
+def test_a_store_file_that_is_not_parquet_is_refused_naming_it(tmp_path: Path, capsys):
+    """Found by the breaker: a truncated or stray .parquet file in the store was a pyarrow
+    traceback from check, add and site."""
+    add_runs(tmp_path, [run(1)])
+    bad = tmp_path / "hw-H" / "zz.parquet"
+    bad.write_bytes(b"junk\n")
+    with pytest.raises(HistoryError, match=r"zz.parquet: not a history file \(not parquet\)"):
+        read_store(tmp_path)
+    with pytest.raises(HistoryError, match=r"zz.parquet: not a history file"):
+        add_runs(tmp_path, [run(2)])
+    assert main(["history", "site", str(tmp_path / "site"), "--store", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "zz.parquet: not a history file" in err and "Traceback" not in err
+
+
+def test_a_writers_temporary_file_is_not_read(tmp_path: Path):
+    """Found by the breaker: a half-written ``.tmp-*.parquet`` (a writer at work, or killed)
+    was read by check and site (pathlib's glob matches dot files)."""
+    add_runs(tmp_path, [run(1)])
+    (tmp_path / "hw-H" / ".tmp-abc.parquet").write_bytes(b"PAR1")
+    assert add_runs(tmp_path, [run(2)]).added == [run(2).key]
+    assert sorted(read_store(tmp_path)["run_id"].unique()) == ["r1", "r2"]
+
+
 def test_a_bad_nightly_file_is_refused_naming_file_and_key(tmp_path: Path, capsys):
     good = {
         "timestamp": "2026-07-01T00:00:00+00:00",
