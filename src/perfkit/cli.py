@@ -483,8 +483,8 @@ def cmd_compare(a: SimpleNamespace) -> int:
         return EXIT_ERROR
     try:
         rows = bl.compare(cases, ref, profile=a.profile, strict=a.strict)
-    except KeyError as exc:
-        print(f"perfkit: {exc.args[0]}", file=sys.stderr)
+    except KeyError as exc:  # the profile is not in the file's tolerances: name the file
+        print(f"perfkit: {a.baseline}: tolerances: {exc.args[0]}", file=sys.stderr)
         return EXIT_ERROR
     except bl.BaselineError as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
