@@ -277,3 +277,11 @@ def test_bad_profile_settings_are_refused_naming_the_field():
     assert res.exit_code == 2 and "--profile-steps" in res.output and "steps must be -1" in res.output, (
         res.output
     )
+    # found by the breaker: without --profile, --profile-steps -5 was silently ignored and the
+    # A/B launched its engines
+    res = CliRunner().invoke(
+        cli, ["ab", "--a", spec_a, "--b", spec_a, "--profile-steps", "-5", "--profile-warm", "2"]
+    )
+    assert res.exit_code == 2 and "--profile-steps, --profile-warm only with --profile" in res.output, (
+        res.output
+    )

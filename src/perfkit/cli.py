@@ -593,6 +593,13 @@ def _ab_side(path: str, option: str) -> tuple[Any, dict[str, Any] | None]:
         raise click.BadParameter(
             f"{path}: invalid YAML: {str(exc).splitlines()[0]}", param_hint=option
         ) from None
+    except UnicodeDecodeError as exc:  # a binary file given by mistake
+        raise click.BadParameter(
+            f"{path}: not UTF-8 text (byte {exc.start}): expected an engine spec or a params file (YAML)",
+            param_hint=option,
+        ) from None
+    except OSError as exc:
+        raise click.BadParameter(f"{path}: unreadable: {exc.strerror or exc}", param_hint=option) from None
     if not isinstance(data, dict):
         raise click.BadParameter(
             f"{path}: expected an engine spec or a params file (a mapping)", param_hint=option
@@ -1264,6 +1271,14 @@ def engine_serve_command(args: tuple[str, ...]) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="do not print summary.md")
 def ab_command(**kw: Any) -> None:
     """A/B two engines: interleaved launches, per-metric ratios B/A with intervals, a verdict."""
+    ctx = click.get_current_context()
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("profile_steps", "profile_warm", "profile_all_stages")
+        if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+    ]
+    if given and not kw["profile"]:  # they mean nothing without it: never silently ignored
+        raise click.UsageError(f"{', '.join(given)} only with --profile (nothing is profiled without it)")
     _done(cmd_ab(SimpleNamespace(**kw)))
 
 
