@@ -264,6 +264,8 @@ def test_bad_profile_settings_are_refused_naming_the_field():
 
     with pytest.raises(ValueError, match="steps must be -1"):
         ColdWarmParams.model_validate({"profile": {"steps": 0}})
+    with pytest.raises(ValueError, match="between 1 and 1000"):  # the engine's 400 above it
+        ColdWarmParams.model_validate({"profile": {"steps": 10**12}})
     with pytest.raises(ValueError, match="requests"):
         ColdWarmParams.model_validate({"profile": {"requests": ["hot"]}})
     assert ColdWarmParams.model_validate({"profile": {}}).profile.fields() == {
