@@ -122,7 +122,9 @@ class VideoRequest(BaseModel):
     ``perfkit_stage_timing``. Any other field is refused (400 naming it): a misspelt field such as
     ``num_frame`` would otherwise be ignored and the request measured with the default shape."""
 
-    model_config = ConfigDict(extra="forbid", strict=False)
+    # allow_inf_nan=False: Python's JSON reads NaN and Infinity; a guidance_scale of NaN would
+    # pass "must be >= 0" (NaN < 0 is false) and run
+    model_config = ConfigDict(extra="forbid", strict=False, allow_inf_nan=False)
 
     prompt: str = Field(min_length=1)
     input_reference: Optional[str] = None
