@@ -319,7 +319,11 @@ def test_check_with_nothing_to_compare_is_exit_2_and_a_new_step_is_exit_1(tmp_pa
 
 
 def test_history_add_stores_a_suite_run_and_both_ab_sides_once(tmp_path: Path, capsys):
-    """The committed H200 report (a replayed suite run) and the A/A example (two sides)."""
+    """The committed H200 report (a replayed suite run) and the A/A example (two sides).
+
+    The report's bundles were measured at two commits (memory_budget at 641b3be, the others at
+    cd7aa53): found by the breaker, all its values were stored as cd7aa53's; now the add is
+    refused naming both until ``--commit`` says which commit to store."""
     root = Path(__file__).resolve().parents[1]
     args = [
         "history",
@@ -329,6 +333,15 @@ def test_history_add_stores_a_suite_run_and_both_ab_sides_once(tmp_path: Path, c
         "--store",
         str(tmp_path),
     ]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert (
+        "report: its bundles were measured at several commits: cd7aa53b840fa5a8af34f76bdc554080726b16db ("
+        in err
+    )
+    assert "641b3be85dedd0ca4c589d909781a7bf3e714200 (memory_budget); give --commit" in err
+    assert read_store(tmp_path).empty
+    args += ["--commit", "cd7aa53b840fa5a8af34f76bdc554080726b16db"]
     assert main(args) == 0
     assert "3 run(s) added, 0 already stored" in capsys.readouterr().out
     assert main(args) == 0
@@ -338,7 +351,7 @@ def test_history_add_stores_a_suite_run_and_both_ab_sides_once(tmp_path: Path, c
     suite = df[df["source"] == "suite"].set_index(["case_id", "metric"])
     assert suite.loc[("ltx-2b_25f_512x768_30s_w17", "e2e_ms"), "value"] == 973.1  # baseline.json's
     assert suite.loc[("ltx-2b_25f_512x768_30s_w17", "runtime_peak_vram_mib"), "unit"] == "MiB"
-    assert set(suite["commit"]) == {"cd7aa53b840fa5a8af34f76bdc554080726b16db"}  # its bundles' git_commit
+    assert set(suite["commit"]) == {"cd7aa53b840fa5a8af34f76bdc554080726b16db"}  # --commit
     assert set(suite["hardware"]) == {"NVIDIA H200"}
     assert main(["history", "add", str(tmp_path / "nowhere"), "--store", str(tmp_path)]) == 2
     assert "nowhere: not a perfkit run" in capsys.readouterr().err
