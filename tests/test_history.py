@@ -228,6 +228,28 @@ def test_a_writers_temporary_file_is_not_read(tmp_path: Path):
     assert sorted(read_store(tmp_path)["run_id"].unique()) == ["r1", "r2"]
 
 
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [
+        ("https://x/{sha}", "unknown field {sha}"),
+        ("https://x/", "no {commit} field"),
+        ("https://x/{commit", "expected '}'"),
+    ],
+)
+def test_a_commit_url_without_its_commit_field_exits_2(tmp_path: Path, template, why):
+    """Found by the breaker: ``history site --commit-url 'https://x/{sha}'`` was a KeyError
+    traceback after the store was read."""
+    from click.testing import CliRunner
+
+    from perfkit.cli import cli
+
+    add_runs(tmp_path, [run(1)])
+    for cmd in (["site", str(tmp_path / "site")], ["check", str(tmp_path / "nowhere")]):
+        res = CliRunner().invoke(cli, ["history", *cmd, "--store", str(tmp_path), "--commit-url", template])
+        assert res.exit_code == 2 and "--commit-url" in res.output and why in res.output, res.output
+        assert "Traceback" not in res.output
+
+
 def test_a_bad_nightly_file_is_refused_naming_file_and_key(tmp_path: Path, capsys):
     good = {
         "timestamp": "2026-07-01T00:00:00+00:00",

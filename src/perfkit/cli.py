@@ -1300,9 +1300,29 @@ _STORE = click.option(
     show_default=True,
     help="history store directory (parquet files; created when missing)",
 )
+
+
+def _commit_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A --commit-url template: ``{commit}`` its one field (``{sha}`` was a KeyError traceback)."""
+    import string
+
+    if value is None:
+        return None
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(value) if f is not None}
+    except ValueError as exc:  # an unmatched brace
+        raise click.BadParameter(f"{value!r}: {exc}") from None
+    if fields != {"commit"}:
+        other = sorted(fields - {"commit"})
+        why = f"unknown field {{{other[0]}}}" if other else "no {commit} field"
+        raise click.BadParameter(f"{value!r}: {why}; the template's one field is {{commit}}")
+    return value
+
+
 _COMMIT_URL = click.option(
     "--commit-url",
     default=None,
+    callback=_commit_url,
     help="link template for commits, e.g. https://github.com/sgl-project/sglang/commit/{commit}",
 )
 
