@@ -423,7 +423,9 @@ def test_history_check_of_a_run_with_no_history_is_exit_2_and_keeps_the_runs_sum
     run_dir = tmp_path / "report"
     shutil.copytree(root / "examples/h200/report", run_dir)
     before = (run_dir / "summary.md").read_text()
-    assert main(["history", "check", str(run_dir), "--store", str(tmp_path / "store"), "-q"]) == 2
+    # its bundles were measured at two commits: --commit says which one this check is for
+    commit = ["--commit", "cd7aa53b840fa5a8af34f76bdc554080726b16db"]
+    assert main(["history", "check", str(run_dir), "--store", str(tmp_path / "store"), "-q", *commit]) == 2
     text = (run_dir / "history" / "summary.md").read_text()
     assert text.startswith("# History check: ERROR: nothing compared")
     assert "0 run(s) at the series' current level (needs 3)" in text
