@@ -204,6 +204,52 @@ def test_a_store_file_of_a_newer_schema_is_refused_naming_it(tmp_path: Path):
         read_store(tmp_path)
 
 
+def test_a_store_file_that_is_not_parquet_is_refused_naming_it(tmp_path: Path, capsys):
+    """Found by the breaker: a truncated or stray .parquet file in the store was a pyarrow
+    traceback from check, add and site."""
+    add_runs(tmp_path, [run(1)])
+    bad = tmp_path / "hw-H" / "zz.parquet"
+    bad.write_bytes(b"junk\n")
+    with pytest.raises(HistoryError, match=r"zz.parquet: not a history file \(not parquet\)"):
+        read_store(tmp_path)
+    with pytest.raises(HistoryError, match=r"zz.parquet: not a history file"):
+        add_runs(tmp_path, [run(2)])
+    assert main(["history", "site", str(tmp_path / "site"), "--store", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "zz.parquet: not a history file" in err and "Traceback" not in err
+
+
+def test_a_writers_temporary_file_is_not_read(tmp_path: Path):
+    """Found by the breaker: a half-written ``.tmp-*.parquet`` (a writer at work, or killed)
+    was read by check and site (pathlib's glob matches dot files)."""
+    add_runs(tmp_path, [run(1)])
+    (tmp_path / "hw-H" / ".tmp-abc.parquet").write_bytes(b"PAR1")
+    assert add_runs(tmp_path, [run(2)]).added == [run(2).key]
+    assert sorted(read_store(tmp_path)["run_id"].unique()) == ["r1", "r2"]
+
+
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [
+        ("https://x/{sha}", "unknown field {sha}"),
+        ("https://x/", "no {commit} field"),
+        ("https://x/{commit", "expected '}'"),
+    ],
+)
+def test_a_commit_url_without_its_commit_field_exits_2(tmp_path: Path, template, why):
+    """Found by the breaker: ``history site --commit-url 'https://x/{sha}'`` was a KeyError
+    traceback after the store was read."""
+    from click.testing import CliRunner
+
+    from perfkit.cli import cli
+
+    add_runs(tmp_path, [run(1)])
+    for cmd in (["site", str(tmp_path / "site")], ["check", str(tmp_path / "nowhere")]):
+        res = CliRunner().invoke(cli, ["history", *cmd, "--store", str(tmp_path), "--commit-url", template])
+        assert res.exit_code == 2 and "--commit-url" in res.output and why in res.output, res.output
+        assert "Traceback" not in res.output
+
+
 def test_a_bad_nightly_file_is_refused_naming_file_and_key(tmp_path: Path, capsys):
     good = {
         "timestamp": "2026-07-01T00:00:00+00:00",
@@ -226,6 +272,60 @@ def test_a_bad_nightly_file_is_refused_naming_file_and_key(tmp_path: Path, capsy
     assert "b.json: results.0.latency_s: Field required" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("latency", "why"),
+    [
+        ("7.5", "Input should be a valid number"),  # a string is a mistyped key, not 7.5
+        (True, "Input should be a valid number"),  # not 1.0
+        ("NaN", "finite number"),
+        ("1e400", "finite number"),  # reads as inf
+        (-3, "greater than or equal to 0"),
+    ],
+)
+def test_a_nightly_latency_that_is_not_a_finite_number_is_refused(tmp_path: Path, capsys, latency, why):
+    """Found by the breaker: "7.5", true and 1e400 (inf) were stored as 7.5, 1.0 and inf."""
+    doc = {
+        "timestamp": "2026-07-01T00:00:00+00:00",
+        "commit_sha": "abc",
+        "run_id": "1",
+        "results": [{"case_id": "x", "framework": "sglang", "latency_s": 0.0, "error": None}],
+    }
+    text = json.dumps(doc)
+    raw = latency if latency in ("NaN", "1e400") else json.dumps(latency)
+    (tmp_path / "n.json").write_text(text.replace('"latency_s": 0.0', f'"latency_s": {raw}'))
+    store = tmp_path / "store"
+    assert (
+        main(["history", "import", str(tmp_path / "n.json"), "--hardware", "H100", "--store", str(store)])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "n.json: results.0.latency_s:" in err and why in err and "Traceback" not in err
+    assert read_store(store).empty
+
+
+def test_a_nightly_file_with_an_empty_commit_or_a_case_twice_is_refused(tmp_path: Path, capsys):
+    r = {"case_id": "x", "framework": "sglang", "latency_s": 1.0, "error": None}
+    doc = {"timestamp": "2026-07-01T00:00:00+00:00", "commit_sha": "", "run_id": "1", "results": [r]}
+    (tmp_path / "n.json").write_text(json.dumps(doc))
+    args = ["history", "import", str(tmp_path / "n.json"), "--hardware", "H", "--store", str(tmp_path / "s")]
+    assert main(args) == 2
+    assert "n.json: commit_sha: String should have at least 1 character" in capsys.readouterr().err
+    doc.update(commit_sha="abc", results=[r, {**r, "latency_s": 2.0}])
+    (tmp_path / "n.json").write_text(json.dumps(doc))
+    assert main(args) == 2
+    assert "n.json: results.1.case_id: 'x' (sglang) appears twice" in capsys.readouterr().err
+
+
+def test_add_runs_refuses_inf_and_bool_values(tmp_path: Path):
+    for bad in (float("inf"), True):
+        r = HistoryRun(
+            "test", "r1", "H", "c1", T0, [Value("case", "e2e_ms", "ms", bad)], source_file="r1.json"
+        )
+        with pytest.raises(HistoryError, match=r"r1.json: case.e2e_ms: not a number"):
+            add_runs(tmp_path, [r])
+    assert read_store(tmp_path).empty
+
+
 def test_check_with_nothing_to_compare_is_exit_2_and_a_new_step_is_exit_1(tmp_path: Path):
     frame = read_store(tmp_path)  # empty
     new = run(100, 130.0)
@@ -241,7 +341,11 @@ def test_check_with_nothing_to_compare_is_exit_2_and_a_new_step_is_exit_1(tmp_pa
 
 
 def test_history_add_stores_a_suite_run_and_both_ab_sides_once(tmp_path: Path, capsys):
-    """The committed H200 report (a replayed suite run) and the A/A example (two sides)."""
+    """The committed H200 report (a replayed suite run) and the A/A example (two sides).
+
+    The report's bundles were measured at two commits (memory_budget at 641b3be, the others at
+    cd7aa53): found by the breaker, all its values were stored as cd7aa53's; now the add is
+    refused naming both until ``--commit`` says which commit to store."""
     root = Path(__file__).resolve().parents[1]
     args = [
         "history",
@@ -251,6 +355,15 @@ def test_history_add_stores_a_suite_run_and_both_ab_sides_once(tmp_path: Path, c
         "--store",
         str(tmp_path),
     ]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert (
+        "report: its bundles were measured at several commits: cd7aa53b840fa5a8af34f76bdc554080726b16db ("
+        in err
+    )
+    assert "641b3be85dedd0ca4c589d909781a7bf3e714200 (memory_budget); give --commit" in err
+    assert read_store(tmp_path).empty
+    args += ["--commit", "cd7aa53b840fa5a8af34f76bdc554080726b16db"]
     assert main(args) == 0
     assert "3 run(s) added, 0 already stored" in capsys.readouterr().out
     assert main(args) == 0
@@ -260,7 +373,7 @@ def test_history_add_stores_a_suite_run_and_both_ab_sides_once(tmp_path: Path, c
     suite = df[df["source"] == "suite"].set_index(["case_id", "metric"])
     assert suite.loc[("ltx-2b_25f_512x768_30s_w17", "e2e_ms"), "value"] == 973.1  # baseline.json's
     assert suite.loc[("ltx-2b_25f_512x768_30s_w17", "runtime_peak_vram_mib"), "unit"] == "MiB"
-    assert set(suite["commit"]) == {"cd7aa53b840fa5a8af34f76bdc554080726b16db"}  # its bundles' git_commit
+    assert set(suite["commit"]) == {"cd7aa53b840fa5a8af34f76bdc554080726b16db"}  # --commit
     assert set(suite["hardware"]) == {"NVIDIA H200"}
     assert main(["history", "add", str(tmp_path / "nowhere"), "--store", str(tmp_path)]) == 2
     assert "nowhere: not a perfkit run" in capsys.readouterr().err
@@ -310,7 +423,9 @@ def test_history_check_of_a_run_with_no_history_is_exit_2_and_keeps_the_runs_sum
     run_dir = tmp_path / "report"
     shutil.copytree(root / "examples/h200/report", run_dir)
     before = (run_dir / "summary.md").read_text()
-    assert main(["history", "check", str(run_dir), "--store", str(tmp_path / "store"), "-q"]) == 2
+    # its bundles were measured at two commits: --commit says which one this check is for
+    commit = ["--commit", "cd7aa53b840fa5a8af34f76bdc554080726b16db"]
+    assert main(["history", "check", str(run_dir), "--store", str(tmp_path / "store"), "-q", *commit]) == 2
     text = (run_dir / "history" / "summary.md").read_text()
     assert text.startswith("# History check: ERROR: nothing compared")
     assert "0 run(s) at the series' current level (needs 3)" in text

@@ -153,6 +153,32 @@ def test_baseline_threshold_refused_naming_file_and_key(tmp_path, threshold):
     assert f"{bpath}: improvement_reporting.threshold:" in out
 
 
+def test_baseline_without_the_profile_is_refused_naming_the_file(tmp_path):
+    """Found by the breaker: a baseline with no ``tolerances`` said "tolerance profile
+    'pr_test' not in baseline (has: [])" without naming the file."""
+    base = json.loads(FIXTURE_BASELINE.read_text())
+    del base["tolerances"]
+    bpath = tmp_path / "b.json"
+    bpath.write_text(json.dumps(base))
+    log = tmp_path / "performance.log"
+    log.write_text(json.dumps(RECORD) + "\n")
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(bpath))
+    assert code == 2, out
+    assert f"{bpath}: tolerances: tolerance profile 'pr_test' not in baseline (has: [])" in out
+
+
+def test_ab_side_that_is_a_binary_file_is_refused_naming_it(tmp_path):
+    """Found by the breaker: ``perfkit ab --a some.bin`` was a UnicodeDecodeError traceback
+    (exit 1)."""
+    spec = tmp_path / "a.yaml"
+    spec.write_bytes(b"kind: reference\n\xf0\x00\xff")
+    ok = str(Path(__file__).resolve().parents[1] / "examples" / "ab" / "tiny-cpu.yaml")
+    code, out = _invoke("ab", "--a", str(spec), "--b", ok, "--out", str(tmp_path / "ab"))
+    assert code == 2, out
+    assert f"--a: {spec}: not UTF-8 text (byte 16)" in out
+    assert not (tmp_path / "ab").exists()  # nothing launched
+
+
 def test_params_nested_20000_levels_exit_2_naming_file(tmp_path):
     deep = tmp_path / "deep.yaml"
     deep.write_text("engine: " + "[" * 20000 + "]" * 20000 + "\n")

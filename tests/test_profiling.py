@@ -264,6 +264,8 @@ def test_bad_profile_settings_are_refused_naming_the_field():
 
     with pytest.raises(ValueError, match="steps must be -1"):
         ColdWarmParams.model_validate({"profile": {"steps": 0}})
+    with pytest.raises(ValueError, match="between 1 and 1000"):  # the engine's 400 above it
+        ColdWarmParams.model_validate({"profile": {"steps": 10**12}})
     with pytest.raises(ValueError, match="requests"):
         ColdWarmParams.model_validate({"profile": {"requests": ["hot"]}})
     assert ColdWarmParams.model_validate({"profile": {}}).profile.fields() == {
@@ -275,6 +277,14 @@ def test_bad_profile_settings_are_refused_naming_the_field():
     spec_a = str(root / "examples/ab/tiny-cpu.yaml")
     res = CliRunner().invoke(cli, ["ab", "--a", spec_a, "--b", spec_a, "--profile", "--profile-steps", "0"])
     assert res.exit_code == 2 and "--profile-steps" in res.output and "steps must be -1" in res.output, (
+        res.output
+    )
+    # found by the breaker: without --profile, --profile-steps -5 was silently ignored and the
+    # A/B launched its engines
+    res = CliRunner().invoke(
+        cli, ["ab", "--a", spec_a, "--b", spec_a, "--profile-steps", "-5", "--profile-warm", "2"]
+    )
+    assert res.exit_code == 2 and "--profile-steps, --profile-warm only with --profile" in res.output, (
         res.output
     )
 

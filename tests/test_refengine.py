@@ -343,6 +343,28 @@ def test_what_the_engine_cannot_honour_is_400_naming_it(client, field, value):
     assert resp.status_code == 400 and resp.json()["error"]["fields"] == [field], resp.text
 
 
+@pytest.mark.parametrize(
+    "extra,field",
+    [
+        ({"profile": "yes"}, "profile"),
+        ({"profile": 1}, "profile"),
+        ({"profile_all_stages": "no"}, "profile_all_stages"),
+        ({"profile": True, "num_profiled_timesteps": "5"}, "num_profiled_timesteps"),
+        ({"profile": True, "num_profiled_timesteps": True}, "num_profiled_timesteps"),
+        ({"profile": True, "num_profiled_timesteps": 10**12}, "num_profiled_timesteps"),
+        ({"guidance_scale": float("nan")}, "guidance_scale"),
+    ],
+)
+def test_a_mistyped_profiling_field_is_400_naming_it(client, extra, field):
+    """Found by the breaker: "yes", 1, "5", true and 10**12 were read as true, true, 5, 1 and
+    10**12 (a request queued as profiled, its trace named ``1000000000000_steps``); a NaN
+    guidance_scale passed "must be >= 0" and ran."""
+    body = json.dumps({**spec(9, steps=2).payload(), **extra})  # NaN as Python's JSON writes it
+    resp = client.http.post("/v1/videos", content=body, headers={"content-type": "application/json"})
+    assert resp.status_code == 400 and resp.json()["error"]["fields"] == [field], resp.text
+    _ok(client.generate(spec(9, steps=2)))  # and the server keeps serving
+
+
 # -- injected slowdown (test-only) ----------------------------------------------------------------
 
 

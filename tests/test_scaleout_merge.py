@@ -343,6 +343,58 @@ def test_a_malformed_manifest_is_a_named_problem(runs, tmp_path, edit, words):
     assert "malformed shard manifest" in report
 
 
+_RAY_SHARD = Path(__file__).resolve().parents[1] / "examples" / "h200x2" / "scaleout" / "ray"
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (
+            lambda o: o.update(wall_s="164.26"),
+            "outcomes[0] (cold_warm).wall_s: Input should be a valid number, got '164.26'",
+        ),
+        (
+            lambda o: o.update(wall_s=float("inf")),
+            "outcomes[0] (cold_warm).wall_s: Input should be a finite number",
+        ),
+        (
+            lambda o: o.update(wall_s=-5),
+            "outcomes[0] (cold_warm).wall_s: Input should be greater than or equal to 0",
+        ),
+        (
+            lambda o: o.update(attempts="1"),
+            "outcomes[0] (cold_warm).attempts: Input should be a valid integer",
+        ),
+        (
+            lambda o: o.update(started_at="yesterday"),
+            "outcomes[0] (cold_warm).started_at: Input should be a valid number",
+        ),
+        (
+            lambda o: o.update(gpu_uuids="GPU-1"),
+            "outcomes[0] (cold_warm).gpu_uuids: Input should be a valid list",
+        ),
+    ],
+)
+def test_a_mistyped_outcome_is_a_named_problem(tmp_path, edit, words):
+    """Found by the breaker: an outcome's wall_s "164.26" was float()ed, started_at "yesterday"
+    was a bare 'could not convert string to float' naming no file (read on the committed
+    example shard: no launch)."""
+    shutil.copytree(_RAY_SHARD, tmp_path / "s", ignore=shutil.ignore_patterns("*.parquet"))
+    assert shards._read_manifest(tmp_path / "s") == (
+        json.loads((tmp_path / "s" / shards.MANIFEST).read_text()),
+        None,
+    )
+    m = json.loads((tmp_path / "s" / shards.MANIFEST).read_text())
+    edit(m["outcomes"][0])
+    (tmp_path / "s" / shards.MANIFEST).write_text(json.dumps(m))
+    doc, err = shards._read_manifest(tmp_path / "s")
+    assert (
+        doc is None
+        and err.startswith(f"{tmp_path / 's' / shards.MANIFEST}: malformed shard manifest: ")
+        and words in err
+    )
+
+
 def test_a_shard_stopped_by_sigterm_keeps_what_finished_and_exits_2(runs, tmp_path):
     out = tmp_path / "k"
     proc = subprocess.Popen(

@@ -483,8 +483,8 @@ def cmd_compare(a: SimpleNamespace) -> int:
         return EXIT_ERROR
     try:
         rows = bl.compare(cases, ref, profile=a.profile, strict=a.strict)
-    except KeyError as exc:
-        print(f"perfkit: {exc.args[0]}", file=sys.stderr)
+    except KeyError as exc:  # the profile is not in the file's tolerances: name the file
+        print(f"perfkit: {a.baseline}: tolerances: {exc.args[0]}", file=sys.stderr)
         return EXIT_ERROR
     except bl.BaselineError as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
@@ -593,6 +593,13 @@ def _ab_side(path: str, option: str) -> tuple[Any, dict[str, Any] | None]:
         raise click.BadParameter(
             f"{path}: invalid YAML: {str(exc).splitlines()[0]}", param_hint=option
         ) from None
+    except UnicodeDecodeError as exc:  # a binary file given by mistake
+        raise click.BadParameter(
+            f"{path}: not UTF-8 text (byte {exc.start}): expected an engine spec or a params file (YAML)",
+            param_hint=option,
+        ) from None
+    except OSError as exc:
+        raise click.BadParameter(f"{path}: unreadable: {exc.strerror or exc}", param_hint=option) from None
     if not isinstance(data, dict):
         raise click.BadParameter(
             f"{path}: expected an engine spec or a params file (a mapping)", param_hint=option
@@ -1264,6 +1271,14 @@ def engine_serve_command(args: tuple[str, ...]) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="do not print summary.md")
 def ab_command(**kw: Any) -> None:
     """A/B two engines: interleaved launches, per-metric ratios B/A with intervals, a verdict."""
+    ctx = click.get_current_context()
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("profile_steps", "profile_warm", "profile_all_stages")
+        if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+    ]
+    if given and not kw["profile"]:  # they mean nothing without it: never silently ignored
+        raise click.UsageError(f"{', '.join(given)} only with --profile (nothing is profiled without it)")
     _done(cmd_ab(SimpleNamespace(**kw)))
 
 
@@ -1285,9 +1300,29 @@ _STORE = click.option(
     show_default=True,
     help="history store directory (parquet files; created when missing)",
 )
+
+
+def _commit_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A --commit-url template: ``{commit}`` its one field (``{sha}`` was a KeyError traceback)."""
+    import string
+
+    if value is None:
+        return None
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(value) if f is not None}
+    except ValueError as exc:  # an unmatched brace
+        raise click.BadParameter(f"{value!r}: {exc}") from None
+    if fields != {"commit"}:
+        other = sorted(fields - {"commit"})
+        why = f"unknown field {{{other[0]}}}" if other else "no {commit} field"
+        raise click.BadParameter(f"{value!r}: {why}; the template's one field is {{commit}}")
+    return value
+
+
 _COMMIT_URL = click.option(
     "--commit-url",
     default=None,
+    callback=_commit_url,
     help="link template for commits, e.g. https://github.com/sgl-project/sglang/commit/{commit}",
 )
 

@@ -18,7 +18,7 @@ import functools
 from datetime import datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit.history.store import HistoryError, HistoryRun, Value
 
@@ -28,18 +28,20 @@ METRIC = "latency_s"
 
 class _Result(BaseModel):
     model_config = ConfigDict(extra="allow")
-    case_id: str
-    framework: str
+    case_id: str = Field(min_length=1)
+    framework: str = Field(min_length=1)
     model: str | None = None
     task: str | None = None
-    latency_s: float | None
+    # strict: a string ("7.5") or a bool (true) is a mistyped key, not a latency; a value
+    # outside JSON's finite numbers (1e400 reads as inf, NaN) or below 0 is refused
+    latency_s: float | None = Field(strict=True, allow_inf_nan=False, ge=0)
     error: str | None = None
 
 
 class _File(BaseModel):
     model_config = ConfigDict(extra="allow")
     timestamp: datetime
-    commit_sha: str
+    commit_sha: str = Field(min_length=1)
     run_id: str | int
     results: list[_Result]
 
@@ -78,7 +80,9 @@ def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
 
     Raises:
         HistoryError: not JSON, or a missing/mistyped key (names the file and the key, e.g.
-            ``results.3.latency_s``).
+            ``results.3.latency_s``): a latency that is a string, a bool, not finite (NaN,
+            1e400) or negative; an empty ``commit_sha``, ``case_id`` or ``framework``; a case
+            (of one framework) given twice.
     """
     path = Path(path)
     try:
@@ -90,8 +94,12 @@ def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
     except OSError as exc:
         raise HistoryError(f"{path}: {exc.strerror or exc}") from None
     values = []
-    for r in doc.results:
+    seen: set[str] = set()
+    for i, r in enumerate(doc.results):
         case = r.case_id if r.framework == "sglang" else f"{r.case_id}@{r.framework}"
+        if case in seen:  # two latencies of one case in one run: which one is the run's?
+            raise HistoryError(f"{path}: results.{i}.case_id: {r.case_id!r} ({r.framework}) appears twice")
+        seen.add(case)
         err = r.error if r.error else (None if r.latency_s is not None else "latency_s is null")
         ok = r.latency_s is not None and not r.error
         labels = _labels(r.model, r.task, r.framework)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -53,13 +54,13 @@ def case_values(case: str, entry: Mapping[str, Any], where: str) -> list[Value]:
     """The values of one sglang-layout case entry (see the module table).
 
     Raises:
-        HistoryError: a value that is not a number (names ``where``, the case and the key).
+        HistoryError: a value that is not a finite number (NaN, inf, a string, a bool; names ``where``, the case and the key).
     """
     out: list[Value] = []
 
     def num(key: str, v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise HistoryError(f"{where}: scenarios.{case}.{key}: not a number: {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise HistoryError(f"{where}: scenarios.{case}.{key}: not a finite number: {v!r}")
         return float(v)
 
     for key, (metric, unit) in _SCALARS.items():
@@ -81,11 +82,28 @@ def _mtime(p: Path) -> datetime:
 
 
 def _commit(bundles: Mapping[str, ResultBundle], given: str | None, where: Path) -> str:
+    """``given``, else the one ``git_commit`` of the bundles' meta.json.
+
+    Raises:
+        HistoryError: no bundle names a commit, one names a non-string, or they name several
+            (a merge with ``--allow-mixed-commits``: its values belong to different commits,
+            so no one commit may be stored for all of them).
+    """
     if given:
         return given
-    for b in bundles.values():
-        if b.meta.get("git_commit"):
-            return str(b.meta["git_commit"])
+    commits: dict[str, list[str]] = {}
+    for name, b in bundles.items():
+        c = b.meta.get("git_commit")
+        if c is None or c == "":
+            continue
+        if not isinstance(c, str):
+            raise HistoryError(f"{where}: {name}/meta.json: git_commit: not a string: {c!r}")
+        commits.setdefault(c, []).append(name)
+    if len(commits) > 1:
+        listed = "; ".join(f"{c} ({', '.join(names)})" for c, names in commits.items())
+        raise HistoryError(f"{where}: its bundles were measured at several commits: {listed}; give --commit")
+    if commits:
+        return next(iter(commits))
     raise HistoryError(f"{where}: no git_commit in any bundle's meta.json; give --commit")
 
 

@@ -38,6 +38,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import tempfile
@@ -147,14 +148,38 @@ def _locked(store: Path) -> Iterator[None]:
 
 
 def _files(store: Path) -> list[Path]:
-    return sorted(store.glob("hw-*/*.parquet"))
+    """The store's files, without a writer's ``.tmp-*`` file (being written now, or left by a
+    writer that was killed): pathlib's ``*`` matches names starting with a dot."""
+    return sorted(f for f in store.glob("hw-*/*.parquet") if not f.name.startswith("."))
+
+
+def _check_files(files: Sequence[Path]) -> None:
+    """Each file is a parquet file with every column of :data:`COLUMNS`.
+
+    Raises:
+        HistoryError: a file that is not parquet (e.g. truncated by a full disk, or a stray
+            file) or lacks a column; names the file.
+    """
+    for f in files:
+        try:
+            names = pq.read_schema(f).names
+        except (pa.ArrowException, OSError) as exc:
+            raise HistoryError(f"{f}: not a history file (not parquet): {exc}") from None
+        missing = [c for c in COLUMNS if c not in names]
+        if missing:
+            raise HistoryError(f"{f}: not a history file: missing column {missing[0]!r}")
 
 
 def stored_run_keys(store: str | Path) -> set[str]:
-    """Keys of every run in ``store`` (empty for a missing or empty store)."""
+    """Keys of every run in ``store`` (empty for a missing or empty store).
+
+    Raises:
+        HistoryError: a store file that is not a history file (names it).
+    """
     files = _files(Path(store))
     if not files:
         return set()
+    _check_files(files)
     con = _duckdb()
     got = con.execute(
         "SELECT DISTINCT run_key FROM read_parquet(?, union_by_name=true)", [[str(f) for f in files]]
@@ -224,7 +249,10 @@ def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
         if not r.values:
             raise HistoryError(f"{r.source_file or r.run_id}: the run has no values")
         for v in r.values:
-            if v.value is not None and not (isinstance(v.value, (int, float)) and v.value == v.value):
+            ok = (
+                isinstance(v.value, (int, float)) and not isinstance(v.value, bool) and math.isfinite(v.value)
+            )
+            if v.value is not None and not ok:
                 raise HistoryError(f"{r.source_file}: {v.case_id}.{v.metric}: not a number: {v.value!r}")
     added: list[str] = []
     skipped: list[str] = []
@@ -296,7 +324,7 @@ def read_store(
     the columns) when the store has no files.
 
     Raises:
-        HistoryError: a file that is not a history file (missing column) or of a newer
+        HistoryError: a file that is not a history file (not parquet, a missing column) or of a newer
             schema than :data:`SCHEMA_VERSION` (names the file and the column).
     """
     files = _files(Path(store))
@@ -306,11 +334,7 @@ def read_store(
         raise ValueError(f"read_store: unknown column {unknown[0]!r}")
     if not files:
         return pd.DataFrame({k: pd.Series(dtype=object) for k in cols})
-    for f in files:
-        names = pq.read_schema(f).names
-        missing = [c for c in COLUMNS if c not in names]
-        if missing:
-            raise HistoryError(f"{f}: not a history file: missing column {missing[0]!r}")
+    _check_files(files)
     # pyarrow reads the files (projected columns) and pandas drops duplicate keys and sorts:
     # DuckDB's conversion of 500,000 rows to pandas peaked at 5x the frame's size (measured,
     # benchmarks/history_scale.py); DuckDB stays the query engine over the same files.

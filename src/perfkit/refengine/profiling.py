@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 
 #: sglang's default number of profiled denoising steps (after one warm-up step)
 DEFAULT_PROFILED_STEPS = 5
+#: the most ``num_profiled_timesteps`` a request may ask for: far above a diffusion request's
+#: steps (diffusers' LTX pipeline defaults to 50); 10**12 is a typo, not a request (sglang itself
+#: takes any int and names the trace ``1000000000000_steps``)
+MAX_PROFILED_STEPS = 1000
 #: the warm-up steps sglang's schedule runs under the profiler and discards
 WARMUP_STEPS = 1
 #: directory variables, in the order sglang reads them; then ``./logs``
@@ -72,13 +76,15 @@ def profiled_steps(num_profiled_timesteps: int | None, num_inference_steps: int)
     """Steps to record: the request's ``num_profiled_timesteps`` (None: 5; -1: every step).
 
     Raises:
-        ValueError: 0 or below -1 (names the field).
+        ValueError: 0, below -1 or above :data:`MAX_PROFILED_STEPS` (names the field).
     """
     n = DEFAULT_PROFILED_STEPS if num_profiled_timesteps is None else num_profiled_timesteps
     if n == -1:
         return num_inference_steps
-    if n < 1:
-        raise ValueError(f"num_profiled_timesteps: must be -1 (all steps) or >= 1, got {n}")
+    if n < 1 or n > MAX_PROFILED_STEPS:
+        raise ValueError(
+            f"num_profiled_timesteps: must be -1 (all steps) or between 1 and {MAX_PROFILED_STEPS}, got {n}"
+        )
     return n
 
 

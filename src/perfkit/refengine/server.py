@@ -31,7 +31,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from perfkit.common.frames import TEMPORAL_COMPRESSION, align_frames
 from perfkit.common.recordformat import PERF_LOG_NAME
@@ -122,7 +122,9 @@ class VideoRequest(BaseModel):
     ``perfkit_stage_timing``. Any other field is refused (400 naming it): a misspelt field such as
     ``num_frame`` would otherwise be ignored and the request measured with the default shape."""
 
-    model_config = ConfigDict(extra="forbid", strict=False)
+    # allow_inf_nan=False: Python's JSON reads NaN and Infinity; a guidance_scale of NaN would
+    # pass "must be >= 0" (NaN < 0 is false) and run
+    model_config = ConfigDict(extra="forbid", strict=False, allow_inf_nan=False)
 
     prompt: str = Field(min_length=1)
     input_reference: Optional[str] = None
@@ -166,9 +168,11 @@ class VideoRequest(BaseModel):
     target: Optional[Any] = None
     audio_flow_shift: Optional[float] = None
     perf_dump_path: Optional[str] = None
-    profile: Optional[bool] = False
-    num_profiled_timesteps: Optional[int] = None
-    profile_all_stages: Optional[bool] = False
+    # sglang's profiling fields, strict: "yes", 1 or "5" is a 400 naming the field, never read
+    # as true or 5 (pydantic's lax mode would); num_profiled_timesteps' range: profiled_steps
+    profile: Optional[StrictBool] = False
+    num_profiled_timesteps: Optional[StrictInt] = None
+    profile_all_stages: Optional[StrictBool] = False
     #: perfkit extension: time each stage. true / "events": CUDA events at stage boundaries,
     #: resolved after the request (no sync while it runs); "sync": synchronise at every stage
     #: boundary (the older method, to cross-check); false / "off": no stage timing.

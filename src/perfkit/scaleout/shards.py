@@ -24,9 +24,10 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit.bundle import TABLES, ResultBundle, redact
 from perfkit.common import jsonsafe
@@ -255,6 +256,24 @@ def concurrent_pairs(outcomes: Iterable[Mapping[str, Any]]) -> list[list[str]]:
     return sorted(pairs)
 
 
+class _OutcomeDoc(BaseModel):
+    """The shape of one ``outcomes`` entry of a manifest (:class:`UnitOutcome`'s fields):
+    numbers strict (a string ``"164.26"`` or ``true`` is a mistyped key, not a time) and finite."""
+
+    model_config = ConfigDict(extra="allow")
+    unit_id: str = Field(min_length=1)
+    status: Literal["ok", "error"]
+    out_dir: str | None = None
+    wall_s: float | None = Field(None, strict=True, allow_inf_nan=False, ge=0)
+    attempts: int = Field(1, strict=True, ge=1)
+    error: str | None = None
+    log_tail: str | None = None
+    host: str | None = None
+    gpu_uuids: list[str] = Field(default_factory=list)
+    started_at: float | None = Field(None, strict=True, allow_inf_nan=False)
+    ended_at: float | None = Field(None, strict=True, allow_inf_nan=False)
+
+
 def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
     f = d / MANIFEST
     if not f.is_file():
@@ -295,6 +314,15 @@ def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
             isinstance(o, dict) and o.get("unit_id") and o.get("status") in ("ok", "error") for o in outcomes
         ):
             raise ValueError("outcomes must be a list of mappings with unit_id and status ok|error")
+        for i, o in enumerate(outcomes):
+            try:
+                _OutcomeDoc.model_validate(o)
+            except ValidationError as exc:
+                e = exc.errors()[0]
+                key = ".".join(str(x) for x in e["loc"])
+                raise ValueError(
+                    f"outcomes[{i}] ({o['unit_id']}).{key}: {e['msg']}, got {e.get('input')!r}"
+                ) from None
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
         return None, f"{f}: malformed shard manifest: {what}"

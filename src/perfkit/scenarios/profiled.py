@@ -65,8 +65,12 @@ class ProfileParams(BaseModel):
     @field_validator("steps")
     @classmethod
     def _steps(cls, v: int) -> int:
-        if v != -1 and v < 1:
-            raise ValueError(f"steps must be -1 (all) or >= 1 (sglang's num_profiled_timesteps), got {v}")
+        # 1000: the reference engine's MAX_PROFILED_STEPS (refengine.profiling; not importable
+        # here), which answers 400 above it: refused here, before any launch
+        if v != -1 and not 1 <= v <= 1000:
+            raise ValueError(
+                f"steps must be -1 (all) or between 1 and 1000 (sglang's num_profiled_timesteps), got {v}"
+            )
         return v
 
     def fields(self) -> dict[str, Any]:
