@@ -275,6 +275,31 @@ def test_merge_of_consistent_shards_has_no_identity_problem(shard_dirs, tmp_path
     doc = merge_shards(shard_dirs, tmp_path / "m")
     assert _identity(doc) == []
     assert doc["commits"] == ["a" * 40] and set(doc["parts"])
+    assert doc["notes"] == []  # bundles saved today: nothing absent, every plan recorded
+
+
+def test_merge_names_a_lost_additive_table_of_a_bundle_that_wrote_it(shard_dirs, tmp_path):
+    """traces is additive (older bundles lack it: a note), but a bundle whose meta.tables says it
+    was written and whose file is gone has lost data (a problem); without meta.tables (an older
+    writer) the same absence is only noted."""
+    import shutil
+
+    from perfkit.scaleout.shards import merge_shards
+
+    dirs = [tmp_path / d.name for d in shard_dirs]
+    for src, dst in zip(shard_dirs, dirs):
+        shutil.copytree(src, dst)
+    meta = sorted(dirs[1].glob("units/*/*/meta.json"))[-1]
+    part = meta.parent.name
+    (meta.parent / "traces.parquet").unlink()
+    doc = merge_shards(dirs, tmp_path / "m")
+    assert any(p.startswith("unit ") and f"part {part} lacks traces.parquet" in p for p in doc["problems"])
+    m = json.loads(meta.read_text())
+    del m["tables"]  # as saved before the table existed
+    meta.write_text(json.dumps(m))
+    doc = merge_shards(dirs, tmp_path / "m2")
+    assert not [p for p in doc["problems"] if "lacks" in p], doc["problems"]
+    assert [n for n in doc["notes"] if f"part {part} " in n and "traces.parquet absent" in n]
 
 
 @pytest.mark.parametrize(

@@ -250,6 +250,8 @@ def test_shards_of_other_params_exit_2(runs, tmp_path):
     assert proc.returncode == 2
     # every shard is refused: nothing merged, both named
     assert "other params" in proc.stderr and "shard 1/2" in proc.stderr and "shard 2/2" in proc.stderr
+    # the key that differs is named, with both values
+    assert 'description "another" ≠' in proc.stderr or "description" in proc.stderr.split("other params")[1]
 
 
 def test_failed_unit_with_other_bundles_is_named_in_the_report(runs, tmp_path):
@@ -446,3 +448,36 @@ def test_every_unit_failing_still_writes_the_report(runs, tmp_path):
     assert "| cold_warm | cold_warm | 1 | error | 2 |" in summary
     st = {n["name"]: n["status"] for n in run["notebooks"]}
     assert st[SCALEOUT] == "error" and st[COLD_WARM] == "skipped"
+
+
+def test_the_committed_examples_readme_merge_command_exits_0_with_notes(tmp_path):
+    """examples/h200x2/scaleout/README.md's own ``perfkit merge`` line, run as written (its --out
+    into tmp_path): the parts were measured by an older perfkit (no recorded plan, no
+    traces.parquet) and the manifest's params lack fields added since (defaults); all honest, so
+    it merges (exit 0) with each note shown in merge.json, summary.md and the page's units table.
+    Without --params the shards' own params merge the same way (merge_shards, no notebooks)."""
+    example = ROOT / "examples" / "h200x2" / "scaleout"
+    line = next(
+        ln for ln in (example / "README.md").read_text().splitlines() if ln.startswith("perfkit merge ")
+    )
+    argv = line.split()[1:]
+    out = tmp_path / "report"
+    argv[argv.index("--out") + 1] = str(out)
+    proc = perfkit(*argv, "-q", "--no-screenshot")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    doc = json.loads((out / shards.MERGED_DIR / shards.MERGE_FILE).read_text())
+    assert doc["problems"] == []
+    parts = ["cold_warm", "warmup_shapes.warmup17", "memory_budget", "warmup_shapes.warmup25"]
+    for pid in parts:
+        assert doc["parts"][pid]["notes"][0] == shards.PLAN_NOT_RECORDED
+        assert any(n.startswith(f"part {pid} ") and "traces.parquet absent" in n for n in doc["notes"])
+    summary, report, run = _summary_and_report(out)
+    assert "### Merge notes" in summary and run["scaleout"]["notes"] == doc["notes"]
+    units = summary.split("### Units of work")[1].split("###")[0]
+    assert units.count(shards.PLAN_NOT_RECORDED) == 2  # one row per unit
+    assert report.count(shards.PLAN_NOT_RECORDED) >= 2  # the page's units table
+    own = shards.merge_shards([example / "ray"], tmp_path / "own")
+    assert own["problems"] == [] and set(own["merged"]) == {COLD_WARM, WARMUP_SHAPES, MEMORY_BUDGET}
+    assert [n for n in own["notes"] if shards.PLAN_NOT_RECORDED in n] == [
+        n for n in doc["notes"] if shards.PLAN_NOT_RECORDED in n
+    ]

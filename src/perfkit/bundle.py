@@ -4,7 +4,8 @@ Directory layout (``outputs/RUN/<scenario>/``)::
 
     meta.json         schema_version, scenario, perfkit version, git commit, torch/diffusers
                       versions, host, cpu_count, gpu name/driver, caps, params, engine commands
-                      (secrets redacted)
+                      (secrets redacted), tables (the tables this writer wrote: an additive
+                      one it does not name was added after the bundle was saved)
     results.json      schema_version and the scenario-derived results (penalties, coverage, leak
                       checks, verdicts)
     requests.parquet  one row per request (startup warmup included, index -1)
@@ -343,6 +344,7 @@ class ResultBundle:
         meta = dict(self.meta)
         meta["schema_version"] = SCHEMA_VERSION
         meta["scenario"] = self.scenario
+        meta["tables"] = list(TABLES)  # what this writer wrote (merge: a missing one is lost)
         results = {k: v for k, v in dict(self.results).items() if k != "schema_version"}
         nulled = jsonsafe.non_finite_paths(results)
         if nulled:  # JSON has no NaN: written as null, and meta.json says which and why

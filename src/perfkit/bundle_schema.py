@@ -88,6 +88,9 @@ class Table:
     name: str
     doc: str
     columns: tuple[Column, ...]
+    #: added after its schema version without a bump: a bundle saved before the table existed
+    #: has no file for it (read as empty; merge notes it instead of calling it lost data)
+    additive: bool = False
 
     @property
     def names(self) -> list[str]:
@@ -389,6 +392,7 @@ TABLES: dict[str, Table] = {
                     "test-only injected slowdown of the request, wall time (engine record; NaN: none)",
                 ),
             ),
+            additive=True,
         ),
     )
 }

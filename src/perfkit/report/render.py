@@ -218,7 +218,9 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
     parts, shard, status, attempts, wall (s), the GPUs it ran on (NVML UUIDs, shortened), the
     units it ran beside (overlapping in time: its timings were taken next to theirs), the
     commit its parts were measured at (only when the merge holds several: ``perfkit merge
-    --allow-mixed-commits``) and the error. None for a run without units (plain ``perfkit suite``)."""
+    --allow-mixed-commits``), the merge's notes on its parts (only when there are any, e.g.
+    "plan not recorded: not checked" for a part of an older perfkit) and the error. None for a run
+    without units (plain ``perfkit suite``)."""
     so = info.get("scaleout") or {}
     units = so.get("units") or []
     if not units:
@@ -232,6 +234,7 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
             beside.setdefault(b, set()).add(a)
     parts_info = so.get("parts") if isinstance(so.get("parts"), Mapping) else {}
     mixed = len(so.get("commits") or []) > 1  # merged on purpose (--allow-mixed-commits): say whose
+    noted = any((v or {}).get("notes") for v in parts_info.values() if isinstance(v, Mapping))
     rows = []
     for u in units:
         uid = u.get("id")
@@ -253,10 +256,21 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
                 "GPUs": ", ".join(g[:12] + "…" for g in o.get("gpu_uuids") or []) or None,
                 "ran beside": ", ".join(sorted(beside.get(uid, ()))) or None,
                 **({"commit": ", ".join(sorted(commits)) or None} if mixed else {}),
+                **({"notes": _unit_notes(u, parts_info)} if noted else {}),
                 "error": _clip(o.get("error")),
             }
         )
     return pd.DataFrame(rows)
+
+
+def _unit_notes(unit: Mapping[str, Any], parts_info: Mapping[str, Any]) -> str | None:
+    """The merge's notes on ``unit``'s parts, distinct, in order ("; "-joined); None without."""
+    out: list[str] = []
+    for p in unit.get("parts") or []:
+        for n in (parts_info.get(_part_id(p)) or {}).get("notes") or []:
+            if n not in out:
+                out.append(str(n))
+    return "; ".join(out) or None
 
 
 def refused_records(run_dir: str | Path) -> list[str]:
@@ -390,6 +404,9 @@ def summary_markdown(run_dir: str | Path) -> str:
     units = units_frame(info)
     if units is not None:
         parts += ["", "### Units of work", "", markdown_table(units)]
+    merge_notes = (info.get("scaleout") or {}).get("notes") or []
+    if merge_notes:
+        parts += ["", "### Merge notes", "", *[f"- {n}" for n in merge_notes]]
     ends = engine_ends_frame(run_dir)
     if ends is not None:
         parts += ["", "### How the engines ended", "", markdown_table(ends)]

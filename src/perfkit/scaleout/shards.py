@@ -15,6 +15,9 @@ Merged layout (what ``perfkit merge DIR... --out RUN`` replays from)::
 A shard whose manifest is missing, a planned unit without outputs, a failed unit and shards
 measured with other params are *problems*: each is named (shard, unit) in ``merge.json`` and,
 through the suite, in run.json, summary.md and the report, and the verdict is an error (2).
+Honest older data is merged with a *note* instead: a part of a perfkit that recorded no plan
+("plan not recorded: not checked") and an additive table absent from a bundle saved before it
+existed (:data:`perfkit.bundle_schema.Table.additive`).
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit.bundle import TABLES, ResultBundle, redact
+from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
 from perfkit.common import jsonsafe
 from perfkit.common.provenance import git_commit
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
-from perfkit.params import SuiteParams, load_params
+from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.scaleout.executor import executor as get_executor
 from perfkit.scaleout.executor import progress_events, run_unit
 from perfkit.scaleout.outcome import UnitOutcome
@@ -63,13 +67,27 @@ UNITS_DIR = "units"
 MERGED_DIR = "merged"
 MERGE_FILE = "merge.json"
 TIERS = ("per-commit", "extra")
+#: the note on a part measured by a perfkit that did not record its plan (merged, not checked)
+PLAN_NOT_RECORDED = "plan not recorded: not checked"
 
 
 def params_hash(params: SuiteParams) -> str:
     """sha256 of the validated params (canonical JSON): equal for the same settings whatever
-    the file's comments, key order or path."""
-    doc = json.dumps(params.model_dump(), sort_keys=True, default=str)
+    the file's comments, key order or path, and whether a number was written 0 or 0.0 (a
+    value typed loosely, such as an invariant, keeps YAML's int but a manifest's float)."""
+    doc = json.dumps(_same_numbers(params.model_dump()), sort_keys=True, default=str)
     return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def _same_numbers(v: Any) -> Any:
+    """``v`` with every whole float as an int (0.0 -> 0), in nested dicts and lists."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, Mapping):
+        return {k: _same_numbers(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_same_numbers(x) for x in v]
+    return v
 
 
 def select(
@@ -452,10 +470,14 @@ def merge_shards(
         ``outcomes``, ``concurrent`` (:func:`concurrent_pairs`), ``selected``, ``skipped``,
         ``merged`` (scenario -> bundle dir), ``params_sha256``, ``params`` (validated dict),
         ``parts`` (part id -> {unit, shard, commit, perfkit_version}), ``commits`` (the distinct
-        commits measured), ``allow_mixed_commits``.
+        commits measured), ``allow_mixed_commits``, ``notes`` (honest older data merged:
+        "part P (shard …): plan not recorded: not checked", an additive table absent; each
+        part's too, in ``parts.<id>.notes``).
 
     Every shard and every part is compared with the first (:func:`identity_problems`): commit,
-    perfkit version, params digest, engine spec, request, engine program and the planned unit;
+    perfkit version, params (each manifest's re-validated with today's model, digested like
+    ``params``: a changed value is named by key), engine spec, request, engine program and the
+    planned unit (a part that records none: a note);
     each difference is a named problem (exit 2), other commits only without
     ``allow_mixed_commits``.
 
@@ -474,16 +496,28 @@ def merge_shards(
     if not manifests:
         raise ValueError("nothing to merge: " + "; ".join(problems or ["no shard directories given"]))
     ref_dir, ref = manifests[0]
-    want_hash = params_hash(params) if params is not None else ref["params_sha256"]
+    notes: list[str] = []
+    # what the user means, digested the same way on both sides: each manifest's recorded params
+    # re-validated with today's model (fields added since get their defaults) versus --params
+    # (or the first shard's) validated the same way; a changed value is refused by name
+    the_params = params if params is not None else _params_from(ref)
+    want_hash = params_hash(the_params)
+    want_name = "--params" if params is not None else f"{ref.get('params_file')} (shard {ref_dir})"
     total = int(ref["partition"]["total"])
     by_index: dict[int, tuple[Path, dict[str, Any]]] = {}
     for d, m in manifests:
-        if m.get("params_sha256") != want_hash:
+        shard = f"shard {m['partition']['index']}/{m['partition']['total']} ({d})"
+        try:
+            recorded = _params_from(m)
+        except ParamsError as exc:
+            problems.append(f"{shard}: its recorded params are not valid today: {exc}")
+            continue
+        if params_hash(recorded) != want_hash:
+            diff = _differences(recorded.model_dump(mode="json"), the_params.model_dump(mode="json"))
+            more = f" (+{len(diff) - 5} more)" if len(diff) > 5 else ""
             problems.append(
-                f"shard {m['partition']['index']}/{m['partition']['total']} ({d}) was measured with "
-                f"other params ({m.get('params_file')}, sha256 {str(m.get('params_sha256'))[:12]}) "
-                f"than {'--params' if params is not None else ref.get('params_file')} "
-                f"(sha256 {want_hash[:12]})"
+                f"{shard} was measured with other params ({m.get('params_file')}) than {want_name}: "
+                f"{'; '.join(diff[:5]) or 'digests differ'}{more}"
             )
             continue
         if int(m["partition"]["total"]) != total or [u["id"] for u in m["units"]] != [
@@ -542,13 +576,6 @@ def merge_shards(
             if not (pd_ / "meta.json").is_file():
                 problems.append(f"unit {u.id} of {where}: its output {pd_} is missing")
                 continue
-            # a saved bundle writes every table (empty ones too): a missing file is lost data,
-            # which ResultBundle.load would read as an empty table
-            lost = [f"{t}.parquet" for t in TABLES if not (pd_ / f"{t}.parquet").is_file()]
-            lost += [] if (pd_ / "results.json").is_file() else ["results.json"]
-            if lost:
-                problems.append(f"unit {u.id}: part {p.id} lacks {', '.join(lost)} ({where}: {pd_})")
-                continue
             try:
                 meta = json.loads((pd_ / "meta.json").read_text(encoding="utf-8"))
                 if not isinstance(meta, dict):
@@ -556,14 +583,24 @@ def merge_shards(
             except (OSError, ValueError, RecursionError) as exc:
                 problems.append(f"unit {u.id}: part {p.id}: unreadable {pd_ / 'meta.json'} ({exc})")
                 continue
+            # a saved bundle writes every table (empty ones too): a missing file is lost data,
+            # which ResultBundle.load would read as an empty table; except an additive table
+            # absent from a bundle saved before it existed (meta.tables, written since, lacks it)
+            written = meta.get("tables") if isinstance(meta.get("tables"), list) else None
+            absent = [t for t in TABLES if not (pd_ / f"{t}.parquet").is_file()]
+            older = [t for t in absent if TABLE_SCHEMAS[t].additive and (written is None or t not in written)]
+            lost = [f"{t}.parquet" for t in absent if t not in older]
+            lost += [] if (pd_ / "results.json").is_file() else ["results.json"]
+            if lost:
+                problems.append(f"unit {u.id}: part {p.id} lacks {', '.join(lost)} ({where}: {pd_})")
+                continue
+            part_notes = [f"{t}.parquet absent: saved before the table existed, read as empty" for t in older]
             ident = part_identity(meta)
             # as the bundle saved it (secrets redacted, NaN as null)
             planned = jsonsafe.finite(redact({"engine": u.engine, "request": u.request, "params": p.params}))
             if ident["plan"] is None:
-                problems.append(
-                    f"part {p.id} ({where}): records no plan (meta.scaleout.planned): not measured by"
-                    " run_unit of this perfkit"
-                )
+                # measured by an older perfkit (before run_unit stamped the plan): merged, said so
+                part_notes.insert(0, PLAN_NOT_RECORDED)
             elif _canon(ident["plan"]) != _canon(planned):
                 diff = "; ".join(_differences(ident["plan"], planned)[:5])
                 problems.append(
@@ -575,7 +612,9 @@ def merge_shards(
                 "shard": u.shard,
                 "commit": ident["commit"],
                 "perfkit_version": ident["perfkit version"],
+                **({"notes": part_notes} if part_notes else {}),
             }
+            notes += [f"part {p.id} ({where}): {n}" for n in part_notes]
             part_dirs[p.id] = pd_
     # every part against the first, and the first against its shard's manifest
     if identities:
@@ -594,7 +633,6 @@ def merge_shards(
             problems += identity_problems(identities[:2], allow_mixed_commits=allow_mixed_commits)
             identities.pop(0)
         problems += identity_problems(identities, allow_mixed_commits=allow_mixed_commits)
-    the_params = params if params is not None else _params_from(ref)
     dest.mkdir(parents=True, exist_ok=True)
     merged: dict[str, str] = {}
     pairs = concurrent_pairs(outcomes.values())
@@ -657,6 +695,7 @@ def merge_shards(
         "commits": sorted({str(v["commit"]) for v in part_info.values() if v["commit"]}),
         "allow_mixed_commits": allow_mixed_commits,
         "problems": problems,
+        "notes": notes,
     }
     (dest / MERGE_FILE).write_text(jsonsafe.dumps(doc, indent=2, default=str) + "\n")
     if params is None:
@@ -664,6 +703,8 @@ def merge_shards(
             f"# the params of the shards merged here ({ref.get('params_file')})\n"
             + yaml.safe_dump(the_params.model_dump(), sort_keys=False)
         )
+    for n in notes:
+        log.warning("merge: %s", n)
     for p in problems:
         log.error("merge: %s", p)
     return doc
