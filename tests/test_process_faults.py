@@ -220,7 +220,9 @@ def runs(tmp_path_factory):
             "--b",
             str(d / "b.yaml"),
             "--launches",
-            "1",
+            "2",  # the sequential A/B's least (issue 39): one look at 2 a side, no more
+            "--max-launches",
+            "2",
             "--warm",
             "2",
             "--out",

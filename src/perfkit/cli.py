@@ -660,6 +660,10 @@ def cmd_ab(a: SimpleNamespace) -> int:
                 raise click.BadParameter(str(exc), param_hint="--replay") from None
         out = _ab_out(a.out, f"{stamp}-replay")
         design = _ab_design(a, confidence, bundles)
+        if gate is None:  # as recorded: the alpha of each look is split over the gated metrics
+            recorded = ((bundles["A"].meta.get("ab") or {}).get("sequential") or {}).get("gate_metrics")
+            if recorded:
+                gate = _gate_metrics([",".join(map(str, recorded))])
     else:
         if not (a.a and a.b):
             raise click.UsageError("give --a and --b (engine spec or params files), or --replay DIR_A DIR_B")
@@ -1219,7 +1223,7 @@ def engine_serve_command(args: tuple[str, ...]) -> None:
     metavar="M1,M2",
     help="metrics whose regression sets the exit code (e.g. DenoisingStage,warm_e2e; names are"
     " case-sensitive, stages are the engine's); the rest are decided and shown, not gated (default:"
-    " every metric gates)",
+    " every metric gates; a replay: as recorded)",
 )
 @click.option(
     "--replay",

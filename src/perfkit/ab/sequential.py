@@ -676,7 +676,7 @@ def run_sequential(
 
     Returns:
         {"A": bundle, "B": bundle} (saved under ``out/a`` and ``out/b``); their meta ``ab``
-        holds ``sequential`` (the design), which ``--replay`` reads back.
+        holds ``sequential`` (the design and ``gate_metrics``), which ``--replay`` reads back.
     """
     from perfkit.ab.driver import run_arms
     from perfkit.ab.metrics import metric_values
@@ -700,6 +700,7 @@ def run_sequential(
         out,
         request_timeout_s=plan.request_timeout_s,
         extend=extend,
-        meta={"sequential": design.to_dict()},
+        # the gated metrics with the design: a replay without --gate-metrics splits alpha as the run did
+        meta={"sequential": {**design.to_dict(), "gate_metrics": list(gate) if gate else None}},
         profile=plan.profile,
     )
