@@ -136,9 +136,17 @@ def test_profiled_ab_page_names_the_injected_op_first_with_its_recorded_ms(live)
         assert set(t["launch"]) == {f"profiled-{side}"} and list(t["mode"]) == ["full_stages"] * 4
         assert not set(t["launch"]) & set(bd.launches["launch"])  # not a measured launch
     html = (out / "report.html").read_text()
-    diff = html.split("changed most")[1].split("</table>")[0]
-    first = diff.split("<tbody>")[1].split("</tr>")[0]
-    cells = [c.split("</td>")[0] for c in first.split("<td>")[1:]]
+
+    def rows(title: str) -> list[list[str]]:
+        body = html.split(title)[1].split("</table>")[0].split("<tbody>")[1]
+        return [[c.split("</td>")[0] for c in r.split("<td>")[1:]] for r in body.split("</tr>")[:-1]]
+
+    # the whole request: the injected op among the 8 that changed most (on this shared 2-core
+    # runner another stage's op can differ by as much between two launches: a conv3d of the
+    # decoder once moved 18.5 ms against the injected 14 ms)
+    assert INJECTED_RANGE in [r[0] for r in rows("Ops whose time changed most, side A")]
+    # within the stage the A/B judged (DenoisingStage): the injected op first
+    cells = rows("Ops whose time changed most in DenoisingStage")[0]
     # op, calls a, calls b, a (ms), b (ms), change (ms): the injected range exists on B only
     assert cells[0] == INJECTED_RANGE and cells[1] == "0" and int(cells[2]) == 16, cells
     # each side's ops are medians over its 3 profiled warm requests

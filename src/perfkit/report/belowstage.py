@@ -234,13 +234,30 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
     }
 
 
+def _ab_diff_frame(d: pd.DataFrame) -> pd.DataFrame:
+    """An :func:`~perfkit.readings.traces.op_diff` frame in the A/B page's columns."""
+    return pd.DataFrame(
+        {
+            "op": d["op"],
+            "calls_a": d["count_a"],
+            "calls_b": d["count_b"],
+            "a_ms": d["ms_a"],
+            "b_ms": d["ms_b"],
+            "change_ms": d["delta_ms"],
+            "share_of_change": d["delta_share"],
+        }
+    )
+
+
 def ab_panel(
     path_a: str | Path | None, path_b: str | Path | None, page_dir: str | Path
 ) -> dict[str, Any] | None:
     """The A/B page's "below the stage" panel: the ops whose time changed most from side A's
     profiled warm request to side B's (``perfkit ab --profile``), both sides' traces linked
     relative to ``page_dir``. None when neither side profiled anything. Keys as :func:`panel`
-    (``stage_top`` holds each side's profiled warm request). Never raises."""
+    (``stage_top`` holds each side's profiled warm request), plus ``stage_diffs``: ``(stage,
+    table)`` pairs, the top 5 changed ops within each stage (ops attributed to their innermost
+    stage), in the order the stages ran. Never raises."""
     import os
 
     sides: dict[str, BelowStage] = {}
@@ -270,21 +287,24 @@ def ab_panel(
     if not tl.empty:
         tl = tl[["side", *[c for c in tl.columns if c != "side"]]]
     diff = None
+    stage_diffs: list[tuple[str, Any]] = []
     if "A" in events and "B" in events:
-        d = tr.op_diff(events["A"], events["B"]).head(8)
-        diff = format_table(
-            pd.DataFrame(
-                {
-                    "op": d["op"],
-                    "calls_a": d["count_a"],
-                    "calls_b": d["count_b"],
-                    "a_ms": d["ms_a"],
-                    "b_ms": d["ms_b"],
-                    "change_ms": d["delta_ms"],
-                    "share_of_change": d["delta_share"],
-                }
+        diff = format_table(_ab_diff_frame(tr.op_diff(events["A"], events["B"]).head(8)))
+        # per stage: a stage-level verdict (DenoisingStage +2 %) comes with the ops of that stage,
+        # not drowned by another stage's launch-to-launch noise
+        stages = [
+            st
+            for st in dict.fromkeys(
+                x for side in ("A", "B") for e in events[side] for x in e["stage"].dropna()
             )
-        )
+            if isinstance(st, str)
+        ]
+        for st in stages:
+            d = tr.op_diff(
+                [e[e["stage"] == st] for e in events["A"]], [e[e["stage"] == st] for e in events["B"]]
+            ).head(5)
+            if not d.empty:
+                stage_diffs.append((st, format_table(_ab_diff_frame(d))))
     stage_top = [
         (f"side {side}, {DIFF_ROLES[1]}", format_table(bs.stage_top[DIFF_ROLES[1]]))
         for side, bs in sides.items()
@@ -295,6 +315,7 @@ def ab_panel(
         "files": [f for f in (tl["file"] if not tl.empty else []) if isinstance(f, str)],
         "diff": diff,
         "diff_title": "side A's profiled warm requests → side B's (each op's median over them)",
+        "stage_diffs": stage_diffs,
         "stage_top": stage_top,
         "cpu_and_idle": [
             (f"side {side}, {role}", format_table(t))
