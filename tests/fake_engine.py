@@ -38,6 +38,21 @@ import threading
 import time
 
 
+def command(*args: str) -> list[str]:
+    """The argv template that starts this stand-in engine (``{port}`` and ``{perf_log_dir}``
+    filled by perfkit's launcher), followed by ``args``: what a test gives
+    ``EngineSpec(kind="command", command_template=...)``."""
+    return [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--port",
+        "{port}",
+        "--perf-log-dir",
+        "{perf_log_dir}",
+        *args,
+    ]
+
+
 def mark(name: str) -> None:
     print(f"perfkit-mark {name} t={time.time():.6f}", file=sys.stderr, flush=True)
 

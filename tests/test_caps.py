@@ -3,33 +3,23 @@
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
+import fake_engine
 from perfkit.engine.caps import CapOutcome, MemoryCaps, cgroup2_available
 from perfkit.engine.launch import EngineExitedError, EngineStartError, launch
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings.memory import HostMemoryReader
-
-FAKE = str(Path(__file__).with_name("fake_engine.py"))
 
 
 def fake(*args: str) -> EngineSpec:
     return EngineSpec(
         kind="command",
         startup_timeout_s=20,
-        command_template=[
-            sys.executable,
-            FAKE,
-            "--port",
-            "{port}",
-            "--perf-log-dir",
-            "{perf_log_dir}",
-            *args,
-        ],
+        command_template=fake_engine.command(*args),
     )
 
 

@@ -13,28 +13,20 @@ from pathlib import Path
 
 import pytest
 
+import fake_engine
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.report.render import refused_records, summary_markdown
 from perfkit.scenarios.common import assemble, measure_launch
 
-FAKE = str(Path(__file__).with_name("fake_engine.py"))
 MIB = 2**20
 
 
 def _fake(*args: str) -> EngineSpec:
     return EngineSpec(
         kind="command",
-        command_template=[
-            sys.executable,
-            FAKE,
-            "--port",
-            "{port}",
-            "--perf-log-dir",
-            "{perf_log_dir}",
-            *args,
-        ],
+        command_template=fake_engine.command(*args),
         startup_timeout_s=30,
     )
 

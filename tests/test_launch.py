@@ -3,14 +3,13 @@
 import os
 import signal
 import socket
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
+import fake_engine
 from perfkit.engine.launch import (
     EngineExitedError,
     EngineStartError,
@@ -22,22 +21,12 @@ from perfkit.engine.launch import (
 )
 from perfkit.engine.spec import EngineSpec
 
-FAKE = str(Path(__file__).with_name("fake_engine.py"))
-
 
 def fake(*args: str, **kw) -> EngineSpec:
     kw.setdefault("startup_timeout_s", 20)
     return EngineSpec(
         kind="command",
-        command_template=[
-            sys.executable,
-            FAKE,
-            "--port",
-            "{port}",
-            "--perf-log-dir",
-            "{perf_log_dir}",
-            *args,
-        ],
+        command_template=fake_engine.command(*args),
         **kw,
     )
 

@@ -27,10 +27,10 @@ import psutil
 import pytest
 import yaml
 
+import fake_engine
 from perfkit.engine.owner import alive
 
 ROOT = Path(__file__).resolve().parents[1]
-FAKE = str(Path(__file__).with_name("fake_engine.py"))
 #: papermill's per-cell timeout of these runs (request 3 s + stop grace 2 s + 10 s fit in it; the
 #: rest is room for kernel starts on a loaded 2-core runner)
 CELL_TIMEOUT_S = 60
@@ -48,13 +48,7 @@ ENDED = {
 def engine(fault: str, pid_file: Path, request_timeout_s: float = 3) -> dict:
     return {
         "kind": "command",
-        "command": [
-            sys.executable,
-            FAKE,
-            "--port",
-            "{port}",
-            "--perf-log-dir",
-            "{perf_log_dir}",
+        "command": fake_engine.command(
             "--mode",
             "serve",
             "--fault",
@@ -67,7 +61,7 @@ def engine(fault: str, pid_file: Path, request_timeout_s: float = 3) -> dict:
             "0",
             "--pid-file",
             str(pid_file),
-        ],
+        ),
         "request_timeout_s": request_timeout_s,
         "stop_grace_s": 2,
     }

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -19,6 +18,7 @@ import pandas as pd
 
 from perfkit.checks import CHECK_COLUMNS, Check, check_table, overall_status
 from perfkit.common import jsonsafe
+from perfkit.common.jsonsafe import finite as jsonable  # NaN/inf -> null, recursively
 from perfkit.gate.baseline import atomic_write_text
 from perfkit.scenarios import registry
 
@@ -38,21 +38,6 @@ RUN_FILE = "run.json"
 def notebooks() -> tuple[str, ...]:
     """Notebook names in run order: every registered scenario, then the gate."""
     return (*registry.names(), GATE)
-
-
-def jsonable(v: Any) -> Any:
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return None
-    if isinstance(v, dict):
-        return {str(k): jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [jsonable(x) for x in v]
-    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        try:
-            return jsonable(v.item())
-        except (TypeError, ValueError):
-            pass
-    return v
 
 
 def write_verdict(
