@@ -6,6 +6,12 @@
 ``no_surviving_engines`` (autouse, every test): any engine process started through
 :func:`perfkit.engine.launch.launch` during a test (and any descendant seen at its teardown) must be gone
 when the test ends. A survivor is killed and the test errors, so the run fails.
+
+Parallel runs (``make test``: pytest-xdist, two workers, ``--dist loadgroup``): every test module is
+one group, so its module-scoped engine launches stay on one worker; the modules that share
+``h200_replay_run`` form one group, so the session fixture runs once; the heaviest modules are
+collected first, so the two workers end together. Tests marked ``timing`` (their verdict depends on
+the host's speed: a live A/B must decide +30 %) run afterwards, alone on the machine.
 """
 
 from __future__ import annotations
@@ -21,6 +27,34 @@ import psutil
 import pytest
 
 from perfkit.engine import launch as _launch
+
+#: modules by their wall time on CI's 2-core machine, heaviest first (pytest --durations): the
+#: parallel run hands them out in this order, the rest after them in collection order
+HEAVY_FIRST = (
+    "test_scaleout_merge",
+    "test_ray_suite",
+    "test_suite",
+    "test_process_faults",
+    "test_report_browser",
+    "test_figures",
+    "test_notebooks",
+    "test_scenarios",
+    "test_profiling",
+    "test_engine_config",
+    "test_cfg_parallel",
+    "test_ab_power",
+    "test_offload_modes",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Group every test by its module (the h200 replay users together) and put the heavy first."""
+    shared = {it.module.__name__ for it in items if "h200_replay_run" in getattr(it, "fixturenames", ())}
+    for it in items:
+        name = it.module.__name__
+        it.add_marker(pytest.mark.xdist_group("h200_replay_run" if name in shared else name))
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda it: rank.get(it.module.__name__.rsplit(".", 1)[-1], len(rank)))
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +22,9 @@ SPEC_B = ROOT / "examples/ab/tiny-cpu-denoise-30pct.yaml"
 AA = ROOT / "examples/ab/aa"
 NOT_REGRESSION = {"no change", "inconclusive", "not measured"}
 
+# the live A/B must decide +30 %: run alone on the machine (`make test`'s second phase)
+pytestmark = pytest.mark.timing
+
 
 def ab(*args: str):
     return CliRunner().invoke(cli, ["ab", *args], catch_exceptions=False)
@@ -30,12 +32,15 @@ def ab(*args: str):
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    # sequential (issue 39): first look at 2 launches a side, then a pair more unless DenoisingStage
-    # is decided (at most 3 launches a side: the 6 launches this test always had)
+    # sequential (issue 39): first look at 2 launches a side, then a pair more until DenoisingStage
+    # is decided, at most 5 launches a side. 15 warm requests a launch: a tiny warm request is about
+    # 20 ms, so they cost under a second a launch and make each launch's median steady enough that
+    # +30 % is decided within the maximum on this shared 2-core runner (5 a launch left it
+    # undecided at 3 launches a side in all three CI runs of the first design)
     out = tmp_path_factory.mktemp("ab") / "run"
     # --profile: one extra launch a side profiles a cold and a warm request (issue 35); the
     # assertions below that count launches check that it stays out of the A/B
-    res = ab("--a", str(SPEC_A), "--b", str(SPEC_B), "-n", "2", "--max-launches", "3", "-m", "5",
+    res = ab("--a", str(SPEC_A), "--b", str(SPEC_B), "-n", "2", "--max-launches", "5", "-m", "15",
              "--gate-metrics", "DenoisingStage", "--out", str(out),
              "--profile", "--profile-all-stages")  # fmt: skip
     return out, res
@@ -51,37 +56,22 @@ def test_live_30pct_denoising_slowdown_is_a_denoising_regression(live):
     den = r.table.set_index("metric").loc["DenoisingStage"]
     seq = r.meta["sequential"]
     n = den["n_a"]
-    assert den["n_b"] == n and 2 <= n <= 3 and seq["stop"] in ("regression", "maximum"), seq["reason"]
+    assert den["n_b"] == n and 2 <= n <= 5, seq["reason"]
     assert [lk["n"] for lk in seq["looks"]] == list(range(2, 2 + len(seq["looks"])))
     # each look's interval is wider than 95 % (alpha spending), and the looks' shares add up to 5 %
     assert all(lk["confidence"] > 0.95 for lk in seq["looks"]) and sum(
         1 - c for c in seq["design"]["look_confidence"].values()
     ) == pytest.approx(0.05)
-    # +30 % is decided a regression, exit 1. This 2-core runner is a shared VM whose launch CV is
-    # 10-35 % (docs/choosing-n-m.md; the CPU pool replays to near-zero detection at 5 launches a
-    # side): when 3 launches a side do not resolve it, the run must end *undecided* with exit 1,
-    # never a pass, "no change" or "improvement"
+    # +30 % is decided a regression (issue 39's live criterion), exit 1
     ab = r.meta["ab"]
     assert res.exit_code == r.exit_code == 1, res.output
-    if d["DenoisingStage"] == "regression":
-        assert den["low"] > 1.05 and r.verdict == "regression" and seq["stop"] == "regression"
-    else:
-        assert d["DenoisingStage"] == "inconclusive" and r.verdict == "undecided", r.table.to_string()
-        assert seq["stop"] == "maximum" and seq["undecided"] == ["DenoisingStage"]
-        assert max(seq["launches_run"].values()) == 3
-        needed = den["launches_needed"]
-        assert needed is pd.NA or needed >= n, r.table.to_string()  # asks for launches, not fewer
-        warnings.warn(
-            f"DenoisingStage +30 % undecided at 3 launches a side (B/A {den['ratio']:.2f}, "
-            f"CV between launches {den['cv_between']:.0%}, launches needed {needed}); "
-            f"load {ab['launch_load']}",
-            stacklevel=1,
-        )
+    assert d["DenoisingStage"] == "regression", (r.table.to_string(), seq["reason"], ab["launch_load"])
+    assert den["low"] > 1.05 and r.verdict == "regression" and seq["stop"] == "regression"
     # summary.md for $GITHUB_STEP_SUMMARY, printed too; the report page with the forest plot
     md = (out / "summary.md").read_text()
     word = "REGRESSION" if r.verdict == "regression" else r.verdict
     assert md.startswith(f"## perfkit ab: {word} (exit code {r.exit_code})")
-    assert "- sequential: first look at 2 launches a side, at most 3 run a side" in md and "| look |" in md
+    assert "- sequential: first look at 2 launches a side, at most 5 run a side" in md and "| look |" in md
     row = next(line for line in md.splitlines() if line.startswith("| DenoisingStage |"))
     assert f"| {d['DenoisingStage']} |" in row
     assert f"perfkit ab: {word}" in res.output
@@ -94,14 +84,15 @@ def test_live_30pct_denoising_slowdown_is_a_denoising_regression(live):
     ran = len(meta["order"])
     assert meta["order"][:4] == ["A00", "B00", "B01", "A01"]  # the first look's launches, planned
     if not any(seq["replaced"].values()):  # then pairs, interleaved (a replacement runs its side)
-        assert meta["order"] == ["A00", "B00", "B01", "A01", "A02", "B02"][:ran]
+        first = min(ran, 6)
+        assert meta["order"][:first] == ["A00", "B00", "B01", "A01", "A02", "B02"][:first]
     assert list(a.launches["launch"]) == [x for x in meta["order"] if x[0] == "A"]
-    assert meta["sequential"]["max_launches"] == 3 and sum(seq["launches_run"].values()) == ran
-    assert meta["warm_per_launch"] == 5 and len(meta["launch_load"]["B01"]["loadavg"]) == 3
+    assert meta["sequential"]["max_launches"] == 5 and sum(seq["launches_run"].values()) == ran
+    assert meta["warm_per_launch"] == 15 and len(meta["launch_load"]["B01"]["loadavg"]) == 3
     for bd in (a, b):
         la = bd.launches
         assert (la["first_result_s"] > la["ready_s"]).all(), la[["ready_s", "first_result_s"]]
-        assert (bd.measured_requests().groupby("launch").size() == 6).all()  # cold + 5 warm
+        assert (bd.measured_requests().groupby("launch").size() == 16).all()  # cold + 15 warm
     rec = json.loads(b.records["B00"][-1])
     assert rec["perfkit"]["debug_stage_delay_pct"] == {"DenoisingStage": 30.0}
     assert "debug_stage_delay_pct" not in json.loads(a.records["A00"][-1])["perfkit"]

@@ -267,6 +267,7 @@ def test_ab_power_figures_block(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_live_three_arm_pool_of_the_tiny_engine(tmp_path):
     data = load_yaml((ROOT / "examples/ab/tiny-cpu.yaml").read_text())
     a = EngineSpec.from_dict(data)

@@ -75,6 +75,7 @@ def test_thirty_percent_warm_slowdown_on_the_same_session_fails():
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_live_warm_only_slowdown_fails(tmp_path):
     spec = ReferenceEngine(
         preset="tiny",
