@@ -216,8 +216,11 @@ def test_bad_input_exits_2_naming_what_was_wrong(tmp_path):
     assert res.exit_code == 2 and "--threshold" in res.output
     res = ab("--a", str(SPEC_A))
     assert res.exit_code == 2 and "--b" in res.output
-    res = ab("--replay", str(tmp_path), str(tmp_path))
+    res = ab("--replay", str(tmp_path), str(AA / "b"))
     assert res.exit_code == 2 and "no meta.json" in res.output
+    # one recording on both sides is no A/B (an "A/A" of identical data would always say no change)
+    res = ab("--replay", str(AA / "a"), str(AA / "b" / ".." / "a"))
+    assert res.exit_code == 2 and "is given as both A and B" in res.output
     res = ab("--replay", str(AA / "a"), str(AA / "b"), "--threshold-from", str(tmp_path))
     assert res.exit_code == 2 and "ab.json" in res.output
     # two bundles that measured nothing: nothing compared, exit 2 (never "no change")

@@ -203,6 +203,16 @@ def test_improvement_hint_with_snippet(doc):
         "wan2_1_t2v_1.3b": {"stages_ms": {"DenoisingStage": 15000.0}, "denoise_step_ms": {"10": 300.0}}
     }
     assert overall_status(check_table(rows)) == "pass"
+    # the threshold's source is on the row: the baseline's, or sglang's 0.2 when it gives none
+    assert (
+        f"(improvement threshold {doc['improvement_reporting']['threshold']:g}, the baseline's)" in r.reason
+    )
+    doc.pop("improvement_reporting")
+    r = rows_by_metric(bl.compare(run, doc), "wan2_1_t2v_1.3b")["stages_ms.DenoisingStage"]
+    assert (
+        r.status == "improved"
+        and "(improvement threshold 0.2, sglang's default: the baseline gives none)" in r.reason
+    )
 
 
 def test_optional_load_tolerance(doc):

@@ -234,6 +234,7 @@ def test_a_writers_temporary_file_is_not_read(tmp_path: Path):
         ("https://x/{sha}", "unknown field {sha}"),
         ("https://x/", "no {commit} field"),
         ("https://x/{commit", "expected '}'"),
+        ("javascript:alert('{commit}')", "must start with https:// or http://"),
     ],
 )
 def test_a_commit_url_without_its_commit_field_exits_2(tmp_path: Path, template, why):

@@ -81,7 +81,14 @@ def test_warmup_run_is_recorded_with_tag_warmup(plain):
 
 
 @pytest.mark.parametrize(
-    "field,value", [("num_frames", 0), ("height", 65), ("num_inference_steps", 0), ("num_frames", "abc")]
+    "field,value",
+    [
+        ("num_frames", 0),
+        ("height", 65),
+        ("num_inference_steps", 0),
+        ("num_inference_steps", 10**12),
+        ("num_frames", "abc"),
+    ],
 )
 def test_bad_request_is_4xx_naming_the_field_and_server_stays_up(client, field, value):
     body = spec().payload()

@@ -652,6 +652,12 @@ def cmd_ab(a: SimpleNamespace) -> int:
     if a.replay:
         if a.a or a.b:
             raise click.UsageError("give either --replay DIR_A DIR_B or --a/--b, not both")
+        if Path(a.replay[0]).resolve() == Path(a.replay[1]).resolve():
+            raise click.BadParameter(
+                f"{a.replay[0]} is given as both A and B: an A/B compares two recordings (for an A/A, "
+                "record the same spec twice)",
+                param_hint="--replay",
+            )
         bundles = {}
         for side, d in zip("AB", a.replay):
             try:
@@ -1320,6 +1326,9 @@ def _commit_url(ctx: click.Context, param: click.Parameter, value: str | None) -
         other = sorted(fields - {"commit"})
         why = f"unknown field {{{other[0]}}}" if other else "no {commit} field"
         raise click.BadParameter(f"{value!r}: {why}; the template's one field is {{commit}}")
+    if not value.lower().startswith(("https://", "http://")):
+        # the link lands in summary.md and the history page: javascript: or data: would run there
+        raise click.BadParameter(f"{value!r}: must start with https:// or http://")
     return value
 
 

@@ -90,7 +90,8 @@ class RequestParams(_Model):
     num_frames: int = Field(25, ge=1)
     height: int = Field(64, ge=8)
     width: int = Field(64, ge=8)
-    num_inference_steps: int = Field(4, ge=1)
+    #: at most 1000: the scheduler's training timesteps (the reference engine's ``MAX_STEPS``)
+    num_inference_steps: int = Field(4, ge=1, le=1000)
     seed: int = 0
     guidance_scale: Optional[float] = Field(None, ge=0)
     negative_prompt: Optional[str] = None

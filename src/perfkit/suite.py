@@ -828,7 +828,7 @@ def merge_runs(
     try:
         doc = merge_shards(dirs, merged, params, allow_mixed_commits=allow_mixed_commits)
     except ValueError as exc:
-        raise SuiteError(f"perfkit merge: {exc}") from None
+        raise SuiteError(f"merge: {exc}") from None
     if not doc["merged"]:
         # still a run: its report names every problem (the report is written in every case)
         log.error(

@@ -839,10 +839,13 @@ def compare(
     if profile not in all_tols:
         raise KeyError(f"tolerance profile {profile!r} not in baseline (has: {sorted(all_tols)})")
     tols = all_tols[profile]
+    threshold_from = "given"
     if threshold is None:
-        threshold = float(
-            (baseline.get("improvement_reporting") or {}).get("threshold", DEFAULT_IMPROVEMENT_THRESHOLD)
+        given = (baseline.get("improvement_reporting") or {}).get("threshold")
+        threshold_from = (
+            "the baseline's" if given is not None else "sglang's default: the baseline gives none"
         )
+        threshold = float(DEFAULT_IMPROVEMENT_THRESHOLD if given is None else given)
     classify = _classifier(stage_classes)
     rows: list[Check] = []
     for case, entry in run.items():
@@ -929,8 +932,8 @@ def compare(
                         act,
                         b,
                         "improved",
-                        f"{(1 - act / exp) * 100:.1f}% faster than expected; update "
-                        f"scenarios.{case} with {json.dumps(snip)}",
+                        f"{(1 - act / exp) * 100:.1f}% faster than expected (improvement threshold "
+                        f"{threshold:g}, {threshold_from}); update scenarios.{case} with {json.dumps(snip)}",
                         snip,
                     )
                 )

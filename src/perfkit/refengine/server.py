@@ -115,6 +115,11 @@ USED_FIELDS = (
 )
 #: frames per second when the request gives none (what the pipeline's RoPE scaling assumes)
 DEFAULT_FPS = 24
+#: most denoising steps a request may ask for: LTX-Video's flow-match scheduler is trained on
+#: 1000 timesteps (diffusers ``FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000)``), so
+#: more steps than that repeat timesteps; a larger value is a 400 naming the field, not an hour's
+#: request that ends in an out-of-memory
+MAX_STEPS = 1000
 
 
 class VideoRequest(BaseModel):
@@ -330,8 +335,8 @@ class Engine:
         for name, val in (("height", h), ("width", w)):
             if val < 32 or val % 32:
                 raise FieldError(name, f"must be a positive multiple of 32, got {val}")
-        if steps < 1:
-            raise FieldError("num_inference_steps", f"must be >= 1, got {steps}")
+        if steps < 1 or steps > MAX_STEPS:
+            raise FieldError("num_inference_steps", f"must be between 1 and {MAX_STEPS}, got {steps}")
         guidance = 3.0 if vr.guidance_scale is None else vr.guidance_scale
         if guidance < 0:
             raise FieldError("guidance_scale", f"must be >= 0, got {guidance}")

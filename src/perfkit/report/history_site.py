@@ -37,7 +37,13 @@ def _slug(text: str) -> str:
 
 
 def commit_link(commit: str, template: str | None) -> dict[str, str | None]:
-    """``{"text": short hash, "url": template with {commit} filled, or None}``."""
+    """``{"text": short hash, "url": template with {commit} filled, or None}``.
+
+    Raises:
+        ValueError: a template that is not an http(s) URL (``javascript:`` would run on the page).
+    """
+    if template and not template.lower().startswith(("https://", "http://")):
+        raise ValueError(f"commit URL template {template!r} must start with https:// or http://")
     return {"text": commit[:10], "url": template.format(commit=commit) if template else None, "full": commit}
 
 
