@@ -16,13 +16,15 @@ Before anything runs, a replay directory without bundles, a missing or broken ``
 and an ``--out`` already holding another run (without ``--force``) are errors (exit 2). A replay
 launches nothing: an investigation whose bundle the replay directory lacks is skipped.
 
-Exit codes (:data:`EXIT_OK`, :data:`EXIT_REGRESSION`, :data:`EXIT_ERROR`): 0 every gate passed,
+Exit codes (:data:`perfkit.gate.verdicts.EXIT_OK`, :data:`perfkit.gate.verdicts.EXIT_REGRESSION`,
+:data:`perfkit.gate.verdicts.EXIT_ERROR`): 0 every gate passed,
 1 a gate failed (regression), 2 an error (bad params, engine crash, notebook exception, kernel
 death).
 
-The helpers the notebooks call live here too, so notebooks stay thin: :func:`load_or_run`
-(replay a recorded bundle or run a scenario), :func:`scenario_verdict`, :func:`write_verdict`,
-:func:`case_id`, :func:`bundle_cases`, :func:`gate`.
+The helpers the notebooks call, so notebooks stay thin:
+:func:`perfkit.scenarios.runner.load_or_run` (replay a recorded bundle or run a scenario),
+:func:`perfkit.gate.verdicts.write_verdict`, :func:`perfkit.gate.run.case_id`,
+:func:`perfkit.gate.run.bundle_cases`, :func:`perfkit.gate.run.gate`.
 
 Run directory layout::
 

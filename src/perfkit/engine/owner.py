@@ -8,7 +8,7 @@ that runs the kernels (``perfkit suite``), or the one that launches engines itse
 - :func:`become_subreaper` (Linux ``PR_SET_CHILD_SUBREAPER``): an orphaned descendant (an
   engine whose kernel died, a child that left its engine's session) is re-parented to the owner,
   not to init, so the owner still finds it among its descendants.
-- :func:`registry_env` / :func:`register`: :func:`perfkit.engine.launch.launch` appends every
+- :func:`register` / :func:`registered`: :func:`perfkit.engine.launch.launch` appends every
   process it starts (pid, process group, start time, label) to the JSON-lines file named by
   :data:`REGISTRY_ENV`, which the owner sets for the kernels it starts.
 - :class:`Watch`: a snapshot of the owner's descendants taken before a notebook or a unit runs;
@@ -17,7 +17,7 @@ that runs the kernels (``perfkit suite``), or the one that launches engines itse
   SIGCONT, so a stopped process acts on it) to each process group and process, ``grace_s``,
   then SIGKILL; it returns how each one ended.
 
-The launcher's own teardown (:meth:`EngineHandle._terminate`) does the same for one engine and
+The launcher's own teardown (:meth:`perfkit.engine.launch.EngineHandle._terminate`) does the same for one engine and
 gives the engine a SIGKILL parent-death signal; this module is what remains when the launcher
 itself is gone.
 """

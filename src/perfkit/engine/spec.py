@@ -49,8 +49,9 @@ one line per problem, e.g. ``EngineSpec.warmup_frames: Input should be greater t
 0, got -1``; embedded in params, pydantic's error locations name ``engine.<field>``.
 
 Note: the argv template of the ``command`` kind lives in the field ``command_template`` (the name
-``command`` is the method); the key ``command`` is its spelling in dicts (:meth:`to_dict` writes
-it, :meth:`from_dict` and the constructor accept either).
+``command`` is the method); the key ``command`` is its spelling in dicts
+(:meth:`EngineSpec.to_dict` writes it, :meth:`EngineSpec.from_dict` and the constructor accept
+either).
 """
 
 from __future__ import annotations

@@ -26,11 +26,12 @@ The public API:
 
 - :func:`load_baseline`, :func:`save_baseline`, :func:`dumps_baseline`, :func:`new_baseline`
 - :func:`from_bundle`, :func:`baseline_from_bundles`, :func:`set_scenario`
-- :func:`compare`, :func:`check_overlap`, :func:`check_invariants`, :func:`classify_stage`,
-  :func:`bound`
-- :func:`verdict_table`, :func:`verdict_markdown`, :func:`overall_status`,
-  :func:`improvement_snippets`
+- :func:`compare`, :func:`check_overlap`, :func:`classify_stage`, :func:`bound`
+- :func:`improvement_snippets`
 - :func:`update_baseline`
+
+The verdict's table and words are elsewhere: :func:`perfkit.checks.overall_status`,
+:func:`perfkit.report.notebook.verdict_markdown`.
 """
 
 from __future__ import annotations
