@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 MIB = 2**20
 #: path fragments that mark a frame as the engine's own code (checked in order)
@@ -61,6 +69,26 @@ class Frame(BaseModel):
     line: int
 
 
+def _shared_frames(v: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
+    # torch's pickle shares each frame dict among the events and blocks of every stack holding
+    # it (a few hundred distinct frames for thousands of events): validate each one once, by
+    # identity while the unpickled data is alive; a bad one goes through the handler, which
+    # raises with the key path
+    cache = info.context.get("frames") if isinstance(info.context, dict) else None
+    if cache is None or not isinstance(v, list):
+        return handler(v)
+    out = []
+    for f in v:
+        hit = cache.get(id(f))
+        if hit is None:
+            try:
+                hit = cache[id(f)] = (f, Frame.model_validate(f))
+            except ValidationError:
+                return handler(v)
+        out.append(hit[1])
+    return out
+
+
 class Block(BaseModel):
     """A block inside a segment (bytes)."""
 
@@ -70,6 +98,7 @@ class Block(BaseModel):
     requested_size: Optional[int] = None
     state: str
     frames: list[Frame] = Field(default_factory=list)
+    _frames = field_validator("frames", mode="wrap")(_shared_frames)
 
 
 class Segment(BaseModel):
@@ -91,6 +120,7 @@ class TraceEntry(BaseModel):
     size: int = Field(ge=0)
     time_us: Optional[int] = None
     frames: list[Frame] = Field(default_factory=list)
+    _frames = field_validator("frames", mode="wrap")(_shared_frames)
 
 
 class SnapshotFile(BaseModel):
@@ -164,7 +194,7 @@ def read_snapshot(path: str | Path) -> MemSnapshot:
     if not isinstance(data, dict):
         raise MemSnapshotError(f"{p}: expected torch's snapshot dict, got {type(data).__name__}")
     try:
-        snap = SnapshotFile.model_validate(data)
+        snap = SnapshotFile.model_validate(data, context={"frames": {}})
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(x) for x in err["loc"])
