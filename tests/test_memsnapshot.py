@@ -150,3 +150,73 @@ def test_a_schema_error_names_the_file_and_key(tmp_path):
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(MemSnapshotError, match=r"nope.pickle: cannot read the snapshot"):
         read_snapshot(tmp_path / "nope.pickle")
+
+
+# -- the scenario side: the bundle's memory_sites rows and the leak verdict's sites ----------
+
+
+def test_collect_from_the_h200_records_names_the_leak_in_table_reading_and_verdict(tmp_path):
+    from perfkit.checks import check_table
+    from perfkit.gate.run import scenario_checks
+    from perfkit.scenarios.memsites import SnapshotParams, collect, sites_markdown, top_sites_text
+
+    lines = []
+    for r in _records("leak64"):  # the records name the engine's files: point them at the fixture
+        snap = r["perfkit"].get("memory_snapshot")
+        if snap:
+            raw = tmp_path / f"request-{snap['request_index']:03d}.pickle"
+            raw.write_bytes(
+                gzip.decompress((FIX / f"leak64-request-{snap['request_index']}.pickle.gz").read_bytes())
+            )
+            snap["path"] = str(raw)
+        lines.append(json.dumps(r))
+    table, res, files = collect("session", lines, SnapshotParams(), repeats=4)
+    assert res["status"] == "ok" and (res["from"], res["to"]) == (0, 3)
+    grew = table[table["kind"] == "grew"]
+    assert grew.iloc[0]["site"].startswith("inject_debug_leak (perfkit/refengine/server.py:")
+    assert grew.iloc[0]["mib"] == pytest.approx(3 * LEAK_MIB) and grew.iloc[0]["blocks"] == 3
+    peak = table[table["kind"] == "peak"]
+    assert peak["mib"].sum() == pytest.approx(res["peak_mib"]) and res["peak_mib"] == pytest.approx(
+        353.57, abs=0.01
+    )
+    assert sorted(files) == ["memsnap-session-request-0.pickle.gz", "memsnap-session-request-3.pickle.gz"]
+    assert read_snapshot(files["memsnap-session-request-3.pickle.gz"]).live_mib == pytest.approx(
+        353.57, abs=0.01
+    )
+    assert "`inject_debug_leak (perfkit/refengine/server.py:586)` +192.0 MiB" in sites_markdown(
+        {"memory_sites": res}
+    )
+    # a leak verdict comes with its top allocation sites
+    results = {
+        "memory_sites": res,
+        "leak_checks": [{"name": "device_reserved_slope_mib_per_request", "value": 64.0, "measured": True}],
+    }
+    results["leak_checks"][0]["sites"] = top_sites_text(results)
+    rows = check_table(
+        scenario_checks("cold_warm", results, {"device_reserved_slope_mib_per_request_max": 16.0})
+    )
+    row = rows[rows["metric"] == "device_reserved_slope_mib_per_request"].iloc[0]
+    assert row["status"] == "fail"
+    assert (
+        "top allocation sites: inject_debug_leak (perfkit/refengine/server.py:586) +192.0 MiB"
+        in row["reason"]
+    )
+
+
+def test_collect_without_the_leak_names_no_growing_site(tmp_path):
+    from perfkit.scenarios.memsites import SnapshotParams, collect, sites_markdown
+
+    lines = []
+    for r in _records("noleak"):
+        snap = r["perfkit"].get("memory_snapshot")
+        if snap:
+            raw = tmp_path / f"n{snap['request_index']}.pickle"
+            raw.write_bytes(
+                gzip.decompress((FIX / f"noleak-request-{snap['request_index']}.pickle.gz").read_bytes())
+            )
+            snap["path"] = str(raw)
+        lines.append(json.dumps(r))
+    table, res, _ = collect("session", lines, SnapshotParams(), repeats=4)
+    assert res["status"] == "ok" and res["grew"] == []
+    assert table[table["kind"] == "grew"].empty and not table[table["kind"] == "peak"].empty
+    assert sites_markdown({"memory_sites": res}).endswith("no allocation site grew by 1 MiB or more.")

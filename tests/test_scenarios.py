@@ -13,6 +13,7 @@ from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate.run import scenario_checks
 from perfkit.scenarios import cold_vs_warm, find_min_budget, memory_budget, warmup_shapes
+from perfkit.scenarios.cold_warm import reading as cold_warm_reading
 
 REQ = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
 SPEC = EngineSpec(
@@ -39,7 +40,8 @@ def cold_warm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def leaky(tmp_path_factory):
     spec = SPEC.replace(compile=False, debug_leak_mib=64)
-    return cold_vs_warm(spec, REQ, repeats=4, run_dir=tmp_path_factory.mktemp("leak"))
+    # snapshot asked for: on this CPU engine the records and the report say "not available on cpu"
+    return cold_vs_warm(spec, REQ, repeats=4, run_dir=tmp_path_factory.mktemp("leak"), snapshot={})
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +100,15 @@ def test_leaking_engine_is_caught(leaky):
     assert slope["status"] == "fail"
     assert 48 <= slope["actual"] <= 80, slope  # 64 MiB kept per request
     assert overall_status(table) == "fail"
+    # snapshots were asked for: on CPU the verdict and the reading say why there are no sites
+    assert "allocation sites: not available on cpu" in slope["reason"], slope
+    assert leaky.results["memory_sites"]["status"] == "not available on cpu"
+    assert "**Allocation sites** (allocator snapshots): not available on cpu." in cold_warm_reading(leaky.results)
+    assert leaky.tables["memory_sites"].empty and list(leaky.tables["memory_sites"].columns)[:2] == ["launch", "kind"]
+    recs = [json.loads(ln) for lines in leaky.records.values() for ln in lines]
+    snaps = {r["perfkit"].get("request_index"): r["perfkit"].get("memory_snapshot") for r in recs}
+    assert snaps[0] == {"request_index": 0, "error": "not available on cpu"}
+    assert snaps[3] == {"request_index": 3, "error": "not available on cpu"} and snaps[1] is None
 
 
 def test_warmup_coverage_matrix(shapes):

@@ -522,7 +522,10 @@ class ReferenceEngine(_ServingEngine):
         if self.debug_leak_mib > 0:
             argv += ["--debug-leak-mib", str(self.debug_leak_mib)]
         if self.memory_snapshot_after:
-            argv += ["--memory-snapshot-after", ",".join(str(i) for i in sorted(set(self.memory_snapshot_after)))]
+            argv += [
+                "--memory-snapshot-after",
+                ",".join(str(i) for i in sorted(set(self.memory_snapshot_after))),
+            ]
             argv += ["--memory-snapshot-entries", str(self.memory_snapshot_entries)]
         for stage, pct in self.debug_stage_delay.items():
             argv += ["--debug-stage-delay", f"{stage}={pct:g}%"]
