@@ -13,6 +13,7 @@ from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate.run import scenario_checks
 from perfkit.scenarios import cold_vs_warm, find_min_budget, memory_budget, warmup_shapes
+from perfkit.scenarios import registry
 from perfkit.scenarios.cold_warm import reading as cold_warm_reading
 
 REQ = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
@@ -128,7 +129,12 @@ def test_warmup_coverage_matrix(shapes):
 def test_memory_budget_under_host_cap_completes(tmp_path):
     spec = SPEC.replace(compile=False, warmup_frames=0)
     b = memory_budget(
-        spec, caps=[MemoryCaps(), MemoryCaps(host_gib=6.0)], request=REQ, repeats=2, run_dir=tmp_path
+        spec,
+        caps=[MemoryCaps(), MemoryCaps(host_gib=6.0)],
+        request=REQ,
+        repeats=2,
+        run_dir=tmp_path,
+        snapshot={"max_entries": 1000},
     )
     capped = b.results["caps"][1]
     assert capped["completed"] and capped["cap_held"], capped
@@ -136,6 +142,13 @@ def test_memory_budget_under_host_cap_completes(tmp_path):
     assert capped["host_anon_peak_mib"] > 50
     assert capped["placement"] == "cpu"
     assert b.results["caps"][0]["enforcement"] == "none"
+    # snapshots asked for on a CPU engine: each budget says why there are none; the declared
+    # table is empty and survives a save and load
+    assert [c["memory_sites"]["status"] for c in b.results["caps"]] == ["not available on cpu"] * 2
+    text = registry.get("memory_budget").reading(b.results)
+    assert text.count("**Allocation sites** (allocator snapshots): not available on cpu.") == 2, text
+    back = ResultBundle.load(b.save(tmp_path / "bundle"))
+    assert back.tables["memory_sites"].empty and "site" in back.tables["memory_sites"].columns
 
 
 def test_find_min_budget_says_gpu_only_on_cpu(tmp_path):
