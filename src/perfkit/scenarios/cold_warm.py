@@ -211,7 +211,8 @@ def cold_vs_warm(
         params["snapshot"] = snapshot.model_dump()
         sites, results["memory_sites"], files = collect(data.label, data.record_lines, snapshot, repeats)
         for chk in results.get("leak_checks") or []:
-            chk["sites"] = top_sites_text(results)
+            if "slope" in chk["name"]:  # the memory slopes; latency drift has no allocation site
+                chk["sites"] = top_sites_text(results)
     bundle = assemble(NAME, [data], params, results, caps=[caps])
     if sites is not None:
         bundle.tables["memory_sites"] = sites

@@ -123,7 +123,9 @@ def collect(
         {
             "status": "ok",
             "grew": [
-                {"site": g["site"], "grown_mib": float(g["grown_mib"])} for _, g in grew.head(3).iterrows()
+                # sites that grew (one whose blocks were only replaced, same MiB, did not)
+                {"site": g["site"], "grown_mib": float(g["grown_mib"])}
+                for _, g in grew[grew["grown_mib"] > 0].head(3).iterrows()
             ],
             "peak_mib": peak.mib,
         }
