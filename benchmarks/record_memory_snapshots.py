@@ -51,7 +51,9 @@ def run(out: Path, name: str, leak_mib: int, a: argparse.Namespace) -> list[dict
             dst = out / f"{name}-request-{snap['request_index']}.pickle.gz"
             with open(snap["path"], "rb") as src, gzip.open(dst, "wb", compresslevel=9) as fh:
                 shutil.copyfileobj(src, fh)
-            print(f"  {dst.name}: {dst.stat().st_size / 2**20:.2f} MiB gzip ({snap['bytes'] / 2**20:.2f} MiB raw)")
+            print(
+                f"  {dst.name}: {dst.stat().st_size / 2**20:.2f} MiB gzip ({snap['bytes'] / 2**20:.2f} MiB raw)"
+            )
     return recs
 
 

@@ -12,8 +12,7 @@ from perfkit.checks import check_table, overall_status
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate.run import scenario_checks
-from perfkit.scenarios import cold_vs_warm, find_min_budget, memory_budget, warmup_shapes
-from perfkit.scenarios import registry
+from perfkit.scenarios import cold_vs_warm, find_min_budget, memory_budget, registry, warmup_shapes
 from perfkit.scenarios.cold_warm import reading as cold_warm_reading
 
 REQ = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
@@ -104,8 +103,13 @@ def test_leaking_engine_is_caught(leaky):
     # snapshots were asked for: on CPU the verdict and the reading say why there are no sites
     assert "allocation sites: not available on cpu" in slope["reason"], slope
     assert leaky.results["memory_sites"]["status"] == "not available on cpu"
-    assert "**Allocation sites** (allocator snapshots): not available on cpu." in cold_warm_reading(leaky.results)
-    assert leaky.tables["memory_sites"].empty and list(leaky.tables["memory_sites"].columns)[:2] == ["launch", "kind"]
+    assert "**Allocation sites** (allocator snapshots): not available on cpu." in cold_warm_reading(
+        leaky.results
+    )
+    assert leaky.tables["memory_sites"].empty and list(leaky.tables["memory_sites"].columns)[:2] == [
+        "launch",
+        "kind",
+    ]
     recs = [json.loads(ln) for lines in leaky.records.values() for ln in lines]
     snaps = {r["perfkit"].get("request_index"): r["perfkit"].get("memory_snapshot") for r in recs}
     assert snaps[0] == {"request_index": 0, "error": "not available on cpu"}

@@ -158,12 +158,12 @@ def sites_markdown(r: Mapping[str, Any]) -> str:
     status = ms.get("status")
     if status != "ok":
         return f"**Allocation sites** (allocator snapshots): {status}."
-    grew = [g for g in ms.get("grew") or [] if isinstance(g, Mapping)]
+    grew = [g for g in ms.get("grew") or [] if isinstance(g, Mapping) and float(g["grown_mib"]) >= 1.0]
     head = (
         f"**Allocation sites**: between the snapshot after request {ms.get('from')} (cold) and after "
         f"warm request {ms.get('to')}"
     )
-    if not grew or max(abs(float(g["grown_mib"])) for g in grew) < 1.0:
+    if not grew:
         return head + ", no allocation site grew by 1 MiB or more."
     items = [f"`{g['site']}` {float(g['grown_mib']):+.1f} MiB" for g in grew]
     return head + " the live memory grew at: " + "; ".join(items) + "."
