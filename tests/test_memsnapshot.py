@@ -220,3 +220,39 @@ def test_collect_without_the_leak_names_no_growing_site(tmp_path):
     assert res["status"] == "ok" and res["grew"] == []
     assert table[table["kind"] == "grew"].empty and not table[table["kind"] == "peak"].empty
     assert sites_markdown({"memory_sites": res}).endswith("no allocation site grew by 1 MiB or more.")
+
+
+# -- the live H200 run (examples/h200/memsnap: params/h200-memsnap*.yaml through perfkit.measure) --
+
+LIVE = Path(__file__).parent.parent / "examples" / "h200" / "memsnap"
+
+
+def test_live_h200_bundle_gives_the_leak_verdict_with_its_allocation_site():
+    from perfkit.bundle import ResultBundle
+    from perfkit.checks import check_table
+    from perfkit.gate.run import scenario_checks
+
+    b = ResultBundle.load(LIVE / "leak" / "cold_warm")
+    grew = b.tables["memory_sites"].query("kind == 'grew'")
+    top = grew.iloc[0]
+    k = int(top["to_index"])  # the cold request 0 -> warm request k = 4: k leaks of 64 MiB
+    assert top["site"].startswith("inject_debug_leak (") and top["mib"] == pytest.approx(
+        LEAK_MIB * k, rel=0.1
+    )
+    # the kept files give the same diff
+    a, z = (read_snapshot(b.traces[f"memsnap-session-request-{i}.pickle.gz"]) for i in (0, k))
+    assert diff_snapshots(a, z).iloc[0]["grown_mib"] == pytest.approx(top["mib"])
+    rows = check_table(
+        scenario_checks("cold_warm", b.results, {"device_reserved_slope_mib_per_request_max": 16.0})
+    )
+    slope = rows[rows["metric"] == "device_reserved_slope_mib_per_request"].iloc[0]
+    assert slope["status"] == "fail" and slope["actual"] == pytest.approx(LEAK_MIB, rel=0.1)
+    assert (
+        "top allocation sites: inject_debug_leak (perfkit/refengine/server.py:586) +256.0 MiB"
+        in slope["reason"]
+    )
+    # without the leak no site grows beyond the allocator's noise (measured: 0 MiB net)
+    quiet = ResultBundle.load(LIVE / "noleak" / "cold_warm")
+    sites = quiet.tables["memory_sites"]
+    assert not sites.empty and sites.query("kind == 'grew'")["mib"].abs().max() < 1.0, sites
+    assert quiet.results["memory_sites"]["status"] == "ok"
