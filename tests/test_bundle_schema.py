@@ -26,14 +26,18 @@ def test_schema_version_is_2():
     assert SCHEMA_VERSION == 2
     # "traces" (issue 35) and "memory_sites" (issue 36) are additive: a bundle without them
     # loads with empty tables
-    assert tuple(TABLE_SCHEMAS) == TABLES == (
-        "requests",
-        "stages",
-        "steps",
-        "memory",
-        "launches",
-        "traces",
-        "memory_sites",
+    assert (
+        tuple(TABLE_SCHEMAS)
+        == TABLES
+        == (
+            "requests",
+            "stages",
+            "steps",
+            "memory",
+            "launches",
+            "traces",
+            "memory_sites",
+        )
     )
 
 

@@ -54,6 +54,8 @@ LEAK_CHECKS = {
     "device_reserved_slope_mib_per_request": "device_reserved_slope_mib_per_request_max",
     "latency_drift": "latency_drift_max",
 }
+#: the leak checks a CUDA allocator snapshot explains (device memory only)
+SITE_CHECKS = ("device_reserved_slope_mib_per_request",)
 
 
 class ColdWarmParams(ScenarioParams):
@@ -211,7 +213,7 @@ def cold_vs_warm(
         params["snapshot"] = snapshot.model_dump()
         sites, results["memory_sites"], files = collect(data.label, data.record_lines, snapshot, repeats)
         for chk in results.get("leak_checks") or []:
-            if "slope" in chk["name"]:  # the memory slopes; latency drift has no allocation site
+            if chk["name"] in SITE_CHECKS:
                 chk["sites"] = top_sites_text(results)
     bundle = assemble(NAME, [data], params, results, caps=[caps])
     if sites is not None:
@@ -301,8 +303,9 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
     for name, key in LEAK_CHECKS.items():
         if key in inv:
             chk = leaks.get(name)
-            # a leak verdict comes with its top allocation sites (when snapshots were taken)
-            what = str(chk.get("sites") or "") if chk else ""
+            # a device leak verdict comes with its top allocation sites (when snapshots were
+            # taken); host memory and latency are not what a CUDA allocator snapshot covers
+            what = str(chk.get("sites") or "") if chk and name in SITE_CHECKS else ""
             rows.append(check_max(NAME, name, chk.get("value") if chk else None, float(inv[key]), what))
     return rows
 
