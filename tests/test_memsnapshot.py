@@ -256,3 +256,17 @@ def test_live_h200_bundle_gives_the_leak_verdict_with_its_allocation_site():
     sites = quiet.tables["memory_sites"]
     assert not sites.empty and sites.query("kind == 'grew'")["mib"].abs().max() < 1.0, sites
     assert quiet.results["memory_sites"]["status"] == "ok"
+
+
+def test_an_engine_without_snapshots_is_said_so_not_failed():
+    from perfkit.engine.spec import EngineSpec
+    from perfkit.scenarios.memsites import SnapshotParams, ask_engine, collect, sites_markdown
+
+    sgl = EngineSpec(kind="sglang", model_path="Lightricks/LTX-Video")
+    spec, why = ask_engine(sgl, SnapshotParams(), 5)
+    assert spec is sgl and why.startswith("not available for engine kind 'sglang'")
+    table, res, files = collect("session", [], SnapshotParams(), 5, why)
+    assert table.empty and files == {} and res["status"] == why
+    assert sites_markdown({"memory_sites": res}) == f"**Allocation sites** (allocator snapshots): {why}."
+    ref, why = ask_engine(EngineSpec(kind="reference"), SnapshotParams(warm=2, max_entries=500), 5)
+    assert why is None and (ref.memory_snapshot_after, ref.memory_snapshot_entries) == ([0, 2], 500)

@@ -32,7 +32,7 @@ from perfkit.scenarios.common import (
     measure_launch,
     stage_penalty,
 )
-from perfkit.scenarios.memsites import SnapshotParams, collect, sites_markdown, top_sites_text
+from perfkit.scenarios.memsites import SnapshotParams, ask_engine, collect, sites_markdown, top_sites_text
 from perfkit.scenarios.profiled import ProfileParams, attach, run_profiled
 from perfkit.scenarios.registry import (
     CapParams,
@@ -134,10 +134,9 @@ def cold_vs_warm(
     run_dir = Path(run_dir)
     if isinstance(snapshot, dict):
         snapshot = SnapshotParams.model_validate(snapshot)
+    snapshot_why_not = None
     if snapshot is not None:
-        spec = spec.replace(
-            memory_snapshot_after=snapshot.indices(repeats), memory_snapshot_entries=snapshot.max_entries
-        )
+        spec, snapshot_why_not = ask_engine(spec, snapshot, repeats)
     data = measure_launch(
         spec, [req] * repeats, run_dir, "session", caps=caps, sample_interval_s=sample_interval_s
     )
@@ -211,7 +210,9 @@ def cold_vs_warm(
     sites = files = None
     if snapshot is not None:
         params["snapshot"] = snapshot.model_dump()
-        sites, results["memory_sites"], files = collect(data.label, data.record_lines, snapshot, repeats)
+        sites, results["memory_sites"], files = collect(
+            data.label, data.record_lines, snapshot, repeats, snapshot_why_not
+        )
         for chk in results.get("leak_checks") or []:
             if chk["name"] in SITE_CHECKS:
                 chk["sites"] = top_sites_text(results)

@@ -40,7 +40,7 @@ from perfkit.scenarios.common import (
     reuse_launch,
     slug,
 )
-from perfkit.scenarios.memsites import SnapshotParams, collect, sites_markdown
+from perfkit.scenarios.memsites import SnapshotParams, ask_engine, collect, sites_markdown
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -153,10 +153,9 @@ def memory_budget(
     req = _req(request)
     if isinstance(snapshot, dict):
         snapshot = SnapshotParams.model_validate(snapshot)
+    snapshot_why_not = None
     if snapshot is not None and repeats >= 2:
-        spec = spec.replace(
-            memory_snapshot_after=snapshot.indices(repeats), memory_snapshot_entries=snapshot.max_entries
-        )
+        spec, snapshot_why_not = ask_engine(spec, snapshot, repeats)
     site_tables: list[pd.DataFrame] = []
     site_files: dict[str, Path] = {}
     launches, entries, reused = [], [], []
@@ -227,7 +226,9 @@ def memory_budget(
             if repeats < 2:
                 e["memory_sites"] = {"status": "needs repeats >= 2 (a cold and a warm request)"}
             else:
-                table, e["memory_sites"], files = collect(data.label, data.record_lines, snapshot, repeats)
+                table, e["memory_sites"], files = collect(
+                    data.label, data.record_lines, snapshot, repeats, snapshot_why_not
+                )
                 site_tables.append(table)
                 site_files.update(files)
         entries.append(e)

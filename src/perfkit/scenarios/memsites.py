@@ -23,6 +23,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from perfkit.bundle import conform
+from perfkit.engine.spec import EngineSpec
 from perfkit.readings.memsnapshot import MemSnapshotError, diff_snapshots, peak_by_site, read_snapshot
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,19 @@ class SnapshotParams(BaseModel):
         return [0, k]
 
 
+def ask_engine(spec: EngineSpec, params: SnapshotParams, repeats: int) -> tuple[EngineSpec, str | None]:
+    """``spec`` with the snapshot flags set, and None; or ``spec`` unchanged and why not (an
+    engine kind without the flags: sglang's server has no such option)."""
+    if spec.kind != "reference":
+        return (
+            spec,
+            f"not available for engine kind {spec.kind!r} (the reference engine's --memory-snapshot-after)",
+        )
+    return spec.replace(
+        memory_snapshot_after=params.indices(repeats), memory_snapshot_entries=params.max_entries
+    ), None
+
+
 def _snapshot_entries(record_lines: list[str]) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for ln in record_lines:
@@ -65,9 +79,11 @@ def _snapshot_entries(record_lines: list[str]) -> dict[int, dict[str, Any]]:
 
 
 def collect(
-    launch: str, record_lines: list[str], params: SnapshotParams, repeats: int
+    launch: str, record_lines: list[str], params: SnapshotParams, repeats: int, why_not: str | None = None
 ) -> tuple[pd.DataFrame, dict[str, Any], dict[str, Path]]:
     """Read the snapshots a launch's records name and compare them.
+
+    ``why_not``: :func:`ask_engine`'s reason; then nothing is read and it is the status.
 
     Returns:
         (``memory_sites`` table, results entry, bundle files ``name -> path``). The results
@@ -77,6 +93,8 @@ def collect(
     first, k = params.indices(repeats)
     entries = _snapshot_entries(record_lines)
     res: dict[str, Any] = {"from": first, "to": k, "grew": [], "peak_mib": None}
+    if why_not:
+        return conform("memory_sites", pd.DataFrame()), {**res, "status": why_not}, {}
     errors = [e["error"] for e in entries.values() if e.get("error")]
     if any(err == NOT_ON_CPU for err in errors):
         return conform("memory_sites", pd.DataFrame()), {**res, "status": NOT_ON_CPU}, {}
