@@ -55,6 +55,26 @@ ROOT_CAUSE = """show_table(first_request_costs(bundle.requests, bundle.stages), 
 
 REQUESTS = """show_table(request_frame(bundle.requests), transpose=False)"""
 
+#: what grew between the allocator snapshots, by allocation site (perfkit.scenarios.memsites)
+MEMORY_SITES = """from perfkit.scenarios.memsites import sites_markdown
+
+display(Markdown(sites_markdown(results) or "No allocator snapshots: set `snapshot` (e.g. `{}`) to take them."))
+sites = bundle.tables.get("memory_sites")
+if sites is not None and not sites.empty:
+    for kind, caption in (("grew", "What grew between the snapshots, by allocation site"),
+                          ("peak", "Alive at warm request k's peak, by allocation site")):
+        show_table(sites[sites["kind"] == kind].drop(columns=["kind"]), caption=caption, transpose=False)"""
+
+MEMORY_SITES_MD = (
+    "## Allocation sites: what grew, allocated where\n\n"
+    "With `snapshot` set, the engine records CUDA allocation history and dumps allocator "
+    "snapshots after the cold request and after warm request k (torch's "
+    "`_record_memory_history` / `_dump_snapshot`; open them at pytorch.org/memory_viz). The "
+    "live blocks that grew between the two are grouped by allocation site (the innermost "
+    "engine frame first), and the blocks alive at warm request k's peak the same way. On a CPU "
+    "engine this says *not available on cpu*."
+)
+
 
 def _fields(name: str) -> list[tuple[str, object, str]]:
     """(field, default, comment) of a scenario's params model, ``enabled`` left out."""
@@ -192,6 +212,8 @@ show(plots.memory_timeline(bundle, caps=cap_lines))"""),
 leak_rows = [r for r in rows if r.metric in LEAK_CHECKS]
 show_table(check_frame(leak_rows))
 display(Markdown(verdict_markdown(leak_rows, "Leak checks")))"""),
+        new_markdown_cell(MEMORY_SITES_MD),
+        new_code_cell(MEMORY_SITES),
         new_markdown_cell(
             "## How to read this\n\n"
             "- The **cold request** (red) pays what the startup warmup did not: shape setup, "
@@ -287,6 +309,8 @@ display(Markdown(reading("memory_budget", results)))"""),
     show(plots.memory_timeline(
         bundle, launch=row.get("launch"),
         caps={"device_cap_gib": row.get("device_cap_gib"), "host_cap_gib": row.get("host_cap_gib")}))"""),
+        new_markdown_cell(MEMORY_SITES_MD),
+        new_code_cell(MEMORY_SITES),
         new_markdown_cell("## Latency per request under each budget"),
         new_code_cell("show(plots.e2e_per_request(bundle))"),
         new_markdown_cell(

@@ -24,8 +24,21 @@ ALL_COLUMNS = [(t.name, c) for t in TABLE_SCHEMAS.values() for c in t.columns]
 
 def test_schema_version_is_2():
     assert SCHEMA_VERSION == 2
-    # "traces" (issue 35) is additive: a bundle without it loads with an empty table
-    assert tuple(TABLE_SCHEMAS) == TABLES == ("requests", "stages", "steps", "memory", "launches", "traces")
+    # "traces" (issue 35) and "memory_sites" (issue 36) are additive: a bundle without them
+    # loads with empty tables
+    assert (
+        tuple(TABLE_SCHEMAS)
+        == TABLES
+        == (
+            "requests",
+            "stages",
+            "steps",
+            "memory",
+            "launches",
+            "traces",
+            "memory_sites",
+        )
+    )
 
 
 @pytest.mark.parametrize("table,col", ALL_COLUMNS, ids=[f"{t}.{c.name}" for t, c in ALL_COLUMNS])

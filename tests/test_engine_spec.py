@@ -362,3 +362,11 @@ def test_reference_debug_stage_delay_reaches_the_engine_argv():
         EngineSpec.from_dict({"debug_stage_delay": {"DenoisingStage": "lots"}})
     with pytest.raises(EngineSpecError, match="greater than or equal to 0"):
         EngineSpec.from_dict({"debug_stage_delay": {"DenoisingStage": -5}})
+
+
+def test_reference_memory_snapshot_flows_to_argv():
+    spec = EngineSpec(kind="reference", memory_snapshot_after=[3, 0, 3], memory_snapshot_entries=500)
+    argv = spec.command(9000, "/d")
+    i = argv.index("--memory-snapshot-after")
+    assert argv[i : i + 4] == ["--memory-snapshot-after", "0,3", "--memory-snapshot-entries", "500"]
+    assert "--memory-snapshot-after" not in EngineSpec(kind="reference").command(9000, "/d")

@@ -12,7 +12,8 @@ from perfkit.checks import check_table, overall_status
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate.run import scenario_checks
-from perfkit.scenarios import cold_vs_warm, find_min_budget, memory_budget, warmup_shapes
+from perfkit.scenarios import cold_vs_warm, find_min_budget, memory_budget, registry, warmup_shapes
+from perfkit.scenarios.cold_warm import reading as cold_warm_reading
 
 REQ = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
 SPEC = EngineSpec(
@@ -39,7 +40,8 @@ def cold_warm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def leaky(tmp_path_factory):
     spec = SPEC.replace(compile=False, debug_leak_mib=64)
-    return cold_vs_warm(spec, REQ, repeats=4, run_dir=tmp_path_factory.mktemp("leak"))
+    # snapshot asked for: on this CPU engine the records and the report say "not available on cpu"
+    return cold_vs_warm(spec, REQ, repeats=4, run_dir=tmp_path_factory.mktemp("leak"), snapshot={})
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +100,23 @@ def test_leaking_engine_is_caught(leaky):
     assert slope["status"] == "fail"
     assert 48 <= slope["actual"] <= 80, slope  # 64 MiB kept per request
     assert overall_status(table) == "fail"
+    # snapshots were asked for: on CPU the reading says why there are no sites; the host slope's
+    # verdict names none (an allocator snapshot covers device memory only)
+    assert "allocation sites" not in slope["reason"], slope
+    dev = table[table["metric"] == "device_reserved_slope_mib_per_request"].iloc[0]
+    assert dev["status"] == "skipped", dev  # no device memory readings on CPU
+    assert leaky.results["memory_sites"]["status"] == "not available on cpu"
+    assert "**Allocation sites** (allocator snapshots): not available on cpu." in cold_warm_reading(
+        leaky.results
+    )
+    assert leaky.tables["memory_sites"].empty and list(leaky.tables["memory_sites"].columns)[:2] == [
+        "launch",
+        "kind",
+    ]
+    recs = [json.loads(ln) for lines in leaky.records.values() for ln in lines]
+    snaps = {r["perfkit"].get("request_index"): r["perfkit"].get("memory_snapshot") for r in recs}
+    assert snaps[0] == {"request_index": 0, "error": "not available on cpu"}
+    assert snaps[3] == {"request_index": 3, "error": "not available on cpu"} and snaps[1] is None
 
 
 def test_warmup_coverage_matrix(shapes):
@@ -117,7 +136,12 @@ def test_warmup_coverage_matrix(shapes):
 def test_memory_budget_under_host_cap_completes(tmp_path):
     spec = SPEC.replace(compile=False, warmup_frames=0)
     b = memory_budget(
-        spec, caps=[MemoryCaps(), MemoryCaps(host_gib=6.0)], request=REQ, repeats=2, run_dir=tmp_path
+        spec,
+        caps=[MemoryCaps(), MemoryCaps(host_gib=6.0)],
+        request=REQ,
+        repeats=2,
+        run_dir=tmp_path,
+        snapshot={"max_entries": 1000},
     )
     capped = b.results["caps"][1]
     assert capped["completed"] and capped["cap_held"], capped
@@ -125,6 +149,13 @@ def test_memory_budget_under_host_cap_completes(tmp_path):
     assert capped["host_anon_peak_mib"] > 50
     assert capped["placement"] == "cpu"
     assert b.results["caps"][0]["enforcement"] == "none"
+    # snapshots asked for on a CPU engine: each budget says why there are none; the declared
+    # table is empty and survives a save and load
+    assert [c["memory_sites"]["status"] for c in b.results["caps"]] == ["not available on cpu"] * 2
+    text = registry.get("memory_budget").reading(b.results)
+    assert text.count("**Allocation sites** (allocator snapshots): not available on cpu.") == 2, text
+    back = ResultBundle.load(b.save(tmp_path / "bundle"))
+    assert back.tables["memory_sites"].empty and "site" in back.tables["memory_sites"].columns
 
 
 def test_find_min_budget_says_gpu_only_on_cpu(tmp_path):

@@ -17,7 +17,9 @@ Directory layout (``outputs/RUN/<scenario>/``)::
                              ``"tag": "warmup"``)
     logs/<launch>.{stdout,stderr}.log   engine logs
     traces/<file>     profiler traces of profiled requests (sglang's gzipped Chrome traces;
-                      listed by the ``traces`` table)
+                      listed by the ``traces`` table), and CUDA allocator snapshots
+                      (``memsnap-<launch>-request-<i>.pickle.gz``; the ``memory_sites`` table)
+    memory_sites.parquet  allocation sites from those snapshots (what grew, alive at the peak)
 
 The tables' columns are declared once, with dtype, unit and doc, in :mod:`perfkit.bundle_schema`
 (:data:`TABLE_SCHEMAS`): times end in ``_ms`` (ms) or ``_s`` (s; ``t_*_s`` are epoch seconds),

@@ -394,6 +394,46 @@ TABLES: dict[str, Table] = {
             ),
             additive=True,
         ),
+        Table(
+            "memory_sites",
+            "allocation sites from CUDA allocator snapshots on request boundaries (scenario "
+            "setting ``snapshot``): what grew between the snapshot after the cold request and after "
+            "warm request k, and the blocks alive at warm request k's peak; the snapshots themselves "
+            "are under traces/ (memsnap-<launch>-request-<i>.pickle.gz). Empty with the reason in "
+            "results.memory_sites.status (``not available on cpu``) when none was read",
+            (
+                _c("launch", "string", "id", "launch label"),
+                _c(
+                    "kind",
+                    "string",
+                    "text",
+                    "grew: the diff from_index -> to_index; peak: alive at to_index's peak",
+                ),
+                _c(
+                    "from_index",
+                    "Int64",
+                    "index",
+                    "request index of the earlier snapshot (0: the cold request)",
+                ),
+                _c("to_index", "Int64", "index", "request index of the later snapshot (warm request k)"),
+                _c(
+                    "site",
+                    "string",
+                    "text",
+                    "innermost engine frame of the allocation stack: function (file:line)",
+                ),
+                _c(
+                    "library_line",
+                    "string",
+                    "text",
+                    "innermost frame outside torch (the library line that allocated)",
+                ),
+                _c("in_engine", "boolean", "bool", "the stack has a frame inside the engine"),
+                _c("blocks", "Int64", "count", "grew: new minus gone blocks; peak: live blocks"),
+                _c("mib", "float64", "MiB", "grew: MiB grown (new - gone); peak: MiB alive at the peak"),
+            ),
+            additive=True,
+        ),
     )
 }
 

@@ -400,6 +400,11 @@ class ReferenceEngine(_ServingEngine):
         dtype, device: torch dtype / device strings (None: the engine's default).
         keep_outputs: keep generated videos on disk.
         debug_leak_mib: the engine leaks this many MiB per request (tests of leak checks).
+        memory_snapshot_after: 0-based measured requests after which the engine dumps a CUDA
+            allocator snapshot (``--memory-snapshot-after``; 0 is the cold request); the record
+            names the file, or says ``not available on cpu``. Empty: no history is recorded.
+        memory_snapshot_entries: allocation history entries kept (``--memory-snapshot-entries``;
+            bounds each snapshot's size).
         debug_stage_delay: TEST ONLY injected slowdown, stage name (:data:`REFERENCE_STAGES`) ->
             percent of that stage's own work added as busy compute on its device, inside its
             span (``--debug-stage-delay STAGE=PCT``); measured requests only, never the startup
@@ -431,6 +436,8 @@ class ReferenceEngine(_ServingEngine):
     device: Optional[str] = Field(None, pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     keep_outputs: bool = False
     debug_leak_mib: int = Field(0, ge=0)
+    memory_snapshot_after: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    memory_snapshot_entries: int = Field(20000, ge=1)
     debug_stage_delay: dict[Literal[REFERENCE_STAGES], Annotated[float, Field(ge=0)]] = Field(
         default_factory=dict
     )
@@ -515,6 +522,12 @@ class ReferenceEngine(_ServingEngine):
             argv += ["--keep-outputs"]
         if self.debug_leak_mib > 0:
             argv += ["--debug-leak-mib", str(self.debug_leak_mib)]
+        if self.memory_snapshot_after:
+            argv += [
+                "--memory-snapshot-after",
+                ",".join(str(i) for i in sorted(set(self.memory_snapshot_after))),
+            ]
+            argv += ["--memory-snapshot-entries", str(self.memory_snapshot_entries)]
         for stage, pct in self.debug_stage_delay.items():
             argv += ["--debug-stage-delay", f"{stage}={pct:g}%"]
         if self.debug_stage_delay and self.debug_stage_delay_from:

@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import time
+from pathlib import Path
 
 log = logging.getLogger("perfkit.refengine")
 
@@ -180,6 +181,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-outputs", action="store_true", help="save generated frames as .npy")
     p.add_argument("--debug-leak-mib", type=int, default=0, help="TEST ONLY: leak this many MiB per request")
     p.add_argument(
+        "--memory-snapshot-after",
+        default="",
+        metavar="I,J",
+        help="CUDA: record allocation history and dump an allocator snapshot after these 0-based "
+        "measured requests (0: the cold request), into --memory-snapshot-dir; on CPU the records "
+        "say 'not available on cpu'",
+    )
+    p.add_argument(
+        "--memory-snapshot-entries",
+        type=int,
+        default=20000,
+        help="trace entries the allocation history keeps (bounds each snapshot's size)",
+    )
+    p.add_argument(
+        "--memory-snapshot-dir",
+        default=None,
+        help="where request-<index>.pickle snapshots go (default: <perf-log-dir>/memory_snapshots)",
+    )
+    p.add_argument(
         "--debug-stage-delay",
         action="append",
         type=_stage_delay,
@@ -232,6 +252,16 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         if getattr(args, name) < 0:
             print(f"error: --{name.replace('_', '-')} must be >= 0", file=sys.stderr)
             return 2
+    from perfkit.refengine.memhistory import parse_indices
+
+    try:
+        snapshot_after = parse_indices(args.memory_snapshot_after)
+    except ValueError as exc:
+        print(f"error: --memory-snapshot-after: {exc}", file=sys.stderr)
+        return 2
+    if args.memory_snapshot_entries < 1:
+        print("error: --memory-snapshot-entries must be >= 1", file=sys.stderr)
+        return 2
 
     import torch
     import uvicorn
@@ -251,6 +281,16 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     device = torch.device(dev_name)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    from perfkit.refengine.memhistory import SnapshotRecorder
+
+    # started before the models load, so the weights' blocks carry their allocation stacks too
+    recorder = SnapshotRecorder(
+        device,
+        snapshot_after if rank == 0 else [],
+        Path(args.memory_snapshot_dir or f"{args.perf_log_dir or '.'}/memory_snapshots"),
+        args.memory_snapshot_entries,
+    )
+    recorder.start()
     if args.num_gpus > 1:
         from perfkit.refengine import dist
 
@@ -453,6 +493,7 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         debug_leak_mib=args.debug_leak_mib,
         commit_hash=git_commit(),
         debug_stage_delay_from=args.debug_stage_delay_from,
+        snapshots=recorder,
     )
     from perfkit.refengine.memory import snapshot
 

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from perfkit.common.frames import TEMPORAL_COMPRESSION, align_frames
 from perfkit.common.recordformat import PERF_LOG_NAME
+from perfkit.refengine.memhistory import SnapshotRecorder
 from perfkit.refengine.memory import max_snapshots, snapshot
 from perfkit.refengine.pipeline import GenRequest, RunResult, StagedPipeline, host_memory_mib, record_payload
 from perfkit.refengine.profiling import RequestProfiler, TraceInfo, profile_mode, profiled_steps
@@ -216,6 +217,10 @@ class Job:
     profile: dict[str, Any] | None = None
     #: what the profiler wrote (mode, path, size), for the record
     trace: TraceInfo | None = None
+    #: 0-based index among measured requests (0: the cold request); None for the warmup
+    measured_index: int | None = None
+    #: the allocator snapshot written after this request (:mod:`.memhistory`), if one was asked
+    memory_snapshot: dict[str, Any] | None = None
 
 
 class PerfLogWriter:
@@ -260,6 +265,8 @@ class Engine:
         debug_stage_delay_from: test-only: the pipeline's ``stage_delay`` applies to measured
             requests (tag ``request``, never the startup warmup) from this 0-based index on
             (0: all, 1: warm requests only).
+        snapshots: dumps allocator snapshots after chosen measured requests (CUDA), or says
+            ``not available on cpu`` in their records (:mod:`.memhistory`).
     """
 
     def __init__(
@@ -273,6 +280,7 @@ class Engine:
         debug_leak_mib: int = 0,
         commit_hash: str | None = None,
         debug_stage_delay_from: int = 0,
+        snapshots: SnapshotRecorder | None = None,
     ):
         self.pipeline = pipeline
         self.defaults = defaults
@@ -283,6 +291,7 @@ class Engine:
         self.debug_leak_mib = debug_leak_mib
         self.commit_hash = commit_hash
         self.debug_stage_delay_from = debug_stage_delay_from
+        self.snapshot_recorder = snapshots
         #: the global rank written into trace names (the serving process is rank 0)
         self.rank = 0
         self._measured = 0  # measured requests run so far (the startup warmup is not one)
@@ -414,7 +423,9 @@ class Engine:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         slow = False
+        index = None  # measured request index (0: the cold request); None for the warmup
         if job.tag != "warmup":
+            index = self._measured
             slow = self._measured >= self.debug_stage_delay_from
             self._measured += 1
         job.slowed = slow
@@ -433,7 +444,7 @@ class Engine:
                 np.save(self.keep_dir / f"{job.id}.npy", res.video)
                 res.video = None
             if self.debug_leak_mib > 0:
-                self._leak(self.debug_leak_mib)
+                inject_debug_leak(self._leaks, self.debug_leak_mib, self.pipeline.device)
         except torch.OutOfMemoryError as exc:
             job.status = "failed"
             job.error = f"out of device memory: {str(exc).splitlines()[0]}"
@@ -449,6 +460,9 @@ class Engine:
             peak = snapshot(dev)
             if dev.type == "cuda":
                 torch.cuda.empty_cache() if job.status == "failed" else None
+            if index is not None and self.snapshot_recorder is not None:
+                job.memory_snapshot = self.snapshot_recorder.after_request(index)
+            job.measured_index = index
             job.completed = time.time()
             try:
                 self._write_record(job, res, peak)
@@ -474,12 +488,6 @@ class Engine:
             mode = profile_mode(all_stages, steps, job.req.num_inference_steps)
             job.trace = TraceInfo(mode, None, None, 0, f"{type(exc).__name__}: {exc}")
             return None
-
-    def _leak(self, mib: int) -> None:
-        buf = np.ones(mib * MIB, dtype=np.uint8)  # touched pages: counts in anonymous RSS
-        self._leaks.append(buf)
-        if self.pipeline.device.type == "cuda":
-            self._leaks.append(torch.ones(mib * MIB, dtype=torch.uint8, device=self.pipeline.device))
 
     def _write_record(self, job: Job, res: RunResult | None, peak: dict[str, float] | None) -> None:
         rss, anon = host_memory_mib()
@@ -516,6 +524,10 @@ class Engine:
                 pk["debug_stage_delay_ms"] = {k: [round(x, 3) for x in v] for k, v in res.injected.items()}
             if res is not None and res.injected_wall:
                 pk["debug_stage_delay_wall_ms"] = {k: round(v, 3) for k, v in res.injected_wall.items()}
+        if job.measured_index is not None:
+            pk["request_index"] = job.measured_index
+        if job.memory_snapshot is not None:
+            pk["memory_snapshot"] = job.memory_snapshot
         if job.trace is not None:  # sglang's profile fields: what was profiled and where it went
             pk["profile"] = {**job.trace.to_dict(), "rank": self.rank}
         if res is not None:
@@ -568,6 +580,15 @@ class Engine:
         rec["perfkit"] = pk
         job.result = rec
         self.writer.write(rec)
+
+
+def inject_debug_leak(keep: list[Any], mib: int, device: torch.device) -> None:
+    """TEST ONLY: keep ``mib`` MiB alive in ``keep`` (host pages, touched so they count in
+    anonymous RSS, and the same on ``device`` when it is CUDA). Its own function so that an
+    allocator snapshot names it as the allocation site."""
+    keep.append(np.ones(mib * MIB, dtype=np.uint8))
+    if device.type == "cuda":
+        keep.append(torch.ones(mib * MIB, dtype=torch.uint8, device=device))
 
 
 class FieldError(ValueError):

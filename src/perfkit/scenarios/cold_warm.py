@@ -32,6 +32,7 @@ from perfkit.scenarios.common import (
     measure_launch,
     stage_penalty,
 )
+from perfkit.scenarios.memsites import SnapshotParams, ask_engine, collect, sites_markdown, top_sites_text
 from perfkit.scenarios.profiled import ProfileParams, attach, run_profiled
 from perfkit.scenarios.registry import (
     CapParams,
@@ -53,6 +54,8 @@ LEAK_CHECKS = {
     "device_reserved_slope_mib_per_request": "device_reserved_slope_mib_per_request_max",
     "latency_drift": "latency_drift_max",
 }
+#: the leak checks a CUDA allocator snapshot explains (device memory only)
+SITE_CHECKS = ("device_reserved_slope_mib_per_request",)
 
 
 class ColdWarmParams(ScenarioParams):
@@ -65,6 +68,9 @@ class ColdWarmParams(ScenarioParams):
     #: profiler traces of extra requests (sglang's profiling fields) in an extra launch after
     #: the measured one: None (default) profiles nothing
     profile: Optional[ProfileParams] = None
+    #: CUDA allocator snapshots after the cold request and warm request k, read into the
+    #: ``memory_sites`` table (what grew, allocated where); None (default): none
+    snapshot: Optional[SnapshotParams] = None
 
 
 class ColdWarmInvariants(InvariantParams):
@@ -99,6 +105,7 @@ def cold_vs_warm(
     run_dir: str | Path = "outputs/cold_warm",
     sample_interval_s: float = 0.1,
     profile: ProfileParams | dict | None = None,
+    snapshot: SnapshotParams | dict | None = None,
 ) -> ResultBundle:
     """Run the cold vs warm investigation.
 
@@ -125,6 +132,11 @@ def cold_vs_warm(
         raise ValueError(f"cold_vs_warm: repeats must be >= 2 (one cold + warm), got {repeats}")
     req = _request(request)
     run_dir = Path(run_dir)
+    if isinstance(snapshot, dict):
+        snapshot = SnapshotParams.model_validate(snapshot)
+    snapshot_why_not = None
+    if snapshot is not None:
+        spec, snapshot_why_not = ask_engine(spec, snapshot, repeats)
     data = measure_launch(
         spec, [req] * repeats, run_dir, "session", caps=caps, sample_interval_s=sample_interval_s
     )
@@ -195,7 +207,19 @@ def cold_vs_warm(
         profile = ProfileParams.model_validate(profile)
     if profile is not None:
         params["profile"] = profile.model_dump()
+    sites = files = None
+    if snapshot is not None:
+        params["snapshot"] = snapshot.model_dump()
+        sites, results["memory_sites"], files = collect(
+            data.label, data.record_lines, snapshot, repeats, snapshot_why_not
+        )
+        for chk in results.get("leak_checks") or []:
+            if chk["name"] in SITE_CHECKS:
+                chk["sites"] = top_sites_text(results)
     bundle = assemble(NAME, [data], params, results, caps=[caps])
+    if sites is not None:
+        bundle.tables["memory_sites"] = sites
+        bundle.traces.update(files or {})
     if profile is not None:
         attach(bundle, *run_profiled(spec, req, profile, run_dir, caps=caps))
     return bundle
@@ -232,6 +256,7 @@ def run(ctx: RunContext, p: ColdWarmParams) -> ResultBundle:
         caps=p.caps.to_caps() if p.caps else None,
         run_dir=ctx.work_dir / NAME,
         profile=p.profile,
+        snapshot=p.snapshot,
     )
 
 
@@ -279,7 +304,10 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
     for name, key in LEAK_CHECKS.items():
         if key in inv:
             chk = leaks.get(name)
-            rows.append(check_max(NAME, name, chk.get("value") if chk else None, float(inv[key])))
+            # a device leak verdict comes with its top allocation sites (when snapshots were
+            # taken); host memory and latency are not what a CUDA allocator snapshot covers
+            what = str(chk.get("sites") or "") if chk and name in SITE_CHECKS else ""
+            rows.append(check_max(NAME, name, chk.get("value") if chk else None, float(inv[key]), what))
     return rows
 
 
@@ -374,6 +402,9 @@ def reading(r: Mapping[str, Any]) -> str:
             + ", ".join(f"`{c['name']}`" for c in unmeasured)
             + " (no device memory readings)."
         )
+    sites = sites_markdown(r)
+    if sites:
+        lines.append(sites)
     return "\n\n".join(lines)
 
 

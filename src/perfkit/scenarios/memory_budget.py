@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from perfkit.bundle import (
     ResultBundle,
     _gpu_info,
+    conform,
     steady_state,
     table_rows,
     upgrade_results,
@@ -39,6 +40,7 @@ from perfkit.scenarios.common import (
     reuse_launch,
     slug,
 )
+from perfkit.scenarios.memsites import SnapshotParams, ask_engine, collect, sites_markdown
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -81,6 +83,9 @@ class MemoryBudgetParams(ScenarioParams):
     #: requests per launch (the first is the cold request)
     repeats: int = Field(2, ge=1, le=1000)
     min_budget: Optional[MinBudgetParams] = None
+    #: CUDA allocator snapshots after the cold request and warm request k of every budget's
+    #: launch, read into the ``memory_sites`` table; None (default): none
+    snapshot: Optional[SnapshotParams] = None
 
 
 class MemoryBudgetInvariants(InvariantParams):
@@ -108,6 +113,7 @@ def memory_budget(
     sample_interval_s: float = 0.1,
     min_budget: dict[str, float] | None = None,
     reuse: Any = None,
+    snapshot: SnapshotParams | dict | None = None,
 ) -> ResultBundle:
     """Run the memory-budget investigation.
 
@@ -120,6 +126,10 @@ def memory_budget(
         min_budget: ``{"lo_gib", "hi_gib"}`` to also bisect the minimum device cap (GPU only).
         reuse: bundles measured earlier in this run; the unlimited cap takes a session that
             ran the same spec and request without caps (results ``reused_launches``).
+        snapshot: allocator snapshots after the cold request and warm request k of each launch
+            (:class:`~perfkit.scenarios.memsites.SnapshotParams`; needs repeats >= 2): the
+            ``memory_sites`` table, each cap entry's ``memory_sites`` and ``results.memory_sites``
+            (the first budget's; ``not available on cpu`` on a CPU engine).
 
     Returns:
         ResultBundle ``memory_budget``; results ``caps`` has one entry per cap: ``label``,
@@ -141,6 +151,13 @@ def memory_budget(
     caps = list(caps) if caps else [c.to_caps() for c in MemoryBudgetParams().caps]
     caps = [c if c is not None else MemoryCaps() for c in caps]
     req = _req(request)
+    if isinstance(snapshot, dict):
+        snapshot = SnapshotParams.model_validate(snapshot)
+    snapshot_why_not = None
+    if snapshot is not None and repeats >= 2:
+        spec, snapshot_why_not = ask_engine(spec, snapshot, repeats)
+    site_tables: list[pd.DataFrame] = []
+    site_files: dict[str, Path] = {}
     launches, entries, reused = [], [], []
     for i, cap in enumerate(caps):
         label = f"cap{i}"
@@ -205,6 +222,15 @@ def memory_budget(
                     "warm_degrades": None,
                 }
             )
+        if snapshot is not None:
+            if repeats < 2:
+                e["memory_sites"] = {"status": "needs repeats >= 2 (a cold and a warm request)"}
+            else:
+                table, e["memory_sites"], files = collect(
+                    data.label, data.record_lines, snapshot, repeats, snapshot_why_not
+                )
+                site_tables.append(table)
+                site_files.update(files)
         entries.append(e)
     results: dict[str, Any] = {
         "caps": entries,
@@ -230,7 +256,17 @@ def memory_budget(
         "repeats": repeats,
         "min_budget": min_budget,
     }
-    return assemble(NAME, launches, params, results, caps=caps)
+    if snapshot is not None:
+        params["snapshot"] = snapshot.model_dump()
+        results["memory_sites"] = entries[0].get("memory_sites") if entries else None
+    bundle = assemble(NAME, launches, params, results, caps=caps)
+    if snapshot is not None:
+        tables = [t for t in site_tables if not t.empty]
+        bundle.tables["memory_sites"] = conform(
+            "memory_sites", pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+        )
+        bundle.traces.update(site_files)
+    return bundle
 
 
 def _col_max(df: pd.DataFrame, col: str) -> float:
@@ -324,6 +360,7 @@ def run(ctx: RunContext, p: MemoryBudgetParams) -> ResultBundle:
         run_dir=ctx.work_dir / NAME,
         min_budget=p.min_budget.model_dump() if p.min_budget else None,
         reuse=list(ctx.shared.values()) or None,
+        snapshot=p.snapshot,
     )
 
 
@@ -454,6 +491,9 @@ def reading(r: Mapping[str, Any]) -> str:
             + ("; warm requests degrade" if c.get("warm_degrades") else "")
             + "."
         )
+        sites = sites_markdown(c)
+        if sites:
+            out.append(f"  {sites}")
     mb = json_float(r.get("min_budget_gib"))
     out.append("")
     if mb is None:

@@ -1,0 +1,380 @@
+"""Allocator snapshot files (torch's ``_dump_snapshot`` pickle): read, validate, diff.
+
+Format (torch, ``torch.cuda.memory._snapshot``; pytorch.org/docs/stable/torch_cuda_memory.html):
+a dict with ``segments`` (each: ``device``, ``address``, ``total_size`` and ``blocks``, each block
+``address``, ``size``, ``state`` — ``active_allocated`` / ``active_pending_free`` / ``inactive`` —
+and the ``frames`` of its allocation, innermost first) and ``device_traces`` (per device, the last
+``max_entries`` events: ``action`` — ``alloc``, ``free_requested``, ``free_completed``,
+``segment_alloc``, ... — ``addr``, ``size``, ``time_us`` (epoch microseconds) and ``frames``). A
+frame is ``{name, filename, line}``. The file may be gzip-compressed (the committed fixtures are).
+
+The pickle is read with an unpickler that builds builtin containers only (dict, list, tuple,
+str, numbers, set): a file naming any class is refused, never executed. Every error names the
+file (and the key, for a schema error): :class:`MemSnapshotError`.
+
+Analysis (all sizes MiB = 2**20 bytes):
+
+* :func:`live_by_site` — the live (active) blocks grouped by allocation site;
+* :func:`diff_snapshots` — what grew between two snapshots, by site;
+* :func:`peak_by_site` — the blocks alive at the trace's peak of allocated bytes (optionally
+  after a time: a request's start), by site.
+
+A *site* is the innermost frame inside the engine (``perfkit/refengine/`` or ``sglang/`` by
+default), the first thing to read, plus the innermost frame outside torch itself (the library
+line that allocated, e.g. a diffusers layer); blocks with no recorded stack (allocated before
+history recording started) form one site, ``(no stack recorded)``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import pickle
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
+
+MIB = 2**20
+#: path fragments that mark a frame as the engine's own code (checked in order)
+ENGINE_MARKERS: tuple[str, ...] = ("perfkit/refengine/", "/sglang/")
+#: frames of torch itself and Python's machinery: never a site's "library line"
+_INTERNAL = ("/torch/", "<frozen", "/threading.py", "/contextlib.py", "/runpy.py")
+NO_STACK = "(no stack recorded)"
+_SAFE_GLOBALS = {("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex")}
+
+
+class MemSnapshotError(ValueError):
+    """A snapshot file that cannot be read: missing, truncated, corrupted, naming a class, or not
+    torch's layout. The message names the file (and the key)."""
+
+
+class Frame(BaseModel):
+    """One Python (or C++) frame: function ``name``, ``filename``, ``line``."""
+
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    filename: str
+    line: int
+
+
+def _shared_frames(v: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
+    # torch's pickle shares each frame dict among the events and blocks of every stack holding
+    # it (a few hundred distinct frames for thousands of events): validate each one once, by
+    # identity while the unpickled data is alive; a bad one goes through the handler, which
+    # raises with the key path
+    cache = info.context.get("frames") if isinstance(info.context, dict) else None
+    if cache is None or not isinstance(v, list):
+        return handler(v)
+    out = []
+    for f in v:
+        hit = cache.get(id(f))
+        if hit is None:
+            try:
+                hit = cache[id(f)] = (f, Frame.model_validate(f))
+            except ValidationError:
+                return handler(v)
+        out.append(hit[1])
+    return out
+
+
+class Block(BaseModel):
+    """A block inside a segment (bytes)."""
+
+    model_config = ConfigDict(extra="ignore")
+    address: int
+    size: int = Field(ge=0)
+    requested_size: Optional[int] = None
+    state: str
+    frames: list[Frame] = Field(default_factory=list)
+    _frames = field_validator("frames", mode="wrap")(_shared_frames)
+
+
+class Segment(BaseModel):
+    """One cudaMalloc'd segment of the caching allocator (bytes)."""
+
+    model_config = ConfigDict(extra="ignore")
+    device: int
+    address: int
+    total_size: int = Field(ge=0)
+    blocks: list[Block]
+
+
+class TraceEntry(BaseModel):
+    """One allocator event (``time_us``: epoch microseconds)."""
+
+    model_config = ConfigDict(extra="ignore")
+    action: str
+    addr: int
+    size: int = Field(ge=0)
+    time_us: Optional[int] = None
+    frames: list[Frame] = Field(default_factory=list)
+    _frames = field_validator("frames", mode="wrap")(_shared_frames)
+
+
+class SnapshotFile(BaseModel):
+    """torch's snapshot dict (keys perfkit reads; others are kept out)."""
+
+    model_config = ConfigDict(extra="ignore")
+    segments: list[Segment]
+    device_traces: list[list[TraceEntry]] = Field(default_factory=list)
+
+
+@dataclass
+class MemSnapshot:
+    """A validated snapshot. ``path``: where it was read from."""
+
+    path: Path
+    segments: list[Segment]
+    traces: list[list[TraceEntry]]
+
+    @property
+    def live_mib(self) -> float:
+        """MiB in active blocks (all devices)."""
+        return sum(b.size for _, b in _active(self)) / MIB
+
+
+class _BuiltinsOnly(pickle.Unpickler):
+    def __init__(self, fh: Any, path: Path):
+        super().__init__(fh)
+        self._path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _SAFE_GLOBALS:
+            return super().find_class(module, name)
+        raise MemSnapshotError(
+            f"{self._path}: names the class {module}.{name}; a snapshot holds builtin containers "
+            "only, so it is refused (not unpickled)"
+        )
+
+
+def read_snapshot(path: str | Path) -> MemSnapshot:
+    """Read and validate one snapshot file (plain pickle or gzip of it).
+
+    Raises:
+        MemSnapshotError: the file is missing, truncated or corrupted, names a class, or a key
+            is missing or of the wrong type (the message names the file and the key path, e.g.
+            ``segments.3.blocks.0.size``).
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise MemSnapshotError(f"{p}: cannot read the snapshot: {exc.strerror or exc}") from None
+    try:
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        data = _BuiltinsOnly(io.BytesIO(raw), p).load()
+    except MemSnapshotError:
+        raise
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        IndexError,
+        KeyError,
+        zlib.error,
+        OSError,
+    ) as exc:
+        raise MemSnapshotError(
+            f"{p}: not a readable snapshot (truncated or corrupted): {type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(data, dict):
+        raise MemSnapshotError(f"{p}: expected torch's snapshot dict, got {type(data).__name__}")
+    try:
+        snap = SnapshotFile.model_validate(data, context={"frames": {}})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(x) for x in err["loc"])
+        raise MemSnapshotError(f"{p}: key {key}: {err['msg']} ({exc.error_count()} problem(s))") from None
+    return MemSnapshot(p, snap.segments, snap.device_traces)
+
+
+def _active(snap: MemSnapshot) -> list[tuple[int, Block]]:
+    return [(s.device, b) for s in snap.segments for b in s.blocks if b.state.startswith("active")]
+
+
+def _short(filename: str) -> str:
+    for marker in ("site-packages/", "/src/", "/tmp/site/"):
+        if marker in filename:
+            return filename.rsplit(marker, 1)[1]
+    parts = filename.rsplit("/", 2)
+    return "/".join(parts[-2:])
+
+
+def site_of(frames: list[Frame], engine_markers: tuple[str, ...] = ENGINE_MARKERS) -> tuple[str, str, bool]:
+    """(site, library line, in_engine) of an allocation stack (frames innermost first).
+
+    ``site``: ``function (file:line)`` of the innermost engine frame, else of the innermost
+    frame outside torch, else of the innermost frame; :data:`NO_STACK` when there are none.
+    ``library line``: the innermost frame outside torch (may equal the site).
+    """
+    if not frames:
+        return NO_STACK, "", False
+
+    def fmt(f: Frame) -> str:
+        return f"{f.name} ({_short(f.filename)}:{f.line})"
+
+    outside = next((f for f in frames if not any(m in f.filename for m in _INTERNAL)), frames[0])
+    for f in frames:
+        if any(m in f.filename for m in engine_markers):
+            return fmt(f), fmt(outside), True
+    return fmt(outside), fmt(outside), False
+
+
+_COLUMNS = ["site", "library_line", "in_engine", "blocks", "mib"]
+
+
+def _group(blocks: list[tuple[int, list[Frame]]], engine_markers: tuple[str, ...]) -> pd.DataFrame:
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for size, frames in blocks:
+        site, lib, in_engine = site_of(frames, engine_markers)
+        r = rows.setdefault(
+            (site, lib), {"site": site, "library_line": lib, "in_engine": in_engine, "blocks": 0, "mib": 0.0}
+        )
+        r["blocks"] += 1
+        r["mib"] += size / MIB
+    df = pd.DataFrame(list(rows.values()), columns=_COLUMNS)
+    return df.sort_values(["mib", "site"], ascending=[False, True], ignore_index=True)
+
+
+def live_by_site(snap: MemSnapshot, engine_markers: tuple[str, ...] = ENGINE_MARKERS) -> pd.DataFrame:
+    """The live blocks by site: columns site, library_line, in_engine, blocks, mib (largest first)."""
+    return _group([(b.size, b.frames) for _, b in _active(snap)], engine_markers)
+
+
+def diff_snapshots(
+    before: MemSnapshot, after: MemSnapshot, engine_markers: tuple[str, ...] = ENGINE_MARKERS
+) -> pd.DataFrame:
+    """What grew from ``before`` to ``after`` (e.g. the cold request's snapshot and warm request
+    k's), by allocation site.
+
+    A block counts as the same block in both when address, size and stack match; blocks only in
+    ``after`` are new, blocks only in ``before`` are gone. Returns one row a site with a change:
+    site, library_line, in_engine, new_blocks, gone_blocks, new_mib, gone_mib, grown_mib
+    (new - gone), sorted by grown_mib, largest first.
+    """
+
+    def key(b: Block) -> tuple[Any, ...]:
+        return (b.address, b.size, tuple((f.filename, f.line, f.name) for f in b.frames))
+
+    a = {key(b): b for _, b in _active(before)}
+    z = {key(b): b for _, b in _active(after)}
+    new = _group([(b.size, b.frames) for k, b in z.items() if k not in a], engine_markers)
+    gone = _group([(b.size, b.frames) for k, b in a.items() if k not in z], engine_markers)
+    cols = ["site", "library_line", "in_engine"]
+    df = new.rename(columns={"blocks": "new_blocks", "mib": "new_mib"}).merge(
+        gone.rename(columns={"blocks": "gone_blocks", "mib": "gone_mib"}), on=cols, how="outer"
+    )
+    for c in ("new_blocks", "gone_blocks", "new_mib", "gone_mib"):
+        df[c] = df[c].fillna(0)
+    df[["new_blocks", "gone_blocks"]] = df[["new_blocks", "gone_blocks"]].astype(int)
+    df["grown_mib"] = df["new_mib"] - df["gone_mib"]
+    df = df[cols + ["new_blocks", "gone_blocks", "new_mib", "gone_mib", "grown_mib"]]
+    return df.sort_values(["grown_mib", "site"], ascending=[False, True], ignore_index=True)
+
+
+@dataclass
+class Peak:
+    """The peak of allocated bytes over a snapshot's trace window.
+
+    Attributes:
+        mib: allocated MiB at the peak (every live block on the device).
+        time_us: the event time of the peak (epoch µs), or None when the trace has no times.
+        events: trace events considered (after ``since``).
+        by_site: the blocks alive at the peak, grouped like :func:`live_by_site`.
+    """
+
+    mib: float
+    time_us: Optional[int]
+    events: int
+    by_site: pd.DataFrame
+
+
+def _rounded(size: int) -> int:
+    """A request's size as the block the caching allocator hands out: at least 512 bytes, a
+    multiple of 512 (torch's ``CUDACachingAllocator`` ``round_size``, with
+    ``roundup_power2_divisions`` unset). Trace events carry requested sizes; blocks and
+    ``memory_allocated`` carry these."""
+    return max(512, -(-size // 512) * 512)
+
+
+def peak_by_site(
+    snap: MemSnapshot,
+    since_s: float | None = None,
+    device: int | None = None,
+    engine_markers: tuple[str, ...] = ENGINE_MARKERS,
+) -> Peak:
+    """The blocks alive at the peak of allocated bytes in the trace window (after ``since_s``,
+    epoch seconds: a request's start), grouped by site.
+
+    Replays the trace: from the live blocks at dump time back through the events (an ``alloc``
+    undone, a ``free_completed`` brought back with the stack it carries) to the window's start,
+    then forward, summing live bytes after each event (the allocator's ``allocated_bytes``:
+    requested sizes rounded as the allocator rounds them). Blocks allocated before the recorded
+    window and freed inside it are brought back by their ``free_completed`` event; blocks
+    allocated before the window and never freed in it are the dump's live blocks.
+
+    Raises:
+        MemSnapshotError: the snapshot has no trace events for the device (naming the file), or
+            none after ``since_s``.
+    """
+    dev = device if device is not None else (snap.segments[0].device if snap.segments else 0)
+    events = snap.traces[dev] if dev < len(snap.traces) else []
+    if not events:
+        raise MemSnapshotError(
+            f"{snap.path}: key device_traces.{dev}: no trace events (history not recorded)"
+        )
+    live: dict[int, tuple[int, list[Frame]]] = {
+        b.address: (b.size, b.frames) for d, b in _active(snap) if d == dev
+    }
+    for e in reversed(events):  # the state before the first event
+        if e.action == "alloc":
+            live.pop(e.addr, None)
+        elif e.action == "free_completed":
+            live[e.addr] = (_rounded(e.size), e.frames)
+    since_us = None if since_s is None else int(since_s * 1e6)
+    start = (
+        0
+        if since_us is None
+        else next((i for i, e in enumerate(events) if (e.time_us or 0) >= since_us), None)
+    )
+    if start is None:
+        raise MemSnapshotError(f"{snap.path}: no trace events after {since_s} (epoch s)")
+
+    def apply(state: dict[int, tuple[int, list[Frame]]], e: TraceEntry) -> int:
+        if e.action == "alloc":
+            state[e.addr] = (_rounded(e.size), e.frames)
+            return state[e.addr][0]
+        if e.action == "free_completed" and e.addr in state:
+            return -state.pop(e.addr)[0]
+        return 0
+
+    state = dict(live)
+    total = sum(s for s, _ in state.values())
+    best, best_i = -1, start
+    for i, e in enumerate(events):
+        total += apply(state, e)
+        if i >= start and total > best:
+            best, best_i = total, i
+    state = dict(live)
+    for e in events[: best_i + 1]:
+        apply(state, e)
+    return Peak(
+        mib=best / MIB,
+        time_us=events[best_i].time_us,
+        events=len(events) - start,
+        by_site=_group(list(state.values()), engine_markers),
+    )
