@@ -8,7 +8,7 @@ from pathlib import Path
 
 from perfkit.ab.sequential import Design
 from perfkit.bisect.checkout import BisectError
-from perfkit.bisect.confirm import ab_metric, confirm
+from perfkit.bisect.confirm import confirm
 from perfkit.bisect.probe import ProbeSetup
 from perfkit.bisect.search import bisect
 from perfkit.report.bisect import write_bisect_outputs
@@ -87,13 +87,6 @@ def run_confirm(
     """``perfkit history confirm``: the A/B across the step (:func:`perfkit.bisect.confirm.confirm`,
     on ``metric`` or the series' own, :func:`perfkit.bisect.confirm.ab_metric`) and its outputs.
     Returns (exit code, summary.md path). Raises BisectError or HistoryError for bad input."""
-    if metric is None:
-        from dataclasses import replace
-
-        from perfkit.history.confirmations import find_step
-
-        analysis, _ = find_step(store, series, change, hardware=hardware)
-        setup = replace(setup, metric=ab_metric(analysis.metric))
-    res = confirm(store, series, change, repo, setup, out, hardware=hardware)
+    res = confirm(store, series, change, repo, setup, out, hardware=hardware, metric=metric)
     paths = write_bisect_outputs(res.to_dict(), out)
     return res.exit_code, paths["summary"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -133,12 +133,13 @@ def confirm(
     out: str | Path,
     *,
     hardware: str | None = None,
+    metric: str | None = None,
     tmp: str | Path | None = None,
 ) -> ConfirmResult:
     """Run the A/B between the commits on either side of step ``change`` of ``series`` (see
     :func:`perfkit.history.confirmations.find_step`), store its outcome next to the step and
-    write ``out/confirm.json`` and the probe's A/B under ``out/probe/``. ``setup.metric`` None
-    is not allowed; pass :func:`ab_metric` of the series' metric.
+    write ``out/confirm.json`` and the probe's A/B under ``out/probe/``. The A/B compares
+    ``metric``, else the series' own (:func:`ab_metric`); ``setup.metric`` is not read.
 
     Raises:
         HistoryError: no such series or step.
@@ -148,6 +149,7 @@ def confirm(
     t0 = time.time()
     out = Path(out)
     analysis, step = find_step(store, series, change, hardware=hardware)
+    setup = replace(setup, metric=metric or ab_metric(analysis.metric))
     repo = Path(repo).resolve()
     shas = []
     for p in (step.before, step.after):
