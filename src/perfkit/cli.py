@@ -1305,9 +1305,29 @@ def _probe_options(f):
             help="Python overlay: checkout/DIR first on PYTHONPATH",
         ),
         click.option("--build", default=None, metavar="CMD", help="shell command run in each checkout first"),
-        click.option("-n", "--launches", type=click.IntRange(2, 100), default=2, show_default=True),
-        click.option("--max-launches", type=click.IntRange(2, 100), default=6, show_default=True),
-        click.option("-m", "--warm", type=click.IntRange(1, 1000), default=3, show_default=True),
+        click.option(
+            "-n",
+            "--launches",
+            type=click.IntRange(2, 100),
+            default=2,
+            show_default=True,
+            help="launches a side a probe before the A/B's first look (as perfkit ab -n)",
+        ),
+        click.option(
+            "--max-launches",
+            type=click.IntRange(2, 100),
+            default=6,
+            show_default=True,
+            help="launches a side a probe at most; still inconclusive: the probe is undecided (skipped)",
+        ),
+        click.option(
+            "-m",
+            "--warm",
+            type=click.IntRange(1, 1000),
+            default=3,
+            show_default=True,
+            help="warm requests a launch",
+        ),
         click.option(
             "--threshold", default="5%", show_default=True, help="a regression is an interval above it"
         ),
@@ -1326,12 +1346,18 @@ def _probe_run(kind: str, fn, kw: dict[str, Any], *args: Any, **more: Any) -> No
     from perfkit.history.store import HistoryError
 
     try:
+        metric = (_gate_metrics(kw["metric"]) or [None])[0] if kw.get("metric") else None
+    except click.BadParameter as exc:
+        raise click.BadParameter(exc.message, param_hint="--metric") from None
+    try:
         setup = make_setup(
-            kw["spec"], metric=kw.get("metric"), python_path=kw["python_path"], build=kw["build"],
+            kw["spec"], metric=metric, python_path=kw["python_path"], build=kw["build"],
             min_launches=kw["launches"], max_launches=kw["max_launches"],
             threshold=_fraction(kw["threshold"], "--threshold"), warm=kw["warm"],
         )  # fmt: skip
         _sigterm_as_interrupt()
+        if "metric" in more:  # confirm: the series' own metric unless --metric
+            more["metric"] = metric
         code, summary = fn(*args, setup, out_dir(kw["out"], kind), **more)
     except (BisectError, HistoryError) as exc:
         click.echo(f"perfkit {kind}: error: {exc}", err=True)
@@ -1365,7 +1391,9 @@ def bisect_command(**kw: Any) -> None:
     "  perfkit history import tests/fixtures/sglang-nightly --hardware H100\n"
     "  perfkit history add outputs/ci-cpu/latest\n"
     "  perfkit history check outputs/ci-cpu/latest --out outputs/history-check\n"
-    "  perfkit history site outputs/history-site\n\n" + EXIT_CODES,
+    "  perfkit history site outputs/history-site\n"
+    "  perfkit history confirm tiny-cpu/DenoisingStage_ms 1 --repo ../engine --spec spec.yaml\n\n"
+    + EXIT_CODES,
 )
 def history_group() -> None:
     """Performance history across commits: a store, change points, a gate, an offline site."""

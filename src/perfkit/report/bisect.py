@@ -160,7 +160,7 @@ def render_bisect_report(d: Mapping[str, Any], out: str | Path) -> Path:
             else "A binary search between the good and the bad commit, an A/B against the good commit at each probe."
         ),
         message=str(d.get("message") or ""),
-        facts=_facts(d),
+        facts=[f.replace("`", "") for f in _facts(d)],  # Markdown's code marks, not shown on the page
         reference="the commit before the step" if confirm else "the good commit",
         metric=s.get("metric"),
         threshold=f"{float(s.get('threshold', 0.05)) * 100:.1f} %",
