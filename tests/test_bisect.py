@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from perfkit.cli import main
 from perfkit.history.confirmations import read_confirmations
 from perfkit.history.store import HistoryRun, Value, add_runs
 from perfkit.report.bisect import write_bisect_outputs
+from perfkit.report.history_site import write_site
 
 N_COMMITS, BAD_AT, BROKEN_BUILD_AT = 16, 11, 10
 #: the engine's request: all of it DenoisingStage, times the checkout's knob.DENOISE_FACTOR
@@ -188,17 +189,22 @@ def test_history_confirm_says_confirmed_on_commit_11_and_not_reproduced_elsewher
     assert list(stored["outcome"]) == ["confirmed", "not reproduced"]
     assert list(stored["after_commit"]) == [shas[BAD_AT - 1], shas[5]]
     assert stored["ab_metric"].eq("DenoisingStage").all()
+    # the history site shows each step's latest confirmation beside it
+    (page,) = [p for p in write_site(store, tmp_path / "site") if p.name != "index.html"]
+    html = page.read_text()
+    got = re.findall(r"(confirmed|not reproduced): A/B ([+-]\d+\.\d) %", html)
+    assert [(w, round(float(x) / 10)) for w, x in got] == [
+        ("confirmed", 3),
+        ("not reproduced", 0),
+    ]  # +30 %, 0 %
     _untouched(repo, head)
 
 
-def test_history_confirm_names_a_missing_step(engine_repo, tmp_path):
+def test_history_confirm_names_a_missing_step(engine_repo, tmp_path, capsys):
     repo, shas = engine_repo
     store = tmp_path / "store"
     _history(store, shas)
-    cmd = [sys.executable, "-c", "from perfkit.cli import main; raise SystemExit(main())"]
     args = ["history", "confirm", "tiny/DenoisingStage_ms", "2", "--store", str(store), "--repo", str(repo)]
-    p = subprocess.run(
-        [*cmd, *args, "--spec", str(_spec(tmp_path / "s.yaml"))], capture_output=True, text=True
-    )
-    assert p.returncode == 2
-    assert "has no step 2; its steps: 1: " in p.stderr and shas[BAD_AT - 1][:10] in p.stderr
+    assert main([*args, "--spec", str(_spec(tmp_path / "s.yaml"))]) == 2
+    err = capsys.readouterr().err
+    assert "has no step 2; its steps: 1: " in err and shas[BAD_AT - 1][:10] in err
