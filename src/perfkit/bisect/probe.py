@@ -29,11 +29,14 @@ from typing import Any
 
 import yaml
 
+from perfkit.ab.driver import AbPlan
 from perfkit.ab.sequential import Design, decide_sequential, run_sequential
 from perfkit.ab.stats import DEFAULT_THRESHOLD
 from perfkit.bisect.checkout import BisectError, Commit, run_build
+from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec, EngineSpecError
 from perfkit.params import ParamsError, load_yaml, parse_params
+from perfkit.report.ab import write_ab_outputs
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +181,6 @@ def compare(
     """The sequential A/B of ``probe`` (side B) against ``ref`` (side A) on ``setup.metric``,
     its outputs under ``out``. Never raises for engine failures: a failed launch or an
     unmeasured metric is the probe's ``error``."""
-    from perfkit.engine.client import VideoRequestSpec
-    from perfkit.report.ab import write_ab_outputs
-
     t0 = time.time()
     spec_a, req_a = ref
     spec_b, req_b = probe
@@ -191,8 +191,6 @@ def compare(
             "error",
             error=f"the two checkouts' params ask for different requests ({req_a} vs {req_b})",
         )
-    from perfkit.ab.driver import AbPlan
-
     plan = AbPlan(
         spec_a,
         spec_b,
