@@ -188,6 +188,10 @@ def test_history_confirm_says_confirmed_on_commit_11_and_not_reproduced_elsewher
     assert (res["good"]["sha"], res["bad"]["sha"]) == (shas[BAD_AT - 2], shas[BAD_AT - 1])
     assert res["probes"][0]["decision"] == "regression" and res["probes"][0]["low"] > 1.15
     assert summary.read_text().startswith("## perfkit history confirm: CONFIRMED (exit code 0)")
+    assert (
+        res["repo"] == str(repo.resolve())
+        and str(repo.resolve()) in (summary.parent / "report.html").read_text()
+    )
     code, summary = run_confirm(store, "tiny-b/DenoisingStage_ms", shas[5][:8], repo, setup, tmp_path / "c6")
     res = json.loads((tmp_path / "c6" / "confirm.json").read_text())
     assert code == 1 and res["outcome"] == "not reproduced"

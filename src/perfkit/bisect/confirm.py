@@ -75,6 +75,7 @@ class ConfirmResult:
     message: str
     setup: dict[str, Any]
     stored: str = ""
+    repo: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -93,6 +94,7 @@ class ConfirmResult:
                 "outcome": self.outcome,
                 "exit_code": self.exit_code,
                 "message": self.message,
+                "repo": self.repo,
                 "series": {"hardware": self.hardware, "case_id": self.case_id, "metric": self.metric},
                 "step": {
                     "kind": s.kind,
@@ -199,6 +201,7 @@ def confirm(
         outcome,
         message,
         setup.to_dict(),
+        repo=str(repo),
     )
     res.stored = str(
         add_confirmation(
