@@ -21,6 +21,9 @@ Faults of mode serve, at the request numbered --fault-at (0 = the first, the col
 Input faults (any serving mode): --nan-request N (request N's DenoisingStage time is NaN),
 --bad-utf8-request N (request N's stage name is invalid UTF-8), --stderr-line-bytes B (one line of
 B hex digits on stderr at startup).
+Slowdown (bisect tests): --denoise-factor-from MODULE imports MODULE (from PYTHONPATH, e.g. a
+checkout of an engine's source) and multiplies the request's time (all of it DenoisingStage) by
+its ``DENOISE_FACTOR`` (1.0 when it has none); --denoise-factor F sets it directly.
 --pid-file: every process of the engine (itself, its children) appends "pid create_time" there,
 so a test can check by pid and start time, not by name, that none survives.
 """
@@ -87,7 +90,7 @@ class Jobs:
                 os.kill(os.getpid(), signal.SIGKILL)
             while True:  # hang, drain, fork (and a continued sigstop): never finishes
                 time.sleep(1)
-        time.sleep(a.request_s)
+        time.sleep(a.request_s * a.denoise_factor)
         if a.perf_log_dir:
             ms = (time.time() - t0) * 1000.0
             denoise = float("nan") if k == a.nan_request else ms
@@ -182,7 +185,15 @@ def main() -> None:
     ap.add_argument("--nan-request", type=int, default=-1)
     ap.add_argument("--bad-utf8-request", type=int, default=-1)
     ap.add_argument("--stderr-line-bytes", type=int, default=0)
+    ap.add_argument("--denoise-factor", type=float, default=1.0)
+    ap.add_argument("--denoise-factor-from", default=None, metavar="MODULE")
     a = ap.parse_args()
+    if a.denoise_factor_from:
+        import importlib
+
+        a.denoise_factor = float(
+            getattr(importlib.import_module(a.denoise_factor_from), "DENOISE_FACTOR", 1.0)
+        )
 
     mark("process_start")
     if a.stderr_line_bytes:  # one long line (a hex dump) in the engine log

@@ -87,6 +87,8 @@ def test_every_command_and_option_has_help():
         "history import",
         "history check",
         "history site",
+        "history confirm",
+        "bisect",
     ):
         assert want in seen, seen
 
@@ -106,6 +108,8 @@ def test_every_command_and_option_has_help():
         ["history", "import"],
         ["history", "check"],
         ["history", "site"],
+        ["history", "confirm"],
+        ["bisect"],
     ],
 )
 def test_help_of_every_command_lists_exit_codes(sub):

@@ -1292,13 +1292,114 @@ def ab_command(**kw: Any) -> None:
     _done(cmd_ab(SimpleNamespace(**kw)))
 
 
+def _probe_options(f):
+    """The options ``perfkit bisect`` and ``perfkit history confirm`` share (perfkit.bisect.api.make_setup)."""
+    opts = [
+        click.option(
+            "--repo", default=".", show_default=True, help="the engine's git repository (never checked out)"
+        ),
+        click.option(
+            "--spec",
+            required=True,
+            metavar="FILE",
+            help="engine spec YAML or params file; {checkout} = the probe",
+        ),
+        click.option(
+            "--python-path",
+            default=None,
+            metavar="DIR",
+            help="Python overlay: checkout/DIR first on PYTHONPATH",
+        ),
+        click.option("--build", default=None, metavar="CMD", help="shell command run in each checkout first"),
+        click.option(
+            "-n",
+            "--launches",
+            type=click.IntRange(2, 100),
+            default=2,
+            show_default=True,
+            help="launches a side a probe before the A/B's first look (as perfkit ab -n)",
+        ),
+        click.option(
+            "--max-launches",
+            type=click.IntRange(2, 100),
+            default=6,
+            show_default=True,
+            help="launches a side a probe at most; still inconclusive: the probe is undecided (skipped)",
+        ),
+        click.option(
+            "-m",
+            "--warm",
+            type=click.IntRange(1, 1000),
+            default=3,
+            show_default=True,
+            help="warm requests a launch",
+        ),
+        click.option(
+            "--threshold", default="5%", show_default=True, help="a regression is an interval above it"
+        ),
+        click.option("--out", default=None, help="output directory (default outputs/<command>/<timestamp>)"),
+        click.option("-q", "--quiet", is_flag=True, help="do not print summary.md"),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _probe_run(kind: str, fn, kw: dict[str, Any], *args: Any, **more: Any) -> None:
+    """Build the probe setup from ``kw``, run ``fn(*args, setup, out, **more)``, print, exit."""
+    from perfkit.bisect.api import make_setup, out_dir
+    from perfkit.bisect.checkout import BisectError
+    from perfkit.history.store import HistoryError
+
+    try:
+        metric = (_gate_metrics(kw["metric"]) or [None])[0] if kw.get("metric") else None
+    except click.BadParameter as exc:
+        raise click.BadParameter(exc.message, param_hint="--metric") from None
+    try:
+        setup = make_setup(
+            kw["spec"], metric=metric, python_path=kw["python_path"], build=kw["build"],
+            min_launches=kw["launches"], max_launches=kw["max_launches"],
+            threshold=_fraction(kw["threshold"], "--threshold"), warm=kw["warm"],
+        )  # fmt: skip
+        _sigterm_as_interrupt()
+        if "metric" in more:  # confirm: the series' own metric unless --metric
+            more["metric"] = metric
+        code, summary = fn(*args, setup, out_dir(kw["out"], kind), **more)
+    except (BisectError, HistoryError) as exc:
+        click.echo(f"perfkit {kind}: error: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    if not kw["quiet"]:
+        click.echo(summary.read_text())
+    click.echo(f"summary: {summary}")
+    _done(code)
+
+
+@cli.command(
+    "bisect",
+    epilog="Exit codes: 0 the first bad commit found; 1 not reproduced (the bad commit is no regression"
+    " against the good one); 2 bad input, or the search could not decide (the range left and the"
+    " probes that failed or stayed undecided are named).",
+)
+@click.option("--good", required=True, help="a commit without the regression")
+@click.option("--bad", required=True, help="a later commit with it")
+@click.option("--metric", default="DenoisingStage", show_default=True, help="the A/B metric that decides")
+@_probe_options
+def bisect_command(**kw: Any) -> None:
+    """The first bad commit between --good and --bad: an A/B against --good at each probe."""
+    from perfkit.bisect.api import run_bisect
+
+    _probe_run("bisect", run_bisect, kw, kw["repo"], kw["good"], kw["bad"])
+
+
 @cli.group(
     "history",
     epilog="Examples:\n\n\b\n"
     "  perfkit history import tests/fixtures/sglang-nightly --hardware H100\n"
     "  perfkit history add outputs/ci-cpu/latest\n"
     "  perfkit history check outputs/ci-cpu/latest --out outputs/history-check\n"
-    "  perfkit history site outputs/history-site\n\n" + EXIT_CODES,
+    "  perfkit history site outputs/history-site\n"
+    "  perfkit history confirm tiny-cpu/DenoisingStage_ms 1 --repo ../engine --spec spec.yaml\n\n"
+    + EXIT_CODES,
 )
 def history_group() -> None:
     """Performance history across commits: a store, change points, a gate, an offline site."""
@@ -1440,6 +1541,28 @@ def history_check(
         click.echo(summary.read_text())
     click.echo(f"summary: {summary}")
     _done(res.exit_code)
+
+
+@history_group.command(
+    "confirm",
+    epilog="Exit codes: 0 confirmed; 1 not reproduced or undecided; 2 bad input or an error (a build, a launch).",
+)
+@click.argument("series")
+@click.argument("change")
+@_STORE
+@click.option("--hardware", default=None, help="the series' hardware (when stored for several)")
+@click.option(
+    "--metric",
+    default=None,
+    help="the A/B metric (default: the series', e.g. DenoisingStage_ms -> DenoisingStage)",
+)
+@_probe_options
+def history_confirm(series: str, change: str, **kw: Any) -> None:
+    """A/B the commits on either side of step CHANGE (its number, or a commit) of SERIES (CASE/METRIC)."""
+    from perfkit.bisect.api import run_confirm
+
+    more = {"metric": kw["metric"], "hardware": kw["hardware"]}
+    _probe_run("confirm", run_confirm, kw, kw["store"], series, change, kw["repo"], **more)
 
 
 @history_group.command("site", epilog=EXIT_CODES)

@@ -17,7 +17,7 @@ import math
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import matplotlib
 
@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from perfkit.common.numfmt import number_text  # noqa: E402
 from perfkit.history import changepoints as cp  # noqa: E402
 from perfkit.history.check import judge  # noqa: E402
+from perfkit.history.confirmations import read_confirmations  # noqa: E402
 from perfkit.history.store import HistoryError, read_store  # noqa: E402
 from perfkit.report.plots import alt_text, figure_to_png_bytes  # noqa: E402
 from perfkit.report.render import template_env  # noqa: E402
@@ -104,8 +105,33 @@ def _pct(x: float | None) -> str:
     return "–" if x is None or not math.isfinite(x) else f"{(x - 1) * 100:+.1f} %"
 
 
-def series_context(a: cp.Analysis, commit_url: str | None, settings: cp.Settings) -> dict[str, Any]:
-    """What the template shows for one series (figure, steps, outliers, gaps, latest)."""
+def _confirmed(row: Mapping[str, Any] | None) -> str:
+    """A step's latest confirmation (``perfkit history confirm``) in words, or "–"."""
+    if row is None:
+        return "–"
+    iv = (
+        ""
+        if row.get("low") is None or row["low"] != row["low"]
+        else f" [{_pct(row['low'])} to {_pct(row['high'])}]"
+    )
+    ab = (
+        f": A/B {_pct(row['ratio'])}{iv}"
+        if row.get("ratio") is not None and row["ratio"] == row["ratio"]
+        else ""
+    )
+    return f"{row['outcome']}{ab} ({row['time']:%Y-%m-%d})"
+
+
+def series_context(
+    a: cp.Analysis,
+    commit_url: str | None,
+    settings: cp.Settings,
+    confirmations: Mapping[tuple[str, ...], Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """What the template shows for one series (figure, steps with their latest confirmation,
+    outliers, gaps, latest). ``confirmations``: (hardware, case, metric, commit before, commit
+    after) -> the latest confirmation row of that step
+    (:func:`perfkit.history.confirmations.read_confirmations`)."""
     fig = trend_figure(a)
     png = base64.b64encode(figure_to_png_bytes(fig, dpi=80)).decode("ascii")
     alt = alt_text(fig)
@@ -122,6 +148,9 @@ def series_context(a: cp.Analysis, commit_url: str | None, settings: cp.Settings
             "change": _pct(s.ratio),
             "interval": "–" if s.low is None else f"{_pct(s.low)} to {_pct(s.high)}",
             "runs": f"{s.n_before} / {s.n_after}",
+            "confirmed": _confirmed(
+                (confirmations or {}).get((a.hardware, a.case_id, a.metric, s.before.commit, s.after.commit))
+            ),
         }
         for s in a.steps
     ]
@@ -174,6 +203,11 @@ def write_site(
     out.mkdir(parents=True, exist_ok=True)
     env = template_env()
     analyses = cp.analyse_frame(frame, settings)
+    conf = read_confirmations(store)
+    keys = ["hardware", "case_id", "metric", "before_commit", "after_commit"]
+    confirmations = {
+        tuple(r[k] for k in keys): r for r in conf.to_dict("records")
+    }  # oldest first: latest wins
     hw_pages = []
     pages: list[Path] = []
     for hw in sorted(frame["hardware"].unique()):
@@ -194,7 +228,7 @@ def write_site(
         ]
         cases: dict[str, list[dict[str, Any]]] = {}
         for a in mine:
-            cases.setdefault(a.case_id, []).append(series_context(a, commit_url, settings))
+            cases.setdefault(a.case_id, []).append(series_context(a, commit_url, settings, confirmations))
         latest = rows.sort_values("time").iloc[-1]
         page = out / f"{_slug(hw)}.html"
         page.write_text(

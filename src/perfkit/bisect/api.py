@@ -1,0 +1,92 @@
+"""The two commands as single functions (what ``perfkit bisect`` and ``perfkit history confirm``
+call): build the probe setup, run, write ``summary.md`` and ``report.html``."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+
+from perfkit.ab.sequential import Design
+from perfkit.bisect.checkout import BisectError
+from perfkit.bisect.confirm import confirm
+from perfkit.bisect.probe import ProbeSetup
+from perfkit.bisect.search import bisect
+from perfkit.report.bisect import write_bisect_outputs
+
+__all__ = ["make_setup", "out_dir", "run_bisect", "run_confirm"]
+
+
+def make_setup(
+    spec: str | Path,
+    *,
+    metric: str | None = "DenoisingStage",
+    python_path: str | None = None,
+    build: str | None = None,
+    min_launches: int = 2,
+    max_launches: int = 6,
+    threshold: float = 0.05,
+    confidence: float = 0.95,
+    spending: str = "pocock",
+    warm: int = 3,
+) -> ProbeSetup:
+    """A :class:`ProbeSetup` from the command's options.
+
+    Raises:
+        BisectError: the spec file is missing, or the design is out of range (named).
+    """
+    if not Path(spec).is_file():
+        raise BisectError(
+            f"--spec {spec}: {'is a directory, not a file' if Path(spec).is_dir() else 'not found'}"
+        )
+    try:
+        design = Design(min_launches, max_launches, confidence, spending)
+    except ValueError as exc:
+        raise BisectError(f"-n/--launches, --max-launches: {exc}") from None
+    return ProbeSetup(Path(spec), metric or "DenoisingStage", python_path, build, design, threshold, warm)
+
+
+def out_dir(given: str | None, kind: str) -> Path:
+    """``--out`` (refused when it is a file or a non-empty directory), else a new
+    ``outputs/<kind>/<timestamp>``.
+
+    Raises:
+        BisectError: ``--out`` is a file or a non-empty directory.
+    """
+    if given:
+        out = Path(given)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise BisectError(f"--out {out} {'is a file' if not out.is_dir() else 'exists and is not empty'}")
+        return out
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out, k = Path("outputs") / kind / stamp, 1
+    while out.exists():
+        k += 1
+        out = Path("outputs") / kind / f"{stamp}-{k}"
+    return out
+
+
+def run_bisect(repo: str | Path, good: str, bad: str, setup: ProbeSetup, out: Path) -> tuple[int, Path]:
+    """``perfkit bisect``: the search (:func:`perfkit.bisect.search.bisect`) and its outputs.
+    Returns (exit code, summary.md path). Raises BisectError for bad input."""
+    res = bisect(repo, good, bad, setup, out)
+    paths = write_bisect_outputs(res.to_dict(), out)
+    return res.exit_code, paths["summary"]
+
+
+def run_confirm(
+    store: str | Path,
+    series: str,
+    change: str,
+    repo: str | Path,
+    setup: ProbeSetup,
+    out: Path,
+    *,
+    metric: str | None = None,
+    hardware: str | None = None,
+) -> tuple[int, Path]:
+    """``perfkit history confirm``: the A/B across the step (:func:`perfkit.bisect.confirm.confirm`,
+    on ``metric`` or the series' own, :func:`perfkit.bisect.confirm.ab_metric`) and its outputs.
+    Returns (exit code, summary.md path). Raises BisectError or HistoryError for bad input."""
+    res = confirm(store, series, change, repo, setup, out, hardware=hardware, metric=metric)
+    paths = write_bisect_outputs(res.to_dict(), out)
+    return res.exit_code, paths["summary"]

@@ -1,0 +1,240 @@
+"""One probe: build a checkout, point the engine spec at it, and run ``perfkit ab``'s sequential
+A/B of it against a reference checkout on one metric.
+
+The engine spec (a spec YAML or a params file, as ``perfkit ab --a`` takes) is read once per
+checkout with every ``{checkout}`` in its text replaced by the checkout's absolute path, so its
+command, ``env`` or ``extra_args`` can refer to the probe's files. Two ways to build a probe:
+
+- **Python overlay** (``python_path``, a directory inside the checkout, e.g. ``python`` for
+  sglang, ``.`` for a flat repository): prepended to the engine's ``PYTHONPATH``, as most sglang
+  diffusion pull requests change only Python;
+- **a build command** (``build``, a shell line run in the checkout before the spec is read,
+  e.g. ``pip install --target .probe-site . && ...``): a non-zero exit is that probe's error
+  (its output in ``build.log``), never a verdict.
+
+The statistics are ``perfkit ab``'s own (:func:`perfkit.ab.sequential.run_sequential` and
+:func:`perfkit.ab.sequential.decide_sequential`, gating on the one metric; the outputs by
+:func:`perfkit.report.ab.write_ab_outputs`), so a probe's verdict is exactly what ``perfkit ab``
+would say of the two checkouts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from perfkit.ab.driver import AbPlan
+from perfkit.ab.sequential import Design, decide_sequential, run_sequential
+from perfkit.ab.stats import DEFAULT_THRESHOLD
+from perfkit.bisect.checkout import BisectError, Commit, run_build
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec, EngineSpecError
+from perfkit.params import ParamsError, load_yaml, parse_params
+from perfkit.report.ab import write_ab_outputs
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ProbeSetup", "Probe", "VERDICTS", "load_spec", "prepare", "compare"]
+
+#: a probe's verdict: ``bad`` (the A/B decided a regression of the metric), ``good`` (no change
+#: or an improvement), ``undecided`` (inconclusive at the maximum), ``error`` (a build or launch
+#: failed, or the metric was not measured)
+VERDICTS = ("bad", "good", "undecided", "error")
+
+
+@dataclass(frozen=True)
+class ProbeSetup:
+    """How every probe is built and compared.
+
+    Attributes:
+        spec: the engine spec YAML or params file (``{checkout}`` is filled per checkout).
+        metric: the A/B metric that decides (e.g. ``DenoisingStage``, ``warm_e2e``).
+        python_path: the overlay: a directory of the checkout prepended to ``PYTHONPATH``
+            (None: none).
+        build: a shell command run in each checkout before its launches (None: none).
+        design: the sequential A/B design (launches a side at the first look and at most).
+        threshold: the decision threshold (fraction; a regression is an interval above it).
+        warm: warm requests a launch.
+        build_timeout_s: a build running longer is that probe's error (s; None: no limit).
+    """
+
+    spec: Path
+    metric: str = "DenoisingStage"
+    python_path: str | None = None
+    build: str | None = None
+    design: Design = field(default_factory=Design)
+    threshold: float = DEFAULT_THRESHOLD
+    warm: int = 3
+    build_timeout_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (the design's too)."""
+        d = asdict(self)
+        d["spec"] = str(self.spec)
+        d["design"] = self.design.to_dict()
+        return d
+
+
+@dataclass
+class Probe:
+    """One A/B of a commit against the reference (the good commit, or a step's commit before).
+
+    Attributes:
+        commit: the commit probed.
+        position: its place in the range (1 = the first commit after the good one).
+        verdict: one of :data:`VERDICTS`.
+        decision: the A/B decision of the metric (None when it did not run).
+        ratio, low, high: B/A of the metric and its interval (fraction; None: not measured).
+        launches: side -> launches run.
+        error: why the probe gave no verdict (a build, a launch), else None.
+        reason: the sequential procedure's stop reason.
+        out: the probe's A/B output directory (ab.json, summary.md, report.html).
+        wall_s: its wall time (s), build included.
+    """
+
+    commit: Commit
+    position: int
+    verdict: str
+    decision: str | None = None
+    ratio: float | None = None
+    low: float | None = None
+    high: float | None = None
+    launches: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+    reason: str = ""
+    out: str = ""
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict."""
+        return asdict(self)
+
+
+def load_spec(
+    path: Path, checkout: Path, python_path: str | None = None
+) -> tuple[EngineSpec, dict[str, Any]]:
+    """The engine spec and request of ``path`` for ``checkout``: ``{checkout}`` replaced by its
+    absolute path; with ``python_path``, ``checkout/python_path`` prepended to the spec's (else
+    this process's) ``PYTHONPATH``.
+
+    Raises:
+        BisectError: the file is missing, not YAML, not a mapping, or not a valid spec or params
+            file (names the file and the key); ``python_path`` is not a directory of the checkout.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BisectError(f"{path}: unreadable engine spec: {exc}") from None
+    text = text.replace("{checkout}", str(Path(checkout).resolve()))
+    try:
+        data = load_yaml(text)
+    except yaml.YAMLError as exc:
+        raise BisectError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise BisectError(f"{path}: expected an engine spec or a params file (a mapping)")
+    try:
+        if "engine" in data:
+            params = parse_params(data, str(path), text)
+            spec, request = params.engine_spec(), params.request.model_dump(exclude_none=True)
+        else:
+            spec, request = EngineSpec.from_dict(data), {}
+    except (ParamsError, EngineSpecError) as exc:
+        raise BisectError(f"{path}:\n{exc}") from None
+    if python_path is not None:
+        src = (Path(checkout) / python_path).resolve()
+        if not src.is_dir():
+            raise BisectError(f"--python-path {python_path!r}: not a directory of the checkout ({src})")
+        rest = spec.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        env = {**spec.env, "PYTHONPATH": os.pathsep.join(x for x in (str(src), rest) if x)}
+        spec = spec.replace(env=env)
+    return spec, request
+
+
+def prepare(checkout: Path, setup: ProbeSetup, log_dir: Path) -> tuple[EngineSpec, dict[str, Any]]:
+    """Build ``checkout`` (``setup.build``, output in ``log_dir/build.log``) and read the spec
+    for it.
+
+    Raises:
+        BisectError: the build failed (its exit code and last line) or the spec is bad.
+    """
+    if setup.build:
+        err = run_build(setup.build, checkout, log_dir / "build.log", setup.build_timeout_s)
+        if err:
+            raise BisectError(err)
+    return load_spec(setup.spec, checkout, setup.python_path)
+
+
+def compare(
+    ref: tuple[EngineSpec, dict[str, Any]],
+    probe: tuple[EngineSpec, dict[str, Any]],
+    setup: ProbeSetup,
+    out: Path,
+    commit: Commit,
+    position: int,
+) -> Probe:
+    """The sequential A/B of ``probe`` (side B) against ``ref`` (side A) on ``setup.metric``,
+    its outputs under ``out``. Never raises for engine failures: a failed launch or an
+    unmeasured metric is the probe's ``error``."""
+    t0 = time.time()
+    spec_a, req_a = ref
+    spec_b, req_b = probe
+    if req_a and req_b and req_a != req_b:
+        return Probe(
+            commit,
+            position,
+            "error",
+            error=f"the two checkouts' params ask for different requests ({req_a} vs {req_b})",
+        )
+    plan = AbPlan(
+        spec_a,
+        spec_b,
+        VideoRequestSpec.from_dict(dict(req_a or req_b)),
+        setup.design.min_launches,
+        setup.warm,
+    )
+    gate = [setup.metric]
+    bundles = run_sequential(plan, setup.design, out, setup.threshold, None, gate)
+    try:
+        res = decide_sequential(bundles["A"], bundles["B"], setup.design, setup.threshold, None, gate=gate)
+    except ValueError as exc:  # the metric was not compared
+        return Probe(commit, position, "error", error=str(exc), out=str(out), wall_s=time.time() - t0)
+    write_ab_outputs(res, out)
+    seq = res.meta.get("sequential") or {}
+    row = (
+        res.table.set_index("metric").loc[setup.metric] if setup.metric in set(res.table["metric"]) else None
+    )
+    decision = None if row is None else str(row["decision"])
+
+    def num(k: str) -> float | None:
+        v = None if row is None else row[k]
+        return None if v is None or v != v else float(v)
+
+    errors = [str(e).splitlines()[0] for e in res.meta.get("launch_errors") or [] if str(e)]
+    if res.exit_code == 2 or decision in (None, "not measured"):
+        verdict = "error"
+        error = "; ".join(errors) or f"{setup.metric} was not measured on both sides"
+    else:
+        verdict = {"regression": "bad", "no change": "good", "improvement": "good"}.get(decision, "undecided")
+        error = None
+    p = Probe(
+        commit,
+        position,
+        verdict,
+        decision,
+        num("ratio"),
+        num("low"),
+        num("high"),
+        dict(seq.get("launches_run") or {}),
+        error,
+        str(seq.get("reason") or ""),
+        str(out),
+        round(time.time() - t0, 1),
+    )
+    log.info("probe %s (%s): %s, %s", commit.short, commit.subject, verdict, decision)
+    return p

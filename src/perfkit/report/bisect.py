@@ -1,0 +1,206 @@
+"""The reports of ``perfkit bisect`` and ``perfkit history confirm``: ``summary.md`` (for a pull
+request or an issue comment, and ``$GITHUB_STEP_SUMMARY``) and ``report.html`` (the report page,
+``templates/page.html.j2``, with one section, ``templates/sections/bisect.html.j2``: the probes in
+order with their A/B verdicts and intervals, each linked to its own A/B page).
+
+Both take the plain dict of ``bisect.json`` / ``confirm.json``
+(:meth:`perfkit.bisect.search.BisectResult.to_dict`,
+:meth:`perfkit.bisect.confirm.ConfirmResult.to_dict`): this layer does not import the layer
+that runs them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import markupsafe
+import pandas as pd
+
+from perfkit.report.render import PAGE_TEMPLATE, external_refs, template_env
+from perfkit.report.tables import format_table, markdown_table
+
+log = logging.getLogger(__name__)
+
+__all__ = ["probes_frame", "bisect_summary_markdown", "render_bisect_report", "write_bisect_outputs"]
+
+SUMMARY_FILE = "summary.md"
+REPORT_FILE = "report.html"
+
+
+def _pct(x: Any) -> str:
+    return "–" if x is None else f"{(float(x) - 1) * 100:+.1f} %"
+
+
+def _commit(c: Mapping[str, Any] | None) -> str:
+    return "?" if not c else f"{c['short']} {c['subject']}"
+
+
+def probes_frame(d: Mapping[str, Any]) -> pd.DataFrame:
+    """One row a probe, in the order they ran: probe number, position in the range, commit,
+    subject, author date, ``status`` (bad, good, undecided, error), the A/B decision, B/A and its
+    interval as % change, launches A/B, and the error or the A/B's stop reason."""
+    rows = []
+    for i, p in enumerate(d.get("probes") or [], 1):
+        c = p.get("commit") or {}
+        la = p.get("launches") or {}
+        rows.append(
+            {
+                "probe": i,
+                "position": p.get("position"),
+                "commit": c.get("short"),
+                "subject": c.get("subject"),
+                "author date": c.get("author_date"),
+                "status": p.get("verdict"),
+                "A/B decision": p.get("decision") or "–",
+                "B/A": _pct(p.get("ratio")),
+                "interval": "–" if p.get("low") is None else f"[{_pct(p.get('low'))}, {_pct(p.get('high'))}]",
+                "launches A/B": f"{la.get('A', 0)}/{la.get('B', 0)}",
+                "note": p.get("error") or p.get("reason") or "",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _facts(d: Mapping[str, Any]) -> list[str]:
+    s = d.get("setup") or {}
+    des = s.get("design") or {}
+    how = (
+        f"metric {s.get('metric')}, threshold ±{float(s.get('threshold', 0.05)) * 100:.1f} %, "
+        f"{des.get('min_launches')}–{des.get('max_launches')} launches a side a probe "
+        f"({des.get('spending')} alpha spending, {float(des.get('confidence', 0.95)) * 100:.0f} % over the looks), "
+        f"{s.get('warm')} warm requests a launch"
+    )
+    build = (f"build: `{s['build']}`" if s.get("build") else "no build command") + (
+        f"; Python overlay: `{s['python_path']}` on PYTHONPATH" if s.get("python_path") is not None else ""
+    )
+    probes = d.get("probes") or []
+    spent = f"{len(probes)} probe{'' if len(probes) == 1 else 's'}, {d.get('launches', 0)} launches in all"
+    if d.get("kind") == "confirm":
+        st, se = d.get("step") or {}, d.get("series") or {}
+        lo = "" if st.get("low") is None else f" [{_pct(st['low'])}, {_pct(st['high'])}]"
+        return [
+            f"series: {se.get('hardware')} / `{se.get('case_id')}` {se.get('metric')}",
+            f"the history's step: {_pct(st.get('ratio'))}{lo} ({st.get('kind')}; {st.get('n_before')} runs before, "
+            f"{st.get('n_after')} after; last run before `{st.get('before_run')}`, first after `{st.get('after_run')}`)",
+            f"commit before: `{_commit(d.get('good'))}` ({(d.get('good') or {}).get('author_date')}); "
+            f"commit after: `{_commit(d.get('bad'))}` ({(d.get('bad') or {}).get('author_date')})",
+            how,
+            build,
+            spent,
+            f"recorded in the store: `{d.get('stored')}`" if d.get("stored") else "not recorded",
+        ]
+    found = d.get("found")
+    rng = d.get("range") or {}
+    commits = d.get("commits") or []
+    lines = [
+        f"good `{_commit(d.get('good'))}` .. bad `{_commit(d.get('bad'))}`: {len(commits)} commits after the good one "
+        f"(`{d.get('repo')}`)",
+    ]
+    if found:
+        lines.append(
+            f"first bad commit: `{found['sha']}` {found['subject']} (author date {found['author_date']})"
+        )
+    elif commits and rng.get("hi") and d.get("outcome") == "not decided":
+        lo, hi = int(rng.get("lo", 0)), int(rng["hi"])
+        lines.append(
+            "the first bad commit is one of: " + ", ".join(f"`{_commit(c)}`" for c in commits[lo:hi])
+        )
+    lines += [how, build, spent + f", {d.get('wall_s')} s"]
+    return lines
+
+
+def bisect_summary_markdown(d: Mapping[str, Any]) -> str:
+    """``summary.md``: the outcome with its exit code, the facts (range, commit found or range
+    left, how probes were compared, launches spent) and the probes table."""
+    name = "perfkit history confirm" if d.get("kind") == "confirm" else "perfkit bisect"
+    lines = [
+        f"## {name}: {str(d.get('outcome')).upper()} (exit code {d.get('exit_code')})",
+        "",
+        str(d.get("message")),
+        "",
+    ]
+    lines += [f"- {f}" for f in _facts(d)]
+    probes = probes_frame(d)
+    lines += ["", "Probes, in the order they ran (B = the commit, A = the reference):", ""]
+    lines += [markdown_table(probes) if not probes.empty else "no probe ran", ""]
+    return "\n".join(lines)
+
+
+def _badge(d: Mapping[str, Any]) -> str:
+    return str(d.get("outcome"))
+
+
+def render_bisect_report(d: Mapping[str, Any], out: str | Path) -> Path:
+    """Write ``out/report.html``. Returns its path.
+
+    Raises:
+        RuntimeError: the page would load something from the network (a bug).
+    """
+    out = Path(out)
+    env = template_env()
+    confirm = d.get("kind") == "confirm"
+    s = d.get("setup") or {}
+    links = []
+    for i, p in enumerate(d.get("probes") or [], 1):
+        page = Path(p.get("out") or "") / REPORT_FILE
+        if p.get("out") and page.is_file():
+            href = os.path.relpath(page, out)
+            links.append(
+                {"href": href, "text": f"probe {i}: {(p.get('commit') or {}).get('short')} — its A/B page"}
+            )
+    section = env.get_template("sections/bisect.html.j2").render(
+        verdict=_badge(d),
+        heading="Does the step reproduce?" if confirm else "Which commit?",
+        question=(
+            "The A/B between the commits on either side of the history's change point, on the series' metric."
+            if confirm
+            else "A binary search between the good and the bad commit, an A/B against the good commit at each probe."
+        ),
+        message=str(d.get("message") or ""),
+        facts=[f.replace("`", "") for f in _facts(d)],  # Markdown's code marks, not shown on the page
+        reference="the commit before the step" if confirm else "the good commit",
+        metric=s.get("metric"),
+        threshold=f"{float(s.get('threshold', 0.05)) * 100:.1f} %",
+        probes=format_table(probes_frame(d)),
+        links=links,
+    )
+    page = env.get_template(PAGE_TEMPLATE).render(
+        title="perfkit history confirm: does the step reproduce?"
+        if confirm
+        else "perfkit bisect: which commit?",
+        verdict=_badge(d),
+        exit_code=d.get("exit_code"),
+        meta=[{"text": "repository", "code": d.get("repo") or s.get("spec")}],
+        environment=None,
+        toc=[],
+        errors=[],
+        notebooks_table=None,
+        key_numbers=None,
+        warnings=[],
+        gates=format_table(pd.DataFrame([{"status": _badge(d), "what": str(d.get("message") or "")}])),
+        sections=[markupsafe.Markup(section)],
+    )
+    bad = external_refs(page)
+    if bad:
+        raise RuntimeError(f"bisect report would load from the network: {bad[:3]}")
+    p = out / REPORT_FILE
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(page, encoding="utf-8")
+    return p
+
+
+def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
+    """``summary.md`` and ``report.html`` under ``out`` (summary.md also appended to
+    ``$GITHUB_STEP_SUMMARY`` when set). Returns name -> path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = bisect_summary_markdown(d)
+    (out / SUMMARY_FILE).write_text(md, encoding="utf-8")
+    gh = os.environ.get("GITHUB_STEP_SUMMARY")
+    if gh:
+        with open(gh, "a", encoding="utf-8") as fh:
+            fh.write(md + "\n")
+    return {"summary": out / SUMMARY_FILE, "report": render_bisect_report(d, out)}

@@ -1,0 +1,224 @@
+"""`perfkit bisect` and `perfkit history confirm` on a temporary git repository of 16 commits of a
+small engine: the stand-in engine (tests/fake_engine.py) reads its DenoisingStage factor from the
+repository's `knob.py` (1.0, then 1.3 from commit 11 on), found through the probe's PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+
+import fake_engine
+from perfkit.ab.sequential import Design
+from perfkit.bisect.api import run_confirm
+from perfkit.bisect.checkout import BisectError
+from perfkit.bisect.probe import ProbeSetup
+from perfkit.bisect.search import bisect, next_position
+from perfkit.cli import main
+from perfkit.history.confirmations import read_confirmations
+from perfkit.history.store import HistoryRun, Value, add_runs
+from perfkit.report.bisect import write_bisect_outputs
+from perfkit.report.history_site import write_site
+
+N_COMMITS, BAD_AT, BROKEN_BUILD_AT = 16, 11, 10
+#: the engine's request: all of it DenoisingStage, times the checkout's knob.DENOISE_FACTOR
+ENGINE = ("--mode", "serve", "--request-s", "0.08", "--load-s", "0", "--warmup-s", "0")
+FAST = ["-n", "2", "--max-launches", "6", "--threshold", "15%", "-m", "3"]
+
+
+def _git(repo: Path, *args: str, date: str | None = None) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "A. Author", "GIT_AUTHOR_EMAIL": "a@example.org"}
+    env |= {"GIT_COMMITTER_NAME": "A. Author", "GIT_COMMITTER_EMAIL": "a@example.org"}
+    if date:
+        env |= {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, env=env, capture_output=True, text=True
+    ).stdout
+
+
+@pytest.fixture(scope="module")
+def engine_repo(tmp_path_factory) -> tuple[Path, list[str]]:
+    """16 commits; commit 11 switches DenoisingStage +30 % on; commit 10's build step fails."""
+    repo = tmp_path_factory.mktemp("engine") / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    shas = []
+    for k in range(1, N_COMMITS + 1):
+        (repo / "knob.py").write_text(f"DENOISE_FACTOR = {1.3 if k >= BAD_AT else 1.0}\nCOMMIT = {k}\n")
+        bad_build = k == BROKEN_BUILD_AT
+        (repo / "build.py").write_text(
+            'raise SystemExit("fatal: missing header knob.h")\n' if bad_build else "print('built')\n"
+        )
+        _git(repo, "add", "knob.py", "build.py")
+        subject = f"commit {k}" + (": DenoisingStage +30 %" if k == BAD_AT else "")
+        _git(repo, "commit", "-q", "-m", subject, date=f"2026-11-{k:02d}T12:00:00+00:00")
+        shas.append(_git(repo, "rev-parse", "HEAD").strip())
+    return repo, shas
+
+
+def _spec(path: Path, **extra) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "kind": "command",
+                "command": fake_engine.command(*ENGINE, "--denoise-factor-from", "knob"),
+                "startup_timeout_s": 60,
+                **extra,
+            }
+        )
+    )
+    return path
+
+
+def _untouched(repo: Path, head: str) -> None:
+    assert _git(repo, "rev-parse", "HEAD").strip() == head
+    assert _git(repo, "status", "--porcelain") == ""
+    assert _git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1  # probes removed
+    assert _git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/main"
+
+
+def test_next_position_takes_the_untried_middle():
+    assert next_position(0, 15, set()) == 7
+    assert next_position(7, 11, {9}) == 8  # a tie: the lower
+    assert next_position(8, 10, {9}) is None
+    assert next_position(0, 1, set()) is None
+
+
+def test_bisect_finds_commit_11_of_16_in_at_most_5_probes_and_leaves_the_checkout(engine_repo, tmp_path):
+    repo, shas = engine_repo
+    head = _git(repo, "rev-parse", "HEAD").strip()
+    out = tmp_path / "out"
+    args = ["bisect", "--repo", str(repo), "--good", shas[0][:8], "--bad", "main", "--spec"]
+    args += [str(_spec(tmp_path / "spec.yaml")), "--python-path", ".", *FAST, "--out", str(out), "-q"]
+    assert main(args) == 0  # the command line, in process (a subprocess would import torch again)
+    res = json.loads((out / "bisect.json").read_text())
+    assert res["outcome"] == "found"
+    assert res["found"]["sha"] == shas[BAD_AT - 1]
+    probes = res["probes"]
+    assert 1 <= len(probes) <= 5
+    for pr in probes:  # each probe's A/B decided, the right way (position k is commit k + 1)
+        assert pr["verdict"] == ("bad" if pr["position"] + 1 >= BAD_AT else "good"), pr
+        assert pr["decision"] == ("regression" if pr["verdict"] == "bad" else "no change")
+        assert (pr["low"] > 1.15) if pr["verdict"] == "bad" else (0.85 <= pr["low"] <= pr["high"] <= 1.15)
+        assert Path(pr["out"], "report.html").is_file()  # each probe's own A/B page
+    assert res["launches"] == sum(sum(pr["launches"].values()) for pr in probes) >= 4 * len(probes)
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("## perfkit bisect: FOUND (exit code 0)")
+    assert "commit 11: DenoisingStage +30 %" in summary and "2026-11-11T12:00:00+00:00" in summary
+    assert f"{len(probes)} probes, {res['launches']} launches in all" in summary
+    page = (out / "report.html").read_text()
+    assert "commit 11: DenoisingStage +30 %" in page and "its A/B page" in page
+    _untouched(repo, head)
+
+
+def test_a_failing_build_is_that_probes_error_and_the_range_is_what_is_left(engine_repo, tmp_path):
+    repo, shas = engine_repo
+    head = _git(repo, "rev-parse", "HEAD").strip()
+    # the spec refers to the checkout itself (no overlay option): {checkout} is filled per probe
+    spec = _spec(tmp_path / "spec.yaml", env={"PYTHONPATH": "{checkout}"})
+    setup = ProbeSetup(spec, build="python build.py", design=Design(2, 6), threshold=0.15, warm=3)
+    good, bad = shas[BROKEN_BUILD_AT - 2], shas[BAD_AT]  # commits 9 .. 12
+    res = bisect(repo, good, bad, setup, tmp_path / "out")
+    by_commit = {p.commit.sha: p for p in res.probes}
+    broken = by_commit[shas[BROKEN_BUILD_AT - 1]]
+    assert broken.verdict == "error" and not broken.launches
+    assert "build 'python build.py' exited 1: fatal: missing header knob.h" in broken.error
+    assert by_commit[shas[BAD_AT - 1]].verdict == "bad"
+    assert res.outcome == "not decided" and res.exit_code == 2 and res.found is None
+    assert (res.lo, res.hi) == (0, 2)  # commit 10 or commit 11
+    assert "one of positions 1..2" in res.message and "missing header knob.h" in res.message
+    paths = write_bisect_outputs(res.to_dict(), tmp_path / "out")
+    summary = paths["summary"].read_text()
+    assert "NOT DECIDED (exit code 2)" in summary
+    assert f"`{shas[BROKEN_BUILD_AT - 1][:10]} commit 10`, `{shas[BAD_AT - 1][:10]} commit 11:" in summary
+    _untouched(repo, head)
+
+
+def test_a_bad_commit_that_is_no_regression_is_not_reproduced(engine_repo, tmp_path):
+    repo, shas = engine_repo
+    setup = ProbeSetup(_spec(tmp_path / "spec.yaml"), python_path=".", design=Design(2, 6), threshold=0.15)
+    res = bisect(repo, shas[12], shas[13], setup, tmp_path / "out")  # commits 13 .. 14: both +30 %
+    assert [p.commit.sha for p in res.probes] == [shas[13]]  # the bad commit itself, once
+    assert res.probes[0].decision == "no change"
+    assert (res.outcome, res.exit_code, res.found) == ("not reproduced", 1, None)
+    assert res.message.startswith(f"not reproduced: the bad commit {shas[13][:10]} is not a regression")
+
+
+def test_bad_input_is_named(engine_repo, tmp_path):
+    repo, shas = engine_repo
+    setup = ProbeSetup(_spec(tmp_path / "spec.yaml"))
+    with pytest.raises(BisectError, match="no commit 'nope'"):
+        bisect(repo, "nope", shas[-1], setup, tmp_path / "o1")
+    with pytest.raises(BisectError, match="not an ancestor"):
+        bisect(repo, shas[5], shas[2], setup, tmp_path / "o2")
+
+
+def _history(store: Path, shas: list[str]) -> None:
+    """Two synthetic series on one hardware: `tiny` steps +30 % at commit 11 (as the code does),
+    `tiny-b` steps +30 % at commit 6 (where the code changes nothing)."""
+    runs = []
+    for k, sha in enumerate(shas, 1):
+        wiggle = 1.0 + 0.004 * ((k * 7) % 5 - 2)
+        values = [
+            Value("tiny", "DenoisingStage_ms", "ms", 50.0 * wiggle * (1.3 if k >= BAD_AT else 1.0)),
+            Value("tiny-b", "DenoisingStage_ms", "ms", 50.0 * wiggle * (1.3 if k >= 6 else 1.0)),
+        ]
+        t = datetime(2026, 11, k, 12, tzinfo=timezone.utc)
+        runs.append(HistoryRun("suite", f"run{k}", "cpu-test", sha, t, values, source_file=f"run{k}"))
+    add_runs(store, runs)
+
+
+def test_history_confirm_says_confirmed_on_commit_11_and_not_reproduced_elsewhere(engine_repo, tmp_path):
+    repo, shas = engine_repo
+    head = _git(repo, "rev-parse", "HEAD").strip()
+    store = tmp_path / "store"
+    _history(store, shas)
+    setup = ProbeSetup(_spec(tmp_path / "spec.yaml"), python_path=".", design=Design(2, 6), threshold=0.15)
+    # in process (the command line is the same call: perfkit.cli's `history confirm` wraps run_confirm)
+    code, summary = run_confirm(store, "tiny/DenoisingStage_ms", "1", repo, setup, tmp_path / "c11")
+    res = json.loads((tmp_path / "c11" / "confirm.json").read_text())
+    assert code == 0 and res["outcome"] == "confirmed"
+    assert (res["good"]["sha"], res["bad"]["sha"]) == (shas[BAD_AT - 2], shas[BAD_AT - 1])
+    assert res["probes"][0]["decision"] == "regression" and res["probes"][0]["low"] > 1.15
+    assert summary.read_text().startswith("## perfkit history confirm: CONFIRMED (exit code 0)")
+    assert (
+        res["repo"] == str(repo.resolve())
+        and str(repo.resolve()) in (summary.parent / "report.html").read_text()
+    )
+    code, summary = run_confirm(store, "tiny-b/DenoisingStage_ms", shas[5][:8], repo, setup, tmp_path / "c6")
+    res = json.loads((tmp_path / "c6" / "confirm.json").read_text())
+    assert code == 1 and res["outcome"] == "not reproduced"
+    assert (res["good"]["sha"], res["bad"]["sha"]) == (shas[4], shas[5])
+    assert res["probes"][0]["decision"] == "no change"
+    assert "NOT REPRODUCED (exit code 1)" in summary.read_text()
+    stored = read_confirmations(store)
+    assert list(stored["case_id"]) == ["tiny", "tiny-b"]
+    assert list(stored["outcome"]) == ["confirmed", "not reproduced"]
+    assert list(stored["after_commit"]) == [shas[BAD_AT - 1], shas[5]]
+    assert stored["ab_metric"].eq("DenoisingStage").all()
+    # the history site shows each step's latest confirmation beside it
+    (page,) = [p for p in write_site(store, tmp_path / "site") if p.name != "index.html"]
+    html = page.read_text()
+    got = re.findall(r"(confirmed|not reproduced): A/B ([+-]\d+\.\d) %", html)
+    assert [(w, round(float(x) / 10)) for w, x in got] == [
+        ("confirmed", 3),
+        ("not reproduced", 0),
+    ]  # +30 %, 0 %
+    _untouched(repo, head)
+
+
+def test_history_confirm_names_a_missing_step(engine_repo, tmp_path, capsys):
+    repo, shas = engine_repo
+    store = tmp_path / "store"
+    _history(store, shas)
+    args = ["history", "confirm", "tiny/DenoisingStage_ms", "2", "--store", str(store), "--repo", str(repo)]
+    assert main([*args, "--spec", str(_spec(tmp_path / "s.yaml"))]) == 2
+    err = capsys.readouterr().err
+    assert "has no step 2; its steps: 1: " in err and shas[BAD_AT - 1][:10] in err
