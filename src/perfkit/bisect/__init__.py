@@ -9,5 +9,5 @@ probe.
   skipped, never guessed).
 - :mod:`perfkit.bisect.confirm`: an A/B between the commits on either side of a history change
   point, its outcome stored next to it.
-- :mod:`perfkit.bisect.outputs`: bisect.json / confirm.json, summary.md and report.html.
+- :mod:`perfkit.report.bisect`: bisect.json / confirm.json, summary.md and report.html.
 """
