@@ -350,6 +350,29 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def value_text(v: Any) -> str:
+    """A params value in plain words for a sentence, never a Python repr: a mapping as
+    ``key value`` pairs (a ``label`` first, alone), a list as its items joined by "; " in
+    brackets, numbers by :func:`perfkit.common.numfmt.number_text`
+    (``[{'label': 'x', 'device_gib': 12}]`` -> ``[x (device_gib 12)]``)."""
+    from perfkit.common.numfmt import number_text
+
+    if isinstance(v, Mapping):
+        items = {k: x for k, x in v.items() if x is not None}
+        label = items.pop("label", None)
+        inner = ", ".join(f"{k} {value_text(x)}" for k, x in items.items())
+        if label is not None:
+            return f"{label}" + (f" ({inner})" if inner else "")
+        return inner or "{}"
+    if isinstance(v, (list, tuple)):
+        return "[" + "; ".join(value_text(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (int, float)):
+        return number_text(float(v)) if isinstance(v, float) else str(v)
+    return str(v)
+
+
 def replay_markdown(recorded_params: Mapping[str, Any] | None, given: Mapping[str, Any], source: str) -> str:
     """What a replay of ``source`` re-applies and what it cannot: the checks are judged again
     against the invariants given (merged over the defaults); measurement params (repeats, caps,
@@ -372,7 +395,7 @@ def replay_markdown(recorded_params: Mapping[str, Any] | None, given: Mapping[st
             continue
         want, had = _plain(value), _plain(_comparable(value, rec[key]))
         if want != had:
-            diffs.append(f"`{key}`: given {want!r}, measured with {_plain(rec[key])!r}")
+            diffs.append(f"`{key}`: given {value_text(want)}, measured with {value_text(_plain(rec[key]))}")
     if diffs:
         lines.append(
             "These params differ from what the bundle was measured with and cannot apply to a "
