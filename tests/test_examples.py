@@ -164,3 +164,58 @@ def test_a_spec_without_what_ab_needs_is_caught(tmp_path: Path):
     bad.write_text("engine: {kind: reference, preset: tiny}\nrequest: {num_frames: 9}\n")
     with pytest.raises(AssertionError, match="name"):
         _load_with("ab", bad)
+
+
+# --------------------------------------------------------------------------- README timings
+
+
+def test_timings_block_states_machine_and_date(tmp_path: Path):
+    """``kind=timings``: each recorded wall time with its machine, date and source; a record
+    without a machine, or with a date that is not a date, is refused naming the key."""
+    from perfkit.report.figures import FiguresError, update_text
+
+    d = tmp_path / "t"
+    d.mkdir()
+    (d / "timings.json").write_text(
+        '{"timings": [{"what": "perfkit suite --params params/ci-cpu.yaml", "wall_s": 354, '
+        '"machine": "2 shared CPU cores", "date": "2026-12-01", "source": "time(1)"}]}'
+    )
+    doc = "x\n<!-- perfkit:figures src=t kind=timings -->\nold\n<!-- perfkit:end -->\n"
+    out = update_text(doc, tmp_path)
+    assert (
+        "| perfkit suite --params params/ci-cpu.yaml | 5 min 54 s | 2 shared CPU cores | 2026-12-01 | time(1) |"
+        in out
+    )
+    (d / "timings.json").write_text(
+        '{"timings": [{"what": "x", "wall_s": 1, "date": "soon", "source": "y"}]}'
+    )
+    with pytest.raises(FiguresError, match="timings t/timings.json: timings.0.machine"):
+        update_text(doc, tmp_path)
+
+
+def test_every_example_params_file_matches_the_bundles_it_replays():
+    """Each ``perfkit suite --params P --replay DIR`` the docs give: every investigation
+    section of P states what DIR's bundles were measured with (the replay note of the notebook,
+    :func:`perfkit.report.notebook.replay_markdown`, names no difference)."""
+    import json
+
+    from perfkit.params import load_params
+    from perfkit.report.notebook import replay_markdown
+
+    docs = [p for p in _tracked("README.md", "docs", "examples") if p.suffix == ".md"]
+    pairs = set()
+    for p in docs:
+        pairs |= set(re.findall(r"--params (\S+\.yaml) --replay (examples/\S+?)[`\s)]", p.read_text()))
+    assert ("params/h200.yaml", "examples/h200/bundles") in pairs, sorted(pairs)
+    problems = []
+    for pf, bd in sorted(pairs):
+        params = load_params(ROOT / pf)
+        for meta in sorted((ROOT / bd).glob("*/meta.json")):
+            section = getattr(params, meta.parent.name, None)
+            if section is None or not section.enabled:
+                problems.append(f"{pf}: {meta.parent.name} bundle in {bd}, but the section is not enabled")
+                continue
+            note = replay_markdown(json.loads(meta.read_text()).get("params"), section.model_dump(), bd)
+            if "differ" in note:
+                problems.append(f"{pf} vs {bd}/{meta.parent.name}: {note.split('replay (', 1)[1]}")
+    assert problems == [], "\n".join(problems)

@@ -330,7 +330,11 @@ def invariants_frame(scenario: str, given: Mapping[str, Any] | None = None) -> p
 # ------------------------------------------------------------------------------ replay
 def _comparable(given: Any, recorded: Any) -> Any:
     """``recorded`` reduced to what ``given`` states: dict keys ``given`` has, None values
-    dropped (a recorded cap also records its defaults)."""
+    dropped (a recorded cap also records its defaults). A cap recorded without a device or host
+    limit is what a ``None`` (no cap) means, so it reads as None."""
+    if given is None and isinstance(recorded, Mapping) and "label" in recorded:
+        if recorded.get("device_gib") is None and recorded.get("host_gib") is None:
+            return None
     if isinstance(given, Mapping) and isinstance(recorded, Mapping):
         return {k: _comparable(given[k], recorded.get(k)) for k in given if given[k] is not None}
     if (

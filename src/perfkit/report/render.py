@@ -522,7 +522,11 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
     cols = ["case", "metric", "expected", "actual", "status", "reason"]
     shown = verdicts[verdicts["status"] != "skipped"] if not verdicts.empty else verdicts
     order = shown["status"].map(_GATE_ORDER).fillna(5) if not shown.empty else None
-    shown = shown.assign(_o=order).sort_values("_o", kind="stable").drop(columns="_o") if not shown.empty else shown
+    shown = (
+        shown.assign(_o=order).sort_values("_o", kind="stable").drop(columns="_o")
+        if not shown.empty
+        else shown
+    )
     attention = shown[shown["status"].isin(["fail", "improved"])] if not shown.empty else shown
     passing = shown[~shown["status"].isin(["fail", "improved"])] if not shown.empty else shown
     # passing rows: compact (their reasons are on the page), a status column only when mixed
@@ -534,7 +538,12 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
     errors = [n for n in nbs if n.get("status") == "error"]
     middle: list[str] = []
     if errors:
-        middle += ["", "### Errors", "", *[f"- **{n['name']}**: {_clip(n.get('error'), 400)}" for n in errors]]
+        middle += [
+            "",
+            "### Errors",
+            "",
+            *[f"- **{n['name']}**: {_clip(n.get('error'), 400)}" for n in errors],
+        ]
     inv = investigations(run_dir, nbs)
     if inv:
         middle += [
@@ -549,7 +558,9 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
                             "gate": i["gate_text"],
                             "notebook": i["ran"],
                             "wall (s)": i["wall_s"],
-                            "note": wrap_cell(i["note"] or (_clip(i["error"]) if i["gate"] != "error" else "")),
+                            "note": wrap_cell(
+                                i["note"] or (_clip(i["error"]) if i["gate"] != "error" else "")
+                            ),
                         }
                         for i in inv
                     ]

@@ -404,7 +404,9 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
         if _failing_below(r, mb):
             out.append(KeyNumber("minimum device budget", mb, "GiB", "g"))
         else:  # the search's lower bound completed: nothing smaller was tried
-            out.append(KeyNumber("minimum device budget", f"≤ {mb:g} GiB (the search's lower bound completed)"))
+            out.append(
+                KeyNumber("minimum device budget", f"≤ {mb:g} GiB (the search's lower bound completed)")
+            )
     return out
 
 
