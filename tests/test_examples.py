@@ -219,3 +219,19 @@ def test_every_example_params_file_matches_the_bundles_it_replays():
             if "differ" in note:
                 problems.append(f"{pf} vs {bd}/{meta.parent.name}: {note.split('replay (', 1)[1]}")
     assert problems == [], "\n".join(problems)
+
+
+def test_replay_note_prints_params_in_words_not_python_reprs():
+    """A replay whose params differ from the bundle's names both values in words
+    ("caps: given [unlimited; 24GiB dev (device_gib 24)]"), never a raw Python dict."""
+    from perfkit.report.notebook import replay_markdown
+
+    recorded = {"caps": [{"label": "unlimited"}, {"label": "12GiB", "device_gib": 12.0, "host_gib": 32.0}]}
+    given = {"caps": [{"label": "unlimited"}, {"label": "24GiB dev", "device_gib": 24}]}
+    note = replay_markdown(recorded, given, "examples/x")
+    assert "`caps`: given [unlimited; 24GiB dev (device_gib 24)], measured with [unlimited; 12GiB" in note
+    assert "{" not in note and "'label'" not in note
+    # a cap without limits is what "no cap" (None) means: no difference
+    assert "differ" not in replay_markdown(
+        {"caps": {"label": "unlimited", "host_enforcement": "auto"}}, {"caps": None}, "x"
+    )
