@@ -235,3 +235,12 @@ def test_replay_note_prints_params_in_words_not_python_reprs():
     assert "differ" not in replay_markdown(
         {"caps": {"label": "unlimited", "host_enforcement": "auto"}}, {"caps": None}, "x"
     )
+
+
+def test_every_committed_run_report_is_regenerated_by_the_script():
+    """examples/regenerate.sh re-renders every committed suite or merge report (a directory
+    with run.json) from its bundles, with its README's command."""
+    script = (ROOT / "examples/regenerate.sh").read_text()
+    targets = set(re.findall(r'^\s+"(examples/[^|"]+)\|perfkit (?:suite|merge) ', script, flags=re.M))
+    runs = {p.parent.relative_to(ROOT).as_posix() for p in _tracked("examples") if p.name == "run.json"}
+    assert runs and runs <= targets, sorted(runs - targets)
