@@ -242,9 +242,11 @@ _READ_CHECK = r"""(() => {
 })()"""
 
 
-def read_at(html: Path, tmp_path: Path, width: int = 1280, height: int = 800) -> dict:
-    """Load ``html`` in a ``width`` x ``height`` viewport; :data:`_READ_CHECK` and every
-    request the page made."""
+def read_at(
+    html: Path, tmp_path: Path, width: int = 1280, height: int = 800, expression: str = _READ_CHECK
+) -> dict:
+    """Load ``html`` in a ``width`` x ``height`` viewport; ``expression`` (default
+    :data:`_READ_CHECK`) evaluated there, and every request the page made."""
     proc, ws_url = _start_chromium(tmp_path / "profile-read")
     try:
         cdp = CDP(ws_url)
@@ -260,7 +262,7 @@ def read_at(html: Path, tmp_path: Path, width: int = 1280, height: int = 800) ->
         cdp.send("Page.navigate", url=html.resolve().as_uri())
         cdp.wait_event("Page.loadEventFired", timeout=60)
         cdp.drain(0.5)
-        facts = cdp.send("Runtime.evaluate", returnByValue=True, expression=_READ_CHECK)["result"]["value"]
+        facts = cdp.send("Runtime.evaluate", returnByValue=True, expression=expression)["result"]["value"]
         cdp.close()
     finally:
         proc.terminate()
@@ -306,3 +308,39 @@ def test_read_check_catches_overflow_junk_and_missing_alt(tmp_path: Path):
     assert f["scrollWidth"] > f["innerWidth"]
     assert f["junk"] and "None" in f["junk"][0]
     assert f["noAlt"] == 1
+
+
+# --------------------------------------------------------------------------- failed above the fold
+
+#: where the failing investigation's marks sit in the first screen (no scrolling)
+_FOLD_CHECK = r"""(() => {
+  const rect = e => { if (!e) return null; const r = e.getBoundingClientRect();
+    return {top: r.top, bottom: r.bottom, text: e.innerText, color: getComputedStyle(e).color}; };
+  const li = document.querySelector('#investigations a[href="#cold_warm"]');
+  return {
+    height: window.innerHeight, scrollY: window.scrollY,
+    verdict: rect(document.getElementById('verdict')),
+    box: rect(document.getElementById('failed-cold_warm')),
+    toc: rect(li ? li.parentElement.querySelector('[data-gate]') : null),
+    row: rect(document.querySelector('#failed-rows + table tbody tr')),
+    passing: Array.from(document.querySelectorAll('#investigations [data-gate="pass"]')).map(e => e.innerText),
+  };
+})()"""
+
+
+def test_failing_example_is_marked_failed_above_the_fold(tmp_path: Path):
+    """The committed failing example (examples/h200/failing: the H200 bundles replayed against
+    latency_drift_max 0.05) at 1280 x 900: Cold vs warm's failed gate is marked in red in the
+    first screen -- the box naming it, its contents entry and the failed row -- and the
+    investigations that passed read "pass", not just "ran"."""
+    html = Path(__file__).resolve().parents[1] / "examples/h200/failing/report/report.html"
+    f = read_at(html, tmp_path, width=1280, height=900, expression=_FOLD_CHECK)
+    assert f["height"] == 900 and f["scrollY"] == 0, f
+    assert "REGRESSION" in f["verdict"]["text"], f
+    red = "rgb(207, 34, 46)"
+    assert f["box"] and "Cold vs warm: gate failed" in f["box"]["text"], f
+    assert f["toc"] and f["toc"]["text"] == "fail" and f["toc"]["color"] == red, f
+    assert f["row"] and "latency_drift" in f["row"]["text"] and "0.091" in f["row"]["text"], f
+    for what in ("box", "toc", "row"):
+        assert 0 <= f[what]["top"] and f[what]["bottom"] <= 900, (what, f[what])
+    assert f["passing"] == ["pass", "pass"], f  # warmup shapes, memory budget

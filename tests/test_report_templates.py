@@ -328,8 +328,10 @@ def test_page_tables_are_formatted(h200_html: str):
     # numbers are rounded: >= 100 no decimals, >= 10 one, below that at most 3 decimals
     assert [c for c in p.cells if not _rounded(c)] == []
     # status words keep their word, coloured by class
-    assert p.status_cells and all(cls == f"st st-{t}" for cls, t in p.status_cells)
-    assert {t for _, t in p.status_cells} >= {"pass", "ok", "skipped"}
+    assert p.status_cells and all(cls == f"st st-{tables.status_class(t)}" for cls, t in p.status_cells)
+    # each investigation's gate result (pass / not run), apart from whether its notebook ran
+    assert {t for _, t in p.status_cells} >= {"pass", "not run"}
+    assert "ok" not in {t for _, t in p.status_cells}
     assert "<th></th>" not in h200_html.split('<div class="nb">')[0]  # no index column
 
 
@@ -348,6 +350,42 @@ def test_summary_markdown_uses_the_formatter(h200_run: Path):
     assert "| warm median | 954 ms |" in text
     assert "| cold start, ready | 73.0 s |" in text
     assert "| nan |" not in text.lower() and "| None |" not in text
+
+
+def test_h200_summary_is_short_failures_first_passing_rows_collapsed(h200_run: Path):
+    """The replayed H200 run's summary.md (issue 40): at most 10 KB, the investigations' gate
+    results before the key numbers (labelled informational), the 92 passing rows inside a
+    collapsed <details>, no path of this machine, and the overhead investigation (skipped)
+    saying that cold vs warm measured it rather than a bare "skipped"."""
+    text = (h200_run / "summary.md").read_text(encoding="utf-8")
+    assert len(text.encode()) <= 10 * 1024, len(text.encode())
+    assert text.index("### Investigations") < text.index("### Key numbers") < text.index("<details>")
+    assert "| Cold vs warm | pass: 4 checks | ran |" in text
+    assert "Informational" in text.split("### Key numbers", 1)[1].split("|", 1)[0]
+    assert (
+        "<details><summary>92 passing gate rows</summary>" in text and text.rstrip().count("</details>") == 1
+    )
+    assert "not run on its own; measured inside Cold vs warm" in text
+    assert str(h200_run) not in text and str(ROOT) not in text
+    html = (h200_run / "report.html").read_text(encoding="utf-8")
+    assert str(h200_run) not in html and str(ROOT) not in html
+    assert "/tmp/work/" not in html  # the measuring host's engine commands are cut to their last parts
+
+
+def test_summary_fits_a_limit_by_whole_rows(h200_run: Path):
+    """Under a small limit the passing rows are left out from the end, whole rows only, with a
+    pointer to the page; every table row keeps every column."""
+    full = render.summary_markdown(h200_run)
+    text = render.summary_markdown(h200_run, limit=4000)
+    assert len(text) <= 4000 < len(full)
+    m = re.search(r"(\d+) more passing rows? not shown here: see the report page", text)
+    assert m, text[-600:]
+    shown = text.split("<details>", 1)[1].split("</details>", 1)[0]
+    rows = [ln for ln in shown.splitlines() if ln.startswith("| ")][1:]  # minus the header
+    assert len(rows) + int(m.group(1)) == 92
+    for block in text.split("\n\n"):
+        lines = [ln for ln in block.splitlines() if ln.startswith("|")]
+        assert len({len(re.findall(r"(?<!\\)\|", ln)) for ln in lines}) <= 1, block  # no row cut
 
 
 def test_report_renders_again_into_another_file(h200_run: Path, tmp_path: Path):
@@ -522,7 +560,7 @@ def test_root_cause_panel_on_the_h200_replay(h200_html: str):
     # the instrumentation overhead measured with the run (results.json only before)
     assert "<td>sampler</td>" in panel and "<td>stage timing</td>" in panel
     # settings the engine of 2026-11 did not report are named, not invented
-    assert "Not reported by the engine:" in panel
+    assert "Not recorded for any launch (the engine did not report it" in panel
     mb = h200_html[h200_html.index('<section id="memory_budget"') :]
     assert "cap1 (12 GiB GPU + 32 GiB host)" in mb[: mb.index("</section>")]
 

@@ -330,7 +330,11 @@ def invariants_frame(scenario: str, given: Mapping[str, Any] | None = None) -> p
 # ------------------------------------------------------------------------------ replay
 def _comparable(given: Any, recorded: Any) -> Any:
     """``recorded`` reduced to what ``given`` states: dict keys ``given`` has, None values
-    dropped (a recorded cap also records its defaults)."""
+    dropped (a recorded cap also records its defaults). A cap recorded without a device or host
+    limit is what a ``None`` (no cap) means, so it reads as None."""
+    if given is None and isinstance(recorded, Mapping) and "label" in recorded:
+        if recorded.get("device_gib") is None and recorded.get("host_gib") is None:
+            return None
     if isinstance(given, Mapping) and isinstance(recorded, Mapping):
         return {k: _comparable(given[k], recorded.get(k)) for k in given if given[k] is not None}
     if (
@@ -348,6 +352,29 @@ def _plain(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return [_plain(x) for x in v]
     return v
+
+
+def value_text(v: Any) -> str:
+    """A params value in plain words for a sentence, never a Python repr: a mapping as
+    ``key value`` pairs (a ``label`` first, alone), a list as its items joined by "; " in
+    brackets, numbers by :func:`perfkit.common.numfmt.number_text`
+    (``[{'label': 'x', 'device_gib': 12}]`` -> ``[x (device_gib 12)]``)."""
+    from perfkit.common.numfmt import number_text
+
+    if isinstance(v, Mapping):
+        items = {k: x for k, x in v.items() if x is not None}
+        label = items.pop("label", None)
+        inner = ", ".join(f"{k} {value_text(x)}" for k, x in items.items())
+        if label is not None:
+            return f"{label}" + (f" ({inner})" if inner else "")
+        return inner or "{}"
+    if isinstance(v, (list, tuple)):
+        return "[" + "; ".join(value_text(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (int, float)):
+        return number_text(float(v)) if isinstance(v, float) else str(v)
+    return str(v)
 
 
 def replay_markdown(recorded_params: Mapping[str, Any] | None, given: Mapping[str, Any], source: str) -> str:
@@ -372,7 +399,7 @@ def replay_markdown(recorded_params: Mapping[str, Any] | None, given: Mapping[st
             continue
         want, had = _plain(value), _plain(_comparable(value, rec[key]))
         if want != had:
-            diffs.append(f"`{key}`: given {want!r}, measured with {_plain(rec[key])!r}")
+            diffs.append(f"`{key}`: given {value_text(want)}, measured with {value_text(_plain(rec[key]))}")
     if diffs:
         lines.append(
             "These params differ from what the bundle was measured with and cannot apply to a "

@@ -184,10 +184,105 @@ def key_numbers(run_dir: str | Path) -> list[tuple[str, str]]:
     return out
 
 
-def _status_text(n: dict[str, Any]) -> str:
-    """A notebook's status, with the reason when skipped: ``skipped (no bundle in replay dir)``."""
+def _status_text(n: Mapping[str, Any]) -> str:
+    """Whether a notebook ran, with the reason when skipped: ``ran``, ``error``,
+    ``skipped (no bundle in replay dir)``. ``ran`` (run.json's ``ok``) says only that the notebook
+    ran to its end; its gate result is :func:`gate_result`."""
     st = str(n.get("status"))
+    if st == "ok":
+        return "ran"
     return f"{st} ({n['reason']})" if st == "skipped" and n.get("reason") else st
+
+
+#: the gate result of one investigation (:func:`gate_result`), worst first
+GATE_RESULTS = ("error", "fail", "not gated", "pass", "not run")
+
+
+def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
+    """(result, text) of notebook entry ``n``'s gate, distinct from whether it ran.
+
+    result: ``error`` (the notebook failed, or its verdict file is unreadable), ``fail`` (a
+    check failed), ``pass`` (at least one check compared, none failed), ``not gated`` (it ran
+    and no check compared: none declared, or every one skipped), ``not run`` (skipped).
+    text: the result with its counts (``fail: 1 of 4 checks failed``, ``pass: 4 checks``,
+    ``not gated: 3 checks skipped``) or the notebook's error.
+    """
+    from perfkit.checks import check_table
+
+    st = str(n.get("status") or "")
+    if st == "skipped":
+        return "not run", "not run"
+    if st == "error":
+        return "error", "error: " + (_clip(n.get("error"), 120) or "notebook failed")
+    doc = read_verdict(Path(run_dir) / str(n.get("name")))
+    if doc is None:
+        return "not gated", "not gated: no verdict written"
+    if doc.get("status") == "error":
+        return "error", "error: " + (_clip(doc.get("error"), 120) or "verdict unreadable")
+    rows = check_table(doc.get("rows") or [])
+    if rows.empty:
+        return "not gated", "not gated: no check declared"
+    counts = rows["status"].astype(str).value_counts()
+    n_fail, n_skip = int(counts.get("fail", 0)), int(counts.get("skipped", 0))
+    compared = len(rows) - n_skip
+    if n_fail:
+        return "fail", f"fail: {n_fail} of {_plural(compared, 'check')} failed"
+    if compared == 0:
+        return "not gated", f"not gated: {_plural(n_skip, 'check')} skipped"
+    return "pass", f"pass: {_plural(compared, 'check')}" + (f", {n_skip} skipped" if n_skip else "")
+
+
+def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
+    """The title of another investigation whose results hold skipped investigation ``name``'s
+    measurement (the scenario's ``found_in``, e.g. an in-session probe), or None."""
+    try:
+        s = registry.get(name)
+    except KeyError:
+        return None
+    if s.found_in is None:
+        return None
+    for other in registry.all_scenarios():
+        p = run_dir / other.name / "results.json"
+        if other.name == name or not p.exists():
+            continue
+        try:
+            if s.found_in(json.loads(p.read_text())):
+                return other.title
+        except (OSError, ValueError) as exc:
+            log.warning("report: results of %s: %r", other.name, exc)
+    return None
+
+
+def investigations(run_dir: str | Path, nbs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per notebook for the page's contents and the summaries: ``name``, ``title``,
+    ``ran`` (:func:`_status_text`), ``gate``/``gate_text`` (:func:`gate_result`), ``note``
+    (a skipped investigation whose figures another one measured says where, e.g. "not run on
+    its own; measured inside Cold vs warm: see its root-cause panel"; else None)."""
+    run_dir = Path(run_dir)
+    out = []
+    for n in nbs:
+        name = str(n.get("name"))
+        try:
+            title = section_title(name)
+        except KeyError:
+            title = name
+        gate, text = gate_result(run_dir, n)
+        note = None
+        if gate == "not run" and (where := _measured_elsewhere(run_dir, name)):
+            note = f"not run on its own; measured inside {where}: see its root-cause panel"
+        out.append(
+            {
+                "name": name,
+                "title": title,
+                "ran": _status_text(n),
+                "gate": gate,
+                "gate_text": text,
+                "note": note,
+                "wall_s": n.get("wall_s"),
+                "error": n.get("error") or n.get("reason") or "",
+            }
+        )
+    return out
 
 
 def _run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
@@ -364,76 +459,212 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
     return pd.DataFrame(rows) if rows else None
 
 
-def summary_markdown(run_dir: str | Path) -> str:
-    """The run's verdict as Markdown: status line, notebooks, key numbers, gate rows."""
+#: GitHub's limit on a PR comment's body (characters); summary.md stays below it with a margin
+GITHUB_COMMENT_LIMIT = 65_536
+#: what summary.md is fitted into (:func:`summary_markdown`): the limit less room for a caller's
+#: header or footer
+SUMMARY_LIMIT = 60_000
+#: a table cell's text is wrapped (``<br>``) at about this many characters
+WRAP_AT = 60
+
+
+def wrap_cell(text: Any, width: int = WRAP_AT) -> str:
+    """``text`` with ``<br>`` at word boundaries every ``width`` characters or so, so a long
+    reason wraps inside a GitHub table instead of making it scroll sideways."""
+    import textwrap
+
+    t = str(text if text is not None else "").strip()
+    if len(t) <= width:
+        return t
+    return "<br>".join(textwrap.wrap(t, width, break_long_words=True, break_on_hyphens=False))
+
+
+def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tuple[str, int]:
+    """(Markdown table of the first ``n`` rows of ``df[cols]`` with ``reason`` wrapped, rows
+    left out). A table is cut between rows only, never inside one."""
+    v = df[[c for c in cols if c in df.columns]]
+    left = 0 if n is None else max(0, len(v) - n)
+    if n is not None:
+        v = v.iloc[:n]
+    if "reason" in v.columns:
+        v = v.assign(reason=v["reason"].map(wrap_cell))
+    return markdown_table(v), left
+
+
+def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
+    """The run's verdict as Markdown for a PR comment or ``$GITHUB_STEP_SUMMARY``.
+
+    Order: the verdict line and counts; the failed gate rows (with their reasons, wrapped);
+    notebook errors; one row per investigation with its gate result (pass / fail / not gated /
+    error / not run) apart from whether its notebook ran; the key numbers (informational:
+    measured, not checks); units, merge notes, engine ends, warnings; then the passing gate
+    rows in a collapsed ``<details>`` block.
+
+    The text stays within ``limit`` characters (default :data:`SUMMARY_LIMIT`, below GitHub's
+    65,536-character comment limit): passing rows, then failed rows, are left out from the end,
+    whole rows only, with a line saying how many and pointing at ``report.html``.
+    """
     run_dir = Path(run_dir)
     info, verdicts, code, word = _run_status(run_dir)
     icon = {"pass": "✅", "regression": "❌", "error": "💥"}.get(word, "")
     n_fail = int((verdicts["status"] == "fail").sum()) if not verdicts.empty else 0
     n_pass = int(verdicts["status"].isin(["pass", "improved"]).sum()) if not verdicts.empty else 0
-    parts = [
+    head = [
         f"## perfkit: {info.get('name', run_dir.name)} — {icon} {word.upper()} (exit {code})",
         "",
         f"{_plural(n_pass, 'gate')} passed, {n_fail} failed.",
     ]
     why = nothing_measured_reason(verdicts)
     if why:
-        parts += ["", f"**Error: {why}**"]
+        head += ["", f"**Error: {why}**"]
     if info.get("description"):
-        parts += ["", info["description"]]
+        head += ["", info["description"]]
+    cols = ["case", "metric", "expected", "actual", "status", "reason"]
+    shown = verdicts[verdicts["status"] != "skipped"] if not verdicts.empty else verdicts
+    order = shown["status"].map(_GATE_ORDER).fillna(5) if not shown.empty else None
+    shown = (
+        shown.assign(_o=order).sort_values("_o", kind="stable").drop(columns="_o")
+        if not shown.empty
+        else shown
+    )
+    attention = shown[shown["status"].isin(["fail", "improved"])] if not shown.empty else shown
+    passing = shown[~shown["status"].isin(["fail", "improved"])] if not shown.empty else shown
+    # passing rows: compact (their reasons are on the page), a status column only when mixed
+    pass_cols = ["case", "metric", "expected", "actual"]
+    if len(passing) and set(passing["status"].astype(str)) != {"pass"}:
+        pass_cols.append("status")
+
     nbs = info.get("notebooks", [])
-    if nbs:
-        parts += [
+    errors = [n for n in nbs if n.get("status") == "error"]
+    middle: list[str] = []
+    if errors:
+        middle += [
             "",
-            "### Notebooks",
+            "### Errors",
+            "",
+            *[f"- **{n['name']}**: {_clip(n.get('error'), 400)}" for n in errors],
+        ]
+    inv = investigations(run_dir, nbs)
+    if inv:
+        middle += [
+            "",
+            "### Investigations",
             "",
             markdown_table(
                 pd.DataFrame(
                     [
                         {
-                            "notebook": n["name"],
-                            "status": _status_text(n),
-                            "wall (s)": n.get("wall_s"),
-                            "error": _clip(n.get("error")) or "",
+                            "investigation": i["title"],
+                            "gate": i["gate_text"],
+                            "notebook": i["ran"],
+                            "wall (s)": i["wall_s"],
+                            "note": wrap_cell(
+                                i["note"] or (_clip(i["error"]) if i["gate"] != "error" else "")
+                            ),
                         }
-                        for n in nbs
+                        for i in inv
                     ]
                 )
             ),
         ]
+    keys = key_numbers(run_dir)
+    if keys:
+        middle += [
+            "",
+            "### Key numbers",
+            "",
+            "Informational: what was measured. The gate rows decide the verdict; a key number is not a check.",
+            "",
+            markdown_table(pd.DataFrame(keys, columns=["what", "value"])),
+        ]
     units = units_frame(info)
     if units is not None:
-        parts += ["", "### Units of work", "", markdown_table(units)]
+        middle += ["", "### Units of work", "", markdown_table(units)]
     merge_notes = (info.get("scaleout") or {}).get("notes") or []
     if merge_notes:
-        parts += ["", "### Merge notes", "", *[f"- {n}" for n in merge_notes]]
+        middle += ["", "### Merge notes", "", *[f"- {n}" for n in merge_notes]]
     ends = engine_ends_frame(run_dir)
     if ends is not None:
-        parts += ["", "### How the engines ended", "", markdown_table(ends)]
+        middle += ["", "### How the engines ended", "", markdown_table(ends)]
     gate_doc = read_verdict(run_dir / GATE) or {}
     warnings = [*(gate_doc.get("warnings") or []), *refused_records(run_dir)]
     if warnings:
-        parts += ["", "### Warnings", "", *[f"- {w}" for w in warnings]]
-    keys = key_numbers(run_dir)
-    if keys:
-        parts += ["", "### Key numbers", "", markdown_table(pd.DataFrame(keys, columns=["what", "value"]))]
-    if not verdicts.empty:
-        shown = verdicts[verdicts["status"] != "skipped"]
-        parts += [
-            "",
-            "### Gates",
-            "",
-            markdown_table(shown[["case", "metric", "expected", "actual", "status", "reason"]]),
-        ]
-        sk = len(verdicts) - len(shown)
+        middle += ["", "### Warnings", "", *[f"- {w}" for w in warnings]]
+    sk = len(verdicts) - len(shown)
+    page = "the report page (`report.html`)"
+
+    def build(n_att: int | None, n_pass_rows: int | None) -> str:
+        parts = list(head)
+        if len(attention):
+            t, left = _rows_table(attention, cols, n_att)
+            title = "Failed gate rows" if n_fail == len(attention) else "Failed and improved gate rows"
+            parts += ["", f"### {title}", "", t]
+            if left:
+                parts.append(f"\n{_plural(left, 'more row')} not shown here: see {page}.")
+        parts += middle
+        if len(passing):
+            t, left = _rows_table(passing, pass_cols, n_pass_rows)
+            parts += [
+                "",
+                "<details><summary>" + f"{_plural(len(passing), 'passing gate row')}</summary>",
+                "",
+                f"Each row's reason (tolerance, pad, interval) is on {page}.",
+                "",
+                t,
+            ]
+            if left:
+                parts.append(f"\n{_plural(left, 'more passing row')} not shown here: see {page}.")
+            parts += ["", "</details>"]
         if sk:
             parts.append(f"\n{sk} row{'' if sk == 1 else 's'} skipped (not measured here).")
-    return "\n".join(parts) + "\n"
+        return "\n".join(parts) + "\n"
+
+    text = build(None, None)
+    if len(text) <= limit:
+        return text
+    # fit: passing rows first, then failed rows, whole rows only (binary search on the count)
+    n_att: int | None = None
+    for which in ("pass", "att"):
+        lo, hi = 0, len(passing) if which == "pass" else len(attention)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            t = build(mid, 0) if which == "att" else build(None, mid)
+            if len(t) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        text = build(n_att, lo) if which == "pass" else build(lo, 0)
+        if len(text) <= limit:
+            return text
+        n_att = None
+    # still too long (a huge units or warnings list): cut between blocks, never inside a table
+    return text[: limit - 200].rsplit("\n\n", 1)[0] + f"\n\n… cut at {limit} characters: see {page}.\n"
+
+
+def relative_paths(text: str, run_dir: str | Path) -> str:
+    """``text`` with the absolute paths of this machine made relative: the run directory's
+    (``/tmp/x/baseline.json`` -> ``baseline.json``: relative to the page and summary, which sit
+    in it; the directory itself -> ``.``), then perfkit's checkout's and the working
+    directory's (``/work/perfkit/examples/h200/bundles`` -> ``examples/h200/bundles``). So a
+    committed report names no path of the machine that rendered it."""
+    from perfkit.common.provenance import repo_root
+
+    roots: list[str] = []
+    for r in (Path(run_dir), repo_root(), Path.cwd()):
+        for form in {str(r), str(r.resolve())}:
+            if form not in roots and form != "/":
+                roots.append(form)
+    roots.sort(key=len, reverse=True)  # the run dir may lie inside the checkout: longest first
+    for root in roots:
+        text = re.sub(re.escape(root) + r"/(?=[^\s/])", "", text)
+        text = re.sub(re.escape(root) + r"(?![\w./-])", ".", text)
+    return text
 
 
 def write_summary(run_dir: str | Path) -> str:
-    """Write ``run_dir/summary.md`` (:func:`summary_markdown`) and return its text."""
-    text = summary_markdown(run_dir)
+    """Write ``run_dir/summary.md`` (:func:`summary_markdown`, paths made relative by
+    :func:`relative_paths`) and return its text."""
+    text = relative_paths(summary_markdown(run_dir), run_dir)
     (Path(run_dir) / "summary.md").write_text(text, encoding="utf-8")
     return text
 
@@ -579,7 +810,7 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
     """What a section template gets for one notebook entry ``n`` of ``run.json``.
 
     Keys: ``name``, ``title``, ``question``, ``status`` (``ok``/``error``/``skipped``/…),
-    ``status_text`` (with the skip reason), ``reason``, ``error``, ``wall_s``, ``keys``
+    ``status_text`` (``ran``, or the skip reason), ``gate``/``gate_text`` (:func:`gate_result`), ``reason``, ``error``, ``wall_s``, ``keys``
     (:class:`~perfkit.scenarios.registry.KeyNumber` list), ``keys_error``, ``verdict`` (the
     notebook's verdict.json without its rows, or {}), ``notebook_path``, ``body`` (notebook
     HTML, or None), ``body_error``, ``root_cause`` (the root-cause panel,
@@ -613,12 +844,15 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
         except Exception as exc:  # noqa: BLE001 - a broken notebook must not kill the report
             log.warning("report: cannot render %s: %r", nbp, exc)
             body_error = repr(exc)
+    gate, gate_text = gate_result(run_dir, n)
     return {
         "name": name,
         "title": title,
         "question": question,
         "status": status,
         "status_text": _status_text(n),
+        "gate": gate,
+        "gate_text": gate_text,
         "reason": n.get("reason"),
         "error": n.get("error"),
         "wall_s": n.get("wall_s"),
@@ -681,8 +915,9 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
 
     Keys: ``title``, ``verdict`` (``pass``/``regression``/``error``), ``exit_code``, ``meta``
     (list of ``{"text", "code"}`` items of the run meta line), ``environment`` (str),
-    ``toc`` (``{"name", "title", "status_text"}`` per notebook), ``errors`` (failed notebook
-    entries), ``notebooks_table``, ``units_table`` (:func:`units_frame`; None without units),
+    ``toc`` (``{"name", "title", "status_text", "gate", "gate_text", "note"}`` per notebook:
+    whether it ran, and its gate result, :func:`investigations`), ``failed`` (the toc entries
+    whose gate failed), ``errors`` (failed notebook entries), ``notebooks_table``, ``units_table`` (:func:`units_frame`; None without units),
     ``engine_ends_table`` (:func:`engine_ends_frame`: launches that hung, failed or were
     killed, and processes the owner ended; None without),
     ``key_numbers``, ``gates`` (:class:`~perfkit.report.tables.Table`
@@ -705,27 +940,35 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         meta.append({"text": f"wall time {info['wall_s']:.0f} s"})
     if info.get("replay"):
         meta.append({"text": "replayed from", "code": info["replay"]})
-    toc = []
-    for n in nbs:
-        try:
-            title = section_title(n["name"])
-        except KeyError:
-            title = n["name"]
-        toc.append({"name": n["name"], "title": title, "status_text": _status_text(n)})
+    inv = investigations(run_dir, nbs)
+    toc = [
+        {
+            "name": i["name"],
+            "title": i["title"],
+            "status_text": i["ran"],
+            "gate": i["gate"],
+            "gate_text": i["gate_text"],
+            "note": i["note"],
+        }
+        for i in inv
+    ]
     nb_table = (
         format_table(
             pd.DataFrame(
                 [
                     {
-                        "notebook": n["name"],
-                        "status": n.get("status"),
-                        "wall (s)": n.get("wall_s"),
-                        "error": n.get("error") or n.get("reason") or "",
+                        "investigation": i["title"],
+                        "gate": i["gate"],
+                        "checks": i["gate_text"].partition(": ")[2],
+                        "notebook": i["ran"],
+                        "wall (s)": i["wall_s"],
+                        "note": i["note"] or (i["error"] if i["gate"] != "error" else ""),
                     }
-                    for n in nbs
+                    for i in inv
                 ],
-                columns=["notebook", "status", "wall (s)", "error"],
-            )
+                columns=["investigation", "gate", "checks", "notebook", "wall (s)", "note"],
+            ),
+            status_col="gate",
         )
         if nbs
         else None
@@ -739,6 +982,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "meta": meta,
         "environment": _env_line(run_dir),
         "toc": toc,
+        "failed": [t for t in toc if t["gate"] == "fail"],
         "errors": [n for n in nbs if n.get("status") == "error"],
         "notebooks_table": nb_table,
         "units_table": format_table(units) if (units := units_frame(info)) is not None else None,
@@ -766,7 +1010,7 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         jinja2.TemplateError: if a template is missing or broken (a packaging bug).
     """
     run_dir = Path(run_dir)
-    page = render_page(run_dir)
+    page = relative_paths(render_page(run_dir), run_dir)
     bad = external_refs(page)
     if bad:  # e.g. an HTML output of a notebook pointing at the web: neutralise, keep offline
         log.warning("report: %d network reference(s) neutralised, e.g. %s", len(bad), bad[0])

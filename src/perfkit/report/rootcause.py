@@ -267,6 +267,23 @@ def budget_clamps(launches: pd.DataFrame) -> list[str]:
     return out
 
 
+#: an absolute path as one word of a command line
+_ABS_WORD = re.compile(r"^/[^\s]*$")
+
+
+def command_text(command: str, keep: int = 3) -> str:
+    """An engine command line as the page shows it: each absolute path cut to its last
+    ``keep`` parts (``/tmp/work/cold_warm/session/perf`` -> ``…/cold_warm/session/perf``), so
+    the page carries no path of the host that measured it; the exact command stays in the
+    bundle (``launches.command``, ``meta.json``'s ``commands``)."""
+    words = []
+    for w in command.split(" "):
+        if _ABS_WORD.match(w) and w.count("/") > keep:
+            w = "…/" + "/".join(w.rstrip("/").split("/")[-keep:])
+        words.append(w)
+    return " ".join(words)
+
+
 def _overhead_parts(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """Overhead probe parts in a results dict: top-level ``{part: {median_on_ms,
     median_off_ms, overhead_ci, ...}}`` entries, or those under ``instrumentation``."""
@@ -349,7 +366,7 @@ def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
         commands = []
         if _present(launches, "command"):
             commands = [
-                {"launch": str(r["launch"]), "command": str(r["command"])}
+                {"launch": str(r["launch"]), "command": command_text(str(r["command"]))}
                 for _, r in launches.iterrows()
                 if pd.notna(r.get("command"))
             ]

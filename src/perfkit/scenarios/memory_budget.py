@@ -436,9 +436,24 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
         )
         for c in r.get("caps") or []
     ]
-    if r.get("min_budget_gib") is not None:
-        out.append(KeyNumber("minimum device budget", json_float(r["min_budget_gib"]), "GiB", "g"))
+    mb = json_float(r.get("min_budget_gib"))
+    if mb is not None:
+        if _failing_below(r, mb):
+            out.append(KeyNumber("minimum device budget", mb, "GiB", "g"))
+        else:  # the search's lower bound completed: nothing smaller was tried
+            out.append(
+                KeyNumber("minimum device budget", f"≤ {mb:g} GiB (the search's lower bound completed)")
+            )
     return out
+
+
+def _failing_below(r: Mapping[str, Any], mb: float) -> list[float]:
+    """Device budgets (GiB) of the minimum-budget probes below ``mb`` that did not complete."""
+    return [
+        float(p["device_gib"])
+        for p in r.get("min_budget_probes") or []
+        if not p.get("completed") and json_float(p.get("device_gib")) is not None and p["device_gib"] < mb
+    ]
 
 
 SUMMARY_COLUMNS = [
@@ -499,14 +514,12 @@ def reading(r: Mapping[str, Any]) -> str:
     if mb is None:
         out.append("Smallest device budget: not searched (no GPU, or not asked).")
     else:
-        below = [
-            float(p["device_gib"])
-            for p in r.get("min_budget_probes") or []
-            if not p.get("completed") and json_float(p.get("device_gib")) is not None and p["device_gib"] < mb
-        ]
+        below = _failing_below(r, mb)
         out.append(
-            f"Smallest device budget that completes: {mb:g} GiB"
-            + (f" (the largest failing probe: {max(below):g} GiB)." if below else ".")
+            f"Smallest device budget that completes: {mb:g} GiB (the largest failing probe: {max(below):g} GiB)."
+            if below
+            else f"Smallest device budget that completes: at most {mb:g} GiB (the search's lower bound "
+            "completed; nothing smaller was tried)."
         )
     return "\n".join(out)
 

@@ -415,6 +415,16 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return {}
 
 
+def found_in(results: Mapping[str, Any]) -> bool:
+    """Whether another investigation's results hold an in-session probe of this one
+    (``results["instrumentation"]``: ``{part: {median_on_ms, median_off_ms, overhead_ci, ...}}``,
+    written by cold_warm when it ran the probe in its own launch)."""
+    inst = results.get("instrumentation")
+    return isinstance(inst, Mapping) and any(
+        isinstance(v, Mapping) and "overhead_ci" in v for v in inst.values()
+    )
+
+
 SCENARIO = register(
     Scenario(
         order=90,
@@ -431,5 +441,6 @@ SCENARIO = register(
         summary_table=summary_table,
         reading=reading,
         cases=cases,
+        found_in=found_in,
     )
 )

@@ -190,6 +190,9 @@ class Scenario:
             (:class:`perfkit.scenarios.common.PlannedLaunch`): what it would launch, one per
             launch in run order, so the planner keeps a launch that a later scenario reuses
             and that scenario in one unit. None: one launch, never shared.
+        found_in: ``results of another scenario -> bool``: whether they hold this scenario's
+            measurement (an in-session probe), so a report where this one was skipped says
+            where its figures are. None: never.
     """
 
     name: str
@@ -216,6 +219,8 @@ class Scenario:
     case_ids: Optional[Callable[[Any, CaseNamer], list[str]]] = None
     #: ``(params, engine, request) -> [PlannedLaunch]`` what it would launch (shared launches)
     launches: Optional[Callable[[Any, EngineSpec, VideoRequestSpec], list[Any]]] = None
+    #: ``results of another scenario -> bool``: they hold this one's measurement (None: never)
+    found_in: Optional[Callable[[Mapping[str, Any]], bool]] = None
     template: str = ""
     notebook: str = ""
 
