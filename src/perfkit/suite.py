@@ -129,7 +129,7 @@ def kernel_name() -> str:
 
 
 @functools.cache
-def _ipc_kernel_manager():
+def ipc_kernel_manager():
     """Built on first use, so that the unit path (``--partition``, executors) runs on a GPU
     host without the Jupyter stack. A jupyter_client kernel manager whose kernel listens on IPC sockets, not TCP: the
     kernel is local, and ipykernel warns on every start that TCP without encryption is
@@ -217,7 +217,7 @@ def execute_notebook(
                 progress_bar=False,
                 log_output=False,
                 execution_timeout=int(timeout_s) if timeout_s else None,
-                kernel_manager_class=_ipc_kernel_manager(),
+                kernel_manager_class=ipc_kernel_manager(),
             )
         run.status = "ok"
     except Exception as exc:  # noqa: BLE001 - papermill errors, dead kernels, timeouts
@@ -225,7 +225,7 @@ def execute_notebook(
         if (ename or getattr(exc, "ename", None)) == GATE_FAILED:
             # the last cell's gate exception (fail_on="gate"): the notebook ran to its end and
             # wrote its verdict; the gate result comes from verdict.json, not from this
-            run.status = "ok"
+            run.status, run.ename = "ok", GATE_FAILED
             run.wall_s = round(time.monotonic() - t0, 2)
             return run
         run.status = "error"

@@ -25,6 +25,7 @@ __all__ = [
     "FailOn",
     "GATE_FAILED",
     "GateFailed",
+    "exit_code",
     "finish",
     "finish_code",
     "gate_result",
@@ -72,12 +73,14 @@ def verdict_line(name: str, verdict: Mapping[str, Any] | None) -> str:
     return f"{name} gate: pass: {len(rows)} checks, none failed"
 
 
-def gate_result(status: str, verdict: Mapping[str, Any] | None) -> str:
+def gate_result(status: str, verdict: Mapping[str, Any] | None, ename: str | None = None) -> str:
     """The gate word of one notebook run.
 
     Args:
         status: the run's status (``ok``, ``error``, ``skipped``; :class:`perfkit.suite.NotebookRun`).
         verdict: its ``verdict.json`` document, or None when it wrote none.
+        ename: the exception its last cell raised, if any: :data:`GATE_FAILED` is a failed gate
+            (the A/B notebook's, which writes no verdict.json).
 
     Returns:
         ``pass``, ``fail``, ``not gated``, ``error`` or ``skipped`` (see the module doc).
@@ -85,7 +88,7 @@ def gate_result(status: str, verdict: Mapping[str, Any] | None) -> str:
     if status in ("error", "skipped"):
         return status
     if verdict is None:
-        return "not gated"
+        return "fail" if ename == GATE_FAILED else "not gated"
     st = verdict.get("status")
     if st == "error":
         return "error"
@@ -94,6 +97,20 @@ def gate_result(status: str, verdict: Mapping[str, Any] | None) -> str:
     if not verdict.get("rows") or st == "skipped":
         return "not gated"
     return "pass"
+
+
+def exit_code(word: str, verdict: Mapping[str, Any] | None) -> int:
+    """The exit code of one notebook run from its gate word (one rule for every command,
+    :mod:`perfkit.gate.verdicts`): 0 pass, 1 fail, 2 error; ``not gated`` is 2 when a verdict
+    judged nothing (every check skipped: never a pass) and 0 for a notebook that writes no
+    verdict (the history notebook: nothing to gate)."""
+    if word == "pass":
+        return 0
+    if word == "fail":
+        return 1
+    if word == "not gated" and verdict is None:
+        return 0
+    return 2
 
 
 def finish(name: str, verdict: Mapping[str, Any] | None, fail_on: str = "gate", where: str = "") -> str:
