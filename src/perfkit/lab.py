@@ -23,6 +23,7 @@ as well.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import logging
@@ -232,7 +233,9 @@ def _execute(path: Path, lab: LabDir, timeout_s: float | None) -> None:
     )
     t0 = time.monotonic()
     try:
-        client.execute()
+        # the IPC sockets are files relative to the working directory: client and kernel share it
+        with contextlib.chdir(lab.dir):
+            client.execute()
     except CellExecutionError as exc:
         lab.errors[path.stem] = f"{getattr(exc, 'ename', 'error')}: {getattr(exc, 'evalue', exc)}"
         log.error("%s: %s", path.name, lab.errors[path.stem])
