@@ -52,9 +52,10 @@ def test_notebook_committed_clean_with_parameters_cell(name):
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1
     src = tagged[0].source
-    assert "run_dir =" in src and "engine =" in src and "request =" in src
+    assert "run_dir: str =" in src and "engine: dict =" in src and "request: dict =" in src
+    assert "fail_on: str = 'gate'" in src
     if name != verdicts.GATE:
-        assert "bundle_dir = None" in src
+        assert 'bundle_dir: "Optional[str]" = None' in src
     for c in nb.cells:
         if c.cell_type == "code":
             assert not c.outputs and c.execution_count is None, f"{name}: outputs committed"
