@@ -247,6 +247,10 @@ def test_bind_validates_every_value_and_returns_them_typed(tmp_path):
     ns["bundle_dir"] = str(tmp_path)
     with pytest.raises(nbparams.NotebookParamsError, match="bundle_dir: .* is not a result bundle"):
         nbparams.bind("cold_warm", ns)
+    # an engine spec the suite filled in from a params file's cell timeout (1800 s): papermill's
+    # cell timeout is no notebook parameter, so the timeout order is not judged here
+    eng = {"kind": "reference", "preset": "tiny", "request_timeout_s": 1800.0}
+    assert nbparams.validate("cold_warm", {"engine": eng})["engine"]["request_timeout_s"] == 1800.0
     # rules across parameters, as for a params file (what the engine would refuse after its launch)
     ns.update(bundle_dir=None, request={"num_frames": 25, "height": 65})
     with pytest.raises(nbparams.NotebookParamsError, match="request.height: must be a multiple of 32"):

@@ -456,7 +456,9 @@ def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
         except (TypeError, ValueError) as exc:
             problems.append(f"{key}: {exc}")
     if not problems:  # rules across sections (pixel multiples, max frames), as for a params file
-        doc: dict[str, Any] = {"name": "-p"}
+        # timeout_s None: papermill's cell timeout is not a notebook parameter (the suite checks
+        # its params file's order of timeouts; a notebook only gets the resulting engine spec)
+        doc: dict[str, Any] = {"name": "-p", "timeout_s": None}
         for key in ("engine", "request"):
             if out.get(key) is not None:
                 doc[key] = out[key]
