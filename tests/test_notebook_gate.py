@@ -389,3 +389,22 @@ def test_progress_in_a_kernel_is_text_lines_saying_what_it_waits_for(monkeypatch
         bars.handle(ev)
         assert "launch 1: launching the engine" in bars.overall.postfix
         bars.close()
+
+
+def test_lab_on_a_run_opens_it_in_place_or_copies_tracked_notebooks(tmp_path, monkeypatch):
+    from perfkit import lab
+
+    run = tmp_path / "run" / "notebooks"
+    run.mkdir(parents=True)
+    shutil.copy(NB / "cold_warm.ipynb", run / "cold_warm.ipynb")
+    opened = lab.prepare_run(tmp_path / "run")  # outside any git work tree: in place
+    assert opened.dir == run.resolve() and [p.name for p in opened.notebooks] == ["cold_warm.ipynb"]
+    assert lab.lab_command(opened, browser=False)[-2:] == [f"--notebook-dir={run.resolve()}", "--no-browser"]
+    if shutil.which("git") and (ROOT / ".git").exists():
+        # a folder git tracks (here the checkout's notebooks/) is copied, never opened in place
+        monkeypatch.chdir(tmp_path)
+        copied = lab.prepare_run(ROOT)
+        assert copied.dir.is_relative_to(tmp_path.resolve() / "outputs" / "lab")
+        assert sorted(p.name for p in copied.notebooks) == sorted(p.name for p in NB.glob("*.ipynb"))
+    with pytest.raises(lab.LabError, match="no executed notebooks"):
+        lab.prepare_run(tmp_path)
