@@ -66,9 +66,9 @@ def gate_cells(name: str, where: str) -> list:
     return [
         new_markdown_cell(
             "## Gate result\n\n"
-            "With `fail_on = \"gate\"` (the default) this cell raises `GateFailed` when the gate "
+            'With `fail_on = "gate"` (the default) this cell raises `GateFailed` when the gate '
             "failed or judged nothing, so `papermill` exits 1; every output above is kept. "
-            "`fail_on = \"never\"` explores without failing the run."
+            '`fail_on = "never"` explores without failing the run.'
         ),
         new_code_cell(f"finish({name}, _verdict, fail_on, where={where})"),
     ]
@@ -251,7 +251,9 @@ if any(stage_class(s) == REFINEMENT for s in by_stage.columns):  # only for a tw
     cells += gate_cells('"warmup_shapes"', 'str(out / "verdict.json")')
     return _nb(
         "warmup_shapes",
-        "Warmup shapes", "Does the server's startup warmup cover the shapes users send?", cells
+        "Warmup shapes",
+        "Does the server's startup warmup cover the shapes users send?",
+        cells,
     )
 
 
@@ -462,8 +464,8 @@ res = decide_sequential(bundles["A"], bundles["B"], design, threshold, gate=gate
     cells += [
         new_markdown_cell(
             "## Gate result\n\n"
-            "With `fail_on = \"gate\"` (the default) this cell raises `GateFailed` on a regression, "
-            "an undecided gated metric (with `undecided = \"fail\"`) or nothing compared, so "
+            'With `fail_on = "gate"` (the default) this cell raises `GateFailed` on a regression, '
+            'an undecided gated metric (with `undecided = "fail"`) or nothing compared, so '
             "`papermill` exits 1 as `perfkit ab` does; every output above is kept."
         ),
         new_code_cell('finish_code("A/B", res.exit_code, f"verdict {res.verdict}", fail_on)'),
