@@ -9,26 +9,15 @@ Notebooks stay thin: perfkit calls, plots, a short reading. Logic lives in the p
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from perfkit import nbparams
+
 HERE = Path(__file__).resolve().parent
-
-ENGINE = """engine = {  # perfkit.engine.spec.EngineSpec fields; the tiny reference engine on this machine
-    "kind": "reference",
-    "preset": "tiny",
-    "compile": True,
-    "compile_backend": "aot_eager",
-}
-request = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}"""
-
-COMMON_TAIL = """invariants = None  # None: the scenarios' invariant defaults (perfkit.scenarios.registry)
-run_dir = "outputs/notebooks"  # the bundle lands in run_dir/<scenario>/
-bundle_dir = None  # a recorded bundle to replay instead of launching anything"""
 
 SETUP = """from pathlib import Path
 
@@ -39,6 +28,7 @@ from perfkit.bundle import table_rows
 from perfkit.checks import check_table
 from perfkit.gate import run as gate_run
 from perfkit.gate import verdicts
+from perfkit.gate.outcome import finish
 from perfkit.readings.stages import REFINEMENT, stage_class
 from perfkit.report import plots, reading, show, summary_frame, tables
 from perfkit.report.notebook import (check_frame, first_request_costs, invariants_frame,
@@ -76,48 +66,37 @@ MEMORY_SITES_MD = (
 )
 
 
-def _fields(name: str) -> list[tuple[str, object, str]]:
-    """(field, default, comment) of a scenario's params model, ``enabled`` left out."""
-    from perfkit.scenarios import registry
+def bind_cell(name: str) -> str:
+    """The cell after the parameters (and papermill's injected ones): every value checked and
+    typed (perfkit.nbparams.bind) before anything is imported or launched."""
+    return f'''from perfkit.nbparams import bind
 
-    model = registry.get(name).params_model
-    out = []
-    for key, f in model.model_fields.items():
-        if key in ("enabled", "tier"):
-            continue
-        default = f.get_default(call_default_factory=True)
-        if hasattr(default, "model_dump"):
-            default = default.model_dump(exclude_none=True)
-        elif isinstance(default, list):
-            default = [d.model_dump(exclude_none=True) if hasattr(d, "model_dump") else d for d in default]
-        out.append((key, default, _field_comment(model, key)))
-    return out
+# unknown names, -p strings (read as JSON or YAML), every value validated: before anything runs
+globals().update(bind("{name}", globals()))'''
 
 
-def _field_comment(model, key: str) -> str:
-    """The ``#:`` comment above a field in its class source (one line)."""
-    import inspect
-
-    for cls in model.__mro__:
-        try:
-            src = inspect.getsource(cls)
-        except (OSError, TypeError):
-            continue
-        m = re.search(r"((?:[ \t]*#:[^\n]*\n)+)[ \t]*" + re.escape(key) + r"\s*:", src)
-        if m:
-            return " ".join(ln.strip()[2:].strip() for ln in m.group(1).splitlines())
-    return ""
+def _fields(name: str) -> list[str]:
+    """The scenario's own parameters (its params model's fields)."""
+    return [p.name for p in nbparams.section_params(name)]
 
 
-def section_params(name: str) -> str:
-    """The scenario's params as notebook parameters: defaults and comments come from its params
-    model, the only place they are written."""
-    return "\n".join(f"{k} = {d!r}" + (f"  # {c}" if c else "") for k, d, c in _fields(name))
+def gate_cells(name: str, where: str) -> list:
+    """The last cells: the gate's sentence, and (``fail_on="gate"``) the exception that makes
+    papermill exit 1 when the gate failed, after every output above is rendered."""
+    return [
+        new_markdown_cell(
+            "## Gate result\n\n"
+            'With `fail_on = "gate"` (the default) this cell raises `GateFailed` when the gate '
+            "failed or judged nothing, so `papermill` exits 1; every output above is kept. "
+            '`fail_on = "never"` explores without failing the run.'
+        ),
+        new_code_cell(f"finish({name}, _verdict, fail_on, where={where})"),
+    ]
 
 
 def measure_cell(name: str) -> str:
     """Replay or run the scenario, then write its verdict."""
-    args = ", ".join(f"{k}={k}" for k, _, _ in _fields(name))
+    args = ", ".join(f"{k}={k}" for k in _fields(name))
     return f'''out = Path(run_dir) / "{name}"
 bundle = load_or_run("{name}", out=out, bundle_dir=bundle_dir, engine=engine, request=request,
                      {args})
@@ -129,10 +108,18 @@ if bundle_dir:
 show_table(invariants_frame("{name}", invariants), caption="Limits this run is judged against")'''
 
 
-def _nb(title: str, intro: str, params: str, cells: list, setup: str = SETUP) -> nbformat.NotebookNode:
-    pcell = new_code_cell(params)
+def _nb(name: str, title: str, intro: str, cells: list, setup: str = SETUP) -> nbformat.NotebookNode:
+    pcell = new_code_cell(nbparams.parameters_cell(name))
     pcell.metadata["tags"] = ["parameters"]
-    nb = new_notebook(cells=[new_markdown_cell(f"# {title}\n\n{intro}"), pcell, new_code_cell(setup), *cells])
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell(f"# {title}\n\n{intro}"),
+            pcell,
+            new_code_cell(bind_cell(name)),
+            new_code_cell(setup),
+            *cells,
+        ]
+    )
     nb.metadata["kernelspec"] = {
         "name": "python3",
         "display_name": "Python 3 (ipykernel)",
@@ -168,9 +155,6 @@ else:
 
 
 def cold_warm() -> nbformat.NotebookNode:
-    params = f"""{ENGINE}
-{section_params("cold_warm")}
-{COMMON_TAIL}"""
     cells = [
         new_code_cell(measure_cell("cold_warm")),
         new_markdown_cell("## Headline numbers"),
@@ -226,19 +210,17 @@ display(Markdown(verdict_markdown(leak_rows, "Leak checks")))"""),
             "ratios measured within this run."
         ),
     ]
+    cells += gate_cells('"cold_warm"', 'str(out / "verdict.json")')
     return _nb(
+        "cold_warm",
         "Cold vs warm",
         "Does the second (warm) request in one server session meet the same numbers as the "
         "first (cold) request, or does state leak across requests and degrade it?",
-        params,
         cells,
     )
 
 
 def warmup_shapes() -> nbformat.NotebookNode:
-    params = f"""{ENGINE}
-{section_params("warmup_shapes")}
-{COMMON_TAIL}"""
     cells = [
         new_code_cell(measure_cell("warmup_shapes")),
         new_markdown_cell("## Coverage"),
@@ -288,15 +270,16 @@ if any(stage_class(s) == REFINEMENT for s in by_stage.columns):  # only for a tw
             "penalty above, with its compile count). The fix is a warmup at the served shapes."
         ),
     ]
+    cells += gate_cells('"warmup_shapes"', 'str(out / "verdict.json")')
     return _nb(
-        "Warmup shapes", "Does the server's startup warmup cover the shapes users send?", params, cells
+        "warmup_shapes",
+        "Warmup shapes",
+        "Does the server's startup warmup cover the shapes users send?",
+        cells,
     )
 
 
 def memory_budget() -> nbformat.NotebookNode:
-    params = f"""{ENGINE}
-{section_params("memory_budget")}
-{COMMON_TAIL}"""
     cells = [
         new_code_cell(measure_cell("memory_budget")),
         new_markdown_cell("## Budgets"),
@@ -324,19 +307,17 @@ display(Markdown(reading("memory_budget", results)))"""),
             "`warm_degrades` whether warm requests got slower under the cap."
         ),
     ]
+    cells += gate_cells('"memory_budget"', 'str(out / "verdict.json")')
     return _nb(
+        "memory_budget",
         "Memory budget",
         "Does the pipeline fit the memory budget (e.g. 12 GiB GPU + 32 GiB host), and what "
         "does it cost in latency?",
-        params,
         cells,
     )
 
 
 def offload_modes() -> nbformat.NotebookNode:
-    params = f"""{ENGINE}
-{section_params("offload_modes")}
-{COMMON_TAIL}"""
     cells = [
         new_code_cell(measure_cell("offload_modes")),
         new_markdown_cell("## Modes"),
@@ -370,19 +351,17 @@ show_table(placement.rename_axis("mode").reset_index())"""
             "as *not applicable* with its reason."
         ),
     ]
+    cells += gate_cells('"offload_modes"', 'str(out / "verdict.json")')
     return _nb(
+        "offload_modes",
         "Offload modes",
         "What does each offload mode (none, model, group-block, group-leaf) cost in latency and "
         "save in device memory, and what does it move to the host?",
-        params,
         cells,
     )
 
 
 def overhead() -> nbformat.NotebookNode:
-    params = f"""{ENGINE}
-{section_params("overhead")}
-{COMMON_TAIL}"""
     cells = [
         new_code_cell(measure_cell("overhead")),
         new_markdown_cell("## Overhead of each instrument"),
@@ -398,22 +377,16 @@ display(Markdown(reading("overhead", results)))"""),
             "end to `instrumentation_overhead_max`, so a noisy probe cannot pass on a lucky median."
         ),
     ]
+    cells += gate_cells('"overhead"', 'str(out / "verdict.json")')
     return _nb(
+        "overhead",
         "Instrumentation overhead",
         "What does perfkit's own instrumentation (stage timing, the memory sampler) cost?",
-        params,
         cells,
     )
 
 
 def baseline_gate() -> nbformat.NotebookNode:
-    params = f"""{ENGINE}
-baseline_file = None  # a baseline JSON (sglang layout) of the same hardware, or None
-profile = "pr_test"  # tolerance profile
-strict = False  # a case missing from the baseline fails instead of being "new"
-hardware = None  # metadata.hardware of this run's baseline.json (None: from the bundles)
-invariants = None  # None: the scenarios' invariant defaults
-run_dir = "outputs/notebooks"  # the run whose bundles are gated (nothing is launched)"""
     cells = [
         new_code_cell("""g = gate_run.gate(run_dir, engine=engine, request=request, baseline_file=baseline_file,
               profile=profile, strict=strict, hardware=hardware, invariants=invariants)
@@ -453,28 +426,18 @@ else:
             "covered-shape first request, leak slopes, caps held) and hold on any hardware."
         ),
     ]
+    cells += gate_cells("verdicts.GATE", 'str(Path(run_dir) / verdicts.GATE / "verdict.json")')
     return _nb(
+        "baseline_gate",
         "Baseline gate",
         "This run's numbers in sglang's baseline layout, compared with the baseline of the "
         "same hardware, and the invariants that hold anywhere. Launches nothing: it reads "
         "the bundles the investigations wrote.",
-        params,
         cells,
     )
 
 
 def ab() -> nbformat.NotebookNode:
-    params = """spec_a = "../examples/ab/tiny-cpu.yaml"  # side A: an engine spec YAML (perfkit.engine.spec)
-spec_b = "../examples/ab/tiny-cpu-denoise-30pct.yaml"  # side B (spec_a again: an A/A check)
-launches = 3  # launches a side before the first look, interleaved A B B A ...
-max_launches = 6  # launches run a side at most: pairs are added until every gated metric is decided
-undecided = "fail"  # a gated metric still inconclusive at max_launches: "fail" (exit 1) or "pass"
-warm = 5  # M, warm requests a launch after the cold request
-threshold = 0.05  # decision threshold (fraction): regression when the interval lies above 1 + threshold
-gate_metrics = None  # e.g. ["DenoisingStage", "warm_e2e"]: only these set the verdict (None: every metric)
-run_dir = "outputs/notebooks/ab"  # the side bundles land in run_dir/a and run_dir/b
-replay_a = None  # a recorded side-A bundle (e.g. "../examples/ab/aa/a"): launches nothing
-replay_b = None  # the recorded side-B bundle"""
     setup = """from pathlib import Path
 
 import pandas as pd
@@ -487,6 +450,7 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.params import load_yaml
 from perfkit.report import plots, show
+from perfkit.gate.outcome import finish_code
 from perfkit.report.ab import ab_summary_markdown
 
 pd.set_option("display.max_colwidth", 120)"""
@@ -521,22 +485,26 @@ res = decide_sequential(bundles["A"], bundles["B"], design, threshold, gate=gate
             '`undecided = "pass"`. `docs/choosing-n-m.md` says how to pick the launches and M.'
         ),
     ]
+    cells += [
+        new_markdown_cell(
+            "## Gate result\n\n"
+            'With `fail_on = "gate"` (the default) this cell raises `GateFailed` on a regression, '
+            'an undecided gated metric (with `undecided = "fail"`) or nothing compared, so '
+            "`papermill` exits 1 as `perfkit ab` does; every output above is kept."
+        ),
+        new_code_cell('finish_code("A/B", res.exit_code, f"verdict {res.verdict}", fail_on)'),
+    ]
     return _nb(
+        "ab",
         "A/B: is B slower than A?",
         "Interleaved launches of two engine specs, per-metric ratios B/A with intervals that hold "
         "at a few launches a side (the same as `perfkit ab`).",
-        params,
         cells,
         setup=setup,
     )
 
 
 def history() -> nbformat.NotebookNode:
-    params = """store = "../outputs/history"  # the history store (perfkit history add/import write it)
-nightly = "../tests/fixtures/sglang-nightly"  # imported first when the store is empty (None: never)
-hardware = "H100"  # the series: hardware, case and metric
-case_id = "flux2_dev_t2i_1024"
-metric = "latency_s"  # the metric's name in the store"""
     setup = """import pandas as pd
 from IPython.display import Markdown, display
 
@@ -581,10 +549,10 @@ display(pd.DataFrame(ctx["gaps"]) if ctx["gaps"] else "no gap")"""),
         ),
     ]
     return _nb(
+        "history",
         "History: one series across commits",
         "A case's metric on one hardware across runs: its levels, the steps between them with their "
         "commit ranges, single-run outliers and gaps (the same analysis as `perfkit history site`).",
-        params,
         cells,
         setup=setup,
     )

@@ -237,18 +237,20 @@ def test_notebook_replays_the_committed_aa_pair(tmp_path):
     import papermill as pm
 
     out = tmp_path / "ab.ipynb"
-    pm.execute_notebook(
-        str(ROOT / "notebooks/ab.ipynb"),
-        str(out),
-        parameters={
-            "replay_a": str(AA / "a"),
-            "replay_b": str(AA / "b"),
-            "run_dir": str(tmp_path),
-            "gate_metrics": ["DenoisingStage", "warm_e2e"],
-        },
-        cwd=str(ROOT / "notebooks"),
-        progress_bar=False,
-    )
+    with pytest.raises(pm.PapermillExecutionError) as exc:  # undecided fails the run, as perfkit ab
+        pm.execute_notebook(
+            str(ROOT / "notebooks/ab.ipynb"),
+            str(out),
+            parameters={
+                "replay_a": str(AA / "a"),
+                "replay_b": str(AA / "b"),
+                "run_dir": str(tmp_path),
+                "gate_metrics": ["DenoisingStage", "warm_e2e"],
+            },
+            cwd=str(ROOT / "notebooks"),
+            progress_bar=False,
+        )
+    assert exc.value.ename == "GateFailed" and "A/B gate: fail (exit code 1)" in exc.value.evalue
     text = out.read_text()
     # 3 launches a side of the CPU runner decide neither gated metric: undecided, exit 1 (issue 39)
     assert "perfkit ab: undecided (exit code 1)" in text and "REGRESSION" not in text and "image/png" in text

@@ -373,8 +373,8 @@ def test_help_is_plain_text():
         ("memory_budget", "caps=[{host_gib: -1}]", "caps[0].host_gib"),
         ("cold_warm", "request={num_frames: x}", "request.num_frames"),
         ("cold_warm", "request={num_frames: 1000}", "request.num_frames"),  # > the engine's max
-        ("cold_warm", "engine={preset: nosuch}", "engine"),  # refused before the engine starts
-        ("cold_warm", "engine={compile_backend: nosuch}", "engine"),
+        ("cold_warm", "engine={preset: nosuch}", "engine.preset"),  # refused before the engine starts
+        ("cold_warm", "engine={compile_backend: nosuch}", "engine.compile_backend"),
         ("cold_warm", "bundle_dir=/nonexistent", "bundle_dir"),
     ],
 )

@@ -240,7 +240,12 @@ def test_notebook_replay_shows_the_diff_and_top_ops_per_stage(runs):
     papermill.execute_notebook(
         str(root / "notebooks" / "cold_warm.ipynb"),
         str(nb),
-        parameters={"bundle_dir": str(d / "run" / "cold_warm"), "run_dir": str(d / "nb-run")},
+        # exploring the panel: this CPU run's drift fails its gate, which is not the subject here
+        parameters={
+            "bundle_dir": str(d / "run" / "cold_warm"),
+            "run_dir": str(d / "nb-run"),
+            "fail_on": "never",
+        },
         kernel_name="python3",
         progress_bar=False,
         cwd=str(root),
@@ -454,7 +459,12 @@ def test_warmup_shapes_notebook_replay_shows_first_of_new_shape_against_warm(sha
     papermill.execute_notebook(
         str(root / "notebooks" / "warmup_shapes.ipynb"),
         str(nb),
-        parameters={"bundle_dir": str(d / "run" / "warmup_shapes"), "run_dir": str(d / "nb-run")},
+        # exploring the panel: this run's uncovered shapes fail its gate, not the subject here
+        parameters={
+            "bundle_dir": str(d / "run" / "warmup_shapes"),
+            "run_dir": str(d / "nb-run"),
+            "fail_on": "never",
+        },
         kernel_name="python3",
         progress_bar=False,
         cwd=str(root),

@@ -103,6 +103,16 @@ def _check_notebook_parameters(nb: Path, given: dict[str, Any]) -> None:
     )
 
 
+def _declares(nb: Path, name: str) -> bool:
+    """Whether notebook ``nb``'s parameters cell declares ``name`` (False when unreadable)."""
+    import papermill as pm
+
+    try:
+        return name in pm.inspect_notebook(str(nb))
+    except Exception:  # noqa: BLE001 - _check_notebook_parameters already named the problem
+        return False
+
+
 def _executor_options(a: SimpleNamespace) -> dict[str, Any]:
     """Keyword options for the chosen executor: ``address`` for Ray, when given."""
     return {"address": a.address} if a.executor == "ray" and a.address else {}
@@ -227,11 +237,18 @@ def cmd_suite(a: SimpleNamespace) -> int:
 
 
 def _print_result(res: Any, command: str) -> int:
-    """Print a suite result (notebooks, status, where the report is); return its exit code."""
+    """Print a suite result (each notebook's gate result, the status, where the report is);
+    return its exit code."""
+    from perfkit.gate.outcome import gate_result
+    from perfkit.gate.verdicts import read_verdict
+
     for n in res.notebooks:
         wall = f"{n.wall_s:.1f} s" if n.wall_s is not None else ""
-        status = f"{n.status} ({n.reason})" if n.status == "skipped" and n.reason else n.status
-        print(f"  {n.name:15s} {status:8s} {wall:>9s}  {n.error or ''}")
+        verdict = read_verdict(res.run_dir / n.name) if n.status == "ok" else None
+        status = gate_result(n.status, verdict, n.ename)  # pass / fail / not gated / error
+        if n.status == "skipped" and n.reason:
+            status = f"{n.status} ({n.reason})"
+        print(f"  {n.name:15s} {status:9s} {wall:>9s}  {n.error or ''}")
     print(f"{command}: {res.status.upper()} (exit {res.exit_code})")
     why = nothing_measured_reason(res.verdicts)
     if why:
@@ -305,13 +322,13 @@ def cmd_run(a: SimpleNamespace) -> int:
 
         params.update(notebook_parameters(nb.stem, sp, Path("unused")))
         params.pop("run_dir", None)
+    from perfkit.nbparams import validate
     from perfkit.params import ParamsError
-    from perfkit.suite import validate_notebook_parameters
 
     try:
         given = _parse_kv(a.p)
         _check_notebook_parameters(nb, given)
-        given = validate_notebook_parameters(nb.stem, given)
+        given = validate(nb.stem, given)
     except UsageError as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -319,6 +336,8 @@ def cmd_run(a: SimpleNamespace) -> int:
         print(f"perfkit: invalid parameters for {nb.name}:\n{exc}", file=sys.stderr)
         return EXIT_ERROR
     params.update(given)
+    if _declares(nb, "fail_on") and "fail_on" not in given:
+        params["fail_on"] = "never"  # the exit code comes from verdict.json (printed below)
     if params.get("run_dir"):
         run_dir = Path(params["run_dir"]).resolve()
         top = run_dir  # the outermost folder this run creates (removed again when nothing ran)
@@ -338,7 +357,14 @@ def cmd_run(a: SimpleNamespace) -> int:
     params["run_dir"] = str(run_dir)
     out = Path(a.out) if a.out else run_dir / "notebooks" / nb.name
     r = _run_with_bars(nb, out, params, a)
-    print(f"{nb.name}: {r.status} in {r.wall_s:.1f} s -> {out}")
+    from perfkit.gate.outcome import exit_code, gate_result, verdict_line
+    from perfkit.gate.verdicts import read_verdict
+
+    v = read_verdict(run_dir / nb.stem) if r.status == "ok" else None
+    word = gate_result(r.status, v, r.ename)
+    print(f"{nb.name}: gate {word} in {r.wall_s:.1f} s -> {out}")
+    if v is not None:
+        print(f"  {verdict_line(nb.stem, v)}")
     if r.error:
         print(f"  {r.error}", file=sys.stderr)
         if created and top.exists() and not any(f.is_file() for f in top.rglob("*")):
@@ -346,15 +372,38 @@ def cmd_run(a: SimpleNamespace) -> int:
 
             shutil.rmtree(top, ignore_errors=True)  # nothing ran: leave no empty run directory
         return EXIT_ERROR
-    from perfkit.gate.verdicts import read_verdict
+    return exit_code(word, v)
 
-    v = read_verdict(run_dir / nb.stem)
-    if v and v.get("status") == "fail":
-        return EXIT_REGRESSION
-    if v and v.get("status") == "skipped":  # every check skipped: nothing measured, not a pass
-        print(f"perfkit: {nb.name}: every check was skipped (nothing measured)", file=sys.stderr)
+
+def cmd_lab(a: SimpleNamespace) -> int:
+    from perfkit.lab import LabError, lab_command, launch, prepare_replay, prepare_run
+
+    if bool(a.run) == bool(a.replay):
+        print("perfkit lab: give a run directory or --replay DIR (one of them)", file=sys.stderr)
         return EXIT_ERROR
-    return EXIT_OK
+    try:
+        if a.replay:
+            if a.only:
+                print(f"perfkit lab: executing {', '.join(a.only)} …", file=sys.stderr)
+            lab = prepare_replay(a.replay, a.dir, only=a.only or None, execute=not a.no_execute)
+        else:
+            lab = prepare_run(a.run, a.dir)
+    except LabError as exc:
+        print(f"perfkit lab: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    for nb in lab.notebooks:
+        ran = f"executed in {lab.executed[nb.stem]:.1f} s" if nb.stem in lab.executed else "as saved"
+        err = f" (raised {lab.errors[nb.stem]})" if nb.stem in lab.errors else ""
+        print(f"  {nb.name:22s} {ran}{err}")
+    print(f"perfkit lab: {len(lab.notebooks)} notebooks in {lab.dir}")
+    if a.no_launch:
+        print("  open them with: " + " ".join(lab_command(lab, not a.no_browser)))
+        return EXIT_OK
+    try:
+        return launch(lab, not a.no_browser)
+    except LabError as exc:
+        print(f"perfkit lab: {exc}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 def cmd_report(a: SimpleNamespace) -> int:
@@ -961,6 +1010,34 @@ def merge_command(**kw: Any) -> None:
 def run_command(**kw: Any) -> None:
     """Run one notebook with papermill (its parameters validated by the same models as a params file)."""
     _done(cmd_run(SimpleNamespace(**kw)))
+
+
+@cli.command(
+    "lab",
+    epilog="Examples: perfkit lab outputs/ci-cpu/latest; perfkit lab --replay examples/h200/bundles. "
+    + EXIT_CODES,
+)
+@click.argument("run", required=False)
+@click.option(
+    "--replay",
+    default=None,
+    metavar="DIR",
+    help="fresh copies of the investigation notebooks bound to the bundles in DIR (launches nothing)",
+)
+@click.option(
+    "--dir",
+    "dir",
+    default=None,
+    help="the lab directory (default outputs/lab/<time>); must be outside the tracked tree",
+)
+@click.option("--only", multiple=True, help="with --replay: only this investigation (repeatable)")
+@click.option("--no-execute", is_flag=True, help="with --replay: copy and bind the notebooks, run none")
+@click.option("--no-browser", is_flag=True, help="start JupyterLab without opening a browser")
+@click.option("--no-launch", is_flag=True, help="prepare the notebooks and print the JupyterLab command only")
+def lab_command(**kw: Any) -> None:
+    """Open JupyterLab on a run's executed notebooks, or on notebooks bound to recorded bundles,
+    outside the tracked tree (the tracked notebooks/ are never opened or saved)."""
+    _done(cmd_lab(SimpleNamespace(**kw)))
 
 
 @cli.command("report", epilog=EXIT_CODES)

@@ -53,13 +53,12 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 import yaml
-from pydantic import ValidationError
 
 from perfkit.common import jsonsafe
 from perfkit.common.provenance import repo_root
 from perfkit.engine.owner import REGISTRY_ENV, Ended, Watch, describe, spawn_reaper, stop_reaper
-from perfkit.engine.spec import EngineSpec
 from perfkit.gate import baseline as bl
+from perfkit.gate.outcome import GATE_FAILED
 from perfkit.gate.run import resolve_baseline_file
 from perfkit.gate.verdicts import (
     GATE,
@@ -72,7 +71,7 @@ from perfkit.gate.verdicts import (
     read_verdict,
 )
 from perfkit.gate.verdicts import notebooks as notebook_names
-from perfkit.params import ParamsError, SuiteParams, load_params, parse_params
+from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.report.render import notebook_error
 from perfkit.scaleout.shards import select
 from perfkit.scenarios import registry
@@ -132,7 +131,7 @@ def kernel_name() -> str:
 
 
 @functools.cache
-def _ipc_kernel_manager():
+def ipc_kernel_manager():
     """Built on first use, so that the unit path (``--partition``, executors) runs on a GPU
     host without the Jupyter stack. A jupyter_client kernel manager whose kernel listens on IPC sockets, not TCP: the
     kernel is local, and ipykernel warns on every start that TCP without encryption is
@@ -197,6 +196,10 @@ def execute_notebook(
     ``progress_file``: where the kernel appends its progress events
     (:mod:`perfkit.scenarios.progress`; default ``<dst>.progress.jsonl``): no bar is drawn into
     the notebook's saved outputs.
+
+    A notebook whose last cell raised :class:`perfkit.gate.outcome.GateFailed` (run with
+    ``fail_on="gate"``) ran to its end: its status is ``ok`` and its gate result is in its
+    ``verdict.json``, as for ``fail_on="never"``.
     """
     import papermill as pm
 
@@ -216,12 +219,18 @@ def execute_notebook(
                 progress_bar=False,
                 log_output=False,
                 execution_timeout=int(timeout_s) if timeout_s else None,
-                kernel_manager_class=_ipc_kernel_manager(),
+                kernel_manager_class=ipc_kernel_manager(),
             )
         run.status = "ok"
     except Exception as exc:  # noqa: BLE001 - papermill errors, dead kernels, timeouts
-        run.status = "error"
         ename, text = notebook_error(dst) if dst.exists() else (None, None)
+        if (ename or getattr(exc, "ename", None)) == GATE_FAILED:
+            # the last cell's gate exception (fail_on="gate"): the notebook ran to its end and
+            # wrote its verdict; the gate result comes from verdict.json, not from this
+            run.status, run.ename = "ok", GATE_FAILED
+            run.wall_s = round(time.monotonic() - t0, 2)
+            return run
+        run.status = "error"
         run.ename = ename or type(exc).__name__
         run.error = text or f"{type(exc).__name__}: {exc}"
         log.error("notebook %s failed: %s", src.name, run.error)
@@ -240,6 +249,9 @@ def notebook_parameters(
         # every key, None included: the notebook merges them over the defaults, so a limit the
         # params file turns off (null) must reach it as None, not be left out
         "invariants": params.invariants.model_dump(),
+        # the suite reads each verdict.json itself: a failed gate is a regression (exit 1), not
+        # a notebook error, so the notebooks never raise for it here (perfkit.gate.outcome)
+        "fail_on": "never",
     }
     if name == GATE:
         b = params.baseline
@@ -260,95 +272,6 @@ def notebook_parameters(
             raise SuiteError(f"--replay {replay}: no {name} bundle ({NO_REPLAY_BUNDLE})")
         bundle_dir = str(replay / name)
     return {**common, **sec, "bundle_dir": bundle_dir}
-
-
-#: the gate notebook's parameters -> BaselineParams fields
-_GATE_PARAMS = {"baseline_file": "file", "profile": "profile", "strict": "strict", "hardware": "hardware"}
-
-
-def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0) -> list[str]:
-    """``prefix<loc>: message, got <input>`` per error (``drop`` leading loc parts skipped)."""
-    out = []
-    for e in exc.errors():
-        parts = list(e.get("loc") or ())[drop:]
-        loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in parts)
-        if not prefix:
-            loc = loc.lstrip(".")
-        got = e.get("input")
-        got_s = "" if isinstance(got, (dict, list)) else f", got {got!r}"
-        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
-        out.append(f"{prefix}{loc}: {msg}{got_s}")
-    return out
-
-
-def validate_notebook_parameters(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate ``perfkit run -p`` values with the models a params file goes through, before any
-    kernel starts: the scenario's params model for its fields, the engine spec, the request,
-    the invariants, the gate's baseline fields. Returns the validated values (a notebook never
-    receives a value no model has validated).
-
-    Raises:
-        ParamsError: every problem, each naming its parameter (``repeats: Input should be a valid
-            integer, got 1.0e1``). Unknown parameters are left to the notebook's parameters cell
-            check (with a did-you-mean).
-    """
-    from perfkit.params import BaselineParams, InvariantsParams, RequestParams
-
-    section = registry.get(name).params_model if name in registry.names() else None
-    out: dict[str, Any] = {}
-    problems: list[str] = []
-    for key, value in given.items():
-        try:
-            if key in ("run_dir", "bundle_dir"):
-                if value is not None and not isinstance(value, str):
-                    problems.append(f"{key}: must be a path, got {value!r}")
-                elif key == "bundle_dir" and value and not (Path(value) / "meta.json").is_file():
-                    problems.append(f"bundle_dir: {value} is not a result bundle (no meta.json)")
-                out[key] = value
-            elif key == "engine":
-                if not isinstance(value, Mapping):
-                    raise ValueError(f"must be a mapping of engine fields, got {value!r}")
-                out[key] = EngineSpec.from_dict(dict(value)).to_dict()
-            elif key == "request":
-                out[key] = RequestParams.model_validate(value).model_dump()
-            elif key == "invariants":
-                out[key] = (
-                    None
-                    if value is None
-                    else {
-                        k: v
-                        for k, v in InvariantsParams.model_validate(value).model_dump().items()
-                        if k in value
-                    }
-                )
-            elif section is not None and key in section.model_fields:
-                out[key] = section.model_validate({key: value}).model_dump()[key]
-            elif name == GATE and key in _GATE_PARAMS:
-                out[key] = BaselineParams.model_validate({_GATE_PARAMS[key]: value}).model_dump()[
-                    _GATE_PARAMS[key]
-                ]
-            else:
-                out[key] = value
-        except ValidationError as exc:
-            # section and gate models are validated one field at a time: their loc starts with it
-            one_field = key not in ("engine", "request", "invariants")
-            problems += _pydantic_problems(key, exc, drop=1 if one_field else 0)
-        except (TypeError, ValueError) as exc:
-            problems.append(f"{key}: {exc}")
-    if not problems:  # rules across sections (pixel multiples, max frames), as for a params file
-        doc: dict[str, Any] = {"name": "-p"}
-        for key in ("engine", "request"):
-            if out.get(key) is not None:
-                doc[key] = out[key]
-        if section is not None:
-            doc[name] = {k: v for k, v in out.items() if k in section.model_fields}
-        try:
-            parse_params(doc, source="-p")
-        except ParamsError as exc:
-            problems += [line.removeprefix("-p: ") for line in str(exc).splitlines()]
-    if problems:
-        raise ParamsError("\n".join(problems))
-    return out
 
 
 @dataclass

@@ -26,7 +26,7 @@ from perfkit.engine.launch import EngineStartError, launch
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S, EngineSpec
 from perfkit.readings.engine_config import effective_config
 from perfkit.readings.records import PerfRecord, parse_lines, read_perf_log
-from perfkit.scenarios.progress import track_requests
+from perfkit.scenarios.progress import launching, track_requests
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +232,7 @@ def measure_launch(
     timeout_s = float(request_timeout_s or spec.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
     h = None
     failed: int | None = None  # the request that ended the launch
+    launching(label)  # the seconds before the first request: say what they wait for
     try:
         with launch(spec, caps=caps, run_dir=run_dir, label=label) as h:
             data.command = list(h.command)

@@ -82,6 +82,7 @@ class MemoryBudgetParams(ScenarioParams):
     caps: list[CapParams] = Field(default_factory=lambda: [CapParams()], min_length=1)
     #: requests per launch (the first is the cold request)
     repeats: int = Field(2, ge=1, le=1000)
+    #: also bisect the minimum device cap, {lo_gib, hi_gib} (GPU only; None: no bisection)
     min_budget: Optional[MinBudgetParams] = None
     #: CUDA allocator snapshots after the cold request and warm request k of every budget's
     #: launch, read into the ``memory_sites`` table; None (default): none

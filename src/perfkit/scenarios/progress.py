@@ -4,12 +4,15 @@
 :func:`perfkit.scenarios.common.measure_launch` sends). Where it renders:
 
 - in a terminal (``python -m perfkit.measure``, a script): tqdm's text bar on stderr;
-- in JupyterLab: tqdm's notebook widget when ipywidgets is installed, else the text bar (never
-  tqdm's "IProgress not found" warning, which ``tqdm.auto`` prints without ipywidgets);
+- in a Jupyter kernel (JupyterLab, plain papermill, nbclient): plain text lines on stdout, one
+  when a launch starts (``session: launching the engine …``: the 20–30 s before the first
+  request), one per request done, one when the launch ends. Never a widget: tqdm's notebook
+  widget (what ``tqdm.auto`` picks) is saved in the notebook frozen at its last state ("0/3")
+  and leaves a blank gap in HTML exports, while text lines stay true when saved;
 - in a notebook executed by ``perfkit suite`` or ``perfkit run`` (papermill): nothing is drawn
-  into the notebook (a bar there would be saved as text in its outputs); each event is appended
-  as one JSON line to the file named by ``$PERFKIT_PROGRESS_FILE``, and the suite draws the bars
-  in its terminal from it (:class:`RunBars`).
+  into the notebook; each event is appended as one JSON line to the file named by
+  ``$PERFKIT_PROGRESS_FILE``, and the suite draws the bars in its terminal from it
+  (:class:`RunBars`, which also says when an engine is being launched).
 
 The estimate: each scenario's ``plan(params)`` gives the requests of each launch it would make
 (:func:`planned_requests`); the suite sums them over the notebooks it runs, so the overall bar
@@ -42,6 +45,8 @@ __all__ = [
     "RunBars",
     "track_requests",
     "tqdm_class",
+    "in_kernel",
+    "launching",
     "emit",
     "read_events",
     "planned_requests",
@@ -52,26 +57,43 @@ __all__ = [
 _LISTENERS: list[Callable[[Mapping[str, Any]], None]] = []
 
 
-def tqdm_class() -> type:
-    """The tqdm class for here: the notebook widget in a Jupyter kernel that has ipywidgets,
-    else the text bar (``tqdm.std``)."""
+def in_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (JupyterLab, papermill, nbclient)."""
     try:
         from IPython import get_ipython
 
         shell = get_ipython()
     except ImportError:
-        shell = None
-    if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
-        try:
-            import ipywidgets  # noqa: F401
-            from tqdm.notebook import tqdm as notebook_tqdm
+        return False
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
-            return notebook_tqdm
-        except ImportError:
-            pass
+
+def tqdm_class() -> type:
+    """The tqdm class for a terminal: the text bar (``tqdm.std``). In a Jupyter kernel
+    :func:`track_requests` writes text lines instead (see the module doc)."""
     from tqdm.std import tqdm as std_tqdm
 
     return std_tqdm
+
+
+def _quiet() -> bool:
+    """Whether someone else draws the progress: the suite (an events file) or a listener."""
+    return bool(os.environ.get(PROGRESS_ENV)) or bool(_LISTENERS)
+
+
+def _line(text: str) -> None:
+    """One progress line into the notebook's output (stdout, flushed at once)."""
+    import sys
+
+    print(text, file=sys.stdout, flush=True)
+
+
+def launching(label: str, what: str = "the engine") -> None:
+    """Say that launch ``label`` is starting ``what`` (the seconds before its first request):
+    a ``launching`` event, and in a Jupyter kernel nobody else draws for, a text line."""
+    emit("launching", label=label, what=what)
+    if not _quiet() and in_kernel():
+        _line(f"{label}: launching {what} … (the first request is sent once it serves)")
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -112,17 +134,27 @@ def track_requests(requests: Sequence[T], label: str) -> Iterator[T]:
     emit("launch", label=label, requests=n)
     # in a papermill kernel the suite draws the bars: nothing goes into the notebook
     # (or a RunBars in this process draws them)
-    quiet = bool(os.environ.get(PROGRESS_ENV)) or bool(_LISTENERS) or n < MIN_REQUESTS_FOR_BAR
-    bar = None if quiet else tqdm_class()(total=n, desc=label, unit="request", leave=False)
+    quiet = _quiet()
+    lines = not quiet and in_kernel()  # text lines in a notebook, never a widget
+    bar = None
+    if not quiet and not lines and n >= MIN_REQUESTS_FOR_BAR:
+        bar = tqdm_class()(total=n, desc=label, unit="request", leave=False)
+    t0 = time.monotonic()
+    done = 0
     try:
         for i, item in enumerate(items):
+            if lines:
+                _line(f"{label}: request {i + 1}/{n} sent" + (" (the cold one)" if i == 0 else ""))
             yield item
+            done = i + 1
             if bar is not None:
                 bar.update(1)
             emit("request", label=label, i=i + 1, n=n)
     finally:  # also when the caller stops early (a failed request)
         if bar is not None:
             bar.close()
+        if lines:
+            _line(f"{label}: {done} of {n} requests done in {time.monotonic() - t0:.1f} s")
         emit("launch_done", label=label)
 
 
@@ -203,7 +235,10 @@ class RunBars:
         if not self.enabled:
             return
         kind = ev.get("event")
-        if kind == "launch":
+        if kind == "launching":
+            n = self.launches_seen + 1
+            self.overall.set_postfix_str(f"launch {n}: launching {ev.get('what', 'the engine')} …")
+        elif kind == "launch":
             self.launches_seen += 1
             of = f"/~{self.launches_planned}" if self.launches_planned else ""
             self.overall.set_postfix_str(f"launch {self.launches_seen}{of}")

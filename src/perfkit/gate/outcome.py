@@ -1,0 +1,177 @@
+"""A notebook's gate outcome: the word a console prints for it, and the last cell that makes
+papermill fail the run when the gate failed.
+
+papermill exits 1 when a cell raises and keeps the executed notebook with every output up to
+that cell (papermill's own convention). So each gated notebook ends with :func:`finish`: after
+every table and plot is rendered and ``verdict.json`` is written, it raises :class:`GateFailed`
+when the gate failed and the notebook's ``fail_on`` parameter is ``"gate"`` (the default);
+``fail_on="never"`` (exploration, and ``perfkit suite``, which reads ``verdict.json`` itself)
+never raises.
+
+Gate results (:func:`gate_result`), one word per notebook: ``pass``, ``fail``, ``not gated``
+(no verdict, no rows, or every check skipped: nothing was judged, never a pass), ``error`` (the
+notebook raised before its verdict), ``skipped`` (the notebook did not run).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal, Mapping
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "FAIL_ON",
+    "FailOn",
+    "GATE_FAILED",
+    "GateFailed",
+    "exit_code",
+    "finish",
+    "finish_code",
+    "gate_result",
+    "verdict_line",
+]
+
+#: values of a notebook's ``fail_on`` parameter: "gate" raises on a failed (or unjudged) gate
+FAIL_ON = ("gate", "never")
+FailOn = Literal["gate", "never"]
+#: the exception class name papermill records (``ename``) for a gate failure
+GATE_FAILED = "GateFailed"
+
+
+class GateFailed(Exception):
+    """The notebook ran to its end and its gate failed (or judged nothing) with
+    ``fail_on="gate"``: papermill exits 1. Not an error of the notebook: every output is
+    rendered and ``verdict.json`` written before it is raised."""
+
+
+def _failed_rows(verdict: Mapping[str, Any]) -> list[str]:
+    rows = verdict.get("rows") or []
+    return [
+        f"{r.get('metric')} ({r.get('reason')})" if r.get("reason") else str(r.get("metric"))
+        for r in rows
+        if r.get("status") == "fail"
+    ]
+
+
+def verdict_line(name: str, verdict: Mapping[str, Any] | None) -> str:
+    """One sentence on a verdict document (:func:`perfkit.gate.verdicts.write_verdict`'s):
+    ``"<name> gate: fail: 1 of 4 checks failed: latency_drift (0.091 > 0.05)"``."""
+    word = gate_result("ok", verdict)
+    if verdict is None:
+        return f"{name} gate: not gated (no verdict written)"
+    rows = verdict.get("rows") or []
+    failed = _failed_rows(verdict)
+    if word == "fail":
+        shown = "; ".join(failed[:5]) + (f" (+{len(failed) - 5} more)" if len(failed) > 5 else "")
+        return f"{name} gate: fail: {len(failed)} of {len(rows)} checks failed: {shown}"
+    if word == "not gated":
+        why = "no check rows" if not rows else "every check was skipped (nothing measured)"
+        return f"{name} gate: not gated: {why}; not a pass"
+    if word == "error":
+        return f"{name} gate: error: {verdict.get('error') or 'unreadable verdict'}"
+    return f"{name} gate: pass: {len(rows)} checks, none failed"
+
+
+def gate_result(status: str, verdict: Mapping[str, Any] | None, ename: str | None = None) -> str:
+    """The gate word of one notebook run.
+
+    Args:
+        status: the run's status (``ok``, ``error``, ``skipped``; :class:`perfkit.suite.NotebookRun`).
+        verdict: its ``verdict.json`` document, or None when it wrote none.
+        ename: the exception its last cell raised, if any: :data:`GATE_FAILED` is a failed gate
+            (the A/B notebook's, which writes no verdict.json).
+
+    Returns:
+        ``pass``, ``fail``, ``not gated``, ``error`` or ``skipped`` (see the module doc).
+    """
+    if status in ("error", "skipped"):
+        return status
+    if verdict is None:
+        return "fail" if ename == GATE_FAILED else "not gated"
+    st = verdict.get("status")
+    if st == "error":
+        return "error"
+    if st == "fail":
+        return "fail"
+    if not verdict.get("rows") or st == "skipped":
+        return "not gated"
+    return "pass"
+
+
+def exit_code(word: str, verdict: Mapping[str, Any] | None) -> int:
+    """The exit code of one notebook run from its gate word (one rule for every command,
+    :mod:`perfkit.gate.verdicts`): 0 pass, 1 fail, 2 error; ``not gated`` is 2 when a verdict
+    judged nothing (every check skipped: never a pass) and 0 for a notebook that writes no
+    verdict (the history notebook: nothing to gate)."""
+    if word == "pass":
+        return 0
+    if word == "fail":
+        return 1
+    if word == "not gated" and verdict is None:
+        return 0
+    return 2
+
+
+def finish(name: str, verdict: Mapping[str, Any] | None, fail_on: str = "gate", where: str = "") -> str:
+    """The last cell of a gated notebook: show the gate's sentence and, with ``fail_on="gate"``,
+    raise :class:`GateFailed` when the gate failed or judged nothing (papermill then exits 1).
+
+    Args:
+        name: the notebook's gate (a scenario name, the baseline gate).
+        verdict: the document :func:`perfkit.gate.verdicts.write_verdict` returned.
+        fail_on: ``"gate"`` or ``"never"`` (:data:`FAIL_ON`).
+        where: the verdict file's path, named in the message.
+
+    Returns:
+        the gate word (:func:`gate_result`) when nothing is raised.
+
+    Raises:
+        GateFailed: the gate failed, or judged nothing, and ``fail_on == "gate"``.
+        ValueError: ``fail_on`` is not one of :data:`FAIL_ON`.
+    """
+    if fail_on not in FAIL_ON:
+        raise ValueError(f"fail_on: must be one of {', '.join(map(repr, FAIL_ON))}, got {fail_on!r}")
+    word = gate_result("ok", verdict)
+    line = verdict_line(name, verdict)
+    at = f" (verdict: {where})" if where else ""
+    _show(f"**{line}**{at}")
+    if word == "pass" or fail_on == "never":
+        if word != "pass":
+            _show(f"`fail_on` is {fail_on!r}: this notebook does not fail the run.")
+        return word
+    raise GateFailed(
+        f"{line}{at}. Every output above is rendered; papermill exits 1 on this exception "
+        "(pass -p fail_on never to explore without failing the run)."
+    )
+
+
+def finish_code(name: str, code: int, text: str, fail_on: str = "gate") -> int:
+    """:func:`finish` for a notebook whose gate is an exit code (the A/B notebook: 0 pass,
+    1 regression or undecided, 2 nothing compared); ``text`` says what was decided.
+
+    Raises:
+        GateFailed: ``code`` is not 0 and ``fail_on == "gate"``.
+        ValueError: ``fail_on`` is not one of :data:`FAIL_ON`.
+    """
+    if fail_on not in FAIL_ON:
+        raise ValueError(f"fail_on: must be one of {', '.join(map(repr, FAIL_ON))}, got {fail_on!r}")
+    line = f"{name} gate: {'pass' if code == 0 else 'fail'} (exit code {code}): {text}"
+    _show(f"**{line}**")
+    if code == 0 or fail_on == "never":
+        return code
+    raise GateFailed(f"{line}. papermill exits 1 on this exception (pass -p fail_on never to explore).")
+
+
+def _show(markdown: str) -> None:
+    """Markdown in a notebook, a log line elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+    except ImportError:  # pragma: no cover - IPython is a dependency of the notebooks
+        log.info("%s", markdown)
+        return
+    if get_ipython() is None:
+        log.info("%s", markdown)
+        return
+    display(Markdown(markdown))

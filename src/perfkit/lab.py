@@ -1,0 +1,281 @@
+"""``perfkit lab``: JupyterLab on a run's executed notebooks, or on fresh copies of the
+investigation notebooks bound to recorded bundles, never on the tracked notebooks.
+
+- ``perfkit lab RUN``: the executed notebooks under ``RUN/notebooks/`` (papermill's, with every
+  output). A run outside the tracked tree (``outputs/...``) opens in place; a committed one (an
+  example's report) is copied to the lab directory first, so saving cannot touch tracked files.
+- ``perfkit lab --replay DIR``: for each investigation whose bundle ``DIR`` holds
+  (``DIR/<scenario>/meta.json``), a copy of its notebook with ``bundle_dir`` (and the section
+  parameters the bundle was measured with) injected the way papermill injects ``-p`` values,
+  ``run_dir = "run"`` and ``fail_on = "never"`` (exploration). The baseline gate notebook is
+  left out: it needs the params file of the run.
+
+The lab directory (``--dir``, default ``outputs/lab/<YYYYmmdd-HHMMSS>``) must be outside the
+tracked tree: outside the git work tree or git-ignored (``outputs/`` is), else
+:class:`LabError`. Each notebook there is executed once with nbclient (kernel cwd = the lab
+directory) and saved, so it opens with its outputs and the kernel's ``language_info`` already
+in place (JupyterLab marks a notebook modified on open when the kernel's differs from the
+file's), and signed (:class:`nbformat.sign.NotebookNotary`, the user's Jupyter data directory),
+so its HTML outputs are trusted. JupyterLab is started with ``--notebook-dir`` set to the lab
+directory: its checkpoints (``.ipynb_checkpoints/``) land there, and that name is git-ignored
+as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import nbformat
+
+from perfkit.nbparams import section_params, validate
+from perfkit.params import ParamsError
+from perfkit.scenarios import registry
+from perfkit.suite import ipc_kernel_manager, kernel_name, notebooks_dir
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LabDir", "LabError", "lab_command", "launch", "prepare_replay", "prepare_run"]
+
+#: where lab directories land by default (relative to the working directory, like outputs/RUN)
+LAB_BASE = Path("outputs") / "lab"
+#: the replayed notebooks' run directory, relative to the lab directory (the kernel's cwd)
+RUN_SUBDIR = "run"
+
+
+class LabError(ValueError):
+    """A lab that cannot be prepared (no notebooks or bundles, a directory inside the tracked
+    tree, an unknown ``--only`` name): nothing was written; exit code 2."""
+
+
+@dataclass
+class LabDir:
+    """A prepared lab directory.
+
+    Attributes:
+        dir: the directory JupyterLab opens (``--notebook-dir``).
+        notebooks: the notebooks in it, in run order.
+        executed: the notebooks executed and saved here, with their seconds.
+        errors: notebook -> the error its execution raised (it is saved with it).
+    """
+
+    dir: Path
+    notebooks: list[Path] = field(default_factory=list)
+    executed: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def _git(*args: str, cwd: Path) -> subprocess.CompletedProcess | None:
+    if shutil.which("git") is None:
+        return None
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
+
+
+def _existing_parent(path: Path) -> Path:
+    p = path.resolve()
+    while not p.exists():
+        p = p.parent
+    return p if p.is_dir() else p.parent
+
+
+def tracked_tree(path: Path) -> Path | None:
+    """The git work tree ``path`` lies in when git would track files there (inside the work
+    tree and not ignored), else None (outside any work tree, ignored, or no git)."""
+    base = _existing_parent(path)
+    top = _git("rev-parse", "--show-toplevel", cwd=base)
+    if top is None or top.returncode != 0:
+        return None
+    probe = path.resolve() / "probe.ipynb"  # what a notebook saved there would be
+    ignored = _git("check-ignore", "-q", "--no-index", str(probe), cwd=base)
+    if ignored is not None and ignored.returncode == 0:
+        return None
+    return Path(top.stdout.strip())
+
+
+def _new_dir(dest: str | Path | None) -> Path:
+    """``dest`` (created), or a new ``outputs/lab/<stamp>``; refused inside the tracked tree."""
+    if dest is None:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        d, n = LAB_BASE / stamp, 1
+        while d.exists():
+            n += 1
+            d = LAB_BASE / f"{stamp}-{n}"
+    else:
+        d = Path(dest)
+    top = tracked_tree(d)
+    if top is not None:
+        raise LabError(
+            f"--dir {d}: inside the git work tree {top} and not ignored: saved notebooks and "
+            "checkpoints would show in git status; use a directory under outputs/ or outside the clone"
+        )
+    if d.exists() and any(d.glob("*.ipynb")):
+        raise LabError(f"--dir {d}: already holds notebooks; choose a new directory")
+    d.mkdir(parents=True, exist_ok=True)
+    return d.resolve()
+
+
+def _recorded_section(name: str, bundle: Path) -> dict[str, Any]:
+    """The section parameters ``bundle`` records (meta.json ``params``) that its notebook
+    declares and that validate today; the others keep the notebook's defaults (logged)."""
+    try:
+        recorded = json.loads((bundle / "meta.json").read_text()).get("params") or {}
+    except (OSError, ValueError) as exc:
+        log.warning("%s: meta.json unreadable (%s): the notebook's defaults are used", bundle, exc)
+        return {}
+    out = {}
+    for p in section_params(name):
+        if p.name not in recorded:
+            continue
+        try:
+            out.update(validate(name, {p.name: recorded[p.name]}))
+        except ParamsError as exc:
+            log.info("%s: recorded %s not applied (the default stays): %s", bundle, p.name, exc)
+    return out
+
+
+def prepare_replay(
+    replay: str | Path,
+    dest: str | Path | None = None,
+    *,
+    only: Iterable[str] | None = None,
+    execute: bool = True,
+    timeout_s: float | None = 600,
+    notebooks: str | Path | None = None,
+) -> LabDir:
+    """Fresh copies of the investigation notebooks bound to the bundles of ``replay`` (see the
+    module doc), executed once and signed unless ``execute`` is False.
+
+    Raises:
+        LabError: ``replay`` holds no bundle (of ``only``), ``only`` names no investigation, or
+            ``dest`` is inside the tracked tree or already holds notebooks.
+    """
+    replay = Path(replay).resolve()
+    names = list(only) if only else list(registry.names())
+    unknown = [n for n in names if n not in registry.names()]
+    if unknown:
+        raise LabError(f"--only {', '.join(unknown)}: not an investigation ({', '.join(registry.names())})")
+    have = [n for n in names if (replay / n / "meta.json").is_file()]
+    if not have:
+        raise LabError(
+            f"--replay {replay}: no bundle to open (expected <dir>/<investigation>/meta.json for "
+            f"one of {', '.join(names)})"
+        )
+    src_dir = Path(notebooks) if notebooks else notebooks_dir()
+    lab = LabDir(_new_dir(dest))
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    for name in have:
+        nb = load_notebook_node(str(src_dir / f"{name}.ipynb"))  # papermill's reader (cell tags)
+        params = {
+            **_recorded_section(name, replay / name),
+            "bundle_dir": str(replay / name),
+            "run_dir": RUN_SUBDIR,
+            "fail_on": "never",
+        }
+        nb = parameterize_notebook(nb, params)
+        out = lab.dir / f"{name}.ipynb"
+        nbformat.write(nb, str(out))
+        lab.notebooks.append(out)
+    if execute:
+        for out in lab.notebooks:
+            _execute(out, lab, timeout_s)
+    return lab
+
+
+def prepare_run(run: str | Path, dest: str | Path | None = None) -> LabDir:
+    """The executed notebooks of run directory ``run``: in place when ``run/notebooks`` is
+    outside the tracked tree and no ``dest`` is given, else copied to ``dest`` (default
+    ``outputs/lab/<stamp>``); signed either way.
+
+    Raises:
+        LabError: ``run`` holds no executed notebook, or ``dest`` is inside the tracked tree.
+    """
+    nb_dir = Path(run) / "notebooks"
+    found = sorted(nb_dir.glob("*.ipynb"))
+    if not found:
+        raise LabError(f"{run}: no executed notebooks (expected {nb_dir}/*.ipynb); --replay opens bundles")
+    if dest is None and tracked_tree(nb_dir) is None:
+        lab = LabDir(nb_dir.resolve(), notebooks=[p.resolve() for p in found])
+    else:
+        lab = LabDir(_new_dir(dest))
+        for p in found:
+            shutil.copy2(p, lab.dir / p.name)
+            lab.notebooks.append(lab.dir / p.name)
+    for p in lab.notebooks:
+        _sign(p)
+    return lab
+
+
+def _execute(path: Path, lab: LabDir, timeout_s: float | None) -> None:
+    """Run ``path`` top to bottom with nbclient in ``lab.dir``, save it with its outputs (also
+    when a cell raised: the error is kept and named in ``lab.errors``), sign it."""
+    import time
+
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(str(path), as_version=4)
+    client = NotebookClient(
+        nb,
+        kernel_name=kernel_name(),
+        timeout=int(timeout_s) if timeout_s else None,
+        resources={"metadata": {"path": str(lab.dir)}},
+        kernel_manager_class=ipc_kernel_manager(),
+    )
+    t0 = time.monotonic()
+    try:
+        # the IPC sockets are files relative to the working directory: client and kernel share it
+        with contextlib.chdir(lab.dir):
+            client.execute()
+    except CellExecutionError as exc:
+        lab.errors[path.stem] = f"{getattr(exc, 'ename', 'error')}: {getattr(exc, 'evalue', exc)}"
+        log.error("%s: %s", path.name, lab.errors[path.stem])
+    nbformat.write(nb, str(path))
+    lab.executed[path.stem] = round(time.monotonic() - t0, 1)
+    _sign(path)
+
+
+def _sign(path: Path) -> None:
+    """Trust ``path``'s outputs (its signature goes to the user's Jupyter notary database,
+    never into the file)."""
+    from nbformat.sign import NotebookNotary
+
+    try:
+        NotebookNotary().sign(nbformat.read(str(path), as_version=4))
+    except Exception as exc:  # noqa: BLE001 - a read-only notary database: outputs stay untrusted
+        log.warning("%s: not signed (%s): JupyterLab will show its outputs as untrusted", path, exc)
+
+
+def lab_command(lab: LabDir, browser: bool = True) -> list[str]:
+    """The JupyterLab command for ``lab``: ``--notebook-dir`` the lab directory (its
+    checkpoints land there)."""
+    cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={lab.dir}"]
+    return cmd if browser else [*cmd, "--no-browser"]
+
+
+def launch(lab: LabDir, browser: bool = True) -> int:
+    """Run JupyterLab on ``lab`` until it is stopped (Ctrl-C); its exit code.
+
+    Raises:
+        LabError: JupyterLab is not installed (``pip install 'perfkit[lab]'``).
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("jupyterlab") is None:
+        raise LabError(
+            "JupyterLab is not installed: pip install 'perfkit[lab]' (or jupyterlab); "
+            f"the notebooks are ready in {lab.dir}"
+        )
+    try:
+        return subprocess.call(lab_command(lab, browser))
+    except KeyboardInterrupt:
+        return 0

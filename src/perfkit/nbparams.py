@@ -1,0 +1,487 @@
+"""Notebook parameters that papermill understands: declared once here, written into each
+notebook's ``parameters`` cell by ``notebooks/make_notebooks.py``, checked inside the notebook
+before anything runs.
+
+- **Typed cells.** Each parameter is written as ``name: type = default  # help`` (papermill's
+  Python translator reads the annotation and the comment: ``papermill --help-notebook`` shows
+  ``engine: dict``, ``repeats: int``, ``caps: Optional[dict]`` with the help). Optional
+  annotations are quoted so the cell runs without importing ``typing``.
+- **Strings from ``-p``.** papermill passes ``-p NAME VALUE`` as a string (or a number, True,
+  False, None). A string given to a parameter whose type does not take strings (a dict, a list,
+  a number, a bool) is read as YAML 1.2 (:func:`perfkit.params.load_yaml`), so JSON works too:
+  ``-p engine '{"kind": "reference", "preset": "tiny"}'``, ``-p warmup_frames '[17, 25]'``,
+  ``-p invariants '{latency_drift_max: 0.05}'``.
+- **Checked before anything runs.** The cell after the parameters (:func:`bind`) refuses a
+  parameter name the notebook does not declare (papermill itself only warns), with the closest
+  declared name, and validates every value with the models a params file goes through
+  (:func:`validate`: the scenario's params model, the engine spec of its kind, the request,
+  the invariants, the baseline fields) before an engine starts; every problem is listed in one
+  :class:`NotebookParamsError`.
+
+Nothing here names a scenario: the scenario notebooks' parameters come from the registry.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
+
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+
+from perfkit.engine.spec import EngineSpec, EngineSpecError
+from perfkit.gate.outcome import FailOn
+from perfkit.gate.verdicts import GATE
+from perfkit.params import (
+    BaselineParams,
+    InvariantsParams,
+    ParamsError,
+    RequestParams,
+    load_yaml,
+    parse_params,
+)
+from perfkit.scenarios import registry
+
+__all__ = [
+    "AB",
+    "HISTORY",
+    "NotebookParam",
+    "NotebookParamsError",
+    "bind",
+    "coerce",
+    "declared",
+    "injected_names",
+    "parameters_cell",
+    "section_params",
+    "type_text",
+    "unknown_names",
+    "validate",
+]
+
+#: the notebooks that are neither a scenario nor the baseline gate
+AB = "ab"
+HISTORY = "history"
+
+#: the engine and request a notebook runs by default: the tiny reference engine on this machine
+NOTEBOOK_ENGINE: dict[str, Any] = {
+    "kind": "reference",
+    "preset": "tiny",
+    "compile": True,
+    "compile_backend": "aot_eager",
+}
+NOTEBOOK_REQUEST: dict[str, Any] = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
+
+#: the comment papermill writes at the top of the cell it injects (``-p``/``-y`` values)
+INJECTED_HEADER = "# Parameters"
+
+
+class NotebookParamsError(ParamsError):
+    """Notebook parameters that cannot run: an unknown name, a value its model refuses. The
+    message lists every problem, one a line, each naming its parameter."""
+
+
+@dataclass(frozen=True)
+class NotebookParam:
+    """One notebook parameter.
+
+    Attributes:
+        name: the variable name in the parameters cell.
+        annotation: its Python type (pydantic validates values with it; :func:`type_text` is
+            what papermill shows).
+        default: the value the cell assigns (a literal).
+        help: the comment after it (one line; papermill ``--help-notebook`` shows it).
+    """
+
+    name: str
+    annotation: Any
+    default: Any
+    help: str = ""
+
+
+# ------------------------------------------------------------------ types
+def _strip(ann: Any) -> Any:
+    """``ann`` without ``Annotated[...]`` metadata."""
+    while typing.get_origin(ann) is Annotated:
+        ann = typing.get_args(ann)[0]
+    return ann
+
+
+def _is_model(ann: Any) -> bool:
+    return isinstance(ann, type) and issubclass(ann, BaseModel)
+
+
+def _union_args(ann: Any) -> tuple[Any, ...] | None:
+    import types
+
+    if typing.get_origin(ann) in (Union, types.UnionType):
+        return typing.get_args(ann)
+    return None
+
+
+def type_text(ann: Any) -> str:
+    """The annotation papermill can read (its pattern takes words, brackets and commas only):
+    ``int``, ``str``, ``dict`` (a mapping or a pydantic model), ``list[int]``, ``Optional[dict]``;
+    a Literal is its values' type."""
+    ann = _strip(ann)
+    args = _union_args(ann)
+    if args is not None:
+        rest = [a for a in args if a is not type(None)]
+        inner = type_text(rest[0]) if len(rest) == 1 else "object"
+        return f"Optional[{inner}]" if len(rest) < len(args) else inner
+    origin = typing.get_origin(ann)
+    if origin is Literal:
+        return type(typing.get_args(ann)[0]).__name__
+    if origin in (list, tuple, set) or ann in (list, tuple, set):
+        inner = typing.get_args(ann)
+        return f"list[{type_text(inner[0])}]" if inner else "list"
+    if origin is dict or ann is dict or _is_model(ann):
+        return "dict"
+    if ann in (int, float, str, bool):
+        return ann.__name__
+    return "object"
+
+
+def _takes_str(ann: Any) -> bool:
+    """Whether a value of type ``ann`` may be a string (then a ``-p`` string is kept as is)."""
+    ann = _strip(ann)
+    args = _union_args(ann)
+    if args is not None:
+        return any(_takes_str(a) for a in args)
+    if typing.get_origin(ann) is Literal:
+        return any(isinstance(v, str) for v in typing.get_args(ann))
+    return ann in (str, Any, object)
+
+
+# ------------------------------------------------------------------ declarations
+_ENGINE_HELP = "perfkit.engine.spec.EngineSpec fields of its kind (JSON or YAML with -p)"
+_REQUEST_HELP = "a /v1/videos request: num_frames, height, width, num_inference_steps, seed, prompt"
+_INVARIANTS_HELP = "limits over the scenarios' defaults, e.g. {latency_drift_max: 0.05} (None: the defaults)"
+_FAIL_ON_HELP = "gate: the last cell raises when the gate fails (papermill exits 1); never: explore"
+_FAIL_ON = NotebookParam("fail_on", FailOn, "gate", _FAIL_ON_HELP)
+
+
+def section_params(name: str) -> list[NotebookParam]:
+    """A scenario's params model fields (``enabled`` and ``tier`` left out), their defaults and
+    the ``#:`` comments above them in the model's source."""
+    model = registry.get(name).params_model
+    out = []
+    for key, f in model.model_fields.items():
+        if key in ("enabled", "tier"):
+            continue
+        default = f.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            default = default.model_dump(exclude_none=True)
+        elif isinstance(default, list):
+            default = [d.model_dump(exclude_none=True) if isinstance(d, BaseModel) else d for d in default]
+        out.append(NotebookParam(key, f.annotation, default, _field_comment(model, key)))
+    return out
+
+
+def _field_comment(model: type[BaseModel], key: str) -> str:
+    """The ``#:`` comment above a field in its class source (joined into one line)."""
+    import inspect
+    import re
+
+    for cls in model.__mro__:
+        try:
+            src = inspect.getsource(cls)
+        except (OSError, TypeError):
+            continue
+        m = re.search(r"((?:[ \t]*#:[^\n]*\n)+)[ \t]*" + re.escape(key) + r"\s*:", src)
+        if m:
+            return " ".join(ln.strip()[2:].strip() for ln in m.group(1).splitlines())
+    return ""
+
+
+def _scenario(name: str) -> list[NotebookParam]:
+    return [
+        NotebookParam("engine", dict, NOTEBOOK_ENGINE, _ENGINE_HELP),
+        NotebookParam("request", dict, NOTEBOOK_REQUEST, _REQUEST_HELP),
+        *section_params(name),
+        NotebookParam("invariants", Optional[dict], None, _INVARIANTS_HELP),
+        NotebookParam(
+            "run_dir", str, "outputs/notebooks", "the bundle and verdict.json land in run_dir/<scenario>/"
+        ),
+        NotebookParam(
+            "bundle_dir", Optional[str], None, "a recorded bundle to replay instead of launching anything"
+        ),
+        _FAIL_ON,
+    ]
+
+
+def _gate() -> list[NotebookParam]:
+    return [
+        NotebookParam("engine", dict, NOTEBOOK_ENGINE, _ENGINE_HELP),
+        NotebookParam("request", dict, NOTEBOOK_REQUEST, _REQUEST_HELP),
+        NotebookParam(
+            "baseline_file", Optional[str], None, "a baseline JSON (sglang layout) of the same hardware"
+        ),
+        NotebookParam("profile", str, "pr_test", "tolerance profile of the baseline"),
+        NotebookParam("strict", bool, False, 'a case missing from the baseline fails instead of being "new"'),
+        NotebookParam(
+            "hardware",
+            Optional[str],
+            None,
+            "metadata.hardware of this run's baseline.json (None: from the bundles)",
+        ),
+        NotebookParam("invariants", Optional[dict], None, _INVARIANTS_HELP),
+        NotebookParam(
+            "run_dir", str, "outputs/notebooks", "the run whose bundles are gated (nothing is launched)"
+        ),
+        _FAIL_ON,
+    ]
+
+
+def _ab() -> list[NotebookParam]:
+    return [
+        NotebookParam("spec_a", str, "../examples/ab/tiny-cpu.yaml", "side A: an engine spec YAML (perfkit.engine.spec)"),
+        NotebookParam("spec_b", str, "../examples/ab/tiny-cpu-denoise-30pct.yaml", "side B (spec_a again: an A/A check)"),
+        NotebookParam("launches", Annotated[int, Field(ge=2)], 3, "launches a side before the first look, interleaved A B B A ..."),
+        NotebookParam("max_launches", Annotated[int, Field(ge=2)], 6, "launches a side at most: pairs are added until every gated metric is decided"),
+        NotebookParam("undecided", Literal["fail", "pass"], "fail", 'a gated metric still inconclusive at max_launches: "fail" (exit 1) or "pass"'),
+        NotebookParam("warm", Annotated[int, Field(ge=1)], 5, "M, warm requests a launch after the cold request"),
+        NotebookParam("threshold", Annotated[float, Field(gt=0, lt=1)], 0.05, "decision threshold (fraction): regression when the interval lies above 1 + threshold"),
+        NotebookParam("gate_metrics", Optional[list[str]], None, 'e.g. ["DenoisingStage", "warm_e2e"]: only these set the verdict (None: every metric)'),
+        NotebookParam("run_dir", str, "outputs/notebooks/ab", "the side bundles land in run_dir/a and run_dir/b"),
+        NotebookParam("replay_a", Optional[str], None, 'a recorded side-A bundle (e.g. "../examples/ab/aa/a"): launches nothing'),
+        NotebookParam("replay_b", Optional[str], None, "the recorded side-B bundle"),
+        NotebookParam("fail_on", FailOn, "gate", "gate: the last cell raises on a regression or an undecided gate (papermill exits 1); never: explore"),
+    ]  # fmt: skip
+
+
+def _history() -> list[NotebookParam]:
+    return [
+        NotebookParam("store", str, "../outputs/history", "the history store (perfkit history add/import write it)"),
+        NotebookParam("nightly", Optional[str], "../tests/fixtures/sglang-nightly", "imported first when the store is empty (None: never)"),
+        NotebookParam("hardware", str, "H100", "the series: hardware, case and metric"),
+        NotebookParam("case_id", str, "flux2_dev_t2i_1024", "the case"),
+        NotebookParam("metric", str, "latency_s", "the metric's name in the store"),
+    ]  # fmt: skip
+
+
+def declared(notebook: str) -> list[NotebookParam]:
+    """The parameters of ``notebook`` (a scenario name, the baseline gate, :data:`AB`,
+    :data:`HISTORY`), in the order of its parameters cell. Raises KeyError for another name."""
+    if notebook in registry.names():
+        return _scenario(notebook)
+    table = {GATE: _gate, AB: _ab, HISTORY: _history}
+    if notebook not in table:
+        raise KeyError(f"no declared parameters for notebook {notebook!r}")
+    return table[notebook]()
+
+
+def parameters_cell(notebook: str) -> str:
+    """The source of ``notebook``'s parameters cell: ``name: type = default  # help`` lines."""
+    lines = []
+    for p in declared(notebook):
+        t = type_text(p.annotation)
+        ann = f'"{t}"' if t.startswith("Optional") else t  # quoted: runs without typing
+        lines.append(f"{p.name}: {ann} = {p.default!r}" + (f"  # {p.help}" if p.help else ""))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ binding in the notebook
+def injected_names(history: Any) -> list[str]:
+    """Names assigned by the cells papermill injected (their source starts with
+    :data:`INJECTED_HEADER`), read from the kernel's input history (IPython's ``In``)."""
+    names: list[str] = []
+    for src in history or []:
+        if not isinstance(src, str) or not src.lstrip().startswith(INJECTED_HEADER):
+            continue
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            names += [t.id for t in targets if isinstance(t, ast.Name) and t.id not in names]
+    return names
+
+
+def unknown_names(notebook: str, given: Any) -> list[str]:
+    """One problem line per name in ``given`` that ``notebook`` does not declare, each with the
+    closest declared name when one is close."""
+    known = [p.name for p in declared(notebook)]
+    out = []
+    for k in given:
+        if k in known:
+            continue
+        m = difflib.get_close_matches(str(k), known, n=1, cutoff=0.6)
+        out.append(
+            f"unknown parameter {k!r}"
+            + (f" (did you mean {m[0]!r}?)" if m else "")
+            + f"; known: {', '.join(known)}"
+        )
+    return out
+
+
+def coerce(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` with each string read as YAML where the parameter's type does not take a
+    string (dicts, lists, numbers, booleans: papermill's ``-p`` passes strings). Raises
+    :class:`NotebookParamsError` naming the parameter for a string that is not valid YAML."""
+    import yaml
+
+    types = {p.name: p.annotation for p in declared(notebook)}
+    out: dict[str, Any] = {}
+    problems = []
+    for k, v in given.items():
+        if isinstance(v, str) and k in types and not _takes_str(types[k]):
+            try:
+                v = load_yaml(v)
+            except yaml.YAMLError as exc:
+                where = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+                problems.append(f"{k}: {v!r} is not valid JSON or YAML ({where})")
+                continue
+        out[k] = v
+    if problems:
+        raise NotebookParamsError("\n".join(problems))
+    return out
+
+
+def bind(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """What the cell after a notebook's parameters calls: the declared parameters' values from
+    ``namespace`` (the kernel's globals), coerced (:func:`coerce`) and validated
+    (:func:`validate`); the notebook assigns them back. Nothing has been launched yet.
+
+    Raises:
+        NotebookParamsError: an injected name the notebook does not declare (papermill only
+            warns about it), a string that is not valid YAML, a value its model refuses; every
+            problem, one a line.
+    """
+    params = declared(notebook)
+    problems = unknown_names(notebook, injected_names(namespace.get("In")))
+    given = {p.name: namespace.get(p.name, p.default) for p in params}
+    try:
+        given = coerce(notebook, given)
+    except NotebookParamsError as exc:
+        problems += str(exc).splitlines()
+    else:
+        try:
+            given = validate(notebook, given)
+        except ParamsError as exc:
+            problems += str(exc).splitlines()
+    if problems:
+        raise NotebookParamsError(
+            f"{notebook} notebook parameters:\n" + "\n".join(f"  {p}" for p in problems)
+        )
+    return given
+
+
+# ------------------------------------------------------------------ validation
+#: the gate notebook's parameters -> BaselineParams fields
+_GATE_PARAMS = {"baseline_file": "file", "profile": "profile", "strict": "strict", "hardware": "hardware"}
+
+
+def _suggest_extra(model: Any, loc: tuple) -> str:
+    """`` (did you mean 'x'?)`` for an unknown key at ``loc`` of ``model`` (a pydantic model)."""
+    if not _is_model(model) or not loc:
+        return ""
+    m = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f" (did you mean {m[0]!r}?)" if m else ""
+
+
+def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0, model: Any = None) -> list[str]:
+    """``prefix<loc>: message, got <input>`` per error (``drop`` leading loc parts skipped); an
+    unknown key gets the closest field of ``model``."""
+    out = []
+    for e in exc.errors():
+        parts = list(e.get("loc") or ())[drop:]
+        loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in parts)
+        if not prefix:
+            loc = loc.lstrip(".")
+        if e.get("type") == "extra_forbidden":
+            out.append(f"{prefix}{loc}: unknown field" + _suggest_extra(model, tuple(parts)))
+            continue
+        got = e.get("input")
+        got_s = "" if isinstance(got, (dict, list)) else f", got {got!r}"
+        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        out.append(f"{prefix}{loc}: {msg}{got_s}")
+    return out
+
+
+def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate notebook parameters with the models a params file goes through, before any
+    kernel or engine starts: the scenario's params model for its fields, the engine spec, the
+    request, the invariants, the gate's baseline fields; other declared parameters with their
+    annotation. Returns the validated values (a notebook never receives a value no model has
+    validated); names the notebook does not declare pass through (see :func:`unknown_names`).
+
+    Raises:
+        ParamsError: every problem, each naming its parameter (``repeats: Input should be a
+            valid integer, got 1.0e1``, ``request.num_frame: unknown field (did you mean
+            'num_frames'?)``).
+    """
+    section = registry.get(name).params_model if name in registry.names() else None
+    try:
+        types = {p.name: p.annotation for p in declared(name)}
+    except KeyError:
+        types = {}
+    out: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in given.items():
+        try:
+            if key in ("run_dir", "bundle_dir"):
+                if value is not None and not isinstance(value, str):
+                    problems.append(f"{key}: must be a path, got {value!r}")
+                elif key == "bundle_dir" and value and not (Path(value) / "meta.json").is_file():
+                    problems.append(f"bundle_dir: {value} is not a result bundle (no meta.json)")
+                out[key] = value
+            elif key == "engine":
+                if not isinstance(value, Mapping):
+                    raise ValueError(f"must be a mapping of engine fields, got {value!r}")
+                out[key] = EngineSpec.from_dict(dict(value)).to_dict()
+            elif key == "request":
+                out[key] = RequestParams.model_validate(value).model_dump()
+            elif key == "invariants":
+                out[key] = _invariants(value)
+            elif section is not None and key in section.model_fields:
+                out[key] = section.model_validate({key: value}).model_dump()[key]
+            elif name == GATE and key in _GATE_PARAMS:
+                field = _GATE_PARAMS[key]
+                out[key] = BaselineParams.model_validate({field: value}).model_dump()[field]
+            elif key in types:
+                out[key] = TypeAdapter(types[key]).validate_python(value, strict=True)
+            else:
+                out[key] = value
+        except ValidationError as exc:
+            # section and gate models are validated one field at a time: their loc starts with it
+            one_field = (section is not None and key in section.model_fields) or key in _GATE_PARAMS
+            model = RequestParams if key == "request" else InvariantsParams if key == "invariants" else None
+            problems += _pydantic_problems(key, exc, drop=1 if one_field else 0, model=model)
+        except EngineSpecError as exc:
+            problems += [f"engine.{f}: {m}" for f, m in exc.problems]
+        except (TypeError, ValueError) as exc:
+            problems.append(f"{key}: {exc}")
+    if not problems:  # rules across sections (pixel multiples, max frames), as for a params file
+        # timeout_s None: papermill's cell timeout is not a notebook parameter (the suite checks
+        # its params file's order of timeouts; a notebook only gets the resulting engine spec)
+        doc: dict[str, Any] = {"name": "-p", "timeout_s": None}
+        for key in ("engine", "request"):
+            if out.get(key) is not None:
+                doc[key] = out[key]
+        if section is not None:
+            doc[name] = {k: v for k, v in out.items() if k in section.model_fields}
+        try:
+            parse_params(doc, source="-p")
+        except ParamsError as exc:
+            problems += [line.removeprefix("-p: ") for line in str(exc).splitlines()]
+    if problems:
+        raise ParamsError("\n".join(problems))
+    return out
+
+
+def _invariants(value: Any) -> dict[str, Any] | None:
+    """The given invariants, validated (unknown keys with the closest known one); only the
+    keys given (the notebook merges them over the defaults)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"must be a mapping of invariant limits, got {value!r}")
+    try:
+        registry.merged_invariants(value)  # unknown keys, with the closest known one
+    except ValueError as exc:
+        raise ValueError(str(exc).removeprefix("invariants: ")) from None
+    return {k: v for k, v in InvariantsParams.model_validate(value).model_dump().items() if k in value}
