@@ -94,8 +94,9 @@ def gate_result(status: str, verdict: Mapping[str, Any] | None, ename: str | Non
         return "error"
     if st == "fail":
         return "fail"
-    if not verdict.get("rows") or st == "skipped":
-        return "not gated"
+    rows = verdict.get("rows") or []
+    if st == "skipped" or all(isinstance(r, Mapping) and r.get("status") == "skipped" for r in rows):
+        return "not gated"  # no rows, or every check skipped: nothing compared is not a pass
     return "pass"
 
 

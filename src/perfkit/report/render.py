@@ -208,6 +208,7 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
     ``not gated: 3 checks skipped``) or the notebook's error.
     """
     from perfkit.checks import check_table
+    from perfkit.gate.outcome import gate_result as gate_word
 
     st = str(n.get("status") or "")
     if st == "skipped":
@@ -217,18 +218,21 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
     doc = read_verdict(Path(run_dir) / str(n.get("name")))
     if doc is None:
         return "not gated", "not gated: no verdict written"
-    if doc.get("status") == "error":
+    word = gate_word("ok", doc)  # the one rule, shared with papermill's last cell and perfkit run
+    if word == "error":
         return "error", "error: " + (_clip(doc.get("error"), 120) or "verdict unreadable")
     rows = check_table(doc.get("rows") or [])
-    if rows.empty:
-        return "not gated", "not gated: no check declared"
-    counts = rows["status"].astype(str).value_counts()
+    counts = rows["status"].astype(str).value_counts() if not rows.empty else pd.Series(dtype=int)
     n_fail, n_skip = int(counts.get("fail", 0)), int(counts.get("skipped", 0))
     compared = len(rows) - n_skip
-    if n_fail:
-        return "fail", f"fail: {n_fail} of {_plural(compared, 'check')} failed"
-    if compared == 0:
-        return "not gated", f"not gated: {_plural(n_skip, 'check')} skipped"
+    if word == "fail":
+        why = f"{n_fail} of {_plural(compared, 'check')} failed" if n_fail else _clip(doc.get("reason"), 120)
+        return "fail", f"fail: {why or 'the verdict says fail'}"
+    if word == "not gated":
+        return (
+            "not gated",
+            f"not gated: {_plural(n_skip, 'check')} skipped" if n_skip else "not gated: no check declared",
+        )
     return "pass", f"pass: {_plural(compared, 'check')}" + (f", {n_skip} skipped" if n_skip else "")
 
 
