@@ -33,14 +33,15 @@ def ab(*args: str):
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     # sequential (issue 39): first look at 2 launches a side, then a pair more until DenoisingStage
-    # is decided, at most 5 launches a side. 15 warm requests a launch: a tiny warm request is about
+    # is decided, at most 8 launches a side. 15 warm requests a launch: a tiny warm request is about
     # 20 ms, so they cost under a second a launch and make each launch's median steady enough that
-    # +30 % is decided within the maximum on this shared 2-core runner (5 a launch left it
-    # undecided at 3 launches a side in all three CI runs of the first design)
+    # +30 % is decided at 2-3 launches a side on a quiet 2-core runner (5 a launch left it
+    # undecided at 3 launches a side in all three CI runs of the first design); the maximum of 8
+    # costs launches only when the host is loaded, where the launch medians spread 15-35 %
     out = tmp_path_factory.mktemp("ab") / "run"
     # --profile: one extra launch a side profiles a cold and a warm request (issue 35); the
     # assertions below that count launches check that it stays out of the A/B
-    res = ab("--a", str(SPEC_A), "--b", str(SPEC_B), "-n", "2", "--max-launches", "5", "-m", "15",
+    res = ab("--a", str(SPEC_A), "--b", str(SPEC_B), "-n", "2", "--max-launches", "8", "-m", "15",
              "--gate-metrics", "DenoisingStage", "--out", str(out),
              "--profile", "--profile-all-stages")  # fmt: skip
     return out, res
@@ -56,7 +57,7 @@ def test_live_30pct_denoising_slowdown_is_a_denoising_regression(live):
     den = r.table.set_index("metric").loc["DenoisingStage"]
     seq = r.meta["sequential"]
     n = den["n_a"]
-    assert den["n_b"] == n and 2 <= n <= 5, seq["reason"]
+    assert den["n_b"] == n and 2 <= n <= 8, seq["reason"]
     assert [lk["n"] for lk in seq["looks"]] == list(range(2, 2 + len(seq["looks"])))
     # each look's interval is wider than 95 % (alpha spending), and the looks' shares add up to 5 %
     assert all(lk["confidence"] > 0.95 for lk in seq["looks"]) and sum(
@@ -71,7 +72,7 @@ def test_live_30pct_denoising_slowdown_is_a_denoising_regression(live):
     md = (out / "summary.md").read_text()
     word = "REGRESSION" if r.verdict == "regression" else r.verdict
     assert md.startswith(f"## perfkit ab: {word} (exit code {r.exit_code})")
-    assert "- sequential: first look at 2 launches a side, at most 5 run a side" in md and "| look |" in md
+    assert "- sequential: first look at 2 launches a side, at most 8 run a side" in md and "| look |" in md
     row = next(line for line in md.splitlines() if line.startswith("| DenoisingStage |"))
     assert f"| {d['DenoisingStage']} |" in row
     assert f"perfkit ab: {word}" in res.output
@@ -87,7 +88,7 @@ def test_live_30pct_denoising_slowdown_is_a_denoising_regression(live):
         first = min(ran, 6)
         assert meta["order"][:first] == ["A00", "B00", "B01", "A01", "A02", "B02"][:first]
     assert list(a.launches["launch"]) == [x for x in meta["order"] if x[0] == "A"]
-    assert meta["sequential"]["max_launches"] == 5 and sum(seq["launches_run"].values()) == ran
+    assert meta["sequential"]["max_launches"] == 8 and sum(seq["launches_run"].values()) == ran
     assert meta["warm_per_launch"] == 15 and len(meta["launch_load"]["B01"]["loadavg"]) == 3
     for bd in (a, b):
         la = bd.launches
