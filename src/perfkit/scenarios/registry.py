@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check
@@ -72,7 +72,16 @@ class ScenarioParams(_Model):
 
 class InvariantParams(_Model):
     """Base of every scenario's invariants: keys of the params file's ``invariants`` section.
-    A field set to None is not gated."""
+    A field set to None is not gated. Every numeric limit is a finite number >= 0 (ratios,
+    fractions, MiB per request, counts): a negative or infinite limit is refused naming its key,
+    never judged (a drift limit of -5 would call every run a regression)."""
+
+    @field_validator("*")
+    @classmethod
+    def _a_limit_is_finite_and_not_negative(cls, v: Any) -> Any:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not (0 <= v < float("inf")):
+            raise ValueError("a limit must be a finite number >= 0")
+        return v
 
 
 class EngineInvariants(InvariantParams):
