@@ -147,6 +147,30 @@ def test_a_schema_error_names_the_file_and_key(tmp_path):
         read_snapshot(p)
 
 
+@pytest.mark.parametrize("size", [10**400, 2**70])
+def test_an_impossible_size_is_refused_naming_the_key(tmp_path, size):
+    """Found by the breaker: 10**400 passed the reader and overflowed later, 2**70 read as a
+    1e15 MiB block."""
+    data = pickle.loads(_raw())
+    data["segments"][2]["blocks"][0]["size"] = size
+    p = tmp_path / "huge.pickle"
+    p.write_bytes(pickle.dumps(data))
+    with pytest.raises(
+        MemSnapshotError, match=r"huge.pickle: key segments.2.blocks.0.size: .*less than or equal"
+    ):
+        read_snapshot(p)
+
+
+def test_a_gzip_bomb_is_refused_before_it_fills_the_memory(tmp_path):
+    p = tmp_path / "bomb.pickle.gz"
+    p.write_bytes(gzip.compress(b"\0" * (4 * 2**20)))  # 4 MiB of zeros in a few KiB
+    with pytest.raises(
+        MemSnapshotError, match=r"bomb.pickle.gz: more than 1 MiB of snapshot \(decompressed\)"
+    ):
+        read_snapshot(p, max_bytes=2**20)
+    assert read_snapshot(FIX / "leak64-request-0.pickle.gz").live_mib > 0  # the real ones stay readable
+
+
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(MemSnapshotError, match=r"nope.pickle: cannot read the snapshot"):
         read_snapshot(tmp_path / "nope.pickle")

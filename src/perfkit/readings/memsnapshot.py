@@ -89,12 +89,20 @@ def _shared_frames(v: Any, handler: ValidatorFunctionWrapHandler, info: Validati
     return out
 
 
+#: the largest size a block, segment or event may claim (bytes): 1 PiB, beyond any device's
+#: memory; a larger number is a corrupted file, refused naming its key (not a 1e15 MiB leak)
+MAX_SIZE = 2**50
+#: the most bytes a snapshot may decompress to (256 MiB, a bounded ``max_entries`` history of a
+#: large model stays well under it): a gzip bomb is refused before it fills the memory
+MAX_BYTES = 256 * 2**20
+
+
 class Block(BaseModel):
     """A block inside a segment (bytes)."""
 
     model_config = ConfigDict(extra="ignore")
     address: int
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, le=MAX_SIZE)
     requested_size: Optional[int] = None
     state: str
     frames: list[Frame] = Field(default_factory=list)
@@ -107,7 +115,7 @@ class Segment(BaseModel):
     model_config = ConfigDict(extra="ignore")
     device: int
     address: int
-    total_size: int = Field(ge=0)
+    total_size: int = Field(ge=0, le=MAX_SIZE)
     blocks: list[Block]
 
 
@@ -117,7 +125,7 @@ class TraceEntry(BaseModel):
     model_config = ConfigDict(extra="ignore")
     action: str
     addr: int
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, le=MAX_SIZE)
     time_us: Optional[int] = None
     frames: list[Frame] = Field(default_factory=list)
     _frames = field_validator("frames", mode="wrap")(_shared_frames)
@@ -159,22 +167,33 @@ class _BuiltinsOnly(pickle.Unpickler):
         )
 
 
-def read_snapshot(path: str | Path) -> MemSnapshot:
+def read_snapshot(path: str | Path, max_bytes: int = MAX_BYTES) -> MemSnapshot:
     """Read and validate one snapshot file (plain pickle or gzip of it).
 
+    Args:
+        path: the file.
+        max_bytes: the most bytes the pickle may take, decompressed (:data:`MAX_BYTES`).
+
     Raises:
-        MemSnapshotError: the file is missing, truncated or corrupted, names a class, or a key
-            is missing or of the wrong type (the message names the file and the key path, e.g.
-            ``segments.3.blocks.0.size``).
+        MemSnapshotError: the file is missing, truncated or corrupted, larger than
+            ``max_bytes``, names a class, or a key is missing, of the wrong type or out of range
+            (the message names the file and the key path, e.g. ``segments.3.blocks.0.size``).
     """
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        with p.open("rb") as fh:
+            raw = fh.read(max_bytes + 1)
     except OSError as exc:
         raise MemSnapshotError(f"{p}: cannot read the snapshot: {exc.strerror or exc}") from None
     try:
         if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
+                raw = gz.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise MemSnapshotError(
+                f"{p}: more than {max_bytes / 2**20:.0f} MiB of snapshot (decompressed): refused "
+                "before it fills the memory; record fewer max_entries or pass max_bytes"
+            )
         data = _BuiltinsOnly(io.BytesIO(raw), p).load()
     except MemSnapshotError:
         raise
