@@ -399,7 +399,9 @@ def test_lab_on_a_run_opens_it_in_place_or_copies_tracked_notebooks(tmp_path, mo
     shutil.copy(NB / "cold_warm.ipynb", run / "cold_warm.ipynb")
     opened = lab.prepare_run(tmp_path / "run")  # outside any git work tree: in place
     assert opened.dir == run.resolve() and [p.name for p in opened.notebooks] == ["cold_warm.ipynb"]
-    assert lab.lab_command(opened, browser=False)[-2:] == [f"--notebook-dir={run.resolve()}", "--no-browser"]
+    cmd = lab.lab_command(opened, browser=False)
+    assert cmd[3] == f"--notebook-dir={run.resolve()}" and cmd[-1] == "--no-browser"
+    assert ("--allow-root" in cmd) == (os.geteuid() == 0)  # JupyterLab refuses root without it
     if shutil.which("git") and (ROOT / ".git").exists():
         # a folder git tracks (here the checkout's notebooks/) is copied, never opened in place
         monkeypatch.chdir(tmp_path)

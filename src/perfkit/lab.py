@@ -27,7 +27,9 @@ import contextlib
 import datetime as _dt
 import json
 import logging
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -257,8 +259,11 @@ def _sign(path: Path) -> None:
 
 def lab_command(lab: LabDir, browser: bool = True) -> list[str]:
     """The JupyterLab command for ``lab``: ``--notebook-dir`` the lab directory (its
-    checkpoints land there)."""
+    checkpoints land there); ``--allow-root`` as root (a container's user: JupyterLab refuses
+    to start as root without it)."""
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={lab.dir}"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
     return cmd if browser else [*cmd, "--no-browser"]
 
 
@@ -266,7 +271,8 @@ def launch(lab: LabDir, browser: bool = True) -> int:
     """Run JupyterLab on ``lab`` until it is stopped (Ctrl-C); its exit code.
 
     Raises:
-        LabError: JupyterLab is not installed (``pip install 'perfkit[lab]'``).
+        LabError: JupyterLab is not installed (``pip install 'perfkit[lab]'``), or it exited
+            with an error (its own message is above; the notebooks stay ready).
     """
     import importlib.util
 
@@ -276,6 +282,12 @@ def launch(lab: LabDir, browser: bool = True) -> int:
             f"the notebooks are ready in {lab.dir}"
         )
     try:
-        return subprocess.call(lab_command(lab, browser))
+        rc = subprocess.call(lab_command(lab, browser))
     except KeyboardInterrupt:
         return 0
+    if rc not in (0, -signal.SIGINT, 128 + signal.SIGINT):
+        raise LabError(
+            f"JupyterLab exited with {rc} (its message is above); the notebooks are ready in "
+            f"{lab.dir}: open them with any Jupyter, or rerun with --no-launch"
+        )
+    return 0
