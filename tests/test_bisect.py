@@ -141,6 +141,28 @@ def test_a_failing_build_is_that_probes_error_and_the_range_is_what_is_left(engi
     _untouched(repo, head)
 
 
+def test_a_good_commit_that_cannot_be_built_still_writes_the_report(engine_repo, tmp_path):
+    """Found by the breaker: a build failing on the good commit left only good/build.log; and a
+    hung build needs its time limit."""
+    repo, shas = engine_repo
+    spec = _spec(tmp_path / "spec.yaml", env={"PYTHONPATH": "{checkout}"})
+    broken = shas[BROKEN_BUILD_AT - 1]
+    for build, timeout, why in (
+        ("python build.py", None, "exited 1: fatal: missing header knob.h"),
+        ("sleep 30", 1.0, "build 'sleep 30' ran past 1.0 s"),
+    ):
+        out = tmp_path / f"out-{timeout}"
+        setup = ProbeSetup(spec, build=build, build_timeout_s=timeout, design=Design(2, 6))
+        res = bisect(repo, broken, shas[-1], setup, out)
+        assert (res.outcome, res.exit_code, res.probes) == ("error", 2, [])
+        assert res.message.startswith(f"the good commit {broken[:10]} (commit 10): ") and why in res.message
+        paths = write_bisect_outputs(res.to_dict(), out)
+        assert paths["summary"].read_text().startswith("## perfkit bisect: ERROR (exit code 2)")
+        assert (out / "report.html").exists() and json.loads((out / "bisect.json").read_text())[
+            "outcome"
+        ] == "error"
+
+
 def test_a_bad_commit_that_is_no_regression_is_not_reproduced(engine_repo, tmp_path):
     repo, shas = engine_repo
     setup = ProbeSetup(_spec(tmp_path / "spec.yaml"), python_path=".", design=Design(2, 6), threshold=0.15)

@@ -156,8 +156,9 @@ def bisect(
     when given) and are removed whatever happens.
 
     Raises:
-        BisectError: bad input (a repository, a commit, the spec) or the good commit could not
-            be built (nothing to compare with).
+        BisectError: bad input (a repository, a commit, the spec). A good commit that cannot be
+            built is the result's ``error`` outcome (exit 2; nothing to compare with), so the
+            report is still written.
     """
     t0 = time.time()
     repo, out = Path(repo).resolve(), Path(out)
@@ -171,7 +172,11 @@ def bisect(
         try:
             ref = prepare(good_dir, setup, out / "good")
         except BisectError as exc:
-            raise BisectError(f"the good commit {good_c.short} ({good_c.subject}): {exc}") from None
+            res.outcome, res.exit_code = "error", EXIT_ERROR
+            res.message = f"the good commit {good_c.short} ({good_c.subject}): {exc}; nothing to compare with"
+            res.wall_s = time.time() - t0
+            _save(res, out)
+            return res
         lo, hi, skipped, bad_known = 0, n, set(), False
         while True:
             pos = next_position(lo, hi, skipped)
