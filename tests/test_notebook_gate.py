@@ -257,6 +257,30 @@ def test_bind_validates_every_value_and_returns_them_typed(tmp_path):
         nbparams.bind("cold_warm", ns)
 
 
+def test_a_replay_bundle_of_another_investigation_or_engine_is_refused_in_bind():
+    """Found by the breaker: a cold_warm bundle given to the warmup_shapes notebook failed in a
+    later cell, and an engine or request contradicting the bundle passed unremarked."""
+    bundle = str(H200 / "bundles" / "cold_warm")
+    ns = {p.name: p.default for p in nbparams.declared("warmup_shapes")}
+    ns.update(In=["", "# Parameters\nbundle_dir = 'x'\n"], bundle_dir=bundle)
+    with pytest.raises(
+        nbparams.NotebookParamsError, match="holds a 'cold_warm' bundle, expected 'warmup_shapes'"
+    ):
+        nbparams.bind("warmup_shapes", ns)
+    ns = {p.name: p.default for p in nbparams.declared("cold_warm")}
+    ns["bundle_dir"] = bundle
+    # not injected: the notebook's default engine (tiny) is not compared with the bundle (ltx-2b)
+    ns["In"] = ["", "# Parameters\nbundle_dir = 'x'\n"]
+    assert nbparams.bind("cold_warm", ns)["bundle_dir"] == bundle
+    # injected and contradicting the bundle: named, before anything is replayed
+    ns["In"] = ["", "# Parameters\nbundle_dir = 'x'\nengine = {}\nrequest = {}\n"]
+    ns["request"] = {"num_frames": 9, "height": 32, "width": 32}
+    with pytest.raises(nbparams.NotebookParamsError) as exc:
+        nbparams.bind("cold_warm", ns)
+    assert "engine.preset: given 'tiny', measured with 'ltx-2b'" in str(exc.value)
+    assert "request.height: given 32, measured with 512" in str(exc.value)
+
+
 def test_gate_outcome_words_and_the_last_cell():
     fail = {
         "status": "fail",

@@ -217,9 +217,9 @@ def test_suite_bars_estimate_from_the_params():
     from perfkit.suite import run_plan
 
     p = load_params(ROOT / "params" / "h200.yaml")
-    # cold_warm 1 x 5, warmup_shapes 2 x (2 shapes x 3), memory_budget 2 caps x 5
-    assert run_plan(p, p.enabled()) == (5, 27)
-    assert run_plan(p, [*p.enabled(), verdicts.GATE]) == (5, 27)  # the gate launches nothing
+    # cold_warm 1 x 5, warmup_shapes 2 x (2 shapes x 3), memory_budget 2 caps x 3 (as its bundles)
+    assert run_plan(p, p.enabled()) == (5, 23)
+    assert run_plan(p, [*p.enabled(), verdicts.GATE]) == (5, 23)  # the gate launches nothing
     with open(os.devnull, "w") as sink:
         bars = RunBars(sink, 5, 27)
         bars.handle({"event": "launch", "label": "session", "requests": 5}, "cold_warm")

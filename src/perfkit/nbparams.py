@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import ast
 import difflib
+import json
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Iterable, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
@@ -341,6 +342,57 @@ def coerce(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: what makes two measurements the same engine and request shape (a replay of one under the
+#: other's name would file its numbers wrongly); the frame count is a scenario's own axis
+IDENTITY_SPEC = ("kind", "preset", "model_path")
+IDENTITY_REQUEST = ("height", "width", "num_inference_steps")
+
+
+def identity_differences(
+    recorded: Mapping[str, Any], engine: Mapping[str, Any] | None, request: Mapping[str, Any] | None
+) -> list[str]:
+    """How ``engine`` / ``request`` (None: not given, not compared) differ from a bundle's
+    recorded ``meta["params"]`` on :data:`IDENTITY_SPEC` and :data:`IDENTITY_REQUEST`, one
+    ``"engine.preset: given 'tiny', measured with 'ltx-2b'"`` a difference; [] when the bundle
+    records no spec or request (hand-made bundles cannot be checked)."""
+    spec, req = recorded.get("spec") or {}, recorded.get("request") or {}
+    out = []
+    for where, given, had, keys in (
+        ("engine", engine, spec, IDENTITY_SPEC),
+        ("request", request, req, IDENTITY_REQUEST),
+    ):
+        if given is None or not had:
+            continue
+        out += [
+            f"{where}.{k}: given {given.get(k)!r}, measured with {had.get(k)!r}"
+            for k in keys
+            if given.get(k) != had.get(k)
+        ]
+    return out
+
+
+def _bundle_problems(notebook: str, given: Mapping[str, Any], injected: Iterable[str]) -> list[str]:
+    """A replay's bundle against the notebook: of this investigation, and measured with the
+    engine and request shape the parameters name where they were given (injected)."""
+    bundle = given.get("bundle_dir")
+    if not bundle or notebook not in registry.names():
+        return []
+    meta = json.loads((Path(bundle) / "meta.json").read_text(encoding="utf-8"))
+    if meta.get("scenario") != notebook:
+        return [f"bundle_dir: {bundle} holds a {meta.get('scenario')!r} bundle, expected {notebook!r}"]
+    names = set(injected)
+    diffs = identity_differences(
+        meta.get("params") or {},
+        given.get("engine") if "engine" in names else None,
+        given.get("request") if "request" in names else None,
+    )
+    return [
+        f"{d} (bundle_dir {bundle}: a replay shows what was measured; give the params it was measured "
+        "with, or leave them out)"
+        for d in diffs
+    ]
+
+
 def bind(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
     """What the cell after a notebook's parameters calls: the declared parameters' values from
     ``namespace`` (the kernel's globals), coerced (:func:`coerce`) and validated
@@ -352,7 +404,8 @@ def bind(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
             problem, one a line.
     """
     params = declared(notebook)
-    problems = unknown_names(notebook, injected_names(namespace.get("In")))
+    injected = injected_names(namespace.get("In"))
+    problems = unknown_names(notebook, injected)
     given = {p.name: namespace.get(p.name, p.default) for p in params}
     try:
         given = coerce(notebook, given)
@@ -363,6 +416,8 @@ def bind(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
             given = validate(notebook, given)
         except ParamsError as exc:
             problems += str(exc).splitlines()
+        else:
+            problems += _bundle_problems(notebook, given, injected)
     if problems:
         raise NotebookParamsError(
             f"{notebook} notebook parameters:\n" + "\n".join(f"  {p}" for p in problems)

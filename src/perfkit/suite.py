@@ -71,6 +71,7 @@ from perfkit.gate.verdicts import (
     read_verdict,
 )
 from perfkit.gate.verdicts import notebooks as notebook_names
+from perfkit.nbparams import IDENTITY_REQUEST, IDENTITY_SPEC
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.report.render import notebook_error
 from perfkit.scaleout.shards import select
@@ -414,8 +415,6 @@ def replay_plan(replay_dir: Path, selected: Iterable[str], *, allow_empty: bool 
 
 
 #: what must agree between a replayed bundle and the params it is replayed with
-_IDENTITY_SPEC = ("kind", "preset", "model_path")
-_IDENTITY_REQUEST = ("height", "width", "num_inference_steps")
 
 
 def check_replay_identity(replay_dir: Path, names: Iterable[str], params: SuiteParams, source: str) -> None:
@@ -437,8 +436,8 @@ def check_replay_identity(replay_dir: Path, names: Iterable[str], params: SuiteP
                 "--replay %s: the %s bundle records no engine spec or request: not checked", replay_dir, name
             )
             continue
-        theirs = [f"{k} {spec.get(k)!r}" for k in _IDENTITY_SPEC if spec.get(k) != engine.get(k)]
-        theirs += [f"request {k} {req.get(k)!r}" for k in _IDENTITY_REQUEST if req.get(k) != request.get(k)]
+        theirs = [f"{k} {spec.get(k)!r}" for k in IDENTITY_SPEC if spec.get(k) != engine.get(k)]
+        theirs += [f"request {k} {req.get(k)!r}" for k in IDENTITY_REQUEST if req.get(k) != request.get(k)]
         if theirs:
             ours = [
                 f"{x.split(' ')[0]} {engine.get(x.split(' ')[0])!r}"
