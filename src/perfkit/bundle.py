@@ -95,6 +95,14 @@ _SPACE = re.compile(r"(\s+)")
 REDACTED = "***REDACTED***"
 
 
+#: what makes two measurements the same engine and request shape, read from a bundle's
+#: ``meta["params"]`` (``spec``, ``request``): a replay filed under another engine's name, or an
+#: A/B of two request shapes, compares what cannot be compared (the frame count is a scenario's
+#: own axis for the suite; an A/B compares it too)
+IDENTITY_SPEC = ("kind", "preset", "model_path")
+IDENTITY_REQUEST = ("height", "width", "num_inference_steps")
+
+
 def _secret_name(name: str, *, dashed_only: bool = False) -> bool:
     """Whether the name that ends ``name`` names a secret, as the earlier patterns read it: a
     ``[\\w-]`` run holding a ``-`` followed by a secret word (``--hf-token``), or (unless

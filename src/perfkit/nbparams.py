@@ -33,6 +33,7 @@ from typing import Annotated, Any, Iterable, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
+from perfkit.bundle import IDENTITY_REQUEST, IDENTITY_SPEC
 from perfkit.engine.spec import EngineSpec, EngineSpecError
 from perfkit.gate.outcome import FailOn
 from perfkit.gate.verdicts import GATE
@@ -342,17 +343,12 @@ def coerce(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-#: what makes two measurements the same engine and request shape (a replay of one under the
-#: other's name would file its numbers wrongly); the frame count is a scenario's own axis
-IDENTITY_SPEC = ("kind", "preset", "model_path")
-IDENTITY_REQUEST = ("height", "width", "num_inference_steps")
-
-
 def identity_differences(
     recorded: Mapping[str, Any], engine: Mapping[str, Any] | None, request: Mapping[str, Any] | None
 ) -> list[str]:
     """How ``engine`` / ``request`` (None: not given, not compared) differ from a bundle's
-    recorded ``meta["params"]`` on :data:`IDENTITY_SPEC` and :data:`IDENTITY_REQUEST`, one
+    recorded ``meta["params"]`` on :data:`perfkit.bundle.IDENTITY_SPEC` and
+    :data:`perfkit.bundle.IDENTITY_REQUEST`, one
     ``"engine.preset: given 'tiny', measured with 'ltx-2b'"`` a difference; [] when the bundle
     records no spec or request (hand-made bundles cannot be checked)."""
     spec, req = recorded.get("spec") or {}, recorded.get("request") or {}

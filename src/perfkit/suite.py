@@ -54,6 +54,7 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 import yaml
 
+from perfkit.bundle import IDENTITY_REQUEST, IDENTITY_SPEC
 from perfkit.common import jsonsafe
 from perfkit.common.provenance import repo_root
 from perfkit.engine.owner import REGISTRY_ENV, Ended, Watch, describe, spawn_reaper, stop_reaper
@@ -71,7 +72,6 @@ from perfkit.gate.verdicts import (
     read_verdict,
 )
 from perfkit.gate.verdicts import notebooks as notebook_names
-from perfkit.nbparams import IDENTITY_REQUEST, IDENTITY_SPEC
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.report.render import notebook_error
 from perfkit.scaleout.shards import select

@@ -22,7 +22,7 @@ import pandas as pd
 from perfkit.ab import stats
 from perfkit.ab.metrics import METRIC_UNITS, launch_means, metric_order, metric_values
 from perfkit.ab.power import Pool, slow_spells
-from perfkit.bundle import ResultBundle
+from perfkit.bundle import IDENTITY_REQUEST, ResultBundle
 from perfkit.common import jsonsafe
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, jsonable
 
@@ -308,6 +308,29 @@ def _failed(bundle: ResultBundle) -> list[str]:
         return []
     bad = la[la["error"].notna()]
     return [f"{r['launch']}: {r['error']}" for r in bad.to_dict("records")]
+
+
+#: what two sides of an A/B must share: what they measured, its shape, the GPU it ran on (the
+#: engines may differ: that is what an A/B compares)
+SIDE_IDENTITY = ("scenario", "gpu_name", *(f"request.{k}" for k in ("num_frames", *IDENTITY_REQUEST)))
+
+
+def incomparable(a: ResultBundle, b: ResultBundle) -> list[str]:
+    """Why sides ``a`` and ``b`` cannot be one A/B (:data:`SIDE_IDENTITY` read from each
+    bundle's meta), one ``"request.height: A 64, B 512"`` a difference; [] when they can. A
+    field neither side records is not compared; one side recording it and the other not is a
+    difference (a hand-made bundle against a measured one)."""
+
+    def field(bd: ResultBundle, key: str) -> Any:
+        if key.startswith("request."):
+            return ((bd.meta.get("params") or {}).get("request") or {}).get(key.split(".", 1)[1])
+        return bd.meta.get(key)
+
+    return [
+        f"{key}: A {field(a, key)!r}, B {field(b, key)!r}"
+        for key in SIDE_IDENTITY
+        if field(a, key) != field(b, key)
+    ]
 
 
 def compare_bundles(
