@@ -180,6 +180,14 @@ def test_bad_input_is_named(engine_repo, tmp_path):
         bisect(repo, "nope", shas[-1], setup, tmp_path / "o1")
     with pytest.raises(BisectError, match="not an ancestor"):
         bisect(repo, shas[5], shas[2], setup, tmp_path / "o2")
+    # found by the breaker: a directory that is no repository was "no commit 'HEAD~2'"; a spec
+    # that cannot vary between commits made every probe run the same engine
+    with pytest.raises(BisectError, match="not a git repository"):
+        bisect(tmp_path, "HEAD~1", "HEAD", setup, tmp_path / "o3")
+    with pytest.raises(
+        BisectError, match=r"does not depend on the checkout .* every probe would run the same engine"
+    ):
+        bisect(repo, shas[0], shas[2], setup, tmp_path / "o4")
 
 
 def _history(store: Path, shas: list[str]) -> None:

@@ -57,6 +57,16 @@ def git(repo: str | Path, *args: str) -> str:
     return p.stdout.strip()
 
 
+def check_repo(repo: str | Path) -> None:
+    """Raise BisectError unless ``repo`` is a directory inside a git repository (named)."""
+    if not Path(repo).is_dir():
+        raise BisectError(f"{repo}: not a directory")
+    try:
+        git(repo, "rev-parse", "--git-dir")
+    except BisectError:
+        raise BisectError(f"{repo}: not a git repository") from None
+
+
 def resolve(repo: str | Path, rev: str) -> str:
     """The full sha of commit ``rev`` in ``repo``. Raises BisectError naming it when unknown."""
     try:
@@ -80,8 +90,7 @@ def commit_range(repo: str | Path, good: str, bad: str) -> tuple[Commit, list[Co
         BisectError: not a repository, an unknown commit, ``good`` not an ancestor of ``bad``, or
             the same commit.
     """
-    if not Path(repo).is_dir():
-        raise BisectError(f"{repo}: not a directory")
+    check_repo(repo)
     g, b = resolve(repo, good), resolve(repo, bad)
     if g == b:
         raise BisectError(f"good and bad are the same commit ({g[:10]})")

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from perfkit.bisect.checkout import BisectError, Commit, commit_info, resolve, worktree
+from perfkit.bisect.checkout import BisectError, Commit, check_repo, commit_info, resolve, worktree
 from perfkit.bisect.probe import Probe, ProbeSetup, compare, prepare
 from perfkit.common.jsonsafe import finite
 from perfkit.history.changepoints import Step
@@ -153,6 +153,8 @@ def confirm(
     analysis, step = find_step(store, series, change, hardware=hardware)
     setup = replace(setup, metric=metric or ab_metric(analysis.metric))
     repo = Path(repo).resolve()
+    check_repo(repo)
+    setup.require_varies()
     shas = []
     for p in (step.before, step.after):
         try:

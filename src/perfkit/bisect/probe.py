@@ -73,6 +73,22 @@ class ProbeSetup:
     warm: int = 3
     build_timeout_s: float | None = None
 
+    def require_varies(self) -> None:
+        """Raise BisectError unless a probe's engine can depend on its commit: a build command,
+        the Python overlay, or ``{checkout}`` in the spec. Without any, every probe runs the same
+        engine and any verdict is noise."""
+        if self.build or self.python_path is not None:
+            return
+        try:
+            text = Path(self.spec).read_text(encoding="utf-8")
+        except OSError:
+            return  # a missing spec is named where it is read
+        if "{checkout}" not in text:
+            raise BisectError(
+                f"{self.spec} does not depend on the checkout (no {{checkout}} in it) and neither "
+                "--python-path nor --build is given: every probe would run the same engine"
+            )
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (the design's too)."""
         d = asdict(self)

@@ -163,6 +163,7 @@ def bisect(
     t0 = time.time()
     repo, out = Path(repo).resolve(), Path(out)
     good_c, commits = commit_range(repo, good, bad)
+    setup.require_varies()
     n = len(commits)
     res = BisectResult(
         "not decided", EXIT_ERROR, good_c, commits[-1], commits, hi=n, repo=str(repo), setup=setup.to_dict()
