@@ -160,6 +160,8 @@ def prepare_replay(
             ``dest`` is inside the tracked tree or already holds notebooks.
     """
     replay = Path(replay).resolve()
+    if not replay.is_dir():
+        raise LabError(f"--replay {replay}: no such directory")
     names = list(only) if only else list(registry.names())
     unknown = [n for n in names if n not in registry.names()]
     if unknown:
