@@ -43,15 +43,16 @@ def _resolves(module: ModuleType, role: str, name: str) -> bool:
             _import(importlib.util.resolve_name(name, package) if name.startswith(".") else name) is not None
         )
     parts = name.split(".")
-    obj: Any = module
-    if not _has(module, parts[0]):  # a dotted path from a package: the longest importable prefix
-        for i in range(len(parts), 0, -1):
-            found = _import(".".join(parts[:i]))
-            if found is not None:
-                obj, parts = found, parts[i:]
-                break
-        else:
-            return False
+    if _walk(module, parts):  # a name in the module (or reached through one it imports)
+        return True
+    for i in range(len(parts), 0, -1):  # a dotted path from a package: the longest importable prefix
+        found = _import(".".join(parts[:i]))
+        if found is not None:
+            return _walk(found, parts[i:])
+    return False
+
+
+def _walk(obj: Any, parts: list[str]) -> bool:
     for p in parts:
         if not _has(obj, p):
             return False
