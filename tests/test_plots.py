@@ -471,3 +471,27 @@ def test_plots_take_a_bundle(tmp_path):
     assert "NVIDIA H200" in " ".join(t.get_text() for t in fig.axes[0].get_legend().get_texts())
     alt = plots.alt_text(fig)
     assert "Memory timeline" in alt and "MiB" in alt and "time since launch (s)" in alt
+
+
+def test_plots_package_is_small_rooms_and_roles_live_with_the_bundle():
+    """Issue 32: one module per kind of figure, none over 600 lines, no function over 120 lines;
+    request roles are :mod:`perfkit.roles`' (the plots re-export them for notebook code)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    import perfkit.roles
+
+    files = [*Path(plots.__file__).parent.glob("*.py"), Path(perfkit.roles.__file__)]
+    assert len(files) >= 10
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        assert len(text.splitlines()) <= 600, path
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno - node.lineno + 1 <= 120, f"{path}: {node.name}"
+    assert plots.request_roles is perfkit.roles.request_roles
+    # every plots.<name> the generated notebooks call is exported by the package
+    generator = (Path(__file__).resolve().parents[1] / "notebooks" / "make_notebooks.py").read_text()
+    used = set(re.findall(r"\bplots\.([A-Za-z_]\w*)", generator))
+    assert used and used <= set(plots.__all__), used - set(plots.__all__)

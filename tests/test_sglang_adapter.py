@@ -351,7 +351,7 @@ def test_stage_order_and_colours_for_sglang_names():
     fig = plots.stage_breakdown(pd.DataFrame(rows))
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == names  # pipeline order on the x axis
-    colour = plots._stage_colors(names)  # stage marks of the memory timeline
+    colour = plots.stage_colors(names)  # stage marks of the memory timeline
     assert matplotlib.colors.same_color(colour["LTX2AVDenoisingStage"], "tab:blue")
     assert matplotlib.colors.same_color(colour["LTX2RefinementStage"], "tab:purple")
     assert matplotlib.colors.same_color(colour["LTX2AVDecodingStage"], "tab:green")

@@ -9,7 +9,7 @@ disagree:
   measured, rounded numbers);
 - :func:`request_roles` / :func:`request_frame`: every request of a bundle labelled with its
   shape (frames asked → generated, latent frames, pixels, steps) and its role (those of
-  :func:`perfkit.report.plots.request_roles`): ``startup warmup``, ``cold``, ``cold, new
+  :func:`perfkit.roles.request_roles`): ``startup warmup``, ``cold``, ``cold, new
   shape``, ``first of a new shape`` or ``warm``;
 - :func:`first_request_costs`: for each cold or first-of-a-new-shape request, its penalty over
   the warm median of the same shape in the same launch, the stage holding most of it, and the
@@ -31,9 +31,9 @@ import pandas as pd
 from perfkit.bundle import WARMUP_INDEX
 from perfkit.checks import Check, check_table, overall_status
 from perfkit.common.frames import align_frames, latent_frames
-from perfkit.report.plots import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP
-from perfkit.report.plots import request_roles as plot_roles
 from perfkit.report.tables import styled
+from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP
+from perfkit.roles import request_roles as plot_roles
 from perfkit.scenarios import registry
 
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
     "replay_markdown",
 ]
 
-#: request roles, in the design doc's words (those of :func:`perfkit.report.plots.request_roles`,
+#: request roles, in the design doc's words (those of :func:`perfkit.roles.request_roles`,
 #: the cold request split by whether the warmup had run its shape)
 COLD_NEW_SHAPE = "cold, new shape"
 ROLES = (ROLE_WARMUP, ROLE_COLD, COLD_NEW_SHAPE, ROLE_NEW_SHAPE, ROLE_WARM)
@@ -112,7 +112,7 @@ def _shape_text(row: Mapping[str, Any]) -> str:
 def request_roles(requests: pd.DataFrame, launches: pd.DataFrame | None = None) -> pd.DataFrame:
     """``requests`` (a bundle's requests table) with ``role``, ``request`` and ``shape`` columns.
 
-    The roles are :func:`perfkit.report.plots.request_roles`' (the plots label requests the
+    The roles are :func:`perfkit.roles.request_roles`' (the plots label requests the
     same way): ``startup warmup``, ``cold`` (``cold, new shape`` when the warmup had not run
     its latent shape), ``first of a new shape``, ``warm``. ``request`` is a short label
     (``"warmup17 #3 first of a new shape"``), ``shape`` the shape in words

@@ -33,8 +33,8 @@ import numpy as np
 import pandas as pd
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle
-from perfkit.report.plots import request_roles
 from perfkit.report.tables import MISSING, Table, cell_text, format_table
+from perfkit.roles import request_roles
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,170 @@
+"""Helpers every figure module of :mod:`perfkit.report.plots` shares: reading a bundle passed where
+a table is expected (:func:`unbundle`), launch names for legends (:func:`launch_names`), ms tick
+labels (:func:`ms_text`, :func:`ms_axis`), the figure itself (:func:`new_figure`) and its PNG and
+alt text (:func:`figure_to_png_bytes`, :func:`alt_text`). Times in ms, memory in MiB."""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from perfkit.bundle_schema import WARMUP_INDEX
+from perfkit.readings import stages as _stages
+
+
+def launch_names(launches: pd.DataFrame | None) -> dict[Any, str]:
+    """A readable name per launch label, for legends and titles.
+
+    With memory caps in the table: ``"12 GiB GPU + 32 GiB host"``, ``"8 GiB host"``,
+    ``"unlimited"`` (a launch without caps beside capped ones); else, when the launches differ
+    in startup warmup frames: ``"warmup 17 frames"``; else the launch label itself.
+    """
+    if launches is None or launches.empty or "launch" not in launches.columns:
+        return {}
+
+    def num(v: Any) -> float | None:
+        return float(v) if is_finite(v) else None
+
+    rows = [r for _, r in launches.iterrows()]
+    capped = any(num(r.get("device_cap_gib")) or num(r.get("host_cap_gib")) for r in rows)
+    wf = {num(r.get("warmup_frames")) for r in rows}
+    out: dict[Any, str] = {}
+    for r in rows:
+        lk = r.get("launch")
+        if capped:
+            parts = []
+            if num(r.get("device_cap_gib")):
+                parts.append(f"{num(r.get('device_cap_gib')):g} GiB GPU")
+            if num(r.get("host_cap_gib")):
+                parts.append(f"{num(r.get('host_cap_gib')):g} GiB host")
+            out[lk] = " + ".join(parts) or "unlimited"
+        elif len(wf) > 1 and num(r.get("warmup_frames")) is not None:
+            out[lk] = f"warmup {num(r.get('warmup_frames')):g} frames"
+        else:
+            out[lk] = str(lk)
+    return out
+
+
+def unbundle(obj: Any) -> tuple[Any, dict[str, Any]]:
+    """(first argument, tables and meta) of a ResultBundle passed where a table is expected."""
+    if hasattr(obj, "tables") and hasattr(obj, "requests") and not isinstance(obj, pd.DataFrame):
+        return obj, {
+            "requests": obj.requests,
+            "stages": obj.stages,
+            "steps": obj.steps,
+            "memory": obj.memory,
+            "launches": obj.launches,
+            "meta": dict(getattr(obj, "meta", {}) or {}),
+        }
+    return obj, {}
+
+
+def ms_text(v: float) -> str:
+    """``"827 ms"``, ``"57.4 s"``, ``"2.31 ms"``."""
+    if not is_finite(v):
+        return "–"
+    v = float(v)
+    if abs(v) >= 1000:
+        return f"{v / 1000:,.1f} s"
+    if abs(v) >= 10:
+        return f"{v:.0f} ms"
+    return f"{v:.2g} ms" if abs(v) >= 0.01 else "0 ms"
+
+
+def use_log(values: Iterable[float], spread: float = 30.0) -> bool:
+    """A log axis when the positive values span more than ``spread`` x."""
+    v = np.asarray([float(x) for x in values if is_finite(x) and float(x) > 0])
+    return bool(v.size >= 2 and v.max() / v.min() > spread)
+
+
+def drop_warmup(df: pd.DataFrame, include_warmup: bool) -> pd.DataFrame:
+    """Rows that are not the startup warmup (``index == WARMUP_INDEX``), unless asked to keep
+    them."""
+    if include_warmup or df.empty or "index" not in df.columns:
+        return df
+    keep = pd.Series(pd.to_numeric(df["index"], errors="coerce") != WARMUP_INDEX, index=df.index)
+    return df[keep.fillna(True).to_numpy(bool)]
+
+
+def ordered_stages(names: Iterable[str]) -> list[str]:
+    """Stage names in sglang's pipeline order (:func:`perfkit.readings.stages.order_stages`)."""
+    return _stages.order_stages(names)
+
+
+def launches_of(df: pd.DataFrame) -> list[Any]:
+    """The launch labels of ``df`` in order of appearance; ``[None]`` without a launch column."""
+    if "launch" not in df.columns or df.empty:
+        return [None]
+    return list(dict.fromkeys(df["launch"].tolist()))
+
+
+def of_launch(df: pd.DataFrame, launch: Any) -> pd.DataFrame:
+    """The rows of ``launch`` (all rows when ``launch`` is None or ``df`` has no launch column)."""
+    if launch is None or "launch" not in df.columns:
+        return df
+    return df[df["launch"] == launch]
+
+
+def is_finite(v: Any) -> bool:
+    """``v`` is a finite number (None, NaN, inf and text are not)."""
+    try:
+        return math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def empty_note(ax: Any, text: str) -> None:
+    """Write ``text`` in grey in the middle of an axis that has nothing to draw."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="grey")
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A pyplot-free :class:`~matplotlib.figure.Figure` of ``width`` x ``height`` inches,
+    constrained layout."""
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def figure_to_png_bytes(fig: Figure, dpi: int = 100) -> bytes:
+    """Render ``fig`` to PNG and return the bytes (for embedding in an HTML report)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def alt_text(fig: Figure) -> str:
+    """A one-sentence description of ``fig`` for an ``img`` alt attribute: its title, then
+    each titled or labelled axis (``"y label vs x label"``). Never empty."""
+    parts = []
+    sup = getattr(fig, "_suptitle", None)
+    if sup is not None and sup.get_text():
+        parts.append(sup.get_text())
+    for ax in fig.get_axes():
+        if not ax.get_visible() or (not ax.has_data() and not ax.get_title()):
+            continue
+        t, y, x = ax.get_title(), ax.get_ylabel(), ax.get_xlabel()
+        desc = f"{y} vs {x}" if y and x else (y or x)
+        parts.append(f"{t}: {desc}" if t and desc else (t or desc))
+    text = "; ".join(p.replace("\n", " ") for p in parts if p)
+    return text or "perfkit figure"
+
+
+def ms_axis(ax: Any, axis: str = "y") -> None:
+    """Log-scale an axis in ms with readable tick labels (``10 ms``, ``1 s``, ``60 s``)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    a = ax.yaxis if axis == "y" else ax.xaxis
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    a.set_major_locator(LogLocator(base=10))
+    a.set_major_formatter(FuncFormatter(lambda v, _pos: ms_text(v).replace(".0 s", " s")))
+
+
+def integer_xticks(ax: Any) -> None:
+    """Integer ticks on the x axis (request and step indices)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -1,0 +1,116 @@
+"""The baseline gate figure: actual vs expected per metric, with the tolerance band, coloured by
+verdict status (:func:`baseline_vs_actual`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from perfkit.report.plots.base import (
+    empty_note,
+    new_figure,
+)
+
+__all__ = ["STATUS_COLORS", "baseline_vs_actual"]
+
+
+#: Colour per verdict status in :func:`baseline_vs_actual`.
+STATUS_COLORS = {"pass": "tab:green", "fail": "tab:red", "improved": "tab:blue", "new": "tab:grey"}
+
+
+def _metric_unit(metric: str) -> str:
+    m = metric.lower()
+    return "MiB" if any(k in m for k in ("vram", "_mb", "mib", "memory", "peak_alloc")) else "ms"
+
+
+def baseline_vs_actual(verdicts: pd.DataFrame, *, xscale: str = "auto", title: str | None = None) -> Figure:
+    """Actual vs expected per metric, with the tolerance band, coloured by verdict status.
+
+    One horizontal bar per (case, metric) row: the bar is the actual value coloured by status
+    (pass green, fail red, improved blue, new/other grey), the black tick is the expected
+    value and the shaded band spans expected..bound (the allowed regression). Rows with a NaN
+    expected value (nothing to compare) are skipped. Metrics are split by unit into a ms
+    panel and a MiB panel (names containing ``vram``/``_mb``/``mib``/``memory`` are MiB).
+
+    Args:
+        verdicts: columns case, metric, expected, actual, bound, status.
+        xscale: ``"linear"``, ``"log"`` or ``"auto"`` (log when a panel's values span more
+            than 50x).
+        title: figure title.
+
+    Returns:
+        Figure with one axis per unit present; on each, the first bar container holds the
+        tolerance bands and the second the actual-value bars (one bar per row).
+    """
+    df = verdicts.copy() if verdicts is not None else pd.DataFrame()
+    for c in ("expected", "actual", "bound"):
+        df[c] = pd.to_numeric(df[c], errors="coerce") if c in df.columns else np.nan
+    df = df[df["expected"].notna()] if not df.empty else df
+    if df.empty:
+        fig = new_figure(7.0, 3.0)
+        ax = fig.add_subplot()
+        empty_note(ax, "no metrics with an expected value")
+        ax.set_xlabel("value (ms)")
+        ax.set_title(title or "Baseline vs actual")
+        return fig
+    df["metric"] = df["metric"].astype(str)
+    df["_unit"] = df["metric"].map(_metric_unit)
+    units = [u for u in ("ms", "MiB") if (df["_unit"] == u).any()]
+    multi_case = "case" in df.columns and df["case"].nunique() > 1
+    counts = [int((df["_unit"] == u).sum()) for u in units]
+    fig = new_figure(9.0, max(3.0, 1.2 + 0.38 * sum(counts) + 0.8 * len(units)))
+    gs = fig.add_gridspec(len(units), 1, height_ratios=[max(1, c) for c in counts])
+    for k, unit in enumerate(units):
+        ax = fig.add_subplot(gs[k, 0])
+        sub = df[df["_unit"] == unit].reset_index(drop=True)
+        y = np.arange(len(sub))[::-1]
+        exp = sub["expected"].to_numpy(float)
+        act = sub["actual"].to_numpy(float)
+        bnd = sub["bound"].to_numpy(float)
+        bnd = np.where(np.isfinite(bnd), bnd, exp)
+        status = (
+            sub["status"].astype(str).str.lower()
+            if "status" in sub.columns
+            else pd.Series("new", index=sub.index)
+        )
+        colors = [STATUS_COLORS.get(s, "tab:grey") for s in status]
+        ax.barh(
+            y,
+            bnd - exp,
+            left=exp,
+            height=0.8,
+            color="gold",
+            alpha=0.35,
+            label="tolerance band (expected..bound)",
+        )
+        ax.barh(y, np.nan_to_num(act, nan=0.0), height=0.4, color=colors)
+        ax.scatter(exp, y, marker="|", s=300, color="black", zorder=5, label="expected")
+        vals = np.concatenate([exp, act[np.isfinite(act)], bnd])
+        pos = vals[vals > 0]
+        log = xscale == "log" or (
+            xscale == "auto"
+            and pos.size
+            and pos.min() > 0
+            and pos.max() / pos.min() > 50
+            and (vals > 0).all()
+        )
+        if log:
+            ax.set_xscale("log")
+        for yi, a, s in zip(y, act, status):
+            if np.isfinite(a):
+                ax.text(a, yi, f" {a:.4g} ({s})", va="center", fontsize="x-small")
+        labels = [
+            f"{c} · {m}" if multi_case else m for c, m in zip(sub.get("case", sub["metric"]), sub["metric"])
+        ]
+        ax.set_yticks(y, labels, fontsize="small")
+        ax.set_xlabel(f"value ({unit})")
+        present = list(dict.fromkeys(status))
+        handles, _ = ax.get_legend_handles_labels()
+        handles += [Patch(color=STATUS_COLORS.get(s, "tab:grey"), label=f"actual: {s}") for s in present]
+        ax.legend(handles=handles, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        if k == 0:
+            case_s = "" if multi_case or "case" not in df.columns else f" ({df['case'].iloc[0]})"
+            ax.set_title(title or f"Baseline vs actual{case_s}: bar = actual, | = expected, band = tolerance")
+    return fig

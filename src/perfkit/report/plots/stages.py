@@ -1,0 +1,227 @@
+"""The stage breakdown figure: per-stage latency (ms), the cold request beside the warm median, per
+launch and request shape (:func:`stage_breakdown`)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from perfkit.bundle_schema import WARMUP_INDEX
+from perfkit.report.plots.base import (
+    empty_note,
+    is_finite,
+    launch_names,
+    ms_axis,
+    ms_text,
+    new_figure,
+    of_launch,
+    ordered_stages,
+    unbundle,
+    use_log,
+)
+from perfkit.report.plots.style import COLD_COLOR
+from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, request_roles
+
+__all__ = ["stage_breakdown"]
+
+#: (stage values per request, role info) of one series: a (shape, kind) of one launch
+_Items = list[tuple[Any, np.ndarray, Mapping[str, Any]]]
+
+#: bar colours (first shape, second shape) of the first request of a shape, by role
+_FIRST_COLORS = {
+    ROLE_WARMUP: ("tab:gray", "#c7c7c7"),
+    ROLE_COLD: (COLD_COLOR, "#fc9272"),
+    ROLE_NEW_SHAPE: ("tab:orange", "#fdae6b"),
+}
+
+#: series order within a shape
+_KIND_ORDER = {ROLE_WARMUP: 0, ROLE_COLD: 1, ROLE_NEW_SHAPE: 1, "warm": 2}
+
+
+def _stage_pivot(stages: pd.DataFrame) -> pd.DataFrame:
+    """(launch, request_id, index) x stage -> ms summed, in launch and index order."""
+    df = stages
+    if "launch" not in df.columns:
+        df = df.assign(launch=None)
+    df = df.assign(ms=pd.to_numeric(df["ms"], errors="coerce"))
+    df = df[df["ms"].notna()]
+    if df.empty:
+        return pd.DataFrame()
+    if "request_id" not in df.columns:
+        df = df.assign(request_id=df["index"].astype(str))
+    keys = ["launch", "request_id", "index"]
+    pv = df.groupby([*keys, "stage"], sort=False, dropna=False)["ms"].sum().unstack("stage")
+    return pv[ordered_stages(pv.columns)]
+
+
+def stage_breakdown(
+    stages: Any,
+    *,
+    requests: pd.DataFrame | None = None,
+    launches: pd.DataFrame | None = None,
+    include_warmup: bool = False,
+    launch: Any = None,
+    title: str | None = None,
+) -> Figure:
+    """Per-stage latency (ms): for each stage, the cold request beside the warm median.
+
+    One panel per launch (its name from :func:`launch_names`). In a panel the x axis holds the
+    stages in sglang's pipeline order; at each stage, per request shape, one bar for the first
+    request of that shape (the cold request, or the first of a new shape; red/orange) and one
+    for the median of its warm requests (blue, with a min–max whisker). Each bar is labelled
+    with its value; the y axis is logarithmic when the bars span more than 30x (a 60 s cold
+    denoise beside 20 ms warm stages stays readable). Repeated rows of one stage in one request
+    are summed.
+
+    Args:
+        stages: the bundle's stages table (launch, request_id, index, stage, ms, ...), or a
+            :class:`~perfkit.bundle.ResultBundle` (its requests and launches are used too).
+        requests: the requests table, for shapes and roles (:func:`request_roles`); without it
+            index 0 is the cold request and the rest are warm.
+        launches: the launches table, for launch names.
+        include_warmup: also draw the startup warmup request (grey).
+        launch: only this launch (default: all).
+        title: figure title (default names the figure in the field's terms).
+
+    Returns:
+        Figure with one axis per launch; each bar container is one series (its label says
+        the role and shape, e.g. ``"cold · 25 frames"``, ``"warm median · 25 frames (n=4)"``)
+        with one bar per stage.
+    """
+    obj, b = unbundle(stages)
+    stages = b.get("stages", obj)
+    requests = requests if requests is not None else b.get("requests")
+    launches = launches if launches is not None else b.get("launches")
+    df = stages if stages is not None else pd.DataFrame()
+    if launch is not None:
+        df = of_launch(df, launch)
+    pv = _stage_pivot(df) if not df.empty and {"stage", "ms", "index"} <= set(df.columns) else pd.DataFrame()
+    names = launch_names(launches)
+    if requests is not None and not requests.empty:
+        roles = request_roles(of_launch(requests, launch) if launch is not None else requests, launches)
+    else:
+        roles = pd.DataFrame()
+    launch_keys = list(dict.fromkeys(pv.index.get_level_values(0))) if not pv.empty else []
+    n_panels = max(1, len(launch_keys))
+    stage_cols = list(pv.columns) if not pv.empty else []
+    fig = new_figure(max(8.0, 2.2 + 1.9 * max(1, len(stage_cols))), 1.2 + 3.4 * n_panels)
+    if pv.empty:
+        ax = fig.add_subplot()
+        empty_note(ax, "no stage records")
+        ax.set_ylabel("stage latency (ms)")
+        ax.set_xlabel("pipeline stage")
+        ax.set_title(title or "Per-stage latency: cold request vs warm median")
+        return fig
+    role_of: dict[tuple[Any, Any], Mapping[str, Any]] = {}
+    for _, r in roles.iterrows():
+        role_of[(r["launch"], r["request_id"])] = r.to_dict()
+    log = use_log(pv.to_numpy(dtype=float).ravel())
+    first_ax = None
+    for p, lk in enumerate(launch_keys):
+        ax = fig.add_subplot(n_panels, 1, p + 1, sharey=first_ax)
+        first_ax = first_ax or ax
+        sub = pv.xs(lk, level=0, drop_level=False) if lk is not None or len(launch_keys) == 1 else pv
+        _draw_series(ax, _panel_series(sub, lk, role_of, include_warmup), len(stage_cols), log)
+        _label_panel(ax, stage_cols, log)
+        name = names.get(lk, str(lk)) if lk is not None else ""
+        if n_panels > 1:
+            ax.set_title(f"launch: {name}", fontsize="medium")
+        if p == n_panels - 1:
+            ax.set_xlabel("pipeline stage")
+    fig.suptitle(title or "Per-stage latency: cold request vs warm median (per request shape)")
+    return fig
+
+
+def _panel_series(
+    sub: pd.DataFrame, lk: Any, role_of: Mapping[tuple[Any, Any], Mapping[str, Any]], include_warmup: bool
+) -> dict[tuple[str, str], _Items]:
+    """(shape, kind) -> the requests of one launch's pivot rows; kind is ``warm`` or the role of a
+    first request. Without a role row, index 0 is the cold request and the rest are warm."""
+    series: dict[tuple[str, str], _Items] = {}
+    for key, vals in sub.iterrows():
+        _, rid, idx = key
+        info = role_of.get((lk, rid)) or {
+            "role": ROLE_WARMUP
+            if is_finite(idx) and int(idx) == WARMUP_INDEX
+            else (ROLE_COLD if is_finite(idx) and int(idx) == 0 else ROLE_WARM),
+            "frames": None,
+            "shape": "",
+        }
+        if info["role"] == ROLE_WARMUP and not include_warmup:
+            continue
+        kind = "warm" if info["role"] == ROLE_WARM else info["role"]
+        series.setdefault((str(info.get("shape") or ""), kind), []).append(
+            (rid, vals.to_numpy(dtype=float), info)
+        )
+    return series
+
+
+def _series_bars(kind: str, items: _Items, shade: int) -> tuple[np.ndarray, Any, Any, str, str]:
+    """(values, yerr, whisker tops, colour, label) of one series: the warm median with a min–max
+    whisker, or the first request of its role (``+n more`` when several share the series)."""
+    frames = items[0][2].get("frames")
+    fr = f" · {frames} frames" if frames is not None and not pd.isna(frames) else ""
+    arr = np.vstack([v for _, v, _ in items])
+    if kind == "warm":
+        med = np.nanmedian(arr, axis=0)
+        lo, hi = np.nanmin(arr, axis=0), np.nanmax(arr, axis=0)
+        yerr = np.vstack([med - lo, hi - med]) if len(items) > 1 else None
+        tops = med if yerr is None else np.fmax(med, hi)
+        return med, yerr, tops, ("tab:blue", "#6baed6")[shade], f"warm median{fr} (n={len(items)})"
+    label = items[0][2].get("label") or kind
+    if len(items) > 1:
+        label += f" (+{len(items) - 1} more)"
+    color = _FIRST_COLORS.get(kind, ("tab:gray", "#c7c7c7"))[shade]
+    return arr[0], None, arr[0], color, label
+
+
+def _draw_series(ax: Any, series: dict[tuple[str, str], _Items], n_stages: int, log: bool) -> None:
+    """One bar per stage for each series of a panel, side by side, each labelled with its value."""
+    shapes = list(dict.fromkeys(s for s, _ in series))
+    keys = sorted(series, key=lambda sk: (shapes.index(sk[0]), _KIND_ORDER.get(sk[1], 3)))
+    n_series = max(1, len(keys))
+    width = min(0.8 / n_series, 0.35)
+    x = np.arange(n_stages)
+    for j, (shape, kind) in enumerate(keys):
+        vals, yerr, tops, color, label = _series_bars(kind, series[(shape, kind)], shapes.index(shape) % 2)
+        off = (j - (n_series - 1) / 2) * width
+        plot_vals = np.where(np.isfinite(vals) & (vals > 0), vals, np.nan) if log else np.nan_to_num(vals)
+        ax.bar(
+            x + off,
+            plot_vals,
+            width,
+            color=color,
+            label=label,
+            yerr=yerr,
+            ecolor="black",
+            capsize=2 if yerr is not None else 0,
+            error_kw={"lw": 0.8},
+        )
+        for xi, v, top in zip(x + off, vals, tops):
+            if is_finite(v) and (not log or v > 0):
+                ax.annotate(
+                    ms_text(v),
+                    (xi, top),
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7 if n_series > 3 else 8,
+                    rotation=90 if n_series > 3 else 0,
+                )
+
+
+def _label_panel(ax: Any, stage_cols: list[str], log: bool) -> None:
+    """Stage ticks, the y axis in ms (log when the bars span more than 30x) and the legend."""
+    ax.set_xticks(np.arange(len(stage_cols)), stage_cols, rotation=15 if len(stage_cols) > 5 else 0)
+    if log:
+        ms_axis(ax)
+        ax.set_ylabel("stage latency (ms, s; log scale)")
+    else:
+        ax.set_ylabel("stage latency (ms)")
+        ax.set_ylim(bottom=0)
+    ax.margins(y=0.25)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))

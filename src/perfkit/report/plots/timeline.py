@@ -1,0 +1,284 @@
+"""The memory timeline: device and host memory (MiB) over time since the engine's launch, with the
+launch's phases, each request's span and role, compile events and stage starts
+(:func:`memory_timeline`)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from perfkit.bundle_schema import WARMUP_INDEX
+from perfkit.report.plots.base import (
+    empty_note,
+    is_finite,
+    launch_names,
+    launches_of,
+    new_figure,
+    of_launch,
+    unbundle,
+)
+from perfkit.report.plots.timeline_events import Timeline, draw_phases, draw_requests, draw_stage_marks
+
+__all__ = ["memory_timeline"]
+
+
+def _launch_phases(launch_row: Mapping[str, Any] | None, req: pd.DataFrame | None) -> dict[str, float]:
+    """Epoch seconds of a launch's phases: ``start``, ``loaded`` (models loaded), ``ready``;
+    whichever can be placed from the launch's cold-start parts and its startup warmup request
+    (its end is ready) or, without one, the first request (ready just before it)."""
+    lr = dict(launch_row or {})
+    ready_s = lr.get("ready_s")
+    t_ready = None
+    if req is not None and not req.empty and {"t_start_s", "t_end_s", "index"} <= set(req.columns):
+        idx = pd.to_numeric(req["index"], errors="coerce")
+        wu = req[idx == WARMUP_INDEX]
+        if not wu.empty and is_finite(wu["t_end_s"].iloc[0]):
+            t_ready = float(wu["t_end_s"].iloc[0])
+        else:
+            ts = pd.to_numeric(req["t_start_s"], errors="coerce")
+            if ts.notna().any():
+                t_ready = float(ts.min())
+    if t_ready is None or not is_finite(ready_s):
+        return {"ready": t_ready} if t_ready is not None else {}
+    start = t_ready - float(ready_s)
+    out = {"start": start, "ready": t_ready}
+    if is_finite(lr.get("models_loaded_s")):
+        out["loaded"] = start + float(lr["models_loaded_s"])
+    if is_finite(lr.get("process_start_s")):
+        out["process"] = start + float(lr["process_start_s"])
+    return out
+
+
+def memory_timeline(
+    memory: Any,
+    requests: pd.DataFrame | None = None,
+    stages: pd.DataFrame | None = None,
+    caps: Mapping[str, Any] | None = None,
+    *,
+    launch: Any = None,
+    launches: pd.DataFrame | None = None,
+    device_name: str | None = None,
+    include_warmup: bool = True,
+    stage_marks: bool | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Device and host memory (MiB) over time since the engine's launch, with what happened.
+
+    Panels: device used MiB (top, only when ``device_used_mib`` has a finite value; a CPU host
+    draws the host panel only) and host memory of the engine's process tree (PSS, cgroup
+    memory.current, RSS, anonymous). On every panel the launch's phases are shaded and
+    labelled (model load, startup warmup: placed from the launches table's cold-start parts,
+    so they show even where the sampler had not started yet), each request span is shaded and
+    labelled with its role (:func:`request_roles`: cold red, first of a new shape orange, warm
+    blue), compile events are marked (a triangle at the top of a request that compiled, with
+    the compile time), and the device panel draws the load and warmup peaks the engine
+    recorded. Caps draw dashed horizontal lines (``device_cap_gib`` on the device panel,
+    ``host_cap_gib`` on the host panel, converted to MiB x1024; None/NaN skipped). Stage starts
+    are dotted lines when ``stage_marks`` (default: when at most 4 requests are drawn).
+
+    Artists carry gids for inspection: ``"cap:device"``, ``"cap:host"``, ``"request-span"``,
+    ``"phase-span"``, ``"compile-mark"``, ``"stage-mark"``, ``"peak:load"``, ``"peak:warmup"``.
+
+    Args:
+        memory: the bundle's memory table (launch, t_s epoch s, device_used_mib, host_*_mib),
+            or a :class:`~perfkit.bundle.ResultBundle` (requests, stages, launches and the GPU
+            name come with it).
+        requests: requests table (t_start_s, t_end_s epoch s, index, compiles, compile_ms).
+        stages: stages table (stage, t_start_s epoch s) for stage marks.
+        caps: e.g. ``{"device_cap_gib": 12, "host_cap_gib": 32}``.
+        launch: only this launch (applied to all tables that have a launch column).
+        launches: the launches table (cold-start parts, peaks, names).
+        device_name: the accelerator's name for the device panel (``"NVIDIA H200"``).
+        include_warmup: shade the startup warmup phase and request too.
+        stage_marks: draw stage starts (None: when at most 4 requests are drawn).
+        title: figure title (default names the launch).
+
+    Returns:
+        Figure with one or two axes sharing the time axis (s since launch; since the first
+        sample when the launch cannot be placed).
+    """
+    obj, b = unbundle(memory)
+    mem = b.get("memory", obj)
+    requests = requests if requests is not None else b.get("requests")
+    stages = stages if stages is not None else b.get("stages")
+    launches = launches if launches is not None else b.get("launches")
+    device_name = device_name or (b.get("meta") or {}).get("gpu_name")
+    mem = mem if mem is not None else pd.DataFrame()
+    names = launch_names(launches)  # before selecting one: "unlimited" beside capped ones
+    if launch is not None:
+        mem = of_launch(mem, launch)
+        requests = of_launch(requests, launch) if requests is not None else None
+        stages = of_launch(stages, launch) if stages is not None else None
+        launches = of_launch(launches, launch) if launches is not None else None
+    caps = dict(caps or {})
+    launch_rows = [r.to_dict() for _, r in launches.iterrows()] if launches is not None else []
+    one_launch = launch_rows[0] if len(launch_rows) == 1 else None
+    phases = _launch_phases(one_launch, requests) if one_launch is not None or not launch_rows else {}
+    t = _col(mem, "t_s")
+    has_device = bool(_col(mem, "device_used_mib").notna().any())
+    fig = new_figure(10.0, 6.8 if has_device else 4.4)
+    if has_device:
+        ax_dev = fig.add_subplot(2, 1, 1)
+        axes = [ax_dev, fig.add_subplot(2, 1, 2, sharex=ax_dev)]
+    else:
+        axes = [fig.add_subplot()]
+    tl = Timeline(mem, names, _time_zero(phases, t, requests, stages), phases, axes)
+    default_title = _default_title(names, launch, one_launch)
+    if has_device:
+        _draw_device(tl, device_name, title or default_title, caps.get("device_cap_gib"), one_launch)
+    _draw_host(
+        tl,
+        caps.get("host_cap_gib"),
+        title or default_title.replace("device and host", "host; no device samples"),
+    )
+    if include_warmup and tl.from_launch:
+        draw_phases(tl, t)
+    if requests is not None and not requests.empty and {"t_start_s", "t_end_s"} <= set(requests.columns):
+        n_req = draw_requests(tl, requests, launches, include_warmup, t)
+        if stage_marks is None:
+            stage_marks = n_req <= 4
+    if (
+        stage_marks
+        and stages is not None
+        and not stages.empty
+        and {"stage", "t_start_s"} <= set(stages.columns)
+    ):
+        draw_stage_marks(tl, stages, include_warmup)
+    _finish_axes(tl)
+    return fig
+
+
+def _col(mem: pd.DataFrame, name: str) -> pd.Series:
+    """Column ``name`` of the samples as numbers (all NaN when absent)."""
+    return (
+        pd.to_numeric(mem[name], errors="coerce")
+        if name in mem.columns
+        else pd.Series(np.nan, index=mem.index, dtype=float)
+    )
+
+
+def _time_zero(
+    phases: Mapping[str, float], t: pd.Series, requests: pd.DataFrame | None, stages: pd.DataFrame | None
+) -> float:
+    """The time origin (epoch s): the launch's start, else the first sample, else the earliest
+    request or stage start, else 0."""
+    t0_candidates = [phases["start"]] if "start" in phases else []
+    if not t0_candidates and t.notna().any():
+        t0_candidates = [float(t.min())]
+    if not t0_candidates:  # no samples: fall back to the earliest request/stage time
+        for df in (requests, stages):
+            if df is not None and "t_start_s" in df.columns:
+                ts = pd.to_numeric(df["t_start_s"], errors="coerce")
+                if ts.notna().any():
+                    t0_candidates.append(float(ts.min()))
+    return min(t0_candidates) if t0_candidates else 0.0
+
+
+def _default_title(names: Mapping[Any, str], launch: Any, one_launch: Mapping[str, Any] | None) -> str:
+    """``"Memory timeline · <launch name> (device and host, from launch)"``; the name only when it
+    tells launches apart."""
+    name = (
+        names.get(launch, None)
+        if launch is not None
+        else (names.get(one_launch["launch"]) if one_launch else None)
+    )
+    if name is not None and len(names) == 1 and name == str(next(iter(names))):
+        name = None  # one launch with only its label ("session"): nothing to tell apart
+    return "Memory timeline" + (f" · {name}" if name else "") + " (device and host, from launch)"
+
+
+def _series(tl: Timeline, ax: Any, col: str, label: str, **kw: Any) -> bool:
+    """One line of ``col`` (MiB) per launch on ``ax``; whether any was drawn."""
+    mem_launches = launches_of(tl.mem) if not tl.mem.empty else [None]
+    multi = len(mem_launches) > 1
+    drew = False
+    for lk in mem_launches:
+        sub = of_launch(tl.mem, lk)
+        y = pd.to_numeric(sub[col], errors="coerce") if col in sub.columns else None
+        if y is None or not y.notna().any():
+            continue
+        x = pd.to_numeric(sub["t_s"], errors="coerce") - tl.t0
+        order = np.argsort(x.to_numpy())
+        lab = f"{label} ({tl.names.get(lk, lk)})" if multi else label
+        ax.plot(x.to_numpy()[order], y.to_numpy()[order], label=lab, **kw)
+        drew = True
+    return drew
+
+
+def _draw_device(
+    tl: Timeline, device_name: str | None, title: str, cap_gib: Any, one_launch: Mapping[str, Any] | None
+) -> None:
+    """The device panel: device used, its cap and the load and warmup peaks the engine recorded."""
+    ax_dev = tl.axes[0]
+    _series(tl, ax_dev, "device_used_mib", f"device used ({device_name})" if device_name else "device used")
+    ax_dev.set_ylabel("device memory (MiB)")
+    ax_dev.set_title(title)
+    _cap_line(ax_dev, cap_gib, "device cap", "cap:device")
+    if one_launch is None:
+        return
+    phases = tl.phases
+    for key, lab, a, z in (
+        ("load_peak_mib", "load peak", "process", "loaded"),
+        ("warmup_peak_mib", "warmup peak", "loaded", "ready"),
+    ):
+        v = one_launch.get(key)
+        if is_finite(v) and a in phases and z in phases:
+            ax_dev.hlines(
+                float(v),
+                phases[a] - tl.t0,
+                phases[z] - tl.t0,
+                colors="black",
+                lw=2,
+                gid=f"peak:{key.split('_')[0]}",
+            )
+            ax_dev.annotate(
+                f"{lab} {float(v):,.0f} MiB",
+                ((phases[a] + phases[z]) / 2 - tl.t0, float(v)),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+            )
+
+
+def _draw_host(tl: Timeline, cap_gib: Any, title: str) -> None:
+    """The host panel: PSS, cgroup memory.current, RSS and anonymous memory of the engine's
+    process tree, and the host cap; titled when there is no device panel."""
+    ax_host = tl.axes[-1]
+    host_drew = _series(tl, ax_host, "host_pss_mib", "host PSS (process tree)")
+    host_drew |= _series(tl, ax_host, "cgroup_current_mib", "cgroup memory.current", ls="-.")
+    host_drew |= _series(tl, ax_host, "host_rss_mib", "host RSS", ls=":")
+    host_drew |= _series(tl, ax_host, "host_anon_mib", "host anonymous", ls="--")
+    _cap_line(ax_host, cap_gib, "host cap", "cap:host")
+    ax_host.set_ylabel("host memory (MiB)")
+    ax_host.set_xlabel("time since launch (s)" if tl.from_launch else "time since first sample (s)")
+    if len(tl.axes) == 1:
+        ax_host.set_title(title)
+        if not host_drew:
+            empty_note(ax_host, "no memory samples")
+
+
+def _finish_axes(tl: Timeline) -> None:
+    """Legends (the first panel also lists phases, roles, compiles and stage marks), y from 0,
+    x from the launch."""
+    for i, ax in enumerate(tl.axes):
+        h, _ = ax.get_legend_handles_labels()
+        extra = list(tl.handles.values()) if i == 0 else []
+        if h or extra:
+            ax.legend(handles=h + extra, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        if ax.has_data():
+            ax.set_ylim(bottom=0)
+        if tl.from_launch:
+            ax.set_xlim(left=0)
+
+
+def _cap_line(ax: Any, cap_gib: Any, label: str, gid: str) -> None:
+    if cap_gib is None or not is_finite(cap_gib):
+        return
+    mib = float(cap_gib) * 1024.0
+    ax.axhline(
+        mib, color="black", ls="--", lw=1.2, gid=gid, label=f"{label} {float(cap_gib):g} GiB ({mib:,.0f} MiB)"
+    )

@@ -1,0 +1,153 @@
+"""Request roles, in the design doc's words: which request of a launch is the startup warmup, the
+cold request, the first of a new shape or a warm one (:func:`request_roles`, :func:`request_label`).
+
+A domain idea of the bundle layer: the plots (:mod:`perfkit.report.plots`), the notebook tables
+and the root-cause panel all label requests with these roles. Input is a bundle's requests and
+launches tables (columns as in :mod:`perfkit.bundle_schema`); the startup warmup is
+``index == WARMUP_INDEX`` (-1), the cold request index 0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import pandas as pd
+
+from perfkit.bundle_schema import WARMUP_INDEX
+
+__all__ = [
+    "ROLE_COLD",
+    "ROLE_NEW_SHAPE",
+    "ROLE_WARM",
+    "ROLE_WARMUP",
+    "request_label",
+    "request_roles",
+]
+
+
+def _finite(v: Any) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _launches(df: pd.DataFrame) -> list[Any]:
+    if "launch" not in df.columns or df.empty:
+        return [None]
+    return list(dict.fromkeys(df["launch"].tolist()))
+
+
+def request_label(index: Any) -> str:
+    """``"cold"`` for index 0, ``"warm #i"`` for index i >= 1, ``"warmup"`` for the startup
+    warmup (``WARMUP_INDEX``, -1). Index only; :func:`request_roles` also knows the shape."""
+    try:
+        i = int(index)
+    except (TypeError, ValueError):
+        return str(index)
+    if i == 0:
+        return "cold"
+    if i == WARMUP_INDEX:
+        return "warmup"
+    return f"warm #{i}"
+
+
+#: request roles (:func:`request_roles`)
+ROLE_WARMUP = "startup warmup"
+ROLE_COLD = "cold"
+ROLE_NEW_SHAPE = "first of a new shape"
+ROLE_WARM = "warm"
+
+
+def _frames_of(r: Mapping[str, Any]) -> int | None:
+    for k in ("effective_num_frames", "num_frames"):
+        v = r.get(k)
+        if _finite(v):
+            return int(float(v))
+    return None
+
+
+def _shape_key(r: Mapping[str, Any]) -> str:
+    ls = r.get("latent_shape")
+    if isinstance(ls, str) and ls:
+        return ls
+    return f"{_frames_of(r)}x{r.get('height')}x{r.get('width')}"
+
+
+def request_roles(requests: pd.DataFrame | None, launches: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The role and shape of every request, in the design doc's words, per launch.
+
+    Within a launch (requests in index order): the startup warmup (``index == WARMUP_INDEX``)
+    is ``startup warmup``; index 0 is ``cold`` (the first request after ready); a later request
+    whose latent shape neither the warmup nor an earlier request ran is ``first of a new
+    shape``; every other request is ``warm``, numbered per shape (``warm #2`` is the second warm
+    request of that shape). The shape is the latent shape when recorded, else frames x height x
+    width; frames are the frames generated (``effective_num_frames``, else ``num_frames``).
+
+    Args:
+        requests: the bundle's requests table (launch, request_id, index, num_frames, ...).
+        launches: the launches table; its ``warmup_latent_shape`` counts as run by the warmup
+            when the warmup request itself is not in ``requests``.
+
+    Returns:
+        one row per request with ``launch``, ``request_id``, ``index``, ``frames`` (Int64),
+        ``shape``, ``role``, ``new_shape`` (bool: the warmup and earlier requests had not run
+        its shape), ``label`` (``"warm #3 · 25 frames"``, ``"first of a new shape · 25
+        frames"``, ``"cold · 17 frames"``) and ``short`` (the role alone: ``"warm #3"``,
+        ``"new shape"``, ``"cold"``, ``"warmup"``); empty (same columns) for no requests.
+    """
+    cols = ["launch", "request_id", "index", "frames", "shape", "role", "new_shape", "label", "short"]
+    if requests is None or requests.empty or "index" not in requests.columns:
+        return pd.DataFrame(columns=cols)
+    warm_shapes: dict[Any, set[str]] = {}
+    if launches is not None and not launches.empty and "warmup_latent_shape" in launches.columns:
+        for _, lr in launches.iterrows():
+            ws = lr.get("warmup_latent_shape")
+            if isinstance(ws, str) and ws:
+                warm_shapes.setdefault(lr.get("launch"), set()).add(ws)
+    req = requests.assign(_i=pd.to_numeric(requests["index"], errors="coerce"))
+    if "launch" not in req.columns:
+        req = req.assign(launch=None)
+    out = []
+    for lk in _launches(req):
+        sub = req[req["launch"] == lk] if lk is not None else req
+        sub = sub.sort_values("_i", kind="stable")
+        seen = set(warm_shapes.get(lk, set()))
+        n_warm: dict[str, int] = {}
+        for _, r in sub.iterrows():
+            rd = r.to_dict()
+            frames = _frames_of(rd)
+            shape = _shape_key(rd)
+            i = r["_i"]
+            new = shape not in seen
+            if _finite(i) and int(i) == WARMUP_INDEX:
+                role, short, new = ROLE_WARMUP, "warmup", False
+            elif _finite(i) and int(i) == 0:
+                role, short = ROLE_COLD, "cold"
+            elif new:
+                role, short = ROLE_NEW_SHAPE, "new shape"
+            else:
+                n_warm[shape] = n_warm.get(shape, 0) + 1
+                role, short = ROLE_WARM, f"warm #{n_warm[shape]}"
+            seen.add(shape)
+            fr = f" · {frames} frames" if frames is not None else ""
+            label = f"{role if role != ROLE_WARM else short}{fr}"
+            if role == ROLE_COLD and new:
+                label += " (new shape)"
+            out.append(
+                {
+                    "launch": lk,
+                    "request_id": rd.get("request_id"),
+                    "index": rd.get("index"),
+                    "frames": frames,
+                    "shape": shape,
+                    "role": role,
+                    "new_shape": bool(new),
+                    "label": label,
+                    "short": short,
+                }
+            )
+    df = pd.DataFrame(out, columns=cols)
+    df["frames"] = df["frames"].astype("Int64")
+    return df
