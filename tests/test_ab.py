@@ -259,12 +259,12 @@ def test_notebook_replays_the_committed_aa_pair(tmp_path):
 
 
 def test_a_side_may_be_a_params_file_with_its_request():
-    from perfkit.cli import _ab_side
+    from perfkit.params import load_side
 
-    spec, req = _ab_side(str(ROOT / "params/ci-cpu.yaml"), "--a")
+    spec, req = load_side(ROOT / "params/ci-cpu.yaml")
     assert spec.kind == "reference" and spec.compile_backend == "aot_eager"
     assert req["num_frames"] == 25 and req["num_inference_steps"] == 4
-    spec, req = _ab_side(str(SPEC_B), "--b")
+    spec, req = load_side(SPEC_B)
     assert req is None and spec.debug_stage_delay == {"DenoisingStage": 30.0}
 
 

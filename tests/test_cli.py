@@ -11,9 +11,10 @@ from pathlib import Path
 import click
 import pytest
 
-from perfkit.cli import _parse_kv, cli
+from perfkit.cli import cli
 from perfkit.gate import baseline as bl
 from perfkit.gate import run as gate_run
+from perfkit.nbrun import parse_kv as _parse_kv
 
 sys.path.insert(0, str(Path(__file__).parent))
 import synthetic  # noqa: E402

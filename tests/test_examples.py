@@ -99,7 +99,7 @@ def test_failing_example_shows_its_failure_first():
 
 def _load_with(command: str, path: Path) -> None:
     """Validate ``path`` as ``perfkit <command>`` would read it, without launching anything."""
-    from perfkit.cli import _ab_side
+    from perfkit.cli.ab import side as _ab_side
     from perfkit.params import load_params
 
     if command == "ab":

@@ -52,6 +52,7 @@ from perfkit.engine.spec import (
     DEFAULT_REQUEST_TIMEOUT_S,
     AnyEngineSpec,
     EngineSpec,
+    EngineSpecError,
     ReferenceEngine,
     split_kind,
     unknown_key_hint,
@@ -497,3 +498,35 @@ def load_params(path: str | Path) -> SuiteParams:
     if data is None:
         raise ParamsError(f"{p}: empty params file")
     return parse_params(data, str(path), text)
+
+
+def load_side(path: str | Path) -> tuple[EngineSpec, dict[str, Any] | None]:
+    """One side of an A/B (``perfkit ab --a/--b``) -> (EngineSpec, request dict or None). A mapping
+    with an ``engine`` key is a params file (validated as one, its ``request`` taken); any other
+    mapping is an engine spec.
+
+    Raises:
+        ParamsError: missing, unreadable, not YAML, not a mapping, or invalid (names the file).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ParamsError(f"{'is a directory, not a file' if p.is_dir() else 'not found'}: {path}")
+    try:
+        data = load_yaml(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    except UnicodeDecodeError as exc:  # a binary file given by mistake
+        raise ParamsError(
+            f"{path}: not UTF-8 text (byte {exc.start}): expected an engine spec or a params file (YAML)"
+        ) from None
+    except OSError as exc:
+        raise ParamsError(f"{path}: unreadable: {exc.strerror or exc}") from None
+    if not isinstance(data, dict):
+        raise ParamsError(f"{path}: expected an engine spec or a params file (a mapping)")
+    try:
+        if "engine" in data:
+            params = load_params(p)
+            return params.engine_spec(), params.request.model_dump(exclude_none=True)
+        return EngineSpec.from_dict(data), None
+    except (ParamsError, EngineSpecError) as exc:
+        raise ParamsError(f"{path}:\n{exc}") from None

@@ -53,7 +53,7 @@ def read_any(path: str | Path, *, hardware: str | None = None, commit: str | Non
 def check(
     store: str | Path,
     path: str | Path,
-    out_dir: str | Path,
+    out_dir: str | Path | None = None,
     *,
     hardware: str | None = None,
     commit: str | None = None,
@@ -61,7 +61,12 @@ def check(
     settings: cp.Settings = cp.Settings(),
 ) -> tuple[CheckResult, Path]:
     """``perfkit history check``: judge the run at ``path`` against the store's series and write
-    ``out_dir/summary.md``. Returns the result (``exit_code``) and the summary's path."""
+    ``out_dir/summary.md`` (default ``path/history/`` for a run directory, never ``path/summary.md``:
+    that is the suite's own; ``outputs/history-check/<stem>/`` for a file). Returns the result
+    (``exit_code``) and the summary's path."""
+    if out_dir is None:
+        p = Path(path)
+        out_dir = p / "history" if p.is_dir() else Path("outputs/history-check") / p.stem
     runs = read_any(path, hardware=hardware, commit=commit)
     frame = read_store(store)
     res = check_runs(frame, runs, settings)

@@ -1,0 +1,115 @@
+"""Run or replay an A/B and decide it: what ``perfkit ab`` does, apart from reading its options
+(:mod:`perfkit.ab.options`) and writing the outputs (:func:`perfkit.report.ab.write_ab_outputs`).
+
+Errors are :class:`perfkit.ab.options.AbInputError`, naming the option they came from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from perfkit.ab.driver import AbPlan
+from perfkit.ab.options import AbInputError, parse_gate_metrics
+from perfkit.ab.sequential import Design, decide_sequential, run_sequential
+from perfkit.bundle import ResultBundle
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
+
+
+def load_replay(dir_a: str, dir_b: str) -> dict[str, ResultBundle]:
+    """The two recorded side bundles of a replay, ``{"A": ..., "B": ...}``. Raises
+    :class:`AbInputError` (``--replay``): one directory given twice, or an unreadable bundle."""
+    if Path(dir_a).resolve() == Path(dir_b).resolve():
+        raise AbInputError(
+            f"{dir_a} is given as both A and B: an A/B compares two recordings (for an A/A, "
+            "record the same spec twice)",
+            "--replay",
+        )
+    bundles = {}
+    for side, d in zip("AB", (dir_a, dir_b)):
+        try:
+            bundles[side] = ResultBundle.load(d)
+        except (FileNotFoundError, ValueError) as exc:
+            raise AbInputError(str(exc), "--replay") from None
+    return bundles
+
+
+def recorded_gate_metrics(bundles: dict[str, ResultBundle]) -> list[str] | None:
+    """The gated metrics a replay recorded (side A's meta ``ab.sequential.gate_metrics``); None: all."""
+    recorded = ((bundles["A"].meta.get("ab") or {}).get("sequential") or {}).get("gate_metrics")
+    return parse_gate_metrics([",".join(map(str, recorded))]) if recorded else None
+
+
+def profile_params(steps: int, all_stages: bool, warm: int) -> Any:
+    """``--profile``'s settings as :class:`perfkit.scenarios.profiled.ProfileParams`.
+    Raises :class:`AbInputError` (``--profile-steps``) with the model's messages."""
+    from pydantic import ValidationError
+
+    from perfkit.scenarios.profiled import ProfileParams
+
+    try:
+        return ProfileParams(steps=steps, all_stages=all_stages, warm=warm)
+    except ValidationError as exc:  # its messages, without pydantic's prefix
+        msg = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise AbInputError(msg, "--profile-steps") from None
+
+
+def launch(
+    specs: tuple[EngineSpec, EngineSpec],
+    request: dict[str, Any],
+    design: Design,
+    warm: int,
+    out: Path,
+    threshold: float,
+    thresholds: dict[str, float],
+    gate: list[str] | None,
+    profile: Any = None,
+) -> dict[str, ResultBundle]:
+    """Launch both sides, interleaved, until every gated metric is decided or the design's
+    ``max_launches`` (:func:`perfkit.ab.sequential.run_sequential`); the side bundles
+    ``{"A": ..., "B": ...}`` are written under ``out`` (``a/``, ``b/``)."""
+    plan = AbPlan(*specs, VideoRequestSpec.from_dict(request), design.min_launches, warm, profile=profile)
+    return run_sequential(plan, design, out, threshold, thresholds, gate)
+
+
+def decide(
+    bundles: dict[str, ResultBundle],
+    design: Design,
+    threshold: float,
+    thresholds: dict[str, float],
+    gate: list[str] | None,
+    undecided: str,
+    kept: Path | None = None,
+    threshold_from: str | None = None,
+) -> Any:
+    """The A/B result (:func:`perfkit.ab.sequential.decide_sequential`), its meta saying whether
+    it was a replay (``kept`` None) and where its thresholds came from. Raises
+    :class:`AbInputError` (``--gate-metrics``) when a gated metric cannot be decided; for a run,
+    the message names the ``--replay`` that re-decides the launches kept in ``kept``."""
+    try:
+        res = decide_sequential(
+            bundles["A"], bundles["B"], design, threshold, thresholds, gate=gate, undecided=undecided
+        )
+    except ValueError as exc:
+        why = "" if kept is None else f" (the launches are kept: --replay {kept / 'a'} {kept / 'b'})"
+        raise AbInputError(f"{exc}{why}", "--gate-metrics") from None
+    res.meta["replay"] = kept is None
+    if threshold_from:
+        res.meta["thresholds_from"] = str(threshold_from)
+    return res
+
+
+def undecided_message(res: Any) -> str:
+    """One line: the metrics still inconclusive, and the launches a side that would decide each."""
+    need = (res.meta.get("sequential") or {}).get("launches_needed") or {}
+    return f"{'undecided' if res.exit_code else 'undecided, passed by --undecided pass'}: " + "; ".join(
+        f"{m} still inconclusive"
+        + (f", about {need[m]} launches a side would decide it" if need.get(m) else "")
+        for m in res.undecided
+    )
+
+
+def error_reasons(summary: str) -> list[str]:
+    """Why an A/B is an error (exit 2): the summary.md lines saying so, without their bullet."""
+    return [x[2:] for x in summary.splitlines() if x.startswith(("- nothing", "- launch failed"))]

@@ -1,0 +1,109 @@
+"""What every perfkit command shares: the exit-code rule, exiting, file checks, shared options."""
+
+from __future__ import annotations
+
+import string
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from perfkit.gate.verdicts import EXIT_ERROR
+
+EXIT_CODES = "Exit codes: 0 pass, 1 a regression or a failed check, 2 an error or misuse."
+
+
+def done(code: int) -> None:
+    """Exit with ``code``."""
+    sys.exit(int(code))
+
+
+def fail(message: str, prefix: str = "perfkit") -> int:
+    """Print ``PREFIX: message`` on stderr; return :data:`EXIT_ERROR` (2)."""
+    print(f"{prefix}: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def existing_file(kind: str) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
+    """A click callback: the path must be an existing file, else exit 2 naming it."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_file():
+            what = "is a directory, not a file" if Path(value).is_dir() else "not found"
+            raise click.BadParameter(f"{kind} {what}: {value}")
+        return value
+
+    return check
+
+
+def sigterm_as_interrupt() -> None:
+    """SIGTERM (CI cancel, ``timeout``) stops the run like Ctrl-C: engines torn down, report
+    written. This process also becomes the owner of everything it starts
+    (:func:`perfkit.engine.owner.become_subreaper`: orphans below it come back to it)."""
+    import signal
+
+    from perfkit.engine.owner import become_subreaper
+
+    become_subreaper()
+
+    def handler(signum: int, frame: Any) -> None:  # noqa: ARG001
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def print_result(res: Any, command: str) -> int:
+    """Print a suite result (each notebook's gate result, the status, where the report is);
+    return its exit code."""
+    from perfkit.gate.outcome import gate_result
+    from perfkit.gate.verdicts import nothing_measured_reason, read_verdict
+
+    for n in res.notebooks:
+        wall = f"{n.wall_s:.1f} s" if n.wall_s is not None else ""
+        verdict = read_verdict(res.run_dir / n.name) if n.status == "ok" else None
+        status = gate_result(n.status, verdict, n.ename)  # pass / fail / not gated / error
+        if n.status == "skipped" and n.reason:
+            status = f"{n.status} ({n.reason})"
+        print(f"  {n.name:15s} {status:9s} {wall:>9s}  {n.error or ''}")
+    print(f"{command}: {res.status.upper()} (exit {res.exit_code})")
+    why = nothing_measured_reason(res.verdicts)
+    if why:
+        print(f"  {why}")
+    print(f"  report:   {res.run_dir / 'report.html'}")
+    print(f"  summary:  {res.run_dir / 'summary.md'}")
+    if (res.run_dir / "baseline.json").exists():
+        print(f"  baseline: {res.run_dir / 'baseline.json'}")
+    return res.exit_code
+
+
+def commit_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A --commit-url template: ``{commit}`` its one field (``{sha}`` was a KeyError traceback);
+    http(s) only (the link lands in summary.md and the history page: javascript: would run there)."""
+    if value is None:
+        return None
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(value) if f is not None}
+    except ValueError as exc:  # an unmatched brace
+        raise click.BadParameter(f"{value!r}: {exc}") from None
+    if fields != {"commit"}:
+        other = sorted(fields - {"commit"})
+        why = f"unknown field {{{other[0]}}}" if other else "no {commit} field"
+        raise click.BadParameter(f"{value!r}: {why}; the template's one field is {{commit}}")
+    if not value.lower().startswith(("https://", "http://")):
+        raise click.BadParameter(f"{value!r}: must start with https:// or http://")
+    return value
+
+
+STORE = click.option(
+    "--store",
+    default="outputs/history",
+    show_default=True,
+    help="history store directory (parquet files; created when missing)",
+)
+COMMIT_URL = click.option(
+    "--commit-url",
+    default=None,
+    callback=commit_url,
+    help="link template for commits, e.g. https://github.com/sgl-project/sglang/commit/{commit}",
+)

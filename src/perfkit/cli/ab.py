@@ -1,0 +1,123 @@
+"""``perfkit ab``: A/B two engines (or replay two recorded sides), a thin wrapper over
+:mod:`perfkit.ab.options` (the options read) and :mod:`perfkit.ab.api` (run or replay, decide)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+from typing import Any
+
+import click
+
+from perfkit.ab.options import AbInputError
+from perfkit.cli._ab_options import ab_options
+from perfkit.cli._common import done, sigterm_as_interrupt
+
+EPILOG = (
+    "Examples:\n\n\b\n"
+    "  perfkit ab --a a.yaml --b b.yaml -n 4 -m 5 --out outputs/ab/pr123\n"
+    "  perfkit ab --a a.yaml --b a.yaml --out outputs/ab/aa     # A/A: the noise floor\n"
+    "  perfkit ab --a a.yaml --b b.yaml --threshold-from outputs/ab/aa\n"
+    "  perfkit ab --replay outputs/ab/pr123/a outputs/ab/pr123/b\n"
+    "  perfkit ab --a a.yaml --b b.yaml -n 3 --max-launches 10 -m 5 --threshold 1% "
+    "--gate-metrics DenoisingStage,warm_e2e\n\n"
+    "It launches -n a side, then adds interleaved pairs until every gated metric is decided "
+    "(alpha spending keeps the false-alarm rate over the looks) or --max-launches.\n\n"
+    "Exit codes: 0 every gated metric decided, none regressed; 1 a gated metric regressed, or "
+    "is still undecided at --max-launches (unless --undecided pass); every metric gates unless "
+    "--gate-metrics names some; 2 an error or misuse (bad input, a failed launch, no gated metric "
+    "measured on both sides)."
+)
+
+
+def side(path: str, option: str) -> tuple[Any, dict[str, Any] | None]:
+    """``--a``/``--b`` -> (EngineSpec, request dict or None) (:func:`perfkit.params.load_side`);
+    raises click.BadParameter naming the option and the file."""
+    from perfkit.params import ParamsError, load_side
+
+    try:
+        return load_side(path)
+    except ParamsError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
+
+
+def _run_or_replay(kw: dict[str, Any]) -> int:
+    from perfkit.ab import api, options
+    from perfkit.ab import stats as ab_stats
+    from perfkit.ab.decide import thresholds_from_run
+    from perfkit.report.ab import write_ab_outputs
+
+    threshold = options.parse_fraction(kw["threshold"], "--threshold") or ab_stats.DEFAULT_THRESHOLD
+    confidence = options.parse_fraction(kw["confidence"], "--confidence")
+    thresholds: dict[str, float] = {}
+    if kw["threshold_from"]:
+        try:
+            thresholds = thresholds_from_run(kw["threshold_from"])
+        except (FileNotFoundError, ValueError) as exc:
+            raise AbInputError(str(exc), "--threshold-from") from None
+    gate = options.parse_gate_metrics(kw["gate_metrics"])
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    design_options = [kw[k] for k in ("launches", "max_launches")] + [
+        confidence,
+        kw["spending"],
+        kw["slow_spells"],
+    ]
+    if kw["replay"]:
+        if kw["a"] or kw["b"]:
+            raise click.UsageError("give either --replay DIR_A DIR_B or --a/--b, not both")
+        bundles = api.load_replay(*kw["replay"])
+        out = options.out_dir(kw["out"], f"{stamp}-replay")
+        design = options.design_for(*design_options, bundles)
+        gate = (
+            gate if gate is not None else api.recorded_gate_metrics(bundles)
+        )  # the alpha is split over them
+    else:
+        if not (kw["a"] and kw["b"]):
+            raise click.UsageError("give --a and --b (engine spec or params files), or --replay DIR_A DIR_B")
+        (spec_a, req_a), (spec_b, req_b) = side(kw["a"], "--a"), side(kw["b"], "--b")
+        shape = {k: kw[k] for k in ("num_frames", "height", "width")} | {"num_inference_steps": kw["steps"]}
+        req = options.request_for(req_a, req_b, shape)
+        if kw["share_compile_cache"]:
+            spec_a, spec_b = (s.replace(share_compile_cache=True) for s in (spec_a, spec_b))
+        design = options.design_for(*design_options)
+        out = options.out_dir(kw["out"], stamp)
+        profile = None
+        if kw["profile"]:
+            profile = api.profile_params(kw["profile_steps"], kw["profile_all_stages"], kw["profile_warm"])
+        sigterm_as_interrupt()
+        bundles = api.launch(
+            (spec_a, spec_b), req, design, kw["warm"], out, threshold, thresholds, gate, profile
+        )
+    res = api.decide(
+        bundles, design, threshold, thresholds, gate, kw["undecided"],
+        kept=None if kw["replay"] else out, threshold_from=kw["threshold_from"],
+    )  # fmt: skip
+    paths = write_ab_outputs(res, out)
+    if not kw["quiet"]:
+        print(paths["summary"].read_text())
+        print(f"report: {paths['report']}")
+    if res.exit_code == 2:  # say why on stderr too, -q or not
+        why = api.error_reasons(paths["summary"].read_text())
+        print(f"perfkit ab: error: {'; '.join(why) or 'see ' + str(paths['summary'])}", file=sys.stderr)
+    if res.undecided:  # the launches it would need, on stderr too, -q or not
+        print(f"perfkit ab: {api.undecided_message(res)}", file=sys.stderr)
+    return res.exit_code
+
+
+@click.command("ab", epilog=EPILOG)
+@ab_options
+def ab_command(**kw: Any) -> None:
+    """A/B two engines: interleaved launches, per-metric ratios B/A with intervals, a verdict."""
+    ctx = click.get_current_context()
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("profile_steps", "profile_warm", "profile_all_stages")
+        if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+    ]
+    if given and not kw["profile"]:  # they mean nothing without it: never silently ignored
+        raise click.UsageError(f"{', '.join(given)} only with --profile (nothing is profiled without it)")
+    try:
+        code = _run_or_replay(kw)
+    except AbInputError as exc:
+        raise click.BadParameter(str(exc), param_hint=exc.option) from None
+    done(code)

@@ -1,0 +1,122 @@
+"""``perfkit compare``: a run against a baseline file (sglang's rule), or two sglang perf dumps."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from perfkit.checks import check_markdown, check_table, overall_status
+from perfkit.cli._common import EXIT_CODES, done, existing_file, fail
+from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, nothing_compared
+
+
+def _compare_dumps(before: str, after: str) -> int:
+    from perfkit.readings import perfdump
+
+    try:
+        b, a = perfdump.read_perf_dump(before), perfdump.read_perf_dump(after)
+    except (OSError, ValueError) as exc:
+        return fail(str(exc))
+    c = perfdump.compare_dumps(b, a)
+    print(perfdump.dump_comparison_markdown(c))
+    if c.verdict == "error":
+        return fail(
+            f"nothing comparable between {before} and {after} (no E2E and no stage measured on both sides)"
+        )
+    for r in c.regressions:
+        print(f"regression: {r.name} {r.before:.2f} ms -> {r.after:.2f} ms", file=sys.stderr)
+    print(f"compare: {c.verdict.upper()}")
+    return EXIT_REGRESSION if c.verdict == "fail" else EXIT_OK
+
+
+def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bool) -> int:
+    from perfkit.gate import baseline as bl
+    from perfkit.gate.inputs import compare_cases
+
+    try:
+        ref = bl.load_baseline(baseline)
+    except (OSError, bl.BaselineError) as exc:
+        return fail(str(exc))
+    try:
+        cases, hardware = compare_cases(Path(run), case)
+    except (OSError, ValueError) as exc:
+        return fail(str(exc))
+    if not cases:
+        return fail(f"no cases in {run} (no baseline.json, bundles nor records)")
+    try:
+        rows = bl.compare(cases, ref, profile=profile, strict=strict)
+    except KeyError as exc:  # the profile is not in the file's tolerances: name the file
+        return fail(f"{baseline}: tolerances: {exc.args[0]}")
+    except bl.BaselineError as exc:
+        return fail(str(exc))
+    overlap, warnings = bl.check_overlap(cases, ref, source=str(baseline), run_hardware=hardware)
+    df = check_table([*overlap, *rows])
+    for w in warnings:
+        fail(f"{'error' if nothing_compared(df) else 'warning'}: {w}")
+    shown = df.astype(object).where(df.notna(), "–")  # not measured: "–", never 0
+    print(check_markdown(shown))
+    status = overall_status(df)
+    if nothing_compared(df) or status == "skipped":
+        print(f"compare: ERROR: nothing compared (no case of {run} is in {baseline})")
+        return EXIT_ERROR
+    print(f"compare: {status.upper()}")
+    return EXIT_REGRESSION if status == "fail" else EXIT_OK
+
+
+@click.command(
+    "compare",
+    epilog="Examples: perfkit compare --run outputs/RUN --baseline baselines/h200.json; "
+    "perfkit compare --before before.json --after after.json. "
+    + EXIT_CODES
+    + " Nothing in common with the baseline is an error (2).",
+)
+@click.option(
+    "--run",
+    default=None,
+    help="a run directory, a bundle directory, a performance.log or an sglang perf dump JSON",
+)
+@click.option(
+    "--baseline",
+    default=None,
+    callback=existing_file("baseline file"),
+    help="baseline JSON (sglang perf_baselines layout)",
+)
+@click.option(
+    "--case",
+    default=None,
+    help="case id for a bundle, performance.log or perf dump (default: the bundle's "
+    "investigation / the file's stem)",
+)
+@click.option("--profile", default="pr_test", show_default=True, help="tolerance profile of the baseline")
+@click.option("--strict", is_flag=True, help="a case missing from the baseline fails instead of being 'new'")
+@click.option(
+    "--before",
+    default=None,
+    callback=existing_file("perf dump"),
+    help="sglang perf dump JSON (--perf-dump-path) of the reference build",
+)
+@click.option(
+    "--after",
+    default=None,
+    callback=existing_file("perf dump"),
+    help="sglang perf dump JSON of the changed build",
+)
+def compare_command(
+    run: str | None,
+    baseline: str | None,
+    case: str | None,
+    profile: str,
+    strict: bool,
+    before: str | None,
+    after: str | None,
+) -> None:
+    """Compare a run with a baseline file (sglang's rule), or two sglang perf dumps."""
+    if before or after:
+        if not (before and after) or run or baseline:
+            done(fail("compare takes --before A.json --after B.json, or --run and --baseline"))
+        done(_compare_dumps(before, after))
+    if not (run and baseline):
+        done(fail("compare needs --run and --baseline (or --before and --after)"))
+    done(_compare(run, baseline, case, profile, strict))

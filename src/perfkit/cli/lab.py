@@ -1,0 +1,70 @@
+"""``perfkit lab``: JupyterLab on a run's executed notebooks, or on notebooks bound to bundles."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from perfkit.cli._common import EXIT_CODES, done
+from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK
+
+
+@click.command(
+    "lab",
+    epilog="Examples: perfkit lab outputs/ci-cpu/latest; perfkit lab --replay examples/h200/bundles. "
+    + EXIT_CODES,
+)
+@click.argument("run", required=False)
+@click.option(
+    "--replay",
+    default=None,
+    metavar="DIR",
+    help="fresh copies of the investigation notebooks bound to the bundles in DIR (launches nothing)",
+)
+@click.option(
+    "--dir",
+    "dir",
+    default=None,
+    help="the lab directory (default outputs/lab/<time>); must be outside the tracked tree",
+)
+@click.option("--only", multiple=True, help="with --replay: only this investigation (repeatable)")
+@click.option("--no-execute", is_flag=True, help="with --replay: copy and bind the notebooks, run none")
+@click.option("--no-browser", is_flag=True, help="start JupyterLab without opening a browser")
+@click.option("--no-launch", is_flag=True, help="prepare the notebooks and print the JupyterLab command only")
+def lab_command(
+    run: str | None,
+    replay: str | None,
+    dir: str | None,  # noqa: A002 - the option's name
+    only: tuple[str, ...],
+    no_execute: bool,
+    no_browser: bool,
+    no_launch: bool,
+) -> None:
+    """Open JupyterLab on a run's executed notebooks, or on notebooks bound to recorded bundles,
+    outside the tracked tree (the tracked notebooks/ are never opened or saved)."""
+    from perfkit.lab import LabError, launch, prepare_replay, prepare_run
+    from perfkit.lab import lab_command as jupyter_command
+
+    if bool(run) == bool(replay):
+        print("perfkit lab: give a run directory or --replay DIR (one of them)", file=sys.stderr)
+        done(EXIT_ERROR)
+    try:
+        if replay:
+            if only:
+                print(f"perfkit lab: executing {', '.join(only)} …", file=sys.stderr)
+            lab = prepare_replay(replay, dir, only=only or None, execute=not no_execute)
+        else:
+            lab = prepare_run(run, dir)
+        for nb in lab.notebooks:
+            ran = f"executed in {lab.executed[nb.stem]:.1f} s" if nb.stem in lab.executed else "as saved"
+            err = f" (raised {lab.errors[nb.stem]})" if nb.stem in lab.errors else ""
+            print(f"  {nb.name:22s} {ran}{err}")
+        print(f"perfkit lab: {len(lab.notebooks)} notebooks in {lab.dir}")
+        if no_launch:
+            print("  open them with: " + " ".join(jupyter_command(lab, not no_browser)))
+            done(EXIT_OK)
+        done(launch(lab, not no_browser))
+    except LabError as exc:
+        print(f"perfkit lab: {exc}", file=sys.stderr)
+        done(EXIT_ERROR)

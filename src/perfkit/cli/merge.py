@@ -1,0 +1,45 @@
+"""``perfkit merge``: join ``perfkit suite --partition`` shards into one run (replay, gate, report)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from perfkit.cli._common import EXIT_CODES, done, existing_file, fail, print_result, sigterm_as_interrupt
+
+
+@click.command("merge", epilog=EXIT_CODES + " A missing shard or a failed unit is an error (2).")
+@click.argument("dirs", nargs=-1, required=True)
+@click.option("--out", required=True, help="the merged run directory")
+@click.option(
+    "--params",
+    default=None,
+    callback=existing_file("params file"),
+    help="params YAML the shards must have run (default: the shards' own)",
+)
+@click.option("--notebooks", default=None, hidden=True, help="another notebooks folder (tests)")
+@click.option("--force", is_flag=True, help="--out may hold an earlier run: its outputs are removed first")
+@click.option(
+    "--allow-mixed-commits",
+    is_flag=True,
+    help="merge shards measured at different commits (each unit's commit is shown); otherwise an error (2)",
+)
+@click.option("--no-screenshot", is_flag=True, help="skip the report screenshot")
+@click.option("-q", "--quiet", is_flag=True, help="no progress bar")
+def merge_command(**kw: Any) -> None:
+    """Join the outputs of perfkit suite --partition shards into one run: notebooks (replay),
+    gate, report."""
+    sigterm_as_interrupt()
+    from perfkit.params import ParamsError
+    from perfkit.suite import SuiteError, merge_runs
+
+    try:
+        res = merge_runs(
+            kw["dirs"], kw["out"], params_path=kw["params"], notebooks=kw["notebooks"],
+            screenshot=not kw["no_screenshot"], progress=not kw["quiet"], force=kw["force"],
+            allow_mixed_commits=kw["allow_mixed_commits"],
+        )  # fmt: skip
+    except (ParamsError, SuiteError, FileNotFoundError) as exc:
+        done(fail(str(exc)))
+    done(print_result(res, "perfkit merge"))

@@ -1,0 +1,71 @@
+"""``perfkit wheelhouse download|install``: offline wheels for air-gapped GPU hosts."""
+
+from __future__ import annotations
+
+import click
+
+from perfkit.cli._common import EXIT_CODES, done, fail
+from perfkit.gate.verdicts import EXIT_OK
+
+_ERRORS = (RuntimeError, FileNotFoundError, OSError, ValueError)
+
+
+@click.group("wheelhouse")
+def wheelhouse_group() -> None:
+    """Offline wheels for air-gapped GPU hosts."""
+
+
+@wheelhouse_group.command("download", epilog=EXIT_CODES)
+@click.argument("dir")
+@click.option("--have", default=None, help="the host's `pip list --format=freeze` (names it already has)")
+@click.option("--python-version", default="3.12", show_default=True, help="the host's Python")
+@click.option("--platform", multiple=True, help="pip platform tag (repeatable; default manylinux x86_64)")
+@click.option(
+    "--profile",
+    type=click.Choice(["full", "measure", "ray", "measure+ray"]),
+    default="full",
+    show_default=True,
+    help="full: everything perfkit needs; measure: engine + investigations only; ray: Ray (slimmed: "
+    "Ray Core: no Java worker, dashboard web UI or AI libraries) and its missing requirements",
+)
+def wheelhouse_download_command(
+    dir: str,  # noqa: A002 - the argument's name
+    have: str | None,
+    python_version: str,
+    platform: tuple[str, ...],
+    profile: str,
+) -> None:
+    """Download wheels of what a host lacks, for its Python."""
+    from perfkit import wheelhouse
+
+    try:
+        reqs = wheelhouse.download(
+            dir,
+            have,
+            python_version=python_version,
+            profile=profile,
+            platforms=tuple(platform) if platform else wheelhouse.DEFAULT_PLATFORMS,
+        )
+        print(f"{len(reqs)} wheels in {dir}: {' '.join(reqs)}")
+        print(f"wheelhouse size: {wheelhouse.wheelhouse_size(dir) / 2**20:.1f} MiB")
+        print(
+            "on the host: python3 -m pip install --no-index --no-deps "
+            f"{dir}/*.whl   (or: perfkit wheelhouse install {dir})"
+        )
+    except _ERRORS as exc:
+        done(fail(str(exc), prefix="error"))
+    done(EXIT_OK)
+
+
+@wheelhouse_group.command("install", epilog=EXIT_CODES)
+@click.argument("dir")
+@click.option("--target", default=None, help="install into this folder (then add it to PYTHONPATH)")
+def wheelhouse_install_command(dir: str, target: str | None) -> None:  # noqa: A002
+    """Install a wheelhouse offline (on the host)."""
+    from perfkit import wheelhouse
+
+    try:
+        wheelhouse.install(dir, target)
+    except _ERRORS as exc:
+        done(fail(str(exc), prefix="error"))
+    done(EXIT_OK)

@@ -1,0 +1,64 @@
+"""What ``perfkit compare --run`` names, read into baseline cases: the input kind is told here.
+
+A perfkit run directory, a bundle directory (``meta.json``), a performance.log (sglang's
+per-request JSON lines) or a perf dump JSON (sglang's ``--perf-dump-path``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from perfkit.bundle import ResultBundle
+from perfkit.gate import baseline as bl
+from perfkit.gate.run import run_cases, run_hardware
+from perfkit.readings import perfdump, records
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
+def compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """Case id -> scenario entry for what ``run`` names, and its hardware label (None: unknown).
+
+    ``case`` names the case of a bundle (default its investigation), a performance.log or a perf
+    dump (default the file's stem). An empty mapping: nothing measured.
+
+    Raises:
+        OSError: ``run`` missing or unreadable.
+        ValueError: unreadable input (RecordError, BaselineError name file and key).
+    """
+    if run.is_dir():
+        if (run / "meta.json").exists():
+            b = ResultBundle.load(run)
+            cid = case or b.scenario
+            return {cid: bl.from_bundle(b, cid)}, b.meta.get("gpu_name")
+        cases = run_cases(run)
+        if cases or not (run / "performance.log").exists():
+            return cases, run_hardware(run)
+        run = run / "performance.log"
+    if not run.exists():
+        raise FileNotFoundError(f"{run}: no such file or directory")
+    cid = case or run.stem
+    with open(run, "rb") as fh:
+        head = fh.read(perfdump.MAX_DUMP_BYTES + 1)
+    if len(head) <= perfdump.MAX_DUMP_BYTES and perfdump.is_perf_dump(_json_or_none(head)):
+        return {cid: bl.entry_from_records([perfdump.read_perf_dump(run).to_record()])}, None
+    del head
+    # a performance.log: streamed, one record at a time (raw fields dropped), strict UTF-8
+    recs = (
+        r
+        for r in records.iter_perf_log(run, strict=True, keep_raw=False, partial_last=False)
+        if isinstance(r, records.PerfRecord) and not r.is_warmup
+    )
+    try:
+        return {cid: bl.entry_from_records(recs)}, None
+    except ValueError as exc:
+        if isinstance(exc, records.RecordError):
+            raise
+        return {}, None  # no measured record
