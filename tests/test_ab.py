@@ -219,9 +219,19 @@ def test_bad_input_exits_2_naming_what_was_wrong(tmp_path):
     assert res.exit_code == 2 and "--b" in res.output
     res = ab("--replay", str(tmp_path), str(AA / "b"))
     assert res.exit_code == 2 and "no meta.json" in res.output
+    res = ab("--out", str(tmp_path / "o2"), "--replay", str(AA / "a"), "-q")  # one directory: -q is no side
+    assert res.exit_code == 2 and "takes two directories, DIR_A DIR_B" in res.output
     # one recording on both sides is no A/B (an "A/A" of identical data would always say no change)
     res = ab("--replay", str(AA / "a"), str(AA / "b" / ".." / "a"))
     assert res.exit_code == 2 and "is given as both A and B" in res.output
+    # found by the breaker: a CPU A/B side against an H200 suite bundle was "undecided" (and a
+    # pass with --undecided pass); two recordings of other shapes or GPUs are no A/B
+    res = ab("--replay", str(AA / "a"), str(ROOT / "examples/h200/bundles/cold_warm"), "--undecided", "pass")
+    assert (
+        res.exit_code == 2
+        and "cannot be one A/B, they differ in scenario: A 'ab', B 'cold_warm'" in res.output
+    )
+    assert "gpu_name: A None, B 'NVIDIA H200'" in res.output and "request.height: A None, B 512" in res.output
     res = ab("--replay", str(AA / "a"), str(AA / "b"), "--threshold-from", str(tmp_path))
     assert res.exit_code == 2 and "ab.json" in res.output
     # two bundles that measured nothing: nothing compared, exit 2 (never "no change")

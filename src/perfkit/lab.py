@@ -143,6 +143,29 @@ def _recorded_section(name: str, bundle: Path) -> dict[str, Any]:
     return out
 
 
+def replay_names(replay: str | Path, only: Iterable[str] | None = None) -> list[str]:
+    """The investigations ``replay`` holds a bundle of (those of ``only`` when given), in the
+    registry's order.
+
+    Raises:
+        LabError: ``replay`` is no directory, ``only`` names no investigation, or no bundle is there.
+    """
+    replay = Path(replay).resolve()
+    if not replay.is_dir():
+        raise LabError(f"--replay {replay}: no such directory")
+    names = list(only) if only else list(registry.names())
+    unknown = [n for n in names if n not in registry.names()]
+    if unknown:
+        raise LabError(f"--only {', '.join(unknown)}: not an investigation ({', '.join(registry.names())})")
+    have = [n for n in names if (replay / n / "meta.json").is_file()]
+    if not have:
+        raise LabError(
+            f"--replay {replay}: no bundle to open (expected <dir>/<investigation>/meta.json for "
+            f"one of {', '.join(names)})"
+        )
+    return have
+
+
 def prepare_replay(
     replay: str | Path,
     dest: str | Path | None = None,
@@ -160,18 +183,7 @@ def prepare_replay(
             ``dest`` is inside the tracked tree or already holds notebooks.
     """
     replay = Path(replay).resolve()
-    if not replay.is_dir():
-        raise LabError(f"--replay {replay}: no such directory")
-    names = list(only) if only else list(registry.names())
-    unknown = [n for n in names if n not in registry.names()]
-    if unknown:
-        raise LabError(f"--only {', '.join(unknown)}: not an investigation ({', '.join(registry.names())})")
-    have = [n for n in names if (replay / n / "meta.json").is_file()]
-    if not have:
-        raise LabError(
-            f"--replay {replay}: no bundle to open (expected <dir>/<investigation>/meta.json for "
-            f"one of {', '.join(names)})"
-        )
+    have = replay_names(replay, only)
     src_dir = Path(notebooks) if notebooks else notebooks_dir()
     lab = LabDir(_new_dir(dest))
     from papermill.iorw import load_notebook_node

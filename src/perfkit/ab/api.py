@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from perfkit.ab.decide import incomparable
 from perfkit.ab.driver import AbPlan
 from perfkit.ab.options import AbInputError, parse_gate_metrics
 from perfkit.ab.sequential import Design, decide_sequential, run_sequential
@@ -19,7 +20,13 @@ from perfkit.engine.spec import EngineSpec
 
 def load_replay(dir_a: str, dir_b: str) -> dict[str, ResultBundle]:
     """The two recorded side bundles of a replay, ``{"A": ..., "B": ...}``. Raises
-    :class:`AbInputError` (``--replay``): one directory given twice, or an unreadable bundle."""
+    :class:`AbInputError` (``--replay``): one directory given twice, an unreadable bundle, or two
+    recordings that cannot be one A/B (another investigation, GPU or request shape:
+    :func:`perfkit.ab.decide.incomparable`)."""
+    if str(dir_b).startswith("-"):  # click gave --replay the next option as its second directory
+        raise AbInputError(
+            f"takes two directories, DIR_A DIR_B; got {dir_a} and the option {dir_b}", "--replay"
+        )
     if Path(dir_a).resolve() == Path(dir_b).resolve():
         raise AbInputError(
             f"{dir_a} is given as both A and B: an A/B compares two recordings (for an A/A, "
@@ -32,6 +39,14 @@ def load_replay(dir_a: str, dir_b: str) -> dict[str, ResultBundle]:
             bundles[side] = ResultBundle.load(d)
         except (FileNotFoundError, ValueError) as exc:
             raise AbInputError(str(exc), "--replay") from None
+    differ = incomparable(bundles["A"], bundles["B"])
+    if differ:
+        raise AbInputError(
+            f"{dir_a} and {dir_b} cannot be one A/B, they differ in "
+            + "; ".join(differ)
+            + " (the engines may differ; what they measured, its shape and the GPU may not)",
+            "--replay",
+        )
     return bundles
 
 

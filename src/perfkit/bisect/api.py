@@ -28,6 +28,7 @@ def make_setup(
     confidence: float = 0.95,
     spending: str = "pocock",
     warm: int = 3,
+    build_timeout_s: float | None = None,
 ) -> ProbeSetup:
     """A :class:`ProbeSetup` from the command's options.
 
@@ -42,7 +43,9 @@ def make_setup(
         design = Design(min_launches, max_launches, confidence, spending)
     except ValueError as exc:
         raise BisectError(f"-n/--launches, --max-launches: {exc}") from None
-    return ProbeSetup(Path(spec), metric or "DenoisingStage", python_path, build, design, threshold, warm)
+    return ProbeSetup(
+        Path(spec), metric or "DenoisingStage", python_path, build, design, threshold, warm, build_timeout_s
+    )
 
 
 def out_dir(given: str | None, kind: str) -> Path:

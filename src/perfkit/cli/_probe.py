@@ -33,6 +33,13 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option("--build", default=None, metavar="CMD", help="shell command run in each checkout first"),
         click.option(
+            "--build-timeout",
+            type=click.FloatRange(min=1),
+            default=3600,
+            show_default=True,
+            help="seconds a --build may run; longer is that probe's error",
+        ),  # fmt: skip
+        click.option(
             "-n",
             "--launches",
             type=click.IntRange(2, 100),
@@ -81,14 +88,15 @@ def probe_run(kind: str, fn: Callable[..., Any], kw: dict[str, Any], *args: Any,
         setup = make_setup(
             kw["spec"], metric=metric, python_path=kw["python_path"], build=kw["build"],
             min_launches=kw["launches"], max_launches=kw["max_launches"],
-            threshold=threshold, warm=kw["warm"],
+            threshold=threshold, warm=kw["warm"], build_timeout_s=kw["build_timeout"],
         )  # fmt: skip
         sigterm_as_interrupt()
         if "metric" in more:  # confirm: the series' own metric unless --metric
             more["metric"] = metric
         code, summary = fn(*args, setup, out_dir(kw["out"], kind), **more)
     except (BisectError, HistoryError) as exc:
-        click.echo(f"perfkit {kind}: error: {exc}", err=True)
+        command = "history confirm" if kind == "confirm" else kind  # its outputs: outputs/confirm/
+        click.echo(f"perfkit {command}: error: {exc}", err=True)
         sys.exit(EXIT_ERROR)
     if not kw["quiet"]:
         click.echo(summary.read_text())

@@ -43,7 +43,7 @@ def lab_command(
 ) -> None:
     """Open JupyterLab on a run's executed notebooks, or on notebooks bound to recorded bundles,
     outside the tracked tree (the tracked notebooks/ are never opened or saved)."""
-    from perfkit.lab import LabError, launch, prepare_replay, prepare_run
+    from perfkit.lab import LabError, launch, prepare_replay, prepare_run, replay_names
     from perfkit.lab import lab_command as jupyter_command
 
     if bool(run) == bool(replay):
@@ -51,8 +51,9 @@ def lab_command(
         done(EXIT_ERROR)
     try:
         if replay:
-            if only:
-                print(f"perfkit lab: executing {', '.join(only)} …", file=sys.stderr)
+            names = replay_names(replay, only or None)  # checked before anything is said or written
+            if not no_execute:
+                print(f"perfkit lab: executing {', '.join(names)} on {replay} …", file=sys.stderr)
             lab = prepare_replay(replay, dir, only=only or None, execute=not no_execute)
         else:
             lab = prepare_run(run, dir)
