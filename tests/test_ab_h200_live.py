@@ -38,7 +38,10 @@ def test_h200_live_ab_replays_to_its_recorded_regression(tmp_path):
     assert 1.01 < float(row["low"]) < float(row["high"]) < 1.03  # the interval holds the injected +2 %
     seq = json.loads((tmp_path / "r" / "ab.json").read_text())["meta"]["sequential"]
     assert [look["n"] for look in seq["looks"]] == [3, 4]
-    assert [look["metrics"]["DenoisingStage"]["decision"] for look in seq["looks"]] == ["inconclusive", "regression"]
+    assert [look["metrics"]["DenoisingStage"]["decision"] for look in seq["looks"]] == [
+        "inconclusive",
+        "regression",
+    ]
 
 
 def test_h200_first_try_replays_to_its_recorded_error(tmp_path):
