@@ -245,6 +245,11 @@ class Watch:
     before: set[tuple[int, float]] = field(default_factory=set)
     #: new descendants found already ended (reaped here), with how
     gone: list[Ended] = field(default_factory=list)
+    #: of those, the ones that ended on SIGTERM: the signal the engine's teardown sends to its
+    #: group; an engine's own children (e.g. torch inductor's compile workers) end on it after
+    #: the engine has exited and are re-parented here as zombies. They ended with the teardown,
+    #: so :meth:`reap` does not name them as outliving it (logged at info)
+    ended_on_teardown: list[Ended] = field(default_factory=list)
 
     @classmethod
     def start(cls, registry: str | Path | None = None) -> "Watch":
@@ -271,7 +276,10 @@ class Watch:
                 if p.status() == psutil.STATUS_ZOMBIE:
                     with contextlib.suppress(psutil.Error, ChildProcessError):
                         code = p.wait(timeout=0)
-                        self.gone.append(Ended(p.pid, label, _ended_alone(code), False, 0.0))
+                        e = Ended(p.pid, label, _ended_alone(code), False, 0.0)
+                        self.gone.append(e)
+                        if code == -signal.SIGTERM:
+                            self.ended_on_teardown.append(e)
                     continue
             except psutil.Error:
                 continue
@@ -307,10 +315,17 @@ class Watch:
 
     def reap(self, grace_s: float = 5.0) -> list[Ended]:
         """End every leftover (:meth:`leftovers`) on a deadline (:func:`end_processes`); returns
-        how each ended ([] when nothing was left). Logs a warning per process ended."""
+        how each ended ([] when nothing was left), with the zombies found already ended except
+        those that ended on SIGTERM (:attr:`ended_on_teardown`: they ended with the launch's
+        teardown, logged at info). Logs a warning per process returned."""
         self.gone = []
+        self.ended_on_teardown = []
         left = self.leftovers()
-        ended = self.gone + end_processes(left, grace_s)
+        for e in self.ended_on_teardown:
+            log.info(
+                "ended with its engine's teardown (reaped here): pid %d %s: %s", e.pid, e.label or "", e.how
+            )
+        ended = [e for e in self.gone if e not in self.ended_on_teardown] + end_processes(left, grace_s)
         for e in ended:
             log.warning("left running after its launcher: pid %d %s: %s", e.pid, e.label or "", e.how)
         return ended

@@ -1,0 +1,56 @@
+"""The live H200 A/B of issue 42 (run 1) replayed on the CPU runner: the committed bundles of
+``examples/h200/ab-live/`` re-decided by ``perfkit ab --replay`` (no engine, no GPU) give the
+verdicts recorded on the H200."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from perfkit.ab.decide import AbResult
+from perfkit.cli import cli
+
+LIVE = Path(__file__).resolve().parents[1] / "examples/h200/ab-live"
+
+
+def _replay(run: Path, out: Path, *extra: str):
+    return CliRunner().invoke(
+        cli, ["ab", "--replay", str(run / "a"), str(run / "b"), "--out", str(out), "-q", *extra]
+    )
+
+
+def test_h200_live_ab_replays_to_its_recorded_regression(tmp_path):
+    """+2 % of DenoisingStage, --threshold 0.01 (the threshold is not recorded: a replay without
+    it decides at the default 5 %): a regression at look 2, 4 launches a side, as on the H200."""
+    run = LIVE / "ab-2pct"
+    recorded = json.loads((run / "ab.json").read_text())
+    assert recorded["verdict"] == "regression" and recorded["exit_code"] == 1
+    res = _replay(run, tmp_path / "r", "--threshold", "0.01")
+    assert res.exit_code == 1, res.output
+    got = AbResult.load(tmp_path / "r")
+    row = got.table.set_index("metric").loc["DenoisingStage"]
+    want = next(r for r in recorded["table"] if r["metric"] == "DenoisingStage")
+    assert row["decision"] == want["decision"] == "regression"
+    for k in ("ratio", "low", "high"):
+        assert abs(float(row[k]) - float(want[k])) < 1e-9, (k, row[k], want[k])
+    assert 1.01 < float(row["low"]) < float(row["high"]) < 1.03  # the interval holds the injected +2 %
+    seq = json.loads((tmp_path / "r" / "ab.json").read_text())["meta"]["sequential"]
+    assert [look["n"] for look in seq["looks"]] == [3, 4]
+    assert [look["metrics"]["DenoisingStage"]["decision"] for look in seq["looks"]] == [
+        "inconclusive",
+        "regression",
+    ]
+
+
+def test_h200_first_try_replays_to_its_recorded_error(tmp_path):
+    """The first try: every launch flagged by the owner (inductor compile workers that had
+    already ended on SIGTERM, reaped as zombies), so nothing was compared: exit 2, as recorded."""
+    run = LIVE / "first-try" / "ab-2pct"
+    assert json.loads((run / "ab.json").read_text())["exit_code"] == 2
+    res = _replay(run, tmp_path / "r", "--threshold", "0.01")
+    assert res.exit_code == 2, res.output
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert "had ended on signal 15 (SIGTERM) by the time its launcher was gone" in summary
+    assert "nothing compared" in summary
