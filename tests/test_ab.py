@@ -165,6 +165,35 @@ def test_replay_of_the_live_run_gives_its_verdict(live, tmp_path):
         assert (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-12), (x, y)
 
 
+def test_a_replay_decides_with_the_recorded_threshold(tmp_path):
+    """Found on the H200 (issue 42): a replay decided at the default 5 % what the run had decided
+    at 1 %; a run now records its threshold(s) beside its design, and a replay uses them unless
+    --threshold or --threshold-from is given."""
+    import shutil
+
+    for side in "ab":
+        shutil.copytree(AA / side, tmp_path / side)
+    meta_file = tmp_path / "a" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta.setdefault("ab", {}).setdefault("sequential", {}).update(threshold=0.5, thresholds={"warm_e2e": 0.4})
+    meta_file.write_text(json.dumps(meta))
+    ab("--replay", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "r1"), "-q")
+    t = AbResult.load(tmp_path / "r1").table.set_index("metric")["threshold"]
+    assert t["DenoisingStage"] == 0.5 and t["warm_e2e"] == 0.4
+    ab(
+        "--replay",
+        str(tmp_path / "a"),
+        str(tmp_path / "b"),
+        "--out",
+        str(tmp_path / "r2"),
+        "-q",
+        "--threshold",
+        "2%",
+    )
+    t = AbResult.load(tmp_path / "r2").table.set_index("metric")["threshold"]
+    assert t["DenoisingStage"] == t["warm_e2e"] == 0.02  # the given one, for every metric
+
+
 def test_committed_aa_pair_replays_as_no_regression(tmp_path):
     # 3 launches a side, every metric gating: nothing is decided within the recording, and
     # undecided is not a pass (issue 39): exit 1, "undecided" on summary.md's first line, with

@@ -56,6 +56,13 @@ def recorded_gate_metrics(bundles: dict[str, ResultBundle]) -> list[str] | None:
     return parse_gate_metrics([",".join(map(str, recorded))]) if recorded else None
 
 
+def recorded_thresholds(bundles: dict[str, ResultBundle]) -> tuple[float | None, dict[str, float]]:
+    """The threshold and per-metric thresholds a run recorded (side A's meta
+    ``ab.sequential``); (None, {}) for recordings made before they were kept."""
+    seq = (bundles["A"].meta.get("ab") or {}).get("sequential") or {}
+    return seq.get("threshold"), {str(k): float(v) for k, v in (seq.get("thresholds") or {}).items()}
+
+
 def profile_params(steps: int, all_stages: bool, warm: int) -> Any:
     """``--profile``'s settings as :class:`perfkit.scenarios.profiled.ProfileParams`.
     Raises :class:`AbInputError` (``--profile-steps``) with the model's messages."""

@@ -700,7 +700,15 @@ def run_sequential(
         out,
         request_timeout_s=plan.request_timeout_s,
         extend=extend,
-        # the gated metrics with the design: a replay without --gate-metrics splits alpha as the run did
-        meta={"sequential": {**design.to_dict(), "gate_metrics": list(gate) if gate else None}},
+        # the gated metrics and thresholds with the design: a replay without --gate-metrics or
+        # --threshold splits alpha and decides as the run did
+        meta={
+            "sequential": {
+                **design.to_dict(),
+                "gate_metrics": list(gate) if gate else None,
+                "threshold": threshold,
+                "thresholds": dict(thresholds or {}),
+            }
+        },
         profile=plan.profile,
     )

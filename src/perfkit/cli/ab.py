@@ -71,6 +71,10 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         gate = (
             gate if gate is not None else api.recorded_gate_metrics(bundles)
         )  # the alpha is split over them
+        rec_threshold, rec_thresholds = api.recorded_thresholds(bundles)  # decide as the run did
+        threshold = threshold if kw["threshold"] is not None or rec_threshold is None else rec_threshold
+        if not kw["threshold_from"] and kw["threshold"] is None:
+            thresholds = rec_thresholds
     else:
         if not (kw["a"] and kw["b"]):
             raise click.UsageError("give --a and --b (engine spec or params files), or --replay DIR_A DIR_B")
