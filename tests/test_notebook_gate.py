@@ -70,7 +70,8 @@ def pass_fail(tmp_path_factory):
     bundle = str(BUNDLES["cold_warm"])
     runs = {}
     for word, extra in (
-        ("pass", ["-p", "engine", '{"kind": "reference", "preset": "tiny"}']),
+        # the engine the bundle was measured with (another one is refused: what was measured)
+        ("pass", ["-p", "engine", '{"kind": "reference", "preset": "ltx-2b"}']),
         ("fail", ["-p", "invariants", "{latency_drift_max: 0.05}"]),
     ):
         out = tmp / f"{word}.ipynb"

@@ -233,10 +233,11 @@ def test_notebook_that_raises_still_reports_exit_2(tmp_path):
     assert "ERROR" in html and "cold_warm failed" in html
     # the traceback (nbconvert's HTML of the error output; the page's own error box escapes the
     # quotes, so this finds the traceback itself)
-    assert "ValueError" in html and "expected 'cold_warm'" in html
+    # (the cell after the parameters refuses another investigation's bundle, before any replay)
+    assert "NotebookParamsError" in html and "expected 'cold_warm'" in html
     run = json.loads((out / "run.json").read_text())
     nb = {n["name"]: n for n in run["notebooks"]}
-    assert nb["cold_warm"]["status"] == "error" and nb["cold_warm"]["ename"] == "ValueError"
+    assert nb["cold_warm"]["status"] == "error" and nb["cold_warm"]["ename"] == "NotebookParamsError"
     assert "ERROR" in (out / "summary.md").read_text()
     # perfkit report re-renders the same run
     (out / "report.html").unlink()
