@@ -24,7 +24,6 @@ as well.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import json
 import logging
 import os
@@ -38,6 +37,7 @@ from typing import Any, Iterable
 
 import nbformat
 
+from perfkit.common.outdirs import stamped_dir
 from perfkit.nbparams import section_params, validate
 from perfkit.params import ParamsError
 from perfkit.scenarios import registry
@@ -105,11 +105,7 @@ def tracked_tree(path: Path) -> Path | None:
 def _new_dir(dest: str | Path | None) -> Path:
     """``dest`` (created), or a new ``outputs/lab/<stamp>``; refused inside the tracked tree."""
     if dest is None:
-        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        d, n = LAB_BASE / stamp, 1
-        while d.exists():
-            n += 1
-            d = LAB_BASE / f"{stamp}-{n}"
+        d = stamped_dir(LAB_BASE)
     else:
         d = Path(dest)
     top = tracked_tree(d)

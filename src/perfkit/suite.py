@@ -56,6 +56,7 @@ import yaml
 
 from perfkit.bundle import IDENTITY_REQUEST, IDENTITY_SPEC
 from perfkit.common import jsonsafe
+from perfkit.common.outdirs import stamped_dir
 from perfkit.common.provenance import repo_root
 from perfkit.engine.owner import REGISTRY_ENV, Ended, Watch, describe, spawn_reaper, stop_reaper
 from perfkit.gate import baseline as bl
@@ -303,17 +304,7 @@ def outputs_base(name: str) -> Path:
 def default_out(name: str) -> Path:
     """A new run directory ``outputs/<name>/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``... when that
     second is taken): runs never overwrite each other."""
-    base = outputs_base(name)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base.mkdir(parents=True, exist_ok=True)
-    run_dir, n = base / stamp, 1
-    while True:  # created here, exclusively: two runs started in the same second never share one
-        try:
-            run_dir.mkdir()
-            return run_dir
-        except FileExistsError:
-            n += 1
-            run_dir = base / f"{stamp}-{n}"
+    return stamped_dir(outputs_base(name), create=True)
 
 
 def link_latest(run_dir: Path) -> Path | None:

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 from perfkit.ab import sequential as sq
 from perfkit.ab.metrics import METRIC_UNITS
 from perfkit.bundle import ResultBundle
+from perfkit.common.outdirs import given_out_problem
 from perfkit.readings.stages import KNOWN_STAGES
 
 
@@ -101,11 +102,10 @@ def out_dir(given: str | None, stamp: str) -> Path:
     replay must not overwrite a run, e.g. the A/A its thresholds come from), else a new
     ``outputs/ab/<stamp>`` (``-2``, ``-3``, … when that is taken). Raises :class:`AbInputError`."""
     if given:
-        out = Path(given)
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            what = "is a file" if not out.is_dir() else "exists and is not empty"
-            raise AbInputError(f"{out} {what}", "--out")
-        return out
+        problem = given_out_problem(given)
+        if problem:
+            raise AbInputError(f"{Path(given)} {problem}", "--out")
+        return Path(given)
     out, k = Path("outputs") / "ab" / stamp, 1
     while out.exists():
         k += 1

@@ -3,7 +3,6 @@ call): build the probe setup, run, write ``summary.md`` and ``report.html``."""
 
 from __future__ import annotations
 
-import datetime as _dt
 from pathlib import Path
 
 from perfkit.ab.sequential import Design
@@ -11,6 +10,7 @@ from perfkit.bisect.checkout import BisectError
 from perfkit.bisect.confirm import confirm
 from perfkit.bisect.probe import ProbeSetup
 from perfkit.bisect.search import bisect
+from perfkit.common.outdirs import given_out_problem, stamped_dir
 from perfkit.report.bisect import write_bisect_outputs
 
 __all__ = ["make_setup", "out_dir", "run_bisect", "run_confirm"]
@@ -56,16 +56,11 @@ def out_dir(given: str | None, kind: str) -> Path:
         BisectError: ``--out`` is a file or a non-empty directory.
     """
     if given:
-        out = Path(given)
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise BisectError(f"--out {out} {'is a file' if not out.is_dir() else 'exists and is not empty'}")
-        return out
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out, k = Path("outputs") / kind / stamp, 1
-    while out.exists():
-        k += 1
-        out = Path("outputs") / kind / f"{stamp}-{k}"
-    return out
+        problem = given_out_problem(given)
+        if problem:
+            raise BisectError(f"--out {Path(given)} {problem}")
+        return Path(given)
+    return stamped_dir(Path("outputs") / kind)
 
 
 def run_bisect(repo: str | Path, good: str, bad: str, setup: ProbeSetup, out: Path) -> tuple[int, Path]:

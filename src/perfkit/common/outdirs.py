@@ -1,0 +1,38 @@
+"""Output directories of perfkit's commands: a new ``<base>/<YYYYmmdd-HHMMSS>`` that no other run
+holds, and the rule for a ``--out`` the user gave (never a file, never a run's outputs)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+
+
+def stamped_dir(base: str | Path, suffix: str = "", *, create: bool = False) -> Path:
+    """A directory ``base/<YYYYmmdd-HHMMSS><suffix>`` that does not exist yet (``-2``, ``-3``, …
+    when that name is taken). With ``create`` it is made here, exclusively, so two runs started
+    in the same second never share one; without, it is only named (made by whoever writes it)."""
+    base = Path(base)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S") + suffix
+    if create:
+        base.mkdir(parents=True, exist_ok=True)
+    out, n = base / stamp, 1
+    while True:
+        if create:
+            try:
+                out.mkdir()
+                return out
+            except FileExistsError:
+                pass
+        elif not out.exists():
+            return out
+        n += 1
+        out = base / f"{stamp}-{n}"
+
+
+def given_out_problem(out: str | Path) -> str | None:
+    """Why a ``--out`` the user gave cannot take new outputs (``"is a file"``, ``"exists and is
+    not empty"``: a run's outputs are never overwritten), or None."""
+    p = Path(out)
+    if p.exists() and (not p.is_dir() or any(p.iterdir())):
+        return "is a file" if not p.is_dir() else "exists and is not empty"
+    return None
