@@ -54,3 +54,39 @@ def test_h200_first_try_replays_to_its_recorded_error(tmp_path):
     summary = (tmp_path / "r" / "summary.md").read_text()
     assert "had ended on signal 15 (SIGTERM) by the time its launcher was gone" in summary
     assert "nothing compared" in summary
+
+
+EVIDENCE = Path(__file__).resolve().parents[1] / "examples/h200/evidence"
+
+
+def test_h200_live_aa_replays_to_no_change_at_look_2(tmp_path):
+    """The A/A of the second occasion: not called a regression; decided "no change" at look 2
+    (4 a side), with B02 replaced as run in a slow spell, as on the H200."""
+    run = EVIDENCE / "aa"
+    recorded = json.loads((run / "ab.json").read_text())
+    assert recorded["verdict"] == "no regression" and recorded["exit_code"] == 0
+    res = _replay(run, tmp_path / "r", "--threshold", "0.01", "--gate-metrics", "DenoisingStage")
+    assert res.exit_code == 0, res.output
+    row = AbResult.load(tmp_path / "r").table.set_index("metric").loc["DenoisingStage"]
+    assert row["decision"] == "no change"
+    assert 0.99 < float(row["low"]) < 1.0 < float(row["high"]) < 1.01
+    seq = json.loads((tmp_path / "r" / "ab.json").read_text())["meta"]["sequential"]
+    assert [look["n"] for look in seq["looks"]] == [3, 4]
+    assert seq["replaced"] == {"A": [], "B": ["B02"]}
+    assert seq["looks"] == recorded["meta"]["sequential"]["looks"]
+
+
+def test_h200_noisy_2pct_ab_replays_to_undecided_never_a_pass(tmp_path):
+    """The +2 % A/B on the noisy stretch, cut before its own comparison: its replay ends
+    undecided at the maximum of 4 a side, exit 1, "undecided" on summary.md's first line."""
+    run = EVIDENCE / "ab-2pct-noisy"
+    res = _replay(run, tmp_path / "r", "--threshold", "0.01", "--gate-metrics", "DenoisingStage")
+    assert res.exit_code == 1, res.output
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert summary.splitlines()[0] == "## perfkit ab: undecided (exit code 1)"
+    committed = json.loads((run / "replay" / "ab.json").read_text())
+    got = json.loads((tmp_path / "r" / "ab.json").read_text())
+    assert got["table"] == committed["table"] and got["exit_code"] == committed["exit_code"] == 1
+    seq = got["meta"]["sequential"]
+    assert seq["stop"] != "decided" and seq["undecided"] == ["DenoisingStage"]
+    assert seq["launches_run"] == {"A": 4, "B": 4}
