@@ -95,7 +95,8 @@ class AsyncVideoClient:
         base_url: e.g. ``http://127.0.0.1:30000``.
         max_in_flight: the bound (>= 1) on requests submitted and not yet terminal.
         timeout_s: per request, submit to terminal status (no HTTP call waits past it).
-        poll_s: polling interval of ``GET /v1/videos/{id}`` (s).
+        poll_s: polling interval of ``GET /v1/videos/{id}`` (s) while the job runs; a job the
+            engine reports ``queued`` is polled every 10 x ``poll_s``.
 
     Use as ``async with AsyncVideoClient(url, 4) as c: out = await c.generate(spec, slot=0)``.
 
@@ -176,7 +177,9 @@ class AsyncVideoClient:
         while status not in TERMINAL:
             if time.perf_counter() > deadline:
                 return done(rid, "timeout", f"request {rid} not finished after {self.timeout_s:g} s", body)
-            await asyncio.sleep(self.poll_s)
+            # a queued job cannot end before it starts: poll it 10x less often, so that k requests
+            # in flight cost the engine about one fast poller, not k
+            await asyncio.sleep(self.poll_s * (10 if status == "queued" else 1))
             try:
                 r = await self.http.get(f"/v1/videos/{rid}", timeout=left())
             except httpx.TimeoutException:

@@ -43,17 +43,22 @@ from typing import Any, Literal, Mapping, Optional
 import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
-from scipy.stats import spearmanr
 
-from perfkit import stats
 from perfkit.bundle import ResultBundle
-from perfkit.checks import Check, check_max, check_min, number
+from perfkit.checks import Check, check_max, check_min
 from perfkit.engine.aclient import AsyncOutcome, AsyncVideoClient, closed_loop, open_loop
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
 from perfkit.readings.records import parse_lines
 from perfkit.scenarios.common import assemble, fmt, json_float, measure_launch, record_rows
-from perfkit.scenarios.load_trace import read_trace, shape_key, trace_summary
+from perfkit.scenarios.load_stats import (
+    level_stats,
+    median,
+    open_loop_stats,
+    read_trace,
+    shape_key,
+    trace_summary,
+)
 from perfkit.scenarios.registry import (
     InvariantParams,
     KeyNumber,
@@ -65,8 +70,6 @@ from perfkit.scenarios.registry import (
 )
 
 NAME = "load"
-#: the quantiles reported per level
-QUANTILES = (0.5, 0.9, 0.99)
 INTERVAL = "order-statistic (binomial) 95 % interval"
 
 
@@ -203,6 +206,9 @@ def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[d
             )
         row.update(_times(sub, start, done, server_ms, o.client_ms))
         row.update({"server_ms": server_ms, "latent_shape": latent, "compiles": compiles})
+        row.update({"engine_started_s": start, "engine_completed_s": done})
+        # what the job JSON said over HTTP (perfkit_times.started; None: not reported)
+        row["job_json_started_s"] = o.engine_started
         load_rows.append(row)
     return load_rows, req_rows, [stage_rows, step_rows]
 
@@ -266,89 +272,6 @@ def run(ctx: RunContext, p: LoadParams) -> ResultBundle:
 
 
 # ------------------------------------------------------------------------------- summarising
-def _q_row(e2e: list[float]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for q in QUANTILES:
-        tag = f"p{int(q * 100)}"
-        if not e2e:
-            out.update({f"{tag}_ms": None, f"{tag}_ci": [None, None]})
-            continue
-        lo, hi = stats.quantile_ci(e2e, q)
-        out[f"{tag}_ms"] = float(np.quantile(e2e, q))
-        out[f"{tag}_ci"] = [json_float(lo), json_float(hi)]
-    return out
-
-
-def _median(xs: list) -> float | None:
-    xs = [x for x in xs if number(x) is not None]
-    return float(np.median(xs)) if xs else None
-
-
-def _peaks(mem: pd.DataFrame, t0: float, t1: float) -> dict[str, float | None]:
-    if mem is None or mem.empty:
-        return {"device_peak_mib": None, "host_peak_mib": None}
-    sel = mem[(mem["t_s"] >= t0) & (mem["t_s"] <= t1)]
-    return {
-        "device_peak_mib": json_float(pd.to_numeric(sel.get("device_used_mib"), errors="coerce").max()),
-        "host_peak_mib": json_float(pd.to_numeric(sel.get("host_pss_mib"), errors="coerce").max()),
-    }
-
-
-def _level(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None) -> dict[str, Any]:
-    ok = [r for r in rows if r["status"] == "completed"]
-    e2e = [r["e2e_ms"] for r in ok]
-    t0 = min(r["t_arrival_s"] or r["t_submit_s"] for r in rows)
-    t1 = max(r["t_end_s"] for r in rows)
-    minutes = (t1 - t0) / 60.0
-    met = [r for r in ok if slo_ms is not None and r["e2e_ms"] <= slo_ms]
-    out: dict[str, Any] = {
-        "n": len(rows),
-        "completed": len(ok),
-        "failed": len(rows) - len(ok),
-        "queue_wait_ms": _median([r["queue_wait_ms"] for r in ok]),
-        "service_ms": _median([r["service_ms"] for r in ok]),
-        "e2e_median_ms": _median(e2e),
-        "start_source": sorted({r["start_source"] for r in ok}),
-        "throughput_vpm": len(ok) / minutes if minutes > 0 else None,
-        "slo_attainment": (len(met) / len(rows)) if slo_ms is not None and rows else None,
-        "goodput_vpm": (len(met) / minutes) if slo_ms is not None and minutes > 0 else None,
-        "t0_s": t0,
-        "t1_s": t1,
-    }
-    out.update(_q_row(e2e))
-    if mem is not None:
-        out.update(_peaks(mem, t0, t1))
-    return out
-
-
-def _open_loop(rows: list[dict], slo_ms: float | None, mem, capacity_rps: float | None) -> dict[str, Any]:
-    """The open loop's level row plus whether its queue grew (queue wait against arrival
-    order: Spearman's rho and the least-squares slope; the last third's median against the
-    first third's)."""
-    out = _level(rows, slo_ms, mem)
-    rate = rows[0]["level"]
-    waits = [r["queue_wait_ms"] for r in rows]
-    finite = [w for w in waits if number(w) is not None]
-    third = max(1, len(waits) // 3)
-    first, last = _median(waits[:third]), _median(waits[-third:])
-    rho = float(spearmanr(range(len(finite)), finite).statistic) if len(set(finite)) > 1 else None
-    grows = bool(rho is not None and rho >= 0.5 and first is not None and last is not None and last > first)
-    out.update(
-        {
-            "rate_rps": rate,
-            "capacity_rps": capacity_rps,
-            "above_capacity": (rate > capacity_rps) if capacity_rps else None,
-            "queue_wait_first_third_ms": first,
-            "queue_wait_last_third_ms": last,
-            "queue_wait_slope_ms_per_request": json_float(stats.slope_per_index(waits)),
-            "queue_wait_rho": json_float(rho),
-            "queue_grows": grows,
-            "queue_wait_series_ms": waits,
-        }
-    )
-    return out
-
-
 def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str, Any]:
     """Everything the tables, checks and reading show, from ``results["per_request"]`` (and the
     memory timeline for the peaks): ``slo_ms``, ``slo_source``, ``levels`` (one dict per
@@ -364,12 +287,12 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
     levels = []
     for k in sorted({r["level"] for r in rows if r["phase"] == "closed"}):
         mine = [r for r in rows if r["phase"] == "closed" and r["level"] == k]
-        lv = {"concurrency": k, **_level(mine, slo_ms, mem)}
+        lv = {"concurrency": k, **level_stats(mine, slo_ms, mem)}
         # the steady state: requests submitted with k - 1 others in flight (the first k - 1 of
         # the level found fewer ahead of them: the ramp-up)
         steady = [r for r in mine if r["status"] == "completed" and r["in_flight_at_submit"] == k - 1]
         lv["steady_requests"] = len(steady)
-        lv["queue_wait_steady_ms"] = _median([r["queue_wait_ms"] for r in steady])
+        lv["queue_wait_steady_ms"] = median([r["queue_wait_ms"] for r in steady])
         svc = lv["service_ms"]
         expect = (k - 1) * svc if svc is not None else None
         lv["queue_wait_expected_ms"] = expect
@@ -393,7 +316,11 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
             if lv.get(key) is not None and base.get(key) is not None
         ]
         growth = max(diffs) if diffs else None
-    svc1 = levels[0]["service_ms"] if levels else _median([r["service_ms"] for r in rows if r["phase"] == "warmup"])
+    svc1 = (
+        levels[0]["service_ms"]
+        if levels
+        else median([r["service_ms"] for r in rows if r["phase"] == "warmup"])
+    )
     capacity = 1000.0 / svc1 if svc1 else None
     opened = [r for r in rows if r["phase"] == "open"]
     traced = [r for r in rows if r["phase"] == "trace"]
@@ -403,7 +330,7 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
         "levels": levels,
         "capacity_rps": capacity,
         "memory_growth_mib": growth,
-        "open_loop": _open_loop(opened, slo_ms, mem, capacity) if opened else None,
+        "open_loop": open_loop_stats(opened, slo_ms, mem, capacity) if opened else None,
         "trace": (
             trace_summary(traced, results.get("warmup_latent_shape"), results.get("trace_slo_ms") or [])
             if traced
@@ -426,6 +353,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
     """Memory growth over the levels; per level k >= 2 the queue model and throughput ratio;
     per level the SLO attainment (each only when its invariant is set)."""
     rows: list[Check] = []
+    inv = {k: v for k, v in inv.items() if v is not None}  # None: reported, not gated
     levels = r.get("levels") or []
     if "load_memory_growth_max_mib" in inv:
         rows.append(
@@ -527,6 +455,7 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
                 "p99_ms": lv["p99_ms"],
                 "p99_interval_ms": _ci_text(lv.get("p99_ci")),
                 "throughput_vpm": lv["throughput_vpm"],
+                "engine_idle_share": lv.get("engine_idle_share"),
                 "goodput_vpm": lv["goodput_vpm"],
                 "slo_attainment": lv["slo_attainment"],
                 "device_peak_mib": lv.get("device_peak_mib"),

@@ -1,5 +1,7 @@
-"""Request traces for the serving-under-load investigation: reading one, and what its
-requests say about warmup coverage.
+"""The serving-under-load investigation's statistics: per closed-loop level and for the open
+loop (quantiles with order-statistic intervals, throughput, SLO attainment, goodput, memory
+peaks, whether the queue grows), and request traces: reading one, and what its requests say
+about warmup coverage.
 
 A trace is JSONL, one request a line, with vllm-omni's diffusion benchmark fields: ``width``,
 ``height``, ``num_frames``, ``num_inference_steps``, ``seed``, ``fps`` and an optional ``slo_ms``
@@ -15,12 +17,28 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from scipy.stats import spearmanr
 
+from perfkit import stats
+from perfkit.checks import number
 from perfkit.engine.client import VideoRequestSpec
+from perfkit.scenarios.common import json_float
 from perfkit.scenarios.registry import ScenarioError
 
-__all__ = ["TraceLine", "read_trace", "shape_key", "trace_summary"]
+__all__ = [
+    "TraceLine",
+    "read_trace",
+    "shape_key",
+    "trace_summary",
+    "level_stats",
+    "open_loop_stats",
+    "quantile_row",
+    "median",
+    "peaks",
+    "engine_idle_share",
+]
 
 #: at most this many lines (a trace is a sample of a day's requests, replayed in one launch)
 MAX_LINES = 100_000
@@ -158,3 +176,105 @@ def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]
         "slo_attainment": (len(met) / len(with_slo)) if with_slo else None,
         "sentence": sentence,
     }
+
+
+#: the quantiles reported per level
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def quantile_row(e2e: list[float]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for q in QUANTILES:
+        tag = f"p{int(q * 100)}"
+        if not e2e:
+            out.update({f"{tag}_ms": None, f"{tag}_ci": [None, None]})
+            continue
+        lo, hi = stats.quantile_ci(e2e, q)
+        out[f"{tag}_ms"] = float(np.quantile(e2e, q))
+        out[f"{tag}_ci"] = [json_float(lo), json_float(hi)]
+    return out
+
+
+def median(xs: list) -> float | None:
+    xs = [x for x in xs if number(x) is not None]
+    return float(np.median(xs)) if xs else None
+
+
+def peaks(mem: pd.DataFrame, t0: float, t1: float) -> dict[str, float | None]:
+    if mem is None or mem.empty:
+        return {"device_peak_mib": None, "host_peak_mib": None}
+    sel = mem[(mem["t_s"] >= t0) & (mem["t_s"] <= t1)]
+    return {
+        "device_peak_mib": json_float(pd.to_numeric(sel.get("device_used_mib"), errors="coerce").max()),
+        "host_peak_mib": json_float(pd.to_numeric(sel.get("host_pss_mib"), errors="coerce").max()),
+    }
+
+
+def level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None) -> dict[str, Any]:
+    ok = [r for r in rows if r["status"] == "completed"]
+    e2e = [r["e2e_ms"] for r in ok]
+    t0 = min(r["t_arrival_s"] or r["t_submit_s"] for r in rows)
+    t1 = max(r["t_end_s"] for r in rows)
+    minutes = (t1 - t0) / 60.0
+    met = [r for r in ok if slo_ms is not None and r["e2e_ms"] <= slo_ms]
+    out: dict[str, Any] = {
+        "n": len(rows),
+        "completed": len(ok),
+        "failed": len(rows) - len(ok),
+        "queue_wait_ms": median([r["queue_wait_ms"] for r in ok]),
+        "service_ms": median([r["service_ms"] for r in ok]),
+        "e2e_median_ms": median(e2e),
+        "start_source": sorted({r["start_source"] for r in ok}),
+        "throughput_vpm": len(ok) / minutes if minutes > 0 else None,
+        "slo_attainment": (len(met) / len(rows)) if slo_ms is not None and rows else None,
+        "goodput_vpm": (len(met) / minutes) if slo_ms is not None and minutes > 0 else None,
+        "t0_s": t0,
+        "t1_s": t1,
+        "engine_idle_share": engine_idle_share(ok),
+    }
+    out.update(quantile_row(e2e))
+    if mem is not None:
+        out.update(peaks(mem, t0, t1))
+    return out
+
+
+def open_loop_stats(
+    rows: list[dict], slo_ms: float | None, mem, capacity_rps: float | None
+) -> dict[str, Any]:
+    """The open loop's level row plus whether its queue grew (queue wait against arrival
+    order: Spearman's rho and the least-squares slope; the last third's median against the
+    first third's)."""
+    out = level_stats(rows, slo_ms, mem)
+    rate = rows[0]["level"]
+    waits = [r["queue_wait_ms"] for r in rows]
+    finite = [w for w in waits if number(w) is not None]
+    third = max(1, len(waits) // 3)
+    first, last = median(waits[:third]), median(waits[-third:])
+    rho = float(spearmanr(range(len(finite)), finite).statistic) if len(set(finite)) > 1 else None
+    grows = bool(rho is not None and rho >= 0.5 and first is not None and last is not None and last > first)
+    out.update(
+        {
+            "rate_rps": rate,
+            "capacity_rps": capacity_rps,
+            "above_capacity": (rate > capacity_rps) if capacity_rps else None,
+            "queue_wait_first_third_ms": first,
+            "queue_wait_last_third_ms": last,
+            "queue_wait_slope_ms_per_request": json_float(stats.slope_per_index(waits)),
+            "queue_wait_rho": json_float(rho),
+            "queue_grows": grows,
+            "queue_wait_series_ms": waits,
+        }
+    )
+    return out
+
+
+def engine_idle_share(rows: list[dict[str, Any]]) -> float | None:
+    """Share of the engine's window (first start to last completion, its own clock) in which
+    no job of ``rows`` ran; None when the engine does not report start times. In a closed loop
+    at concurrency 1 this is the client's turnaround between requests."""
+    spans = [(r.get("engine_started_s"), r.get("engine_completed_s")) for r in rows]
+    if not spans or any(a is None or b is None for a, b in spans):
+        return None
+    window = max(b for _, b in spans) - min(a for a, _ in spans)
+    busy = sum(b - a for a, b in spans)
+    return max(0.0, 1.0 - busy / window) if window > 0 else None
