@@ -46,6 +46,7 @@ from pydantic import Field, field_validator
 
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check, check_max, check_min
+from perfkit.common.provenance import repo_root
 from perfkit.engine.aclient import AsyncOutcome, AsyncVideoClient, closed_loop, open_loop
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
@@ -230,13 +231,22 @@ def _times(sub, start, done, server_ms, client_ms) -> dict[str, Any]:
     return {"queue_wait_ms": None, "service_ms": None, "start_source": "not reported"}
 
 
+def trace_path(given: str) -> Path:
+    """The trace file: as given when it exists (absolute or from the working directory), else
+    relative to the checkout (``params/traces/...`` from a notebook's working directory)."""
+    path = Path(given)
+    if path.is_absolute() or path.exists():
+        return path
+    return repo_root() / path
+
+
 def run(ctx: RunContext, p: LoadParams) -> ResultBundle:
     """One launch: trace, warm-up, closed-loop levels, open loop (module doc).
 
     Raises:
         ScenarioError: the trace file cannot be read (naming the file, line and key).
     """
-    trace = read_trace(Path(p.trace), ctx.request) if p.trace else []
+    trace = read_trace(trace_path(p.trace), ctx.request) if p.trace else []
     timeout_s = float(ctx.engine.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
     holder: dict[str, Any] = {}
 
