@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from perfkit.bundle import ResultBundle
 from perfkit.engine.aclient import AsyncOutcome
@@ -61,7 +62,16 @@ def measured(tmp_path_factory) -> ResultBundle:
         poll_s=0.005,
     )
     bundle = L.run(RunContext(engine=_engine(17), request=REQUEST, work_dir=d), p)
-    bundle.save(d / "bundle")
+    bundle.save(d / "recorded" / L.NAME)
+    # the params file it was measured with, for perfkit suite --replay
+    doc = yaml.safe_load((REPO / "params/ci-cpu.yaml").read_text())
+    for name in ("cold_warm", "warmup_shapes", "memory_budget", "offload_modes"):
+        doc[name] = {"enabled": False}
+    doc["engine"]["env"] = {"OMP_NUM_THREADS": "1"}
+    doc["request"] = {k: v for k, v in REQUEST.payload().items() if k != "prompt"}
+    doc[L.NAME] = p.model_dump()
+    doc["invariants"] = {"load_queue_model_max_rel_err": 0.25}
+    (d / "params.yaml").write_text(yaml.safe_dump(doc))
     return bundle
 
 
@@ -232,3 +242,29 @@ def test_quantile_interval_of_a_small_sample_is_unbounded_above_not_the_maximum(
     lo, hi = quantile_ci(list(range(8)), 0.99)
     assert lo == 6.0 and hi != hi  # NaN: 8 requests cannot bound a p99
     assert quantile_ci(list(range(100)), 0.5) == (39.0, 60.0)
+
+
+def test_suite_replay_gives_the_same_verdict_and_the_page_reads_in_chromium(measured, tmp_path):
+    """perfkit suite --replay of the recorded bundle: the notebook (papermill) and the gate
+    give the bundle's own checks, and the page passes the browser checks (no horizontal scroll
+    at 1280 px, no NaN/None words, alt text, no network request)."""
+    from perfkit import report
+    from perfkit.suite import run_suite
+
+    d = measured.path.parent.parent
+    res = run_suite(
+        str(d / "params.yaml"), tmp_path / "run", replay=d / "recorded", screenshot=False, progress=False
+    )
+    assert res.exit_code == 0, (tmp_path / "run" / "summary.md").read_text()
+    verdict = json.loads((tmp_path / "run" / L.NAME / "verdict.json").read_text())
+    inv = merged_invariants({"load_queue_model_max_rel_err": 0.25})
+    want = {(c.metric, c.status) for c in L.checks(measured.results, inv)}
+    assert {(r["metric"], r["status"]) for r in verdict["rows"] if r["case"] == L.NAME} == want
+    if report.chromium_binary() is None:
+        pytest.skip("chromium not installed: the page was rendered, not read")
+    import test_report_browser as browser
+
+    f = browser.read_at(tmp_path / "run" / "report.html", tmp_path)
+    assert f["scrollWidth"] <= f["innerWidth"] == 1280, f["wide"]
+    assert f["junk"] == [] and f["noAlt"] == 0 and f["images"] >= 3, f
+    assert [u for u in f["requests"] if not u.startswith(browser.LOCAL_SCHEMES)] == []
