@@ -24,6 +24,10 @@ from perfkit.scenarios.load_stats import trace_summary
 from perfkit.scenarios.registry import RunContext, ScenarioError, merged_invariants
 from perfkit.stats import quantile_ci
 
+# queue wait against (k - 1) x service and throughput across levels are speed comparisons on a
+# live engine: run alone on the machine (`make test`'s second phase), one launch for the module
+pytestmark = pytest.mark.timing
+
 REPO = Path(__file__).resolve().parents[1]
 #: a request of about 0.3-0.6 s on the tiny engine with one thread (128x128, 17 frames)
 REQUEST = VideoRequestSpec(num_frames=17, height=128, width=128, num_inference_steps=32)
