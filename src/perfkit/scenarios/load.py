@@ -271,6 +271,12 @@ def run(ctx: RunContext, p: LoadParams) -> ResultBundle:
         "warmup_latent_shape": data.launch_row.get("warmup_latent_shape"),
         "engine_warmup_frames": ctx.engine.startup_warmup_frames(),
     }
+    if (p.rate_rps or p.rate_over_capacity) and not any(ph == "open" for ph, *_ in sent):
+        results["open_loop_note"] = (
+            "open loop not run: no capacity measured (no request of the first level completed)"
+            if data.error is None
+            else f"open loop not run: {data.error}"
+        )
     mem = data.memory
     results.update(summarise(results, mem))
     params = {
@@ -509,6 +515,8 @@ def reading(r: Mapping[str, Any]) -> str:
             f"{fmt(ol['queue_wait_last_third_ms'], '.0f', ' ms')} in the last "
             f"({fmt(ol['queue_wait_slope_ms_per_request'], '+.0f', ' ms')} per request)."
         )
+    if r.get("open_loop_note"):
+        lines.append(r["open_loop_note"] + ".")
     tr = r.get("trace")
     if tr:
         lines.append(tr.get("sentence") or "")
