@@ -386,6 +386,59 @@ display(Markdown(reading("overhead", results)))"""),
     )
 
 
+def load() -> nbformat.NotebookNode:
+    cells = [
+        new_code_cell(measure_cell("load")),
+        new_markdown_cell("## Levels: queue wait, service time, percentiles, throughput, SLO"),
+        new_code_cell("""show_table(summary_frame("load", results), transpose=False)
+display(Markdown(reading("load", results)))"""),
+        new_markdown_cell("## Gate (memory stays flat; queue model, throughput and SLO when set)"),
+        new_code_cell(GATE_CELL),
+        new_markdown_cell("## Latency vs concurrency"),
+        new_code_cell('show(plots.latency_vs_concurrency(results.get("levels") or []))'),
+        new_markdown_cell("## Queue wait vs service time per level"),
+        new_code_cell(
+            'show(plots.queue_vs_service([*(results.get("levels") or []), '
+            '*([results["open_loop"]] if results.get("open_loop") else [])]))'
+        ),
+        new_markdown_cell("## Memory under concurrency"),
+        new_code_cell(
+            'show(plots.memory_under_concurrency(bundle.memory, [*(results.get("levels") or []), '
+            '*([results["open_loop"]] if results.get("open_loop") else [])]))'
+        ),
+        new_markdown_cell("## Trace: first hit per shape and warmup coverage"),
+        new_code_cell("""trace = results.get("trace")
+if trace:
+    show_table(pd.DataFrame(trace["shapes"]), transpose=False)
+    display(Markdown(trace["sentence"]))
+else:
+    display(Markdown("No trace: set `trace` to a JSONL of requests (vllm-omni's fields)."))"""),
+        new_markdown_cell(
+            "## How to read this\n\n"
+            "At concurrency k a server that runs one request at a time (sglang's diffusion server "
+            "per worker, the reference engine) makes each request wait about (k − 1) × the service "
+            "time once k − 1 are ahead of it, while throughput stays flat: latency grows, "
+            "videos per minute do not. A batching server would show queue wait below that and "
+            "throughput rising. At concurrency 1 the engine idles while the client turns around "
+            "(`engine_idle_share`). An open loop above capacity has no steady state: the queue, and "
+            "with it e2e, grows with every arrival. Memory should stay flat across levels (the "
+            "5090 consumer-budget case checked two concurrent requests for exactly that). In the "
+            "trace, a shape whose latent shape the startup warmup did not run pays its shape setup "
+            "(recompilation) on its first hit; the share of p99 it causes is p99 minus the p99 "
+            "with those first hits replaced by their shape's later median."
+        ),
+    ]
+    cells += gate_cells('"load"', 'str(out / "verdict.json")')
+    return _nb(
+        "load",
+        "Serving under load",
+        "Under concurrent requests, how long do they queue, what throughput, p99 and SLO attainment "
+        "does the engine reach, does memory stay flat, and does the startup warmup cover a real "
+        "request trace?",
+        cells,
+    )
+
+
 def baseline_gate() -> nbformat.NotebookNode:
     cells = [
         new_code_cell("""g = gate_run.gate(run_dir, engine=engine, request=request, baseline_file=baseline_file,
@@ -563,6 +616,7 @@ NOTEBOOKS = {
     "warmup_shapes": warmup_shapes,
     "memory_budget": memory_budget,
     "offload_modes": offload_modes,
+    "load": load,
     "overhead": overhead,
     "baseline_gate": baseline_gate,
     "ab": ab,

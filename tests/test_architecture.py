@@ -69,9 +69,23 @@ def _names(text: str, name: str) -> bool:
 
 def test_run_order_is_declared_not_import_order():
     # warmup_shapes and memory_budget reuse the cold_warm session: cold_warm must run first
-    assert registry.names() == ("cold_warm", "warmup_shapes", "memory_budget", "offload_modes", "overhead")
+    assert registry.names() == (
+        "cold_warm",
+        "warmup_shapes",
+        "memory_budget",
+        "offload_modes",
+        "load",
+        "overhead",
+    )
     orders = [s.order for s in registry.all_scenarios()]
     assert orders == sorted(orders)
+
+
+#: (file, text): strings of outside formats that happen to equal a scenario's name
+EXTERNAL_WORDS = {
+    # sglang's perf_baselines tolerance key for model load time (docs/DESIGN.md "Interop facts")
+    ("src/perfkit/gate/baseline.py", "load"),
+}
 
 
 def test_scenario_names_are_written_only_in_their_own_module():
@@ -84,6 +98,8 @@ def test_scenario_names_are_written_only_in_their_own_module():
         for line, text in _literals(f):
             for name in names:
                 if own and f.stem == name:
+                    continue
+                if (str(f.relative_to(ROOT)), text) in EXTERNAL_WORDS:
                     continue
                 if _names(text, name):
                     found.append(f"{f.relative_to(ROOT)}:{line}: {name!r} in {text[:60]!r}")

@@ -153,6 +153,19 @@ TABLES: dict[str, Table] = {
                 _c("placement", "string", "text", "where the weights lived (device, group_offload, ...)"),
                 _c("t_start_s", "float64", "s", "request start, epoch seconds"),
                 _c("t_end_s", "float64", "s", "request end, epoch seconds"),
+                _c(
+                    "submitted_s",
+                    "float64",
+                    "s",
+                    "engine's job created (request accepted), epoch seconds; NaN: not reported",
+                ),
+                _c(
+                    "started_s",
+                    "float64",
+                    "s",
+                    "engine's job started (taken from its queue), epoch seconds; NaN: not reported",
+                ),
+                _c("completed_s", "float64", "s", "engine's job completed, epoch seconds; NaN: not reported"),
             ),
         ),
         Table(

@@ -335,3 +335,39 @@ def relative_drift(first: float, last: float) -> float:
     if not (math.isfinite(f) and math.isfinite(l_)) or f == 0.0:
         return math.nan
     return l_ / f - 1.0
+
+
+def quantile_ci(x: Any, q: float, confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free interval of the ``q`` quantile from order statistics (the binomial
+    method: ranks l < u with P(l <= B < u) >= ``confidence`` for B ~ Binomial(n, q), as
+    narrow as possible around n·q).
+
+    Args:
+        x: samples (non-finite values dropped), e.g. latencies in ms.
+        q: the quantile in (0, 1), e.g. 0.99.
+        confidence: two-sided coverage.
+
+    Returns:
+        (low, high) in the units of ``x``; an end the samples cannot bound is NaN (p99 of 8
+        requests has no upper bound: the interval is then (low, NaN), never the maximum).
+
+    Raises:
+        ValueError: ``q`` or ``confidence`` outside (0, 1).
+    """
+    from scipy.stats import binom
+
+    if not (0 < q < 1 and 0 < confidence < 1):
+        raise ValueError(f"q and confidence must lie in (0, 1), got q={q}, confidence={confidence}")
+    a = np.sort(_clean(x))
+    n = a.size
+    if n == 0:
+        return math.nan, math.nan
+    alpha = 1 - confidence
+    # largest l with P(B < l) <= alpha/2, smallest u with P(B >= u) <= alpha/2 (1-based ranks)
+    lo_rank = int(binom.ppf(alpha / 2, n, q))  # P(B <= lo_rank) >= alpha/2
+    if binom.cdf(lo_rank, n, q) > alpha / 2:
+        lo_rank -= 1
+    hi_rank = int(binom.ppf(1 - alpha / 2, n, q)) + 1
+    lo = float(a[lo_rank]) if lo_rank >= 0 else math.nan  # rank lo_rank+1 is a[lo_rank]
+    hi = float(a[hi_rank - 1]) if hi_rank <= n else math.nan
+    return lo, hi

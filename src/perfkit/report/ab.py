@@ -155,7 +155,7 @@ def ab_context(res: AbResult, page_dir: str | Path = ".") -> dict[str, Any]:
         "threshold_pct": f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %",
         "thresholds_from": res.meta.get("thresholds_from"),
         "gate_metrics": ", ".join(res.meta.get("gate_metrics") or []),
-        "load": " / ".join(str(x) for x in load) if load else None,
+        "host_load": " / ".join(str(x) for x in load) if load else None,
         "errors": list(res.meta.get("launch_errors") or []),
         "spells": spells_line(res),
         "sequential": sequential_text(res),

@@ -5,12 +5,15 @@ when imported; importing this package fills the registry. Run order (``Scenario.
 - :mod:`.warmup_shapes`: does the startup warmup cover the request shapes (seed 003).
 - :mod:`.memory_budget`: fit and cost under memory caps, minimum device budget (seed 000).
 - :mod:`.offload_modes`: cost and savings of each offload mode (none, model, group-block/leaf).
+- :mod:`.load`: serving under load: queueing, throughput, p99, SLO, memory, trace coverage
+  (disabled by default).
 - :mod:`.overhead`: what perfkit's own instrumentation costs (disabled by default).
 
 The package also exports each investigation's measuring function for direct use.
 """
 
 # importing a scenario module registers it; the run order is each Scenario's ``order``
+from perfkit.scenarios import load as _load  # noqa: F401  (registers it)
 from perfkit.scenarios.cold_warm import cold_vs_warm
 from perfkit.scenarios.memory_budget import find_min_budget, memory_budget
 from perfkit.scenarios.offload_modes import offload_modes

@@ -81,6 +81,16 @@ def _snap(rec: PerfRecord | None, checkpoint: str, key: str) -> float:
     return NAN if v is None else v
 
 
+def _epoch(v: Any) -> float:
+    """An epoch-seconds value of a record as written, NaN when absent or null (not reported);
+    anything but a finite number >= 0 is refused naming what it was."""
+    if v is None:
+        return NAN
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= float(v) < math.inf):
+        raise ValueError(f"job time {v!r} is not epoch seconds")
+    return float(v)
+
+
 def record_rows(
     label: str,
     rec: PerfRecord,
@@ -127,6 +137,10 @@ def record_rows(
         "placement": pk.get("placement"),
         "t_start_s": pk.get("t_start", outcome.t_start if outcome else NAN),
         "t_end_s": pk.get("t_end", outcome.t_end if outcome else NAN),
+        # the engine's job clock (reference engine); sglang's records carry none: NaN = not reported
+        "submitted_s": _epoch(pk.get("t_submitted")),
+        "started_s": _epoch(pk.get("t_started")),
+        "completed_s": _epoch(pk.get("t_completed")),
     }
     stage_peaks = pk.get("stage_peak_allocated_mb") or {}
     stages = []

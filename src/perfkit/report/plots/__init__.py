@@ -20,6 +20,8 @@ The modules, by what they draw:
 - :mod:`.baseline`: :func:`baseline_vs_actual`, the baseline gate's verdicts;
 - :mod:`.offload`: :func:`offload_memory_latency`, memory and latency per offload mode;
 - :mod:`.ab`: :func:`ab_forest`, an A/B's ratios;
+- :mod:`.concurrency`: :func:`latency_vs_concurrency`, :func:`queue_vs_service` and
+  :func:`memory_under_concurrency`, serving under load;
 - :mod:`.base` (bundle unpacking, launch names, ms axes, PNG and alt text) and :mod:`.style`
   (colours) are shared by all of them.
 
@@ -37,6 +39,11 @@ from __future__ import annotations
 from perfkit.report.plots.ab import AB_DECISION_COLORS, ab_forest
 from perfkit.report.plots.base import alt_text, figure_to_png_bytes, launch_names
 from perfkit.report.plots.baseline import STATUS_COLORS, baseline_vs_actual
+from perfkit.report.plots.concurrency import (
+    latency_vs_concurrency,
+    memory_under_concurrency,
+    queue_vs_service,
+)
 from perfkit.report.plots.coverage import coverage_heatmap
 from perfkit.report.plots.e2e import e2e_per_request
 from perfkit.report.plots.offload import offload_memory_latency
@@ -69,9 +76,12 @@ __all__ = [
     "coverage_heatmap",
     "e2e_per_request",
     "figure_to_png_bytes",
+    "latency_vs_concurrency",
     "launch_names",
     "memory_timeline",
+    "memory_under_concurrency",
     "offload_memory_latency",
+    "queue_vs_service",
     "request_label",
     "request_roles",
     "stage_breakdown",

@@ -1,0 +1,241 @@
+"""The reference engine's jobs: one request's bookkeeping, its ``performance.log`` record and its
+``/v1/videos`` answer.
+
+A job is created when ``POST /v1/videos`` accepts a request (``created``: submitted), started when
+the engine's single worker takes it from the queue (``started``) and completed when its run ends
+(``completed``), all epoch seconds. The record's ``perfkit`` object and the job JSON both carry
+the three, so a client can tell queue wait (started - submitted) from service time
+(completed - started).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perfkit.common.recordformat import PERF_LOG_NAME
+from perfkit.refengine.memory import max_snapshots
+from perfkit.refengine.pipeline import GenRequest, RunResult, host_memory_mib, record_payload
+from perfkit.refengine.profiling import TraceInfo
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Job", "PerfLogWriter", "job_record", "job_body", "alignment_note"]
+
+
+@dataclass
+class Job:
+    """One request's job: what was asked, its status, and when it was created (submitted),
+    started (the worker took it from the queue) and completed, epoch seconds (``time.time()``)."""
+
+    id: str
+    req: GenRequest
+    tag: str = "request"
+    status: str = "queued"
+    error: str | None = None
+    created: float = field(default_factory=time.time)
+    #: when the worker took the job from the queue and began running it (None: still queued)
+    started: float | None = None
+    completed: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    result: dict[str, Any] | None = None
+    #: frames the pipeline generates (num_frames aligned up to 8k+1)
+    effective_frames: int | None = None
+    #: sglang fields the request set that this engine does not implement
+    ignored_fields: list[str] = field(default_factory=list)
+    slowed: bool = False  # the test-only injected slowdown applied to this run
+    #: sglang's profiling fields of the request: None (not profiled) or
+    #: {"all_stages": bool, "num_profiled_timesteps": int | None}
+    profile: dict[str, Any] | None = None
+    #: what the profiler wrote (mode, path, size), for the record
+    trace: TraceInfo | None = None
+    #: 0-based index among measured requests (0: the cold request); None for the warmup
+    measured_index: int | None = None
+    #: the allocator snapshot written after this request (:mod:`.memhistory`), if one was asked
+    memory_snapshot: dict[str, Any] | None = None
+
+
+class PerfLogWriter:
+    """Appends whole lines to DIR/performance.log (one ``os.write`` of an O_APPEND fd per line)."""
+
+    def __init__(self, directory: str | Path | None):
+        self.path = Path(directory) / PERF_LOG_NAME if directory else None
+        self._lock = threading.Lock()
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, obj: dict[str, Any]) -> None:
+        if not self.path:
+            return
+        data = (json.dumps(obj, default=_json_default) + "\n").encode()
+        with self._lock:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    return str(o)
+
+
+def job_record(
+    job: Job,
+    res: RunResult | None,
+    peak: dict[str, float] | None,
+    *,
+    snapshots: dict[str, dict[str, float] | None],
+    info: dict[str, Any],
+    commit_hash: str | None,
+    rank: int = 0,
+) -> dict[str, Any]:
+    """The ``performance.log`` object of one finished job: sglang's per-request layout
+    (request_id, timestamp, commit_hash, tag, stages, steps, total_duration_ms,
+    memory_snapshots in MiB) plus the ``perfkit`` object (shape, compiles, host memory in MiB,
+    stage spans, and the job's ``t_submitted``/``t_started``/``t_completed`` in epoch seconds).
+    ``snapshots``: the engine's load/warmup snapshots; ``peak``: this run's runtime peak."""
+    rss, anon = host_memory_mib()
+    snaps = {k: v for k, v in snapshots.items() if v is not None}
+    if peak is not None:
+        snaps["runtime_peak"] = peak
+    rec: dict[str, Any] = {
+        "request_id": job.id,
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "commit_hash": commit_hash,
+        "tag": job.tag,
+        "stages": [],
+        "steps": [],
+        "total_duration_ms": None,
+        "memory_snapshots": snaps,
+    }
+    pk: dict[str, Any] = {
+        "status": job.status,
+        "error": job.error,
+        "num_frames_requested": job.req.num_frames,
+        "height": job.req.height,
+        "width": job.req.width,
+        "num_inference_steps": job.req.num_inference_steps,
+        "guidance_scale": job.req.guidance_scale,
+        "stage_timing": job.req.timing_mode,
+        "ignored_fields": job.ignored_fields,
+        "host_rss_mib": round(rss, 2),
+        "host_anon_mib": round(anon, 2),
+        **info,
+    }
+    if "debug_stage_delay_pct" in info:
+        pk["debug_stage_delay_applied"] = job.slowed
+        if res is not None and res.injected:  # stage -> [its own work, busy time added] (ms)
+            pk["debug_stage_delay_ms"] = {k: [round(x, 3) for x in v] for k, v in res.injected.items()}
+        if res is not None and res.injected_wall:
+            pk["debug_stage_delay_wall_ms"] = {k: round(v, 3) for k, v in res.injected_wall.items()}
+    # the job's own clock: submitted (created) -> started (taken from the queue) -> completed;
+    # queue wait = started - submitted, service time = completed - started (epoch seconds)
+    pk.update({"t_submitted": job.created, "t_started": job.started, "t_completed": job.completed})
+    if job.measured_index is not None:
+        pk["request_index"] = job.measured_index
+    if job.memory_snapshot is not None:
+        pk["memory_snapshot"] = job.memory_snapshot
+    if job.trace is not None:  # sglang's profile fields: what was profiled and where it went
+        pk["profile"] = {**job.trace.to_dict(), "rank": rank}
+    if res is not None:
+        rec.update(record_payload(res))
+        pk.update(
+            {
+                "num_frames_effective": res.effective_frames,
+                "latent_shape": res.latent_shape,
+                "latent_frames": res.latent_shape[1] if res.latent_shape else None,
+                "compiles": res.compile.compiles,
+                "compile_ms": round(res.compile.compile_ms, 3),
+                "recompile_reasons": res.compile.reasons,
+                "recompile_limit_hit": res.compile.limit_hit,
+                "recompile_limit_stage": res.compile.limit_stage,
+                "compile_by_stage": {
+                    k: {**v, "compile_ms": round(v["compile_ms"], 3)} for k, v in res.compile.by_stage.items()
+                },
+                "refinement_steps": [round(x, 3) for x in res.refinement_steps],
+                "stage_peak_allocated_mb": {
+                    s.name: round(s.peak_allocated_mb, 2)
+                    for s in res.stages
+                    if s.peak_allocated_mb is not None
+                },
+                "stage_peak_reserved_mb": {
+                    s.name: round(s.peak_reserved_mb, 2) for s in res.stages if s.peak_reserved_mb is not None
+                },
+                "stage_spans": [{"name": s.name, "t_start": s.t_start, "t_end": s.t_end} for s in res.stages],
+                "t_start": res.t_start,
+                "t_end": res.t_end,
+            }
+        )
+        if res.compile.limit_hit:
+            log.warning(
+                "request %s hit the recompile limit in %s: frames now run eagerly",
+                job.id,
+                res.compile.limit_stage or "a stage not known",
+            )
+        if res.ranks:
+            # multi-rank (CFG parallel): stages/steps above are rank 0's (it serves, decodes, and
+            # its steps include waiting for the peer's branch); memory is the max across ranks,
+            # as sglang records it; every rank's own numbers are under perfkit.ranks
+            res.ranks[0]["memory_snapshots"] = dict(snaps)
+            rec["memory_snapshots"] = max_snapshots([r.get("memory_snapshots") or {} for r in res.ranks])
+            pk["ranks"] = res.ranks
+    rec["perfkit"] = pk
+    return rec
+
+
+def alignment_note(requested: int, effective: int | None) -> str:
+    """Why the answer's ``num_frames`` differs from the request's: ``"num_frames 24 aligned up
+    to 25 (LTX: 8k+1 frames)"``; empty when they are equal."""
+    if effective is None or effective == requested:
+        return ""
+    return f"num_frames {requested} aligned up to {effective} (LTX: 8k+1 frames)"
+
+
+def job_body(job: Job) -> dict[str, Any]:
+    """The /v1/videos answer: sglang's video object (``created_at``, ``completed_at``) plus
+    ``started_at`` and ``perfkit_times`` (the job's clock, epoch seconds) and the effective shape. ``num_frames`` is
+    what the pipeline generates (aligned), ``num_frames_requested`` what was asked, and
+    ``alignment_note`` says why they differ."""
+    body: dict[str, Any] = {
+        "id": job.id,
+        "object": "video",
+        "status": job.status,
+        "created_at": int(job.created),
+        "error": job.error,
+    }
+    if job.started is not None:
+        body["started_at"] = int(job.started)
+    if job.completed:
+        body["completed_at"] = int(job.completed)
+    # sglang's *_at fields are whole seconds; the job's clock to the microsecond (epoch seconds),
+    # so that queue wait (started - submitted) of a sub-second request can be read over HTTP
+    body["perfkit_times"] = {"submitted": job.created, "started": job.started, "completed": job.completed}
+    r = job.req
+    effective = job.effective_frames if job.effective_frames is not None else r.num_frames
+    body.update(
+        {
+            "num_frames": effective,
+            "num_frames_requested": r.num_frames,
+            "alignment_note": alignment_note(r.num_frames, effective),
+            "height": r.height,
+            "width": r.width,
+            "size": f"{r.width}x{r.height}",
+            "num_inference_steps": r.num_inference_steps,
+            "ignored_fields": job.ignored_fields,
+        }
+    )
+    if job.result is not None:
+        body["inference_time_s"] = (job.result.get("total_duration_ms") or 0) / 1000.0
+    return body

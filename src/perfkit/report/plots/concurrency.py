@@ -1,0 +1,132 @@
+"""Serving-under-load figures: e2e latency against concurrency (p50, p99 with its interval's
+lower end), queue wait stacked on service time per level, and the memory timeline with each
+level's window shaded (:func:`latency_vs_concurrency`, :func:`queue_vs_service`,
+:func:`memory_under_concurrency`).
+
+Each takes the investigation's per-level results (a list of mappings with ``concurrency`` or
+``rate_rps``, ``p50_ms``, ``p99_ms``, ``p99_ci``, ``queue_wait_ms``, ``service_ms``, ``t0_s``,
+``t1_s``; ms and epoch seconds) and, for memory, the bundle's ``memory`` table (MiB).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from perfkit.report.plots.base import empty_note, is_finite, ms_axis, new_figure
+
+__all__ = ["latency_vs_concurrency", "queue_vs_service", "memory_under_concurrency"]
+
+
+def _label(lv: Mapping[str, Any]) -> str:
+    if lv.get("concurrency") is not None:
+        return f"c{lv['concurrency']}"
+    return f"open {float(lv.get('rate_rps') or 0):.2f}/s"
+
+
+def _num(v: Any) -> float:
+    return float(v) if is_finite(v) else np.nan
+
+
+def latency_vs_concurrency(levels: Sequence[Mapping[str, Any]], *, title: str | None = None) -> Figure:
+    """p50 and p99 of e2e (ms) per closed-loop level; the p99's 95 % order-statistic interval
+    drawn as a bar from its lower end (an upper end the requests cannot bound is drawn as an
+    arrow up). Returns a Figure with one axes."""
+    fig = new_figure(6.4, 3.8)
+    ax = fig.add_subplot(1, 1, 1)
+    closed = [lv for lv in levels if lv.get("concurrency") is not None]
+    if not closed:
+        empty_note(ax, "no closed-loop level measured")
+        return fig
+    x = [int(lv["concurrency"]) for lv in closed]
+    p50 = [_num(lv.get("p50_ms")) for lv in closed]
+    p99 = [_num(lv.get("p99_ms")) for lv in closed]
+    ax.plot(x, p50, "o-", label="p50", color="tab:blue")
+    ax.plot(x, p99, "s-", label="p99", color="tab:red")
+    for xi, lv in zip(x, closed):
+        lo, hi = (list(lv.get("p99_ci") or []) + [None, None])[:2]
+        if is_finite(lo) and is_finite(hi):
+            ax.plot([xi, xi], [lo, hi], color="tab:red", alpha=0.4, lw=6)
+        elif is_finite(lo):
+            ax.annotate(
+                "",
+                (xi, _num(lv.get("p99_ms")) * 1.15),
+                (xi, lo),
+                arrowprops={"arrowstyle": "->", "color": "tab:red"},
+            )
+    ax.set_xticks(x)
+    ax.set_xlabel("requests in flight (closed loop)")
+    ax.set_ylabel("end-to-end latency (ms)")
+    ms_axis(ax)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(title or "Latency vs concurrency: p50, p99 (bar: p99's 95 % interval)")
+    return fig
+
+
+def queue_vs_service(levels: Sequence[Mapping[str, Any]], *, title: str | None = None) -> Figure:
+    """Per level (closed-loop levels, then the open loop): median queue wait stacked on median
+    service time (ms), from the engine's records. Returns a Figure with one axes."""
+    fig = new_figure(6.4, 3.8)
+    ax = fig.add_subplot(1, 1, 1)
+    if not levels:
+        empty_note(ax, "no level measured")
+        return fig
+    names = [_label(lv) for lv in levels]
+    svc = np.nan_to_num([_num(lv.get("service_ms")) for lv in levels])
+    wait = np.nan_to_num([_num(lv.get("queue_wait_ms")) for lv in levels])
+    x = np.arange(len(names))
+    ax.bar(x, svc, 0.6, label="service (started → completed)", color="tab:green")
+    ax.bar(x, wait, 0.6, bottom=svc, label="queue wait (submitted → started)", color="tab:orange")
+    ax.set_xticks(x, names)
+    ax.set_ylabel("median per request (ms)")  # linear: stacked bars start at 0
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(title or "Queue wait vs service time per level")
+    return fig
+
+
+def memory_under_concurrency(
+    memory: pd.DataFrame, levels: Sequence[Mapping[str, Any]], *, title: str | None = None
+) -> Figure:
+    """Device memory in use and host PSS of the engine (MiB) over the launch (s since the first
+    sample), each level's window shaded and named. Returns a Figure with one axes."""
+    fig = new_figure(8.0, 3.8)
+    ax = fig.add_subplot(1, 1, 1)
+    if memory is None or memory.empty or "t_s" not in memory.columns:
+        empty_note(ax, "no memory samples")
+        return fig
+    t0 = float(pd.to_numeric(memory["t_s"], errors="coerce").min())
+    t = pd.to_numeric(memory["t_s"], errors="coerce") - t0
+    drew = False
+    for col, label, color in (
+        ("device_used_mib", "device in use", "tab:blue"),
+        ("host_pss_mib", "host PSS (engine tree)", "tab:orange"),
+    ):
+        y = pd.to_numeric(memory.get(col), errors="coerce") if col in memory.columns else None
+        if y is not None and y.notna().any():
+            ax.plot(t, y, label=label, color=color, lw=1.2)
+            drew = True
+    if not drew:
+        empty_note(ax, "no device or host memory readings")
+        return fig
+    for i, lv in enumerate(levels):
+        a, b = lv.get("t0_s"), lv.get("t1_s")
+        if is_finite(a) and is_finite(b):
+            ax.axvspan(a - t0, b - t0, color="grey", alpha=0.08 + 0.06 * (i % 2))
+            ax.text(
+                (a + b) / 2 - t0,
+                1.0,
+                _label(lv),
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
+    ax.set_xlabel("seconds since the first sample")
+    ax.set_ylabel("MiB")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(title or "Memory under concurrency (levels shaded)", pad=14)
+    return fig

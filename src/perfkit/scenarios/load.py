@@ -1,0 +1,557 @@
+"""Serving under load: queueing, throughput, p99, SLO attainment, memory under concurrency, and
+whether the startup warmup covers a real request trace.
+
+One launch. After the engine is ready, in this order:
+
+1. **trace** (optional, ``trace``: a JSONL of requests with vllm-omni's fields ``width``,
+   ``height``, ``num_frames``, ``num_inference_steps``, ``seed``, ``fps``, optional ``slo_ms``):
+   sent first, so that each shape's first request really is its first hit. Per shape: the
+   first-hit penalty (first request's server e2e − the shape's later median), compiles on the
+   first hit, and whether the startup warmup covered it (same latent shape as the warmup's
+   record: the design doc's "covered shape"); the share of the trace's requests whose shape is
+   uncovered and the share of its p99 they cause (p99 − the p99 with each uncovered first hit
+   replaced by its shape's later median, over p99);
+2. **warm-up**: ``warmup_requests`` requests of the params' request shape, one at a time;
+   their median e2e is sglang bench_serving's SLO base (``--slo --slo-scale``: the SLO is the
+   median warm-up latency × scale);
+3. **closed loop**: at each concurrency k in ``concurrency``, ``requests_per_level`` requests
+   from k workers that each send the next as soon as theirs ended (``--max-concurrency k``);
+4. **open loop** (optional): Poisson arrivals (seeded) at ``rate_rps`` or at
+   ``rate_over_capacity`` × the measured capacity (1 / median service time at the first level).
+
+Per request, from the engine's job clock (:mod:`perfkit.refengine.jobs`; the requests table's
+``submitted_s``/``started_s``/``completed_s``): queue wait = started − submitted, service time =
+completed − started; e2e = the client's submit to result. An engine whose records carry no
+start time (sglang's carry ``created_at``/``completed_at`` and ``total_duration_ms`` only) gets
+service = the record's ``total_duration_ms`` and queue wait = e2e − service, marked
+``derived (start not reported)`` in ``start_source``; with neither, "not reported", never 0.
+
+Per level: throughput (completed videos per minute of the level's wall time), p50/p90/p99 of
+e2e with order-statistic intervals (:func:`perfkit.stats.quantile_ci`, 95 %), SLO attainment
+and goodput (videos per minute within the SLO: ``slo_ms``, else ``slo_scale`` × the warm-up
+median), queue wait against (k − 1) × the median service time (what one-at-a-time serving
+predicts: sglang's diffusion server serves requests one at a time per worker), and the peak
+device and host memory (the launch's sampler) against the first level's: "stays flat".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional
+
+import numpy as np
+import pandas as pd
+from pydantic import Field, field_validator
+
+from perfkit.bundle import ResultBundle
+from perfkit.checks import Check, check_max, check_min
+from perfkit.common.provenance import repo_root
+from perfkit.engine.aclient import AsyncOutcome, AsyncVideoClient, closed_loop, open_loop
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
+from perfkit.readings.records import parse_lines
+from perfkit.scenarios.common import assemble, fmt, json_float, measure_launch, record_rows
+from perfkit.scenarios.load_stats import (
+    level_stats,
+    median,
+    open_loop_stats,
+    read_trace,
+    shape_key,
+    trace_summary,
+)
+from perfkit.scenarios.registry import (
+    InvariantParams,
+    KeyNumber,
+    RunContext,
+    Scenario,
+    ScenarioError,
+    ScenarioParams,
+    register,
+)
+
+NAME = "load"
+INTERVAL = "order-statistic (binomial) 95 % interval"
+
+
+class LoadParams(ScenarioParams):
+    """``load`` section: one launch; the phases run in the order of the module doc."""
+
+    enabled: bool = False
+    tier: Literal["per-commit", "extra"] = "extra"
+    #: requests of the params' shape sent one at a time before measuring (SLO base)
+    warmup_requests: int = Field(3, ge=1, le=1000)
+    #: closed-loop levels (requests in flight); [] skips the sweep
+    concurrency: list[int] = Field(default_factory=lambda: [1, 2, 4])
+    #: measured requests per level
+    requests_per_level: int = Field(8, ge=2, le=100_000)
+    #: open loop: arrivals per second (Poisson); None: see rate_over_capacity
+    rate_rps: Optional[float] = Field(None, gt=0)
+    #: open loop at this multiple of the capacity measured at the first level (2.0: twice what
+    #: the engine serves); None and rate_rps None: no open loop
+    rate_over_capacity: Optional[float] = Field(None, gt=0)
+    #: requests of the open loop
+    open_loop_requests: int = Field(12, ge=3, le=100_000)
+    #: seed of the Poisson arrivals
+    seed: int = 0
+    #: SLO in ms; None: slo_scale x the warm-up median (sglang bench_serving --slo --slo-scale)
+    slo_ms: Optional[float] = Field(None, gt=0)
+    #: SLO as a multiple of the warm-up median e2e (used when slo_ms is None)
+    slo_scale: float = Field(3.0, gt=0)
+    #: a JSONL request trace (vllm-omni's fields) sent first; None: no trace
+    trace: Optional[str] = None
+    #: the memory sampler's interval (s)
+    sample_interval_s: float = Field(0.05, gt=0)
+    #: the client's polling interval of ``GET /v1/videos/{id}`` (s): at concurrency 1 the
+    #: engine idles about this long plus one HTTP round trip between requests
+    poll_s: float = Field(0.02, gt=0, le=5)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, v: list[int]) -> list[int]:
+        if any(k < 1 for k in v) or len(set(v)) != len(v):
+            raise ValueError(f"levels must be distinct integers >= 1, got {v}")
+        return v
+
+
+class LoadInvariants(InvariantParams):
+    """Within-run limits of serving under load (None: reported, not gated)."""
+
+    #: peak device or host memory (MiB) of any level above the first level's: the 5090 case
+    #: (seed 000) checked that concurrent requests keep GPU and host memory flat
+    load_memory_growth_max_mib: Optional[float] = 256.0
+    #: |median queue wait − (k − 1) × median service| / ((k − 1) × median service), per level
+    #: k >= 2 (one-at-a-time serving); set it for an engine that should queue, not batch
+    load_queue_model_max_rel_err: Optional[float] = None
+    #: throughput at each level / throughput at the first level, at least
+    load_throughput_min_ratio: Optional[float] = None
+    #: share of each level's requests within the SLO, at least
+    load_slo_attainment_min: Optional[float] = None
+
+
+# ------------------------------------------------------------------------------- measuring
+def _run_async(base_url: str, p: LoadParams, request: VideoRequestSpec, trace: list, timeout_s: float):
+    """Every phase against one engine (module doc order): [(phase, level, outcome, spec)]."""
+
+    async def go() -> list[tuple[str, Any, AsyncOutcome, VideoRequestSpec]]:
+        out: list[tuple[str, Any, AsyncOutcome, VideoRequestSpec]] = []
+        biggest = max([*p.concurrency, 1, p.open_loop_requests])
+        async with AsyncVideoClient(base_url, biggest, timeout_s=timeout_s, poll_s=p.poll_s) as c:
+            for i, (spec, _slo) in enumerate(trace):
+                out.append(("trace", 1, await c.generate(spec, slot=i), spec))
+            for i in range(p.warmup_requests):
+                out.append(("warmup", 1, await c.generate(request, slot=i), request))
+            for k in p.concurrency:
+                specs = [request] * p.requests_per_level
+                out += [("closed", k, o, request) for o in await closed_loop(c, specs, k)]
+            rate = p.rate_rps
+            if rate is None and p.rate_over_capacity is not None:
+                # capacity as summarise() says it: 1 / median service of the first level (else
+                # of the warm-up)
+                first = ("closed", p.concurrency[0]) if p.concurrency else ("warmup", 1)
+                svc = [_service_s(o) for ph, k, o, _ in out if (ph, k) == first and o.ok]
+                svc = [s for s in svc if s is not None and s > 0]
+                rate = p.rate_over_capacity / float(np.median(svc)) if svc else None
+            if rate is not None:
+                rng = np.random.default_rng(p.seed)
+                arrivals = np.cumsum(rng.exponential(1.0 / rate, p.open_loop_requests)).tolist()
+                specs = [request] * p.open_loop_requests
+                out += [("open", rate, o, request) for o in await open_loop(c, specs, arrivals)]
+        return out
+
+    return asyncio.run(go())
+
+
+def _service_s(o: AsyncOutcome) -> float | None:
+    if o.engine_started is None or o.engine_completed is None:
+        return None
+    return o.engine_completed - o.engine_started
+
+
+def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[dict], list[dict], list]:
+    """(load rows, requests-table rows, stages+steps rows) of the requests sent, joined with the
+    engine's records by request id (see the module doc for the columns' definitions; ms)."""
+    recs = {r.request_id: r for r in parse_lines(records, source=f"records/{label}.jsonl").records}
+    load_rows, req_rows, stage_rows, step_rows = [], [], [], []
+    for i, (phase, level, o, spec) in enumerate(sent):
+        rec = recs.get(o.request_id) if o.request_id else None
+        row: dict[str, Any] = {
+            "i": i,
+            "phase": phase,
+            "level": level,
+            "slot": o.slot,
+            "request_id": o.request_id,
+            "status": o.status,
+            "error": o.error,
+            "shape": shape_key(spec),
+            "num_frames": spec.num_frames,
+            "t_arrival_s": o.t_arrival,
+            "t_submit_s": o.t_submit,
+            "t_end_s": o.t_end,
+            "e2e_ms": o.client_ms,
+            "in_flight_at_submit": o.in_flight_at_submit,
+        }
+        sub = start = done = server_ms = latent = None
+        compiles = None
+        if rec is not None:
+            r, st, sp = record_rows(label, rec, i, None, spec)
+            r["client_ms"] = o.client_ms
+            req_rows.append(r)
+            stage_rows += st
+            step_rows += sp
+            sub, start, done = (json_float(r.get(k)) for k in ("submitted_s", "started_s", "completed_s"))
+            server_ms, latent, compiles = (
+                json_float(r.get("e2e_ms")),
+                r.get("latent_shape"),
+                r.get("compiles"),
+            )
+        row.update(_times(sub, start, done, server_ms, o.client_ms))
+        row.update({"server_ms": server_ms, "latent_shape": latent, "compiles": compiles})
+        row.update({"engine_started_s": start, "engine_completed_s": done})
+        # what the job JSON said over HTTP (perfkit_times.started; None: not reported)
+        row["job_json_started_s"] = o.engine_started
+        load_rows.append(row)
+    return load_rows, req_rows, [stage_rows, step_rows]
+
+
+def _times(sub, start, done, server_ms, client_ms) -> dict[str, Any]:
+    """Queue wait and service time (ms) and where they came from (module doc)."""
+    if sub is not None and start is not None and done is not None:
+        return {
+            "queue_wait_ms": (start - sub) * 1000.0,
+            "service_ms": (done - start) * 1000.0,
+            "start_source": "engine",
+        }
+    if server_ms is not None:
+        return {
+            "queue_wait_ms": max(0.0, client_ms - server_ms),
+            "service_ms": server_ms,
+            "start_source": "derived (start not reported)",
+        }
+    return {"queue_wait_ms": None, "service_ms": None, "start_source": "not reported"}
+
+
+def trace_path(given: str) -> Path:
+    """The trace file: as given when it exists (absolute or from the working directory), else
+    relative to the checkout (``params/traces/...`` from a notebook's working directory)."""
+    path = Path(given)
+    if path.is_absolute() or path.exists():
+        return path
+    return repo_root() / path
+
+
+def run(ctx: RunContext, p: LoadParams) -> ResultBundle:
+    """One launch: trace, warm-up, closed-loop levels, open loop (module doc).
+
+    Raises:
+        ScenarioError: the trace file cannot be read (naming the file, line and key).
+    """
+    trace = read_trace(trace_path(p.trace), ctx.request) if p.trace else []
+    timeout_s = float(ctx.engine.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
+    holder: dict[str, Any] = {}
+
+    def after(h, client, sampler) -> dict[str, Any]:
+        holder["sent"] = _run_async(h.base_url, p, ctx.request, trace, timeout_s)
+        return {}
+
+    data = measure_launch(
+        ctx.engine, [], ctx.work_dir / NAME, "session", sample_interval_s=p.sample_interval_s, after=after
+    )
+    sent = holder.get("sent") or []
+    rows, req_rows, (st_rows, sp_rows) = per_request_rows(sent, data.record_lines, data.label)
+    data.requests += req_rows
+    data.stages += st_rows
+    data.steps += sp_rows
+    results: dict[str, Any] = {
+        "error": data.error,
+        "per_request": rows,
+        "slo_ms_given": p.slo_ms,
+        "slo_scale": p.slo_scale,
+        "trace_slo_ms": [s for _, s in trace],
+        "warmup_latent_shape": data.launch_row.get("warmup_latent_shape"),
+        "engine_warmup_frames": ctx.engine.startup_warmup_frames(),
+    }
+    if (p.rate_rps or p.rate_over_capacity) and not any(ph == "open" for ph, *_ in sent):
+        results["open_loop_note"] = (
+            "open loop not run: no capacity measured (no request of the first level completed)"
+            if data.error is None
+            else f"open loop not run: {data.error}"
+        )
+    mem = data.memory
+    results.update(summarise(results, mem))
+    params = {
+        "spec": ctx.engine.to_dict(),
+        "request": ctx.request.payload(),
+        **p.model_dump(exclude={"enabled", "tier"}),
+    }
+    return assemble(NAME, [data], params, results)
+
+
+# ------------------------------------------------------------------------------- summarising
+def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str, Any]:
+    """Everything the tables, checks and reading show, from ``results["per_request"]`` (and the
+    memory timeline for the peaks): ``slo_ms``, ``slo_source``, ``levels`` (one dict per
+    closed-loop level), ``open_loop``, ``trace``, ``capacity_rps``, ``memory_growth_mib``."""
+    rows = list(results.get("per_request") or [])
+    warm = [r["e2e_ms"] for r in rows if r["phase"] == "warmup" and r["status"] == "completed"]
+    slo_ms, slo_source = results.get("slo_ms_given"), "slo_ms (fixed)"
+    if slo_ms is None and warm:
+        slo_ms = float(results.get("slo_scale") or 0) * float(np.median(warm))
+        slo_source = f"{results.get('slo_scale'):g} x warm-up median {float(np.median(warm)):.1f} ms"
+    elif slo_ms is None:
+        slo_source = "not set: no warm-up request completed"
+    levels = []
+    for k in sorted({r["level"] for r in rows if r["phase"] == "closed"}):
+        mine = [r for r in rows if r["phase"] == "closed" and r["level"] == k]
+        lv = {"concurrency": k, **level_stats(mine, slo_ms, mem)}
+        # the steady state: requests submitted with k - 1 others in flight (the first k - 1 of
+        # the level found fewer ahead of them: the ramp-up)
+        steady = [r for r in mine if r["status"] == "completed" and r["in_flight_at_submit"] == k - 1]
+        lv["steady_requests"] = len(steady)
+        lv["queue_wait_steady_ms"] = median([r["queue_wait_ms"] for r in steady])
+        svc = lv["service_ms"]
+        expect = (k - 1) * svc if svc is not None else None
+        lv["queue_wait_expected_ms"] = expect
+        lv["queue_model_rel_err"] = (
+            abs(lv["queue_wait_steady_ms"] - expect) / expect
+            if k > 1 and expect and lv["queue_wait_steady_ms"] is not None
+            else None
+        )
+        levels.append(lv)
+    if levels and levels[0]["throughput_vpm"]:
+        for lv in levels:
+            tp = lv["throughput_vpm"]
+            lv["throughput_ratio"] = tp / levels[0]["throughput_vpm"] if tp is not None else None
+    growth = None
+    if levels and mem is not None:
+        base = levels[0]
+        diffs = [
+            lv[key] - base[key]
+            for lv in levels[1:]
+            for key in ("device_peak_mib", "host_peak_mib")
+            if lv.get(key) is not None and base.get(key) is not None
+        ]
+        growth = max(diffs) if diffs else None
+    svc1 = (
+        levels[0]["service_ms"]
+        if levels
+        else median([r["service_ms"] for r in rows if r["phase"] == "warmup"])
+    )
+    capacity = 1000.0 / svc1 if svc1 else None
+    opened = [r for r in rows if r["phase"] == "open"]
+    traced = [r for r in rows if r["phase"] == "trace"]
+    return {
+        "slo_ms": slo_ms,
+        "slo_source": slo_source,
+        "levels": levels,
+        "capacity_rps": capacity,
+        "memory_growth_mib": growth,
+        "open_loop": open_loop_stats(opened, slo_ms, mem, capacity) if opened else None,
+        "trace": (
+            trace_summary(traced, results.get("warmup_latent_shape"), results.get("trace_slo_ms") or [])
+            if traced
+            else None
+        ),
+    }
+
+
+# ------------------------------------------------------------------------------- registry entry
+def check_bundle(bundle: ResultBundle) -> None:
+    """Raise :class:`ScenarioError` when no request of any phase completed."""
+    r = bundle.results or {}
+    if r.get("error") or not any(x.get("status") == "completed" for x in r.get("per_request") or []):
+        raise ScenarioError(
+            f"{NAME} ({bundle.path or 'bundle'}): nothing measured: {r.get('error') or 'no request completed'}"
+        )
+
+
+def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
+    """Memory growth over the levels; per level k >= 2 the queue model and throughput ratio;
+    per level the SLO attainment (each only when its invariant is set)."""
+    rows: list[Check] = []
+    inv = {k: v for k, v in inv.items() if v is not None}  # None: reported, not gated
+    levels = r.get("levels") or []
+    if "load_memory_growth_max_mib" in inv:
+        rows.append(
+            check_max(
+                NAME,
+                "memory_growth_mib",
+                r.get("memory_growth_mib"),
+                float(inv["load_memory_growth_max_mib"]),
+                "peak device or host memory of a level above the first level's",
+            )
+        )
+    for lv in levels:
+        k = lv["concurrency"]
+        if k > 1 and "load_queue_model_max_rel_err" in inv:
+            what = f"steady queue wait {fmt(lv['queue_wait_steady_ms'], '.0f')} ms vs (k-1) x service {fmt(lv['queue_wait_expected_ms'], '.0f')} ms"
+            rows.append(
+                check_max(
+                    NAME,
+                    f"queue_model_rel_err[c{k}]",
+                    lv.get("queue_model_rel_err"),
+                    float(inv["load_queue_model_max_rel_err"]),
+                    what,
+                )
+            )
+        if lv is not levels[0] and "load_throughput_min_ratio" in inv:
+            rows.append(
+                check_min(
+                    NAME,
+                    f"throughput_ratio[c{k}]",
+                    lv.get("throughput_ratio"),
+                    float(inv["load_throughput_min_ratio"]),
+                    f"vs concurrency {levels[0]['concurrency']}",
+                )
+            )
+        if "load_slo_attainment_min" in inv:
+            rows.append(
+                check_min(
+                    NAME,
+                    f"slo_attainment[c{k}]",
+                    lv.get("slo_attainment"),
+                    float(inv["load_slo_attainment_min"]),
+                )
+            )
+    if not levels and any(k in inv for k in ("load_queue_model_max_rel_err", "load_slo_attainment_min")):
+        rows.append(check_max(NAME, "queue_model_rel_err", None, 0.0))
+    return rows
+
+
+def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
+    """Throughput and p99 at the first and last level, SLO, memory growth, open-loop queue."""
+    levels = r.get("levels") or []
+    out = []
+    for lv in levels[:1] + levels[1:][-1:]:
+        k = lv["concurrency"]
+        out.append(
+            KeyNumber(
+                f"throughput at concurrency {k}", json_float(lv.get("throughput_vpm")), "videos/min", ".1f"
+            )
+        )
+        out.append(KeyNumber(f"p99 e2e at concurrency {k}", json_float(lv.get("p99_ms")), "ms"))
+    out.append(KeyNumber("SLO", json_float(r.get("slo_ms")), "ms"))
+    out.append(
+        KeyNumber("memory growth under concurrency", json_float(r.get("memory_growth_mib")), "MiB", ".1f")
+    )
+    ol = r.get("open_loop")
+    if ol:
+        out.append(KeyNumber("open loop queue", "grows" if ol.get("queue_grows") else "stays bounded"))
+    tr = r.get("trace")
+    if tr:
+        out.append(
+            KeyNumber("trace requests of uncovered shapes", json_float(tr.get("uncovered_share")), "", ".0%")
+        )
+    return out
+
+
+def _ci_text(ci: Any) -> str:
+    lo, hi = (ci or [None, None])[:2]
+    return f"[{fmt(lo, '.0f')}, {fmt(hi, '.0f', missing='unbounded')}]"
+
+
+def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per closed-loop level (and the open loop): requests, queue wait, service time,
+    e2e p50/p90/p99 (ms) with intervals, throughput and goodput (videos/min), SLO attainment,
+    peak memory (MiB)."""
+    rows = []
+    for lv in [*(r.get("levels") or []), *([r["open_loop"]] if r.get("open_loop") else [])]:
+        level = f"c{lv['concurrency']}" if "concurrency" in lv else f"open {lv['rate_rps']:.2f}/s"
+        rows.append(
+            {
+                "level": level,
+                "requests": lv["n"],
+                "completed": lv["completed"],
+                "queue_wait_ms": lv["queue_wait_ms"],
+                "queue_wait_steady_ms": lv.get("queue_wait_steady_ms"),
+                "queue_wait_expected_ms": lv.get("queue_wait_expected_ms"),
+                "service_ms": lv["service_ms"],
+                "p50_ms": lv["p50_ms"],
+                "p90_ms": lv["p90_ms"],
+                "p99_ms": lv["p99_ms"],
+                "p99_interval_ms": _ci_text(lv.get("p99_ci")),
+                "throughput_vpm": lv["throughput_vpm"],
+                "engine_idle_share": lv.get("engine_idle_share"),
+                "goodput_vpm": lv["goodput_vpm"],
+                "slo_attainment": lv["slo_attainment"],
+                "device_peak_mib": lv.get("device_peak_mib"),
+                "host_peak_mib": lv.get("host_peak_mib"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def reading(r: Mapping[str, Any]) -> str:
+    """What the levels, the open loop and the trace say, in the design doc's words."""
+    lines = [f"- **{k.label}**: {k.text}" for k in key_numbers(r)]
+    lines += [
+        "",
+        f"SLO: {fmt(r.get('slo_ms'), '.0f', ' ms')} ({r.get('slo_source')}); quantile intervals: {INTERVAL}.",
+    ]
+    levels = r.get("levels") or []
+    src = sorted({s for lv in levels for s in lv.get("start_source") or []})
+    if src:
+        lines.append(f"Queue wait and service time from: {', '.join(src)}.")
+    for lv in levels[1:]:
+        lines.append(
+            f"At concurrency {lv['concurrency']} requests waited {fmt(lv.get('queue_wait_steady_ms'), '.0f', ' ms')} "
+            f"in the queue once {lv['concurrency'] - 1} were ahead of them ({lv.get('steady_requests')} requests; "
+            f"one-at-a-time serving predicts {fmt(lv['queue_wait_expected_ms'], '.0f', ' ms')}) "
+            f"for {fmt(lv['service_ms'], '.0f', ' ms')} of service; throughput "
+            f"{fmt(lv.get('throughput_ratio'), '.2f')} x the first level's."
+        )
+    if r.get("memory_growth_mib") is not None:
+        lines.append(
+            f"Peak memory under concurrency rose at most {fmt(r['memory_growth_mib'], '.1f', ' MiB')} above the first level's."
+        )
+    ol = r.get("open_loop")
+    if ol:
+        verdict = "the queue grows" if ol.get("queue_grows") else "the queue does not grow"
+        cap = ol.get("capacity_rps")
+        lines.append(
+            f"Open loop at {ol['rate_rps']:.2f} requests/s (capacity {fmt(cap, '.2f', '/s')}, "
+            f"{'above' if ol.get('above_capacity') else 'not above'} it): {verdict}: queue wait "
+            f"{fmt(ol['queue_wait_first_third_ms'], '.0f', ' ms')} in the first third of arrivals, "
+            f"{fmt(ol['queue_wait_last_third_ms'], '.0f', ' ms')} in the last "
+            f"({fmt(ol['queue_wait_slope_ms_per_request'], '+.0f', ' ms')} per request)."
+        )
+    if r.get("open_loop_note"):
+        lines.append(r["open_loop_note"] + ".")
+    tr = r.get("trace")
+    if tr:
+        lines.append(tr.get("sentence") or "")
+    return "\n".join(lines)
+
+
+def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
+    """No baseline case: requests overlap, so per-request stage times are not sglang's cases."""
+    return {}
+
+
+def plan(p: LoadParams) -> list[int]:
+    """Requests of the one launch (the trace's are not known before it is read: not counted)."""
+    opened = p.open_loop_requests if (p.rate_rps or p.rate_over_capacity) else 0
+    return [p.warmup_requests + len(p.concurrency) * p.requests_per_level + opened]
+
+
+SCENARIO = register(
+    Scenario(
+        order=80,
+        plan=plan,
+        name=NAME,
+        title="Serving under load",
+        question="Under concurrent requests, how long do they queue, what throughput, p99 and SLO "
+        "attainment does the engine reach, does memory stay flat, and does the warmup cover a real trace?",
+        params_model=LoadParams,
+        invariants_model=LoadInvariants,
+        run=run,
+        check_bundle=check_bundle,
+        checks=checks,
+        key_numbers=key_numbers,
+        summary_table=summary_table,
+        reading=reading,
+        cases=cases,
+    )
+)
+
+__all__ = ["LoadParams", "LoadInvariants", "run", "summarise", "per_request_rows", "SCENARIO"]

@@ -1,0 +1,280 @@
+"""The serving-under-load investigation's statistics: per closed-loop level and for the open
+loop (quantiles with order-statistic intervals, throughput, SLO attainment, goodput, memory
+peaks, whether the queue grows), and request traces: reading one, and what its requests say
+about warmup coverage.
+
+A trace is JSONL, one request a line, with vllm-omni's diffusion benchmark fields: ``width``,
+``height``, ``num_frames``, ``num_inference_steps``, ``seed``, ``fps`` and an optional ``slo_ms``
+(plus an optional ``prompt``). A field left out takes the params' request value; any other
+field, or a value of the wrong type, is refused naming the file, the line and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from scipy.stats import spearmanr
+
+from perfkit import stats
+from perfkit.checks import number
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.scenarios.common import json_float
+from perfkit.scenarios.registry import ScenarioError
+
+__all__ = [
+    "TraceLine",
+    "read_trace",
+    "shape_key",
+    "trace_summary",
+    "level_stats",
+    "open_loop_stats",
+    "quantile_row",
+    "median",
+    "peaks",
+    "engine_idle_share",
+]
+
+#: at most this many lines (a trace is a sample of a day's requests, replayed in one launch)
+MAX_LINES = 100_000
+
+
+class TraceLine(BaseModel):
+    """One trace request (vllm-omni's fields; pixels, frames, steps, ms)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    width: Optional[int] = Field(None, gt=0)
+    height: Optional[int] = Field(None, gt=0)
+    num_frames: Optional[int] = Field(None, gt=0)
+    num_inference_steps: Optional[int] = Field(None, gt=0)
+    seed: Optional[int] = None
+    fps: Optional[int] = Field(None, gt=0)
+    slo_ms: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    prompt: Optional[str] = None
+
+
+def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpec, float | None]]:
+    """The trace's requests in order, each as (request, its slo_ms or None).
+
+    Raises:
+        ScenarioError: the file is missing, a line is not a JSON object, has an unknown field or
+            a wrong value (``trace.jsonl:3: key 'num_frames': ...``), or the trace is empty.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"trace {path}: cannot be read: {exc}") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if len(out) >= MAX_LINES:
+            raise ScenarioError(f"{path}: more than {MAX_LINES} requests")
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise ScenarioError(f"{path}:{n}: not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ScenarioError(f"{path}:{n}: a request is a JSON object, got {type(obj).__name__}")
+        try:
+            tl = TraceLine.model_validate(obj)
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            key = ".".join(str(x) for x in e.get("loc") or ()) or "?"
+            raise ScenarioError(f"{path}:{n}: key {key!r}: {e.get('msg')} (got {e.get('input')!r})") from None
+        fields = {k: v for k, v in tl.model_dump().items() if v is not None and k != "slo_ms"}
+        out.append((dataclasses.replace(base, **fields), tl.slo_ms))
+    if not out:
+        raise ScenarioError(f"{path}: no request in the trace")
+    return out
+
+
+def shape_key(spec: VideoRequestSpec) -> str:
+    """A request's shape as the trace tables name it: ``"64x64 25f 4 steps"`` (W x H)."""
+    return f"{spec.width}x{spec.height} {spec.num_frames}f {spec.num_inference_steps} steps"
+
+
+def _p99(x: list[float]) -> float | None:
+    return float(np.quantile(x, 0.99)) if x else None
+
+
+def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]) -> dict[str, Any]:
+    """Per shape (in order of first hit): requests, first-hit e2e and compiles, the later
+    requests' median, the first-hit penalty (ms), covered (its latent shape equals the startup
+    warmup's; None when either is not reported); over the trace: the share of requests of
+    uncovered shapes, p99, the p99 with each uncovered first hit replaced by its shape's later
+    median, the share of p99 the uncovered first hits cause, SLO attainment over the requests
+    that carry ``slo_ms``. ``rows``: the trace's per-request rows in order (ms)."""
+    shapes: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        s = shapes.setdefault(r["shape"], {"shape": r["shape"], "rows": []})
+        s["rows"].append(r)
+    table = []
+    for key, s in shapes.items():
+        done = [r for r in s["rows"] if r["status"] == "completed"]
+        first = s["rows"][0]
+        later = [r["e2e_ms"] for r in done if r is not first]
+        latent = next((r["latent_shape"] for r in done if r.get("latent_shape")), None)
+        covered = None if latent is None or not warmup_shape else latent == warmup_shape
+        later_med = float(np.median(later)) if later else None
+        ok_first = first["status"] == "completed"
+        table.append(
+            {
+                "shape": key,
+                "requests": len(s["rows"]),
+                "latent_shape": latent,
+                "covered": covered,
+                "first_hit_ms": first["e2e_ms"] if ok_first else None,
+                "first_hit_compiles": first.get("compiles"),
+                "later_median_ms": later_med,
+                "first_hit_penalty_ms": (first["e2e_ms"] - later_med)
+                if ok_first and later_med is not None
+                else None,
+            }
+        )
+    n = len(rows)
+    uncovered = {t["shape"] for t in table if t["covered"] is False}
+    e2e = [r["e2e_ms"] for r in rows if r["status"] == "completed"]
+    fixed = []
+    firsts = {id(shapes[k]["rows"][0]) for k in uncovered}
+    later = {t["shape"]: t["later_median_ms"] for t in table}
+    for r in rows:
+        if r["status"] != "completed":
+            continue
+        swap = id(r) in firsts and later.get(r["shape"]) is not None
+        fixed.append(later[r["shape"]] if swap else r["e2e_ms"])
+    p99, p99_fixed = _p99(e2e), _p99(fixed)
+    share_p99 = (p99 - p99_fixed) / p99 if p99 and p99_fixed is not None else None
+    with_slo = [(r, s) for r, s in zip(rows, slos) if s is not None]
+    met = [r for r, s in with_slo if r["status"] == "completed" and r["e2e_ms"] <= s]
+    unknown = [t["shape"] for t in table if t["covered"] is None]
+    share = sum(t["requests"] for t in table if t["covered"] is False) / n if n else None
+    sentence = (
+        f"Trace: {n} requests of {len(table)} shapes against a startup warmup of latent shape "
+        f"{warmup_shape or 'not reported'}; {len(uncovered)} shape(s) not covered "
+        f"({', '.join(sorted(uncovered)) or 'none'}), {share:.0%} of the requests; their first hits "
+        f"cause {share_p99:.0%} of the trace's p99."
+        if share is not None and share_p99 is not None
+        else f"Trace: {n} requests of {len(table)} shapes; coverage not reported for {', '.join(unknown) or 'any'}."
+    )
+    return {
+        "shapes": table,
+        "requests": n,
+        "uncovered_shapes": sorted(uncovered),
+        "coverage_not_reported": unknown,
+        "uncovered_share": share,
+        "p99_ms": p99,
+        "p99_without_uncovered_first_hits_ms": p99_fixed,
+        "uncovered_p99_share": share_p99,
+        "slo_requests": len(with_slo),
+        "slo_attainment": (len(met) / len(with_slo)) if with_slo else None,
+        "sentence": sentence,
+    }
+
+
+#: the quantiles reported per level
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def quantile_row(e2e: list[float]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for q in QUANTILES:
+        tag = f"p{int(q * 100)}"
+        if not e2e:
+            out.update({f"{tag}_ms": None, f"{tag}_ci": [None, None]})
+            continue
+        lo, hi = stats.quantile_ci(e2e, q)
+        out[f"{tag}_ms"] = float(np.quantile(e2e, q))
+        out[f"{tag}_ci"] = [json_float(lo), json_float(hi)]
+    return out
+
+
+def median(xs: list) -> float | None:
+    xs = [x for x in xs if number(x) is not None]
+    return float(np.median(xs)) if xs else None
+
+
+def peaks(mem: pd.DataFrame, t0: float, t1: float) -> dict[str, float | None]:
+    if mem is None or mem.empty:
+        return {"device_peak_mib": None, "host_peak_mib": None}
+    sel = mem[(mem["t_s"] >= t0) & (mem["t_s"] <= t1)]
+    return {
+        "device_peak_mib": json_float(pd.to_numeric(sel.get("device_used_mib"), errors="coerce").max()),
+        "host_peak_mib": json_float(pd.to_numeric(sel.get("host_pss_mib"), errors="coerce").max()),
+    }
+
+
+def level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None) -> dict[str, Any]:
+    ok = [r for r in rows if r["status"] == "completed"]
+    e2e = [r["e2e_ms"] for r in ok]
+    t0 = min(r["t_arrival_s"] or r["t_submit_s"] for r in rows)
+    t1 = max(r["t_end_s"] for r in rows)
+    minutes = (t1 - t0) / 60.0
+    met = [r for r in ok if slo_ms is not None and r["e2e_ms"] <= slo_ms]
+    out: dict[str, Any] = {
+        "n": len(rows),
+        "completed": len(ok),
+        "failed": len(rows) - len(ok),
+        "queue_wait_ms": median([r["queue_wait_ms"] for r in ok]),
+        "service_ms": median([r["service_ms"] for r in ok]),
+        "e2e_median_ms": median(e2e),
+        "start_source": sorted({r["start_source"] for r in ok}),
+        "throughput_vpm": len(ok) / minutes if minutes > 0 else None,
+        "slo_attainment": (len(met) / len(rows)) if slo_ms is not None and rows else None,
+        "goodput_vpm": (len(met) / minutes) if slo_ms is not None and minutes > 0 else None,
+        "t0_s": t0,
+        "t1_s": t1,
+        "engine_idle_share": engine_idle_share(ok),
+    }
+    out.update(quantile_row(e2e))
+    if mem is not None:
+        out.update(peaks(mem, t0, t1))
+    return out
+
+
+def open_loop_stats(
+    rows: list[dict], slo_ms: float | None, mem, capacity_rps: float | None
+) -> dict[str, Any]:
+    """The open loop's level row plus whether its queue grew (queue wait against arrival
+    order: Spearman's rho and the least-squares slope; the last third's median against the
+    first third's)."""
+    out = level_stats(rows, slo_ms, mem)
+    rate = rows[0]["level"]
+    waits = [r["queue_wait_ms"] for r in rows]
+    finite = [w for w in waits if number(w) is not None]
+    third = max(1, len(waits) // 3)
+    first, last = median(waits[:third]), median(waits[-third:])
+    rho = float(spearmanr(range(len(finite)), finite).statistic) if len(set(finite)) > 1 else None
+    grows = bool(rho is not None and rho >= 0.5 and first is not None and last is not None and last > first)
+    out.update(
+        {
+            "rate_rps": rate,
+            "capacity_rps": capacity_rps,
+            "above_capacity": (rate > capacity_rps) if capacity_rps else None,
+            "queue_wait_first_third_ms": first,
+            "queue_wait_last_third_ms": last,
+            "queue_wait_slope_ms_per_request": json_float(stats.slope_per_index(waits)),
+            "queue_wait_rho": json_float(rho),
+            "queue_grows": grows,
+            "queue_wait_series_ms": waits,
+        }
+    )
+    return out
+
+
+def engine_idle_share(rows: list[dict[str, Any]]) -> float | None:
+    """Share of the engine's window (first start to last completion, its own clock) in which
+    no job of ``rows`` ran; None when the engine does not report start times. In a closed loop
+    at concurrency 1 this is the client's turnaround between requests."""
+    spans = [(r.get("engine_started_s"), r.get("engine_completed_s")) for r in rows]
+    if not spans or any(a is None or b is None for a, b in spans):
+        return None
+    window = max(b for _, b in spans) - min(a for a, _ in spans)
+    busy = sum(b - a for a, b in spans)
+    return max(0.0, 1.0 - busy / window) if window > 0 else None

@@ -1,0 +1,274 @@
+"""Serving under load (perfkit.scenarios.load) on the tiny reference engine: one module-scoped
+launch measures a 17/25-frame trace against a 17-frame warmup, the closed-loop levels 1, 2 and 4
+(8 measured requests each) and an open loop at 3x capacity; a second launch with a 25-frame
+warmup replays the trace's 25-frame requests. The engine runs with one torch thread so that a
+shared 2-core runner moves its service time less; requests take about 0.3-0.6 s here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from perfkit.bundle import ResultBundle
+from perfkit.engine.aclient import AsyncOutcome
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.params import load_params
+from perfkit.scenarios import load as L
+from perfkit.scenarios.load_stats import trace_summary
+from perfkit.scenarios.registry import RunContext, ScenarioError, merged_invariants
+from perfkit.stats import quantile_ci
+
+# queue wait against (k - 1) x service and throughput across levels are speed comparisons on a
+# live engine: run alone on the machine (`make test`'s second phase), one launch for the module
+pytestmark = pytest.mark.timing
+
+REPO = Path(__file__).resolve().parents[1]
+#: a request of about 0.3-0.6 s on the tiny engine with one thread (128x128, 17 frames)
+REQUEST = VideoRequestSpec(num_frames=17, height=128, width=128, num_inference_steps=32)
+#: trace requests: the smallest shapes (64x64, 4 steps), 17 and 25 frames alternating
+MIX = [
+    {"num_frames": f, "width": 64, "height": 64, "num_inference_steps": 4, "seed": i}
+    for i, f in enumerate([17, 25] * 3)
+]
+
+
+def _engine(warmup_frames: int):
+    spec = load_params(REPO / "params/ci-cpu.yaml").engine
+    return spec.model_copy(
+        update={"warmup_frames": warmup_frames, "env": {**spec.env, "OMP_NUM_THREADS": "1"}}
+    )
+
+
+def _trace(path: Path, lines: list[dict]) -> str:
+    path.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> ResultBundle:
+    d = tmp_path_factory.mktemp("load")
+    mix = [dict(x) for x in MIX]
+    mix[1]["slo_ms"] = 60_000.0
+    p = L.LoadParams(
+        enabled=True,
+        warmup_requests=2,
+        concurrency=[1, 2, 4],
+        requests_per_level=8,
+        rate_over_capacity=3.0,
+        open_loop_requests=10,
+        trace=_trace(d / "trace.jsonl", mix),
+        poll_s=0.005,
+    )
+    bundle = L.run(RunContext(engine=_engine(17), request=REQUEST, work_dir=d), p)
+    bundle.save(d / "recorded" / L.NAME)
+    # the params file it was measured with, for perfkit suite --replay
+    doc = yaml.safe_load((REPO / "params/ci-cpu.yaml").read_text())
+    for name in ("cold_warm", "warmup_shapes", "memory_budget", "offload_modes"):
+        doc[name] = {"enabled": False}
+    doc["engine"]["env"] = {"OMP_NUM_THREADS": "1"}
+    doc["request"] = {k: v for k, v in REQUEST.payload().items() if k != "prompt"}
+    doc[L.NAME] = p.model_dump()
+    doc["invariants"] = {"load_queue_model_max_rel_err": 0.25}
+    (d / "params.yaml").write_text(yaml.safe_dump(doc))
+    return bundle
+
+
+@pytest.fixture(scope="module")
+def warm25(tmp_path_factory) -> ResultBundle:
+    d = tmp_path_factory.mktemp("load25")
+    p = L.LoadParams(
+        enabled=True,
+        warmup_requests=1,
+        concurrency=[],
+        trace=_trace(d / "trace.jsonl", [x for x in MIX if x["num_frames"] == 25]),
+        poll_s=0.005,
+    )
+    return L.run(RunContext(engine=_engine(25), request=REQUEST, work_dir=d), p)
+
+
+def _levels(b: ResultBundle) -> dict[int, dict]:
+    return {lv["concurrency"]: lv for lv in b.results["levels"]}
+
+
+def test_engine_records_and_job_json_say_when_each_request_started(measured):
+    rows = pd.DataFrame(measured.results["per_request"])
+    assert (rows["status"] == "completed").all(), rows[rows["status"] != "completed"]
+    assert set(rows["start_source"]) == {"engine"}
+    req = measured.requests.set_index("request_id")
+    mine = req.loc[rows["request_id"]]
+    assert (mine["submitted_s"] <= mine["started_s"]).all() and (
+        mine["started_s"] < mine["completed_s"]
+    ).all()
+    # the same start over HTTP (GET /v1/videos/{id}: perfkit_times.started) as in the record
+    assert rows["job_json_started_s"].tolist() == pytest.approx(mine["started_s"].tolist(), abs=1e-6)
+
+
+def test_closed_loop_queue_wait_is_k_minus_1_service_times(measured):
+    lv = _levels(measured)
+    assert sorted(lv) == [1, 2, 4] and all(lv[k]["completed"] >= 8 for k in lv)
+    assert lv[1]["queue_wait_ms"] < 0.1 * lv[1]["service_ms"]
+    for k in (2, 4):
+        expect = (k - 1) * lv[k]["service_ms"]
+        assert lv[k]["queue_wait_steady_ms"] == pytest.approx(expect, rel=0.25), lv[k]
+        assert lv[k]["queue_model_rel_err"] <= 0.25
+    rows = L.checks(measured.results, merged_invariants({"load_queue_model_max_rel_err": 0.25}))
+    model = [c for c in rows if c.metric.startswith("queue_model_rel_err")]
+    assert [c.status for c in model] == ["pass", "pass"], model
+
+
+def test_throughput_stays_flat_with_concurrency(measured):
+    lv = _levels(measured)
+    for k in (2, 4):
+        assert lv[k]["throughput_vpm"] == pytest.approx(lv[1]["throughput_vpm"], rel=0.15), (k, lv[k])
+    # with requests queued the engine never idles; at concurrency 1 it waits for the client
+    assert lv[4]["engine_idle_share"] < 0.05
+
+
+def test_p99_slo_attainment_and_goodput_are_shown(measured):
+    r = measured.results
+    table = L.summary_table(r)
+    assert list(table["level"][:3]) == ["c1", "c2", "c4"]
+    assert table[["p50_ms", "p90_ms", "p99_ms", "slo_attainment", "goodput_vpm"]].iloc[:3].notna().all().all()
+    assert (table["p50_ms"] <= table["p99_ms"]).all()
+    warm = [x["e2e_ms"] for x in r["per_request"] if x["phase"] == "warmup"]
+    assert r["slo_ms"] == pytest.approx(3.0 * pd.Series(warm).median())
+    text = L.reading(r)
+    assert "p99 e2e at concurrency 4" in text and "x warm-up median" in text and "order-statistic" in text
+    labels = [k.label for k in L.key_numbers(r)]
+    assert "throughput at concurrency 1" in labels and "SLO" in labels
+
+
+def test_memory_stays_flat_under_concurrency(measured):
+    r = measured.results
+    assert r["memory_growth_mib"] is not None
+    rows = L.checks(r, merged_invariants())
+    mem = [c for c in rows if c.metric == "memory_growth_mib"]
+    assert [c.status for c in mem] == ["pass"] and mem[0].expected == 256.0
+
+
+def test_open_loop_above_capacity_shows_the_queue_growing(measured):
+    ol = measured.results["open_loop"]
+    assert ol["above_capacity"] and ol["rate_rps"] == pytest.approx(3.0 * ol["capacity_rps"], rel=1e-6)
+    assert ol["queue_grows"] and ol["queue_wait_last_third_ms"] > ol["queue_wait_first_third_ms"]
+    assert "the queue grows" in L.reading(measured.results)
+
+
+def test_trace_against_a_17_frame_warmup_names_the_uncovered_share_and_its_penalty(measured):
+    tr = measured.results["trace"]
+    shapes = {s["shape"]: s for s in tr["shapes"]}
+    s17, s25 = shapes["64x64 17f 4 steps"], shapes["64x64 25f 4 steps"]
+    assert s17["covered"] is True and s25["covered"] is False
+    assert s25["first_hit_compiles"] >= 1 and s25["first_hit_penalty_ms"] > 5 * s25["later_median_ms"]
+    assert tr["uncovered_share"] == 0.5 and tr["uncovered_shapes"] == ["64x64 25f 4 steps"]
+    assert 0 < tr["uncovered_p99_share"] <= 1
+    assert tr["slo_requests"] == 1 and tr["slo_attainment"] == 1.0
+    assert "50% of the requests" in tr["sentence"]
+
+
+def test_trace_against_a_25_frame_warmup_has_nothing_uncovered(warm25):
+    tr = warm25.results["trace"]
+    assert tr["uncovered_share"] == 0.0 and tr["uncovered_shapes"] == []
+    (s25,) = tr["shapes"]
+    assert s25["covered"] is True and s25["first_hit_compiles"] == 0
+
+
+def test_replay_from_the_bundle_gives_the_same_tables_and_verdict(measured):
+    again = ResultBundle.load(measured.path)
+    inv = merged_invariants({"load_queue_model_max_rel_err": 0.25, "load_slo_attainment_min": 0.5})
+    recomputed = L.summarise(again.results, again.memory)
+    for key, value in recomputed.items():
+        assert json.loads(json.dumps(value)) == json.loads(json.dumps(measured.results[key])), key
+    pd.testing.assert_frame_equal(L.summary_table(again.results), L.summary_table(measured.results))
+    assert [dataclasses.astuple(c) for c in L.checks(again.results, inv)] == [
+        dataclasses.astuple(c) for c in L.checks(measured.results, inv)
+    ]
+    assert L.reading(again.results) == L.reading(measured.results)
+    L.check_bundle(again)
+
+
+# ------------------------------------------------------------------------------ no engine needed
+def test_a_mixed_trace_against_a_25_frame_warmup_leaves_the_17_frame_shape_uncovered():
+    def row(f, ms, latent):
+        return {"shape": f"64x64 {f}f 4 steps", "status": "completed", "e2e_ms": ms, "latent_shape": latent}
+
+    rows = [
+        row(17, 900.0, "8x3x2x2"),
+        row(25, 100.0, "8x4x2x2"),
+        row(17, 100.0, "8x3x2x2"),
+        row(25, 100.0, "8x4x2x2"),
+    ]
+    tr = trace_summary(rows, "8x4x2x2", [None] * 4)
+    assert tr["uncovered_shapes"] == ["64x64 17f 4 steps"] and tr["uncovered_share"] == 0.5
+    assert tr["shapes"][0]["first_hit_penalty_ms"] == 800.0
+    assert tr["p99_without_uncovered_first_hits_ms"] == pytest.approx(100.0)
+
+
+def test_an_engine_without_start_times_is_derived_or_not_reported_never_0():
+    # sglang's performance.log line: total_duration_ms, no perfkit block, no start time
+    line = json.dumps(
+        {
+            "request_id": "r1",
+            "timestamp": "t",
+            "tag": "x",
+            "stages": [],
+            "steps": [],
+            "total_duration_ms": 300.0,
+        }
+    )
+    sent = [
+        ("closed", 1, AsyncOutcome(0, "r1", "completed", 100.0, 100.5), REQUEST),
+        ("closed", 1, AsyncOutcome(1, "r2", "completed", 101.0, 101.4), REQUEST),
+    ]
+    rows, _, _ = L.per_request_rows(sent, [line], "session")
+    assert rows[0]["start_source"] == "derived (start not reported)"
+    assert rows[0]["service_ms"] == 300.0 and rows[0]["queue_wait_ms"] == pytest.approx(200.0)
+    assert rows[1]["start_source"] == "not reported" and rows[1]["queue_wait_ms"] is None
+    assert rows[0]["job_json_started_s"] is None
+
+
+def test_a_bad_trace_line_is_refused_naming_file_line_and_key(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"num_frames": 17}\n{"num_frame": 25}\n')
+    with pytest.raises(ScenarioError, match=r"t\.jsonl:2: key 'num_frame'"):
+        L.read_trace(p, REQUEST)
+    p.write_text('{"num_frames": "25"}\n')
+    with pytest.raises(ScenarioError, match=r"t\.jsonl:1: key 'num_frames'"):
+        L.read_trace(p, REQUEST)
+
+
+def test_quantile_interval_of_a_small_sample_is_unbounded_above_not_the_maximum():
+    lo, hi = quantile_ci(list(range(8)), 0.99)
+    assert lo == 6.0 and hi != hi  # NaN: 8 requests cannot bound a p99
+    assert quantile_ci(list(range(100)), 0.5) == (39.0, 60.0)
+
+
+def test_suite_replay_gives_the_same_verdict_and_the_page_reads_in_chromium(measured, tmp_path):
+    """perfkit suite --replay of the recorded bundle: the notebook (papermill) and the gate
+    give the bundle's own checks, and the page passes the browser checks (no horizontal scroll
+    at 1280 px, no NaN/None words, alt text, no network request)."""
+    from perfkit import report
+    from perfkit.suite import run_suite
+
+    d = measured.path.parent.parent
+    res = run_suite(
+        str(d / "params.yaml"), tmp_path / "run", replay=d / "recorded", screenshot=False, progress=False
+    )
+    assert res.exit_code == 0, (tmp_path / "run" / "summary.md").read_text()
+    verdict = json.loads((tmp_path / "run" / L.NAME / "verdict.json").read_text())
+    inv = merged_invariants({"load_queue_model_max_rel_err": 0.25})
+    want = {(c.metric, c.status) for c in L.checks(measured.results, inv)}
+    assert {(r["metric"], r["status"]) for r in verdict["rows"] if r["case"] == L.NAME} == want
+    if report.chromium_binary() is None:
+        pytest.skip("chromium not installed: the page was rendered, not read")
+    import test_report_browser as browser
+
+    f = browser.read_at(tmp_path / "run" / "report.html", tmp_path)
+    assert f["scrollWidth"] <= f["innerWidth"] == 1280, f["wide"]
+    assert f["junk"] == [] and f["noAlt"] == 0 and f["images"] >= 3, f
+    assert [u for u in f["requests"] if not u.startswith(browser.LOCAL_SCHEMES)] == []
