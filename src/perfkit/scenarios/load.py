@@ -130,6 +130,19 @@ class LoadInvariants(InvariantParams):
 
 
 # ------------------------------------------------------------------------------- measuring
+
+
+def _queue_verdict(ol: dict[str, Any]) -> str:
+    """``grows``, ``does not grow`` or ``not shown (n requests, rho r)`` from an open loop's
+    row (:func:`perfkit.scenarios.load_stats.open_loop_stats`); bundles recorded before
+    ``queue_verdict`` existed read ``grows`` or ``not shown``, never "does not grow"."""
+    v = ol.get("queue_verdict") or ("grows" if ol.get("queue_grows") else "not shown")
+    if v == "not shown":
+        rho = ol.get("queue_wait_rho")
+        return f"not shown ({ol.get('n')} requests, rho {fmt(rho, '.2f')})"
+    return v
+
+
 def _run_async(base_url: str, p: LoadParams, request: VideoRequestSpec, trace: list, timeout_s: float):
     """Every phase against one engine (module doc order): [(phase, level, outcome, spec)]."""
 
@@ -436,7 +449,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
     )
     ol = r.get("open_loop")
     if ol:
-        out.append(KeyNumber("open loop queue", "grows" if ol.get("queue_grows") else "stays bounded"))
+        out.append(KeyNumber("open loop queue", _queue_verdict(ol)))
     tr = r.get("trace")
     if tr:
         out.append(
@@ -506,10 +519,14 @@ def reading(r: Mapping[str, Any]) -> str:
         )
     ol = r.get("open_loop")
     if ol:
-        verdict = "the queue grows" if ol.get("queue_grows") else "the queue does not grow"
+        verdict = {"grows": "the queue grows", "does not grow": "the queue does not grow"}.get(
+            _queue_verdict(ol), f"growth of the queue is {_queue_verdict(ol)}"
+        )
         cap = ol.get("capacity_rps")
         lines.append(
-            f"Open loop at {ol['rate_rps']:.2f} requests/s (capacity {fmt(cap, '.2f', '/s')}, "
+            f"Open loop at {ol['rate_rps']:.2f} requests/s asked, "
+            f"{fmt(ol.get('arrival_rate_rps'), '.2f', '/s')} drawn "
+            f"(capacity {fmt(cap, '.2f', '/s')}, "
             f"{'above' if ol.get('above_capacity') else 'not above'} it): {verdict}: queue wait "
             f"{fmt(ol['queue_wait_first_third_ms'], '.0f', ' ms')} in the first third of arrivals, "
             f"{fmt(ol['queue_wait_last_third_ms'], '.0f', ' ms')} in the last "

@@ -243,7 +243,11 @@ def open_loop_stats(
 ) -> dict[str, Any]:
     """The open loop's level row plus whether its queue grew (queue wait against arrival
     order: Spearman's rho and the least-squares slope; the last third's median against the
-    first third's)."""
+    first third's). ``queue_verdict``: ``grows`` (rho >= 0.5 and the last third waited longer),
+    ``does not grow`` (rho <= 0.2, or the last third waited no longer), else ``not shown`` (too
+    few requests or a draw of arrivals with long gaps); ``arrival_rate_rps``: the rate the
+    seeded Poisson draw really gave ((n - 1) / first-to-last arrival, requests/s), beside the
+    asked ``rate_rps``."""
     out = level_stats(rows, slo_ms, mem)
     rate = rows[0]["level"]
     waits = [r["queue_wait_ms"] for r in rows]
@@ -251,7 +255,18 @@ def open_loop_stats(
     third = max(1, len(waits) // 3)
     first, last = median(waits[:third]), median(waits[-third:])
     rho = float(spearmanr(range(len(finite)), finite).statistic) if len(set(finite)) > 1 else None
-    grows = bool(rho is not None and rho >= 0.5 and first is not None and last is not None and last > first)
+    rising = first is not None and last is not None and last > first
+    grows = bool(rho is not None and rho >= 0.5 and rising)
+    # three answers, not two: a short or unlucky Poisson draw (a long gap between arrivals lets
+    # the queue drain) neither shows growth nor shows a bounded queue
+    if grows:
+        verdict = "grows"
+    elif rho is not None and (rho <= 0.2 or not rising):
+        verdict = "does not grow"
+    else:
+        verdict = "not shown"
+    arrivals = [r["t_arrival_s"] for r in rows if number(r.get("t_arrival_s")) is not None]
+    span = max(arrivals) - min(arrivals) if len(arrivals) > 1 else 0.0
     out.update(
         {
             "rate_rps": rate,
@@ -262,6 +277,8 @@ def open_loop_stats(
             "queue_wait_slope_ms_per_request": json_float(stats.slope_per_index(waits)),
             "queue_wait_rho": json_float(rho),
             "queue_grows": grows,
+            "queue_verdict": verdict,
+            "arrival_rate_rps": json_float((len(arrivals) - 1) / span) if span > 0 else None,
             "queue_wait_series_ms": waits,
         }
     )
