@@ -1,0 +1,41 @@
+"""Issue 42, run 3, replayed on the CPU runner: the H200 load bundle of ``examples/h200/load/``
+recomputed from its per-request rows gives the recorded levels and the same checks (the
+numbers its README quotes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from perfkit.bundle import ResultBundle
+from perfkit.scenarios import load as L
+from perfkit.scenarios.registry import merged_invariants
+
+BUNDLE = Path(__file__).resolve().parents[1] / "examples/h200/load/bundles/load"
+#: the keys the open loop's row gained after the H200 run (three-way queue verdict, drawn rate)
+NEW_OPEN_LOOP_KEYS = {"queue_verdict", "arrival_rate_rps"}
+
+
+def test_h200_load_replays_to_its_levels_and_checks():
+    b = ResultBundle.load(BUNDLE)
+    again = L.summarise(b.results, b.memory)
+    assert json.loads(json.dumps(again["levels"])) == json.loads(json.dumps(b.results["levels"]))
+    ol = json.loads(json.dumps(again["open_loop"]))
+    assert {k: v for k, v in ol.items() if k not in NEW_OPEN_LOOP_KEYS} == b.results["open_loop"]
+    assert ol["queue_verdict"] == "not shown" and round(ol["arrival_rate_rps"], 2) == 1.6
+    inv = merged_invariants(
+        {
+            "load_queue_model_max_rel_err": 0.25,
+            "load_throughput_min_ratio": 0.85,
+            "load_memory_growth_max_mib": 256,
+        }
+    )
+    checks = L.checks(b.results, inv)
+    assert [dataclasses.astuple(c) for c in checks] == [dataclasses.astuple(c) for c in L.checks(again, inv)]
+    assert checks and all(c.status == "pass" for c in checks)
+    by_k = {lv["concurrency"]: lv for lv in b.results["levels"]}
+    # one request at a time: queue wait at k in flight is (k - 1) service times, throughput flat
+    assert abs(by_k[4]["queue_wait_steady_ms"] / (3 * by_k[4]["service_ms"]) - 1) < 0.01
+    assert 0.99 < by_k[4]["throughput_vpm"] / by_k[1]["throughput_vpm"] < 1.01
+    assert round(b.results["memory_growth_mib"], 1) == 0.0
