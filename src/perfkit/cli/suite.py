@@ -49,7 +49,9 @@ def _suite(kw: dict[str, Any]) -> int:
     sigterm_as_interrupt()
     from perfkit.params import ParamsError
     from perfkit.scaleout.executor import ExecutorError
-    from perfkit.suite import SuiteError, run_suite, run_units_suite
+    from perfkit.suite.merge import run_units_suite
+    from perfkit.suite.orchestrate import run_suite
+    from perfkit.suite.preflight import SuiteError
 
     if kw["address"] and kw["executor"] != "ray":
         fail(f"--address {kw['address']} is ignored: it is for --executor ray")
