@@ -16,7 +16,8 @@ def _partition(kw: dict[str, Any], executor_options: dict[str, Any]) -> int:
     """``--partition I/N``: shard I's units into bundles and a shard manifest."""
     from perfkit.params import ParamsError
     from perfkit.scaleout.executor import ExecutorError
-    from perfkit.scaleout.shards import MANIFEST, ShardInterrupted, run_shard
+    from perfkit.scaleout.manifest import MANIFEST
+    from perfkit.scaleout.shards import ShardInterrupted, run_shard
     from perfkit.scaleout.units import PartitionError, parse_partition
 
     try:

@@ -29,7 +29,7 @@ def merge_runs(
     allow_mixed_commits: bool = False,
 ) -> SuiteResult:
     """``perfkit merge DIR... --out RUN``: join shard outputs into ``RUN/merged/``
-    (:func:`perfkit.scaleout.shards.merge_shards`), then the usual path in replay mode:
+    (:func:`perfkit.scaleout.merge.merge_shards`), then the usual path in replay mode:
     notebooks (every check judged again), gate, report, summary. Missing shards, failed units
     and shards or parts measured with other params, commit, perfkit version, engine or request
     are named in run.json, summary.md and the report, and make the exit code 2
@@ -39,7 +39,8 @@ def merge_runs(
         ParamsError: a bad ``params_path``. SuiteError: ``out`` holds another run (without
             ``force``), or nothing could be merged (no readable shard, no unit output).
     """
-    from perfkit.scaleout.shards import MERGED_DIR, merge_shards
+    from perfkit.scaleout.manifest import MERGED_DIR
+    from perfkit.scaleout.merge import merge_shards
 
     run_dir = Path(out).resolve()
     params = load_params(params_path) if params_path else None

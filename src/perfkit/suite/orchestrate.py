@@ -98,7 +98,7 @@ def run_suite(
     With ``replay`` nothing is launched: an investigation whose bundle the replay directory
     lacks is skipped (:data:`NO_REPLAY_BUNDLE`). ``tier`` (``per-commit`` or ``extra``) runs
     only the investigations of that tier; the others are skipped with the reason.
-    ``scaleout``: a merge document (:func:`perfkit.scaleout.shards.merge_shards`) whose
+    ``scaleout``: a merge document (:func:`perfkit.scaleout.merge.merge_shards`) whose
     ``problems`` (missing shard, failed unit, other params) become a :data:`SCALEOUT` error
     entry (exit 2, named in run.json, summary.md and the report); it is kept in run.json.
     """
