@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from perfkit.ab import stats
-from perfkit.ab.power import slow_launches
+from perfkit.ab.slow import slow_launches
 
 #: alpha-spending functions (module doc)
 SPENDINGS = ("pocock", "obrien-fleming")
@@ -24,7 +24,7 @@ SLOW_RULES = ("replace", "keep")
 UNDECIDED = ("fail", "pass")
 DEFAULT_MIN_LAUNCHES = 3
 DEFAULT_MAX_LAUNCHES = 10
-#: the metric whose warm requests mark slow spells (as :func:`perfkit.ab.power.slow_spells`)
+#: the metric whose warm requests mark slow spells (as :func:`perfkit.ab.slow.slow_spells`)
 SLOW_METRIC = "DenoisingStage"
 
 

@@ -18,9 +18,9 @@ def _pool_arrays(
     pool: Any, arms: Sequence[str], metrics: Sequence[str], m: int
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, dict[str, np.ndarray]]]:
     """Per arm: label -> log launch medians of ``metrics`` over the first ``m`` warm requests
-    (:func:`perfkit.ab.power.log_medians`, as the live decision reads them), and label -> its
+    (:func:`perfkit.ab.pool.log_medians`, as the live decision reads them), and label -> its
     warm :data:`SLOW_METRIC` times (ms)."""
-    from perfkit.ab.power import log_medians
+    from perfkit.ab.pool import log_medians
 
     logmed, slow = {}, {}
     for arm in arms:
@@ -60,7 +60,7 @@ def replay_pool(
     seed: int = 0,
     m: int | None = None,
 ) -> pd.DataFrame:
-    """Replay the procedure on a recorded pool (:func:`perfkit.ab.power.load_pool`): ``sims``
+    """Replay the procedure on a recorded pool (:func:`perfkit.ab.pool.load_pool`): ``sims``
     experiments an arm and as many A/As.
 
     Each experiment draws, without replacement, a random order of launches for each side from

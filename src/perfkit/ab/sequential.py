@@ -30,8 +30,8 @@ form for Welch t at 2–10 launches a side; an always-valid confidence sequence 
 ``min_launches == max_launches`` there is one look at the nominal confidence: the fixed-N A/B.
 
 **Slow spells** (``slow_rule``): a launch with at least half of its warm DenoisingStage requests
-above 1.05 × its side's quiet level (:func:`perfkit.ab.power.slow_launches`, the detector of
-:func:`perfkit.ab.power.slow_spells`) ran its median in a host slow spell. With ``replace``
+above 1.05 × its side's quiet level (:func:`perfkit.ab.slow.slow_launches`, the detector of
+:func:`perfkit.ab.slow.slow_spells`) ran its median in a host slow spell. With ``replace``
 (default) it is left out of the intervals and another launch of its side runs instead; it still
 counts against ``max_launches`` (launches *run* a side). A spell is an exception: when half or
 more of a side's launches are marked, that is the host's state, nothing is replaced and the
