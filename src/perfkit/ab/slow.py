@@ -14,7 +14,7 @@ import pandas as pd
 
 from perfkit.ab.pool import Pool
 from perfkit.bundle import ResultBundle
-from perfkit.readings.sampler import POWER_REASONS
+from perfkit.readings.sampler.nvml import POWER_REASONS
 
 #: a warm request ran in a slow spell when it took more than this × its side's quiet level
 SLOW_FACTOR = 1.05

@@ -260,7 +260,7 @@ class EngineHandle:
         ``gpu_index``: NVML indices to read (default :attr:`gpu_indices`, the engine's own GPUs
         matched by UUID). ``nvml``: an NVML source (default: the one given to :func:`launch`,
         else pynvml)."""
-        from perfkit.readings.sampler import MemorySampler
+        from perfkit.readings.sampler.timeline import MemorySampler
 
         return MemorySampler(
             self.pid,

@@ -242,7 +242,7 @@ def _engine_gpus(
 ) -> tuple[list[Any], list[int], Any]:
     """(the engine's GPUs resolved by UUID, their NVML indices, device used MiB before launch).
     Sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` in ``env`` and ``added`` when unset (in place)."""
-    from perfkit.readings.sampler import GpuResolveError, device_used_mib, resolve_visible_gpus
+    from perfkit.readings.sampler.nvml import GpuResolveError, device_used_mib, resolve_visible_gpus
 
     n_gpus = spec.num_gpus if spec.kind != "command" else 1
     visible = env.get("CUDA_VISIBLE_DEVICES")

@@ -131,7 +131,7 @@ def _gpus_here(ray: Any) -> tuple[list[str], list[str]]:
     if not ids:
         return [], []
     try:
-        from perfkit.readings.sampler import resolve_visible_gpus
+        from perfkit.readings.sampler.nvml import resolve_visible_gpus
 
         # Ray sets CUDA_VISIBLE_DEVICES to these ids: resolve them as the engine will
         refs = resolve_visible_gpus(",".join(ids))
