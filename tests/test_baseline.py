@@ -397,7 +397,7 @@ def test_interrupted_update_leaves_old_file(tmp_path, monkeypatch):
     def boom(src, dst):
         raise OSError("power cut")
 
-    monkeypatch.setattr(bl.os, "replace", boom)
+    monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(OSError, match="power cut"):
         bl.update_baseline(bdir, target, "wan2_1_t2v_1.3b")
     assert target.read_bytes() == before

@@ -30,6 +30,7 @@ from perfkit.params import ParamsError, load_params
 from perfkit.readings import perfdump, records
 from perfkit.readings.engine_config import from_sglang_log
 from perfkit.report.rootcause import log_findings
+from perfkit.scaleout import manifest as shard_manifest
 from perfkit.scaleout import shards
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -283,7 +284,7 @@ def test_shard_manifest_is_a_named_problem_never_a_traceback(manifest, data):
     raw = data.draw(corrupted(manifest))
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / shards.MANIFEST).write_bytes(raw)
-        doc, err = shards._read_manifest(Path(tmp))
+        doc, err = shard_manifest._read_manifest(Path(tmp))
     assert (doc is None) != (err is None)
     if err is not None:
         assert str(Path(tmp)) in err

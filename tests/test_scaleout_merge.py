@@ -21,6 +21,7 @@ import yaml
 from perfkit.bundle import ResultBundle
 from perfkit.gate import verdicts
 from perfkit.params import load_yaml
+from perfkit.scaleout import manifest as shard_manifest
 from perfkit.scaleout import shards
 from perfkit.scenarios.cold_warm import NAME as COLD_WARM
 from perfkit.scenarios.memory_budget import NAME as MEMORY_BUDGET
@@ -383,14 +384,14 @@ def test_a_mistyped_outcome_is_a_named_problem(tmp_path, edit, words):
     was a bare 'could not convert string to float' naming no file (read on the committed
     example shard: no launch)."""
     shutil.copytree(_RAY_SHARD, tmp_path / "s", ignore=shutil.ignore_patterns("*.parquet"))
-    assert shards._read_manifest(tmp_path / "s") == (
+    assert shard_manifest._read_manifest(tmp_path / "s") == (
         json.loads((tmp_path / "s" / shards.MANIFEST).read_text()),
         None,
     )
     m = json.loads((tmp_path / "s" / shards.MANIFEST).read_text())
     edit(m["outcomes"][0])
     (tmp_path / "s" / shards.MANIFEST).write_text(json.dumps(m))
-    doc, err = shards._read_manifest(tmp_path / "s")
+    doc, err = shard_manifest._read_manifest(tmp_path / "s")
     assert (
         doc is None
         and err.startswith(f"{tmp_path / 's' / shards.MANIFEST}: malformed shard manifest: ")

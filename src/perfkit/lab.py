@@ -41,7 +41,7 @@ from perfkit.common.outdirs import stamped_dir
 from perfkit.nbparams import section_params, validate
 from perfkit.params import ParamsError
 from perfkit.scenarios import registry
-from perfkit.suite import ipc_kernel_manager, kernel_name, notebooks_dir
+from perfkit.suite.execute import ipc_kernel_manager, kernel_name, notebooks_dir
 
 log = logging.getLogger(__name__)
 

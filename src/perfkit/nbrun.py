@@ -89,7 +89,7 @@ def notebook_params(nb: Path, params_file: str | None, kv: list[str] | tuple[str
     items, validated (:func:`perfkit.nbparams.validate`); ``fail_on`` ``never`` unless given (the
     exit code comes from verdict.json). Raises :class:`RunInputError`."""
     from perfkit.nbparams import validate
-    from perfkit.suite import notebook_parameters
+    from perfkit.suite.execute import notebook_parameters
 
     if not nb.exists():
         raise RunInputError(f"notebook {nb} not found")
@@ -131,8 +131,8 @@ class RunDir:
 
 def run_dir_for(name: str, given: str | None) -> RunDir:
     """The run directory of notebook ``name``: ``given`` (``-p run_dir=``), else a new
-    ``outputs/<name>/<timestamp>/`` (made, empty, by :func:`perfkit.suite.default_out`)."""
-    from perfkit.suite import default_out, outputs_base
+    ``outputs/<name>/<timestamp>/`` (made, empty, by :func:`perfkit.suite.preflight.default_out`)."""
+    from perfkit.suite.preflight import default_out, outputs_base
 
     if given:
         path = Path(given).resolve()

@@ -8,6 +8,8 @@ intervals that hold at a few launches a side, and a decision per metric.
 - :mod:`perfkit.ab.driver`: runs the balanced interleaved launches (A B B A …) into a bundle per
   side.
 - :mod:`perfkit.ab.sequential`: launches until every gated metric is decided (alpha spending over
-  the looks, slow-spell launches replaced, undecided at the maximum exits 1); its replay on a
-  recorded pool.
+  the looks, slow-spell launches replaced, undecided at the maximum exits 1); the procedure is in
+  :mod:`perfkit.ab.procedure`, its replay on a recorded pool in :mod:`perfkit.ab.replay`.
+- :mod:`perfkit.ab.power`: a recorded pool's A/A false alarms and detection rates; the pool in
+  :mod:`perfkit.ab.pool`, host slow spells in :mod:`perfkit.ab.slow`.
 """

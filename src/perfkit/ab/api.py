@@ -12,7 +12,8 @@ from typing import Any
 from perfkit.ab.decide import incomparable
 from perfkit.ab.driver import AbPlan
 from perfkit.ab.options import AbInputError, parse_gate_metrics
-from perfkit.ab.sequential import Design, decide_sequential, run_sequential
+from perfkit.ab.procedure import Design
+from perfkit.ab.sequential import decide_sequential, run_sequential
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec

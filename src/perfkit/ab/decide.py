@@ -21,7 +21,8 @@ import pandas as pd
 
 from perfkit.ab import stats
 from perfkit.ab.metrics import METRIC_UNITS, launch_means, metric_order, metric_values
-from perfkit.ab.power import Pool, slow_spells
+from perfkit.ab.pool import Pool
+from perfkit.ab.slow import slow_spells
 from perfkit.bundle import IDENTITY_REQUEST, ResultBundle
 from perfkit.common import jsonsafe
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, jsonable
@@ -344,7 +345,7 @@ def compare_bundles(
 ) -> AbResult:
     """:func:`compare` of two recorded sides (``perfkit ab`` and ``perfkit ab --replay``): the
     meta records each side's launches, failed launches, the threshold(s) used and each side's
-    slow spells (:func:`perfkit.ab.power.slow_spells`: warm requests the host slowed down).
+    slow spells (:func:`perfkit.ab.slow.slow_spells`: warm requests the host slowed down).
     ``keep``: side -> the launches the intervals use (the sequential procedure's last look,
     :mod:`perfkit.ab.sequential`); None: every launch."""
     errors = _failed(a) + _failed(b)

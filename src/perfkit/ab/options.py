@@ -10,7 +10,8 @@ import difflib
 from pathlib import Path
 from typing import Any, Iterable
 
-from perfkit.ab import sequential as sq
+from perfkit.ab import procedure as sq
+from perfkit.ab import stats
 from perfkit.ab.metrics import METRIC_UNITS
 from perfkit.bundle import ResultBundle
 from perfkit.common.outdirs import given_out_problem
@@ -89,7 +90,7 @@ def design_for(
         return sq.Design(
             min_launches=int(lo),
             max_launches=int(hi),
-            confidence=confidence or float(rec.get("confidence") or sq.stats.DEFAULT_CONFIDENCE),
+            confidence=confidence or float(rec.get("confidence") or stats.DEFAULT_CONFIDENCE),
             spending=spending or rec.get("spending") or "pocock",
             slow_rule=slow_rule or rec.get("slow_rule") or "replace",
         )

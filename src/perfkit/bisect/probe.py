@@ -30,7 +30,8 @@ from typing import Any
 import yaml
 
 from perfkit.ab.driver import AbPlan
-from perfkit.ab.sequential import Design, decide_sequential, run_sequential
+from perfkit.ab.procedure import Design
+from perfkit.ab.sequential import decide_sequential, run_sequential
 from perfkit.ab.stats import DEFAULT_THRESHOLD
 from perfkit.bisect.checkout import BisectError, Commit, run_build
 from perfkit.engine.client import VideoRequestSpec

@@ -32,7 +32,8 @@ def merge_command(**kw: Any) -> None:
     gate, report."""
     sigterm_as_interrupt()
     from perfkit.params import ParamsError
-    from perfkit.suite import SuiteError, merge_runs
+    from perfkit.suite.merge import merge_runs
+    from perfkit.suite.preflight import SuiteError
 
     try:
         res = merge_runs(

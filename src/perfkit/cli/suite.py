@@ -16,7 +16,8 @@ def _partition(kw: dict[str, Any], executor_options: dict[str, Any]) -> int:
     """``--partition I/N``: shard I's units into bundles and a shard manifest."""
     from perfkit.params import ParamsError
     from perfkit.scaleout.executor import ExecutorError
-    from perfkit.scaleout.shards import MANIFEST, ShardInterrupted, run_shard
+    from perfkit.scaleout.manifest import MANIFEST
+    from perfkit.scaleout.shards import ShardInterrupted, run_shard
     from perfkit.scaleout.units import PartitionError, parse_partition
 
     try:
@@ -49,7 +50,9 @@ def _suite(kw: dict[str, Any]) -> int:
     sigterm_as_interrupt()
     from perfkit.params import ParamsError
     from perfkit.scaleout.executor import ExecutorError
-    from perfkit.suite import SuiteError, run_suite, run_units_suite
+    from perfkit.suite.merge import run_units_suite
+    from perfkit.suite.orchestrate import run_suite
+    from perfkit.suite.preflight import SuiteError
 
     if kw["address"] and kw["executor"] != "ray":
         fail(f"--address {kw['address']} is ignored: it is for --executor ray")

@@ -17,7 +17,7 @@ that runs the kernels (``perfkit suite``), or the one that launches engines itse
   SIGCONT, so a stopped process acts on it) to each process group and process, ``grace_s``,
   then SIGKILL; it returns how each one ended.
 
-The launcher's own teardown (:meth:`perfkit.engine.launch.EngineHandle._terminate`) does the same for one engine and
+The launcher's own teardown (:meth:`perfkit.engine.handle.EngineHandle._terminate`) does the same for one engine and
 gives the engine a SIGKILL parent-death signal; this module is what remains when the launcher
 itself is gone.
 """

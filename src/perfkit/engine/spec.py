@@ -14,24 +14,8 @@ A spec is a pydantic model, one class per kind, told apart by ``kind`` (a discri
   add ``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB`` / ``..._FORCE_HOST_AVAILABLE_GIB``
   (:meth:`perfkit.engine.caps.MemoryCaps.env`). Ready when ``GET /health`` answers 200.
 
-  Flags checked against sglang 0.5.23: its diffusion parser (``sglang/multimodal_gen/runtime/
-  server_args/server_args.py``), ``sglang serve --model-type diffusion --help``, and argvs built
-  here parsed by that parser with no unknown argument (a throwaway venv, not a dependency of
-  perfkit or its tests). In that version ``sglang serve``
-  warms up with one synthetic request at startup (``--warmup-mode server``, video frames capped
-  at 17, 25 for multi-GPU LTX-2 two-stage):
-
-  ==============================  ==========================================================
-  EngineSpec                      sglang serve
-  ==============================  ==========================================================
-  ``warmup_frames=0``             ``--warmup-mode off``
-  ``warmup_frames=N`` (N != 17)   ``--warmup-num-frames N`` (17, the default, adds nothing:
-                                  sglang's own frame choice stays)
-  ``warmup_resolution="HxW"``     ``--warmup-resolutions WxH`` (sglang writes width first)
-  ``warmup_steps=N``              ``--warmup-steps N``
-  ``warmup_mode``                 ``--warmup-mode off|request|server``
-  ``compile=True``                ``--enable-torch-compile``
-  ==============================  ==========================================================
+  Flags checked against sglang 0.5.23; the startup warmup and compile settings map to
+  sglang's flags as :mod:`perfkit.engine.argv` tabulates.
 
   Offload, parallelism and pipeline flags go in ``server_args`` as sglang spells them, e.g.
   ``[--dit-layerwise-offload, --text-encoder-cpu-offload, --vae-cpu-offload, --pin-cpu-memory,
@@ -57,11 +41,7 @@ either).
 from __future__ import annotations
 
 import difflib
-import os
-import re
 import shlex
-import shutil
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
@@ -81,6 +61,17 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from perfkit.common.presets import PRESET_NAMES
+from perfkit.engine.argv import (
+    OFFLOAD_COMPONENTS,
+    argv_list,
+    check_command,
+    check_model_path,
+    check_sglang,
+    env_strings,
+    percent_map,
+    reference_argv,
+    sglang_warmup_flags,
+)
 
 __all__ = [
     "AnyEngineSpec",
@@ -129,8 +120,6 @@ REFERENCE_STAGES = (
     "RefinementStage",
     "DecodingStage",
 )
-#: Components with their own offload mode (``--offload-<component>``), in argv order.
-OFFLOAD_COMPONENTS = ("transformer", "text_encoder", "vae")
 
 
 class EngineSpecError(ValueError):
@@ -172,16 +161,6 @@ class EngineSpecError(ValueError):
                     msg += f", got {got!r}"
             problems.append((name, msg))
         return cls(problems)
-
-
-def _argv_list(v: Any) -> Any:
-    """An argv field's input: a string is split like a shell would; numbers in a list become
-    strings (YAML reads ``--ulysses-degree, 2`` as an int); anything else is left to validation."""
-    if isinstance(v, str):
-        return shlex.split(v)
-    if isinstance(v, (list, tuple)):
-        return [str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a for a in v]
-    return v
 
 
 def _cross_field(field: str, detail: str) -> PydanticCustomError:
@@ -252,18 +231,12 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
     @field_validator("extra_args", mode="before")
     @classmethod
     def _extra_args(cls, v: Any) -> Any:
-        return _argv_list(v)
+        return argv_list(v)
 
     @field_validator("env", mode="before")
     @classmethod
     def _env(cls, v: Any) -> Any:
-        if not isinstance(v, Mapping):
-            return v
-        scalar = (str, int, float, bool)
-        return {
-            (str(k) if isinstance(k, scalar) else k): (str(x) if isinstance(x, scalar) else x)
-            for k, x in v.items()
-        }
+        return env_strings(v)
 
     # ------------------------------------------------------------------ checks on this host
     def check(self) -> None:
@@ -458,20 +431,7 @@ class ReferenceEngine(_ServingEngine):
     @field_validator("debug_stage_delay", mode="before")
     @classmethod
     def _percent_strings(cls, v: Any) -> Any:
-        # "30%" / "30" / 30 -> 30.0 (YAML ints too: the model is strict)
-        if not isinstance(v, Mapping):
-            return v
-        out: dict[Any, Any] = {}
-        for k, x in v.items():
-            if isinstance(x, str):
-                try:
-                    x = float(x.strip().rstrip("%"))
-                except ValueError:
-                    raise ValueError(f"{k}: expected a percent like 30 or '30%', got {x!r}") from None
-            elif isinstance(x, int) and not isinstance(x, bool):
-                x = float(x)
-            out[k] = x
-        return out
+        return percent_map(v)
 
     @model_validator(mode="after")
     def _known_preset(self) -> ReferenceEngine:
@@ -486,60 +446,10 @@ class ReferenceEngine(_ServingEngine):
 
     def check(self) -> None:
         """A ``model_path`` that is not a hub id must exist (FileNotFoundError)."""
-        if self.model_path is not None:
-            if not Path(self.model_path).expanduser().exists() and not _is_hub_id(self.model_path):
-                raise FileNotFoundError(f"EngineSpec.model_path: {self.model_path!r} does not exist")
+        check_model_path(self.model_path)
 
     def _argv(self, port: int, d: str) -> list[str]:
-        argv = [sys.executable, "-m", "perfkit.refengine", "--preset", self.preset, "--host", self.host]
-        argv += ["--port", str(port), "--perf-log-dir", d]
-        if self.model_path:
-            argv += ["--model-path", self.model_path]
-        if self.compile:
-            argv += ["--compile", "--compile-backend", self.compile_backend]
-        if self.compile_vae:
-            argv += ["--compile-vae"]
-        if self.recompile_limit is not None:
-            argv += ["--recompile-limit", str(self.recompile_limit)]
-        if self.two_stage:
-            argv += ["--two-stage"]
-        frames = 0 if self.warmup_mode == "off" else self.warmup_frames
-        argv += ["--warmup-frames", str(frames)]
-        if self.warmup_resolution:
-            argv += ["--warmup-resolution", self.warmup_resolution]
-        if self.warmup_steps is not None:
-            argv += ["--warmup-steps", str(self.warmup_steps)]
-        for name in ("height", "width", "steps"):
-            v = getattr(self, name)
-            if v is not None:
-                argv += [f"--{name}", str(v)]
-        if self.dtype:
-            argv += ["--dtype", self.dtype]
-        if self.device:
-            argv += ["--device", self.device]
-        argv += ["--num-gpus", str(self.num_gpus)]
-        if self.keep_outputs:
-            argv += ["--keep-outputs"]
-        if self.debug_leak_mib > 0:
-            argv += ["--debug-leak-mib", str(self.debug_leak_mib)]
-        if self.memory_snapshot_after:
-            argv += [
-                "--memory-snapshot-after",
-                ",".join(str(i) for i in sorted(set(self.memory_snapshot_after))),
-            ]
-            argv += ["--memory-snapshot-entries", str(self.memory_snapshot_entries)]
-        for stage, pct in self.debug_stage_delay.items():
-            argv += ["--debug-stage-delay", f"{stage}={pct:g}%"]
-        if self.debug_stage_delay and self.debug_stage_delay_from:
-            argv += ["--debug-stage-delay-from", str(self.debug_stage_delay_from)]
-        if self.max_frames is not None:
-            argv += ["--max-frames", str(self.max_frames)]
-        if self.offload is not None:
-            argv += ["--offload", self.offload]
-        for comp in OFFLOAD_COMPONENTS:
-            if comp in self.offload_components:
-                argv += [f"--offload-{comp.replace('_', '-')}", self.offload_components[comp]]
-        return argv + list(self.extra_args)
+        return reference_argv(self, port, d)
 
 
 class SglangEngine(_ServingEngine):
@@ -562,32 +472,13 @@ class SglangEngine(_ServingEngine):
     @field_validator("executable", "server_args", mode="before")
     @classmethod
     def _argvs(cls, v: Any) -> Any:
-        return _argv_list(v)
+        return argv_list(v)
 
     def check(self) -> None:
         """The executable must be on PATH (its module importable, for the ``python -m`` form) and
         a local-looking ``model_path`` must exist (a bare hub id ``org/name`` that is not a local
         directory is accepted). Raises FileNotFoundError naming the field."""
-        exe = self.executable[0]
-        if _which(exe) is None:
-            raise FileNotFoundError(
-                f"EngineSpec.executable: {exe!r} is not on PATH (kind 'sglang'); install sglang "
-                f"(pip install 'sglang[diffusion]') or set executable, e.g. "
-                f"[{sys.executable!r}, '-m', 'sglang.cli.main']"
-            )
-        module = _module_of(self.executable)
-        if module is not None and not _module_importable(_which(exe) or exe, module):
-            raise FileNotFoundError(
-                f"EngineSpec.executable: {' '.join(self.executable)!r}: module {module!r} "
-                f"cannot be imported by {exe} (kind 'sglang'); install sglang into that "
-                f"Python (pip install 'sglang[diffusion]') or point executable elsewhere"
-            )
-        mp = self.model_path
-        if not _is_hub_id(mp) and not Path(mp).expanduser().exists():
-            raise FileNotFoundError(
-                f"EngineSpec.model_path: {mp!r} does not exist (kind 'sglang' needs a local "
-                f"model directory or a hub id 'org/name')"
-            )
+        check_sglang(self.executable, self.model_path)
 
     def _argv(self, port: int, d: str) -> list[str]:
         argv = list(self.executable) + ["serve", "--model-path", self.model_path, "--port", str(port)]
@@ -599,18 +490,13 @@ class SglangEngine(_ServingEngine):
 
     def sglang_warmup_args(self) -> list[str]:
         """``sglang serve`` flags for the startup warmup settings (see the module doc)."""
-        out: list[str] = []
-        mode = "off" if self.warmup_frames == 0 else self.warmup_mode
-        if mode is not None:
-            out += ["--warmup-mode", mode]
-        if self.warmup_frames not in (0, DEFAULT_WARMUP_FRAMES):
-            out += ["--warmup-num-frames", str(self.warmup_frames)]
-        if self.warmup_resolution:
-            h, w = self.warmup_resolution.split("x")
-            out += ["--warmup-resolutions", f"{w}x{h}"]
-        if self.warmup_steps is not None:
-            out += ["--warmup-steps", str(self.warmup_steps)]
-        return out
+        return sglang_warmup_flags(
+            self.warmup_frames,
+            self.warmup_mode,
+            self.warmup_resolution,
+            self.warmup_steps,
+            DEFAULT_WARMUP_FRAMES,
+        )
 
 
 class CommandEngine(EngineSpec):
@@ -640,13 +526,11 @@ class CommandEngine(EngineSpec):
     @field_validator("command_template", mode="before")
     @classmethod
     def _argvs(cls, v: Any) -> Any:
-        return _argv_list(v)
+        return argv_list(v)
 
     def check(self) -> None:
         """The program (the argv's first item, unless it is a placeholder) must be found."""
-        exe = self.command_template[0]
-        if "{" not in exe and _which(exe) is None:
-            raise FileNotFoundError(f"EngineSpec.command: program {exe!r} not found")
+        check_command(self.command_template)
 
     def _argv(self, port: int, d: str) -> list[str]:
         return list(self.command_template) + list(self.extra_args)
@@ -708,51 +592,3 @@ def unknown_key_hint(kind: str | None, key: str) -> str:
         return f" (a field of kind {' and '.join(map(repr, owners))})"
     m = difflib.get_close_matches(key, engine_keys(kind or "reference"), n=1, cutoff=0.6)
     return f" (did you mean {m[0]!r}?)" if m else ""
-
-
-def _which(exe: str) -> str | None:
-    if os.sep in exe:
-        return exe if os.path.isfile(exe) and os.access(exe, os.X_OK) else None
-    return shutil.which(exe)
-
-
-def _module_of(argv: list[str]) -> str | None:
-    """The module of a ``python -m module`` argv prefix, else None."""
-    if len(argv) >= 3 and argv[1] == "-m":
-        return argv[2]
-    return None
-
-
-def _module_importable(python: str, module: str) -> bool:
-    """Whether ``python`` finds the top-level package of ``module`` (not imported: only
-    located, so this is quick even for heavy packages)."""
-    import importlib.util
-    import subprocess
-
-    top = module.split(".")[0]
-    try:
-        same = Path(python).resolve() == Path(sys.executable).resolve()
-    except OSError:
-        same = False
-    if same:
-        return importlib.util.find_spec(top) is not None
-    try:
-        r = subprocess.run(
-            [
-                python,
-                "-c",
-                f"import importlib.util, sys; sys.exit(importlib.util.find_spec({top!r}) is None)",
-            ],
-            capture_output=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return r.returncode == 0
-
-
-def _is_hub_id(s: str) -> bool:
-    """``org/name`` (one slash, no leading ./ ~ /) and not an existing local path."""
-    if not s or s.startswith(("/", ".", "~")) or Path(s).exists():
-        return False
-    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", s) is not None

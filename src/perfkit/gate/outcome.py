@@ -77,7 +77,7 @@ def gate_result(status: str, verdict: Mapping[str, Any] | None, ename: str | Non
     """The gate word of one notebook run.
 
     Args:
-        status: the run's status (``ok``, ``error``, ``skipped``; :class:`perfkit.suite.NotebookRun`).
+        status: the run's status (``ok``, ``error``, ``skipped``; :class:`perfkit.suite.execute.NotebookRun`).
         verdict: its ``verdict.json`` document, or None when it wrote none.
         ename: the exception its last cell raised, if any: :data:`GATE_FAILED` is a failed gate
             (the A/B notebook's, which writes no verdict.json).

@@ -19,7 +19,7 @@ import pandas as pd
 from perfkit.checks import CHECK_COLUMNS, Check, check_table, overall_status
 from perfkit.common import jsonsafe
 from perfkit.common.jsonsafe import finite as jsonable  # NaN/inf -> null, recursively
-from perfkit.gate.baseline import atomic_write_text
+from perfkit.gate.baseline.files import atomic_write_text
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)

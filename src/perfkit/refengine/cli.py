@@ -6,6 +6,9 @@ The engine prints marks on stderr that the harness parses for the cold start par
     perfkit-mark models_loaded t=<epoch s>
     perfkit-mark warmup_done t=<epoch s>
     perfkit-mark listening port=<port>
+
+The options are in :mod:`perfkit.refengine.options`; :func:`main` checks them, builds the
+engine (device, placement, compile settings, the pipeline) and serves.
 """
 
 from __future__ import annotations
@@ -17,12 +20,17 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from perfkit.refengine.options import OFFLOAD_CHOICES, build_parser, sglang_perf_log_dir
+
+__all__ = ["OFFLOAD_CHOICES", "build_parser", "main", "mark", "sglang_perf_log_dir"]
 
 log = logging.getLogger("perfkit.refengine")
 
 
-#: ``--offload`` choices (refengine.placement.OFFLOAD_MODES; torch is imported later).
-OFFLOAD_CHOICES = ("none", "model", "group-block", "group-leaf")
+class _Refused(Exception):
+    """Bad arguments or a refused configuration: printed as ``error: <message>``, exit 2."""
 
 
 def mark(name: str, **fields) -> None:
@@ -31,197 +39,10 @@ def mark(name: str, **fields) -> None:
     print(f"perfkit-mark {name} {extra}".rstrip(), file=sys.stderr, flush=True)
 
 
-def _resolution(text: str) -> tuple[int, int]:
-    try:
-        h, w = text.lower().split("x")
-        return int(h), int(w)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH, got {text!r}") from None
-
-
-#: Values sglang reads as true for its boolean environment variables.
-_TRUTHY = ("1", "true", "yes", "y", "t", "on")
-
-
-def sglang_perf_log_dir(environ=None) -> str | None:
-    """sglang's perf env: ``SGLANG_PERF_LOG_DIR`` when ``SGLANG_DIFFUSION_STAGE_LOGGING`` is true
-    (``1``/``true``/``yes``/``on``, any case), else None."""
-    env = os.environ if environ is None else environ
-    if str(env.get("SGLANG_DIFFUSION_STAGE_LOGGING", "")).strip().lower() not in _TRUTHY:
-        return None
-    return env.get("SGLANG_PERF_LOG_DIR") or None
-
-
-def _stage_delay(text: str) -> tuple[str, float]:
-    """``STAGE=PCT`` (``DenoisingStage=30%`` or ``DenoisingStage=30``) -> (stage, percent)."""
-    name, sep, pct = text.partition("=")
-    try:
-        if not sep or not name.strip():
-            raise ValueError
-        value = float(pct.strip().rstrip("%"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected STAGE=PCT (e.g. DenoisingStage=30%), got {text!r}"
-        ) from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"PCT must be >= 0, got {text!r}")
-    return name.strip(), value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="perfkit engine serve",
-        description="perfkit reference engine: LTX-Video (diffusers) over HTTP "
-        "(also: python -m perfkit.refengine)",
-        epilog="Example: perfkit engine serve --preset tiny --port 8000. Exit codes: 0 stopped "
-        "cleanly, 2 bad arguments or a refused configuration (unknown preset, an accelerator "
-        "offload mode on a CPU device), other non-zero: the engine failed.",
-    )
-    p.add_argument("--preset", default="tiny", help="model preset: tiny | ltx-2b (default tiny)")
-    p.add_argument("--model-path", default=None, help="local diffusers-format checkpoint directory")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as a mark)")
-    p.add_argument(
-        "--perf-log-dir",
-        default=None,
-        help="append performance.log here (default: $SGLANG_PERF_LOG_DIR when "
-        "$SGLANG_DIFFUSION_STAGE_LOGGING is true, as sglang's server does)",
-    )
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--seed", type=int, default=0, help="weight seed")
-    p.add_argument(
-        "--compile",
-        "--enable-torch-compile",
-        action="store_true",
-        help="torch.compile the transformer (dynamic=False)",
-    )
-    p.add_argument(
-        "--compile-backend",
-        default="inductor",
-        help="torch.compile backend: inductor | aot_eager | eager | cudagraphs",
-    )
-    p.add_argument("--compile-vae", action="store_true", help="also compile the VAE decoder")
-    p.add_argument("--recompile-limit", type=int, default=None, help="torch._dynamo recompile limit")
-    p.add_argument("--two-stage", action="store_true", help="half-res pass + UpsampleStage + RefinementStage")
-    p.add_argument(
-        "--refine-steps", type=int, default=2, help="RefinementStage steps of the two-stage pipeline"
-    )
-    p.add_argument(
-        "--warmup-frames",
-        "--warmup-num-frames",
-        type=int,
-        default=17,
-        help="startup warmup frames (0 disables)",
-    )
-    p.add_argument(
-        "--warmup-mode",
-        choices=["off", "server"],
-        default=None,
-        help="sglang's flag: off disables the startup warmup, server keeps it",
-    )
-    p.add_argument(
-        "--warmup-steps", type=int, default=2, help="denoising steps of the startup warmup (sglang: 2)"
-    )
-    p.add_argument("--warmup-resolution", type=_resolution, default=None, help="HEIGHTxWIDTH")
-    p.add_argument("--height", type=int, default=None, help="serving default height (px)")
-    p.add_argument("--width", type=int, default=None, help="serving default width (px)")
-    p.add_argument("--steps", type=int, default=None, help="serving default num_inference_steps")
-    p.add_argument(
-        "--max-frames", type=int, default=257, help="requests with more frames get a 400 (default 257)"
-    )
-    p.add_argument(
-        "--num-gpus",
-        type=int,
-        default=1,
-        help="N > 1: CFG parallel over N ranks with torch.distributed (NCCL on cuda:0..N-1, gloo "
-        "on the CPU); rank 0 serves HTTP and spawns the others (see refengine.dist)",
-    )
-    p.add_argument(
-        "--multi-gpu-warmup-frames",
-        type=int,
-        default=None,
-        help="startup warmup frames for --two-stage with --num-gpus > 1 instead of --warmup-frames "
-        "(sglang uses 25 there: a 24-frame request aligns to 25 = 4 latent frames, a 17-frame "
-        "warmup covers 3); default: --warmup-frames",
-    )
-    p.add_argument(
-        "--dist-init",
-        default=None,
-        help="tcp://HOST:PORT of rank 0's rendezvous store (default: 127.0.0.1, a free port)",
-    )
-    p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)  # set by rank 0 for the others
-    p.add_argument("--world-size", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument(
-        "--placement",
-        default=None,
-        choices=["device", "group_offload"],
-        help="force a placement instead of deciding from the cap (older flag; ignored on a CPU "
-        "device; see --offload)",
-    )
-    p.add_argument(
-        "--offload",
-        default=None,
-        choices=OFFLOAD_CHOICES,
-        help="offload mode of every component: none (resident), model (whole component moved in "
-        "and out, accelerate's cpu_offload_with_hook), group-block / group-leaf (diffusers' "
-        "apply_group_offloading at block / leaf level, CUDA stream prefetch). Default: none, "
-        "unless the device cap forces group-leaf offload: the text encoder first, then the "
-        "transformer, until the resident rest fits. "
-        "Modes other than none need an accelerator: on a CPU device the engine exits with code 2",
-    )
-    for comp in ("transformer", "text-encoder", "vae"):
-        p.add_argument(
-            f"--offload-{comp}",
-            default=None,
-            choices=OFFLOAD_CHOICES,
-            help=f"offload mode of the {comp.replace('-', ' ')} (overrides --offload for it"
-            + ("; the two-stage upsampler follows it)" if comp == "vae" else ")"),
-        )
-    p.add_argument("--keep-outputs", action="store_true", help="save generated frames as .npy")
-    p.add_argument("--debug-leak-mib", type=int, default=0, help="TEST ONLY: leak this many MiB per request")
-    p.add_argument(
-        "--memory-snapshot-after",
-        default="",
-        metavar="I,J",
-        help="CUDA: record allocation history and dump an allocator snapshot after these 0-based "
-        "measured requests (0: the cold request), into --memory-snapshot-dir; on CPU the records "
-        "say 'not available on cpu'",
-    )
-    p.add_argument(
-        "--memory-snapshot-entries",
-        type=int,
-        default=20000,
-        help="trace entries the allocation history keeps (bounds each snapshot's size)",
-    )
-    p.add_argument(
-        "--memory-snapshot-dir",
-        default=None,
-        help="where request-<index>.pickle snapshots go (default: <perf-log-dir>/memory_snapshots)",
-    )
-    p.add_argument(
-        "--debug-stage-delay",
-        action="append",
-        type=_stage_delay,
-        default=[],
-        metavar="STAGE=PCT",
-        help="TEST ONLY: slow STAGE down by PCT %% of its own work (e.g. DenoisingStage=30%%): busy "
-        "compute on the device inside the stage's span (per denoising step for DenoisingStage and "
-        "RefinementStage), on measured requests only, never the startup warmup; repeatable",
-    )
-    p.add_argument(
-        "--debug-stage-delay-from",
-        type=int,
-        default=0,
-        metavar="N",
-        help="TEST ONLY: apply --debug-stage-delay from the N-th measured request on (0-based; "
-        "0: every request, 1: warm requests only)",
-    )
-    p.add_argument("--log-level", default="INFO", help="logging level: DEBUG | INFO | WARNING | ERROR")
-    return p
-
-
 def main(argv: list[str] | None = None, t0: float | None = None) -> int:
+    """Run the reference engine with ``argv`` (default ``sys.argv[1:]``): 0 when it stopped
+    cleanly, 2 for bad arguments or a refused configuration (``error: ...`` on stderr), 3 when
+    the startup warmup failed. ``t0``: the process start (epoch s) for the first mark."""
     raw_argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     rank = args.rank or 0  # > 0: a CFG-parallel rank spawned by rank 0 (no HTTP, no marks)
@@ -237,52 +58,31 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s",
     )
-    if args.num_gpus < 1:
-        print(f"error: --num-gpus must be >= 1, got {args.num_gpus}", file=sys.stderr)
-        return 2
-    if args.rank is not None and not (
-        0 <= args.rank < args.num_gpus and args.world_size == args.num_gpus and args.dist_init
-    ):
-        print(
-            "error: --rank needs 0 <= rank < --num-gpus, --world-size == --num-gpus and --dist-init",
-            file=sys.stderr,
-        )
-        return 2
-    for name in ("warmup_frames", "max_frames", "debug_leak_mib", "debug_stage_delay_from"):
-        if getattr(args, name) < 0:
-            print(f"error: --{name.replace('_', '-')} must be >= 0", file=sys.stderr)
-            return 2
-    from perfkit.refengine.memhistory import parse_indices
-
     try:
-        snapshot_after = parse_indices(args.memory_snapshot_after)
-    except ValueError as exc:
-        print(f"error: --memory-snapshot-after: {exc}", file=sys.stderr)
+        return _serve(args, raw_argv, rank)
+    except _Refused as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.memory_snapshot_entries < 1:
-        print("error: --memory-snapshot-entries must be >= 1", file=sys.stderr)
-        return 2
+
+
+def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
+    """Check the arguments, build the engine and serve (rank 0) or compute (other ranks).
+    Raises :class:`_Refused` for bad arguments or a refused configuration."""
+    snapshot_after = _checked(args)
 
     import torch
-    import uvicorn
+    import uvicorn  # noqa: F401 - imported before the models load, as it always was (cold start parts)
 
     from perfkit.common.provenance import git_commit
     from perfkit.refengine import models, placement
     from perfkit.refengine.compile_watch import CompileWatch
-    from perfkit.refengine.pipeline import GenRequest, StagedPipeline
-    from perfkit.refengine.server import Engine, create_app
+    from perfkit.refengine.memhistory import SnapshotRecorder
+    from perfkit.refengine.memory import snapshot
+    from perfkit.refengine.server import Engine
 
     if args.preset not in models.PRESETS and not args.model_path:
-        print(f"error: unknown --preset {args.preset!r}; known: {', '.join(models.PRESETS)}", file=sys.stderr)
-        return 2
-    dev_name = args.device
-    if dev_name == "auto":
-        dev_name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(dev_name)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    from perfkit.refengine.memhistory import SnapshotRecorder
-
+        raise _Refused(f"unknown --preset {args.preset!r}; known: {', '.join(models.PRESETS)}")
+    device = _device(args.device)
     # started before the models load, so the weights' blocks carry their allocation stacks too
     recorder = SnapshotRecorder(
         device,
@@ -292,157 +92,40 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     )
     recorder.start()
     if args.num_gpus > 1:
-        from perfkit.refengine import dist
-
-        try:
-            device = dist.rank_device(device, rank, args.num_gpus)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        if device.type == "cpu" and not os.environ.get("PERFKIT_TORCH_THREADS"):
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.num_gpus))  # ranks share the cores
-        if device.type == "cuda":
-            # before building: the seeded init draws on the current device (not GPU 0 on every rank)
-            torch.cuda.set_device(device)
-        os.environ["NCCL_NVLS_ENABLE"] = "0"  # read at NCCL communicator init
-    per_component = {
-        "transformer": args.offload_transformer,
-        "text_encoder": args.offload_text_encoder,
-        "vae": args.offload_vae,
-    }
-    asked = args.offload is not None or any(v is not None for v in per_component.values())
-    if asked and args.placement is not None:
-        print("error: give either --placement or --offload/--offload-<component>, not both", file=sys.stderr)
-        return 2
-    legacy = args.placement if device.type == "cuda" else None  # the older flag: ignored on the CPU
-    requested = placement.requested_modes(args.offload, per_component, legacy=legacy)
-    try:
-        placement.check_applicable(requested, device)
-    except placement.OffloadNotApplicable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        device = _rank_device(args, device, rank)
+    requested = _requested_offload(args, device)
     preset = models.PRESETS.get(args.preset, models.PRESETS["tiny"])
-    if args.dtype == "auto":
-        dtype = getattr(torch, preset.dtype) if device.type == "cuda" else torch.float32
-    else:
-        dtype = getattr(torch, args.dtype)
-    if args.recompile_limit is not None:
-        import torch._dynamo
-
-        # this override is thread-local (a ContextVar in torch >= 2.13) and requests run on the
-        # worker thread, so the pipeline also passes the limit to torch.compile itself
-        torch._dynamo.config.recompile_limit = args.recompile_limit
+    dtype = _dtype(args, preset, device)
 
     # bind first so an occupied port fails before minutes of loading
-    if rank == 0:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # accepted connections inherit it: an answer's header and body segments go out at once
-        # (with Nagle every poll waited for the client's delayed ACK: 40 ms a GET)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            sock.bind((args.host, args.port))
-        except OSError as exc:
-            print(f"error: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
-            return 2
-        port = sock.getsockname()[1]
-        mark("listening", port=port)
-    runner = None  # rank 0 of a multi-rank engine: spawns the other ranks now, they load in parallel
-    if args.num_gpus > 1:
-        if rank == 0:
-            import atexit
-
-            store, init_url = dist.make_master_store(args.dist_init, args.num_gpus)
-            runner = dist.Rank0Runner(dist.spawn_ranks(raw_argv, args.num_gpus, init_url))
-            atexit.register(runner.shutdown)
-        else:
-            store = dist.client_store(args.dist_init, args.num_gpus)
+    sock = _bind(args) if rank == 0 else None
+    runner, store = _start_ranks(args, raw_argv, rank) if args.num_gpus > 1 else (None, None)
 
     try:
         cap = placement.apply_device_cap(device)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise _Refused(str(exc)) from None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    if args.model_path:
-        comps = models.load_checkpoint(args.model_path, dtype, two_stage=args.two_stage, preset=args.preset)
-    else:
-        # build straight on the GPU when everything will be resident (seconds instead of a host
-        # round trip of every tensor); on the host when the placement may offload
-        build_dev = torch.device("cpu")
-        if device.type == "cuda" and all(m in (None, "none") for m in requested.values()):
-            need = models.estimate_param_bytes(args.preset, dtype, args.two_stage)
-            if cap is None or need <= placement.WEIGHTS_SHARE_OF_CAP * cap * placement.GIB:
-                build_dev = device
-        comps = models.build_preset(
-            args.preset, dtype, seed=args.seed, two_stage=args.two_stage, device=build_dev
-        )
+    comps = _components(args, device, dtype, cap, requested)
     placed = placement.place_components(comps, device, cap, requested)
     where = placed.name
-    do_compile, compile_off_reason = args.compile, None
-    recompile_limit = args.recompile_limit
-    t_mode = placed.offload.get("transformer", "none")
-    if do_compile and t_mode not in placement.COMPILE_COMPATIBLE:
-        compile_off_reason = (
-            f"the transformer is offloaded ({t_mode}); torch.compile is kept only under "
-            f"{' or '.join(placement.COMPILE_COMPATIBLE)}"
-        )
-        log.warning("torch.compile disabled: %s", compile_off_reason)
-        do_compile = False
-    if do_compile and t_mode == "group-block" and recompile_limit is None:
-        # one graph per offloaded block, all of the same code: dynamo's default limit (8) would
-        # leave most blocks eager (diffusers PR #11605, test_compile_with_group_offloading)
-        recompile_limit = placement.GROUP_COMPILE_RECOMPILE_LIMIT
-        import torch._dynamo
-
-        torch._dynamo.config.recompile_limit = recompile_limit
-        log.info("block-level offloaded transformer compiled: recompile limit %d", recompile_limit)
-    if do_compile:
-        compile_off_reason = _compile_unusable(args.compile_backend, device)
-        if compile_off_reason:
-            log.warning("torch.compile disabled: %s", compile_off_reason)
-            do_compile = False
-    compile_vae = args.compile_vae and do_compile
-    if compile_vae and placed.offload.get("vae", "none") != "none":
-        log.warning("VAE torch.compile disabled: the VAE is offloaded (%s)", placed.offload["vae"])
-        compile_vae = False
-    stage_delay = {name: pct / 100.0 for name, pct in args.debug_stage_delay}
-    if stage_delay:
-        log.warning(
-            "TEST ONLY: injected slowdown %s from measured request %d on",
-            ", ".join(f"{k}=+{v:.0%}" for k, v in stage_delay.items()),
-            args.debug_stage_delay_from,
-        )
+    do_compile, compile_off_reason, recompile_limit, compile_vae = _compile_settings(args, placed, device)
+    stage_delay = _injected_delay(args)
     watch = CompileWatch()
-    par = dist.init(rank, args.num_gpus, store, device) if args.num_gpus > 1 else None
-    pipe = StagedPipeline(
-        comps,
-        device,
-        dtype,
-        two_stage=args.two_stage,
-        refine_steps=args.refine_steps,
-        compile=do_compile,
-        compile_backend=args.compile_backend,
-        compile_vae=compile_vae,
-        compile_watch=watch,
-        recompile_limit=recompile_limit,
-        cfg_parallel=par,
-    )
+    if args.num_gpus > 1:
+        from perfkit.refengine import dist
+
+        par = dist.init(rank, args.num_gpus, store, device)
+    else:
+        par = None
+    pipe = _pipeline(args, comps, device, dtype, (do_compile, recompile_limit, compile_vae), watch, par)
     pipe.stage_delay = stage_delay
     if stage_delay:
         pipe._busy(0.2)  # first calls of the busy kernel pay one-off setup: not in a measured stage
-    # the startup warmup; multi-GPU two-stage may use its own frame count (seed case 003)
-    warmup_frames, warmup_rule = args.warmup_frames, "generic"
-    if (
-        args.two_stage
-        and args.num_gpus > 1
-        and args.multi_gpu_warmup_frames is not None
-        and args.warmup_frames > 0
-    ):
-        warmup_frames, warmup_rule = args.multi_gpu_warmup_frames, "multi_gpu_two_stage"
+    warmup_frames, warmup_rule = _warmup_frames(args)
     if rank > 0:
-        from perfkit.refengine.memory import snapshot
+        from perfkit.refengine import dist
 
         log.info("rank %d loaded (%s, %s); serving rank 0's requests", rank, device, where)
         return dist.worker_loop(
@@ -456,6 +139,149 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
         "steps": args.steps or preset.steps,
         "num_frames": preset.num_frames,
     }
+    info = _engine_info(
+        args,
+        device,
+        dtype,
+        placed,
+        comps,
+        cap,
+        (do_compile, compile_off_reason, recompile_limit),
+        (warmup_frames, warmup_rule),
+        stage_delay,
+    )
+    engine = Engine(
+        runner or pipe,
+        defaults,
+        args.max_frames,
+        args.perf_log_dir,
+        info,
+        keep_outputs_dir=(f"{args.perf_log_dir or '.'}/outputs" if args.keep_outputs else None),
+        debug_leak_mib=args.debug_leak_mib,
+        commit_hash=git_commit(),
+        debug_stage_delay_from=args.debug_stage_delay_from,
+        snapshots=recorder,
+    )
+    engine.snapshots["load_peak"] = snapshot(device)
+    mark("models_loaded", t=f"{time.time():.6f}", placement=where)
+    log.info("models loaded (%s, %s, %s)", comps.source, device, where)
+
+    if warmup_frames > 0 and not _startup_warmup(engine, args, defaults, warmup_frames, device):
+        return 3
+    mark("warmup_done", t=f"{time.time():.6f}")
+    engine.ready = True
+    if runner is not None:
+        runner.ready = True
+
+    _serve_http(engine, comps.source, sock, runner)
+    return 0
+
+
+def _pipeline(
+    args: argparse.Namespace,
+    comps: Any,
+    device: Any,
+    dtype: Any,
+    compiled: tuple[bool, int | None, bool],
+    watch: Any,
+    par: Any,
+) -> Any:
+    """The :class:`~perfkit.refengine.pipeline.StagedPipeline` over the placed components, with
+    the compile settings (compile, recompile limit, compile the VAE) and this rank's CFG
+    parallel (None: one process)."""
+    from perfkit.refengine.pipeline import StagedPipeline
+
+    do_compile, recompile_limit, compile_vae = compiled
+    return StagedPipeline(
+        comps,
+        device,
+        dtype,
+        two_stage=args.two_stage,
+        refine_steps=args.refine_steps,
+        compile=do_compile,
+        compile_backend=args.compile_backend,
+        compile_vae=compile_vae,
+        compile_watch=watch,
+        recompile_limit=recompile_limit,
+        cfg_parallel=par,
+    )
+
+
+def _serve_http(engine: Any, model_name: str, sock: socket.socket, runner: Any) -> None:
+    """Serve the engine's HTTP app on the bound socket (uvicorn) until it stops; then end the
+    engine's queue and, for a multi-rank engine, the other ranks."""
+    import uvicorn
+
+    from perfkit.refengine.server import create_app
+
+    app = create_app(engine, model_name=model_name)
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    engine.queue.put(None)
+    if runner is not None:
+        runner.shutdown()
+
+
+def _dtype(args: argparse.Namespace, preset: Any, device: Any) -> Any:
+    """The compute dtype (``auto``: the preset's on CUDA, float32 on the CPU); sets dynamo's
+    process-wide recompile limit when ``--recompile-limit`` is given."""
+    import torch
+
+    if args.dtype == "auto":
+        dtype = getattr(torch, preset.dtype) if device.type == "cuda" else torch.float32
+    else:
+        dtype = getattr(torch, args.dtype)
+    if args.recompile_limit is not None:
+        import torch._dynamo
+
+        # this override is thread-local (a ContextVar in torch >= 2.13) and requests run on the
+        # worker thread, so the pipeline also passes the limit to torch.compile itself
+        torch._dynamo.config.recompile_limit = args.recompile_limit
+    return dtype
+
+
+def _injected_delay(args: argparse.Namespace) -> dict[str, float]:
+    """TEST ONLY ``--debug-stage-delay``: stage -> fraction of its own work to add (logged)."""
+    stage_delay = {name: pct / 100.0 for name, pct in args.debug_stage_delay}
+    if stage_delay:
+        log.warning(
+            "TEST ONLY: injected slowdown %s from measured request %d on",
+            ", ".join(f"{k}=+{v:.0%}" for k, v in stage_delay.items()),
+            args.debug_stage_delay_from,
+        )
+    return stage_delay
+
+
+def _warmup_frames(args: argparse.Namespace) -> tuple[int, str]:
+    """(startup warmup frames, the rule that chose them): multi-GPU two-stage may use its own
+    frame count (seed case 003), else ``--warmup-frames``."""
+    warmup_frames, warmup_rule = args.warmup_frames, "generic"
+    if (
+        args.two_stage
+        and args.num_gpus > 1
+        and args.multi_gpu_warmup_frames is not None
+        and args.warmup_frames > 0
+    ):
+        warmup_frames, warmup_rule = args.multi_gpu_warmup_frames, "multi_gpu_two_stage"
+    return warmup_frames, warmup_rule
+
+
+def _engine_info(
+    args: argparse.Namespace,
+    device: Any,
+    dtype: Any,
+    placed: Any,
+    comps: Any,
+    cap: Any,
+    compiled: tuple[bool, str | None, int | None],
+    warmup: tuple[int, str],
+    stage_delay: dict[str, float],
+) -> dict[str, Any]:
+    """The engine's effective config, as it runs (the server's ``info``; perfkit records and
+    gates it): device and placement, model, dtype, compile, warmup, cap, parallelism."""
+    do_compile, compile_off_reason, recompile_limit = compiled
+    warmup_frames, warmup_rule = warmup
     info = {
         "device": str(device),
         **placed.info(device),  # placement (summary), placement_by_component, offload, ...
@@ -486,55 +312,206 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
     if stage_delay:
         info["debug_stage_delay_pct"] = {k: round(v * 100.0, 3) for k, v in stage_delay.items()}
         info["debug_stage_delay_from"] = args.debug_stage_delay_from
-    engine = Engine(
-        runner or pipe,
-        defaults,
-        args.max_frames,
-        args.perf_log_dir,
-        info,
-        keep_outputs_dir=(f"{args.perf_log_dir or '.'}/outputs" if args.keep_outputs else None),
-        debug_leak_mib=args.debug_leak_mib,
-        commit_hash=git_commit(),
-        debug_stage_delay_from=args.debug_stage_delay_from,
-        snapshots=recorder,
-    )
-    from perfkit.refengine.memory import snapshot
+    return info
 
-    engine.snapshots["load_peak"] = snapshot(device)
-    mark("models_loaded", t=f"{time.time():.6f}", placement=where)
-    log.info("models loaded (%s, %s, %s)", comps.source, device, where)
 
-    if warmup_frames > 0:
-        wh, ww = args.warmup_resolution or (defaults["height"], defaults["width"])
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        job = engine.run_sync(
-            GenRequest(
-                prompt="warmup",
-                num_frames=warmup_frames,
-                height=wh,
-                width=ww,
-                num_inference_steps=args.warmup_steps,
-            ),
-            tag="warmup",
+def _checked(args: argparse.Namespace) -> list[int]:
+    """The measured request indices to snapshot after (``--memory-snapshot-after``), once the
+    numeric options are checked. Raises :class:`_Refused` naming the bad option."""
+    if args.num_gpus < 1:
+        raise _Refused(f"--num-gpus must be >= 1, got {args.num_gpus}")
+    if args.rank is not None and not (
+        0 <= args.rank < args.num_gpus and args.world_size == args.num_gpus and args.dist_init
+    ):
+        raise _Refused("--rank needs 0 <= rank < --num-gpus, --world-size == --num-gpus and --dist-init")
+    for name in ("warmup_frames", "max_frames", "debug_leak_mib", "debug_stage_delay_from"):
+        if getattr(args, name) < 0:
+            raise _Refused(f"--{name.replace('_', '-')} must be >= 0")
+    from perfkit.refengine.memhistory import parse_indices
+
+    try:
+        snapshot_after = parse_indices(args.memory_snapshot_after)
+    except ValueError as exc:
+        raise _Refused(f"--memory-snapshot-after: {exc}") from None
+    if args.memory_snapshot_entries < 1:
+        raise _Refused("--memory-snapshot-entries must be >= 1")
+    return snapshot_after
+
+
+def _device(name: str) -> Any:
+    """The torch device ``--device`` names (``auto``: CUDA when available, else the CPU; a bare
+    ``cuda`` is the current CUDA device)."""
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _rank_device(args: argparse.Namespace, device: Any, rank: int) -> Any:
+    """This rank's device of a multi-rank engine (CPU threads shared, the CUDA device made
+    current before the seeded build, NVLink multicast off). Raises :class:`_Refused`."""
+    import torch
+
+    from perfkit.refengine import dist
+
+    try:
+        device = dist.rank_device(device, rank, args.num_gpus)
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+    if device.type == "cpu" and not os.environ.get("PERFKIT_TORCH_THREADS"):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.num_gpus))  # ranks share the cores
+    if device.type == "cuda":
+        # before building: the seeded init draws on the current device (not GPU 0 on every rank)
+        torch.cuda.set_device(device)
+    os.environ["NCCL_NVLS_ENABLE"] = "0"  # read at NCCL communicator init
+    return device
+
+
+def _requested_offload(args: argparse.Namespace, device: Any) -> dict[str, Any]:
+    """Component -> the offload mode asked for (``--offload``, ``--offload-<component>`` or the
+    older ``--placement``, which a CPU device ignores). Raises :class:`_Refused` when both kinds
+    of flag are given or a mode does not apply to the device."""
+    from perfkit.refengine import placement
+
+    per_component = {
+        "transformer": args.offload_transformer,
+        "text_encoder": args.offload_text_encoder,
+        "vae": args.offload_vae,
+    }
+    asked = args.offload is not None or any(v is not None for v in per_component.values())
+    if asked and args.placement is not None:
+        raise _Refused("give either --placement or --offload/--offload-<component>, not both")
+    legacy = args.placement if device.type == "cuda" else None  # the older flag: ignored on the CPU
+    requested = placement.requested_modes(args.offload, per_component, legacy=legacy)
+    try:
+        placement.check_applicable(requested, device)
+    except placement.OffloadNotApplicable as exc:
+        raise _Refused(str(exc)) from None
+    return requested
+
+
+def _bind(args: argparse.Namespace) -> socket.socket:
+    """The listening socket, bound before the models load (an occupied port fails at once);
+    marks ``listening`` with the port. Raises :class:`_Refused` when it cannot bind."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # accepted connections inherit it: an answer's header and body segments go out at once
+    # (with Nagle every poll waited for the client's delayed ACK: 40 ms a GET)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        raise _Refused(f"cannot bind {args.host}:{args.port}: {exc}") from None
+    port = sock.getsockname()[1]
+    mark("listening", port=port)
+    return sock
+
+
+def _start_ranks(args: argparse.Namespace, raw_argv: list[str], rank: int) -> tuple[Any, Any]:
+    """(rank 0's runner or None, the rendezvous store): rank 0 spawns the other ranks now, so
+    they load in parallel; another rank joins rank 0's store."""
+    from perfkit.refengine import dist
+
+    if rank == 0:
+        import atexit
+
+        store, init_url = dist.make_master_store(args.dist_init, args.num_gpus)
+        runner = dist.Rank0Runner(dist.spawn_ranks(raw_argv, args.num_gpus, init_url))
+        atexit.register(runner.shutdown)
+        return runner, store
+    return None, dist.client_store(args.dist_init, args.num_gpus)
+
+
+def _components(
+    args: argparse.Namespace, device: Any, dtype: Any, cap: Any, requested: dict[str, Any]
+) -> Any:
+    """The model components: loaded from ``--model-path``, else built from the preset with seeded
+    random weights, straight on the GPU when everything will be resident and fits the cap."""
+    import torch
+
+    from perfkit.refengine import models, placement
+
+    if args.model_path:
+        return models.load_checkpoint(args.model_path, dtype, two_stage=args.two_stage, preset=args.preset)
+    # build straight on the GPU when everything will be resident (seconds instead of a host
+    # round trip of every tensor); on the host when the placement may offload
+    build_dev = torch.device("cpu")
+    if device.type == "cuda" and all(m in (None, "none") for m in requested.values()):
+        need = models.estimate_param_bytes(args.preset, dtype, args.two_stage)
+        if cap is None or need <= placement.WEIGHTS_SHARE_OF_CAP * cap * placement.GIB:
+            build_dev = device
+    return models.build_preset(args.preset, dtype, seed=args.seed, two_stage=args.two_stage, device=build_dev)
+
+
+def _compile_settings(
+    args: argparse.Namespace, placed: Any, device: Any
+) -> tuple[bool, str | None, int | None, bool]:
+    """(compile the transformer, why not when asked, recompile limit, compile the VAE): compile
+    is kept only where the placement allows it (an offloaded transformer or VAE is not
+    compiled; block-level offload raises dynamo's recompile limit) and the backend can run."""
+    from perfkit.refengine import placement
+
+    do_compile, compile_off_reason = args.compile, None
+    recompile_limit = args.recompile_limit
+    t_mode = placed.offload.get("transformer", "none")
+    if do_compile and t_mode not in placement.COMPILE_COMPATIBLE:
+        compile_off_reason = (
+            f"the transformer is offloaded ({t_mode}); torch.compile is kept only under "
+            f"{' or '.join(placement.COMPILE_COMPATIBLE)}"
         )
-        if job.status != "completed":
-            print(f"error: startup warmup failed: {job.error}", file=sys.stderr)
-            return 3
-        engine.snapshots["warmup_peak"] = snapshot(device)
-    mark("warmup_done", t=f"{time.time():.6f}")
-    engine.ready = True
-    if runner is not None:
-        runner.ready = True
+        log.warning("torch.compile disabled: %s", compile_off_reason)
+        do_compile = False
+    if do_compile and t_mode == "group-block" and recompile_limit is None:
+        # one graph per offloaded block, all of the same code: dynamo's default limit (8) would
+        # leave most blocks eager (diffusers PR #11605, test_compile_with_group_offloading)
+        recompile_limit = placement.GROUP_COMPILE_RECOMPILE_LIMIT
+        import torch._dynamo
 
-    app = create_app(engine, model_name=comps.source)
-    config = uvicorn.Config(app, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    server.run(sockets=[sock])
-    engine.queue.put(None)
-    if runner is not None:
-        runner.shutdown()
-    return 0
+        torch._dynamo.config.recompile_limit = recompile_limit
+        log.info("block-level offloaded transformer compiled: recompile limit %d", recompile_limit)
+    if do_compile:
+        compile_off_reason = _compile_unusable(args.compile_backend, device)
+        if compile_off_reason:
+            log.warning("torch.compile disabled: %s", compile_off_reason)
+            do_compile = False
+    compile_vae = args.compile_vae and do_compile
+    if compile_vae and placed.offload.get("vae", "none") != "none":
+        log.warning("VAE torch.compile disabled: the VAE is offloaded (%s)", placed.offload["vae"])
+        compile_vae = False
+    return do_compile, compile_off_reason, recompile_limit, compile_vae
+
+
+def _startup_warmup(
+    engine: Any, args: argparse.Namespace, defaults: dict[str, Any], warmup_frames: int, device: Any
+) -> bool:
+    """Run the startup warmup request; False (``error: ...`` on stderr) when it failed."""
+    import torch
+
+    from perfkit.refengine.memory import snapshot
+    from perfkit.refengine.request import GenRequest
+
+    wh, ww = args.warmup_resolution or (defaults["height"], defaults["width"])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    job = engine.run_sync(
+        GenRequest(
+            prompt="warmup",
+            num_frames=warmup_frames,
+            height=wh,
+            width=ww,
+            num_inference_steps=args.warmup_steps,
+        ),
+        tag="warmup",
+    )
+    if job.status != "completed":
+        print(f"error: startup warmup failed: {job.error}", file=sys.stderr)
+        return False
+    engine.snapshots["warmup_peak"] = snapshot(device)
+    return True
 
 
 def _recompile_limit() -> int | None:

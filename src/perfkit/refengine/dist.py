@@ -401,7 +401,7 @@ def worker_loop(pipe, par: CfgParallel, warmup_first: bool, snapshots: dict[str,
     ``warmup_first``: the first run is the startup warmup (its peak becomes ``warmup_peak``).
     """
     from perfkit.refengine.memory import snapshot
-    from perfkit.refengine.pipeline import GenRequest
+    from perfkit.refengine.request import GenRequest
 
     dev = pipe.device
     n = 0

@@ -15,88 +15,31 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import psutil
 import torch
 
 from perfkit.common.frames import align_frames
-from perfkit.refengine.compile_watch import CompileWatch, CompileWindow
+from perfkit.refengine.compile_watch import CompileWatch
 from perfkit.refengine.models import Components
-from perfkit.refengine.profiling import INJECTED_RANGE, RequestProfiler, maybe_range, step_scope
+from perfkit.refengine.profiling import RequestProfiler, step_scope
+from perfkit.refengine.request import GenRequest, RunResult, StageResult, record_payload
+from perfkit.refengine.timing import MIB, StageTimer
+
+__all__ = [
+    "MIB",
+    "GenRequest",
+    "RunResult",
+    "StageResult",
+    "StagedPipeline",
+    "compile_kwargs",
+    "host_memory_mib",
+    "record_payload",
+]
 
 log = logging.getLogger(__name__)
-
-MIB = 2**20
-
-
-@dataclass
-class GenRequest:
-    """One video request (sglang's /v1/videos fields). Sizes in pixels, frames as requested."""
-
-    prompt: str
-    num_frames: int
-    height: int
-    width: int
-    num_inference_steps: int
-    seed: int = 0
-    guidance_scale: float = 3.0
-    negative_prompt: str = ""
-    fps: int = 24
-    #: stage timing: True / "events" (CUDA events at stage boundaries, resolved once after the
-    #: request: no host sync while it runs), "sync" (synchronise the device at every stage
-    #: boundary and read the host clock: the older method, kept to cross-check), False (off: one
-    #: sync at the end only). On a CPU device "events" and "sync" are the same host clock.
-    stage_timing: bool | str = True
-
-    @property
-    def timing_mode(self) -> str:
-        """``events``, ``sync`` or ``off`` (see :attr:`stage_timing`)."""
-        if self.stage_timing is False or self.stage_timing == "off":
-            return "off"
-        return "sync" if self.stage_timing == "sync" else "events"
-
-
-@dataclass
-class StageResult:
-    name: str
-    ms: float
-    t_start: float
-    t_end: float
-    peak_allocated_mb: float | None = None
-    peak_reserved_mb: float | None = None
-
-
-@dataclass
-class RunResult:
-    """What one pipeline run produced: stage timings, steps (ms), compile window, memory."""
-
-    stages: list[StageResult] = field(default_factory=list)
-    steps: list[float] = field(default_factory=list)
-    refinement_steps: list[float] = field(default_factory=list)
-    total_ms: float = 0.0
-    t_start: float = 0.0
-    t_end: float = 0.0
-    effective_frames: int = 0
-    latent_shape: list[int] = field(default_factory=list)
-    compile: CompileWindow = field(default_factory=CompileWindow)
-    video: np.ndarray | None = None
-    #: multi-rank engines: every rank's report (rank order), filled on rank 0 (see refengine.dist)
-    ranks: list[dict[str, Any]] | None = None
-    #: CFG parallel: per denoising/refinement step, this rank's transformer time and its wait in
-    #: the all_gather (ms, CUDA events; perf_counter on CPU), in call order
-    cfg_compute_ms: list[float] = field(default_factory=list)
-    cfg_gather_ms: list[float] = field(default_factory=list)
-    #: test-only injected slowdown: stage -> [work, injected] in ms of the pipeline's clock
-    #: (:meth:`StagedPipeline._clock`: thread CPU time on a CPU device, wall time on CUDA)
-    injected: dict[str, list[float]] = field(default_factory=dict)
-    #: CPU device: the injected busy pieces' wall time per stage (ms; the clock a profiler trace
-    #: shows, which on a shared host exceeds the thread CPU time above by the time other
-    #: processes got the core)
-    injected_wall: dict[str, float] = field(default_factory=dict)
 
 
 def host_memory_mib() -> tuple[float, float]:
@@ -142,7 +85,7 @@ def compile_kwargs(backend: str, recompile_limit: int | None, compile_fn: Any = 
     return kw
 
 
-class StagedPipeline:
+class StagedPipeline(StageTimer):
     """Runs LTX-Video requests stage by stage on one device.
 
     Args:
@@ -220,159 +163,6 @@ class StagedPipeline:
         self._run = RunResult()
         #: the running request's profiler (sglang's ``profile`` field), set by the engine
         self.profiler: RequestProfiler | None = None
-
-    # -- measurement helpers -------------------------------------------------------------
-    def _sync(self) -> None:
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)
-
-    def _clock(self) -> float:
-        """The clock that measures a piece of work for the injected slowdown (s): wall time on an
-        accelerator (the device does the work; the host only waits), this thread's CPU time on a
-        CPU device (the work is this thread's; time the OS gives other processes on a shared
-        host is not work, and sizing by wall time would inflate the slowdown under contention)."""
-        return time.perf_counter() if self.is_cuda else time.thread_time()
-
-    def _busy(self, seconds: float) -> None:
-        """Test-only injected slowdown on a CPU device: busy compute for ``seconds`` of
-        :meth:`_clock` (small matmuls until this thread's CPU time has moved that far)."""
-        if seconds <= 0:
-            return
-        a = torch.randn(64, 64, device=self.device)
-        end = self._clock() + seconds
-        while self._clock() < end:  # ~20 µs a turn on a CPU core: overshoot stays small
-            a = torch.tanh(a @ a)
-
-    def _mark(self) -> Any:
-        """Start of a piece of work the injected slowdown is sized by: an event on the current
-        stream on CUDA (no sync), else :meth:`_clock`."""
-        return self._event() if self.is_cuda else self._clock()
-
-    def _cycles_per_ms(self) -> float:
-        """GPU clock cycles per ms of ``torch.cuda._sleep`` (its spin kernel), measured once per
-        process with events (two syncs, on the first slowed request)."""
-        if self._sleep_cpms is None:
-            for _ in range(2):  # the first run pays the kernel's first launch
-                self._sync()
-                a = self._event()
-                torch.cuda._sleep(10_000_000)
-                b = self._event()
-                b.synchronize()
-                self._sleep_cpms = 10_000_000 / max(a.elapsed_time(b), 1e-3)
-        return self._sleep_cpms
-
-    def _inject(self, frac: float, mark: Any, stage: str) -> None:
-        """Stretch the work since ``mark`` (:meth:`_mark`) by ``frac``.
-
-        CPU: busy compute for ``frac`` × the thread CPU time since ``mark``. CUDA, without a
-        host sync (a sync per denoising step would itself cost several % by stopping the CPU
-        from queueing ahead, which is what sizing by a synced clock did, so a 2 % request came
-        out near +10 % on an H200): the piece's device time is estimated from the newest piece
-        of the same stage whose events have completed (``Event.query``; one sync on a stage's
-        first slowed piece in the process), and ``frac`` × that is enqueued as a spin kernel
-        (``torch.cuda._sleep``, calibrated in cycles per ms). The exact work and busy ms are
-        read from the events after the request (:meth:`_account_injected`).
-        """
-        if frac <= 0:
-            return
-        if not self.is_cuda:
-            c1 = self._clock()
-            w1 = time.perf_counter()
-            with maybe_range(self.profiler, INJECTED_RANGE):
-                self._busy(frac * (c1 - mark))
-            acc = self._run.injected.setdefault(stage, [0.0, 0.0])
-            acc[0] += (c1 - mark) * 1000.0
-            acc[1] += (self._clock() - c1) * 1000.0
-            wall = self._run.injected_wall
-            wall[stage] = wall.get(stage, 0.0) + (time.perf_counter() - w1) * 1000.0
-            return
-        e1 = self._event()
-        est = None
-        for st, a, b, _b0, _b1 in reversed(self._inj_pieces):
-            if st == stage and b.query():
-                est = a.elapsed_time(b)
-                break
-        if est is None:
-            est = self._inj_est.get(stage)
-        if est is None:
-            e1.synchronize()
-            est = mark.elapsed_time(e1)
-        self._inj_est[stage] = est
-        cycles = int(frac * est * self._cycles_per_ms())
-        b0 = self._event()
-        if cycles > 0:
-            with maybe_range(self.profiler, INJECTED_RANGE):
-                torch.cuda._sleep(cycles)
-        self._inj_pieces.append((stage, mark, e1, b0, self._event()))
-
-    def _account_injected(self, out: RunResult) -> None:
-        """After the request's final sync: the work and busy ms of every CUDA-injected piece, from
-        its events, into ``out.injected[stage]`` as [work, busy]."""
-        pieces, self._inj_pieces = self._inj_pieces, []
-        for st, a, b, b0, b1 in pieces:
-            acc = out.injected.setdefault(st, [0.0, 0.0])
-            acc[0] += a.elapsed_time(b)
-            acc[1] += b0.elapsed_time(b1)
-
-    def _event(self):
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
-
-    @contextmanager
-    def _stage(self, name: str, out: RunResult, timing: bool | str) -> Iterator[None]:
-        """Time one stage. ``timing`` "events" on CUDA: an event on the current stream at each
-        boundary, resolved by :meth:`_resolve` after the request (the CPU keeps queueing the next
-        stage, as in production); "sync": synchronise at both boundaries and read the host clock;
-        falsy: no timing (one sync at the end of the request). Peak memory per stage comes from
-        the caching allocator's host-side statistics, which need no sync."""
-        if self.watch is not None:
-            self.watch.stage = name
-        events = timing == "events" and self.is_cuda
-        if timing:
-            if not events:
-                self._sync()
-            if self.is_cuda:
-                torch.cuda.reset_peak_memory_stats(self.device)
-        t0 = time.perf_counter()
-        mark = self._mark() if self._slow.get(name, 0.0) > 0 else None
-        w0 = time.time()
-        e0 = self._event() if events else None
-        try:
-            with maybe_range(self.profiler, name):
-                yield
-                # a stage with denoising steps has its slowdown injected per step (step times scale too)
-                if name not in ("DenoisingStage", "RefinementStage"):
-                    self._inject(self._slow.get(name, 0.0), mark, name)
-            if timing and not events:
-                self._sync()
-        finally:
-            if self.watch is not None:
-                self.watch.stage = None
-        ms = (time.perf_counter() - t0) * 1000.0
-        res = StageResult(name, ms, w0, time.time())
-        if timing and self.is_cuda:
-            res.peak_allocated_mb = torch.cuda.max_memory_allocated(self.device) / MIB
-            res.peak_reserved_mb = torch.cuda.max_memory_reserved(self.device) / MIB
-        if events:
-            self._pending.append((res, e0, self._event()))
-        out.stages.append(res)
-
-    def _resolve(self, out: RunResult) -> None:
-        """Fill event-timed stages and steps once the request's work is done (one sync)."""
-        pending, self._pending = self._pending, []
-        steps, self._pending_steps = self._pending_steps, []
-        if not pending and not steps:
-            return
-        self._sync()
-        origin = self._request_event
-        for res, e0, e1 in pending:
-            res.ms = e0.elapsed_time(e1)
-            if origin is not None:  # wall times on the device's timeline, from the request start
-                res.t_start = out.t_start + origin.elapsed_time(e0) / 1000.0
-                res.t_end = out.t_start + origin.elapsed_time(e1) / 1000.0
-        for target, events in steps:
-            target.extend(a.elapsed_time(b) for a, b in zip(events, events[1:]))
 
     # -- the pipeline --------------------------------------------------------------------
     def _denoise(
@@ -515,20 +305,7 @@ class StagedPipeline:
         out.t_start = time.time()
         t_all = time.perf_counter()
         try:
-            cfg = req.guidance_scale > 1.0
-            with self._stage("TextEncodingStage", out, timing):
-                embeds, mask, neg, neg_mask = pipe.encode_prompt(
-                    prompt=req.prompt,
-                    negative_prompt=req.negative_prompt or "",
-                    do_classifier_free_guidance=cfg,
-                    num_videos_per_prompt=1,
-                    max_sequence_length=self.c.preset.max_sequence_length,
-                    device=self.device,
-                )
-                if cfg:
-                    embeds = torch.cat([neg, embeds], dim=0)
-                    mask = torch.cat([neg_mask, mask], dim=0)
-                embeds = embeds.to(self.dtype)
+            embeds, mask = self._encode(req, out, timing)
             with self._stage("LatentPreparationStage", out, timing):
                 ch = self.c.transformer.config.in_channels
                 latents = pipe.prepare_latents(1, ch, h1, w1, frames, torch.float32, self.device, gen, None)
@@ -552,37 +329,9 @@ class StagedPipeline:
             p_s, p_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
             vae = self.c.vae
             if self.two_stage:
-                with self._stage("UpsampleStage", out, timing):
-                    lat5 = pipe._unpack_latents(latents, n_lat, h_lat, w_lat, p_s, p_t)
-                    lat5 = pipe._denormalize_latents(
-                        lat5, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
-                    )
-                    up = self.c.upsampler(lat5.to(self.dtype)).float()
-                    up = pipe._normalize_latents(
-                        up, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
-                    )
-                    h_lat, w_lat = up.shape[-2], up.shape[-1]
-                    latents = pipe._pack_latents(up, p_s, p_t)
-                with self._stage("RefinementStage", out, timing):
-                    steps = max(1, self.refine_steps)
-                    ts = self._timesteps(steps, n_lat * h_lat * w_lat, start_sigma=0.4)
-                    noise = torch.randn(latents.shape, generator=gen).to(latents.device)
-                    latents = 0.4 * noise + 0.6 * latents
-                    latents = self._denoise(
-                        latents,
-                        embeds,
-                        mask,
-                        ts,
-                        n_lat,
-                        h_lat,
-                        w_lat,
-                        req.guidance_scale,
-                        req.fps,
-                        timing,
-                        out.refinement_steps,
-                        self._slow.get("RefinementStage", 0.0),
-                        "RefinementStage",
-                    )
+                latents, h_lat, w_lat = self._upsample_and_refine(
+                    latents, embeds, mask, (n_lat, h_lat, w_lat), req, out, timing, gen
+                )
             out.latent_shape = [int(self.c.transformer.config.in_channels), n_lat, int(h_lat), int(w_lat)]
             if self.cfg_parallel is not None and self.cfg_parallel.rank != 0:
                 self._sync()
@@ -609,11 +358,68 @@ class StagedPipeline:
         self._resolve(out)
         return out
 
+    def _encode(self, req: GenRequest, out: RunResult, timing: bool | str) -> tuple[Any, Any]:
+        """TextEncodingStage: (prompt embeddings, attention mask) in the compute dtype, the
+        negative prompt's first when classifier-free guidance is on (``guidance_scale > 1``)."""
+        cfg = req.guidance_scale > 1.0
+        with self._stage("TextEncodingStage", out, timing):
+            embeds, mask, neg, neg_mask = self.pipe.encode_prompt(
+                prompt=req.prompt,
+                negative_prompt=req.negative_prompt or "",
+                do_classifier_free_guidance=cfg,
+                num_videos_per_prompt=1,
+                max_sequence_length=self.c.preset.max_sequence_length,
+                device=self.device,
+            )
+            if cfg:
+                embeds = torch.cat([neg, embeds], dim=0)
+                mask = torch.cat([neg_mask, mask], dim=0)
+            embeds = embeds.to(self.dtype)
+        return embeds, mask
 
-def record_payload(res: RunResult) -> dict[str, Any]:
-    """The parts of a record that come from a run (stages, steps, perfkit extras)."""
-    return {
-        "stages": [{"name": s.name, "execution_time_ms": round(s.ms, 3)} for s in res.stages],
-        "steps": [round(x, 3) for x in res.steps],
-        "total_duration_ms": round(res.total_ms, 3),
-    }
+    def _upsample_and_refine(
+        self,
+        latents: Any,
+        embeds: Any,
+        mask: Any,
+        shape: tuple[int, int, int],
+        req: GenRequest,
+        out: RunResult,
+        timing: bool | str,
+        gen: torch.Generator,
+    ) -> tuple[Any, int, int]:
+        """The two-stage pipeline's UpsampleStage (the latent upsampler) and RefinementStage (a few
+        steps at full resolution from sigma 0.4); (latents, latent height, latent width)."""
+        pipe, vae = self.pipe, self.c.vae
+        n_lat, h_lat, w_lat = shape
+        p_s, p_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
+        with self._stage("UpsampleStage", out, timing):
+            lat5 = pipe._unpack_latents(latents, n_lat, h_lat, w_lat, p_s, p_t)
+            lat5 = pipe._denormalize_latents(
+                lat5, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
+            )
+            up = self.c.upsampler(lat5.to(self.dtype)).float()
+            up = pipe._normalize_latents(up, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+            h_lat, w_lat = up.shape[-2], up.shape[-1]
+            latents = pipe._pack_latents(up, p_s, p_t)
+        with self._stage("RefinementStage", out, timing):
+            steps = max(1, self.refine_steps)
+            ts = self._timesteps(steps, n_lat * h_lat * w_lat, start_sigma=0.4)
+            noise = torch.randn(latents.shape, generator=gen).to(latents.device)
+            latents = 0.4 * noise + 0.6 * latents
+            latents = self._denoise(
+                latents,
+                embeds,
+                mask,
+                ts,
+                n_lat,
+                h_lat,
+                w_lat,
+                req.guidance_scale,
+                req.fps,
+                timing,
+                out.refinement_steps,
+                self._slow.get("RefinementStage", 0.0),
+                "RefinementStage",
+            )
+        return latents, h_lat, w_lat

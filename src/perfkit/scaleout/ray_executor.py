@@ -131,7 +131,7 @@ def _gpus_here(ray: Any) -> tuple[list[str], list[str]]:
     if not ids:
         return [], []
     try:
-        from perfkit.readings.sampler import resolve_visible_gpus
+        from perfkit.readings.sampler.nvml import resolve_visible_gpus
 
         # Ray sets CUDA_VISIBLE_DEVICES to these ids: resolve them as the engine will
         refs = resolve_visible_gpus(",".join(ids))
@@ -341,40 +341,13 @@ def run_units_ray(
         ValueError: a unit without ``id``, a duplicate id, ``gpus`` not a non-negative int, or
             ``retries`` < 0.
     """
-    if retries < 0:
-        raise ValueError(f"retries must be >= 0, got {retries}")
-    ids = [str(u.get("id", "")) for u in units]
-    if any(not i for i in ids):
-        raise ValueError("every unit needs an 'id'")
-    if len(set(map(unit_dir_name, ids))) != len(ids):
-        raise ValueError(f"unit ids are not unique (as directory names): {ids}")
-    for u in units:
-        g = u.get("gpus", 0)
-        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
-            raise ValueError(f"unit {u['id']!r}: gpus must be a non-negative int, got {g!r}")
+    ids = _checked_ids(units, retries)
     ray = _import_ray()
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     emit = on_event or (lambda *_: None)
 
-    started_here = False
-    if not ray.is_initialized():
-        from perfkit.scaleout.executor import ExecutorError
-
-        env = _merge_env(default_runtime_env(address), runtime_env)
-        try:
-            ray.init(address=address, runtime_env=env, log_to_driver=True)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = f"the Ray cluster at {address!r}" if address else "a local Ray"
-            raise ExecutorError(f"could not start or join {where}: {exc}") from None
-        started_here = True
-        job_env: dict[str, Any] | None = None
-    else:
-        # a Ray someone else started (a test fixture, a notebook): its workers already have
-        # the environment it was started with; only an explicit runtime_env is added per task
-        if address is not None:
-            log.warning("Ray is already initialised in this process: address %r not used", address)
-        job_env = dict(runtime_env) if runtime_env else None
+    started_here, job_env = _ray_session(ray, address, runtime_env)
     events = _event_queue(ray)
     try:
         task = ray.remote(run_one)
@@ -435,6 +408,49 @@ def run_units_ray(
                 pass
         if started_here:
             ray.shutdown()
+
+
+def _checked_ids(units: Sequence[Mapping[str, Any]], retries: int) -> list[str]:
+    """The units' ids; ValueError for ``retries`` < 0, a unit without ``id``, ids that are not
+    unique as directory names, or ``gpus`` that is not a non-negative int."""
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries}")
+    ids = [str(u.get("id", "")) for u in units]
+    if any(not i for i in ids):
+        raise ValueError("every unit needs an 'id'")
+    if len(set(map(unit_dir_name, ids))) != len(ids):
+        raise ValueError(f"unit ids are not unique (as directory names): {ids}")
+    for u in units:
+        g = u.get("gpus", 0)
+        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+            raise ValueError(f"unit {u['id']!r}: gpus must be a non-negative int, got {g!r}")
+    return ids
+
+
+def _ray_session(
+    ray: Any, address: str | None, runtime_env: Mapping[str, Any] | None
+) -> tuple[bool, dict[str, Any] | None]:
+    """(whether Ray was started or joined here, so the caller shuts it down; the runtime_env
+    each task gets, None: the job's). Ray someone else initialised is used as it is.
+
+    Raises:
+        ExecutorError: Ray could not be started or joined.
+    """
+    if not ray.is_initialized():
+        from perfkit.scaleout.executor import ExecutorError
+
+        env = _merge_env(default_runtime_env(address), runtime_env)
+        try:
+            ray.init(address=address, runtime_env=env, log_to_driver=True)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = f"the Ray cluster at {address!r}" if address else "a local Ray"
+            raise ExecutorError(f"could not start or join {where}: {exc}") from None
+        return True, None
+    # a Ray someone else started (a test fixture, a notebook): its workers already have
+    # the environment it was started with; only an explicit runtime_env is added per task
+    if address is not None:
+        log.warning("Ray is already initialised in this process: address %r not used", address)
+    return False, dict(runtime_env) if runtime_env else None
 
 
 def _event_queue(ray: Any) -> Any:

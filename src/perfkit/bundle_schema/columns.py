@@ -1,35 +1,11 @@
-"""The declared tables of a :class:`perfkit.bundle.ResultBundle`: every column once, with its
-pandas dtype, its unit and one line of doc; the version of the bundle files; the upgrade of
-older bundles.
-
-Rules (checked by ``tests/test_bundle_schema.py``):
-
-- every column's unit is one of :data:`UNITS`;
-- perfkit's own column names end in ``_ms`` / ``_s`` / ``_mib`` / ``_gib`` exactly when their
-  unit is ms / s / MiB / GiB (the name's last ``_``-separated word; a column named only by its
-  unit, ``ms``, counts). sglang's own files (``performance.log`` records, baseline JSON) keep
-  sglang's ``_mb`` keys, which are MiB; they are not tables;
-- a startup warmup request is marked one way: ``index == WARMUP_INDEX`` (-1) in requests, stages
-  and steps. The raw records keep sglang's ``"tag": "warmup"``; the tables carry no tag.
-
-Versions (:data:`SCHEMA_VERSION`, written to meta.json and results.json):
-
-- 1: MiB columns named ``*_mb``; epoch times ``t``/``t_start``/``t_end``; a ``tag`` column
-  (``"warmup"``) besides ``index == -1``; memory ``gpu_util_pct`` (0-100); results.json
-  unversioned, memory_budget caps entries with ``peak_reserved_mb``/``peak_allocated_mb``/
-  ``load_peak_mb``.
-- 2: the declarations below. :func:`upgrade_table` / :func:`upgrade_results` turn version 1
-  into version 2 in memory (files on disk are never rewritten).
+"""The declared columns of every bundle table (:data:`TABLES`: name, pandas dtype, unit, one line
+of doc), the units allowed (:data:`UNITS`) and the unit a column name claims
+(:func:`unit_of_suffix`); :func:`markdown` writes them for docs.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Mapping
-
-import numpy as np
-import pandas as pd
 
 #: version of the bundle files this perfkit writes (meta.json and results.json)
 SCHEMA_VERSION = 2
@@ -453,35 +429,6 @@ TABLES: dict[str, Table] = {
 #: table names, in file order
 TABLE_NAMES = tuple(TABLES)
 
-# --------------------------------------------------------------------------- version 1
-#: table -> {version 1 column: version 2 column}
-V1_COLUMN_RENAMES: dict[str, dict[str, str]] = {
-    "requests": {
-        "peak_allocated_mb": "peak_allocated_mib",
-        "peak_reserved_mb": "peak_reserved_mib",
-        "reserved_mb": "reserved_mib",
-        "t_start": "t_start_s",
-        "t_end": "t_end_s",
-    },
-    "stages": {"peak_allocated_mb": "peak_allocated_mib", "t_start": "t_start_s", "t_end": "t_end_s"},
-    "steps": {},
-    "memory": {"t": "t_s"},
-    "launches": {
-        "load_peak_mb": "load_peak_mib",
-        "load_peak_allocated_mb": "load_peak_allocated_mib",
-        "warmup_peak_mb": "warmup_peak_mib",
-    },
-}
-#: results.json: list key -> {version 1 key of its entries: version 2 key}
-V1_RESULTS_ENTRY_RENAMES: dict[str, dict[str, str]] = {
-    "caps": {
-        "peak_reserved_mb": "peak_reserved_mib",
-        "peak_allocated_mb": "peak_allocated_mib",
-        "load_peak_mb": "load_peak_mib",
-    },
-}
-_V1_WARMUP_TAG = "warmup"
-
 
 def unit_of_suffix(name: str) -> str | None:
     """The unit a column name claims by its last ``_``-separated word (``"e2e_ms"`` -> ``"ms"``,
@@ -491,126 +438,6 @@ def unit_of_suffix(name: str) -> str | None:
         if last == suffix:
             return unit
     return None
-
-
-def sampler_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """A :class:`perfkit.readings.sampler.MemorySampler` frame (``t``, ``gpu_util_pct``) in the
-    memory table's columns (``t_s``, ``gpu_util_fraction`` = pct / 100). Frames already in
-    the table's columns pass unchanged."""
-    df = frame.rename(columns=V1_COLUMN_RENAMES["memory"])
-    if "gpu_util_pct" in df.columns:
-        df = df.assign(gpu_util_fraction=pd.to_numeric(df["gpu_util_pct"], errors="coerce") / 100.0)
-        df = df.drop(columns=["gpu_util_pct"])
-    return df
-
-
-def upgrade_table(name: str, df: pd.DataFrame, version: int) -> pd.DataFrame:
-    """``df`` of table ``name`` written by schema ``version``, in the current columns.
-
-    Version 1: columns renamed (:data:`V1_COLUMN_RENAMES`), ``gpu_util_pct`` -> fraction, and the
-    ``tag`` column folded into ``index`` (a row tagged ``warmup`` gets :data:`WARMUP_INDEX`) and
-    dropped. Values are otherwise unchanged (MiB stay MiB, seconds stay seconds).
-    """
-    if version >= SCHEMA_VERSION or df is None:
-        return df
-    out = df.rename(columns=V1_COLUMN_RENAMES.get(name, {}))
-    if name == "memory":
-        out = sampler_frame(out)
-    if "tag" in out.columns and name in ("requests", "stages", "steps"):
-        warm = out["tag"].astype("string").str.lower() == _V1_WARMUP_TAG
-        if "index" in out.columns and warm.fillna(False).any():
-            out = out.copy()
-            out.loc[warm.fillna(False).to_numpy(bool), "index"] = WARMUP_INDEX
-        out = out.drop(columns=["tag"])
-    return out
-
-
-def upgrade_results(results: Mapping[str, Any], version: int = 1) -> dict[str, Any]:
-    """results.json written by schema ``version``, with the current keys (a new dict).
-
-    Version 1: entries of ``caps`` (memory_budget) get ``peak_reserved_mib``,
-    ``peak_allocated_mib`` and ``load_peak_mib`` for the ``_mb`` keys (values in MiB, unchanged);
-    the verdicts it recorded (``thresholds``, and ``passed``/``threshold`` of each leak check) are
-    dropped: checks are judged again from the measured values against the invariants of the
-    replay, so a recorded verdict cannot contradict the gate.
-    Idempotent: already current keys pass unchanged; ``schema_version`` is dropped.
-    """
-    out = {k: v for k, v in dict(results or {}).items() if k != "schema_version"}
-    if version >= SCHEMA_VERSION:
-        return out
-    out.pop("thresholds", None)
-    if isinstance(out.get("leak_checks"), list):
-        out["leak_checks"] = [
-            {k: v for k, v in c.items() if k not in ("passed", "threshold")} if isinstance(c, dict) else c
-            for c in out["leak_checks"]
-        ]
-    for key, renames in V1_RESULTS_ENTRY_RENAMES.items():
-        entries = out.get(key)
-        if isinstance(entries, list):
-            out[key] = [
-                {renames.get(k, k): v for k, v in e.items()} if isinstance(e, dict) else e for e in entries
-            ]
-    return out
-
-
-def _cast(s: pd.Series, dtype: str) -> pd.Series:
-    if str(s.dtype) == dtype:
-        return s
-    if dtype == "string":
-        return s.map(lambda v: None if _missing(v) else str(v)).astype("string")
-    if dtype == "boolean":
-        return s.map(lambda v: pd.NA if _missing(v) else bool(v)).astype("boolean")
-    if dtype in ("Int64", "int64", "float64"):
-        num = pd.to_numeric(s, errors="coerce")
-        if dtype == "float64":
-            return num.astype("float64")
-        # integers that came as floats (NaN-padded) or strings
-        return num.round().astype("Int64") if num.dtype.kind == "f" else num.astype(dtype)
-    return s.astype(dtype)
-
-
-def _missing(v: Any) -> bool:
-    if v is None or v is pd.NA:
-        return True
-    if isinstance(v, (float, np.floating)):
-        return math.isnan(v)
-    return False
-
-
-def conform(name: str, df: pd.DataFrame | None) -> pd.DataFrame:
-    """``df`` as table ``name`` declares it: every declared column, in declared order, cast to
-    its dtype; a missing column is added all-NA.
-
-    Raises:
-        KeyError: ``name`` is not a declared table.
-        ValueError: ``df`` has a column the table does not declare (the message names the table
-            and the column).
-    """
-    table = TABLES[name]
-    df = pd.DataFrame() if df is None else df
-    extra = [c for c in df.columns if c not in table.names]
-    if extra:
-        raise ValueError(
-            f"table {name!r}: undeclared column(s) {', '.join(map(repr, extra))} "
-            f"(declare them in perfkit.bundle_schema.TABLES[{name!r}])"
-        )
-    n = len(df)
-    cols = {}
-    for c in table.columns:
-        if c.name in df.columns:
-            cols[c.name] = _cast(df[c.name].reset_index(drop=True), c.dtype)
-        else:
-            cols[c.name] = pd.Series(
-                [pd.NA] * n if c.dtype in ("string", "boolean", "Int64") else [np.nan] * n, dtype=c.dtype
-            )
-    out = pd.DataFrame(cols, columns=table.names)
-    out.index = df.index if n else out.index
-    return out
-
-
-def empty(name: str) -> pd.DataFrame:
-    """An empty frame with table ``name``'s declared columns and dtypes."""
-    return conform(name, None)
 
 
 def markdown() -> str:

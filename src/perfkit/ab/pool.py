@@ -1,0 +1,213 @@
+"""A recorded pool of A/B launches (:func:`perfkit.ab.driver.run_arms`): its arms and description
+(:data:`POOL_FILE`), loaded and checked (:func:`load_pool`, :func:`arm_warnings`), each launch's
+log medians (:func:`log_medians`) and the variance split per metric (:func:`variance_table`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from perfkit.ab import stats
+from perfkit.ab.metrics import metric_values
+from perfkit.bundle import ResultBundle
+
+#: the pool's description (arms, their slowdowns and target metrics), next to the bundles
+POOL_FILE = "pool.json"
+#: the metrics whose alarms and detections are reported one by one, and the gate's metrics
+KEY_METRICS = ("DenoisingStage", "warm_e2e")
+#: a stage the injected slowdown does not touch: its "detections" are false alarms
+UNTOUCHED = "TextEncodingStage"
+
+
+@dataclass
+class Pool:
+    """A recorded power pool.
+
+    Attributes:
+        path: its directory.
+        values: arm ("A", "B", …) -> :func:`perfkit.ab.metrics.metric_values` of its bundle.
+        arms: B arm -> ``{"DenoisingStage_pct": float, "target": metric}`` (from ``pool.json``,
+            else from the arm's engine spec with target DenoisingStage).
+        warm: warm requests a launch (M of the pool).
+        meta: the A bundle's ``meta["ab"]`` (order, load averages, wall time).
+        bundles: arm -> its bundle (requests' times, the sampler's clocks and power).
+    """
+
+    path: Path
+    values: dict[str, pd.DataFrame]
+    arms: dict[str, dict[str, Any]]
+    warm: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    bundles: dict[str, ResultBundle] = field(default_factory=dict)
+
+    def launches(self, arm: str) -> list[str]:
+        """The arm's launch labels, sorted."""
+        return sorted(self.values[arm]["launch"].unique())
+
+
+class Arm(BaseModel):
+    """One B arm as ``pool.json`` describes it: the injected share of DenoisingStage (percent)
+    and the metric it is meant to be caught on."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    DenoisingStage_pct: float = Field(gt=0, lt=1000)
+    target: Literal["DenoisingStage", "warm_e2e"] = "DenoisingStage"
+
+
+class PoolFile(BaseModel):
+    """``pool.json``: the arms (B, C, …) and, informative only, what was asked when recording."""
+
+    model_config = ConfigDict(extra="allow")
+
+    arms: dict[str, Arm]
+
+
+#: the tables a pool's bundles must have (a pool without them has nothing to compare)
+NEEDED_TABLES = ("requests.parquet", "stages.parquet", "launches.parquet")
+
+
+def _pool_file(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        doc = PoolFile.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        where = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        )
+        raise ValueError(f"{path}: bad pool description ({where})") from None
+    return {k: v.model_dump() for k, v in doc.arms.items()}
+
+
+def load_pool(path: str | Path) -> Pool:
+    """Read a pool directory (module doc).
+
+    Raises:
+        FileNotFoundError: no ``a/`` bundle, no B arm bundle, or an arm without one of
+            :data:`NEEDED_TABLES` (the file is named).
+        ValueError: ``pool.json`` unreadable or invalid (the key is named), naming an arm without
+            a bundle or in lower case, describing no arm; an arm without a spec'd slowdown; a
+            launch without a warm DenoisingStage time (named).
+    """
+    p = Path(path)
+    if not (p / "a" / "meta.json").exists():
+        raise FileNotFoundError(
+            f"{p}: no a/meta.json (not a power pool: record one with benchmarks/ab_power.py)"
+        )
+    dirs = [d for d in sorted(p.iterdir()) if d.is_dir() and len(d.name) == 1 and (d / "meta.json").exists()]
+    for d in dirs:
+        for name in NEEDED_TABLES:
+            if not (d / name).exists():
+                raise FileNotFoundError(
+                    f"{d / name}: missing (arm {d.name.upper()} of the pool has no {name})"
+                )
+    bundles = {d.name.upper(): ResultBundle.load(d) for d in dirs}
+    if len(bundles) < 2:
+        raise FileNotFoundError(f"{p}: no B arm (b/meta.json) next to a/")
+    arms: dict[str, dict[str, Any]] = {}
+    if (p / POOL_FILE).exists():
+        arms = _pool_file(p / POOL_FILE)
+        lower = sorted(k for k in arms if k != k.upper())
+        if lower:
+            raise ValueError(f"{p / POOL_FILE}: arm names are upper-case letters (B, C, …), got {lower}")
+        missing = sorted(set(arms) - set(bundles))
+        if missing:
+            raise ValueError(f"{p / POOL_FILE}: arms {missing} have no bundle directory")
+        if not arms:
+            raise ValueError(
+                f"{p / POOL_FILE}: describes no arm, yet {', '.join(sorted(set(bundles) - {'A'}))} "
+                "have bundles (remove the file to read the slowdowns from the bundles)"
+            )
+    for arm, b in bundles.items():
+        if arm != "A" and arm not in arms:
+            delay = ((b.meta.get("params") or {}).get("spec") or {}).get("debug_stage_delay") or {}
+            pct = delay.get("DenoisingStage")
+            if not isinstance(pct, (int, float)) or isinstance(pct, bool):
+                raise ValueError(
+                    f"{p / arm.lower() / 'meta.json'}: params.spec.debug_stage_delay.DenoisingStage is "
+                    f"{pct!r}, not a percentage (and {POOL_FILE} does not describe arm {arm})"
+                )
+            arms[arm] = {"DenoisingStage_pct": float(pct), "target": "DenoisingStage"}
+    a_meta = bundles["A"].meta.get("ab") or {}
+    values = {arm: metric_values(b) for arm, b in bundles.items()}
+    for arm, v in values.items():
+        if not (v["metric"] == "DenoisingStage").any():
+            raise ValueError(f"{p / arm.lower()}: no completed warm request with a DenoisingStage time")
+        # a launch without a warm DenoisingStage would sit in every draw as "no interval":
+        # rates biased down without a word, so it is an error naming the launch
+        la = bundles[arm].launches
+        listed = [str(x) for x in la["launch"]] if not la.empty and "launch" in la else []
+        warm_den = set(v.loc[(v["metric"] == "DenoisingStage") & (v["index"] >= 1), "launch"].astype(str))
+        empty = [x for x in listed if x not in warm_den]
+        if empty:
+            raise ValueError(
+                f"{p / arm.lower()}: launches {empty} have no completed warm request with a DenoisingStage "
+                "time (failed or cut short: drop them from the pool, or record it again)"
+            )
+    warm = int(a_meta.get("warm_per_launch") or values["A"]["index"].max())
+    return Pool(p, values, dict(sorted(arms.items())), warm, a_meta, bundles)
+
+
+def arm_warnings(pool: Pool, tolerance_pp: float = 1.0) -> dict[str, str]:
+    """Arms whose measured DenoisingStage change (ratio of geometric means of launch medians over
+    the whole pool) is further from the asked share than ``tolerance_pp`` percentage points or
+    half the asked share, whichever is larger: their rates do not describe the asked change
+    (an injection that overshot, or a host that swamped it). arm -> the sentence."""
+    var = variance_table(pool, ["DenoisingStage"])
+    out = {}
+    for arm, info in pool.arms.items():
+        asked = float(info["DenoisingStage_pct"])
+        got = float(var[f"{arm}_pct"].iloc[0]) if len(var) else math.nan
+        if not math.isfinite(got) or abs(got - asked) > max(tolerance_pp, asked / 2):
+            out[arm] = (
+                f"arm {arm} measured {got:+.1f} % on DenoisingStage against +{asked:g} % asked (the injection "
+                "overshot, or the host swamped it): its rates describe what the gate saw here, not that change"
+            )
+    return out
+
+
+def log_medians(values: pd.DataFrame, m: int) -> pd.DataFrame:
+    """Log of each launch's median over its first ``m`` warm requests (launch-level metrics as
+    they are): a frame indexed by launch with one column per metric (NaN: not measured there)."""
+    v = values[(values["index"] <= m) | (values["index"] == 0)]
+    med = v.groupby(["launch", "metric"])["value"].median().unstack("metric")
+    return np.log(med.astype(float))
+
+
+def variance_table(pool: Pool, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per metric: CV between and within launches and the ICC of all arms together (each arm's
+    mean removed; :func:`perfkit.ab.stats.variance_split`), the launch-median CV of A (for
+    one-value-a-launch metrics, the only spread there is), and each B arm's measured ratio B/A
+    over the whole pool (percent change).
+
+    Columns: ``metric, cv_between, cv_within, icc, cv_launch_a`` (fractions) and ``<arm>_pct``.
+    """
+    names = list(metrics or (*KEY_METRICS, UNTOUCHED, "denoising_step", "cold_e2e", "ready"))
+    both = pd.concat([v.assign(side=arm) for arm, v in pool.values.items()], ignore_index=True)
+    med = {arm: log_medians(v, pool.warm) for arm, v in pool.values.items()}
+    rows = []
+    for metric in names:
+        sub = both[both["metric"] == metric]
+        if sub.empty:
+            continue
+        sp = stats.variance_split(sub["value"], sub["side"] + sub["launch"], sub["side"])
+        a = med["A"][metric].dropna() if metric in med["A"] else pd.Series(dtype=float)
+        row: dict[str, Any] = {
+            "metric": metric,
+            "cv_between": sp.cv_between,
+            "cv_within": sp.cv_within,
+            "icc": sp.icc,
+            "cv_launch_a": float(a.std(ddof=1)) if len(a) > 1 else math.nan,
+        }
+        for arm in pool.arms:
+            b = med[arm][metric].dropna() if metric in med[arm] else pd.Series(dtype=float)
+            row[f"{arm}_pct"] = (math.exp(b.mean() - a.mean()) - 1) * 100 if len(a) and len(b) else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)

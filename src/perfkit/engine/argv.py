@@ -1,0 +1,247 @@
+"""What an engine spec's fields turn into: field input normalised (:func:`argv_list`,
+:func:`env_strings`, :func:`percent_map`), the reference engine's argv (:func:`reference_argv`),
+sglang's startup-warmup flags (:func:`sglang_warmup_flags`), and the checks that what a spec
+names exists (:func:`check_model_path`, :func:`check_sglang`, :func:`check_command`). Plain
+functions over a spec's fields: :mod:`perfkit.engine.spec` holds the models and calls them.
+
+sglang's flags for kind ``sglang``. Flags checked against sglang 0.5.23: its diffusion parser (``sglang/multimodal_gen/runtime/
+server_args/server_args.py``), ``sglang serve --model-type diffusion --help``, and argvs built
+here parsed by that parser with no unknown argument (a throwaway venv, not a dependency of
+perfkit or its tests). In that version ``sglang serve``
+warms up with one synthetic request at startup (``--warmup-mode server``, video frames capped
+at 17, 25 for multi-GPU LTX-2 two-stage):
+
+==============================  ==========================================================
+EngineSpec                      sglang serve
+==============================  ==========================================================
+``warmup_frames=0``             ``--warmup-mode off``
+``warmup_frames=N`` (N != 17)   ``--warmup-num-frames N`` (17, the default, adds nothing:
+                                sglang's own frame choice stays)
+``warmup_resolution="HxW"``     ``--warmup-resolutions WxH`` (sglang writes width first)
+``warmup_steps=N``              ``--warmup-steps N``
+``warmup_mode``                 ``--warmup-mode off|request|server``
+``compile=True``                ``--enable-torch-compile``
+==============================  ==========================================================
+
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: the reference engine's components with their own offload mode (``--offload-<component>``),
+#: in argv order
+OFFLOAD_COMPONENTS = ("transformer", "text_encoder", "vae")
+
+
+def argv_list(v: Any) -> Any:
+    """An argv field's input: a string is split like a shell would; numbers in a list become
+    strings (YAML reads ``--ulysses-degree, 2`` as an int); anything else is left to validation."""
+    if isinstance(v, str):
+        return shlex.split(v)
+    if isinstance(v, (list, tuple)):
+        return [str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a for a in v]
+    return v
+
+
+def env_strings(v: Any) -> Any:
+    """An ``env`` field's input: scalar keys and values as strings (YAML reads ``1`` as an int);
+    anything else is left to validation."""
+    if not isinstance(v, Mapping):
+        return v
+    scalar = (str, int, float, bool)
+    return {
+        (str(k) if isinstance(k, scalar) else k): (str(x) if isinstance(x, scalar) else x)
+        for k, x in v.items()
+    }
+
+
+def percent_map(v: Any) -> Any:
+    """A name -> percent mapping's input: ``"30%"`` / ``"30"`` / ``30`` -> ``30.0`` (YAML ints
+    too: the model is strict). Raises ValueError naming the key of a value that is no percent."""
+    if not isinstance(v, Mapping):
+        return v
+    out: dict[Any, Any] = {}
+    for k, x in v.items():
+        if isinstance(x, str):
+            try:
+                x = float(x.strip().rstrip("%"))
+            except ValueError:
+                raise ValueError(f"{k}: expected a percent like 30 or '30%', got {x!r}") from None
+        elif isinstance(x, int) and not isinstance(x, bool):
+            x = float(x)
+        out[k] = x
+    return out
+
+
+def reference_argv(spec: Any, port: int, d: str) -> list[str]:
+    """``python -m perfkit.refengine ...`` for a :class:`perfkit.engine.spec.ReferenceEngine`
+    listening on ``port`` and writing records under ``d``; its ``extra_args`` last."""
+    argv = [sys.executable, "-m", "perfkit.refengine", "--preset", spec.preset, "--host", spec.host]
+    argv += ["--port", str(port), "--perf-log-dir", d]
+    if spec.model_path:
+        argv += ["--model-path", spec.model_path]
+    if spec.compile:
+        argv += ["--compile", "--compile-backend", spec.compile_backend]
+    if spec.compile_vae:
+        argv += ["--compile-vae"]
+    if spec.recompile_limit is not None:
+        argv += ["--recompile-limit", str(spec.recompile_limit)]
+    if spec.two_stage:
+        argv += ["--two-stage"]
+    frames = 0 if spec.warmup_mode == "off" else spec.warmup_frames
+    argv += ["--warmup-frames", str(frames)]
+    if spec.warmup_resolution:
+        argv += ["--warmup-resolution", spec.warmup_resolution]
+    if spec.warmup_steps is not None:
+        argv += ["--warmup-steps", str(spec.warmup_steps)]
+    for name in ("height", "width", "steps"):
+        v = getattr(spec, name)
+        if v is not None:
+            argv += [f"--{name}", str(v)]
+    if spec.dtype:
+        argv += ["--dtype", spec.dtype]
+    if spec.device:
+        argv += ["--device", spec.device]
+    argv += ["--num-gpus", str(spec.num_gpus)]
+    if spec.keep_outputs:
+        argv += ["--keep-outputs"]
+    if spec.debug_leak_mib > 0:
+        argv += ["--debug-leak-mib", str(spec.debug_leak_mib)]
+    if spec.memory_snapshot_after:
+        argv += [
+            "--memory-snapshot-after",
+            ",".join(str(i) for i in sorted(set(spec.memory_snapshot_after))),
+        ]
+        argv += ["--memory-snapshot-entries", str(spec.memory_snapshot_entries)]
+    for stage, pct in spec.debug_stage_delay.items():
+        argv += ["--debug-stage-delay", f"{stage}={pct:g}%"]
+    if spec.debug_stage_delay and spec.debug_stage_delay_from:
+        argv += ["--debug-stage-delay-from", str(spec.debug_stage_delay_from)]
+    if spec.max_frames is not None:
+        argv += ["--max-frames", str(spec.max_frames)]
+    if spec.offload is not None:
+        argv += ["--offload", spec.offload]
+    for comp in OFFLOAD_COMPONENTS:
+        if comp in spec.offload_components:
+            argv += [f"--offload-{comp.replace('_', '-')}", spec.offload_components[comp]]
+    return argv + list(spec.extra_args)
+
+
+def sglang_warmup_flags(
+    warmup_frames: int,
+    warmup_mode: str | None,
+    warmup_resolution: str | None,
+    warmup_steps: int | None,
+    default_frames: int,
+) -> list[str]:
+    """``sglang serve`` flags for the startup warmup settings (the table in
+    :mod:`perfkit.engine.spec`'s doc): ``default_frames`` adds no ``--warmup-num-frames``, and
+    ``HxW`` is written ``WxH`` as sglang wants."""
+    out: list[str] = []
+    mode = "off" if warmup_frames == 0 else warmup_mode
+    if mode is not None:
+        out += ["--warmup-mode", mode]
+    if warmup_frames not in (0, default_frames):
+        out += ["--warmup-num-frames", str(warmup_frames)]
+    if warmup_resolution:
+        h, w = warmup_resolution.split("x")
+        out += ["--warmup-resolutions", f"{w}x{h}"]
+    if warmup_steps is not None:
+        out += ["--warmup-steps", str(warmup_steps)]
+    return out
+
+
+def check_model_path(model_path: str | None) -> None:
+    """A ``model_path`` that is not a hub id must exist (FileNotFoundError)."""
+    if model_path is not None:
+        if not Path(model_path).expanduser().exists() and not _is_hub_id(model_path):
+            raise FileNotFoundError(f"EngineSpec.model_path: {model_path!r} does not exist")
+
+
+def check_sglang(executable: list[str], model_path: str) -> None:
+    """The executable must be on PATH (its module importable, for the ``python -m`` form) and
+    a local-looking ``model_path`` must exist (a bare hub id ``org/name`` that is not a local
+    directory is accepted). Raises FileNotFoundError naming the field."""
+    exe = executable[0]
+    if _which(exe) is None:
+        raise FileNotFoundError(
+            f"EngineSpec.executable: {exe!r} is not on PATH (kind 'sglang'); install sglang "
+            f"(pip install 'sglang[diffusion]') or set executable, e.g. "
+            f"[{sys.executable!r}, '-m', 'sglang.cli.main']"
+        )
+    module = _module_of(executable)
+    if module is not None and not _module_importable(_which(exe) or exe, module):
+        raise FileNotFoundError(
+            f"EngineSpec.executable: {' '.join(executable)!r}: module {module!r} "
+            f"cannot be imported by {exe} (kind 'sglang'); install sglang into that "
+            f"Python (pip install 'sglang[diffusion]') or point executable elsewhere"
+        )
+    mp = model_path
+    if not _is_hub_id(mp) and not Path(mp).expanduser().exists():
+        raise FileNotFoundError(
+            f"EngineSpec.model_path: {mp!r} does not exist (kind 'sglang' needs a local "
+            f"model directory or a hub id 'org/name')"
+        )
+
+
+def check_command(command_template: list[str]) -> None:
+    """The program (the argv's first item, unless it is a placeholder) must be found."""
+    exe = command_template[0]
+    if "{" not in exe and _which(exe) is None:
+        raise FileNotFoundError(f"EngineSpec.command: program {exe!r} not found")
+
+
+def _which(exe: str) -> str | None:
+    if os.sep in exe:
+        return exe if os.path.isfile(exe) and os.access(exe, os.X_OK) else None
+    return shutil.which(exe)
+
+
+def _module_of(argv: list[str]) -> str | None:
+    """The module of a ``python -m module`` argv prefix, else None."""
+    if len(argv) >= 3 and argv[1] == "-m":
+        return argv[2]
+    return None
+
+
+def _module_importable(python: str, module: str) -> bool:
+    """Whether ``python`` finds the top-level package of ``module`` (not imported: only
+    located, so this is quick even for heavy packages)."""
+    import importlib.util
+    import subprocess
+
+    top = module.split(".")[0]
+    try:
+        same = Path(python).resolve() == Path(sys.executable).resolve()
+    except OSError:
+        same = False
+    if same:
+        return importlib.util.find_spec(top) is not None
+    try:
+        r = subprocess.run(
+            [
+                python,
+                "-c",
+                f"import importlib.util, sys; sys.exit(importlib.util.find_spec({top!r}) is None)",
+            ],
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def _is_hub_id(s: str) -> bool:
+    """``org/name`` (one slash, no leading ./ ~ /) and not an existing local path."""
+    if not s or s.startswith(("/", ".", "~")) or Path(s).exists():
+        return False
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", s) is not None

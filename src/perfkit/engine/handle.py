@@ -1,0 +1,379 @@
+"""A running engine (:class:`EngineHandle`): URLs, liveness, logs and their ``perfkit-mark``
+lines (:func:`parse_marks`, :func:`cold_start_parts`), records, the sampler, its launches row,
+and its teardown; engines still live at interpreter exit are ended.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import math
+import os
+import re
+import signal
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from perfkit.engine import owner as _owner
+from perfkit.engine.caps import CapOutcome, HostCapEnforcer, MemoryCaps, kill_tree
+from perfkit.engine.errors import EngineExitedError
+from perfkit.engine.processes import StartedProcess, _cgroup_kill, _end_words, _register, _running
+from perfkit.engine.spec import EngineSpec
+from perfkit.readings import records as _records
+
+log = logging.getLogger(__name__)
+
+
+MARK_RE = re.compile(r"perfkit-mark[ \t]+(\w+)\b[^\n]*?(?<![\w])t=([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?\d+)?)")
+
+
+_LIVE: dict[int, "EngineHandle"] = {}
+
+
+@atexit.register
+def _kill_live_at_exit() -> None:
+    for h in list(_LIVE.values()):
+        with contextlib.suppress(Exception):
+            h._terminate(grace_s=2.0)
+
+
+def parse_marks(text: str) -> dict[str, float]:
+    """``perfkit-mark <name> t=<epoch s>`` lines -> name -> t (the first of each name; one mark
+    per line, the first). Linear in ``len(text)``."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():  # one try per line, at its first mark: linear on any log
+        i = line.find("perfkit-mark")
+        m = MARK_RE.match(line, i) if i >= 0 else None
+        if m is not None:
+            out.setdefault(m.group(1), float(m.group(2)))
+    return out
+
+
+def cold_start_parts(marks: dict[str, float], t_launch: float, t_ready: float | None) -> dict[str, Any]:
+    """Cold start dict: ready_s, process_start_s, models_loaded_s, warmup_s (None when absent)."""
+
+    def since(name: str) -> float | None:
+        t = marks.get(name)
+        return t - t_launch if t is not None else None
+
+    wd, ml = marks.get("warmup_done"), marks.get("models_loaded")
+    return {
+        "ready_s": (t_ready - t_launch) if t_ready is not None else None,
+        "process_start_s": since("process_start"),
+        "models_loaded_s": since("models_loaded"),
+        "warmup_s": (wd - ml) if wd is not None and ml is not None else None,
+        "t_launch": t_launch,
+        "t_ready": t_ready,
+        "marks": dict(marks),
+    }
+
+
+def _tail_file(path: Path, n: int) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max(65536, 400 * n)))
+            data = fh.read()
+    except OSError:
+        return []
+    return list(deque(data.decode("utf-8", errors="replace").splitlines(), maxlen=n))
+
+
+# ---------------------------------------------------------------------------- handle
+@dataclass
+class EngineHandle:
+    """A running engine.
+
+    Attributes:
+        spec: the EngineSpec.
+        label: launch label.
+        host, port, base_url: where it answers (``http://host:port``).
+        pid, pgid: root process id and its process group.
+        command: the exact argv; env_added: environment added to os.environ (spec + caps + caches).
+        run_dir: this launch's directory (``<run_dir>/<label>``).
+        perf_log_dir: where the engine writes ``performance.log``.
+        stdout_path, stderr_path: engine log files.
+        caps: the MemoryCaps after :meth:`MemoryCaps.resolve` (asked and effective host budget;
+            None: none given).
+        cold_start: ready_s, process_start_s, models_loaded_s, warmup_s (None when not marked),
+            t_launch, t_ready (epoch s), marks (name -> epoch s).
+        device_baseline_mib: device used memory read before launch (NaN without NVML).
+        gpus: the GPUs the engine was given, as NVML knows them ({index, uuid, name} each,
+            resolved by UUID from its CUDA_VISIBLE_DEVICES; [] without NVML).
+        gpu_indices: the NVML indices its sampler reads (those of ``gpus``; without NVML the
+            first ``num_gpus`` indices, as before).
+        exit_code: set when the process has ended.
+        end: set at teardown, how the engine ended: ``how`` (words: ``exited with code 3``,
+            ``was killed by signal 9 (SIGKILL, not sent by perfkit)``, ``ended on perfkit's SIGTERM
+            after 0.2 s (exit code -15)``, ``did not exit within 2 s of SIGTERM: killed by
+            perfkit (SIGKILL) after 2.0 s``, prefixed ``was stopped (SIGSTOP) ...`` when it
+            was), ``exit_code``, ``signal`` (None unless killed by one), ``by_perfkit``,
+            ``after_s`` (SIGTERM until gone, s), ``stopped``, ``oom`` (the host's OOM-kill
+            record, :func:`perfkit.readings.oom.oom_record`, when a signal not sent by perfkit
+            ended it; else None).
+    """
+
+    spec: EngineSpec
+    label: str
+    host: str
+    port: int
+    pid: int
+    pgid: int
+    command: list[str]
+    env_added: dict[str, str]
+    run_dir: Path
+    perf_log_dir: Path
+    stdout_path: Path
+    stderr_path: Path
+    caps: MemoryCaps | None = None
+    cold_start: dict[str, Any] = field(default_factory=dict)
+    device_baseline_mib: float = math.nan
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    gpu_indices: list[int] = field(default_factory=lambda: [0])
+    exit_code: int | None = None
+    _nvml: Any = field(default=None, repr=False)
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+    _enforcer: HostCapEnforcer | None = field(default=None, repr=False)
+    end: dict[str, Any] = field(default_factory=dict)
+    _create_time: float = field(default=0.0, repr=False)
+
+    @property
+    def base_url(self) -> str:
+        h = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{h}:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.base_url + self.spec.health_path
+
+    @property
+    def cap_outcome(self) -> CapOutcome:
+        """Live host cap outcome (enforcement, exceeded, message, peak_rss_gib)."""
+        if self._enforcer is not None:
+            return self._enforcer.outcome
+        return CapOutcome(message="no host cap")
+
+    @property
+    def perf_log_path(self) -> Path:
+        return self.perf_log_dir / _records.PERF_LOG_NAME
+
+    def alive(self) -> bool:
+        """True while the root process runs."""
+        if self._proc is None:
+            return False
+        rc = self._proc.poll()
+        if rc is not None:
+            self.exit_code = rc
+            return False
+        return True
+
+    def poll(self) -> int | None:
+        """Exit code, or None while running."""
+        self.alive()
+        return self.exit_code
+
+    def health(self, timeout_s: float = 2.0) -> bool:
+        """One ``GET health_path``: True on 200 (False when dead, refused or timed out)."""
+        if not self.alive():
+            return False
+        try:
+            return httpx.get(self.health_url, timeout=timeout_s, trust_env=False).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def raise_if_dead(self) -> None:
+        """Raise EngineExitedError (with the cap message when the cap killed it) if not running."""
+        if self.alive():
+            return
+        o = self.cap_outcome
+        why = o.message if o.exceeded else f"exit code {self.exit_code}"
+        raise EngineExitedError(
+            f"engine {self.label!r} (pid {self.pid}) is not running: {why}\n--- log tail ---\n{self.tail(30)}"
+        )
+
+    def tail(self, n: int = 50, stream: str = "both") -> str:
+        """Last ``n`` lines of stdout, stderr or both (stdout's then stderr's, each labelled)."""
+        if stream == "stdout":
+            return "\n".join(_tail_file(self.stdout_path, n))
+        if stream == "stderr":
+            return "\n".join(_tail_file(self.stderr_path, n))
+        out = _tail_file(self.stdout_path, n)
+        err = _tail_file(self.stderr_path, n)
+        parts = []
+        if out:
+            parts.append("[stdout]\n" + "\n".join(out))
+        if err:
+            parts.append("[stderr]\n" + "\n".join(err))
+        return "\n".join(parts)
+
+    def logs(self) -> dict[str, str]:
+        """Full log texts: {"<label>.stdout.log": ..., "<label>.stderr.log": ...}."""
+        out = {}
+        for name, p in (("stdout", self.stdout_path), ("stderr", self.stderr_path)):
+            try:
+                out[f"{self.label}.{name}.log"] = p.read_text(errors="replace")
+            except OSError:
+                out[f"{self.label}.{name}.log"] = ""
+        return out
+
+    def marks(self) -> dict[str, float]:
+        """``perfkit-mark`` lines found in the logs so far."""
+        text = ""
+        for p in (self.stderr_path, self.stdout_path):
+            with contextlib.suppress(OSError):
+                text += p.read_text(errors="replace")
+        return parse_marks(text)
+
+    def records(self) -> list[_records.PerfRecord]:
+        """Records in ``perf_log_dir/performance.log`` so far (malformed lines skipped)."""
+        return _records.read_perf_log(self.perf_log_path).records
+
+    def record_lines(self) -> list[str]:
+        """Raw performance.log lines (for ResultBundle.records); a line that is not UTF-8 is kept
+        with its stray bytes as ``\\xNN`` escapes (lossless; the record reader refuses that line,
+        naming it, from the file itself)."""
+        try:
+            with open(self.perf_log_path, "rb") as fh:
+                raw = [ln.rstrip(b"\r\n") for ln in fh]
+        except OSError:
+            return []
+        return [ln.decode("utf-8", errors="backslashreplace") for ln in raw if ln.strip()]
+
+    @property
+    def cgroup_path(self) -> Path | None:
+        """The engine's own cgroup (v2) directory while the cap holds it there, else None."""
+        return self._enforcer.cgroup_path if self._enforcer is not None else None
+
+    def sampler(self, interval_s: float = 0.1, gpu_index: int | list[int] | None = None, nvml: Any = None):
+        """A (not started) MemorySampler of this engine with the pre-launch device baseline and,
+        where the engine has its own cgroup, that cgroup (``cgroup_current_mib``).
+
+        ``gpu_index``: NVML indices to read (default :attr:`gpu_indices`, the engine's own GPUs
+        matched by UUID). ``nvml``: an NVML source (default: the one given to :func:`launch`,
+        else pynvml)."""
+        from perfkit.readings.sampler.timeline import MemorySampler
+
+        return MemorySampler(
+            self.pid,
+            interval_s=interval_s,
+            gpu_index=self.gpu_indices if gpu_index is None else gpu_index,
+            baseline_device_mib=self.device_baseline_mib,
+            cgroup_path=self.cgroup_path,
+            nvml=nvml if nvml is not None else self._nvml,
+        )
+
+    def launch_row(self) -> dict[str, Any]:
+        """One row of the bundle's ``launches`` table (load/warmup peaks filled by the caller)."""
+        cs, o, caps = self.cold_start, self.cap_outcome, self.caps
+        return {
+            "launch": self.label,
+            "label": self.label,
+            "ready_s": cs.get("ready_s"),
+            "process_start_s": cs.get("process_start_s"),
+            "models_loaded_s": cs.get("models_loaded_s"),
+            "warmup_s": cs.get("warmup_s"),
+            "warmup_frames": self.spec.startup_warmup_frames(),
+            "device_cap_gib": caps.device_gib if caps else None,
+            "host_cap_gib": caps.host_gib if caps else None,
+            "host_cap_asked_gib": caps.host_gib if caps else None,
+            "host_cap_effective_gib": caps.host_effective_gib if caps else None,
+            "host_cap_clamp": caps.host_clamp if caps else None,
+            "enforcement": o.enforcement,
+            "cap_mechanism": o.mechanism,
+            "host_source": o.host_source,
+            "host_pss_peak_mib": o.peak_pss_gib * 1024 if o.peak_pss_gib is not None else None,
+            "cgroup_peak_mib": o.peak_cgroup_gib * 1024 if o.peak_cgroup_gib is not None else None,
+            "cap_exceeded": o.exceeded,
+            "command": " ".join(self.command),
+            "exit_code": self.exit_code,
+        }
+
+    # ------------------------------------------------------------------ teardown
+    def _descendants(self) -> list[psutil.Process]:
+        found: dict[int, psutil.Process] = {}
+        if self._enforcer is not None:
+            found.update(self._enforcer.known)
+        try:
+            root = psutil.Process(self.pid)
+            if abs(root.create_time() - self._create_time) < 0.05:
+                found[root.pid] = root
+                for c in root.children(recursive=True):
+                    found[c.pid] = c
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            pass
+        # also anything still in the process group (children that were re-parented)
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if p.pid not in found and os.getpgid(p.pid) == self.pgid:
+                    found[p.pid] = p
+            except (ProcessLookupError, psutil.Error, OSError):
+                continue
+        return [p for pid, p in found.items() if pid != self.pid]
+
+    def _terminate(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM (and SIGCONT, so that a stopped engine acts on it) to the group, wait
+        ``grace_s``, SIGKILL the group and surviving descendants (and the engine's own cgroup,
+        where it has one: ``cgroup.kill``). Sets :attr:`end` (how the engine ended)."""
+        _LIVE.pop(self.pid, None)
+        if self._enforcer is not None:
+            self._enforcer.stop()
+        desc = self._descendants()
+        for p in desc:
+            with contextlib.suppress(psutil.Error):
+                sp = StartedProcess(p.pid, self.pgid, p.create_time(), self.label, ())
+                _register(sp)
+                _owner.register(sp.pid, sp.pgid, sp.create_time, f"{self.label} (child)")
+        proc = self._proc
+        rc_before = proc.poll() if proc is not None else None
+        stopped = False
+        with contextlib.suppress(psutil.Error):
+            stopped = rc_before is None and psutil.Process(self.pid).status() == psutil.STATUS_STOPPED
+        killed, waited = False, 0.0
+        if proc is not None and proc.poll() is None or any(_running(p) for p in desc):
+            t0 = time.monotonic()
+            kill_tree(self.pgid, desc, signal.SIGTERM)
+            kill_tree(self.pgid, desc, signal.SIGCONT)
+            deadline = t0 + grace_s
+            while time.monotonic() < deadline:
+                if (proc is None or proc.poll() is not None) and not any(_running(p) for p in desc):
+                    break
+                time.sleep(0.05)
+            else:
+                killed = proc is not None and proc.poll() is None
+                log.warning(
+                    "engine %s (pid %d) did not exit within %.1f s of SIGTERM; SIGKILL",
+                    self.label,
+                    self.pid,
+                    grace_s,
+                )
+            waited = time.monotonic() - t0
+            _cgroup_kill(self.cgroup_path)
+            kill_tree(self.pgid, desc + self._descendants(), signal.SIGKILL)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+            self.exit_code = proc.poll()
+        psutil.wait_procs([p for p in desc if _running(p)], timeout=2)
+        self.end = _end_words(
+            rc_before,
+            self.exit_code,
+            stopped,
+            killed,
+            waited,
+            grace_s,
+            [self.pid, *(p.pid for p in desc)],
+            self.cgroup_path,
+            self._create_time or None,
+        )
+        if self._enforcer is not None:
+            self._enforcer.finish()
+        return self.exit_code

@@ -1,0 +1,129 @@
+"""Baseline JSON in sglang's ``perf_baselines`` layout: load, derive, compare, update.
+
+Layout (sglang diffusion CI, see docs/DESIGN.md "Interop facts"; ``tests/fixtures/perf_baselines_5090.json``
+is a real file)::
+
+    {"metadata": {"model", "hardware", "description", "last_updated": "YYYY-MM-DD", ...},
+     "tolerances": {"pr_test": {"e2e", "denoise_stage", "non_denoise_stage", "denoise_step",
+                                "denoise_agg", "load_peak_vram", "runtime_peak_vram", ["load"]},
+                    "long_term": {...}, <any other profile>: {...}},
+     "improvement_reporting": {"threshold": 0.2},
+     "sampling": {"step_fractions": [0.0, 0.2, ...]},
+     "scenarios": {case_id: {"stages_ms": {stage: ms}, "denoise_step_ms": {"<step index>": ms},
+                             "expected_e2e_ms", "expected_avg_denoise_ms",
+                             "expected_median_denoise_ms", ["expected_load_ms",
+                             "load_peak_vram_mb", "runtime_peak_vram_mb", "warmup_peak_vram_mb",
+                             "load_peak_allocated_mb", "runtime_peak_allocated_mb",
+                             "estimated_full_test_time_s", "notes"]}},
+     ["load_peak_vram_mb": {case_id: MiB}, "runtime_peak_vram_mb": {case_id: MiB}]}
+
+Documents are plain ``dict`` objects in file order, so unknown keys survive a load/save round trip
+(the 5090 fixture saves back byte for byte: 4-space indent, trailing newline).
+
+Units: times in ms (``*_s`` in seconds), memory in MiB.
+
+The package, one module per job: :mod:`perfkit.gate.baseline.rules` (sglang's tolerances, pads,
+stage classes, the pass bound), :mod:`perfkit.gate.baseline.files` (new, load, save: atomic),
+:mod:`perfkit.gate.baseline.derive` (entries from bundles or records),
+:mod:`perfkit.gate.baseline.compare` (verdict rows), :mod:`perfkit.gate.baseline.update` (one
+case's entry written into a file). The public API, re-exported here:
+
+- :func:`load_baseline`, :func:`save_baseline`, :func:`dumps_baseline`, :func:`new_baseline`
+- :func:`from_bundle`, :func:`baseline_from_bundles`, :func:`set_scenario`
+- :func:`compare`, :func:`check_overlap`, :func:`classify_stage`, :func:`bound`
+- :func:`improvement_snippets`, :func:`entry_from_records`, :func:`atomic_write_text`
+- :func:`update_baseline`
+
+The verdict's table and words are elsewhere: :func:`perfkit.checks.overall_status`,
+:func:`perfkit.report.notebook.verdict_markdown`.
+"""
+
+from __future__ import annotations
+
+from perfkit.gate.baseline.compare import check_overlap, compare, improvement_snippets
+from perfkit.gate.baseline.derive import (
+    baseline_from_bundles,
+    entry_from_records,
+    from_bundle,
+    set_scenario,
+    step_indices,
+)
+from perfkit.gate.baseline.files import (
+    BaselineError,
+    atomic_write_text,
+    dumps_baseline,
+    load_baseline,
+    loads_baseline,
+    new_baseline,
+    save_baseline,
+)
+from perfkit.gate.baseline.rules import (
+    DECODING_STAGE_MIN_TOL,
+    DECODING_STAGE_PAD_MS,
+    DEFAULT_IMPROVEMENT_THRESHOLD,
+    DEFAULT_PAD_MS,
+    DEFAULT_STEP_FRACTIONS,
+    DEFAULT_TOLERANCES,
+    DERIVED_KEYS,
+    IMAGE_STEP_PAD_MS,
+    MB_DECIMALS,
+    MEMORY_METRICS,
+    MS_DECIMALS,
+    NON_DENOISE_STAGE_PAD_MS,
+    OPTIONAL_TOLERANCES,
+    PER_FRAME_METRIC,
+    S_DECIMALS,
+    SCALAR_TIMING_METRICS,
+    STEP0_PAD_MS,
+    STEP0_TOL,
+    TOP_LEVEL_CASE_MAPS,
+    VIDEO_STEP_PAD_MS,
+    VRAM_PAD_MB,
+    StageClassifier,
+    bound,
+    classify_stage,
+)
+from perfkit.gate.baseline.update import update_baseline
+
+__all__ = [
+    "BaselineError",
+    "DECODING_STAGE_MIN_TOL",
+    "DECODING_STAGE_PAD_MS",
+    "DEFAULT_IMPROVEMENT_THRESHOLD",
+    "DEFAULT_PAD_MS",
+    "DEFAULT_STEP_FRACTIONS",
+    "DEFAULT_TOLERANCES",
+    "DERIVED_KEYS",
+    "IMAGE_STEP_PAD_MS",
+    "MB_DECIMALS",
+    "MEMORY_METRICS",
+    "MS_DECIMALS",
+    "NON_DENOISE_STAGE_PAD_MS",
+    "OPTIONAL_TOLERANCES",
+    "PER_FRAME_METRIC",
+    "SCALAR_TIMING_METRICS",
+    "STEP0_PAD_MS",
+    "STEP0_TOL",
+    "S_DECIMALS",
+    "StageClassifier",
+    "TOP_LEVEL_CASE_MAPS",
+    "VIDEO_STEP_PAD_MS",
+    "VRAM_PAD_MB",
+    "atomic_write_text",
+    "baseline_from_bundles",
+    "bound",
+    "check_overlap",
+    "classify_stage",
+    "compare",
+    "dumps_baseline",
+    "entry_from_records",
+    "from_bundle",
+    "improvement_snippets",
+    "load_baseline",
+    "loads_baseline",
+    "new_baseline",
+    "save_baseline",
+    "set_scenario",
+    "step_indices",
+    "update_baseline",
+]

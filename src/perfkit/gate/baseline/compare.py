@@ -1,0 +1,301 @@
+"""Compare a run's entries with a baseline by sglang's rule: verdict rows."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from perfkit.checks import Check
+from perfkit.gate.baseline.files import BaselineError
+from perfkit.gate.baseline.rules import (
+    DEFAULT_IMPROVEMENT_THRESHOLD,
+    MEMORY_METRICS,
+    OPTIONAL_TOLERANCES,
+    PER_FRAME_METRIC,
+    SCALAR_TIMING_METRICS,
+    TOP_LEVEL_CASE_MAPS,
+    StageClassifier,
+    _classifier,
+    _metric_rule,
+    _number_problem,
+    bound,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _metric_value(v: Any, where: str) -> float | None:
+    """A metric as written: None for JSON null ("not measured"), else a finite, non-negative
+    number; anything else raises :class:`BaselineError` naming ``where`` (never read as 0)."""
+    if v is None:
+        return None
+    problem = _number_problem(v)
+    if problem:
+        raise BaselineError(f"{where}: {v!r} {problem}")
+    return float(v)
+
+
+def _flatten(entry: Mapping[str, Any], where: str = "<entry>") -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for k in ("stages_ms", "denoise_step_ms"):
+        m = entry.get(k)
+        if m is None:
+            continue
+        if not isinstance(m, Mapping):
+            raise BaselineError(f"{where}.{k}: {m!r} is not an object")
+        for name, v in m.items():
+            out[f"{k}.{name}"] = _metric_value(v, f"{where}.{k}.{name}")
+    for k in (*SCALAR_TIMING_METRICS, *MEMORY_METRICS):
+        if k in entry:
+            out[k] = _metric_value(entry[k], f"{where}.{k}")
+    return out
+
+
+def _expected_metrics(baseline: Mapping[str, Any], case: str) -> dict[str, float | None] | None:
+    entry = (baseline.get("scenarios") or {}).get(case)
+    top = {
+        k: baseline[k][case]
+        for k in TOP_LEVEL_CASE_MAPS
+        if isinstance(baseline.get(k), dict) and case in baseline[k]
+    }
+    if entry is None and not top:
+        return None
+    flat = _flatten(entry or {}, f"baseline scenarios.{case}")
+    for k, v in top.items():
+        # a value inside the scenario entry wins
+        flat.setdefault(k, _metric_value(v, f"baseline {k}.{case}"))
+    return flat
+
+
+def _snippet(metric: str, value: float) -> dict[str, Any]:
+    if "." in metric:
+        group, name = metric.split(".", 1)
+        return {group: {name: value}}
+    return {metric: value}
+
+
+def compare(
+    run: Mapping[str, Mapping[str, Any]],
+    baseline: Mapping[str, Any],
+    profile: str = "pr_test",
+    strict: bool = False,
+    *,
+    stage_classes: StageClassifier | Mapping[str, str] | None = None,
+    video: bool = True,
+    threshold: float | None = None,
+) -> list[Check]:
+    """Check a run against a baseline with sglang's rule.
+
+    A metric passes when ``actual <= max(expected * (1 + tol), expected + pad)`` (see the module
+    constants for tolerances/pads and their source). Stage classes come from
+    :func:`classify_stage` unless ``stage_classes`` (a callable or a name -> class mapping with
+    the default rules as fallback) says otherwise.
+
+    Args:
+        run: case id -> scenario entry (the output of :func:`from_bundle`); ms and MiB.
+        baseline: a loaded baseline document.
+        profile: tolerance profile name (``pr_test``, ``long_term``, ...).
+        strict: a case (or metric) with no baseline fails instead of being ``new``.
+        video: use the 160 ms pad for denoise steps after step 0 (False: 20 ms, image models).
+        threshold: improvement threshold; default the document's
+            ``improvement_reporting.threshold`` (0.2).
+
+    Returns:
+        Verdict rows: ``fail`` when over the bound or missing from the run (or null in the run);
+        ``improved`` (a pass) when faster than ``expected * (1 - threshold)``, with a snippet to
+        paste; ``skipped`` when the profile has no tolerance for an optional metric (``load``,
+        allocated/warmup peaks), when the baseline value is null ("not measured in the
+        baseline"), and for ``stages_ms.per_frame_generation`` of video cases.
+
+    Null values follow sglang's own check (``_validate_stages`` in
+    ``multimodal_gen/test/server/test_server_utils.py``): ``per_frame_generation`` is skipped
+    for video cases; otherwise it is a stage like the others, the run's average frame time
+    (e2e / frames) checked with the non-denoise tolerance. Its baseline dump writes null there
+    when no frame time was measured; perfkit reads such a null as "not measured", never as 0.
+
+    Raises:
+        KeyError: when ``profile`` is not in the baseline's tolerances.
+        BaselineError: a value in ``run`` or ``baseline`` that is not a number or null (the
+            message names the case and the key).
+    """
+    all_tols = baseline.get("tolerances") or {}
+    if profile not in all_tols:
+        raise KeyError(f"tolerance profile {profile!r} not in baseline (has: {sorted(all_tols)})")
+    tols = all_tols[profile]
+    threshold_from = "given"
+    if threshold is None:
+        given = (baseline.get("improvement_reporting") or {}).get("threshold")
+        threshold_from = (
+            "the baseline's" if given is not None else "sglang's default: the baseline gives none"
+        )
+        threshold = float(DEFAULT_IMPROVEMENT_THRESHOLD if given is None else given)
+    rule = _Rule(profile, tols, _classifier(stage_classes), video, threshold, threshold_from)
+    rows: list[Check] = []
+    for case, entry in run.items():
+        expected = _expected_metrics(baseline, case)
+        actual = _flatten(entry, f"run {case}")
+        if expected is None:
+            status = "fail" if strict else "new"
+            rows.append(
+                Check(
+                    case,
+                    "*",
+                    None,
+                    None,
+                    None,
+                    status,
+                    "case not in baseline" + (" (strict)" if strict else ""),
+                )
+            )
+            continue
+        first = len(rows)
+        for metric, exp in expected.items():
+            rows.append(_metric_check(case, metric, exp, actual, rule))
+        if not any(r.status in ("pass", "fail", "improved") for r in rows[first:]):
+            # no hollow pass: a case present on both sides must compare something
+            why = "its baseline entry holds no metric" if not expected else "every metric was skipped"
+            rows.append(
+                Check(
+                    case, "metrics compared", None, 0, None, "fail", f"nothing compared for this case: {why}"
+                )
+            )
+        for metric in actual:
+            if metric not in expected and actual[metric] is not None:
+                status = "fail" if strict else "new"
+                rows.append(
+                    Check(
+                        case,
+                        metric,
+                        None,
+                        actual[metric],
+                        None,
+                        status,
+                        "metric not in baseline" + (" (strict)" if strict else ""),
+                    )
+                )
+    return rows
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """What :func:`compare` checks every metric with: the tolerance profile (name and values),
+    the stage classifier, video or image pads, and the improvement threshold (and its source)."""
+
+    profile: str
+    tols: Mapping[str, float]
+    classify: StageClassifier
+    video: bool
+    threshold: float
+    threshold_from: str
+
+
+def _metric_check(
+    case: str, metric: str, exp: float | None, actual: Mapping[str, float | None], rule: _Rule
+) -> Check:
+    """One metric's verdict row: skipped, fail, improved (with a snippet) or pass."""
+    act = actual.get(metric)
+    tol, pad, rule_name = _metric_rule(metric, rule.tols, rule.classify, rule.video)
+    if exp is None:
+        return Check(case, metric, None, act, None, "skipped", "not measured in the baseline (null)")
+    if metric == PER_FRAME_METRIC and rule.video:
+        return Check(
+            case,
+            metric,
+            exp,
+            act,
+            None,
+            "skipped",
+            "sglang skips per_frame_generation for video cases",
+        )
+    if tol is None:
+        known_optional = rule_name in OPTIONAL_TOLERANCES
+        if not known_optional:
+            log.warning("profile %s has no tolerance for %s (%s)", rule.profile, metric, rule_name)
+        return Check(
+            case,
+            metric,
+            exp,
+            act,
+            None,
+            "skipped",
+            f"profile {rule.profile!r} has no {rule_name!r} tolerance",
+        )
+    b = bound(exp, tol, pad)
+    if act is None:
+        why = "not measured in the run (null)" if metric in actual else "missing from run"
+        return Check(case, metric, exp, None, b, "fail", why)
+    rule_txt = f"{rule_name}: tol {tol:g}, pad {pad:g}"
+    threshold = rule.threshold
+    if act > b:
+        over = (act / exp - 1.0) * 100 if exp else math.inf
+        return Check(
+            case,
+            metric,
+            exp,
+            act,
+            b,
+            "fail",
+            f"{act:g} > bound {b:g} (+{over:.1f}% vs expected; {rule_txt})",
+        )
+    if exp > 0 and act < exp * (1.0 - threshold):
+        snip = _snippet(metric, act)
+        return Check(
+            case,
+            metric,
+            exp,
+            act,
+            b,
+            "improved",
+            f"{(1 - act / exp) * 100:.1f}% faster than expected (improvement threshold "
+            f"{threshold:g}, {rule.threshold_from}); update scenarios.{case} with {json.dumps(snip)}",
+            snip,
+        )
+    return Check(case, metric, exp, act, b, "pass", rule_txt)
+
+
+def check_overlap(
+    run: Mapping[str, Any], baseline: Mapping[str, Any], *, source: str, run_hardware: str | None = None
+) -> tuple[list[Check], list[str]]:
+    """Whether comparing ``run`` (case id -> entry) with ``baseline`` compares anything.
+
+    Returns ``(rows, warnings)``: a failing row (case ``baseline``, metric ``cases compared``)
+    when no case of the run is in the baseline, so that a run on other hardware (a CPU run
+    against ``baselines/h200.json``) never reads as a pass; and warnings naming both hardware
+    labels when nothing was compared or when the labels differ.
+    """
+    ref_hw = (baseline.get("metadata") or {}).get("hardware") or "unknown"
+    run_hw = run_hardware or "unknown"
+    common = [c for c in run if c in (baseline.get("scenarios") or {})]
+    hw = f"hardware {ref_hw!r} vs this run's {run_hw!r}"
+    if not common:
+        what = "no case of this run is in" if run else "this run has no case to compare with"
+        reason = f"{what} {source} ({hw}): nothing compared"
+        return (
+            [Check("baseline", "cases compared", None, 0, None, "fail", reason)],
+            [f"{reason}; a baseline only gates runs of its own hardware and cases"],
+        )
+    if ref_hw != run_hw:
+        return [], [
+            f"{source} was measured on {ref_hw!r}, this run on {run_hw!r}: absolute "
+            f"numbers are only comparable on the same hardware"
+        ]
+    return [], []
+
+
+def improvement_snippets(rows: Iterable[Check]) -> dict[str, dict[str, Any]]:
+    """Merge the snippets of ``improved`` rows per case: case id -> fragment to paste."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r.status != "improved" or not r.snippet:
+            continue
+        dst = out.setdefault(r.case, {})
+        for k, v in r.snippet.items():
+            if isinstance(v, dict):
+                dst.setdefault(k, {}).update(v)
+            else:
+                dst[k] = v
+    return out

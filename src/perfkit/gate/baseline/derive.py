@@ -1,0 +1,356 @@
+"""Derive sglang-layout scenario entries from bundles or per-request records."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from perfkit.bundle import ResultBundle
+from perfkit.gate.baseline.files import new_baseline
+from perfkit.gate.baseline.rules import (
+    DEFAULT_STEP_FRACTIONS,
+    DERIVED_KEYS,
+    MB_DECIMALS,
+    MS_DECIMALS,
+    S_DECIMALS,
+    TOP_LEVEL_CASE_MAPS,
+    StageClassifier,
+    _classifier,
+)
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _max(values: Iterable[Any]) -> float | None:
+    vals = [f for f in (_num(v) for v in values) if f is not None]
+    return max(vals) if vals else None
+
+
+def _measured_requests(bundle: ResultBundle, launch: str | None) -> pd.DataFrame:
+    return bundle.measured_requests(launch)
+
+
+def _keys(df: pd.DataFrame) -> list[tuple[Any, str]]:
+    """(launch, request_id) per row; a missing launch (column or value) is None."""
+    launches = df["launch"] if "launch" in df else [None] * len(df)
+    return [
+        (None if la is None or la is pd.NA or (isinstance(la, float) and math.isnan(la)) else la, str(rid))
+        for la, rid in zip(launches, df["request_id"])
+    ]
+
+
+def _rows_of(df: pd.DataFrame, keys: set[tuple[Any, str]]) -> pd.DataFrame:
+    if df.empty or not keys or "request_id" not in df:
+        return df.iloc[0:0]
+    return df[[k in keys for k in _keys(df)]]
+
+
+def step_indices(n_steps: int, step_fractions: Iterable[float]) -> list[int]:
+    """Sampled step indices: ``round(fraction * (n_steps - 1))`` (sglang), deduplicated, sorted."""
+    if n_steps <= 0:
+        return []
+    return sorted({int(round(float(f) * (n_steps - 1))) for f in step_fractions})
+
+
+def from_bundle(
+    bundle: ResultBundle,
+    case_id: str,
+    step_fractions: Iterable[float] | None = None,
+    launch: str | None = None,
+    stage_classes: StageClassifier | Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Derive one scenario entry (sglang layout) from a bundle's tables.
+
+    Measured requests are ``requests`` rows with ``index != WARMUP_INDEX`` and ``status == "completed"``
+    (restricted to ``launch`` when given). Like sglang's baseline dump, each value is the worst
+    (largest) over the measured requests:
+
+    - ``stages_ms``: stage -> ms (a stage repeated within a request sums first).
+    - ``denoise_step_ms``: ``str(step index)`` -> ms at ``step_fractions`` (default
+      :data:`DEFAULT_STEP_FRACTIONS`), index = ``round(fraction * (n - 1))``, from the steps of
+      denoise stages (``DenoisingStage`` when present, else any stage classed ``denoise``).
+    - ``expected_e2e_ms``: worst ``e2e_ms`` (``client_ms`` when e2e is missing).
+    - ``expected_avg_denoise_ms`` / ``expected_median_denoise_ms``: worst per-request mean /
+      median denoise step ms (0.0 when there are no steps, as sglang writes for such cases).
+    - ``expected_load_ms``: cold start, ``launches.ready_s * 1000`` (worst launch).
+    - ``expected_first_result_ms``: time to first result, ``launches.first_result_s * 1000``
+      (worst launch; perfkit's key, absent in sglang's files).
+    - ``load_peak_vram_mb`` / ``warmup_peak_vram_mb``: ``launches.load_peak_mib`` /
+      ``warmup_peak_mib`` (MiB; sglang's ``_mb`` keys are MiB).
+    - ``runtime_peak_vram_mb`` / ``runtime_peak_allocated_mb``: max ``requests.peak_reserved_mib``
+      / ``peak_allocated_mib`` (MiB).
+    - ``estimated_full_test_time_s``: per launch, ready_s plus the span from its first measured
+      request start to its last end (sum of e2e when no timestamps), summed over launches.
+
+    Keys whose source columns are missing or empty are left out.
+
+    Raises:
+        ValueError: when the bundle has no measured requests (for ``launch``).
+    """
+    fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
+    classify = _classifier(stage_classes)
+    req = _measured_requests(bundle, launch)
+    if req.empty:
+        where = f" in launch {launch!r}" if launch is not None else ""
+        raise ValueError(
+            f"bundle {bundle.path or bundle.scenario}: no completed non-warmup "
+            f"requests{where} for case {case_id!r}"
+        )
+    launch_col = pd.Series([k[0] for k in _keys(req)], index=req.index, dtype=object)
+    keys = set(_keys(req))
+    entry: dict[str, Any] = {"stages_ms": _worst_stages_ms(bundle, keys)}
+    step_ms, avgs, medians = _denoise_steps(bundle, keys, classify, fractions)
+    entry["denoise_step_ms"] = {str(i): round(v, MS_DECIMALS) for i, v in sorted(step_ms.items())}
+
+    e2e = _max(req["e2e_ms"]) if "e2e_ms" in req else None
+    if e2e is None and "client_ms" in req:
+        e2e = _max(req["client_ms"])
+    if e2e is not None:
+        entry["expected_e2e_ms"] = round(e2e, MS_DECIMALS)
+    entry["expected_avg_denoise_ms"] = round(max(avgs), MS_DECIMALS) if avgs else 0.0
+    entry["expected_median_denoise_ms"] = round(max(medians), MS_DECIMALS) if medians else 0.0
+
+    lt, ready = _launch_values(bundle, req, keys, launch, entry)
+    entry["estimated_full_test_time_s"] = round(_full_test_time_s(req, launch_col, lt, ready), S_DECIMALS)
+    return entry
+
+
+def _worst_stages_ms(bundle: ResultBundle, keys: set[tuple[Any, str]]) -> dict[str, float]:
+    """Stage -> ms of the worst request: per request summed by stage name, then the max."""
+    stages = _rows_of(bundle.stages, keys)
+    stages_ms: dict[str, float] = {}
+    if not stages.empty:
+        per_req = (
+            stages.assign(_launch=stages["launch"] if "launch" in stages else None)
+            .groupby(["_launch", "request_id", "stage"], sort=False, dropna=False)["ms"]
+            .sum()
+        )
+        worst = per_req.groupby(level="stage", sort=False).max()
+        stages_ms = {str(k): round(float(v), MS_DECIMALS) for k, v in worst.items()}
+    return stages_ms
+
+
+def _denoise_steps(
+    bundle: ResultBundle, keys: set[tuple[Any, str]], classify: StageClassifier, fractions: list[float]
+) -> tuple[dict[int, float], list[float], list[float]]:
+    """(worst ms per sampled step index, per-request mean step ms, per-request median step ms)
+    from the steps of denoise stages (``DenoisingStage`` when present, else any ``denoise`` class)."""
+    steps = _rows_of(bundle.steps, keys)
+    if not steps.empty and "stage" in steps:
+        names = steps["stage"].fillna("").astype(str)
+        if (names == "DenoisingStage").any():
+            steps = steps[names == "DenoisingStage"]
+        elif names.map(lambda s: classify(s) == "denoise").any():
+            steps = steps[names.map(lambda s: classify(s) == "denoise")]
+    step_ms: dict[int, float] = {}
+    avgs: list[float] = []
+    medians: list[float] = []
+    if not steps.empty:
+        sl = steps["launch"] if "launch" in steps else pd.Series(None, index=steps.index)
+        for _, grp in steps.assign(_launch=sl).groupby(["_launch", "request_id"], sort=False, dropna=False):
+            seq = [float(v) for v in grp.sort_values("step")["ms"]]
+            if not seq:
+                continue
+            avgs.append(statistics.fmean(seq))
+            medians.append(statistics.median(seq))
+            for i in step_indices(len(seq), fractions):
+                step_ms[i] = max(step_ms.get(i, -math.inf), seq[i])
+    return step_ms, avgs, medians
+
+
+def _launch_values(
+    bundle: ResultBundle,
+    req: pd.DataFrame,
+    keys: set[tuple[Any, str]],
+    launch: str | None,
+    entry: dict[str, Any],
+) -> tuple[pd.DataFrame, float | None]:
+    """Put cold start, first result and the load/warmup/runtime peaks into ``entry`` (in place);
+    return the launches rows used and the worst ``ready_s`` (None when not recorded)."""
+    lt = bundle.launches
+    used = {k[0] for k in keys}
+    if not lt.empty and "launch" in lt:
+        lt = lt[lt["launch"].isin(used)] if used != {None} else lt
+        if launch is not None:
+            lt = lt[lt["launch"] == launch]
+    ready = _max(lt["ready_s"]) if "ready_s" in lt else None
+    if ready is not None:
+        entry["expected_load_ms"] = round(ready * 1000.0, MS_DECIMALS)
+    first = _max(lt["first_result_s"]) if "first_result_s" in lt else None
+    if first is not None:
+        entry["expected_first_result_ms"] = round(first * 1000.0, MS_DECIMALS)
+    for col, key in (("load_peak_mib", "load_peak_vram_mb"), ("warmup_peak_mib", "warmup_peak_vram_mb")):
+        v = _max(lt[col]) if col in lt else None
+        if v is not None:
+            entry[key] = round(v, MB_DECIMALS)
+    for col, key in (
+        ("peak_reserved_mib", "runtime_peak_vram_mb"),
+        ("peak_allocated_mib", "runtime_peak_allocated_mb"),
+    ):
+        v = _max(req[col]) if col in req else None
+        if v is not None:
+            entry[key] = round(v, MB_DECIMALS)
+    return lt, ready
+
+
+def _full_test_time_s(
+    req: pd.DataFrame, launch_col: pd.Series, lt: pd.DataFrame, ready: float | None
+) -> float:
+    """Seconds: per launch, ready_s plus the span of its measured requests (sum of e2e when no
+    timestamps), summed over launches."""
+    total_s = 0.0
+    ready_by_launch = {}
+    if "ready_s" in lt and "launch" in lt:
+        ready_by_launch = {la: _num(r) or 0.0 for la, r in zip(lt["launch"], lt["ready_s"])}
+    elif ready is not None:  # launches without labels: count the cold start once
+        total_s += ready
+    for la, grp in req.assign(_launch=launch_col).groupby("_launch", sort=False, dropna=False):
+        span = None
+        if "t_start_s" in grp and "t_end_s" in grp:
+            t0, t1 = _num(grp["t_start_s"].min()), _num(grp["t_end_s"].max())
+            if t0 is not None and t1 is not None:
+                span = t1 - t0
+        if span is None:
+            col = "e2e_ms" if "e2e_ms" in grp else "client_ms" if "client_ms" in grp else None
+            span = float(grp[col].fillna(0).sum()) / 1000.0 if col else 0.0
+        total_s += span + ready_by_launch.get(la, 0.0)
+    return total_s
+
+
+def set_scenario(doc: dict[str, Any], case_id: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """Put ``entry`` under ``doc["scenarios"][case_id]`` in place and return ``doc``.
+
+    Keys of an existing entry that :func:`from_bundle` does not derive (``notes``, unknown keys)
+    are kept; derived keys are replaced. Top-level ``load_peak_vram_mb``/``runtime_peak_vram_mb``
+    maps, when the document has them, get this case's values too so they cannot go stale.
+    """
+    scenarios = doc.setdefault("scenarios", {})
+    old = scenarios.get(case_id) or {}
+    merged: dict[str, Any] = {}
+    for k, v in old.items():  # old key order; stale derived keys dropped
+        if k not in DERIVED_KEYS:
+            merged[k] = v
+        elif k in entry:
+            merged[k] = entry[k]
+    for k, v in entry.items():
+        merged.setdefault(k, v)
+    scenarios[case_id] = merged
+    for key in TOP_LEVEL_CASE_MAPS:
+        if isinstance(doc.get(key), dict) and key in entry:
+            doc[key][case_id] = entry[key]
+    return doc
+
+
+def baseline_from_bundles(
+    cases: Mapping[str, ResultBundle] | Iterable[tuple[str, ResultBundle]],
+    hardware: str | None = None,
+    *,
+    tolerances: Mapping[str, Mapping[str, float]] | None = None,
+    step_fractions: Iterable[float] | None = None,
+    launch: str | None = None,
+    description: str | None = None,
+    model: str = "Diffusion Server",
+) -> dict[str, Any]:
+    """Build a whole baseline document from bundles.
+
+    Args:
+        cases: case id -> bundle (or (case id, bundle) pairs).
+        hardware: ``metadata.hardware``.
+        tolerances: profiles; default :data:`DEFAULT_TOLERANCES` (sglang's 5090 numbers).
+        step_fractions: default :data:`DEFAULT_STEP_FRACTIONS`.
+        launch: restrict every case to this launch label.
+        description: ``metadata.description``; default names the bundles' git commits.
+    """
+    items = list(cases.items()) if isinstance(cases, Mapping) else list(cases)
+    fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
+    if description is None:
+        commits = sorted({str(b.meta.get("git_commit")) for _, b in items if b.meta.get("git_commit")})
+        description = (
+            "Reference numbers from perfkit bundles"
+            + (f" at git commit {', '.join(commits)}" if commits else "")
+            + "."
+        )
+    doc = new_baseline(
+        hardware, model=model, tolerances=tolerances, step_fractions=fractions, description=description
+    )
+    for case_id, bundle in items:
+        set_scenario(doc, case_id, from_bundle(bundle, case_id, fractions, launch=launch))
+    return doc
+
+
+def entry_from_records(
+    records: Iterable[Any], step_fractions: Iterable[float] | None = None
+) -> dict[str, Any]:
+    """One scenario entry (sglang layout) from per-request records
+    (:class:`perfkit.readings.records.PerfRecord`, e.g. a performance.log's lines or a perf
+    dump's :meth:`~perfkit.readings.perfdump.PerfDump.to_record`), the worst request kept as
+    sglang's baseline dump does (``test_server_utils.py``): ``stages_ms``, ``denoise_step_ms``
+    at ``step_fractions``, ``expected_e2e_ms`` (``total_duration_ms``),
+    ``expected_avg_denoise_ms`` / ``expected_median_denoise_ms`` and, when the records carry a
+    ``runtime_peak`` snapshot, ``runtime_peak_vram_mb`` / ``runtime_peak_allocated_mb``.
+
+    A value that no record measured (null everywhere) is written as None, never as 0; a step
+    list with a null is left out of the averages (it cannot be averaged honestly). One pass over
+    ``records`` keeping only the worst values: a generator over a file of any size takes
+    constant memory.
+
+    Raises:
+        ValueError: no records.
+    """
+    fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
+
+    def worse(cur: float | None, v: float | None) -> float | None:
+        return cur if v is None else (v if cur is None else max(cur, v))
+
+    # one pass, keeping only the worst so far: records may be streamed from a file of any size
+    n = 0
+    stages: dict[str, float | None] = {}  # first-seen order
+    step_ms: dict[int, float | None] = {}
+    e2e: float | None = None
+    avg: float | None = None
+    med: float | None = None
+    peaks: dict[str, float | None] = {}
+    for r in records:
+        n += 1
+        for name, ms in r.stage_ms().items():
+            stages[name] = worse(stages.get(name), ms)
+        seq = list(r.steps)
+        for i in step_indices(len(seq), fractions):
+            step_ms[i] = worse(step_ms.get(i), seq[i])
+        if seq and all(v is not None for v in seq):
+            avg = worse(avg, statistics.fmean(seq))
+            med = worse(med, statistics.median(seq))
+        e2e = worse(e2e, r.total_duration_ms)
+        snap = r.memory_snapshots.get("runtime_peak") or {}
+        for key, snap_key in (
+            ("runtime_peak_vram_mb", "peak_reserved_mb"),
+            ("runtime_peak_allocated_mb", "peak_allocated_mb"),
+        ):
+            v = snap.get(snap_key)
+            if v is not None:
+                peaks[key] = worse(peaks.get(key), v)
+    if not n:
+        raise ValueError("no records to derive a baseline entry from")
+
+    def r3(v: float | None) -> float | None:
+        return None if v is None else round(v, MS_DECIMALS)
+
+    entry: dict[str, Any] = {"stages_ms": {k: r3(v) for k, v in stages.items()}}
+    entry["denoise_step_ms"] = {str(i): r3(v) for i, v in sorted(step_ms.items())}
+    entry["expected_e2e_ms"] = r3(e2e)
+    entry["expected_avg_denoise_ms"] = r3(avg) if avg is not None else 0.0
+    entry["expected_median_denoise_ms"] = r3(med) if med is not None else 0.0
+    for key in ("runtime_peak_vram_mb", "runtime_peak_allocated_mb"):
+        if key in peaks:
+            entry[key] = r3(peaks[key])
+    return entry

@@ -1,0 +1,206 @@
+"""Baseline files: a new document, load (checked), dump and save (atomic)."""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from perfkit.common import jsonsafe
+from perfkit.gate.baseline.rules import (
+    DEFAULT_IMPROVEMENT_THRESHOLD,
+    DEFAULT_STEP_FRACTIONS,
+    DEFAULT_TOLERANCES,
+    MEMORY_METRICS,
+    SCALAR_TIMING_METRICS,
+    TOP_LEVEL_CASE_MAPS,
+    _number_problem,
+)
+
+
+class BaselineError(ValueError):
+    """A baseline file that cannot be read; the message names the file (and line/column)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Load / save
+# ---------------------------------------------------------------------------------------------
+
+
+def new_baseline(
+    hardware: str | None = None,
+    *,
+    model: str = "Diffusion Server",
+    tolerances: Mapping[str, Mapping[str, float]] | None = None,
+    step_fractions: Iterable[float] | None = None,
+    threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
+    description: str = "",
+) -> dict[str, Any]:
+    """An empty baseline document with sglang's default tolerances (:data:`DEFAULT_TOLERANCES`)."""
+    return {
+        "metadata": {
+            "model": model,
+            "hardware": hardware or "unknown",
+            "description": description,
+            "last_updated": _dt.date.today().isoformat(),
+        },
+        "tolerances": copy.deepcopy(dict(tolerances or DEFAULT_TOLERANCES)),
+        "improvement_reporting": {"threshold": threshold},
+        "sampling": {"step_fractions": list(step_fractions or DEFAULT_STEP_FRACTIONS)},
+        "scenarios": {},
+    }
+
+
+def _validate(doc: Any, source: str) -> None:
+    def bad(where: str, what: str) -> BaselineError:
+        return BaselineError(f"{source}: {where}: {what}")
+
+    if not isinstance(doc, dict):
+        raise bad("top level", f"is {type(doc).__name__}, expected a JSON object")
+    for key in (
+        "metadata",
+        "tolerances",
+        "improvement_reporting",
+        "sampling",
+        "scenarios",
+        *TOP_LEVEL_CASE_MAPS,
+    ):
+        if key in doc and not isinstance(doc[key], dict):
+            raise bad(key, f"is {type(doc[key]).__name__}, expected an object")
+
+    def number(where: str, v: Any, nullable: bool = True) -> None:
+        # JSON null is "not measured" (sglang writes it, e.g. stages_ms.per_frame_generation of
+        # video cases); anything but a finite, non-negative number is an error, never 0.
+        if v is None and nullable:
+            return
+        problem = _number_problem(v)
+        if problem:
+            raise bad(where, f"{v!r} {problem}")
+
+    imp = doc.get("improvement_reporting") or {}
+    if "threshold" in imp:
+        # sglang: faster than expected * (1 - threshold) is an improvement, so a threshold is a
+        # fraction in [0, 1]; a string ("0.2"), NaN or -5 would turn every row into "improved"
+        number("improvement_reporting.threshold", imp["threshold"], nullable=False)
+        if imp["threshold"] > 1:
+            raise bad("improvement_reporting.threshold", f"{imp['threshold']!r} is above 1 (a fraction)")
+    for prof, tols in (doc.get("tolerances") or {}).items():
+        if not isinstance(tols, dict):
+            raise bad(f"tolerances.{prof}", "expected an object")
+        for k, v in tols.items():
+            number(f"tolerances.{prof}.{k}", v, nullable=False)
+    fr = (doc.get("sampling") or {}).get("step_fractions")
+    if fr is not None:
+        if not isinstance(fr, list):
+            raise bad("sampling.step_fractions", "expected a list of numbers")
+        for i, x in enumerate(fr):
+            number(f"sampling.step_fractions[{i}]", x, nullable=False)
+            if x > 1:
+                raise bad(f"sampling.step_fractions[{i}]", f"{x!r} is above 1 (a fraction of the steps)")
+    for case, entry in (doc.get("scenarios") or {}).items():
+        if not isinstance(entry, dict):
+            raise bad(f"scenarios.{case}", "expected an object")
+        for mkey in ("stages_ms", "denoise_step_ms"):
+            if mkey not in entry:
+                continue
+            m = entry[mkey]
+            if not isinstance(m, dict):
+                raise bad(f"scenarios.{case}.{mkey}", f"{m!r} is not an object")
+            for k, v in m.items():
+                number(f"scenarios.{case}.{mkey}.{k}", v)
+        for mkey in (*SCALAR_TIMING_METRICS, *MEMORY_METRICS, "estimated_full_test_time_s"):
+            if mkey in entry:
+                number(f"scenarios.{case}.{mkey}", entry[mkey])
+    for key in TOP_LEVEL_CASE_MAPS:
+        for case, v in (doc.get(key) or {}).items():
+            number(f"{key}.{case}", v)
+
+
+def loads_baseline(text: str, source: str = "<string>") -> dict[str, Any]:
+    """Parse baseline JSON text. Raises :class:`BaselineError` naming ``source`` and line/column."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BaselineError(
+            f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from exc
+    except RecursionError:
+        raise BaselineError(f"{source}: nested too deeply to be a baseline file") from None
+    _validate(doc, source)
+    return doc
+
+
+def load_baseline(path: str | Path) -> dict[str, Any]:
+    """Load a baseline file (sglang ``perf_baselines`` layout) as a plain dict, unknown keys kept.
+
+    Raises:
+        FileNotFoundError: when the file does not exist.
+        BaselineError: when it is not valid JSON (message: ``<file>: invalid JSON at line L column
+            C: ...``) or has the wrong shape (message names the file and the key path).
+    """
+    p = Path(path)
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise BaselineError(f"{p}:{line}: invalid UTF-8 at byte {exc.start + 1}") from None
+    return loads_baseline(text, source=str(p))
+
+
+def dumps_baseline(doc: Mapping[str, Any]) -> str:
+    """Serialise like sglang's files: 4-space indent, key order kept, trailing newline."""
+    return jsonsafe.dumps(doc, indent=4, ensure_ascii=False) + "\n"
+
+
+def save_baseline(doc: Mapping[str, Any], path: str | Path) -> Path:
+    """Write ``doc`` to ``path`` atomically (see :func:`atomic_write_text`). Returns the path."""
+    _validate(doc, "<document to save>")
+    p = Path(path)
+    atomic_write_text(p, dumps_baseline(doc))
+    return p
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically.
+
+    Writes a temp file in the same directory, flushes and fsyncs it, then ``os.replace``s it over
+    the target (and fsyncs the directory, best effort). On any error the temp file is removed and
+    the old file is left untouched. The new file keeps the old file's permission bits (or gets
+    0o666 minus the umask when it is new).
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.exists():
+        mode = p.stat().st_mode & 0o7777
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:
+        dfd = os.open(p.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:  # some filesystems cannot fsync a directory
+        pass

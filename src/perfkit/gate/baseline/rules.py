@@ -1,0 +1,209 @@
+"""The baseline gate's rules: sglang's tolerances, pads and stage classes, and the pass bound.
+
+Source: sglang's diffusion perf CI check (multimodal_gen perf baselines validation), as
+paraphrased in docs/DESIGN.md "Interop facts". Units: ms and MiB.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from perfkit.readings.stages import baseline_class as _baseline_class
+
+# ---------------------------------------------------------------------------------------------
+# Constants. Every number the check uses lives here.
+#
+# Source: sglang's diffusion perf CI check (multimodal_gen perf baselines validation), as
+# paraphrased in docs/DESIGN.md "Interop facts": a metric passes when
+#     actual <= max(expected * (1 + tol), expected + pad)
+# with the pads and tolerance overrides below. The default tolerance profiles are the numbers in
+# sglang's RTX 5090 baseline file (fixtures/sglang/perf_baselines_5090.json).
+# ---------------------------------------------------------------------------------------------
+
+#: sglang: default absolute pad (ms) for any timing without a more specific rule
+#: (e2e, denoise stages, denoise aggregates, load time).
+DEFAULT_PAD_MS = 20.0
+#: sglang: pad (ms) for non-denoise stages (text encoding, latent preparation, ...).
+NON_DENOISE_STAGE_PAD_MS = 120.0
+#: sglang: decoding stages use max(tol, 0.9) ...
+DECODING_STAGE_MIN_TOL = 0.9
+#: ... and a 450 ms pad.
+DECODING_STAGE_PAD_MS = 450.0
+#: sglang: denoising step 0 (first step, pays setup) uses tolerance 4.0 ...
+STEP0_TOL = 4.0
+#: ... and an 80 ms pad.
+STEP0_PAD_MS = 80.0
+#: sglang: other denoising steps of video models use a 160 ms pad.
+VIDEO_STEP_PAD_MS = 160.0
+#: other denoising steps of image models: the default pad (``compare(..., video=False)``).
+IMAGE_STEP_PAD_MS = DEFAULT_PAD_MS
+#: perfkit choice (not from sglang): VRAM peaks get no absolute pad, so the relative tolerance
+#: (1% load, 2% runtime in sglang's profiles) is the whole budget. Peaks come from torch's
+#: max_memory_reserved and are reproducible to the MiB on the same hardware.
+VRAM_PAD_MB = 0.0
+#: sglang: ``improvement_reporting.threshold`` default; faster than expected * (1 - threshold)
+#: prints an improvement hint.
+DEFAULT_IMPROVEMENT_THRESHOLD = 0.2
+#: sglang: ``sampling.step_fractions`` default; sampled step index = round(fraction * (n - 1)).
+DEFAULT_STEP_FRACTIONS = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+#: sglang's tolerance profiles, copied from its RTX 5090 baseline file.
+DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
+    "long_term": {
+        "e2e": 0.15,
+        "denoise_stage": 0.1,
+        "non_denoise_stage": 0.5,
+        "denoise_step": 0.25,
+        "denoise_agg": 0.15,
+        "load_peak_vram": 0.01,
+        "runtime_peak_vram": 0.02,
+    },
+    "pr_test": {
+        "e2e": 0.25,
+        "denoise_stage": 0.25,
+        "non_denoise_stage": 0.8,
+        "denoise_step": 0.3,
+        "denoise_agg": 0.2,
+        "load_peak_vram": 0.01,
+        "runtime_peak_vram": 0.02,
+    },
+}
+#: Rounding of values written by :func:`from_bundle` (sglang dumps ms with 2 decimals).
+MS_DECIMALS = 2
+MB_DECIMALS = 1
+S_DECIMALS = 1
+
+#: Scalar timing metrics of a scenario entry -> (tolerance key, pad ms).
+SCALAR_TIMING_METRICS: dict[str, tuple[str, float]] = {
+    "expected_e2e_ms": ("e2e", DEFAULT_PAD_MS),
+    "expected_avg_denoise_ms": ("denoise_agg", DEFAULT_PAD_MS),
+    "expected_median_denoise_ms": ("denoise_agg", DEFAULT_PAD_MS),
+    # optional: only gated when the profile has a "load" tolerance
+    "expected_load_ms": ("load", DEFAULT_PAD_MS),
+    # perfkit extension (sglang has no such key): time to first result, launch until the first
+    # successful request ended; optional, gated when the profile has a "first_result" tolerance
+    "expected_first_result_ms": ("first_result", DEFAULT_PAD_MS),
+}
+#: Memory metrics (MiB) -> (tolerance key, pad MiB). Keys without a tolerance in the profile are
+#: reported as skipped (informational): sglang only gates load/runtime peak VRAM.
+MEMORY_METRICS: dict[str, tuple[str, float]] = {
+    "load_peak_vram_mb": ("load_peak_vram", VRAM_PAD_MB),
+    "runtime_peak_vram_mb": ("runtime_peak_vram", VRAM_PAD_MB),
+    "warmup_peak_vram_mb": ("warmup_peak_vram", VRAM_PAD_MB),
+    "load_peak_allocated_mb": ("load_peak_allocated", VRAM_PAD_MB),
+    "runtime_peak_allocated_mb": ("runtime_peak_allocated", VRAM_PAD_MB),
+}
+#: sglang's per-frame time stage key: null in its baselines when not measured; skipped for
+#: video cases by its check (``_validate_stages``).
+PER_FRAME_METRIC = "stages_ms.per_frame_generation"
+#: Tolerance keys that may be absent from a profile without it being an error.
+OPTIONAL_TOLERANCES = {
+    "load",
+    "first_result",
+    "warmup_peak_vram",
+    "load_peak_allocated",
+    "runtime_peak_allocated",
+}
+#: Top-level per-case maps some sglang files carry (case id -> MiB).
+TOP_LEVEL_CASE_MAPS = ("load_peak_vram_mb", "runtime_peak_vram_mb")
+#: Keys of a scenario entry that :func:`from_bundle` derives (replaced on update; others kept).
+DERIVED_KEYS = (
+    "stages_ms",
+    "denoise_step_ms",
+    "expected_e2e_ms",
+    "expected_avg_denoise_ms",
+    "expected_median_denoise_ms",
+    "expected_load_ms",
+    "expected_first_result_ms",
+    *MEMORY_METRICS,
+    "estimated_full_test_time_s",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage classes
+# ---------------------------------------------------------------------------------------------
+
+StageClassifier = Callable[[str], str]
+
+
+def classify_stage(name: str) -> str:
+    """Stage class by sglang's rules, through :func:`perfkit.readings.stages.stage_class`.
+
+    Returns ``"decoding"`` for decoding stages (names containing ``Decod``, checked first),
+    ``"denoise"`` for denoising stages (``DenoisingStage``, ``LTX2AVDenoisingStage``) and
+    refinement stages (``RefinementStage``, ``LTX2RefinementStage``: sglang marks them as
+    denoising stages), else ``"non_denoise"`` (``*BeforeDenoisingStage`` and preparation stages
+    included).
+    """
+    return _baseline_class(name)
+
+
+def _classifier(stage_classes: StageClassifier | Mapping[str, str] | None) -> StageClassifier:
+    if stage_classes is None:
+        return classify_stage
+    if callable(stage_classes):
+        return stage_classes
+    mapping = dict(stage_classes)
+    return lambda name: mapping.get(name) or classify_stage(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Derive a scenario entry from a bundle
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _number_problem(v: Any) -> str | None:
+    """Why ``v`` is not a metric value (a finite, non-negative JSON number), or None."""
+    if not _is_number(v):
+        return f"({type(v).__name__}) is not a number"
+    if math.isnan(v) or math.isinf(v):
+        return "is not a finite number"
+    if v < 0:
+        return "is negative"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts
+# ---------------------------------------------------------------------------------------------
+
+
+def bound(expected: float, tol: float, pad: float) -> float:
+    """sglang's pass bound: ``max(expected * (1 + tol), expected + pad)``."""
+    return max(expected * (1.0 + tol), expected + pad)
+
+
+def _metric_rule(
+    metric: str, tols: Mapping[str, float], classify: StageClassifier, video: bool
+) -> tuple[float | None, float, str]:
+    """(tolerance or None if the profile lacks it, pad, rule description) for a metric path."""
+    if metric.startswith("stages_ms."):
+        cls = classify(metric.split(".", 1)[1])
+        if cls == "denoise":
+            return tols.get("denoise_stage"), DEFAULT_PAD_MS, "denoise_stage"
+        if cls == "decoding":
+            t = tols.get("non_denoise_stage")
+            return (
+                (None if t is None else max(t, DECODING_STAGE_MIN_TOL)),
+                DECODING_STAGE_PAD_MS,
+                f"decoding: max(non_denoise_stage, {DECODING_STAGE_MIN_TOL})",
+            )
+        return tols.get("non_denoise_stage"), NON_DENOISE_STAGE_PAD_MS, "non_denoise_stage"
+    if metric.startswith("denoise_step_ms."):
+        if metric.split(".", 1)[1] == "0":
+            return STEP0_TOL, STEP0_PAD_MS, "step 0"
+        pad = VIDEO_STEP_PAD_MS if video else IMAGE_STEP_PAD_MS
+        return tols.get("denoise_step"), pad, "denoise_step"
+    if metric in SCALAR_TIMING_METRICS:
+        key, pad = SCALAR_TIMING_METRICS[metric]
+        return tols.get(key), pad, key
+    if metric in MEMORY_METRICS:
+        key, pad = MEMORY_METRICS[metric]
+        return tols.get(key), pad, key
+    return None, DEFAULT_PAD_MS, "unknown"

@@ -1,0 +1,91 @@
+"""Write one case's entry, derived from a bundle, into a baseline file."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from perfkit.bundle import ResultBundle, steady_state
+from perfkit.gate.baseline.derive import from_bundle, set_scenario
+from perfkit.gate.baseline.files import load_baseline, new_baseline, save_baseline
+from perfkit.gate.baseline.rules import DEFAULT_STEP_FRACTIONS
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------
+# Update
+# ---------------------------------------------------------------------------------------------
+
+
+def update_baseline(
+    bundle_dir: str | Path,
+    baseline_file: str | Path,
+    case_id: str,
+    *,
+    hardware: str | None = None,
+    tolerances: Mapping[str, Mapping[str, float]] | None = None,
+    launch: str | None = None,
+    num_frames: int | None = None,
+) -> dict[str, Any]:
+    """Write ``case_id``'s entry, derived from the bundle at ``bundle_dir``, into ``baseline_file``.
+
+    The entry holds the steady state the suite's gate writes (:func:`perfkit.gate_run.bundle_cases`):
+    every measured request of the selected launch (``launch``; ``num_frames`` picks one request
+    shape), the worst kept as sglang does, except an uncovered cold request (its shape differs
+    from the startup warmup's, so its recompilation is the investigation's finding, not a number
+    to gate on). A bundle of several launches needs ``launch``.
+
+    Raises:
+        ValueError: several launches and no ``launch``; an unknown launch; ``hardware`` differs
+            from the file's ``metadata.hardware`` (a baseline holds one hardware's numbers).
+
+    The file is replaced atomically (temp file in the same directory, flush + fsync,
+    ``os.replace``): an interruption leaves the old file intact. Other cases, tolerances and
+    unknown keys are kept. ``metadata.last_updated`` becomes today (YYYY-MM-DD),
+    ``metadata.description`` names the bundle's git commit (``meta["git_commit"]``), and
+    ``metadata.hardware`` is set when ``hardware`` is given. A missing file is created with
+    ``tolerances`` (default :data:`DEFAULT_TOLERANCES`, sglang's values).
+
+    Returns:
+        The document written.
+    """
+    bundle = ResultBundle.load(bundle_dir)
+    launches = [str(x) for x in bundle.launches.get("launch", [])] if not bundle.launches.empty else []
+    if launch is None and len(launches) > 1:
+        raise ValueError(
+            f"{bundle_dir} holds {len(launches)} launches ({', '.join(launches)}): name one with --launch"
+        )
+    if launch is not None and launches and launch not in launches:
+        raise ValueError(f"{bundle_dir}: no launch {launch!r} (has {', '.join(launches)})")
+    sel = steady_state(bundle, launch=launch, num_frames=num_frames)
+    path = Path(baseline_file)
+    if path.exists():
+        doc = load_baseline(path)
+        have = (doc.get("metadata") or {}).get("hardware")
+        if hardware is not None and have and have != hardware:
+            raise ValueError(
+                f"{path} holds numbers for hardware {have!r}, not {hardware!r}: "
+                f"write another hardware's numbers to its own baseline file"
+            )
+    else:
+        log.info("creating baseline %s", path)
+        doc = new_baseline(hardware, tolerances=tolerances)
+    fractions = (doc.get("sampling") or {}).get("step_fractions") or DEFAULT_STEP_FRACTIONS
+    entry = from_bundle(sel, case_id, fractions)
+    set_scenario(doc, case_id, entry)
+    meta = doc.setdefault("metadata", {})
+    commit = bundle.meta.get("git_commit") or "unknown"
+    meta["description"] = (
+        f"Reference numbers for {case_id} from perfkit bundle "
+        f"{Path(bundle_dir).name} ({bundle.scenario}) at git commit {commit}."
+    )
+    meta["last_updated"] = _dt.date.today().isoformat()
+    if hardware is not None:
+        meta["hardware"] = hardware
+    save_baseline(doc, path)
+    log.info("baseline %s: case %s updated from %s", path, case_id, bundle_dir)
+    return doc

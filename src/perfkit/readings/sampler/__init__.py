@@ -1,0 +1,80 @@
+"""Memory timeline sampler: device memory (NVML) and host memory (/proc, cgroup) of an engine.
+
+:class:`MemorySampler` runs a background thread that every ``interval_s`` records one sample:
+
+- ``t``: epoch seconds (``time.time()``, the clock of request spans and records).
+- ``device_used_mib``: the engine's GPU memory, from the source named in ``device_source``:
+
+  - ``nvml-process``: the sum of NVML's per-process ``usedGpuMemory`` over the engine's process
+    tree, when NVML lists them with a plausible figure;
+  - ``nvml-device-delta``: the device's used memory minus ``baseline_device_mib`` (read before
+    the launch, see :func:`device_used_mib`), when NVML does not list the engine (inside
+    containers NVML reports host pids) or its per-process figure cannot be true: NVML's "not
+    available" value, 0 while the device's used memory grew by more than
+    :data:`IMPLAUSIBLE_GROWTH_MIB` since before the launch, or more than the device has (a
+    warning is logged once per sampler);
+  - ``none``: no NVML (NaN).
+- ``host_pss_mib`` / ``host_uss_mib``: PSS and USS summed over the process tree (the one reader,
+  :mod:`perfkit.readings.memory`; pages shared copy-on-write between forked processes count
+  once in PSS). NaN where ``smaps_rollup`` is not readable.
+- ``host_rss_mib`` / ``host_anon_mib``: RSS and anonymous RSS summed over the tree (shared pages
+  count once per process; kept for comparison with earlier bundles).
+- ``cgroup_current_mib``: ``memory.current`` of the engine's own cgroup (NaN without one).
+- ``gpu_util_pct``: NVML utilisation (NaN without NVML).
+
+NVML is reached through an :class:`NvmlSource` (default :class:`PynvmlSource`); tests pass a fake.
+Without a GPU or NVML it samples the host only, with NaN device columns, and no error. Its own
+CPU cost is measured (:attr:`MemorySampler.cpu_seconds`, :meth:`MemorySampler.overhead_pct`).
+
+The package: :mod:`perfkit.readings.sampler.timeline` (the sampler) and
+:mod:`perfkit.readings.sampler.nvml` (NVML: sources, devices, ``CUDA_VISIBLE_DEVICES`` resolved
+by UUID); their public names are re-exported here.
+"""
+
+from __future__ import annotations
+
+from perfkit.readings.sampler.nvml import (
+    MIB,
+    NAN,
+    NVML_NOT_AVAILABLE,
+    POWER_REASONS,
+    THERMAL_REASONS,
+    DeviceReading,
+    GpuRef,
+    GpuResolveError,
+    NvmlSource,
+    PynvmlSource,
+    device_used_mib,
+    nvml_inventory,
+    resolve_visible_gpus,
+)
+from perfkit.readings.sampler.timeline import (
+    COLUMNS,
+    DEVICE_SOURCES,
+    IMPLAUSIBLE_GROWTH_MIB,
+    NUMERIC,
+    MemorySampler,
+    tree_pids,
+)
+
+__all__ = [
+    "COLUMNS",
+    "DEVICE_SOURCES",
+    "DeviceReading",
+    "GpuRef",
+    "GpuResolveError",
+    "IMPLAUSIBLE_GROWTH_MIB",
+    "MIB",
+    "MemorySampler",
+    "NAN",
+    "NUMERIC",
+    "NVML_NOT_AVAILABLE",
+    "NvmlSource",
+    "POWER_REASONS",
+    "PynvmlSource",
+    "THERMAL_REASONS",
+    "device_used_mib",
+    "nvml_inventory",
+    "resolve_visible_gpus",
+    "tree_pids",
+]

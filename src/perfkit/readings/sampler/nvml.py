@@ -1,0 +1,267 @@
+"""NVML for the sampler and the launcher: a reference-counted pynvml session, the NVML source
+protocol (:class:`NvmlSource`; :class:`PynvmlSource` reads the driver, tests pass a fake), the
+devices (:func:`nvml_inventory`), ``CUDA_VISIBLE_DEVICES`` resolved to them by UUID
+(:func:`resolve_visible_gpus`) and the devices' used memory (:func:`device_used_mib`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+log = logging.getLogger(__name__)
+
+
+MIB = 2**20
+NAN = float("nan")
+#: NVML_VALUE_NOT_AVAILABLE (unsigned long long -1), as some pynvml versions pass it through
+NVML_NOT_AVAILABLE = 2**64 - 1
+
+_nvml_lock = threading.Lock()
+_nvml_refs = 0
+
+
+def _nvml_init() -> Any | None:
+    """pynvml module when NVML works here, else None (reference counted; pair with _nvml_shutdown)."""
+    global _nvml_refs
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    with _nvml_lock:
+        try:
+            pynvml.nvmlInit()
+        except Exception as exc:  # noqa: BLE001 - no driver / no GPU is normal
+            log.debug("NVML not available: %s", exc)
+            return None
+        _nvml_refs += 1
+        return pynvml
+
+
+def _nvml_shutdown(nv: Any) -> None:
+    global _nvml_refs
+    with _nvml_lock:
+        try:
+            nv.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+        _nvml_refs = max(0, _nvml_refs - 1)
+
+
+def _indices(gpu_index: int | Sequence[int]) -> list[int]:
+    return [int(gpu_index)] if isinstance(gpu_index, int) else [int(i) for i in gpu_index]
+
+
+#: NVML clock-event reason bits that mean "slowed for power" (nvmlClocksEventReasonSwPowerCap,
+#: HwPowerBrakeSlowdown) and "slowed for heat" (SwThermalSlowdown, HwThermalSlowdown), from
+#: NVML's nvml.h (the names pynvml exports)
+POWER_REASONS = 0x04 | 0x80
+THERMAL_REASONS = 0x20 | 0x40
+
+
+@dataclass(frozen=True)
+class DeviceReading:
+    """One device's memory in bytes, utilisation in percent, SM clock (MHz), power draw (W) and
+    NVML's current clock-event reasons (a bitmask: :data:`POWER_REASONS`, :data:`THERMAL_REASONS`;
+    0 when the clocks run free, 0x1 when idle). NaN / None: not read (the device or driver does not
+    report it)."""
+
+    used_bytes: int
+    total_bytes: int
+    util_pct: float = NAN
+    sm_clock_mhz: float = NAN
+    power_w: float = NAN
+    clock_event_reasons: int | None = None
+
+
+class NvmlSource(Protocol):
+    """What the sampler needs from NVML (a fake in tests, :class:`PynvmlSource` otherwise)."""
+
+    def open(self, indices: Sequence[int]) -> bool:
+        """Prepare the devices; False when NVML or a device is not available."""
+
+    def close(self) -> None:
+        """Release what :meth:`open` took."""
+
+    def device(self, index: int) -> DeviceReading:
+        """Used/total memory (bytes) and utilisation of device ``index``. May raise."""
+
+    def processes(self, index: int) -> list[tuple[int, int | None]]:
+        """(pid, usedGpuMemory bytes or None when NVML says "not available") of the compute
+        processes on device ``index``. May raise."""
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    """One GPU as NVML knows it: its NVML index (PCI bus order, whatever CUDA_VISIBLE_DEVICES
+    says), UUID (``GPU-…``) and name."""
+
+    index: int
+    uuid: str
+    name: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "uuid": self.uuid, "name": self.name}
+
+
+class GpuResolveError(ValueError):
+    """CUDA_VISIBLE_DEVICES names a device NVML does not have (or a MIG instance)."""
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def nvml_inventory(nvml: Any = None) -> list[GpuRef] | None:
+    """Every GPU NVML sees, by NVML index, or None without NVML. ``nvml``: a source with an
+    ``inventory()`` method (tests), default pynvml."""
+    if nvml is not None:
+        inv = getattr(nvml, "inventory", None)
+        return list(inv()) if inv is not None else None
+    nv = _nvml_init()
+    if nv is None:
+        return None
+    try:
+        out = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            out.append(GpuRef(i, _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h))))
+        return out
+    except Exception as exc:  # noqa: BLE001
+        log.debug("NVML inventory failed: %s", exc)
+        return None
+    finally:
+        _nvml_shutdown(nv)
+
+
+def resolve_visible_gpus(visible: str | None, nvml: Any = None) -> list[GpuRef]:
+    """The NVML devices a CUDA process sees, in its CUDA order, from its ``CUDA_VISIBLE_DEVICES``.
+
+    NVML ignores CUDA_VISIBLE_DEVICES: a process given ``CUDA_VISIBLE_DEVICES=1`` (Ray does this
+    for a task on GPU 1) calls that GPU ``cuda:0`` while NVML index 0 is another GPU. Entries are
+    ``GPU-…`` UUIDs (or unique prefixes of one, as CUDA accepts) or integers. Integers are CUDA
+    ordinals, which equal NVML indices when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (perfkit sets it for
+    the engines it launches; CUDA's default "fastest first" order gives the same on a host of
+    identical GPUs). Parsing stops at the first entry that is not a device, as CUDA does; ``None``
+    (unset) means every GPU; ``""`` or ``-1`` none.
+
+    Returns [] without NVML.
+
+    Raises:
+        GpuResolveError: an entry names no NVML device, an ambiguous UUID prefix, or a MIG
+            instance (``MIG-…``: its memory is not the device's).
+    """
+    inv = nvml_inventory(nvml)
+    if inv is None:
+        return []
+    if visible is None:
+        return list(inv)
+    out: list[GpuRef] = []
+    for raw in visible.split(","):
+        e = raw.strip()
+        if not e:
+            break
+        if e.startswith("MIG-"):
+            raise GpuResolveError(f"CUDA_VISIBLE_DEVICES entry {e!r} is a MIG instance: not sampled by UUID")
+        if e.startswith("GPU-"):
+            hits = [g for g in inv if g.uuid.startswith(e)]
+            if len(hits) != 1:
+                what = "no NVML device has" if not hits else "several NVML devices have"
+                raise GpuResolveError(f"CUDA_VISIBLE_DEVICES entry {e!r}: {what} that UUID")
+            out.append(hits[0])
+            continue
+        try:
+            i = int(e)
+        except ValueError:
+            break
+        if i < 0:
+            break
+        if i >= len(inv):
+            raise GpuResolveError(
+                f"CUDA_VISIBLE_DEVICES entry {e!r}: NVML sees {len(inv)} GPU(s) (indices 0-{len(inv) - 1})"
+            )
+        out.append(inv[i])
+    return out
+
+
+class PynvmlSource:
+    """:class:`NvmlSource` over pynvml (reference-counted nvmlInit/nvmlShutdown)."""
+
+    def __init__(self) -> None:
+        self._nv: Any | None = None
+        self._handles: dict[int, Any] = {}
+        self._unsupported: set[str] = set()
+
+    def open(self, indices: Sequence[int]) -> bool:
+        self._nv = _nvml_init()
+        if self._nv is None:
+            return False
+        try:
+            self._handles = {i: self._nv.nvmlDeviceGetHandleByIndex(i) for i in indices}
+        except Exception as exc:  # noqa: BLE001
+            log.info("NVML device %s not available (%s); sampling host only", list(indices), exc)
+            self.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._nv is not None:
+            _nvml_shutdown(self._nv)
+        self._nv, self._handles = None, {}
+
+    def _optional(self, what: str, read: Callable[[], Any]) -> Any:
+        """``read()``, or None when NVML cannot give it (logged once per reading: the column is
+        then NaN, "not read", never 0)."""
+        try:
+            return read()
+        except Exception as exc:  # noqa: BLE001 - not supported on some devices (MIG, old drivers)
+            if what not in self._unsupported:
+                self._unsupported.add(what)
+                log.info("NVML %s not read (%s): its column is NaN", what, exc)
+            return None
+
+    def device(self, index: int) -> DeviceReading:
+        nv, h = self._nv, self._handles[index]
+        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        util = self._optional(
+            "nvmlDeviceGetUtilizationRates", lambda: float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+        )
+        clock = self._optional(
+            "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)",
+            lambda: float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+        )
+        power = self._optional("nvmlDeviceGetPowerUsage", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
+        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            nv, "nvmlDeviceGetCurrentClocksThrottleReasons"
+        )
+        reasons = self._optional("nvmlDeviceGetCurrentClocksEventReasons", lambda: int(reasons_fn(h)))
+        return DeviceReading(
+            int(mem.used),
+            int(mem.total),
+            NAN if util is None else util,
+            NAN if clock is None else clock,
+            NAN if power is None else float(power),
+            reasons,
+        )
+
+    def processes(self, index: int) -> list[tuple[int, int | None]]:
+        procs = self._nv.nvmlDeviceGetComputeRunningProcesses(self._handles[index])
+        return [(int(p.pid), getattr(p, "usedGpuMemory", None)) for p in procs]
+
+
+def device_used_mib(gpu_index: int | Sequence[int] = 0, nvml: NvmlSource | None = None) -> float:
+    """Used memory of the device(s) in MiB (summed), or NaN without NVML. Take it before a launch
+    and pass it as ``MemorySampler(baseline_device_mib=...)``."""
+    src = nvml or PynvmlSource()
+    idx = _indices(gpu_index)
+    if not src.open(idx):
+        return NAN
+    try:
+        return sum(src.device(i).used_bytes for i in idx) / MIB
+    except Exception as exc:  # noqa: BLE001
+        log.debug("NVML read failed: %s", exc)
+        return NAN
+    finally:
+        src.close()

@@ -1,0 +1,235 @@
+"""The reference engine's command line options (``perfkit engine serve``, ``python -m
+perfkit.refengine``): :func:`build_parser`, and sglang's environment for the perf log
+(:func:`sglang_perf_log_dir`). Flags follow ``sglang serve`` where it has them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+#: ``--offload`` choices (refengine.placement.OFFLOAD_MODES; torch is imported later).
+OFFLOAD_CHOICES = ("none", "model", "group-block", "group-leaf")
+
+
+def _resolution(text: str) -> tuple[int, int]:
+    try:
+        h, w = text.lower().split("x")
+        return int(h), int(w)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH, got {text!r}") from None
+
+
+#: Values sglang reads as true for its boolean environment variables.
+_TRUTHY = ("1", "true", "yes", "y", "t", "on")
+
+
+def sglang_perf_log_dir(environ=None) -> str | None:
+    """sglang's perf env: ``SGLANG_PERF_LOG_DIR`` when ``SGLANG_DIFFUSION_STAGE_LOGGING`` is true
+    (``1``/``true``/``yes``/``on``, any case), else None."""
+    env = os.environ if environ is None else environ
+    if str(env.get("SGLANG_DIFFUSION_STAGE_LOGGING", "")).strip().lower() not in _TRUTHY:
+        return None
+    return env.get("SGLANG_PERF_LOG_DIR") or None
+
+
+def _stage_delay(text: str) -> tuple[str, float]:
+    """``STAGE=PCT`` (``DenoisingStage=30%`` or ``DenoisingStage=30``) -> (stage, percent)."""
+    name, sep, pct = text.partition("=")
+    try:
+        if not sep or not name.strip():
+            raise ValueError
+        value = float(pct.strip().rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected STAGE=PCT (e.g. DenoisingStage=30%), got {text!r}"
+        ) from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"PCT must be >= 0, got {text!r}")
+    return name.strip(), value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The engine's argument parser, options in help order: model and serving, compile,
+    startup warmup, serving defaults, parallelism, placement and offload, test-only and memory
+    snapshots, logging."""
+    p = argparse.ArgumentParser(
+        prog="perfkit engine serve",
+        description="perfkit reference engine: LTX-Video (diffusers) over HTTP "
+        "(also: python -m perfkit.refengine)",
+        epilog="Example: perfkit engine serve --preset tiny --port 8000. Exit codes: 0 stopped "
+        "cleanly, 2 bad arguments or a refused configuration (unknown preset, an accelerator "
+        "offload mode on a CPU device), other non-zero: the engine failed.",
+    )
+    p.add_argument("--preset", default="tiny", help="model preset: tiny | ltx-2b (default tiny)")
+    p.add_argument("--model-path", default=None, help="local diffusers-format checkpoint directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as a mark)")
+    p.add_argument(
+        "--perf-log-dir",
+        default=None,
+        help="append performance.log here (default: $SGLANG_PERF_LOG_DIR when "
+        "$SGLANG_DIFFUSION_STAGE_LOGGING is true, as sglang's server does)",
+    )
+    _model_options(p)
+    _warmup_options(p)
+    _serving_options(p)
+    _parallel_options(p)
+    _offload_options(p)
+    _debug_options(p)
+    p.add_argument("--log-level", default="INFO", help="logging level: DEBUG | INFO | WARNING | ERROR")
+    return p
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    """Device, dtype, weight seed, torch.compile and the two-stage pipeline."""
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--seed", type=int, default=0, help="weight seed")
+    p.add_argument(
+        "--compile",
+        "--enable-torch-compile",
+        action="store_true",
+        help="torch.compile the transformer (dynamic=False)",
+    )
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend: inductor | aot_eager | eager | cudagraphs",
+    )
+    p.add_argument("--compile-vae", action="store_true", help="also compile the VAE decoder")
+    p.add_argument("--recompile-limit", type=int, default=None, help="torch._dynamo recompile limit")
+    p.add_argument("--two-stage", action="store_true", help="half-res pass + UpsampleStage + RefinementStage")
+    p.add_argument(
+        "--refine-steps", type=int, default=2, help="RefinementStage steps of the two-stage pipeline"
+    )
+
+
+def _warmup_options(p: argparse.ArgumentParser) -> None:
+    """The startup warmup."""
+    p.add_argument(
+        "--warmup-frames",
+        "--warmup-num-frames",
+        type=int,
+        default=17,
+        help="startup warmup frames (0 disables)",
+    )
+    p.add_argument(
+        "--warmup-mode",
+        choices=["off", "server"],
+        default=None,
+        help="sglang's flag: off disables the startup warmup, server keeps it",
+    )
+    p.add_argument(
+        "--warmup-steps", type=int, default=2, help="denoising steps of the startup warmup (sglang: 2)"
+    )
+    p.add_argument("--warmup-resolution", type=_resolution, default=None, help="HEIGHTxWIDTH")
+
+
+def _serving_options(p: argparse.ArgumentParser) -> None:
+    """Serving defaults: size, steps, the frame limit."""
+    p.add_argument("--height", type=int, default=None, help="serving default height (px)")
+    p.add_argument("--width", type=int, default=None, help="serving default width (px)")
+    p.add_argument("--steps", type=int, default=None, help="serving default num_inference_steps")
+    p.add_argument(
+        "--max-frames", type=int, default=257, help="requests with more frames get a 400 (default 257)"
+    )
+
+
+def _parallel_options(p: argparse.ArgumentParser) -> None:
+    """CFG parallel over several ranks (torch.distributed)."""
+    p.add_argument(
+        "--num-gpus",
+        type=int,
+        default=1,
+        help="N > 1: CFG parallel over N ranks with torch.distributed (NCCL on cuda:0..N-1, gloo "
+        "on the CPU); rank 0 serves HTTP and spawns the others (see refengine.dist)",
+    )
+    p.add_argument(
+        "--multi-gpu-warmup-frames",
+        type=int,
+        default=None,
+        help="startup warmup frames for --two-stage with --num-gpus > 1 instead of --warmup-frames "
+        "(sglang uses 25 there: a 24-frame request aligns to 25 = 4 latent frames, a 17-frame "
+        "warmup covers 3); default: --warmup-frames",
+    )
+    p.add_argument(
+        "--dist-init",
+        default=None,
+        help="tcp://HOST:PORT of rank 0's rendezvous store (default: 127.0.0.1, a free port)",
+    )
+    p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)  # set by rank 0 for the others
+    p.add_argument("--world-size", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def _offload_options(p: argparse.ArgumentParser) -> None:
+    """Placement and offload per component."""
+    p.add_argument(
+        "--placement",
+        default=None,
+        choices=["device", "group_offload"],
+        help="force a placement instead of deciding from the cap (older flag; ignored on a CPU "
+        "device; see --offload)",
+    )
+    p.add_argument(
+        "--offload",
+        default=None,
+        choices=OFFLOAD_CHOICES,
+        help="offload mode of every component: none (resident), model (whole component moved in "
+        "and out, accelerate's cpu_offload_with_hook), group-block / group-leaf (diffusers' "
+        "apply_group_offloading at block / leaf level, CUDA stream prefetch). Default: none, "
+        "unless the device cap forces group-leaf offload: the text encoder first, then the "
+        "transformer, until the resident rest fits. "
+        "Modes other than none need an accelerator: on a CPU device the engine exits with code 2",
+    )
+    for comp in ("transformer", "text-encoder", "vae"):
+        p.add_argument(
+            f"--offload-{comp}",
+            default=None,
+            choices=OFFLOAD_CHOICES,
+            help=f"offload mode of the {comp.replace('-', ' ')} (overrides --offload for it"
+            + ("; the two-stage upsampler follows it)" if comp == "vae" else ")"),
+        )
+
+
+def _debug_options(p: argparse.ArgumentParser) -> None:
+    """Test-only options and CUDA memory snapshots."""
+    p.add_argument("--keep-outputs", action="store_true", help="save generated frames as .npy")
+    p.add_argument("--debug-leak-mib", type=int, default=0, help="TEST ONLY: leak this many MiB per request")
+    p.add_argument(
+        "--memory-snapshot-after",
+        default="",
+        metavar="I,J",
+        help="CUDA: record allocation history and dump an allocator snapshot after these 0-based "
+        "measured requests (0: the cold request), into --memory-snapshot-dir; on CPU the records "
+        "say 'not available on cpu'",
+    )
+    p.add_argument(
+        "--memory-snapshot-entries",
+        type=int,
+        default=20000,
+        help="trace entries the allocation history keeps (bounds each snapshot's size)",
+    )
+    p.add_argument(
+        "--memory-snapshot-dir",
+        default=None,
+        help="where request-<index>.pickle snapshots go (default: <perf-log-dir>/memory_snapshots)",
+    )
+    p.add_argument(
+        "--debug-stage-delay",
+        action="append",
+        type=_stage_delay,
+        default=[],
+        metavar="STAGE=PCT",
+        help="TEST ONLY: slow STAGE down by PCT %% of its own work (e.g. DenoisingStage=30%%): busy "
+        "compute on the device inside the stage's span (per denoising step for DenoisingStage and "
+        "RefinementStage), on measured requests only, never the startup warmup; repeatable",
+    )
+    p.add_argument(
+        "--debug-stage-delay-from",
+        type=int,
+        default=0,
+        metavar="N",
+        help="TEST ONLY: apply --debug-stage-delay from the N-th measured request on (0-based; "
+        "0: every request, 1: warm requests only)",
+    )

@@ -1,0 +1,374 @@
+"""``perfkit merge``'s library: shard outputs joined into one run's bundles, every problem
+named (:func:`merge_shards`); layout in :mod:`perfkit.scaleout.shards`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from perfkit.bundle import TABLES, ResultBundle, redact
+from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
+from perfkit.common import jsonsafe
+from perfkit.params import ParamsError, SuiteParams
+from perfkit.scaleout.identity import _canon, _differences, identity_problems, part_identity
+from perfkit.scaleout.manifest import (
+    MERGE_FILE,
+    PLAN_NOT_RECORDED,
+    UNITS_DIR,
+    _params_from,
+    _read_manifest,
+    concurrent_pairs,
+    params_hash,
+)
+from perfkit.scaleout.units import WorkUnit
+from perfkit.scenarios import registry
+
+log = logging.getLogger(__name__)
+
+
+def merge_shards(
+    dirs: Iterable[str | Path],
+    dest: str | Path,
+    params: SuiteParams | None = None,
+    *,
+    allow_mixed_commits: bool = False,
+) -> dict[str, Any]:
+    """Join shard outputs into ``dest/<scenario>/`` bundles (``Scenario.join`` for split
+    scenarios) and write ``dest/merge.json``.
+
+    Args:
+        dirs: shard output directories (``--partition`` ``--out`` of each shard).
+        dest: where the merged bundles go (``RUN/merged``).
+        params: the params to merge for (``perfkit merge --params``); default: the shards'.
+        allow_mixed_commits: accept shards and parts measured at other commits (each part's
+            commit is then in ``parts`` and on the page); otherwise each is a problem.
+
+    Returns:
+        the merge document: ``shards`` (dir, partition, params hash, commit), ``problems``
+        (each naming the shard or unit), ``units`` (planned, with shard and outcome),
+        ``outcomes``, ``concurrent`` (:func:`concurrent_pairs`), ``selected``, ``skipped``,
+        ``merged`` (scenario -> bundle dir), ``params_sha256``, ``params`` (validated dict),
+        ``parts`` (part id -> {unit, shard, commit, perfkit_version}), ``commits`` (the distinct
+        commits measured), ``allow_mixed_commits``, ``notes`` (honest older data merged:
+        "part P (shard …): plan not recorded: not checked", an additive table absent; each
+        part's too, in ``parts.<id>.notes``).
+
+    Every shard and every part is compared with the first (:func:`identity_problems`): commit,
+    perfkit version, params (each manifest's re-validated with today's model, digested like
+    ``params``: a changed value is named by key), engine spec, request, engine program and the
+    planned unit (a part that records none: a note);
+    each difference is a named problem (exit 2), other commits only without
+    ``allow_mixed_commits``.
+
+    Raises:
+        ValueError: no shard manifest could be read at all (nothing to merge; naming the dirs).
+    """
+    dest = Path(dest)
+    problems: list[str] = []
+    manifests: list[tuple[Path, dict[str, Any]]] = []
+    for d in map(Path, dirs):
+        doc, err = _read_manifest(d)
+        if err:
+            problems.append(err)
+        else:
+            manifests.append((d.resolve(), doc))
+    if not manifests:
+        raise ValueError("nothing to merge: " + "; ".join(problems or ["no shard directories given"]))
+    ref_dir, ref = manifests[0]
+    notes: list[str] = []
+    # what the user means, digested the same way on both sides: each manifest's recorded params
+    # re-validated with today's model (fields added since get their defaults) versus --params
+    # (or the first shard's) validated the same way; a changed value is refused by name
+    the_params = params if params is not None else _params_from(ref)
+    want_hash = params_hash(the_params)
+    want_name = "--params" if params is not None else f"{ref.get('params_file')} (shard {ref_dir})"
+    total = int(ref["partition"]["total"])
+    by_index = _usable_shards(manifests, the_params, want_hash, want_name, problems)
+    problems += _shard_problems(by_index, ref, allow_mixed_commits)
+    units = [WorkUnit.from_dict(u) for u in ref["units"]]
+    found = _Found()
+    for u in units:
+        if u.shard in by_index:
+            _collect_unit(u, by_index[u.shard], total, found, problems, notes)
+    problems += _part_identity_problems(found.identities, units, by_index, total, allow_mixed_commits)
+    dest.mkdir(parents=True, exist_ok=True)
+    pairs = concurrent_pairs(found.outcomes.values())
+    merged = _join_bundles(
+        ref.get("selected") or [], units, found.part_dirs, pairs, the_params, dest, problems
+    )
+    doc = {
+        "kind": "perfkit-merge",
+        "shards": [
+            {
+                "dir": str(d),
+                "partition": m["partition"],
+                "params_file": m.get("params_file"),
+                "params_sha256": m.get("params_sha256"),
+                "perfkit_commit": m.get("perfkit_commit"),
+                "perfkit_version": m.get("perfkit_version"),
+                "executor": m.get("executor"),
+                "wall_s": m.get("wall_s"),
+            }
+            for d, m in manifests
+        ],
+        "params_sha256": want_hash,
+        "params": the_params.model_dump(),
+        "selected": ref.get("selected") or [],
+        "skipped": ref.get("skipped") or {},
+        "only": ref.get("only"),
+        "tier": ref.get("tier"),
+        "units": [u.to_dict() for u in units],
+        "outcomes": list(found.outcomes.values()),
+        "concurrent": pairs,
+        "merged": merged,
+        "parts": found.part_info,
+        "commits": sorted({str(v["commit"]) for v in found.part_info.values() if v["commit"]}),
+        "allow_mixed_commits": allow_mixed_commits,
+        "problems": problems,
+        "notes": notes,
+    }
+    (dest / MERGE_FILE).write_text(jsonsafe.dumps(doc, indent=2, default=str) + "\n")
+    if params is None:
+        (dest / "params.yaml").write_text(
+            f"# the params of the shards merged here ({ref.get('params_file')})\n"
+            + yaml.safe_dump(the_params.model_dump(), sort_keys=False)
+        )
+    for n in notes:
+        log.warning("merge: %s", n)
+    for p in problems:
+        log.error("merge: %s", p)
+    return doc
+
+
+def _usable_shards(
+    manifests: list[tuple[Path, dict[str, Any]]],
+    the_params: SuiteParams,
+    want_hash: str,
+    want_name: str,
+    problems: list[str],
+) -> dict[int, tuple[Path, dict[str, Any]]]:
+    """Shard index -> (dir, manifest) of the shards measured with ``the_params`` and the first
+    shard's partition (the first of a shard given twice); every other shard is a problem
+    appended to ``problems``, as is an interrupted one (still used)."""
+    ref_dir, ref = manifests[0]
+    total = int(ref["partition"]["total"])
+    by_index: dict[int, tuple[Path, dict[str, Any]]] = {}
+    for d, m in manifests:
+        shard = f"shard {m['partition']['index']}/{m['partition']['total']} ({d})"
+        try:
+            recorded = _params_from(m)
+        except ParamsError as exc:
+            problems.append(f"{shard}: its recorded params are not valid today: {exc}")
+            continue
+        if params_hash(recorded) != want_hash:
+            diff = _differences(recorded.model_dump(mode="json"), the_params.model_dump(mode="json"))
+            more = f" (+{len(diff) - 5} more)" if len(diff) > 5 else ""
+            problems.append(
+                f"{shard} was measured with other params ({m.get('params_file')}) than {want_name}: "
+                f"{'; '.join(diff[:5]) or 'digests differ'}{more}"
+            )
+            continue
+        if int(m["partition"]["total"]) != total or [u["id"] for u in m["units"]] != [
+            u["id"] for u in ref["units"]
+        ]:
+            problems.append(
+                f"{d}: planned another partition ({m['partition']}) than {ref_dir} ({ref['partition']})"
+            )
+            continue
+        i = int(m["partition"]["index"])
+        if m.get("interrupted"):
+            problems.append(f"shard {i}/{total} ({d}) was {m['interrupted']}")
+        if i in by_index:
+            problems.append(f"shard {i}/{total} given twice: {by_index[i][0]} and {d} (the first is used)")
+            continue
+        by_index[i] = (d, m)
+    return by_index
+
+
+def _shard_problems(
+    by_index: dict[int, tuple[Path, dict[str, Any]]], ref: dict[str, Any], allow_mixed_commits: bool
+) -> list[str]:
+    """The usable shards compared with each other (commit, perfkit version), and each shard of
+    the first one's partition that is missing, naming its units."""
+    total = int(ref["partition"]["total"])
+    problems = identity_problems(
+        [
+            (
+                f"shard {i}/{total} ({d})",
+                {"commit": m.get("perfkit_commit"), "perfkit version": m.get("perfkit_version")},
+            )
+            for i, (d, m) in sorted(by_index.items())
+        ],
+        allow_mixed_commits=allow_mixed_commits,
+    )
+    for i in range(1, total + 1):
+        if i not in by_index:
+            ids = [u["id"] for u in ref["units"] if u.get("shard") == i]
+            problems.append(
+                f"shard {i}/{total} missing: its units {', '.join(ids) or '(none)'} were not measured"
+            )
+    return problems
+
+
+@dataclass
+class _Found:
+    """What the units' outputs hold: unit id -> outcome, part id -> bundle dir, (name, identity)
+    per part read, and part id -> {unit, shard, commit, perfkit_version[, notes]}."""
+
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    part_dirs: dict[str, Path] = field(default_factory=dict)
+    identities: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    part_info: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _collect_unit(
+    u: WorkUnit,
+    shard: tuple[Path, dict[str, Any]],
+    total: int,
+    found: _Found,
+    problems: list[str],
+    notes: list[str],
+) -> None:
+    """Read unit ``u``'s outcome and parts from its shard into ``found``; a missing or failed
+    outcome, a missing, unreadable or incomplete part and a part measured for another plan are
+    appended to ``problems``, honest older data (no plan, an additive table absent) to ``notes``."""
+    d, m = shard
+    oc = next((o for o in m.get("outcomes") or [] if o.get("unit_id") == u.id), None)
+    where = f"shard {u.shard}/{total} ({d})"
+    if oc is None:
+        why = "the shard was interrupted" if m.get("interrupted") else "the shard did not finish"
+        problems.append(f"unit {u.id} of {where}: no outcome ({why})")
+        return
+    found.outcomes[u.id] = oc
+    if oc.get("status") != "ok":
+        problems.append(
+            f"unit {u.id} of {where} failed after {oc.get('attempts')} attempt(s): {oc.get('error')}"
+        )
+        return
+    for p in u.parts:
+        pd_ = d / UNITS_DIR / u.id / p.id
+        if not (pd_ / "meta.json").is_file():
+            problems.append(f"unit {u.id} of {where}: its output {pd_} is missing")
+            continue
+        try:
+            meta = json.loads((pd_ / "meta.json").read_text(encoding="utf-8"))
+            if not isinstance(meta, dict):
+                raise ValueError(f"is {type(meta).__name__}, expected an object")
+        except (OSError, ValueError, RecursionError) as exc:
+            problems.append(f"unit {u.id}: part {p.id}: unreadable {pd_ / 'meta.json'} ({exc})")
+            continue
+        # a saved bundle writes every table (empty ones too): a missing file is lost data,
+        # which ResultBundle.load would read as an empty table; except an additive table
+        # absent from a bundle saved before it existed (meta.tables, written since, lacks it)
+        written = meta.get("tables") if isinstance(meta.get("tables"), list) else None
+        absent = [t for t in TABLES if not (pd_ / f"{t}.parquet").is_file()]
+        older = [t for t in absent if TABLE_SCHEMAS[t].additive and (written is None or t not in written)]
+        lost = [f"{t}.parquet" for t in absent if t not in older]
+        lost += [] if (pd_ / "results.json").is_file() else ["results.json"]
+        if lost:
+            problems.append(f"unit {u.id}: part {p.id} lacks {', '.join(lost)} ({where}: {pd_})")
+            continue
+        part_notes = [f"{t}.parquet absent: saved before the table existed, read as empty" for t in older]
+        ident = part_identity(meta)
+        # as the bundle saved it (secrets redacted, NaN as null)
+        planned = jsonsafe.finite(redact({"engine": u.engine, "request": u.request, "params": p.params}))
+        if ident["plan"] is None:
+            # measured by an older perfkit (before run_unit stamped the plan): merged, said so
+            part_notes.insert(0, PLAN_NOT_RECORDED)
+        elif _canon(ident["plan"]) != _canon(planned):
+            diff = "; ".join(_differences(ident["plan"], planned)[:5])
+            problems.append(
+                f"part {p.id} ({where}): measured for another plan than the manifest's unit {u.id}: {diff}"
+            )
+        found.identities.append((f"part {p.id} ({where})", ident))
+        found.part_info[p.id] = {
+            "unit": u.id,
+            "shard": u.shard,
+            "commit": ident["commit"],
+            "perfkit_version": ident["perfkit version"],
+            **({"notes": part_notes} if part_notes else {}),
+        }
+        notes += [f"part {p.id} ({where}): {n}" for n in part_notes]
+        found.part_dirs[p.id] = pd_
+
+
+def _part_identity_problems(
+    identities: list[tuple[str, dict[str, Any]]],
+    units: list[WorkUnit],
+    by_index: dict[int, tuple[Path, dict[str, Any]]],
+    total: int,
+    allow_mixed_commits: bool,
+) -> list[str]:
+    """Every part against the first (:func:`identity_problems`), and the first against its
+    shard's manifest; ``identities`` is left as given."""
+    problems: list[str] = []
+    if identities:
+        ref_shard = by_index.get(units[0].shard) if units else None
+        if ref_shard is not None:
+            identities.insert(
+                0,
+                (
+                    f"shard {units[0].shard}/{total} ({ref_shard[0]})",
+                    {
+                        "commit": ref_shard[1].get("perfkit_commit"),
+                        "perfkit version": ref_shard[1].get("perfkit_version"),
+                    },
+                ),
+            )
+            problems += identity_problems(identities[:2], allow_mixed_commits=allow_mixed_commits)
+            identities.pop(0)
+        problems += identity_problems(identities, allow_mixed_commits=allow_mixed_commits)
+    return problems
+
+
+def _join_bundles(
+    selected: list[str],
+    units: list[WorkUnit],
+    part_dirs: dict[str, Path],
+    pairs: list[list[str]],
+    the_params: SuiteParams,
+    dest: Path,
+    problems: list[str],
+) -> dict[str, str]:
+    """Save each selected scenario's bundle (its parts joined by ``Scenario.join`` when split,
+    ``meta.scaleout`` stamped: units, parts, wall times, concurrency) to ``dest/<scenario>``;
+    scenario -> its dir. A scenario with a part missing is left out (already a problem); one
+    whose parts cannot be joined is a problem appended to ``problems``."""
+    merged: dict[str, str] = {}
+    for name in selected:
+        s = registry.get(name)
+        parts = [p for u in units for p in u.parts if p.scenario == name]
+        if not parts or any(p.id not in part_dirs for p in parts):
+            continue  # named above; the suite skips its notebook (no bundle)
+        try:
+            bundles = [ResultBundle.load(part_dirs[p.id]) for p in parts]
+            if len(parts) > 1:
+                assert s.join is not None  # split scenarios have join (registry checks)
+                b = s.join(bundles, the_params.section(name))
+            else:
+                b = bundles[0]
+        except Exception as exc:  # noqa: BLE001 - a bad part is a named problem, not a traceback
+            problems.append(f"{name}: cannot join its parts ({', '.join(p.id for p in parts)}): {exc}")
+            continue
+        unit_of = {p.id: u.id for u in units for p in u.parts}
+        mine = sorted({unit_of[p.id] for p in parts})
+        b.meta["scaleout"] = {
+            "units": mine,
+            "parts": [p.id for p in parts],
+            "wall_s": {p.id: (bb.meta.get("scaleout") or {}).get("wall_s") for p, bb in zip(parts, bundles)},
+            "concurrent_with": sorted(
+                {x for a, c in pairs for x in (a, c) if (a in mine or c in mine)} - set(mine)
+            ),
+            # every pair of units that overlapped in time where one is this bundle's, its own
+            # parts' units among them (a split scenario whose launches ran side by side)
+            "concurrent_pairs": [[a, c] for a, c in pairs if a in mine or c in mine],
+        }
+        b.save(dest / name)
+        merged[name] = str(dest / name)
+    return merged
