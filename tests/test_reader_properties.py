@@ -325,9 +325,12 @@ def test_bundle_json_refused_naming_file(bundle_dir, data, which):
 
 # ---- redaction and log scans: linear, and redaction as the earlier patterns read secrets ------
 
+# the earlier patterns, with one deliberate widening: a ``NAME=value`` secret name may write the
+# API or access key without a separator (``apikey=x``, ``ACCESSKEY=x``), as the flag form always
+# could (the earlier second alternative left ``apikey=x`` readable; hypothesis found it)
 _OLD_INLINE = re.compile(
     r"((?:--?[\w-]*(?:token|secret|password|api[_-]?key|access[_-]?key)[\w-]*)[= ]|"
-    r"(?:[\w]*(?:TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY)[\w]*)=)(\S+)",
+    r"(?:[\w]*(?:TOKEN|SECRET|PASSWORD|API[_-]?KEY|ACCESS[_-]?KEY)[\w]*)=)(\S+)",
     re.I,
 )
 _OLD_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{10,}|sk-[A-Za-z0-9]{10,}|ghp_[A-Za-z0-9]{10,})\b")
@@ -371,6 +374,10 @@ def _old_redact(s: str) -> str:
 )
 def test_redaction_matches_the_earlier_patterns_on_short_text(text):
     assert redact(text) == _old_redact(text)
+
+
+def test_an_api_key_without_a_separator_is_redacted():
+    assert redact("apikey=-") == _old_redact("apikey=-") == "apikey=***REDACTED***"
 
 
 @pytest.mark.parametrize(
