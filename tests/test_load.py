@@ -402,3 +402,55 @@ def test_an_open_loop_of_four_requests_shows_neither_a_growing_nor_a_bounded_que
     for i, x in enumerate(falling):
         x["queue_wait_ms"] = 50.0 - 10.0 * i
     assert open_loop_stats(falling, None, None, 2.0)["queue_verdict"] == "does not grow"
+
+
+def test_an_answer_that_is_not_a_json_object_is_an_error_outcome_not_an_exception():
+    # AsyncVideoClient.generate promises never to raise for server-side failures; resp.json() on
+    # a non-JSON answer raised out of closed_loop and lost every outcome of the run
+    import http.server
+    import threading
+
+    from perfkit.engine.aclient import AsyncVideoClient
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _send(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            bad_submit = self.server.bad_submit  # type: ignore[attr-defined]
+            self._send(b"<html>proxy error</html>" if bad_submit else b'{"id": "j1", "status": "queued"}')
+
+        def do_GET(self):
+            self._send(b"[1, 2]")
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+
+    async def one():
+        async with AsyncVideoClient(url, 1, timeout_s=5, poll_s=0.01) as c:
+            return await c.generate(REQUEST)
+
+    try:
+        srv.bad_submit = True  # type: ignore[attr-defined]
+        o = asyncio.run(one())
+        assert (
+            o.status == "error"
+            and "submit answer is not a JSON object" in o.error
+            and "proxy error" in o.error
+        )
+        srv.bad_submit = False  # type: ignore[attr-defined]
+        o = asyncio.run(one())
+        assert (
+            o.status == "error" and o.request_id == "j1" and "job j1: answer is not a JSON object" in o.error
+        )
+    finally:
+        srv.shutdown()
+        srv.server_close()
