@@ -454,3 +454,21 @@ def test_an_answer_that_is_not_a_json_object_is_an_error_outcome_not_an_exceptio
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_job_with_no_duration_says_inference_time_none_not_0():
+    from perfkit.refengine.jobs import Job, job_body
+    from perfkit.refengine.pipeline import GenRequest
+
+    job = Job("j1", GenRequest("a cat", 17, 64, 64, 4), status="failed", error="boom")
+    job.started, job.completed = job.created + 0.5, job.created + 0.6
+    job.result = {"total_duration_ms": None}  # the record of a request that failed before its stages
+    body = job_body(job)
+    assert body["inference_time_s"] is None
+    assert body["perfkit_times"] == {
+        "submitted": job.created,
+        "started": job.started,
+        "completed": job.completed,
+    }
+    job.result = {"total_duration_ms": 250.0}
+    assert job_body(job)["inference_time_s"] == 0.25
