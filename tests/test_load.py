@@ -472,3 +472,27 @@ def test_a_job_with_no_duration_says_inference_time_none_not_0():
     }
     job.result = {"total_duration_ms": 250.0}
     assert job_body(job)["inference_time_s"] == 0.25
+
+
+def test_a_derived_queue_wait_is_never_a_clamped_0_and_a_bad_slo_in_results_is_named():
+    line = json.dumps(
+        {
+            "request_id": "r1",
+            "timestamp": "t",
+            "tag": "x",
+            "stages": [],
+            "steps": [],
+            "total_duration_ms": 900.0,
+        }
+    )
+    # the engine's duration (900 ms) above the client's e2e (500 ms): no queue wait can be derived
+    sent = [("closed", 1, AsyncOutcome(0, "r1", "completed", 100.0, 100.5), REQUEST)]
+    [row], _, _ = L.per_request_rows(sent, [line], "session")
+    assert row["queue_wait_ms"] is None and row["service_ms"] == 900.0
+    assert row["start_source"].startswith("not reported")
+    rows = [_row("warmup", 1, 0, t=10.0), _row("closed", 1, 0, t=11.0), _row("closed", 1, 1, t=12.0)]
+    with pytest.raises(ScenarioError, match=r"results\.slo_ms_given: .*'500'"):
+        L.summarise({"per_request": rows, "slo_ms_given": "500"}, None)
+    # no slo_ms and no scale recorded: the SLO is not set, never 0 x the warm-up median
+    s = L.summarise({"per_request": rows}, None)
+    assert s["slo_ms"] is None and s["levels"][0]["slo_attainment"] is None

@@ -265,11 +265,19 @@ def _times(sub, start, done, server_ms, client_ms) -> dict[str, Any]:
             "service_ms": (done - start) * 1000.0,
             "start_source": "engine",
         }
-    if server_ms is not None:
+    if server_ms is not None and client_ms >= server_ms:
         return {
-            "queue_wait_ms": max(0.0, client_ms - server_ms),
+            "queue_wait_ms": client_ms - server_ms,
             "service_ms": server_ms,
             "start_source": "derived (start not reported)",
+        }
+    if server_ms is not None:
+        # the engine's duration longer than the client's submit-to-result: the two do not
+        # measure the same span, so no queue wait can be derived (never a clamped 0)
+        return {
+            "queue_wait_ms": None,
+            "service_ms": server_ms,
+            "start_source": "not reported (engine duration above e2e)",
         }
     return {"queue_wait_ms": None, "service_ms": None, "start_source": "not reported"}
 
@@ -339,14 +347,21 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
 
     Raises:
         ScenarioError: a row of ``per_request`` lacks a key, or has a null or wrongly typed one
-            (:func:`perfkit.scenarios.load_stats.check_rows`, naming the row and the key).
+            (:func:`perfkit.scenarios.load_stats.check_rows`, naming the row and the key), or
+            ``slo_ms_given``/``slo_scale`` is not a number > 0 or null.
     """
     rows = check_rows(results.get("per_request") or [])
     warm = [r["e2e_ms"] for r in rows if r["phase"] == "warmup" and r["status"] == "completed"]
     slo_ms, slo_source = results.get("slo_ms_given"), "slo_ms (fixed)"
-    if slo_ms is None and warm:
-        slo_ms = float(results.get("slo_scale") or 0) * float(np.median(warm))
-        slo_source = f"{results.get('slo_scale'):g} x warm-up median {float(np.median(warm)):.1f} ms"
+    scale = results.get("slo_scale")
+    for key, v in (("slo_ms_given", slo_ms), ("slo_scale", scale)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            raise ScenarioError(f"results.{key}: a number > 0 or null, got {v!r}")
+    if slo_ms is None and warm and scale is None:
+        slo_source = "not set: no slo_ms and no slo_scale recorded"
+    elif slo_ms is None and warm:
+        slo_ms = scale * float(np.median(warm))
+        slo_source = f"{scale:g} x warm-up median {float(np.median(warm)):.1f} ms"
     elif slo_ms is None:
         slo_source = "not set: no warm-up request completed"
     levels = []
