@@ -496,3 +496,16 @@ def test_a_derived_queue_wait_is_never_a_clamped_0_and_a_bad_slo_in_results_is_n
     # no slo_ms and no scale recorded: the SLO is not set, never 0 x the warm-up median
     s = L.summarise({"per_request": rows}, None)
     assert s["slo_ms"] is None and s["levels"][0]["slo_attainment"] is None
+
+
+def test_a_throughput_ratio_beside_a_service_time_that_moved_says_so():
+    # on a shared host the c1 service time can be 1.5x the c4 one: throughput "1.79 x" then says
+    # nothing about queueing, and the reading must not leave it to be read as batching
+    rows = [_row("warmup", 1, 0, t=10.0), _row("closed", 1, 0, t=11.0), _row("closed", 1, 1, t=12.0)]
+    rows += [_row("closed", 2, i, t=13.0 + i, service_ms=60.0) for i in range(2)]
+    r = {"per_request": rows, "slo_ms_given": 500.0}
+    r.update(L.summarise(r, None))
+    assert "the median service time itself moved from 100 ms at concurrency 1 to 60 ms" in L.reading(r)
+    rows[3]["service_ms"] = rows[4]["service_ms"] = 110.0  # within 15 %: nothing said
+    r.update(L.summarise(r, None))
+    assert "moved" not in L.reading(r)

@@ -594,6 +594,21 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: a level's median service time this far from the first level's (relative) is named beside
+#: its throughput ratio: one-at-a-time serving keeps throughput flat only at equal service
+SERVICE_MOVED_REL = 0.15
+
+
+def _service_moved(first: Mapping[str, Any], lv: Mapping[str, Any]) -> str:
+    a, b = json_float(first.get("service_ms")), json_float(lv.get("service_ms"))
+    if not a or b is None or abs(b / a - 1) <= SERVICE_MOVED_REL:
+        return ""
+    return (
+        f", but the median service time itself moved from {a:,.0f} ms at concurrency "
+        f"{first['concurrency']} to {b:,.0f} ms, so the ratio is not the queue's alone"
+    )
+
+
 def reading(r: Mapping[str, Any]) -> str:
     """What the levels, the open loop and the trace say, in the design doc's words."""
     lines = [f"- **{k.label}**: {k.text}" for k in key_numbers(r)]
@@ -611,7 +626,9 @@ def reading(r: Mapping[str, Any]) -> str:
             f"in the queue once {lv['concurrency'] - 1} were ahead of them ({lv.get('steady_requests')} requests; "
             f"one-at-a-time serving predicts {fmt(lv['queue_wait_expected_ms'], '.0f', ' ms')}) "
             f"for {fmt(lv['service_ms'], '.0f', ' ms')} of service; throughput "
-            f"{fmt(lv.get('throughput_ratio'), '.2f')} x the first level's."
+            f"{fmt(lv.get('throughput_ratio'), '.2f')} x the first level's"
+            + _service_moved(levels[0], lv)
+            + "."
         )
     lines += [f"{x}." for x in not_completed(r)]
     growth = r.get("memory_growth_mib")
