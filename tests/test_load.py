@@ -339,6 +339,7 @@ def test_a_trace_line_with_a_null_a_repeated_key_or_a_value_the_params_refuse_is
         {"seed": -1},  # numpy's default_rng refuses it, after every closed-loop level had run
         {"concurrency": [1, 4], "requests_per_level": 3},  # c4 never has 4 in flight
         {"trace": ""},
+        {"rate_rps": 2.0, "rate_over_capacity": 2.0},  # rate_rps won silently
     ],
 )
 def test_load_params_refuse_infinite_rates_a_negative_seed_and_levels_above_their_requests(section):

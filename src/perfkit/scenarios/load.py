@@ -125,6 +125,8 @@ class LoadParams(ScenarioParams):
                 f"concurrency {over} above requests_per_level {self.requests_per_level}: "
                 "such a level never has that many requests in flight"
             )
+        if self.rate_rps is not None and self.rate_over_capacity is not None:
+            raise ValueError("rate_rps and rate_over_capacity both set: the open loop runs at one rate")
         return self
 
 
