@@ -7,6 +7,7 @@ shared 2-core runner moves its service time less; requests take about 0.3-0.6 s 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from pathlib import Path
@@ -20,7 +21,7 @@ from perfkit.engine.aclient import AsyncOutcome
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.params import load_params
 from perfkit.scenarios import load as L
-from perfkit.scenarios.load_stats import trace_summary
+from perfkit.scenarios.load_stats import open_loop_stats, trace_summary
 from perfkit.scenarios.registry import RunContext, ScenarioError, merged_invariants
 from perfkit.stats import quantile_ci
 
@@ -272,3 +273,240 @@ def test_suite_replay_gives_the_same_verdict_and_the_page_reads_in_chromium(meas
     assert f["scrollWidth"] <= f["innerWidth"] == 1280, f["wide"]
     assert f["junk"] == [] and f["noAlt"] == 0 and f["images"] >= 3, f
     assert [u for u in f["requests"] if not u.startswith(browser.LOCAL_SCHEMES)] == []
+
+
+# ------------------------------------------------------------------ breaking it (no engine either)
+def _row(phase: str, level, slot: int, t: float, status: str = "completed", qw: float | None = 0.0, **kw):
+    """A per_request row as per_request_rows writes it (ms, epoch s): 100 ms of service."""
+    row = {
+        "phase": phase,
+        "level": level,
+        "slot": slot,
+        "request_id": f"r{slot}",
+        "status": status,
+        "error": None if status == "completed" else f"request r{slot} not finished after 3 s",
+        "shape": "64x64 17f 4 steps",
+        "e2e_ms": 100.0 + (qw or 0.0),
+        "t_arrival_s": None,
+        "t_submit_s": t,
+        "t_end_s": t + 0.1 + (qw or 0.0) / 1000,
+        "in_flight_at_submit": 0,
+        "queue_wait_ms": qw,
+        "service_ms": 100.0 if qw is not None else None,
+        "start_source": "engine" if qw is not None else "not reported",
+        "engine_started_s": None,
+        "engine_completed_s": None,
+        "latent_shape": None,
+        "compiles": None,
+    }
+    return {**row, **kw}
+
+
+def test_the_load_phases_run_inside_a_running_event_loop_as_in_a_jupyter_kernel():
+    # the suite's notebooks run cells inside ipykernel's event loop, where asyncio.run raises
+    # "cannot be called from a running event loop": `perfkit suite` with load enabled failed so
+    p = L.LoadParams(warmup_requests=1, concurrency=[])
+
+    async def in_a_kernel():
+        return L._run_async("http://127.0.0.1:1", p, REQUEST, [], 2.0)  # nothing listens on port 1
+
+    sent = asyncio.run(in_a_kernel())
+    assert [(ph, o.status) for ph, _, o, _ in sent] == [("warmup", "error")]
+    assert "submit failed" in sent[0][2].error
+
+
+def test_a_trace_line_with_a_null_a_repeated_key_or_a_value_the_params_refuse_is_refused(tmp_path):
+    p = tmp_path / "t.jsonl"
+    for line, key in [
+        ('{"num_frames": 17, "width": null}', "width"),  # not "left out": never the params' value
+        ('{"num_frames": 17, "num_frames": 25}', "num_frames"),  # json keeps the last silently
+        ('{"num_inference_steps": 1000000}', "num_inference_steps"),  # the params' bound: 1000
+        ('{"width": 4}', "width"),  # the params' bound: 8 pixels
+        ('{"seed": 99999999999999999999999}', "seed"),  # torch seeds are 64 bits
+    ]:
+        p.write_text('{"num_frames": 17}\n' + line + "\n")
+        with pytest.raises(ScenarioError, match=rf"t\.jsonl:2: .*{key}"):
+            L.read_trace(p, REQUEST)
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        {"rate_rps": float("inf")},
+        {"rate_over_capacity": float("inf")},
+        {"slo_ms": float("inf")},  # json_float would write it as null: a replay's SLO would differ
+        {"slo_scale": float("inf")},
+        {"seed": -1},  # numpy's default_rng refuses it, after every closed-loop level had run
+        {"concurrency": [1, 4], "requests_per_level": 3},  # c4 never has 4 in flight
+        {"trace": ""},
+        {"rate_rps": 2.0, "rate_over_capacity": 2.0},  # rate_rps won silently
+    ],
+)
+def test_load_params_refuse_infinite_rates_a_negative_seed_and_levels_above_their_requests(section):
+    with pytest.raises(ValueError, match=next(iter(section))):
+        L.LoadParams(**section)
+
+
+def test_an_slo_attainment_limit_above_1_is_refused():
+    with pytest.raises(ValueError, match="load_slo_attainment_min"):
+        L.LoadInvariants(load_slo_attainment_min=2)
+
+
+def test_an_edited_per_request_row_is_refused_naming_row_and_key_and_a_missing_start_is_not_reported():
+    rows = [_row("closed", 1, i, t=100.0 + i) for i in range(3)]
+    for edit, key in [
+        ({"e2e_ms": None}, "e2e_ms"),
+        ({"e2e_ms": "120.5"}, "e2e_ms"),
+        ({"queue_wait_ms": "3"}, "queue_wait_ms"),
+        ({"t_submit_s": None}, "t_submit_s"),
+    ]:
+        bad = [dict(r) for r in rows]
+        bad[1].update(edit)
+        with pytest.raises(ScenarioError, match=rf"per_request\[1\]: key '{key}'"):
+            L.summarise({"per_request": bad, "slo_ms_given": 500.0}, None)
+    bad = [dict(r) for r in rows]
+    del bad[2]["in_flight_at_submit"]
+    with pytest.raises(ScenarioError, match=r"per_request\[2\]: key 'in_flight_at_submit'.*missing"):
+        L.summarise({"per_request": bad}, None)
+    # the engine's start left out: "not reported" (None), never 0
+    lv = L.summarise({"per_request": rows, "slo_ms_given": 500.0}, None)["levels"][0]
+    assert lv["engine_idle_share"] is None and lv["service_ms"] == 100.0
+
+
+def test_a_request_that_did_not_complete_fails_the_check_and_the_reading_names_its_level_and_id():
+    rows = [_row("warmup", 1, 0, t=10.0), _row("closed", 1, 0, t=11.0), _row("closed", 1, 1, t=12.0)]
+    rows += [_row("closed", 2, 0, t=13.0), _row("closed", 2, 1, t=13.0, status="timeout", qw=None)]
+    r = {"per_request": rows, "slo_ms_given": 500.0}
+    r.update(L.summarise(r, None))
+    assert r["failed_requests"] == 1 and [lv["concurrency"] for lv in r["levels"]] == [1, 2]
+    assert L.summary_table(r)["level"].tolist() == ["c1", "c2"]  # ints stay ints: c2, not c2.0
+    [check] = [c for c in L.checks(r, merged_invariants({})) if c.metric == "failed_requests"]
+    assert check.status == "fail" and check.actual == 1
+    text = L.reading(r)
+    assert (
+        "At concurrency 2, 1 of 2 requests did not complete (the first: request 1 of the level, id r1, timeout"
+        in text
+    )
+    assert "**requests completed**: 4 of 5" in text
+
+
+def test_an_open_loop_of_four_requests_shows_neither_a_growing_nor_a_bounded_queue():
+    def opened(n: int) -> list[dict]:
+        return [
+            _row("open", 5.0, i, t=100.0 + 0.1 * i, qw=10.0 * i, t_arrival_s=100.0 + 0.1 * i)
+            for i in range(n)
+        ]
+
+    assert open_loop_stats(opened(4), None, None, 2.0)["queue_verdict"] == "not shown"
+    assert open_loop_stats(opened(6), None, None, 2.0)["queue_verdict"] == "grows"
+    falling = opened(6)
+    for i, x in enumerate(falling):
+        x["queue_wait_ms"] = 50.0 - 10.0 * i
+    assert open_loop_stats(falling, None, None, 2.0)["queue_verdict"] == "does not grow"
+
+
+def test_an_answer_that_is_not_a_json_object_is_an_error_outcome_not_an_exception():
+    # AsyncVideoClient.generate promises never to raise for server-side failures; resp.json() on
+    # a non-JSON answer raised out of closed_loop and lost every outcome of the run
+    import http.server
+    import threading
+
+    from perfkit.engine.aclient import AsyncVideoClient
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _send(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            bad_submit = self.server.bad_submit  # type: ignore[attr-defined]
+            self._send(b"<html>proxy error</html>" if bad_submit else b'{"id": "j1", "status": "queued"}')
+
+        def do_GET(self):
+            self._send(b"[1, 2]")
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+
+    async def one():
+        async with AsyncVideoClient(url, 1, timeout_s=5, poll_s=0.01) as c:
+            return await c.generate(REQUEST)
+
+    try:
+        srv.bad_submit = True  # type: ignore[attr-defined]
+        o = asyncio.run(one())
+        assert (
+            o.status == "error"
+            and "submit answer is not a JSON object" in o.error
+            and "proxy error" in o.error
+        )
+        srv.bad_submit = False  # type: ignore[attr-defined]
+        o = asyncio.run(one())
+        assert (
+            o.status == "error" and o.request_id == "j1" and "job j1: answer is not a JSON object" in o.error
+        )
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_job_with_no_duration_says_inference_time_none_not_0():
+    from perfkit.refengine.jobs import Job, job_body
+    from perfkit.refengine.pipeline import GenRequest
+
+    job = Job("j1", GenRequest("a cat", 17, 64, 64, 4), status="failed", error="boom")
+    job.started, job.completed = job.created + 0.5, job.created + 0.6
+    job.result = {"total_duration_ms": None}  # the record of a request that failed before its stages
+    body = job_body(job)
+    assert body["inference_time_s"] is None
+    assert body["perfkit_times"] == {
+        "submitted": job.created,
+        "started": job.started,
+        "completed": job.completed,
+    }
+    job.result = {"total_duration_ms": 250.0}
+    assert job_body(job)["inference_time_s"] == 0.25
+
+
+def test_a_derived_queue_wait_is_never_a_clamped_0_and_a_bad_slo_in_results_is_named():
+    line = json.dumps(
+        {
+            "request_id": "r1",
+            "timestamp": "t",
+            "tag": "x",
+            "stages": [],
+            "steps": [],
+            "total_duration_ms": 900.0,
+        }
+    )
+    # the engine's duration (900 ms) above the client's e2e (500 ms): no queue wait can be derived
+    sent = [("closed", 1, AsyncOutcome(0, "r1", "completed", 100.0, 100.5), REQUEST)]
+    [row], _, _ = L.per_request_rows(sent, [line], "session")
+    assert row["queue_wait_ms"] is None and row["service_ms"] == 900.0
+    assert row["start_source"].startswith("not reported")
+    rows = [_row("warmup", 1, 0, t=10.0), _row("closed", 1, 0, t=11.0), _row("closed", 1, 1, t=12.0)]
+    with pytest.raises(ScenarioError, match=r"results\.slo_ms_given: .*'500'"):
+        L.summarise({"per_request": rows, "slo_ms_given": "500"}, None)
+    # no slo_ms and no scale recorded: the SLO is not set, never 0 x the warm-up median
+    s = L.summarise({"per_request": rows}, None)
+    assert s["slo_ms"] is None and s["levels"][0]["slo_attainment"] is None
+
+
+def test_a_throughput_ratio_beside_a_service_time_that_moved_says_so():
+    # on a shared host the c1 service time can be 1.5x the c4 one: throughput "1.79 x" then says
+    # nothing about queueing, and the reading must not leave it to be read as batching
+    rows = [_row("warmup", 1, 0, t=10.0), _row("closed", 1, 0, t=11.0), _row("closed", 1, 1, t=12.0)]
+    rows += [_row("closed", 2, i, t=13.0 + i, service_ms=60.0) for i in range(2)]
+    r = {"per_request": rows, "slo_ms_given": 500.0}
+    r.update(L.summarise(r, None))
+    assert "the median service time itself moved from 100 ms at concurrency 1 to 60 ms" in L.reading(r)
+    rows[3]["service_ms"] = rows[4]["service_ms"] = 110.0  # within 15 %: nothing said
+    r.update(L.summarise(r, None))
+    assert "moved" not in L.reading(r)

@@ -88,6 +88,15 @@ def _engine_times(body: dict[str, Any]) -> tuple[float | None, float | None, flo
     return out[0], out[1], out[2]
 
 
+def _json_object(resp: httpx.Response) -> dict[str, Any] | None:
+    """The answer's JSON object; None when it is not JSON or not an object."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
 class AsyncVideoClient:
     """Async client for one engine, at most ``max_in_flight`` requests in flight.
 
@@ -171,7 +180,9 @@ class AsyncVideoClient:
             return done("", "error", f"submit failed: {type(exc).__name__}: {exc}")
         if resp.status_code >= 400:
             return done("", "rejected", _error_text(resp))
-        body = resp.json()
+        body = _json_object(resp)
+        if body is None:
+            return done("", "error", f"submit answer is not a JSON object: {resp.text[:200]!r}")
         rid = str(body.get("id") or body.get("request_id") or "")
         status = body.get("status", "queued")
         while status not in TERMINAL:
@@ -188,7 +199,10 @@ class AsyncVideoClient:
                 return done(rid, "error", f"lost the engine while polling {rid}: {type(exc).__name__}", body)
             if r.status_code >= 400:
                 return done(rid, "error", _error_text(r), body)
-            body = r.json()
+            answer = _json_object(r)
+            if answer is None:
+                return done(rid, "error", f"job {rid}: answer is not a JSON object: {r.text[:200]!r}", body)
+            body = answer
             status = body.get("status", status)
         err = body.get("error") if status != "completed" else None
         if isinstance(err, dict):

@@ -237,5 +237,9 @@ def job_body(job: Job) -> dict[str, Any]:
         }
     )
     if job.result is not None:
-        body["inference_time_s"] = (job.result.get("total_duration_ms") or 0) / 1000.0
+        # sglang's field; a job with no duration (failed before its stages ran) says None, as
+        # sglang's failed jobs do, never 0 s
+        ms = job.result.get("total_duration_ms")
+        ok = isinstance(ms, (int, float)) and not isinstance(ms, bool)
+        body["inference_time_s"] = ms / 1000.0 if ok else None
     return body

@@ -37,12 +37,13 @@ device and host memory (the launch's sampler) against the first level's: "stays 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check, check_max, check_min
@@ -53,6 +54,7 @@ from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
 from perfkit.readings.records import parse_lines
 from perfkit.scenarios.common import assemble, fmt, json_float, measure_launch, record_rows
 from perfkit.scenarios.load_stats import (
+    check_rows,
     level_stats,
     median,
     open_loop_stats,
@@ -86,22 +88,22 @@ class LoadParams(ScenarioParams):
     #: measured requests per level
     requests_per_level: int = Field(8, ge=2, le=100_000)
     #: open loop: arrivals per second (Poisson); None: see rate_over_capacity
-    rate_rps: Optional[float] = Field(None, gt=0)
+    rate_rps: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     #: open loop at this multiple of the capacity measured at the first level (2.0: twice what
     #: the engine serves); None and rate_rps None: no open loop
-    rate_over_capacity: Optional[float] = Field(None, gt=0)
+    rate_over_capacity: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     #: requests of the open loop
     open_loop_requests: int = Field(12, ge=3, le=100_000)
-    #: seed of the Poisson arrivals
-    seed: int = 0
+    #: seed of the Poisson arrivals (numpy.random.default_rng takes no negative seed)
+    seed: int = Field(0, ge=0)
     #: SLO in ms; None: slo_scale x the warm-up median (sglang bench_serving --slo --slo-scale)
-    slo_ms: Optional[float] = Field(None, gt=0)
+    slo_ms: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     #: SLO as a multiple of the warm-up median e2e (used when slo_ms is None)
-    slo_scale: float = Field(3.0, gt=0)
+    slo_scale: float = Field(3.0, gt=0, allow_inf_nan=False)
     #: a JSONL request trace (vllm-omni's fields) sent first; None: no trace
-    trace: Optional[str] = None
+    trace: Optional[str] = Field(None, min_length=1)
     #: the memory sampler's interval (s)
-    sample_interval_s: float = Field(0.05, gt=0)
+    sample_interval_s: float = Field(0.05, gt=0, le=60)
     #: the client's polling interval of ``GET /v1/videos/{id}`` (s): at concurrency 1 the
     #: engine idles about this long plus one HTTP round trip between requests
     poll_s: float = Field(0.02, gt=0, le=5)
@@ -112,6 +114,20 @@ class LoadParams(ScenarioParams):
         if any(k < 1 for k in v) or len(set(v)) != len(v):
             raise ValueError(f"levels must be distinct integers >= 1, got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _levels_fill(self) -> "LoadParams":
+        # a level of k requests in flight needs at least k requests: above that it never
+        # reaches k in flight, and its queue wait has no steady request to be judged by
+        over = [k for k in self.concurrency if k > self.requests_per_level]
+        if over:
+            raise ValueError(
+                f"concurrency {over} above requests_per_level {self.requests_per_level}: "
+                "such a level never has that many requests in flight"
+            )
+        if self.rate_rps is not None and self.rate_over_capacity is not None:
+            raise ValueError("rate_rps and rate_over_capacity both set: the open loop runs at one rate")
+        return self
 
 
 class LoadInvariants(InvariantParams):
@@ -126,7 +142,11 @@ class LoadInvariants(InvariantParams):
     #: throughput at each level / throughput at the first level, at least
     load_throughput_min_ratio: Optional[float] = None
     #: share of each level's requests within the SLO, at least
-    load_slo_attainment_min: Optional[float] = None
+    load_slo_attainment_min: Optional[float] = Field(None, le=1.0)
+    #: requests of any phase that did not complete (failed, rejected, timed out, engine lost),
+    #: at most: a level's quantiles are over its completed requests only, so a request that
+    #: hung or an engine that died mid-level is a failed check, not a shorter p99
+    load_failed_requests_max: Optional[int] = 0
 
 
 # ------------------------------------------------------------------------------- measuring
@@ -159,9 +179,9 @@ def _run_async(base_url: str, p: LoadParams, request: VideoRequestSpec, trace: l
                 out += [("closed", k, o, request) for o in await closed_loop(c, specs, k)]
             rate = p.rate_rps
             if rate is None and p.rate_over_capacity is not None:
-                # capacity as summarise() says it: 1 / median service of the first level (else
+                # capacity as summarise() says it: 1 / median service of the lowest level (else
                 # of the warm-up)
-                first = ("closed", p.concurrency[0]) if p.concurrency else ("warmup", 1)
+                first = ("closed", min(p.concurrency)) if p.concurrency else ("warmup", 1)
                 svc = [_service_s(o) for ph, k, o, _ in out if (ph, k) == first and o.ok]
                 svc = [s for s in svc if s is not None and s > 0]
                 rate = p.rate_over_capacity / float(np.median(svc)) if svc else None
@@ -172,7 +192,19 @@ def _run_async(base_url: str, p: LoadParams, request: VideoRequestSpec, trace: l
                 out += [("open", rate, o, request) for o in await open_loop(c, specs, arrivals)]
         return out
 
-    return asyncio.run(go())
+    return _run_coroutine(go)
+
+
+def _run_coroutine(make: Any) -> Any:
+    """``asyncio.run(make())``; inside a running event loop (a Jupyter kernel: the suite's
+    papermill notebooks run cells inside ipykernel's loop, where ``asyncio.run`` raises
+    ``RuntimeError``) on a thread of its own with a fresh loop, waiting for it."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="perfkit-load") as ex:
+        return ex.submit(lambda: asyncio.run(make())).result()
 
 
 def _service_s(o: AsyncOutcome) -> float | None:
@@ -235,11 +267,19 @@ def _times(sub, start, done, server_ms, client_ms) -> dict[str, Any]:
             "service_ms": (done - start) * 1000.0,
             "start_source": "engine",
         }
-    if server_ms is not None:
+    if server_ms is not None and client_ms >= server_ms:
         return {
-            "queue_wait_ms": max(0.0, client_ms - server_ms),
+            "queue_wait_ms": client_ms - server_ms,
             "service_ms": server_ms,
             "start_source": "derived (start not reported)",
+        }
+    if server_ms is not None:
+        # the engine's duration longer than the client's submit-to-result: the two do not
+        # measure the same span, so no queue wait can be derived (never a clamped 0)
+        return {
+            "queue_wait_ms": None,
+            "service_ms": server_ms,
+            "start_source": "not reported (engine duration above e2e)",
         }
     return {"queue_wait_ms": None, "service_ms": None, "start_source": "not reported"}
 
@@ -303,14 +343,27 @@ def run(ctx: RunContext, p: LoadParams) -> ResultBundle:
 # ------------------------------------------------------------------------------- summarising
 def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str, Any]:
     """Everything the tables, checks and reading show, from ``results["per_request"]`` (and the
-    memory timeline for the peaks): ``slo_ms``, ``slo_source``, ``levels`` (one dict per
-    closed-loop level), ``open_loop``, ``trace``, ``capacity_rps``, ``memory_growth_mib``."""
-    rows = list(results.get("per_request") or [])
+    memory timeline for the peaks): ``slo_ms``, ``slo_source``, ``requests``, ``failed_requests``
+    (of every phase, not completed), ``levels`` (one dict per
+    closed-loop level), ``open_loop``, ``trace``, ``capacity_rps``, ``memory_growth_mib``.
+
+    Raises:
+        ScenarioError: a row of ``per_request`` lacks a key, or has a null or wrongly typed one
+            (:func:`perfkit.scenarios.load_stats.check_rows`, naming the row and the key), or
+            ``slo_ms_given``/``slo_scale`` is not a number > 0 or null.
+    """
+    rows = check_rows(results.get("per_request") or [])
     warm = [r["e2e_ms"] for r in rows if r["phase"] == "warmup" and r["status"] == "completed"]
     slo_ms, slo_source = results.get("slo_ms_given"), "slo_ms (fixed)"
-    if slo_ms is None and warm:
-        slo_ms = float(results.get("slo_scale") or 0) * float(np.median(warm))
-        slo_source = f"{results.get('slo_scale'):g} x warm-up median {float(np.median(warm)):.1f} ms"
+    scale = results.get("slo_scale")
+    for key, v in (("slo_ms_given", slo_ms), ("slo_scale", scale)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            raise ScenarioError(f"results.{key}: a number > 0 or null, got {v!r}")
+    if slo_ms is None and warm and scale is None:
+        slo_source = "not set: no slo_ms and no slo_scale recorded"
+    elif slo_ms is None and warm:
+        slo_ms = scale * float(np.median(warm))
+        slo_source = f"{scale:g} x warm-up median {float(np.median(warm)):.1f} ms"
     elif slo_ms is None:
         slo_source = "not set: no warm-up request completed"
     levels = []
@@ -356,6 +409,8 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
     return {
         "slo_ms": slo_ms,
         "slo_source": slo_source,
+        "requests": len(rows),
+        "failed_requests": sum(1 for r in rows if r["status"] != "completed"),
         "levels": levels,
         "capacity_rps": capacity,
         "memory_growth_mib": growth,
@@ -369,9 +424,44 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
 
 
 # ------------------------------------------------------------------------------- registry entry
+def _where(phase: str, level: Any) -> str:
+    return {"closed": f"concurrency {level}", "open": "the open loop"}.get(phase, f"the {phase}")
+
+
+def not_completed(r: Mapping[str, Any]) -> list[str]:
+    """One sentence per phase and level with requests that did not complete, naming how many
+    and the first of them (its index in the level, request id, status and error)."""
+    groups: dict[tuple[str, Any], list[dict]] = {}
+    for row in r.get("per_request") or []:
+        groups.setdefault((row.get("phase"), row.get("level")), []).append(row)
+    out = []
+    for (phase, level), rows in groups.items():
+        bad = [x for x in rows if x.get("status") != "completed"]
+        if bad:
+            b = bad[0]
+            out.append(
+                f"At {_where(phase, level)}, {len(bad)} of {len(rows)} requests did not complete "
+                f"(the first: request {b.get('slot')} of the level, id {b.get('request_id') or 'none'}, "
+                f"{b.get('status')}: {b.get('error') or 'no error given'}); its figures are over "
+                f"the {len(rows) - len(bad)} that did"
+            )
+    return out
+
+
+def _failed(r: Mapping[str, Any]) -> int | None:
+    """Requests not completed: summarise()'s ``failed_requests``, else (a bundle recorded before
+    it existed) counted from ``per_request``; None when neither is there."""
+    if r.get("failed_requests") is not None:
+        return int(r["failed_requests"])
+    rows = r.get("per_request") or []
+    return sum(1 for x in rows if x.get("status") != "completed") if rows else None
+
+
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`ScenarioError` when no request of any phase completed."""
+    """Raise :class:`ScenarioError` when no request of any phase completed, or a row of
+    ``per_request`` is not what the summaries read (naming the bundle, the row and the key)."""
     r = bundle.results or {}
+    check_rows(r.get("per_request") or [], source=f"{NAME} ({bundle.path or 'bundle'}): results")
     if r.get("error") or not any(x.get("status") == "completed" for x in r.get("per_request") or []):
         raise ScenarioError(
             f"{NAME} ({bundle.path or 'bundle'}): nothing measured: {r.get('error') or 'no request completed'}"
@@ -392,6 +482,16 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
                 r.get("memory_growth_mib"),
                 float(inv["load_memory_growth_max_mib"]),
                 "peak device or host memory of a level above the first level's",
+            )
+        )
+    if "load_failed_requests_max" in inv:
+        rows.append(
+            check_max(
+                NAME,
+                "failed_requests",
+                _failed(r),
+                float(inv["load_failed_requests_max"]),
+                f"requests not completed of {r.get('requests') or len(r.get('per_request') or [])}",
             )
         )
     for lv in levels:
@@ -443,6 +543,8 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
             )
         )
         out.append(KeyNumber(f"p99 e2e at concurrency {k}", json_float(lv.get("p99_ms")), "ms"))
+    n, failed = r.get("requests") or len(r.get("per_request") or []), _failed(r)
+    out.append(KeyNumber("requests completed", f"{n - failed} of {n}" if failed is not None else None))
     out.append(KeyNumber("SLO", json_float(r.get("slo_ms")), "ms"))
     out.append(
         KeyNumber("memory growth under concurrency", json_float(r.get("memory_growth_mib")), "MiB", ".1f")
@@ -494,6 +596,21 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: a level's median service time this far from the first level's (relative) is named beside
+#: its throughput ratio: one-at-a-time serving keeps throughput flat only at equal service
+SERVICE_MOVED_REL = 0.15
+
+
+def _service_moved(first: Mapping[str, Any], lv: Mapping[str, Any]) -> str:
+    a, b = json_float(first.get("service_ms")), json_float(lv.get("service_ms"))
+    if not a or b is None or abs(b / a - 1) <= SERVICE_MOVED_REL:
+        return ""
+    return (
+        f", but the median service time itself moved from {a:,.0f} ms at concurrency "
+        f"{first['concurrency']} to {b:,.0f} ms, so the ratio is not the queue's alone"
+    )
+
+
 def reading(r: Mapping[str, Any]) -> str:
     """What the levels, the open loop and the trace say, in the design doc's words."""
     lines = [f"- **{k.label}**: {k.text}" for k in key_numbers(r)]
@@ -511,23 +628,38 @@ def reading(r: Mapping[str, Any]) -> str:
             f"in the queue once {lv['concurrency'] - 1} were ahead of them ({lv.get('steady_requests')} requests; "
             f"one-at-a-time serving predicts {fmt(lv['queue_wait_expected_ms'], '.0f', ' ms')}) "
             f"for {fmt(lv['service_ms'], '.0f', ' ms')} of service; throughput "
-            f"{fmt(lv.get('throughput_ratio'), '.2f')} x the first level's."
+            f"{fmt(lv.get('throughput_ratio'), '.2f')} x the first level's"
+            + _service_moved(levels[0], lv)
+            + "."
         )
-    if r.get("memory_growth_mib") is not None:
+    lines += [f"{x}." for x in not_completed(r)]
+    growth = r.get("memory_growth_mib")
+    if growth is not None:
         lines.append(
-            f"Peak memory under concurrency rose at most {fmt(r['memory_growth_mib'], '.1f', ' MiB')} above the first level's."
+            f"Peak memory under concurrency rose at most {fmt(growth, '.1f', ' MiB')} above the first level's."
+            if growth > 0
+            else f"Peak memory under concurrency did not rise above the first level's ({fmt(growth, '+.2f', ' MiB')})."
         )
     ol = r.get("open_loop")
     if ol:
         verdict = {"grows": "the queue grows", "does not grow": "the queue does not grow"}.get(
             _queue_verdict(ol), f"growth of the queue is {_queue_verdict(ol)}"
         )
-        cap = ol.get("capacity_rps")
+        cap, drawn = ol.get("capacity_rps"), ol.get("arrival_rate_rps")
+        # the asked and the drawn rate can sit on either side of the capacity (a short draw)
+        side = {
+            (True, True): "both above it",
+            (False, False): "neither above it",
+            (True, False): "the asked rate above it, the drawn one not",
+            (False, True): "the drawn rate above it, the asked one not",
+        }.get(
+            (ol["rate_rps"] > cap, drawn > cap) if cap and drawn is not None else (None, None),
+            "above it" if ol.get("above_capacity") else "not above it",
+        )
         lines.append(
             f"Open loop at {ol['rate_rps']:.2f} requests/s asked, "
-            f"{fmt(ol.get('arrival_rate_rps'), '.2f', '/s')} drawn "
-            f"(capacity {fmt(cap, '.2f', '/s')}, "
-            f"{'above' if ol.get('above_capacity') else 'not above'} it): {verdict}: queue wait "
+            f"{fmt(drawn, '.2f', '/s')} drawn "
+            f"(capacity {fmt(cap, '.2f', '/s')}, {side}): {verdict}: queue wait "
             f"{fmt(ol['queue_wait_first_third_ms'], '.0f', ' ms')} in the first third of arrivals, "
             f"{fmt(ol['queue_wait_last_third_ms'], '.0f', ' ms')} in the last "
             f"({fmt(ol['queue_wait_slope_ms_per_request'], '+.0f', ' ms')} per request)."
@@ -571,4 +703,12 @@ SCENARIO = register(
     )
 )
 
-__all__ = ["LoadParams", "LoadInvariants", "run", "summarise", "per_request_rows", "SCENARIO"]
+__all__ = [
+    "LoadParams",
+    "LoadInvariants",
+    "run",
+    "summarise",
+    "per_request_rows",
+    "not_completed",
+    "SCENARIO",
+]

@@ -6,7 +6,8 @@ about warmup coverage.
 A trace is JSONL, one request a line, with vllm-omni's diffusion benchmark fields: ``width``,
 ``height``, ``num_frames``, ``num_inference_steps``, ``seed``, ``fps`` and an optional ``slo_ms``
 (plus an optional ``prompt``). A field left out takes the params' request value; any other
-field, or a value of the wrong type, is refused naming the file, the line and the key.
+field, a null, a key given twice, or a value of the wrong type or out of the params' request
+bounds, is refused naming the file, the line and the key.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,8 @@ from perfkit.scenarios.registry import ScenarioError
 
 __all__ = [
     "TraceLine",
+    "RequestRow",
+    "check_rows",
     "read_trace",
     "shape_key",
     "trace_summary",
@@ -49,14 +52,29 @@ class TraceLine(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    width: Optional[int] = Field(None, gt=0)
-    height: Optional[int] = Field(None, gt=0)
+    # the bounds of the params' ``request`` section (perfkit.params.RequestParams: pixels >= 8,
+    # at most 1000 steps, the reference engine's MAX_STEPS), so that a trace line cannot ask
+    # what the params file may not
+    width: Optional[int] = Field(None, ge=8)
+    height: Optional[int] = Field(None, ge=8)
     num_frames: Optional[int] = Field(None, gt=0)
-    num_inference_steps: Optional[int] = Field(None, gt=0)
-    seed: Optional[int] = None
+    num_inference_steps: Optional[int] = Field(None, gt=0, le=1000)
+    #: torch.Generator.manual_seed takes at most 64 bits
+    seed: Optional[int] = Field(None, ge=-(2**63), lt=2**64)
     fps: Optional[int] = Field(None, gt=0)
     slo_ms: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     prompt: Optional[str] = None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a key given twice raises ValueError (json would keep
+    the last one silently)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} given twice")
+        out[k] = v
+    return out
 
 
 def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpec, float | None]]:
@@ -77,11 +95,17 @@ def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpe
         if len(out) >= MAX_LINES:
             raise ScenarioError(f"{path}: more than {MAX_LINES} requests")
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, object_pairs_hook=_no_duplicates)
         except ValueError as exc:
             raise ScenarioError(f"{path}:{n}: not JSON: {exc}") from None
         if not isinstance(obj, dict):
             raise ScenarioError(f"{path}:{n}: a request is a JSON object, got {type(obj).__name__}")
+        # a field left out takes the params' value; a null is a value, and not one of a request
+        nulls = [k for k, v in obj.items() if v is None]
+        if nulls:
+            raise ScenarioError(
+                f"{path}:{n}: key {nulls[0]!r}: null is not a value (leave the key out to take the params' request value)"
+            )
         try:
             tl = TraceLine.model_validate(obj)
         except ValidationError as exc:
@@ -92,6 +116,55 @@ def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpe
         out.append((dataclasses.replace(base, **fields), tl.slo_ms))
     if not out:
         raise ScenarioError(f"{path}: no request in the trace")
+    return out
+
+
+class RequestRow(BaseModel):
+    """One row of ``results.per_request`` as the summaries read it (a bundle's or a run's): ms,
+    epoch seconds. A key the summaries need that is missing, null where a number is needed, or
+    of the wrong type is refused (:func:`check_rows`); a null queue wait, service time or
+    engine time is "not reported"; an engine time left out is "not reported" too."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    phase: Literal["trace", "warmup", "closed", "open"]
+    #: concurrency (closed loop, trace, warm-up) or the asked arrival rate (open loop, 1/s)
+    level: Union[int, float]
+    status: str
+    shape: str
+    #: the client's submit to result, for every status
+    e2e_ms: float = Field(allow_inf_nan=False)
+    t_submit_s: float = Field(allow_inf_nan=False)
+    t_end_s: float = Field(allow_inf_nan=False)
+    t_arrival_s: Optional[float] = Field(allow_inf_nan=False)
+    in_flight_at_submit: int = Field(ge=0)
+    queue_wait_ms: Optional[float] = Field(allow_inf_nan=False)
+    service_ms: Optional[float] = Field(allow_inf_nan=False)
+    start_source: str
+    engine_started_s: Optional[float] = Field(None, allow_inf_nan=False)
+    engine_completed_s: Optional[float] = Field(None, allow_inf_nan=False)
+    latent_shape: Optional[str] = None
+    compiles: Optional[int] = None
+
+
+def check_rows(rows: Any, source: str = "results") -> list[dict[str, Any]]:
+    """``rows`` (``results.per_request``) validated as :class:`RequestRow`, as plain dicts.
+
+    Raises:
+        ScenarioError: not a list of objects, or a row with a missing, null or wrongly typed
+            key, naming it: ``results.per_request[16]: key 'e2e_ms': ... (got None)``.
+    """
+    if not isinstance(rows, list):
+        raise ScenarioError(f"{source}.per_request: a list of requests, got {type(rows).__name__}")
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            out.append(RequestRow.model_validate(row).model_dump())
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            key = ".".join(str(x) for x in e.get("loc") or ()) or "?"
+            got = "missing" if e.get("type") == "missing" else f"got {e.get('input')!r}"
+            raise ScenarioError(f"{source}.per_request[{i}]: key {key!r}: {e.get('msg')} ({got})") from None
     return out
 
 
@@ -213,7 +286,7 @@ def peaks(mem: pd.DataFrame, t0: float, t1: float) -> dict[str, float | None]:
 def level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None) -> dict[str, Any]:
     ok = [r for r in rows if r["status"] == "completed"]
     e2e = [r["e2e_ms"] for r in ok]
-    t0 = min(r["t_arrival_s"] or r["t_submit_s"] for r in rows)
+    t0 = min(r["t_submit_s"] if r["t_arrival_s"] is None else r["t_arrival_s"] for r in rows)
     t1 = max(r["t_end_s"] for r in rows)
     minutes = (t1 - t0) / 60.0
     met = [r for r in ok if slo_ms is not None and r["e2e_ms"] <= slo_ms]
@@ -238,14 +311,19 @@ def level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None
     return out
 
 
+#: an open loop of fewer requests than 3 x this (per third of its arrivals) shows neither a
+#: growing nor a bounded queue: its verdict is "not shown"
+MIN_PER_THIRD = 2
+
+
 def open_loop_stats(
     rows: list[dict], slo_ms: float | None, mem, capacity_rps: float | None
 ) -> dict[str, Any]:
     """The open loop's level row plus whether its queue grew (queue wait against arrival
     order: Spearman's rho and the least-squares slope; the last third's median against the
     first third's). ``queue_verdict``: ``grows`` (rho >= 0.5 and the last third waited longer),
-    ``does not grow`` (rho <= 0.2, or the last third waited no longer), else ``not shown`` (too
-    few requests or a draw of arrivals with long gaps); ``arrival_rate_rps``: the rate the
+    ``does not grow`` (rho <= 0.2, or the last third waited no longer), else ``not shown`` (fewer
+    than 3 x ``MIN_PER_THIRD`` requests with a queue wait, or a draw of arrivals with long gaps); ``arrival_rate_rps``: the rate the
     seeded Poisson draw really gave ((n - 1) / first-to-last arrival, requests/s), beside the
     asked ``rate_rps``."""
     out = level_stats(rows, slo_ms, mem)
@@ -255,13 +333,15 @@ def open_loop_stats(
     third = max(1, len(waits) // 3)
     first, last = median(waits[:third]), median(waits[-third:])
     rho = float(spearmanr(range(len(finite)), finite).statistic) if len(set(finite)) > 1 else None
+    # too few requests to show either answer (4 requests: one per third, rho of 4 points)
+    too_few = third < MIN_PER_THIRD or len(finite) < 3 * MIN_PER_THIRD
     rising = first is not None and last is not None and last > first
-    grows = bool(rho is not None and rho >= 0.5 and rising)
+    grows = bool(not too_few and rho is not None and rho >= 0.5 and rising)
     # three answers, not two: a short or unlucky Poisson draw (a long gap between arrivals lets
     # the queue drain) neither shows growth nor shows a bounded queue
     if grows:
         verdict = "grows"
-    elif rho is not None and (rho <= 0.2 or not rising):
+    elif not too_few and rho is not None and (rho <= 0.2 or not rising):
         verdict = "does not grow"
     else:
         verdict = "not shown"
