@@ -21,6 +21,7 @@ from perfkit.engine.aclient import AsyncOutcome
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.params import load_params
 from perfkit.scenarios import load as L
+from perfkit.scenarios import load_measure as M
 from perfkit.scenarios.load_stats import open_loop_stats, trace_summary
 from perfkit.scenarios.registry import RunContext, ScenarioError, merged_invariants
 from perfkit.stats import quantile_ci
@@ -226,7 +227,7 @@ def test_an_engine_without_start_times_is_derived_or_not_reported_never_0():
         ("closed", 1, AsyncOutcome(0, "r1", "completed", 100.0, 100.5), REQUEST),
         ("closed", 1, AsyncOutcome(1, "r2", "completed", 101.0, 101.4), REQUEST),
     ]
-    rows, _, _ = L.per_request_rows(sent, [line], "session")
+    rows, _, _ = M.per_request_rows(sent, [line], "session")
     assert rows[0]["start_source"] == "derived (start not reported)"
     assert rows[0]["service_ms"] == 300.0 and rows[0]["queue_wait_ms"] == pytest.approx(200.0)
     assert rows[1]["start_source"] == "not reported" and rows[1]["queue_wait_ms"] is None
@@ -308,7 +309,7 @@ def test_the_load_phases_run_inside_a_running_event_loop_as_in_a_jupyter_kernel(
     p = L.LoadParams(warmup_requests=1, concurrency=[])
 
     async def in_a_kernel():
-        return L._run_async("http://127.0.0.1:1", p, REQUEST, [], 2.0)  # nothing listens on port 1
+        return M.run_phases("http://127.0.0.1:1", p, REQUEST, [], 2.0)  # nothing listens on port 1
 
     sent = asyncio.run(in_a_kernel())
     assert [(ph, o.status) for ph, _, o, _ in sent] == [("warmup", "error")]
@@ -488,7 +489,7 @@ def test_a_derived_queue_wait_is_never_a_clamped_0_and_a_bad_slo_in_results_is_n
     )
     # the engine's duration (900 ms) above the client's e2e (500 ms): no queue wait can be derived
     sent = [("closed", 1, AsyncOutcome(0, "r1", "completed", 100.0, 100.5), REQUEST)]
-    [row], _, _ = L.per_request_rows(sent, [line], "session")
+    [row], _, _ = M.per_request_rows(sent, [line], "session")
     assert row["queue_wait_ms"] is None and row["service_ms"] == 900.0
     assert row["start_source"].startswith("not reported")
     rows = [_row("warmup", 1, 0, t=10.0), _row("closed", 1, 0, t=11.0), _row("closed", 1, 1, t=12.0)]

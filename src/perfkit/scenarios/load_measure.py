@@ -1,0 +1,152 @@
+"""The load investigation's measuring half: its phases run against one engine through the async
+client (on a thread of their own when an event loop already runs, as in a Jupyter kernel), and
+each request's outcome joined with the engine's record into one ``per_request`` row (queue wait,
+service time, e2e; the engine's job clock where it reports start times, else derived and marked).
+Used by :mod:`perfkit.scenarios.load`."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perfkit.common.provenance import repo_root
+from perfkit.engine.aclient import AsyncOutcome, AsyncVideoClient, closed_loop, open_loop
+from perfkit.engine.client import VideoRequestSpec
+from perfkit.readings.records import parse_lines
+from perfkit.scenarios.common import json_float, record_rows
+from perfkit.scenarios.load_stats import shape_key
+
+
+def run_phases(base_url: str, p: Any, request: VideoRequestSpec, trace: list, timeout_s: float):
+    """Every phase against one engine (:mod:`perfkit.scenarios.load`'s order), ``p`` its
+    ``LoadParams``: [(phase, level, outcome, spec)]."""
+
+    async def go() -> list[tuple[str, Any, AsyncOutcome, VideoRequestSpec]]:
+        out: list[tuple[str, Any, AsyncOutcome, VideoRequestSpec]] = []
+        biggest = max([*p.concurrency, 1, p.open_loop_requests])
+        async with AsyncVideoClient(base_url, biggest, timeout_s=timeout_s, poll_s=p.poll_s) as c:
+            for i, (spec, _slo) in enumerate(trace):
+                out.append(("trace", 1, await c.generate(spec, slot=i), spec))
+            for i in range(p.warmup_requests):
+                out.append(("warmup", 1, await c.generate(request, slot=i), request))
+            for k in p.concurrency:
+                specs = [request] * p.requests_per_level
+                out += [("closed", k, o, request) for o in await closed_loop(c, specs, k)]
+            rate = p.rate_rps
+            if rate is None and p.rate_over_capacity is not None:
+                # capacity as summarise() says it: 1 / median service of the lowest level (else
+                # of the warm-up)
+                first = ("closed", min(p.concurrency)) if p.concurrency else ("warmup", 1)
+                svc = [_service_s(o) for ph, k, o, _ in out if (ph, k) == first and o.ok]
+                svc = [s for s in svc if s is not None and s > 0]
+                rate = p.rate_over_capacity / float(np.median(svc)) if svc else None
+            if rate is not None:
+                rng = np.random.default_rng(p.seed)
+                arrivals = np.cumsum(rng.exponential(1.0 / rate, p.open_loop_requests)).tolist()
+                specs = [request] * p.open_loop_requests
+                out += [("open", rate, o, request) for o in await open_loop(c, specs, arrivals)]
+        return out
+
+    return _run_coroutine(go)
+
+
+def _run_coroutine(make: Any) -> Any:
+    """``asyncio.run(make())``; inside a running event loop (a Jupyter kernel: the suite's
+    papermill notebooks run cells inside ipykernel's loop, where ``asyncio.run`` raises
+    ``RuntimeError``) on a thread of its own with a fresh loop, waiting for it."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="perfkit-load") as ex:
+        return ex.submit(lambda: asyncio.run(make())).result()
+
+
+def _service_s(o: AsyncOutcome) -> float | None:
+    if o.engine_started is None or o.engine_completed is None:
+        return None
+    return o.engine_completed - o.engine_started
+
+
+def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[dict], list[dict], list]:
+    """(load rows, requests-table rows, stages+steps rows) of the requests sent, joined with the
+    engine's records by request id (see the module doc for the columns' definitions; ms)."""
+    recs = {r.request_id: r for r in parse_lines(records, source=f"records/{label}.jsonl").records}
+    load_rows, req_rows, stage_rows, step_rows = [], [], [], []
+    for i, (phase, level, o, spec) in enumerate(sent):
+        rec = recs.get(o.request_id) if o.request_id else None
+        row: dict[str, Any] = {
+            "i": i,
+            "phase": phase,
+            "level": level,
+            "slot": o.slot,
+            "request_id": o.request_id,
+            "status": o.status,
+            "error": o.error,
+            "shape": shape_key(spec),
+            "num_frames": spec.num_frames,
+            "t_arrival_s": o.t_arrival,
+            "t_submit_s": o.t_submit,
+            "t_end_s": o.t_end,
+            "e2e_ms": o.client_ms,
+            "in_flight_at_submit": o.in_flight_at_submit,
+        }
+        sub = start = done = server_ms = latent = None
+        compiles = None
+        if rec is not None:
+            r, st, sp = record_rows(label, rec, i, None, spec)
+            r["client_ms"] = o.client_ms
+            req_rows.append(r)
+            stage_rows += st
+            step_rows += sp
+            sub, start, done = (json_float(r.get(k)) for k in ("submitted_s", "started_s", "completed_s"))
+            server_ms, latent, compiles = (
+                json_float(r.get("e2e_ms")),
+                r.get("latent_shape"),
+                r.get("compiles"),
+            )
+        row.update(_times(sub, start, done, server_ms, o.client_ms))
+        row.update({"server_ms": server_ms, "latent_shape": latent, "compiles": compiles})
+        row.update({"engine_started_s": start, "engine_completed_s": done})
+        # what the job JSON said over HTTP (perfkit_times.started; None: not reported)
+        row["job_json_started_s"] = o.engine_started
+        load_rows.append(row)
+    return load_rows, req_rows, [stage_rows, step_rows]
+
+
+def _times(sub, start, done, server_ms, client_ms) -> dict[str, Any]:
+    """Queue wait and service time (ms) and where they came from (module doc)."""
+    if sub is not None and start is not None and done is not None:
+        return {
+            "queue_wait_ms": (start - sub) * 1000.0,
+            "service_ms": (done - start) * 1000.0,
+            "start_source": "engine",
+        }
+    if server_ms is not None and client_ms >= server_ms:
+        return {
+            "queue_wait_ms": client_ms - server_ms,
+            "service_ms": server_ms,
+            "start_source": "derived (start not reported)",
+        }
+    if server_ms is not None:
+        # the engine's duration longer than the client's submit-to-result: the two do not
+        # measure the same span, so no queue wait can be derived (never a clamped 0)
+        return {
+            "queue_wait_ms": None,
+            "service_ms": server_ms,
+            "start_source": "not reported (engine duration above e2e)",
+        }
+    return {"queue_wait_ms": None, "service_ms": None, "start_source": "not reported"}
+
+
+def trace_path(given: str) -> Path:
+    """The trace file: as given when it exists (absolute or from the working directory), else
+    relative to the checkout (``params/traces/...`` from a notebook's working directory)."""
+    path = Path(given)
+    if path.is_absolute() or path.exists():
+        return path
+    return repo_root() / path
