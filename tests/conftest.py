@@ -8,9 +8,10 @@
 when the test ends. A survivor is killed and the test errors, so the run fails.
 
 Parallel runs (``make test``: pytest-xdist, two workers, ``--dist loadgroup``): every test module is
-one group, so its module-scoped engine launches stay on one worker; the modules that share
-``h200_replay_run`` form one group, so the session fixture runs once; the heaviest modules are
-collected first, so the two workers end together. Tests marked ``timing`` (their verdict depends on
+one work unit (:class:`_ModuleGroups`, this conftest's xdist scheduler), so its module-scoped
+engine launches run once, on one worker; the modules that use ``h200_replay_run`` form one unit,
+so the session fixture runs once; the heaviest modules are collected and handed out first, so the
+two workers end together. Tests marked ``timing`` (their verdict depends on
 the host's speed: a live A/B must decide +30 %) run afterwards, alone on the machine.
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from perfkit.engine import launch as _launch
 
@@ -47,12 +49,48 @@ HEAVY_FIRST = (
 )
 
 
+def _shares_the_h200_replay(path: Path) -> bool:
+    return path.name != "conftest.py" and "h200_replay_run" in path.read_text(encoding="utf-8")
+
+
+#: test files (relative to the rootdir, as in node ids) that use the session's H200 replay: one group
+_H200_GROUP = "h200_replay_run"
+
+
+class _ModuleGroups(LoadScopeScheduling):
+    """xdist scheduling with one work unit per test module (the modules that use
+    ``h200_replay_run`` form one unit), handed out in collection order (heaviest first).
+
+    pytest-xdist 3.8's own ``--dist loadgroup`` marks a test's group by rewriting
+    ``item._nodeid``, which pytest 9.2 no longer reads (``Node.nodeid`` is ``_id``): every test
+    became a group of its own and a module's module-scoped launches ran once on each worker (CI:
+    test_scaleout_merge's four suite runs, 148 s, twice)."""
+
+    def __init__(self, config, log=None):
+        super().__init__(config, log)
+        root = Path(str(config.rootpath))
+        self._shared = {
+            str(p.relative_to(root))
+            for p in sorted(Path(__file__).parent.glob("test_*.py"))
+            if _shares_the_h200_replay(p)
+        }
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return _H200_GROUP if module in self._shared else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: :class:`_ModuleGroups` (one module, one worker), not reordered by size."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    config.option.loadscopereorder = False  # keep HEAVY_FIRST's order
+    return _ModuleGroups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Group every test by its module (the h200 replay users together) and put the heavy first."""
-    shared = {it.module.__name__ for it in items if "h200_replay_run" in getattr(it, "fixturenames", ())}
-    for it in items:
-        name = it.module.__name__
-        it.add_marker(pytest.mark.xdist_group("h200_replay_run" if name in shared else name))
+    """Put the heavy modules first (stable: a module's tests keep their order)."""
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda it: rank.get(it.module.__name__.rsplit(".", 1)[-1], len(rank)))
 
