@@ -3,14 +3,17 @@
 ``h200_replay_run`` (session): ``perfkit suite`` replaying the committed H200 bundles once
 (papermill, notebooks, report), shared by the report template and browser tests.
 
+``scaleout_runs`` (session): test_scaleout_merge's small suite unsplit, as two shards and merged,
+shared with test_ray_suite.
+
 ``no_surviving_engines`` (autouse, every test): any engine process started through
 :func:`perfkit.engine.launch.launch` during a test (and any descendant seen at its teardown) must be gone
 when the test ends. A survivor is killed and the test errors, so the run fails.
 
 Parallel runs (``make test``: pytest-xdist, two workers, ``--dist loadgroup``): every test module is
 one work unit (:class:`_ModuleGroups`, this conftest's xdist scheduler), so its module-scoped
-engine launches run once, on one worker; the modules that use ``h200_replay_run`` form one unit,
-so the session fixture runs once; the heaviest modules are collected and handed out first, so the
+engine launches run once, on one worker; the modules that use one of the session fixtures below
+(``h200_replay_run``, ``scaleout_runs``) form one unit, so the session fixture runs once; the heaviest modules are collected and handed out first, so the
 two workers end together. Tests marked ``timing`` (their verdict depends on
 the host's speed: a live A/B must decide +30 %) run afterwards, alone on the machine.
 """
@@ -49,17 +52,19 @@ HEAVY_FIRST = (
 )
 
 
-def _shares_the_h200_replay(path: Path) -> bool:
-    return path.name != "conftest.py" and "h200_replay_run" in path.read_text(encoding="utf-8")
+#: this conftest's session fixtures that cost minutes: the test modules naming one form one work
+#: unit (named after it), so it runs once
+SHARED_SESSION_FIXTURES = ("h200_replay_run", "scaleout_runs")
 
 
-#: test files (relative to the rootdir, as in node ids) that use the session's H200 replay: one group
-_H200_GROUP = "h200_replay_run"
+def _shared_fixture(path: Path) -> str | None:
+    text = path.read_text(encoding="utf-8")
+    return next((f for f in SHARED_SESSION_FIXTURES if f in text), None)
 
 
 class _ModuleGroups(LoadScopeScheduling):
-    """xdist scheduling with one work unit per test module (the modules that use
-    ``h200_replay_run`` form one unit), handed out in collection order (heaviest first).
+    """xdist scheduling with one work unit per test module (the modules that use one of
+    :data:`SHARED_SESSION_FIXTURES` form one unit), handed out in collection order (heaviest first).
 
     pytest-xdist 3.8's own ``--dist loadgroup`` marks a test's group by rewriting
     ``item._nodeid``, which pytest 9.2 no longer reads (``Node.nodeid`` is ``_id``): every test
@@ -69,15 +74,13 @@ class _ModuleGroups(LoadScopeScheduling):
     def __init__(self, config, log=None):
         super().__init__(config, log)
         root = Path(str(config.rootpath))
-        self._shared = {
-            str(p.relative_to(root))
-            for p in sorted(Path(__file__).parent.glob("test_*.py"))
-            if _shares_the_h200_replay(p)
+        self._unit = {
+            str(p.relative_to(root)): _shared_fixture(p) for p in Path(__file__).parent.glob("test_*.py")
         }
 
     def _split_scope(self, nodeid: str) -> str:
         module = nodeid.split("::", 1)[0]
-        return _H200_GROUP if module in self._shared else module
+        return self._unit.get(module) or module
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -120,6 +123,15 @@ def no_surviving_engines(request):
             except psutil.Error:
                 pass
         pytest.fail(f"{request.node.nodeid}: engine processes survived the test: {desc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def scaleout_runs(tmp_path_factory) -> dict:
+    """test_scaleout_merge's small suite run unsplit, as shards 1/2 and 2/2, and merged (about
+    2.5 min on 2 cores): shared by test_scaleout_merge and test_ray_suite (one work unit)."""
+    import test_scaleout_merge
+
+    return test_scaleout_merge.make_runs(tmp_path_factory.mktemp("scaleout"))
 
 
 @pytest.fixture(scope="session")
