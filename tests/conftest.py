@@ -15,7 +15,7 @@ one work unit (:class:`_ModuleGroups`, this conftest's xdist scheduler), so its 
 engine launches run once, on one worker; the modules that use one of the session fixtures below
 (``h200_replay_run``, ``scaleout_runs``) form one unit, so the session fixture runs once; the heaviest modules are collected and handed out first, so the
 two workers end together. Tests marked ``timing`` (their verdict depends on
-the host's speed: a live A/B must decide +30 %) run afterwards, alone on the machine.
+the host's speed: a live A/B must decide +30 %) run first, alone on the machine.
 """
 
 from __future__ import annotations

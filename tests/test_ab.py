@@ -23,7 +23,7 @@ SPEC_B = ROOT / "examples/ab/tiny-cpu-denoise-30pct.yaml"
 AA = ROOT / "examples/ab/aa"
 NOT_REGRESSION = {"no change", "inconclusive", "not measured"}
 
-# the live A/B must decide +30 %: run alone on the machine (`make test`'s second phase)
+# the live A/B must decide +30 %: run alone on the machine (`make test`'s first phase)
 pytestmark = pytest.mark.timing
 
 
