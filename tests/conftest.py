@@ -3,15 +3,19 @@
 ``h200_replay_run`` (session): ``perfkit suite`` replaying the committed H200 bundles once
 (papermill, notebooks, report), shared by the report template and browser tests.
 
+``scaleout_runs`` (session): test_scaleout_merge's small suite unsplit, as two shards and merged,
+shared with test_ray_suite.
+
 ``no_surviving_engines`` (autouse, every test): any engine process started through
 :func:`perfkit.engine.launch.launch` during a test (and any descendant seen at its teardown) must be gone
 when the test ends. A survivor is killed and the test errors, so the run fails.
 
 Parallel runs (``make test``: pytest-xdist, two workers, ``--dist loadgroup``): every test module is
-one group, so its module-scoped engine launches stay on one worker; the modules that share
-``h200_replay_run`` form one group, so the session fixture runs once; the heaviest modules are
-collected first, so the two workers end together. Tests marked ``timing`` (their verdict depends on
-the host's speed: a live A/B must decide +30 %) run afterwards, alone on the machine.
+one work unit (:class:`_ModuleGroups`, this conftest's xdist scheduler), so its module-scoped
+engine launches run once, on one worker; the modules that use one of the session fixtures below
+(``h200_replay_run``, ``scaleout_runs``) form one unit, so the session fixture runs once; the heaviest modules are collected and handed out first, so the
+two workers end together. Tests marked ``timing`` (their verdict depends on
+the host's speed: a live A/B must decide +30 %) run first, alone on the machine.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from perfkit.engine import launch as _launch
 
@@ -47,12 +52,48 @@ HEAVY_FIRST = (
 )
 
 
+#: this conftest's session fixtures that cost minutes: the test modules naming one form one work
+#: unit (named after it), so it runs once
+SHARED_SESSION_FIXTURES = ("h200_replay_run", "scaleout_runs")
+
+
+def _shared_fixture(path: Path) -> str | None:
+    text = path.read_text(encoding="utf-8")
+    return next((f for f in SHARED_SESSION_FIXTURES if f in text), None)
+
+
+class _ModuleGroups(LoadScopeScheduling):
+    """xdist scheduling with one work unit per test module (the modules that use one of
+    :data:`SHARED_SESSION_FIXTURES` form one unit), handed out in collection order (heaviest first).
+
+    pytest-xdist 3.8's own ``--dist loadgroup`` marks a test's group by rewriting
+    ``item._nodeid``, which pytest 9.2 no longer reads (``Node.nodeid`` is ``_id``): every test
+    became a group of its own and a module's module-scoped launches ran once on each worker (CI:
+    test_scaleout_merge's four suite runs, 148 s, twice)."""
+
+    def __init__(self, config, log=None):
+        super().__init__(config, log)
+        root = Path(str(config.rootpath))
+        self._unit = {
+            str(p.relative_to(root)): _shared_fixture(p) for p in Path(__file__).parent.glob("test_*.py")
+        }
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return self._unit.get(module) or module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: :class:`_ModuleGroups` (one module, one worker), not reordered by size."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    config.option.loadscopereorder = False  # keep HEAVY_FIRST's order
+    return _ModuleGroups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Group every test by its module (the h200 replay users together) and put the heavy first."""
-    shared = {it.module.__name__ for it in items if "h200_replay_run" in getattr(it, "fixturenames", ())}
-    for it in items:
-        name = it.module.__name__
-        it.add_marker(pytest.mark.xdist_group("h200_replay_run" if name in shared else name))
+    """Put the heavy modules first (stable: a module's tests keep their order)."""
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda it: rank.get(it.module.__name__.rsplit(".", 1)[-1], len(rank)))
 
@@ -82,6 +123,15 @@ def no_surviving_engines(request):
             except psutil.Error:
                 pass
         pytest.fail(f"{request.node.nodeid}: engine processes survived the test: {desc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def scaleout_runs(tmp_path_factory) -> dict:
+    """test_scaleout_merge's small suite run unsplit, as shards 1/2 and 2/2, and merged (about
+    2.5 min on 2 cores): shared by test_scaleout_merge and test_ray_suite (one work unit)."""
+    import test_scaleout_merge
+
+    return test_scaleout_merge.make_runs(tmp_path_factory.mktemp("scaleout"))
 
 
 @pytest.fixture(scope="session")

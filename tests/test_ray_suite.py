@@ -1,8 +1,9 @@
-"""``perfkit suite --executor ray`` on a local single-node Ray gives what the in-process executor
-gives: the small suite derived from params/ci-cpu.yaml (``test_scaleout_merge.small_params``:
+"""``perfkit suite --executor ray`` on a local single-node Ray gives what the suite gives in
+process: the small suite derived from params/ci-cpu.yaml (``test_scaleout_merge.small_params``:
 timing invariants off, since two runs on a shared 2-core runner differ in timing), for real on
-the tiny reference engine, through both executors: same verdict rows, same tables bar timing
-values, every unit's output back from its task."""
+the tiny reference engine, through Ray against the session's unsplit in-process run of the same
+params (``scaleout_runs``, shared with test_scaleout_merge, whose merged shards equal it too):
+same verdict rows, same tables bar timing values, every unit's output back from its task."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from perfkit.scenarios.warmup_shapes import NAME as WARMUP_SHAPES
 pytest.importorskip("ray")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_scaleout_merge import _tables, _verdict_rows, small_params  # noqa: E402
+from test_scaleout_merge import _tables, _verdict_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,13 +46,12 @@ def _suite(params: Path, out: Path, executor: str) -> tuple[subprocess.Completed
 
 
 @pytest.mark.slow
-def test_suite_through_ray_equals_in_process(tmp_path):
-    params = small_params(tmp_path / "params.yaml")
-    ray_proc, ray_s = _suite(params, tmp_path / "ray", "ray")
-    inp_proc, inp_s = _suite(params, tmp_path / "inprocess", "inprocess")
+def test_suite_through_ray_equals_in_process(scaleout_runs, tmp_path):
+    ray_proc, ray_s = _suite(scaleout_runs["params"], tmp_path / "ray", "ray")
+    inp_proc, inp_s = scaleout_runs["unsplit"], scaleout_runs["walls"]["unsplit"]
     assert inp_proc.returncode in (0, 1), inp_proc.stdout + inp_proc.stderr[-3000:]
     assert ray_proc.returncode == inp_proc.returncode, ray_proc.stdout + ray_proc.stderr[-3000:]
-    a, b = tmp_path / "inprocess", tmp_path / "ray"
+    a, b = scaleout_runs["unsplit_dir"], tmp_path / "ray"
     ra, rb = json.loads((a / "run.json").read_text()), json.loads((b / "run.json").read_text())
     assert ra["status"] == rb["status"]
     assert {n["name"]: n["status"] for n in ra["notebooks"]} == {

@@ -68,10 +68,9 @@ def small_params(path: Path, **changes) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Unsplit, shard 1/2, shard 2/2, merged (all --tier per-commit), with wall times."""
-    tmp = tmp_path_factory.mktemp("scaleout")
+def make_runs(tmp: Path) -> dict:
+    """Unsplit, shard 1/2, shard 2/2, merged (all --tier per-commit) in ``tmp``, with wall times:
+    conftest's session fixture ``scaleout_runs`` (shared with test_ray_suite) calls it once."""
     params = small_params(tmp / "params.yaml")
     walls = {}
     out = {"params": params, "tmp": tmp, "walls": walls}
@@ -96,6 +95,12 @@ def runs(tmp_path_factory):
     (tmp / "walls.json").write_text(json.dumps(walls))
     print("wall times (s):", walls, file=sys.stderr)
     return out
+
+
+@pytest.fixture(scope="module")
+def runs(scaleout_runs):
+    """:func:`make_runs`' outputs (the session's ``scaleout_runs``)."""
+    return scaleout_runs
 
 
 def _verdict_rows(run: Path) -> list[tuple]:
