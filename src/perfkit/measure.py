@@ -24,10 +24,10 @@ import click
 from perfkit.common import jsonsafe
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, become_subreaper, describe
+from perfkit.measuring.progress import RunBars, planned_requests
 from perfkit.params import SuiteParams, load_params
 from perfkit.scenarios import registry
 from perfkit.scenarios.overhead import NAME as OVERHEAD
-from perfkit.scenarios.progress import RunBars, planned_requests
 from perfkit.scenarios.registry import RunContext
 from perfkit.scenarios.warmup_shapes import NAME as WARMUP_SHAPES
 

@@ -58,6 +58,7 @@ from perfkit.bundle import IDENTITY_REQUEST, IDENTITY_SPEC
 from perfkit.common import jsonsafe
 from perfkit.common.outdirs import stamped_dir
 from perfkit.common.provenance import repo_root
+from perfkit.common.slugs import slug
 from perfkit.engine.owner import REGISTRY_ENV, Ended, Watch, describe, spawn_reaper, stop_reaper
 from perfkit.gate import baseline as bl
 from perfkit.gate.outcome import GATE_FAILED
@@ -73,12 +74,11 @@ from perfkit.gate.verdicts import (
     read_verdict,
 )
 from perfkit.gate.verdicts import notebooks as notebook_names
+from perfkit.measuring.progress import PROGRESS_ENV, RunBars, in_flight, planned_requests
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.report.render import notebook_error
 from perfkit.scaleout.shards import select
 from perfkit.scenarios import registry
-from perfkit.scenarios.common import slug
-from perfkit.scenarios.progress import PROGRESS_ENV, RunBars, in_flight, planned_requests
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class NotebookRun:
     #: {pid, label, how, killed, after_s, stopped} each (:class:`perfkit.engine.owner.Ended`)
     outlived: list[dict[str, Any]] = field(default_factory=list)
     #: the launch and request under way when a failed notebook's kernel stopped
-    #: (:func:`perfkit.scenarios.progress.in_flight`), None when no launch was cut short
+    #: (:func:`perfkit.measuring.progress.in_flight`), None when no launch was cut short
     in_flight: dict[str, Any] | None = None
 
 
@@ -196,7 +196,7 @@ def execute_notebook(
     ``kernel_log``: file that receives the kernel's own stderr (ipykernel's transport warnings,
     shutdown noise) and papermill's log lines instead of the terminal.
     ``progress_file``: where the kernel appends its progress events
-    (:mod:`perfkit.scenarios.progress`; default ``<dst>.progress.jsonl``): no bar is drawn into
+    (:mod:`perfkit.measuring.progress`; default ``<dst>.progress.jsonl``): no bar is drawn into
     the notebook's saved outputs.
 
     A notebook whose last cell raised :class:`perfkit.gate.outcome.GateFailed` (run with

@@ -197,7 +197,7 @@ def run_one(
     Returns a dict: status ("ok"/"error"), error, log_tail, host, gpu_ids, gpu_uuids,
     started_at, ended_at, archive (bytes of :func:`pack_dir` of the unit's output directory).
     """
-    from perfkit.scenarios.progress import listening
+    from perfkit.measuring.progress import listening
 
     send = _Sender(events, str(unit["id"]))
     send("started")

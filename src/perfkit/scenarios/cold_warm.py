@@ -20,20 +20,16 @@ from pydantic import Field
 from perfkit import stats
 from perfkit.bundle import ResultBundle, steady_state
 from perfkit.checks import Check, check_max, check_min, number
+from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.scenarios.common import (
-    PlannedLaunch,
-    assemble,
-    fmt,
-    json_float,
-    launch_key,
-    measure_launch,
-    stage_penalty,
-)
-from perfkit.scenarios.memsites import SnapshotParams, ask_engine, collect, sites_markdown, top_sites_text
-from perfkit.scenarios.profiled import ProfileParams, attach, run_profiled
+from perfkit.measuring.assemble import assemble
+from perfkit.measuring.launch import measure_launch
+from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown, top_sites_text
+from perfkit.measuring.profiled import ProfileParams, attach, run_profiled
+from perfkit.measuring.reuse import PlannedLaunch, launch_key
+from perfkit.scenarios.common import stage_penalty
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -115,7 +111,7 @@ def cold_vs_warm(
         repeats: requests in the session (>= 2: one cold, the rest warm).
         caps: memory budget for the launch.
         run_dir: where launch directories go.
-        profile: profile extra requests (:class:`~perfkit.scenarios.profiled.ProfileParams`):
+        profile: profile extra requests (:class:`~perfkit.measuring.profiled.ProfileParams`):
             an extra launch after the measured one whose traces fill the bundle's ``traces``
             table and ``traces/``; nothing measured reads them.
 

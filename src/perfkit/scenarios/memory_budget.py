@@ -24,23 +24,16 @@ from perfkit.bundle import (
     upgrade_results,
 )
 from perfkit.checks import Check, check_flag
+from perfkit.common.numfmt import fmt, json_float
+from perfkit.common.slugs import slug
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.scenarios.common import (
-    PlannedLaunch,
-    assemble,
-    fmt,
-    join_bundles,
-    json_float,
-    launch_key,
-    measure_launch,
-    pick_columns,
-    relabel,
-    reuse_launch,
-    slug,
-)
-from perfkit.scenarios.memsites import SnapshotParams, ask_engine, collect, sites_markdown
+from perfkit.measuring.assemble import assemble, join_bundles, relabel
+from perfkit.measuring.launch import measure_launch
+from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown
+from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
+from perfkit.scenarios.common import pick_columns
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -128,7 +121,7 @@ def memory_budget(
         reuse: bundles measured earlier in this run; the unlimited cap takes a session that
             ran the same spec and request without caps (results ``reused_launches``).
         snapshot: allocator snapshots after the cold request and warm request k of each launch
-            (:class:`~perfkit.scenarios.memsites.SnapshotParams`; needs repeats >= 2): the
+            (:class:`~perfkit.measuring.memsites.SnapshotParams`; needs repeats >= 2): the
             ``memory_sites`` table, each cap entry's ``memory_sites`` and ``results.memory_sites``
             (the first budget's; ``not available on cpu`` on a CPU engine).
 

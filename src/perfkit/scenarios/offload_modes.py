@@ -30,20 +30,13 @@ from pydantic import Field, field_validator
 
 from perfkit.bundle import ResultBundle, steady_state
 from perfkit.checks import Check, check_flag
+from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
-from perfkit.scenarios.common import (
-    LaunchData,
-    PlannedLaunch,
-    assemble,
-    fmt,
-    join_bundles,
-    json_float,
-    launch_key,
-    measure_launch,
-    reuse_launch,
-)
+from perfkit.measuring.assemble import assemble, join_bundles
+from perfkit.measuring.launch import LaunchData, measure_launch
+from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,

@@ -34,8 +34,10 @@ from pydantic import BaseModel, Field, ValidationError
 from perfkit import stats
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check, check_max, number
+from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.client import VideoClient, VideoRequestSpec
-from perfkit.scenarios.common import assemble, fmt, json_float, measure_launch
+from perfkit.measuring.assemble import assemble
+from perfkit.measuring.launch import measure_launch
 from perfkit.scenarios.registry import (
     InvariantParams,
     KeyNumber,
@@ -233,7 +235,7 @@ def overhead_probe(
     warmup: int = 1,
     agree: int = 3,
 ) -> Callable[[Any, VideoClient, Any], dict[str, Any]]:
-    """An ``after`` hook for :func:`perfkit.scenarios.common.measure_launch`.
+    """An ``after`` hook for :func:`perfkit.measuring.launch.measure_launch`.
 
     Returns a dict ``{"stage_timing": {...}, "sampler": {...}, "request_ids": [...]}`` where each
     part has median_on_ms, median_off_ms, overhead (fraction), overhead_ci, the estimator, the

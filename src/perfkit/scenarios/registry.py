@@ -196,7 +196,7 @@ class Scenario:
             write (``namer`` as in :attr:`cases`); the scale-out planner reads their
             ``estimated_full_test_time_s``. None: no baseline estimate.
         launches: ``(params, engine, request) -> [PlannedLaunch]``
-            (:class:`perfkit.scenarios.common.PlannedLaunch`): what it would launch, one per
+            (:class:`perfkit.measuring.reuse.PlannedLaunch`): what it would launch, one per
             launch in run order, so the planner keeps a launch that a later scenario reuses
             and that scenario in one unit. None: one launch, never shared.
         found_in: ``results of another scenario -> bool``: whether they hold this scenario's

@@ -22,22 +22,15 @@ from perfkit import stats
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, sub_bundle, table_rows
 from perfkit.checks import Check, check_max, number
 from perfkit.common.frames import latent_frames
+from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
+from perfkit.measuring.assemble import assemble, join_bundles
+from perfkit.measuring.launch import measure_launch
+from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
+from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.readings.records import parse_lines
-from perfkit.scenarios.common import (
-    PlannedLaunch,
-    assemble,
-    fmt,
-    join_bundles,
-    json_float,
-    launch_key,
-    measure_launch,
-    pick_columns,
-    reuse_launch,
-    stage_penalty,
-)
-from perfkit.scenarios.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
+from perfkit.scenarios.common import pick_columns, stage_penalty
 from perfkit.scenarios.registry import (
     InvariantParams,
     KeyNumber,
@@ -109,8 +102,8 @@ def warmup_shapes(
         reuse: bundles measured earlier in this run; a warmup setting whose launch one already
             measured (same spec and warmup, one request shape equal to its request, at least
             ``repeats`` requests) takes that session's first requests instead of launching again
-            (:func:`perfkit.scenarios.common.reuse_launch`; results ``reused_launches``).
-        profile: profile extra requests (:class:`~perfkit.scenarios.profiled.ProfileParams`):
+            (:func:`perfkit.measuring.reuse.reuse_launch`; results ``reused_launches``).
+        profile: profile extra requests (:class:`~perfkit.measuring.profiled.ProfileParams`):
             after the measured launches, an extra launch (label ``profiled-warmup{w}``) with the
             warmup of the first (warmup, shape) pair that is not covered sends that shape's first
             request (role ``profiled first of new shape``) and ``profile.warm`` warm ones; the
