@@ -9,9 +9,10 @@ bundles; see :mod:`perfkit.suite`) into ``report.html``:
 - images embedded as base64 ``data:`` URIs, our own small stylesheet inline.
 
 The page is rendered by jinja2 from ``perfkit/report/templates/``: ``page.html.j2`` (the page,
-with ``report.css`` included inline) and one section template per notebook
-(``sections/<scenario>.html.j2``, named by the scenario registry, and
-``sections/baseline_gate.html.j2``), all extending ``sections/_base.html.j2``. Every table goes
+with ``report.css`` included inline) and one section template per notebook (the scenario's
+``template``: the generic ``sections/scenario.html.j2``, which shows its declared
+``section_intro``, unless it names its own; ``sections/baseline_gate.html.j2`` for the gate),
+all extending ``sections/_base.html.j2``. Every table goes
 through :func:`perfkit.report.tables.format_table`, which the Markdown summary uses too. No
 Python file of this package writes HTML markup.
 

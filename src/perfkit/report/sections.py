@@ -132,7 +132,8 @@ def _notebook_path(run_dir: Path, n: Mapping[str, Any]) -> Path:
 def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]:
     """What a section template gets for one notebook entry ``n`` of ``run.json``.
 
-    Keys: ``name``, ``title``, ``question``, ``status`` (``ok``/``error``/``skipped``/…),
+    Keys: ``name``, ``title``, ``question``, ``intro`` (the scenario's ``section_intro``, or
+    ""), ``status`` (``ok``/``error``/``skipped``/…),
     ``status_text`` (``ran``, or the skip reason), ``gate``/``gate_text`` (:func:`gate_result`), ``reason``, ``error``, ``wall_s``, ``keys``
     (:class:`~perfkit.scenarios.registry.KeyNumber` list), ``keys_error``, ``verdict`` (the
     notebook's verdict.json without its rows, or {}), ``notebook_path``, ``body`` (notebook
@@ -148,6 +149,10 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
         title, question = section_title(name), section_question(name)
     except KeyError:
         title, question = name, ""
+    try:
+        intro = registry.get(name).section_intro if name != GATE else ""
+    except KeyError:
+        intro = ""
     keys, keys_error = [], None
     if name != GATE:
         try:
@@ -172,6 +177,7 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
         "name": name,
         "title": title,
         "question": question,
+        "intro": intro,
         "status": status,
         "status_text": status_text(n),
         "gate": gate,

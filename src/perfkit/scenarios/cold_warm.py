@@ -25,11 +25,13 @@ from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.assemble import assemble
-from perfkit.measuring.launch import measure_launch
+from perfkit.measuring.launch import LaunchData, measure_launch
 from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown, top_sites_text
 from perfkit.measuring.profiled import ProfileParams, attach, run_profiled
 from perfkit.measuring.reuse import PlannedLaunch, launch_key
+from perfkit.scenarios import cells
 from perfkit.scenarios.common import stage_penalty
+from perfkit.scenarios.parts import code, md
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -93,6 +95,57 @@ def _request(request: VideoRequestSpec | dict | None) -> VideoRequestSpec:
     return request
 
 
+def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame, repeats: int) -> None:
+    """Add to ``results`` what the session measured: cold and warm latency (ms) with their
+    ratios and 95 % intervals, compile counts, the first-request penalty per stage (ms) and the
+    leak checks; or, with fewer than 2 completed requests, why not (``error``)."""
+    ok = df[df["status"] == "completed"] if not df.empty else df
+    results["completed"] = int(len(ok))
+    if len(ok) >= 2 and (ok["index"] == 0).any():
+        e2e = ok["e2e_ms"].to_numpy(float)
+        cold = float(ok.loc[ok["index"] == 0, "e2e_ms"].iloc[0])
+        warm = ok.loc[ok["index"] > 0, "e2e_ms"].to_numpy(float)
+        wmed = float(np.median(warm))
+        results.update(
+            {
+                "cold_ms": cold,
+                "warm_median_ms": wmed,
+                "warm_iqr_ms": [json_float(v) for v in stats.median_iqr(warm)[1:]],
+                "warm_cold_ratio": wmed / cold,
+                "cold_warm_ratio": cold / wmed,
+                "warm_cold_ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci(warm, [cold])],
+                "cold_warm_ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci([cold], warm)],
+                # the noise margin of "warm <= cold": warm is slower only when this bound is
+                "warm_cold_ratio_lower95": json_float(stats.ratio_lower_bound_single_reference(warm, cold)),
+                "cold_compiles": int(ok.loc[ok["index"] == 0, "compiles"].iloc[0]),
+                "warm_compiles": int(ok.loc[ok["index"] > 0, "compiles"].sum()),
+            }
+        )
+        first_id = ok.loc[ok["index"] == 0, "request_id"].iloc[0]
+        warm_ids = list(ok.loc[ok["index"] > 0, "request_id"])
+        pen = stage_penalty(pd.DataFrame(data.stages), first_id, warm_ids)
+        results["penalty_ms"] = {k: json_float(v) for k, v in pen.items()}
+        finite = {k: v for k, v in pen.items() if not math.isnan(v)}
+        results["penalty_stage"] = max(finite, key=finite.get) if finite else None
+        results["penalty_total_ms"] = json_float(cold - wmed)
+        warm_rows = ok[ok["index"] > 0]
+        checks = []
+        slope = stats.slope_per_index(warm_rows["host_anon_mib"].to_numpy(float))
+        checks.append(_leak("host_anon_slope_mib_per_request", slope))
+        slope_d = stats.slope_per_index(warm_rows["reserved_mib"].to_numpy(float))
+        checks.append(_leak("device_reserved_slope_mib_per_request", slope_d))
+        if len(e2e) >= 3:
+            second = float(ok.loc[ok["index"] == 1, "e2e_ms"].iloc[0])
+            last = float(ok.sort_values("index")["e2e_ms"].iloc[-1])
+            checks.append(_leak("latency_drift", stats.relative_drift(second, last)))
+        results["leak_checks"] = checks
+    else:
+        results["leak_checks"] = []
+        if not results["error"]:  # the engine ran but refused or failed the requests: say why
+            results["error"] = _request_error(data, df, repeats)
+        log.error("cold_vs_warm: fewer than 2 completed requests (%s)", results["error"])
+
+
 def cold_vs_warm(
     spec: EngineSpec,
     request: VideoRequestSpec | dict | None = None,
@@ -153,51 +206,7 @@ def cold_vs_warm(
             )
         },
     }
-    ok = df[df["status"] == "completed"] if not df.empty else df
-    results["completed"] = int(len(ok))
-    if len(ok) >= 2 and (ok["index"] == 0).any():
-        e2e = ok["e2e_ms"].to_numpy(float)
-        cold = float(ok.loc[ok["index"] == 0, "e2e_ms"].iloc[0])
-        warm = ok.loc[ok["index"] > 0, "e2e_ms"].to_numpy(float)
-        wmed = float(np.median(warm))
-        results.update(
-            {
-                "cold_ms": cold,
-                "warm_median_ms": wmed,
-                "warm_iqr_ms": [json_float(v) for v in stats.median_iqr(warm)[1:]],
-                "warm_cold_ratio": wmed / cold,
-                "cold_warm_ratio": cold / wmed,
-                "warm_cold_ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci(warm, [cold])],
-                "cold_warm_ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci([cold], warm)],
-                # the noise margin of "warm <= cold": warm is slower only when this bound is
-                "warm_cold_ratio_lower95": json_float(stats.ratio_lower_bound_single_reference(warm, cold)),
-                "cold_compiles": int(ok.loc[ok["index"] == 0, "compiles"].iloc[0]),
-                "warm_compiles": int(ok.loc[ok["index"] > 0, "compiles"].sum()),
-            }
-        )
-        first_id = ok.loc[ok["index"] == 0, "request_id"].iloc[0]
-        warm_ids = list(ok.loc[ok["index"] > 0, "request_id"])
-        pen = stage_penalty(pd.DataFrame(data.stages), first_id, warm_ids)
-        results["penalty_ms"] = {k: json_float(v) for k, v in pen.items()}
-        finite = {k: v for k, v in pen.items() if not math.isnan(v)}
-        results["penalty_stage"] = max(finite, key=finite.get) if finite else None
-        results["penalty_total_ms"] = json_float(cold - wmed)
-        warm_rows = ok[ok["index"] > 0]
-        checks = []
-        slope = stats.slope_per_index(warm_rows["host_anon_mib"].to_numpy(float))
-        checks.append(_leak("host_anon_slope_mib_per_request", slope))
-        slope_d = stats.slope_per_index(warm_rows["reserved_mib"].to_numpy(float))
-        checks.append(_leak("device_reserved_slope_mib_per_request", slope_d))
-        if len(e2e) >= 3:
-            second = float(ok.loc[ok["index"] == 1, "e2e_ms"].iloc[0])
-            last = float(ok.sort_values("index")["e2e_ms"].iloc[-1])
-            checks.append(_leak("latency_drift", stats.relative_drift(second, last)))
-        results["leak_checks"] = checks
-    else:
-        results["leak_checks"] = []
-        if not results["error"]:  # the engine ran but refused or failed the requests: say why
-            results["error"] = _request_error(data, df, repeats)
-        log.error("cold_vs_warm: fewer than 2 completed requests (%s)", results["error"])
+    _session_results(results, data, df, repeats)
     params = {"spec": spec.to_dict(), "request": req.payload(), "repeats": repeats}
     if isinstance(profile, dict):
         profile = ProfileParams.model_validate(profile)
@@ -413,6 +422,67 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return {case_id(): steady_state(bundle)}
 
 
+#: its notebook after the generic measuring cell (notebooks/make_notebooks.py adds the
+#: title, parameters, setup and measuring cells before and the gate's cells after)
+NOTEBOOK = (
+    md("## Headline numbers"),
+    code("""show_table(summary_frame("cold_warm", results))
+display(Markdown(reading("cold_warm", results)))"""),
+    md(
+        "## Why the first request pays: recompilation\n\n"
+        "Each request that ran a shape first in its launch (the cold request, or the first of a "
+        "new shape): its penalty over the warm median of the same shape, the stage holding "
+        "most of it, and the recompilations it paid (count, compile time, the compiler's reason)."
+    ),
+    code(cells.ROOT_CAUSE),
+    md(
+        "## Below the stage: profiled requests\n\n"
+        "With `profile` set, an extra launch sends a cold and a warm request with sglang's "
+        "profiling fields (`profile`, `num_profiled_timesteps`, `profile_all_stages`); their "
+        "torch.profiler traces are in the bundle under `traces/` (open them in Perfetto, "
+        "ui.perfetto.dev, or chrome://tracing). They are extra requests: no statistic, "
+        "invariant or gate here reads them. Op time is the wall time of top-level ops."
+    ),
+    code(cells.BELOW_STAGE),
+    md("## Every request: role and shape"),
+    code(cells.REQUESTS),
+    md("## Gate (invariants measured within this run)"),
+    code(cells.GATE_CELL),
+    md("## Per-stage latency, cold vs warm requests"),
+    code("show(plots.stage_breakdown(bundle))"),
+    md("## End-to-end latency per request"),
+    code("show(plots.e2e_per_request(bundle))"),
+    md("## Denoising step times"),
+    code("show(plots.step_times(bundle))"),
+    md("## Memory timeline"),
+    code("""cap_lines = {"device_cap_gib": (caps or {}).get("device_gib"),
+             "host_cap_gib": (caps or {}).get("host_gib")}
+show(plots.memory_timeline(bundle, caps=cap_lines))"""),
+    md("## Leak checks (rows of the gate above)"),
+    code("""from perfkit.scenarios.cold_warm import LEAK_CHECKS
+
+leak_rows = [r for r in rows if r.metric in LEAK_CHECKS]
+show_table(check_frame(leak_rows))
+display(Markdown(verdict_markdown(leak_rows, "Leak checks")))"""),
+    md(cells.MEMORY_SITES_MD),
+    code(cells.MEMORY_SITES),
+    md(
+        "## How to read this\n\n"
+        "- The **cold request** (red) pays what the startup warmup did not: shape setup, "
+        "lazy initialisation. The **first-request penalty** is cold minus the warm median, per "
+        "stage; the stage that holds it says where to look.\n"
+        "- A warm/cold ratio above 1 means warm requests are slower than the first: state "
+        "leaks across requests (residency, in-flight copies, host copies). The leak checks "
+        "fit a slope to host/device memory per request and to latency drift.\n"
+        "- Absolute milliseconds are only comparable on the same hardware; the gate here uses "
+        "ratios measured within this run."
+    ),
+)
+
+#: the first paragraph of its report section
+SECTION_INTRO = "Cold request: the first request after ready. Warm request: a later one with the same shape, in the same session. The gate compares their latencies and the memory slope across requests."
+
+
 SCENARIO = register(
     Scenario(
         order=10,
@@ -434,5 +504,10 @@ SCENARIO = register(
         launches=lambda p, engine, request: [
             PlannedLaunch((launch_key(engine, request, p.caps.to_caps() if p.caps else None),), p.repeats)
         ],
+        session=True,
+        notebook_intro="Does the second (warm) request in one server session meet the same numbers as the "
+        "first (cold) request, or does state leak across requests and degrade it?",
+        cells=NOTEBOOK,
+        section_intro=SECTION_INTRO,
     )
 )
