@@ -349,7 +349,7 @@ def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 def perfkit_version() -> str:
     """This perfkit's version (``perfkit.__version__``)."""
-    import perfkit
+    from perfkit.common import version as perfkit  # the leaf module, not the root package
 
     return str(perfkit.__version__)
 
