@@ -238,7 +238,9 @@ class Scenario:
         summary_table: ``results -> DataFrame`` (headline table of its notebook and section).
         reading: ``results -> Markdown`` (a few sentences in the design doc's words).
         cases: ``(bundle, case_id) -> {case id: sub-bundle}`` for this run's baseline.json.
-        template: section template under ``perfkit/report/templates/``.
+        template: section template under ``perfkit/report/templates/`` (default
+            :data:`GENERIC_TEMPLATE`, which shows ``section_intro``; one of its own extends
+            ``sections/_base.html.j2``).
         order: run order, lower first (cold_warm 10, warmup_shapes 20, memory_budget 30,
             offload_modes 40, overhead 90); ties run by name.
         notebook: notebook file name under ``notebooks/``.
@@ -260,6 +262,20 @@ class Scenario:
         found_in: ``results of another scenario -> bool``: whether they hold this scenario's
             measurement (an in-session probe), so a report where this one was skipped says
             where its figures are. None: never.
+        notebook_intro: its notebook's first paragraph ("": the question).
+        cells: its notebook's cells after the generic measuring cell
+            (:class:`~perfkit.scenarios.parts.Cell`; None: :func:`default_cells`).
+        figures: figure kinds it owns (:class:`~perfkit.scenarios.parts.Figure`), drawn in its
+            notebook after its cells; :func:`figure` draws one by kind.
+        section_intro: its report section's first paragraph.
+        doc_blocks: ``perfkit figures`` block kinds it adds
+            (:class:`~perfkit.scenarios.parts.DocBlock`, by kind).
+        measure_options: ``python -m perfkit.measure`` options it adds
+            (:class:`~perfkit.scenarios.parts.MeasureOption`).
+        session: its bundle is the session ``perfkit figures kind=compare`` compares.
+
+    Every field after ``run`` has a default (no invariants, no checks, no key numbers, an empty
+    summary table, no reading, no baseline case, the generic notebook cells and section).
     """
 
     name: str
