@@ -47,8 +47,9 @@ def measure(
     to lane i mod lanes, so a lane's bias is spread over the history, not turned into a step."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from perfkit.scenarios.cold_warm import NAME as SESSION
+    from perfkit.scenarios import registry
 
+    SESSION = registry.session_name()  # the investigation whose bundle is one session
     base = yaml.safe_load((ROOT / "params/ci-cpu.yaml").read_text())
     cores = sorted(os.sched_getaffinity(0))
     per_lane = max(1, len(cores) // lanes)
@@ -104,8 +105,9 @@ def judge(out: Path, runs: int, first_slow: int, hardware: str) -> dict[int, int
     from perfkit.history import changepoints as cp
     from perfkit.history.api import add, check
     from perfkit.history.store import read_store
-    from perfkit.scenarios.cold_warm import NAME as SESSION
+    from perfkit.scenarios import registry
 
+    SESSION = registry.session_name()  # the investigation whose bundle is one session
     store = out / "store"
     shutil.rmtree(store, ignore_errors=True)
     codes = {}

@@ -5,17 +5,25 @@
 
 Notebooks stay thin: perfkit calls, plots, a short reading. Logic lives in the package
 (perfkit.suite, perfkit.report, perfkit.report.plots, perfkit.gate.baseline) where tests reach it.
+An investigation's notebook is generic cells around the cells, figures and intro its module
+declares (perfkit.scenarios.parts; Scenario.notebook_cells): one per registered investigation,
+nothing here names one.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
+from typing import Callable
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from perfkit import nbparams
+from perfkit.scenarios import registry
+from perfkit.scenarios.parts import Cell
+from perfkit.scenarios.registry import Scenario
 
 HERE = Path(__file__).resolve().parent
 
@@ -36,34 +44,6 @@ from perfkit.report.notebook import (check_frame, first_request_costs, invariant
 from perfkit.scenarios.runner import load_or_run
 
 _ = tables.use_in_notebook()  # every DataFrame shown through perfkit's one table formatter"""
-
-
-GATE_CELL = """show_table(check_frame(rows))
-display(Markdown(verdict_markdown(rows)))"""
-
-ROOT_CAUSE = """show_table(first_request_costs(bundle.requests, bundle.stages), transpose=False)"""
-
-REQUESTS = """show_table(request_frame(bundle.requests), transpose=False)"""
-
-#: what grew between the allocator snapshots, by allocation site (perfkit.scenarios.memsites)
-MEMORY_SITES = """from perfkit.scenarios.memsites import sites_markdown
-
-display(Markdown(sites_markdown(results) or "No allocator snapshots: set `snapshot` (e.g. `{}`) to take them."))
-sites = bundle.tables.get("memory_sites")
-if sites is not None and not sites.empty:
-    for kind, caption in (("grew", "What grew between the snapshots, by allocation site"),
-                          ("peak", "Alive at warm request k's peak, by allocation site")):
-        show_table(sites[sites["kind"] == kind].drop(columns=["kind"]), caption=caption, transpose=False)"""
-
-MEMORY_SITES_MD = (
-    "## Allocation sites: what grew, allocated where\n\n"
-    "With `snapshot` set, the engine records CUDA allocation history and dumps allocator "
-    "snapshots after the cold request and after warm request k (torch's "
-    "`_record_memory_history` / `_dump_snapshot`; open them at pytorch.org/memory_viz). The "
-    "live blocks that grew between the two are grouped by allocation site (the innermost "
-    "engine frame first), and the blocks alive at warm request k's peak the same way. On a CPU "
-    "engine this says *not available on cpu*."
-)
 
 
 def bind_cell(name: str) -> str:
@@ -133,310 +113,25 @@ def _nb(name: str, title: str, intro: str, cells: list, setup: str = SETUP) -> n
     return nb
 
 
-#: the profiled requests of a bundle, op by op (perfkit.report.belowstage)
-BELOW_STAGE = """from perfkit.report import belowstage
-
-below = belowstage.below_stage(bundle)
-if below is None:
-    display(Markdown("No request was profiled (set `profile`, e.g. `{'requests': ['cold', 'warm'], 'steps': 5}`)."))
-else:
-    show_table(belowstage.trace_list(below), caption="Profiled requests and their trace files")
-    for err in below.errors:
-        display(Markdown(f"**Trace not read:** `{err}`"))
-    if below.diff is not None:
-        show_table(belowstage.diff_frame(below.diff, first=belowstage.first_word(below)),
-                   caption=f"Ops whose time changed most, {belowstage.diff_title(below)}")
-    for role, top in below.stage_top.items():
-        show_table(top, caption=f"Top ops per stage, {role}")
-    for role, over in belowstage.overhead_tables(below):
-        show_table(over, caption=f"CPU-side overhead and device idle share per stage, {role}")
-    for role, events in list(below.events.items())[:2]:  # the first one, the first warm one
-        show(plots.step_timeline(events, title=f"One denoising step over time, {role}"))"""
+def _cell(c: Cell) -> nbformat.NotebookNode:
+    return new_markdown_cell(c.source) if c.kind == "markdown" else new_code_cell(c.source)
 
 
-def cold_warm() -> nbformat.NotebookNode:
-    cells = [
-        new_code_cell(measure_cell("cold_warm")),
-        new_markdown_cell("## Headline numbers"),
-        new_code_cell("""show_table(summary_frame("cold_warm", results))
-display(Markdown(reading("cold_warm", results)))"""),
-        new_markdown_cell(
-            "## Why the first request pays: recompilation\n\n"
-            "Each request that ran a shape first in its launch (the cold request, or the first of a "
-            "new shape): its penalty over the warm median of the same shape, the stage holding "
-            "most of it, and the recompilations it paid (count, compile time, the compiler's reason)."
-        ),
-        new_code_cell(ROOT_CAUSE),
-        new_markdown_cell(
-            "## Below the stage: profiled requests\n\n"
-            "With `profile` set, an extra launch sends a cold and a warm request with sglang's "
-            "profiling fields (`profile`, `num_profiled_timesteps`, `profile_all_stages`); their "
-            "torch.profiler traces are in the bundle under `traces/` (open them in Perfetto, "
-            "ui.perfetto.dev, or chrome://tracing). They are extra requests: no statistic, "
-            "invariant or gate here reads them. Op time is the wall time of top-level ops."
-        ),
-        new_code_cell(BELOW_STAGE),
-        new_markdown_cell("## Every request: role and shape"),
-        new_code_cell(REQUESTS),
-        new_markdown_cell("## Gate (invariants measured within this run)"),
-        new_code_cell(GATE_CELL),
-        new_markdown_cell("## Per-stage latency, cold vs warm requests"),
-        new_code_cell("show(plots.stage_breakdown(bundle))"),
-        new_markdown_cell("## End-to-end latency per request"),
-        new_code_cell("show(plots.e2e_per_request(bundle))"),
-        new_markdown_cell("## Denoising step times"),
-        new_code_cell("show(plots.step_times(bundle))"),
-        new_markdown_cell("## Memory timeline"),
-        new_code_cell("""cap_lines = {"device_cap_gib": (caps or {}).get("device_gib"),
-             "host_cap_gib": (caps or {}).get("host_gib")}
-show(plots.memory_timeline(bundle, caps=cap_lines))"""),
-        new_markdown_cell("## Leak checks (rows of the gate above)"),
-        new_code_cell("""from perfkit.scenarios.cold_warm import LEAK_CHECKS
-
-leak_rows = [r for r in rows if r.metric in LEAK_CHECKS]
-show_table(check_frame(leak_rows))
-display(Markdown(verdict_markdown(leak_rows, "Leak checks")))"""),
-        new_markdown_cell(MEMORY_SITES_MD),
-        new_code_cell(MEMORY_SITES),
-        new_markdown_cell(
-            "## How to read this\n\n"
-            "- The **cold request** (red) pays what the startup warmup did not: shape setup, "
-            "lazy initialisation. The **first-request penalty** is cold minus the warm median, per "
-            "stage; the stage that holds it says where to look.\n"
-            "- A warm/cold ratio above 1 means warm requests are slower than the first: state "
-            "leaks across requests (residency, in-flight copies, host copies). The leak checks "
-            "fit a slope to host/device memory per request and to latency drift.\n"
-            "- Absolute milliseconds are only comparable on the same hardware; the gate here uses "
-            "ratios measured within this run."
-        ),
-    ]
-    cells += gate_cells('"cold_warm"', 'str(out / "verdict.json")')
-    return _nb(
-        "cold_warm",
-        "Cold vs warm",
-        "Does the second (warm) request in one server session meet the same numbers as the "
-        "first (cold) request, or does state leak across requests and degrade it?",
-        cells,
-    )
-
-
-def warmup_shapes() -> nbformat.NotebookNode:
-    cells = [
-        new_code_cell(measure_cell("warmup_shapes")),
-        new_markdown_cell("## Coverage"),
-        new_code_cell("""coverage = summary_frame("warmup_shapes", results)
-show_table(coverage)
-display(Markdown(reading("warmup_shapes", results)))"""),
-        new_markdown_cell(
-            "## Why an uncovered shape pays: recompilation\n\n"
-            "Each request that ran a shape first in its launch: its penalty over the warm median "
-            "of the same shape in that launch, the stage holding most of it, and the "
-            "recompilations it paid (count, compile time, the compiler's reason)."
-        ),
-        new_code_cell(ROOT_CAUSE),
-        new_markdown_cell(
-            "## Below the stage: the first request of a new shape against a warm one\n\n"
-            "With `profile` set, an extra launch with the warmup that did not cover a shape sends "
-            "that shape's first request and warm ones with sglang's profiling fields; their "
-            "torch.profiler traces are in the bundle under `traces/` (open them in Perfetto, "
-            "ui.perfetto.dev, or chrome://tracing). They are extra requests: no statistic, "
-            "invariant or gate here reads them. The diff names the ops the first request of the "
-            "new shape spends its penalty in."
-        ),
-        new_code_cell(BELOW_STAGE),
-        new_markdown_cell("## Every request: role and shape"),
-        new_code_cell(REQUESTS),
-        new_markdown_cell("## Gate (covered shapes pay no setup)"),
-        new_code_cell(GATE_CELL),
-        new_markdown_cell("## First-request penalty by warmup shape and request shape"),
-        new_code_cell("show(plots.coverage_heatmap(coverage))"),
-        new_markdown_cell("## Which stage absorbs the penalty (first request − warm median, ms)"),
-        new_code_cell("""by_stage = pd.DataFrame({f"warmup {c['warmup_frames']}f → request {c['request_frames']}f":
-                         c.get("penalty_by_stage_ms") or {} for c in results["coverage"]}).T
-show_table(by_stage.rename(columns=lambda st: f"{st} (ms)").rename_axis("case").reset_index())
-if any(stage_class(s) == REFINEMENT for s in by_stage.columns):  # only for a two-stage run
-    display(Markdown("With the two-stage pipeline the half-resolution denoising stage and the "
-                     "full-resolution refinement stage each specialise on their own latent shape."))"""),
-        new_markdown_cell("## End-to-end latency per request, one line per launch"),
-        new_code_cell("show(plots.e2e_per_request(bundle))"),
-        new_markdown_cell("## Per-stage latency"),
-        new_code_cell("show(plots.stage_breakdown(bundle))"),
-        new_markdown_cell(
-            "## How to read this\n\n"
-            "LTX aligns frames to 8k+1 and compresses time by 8: latent frames = (frames − 1) // 8 "
-            "+ 1, so a 17-frame warmup runs 3 latent frames and a 25-frame request needs 4. A "
-            "request shape is **covered** when the startup warmup already ran its latent shape; "
-            "an uncovered shape pays recompilation / graph capture on its first request (the "
-            "penalty above, with its compile count). The fix is a warmup at the served shapes."
-        ),
-    ]
-    cells += gate_cells('"warmup_shapes"', 'str(out / "verdict.json")')
-    return _nb(
-        "warmup_shapes",
-        "Warmup shapes",
-        "Does the server's startup warmup cover the shapes users send?",
-        cells,
-    )
-
-
-def memory_budget() -> nbformat.NotebookNode:
-    cells = [
-        new_code_cell(measure_cell("memory_budget")),
-        new_markdown_cell("## Budgets"),
-        new_code_cell("""show_table(summary_frame("memory_budget", results))
-display(Markdown(reading("memory_budget", results)))"""),
-        new_markdown_cell("## Gate (caps held, runs completed)"),
-        new_code_cell(GATE_CELL),
-        new_markdown_cell("## Memory timeline per budget"),
-        new_code_cell("""for row in table_rows(bundle.launches) or [{}]:
-    show(plots.memory_timeline(
-        bundle, launch=row.get("launch"),
-        caps={"device_cap_gib": row.get("device_cap_gib"), "host_cap_gib": row.get("host_cap_gib")}))"""),
-        new_markdown_cell(MEMORY_SITES_MD),
-        new_code_cell(MEMORY_SITES),
-        new_markdown_cell("## Latency per request under each budget"),
-        new_code_cell("show(plots.e2e_per_request(bundle))"),
-        new_markdown_cell(
-            "## How to read this\n\n"
-            "Each budget is one launch. The device cap works like sglang's CI "
-            "(`SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB`: the worker caps torch's memory "
-            "fraction); the host cap is what host planning sees "
-            "(`SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB`) and, where possible, enforced "
-            "(cgroup or watchdog: see `enforcement`). A budget is met when the run completed and "
-            "the cap held; `placement` says what the engine moved off the device to fit, and "
-            "`warm_degrades` whether warm requests got slower under the cap."
-        ),
-    ]
-    cells += gate_cells('"memory_budget"', 'str(out / "verdict.json")')
-    return _nb(
-        "memory_budget",
-        "Memory budget",
-        "Does the pipeline fit the memory budget (e.g. 12 GiB GPU + 32 GiB host), and what "
-        "does it cost in latency?",
-        cells,
-    )
-
-
-def offload_modes() -> nbformat.NotebookNode:
-    cells = [
-        new_code_cell(measure_cell("offload_modes")),
-        new_markdown_cell("## Modes"),
-        new_code_cell("""modes_table = summary_frame("offload_modes", results)
-show_table(modes_table)
-display(Markdown(reading("offload_modes", results)))"""),
-        new_markdown_cell(
-            "## Gate (placement reported as asked, warm not slower, memory order on a GPU)\n\n"
-            "Modes the device cannot run are `skipped`, never passed."
-        ),
-        new_code_cell(GATE_CELL),
-        new_markdown_cell("## Device vs host memory, and warm latency, per mode"),
-        new_code_cell("show(plots.offload_memory_latency(modes_table))"),
-        new_markdown_cell("## Latency per request, one line per mode"),
-        new_code_cell("show(plots.e2e_per_request(bundle))"),
-        new_markdown_cell("## Per-component placement the engine reported"),
-        new_code_cell(
-            """placement = pd.DataFrame({m["mode"]: m.get("offload") or {} for m in results["modes"]}).T
-show_table(placement.rename_axis("mode").reset_index())"""
-        ),
-        new_markdown_cell(
-            "## How to read this\n\n"
-            "Each mode is one launch of the reference engine with `--offload MODE` for every "
-            "component. `none` keeps the weights on the device; `model` moves whole components in "
-            "and out (accelerate's `cpu_offload_with_hook`, as diffusers' "
-            "`enable_model_cpu_offload`); `group-block` and `group-leaf` onload blocks or leaf "
-            "modules just before they run (`diffusers.hooks.apply_group_offloading`, with a CUDA "
-            "stream prefetching the next group). Expect peak VRAM none > model ≥ group and host "
-            "memory the other way round, paid for in warm latency. On a CPU device only `none` "
-            "runs: the engine refuses the others at startup (exit code 2) and they are recorded "
-            "as *not applicable* with its reason."
-        ),
-    ]
-    cells += gate_cells('"offload_modes"', 'str(out / "verdict.json")')
-    return _nb(
-        "offload_modes",
-        "Offload modes",
-        "What does each offload mode (none, model, group-block, group-leaf) cost in latency and "
-        "save in device memory, and what does it move to the host?",
-        cells,
-    )
-
-
-def overhead() -> nbformat.NotebookNode:
-    cells = [
-        new_code_cell(measure_cell("overhead")),
-        new_markdown_cell("## Overhead of each instrument"),
-        new_code_cell("""show_table(summary_frame("overhead", results))
-display(Markdown(reading("overhead", results)))"""),
-        new_markdown_cell("## Gate (upper end of each interval)"),
-        new_code_cell(GATE_CELL),
-        new_markdown_cell(
-            "## How to read this\n\n"
-            "Each instrument is switched on and off in interleaved ABBA pairs of warm requests of one "
-            "session, judged on the server's end-to-end time. The overhead is median(on) / "
-            "median(off) − 1 with a 95 % bootstrap interval; the gate holds the interval's upper "
-            "end to `instrumentation_overhead_max`, so a noisy probe cannot pass on a lucky median."
-        ),
-    ]
-    cells += gate_cells('"overhead"', 'str(out / "verdict.json")')
-    return _nb(
-        "overhead",
-        "Instrumentation overhead",
-        "What does perfkit's own instrumentation (stage timing, the memory sampler) cost?",
-        cells,
-    )
-
-
-def load() -> nbformat.NotebookNode:
-    cells = [
-        new_code_cell(measure_cell("load")),
-        new_markdown_cell("## Levels: queue wait, service time, percentiles, throughput, SLO"),
-        new_code_cell("""show_table(summary_frame("load", results), transpose=False)
-display(Markdown(reading("load", results)))"""),
-        new_markdown_cell("## Gate (memory stays flat; queue model, throughput and SLO when set)"),
-        new_code_cell(GATE_CELL),
-        new_markdown_cell("## Latency vs concurrency"),
-        new_code_cell('show(plots.latency_vs_concurrency(results.get("levels") or []))'),
-        new_markdown_cell("## Queue wait vs service time per level"),
-        new_code_cell(
-            'show(plots.queue_vs_service([*(results.get("levels") or []), '
-            '*([results["open_loop"]] if results.get("open_loop") else [])]))'
-        ),
-        new_markdown_cell("## Memory under concurrency"),
-        new_code_cell(
-            'show(plots.memory_under_concurrency(bundle.memory, [*(results.get("levels") or []), '
-            '*([results["open_loop"]] if results.get("open_loop") else [])]))'
-        ),
-        new_markdown_cell("## Trace: first hit per shape and warmup coverage"),
-        new_code_cell("""trace = results.get("trace")
-if trace:
-    show_table(pd.DataFrame(trace["shapes"]), transpose=False)
-    display(Markdown(trace["sentence"]))
-else:
-    display(Markdown("No trace: set `trace` to a JSONL of requests (vllm-omni's fields)."))"""),
-        new_markdown_cell(
-            "## How to read this\n\n"
-            "At concurrency k a server that runs one request at a time (sglang's diffusion server "
-            "per worker, the reference engine) makes each request wait about (k − 1) × the service "
-            "time once k − 1 are ahead of it, while throughput stays flat: latency grows, "
-            "videos per minute do not. A batching server would show queue wait below that and "
-            "throughput rising. At concurrency 1 the engine idles while the client turns around "
-            "(`engine_idle_share`). An open loop above capacity has no steady state: the queue, and "
-            "with it e2e, grows with every arrival. Memory should stay flat across levels (the "
-            "5090 consumer-budget case checked two concurrent requests for exactly that). In the "
-            "trace, a shape whose latent shape the startup warmup did not run pays its shape setup "
-            "(recompilation) on its first hit; the share of p99 it causes is p99 minus the p99 "
-            "with those first hits replaced by their shape's later median."
-        ),
-    ]
-    cells += gate_cells('"load"', 'str(out / "verdict.json")')
-    return _nb(
-        "load",
-        "Serving under load",
-        "Under concurrent requests, how long do they queue, what throughput, p99 and SLO attainment "
-        "does the engine reach, does memory stay flat, and does the startup warmup cover a real "
-        "request trace?",
-        cells,
-    )
+def scenario_notebook(s: Scenario) -> nbformat.NotebookNode:
+    """Investigation ``s``'s notebook: its title and intro, the parameters, the generic setup
+    and measuring cells, the cells and figures its module declares
+    (:meth:`~perfkit.scenarios.registry.Scenario.notebook_cells`), and the gate's last cells.
+    An investigation outside :mod:`perfkit.scenarios` is imported in the setup cell (importing
+    it registers it in the kernel)."""
+    setup = SETUP
+    module = s.run.__module__
+    if not module.startswith("perfkit.scenarios."):
+        setup += f"\n\nimport {module}  # registers the investigation {s.name!r}"
+    if s.figures:
+        setup += "\nfrom perfkit.scenarios.registry import figure"
+    cells = [new_code_cell(measure_cell(s.name)), *map(_cell, s.notebook_cells())]
+    cells += gate_cells(f'"{s.name}"', 'str(out / "verdict.json")')
+    return _nb(s.name, s.title, s.notebook_intro or s.question, cells, setup=setup)
 
 
 def baseline_gate() -> nbformat.NotebookNode:
@@ -611,26 +306,23 @@ display(pd.DataFrame(ctx["gaps"]) if ctx["gaps"] else "no gap")"""),
     )
 
 
-NOTEBOOKS = {
-    "cold_warm": cold_warm,
-    "warmup_shapes": warmup_shapes,
-    "memory_budget": memory_budget,
-    "offload_modes": offload_modes,
-    "load": load,
-    "overhead": overhead,
-    "baseline_gate": baseline_gate,
-    "ab": ab,
-    "history": history,
-}
+def notebooks() -> dict[str, Callable[[], nbformat.NotebookNode]]:
+    """Notebook file stem -> its maker: one per registered investigation, then the gate's, the
+    A/B's and the history's."""
+    out: dict[str, Callable[[], nbformat.NotebookNode]] = {
+        s.name: functools.partial(scenario_notebook, s) for s in registry.all_scenarios()
+    }
+    out.update(baseline_gate=baseline_gate, ab=ab, history=history)
+    return out
 
 
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     bad = 0
-    for name, make in NOTEBOOKS.items():
+    for name, make in notebooks().items():
         nb = make()
         text = nbformat.writes(nb) + "\n"
-        p = HERE / f"{name}.ipynb"
+        p = HERE / (registry.get(name).notebook if name in registry.names() else f"{name}.ipynb")
         if check:
             if not p.exists() or p.read_text() != text:
                 print(f"{p} is stale: run python notebooks/make_notebooks.py")

@@ -9,10 +9,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import json
 import pkgutil
 import re
 from types import ModuleType
 from typing import Any
+
+import pytest
 
 import perfkit
 
@@ -70,3 +73,58 @@ def test_every_name_a_module_docstring_points_at_exists():
             if not _resolves(module, role, name):
                 stale.append(f"{info.name}: :{role}:`{name}`")
     assert not stale, "module docstrings name what does not exist:\n" + "\n".join(stale)
+
+
+# --------------------------------------------------------------------------- the public API
+
+
+def test_the_public_api_exists_with_docstrings_giving_returns_and_raises():
+    """perfkit's module docstring lists its API (:func:`perfkit.run_suite`, ...): each name is
+    in ``__all__``, callable, and documents what it returns and raises."""
+    listed = set(re.findall(r":func:`(\w+)`", perfkit.__doc__ or ""))
+    api = [n for n in perfkit.__all__ if n != "__version__"]
+    assert sorted(api) == sorted(listed) == ["compare", "load_bundle", "run_ab", "run_suite"]
+    for name in api:
+        fn = getattr(perfkit, name)
+        assert callable(fn), name
+        assert "Returns" in fn.__doc__ or "Raises" in fn.__doc__, name
+        assert "Raises" in fn.__doc__ or name == "load_bundle", name
+
+
+def test_import_perfkit_is_cheap():
+    """``import perfkit`` imports none of pandas, numpy, torch, matplotlib nor a perfkit module
+    but its version's: the API imports what it needs when called."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, perfkit\n"
+        "heavy = {'pandas', 'numpy', 'torch', 'matplotlib', 'jinja2', 'pydantic'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m.startswith('perfkit.')))"
+    )
+    # the version comes from a leaf module (perfkit.common.version): nothing else
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "['perfkit.common', 'perfkit.common.version']"
+
+
+def test_the_public_api_on_recorded_bundles():
+    """load_bundle, compare and a replayed run_ab on the committed H200 recordings: the values the
+    library gives (nothing mocked)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    b = perfkit.load_bundle(root / "examples/h200/bundles/cold_warm")
+    assert b.scenario == "cold_warm" and len(b.requests) == 6
+    case = "ltx-2b_25f_512x768_30s_w17"
+    rows = perfkit.compare(root / "examples/h200/bundles/cold_warm", root / "baselines/h200.json", case=case)
+    assert set(rows["case"]) == {case}
+    assert rows["status"].value_counts().to_dict() == {"pass": 12, "fail": 4, "skipped": 2}
+    # a bundle compared under a case the baseline lacks: a failing "cases compared" row
+    other = perfkit.compare(root / "examples/h200/bundles/cold_warm", root / "baselines/h200.json")
+    assert "fail" in set(other.loc[other["metric"] == "cases compared", "status"])
+    side = root / "examples/h200/ab-live/ab-2pct"
+    res = perfkit.run_ab(side / "a", side / "b", replay=True, threshold=0.01)
+    recorded = json.loads((side / "ab.json").read_text())
+    assert (res.verdict, res.exit_code) == (recorded["verdict"], recorded["exit_code"]) == ("regression", 1)
+    with pytest.raises(ValueError, match="out is required"):
+        perfkit.run_ab(side / "a", side / "b")

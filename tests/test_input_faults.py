@@ -17,8 +17,9 @@ import fake_engine
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
+from perfkit.measuring.assemble import assemble
+from perfkit.measuring.launch import measure_launch
 from perfkit.report.render import refused_records, summary_markdown
-from perfkit.scenarios.common import assemble, measure_launch
 
 MIB = 2**20
 

@@ -20,8 +20,8 @@ import pytest
 from perfkit import nbparams
 from perfkit.gate import outcome
 from perfkit.gate.verdicts import read_verdict
+from perfkit.measuring import progress
 from perfkit.params import ParamsError
-from perfkit.scenarios import progress
 
 ROOT = Path(__file__).resolve().parents[1]
 NB = ROOT / "notebooks"

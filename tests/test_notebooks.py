@@ -22,8 +22,9 @@ from perfkit.checks import Check
 from perfkit.common.numfmt import number_text
 from perfkit.gate import verdicts
 from perfkit.gate.run import scenario_checks
+from perfkit.measuring import progress
 from perfkit.report import notebook as nbk
-from perfkit.scenarios import progress, registry
+from perfkit.scenarios import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "examples" / "h200" / "bundles"
@@ -212,8 +213,8 @@ def test_progress_outside_jupyter_is_the_text_bar():
 
 
 def test_suite_bars_estimate_from_the_params():
+    from perfkit.measuring.progress import RunBars
     from perfkit.params import load_params
-    from perfkit.scenarios.progress import RunBars
     from perfkit.suite import run_plan
 
     p = load_params(ROOT / "params" / "h200.yaml")

@@ -262,8 +262,8 @@ def test_warmup_shapes_with_nothing_measured_is_an_error():
 def test_cold_warm_error_carries_the_request_error(monkeypatch, tmp_path):
     from perfkit.engine.client import RequestOutcome, VideoRequestSpec
     from perfkit.engine.spec import EngineSpec
+    from perfkit.measuring.launch import LaunchData, failed_row
     from perfkit.scenarios import cold_warm as cw
-    from perfkit.scenarios.common import LaunchData, failed_row
 
     def fake_measure(spec, requests, run_dir, label, **kw):
         d = LaunchData(label=label, launch_row={"launch": label, "ready_s": 1.0})

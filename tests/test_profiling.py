@@ -16,12 +16,12 @@ from perfkit.bundle import ResultBundle
 from perfkit.checks import check_table
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate.run import scenario_checks
+from perfkit.measuring.profiled import ProfileParams
 from perfkit.readings import traces as tr
 from perfkit.refengine.profiling import INJECTED_RANGE, trace_dir
 from perfkit.report.belowstage import below_stage
 from perfkit.report.render import external_refs, render_section
 from perfkit.scenarios import cold_vs_warm
-from perfkit.scenarios.profiled import ProfileParams
 from refengine_helpers import running_engine, spec
 
 NAME_RE = re.compile(r"^(video_[0-9a-f]+)-(full_stages|\d+_steps)-global-rank0\.trace\.json\.gz$")

@@ -57,7 +57,7 @@ def _write_gpu_ids(unit, out: Path) -> None:
             }
         )
     )
-    from perfkit.scenarios.progress import track_requests
+    from perfkit.measuring.progress import track_requests
 
     for launch in range(int(unit.get("launches", 0))):  # what an engine launch reports
         list(track_requests([1, 2], f"launch{launch}"))

@@ -285,7 +285,7 @@ def test_refresh_estimates(tmp_path):
 def test_one_progress_bar_over_launches(tmp_path):
     import io
 
-    from perfkit.scenarios.progress import emit
+    from perfkit.measuring.progress import emit
 
     units = [WorkUnit(id="a", parts=[], launches=3), WorkUnit(id="b", parts=[], launches=2)]
     buf = io.StringIO()

@@ -24,13 +24,13 @@ from perfkit.engine.client import RequestOutcome
 from perfkit.engine.launch import started_processes
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate import baseline as bl
+from perfkit.measuring.launch import LaunchData, _rows
 from perfkit.params import load_params
 from perfkit.readings import stages
 from perfkit.readings.records import SNAPSHOT_KEYS, find_record, parse_lines, read_perf_log
 from perfkit.refengine.cli import sglang_perf_log_dir
 from perfkit.report import plots
 from perfkit.scenarios import cold_vs_warm
-from perfkit.scenarios.common import LaunchData, _rows
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["serve", "--model-path", "/models/ltx2", "--port", "30000", "--host", "127.0.0.1"]

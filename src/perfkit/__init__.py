@@ -1,3 +1,184 @@
-"""perfkit: performance investigation suite for diffusion video serving engines."""
+"""perfkit: performance investigation suite for diffusion video serving engines.
 
-__version__ = "0.1.0"
+The public API for notebook users: four calls, each a thin wrapper over the library module
+that does the work (imported when called, so ``import perfkit`` stays cheap):
+
+- :func:`run_suite`: run (or replay) the investigations of a params file into a run directory
+  with its notebooks, verdicts, ``report.html`` and ``summary.md``
+  (:func:`perfkit.suite.run_suite`).
+- :func:`load_bundle`: one investigation's measurement (:class:`perfkit.bundle.ResultBundle`).
+- :func:`compare`: a run, a bundle, a ``performance.log`` or a perf dump against a baseline file,
+  by sglang's rule (:func:`perfkit.gate.baseline.compare`).
+- :func:`run_ab`: is B slower than A? Interleaved launches of two engine specs until each gated
+  metric is decided (:func:`perfkit.ab.sequential.run_sequential`), or two recorded sides
+  decided again.
+
+Everything else lives in the subpackages (docs/DESIGN.md, "Layout"). The A/B call is
+``run_ab``, not ``ab``: :mod:`perfkit.ab` is the subpackage, and importing it would replace a
+function of that name on this package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:  # for type checkers only: importing these costs seconds (pandas, torch)
+    import pandas as pd
+
+    from perfkit.bundle import ResultBundle
+    from perfkit.suite import SuiteResult
+
+from perfkit.common.version import __version__
+
+__all__ = ["run_suite", "load_bundle", "compare", "run_ab", "__version__"]
+
+
+def run_suite(
+    params: str | Path,
+    out: str | Path | None = None,
+    *,
+    replay: str | Path | None = None,
+    only: Sequence[str] | None = None,
+    tier: str | None = None,
+    progress: bool = True,
+) -> SuiteResult:
+    """Run the enabled investigations of a params file, each in its notebook (papermill), then
+    the baseline gate, ``report.html`` and ``summary.md``.
+
+    Args:
+        params: a params YAML (``params/cpu.yaml``, ``params/h200.yaml``).
+        out: the run directory (default: a new ``outputs/suite/<timestamp>``).
+        replay: a run or bundles directory: render from its bundles, launch nothing.
+        only: these investigations only (registered names).
+        tier: ``per-commit`` or ``extra``: the investigations of that tier only.
+        progress: progress bars on stderr.
+
+    Returns:
+        :class:`perfkit.suite.SuiteResult`: ``run_dir``, ``exit_code`` (0 pass, 1 regression,
+        2 error), ``status``, each notebook's run, and the verdict rows (a DataFrame).
+
+    Raises:
+        perfkit.suite.ParamsError: bad params or baseline file, unknown tier or investigation.
+        perfkit.suite.SuiteError: a replay directory without bundles, or ``out`` holding
+            another run. Every later failure is reported through the exit code.
+    """
+    from perfkit import suite
+
+    return suite.run_suite(params, out, replay=replay, only=only, tier=tier, progress=progress)
+
+
+def load_bundle(path: str | Path) -> ResultBundle:
+    """The bundle saved under ``path`` (``RUN/<investigation>/``): ``meta``, ``results`` and the
+    tables (``requests``, ``stages``, ``steps``, ``memory``, ``launches``; ms, s, MiB as declared
+    in :mod:`perfkit.bundle_schema`).
+
+    Raises:
+        FileNotFoundError: no bundle there; ValueError: a file that is not what its schema
+            declares (naming the file and column).
+    """
+    from perfkit.bundle import ResultBundle
+
+    return ResultBundle.load(path)
+
+
+def compare(
+    run: str | Path,
+    baseline: str | Path,
+    *,
+    case: str | None = None,
+    profile: str = "pr_test",
+    strict: bool = False,
+) -> pd.DataFrame:
+    """``run`` against the baseline file ``baseline`` by sglang's rule: a metric passes when
+    actual <= max(expected × (1 + tolerance), expected + pad) (sglang's
+    ``perf_baselines.json`` tolerances; :func:`perfkit.gate.baseline.compare`).
+
+    Args:
+        run: a run directory, a bundle, a ``performance.log`` or a perf dump.
+        baseline: a baseline JSON in sglang's layout.
+        case: the case id to compare a single bundle or log as (default: its own).
+        profile: the tolerance profile (``pr_test``, ``long_term``, ...).
+        strict: a case or metric the baseline lacks fails instead of being ``new``.
+
+    Returns:
+        The check rows as a DataFrame (:func:`perfkit.checks.check_table`): ``case``,
+        ``metric``, ``expected``, ``actual`` (ms, MiB), ``bound``, ``status`` (pass, fail,
+        improved, new, skipped) and ``reason``. A run sharing no case with the baseline gives a
+        failing ``cases compared`` row, never an empty pass.
+
+    Raises:
+        OSError: a file missing or unreadable; ValueError: an unreadable input or baseline
+            (:class:`perfkit.gate.baseline.BaselineError` names the file and key).
+    """
+    from perfkit.checks import check_table
+    from perfkit.gate import baseline as bl
+    from perfkit.gate.inputs import compare_cases
+
+    ref = bl.load_baseline(baseline)
+    cases, hardware = compare_cases(Path(run), case)
+    rows = bl.compare(cases, ref, profile=profile, strict=strict)
+    overlap, _ = bl.check_overlap(cases, ref, source=str(baseline), run_hardware=hardware)
+    return check_table([*overlap, *rows])
+
+
+def run_ab(
+    a: str | Path,
+    b: str | Path,
+    out: str | Path | None = None,
+    *,
+    replay: bool = False,
+    launches: int = 4,
+    max_launches: int = 8,
+    warm: int = 5,
+    threshold: float = 0.05,
+    gate_metrics: Sequence[str] | None = None,
+    undecided: str = "fail",
+) -> Any:
+    """Is B slower than A? Each launch is one sample (its median per metric); the interval of
+    B/A is a Welch t interval on the logs of the launch values (Kalibera & Jones' launches as
+    the unit), judged against ±``threshold``; launches are added in pairs until every gated
+    metric is decided or ``max_launches`` a side ran (alpha spending over the looks).
+
+    Args:
+        a, b: engine spec or params YAML files (:func:`perfkit.params.load_side`; the request
+            shape is the params files', which must agree); with ``replay``, two recorded side bundles
+            (``OUT/a``, ``OUT/b`` of an earlier run) decided again, nothing launched.
+        out: where the side bundles go (required unless ``replay``).
+        launches: launches a side at the first look (>= 2).
+        max_launches: launches a side at most.
+        warm: warm requests a launch after the cold one.
+        threshold: the relative change that matters (0.05: ±5 %).
+        gate_metrics: the metrics that decide (default: every metric).
+        undecided: ``fail`` (exit code 1) or ``pass`` when a gated metric stays inconclusive.
+
+    Returns:
+        The decision (:func:`perfkit.ab.sequential.decide_sequential`): ``verdict``,
+        ``exit_code`` (0 no regression, 1 regression or undecided, 2 error), ``table`` (one row
+        per metric: B/A, interval, decision), ``launch_means``, ``undecided``.
+
+    Raises:
+        ValueError: ``out`` missing for a live run, a spec file that is not an engine spec
+            (naming the key), sides that cannot be one A/B, or a gated metric nobody measured.
+    """
+    from perfkit.ab.driver import AbPlan
+    from perfkit.ab.options import request_for
+    from perfkit.ab.sequential import Design, decide_sequential, run_sequential
+    from perfkit.bundle import ResultBundle
+    from perfkit.engine.client import VideoRequestSpec
+    from perfkit.params import load_side
+
+    gate = list(gate_metrics) if gate_metrics else None
+    if replay:
+        bundles = {"A": ResultBundle.load(a), "B": ResultBundle.load(b)}
+        recorded = min(len(x.launches) for x in bundles.values())
+        design = Design(min(launches, recorded), min(max_launches, recorded))
+    else:
+        if out is None:
+            raise ValueError("ab: out is required for a live run (where the side bundles go)")
+        (spec_a, req_a), (spec_b, req_b) = load_side(a), load_side(b)
+        request = VideoRequestSpec.from_dict(request_for(req_a, req_b, {}))
+        design = Design(launches, max_launches)
+        plan = AbPlan(spec_a, spec_b, request, launches, warm)
+        bundles = run_sequential(plan, design, Path(out), threshold, gate=gate)
+    return decide_sequential(bundles["A"], bundles["B"], design, threshold, gate=gate, undecided=undecided)

@@ -226,10 +226,10 @@ def _gpu_info() -> dict[str, Any]:
 def environment_meta() -> dict[str, Any]:
     """Facts needed to reproduce a run: versions, git commit and source digest
     (:func:`perfkit.common.provenance.source_digest`), host, CPU count, GPU."""
-    import perfkit
+    from perfkit.common.version import __version__ as perfkit_version
 
     meta: dict[str, Any] = {
-        "perfkit_version": perfkit.__version__,
+        "perfkit_version": perfkit_version,
         "git_commit": git_commit(),
         "source_digest": source_digest(),
         "python": platform.python_version(),

@@ -17,19 +17,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import click
 
 from perfkit.common import jsonsafe
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, become_subreaper, describe
+from perfkit.measuring.progress import RunBars, planned_requests
 from perfkit.params import SuiteParams, load_params
 from perfkit.scenarios import registry
-from perfkit.scenarios.overhead import NAME as OVERHEAD
-from perfkit.scenarios.progress import RunBars, planned_requests
 from perfkit.scenarios.registry import RunContext
-from perfkit.scenarios.warmup_shapes import NAME as WARMUP_SHAPES
 
 log = logging.getLogger("perfkit.measure")
 
@@ -39,8 +37,7 @@ def measure(
     out: str | Path,
     only: list[str] | None = None,
     work_dir: str | Path | None = None,
-    overhead_pairs: int = 0,
-    two_stage_shapes: bool = False,
+    options: Mapping[str, Any] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Run the enabled investigations and save each bundle under ``out/<scenario>``.
@@ -50,9 +47,11 @@ def measure(
         out: bundle destination (kept small: no compile caches).
         only: restrict to these scenarios.
         work_dir: launch directories with logs and compile caches (default: a temp dir).
-        overhead_pairs: > 0 enables the instrumentation-overhead scenario with this many pairs.
-        two_stage_shapes: also run the warmup-shapes scenario with the two-stage pipeline
-            (bundle ``<name>_two_stage``).
+        options: the investigations' measure options given, by Python name
+            (:class:`~perfkit.scenarios.parts.MeasureOption`: ``{"overhead_pairs": 10}``
+            enables the instrumentation-overhead investigation with 10 pairs,
+            ``{"two_stage_shapes": True}`` adds a ``<name>_two_stage`` bundle); a false value
+            or a name left out keeps the default job.
         progress: draw a bar over every planned request (ETA from the scenarios' plans) and
             one per launch on stderr.
 
@@ -69,14 +68,13 @@ def measure(
     req = VideoRequestSpec.from_dict(params.request.model_dump(exclude_none=True))
     jobs: list[tuple[str, Any, Any, Any]] = []
     for s in registry.all_scenarios():
-        sec = params.section(s.name)
-        if s.name == OVERHEAD and overhead_pairs > 0:
-            sec = sec.model_copy(update={"enabled": True, "pairs": overhead_pairs})
-        if not sec.enabled or (only and s.name not in only):
+        if only and s.name not in only:
             continue
-        jobs.append((s.name, s, sec, spec))
-        if two_stage_shapes and s.name == WARMUP_SHAPES:
-            jobs.append((f"{s.name}_two_stage", s, sec, spec.replace(two_stage=True)))
+        mine: list[tuple[str, Any, Any]] = [("", params.section(s.name), spec)]
+        for o in s.measure_options:
+            if (options or {}).get(o.dest):
+                mine = o.jobs(options[o.dest], mine[0][1], spec)
+        jobs += [(s.name + suffix, s, sec, eng) for suffix, sec, eng in mine if sec.enabled]
     summary: dict[str, Any] = {}
     shared: dict[str, Any] = {}
     plans = {name: (s.plan(sec) if s.plan is not None else []) for name, s, sec, _ in jobs}
@@ -121,6 +119,19 @@ def investigations(values: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
+def _scenario_options(f: Any) -> Any:
+    """The measure options the investigations declare
+    (:attr:`~perfkit.scenarios.registry.Scenario.measure_options`) as click options of ``f``."""
+    for _, o in reversed(registry.measure_options()):
+        if o.is_flag:
+            f = click.option(o.flag, o.dest, is_flag=True, help=o.help)(f)
+        else:
+            f = click.option(
+                o.flag, o.dest, type=click.IntRange(min=o.minimum), default=0, show_default=True, help=o.help
+            )(f)
+    return f
+
+
 @click.command(
     "measure",
     help="Run the enabled investigations of a params file into bundles, without notebooks "
@@ -154,25 +165,13 @@ def investigations(values: tuple[str, ...]) -> tuple[str, ...]:
     default=None,
     help="launch directories with logs and compile caches (default: a temp dir)",
 )
-@click.option(
-    "--overhead-pairs",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="> 0 runs the instrumentation-overhead investigation with this many ABBA pairs",
-)
-@click.option(
-    "--two-stage-shapes",
-    is_flag=True,
-    help="also run the warmup-shapes investigation with the two-stage pipeline",
-)
+@_scenario_options
 def measure_command(
     params_file: str,
     out: str,
     only: tuple[str, ...],
     work_dir: str | None,
-    overhead_pairs: int,
-    two_stage_shapes: bool,
+    **options: Any,
 ) -> None:
     """The ``measure`` command (also ``perfkit measure``); exits with the code."""
     become_subreaper()  # this process owns its engines and whatever they start
@@ -191,8 +190,7 @@ def measure_command(
         out,
         only=list(only) or None,
         work_dir=work_dir,
-        overhead_pairs=overhead_pairs,
-        two_stage_shapes=two_stage_shapes,
+        options=options,
     )
     click.echo(json.dumps(summary, indent=2))
     if not summary:

@@ -152,12 +152,12 @@ def run_dir_for(name: str, given: str | None) -> RunDir:
 
 def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: float | None):
     """Execute the notebook (:func:`perfkit.suite.execute_notebook`); on a terminal, draw its
-    requests' progress from the kernel's events (:class:`perfkit.scenarios.progress.RunBars`; the
+    requests' progress from the kernel's events (:class:`perfkit.measuring.progress.RunBars`; the
     estimate from the scenario's plan). This process owns what the kernel starts
     (:mod:`perfkit.engine.owner`): ended here if it outlives it, and named in the error."""
     from perfkit.engine.owner import REGISTRY_ENV, Watch, become_subreaper, describe
+    from perfkit.measuring.progress import RunBars
     from perfkit.scenarios import registry
-    from perfkit.scenarios.progress import RunBars
     from perfkit.suite import execute_notebook
 
     plan: list[int] = []

@@ -65,11 +65,11 @@ def recorded_thresholds(bundles: dict[str, ResultBundle]) -> tuple[float | None,
 
 
 def profile_params(steps: int, all_stages: bool, warm: int) -> Any:
-    """``--profile``'s settings as :class:`perfkit.scenarios.profiled.ProfileParams`.
+    """``--profile``'s settings as :class:`perfkit.measuring.profiled.ProfileParams`.
     Raises :class:`AbInputError` (``--profile-steps``) with the model's messages."""
     from pydantic import ValidationError
 
-    from perfkit.scenarios.profiled import ProfileParams
+    from perfkit.measuring.profiled import ProfileParams
 
     try:
         return ProfileParams(steps=steps, all_stages=all_stages, warm=warm)

@@ -1,10 +1,10 @@
 """Run an A/B: balanced interleaved launches of two engine specs, a bundle per side.
 
 Order ``A B B A A B …`` (:func:`perfkit.ab.stats.interleaved_order`), N launches a side; each
-launch is one :func:`perfkit.scenarios.common.measure_launch` (fresh compile caches unless the
+launch is one :func:`perfkit.measuring.launch.measure_launch` (fresh compile caches unless the
 spec shares them): cold start, the cold request, then M warm requests of the same shape, with
 per-stage and per-step times and memory; its launch row carries ``first_result_s`` (launch
-until the first successful request ended, s; :func:`perfkit.scenarios.common.first_result`).
+until the first successful request ended, s; :func:`perfkit.measuring.launch.first_result`).
 The host's load averages (``os.getloadavg``) before each launch and at the end go into the
 bundles' meta: the runner may be shared.
 """
@@ -26,8 +26,9 @@ from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, describe
 from perfkit.engine.spec import EngineSpec
-from perfkit.scenarios.common import LaunchData, assemble, measure_launch
-from perfkit.scenarios.profiled import ProfileParams, attach, run_profiled
+from perfkit.measuring.assemble import assemble
+from perfkit.measuring.launch import LaunchData, measure_launch
+from perfkit.measuring.profiled import ProfileParams, attach, run_profiled
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class AbPlan:
         request_timeout_s: per request (s; None: each spec's ``request_timeout_s``, else
             :data:`~perfkit.engine.spec.DEFAULT_REQUEST_TIMEOUT_S`).
         profile: profile a cold and a warm request of each side in an extra launch after the
-            measured ones (:mod:`perfkit.scenarios.profiled`); None: nothing profiled.
+            measured ones (:mod:`perfkit.measuring.profiled`); None: nothing profiled.
     """
 
     spec_a: EngineSpec

@@ -11,8 +11,9 @@ exponent notation, never more than three decimals (a value that rounds to zero r
 from __future__ import annotations
 
 import math
+from typing import Any
 
-__all__ = ["number_text", "percent_text"]
+__all__ = ["fmt", "json_float", "number_text", "percent_text"]
 
 
 def number_text(x: float) -> str:
@@ -53,3 +54,27 @@ def percent_text(x: object, digits: int = 1) -> str:
     if isinstance(x, bool) or not math.isfinite(f):
         return "–"
     return f"{f * 100:.{digits}f} %"
+
+
+def fmt(v: Any, spec: str = ".0f", unit: str = "", missing: str = "–") -> str:
+    """A number for a reading or a check reason: ``fmt(954.2, ".0f", " ms")`` -> ``"954 ms"``,
+    ``fmt(58427.9, ".0f", " ms")`` -> ``"58,428 ms"``; a ``g`` spec takes
+    :func:`number_text` (``-3.9e-13`` -> ``"0"``, never exponent
+    notation); ``missing`` ("–") when not measured (None, NaN, not a number), never 0."""
+    x = json_float(v)
+    if x is None:
+        return missing
+    if spec.endswith("g"):  # "as precise as it reads": the one number rule, no exponent
+        return f"{number_text(x)}{unit}"
+    if spec.startswith(".") and spec.endswith("f"):
+        spec = "," + spec  # thousands separated: 58,428 ms
+    return f"{x:{spec}}{unit}"
+
+
+def json_float(x: Any) -> float | None:
+    """float or None for NaN/None (results.json must be valid JSON)."""
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) or math.isinf(f) else f

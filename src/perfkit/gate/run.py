@@ -15,11 +15,11 @@ import yaml
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check
 from perfkit.common.provenance import repo_root
+from perfkit.common.slugs import slug
 from perfkit.engine.spec import DEFAULT_WARMUP_FRAMES
 from perfkit.gate import baseline as bl
 from perfkit.gate.engine_config import engine_checks
 from perfkit.scenarios import registry
-from perfkit.scenarios.common import slug
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Below the stage: what the profiled requests' traces say, op by op.
 
 Reads a bundle's ``traces`` table and the trace files under its ``traces/`` directory
-(:mod:`perfkit.scenarios.profiled` puts them there), through :mod:`perfkit.readings.traces`:
+(:mod:`perfkit.measuring.profiled` puts them there), through :mod:`perfkit.readings.traces`:
 per profiled request the top ops per stage (count, total ms, mean ms, share of the stage's op
 time), its CPU-side overhead and device idle share per stage and rank
 (:func:`perfkit.readings.traces.overhead_table`), and the diff of the profiled cold request (or

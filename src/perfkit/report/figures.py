@@ -20,7 +20,8 @@ summary.md show. Statistics named in the footer: medians and quartiles are numpy
 (linear interpolation between order statistics, Hyndman–Fan type 7); intervals are 95 %
 percentile bootstraps with seed 0 (:mod:`perfkit.stats`). ``overhead-pooled`` (``src`` a
 comma-separated list of bundles directories) pools the ABBA pairs of several instrumentation-
-overhead launches into one estimate (:func:`perfkit.scenarios.overhead.pooled`).
+overhead launches into one estimate: a block kind the overhead investigation declares
+(:attr:`~perfkit.scenarios.registry.Scenario.doc_blocks`; :func:`kinds` lists every kind).
 
 ``history-nightly`` (``src`` a directory of sglang's nightly comparison files) lists every
 change point and outlier beside the 5 %-over-last-3 alarms (:mod:`perfkit.history.tables`).
@@ -50,19 +51,18 @@ from perfkit.bundle import ResultBundle
 from perfkit.readings.records import parse_lines
 from perfkit.report.power import power_markdown, sequential_markdown
 from perfkit.report.tables import markdown_table
-from perfkit.scenarios import overhead, registry
-from perfkit.scenarios.cold_warm import NAME as SESSION
-from perfkit.scenarios.overhead import NAME as OVERHEAD
+from perfkit.scenarios import registry
 
 __all__ = ["FiguresError", "Block", "blocks", "render_block", "update_text", "update_file", "STATS_NOTE"]
 
+#: the block kinds of this module; the investigations add theirs
+#: (:attr:`~perfkit.scenarios.registry.Scenario.doc_blocks`, e.g. ``overhead-pooled``): :func:`kinds`
 KINDS = (
     "key-numbers",
     "full",
     "compare",
     "ab-power",
     "ab-sequential",
-    "overhead-pooled",
     "history-nightly",
     "timings",
 )
@@ -85,6 +85,19 @@ _KIND_ATTRS = {
     "ab-power": ("threshold", "confidence"),
     "ab-sequential": ("threshold", "confidence"),
 }
+
+
+def kinds() -> tuple[str, ...]:
+    """Every block kind: this module's (:data:`KINDS`) and the investigations' own."""
+    return (*KINDS, *registry.doc_blocks())
+
+
+def _session() -> str:
+    """The investigation whose bundle is the session ``kind=compare`` compares."""
+    name = registry.session_name()
+    if name is None:
+        raise FiguresError("compare: no registered investigation declares session=True")
+    return name
 
 
 class FiguresError(ValueError):
@@ -136,10 +149,10 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
         if "src" not in args:
             raise FiguresError(f"{where}: figures block without src=: {m.group('open').strip()}")
         kind = args.get("kind", "full")
-        if kind not in KINDS:
-            raise FiguresError(f"{where}: figures block kind={kind!r}; known: {', '.join(KINDS)}")
+        if kind not in kinds():
+            raise FiguresError(f"{where}: figures block kind={kind!r}; known: {', '.join(kinds())}")
         ignored = sorted(set(args) - {"src", "kind"} - set(_KIND_ATTRS.get(kind, ())))
-        if kind in KINDS and ignored:
+        if ignored:
             raise FiguresError(
                 f"{where}: kind={kind} takes no {', '.join(ignored)} "
                 f"(it takes: src, kind{''.join(', ' + a for a in _KIND_ATTRS.get(kind, ()))}): {m.group('open').strip()}"
@@ -205,8 +218,8 @@ def render_block(block: Block, root: Path) -> str:
             )
         except (OSError, ValueError) as exc:
             raise FiguresError(f"ab-sequential {block.src}: {exc}") from exc
-    if block.kind == "overhead-pooled":
-        return _overhead_pooled(block, root)
+    if block.kind in registry.doc_blocks():
+        return _combined(block, root)
     if block.kind == "history-nightly":
         return _history_nightly(block, root)
     if block.kind == "timings":
@@ -322,32 +335,35 @@ def _full_section(name: str, r: dict) -> list[str]:
     return parts
 
 
-def _overhead_pooled(block: Block, root: Path) -> str:
-    """``kind=overhead-pooled``: ``src`` is a comma-separated list of bundles directories, each
-    with an instrumentation-overhead bundle; their ABBA pairs pooled
-    (:func:`perfkit.scenarios.overhead.pooled`), rendered as ``full``."""
+def _combined(block: Block, root: Path) -> str:
+    """A block kind an investigation adds (:class:`~perfkit.scenarios.parts.DocBlock`, e.g.
+    ``overhead-pooled``): ``src`` is a comma-separated list of bundles directories, each with
+    that investigation's results; they are combined by its ``combine`` (the overhead probe's
+    ABBA pairs pooled: :func:`perfkit.scenarios.registry.doc_blocks`) and rendered as ``full``."""
+    scenario, decl = registry.doc_blocks()[block.kind]
+    name = scenario.name
     srcs = block.src.split(",")
     if any(not x for x in srcs):
-        raise FiguresError(f"overhead-pooled src={block.src}: an empty item in the list")
+        raise FiguresError(f"{block.kind} src={block.src}: an empty item in the list")
     found = []
     where: dict[Path, str] = {}
     for src in srcs:
         d = (root / src).resolve()
         if d in where:
-            raise FiguresError(f"overhead-pooled src={block.src}: {src} is {where[d]} again")
+            raise FiguresError(f"{block.kind} src={block.src}: {src} is {where[d]} again")
         where[d] = src
         if not d.is_dir():
-            raise FiguresError(f"overhead-pooled: {root / src}: no such directory")
-        r = _results(d).get(OVERHEAD)
+            raise FiguresError(f"{block.kind}: {root / src}: no such directory")
+        r = _results(d).get(name)
         if r is None:
-            raise FiguresError(f"overhead-pooled: {root / src} has no {OVERHEAD}/results.json")
+            raise FiguresError(f"{block.kind}: {root / src} has no {name}/results.json")
         found.append(r)
     try:
-        r = overhead.pooled(found, names=[f"{s}/{OVERHEAD}/results.json" for s in srcs])
+        r = dict(decl.combine(found, [f"{s}/{name}/results.json" for s in srcs]))
     except registry.ScenarioError as exc:
-        raise FiguresError(f"overhead-pooled {block.src}: {exc}") from exc
+        raise FiguresError(f"{block.kind} {block.src}: {exc}") from exc
     names = ", ".join(f"`{x}`" for x in srcs)
-    return _with_footer(_full_section(OVERHEAD, r), f"{names} ({len(srcs)} launches pooled)")
+    return _with_footer(_full_section(name, r), f"{names} ({len(srcs)} {decl.verb})")
 
 
 def update_text(text: str, root: Path, where: str = "<text>") -> str:
@@ -395,7 +411,7 @@ def _warm(src: str, root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
         ValueError: no warm request or no such launch; OSError: no bundle there.
     """
     path, _, launch = src.partition("@")
-    b = ResultBundle.load(root / path if launch else root / path / SESSION)
+    b = ResultBundle.load(root / path if launch else root / path / _session())
     req = b.requests
     keep = (req["index"] > 0).fillna(False).to_numpy(bool) & (req["status"] == "completed").to_numpy(bool)
     if launch:
@@ -429,7 +445,7 @@ def _compare(block: Block, root: Path) -> str:
         b, sb, pb, lb = _warm(str(block.vs), root)
     except (OSError, ValueError, KeyError) as exc:
         raise FiguresError(
-            f"compare {block.src} vs {block.vs}: no {SESSION} bundle to compare ({exc})"
+            f"compare {block.src} vs {block.vs}: no {_session()} bundle to compare ({exc})"
         ) from exc
     rows = []
 
@@ -480,7 +496,7 @@ def _compare(block: Block, root: Path) -> str:
     df = pd.DataFrame(rows, columns=["what", "A", "B", "A/B", "95% CI of A/B"])
     note = (
         f"*Generated by `perfkit figures` from the warm requests of `{block.src}` and `{block.vs}` "
-        f"(a directory: its `{SESSION}` session; `DIR/<scenario>@<launch>`: that launch): "
+        f"(a directory: its `{_session()}` session; `DIR/<scenario>@<launch>`: that launch): "
         "medians over the warm requests (steps: over every step of them); A/B below 1: A is faster; "
         "intervals: percentile bootstrap of the ratio of medians, seed "
         "0 (launch-level figures have one value a side: no interval).*"

@@ -21,10 +21,10 @@ from perfkit.common import jsonsafe
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, describe
 from perfkit.engine.spec import EngineSpec
+from perfkit.measuring.progress import listening
 from perfkit.scaleout.outcome import OnEvent, RunUnit, UnitOutcome
 from perfkit.scaleout.units import WorkUnit
 from perfkit.scenarios import registry
-from perfkit.scenarios.progress import listening
 from perfkit.scenarios.registry import RunContext
 
 log = logging.getLogger(__name__)

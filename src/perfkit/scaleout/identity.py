@@ -11,10 +11,10 @@ from typing import Any, Mapping
 
 
 def perfkit_version() -> str:
-    """This perfkit's version (``perfkit.__version__``)."""
-    import perfkit
+    """This perfkit's version (``perfkit.__version__``, kept in :mod:`perfkit.common.version`)."""
+    from perfkit.common.version import __version__
 
-    return str(perfkit.__version__)
+    return str(__version__)
 
 
 #: what every part and shard of one merged run must share (see :func:`part_identity`)

@@ -197,7 +197,7 @@ def run_one(
     Returns a dict: status ("ok"/"error"), error, log_tail, host, gpu_ids, gpu_uuids,
     started_at, ended_at, archive (bytes of :func:`pack_dir` of the unit's output directory).
     """
-    from perfkit.scenarios.progress import listening
+    from perfkit.measuring.progress import listening
 
     send = _Sender(events, str(unit["id"]))
     send("started")
@@ -266,9 +266,7 @@ def default_runtime_env(address: str | None = None) -> dict[str, Any]:
     process, secrets left out) and perfkit's own source. A local Ray (``address=None``) gets it on
     ``PYTHONPATH`` (the workers run on this machine); a cluster gets the package through
     ``py_modules`` (uploaded by Ray; the workers need perfkit's dependencies installed)."""
-    import perfkit
-
-    pkg = Path(perfkit.__file__).resolve().parent
+    pkg = Path(__file__).resolve().parents[1]  # the perfkit package
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and not _SECRET.search(k)}
     rt: dict[str, Any] = {"env_vars": env}
     if address is None:

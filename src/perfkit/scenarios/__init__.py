@@ -1,5 +1,6 @@
 """The investigations. Each module registers one :class:`~perfkit.scenarios.registry.Scenario`
-when imported; importing this package fills the registry. Run order (``Scenario.order``):
+when imported; importing this package imports every module in it (:func:`discover`), so a new
+investigation is one new module here and nothing else. Run order (``Scenario.order``):
 
 - :mod:`.cold_warm`: cold request vs warm requests in one session, leak checks (seed 000).
 - :mod:`.warmup_shapes`: does the startup warmup cover the request shapes (seed 003).
@@ -9,8 +10,14 @@ when imported; importing this package fills the registry. Run order (``Scenario.
   (disabled by default).
 - :mod:`.overhead`: what perfkit's own instrumentation costs (disabled by default).
 
-The package also exports each investigation's measuring function for direct use.
+The rest is shared: :mod:`.registry` (Scenario and its defaults), :mod:`.parts` (notebook cells,
+figures, measure options, ``perfkit figures`` block kinds), :mod:`.cells` (cell texts several
+investigations show), :mod:`.common`, :mod:`.runner`. The package also exports each
+investigation's measuring function for direct use.
 """
+
+import importlib
+import pkgutil
 
 # importing a scenario module registers it; the run order is each Scenario's ``order``
 from perfkit.scenarios import load as _load  # noqa: F401  (registers it)
@@ -21,6 +28,19 @@ from perfkit.scenarios.overhead import overhead_probe
 from perfkit.scenarios.registry import all_scenarios, get, names
 from perfkit.scenarios.warmup_shapes import warmup_shapes
 
+
+def discover() -> list[str]:
+    """Import every module of this package (each investigation registers itself); returns
+    their names. A module that fails to import raises here, naming itself."""
+    found = []
+    for info in pkgutil.iter_modules(__path__, __name__ + "."):
+        importlib.import_module(info.name)
+        found.append(info.name)
+    return found
+
+
+discover()
+
 __all__ = [
     "cold_vs_warm",
     "warmup_shapes",
@@ -29,6 +49,7 @@ __all__ = [
     "offload_modes",
     "overhead_probe",
     "all_scenarios",
+    "discover",
     "get",
     "names",
 ]

@@ -20,20 +20,18 @@ from pydantic import Field
 from perfkit import stats
 from perfkit.bundle import ResultBundle, steady_state
 from perfkit.checks import Check, check_max, check_min, number
+from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.scenarios.common import (
-    PlannedLaunch,
-    assemble,
-    fmt,
-    json_float,
-    launch_key,
-    measure_launch,
-    stage_penalty,
-)
-from perfkit.scenarios.memsites import SnapshotParams, ask_engine, collect, sites_markdown, top_sites_text
-from perfkit.scenarios.profiled import ProfileParams, attach, run_profiled
+from perfkit.measuring.assemble import assemble
+from perfkit.measuring.launch import LaunchData, measure_launch
+from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown, top_sites_text
+from perfkit.measuring.profiled import ProfileParams, attach, run_profiled
+from perfkit.measuring.reuse import PlannedLaunch, launch_key
+from perfkit.scenarios import cells
+from perfkit.scenarios.common import stage_penalty
+from perfkit.scenarios.parts import code, md
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -97,66 +95,10 @@ def _request(request: VideoRequestSpec | dict | None) -> VideoRequestSpec:
     return request
 
 
-def cold_vs_warm(
-    spec: EngineSpec,
-    request: VideoRequestSpec | dict | None = None,
-    repeats: int = 5,
-    caps: MemoryCaps | None = None,
-    run_dir: str | Path = "outputs/cold_warm",
-    sample_interval_s: float = 0.1,
-    profile: ProfileParams | dict | None = None,
-    snapshot: SnapshotParams | dict | None = None,
-) -> ResultBundle:
-    """Run the cold vs warm investigation.
-
-    Args:
-        spec: the engine.
-        request: the request sent ``repeats`` times (same shape, same session).
-        repeats: requests in the session (>= 2: one cold, the rest warm).
-        caps: memory budget for the launch.
-        run_dir: where launch directories go.
-        profile: profile extra requests (:class:`~perfkit.scenarios.profiled.ProfileParams`):
-            an extra launch after the measured one whose traces fill the bundle's ``traces``
-            table and ``traces/``; nothing measured reads them.
-
-    Returns:
-        A ResultBundle (scenario ``cold_warm``) whose results hold ``cold_ms``, ``warm_median_ms``,
-        ``warm_cold_ratio`` (warm median / cold) and ``cold_warm_ratio`` (cold / warm median)
-        with 95 % bootstrap intervals, ``penalty_ms`` per stage, ``penalty_stage``,
-        ``cold_start`` (s) and ``leak_checks`` (name, value; judged by :func:`checks`).
-
-    Raises:
-        ValueError: repeats < 2.
-    """
-    if repeats < 2:
-        raise ValueError(f"cold_vs_warm: repeats must be >= 2 (one cold + warm), got {repeats}")
-    req = _request(request)
-    run_dir = Path(run_dir)
-    if isinstance(snapshot, dict):
-        snapshot = SnapshotParams.model_validate(snapshot)
-    snapshot_why_not = None
-    if snapshot is not None:
-        spec, snapshot_why_not = ask_engine(spec, snapshot, repeats)
-    data = measure_launch(
-        spec, [req] * repeats, run_dir, "session", caps=caps, sample_interval_s=sample_interval_s
-    )
-    df = data.measured()
-    results: dict[str, Any] = {
-        "repeats": repeats,
-        "error": data.error,
-        "cold_start": {
-            k: json_float(data.launch_row.get(k))
-            for k in (
-                "ready_s",
-                "process_start_s",
-                "models_loaded_s",
-                "warmup_s",
-                "first_result_s",
-                "first_request_wait_s",
-                "first_request_ms",
-            )
-        },
-    }
+def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame, repeats: int) -> None:
+    """Add to ``results`` what the session measured: cold and warm latency (ms) with their
+    ratios and 95 % intervals, compile counts, the first-request penalty per stage (ms) and the
+    leak checks; or, with fewer than 2 completed requests, why not (``error``)."""
     ok = df[df["status"] == "completed"] if not df.empty else df
     results["completed"] = int(len(ok))
     if len(ok) >= 2 and (ok["index"] == 0).any():
@@ -202,6 +144,69 @@ def cold_vs_warm(
         if not results["error"]:  # the engine ran but refused or failed the requests: say why
             results["error"] = _request_error(data, df, repeats)
         log.error("cold_vs_warm: fewer than 2 completed requests (%s)", results["error"])
+
+
+def cold_vs_warm(
+    spec: EngineSpec,
+    request: VideoRequestSpec | dict | None = None,
+    repeats: int = 5,
+    caps: MemoryCaps | None = None,
+    run_dir: str | Path = "outputs/cold_warm",
+    sample_interval_s: float = 0.1,
+    profile: ProfileParams | dict | None = None,
+    snapshot: SnapshotParams | dict | None = None,
+) -> ResultBundle:
+    """Run the cold vs warm investigation.
+
+    Args:
+        spec: the engine.
+        request: the request sent ``repeats`` times (same shape, same session).
+        repeats: requests in the session (>= 2: one cold, the rest warm).
+        caps: memory budget for the launch.
+        run_dir: where launch directories go.
+        profile: profile extra requests (:class:`~perfkit.measuring.profiled.ProfileParams`):
+            an extra launch after the measured one whose traces fill the bundle's ``traces``
+            table and ``traces/``; nothing measured reads them.
+
+    Returns:
+        A ResultBundle (scenario ``cold_warm``) whose results hold ``cold_ms``, ``warm_median_ms``,
+        ``warm_cold_ratio`` (warm median / cold) and ``cold_warm_ratio`` (cold / warm median)
+        with 95 % bootstrap intervals, ``penalty_ms`` per stage, ``penalty_stage``,
+        ``cold_start`` (s) and ``leak_checks`` (name, value; judged by :func:`checks`).
+
+    Raises:
+        ValueError: repeats < 2.
+    """
+    if repeats < 2:
+        raise ValueError(f"cold_vs_warm: repeats must be >= 2 (one cold + warm), got {repeats}")
+    req = _request(request)
+    run_dir = Path(run_dir)
+    if isinstance(snapshot, dict):
+        snapshot = SnapshotParams.model_validate(snapshot)
+    snapshot_why_not = None
+    if snapshot is not None:
+        spec, snapshot_why_not = ask_engine(spec, snapshot, repeats)
+    data = measure_launch(
+        spec, [req] * repeats, run_dir, "session", caps=caps, sample_interval_s=sample_interval_s
+    )
+    df = data.measured()
+    results: dict[str, Any] = {
+        "repeats": repeats,
+        "error": data.error,
+        "cold_start": {
+            k: json_float(data.launch_row.get(k))
+            for k in (
+                "ready_s",
+                "process_start_s",
+                "models_loaded_s",
+                "warmup_s",
+                "first_result_s",
+                "first_request_wait_s",
+                "first_request_ms",
+            )
+        },
+    }
+    _session_results(results, data, df, repeats)
     params = {"spec": spec.to_dict(), "request": req.payload(), "repeats": repeats}
     if isinstance(profile, dict):
         profile = ProfileParams.model_validate(profile)
@@ -417,6 +422,67 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return {case_id(): steady_state(bundle)}
 
 
+#: its notebook after the generic measuring cell (notebooks/make_notebooks.py adds the
+#: title, parameters, setup and measuring cells before and the gate's cells after)
+NOTEBOOK = (
+    md("## Headline numbers"),
+    code("""show_table(summary_frame("cold_warm", results))
+display(Markdown(reading("cold_warm", results)))"""),
+    md(
+        "## Why the first request pays: recompilation\n\n"
+        "Each request that ran a shape first in its launch (the cold request, or the first of a "
+        "new shape): its penalty over the warm median of the same shape, the stage holding "
+        "most of it, and the recompilations it paid (count, compile time, the compiler's reason)."
+    ),
+    code(cells.ROOT_CAUSE),
+    md(
+        "## Below the stage: profiled requests\n\n"
+        "With `profile` set, an extra launch sends a cold and a warm request with sglang's "
+        "profiling fields (`profile`, `num_profiled_timesteps`, `profile_all_stages`); their "
+        "torch.profiler traces are in the bundle under `traces/` (open them in Perfetto, "
+        "ui.perfetto.dev, or chrome://tracing). They are extra requests: no statistic, "
+        "invariant or gate here reads them. Op time is the wall time of top-level ops."
+    ),
+    code(cells.BELOW_STAGE),
+    md("## Every request: role and shape"),
+    code(cells.REQUESTS),
+    md("## Gate (invariants measured within this run)"),
+    code(cells.GATE_CELL),
+    md("## Per-stage latency, cold vs warm requests"),
+    code("show(plots.stage_breakdown(bundle))"),
+    md("## End-to-end latency per request"),
+    code("show(plots.e2e_per_request(bundle))"),
+    md("## Denoising step times"),
+    code("show(plots.step_times(bundle))"),
+    md("## Memory timeline"),
+    code("""cap_lines = {"device_cap_gib": (caps or {}).get("device_gib"),
+             "host_cap_gib": (caps or {}).get("host_gib")}
+show(plots.memory_timeline(bundle, caps=cap_lines))"""),
+    md("## Leak checks (rows of the gate above)"),
+    code("""from perfkit.scenarios.cold_warm import LEAK_CHECKS
+
+leak_rows = [r for r in rows if r.metric in LEAK_CHECKS]
+show_table(check_frame(leak_rows))
+display(Markdown(verdict_markdown(leak_rows, "Leak checks")))"""),
+    md(cells.MEMORY_SITES_MD),
+    code(cells.MEMORY_SITES),
+    md(
+        "## How to read this\n\n"
+        "- The **cold request** (red) pays what the startup warmup did not: shape setup, "
+        "lazy initialisation. The **first-request penalty** is cold minus the warm median, per "
+        "stage; the stage that holds it says where to look.\n"
+        "- A warm/cold ratio above 1 means warm requests are slower than the first: state "
+        "leaks across requests (residency, in-flight copies, host copies). The leak checks "
+        "fit a slope to host/device memory per request and to latency drift.\n"
+        "- Absolute milliseconds are only comparable on the same hardware; the gate here uses "
+        "ratios measured within this run."
+    ),
+)
+
+#: the first paragraph of its report section
+SECTION_INTRO = "Cold request: the first request after ready. Warm request: a later one with the same shape, in the same session. The gate compares their latencies and the memory slope across requests."
+
+
 SCENARIO = register(
     Scenario(
         order=10,
@@ -438,5 +504,10 @@ SCENARIO = register(
         launches=lambda p, engine, request: [
             PlannedLaunch((launch_key(engine, request, p.caps.to_caps() if p.caps else None),), p.repeats)
         ],
+        session=True,
+        notebook_intro="Does the second (warm) request in one server session meet the same numbers as the "
+        "first (cold) request, or does state leak across requests and degrade it?",
+        cells=NOTEBOOK,
+        section_intro=SECTION_INTRO,
     )
 )

@@ -38,23 +38,23 @@ from __future__ import annotations
 
 from typing import Any, Literal, Mapping, Optional
 
-import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator, model_validator
 
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check, check_max, check_min
+from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
-from perfkit.scenarios.common import assemble, fmt, json_float, measure_launch
+from perfkit.measuring.assemble import assemble
+from perfkit.measuring.launch import measure_launch
+from perfkit.scenarios import cells
 from perfkit.scenarios.load_measure import per_request_rows, run_phases, trace_path
 from perfkit.scenarios.load_stats import (
     check_rows,
-    level_stats,
-    median,
-    open_loop_stats,
     read_trace,
-    trace_summary,
+    summarise,
 )
+from perfkit.scenarios.parts import code, md
 from perfkit.scenarios.registry import (
     InvariantParams,
     KeyNumber,
@@ -204,88 +204,6 @@ def run(ctx: RunContext, p: LoadParams) -> ResultBundle:
 
 
 # ------------------------------------------------------------------------------- summarising
-def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str, Any]:
-    """Everything the tables, checks and reading show, from ``results["per_request"]`` (and the
-    memory timeline for the peaks): ``slo_ms``, ``slo_source``, ``requests``, ``failed_requests``
-    (of every phase, not completed), ``levels`` (one dict per
-    closed-loop level), ``open_loop``, ``trace``, ``capacity_rps``, ``memory_growth_mib``.
-
-    Raises:
-        ScenarioError: a row of ``per_request`` lacks a key, or has a null or wrongly typed one
-            (:func:`perfkit.scenarios.load_stats.check_rows`, naming the row and the key), or
-            ``slo_ms_given``/``slo_scale`` is not a number > 0 or null.
-    """
-    rows = check_rows(results.get("per_request") or [])
-    warm = [r["e2e_ms"] for r in rows if r["phase"] == "warmup" and r["status"] == "completed"]
-    slo_ms, slo_source = results.get("slo_ms_given"), "slo_ms (fixed)"
-    scale = results.get("slo_scale")
-    for key, v in (("slo_ms_given", slo_ms), ("slo_scale", scale)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
-            raise ScenarioError(f"results.{key}: a number > 0 or null, got {v!r}")
-    if slo_ms is None and warm and scale is None:
-        slo_source = "not set: no slo_ms and no slo_scale recorded"
-    elif slo_ms is None and warm:
-        slo_ms = scale * float(np.median(warm))
-        slo_source = f"{scale:g} x warm-up median {float(np.median(warm)):.1f} ms"
-    elif slo_ms is None:
-        slo_source = "not set: no warm-up request completed"
-    levels = []
-    for k in sorted({r["level"] for r in rows if r["phase"] == "closed"}):
-        mine = [r for r in rows if r["phase"] == "closed" and r["level"] == k]
-        lv = {"concurrency": k, **level_stats(mine, slo_ms, mem)}
-        # the steady state: requests submitted with k - 1 others in flight (the first k - 1 of
-        # the level found fewer ahead of them: the ramp-up)
-        steady = [r for r in mine if r["status"] == "completed" and r["in_flight_at_submit"] == k - 1]
-        lv["steady_requests"] = len(steady)
-        lv["queue_wait_steady_ms"] = median([r["queue_wait_ms"] for r in steady])
-        svc = lv["service_ms"]
-        expect = (k - 1) * svc if svc is not None else None
-        lv["queue_wait_expected_ms"] = expect
-        lv["queue_model_rel_err"] = (
-            abs(lv["queue_wait_steady_ms"] - expect) / expect
-            if k > 1 and expect and lv["queue_wait_steady_ms"] is not None
-            else None
-        )
-        levels.append(lv)
-    if levels and levels[0]["throughput_vpm"]:
-        for lv in levels:
-            tp = lv["throughput_vpm"]
-            lv["throughput_ratio"] = tp / levels[0]["throughput_vpm"] if tp is not None else None
-    growth = None
-    if levels and mem is not None:
-        base = levels[0]
-        diffs = [
-            lv[key] - base[key]
-            for lv in levels[1:]
-            for key in ("device_peak_mib", "host_peak_mib")
-            if lv.get(key) is not None and base.get(key) is not None
-        ]
-        growth = max(diffs) if diffs else None
-    svc1 = (
-        levels[0]["service_ms"]
-        if levels
-        else median([r["service_ms"] for r in rows if r["phase"] == "warmup"])
-    )
-    capacity = 1000.0 / svc1 if svc1 else None
-    opened = [r for r in rows if r["phase"] == "open"]
-    traced = [r for r in rows if r["phase"] == "trace"]
-    return {
-        "slo_ms": slo_ms,
-        "slo_source": slo_source,
-        "requests": len(rows),
-        "failed_requests": sum(1 for r in rows if r["status"] != "completed"),
-        "levels": levels,
-        "capacity_rps": capacity,
-        "memory_growth_mib": growth,
-        "open_loop": open_loop_stats(opened, slo_ms, mem, capacity) if opened else None,
-        "trace": (
-            trace_summary(traced, results.get("warmup_latent_shape"), results.get("trace_slo_ms") or [])
-            if traced
-            else None
-        ),
-    }
-
-
 # ------------------------------------------------------------------------------- registry entry
 def _where(phase: str, level: Any) -> str:
     return {"closed": f"concurrency {level}", "open": "the open loop"}.get(phase, f"the {phase}")
@@ -546,6 +464,58 @@ def plan(p: LoadParams) -> list[int]:
     return [p.warmup_requests + len(p.concurrency) * p.requests_per_level + opened]
 
 
+#: its notebook's own cells (perfkit.scenarios.parts; the generator adds the title, parameters,
+#: setup and measuring cells before and the gate's cells after)
+NOTEBOOK = (
+    md("## Levels: queue wait, service time, percentiles, throughput, SLO"),
+    code("""show_table(summary_frame("load", results), transpose=False)
+display(Markdown(reading("load", results)))"""),
+    md("## Gate (memory stays flat, every request completed; queue model, throughput and SLO when set)"),
+    code(cells.GATE_CELL),
+    md("## Latency vs concurrency"),
+    code('show(plots.latency_vs_concurrency(results.get("levels") or []))'),
+    md("## Queue wait vs service time per level"),
+    code(
+        'show(plots.queue_vs_service([*(results.get("levels") or []), '
+        '*([results["open_loop"]] if results.get("open_loop") else [])]))'
+    ),
+    md("## Memory under concurrency"),
+    code(
+        'show(plots.memory_under_concurrency(bundle.memory, [*(results.get("levels") or []), '
+        '*([results["open_loop"]] if results.get("open_loop") else [])]))'
+    ),
+    md("## Trace: first hit per shape and warmup coverage"),
+    code("""trace = results.get("trace")
+if trace:
+    show_table(pd.DataFrame(trace["shapes"]), transpose=False)
+    display(Markdown(trace["sentence"]))
+else:
+    display(Markdown("No trace: set `trace` to a JSONL of requests (vllm-omni's fields)."))"""),
+    md(
+        "## How to read this\n\n"
+        "At concurrency k a server that runs one request at a time (sglang's diffusion server "
+        "per worker, the reference engine) makes each request wait about (k − 1) × the service "
+        "time once k − 1 are ahead of it, while throughput stays flat: latency grows, "
+        "videos per minute do not. A batching server would show queue wait below that and "
+        "throughput rising. At concurrency 1 the engine idles while the client turns around "
+        "(`engine_idle_share`). An open loop above capacity has no steady state: the queue, and "
+        "with it e2e, grows with every arrival. Memory should stay flat across levels (the "
+        "5090 consumer-budget case checked two concurrent requests for exactly that). In the "
+        "trace, a shape whose latent shape the startup warmup did not run pays its shape setup "
+        "(recompilation) on its first hit; the share of p99 it causes is p99 minus the p99 "
+        "with those first hits replaced by their shape's later median."
+    ),
+)
+
+SECTION_INTRO = (
+    "One launch after a warm-up: closed-loop levels of requests in flight, an open loop of Poisson "
+    "arrivals and, when given, a request trace. Queue wait (submitted → started) and service time "
+    "(started → completed) come from the engine's job clock; e2e is what the client saw. Quantile "
+    "intervals are order-statistic (binomial) 95 % intervals; the SLO is fixed or a multiple of the "
+    "warm-up median, as sglang's bench_serving `--slo --slo-scale`."
+)
+
+
 SCENARIO = register(
     Scenario(
         order=80,
@@ -563,6 +533,11 @@ SCENARIO = register(
         summary_table=summary_table,
         reading=reading,
         cases=cases,
+        notebook_intro="Under concurrent requests, how long do they queue, what throughput, p99 and SLO "
+        "attainment does the engine reach, does memory stay flat, and does the startup warmup cover a "
+        "real request trace?",
+        cells=NOTEBOOK,
+        section_intro=SECTION_INTRO,
     )
 )
 

@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from perfkit.common.numfmt import json_float
 from perfkit.common.provenance import repo_root
 from perfkit.engine.aclient import AsyncOutcome, AsyncVideoClient, closed_loop, open_loop
 from perfkit.engine.client import VideoRequestSpec
+from perfkit.measuring.launch import record_rows
 from perfkit.readings.records import parse_lines
-from perfkit.scenarios.common import json_float, record_rows
 from perfkit.scenarios.load_stats import shape_key
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Mapping, Optional, Union
 
 import numpy as np
 import pandas as pd
@@ -24,8 +24,8 @@ from scipy.stats import spearmanr
 
 from perfkit import stats
 from perfkit.checks import number
+from perfkit.common.numfmt import json_float
 from perfkit.engine.client import VideoRequestSpec
-from perfkit.scenarios.common import json_float
 from perfkit.scenarios.registry import ScenarioError
 
 __all__ = [
@@ -375,3 +375,85 @@ def engine_idle_share(rows: list[dict[str, Any]]) -> float | None:
     window = max(b for _, b in spans) - min(a for a, _ in spans)
     busy = sum(b - a for a, b in spans)
     return max(0.0, 1.0 - busy / window) if window > 0 else None
+
+
+def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str, Any]:
+    """Everything the tables, checks and reading show, from ``results["per_request"]`` (and the
+    memory timeline for the peaks): ``slo_ms``, ``slo_source``, ``requests``, ``failed_requests``
+    (of every phase, not completed), ``levels`` (one dict per
+    closed-loop level), ``open_loop``, ``trace``, ``capacity_rps``, ``memory_growth_mib``.
+
+    Raises:
+        ScenarioError: a row of ``per_request`` lacks a key, or has a null or wrongly typed one
+            (:func:`perfkit.scenarios.load_stats.check_rows`, naming the row and the key), or
+            ``slo_ms_given``/``slo_scale`` is not a number > 0 or null.
+    """
+    rows = check_rows(results.get("per_request") or [])
+    warm = [r["e2e_ms"] for r in rows if r["phase"] == "warmup" and r["status"] == "completed"]
+    slo_ms, slo_source = results.get("slo_ms_given"), "slo_ms (fixed)"
+    scale = results.get("slo_scale")
+    for key, v in (("slo_ms_given", slo_ms), ("slo_scale", scale)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            raise ScenarioError(f"results.{key}: a number > 0 or null, got {v!r}")
+    if slo_ms is None and warm and scale is None:
+        slo_source = "not set: no slo_ms and no slo_scale recorded"
+    elif slo_ms is None and warm:
+        slo_ms = scale * float(np.median(warm))
+        slo_source = f"{scale:g} x warm-up median {float(np.median(warm)):.1f} ms"
+    elif slo_ms is None:
+        slo_source = "not set: no warm-up request completed"
+    levels = []
+    for k in sorted({r["level"] for r in rows if r["phase"] == "closed"}):
+        mine = [r for r in rows if r["phase"] == "closed" and r["level"] == k]
+        lv = {"concurrency": k, **level_stats(mine, slo_ms, mem)}
+        # the steady state: requests submitted with k - 1 others in flight (the first k - 1 of
+        # the level found fewer ahead of them: the ramp-up)
+        steady = [r for r in mine if r["status"] == "completed" and r["in_flight_at_submit"] == k - 1]
+        lv["steady_requests"] = len(steady)
+        lv["queue_wait_steady_ms"] = median([r["queue_wait_ms"] for r in steady])
+        svc = lv["service_ms"]
+        expect = (k - 1) * svc if svc is not None else None
+        lv["queue_wait_expected_ms"] = expect
+        lv["queue_model_rel_err"] = (
+            abs(lv["queue_wait_steady_ms"] - expect) / expect
+            if k > 1 and expect and lv["queue_wait_steady_ms"] is not None
+            else None
+        )
+        levels.append(lv)
+    if levels and levels[0]["throughput_vpm"]:
+        for lv in levels:
+            tp = lv["throughput_vpm"]
+            lv["throughput_ratio"] = tp / levels[0]["throughput_vpm"] if tp is not None else None
+    growth = None
+    if levels and mem is not None:
+        base = levels[0]
+        diffs = [
+            lv[key] - base[key]
+            for lv in levels[1:]
+            for key in ("device_peak_mib", "host_peak_mib")
+            if lv.get(key) is not None and base.get(key) is not None
+        ]
+        growth = max(diffs) if diffs else None
+    svc1 = (
+        levels[0]["service_ms"]
+        if levels
+        else median([r["service_ms"] for r in rows if r["phase"] == "warmup"])
+    )
+    capacity = 1000.0 / svc1 if svc1 else None
+    opened = [r for r in rows if r["phase"] == "open"]
+    traced = [r for r in rows if r["phase"] == "trace"]
+    return {
+        "slo_ms": slo_ms,
+        "slo_source": slo_source,
+        "requests": len(rows),
+        "failed_requests": sum(1 for r in rows if r["status"] != "completed"),
+        "levels": levels,
+        "capacity_rps": capacity,
+        "memory_growth_mib": growth,
+        "open_loop": open_loop_stats(opened, slo_ms, mem, capacity) if opened else None,
+        "trace": (
+            trace_summary(traced, results.get("warmup_latent_shape"), results.get("trace_slo_ms") or [])
+            if traced
+            else None
+        ),
+    }

@@ -11,7 +11,6 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
@@ -24,23 +23,19 @@ from perfkit.bundle import (
     upgrade_results,
 )
 from perfkit.checks import Check, check_flag
+from perfkit.common.numfmt import fmt, json_float
+from perfkit.common.slugs import slug
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.scenarios.common import (
-    PlannedLaunch,
-    assemble,
-    fmt,
-    join_bundles,
-    json_float,
-    launch_key,
-    measure_launch,
-    pick_columns,
-    relabel,
-    reuse_launch,
-    slug,
-)
-from perfkit.scenarios.memsites import SnapshotParams, ask_engine, collect, sites_markdown
+from perfkit.measuring.assemble import assemble, join_bundles, relabel
+from perfkit.measuring.launch import measure_launch
+from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown
+from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
+from perfkit.scenarios import cells
+from perfkit.scenarios.cap_entry import WARM_DEGRADE_TOLERANCE, cap_entry
+from perfkit.scenarios.common import pick_columns
+from perfkit.scenarios.parts import code, md
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -56,8 +51,6 @@ from perfkit.scenarios.registry import (
 log = logging.getLogger(__name__)
 
 NAME = "memory_budget"
-#: A warm request slower than the cold one by more than this fraction "degrades".
-WARM_DEGRADE_TOLERANCE = 0.10
 
 
 class MinBudgetParams(_Model):
@@ -128,7 +121,7 @@ def memory_budget(
         reuse: bundles measured earlier in this run; the unlimited cap takes a session that
             ran the same spec and request without caps (results ``reused_launches``).
         snapshot: allocator snapshots after the cold request and warm request k of each launch
-            (:class:`~perfkit.scenarios.memsites.SnapshotParams`; needs repeats >= 2): the
+            (:class:`~perfkit.measuring.memsites.SnapshotParams`; needs repeats >= 2): the
             ``memory_sites`` table, each cap entry's ``memory_sites`` and ``results.memory_sites``
             (the first budget's; ``not available on cpu`` on a CPU engine).
 
@@ -171,58 +164,7 @@ def memory_budget(
             )
         data.launch_row["cap_label"] = cap.label
         launches.append(data)
-        df = data.measured()
-        ok = df[df["status"] == "completed"] if not df.empty else df
-        lr = data.launch_row
-        host_peak = _col_max(data.memory, "host_anon_mib")
-        pss_peak = _col_max(data.memory, "host_pss_mib")
-        if json_float(lr.get("host_pss_peak_mib")) is not None:
-            pss_peak = max(x for x in (pss_peak, float(lr["host_pss_peak_mib"])) if x == x)
-        cg_peak = _col_max(data.memory, "cgroup_current_mib")
-        if json_float(lr.get("cgroup_peak_mib")) is not None:
-            cg_peak = max(x for x in (cg_peak, float(lr["cgroup_peak_mib"])) if x == x)
-        exceeded = bool(lr.get("cap_exceeded")) or (data.error or "").startswith("host memory cap exceeded")
-        oom = bool(not df.empty and df["error"].fillna("").str.contains("out of device memory").any())
-        e = {
-            "label": cap.label,
-            "device_cap_gib": cap.device_gib,
-            "host_cap_gib": cap.host_gib,
-            "completed": bool(len(ok) == repeats),
-            "n_completed": int(len(ok)),
-            "cap_held": bool(not exceeded and not oom),
-            "host_cap_effective_gib": json_float(lr.get("host_cap_effective_gib")),
-            "host_cap_clamp": _text(lr.get("host_cap_clamp")),
-            "enforcement": lr.get("enforcement"),
-            "cap_mechanism": _text(lr.get("cap_mechanism")),
-            "host_source": _text(lr.get("host_source")),
-            "peak_reserved_mib": json_float(ok["peak_reserved_mib"].max()) if len(ok) else None,
-            "peak_allocated_mib": json_float(ok["peak_allocated_mib"].max()) if len(ok) else None,
-            "load_peak_mib": json_float(lr.get("load_peak_mib")),
-            "host_anon_peak_mib": json_float(host_peak),
-            "host_pss_peak_mib": json_float(pss_peak),
-            "cgroup_peak_mib": json_float(cg_peak),
-            "placement": lr.get("placement"),
-            "error": data.error
-            or (None if len(ok) == repeats else "; ".join(df["error"].dropna().astype(str))),
-        }
-        if len(ok) >= 2:
-            cold = float(ok["e2e_ms"].iloc[0])
-            warm = float(np.median(ok["e2e_ms"].iloc[1:]))
-            e.update(
-                {
-                    "cold_ms": cold,
-                    "warm_ms": warm,
-                    "warm_degrades": bool(warm > cold * (1 + WARM_DEGRADE_TOLERANCE)),
-                }
-            )
-        else:
-            e.update(
-                {
-                    "cold_ms": json_float(ok["e2e_ms"].iloc[0]) if len(ok) else None,
-                    "warm_ms": None,
-                    "warm_degrades": None,
-                }
-            )
+        e = cap_entry(data, cap, repeats)
         if snapshot is not None:
             if repeats < 2:
                 e["memory_sites"] = {"status": "needs repeats >= 2 (a cold and a warm request)"}
@@ -268,18 +210,6 @@ def memory_budget(
         )
         bundle.traces.update(site_files)
     return bundle
-
-
-def _col_max(df: pd.DataFrame, col: str) -> float:
-    """Max of a numeric column (NaN when empty, absent or all NA)."""
-    if df is None or df.empty or col not in df.columns:
-        return float("nan")
-    v = pd.to_numeric(df[col], errors="coerce").max()
-    return float(v) if pd.notna(v) else float("nan")
-
-
-def _text(v: Any) -> str | None:
-    return None if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v)
 
 
 def find_min_budget(
@@ -589,6 +519,39 @@ def planned_launches(
     ]
 
 
+#: its notebook after the generic measuring cell (notebooks/make_notebooks.py adds the
+#: title, parameters, setup and measuring cells before and the gate's cells after)
+NOTEBOOK = (
+    md("## Budgets"),
+    code("""show_table(summary_frame("memory_budget", results))
+display(Markdown(reading("memory_budget", results)))"""),
+    md("## Gate (caps held, runs completed)"),
+    code(cells.GATE_CELL),
+    md("## Memory timeline per budget"),
+    code("""for row in table_rows(bundle.launches) or [{}]:
+    show(plots.memory_timeline(
+        bundle, launch=row.get("launch"),
+        caps={"device_cap_gib": row.get("device_cap_gib"), "host_cap_gib": row.get("host_cap_gib")}))"""),
+    md(cells.MEMORY_SITES_MD),
+    code(cells.MEMORY_SITES),
+    md("## Latency per request under each budget"),
+    code("show(plots.e2e_per_request(bundle))"),
+    md(
+        "## How to read this\n\n"
+        "Each budget is one launch. The device cap works like sglang's CI "
+        "(`SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB`: the worker caps torch's memory "
+        "fraction); the host cap is what host planning sees "
+        "(`SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB`) and, where possible, enforced "
+        "(cgroup or watchdog: see `enforcement`). A budget is met when the run completed and "
+        "the cap held; `placement` says what the engine moved off the device to fit, and "
+        "`warm_degrades` whether warm requests got slower under the cap."
+    ),
+)
+
+#: the first paragraph of its report section
+SECTION_INTRO = "The same request under each memory budget (device and host caps): did it complete, did the cap hold, and what did it cost in latency."
+
+
 SCENARIO = register(
     Scenario(
         launches=planned_launches,
@@ -608,5 +571,9 @@ SCENARIO = register(
         summary_table=summary_table,
         reading=reading,
         cases=cases,
+        notebook_intro="Does the pipeline fit the memory budget (e.g. 12 GiB GPU + 32 GiB host), and what "
+        "does it cost in latency?",
+        cells=NOTEBOOK,
+        section_intro=SECTION_INTRO,
     )
 )

@@ -18,32 +18,25 @@ applicable`` with the engine's reason, and its checks are skipped, never passed.
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
-import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
 
 from perfkit.bundle import ResultBundle, steady_state
 from perfkit.checks import Check, check_flag
+from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
-from perfkit.scenarios.common import (
-    LaunchData,
-    PlannedLaunch,
-    assemble,
-    fmt,
-    join_bundles,
-    json_float,
-    launch_key,
-    measure_launch,
-    reuse_launch,
-)
+from perfkit.measuring.assemble import assemble, join_bundles
+from perfkit.measuring.launch import LaunchData, measure_launch
+from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
+from perfkit.scenarios import cells
+from perfkit.scenarios.mode_entry import FAILED, NOT_APPLICABLE, RAN, REFUSAL_RE, WARM_TOLERANCE, mode_entry
+from perfkit.scenarios.parts import code, md
 from perfkit.scenarios.registry import (
     CapParams,
     InvariantParams,
@@ -58,16 +51,9 @@ from perfkit.scenarios.registry import (
 log = logging.getLogger(__name__)
 
 NAME = "offload_modes"
-#: A warm request slower than the cold one by more than this fraction fails
-#: ``offload_warm_not_slower``.
-WARM_TOLERANCE = 0.10
 #: Slack of the ">=" comparisons of ``offload_vram_order`` (model vs group modes: their peaks
 #: can be equal up to allocator rounding), as a fraction of the larger value.
 ORDER_TOLERANCE = 0.05
-#: Row statuses.
-RAN, NOT_APPLICABLE, FAILED = "ran", "not applicable", "failed"
-#: The engine's refusal of a mode the device cannot run (refengine.placement).
-REFUSAL_RE = re.compile(r"offload mode '(?P<mode>[\w-]+)' needs an accelerator; device is (?P<device>\w+)")
 
 OffloadMode = Literal["none", "model", "group-block", "group-leaf"]
 
@@ -110,37 +96,6 @@ def _req(request: Any) -> VideoRequestSpec:
 
 def _label(mode: str) -> str:
     return f"offload-{mode}"
-
-
-def _reported(data: LaunchData) -> dict[str, Any]:
-    """The engine's placement facts from the launch's last record (``perfkit`` extras)."""
-    for line in reversed(data.record_lines):
-        try:
-            pk = json.loads(line).get("perfkit") or {}
-        except (ValueError, AttributeError):
-            continue
-        if pk:
-            return {
-                "placement": pk.get("placement"),
-                "offload": pk.get("offload"),
-                "placement_by_component": pk.get("placement_by_component"),
-                "offload_use_stream": pk.get("offload_use_stream"),
-                "device": pk.get("device"),
-                "compile_active": pk.get("compile_active"),
-                "compile_disabled_reason": pk.get("compile_disabled_reason"),
-                "compile_requested": pk.get("compile_requested"),
-            }
-    return {}
-
-
-def _refusal(error: str | None) -> str | None:
-    """The engine's "not applicable" reason in a launch error, or None."""
-    m = REFUSAL_RE.search(error or "")
-    return m.group(0) if m else None
-
-
-def _num(v: Any) -> float | None:
-    return json_float(v)
 
 
 def offload_modes(
@@ -215,7 +170,7 @@ def offload_modes(
                 mspec, [req] * repeats, Path(run_dir), label, caps=caps, sample_interval_s=sample_interval_s
             )
         launches.append(data)
-        e.update(_entry(data, mode, repeats))
+        e.update(mode_entry(data, mode, repeats))
         device = device or e.get("device")
         entries.append(e)
     results: dict[str, Any] = {
@@ -233,73 +188,6 @@ def offload_modes(
         "caps": caps.to_dict(),
     }
     return assemble(NAME, launches, params, results, caps=[caps] * len(launches))
-
-
-def _entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
-    """The results entry of one launch (see :func:`offload_modes`)."""
-    lr = data.launch_row
-    df = data.measured()
-    ok = df[df["status"] == "completed"] if not df.empty else df
-    refused = _refusal(data.error)
-    rep = _reported(data)
-    ps, ml = _num(lr.get("process_start_s")), _num(lr.get("models_loaded_s"))
-    e: dict[str, Any] = {
-        "ready_s": _num(lr.get("ready_s")),
-        "process_start_s": ps,
-        "load_s": (ml - ps) if ml is not None and ps is not None else ml,
-        "warmup_s": _num(lr.get("warmup_s")),
-        "n_completed": int(len(ok)),
-        "peak_reserved_mib": _num(ok["peak_reserved_mib"].max()) if len(ok) else None,
-        "peak_allocated_mib": _num(ok["peak_allocated_mib"].max()) if len(ok) else None,
-        "load_peak_mib": _num(lr.get("load_peak_mib")),
-        "host_anon_peak_mib": _num(data.memory["host_anon_mib"].max()) if not data.memory.empty else None,
-        # the host figure the checks use: PSS of the engine's tree (pinned offload buffers are
-        # resident and mapped, so they count here; anon RSS leaves them out)
-        "host_pss_peak_mib": _peak(data.memory, "host_pss_mib", lr.get("host_pss_peak_mib")),
-        "cgroup_peak_mib": _num(lr.get("cgroup_peak_mib")),
-        "placement": rep.get("placement") or lr.get("placement"),
-        "offload": rep.get("offload"),
-        "placement_by_component": rep.get("placement_by_component"),
-        "offload_use_stream": rep.get("offload_use_stream"),
-        "device": rep.get("device"),
-        "compile_active": rep.get("compile_active"),
-        "compile_disabled_reason": rep.get("compile_disabled_reason"),
-        "compile_requested": rep.get("compile_requested"),
-        "cold_ms": _num(ok["e2e_ms"].iloc[0]) if len(ok) else None,
-        "warm_ms": _num(np.median(ok["e2e_ms"].iloc[1:])) if len(ok) >= 2 else None,
-    }
-    if refused:
-        e.update({"status": NOT_APPLICABLE, "reason": refused})
-        m = REFUSAL_RE.search(refused)
-        e["device"] = e["device"] or (m.group("device") if m else None)
-    elif len(ok) == repeats and data.error is None:
-        e.update({"status": RAN, "reason": None})
-    else:
-        why = data.error
-        if not why and not df.empty:
-            why = "; ".join(df["error"].dropna().astype(str))
-        e.update({"status": FAILED, "reason": (why or "see the engine log").splitlines()[0][:300]})
-    if e["status"] == RAN:
-        off = e["offload"] or {}
-        e["placement_matches"] = bool(off) and all(v == mode for v in off.values())
-        cold, warm = e["cold_ms"], e["warm_ms"]
-        e["warm_not_slower"] = (
-            bool(warm <= cold * (1 + WARM_TOLERANCE)) if cold is not None and warm is not None else None
-        )
-    else:
-        e["placement_matches"] = None
-        e["warm_not_slower"] = None
-    return e
-
-
-def _peak(memory: pd.DataFrame, col: str, launch_peak: Any) -> float | None:
-    """The larger of a memory column's sampled maximum and the launch row's peak (MiB); None
-    when neither was measured (never 0)."""
-    vals = [json_float(launch_peak)]
-    if not memory.empty and col in memory:
-        vals.append(json_float(pd.to_numeric(memory[col], errors="coerce").max()))
-    vals = [v for v in vals if v is not None]
-    return max(vals) if vals else None
 
 
 # ------------------------------------------------------------------------------ registry entry
@@ -606,6 +494,45 @@ def planned_launches(
     return out
 
 
+#: its notebook after the generic measuring cell (notebooks/make_notebooks.py adds the
+#: title, parameters, setup and measuring cells before and the gate's cells after)
+NOTEBOOK = (
+    md("## Modes"),
+    code("""modes_table = summary_frame("offload_modes", results)
+show_table(modes_table)
+display(Markdown(reading("offload_modes", results)))"""),
+    md(
+        "## Gate (placement reported as asked, warm not slower, memory order on a GPU)\n\n"
+        "Modes the device cannot run are `skipped`, never passed."
+    ),
+    code(cells.GATE_CELL),
+    md("## Device vs host memory, and warm latency, per mode"),
+    code("show(plots.offload_memory_latency(modes_table))"),
+    md("## Latency per request, one line per mode"),
+    code("show(plots.e2e_per_request(bundle))"),
+    md("## Per-component placement the engine reported"),
+    code(
+        """placement = pd.DataFrame({m["mode"]: m.get("offload") or {} for m in results["modes"]}).T
+show_table(placement.rename_axis("mode").reset_index())"""
+    ),
+    md(
+        "## How to read this\n\n"
+        "Each mode is one launch of the reference engine with `--offload MODE` for every "
+        "component. `none` keeps the weights on the device; `model` moves whole components in "
+        "and out (accelerate's `cpu_offload_with_hook`, as diffusers' "
+        "`enable_model_cpu_offload`); `group-block` and `group-leaf` onload blocks or leaf "
+        "modules just before they run (`diffusers.hooks.apply_group_offloading`, with a CUDA "
+        "stream prefetching the next group). Expect peak VRAM none > model ≥ group and host "
+        "memory the other way round, paid for in warm latency. On a CPU device only `none` "
+        "runs: the engine refuses the others at startup (exit code 2) and they are recorded "
+        "as *not applicable* with its reason."
+    ),
+)
+
+#: the first paragraph of its report section
+SECTION_INTRO = "One launch per offload mode (none, model, group-block, group-leaf): cold start, cold and warm latency, peak device memory and host memory, and the placement the engine reported per component. Modes the device cannot run are shown as not applicable, with the engine's reason."
+
+
 SCENARIO = register(
     Scenario(
         launches=planned_launches,
@@ -626,5 +553,9 @@ SCENARIO = register(
         summary_table=summary_table,
         reading=reading,
         cases=cases,
+        notebook_intro="What does each offload mode (none, model, group-block, group-leaf) cost in latency and "
+        "save in device memory, and what does it move to the host?",
+        cells=NOTEBOOK,
+        section_intro=SECTION_INTRO,
     )
 )

@@ -34,8 +34,12 @@ from pydantic import BaseModel, Field, ValidationError
 from perfkit import stats
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check, check_max, number
+from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.client import VideoClient, VideoRequestSpec
-from perfkit.scenarios.common import assemble, fmt, json_float, measure_launch
+from perfkit.measuring.assemble import assemble
+from perfkit.measuring.launch import measure_launch
+from perfkit.scenarios import cells
+from perfkit.scenarios.parts import DocBlock, MeasureOption, code, md
 from perfkit.scenarios.registry import (
     InvariantParams,
     KeyNumber,
@@ -233,7 +237,7 @@ def overhead_probe(
     warmup: int = 1,
     agree: int = 3,
 ) -> Callable[[Any, VideoClient, Any], dict[str, Any]]:
-    """An ``after`` hook for :func:`perfkit.scenarios.common.measure_launch`.
+    """An ``after`` hook for :func:`perfkit.measuring.launch.measure_launch`.
 
     Returns a dict ``{"stage_timing": {...}, "sampler": {...}, "request_ids": [...]}`` where each
     part has median_on_ms, median_off_ms, overhead (fraction), overhead_ci, the estimator, the
@@ -410,11 +414,6 @@ def reading(r: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
-    """No baseline case: the probe's requests alternate two configurations."""
-    return {}
-
-
 def found_in(results: Mapping[str, Any]) -> bool:
     """Whether another investigation's results hold an in-session probe of this one
     (``results["instrumentation"]``: ``{part: {median_on_ms, median_off_ms, overhead_ci, ...}}``,
@@ -423,6 +422,27 @@ def found_in(results: Mapping[str, Any]) -> bool:
     return isinstance(inst, Mapping) and any(
         isinstance(v, Mapping) and "overhead_ci" in v for v in inst.values()
     )
+
+
+#: its notebook after the generic measuring cell (notebooks/make_notebooks.py adds the
+#: title, parameters, setup and measuring cells before and the gate's cells after)
+NOTEBOOK = (
+    md("## Overhead of each instrument"),
+    code("""show_table(summary_frame("overhead", results))
+display(Markdown(reading("overhead", results)))"""),
+    md("## Gate (upper end of each interval)"),
+    code(cells.GATE_CELL),
+    md(
+        "## How to read this\n\n"
+        "Each instrument is switched on and off in interleaved ABBA pairs of warm requests of one "
+        "session, judged on the server's end-to-end time. The overhead is median(on) / "
+        "median(off) − 1 with a 95 % bootstrap interval; the gate holds the interval's upper "
+        "end to `instrumentation_overhead_max`, so a noisy probe cannot pass on a lucky median."
+    ),
+)
+
+#: the first paragraph of its report section
+SECTION_INTRO = "Warm requests of one shape with each piece of perfkit's instrumentation (stage timing, memory sampler) on and off, interleaved, judged on the server's end-to-end time."
 
 
 SCENARIO = register(
@@ -440,7 +460,19 @@ SCENARIO = register(
         key_numbers=key_numbers,
         summary_table=summary_table,
         reading=reading,
-        cases=cases,
         found_in=found_in,
+        doc_blocks={"overhead-pooled": DocBlock(combine=pooled, verb="launches pooled")},
+        measure_options=(
+            MeasureOption(
+                "--overhead-pairs",
+                "> 0 runs the instrumentation-overhead investigation with this many ABBA pairs",
+                jobs=lambda pairs, sec, spec: [
+                    ("", sec.model_copy(update={"enabled": True, "pairs": pairs}), spec)
+                ],
+            ),
+        ),
+        notebook_intro="What does perfkit's own instrumentation (stage timing, the memory sampler) cost?",
+        cells=NOTEBOOK,
+        section_intro=SECTION_INTRO,
     )
 )

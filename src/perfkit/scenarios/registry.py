@@ -7,14 +7,17 @@ within-run checks it gates and their default limits), ``run`` (measure, return a
 ``checks`` (results + invariants -> :class:`~perfkit.checks.Check` rows), ``key_numbers`` (the
 figures the summary, the report and the READMEs quote), ``summary_table`` and ``reading`` (what
 its notebook and report section show), ``cases`` (its slices of this run's sglang-layout
-baseline), its report section template and its notebook.
+baseline), and what :mod:`perfkit.scenarios.parts` declares: its notebook cells, figures, report
+section intro, ``perfkit figures`` block kinds and ``python -m perfkit.measure`` options. Only
+name, title, question, params model and ``run`` are required; every other field has a default
+(no invariants, no checks, no key numbers, an empty summary table, no baseline case, the generic
+notebook cells and section template).
 
-The suite, ``--only``, params validation, the report, the summary, the baseline derivation and
-the CLI read this registry; no scenario name is written anywhere else in the package.
-
-Adding an investigation: write ``perfkit/scenarios/<name>.py`` ending in ``register(Scenario(...))``,
-import it in :mod:`perfkit.scenarios`, add ``notebooks/<name>.ipynb`` (``make_notebooks.py``) and
-``perfkit/report/templates/sections/<name>.html.j2``. See docs/DESIGN.md.
+The suite, ``--only``, params validation, the report, the summary, the baseline derivation,
+the notebook generator and the CLI read this registry; no scenario name is written anywhere
+else in the package, and nothing outside :mod:`perfkit.scenarios` imports an investigation's
+module. An investigation's module in this package is imported (so registered) by
+:mod:`perfkit.scenarios` when the package is imported; see docs/DESIGN.md, "Where things go".
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from perfkit.common.numfmt import number_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
+from perfkit.scenarios.cells import GATE_CELL
+from perfkit.scenarios.parts import Cell, DocBlock, Figure, MeasureOption, code, figure_cells, md
 
 __all__ = [
     "Scenario",
@@ -49,6 +54,11 @@ __all__ = [
     "invariant_defaults",
     "merged_invariants",
     "checks_for",
+    "figure",
+    "figure_kinds",
+    "doc_blocks",
+    "measure_options",
+    "session_name",
 ]
 
 
@@ -162,6 +172,54 @@ class KeyNumber:
 
 CaseNamer = Callable[..., str]
 
+#: the generic section template: the scenario's ``section_intro``, then the shared section
+GENERIC_TEMPLATE = "sections/scenario.html.j2"
+
+
+def needs_a_completed_request(bundle: ResultBundle) -> None:
+    """The default ``check_bundle``: raises :class:`ScenarioError` when no measured request
+    (``index >= 0``) completed."""
+    req = bundle.requests
+    ok = not req.empty and bool(((req["index"] >= 0) & (req["status"] == "completed")).fillna(False).any())
+    if not ok:
+        raise ScenarioError(f"{bundle.scenario} ({bundle.path or 'bundle'}): no measured request completed")
+
+
+def no_checks(results: Mapping[str, Any], invariants: Mapping[str, Any]) -> list[Check]:
+    """The default ``checks``: none."""
+    return []
+
+
+def no_key_numbers(results: Mapping[str, Any]) -> list[KeyNumber]:
+    """The default ``key_numbers``: none."""
+    return []
+
+
+def empty_table(results: Mapping[str, Any]) -> pd.DataFrame:
+    """The default ``summary_table``: an empty one."""
+    return pd.DataFrame()
+
+
+def no_reading(results: Mapping[str, Any]) -> str:
+    """The default ``reading``: nothing."""
+    return ""
+
+
+def no_cases(bundle: ResultBundle, namer: CaseNamer) -> dict[str, ResultBundle]:
+    """The default ``cases``: no baseline case."""
+    return {}
+
+
+def default_cells(name: str) -> list[Cell]:
+    """The notebook cells of a scenario that declares none: its headline table and reading,
+    and its gate rows."""
+    return [
+        md("## Headline numbers"),
+        code(f'show_table(summary_frame("{name}", results))\ndisplay(Markdown(reading("{name}", results)))'),
+        md("## Gate"),
+        code(GATE_CELL),
+    ]
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -180,7 +238,9 @@ class Scenario:
         summary_table: ``results -> DataFrame`` (headline table of its notebook and section).
         reading: ``results -> Markdown`` (a few sentences in the design doc's words).
         cases: ``(bundle, case_id) -> {case id: sub-bundle}`` for this run's baseline.json.
-        template: section template under ``perfkit/report/templates/``.
+        template: section template under ``perfkit/report/templates/`` (default
+            :data:`GENERIC_TEMPLATE`, which shows ``section_intro``; one of its own extends
+            ``sections/_base.html.j2``).
         order: run order, lower first (cold_warm 10, warmup_shapes 20, memory_budget 30,
             offload_modes 40, overhead 90); ties run by name.
         notebook: notebook file name under ``notebooks/``.
@@ -196,26 +256,40 @@ class Scenario:
             write (``namer`` as in :attr:`cases`); the scale-out planner reads their
             ``estimated_full_test_time_s``. None: no baseline estimate.
         launches: ``(params, engine, request) -> [PlannedLaunch]``
-            (:class:`perfkit.scenarios.common.PlannedLaunch`): what it would launch, one per
+            (:class:`perfkit.measuring.reuse.PlannedLaunch`): what it would launch, one per
             launch in run order, so the planner keeps a launch that a later scenario reuses
             and that scenario in one unit. None: one launch, never shared.
         found_in: ``results of another scenario -> bool``: whether they hold this scenario's
             measurement (an in-session probe), so a report where this one was skipped says
             where its figures are. None: never.
+        notebook_intro: its notebook's first paragraph ("": the question).
+        cells: its notebook's cells after the generic measuring cell
+            (:class:`~perfkit.scenarios.parts.Cell`; None: :func:`default_cells`).
+        figures: figure kinds it owns (:class:`~perfkit.scenarios.parts.Figure`), drawn in its
+            notebook after its cells; :func:`figure` draws one by kind.
+        section_intro: its report section's first paragraph.
+        doc_blocks: ``perfkit figures`` block kinds it adds
+            (:class:`~perfkit.scenarios.parts.DocBlock`, by kind).
+        measure_options: ``python -m perfkit.measure`` options it adds
+            (:class:`~perfkit.scenarios.parts.MeasureOption`).
+        session: its bundle is the session ``perfkit figures kind=compare`` compares.
+
+    Every field after ``run`` has a default (no invariants, no checks, no key numbers, an empty
+    summary table, no reading, no baseline case, the generic notebook cells and section).
     """
 
     name: str
     title: str
     question: str
     params_model: type[ScenarioParams]
-    invariants_model: type[InvariantParams]
     run: Callable[[RunContext, Any], ResultBundle]
-    check_bundle: Callable[[ResultBundle], None]
-    checks: Callable[[Mapping[str, Any], Mapping[str, Any]], list[Check]]
-    key_numbers: Callable[[Mapping[str, Any]], list[KeyNumber]]
-    summary_table: Callable[[Mapping[str, Any]], pd.DataFrame]
-    reading: Callable[[Mapping[str, Any]], str]
-    cases: Callable[[ResultBundle, CaseNamer], dict[str, ResultBundle]]
+    invariants_model: type[InvariantParams] = InvariantParams
+    check_bundle: Callable[[ResultBundle], None] = needs_a_completed_request
+    checks: Callable[[Mapping[str, Any], Mapping[str, Any]], list[Check]] = no_checks
+    key_numbers: Callable[[Mapping[str, Any]], list[KeyNumber]] = no_key_numbers
+    summary_table: Callable[[Mapping[str, Any]], pd.DataFrame] = empty_table
+    reading: Callable[[Mapping[str, Any]], str] = no_reading
+    cases: Callable[[ResultBundle, CaseNamer], dict[str, ResultBundle]] = no_cases
     #: run order: lower runs first (a later scenario may reuse an earlier one's launch)
     order: int = 100
     #: ``params -> [requests of each launch]`` it would make (progress estimate; None: unknown)
@@ -230,16 +304,37 @@ class Scenario:
     launches: Optional[Callable[[Any, EngineSpec, VideoRequestSpec], list[Any]]] = None
     #: ``results of another scenario -> bool``: they hold this one's measurement (None: never)
     found_in: Optional[Callable[[Mapping[str, Any]], bool]] = None
-    template: str = ""
+    template: str = GENERIC_TEMPLATE
     notebook: str = ""
+    #: the notebook's first paragraph, under its title ("": the question)
+    notebook_intro: str = ""
+    #: its notebook's cells after the generic measuring cell and before the gate's last cells
+    #: (None: :func:`default_cells`, the headline table, the reading and the gate rows)
+    cells: Optional[tuple[Cell, ...]] = None
+    #: figure kinds it owns, drawn in its notebook after its cells (:func:`figure`)
+    figures: tuple[Figure, ...] = ()
+    #: the report section's first paragraph (what its section shows, in plain words)
+    section_intro: str = ""
+    #: ``perfkit figures`` block kinds it adds, by kind (``"overhead-pooled"``)
+    doc_blocks: Mapping[str, DocBlock] = field(default_factory=dict, hash=False)
+    #: ``python -m perfkit.measure`` options it adds
+    measure_options: tuple[MeasureOption, ...] = ()
+    #: its bundle is one server session whose warm requests ``perfkit figures kind=compare``
+    #: compares (one scenario at most)
+    session: bool = False
 
     def __post_init__(self) -> None:
         if (self.split is None) != (self.join is None):
             raise ValueError(f"scenario {self.name!r}: split and join come together")
         if not self.template:
-            object.__setattr__(self, "template", f"sections/{self.name}.html.j2")
+            object.__setattr__(self, "template", GENERIC_TEMPLATE)
         if not self.notebook:
             object.__setattr__(self, "notebook", f"{self.name}.ipynb")
+
+    def notebook_cells(self) -> list[Cell]:
+        """Its declared cells (or :func:`default_cells`), then its figures' cells."""
+        cells = list(self.cells) if self.cells is not None else default_cells(self.name)
+        return cells + figure_cells(self.figures)
 
     def invariant_defaults(self) -> dict[str, Any]:
         """Invariant key -> default limit (None: not gated unless the params file sets it)."""
@@ -266,11 +361,72 @@ def register(scenario: Scenario) -> Scenario:
             raise ValueError(
                 f"invariant keys {sorted(clash)} of {scenario.name!r} are already declared by {other.name!r}"
             )
+    _declared_once(scenario)
     _REGISTRY[scenario.name] = scenario
     ordered = sorted(_REGISTRY.values(), key=lambda s: (s.order, s.name))
     _REGISTRY.clear()
     _REGISTRY.update((s.name, s) for s in ordered)
     return scenario
+
+
+def _declared_once(scenario: Scenario) -> None:
+    """Raise ValueError when ``scenario`` declares a figure kind, ``perfkit figures`` block kind
+    or measure option another registered scenario declares, or a second session."""
+    for other in _REGISTRY.values():
+        for what, mine, theirs in (
+            ("figure kind", {f.kind for f in scenario.figures}, {f.kind for f in other.figures}),
+            ("figures block kind", set(scenario.doc_blocks), set(other.doc_blocks)),
+            (
+                "measure option",
+                {o.flag for o in scenario.measure_options},
+                {o.flag for o in other.measure_options},
+            ),
+            ("session", {True} & {scenario.session}, {True} & {other.session}),
+        ):
+            clash = mine & theirs
+            if clash:
+                raise ValueError(f"{what} {sorted(map(str, clash))} of {scenario.name!r} is {other.name!r}'s")
+
+
+def unregister(name: str) -> None:
+    """Remove scenario ``name`` (a module re-imported in a notebook, a throwaway test module).
+    Raises KeyError naming the known ones."""
+    get(name)
+    del _REGISTRY[name]
+
+
+def figure(kind: str, bundle: ResultBundle) -> Any:
+    """The figure of kind ``kind`` (a :class:`~perfkit.scenarios.parts.Figure` some scenario
+    declares) drawn from ``bundle``: a matplotlib Figure.
+
+    Raises:
+        KeyError: no scenario declares ``kind`` (naming the known ones).
+    """
+    kinds = figure_kinds()
+    if kind not in kinds:
+        raise KeyError(f"unknown figure kind {kind!r}; known: {', '.join(kinds) or 'none'}")
+    return kinds[kind].draw(bundle)
+
+
+def figure_kinds() -> dict[str, Figure]:
+    """Every declared figure kind -> its :class:`~perfkit.scenarios.parts.Figure`, in run order."""
+    return {f.kind: f for s in _REGISTRY.values() for f in s.figures}
+
+
+def doc_blocks() -> dict[str, tuple[Scenario, DocBlock]]:
+    """Every ``perfkit figures`` block kind a scenario adds -> (that scenario, its declaration)."""
+    return {k: (s, b) for s in _REGISTRY.values() for k, b in s.doc_blocks.items()}
+
+
+def measure_options() -> list[tuple[Scenario, MeasureOption]]:
+    """Every ``python -m perfkit.measure`` option the scenarios declare, in run order."""
+    return [(s, o) for s in _REGISTRY.values() for o in s.measure_options]
+
+
+def session_name() -> str | None:
+    """The scenario whose bundle is one session ``perfkit figures kind=compare`` compares
+    (:attr:`Scenario.session`), or None."""
+    return next((s.name for s in _REGISTRY.values() if s.session), None)
 
 
 def get(name: str) -> Scenario:

@@ -10,34 +10,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
 
-from perfkit import stats
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, sub_bundle, table_rows
 from perfkit.checks import Check, check_max, number
-from perfkit.common.frames import latent_frames
+from perfkit.common.numfmt import fmt
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.readings.records import parse_lines
-from perfkit.scenarios.common import (
-    PlannedLaunch,
-    assemble,
-    fmt,
-    join_bundles,
-    json_float,
-    launch_key,
-    measure_launch,
-    pick_columns,
-    reuse_launch,
-    stage_penalty,
-)
-from perfkit.scenarios.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
+from perfkit.measuring.assemble import assemble, join_bundles
+from perfkit.measuring.launch import measure_launch
+from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
+from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
+from perfkit.scenarios import cells
+from perfkit.scenarios.common import pick_columns
+from perfkit.scenarios.parts import MeasureOption, code, md
 from perfkit.scenarios.registry import (
     InvariantParams,
     KeyNumber,
@@ -47,6 +37,7 @@ from perfkit.scenarios.registry import (
     ScenarioParams,
     register,
 )
+from perfkit.scenarios.shape_coverage import coverage_entry, warm_across_warmups
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +100,8 @@ def warmup_shapes(
         reuse: bundles measured earlier in this run; a warmup setting whose launch one already
             measured (same spec and warmup, one request shape equal to its request, at least
             ``repeats`` requests) takes that session's first requests instead of launching again
-            (:func:`perfkit.scenarios.common.reuse_launch`; results ``reused_launches``).
-        profile: profile extra requests (:class:`~perfkit.scenarios.profiled.ProfileParams`):
+            (:func:`perfkit.measuring.reuse.reuse_launch`; results ``reused_launches``).
+        profile: profile extra requests (:class:`~perfkit.measuring.profiled.ProfileParams`):
             after the measured launches, an extra launch (label ``profiled-warmup{w}``) with the
             warmup of the first (warmup, shape) pair that is not covered sends that shape's first
             request (role ``profiled first of new shape``) and ``profile.warm`` warm ones; the
@@ -154,59 +145,7 @@ def warmup_shapes(
             idx = list(range(j * repeats, (j + 1) * repeats))
             rows = df[df["index"].isin(idx)].sort_values("index") if not df.empty else df
             ok = rows[rows["status"] == "completed"] if not rows.empty else rows
-            entry: dict[str, Any] = {
-                "warmup_frames": int(w),
-                "request_frames": int(f),
-                "warmup_latent_frames": latent_frames(w) if w > 0 else 0,
-                "request_latent_frames": latent_frames(f),
-                "error": data.error,
-            }
-            if len(ok) < 2 or ok["index"].iloc[0] != idx[0]:
-                entry.update(
-                    {
-                        "covered": None,
-                        "first_ms": None,
-                        "warm_median_ms": None,
-                        "penalty_ms": None,
-                        "ratio": None,
-                        "ratio_ci": [None, None],
-                        "compiles": None,
-                        "penalty_stage": None,
-                    }
-                )
-                coverage.append(entry)
-                continue
-            first = float(ok["e2e_ms"].iloc[0])
-            warm = ok["e2e_ms"].iloc[1:].to_numpy(float)
-            wmed = float(np.median(warm))
-            shape = ok["latent_shape"].iloc[0]
-            pen = stage_penalty(stages, ok["request_id"].iloc[0], list(ok["request_id"].iloc[1:]))
-            finite = {k: v for k, v in pen.items() if not math.isnan(v)}
-            entry.update(
-                {
-                    "covered": bool(warm_shape is not None and shape == warm_shape),
-                    "request_latent_shape": shape,
-                    "warmup_latent_shape": warm_shape,
-                    "first_ms": first,
-                    "warm_median_ms": wmed,
-                    "penalty_ms": first - wmed,
-                    "ratio": first / wmed,
-                    "ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci([first], warm)],
-                    "compiles": int(ok["compiles"].sum()),
-                    "compile_ms": float(ok["compile_ms"].sum()),
-                    "first_compiles": int(ok["compiles"].iloc[0]),
-                    "recompile_reasons": [r for r in ok["recompile_reasons"] if r],
-                    "recompile_limit_hit": bool(ok["recompile_limit_hit"].any()),
-                    "penalty_stage": max(finite, key=finite.get) if finite else None,
-                    "penalty_by_stage_ms": {k: json_float(v) for k, v in pen.items()},
-                    "warm_ms": [json_float(v) for v in warm],
-                    "warm_stage_median_ms": _warm_stage_medians(stages, list(ok["request_id"].iloc[1:])),
-                }
-            )
-            ranks = rank_facts(data.record_lines, list(ok["request_id"]))
-            if ranks:
-                entry["ranks"] = ranks
-            coverage.append(entry)
+            coverage.append(coverage_entry(data, ok, stages, warm_shape, int(w), int(f), idx[0]))
     params = {
         "spec": spec.to_dict(),
         "warmup_frames": list(map(int, warmup_frames)),
@@ -244,113 +183,6 @@ def warmup_shapes(
             first_role=FIRST_OF_NEW_SHAPE,
         ),
     )
-
-
-def _warm_stage_medians(stages: pd.DataFrame, warm_ids: list[str]) -> dict[str, float | None]:
-    """Stage -> median ms over the warm requests ``warm_ids``."""
-    if stages.empty or not warm_ids:
-        return {}
-    w = stages[stages["request_id"].isin(warm_ids)]
-    return {str(k): json_float(v) for k, v in w.groupby("stage", sort=False)["ms"].median().items()}
-
-
-def rank_facts(record_lines: list[str], request_ids: list[str]) -> list[dict[str, Any]]:
-    """Per rank of a multi-rank (CFG parallel) engine, for one shape's requests (the first, then
-    the warm ones): the first request's compiles, its penalty per stage and the stage that
-    absorbs most of it, and the warm medians of the step time and of its parts (the rank's
-    transformer branch vs its wait in the all_gather, ms). [] for a single-rank engine."""
-    recs = {r.request_id: r for r in parse_lines(record_lines).records}
-    chosen = [recs[i] for i in request_ids if i in recs]
-    if len(chosen) < 2 or not chosen[0].perfkit.get("ranks"):
-        return []
-    out = []
-    for k, first in enumerate(chosen[0].perfkit["ranks"]):
-        warm = [r.perfkit["ranks"][k] for r in chosen[1:] if len(r.perfkit.get("ranks") or []) > k]
-
-        def stage_ms(rep: dict) -> dict[str, float]:
-            return {s["name"]: float(s["execution_time_ms"]) for s in rep.get("stages") or []}
-
-        first_st = stage_ms(first)
-        warm_st = [stage_ms(w) for w in warm]
-        pen = {
-            name: ms - float(np.median([w[name] for w in warm_st if name in w]))
-            for name, ms in first_st.items()
-            if any(name in w for w in warm_st)
-        }
-
-        def med(key: str) -> float | None:
-            vals = [v for w in warm for v in (w.get(key) or [])]
-            return json_float(float(np.median(vals))) if vals else None
-
-        out.append(
-            {
-                "rank": first.get("rank", k),
-                "device": first.get("device"),
-                # a rank report without a count is "not measured" (None), never 0
-                "first_compiles": _count(first.get("compiles")),
-                "warm_compiles": (
-                    sum(_count(w.get("compiles")) for w in warm)
-                    if all(_count(w.get("compiles")) is not None for w in warm)
-                    else None
-                ),
-                "first_recompile_reasons": list(first.get("recompile_reasons") or []),
-                "penalty_by_stage_ms": {n: json_float(v) for n, v in pen.items()},
-                "penalty_stage": max(pen, key=pen.get) if pen else None,
-                "warm_step_median_ms": med("steps"),
-                "warm_refinement_step_median_ms": med("refinement_steps"),
-                "warm_compute_median_ms": med("cfg_compute_ms"),
-                "warm_gather_median_ms": med("cfg_gather_ms"),
-                # this rank's own device peak over the shape's requests (MiB; sglang's mb are MiB)
-                "peak_reserved_mib": json_float(
-                    max((float(r.get("peak_reserved_mb") or "nan") for r in [first, *warm]), default=None)
-                ),
-            }
-        )
-    return out
-
-
-def _count(v: Any) -> int | None:
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
-
-
-def warm_across_warmups(coverage: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each request shape measured after more than one warmup setting: the warm median after
-    each later setting over the warm median after the first (ratio, 95 % percentile-bootstrap
-    interval of the ratio of medians, :func:`perfkit.stats.bootstrap_ratio_ci`), and the same per
-    stage (medians only). A difference here is steady-state speed, not the first-request penalty.
-    """
-    out = []
-    by_frames: dict[int, list[dict[str, Any]]] = {}
-    for c in coverage:
-        if c.get("warm_ms"):
-            by_frames.setdefault(int(c["request_frames"]), []).append(c)
-    for frames, entries in by_frames.items():
-        if len(entries) < 2:
-            continue
-        ref = entries[0]
-        for other in entries[1:]:
-            a = [v for v in other["warm_ms"] if v is not None]
-            b = [v for v in ref["warm_ms"] if v is not None]
-            lo, hi = stats.bootstrap_ratio_ci(a, b)
-            st_a, st_b = other.get("warm_stage_median_ms") or {}, ref.get("warm_stage_median_ms") or {}
-            out.append(
-                {
-                    "request_frames": frames,
-                    "warmup_frames": other["warmup_frames"],
-                    "vs_warmup_frames": ref["warmup_frames"],
-                    "warm_median_ms": json_float(float(np.median(a))),
-                    "vs_warm_median_ms": json_float(float(np.median(b))),
-                    "ratio": json_float(float(np.median(a)) / float(np.median(b))),
-                    "ratio_ci": [json_float(lo), json_float(hi)],
-                    "n": [len(a), len(b)],
-                    "stage_ratio": {
-                        k: json_float(st_a[k] / st_b[k])
-                        for k in st_a
-                        if st_b.get(k) and st_a.get(k) is not None
-                    },
-                }
-            )
-    return out
 
 
 # ------------------------------------------------------------------------------ registry entry
@@ -643,6 +475,61 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return out
 
 
+#: its notebook after the generic measuring cell (notebooks/make_notebooks.py adds the
+#: title, parameters, setup and measuring cells before and the gate's cells after)
+NOTEBOOK = (
+    md("## Coverage"),
+    code("""coverage = summary_frame("warmup_shapes", results)
+show_table(coverage)
+display(Markdown(reading("warmup_shapes", results)))"""),
+    md(
+        "## Why an uncovered shape pays: recompilation\n\n"
+        "Each request that ran a shape first in its launch: its penalty over the warm median "
+        "of the same shape in that launch, the stage holding most of it, and the "
+        "recompilations it paid (count, compile time, the compiler's reason)."
+    ),
+    code(cells.ROOT_CAUSE),
+    md(
+        "## Below the stage: the first request of a new shape against a warm one\n\n"
+        "With `profile` set, an extra launch with the warmup that did not cover a shape sends "
+        "that shape's first request and warm ones with sglang's profiling fields; their "
+        "torch.profiler traces are in the bundle under `traces/` (open them in Perfetto, "
+        "ui.perfetto.dev, or chrome://tracing). They are extra requests: no statistic, "
+        "invariant or gate here reads them. The diff names the ops the first request of the "
+        "new shape spends its penalty in."
+    ),
+    code(cells.BELOW_STAGE),
+    md("## Every request: role and shape"),
+    code(cells.REQUESTS),
+    md("## Gate (covered shapes pay no setup)"),
+    code(cells.GATE_CELL),
+    md("## First-request penalty by warmup shape and request shape"),
+    code("show(plots.coverage_heatmap(coverage))"),
+    md("## Which stage absorbs the penalty (first request − warm median, ms)"),
+    code("""by_stage = pd.DataFrame({f"warmup {c['warmup_frames']}f → request {c['request_frames']}f":
+                         c.get("penalty_by_stage_ms") or {} for c in results["coverage"]}).T
+show_table(by_stage.rename(columns=lambda st: f"{st} (ms)").rename_axis("case").reset_index())
+if any(stage_class(s) == REFINEMENT for s in by_stage.columns):  # only for a two-stage run
+    display(Markdown("With the two-stage pipeline the half-resolution denoising stage and the "
+                     "full-resolution refinement stage each specialise on their own latent shape."))"""),
+    md("## End-to-end latency per request, one line per launch"),
+    code("show(plots.e2e_per_request(bundle))"),
+    md("## Per-stage latency"),
+    code("show(plots.stage_breakdown(bundle))"),
+    md(
+        "## How to read this\n\n"
+        "LTX aligns frames to 8k+1 and compresses time by 8: latent frames = (frames − 1) // 8 "
+        "+ 1, so a 17-frame warmup runs 3 latent frames and a 25-frame request needs 4. A "
+        "request shape is **covered** when the startup warmup already ran its latent shape; "
+        "an uncovered shape pays recompilation / graph capture on its first request (the "
+        "penalty above, with its compile count). The fix is a warmup at the served shapes."
+    ),
+)
+
+#: the first paragraph of its report section
+SECTION_INTRO = "A covered shape is one the startup warmup already ran (same latent shape): its first request should cost what a warm one does, with no compiles. An uncovered shape pays shape setup (recompilation, graph capture) on its first call."
+
+
 SCENARIO = register(
     Scenario(
         order=20,
@@ -663,5 +550,19 @@ SCENARIO = register(
         join=join,
         case_ids=case_ids,
         launches=planned_launches,
+        measure_options=(
+            MeasureOption(
+                "--two-stage-shapes",
+                "also run the warmup-shapes investigation with the two-stage pipeline",
+                jobs=lambda on, sec, spec: [
+                    ("", sec, spec),
+                    ("_two_stage", sec, spec.replace(two_stage=True)),
+                ],
+                is_flag=True,
+            ),
+        ),
+        notebook_intro="Does the server's startup warmup cover the shapes users send?",
+        cells=NOTEBOOK,
+        section_intro=SECTION_INTRO,
     )
 )

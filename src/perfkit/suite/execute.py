@@ -21,9 +21,9 @@ from perfkit.gate.verdicts import (
     GATE,
     jsonable,
 )
+from perfkit.measuring.progress import PROGRESS_ENV
 from perfkit.params import SuiteParams
 from perfkit.report.render import notebook_error
-from perfkit.scenarios.progress import PROGRESS_ENV
 from perfkit.suite.preflight import NO_REPLAY_BUNDLE, SuiteError
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class NotebookRun:
     #: {pid, label, how, killed, after_s, stopped} each (:class:`perfkit.engine.owner.Ended`)
     outlived: list[dict[str, Any]] = field(default_factory=list)
     #: the launch and request under way when a failed notebook's kernel stopped
-    #: (:func:`perfkit.scenarios.progress.in_flight`), None when no launch was cut short
+    #: (:func:`perfkit.measuring.progress.in_flight`), None when no launch was cut short
     in_flight: dict[str, Any] | None = None
 
 
@@ -143,7 +143,7 @@ def execute_notebook(
     ``kernel_log``: file that receives the kernel's own stderr (ipykernel's transport warnings,
     shutdown noise) and papermill's log lines instead of the terminal.
     ``progress_file``: where the kernel appends its progress events
-    (:mod:`perfkit.scenarios.progress`; default ``<dst>.progress.jsonl``): no bar is drawn into
+    (:mod:`perfkit.measuring.progress`; default ``<dst>.progress.jsonl``): no bar is drawn into
     the notebook's saved outputs.
 
     A notebook whose last cell raised :class:`perfkit.gate.outcome.GateFailed` (run with

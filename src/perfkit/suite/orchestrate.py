@@ -32,10 +32,10 @@ from perfkit.gate.verdicts import (
     read_verdict,
 )
 from perfkit.gate.verdicts import notebooks as notebook_names
+from perfkit.measuring.progress import RunBars, in_flight
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.scaleout.shards import select
 from perfkit.scenarios import registry
-from perfkit.scenarios.progress import RunBars, in_flight
 from perfkit.suite.execute import (
     NotebookRun,
     _env,

@@ -15,16 +15,16 @@ from pathlib import Path
 from perfkit.bundle import IDENTITY_REQUEST, IDENTITY_SPEC
 from perfkit.common.outdirs import stamped_dir
 from perfkit.common.provenance import repo_root
+from perfkit.common.slugs import slug
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
 from perfkit.gate.verdicts import (
     RUN_FILE,
 )
 from perfkit.gate.verdicts import notebooks as notebook_names
+from perfkit.measuring.progress import planned_requests
 from perfkit.params import ParamsError, SuiteParams
 from perfkit.scenarios import registry
-from perfkit.scenarios.common import slug
-from perfkit.scenarios.progress import planned_requests
 
 log = logging.getLogger(__name__)
 

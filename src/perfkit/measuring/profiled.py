@@ -26,8 +26,8 @@ from perfkit.bundle import ResultBundle, conform
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
+from perfkit.measuring.launch import measure_launch
 from perfkit.readings.records import parse_lines
-from perfkit.scenarios.common import measure_launch
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,404 @@
+"""One measured engine launch -> tidy rows.
+
+:func:`measure_launch` starts an engine under caps, samples memory while it sends the requests,
+joins each response with its ``performance.log`` record by request id, and returns a
+:class:`LaunchData` whose rows fill the bundle tables (declared in :mod:`perfkit.bundle_schema`:
+times in ms or s, memory in MiB). Startup warmup records are kept with ``index = WARMUP_INDEX``
+(-1), the tables' only warmup mark (the raw records keep sglang's ``"tag": "warmup"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from perfkit.bundle import WARMUP_INDEX, sampler_frame
+from perfkit.engine.caps import MemoryCaps
+from perfkit.engine.client import RequestOutcome, VideoClient, VideoRequestSpec
+from perfkit.engine.launch import EngineStartError, launch
+from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S, EngineSpec
+from perfkit.measuring.progress import launching, track_requests
+from perfkit.readings.engine_config import effective_config
+from perfkit.readings.records import PerfRecord, parse_lines, read_perf_log
+
+log = logging.getLogger(__name__)
+
+NAN = math.nan
+
+
+@dataclass
+class LaunchData:
+    """Everything one launch produced.
+
+    Attributes:
+        label: launch label (unique in the bundle).
+        requests, stages, steps: row dicts for the bundle tables.
+        memory: sampler timeline (DataFrame, ``launch`` column added).
+        launch_row: the ``launches`` row (cold start parts, caps, command).
+        record_lines: raw performance.log lines.
+        logs: engine log name -> text.
+        outcomes: client outcomes of the measured requests, in order.
+        error: why the launch failed (start error, cap exceeded), or None.
+        command: the exact engine argv.
+        gpus: the GPUs the engine ran on ({index (NVML), uuid, name} each; [] without NVML).
+    """
+
+    label: str
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    memory: pd.DataFrame = field(default_factory=pd.DataFrame)
+    launch_row: dict[str, Any] = field(default_factory=dict)
+    record_lines: list[str] = field(default_factory=list)
+    logs: dict[str, str] = field(default_factory=dict)
+    outcomes: list[RequestOutcome] = field(default_factory=list)
+    error: str | None = None
+    #: the engine's performance.log, read again by :func:`_rows` (strict UTF-8, file:line reasons)
+    perf_log: Path | None = None
+    command: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+
+    def measured(self) -> pd.DataFrame:
+        """Measured request rows (``index != WARMUP_INDEX``) as a DataFrame, in index order."""
+        df = pd.DataFrame(self.requests)
+        if df.empty:
+            return df
+        return df[df["index"] != WARMUP_INDEX].sort_values("index")
+
+
+def _snap(rec: PerfRecord | None, checkpoint: str, key: str) -> float:
+    if rec is None:
+        return NAN
+    v = rec.peak_mb(checkpoint, key)
+    return NAN if v is None else v
+
+
+def _epoch(v: Any) -> float:
+    """An epoch-seconds value of a record as written, NaN when absent or null (not reported);
+    anything but a finite number >= 0 is refused naming what it was."""
+    if v is None:
+        return NAN
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= float(v) < math.inf):
+        raise ValueError(f"job time {v!r} is not epoch seconds")
+    return float(v)
+
+
+def record_rows(
+    label: str,
+    rec: PerfRecord,
+    index: int,
+    outcome: RequestOutcome | None,
+    request: VideoRequestSpec | None = None,
+) -> tuple[dict, list[dict], list[dict]]:
+    """Rows (request, stages, steps) for one record; ``outcome`` adds the client-side view.
+
+    ``index`` is the request's place in its launch (0 cold, >= 1 warm, ``WARMUP_INDEX`` for the
+    startup warmup). Columns as declared in :mod:`perfkit.bundle_schema` (ms, s, MiB): sglang's
+    ``*_mb`` snapshot keys land in ``*_mib`` columns (sglang's mb are MiB).
+    """
+    pk = rec.perfkit
+    spans = {s["name"]: s for s in pk.get("stage_spans") or [] if isinstance(s, dict)}
+    status = pk.get("status") or ("completed" if rec.stages else "unknown")
+    if outcome is not None and not outcome.ok:
+        status = outcome.status
+    row = {
+        "launch": label,
+        "request_id": rec.request_id,
+        "index": index,
+        "status": status,
+        "error": (outcome.error if outcome is not None else None) or pk.get("error"),
+        "num_frames": pk.get("num_frames_requested", request.num_frames if request else None),
+        "effective_num_frames": pk.get("num_frames_effective"),
+        "latent_frames": pk.get("latent_frames"),
+        "latent_shape": "x".join(str(x) for x in pk.get("latent_shape") or []) or None,
+        "height": pk.get("height"),
+        "width": pk.get("width"),
+        "steps": pk.get("num_inference_steps"),
+        "client_ms": outcome.client_ms if outcome is not None else NAN,
+        "e2e_ms": rec.total_duration_ms if rec.total_duration_ms is not None else NAN,
+        "compiles": int(pk.get("compiles") or 0),
+        "compile_ms": float(pk.get("compile_ms") or 0.0),
+        "recompile_reasons": "; ".join(pk.get("recompile_reasons") or []),
+        "recompile_limit_hit": bool(pk.get("recompile_limit_hit", False)),
+        "recompile_limit_stage": pk.get("recompile_limit_stage"),
+        "peak_allocated_mib": _snap(rec, "runtime_peak", "peak_allocated_mb"),
+        "peak_reserved_mib": _snap(rec, "runtime_peak", "peak_reserved_mb"),
+        "reserved_mib": _snap(rec, "runtime_peak", "reserved_mb"),
+        "host_rss_mib": float(pk.get("host_rss_mib", NAN) or NAN),
+        "host_anon_mib": float(pk.get("host_anon_mib", NAN) or NAN),
+        "placement": pk.get("placement"),
+        "t_start_s": pk.get("t_start", outcome.t_start if outcome else NAN),
+        "t_end_s": pk.get("t_end", outcome.t_end if outcome else NAN),
+        # the engine's job clock (reference engine); sglang's records carry none: NaN = not reported
+        "submitted_s": _epoch(pk.get("t_submitted")),
+        "started_s": _epoch(pk.get("t_started")),
+        "completed_s": _epoch(pk.get("t_completed")),
+    }
+    stage_peaks = pk.get("stage_peak_allocated_mb") or {}
+    stages = []
+    for name, ms in rec.stages:
+        sp = spans.get(name, {})
+        stages.append(
+            {
+                "launch": label,
+                "request_id": rec.request_id,
+                "index": index,
+                "stage": name,
+                "ms": ms,
+                "peak_allocated_mib": stage_peaks.get(name, NAN),
+                "t_start_s": sp.get("t_start", NAN),
+                "t_end_s": sp.get("t_end", NAN),
+            }
+        )
+    steps = [
+        {
+            "launch": label,
+            "request_id": rec.request_id,
+            "index": index,
+            "stage": "DenoisingStage",
+            "step": i,
+            "ms": ms,
+        }
+        for i, ms in enumerate(rec.steps)
+    ]
+    steps += [
+        {
+            "launch": label,
+            "request_id": rec.request_id,
+            "index": index,
+            "stage": "RefinementStage",
+            "step": i,
+            "ms": float(ms),
+        }
+        for i, ms in enumerate(pk.get("refinement_steps") or [])
+    ]
+    return row, stages, steps
+
+
+def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRequestSpec) -> dict[str, Any]:
+    """A request row for a request without a record (rejected, engine died, timeout); its
+    memory columns (MiB) and server time (ms) are NaN."""
+    return {
+        "launch": label,
+        "request_id": outcome.request_id or f"{label}-{index}",
+        "index": index,
+        "status": outcome.status,
+        "error": outcome.error,
+        "num_frames": request.num_frames,
+        "effective_num_frames": None,
+        "latent_frames": None,
+        "latent_shape": None,
+        "height": request.height,
+        "width": request.width,
+        "steps": request.num_inference_steps,
+        "client_ms": outcome.client_ms,
+        "e2e_ms": NAN,
+        "compiles": 0,
+        "compile_ms": 0.0,
+        "recompile_reasons": "",
+        "recompile_limit_hit": False,
+        "recompile_limit_stage": None,
+        "peak_allocated_mib": NAN,
+        "peak_reserved_mib": NAN,
+        "reserved_mib": NAN,
+        "host_rss_mib": NAN,
+        "host_anon_mib": NAN,
+        "placement": None,
+        "t_start_s": outcome.t_start,
+        "t_end_s": outcome.t_end,
+    }
+
+
+def measure_launch(
+    spec: EngineSpec,
+    requests: list[VideoRequestSpec],
+    run_dir: Path,
+    label: str,
+    caps: MemoryCaps | None = None,
+    sample_interval_s: float = 0.1,
+    request_timeout_s: float | None = None,
+    stop_on_failure: bool = False,
+    after: Callable[[Any, VideoClient, Any], dict[str, Any]] | None = None,
+) -> LaunchData:
+    """Launch ``spec`` under ``caps``, send ``requests`` one after the other, tear down.
+
+    Never raises for engine failures: a start error, a crash or a host cap kill end the launch
+    with :attr:`LaunchData.error` set and the rows gathered so far. A request that times out
+    (``request_timeout_s``, default ``spec.request_timeout_s``, else
+    :data:`~perfkit.engine.spec.DEFAULT_REQUEST_TIMEOUT_S`) or loses the engine ends the launch
+    too: the error names that request and how the engine ended (:func:`failed_launch_text`),
+    and the ``launches`` row carries ``ended``, ``end_signal``, ``end_by_perfkit``,
+    ``failed_request`` and ``oom_record``.
+
+    ``after(handle, client, sampler)`` runs in the same session once the requests are done (the
+    sampler still running); its dict lands in :attr:`LaunchData.extra`. Its requests are not
+    part of the measured rows.
+    """
+    data = LaunchData(label=label)
+    timeout_s = float(request_timeout_s or spec.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
+    h = None
+    failed: int | None = None  # the request that ended the launch
+    launching(label)  # the seconds before the first request: say what they wait for
+    try:
+        with launch(spec, caps=caps, run_dir=run_dir, label=label) as h:
+            data.command = list(h.command)
+            data.gpus = list(h.gpus)
+            sampler = h.sampler(interval_s=sample_interval_s)
+            sampler.start()
+            try:
+                with VideoClient(h.base_url, h.perf_log_dir, timeout_s=timeout_s) as client:
+                    for i, req in enumerate(track_requests(requests, label)):
+                        out = client.generate(req)
+                        data.outcomes.append(out)
+                        if not out.ok:
+                            log.warning("%s request %d: %s (%s)", label, i, out.status, out.error)
+                            # a request that timed out or lost the engine leaves it in an unknown
+                            # state: no more requests to it (each would wait its own timeout)
+                            if not h.alive() or stop_on_failure or out.status in ("timeout", "error"):
+                                failed = i
+                                break
+                    if after is not None and h.alive():
+                        data.extra = after(h, client, sampler)
+            finally:
+                sampler.stop()
+            mem = sampler_frame(sampler.to_frame())
+            mem.insert(0, "launch", label)
+            data.memory = mem
+            data.record_lines = h.record_lines()
+            data.perf_log = h.perf_log_path
+            data.launch_row = h.launch_row()
+            data.launch_row.update(first_result(data.outcomes, h.cold_start))
+            outcome = h.cap_outcome
+            if outcome.exceeded:
+                data.error = outcome.message
+        # here the engine is gone: say how it ended, and which request it took with it
+        end = h.end or {}
+        data.launch_row.update(
+            {
+                "exit_code": h.exit_code,
+                "ended": end.get("how"),
+                "end_signal": end.get("signal"),
+                "end_by_perfkit": end.get("by_perfkit"),
+                "failed_request": failed,
+                "oom_record": end.get("oom"),
+            }
+        )
+        if failed is not None and data.error is None:
+            data.error = failed_launch_text(label, failed, data.outcomes[failed], end)
+    except EngineStartError as exc:
+        data.error = str(exc)
+        log.error("launch %s failed: %s", label, exc)
+    finally:
+        d = _launch_dir(run_dir, label)
+        if d is not None:
+            for name in ("stdout.log", "stderr.log"):
+                p = d / name
+                if p.exists():
+                    data.logs[f"{label}.{name}"] = p.read_text(errors="replace")[-2_000_000:]
+            perf = d / "perf" / "performance.log"
+            if not data.record_lines and perf.exists():
+                data.record_lines = [ln for ln in perf.read_text().splitlines() if ln.strip()]
+    if not data.launch_row:
+        data.launch_row = {
+            "launch": label,
+            "label": label,
+            "ready_s": NAN,
+            "command": " ".join(data.command),
+            "device_cap_gib": caps.device_gib if caps else None,
+            "host_cap_gib": caps.host_gib if caps else None,
+            "error": data.error,
+        }
+    data.launch_row["error"] = data.error
+    _rows(data, requests)
+
+    return data
+
+
+def failed_launch_text(label: str, index: int, outcome: RequestOutcome, end: dict[str, Any]) -> str:
+    """The launch error of a request that hung or failed and ended the launch, naming the
+    request (its index in the launch, 0 = cold, and id), what the client saw, and how the engine
+    ended (:attr:`perfkit.engine.launch.EngineHandle.end`) with its OOM-kill record when read::
+
+        launch 'session': request 2 (id 7f3a) timed out: request 7f3a not finished after 3 s
+        (last status running); the engine did not exit within 2 s of SIGTERM: killed by
+        perfkit (SIGKILL) after 2.0 s
+    """
+    what = {"timeout": "timed out", "error": "failed (engine lost)"}.get(outcome.status, outcome.status)
+    rid = f" (id {outcome.request_id})" if outcome.request_id else ""
+    text = f"launch {label!r}: request {index}{rid} {what}: {outcome.error or 'no error text'}"
+    how = end.get("how")
+    if how:
+        during = f" during request {index}" if not end.get("by_perfkit") else ""
+        text += f"; the engine {how}{during}"
+    if end.get("oom"):
+        text += f"; OOM-kill record: {end['oom']}"
+    return text
+
+
+def first_result(outcomes: list[RequestOutcome], cold_start: dict[str, Any]) -> dict[str, float]:
+    """Time to first result (s) and its parts, for the ``launches`` table.
+
+    ``first_result_s``: launch until the first *successful* request ended (client clock, the
+    same epoch clock as ``cold_start["t_launch"]``); ``first_request_wait_s``: ready until that
+    request was sent; ``first_request_ms``: that request as the client saw it. NaN when no
+    request succeeded or the launch time is unknown. Unlike ``ready_s`` this does not trust the
+    engine's word: an engine that answers /health before it has warmed up pays it here.
+    """
+    t_launch, t_ready = cold_start.get("t_launch"), cold_start.get("t_ready")
+    ok = next((o for o in outcomes if o.ok), None)
+    if ok is None or t_launch is None:
+        return {"first_result_s": NAN, "first_request_wait_s": NAN, "first_request_ms": NAN}
+    return {
+        "first_result_s": ok.t_end - t_launch,
+        "first_request_wait_s": ok.t_start - t_ready if t_ready is not None else NAN,
+        "first_request_ms": ok.client_ms,
+    }
+
+
+def _launch_dir(run_dir: Path, label: str) -> Path | None:
+    cands = sorted(Path(run_dir).glob(f"{label}*"), key=lambda p: p.stat().st_mtime)
+    return cands[-1] if cands else None
+
+
+def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
+    if data.perf_log is not None and data.perf_log.exists():
+        report = read_perf_log(data.perf_log)
+    else:
+        report = parse_lines(data.record_lines, source=f"records/{data.label}.jsonl")
+    recs = {r.request_id: r for r in report.records}
+    warm = [r for r in recs.values() if r.is_warmup]
+    for rec in warm:
+        row, st, sp = record_rows(data.label, rec, WARMUP_INDEX, None)
+        data.requests.append(row)
+        data.stages += st
+        data.steps += sp
+        data.launch_row.setdefault("warmup_latent_shape", row["latent_shape"])
+    # the last record carries every snapshot (the warmup's own line predates warmup_peak)
+    any_rec = next(reversed(list(recs.values())), None)
+    if any_rec is not None:
+        data.launch_row["load_peak_mib"] = _snap(any_rec, "load_peak", "peak_reserved_mb")
+        data.launch_row["load_peak_allocated_mib"] = _snap(any_rec, "load_peak", "peak_allocated_mb")
+        data.launch_row["warmup_peak_mib"] = _snap(any_rec, "warmup_peak", "peak_reserved_mb")
+        data.launch_row["placement"] = any_rec.perfkit.get("placement")
+    cfg = effective_config(any_rec.perfkit if any_rec is not None else None, data.logs).to_row()
+    cfg["engine_device"] = cfg.pop("device")
+    data.launch_row.update(cfg)
+    for i, (out, req) in enumerate(zip(data.outcomes, requests)):
+        rec = recs.get(out.request_id) if out.request_id else None
+        if rec is None:
+            row = failed_row(data.label, i, out, req)
+            refused = report.rejected.get(out.request_id) if out.request_id else None
+            if refused is not None:  # its record was refused: not measured, whatever HTTP said
+                row["status"], row["error"] = "failed", refused
+            data.requests.append(row)
+            continue
+        row, st, sp = record_rows(data.label, rec, i, out, req)
+        data.requests.append(row)
+        data.stages += st
+        data.steps += sp

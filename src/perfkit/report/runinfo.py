@@ -1,0 +1,241 @@
+"""A run directory's state as the report and the summary read it: ``run.json`` (inferred from
+the files for a directory made by hand), each notebook's status and gate result (apart from
+whether it ran: :func:`gate_result`), the scenarios' key numbers (:func:`key_numbers`) and one
+entry per investigation (:func:`investigations`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from perfkit.gate.verdicts import (
+    GATE,
+    STATUS_WORD,
+    collect_verdicts,
+    exit_code_for,
+    notebooks,
+    read_verdict,
+)
+from perfkit.scenarios import registry
+
+log = logging.getLogger(__name__)
+
+
+GATE_TITLE = "Baseline gate"
+
+
+GATE_QUESTION = "This run's numbers against the baseline, and the invariants."
+#: gate rows sort failures first
+GATE_ORDER = {"fail": 0, "improved": 1, "pass": 2, "new": 3, "skipped": 4}
+
+
+def section_title(name: str) -> str:
+    """The heading of a notebook's section: the scenario's title, or the gate's."""
+    return GATE_TITLE if name == GATE else registry.get(name).title
+
+
+def section_question(name: str) -> str:
+    """The one-sentence question of a notebook's section (the scenario's, or the gate's).
+    Raises KeyError for a name that is neither registered nor the gate."""
+    return GATE_QUESTION if name == GATE else registry.get(name).question
+
+
+def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
+    """(ename, text) of the first error output in an executed notebook."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(nb_path), as_version=4)
+    except Exception:  # noqa: BLE001
+        return None, None
+    for cell in nb.cells:
+        for o in cell.get("outputs", []) or []:
+            if o.get("output_type") == "error":
+                return o.get("ename"), f"{o.get('ename')}: {o.get('evalue')}"
+    return None, None
+
+
+def run_info(run_dir: Path) -> dict[str, Any]:
+    p = run_dir / "run.json"
+    if p.exists():
+        info = json.loads(p.read_text())
+        # a verdict file that cannot be read makes its notebook an error (never a pass)
+        for n in info.get("notebooks") or []:
+            doc = read_verdict(run_dir / str(n.get("name")))
+            if doc and doc.get("status") == "error" and n.get("status") == "ok":
+                n.update({"status": "error", "error": doc.get("error")})
+                info["exit_code"] = None  # recomputed from the files as they are now
+        return info
+    # a run dir made by hand (perfkit run): infer from files; a directory with no notebook and
+    # no verdict is not a run
+    nbs = []
+    for name in notebooks():
+        nbp = run_dir / "notebooks" / f"{name}.ipynb"
+        if nbp.exists() or read_verdict(run_dir / name):
+            ename, err = notebook_error(nbp) if nbp.exists() else (None, None)
+            nbs.append(
+                {
+                    "name": name,
+                    "status": "error" if err else "ok",
+                    "error": err,
+                    "ename": ename,
+                    "wall_s": None,
+                    "output": str(nbp),
+                }
+            )
+    return {"name": run_dir.name, "notebooks": nbs}
+
+
+def scenario_key_numbers(run_dir: Path, name: str) -> list[registry.KeyNumber]:
+    """The key numbers of scenario ``name`` from ``run_dir/<name>/results.json`` ([] when the
+    file is not there). Raises KeyError (unknown scenario), ValueError (unreadable JSON) or
+    whatever the scenario's ``key_numbers`` raises."""
+    s = registry.get(name)
+    p = run_dir / s.name / "results.json"
+    if not p.exists():
+        return []
+    return list(s.key_numbers(json.loads(p.read_text())))
+
+
+def key_numbers(run_dir: str | Path) -> list[tuple[str, str]]:
+    """(what, value) of every scenario's key numbers, from ``run_dir/<scenario>/results.json``,
+    in registry order. A scenario whose results cannot be read is logged and left out."""
+    out: list[tuple[str, str]] = []
+    for s in registry.all_scenarios():
+        try:
+            out += [(k.label, k.text) for k in scenario_key_numbers(Path(run_dir), s.name)]
+        except Exception as exc:  # noqa: BLE001 - the summary is written in every case
+            log.warning("report: key numbers of %s: %r", s.name, exc)
+    return out
+
+
+def status_text(n: Mapping[str, Any]) -> str:
+    """Whether a notebook ran, with the reason when skipped: ``ran``, ``error``,
+    ``skipped (no bundle in replay dir)``. ``ran`` (run.json's ``ok``) says only that the notebook
+    ran to its end; its gate result is :func:`gate_result`."""
+    st = str(n.get("status"))
+    if st == "ok":
+        return "ran"
+    return f"{st} ({n['reason']})" if st == "skipped" and n.get("reason") else st
+
+
+#: the gate result of one investigation (:func:`gate_result`), worst first
+GATE_RESULTS = ("error", "fail", "not gated", "pass", "not run")
+
+
+def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
+    """(result, text) of notebook entry ``n``'s gate, distinct from whether it ran.
+
+    result: ``error`` (the notebook failed, or its verdict file is unreadable), ``fail`` (a
+    check failed), ``pass`` (at least one check compared, none failed), ``not gated`` (it ran
+    and no check compared: none declared, or every one skipped), ``not run`` (skipped).
+    text: the result with its counts (``fail: 1 of 4 checks failed``, ``pass: 4 checks``,
+    ``not gated: 3 checks skipped``) or the notebook's error.
+    """
+    from perfkit.checks import check_table
+    from perfkit.gate.outcome import gate_result as gate_word
+
+    st = str(n.get("status") or "")
+    if st == "skipped":
+        return "not run", "not run"
+    if st == "error":
+        return "error", "error: " + (clip(n.get("error"), 120) or "notebook failed")
+    doc = read_verdict(Path(run_dir) / str(n.get("name")))
+    if doc is None:
+        return "not gated", "not gated: no verdict written"
+    word = gate_word("ok", doc)  # the one rule, shared with papermill's last cell and perfkit run
+    if word == "error":
+        return "error", "error: " + (clip(doc.get("error"), 120) or "verdict unreadable")
+    rows = check_table(doc.get("rows") or [])
+    counts = rows["status"].astype(str).value_counts() if not rows.empty else pd.Series(dtype=int)
+    n_fail, n_skip = int(counts.get("fail", 0)), int(counts.get("skipped", 0))
+    compared = len(rows) - n_skip
+    if word == "fail":
+        why = f"{n_fail} of {plural(compared, 'check')} failed" if n_fail else clip(doc.get("reason"), 120)
+        return "fail", f"fail: {why or 'the verdict says fail'}"
+    if word == "not gated":
+        return (
+            "not gated",
+            f"not gated: {plural(n_skip, 'check')} skipped" if n_skip else "not gated: no check declared",
+        )
+    return "pass", f"pass: {plural(compared, 'check')}" + (f", {n_skip} skipped" if n_skip else "")
+
+
+def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
+    """The title of another investigation whose results hold skipped investigation ``name``'s
+    measurement (the scenario's ``found_in``, e.g. an in-session probe), or None."""
+    try:
+        s = registry.get(name)
+    except KeyError:
+        return None
+    if s.found_in is None:
+        return None
+    for other in registry.all_scenarios():
+        p = run_dir / other.name / "results.json"
+        if other.name == name or not p.exists():
+            continue
+        try:
+            if s.found_in(json.loads(p.read_text())):
+                return other.title
+        except (OSError, ValueError) as exc:
+            log.warning("report: results of %s: %r", other.name, exc)
+    return None
+
+
+def investigations(run_dir: str | Path, nbs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per notebook for the page's contents and the summaries: ``name``, ``title``,
+    ``ran`` (:func:`status_text`), ``gate``/``gate_text`` (:func:`gate_result`), ``note``
+    (a skipped investigation whose figures another one measured says where, e.g. "not run on
+    its own; measured inside Cold vs warm: see its root-cause panel"; else None)."""
+    run_dir = Path(run_dir)
+    out = []
+    for n in nbs:
+        name = str(n.get("name"))
+        try:
+            title = section_title(name)
+        except KeyError:
+            title = name
+        gate, text = gate_result(run_dir, n)
+        note = None
+        if gate == "not run" and (where := _measured_elsewhere(run_dir, name)):
+            note = f"not run on its own; measured inside {where}: see its root-cause panel"
+        out.append(
+            {
+                "name": name,
+                "title": title,
+                "ran": status_text(n),
+                "gate": gate,
+                "gate_text": text,
+                "note": note,
+                "wall_s": n.get("wall_s"),
+                "error": n.get("error") or n.get("reason") or "",
+            }
+        )
+    return out
+
+
+def run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
+    """(run.json info, verdict rows, exit code, status word) of a run directory."""
+    info = run_info(run_dir)
+    verdicts = collect_verdicts(run_dir)
+    code = info.get("exit_code")
+    if code is None:
+        code = exit_code_for(info.get("notebooks", []), verdicts)
+    return info, verdicts, code, STATUS_WORD.get(code, "error")
+
+
+def clip(text: Any, n: int = 200) -> str | None:
+    """``text`` cut to ``n`` characters at a word boundary, with "…" when cut (None for empty)."""
+    t = str(text or "").strip()
+    if len(t) <= n:
+        return t or None
+    return t[:n].rsplit(" ", 1)[0].rstrip() + " …"
+
+
+def plural(n: int, word: str, plural: str | None = None) -> str:
+    """``"1 row"``, ``"3 rows"``, ``"0 rows"``."""
+    return f"{n} {word if n == 1 else (plural or word + 's')}"

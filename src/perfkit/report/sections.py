@@ -1,0 +1,207 @@
+"""One notebook's section of the report page: its template (the scenario's own, the gate's, or
+the generic one: :func:`section_template`), what the template gets (:func:`section_context`)
+and the executed notebook as offline HTML (:func:`notebook_body`). :func:`template_env` is the
+report's jinja2 environment (templates under ``perfkit/report/templates/``)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+import jinja2
+
+from perfkit.gate.verdicts import (
+    GATE,
+    read_verdict,
+)
+from perfkit.report.belowstage import panel as below_stage_panel
+from perfkit.report.offline import strip_external
+from perfkit.report.rootcause import root_cause
+from perfkit.report.runinfo import (
+    gate_result,
+    scenario_key_numbers,
+    section_question,
+    section_title,
+    status_text,
+)
+from perfkit.report.tables import status_class
+from perfkit.scenarios import registry
+
+log = logging.getLogger(__name__)
+
+
+#: the page template; it includes ``report.css`` inline and renders each section's HTML
+PAGE_TEMPLATE = "page.html.j2"
+
+
+#: the gate notebook's section template (scenario sections come from the registry)
+GATE_TEMPLATE = f"sections/{GATE}.html.j2"
+
+
+#: the section of a notebook that is neither registered nor the gate (a run of an older perfkit)
+FALLBACK_SECTION_TEMPLATE = "sections/_base.html.j2"
+
+
+@functools.lru_cache(maxsize=1)
+def template_env() -> jinja2.Environment:
+    """The report's jinja2 environment: templates from the ``perfkit.report`` package
+    (``templates/``), HTML autoescaped, plus the ``status_class`` filter
+    (:func:`perfkit.report.tables.status_class`).
+
+    Raises:
+        ValueError: (from jinja2's PackageLoader) if the templates directory is not installed.
+    """
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("perfkit.report", "templates"),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        trim_blocks=False,
+        lstrip_blocks=False,
+    )
+    env.filters["status_class"] = status_class
+    return env
+
+
+def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
+    """HTML fragment of an executed notebook: code hidden, outputs (images embedded) kept.
+
+    Args:
+        nb_path: an executed ``.ipynb``.
+        drop_heading: when the first cell is Markdown starting with ``# <drop_heading>``, it is
+            left out (the report's section already shows the title and the question).
+
+    Returns:
+        nbconvert's ``basic`` HTML (no scripts or stylesheets loaded from the network); stderr
+        stream outputs are dropped, error outputs (tracebacks) kept.
+
+    Raises:
+        OSError, nbformat.ValidationError, ValueError: when the notebook cannot be read.
+    """
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(str(nb_path), as_version=4)
+    if drop_heading and nb.cells and nb.cells[0].cell_type == "markdown":
+        first = (nb.cells[0].source.strip().splitlines() or [""])[0].strip()
+        if first == f"# {drop_heading}":
+            nb.cells = nb.cells[1:]
+    # progress bars and log lines on stderr are for the person at the terminal, not the report
+    # (the executed notebook keeps them); errors (tracebacks) stay
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [
+                o
+                for o in cell.get("outputs", [])
+                if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
+            ]
+    exp = HTMLExporter(
+        template_name="basic",
+        exclude_input=True,
+        exclude_input_prompt=True,
+        exclude_output_prompt=True,
+        embed_images=True,
+    )
+    exp.mathjax_url = ""
+    body, _ = exp.from_notebook_node(nb)
+    return strip_external(body)
+
+
+def section_template(name: str) -> str:
+    """The section template of notebook ``name``: the scenario's ``template`` (registry), the
+    gate's, or the shared base for a name neither knows (logged)."""
+    if name == GATE:
+        return GATE_TEMPLATE
+    try:
+        return registry.get(name).template
+    except KeyError:
+        log.warning("report: notebook %r is not a registered scenario; plain section", name)
+        return FALLBACK_SECTION_TEMPLATE
+
+
+def _notebook_path(run_dir: Path, n: Mapping[str, Any]) -> Path:
+    name = n["name"]
+    nbp = Path(n.get("output") or run_dir / "notebooks" / f"{name}.ipynb")
+    if not nbp.is_absolute():
+        nbp = run_dir / nbp
+    if not nbp.exists():
+        nbp = run_dir / "notebooks" / f"{name}.ipynb"
+    return nbp
+
+
+def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]:
+    """What a section template gets for one notebook entry ``n`` of ``run.json``.
+
+    Keys: ``name``, ``title``, ``question``, ``intro`` (the scenario's ``section_intro``, or
+    ""), ``status`` (``ok``/``error``/``skipped``/…),
+    ``status_text`` (``ran``, or the skip reason), ``gate``/``gate_text`` (:func:`gate_result`), ``reason``, ``error``, ``wall_s``, ``keys``
+    (:class:`~perfkit.scenarios.registry.KeyNumber` list), ``keys_error``, ``verdict`` (the
+    notebook's verdict.json without its rows, or {}), ``notebook_path``, ``body`` (notebook
+    HTML, or None), ``body_error``, ``root_cause`` (the root-cause panel,
+    :func:`perfkit.report.rootcause.root_cause`, or None) and ``below_stage`` (the profiled
+    requests' panel, :func:`perfkit.report.belowstage.panel`, or None). Never raises on a broken notebook or results file: the
+    problem is logged and shown in the section.
+    """
+    run_dir = Path(run_dir)
+    name = str(n["name"])
+    status = str(n.get("status") or "")
+    try:
+        title, question = section_title(name), section_question(name)
+    except KeyError:
+        title, question = name, ""
+    try:
+        intro = registry.get(name).section_intro if name != GATE else ""
+    except KeyError:
+        intro = ""
+    keys, keys_error = [], None
+    if name != GATE:
+        try:
+            keys = scenario_key_numbers(run_dir, name)
+        except Exception as exc:  # noqa: BLE001 - a broken results file must not kill the report
+            log.warning("report: key numbers of %s: %r", name, exc)
+            keys_error = repr(exc)
+    verdict = {k: v for k, v in (read_verdict(run_dir / name) or {}).items() if k != "rows"}
+    rc = root_cause(run_dir, name) if name != GATE and status != "skipped" else None
+    # the bundle sits at RUN/<name>/, beside the page: trace links are relative to the page
+    below = below_stage_panel(run_dir / name, link_prefix=f"{name}/") if name != GATE else None
+    nbp = _notebook_path(run_dir, n)
+    body, body_error = None, None
+    if status != "skipped" and nbp.exists():
+        try:
+            body = notebook_body(nbp, drop_heading=title)
+        except Exception as exc:  # noqa: BLE001 - a broken notebook must not kill the report
+            log.warning("report: cannot render %s: %r", nbp, exc)
+            body_error = repr(exc)
+    gate, gate_text = gate_result(run_dir, n)
+    return {
+        "name": name,
+        "title": title,
+        "question": question,
+        "intro": intro,
+        "status": status,
+        "status_text": status_text(n),
+        "gate": gate,
+        "gate_text": gate_text,
+        "reason": n.get("reason"),
+        "error": n.get("error"),
+        "wall_s": n.get("wall_s"),
+        "keys": keys,
+        "keys_error": keys_error,
+        "verdict": verdict,
+        "notebook_path": str(nbp),
+        "body": body,
+        "body_error": body_error,
+        "root_cause": rc,
+        "below_stage": below,
+    }
+
+
+def render_section(run_dir: str | Path, n: Mapping[str, Any]) -> str:
+    """The HTML of one notebook's section (``<section id=NAME>``), from its section template
+    (:func:`section_template`) and :func:`section_context`.
+
+    Raises:
+        jinja2.TemplateNotFound: if a registered scenario's template file is missing.
+    """
+    ctx = section_context(run_dir, n)
+    return template_env().get_template(section_template(ctx["name"])).render(**ctx)

@@ -1,0 +1,244 @@
+"""``summary.md``: the run's verdict as Markdown for a PR comment or ``$GITHUB_STEP_SUMMARY``
+(:func:`summary_markdown`, fitted below GitHub's comment limit; :func:`write_summary`), with the
+machine's paths made relative (:func:`relative_paths`)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from perfkit.gate.verdicts import (
+    GATE,
+    nothing_measured_reason,
+    read_verdict,
+)
+from perfkit.report.runinfo import GATE_ORDER, clip, investigations, key_numbers, plural, run_status
+from perfkit.report.runtables import engine_ends_frame, refused_records, units_frame
+from perfkit.report.tables import markdown_table
+
+log = logging.getLogger(__name__)
+
+
+#: GitHub's limit on a PR comment's body (characters); summary.md stays below it with a margin
+GITHUB_COMMENT_LIMIT = 65_536
+
+
+#: what summary.md is fitted into (:func:`summary_markdown`): the limit less room for a caller's
+#: header or footer
+SUMMARY_LIMIT = 60_000
+
+
+#: a table cell's text is wrapped (``<br>``) at about this many characters
+WRAP_AT = 60
+
+
+def wrap_cell(text: Any, width: int = WRAP_AT) -> str:
+    """``text`` with ``<br>`` at word boundaries every ``width`` characters or so, so a long
+    reason wraps inside a GitHub table instead of making it scroll sideways."""
+    import textwrap
+
+    t = str(text if text is not None else "").strip()
+    if len(t) <= width:
+        return t
+    return "<br>".join(textwrap.wrap(t, width, break_long_words=True, break_on_hyphens=False))
+
+
+def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tuple[str, int]:
+    """(Markdown table of the first ``n`` rows of ``df[cols]`` with ``reason`` wrapped, rows
+    left out). A table is cut between rows only, never inside one."""
+    v = df[[c for c in cols if c in df.columns]]
+    left = 0 if n is None else max(0, len(v) - n)
+    if n is not None:
+        v = v.iloc[:n]
+    if "reason" in v.columns:
+        v = v.assign(reason=v["reason"].map(wrap_cell))
+    return markdown_table(v), left
+
+
+def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
+    """The summary's lines between the failed and the passing gate rows: notebook errors, one
+    row per investigation, key numbers, units, merge notes, engine ends, warnings."""
+    nbs = info.get("notebooks", [])
+    errors = [n for n in nbs if n.get("status") == "error"]
+    middle: list[str] = []
+    if errors:
+        middle += [
+            "",
+            "### Errors",
+            "",
+            *[f"- **{n['name']}**: {clip(n.get('error'), 400)}" for n in errors],
+        ]
+    inv = investigations(run_dir, nbs)
+    if inv:
+        middle += [
+            "",
+            "### Investigations",
+            "",
+            markdown_table(
+                pd.DataFrame(
+                    [
+                        {
+                            "investigation": i["title"],
+                            "gate": i["gate_text"],
+                            "notebook": i["ran"],
+                            "wall (s)": i["wall_s"],
+                            "note": wrap_cell(
+                                i["note"] or (clip(i["error"]) if i["gate"] != "error" else "")
+                            ),
+                        }
+                        for i in inv
+                    ]
+                )
+            ),
+        ]
+    keys = key_numbers(run_dir)
+    if keys:
+        middle += [
+            "",
+            "### Key numbers",
+            "",
+            "Informational: what was measured. The gate rows decide the verdict; a key number is not a check.",
+            "",
+            markdown_table(pd.DataFrame(keys, columns=["what", "value"])),
+        ]
+    units = units_frame(info)
+    if units is not None:
+        middle += ["", "### Units of work", "", markdown_table(units)]
+    merge_notes = (info.get("scaleout") or {}).get("notes") or []
+    if merge_notes:
+        middle += ["", "### Merge notes", "", *[f"- {n}" for n in merge_notes]]
+    ends = engine_ends_frame(run_dir)
+    if ends is not None:
+        middle += ["", "### How the engines ended", "", markdown_table(ends)]
+    gate_doc = read_verdict(run_dir / GATE) or {}
+    warnings = [*(gate_doc.get("warnings") or []), *refused_records(run_dir)]
+    if warnings:
+        middle += ["", "### Warnings", "", *[f"- {w}" for w in warnings]]
+    return middle
+
+
+def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
+    """The run's verdict as Markdown for a PR comment or ``$GITHUB_STEP_SUMMARY``.
+
+    Order: the verdict line and counts; the failed gate rows (with their reasons, wrapped);
+    notebook errors; one row per investigation with its gate result (pass / fail / not gated /
+    error / not run) apart from whether its notebook ran; the key numbers (informational:
+    measured, not checks); units, merge notes, engine ends, warnings; then the passing gate
+    rows in a collapsed ``<details>`` block.
+
+    The text stays within ``limit`` characters (default :data:`SUMMARY_LIMIT`, below GitHub's
+    65,536-character comment limit): passing rows, then failed rows, are left out from the end,
+    whole rows only, with a line saying how many and pointing at ``report.html``.
+    """
+    run_dir = Path(run_dir)
+    info, verdicts, code, word = run_status(run_dir)
+    icon = {"pass": "✅", "regression": "❌", "error": "💥"}.get(word, "")
+    n_fail = int((verdicts["status"] == "fail").sum()) if not verdicts.empty else 0
+    n_pass = int(verdicts["status"].isin(["pass", "improved"]).sum()) if not verdicts.empty else 0
+    head = [
+        f"## perfkit: {info.get('name', run_dir.name)} — {icon} {word.upper()} (exit {code})",
+        "",
+        f"{plural(n_pass, 'gate')} passed, {n_fail} failed.",
+    ]
+    why = nothing_measured_reason(verdicts)
+    if why:
+        head += ["", f"**Error: {why}**"]
+    if info.get("description"):
+        head += ["", info["description"]]
+    cols = ["case", "metric", "expected", "actual", "status", "reason"]
+    shown = verdicts[verdicts["status"] != "skipped"] if not verdicts.empty else verdicts
+    order = shown["status"].map(GATE_ORDER).fillna(5) if not shown.empty else None
+    shown = (
+        shown.assign(_o=order).sort_values("_o", kind="stable").drop(columns="_o")
+        if not shown.empty
+        else shown
+    )
+    attention = shown[shown["status"].isin(["fail", "improved"])] if not shown.empty else shown
+    passing = shown[~shown["status"].isin(["fail", "improved"])] if not shown.empty else shown
+    # passing rows: compact (their reasons are on the page), a status column only when mixed
+    pass_cols = ["case", "metric", "expected", "actual"]
+    if len(passing) and set(passing["status"].astype(str)) != {"pass"}:
+        pass_cols.append("status")
+
+    middle = _middle_blocks(run_dir, info)
+    sk = len(verdicts) - len(shown)
+    page = "the report page (`report.html`)"
+
+    def build(n_att: int | None, n_pass_rows: int | None) -> str:
+        parts = list(head)
+        if len(attention):
+            t, left = _rows_table(attention, cols, n_att)
+            title = "Failed gate rows" if n_fail == len(attention) else "Failed and improved gate rows"
+            parts += ["", f"### {title}", "", t]
+            if left:
+                parts.append(f"\n{plural(left, 'more row')} not shown here: see {page}.")
+        parts += middle
+        if len(passing):
+            t, left = _rows_table(passing, pass_cols, n_pass_rows)
+            parts += [
+                "",
+                "<details><summary>" + f"{plural(len(passing), 'passing gate row')}</summary>",
+                "",
+                f"Each row's reason (tolerance, pad, interval) is on {page}.",
+                "",
+                t,
+            ]
+            if left:
+                parts.append(f"\n{plural(left, 'more passing row')} not shown here: see {page}.")
+            parts += ["", "</details>"]
+        if sk:
+            parts.append(f"\n{sk} row{'' if sk == 1 else 's'} skipped (not measured here).")
+        return "\n".join(parts) + "\n"
+
+    text = build(None, None)
+    if len(text) <= limit:
+        return text
+    # fit: passing rows first, then failed rows, whole rows only (binary search on the count)
+    n_att: int | None = None
+    for which in ("pass", "att"):
+        lo, hi = 0, len(passing) if which == "pass" else len(attention)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            t = build(mid, 0) if which == "att" else build(None, mid)
+            if len(t) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        text = build(n_att, lo) if which == "pass" else build(lo, 0)
+        if len(text) <= limit:
+            return text
+        n_att = None
+    # still too long (a huge units or warnings list): cut between blocks, never inside a table
+    return text[: limit - 200].rsplit("\n\n", 1)[0] + f"\n\n… cut at {limit} characters: see {page}.\n"
+
+
+def relative_paths(text: str, run_dir: str | Path) -> str:
+    """``text`` with the absolute paths of this machine made relative: the run directory's
+    (``/tmp/x/baseline.json`` -> ``baseline.json``: relative to the page and summary, which sit
+    in it; the directory itself -> ``.``), then perfkit's checkout's and the working
+    directory's (``/work/perfkit/examples/h200/bundles`` -> ``examples/h200/bundles``). So a
+    committed report names no path of the machine that rendered it."""
+    from perfkit.common.provenance import repo_root
+
+    roots: list[str] = []
+    for r in (Path(run_dir), repo_root(), Path.cwd()):
+        for form in {str(r), str(r.resolve())}:
+            if form not in roots and form != "/":
+                roots.append(form)
+    roots.sort(key=len, reverse=True)  # the run dir may lie inside the checkout: longest first
+    for root in roots:
+        text = re.sub(re.escape(root) + r"/(?=[^\s/])", "", text)
+        text = re.sub(re.escape(root) + r"(?![\w./-])", ".", text)
+    return text
+
+
+def write_summary(run_dir: str | Path) -> str:
+    """Write ``run_dir/summary.md`` (:func:`summary_markdown`, paths made relative by
+    :func:`relative_paths`) and return its text."""
+    text = relative_paths(summary_markdown(run_dir), run_dir)
+    (Path(run_dir) / "summary.md").write_text(text, encoding="utf-8")
+    return text

@@ -1,0 +1,125 @@
+"""What offload_modes reads from one launch (:func:`mode_entry`): its status, the placement the
+engine reported, peaks (MiB) and latency (ms)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfkit.common.numfmt import json_float
+from perfkit.measuring.launch import LaunchData
+
+#: A warm request slower than the cold one by more than this fraction fails
+#: ``offload_warm_not_slower``.
+WARM_TOLERANCE = 0.10
+
+#: Row statuses.
+RAN, NOT_APPLICABLE, FAILED = "ran", "not applicable", "failed"
+
+#: The engine's refusal of a mode the device cannot run (refengine.placement).
+REFUSAL_RE = re.compile(r"offload mode '(?P<mode>[\w-]+)' needs an accelerator; device is (?P<device>\w+)")
+
+
+def _reported(data: LaunchData) -> dict[str, Any]:
+    """The engine's placement facts from the launch's last record (``perfkit`` extras)."""
+    for line in reversed(data.record_lines):
+        try:
+            pk = json.loads(line).get("perfkit") or {}
+        except (ValueError, AttributeError):
+            continue
+        if pk:
+            return {
+                "placement": pk.get("placement"),
+                "offload": pk.get("offload"),
+                "placement_by_component": pk.get("placement_by_component"),
+                "offload_use_stream": pk.get("offload_use_stream"),
+                "device": pk.get("device"),
+                "compile_active": pk.get("compile_active"),
+                "compile_disabled_reason": pk.get("compile_disabled_reason"),
+                "compile_requested": pk.get("compile_requested"),
+            }
+    return {}
+
+
+def _refusal(error: str | None) -> str | None:
+    """The engine's "not applicable" reason in a launch error, or None."""
+    m = REFUSAL_RE.search(error or "")
+    return m.group(0) if m else None
+
+
+def _num(v: Any) -> float | None:
+    return json_float(v)
+
+
+def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
+    """The results entry of one offload mode's launch: cold start parts (s), device and host
+    peaks (MiB), the placement the engine reported, cold and warm latency (ms) and the status
+    (``ran``, ``not applicable`` with the engine's reason, ``failed``); see
+    :func:`perfkit.scenarios.offload_modes.offload_modes` for every key."""
+    lr = data.launch_row
+    df = data.measured()
+    ok = df[df["status"] == "completed"] if not df.empty else df
+    refused = _refusal(data.error)
+    rep = _reported(data)
+    ps, ml = _num(lr.get("process_start_s")), _num(lr.get("models_loaded_s"))
+    e: dict[str, Any] = {
+        "ready_s": _num(lr.get("ready_s")),
+        "process_start_s": ps,
+        "load_s": (ml - ps) if ml is not None and ps is not None else ml,
+        "warmup_s": _num(lr.get("warmup_s")),
+        "n_completed": int(len(ok)),
+        "peak_reserved_mib": _num(ok["peak_reserved_mib"].max()) if len(ok) else None,
+        "peak_allocated_mib": _num(ok["peak_allocated_mib"].max()) if len(ok) else None,
+        "load_peak_mib": _num(lr.get("load_peak_mib")),
+        "host_anon_peak_mib": _num(data.memory["host_anon_mib"].max()) if not data.memory.empty else None,
+        # the host figure the checks use: PSS of the engine's tree (pinned offload buffers are
+        # resident and mapped, so they count here; anon RSS leaves them out)
+        "host_pss_peak_mib": _peak(data.memory, "host_pss_mib", lr.get("host_pss_peak_mib")),
+        "cgroup_peak_mib": _num(lr.get("cgroup_peak_mib")),
+        "placement": rep.get("placement") or lr.get("placement"),
+        "offload": rep.get("offload"),
+        "placement_by_component": rep.get("placement_by_component"),
+        "offload_use_stream": rep.get("offload_use_stream"),
+        "device": rep.get("device"),
+        "compile_active": rep.get("compile_active"),
+        "compile_disabled_reason": rep.get("compile_disabled_reason"),
+        "compile_requested": rep.get("compile_requested"),
+        "cold_ms": _num(ok["e2e_ms"].iloc[0]) if len(ok) else None,
+        "warm_ms": _num(np.median(ok["e2e_ms"].iloc[1:])) if len(ok) >= 2 else None,
+    }
+    if refused:
+        e.update({"status": NOT_APPLICABLE, "reason": refused})
+        m = REFUSAL_RE.search(refused)
+        e["device"] = e["device"] or (m.group("device") if m else None)
+    elif len(ok) == repeats and data.error is None:
+        e.update({"status": RAN, "reason": None})
+    else:
+        why = data.error
+        if not why and not df.empty:
+            why = "; ".join(df["error"].dropna().astype(str))
+        e.update({"status": FAILED, "reason": (why or "see the engine log").splitlines()[0][:300]})
+    if e["status"] == RAN:
+        off = e["offload"] or {}
+        e["placement_matches"] = bool(off) and all(v == mode for v in off.values())
+        cold, warm = e["cold_ms"], e["warm_ms"]
+        e["warm_not_slower"] = (
+            bool(warm <= cold * (1 + WARM_TOLERANCE)) if cold is not None and warm is not None else None
+        )
+    else:
+        e["placement_matches"] = None
+        e["warm_not_slower"] = None
+    return e
+
+
+def _peak(memory: pd.DataFrame, col: str, launch_peak: Any) -> float | None:
+    """The larger of a memory column's sampled maximum and the launch row's peak (MiB); None
+    when neither was measured (never 0)."""
+    vals = [json_float(launch_peak)]
+    if not memory.empty and col in memory:
+        vals.append(json_float(pd.to_numeric(memory[col], errors="coerce").max()))
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None

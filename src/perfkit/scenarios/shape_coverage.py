@@ -1,0 +1,192 @@
+"""What warmup_shapes computes per (warmup setting, request shape) from a measured launch: the
+``coverage`` entries (:func:`coverage_entry`; ms, MiB), per-rank facts of a multi-rank engine
+(:func:`rank_facts`) and the warm medians across warmup settings (:func:`warm_across_warmups`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfkit import stats
+from perfkit.common.frames import latent_frames
+from perfkit.common.numfmt import json_float
+from perfkit.measuring.launch import LaunchData
+from perfkit.readings.records import parse_lines
+from perfkit.scenarios.common import stage_penalty
+
+
+def coverage_entry(
+    data: LaunchData,
+    ok: pd.DataFrame,
+    stages: pd.DataFrame,
+    warm_shape: Any,
+    w: int,
+    f: int,
+    first_index: int,
+) -> dict[str, Any]:
+    """One ``coverage`` entry of warmup_shapes' results: request shape ``f`` (frames) after
+    warmup ``w`` (frames), from its completed request rows ``ok`` (the first, then the warm
+    ones; ``first_index`` the first's index in the launch) and the launch's ``stages``; see
+    :func:`perfkit.scenarios.warmup_shapes.warmup_shapes` for the keys (ms)."""
+    entry: dict[str, Any] = {
+        "warmup_frames": int(w),
+        "request_frames": int(f),
+        "warmup_latent_frames": latent_frames(w) if w > 0 else 0,
+        "request_latent_frames": latent_frames(f),
+        "error": data.error,
+    }
+    if len(ok) < 2 or ok["index"].iloc[0] != first_index:
+        entry.update(
+            {
+                "covered": None,
+                "first_ms": None,
+                "warm_median_ms": None,
+                "penalty_ms": None,
+                "ratio": None,
+                "ratio_ci": [None, None],
+                "compiles": None,
+                "penalty_stage": None,
+            }
+        )
+        return entry
+    first = float(ok["e2e_ms"].iloc[0])
+    warm = ok["e2e_ms"].iloc[1:].to_numpy(float)
+    wmed = float(np.median(warm))
+    shape = ok["latent_shape"].iloc[0]
+    pen = stage_penalty(stages, ok["request_id"].iloc[0], list(ok["request_id"].iloc[1:]))
+    finite = {k: v for k, v in pen.items() if not math.isnan(v)}
+    entry.update(
+        {
+            "covered": bool(warm_shape is not None and shape == warm_shape),
+            "request_latent_shape": shape,
+            "warmup_latent_shape": warm_shape,
+            "first_ms": first,
+            "warm_median_ms": wmed,
+            "penalty_ms": first - wmed,
+            "ratio": first / wmed,
+            "ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci([first], warm)],
+            "compiles": int(ok["compiles"].sum()),
+            "compile_ms": float(ok["compile_ms"].sum()),
+            "first_compiles": int(ok["compiles"].iloc[0]),
+            "recompile_reasons": [r for r in ok["recompile_reasons"] if r],
+            "recompile_limit_hit": bool(ok["recompile_limit_hit"].any()),
+            "penalty_stage": max(finite, key=finite.get) if finite else None,
+            "penalty_by_stage_ms": {k: json_float(v) for k, v in pen.items()},
+            "warm_ms": [json_float(v) for v in warm],
+            "warm_stage_median_ms": _warm_stage_medians(stages, list(ok["request_id"].iloc[1:])),
+        }
+    )
+    ranks = rank_facts(data.record_lines, list(ok["request_id"]))
+    if ranks:
+        entry["ranks"] = ranks
+    return entry
+
+
+def _warm_stage_medians(stages: pd.DataFrame, warm_ids: list[str]) -> dict[str, float | None]:
+    """Stage -> median ms over the warm requests ``warm_ids``."""
+    if stages.empty or not warm_ids:
+        return {}
+    w = stages[stages["request_id"].isin(warm_ids)]
+    return {str(k): json_float(v) for k, v in w.groupby("stage", sort=False)["ms"].median().items()}
+
+
+def rank_facts(record_lines: list[str], request_ids: list[str]) -> list[dict[str, Any]]:
+    """Per rank of a multi-rank (CFG parallel) engine, for one shape's requests (the first, then
+    the warm ones): the first request's compiles, its penalty per stage and the stage that
+    absorbs most of it, and the warm medians of the step time and of its parts (the rank's
+    transformer branch vs its wait in the all_gather, ms). [] for a single-rank engine."""
+    recs = {r.request_id: r for r in parse_lines(record_lines).records}
+    chosen = [recs[i] for i in request_ids if i in recs]
+    if len(chosen) < 2 or not chosen[0].perfkit.get("ranks"):
+        return []
+    out = []
+    for k, first in enumerate(chosen[0].perfkit["ranks"]):
+        warm = [r.perfkit["ranks"][k] for r in chosen[1:] if len(r.perfkit.get("ranks") or []) > k]
+
+        def stage_ms(rep: dict) -> dict[str, float]:
+            return {s["name"]: float(s["execution_time_ms"]) for s in rep.get("stages") or []}
+
+        first_st = stage_ms(first)
+        warm_st = [stage_ms(w) for w in warm]
+        pen = {
+            name: ms - float(np.median([w[name] for w in warm_st if name in w]))
+            for name, ms in first_st.items()
+            if any(name in w for w in warm_st)
+        }
+
+        def med(key: str) -> float | None:
+            vals = [v for w in warm for v in (w.get(key) or [])]
+            return json_float(float(np.median(vals))) if vals else None
+
+        out.append(
+            {
+                "rank": first.get("rank", k),
+                "device": first.get("device"),
+                # a rank report without a count is "not measured" (None), never 0
+                "first_compiles": _count(first.get("compiles")),
+                "warm_compiles": (
+                    sum(_count(w.get("compiles")) for w in warm)
+                    if all(_count(w.get("compiles")) is not None for w in warm)
+                    else None
+                ),
+                "first_recompile_reasons": list(first.get("recompile_reasons") or []),
+                "penalty_by_stage_ms": {n: json_float(v) for n, v in pen.items()},
+                "penalty_stage": max(pen, key=pen.get) if pen else None,
+                "warm_step_median_ms": med("steps"),
+                "warm_refinement_step_median_ms": med("refinement_steps"),
+                "warm_compute_median_ms": med("cfg_compute_ms"),
+                "warm_gather_median_ms": med("cfg_gather_ms"),
+                # this rank's own device peak over the shape's requests (MiB; sglang's mb are MiB)
+                "peak_reserved_mib": json_float(
+                    max((float(r.get("peak_reserved_mb") or "nan") for r in [first, *warm]), default=None)
+                ),
+            }
+        )
+    return out
+
+
+def _count(v: Any) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+
+def warm_across_warmups(coverage: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each request shape measured after more than one warmup setting: the warm median after
+    each later setting over the warm median after the first (ratio, 95 % percentile-bootstrap
+    interval of the ratio of medians, :func:`perfkit.stats.bootstrap_ratio_ci`), and the same per
+    stage (medians only). A difference here is steady-state speed, not the first-request penalty.
+    """
+    out = []
+    by_frames: dict[int, list[dict[str, Any]]] = {}
+    for c in coverage:
+        if c.get("warm_ms"):
+            by_frames.setdefault(int(c["request_frames"]), []).append(c)
+    for frames, entries in by_frames.items():
+        if len(entries) < 2:
+            continue
+        ref = entries[0]
+        for other in entries[1:]:
+            a = [v for v in other["warm_ms"] if v is not None]
+            b = [v for v in ref["warm_ms"] if v is not None]
+            lo, hi = stats.bootstrap_ratio_ci(a, b)
+            st_a, st_b = other.get("warm_stage_median_ms") or {}, ref.get("warm_stage_median_ms") or {}
+            out.append(
+                {
+                    "request_frames": frames,
+                    "warmup_frames": other["warmup_frames"],
+                    "vs_warmup_frames": ref["warmup_frames"],
+                    "warm_median_ms": json_float(float(np.median(a))),
+                    "vs_warm_median_ms": json_float(float(np.median(b))),
+                    "ratio": json_float(float(np.median(a)) / float(np.median(b))),
+                    "ratio_ci": [json_float(lo), json_float(hi)],
+                    "n": [len(a), len(b)],
+                    "stage_ratio": {
+                        k: json_float(st_a[k] / st_b[k])
+                        for k in st_a
+                        if st_b.get(k) and st_a.get(k) is not None
+                    },
+                }
+            )
+    return out

@@ -1,0 +1,204 @@
+"""An investigation is one module (issue 32): a throwaway module in a temporary package, on
+sys.path and nowhere in perfkit, registers itself and gets its notebook (the generator's
+output, validated by nbformat), its report section (jinja, with its notebook rendered by
+nbconvert), its figure (matplotlib) and its ``perfkit figures`` blocks, with no edit outside
+that module. Nothing is mocked; nothing is launched (its ``run`` is not the subject)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+
+from perfkit.bundle import ResultBundle
+from perfkit.report import figures as readme_figures
+from perfkit.report import sections
+from perfkit.scenarios import registry
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "throwaway_probe"
+
+MODULE = '''
+"""A throwaway investigation: everything it needs declared here."""
+
+from typing import Any, Mapping
+
+import matplotlib.figure
+import pandas as pd
+
+from perfkit.bundle import ResultBundle
+from perfkit.scenarios.parts import DocBlock, Figure, code, md
+from perfkit.scenarios.registry import KeyNumber, RunContext, Scenario, ScenarioParams, register
+
+NAME = "throwaway_probe"
+
+
+class ProbeParams(ScenarioParams):
+    enabled: bool = False
+    sleeps: int = 3
+
+
+def run(ctx: RunContext, p: ProbeParams) -> ResultBundle:
+    raise NotImplementedError("not launched in this test")
+
+
+def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
+    return [KeyNumber("slowest sleep", r.get("slowest_ms"), "ms")]
+
+
+def draw(bundle: ResultBundle) -> matplotlib.figure.Figure:
+    req = bundle.requests
+    fig = matplotlib.figure.Figure()
+    ax = fig.add_subplot()
+    ax.plot(req["index"], req["e2e_ms"], marker="o")
+    ax.set_title("Sleep per request")
+    return fig
+
+
+def pooled(results: list[Mapping[str, Any]], names: list[str]) -> dict[str, Any]:
+    return {"slowest_ms": max(r["slowest_ms"] for r in results)}
+
+
+SCENARIO = register(
+    Scenario(
+        name=NAME,
+        title="Throwaway probe",
+        question="Does a sleep take as long as asked?",
+        params_model=ProbeParams,
+        run=run,
+        key_numbers=key_numbers,
+        section_intro="Each request sleeps; the probe says for how long.",
+        cells=(md("## Sleeps, one row each"), code("show_table(bundle.requests)")),
+        figures=(Figure("throwaway-sleeps", "Sleep per request", draw),),
+        doc_blocks={"throwaway-pooled": DocBlock(pooled, verb="runs pooled")},
+    )
+)
+'''
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    """The throwaway module imported from a temporary package (so registered); unregistered
+    and forgotten afterwards."""
+    root = tmp_path_factory.mktemp("throwaway")
+    pkg = root / "throwaway_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "probe.py").write_text(textwrap.dedent(MODULE))
+    sys.path.insert(0, str(root))
+    try:
+        module = importlib.import_module("throwaway_pkg.probe")
+        yield module.SCENARIO
+    finally:
+        if NAME in registry.names():
+            registry.unregister(NAME)
+        sys.path.remove(str(root))
+        for m in [m for m in sys.modules if m.startswith("throwaway_pkg")]:
+            del sys.modules[m]
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_notebooks", ROOT / "notebooks" / "make_notebooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _bundle() -> ResultBundle:
+    requests = pd.DataFrame(
+        {
+            "launch": ["l0"] * 3,
+            "request_id": ["a", "b", "c"],
+            "index": [0, 1, 2],
+            "e2e_ms": [30.0, 20.0, 21.0],
+        }
+    )
+    requests["status"] = "completed"
+    return ResultBundle(scenario=NAME, results={"slowest_ms": 30.0}, tables={"requests": requests})
+
+
+def test_its_notebook_is_generated_from_its_module(probe):
+    gen = _generator()
+    makers = gen.notebooks()
+    assert NAME in makers  # the generator finds it in the registry: no edit there
+    nb = makers[NAME]()
+    nbformat.validate(nb)
+    sources = [c.source for c in nb.cells]
+    assert sources[0].startswith("# Throwaway probe\n\nDoes a sleep take as long as asked?")
+    assert nb.cells[1].metadata["tags"] == ["parameters"]
+    assert "sleeps: int = 3" in sources[1]  # its params model, written by nbparams
+    assert "import throwaway_pkg.probe  # registers the investigation" in sources[3]
+    assert "from perfkit.scenarios.registry import figure" in sources[3]
+    assert f'load_or_run("{NAME}"' in sources[4] and "sleeps=sleeps" in sources[4]
+    i = sources.index("## Sleeps, one row each")
+    assert sources[i + 1 : i + 4] == [
+        "show_table(bundle.requests)",
+        "## Sleep per request",
+        'show(figure("throwaway-sleeps", bundle))',
+    ]
+    assert sources[-1] == f'finish("{NAME}", _verdict, fail_on, where=str(out / "verdict.json"))'
+    # the module's cells compile (the notebook would run them)
+    for c in nb.cells:
+        if c.cell_type == "code":
+            compile(c.source, NAME, "exec")
+
+
+def test_its_figure_is_drawn_by_kind(probe):
+    fig = registry.figure("throwaway-sleeps", _bundle())
+    (ax,) = fig.axes
+    assert ax.get_title() == "Sleep per request"
+    assert list(ax.lines[0].get_ydata()) == [30.0, 20.0, 21.0]
+    with pytest.raises(KeyError, match="unknown figure kind 'nope'"):
+        registry.figure("nope", _bundle())
+
+
+def test_its_report_section_uses_the_generic_template(probe, tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / NAME).mkdir(parents=True)
+    (run_dir / NAME / "results.json").write_text(json.dumps({"slowest_ms": 30.4}))
+    nb = _generator().notebooks()[NAME]()
+    (run_dir / "notebooks").mkdir()
+    nbformat.write(nb, run_dir / "notebooks" / f"{NAME}.ipynb")
+    assert sections.section_template(NAME) == "sections/scenario.html.j2"
+    html = sections.render_section(run_dir, {"name": NAME, "status": "ok", "wall_s": 1.5})
+    assert f'<section id="{NAME}"' in html
+    assert "<h2>Throwaway probe</h2>" in html
+    assert "Does a sleep take as long as asked?" in html
+    assert '<p class="muted">Each request sleeps; the probe says for how long.</p>' in html
+    assert "slowest sleep" in html and "30 ms" in html  # its key numbers
+    assert "Sleeps, one row each" in html  # its notebook, rendered by nbconvert
+
+
+def test_its_readme_figures_and_block_kind(probe, tmp_path):
+    for d, ms in (("a", 30.0), ("b", 41.0)):
+        (tmp_path / d / NAME).mkdir(parents=True)
+        (tmp_path / d / NAME / "results.json").write_text(json.dumps({"slowest_ms": ms}))
+    full = readme_figures.render_block(readme_figures.Block("a", "full"), tmp_path)
+    assert "#### Throwaway probe" in full and "| slowest sleep | 30 ms |" in full
+    assert "throwaway-pooled" in readme_figures.kinds()
+    (block,) = readme_figures.blocks(
+        "<!-- perfkit:figures src=a,b kind=throwaway-pooled -->\n<!-- perfkit:end -->"
+    )
+    pooled = readme_figures.render_block(block, tmp_path)
+    assert "| slowest sleep | 41 ms |" in pooled and "(2 runs pooled)" in pooled
+
+
+def test_a_second_module_cannot_take_its_figure_kind(probe):
+    dup = registry.Scenario(
+        name="throwaway_twin",
+        title="Twin",
+        question="?",
+        params_model=probe.params_model,
+        run=probe.run,
+        figures=probe.figures,
+    )
+    with pytest.raises(ValueError, match="figure kind"):
+        registry.register(dup)
+    assert "throwaway_twin" not in registry.names()
