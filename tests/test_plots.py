@@ -502,3 +502,26 @@ def test_plots_package_is_small_rooms_and_roles_live_with_the_bundle():
     generator = "\n".join(c.source for make in gen.notebooks().values() for c in make().cells)
     used = set(re.findall(r"\bplots\.([A-Za-z_]\w*)", generator))
     assert used and used <= set(plots.__all__), used - set(plots.__all__)
+
+
+def test_queue_vs_service_draws_no_bar_for_times_not_reported():
+    """load's figure: a level without start times gets no bar (never a bar of 0 ms) and says
+    "not reported"; a level whose queue wait was derived from the record's duration says so."""
+    from perfkit.report.plots.concurrency import queue_vs_service
+
+    levels = [
+        {"concurrency": 1, "service_ms": 300.0, "queue_wait_ms": 0.5, "start_source": ["engine"]},
+        {"concurrency": 2, "service_ms": None, "queue_wait_ms": None, "start_source": ["not reported"]},
+        {
+            "concurrency": 4,
+            "service_ms": 290.0,
+            "queue_wait_ms": 870.0,
+            "start_source": ["derived (start not reported)"],
+        },
+    ]
+    fig = queue_vs_service(levels)
+    ax = fig.axes[0]
+    heights = sorted(round(p.get_height(), 1) for p in ax.patches)
+    assert heights == [0.5, 290.0, 300.0, 870.0]  # two levels drawn, service + wait each
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == ["c1", "c2\n(not reported)", "c4\n(derived)"]

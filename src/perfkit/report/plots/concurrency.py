@@ -68,18 +68,33 @@ def latency_vs_concurrency(levels: Sequence[Mapping[str, Any]], *, title: str | 
 
 def queue_vs_service(levels: Sequence[Mapping[str, Any]], *, title: str | None = None) -> Figure:
     """Per level (closed-loop levels, then the open loop): median queue wait stacked on median
-    service time (ms), from the engine's records. Returns a Figure with one axes."""
+    service time (ms). A level whose times are not reported gets no bar and says "not
+    reported" under it (never a bar of 0); a level whose queue wait was derived (the engine
+    reports no start: e2e − the record's duration) is marked "derived". Returns a Figure with
+    one axes."""
     fig = new_figure(6.4, 3.8)
     ax = fig.add_subplot(1, 1, 1)
     if not levels:
         empty_note(ax, "no level measured")
         return fig
-    names = [_label(lv) for lv in levels]
-    svc = np.nan_to_num([_num(lv.get("service_ms")) for lv in levels])
-    wait = np.nan_to_num([_num(lv.get("queue_wait_ms")) for lv in levels])
+    svc = np.array([_num(lv.get("service_ms")) for lv in levels], dtype=float)
+    wait = np.array([_num(lv.get("queue_wait_ms")) for lv in levels], dtype=float)
+    shown = ~(np.isnan(svc) | np.isnan(wait))
+    derived = [any(str(s).startswith("derived") for s in lv.get("start_source") or []) for lv in levels]
+    names = [
+        _label(lv) + ("" if ok else "\n(not reported)") + ("\n(derived)" if ok and d else "")
+        for lv, ok, d in zip(levels, shown, derived)
+    ]
     x = np.arange(len(names))
-    ax.bar(x, svc, 0.6, label="service (started → completed)", color="tab:green")
-    ax.bar(x, wait, 0.6, bottom=svc, label="queue wait (submitted → started)", color="tab:orange")
+    ax.bar(x[shown], svc[shown], 0.6, label="service (started → completed)", color="tab:green")
+    ax.bar(
+        x[shown],
+        wait[shown],
+        0.6,
+        bottom=svc[shown],
+        label="queue wait (submitted → started)",
+        color="tab:orange",
+    )
     ax.set_xticks(x, names)
     ax.set_ylabel("median per request (ms)")  # linear: stacked bars start at 0
     ax.set_ylim(bottom=0)
