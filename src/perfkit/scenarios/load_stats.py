@@ -269,8 +269,9 @@ def quantile_row(e2e: list[float]) -> dict[str, Any]:
 
 
 def median(xs: list) -> float | None:
-    xs = [x for x in xs if number(x) is not None]
-    return float(np.median(xs)) if xs else None
+    """The median of the finite values of ``xs`` (:func:`perfkit.stats.median_iqr`), None when
+    there is none (results.json holds null, never NaN)."""
+    return json_float(stats.median_iqr([v for v in (number(x) for x in xs) if v is not None])[0])
 
 
 def peaks(mem: pd.DataFrame, t0: float, t1: float) -> dict[str, float | None]:
