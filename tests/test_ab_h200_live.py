@@ -11,6 +11,9 @@ from click.testing import CliRunner
 
 from perfkit.ab.decide import AbResult
 from perfkit.cli import cli
+from perfkit.bundle import ResultBundle
+from perfkit.readings.traces import op_diff
+from perfkit.report.belowstage import ab_panel, below_stage, warm_events
 
 LIVE = Path(__file__).resolve().parents[1] / "examples/h200/ab-live"
 
@@ -90,3 +93,35 @@ def test_h200_noisy_2pct_ab_replays_to_undecided_never_a_pass(tmp_path):
     seq = got["meta"]["sequential"]
     assert seq["stop"] != "decided" and seq["undecided"] == ["DenoisingStage"]
     assert seq["launches_run"] == {"A": 4, "B": 4}
+
+
+def test_h200_profiled_2pct_ab_names_the_injected_spin_kernel_first(tmp_path):
+    """Issue 42, run 2, second occasion (2026-12-02): +2 % of DenoisingStage with a profiled launch
+    a side (2 denoising steps recorded, a cold and two warm requests). The verdict replays
+    (undecided at 4 a side, exit 1); on the page the device-kernel diff names the injected spin
+    kernel first, with the recorded device ms, while the CPU-side op diff is led by host noise."""
+    run = EVIDENCE / "ab-2pct-profiled"
+    recorded = json.loads((run / "ab.json").read_text())
+    assert recorded["verdict"] == "undecided" and recorded["exit_code"] == 1
+    res = _replay(run, tmp_path / "r", "--threshold", "0.01", "--gate-metrics", "DenoisingStage")
+    assert res.exit_code == 1, res.output
+    got = AbResult.load(tmp_path / "r")
+    row = got.table.set_index("metric").loc["DenoisingStage"]
+    want = next(r for r in recorded["table"] if r["metric"] == "DenoisingStage")
+    assert row["decision"] == want["decision"] == "inconclusive" and got.verdict == "undecided"
+    for k in ("ratio", "low", "high"):
+        assert abs(float(row[k]) - float(want[k])) < 1e-9, (k, row[k], want[k])
+    warm = {
+        s: warm_events(below_stage(ResultBundle.load(run / s), roles=("profiled warm",)).events) for s in "ab"
+    }
+    kern = op_diff(warm["a"], warm["b"], kernels=True)
+    top = kern.iloc[0]
+    assert "spin_kernel" in top["op"] and top["count_a"] == 0 and top["count_b"] == 2
+    assert 5.5 < top["delta_ms"] < 5.7 and top["delta_share"] > 0.95  # 5.61 ms, 98.4 %
+    assert kern["delta_ms"].iloc[1:].abs().max() < 0.05  # every other kernel: within 0.05 ms
+    # the CPU-side diff (launch and dispatch time) is led by an op the injection did not touch
+    assert op_diff(warm["a"], warm["b"])["op"].iloc[0] == "aten::addmm"
+    panel = ab_panel(run / "a", run / "b", tmp_path / "r")
+    assert "spin_kernel" in panel["kernel_diff"].rows[0][0] and panel["diff"].rows[0][0] == "aten::addmm"
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert "Kernels whose device time changed most" in html and "spin_kernel" in html

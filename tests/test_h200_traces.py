@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfkit.readings.records import iter_records
 from perfkit.readings.traces import load_trace, op_diff, op_events
+from perfkit.report.belowstage import panel
 
 BUNDLE = Path(__file__).resolve().parents[1] / "examples/h200/evidence/traces/warmup_shapes"
 
@@ -29,3 +31,39 @@ def test_the_first_request_penalty_is_compilation_not_kernels():
     assert kernels["count_a"].sum() == kernels["count_b"].sum() == 1198
     assert abs(kernels["ms_a"].sum() - kernels["ms_b"].sum()) < 0.05
     assert kernels["delta_ms"].abs().max() < 0.05
+
+
+def test_the_report_panel_shows_the_kernel_diff_of_a_gpu_trace():
+    """The report's "below the stage" panel of the GPU bundle carries the device-kernel diff (the
+    CPU-side op diff moves with host noise on a GPU); a CPU trace has none (tests/test_profiling)."""
+    p = panel(BUNDLE)
+    assert p["kernel_diff"] is not None and p["diff"] is not None
+    header = p["kernel_diff"].header
+    change = [abs(float(r[header.index("change (ms)")])) for r in p["kernel_diff"].rows]
+    assert len(change) == 8 and max(change) < 0.05  # the same kernels, within 0.05 ms
+
+
+CONSUMER = BUNDLE.parents[1] / "consumer-12g"
+
+
+def test_consumer_12g_recompile_under_the_cap_and_without():
+    """Issue 42, run 2, third occasion: the first 25-frame request after a 17-frame warmup
+    recompiled for 284 s under the 12 GiB + 32 GiB cap (the engine's own performance.log: the
+    capped run's bundle was cut) against 83 s without (a bundle), for the same guard, while the
+    warmup's compile took about as long on both sides (the figures evidence/README.md quotes)."""
+    recs = list(iter_records(CONSUMER / "cap/session/perf/performance.log"))
+    assert [r.tag for r in recs] == ["warmup", "request", "request", "request"]
+    warm_cap, first_cap = recs[0], recs[1]
+    assert (
+        first_cap.perfkit["placement"] == "group_offload" and warm_cap.perfkit["num_frames_requested"] == 17
+    )
+    nocap = pd.read_parquet(CONSUMER / "nocap/cold_warm/requests.parquet").sort_values("index")
+    first = nocap[nocap["num_frames"] == 25].iloc[0]
+    assert round(first_cap.perfkit["compile_ms"]) == 284111 and round(first["compile_ms"]) == 83072
+    assert first_cap.perfkit["compiles"] == first["compiles"] == 1
+    assert first_cap.perfkit["recompile_reasons"] == [first["recompile_reasons"]]
+    assert "expected 1152, actual 1536" in first["recompile_reasons"]
+    assert 3.3 < first_cap.perfkit["compile_ms"] / first["compile_ms"] < 3.5
+    warm_nocap = nocap[nocap["num_frames"] == 17].iloc[0]
+    assert 0.85 < warm_cap.perfkit["compile_ms"] / warm_nocap["compile_ms"] < 0.95  # 66.4 / 72.8 s
+    assert round(first_cap.perfkit["host_rss_mib"]) == 17427 and round(first["host_rss_mib"]) == 2105

@@ -161,6 +161,7 @@ def test_diff_names_the_injected_op_first_with_its_recorded_ms(runs):
     _, prof, _ = runs
     bs = below_stage(prof)
     assert bs is not None and not bs.errors
+    assert bs.kernel_diff is None  # a CPU trace has no device kernels: no kernel diff
     first = bs.diff.iloc[0]
     assert first["op"] == INJECTED_RANGE and first["count_a"] == 0 and first["count_b"] == 4
     # the diff's warm side is each op's median over the profiled warm requests

@@ -46,6 +46,9 @@ class BelowStage:
             first of a new shape: :data:`FIRST_ROLES`) and the profiled warm ones (their
             median; None without both).
         diff_from: the role of the diff's first side (None without a diff).
+        kernel_diff: the same diff over device kernels (``kernels=True``: each kernel's device
+            ms), None when the traces have no kernels (a CPU run). On a GPU the CPU-side op diff
+            moves with host noise (launch and dispatch time); the kernels say what the device did.
         errors: traces that could not be read (file and why).
         events: role -> :func:`~perfkit.readings.traces.op_events` of its trace.
         overhead: role -> :func:`~perfkit.readings.traces.overhead_table` of its trace (CPU-side
@@ -56,6 +59,7 @@ class BelowStage:
     stage_top: dict[str, pd.DataFrame] = field(default_factory=dict)
     diff: pd.DataFrame | None = None
     diff_from: str | None = None
+    kernel_diff: pd.DataFrame | None = None
     errors: list[str] = field(default_factory=list)
     events: dict[str, pd.DataFrame] = field(default_factory=dict)
     overhead: dict[str, pd.DataFrame] = field(default_factory=dict)
@@ -116,7 +120,15 @@ def below_stage(
     if first is not None and warm:
         out.diff = tr.op_diff(events[first], warm)
         out.diff_from = first
+        if has_kernels([events[first], *warm]):
+            out.kernel_diff = tr.op_diff(events[first], warm, kernels=True)
     return out
+
+
+def has_kernels(events: list[pd.DataFrame]) -> bool:
+    """True when every one of ``events`` (:func:`~perfkit.readings.traces.op_events` frames) has
+    device kernels: a GPU trace. A CPU trace has none, and gets no kernel diff."""
+    return bool(events) and all((e["cat"] == "kernel").any() for e in events)
 
 
 def warm_events(events: dict[str, pd.DataFrame]) -> list[pd.DataFrame]:
@@ -222,11 +234,13 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
         format_table(diff_frame(bs.diff, first=first_word(bs))) if bs.diff is not None else None
     )
     last = DIFF_ROLES[1] if DIFF_ROLES[1] in bs.events else (list(bs.events)[-1] if bs.events else None)
+    kdiff = bs.kernel_diff
     return {
         "traces": format_table(tl),
         "files": files,
         "diff": diff,
         "diff_title": diff_title(bs),
+        "kernel_diff": format_table(diff_frame(kdiff, first=first_word(bs))) if kdiff is not None else None,
         "stage_top": [(role, format_table(t)) for role, t in bs.stage_top.items()],
         "cpu_and_idle": [(role, format_table(t)) for role, t in overhead_tables(bs)],
         "timeline": timeline(bs.events[last], last) if last is not None else None,
@@ -286,10 +300,14 @@ def ab_panel(
     tl = pd.concat(lists, ignore_index=True) if lists else pd.DataFrame()
     if not tl.empty:
         tl = tl[["side", *[c for c in tl.columns if c != "side"]]]
-    diff = None
+    diff = kernel_diff = None
     stage_diffs: list[tuple[str, Any]] = []
     if "A" in events and "B" in events:
         diff = format_table(_ab_diff_frame(tr.op_diff(events["A"], events["B"]).head(8)))
+        if has_kernels([*events["A"], *events["B"]]):
+            kernel_diff = format_table(
+                _ab_diff_frame(tr.op_diff(events["A"], events["B"], kernels=True).head(8))
+            )
         # per stage: a stage-level verdict (DenoisingStage +2 %) comes with the ops of that stage,
         # not drowned by another stage's launch-to-launch noise
         stages = [
@@ -315,6 +333,7 @@ def ab_panel(
         "files": [f for f in (tl["file"] if not tl.empty else []) if isinstance(f, str)],
         "diff": diff,
         "diff_title": "side A's profiled warm requests → side B's (each op's median over them)",
+        "kernel_diff": kernel_diff,
         "stage_diffs": stage_diffs,
         "stage_top": stage_top,
         "cpu_and_idle": [
