@@ -10,8 +10,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from perfkit.ab.decide import AbResult
-from perfkit.cli import cli
 from perfkit.bundle import ResultBundle
+from perfkit.cli import cli
 from perfkit.readings.traces import op_diff
 from perfkit.report.belowstage import ab_panel, below_stage, warm_events
 
