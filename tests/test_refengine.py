@@ -181,7 +181,11 @@ def test_uncovered_shape_recompiles_on_first_request(tmp_path):
     assert p1["compile_ms"] > 0
     assert any("size mismatch" in r for r in p1["recompile_reasons"]), p1["recompile_reasons"]
     assert p1["recompile_limit_hit"] is False
-    assert p2["compiles"] == 0 and p2["recompile_reasons"] == []
+    # what the recompile is made of: torch's compile timers inside the request (ms), nested
+    ph = p1["compile_phases_ms"]
+    assert 0 < ph["bytecode_tracing"] < ph["_compile.compile_inner"] <= p1["compile_ms"] * 1.05, ph
+    assert 0 < ph["OutputGraph.call_user_compiler"] < ph["_compile.compile_inner"], ph
+    assert p2["compiles"] == 0 and p2["recompile_reasons"] == [] and p2["compile_phases_ms"] == {}
     assert first.total_duration_ms > second.total_duration_ms
     assert first.stage_ms()["DenoisingStage"] > second.stage_ms()["DenoisingStage"]
 

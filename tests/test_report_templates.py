@@ -591,3 +591,39 @@ def test_styled_tables_escape_cell_text():
 
     html = styled(pd.DataFrame({"reason": ["1.0 <= 2 <b>engine</b>"], "status": ["pass"]})).to_html()
     assert "1.0 &lt;= 2 &lt;b&gt;engine&lt;/b&gt;" in html and "<b>engine" not in html
+
+
+def test_recompilations_say_what_a_compile_is_made_of(tmp_path):
+    """torch's compile timers in the requests table (``compile_phases``) read as the phases of
+    :data:`~perfkit.report.rootcause.COMPILE_PHASES` in the recompilations table; a bundle whose
+    engine did not report them (the H200 bundle of 2026-12-02) gets no such column."""
+    import json
+    import shutil
+
+    import pandas as pd
+
+    from perfkit.bundle import ResultBundle
+    from perfkit.report import rootcause
+
+    src = Path(__file__).resolve().parents[1] / "examples/h200/evidence/consumer-12g/nocap/cold_warm"
+    t = rootcause.recompilations(ResultBundle.load(src))
+    assert "made of" not in t.header and len(t.rows) == 2  # warmup and first 25-frame request
+    d = tmp_path / "b"
+    shutil.copytree(src, d)
+    req = pd.read_parquet(d / "requests.parquet")
+    phases = {
+        "bytecode_tracing": 1500.0,
+        "OutputGraph.call_user_compiler": 80000.0,
+        "async_compile.wait": 61000.0,
+    }
+    req["compile_phases"] = [json.dumps(phases) if c > 0 else None for c in req["compiles"]]
+    req.loc[req["index"] == -1, "compile_phases"] = None  # one compiling request without timers
+    req.to_parquet(d / "requests.parquet")
+    t = rootcause.recompilations(ResultBundle.load(d))
+    col = t.header.index("made of")
+    assert [r[col] for r in t.rows] == [
+        "not reported",
+        "dynamo tracing 1.50 s · AOT + inductor 80.00 s · kernel compile wait 61.00 s",
+    ]
+    assert rootcause.compile_phase_text("{not json").startswith("unreadable: ")
+    assert rootcause.compile_phase_text("{}") == "none of the known phases"

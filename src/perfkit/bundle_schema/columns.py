@@ -114,6 +114,13 @@ TABLES: dict[str, Table] = {
                 _c("compiles", "Int64", "count", "torch.compile compilations during the request"),
                 _c("compile_ms", "float64", "ms", "time spent compiling during the request"),
                 _c("recompile_reasons", "string", "text", "recompilation reasons, '; '-joined"),
+                _c(
+                    "compile_phases",
+                    "string",
+                    "json",
+                    "torch's compile timers inside the request: JSON of dynamo_timed name -> ms "
+                    "(names nest); null when nothing compiled or the engine does not report them",
+                ),
                 _c("recompile_limit_hit", "boolean", "bool", "torch.compile's recompile limit was hit"),
                 _c(
                     "recompile_limit_stage",

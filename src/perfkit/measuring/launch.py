@@ -9,6 +9,7 @@ times in ms or s, memory in MiB). Startup warmup records are kept with ``index =
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -125,6 +126,7 @@ def record_rows(
         "compiles": int(pk.get("compiles") or 0),
         "compile_ms": float(pk.get("compile_ms") or 0.0),
         "recompile_reasons": "; ".join(pk.get("recompile_reasons") or []),
+        "compile_phases": json.dumps(pk["compile_phases_ms"]) if pk.get("compile_phases_ms") else None,
         "recompile_limit_hit": bool(pk.get("recompile_limit_hit", False)),
         "recompile_limit_stage": pk.get("recompile_limit_stage"),
         "peak_allocated_mib": _snap(rec, "runtime_peak", "peak_allocated_mb"),
@@ -202,6 +204,7 @@ def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRe
         "compiles": 0,
         "compile_ms": 0.0,
         "recompile_reasons": "",
+        "compile_phases": None,
         "recompile_limit_hit": False,
         "recompile_limit_stage": None,
         "peak_allocated_mib": NAN,

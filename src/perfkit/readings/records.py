@@ -19,7 +19,8 @@ written; :mod:`perfkit.readings.stages` classes them (denoising, refinement, dec
 The reference engine adds a ``perfkit`` object (see :class:`PerfRecord.perfkit`):
 ``latent_shape`` (list of int), ``latent_frames``, ``num_frames_requested``,
 ``num_frames_effective``, ``height``, ``width``, ``num_inference_steps``, ``compiles``,
-``compile_ms``, ``recompile_reasons`` (list of str), ``recompile_limit_hit`` (bool),
+``compile_ms``, ``recompile_reasons`` (list of str), ``compile_phases_ms`` (torch's compile timers in
+the request: ``dynamo_timed`` name -> ms, nested), ``recompile_limit_hit`` (bool),
 ``host_rss_mib``, ``host_anon_mib``, ``device``, ``placement``, ``stage_peak_allocated_mb``
 and ``stage_peak_reserved_mb`` (stage -> MiB), ``stage_spans`` (list of {name, t_start,
 t_end}, epoch seconds), ``t_start``/``t_end`` (epoch seconds), ``refinement_steps`` (ms),

@@ -4,6 +4,10 @@ Uses dynamo's compile start/end callbacks (``torch._dynamo.callback.callback_han
 count and time, and the ``recompiles`` logging artifact (``torch._logging.set_logs``) for the
 guard that failed. A message about ``recompile_limit``/``cache_size_limit`` marks that the limit
 was hit: after that torch runs the frame eagerly without saying so in the result, so we record it.
+The time per compile phase comes from torch's own timers (``torch._dynamo.utils.
+compilation_time_metrics``: ``dynamo_timed`` name -> seconds per call), the entries added inside
+the window summed per name: what a compile's time is made of (tracing, AOT and inductor, the wait
+for the worker pool that compiles the kernels).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ class CompileWindow:
             or hit outside a stage).
         by_stage: stage name -> {"compiles", "compile_ms", "reasons"} for the stages that
             compiled (the stage is the one :attr:`CompileWatch.stage` named at the time).
+        phases_ms: torch's ``dynamo_timed`` name -> ms spent in it inside the window (the names
+            nest: ``OutputGraph.call_user_compiler`` holds ``async_compile.wait``); empty when
+            nothing compiled; None when this torch has no ``compilation_time_metrics``.
     """
 
     compiles: int = 0
@@ -37,6 +44,7 @@ class CompileWindow:
     limit_hit: bool = False
     limit_stage: str | None = None
     by_stage: dict[str, dict] = field(default_factory=dict)
+    phases_ms: dict[str, float] | None = None
 
     def _stage_entry(self, stage: str | None) -> dict:
         return self.by_stage.setdefault(
@@ -133,6 +141,8 @@ class CompileWatch:
         with self._lock:
             self._seen_reasons.clear()
             self._current = CompileWindow()
+            metrics = _time_metrics()
+            self._phase_marks = None if metrics is None else {k: len(v) for k, v in metrics.items()}
             return self._current
 
     def end(self) -> CompileWindow:
@@ -140,4 +150,22 @@ class CompileWatch:
         with self._lock:
             w = self._current or CompileWindow()
             self._current = None
+            metrics, marks = _time_metrics(), getattr(self, "_phase_marks", None)
+            if metrics is not None and marks is not None:
+                w.phases_ms = {
+                    k: round(sum(v[marks.get(k, 0) :]) * 1000.0, 3)
+                    for k, v in metrics.items()
+                    if len(v) > marks.get(k, 0)
+                }
             return w
+
+
+def _time_metrics() -> dict[str, list[float]] | None:
+    """torch's compile timers (``torch._dynamo.utils.compilation_time_metrics``: name -> seconds
+    of each timed call), or None where this torch has none."""
+    try:
+        from torch._dynamo import utils
+    except ImportError:
+        return None
+    m = getattr(utils, "compilation_time_metrics", None)
+    return m if isinstance(m, dict) else None

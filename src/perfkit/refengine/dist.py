@@ -299,6 +299,7 @@ def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any])
         "compiles": res.compile.compiles,
         "compile_ms": round(res.compile.compile_ms, 3),
         "recompile_reasons": res.compile.reasons,
+        "compile_phases_ms": res.compile.phases_ms,
         "cfg_compute_ms": list(res.cfg_compute_ms),
         "cfg_gather_ms": list(res.cfg_gather_ms),
         "host_rss_mib": round(rss, 2),

@@ -159,6 +159,7 @@ def job_record(
                 "compiles": res.compile.compiles,
                 "compile_ms": round(res.compile.compile_ms, 3),
                 "recompile_reasons": res.compile.reasons,
+                "compile_phases_ms": res.compile.phases_ms,
                 "recompile_limit_hit": res.compile.limit_hit,
                 "recompile_limit_stage": res.compile.limit_stage,
                 "compile_by_stage": {

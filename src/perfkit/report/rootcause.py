@@ -11,7 +11,8 @@ template's ``root_cause`` macro renders (no HTML here):
 - **recompilations**: every request that compiled (``compiles`` > 0 in the requests table),
   labelled by role and shape, with its compile count and time, the stage that paid for it (the
   stage with the largest excess over the warm median of the same shape) and the recompilation
-  reasons (``recompile_reasons``), deduplicated;
+  reasons (``recompile_reasons``), deduplicated, and what its compile time is made of where the
+  engine reports torch's compile timers (``compile_phases``: :data:`COMPILE_PHASES`);
 - **engine-log warnings and errors**, deduplicated with counts and the launches that logged
   them (numbers, addresses and timestamps folded so repeats count as one);
 - **budget clamps**: launches whose host cap in force is below the ask (``host_cap_clamp``) or
@@ -171,6 +172,31 @@ def _stage_excess(bundle: ResultBundle, roles: pd.DataFrame) -> dict[Any, tuple[
     return out
 
 
+#: the compile phases the recompilations table shows: (label, torch ``dynamo_timed`` name). They
+#: nest: the kernel compile wait (inductor waiting for its worker processes to compile the
+#: Triton or C++ kernels) is inside AOT + inductor. Names from torch._dynamo.utils (torch 2.11-2.13).
+COMPILE_PHASES = (
+    ("dynamo tracing", "bytecode_tracing"),
+    ("AOT + inductor", "OutputGraph.call_user_compiler"),
+    ("kernel compile wait", "async_compile.wait"),
+    ("guards", "build_guards"),
+)
+
+
+def compile_phase_text(value: Any) -> str:
+    """``compile_phases`` (a JSON object of name -> ms) as "dynamo tracing 0.15 s · AOT + inductor
+    6.76 s · kernel compile wait 5.51 s · guards 0.04 s" (:data:`COMPILE_PHASES`; a phase torch
+    did not time in the request is left out); "not reported" when the engine reported none."""
+    if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA:
+        return "not reported"
+    try:
+        phases = json.loads(value) if isinstance(value, str) else dict(value)
+    except (ValueError, TypeError):
+        return f"unreadable: {str(value)[:60]}"
+    parts = [f"{label} {float(phases[key]) / 1000:.2f} s" for label, key in COMPILE_PHASES if key in phases]
+    return " · ".join(parts) if parts else "none of the known phases"
+
+
 def recompilations(bundle: ResultBundle) -> Table | None:
     """One row per request that compiled: launch, request (role · frames), compiles, compile
     time (s), the stage that paid for it and by how much (ms over the warm median of that
@@ -187,6 +213,7 @@ def recompilations(bundle: ResultBundle) -> Table | None:
     label = dict(zip(roles["request_id"], roles["label"]))
     excess = _stage_excess(bundle, roles)
     multi = req["launch"].nunique() > 1 if "launch" in req.columns else False
+    phased = _present(comp, "compile_phases")
     rows = []
     for _, r in comp.iterrows():
         rid = r.get("request_id")
@@ -205,6 +232,7 @@ def recompilations(bundle: ResultBundle) -> Table | None:
                 "compile time (s)": float(ms) / 1000 if pd.notna(ms) else None,
                 "stage that paid": stage,
                 "stage excess (s)": extra / 1000 if extra is not None else None,
+                **({"made of": compile_phase_text(r.get("compile_phases"))} if phased else {}),
                 "reason": "; ".join(uniq),
             }
         )
