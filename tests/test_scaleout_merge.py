@@ -3,7 +3,9 @@ params/ci-cpu.yaml (shared launches: warmup_shapes' 17-frame warmup, memory_budg
 budget and offload mode none reuse cold_warm's session; multi-launch scenarios split into units:
 warmup_shapes, memory_budget, offload_modes; a scenario of tier ``extra``: overhead) run
 unsplit, then as shards 1/2 and 2/2 through the CLI and merged: same verdict, same tables bar
-timing values. A deleted shard, a failed unit and shards of other params exit 2, named."""
+timing values. A deleted shard, a failed unit and shards of other params exit 2, named; the six
+malformed manifests are six copies of shard 2/2 in one merge. The executor's mechanics (the
+inprocess executor, every unit failing) run the stand-in engine (tests/fake_engine.py)."""
 
 from __future__ import annotations
 
