@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 from pathlib import Path
 
-from click.testing import CliRunner
-
-from perfkit.cli import cli
+import inprocess_cli
 from perfkit.report.figures import Block, render_block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,15 +19,8 @@ DOCS = (
 
 
 def _figures(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """``perfkit figures ARGS`` run in ``cwd``: the command line itself (click's parsing, its
-    echo and exit code), in this process through click's runner rather than a new interpreter
-    (each would import perfkit again: seconds of CPU per call). An exception the command does
-    not turn into an exit code is raised here, not read as exit 1."""
-    with contextlib.chdir(cwd):
-        res = CliRunner().invoke(cli, ["figures", *args])
-    if res.exception is not None and not isinstance(res.exception, SystemExit):
-        raise res.exception
-    return subprocess.CompletedProcess(["perfkit", "figures", *args], res.exit_code, res.stdout, res.stderr)
+    """``perfkit figures ARGS`` in ``cwd``, in this process (tests/inprocess_cli.py)."""
+    return inprocess_cli.perfkit("figures", *args, cwd=cwd)
 
 
 def test_committed_figures_match_their_bundles():
