@@ -2,7 +2,10 @@
 command's output and exit code) through click's runner, for the quick commands (figures,
 compare) whose tests would otherwise start a new interpreter per call, each importing perfkit
 again (seconds of CPU each on a 2-core runner). Commands that launch engines, kernels or
-signal handlers (suite, merge, run, ab) stay subprocesses in their tests."""
+signal handlers (suite, merge, ab; run where it starts a kernel) stay subprocesses in their
+tests. Log records go to pytest's log capture, not to the returned stderr (under pytest the
+root logger already has handlers, so the command's logging.basicConfig adds none): a test that
+asserts on the absence of a logged traceback keeps its subprocess (test_figures' report test)."""
 
 from __future__ import annotations
 
