@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import inprocess_cli
 from perfkit.gate import baseline as bl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,12 +19,8 @@ H200 = ROOT / "baselines" / "h200.json"
 
 
 def _update(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "perfkit.cli", "baseline", "update", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """``perfkit baseline update ARGS``, in this process (tests/inprocess_cli.py)."""
+    return inprocess_cli.perfkit("baseline", "update", *args)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from perfkit.gate import run as gate_run
 from perfkit.nbrun import parse_kv as _parse_kv
 
 sys.path.insert(0, str(Path(__file__).parent))
+import inprocess_cli  # noqa: E402
 import synthetic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +31,13 @@ def perfkit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         timeout=timeout,
         cwd=ROOT,
     )
+
+
+def quick(*args: str) -> subprocess.CompletedProcess:
+    """``perfkit ARGS`` in this process (tests/inprocess_cli.py): for the commands that launch
+    nothing (help, option errors, compare, baseline update); the entry point itself, ``run``,
+    ``report`` and ``engine serve`` stay subprocesses (:func:`perfkit`)."""
+    return inprocess_cli.perfkit(*args, cwd=ROOT)
 
 
 def test_entry_point_declared_and_help():
@@ -54,7 +62,7 @@ def test_parse_kv_yaml_values():
 
 
 def test_suite_requires_params():
-    proc = perfkit("suite")
+    proc = quick("suite")
     assert proc.returncode == 2 and "--params" in proc.stderr
 
 
@@ -114,7 +122,7 @@ def test_every_command_and_option_has_help():
     ],
 )
 def test_help_of_every_command_lists_exit_codes(sub):
-    proc = perfkit(*sub, "--help")
+    proc = quick(*sub, "--help")
     assert proc.returncode == 0, proc.stderr
     assert "Exit codes" in proc.stdout or "exit codes" in proc.stdout.lower(), proc.stdout
 
@@ -125,7 +133,7 @@ def test_missing_params_file_is_named(tmp_path):
         ["suite", "--params", str(missing)],
         ["measure", "--params", str(missing), "--out", str(tmp_path)],
     ):
-        proc = perfkit(*cmd)
+        proc = quick(*cmd)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert f"params file not found: {missing}" in proc.stderr, proc.stderr
 
@@ -162,7 +170,7 @@ def gated_run(tmp_path) -> Path:
 
 
 def test_compare_pass_and_regression(gated_run, tmp_path):
-    same = perfkit("compare", "--run", str(gated_run), "--baseline", str(gated_run / "baseline.json"))
+    same = quick("compare", "--run", str(gated_run), "--baseline", str(gated_run / "baseline.json"))
     assert same.returncode == 0, same.stdout + same.stderr
     assert "compare: PASS" in same.stdout
     doc = bl.load_baseline(gated_run / "baseline.json")
@@ -170,7 +178,7 @@ def test_compare_pass_and_regression(gated_run, tmp_path):
         entry["expected_e2e_ms"] = entry["expected_e2e_ms"] / 3  # the run is now 3x slower
     faster = tmp_path / "faster.json"
     bl.save_baseline(doc, faster)
-    reg = perfkit("compare", "--run", str(gated_run), "--baseline", str(faster))
+    reg = quick("compare", "--run", str(gated_run), "--baseline", str(faster))
     assert reg.returncode == 1
     assert "expected_e2e_ms" in reg.stdout and "fail" in reg.stdout
 
@@ -178,13 +186,13 @@ def test_compare_pass_and_regression(gated_run, tmp_path):
 def test_compare_bad_baseline_is_error(gated_run, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    proc = perfkit("compare", "--run", str(gated_run), "--baseline", str(bad))
+    proc = quick("compare", "--run", str(gated_run), "--baseline", str(bad))
     assert proc.returncode == 2 and "invalid JSON" in proc.stderr
 
 
 def test_baseline_update(gated_run, tmp_path):
     dst = tmp_path / "baselines" / "cpu.json"
-    proc = perfkit(
+    proc = quick(
         "baseline",
         "update",
         "--bundle",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+import inprocess_cli
 from perfkit.report.figures import Block, render_block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,14 +19,8 @@ DOCS = (
 
 
 def _figures(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "perfkit.cli", "figures", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        env=os.environ,
-    )
+    """``perfkit figures ARGS`` in ``cwd``, in this process (tests/inprocess_cli.py)."""
+    return inprocess_cli.perfkit("figures", *args, cwd=cwd)
 
 
 def test_committed_figures_match_their_bundles():

@@ -24,6 +24,7 @@ from perfkit.params import ParamsError, load_params, parse_params
 from perfkit.scenarios import registry
 
 sys.path.insert(0, str(Path(__file__).parent))
+import inprocess_cli  # noqa: E402
 import synthetic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +42,13 @@ def perfkit(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.Co
         cwd=cwd,
         env=dict(os.environ),
     )
+
+
+def quick(*args: str) -> subprocess.CompletedProcess:
+    """``perfkit ARGS`` in this process (tests/inprocess_cli.py): for help, compare and ``run``
+    refusing its -p values before any kernel; ``suite`` (its reaper, its signal handlers) stays
+    a subprocess (:func:`perfkit`)."""
+    return inprocess_cli.perfkit(*args, cwd=ROOT)
 
 
 def _params(tmp_path: Path, **sections) -> Path:
@@ -163,7 +171,7 @@ def gated_run(tmp_path) -> Path:
 
 def test_compare_with_no_common_case_is_an_error(gated_run):
     # nothing comparable at all is misuse (2), not a regression (1) and never a pass
-    proc = perfkit("compare", "--run", str(gated_run), "--baseline", "baselines/h200.json")
+    proc = quick("compare", "--run", str(gated_run), "--baseline", "baselines/h200.json")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     msg = (
         "no case of this run is in baselines/h200.json (hardware 'NVIDIA H200' vs this run's "
@@ -178,7 +186,7 @@ def test_compare_other_hardware_with_common_cases_warns(gated_run, tmp_path):
     doc["metadata"]["hardware"] = "NVIDIA H200"
     other = tmp_path / "other.json"
     bl.save_baseline(doc, other)
-    proc = perfkit("compare", "--run", str(gated_run), "--baseline", str(other))
+    proc = quick("compare", "--run", str(gated_run), "--baseline", str(other))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "'NVIDIA H200'" in proc.stderr and "'ci-cpu-2core'" in proc.stderr
     assert "only comparable on the same hardware" in proc.stderr
@@ -296,7 +304,7 @@ def test_cold_warm_error_carries_the_request_error(monkeypatch, tmp_path):
 )
 def test_run_bad_p_is_a_usage_error(tmp_path, p, expected):  # noqa: D103
     run_dir = tmp_path / "r"
-    proc = perfkit("run", "notebooks/cold_warm.ipynb", "-p", f"run_dir={run_dir}", "-p", p)
+    proc = quick("run", "notebooks/cold_warm.ipynb", "-p", f"run_dir={run_dir}", "-p", p)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert expected in proc.stderr
     assert not run_dir.exists()
@@ -358,7 +366,7 @@ def test_force_removes_the_earlier_run(tmp_path):
 
 
 def test_help_is_plain_text():
-    proc = perfkit("--help")
+    proc = quick("--help")
     assert proc.returncode == 0
     assert "``" not in proc.stdout and "perfkit:" in proc.stdout and "Exit codes" in proc.stdout
 
@@ -380,7 +388,7 @@ def test_help_is_plain_text():
 )
 def test_run_p_values_are_validated_before_any_kernel(tmp_path, nb, p, name):
     run_dir = tmp_path / "r"
-    proc = perfkit("run", f"notebooks/{nb}.ipynb", "-p", f"run_dir={run_dir}", "-p", p)
+    proc = quick("run", f"notebooks/{nb}.ipynb", "-p", f"run_dir={run_dir}", "-p", p)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"\n{name}: " in proc.stderr, proc.stderr
     assert not run_dir.exists()  # no kernel started, no executed notebook written

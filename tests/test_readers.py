@@ -10,14 +10,13 @@ from __future__ import annotations
 import copy
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import inprocess_cli
 from perfkit.gate import baseline as bl
 from perfkit.readings import perfdump
 from perfkit.readings.records import PerfRecord, RecordError, parse_lines, read_perf_log
@@ -404,14 +403,12 @@ def test_per_frame_generation_rule():
 
 
 # ---------------------------------------------------------------------------------------------
-# perfkit compare (real CLI subprocess)
+# perfkit compare (the real command line, in this process: tests/inprocess_cli.py)
 # ---------------------------------------------------------------------------------------------
 
 
 def perfkit(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "perfkit.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+    return inprocess_cli.perfkit(*args, cwd=REPO)
 
 
 def test_cli_compare_dumps(tmp_path):

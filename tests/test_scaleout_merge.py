@@ -3,7 +3,9 @@ params/ci-cpu.yaml (shared launches: warmup_shapes' 17-frame warmup, memory_budg
 budget and offload mode none reuse cold_warm's session; multi-launch scenarios split into units:
 warmup_shapes, memory_budget, offload_modes; a scenario of tier ``extra``: overhead) run
 unsplit, then as shards 1/2 and 2/2 through the CLI and merged: same verdict, same tables bar
-timing values. A deleted shard, a failed unit and shards of other params exit 2, named."""
+timing values. A deleted shard, a failed unit and shards of other params exit 2, named; the six
+malformed manifests are six copies of shard 2/2 in one merge. The executor's mechanics (the
+inprocess executor, every unit failing) run the stand-in engine (tests/fake_engine.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import fake_engine
 from perfkit.bundle import ResultBundle
 from perfkit.gate import verdicts
 from perfkit.params import load_yaml
@@ -64,6 +67,22 @@ def small_params(path: Path, **changes) -> Path:
     ):
         doc["invariants"][key] = None
     doc.update(changes)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def stand_in_params(path: Path, *engine_args: str) -> Path:
+    """:func:`small_params` on the stand-in engine (tests/fake_engine.py, mode serve, no load or
+    warmup wait; ``engine_args`` appended): for the tests of the executor's mechanics (units,
+    attempts, manifest, report), where the model is not the subject. The warm/cold ratio check
+    is back on (ci-cpu's limit): the stand-in compiles nothing and reports no memory, so without
+    it every check would be skipped (exit 2, nothing measured); it may pass or fail (exit 0/1)."""
+    doc = load_yaml(small_params(path).read_text())
+    doc["invariants"]["warm_cold_ratio_max"] = 1.0
+    doc["engine"] = {
+        "kind": "command",
+        "command": fake_engine.command("--mode", "serve", "--load-s", "0", "--warmup-s", "0", *engine_args),
+    }
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -284,8 +303,9 @@ def test_failed_unit_with_other_bundles_is_named_in_the_report(runs, tmp_path):
 
 
 def test_executor_inprocess_runs_units_then_the_report(tmp_path):
-    """``perfkit suite --executor inprocess``: every unit (one shard of one), merged, replayed."""
-    params = small_params(tmp_path / "params.yaml")
+    """``perfkit suite --executor inprocess``: every unit (one shard of one), merged, replayed.
+    On the stand-in engine: what is tested is the executor (its unit, manifest, merge, report)."""
+    params = stand_in_params(tmp_path / "params.yaml")
     out = tmp_path / "run"
     proc = perfkit(
         "suite",
@@ -325,30 +345,50 @@ def test_a_lost_table_file_is_named_not_read_as_empty(runs, tmp_path):
         assert f"unit {unit['id']}: part {pid} lacks requests.parquet" in text
 
 
-@pytest.mark.parametrize(
-    "edit, words",
-    [
-        (lambda m: m.update(units=None), "units must be a list"),
-        (lambda m: m["units"].__setitem__(1, None), "units[1] must be a mapping"),
-        (lambda m: m["units"][0].pop("parts"), "missing key 'parts'"),
-        (lambda m: m["partition"].update(index="two"), "partition.index must be an integer"),
-        (lambda m: m["units"][0].update(shard="1"), ".shard must be an integer"),
-        (lambda m: m["outcomes"][0].pop("status"), "outcomes must be a list"),
-    ],
-)
-def test_a_malformed_manifest_is_a_named_problem(runs, tmp_path, edit, words):
-    s2 = tmp_path / "s2"
-    shutil.copytree(runs["s2_dir"], s2)
-    m = json.loads((s2 / shards.MANIFEST).read_text())
-    edit(m)
-    (s2 / shards.MANIFEST).write_text(json.dumps(m))
-    out = tmp_path / "merged"
-    proc = perfkit("merge", str(runs["s1_dir"]), str(s2), "--out", str(out), "-q", "--no-screenshot")
+#: six ways a shard manifest can be malformed, and the words its problem must hold
+MALFORMED = [
+    (lambda m: m.update(units=None), "units must be a list"),
+    (lambda m: m["units"].__setitem__(1, None), "units[1] must be a mapping"),
+    (lambda m: m["units"][0].pop("parts"), "missing key 'parts'"),
+    (lambda m: m["partition"].update(index="two"), "partition.index must be an integer"),
+    (lambda m: m["units"][0].update(shard="1"), ".shard must be an integer"),
+    (lambda m: m["outcomes"][0].pop("status"), "outcomes must be a list"),
+]
+
+
+@pytest.fixture(scope="module")
+def malformed(runs, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path, dict[str, Path]]:
+    """One ``perfkit merge`` of shard 1/2 with six copies of shard 2/2, each copy's manifest
+    malformed one way (:data:`MALFORMED`): each manifest is read on its own (``_read_manifest``
+    per directory), so each copy is a problem of its own, named by its path; one merge (its
+    notebooks, gate and report) instead of six."""
+    tmp = tmp_path_factory.mktemp("malformed")
+    copies = {}
+    for i, (edit, words) in enumerate(MALFORMED):
+        s2 = tmp / f"s2-{i}"
+        shutil.copytree(runs["s2_dir"], s2)
+        m = json.loads((s2 / shards.MANIFEST).read_text())
+        edit(m)
+        (s2 / shards.MANIFEST).write_text(json.dumps(m))
+        copies[words] = s2
+    out = tmp / "merged"
+    proc = perfkit(
+        "merge", str(runs["s1_dir"]), *map(str, copies.values()), "--out", str(out), "-q", "--no-screenshot"
+    )
+    return proc, out, copies
+
+
+@pytest.mark.parametrize("edit, words", MALFORMED)
+def test_a_malformed_manifest_is_a_named_problem(malformed, edit, words):
+    proc, out, copies = malformed
     assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     _, report, run = _summary_and_report(out)  # summary.md clips long errors; these are whole
     problems = json.dumps(run["scaleout"]["problems"])
     assert "malformed shard manifest" in problems and words in problems, problems
+    # the problem naming this copy's manifest is the one that says it
+    mine = [p for p in run["scaleout"]["problems"] if p.startswith(f"{copies[words] / shards.MANIFEST}: ")]
+    assert len(mine) == 1 and "malformed shard manifest" in mine[0] and words in mine[0], problems
     assert "malformed shard manifest" in report
 
 
@@ -438,9 +478,9 @@ def test_a_shard_stopped_by_sigterm_keeps_what_finished_and_exits_2(runs, tmp_pa
 
 
 def test_every_unit_failing_still_writes_the_report(runs, tmp_path):
-    params = small_params(tmp_path / "crash.yaml")
+    # the stand-in engine given a flag it does not know: its argparse exits 2 at once, naming it
+    params = stand_in_params(tmp_path / "crash.yaml", "--no-such-flag")
     doc = load_yaml(params.read_text())
-    doc["engine"]["extra_args"] = ["--no-such-flag"]  # the engine exits at once
     doc["scaleout"] = {"retries": 1}
     params.write_text(yaml.safe_dump(doc, sort_keys=False))
     out = tmp_path / "run"
