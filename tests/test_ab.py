@@ -113,6 +113,9 @@ def test_live_30pct_denoising_slowdown_is_a_denoising_regression(live):
     rec = json.loads(b.records["B00"][-1])
     assert rec["perfkit"]["debug_stage_delay_pct"] == {"DenoisingStage": 30.0}
     assert "debug_stage_delay_pct" not in json.loads(a.records["A00"][-1])["perfkit"]
+    # the specs' cpu_threads: 1, as each engine ran it (its records, not the spec)
+    for bd, lab in ((a, "A00"), (b, "B00")):
+        assert json.loads(bd.records[lab][-1])["perfkit"]["torch_threads"] == 1
 
 
 @pytest.mark.slow
