@@ -137,7 +137,9 @@ def test_max_snapshots_takes_the_max_of_each_field_across_ranks():
     }
 
 
-@pytest.mark.parametrize("argv", [["--num-gpus", "0"], ["--num-gpus", "2", "--rank", "1"]])
+@pytest.mark.parametrize(
+    "argv", [["--num-gpus", "0"], ["--num-gpus", "2", "--rank", "1"], ["--cpu-threads", "0"]]
+)
 def test_bad_parallel_arguments_exit_2(argv, capsys):
     assert engine_main(["--device", "cpu", *argv]) == 2
     assert "error:" in capsys.readouterr().err

@@ -364,6 +364,16 @@ def test_reference_debug_stage_delay_reaches_the_engine_argv():
         EngineSpec.from_dict({"debug_stage_delay": {"DenoisingStage": -5}})
 
 
+def test_reference_cpu_threads_reaches_the_engine_argv():
+    spec = EngineSpec.from_dict({"kind": "reference", "cpu_threads": 1})
+    argv = spec.command(9000, "/d")
+    assert argv[argv.index("--cpu-threads") + 1] == "1"
+    assert EngineSpec.from_dict(spec.to_dict()) == spec
+    assert "--cpu-threads" not in EngineSpec(kind="reference").command(9000, "/d")
+    with pytest.raises(EngineSpecError, match="cpu_threads.*greater than or equal to 1"):
+        EngineSpec.from_dict({"cpu_threads": 0})
+
+
 def test_reference_memory_snapshot_flows_to_argv():
     spec = EngineSpec(kind="reference", memory_snapshot_after=[3, 0, 3], memory_snapshot_entries=500)
     argv = spec.command(9000, "/d")

@@ -383,9 +383,17 @@ def test_debug_stage_delay_scales_the_stage_from_the_nth_measured_request(tmp_pa
     # +100 % DenoisingStage from measured request 3 on: the startup warmup and requests 0-2 run at
     # full speed, 3-5 do twice the denoising work (per step), other stages untouched. Asserted on
     # CPU time, which other processes on a shared runner do not stretch: with one torch thread a
-    # span's wall time is at least the CPU time spent in it.
-    args = ("--debug-stage-delay", "DenoisingStage=100%", "--debug-stage-delay-from", "3")
-    with running_engine(tmp_path, *args, env={"OMP_NUM_THREADS": "1"}) as eng, eng.client() as c:
+    # span's wall time is at least the CPU time spent in it (--cpu-threads 1, which the record
+    # shows: torch's own default here would be the runner's cores).
+    args = (
+        "--debug-stage-delay",
+        "DenoisingStage=100%",
+        "--debug-stage-delay-from",
+        "3",
+        "--cpu-threads",
+        "1",
+    )
+    with running_engine(tmp_path, *args) as eng, eng.client() as c:
         recs = [_ok(c.generate(spec(25, steps=8))) for _ in range(6)]
         warmup = [r for r in eng.records() if r.is_warmup]
     # the engine says which runs it slowed: never the startup warmup, measured requests from 3 on
@@ -400,6 +408,7 @@ def test_debug_stage_delay_scales_the_stage_from_the_nth_measured_request(tmp_pa
         # inside the stage's span and inside its steps, not after them
         assert dict(r.stages)["DenoisingStage"] >= 0.98 * (work + busy), (r.stages, work, busy)
         assert sum(r.steps) >= 0.98 * (work + busy), (r.steps, work, busy)
+    assert recs[0].perfkit["torch_threads"] == 1 and recs[0].perfkit["cpu_threads_requested"] == 1
     assert recs[0].perfkit["debug_stage_delay_pct"] == {"DenoisingStage": 100.0}
     assert recs[0].perfkit["debug_stage_delay_from"] == 3
 

@@ -111,6 +111,8 @@ def reference_argv(spec: Any, port: int, d: str) -> list[str]:
     if spec.device:
         argv += ["--device", spec.device]
     argv += ["--num-gpus", str(spec.num_gpus)]
+    if spec.cpu_threads is not None:
+        argv += ["--cpu-threads", str(spec.cpu_threads)]
     if spec.keep_outputs:
         argv += ["--keep-outputs"]
     if spec.debug_leak_mib > 0:

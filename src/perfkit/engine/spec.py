@@ -385,6 +385,11 @@ class ReferenceEngine(_ServingEngine):
         debug_stage_delay_from: apply ``debug_stage_delay`` from this 0-based measured request
             on (0: every request; 1: warm requests only, the cold request is left alone).
         max_frames: refuse requests above this many frames.
+        cpu_threads: torch intra-op threads of the engine (``--cpu-threads``, >= 1; None: torch's
+            own, i.e. ``OMP_NUM_THREADS`` or the cores, shared between the ranks when
+            ``num_gpus`` > 1). The engine records what it ran as ``perfkit.torch_threads``. On a
+            shared 2-core CPU runner use 1: another process on one core stalls every parallel
+            region of 2 threads (the tiny DenoisingStage ran 7-10x slower and twice as spread).
         offload: offload mode of every component (``--offload``): ``none``, ``model``,
             ``group-block``, ``group-leaf`` (:data:`OFFLOAD_MODES`); None: the engine's automatic
             placement (resident unless a device cap forces group offload). Modes other than
@@ -416,6 +421,7 @@ class ReferenceEngine(_ServingEngine):
     )
     debug_stage_delay_from: int = Field(0, ge=0)
     max_frames: Optional[int] = Field(None, ge=1)
+    cpu_threads: Optional[int] = Field(None, ge=1)
     offload: Optional[OffloadMode] = None
     offload_components: dict[Literal["transformer", "text_encoder", "vae"], OffloadMode] = Field(
         default_factory=dict

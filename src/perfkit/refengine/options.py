@@ -146,6 +146,14 @@ def _parallel_options(p: argparse.ArgumentParser) -> None:
         "on the CPU); rank 0 serves HTTP and spawns the others (see refengine.dist)",
     )
     p.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (torch.set_num_threads) of every rank; default: torch's own "
+        "(OMP_NUM_THREADS, else the cores), or the cores shared between the ranks of a CPU engine "
+        "with --num-gpus > 1. Recorded as torch_threads",
+    )
+    p.add_argument(
         "--multi-gpu-warmup-frames",
         type=int,
         default=None,
