@@ -84,7 +84,7 @@ def test_engine_with_offload_none_reports_every_component_resident(tmp_path):
 @pytest.mark.parametrize("mode", ACCEL)
 def test_engine_refuses_accelerator_modes_on_cpu_with_exit_code_2(mode, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "perfkit.refengine", "--device", "cpu", "--offload", mode],
+        [sys.executable, "-X", "importtime", "-m", "perfkit.refengine", "--device", "cpu", "--offload", mode],
         capture_output=True,
         text=True,
         timeout=120,
@@ -93,6 +93,9 @@ def test_engine_refuses_accelerator_modes_on_cpu_with_exit_code_2(mode, tmp_path
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"offload mode '{mode}' needs an accelerator; device is cpu" in proc.stderr
     assert "perfkit-mark listening" not in proc.stderr  # refused before binding or loading
+    # and before importing torch (-X importtime lists every module imported, on stderr)
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    assert "perfkit.refengine.cli" in imported and "torch" not in imported
 
 
 @pytest.mark.slow

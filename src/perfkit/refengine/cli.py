@@ -22,7 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from perfkit.refengine.options import OFFLOAD_CHOICES, build_parser, sglang_perf_log_dir
+from perfkit.common.presets import PRESET_NAMES
+from perfkit.refengine import offload_request
+from perfkit.refengine.options import OFFLOAD_CHOICES, build_parser, parse_indices, sglang_perf_log_dir
 
 __all__ = ["OFFLOAD_CHOICES", "build_parser", "main", "mark", "sglang_perf_log_dir"]
 
@@ -69,6 +71,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     """Check the arguments, build the engine and serve (rank 0) or compute (other ranks).
     Raises :class:`_Refused` for bad arguments or a refused configuration."""
     snapshot_after = _checked(args)
+    _refuse_before_torch(args)
 
     import torch
     import uvicorn  # noqa: F401 - imported before the models load, as it always was (cold start parts)
@@ -337,8 +340,6 @@ def _checked(args: argparse.Namespace) -> list[int]:
     for name in ("warmup_frames", "max_frames", "debug_leak_mib", "debug_stage_delay_from"):
         if getattr(args, name) < 0:
             raise _Refused(f"--{name.replace('_', '-')} must be >= 0")
-    from perfkit.refengine.memhistory import parse_indices
-
     try:
         snapshot_after = parse_indices(args.memory_snapshot_after)
     except ValueError as exc:
@@ -381,12 +382,25 @@ def _rank_device(args: argparse.Namespace, device: Any, rank: int) -> Any:
     return device
 
 
+def _refuse_before_torch(args: argparse.Namespace) -> None:
+    """Refuse, before torch and diffusers are imported (seconds of CPU), what the arguments alone
+    show: an accelerator offload mode, or ``--placement`` with ``--offload``, on a device named
+    ``cpu``. Only where :func:`_serve` would reach the same refusal first (a known preset or a
+    ``--model-path``; a CPU device, which no rank check refuses); anything else is left to it.
+    Raises :class:`_Refused`."""
+    known_model = args.preset in PRESET_NAMES or bool(args.model_path)
+    name = args.device
+    on_cpu = name == "cpu" or (name.startswith("cpu:") and name[4:].isdigit())
+    if known_model and on_cpu:
+        _requested_offload(args, "cpu")
+
+
 def _requested_offload(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     """Component -> the offload mode asked for (``--offload``, ``--offload-<component>`` or the
-    older ``--placement``, which a CPU device ignores). Raises :class:`_Refused` when both kinds
-    of flag are given or a mode does not apply to the device."""
-    from perfkit.refengine import placement
-
+    older ``--placement``, which a CPU device ignores). ``device``: a torch device or its type
+    (``"cpu"``). Raises :class:`_Refused` when both kinds of flag are given or a mode does not
+    apply to the device."""
+    kind = device if isinstance(device, str) else device.type
     per_component = {
         "transformer": args.offload_transformer,
         "text_encoder": args.offload_text_encoder,
@@ -395,11 +409,11 @@ def _requested_offload(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     asked = args.offload is not None or any(v is not None for v in per_component.values())
     if asked and args.placement is not None:
         raise _Refused("give either --placement or --offload/--offload-<component>, not both")
-    legacy = args.placement if device.type == "cuda" else None  # the older flag: ignored on the CPU
-    requested = placement.requested_modes(args.offload, per_component, legacy=legacy)
+    legacy = args.placement if kind == "cuda" else None  # the older flag: ignored on the CPU
+    requested = offload_request.requested_modes(args.offload, per_component, legacy=legacy)
     try:
-        placement.check_applicable(requested, device)
-    except placement.OffloadNotApplicable as exc:
+        offload_request.check_applicable(requested, kind)
+    except offload_request.OffloadNotApplicable as exc:
         raise _Refused(str(exc)) from None
     return requested
 

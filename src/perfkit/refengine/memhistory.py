@@ -24,22 +24,6 @@ log = logging.getLogger(__name__)
 NOT_ON_CPU = "not available on cpu"
 
 
-def parse_indices(text: str) -> list[int]:
-    """``"0,3"`` -> ``[0, 3]`` (0-based measured request indices; 0 is the cold request).
-
-    Raises:
-        ValueError: an entry is not an integer >= 0.
-    """
-    out: list[int] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        if not part.isdigit():
-            raise ValueError(f"expected request indices like 0,3 (integers >= 0), got {part!r}")
-        out.append(int(part))
-    return sorted(set(out))
-
-
 @dataclass
 class SnapshotRecorder:
     """Dumps a snapshot after the chosen measured requests.

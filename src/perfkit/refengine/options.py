@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import os
 
-#: ``--offload`` choices (refengine.placement.OFFLOAD_MODES; torch is imported later).
-OFFLOAD_CHOICES = ("none", "model", "group-block", "group-leaf")
+from perfkit.refengine.offload_request import OFFLOAD_MODES
+
+#: ``--offload`` choices (:data:`perfkit.refengine.offload_request.OFFLOAD_MODES`).
+OFFLOAD_CHOICES = OFFLOAD_MODES
 
 
 def _resolution(text: str) -> tuple[int, int]:
@@ -47,6 +49,22 @@ def _stage_delay(text: str) -> tuple[str, float]:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"PCT must be >= 0, got {text!r}")
     return name.strip(), value
+
+
+def parse_indices(text: str) -> list[int]:
+    """``"0,3"`` -> ``[0, 3]`` (0-based measured request indices; 0 is the cold request).
+
+    Raises:
+        ValueError: an entry is not an integer >= 0.
+    """
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit():
+            raise ValueError(f"expected request indices like 0,3 (integers >= 0), got {part!r}")
+        out.append(int(part))
+    return sorted(set(out))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -56,6 +56,14 @@ from typing import Mapping
 import torch
 
 from perfkit.refengine.models import Components
+from perfkit.refengine.offload_request import (  # noqa: F401 - this module's API since before the split
+    ACCELERATOR_MODES,
+    COMPONENTS,
+    OFFLOAD_MODES,
+    OffloadNotApplicable,
+    check_applicable,
+    requested_modes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +72,6 @@ CAP_ENV_VARS = ("PERFKIT_CAP_DEVICE_MEMORY_GIB", "SGLANG_DIFFUSION_TEST_CAP_DEVI
 WEIGHTS_SHARE_OF_CAP = 0.7
 GIB = 2**30
 
-#: Offload modes, one per component (``--offload``, ``--offload-<component>``).
-OFFLOAD_MODES = ("none", "model", "group-block", "group-leaf")
-#: Modes that move weights between host and an accelerator (refused on a CPU device).
-ACCELERATOR_MODES = ("model", "group-block", "group-leaf")
-#: Components with their own offload flag, in execution order (the upsampler follows ``vae``).
-COMPONENTS = ("text_encoder", "transformer", "vae")
 #: Components the automatic rule offloads, in this order, until the resident rest fits the cap.
 AUTO_OFFLOAD_ORDER = ("text_encoder", "transformer")
 #: Offload modes of the transformer under which torch.compile is kept (diffusers PR #11605).
@@ -88,10 +90,6 @@ _BLOCK_MODULES: dict[str, list[str] | None] = {
     "vae": ["decoder"],
     "upsampler": None,
 }
-
-
-class OffloadNotApplicable(ValueError):
-    """An offload mode that the device cannot run (every mode but ``none`` on a CPU device)."""
 
 
 @dataclass
@@ -168,55 +166,6 @@ def apply_device_cap(device: torch.device) -> float | None:
     torch.cuda.set_per_process_memory_fraction(frac, device)
     log.info("device cap %.2f GiB of %.1f GiB (fraction %.4f)", cap, total, frac)
     return cap
-
-
-def requested_modes(
-    offload: str | None = None,
-    per_component: Mapping[str, str | None] | None = None,
-    legacy: str | None = None,
-) -> dict[str, str | None]:
-    """component -> the mode asked for (None: automatic) from ``--offload`` (every component),
-    ``--offload-<component>`` (overrides it for that component) and the older ``--placement``
-    (``device``: ``none`` everywhere; ``group_offload``: leaf-level group offload of the
-    transformer and text encoder, VAE resident).
-
-    Raises:
-        ValueError: an unknown mode or component.
-    """
-    out: dict[str, str | None] = {c: None for c in COMPONENTS}
-    if legacy == "device":
-        out = {c: "none" for c in COMPONENTS}
-    elif legacy == "group_offload":
-        out = {"text_encoder": "group-leaf", "transformer": "group-leaf", "vae": "none"}
-    elif legacy is not None:
-        raise ValueError(f"unknown placement {legacy!r}; known: device, group_offload")
-    if offload is not None:
-        out = {c: offload for c in COMPONENTS}
-    for comp, mode in (per_component or {}).items():
-        if comp not in COMPONENTS:
-            raise ValueError(f"unknown component {comp!r}; known: {', '.join(COMPONENTS)}")
-        if mode is not None:
-            out[comp] = mode
-    for comp, mode in out.items():
-        if mode is not None and mode not in OFFLOAD_MODES:
-            raise ValueError(f"unknown offload mode {mode!r} for {comp}; known: {', '.join(OFFLOAD_MODES)}")
-    return out
-
-
-def check_applicable(requested: Mapping[str, str | None], device: torch.device) -> None:
-    """Raise :class:`OffloadNotApplicable` when a requested mode needs an accelerator and
-    ``device`` is the CPU. The message names the mode and the device:
-    ``offload mode 'model' needs an accelerator; device is cpu`` (then the components asking)."""
-    if device.type != "cpu":
-        return
-    bad = {c: m for c, m in requested.items() if m in ACCELERATOR_MODES}
-    if not bad:
-        return
-    mode = next(iter(dict.fromkeys(bad.values())))
-    comps = ", ".join(f"{c}={m}" for c, m in bad.items())
-    raise OffloadNotApplicable(
-        f"offload mode {mode!r} needs an accelerator; device is {device.type} ({comps})"
-    )
 
 
 def auto_modes(
