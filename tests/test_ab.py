@@ -35,19 +35,18 @@ def ab(*args: str):
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    # sequential (issue 39): first look at 2 launches a side, then a pair more until DenoisingStage
-    # is decided, at most 6 launches a side. Requests of 64 denoising steps (the spec's 16 gave a
-    # DenoisingStage of about 17 ms on CI's 2-core runner, where a few ms of scheduler jitter is
-    # +10-30 % and the slow-spell detector's 5 % marked most warm requests): about 70 ms, so jitter
-    # is a few % of it; 10 warm requests a launch keep each launch's median steady and cost under
-    # a second a launch next to the engine's start (~6 s). The maximum of 6 costs launches only
-    # when the host is loaded, where the launch medians spread 15-35 %. Fewer steps or requests
-    # save little (the start dominates) and a maximum of 4 catches +30 % far less often on the
-    # recorded CPU pool (docs/choosing-n-m.md, "What the spread is not")
+    # sequential (issue 39): first look at 2 launches a side, then a pair more, at most 3 a side:
+    # this test is about the procedure on a live engine (looks, interleaved order, replaced
+    # launches, summary, page, records) and that +30 % is never a pass. Whether this runner can
+    # *decide* +30 % is a power figure, printed by benchmarks/ab_power.py on a live pool, not a
+    # test: on CI's 2-core VM it could not at 6 a side (the VM's speed varies 2x within a launch:
+    # docs/choosing-n-m.md, "What the spread is not"), and 6 a side cost 211 s of `make test`.
+    # Requests of 64 denoising steps (about 70 ms of DenoisingStage, where a few ms of scheduler
+    # jitter is a few %), 10 warm requests a launch (under a second next to the ~6 s start).
     out = tmp_path_factory.mktemp("ab") / "run"
     # --profile: one extra launch a side profiles a cold and a warm request (issue 35); the
     # assertions below that count launches check that it stays out of the A/B
-    res = ab("--a", str(SPEC_A), "--b", str(SPEC_B), "-n", "2", "--max-launches", "6", "-m", "10",
+    res = ab("--a", str(SPEC_A), "--b", str(SPEC_B), "-n", "2", "--max-launches", "3", "-m", "10",
              "--steps", str(LIVE_STEPS), "--gate-metrics", "DenoisingStage", "--out", str(out),
              "--profile", "--profile-all-stages")  # fmt: skip
     return out, res
@@ -63,18 +62,18 @@ def test_live_30pct_denoising_slowdown_is_a_denoising_regression(live):
     den = r.table.set_index("metric").loc["DenoisingStage"]
     seq = r.meta["sequential"]
     n = den["n_a"]
-    assert den["n_b"] == n and 2 <= n <= 6, seq["reason"]
+    assert den["n_b"] == n and 2 <= n <= 3, seq["reason"]
     assert [lk["n"] for lk in seq["looks"]] == list(range(2, 2 + len(seq["looks"])))
     # each look's interval is wider than 95 % (alpha spending), and the looks' shares add up to 5 %
     assert all(lk["confidence"] > 0.95 for lk in seq["looks"]) and sum(
         1 - c for c in seq["design"]["look_confidence"].values()
     ) == pytest.approx(0.05)
-    # +30 % is decided a regression (issue 39's live criterion), exit 1. This runner is a VM whose
-    # host can slow most requests 2-3x for minutes (a CI run: 93 of 120 warm requests a side in a
-    # slow spell, worst +249 %, no decision at 8 launches a side; on a quiet CI runner at 6 a side,
-    # 46 and 50 of 60 warm requests 5 % above their side's 10th percentile, worst +107 %/+125 %,
-    # one torch thread: the VM's speed, not preemption nor threads): then the run must end
-    # *undecided* with exit 1 and the slow spells named, never a pass, "no change" or "improvement"
+    # +30 % is a regression, exit 1, when the looks decide it; this runner is a VM whose host can
+    # slow most requests 2-3x for minutes (a CI run: 93 of 120 warm requests a side in a slow
+    # spell, worst +249 %, no decision at 8 launches a side; on a quiet CI runner at 6 a side, 46
+    # and 50 of 60 warm requests 5 % above their side's 10th percentile, worst +107 %/+125 %, one
+    # torch thread: the VM's speed, not preemption nor threads): then the run must end *undecided*
+    # with exit 1 and the slow spells named, never a pass, "no change" or "improvement"
     assert res.exit_code == r.exit_code == 1, res.output
     if d["DenoisingStage"] == "regression":
         assert den["low"] > 1.05 and r.verdict == "regression" and seq["stop"] == "regression"
@@ -85,12 +84,12 @@ def test_live_30pct_denoising_slowdown_is_a_denoising_regression(live):
             ln for ln in (out / "summary.md").read_text().splitlines() if ln.startswith("- slow spells")
         )
         assert "the host slowed these requests down" in spells, spells
-        warnings.warn(f"+30 % undecided at 6 launches a side on a slowed host: {spells}", stacklevel=1)
+        warnings.warn(f"+30 % undecided at 3 launches a side on a slowed host: {spells}", stacklevel=1)
     # summary.md for $GITHUB_STEP_SUMMARY, printed too; the report page with the forest plot
     md = (out / "summary.md").read_text()
     word = "REGRESSION" if r.verdict == "regression" else r.verdict
     assert md.startswith(f"## perfkit ab: {word} (exit code {r.exit_code})")
-    assert "- sequential: first look at 2 launches a side, at most 6 run a side" in md and "| look |" in md
+    assert "- sequential: first look at 2 launches a side, at most 3 run a side" in md and "| look |" in md
     row = next(line for line in md.splitlines() if line.startswith("| DenoisingStage |"))
     assert f"| {d['DenoisingStage']} |" in row
     assert f"perfkit ab: {word}" in res.output
@@ -106,7 +105,7 @@ def test_live_30pct_denoising_slowdown_is_a_denoising_regression(live):
         first = min(ran, 6)
         assert meta["order"][:first] == ["A00", "B00", "B01", "A01", "A02", "B02"][:first]
     assert list(a.launches["launch"]) == [x for x in meta["order"] if x[0] == "A"]
-    assert meta["sequential"]["max_launches"] == 6 and sum(seq["launches_run"].values()) == ran
+    assert meta["sequential"]["max_launches"] == 3 and sum(seq["launches_run"].values()) == ran
     assert meta["warm_per_launch"] == 10 and len(meta["launch_load"]["B01"]["loadavg"]) == 3
     for bd in (a, b):
         la = bd.launches
