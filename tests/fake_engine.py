@@ -24,6 +24,8 @@ B hex digits on stderr at startup).
 Slowdown (bisect tests): --denoise-factor-from MODULE imports MODULE (from PYTHONPATH, e.g. a
 checkout of an engine's source) and multiplies the request's time (all of it DenoisingStage) by
 its ``DENOISE_FACTOR`` (1.0 when it has none); --denoise-factor F sets it directly.
+--sglang-server-args: log sglang's startup ``server_args=ServerArgs(...)`` line (compile on), as
+sglang does; the records stay sglang's (no ``perfkit`` block: no compile counts).
 --pid-file: every process of the engine (itself, its children) appends "pid create_time" there,
 so a test can check by pid and start time, not by name, that none survives.
 """
@@ -187,6 +189,7 @@ def main() -> None:
     ap.add_argument("--stderr-line-bytes", type=int, default=0)
     ap.add_argument("--denoise-factor", type=float, default=1.0)
     ap.add_argument("--denoise-factor-from", default=None, metavar="MODULE")
+    ap.add_argument("--sglang-server-args", action="store_true")
     a = ap.parse_args()
     if a.denoise_factor_from:
         import importlib
@@ -209,6 +212,12 @@ def main() -> None:
 
         signal.signal(signal.SIGTERM, drain)
     print(f"fake engine pid {os.getpid()} mode {a.mode}", flush=True)
+    if a.sglang_server_args:  # sglang's startup line: its effective config, compile on
+        print(
+            "[2026-01-01 00:00:00] server_args=ServerArgs(model_path='fake/ltx', enable_torch_compile=True, "
+            "attention_backend='fa3', dtype='bfloat16', dit_cpu_offload=False)",
+            flush=True,
+        )
     sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
     kids = []
     if a.child or a.fault == "fork":

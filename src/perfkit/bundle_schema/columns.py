@@ -111,9 +111,24 @@ TABLES: dict[str, Table] = {
                 _c("steps", "Int64", "count", "denoising steps requested"),
                 _c("client_ms", "float64", "ms", "latency seen by the client (submit to result)"),
                 _c("e2e_ms", "float64", "ms", "server end-to-end time (record total_duration_ms)"),
-                _c("compiles", "Int64", "count", "torch.compile compilations during the request"),
-                _c("compile_ms", "float64", "ms", "time spent compiling during the request"),
-                _c("recompile_reasons", "string", "text", "recompilation reasons, '; '-joined"),
+                _c(
+                    "compiles",
+                    "Int64",
+                    "count",
+                    "torch.compile compilations during the request (NA: not reported, as in sglang's records)",
+                ),
+                _c(
+                    "compile_ms",
+                    "float64",
+                    "ms",
+                    "time spent compiling during the request (NaN: not reported)",
+                ),
+                _c(
+                    "recompile_reasons",
+                    "string",
+                    "text",
+                    "recompilation reasons, '; '-joined (NA: not reported)",
+                ),
                 _c(
                     "compile_phases",
                     "string",
@@ -121,7 +136,12 @@ TABLES: dict[str, Table] = {
                     "torch's compile timers inside the request: JSON of dynamo_timed name -> ms "
                     "(names nest); null when nothing compiled or the engine does not report them",
                 ),
-                _c("recompile_limit_hit", "boolean", "bool", "torch.compile's recompile limit was hit"),
+                _c(
+                    "recompile_limit_hit",
+                    "boolean",
+                    "bool",
+                    "torch.compile's recompile limit was hit (NA: not reported)",
+                ),
                 _c(
                     "recompile_limit_stage",
                     "string",
@@ -131,8 +151,18 @@ TABLES: dict[str, Table] = {
                 _c("peak_allocated_mib", "float64", "MiB", "device peak allocated during the request"),
                 _c("peak_reserved_mib", "float64", "MiB", "device peak reserved during the request"),
                 _c("reserved_mib", "float64", "MiB", "device reserved at the request's runtime peak"),
-                _c("host_rss_mib", "float64", "MiB", "host RSS of the engine after the request"),
-                _c("host_anon_mib", "float64", "MiB", "host anonymous RSS of the engine after the request"),
+                _c(
+                    "host_rss_mib",
+                    "float64",
+                    "MiB",
+                    "host RSS of the engine after the request (NaN: not reported)",
+                ),
+                _c(
+                    "host_anon_mib",
+                    "float64",
+                    "MiB",
+                    "host anonymous RSS of the engine after the request (NaN: not reported)",
+                ),
                 _c("placement", "string", "text", "where the weights lived (device, group_offload, ...)"),
                 _c("t_start_s", "float64", "s", "request start, epoch seconds"),
                 _c("t_end_s", "float64", "s", "request end, epoch seconds"),

@@ -8,7 +8,9 @@ Two rules, on every bundle's ``launches`` and ``requests`` tables:
   row here (the report says "not reported"); a launch that did not ask for compile gets none.
 - ``recompile_limit[<launch>]``: any request (the startup warmup included) that hit torch's
   recompile limit fails, naming the request, the stage and torch's reason: after the limit torch
-  runs the frame eagerly without an error, a slowdown a baseline would silently absorb.
+  runs the frame eagerly without an error, a slowdown a baseline would silently absorb. A launch
+  whose engine reports no recompile-limit flag (sglang's records carry none) gets a ``skipped``
+  row, never a pass; requests without the flag (no record) are named in a pass's reason.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Mapping
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, table_rows
 from perfkit.checks import Check
+from perfkit.reported import is_reported
 
 __all__ = ["engine_checks"]
 
@@ -73,11 +76,27 @@ def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, 
             if not active:
                 continue
             mine = requests[requests["launch"] == label] if not requests.empty else requests
-            hit = mine[mine["recompile_limit_hit"].fillna(False).astype(bool)] if not mine.empty else mine
+            flags = list(mine["recompile_limit_hit"]) if "recompile_limit_hit" in mine.columns else []
+            hit = mine[[is_reported(f) and bool(f) for f in flags]] if flags else mine.iloc[:0]
             metric = f"recompile_limit[{label}]"
             if hit.empty:
+                told = sum(is_reported(f) for f in flags)
+                if not told:  # the engine reports no flag (sglang): not measured, never a pass
+                    why = "not measured: the engine reported no recompile-limit flag for any request"
+                    rows.append(Check(scenario, metric, 0.0, None, 0.0, "skipped", why))
+                    continue
+                unknown = len(flags) - told
                 rows.append(
-                    Check(scenario, metric, 0.0, 0.0, 0.0, "pass", "no request hit the recompile limit")
+                    Check(
+                        scenario,
+                        metric,
+                        0.0,
+                        0.0,
+                        0.0,
+                        "pass",
+                        "no request hit the recompile limit"
+                        + (f" ({unknown} of {len(flags)} requests did not report it)" if unknown else ""),
+                    )
                 )
                 continue
             first = table_rows(hit.iloc[:1])[0]

@@ -26,6 +26,7 @@ from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S, EngineSpec
 from perfkit.measuring.progress import launching, track_requests
 from perfkit.readings.engine_config import effective_config
 from perfkit.readings.records import PerfRecord, parse_lines, read_perf_log
+from perfkit.reported import reported_count, reported_flag
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,11 @@ def _snap(rec: PerfRecord | None, checkpoint: str, key: str) -> float:
     return NAN if v is None else v
 
 
+def _num(v: Any) -> float:
+    """A record's ms or MiB value as written (0 stays 0), NaN when absent or null: not reported."""
+    return NAN if v is None else float(v)
+
+
 def _epoch(v: Any) -> float:
     """An epoch-seconds value of a record as written, NaN when absent or null (not reported);
     anything but a finite number >= 0 is refused naming what it was."""
@@ -101,7 +107,10 @@ def record_rows(
 
     ``index`` is the request's place in its launch (0 cold, >= 1 warm, ``WARMUP_INDEX`` for the
     startup warmup). Columns as declared in :mod:`perfkit.bundle_schema` (ms, s, MiB): sglang's
-    ``*_mb`` snapshot keys land in ``*_mib`` columns (sglang's mb are MiB).
+    ``*_mb`` snapshot keys land in ``*_mib`` columns (sglang's mb are MiB). What the record
+    does not report is NA (None / NaN), never a default: sglang's records carry no compile
+    counts, compile time, recompile-limit flag or host RSS (only the reference engine's
+    ``perfkit`` block does), so those columns are NA for them (:mod:`perfkit.reported`).
     """
     pk = rec.perfkit
     spans = {s["name"]: s for s in pk.get("stage_spans") or [] if isinstance(s, dict)}
@@ -123,17 +132,22 @@ def record_rows(
         "steps": pk.get("num_inference_steps"),
         "client_ms": outcome.client_ms if outcome is not None else NAN,
         "e2e_ms": rec.total_duration_ms if rec.total_duration_ms is not None else NAN,
-        "compiles": int(pk.get("compiles") or 0),
-        "compile_ms": float(pk.get("compile_ms") or 0.0),
-        "recompile_reasons": "; ".join(pk.get("recompile_reasons") or []),
+        # compile counts, times and the recompile-limit flag: only the reference engine reports
+        # them (its perfkit block, checked by readings.records); sglang's records carry none, so
+        # they are NA there (not reported), never 0 compiles / 0 ms / limit not hit
+        "compiles": reported_count(pk.get("compiles")),
+        "compile_ms": _num(pk.get("compile_ms")),
+        "recompile_reasons": (
+            "; ".join(pk["recompile_reasons"]) if pk.get("recompile_reasons") is not None else None
+        ),
         "compile_phases": json.dumps(pk["compile_phases_ms"]) if pk.get("compile_phases_ms") else None,
-        "recompile_limit_hit": bool(pk.get("recompile_limit_hit", False)),
+        "recompile_limit_hit": reported_flag(pk.get("recompile_limit_hit")),
         "recompile_limit_stage": pk.get("recompile_limit_stage"),
         "peak_allocated_mib": _snap(rec, "runtime_peak", "peak_allocated_mb"),
         "peak_reserved_mib": _snap(rec, "runtime_peak", "peak_reserved_mb"),
         "reserved_mib": _snap(rec, "runtime_peak", "reserved_mb"),
-        "host_rss_mib": float(pk.get("host_rss_mib", NAN) or NAN),
-        "host_anon_mib": float(pk.get("host_anon_mib", NAN) or NAN),
+        "host_rss_mib": _num(pk.get("host_rss_mib")),
+        "host_anon_mib": _num(pk.get("host_anon_mib")),
         "placement": pk.get("placement"),
         "t_start_s": pk.get("t_start", outcome.t_start if outcome else NAN),
         "t_end_s": pk.get("t_end", outcome.t_end if outcome else NAN),
@@ -185,7 +199,7 @@ def record_rows(
 
 def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRequestSpec) -> dict[str, Any]:
     """A request row for a request without a record (rejected, engine died, timeout); its
-    memory columns (MiB) and server time (ms) are NaN."""
+    memory columns (MiB), server time (ms) and compile columns are NA (not reported)."""
     return {
         "launch": label,
         "request_id": outcome.request_id or f"{label}-{index}",
@@ -201,11 +215,12 @@ def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRe
         "steps": request.num_inference_steps,
         "client_ms": outcome.client_ms,
         "e2e_ms": NAN,
-        "compiles": 0,
-        "compile_ms": 0.0,
-        "recompile_reasons": "",
+        # no record: whether it compiled is not known (NA), not 0
+        "compiles": None,
+        "compile_ms": NAN,
+        "recompile_reasons": None,
         "compile_phases": None,
-        "recompile_limit_hit": False,
+        "recompile_limit_hit": None,
         "recompile_limit_stage": None,
         "peak_allocated_mib": NAN,
         "peak_reserved_mib": NAN,

@@ -24,7 +24,9 @@ the request: ``dynamo_timed`` name -> ms, nested), ``recompile_limit_hit`` (bool
 ``host_rss_mib``, ``host_anon_mib``, ``device``, ``placement``, ``stage_peak_allocated_mb``
 and ``stage_peak_reserved_mb`` (stage -> MiB), ``stage_spans`` (list of {name, t_start,
 t_end}, epoch seconds), ``t_start``/``t_end`` (epoch seconds), ``refinement_steps`` (ms),
-``status`` and ``error``.
+``status`` and ``error``. The numbers perfkit reads from it (compile counts and ms, the
+recompile-limit flag, host RSS) are checked like sglang's (:func:`read_perfkit_block`); an absent
+key is "not reported" (NA in the tables, never 0): sglang's records have no ``perfkit`` block.
 
 Reading rules (no number is ever invented): every timing and memory value is returned as
 written or rejected with :class:`RecordError`, which names the file, the line and the key. A
@@ -183,6 +185,39 @@ def read_step_list(steps: Any, key: str = "steps") -> list[float | None]:
     return out
 
 
+#: the reference engine's per-request numbers (``perfkit`` block): count keys, then ms/MiB keys
+PERFKIT_COUNT_KEYS = ("compiles",)
+PERFKIT_NUMBER_KEYS = ("compile_ms", "host_rss_mib", "host_anon_mib")
+
+
+def read_perfkit_block(pk: dict[str, Any]) -> None:
+    """Check the reference engine's ``perfkit`` block where perfkit reads numbers from it: the
+    counts (:data:`PERFKIT_COUNT_KEYS`: whole numbers >= 0), the ms and MiB values
+    (:data:`PERFKIT_NUMBER_KEYS`), ``recompile_limit_hit`` (a bool) and ``recompile_reasons`` (a
+    list of strings). A key that is absent or null is "not reported" (the requests table holds NA
+    there, never 0 or False: sglang's records have no ``perfkit`` block at all).
+
+    Raises:
+        RecordError: naming ``perfkit.<key>`` for a value that is none of these.
+    """
+    for key in PERFKIT_COUNT_KEYS:
+        v = read_number(pk.get(key), f"perfkit.{key}")
+        if v is not None and v != int(v):
+            raise RecordError(f"perfkit.{key}", f"{pk[key]!r} is not a whole number")
+    for key in PERFKIT_NUMBER_KEYS:
+        read_number(pk.get(key), f"perfkit.{key}")
+    hit = pk.get("recompile_limit_hit")
+    if hit is not None and not isinstance(hit, bool):
+        raise RecordError(
+            "perfkit.recompile_limit_hit", f"{hit!r} ({type(hit).__name__}) is not true or false"
+        )
+    reasons = pk.get("recompile_reasons")
+    if reasons is not None and (
+        not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons)
+    ):
+        raise RecordError("perfkit.recompile_reasons", f"{reasons!r} is not a list of strings")
+
+
 def read_memory_map(obj: Any, key: str) -> dict[str, dict[str, float | None]]:
     """checkpoint -> {allocated_mb, reserved_mb, peak_allocated_mb, peak_reserved_mb, ...} (MiB),
     every value a number or null. Raises :class:`RecordError` naming the key."""
@@ -284,6 +319,8 @@ class PerfRecord:
         pk = obj.get("perfkit")
         if pk is not None and not isinstance(pk, dict):
             raise RecordError("perfkit", f"{pk!r} is not an object")
+        if pk:
+            read_perfkit_block(pk)
         return cls(
             request_id=rid,
             timestamp=read_optional_str(obj, "timestamp"),

@@ -303,7 +303,7 @@ def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any])
         "cfg_compute_ms": list(res.cfg_compute_ms),
         "cfg_gather_ms": list(res.cfg_gather_ms),
         "host_rss_mib": round(rss, 2),
-        "host_anon_mib": round(anon, 2),
+        "host_anon_mib": round(anon, 2) if anon == anon else None,  # null: not read (no RssAnon)
         "t_start": res.t_start,
         "t_end": res.t_end,
     }

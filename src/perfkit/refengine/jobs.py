@@ -131,7 +131,7 @@ def job_record(
         "stage_timing": job.req.timing_mode,
         "ignored_fields": job.ignored_fields,
         "host_rss_mib": round(rss, 2),
-        "host_anon_mib": round(anon, 2),
+        "host_anon_mib": round(anon, 2) if anon == anon else None,  # null: not read (no RssAnon)
         **info,
     }
     if "debug_stage_delay_pct" in info:

@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 
 
 def host_memory_mib() -> tuple[float, float]:
-    """(RSS, anonymous RSS) of this process in MiB (anonymous from /proc/self/status RssAnon)."""
+    """(RSS, anonymous RSS) of this process in MiB (anonymous from /proc/self/status RssAnon; NaN
+    where the kernel has none: records write it as null, "not reported")."""
     rss = psutil.Process().memory_info().rss / MIB
     anon = float("nan")
     try:

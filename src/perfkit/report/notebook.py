@@ -32,6 +32,7 @@ from perfkit.bundle import WARMUP_INDEX
 from perfkit.checks import Check, check_table, overall_status
 from perfkit.common.frames import align_frames, latent_frames
 from perfkit.report.tables import styled
+from perfkit.reported import NOT_REPORTED, is_reported, reported_count
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP
 from perfkit.roles import request_roles as plot_roles
 from perfkit.scenarios import registry
@@ -156,8 +157,8 @@ def request_frame(requests: pd.DataFrame) -> pd.DataFrame:
             "role": df["role"],
             "shape": df["shape"],
             "e2e (ms)": df.get("e2e_ms"),
-            "compiles": df.get("compiles"),
-            "compiling (ms)": df.get("compile_ms"),
+            "compiles": _told(df.get("compiles", [None] * len(df)), count=True),
+            "compiling (ms)": _told(df.get("compile_ms", [None] * len(df))),
             "recompile reason": [_reason(v) for v in df.get("recompile_reasons", [None] * len(df))],
             "status": df.get("status"),
         }
@@ -165,6 +166,14 @@ def request_frame(requests: pd.DataFrame) -> pd.DataFrame:
     if out["recompile reason"].isna().all():
         out = out.drop(columns=["recompile reason"])
     return out.reset_index(drop=True)
+
+
+def _told(values: Iterable[Any], count: bool = False) -> list[Any]:
+    """Each value as reported (an int for a ``count``), "not reported" where the engine gave none
+    (sglang's records carry no compile counts): a table never shows 0 for what was not measured."""
+    return [
+        NOT_REPORTED if not is_reported(v) else (reported_count(v) if count else float(v)) for v in values
+    ]
 
 
 def _reason(v: Any) -> str | None:
@@ -228,8 +237,8 @@ def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = No
                 "penalty (ms)": first - wmed,
                 "penalty stage": stage,
                 "stage penalty (ms)": stage_ms,
-                "compiles": _int(r.get("compiles")),
-                "compiling (ms)": r.get("compile_ms"),
+                "compiles": _told([r.get("compiles")], count=True)[0],
+                "compiling (ms)": _told([r.get("compile_ms")])[0],
                 "recompile reason": _reason(r.get("recompile_reasons")),
             }
         )

@@ -8,7 +8,9 @@ template's ``root_cause`` macro renders (no HTML here):
   disabled, attention backend, dtype, offload, recompile limit, where the config came from,
   time to first result, startup warmup, placement, caps); one the engine did not report reads
   "not reported";
-- **recompilations**: every request that compiled (``compiles`` > 0 in the requests table),
+- **recompilations**: every request that compiled (``compiles`` > 0 in the requests table; where
+  the engine reports no compile counts, as sglang does not, the panel says "not reported",
+  :func:`compile_count_note`),
   labelled by role and shape, with its compile count and time, the stage that paid for it (the
   stage with the largest excess over the warm median of the same shape) and the recompilation
   reasons (``recompile_reasons``), deduplicated, and what its compile time is made of where the
@@ -47,6 +49,7 @@ __all__ = [
     "engine_config",
     "not_reported",
     "recompilations",
+    "compile_count_note",
     "log_findings",
     "budget_clamps",
     "instrumentation_overhead",
@@ -239,6 +242,27 @@ def recompilations(bundle: ResultBundle) -> Table | None:
     return format_table(pd.DataFrame(rows), None, labels=False)
 
 
+def compile_count_note(bundle: ResultBundle) -> str | None:
+    """What the recompilations table cannot say: None when every request row reports its compile
+    count; else which requests do not ("not reported": sglang's records carry no compile counts,
+    a request without a record has none), so that an empty table is never read as "no request
+    compiled"."""
+    req = bundle.requests
+    if req is None or req.empty:
+        return None
+    if "compiles" not in req.columns:
+        return f"Compile counts {NOT_REPORTED}: the bundle has no compile column."
+    missing = int(req["compiles"].isna().sum())
+    if not missing:
+        return None
+    if missing == len(req):
+        return (
+            f"Compile counts {NOT_REPORTED}: the engine's records carry none (sglang's do not), "
+            "so whether a request compiled is not known from them."
+        )
+    return f"Compile counts {NOT_REPORTED} for {missing} of {len(req)} requests (no record, or the engine gave none)."
+
+
 def log_findings(logs: Mapping[str, str], limit: int = 20) -> Table | None:
     """Warnings and errors in engine logs (``name -> text``), deduplicated: one row per message
     (numbers, addresses and timestamps folded), with its count and the logs it came from; the
@@ -381,6 +405,7 @@ def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
     ``run_dir/<name>``), or None when there is no bundle.
 
     Keys: ``config`` (:func:`engine_config`), ``not_reported`` (:func:`not_reported`), ``recompiles`` (:func:`recompilations`),
+    ``compiles_note`` (:func:`compile_count_note`),
     ``logs`` (:func:`log_findings`), ``clamps`` (:func:`budget_clamps`), ``instrumentation``
     and ``instrumentation_from`` (:func:`instrumentation_overhead`), ``commands`` (``{"launch",
     "command"}`` per launch). Never raises on a broken bundle (logged, None).
@@ -402,6 +427,7 @@ def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
             "config": engine_config(launches),
             "not_reported": not_reported(launches),
             "recompiles": recompilations(b),
+            "compiles_note": compile_count_note(b),
             "logs": log_findings(b.logs),
             "clamps": budget_clamps(launches),
             "instrumentation": ov,

@@ -29,6 +29,7 @@ from perfkit.measuring.launch import LaunchData, measure_launch
 from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown, top_sites_text
 from perfkit.measuring.profiled import ProfileParams, attach, run_profiled
 from perfkit.measuring.reuse import PlannedLaunch, launch_key
+from perfkit.reported import NOT_REPORTED, reported_count, reported_sum
 from perfkit.scenarios import cells
 from perfkit.scenarios.common import stage_penalty
 from perfkit.scenarios.parts import code, md
@@ -117,8 +118,9 @@ def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame
                 "cold_warm_ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci([cold], warm)],
                 # the noise margin of "warm <= cold": warm is slower only when this bound is
                 "warm_cold_ratio_lower95": json_float(stats.ratio_lower_bound_single_reference(warm, cold)),
-                "cold_compiles": int(ok.loc[ok["index"] == 0, "compiles"].iloc[0]),
-                "warm_compiles": int(ok.loc[ok["index"] > 0, "compiles"].sum()),
+                # None: the engine reports no compile counts (sglang), never 0
+                "cold_compiles": reported_count(ok.loc[ok["index"] == 0, "compiles"].iloc[0]),
+                "warm_compiles": reported_sum(ok.loc[ok["index"] > 0, "compiles"], count=True),
             }
         )
         first_id = ok.loc[ok["index"] == 0, "request_id"].iloc[0]
@@ -172,6 +174,8 @@ def cold_vs_warm(
         A ResultBundle (scenario ``cold_warm``) whose results hold ``cold_ms``, ``warm_median_ms``,
         ``warm_cold_ratio`` (warm median / cold) and ``cold_warm_ratio`` (cold / warm median)
         with 95 % bootstrap intervals, ``penalty_ms`` per stage, ``penalty_stage``,
+        ``cold_compiles`` / ``warm_compiles`` (the cold request's compiles, the warm requests'
+        sum; None when the engine reports no compile counts, as sglang's records do not),
         ``cold_start`` (s) and ``leak_checks`` (name, value; judged by :func:`checks`).
 
     Raises:
@@ -330,8 +334,15 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
     ]
 
 
+def _count_text(n: Any) -> Any:
+    """A compile count as written, or "not reported" (None: the engine reports none)."""
+    return NOT_REPORTED if n is None else n
+
+
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """metric/value rows: cold start parts, cold and warm ms, ratio and CI, penalty per stage."""
+    """metric/value rows: cold start parts, cold and warm ms, ratio and CI, penalty stage, compile
+    counts of the cold and the warm requests ("not reported" when the engine reports none),
+    penalty per stage."""
     cs = r.get("cold_start") or {}
     ci = r.get("warm_cold_ratio_ci") or [None, None]
     iqr = r.get("warm_iqr_ms") or [None, None]
@@ -349,6 +360,11 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
         ("warm/cold ratio 95% CI", f"{fmt(ci[0], '.3f')}..{fmt(ci[1], '.3f')}"),
         ("first-request penalty stage", r.get("penalty_stage")),
     ]
+    if "cold_compiles" in r:  # bundles written before perfkit recorded them have no key
+        rows += [
+            ("compiles: cold request", _count_text(r.get("cold_compiles"))),
+            ("compiles: warm requests", _count_text(r.get("warm_compiles"))),
+        ]
     for st, ms in (r.get("penalty_ms") or {}).items():
         rows.append((f"penalty {st} (ms)", ms))
     return pd.DataFrame(rows, columns=["metric", "value"])
@@ -387,6 +403,17 @@ def reading(r: Mapping[str, Any]) -> str:
         lines.append(
             f"The **first-request penalty** sits mostly in `{stage}` ({fmt(pen.get(stage), '.0f', ' ms')})."
         )
+    if "cold_compiles" in r:
+        cold_n, warm_n = r.get("cold_compiles"), r.get("warm_compiles")
+        if cold_n is None and warm_n is None:
+            lines.append(
+                "**Compiles**: not reported (the engine's records carry no compile counts), so "
+                "whether the cold request paid a compile is not known from them."
+            )
+        else:
+            lines.append(
+                f"**Compiles**: cold request {_count_text(cold_n)}, warm requests {_count_text(warm_n)}."
+            )
     if ratio is not None and ratio > 1.0:
         lines.append(
             "Warm requests are *slower* than the cold one: look for state that "

@@ -15,6 +15,7 @@ from perfkit.common.frames import latent_frames
 from perfkit.common.numfmt import json_float
 from perfkit.measuring.launch import LaunchData
 from perfkit.readings.records import parse_lines
+from perfkit.reported import is_reported, reported_any, reported_count, reported_sum
 from perfkit.scenarios.common import stage_penalty
 
 
@@ -68,11 +69,16 @@ def coverage_entry(
             "penalty_ms": first - wmed,
             "ratio": first / wmed,
             "ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci([first], warm)],
-            "compiles": int(ok["compiles"].sum()),
-            "compile_ms": float(ok["compile_ms"].sum()),
-            "first_compiles": int(ok["compiles"].iloc[0]),
-            "recompile_reasons": [r for r in ok["recompile_reasons"] if r],
-            "recompile_limit_hit": bool(ok["recompile_limit_hit"].any()),
+            # None where the engine reports no compile counts (sglang), never 0 / False
+            "compiles": reported_sum(ok["compiles"], count=True),
+            "compile_ms": reported_sum(ok["compile_ms"]),
+            "first_compiles": reported_count(ok["compiles"].iloc[0]),
+            "recompile_reasons": (
+                [r for r in ok["recompile_reasons"] if is_reported(r) and r]
+                if any(is_reported(r) for r in ok["recompile_reasons"])
+                else None
+            ),
+            "recompile_limit_hit": reported_any(ok["recompile_limit_hit"]),
             "penalty_stage": max(finite, key=finite.get) if finite else None,
             "penalty_by_stage_ms": {k: json_float(v) for k, v in pen.items()},
             "warm_ms": [json_float(v) for v in warm],
@@ -132,7 +138,9 @@ def rank_facts(record_lines: list[str], request_ids: list[str]) -> list[dict[str
                     if all(_count(w.get("compiles")) is not None for w in warm)
                     else None
                 ),
-                "first_recompile_reasons": list(first.get("recompile_reasons") or []),
+                "first_recompile_reasons": (
+                    list(first["recompile_reasons"]) if first.get("recompile_reasons") is not None else None
+                ),
                 "penalty_by_stage_ms": {n: json_float(v) for n, v in pen.items()},
                 "penalty_stage": max(pen, key=pen.get) if pen else None,
                 "warm_step_median_ms": med("steps"),
@@ -141,7 +149,10 @@ def rank_facts(record_lines: list[str], request_ids: list[str]) -> list[dict[str
                 "warm_gather_median_ms": med("cfg_gather_ms"),
                 # this rank's own device peak over the shape's requests (MiB; sglang's mb are MiB)
                 "peak_reserved_mib": json_float(
-                    max((float(r.get("peak_reserved_mb") or "nan") for r in [first, *warm]), default=None)
+                    max(
+                        (v for v in (_num(r.get("peak_reserved_mb")) for r in [first, *warm]) if v == v),
+                        default=None,
+                    )
                 ),
             }
         )
@@ -150,6 +161,11 @@ def rank_facts(record_lines: list[str], request_ids: list[str]) -> list[dict[str
 
 def _count(v: Any) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+
+def _num(v: Any) -> float:
+    """A rank report's MiB value as written (0 stays 0); NaN when absent or not a number."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
 def warm_across_warmups(coverage: list[dict[str, Any]]) -> list[dict[str, Any]]:

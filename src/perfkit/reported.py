@@ -1,0 +1,100 @@
+"""Values an engine may not report: NA is "not reported", never 0 or False.
+
+sglang's records carry no compile counts, compile times, recompile-limit flag or host RSS; only
+perfkit's reference engine writes them (its ``perfkit`` block, :mod:`perfkit.readings.records`).
+The requests table holds NA there (nullable ``Int64`` / ``float64`` / ``boolean`` columns), and
+every consumer reads it through these helpers: a sum or an "any" over requests is known only when
+every request reported its value (else None: "not reported"), and a check that needs it is
+skipped with :data:`NOT_REPORTED_REASON`, never passed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import pandas as pd
+
+__all__ = [
+    "NOT_REPORTED",
+    "NOT_REPORTED_REASON",
+    "is_reported",
+    "reported_count",
+    "reported_float",
+    "reported_flag",
+    "reported_sum",
+    "reported_any",
+    "all_reported",
+]
+
+#: what a table cell or a sentence says for a value the engine did not report
+NOT_REPORTED = "not reported"
+#: the reason of a check skipped because the engine reports no compile counts
+NOT_REPORTED_REASON = "not measured: the engine reported no compile counts (sglang's records carry none)"
+
+
+def is_reported(v: Any) -> bool:
+    """False for None, NaN, ``pd.NA`` and ``NaT`` (not reported); True for any other value, 0 and
+    False included."""
+    if v is None or v is pd.NA or v is pd.NaT:
+        return False
+    if isinstance(v, float) and math.isnan(v):
+        return False
+    try:
+        return not bool(pd.isna(v)) if pd.api.types.is_scalar(v) else True
+    except (TypeError, ValueError):
+        return True
+
+
+def reported_count(v: Any) -> int | None:
+    """A count as an int (``numpy.int64`` and a whole float included); None when not reported.
+
+    Raises:
+        ValueError: a value that is no whole number >= 0 (text, a fraction, a negative number).
+    """
+    if not is_reported(v):
+        return None
+    if isinstance(v, bool):
+        raise ValueError(f"{v!r} is not a count")
+    f = float(v)
+    if f < 0 or f != int(f):
+        raise ValueError(f"{v!r} is not a count")
+    return int(f)
+
+
+def reported_float(v: Any) -> float | None:
+    """``v`` as a float; None when not reported."""
+    return float(v) if is_reported(v) else None
+
+
+def reported_flag(v: Any) -> bool | None:
+    """``v`` as a bool; None when not reported."""
+    return bool(v) if is_reported(v) else None
+
+
+def all_reported(values: Iterable[Any]) -> bool:
+    """Every value is reported (True for no values)."""
+    return all(is_reported(v) for v in values)
+
+
+def reported_sum(values: Iterable[Any], *, count: bool = False) -> int | float | None:
+    """The sum of ``values`` when every one was reported (and there is at least one), else None:
+    a sum over requests some of which did not report is not known. ``count``: an int sum of
+    counts (:func:`reported_count`)."""
+    vals = list(values)
+    if not vals or not all_reported(vals):
+        return None
+    if count:
+        return sum(reported_count(v) or 0 for v in vals)
+    return float(sum(float(v) for v in vals))
+
+
+def reported_any(values: Iterable[Any]) -> bool | None:
+    """True when some value is true; False when every value was reported and none is; None
+    when none is true and some were not reported (or there are none)."""
+    vals = list(values)
+    if any(is_reported(v) and bool(v) for v in vals):
+        return True
+    if not vals or not all_reported(vals):
+        return None
+    return False
