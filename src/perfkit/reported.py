@@ -20,7 +20,6 @@ __all__ = [
     "NOT_REPORTED_REASON",
     "is_reported",
     "reported_count",
-    "reported_float",
     "reported_flag",
     "reported_sum",
     "reported_any",
@@ -60,11 +59,6 @@ def reported_count(v: Any) -> int | None:
     if f < 0 or f != int(f):
         raise ValueError(f"{v!r} is not a count")
     return int(f)
-
-
-def reported_float(v: Any) -> float | None:
-    """``v`` as a float; None when not reported."""
-    return float(v) if is_reported(v) else None
 
 
 def reported_flag(v: Any) -> bool | None:

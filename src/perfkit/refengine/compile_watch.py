@@ -80,6 +80,8 @@ class CompileWatch:
         self._lock = threading.Lock()
         self._starts: dict[str, float] = {}
         self._current: CompileWindow | None = None
+        #: len of each of torch's compile timers when the window began (None: torch has none)
+        self._phase_marks: dict[str, int] | None = None
         self._seen_reasons: set[tuple[str, str]] = set()
         #: the pipeline stage running now (set by the pipeline around each stage)
         self.stage: str | None = None
@@ -150,7 +152,7 @@ class CompileWatch:
         with self._lock:
             w = self._current or CompileWindow()
             self._current = None
-            metrics, marks = _time_metrics(), getattr(self, "_phase_marks", None)
+            metrics, marks = _time_metrics(), self._phase_marks
             if metrics is not None and marks is not None:
                 w.phases_ms = {
                     k: round(sum(v[marks.get(k, 0) :]) * 1000.0, 3)

@@ -37,6 +37,7 @@ import pandas as pd
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle
 from perfkit.report.tables import MISSING, Table, cell_text, format_table
+from perfkit.reported import NOT_REPORTED, is_reported
 from perfkit.roles import request_roles
 from perfkit.scenarios import registry
 
@@ -55,8 +56,6 @@ __all__ = [
     "instrumentation_overhead",
 ]
 
-#: what a setting the engine did not report reads as
-NOT_REPORTED = "not reported"
 
 #: launches-table column -> row label of the effective config; the first block is always shown
 #: ("not reported" when the bundle lacks the column or it is empty), the second when present
@@ -190,8 +189,8 @@ def compile_phase_text(value: Any) -> str:
     """``compile_phases`` (a JSON object of name -> ms) as "dynamo tracing 0.15 s · AOT + inductor
     6.76 s · kernel compile wait 5.51 s · guards 0.04 s" (:data:`COMPILE_PHASES`; a phase torch
     did not time in the request is left out); "not reported" when the engine reported none."""
-    if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA:
-        return "not reported"
+    if not is_reported(value):
+        return NOT_REPORTED
     try:
         phases = json.loads(value) if isinstance(value, str) else dict(value)
     except (ValueError, TypeError):
