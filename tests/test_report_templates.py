@@ -627,3 +627,6 @@ def test_recompilations_say_what_a_compile_is_made_of(tmp_path):
     ]
     assert rootcause.compile_phase_text("{not json").startswith("unreadable: ")
     assert rootcause.compile_phase_text("{}") == "none of the known phases"
+    # found on review: a JSON string or a text value is unreadable, not a substring match or a crash
+    assert rootcause.compile_phase_text('"bytecode_tracing"').startswith("unreadable: ")
+    assert rootcause.compile_phase_text('{"bytecode_tracing": "fast"}').startswith("unreadable: ")

@@ -193,9 +193,13 @@ def compile_phase_text(value: Any) -> str:
         return NOT_REPORTED
     try:
         phases = json.loads(value) if isinstance(value, str) else dict(value)
+        if not isinstance(phases, dict):
+            raise TypeError("not an object")
+        parts = [
+            f"{label} {float(phases[key]) / 1000:.2f} s" for label, key in COMPILE_PHASES if key in phases
+        ]
     except (ValueError, TypeError):
         return f"unreadable: {str(value)[:60]}"
-    parts = [f"{label} {float(phases[key]) / 1000:.2f} s" for label, key in COMPILE_PHASES if key in phases]
     return " · ".join(parts) if parts else "none of the known phases"
 
 
