@@ -64,6 +64,7 @@ def small_params(path: Path, **changes) -> Path:
         "covered_first_request_max_ratio",
         "latency_drift_max",
         "host_anon_slope_mib_per_request_max",
+        "offload_warm_not_slower",  # warm within 10 % of cold: the VM's two speeds break it
     ):
         doc["invariants"][key] = None
     doc.update(changes)
@@ -445,9 +446,12 @@ def test_a_mistyped_outcome_is_a_named_problem(tmp_path, edit, words):
 
 
 def test_a_shard_stopped_by_sigterm_keeps_what_finished_and_exits_2(runs, tmp_path):
+    # shard 2/2: two units of about 10 s each, so SIGTERM lands while the second runs (shard
+    # 1/2 ends about 1 s after its first unit, its second being a mode the CPU refuses at once:
+    # a SIGTERM during interpreter exit is Python's default, -15, not an interrupted shard)
     out = tmp_path / "k"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "perfkit.cli", "suite", "--params", str(runs["params"]), "--partition", "1/2"]
+        [sys.executable, "-m", "perfkit.cli", "suite", "--params", str(runs["params"]), "--partition", "2/2"]
         + ["--tier", "per-commit", "--out", str(out), "-q"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -468,10 +472,10 @@ def test_a_shard_stopped_by_sigterm_keeps_what_finished_and_exits_2(runs, tmp_pa
     m = json.loads((out / shards.MANIFEST).read_text())
     assert "interrupted" in m["interrupted"] and len(m["outcomes"]) >= 1
     merged = tmp_path / "merged"
-    res = perfkit("merge", str(out), str(runs["s2_dir"]), "--out", str(merged), "-q", "--no-screenshot")
+    res = perfkit("merge", str(runs["s1_dir"]), str(out), "--out", str(merged), "-q", "--no-screenshot")
     assert res.returncode == 2
     summary, _, run = _summary_and_report(merged)
-    assert any("shard 1/2" in p and "was interrupted" in p for p in run["scaleout"]["problems"])
+    assert any("shard 2/2" in p and "was interrupted" in p for p in run["scaleout"]["problems"])
     finished = m["outcomes"][0]["unit_id"]
     row = next(ln for ln in summary.split("### Units of work", 1)[1].splitlines() if f"| {finished} |" in ln)
     assert "| ok |" in row, row
