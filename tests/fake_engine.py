@@ -24,6 +24,8 @@ B hex digits on stderr at startup).
 Slowdown (bisect tests): --denoise-factor-from MODULE imports MODULE (from PYTHONPATH, e.g. a
 checkout of an engine's source) and multiplies the request's time (all of it DenoisingStage) by
 its ``DENOISE_FACTOR`` (1.0 when it has none); --denoise-factor F sets it directly.
+--drop-polls N: the first N status polls (GET /v1/videos/{id}) get no answer: the connection is
+closed (as uvicorn drops a keep-alive connection whose loop was busy past its timeout).
 --sglang-server-args: log sglang's startup ``server_args=ServerArgs(...)`` line (compile on), as
 sglang does; the records stay sglang's (no ``perfkit`` block: no compile counts).
 --pid-file: every process of the engine (itself, its children) appends "pid create_time" there,
@@ -118,6 +120,8 @@ class Jobs:
 
 
 JOBS: Jobs | None = None
+#: status polls still to drop (--drop-polls)
+DROP_POLLS = [0]
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -131,6 +135,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.path == "/health":
             self._send(200, b"ok")
         elif JOBS is not None and self.path.startswith("/v1/videos/"):
+            if DROP_POLLS[0] > 0:  # no answer: the connection is closed under the client
+                DROP_POLLS[0] -= 1
+                self.close_connection = True
+                return
             rid = self.path.rsplit("/", 1)[1]
             st = JOBS.status.get(rid)
             if st is None:
@@ -190,7 +198,9 @@ def main() -> None:
     ap.add_argument("--denoise-factor", type=float, default=1.0)
     ap.add_argument("--denoise-factor-from", default=None, metavar="MODULE")
     ap.add_argument("--sglang-server-args", action="store_true")
+    ap.add_argument("--drop-polls", type=int, default=0)
     a = ap.parse_args()
+    DROP_POLLS[0] = a.drop_polls
     if a.denoise_factor_from:
         import importlib
 

@@ -365,3 +365,20 @@ def test_compare_refuses_a_nan_record_naming_file_and_line(tmp_path):
     code, out = _invoke("compare", "--run", str(log), "--baseline", str(FIXTURE_BASELINE))
     assert code == 2, out
     assert f"{log}:2: key 'total_duration_ms': nan is not a finite number" in out
+
+
+def test_a_dropped_poll_connection_is_retried_and_a_gone_engine_is_still_lost(tmp_path):
+    """A status poll whose connection the engine closes without an answer (uvicorn does so to a
+    keep-alive connection when its loop was busy past the timeout: seen while a CPU engine gzipped
+    a profiler trace) is repeated on a new connection; past POLL_RETRIES in a row it is lost."""
+    from perfkit.engine.client import POLL_RETRIES
+
+    reqs = [VideoRequestSpec(num_frames=9, height=64, width=64, num_inference_steps=2)]
+    ok = measure_launch(
+        _fake("--mode", "serve", "--drop-polls", str(POLL_RETRIES)), reqs, tmp_path / "ok", "L"
+    )
+    assert ok.error is None and [o.status for o in ok.outcomes] == ["completed"]
+    lost = measure_launch(_fake("--mode", "serve", "--drop-polls", "100"), reqs, tmp_path / "lost", "L")
+    (out,) = lost.outcomes
+    assert out.status == "error" and f"({POLL_RETRIES + 1} polls in a row)" in out.error, out.error
+    assert "lost the engine while polling" in out.error

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from perfkit.ab import stats
-from perfkit.ab.metrics import METRIC_UNITS, launch_means, metric_order, metric_values
+from perfkit.ab.metrics import METRIC_UNITS, launch_means, metric_order, metric_values, paired_values
 from perfkit.ab.pool import Pool
 from perfkit.ab.slow import slow_spells
 from perfkit.bundle import IDENTITY_REQUEST, ResultBundle
@@ -200,6 +200,7 @@ def compare(
     confidence: float = stats.DEFAULT_CONFIDENCE,
     failed_launches: int = 0,
     gate: Sequence[str] | None = None,
+    paired: bool = False,
 ) -> AbResult:
     """Compare two sides' :func:`~perfkit.ab.metrics.metric_values` tables.
 
@@ -212,6 +213,10 @@ def compare(
         gate: the metrics whose regression sets the exit code (``perfkit ab --gate-metrics``);
             the others are decided and shown but only reported. None: every metric gates. With
             none of them measured on both sides the exit code is 2 (nothing gated was compared).
+        paired: launch ``A<k>`` ran beside ``B<k>`` (``perfkit ab --paired``): the intervals are
+            paired t intervals over the pairs with a value on both sides
+            (:func:`perfkit.ab.metrics.paired_values`, :func:`perfkit.ab.stats.paired_ratio_interval`);
+            else Welch's over each side's launch medians.
 
     Returns:
         :class:`AbResult` (its ``meta`` empty: the caller adds how it ran).
@@ -244,7 +249,11 @@ def compare(
         thr = float(thresholds.get(metric, threshold))
         ma = lm[(lm["side"] == "A") & (lm["metric"] == metric)]["value"].to_numpy(float)
         mb = lm[(lm["side"] == "B") & (lm["metric"] == metric)]["value"].to_numpy(float)
-        iv = stats.ratio_interval(ma, mb, confidence)
+        if paired:
+            pv = paired_values(values_a, values_b, metric)
+            iv = stats.paired_ratio_interval(pv["a"], pv["b"], confidence)
+        else:
+            iv = stats.ratio_interval(ma, mb, confidence)
         decision = stats.decide(iv, thr)
         sub = both[both["metric"] == metric]
         split = stats.variance_split(sub["value"], sub["side"] + ":" + sub["launch"], sub["side"])
@@ -342,12 +351,14 @@ def compare_bundles(
     confidence: float = stats.DEFAULT_CONFIDENCE,
     gate: Sequence[str] | None = None,
     keep: Mapping[str, Sequence[str]] | None = None,
+    paired: bool | None = None,
 ) -> AbResult:
     """:func:`compare` of two recorded sides (``perfkit ab`` and ``perfkit ab --replay``): the
     meta records each side's launches, failed launches, the threshold(s) used and each side's
     slow spells (:func:`perfkit.ab.slow.slow_spells`: warm requests the host slowed down).
     ``keep``: side -> the launches the intervals use (the sequential procedure's last look,
-    :mod:`perfkit.ab.sequential`); None: every launch."""
+    :mod:`perfkit.ab.sequential`); None: every launch. ``paired``: as :func:`compare` (None: as
+    recorded, the sides' meta ``ab.paired``)."""
     errors = _failed(a) + _failed(b)
     values = {"A": metric_values(a), "B": metric_values(b)}
     used = dict(values)
@@ -361,6 +372,7 @@ def compare_bundles(
         confidence=confidence,
         failed_launches=len(errors),
         gate=gate,
+        paired=bool((a.meta.get("ab") or {}).get("paired")) if paired is None else paired,
     )
     spells = slow_spells(Pool(Path(a.path or "."), values, {}, 0, {}, {"A": a, "B": b}))
     res.meta.update(

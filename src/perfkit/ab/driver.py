@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
+from perfkit.ab.paired import run_pair
 from perfkit.ab.stats import interleaved_order
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
@@ -105,6 +106,7 @@ def run_arms(
     extend: Callable[[dict[str, ResultBundle]], Sequence[str]] | None = None,
     meta: Mapping[str, Any] | None = None,
     profile: ProfileParams | None = None,
+    paired: bool = False,
 ) -> dict[str, ResultBundle]:
     """Run launches of several engine specs ("arms": A, and B, C, … each a variant of it) in one
     balanced interleaved order (:func:`perfkit.ab.stats.interleaved_order`), a bundle per arm
@@ -127,16 +129,27 @@ def run_arms(
     bundle (``traces`` table, ``traces/``). Not a measured launch: not in the order, the
     launch counts or any metric.
 
+    ``paired`` (``perfkit ab --paired``, arms A and B with equal counts): the order is taken two
+    at a time, one A and one B launch run side by side with their requests in turn
+    (:mod:`perfkit.ab.paired`), the first of the two sending the first request; ``extend`` must
+    then return two arms. The meta ``ab`` says ``paired`` and each pair's request order.
+
     Raises:
-        ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec.
+        ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec; paired
+            with arms other than A and B, unequal counts, or an extension that is not a pair.
     """
     if warm < 1:
         raise ValueError(f"warm requests a launch must be >= 1, got {warm}")
     counts = {arm: launches for arm in specs} if isinstance(launches, int) else dict(launches)
     if set(counts) != set(specs):
         raise ValueError(f"launch counts for arms {sorted(counts)} but specs for {sorted(specs)}")
+    if paired and (set(specs) != {"A", "B"} or counts["A"] != counts["B"]):
+        raise ValueError(f"paired launches need arms A and B with equal counts, got {counts}")
     out = Path(out)
     order = interleaved_order(counts)
+    if paired:
+        meta = {**dict(meta or {}), "paired": True}
+        turns: dict[str, list[str]] = {}
     reqs = [request] * (1 + warm)
     data: dict[str, list[LaunchData]] = {arm: [] for arm in specs}
     loads: dict[str, Any] = {}
@@ -145,6 +158,40 @@ def run_arms(
     bar = tqdm(total=len(order), desc="ab launches", unit="launch")
     pos = 0
     while pos < len(order) or (extend is not None and _extended(order, extend, bundles, bar)):
+        if paired:
+            pair = order[pos : pos + 2]
+            if sorted(pair) != ["A", "B"]:
+                raise ValueError(f"paired launches run an A and a B together; the order has {pair} at {pos}")
+            labels = {arm: f"{arm}{len(data[arm]):02d}" for arm in pair}
+            for k, arm in enumerate(pair):
+                loads[labels[arm]] = {"position": pos + k, "loadavg": _loadavg()}
+            watch = Watch.start()
+            got, ran = run_pair(
+                pair[0],
+                pair[1],
+                lambda arm, turn: measure_launch(
+                    specs[arm],
+                    reqs,
+                    out / "launches",
+                    labels[arm],
+                    request_timeout_s=request_timeout_s,
+                    turn=turn,
+                ),
+            )
+            left = watch.reap(grace_s=max(specs[a].stop_grace_s for a in pair))
+            for arm in pair:
+                d = got[arm]
+                if left:
+                    d.launch_row["error"] = d.error = "; ".join(x for x in (d.error, describe(left)) if x)
+                log.info("launch %s (paired): ready %.2f s%s", d.label, d.launch_row.get("ready_s") or math.nan,
+                         f", error: {d.error}" if d.error else "")  # fmt: skip
+                data[arm].append(d)
+            turns["+".join(labels[a] for a in pair)] = [f"{labels[a]}:{i}" for a, i in ran]
+            meta["pair_turns"] = turns
+            bundles = _save_arms(specs, request, counts, warm, out, data, order[: pos + 2], loads, t0, meta)
+            bar.update(2)
+            pos += 2
+            continue
         arm = order[pos]
         label = f"{arm}{len(data[arm]):02d}"
         loads[label] = {"position": pos, "loadavg": _loadavg()}

@@ -23,12 +23,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle
 from perfkit.readings import stages as _stages
 
-__all__ = ["METRIC_UNITS", "LAUNCH_METRICS", "metric_values", "launch_means", "metric_order"]
+__all__ = ["METRIC_UNITS", "LAUNCH_METRICS", "metric_values", "launch_means", "paired_values", "metric_order"]
 
 #: unit of each fixed metric (stage metrics are ms)
 METRIC_UNITS = {
@@ -118,6 +119,40 @@ def launch_means(values: pd.DataFrame) -> pd.DataFrame:
     g = values.groupby(["metric", "launch"], sort=False)
     out = g.agg(unit=("unit", "first"), value=("value", "median"), n=("value", "size")).reset_index()
     return out[["metric", "launch", "unit", "value", "n"]]
+
+
+def paired_values(values_a: pd.DataFrame, values_b: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The pairs of a paired A/B (``perfkit ab --paired``: launch ``A<k>`` ran beside ``B<k>``,
+    their requests in turn) for one metric: a row per pair with a value on both sides.
+
+    Columns ``pair`` (``k``), ``a`` (A's launch median, the metric's unit), ``b``: A's median times
+    the pair's ratio, where the ratio is the **median over the warm requests of B's request over
+    A's request of the same place** (run one after the other, a fraction of a second apart: the
+    host's state, which changes within a launch on a shared VM, cancels request by request); a
+    launch-level metric (one value a launch: ready, cold e2e, peaks) takes B's value itself. So
+    ``log b − log a`` is the pair's log ratio, what :func:`perfkit.ab.stats.paired_ratio_interval`
+    averages.
+    """
+    rows = []
+    va, vb = values_a[values_a["metric"] == metric], values_b[values_b["metric"] == metric]
+    by_a = {str(x)[1:]: g for x, g in va.groupby("launch")}
+    by_b = {str(x)[1:]: g for x, g in vb.groupby("launch")}
+    for k in sorted(set(by_a) & set(by_b)):
+        ga, gb = by_a[k], by_b[k]
+        a_med = float(ga["value"].median())
+        if metric in LAUNCH_METRICS:
+            rows.append((k, a_med, float(gb["value"].median())))
+            continue
+        both = (
+            ga.set_index("index")["value"]
+            .to_frame("a")
+            .join(gb.set_index("index")["value"].to_frame("b"), how="inner")
+        )
+        if both.empty:
+            continue
+        ratio = float(np.exp(np.median(np.log(both["b"].to_numpy(float) / both["a"].to_numpy(float)))))
+        rows.append((k, a_med, a_med * ratio))
+    return pd.DataFrame(rows, columns=["pair", "a", "b"])
 
 
 def metric_order(names: Any) -> list[str]:

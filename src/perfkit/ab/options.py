@@ -74,10 +74,13 @@ def design_for(
     spending: str | None,
     slow_rule: str | None,
     bundles: dict[str, ResultBundle] | None = None,
+    paired: bool | None = None,
 ) -> sq.Design:
     """The sequential design from the options; a replay's (``bundles``) unset ones from the
     recording (its meta ``ab.sequential``, else one look at its launches a side: the fixed-N A/B
-    it was). Raises :class:`AbInputError` (``-n/--launches, --max-launches``) out of range."""
+    it was). ``paired`` (``--paired``; None: the recording's, else False) makes the slow-spell
+    rule ``keep`` unless one is given. Raises :class:`AbInputError` (``-n/--launches,
+    --max-launches``) out of range; (``--paired``) with ``--slow-rule replace``."""
     rec: dict[str, Any] = {}
     if bundles is not None:
         rec = dict((bundles["A"].meta.get("ab") or {}).get("sequential") or {})
@@ -86,13 +89,21 @@ def design_for(
             rec = {"min_launches": max(2, min(sq.DEFAULT_MIN_LAUNCHES, per)), "max_launches": max(2, per)}
     lo = launches or rec.get("min_launches") or sq.DEFAULT_MIN_LAUNCHES
     hi = max_launches or rec.get("max_launches") or max(sq.DEFAULT_MAX_LAUNCHES, lo)
+    pair = bool(rec.get("paired", False)) if paired is None else bool(paired)
+    if pair and slow_rule == "replace":
+        raise AbInputError(
+            "a paired A/B keeps every launch (a pair shares its host state; replacing one side's "
+            "launch would break the pair): leave --slow-rule out or pass keep",
+            "--paired",
+        )
     try:
         return sq.Design(
             min_launches=int(lo),
             max_launches=int(hi),
             confidence=confidence or float(rec.get("confidence") or stats.DEFAULT_CONFIDENCE),
             spending=spending or rec.get("spending") or "pocock",
-            slow_rule=slow_rule or rec.get("slow_rule") or "replace",
+            slow_rule=slow_rule or ("keep" if pair else rec.get("slow_rule") or "replace"),
+            paired=pair,
         )
     except ValueError as exc:
         raise AbInputError(str(exc), "-n/--launches, --max-launches") from None

@@ -57,6 +57,11 @@ class Design:
         confidence: overall two-sided confidence over all looks and gated metrics (α = 1 − confidence).
         spending: the alpha-spending function (:data:`SPENDINGS`).
         slow_rule: launches in a slow spell: ``replace`` or ``keep`` (:data:`SLOW_RULES`).
+        paired: launch ``i`` of A ran beside launch ``i`` of B, their requests alternating
+            (``perfkit ab --paired``): each look's interval is the paired t interval of the pairs
+            (:func:`perfkit.ab.stats.paired_ratio_interval`) and no launch is replaced (a slow
+            spell is shared by the pair and cancels in it; replacing one side would break it):
+            ``slow_rule`` must be ``keep``.
 
     Raises:
         ValueError: any of the above out of range (the field is named).
@@ -67,6 +72,7 @@ class Design:
     confidence: float = stats.DEFAULT_CONFIDENCE
     spending: str = "pocock"
     slow_rule: str = "replace"
+    paired: bool = False
 
     def __post_init__(self) -> None:
         if self.min_launches < 2:
@@ -83,6 +89,11 @@ class Design:
             raise ValueError(f"spending must be one of {', '.join(SPENDINGS)}, got {self.spending!r}")
         if self.slow_rule not in SLOW_RULES:
             raise ValueError(f"slow_rule must be one of {', '.join(SLOW_RULES)}, got {self.slow_rule!r}")
+        if self.paired and self.slow_rule != "keep":
+            raise ValueError(
+                "slow_rule must be 'keep' when paired: a pair shares its host state, and replacing "
+                f"one side's launch would break the pair (got {self.slow_rule!r})"
+            )
 
     def look_confidence(self, n: int) -> float:
         """The two-sided confidence of the look with ``n`` launches a side:
@@ -105,7 +116,7 @@ class Design:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Design":
         """Inverse of :meth:`to_dict` (``look_confidence`` is recomputed)."""
-        keys = ("min_launches", "max_launches", "confidence", "spending", "slow_rule")
+        keys = ("min_launches", "max_launches", "confidence", "spending", "slow_rule", "paired")
         return cls(**{k: d[k] for k in keys if k in d})
 
 
@@ -201,7 +212,10 @@ def _look(
     xb = np.array([logmed["B"].get(x, none) for x in use["B"]], dtype=float).reshape(n, len(metrics))
     out: dict[str, dict[str, Any]] = {}
     for k, metric in enumerate(metrics):
-        iv = stats.ratio_interval(np.exp(xa[:, k]), np.exp(xb[:, k]), conf)
+        if design.paired:  # kept == run (nothing replaced): launch i of A is the pair of B's
+            iv = stats.paired_ratio_interval(np.exp(xa[:, k]), np.exp(xb[:, k]), conf)
+        else:
+            iv = stats.ratio_interval(np.exp(xa[:, k]), np.exp(xb[:, k]), conf)
         out[metric] = {
             "ratio": iv.ratio,
             "low": iv.low,

@@ -48,6 +48,7 @@ def pool_design(pool: Any, design: Design) -> Design:
         design.confidence,
         design.spending,
         design.slow_rule,
+        design.paired,
     )
 
 

@@ -48,6 +48,7 @@ recorded pool in :mod:`perfkit.ab.replay`; their names are re-exported here.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -95,11 +96,13 @@ __all__ = [
 
 
 def _inputs(
-    values: Mapping[str, pd.DataFrame], metrics: Sequence[str]
+    values: Mapping[str, pd.DataFrame], metrics: Sequence[str], paired: bool = False
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, dict[str, np.ndarray]]]:
     """Per side: label -> log launch medians of ``metrics`` (:func:`perfkit.ab.metrics.launch_means`,
-    the values the decision's intervals use) and label -> warm :data:`SLOW_METRIC` times."""
-    from perfkit.ab.metrics import launch_means
+    the values the decision's intervals use; ``paired``: a pair's B value is A's median times the
+    pair's request-by-request ratio, :func:`perfkit.ab.metrics.paired_values`) and label -> warm
+    :data:`SLOW_METRIC` times."""
+    from perfkit.ab.metrics import launch_means, paired_values
 
     logmed, slow = {}, {}
     for side, v in values.items():
@@ -109,6 +112,15 @@ def _inputs(
         logmed[side] = {str(k): row.to_numpy(float) for k, row in wide.iterrows()}
         x = v[(v["metric"] == SLOW_METRIC) & (v["index"] >= 1)]
         slow[side] = {str(k): g["value"].to_numpy(float) for k, g in x.groupby("launch")}
+    if paired and set(values) == {"A", "B"}:
+        for j, metric in enumerate(metrics):
+            for pr in paired_values(values["A"], values["B"], metric).itertuples():
+                for side, v in (("A", pr.a), ("B", pr.b)):
+                    label = f"{side}{pr.pair}"
+                    if label in logmed[side]:
+                        row = np.array(logmed[side][label], dtype=float)  # a copy: pandas' may be read-only
+                        row[j] = math.log(v) if v > 0 else math.nan
+                        logmed[side][label] = row
     return logmed, slow
 
 
@@ -183,7 +195,7 @@ def decide_sequential(
         raise ValueError(f"undecided must be one of {', '.join(UNDECIDED)}, got {undecided!r}")
     values = {"A": metric_values(a), "B": metric_values(b)}
     metrics = gated_metrics(values, gate)
-    logmed, slow = _inputs(values, metrics)
+    logmed, slow = _inputs(values, metrics, design.paired)
     failed = _failed_labels(a) + _failed_labels(b)
     seq = list(order) if order is not None else _order(a, b)
     w = walk(seq, logmed, slow, metrics, _thresholds(metrics, threshold, thresholds), design, failed)
@@ -195,7 +207,7 @@ def decide_sequential(
     else:
         keep = {s: [x for x in w.run[s] if x not in w.replaced.get(s, [])] for s in ("A", "B")}
         conf = design.look_confidence(design.min_launches)
-    res = compare_bundles(a, b, threshold, thresholds, conf, gate=gate, keep=keep)
+    res = compare_bundles(a, b, threshold, thresholds, conf, gate=gate, keep=keep, paired=design.paired)
     needed = {}
     if w.stop == "maximum":
         t = res.table.set_index("metric")
@@ -241,11 +253,16 @@ def run_sequential(
             return []
         values = {"A": metric_values(bundles["A"]), "B": metric_values(bundles["B"])}
         metrics = gated_metrics(values, gate)
-        logmed, slow = _inputs(values, metrics)
+        logmed, slow = _inputs(values, metrics, design.paired)
         failed = _failed_labels(bundles["A"]) + _failed_labels(bundles["B"])
         thr = _thresholds(metrics, threshold, thresholds)
         w = walk(_order(bundles["A"], bundles["B"]), logmed, slow, metrics, thr, design, failed)
-        return [w.next_arm] if w.stop is None and w.next_arm else []
+        if w.stop is not None or not w.next_arm:
+            return []
+        if design.paired:  # a pair more, its first request side alternating: A B, B A, A B, …
+            k = len(w.run["A"])
+            return ["A", "B"] if k % 2 == 0 else ["B", "A"]
+        return [w.next_arm]
 
     return run_arms(
         {"A": plan.spec_a, "B": plan.spec_b},
@@ -266,4 +283,5 @@ def run_sequential(
             }
         },
         profile=plan.profile,
+        paired=design.paired,
     )

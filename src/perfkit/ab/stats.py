@@ -42,6 +42,7 @@ __all__ = [
     "decide",
     "launches_needed",
     "requests_per_launch",
+    "paired_ratio_interval",
     "threshold_from_aa",
     "interleaved_order",
 ]
@@ -132,6 +133,56 @@ def ratio_interval(
     if se == 0.0:
         return RatioInterval(ratio, ratio, ratio, na, nb, math.inf, 0.0, sa, sb, confidence)
     return RatioInterval(ratio, math.exp(low), math.exp(high), na, nb, df, se, sa, sb, confidence)
+
+
+def paired_ratio_interval(
+    a: Iterable[float], b: Iterable[float], confidence: float = DEFAULT_CONFIDENCE
+) -> RatioInterval:
+    """Paired t interval of the ratio B/A from launch pairs (``perfkit ab --paired``: launch
+    ``i`` of A ran beside launch ``i`` of B, their requests alternating, so both saw the same
+    host state).
+
+    Args:
+        a, b: one value per launch, aligned: ``a[i]`` and ``b[i]`` are one pair (any positive
+            unit: ms, s, MiB). A pair with a non-finite or non-positive value on either side is
+            dropped whole.
+        confidence: two-sided confidence in (0, 1).
+
+    Returns:
+        :class:`RatioInterval` with ``n_a == n_b`` = pairs used: ``ratio`` = exp(mean d) over the
+        pairs' log differences ``d_i = log b_i − log a_i``; [low, high] =
+        ``exp(mean d ± t_{n−1, (1+c)/2} · sd(d)/√n)`` (Student's paired t: the host's state,
+        shared by a pair, cancels in d_i; what varies between pairs is what is left). Fewer than
+        2 pairs: NaN ends.
+
+    Raises:
+        ValueError: confidence outside (0, 1); ``a`` and ``b`` of different lengths.
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    xa = np.asarray(list(a) if not isinstance(a, np.ndarray) else a, dtype=float).ravel()
+    xb = np.asarray(list(b) if not isinstance(b, np.ndarray) else b, dtype=float).ravel()
+    if xa.size != xb.size:
+        raise ValueError(f"paired values need one B per A: {xa.size} A values, {xb.size} B values")
+    ok = np.isfinite(xa) & np.isfinite(xb) & (xa > 0) & (xb > 0)
+    la, lb = np.log(xa[ok]), np.log(xb[ok])
+    n = int(la.size)
+    nan = math.nan
+    if n == 0:
+        return RatioInterval(nan, nan, nan, 0, 0, nan, nan, nan, nan, confidence)
+    d = lb - la
+    ratio = math.exp(float(d.mean()))
+    if n < 2:
+        return RatioInterval(ratio, nan, nan, n, n, nan, nan, nan, nan, confidence)
+    sa, sb = float(la.std(ddof=1)), float(lb.std(ddof=1))
+    se = float(d.std(ddof=1)) / math.sqrt(n)
+    if se == 0.0:
+        return RatioInterval(ratio, ratio, ratio, n, n, math.inf, 0.0, sa, sb, confidence)
+    half = _t_quantile(0.5 + confidence / 2.0, n - 1) * se
+    m = float(d.mean())
+    return RatioInterval(
+        ratio, math.exp(m - half), math.exp(m + half), n, n, float(n - 1), se, sa, sb, confidence
+    )
 
 
 def welch_log_intervals(

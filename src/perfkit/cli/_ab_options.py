@@ -7,15 +7,14 @@ from typing import Any, Callable
 import click
 
 _OPTIONS = [
+    click.option("--a", "a", default=None, metavar="FILE", help="side A: an engine spec YAML or params file"),
+    click.option("--b", "b", default=None, metavar="FILE", help="side B: as --a (A again: A/A)"),
     click.option(
-        "--a", "a", default=None, metavar="FILE", help="side A: an engine spec YAML or a params file"
-    ),
-    click.option(
-        "--b",
-        "b",
+        "--paired",
+        is_flag=True,
         default=None,
-        metavar="FILE",
-        help="side B: an engine spec YAML or a params file (A again: A/A)",
+        help="run each A launch beside a B launch, their requests in turn, and decide on the pairs (paired t):"
+        " for a host whose speed drifts between launches (slow spells are then kept; a replay: as recorded)",
     ),
     click.option(
         "-n",

@@ -67,7 +67,7 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
             raise click.UsageError("give either --replay DIR_A DIR_B or --a/--b, not both")
         bundles = api.load_replay(*kw["replay"])
         out = options.out_dir(kw["out"], f"{stamp}-replay")
-        design = options.design_for(*design_options, bundles)
+        design = options.design_for(*design_options, bundles, paired=kw["paired"])
         gate = (
             gate if gate is not None else api.recorded_gate_metrics(bundles)
         )  # the alpha is split over them
@@ -83,7 +83,7 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         req = options.request_for(req_a, req_b, shape)
         if kw["share_compile_cache"]:
             spec_a, spec_b = (s.replace(share_compile_cache=True) for s in (spec_a, spec_b))
-        design = options.design_for(*design_options)
+        design = options.design_for(*design_options, paired=kw["paired"])
         out = options.out_dir(kw["out"], stamp)
         profile = None
         if kw["profile"]:

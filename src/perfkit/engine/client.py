@@ -20,6 +20,8 @@ from perfkit.readings.records import PerfRecord, RecordError, lookup
 log = logging.getLogger(__name__)
 
 TERMINAL = ("completed", "failed", "error", "cancelled")
+#: polls in a row that may lose their connection before the engine counts as lost (a GET is repeated)
+POLL_RETRIES = 3
 
 
 @dataclass
@@ -168,6 +170,7 @@ class VideoClient:
         body = resp.json()
         rid = str(body.get("id") or body.get("request_id") or "")
         status = body.get("status", "queued")
+        broken = 0  # polls in a row that lost the connection
         while status not in TERMINAL:
             if time.perf_counter() > deadline:
                 return timed_out(rid, resp.status_code, status)
@@ -180,6 +183,22 @@ class VideoClient:
                         rid, resp.status_code, status, f"; the engine did not answer: {type(exc).__name__}"
                     )
                 continue
+            except httpx.TransportError as exc:
+                # a GET is safe to repeat: a connection the server dropped (uvicorn closes a
+                # keep-alive connection whose loop was busy past its timeout, e.g. while the
+                # engine gzips a profiler trace) is retried on a new one; a gone engine fails
+                # POLL_RETRIES times in a row
+                broken += 1
+                if broken <= POLL_RETRIES:
+                    log.info("poll of %s lost its connection (%s), retrying", rid, type(exc).__name__)
+                    continue
+                return outcome(
+                    rid,
+                    "error",
+                    resp.status_code,
+                    f"lost the engine while polling {rid}: {type(exc).__name__}: {exc} "
+                    f"({broken} polls in a row)",
+                )
             except httpx.HTTPError as exc:
                 return outcome(
                     rid,
@@ -187,6 +206,7 @@ class VideoClient:
                     resp.status_code,
                     f"lost the engine while polling {rid}: {type(exc).__name__}: {exc}",
                 )
+            broken = 0
             if r.status_code >= 400:
                 return outcome(rid, "error", r.status_code, _error_text(r))
             body = r.json()

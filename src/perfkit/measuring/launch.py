@@ -9,12 +9,13 @@ times in ms or s, memory in MiB). Startup warmup records are kept with ``index =
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import pandas as pd
 
@@ -243,6 +244,7 @@ def measure_launch(
     request_timeout_s: float | None = None,
     stop_on_failure: bool = False,
     after: Callable[[Any, VideoClient, Any], dict[str, Any]] | None = None,
+    turn: Callable[[int], ContextManager[Any]] | None = None,
 ) -> LaunchData:
     """Launch ``spec`` under ``caps``, send ``requests`` one after the other, tear down.
 
@@ -257,6 +259,10 @@ def measure_launch(
     ``after(handle, client, sampler)`` runs in the same session once the requests are done (the
     sampler still running); its dict lands in :attr:`LaunchData.extra`. Its requests are not
     part of the measured rows.
+
+    ``turn(i)``: a context manager entered around request ``i`` (0 = the cold request): it may
+    wait, so that two launches run side by side take turns request by request
+    (``perfkit ab --paired``, :mod:`perfkit.ab.paired`).
     """
     data = LaunchData(label=label)
     timeout_s = float(request_timeout_s or spec.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
@@ -272,7 +278,8 @@ def measure_launch(
             try:
                 with VideoClient(h.base_url, h.perf_log_dir, timeout_s=timeout_s) as client:
                     for i, req in enumerate(track_requests(requests, label)):
-                        out = client.generate(req)
+                        with turn(i) if turn is not None else contextlib.nullcontext():
+                            out = client.generate(req)
                         data.outcomes.append(out)
                         if not out.ok:
                             log.warning("%s request %d: %s (%s)", label, i, out.status, out.error)

@@ -149,6 +149,7 @@ def ab_context(res: AbResult, page_dir: str | Path = ".") -> dict[str, Any]:
     return {
         "verdict": _badge(res),
         "confidence": res.confidence,
+        "paired": bool(ab.get("paired")),
         "order": " ".join(ab.get("order") or []) or "(replayed: order not recorded)",
         "launches_per_side": _launches_text(ab),
         "warm_per_launch": ab.get("warm_per_launch", "?"),
@@ -292,6 +293,13 @@ def _conf_text(res: AbResult) -> str:
     return f"{float(overall) * 100:.0f} % over all looks (the last look's {res.confidence:.2%})"
 
 
+def _interval_text(ab: dict) -> str:
+    """What the intervals are: Welch's on launch medians, or (``--paired``) paired t on pairs."""
+    if ab.get("paired"):
+        return "paired t intervals on launch pairs (each A launch beside a B launch, requests in turn)"
+    return "Welch t intervals on launch medians"
+
+
 def ab_summary_markdown(res: AbResult) -> str:
     """``summary.md`` of an A/B (GitHub Markdown, for ``$GITHUB_STEP_SUMMARY``): the verdict,
     how it ran, the verdict table."""
@@ -300,7 +308,7 @@ def ab_summary_markdown(res: AbResult) -> str:
     lines = [f"## perfkit ab: {word} (exit code {res.exit_code})", ""]
     how = (
         f"{_launches_text(ab)}, {ab.get('warm_per_launch', '?')} warm "
-        f"request{'' if ab.get('warm_per_launch') == 1 else 's'} a launch, {_conf_text(res)} Welch t intervals on launch medians, default threshold "
+        f"request{'' if ab.get('warm_per_launch') == 1 else 's'} a launch, {_conf_text(res)} {_interval_text(ab)}, default threshold "
         f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %"
     )
     if res.meta.get("thresholds_from"):
