@@ -53,7 +53,11 @@ def load_trace(path: str | Path) -> dict[str, Any]:
     """The trace's JSON object (``traceEvents`` and torch's metadata).
 
     Raises:
-        TraceError: missing file, not gzip/JSON, or no ``traceEvents`` list (names the file).
+        TraceError: missing file, not gzip/JSON, no ``traceEvents`` list, or a complete event
+            (``"ph": "X"`` with a ``dur``: the ones :func:`op_events` and
+            :func:`overhead_table` read) whose ``ts`` is not a finite number or whose ``dur`` is
+            not a finite number >= 0 (names the file, the event's index and name, and the key;
+            never read as 0 or as a negative time).
     """
     p = Path(path)
     try:
@@ -65,6 +69,16 @@ def load_trace(path: str | Path) -> dict[str, Any]:
         raise TraceError(f"{p}: not a readable Chrome trace: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise TraceError(f"{p}: no traceEvents list (not a torch.profiler Chrome trace)")
+    for i, e in enumerate(doc["traceEvents"]):
+        if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e:
+            for key in ("ts", "dur"):
+                v = e.get(key)
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                if not ok or (key == "dur" and v < 0):
+                    what = "a finite number >= 0" if key == "dur" else "a finite number"
+                    raise TraceError(
+                        f"{p}: traceEvents[{i}] ({str(e.get('name', ''))[:80]!r}): {key} {v!r} is not {what}"
+                    )
     return doc
 
 
