@@ -109,18 +109,53 @@ def test_an_event_time_that_is_not_a_number_is_refused_naming_file_event_and_key
     assert str(p) in str(exc.value) and f"traceEvents[1] ('k'): {key} {value!r} is not" in str(exc.value)
 
 
+def _edit_side_b(tmp_path: Path, edit, roles: tuple[str, ...]) -> list[Path]:
+    """A copy of the profiled A/B's side B under ``tmp_path / "b"`` with ``edit`` applied to the
+    trace documents of ``roles``; their paths."""
+    shutil.copytree(AB_PROFILED / "b", tmp_path / "b")
+    t = pd.read_parquet(tmp_path / "b/traces.parquet").set_index("role")
+    paths = [tmp_path / "b" / t.loc[r, "file"] for r in roles]
+    for path in paths:
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        edit(doc)
+        path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return paths
+
+
+def _negative_kernel(doc: dict) -> None:
+    next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")["dur"] = -5_000_000
+
+
+def _no_kernels(doc: dict) -> None:
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "kernel"]
+
+
+def test_kernels_on_one_side_only_say_why_there_is_no_kernel_diff(tmp_path):
+    """Found probing: side B's warm traces without device kernels (the profiler recorded no
+    CUDA activity) dropped the kernel diff without a word; the page now says which side lacks
+    them."""
+    from perfkit.report.sections import template_env
+
+    _edit_side_b(tmp_path, _no_kernels, ("profiled warm", "profiled warm 2"))
+    p = ab_panel(AB_PROFILED / "a", tmp_path / "b", tmp_path)
+    assert p["kernel_diff"] is None and p["diff"] is not None and p["errors"] == []
+    assert p["kernel_note"] == (
+        "No device-kernel diff: not every trace of side B's profiled warm traces has device kernels "
+        "(a CPU run, or the profiler recorded no CUDA activity), while those of side A's profiled "
+        "warm traces do; the op diff above compares CPU-side time only."
+    )
+    page = template_env().from_string('{% import "_macros.html.j2" as m %}{{ m.below_stage(bs) }}')
+    html = page.render(bs=p)
+    assert "No device-kernel diff: not every trace of side B&#39;s" in html
+    assert "Kernels whose device time changed most" not in html
+
+
 def test_a_bad_warm_trace_is_named_and_the_others_still_make_the_kernel_diff(tmp_path):
     """One of side B's two profiled warm traces holds a kernel with a negative duration: the
     panel names that file, event and key, and the kernel diff comes from the traces that read
     (the injected spin kernel first), with no invented change."""
-    for side in "ab":
-        shutil.copytree(AB_PROFILED / side, tmp_path / side)
-    t = pd.read_parquet(tmp_path / "b/traces.parquet").set_index("role")
-    bad = tmp_path / "b" / t.loc["profiled warm 2", "file"]
-    doc = json.loads(gzip.decompress(bad.read_bytes()))
-    next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")["dur"] = -5_000_000
-    bad.write_bytes(gzip.compress(json.dumps(doc).encode()))
-    p = ab_panel(tmp_path / "a", tmp_path / "b", tmp_path)
+    (bad,) = _edit_side_b(tmp_path, _negative_kernel, ("profiled warm 2",))
+    p = ab_panel(AB_PROFILED / "a", tmp_path / "b", tmp_path)
     (err,) = p["errors"]
     assert (
         err.startswith(f"side B: {bad}: traceEvents[") and "dur -5000000 is not a finite number >= 0" in err
