@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -107,6 +108,19 @@ def test_an_event_time_that_is_not_a_number_is_refused_naming_file_event_and_key
     with pytest.raises(TraceError) as exc:
         load_trace(p)
     assert str(p) in str(exc.value) and f"traceEvents[1] ('k'): {key} {value!r} is not" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [("x", "args 'x' is not an object"), ({"correlation": [5]}, "args.correlation [5] is not an id")],
+)
+def test_an_event_args_that_is_not_an_object_is_refused_naming_it(tmp_path, args, words):
+    """Found probing: ``args`` as a string raised AttributeError out of op_events, and a list
+    correlation id TypeError (unhashable)."""
+    p = tmp_path / "t.trace.json"
+    p.write_text(json.dumps(_event_doc(args=args)))
+    with pytest.raises(TraceError, match=re.escape(f"{p}: traceEvents[1] ('k'): {words}")):
+        load_trace(p)
 
 
 def _edit_side_b(tmp_path: Path, edit, roles: tuple[str, ...]) -> list[Path]:
