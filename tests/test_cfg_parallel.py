@@ -138,11 +138,23 @@ def test_max_snapshots_takes_the_max_of_each_field_across_ranks():
 
 
 @pytest.mark.parametrize(
-    "argv", [["--num-gpus", "0"], ["--num-gpus", "2", "--rank", "1"], ["--cpu-threads", "0"]]
+    "argv",
+    [
+        ["--num-gpus", "0"],
+        ["--num-gpus", "2", "--rank", "1"],
+        ["--cpu-threads", "0"],
+        # found probing: torch took 10**9 and libgomp died at the first parallel region ("Out of
+        # memory allocating 216000001344 bytes"); 10**30 raised a traceback in torch
+        ["--cpu-threads", str(10**9)],
+        ["--cpu-threads", str(10**30)],
+        ["--cpu-threads", str((os.cpu_count() or 1) + 1)],
+    ],
 )
 def test_bad_parallel_arguments_exit_2(argv, capsys):
     assert engine_main(["--device", "cpu", *argv]) == 2
-    assert "error:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error:" in err and argv[0] in err
+    assert argv[0] != "--cpu-threads" or f"got {argv[1]}" in err  # the value as given
 
 
 def _client(h):

@@ -4,14 +4,19 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import math
+import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from perfkit.readings.records import iter_records
-from perfkit.readings.traces import load_trace, op_diff, op_events
-from perfkit.report.belowstage import panel
+from perfkit.readings.traces import TraceError, load_trace, op_diff, op_events
+from perfkit.report.belowstage import ab_panel, panel
 
 BUNDLE = Path(__file__).resolve().parents[1] / "examples/h200/evidence/traces/warmup_shapes"
 
@@ -67,3 +72,108 @@ def test_consumer_12g_recompile_under_the_cap_and_without():
     warm_nocap = nocap[nocap["num_frames"] == 17].iloc[0]
     assert 0.85 < warm_cap.perfkit["compile_ms"] / warm_nocap["compile_ms"] < 0.95  # 66.4 / 72.8 s
     assert round(first_cap.perfkit["host_rss_mib"]) == 17427 and round(first["host_rss_mib"]) == 2105
+
+
+AB_PROFILED = BUNDLE.parents[1] / "ab-2pct-profiled"
+
+
+def _event_doc(**changes) -> dict:
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "ts": 10.0, "dur": 5.0, "args": {"correlation": 1}}
+    return {
+        "traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 20.0},
+            kernel | changes,
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("dur", None),
+        ("dur", -5.0),
+        ("dur", "5"),
+        ("dur", True),
+        ("dur", math.nan),
+        ("dur", math.inf),
+        ("ts", None),
+    ],
+)
+def test_an_event_time_that_is_not_a_number_is_refused_naming_file_event_and_key(tmp_path, key, value):
+    """Found probing: a null or string ``dur``/``ts`` raised TypeError/ValueError out of
+    op_events (the panel said only ``side B: TypeError(...)`` and lost the side's op diff too),
+    and a negative ``dur`` went into the kernel diff as a -5,000 ms change."""
+    p = tmp_path / "t.trace.json"
+    p.write_text(json.dumps(_event_doc(**{key: value})))
+    with pytest.raises(TraceError) as exc:
+        load_trace(p)
+    assert str(p) in str(exc.value) and f"traceEvents[1] ('k'): {key} {value!r} is not" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [("x", "args 'x' is not an object"), ({"correlation": [5]}, "args.correlation [5] is not an id")],
+)
+def test_an_event_args_that_is_not_an_object_is_refused_naming_it(tmp_path, args, words):
+    """Found probing: ``args`` as a string raised AttributeError out of op_events, and a list
+    correlation id TypeError (unhashable)."""
+    p = tmp_path / "t.trace.json"
+    p.write_text(json.dumps(_event_doc(args=args)))
+    with pytest.raises(TraceError, match=re.escape(f"{p}: traceEvents[1] ('k'): {words}")):
+        load_trace(p)
+
+
+def _edit_side_b(tmp_path: Path, edit, roles: tuple[str, ...]) -> list[Path]:
+    """A copy of the profiled A/B's side B under ``tmp_path / "b"`` with ``edit`` applied to the
+    trace documents of ``roles``; their paths."""
+    shutil.copytree(AB_PROFILED / "b", tmp_path / "b")
+    t = pd.read_parquet(tmp_path / "b/traces.parquet").set_index("role")
+    paths = [tmp_path / "b" / t.loc[r, "file"] for r in roles]
+    for path in paths:
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        edit(doc)
+        path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return paths
+
+
+def _negative_kernel(doc: dict) -> None:
+    next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")["dur"] = -5_000_000
+
+
+def _no_kernels(doc: dict) -> None:
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "kernel"]
+
+
+def test_kernels_on_one_side_only_say_why_there_is_no_kernel_diff(tmp_path):
+    """Found probing: side B's warm traces without device kernels (the profiler recorded no
+    CUDA activity) dropped the kernel diff without a word; the page now says which side lacks
+    them."""
+    from perfkit.report.sections import template_env
+
+    _edit_side_b(tmp_path, _no_kernels, ("profiled warm", "profiled warm 2"))
+    p = ab_panel(AB_PROFILED / "a", tmp_path / "b", tmp_path)
+    assert p["kernel_diff"] is None and p["diff"] is not None and p["errors"] == []
+    assert p["kernel_note"] == (
+        "No device-kernel diff: not every trace of side B's profiled warm traces has device kernels "
+        "(a CPU run, or the profiler recorded no CUDA activity), while those of side A's profiled "
+        "warm traces do; the op diff above compares CPU-side time only."
+    )
+    page = template_env().from_string('{% import "_macros.html.j2" as m %}{{ m.below_stage(bs) }}')
+    html = page.render(bs=p)
+    assert "No device-kernel diff: not every trace of side B&#39;s" in html
+    assert "Kernels whose device time changed most" not in html
+
+
+def test_a_bad_warm_trace_is_named_and_the_others_still_make_the_kernel_diff(tmp_path):
+    """One of side B's two profiled warm traces holds a kernel with a negative duration: the
+    panel names that file, event and key, and the kernel diff comes from the traces that read
+    (the injected spin kernel first), with no invented change."""
+    (bad,) = _edit_side_b(tmp_path, _negative_kernel, ("profiled warm 2",))
+    p = ab_panel(AB_PROFILED / "a", tmp_path / "b", tmp_path)
+    (err,) = p["errors"]
+    assert (
+        err.startswith(f"side B: {bad}: traceEvents[") and "dur -5000000 is not a finite number >= 0" in err
+    )
+    rows = p["kernel_diff"].rows
+    change = [float(r[5].replace(",", "")) for r in rows]
+    assert "spin_kernel" in rows[0][0] and 5.5 < change[0] < 5.7 and max(map(abs, change[1:])) < 0.05, rows

@@ -161,5 +161,37 @@ def test_bad_reference_value_is_refused_naming_file_line_and_key(key, value):
     assert "perf/performance.log" in str(exc.value) and f"perfkit.{key}" in str(exc.value)
 
 
+@pytest.mark.parametrize(
+    "value, key",
+    [
+        ([1500.0], "perfkit.compile_phases_ms"),
+        ("bytecode_tracing", "perfkit.compile_phases_ms"),
+        (0, "perfkit.compile_phases_ms"),
+        ({"bytecode_tracing": "1500"}, "perfkit.compile_phases_ms.bytecode_tracing"),
+        ({"bytecode_tracing": -1500.0}, "perfkit.compile_phases_ms.bytecode_tracing"),
+        ({"bytecode_tracing": float("nan")}, "perfkit.compile_phases_ms.bytecode_tracing"),
+        ({"bytecode_tracing": float("inf")}, "perfkit.compile_phases_ms.bytecode_tracing"),
+        ({"bytecode_tracing": True}, "perfkit.compile_phases_ms.bytecode_tracing"),
+        ({"bytecode_tracing": None}, "perfkit.compile_phases_ms.bytecode_tracing"),
+    ],
+)
+def test_bad_compile_phase_times_are_refused_naming_the_phase(value, key):
+    """Found probing: compile_phases_ms went into the requests table unchecked, so the
+    recompilations table read "1500" as 1.50 s, true as 0.00 s, and showed -1.50 s, nan s, inf s."""
+    line = json.dumps(_ref_record(compiles=1, compile_ms=2000.0, compile_phases_ms=value)) + "\n"
+    with pytest.raises(RecordError) as exc:
+        parse_lines([line], source="perf/performance.log", strict=True)
+    assert exc.value.key == key and exc.value.line == 1 and "perf/performance.log" in str(exc.value)
+
+
+def test_compile_phase_times_read_exactly_a_renamed_phase_kept():
+    phases = {"bytecode_tracing": 1500.0, "async_compile.wait_v2": 0}
+    rec = PerfRecord.from_dict(_ref_record(compiles=1, compile_ms=2000.0, compile_phases_ms=phases))
+    row, _, _ = record_rows("L", rec, 0, None)
+    assert json.loads(row["compile_phases"]) == phases
+    rec = PerfRecord.from_dict(_ref_record(compiles=1, compile_ms=2000.0, compile_phases_ms=None))
+    assert record_rows("L", rec, 0, None)[0]["compile_phases"] is None  # not reported
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))

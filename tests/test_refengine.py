@@ -430,6 +430,29 @@ def test_debug_stage_delay_is_refused_when_malformed(tmp_path):
     assert "expected STAGE=PCT" in out.stderr
 
 
+def test_cpu_threads_past_the_hosts_cpus_exits_2_before_torch():
+    """Found probing: ``--cpu-threads 1000000000`` started the engine and libgomp died at the
+    first parallel region (exit 1, no word of the option); now exit 2 naming it, before torch."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from perfkit.refengine.cli import main; rc = main(sys.argv[1:]); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, "--device", "cpu", "--cpu-threads", "1000000000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    cores = os.cpu_count()
+    assert f"--cpu-threads must be <= this host's {cores} logical CPUs, got 1000000000" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_compile_kwargs_pass_the_recompile_limit_only_where_torch_compile_takes_it():
     from perfkit.refengine.pipeline import compile_kwargs
 

@@ -630,3 +630,9 @@ def test_recompilations_say_what_a_compile_is_made_of(tmp_path):
     # found on review: a JSON string or a text value is unreadable, not a substring match or a crash
     assert rootcause.compile_phase_text('"bytecode_tracing"').startswith("unreadable: ")
     assert rootcause.compile_phase_text('{"bytecode_tracing": "fast"}').startswith("unreadable: ")
+    # found probing: a phase time that is not a number perfkit reads is not shown as a time
+    # (it read "1500" as 1.50 s, true as 0.00 s, and showed -1.50 s, nan s, inf s)
+    for bad in ('"1500"', "true", "-1500", "NaN", "Infinity", "null"):
+        text = rootcause.compile_phase_text(f'{{"bytecode_tracing": {bad}}}')
+        assert text.startswith("unreadable: "), (bad, text)
+    assert rootcause.compile_phase_text('{"bytecode_tracing": 1500}') == "dynamo tracing 1.50 s"

@@ -385,7 +385,8 @@ class ReferenceEngine(_ServingEngine):
         debug_stage_delay_from: apply ``debug_stage_delay`` from this 0-based measured request
             on (0: every request; 1: warm requests only, the cold request is left alone).
         max_frames: refuse requests above this many frames.
-        cpu_threads: torch intra-op threads of the engine (``--cpu-threads``, >= 1; None: torch's
+        cpu_threads: torch intra-op threads of the engine (``--cpu-threads``, >= 1, at most the
+            engine host's logical CPUs: the engine exits 2 above them, at launch; None: torch's
             own, i.e. ``OMP_NUM_THREADS`` or the cores, shared between the ranks when
             ``num_gpus`` > 1). The engine records what it ran as ``perfkit.torch_threads``. On a
             shared 2-core CPU runner use 1: another process on one core stalls every parallel

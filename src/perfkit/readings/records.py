@@ -24,8 +24,8 @@ the request: ``dynamo_timed`` name -> ms, nested), ``recompile_limit_hit`` (bool
 ``host_rss_mib``, ``host_anon_mib``, ``device``, ``placement``, ``stage_peak_allocated_mb``
 and ``stage_peak_reserved_mb`` (stage -> MiB), ``stage_spans`` (list of {name, t_start,
 t_end}, epoch seconds), ``t_start``/``t_end`` (epoch seconds), ``refinement_steps`` (ms),
-``status`` and ``error``. The numbers perfkit reads from it (compile counts and ms, the
-recompile-limit flag, host RSS) are checked like sglang's (:func:`read_perfkit_block`); an absent
+``status`` and ``error``. The numbers perfkit reads from it (compile counts and ms, compile
+phase times, the recompile-limit flag, host RSS) are checked like sglang's (:func:`read_perfkit_block`); an absent
 key is "not reported" (NA in the tables, never 0): sglang's records have no ``perfkit`` block.
 
 Reading rules (no number is ever invented): every timing and memory value is returned as
@@ -193,12 +193,15 @@ PERFKIT_NUMBER_KEYS = ("compile_ms", "host_rss_mib", "host_anon_mib")
 def read_perfkit_block(pk: dict[str, Any]) -> None:
     """Check the reference engine's ``perfkit`` block where perfkit reads numbers from it: the
     counts (:data:`PERFKIT_COUNT_KEYS`: whole numbers >= 0), the ms and MiB values
-    (:data:`PERFKIT_NUMBER_KEYS`), ``recompile_limit_hit`` (a bool) and ``recompile_reasons`` (a
-    list of strings). A key that is absent or null is "not reported" (the requests table holds NA
-    there, never 0 or False: sglang's records have no ``perfkit`` block at all).
+    (:data:`PERFKIT_NUMBER_KEYS`), ``recompile_limit_hit`` (a bool), ``recompile_reasons`` (a
+    list of strings) and ``compile_phases_ms`` (an object of torch timer name -> ms, each a number
+    as :func:`read_number` takes it). A key that is absent or null is "not reported" (the
+    requests table holds NA there, never 0 or False: sglang's records have no ``perfkit`` block at
+    all).
 
     Raises:
-        RecordError: naming ``perfkit.<key>`` for a value that is none of these.
+        RecordError: naming ``perfkit.<key>`` (``perfkit.compile_phases_ms.<name>`` for one
+            phase) for a value that is none of these.
     """
     for key in PERFKIT_COUNT_KEYS:
         v = read_number(pk.get(key), f"perfkit.{key}")
@@ -216,6 +219,13 @@ def read_perfkit_block(pk: dict[str, Any]) -> None:
         not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons)
     ):
         raise RecordError("perfkit.recompile_reasons", f"{reasons!r} is not a list of strings")
+    phases = pk.get("compile_phases_ms")
+    if phases is not None:
+        if not isinstance(phases, dict):
+            raise RecordError("perfkit.compile_phases_ms", f"{phases!r} is not an object of name -> ms")
+        for name, ms in phases.items():
+            # the engine leaves out a phase torch did not time: a null one is not a time either
+            read_number(ms, f"perfkit.compile_phases_ms.{name}", nullable=False)
 
 
 def read_memory_map(obj: Any, key: str) -> dict[str, dict[str, float | None]]:

@@ -53,7 +53,12 @@ def load_trace(path: str | Path) -> dict[str, Any]:
     """The trace's JSON object (``traceEvents`` and torch's metadata).
 
     Raises:
-        TraceError: missing file, not gzip/JSON, or no ``traceEvents`` list (names the file).
+        TraceError: missing file, not gzip/JSON, no ``traceEvents`` list, or a complete event
+            (``"ph": "X"`` with a ``dur``: the ones :func:`op_events` and
+            :func:`overhead_table` read) whose ``ts`` is not a finite number, whose ``dur`` is
+            not a finite number >= 0, or whose ``args`` is not an object with an int or string
+            ``correlation`` (names the file, the event's index and name, and the key; a time is
+            never read as 0 or as a negative time).
     """
     p = Path(path)
     try:
@@ -65,7 +70,27 @@ def load_trace(path: str | Path) -> dict[str, Any]:
         raise TraceError(f"{p}: not a readable Chrome trace: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise TraceError(f"{p}: no traceEvents list (not a torch.profiler Chrome trace)")
+    for i, e in enumerate(doc["traceEvents"]):
+        if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e:
+            _check_event(e, f"{p}: traceEvents[{i}] ({str(e.get('name', ''))[:80]!r})")
     return doc
+
+
+def _check_event(e: dict[str, Any], where: str) -> None:
+    """A complete event's fields that :func:`op_events` and :func:`overhead_table` read: ``ts``
+    a finite number, ``dur`` a finite number >= 0, ``args`` an object (or absent) whose
+    ``correlation`` is an int or a string (or absent). Raises TraceError ``where: key ...``."""
+    for key in ("ts", "dur"):
+        v = e.get(key)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or (key == "dur" and v < 0):
+            raise TraceError(f"{where}: {key} {v!r} is not a finite number{' >= 0' if key == 'dur' else ''}")
+    args = e.get("args")
+    if args is not None and not isinstance(args, dict):
+        raise TraceError(f"{where}: args {args!r} is not an object")
+    corr = (args or {}).get("correlation")
+    if corr is not None and (isinstance(corr, bool) or not isinstance(corr, (int, str))):
+        raise TraceError(f"{where}: args.correlation {corr!r} is not an id (an integer or a string)")
 
 
 def is_stage(name: str) -> bool:

@@ -337,6 +337,12 @@ def _checked(args: argparse.Namespace) -> list[int]:
         raise _Refused("--rank needs 0 <= rank < --num-gpus, --world-size == --num-gpus and --dist-init")
     if args.cpu_threads is not None and args.cpu_threads < 1:
         raise _Refused(f"--cpu-threads must be >= 1, got {args.cpu_threads}")
+    cores = os.cpu_count()
+    if args.cpu_threads is not None and cores is not None and args.cpu_threads > cores:
+        # torch.set_num_threads takes it, then libgomp dies at the first parallel region trying
+        # to allocate the pool (10**9: "Out of memory allocating 216000001344 bytes"), or torch
+        # raises on a number past a C long long: refuse it here, before torch
+        raise _Refused(f"--cpu-threads must be <= this host's {cores} logical CPUs, got {args.cpu_threads}")
     for name in ("warmup_frames", "max_frames", "debug_leak_mib", "debug_stage_delay_from"):
         if getattr(args, name) < 0:
             raise _Refused(f"--{name.replace('_', '-')} must be >= 0")

@@ -167,7 +167,8 @@ def _parallel_options(p: argparse.ArgumentParser) -> None:
         "--cpu-threads",
         type=int,
         default=None,
-        help="torch intra-op threads (torch.set_num_threads) of every rank; default: torch's own "
+        help="torch intra-op threads (torch.set_num_threads) of every rank, 1 to the host's "
+        "logical CPUs (more exits 2); default: torch's own "
         "(OMP_NUM_THREADS, else the cores), or the cores shared between the ranks of a CPU engine "
         "with --num-gpus > 1. Recorded as torch_threads",
     )

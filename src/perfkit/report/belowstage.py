@@ -49,6 +49,8 @@ class BelowStage:
         kernel_diff: the same diff over device kernels (``kernels=True``: each kernel's device
             ms), None when the traces have no kernels (a CPU run). On a GPU the CPU-side op diff
             moves with host noise (launch and dispatch time); the kernels say what the device did.
+        kernel_note: why there is no kernel diff when some of the diffed traces have kernels
+            and others none (:func:`kernel_note`); None otherwise.
         errors: traces that could not be read (file and why).
         events: role -> :func:`~perfkit.readings.traces.op_events` of its trace.
         overhead: role -> :func:`~perfkit.readings.traces.overhead_table` of its trace (CPU-side
@@ -60,6 +62,7 @@ class BelowStage:
     diff: pd.DataFrame | None = None
     diff_from: str | None = None
     kernel_diff: pd.DataFrame | None = None
+    kernel_note: str | None = None
     errors: list[str] = field(default_factory=list)
     events: dict[str, pd.DataFrame] = field(default_factory=dict)
     overhead: dict[str, pd.DataFrame] = field(default_factory=dict)
@@ -122,6 +125,8 @@ def below_stage(
         out.diff_from = first
         if has_kernels([events[first], *warm]):
             out.kernel_diff = tr.op_diff(events[first], warm, kernels=True)
+        else:
+            out.kernel_note = kernel_note({first: [events[first]], DIFF_ROLES[1]: warm})
     return out
 
 
@@ -129,6 +134,21 @@ def has_kernels(events: list[pd.DataFrame]) -> bool:
     """True when every one of ``events`` (:func:`~perfkit.readings.traces.op_events` frames) has
     device kernels: a GPU trace. A CPU trace has none, and gets no kernel diff."""
     return bool(events) and all((e["cat"] == "kernel").any() for e in events)
+
+
+def kernel_note(sides: dict[str, list[pd.DataFrame]]) -> str | None:
+    """Why the kernel diff is missing when some of its sides' traces have device kernels and
+    others none (``sides``: label -> :func:`~perfkit.readings.traces.op_events` frames); None
+    when every trace has kernels (there is a diff) or none has (a CPU run: nothing to say)."""
+    with_k = [k for k, evs in sides.items() if evs and has_kernels(evs)]
+    without = [k for k in sides if k not in with_k]
+    if not with_k or not without:
+        return None
+    return (
+        f"No device-kernel diff: not every trace of {' and '.join(without)} has device kernels (a "
+        f"CPU run, or the profiler recorded no CUDA activity), while those of {' and '.join(with_k)} "
+        "do; the op diff above compares CPU-side time only."
+    )
 
 
 def warm_events(events: dict[str, pd.DataFrame]) -> list[pd.DataFrame]:
@@ -209,7 +229,8 @@ def overhead_tables(bs: BelowStage) -> list[tuple[str, pd.DataFrame]]:
 def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[str, Any] | None:
     """The report's "below the stage" panel of one bundle directory, or None when it profiled
     nothing (or has no bundle). Keys: ``traces`` (:class:`Table`), ``files`` (links),
-    ``diff`` (:class:`Table` or None), ``stage_top`` ([(role, Table)]), ``cpu_and_idle`` ([(role, Table)]: overhead and idle share per stage), ``errors``.
+    ``diff`` (:class:`Table` or None), ``kernel_diff`` (:class:`Table` or None), ``kernel_note``
+    (:attr:`BelowStage.kernel_note`), ``stage_top`` ([(role, Table)]), ``cpu_and_idle`` ([(role, Table)]: overhead and idle share per stage), ``errors``.
     Never raises: an unreadable bundle is logged and gives an ``errors`` entry."""
     d = Path(bundle_dir)
     if not (d / "meta.json").exists():
@@ -241,6 +262,7 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
         "diff": diff,
         "diff_title": diff_title(bs),
         "kernel_diff": format_table(diff_frame(kdiff, first=first_word(bs))) if kdiff is not None else None,
+        "kernel_note": bs.kernel_note,
         "stage_top": [(role, format_table(t)) for role, t in bs.stage_top.items()],
         "cpu_and_idle": [(role, format_table(t)) for role, t in overhead_tables(bs)],
         "timeline": timeline(bs.events[last], last) if last is not None else None,
@@ -300,7 +322,7 @@ def ab_panel(
     tl = pd.concat(lists, ignore_index=True) if lists else pd.DataFrame()
     if not tl.empty:
         tl = tl[["side", *[c for c in tl.columns if c != "side"]]]
-    diff = kernel_diff = None
+    diff = kernel_diff = note = None
     stage_diffs: list[tuple[str, Any]] = []
     if "A" in events and "B" in events:
         diff = format_table(_ab_diff_frame(tr.op_diff(events["A"], events["B"]).head(8)))
@@ -308,6 +330,8 @@ def ab_panel(
             kernel_diff = format_table(
                 _ab_diff_frame(tr.op_diff(events["A"], events["B"], kernels=True).head(8))
             )
+        else:
+            note = kernel_note({f"side {k}'s profiled warm traces": events[k] for k in "AB"})
         # per stage: a stage-level verdict (DenoisingStage +2 %) comes with the ops of that stage,
         # not drowned by another stage's launch-to-launch noise
         stages = [
@@ -334,6 +358,7 @@ def ab_panel(
         "diff": diff,
         "diff_title": "side A's profiled warm requests → side B's (each op's median over them)",
         "kernel_diff": kernel_diff,
+        "kernel_note": note,
         "stage_diffs": stage_diffs,
         "stage_top": stage_top,
         "cpu_and_idle": [

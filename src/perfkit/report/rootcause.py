@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle
+from perfkit.readings.records import read_number
 from perfkit.report.tables import MISSING, Table, cell_text, format_table
 from perfkit.reported import NOT_REPORTED, is_reported
 from perfkit.roles import request_roles
@@ -188,7 +189,10 @@ COMPILE_PHASES = (
 def compile_phase_text(value: Any) -> str:
     """``compile_phases`` (a JSON object of name -> ms) as "dynamo tracing 0.15 s · AOT + inductor
     6.76 s · kernel compile wait 5.51 s · guards 0.04 s" (:data:`COMPILE_PHASES`; a phase torch
-    did not time in the request is left out); "not reported" when the engine reported none."""
+    did not time in the request is left out); "not reported" when the engine reported none;
+    "unreadable: ..." for a value that is not such an object, or a phase time that is not a
+    number as :func:`perfkit.readings.records.read_number` takes it (a string, a bool, NaN, an
+    infinity, a negative number: never shown as a time)."""
     if not is_reported(value):
         return NOT_REPORTED
     try:
@@ -196,9 +200,11 @@ def compile_phase_text(value: Any) -> str:
         if not isinstance(phases, dict):
             raise TypeError("not an object")
         parts = [
-            f"{label} {float(phases[key]) / 1000:.2f} s" for label, key in COMPILE_PHASES if key in phases
+            f"{label} {read_number(phases[key], key, nullable=False) / 1000:.2f} s"
+            for label, key in COMPILE_PHASES
+            if key in phases
         ]
-    except (ValueError, TypeError):
+    except (ValueError, TypeError):  # RecordError is a ValueError
         return f"unreadable: {str(value)[:60]}"
     return " · ".join(parts) if parts else "none of the known phases"
 
