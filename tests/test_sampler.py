@@ -334,3 +334,16 @@ def test_pynvml_source_reads_what_the_driver_gives_and_nan_for_the_rest(caplog):
     assert math.isnan(d.sm_clock_mhz)
     said = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
     assert len(said) == 1 and "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)" in said[0]
+
+
+def test_the_timeline_starts_before_start_returns():
+    """A request sent right after start() lies inside the timeline: start() returns once the
+    first sample was taken (CI once saw the first sample 1 ms after the first request began)."""
+    s = MemorySampler(os.getpid(), interval_s=5.0)  # the second sample would come 5 s later
+    t = time.time()
+    s.start()
+    try:
+        first = s.to_frame()["t"].min()
+        assert len(s.samples) == 1 and first <= time.time() and first >= t
+    finally:
+        s.stop()

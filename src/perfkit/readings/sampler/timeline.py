@@ -105,6 +105,7 @@ class MemorySampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._first = threading.Event()  # set once the thread's first sample was taken (or tried)
         self._nvml_ok = False
         self._warned_implausible = False
         self._pss = True
@@ -120,8 +121,10 @@ class MemorySampler:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "MemorySampler":
-        """Open NVML (when there) and start the sampling thread. Raises RuntimeError when
-        already started."""
+        """Open NVML (when there) and start the sampling thread; returns once its first
+        sample was taken (or tried), so that the timeline starts before anything the caller does
+        next (a request sent right after must lie inside it). Raises RuntimeError when already
+        started."""
         if self._thread is not None:
             raise RuntimeError("MemorySampler already started")
         self._nvml_ok = bool(self.nvml.open(self.gpu_indices))
@@ -130,6 +133,7 @@ class MemorySampler:
         self.t_started = time.time()
         self._thread = threading.Thread(target=self._run, name=f"perfkit-sampler-{self.pid}", daemon=True)
         self._thread.start()
+        self._first.wait(timeout=max(2.0, 5 * self.interval_s))
         return self
 
     def stop(self) -> "MemorySampler":
@@ -165,6 +169,8 @@ class MemorySampler:
                 except Exception:  # noqa: BLE001 - a sampler must never take the run down
                     log.exception("memory sample failed")
                     alive = True
+                finally:
+                    self._first.set()
                 if not alive:
                     log.debug("sampler: pid %d is gone, stopping", self.pid)
                     break
@@ -176,6 +182,7 @@ class MemorySampler:
                     delay = 0
                 self._stop.wait(delay)
         finally:
+            self._first.set()
             self.cpu_seconds = time.thread_time() - c0
             self.t_stopped = time.time()
 
