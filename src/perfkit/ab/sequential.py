@@ -114,13 +114,13 @@ def _inputs(
         slow[side] = {str(k): g["value"].to_numpy(float) for k, g in x.groupby("launch")}
     if paired and set(values) == {"A", "B"}:
         for j, metric in enumerate(metrics):
+            # A keeps its launch median (paired_values' a is the same); B becomes a·(pair ratio)
             for pr in paired_values(values["A"], values["B"], metric).itertuples():
-                for side, v in (("A", pr.a), ("B", pr.b)):
-                    label = f"{side}{pr.pair}"
-                    if label in logmed[side]:
-                        row = np.array(logmed[side][label], dtype=float)  # a copy: pandas' may be read-only
-                        row[j] = math.log(v) if v > 0 else math.nan
-                        logmed[side][label] = row
+                label = f"B{pr.pair}"
+                if label in logmed["B"]:
+                    row = np.array(logmed["B"][label], dtype=float)  # a copy: pandas' may be read-only
+                    row[j] = math.log(pr.b) if pr.b > 0 else math.nan
+                    logmed["B"][label] = row
     return logmed, slow
 
 
