@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -68,6 +69,10 @@ class MemorySampler:
         nvml: NVML access (default :class:`PynvmlSource`).
         reader: host memory reader (default: this host's /proc and /sys/fs/cgroup).
 
+    The environment variable ``PERFKIT_SAMPLER_PSS=0`` makes the host figures come from
+    ``statm`` (RSS and anonymous; PSS and USS NaN) instead of ``smaps_rollup``: a diagnostic
+    switch, to measure what the page-table walk of ``smaps_rollup`` costs the sampled engine.
+
     Use as a context manager or call :meth:`start`/:meth:`stop`. :meth:`to_frame` gives the
     samples as a DataFrame with columns :data:`COLUMNS`.
 
@@ -108,7 +113,7 @@ class MemorySampler:
         self._first = threading.Event()  # set once the thread's first sample was taken (or tried)
         self._nvml_ok = False
         self._warned_implausible = False
-        self._pss = True
+        self._pss = os.environ.get("PERFKIT_SAMPLER_PSS", "1") != "0"
         self._errors: set[str] = set()
         self._tree: list[int] = [pid]
         self._tree_t = 0.0
