@@ -108,7 +108,9 @@ def test_sampler_records_pss_beside_rss(shared_tree):
         time.sleep(0.4)
     df = s.to_frame()
     assert len(df) >= 3
-    assert (df["host_pss_mib"] < 0.6 * 1024).all() and (df["host_pss_mib"] > 380).all()
+    pss = df["host_pss_mib"].dropna()  # read within its time budget (PSS_DUTY), NaN between
+    assert len(pss) == s.pss_reads >= 1
+    assert (pss < 0.6 * 1024).all() and (pss > 380).all()
     assert (df["host_rss_mib"] > 1100).all()
     assert df["cgroup_current_mib"].isna().all()  # no cgroup of its own
 

@@ -15,6 +15,7 @@ import pytest
 from perfkit.bundle_schema import conform, sampler_frame
 from perfkit.engine.launch import launch
 from perfkit.engine.spec import EngineSpec
+from perfkit.readings.memory import HostMemoryReader
 from perfkit.readings.sampler import (
     COLUMNS,
     NAN,
@@ -61,8 +62,11 @@ def test_sampler_host_only_covers_window(grower):
     assert df["t"].iloc[0] - t0 < 0.5 and t1 - df["t"].iloc[-1] < 0.5
     assert (df["host_rss_mib"] > 0).all()
     assert (df["host_anon_mib"] > 0).all() and (df["host_anon_mib"] <= df["host_rss_mib"]).all()
-    assert (df["host_pss_mib"] > 0).all() and (df["host_pss_mib"] <= df["host_rss_mib"]).all()
-    assert (df["host_uss_mib"] <= df["host_pss_mib"]).all()
+    read = df[df["host_pss_mib"].notna()]  # PSS is read within its time budget (PSS_DUTY)
+    assert len(read) == s.pss_reads >= 1
+    assert (read["host_pss_mib"] > 0).all() and (read["host_pss_mib"] <= read["host_rss_mib"]).all()
+    assert (read["host_uss_mib"] <= read["host_pss_mib"]).all()
+    assert df.loc[df["host_pss_mib"].isna(), "host_uss_mib"].isna().all()
     # the process grew by ~128 MiB during the window
     assert df["host_anon_mib"].iloc[-1] - df["host_anon_mib"].iloc[0] > 64
     if not _nvml_here():
@@ -347,3 +351,43 @@ def test_the_timeline_starts_before_start_returns():
         assert len(s.samples) == 1 and first <= time.time() and first >= t
     finally:
         s.stop()
+
+
+class _TimedReader(HostMemoryReader):
+    """This host's reader, noting when each smaps_rollup (PSS) tree read began and ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pss_calls: list[tuple[float, float]] = []
+
+    def tree(self, root, pids=None, pss=True):
+        t0 = time.monotonic()
+        out = super().tree(root, pids, pss=pss)
+        if pss:
+            self.pss_calls.append((t0, time.monotonic()))
+        return out
+
+
+def test_pss_reads_stay_within_their_time_budget_and_rss_is_read_every_sample(grower):
+    """smaps_rollup stalls the sampled engine (issue 42: a capped recompile 4.96x slower at one
+    read every 0.1 s): a read that took c s is followed by the next after c / pss_duty s; the
+    samples between read statm (RSS), and their PSS is NaN, not a carried value."""
+    reader = _TimedReader()
+    duty = 0.002
+    with MemorySampler(grower.pid, interval_s=0.02, reader=reader, pss_duty=duty) as s:
+        time.sleep(1.5)
+    df = s.to_frame()
+    calls = reader.pss_calls
+    assert len(calls) == s.pss_reads >= 1
+    for (a0, a1), (b0, _) in zip(calls, calls[1:]):
+        assert b0 - a0 >= 0.99 * (a1 - a0) / duty, (a0, a1, b0)
+    assert s.pss_read_s <= duty * (calls[-1][0] - calls[0][0]) + (calls[-1][1] - calls[-1][0]) + 1e-6
+    assert len(df) >= 30 and (df["host_rss_mib"] > 0).all()  # statm at every sample
+    read = df["host_pss_mib"].notna()
+    assert read.sum() == len(calls) < len(df)
+    assert df.loc[~read, ["host_pss_mib", "host_uss_mib"]].isna().all().all()
+
+
+def test_pss_duty_outside_0_1_is_refused():
+    with pytest.raises(ValueError, match="pss_duty"):
+        MemorySampler(os.getpid(), pss_duty=0)

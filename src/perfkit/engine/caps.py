@@ -37,7 +37,7 @@ from typing import Any, Callable
 import psutil
 
 from perfkit.readings.memory import DEFAULT as _DEFAULT_READER
-from perfkit.readings.memory import HostMemoryReader, MemoryReadError
+from perfkit.readings.memory import PSS_DUTY, HostMemoryReader, MemoryReadError
 
 log = logging.getLogger(__name__)
 
@@ -490,6 +490,7 @@ class HostCapEnforcer:
         pss = o.host_source != "rss"
         watch = self._cgroup is None and cap is not None
         refresh = 0.0
+        pss_next = 0.0
         pids: list[int] = [self.pid]
         while not self._stop.is_set():
             now = time.monotonic()
@@ -509,18 +510,28 @@ class HostCapEnforcer:
                 break
             t0 = time.monotonic()
             try:
-                tm = self.reader.tree(self.pid, pids, pss=pss)
+                tm = self.reader.tree(self.pid, pids, pss=False)
             except MemoryReadError as exc:
-                if not pss:
-                    self._error_once(exc)
-                    tm = None
-                else:  # PSS not readable (permissions): fall back to RSS, said once
+                self._error_once(exc)
+                tm = None
+            # PSS (smaps_rollup walks the engine's page tables under its mmap lock, which stalls
+            # the engine's mmap/munmap: see perfkit.readings.memory.PSS_DUTY) only when the cap
+            # may be crossed (PSS <= RSS) or, for the peak, within the sampler's time budget
+            over = watch and tm is not None and tm.rss_mib / 1024 > cap
+            if pss and tm is not None and tm.root_alive and (over or now >= pss_next):
+                t1 = time.monotonic()
+                try:
+                    tp = self.reader.tree(self.pid, pids, pss=True)
+                except MemoryReadError as exc:  # PSS not readable (permissions): RSS, said once
                     log.warning("host cap watchdog: %s; falling back to summed RSS (statm)", exc)
                     pss = False
                     o.host_source = "rss" if self._cgroup is None else o.host_source
                     if o.mechanism == "watchdog-pss":
                         o.mechanism = "watchdog-rss"
-                    continue
+                else:
+                    pss_next = t1 + (time.monotonic() - t1) / PSS_DUTY
+                    if tp.source == "pss":
+                        tm = tp
             cost = time.monotonic() - t0
             if tm is not None and not tm.root_alive:  # the root exited (or is a zombie)
                 self._cgroup_oom()
@@ -528,12 +539,12 @@ class HostCapEnforcer:
             if tm is not None:
                 if tm.rss_mib / 1024 > o.peak_rss_gib:
                     o.peak_rss_gib = tm.rss_mib / 1024
-                if pss and tm.source == "pss":
+                if tm.source == "pss":
                     o.peak_pss_gib = max(o.peak_pss_gib or 0.0, tm.pss_mib / 1024)
             if self._cgroup is not None:
                 if self._cgroup_oom():
                     break
-            elif cap is not None and tm is not None:
+            elif cap is not None and tm is not None and over:
                 gib = (tm.pss_mib if tm.source == "pss" else tm.rss_mib) / 1024
                 if gib > cap:
                     self._exceeded(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from perfkit.readings.memory import DEFAULT as _DEFAULT_READER
-from perfkit.readings.memory import HostMemoryReader, MemoryReadError
+from perfkit.readings.memory import PSS_DUTY, HostMemoryReader, MemoryReadError
 from perfkit.readings.sampler.nvml import (
     MIB,
     NAN,
@@ -68,16 +68,24 @@ class MemorySampler:
         cgroup_path: the engine's own cgroup v2 directory (``cgroup_current_mib``; None: none).
         nvml: NVML access (default :class:`PynvmlSource`).
         reader: host memory reader (default: this host's /proc and /sys/fs/cgroup).
+        pss_duty: the largest fraction of wall time spent reading ``smaps_rollup`` (default
+            :data:`PSS_DUTY`).
 
-    The environment variable ``PERFKIT_SAMPLER_PSS=0`` makes the host figures come from
-    ``statm`` (RSS and anonymous; PSS and USS NaN) instead of ``smaps_rollup``: a diagnostic
-    switch, to measure what the page-table walk of ``smaps_rollup`` costs the sampled engine.
+    Host PSS and USS come from ``smaps_rollup``, whose read walks the engine's page tables under
+    its mmap lock: the engine's own ``mmap``/``munmap`` wait meanwhile. On the H200 (issue 42,
+    ``examples/h200/evidence/README.md``) reading PSS every 0.1 s of a 17 GiB process tree
+    (~35 ms a read) made a capped engine's recompile 4.96x slower (323 s against 65 s with
+    ``statm``) and its warm requests 22 % slower. So PSS is read at most ``pss_duty`` of the wall
+    time: after a read that took ``c`` s the next waits ``c / pss_duty`` s, and the samples in
+    between read ``statm`` (RSS and anonymous every sample; PSS and USS NaN there, never a carried
+    value). A small tree (a read under ``pss_duty * interval_s``) gets PSS at every sample. The
+    environment variable ``PERFKIT_SAMPLER_PSS=0`` turns PSS off (``statm`` only).
 
     Use as a context manager or call :meth:`start`/:meth:`stop`. :meth:`to_frame` gives the
     samples as a DataFrame with columns :data:`COLUMNS`.
 
     Raises:
-        ValueError: interval_s <= 0.
+        ValueError: interval_s <= 0, or pss_duty not in (0, 1].
     """
 
     def __init__(
@@ -90,9 +98,17 @@ class MemorySampler:
         cgroup_path: str | Path | None = None,
         nvml: NvmlSource | None = None,
         reader: HostMemoryReader | None = None,
+        pss_duty: float = PSS_DUTY,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"MemorySampler.interval_s must be > 0, got {interval_s!r}")
+        if not 0 < pss_duty <= 1:
+            raise ValueError(f"MemorySampler.pss_duty must be in (0, 1], got {pss_duty!r}")
+        self.pss_duty = float(pss_duty)
+        #: smaps_rollup tree reads so far, and the seconds they took
+        self.pss_reads = 0
+        self.pss_read_s = 0.0
+        self._pss_next = 0.0
         self.pid = pid
         self.interval_s = float(interval_s)
         self.gpu_indices = _indices(gpu_index)
@@ -151,6 +167,14 @@ class MemorySampler:
             self._nvml_ok = False
         if self.t_stopped is None:
             self.t_stopped = time.time()
+        if self.pss_reads:
+            log.info(
+                "sampler of pid %d: host PSS read %d times (%.1f ms each on average, at most %g %% of the time)",
+                self.pid,
+                self.pss_reads,
+                1000 * self.pss_read_s / self.pss_reads,
+                100 * self.pss_duty,
+            )
         return self
 
     def __enter__(self) -> "MemorySampler":
@@ -202,13 +226,20 @@ class MemorySampler:
         if now - self._tree_t >= self.tree_refresh_s:
             self._tree = self.reader.tree_pids(self.pid)
             self._tree_t = now
-        try:
-            tm = self.reader.tree(self.pid, self._tree, pss=self._pss)
-        except MemoryReadError as exc:
-            if not self._pss:
-                raise
-            self._error_once(f"{exc}; host PSS/USS not read from now on (NaN), RSS from statm")
-            self._pss = False
+        if self._pss and now >= self._pss_next:
+            t0 = time.monotonic()
+            try:
+                tm = self.reader.tree(self.pid, self._tree, pss=True)
+            except MemoryReadError as exc:
+                self._error_once(f"{exc}; host PSS/USS not read from now on (NaN), RSS from statm")
+                self._pss = False
+                tm = self.reader.tree(self.pid, self._tree, pss=False)
+            else:
+                cost = time.monotonic() - t0
+                self.pss_reads += 1
+                self.pss_read_s += cost
+                self._pss_next = t0 + cost / self.pss_duty
+        else:
             tm = self.reader.tree(self.pid, self._tree, pss=False)
         if not tm.root_alive:  # the root is gone (or a zombie)
             return NAN, NAN, NAN, NAN, False

@@ -201,9 +201,11 @@ def _series(tl: Timeline, ax: Any, col: str, label: str, **kw: Any) -> bool:
         if y is None or not y.notna().any():
             continue
         x = pd.to_numeric(sub["t_s"], errors="coerce") - tl.t0
-        order = np.argsort(x.to_numpy())
+        keep = (y.notna() & x.notna()).to_numpy()  # PSS is read on some samples only (PSS_DUTY)
+        xs, ys = x.to_numpy()[keep], y.to_numpy()[keep]
+        order = np.argsort(xs)
         lab = f"{label} ({tl.names.get(lk, lk)})" if multi else label
-        ax.plot(x.to_numpy()[order], y.to_numpy()[order], label=lab, **kw)
+        ax.plot(xs[order], ys[order], label=lab, **kw)
         drew = True
     return drew
 
