@@ -20,6 +20,8 @@ jobs=(
   "examples/h200/consumer-12g/launch1/report|perfkit suite --params params/consumer-12g.yaml --replay examples/h200/consumer-12g/launch1 --out OUT"
   "examples/h200/consumer-12g/launch2/report|perfkit suite --params params/consumer-12g.yaml --replay examples/h200/consumer-12g/launch2 --out OUT --no-screenshot"
   "examples/h200/consumer-12g/launch3/report|perfkit suite --params params/consumer-12g.yaml --replay examples/h200/consumer-12g/launch3 --out OUT --no-screenshot"
+  "examples/h200/evidence/consumer-12g-4/pss-or-statm/cap-pss/report|perfkit suite --params examples/h200/evidence/consumer-12g-4/cap-params.yaml --replay examples/h200/evidence/consumer-12g-4/pss-or-statm/cap-pss --out OUT"
+  "examples/h200/evidence/consumer-12g-4/pss-or-statm/cap-statm/report|perfkit suite --params examples/h200/evidence/consumer-12g-4/cap-params.yaml --replay examples/h200/evidence/consumer-12g-4/pss-or-statm/cap-statm --out OUT --no-screenshot"
   "examples/h200x2/report|perfkit suite --params params/h200x2-two-stage.yaml --replay examples/h200x2/bundles --out OUT"
   "examples/h200x2/report-1gpu|perfkit suite --params params/h200x2-two-stage-1gpu.yaml --replay examples/h200x2/bundles-1gpu --out OUT"
   "examples/h200/load/report|perfkit suite --params params/h200-load.yaml --replay examples/h200/load/bundles --out OUT"
