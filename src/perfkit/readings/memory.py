@@ -39,9 +39,10 @@ log = logging.getLogger(__name__)
 #: the largest fraction of wall time a poller (the memory sampler, the host cap watchdog's peak)
 #: spends reading ``smaps_rollup``: its read walks the process's page tables under the mmap lock,
 #: and the process's own mmap/munmap wait meanwhile. Measured on the H200 (issue 42,
-#: examples/h200/evidence/README.md): PSS every 0.1 s of a 17 GiB engine tree (~35 ms a read)
-#: made its torch.compile recompile 4.96x slower (323 s against 65 s with statm). 1 %: a read of
-#: 35 ms waits 3.5 s for the next.
+#: examples/h200/evidence/README.md): PSS every 0.1 s of a 17 GiB engine tree (the samples came every
+#: 0.135 s: ~35 ms a read, 200 ms while the engine compiles) made its torch.compile recompile
+#: 4.96x slower (323 s against 65 s with statm); within this budget, 61 s. 1 %: a read of 200 ms
+#: waits 20 s for the next.
 PSS_DUTY = 0.01
 
 MIB = 2**20

@@ -74,7 +74,7 @@ class MemorySampler:
     Host PSS and USS come from ``smaps_rollup``, whose read walks the engine's page tables under
     its mmap lock: the engine's own ``mmap``/``munmap`` wait meanwhile. On the H200 (issue 42,
     ``examples/h200/evidence/README.md``) reading PSS every 0.1 s of a 17 GiB process tree
-    (~35 ms a read) made a capped engine's recompile 4.96x slower (323 s against 65 s with
+    (~35 ms a read, 200 ms while it compiles) made a capped engine's recompile 4.96x slower (323 s against 65 s with
     ``statm``) and its warm requests 24 % slower. So PSS is read at most ``pss_duty`` of the wall
     time: after a read that took ``c`` s the next waits ``c / pss_duty`` s, and the samples in
     between read ``statm`` (RSS and anonymous every sample; PSS and USS NaN there, never a carried
