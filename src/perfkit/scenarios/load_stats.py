@@ -275,12 +275,16 @@ def median(xs: list) -> float | None:
 
 
 def peaks(mem: pd.DataFrame, t0: float, t1: float) -> dict[str, float | None]:
+    """Device and host peaks (MiB) of the memory samples in [t0, t1]: ``device_peak_mib``,
+    ``host_peak_mib`` (PSS, read on some samples only: None when none fell in the window, see
+    :data:`perfkit.readings.memory.PSS_DUTY`) and ``host_rss_peak_mib`` (RSS, every sample)."""
     if mem is None or mem.empty:
-        return {"device_peak_mib": None, "host_peak_mib": None}
+        return {"device_peak_mib": None, "host_peak_mib": None, "host_rss_peak_mib": None}
     sel = mem[(mem["t_s"] >= t0) & (mem["t_s"] <= t1)]
     return {
         "device_peak_mib": json_float(pd.to_numeric(sel.get("device_used_mib"), errors="coerce").max()),
         "host_peak_mib": json_float(pd.to_numeric(sel.get("host_pss_mib"), errors="coerce").max()),
+        "host_rss_peak_mib": json_float(pd.to_numeric(sel.get("host_rss_mib"), errors="coerce").max()),
     }
 
 
@@ -382,7 +386,8 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
     """Everything the tables, checks and reading show, from ``results["per_request"]`` (and the
     memory timeline for the peaks): ``slo_ms``, ``slo_source``, ``requests``, ``failed_requests``
     (of every phase, not completed), ``levels`` (one dict per
-    closed-loop level), ``open_loop``, ``trace``, ``capacity_rps``, ``memory_growth_mib``.
+    closed-loop level), ``open_loop``, ``trace``, ``capacity_rps``, ``memory_growth_mib`` and
+    ``memory_growth_host_source`` (``pss``, ``rss`` or None: the host series the growth read).
 
     Raises:
         ScenarioError: a row of ``per_request`` lacks a key, or has a null or wrongly typed one
@@ -425,16 +430,25 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
         for lv in levels:
             tp = lv["throughput_vpm"]
             lv["throughput_ratio"] = tp / levels[0]["throughput_vpm"] if tp is not None else None
-    growth = None
+    growth, host_source = None, None
     if levels and mem is not None:
         base = levels[0]
+        # the host series of the growth: PSS where every level has a PSS read, else RSS (read at
+        # every sample; shared pages count once per process, alike at every level)
+        host_key = (
+            "host_peak_mib"
+            if all(lv.get("host_peak_mib") is not None for lv in levels)
+            else "host_rss_peak_mib"
+        )
         diffs = [
             lv[key] - base[key]
             for lv in levels[1:]
-            for key in ("device_peak_mib", "host_peak_mib")
+            for key in ("device_peak_mib", host_key)
             if lv.get(key) is not None and base.get(key) is not None
         ]
         growth = max(diffs) if diffs else None
+        if any(lv.get(host_key) is not None for lv in levels):
+            host_source = "pss" if host_key == "host_peak_mib" else "rss"
     svc1 = (
         levels[0]["service_ms"]
         if levels
@@ -451,6 +465,7 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
         "levels": levels,
         "capacity_rps": capacity,
         "memory_growth_mib": growth,
+        "memory_growth_host_source": host_source,
         "open_loop": open_loop_stats(opened, slo_ms, mem, capacity) if opened else None,
         "trace": (
             trace_summary(traced, results.get("warmup_latent_shape"), results.get("trace_slo_ms") or [])
