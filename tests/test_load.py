@@ -168,6 +168,12 @@ def test_memory_stays_flat_under_concurrency(measured):
     rows = L.checks(r, merged_invariants())
     mem = [c for c in rows if c.metric == "memory_growth_mib"]
     assert [c.status for c in mem] == ["pass"] and mem[0].expected == 256.0
+    # PSS is read within its time budget: a short level may have none, then the growth reads RSS
+    src = r["memory_growth_host_source"]
+    assert src in ("pss", "rss")
+    pss_everywhere = all(lv["host_peak_mib"] is not None for lv in r["levels"])
+    assert (src == "pss") == pss_everywhere
+    assert ("host memory as RSS" in L.reading(r)) == (src == "rss")
 
 
 def test_open_loop_above_capacity_shows_the_queue_growing(measured):

@@ -262,7 +262,10 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
                 "memory_growth_mib",
                 r.get("memory_growth_mib"),
                 float(inv["load_memory_growth_max_mib"]),
-                "peak device or host memory of a level above the first level's",
+                "peak device or host memory of a level above the first level's"
+                + {"rss": " (host: RSS, no PSS read in every level)"}.get(
+                    r.get("memory_growth_host_source") or "", ""
+                ),
             )
         )
     if "load_failed_requests_max" in inv:
@@ -416,10 +419,15 @@ def reading(r: Mapping[str, Any]) -> str:
     lines += [f"{x}." for x in not_completed(r)]
     growth = r.get("memory_growth_mib")
     if growth is not None:
+        host = (
+            " (host memory as RSS: PSS was not read in every level)"
+            if r.get("memory_growth_host_source") == "rss"
+            else ""
+        )
         lines.append(
-            f"Peak memory under concurrency rose at most {fmt(growth, '.1f', ' MiB')} above the first level's."
+            f"Peak memory under concurrency rose at most {fmt(growth, '.1f', ' MiB')} above the first level's{host}."
             if growth > 0
-            else f"Peak memory under concurrency did not rise above the first level's ({fmt(growth, '+.2f', ' MiB')})."
+            else f"Peak memory under concurrency did not rise above the first level's ({fmt(growth, '+.2f', ' MiB')}){host}."
         )
     ol = r.get("open_loop")
     if ol:
