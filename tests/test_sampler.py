@@ -20,10 +20,12 @@ from perfkit.readings.sampler import (
     COLUMNS,
     NAN,
     NVML_NOT_AVAILABLE,
+    PSS_ENV,
     DeviceReading,
     MemorySampler,
     PynvmlSource,
     device_used_mib,
+    pss_enabled,
 )
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
@@ -391,3 +393,81 @@ def test_pss_reads_stay_within_their_time_budget_and_rss_is_read_every_sample(gr
 def test_pss_duty_outside_0_1_is_refused():
     with pytest.raises(ValueError, match="pss_duty"):
         MemorySampler(os.getpid(), pss_duty=0)
+
+
+@pytest.mark.parametrize("duty", [0, -0.5, math.nan, math.inf, 1.5, "0.5", True, None])
+def test_pss_duty_that_is_not_a_number_in_0_1_is_refused_with_its_name(duty):
+    """NaN, inf, a string, a bool: a ValueError naming pss_duty (before: "0.5" was a bare
+    TypeError from the comparison, True was taken as a duty of 1)."""
+    with pytest.raises(ValueError, match="pss_duty"):
+        MemorySampler(os.getpid(), pss_duty=duty)
+
+
+@pytest.mark.parametrize(
+    "raw, on",
+    [(None, True), ("", True), (" 1", True), ("TRUE", True), ("yes", True), ("on", True)]
+    + [("0", False), ("0 ", False), ("false", False), ("No", False), (" off\n", False)],
+)
+def test_pss_env_values(raw, on):
+    env = {} if raw is None else {PSS_ENV: raw}
+    assert pss_enabled(env) is on
+
+
+@pytest.mark.parametrize("raw", ["2", "disable", "0,1", "nope"])
+def test_unknown_pss_env_value_is_an_error_naming_the_variable(raw, monkeypatch):
+    monkeypatch.setenv(PSS_ENV, raw)
+    with pytest.raises(ValueError, match=f"PERFKIT_SAMPLER_PSS={raw!r}.*expected one of"):
+        MemorySampler(os.getpid())
+
+
+def test_pss_env_false_turns_pss_off(monkeypatch):
+    """``PERFKIT_SAMPLER_PSS=false`` (before: anything but exactly "0" left PSS on)."""
+    monkeypatch.setenv(PSS_ENV, "false")
+    s = MemorySampler(os.getpid(), interval_s=0.05, nvml=FakeNvml(0.0, 1.0, []))
+    for _ in range(3):
+        assert s.sample_once()
+    df = s.to_frame()
+    assert s.pss_reads == 0 and df["host_pss_mib"].isna().all() and (df["host_rss_mib"] > 0).all()
+
+
+def test_measure_refuses_an_unknown_pss_env_value_before_launching(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from perfkit.measure import measure_command
+
+    params = Path(__file__).resolve().parents[1] / "params" / "ci-cpu.yaml"
+    monkeypatch.setenv(PSS_ENV, "flase")
+    res = CliRunner().invoke(measure_command, ["--params", str(params), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2, res.output
+    assert "PERFKIT_SAMPLER_PSS='flase'" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "o").exists()
+
+
+def _fake_proc(tmp_path, pid: int, rollup: str):
+    """A fake /proc with one process ``pid`` (statm: 2560 resident pages) whose smaps_rollup
+    is ``rollup``."""
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "smaps_rollup").write_text("")
+    d = proc / str(pid)
+    (d / "task" / str(pid)).mkdir(parents=True)
+    (d / "task" / str(pid) / "children").write_text("")
+    (d / "statm").write_text("10000 2560 512 1 0 2000 0\n")
+    (d / "smaps_rollup").write_text(rollup)
+    return HostMemoryReader(proc_root=proc, cgroup_root=tmp_path / "nocg")
+
+
+def test_unreadable_pss_falls_back_to_statm_said_once(tmp_path, caplog):
+    """Every PSS read fails (a smaps_rollup without Pss, as a permission error would): the
+    sampler says so once, keeps sampling RSS from statm, PSS NaN, no PSS read counted."""
+    reader = _fake_proc(tmp_path, 4242, "Rss: 10240 kB\n")
+    s = MemorySampler(4242, interval_s=0.05, reader=reader, nvml=FakeNvml(0.0, 1.0, []))
+    with caplog.at_level(logging.WARNING, logger="perfkit.readings.sampler.timeline"):
+        for _ in range(4):
+            assert s.sample_once()
+    df = s.to_frame()
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert (df["host_rss_mib"] == 2560 * page / 2**20).all()
+    assert df["host_pss_mib"].isna().all() and s.pss_reads == 0
+    warns = [r for r in caplog.records if "Pss" in r.getMessage()]
+    assert len(warns) == 1 and "smaps_rollup" in warns[0].getMessage()

@@ -26,6 +26,7 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, become_subreaper, describe
 from perfkit.measuring.progress import RunBars, planned_requests
 from perfkit.params import SuiteParams, load_params
+from perfkit.readings.sampler import pss_enabled
 from perfkit.scenarios import registry
 from perfkit.scenarios.registry import RunContext
 
@@ -182,6 +183,7 @@ def measure_command(
         sys.exit(2)
     try:
         params = load_params(params_file)
+        pss_enabled()  # a typo in PERFKIT_SAMPLER_PSS is bad input, said before any launch
     except ValueError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -53,7 +53,9 @@ from perfkit.readings.sampler.timeline import (
     DEVICE_SOURCES,
     IMPLAUSIBLE_GROWTH_MIB,
     NUMERIC,
+    PSS_ENV,
     MemorySampler,
+    pss_enabled,
     tree_pids,
 )
 
@@ -71,8 +73,10 @@ __all__ = [
     "NVML_NOT_AVAILABLE",
     "NvmlSource",
     "POWER_REASONS",
+    "PSS_ENV",
     "PynvmlSource",
     "THERMAL_REASONS",
+    "pss_enabled",
     "device_used_mib",
     "nvml_inventory",
     "resolve_visible_gpus",

@@ -49,6 +49,34 @@ DEVICE_SOURCES = ("nvml-process", "nvml-device-delta", "none")
 IMPLAUSIBLE_GROWTH_MIB = 256.0
 
 
+#: the environment variable that turns the sampler's PSS reads off, and the values it takes
+#: (case and surrounding blanks ignored; unset or empty: on)
+PSS_ENV = "PERFKIT_SAMPLER_PSS"
+_PSS_ON = ("1", "true", "yes", "on")
+_PSS_OFF = ("0", "false", "no", "off")
+
+
+def pss_enabled(environ: dict[str, str] | None = None) -> bool:
+    """Whether the sampler reads host PSS, from :data:`PSS_ENV` in ``environ`` (default
+    ``os.environ``): unset or empty -> True; ``1/true/yes/on`` -> True; ``0/false/no/off`` ->
+    False (case and surrounding blanks ignored).
+
+    Raises:
+        ValueError: any other value (naming the variable and what it accepts): a typo must not
+            silently leave PSS on (or off).
+    """
+    raw = (os.environ if environ is None else environ).get(PSS_ENV)
+    v = (raw or "").strip().lower()
+    if v in ("", *_PSS_ON):
+        return True
+    if v in _PSS_OFF:
+        return False
+    raise ValueError(
+        f"environment variable {PSS_ENV}={raw!r}: expected one of {', '.join(_PSS_ON + _PSS_OFF)} "
+        "(or unset/empty: PSS on)"
+    )
+
+
 def tree_pids(root: int) -> list[int]:
     """``root`` and its descendants (see :meth:`HostMemoryReader.tree_pids`)."""
     return _DEFAULT_READER.tree_pids(root)
@@ -79,13 +107,15 @@ class MemorySampler:
     time: after a read that took ``c`` s the next waits ``c / pss_duty`` s, and the samples in
     between read ``statm`` (RSS and anonymous every sample; PSS and USS NaN there, never a carried
     value). A small tree (a read under ``pss_duty * interval_s``) gets PSS at every sample. The
-    environment variable ``PERFKIT_SAMPLER_PSS=0`` turns PSS off (``statm`` only).
+    environment variable ``PERFKIT_SAMPLER_PSS`` set to ``0``/``false``/``no``/``off`` turns PSS off
+    (``statm`` only); see :func:`pss_enabled`.
 
     Use as a context manager or call :meth:`start`/:meth:`stop`. :meth:`to_frame` gives the
     samples as a DataFrame with columns :data:`COLUMNS`.
 
     Raises:
-        ValueError: interval_s <= 0, or pss_duty not in (0, 1].
+        ValueError: interval_s <= 0, pss_duty not a number in (0, 1] (NaN, inf, a string, a
+            bool), or ``PERFKIT_SAMPLER_PSS`` set to a value :func:`pss_enabled` does not know.
     """
 
     def __init__(
@@ -102,8 +132,8 @@ class MemorySampler:
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"MemorySampler.interval_s must be > 0, got {interval_s!r}")
-        if not 0 < pss_duty <= 1:
-            raise ValueError(f"MemorySampler.pss_duty must be in (0, 1], got {pss_duty!r}")
+        if isinstance(pss_duty, bool) or not isinstance(pss_duty, (int, float)) or not 0 < pss_duty <= 1:
+            raise ValueError(f"MemorySampler.pss_duty must be a number in (0, 1], got {pss_duty!r}")
         self.pss_duty = float(pss_duty)
         #: smaps_rollup tree reads so far, and the seconds they took
         self.pss_reads = 0
@@ -129,7 +159,7 @@ class MemorySampler:
         self._first = threading.Event()  # set once the thread's first sample was taken (or tried)
         self._nvml_ok = False
         self._warned_implausible = False
-        self._pss = os.environ.get("PERFKIT_SAMPLER_PSS", "1") != "0"
+        self._pss = pss_enabled()
         self._errors: set[str] = set()
         self._tree: list[int] = [pid]
         self._tree_t = 0.0
