@@ -525,3 +525,26 @@ def test_queue_vs_service_draws_no_bar_for_times_not_reported():
     assert heights == [0.5, 290.0, 300.0, 870.0]  # two levels drawn, service + wait each
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert labels == ["c1", "c2\n(not reported)", "c4\n(derived)"]
+
+
+def test_a_lone_pss_read_shows_as_a_dot_in_both_memory_plots():
+    """PSS is read on a few samples only (readings.memory.PSS_DUTY; on the H200 4 reads in 652
+    samples): each read is drawn as a dot, so a single read is visible (a line through one
+    point draws nothing) and the segments between reads are not taken for readings; RSS,
+    read at every sample, stays a plain line."""
+    req = _requests(n=2)
+    mem = _memory(req)
+    mem["host_pss_mib"] = np.nan
+    mem.loc[len(mem) // 2, "host_pss_mib"] = 2500.0
+    for fig in (
+        plots.memory_timeline(mem, requests=req),
+        plots.memory_under_concurrency(mem, []),
+    ):
+        lines = [ln for ax in fig.axes for ln in ax.lines if "PSS" in str(ln.get_label())]
+        assert len(lines) == 1
+        pss = lines[0]
+        assert list(pss.get_ydata()) == [2500.0]
+        assert pss.get_marker() not in (None, "None", "", " ") and pss.get_markersize() > 0
+        rss = [ln for ax in fig.axes for ln in ax.lines if ln.get_label() == "host RSS"]
+        assert all(ln.get_marker() in (None, "None", "", " ") for ln in rss)
+        _png_ok(fig)

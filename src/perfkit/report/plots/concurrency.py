@@ -123,7 +123,8 @@ def memory_under_concurrency(
         y = pd.to_numeric(memory.get(col), errors="coerce") if col in memory.columns else None
         if y is not None and y.notna().any():
             keep = y.notna()  # PSS is read on some samples only (readings.memory.PSS_DUTY)
-            ax.plot(t[keep], y[keep], label=label, color=color, lw=1.2)
+            dots = {"marker": "o", "ms": 3} if not keep.all() else {}  # a lone read still shows
+            ax.plot(t[keep], y[keep], label=label, color=color, lw=1.2, **dots)
             drew = True
     if not drew:
         empty_note(ax, "no device or host memory readings")

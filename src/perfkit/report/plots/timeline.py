@@ -205,7 +205,10 @@ def _series(tl: Timeline, ax: Any, col: str, label: str, **kw: Any) -> bool:
         xs, ys = x.to_numpy()[keep], y.to_numpy()[keep]
         order = np.argsort(xs)
         lab = f"{label} ({tl.names.get(lk, lk)})" if multi else label
-        ax.plot(xs[order], ys[order], label=lab, **kw)
+        # a column read on some samples only (PSS): a dot at each read, so that a single read
+        # shows and the line between reads is not taken for readings
+        sparse = {"marker": "o", "ms": 3} if not keep.all() else {}
+        ax.plot(xs[order], ys[order], label=lab, **{**sparse, **kw})
         drew = True
     return drew
 
