@@ -89,18 +89,23 @@ def test_tree_pss_counts_shared_pages_once(shared_tree):
     assert tm.uss_mib < tm.pss_mib <= tm.rss_mib
 
 
-def test_watchdog_acts_on_pss_not_summed_rss(shared_tree):
-    enf = MemoryCaps(host_gib=0.6, host_enforcement="watchdog").start(shared_tree.pid)
-    try:
-        time.sleep(1.0)
-        o = enf.outcome
-        assert not o.exceeded, o.message
-        assert o.mechanism == "watchdog-pss" and o.host_source == "pss"
-        assert o.peak_pss_gib is not None and 0.35 < o.peak_pss_gib < 0.6
-        assert o.peak_rss_gib > 1.0  # what the old RSS-summing watchdog would have acted on
-    finally:
-        enf.finish()
+def test_watchdog_acts_on_pss_not_summed_rss(shared_tree, caplog):
+    """A cap below the tree's summed RSS (1.2 GiB) and above its PSS (0.4 GiB): not killed; the
+    watchdog then reads PSS at every check (the stall of issue 42), and says so once."""
+    with caplog.at_level(logging.WARNING, logger="perfkit.engine.caps"):
+        enf = MemoryCaps(host_gib=0.6, host_enforcement="watchdog").start(shared_tree.pid)
+        try:
+            time.sleep(1.0)
+            o = enf.outcome
+            assert not o.exceeded, o.message
+            assert o.mechanism == "watchdog-pss" and o.host_source == "pss"
+            assert o.peak_pss_gib is not None and 0.35 < o.peak_pss_gib < 0.6
+            assert o.peak_rss_gib > 1.0  # what the old RSS-summing watchdog would have acted on
+        finally:
+            enf.finish()
     assert shared_tree.poll() is None
+    said = [r.getMessage() for r in caplog.records if "PSS is read at every check" in r.getMessage()]
+    assert len(said) == 1 and "over the cap 0.6 GiB" in said[0], caplog.text
 
 
 def test_sampler_records_pss_beside_rss(shared_tree):
@@ -306,4 +311,41 @@ def test_enforcer_with_an_own_cgroup_reads_memory_current_and_oom_kills(tmp_path
         assert (s.to_frame()["cgroup_current_mib"] == 200).all()
     finally:
         p.kill()
+        p.wait()
+
+
+class _ExitsBeforePss(HostMemoryReader):
+    """This host's reader, whose tree's root is SIGKILLed (and reaped) just before its PSS read:
+    the root exits between the watchdog's statm read and its PSS read."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        super().__init__()
+        self.proc = proc
+
+    def tree(self, root, pids=None, pss=True):
+        if pss and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        return super().tree(root, pids, pss=pss)
+
+
+def test_watchdog_whose_root_exits_between_statm_and_pss_keeps_the_statm_peak():
+    """Before: the tick's statm reading was dropped with the PSS read that found the root gone,
+    so the outcome said a peak summed RSS of 0.0 GiB; now the statm figure is kept, the watchdog
+    ends quietly (not exceeded)."""
+    p = subprocess.Popen([sys.executable, "-c", "b = b'x' * (64 * 2**20); import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        while DEFAULT.process(p.pid, pss=False).rss_mib < 64 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        enf = HostCapEnforcer(p.pid, 5.0, mode="watchdog", reader=_ExitsBeforePss(p))
+        enf.start()
+        enf._thread.join(5)
+        assert not enf._thread.is_alive()
+        o = enf.finish()
+        assert not o.exceeded and o.peak_pss_gib is None
+        assert o.peak_rss_gib > 60 / 1024, o
+    finally:
+        if p.poll() is None:
+            p.kill()
         p.wait()

@@ -491,6 +491,7 @@ class HostCapEnforcer:
         watch = self._cgroup is None and cap is not None
         refresh = 0.0
         pss_next = 0.0
+        between = False  # summed RSS over the cap, PSS under it (said once)
         pids: list[int] = [self.pid]
         while not self._stop.is_set():
             now = time.monotonic()
@@ -514,6 +515,8 @@ class HostCapEnforcer:
             except MemoryReadError as exc:
                 self._error_once(exc)
                 tm = None
+            if tm is not None and tm.root_alive:  # kept even when the root exits before the PSS read
+                o.peak_rss_gib = max(o.peak_rss_gib, tm.rss_mib / 1024)
             # PSS (smaps_rollup walks the engine's page tables under its mmap lock, which stalls
             # the engine's mmap/munmap: see perfkit.readings.memory.PSS_DUTY) only when the cap
             # may be crossed (PSS <= RSS) or, for the peak, within the sampler's time budget
@@ -546,6 +549,18 @@ class HostCapEnforcer:
                     break
             elif cap is not None and tm is not None and over:
                 gib = (tm.pss_mib if tm.source == "pss" else tm.rss_mib) / 1024
+                if gib <= cap and not between:
+                    between = True
+                    log.warning(
+                        "host cap watchdog of pid %d: the tree's summed RSS %.2f GiB is over the cap "
+                        "%g GiB and its PSS %.2f GiB is not, so PSS is read at every check (up to "
+                        "20 %% of the time) while this lasts; smaps_rollup reads stall the engine's "
+                        "mmap/munmap (issue 42): its timings may be slowed; a cgroup cap avoids it",
+                        self.pid,
+                        tm.rss_mib / 1024,
+                        cap,
+                        gib,
+                    )
                 if gib > cap:
                     self._exceeded(
                         gib, kill=True, how=f"{o.mechanism}, {'PSS' if tm.source == 'pss' else 'RSS'}"
