@@ -447,3 +447,25 @@ def test_gate_metrics_on_the_command_line(tmp_path):
     (tmp_path / "g" / "ab.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="table row 'ready': gated is 'no', not true or false"):
         AbResult.load(tmp_path / "g")
+
+
+def test_host_peak_is_the_largest_pss_read_of_the_watchdog_and_the_sampler():
+    """PSS is read on some samples only (readings.memory.PSS_DUTY), by the watchdog (launch row)
+    and the sampler (memory table) on their own schedules: before, a launch row with a PSS peak
+    hid the sampler's higher read; NaN rows (between reads) are not 0."""
+    from perfkit.ab.metrics import metric_values
+    from perfkit.bundle import ResultBundle
+
+    launches = pd.DataFrame({"launch": ["L0", "L1", "L2"], "host_pss_peak_mib": [1000.0, 1000.0, None]})
+    nan = float("nan")
+    memory = pd.DataFrame(
+        {
+            "launch": ["L0"] * 4 + ["L1"] * 2 + ["L2"] * 2,
+            "t_s": [0.0, 0.1, 0.2, 0.3, 0.0, 0.1, 0.0, 0.1],
+            "host_rss_mib": [3000.0] * 8,
+            "host_pss_mib": [nan, 1500.0, nan, nan, nan, 900.0, nan, nan],
+        }
+    )
+    v = metric_values(ResultBundle(scenario="ab", tables={"launches": launches, "memory": memory}))
+    host = v[v["metric"] == "host_peak"].set_index("launch")["value"].to_dict()
+    assert host == {"L0": 1500.0, "L1": 1000.0}  # L2: no PSS read at all, no row (not 0)

@@ -11,7 +11,8 @@ Metrics (``metric`` column; unit in ``unit``):
 ``<stage>``               ms     each warm request's time in that stage (sglang names)
 ``denoising_step``        ms     each warm request's mean denoising step time
 ``peak_vram``             MiB    the launch's peak device memory reserved over its requests
-``host_peak``             MiB    the launch's peak host PSS of the engine tree (sampler)
+``host_peak``             MiB    the launch's peak host PSS of the engine tree (the largest read of
+                                 the cap watchdog's and the sampler's)
 ========================  =====  ====================================================================
 
 A metric without a value on a launch has no row there (never a 0); the decision then says
@@ -75,10 +76,14 @@ def metric_values(bundle: ResultBundle) -> pd.DataFrame:
         lab = lr["launch"]
         add(lab, "ready", 0, lr.get("ready_s"))
         add(lab, "first_result", 0, lr.get("first_result_s"))
+        # PSS is read on some samples only, by the cap watchdog (launch row) and the sampler
+        # (memory table) each within its time budget (readings.memory.PSS_DUTY): the peak is the
+        # largest read of either, as memory_budget and offload_modes take it
         host = _num(lr.get("host_pss_peak_mib"))
-        if math.isnan(host) and not mem.empty:
+        if not mem.empty and "host_pss_mib" in mem.columns:
             m = mem[(mem["launch"] == lab).fillna(False).to_numpy(bool)]
-            host = _num(pd.to_numeric(m["host_pss_mib"], errors="coerce").max()) if not m.empty else math.nan
+            sampled = _num(pd.to_numeric(m["host_pss_mib"], errors="coerce").max()) if not m.empty else math.nan
+            host = float(np.fmax(host, sampled))
         add(lab, "host_peak", 0, host)
         r = req[(req["launch"] == lab).fillna(False).to_numpy(bool)] if not req.empty else req
         if not r.empty:
