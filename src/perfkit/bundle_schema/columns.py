@@ -232,7 +232,8 @@ TABLES: dict[str, Table] = {
                     "host_pss_mib",
                     "float64",
                     "MiB",
-                    "host PSS of the engine process tree (smaps_rollup; shared pages counted once)",
+                    "host PSS of the engine process tree (smaps_rollup; shared pages counted once; "
+                    "read on some samples only, NaN between reads)",
                 ),
                 _c("host_uss_mib", "float64", "MiB", "host USS (private pages) of the engine process tree"),
                 _c(

@@ -16,9 +16,11 @@
   - ``none``: no NVML (NaN).
 - ``host_pss_mib`` / ``host_uss_mib``: PSS and USS summed over the process tree (the one reader,
   :mod:`perfkit.readings.memory`; pages shared copy-on-write between forked processes count
-  once in PSS). NaN where ``smaps_rollup`` is not readable.
+  once in PSS). Read within :data:`perfkit.readings.memory.PSS_DUTY` of the wall time, so NaN on
+  the samples between reads (never a carried value), and on every sample where ``smaps_rollup``
+  is not readable or ``PERFKIT_SAMPLER_PSS`` turns it off (:func:`pss_enabled`).
 - ``host_rss_mib`` / ``host_anon_mib``: RSS and anonymous RSS summed over the tree (shared pages
-  count once per process; kept for comparison with earlier bundles).
+  count once per process), from ``statm`` or the PSS read, at every sample.
 - ``cgroup_current_mib``: ``memory.current`` of the engine's own cgroup (NaN without one).
 - ``gpu_util_pct``: NVML utilisation (NaN without NVML).
 
