@@ -349,3 +349,34 @@ def test_watchdog_whose_root_exits_between_statm_and_pss_keeps_the_statm_peak():
         if p.poll() is None:
             p.kill()
         p.wait()
+
+
+def test_watchdog_acts_on_a_pss_read_over_the_cap_when_statm_rss_is_under_it(tmp_path):
+    """statm's RSS (the kernel's per-mm counters, which lag by per-thread/per-CPU batches) under
+    the cap, smaps_rollup's PSS over it: before, only a statm RSS over the cap led to a check, so
+    a PSS read for the peak that was over the cap never killed. A fake /proc (statm 0.98 GiB,
+    smaps_rollup 1.03 GiB) for a real process, cap 1 GiB."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        proc = tmp_path / "proc"
+        (proc / "self").mkdir(parents=True)
+        (proc / "self" / "smaps_rollup").write_text("")
+        d = proc / str(p.pid)
+        (d / "task" / str(p.pid)).mkdir(parents=True)
+        (d / "task" / str(p.pid) / "children").write_text("")
+        pages = int(0.98 * 2**30) // os.sysconf("SC_PAGE_SIZE")
+        (d / "statm").write_text(f"{2 * pages} {pages} 100 1 0 {pages} 0\n")
+        kib = int(1.03 * GIB_KIB)
+        (d / "smaps_rollup").write_text(
+            f"Rss: {kib} kB\nPss: {kib} kB\nPrivate_Clean: 0 kB\nPrivate_Dirty: {kib} kB\nAnonymous: {kib} kB\n"
+        )
+        reader = HostMemoryReader(proc_root=proc, cgroup_root=tmp_path / "nocg")
+        enf = HostCapEnforcer(p.pid, 1.0, mode="watchdog", reader=reader)
+        enf.start()
+        assert p.wait(timeout=5) == -signal.SIGKILL
+        o = enf.finish()
+        assert o.exceeded and "1.03 GiB > 1 GiB" in o.message and "PSS" in o.message, o
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()

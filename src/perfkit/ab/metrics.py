@@ -82,7 +82,9 @@ def metric_values(bundle: ResultBundle) -> pd.DataFrame:
         host = _num(lr.get("host_pss_peak_mib"))
         if not mem.empty and "host_pss_mib" in mem.columns:
             m = mem[(mem["launch"] == lab).fillna(False).to_numpy(bool)]
-            sampled = _num(pd.to_numeric(m["host_pss_mib"], errors="coerce").max()) if not m.empty else math.nan
+            sampled = (
+                _num(pd.to_numeric(m["host_pss_mib"], errors="coerce").max()) if not m.empty else math.nan
+            )
             host = float(np.fmax(host, sampled))
         add(lab, "host_peak", 0, host)
         r = req[(req["launch"] == lab).fillna(False).to_numpy(bool)] if not req.empty else req

@@ -547,9 +547,13 @@ class HostCapEnforcer:
             if self._cgroup is not None:
                 if self._cgroup_oom():
                     break
-            elif cap is not None and tm is not None and over:
+            elif cap is not None and tm is not None and (over or tm.source == "pss"):
+                # every PSS read is checked, also one taken for the peak: statm's RSS is the
+                # kernel's per-mm counters, which may lag the page tables that smaps_rollup walks
+                # (per-thread/per-CPU batches), so a PSS over the cap can come with a statm RSS
+                # under it
                 gib = (tm.pss_mib if tm.source == "pss" else tm.rss_mib) / 1024
-                if gib <= cap and not between:
+                if over and gib <= cap and not between:
                     between = True
                     log.warning(
                         "host cap watchdog of pid %d: the tree's summed RSS %.2f GiB is over the cap "
