@@ -12,10 +12,13 @@ and recorded), then told to the engine (``SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAIL
 - ``cgroup``: where ``/sys/fs/cgroup`` is cgroup v2 and perfkit may create a child cgroup with the
   memory controller, the engine is moved into one with ``memory.max`` (and ``memory.swap.max=0``);
   the kernel OOM-kills it when over. Host figures: the cgroup's ``memory.current``/``memory.peak``.
-- ``watchdog``: otherwise a thread reads the PSS of the engine's process tree
-  (:mod:`perfkit.readings.memory`: pages shared copy-on-write between forked processes count
-  once) every ``interval_s`` and kills the process group when it exceeds the cap
-  (``watchdog-pss``; ``watchdog-rss`` only where PSS cannot be read, with a warning).
+- ``watchdog``: otherwise a thread reads the summed RSS of the engine's process tree (``statm``)
+  every ``interval_s``, and its PSS (:mod:`perfkit.readings.memory`: pages shared copy-on-write
+  between forked processes count once) when that RSS is over the cap (PSS <= RSS) or, for the
+  peak, within :data:`~perfkit.readings.memory.PSS_DUTY` of the time; it kills the process group
+  when a PSS read is over the cap (``watchdog-pss``; ``watchdog-rss``, on RSS, only where PSS
+  cannot be read, with a warning). A summed RSS over the cap with the PSS under it makes it read
+  PSS at every check (up to 20 % of the time, which slows the engine: a warning says so once).
 
 Going over the cap is a result, not a hang: the engine is killed, its sockets close, later
 requests fail fast, and :class:`CapOutcome` says ``exceeded`` with a message like
