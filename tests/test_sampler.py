@@ -433,8 +433,11 @@ def test_pss_env_false_turns_pss_off(monkeypatch):
 def test_measure_refuses_an_unknown_pss_env_value_before_launching(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
+    import perfkit.measure
     from perfkit.measure import measure_command
 
+    # not this test's subject, and it would make the pytest process a subreaper for later tests
+    monkeypatch.setattr(perfkit.measure, "become_subreaper", lambda: None)
     params = Path(__file__).resolve().parents[1] / "params" / "ci-cpu.yaml"
     monkeypatch.setenv(PSS_ENV, "flase")
     res = CliRunner().invoke(measure_command, ["--params", str(params), "--out", str(tmp_path / "o")])
