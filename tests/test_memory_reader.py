@@ -91,7 +91,7 @@ def test_tree_pss_counts_shared_pages_once(shared_tree):
 
 def test_watchdog_acts_on_pss_not_summed_rss(shared_tree, caplog):
     """A cap below the tree's summed RSS (1.2 GiB) and above its PSS (0.4 GiB): not killed; the
-    watchdog then reads PSS at every check (the stall of issue 42), and says so once."""
+    watchdog then reads PSS for its check within CHECK_PSS_DUTY (5 %), and says so once."""
     with caplog.at_level(logging.WARNING, logger="perfkit.engine.caps"):
         enf = MemoryCaps(host_gib=0.6, host_enforcement="watchdog").start(shared_tree.pid)
         try:
@@ -104,7 +104,7 @@ def test_watchdog_acts_on_pss_not_summed_rss(shared_tree, caplog):
         finally:
             enf.finish()
     assert shared_tree.poll() is None
-    said = [r.getMessage() for r in caplog.records if "PSS is read at every check" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "PSS is read for the check up to 5 %" in r.getMessage()]
     assert len(said) == 1 and "over the cap 0.6 GiB" in said[0], caplog.text
 
 
@@ -376,6 +376,60 @@ def test_watchdog_acts_on_a_pss_read_over_the_cap_when_statm_rss_is_under_it(tmp
         assert p.wait(timeout=5) == -signal.SIGKILL
         o = enf.finish()
         assert o.exceeded and "1.03 GiB > 1 GiB" in o.message and "PSS" in o.message, o
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+class _SlowPss(HostMemoryReader):
+    """A reader whose PSS reads take 0.2 s more (a large engine's), counted."""
+
+    def __init__(self, proc_root) -> None:
+        super().__init__(proc_root=proc_root, cgroup_root=Path(proc_root).parent / "nocg")
+        self.pss_reads = 0
+
+    def tree(self, root, pids=None, pss=True):
+        if pss:
+            self.pss_reads += 1
+            time.sleep(0.2)
+        return super().tree(root, pids, pss=pss)
+
+
+def _fake_process(proc: Path, pid: int, statm_gib: float, pss_gib: float) -> None:
+    """(Re)write a fake /proc entry of ``pid``: statm resident ``statm_gib``, smaps_rollup Rss
+    = statm, Pss ``pss_gib``."""
+    (proc / "self").mkdir(parents=True, exist_ok=True)
+    (proc / "self" / "smaps_rollup").write_text("")
+    d = proc / str(pid)
+    (d / "task" / str(pid)).mkdir(parents=True, exist_ok=True)
+    (d / "task" / str(pid) / "children").write_text("")
+    pages = int(statm_gib * 2**30) // os.sysconf("SC_PAGE_SIZE")
+    (d / "statm").write_text(f"{2 * pages} {pages} 100 1 0 {pages} 0\n")
+    rss, p = int(statm_gib * GIB_KIB), int(pss_gib * GIB_KIB)
+    (d / "smaps_rollup").write_text(
+        f"Rss: {rss} kB\nPss: {p} kB\nPrivate_Clean: 0 kB\nPrivate_Dirty: {p} kB\nAnonymous: {p} kB\n"
+    )
+
+
+def test_watchdog_between_rss_and_pss_reads_pss_within_its_budget_and_at_once_on_growth(tmp_path):
+    """Summed RSS 1.5 GiB over a 1 GiB cap, PSS 0.5 GiB under it, a PSS read of 0.2 s: before,
+    PSS was read at every check (the issue-42 stall for as long as it lasted); now within
+    CHECK_PSS_DUTY (one read per 4 s here). When the RSS then grows by more than the PSS's margin
+    (0.5 GiB) the next check reads PSS and kills (long before the 4 s)."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    proc = tmp_path / "proc"
+    try:
+        _fake_process(proc, p.pid, 1.5, 0.5)
+        reader = _SlowPss(proc)
+        enf = HostCapEnforcer(p.pid, 1.0, mode="watchdog", reader=reader)
+        enf.start()
+        time.sleep(1.5)
+        assert reader.pss_reads == 1 and p.poll() is None  # the first check's read only
+        _fake_process(proc, p.pid, 2.1, 1.1)  # +0.6 GiB RSS, PSS over the cap
+        assert p.wait(timeout=2.0) == -signal.SIGKILL
+        o = enf.finish()
+        assert o.exceeded and "1.10 GiB > 1 GiB" in o.message and reader.pss_reads == 2, o
     finally:
         if p.poll() is None:
             p.kill()

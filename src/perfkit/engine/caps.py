@@ -17,8 +17,9 @@ and recorded), then told to the engine (``SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAIL
   between forked processes count once) when that RSS is over the cap (PSS <= RSS) or, for the
   peak, within :data:`~perfkit.readings.memory.PSS_DUTY` of the time; it kills the process group
   when a PSS read is over the cap (``watchdog-pss``; ``watchdog-rss``, on RSS, only where PSS
-  cannot be read, with a warning). A summed RSS over the cap with the PSS under it makes it read
-  PSS at every check (up to 20 % of the time, which slows the engine: a warning says so once).
+  cannot be read, with a warning). While the summed RSS is over the cap and the PSS under it, PSS
+  is read for the check within :data:`CHECK_PSS_DUTY` (5 %) of the time, and at the next check
+  whenever the RSS grew by more than the last PSS's margin under the cap (a warning says so once).
 
 Going over the cap is a result, not a hang: the engine is killed, its sockets close, later
 requests fail fast, and :class:`CapOutcome` says ``exceeded`` with a message like
@@ -45,6 +46,11 @@ from perfkit.readings.memory import PSS_DUTY, HostMemoryReader, MemoryReadError
 log = logging.getLogger(__name__)
 
 GIB = 2**30
+#: the largest fraction of time the watchdog reads PSS for its check while the tree's summed RSS
+#: is over the cap and its PSS under it, unless the RSS grew by more than the PSS's margin under
+#: the cap since the last read (then it reads at the next check). A PSS that grows with the RSS
+#: flat (copy-on-write breaks in forked workers) is seen within (read time) / 0.05 s.
+CHECK_PSS_DUTY = 0.05
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 ENFORCEMENTS = ("auto", "cgroup", "watchdog", "none")
 
@@ -494,6 +500,8 @@ class HostCapEnforcer:
         watch = self._cgroup is None and cap is not None
         refresh = 0.0
         pss_next = 0.0
+        check_next = 0.0  # the next PSS read for the cap check while RSS > cap >= PSS
+        last_rss = last_pss = 0.0  # MiB at the last PSS read
         between = False  # summed RSS over the cap, PSS under it (said once)
         pids: list[int] = [self.pid]
         while not self._stop.is_set():
@@ -522,9 +530,12 @@ class HostCapEnforcer:
                 o.peak_rss_gib = max(o.peak_rss_gib, tm.rss_mib / 1024)
             # PSS (smaps_rollup walks the engine's page tables under its mmap lock, which stalls
             # the engine's mmap/munmap: see perfkit.readings.memory.PSS_DUTY) only when the cap
-            # may be crossed (PSS <= RSS) or, for the peak, within the sampler's time budget
+            # may be crossed (PSS <= RSS) or, for the peak, within the sampler's time budget; while
+            # RSS stays over the cap and PSS under it, within CHECK_PSS_DUTY unless the RSS grew
+            # past the last PSS's margin
             over = watch and tm is not None and tm.rss_mib / 1024 > cap
-            if pss and tm is not None and tm.root_alive and (over or now >= pss_next):
+            check = over and (now >= check_next or tm.rss_mib - last_rss > cap * 1024 - last_pss)
+            if pss and tm is not None and tm.root_alive and (check or now >= pss_next):
                 t1 = time.monotonic()
                 try:
                     tp = self.reader.tree(self.pid, pids, pss=True)
@@ -535,8 +546,11 @@ class HostCapEnforcer:
                     if o.mechanism == "watchdog-pss":
                         o.mechanism = "watchdog-rss"
                 else:
-                    pss_next = t1 + (time.monotonic() - t1) / PSS_DUTY
+                    took = time.monotonic() - t1
+                    pss_next = t1 + took / PSS_DUTY
+                    check_next = t1 + took / CHECK_PSS_DUTY
                     if tp.source == "pss":
+                        last_rss, last_pss = tm.rss_mib, tp.pss_mib
                         tm = tp
             cost = time.monotonic() - t0
             if tm is not None and not tm.root_alive:  # the root exited (or is a zombie)
@@ -550,7 +564,7 @@ class HostCapEnforcer:
             if self._cgroup is not None:
                 if self._cgroup_oom():
                     break
-            elif cap is not None and tm is not None and (over or tm.source == "pss"):
+            elif cap is not None and tm is not None and (tm.source == "pss" or (over and not pss)):
                 # every PSS read is checked, also one taken for the peak: statm's RSS is the
                 # kernel's per-mm counters, which may lag the page tables that smaps_rollup walks
                 # (per-thread/per-CPU batches), so a PSS over the cap can come with a statm RSS
@@ -560,13 +574,15 @@ class HostCapEnforcer:
                     between = True
                     log.warning(
                         "host cap watchdog of pid %d: the tree's summed RSS %.2f GiB is over the cap "
-                        "%g GiB and its PSS %.2f GiB is not, so PSS is read at every check (up to "
-                        "20 %% of the time) while this lasts; smaps_rollup reads stall the engine's "
-                        "mmap/munmap (issue 42): its timings may be slowed; a cgroup cap avoids it",
+                        "%g GiB and its PSS %.2f GiB is not, so PSS is read for the check up to "
+                        "%g %% of the time while this lasts (and whenever the RSS grows past the "
+                        "PSS's margin); smaps_rollup reads stall the engine's mmap/munmap (issue "
+                        "42): its timings may be slowed; a cgroup cap avoids it",
                         self.pid,
                         tm.rss_mib / 1024,
                         cap,
                         gib,
+                        100 * CHECK_PSS_DUTY,
                     )
                 if gib > cap:
                     self._exceeded(
