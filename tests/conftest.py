@@ -33,6 +33,17 @@ from xdist.scheduler import LoadScopeScheduling
 
 from perfkit.engine import launch as _launch
 
+#: the parallel phase (an xdist worker): every process it starts (engines through suites and
+#: kernels too) gets OpenMP's passive wait policy, unless the environment already names one.
+#: Two workers on two cores with engines and kernels beside them oversubscribe the cores, and
+#: torch's OpenMP threads spin between parallel regions by default (libgomp's ACTIVE policy),
+#: burning the CPU the other worker needs: six tiny-engine requests measured here under load
+#: took 4.7 s of engine CPU and 16.6 s wall spinning, 2.9 s and 5.8 s passive (2.1 s, 3.5 s with
+#: one thread). The thread count is unchanged (OMP_NUM_THREADS, --cpu-threads as before); the
+#: timing phase, alone on the machine, keeps the default.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 #: modules by their wall time on CI's 2-core machine, heaviest first (pytest --durations): the
 #: parallel run hands them out in this order, the rest after them in collection order
 HEAVY_FIRST = (
