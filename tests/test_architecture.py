@@ -198,5 +198,7 @@ def test_the_cli_and_a_notebook_kernel_start_without_scipy():
         "import perfkit.gate.run, perfkit.report.notebook, perfkit.suite, perfkit.scaleout.merge\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'torch', 'papermill'}))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     assert out.stdout.strip() == "[]", out.stdout
