@@ -6,6 +6,9 @@
 ``scaleout_runs`` (session): test_scaleout_merge's small suite unsplit, as two shards and merged,
 shared with test_ray_suite.
 
+``ci_cpu_replay_run`` (session): ``perfkit suite`` replaying synthetic bundles with
+params/ci-cpu.yaml, shared by test_suite and the browser tests.
+
 ``no_surviving_engines`` (autouse, every test): any engine process started through
 :func:`perfkit.engine.launch.launch` during a test (and any descendant seen at its teardown) must be gone
 when the test ends. A survivor is killed and the test errors, so the run fails.
@@ -13,7 +16,8 @@ when the test ends. A survivor is killed and the test errors, so the run fails.
 Parallel runs (``make test``: pytest-xdist, two workers, ``--dist loadgroup``): every test module is
 one work unit (:class:`_ModuleGroups`, this conftest's xdist scheduler), so its module-scoped
 engine launches run once, on one worker; the modules that use one of the session fixtures below
-(``h200_replay_run``, ``scaleout_runs``) form one unit, so the session fixture runs once; the heaviest modules are collected and handed out first, so the
+(``h200_replay_run``, ``scaleout_runs``, ``ci_cpu_replay_run``) form one unit (a module naming two
+joins their units), so the session fixture runs once; the heaviest modules are collected and handed out first, so the
 two workers end together. Tests marked ``timing`` (their verdict depends on
 the host's speed: a live A/B must decide +30 %) run first, alone on the machine.
 """
@@ -32,6 +36,17 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 from perfkit.engine import launch as _launch
+
+#: the parallel phase (an xdist worker): every process it starts (engines through suites and
+#: kernels too) gets OpenMP's passive wait policy, unless the environment already names one.
+#: Two workers on two cores with engines and kernels beside them oversubscribe the cores, and
+#: torch's OpenMP threads spin between parallel regions by default (libgomp's ACTIVE policy),
+#: burning the CPU the other worker needs: six tiny-engine requests measured here under load
+#: took 4.7 s of engine CPU and 16.6 s wall spinning, 2.9 s and 5.8 s passive (2.1 s, 3.5 s with
+#: one thread). The thread count is unchanged (OMP_NUM_THREADS, --cpu-threads as before); the
+#: timing phase, alone on the machine, keeps the default.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 #: modules by their wall time on CI's 2-core machine, heaviest first (pytest --durations): the
 #: parallel run hands them out in this order, the rest after them in collection order
@@ -52,14 +67,27 @@ HEAVY_FIRST = (
 )
 
 
-#: this conftest's session fixtures that cost minutes: the test modules naming one form one work
-#: unit (named after it), so it runs once
-SHARED_SESSION_FIXTURES = ("h200_replay_run", "scaleout_runs")
+#: this conftest's session fixtures that cost a suite run or more: the test modules naming one
+#: form one work unit, so it runs once (modules naming two join both fixtures' units into one)
+SHARED_SESSION_FIXTURES = ("h200_replay_run", "scaleout_runs", "ci_cpu_replay_run")
 
 
-def _shared_fixture(path: Path) -> str | None:
-    text = path.read_text(encoding="utf-8")
-    return next((f for f in SHARED_SESSION_FIXTURES if f in text), None)
+def _module_units(paths) -> dict[Path, str | None]:
+    """Each test module's work unit: the first of :data:`SHARED_SESSION_FIXTURES` in its group, the
+    fixtures named together by one module being one group; None for a module naming none."""
+    named = {p: [f for f in SHARED_SESSION_FIXTURES if f in p.read_text(encoding="utf-8")] for p in paths}
+    group = {f: f for f in SHARED_SESSION_FIXTURES}
+
+    def root(f: str) -> str:
+        while group[f] != f:
+            f = group[f]
+        return f
+
+    for fs in named.values():
+        for f in fs[1:]:
+            a, b = sorted((root(fs[0]), root(f)), key=SHARED_SESSION_FIXTURES.index)
+            group[b] = a
+    return {p: root(fs[0]) if fs else None for p, fs in named.items()}
 
 
 class _ModuleGroups(LoadScopeScheduling):
@@ -74,9 +102,8 @@ class _ModuleGroups(LoadScopeScheduling):
     def __init__(self, config, log=None):
         super().__init__(config, log)
         root = Path(str(config.rootpath))
-        self._unit = {
-            str(p.relative_to(root)): _shared_fixture(p) for p in Path(__file__).parent.glob("test_*.py")
-        }
+        units = _module_units(Path(__file__).parent.glob("test_*.py"))
+        self._unit = {str(p.relative_to(root)): u for p, u in units.items()}
 
     def _split_scope(self, nodeid: str) -> str:
         module = nodeid.split("::", 1)[0]
@@ -132,6 +159,30 @@ def scaleout_runs(tmp_path_factory) -> dict:
     import test_scaleout_merge
 
     return test_scaleout_merge.make_runs(tmp_path_factory.mktemp("scaleout"))
+
+
+@pytest.fixture(scope="session")
+def ci_cpu_replay_run(tmp_path_factory) -> dict:
+    """``perfkit suite --params params/ci-cpu.yaml --replay REC`` on synthetic bundles of every
+    investigation (tests/synthetic.py, ``make_run``), with ``GITHUB_STEP_SUMMARY`` set: shared by
+    test_suite's replay test and the browser tests, which read its outputs. Keys: ``proc`` (the
+    finished process), ``out`` (the run), ``rec`` (the bundles replayed), ``gh_summary`` (the
+    file given as ``GITHUB_STEP_SUMMARY``)."""
+    import synthetic
+
+    tmp = tmp_path_factory.mktemp("ci-cpu-replay")
+    rec = synthetic.make_run(tmp / "recorded")
+    out, gh_summary = tmp / "run", tmp / "gh_summary.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "perfkit.cli", "suite", "--params", "params/ci-cpu.yaml", "--out", str(out)]
+        + ["--replay", str(rec), "--no-screenshot", "-q"],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "GITHUB_STEP_SUMMARY": str(gh_summary)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return {"proc": proc, "out": out, "rec": rec, "gh_summary": gh_summary}
 
 
 @pytest.fixture(scope="session")

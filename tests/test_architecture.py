@@ -186,3 +186,19 @@ def test_invariant_defaults_come_from_the_scenarios():
     assert p.invariants_all()["warm_cold_ratio_max"] == 1.0
     assert p.invariants_all()["compile_inactive_ok"] is False
     assert "instrumentation_overhead_max" not in p.invariants_all()  # None: reported, not gated
+
+
+def test_the_cli_and_a_notebook_kernel_start_without_scipy():
+    """scipy (0.4-0.7 s of CPU to import) is imported where a test or interval needs it, not at
+    module level: every ``perfkit`` command and every notebook kernel of a suite imports the
+    CLI, the scenarios (all of them, through the registry), the report and the gate."""
+    code = (
+        "import sys\n"
+        "import perfkit.cli, perfkit.nbparams, perfkit.report, perfkit.scenarios.runner\n"
+        "import perfkit.gate.run, perfkit.report.notebook, perfkit.suite, perfkit.scaleout.merge\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'torch', 'papermill'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout

@@ -12,16 +12,12 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from perfkit import report
-
-sys.path.insert(0, str(Path(__file__).parent))
-import synthetic  # noqa: E402
 
 CHROMIUM = report.chromium_binary()
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed")]
@@ -172,15 +168,12 @@ def open_report(html: Path, tmp_path: Path, screenshot: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def replay_run(tmp_path_factory) -> Path:
-    """A real suite run (papermill, notebooks, report) replaying synthetic bundles."""
-    from perfkit.suite import run_suite
-
-    base = tmp_path_factory.mktemp("browser")
-    rec = synthetic.make_run(base / "recorded")
-    res = run_suite("params/ci-cpu.yaml", base / "run", replay=rec, screenshot=False, progress=False)
-    assert res.exit_code == 0, (base / "run" / "summary.md").read_text()
-    return base / "run"
+def replay_run(ci_cpu_replay_run) -> Path:
+    """A real suite run (papermill, notebooks, report) replaying synthetic bundles with
+    params/ci-cpu.yaml (conftest's session run, shared with test_suite)."""
+    proc, out = ci_cpu_replay_run["proc"], ci_cpu_replay_run["out"]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
 
 
 def test_report_offline_in_chromium(replay_run: Path, tmp_path: Path):

@@ -143,22 +143,12 @@ def test_exit_code_rules():
 
 
 @pytest.mark.slow
-def test_replayed_suite_passes(tmp_path):
-    rec = synthetic.make_run(tmp_path / "recorded")
-    out = tmp_path / "run"
-    summary = tmp_path / "gh_summary.md"
-    proc = perfkit(
-        "suite",
-        "--params",
-        "params/ci-cpu.yaml",
-        "--out",
-        str(out),
-        "--replay",
-        str(rec),
-        "--no-screenshot",
-        "-q",
-        env={"GITHUB_STEP_SUMMARY": str(summary)},
-    )
+def test_replayed_suite_passes(ci_cpu_replay_run):
+    """``perfkit suite --params params/ci-cpu.yaml --replay`` of synthetic bundles of every
+    investigation, ``GITHUB_STEP_SUMMARY`` set (conftest's session run, shared with the browser
+    tests, which only read it)."""
+    proc, out, rec = ci_cpu_replay_run["proc"], ci_cpu_replay_run["out"], ci_cpu_replay_run["rec"]
+    summary = ci_cpu_replay_run["gh_summary"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for f in ("report.html", "summary.md", "baseline.json", "run.json", "params.yaml"):
         assert (out / f).exists(), f

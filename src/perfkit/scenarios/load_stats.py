@@ -20,7 +20,6 @@ from typing import Any, Literal, Mapping, Optional, Union
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from scipy.stats import spearmanr
 
 from perfkit import stats
 from perfkit.checks import number
@@ -337,6 +336,8 @@ def open_loop_stats(
     finite = [w for w in waits if number(w) is not None]
     third = max(1, len(waits) // 3)
     first, last = median(waits[:third]), median(waits[-third:])
+    from scipy.stats import spearmanr  # 0.4 s to import: every kernel and CLI start imports this module
+
     rho = float(spearmanr(range(len(finite)), finite).statistic) if len(set(finite)) > 1 else None
     # too few requests to show either answer (4 requests: one per third, rho of 4 points)
     too_few = third < MIN_PER_THIRD or len(finite) < 3 * MIN_PER_THIRD
