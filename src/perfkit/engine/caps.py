@@ -41,7 +41,7 @@ from typing import Any, Callable
 import psutil
 
 from perfkit.readings.memory import DEFAULT as _DEFAULT_READER
-from perfkit.readings.memory import PSS_DUTY, HostMemoryReader, MemoryReadError
+from perfkit.readings.memory import PSS_DUTY, HostMemoryReader, MemoryReadError, ReadBudget
 
 log = logging.getLogger(__name__)
 
@@ -499,8 +499,8 @@ class HostCapEnforcer:
         pss = o.host_source != "rss"
         watch = self._cgroup is None and cap is not None
         refresh = 0.0
-        pss_next = 0.0
-        check_next = 0.0  # the next PSS read for the cap check while RSS > cap >= PSS
+        peak_budget = ReadBudget(PSS_DUTY)  # PSS reads for the peak
+        check_budget = ReadBudget(CHECK_PSS_DUTY)  # for the cap check while RSS > cap >= PSS
         last_rss = last_pss = 0.0  # MiB at the last PSS read
         between = False  # summed RSS over the cap, PSS under it (said once)
         pids: list[int] = [self.pid]
@@ -534,8 +534,8 @@ class HostCapEnforcer:
             # RSS stays over the cap and PSS under it, within CHECK_PSS_DUTY unless the RSS grew
             # past the last PSS's margin
             over = watch and tm is not None and tm.rss_mib / 1024 > cap
-            check = over and (now >= check_next or tm.rss_mib - last_rss > cap * 1024 - last_pss)
-            if pss and tm is not None and tm.root_alive and (check or now >= pss_next):
+            check = over and (check_budget.due(now) or tm.rss_mib - last_rss > cap * 1024 - last_pss)
+            if pss and tm is not None and tm.root_alive and (check or peak_budget.due(now)):
                 t1 = time.monotonic()
                 try:
                     tp = self.reader.tree(self.pid, pids, pss=True)
@@ -547,8 +547,8 @@ class HostCapEnforcer:
                         o.mechanism = "watchdog-rss"
                 else:
                     took = time.monotonic() - t1
-                    pss_next = t1 + took / PSS_DUTY
-                    check_next = t1 + took / CHECK_PSS_DUTY
+                    peak_budget.spent(t1, took)
+                    check_budget.spent(t1, took)
                     if tp.source == "pss":
                         last_rss, last_pss = tm.rss_mib, tp.pss_mib
                         tm = tp

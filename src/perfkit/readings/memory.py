@@ -45,6 +45,25 @@ log = logging.getLogger(__name__)
 #: waits 20 s for the next.
 PSS_DUTY = 0.01
 
+
+@dataclass
+class ReadBudget:
+    """When a costly read (``smaps_rollup``) is next due, so that such reads take at most ``duty``
+    of the wall time: after a read that began at ``t0`` (``time.monotonic()``, s) and took
+    ``took`` s, the next is due at ``t0 + took / duty``. The first read is due at once."""
+
+    duty: float
+    next_at: float = 0.0
+
+    def due(self, now: float) -> bool:
+        """Whether a read may be taken at ``now`` (monotonic s)."""
+        return now >= self.next_at
+
+    def spent(self, t0: float, took: float) -> None:
+        """A read began at ``t0`` and took ``took`` s."""
+        self.next_at = t0 + took / self.duty
+
+
 MIB = 2**20
 GIB = 2**30
 NAN = float("nan")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from perfkit.readings.memory import DEFAULT as _DEFAULT_READER
-from perfkit.readings.memory import PSS_DUTY, HostMemoryReader, MemoryReadError
+from perfkit.readings.memory import PSS_DUTY, HostMemoryReader, MemoryReadError, ReadBudget
 from perfkit.readings.sampler.nvml import (
     MIB,
     NAN,
@@ -138,7 +138,7 @@ class MemorySampler:
         #: smaps_rollup tree reads so far, and the seconds they took
         self.pss_reads = 0
         self.pss_read_s = 0.0
-        self._pss_next = 0.0
+        self._pss_budget = ReadBudget(self.pss_duty)
         self.pid = pid
         self.interval_s = float(interval_s)
         self.gpu_indices = _indices(gpu_index)
@@ -256,7 +256,7 @@ class MemorySampler:
         if now - self._tree_t >= self.tree_refresh_s:
             self._tree = self.reader.tree_pids(self.pid)
             self._tree_t = now
-        if self._pss and now >= self._pss_next:
+        if self._pss and self._pss_budget.due(now):
             t0 = time.monotonic()
             try:
                 tm = self.reader.tree(self.pid, self._tree, pss=True)
@@ -268,7 +268,7 @@ class MemorySampler:
                 cost = time.monotonic() - t0
                 self.pss_reads += 1
                 self.pss_read_s += cost
-                self._pss_next = t0 + cost / self.pss_duty
+                self._pss_budget.spent(t0, cost)
         else:
             tm = self.reader.tree(self.pid, self._tree, pss=False)
         if not tm.root_alive:  # the root is gone (or a zombie)
