@@ -62,6 +62,7 @@ HEAVY_FIRST = (
     "test_profiling",
     "test_engine_config",
     "test_cfg_parallel",
+    "test_ab_aa_cut",
     "test_ab_power",
     "test_offload_modes",
 )

@@ -22,6 +22,7 @@ import pandas as pd
 
 from perfkit.bundle import ResultBundle
 from perfkit.readings import traces as tr
+from perfkit.readings.trace_files import read_many
 from perfkit.report.plots import alt_text, figure_to_png_bytes, step_timeline
 from perfkit.report.tables import Table, format_table
 
@@ -85,6 +86,7 @@ def read_traces(
     of each trace (rank from its file name): ``(events, overhead, errors)``."""
     out, overhead, errors = {}, {}, []
     t = bundle.table("traces")
+    todo: list[tuple[str, Path]] = []
     for row in t.itertuples(index=False):
         if (
             not bool(row.kept)
@@ -94,14 +96,15 @@ def read_traces(
             continue
         name = Path(str(row.file)).name
         path = bundle.traces.get(name) or (Path(bundle.path) / str(row.file) if bundle.path else None)
-        try:
-            if path is None:
-                raise tr.TraceError(f"{row.file}: not in the bundle")
-            doc = tr.load_trace(path)
-            out[str(row.role)] = tr.op_events(doc)
-            overhead[str(row.role)] = tr.overhead_table(doc, tr.rank_of(name))
-        except tr.TraceError as exc:
-            errors.append(str(exc))
+        if path is None:
+            errors.append(f"{row.file}: not in the bundle")
+        else:
+            todo.append((str(row.role), Path(path)))
+    for (role, _), got in zip(todo, read_many([p for _, p in todo])):
+        if got.error is not None:
+            errors.append(got.error)
+        else:
+            out[role], overhead[role] = got.events, got.overhead
     return out, overhead, errors
 
 
