@@ -52,6 +52,7 @@ from perfkit.ab.pool import (
     variance_table,
 )
 from perfkit.ab.slow import QUIET_QUANTILE, SLOW_FACTOR, slow_launches, slow_spells
+from perfkit.ab.welch import low_above, welch_moments
 
 __all__ = [
     "Pool",
@@ -77,16 +78,11 @@ __all__ = [
 MAX_EXACT = 100_000
 
 
-def _ends(xa: np.ndarray, xb: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
-    """(low, high) log ends of :func:`perfkit.ab.stats.welch_log_intervals`."""
-    return stats.welch_log_intervals(xa, xb, confidence)[3:]
-
-
-def _rate(hits: np.ndarray, ends: np.ndarray) -> float:
-    """Share of draws with a hit; a draw without an interval (NaN end) counts as no hit, as
-    ``perfkit ab`` calls it inconclusive, but no draw with an interval at all is no rate (NaN),
-    never 0."""
-    if not np.isfinite(ends).any():
+def _rate(hits: np.ndarray, has: np.ndarray) -> float:
+    """Share of draws with a hit; a draw without an interval (``has`` False: a side with fewer
+    than 2 values) counts as no hit, as ``perfkit ab`` calls it inconclusive, but no draw with an
+    interval at all is no rate (NaN), never 0."""
+    if not has.any():
         return math.nan
     return float(np.mean(hits))
 
@@ -174,7 +170,6 @@ def power_table(
         if bad:
             raise ValueError(f"M {bad}: the pool has 1 to {pool.warm} warm requests a launch")
     rng = np.random.default_rng(seed)
-    confs = {c for _, c in settings}
     rows = []
     for mm in ms:
         med = {arm: log_medians(v, mm) for arm, v in pool.values.items()}
@@ -188,7 +183,7 @@ def power_table(
                 idx, aa_exact = _aa_ways(rng, len(a), nn, sims)
                 x = la[idx]
                 aa_ways = len(idx)
-                aa = {c: _ends(x[:, :nn], x[:, nn:], c) for c in confs}
+                aa = welch_moments(x[:, :nn], x[:, nn:])
             for arm, info in pool.arms.items():
                 b = med[arm].reindex(columns=cols)
                 # N launches of each side: none drawn (no rate) when either side has fewer
@@ -196,7 +191,7 @@ def power_table(
                 if nn <= len(a) and nn <= len(b):
                     ia, ib, ab_exact = _ab_ways(rng, len(a), len(b), nn, sims)
                     ab_ways = len(ia)
-                    ab = {c: _ends(la[ia], b.to_numpy()[ib], c) for c in confs}
+                    ab = welch_moments(la[ia], b.to_numpy()[ib])
                 for thr, conf in settings:
                     row: dict[str, Any] = {
                         "arm": arm,
@@ -214,29 +209,38 @@ def power_table(
                         "ab_exact": ab_exact,
                     }
                     up = math.log1p(thr)
-                    row.update(_aa_rates(None if aa is None else aa[conf], cols, gate, up))
-                    row.update(_ab_rates(None if ab is None else ab[conf], cols, gate, up))
+                    row.update(_aa_rates(aa, conf, cols, gate, up))
+                    row.update(_ab_rates(ab, conf, cols, gate, up))
                     rows.append(row)
     return pd.DataFrame(rows)
 
 
+Moments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
 def _aa_rates(
-    ends: tuple[np.ndarray, np.ndarray] | None, cols: list[str], gate: list[int], up: float
+    mom: Moments | None, conf: float, cols: list[str], gate: list[int], up: float
 ) -> dict[str, float]:
-    """A/A columns of one :func:`power_table` row from the draws' (low, high) log ends (None:
-    nothing drawn, every rate NaN): ``aa_covers``, ``aa_alarm_<metric>``, ``aa_alarm_any``,
+    """A/A columns of one :func:`power_table` row from the draws' Welch moments
+    (:func:`perfkit.ab.welch.welch_moments`, each (draws, metrics); None: nothing drawn, every
+    rate NaN) at two-sided ``conf``: ``aa_covers``, ``aa_alarm_<metric>``, ``aa_alarm_any``,
     ``aa_alarm_gate``; a regression is a low end above ``up`` (log of 1 + threshold)."""
     row: dict[str, float] = {}
-    if ends is not None:
-        low, high = ends
-        reg = low > up
+    if mom is not None:
+        d, se, df, bad = mom
+        has = ~bad
+        reg = low_above(d, se, df, bad, conf, up)
         k = cols.index("DenoisingStage")
-        row["aa_covers"] = _rate((low[:, k] <= 0) & (high[:, k] >= 0), low[:, k])
+        # low <= 0 <= high: neither end beyond 0 (high < 0 is -high > 0, IEEE negation is exact)
+        kk = (d[:, k], se[:, k], df[:, k], bad[:, k])
+        low_pos = low_above(*kk, conf, 0.0)
+        high_neg = low_above(-kk[0], *kk[1:], conf, 0.0)
+        row["aa_covers"] = _rate(has[:, k] & ~low_pos & ~high_neg, has[:, k])
         for metric in KEY_METRICS:
             j = cols.index(metric) if metric in cols else None
-            row[f"aa_alarm_{metric}"] = math.nan if j is None else _rate(reg[:, j], low[:, j])
-        row["aa_alarm_any"] = _rate(reg.any(axis=1), low)
-        row["aa_alarm_gate"] = _rate(reg[:, gate].any(axis=1), low[:, gate]) if gate else math.nan
+            row[f"aa_alarm_{metric}"] = math.nan if j is None else _rate(reg[:, j], has[:, j])
+        row["aa_alarm_any"] = _rate(reg.any(axis=1), has)
+        row["aa_alarm_gate"] = _rate(reg[:, gate].any(axis=1), has[:, gate]) if gate else math.nan
     else:
         row.update({"aa_covers": math.nan, "aa_alarm_any": math.nan, "aa_alarm_gate": math.nan})
         row.update({f"aa_alarm_{k}": math.nan for k in KEY_METRICS})
@@ -244,22 +248,23 @@ def _aa_rates(
 
 
 def _ab_rates(
-    ends: tuple[np.ndarray, np.ndarray] | None, cols: list[str], gate: list[int], up: float
+    mom: Moments | None, conf: float, cols: list[str], gate: list[int], up: float
 ) -> dict[str, float]:
-    """Detection columns of one :func:`power_table` row from the A/B draws' log ends (None:
-    nothing drawn, every rate NaN): ``detect_<metric>``, ``alarm_untouched``, ``detect_any``,
-    ``detect_gate``."""
+    """Detection columns of one :func:`power_table` row from the A/B draws' Welch moments (as
+    :func:`_aa_rates`; None: nothing drawn, every rate NaN): ``detect_<metric>``,
+    ``alarm_untouched``, ``detect_any``, ``detect_gate``."""
     row: dict[str, float] = {}
-    if ends is not None:
-        low, _ = ends
+    if mom is not None:
+        reg = low_above(*mom, conf, up)
+        has = ~mom[3]
         for metric in KEY_METRICS:
             j = cols.index(metric) if metric in cols else None
-            row[f"detect_{metric}"] = math.nan if j is None else _rate(low[:, j] > up, low[:, j])
+            row[f"detect_{metric}"] = math.nan if j is None else _rate(reg[:, j], has[:, j])
         j = cols.index(UNTOUCHED) if UNTOUCHED in cols else None
-        row["alarm_untouched"] = math.nan if j is None else _rate(low[:, j] > up, low[:, j])
+        row["alarm_untouched"] = math.nan if j is None else _rate(reg[:, j], has[:, j])
         # the exit code: any metric called a regression; with the gate, any key metric
-        row["detect_any"] = _rate((low > up).any(axis=1), low)
-        row["detect_gate"] = _rate((low[:, gate] > up).any(axis=1), low[:, gate]) if gate else math.nan
+        row["detect_any"] = _rate(reg.any(axis=1), has)
+        row["detect_gate"] = _rate(reg[:, gate].any(axis=1), has[:, gate]) if gate else math.nan
     else:
         row.update({f"detect_{k}": math.nan for k in KEY_METRICS})
         row.update({"alarm_untouched": math.nan, "detect_any": math.nan, "detect_gate": math.nan})

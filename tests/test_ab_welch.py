@@ -1,0 +1,95 @@
+"""`perfkit.ab.welch.low_above` (the power table's decisions without a t quantile a draw) gives
+the very booleans of comparing `welch_log_intervals`' ends, on random inputs and at knife edges."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from perfkit.ab.stats import _np_sum, _welch_one
+from perfkit.ab.welch import low_above, welch_log_intervals, welch_moments
+
+_log = st.floats(-3.0, 3.0, allow_nan=False)
+
+
+def _same(xa: np.ndarray, xb: np.ndarray, conf: float, c: float) -> None:
+    _, _, _, low, high = welch_log_intervals(xa, xb, conf)
+    d, se, df, bad = welch_moments(xa, xb)
+    np.testing.assert_array_equal(low_above(d, se, df, bad, conf, c), low > c)
+    np.testing.assert_array_equal(low_above(-d, se, df, bad, conf, -c), high < c)
+    np.testing.assert_array_equal(~bad, np.isfinite(low))  # what the power rates count as drawn
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    data=st.data(),
+    n=st.integers(1, 6),
+    k=st.integers(1, 3),
+    conf=st.sampled_from([0.5, 0.9, 0.95, 0.99, 0.999]),
+    c=st.sampled_from([0.0, 0.01, 0.05, -0.02]),
+)
+def test_low_above_is_the_quantile_path(data, n, k, conf, c):
+    s = data.draw(st.integers(1, 20))
+    vals = st.one_of(_log, st.just(float("nan")), st.just(0.0), st.just(0.01))
+    xa = np.array(data.draw(st.lists(vals, min_size=s * n * k, max_size=s * n * k))).reshape(s, n, k)
+    xb = np.array(data.draw(st.lists(vals, min_size=s * n * k, max_size=s * n * k))).reshape(s, n, k)
+    _same(xa, xb, conf, c)
+
+
+@pytest.mark.parametrize("conf", [0.95, 0.99])
+def test_low_above_on_many_draws_and_at_the_edge(conf):
+    rng = np.random.default_rng(7)
+    xa = rng.normal(0.0, 0.03, (20000, 4, 3))
+    xb = rng.normal(0.02, 0.03, (20000, 4, 3)) * rng.choice([1.0, 0.1, 5.0], (20000, 1, 3))
+    xa[::97, 0, 1] = np.nan  # a side with fewer values; some with fewer than 2
+    xa[::89, :3, 2] = np.nan
+    _same(xa, xb, conf, 0.01)
+    # c set to draws' own low ends: the comparison at exactly the end (False) and just below it
+    low = welch_log_intervals(xa, xb, conf)[3]
+    d, se, df, bad = welch_moments(xa, xb)
+    for j in range(0, 20000, 1999):
+        c = float(low[j, 0])
+        if np.isfinite(c):
+            got = low_above(d[j : j + 1], se[j : j + 1], df[j : j + 1], bad[j : j + 1], conf, c)
+            assert not got[0, 0]
+            below = np.nextafter(c, -np.inf)
+            got = low_above(d[j : j + 1], se[j : j + 1], df[j : j + 1], bad[j : j + 1], conf, below)
+            assert got[0, 0]
+
+
+def test_low_above_refuses_a_confidence_outside_0_1():
+    z = np.zeros((1, 1))
+    with pytest.raises(ValueError, match="confidence must be in"):
+        low_above(z, z + 1, z + 3, z.astype(bool), 1.0, 0.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    la=st.lists(st.floats(-8.0, 12.0, allow_nan=False), min_size=2, max_size=20),
+    lb=st.lists(st.floats(-8.0, 12.0, allow_nan=False), min_size=2, max_size=20),
+    conf=st.sampled_from([0.5, 0.95, 0.99, 0.9983]),
+)
+def test_one_comparison_in_plain_floats_is_the_numpy_path(la, lb, conf):
+    a, b = np.array(la), np.array(lb)
+    _, se, df, low, high = (
+        float(v[0, 0]) for v in welch_log_intervals(a[None, :, None], b[None, :, None], conf)
+    )
+    want = (float(a.std(ddof=1)), float(b.std(ddof=1)), se, df, low, high)
+    assert _welch_one(la, lb, conf) == want
+
+
+def test_one_comparison_on_many_random_launch_sets():
+    rng = np.random.default_rng(3)
+    for _ in range(3000):
+        na, nb = rng.integers(2, 13, 2)
+        a = rng.normal(rng.normal(5, 2), rng.choice([1e-9, 0.02, 1.0]), na)
+        b = rng.normal(rng.normal(5, 2), rng.choice([1e-9, 0.02, 1.0]), nb)
+        conf = float(rng.choice([0.95, 0.99, 0.9983]))
+        got = _welch_one(a.tolist(), b.tolist(), conf)
+        _, se, df, low, high = (
+            float(v[0, 0]) for v in welch_log_intervals(a[None, :, None], b[None, :, None], conf)
+        )
+        assert got == (float(a.std(ddof=1)), float(b.std(ddof=1)), se, df, low, high)
+        assert _np_sum(a.tolist()) == float(np.add.reduce(a))
