@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfkit.ab.slow import QUIET_QUANTILE, SLOW_FACTOR, _quantile_linear, slow_launches
 from perfkit.ab.stats import _np_sum, _welch_one
 from perfkit.ab.welch import low_above, welch_log_intervals, welch_moments
 
@@ -93,3 +94,22 @@ def test_one_comparison_on_many_random_launch_sets():
         )
         assert got == (float(a.std(ddof=1)), float(b.std(ddof=1)), se, df, low, high)
         assert _np_sum(a.tolist()) == float(np.add.reduce(a))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    xs=st.lists(st.floats(0.0, 1e5, allow_nan=False), min_size=1, max_size=60),
+    q=st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.9, 1.0]),
+)
+def test_quiet_level_in_plain_floats_is_np_quantile(xs, q):
+    assert _quantile_linear(sorted(xs), q) == float(np.quantile(np.array(xs), q))
+
+
+def test_slow_launches_marks_as_before():
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        req = {f"L{i}": rng.lognormal(6.0, rng.choice([0.01, 0.05]), rng.integers(0, 6)) for i in range(8)}
+        every = np.concatenate([v for v in req.values() if v.size] or [np.empty(0)])
+        quiet = float(np.quantile(every, QUIET_QUANTILE)) if every.size else 0.0
+        want = [k for k, v in req.items() if v.size and float(np.mean(v > SLOW_FACTOR * quiet)) >= 0.5]
+        assert slow_launches(req) == want
