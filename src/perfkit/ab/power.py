@@ -22,7 +22,9 @@ for this pool) or, where there are more than :data:`MAX_EXACT` ways, over random
 Draws share launches, so the rates describe one pool (its size goes with every rate), not
 independent experiments: with 10 A launches there are only 252 ordered A/A splits at N = 5, so
 an A/A rate moves in steps of 0.4 %. The intervals are computed for all draws at once (numpy) with the
-same Welch–Satterthwaite formulas as :func:`perfkit.ab.stats.ratio_interval`.
+same Welch–Satterthwaite formulas as :func:`perfkit.ab.stats.ratio_interval`; whether an end lies
+beyond a threshold is decided by :func:`perfkit.ab.welch.low_above`, the same booleans as
+comparing the ends without a t quantile for every draw.
 
 Beside this module (the resampled rates: :func:`power_table`, :func:`recommend`):
 :mod:`perfkit.ab.pool` (the pool loaded, log medians, variance split) and :mod:`perfkit.ab.slow`

@@ -12,7 +12,8 @@ and both roundings are monotone, so ``low > c`` can only flip from True to False
 The t quantile falls as df grows, so the quantiles at the ends of a df bucket (a geometric grid of
 :data:`GRID` points over the draws' df, each bound widened by 1e-9 relative) bracket every
 quantile inside it: a draw whose answer is the same at both bounds has that answer; only the
-draws left between them (an end within ~0.1 % of ``c``) get their own quantile, computed exactly
+draws left between them (an end near ``c``: within the spread of quantiles of its df bucket and its
+neighbours) get their own quantile, computed exactly
 as :func:`welch_log_intervals` does. A low end exactly equal to ``c`` is therefore decided by the
 same ``fl(d − fl(t·se)) > c`` comparison as before (False).
 """
