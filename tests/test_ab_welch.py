@@ -1,23 +1,53 @@
-"""`perfkit.ab.welch.low_above` (the power table's decisions without a t quantile a draw) gives
-the very booleans of comparing `welch_log_intervals`' ends, on random inputs and at knife edges."""
+"""The A/B power and replay fast paths give the very numbers of the code they replaced: the power
+table's decisions without a t quantile a draw (`perfkit.ab.welch.low_above`) and its moments
+reduced once per launch group, one comparison in plain floats (`stats._welch_one`) and the slow
+launches' quiet level, each against a frozen copy of the former computation."""
 
 from __future__ import annotations
+
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfkit.ab import power
 from perfkit.ab.slow import QUIET_QUANTILE, SLOW_FACTOR, _quantile_linear, slow_launches
 from perfkit.ab.stats import _np_sum, _welch_one
 from perfkit.ab.welch import low_above, welch_log_intervals, welch_moments
 
+POOL = Path(__file__).resolve().parents[1] / "examples/h200/ab-pool/sync-den2"
 _log = st.floats(-3.0, 3.0, allow_nan=False)
 
 
+def _reference(xa: np.ndarray, xb: np.ndarray, confidence: float) -> tuple[np.ndarray, ...]:
+    """``perfkit.ab.stats.welch_log_intervals`` as it was before the fast paths (63e8193), verbatim."""
+    from scipy.special import stdtrit
+
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        na, nb = np.isfinite(xa).sum(1), np.isfinite(xb).sum(1)
+        va = np.nanvar(xa, axis=1, ddof=1) / na
+        vb = np.nanvar(xb, axis=1, ddof=1) / nb
+        d = np.nanmean(xb, axis=1) - np.nanmean(xa, axis=1)
+        se = np.sqrt(va + vb)
+        den = np.where(va > 0, va**2 / (na - 1), 0.0) + np.where(vb > 0, vb**2 / (nb - 1), 0.0)
+        df = np.where(den > 0, (va + vb) ** 2 / np.where(den > 0, den, 1.0), np.inf)
+        half = np.where(se > 0, stdtrit(df, 0.5 + confidence / 2.0) * se, 0.0)
+        low, high = d - half, d + half
+    bad = (na < 2) | (nb < 2) | ~np.isfinite(d)
+    low[bad] = np.nan
+    high[bad] = np.nan
+    return d, se, df, low, high
+
+
 def _same(xa: np.ndarray, xb: np.ndarray, conf: float, c: float) -> None:
-    _, _, _, low, high = welch_log_intervals(xa, xb, conf)
+    _, _, _, low, high = _reference(xa, xb, conf)
     d, se, df, bad = welch_moments(xa, xb)
+    for got, want in zip(welch_log_intervals(xa, xb, conf), _reference(xa, xb, conf)):
+        np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(low_above(d, se, df, bad, conf, c), low > c)
     np.testing.assert_array_equal(low_above(-d, se, df, bad, conf, -c), high < c)
     np.testing.assert_array_equal(~bad, np.isfinite(low))  # what the power rates count as drawn
@@ -48,7 +78,7 @@ def test_low_above_on_many_draws_and_at_the_edge(conf):
     xa[::89, :3, 2] = np.nan
     _same(xa, xb, conf, 0.01)
     # c set to draws' own low ends: the comparison at exactly the end (False) and just below it
-    low = welch_log_intervals(xa, xb, conf)[3]
+    low = _reference(xa, xb, conf)[3]
     d, se, df, bad = welch_moments(xa, xb)
     for j in range(0, 20000, 1999):
         c = float(low[j, 0])
@@ -113,3 +143,22 @@ def test_slow_launches_marks_as_before():
         quiet = float(np.quantile(every, QUIET_QUANTILE)) if every.size else 0.0
         want = [k for k, v in req.items() if v.size and float(np.mean(v > SLOW_FACTOR * quiet)) >= 0.5]
         assert slow_launches(req) == want
+
+
+@pytest.mark.parametrize("n, max_exact", [(2, power.MAX_EXACT), (3, 100)])
+def test_power_moments_by_launch_group_are_the_per_draw_moments(monkeypatch, n, max_exact):
+    monkeypatch.setattr(power, "MAX_EXACT", max_exact)  # 100: random draws, not every way
+    pool = power.load_pool(POOL)
+    la, lb = (power.log_medians(pool.values[s], 5).to_numpy() for s in ("A", "B"))
+    rng = np.random.default_rng(2)
+    for ways, xb in (
+        (power._aa_ways(rng, len(la), n, 300), la),
+        (power._ab_ways(rng, len(la), len(lb), n, 300), lb),
+    ):
+        ga, pa, gb, pb, exact = ways
+        assert exact == (max_exact > 1000)
+        x = np.concatenate([la[ga[pa]], xb[gb[pb]]], axis=1)  # the draws as the table built them before
+        got = power._moments(la, xb, ways)
+        want = _reference(x[:, :n], x[:, n:], 0.95)[:3]
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)

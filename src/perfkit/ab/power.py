@@ -54,7 +54,7 @@ from perfkit.ab.pool import (
     variance_table,
 )
 from perfkit.ab.slow import QUIET_QUANTILE, SLOW_FACTOR, slow_launches, slow_spells
-from perfkit.ab.welch import low_above, welch_moments
+from perfkit.ab.welch import combine, low_above, side_moments, take
 
 __all__ = [
     "Pool",
@@ -94,30 +94,52 @@ def _draws(rng: np.random.Generator, n_launches: int, k: int, sims: int) -> np.n
     return np.argsort(rng.random((sims, n_launches)), axis=1)[:, :k]
 
 
-def _aa_ways(rng: np.random.Generator, n_launches: int, n: int, sims: int) -> tuple[np.ndarray, bool]:
-    """(rows, 2n) indices of A/A splits (first n one side, last n the other) and whether they
-    are every ordered split (exact: at most :data:`MAX_EXACT` of them) or ``sims`` random draws."""
+Moments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+#: draws of one kind: (launch index groups (G, n), each draw's first side (rows,) and second side
+#: (rows,) as rows of the groups, every way taken); a group's moments are reduced once
+Ways = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
+
+
+def _aa_ways(rng: np.random.Generator, n_launches: int, n: int, sims: int) -> Ways:
+    """A/A splits (n launches a side, no launch on both): every ordered split when there are at
+    most :data:`MAX_EXACT` (then both sides are rows of the n-subsets of the launches, in
+    increasing order), else ``sims`` random draws (each side a group of its own); as
+    :data:`Ways` with the same groups for both sides."""
     ways = math.comb(n_launches, n) * math.comb(n_launches - n, n)
     if ways <= MAX_EXACT:
-        rows = [
-            x + y
-            for x in itertools.combinations(range(n_launches), n)
-            for y in itertools.combinations([i for i in range(n_launches) if i not in x], n)
-        ]
-        return np.array(rows, dtype=int), True
-    return _draws(rng, n_launches, 2 * n, sims), False
+        combos = list(itertools.combinations(range(n_launches), n))
+        pos = {c: i for i, c in enumerate(combos)}
+        first, second = [], []
+        for i, x in enumerate(combos):
+            for y in itertools.combinations([j for j in range(n_launches) if j not in x], n):
+                first.append(i)
+                second.append(pos[y])
+        g = np.array(combos, dtype=int)
+        return g, np.array(first, dtype=int), g, np.array(second, dtype=int), True
+    d = _draws(rng, n_launches, 2 * n, sims)
+    rows = np.arange(sims)
+    return d[:, :n], rows, d[:, n:], rows, False
 
 
-def _ab_ways(
-    rng: np.random.Generator, n_a: int, n_b: int, n: int, sims: int
-) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Paired index rows (A's n launches, B's n launches): every pair of subsets when there are
-    at most :data:`MAX_EXACT`, else ``sims`` random draws; and whether it is every pair."""
+def _ab_ways(rng: np.random.Generator, n_a: int, n_b: int, n: int, sims: int) -> Ways:
+    """A's n launches against B's n launches: every pair of subsets when there are at most
+    :data:`MAX_EXACT` (A's groups the n-subsets of A, B's of B), else ``sims`` random draws;
+    as :data:`Ways` (A's groups first)."""
     if math.comb(n_a, n) * math.comb(n_b, n) <= MAX_EXACT:
         ca = np.array(list(itertools.combinations(range(n_a), n)), dtype=int)
         cb = np.array(list(itertools.combinations(range(n_b), n)), dtype=int)
-        return np.repeat(ca, len(cb), axis=0), np.tile(cb, (len(ca), 1)), True
-    return _draws(rng, n_a, n, sims), _draws(rng, n_b, n, sims), False
+        ra, rb = np.arange(len(ca)), np.arange(len(cb))
+        return ca, np.repeat(ra, len(cb)), cb, np.tile(rb, len(ca)), True
+    rows = np.arange(sims)
+    return _draws(rng, n_a, n, sims), rows, _draws(rng, n_b, n, sims), rows, False
+
+
+def _moments(xa: np.ndarray, xb: np.ndarray, ways: Ways) -> Moments:
+    """Welch (d, se, df, bad) of every draw of ``ways``: ``xa``, ``xb`` (launches, metrics) log
+    values of the first and second side; each group reduced once
+    (:func:`perfkit.ab.welch.side_moments`), the same numbers as reducing every draw."""
+    ga, pa, gb, pb, _ = ways
+    return combine(take(side_moments(xa[ga]), pa), take(side_moments(xb[gb]), pb))
 
 
 def power_table(
@@ -182,18 +204,15 @@ def power_table(
         for nn in ns:
             aa, aa_ways, aa_exact = None, 0, None
             if 2 * nn <= len(a):
-                idx, aa_exact = _aa_ways(rng, len(a), nn, sims)
-                x = la[idx]
-                aa_ways = len(idx)
-                aa = welch_moments(x[:, :nn], x[:, nn:])
+                ways = _aa_ways(rng, len(a), nn, sims)
+                aa, aa_ways, aa_exact = _moments(la, la, ways), len(ways[1]), ways[-1]
             for arm, info in pool.arms.items():
                 b = med[arm].reindex(columns=cols)
                 # N launches of each side: none drawn (no rate) when either side has fewer
                 ab, ab_ways, ab_exact = None, 0, None
                 if nn <= len(a) and nn <= len(b):
-                    ia, ib, ab_exact = _ab_ways(rng, len(a), len(b), nn, sims)
-                    ab_ways = len(ia)
-                    ab = welch_moments(la[ia], b.to_numpy()[ib])
+                    ways = _ab_ways(rng, len(a), len(b), nn, sims)
+                    ab, ab_ways, ab_exact = _moments(la, b.to_numpy(), ways), len(ways[1]), ways[-1]
                 for thr, conf in settings:
                     row: dict[str, Any] = {
                         "arm": arm,
@@ -215,9 +234,6 @@ def power_table(
                     row.update(_ab_rates(ab, conf, cols, gate, up))
                     rows.append(row)
     return pd.DataFrame(rows)
-
-
-Moments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def _aa_rates(

@@ -24,10 +24,42 @@ import warnings
 
 import numpy as np
 
-__all__ = ["GRID", "welch_moments", "welch_log_intervals", "low_above"]
+__all__ = ["GRID", "side_moments", "take", "combine", "welch_moments", "welch_log_intervals", "low_above"]
 
 #: points of the df grid whose t quantiles bracket each draw's (:func:`low_above`)
 GRID = 2048
+
+
+Side = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def side_moments(x: np.ndarray) -> Side:
+    """(count, var/count, mean) of one side's (S, n, K) log values along axis 1 (NaN: not
+    measured; var with ddof 1), each (S, K): what :func:`combine` needs of a side. A row's
+    numbers depend only on that row, so a side drawn in many comparisons may be reduced once and
+    its rows taken (``perfkit.ab.power``'s exact draws)."""
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: NaN, marked bad
+        count = np.isfinite(x).sum(1)
+        return count, np.nanvar(x, axis=1, ddof=1) / count, np.nanmean(x, axis=1)
+
+
+def take(side: Side, rows: np.ndarray) -> Side:
+    """The ``rows`` (indices along axis 0) of a :func:`side_moments` result."""
+    return tuple(v[rows] for v in side)  # type: ignore[return-value]
+
+
+def combine(a: Side, b: Side) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(d, se, df, bad) of the Welch comparison of side ``b`` with side ``a`` (each from
+    :func:`side_moments`, the same shape): as :func:`welch_moments`."""
+    (na, va, ma), (nb, vb, mb) = a, b
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = mb - ma
+        se = np.sqrt(va + vb)
+        den = np.where(va > 0, va**2 / (na - 1), 0.0) + np.where(vb > 0, vb**2 / (nb - 1), 0.0)
+        df = np.where(den > 0, (va + vb) ** 2 / np.where(den > 0, den, 1.0), np.inf)
+    bad = (na < 2) | (nb < 2) | ~np.isfinite(d)
+    return d, se, df, bad
 
 
 def welch_moments(xa: np.ndarray, xb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -39,17 +71,7 @@ def welch_moments(xa: np.ndarray, xb: np.ndarray) -> tuple[np.ndarray, np.ndarra
         (inf when se = 0), and ``bad`` (True where a side has fewer than 2 values or ``d`` is not
         finite: no interval there).
     """
-    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: NaN, marked bad
-        na, nb = np.isfinite(xa).sum(1), np.isfinite(xb).sum(1)
-        va = np.nanvar(xa, axis=1, ddof=1) / na
-        vb = np.nanvar(xb, axis=1, ddof=1) / nb
-        d = np.nanmean(xb, axis=1) - np.nanmean(xa, axis=1)
-        se = np.sqrt(va + vb)
-        den = np.where(va > 0, va**2 / (na - 1), 0.0) + np.where(vb > 0, vb**2 / (nb - 1), 0.0)
-        df = np.where(den > 0, (va + vb) ** 2 / np.where(den > 0, den, 1.0), np.inf)
-    bad = (na < 2) | (nb < 2) | ~np.isfinite(d)
-    return d, se, df, bad
+    return combine(side_moments(xa), side_moments(xb))
 
 
 def welch_log_intervals(
