@@ -22,7 +22,9 @@ for this pool) or, where there are more than :data:`MAX_EXACT` ways, over random
 Draws share launches, so the rates describe one pool (its size goes with every rate), not
 independent experiments: with 10 A launches there are only 252 ordered A/A splits at N = 5, so
 an A/A rate moves in steps of 0.4 %. The intervals are computed for all draws at once (numpy) with the
-same Welch–Satterthwaite formulas as :func:`perfkit.ab.stats.ratio_interval`.
+same Welch–Satterthwaite formulas as :func:`perfkit.ab.stats.ratio_interval`; whether an end lies
+beyond a threshold is decided by :func:`perfkit.ab.welch.low_above`, the same booleans as
+comparing the ends without a t quantile for every draw.
 
 Beside this module (the resampled rates: :func:`power_table`, :func:`recommend`):
 :mod:`perfkit.ab.pool` (the pool loaded, log medians, variance split) and :mod:`perfkit.ab.slow`
@@ -52,6 +54,7 @@ from perfkit.ab.pool import (
     variance_table,
 )
 from perfkit.ab.slow import QUIET_QUANTILE, SLOW_FACTOR, slow_launches, slow_spells
+from perfkit.ab.welch import combine, low_above, side_moments, take
 
 __all__ = [
     "Pool",
@@ -77,16 +80,11 @@ __all__ = [
 MAX_EXACT = 100_000
 
 
-def _ends(xa: np.ndarray, xb: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
-    """(low, high) log ends of :func:`perfkit.ab.stats.welch_log_intervals`."""
-    return stats.welch_log_intervals(xa, xb, confidence)[3:]
-
-
-def _rate(hits: np.ndarray, ends: np.ndarray) -> float:
-    """Share of draws with a hit; a draw without an interval (NaN end) counts as no hit, as
-    ``perfkit ab`` calls it inconclusive, but no draw with an interval at all is no rate (NaN),
-    never 0."""
-    if not np.isfinite(ends).any():
+def _rate(hits: np.ndarray, has: np.ndarray) -> float:
+    """Share of draws with a hit; a draw without an interval (``has`` False: a side with fewer
+    than 2 values) counts as no hit, as ``perfkit ab`` calls it inconclusive, but no draw with an
+    interval at all is no rate (NaN), never 0."""
+    if not has.any():
         return math.nan
     return float(np.mean(hits))
 
@@ -96,30 +94,52 @@ def _draws(rng: np.random.Generator, n_launches: int, k: int, sims: int) -> np.n
     return np.argsort(rng.random((sims, n_launches)), axis=1)[:, :k]
 
 
-def _aa_ways(rng: np.random.Generator, n_launches: int, n: int, sims: int) -> tuple[np.ndarray, bool]:
-    """(rows, 2n) indices of A/A splits (first n one side, last n the other) and whether they
-    are every ordered split (exact: at most :data:`MAX_EXACT` of them) or ``sims`` random draws."""
+Moments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+#: draws of one kind: (launch index groups (G, n), each draw's first side (rows,) and second side
+#: (rows,) as rows of the groups, every way taken); a group's moments are reduced once
+Ways = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
+
+
+def _aa_ways(rng: np.random.Generator, n_launches: int, n: int, sims: int) -> Ways:
+    """A/A splits (n launches a side, no launch on both): every ordered split when there are at
+    most :data:`MAX_EXACT` (then both sides are rows of the n-subsets of the launches, in
+    increasing order), else ``sims`` random draws (each side a group of its own); as
+    :data:`Ways` with the same groups for both sides."""
     ways = math.comb(n_launches, n) * math.comb(n_launches - n, n)
     if ways <= MAX_EXACT:
-        rows = [
-            x + y
-            for x in itertools.combinations(range(n_launches), n)
-            for y in itertools.combinations([i for i in range(n_launches) if i not in x], n)
-        ]
-        return np.array(rows, dtype=int), True
-    return _draws(rng, n_launches, 2 * n, sims), False
+        combos = list(itertools.combinations(range(n_launches), n))
+        pos = {c: i for i, c in enumerate(combos)}
+        first, second = [], []
+        for i, x in enumerate(combos):
+            for y in itertools.combinations([j for j in range(n_launches) if j not in x], n):
+                first.append(i)
+                second.append(pos[y])
+        g = np.array(combos, dtype=int)
+        return g, np.array(first, dtype=int), g, np.array(second, dtype=int), True
+    d = _draws(rng, n_launches, 2 * n, sims)
+    rows = np.arange(sims)
+    return d[:, :n], rows, d[:, n:], rows, False
 
 
-def _ab_ways(
-    rng: np.random.Generator, n_a: int, n_b: int, n: int, sims: int
-) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Paired index rows (A's n launches, B's n launches): every pair of subsets when there are
-    at most :data:`MAX_EXACT`, else ``sims`` random draws; and whether it is every pair."""
+def _ab_ways(rng: np.random.Generator, n_a: int, n_b: int, n: int, sims: int) -> Ways:
+    """A's n launches against B's n launches: every pair of subsets when there are at most
+    :data:`MAX_EXACT` (A's groups the n-subsets of A, B's of B), else ``sims`` random draws;
+    as :data:`Ways` (A's groups first)."""
     if math.comb(n_a, n) * math.comb(n_b, n) <= MAX_EXACT:
         ca = np.array(list(itertools.combinations(range(n_a), n)), dtype=int)
         cb = np.array(list(itertools.combinations(range(n_b), n)), dtype=int)
-        return np.repeat(ca, len(cb), axis=0), np.tile(cb, (len(ca), 1)), True
-    return _draws(rng, n_a, n, sims), _draws(rng, n_b, n, sims), False
+        ra, rb = np.arange(len(ca)), np.arange(len(cb))
+        return ca, np.repeat(ra, len(cb)), cb, np.tile(rb, len(ca)), True
+    rows = np.arange(sims)
+    return _draws(rng, n_a, n, sims), rows, _draws(rng, n_b, n, sims), rows, False
+
+
+def _moments(xa: np.ndarray, xb: np.ndarray, ways: Ways) -> Moments:
+    """Welch (d, se, df, bad) of every draw of ``ways``: ``xa``, ``xb`` (launches, metrics) log
+    values of the first and second side; each group reduced once
+    (:func:`perfkit.ab.welch.side_moments`), the same numbers as reducing every draw."""
+    ga, pa, gb, pb, _ = ways
+    return combine(take(side_moments(xa[ga]), pa), take(side_moments(xb[gb]), pb))
 
 
 def power_table(
@@ -174,7 +194,6 @@ def power_table(
         if bad:
             raise ValueError(f"M {bad}: the pool has 1 to {pool.warm} warm requests a launch")
     rng = np.random.default_rng(seed)
-    confs = {c for _, c in settings}
     rows = []
     for mm in ms:
         med = {arm: log_medians(v, mm) for arm, v in pool.values.items()}
@@ -185,18 +204,15 @@ def power_table(
         for nn in ns:
             aa, aa_ways, aa_exact = None, 0, None
             if 2 * nn <= len(a):
-                idx, aa_exact = _aa_ways(rng, len(a), nn, sims)
-                x = la[idx]
-                aa_ways = len(idx)
-                aa = {c: _ends(x[:, :nn], x[:, nn:], c) for c in confs}
+                ways = _aa_ways(rng, len(a), nn, sims)
+                aa, aa_ways, aa_exact = _moments(la, la, ways), len(ways[1]), ways[-1]
             for arm, info in pool.arms.items():
                 b = med[arm].reindex(columns=cols)
                 # N launches of each side: none drawn (no rate) when either side has fewer
                 ab, ab_ways, ab_exact = None, 0, None
                 if nn <= len(a) and nn <= len(b):
-                    ia, ib, ab_exact = _ab_ways(rng, len(a), len(b), nn, sims)
-                    ab_ways = len(ia)
-                    ab = {c: _ends(la[ia], b.to_numpy()[ib], c) for c in confs}
+                    ways = _ab_ways(rng, len(a), len(b), nn, sims)
+                    ab, ab_ways, ab_exact = _moments(la, b.to_numpy(), ways), len(ways[1]), ways[-1]
                 for thr, conf in settings:
                     row: dict[str, Any] = {
                         "arm": arm,
@@ -214,29 +230,35 @@ def power_table(
                         "ab_exact": ab_exact,
                     }
                     up = math.log1p(thr)
-                    row.update(_aa_rates(None if aa is None else aa[conf], cols, gate, up))
-                    row.update(_ab_rates(None if ab is None else ab[conf], cols, gate, up))
+                    row.update(_aa_rates(aa, conf, cols, gate, up))
+                    row.update(_ab_rates(ab, conf, cols, gate, up))
                     rows.append(row)
     return pd.DataFrame(rows)
 
 
 def _aa_rates(
-    ends: tuple[np.ndarray, np.ndarray] | None, cols: list[str], gate: list[int], up: float
+    mom: Moments | None, conf: float, cols: list[str], gate: list[int], up: float
 ) -> dict[str, float]:
-    """A/A columns of one :func:`power_table` row from the draws' (low, high) log ends (None:
-    nothing drawn, every rate NaN): ``aa_covers``, ``aa_alarm_<metric>``, ``aa_alarm_any``,
+    """A/A columns of one :func:`power_table` row from the draws' Welch moments
+    (:func:`perfkit.ab.welch.welch_moments`, each (draws, metrics); None: nothing drawn, every
+    rate NaN) at two-sided ``conf``: ``aa_covers``, ``aa_alarm_<metric>``, ``aa_alarm_any``,
     ``aa_alarm_gate``; a regression is a low end above ``up`` (log of 1 + threshold)."""
     row: dict[str, float] = {}
-    if ends is not None:
-        low, high = ends
-        reg = low > up
+    if mom is not None:
+        d, se, df, bad = mom
+        has = ~bad
+        reg = low_above(d, se, df, bad, conf, up)
         k = cols.index("DenoisingStage")
-        row["aa_covers"] = _rate((low[:, k] <= 0) & (high[:, k] >= 0), low[:, k])
+        # low <= 0 <= high: neither end beyond 0 (high < 0 is -high > 0, IEEE negation is exact)
+        kk = (d[:, k], se[:, k], df[:, k], bad[:, k])
+        low_pos = low_above(*kk, conf, 0.0)
+        high_neg = low_above(-kk[0], *kk[1:], conf, 0.0)
+        row["aa_covers"] = _rate(has[:, k] & ~low_pos & ~high_neg, has[:, k])
         for metric in KEY_METRICS:
             j = cols.index(metric) if metric in cols else None
-            row[f"aa_alarm_{metric}"] = math.nan if j is None else _rate(reg[:, j], low[:, j])
-        row["aa_alarm_any"] = _rate(reg.any(axis=1), low)
-        row["aa_alarm_gate"] = _rate(reg[:, gate].any(axis=1), low[:, gate]) if gate else math.nan
+            row[f"aa_alarm_{metric}"] = math.nan if j is None else _rate(reg[:, j], has[:, j])
+        row["aa_alarm_any"] = _rate(reg.any(axis=1), has)
+        row["aa_alarm_gate"] = _rate(reg[:, gate].any(axis=1), has[:, gate]) if gate else math.nan
     else:
         row.update({"aa_covers": math.nan, "aa_alarm_any": math.nan, "aa_alarm_gate": math.nan})
         row.update({f"aa_alarm_{k}": math.nan for k in KEY_METRICS})
@@ -244,22 +266,23 @@ def _aa_rates(
 
 
 def _ab_rates(
-    ends: tuple[np.ndarray, np.ndarray] | None, cols: list[str], gate: list[int], up: float
+    mom: Moments | None, conf: float, cols: list[str], gate: list[int], up: float
 ) -> dict[str, float]:
-    """Detection columns of one :func:`power_table` row from the A/B draws' log ends (None:
-    nothing drawn, every rate NaN): ``detect_<metric>``, ``alarm_untouched``, ``detect_any``,
-    ``detect_gate``."""
+    """Detection columns of one :func:`power_table` row from the A/B draws' Welch moments (as
+    :func:`_aa_rates`; None: nothing drawn, every rate NaN): ``detect_<metric>``,
+    ``alarm_untouched``, ``detect_any``, ``detect_gate``."""
     row: dict[str, float] = {}
-    if ends is not None:
-        low, _ = ends
+    if mom is not None:
+        reg = low_above(*mom, conf, up)
+        has = ~mom[3]
         for metric in KEY_METRICS:
             j = cols.index(metric) if metric in cols else None
-            row[f"detect_{metric}"] = math.nan if j is None else _rate(low[:, j] > up, low[:, j])
+            row[f"detect_{metric}"] = math.nan if j is None else _rate(reg[:, j], has[:, j])
         j = cols.index(UNTOUCHED) if UNTOUCHED in cols else None
-        row["alarm_untouched"] = math.nan if j is None else _rate(low[:, j] > up, low[:, j])
+        row["alarm_untouched"] = math.nan if j is None else _rate(reg[:, j], has[:, j])
         # the exit code: any metric called a regression; with the gate, any key metric
-        row["detect_any"] = _rate((low > up).any(axis=1), low)
-        row["detect_gate"] = _rate((low[:, gate] > up).any(axis=1), low[:, gate]) if gate else math.nan
+        row["detect_any"] = _rate(reg.any(axis=1), has)
+        row["detect_gate"] = _rate(reg[:, gate].any(axis=1), has[:, gate]) if gate else math.nan
     else:
         row.update({f"detect_{k}": math.nan for k in KEY_METRICS})
         row.update({"alarm_untouched": math.nan, "detect_any": math.nan, "detect_gate": math.nan})

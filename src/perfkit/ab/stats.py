@@ -24,11 +24,12 @@ Units: ratios and fractions are unitless; inputs are in any positive unit (ms, s
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
 import numpy as np
+
+from perfkit.ab.welch import welch_log_intervals
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
@@ -126,13 +127,72 @@ def ratio_interval(
         sa = float(la.std(ddof=1)) if na > 1 else nan
         sb = float(lb.std(ddof=1)) if nb > 1 else nan
         return RatioInterval(ratio, nan, nan, na, nb, nan, nan, sa, sb, confidence)
-    sa, sb = float(la.std(ddof=1)), float(lb.std(ddof=1))
-    _, se, df, low, high = (
-        float(v[0, 0]) for v in welch_log_intervals(la[None, :, None], lb[None, :, None], confidence)
-    )
+    if max(na, nb) <= _PAIRWISE_BLOCK:  # the same numbers in plain floats (_welch_one's doc)
+        sa, sb, se, df, low, high = _welch_one(la.tolist(), lb.tolist(), confidence)
+    else:
+        sa, sb = float(la.std(ddof=1)), float(lb.std(ddof=1))
+        _, se, df, low, high = (
+            float(v[0, 0]) for v in welch_log_intervals(la[None, :, None], lb[None, :, None], confidence)
+        )
     if se == 0.0:
         return RatioInterval(ratio, ratio, ratio, na, nb, math.inf, 0.0, sa, sb, confidence)
     return RatioInterval(ratio, math.exp(low), math.exp(high), na, nb, df, se, sa, sb, confidence)
+
+
+#: numpy sums up to this many float64 values with the order :func:`_np_sum` repeats (its
+#: pairwise summation's block, numpy/_core/src/umath/loops_utils.h.src ``PW_BLOCKSIZE``)
+_PAIRWISE_BLOCK = 128
+
+
+def _np_sum(xs: list[float]) -> float:
+    """``np.add.reduce`` of up to :data:`_PAIRWISE_BLOCK` float64 values, in numpy's order: under 8
+    values one by one from 0.0; else 8 running sums (every 8th value) combined as
+    ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then the rest one by one."""
+    n = len(xs)
+    if n < 8:
+        res = 0.0
+        for x in xs:
+            res += x
+        return res
+    r = xs[:8]
+    i = 8
+    while i < n - n % 8:
+        for j in range(8):
+            r[j] += xs[i + j]
+        i += 8
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    for x in xs[i:]:
+        res += x
+    return res
+
+
+def _mean_var(xs: list[float]) -> tuple[float, float]:
+    """(mean, variance with ddof 1) as ``np.mean`` / ``np.nanvar`` compute them on finite values."""
+    n = len(xs)
+    m = _np_sum(xs) / n
+    return m, _np_sum([(x - m) * (x - m) for x in xs]) / (n - 1)
+
+
+def _welch_one(
+    la: list[float], lb: list[float], confidence: float
+) -> tuple[float, float, float, float, float, float]:
+    """(sd_a, sd_b, se, df, low, high) of one Welch comparison of finite log values (2 to
+    :data:`_PAIRWISE_BLOCK` a side): :func:`welch_log_intervals` on (1, n, 1) arrays and
+    ``np.std(ddof=1)``, operation for operation in plain floats (the sequential replay builds
+    ~50,000 of these; numpy's per-call overhead was most of their cost). ``tests/test_ab_welch.py``
+    checks that every number is the same."""
+    from scipy.special import stdtrit  # imported here: the CLI starts without scipy (see perfkit.stats)
+
+    na, nb = len(la), len(lb)
+    ma, sa2 = _mean_var(la)
+    mb, sb2 = _mean_var(lb)
+    va, vb = sa2 / na, sb2 / nb
+    se = math.sqrt(va + vb)
+    den = (va * va / (na - 1) if va > 0 else 0.0) + (vb * vb / (nb - 1) if vb > 0 else 0.0)
+    df = (va + vb) * (va + vb) / den if den > 0 else math.inf
+    half = float(stdtrit(df, 0.5 + confidence / 2.0)) * se if se > 0 else 0.0
+    d = mb - ma
+    return math.sqrt(sa2), math.sqrt(sb2), se, df, d - half, d + half
 
 
 def paired_ratio_interval(
@@ -183,40 +243,6 @@ def paired_ratio_interval(
     return RatioInterval(
         ratio, math.exp(m - half), math.exp(m + half), n, n, float(n - 1), se, sa, sb, confidence
     )
-
-
-def welch_log_intervals(
-    xa: np.ndarray, xb: np.ndarray, confidence: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The Welch t interval of mean(xb) − mean(xa) for many comparisons at once: ``xa``, ``xb``
-    are (S, n, K) arrays of log launch values (S draws, n launches a side, K metrics; NaN: not
-    measured there), reduced along axis 1. :func:`ratio_interval` is its one-comparison case;
-    :mod:`perfkit.ab.power` resamples thousands of draws with it.
-
-    Returns:
-        (d, se, df, low, high), each (S, K): the difference of mean logs, its standard error,
-        the Welch–Satterthwaite df (inf when se = 0), and the interval's ends in log units (the
-        difference itself when se = 0; NaN when a side has fewer than 2 values).
-    """
-    # stdtrit is scipy.stats.t.ppf's own kernel (the same numbers) without its per-call overhead:
-    # the sequential replay (perfkit.ab.sequential) builds tens of thousands of small intervals
-    from scipy.special import stdtrit  # imported here: the CLI starts without scipy (see perfkit.stats)
-
-    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: NaN, handled below
-        na, nb = np.isfinite(xa).sum(1), np.isfinite(xb).sum(1)
-        va = np.nanvar(xa, axis=1, ddof=1) / na
-        vb = np.nanvar(xb, axis=1, ddof=1) / nb
-        d = np.nanmean(xb, axis=1) - np.nanmean(xa, axis=1)
-        se = np.sqrt(va + vb)
-        den = np.where(va > 0, va**2 / (na - 1), 0.0) + np.where(vb > 0, vb**2 / (nb - 1), 0.0)
-        df = np.where(den > 0, (va + vb) ** 2 / np.where(den > 0, den, 1.0), np.inf)
-        half = np.where(se > 0, stdtrit(df, 0.5 + confidence / 2.0) * se, 0.0)
-        low, high = d - half, d + half
-    bad = (na < 2) | (nb < 2) | ~np.isfinite(d)
-    low[bad] = np.nan
-    high[bad] = np.nan
-    return d, se, df, low, high
 
 
 def _t_quantile(q: float, df: float) -> float:
