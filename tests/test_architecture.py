@@ -199,8 +199,24 @@ def test_the_cli_and_a_notebook_kernel_start_without_scipy():
         "import sys\n"
         "import perfkit.cli, perfkit.nbparams, perfkit.report, perfkit.scenarios.runner\n"
         "import perfkit.gate.run, perfkit.report.notebook, perfkit.suite, perfkit.scaleout.merge\n"
-        "import perfkit.report.plots, perfkit.measuring.launch, perfkit.engine.launch\n"
+        "import perfkit.report.plots, perfkit.measuring.launch, perfkit.engine.launch, importlib\n"
+        "[importlib.import_module(c.split(':')[0]) for c in perfkit.cli.COMMANDS.values()]\n"
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(heavy)!r})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_command_imports_only_its_own_module():
+    """``perfkit merge`` (any command that needs neither) starts without pandas and the
+    scenarios: the group imports a command's module when it runs (``perfkit.cli.COMMANDS``)."""
+    code = (
+        "import sys\n"
+        "from perfkit.cli import cli\n"
+        "cli.get_command(None, 'merge')\n"
+        "print(sorted({m for m in sys.modules if m.split('.')[0] == 'pandas' or m.startswith('perfkit.scenarios')})[:3])"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120

@@ -10,7 +10,7 @@ import click
 
 from perfkit.ab.options import AbInputError, parse_fraction, parse_gate_metrics
 from perfkit.cli._common import done, sigterm_as_interrupt
-from perfkit.gate.verdicts import EXIT_ERROR
+from perfkit.common.exitcodes import EXIT_ERROR
 
 
 def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
