@@ -191,12 +191,32 @@ def test_invariant_defaults_come_from_the_scenarios():
 def test_the_cli_and_a_notebook_kernel_start_without_scipy():
     """scipy (0.4-0.7 s of CPU to import) is imported where a test or interval needs it, not at
     module level: every ``perfkit`` command and every notebook kernel of a suite imports the
-    CLI, the scenarios (all of them, through the registry), the report and the gate."""
+    CLI, the scenarios (all of them, through the registry), the report and the gate. So are
+    matplotlib (0.2-0.5 s: where a figure is drawn), httpx (0.1 s: where a request is sent) and
+    jinja2 (where HTML is rendered): a replayed notebook sends no request and renders no page."""
+    heavy = {"scipy", "torch", "papermill", "matplotlib", "httpx", "jinja2"}
     code = (
         "import sys\n"
         "import perfkit.cli, perfkit.nbparams, perfkit.report, perfkit.scenarios.runner\n"
         "import perfkit.gate.run, perfkit.report.notebook, perfkit.suite, perfkit.scaleout.merge\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'torch', 'papermill'}))"
+        "import perfkit.report.plots, perfkit.measuring.launch, perfkit.engine.launch, importlib\n"
+        "[importlib.import_module(c.split(':')[0]) for c in perfkit.cli.COMMANDS.values()]\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(heavy)!r})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_command_imports_only_its_own_module():
+    """``perfkit merge`` (any command that needs neither) starts without pandas and the
+    scenarios: the group imports a command's module when it runs (``perfkit.cli.COMMANDS``)."""
+    code = (
+        "import sys\n"
+        "from perfkit.cli import cli\n"
+        "cli.get_command(None, 'merge')\n"
+        "print(sorted({m for m in sys.modules if m.split('.')[0] == 'pandas' or m.startswith('perfkit.scenarios')})[:3])"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120

@@ -67,10 +67,13 @@ def test_suite_requires_params():
 
 
 def _walk(cmd: click.Command, path: tuple[str, ...] = ()):
+    """Every command under ``cmd``, through click's public API (the top group loads each
+    command's module when asked: ``perfkit.cli.COMMANDS``)."""
     yield path, cmd
     if isinstance(cmd, click.Group):
-        for name, sub in cmd.commands.items():
-            yield from _walk(sub, (*path, name))
+        ctx = click.Context(cmd)
+        for name in cmd.list_commands(ctx):
+            yield from _walk(cmd.get_command(ctx, name), (*path, name))
 
 
 def test_every_command_and_option_has_help():

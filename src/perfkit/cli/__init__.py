@@ -5,37 +5,59 @@ Exit codes, one rule for every command: 0 pass, 1 a regression or a failed check
 misuse (bad input, a missing file, nothing comparable, a run that never started).
 
 One module per command (or command group), each a thin wrapper over one library call; a new
-command goes in ``perfkit/cli/<command>.py`` and is added to the group here.
+command goes in ``perfkit/cli/<command>.py`` and is named in :data:`COMMANDS` here (imported when
+it runs or ``perfkit --help`` lists it, so a command starts without the others' imports).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 
 import click
 
 from perfkit.cli._common import EXIT_CODES
-from perfkit.cli.ab import ab_command
-from perfkit.cli.baseline import baseline_group
-from perfkit.cli.bisect import bisect_command
-from perfkit.cli.compare import compare_command
-from perfkit.cli.engine import engine_group
-from perfkit.cli.figures import figures_command
-from perfkit.cli.history import history_group
-from perfkit.cli.lab import lab_command
-from perfkit.cli.merge import merge_command
-from perfkit.cli.report import report_command
-from perfkit.cli.run import run_command
-from perfkit.cli.suite import suite_command
-from perfkit.cli.wheelhouse import wheelhouse_group
-from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK
-from perfkit.measure import measure_command
+from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
 
-__all__ = ["EXIT_CODES", "cli", "main"]
+__all__ = ["COMMANDS", "EXIT_CODES", "cli", "main"]
+
+#: each command's module and attribute, imported when the command runs or ``--help`` lists it
+#: (click's lazily loaded subcommands): ``perfkit merge`` starts without the scenarios, pandas
+#: or the A/B stack that other commands import
+COMMANDS = {
+    "suite": "perfkit.cli.suite:suite_command",
+    "merge": "perfkit.cli.merge:merge_command",
+    "run": "perfkit.cli.run:run_command",
+    "lab": "perfkit.cli.lab:lab_command",
+    "report": "perfkit.cli.report:report_command",
+    "figures": "perfkit.cli.figures:figures_command",
+    "compare": "perfkit.cli.compare:compare_command",
+    "baseline": "perfkit.cli.baseline:baseline_group",
+    "wheelhouse": "perfkit.cli.wheelhouse:wheelhouse_group",
+    "engine": "perfkit.cli.engine:engine_group",
+    "ab": "perfkit.cli.ab:ab_command",
+    "bisect": "perfkit.cli.bisect:bisect_command",
+    "history": "perfkit.cli.history:history_group",
+    "measure": "perfkit.measure:measure_command",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose commands are imported by name from :data:`COMMANDS` when first used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attr = COMMANDS[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
 
 
 @click.group(
+    cls=LazyGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog="Examples:\n\n"
     "\b\n"
@@ -49,14 +71,6 @@ def cli(verbose: int) -> None:
     """perfkit: performance investigations of diffusion video serving engines."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-for _command in (
-    suite_command, merge_command, run_command, lab_command, report_command, figures_command,
-    compare_command, baseline_group, wheelhouse_group, engine_group, ab_command, bisect_command,
-    history_group, measure_command,
-):  # fmt: skip
-    cli.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import click
 
-from perfkit.gate.verdicts import EXIT_ERROR
+from perfkit.common.exitcodes import EXIT_ERROR
 
 EXIT_CODES = "Exit codes: 0 pass, 1 a regression or a failed check, 2 an error or misuse."
 

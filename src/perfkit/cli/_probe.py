@@ -8,9 +8,8 @@ from typing import Any, Callable
 
 import click
 
-from perfkit.ab.options import AbInputError, parse_fraction, parse_gate_metrics
 from perfkit.cli._common import done, sigterm_as_interrupt
-from perfkit.gate.verdicts import EXIT_ERROR
+from perfkit.common.exitcodes import EXIT_ERROR
 
 
 def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -75,6 +74,7 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def probe_run(kind: str, fn: Callable[..., Any], kw: dict[str, Any], *args: Any, **more: Any) -> None:
     """Build the probe setup from ``kw``, run ``fn(*args, setup, out, **more)``, print, exit."""
+    from perfkit.ab.options import AbInputError, parse_fraction, parse_gate_metrics
     from perfkit.bisect.api import make_setup, out_dir
     from perfkit.bisect.checkout import BisectError
     from perfkit.history.store import HistoryError

@@ -9,7 +9,6 @@ from typing import Any
 
 import click
 
-from perfkit.ab.options import AbInputError
 from perfkit.cli._ab_options import ab_options
 from perfkit.cli._common import done, sigterm_as_interrupt
 
@@ -54,7 +53,7 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         try:
             thresholds = thresholds_from_run(kw["threshold_from"])
         except (FileNotFoundError, ValueError) as exc:
-            raise AbInputError(str(exc), "--threshold-from") from None
+            raise options.AbInputError(str(exc), "--threshold-from") from None
     gate = options.parse_gate_metrics(kw["gate_metrics"])
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     design_options = [kw[k] for k in ("launches", "max_launches")] + [
@@ -120,6 +119,8 @@ def ab_command(**kw: Any) -> None:
     ]
     if given and not kw["profile"]:  # they mean nothing without it: never silently ignored
         raise click.UsageError(f"{', '.join(given)} only with --profile (nothing is profiled without it)")
+    from perfkit.ab.options import AbInputError  # here: `perfkit ab --help` starts without the A/B stack
+
     try:
         code = _run_or_replay(kw)
     except AbInputError as exc:

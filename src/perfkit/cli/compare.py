@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from perfkit.checks import check_markdown, check_table, overall_status
 from perfkit.cli._common import EXIT_CODES, done, existing_file, fail
-from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, nothing_compared
+from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
 
 
 def _compare_dumps(before: str, after: str) -> int:
@@ -32,8 +31,10 @@ def _compare_dumps(before: str, after: str) -> int:
 
 
 def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bool) -> int:
+    from perfkit.checks import check_markdown, check_table, overall_status
     from perfkit.gate import baseline as bl
     from perfkit.gate.inputs import compare_cases
+    from perfkit.gate.verdicts import nothing_compared
 
     try:
         ref = bl.load_baseline(baseline)

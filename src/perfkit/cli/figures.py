@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK
+from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
 
 
 @click.command("figures")

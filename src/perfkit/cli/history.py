@@ -12,7 +12,7 @@ import click
 
 from perfkit.cli._common import COMMIT_URL, EXIT_CODES, STORE, done, fail
 from perfkit.cli._probe import probe_options, probe_run
-from perfkit.gate.verdicts import EXIT_ERROR
+from perfkit.common.exitcodes import EXIT_ERROR
 
 
 @click.group(

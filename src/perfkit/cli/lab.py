@@ -7,7 +7,7 @@ import sys
 import click
 
 from perfkit.cli._common import EXIT_CODES, done
-from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK
+from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
 
 
 @click.command(

@@ -8,8 +8,7 @@ from pathlib import Path
 import click
 
 from perfkit.cli._common import EXIT_CODES, done, fail
-from perfkit.gate.verdicts import EXIT_OK
-from perfkit.gate.verdicts import notebooks as notebook_names
+from perfkit.common.exitcodes import EXIT_OK
 
 
 @click.command("report", epilog=EXIT_CODES)
@@ -19,6 +18,7 @@ from perfkit.gate.verdicts import notebooks as notebook_names
 def report_command(run: str, out: str | None, screenshot: bool) -> None:
     """Re-render report.html and summary.md of a run directory."""
     from perfkit import report
+    from perfkit.gate.verdicts import notebooks as notebook_names
 
     d = Path(run)
     if not d.is_dir():

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from perfkit.cli._common import EXIT_CODES, done, existing_file, fail
-from perfkit.gate.verdicts import EXIT_ERROR
+from perfkit.common.exitcodes import EXIT_ERROR
 
 
 @click.command(

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from perfkit.cli._common import EXIT_CODES, done, existing_file, fail, print_result, sigterm_as_interrupt
-from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK
+from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
 from perfkit.measure import investigations
 
 

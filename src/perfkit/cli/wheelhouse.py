@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from perfkit.cli._common import EXIT_CODES, done, fail
-from perfkit.gate.verdicts import EXIT_OK
+from perfkit.common.exitcodes import EXIT_OK
 
 _ERRORS = (RuntimeError, FileNotFoundError, OSError, ValueError)
 

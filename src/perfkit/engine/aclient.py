@@ -20,11 +20,12 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
-
-import httpx
+from typing import TYPE_CHECKING, Any, Sequence
 
 from perfkit.engine.client import TERMINAL, VideoRequestSpec, _error_text
+
+if TYPE_CHECKING:  # annotations only: httpx is imported where a request is sent
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,8 @@ class AsyncVideoClient:
     """
 
     def __init__(self, base_url: str, max_in_flight: int, timeout_s: float = 600.0, poll_s: float = 0.02):
+        import httpx  # here, not at the top: only where a request is sent (a replay sends none)
+
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.base_url = base_url.rstrip("/")
@@ -148,6 +151,8 @@ class AsyncVideoClient:
     async def _generate(
         self, spec: VideoRequestSpec, slot: int, t_arrival: float | None, others: int
     ) -> AsyncOutcome:
+        import httpx  # here, not at the top: only where a request is sent (a replay sends none)
+
         t_submit = time.time()
         deadline = time.perf_counter() + self.timeout_s
 

@@ -11,11 +11,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from perfkit.readings.records import PerfRecord, RecordError, lookup
+
+if TYPE_CHECKING:  # annotations only: httpx is imported where a request is sent
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,8 @@ class VideoClient:
         timeout_s: float = 600.0,
         poll_s: float = 0.05,
     ):
+        import httpx  # here, not at the top: only where a request is sent (a replay sends none)
+
         self.base_url = base_url.rstrip("/")
         self.perf_log_dir = Path(perf_log_dir) if perf_log_dir else None
         self.timeout_s = timeout_s
@@ -115,6 +118,8 @@ class VideoClient:
         self.close()
 
     def health(self) -> bool:
+        import httpx  # here, not at the top: only where a request is sent (a replay sends none)
+
         try:
             return self.http.get("/health").status_code == 200
         except httpx.HTTPError:
@@ -126,6 +131,8 @@ class VideoClient:
     def generate(self, spec: VideoRequestSpec, record_timeout_s: float = 10.0) -> RequestOutcome:
         """Submit, poll to a terminal status, then find the record. Never raises for server-side
         failures: they come back as the outcome's status and error."""
+        import httpx  # here, not at the top: only where a request is sent (a replay sends none)
+
         t_start = time.time()
         p0 = time.perf_counter()
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 
 from perfkit.engine import owner as _owner
@@ -183,6 +182,8 @@ class EngineHandle:
 
     def health(self, timeout_s: float = 2.0) -> bool:
         """One ``GET health_path``: True on 200 (False when dead, refused or timed out)."""
+        import httpx  # here, not at the top: only where a request is sent (a replay sends none)
+
         if not self.alive():
             return False
         try:

@@ -44,7 +44,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 
 from perfkit.engine import owner as _owner
@@ -283,6 +282,8 @@ def _start(
 
 
 def _wait_ready(h: EngineHandle, timeout: float, t_launch: float) -> None:
+    import httpx  # here, not at the top: only where a request is sent (a replay sends none)
+
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=httpx.Timeout(2.0), trust_env=False) as client:
         while True:

@@ -4,7 +4,9 @@ the report and the suite's exit code.
 ``RUN/<notebook>/verdict.json`` holds ``{scenario, status, rows: [Check...], ...}``; the gate
 notebook's adds ``cases``, ``compared_with`` and ``warnings``. Exit codes, one rule for every
 command: :data:`EXIT_OK` (0) every check passed, :data:`EXIT_REGRESSION` (1) a check failed,
-:data:`EXIT_ERROR` (2) an error (bad input, engine crash, notebook exception, nothing compared).
+:data:`EXIT_ERROR` (2) an error (bad input, engine crash, notebook exception, nothing compared);
+defined in the leaf :mod:`perfkit.common.exitcodes` (a command starts without the gate) and
+re-exported here.
 """
 
 from __future__ import annotations
@@ -18,16 +20,13 @@ import pandas as pd
 
 from perfkit.checks import CHECK_COLUMNS, Check, check_table, overall_status
 from perfkit.common import jsonsafe
+from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, STATUS_WORD  # noqa: F401
 from perfkit.common.jsonsafe import finite as jsonable  # NaN/inf -> null, recursively
 from perfkit.gate.baseline.files import atomic_write_text
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_REGRESSION = 1
-EXIT_ERROR = 2
-STATUS_WORD = {EXIT_OK: "pass", EXIT_REGRESSION: "regression", EXIT_ERROR: "error"}
 
 #: the notebook that gates the run (after every scenario's notebook)
 GATE = "baseline_gate"

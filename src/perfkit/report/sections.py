@@ -8,9 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
-from typing import Any, Mapping
-
-import jinja2
+from typing import TYPE_CHECKING, Any, Mapping
 
 from perfkit.gate.verdicts import (
     GATE,
@@ -28,6 +26,9 @@ from perfkit.report.runinfo import (
 )
 from perfkit.report.tables import status_class
 from perfkit.scenarios import registry
+
+if TYPE_CHECKING:  # annotations only: jinja2 is imported where HTML is rendered
+    import jinja2
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ def template_env() -> jinja2.Environment:
     Raises:
         ValueError: (from jinja2's PackageLoader) if the templates directory is not installed.
     """
+    import jinja2  # here, not at the top: a notebook kernel renders no HTML
+
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("perfkit.report", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),

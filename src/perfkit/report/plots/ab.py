@@ -3,16 +3,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
 from perfkit.report.plots.base import (
     empty_note,
     is_finite,
     new_figure,
 )
+
+if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
+    from matplotlib.figure import Figure
 
 __all__ = ["AB_DECISION_COLORS", "ab_forest"]
 
@@ -40,6 +43,8 @@ def ab_forest(table: pd.DataFrame, launch_means: pd.DataFrame, *, title: str | N
     Returns:
         Figure with one axis; one row per measured metric, top to bottom in table order.
     """
+    from matplotlib.patches import Patch  # here: drawing is the only reason to import matplotlib
+
     df = table.copy() if table is not None else pd.DataFrame()
     if not df.empty:
         for c in ("ratio", "low", "high", "threshold", "a"):

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from perfkit.bundle_schema import WARMUP_INDEX
 from perfkit.readings import stages as _stages
+
+if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
+    from matplotlib.figure import Figure
 
 
 def launch_names(launches: pd.DataFrame | None) -> dict[Any, str]:
@@ -126,6 +128,8 @@ def empty_note(ax: Any, text: str) -> None:
 def new_figure(width: float, height: float) -> Figure:
     """A pyplot-free :class:`~matplotlib.figure.Figure` of ``width`` x ``height`` inches,
     constrained layout."""
+    from matplotlib.figure import Figure  # here: drawing is the only reason to import matplotlib
+
     return Figure(figsize=(width, height), layout="constrained")
 
 

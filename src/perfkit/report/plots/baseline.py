@@ -3,15 +3,18 @@ verdict status (:func:`baseline_vs_actual`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
 from perfkit.report.plots.base import (
     empty_note,
     new_figure,
 )
+
+if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
+    from matplotlib.figure import Figure
 
 __all__ = ["STATUS_COLORS", "baseline_vs_actual"]
 
@@ -44,6 +47,8 @@ def baseline_vs_actual(verdicts: pd.DataFrame, *, xscale: str = "auto", title: s
         Figure with one axis per unit present; on each, the first bar container holds the
         tolerance bands and the second the actual-value bars (one bar per row).
     """
+    from matplotlib.patches import Patch  # here: drawing is the only reason to import matplotlib
+
     df = verdicts.copy() if verdicts is not None else pd.DataFrame()
     for c in ("expected", "actual", "bound"):
         df[c] = pd.to_numeric(df[c], errors="coerce") if c in df.columns else np.nan

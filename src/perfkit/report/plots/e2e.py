@@ -3,10 +3,9 @@ request of each new shape marked (:func:`e2e_per_request`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from matplotlib.figure import Figure
 
 from perfkit.report.plots.base import (
     drop_warmup,
@@ -23,6 +22,9 @@ from perfkit.report.plots.base import (
 )
 from perfkit.report.plots.style import COLD_COLOR
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARMUP, request_roles
+
+if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
+    from matplotlib.figure import Figure
 
 __all__ = ["e2e_per_request"]
 

@@ -3,10 +3,9 @@ step's top-level ops over time (:func:`step_timeline`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from matplotlib.figure import Figure
 
 from perfkit.report.plots.base import (
     drop_warmup,
@@ -21,6 +20,9 @@ from perfkit.report.plots.base import (
 )
 from perfkit.report.plots.style import COLD_COLOR
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, request_label, request_roles
+
+if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
+    from matplotlib.figure import Figure
 
 __all__ = ["step_times", "step_timeline"]
 

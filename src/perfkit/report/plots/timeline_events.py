@@ -10,8 +10,6 @@ from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
 
 from perfkit.report.plots.base import drop_warmup, is_finite, ms_text, ordered_stages
 from perfkit.report.plots.style import COLD_COLOR, stage_colors
@@ -40,6 +38,8 @@ class Timeline:
 
 def draw_phases(tl: Timeline, t: pd.Series) -> None:
     """Shade and label the launch's model load and startup warmup on every panel."""
+    from matplotlib.patches import Patch  # here: drawing is the only reason to import matplotlib
+
     phases, axes, t0 = tl.phases, tl.axes, tl.t0
     spans = [("model load", phases.get("process", phases["start"]), phases.get("loaded"), "#fee391")]
     spans.append(("startup warmup", phases.get("loaded"), phases.get("ready"), "#d9d9d9"))
@@ -107,6 +107,9 @@ def draw_requests(
 def _draw_request(tl: Timeline, r: Mapping[str, Any], role: str, short: str, x_span: float) -> None:
     """One request: its span on every panel (not the startup warmup's when the phases are drawn),
     its role written above it when wide enough, and a triangle per panel when it compiled."""
+    from matplotlib.lines import Line2D  # here: drawing is the only reason to import matplotlib
+    from matplotlib.patches import Patch
+
     axes = tl.axes
     color = {ROLE_COLD: COLD_COLOR, ROLE_NEW_SHAPE: "tab:orange", ROLE_WARMUP: "tab:grey"}.get(
         role, "tab:blue"
@@ -164,6 +167,8 @@ def _draw_request(tl: Timeline, r: Mapping[str, Any], role: str, short: str, x_s
 
 def draw_stage_marks(tl: Timeline, stages: pd.DataFrame, include_warmup: bool) -> None:
     """A dotted line at each stage start, coloured by stage class, on every panel."""
+    from matplotlib.lines import Line2D  # here: drawing is the only reason to import matplotlib
+
     st = drop_warmup(stages, include_warmup)
     st = st[pd.to_numeric(st["t_start_s"], errors="coerce").notna()]
     colors = stage_colors(ordered_stages(st["stage"]))
