@@ -162,31 +162,8 @@ def run_arms(
             pair = order[pos : pos + 2]
             if sorted(pair) != ["A", "B"]:
                 raise ValueError(f"paired launches run an A and a B together; the order has {pair} at {pos}")
-            labels = {arm: f"{arm}{len(data[arm]):02d}" for arm in pair}
-            for k, arm in enumerate(pair):
-                loads[labels[arm]] = {"position": pos + k, "loadavg": _loadavg()}
-            watch = Watch.start()
-            got, ran = run_pair(
-                pair[0],
-                pair[1],
-                lambda arm, turn: measure_launch(
-                    specs[arm],
-                    reqs,
-                    out / "launches",
-                    labels[arm],
-                    request_timeout_s=request_timeout_s,
-                    turn=turn,
-                ),
-            )
-            left = watch.reap(grace_s=max(specs[a].stop_grace_s for a in pair))
-            for arm in pair:
-                d = got[arm]
-                if left:
-                    d.launch_row["error"] = d.error = "; ".join(x for x in (d.error, describe(left)) if x)
-                log.info("launch %s (paired): ready %.2f s%s", d.label, d.launch_row.get("ready_s") or math.nan,
-                         f", error: {d.error}" if d.error else "")  # fmt: skip
-                data[arm].append(d)
-            turns["+".join(labels[a] for a in pair)] = [f"{labels[a]}:{i}" for a, i in ran]
+            key, ran = _paired_launch(specs, pair, pos, reqs, out, request_timeout_s, data, loads)
+            turns[key] = ran
             meta["pair_turns"] = turns
             bundles = _save_arms(specs, request, counts, warm, out, data, order[: pos + 2], loads, t0, meta)
             bar.update(2)
@@ -221,6 +198,43 @@ def run_arms(
             attach(b, *run_profiled(specs[arm], request, profile, out / "launches", label=label))
             b.save(out / arm.lower())
     return bundles
+
+
+def _paired_launch(
+    specs: Mapping[str, EngineSpec],
+    pair: list[str],
+    pos: int,
+    reqs: list[VideoRequestSpec],
+    out: Path,
+    request_timeout_s: float | None,
+    data: dict[str, list[LaunchData]],
+    loads: dict[str, Any],
+) -> tuple[str, list[str]]:
+    """One A and one B launch of :func:`run_arms` side by side, their requests in turn
+    (:func:`perfkit.ab.paired.run_pair`, ``pair[0]`` first): each arm's :class:`LaunchData` is
+    appended to ``data`` and its load averages put in ``loads``; what outlived the pair's
+    teardown is named in both errors. Returns the pair's key (``"A00+B00"``) and its request
+    order (``["A00:0", "B00:0", …]``)."""
+    labels = {arm: f"{arm}{len(data[arm]):02d}" for arm in pair}
+    for k, arm in enumerate(pair):
+        loads[labels[arm]] = {"position": pos + k, "loadavg": _loadavg()}
+    watch = Watch.start()
+    got, ran = run_pair(
+        pair[0],
+        pair[1],
+        lambda arm, turn: measure_launch(
+            specs[arm], reqs, out / "launches", labels[arm], request_timeout_s=request_timeout_s, turn=turn
+        ),
+    )
+    left = watch.reap(grace_s=max(specs[a].stop_grace_s for a in pair))
+    for arm in pair:
+        d = got[arm]
+        if left:
+            d.launch_row["error"] = d.error = "; ".join(x for x in (d.error, describe(left)) if x)
+        log.info("launch %s (paired): ready %.2f s%s", d.label, d.launch_row.get("ready_s") or math.nan,
+                 f", error: {d.error}" if d.error else "")  # fmt: skip
+        data[arm].append(d)
+    return "+".join(labels[a] for a in pair), [f"{labels[a]}:{i}" for a, i in ran]
 
 
 def _extended(order: list[str], extend: Callable[..., Sequence[str]], bundles: Any, bar: Any) -> bool:

@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import psutil
 
+from perfkit.engine.cgroup import Cgroup as _Cgroup
+from perfkit.engine.cgroup import cgroup2_available, kill_tree  # noqa: F401 (re-exported, as before the split)
 from perfkit.readings.memory import DEFAULT as _DEFAULT_READER
 from perfkit.readings.memory import PSS_DUTY, HostMemoryReader, MemoryReadError, ReadBudget
 
@@ -51,7 +51,6 @@ GIB = 2**30
 #: the cap since the last read (then it reads at the next check). A PSS that grows with the RSS
 #: flat (copy-on-write breaks in forked workers) is seen within (read time) / 0.05 s.
 CHECK_PSS_DUTY = 0.05
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 ENFORCEMENTS = ("auto", "cgroup", "watchdog", "none")
 
 
@@ -269,103 +268,6 @@ class CapOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-# ---------------------------------------------------------------------------- process tree helpers
-def kill_tree(pgid: int | None, procs: list[psutil.Process], sig: int = signal.SIGKILL) -> None:
-    """Signal a process group and any listed processes (which may have left the group)."""
-    if pgid is not None:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for p in procs:
-        try:
-            p.send_signal(sig)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            pass
-
-
-# ---------------------------------------------------------------------------- cgroup v2
-def cgroup2_available() -> bool:
-    """True when /sys/fs/cgroup is a cgroup v2 mount."""
-    try:
-        for line in Path("/proc/mounts").read_text().splitlines():
-            parts = line.split()
-            if len(parts) >= 3 and parts[1] == str(CGROUP_ROOT) and parts[2] == "cgroup2":
-                return True
-    except OSError:
-        pass
-    return False
-
-
-def _own_cgroup() -> Path | None:
-    try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            if line.startswith("0::"):
-                return CGROUP_ROOT / line[3:].lstrip("/")
-    except OSError:
-        pass
-    return None
-
-
-class _Cgroup:
-    """A child cgroup v2 with memory.max; raises OSError when that is not possible."""
-
-    def __init__(self, cap_bytes: int, name: str) -> None:
-        if not cgroup2_available():
-            raise OSError("/sys/fs/cgroup is not cgroup v2")
-        own = _own_cgroup()
-        if own is None or not own.is_dir():
-            raise OSError("own cgroup not found")
-        candidates = [own, own.parent] if own != CGROUP_ROOT else [own]
-        last: Exception | None = None
-        for parent in candidates:
-            path = parent / f"perfkit-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            try:
-                try:
-                    (parent / "cgroup.subtree_control").write_text("+memory")
-                except OSError:
-                    pass  # may already be on, or not allowed; the child's controllers tell
-                path.mkdir()
-                try:
-                    if "memory" not in (path / "cgroup.controllers").read_text().split():
-                        raise OSError(f"memory controller not delegated to {parent}")
-                    (path / "memory.max").write_text(str(cap_bytes))
-                    try:
-                        (path / "memory.swap.max").write_text("0")
-                    except OSError:
-                        pass
-                except Exception:
-                    path.rmdir()
-                    raise
-                self.path = path
-                return
-            except OSError as exc:
-                last = exc
-        raise OSError(f"cannot create a memory cgroup: {last}")
-
-    def add(self, pid: int) -> None:
-        (self.path / "cgroup.procs").write_text(str(pid))
-
-    def oom_kills(self, reader: HostMemoryReader) -> int:
-        """``oom_kill`` of memory.events (0 when the key is absent: no OOM kill counted yet).
-
-        Raises:
-            MemoryReadError: memory.events is not readable or not ``key number`` lines.
-        """
-        return reader.cgroup_events(self.path).get("oom_kill", 0)
-
-    def remove(self) -> None:
-        for _ in range(20):
-            try:
-                self.path.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.05)
-        log.warning("could not remove cgroup %s", self.path)
 
 
 # ---------------------------------------------------------------------------- enforcer

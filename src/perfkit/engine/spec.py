@@ -552,9 +552,7 @@ ENGINE_KINDS: dict[str, type[EngineSpec]] = {
 
 
 def _kind_of(v: Any) -> Any:
-    if isinstance(v, Mapping):
-        return v.get("kind", "reference")
-    return getattr(v, "kind", "reference")
+    return v.get("kind", "reference") if isinstance(v, Mapping) else getattr(v, "kind", "reference")
 
 
 #: A spec of any kind, told apart by ``kind`` (missing: ``reference``): the type a pydantic field
