@@ -13,12 +13,12 @@ params/ci-cpu.yaml, shared by test_suite and the browser tests.
 :func:`perfkit.engine.launch.launch` during a test (and any descendant seen at its teardown) must be gone
 when the test ends. A survivor is killed and the test errors, so the run fails.
 
-Parallel runs (``make test``: pytest-xdist, two workers, ``--dist loadgroup``): every test module is
+Parallel runs (``make test``: pytest-xdist, one worker more than the cores, ``--dist loadgroup``): every test module is
 one work unit (:class:`_ModuleGroups`, this conftest's xdist scheduler), so its module-scoped
 engine launches run once, on one worker; the modules that use one of the session fixtures below
 (``h200_replay_run``, ``scaleout_runs``, ``ci_cpu_replay_run``) form one unit (a module naming two
 joins their units), so the session fixture runs once; the heaviest modules are collected and handed out first, so the
-two workers end together. Tests marked ``timing`` (their verdict depends on
+workers end together. Tests marked ``timing`` (their verdict depends on
 the host's speed: a live A/B must decide +30 %) run first, alone on the machine.
 """
 
