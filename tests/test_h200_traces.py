@@ -151,6 +151,18 @@ def test_the_slow_recompile_under_the_cap_was_the_samplers_pss_reads():
     assert (len(mem), int(mem["host_pss_mib"].notna().sum())) == (652, 4)
     assert mem["host_rss_mib"].notna().all()
 
+    # run 4, the uncapped launch with the fixed sampler: its recompile costs its warmup's compile
+    # (1.01x), where run 1's, with PSS every 0.1 s, cost 1.39x its warmup's
+    ratios = {}
+    for name, run in (("pss", both / "nocap"), ("fixed", FOURTH / "duty/nocap")):
+        req = pd.read_parquet(run / "cold_warm/requests.parquet").sort_values("index")
+        warmup, first = req.iloc[0], _first_25(run)
+        assert warmup["index"] == -1 and warmup["num_frames"] == 17
+        ratios[name] = (round(first["compile_ms"]), round(warmup["compile_ms"]))
+    assert ratios == {"pss": (81881, 59101), "fixed": (65803, 64846)}
+    mem = pd.read_parquet(FOURTH / "duty/nocap/cold_warm/memory.parquet")
+    assert (len(mem), int(mem["host_pss_mib"].notna().sum())) == (692, 8)
+
 
 AB_PROFILED = BUNDLE.parents[1] / "ab-2pct-profiled"
 
