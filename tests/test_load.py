@@ -2,7 +2,10 @@
 launch measures a 17/25-frame trace against a 17-frame warmup, the closed-loop levels 1, 2 and 4
 (8 measured requests each) and an open loop at 3x capacity; a second launch with a 25-frame
 warmup replays the trace's 25-frame requests. The engine runs with one torch thread so that a
-shared 2-core runner moves its service time less; requests take about 0.3-0.6 s here.
+shared 2-core runner moves its service time less; requests take about 0.2 s here (96 steps: at
+32 steps they took ~80 ms once the memory sampler stopped reading PSS ten times a second, and
+the client's few ms a request put the queue wait at 4 in flight 30 % off (k - 1) x service:
+306 vs 235 ms in CI; at 96 steps 660 vs 660 ms, 205 vs 214 ms at 2).
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from perfkit.stats import quantile_ci
 pytestmark = pytest.mark.timing
 
 REPO = Path(__file__).resolve().parents[1]
-#: a request of about 0.3-0.6 s on the tiny engine with one thread (128x128, 17 frames)
-REQUEST = VideoRequestSpec(num_frames=17, height=128, width=128, num_inference_steps=32)
+#: a request of about 0.2 s on the tiny engine with one thread (128x128, 17 frames, 96 steps)
+REQUEST = VideoRequestSpec(num_frames=17, height=128, width=128, num_inference_steps=96)
 #: trace requests: the smallest shapes (64x64, 4 steps), 17 and 25 frames alternating
 MIX = [
     {"num_frames": f, "width": 64, "height": 64, "num_inference_steps": 4, "seed": i}
