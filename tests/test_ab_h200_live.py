@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 from click.testing import CliRunner
 
 from perfkit.ab.decide import AbResult
@@ -111,6 +112,8 @@ def test_h200_profiled_2pct_ab_names_the_injected_spin_kernel_first(tmp_path):
     assert row["decision"] == want["decision"] == "inconclusive" and got.verdict == "undecided"
     for k in ("ratio", "low", "high"):
         assert abs(float(row[k]) - float(want[k])) < 1e-9, (k, row[k], want[k])
+    # the committed replay is what this code gives (its host_peak row was left stale once)
+    pd.testing.assert_frame_equal(got.table, AbResult.load(run / "replay").table)
     warm = {
         s: warm_events(below_stage(ResultBundle.load(run / s), roles=("profiled warm",)).events) for s in "ab"
     }
