@@ -129,6 +129,56 @@ def test_long_term_profile_and_image_step_pad(doc):
     assert rows["denoise_step_ms.2"].bound == pytest.approx(337.875)
 
 
+#: The oldest versions of sglang's perf_baselines.json carry one flat tolerance set.
+FLAT_TOLERANCES = {"e2e": 0.25, "stage": 0.3, "denoise_step": 0.1, "denoise_agg": 0.1}
+
+
+@pytest.mark.parametrize("profile", ["pr_test", "long_term"])
+def test_flat_legacy_tolerances_are_read_as_sglang_reads_them(doc, profile):
+    """A flat set serves every profile (sglang 0.5.23 ``ToleranceConfig.load_profile``); its one
+    ``stage`` key bounds denoising and other stages alike (the sglang of those files); VRAM
+    tolerances it lacks are sglang's defaults 0.01 / 0.02."""
+    doc["tolerances"] = dict(FLAT_TOLERANCES)
+    doc = bl.loads_baseline(json.dumps(doc), "flat.json")
+    name, tols = bl.tolerance_profile(doc["tolerances"], profile)
+    assert name == "legacy/flat" and tols["denoise_stage"] == tols["non_denoise_stage"] == 0.3
+    rows = rows_by_metric(bl.compare(run_from(doc), doc, profile), "wan2_1_t2v_1.3b")
+    # DenoisingStage 21452.59 * 1.3; TextEncodingStage 1025.11: max(* 1.3 = 1332.643, + 120)
+    assert rows["stages_ms.DenoisingStage"].bound == pytest.approx(21452.59 * 1.3)
+    assert rows["stages_ms.TextEncodingStage"].bound == pytest.approx(1332.643)
+    assert "non_denoise_stage: tol 0.3" in rows["stages_ms.TextEncodingStage"].reason
+    # DecodingStage 495.01: tol max(0.3, 0.9) with the 450 ms pad -> 945.01
+    assert rows["stages_ms.DecodingStage"].bound == pytest.approx(945.01)
+    # step 10 426.11: max(426.11 * 1.1 = 468.721, 426.11 + 160)
+    assert rows["denoise_step_ms.10"].bound == pytest.approx(586.11)
+    assert rows["expected_e2e_ms"].bound == pytest.approx(23418.73 * 1.25)
+    assert rows["expected_median_denoise_ms"].bound == pytest.approx(427.94 * 1.1)
+    assert rows["runtime_peak_vram_mb"].bound == pytest.approx(18246 * 1.02)
+    assert {r.status for r in rows.values()} == {"pass"}
+
+
+def test_flat_tolerances_with_both_stage_keys_and_a_bad_flat_value(doc):
+    """The later flat form names both stage keys (sglang 0.5.23 reads it as is); a flat value
+    that is not a number is refused naming the file and key."""
+    flat = {
+        "e2e": 0.2,
+        "denoise_stage": 0.1,
+        "non_denoise_stage": 0.5,
+        "denoise_step": 0.2,
+        "denoise_agg": 0.1,
+    }
+    name, tols = bl.tolerance_profile(flat, "nightly")
+    assert (name, tols["denoise_stage"], tols["non_denoise_stage"]) == ("legacy/flat", 0.1, 0.5)
+    doc["tolerances"] = {**FLAT_TOLERANCES, "stage": "0.3"}
+    with pytest.raises(
+        bl.BaselineError, match=r"flat\.json: tolerances\.stage: '0\.3' \(str\) is not a number"
+    ):
+        bl.loads_baseline(json.dumps(doc), "flat.json")
+    doc["tolerances"] = {**FLAT_TOLERANCES, "pr_test": {"e2e": 0.25}}
+    with pytest.raises(bl.BaselineError, match=r"tolerances\.pr_test: an object among flat tolerances"):
+        bl.loads_baseline(json.dumps(doc), "flat.json")
+
+
 def test_unknown_profile_raises(doc):
     with pytest.raises(KeyError, match="nightly"):
         bl.compare(run_from(doc), doc, "nightly")

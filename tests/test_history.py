@@ -4,6 +4,7 @@ bad files refused naming file and key."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -380,41 +381,111 @@ def test_history_add_stores_a_suite_run_and_both_ab_sides_once(tmp_path: Path, c
     assert "nowhere: not a perfkit run" in capsys.readouterr().err
 
 
+def _commit_versions(repo: Path, f: Path, versions: list[str]) -> list[str]:
+    """Commit each text as the next version of ``f`` in the git repository ``repo``, a day
+    apart from 2026-06-01; returns the commits."""
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    if not (repo / ".git").exists():
+        subprocess.run([*git, "init", "-q"], check=True)
+    shas = []
+    for i, text in enumerate(versions):
+        f.write_text(text)
+        subprocess.run([*git, "add", "."], check=True)
+        when = f"2026-06-{i + 1:02d}T00:00:00+00:00"
+        env = {**os.environ, "GIT_COMMITTER_DATE": when, "GIT_AUTHOR_DATE": when}
+        subprocess.run([*git, "commit", "-q", "-m", f"v{i}"], check=True, env=env)
+        out = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        shas.append(out.stdout.strip())
+    return shas
+
+
 def test_perf_baselines_versions_across_git_history(tmp_path: Path, capsys):
-    """Three commits of a perf_baselines file: each version is a run of expected values at its
-    commit; a version that is not JSON is refused naming repository, commit and file."""
+    """A git history of sglang's perf_baselines file as its real history runs: flat tolerances
+    first (``stage`` alone, then the two stage keys), then profiles; one version that is not
+    JSON and one with a string for a number. Each readable version is a run of expected values
+    at its commit, its tolerances read as sglang reads them; the two others are skipped with a
+    note naming the commit and why, and the others are still imported."""
     root = Path(__file__).resolve().parents[1]
+    doc = json.loads((root / "tests/fixtures/perf_baselines_5090.json").read_text())
+    profiled = doc["tolerances"]
+    vram = {k: doc.pop(k) for k in ("load_peak_vram_mb", "runtime_peak_vram_mb")}  # added later
+    case = "wan2_1_t2v_1.3b"
+    old_flat = {"e2e": 0.25, "stage": 0.3, "denoise_step": 0.1, "denoise_agg": 0.1}
+    two_keys = {
+        "e2e": 0.25,
+        "denoise_stage": 0.25,
+        "non_denoise_stage": 0.8,
+        "denoise_step": 0.3,
+        "denoise_agg": 0.2,
+    }
+    versions = []
+    for tols, decoding, e2e in (
+        (old_flat, 26550.0, 30000.0),
+        (old_flat, 26550.0, 27000.0),
+        (two_keys, 26550.0, 27000.0),
+        (None, 0, 0),  # broken: not JSON
+        (profiled, 13000.0, 23418.73),  # DecodingStage tightened by hand
+        ("string", 0, 0),  # broken: a string for a number
+        (profiled, 495.01, 23418.73),
+    ):
+        if tols is None:
+            versions.append('{"metadata": {}, "scenarios": {')
+            continue
+        v = copy.deepcopy(doc)
+        v["tolerances"] = profiled if tols == "string" else tols
+        v["scenarios"][case]["stages_ms"]["DecodingStage"] = decoding
+        v["scenarios"][case]["expected_e2e_ms"] = "fast" if tols == "string" else e2e
+        if tols is profiled:
+            v.update(vram)
+        versions.append(json.dumps(v, indent=4))
     repo = tmp_path / "sglang"
     repo.mkdir()
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    doc = json.loads((root / "tests/fixtures/perf_baselines_5090.json").read_text())
-    f = repo / "perf_baselines_5090.json"
-    case = next(iter(doc["scenarios"]))
-    shas = []
-    for decoding in (26550.0, 26550.0, 13000.0):  # tightened by hand in the third commit
-        doc["scenarios"][case]["stages_ms"]["DecodingStage"] = decoding
-        doc["metadata"]["last_updated"] = f"v{len(shas)}"
-        f.write_text(json.dumps(doc))
-        subprocess.run([*git, "add", "."], check=True)
-        when = f"2026-06-0{len(shas) + 1}T00:00:00+00:00"
-        env = {**os.environ, "GIT_COMMITTER_DATE": when, "GIT_AUTHOR_DATE": when}
-        subprocess.run([*git, "commit", "-q", "-m", f"v{len(shas)}"], check=True, env=env)
-        shas.append(
-            subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        )
+    f = repo / "perf_baselines.json"
+    shas = _commit_versions(repo, f, versions)
+    good = [shas[i] for i in (0, 1, 2, 4, 6)]
     store = tmp_path / "store"
     args = ["history", "import", str(repo), "--baselines", f.name, "--store", str(store)]
-    assert main(args) == 0 and "3 run(s) added" in capsys.readouterr().out
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "5 version(s) imported, 2 skipped" in out and "5 run(s) added" in out
+    assert f"{repo}:{shas[3][:10]}:{f.name}: invalid JSON at line 1 column 32" in err
+    assert (
+        f"{repo}:{shas[5][:10]}:{f.name}: scenarios.{case}.expected_e2e_ms: 'fast' (str) is not a number"
+        in err
+    )
+    assert err.count("(version skipped)") == 2
     df = read_store(store)
-    dec = df[(df["case_id"] == case) & (df["metric"] == "DecodingStage_ms")].sort_values("time")
-    assert dec["value"].tolist() == [26550.0, 26550.0, 13000.0] and dec["commit"].tolist() == shas
-    assert set(df["source"]) == {"perf-baselines"} and set(df["hardware"]) == {"CI RTX 5090 pool"}
-    assert main(args) == 0 and "0 run(s) added, 3 already stored" in capsys.readouterr().out
-    f.write_text("{not json")
-    subprocess.run([*git, "commit", "-q", "-am", "broken"], check=True)
-    assert main(args) == 2
-    assert f":{f.name}: invalid JSON at line 1" in capsys.readouterr().err
+    assert sorted(set(df["commit"])) == sorted(good) and set(df["hardware"]) == {"CI RTX 5090 pool"}
+    series = df[df["case_id"] == case].sort_values("time").groupby("metric")
+    assert series.get_group("DecodingStage_ms")["value"].tolist() == [
+        26550.0,
+        26550.0,
+        26550.0,
+        13000.0,
+        495.01,
+    ]
+    assert series.get_group("e2e_ms")["value"].tolist() == [30000.0, 27000.0, 27000.0, 23418.73, 23418.73]
+    assert series.get_group("DecodingStage_ms")["commit"].tolist() == good
+    assert series.get_group("runtime_peak_vram_mib")["value"].tolist() == [18246.0, 18246.0]
+    tols = {c: json.loads(p)["tolerances"] for c, p in zip(df["commit"], df["provenance"])}
+    flat_read = {"profile": "legacy/flat", **old_flat, "denoise_stage": 0.3, "non_denoise_stage": 0.3}
+    assert tols[good[0]] == {**flat_read, "load_peak_vram": 0.01, "runtime_peak_vram": 0.02}
+    assert tols[good[2]] == {
+        "profile": "legacy/flat",
+        **two_keys,
+        "load_peak_vram": 0.01,
+        "runtime_peak_vram": 0.02,
+    }
+    assert tols[good[3]] == {"profile": "pr_test", **profiled["pr_test"]}
+    assert main(args) == 0
+    assert "0 run(s) added, 5 already stored" in capsys.readouterr().out
+    # a file none of whose versions can be read imports nothing and says so (exit 2)
+    only_bad = tmp_path / "bad"
+    only_bad.mkdir()
+    (bad_sha,) = _commit_versions(only_bad, only_bad / "perf_baselines.json", ["{not json"])
+    assert main([*args[:2], str(only_bad), *args[3:]]) == 2
+    err = capsys.readouterr().err
+    assert "perf_baselines.json: no version could be read" in err and bad_sha[:10] in err
 
 
 def test_history_check_of_a_run_with_no_history_is_exit_2_and_keeps_the_runs_summary(tmp_path: Path, capsys):

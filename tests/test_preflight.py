@@ -150,13 +150,19 @@ def test_corrupt_baseline_file_names_line_and_column(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_baseline_file_checks():
+def test_baseline_file_checks(tmp_path):
     suite.check_baseline_file(load_params(CI), "ci")  # file: null: invariants only
     h200 = load_params(ROOT / "params" / "h200.yaml")
     suite.check_baseline_file(h200, "h200")  # baselines/h200.json, relative to the checkout
     h200.baseline.profile = "nightly"
     with pytest.raises(ParamsError, match="'nightly' is not a tolerance profile"):
         suite.check_baseline_file(h200, "h200")
+    # a file with flat tolerances (sglang's oldest form) has one set for every profile
+    flat = json.loads((ROOT / "baselines" / "h200.json").read_text())
+    flat["tolerances"] = {"e2e": 0.25, "stage": 0.3, "denoise_step": 0.1, "denoise_agg": 0.1}
+    h200.baseline.file = str(tmp_path / "flat.json")
+    Path(h200.baseline.file).write_text(json.dumps(flat))
+    suite.check_baseline_file(h200, "h200")
 
 
 # --------------------------------------------------------------------------- 3. other hardware

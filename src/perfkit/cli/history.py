@@ -76,11 +76,17 @@ def history_add(runs: tuple[str, ...], store: str, commit: str | None, hardware:
 )
 def history_import(path: str, store: str, hardware: str | None, baselines: str | None) -> None:
     """Store sglang's nightly comparison files (a directory, a file or a ci-data-diffusion
-    checkout), or with --baselines a perf_baselines file's versions across git history."""
+    checkout), or with --baselines a perf_baselines file's versions across git history (a
+    version that cannot be read is skipped with a note naming its commit)."""
     from perfkit.history.api import import_baselines, import_nightly
 
     if baselines:
-        _added(_history_call(import_baselines, store, path, baselines, hardware=hardware))
+        res, skipped = _history_call(import_baselines, store, path, baselines, hardware=hardware)
+        for note in skipped:
+            click.echo(f"perfkit history: {note}", err=True)
+        n = len(res.added) + len(res.skipped)
+        click.echo(f"{n} version(s) imported, {len(skipped)} skipped")
+        _added(res)
         return
     if not hardware:
         msg = "nightly comparison files do not name their hardware; give --hardware"

@@ -23,12 +23,21 @@ def add(
 
 def import_baselines(
     store: str | Path, repo: str | Path, path: str, *, hardware: str | None = None
-) -> AddResult:
+) -> tuple[AddResult, list[str]]:
     """``perfkit history import REPO --baselines FILE``: every committed version of a
-    perf_baselines file (:func:`perfkit.history.baselines.read_baseline_history`)."""
-    from perfkit.history.baselines import read_baseline_history
+    perf_baselines file (:func:`perfkit.history.baselines.read_baseline_history`).
 
-    return add_runs(store, read_baseline_history(repo, path, hardware=hardware))
+    Returns what was stored and one note per version skipped (it names the commit and why).
+    Raises HistoryError when no version can be read (the message holds the notes), so that an
+    import of nothing is never a success.
+    """
+    from perfkit.history.baselines import read_baseline_history
+    from perfkit.history.store import HistoryError
+
+    runs, skipped = read_baseline_history(repo, path, hardware=hardware)
+    if not runs:
+        raise HistoryError(f"{repo}: {path}: no version could be read:\n  " + "\n  ".join(skipped))
+    return add_runs(store, runs), skipped
 
 
 def import_nightly(store: str | Path, path: str | Path, *, hardware: str) -> AddResult:

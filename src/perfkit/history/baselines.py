@@ -8,6 +8,8 @@ The series then show expected values moving as pull requests tighten or loosen t
 sglang's 5090 case, DecodingStage 26,550 → 13,000 ms by hand). Hardware: ``--hardware``, else
 the file's ``metadata.hardware``, else the file name (``perf_baselines/h100.json`` → ``h100``,
 ``perf_baselines_5090.json`` → ``5090``, ``perf_baselines.json`` → ``default``).
+Tolerances, flat (the oldest versions) or profiled, are read as sglang reads them; a version
+that cannot be read is skipped with a note naming its commit and why, never aborting the others.
 """
 
 from __future__ import annotations
@@ -33,13 +35,24 @@ def _git(repo: Path, *args: str) -> str:
         raise HistoryError(f"{repo}: git {' '.join(args)}: {err.strip()}") from None
 
 
-def read_baseline_history(repo: str | Path, path: str, *, hardware: str | None = None) -> list[HistoryRun]:
+def read_baseline_history(
+    repo: str | Path, path: str, *, hardware: str | None = None
+) -> tuple[list[HistoryRun], list[str]]:
     """Every committed version of ``path`` (relative to the repository ``repo``) as a run,
-    oldest first (``git log`` of HEAD; renames are not followed).
+    oldest first (``git log`` of HEAD; renames are not followed), and a note for each version
+    skipped.
+
+    Tolerances are read as sglang reads them (:func:`perfkit.gate.baseline.tolerance_profile`:
+    the oldest versions' flat set as well as ``pr_test``/``long_term`` profiles); the set its CI
+    gates with (``pr_test``, or the flat one) goes into each run's provenance, ``tolerances``.
+
+    Returns:
+        ``(runs, skipped)``: ``skipped`` holds one line per version that cannot be read (not
+        JSON, a non-number where a number belongs, no scenarios, no expected value) or that
+        deleted the file, naming ``repo:commit:path`` and why; the other versions are read.
 
     Raises:
-        HistoryError: not a git repository, the file has no history, or a version that is
-            not valid baseline JSON or holds a non-number (names ``repo:commit:path`` and the key).
+        HistoryError: not a git repository, or no commit touches the file.
     """
     repo = Path(repo)
     log = _git(repo, "log", "--format=%H %cI", "--", path).split("\n")
@@ -47,47 +60,59 @@ def read_baseline_history(repo: str | Path, path: str, *, hardware: str | None =
     if not commits:
         raise HistoryError(f"{repo}: {path}: no commit touches this file")
     suffix = PurePosixPath(path).stem.removeprefix("perf_baselines").lstrip("_") or "default"
-    runs = []
+    runs: list[HistoryRun] = []
+    skipped: list[str] = []
     for sha, when in reversed(commits):
         where = f"{repo}:{sha[:10]}:{path}"
         try:
             text = _git(repo, "show", f"{sha}:{path}")
         except HistoryError:
-            continue  # the commit deleted the file
-        try:
-            doc = bl.loads_baseline(text, where)
-        except bl.BaselineError as exc:
-            raise HistoryError(str(exc)) from None
-        cases = doc.get("scenarios")
-        if not isinstance(cases, dict):
-            raise HistoryError(f"{where}: scenarios: missing or not an object")
-        values = []
-        for case, entry in cases.items():
-            if not isinstance(entry, dict):
-                raise HistoryError(f"{where}: scenarios.{case}: not an object")
-            merged = dict(entry)
-            for top in ("load_peak_vram_mb", "runtime_peak_vram_mb"):
-                m = doc.get(top)
-                if isinstance(m, dict) and case in m and top not in merged:
-                    merged[top] = m[case]
-            values += case_values(case, merged, where)
-        if not values:
+            skipped.append(f"{where}: skipped: the file is deleted at this commit")
             continue
-        hw = hardware or str((doc.get("metadata") or {}).get("hardware") or suffix)
-        runs.append(
-            HistoryRun(
-                source=SOURCE,
-                run_id=sha,
-                hardware=hw,
-                commit=sha,
-                time=datetime.fromisoformat(when),
-                values=values,
-                source_file=path,
-                provenance={
-                    "repository": str(repo),
-                    "kind": "expected values",
-                    "metadata": doc.get("metadata"),
-                },
-            )
-        )
-    return runs
+        try:
+            run = _version_run(text, where, sha, when, path, repo, hardware or None, suffix)
+        except (bl.BaselineError, HistoryError) as exc:
+            skipped.append(f"{exc} (version skipped)")
+            continue
+        runs.append(run)
+    return runs, skipped
+
+
+def _version_run(
+    text: str, where: str, sha: str, when: str, path: str, repo: Path, hardware: str | None, suffix: str
+) -> HistoryRun:
+    """One version's run. Raises BaselineError/HistoryError naming ``where`` and the key."""
+    doc = bl.loads_baseline(text, where)
+    cases = doc.get("scenarios")
+    if not isinstance(cases, dict):
+        raise HistoryError(f"{where}: scenarios: missing or not an object")
+    values = []
+    for case, entry in cases.items():
+        merged = dict(entry)  # loads_baseline checked that each entry is an object
+        for top in ("load_peak_vram_mb", "runtime_peak_vram_mb"):
+            m = doc.get(top)
+            if isinstance(m, dict) and case in m and top not in merged:
+                merged[top] = m[case]
+        values += case_values(case, merged, where)
+    if not values:
+        raise HistoryError(f"{where}: scenarios: no expected value in any case")
+    try:
+        name, tols = bl.tolerance_profile(doc.get("tolerances"), "pr_test")
+        tolerances: dict | None = {"profile": name, **tols}
+    except KeyError:  # no pr_test and not flat: sglang's CI could not gate with this version
+        tolerances = None
+    return HistoryRun(
+        source=SOURCE,
+        run_id=sha,
+        hardware=hardware or str((doc.get("metadata") or {}).get("hardware") or suffix),
+        commit=sha,
+        time=datetime.fromisoformat(when),
+        values=values,
+        source_file=path,
+        provenance={
+            "repository": str(repo),
+            "kind": "expected values",
+            "metadata": doc.get("metadata"),
+            "tolerances": tolerances,
+        },
+    )

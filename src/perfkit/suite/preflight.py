@@ -102,8 +102,9 @@ def check_baseline_file(params: SuiteParams, source: str | Path) -> None:
         raise ParamsError(f"{source}: baseline.file: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ParamsError(f"{source}: baseline.file: cannot read {p}: {exc}") from None
-    profiles = sorted(ref.get("tolerances") or {})
-    if params.baseline.profile not in profiles:
+    tols = ref.get("tolerances") or {}
+    if not bl.is_flat(tols) and params.baseline.profile not in tols:  # flat: one set for all
+        profiles = sorted(tols)
         raise ParamsError(
             f"{source}: baseline.profile: {params.baseline.profile!r} is not a "
             f"tolerance profile of {f} (it has: {', '.join(profiles) or 'none'})"

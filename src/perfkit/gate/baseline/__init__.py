@@ -6,7 +6,9 @@ is a real file)::
     {"metadata": {"model", "hardware", "description", "last_updated": "YYYY-MM-DD", ...},
      "tolerances": {"pr_test": {"e2e", "denoise_stage", "non_denoise_stage", "denoise_step",
                                 "denoise_agg", "load_peak_vram", "runtime_peak_vram", ["load"]},
-                    "long_term": {...}, <any other profile>: {...}},
+                    "long_term": {...}, <any other profile>: {...}}
+                   (older files: one flat set, {"e2e", "stage", "denoise_step", "denoise_agg"};
+                   :func:`tolerance_profile` reads both as sglang does),
      "improvement_reporting": {"threshold": 0.2},
      "sampling": {"step_fractions": [0.0, 0.2, ...]},
      "scenarios": {case_id: {"stages_ms": {stage: ms}, "denoise_step_ms": {"<step index>": ms},
@@ -30,7 +32,8 @@ case's entry written into a file). The public API, re-exported here:
 
 - :func:`load_baseline`, :func:`save_baseline`, :func:`dumps_baseline`, :func:`new_baseline`
 - :func:`from_bundle`, :func:`baseline_from_bundles`, :func:`set_scenario`
-- :func:`compare`, :func:`check_overlap`, :func:`classify_stage`, :func:`bound`
+- :func:`compare`, :func:`check_overlap`, :func:`classify_stage`, :func:`bound`,
+  :func:`tolerance_profile`, :func:`is_flat`
 - :func:`improvement_snippets`, :func:`entry_from_records`, :func:`atomic_write_text`
 - :func:`update_baseline`
 
@@ -65,6 +68,7 @@ from perfkit.gate.baseline.rules import (
     DEFAULT_STEP_FRACTIONS,
     DEFAULT_TOLERANCES,
     DERIVED_KEYS,
+    FLAT_PROFILE,
     IMAGE_STEP_PAD_MS,
     MB_DECIMALS,
     MEMORY_METRICS,
@@ -82,6 +86,8 @@ from perfkit.gate.baseline.rules import (
     StageClassifier,
     bound,
     classify_stage,
+    is_flat,
+    tolerance_profile,
 )
 from perfkit.gate.baseline.update import update_baseline
 
@@ -94,6 +100,7 @@ __all__ = [
     "DEFAULT_STEP_FRACTIONS",
     "DEFAULT_TOLERANCES",
     "DERIVED_KEYS",
+    "FLAT_PROFILE",
     "IMAGE_STEP_PAD_MS",
     "MB_DECIMALS",
     "MEMORY_METRICS",
@@ -119,11 +126,13 @@ __all__ = [
     "entry_from_records",
     "from_bundle",
     "improvement_snippets",
+    "is_flat",
     "load_baseline",
     "loads_baseline",
     "new_baseline",
     "save_baseline",
     "set_scenario",
     "step_indices",
+    "tolerance_profile",
     "update_baseline",
 ]

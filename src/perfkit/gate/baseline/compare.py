@@ -23,6 +23,7 @@ from perfkit.gate.baseline.rules import (
     _metric_rule,
     _number_problem,
     bound,
+    tolerance_profile,
 )
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,8 @@ def compare(
     Args:
         run: case id -> scenario entry (the output of :func:`from_bundle`); ms and MiB.
         baseline: a loaded baseline document.
-        profile: tolerance profile name (``pr_test``, ``long_term``, ...).
+        profile: tolerance profile name (``pr_test``, ``long_term``, ...); a file with flat
+            tolerances has one set for every profile (:func:`tolerance_profile`, sglang's rules).
         strict: a case (or metric) with no baseline fails instead of being ``new``.
         video: use the 160 ms pad for denoise steps after step 0 (False: 20 ms, image models).
         threshold: improvement threshold; default the document's
@@ -118,14 +120,11 @@ def compare(
     when no frame time was measured; perfkit reads such a null as "not measured", never as 0.
 
     Raises:
-        KeyError: when ``profile`` is not in the baseline's tolerances.
+        KeyError: when ``profile`` is not in the baseline's (profiled) tolerances.
         BaselineError: a value in ``run`` or ``baseline`` that is not a number or null (the
             message names the case and the key).
     """
-    all_tols = baseline.get("tolerances") or {}
-    if profile not in all_tols:
-        raise KeyError(f"tolerance profile {profile!r} not in baseline (has: {sorted(all_tols)})")
-    tols = all_tols[profile]
+    profile, tols = tolerance_profile(baseline.get("tolerances"), profile)
     threshold_from = "given"
     if threshold is None:
         given = (baseline.get("improvement_reporting") or {}).get("threshold")

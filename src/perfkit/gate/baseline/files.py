@@ -20,6 +20,7 @@ from perfkit.gate.baseline.rules import (
     SCALAR_TIMING_METRICS,
     TOP_LEVEL_CASE_MAPS,
     _number_problem,
+    is_flat,
 )
 
 
@@ -89,11 +90,20 @@ def _validate(doc: Any, source: str) -> None:
         number("improvement_reporting.threshold", imp["threshold"], nullable=False)
         if imp["threshold"] > 1:
             raise bad("improvement_reporting.threshold", f"{imp['threshold']!r} is above 1 (a fraction)")
-    for prof, tols in (doc.get("tolerances") or {}).items():
-        if not isinstance(tols, dict):
+    all_tols = doc.get("tolerances") or {}
+    flat = is_flat(all_tols)  # one set for every profile, as sglang reads it (tolerance_profile)
+    for prof, tols in all_tols.items():
+        if flat:
+            if isinstance(tols, dict):
+                raise bad(
+                    f"tolerances.{prof}", "an object among flat tolerances (tolerances.e2e is a number)"
+                )
+            number(f"tolerances.{prof}", tols, nullable=False)
+        elif not isinstance(tols, dict):
             raise bad(f"tolerances.{prof}", "expected an object")
-        for k, v in tols.items():
-            number(f"tolerances.{prof}.{k}", v, nullable=False)
+        else:
+            for k, v in tols.items():
+                number(f"tolerances.{prof}.{k}", v, nullable=False)
     fr = (doc.get("sampling") or {}).get("step_fractions")
     if fr is not None:
         if not isinstance(fr, list):

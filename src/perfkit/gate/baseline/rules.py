@@ -69,6 +69,13 @@ DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
         "runtime_peak_vram": 0.02,
     },
 }
+#: sglang's name for flat tolerances (one set, no profiles), which it reads for any profile asked.
+FLAT_PROFILE = "legacy/flat"
+#: The oldest flat files' single ``stage`` tolerance bounded every stage in the sglang of their
+#: time, so it stands for both stage keys of later files (see :func:`tolerance_profile`).
+LEGACY_STAGE_KEYS = ("denoise_stage", "non_denoise_stage")
+#: sglang 0.5.23: VRAM tolerances a set may leave out, and the value it then uses.
+VRAM_TOLERANCE_DEFAULTS = {"load_peak_vram": 0.01, "runtime_peak_vram": 0.02}
 #: Rounding of values written by :func:`from_bundle` (sglang dumps ms with 2 decimals).
 MS_DECIMALS = 2
 MB_DECIMALS = 1
@@ -119,6 +126,58 @@ DERIVED_KEYS = (
     *MEMORY_METRICS,
     "estimated_full_test_time_s",
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# Tolerance sets
+# ---------------------------------------------------------------------------------------------
+
+
+def is_flat(tolerances: Mapping[str, Any]) -> bool:
+    """Whether a ``tolerances`` map is one flat set (``e2e`` is a number, not a profile), as
+    sglang 0.5.23 tells them apart (``ToleranceConfig.load_profile``)."""
+    return "e2e" in tolerances and not isinstance(tolerances["e2e"], Mapping)
+
+
+def tolerance_profile(
+    tolerances: Mapping[str, Any] | None, profile: str = "pr_test"
+) -> tuple[str, dict[str, float]]:
+    """The tolerance set a check with ``profile`` uses, read as sglang reads a baseline file.
+
+    Returns ``(name, {key: fraction})``; ``name`` is ``profile``, or :data:`FLAT_PROFILE` for
+    a flat file. Rules (sglang 0.5.23, ``ToleranceConfig.load_profile`` in
+    ``multimodal_gen/test/server/testcase_configs.py``, unless said):
+
+    - flat (``{"e2e": 0.25, ...}``, :func:`is_flat`): the one set, whatever profile is asked.
+      The oldest files' single ``stage`` key (``{"e2e": 0.25, "stage": 0.3, "denoise_step":
+      0.1, "denoise_agg": 0.1}``) fills ``denoise_stage`` and ``non_denoise_stage`` where they
+      are absent: the sglang of those files (early ``test_server_performance.py``,
+      ``ToleranceConfig.stage``, ``PerformanceValidator._validate_stages``) bounded every stage,
+      denoising or not, by ``expected * (1 + stage)``. 0.5.23 itself needs the two keys.
+    - profiled (``{"pr_test": {...}, "long_term": {...}}``): ``tolerances[profile]``. sglang
+      falls back to ``pr_test`` for a missing profile, but its CI only asks ``pr_test``
+      (``BaselineConfig.load``); perfkit refuses a missing profile instead, so a misspelt
+      ``--profile`` never gates silently with another set.
+    - either: ``load_peak_vram`` / ``runtime_peak_vram`` absent -> 0.01 / 0.02
+      (:data:`VRAM_TOLERANCE_DEFAULTS`). Other absent keys stay absent (those metrics are
+      reported skipped by :func:`perfkit.gate.baseline.compare`).
+
+    Raises:
+        KeyError: a profiled map without ``profile`` (the message lists the profiles it has).
+    """
+    tolerances = tolerances or {}
+    if is_flat(tolerances):
+        name, tols = FLAT_PROFILE, dict(tolerances)
+        if "stage" in tols:
+            for key in LEGACY_STAGE_KEYS:
+                tols.setdefault(key, tols["stage"])
+    elif profile in tolerances:
+        name, tols = profile, dict(tolerances[profile])
+    else:
+        raise KeyError(f"tolerance profile {profile!r} not in baseline (has: {sorted(tolerances)})")
+    for key, default in VRAM_TOLERANCE_DEFAULTS.items():
+        tols.setdefault(key, default)
+    return name, tols
 
 
 # ---------------------------------------------------------------------------------------------
