@@ -81,6 +81,37 @@ def test_empty_stage_maps_and_zero_denoise_are_valid():
     assert overall_status(check_table(rows)) == "pass"
 
 
+def test_an_empty_stage_map_with_nothing_else_compared_is_never_a_pass(tmp_path, capsys):
+    """A case whose baseline entry is an empty stages map (and no step, E2E or memory value),
+    or whose every value is null, compares nothing: one failing row says so, the verdict is
+    fail, and ``perfkit compare`` exits 1 on a run whose record has no stage either."""
+    from perfkit.cli import main
+
+    doc = bl.new_baseline("cpu")
+    doc["scenarios"]["performance"] = {"stages_ms": {}, "denoise_step_ms": {}}
+    run = {"performance": {"stages_ms": {}, "denoise_step_ms": {}}}
+    rows = bl.compare(run, doc)
+    why = "nothing compared for this case: its baseline entry holds no metric"
+    assert [(r.case, r.metric, r.status, r.reason) for r in rows] == [
+        ("performance", "metrics compared", "fail", why)
+    ]
+    assert overall_status(check_table(rows)) == "fail"
+    doc["scenarios"]["performance"] = {"stages_ms": {"DenoisingStage": None}, "expected_e2e_ms": None}
+    rows = bl.compare({"performance": {"stages_ms": {}, "expected_e2e_ms": 25.0}}, doc)
+    assert [r.status for r in rows] == ["skipped", "skipped", "fail"]
+    assert rows[-1].reason == "nothing compared for this case: every metric was skipped"
+    # the CLI: a performance.log record with no stage against the empty entry
+    doc["scenarios"]["performance"] = {"stages_ms": {}, "denoise_step_ms": {}}
+    bpath = tmp_path / "b.json"
+    bl.save_baseline(doc, bpath)
+    log = tmp_path / "performance.log"
+    record = {"request_id": "r1", "tag": "pipeline_stage_metrics", "stages": [], "steps": []}
+    log.write_text(json.dumps({**record, "total_duration_ms": 25.0, "memory_snapshots": {}}) + "\n")
+    assert main(["compare", "--run", str(log), "--baseline", str(bpath)]) == 1
+    out = capsys.readouterr().out
+    assert why in out and "compare: FAIL" in out
+
+
 def test_corrupt_json_names_file_and_line(tmp_path):
     p = tmp_path / "broken.json"
     p.write_text('{\n    "metadata": {},\n    "scenarios": {,}\n}\n')
