@@ -191,7 +191,9 @@ def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
     old = [e for e in ann if STEP_RANGE.match(str(e.get("name", "")))]
     stage_starts = [float(e["ts"]) for e in ann if STAGE_RANGE.match(str(e.get("name", "")))]
     rows = []
-    for e in sorted(old or [e for e in ann if PROFILER_STEP.match(str(e.get("name", "")))], key=lambda e: e["ts"]):
+    for e in sorted(
+        old or [e for e in ann if PROFILER_STEP.match(str(e.get("name", "")))], key=lambda e: e["ts"]
+    ):
         name = str(e["name"])
         ts, dur = float(e["ts"]), float(e["dur"])
         k = int((STEP_RANGE.match(name) or PROFILER_STEP.match(name)).group(1))  # type: ignore[union-attr]
