@@ -456,6 +456,11 @@ def test_warmup_shapes_profiles_the_first_request_of_an_uncovered_shape_against_
     t = b.table("traces")
     assert list(t["role"]) == ["profiled first of new shape", "profiled warm"]
     assert list(t["mode"]) == ["2_steps"] * 2 and t["kept"].all()
+    # 2 asked, N+1 = 3 recorded (4-step requests: ProfilerStep#1..#3 are steps 1..3)
+    assert list(t["steps_asked"]) == [2, 2] and list(t["steps_recorded"]) == [3, 3]
+    assert [s.split("; ") for s in t["stages"]] == [
+        ["TextEncodingStage", "LatentPreparationStage", "DenoisingStage", "DecodingStage"]
+    ] * 2
     for f in t["file"]:
         assert (tmp_path / "run" / "warmup_shapes" / f).is_file() and NAME_RE.match(Path(f).name)
     # extra: not in the requests table, the launches or the coverage
@@ -466,6 +471,8 @@ def test_warmup_shapes_profiles_the_first_request_of_an_uncovered_shape_against_
     diff = html.split("changed most, profiled first of new shape → profiled warm")[1]
     assert diff.index("calls first") < diff.index("first (ms)") < diff.index("warm (ms)")
     assert "CPU-side overhead and device idle share per stage, profiled first of new shape" in html
+    # the page says why 3 steps were recorded for 2 asked
+    assert "3 (2 asked + 1: sglang adds its warm-up step to the recorded ones" in html
     for f in t["file"]:
         assert f'href="warmup_shapes/{f}"' in html
 
