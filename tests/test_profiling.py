@@ -74,10 +74,12 @@ def test_profiled_requests_leave_sglang_named_traces_in_sglangs_directory(served
     tdir, recs = served
     files = sorted(p.name for p in tdir.iterdir())
     assert len(files) == 4 and all(NAME_RE.match(f) for f in files), files
+    # N_steps: sglang records N+1 ProfilerSteps (its warm-up step added to the active ones), at
+    # most the request's 6 steps; full_stages: the 6 denoising steps, no step range
     want = {
-        "default": ("5_steps", 5),
-        "two": ("2_steps", 2),
-        "all_steps": ("6_steps", 5),
+        "default": ("5_steps", 6),
+        "two": ("2_steps", 3),
+        "all_steps": ("6_steps", 6),
         "all_stages": ("full_stages", 6),
     }
     for key, (mode, steps) in want.items():
@@ -93,16 +95,58 @@ def test_profiled_requests_leave_sglang_named_traces_in_sglangs_directory(served
     assert refused.status == "rejected" and "num_profiled_timesteps" in refused.error
 
 
-def test_traces_carry_stage_ranges_and_step_ranges(served):
+def test_traces_carry_sglangs_stage_ranges_and_profiler_steps(served):
     _, recs = served
+    # full_stages: one STAGE range per stage under sglang's registered names, no step range
     full = _user_ranges(recs["all_stages"].perfkit["profile"]["path"])
-    for stage in ("TextEncodingStage", "LatentPreparationStage", "DenoisingStage", "DecodingStage"):
-        assert stage in full
-    assert [r for r in full if r.startswith("denoising_step_")] == [f"denoising_step_{i}" for i in range(6)]
+    stages = [
+        "STAGE TextEncodingStage",
+        "STAGE LatentPreparationStage",
+        "STAGE denoising_stage",
+        "STAGE decoding_stage",
+    ]
+    assert [r for r in full if r.startswith("STAGE ")] == stages
+    assert not [r for r in full if r.startswith(("denoising_step_", "ProfilerStep#"))]
+    # 2_steps of 6: step 0 is torch's warm-up, then N+1 = 3 ProfilerSteps; no stage range in the
+    # window (the profiler stopped before decoding), no denoising_step_ range
     two = _user_ranges(recs["two"].perfkit["profile"]["path"])
-    # one warm-up step (step 0) runs unrecorded, then 2 steps; text encoding is not in the window
-    assert [r for r in two if r.startswith("denoising_step_")] == ["denoising_step_1", "denoising_step_2"]
-    assert "TextEncodingStage" not in two
+    assert sorted(two) == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"], two
+    # 5_steps of 6: the request ran out of steps first: ProfilerStep#6 holds the end of the
+    # request, and decoding's range is in the trace (as in sglang's traces)
+    five = _user_ranges(recs["default"].perfkit["profile"]["path"])
+    assert [r for r in five if r.startswith("ProfilerStep#")] == [f"ProfilerStep#{k}" for k in range(1, 7)]
+    assert [r for r in five if r.startswith("STAGE ")] == ["STAGE decoding_stage"]
+
+
+def test_reader_walks_the_engines_traces_as_sglangs(served):
+    _, recs = served
+    full = tr.load_trace(recs["all_stages"].perfkit["profile"]["path"])
+    ev = tr.op_events(full)
+    assert set(ev["stage"]) == {
+        "TextEncodingStage",
+        "LatentPreparationStage",
+        "DenoisingStage",
+        "DecodingStage",
+    }
+    assert (ev["step"] == -1).all() and not ev["op"].str.startswith(("STAGE ", "ProfilerStep#")).any()
+    two = tr.load_trace(recs["two"].perfkit["profile"]["path"])
+    ev2 = tr.op_events(two)
+    steps = tr.step_ranges(two)
+    assert list(steps["step"]) == [1, 2, 3] and list(steps["warmup_step"]) == [True, False, False]
+    assert set(ev2["stage"]) == {"DenoisingStage"} and set(ev2["step"]) == {1, 2, 3}
+    assert set(ev2.loc[ev2["warmup_step"], "step"]) == {1}
+    five = tr.load_trace(recs["default"].perfkit["profile"]["path"])
+    ev5, st5 = tr.op_events(five), tr.step_ranges(five)
+    assert list(st5["tail"]) == [False] * 5 + [True]
+    # decoding inside the trailing ProfilerStep is decoding, with no step
+    dec = ev5[ev5["stage"] == "DecodingStage"]
+    assert (
+        not dec.empty
+        and (dec["step"] == -1).all()
+        and set(ev5["stage"]) == {"DenoisingStage", "DecodingStage"}
+    )
+    o = tr.overhead_table(five).set_index("stage")
+    assert list(o.index) == ["DenoisingStage", "DecodingStage", "(all stages)"]
 
 
 # -- cold_warm with a profile setting ------------------------------------------------------------
@@ -183,7 +227,11 @@ def test_report_section_shows_the_panel_and_links_the_traces(runs):
     assert "Below the stage" in html and "Perfetto" in html and "chrome://tracing" in html
     assert not external_refs(html)  # the page stays self-contained
     # one denoising step of the profiled warm request over time, the injected range in it
-    assert 'alt="Denoising step 0: top-level ops over time, profiled warm: op vs time' in html
+    # a full_stages trace has no step ranges (as sglang's): the denoising stage whole
+    assert (
+        'alt="DenoisingStage (no step ranges in a full_stages trace): top-level ops over time, profiled warm: op vs'
+        in html
+    )
     for f in prof.table("traces")["file"]:
         assert f'href="cold_warm/{f}"' in html
     diff = html.split("changed most")[1]
@@ -372,12 +420,12 @@ def test_overhead_per_stage_on_real_cpu_traces(runs, served):
     assert 0.5 * e2e < t.loc["(all stages)", "window_ms"] <= e2e
     html = render_section(d / "run", {"name": "cold_warm", "status": "ok"})
     assert "CPU-side overhead and device idle share per stage, profiled warm" in html and tr.NO_DEVICE in html
-    # a steps-only trace: DenoisingStage's window is its two recorded steps
+    # a steps-only trace: DenoisingStage's window is its N+1 = 3 recorded ProfilerSteps
     path = served[1]["two"].perfkit["profile"]["path"]
     doc = tr.load_trace(path)
-    steps = [e["dur"] / 1000 for e in doc["traceEvents"] if str(e.get("name")).startswith("denoising_step_")]
+    steps = [e["dur"] / 1000 for e in doc["traceEvents"] if str(e.get("name")).startswith("ProfilerStep#")]
     s = tr.overhead_table(doc, tr.rank_of(path)).set_index("stage")
-    assert len(steps) == 2 and s.loc["DenoisingStage", "window_ms"] == pytest.approx(sum(steps))
+    assert len(steps) == 3 and s.loc["DenoisingStage", "window_ms"] == pytest.approx(sum(steps))
 
 
 @pytest.fixture(scope="module")
@@ -408,6 +456,11 @@ def test_warmup_shapes_profiles_the_first_request_of_an_uncovered_shape_against_
     t = b.table("traces")
     assert list(t["role"]) == ["profiled first of new shape", "profiled warm"]
     assert list(t["mode"]) == ["2_steps"] * 2 and t["kept"].all()
+    # 2 asked, N+1 = 3 recorded (4-step requests: ProfilerStep#1..#3 are steps 1..3)
+    assert list(t["steps_asked"]) == [2, 2] and list(t["steps_recorded"]) == [3, 3]
+    assert [s.split("; ") for s in t["stages"]] == [
+        ["TextEncodingStage", "LatentPreparationStage", "DenoisingStage", "DecodingStage"]
+    ] * 2
     for f in t["file"]:
         assert (tmp_path / "run" / "warmup_shapes" / f).is_file() and NAME_RE.match(Path(f).name)
     # extra: not in the requests table, the launches or the coverage
@@ -418,6 +471,8 @@ def test_warmup_shapes_profiles_the_first_request_of_an_uncovered_shape_against_
     diff = html.split("changed most, profiled first of new shape → profiled warm")[1]
     assert diff.index("calls first") < diff.index("first (ms)") < diff.index("warm (ms)")
     assert "CPU-side overhead and device idle share per stage, profiled first of new shape" in html
+    # the page says why 3 steps were recorded for 2 asked
+    assert "3 (2 asked + 1: sglang adds its warm-up step to the recorded ones" in html
     for f in t["file"]:
         assert f'href="warmup_shapes/{f}"' in html
 

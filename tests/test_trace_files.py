@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from perfkit.readings import trace_files
 
@@ -32,3 +33,90 @@ def test_the_pool_reads_what_one_by_one_reads_in_order_with_bad_files_named(tmp_
             assert len(x.events) > 1000 and (x.events["cat"] == "kernel").any()  # an H200 trace
             pd.testing.assert_frame_equal(x.events, y.events)
             pd.testing.assert_frame_equal(x.overhead, y.overhead)
+
+
+# -- real sglang 0.5.23 traces (tests/fixtures/sglang/0.5.23/sana-video/README.md) ----------------
+SANA = ROOT / "tests/fixtures/sglang/0.5.23/sana-video"
+FULL = SANA / "b06968f7-ad51-4834-8bb7-b28dad06c9b8-full_stages-global-rank0.trace.json.gz"
+TWO = SANA / "5b66f84e-7660-43c7-93ad-b5c181d9a95a-2_steps-global-rank0.trace.json.gz"
+
+
+def _perf_stages(request_id: str) -> tuple[list[str], list[float]]:
+    from perfkit.readings.records import parse_lines
+
+    rec = next(
+        r
+        for r in parse_lines((SANA / "performance.log").read_text().splitlines()).records
+        if r.request_id == request_id
+    )
+    return [n for n, _ in rec.stages], [float(s) for s in rec.steps]
+
+
+def test_a_real_full_stages_trace_names_every_stage_and_no_range_is_an_op():
+    from perfkit.readings import traces as tr
+
+    doc = tr.load_trace(FULL)
+    ev = tr.op_events(doc)
+    # registered names mapped from composed_pipeline_base.py; prompt_encoding_stage_primary is
+    # pipeline-specific (SanaVideoTextEncodingStage here): as written without performance.log
+    assert set(ev["stage"]) == {
+        "prompt_encoding_stage_primary",
+        "TimestepPreparationStage",
+        "LatentPreparationStage",
+        "DenoisingStage",
+        "DecodingStage",
+    }
+    assert (ev["step"] == -1).all() and not ev["warmup_step"].any() and len(ev) == 15621  # every cpu_op
+    assert not ev["op"].str.startswith(("STAGE ", "ProfilerStep#")).any()
+    stages, _ = _perf_stages("b06968f7-ad51-4834-8bb7-b28dad06c9b8")
+    named = tr.op_events(doc, stages)
+    top = tr.stage_top_ops(named, 3)
+    assert "(none)" not in set(named["stage"]) and "SanaVideoTextEncodingStage" in set(top["stage"])
+    assert not top["op"].str.startswith("STAGE ").any()
+    # overhead windows are the STAGE ranges: DenoisingStage 384.457 ms in the trace, 383.9 in
+    # performance.log (sglang's own timer around the same stage; 1 ms apart)
+    o = tr.overhead_table(doc, tr.rank_of(FULL.name), stages).set_index("stage")
+    assert list(o.index) == [*stages, "(all stages)"]
+    assert o.loc["DenoisingStage", "window_ms"] == pytest.approx(384.457355, abs=1e-6)
+    assert o.loc["DecodingStage", "window_ms"] == pytest.approx(785.615059, abs=1e-6)
+    assert (o.loc["DenoisingStage", "op_ms"] > 0) and o["device_idle_share"].isna().all()
+
+
+def test_a_real_2_steps_trace_has_n_plus_1_steps_the_first_flagged_warm_up():
+    from perfkit.readings import traces as tr
+
+    doc = tr.load_trace(TWO)
+    steps = tr.step_ranges(doc)
+    # 2 asked, 3 recorded: ProfilerStep#k is denoising step k (step 0 is torch's warm-up)
+    assert list(steps["name"]) == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
+    assert list(steps["step"]) == [1, 2, 3] and list(steps["warmup_step"]) == [True, False, False]
+    assert not steps["tail"].any()
+    _, perf_steps = _perf_stages("5b66f84e-7660-43c7-93ad-b5c181d9a95a")
+    # ProfilerStep#1 is performance.log's steps[1] (42.17 ms; sglang's timer sits inside it)
+    assert steps["dur_ms"].iloc[0] == pytest.approx(perf_steps[1], abs=0.1)
+    ev = tr.op_events(doc)
+    assert set(ev["stage"]) == {"DenoisingStage"} and set(ev["step"]) == {1, 2, 3} and len(ev) == 9030
+    assert set(ev.loc[ev["warmup_step"], "step"]) == {1}
+    assert not ev["op"].str.startswith(("STAGE ", "ProfilerStep#")).any()
+    t = tr.op_table(ev[~ev["warmup_step"]], by_stage=True)
+    assert set(t["stage"]) == {"DenoisingStage"} and t["share"].sum() == pytest.approx(1.0)
+    o = tr.overhead_table(doc).set_index("stage")
+    assert o.loc["DenoisingStage", "window_ms"] == pytest.approx(steps["dur_ms"].sum(), rel=1e-9)
+
+
+def test_the_trace_list_says_why_one_more_step_was_recorded():
+    from perfkit.report.belowstage import steps_text
+
+    assert steps_text(2, 3, "2_steps").startswith("3 (2 asked + 1: sglang adds its warm-up step")
+    assert steps_text(6, 6, "6_steps").startswith("6 of 6 asked + 1 (the request ran out of steps")
+    assert steps_text(pd.NA, 6, "full_stages") == "6 (every denoising step; no step ranges)"
+    assert steps_text(pd.NA, 2, "2_steps") == "2"  # an older bundle: asked not recorded
+
+
+def test_a_real_sglang_trace_without_a_perfkit_record_gets_mode_and_steps_from_its_file():
+    from perfkit.measuring.profiled import _steps_of
+
+    # a real sglang server writes no perfkit record: mode from the name, steps from the file
+    assert _steps_of(TWO, None, None) == {"mode": "2_steps", "steps_asked": 2, "steps_recorded": 3}
+    assert _steps_of(FULL, None, None) == {"mode": "full_stages", "steps_asked": None, "steps_recorded": None}
+    assert _steps_of(TWO, "2_steps", 3)["steps_recorded"] == 3  # the engine's record wins

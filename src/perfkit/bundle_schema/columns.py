@@ -391,7 +391,26 @@ TABLES: dict[str, Table] = {
                 ),
                 _c("status", "string", "text", "the profiled request's status (completed, failed, ...)"),
                 _c("mode", "string", "text", "sglang's profile mode: full_stages or N_steps"),
-                _c("steps_recorded", "Int64", "count", "denoising steps inside the recorded window"),
+                _c(
+                    "steps_asked",
+                    "Int64",
+                    "count",
+                    "N of an N_steps trace (sglang's num_profiled_timesteps, -1 resolved); NA: full_stages",
+                ),
+                _c(
+                    "steps_recorded",
+                    "Int64",
+                    "count",
+                    "N_steps: ProfilerStep ranges in the trace (N+1: sglang adds its warm-up step; fewer "
+                    "when the request ran out of steps); full_stages: the request's denoising steps",
+                ),
+                _c(
+                    "stages",
+                    "string",
+                    "text",
+                    "the profiled request's performance.log stage names in order, '; '-joined (names "
+                    "the trace's STAGE ranges); NA: no record",
+                ),
                 _c(
                     "file",
                     "string",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.launch import measure_launch
+from perfkit.readings import traces as tr
 from perfkit.readings.records import parse_lines
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,9 @@ DIR_VARIABLE = "SGLANG_DIFFUSION_TORCH_PROFILER_DIR"
 #: the request roles: request 0 of the extra launch is its cold request, the next ones warm
 #: (the second and later warm ones are ``profiled warm 2``, ``profiled warm 3``, ...)
 ROLES = {"cold": "profiled cold", "warm": "profiled warm"}
+#: sglang's trace file name: ``{request_id}-{mode}-global-rank{rank}.trace.json.gz``
+#: (``runtime/utils/profiler.py``), mode ``full_stages`` or ``{N}_steps``
+MODE_IN_NAME = re.compile(r"-(full_stages|(\d+)_steps)-global-rank\d+\.trace\.json(\.gz)?$")
 #: the role of request 0 in warmup_shapes' extra launch: its startup warmup does not cover the
 #: request's shape, so request 0 is the first request of a new shape
 FIRST_OF_NEW_SHAPE = "profiled first of new shape"
@@ -137,6 +142,7 @@ def run_profiled(
             "status": out.status if out is not None else "not sent",
             "mode": prof.get("mode"),
             "steps_recorded": prof.get("steps_recorded"),
+            "stages": "; ".join(n for n, _ in rec.stages) if rec is not None and rec.stages else None,
             "file": None,
             "size_mib": math.nan,
             "kept": False,
@@ -166,10 +172,30 @@ def run_profiled(
                 row["kept"] = True
                 row["file"] = f"traces/{path.name}"
                 files[path.name] = path
+            row.update(_steps_of(path, row["mode"], row["steps_recorded"]))
         rows.append(row)
     if data.error:
         log.warning("profiled launch: %s", data.error)
     return conform("traces", pd.DataFrame(rows)), files
+
+
+def _steps_of(path: Path, mode: str | None, recorded: int | None) -> dict[str, Any]:
+    """``mode``, ``steps_asked`` and ``steps_recorded`` of the trace at ``path``: the mode from
+    the engine's record, else from sglang's file name (:data:`MODE_IN_NAME`); N of ``N_steps``;
+    the recorded steps from the record, else (a real sglang server writes no perfkit record) the
+    ``ProfilerStep`` ranges in the file (:func:`perfkit.readings.traces.step_ranges`; an
+    unreadable file leaves it NA, its reader names the error later)."""
+    m = MODE_IN_NAME.search(path.name)
+    mode = mode or (m.group(1) if m else None)
+    n = re.fullmatch(r"(\d+)_steps", mode or "")
+    out: dict[str, Any] = {"mode": mode, "steps_asked": int(n.group(1)) if n else None}
+    if recorded is None and n:
+        try:
+            recorded = len(tr.step_ranges(tr.load_trace(path)))
+        except tr.TraceError as exc:
+            log.warning("profiled: %s", exc)
+    out["steps_recorded"] = recorded
+    return out
 
 
 def _trace_path(prof: dict[str, Any], tdir: Path, request_id: str) -> Path | None:

@@ -40,14 +40,16 @@ class TraceTables:
     error: str | None = None
 
 
-def read_one(path: str | Path) -> TraceTables:
-    """Read the trace at ``path`` (the rank from its file name, :func:`~perfkit.readings.traces.rank_of`).
-    A :class:`~perfkit.readings.traces.TraceError` becomes ``error``; nothing else is caught."""
+def read_one(path: str | Path, stages: list[str] | None = None) -> TraceTables:
+    """Read the trace at ``path`` (the rank from its file name, :func:`~perfkit.readings.traces.rank_of`;
+    ``stages``: the request's performance.log stage names, which name its ``STAGE`` ranges,
+    :func:`~perfkit.readings.traces.stage_names`). A :class:`~perfkit.readings.traces.TraceError`
+    becomes ``error``; nothing else is caught."""
     try:
         doc = tr.load_trace(path)
     except tr.TraceError as exc:
         return TraceTables(None, None, str(exc))
-    return TraceTables(tr.op_events(doc), tr.overhead_table(doc, tr.rank_of(Path(path).name)))
+    return TraceTables(tr.op_events(doc, stages), tr.overhead_table(doc, tr.rank_of(Path(path).name), stages))
 
 
 def _cores() -> int:
@@ -57,21 +59,22 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def read_many(paths: list[Path]) -> list[TraceTables]:
-    """:func:`read_one` of each of ``paths``, in their order; in parallel (module doc) when
+def read_many(paths: list[Path], stages: list[list[str] | None] | None = None) -> list[TraceTables]:
+    """:func:`read_one` of each of ``paths`` (with ``stages[i]`` when given), in their order; in parallel (module doc) when
     there are two or more files adding up to :data:`PARALLEL_MIN_BYTES` and more than one core.
     A missing file is an ``error`` (from :func:`~perfkit.readings.traces.load_trace`), as when
     read alone."""
     size = sum(p.stat().st_size for p in paths if p.is_file())
     workers = min(len(paths), _cores())
+    names = list(stages) if stages is not None else [None] * len(paths)
     if workers < 2 or size < PARALLEL_MIN_BYTES:
-        return [read_one(p) for p in paths]
+        return [read_one(p, s) for p, s in zip(paths, names)]
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
     log.debug("reading %d traces (%.1f MiB) in %d processes", len(paths), size / 2**20, workers)
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            return list(pool.map(read_one, paths))
+            return list(pool.map(read_one, paths, names))
     except (BrokenProcessPool, OSError) as exc:  # no worker could start or one died: read here
         log.warning("reading %d traces in parallel failed (%s): reading them one by one", len(paths), exc)
-        return [read_one(p) for p in paths]
+        return [read_one(p, s) for p, s in zip(paths, names)]

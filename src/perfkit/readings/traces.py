@@ -6,17 +6,34 @@ with pandas, not HTA (``holistictraceanalysis`` 0.5.0): HTA parses these files, 
 (temporal, kernel, idle time, TraceDiff) are built on GPU kernels: on a CPU trace the kernel
 breakdown is empty and the temporal breakdown raises ``IndexError``; and it knows no stages.
 
-Ranges: a ``user_annotation`` event whose name ends in ``Stage`` is a *stage* range
-(``DenoisingStage``; the reference engine names them as sglang's stages), ``denoising_step_{i}``
-a *step* range, ``ProfilerStep#N`` torch's schedule range; none of these is an op. An *op* is a
-``cpu_op`` or another ``user_annotation`` (e.g. ``perfkit::debug_stage_delay``), except
-torch.compile's wrappers (``Torch-Compiled Region: 0/1``, ...: :data:`COMPILE_WRAPPER`), which
-are seen through. Ops nest (an
-``aten::linear`` holds an ``aten::addmm``); a *top-level* op is one no other op encloses on its
-thread, and op time is the wall time of top-level ops (inclusive of what they call), so the
-times of one request add up to at most its recorded window and shares are shares of that sum.
-Device kernels (``cat == "kernel"``) get their own table, attributed to the stage of the CPU
-launch that has the same ``correlation`` id.
+Two layouts are read. sglang 0.5.23's (``runtime/utils/profiler.py``,
+``runtime/pipelines_core/executors/pipeline_executor.py``), which the reference engine writes too:
+
+- a *stage* range is a ``user_annotation`` ``STAGE <name>``, ``<name>`` the stage's registered
+  name (``add_stage(stage, name)``; the class name when none was given): ``STAGE denoising_stage``
+  for a standard pipeline's DenoisingStage, ``STAGE LTX2AVDenoisingStage`` for LTX-2's. It is
+  shown under performance.log's name: aligned by order with the request's performance.log stages
+  when the caller passes them, else through :data:`REGISTERED_STAGES`, else as written.
+- ``full_stages`` traces have one range per stage and no step ranges; ``{N}_steps`` traces hold
+  ``ProfilerStep#1`` .. ``ProfilerStep#N+1`` and no stage range but a trailing ``STAGE
+  decoding_stage`` when the request ran out of steps first. sglang asks torch's schedule for
+  ``warmup=1, active=N+1`` (``num_active_steps = num_actual_steps + warmup``) and steps it after
+  each denoising step, so denoising step 0 is torch's (unrecorded) warm-up and ``ProfilerStep#k``
+  is denoising step ``k``; the one step more than asked, ``ProfilerStep#1``, is flagged
+  ``warmup_step`` so tables can leave it out. Events inside a ProfilerStep are the denoising
+  stage's (its recording starts inside that stage, whose range is not in the trace).
+
+perfkit's older layout (the committed H200 bundles): stage ranges named after the classes
+(``DenoisingStage``: a name ending in ``Stage``), ``denoising_step_{i}`` step ranges, and
+``ProfilerStep#k`` of torch's schedule (then not a step). No stage range, step range or
+ProfilerStep range is an op. An *op* is a ``cpu_op`` or another ``user_annotation`` (e.g.
+``perfkit::debug_stage_delay``), except torch.compile's wrappers (``Torch-Compiled Region: 0/1``,
+...: :data:`COMPILE_WRAPPER`), which are seen through. Ops nest (an ``aten::linear`` holds an
+``aten::addmm``); a *top-level* op is one no other op encloses on its thread, and op time is the
+wall time of top-level ops (inclusive of what they call), so the times of one request add up to
+at most its recorded window and shares are shares of that sum. Device kernels (``cat ==
+"kernel"``) get their own table, attributed to the stage of the CPU launch that has the same
+``correlation`` id.
 """
 
 from __future__ import annotations
@@ -26,19 +43,35 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 #: names of ranges that are structure, not ops
 STEP_RANGE = re.compile(r"^denoising_step_(\d+)$")
-PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+#: sglang's stage range (``pipeline_executor.py``: ``maybe_record_function(f"STAGE {name}")``)
+STAGE_RANGE = re.compile(r"^STAGE (.+)$")
+#: registered stage name -> the class performance.log names, for the names sglang 0.5.23's
+#: standard helpers register (``runtime/pipelines_core/composed_pipeline_base.py``:
+#: ``add_standard_denoising_stage`` / ``add_progressive_denoising_stage`` -> ``denoising_stage``,
+#: ``add_standard_decoding_stage`` -> ``decoding_stage``). Other registered names depend on the
+#: pipeline (``prompt_encoding_stage_primary`` is ``SanaVideoTextEncodingStage`` in
+#: ``pipelines/sana_video.py``, ``TextEncodingStage`` in ``flux.py``, ``sana.py``,
+#: ``stable_diffusion_3.py``): kept as written unless aligned with performance.log.
+REGISTERED_STAGES = {"denoising_stage": "DenoisingStage", "decoding_stage": "DecodingStage"}
+#: the denoising stage's name when nothing else says it (performance.log's class name)
+DENOISING = "DenoisingStage"
+#: the first recorded ProfilerStep of an ``N_steps`` trace: the step sglang adds to ``active``
+WARMUP_PROFILER_STEP = 1
 #: torch.compile's wrappers around a compiled graph: transparent, so the ops a compiled region
 #: runs are top-level (otherwise a compiled transformer is one op, ``Torch-Compiled Region: 0/1``)
 COMPILE_WRAPPER = re.compile(r"^(Torch-Compiled Region|## Call CompiledFxGraph|CompiledFunction$)")
 #: columns of :func:`op_events`
-EVENT_COLUMNS = ["op", "cat", "tid", "ts_us", "dur_ms", "stage", "step", "top"]
+EVENT_COLUMNS = ["op", "cat", "tid", "ts_us", "dur_ms", "stage", "step", "warmup_step", "top"]
+#: columns of :func:`step_ranges`
+STEP_COLUMNS = ["step", "name", "ts_us", "dur_ms", "warmup_step", "tail"]
 #: columns of :func:`op_table` (``stage`` first when grouped by stage)
 OP_COLUMNS = ["op", "count", "total_ms", "mean_ms", "share"]
 #: columns of :func:`op_diff`
@@ -94,8 +127,9 @@ def _check_event(e: dict[str, Any], where: str) -> None:
 
 
 def is_stage(name: str) -> bool:
-    """A stage range: a name ending in ``Stage`` (sglang's stage class names)."""
-    return name.endswith("Stage")
+    """A stage range: sglang's ``STAGE <name>``, or perfkit's older layout's class name (a name
+    ending in ``Stage``)."""
+    return name.startswith("STAGE ") or name.endswith("Stage")
 
 
 def _structural(name: str) -> bool:
@@ -107,17 +141,95 @@ def _structural(name: str) -> bool:
     )
 
 
-def op_events(trace: dict[str, Any]) -> pd.DataFrame:
+def _complete(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+
+
+def stage_names(trace: dict[str, Any], stages: Sequence[str] | None = None) -> dict[str, str]:
+    """Stage range name -> the stage's name in tables, for every stage range of ``trace``.
+
+    ``STAGE <x>`` ranges: when ``stages`` (the request's performance.log stage names, in order)
+    has as many names as the trace has distinct ``STAGE`` ranges, the i-th range (by start) is
+    the i-th name (a full_stages trace records every stage once, in order: sglang's
+    ``SyncExecutor``); otherwise :data:`REGISTERED_STAGES`, else ``<x>`` as written (a class
+    name, ``STAGE LTX2AVDenoisingStage``, or a registered name this table lacks). Older-layout
+    ranges (``DenoisingStage``) keep their name.
+    """
+    evs = sorted(
+        (e for e in _complete(trace) if e.get("cat") == "user_annotation"), key=lambda e: float(e["ts"])
+    )
+    raw = list(dict.fromkeys(str(e.get("name", "")) for e in evs if is_stage(str(e.get("name", "")))))
+    sgl = [n for n in raw if STAGE_RANGE.match(n)]
+    out = {n: n for n in raw if n not in sgl}
+    if stages is not None and len(stages) == len(sgl) and sgl:
+        out.update(zip(sgl, stages))
+    else:
+        for n in sgl:
+            x = STAGE_RANGE.match(n).group(1)  # type: ignore[union-attr]
+            out[n] = REGISTERED_STAGES.get(x, x)
+    return out
+
+
+def _denoising_name(names: dict[str, str], stages: Sequence[str] | None) -> str:
+    """The denoising stage's name: what ``STAGE denoising_stage`` maps to, else the first of
+    ``stages`` with "Denoising" in it, else :data:`DENOISING`."""
+    if "STAGE denoising_stage" in names:
+        return names["STAGE denoising_stage"]
+    return next((s for s in stages or () if "denoising" in s.lower()), DENOISING)
+
+
+def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
+    """The trace's denoising-step ranges (:data:`STEP_COLUMNS`), in order: ``step`` (the
+    denoising step index), ``name`` (the range), ``ts_us``, ``dur_ms``, ``warmup_step`` and
+    ``tail``. Older layout: the ``denoising_step_{i}`` ranges (step ``i``; never warm-up or
+    tail). sglang's layout: ``ProfilerStep#k`` (step ``k``); in an ``N_steps`` trace N+1 of
+    them, ``ProfilerStep#1`` flagged ``warmup_step`` (sglang's ``num_active_steps = N +
+    warmup``, ``runtime/utils/profiler.py``), and one in which a ``STAGE`` range starts flagged
+    ``tail`` (the request's steps ran out: it holds the end of the denoising stage and what
+    followed, e.g. ``STAGE decoding_stage``). Empty in a full_stages trace."""
+    ann = [e for e in _complete(trace) if e.get("cat") == "user_annotation"]
+    old = [e for e in ann if STEP_RANGE.match(str(e.get("name", "")))]
+    stage_starts = [float(e["ts"]) for e in ann if STAGE_RANGE.match(str(e.get("name", "")))]
+    rows = []
+    for e in sorted(
+        old or [e for e in ann if PROFILER_STEP.match(str(e.get("name", "")))], key=lambda e: e["ts"]
+    ):
+        name = str(e["name"])
+        ts, dur = float(e["ts"]), float(e["dur"])
+        k = int((STEP_RANGE.match(name) or PROFILER_STEP.match(name)).group(1))  # type: ignore[union-attr]
+        rows.append(
+            {
+                "step": k,
+                "name": name,
+                "ts_us": ts,
+                "dur_ms": dur / 1000.0,
+                "warmup_step": not old and k == WARMUP_PROFILER_STEP,
+                "tail": not old and any(ts <= s < ts + dur for s in stage_starts),
+            }
+        )
+    return pd.DataFrame(rows, columns=STEP_COLUMNS)
+
+
+def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.DataFrame:
     """One row per op of the trace (:data:`EVENT_COLUMNS`): ``op`` name, ``cat``, ``tid``,
     ``ts_us`` (trace clock, µs), ``dur_ms``, ``stage`` (the innermost enclosing stage range on
-    that thread, ``"(none)"`` outside every stage), ``step`` (the enclosing
-    ``denoising_step_{i}``, else -1), ``top`` (no other op encloses it). Kernels: rows with
-    ``cat == "kernel"``, stage and step from their launch (same ``correlation``), ``top`` True.
+    that thread, named by :func:`stage_names` with ``stages``: the request's performance.log
+    stage names, optional; inside a denoising-step range and no stage range: the denoising
+    stage; ``"(none)"`` outside every stage and step range), ``step`` (the enclosing step range's
+    index, :func:`step_ranges`; -1 outside, and inside another stage's range that a trailing
+    ProfilerStep holds), ``warmup_step`` (that step is sglang's extra warm-up step), ``top`` (no
+    other op encloses it). Kernels: rows with ``cat == "kernel"``, stage and step from their
+    launch (same ``correlation``), ``top`` True.
     """
-    evs = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+    evs = _complete(trace)
+    names = stage_names(trace, stages)
+    denoising = _denoising_name(names, stages)
+    # sglang's layout: ProfilerStep#k is step k; the older one's ProfilerSteps are not steps
+    old = any(e.get("cat") == "user_annotation" and STEP_RANGE.match(str(e.get("name", ""))) for e in evs)
+    step_re = STEP_RANGE if old else PROFILER_STEP
     cpu = [e for e in evs if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")]
     rows: list[dict[str, Any]] = []
-    launch_of: dict[Any, tuple[str, int]] = {}
+    launch_of: dict[Any, tuple[str, int, bool]] = {}
     by_tid: dict[Any, list[dict[str, Any]]] = {}
     for e in cpu:
         by_tid.setdefault((e.get("pid"), e.get("tid")), []).append(e)
@@ -133,19 +245,22 @@ def op_events(trace: dict[str, Any]) -> pd.DataFrame:
             stage, step, inside_op = "(none)", -1, False
             for _, outer in stack:
                 oname = str(outer.get("name", ""))
-                if is_stage(oname):
-                    stage = oname
-                elif (m := STEP_RANGE.match(oname)) is not None:
+                if oname in names:
+                    stage = names[oname]
+                elif (m := step_re.match(oname)) is not None:
                     step = int(m.group(1))
                 elif not _structural(oname) and outer.get("cat") != "cuda_runtime":
                     inside_op = True
             if stage == "(none)" and step >= 0:  # steps-only traces start inside the stage
-                stage = "DenoisingStage"
+                stage = denoising
+            elif not old and stage != denoising:  # a trailing ProfilerStep holding decoding
+                step = -1
+            warm = not old and step == WARMUP_PROFILER_STEP
             cat = e.get("cat")
             if cat in ("cuda_runtime", "cuda_driver"):
                 corr = (e.get("args") or {}).get("correlation")
                 if corr is not None:
-                    launch_of[corr] = (stage, step)
+                    launch_of[corr] = (stage, step, warm)
             elif not _structural(name):
                 rows.append(
                     {
@@ -156,6 +271,7 @@ def op_events(trace: dict[str, Any]) -> pd.DataFrame:
                         "dur_ms": dur / 1000.0,
                         "stage": stage,
                         "step": step,
+                        "warmup_step": warm,
                         "top": not inside_op,
                     }
                 )
@@ -163,7 +279,7 @@ def op_events(trace: dict[str, Any]) -> pd.DataFrame:
     for e in evs:
         if e.get("cat") != "kernel":
             continue
-        stage, step = launch_of.get((e.get("args") or {}).get("correlation"), ("(none)", -1))
+        stage, step, warm = launch_of.get((e.get("args") or {}).get("correlation"), ("(none)", -1, False))
         rows.append(
             {
                 "op": str(e.get("name", "")),
@@ -173,6 +289,7 @@ def op_events(trace: dict[str, Any]) -> pd.DataFrame:
                 "dur_ms": float(e["dur"]) / 1000.0,
                 "stage": stage,
                 "step": step,
+                "warmup_step": warm,
                 "top": True,
             }
         )
@@ -292,15 +409,20 @@ def _union_ms(intervals: list[tuple[float, float]], lo: float, hi: float) -> flo
     return total / 1000.0
 
 
-def overhead_table(trace: dict[str, Any], rank: int | None = None) -> pd.DataFrame:
+def overhead_table(
+    trace: dict[str, Any], rank: int | None = None, stages: Sequence[str] | None = None
+) -> pd.DataFrame:
     """CPU-side overhead and device idle share per stage of one trace (:data:`OVERHEAD_COLUMNS`).
 
     Definitions (times in ms, on the trace's clock):
 
-    - ``window_ms``: the stage's wall time in the trace: the union of its ``…Stage`` ranges; in a
-      steps-only trace (``{N}_steps``: recording starts inside ``DenoisingStage``, so its range
-      is not in the trace) ``DenoisingStage``'s window is the union of the recorded
-      ``denoising_step_{i}`` ranges.
+    - ``window_ms``: the stage's wall time in the trace: the union of its stage ranges (named
+      by :func:`stage_names` with ``stages``, the request's performance.log stage names,
+      optional); in a steps-only trace (``{N}_steps``: recording starts inside the denoising
+      stage, so its range is not in the trace) the denoising stage's window is the union of the
+      recorded step ranges (:func:`step_ranges`: ``ProfilerStep#k``, each cut where a stage
+      range starts inside it; older layout: ``denoising_step_{i}``), sglang's warm-up step
+      included.
     - ``op_ms``: the part of the window covered by top-level ops (:func:`op_events`) on the
       thread that ran the stage range (the union of their intervals: parallel ops count once).
     - ``cpu_overhead_ms`` = ``window_ms`` − ``op_ms``: the stage's wall time not covered by any
@@ -320,23 +442,30 @@ def overhead_table(trace: dict[str, Any], rank: int | None = None) -> pd.DataFra
     summed window. ``rank``: as given (:func:`rank_of` of the file name), else NaN. An empty
     frame when the trace has no stage or step range.
     """
-    evs = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+    evs = _complete(trace)
 
     def iv(e: dict[str, Any]) -> tuple[float, float]:
         return float(e["ts"]), float(e["ts"]) + float(e["dur"])
 
+    names = stage_names(trace, stages)
+    denoising = _denoising_name(names, stages)
     windows: dict[str, list[tuple[float, float]]] = {}
     thread: dict[str, tuple[Any, Any]] = {}
-    for e in sorted((e for e in evs if e.get("cat") == "user_annotation"), key=lambda e: float(e["ts"])):
+    ann = sorted((e for e in evs if e.get("cat") == "user_annotation"), key=lambda e: float(e["ts"]))
+    for e in ann:
         name = str(e.get("name", ""))
-        if is_stage(name):
-            windows.setdefault(name, []).append(iv(e))
-            thread.setdefault(name, (e.get("pid"), e.get("tid")))
-    if "DenoisingStage" not in windows:
-        steps = [e for e in evs if e.get("cat") == "user_annotation" and STEP_RANGE.match(str(e.get("name")))]
-        if steps:
-            windows["DenoisingStage"] = [iv(e) for e in steps]
-            thread["DenoisingStage"] = (steps[0].get("pid"), steps[0].get("tid"))
+        if name in names:
+            windows.setdefault(names[name], []).append(iv(e))
+            thread.setdefault(names[name], (e.get("pid"), e.get("tid")))
+    steps = step_ranges(trace)
+    if denoising not in windows and not steps.empty:
+        starts = [a for n, ivs in windows.items() for a, _ in ivs]
+        first = next(e for e in ann if str(e.get("name")) == steps["name"].iloc[0])
+        windows[denoising] = [
+            (a, min([b, *(s for s in starts if a < s < b)]))
+            for a, b in zip(steps["ts_us"], steps["ts_us"] + steps["dur_ms"] * 1000.0)
+        ]
+        thread[denoising] = (first.get("pid"), first.get("tid"))
     if not windows:
         return pd.DataFrame(columns=OVERHEAD_COLUMNS)
     # top-level ops per thread (the same nesting rule as op_events)

@@ -194,11 +194,11 @@ class StagedPipeline(StageTimer):
             ev.record()
             events.append(ev)
         par = self.cfg_parallel
-        # a profiled request: each denoising step is a ``denoising_step_{i}`` range and advances
-        # sglang's step schedule (refinement steps do not)
+        # a profiled request: each denoising step advances sglang's step schedule (refinement
+        # steps do not)
         profiler = self.profiler if stage == "DenoisingStage" else None
         for i, t in enumerate(timesteps):
-            with step_scope(profiler, i):
+            with step_scope(profiler):
                 t0 = time.perf_counter()
                 mark = self._mark() if slow else None
                 if par is None:

@@ -6,20 +6,25 @@ request sets ``profile: true``:
 
 - ``profile_all_stages: true``: every stage of the request is recorded; the mode is
   ``full_stages``.
-- otherwise only denoising steps: one warm-up step (run under the profiler, discarded), then
-  ``num_profiled_timesteps`` recorded steps (default 5; ``-1``: the request's
-  ``num_inference_steps``), through ``torch.profiler.schedule(wait=0, warmup=1, active=N,
-  repeat=1)`` advanced once per denoising step; the mode is ``{N}_steps``. A request with fewer
-  steps records what there is (so ``-1`` records every step after the warm-up one).
+- otherwise only denoising steps: N = ``num_profiled_timesteps`` (default 5; ``-1``: the
+  request's ``num_inference_steps``), the mode ``{N}_steps``. sglang adds its warm-up step to the
+  active ones (``num_active_steps = N + 1``) and uses ``torch.profiler.schedule(wait=0,
+  warmup=1, active=N+1, repeat=1)``, stepped after each denoising step while ``num_active_steps
+  >= 0`` (then the profiler stops): denoising step 0 is torch's warm-up (not recorded) and the
+  trace holds ``ProfilerStep#1`` .. ``ProfilerStep#N+1`` (denoising steps 1 .. N+1), one more
+  than asked. A request with S <= N+1 steps records S ProfilerSteps, the last one holding what
+  follows its last step (decoding).
 - activities CPU, plus CUDA when torch sees a GPU; ``record_shapes`` and ``with_stack`` on.
 - one gzipped Chrome trace per request and rank:
   ``{request_id}-{mode}-global-rank{rank}.trace.json.gz`` in
   ``SGLANG_DIFFUSION_TORCH_PROFILER_DIR``, else ``SGLANG_TORCH_PROFILER_DIR``, else ``./logs``
   (relative to the engine's working directory).
 
-The reference engine adds ``record_function`` ranges named after sglang's stages
-(``DenoisingStage``, ...) and ``denoising_step_{i}`` per step, so a trace says which stage and step
-each op ran in; the test-only injected slowdown runs inside a ``perfkit::debug_stage_delay`` range.
+Ranges, as sglang 0.5.23 writes them (``runtime/pipelines_core/executors/pipeline_executor.py``):
+each stage runs in a ``STAGE <registered name>`` range (:data:`REGISTERED_NAMES`), in both
+modes (in ``N_steps`` traces only the stages inside the recorded window show); no per-step range
+(sglang's ``denoising_step_{i}`` markers are NVTX ranges and its own stage timer, not profiler
+ranges). The test-only injected slowdown runs inside a ``perfkit::debug_stage_delay`` range.
 """
 
 from __future__ import annotations
@@ -41,8 +46,15 @@ DEFAULT_PROFILED_STEPS = 5
 #: steps (diffusers' LTX pipeline defaults to 50); 10**12 is a typo, not a request (sglang itself
 #: takes any int and names the trace ``1000000000000_steps``)
 MAX_PROFILED_STEPS = 1000
-#: the warm-up steps sglang's schedule runs under the profiler and discards
+#: the warm-up steps sglang's schedule runs under the profiler and discards; sglang adds as
+#: many to the active (recorded) steps (``runtime/utils/profiler.py``)
 WARMUP_STEPS = 1
+#: stage -> the name sglang 0.5.23 registers it under in a comparable pipeline (Wan's
+#: ``pipelines/wan_pipeline.py``: ``add_standard_text_encoding_stage`` etc. of
+#: ``pipelines_core/composed_pipeline_base.py``, whose denoising and decoding helpers register
+#: ``denoising_stage`` and ``decoding_stage``; the others, and the two-stage pipeline's
+#: upsample and refinement stages, are added without a name: the class name)
+REGISTERED_NAMES = {"DenoisingStage": "denoising_stage", "DecodingStage": "decoding_stage"}
 #: directory variables, in the order sglang reads them; then ``./logs``
 DIR_VARIABLES = ("SGLANG_DIFFUSION_TORCH_PROFILER_DIR", "SGLANG_TORCH_PROFILER_DIR")
 DEFAULT_DIR = "./logs"
@@ -91,7 +103,9 @@ def profiled_steps(num_profiled_timesteps: int | None, num_inference_steps: int)
 @dataclass
 class TraceInfo:
     """What one profiled request left: ``mode`` (``full_stages`` / ``N_steps``), ``path``
-    (absolute), ``size_bytes``, ``steps_recorded`` (denoising steps inside the recorded window),
+    (absolute), ``size_bytes``, ``steps_recorded`` (``N_steps``: the ``ProfilerStep`` ranges in
+    the trace, N+1 with sglang's warm-up step, fewer when the request ran out of steps;
+    ``full_stages``: the denoising steps, which no range marks),
     ``error`` (why no trace was written, else None)."""
 
     mode: str
@@ -142,15 +156,14 @@ class RequestProfiler:
         if torch.cuda.is_available() if cuda is None else cuda:
             acts.append(torch.profiler.ProfilerActivity.CUDA)
         kw: dict[str, Any] = {"activities": acts, "record_shapes": True, "with_stack": True}
-        self._steps_left = 0
+        self._active = 0
         if not self.all_stages:
-            self._active = profiled_steps(num_profiled_timesteps, num_inference_steps)
+            self._active = profiled_steps(num_profiled_timesteps, num_inference_steps) + WARMUP_STEPS
             kw["schedule"] = torch.profiler.schedule(
                 wait=0, warmup=WARMUP_STEPS, active=self._active, repeat=1, skip_first=0
             )
-            self._steps_left = WARMUP_STEPS + self._active
+        self._active_left = self._active
         self._prof = torch.profiler.profile(**kw)
-        self._step_index = 0
         self.steps_recorded = 0
         self._stopped = False
         self._prof.start()
@@ -162,27 +175,28 @@ class RequestProfiler:
         return f"{self.request_id}-{self.mode}-global-rank{self.rank}.trace.json.gz"
 
     def stage(self, name: str) -> ContextManager[Any]:
-        """A ``record_function`` range named after the stage."""
-        return torch.profiler.record_function(name)
-
-    def step_range(self, index: int) -> ContextManager[Any]:
-        """A ``record_function`` range ``denoising_step_{index}``."""
-        return torch.profiler.record_function(f"denoising_step_{index}")
+        """The stage's range, ``STAGE <registered name>`` (:data:`REGISTERED_NAMES`, else the
+        class name), as sglang's executor names it."""
+        return torch.profiler.record_function(f"STAGE {REGISTERED_NAMES.get(name, name)}")
 
     def denoising_step_done(self) -> None:
-        """Advance the step schedule after one denoising step (steps-only mode); once the
-        warm-up and the recorded steps are done the profiler stops (sglang stops early too, to
-        keep the trace small). In ``full_stages`` mode steps do not move the schedule."""
+        """After one denoising step (sglang's ``step_denoising_step``): in ``N_steps`` mode the
+        schedule advances while ``N+1`` active steps are left (each advance opens
+        ``ProfilerStep#k``; the first is torch's warm-up), after that the profiler stops (sglang
+        stops early too, to keep the trace small). In ``full_stages`` mode steps do not move
+        the profiler."""
         if self.all_stages:
             self.steps_recorded += 1
             return
-        if self._stopped or self._steps_left <= 0:
+        if self._stopped:
             return
-        if self._step_index >= WARMUP_STEPS:
-            self.steps_recorded += 1
-        self._step_index += 1
-        self._steps_left -= 1
-        self._prof.step()
+        if self._active_left >= 0:
+            self._prof.step()
+            self._active_left -= 1
+            self.steps_recorded = min(self._active - self._active_left, self._active)
+        else:
+            self._stopped = True
+            self._prof.stop()
 
     def finish(self) -> TraceInfo:
         """Stop and write the gzipped Chrome trace. Never raises: a failure to write is the
@@ -206,15 +220,18 @@ class RequestProfiler:
 
 def maybe_range(profiler: RequestProfiler | None, name: str) -> ContextManager[Any]:
     """``record_function(name)`` while a request is profiled, else nothing (no cost)."""
+    return torch.profiler.record_function(name) if profiler is not None else nullcontext()
+
+
+def maybe_stage(profiler: RequestProfiler | None, name: str) -> ContextManager[Any]:
+    """The stage's ``STAGE <registered name>`` range while a request is profiled, else nothing."""
     return profiler.stage(name) if profiler is not None else nullcontext()
 
 
 @contextmanager
-def step_scope(profiler: RequestProfiler | None, index: int) -> Iterator[None]:
-    """One denoising step: its ``denoising_step_{index}`` range, then the schedule advances."""
-    if profiler is None:
-        yield
-        return
-    with profiler.step_range(index):
-        yield
-    profiler.denoising_step_done()
+def step_scope(profiler: RequestProfiler | None) -> Iterator[None]:
+    """One denoising step; after it the profiler's schedule advances (no range: sglang marks
+    steps with NVTX and its stage timer only)."""
+    yield
+    if profiler is not None:
+        profiler.denoising_step_done()

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
-from perfkit.refengine.profiling import INJECTED_RANGE, RequestProfiler, maybe_range
+from perfkit.refengine.profiling import INJECTED_RANGE, RequestProfiler, maybe_range, maybe_stage
 from perfkit.refengine.request import RunResult, StageResult
 
 MIB = 2**20
@@ -164,7 +164,7 @@ class StageTimer:
         w0 = time.time()
         e0 = self._event() if events else None
         try:
-            with maybe_range(self.profiler, name):
+            with maybe_stage(self.profiler, name):
                 yield
                 # a stage with denoising steps has its slowdown injected per step (step times scale too)
                 if name not in ("DenoisingStage", "RefinementStage"):

@@ -83,10 +83,11 @@ def read_traces(
     bundle: ResultBundle, roles: tuple[str, ...] | None = None
 ) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame], list[str]]:
     """As :func:`events_by_role`, plus role -> :func:`~perfkit.readings.traces.overhead_table`
-    of each trace (rank from its file name): ``(events, overhead, errors)``."""
+    of each trace (rank from its file name; its ``STAGE`` ranges named by the request's
+    performance.log stages, the table's ``stages``, when there): ``(events, overhead, errors)``."""
     out, overhead, errors = {}, {}, []
     t = bundle.table("traces")
-    todo: list[tuple[str, Path]] = []
+    todo: list[tuple[str, Path, list[str] | None]] = []
     for row in t.itertuples(index=False):
         if (
             not bool(row.kept)
@@ -99,8 +100,9 @@ def read_traces(
         if path is None:
             errors.append(f"{row.file}: not in the bundle")
         else:
-            todo.append((str(row.role), Path(path)))
-    for (role, _), got in zip(todo, read_many([p for _, p in todo])):
+            st = getattr(row, "stages", None)
+            todo.append((str(row.role), Path(path), str(st).split("; ") if isinstance(st, str) else None))
+    for (role, _, _), got in zip(todo, read_many([p for _, p, _ in todo], [s for _, _, s in todo])):
         if got.error is not None:
             errors.append(got.error)
         else:
@@ -174,16 +176,43 @@ def timeline(events: pd.DataFrame, who: str) -> dict[str, str]:
     }
 
 
+#: why an ``N_steps`` trace holds N+1 steps (sglang 0.5.23, ``runtime/utils/profiler.py``)
+WHY_ONE_MORE = (
+    "{n} asked + 1: sglang adds its warm-up step to the recorded ones (active = N + 1); "
+    "ProfilerStep#1 is that one (warmup_step)"
+)
+
+
+def steps_text(asked: Any, recorded: Any, mode: Any) -> str | None:
+    """What the steps column says: the count recorded, and why when it is not the count asked
+    (:data:`WHY_ONE_MORE`; fewer: the request ran out of steps); full_stages: every step, no
+    step ranges. None when nothing is known."""
+    if pd.isna(recorded):
+        return None
+    r = int(recorded)
+    if pd.isna(asked):
+        return f"{r} (every denoising step; no step ranges)" if mode == "full_stages" else str(r)
+    n = int(asked)
+    if r == n + 1:
+        return f"{r} ({WHY_ONE_MORE.format(n=n)})"
+    if r <= n:
+        return f"{r} of {n} asked + 1 (the request ran out of steps; the last holds what followed)"
+    return str(r)
+
+
 def trace_list(bs: BelowStage, link_prefix: str = "") -> pd.DataFrame:
-    """The traces table for display: role, mode, steps recorded, size (MiB), file (path from
-    the page: ``link_prefix`` + the bundle's relative path), note."""
+    """The traces table for display: role, mode, steps asked and recorded (with why N+1 were
+    recorded, :func:`steps_text`), size (MiB), file (path from the page: ``link_prefix`` + the
+    bundle's relative path), note."""
     t = bs.traces
+    asked = t["steps_asked"] if "steps_asked" in t else pd.Series(pd.NA, index=t.index)
     return pd.DataFrame(
         {
             "role": t["role"],
             "status": t["status"],
             "mode": t["mode"],
-            "steps_recorded": t["steps_recorded"],
+            "steps_asked": asked,
+            "steps_recorded": [steps_text(a, r, m) for a, r, m in zip(asked, t["steps_recorded"], t["mode"])],
             "size_mib": t["size_mib"],
             "file": [link_prefix + f if isinstance(f, str) else None for f in t["file"].astype(object)],
             "note": t["note"],

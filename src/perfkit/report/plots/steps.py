@@ -134,27 +134,37 @@ def step_timeline(
 
     Args:
         events: :func:`perfkit.readings.traces.op_events` of one trace (``ts_us`` µs, ``dur_ms``).
-        step: the denoising step (default: the first recorded one).
+        step: the denoising step (default: the first recorded one that is not sglang's extra
+            warm-up step, ``warmup_step``). A trace without step ranges (sglang's
+            ``full_stages``) shows its denoising stage instead (the stage with "denoising" in
+            its name).
         lanes: ops drawn in lanes of their own.
         title: figure title.
 
     Returns:
         Figure with one axis: x is ms from the step's first op, y the ops (most time at the
-        top); an empty note when the trace holds no step.
+        top); an empty note when the trace holds no step and no denoising stage.
     """
-    ev = (
-        events[(events["cat"] != "kernel") & events["top"] & (events["step"] >= 0)]
-        if not events.empty
-        else events
-    )
+    top = events[(events["cat"] != "kernel") & events["top"]] if not events.empty else events
+    ev = top[top["step"] >= 0] if not top.empty else top
     fig = new_figure(8.5, 3.8)
     ax = fig.add_subplot()
-    if ev.empty:
+    what = None
+    if not ev.empty:
+        warm = ev["warmup_step"] if "warmup_step" in ev else pd.Series(False, index=ev.index)
+        if step is None:
+            step = int(ev.loc[~warm, "step"].min()) if (~warm).any() else int(ev["step"].min())
+        ev = ev[ev["step"] == step]
+        what = f"Denoising step {step}"
+    elif not top.empty:  # full_stages: no step ranges; the denoising stage whole
+        den = [s for s in dict.fromkeys(top["stage"]) if "denoising" in str(s).lower()]
+        if den:
+            ev = top[top["stage"] == den[0]]
+            what = f"{den[0]} (no step ranges in a full_stages trace)"
+    if ev.empty or what is None:
         ax.set_title(title or "One denoising step: top-level ops over time")
         empty_note(ax, "no denoising step in this trace")
         return fig
-    step = int(ev["step"].min()) if step is None else step
-    ev = ev[ev["step"] == step]
     ev = ev[ev["tid"] == ev.groupby("tid")["dur_ms"].sum().idxmax()]  # the thread doing the work
     t0 = float(ev["ts_us"].min())
     order = list(ev.groupby("op")["dur_ms"].sum().sort_values(ascending=False).index)
@@ -166,7 +176,7 @@ def step_timeline(
         bars = [((float(ts) - t0) / 1000.0, float(d)) for ts, d in zip(sel["ts_us"], sel["dur_ms"])]
         ax.broken_barh(bars, (len(names) - 1 - lane - 0.4, 0.8), color=colours[lane])
     ax.set_yticks(range(len(names)), list(reversed(names)), fontsize="small")
-    ax.set_xlabel("time from the step's first op (ms)")
+    ax.set_xlabel("time from the first op shown (ms)")
     ax.set_ylabel("op")
-    ax.set_title(title or f"Denoising step {step}: top-level ops over time")
+    ax.set_title(title or f"{what}: top-level ops over time")
     return fig
