@@ -17,7 +17,9 @@ t0=$(date +%s)
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 # --no-deps: the lock is complete; sglang's metadata names GPU-only packages a CPU run never imports
-"$VENV/bin/python" -m pip install --quiet --no-compile --no-deps --disable-pip-version-check -r "$REQ"
+# (a machine's pip config may name file:// indexes without these packages: pip warns once per name)
+"$VENV/bin/python" -m pip install --quiet --no-compile --no-deps --disable-pip-version-check -r "$REQ" \
+  2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 # import smoke: torchvision's ops against this torch, and the `sglang` entry point
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md, torch, torchvision.ops  # fails on a torch mismatch
