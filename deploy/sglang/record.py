@@ -79,7 +79,7 @@ def record(case: str, out: Path, venv: Path, port: int) -> None:
                SGLANG_TORCH_PROFILER_DIR=str(prof), HF_HUB_OFFLINE="1")  # fmt: skip
     cmd = [str(venv / "bin" / "sglang"), "serve", "--model-path", model_dir, "--port", str(port),
            "--host", "127.0.0.1", "--num-gpus", "1", "--enable-metrics", *flags]  # fmt: skip
-    (out / "command.txt").write_text(" ".join(cmd) + "\n")
+    (work / "command.txt").write_text(" ".join(cmd) + "\n")
     log = open(work / "server.log", "wb")
     t0 = time.monotonic()
     srv = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
