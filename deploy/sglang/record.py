@@ -50,7 +50,9 @@ CASES = {
 
 def _call(base: str, method: str, path: str, body: dict | None = None) -> dict:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(base + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=600) as r:
         return json.loads(r.read())
 
@@ -82,7 +84,9 @@ def record(case: str, out: Path, venv: Path, port: int) -> None:
     (work / "command.txt").write_text(" ".join(cmd) + "\n")
     log = open(work / "server.log", "wb")
     t0 = time.monotonic()
-    srv = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    srv = subprocess.Popen(
+        cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         while True:
@@ -102,7 +106,9 @@ def record(case: str, out: Path, venv: Path, port: int) -> None:
             if body.pop("perf_dump", False):
                 body["perf_dump_path"] = str(work / "perf_dump.json")
             jobs.append(_video(base, body))
-            print(f"request {i}: {jobs[-1]['final'].get('status')} {jobs[-1]['final'].get('inference_time_s')} s")
+            print(
+                f"request {i}: {jobs[-1]['final'].get('status')} {jobs[-1]['final'].get('inference_time_s')} s"
+            )
         with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
             (out / "metrics.prom").write_bytes(r.read())
     finally:

@@ -98,7 +98,12 @@ def _gemma3_encoder(path: Path, layers: int) -> None:
     .load_weights fuses q/k/v only under ``vision_tower.vision_model.`` (the real checkpoint's keys).
     """
     from safetensors.torch import load_file, save_file
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3TextConfig,
+        SiglipVisionConfig,
+    )
 
     text = Gemma3TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
@@ -106,7 +111,12 @@ def _gemma3_encoder(path: Path, layers: int) -> None:
         max_position_embeddings=2048, sliding_window=512,
     )  # fmt: skip
     vision = SiglipVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=56, patch_size=14
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=56,
+        patch_size=14,
     )
     specials = dict(boi_token_index=253, eoi_token_index=254, image_token_index=255)  # inside the vocab
     cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, **specials)
@@ -194,7 +204,9 @@ def flux(out: Path) -> None:
     clip = ["<|startoftext|>", "<|endoftext|>", "<unk>"]
     _tokenizer(out / "tokenizer", clip, "<|startoftext|> $A <|endoftext|>",
                bos_token=clip[0], eos_token=clip[1], pad_token=clip[1])  # fmt: skip
-    _tokenizer(out / "tokenizer_2", ["<pad>", "</s>", "<unk>"], "$A </s>", pad_token="<pad>", eos_token="</s>")
+    _tokenizer(
+        out / "tokenizer_2", ["<pad>", "</s>", "<unk>"], "$A </s>", pad_token="<pad>", eos_token="</s>"
+    )
     CLIPTextModel(CLIPTextConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
         max_position_embeddings=77, projection_dim=32, bos_token_id=0, eos_token_id=1, pad_token_id=1,
