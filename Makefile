@@ -23,7 +23,7 @@ NB_EXTRA_KEYS := metadata.language_info.codemirror_mode metadata.language_info.f
 	metadata.language_info.mimetype metadata.language_info.nbconvert_exporter \
 	metadata.language_info.pygments_lexer metadata.language_info.version
 
-.PHONY: setup suite test test-fast coverage notebooks clean git-filter
+.PHONY: setup suite test test-fast coverage notebooks clean git-filter sglang-env
 
 setup: $(STAMP)
 
@@ -74,6 +74,12 @@ coverage: setup
 # the inner loop: the tests that launch no engine and run no papermill, on every core (~minutes)
 test-fast: setup
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not timing" $(PYTEST_ARGS)
+
+#: real sglang 0.5.23 (CPU diffusion server) in its own venv, apart from .venv: docs/sglang.md.
+#: Cached on the pins in deploy/sglang-requirements.txt; SGLANG_VENV=path puts it elsewhere
+SGLANG_VENV ?= .sglang-venv
+sglang-env:
+	SGLANG_VENV=$(SGLANG_VENV) PYTHON=$(PYTHON) deploy/sglang-env.sh
 
 notebooks: setup
 	$(BIN)/python notebooks/make_notebooks.py
