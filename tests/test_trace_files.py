@@ -120,3 +120,29 @@ def test_a_real_sglang_trace_without_a_perfkit_record_gets_mode_and_steps_from_i
     assert _steps_of(TWO, None, None) == {"mode": "2_steps", "steps_asked": 2, "steps_recorded": 3}
     assert _steps_of(FULL, None, None) == {"mode": "full_stages", "steps_asked": None, "steps_recorded": None}
     assert _steps_of(TWO, "2_steps", 3)["steps_recorded"] == 3  # the engine's record wins
+
+
+LTX2 = Path(__file__).parent / "fixtures" / "sglang" / "0.5.23" / "ltx-2"
+
+
+def test_real_ltx2_traces_name_class_stages_and_one_asked_step_plus_sglangs_warm_up():
+    from perfkit.readings import traces as tr
+    from perfkit.readings.records import parse_lines
+
+    recs = {r.request_id: r for r in parse_lines((LTX2 / "performance.log").read_text().splitlines()).records}
+    full = next(LTX2.glob("*-full_stages-*.trace.json.gz"))
+    one = next(LTX2.glob("*-1_steps-*.trace.json.gz"))
+    # LTX-2 names its ranges STAGE <class name>: as written even without performance.log
+    stages = [n for n, _ in recs[full.name.split("-full_stages")[0]].stages]
+    ev = tr.op_events(tr.load_trace(full))
+    assert "(none)" not in set(ev["stage"]) and {"LTX2AVDenoisingStage", "LTX2AVDecodingStage"} <= set(
+        ev["stage"]
+    )
+    o = tr.overhead_table(tr.load_trace(full), 0, stages)
+    assert list(o["stage"]) == [*stages, "(all stages)"] and len(stages) == 9
+    # 1 asked, 2 recorded; with the record's stages the steps belong to LTX2AVDenoisingStage
+    doc = tr.load_trace(one)
+    steps = tr.step_ranges(doc)
+    assert list(steps["step"]) == [1, 2] and list(steps["warmup_step"]) == [True, False]
+    named = tr.op_events(doc, [n for n, _ in recs[one.name.split("-1_steps")[0]].stages])
+    assert set(named["stage"]) == {"LTX2AVDenoisingStage"} and set(named["step"]) == {1, 2}
