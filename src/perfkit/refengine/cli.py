@@ -7,6 +7,10 @@ The engine prints marks on stderr that the harness parses for the cold start par
     perfkit-mark warmup_done t=<epoch s>
     perfkit-mark listening port=<port>
 
+and, as sglang 0.5.23 does, ``server_args: {JSON}`` and ``[server-load]
+workers_ready_monotonic_ns=<ns>`` log lines; ``/health`` answers 503 while the startup warmup runs
+(it starts once HTTP serves), 200 after. perfkit reads the sglang lines; the marks are an extra.
+
 The options are in :mod:`perfkit.refengine.options`; :func:`main` checks them, builds the
 engine (device, placement, compile settings, the pipeline) and serves.
 """
@@ -18,6 +22,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -104,6 +109,8 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
 
     # bind first so an occupied port fails before minutes of loading
     sock = _bind(args) if rank == 0 else None
+    if sock is not None:
+        args.port = sock.getsockname()[1]  # the port served (0 asked: the one picked)
     runner, store = _start_ranks(args, raw_argv, rank) if args.num_gpus > 1 else (None, None)
 
     try:
@@ -155,6 +162,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
         (warmup_frames, warmup_rule),
         stage_delay,
     )
+    log.info("%s", server_args_line(args, info, warmup_frames))
     engine = Engine(
         runner or pipe,
         defaults,
@@ -170,16 +178,36 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     engine.snapshots["load_peak"] = snapshot(device)
     mark("models_loaded", t=f"{time.time():.6f}", placement=where)
     log.info("models loaded (%s, %s, %s)", comps.source, device, where)
+    log.info("[server-load] workers_ready_monotonic_ns=%d", time.monotonic_ns())  # as sglang logs it
+    return _serve_http(engine, comps.source, sock, runner, (args, defaults, warmup_frames, device))
 
-    if warmup_frames > 0 and not _startup_warmup(engine, args, defaults, warmup_frames, device):
-        return 3
-    mark("warmup_done", t=f"{time.time():.6f}")
-    engine.ready = True
-    if runner is not None:
-        runner.ready = True
 
-    _serve_http(engine, comps.source, sock, runner)
-    return 0
+def server_args_line(args: argparse.Namespace, info: dict[str, Any], warmup_frames: int) -> str:
+    """``server_args: {JSON}`` as sglang 0.5.23 logs its adjusted ServerArgs (multimodal_gen
+    runtime/server_args/server_args.py), with sglang's names for what this engine runs: the
+    compile and offload in force, its attention backend, the startup warmup."""
+    import json
+
+    offload = info.get("offload") or {}
+    transformer = str(offload.get("transformer", "none"))
+    res = args.warmup_resolution
+    sglang_args = {
+        "model_path": args.model_path or f"perfkit-preset:{args.preset}",
+        "attention_backend": info.get("attention_backend"),
+        "enable_torch_compile": bool(info.get("compile_active")),
+        "dit_cpu_offload": transformer != "none",
+        "dit_layerwise_offload": transformer.startswith("group"),
+        "text_encoder_cpu_offload": str(offload.get("text_encoder", "none")) != "none",
+        "vae_cpu_offload": str(offload.get("vae", "none")) != "none",
+        "num_gpus": args.num_gpus,
+        "host": args.host,
+        "port": args.port,
+        "warmup_mode": "server" if warmup_frames > 0 else "off",
+        "warmup_resolutions": [f"{res[1]}x{res[0]}"] if res else None,
+        "warmup_num_frames": warmup_frames or None,
+        "warmup_steps": args.warmup_steps,
+    }
+    return "server_args: " + json.dumps(sglang_args)
 
 
 def _pipeline(
@@ -212,9 +240,12 @@ def _pipeline(
     )
 
 
-def _serve_http(engine: Any, model_name: str, sock: socket.socket, runner: Any) -> None:
-    """Serve the engine's HTTP app on the bound socket (uvicorn) until it stops; then end the
-    engine's queue and, for a multi-rank engine, the other ranks."""
+def _serve_http(engine: Any, model_name: str, sock: socket.socket, runner: Any, warmup: tuple) -> int:
+    """Serve the engine's HTTP app on the bound socket (uvicorn) until it stops, ``/health``
+    answering 503 until the startup warmup (run on a thread once serving starts, as sglang's
+    server warmup) is done; then end the engine's queue and, for a multi-rank engine, the other
+    ranks. ``warmup``: (args, serving defaults, warmup frames, device). 0, or 3 when the startup
+    warmup failed (the server stops then)."""
     import uvicorn
 
     from perfkit.refengine.server import create_app
@@ -222,10 +253,27 @@ def _serve_http(engine: Any, model_name: str, sock: socket.socket, runner: Any) 
     app = create_app(engine, model_name=model_name)
     config = uvicorn.Config(app, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
+    failed: list[bool] = []
+
+    def warm_then_ready() -> None:
+        args, defaults, frames, device = warmup
+        while not server.started and not server.should_exit:
+            time.sleep(0.01)
+        if frames > 0 and not _startup_warmup(engine, args, defaults, frames, device):
+            failed.append(True)
+            server.should_exit = True
+            return
+        mark("warmup_done", t=f"{time.time():.6f}")
+        engine.ready = True
+        if runner is not None:
+            runner.ready = True
+
+    threading.Thread(target=warm_then_ready, name="startup-warmup", daemon=True).start()
     server.run(sockets=[sock])
     engine.queue.put(None)
     if runner is not None:
         runner.shutdown()
+    return 3 if failed else 0
 
 
 def _dtype(args: argparse.Namespace, preset: Any, device: Any) -> Any:

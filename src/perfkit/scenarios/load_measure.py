@@ -115,6 +115,10 @@ def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[d
         row.update({"engine_started_s": start, "engine_completed_s": done})
         # what the job JSON said over HTTP (perfkit_times.started; None: not reported)
         row["job_json_started_s"] = o.engine_started
+        # sglang's own fields (None: not in the job JSON): completed_at in whole seconds
+        job = o.job
+        row["job_completed_at_s"] = job.completed_at_s
+        row["job_inference_ms"] = job.inference_time_s * 1000.0 if job.inference_time_s is not None else None
         load_rows.append(row)
     return load_rows, req_rows, [stage_rows, step_rows]
 
