@@ -83,6 +83,9 @@ log = logging.getLogger(__name__)
 
 
 POLL_S = 0.2
+#: the poll while nothing answers yet (refused: cheap), so the first answer, and with it a 503 of
+#: a short startup warmup, is seen within this of the server starting to serve
+REFUSED_POLL_S = 0.05
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -293,7 +296,8 @@ def _start(
 
 
 def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
-    """Poll ``/health`` every :data:`POLL_S` until 200, then set ``h.cold_start``; the first
+    """Poll ``/health`` every :data:`POLL_S` (:data:`REFUSED_POLL_S` until it first answers)
+    until 200, then set ``h.cold_start``; the first
     answer's status and the first 503 (sglang's "warming up") are kept for its parts. Raises
     :class:`EngineStartError` when the engine exits or ``timeout`` passes."""
     import httpx  # here, not at the top: only where a request is sent (a replay sends none)
@@ -329,6 +333,7 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
                     command=h.command,
                     run_dir=h.run_dir,
                 )
+            pause = POLL_S
             try:
                 r = client.get(h.health_url, timeout=max(0.1, min(2.0, remaining)))
                 t_answer = time.time()
@@ -349,5 +354,5 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
                     )
                     return
             except httpx.HTTPError:
-                pass
-            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+                pause = REFUSED_POLL_S if health["first_status"] is None else POLL_S
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))

@@ -22,14 +22,19 @@ import logging
 import os
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from perfkit.common.presets import PRESET_NAMES
 from perfkit.refengine import offload_request
-from perfkit.refengine.options import OFFLOAD_CHOICES, build_parser, parse_indices, sglang_perf_log_dir
+from perfkit.refengine.options import (
+    OFFLOAD_CHOICES,
+    build_parser,
+    parse_indices,
+    server_args_line,
+    sglang_perf_log_dir,
+)
 
 __all__ = ["OFFLOAD_CHOICES", "build_parser", "main", "mark", "sglang_perf_log_dir"]
 
@@ -179,35 +184,16 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     mark("models_loaded", t=f"{time.time():.6f}", placement=where)
     log.info("models loaded (%s, %s, %s)", comps.source, device, where)
     log.info("[server-load] workers_ready_monotonic_ns=%d", time.monotonic_ns())  # as sglang logs it
-    return _serve_http(engine, comps.source, sock, runner, (args, defaults, warmup_frames, device))
 
+    def warm() -> bool:  # on a thread once HTTP serves: /health answers 503 until it returns
+        if warmup_frames > 0 and not _startup_warmup(engine, args, defaults, warmup_frames, device):
+            return False
+        mark("warmup_done", t=f"{time.time():.6f}")
+        return True
 
-def server_args_line(args: argparse.Namespace, info: dict[str, Any], warmup_frames: int) -> str:
-    """``server_args: {JSON}`` as sglang 0.5.23 logs its adjusted ServerArgs (multimodal_gen
-    runtime/server_args/server_args.py), with sglang's names for what this engine runs: the
-    compile and offload in force, its attention backend, the startup warmup."""
-    import json
+    from perfkit.refengine.server import serve_http
 
-    offload = info.get("offload") or {}
-    transformer = str(offload.get("transformer", "none"))
-    res = args.warmup_resolution
-    sglang_args = {
-        "model_path": args.model_path or f"perfkit-preset:{args.preset}",
-        "attention_backend": info.get("attention_backend"),
-        "enable_torch_compile": bool(info.get("compile_active")),
-        "dit_cpu_offload": transformer != "none",
-        "dit_layerwise_offload": transformer.startswith("group"),
-        "text_encoder_cpu_offload": str(offload.get("text_encoder", "none")) != "none",
-        "vae_cpu_offload": str(offload.get("vae", "none")) != "none",
-        "num_gpus": args.num_gpus,
-        "host": args.host,
-        "port": args.port,
-        "warmup_mode": "server" if warmup_frames > 0 else "off",
-        "warmup_resolutions": [f"{res[1]}x{res[0]}"] if res else None,
-        "warmup_num_frames": warmup_frames or None,
-        "warmup_steps": args.warmup_steps,
-    }
-    return "server_args: " + json.dumps(sglang_args)
+    return serve_http(engine, comps.source, sock, runner, warm)
 
 
 def _pipeline(
@@ -238,42 +224,6 @@ def _pipeline(
         recompile_limit=recompile_limit,
         cfg_parallel=par,
     )
-
-
-def _serve_http(engine: Any, model_name: str, sock: socket.socket, runner: Any, warmup: tuple) -> int:
-    """Serve the engine's HTTP app on the bound socket (uvicorn) until it stops, ``/health``
-    answering 503 until the startup warmup (run on a thread once serving starts, as sglang's
-    server warmup) is done; then end the engine's queue and, for a multi-rank engine, the other
-    ranks. ``warmup``: (args, serving defaults, warmup frames, device). 0, or 3 when the startup
-    warmup failed (the server stops then)."""
-    import uvicorn
-
-    from perfkit.refengine.server import create_app
-
-    app = create_app(engine, model_name=model_name)
-    config = uvicorn.Config(app, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    failed: list[bool] = []
-
-    def warm_then_ready() -> None:
-        args, defaults, frames, device = warmup
-        while not server.started and not server.should_exit:
-            time.sleep(0.01)
-        if frames > 0 and not _startup_warmup(engine, args, defaults, frames, device):
-            failed.append(True)
-            server.should_exit = True
-            return
-        mark("warmup_done", t=f"{time.time():.6f}")
-        engine.ready = True
-        if runner is not None:
-            runner.ready = True
-
-    threading.Thread(target=warm_then_ready, name="startup-warmup", daemon=True).start()
-    server.run(sockets=[sock])
-    engine.queue.put(None)
-    if runner is not None:
-        runner.shutdown()
-    return 3 if failed else 0
 
 
 def _dtype(args: argparse.Namespace, preset: Any, device: Any) -> Any:
