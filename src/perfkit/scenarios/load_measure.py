@@ -1,8 +1,9 @@
 """The load investigation's measuring half: its phases run against one engine through the async
 client (on a thread of their own when an event loop already runs, as in a Jupyter kernel), and
 each request's outcome joined with the engine's record into one ``per_request`` row (queue wait,
-service time, e2e; the engine's job clock where it reports start times, else derived and marked).
-Used by :mod:`perfkit.scenarios.load`."""
+service time, e2e; the engine's job clock where it reports start times, else derived and marked;
+the job JSON's own ``completed_at`` (whole seconds) and ``inference_time_s`` as
+``job_completed_at_s``/``job_inference_ms``, None where it has none). Used by :mod:`perfkit.scenarios.load`."""
 
 from __future__ import annotations
 
