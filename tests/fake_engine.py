@@ -26,7 +26,7 @@ checkout of an engine's source) and multiplies the request's time (all of it Den
 its ``DENOISE_FACTOR`` (1.0 when it has none); --denoise-factor F sets it directly.
 --drop-polls N: the first N status polls (GET /v1/videos/{id}) get no answer: the connection is
 closed (as uvicorn drops a keep-alive connection whose loop was busy past its timeout).
---sglang-server-args: log sglang's startup ``server_args=ServerArgs(...)`` line (compile on), as
+--sglang-server-args: log sglang 0.5.23's startup ``server_args: {JSON}`` line (compile on), as
 sglang does; the records stay sglang's (no ``perfkit`` block: no compile counts).
 --pid-file: every process of the engine (itself, its children) appends "pid create_time" there,
 so a test can check by pid and start time, not by name, that none survives.
@@ -224,8 +224,8 @@ def main() -> None:
     print(f"fake engine pid {os.getpid()} mode {a.mode}", flush=True)
     if a.sglang_server_args:  # sglang's startup line: its effective config, compile on
         print(
-            "[2026-01-01 00:00:00] server_args=ServerArgs(model_path='fake/ltx', enable_torch_compile=True, "
-            "attention_backend='fa3', dtype='bfloat16', dit_cpu_offload=False)",
+            '[01-01 00:00:00] server_args: {"model_path": "fake/ltx", "backend": "auto", '
+            '"attention_backend": "fa3", "dit_cpu_offload": false, "enable_torch_compile": true}',
             flush=True,
         )
     sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]

@@ -19,7 +19,13 @@ import yaml
 
 from perfkit.bundle import ResultBundle
 from perfkit.gate import run as gate_run
-from perfkit.readings.engine_config import NOT_REPORTED, effective_config, from_record, from_sglang_log
+from perfkit.readings.engine_config import (
+    NOT_REPORTED,
+    effective_config,
+    from_record,
+    from_sglang_log,
+    server_args,
+)
 from perfkit.scenarios import registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,18 +106,60 @@ def test_record_config_is_read_as_reported():
     assert from_record({"status": "completed"}) is None
 
 
-def test_sglang_server_args_line_is_read():
-    log = (
-        "[2026-11-30 10:00:00] INFO starting\n"
-        "[2026-11-30 10:00:01] server_args=ServerArgs(model_path='Lightricks/LTX-Video', "
-        "enable_torch_compile=True, attention_backend='fa3', dtype='bfloat16', dit_cpu_offload=False, "
-        "tp_size=1)\n"
+SGLANG = ROOT / "tests" / "fixtures" / "sglang" / "0.5.23"  # real sglang 0.5.23 logs (NOTES-startup.md)
+
+
+def test_sglang_0523_server_args_json_line_is_read():
+    """sglang 0.5.23's own log: ``server_args: {JSON}`` (attention_backend null: its pick is the
+    "Using torch_sdpa attention backend" line), the device and the DiT's dtype beside it."""
+    cfg = from_sglang_log((SGLANG / "sana-video" / "server.log").read_text())
+    assert cfg is not None and cfg.config_source == "engine log (server_args JSON)"
+    assert cfg.compile_active is False and cfg.compile_requested is None  # sglang logs no "asked"
+    assert cfg.attention_backend == "torch_sdpa (sglang's pick: attention_backend null)"
+    assert cfg.offload == "image_encoder=none, text_encoder=none, transformer=none, vae=none"
+    assert (cfg.device, cfg.dtype) == ("cpu", "bfloat16")
+    # the diffusers backend: no attention pick logged, its pipeline's dtype line
+    cfg = from_sglang_log((SGLANG / "sana-video-diffusers" / "server.log").read_text())
+    assert cfg is not None and cfg.config_source == "engine log (server_args JSON)"
+    assert (
+        cfg.attention_backend == "not set (attention_backend null: sglang picks per platform; no pick logged)"
     )
-    cfg = from_sglang_log(log)
-    assert cfg is not None and cfg.config_source == "engine log"
-    assert cfg.compile_active is True and cfg.compile_requested is None
-    assert (cfg.attention_backend, cfg.dtype, cfg.offload) == ("fa3", "bfloat16", "transformer=none")
+    assert (cfg.device, cfg.dtype, cfg.compile_active) == ("cpu", "bfloat16", False)
+
+
+def test_server_args_line_read_once_last_wins_and_flags_map():
+    """The JSON is read from its line alone (the one datum, once); a later line (a restart)
+    wins; a line that is not JSON is skipped, never read as defaults."""
+    line = (SGLANG / "sana-video" / "server.log").read_text().splitlines()[7]
+    args, form = server_args(line)
+    assert (
+        form == "server_args JSON" and args["warmup_mode"] == "server" and args["attention_backend"] is None
+    )
+    restart = line.replace('"enable_torch_compile": false', '"enable_torch_compile": true').replace(
+        '"dit_cpu_offload": false', '"dit_cpu_offload": true'
+    )
+    assert restart != line
+    cfg = from_sglang_log(line + "\n" + restart + "\n[12-04 00:00:00] server_args: {not json\n")
+    assert cfg.compile_active is True and "transformer=cpu" in cfg.offload
+    assert from_sglang_log("[12-04 00:00:00] server_args: {not json") is None
     assert from_sglang_log("no args here") is None
+
+
+def test_server_args_repr_fallback_is_read():
+    """sglang 0.5.23 falls back to ``server_args: {self}`` (the dataclass repr) when its sanitizer
+    fails (server_args.py, ``__post_init__``); older sglang wrote ``server_args=ServerArgs(...)``."""
+    for sep in (": ", "="):
+        log = (
+            "[11-30 10:00:00] INFO starting\n"
+            f"[11-30 10:00:01] server_args{sep}ServerArgs(model_path='Lightricks/LTX-Video', "
+            "enable_torch_compile=True, attention_backend='fa3', dtype='bfloat16', dit_cpu_offload=False, "
+            "dit_layerwise_offload=True, vae_cpu_offload=True, tp_size=1, lora_path=None)\n"
+        )
+        cfg = from_sglang_log(log)
+        assert cfg is not None and cfg.config_source == "engine log (ServerArgs repr)"
+        assert cfg.compile_active is True and cfg.compile_requested is None
+        assert (cfg.attention_backend, cfg.dtype) == ("fa3", "bfloat16")
+        assert cfg.offload == "transformer=layerwise, vae=cpu"
     # nothing readable: every field None and said so
     none = effective_config(None, {"x.stderr.log": "hello"})
     assert none.config_source == NOT_REPORTED and none.compile_active is None

@@ -4,12 +4,14 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
 import fake_engine
+from perfkit.engine.handle import LaunchClock, cold_start_parts, parse_server_load, sources_text
 from perfkit.engine.launch import (
     EngineExitedError,
     EngineStartError,
@@ -50,6 +52,11 @@ def test_launch_ready_cold_start_and_teardown(tmp_path):
         assert 0 <= cs["process_start_s"] <= cs["models_loaded_s"] <= cs["ready_s"]
         assert cs["warmup_s"] == pytest.approx(0.2, abs=0.15)
         assert cs["models_loaded_s"] >= 0.25
+        # the stand-in engine writes no sglang lines and serves only once warm: marks fill in
+        src = cs["sources"]
+        assert src["process_start_s"].startswith("OS: /proc/<pid>/stat") and cs["process_start_s"] < 1.0
+        assert src["models_loaded_s"] == "perfkit-mark"
+        assert src["warmup_s"] == "perfkit-mark warmup_done - models_loaded"
         assert h.run_dir == tmp_path / "fake"
         assert h.stdout_path.exists() and h.stderr_path.exists()
         assert "perfkit-mark models_loaded" in h.tail()
@@ -77,6 +84,9 @@ def test_launch_ready_cold_start_and_teardown(tmp_path):
     assert len(started_processes()) - n0 == 3  # engine + both children registered
     row = h.launch_row()
     assert row["ready_s"] == cs["ready_s"] and row["exit_code"] == h.exit_code
+    assert row["cold_start_sources"].startswith(
+        "ready: /health answered 200 (perfkit's poll); process_start: OS"
+    )
 
 
 def test_second_launch_same_label_gets_own_dir_and_cache(tmp_path):
@@ -191,3 +201,60 @@ def test_parse_marks():
         "perfkit-mark warmup_done at=5 t=1.7e9\nperfkit-mark process_start t=200\n"
     )
     assert parse_marks(text) == {"process_start": 100.5, "models_loaded": 103.0, "warmup_done": 1.7e9}
+
+
+# ----------------------------------------------------------------------------- real sglang start-up
+SGLANG = Path(__file__).resolve().parent / "fixtures" / "sglang" / "0.5.23"
+# the clocks the launching script read, on the host that ran sglang (NOTES-startup.md there)
+WARM_CLOCK = LaunchClock(1796383997.4432597, 5011641307684, 5011.64130948, 501164 / 100)
+WARM_503, WARM_200 = 1796384048.1287758, 1796384052.0837421
+
+
+def test_cold_start_parts_from_real_sglang_lines():
+    """sglang 0.5.23 with a server warmup: models loaded from its [server-load] line (monotonic),
+    the warmup from /health's 503 -> 200, the process start from the OS; marks are not needed
+    and, when present, do not override what sglang itself says."""
+    text = (SGLANG / "sana-video" / "server.log").read_text()
+    assert parse_server_load(text) == 5061177846398
+    health = {"first_status": 503, "t_first_503": WARM_503}
+    t0 = WARM_CLOCK.t_launch
+    cs = cold_start_parts({}, t0, WARM_200, log_text=text, clock=WARM_CLOCK, health=health, engine="sglang")
+    assert cs["models_loaded_s"] == pytest.approx((5061177846398 - 5011641307684) / 1e9, abs=1e-9)
+    assert cs["models_loaded_s"] == pytest.approx(49.5365, abs=1e-4)
+    assert cs["warmup_s"] == pytest.approx(3.95497, abs=1e-5)
+    assert cs["ready_s"] == pytest.approx(54.64048, abs=1e-5)
+    assert cs["process_start_s"] == 0.0  # started within the launch's 10 ms tick
+    assert cs["ready_s"] > cs["models_loaded_s"] + cs["warmup_s"]  # HTTP start-up between them
+    assert cs["sources"] == {
+        "ready_s": "/health answered 200 (perfkit's poll)",
+        "process_start_s": "OS: /proc/<pid>/stat starttime (10 ms ticks)",
+        "models_loaded_s": "engine log: [server-load] workers_ready_monotonic_ns",
+        "warmup_s": "/health 503 until 200 (perfkit's poll)",
+    }
+    marks = {"process_start": t0 + 5, "models_loaded": t0 + 7, "warmup_done": WARM_200}
+    again = cold_start_parts(marks, t0, WARM_200, log_text=text, clock=WARM_CLOCK, health=health)
+    assert {k: again[k] for k in cs["sources"]} == {k: cs[k] for k in cs["sources"]}
+    assert again["marks"] == marks  # kept as an extra
+
+
+def test_cold_start_parts_without_a_warmup_or_clocks_say_why():
+    """The diffusers backend with --warmup-mode off: /health answered 200 at its first answer, so
+    no warmup part, and why; without the launch clocks and marks every part says why, never NaN."""
+    text = (SGLANG / "sana-video-diffusers" / "server.log").read_text()
+    clock = LaunchClock(1796384184.6789217, 5198876969702, 5198.876971512, 519887 / 100)
+    health = {"first_status": 200, "t_first_503": None}
+    cs = cold_start_parts(
+        {}, clock.t_launch, 1796384274.0191157, log_text=text, clock=clock, health=health, engine="sglang"
+    )
+    assert cs["models_loaded_s"] == pytest.approx(88.919144088, abs=1e-9)
+    assert cs["ready_s"] == pytest.approx(89.34019, abs=1e-5)
+    assert cs["warmup_s"] is None
+    assert cs["sources"]["warmup_s"] == (
+        "not reported by sglang: /health answered 200 at its first answer: no startup warmup held it"
+    )
+    bare = cold_start_parts({}, 100.0, None, log_text=text)
+    assert [bare[k] for k in ("ready_s", "process_start_s", "models_loaded_s", "warmup_s")] == [None] * 4
+    assert bare["sources"]["models_loaded_s"] == (
+        "not reported by the engine: no [server-load] workers_ready_monotonic_ns line in its log"
+    )
+    assert "process_start: not reported by the engine: no /proc/<pid>/stat" in sources_text(bare)

@@ -257,6 +257,19 @@ def test_an_engine_without_start_times_is_derived_or_not_reported_never_0():
     assert rows[0]["service_ms"] == 300.0 and rows[0]["queue_wait_ms"] == pytest.approx(200.0)
     assert rows[1]["start_source"] == "not reported" and rows[1]["queue_wait_ms"] is None
     assert rows[0]["job_json_started_s"] is None
+    assert rows[0]["job_completed_at_s"] is None and rows[0]["job_inference_ms"] is None  # no job JSON
+
+
+def test_sglangs_job_json_fields_land_in_the_rows_as_written():
+    """sglang 0.5.23's final job JSON (tests/test_sglang_adapter.py SGLANG_JOB): completed_at in
+    whole seconds and inference_time_s go to the row; no start: not reported, never 0."""
+    from test_sglang_adapter import SGLANG_JOB
+
+    o = AsyncOutcome(0, SGLANG_JOB["id"], "completed", 1796384052.1, 1796384053.2, body=SGLANG_JOB)
+    [row], _, _ = M.per_request_rows([("closed", 1, o, REQUEST)], [], "session")
+    assert row["job_completed_at_s"] == 1796384053 and isinstance(row["job_completed_at_s"], int)
+    assert row["job_inference_ms"] == pytest.approx(814.8129280007197, abs=1e-9)
+    assert row["job_json_started_s"] is None and row["start_source"] == "not reported"
 
 
 def test_a_bad_trace_line_is_refused_naming_file_line_and_key(tmp_path):

@@ -77,7 +77,7 @@ def test_cold_warm_results_and_text_say_not_reported(sglang_like):
 def test_compile_checks_are_skipped_not_passed(sglang_like):
     _, b = sglang_like
     ln = b.launches.iloc[0]
-    assert ln["compile_active"] and ln["config_source"] == "engine log"  # from the ServerArgs line
+    assert ln["compile_active"] and ln["config_source"] == "engine log (server_args JSON)"
     rows = {c.metric: c for c in engine_checks({"cold_warm": b}, {})}
     lim = rows["recompile_limit[session]"]
     assert lim.status == "skipped" and lim.actual is None and "reported no recompile-limit flag" in lim.reason

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
 from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.handle import parse_server_load
+from perfkit.readings.engine_config import from_record, from_sglang_log, server_args
 from refengine_helpers import running_engine, spec
 
 pytestmark = pytest.mark.slow
@@ -75,6 +78,31 @@ def test_warmup_run_is_recorded_with_tag_warmup(plain):
     assert [name for name, _ in w.stages] == ALL_STAGES
     # the warmup is the first line: written before the server became ready
     assert plain.records()[0].is_warmup
+
+
+def test_startup_lines_are_sglangs(plain):
+    """The engine logs sglang 0.5.23's ``server_args: {JSON}`` and ``[server-load]`` lines: its
+    config reads from the line alone (no record block needed) and agrees with the block."""
+    text = plain.stderr_text()
+    args, form = server_args(text)
+    assert form == "server_args JSON" and args["warmup_mode"] == "server"
+    assert (args["warmup_num_frames"], args["warmup_steps"], args["port"]) == (17, 2, plain.port)
+    cfg = from_sglang_log(text)
+    rec = from_record(plain.records()[0].perfkit)
+    assert cfg.config_source == "engine log (server_args JSON)" and rec.config_source == "engine record"
+    assert (cfg.compile_active, cfg.attention_backend, cfg.offload) == (
+        rec.compile_active,
+        rec.attention_backend,
+        rec.offload,
+    )
+    ns = parse_server_load(text)
+    assert ns is not None and 0 < ns < time.monotonic_ns()  # the host's monotonic clock
+    # logged once the models loaded, before the warmup (which runs once HTTP serves)
+    assert (
+        text.index("perfkit-mark models_loaded")
+        < text.index("[server-load]")
+        < text.index("perfkit-mark warmup_done")
+    )
 
 
 # -- bad requests ---------------------------------------------------------------------------------

@@ -528,6 +528,10 @@ def test_root_cause_parts_on_small_tables():
             "host_cap_clamp": [None, "cgroup memory.max 31.2 GiB"],
             "compile_active": [True, False],
             "compile_disabled_reason": [None, "offload"],
+            "cold_start_sources": [
+                None,
+                "models_loaded: engine log: [server-load] workers_ready_monotonic_ns",
+            ],
         }
     )
     cfg = rootcause.engine_config(launches)
@@ -535,6 +539,10 @@ def test_root_cause_parts_on_small_tables():
     rows = {r[0]: r[1:] for r in cfg.rows}
     assert rows["torch.compile active"] == ["yes", "no"]
     assert rows["compile disabled because"] == ["not reported", "offload"]
+    assert (
+        rows["cold start parts from"][1]
+        == "models_loaded: engine log: [server-load] workers_ready_monotonic_ns"
+    )
     assert "dtype" not in rows and "dtype" in rootcause.not_reported(launches)
     active = launches.drop(columns="compile_disabled_reason").assign(compile_active=True)
     assert "compile disabled because" not in rootcause.not_reported(active)

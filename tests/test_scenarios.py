@@ -68,6 +68,9 @@ def test_cold_request_is_slower_and_denoising_absorbs_the_penalty(cold_warm):
     cs = r["cold_start"]
     assert cs["ready_s"] > 0 and cs["models_loaded_s"] > 0 and cs["warmup_s"] > 0
     assert cs["ready_s"] >= cs["models_loaded_s"]
+    # each part from what sglang writes too: the reference engine's [server-load] line, /health
+    assert "models_loaded: engine log: [server-load] workers_ready_monotonic_ns" in cs["sources"]
+    assert "warmup: /health 503 until 200 (perfkit's poll)" in cs["sources"]
     # the tidy tables: one row per request and warmup; 4 stages each; 4 steps each
     req = cold_warm.requests
     assert sorted(req["index"]) == [-1, 0, 1, 2, 3, 4]

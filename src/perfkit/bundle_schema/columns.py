@@ -272,6 +272,13 @@ TABLES: dict[str, Table] = {
                 _c("models_loaded_s", "float64", "s", "cold start part: until the models were loaded"),
                 _c("warmup_s", "float64", "s", "cold start part: the startup warmup"),
                 _c(
+                    "cold_start_sources",
+                    "string",
+                    "text",
+                    "where each cold start part came from (OS, engine log line, /health, perfkit-mark) "
+                    "or why it is not reported",
+                ),
+                _c(
                     "first_result_s",
                     "float64",
                     "s",
@@ -359,7 +366,8 @@ TABLES: dict[str, Table] = {
                     "config_source",
                     "string",
                     "text",
-                    "where the effective config came from: engine record, engine log, not reported",
+                    "where the effective config came from: engine record, engine log (<form of sglang's server_args line>), "
+                    "not reported",
                 ),
                 _c("compile_requested", "boolean", "bool", "torch.compile asked for (engine's view)"),
                 _c("compile_active", "boolean", "bool", "torch.compile in force, as the engine reports"),

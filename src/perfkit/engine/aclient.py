@@ -11,7 +11,8 @@ Each outcome carries the client's clock (submit and end, epoch seconds) and, whe
 job JSON says so, the engine's: ``perfkit_times`` (the reference engine: submitted, started,
 completed, epoch seconds). sglang's job JSON carries ``created_at`` and ``completed_at`` (whole
 seconds) and no start: :attr:`AsyncOutcome.engine_started` is then None ("not reported"),
-never 0.
+never 0; its own fields are in :attr:`AsyncOutcome.job` (whole-second ``completed_at_s``,
+``inference_time_s``, ``peak_memory_mib``: null on a CPU).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from perfkit.engine.client import TERMINAL, VideoRequestSpec, _error_text
+from perfkit.engine.client import TERMINAL, JobFields, VideoRequestSpec, _error_text, job_fields
 
 if TYPE_CHECKING:  # annotations only: httpx is imported where a request is sent
     import httpx
@@ -65,6 +66,12 @@ class AsyncOutcome:
     @property
     def ok(self) -> bool:
         return self.status == "completed"
+
+    @property
+    def job(self) -> JobFields:
+        """The last job JSON's own fields (:func:`perfkit.engine.client.job_fields`: sglang's
+        ``completed_at`` in whole seconds, ``inference_time_s``, ``peak_memory_mb``)."""
+        return job_fields(self.body)
 
     @property
     def client_ms(self) -> float:

@@ -2,7 +2,8 @@
 
 The reference engine and sglang's diffusion server answer the same protocol. After completion the
 matching line in ``performance.log`` is found by request id (polled with a timeout: the server
-writes it after the status flips; a partial last line is tolerated).
+writes it after the status flips; a partial last line is tolerated). The job JSON's own fields
+are read as what they are (:func:`job_fields`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,61 @@ class VideoRequestSpec:
         return cls(**known, extra=extra)
 
 
+@dataclass(frozen=True)
+class JobFields:
+    """What a job JSON (``GET /v1/videos/{id}``) says of the job; None: not in it (or null).
+
+    sglang 0.5.23 (multimodal_gen/runtime/entrypoints/openai/video_api.py, protocol.py) writes
+    ``created_at`` and ``completed_at`` as ``int(time.time())``: epoch seconds truncated to whole
+    seconds (up to 1 s early: a span between them is only good to 1 s), ``inference_time_s``
+    (the pipeline's total duration, s; null until done and for failed jobs), ``peak_memory_mb``
+    (the device's peak, MiB; null on a CPU, where sglang measures none) and no start time.
+
+    Attributes:
+        created_at_s, completed_at_s: epoch s, whole seconds.
+        inference_time_s: s.
+        peak_memory_mib: MiB.
+        started_at_s: epoch s (the reference engine's ``perfkit_times.started``; sglang: None).
+    """
+
+    created_at_s: int | None = None
+    completed_at_s: int | None = None
+    inference_time_s: float | None = None
+    peak_memory_mib: float | None = None
+    started_at_s: float | None = None
+
+
+def _job_number(body: dict[str, Any], key: str, *path: str) -> float | None:
+    """``body[key]`` (or ``body[key][path...]``) as a finite number >= 0; None when absent or
+    null; any other value is None with a warning naming the job and the key (never 0)."""
+    v: Any = body.get(key)
+    for p in path:
+        v = v.get(p) if isinstance(v, dict) else None
+    if v is None:
+        return None
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and 0 <= v < float("inf")
+    if not ok:
+        log.warning("job %s: %s = %r is not a finite number >= 0", body.get("id"), ".".join((key, *path)), v)
+        return None
+    return v
+
+
+def job_fields(body: dict[str, Any]) -> JobFields:
+    """The job JSON's own fields (:class:`JobFields`), each as written or None."""
+
+    def whole(key: str) -> int | None:
+        v = _job_number(body, key)
+        return int(v) if v is not None else None
+
+    return JobFields(
+        created_at_s=whole("created_at"),
+        completed_at_s=whole("completed_at"),
+        inference_time_s=_job_number(body, "inference_time_s"),
+        peak_memory_mib=_job_number(body, "peak_memory_mb"),
+        started_at_s=_job_number(body, "perfkit_times", "started"),
+    )
+
+
 @dataclass
 class RequestOutcome:
     """What happened to one request, client side.
@@ -81,6 +137,11 @@ class RequestOutcome:
     @property
     def ok(self) -> bool:
         return self.status == "completed"
+
+    @property
+    def job(self) -> JobFields:
+        """The last job JSON's own fields (:func:`job_fields`)."""
+        return job_fields(self.body)
 
 
 class VideoClient:

@@ -1,5 +1,6 @@
-"""A running engine (:class:`EngineHandle`): URLs, liveness, logs and their ``perfkit-mark``
-lines (:func:`parse_marks`, :func:`cold_start_parts`), records, the sampler, its launches row,
+"""A running engine (:class:`EngineHandle`): URLs, liveness, logs, the cold start parts from
+the engine's own lines, the OS and /health (:func:`cold_start_parts`; ``perfkit-mark`` lines,
+:func:`parse_marks`, an optional extra), records, the sampler, its launches row,
 and its teardown; engines still live at interpreter exit are ended.
 """
 
@@ -56,23 +57,128 @@ def parse_marks(text: str) -> dict[str, float]:
     return out
 
 
-def cold_start_parts(marks: dict[str, float], t_launch: float, t_ready: float | None) -> dict[str, Any]:
-    """Cold start dict: ready_s, process_start_s, models_loaded_s, warmup_s (None when absent)."""
+#: sglang's line when its workers are ready (models loaded, pipeline built): CLOCK_MONOTONIC ns,
+#: system-wide on Linux (sglang 0.5.23, multimodal_gen/runtime/launch_server.py)
+SERVER_LOAD = "[server-load] workers_ready_monotonic_ns="
 
-    def since(name: str) -> float | None:
-        t = marks.get(name)
-        return t - t_launch if t is not None else None
 
-    wd, ml = marks.get("warmup_done"), marks.get("models_loaded")
-    return {
-        "ready_s": (t_ready - t_launch) if t_ready is not None else None,
-        "process_start_s": since("process_start"),
-        "models_loaded_s": since("models_loaded"),
-        "warmup_s": (wd - ml) if wd is not None and ml is not None else None,
-        "t_launch": t_launch,
-        "t_ready": t_ready,
-        "marks": dict(marks),
+def parse_server_load(text: str) -> int | None:
+    """The first ``[server-load] workers_ready_monotonic_ns=<int>`` value (ns on the host's
+    CLOCK_MONOTONIC), or None when the log has none. Linear in ``len(text)``."""
+    for line in text.splitlines():
+        i = line.find(SERVER_LOAD)
+        if i >= 0:
+            digits = line[i + len(SERVER_LOAD) :].split(None, 1)[:1]
+            if digits and digits[0].isdigit():
+                return int(digits[0])
+    return None
+
+
+def boot_start_s(pid: int) -> float | None:
+    """When process ``pid`` was created, seconds on the host's CLOCK_BOOTTIME (``starttime`` of
+    ``/proc/<pid>/stat``, in clock ticks: 10 ms on most kernels); None without /proc or once it
+    is gone. psutil's ``create_time`` adds the boot time in whole seconds, hence /proc here."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode("ascii", "replace")
+        return int(stat[stat.rindex(")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class LaunchClock:
+    """Clocks read at launch, for the cold start parts. t_launch: epoch s; mono_ns: CLOCK_MONOTONIC
+    ns; boot_s: CLOCK_BOOTTIME s (all taken just before the process was started); pid_boot_s: the
+    process's creation on CLOCK_BOOTTIME (:func:`boot_start_s`; None: not read)."""
+
+    t_launch: float
+    mono_ns: int
+    boot_s: float
+    pid_boot_s: float | None = None
+
+    @classmethod
+    def now(cls) -> "LaunchClock":
+        return cls(time.time(), time.monotonic_ns(), time.clock_gettime(time.CLOCK_BOOTTIME))
+
+
+def cold_start_parts(
+    marks: dict[str, float],
+    t_launch: float,
+    t_ready: float | None,
+    *,
+    log_text: str = "",
+    clock: LaunchClock | None = None,
+    health: dict[str, Any] | None = None,
+    engine: str = "the engine",
+) -> dict[str, Any]:
+    """The cold start and its parts, each from the engine's own output where it gives one.
+
+    Args:
+        marks: ``perfkit-mark`` name -> epoch s (an optional extra source: used only for a part
+            nothing else measures).
+        t_launch, t_ready: epoch s of the launch and of the first ``/health`` 200.
+        log_text: the engine's logs (sglang's ``[server-load]`` line).
+        clock: the clocks read at launch (None: no OS or monotonic source).
+        health: ``first_status`` (the first HTTP answer's status) and ``t_first_503`` (epoch s of
+            the first 503, None when none was seen), from perfkit's poll of ``/health``.
+        engine: the engine's name in reasons (``sglang``).
+
+    Returns: ``ready_s`` (launch -> /health 200), ``process_start_s`` (launch -> the process was
+    created: the OS, to its 10 ms tick, 0 within the launch's tick; else the mark), ``models_loaded_s`` (launch -> sglang's ``[server-load]`` line, on
+    CLOCK_MONOTONIC; else the ``models_loaded`` mark), ``warmup_s`` (the first /health 503 ->
+    200: sglang answers 503 while its server warmup runs, multimodal_gen/runtime/entrypoints/
+    http_server.py ``health``; resolution perfkit's poll interval; else warmup_done -
+    models_loaded marks): s, None when not measured; ``sources``: part -> where it came from, or
+    ``not reported by <engine>: <reason>``; ``t_launch``, ``t_ready``, ``marks``.
+    """
+    health = health or {}
+    src: dict[str, str] = {}
+    out: dict[str, Any] = {
+        "ready_s": None,
+        "process_start_s": None,
+        "models_loaded_s": None,
+        "warmup_s": None,
     }
+    if t_ready is not None:
+        out["ready_s"], src["ready_s"] = t_ready - t_launch, "/health answered 200 (perfkit's poll)"
+    if clock is not None and clock.pid_boot_s is not None:
+        # the kernel truncates to its tick: a start in the launch's own tick reads 0
+        out["process_start_s"] = max(0.0, clock.pid_boot_s - clock.boot_s)
+        src["process_start_s"] = "OS: /proc/<pid>/stat starttime (10 ms ticks)"
+    elif "process_start" in marks:
+        out["process_start_s"], src["process_start_s"] = marks["process_start"] - t_launch, "perfkit-mark"
+    ns = parse_server_load(log_text)
+    if ns is not None and clock is not None:
+        out["models_loaded_s"] = (ns - clock.mono_ns) / 1e9
+        src["models_loaded_s"] = "engine log: [server-load] workers_ready_monotonic_ns"
+    elif "models_loaded" in marks:
+        out["models_loaded_s"], src["models_loaded_s"] = marks["models_loaded"] - t_launch, "perfkit-mark"
+    t503 = health.get("t_first_503")
+    if t503 is not None and t_ready is not None:
+        out["warmup_s"], src["warmup_s"] = t_ready - t503, "/health 503 until 200 (perfkit's poll)"
+    elif "warmup_done" in marks and "models_loaded" in marks:
+        out["warmup_s"] = marks["warmup_done"] - marks["models_loaded"]
+        src["warmup_s"] = "perfkit-mark warmup_done - models_loaded"
+    why = {
+        "ready_s": "/health never answered 200",
+        "process_start_s": "no /proc/<pid>/stat to read and no process_start mark",
+        "models_loaded_s": "no [server-load] workers_ready_monotonic_ns line in its log",
+        "warmup_s": (
+            f"/health answered {health['first_status']} at its first answer: no startup warmup held it"
+            if health.get("first_status") == 200
+            else "/health never answered 503 before 200 and no warmup marks"
+        ),
+    }
+    for part, reason in why.items():
+        src.setdefault(part, f"not reported by {engine}: {reason}")
+    return {**out, "sources": src, "t_launch": t_launch, "t_ready": t_ready, "marks": dict(marks)}
+
+
+def sources_text(cold_start: dict[str, Any]) -> str | None:
+    """``part: source; ...`` of a cold start dict (the launches row's ``cold_start_sources``)."""
+    src = cold_start.get("sources") or {}
+    return "; ".join(f"{k.removesuffix('_s')}: {v}" for k, v in src.items()) or None
 
 
 def _tail_file(path: Path, n: int) -> list[str]:
@@ -103,8 +209,8 @@ class EngineHandle:
         stdout_path, stderr_path: engine log files.
         caps: the MemoryCaps after :meth:`MemoryCaps.resolve` (asked and effective host budget;
             None: none given).
-        cold_start: ready_s, process_start_s, models_loaded_s, warmup_s (None when not marked),
-            t_launch, t_ready (epoch s), marks (name -> epoch s).
+        cold_start: :func:`cold_start_parts`: ready_s, process_start_s, models_loaded_s,
+            warmup_s (None when not measured), sources, t_launch, t_ready (epoch s), marks.
         device_baseline_mib: device used memory read before launch (NaN without NVML).
         gpus: the GPUs the engine was given, as NVML knows them ({index, uuid, name} each,
             resolved by UUID from its CUDA_VISIBLE_DEVICES; [] without NVML).
@@ -282,6 +388,7 @@ class EngineHandle:
             "process_start_s": cs.get("process_start_s"),
             "models_loaded_s": cs.get("models_loaded_s"),
             "warmup_s": cs.get("warmup_s"),
+            "cold_start_sources": sources_text(cs),
             "warmup_frames": self.spec.startup_warmup_frames(),
             "device_cap_gib": caps.device_gib if caps else None,
             "host_cap_gib": caps.host_gib if caps else None,

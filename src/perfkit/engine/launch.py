@@ -12,9 +12,11 @@ Layout under ``run_dir/<label>/``: ``stdout.log``, ``stderr.log``, ``perf/`` (th
 ``cache/{inductor,triton}`` (own compile caches unless ``spec.share_compile_cache``, then
 ``run_dir/shared-cache/``).
 
-Cold start: ``ready_s`` is launch until ``GET health_path`` answers 200. Its parts come from engine
-log lines ``perfkit-mark <name> t=<epoch seconds>``: ``process_start_s`` and ``models_loaded_s``
-(mark − launch time) and ``warmup_s`` (warmup_done − models_loaded), None where absent.
+Cold start: ``ready_s`` is launch until ``GET health_path`` answers 200. Its parts come from what
+sglang gives (:func:`perfkit.engine.handle.cold_start_parts`): ``process_start_s`` from the OS,
+``models_loaded_s`` from the ``[server-load] workers_ready_monotonic_ns`` line, ``warmup_s`` from
+``/health``'s 503 -> 200; ``perfkit-mark`` lines only where those are absent; each part names its
+source or why it is not reported (``cold_start["sources"]``).
 
 Teardown (normal exit, exception or KeyboardInterrupt): SIGTERM and SIGCONT to the process
 group, ``grace_s`` (default ``spec.stop_grace_s``) to exit, then SIGKILL to the group, to any
@@ -33,6 +35,7 @@ re-exported here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -49,7 +52,14 @@ import psutil
 from perfkit.engine import owner as _owner
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.errors import EngineExitedError, EngineStartError, PortInUseError
-from perfkit.engine.handle import _LIVE, EngineHandle, cold_start_parts, parse_marks
+from perfkit.engine.handle import (
+    _LIVE,
+    EngineHandle,
+    LaunchClock,
+    boot_start_s,
+    cold_start_parts,
+    parse_marks,
+)
 from perfkit.engine.processes import StartedProcess, _die_with_parent, _register, started_processes, surviving
 from perfkit.engine.spec import EngineSpec
 
@@ -73,6 +83,9 @@ log = logging.getLogger(__name__)
 
 
 POLL_S = 0.2
+#: the poll while nothing answers yet (refused: cheap), so the first answer, and with it a 503 of
+#: a short startup warmup, is seen within this of the server starting to serve
+REFUSED_POLL_S = 0.05
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -167,7 +180,7 @@ def launch(
     stdout_path, stderr_path = d / "stdout.log", d / "stderr.log"
     (d / "command.txt").write_text(" ".join(argv) + "\n")
     log.info("launching %s: %s (logs in %s)", label, " ".join(argv), d)
-    proc, t_launch = _start(argv, env, stdout_path, stderr_path, label, d)
+    proc, clock = _start(argv, env, stdout_path, stderr_path, label, d)
     try:
         create_time = psutil.Process(proc.pid).create_time()
     except psutil.Error:
@@ -198,7 +211,7 @@ def launch(
     _LIVE[proc.pid] = handle
     try:
         handle._enforcer = (caps or MemoryCaps()).start(proc.pid, name=label)
-        _wait_ready(handle, timeout, t_launch)
+        _wait_ready(handle, timeout, clock)
         log.info("engine %s ready in %.2f s at %s", label, handle.cold_start["ready_s"], handle.base_url)
         yield handle
     finally:
@@ -258,11 +271,12 @@ def _engine_gpus(
 
 def _start(
     argv: list[str], env: dict[str, str], stdout_path: Path, stderr_path: Path, label: str, d: Path
-) -> tuple[subprocess.Popen, float]:
+) -> tuple[subprocess.Popen, LaunchClock]:
     """Start ``argv`` in a new session, output to the two log files, dying with its parent;
-    (the process, launch time in epoch s). Raises :class:`EngineStartError` when it cannot start."""
+    (the process, the clocks read at launch with its creation time). Raises
+    :class:`EngineStartError` when it cannot start."""
     with open(stdout_path, "wb") as out_fh, open(stderr_path, "wb") as err_fh:
-        t_launch = time.time()
+        clock = LaunchClock.now()
         try:
             proc = subprocess.Popen(
                 argv,
@@ -278,11 +292,17 @@ def _start(
             raise EngineStartError(
                 f"could not start engine {label!r}: {exc}", command=argv, run_dir=d
             ) from exc
-    return proc, t_launch
+    return proc, dataclasses.replace(clock, pid_boot_s=boot_start_s(proc.pid))
 
 
-def _wait_ready(h: EngineHandle, timeout: float, t_launch: float) -> None:
+def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
+    """Poll ``/health`` every :data:`POLL_S` (:data:`REFUSED_POLL_S` until it first answers)
+    until 200, then set ``h.cold_start``; the first
+    answer's status and the first 503 (sglang's "warming up") are kept for its parts. Raises
+    :class:`EngineStartError` when the engine exits or ``timeout`` passes."""
     import httpx  # here, not at the top: only where a request is sent (a replay sends none)
+
+    health: dict[str, Any] = {"first_status": None, "t_first_503": None}
 
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=httpx.Timeout(2.0), trust_env=False) as client:
@@ -313,12 +333,26 @@ def _wait_ready(h: EngineHandle, timeout: float, t_launch: float) -> None:
                     command=h.command,
                     run_dir=h.run_dir,
                 )
+            pause = POLL_S
             try:
                 r = client.get(h.health_url, timeout=max(0.1, min(2.0, remaining)))
+                t_answer = time.time()
+                if health["first_status"] is None:
+                    health["first_status"] = r.status_code
+                if r.status_code == 503 and health["t_first_503"] is None:
+                    health["t_first_503"] = t_answer
                 if r.status_code == 200:
-                    t_ready = time.time()
-                    h.cold_start = cold_start_parts(h.marks(), t_launch, t_ready)
+                    text = "\n".join(h.logs().values())
+                    h.cold_start = cold_start_parts(
+                        parse_marks(text),
+                        clock.t_launch,
+                        t_answer,
+                        log_text=text,
+                        clock=clock,
+                        health=health,
+                        engine="sglang" if h.spec.kind == "sglang" else f"the {h.spec.kind} engine",
+                    )
                     return
             except httpx.HTTPError:
-                pass
-            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+                pause = REFUSED_POLL_S if health["first_status"] is None else POLL_S
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))

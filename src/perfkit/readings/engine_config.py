@@ -6,8 +6,9 @@ another attention backend. The bundle records what the engine *reports*, never w
 
 - the reference engine writes its effective config into every ``performance.log`` record
   (``perfkit.compile_active``, ``compile_disabled_reason``, ``attention_backend``, ...);
-- sglang logs its ``ServerArgs`` at startup (``server_args=ServerArgs(...)``); what can be read
-  from that line is taken from there (source ``engine log``);
+- sglang logs its ``ServerArgs`` at startup (``server_args: {JSON}`` in 0.5.23, the dataclass
+  repr ``ServerArgs(...)`` as its fallback); what can be read from that line and the few lines
+  beside it is taken from there (source ``engine log (<form>)``);
 - anything else is ``not reported``.
 
 Every field here is either the engine's value or absent (``None``): nothing is filled in from
@@ -16,11 +17,22 @@ the spec that asked for it.
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-__all__ = ["EngineConfig", "NOT_REPORTED", "from_record", "from_sglang_log", "effective_config"]
+__all__ = [
+    "EngineConfig",
+    "NOT_REPORTED",
+    "from_record",
+    "from_sglang_log",
+    "effective_config",
+    "server_args",
+]
+
+log = logging.getLogger(__name__)
 
 #: ``config_source`` when the engine reported nothing readable
 NOT_REPORTED = "not reported"
@@ -31,8 +43,8 @@ class EngineConfig:
     """The engine's effective config (one launch). ``None``: the engine did not report it.
 
     Attributes:
-        config_source: ``engine record`` (performance.log), ``engine log`` (startup log line) or
-            ``not reported``.
+        config_source: ``engine record`` (performance.log), ``engine log (server_args JSON)`` or
+            ``engine log (ServerArgs repr)`` (sglang's startup line), or ``not reported``.
         compile_requested: torch.compile was asked for (as the engine understood its flags).
         compile_active: torch.compile is in force for the denoiser.
         compile_backend: torch.compile backend in force (``inductor``, ...).
@@ -104,58 +116,118 @@ def from_record(perfkit: Mapping[str, Any]) -> EngineConfig | None:
     )
 
 
-# sglang prints its dataclass ServerArgs at startup: ``server_args=ServerArgs(model_path=...,
-# enable_torch_compile=True, attention_backend='fa3', ...)`` (sglang/srt and multimodal_gen alike)
-# Linear on any log (docs/DESIGN.md, "Input limits"): lines are found with str methods, and the
-# field pattern starts only at the start of a word and never backtracks (possessive repeats).
+# sglang 0.5.23 logs its ServerArgs once, after adjusting them (multimodal_gen
+# runtime/server_args/server_args.py, ``ServerArgs.__post_init__``): ``server_args: {JSON}``, or,
+# when its sanitizer fails, the dataclass repr ``server_args: ServerArgs(...)``. Lines are found
+# with str methods and the repr's field pattern never backtracks (docs/DESIGN.md, "Input limits").
+_ARGS_TAG = "server_args"
 _ARGS_OPEN = "ServerArgs("
 _FIELD = re.compile(r"(?<!\w)(?P<key>\w++)=(?P<val>'[^']*+'|\"[^\"]*+\"|[\w.+-]++)")
-_SGLANG_KEYS = {
-    "enable_torch_compile": "compile_active",
-    "attention_backend": "attention_backend",
-    "dtype": "dtype",
-    "dit_cpu_offload": "offload",
-}
+_REPR_WORDS = {"True": True, "False": False, "None": None}
+# component -> the ServerArgs flag that offloads it to the CPU (server_args.py)
+_OFFLOAD_FLAGS = (
+    ("transformer", "dit_cpu_offload"),
+    ("text_encoder", "text_encoder_cpu_offload"),
+    ("image_encoder", "image_encoder_cpu_offload"),
+    ("vae", "vae_cpu_offload"),
+)
+# what sglang logs beside its args: the backend it picked (layers/attention/selector.py), the
+# device (distributed/parallel_state.py), the weights dtype (the DiT's, transformer_loader.py;
+# the diffusers backend's whole pipeline, pipelines/diffusers_pipeline.py)
+_PICKED_ATTENTION = re.compile(r"Using (\w++) attention backend")
+_DEVICE = re.compile(r"Initializing distributed environment with world_size=\d++, device=([\w:]++)")
+_DTYPE = re.compile(r"(?:param_dtype: |Loading diffusers pipeline with dtype=)(?:torch\.)?(\w++)")
+
+
+def server_args(text: str) -> tuple[dict[str, Any], str] | None:
+    """sglang's logged ServerArgs: (name -> value, its form), or None when the log has none.
+
+    The form is ``"server_args JSON"`` (sglang 0.5.23's line, values as JSON) or ``"ServerArgs
+    repr"`` (its fallback, and older sglang's ``server_args=ServerArgs(...)``; only scalar fields
+    are read: ``True``/``False``/``None``, quoted strings, else the text). The last such line wins
+    (a restart logs again). A JSON line that does not parse is skipped with a warning.
+    Source: ``ServerArgs.__post_init__`` in sglang 0.5.23's multimodal_gen/runtime/server_args/
+    server_args.py.
+    """
+    found: tuple[dict[str, Any], str] | None = None
+    for line in text.splitlines():
+        i = line.find(_ARGS_TAG)
+        if i < 0:
+            continue
+        rest = line[i + len(_ARGS_TAG) :].lstrip(":= ")
+        if rest.startswith("{"):
+            try:
+                args = json.loads(rest)
+            except ValueError as exc:
+                log.warning("server_args line is not JSON (%s): %.120s", exc, rest)
+                continue
+            if isinstance(args, dict):
+                found = (args, "server_args JSON")
+        elif rest.startswith(_ARGS_OPEN) and rest.rstrip().endswith(")"):
+            body = rest.rstrip()[len(_ARGS_OPEN) : -1]
+            args = {}
+            for f in _FIELD.finditer(body):
+                val = f.group("val")
+                args[f.group("key")] = val[1:-1] if val[:1] in "'\"" else _REPR_WORDS.get(val, val)
+            found = (args, "ServerArgs repr")
+    return found
+
+
+def _last(pattern: re.Pattern[str], text: str, marker: str) -> str | None:
+    """The first group of the last line holding ``marker`` that ``pattern`` matches."""
+    out = None
+    for line in text.splitlines():
+        if marker in line:
+            m = pattern.search(line)
+            if m is not None:
+                out = m.group(1)
+    return out
 
 
 def from_sglang_log(text: str) -> EngineConfig | None:
-    """The effective config from sglang's startup ``ServerArgs(...)`` log line, or None when the
-    log has no such line. Only the keys present are filled: ``enable_torch_compile`` →
-    compile_active, ``attention_backend``, ``dtype``, ``dit_cpu_offload`` → offload of the DiT.
+    """The effective config from an sglang log, or None when it logged no ServerArgs.
+
+    From the args (:func:`server_args`): ``enable_torch_compile`` -> compile_active (sglang logs
+    its args after adjusting them, so this is what it runs; what was asked is not logged:
+    compile_requested None); ``attention_backend`` (null: sglang picks per platform, then the
+    backend it names in ``Using <name> attention backend``, as ``"<name> (sglang's pick:
+    attention_backend null)"``); ``dit_cpu_offload``, ``text_encoder_cpu_offload``,
+    ``image_encoder_cpu_offload``, ``vae_cpu_offload`` -> offload (``cpu``/``none`` per
+    component; ``dit_layerwise_offload`` -> transformer ``layerwise``); ``dtype`` where logged
+    (older repr lines). From sglang's other startup lines: device (``Initializing distributed
+    environment ... device=<d>``) and, without a ``dtype`` arg, the DiT's ``param_dtype`` (the
+    diffusers backend: ``Loading diffusers pipeline with dtype=<d>``).
     """
-    body = None
-    for line in text.splitlines():  # the last ServerArgs line (a restart logs again)
-        i = line.find(_ARGS_OPEN)
-        end = len(line.rstrip())
-        if i >= 0 and end > i + len(_ARGS_OPEN) and line[end - 1] == ")":
-            body = line[i + len(_ARGS_OPEN) : end - 1]
-    if body is None:
+    got = server_args(text)
+    if got is None:
         return None
-    found: dict[str, str] = {}
-    for f in _FIELD.finditer(body):
-        found[f.group("key")] = f.group("val").strip("'\"")
-    if not any(k in found for k in _SGLANG_KEYS):
-        return None
-
-    def flag(key: str) -> bool | None:
-        v = found.get(key)
-        return {"True": True, "False": False}.get(v) if v is not None else None
-
-    offload = flag("dit_cpu_offload")
+    args, form = got
+    attention = _opt_str(args.get("attention_backend"))
+    if attention is None and "attention_backend" in args:
+        picked = _last(_PICKED_ATTENTION, text, "attention backend")
+        attention = (
+            f"{picked} (sglang's pick: attention_backend null)"
+            if picked
+            else "not set (attention_backend null: sglang picks per platform; no pick logged)"
+        )
+    offload = {c: "cpu" if args[k] else "none" for c, k in _OFFLOAD_FLAGS if isinstance(args.get(k), bool)}
+    if args.get("dit_layerwise_offload") is True:
+        offload["transformer"] = "layerwise"
+    dtype = _opt_str(args.get("dtype")) or _last(_DTYPE, text, "dtype")
     return EngineConfig(
-        config_source="engine log",
-        compile_active=flag("enable_torch_compile"),
-        attention_backend=None
-        if found.get("attention_backend") in (None, "None")
-        else found["attention_backend"],
-        dtype=_opt_str(found.get("dtype")),
-        offload=None if offload is None else f"transformer={'cpu' if offload else 'none'}",
+        config_source=f"engine log ({form})",
+        compile_active=_opt_bool(args.get("enable_torch_compile")),
+        attention_backend=attention,
+        dtype=dtype,
+        offload=_offload_text(offload),
+        device=_last(_DEVICE, text, "Initializing distributed environment"),
     )
 
 
 def effective_config(record_perfkit: Mapping[str, Any] | None, logs: Mapping[str, str]) -> EngineConfig:
-    """The launch's effective config: from its records first, else from its logs (sglang's
-    ServerArgs line), else :data:`NOT_REPORTED` with every field None."""
+    """The launch's effective config: from its records' ``perfkit`` block first (the reference
+    engine), else from its logs (sglang's ServerArgs line, :func:`from_sglang_log`), else
+    :data:`NOT_REPORTED` with every field None."""
     if record_perfkit:
         cfg = from_record(record_perfkit)
         if cfg is not None:

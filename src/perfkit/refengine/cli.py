@@ -7,6 +7,10 @@ The engine prints marks on stderr that the harness parses for the cold start par
     perfkit-mark warmup_done t=<epoch s>
     perfkit-mark listening port=<port>
 
+and, as sglang 0.5.23 does, ``server_args: {JSON}`` and ``[server-load]
+workers_ready_monotonic_ns=<ns>`` log lines; ``/health`` answers 503 while the startup warmup runs
+(it starts once HTTP serves), 200 after. perfkit reads the sglang lines; the marks are an extra.
+
 The options are in :mod:`perfkit.refengine.options`; :func:`main` checks them, builds the
 engine (device, placement, compile settings, the pipeline) and serves.
 """
@@ -24,7 +28,13 @@ from typing import Any
 
 from perfkit.common.presets import PRESET_NAMES
 from perfkit.refengine import offload_request
-from perfkit.refengine.options import OFFLOAD_CHOICES, build_parser, parse_indices, sglang_perf_log_dir
+from perfkit.refengine.options import (
+    OFFLOAD_CHOICES,
+    build_parser,
+    parse_indices,
+    server_args_line,
+    sglang_perf_log_dir,
+)
 
 __all__ = ["OFFLOAD_CHOICES", "build_parser", "main", "mark", "sglang_perf_log_dir"]
 
@@ -104,6 +114,8 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
 
     # bind first so an occupied port fails before minutes of loading
     sock = _bind(args) if rank == 0 else None
+    if sock is not None:
+        args.port = sock.getsockname()[1]  # the port served (0 asked: the one picked)
     runner, store = _start_ranks(args, raw_argv, rank) if args.num_gpus > 1 else (None, None)
 
     try:
@@ -155,6 +167,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
         (warmup_frames, warmup_rule),
         stage_delay,
     )
+    log.info("%s", server_args_line(args, info, warmup_frames))
     engine = Engine(
         runner or pipe,
         defaults,
@@ -170,16 +183,17 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     engine.snapshots["load_peak"] = snapshot(device)
     mark("models_loaded", t=f"{time.time():.6f}", placement=where)
     log.info("models loaded (%s, %s, %s)", comps.source, device, where)
+    log.info("[server-load] workers_ready_monotonic_ns=%d", time.monotonic_ns())  # as sglang logs it
 
-    if warmup_frames > 0 and not _startup_warmup(engine, args, defaults, warmup_frames, device):
-        return 3
-    mark("warmup_done", t=f"{time.time():.6f}")
-    engine.ready = True
-    if runner is not None:
-        runner.ready = True
+    def warm() -> bool:  # on a thread once HTTP serves: /health answers 503 until it returns
+        if warmup_frames > 0 and not _startup_warmup(engine, args, defaults, warmup_frames, device):
+            return False
+        mark("warmup_done", t=f"{time.time():.6f}")
+        return True
 
-    _serve_http(engine, comps.source, sock, runner)
-    return 0
+    from perfkit.refengine.server import serve_http
+
+    return serve_http(engine, comps.source, sock, runner, warm)
 
 
 def _pipeline(
@@ -210,22 +224,6 @@ def _pipeline(
         recompile_limit=recompile_limit,
         cfg_parallel=par,
     )
-
-
-def _serve_http(engine: Any, model_name: str, sock: socket.socket, runner: Any) -> None:
-    """Serve the engine's HTTP app on the bound socket (uvicorn) until it stops; then end the
-    engine's queue and, for a multi-rank engine, the other ranks."""
-    import uvicorn
-
-    from perfkit.refengine.server import create_app
-
-    app = create_app(engine, model_name=model_name)
-    config = uvicorn.Config(app, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    server.run(sockets=[sock])
-    engine.queue.put(None)
-    if runner is not None:
-        runner.shutdown()
 
 
 def _dtype(args: argparse.Namespace, preset: Any, device: Any) -> Any:

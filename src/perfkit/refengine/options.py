@@ -6,7 +6,9 @@ perfkit.refengine``): :func:`build_parser`, and sglang's environment for the per
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from typing import Any
 
 from perfkit.refengine.offload_request import OFFLOAD_MODES
 
@@ -33,6 +35,32 @@ def sglang_perf_log_dir(environ=None) -> str | None:
     if str(env.get("SGLANG_DIFFUSION_STAGE_LOGGING", "")).strip().lower() not in _TRUTHY:
         return None
     return env.get("SGLANG_PERF_LOG_DIR") or None
+
+
+def server_args_line(args: argparse.Namespace, info: dict[str, Any], warmup_frames: int) -> str:
+    """``server_args: {JSON}`` as sglang 0.5.23 logs its adjusted ServerArgs (multimodal_gen
+    runtime/server_args/server_args.py), with sglang's names for what this engine runs: the
+    compile and offload in force, its attention backend, the startup warmup."""
+    offload = info.get("offload") or {}
+    transformer = str(offload.get("transformer", "none"))
+    res = args.warmup_resolution
+    sglang_args = {
+        "model_path": args.model_path or f"perfkit-preset:{args.preset}",
+        "attention_backend": info.get("attention_backend"),
+        "enable_torch_compile": bool(info.get("compile_active")),
+        "dit_cpu_offload": transformer != "none",
+        "dit_layerwise_offload": transformer.startswith("group"),
+        "text_encoder_cpu_offload": str(offload.get("text_encoder", "none")) != "none",
+        "vae_cpu_offload": str(offload.get("vae", "none")) != "none",
+        "num_gpus": args.num_gpus,
+        "host": args.host,
+        "port": args.port,
+        "warmup_mode": "server" if warmup_frames > 0 else "off",
+        "warmup_resolutions": [f"{res[1]}x{res[0]}"] if res else None,
+        "warmup_num_frames": warmup_frames or None,
+        "warmup_steps": args.warmup_steps,
+    }
+    return "server_args: " + json.dumps(sglang_args)
 
 
 def _stage_delay(text: str) -> tuple[str, float]:

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import numpy as np
 import torch
@@ -36,7 +36,15 @@ from perfkit.refengine.memory import snapshot
 from perfkit.refengine.pipeline import GenRequest, RunResult, StagedPipeline
 from perfkit.refengine.profiling import RequestProfiler, TraceInfo, profile_mode, profiled_steps
 
-__all__ = ["Engine", "create_app", "VideoRequest", "FieldError", "SGLANG_VIDEO_FIELDS", "alignment_note"]
+__all__ = [
+    "Engine",
+    "create_app",
+    "serve_http",
+    "VideoRequest",
+    "FieldError",
+    "SGLANG_VIDEO_FIELDS",
+    "alignment_note",
+]
 
 log = logging.getLogger(__name__)
 MIB = 2**20
@@ -554,3 +562,35 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         return JSONResponse(content=job_body(job))
 
     return app
+
+
+def serve_http(engine: Engine, model_name: str, sock: Any, runner: Any, warm: Callable[[], bool]) -> int:
+    """Serve the engine's app on the bound socket (uvicorn) until it stops; ``warm`` (the startup
+    warmup, True when it succeeded) runs on a thread once serving starts and ``/health`` answers
+    503 until it is done, as sglang's server warmup (multimodal_gen/runtime/entrypoints/
+    http_server.py). Then end the queue and the other ranks (``runner``, or None). Returns 0, or 3
+    when the warmup failed (the server stops then)."""
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(engine, model_name=model_name), log_level="warning", access_log=False)
+    )
+    failed: list[bool] = []
+
+    def warm_then_ready() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.01)
+        if not warm():
+            failed.append(True)
+            server.should_exit = True
+            return
+        engine.ready = True
+        if runner is not None:
+            runner.ready = True
+
+    threading.Thread(target=warm_then_ready, name="startup-warmup", daemon=True).start()
+    server.run(sockets=[sock])
+    engine.queue.put(None)
+    if runner is not None:
+        runner.shutdown()
+    return 3 if failed else 0

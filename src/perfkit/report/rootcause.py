@@ -74,6 +74,7 @@ CONFIG_COLUMNS: dict[str, str] = {
 }
 _EXTRA_CONFIG = {
     "engine_device": "engine device",
+    "cold_start_sources": "cold start parts from",
     "warmup_frames": "startup warmup frames",
     "warmup_latent_shape": "startup warmup latent shape",
     "placement": "placement",

@@ -210,6 +210,8 @@ def cold_vs_warm(
             )
         },
     }
+    # where each part came from, or why it is not reported (perfkit.engine.handle.cold_start_parts)
+    results["cold_start"]["sources"] = data.launch_row.get("cold_start_sources")
     _session_results(results, data, df, repeats)
     params = {"spec": spec.to_dict(), "request": req.payload(), "repeats": repeats}
     if isinstance(profile, dict):
@@ -350,6 +352,7 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
         ("cold start: ready (s)", cs.get("ready_s")),
         ("cold start: models loaded (s)", cs.get("models_loaded_s")),
         ("cold start: startup warmup (s)", cs.get("warmup_s")),
+        ("cold start: parts from", cs.get("sources") or "not recorded (older bundle)"),
         ("time to first result (s)", cs.get("first_result_s")),
         ("time to first result: ready → first request sent (s)", cs.get("first_request_wait_s")),
         ("time to first result: first request (ms)", cs.get("first_request_ms")),
@@ -383,6 +386,8 @@ def reading(r: Mapping[str, Any]) -> str:
         f"{fmt(cs.get('models_loaded_s'), '.1f', ' s')}, startup warmup "
         f"{fmt(cs.get('warmup_s'), '.1f', ' s')}).",
     ]
+    if cs.get("sources"):
+        lines.append(f"Cold start parts from: {cs['sources']}.")
     if number(cs.get("first_result_s")) is not None:
         lines.append(
             f"**Time to first result** (launch until the first request ended, not trusting the "

@@ -1,8 +1,9 @@
 """The load investigation's measuring half: its phases run against one engine through the async
 client (on a thread of their own when an event loop already runs, as in a Jupyter kernel), and
 each request's outcome joined with the engine's record into one ``per_request`` row (queue wait,
-service time, e2e; the engine's job clock where it reports start times, else derived and marked).
-Used by :mod:`perfkit.scenarios.load`."""
+service time, e2e; the engine's job clock where it reports start times, else derived and marked;
+the job JSON's own ``completed_at`` (whole seconds) and ``inference_time_s`` as
+``job_completed_at_s``/``job_inference_ms``, None where it has none). Used by :mod:`perfkit.scenarios.load`."""
 
 from __future__ import annotations
 
@@ -115,6 +116,10 @@ def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[d
         row.update({"engine_started_s": start, "engine_completed_s": done})
         # what the job JSON said over HTTP (perfkit_times.started; None: not reported)
         row["job_json_started_s"] = o.engine_started
+        # sglang's own fields (None: not in the job JSON): completed_at in whole seconds
+        job = o.job
+        row["job_completed_at_s"] = job.completed_at_s
+        row["job_inference_ms"] = job.inference_time_s * 1000.0 if job.inference_time_s is not None else None
         load_rows.append(row)
     return load_rows, req_rows, [stage_rows, step_rows]
 

@@ -111,7 +111,9 @@ def compare(
         ``improved`` (a pass) when faster than ``expected * (1 - threshold)``, with a snippet to
         paste; ``skipped`` when the profile has no tolerance for an optional metric (``load``,
         allocated/warmup peaks), when the baseline value is null ("not measured in the
-        baseline"), and for ``stages_ms.per_frame_generation`` of video cases.
+        baseline"), for ``stages_ms.per_frame_generation`` of video cases, and for the denoise
+        metrics of a run with no denoising stage (:func:`no_denoise_reason`: sglang's diffusers
+        backend).
 
     Null values follow sglang's own check (``_validate_stages`` in
     ``multimodal_gen/test/server/test_server_utils.py``): ``per_frame_generation`` is skipped
@@ -152,7 +154,11 @@ def compare(
             )
             continue
         first = len(rows)
+        no_denoise = no_denoise_reason(entry, rule.classify)
         for metric, exp in expected.items():
+            if no_denoise and _is_denoise_metric(metric):
+                rows.append(Check(case, metric, exp, actual.get(metric), None, "skipped", no_denoise))
+                continue
             rows.append(_metric_check(case, metric, exp, actual, rule))
         if not any(r.status in ("pass", "fail", "improved") for r in rows[first:]):
             # no hollow pass: a case present on both sides must compare something
@@ -163,7 +169,11 @@ def compare(
                 )
             )
         for metric in actual:
-            if metric not in expected and actual[metric] is not None:
+            if (
+                metric not in expected
+                and actual[metric] is not None
+                and not (no_denoise and _is_denoise_metric(metric))
+            ):
                 status = "fail" if strict else "new"
                 rows.append(
                     Check(
@@ -177,6 +187,32 @@ def compare(
                     )
                 )
     return rows
+
+
+#: the one stage sglang's ``--backend diffusers`` writes (multimodal_gen/runtime/pipelines/
+#: diffusers_pipeline.py): the whole diffusers call, ``is_denoising`` false, no steps
+DIFFUSERS_STAGE = "DiffusersExecutionStage"
+_DENOISE_AGGREGATES = ("expected_avg_denoise_ms", "expected_median_denoise_ms")
+
+
+def no_denoise_reason(entry: Mapping[str, Any], classify: StageClassifier) -> str | None:
+    """Why a run entry has no denoising to judge, or None when one of its stages denoises.
+
+    sglang's diffusers backend runs the whole pipeline as one ``DiffusersExecutionStage`` with
+    no steps (its records: ``is_denoising`` false, ``steps: []``); the denoise aggregates sglang's
+    layout writes then (0.0) measure nothing, so they are never a pass."""
+    stages = [str(s) for s in (entry.get("stages_ms") or {})]
+    if any(classify(s) == "denoise" for s in stages):
+        return None
+    if DIFFUSERS_STAGE in stages:
+        return f"not reported by sglang's diffusers backend: one {DIFFUSERS_STAGE}, no steps"
+    return f"not reported: the run has no denoising stage (stages: {', '.join(stages) or 'none'})"
+
+
+def _is_denoise_metric(metric: str) -> bool:
+    """The step metrics (aggregates and sampled steps); a denoising stage the baseline has and
+    the run lacks stays a failure ("missing from run")."""
+    return metric in _DENOISE_AGGREGATES or metric.startswith("denoise_step_ms.")
 
 
 @dataclass(frozen=True)
