@@ -540,12 +540,15 @@ def test_cold_vs_warm_through_the_sglang_adapter(tmp_path, tiny_checkpoint):
     # the cold start parts from the lines sglang 0.5.23 writes too ([server-load], /health 503
     # while warming), each naming its source; the perfkit marks only cross-check them
     ln = launches.iloc[0]
-    assert ln["cold_start_sources"] == (
+    # the tiny engine's warmup lasts ~0.1 s: on a loaded machine the poll can miss its 503, and
+    # the warmup then comes from the marks (an optional extra source, named as such)
+    assert ln["cold_start_sources"] in {
         "ready: /health answered 200 (perfkit's poll); "
         "process_start: OS: /proc/<pid>/stat starttime (10 ms ticks); "
         "models_loaded: engine log: [server-load] workers_ready_monotonic_ns; "
-        "warmup: /health 503 until 200 (perfkit's poll)"
-    )
+        f"warmup: {w}"
+        for w in ("/health 503 until 200 (perfkit's poll)", "perfkit-mark warmup_done - models_loaded")
+    }
     assert 0 <= ln["process_start_s"] < 1.0 < ln["models_loaded_s"] < ln["ready_s"]
     assert 0 < ln["warmup_s"] < ln["ready_s"] - ln["models_loaded_s"]
     log_text = "\n".join(bundle.logs.values())
