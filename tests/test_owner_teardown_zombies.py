@@ -3,8 +3,8 @@ child that ends on the teardown's SIGTERM after the engine exited (torch inducto
 workers) is re-parented to the owner as a zombie; it ended with the teardown and is not named
 as outliving the launch. One that ended on SIGKILL (an engine killed by its parent-death
 signal) still is, unless it is an engine's child registered at teardown (``... (child)``): the
-teardown SIGKILLs the group, and a child that exits 0 ended with it too (real sglang's worker and
-resource tracker). Real processes, in a subprocess of its own (the owner becomes a subreaper)."""
+teardown SIGKILLs the group; one that exited 0 ended cleanly (real sglang's resource tracker and
+worker). Real processes, in a subprocess of its own (the owner becomes a subreaper)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent(
             "gone": [e.how for e in watch.gone if e.pid == pid],
             "teardown": [e.how for e in watch.ended_on_teardown if e.pid == pid],
         }
-    # an engine's child registered at teardown: exit 0 and the group's SIGKILL end with it
+    # a process that exited 0, and an engine's child (registered at teardown) on the group's SIGKILL
     import tempfile
     from perfkit.engine.owner import register
     reg = os.path.join(tempfile.mkdtemp(), "r.processes.jsonl")
@@ -58,8 +58,8 @@ SCRIPT = textwrap.dedent(
         )
         pid = int(eng.stdout)
         child = psutil.Process(pid)
-        register(pid, os.getpgid(pid), child.create_time(), "eng (child)", path=reg)
-        if name == "child SIGKILL":
+        if name == "child SIGKILL":  # exit 0 needs no registration: a clean end is no leftover
+            register(pid, os.getpgid(pid), child.create_time(), "eng (child)", path=reg)
             os.kill(pid, signal.SIGKILL)
         for _ in range(300):
             if child.status() == psutil.STATUS_ZOMBIE:
@@ -90,7 +90,7 @@ def test_reap_names_no_zombie_that_ended_on_the_teardowns_sigterm():
     # ended on SIGKILL: still named as found after its launcher
     assert kill["returned"] == ["had ended on signal 9 (SIGKILL) by the time its launcher was gone"]
     assert kill["teardown"] == []
-    # an engine's child (registered at teardown) that exited 0 or ended on the group's SIGKILL
+    # exited 0 (not registered), or an engine's registered child ended on the group's SIGKILL
     assert out["child exit 0"] == {
         "returned": [],
         "teardown": ["had exited with code 0 by the time its launcher was gone"],

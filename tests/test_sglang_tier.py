@@ -79,9 +79,7 @@ def record():
     yield RECORD
     if RECORD:
         OUT.mkdir(parents=True, exist_ok=True)
-        path = OUT / "verdicts.json"
-        old = json.loads(path.read_text()) if path.is_file() else {}
-        path.write_text(json.dumps({**old, **RECORD}, indent=1) + "\n")
+        (OUT / "verdicts.json").write_text(json.dumps(RECORD, indent=1) + "\n")
 
 
 @pytest.fixture(scope="module")

@@ -238,14 +238,15 @@ def _ended_alone(code: int | None) -> str:
 
 def _teardown_end(code: int | None, label: str) -> bool:
     """Whether a zombie found at reap ended with its launch's teardown: on SIGTERM (the
-    teardown's signal to the engine's group), or, for an engine's own child (label ``... (child)``,
-    registered at teardown), with exit code 0 or on SIGKILL: the teardown SIGKILLs the group after
-    the engine exits, and a child has no parent-death signal (only the engine has). Real sglang
-    0.5.23 leaves both: its worker exits 0 after sglang's own shutdown, multiprocessing's
-    resource tracker (it ignores SIGTERM) ends on the group's SIGKILL."""
-    if code == -signal.SIGTERM:
+    teardown's signal to the engine's group), with exit code 0 (it ended cleanly, by itself),
+    or, for an engine's own child (label ``... (child)``, registered at teardown), on SIGKILL:
+    the teardown SIGKILLs the group after the engine exits, and a child has no parent-death
+    signal (only the engine has). Real sglang 0.5.23 leaves both: its worker exits 0 after
+    sglang's own shutdown, multiprocessing's resource tracker (it ignores SIGTERM) ends on the
+    group's SIGKILL."""
+    if code in (0, -signal.SIGTERM):
         return True
-    return label.endswith(" (child)") and code in (0, -signal.SIGKILL)
+    return label.endswith(" (child)") and code == -signal.SIGKILL
 
 
 @dataclass
@@ -258,7 +259,7 @@ class Watch:
     #: new descendants found already ended (reaped here), with how
     gone: list[Ended] = field(default_factory=list)
     #: of those, the ones that ended with the teardown (:func:`_teardown_end`: on its SIGTERM,
-    #: or an engine's child on exit 0 or the group's SIGKILL); an engine's own children (torch
+    #: on exit 0, or an engine's child on the group's SIGKILL); an engine's own children (torch
     #: inductor's compile workers, sglang's worker and resource tracker) end after the engine
     #: has exited and are re-parented here as zombies. :meth:`reap` does not name them as
     #: outliving it (logged at info)
