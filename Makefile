@@ -23,7 +23,7 @@ NB_EXTRA_KEYS := metadata.language_info.codemirror_mode metadata.language_info.f
 	metadata.language_info.mimetype metadata.language_info.nbconvert_exporter \
 	metadata.language_info.pygments_lexer metadata.language_info.version
 
-.PHONY: setup suite test test-fast coverage notebooks clean git-filter sglang-env
+.PHONY: setup suite test test-sglang test-fast coverage notebooks clean git-filter sglang-env
 
 setup: $(STAMP)
 
@@ -56,9 +56,17 @@ test: setup
 	@# then the rest on $(TEST_WORKERS) workers (a module is one work unit, tests/conftest.py: its
 	@# engine launches run once, on one worker); both always run, and either failing fails the target
 	@rc=0; \
-	$(BIN)/python -m pytest -m timing $(PYTEST_ARGS) || rc=$$?; \
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not timing" $(PYTEST_ARGS) || rc=$$?; \
+	$(BIN)/python -m pytest -m "timing and not sglang" $(PYTEST_ARGS) || rc=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not timing and not sglang" $(PYTEST_ARGS) || rc=$$?; \
 	exit $$rc
+
+# the conformance tier: perfkit's investigations against the live real sglang 0.5.23 server
+# (tests marked `sglang`, left out of `make test`), with the venv `make sglang-env` made; a
+# missing venv is an error here (PERFKIT_REQUIRE_SGLANG=1), a skip elsewhere. Verdicts and wall
+# times: outputs/sglang-tier/verdicts.json
+SGLANG_VENV ?= .sglang-venv
+test-sglang: setup
+	PERFKIT_REQUIRE_SGLANG=1 SGLANG_VENV=$(SGLANG_VENV) $(BIN)/python -m pytest -m sglang $(PYTEST_ARGS)
 
 # line coverage of src/perfkit (pytest-cov; the perfkit, papermill-kernel and engine subprocesses
 # too, through coverage's subprocess patch in pyproject.toml): the same two phases as `make test`,
@@ -66,18 +74,17 @@ test: setup
 coverage: setup
 	rm -f .coverage .coverage.*
 	@rc=0; \
-	$(BIN)/python -m pytest -m timing --cov --cov-report= $(PYTEST_ARGS) || rc=$$?; \
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not timing" --cov --cov-append \
+	$(BIN)/python -m pytest -m "timing and not sglang" --cov --cov-report= $(PYTEST_ARGS) || rc=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not timing and not sglang" --cov --cov-append \
 	  --cov-report=term:skip-covered --cov-report=html --cov-report=json $(PYTEST_ARGS) || rc=$$?; \
 	exit $$rc
 
 # the inner loop: the tests that launch no engine and run no papermill, on every core (~minutes)
 test-fast: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not timing" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not timing and not sglang" $(PYTEST_ARGS)
 
 #: real sglang 0.5.23 (CPU diffusion server) in its own venv, apart from .venv: docs/sglang.md.
 #: Cached on the pins in deploy/sglang-requirements.txt; SGLANG_VENV=path puts it elsewhere
-SGLANG_VENV ?= .sglang-venv
 sglang-env:
 	SGLANG_VENV=$(SGLANG_VENV) PYTHON=$(PYTHON) deploy/sglang-env.sh
 

@@ -2,7 +2,9 @@
 child that ends on the teardown's SIGTERM after the engine exited (torch inductor's compile
 workers) is re-parented to the owner as a zombie; it ended with the teardown and is not named
 as outliving the launch. One that ended on SIGKILL (an engine killed by its parent-death
-signal) still is. Real processes, in a subprocess of its own (the owner becomes a subreaper)."""
+signal) still is, unless it is an engine's child registered at teardown (``... (child)``): the
+teardown SIGKILLs the group; one that exited 0 ended cleanly (real sglang's resource tracker and
+worker). Real processes, in a subprocess of its own (the owner becomes a subreaper)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,32 @@ SCRIPT = textwrap.dedent(
             "gone": [e.how for e in watch.gone if e.pid == pid],
             "teardown": [e.how for e in watch.ended_on_teardown if e.pid == pid],
         }
+    # a process that exited 0, and an engine's child (registered at teardown) on the group's SIGKILL
+    import tempfile
+    from perfkit.engine.owner import register
+    reg = os.path.join(tempfile.mkdtemp(), "r.processes.jsonl")
+    for name, code in (("child exit 0", "sleep 0.3"), ("child SIGKILL", "sleep 60")):
+        watch = Watch.start(reg)
+        eng = subprocess.run(
+            [sys.executable, "-c",
+             f"import subprocess as s; p = s.Popen(['sh', '-c', {code!r}], stdout=s.DEVNULL,"
+             " stderr=s.DEVNULL); print(p.pid)"],
+            capture_output=True, text=True, check=True,
+        )
+        pid = int(eng.stdout)
+        child = psutil.Process(pid)
+        if name == "child SIGKILL":  # exit 0 needs no registration: a clean end is no leftover
+            register(pid, os.getpgid(pid), child.create_time(), "eng (child)", path=reg)
+            os.kill(pid, signal.SIGKILL)
+        for _ in range(300):
+            if child.status() == psutil.STATUS_ZOMBIE:
+                break
+            time.sleep(0.01)
+        ended = watch.reap(grace_s=1.0)
+        out[name] = {
+            "returned": [e.how for e in ended if e.pid == pid],
+            "teardown": [e.how for e in watch.ended_on_teardown if e.pid == pid],
+        }
     print(json.dumps(out))
     """
 )
@@ -62,3 +90,12 @@ def test_reap_names_no_zombie_that_ended_on_the_teardowns_sigterm():
     # ended on SIGKILL: still named as found after its launcher
     assert kill["returned"] == ["had ended on signal 9 (SIGKILL) by the time its launcher was gone"]
     assert kill["teardown"] == []
+    # exited 0 (not registered), or an engine's registered child ended on the group's SIGKILL
+    assert out["child exit 0"] == {
+        "returned": [],
+        "teardown": ["had exited with code 0 by the time its launcher was gone"],
+    }
+    assert out["child SIGKILL"] == {
+        "returned": [],
+        "teardown": ["had ended on signal 9 (SIGKILL) by the time its launcher was gone"],
+    }

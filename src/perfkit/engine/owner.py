@@ -236,6 +236,19 @@ def _ended_alone(code: int | None) -> str:
     return f"had exited with code {code} by the time its launcher was gone"
 
 
+def _teardown_end(code: int | None, label: str) -> bool:
+    """Whether a zombie found at reap ended with its launch's teardown: on SIGTERM (the
+    teardown's signal to the engine's group), with exit code 0 (it ended cleanly, by itself),
+    or, for an engine's own child (label ``... (child)``, registered at teardown), on SIGKILL:
+    the teardown SIGKILLs the group after the engine exits, and a child has no parent-death
+    signal (only the engine has). Real sglang 0.5.23 leaves both: its worker exits 0 after
+    sglang's own shutdown, multiprocessing's resource tracker (it ignores SIGTERM) ends on the
+    group's SIGKILL."""
+    if code in (0, -signal.SIGTERM):
+        return True
+    return label.endswith(" (child)") and code == -signal.SIGKILL
+
+
 @dataclass
 class Watch:
     """Everything under this process (and in a registry file) before a piece of work; see
@@ -245,10 +258,11 @@ class Watch:
     before: set[tuple[int, float]] = field(default_factory=set)
     #: new descendants found already ended (reaped here), with how
     gone: list[Ended] = field(default_factory=list)
-    #: of those, the ones that ended on SIGTERM: the signal the engine's teardown sends to its
-    #: group; an engine's own children (e.g. torch inductor's compile workers) end on it after
-    #: the engine has exited and are re-parented here as zombies. They ended with the teardown,
-    #: so :meth:`reap` does not name them as outliving it (logged at info)
+    #: of those, the ones that ended with the teardown (:func:`_teardown_end`: on its SIGTERM,
+    #: on exit 0, or an engine's child on the group's SIGKILL); an engine's own children (torch
+    #: inductor's compile workers, sglang's worker and resource tracker) end after the engine
+    #: has exited and are re-parented here as zombies. :meth:`reap` does not name them as
+    #: outliving it (logged at info)
     ended_on_teardown: list[Ended] = field(default_factory=list)
 
     @classmethod
@@ -278,7 +292,7 @@ class Watch:
                         code = p.wait(timeout=0)
                         e = Ended(p.pid, label, _ended_alone(code), False, 0.0)
                         self.gone.append(e)
-                        if code == -signal.SIGTERM:
+                        if _teardown_end(code, label):
                             self.ended_on_teardown.append(e)
                     continue
             except psutil.Error:
