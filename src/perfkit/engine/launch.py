@@ -96,6 +96,26 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+#: sglang 0.5.23's internal ports (``runtime/server_args/server_args.py``: ``master_port``
+#: 30005, the torch.distributed rendezvous; ``scheduler_port`` 5555 + 0..100): it moves a busy
+#: one, but two servers started together both find 30005 free and one dies with EADDRINUSE
+SGLANG_PORT_FLAGS = ("--master-port", "--scheduler-port")
+
+
+def _sglang_ports(spec: EngineSpec) -> list[str]:
+    """For kind ``sglang``: a free port for each of :data:`SGLANG_PORT_FLAGS` the spec's
+    ``server_args``/``extra_args`` do not set, so concurrent launches (``perfkit ab --paired``,
+    two suites) never race for sglang's defaults. Empty for other kinds."""
+    if spec.kind != "sglang":
+        return []
+    given = set(getattr(spec, "server_args", [])) | set(spec.extra_args)
+    out: list[str] = []
+    for flag in SGLANG_PORT_FLAGS:
+        if flag not in given and not any(a.startswith(flag + "=") for a in given):
+            out += [flag, str(free_port(spec.host))]
+    return out
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
@@ -173,7 +193,7 @@ def launch(
     (cache / "inductor").mkdir(parents=True, exist_ok=True)
     (cache / "triton").mkdir(parents=True, exist_ok=True)
 
-    argv = spec.command(port, perf_dir)
+    argv = spec.command(port, perf_dir) + _sglang_ports(spec)
     added, env = _engine_env(spec, caps, perf_dir, port, cache)
     gpus, gpu_indices, baseline = _engine_gpus(spec, env, added, label, nvml)
 
