@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import inprocess_cli
 from perfkit.report.figures import Block, render_block
@@ -198,3 +201,31 @@ def test_pooled_overhead_refuses_bad_launches_naming_launch_and_field(tmp_path):
     ):
         with pytest.raises(FiguresError, match=msg):
             render_block(Block(src, "overhead-pooled"), ROOT)
+
+
+def test_the_sglang_tier_block_tables_each_run_and_names_what_is_missing(tmp_path):
+    from perfkit.report.figures import FiguresError, tier_markdown
+
+    meta = {"date": "2026-12-04", "sglang": "0.5.23", "machine": "2 CPU cores", "commit": "abc1234"}
+    doc = {
+        "_meta": meta,
+        "cold_warm": {
+            "verdict": "pass",
+            "checks": {"a": "pass", "b": "pass", "c": "skipped"},
+            "wall_s": 141.2,
+        },
+        "ab A/A": {"verdict": "undecided", "exit_code": 1, "wall_s": 222.0},
+    }
+    p = tmp_path / "verdicts.json"
+    p.write_text(json.dumps(doc))
+    md = tier_markdown(p, "docs/sglang-tier/verdicts.json")
+    assert "| cold_warm | pass | – | 2 min 21 s | 2 pass, 1 skipped |" in md
+    assert "| ab A/A | undecided | 1 | 3 min 42 s | – |" in md
+    assert "sglang 0.5.23" in md and "2026-12-04" in md
+    del doc["ab A/A"]["wall_s"]
+    p.write_text(json.dumps(doc))
+    with pytest.raises(FiguresError, match="ab A/A: no wall_s"):
+        tier_markdown(p, "x")
+    p.write_text(json.dumps({"cold_warm": doc["cold_warm"]}))
+    with pytest.raises(FiguresError, match="no _meta"):
+        tier_markdown(p, "x")

@@ -51,6 +51,8 @@ SANA_STAGES = [
     "DenoisingStage",
     "DecodingStage",
 ]
+#: the sglang release the tier runs (deploy/sglang-requirements.txt pins it)
+SGLANG_VERSION = "0.5.23"
 #: the suite's investigations, as params/sglang-cpu.yaml enables them
 INVESTIGATIONS = ("cold_warm", "warmup_shapes", "memory_budget", "load")
 #: the request of params/sglang-cpu.yaml (the A/Bs send the same)
@@ -79,7 +81,16 @@ def record():
     yield RECORD
     if RECORD:
         OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / "verdicts.json").write_text(json.dumps(RECORD, indent=1) + "\n")
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
+        )
+        meta = {
+            "date": time.strftime("%Y-%m-%d"),
+            "sglang": SGLANG_VERSION,
+            "machine": f"{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at the end",
+            "commit": commit.stdout.strip() or "unknown",
+        }
+        (OUT / "verdicts.json").write_text(json.dumps({"_meta": meta, **RECORD}, indent=1) + "\n")
 
 
 @pytest.fixture(scope="module")
