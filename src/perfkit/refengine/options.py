@@ -191,6 +191,13 @@ def _parallel_options(p: argparse.ArgumentParser) -> None:
         help="N > 1: CFG parallel over N ranks with torch.distributed (NCCL on cuda:0..N-1, gloo "
         "on the CPU); rank 0 serves HTTP and spawns the others (see refengine.dist)",
     )
+    for flag in ("--master-port", "--scheduler-port"):  # sglang 0.5.23's internal ports
+        p.add_argument(
+            flag,
+            type=int,
+            default=None,
+            help="accepted as sglang's command line has it; unused (no such port)",
+        )
     p.add_argument(
         "--cpu-threads",
         type=int,
