@@ -173,7 +173,7 @@ def test_warmup_coverage_from_sglangs_log_without_a_warmup_record():
     ok, stages = df.sort_values("index"), pd.DataFrame(data.stages)
     hit = coverage_entry(data, ok, stages, warmed, 9, 9, 0, 96, 64)
     assert hit["covered"] is True and hit["warmup_source"] == "engine log"
-    assert hit["warmup_shapes"] == [{"width": 96, "height": 64, "num_frames": 9, "latent_frames": 2}]
+    assert hit["warmed_shapes"] == [{"width": 96, "height": 64, "num_frames": 9, "latent_frames": 2}]
     assert hit["first_ms"] == pytest.approx(2773.4474539993244, abs=1e-9)
     assert coverage_entry(data, ok, stages, warmed, 9, 17, 0, 96, 64)["covered"] is False
     assert coverage_entry(data, ok, stages, warmed, 9, 9, 0, 64, 96)["covered"] is False

@@ -270,7 +270,7 @@ def test_warmup_shapes_finds_the_warmed_shape_covered_and_the_larger_one_not(sui
     # no warmup record from sglang: the warmed shape is its `server warmup req (96x64x9f, ...)` line;
     # 9 frames warmed at startup -> 2 latent frames by perfkit's frame rule; 17 -> 3: uncovered
     assert all(c["warmup_source"] == "engine log" for c in cov.values()), cov
-    assert cov[(9, 9)]["warmup_shapes"] == [{"width": 96, "height": 64, "num_frames": 9, "latent_frames": 2}]
+    assert cov[(9, 9)]["warmed_shapes"] == [{"width": 96, "height": 64, "num_frames": 9, "latent_frames": 2}]
     assert cov[(9, 17)]["covered"] is False
     assert cov[(9, 9)]["covered"] is True, cov[(9, 9)]
 

@@ -91,7 +91,7 @@ def coverage_entry(
         "error": data.error,
     }
     if warmed.source == ENGINE_LOG:
-        entry["warmup_shapes"] = [
+        entry["warmed_shapes"] = [
             {
                 "width": s.width,
                 "height": s.height,

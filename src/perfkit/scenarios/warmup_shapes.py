@@ -114,7 +114,7 @@ def warmup_shapes(
         (warmup setting, request shape): ``covered`` (the warmup record's latent shape equals the
         request's; without a warmup record, as with sglang 0.5.23, the request's width x height
         and latent frames equal those of one of sglang's ``server warmup req`` log lines, all
-        listed in ``warmup_shapes``; None when the request's resolution is the engine default),
+        listed in ``warmed_shapes``; None when the request's resolution is the engine default),
         ``warmup_source`` (``"record"``, ``"engine log"`` or None: no warmup shape known),
         ``first_ms``, ``warm_median_ms``, ``penalty_ms``, ``ratio`` (first / warm median) with
         ``ratio_ci`` (95 % bootstrap), ``compiles`` and ``compile_ms`` inside the measured
