@@ -11,7 +11,14 @@ import psutil
 import pytest
 
 import fake_engine
-from perfkit.engine.handle import LaunchClock, cold_start_parts, parse_server_load, sources_text
+from perfkit.engine.handle import (
+    LaunchClock,
+    WarmupShape,
+    cold_start_parts,
+    parse_server_load,
+    parse_warmup_shapes,
+    sources_text,
+)
 from perfkit.engine.launch import (
     EngineExitedError,
     EngineStartError,
@@ -235,6 +242,37 @@ def test_cold_start_parts_from_real_sglang_lines():
     again = cold_start_parts(marks, t0, WARM_200, log_text=text, clock=WARM_CLOCK, health=health)
     assert {k: again[k] for k in cs["sources"]} == {k: cs[k] for k in cs["sources"]}
     assert again["marks"] == marks  # kept as an extra
+
+
+def test_warmup_shapes_from_real_sglang_server_logs():
+    """sglang 0.5.23's ``server warmup req (WxHxNf, S/D steps)`` progress line (tqdm, \\r
+    redraws, twice on the line): width, height, frames after sglang's frame rule, the steps run
+    of the model's default; latent frames by LTX frame math. A log without a warmup has none."""
+    sana = parse_warmup_shapes((SGLANG / "sana-video" / "server.log").read_text())
+    assert sana == [WarmupShape(width=96, height=64, num_frames=9, steps=2, default_steps=50)]
+    assert sana[0].latent_frames == 2
+    ltx2 = parse_warmup_shapes((SGLANG / "ltx-2" / "server.log").read_text())
+    assert ltx2 == [WarmupShape(width=64, height=64, num_frames=17, steps=2, default_steps=40)]
+    assert ltx2[0].latent_frames == 3
+    assert parse_warmup_shapes((SGLANG / "sana-video-diffusers" / "server.log").read_text()) == []
+
+
+def test_warmup_shapes_one_per_resolution_and_not_the_failed_one():
+    """Several warmup resolutions: each shape once, in order, from the progress bar's redraws and
+    the CI log form; an image (no ``xNf``) is 1 frame; a request that ran out of memory is not."""
+    text = (
+        "\rWarmup requests:  50%|#####     | 1/2 [00:01<00:01, server warmup req (96x64x9f, 2/50 steps)]"
+        "\rWarmup requests: 100%|##########| 2/2 [00:03<00:00, server warmup req (64x96x9f, 2/50 steps), last=1.20s]\n"
+        "[12-04 11:34:12] Warmup requests: 2/2 server warmup req (64x96x9f, 2/50 steps)\n"
+        "[12-04 11:34:13] server warmup req (128x128x33f, 2 steps) ran out of memory; retrying warmup at "
+        "server warmup req (128x128x17f, 2 steps)\n"
+        "[12-04 11:34:14] Warmup requests: 1/1 warmup req (512x512, 1 step)\n"
+    )
+    assert parse_warmup_shapes(text) == [
+        WarmupShape(96, 64, 9, 2, 50),
+        WarmupShape(64, 96, 9, 2, 50),
+        WarmupShape(512, 512, 1, 1, None),
+    ]
 
 
 def test_cold_start_parts_without_a_warmup_or_clocks_say_why():

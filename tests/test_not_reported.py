@@ -22,7 +22,7 @@ from perfkit.measuring.launch import record_rows
 from perfkit.readings.records import PerfRecord, RecordError, parse_lines
 from perfkit.report.notebook import first_request_costs, request_frame
 from perfkit.report.sections import render_section
-from perfkit.scenarios.shape_coverage import coverage_entry
+from perfkit.scenarios.shape_coverage import RECORD, Warmed, coverage_entry
 
 # the modules (the package's names of these are their entry functions)
 cold_warm = importlib.import_module("perfkit.scenarios.cold_warm")
@@ -101,7 +101,7 @@ def test_covered_shape_without_counts_is_not_measured(tmp_path):
     )
     data = measure_launch(spec, [REQ] * 2, tmp_path, "L", sample_interval_s=0.5)
     ok = data.measured()
-    entry = coverage_entry(data, ok, pd.DataFrame(data.stages), "1x4x2x8x8", 9, 9, 0)
+    entry = coverage_entry(data, ok, pd.DataFrame(data.stages), Warmed(RECORD, "1x4x2x8x8"), 9, 9, 0)
     assert entry["first_ms"] > 0
     assert entry["compiles"] is None and entry["first_compiles"] is None and entry["compile_ms"] is None
     assert entry["recompile_limit_hit"] is None and entry["recompile_reasons"] is None

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from perfkit.bundle import ResultBundle, load_many
+from perfkit.bundle import WARMUP_INDEX, ResultBundle, load_many
 from perfkit.checks import check_table, overall_status
 from perfkit.engine.caps import MemoryCaps
+from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate.run import scenario_checks
+from perfkit.measuring.launch import LaunchData, record_rows
+from perfkit.readings.records import read_perf_log
 from perfkit.scenarios import cold_vs_warm, find_min_budget, memory_budget, registry, warmup_shapes
 from perfkit.scenarios.cold_warm import reading as cold_warm_reading
+from perfkit.scenarios.shape_coverage import ENGINE_LOG, RECORD, coverage_entry, warmed_shapes
 
 REQ = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
 SPEC = EngineSpec(
@@ -129,11 +134,61 @@ def test_warmup_coverage_matrix(shapes):
     assert any("size mismatch" in r for r in miss["recompile_reasons"])
     assert miss["penalty_stage"] == "DenoisingStage"
     assert hit["covered"] is True and hit["compiles"] == 0
+    # the reference engine writes a performance.log record for its warmup: its latent shape
+    assert miss["warmup_source"] == hit["warmup_source"] == "record"
+    assert hit["warmup_latent_shape"] == hit["request_latent_shape"]
     assert miss["penalty_ms"] > hit["penalty_ms"]
     # covered shapes gate green
     table = check_table(scenario_checks("warmup_shapes", shapes.results, INVARIANTS))
     assert overall_status(table) == "pass", table
     assert (table["status"] != "skipped").all(), table
+
+
+SGLANG = Path(__file__).resolve().parent / "fixtures" / "sglang" / "0.5.23"
+
+
+def _sglang_launch() -> LaunchData:
+    """A launch as measure_launch builds it against real sglang 0.5.23: two request rows from
+    real performance.log lines (no warmup record: sglang writes none), the server log with its
+    ``server warmup req (96x64x9f, 2/50 steps)`` line as the launch's stdout."""
+    recs = read_perf_log(SGLANG / "sana-video" / "performance.log").records
+    data = LaunchData(label="L", logs={"L.stdout.log": (SGLANG / "sana-video" / "server.log").read_text()})
+    req = VideoRequestSpec(num_frames=9, height=64, width=96)
+    for i, rec in enumerate(recs):
+        row, st, _ = record_rows("L", rec, i, None, req)
+        data.requests.append(row)
+        data.stages += st
+    return data
+
+
+def test_warmup_coverage_from_sglangs_log_without_a_warmup_record():
+    """No warmup record: the warmed shape is the engine log's (96x64, 9 frames -> 2 latent
+    frames); a 9-frame 96x64 request is covered, a 17-frame one (3 latent) and another
+    resolution are not; an engine-default resolution is not known (None)."""
+    data = _sglang_launch()
+    df = pd.DataFrame(data.requests)
+    assert df["latent_shape"].isna().all() and not (df["index"] == WARMUP_INDEX).any()
+    warmed = warmed_shapes(df, data.logs)
+    assert warmed.source == ENGINE_LOG and warmed.latent_shape is None
+    ok, stages = df.sort_values("index"), pd.DataFrame(data.stages)
+    hit = coverage_entry(data, ok, stages, warmed, 9, 9, 0, 96, 64)
+    assert hit["covered"] is True and hit["warmup_source"] == "engine log"
+    assert hit["warmed_shapes"] == [{"width": 96, "height": 64, "num_frames": 9, "latent_frames": 2}]
+    assert hit["first_ms"] == pytest.approx(2773.4474539993244, abs=1e-9)
+    assert coverage_entry(data, ok, stages, warmed, 9, 17, 0, 96, 64)["covered"] is False
+    assert coverage_entry(data, ok, stages, warmed, 9, 9, 0, 64, 96)["covered"] is False
+    assert coverage_entry(data, ok, stages, warmed, 9, 9, 0, None, None)["covered"] is None
+    text = registry.get("warmup_shapes").reading({"coverage": [hit]})
+    assert "covered (warmup shape from its engine log)" in text
+    # a warmup record, when there is one, decides (the reference engine's), even with the line
+    rec = df.iloc[[0]].assign(index=WARMUP_INDEX, latent_shape="128x2x2x3")
+    by_rec = warmed_shapes(pd.concat([rec, df]), data.logs)
+    assert by_rec.source == RECORD and by_rec.latent_shape == "128x2x2x3"
+    assert coverage_entry(data, ok, stages, by_rec, 9, 9, 0, 96, 64)["covered"] is False
+    # neither: nothing is covered, and the entry says so
+    none = warmed_shapes(df, {"L.stdout.log": ""})
+    entry = coverage_entry(data, ok, stages, none, 9, 9, 0, 96, 64)
+    assert entry["covered"] is False and entry["warmup_source"] is None
 
 
 def test_memory_budget_under_host_cap_completes(tmp_path):

@@ -280,17 +280,14 @@ def test_warmup_shapes_runs_sglangs_warmup_and_both_shapes(suite):
     assert len(recs) == 2 * 2 and not any(r.is_warmup for r in recs)
 
 
-@needs(
-    "a reader of sglang's warmup shape (no branch yet)",
-    "sglang writes no performance.log line for its warmup, so the warmup latent shape is unknown "
-    "and every shape reads uncovered; it is in the spec (warmup_frames, warmup_resolution) and "
-    "in sglang's `server warmup req (96x64x9f, ...)` line",
-)
 def test_warmup_shapes_finds_the_warmed_shape_covered_and_the_larger_one_not(suite):
     cov = {
         (c["warmup_frames"], c["request_frames"]): c for c in results(suite[0], "warmup_shapes")["coverage"]
     }
+    # no warmup record from sglang: the warmed shape is its `server warmup req (96x64x9f, ...)` line;
     # 9 frames warmed at startup -> 2 latent frames by perfkit's frame rule; 17 -> 3: uncovered
+    assert all(c["warmup_source"] == "engine log" for c in cov.values()), cov
+    assert cov[(9, 9)]["warmed_shapes"] == [{"width": 96, "height": 64, "num_frames": 9, "latent_frames": 2}]
     assert cov[(9, 17)]["covered"] is False
     assert cov[(9, 9)]["covered"] is True, cov[(9, 9)]
 

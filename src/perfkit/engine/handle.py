@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 
+from perfkit.common.frames import latent_frames
 from perfkit.engine import owner as _owner
 from perfkit.engine.caps import CapOutcome, HostCapEnforcer, MemoryCaps, kill_tree
 from perfkit.engine.errors import EngineExitedError
@@ -72,6 +73,59 @@ def parse_server_load(text: str) -> int | None:
             if digits and digits[0].isdigit():
                 return int(digits[0])
     return None
+
+
+#: sglang's startup warmup request as its progress bar / CI log line shows it: ``server warmup req
+#: (96x64x9f, 2/50 steps)`` (``warmup req`` for the in-scheduler warmup); sglang 0.5.23,
+#: multimodal_gen/runtime/server_warmup.py ``format_warmup_req``
+WARMUP_REQ_RE = re.compile(r"\b(?:server )?warmup req \((\d+)x(\d+)(?:x(\d+)f)?, (\d+)(?:/(\d+))? steps?\)")
+
+
+@dataclass(frozen=True)
+class WarmupShape:
+    """One startup warmup request's shape from sglang's log. width, height: pixels; num_frames:
+    the frames it ran, after sglang's own frame rule (1 for an image); steps: denoising steps it
+    ran; default_steps: the model's default steps it stands in for (None when equal to steps)."""
+
+    width: int
+    height: int
+    num_frames: int
+    steps: int
+    default_steps: int | None = None
+
+    @property
+    def latent_frames(self) -> int:
+        """Latent frames by LTX frame math (:func:`perfkit.common.frames.latent_frames`)."""
+        return latent_frames(self.num_frames)
+
+
+def parse_warmup_shapes(text: str) -> list[WarmupShape]:
+    """The distinct shapes of sglang's startup warmup requests in an engine log, in order of
+    first appearance ([] when the log shows none).
+
+    sglang 0.5.23 writes no performance.log line for a warmup request; it names each one in its
+    warmup progress bar (tqdm, ``\\r``-separated redraws) or, in a CI log, a ``Warmup requests:
+    i/n`` line, as ``server warmup req (WxHxNf, S/D steps)`` (multimodal_gen/runtime/
+    server_warmup.py ``format_warmup_req``): W x H in pixels, N the frames after sglang's frame
+    rule (warmup_request_builder.py ``_apply_warmup_frame_contract`` runs
+    ``pipeline_config.adjust_num_frames``, as a real request's ``SamplingParams._adjust`` does;
+    ``xNf`` left out for one frame), S the warmup's steps and D the model's default steps
+    (schedule_batch.py ``Req.set_as_warmup``; ``S steps`` alone when equal). One line per
+    warmup resolution (``--warmup-resolutions``). A segment saying ``ran out of memory`` names a
+    request that did not run (sglang retries it smaller) and is skipped.
+    """
+    out: list[WarmupShape] = []
+    seen: set[tuple[int, int, int]] = set()
+    for seg in re.split(r"[\r\n]", text):
+        if "warmup req" not in seg or "ran out of memory" in seg:
+            continue
+        for m in WARMUP_REQ_RE.finditer(seg):
+            w, h, f, steps, default = m.groups()
+            key = (int(w), int(h), int(f) if f else 1)
+            if key not in seen:
+                seen.add(key)
+                out.append(WarmupShape(*key, int(steps), int(default) if default else None))
+    return out
 
 
 def boot_start_s(pid: int) -> float | None:

@@ -1,44 +1,105 @@
 """What warmup_shapes computes per (warmup setting, request shape) from a measured launch: the
-``coverage`` entries (:func:`coverage_entry`; ms, MiB), per-rank facts of a multi-rank engine
+shapes the startup warmup ran (:func:`warmed_shapes`), the ``coverage`` entries
+(:func:`coverage_entry`; ms, MiB), per-rank facts of a multi-rank engine
 (:func:`rank_facts`) and the warm medians across warmup settings (:func:`warm_across_warmups`)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
 from perfkit import stats
+from perfkit.bundle import WARMUP_INDEX
 from perfkit.common.frames import latent_frames
 from perfkit.common.numfmt import json_float
+from perfkit.engine.handle import WarmupShape, parse_warmup_shapes
 from perfkit.measuring.launch import LaunchData
 from perfkit.readings.records import parse_lines
 from perfkit.reported import is_reported, reported_any, reported_count, reported_sum
 from perfkit.scenarios.common import stage_penalty
+
+#: where the warmup's shape came from: its performance.log record, or the engine's log line
+RECORD, ENGINE_LOG = "record", "engine log"
+
+
+@dataclass(frozen=True)
+class Warmed:
+    """The shapes one launch's startup warmup ran. source: :data:`RECORD` (``latent_shape``, the
+    warmup record's ``CxFxHxW``), :data:`ENGINE_LOG` (``shapes``: sglang's warmup lines, no
+    record) or None (neither: nothing is covered)."""
+
+    source: str | None
+    latent_shape: str | None = None
+    shapes: tuple[WarmupShape, ...] = ()
+
+    def covers(self, latent_shape: Any, width: int | None, height: int | None, frames: int) -> bool | None:
+        """Whether a request ran a warmed latent shape. Record: the request's latent shape
+        equals the warmup's. Engine log: the request's (width, height, latent frames of
+        ``frames`` by LTX frame math) equals a warmed one's (pixels; the log gives no latent
+        shape); None when the request's width or height is not known (engine default)."""
+        if self.source == RECORD:
+            return bool(latent_shape is not None and latent_shape == self.latent_shape)
+        if self.source == ENGINE_LOG:
+            if width is None or height is None:
+                return None
+            want = (int(width), int(height), latent_frames(int(frames)))
+            return any((s.width, s.height, s.latent_frames) == want for s in self.shapes)
+        return False
+
+
+def warmed_shapes(requests: pd.DataFrame, logs: Mapping[str, str]) -> Warmed:
+    """The startup warmup's shapes for one launch: its warmup record's (``requests`` rows with
+    ``index == WARMUP_INDEX`` and a latent shape), else every ``server warmup req`` line in its
+    engine ``logs`` (log name -> text; :func:`perfkit.engine.handle.parse_warmup_shapes`:
+    sglang 0.5.23 writes no record for its warmup), else none."""
+    if not requests.empty:
+        rec = requests[requests["index"] == WARMUP_INDEX]["latent_shape"].dropna()
+        if not rec.empty:
+            return Warmed(RECORD, latent_shape=rec.iloc[0])
+    shapes: list[WarmupShape] = []
+    for text in logs.values():
+        shapes += [s for s in parse_warmup_shapes(text) if s not in shapes]
+    return Warmed(ENGINE_LOG, shapes=tuple(shapes)) if shapes else Warmed(None)
 
 
 def coverage_entry(
     data: LaunchData,
     ok: pd.DataFrame,
     stages: pd.DataFrame,
-    warm_shape: Any,
+    warmed: Warmed,
     w: int,
     f: int,
     first_index: int,
+    width: int | None = None,
+    height: int | None = None,
 ) -> dict[str, Any]:
-    """One ``coverage`` entry of warmup_shapes' results: request shape ``f`` (frames) after
-    warmup ``w`` (frames), from its completed request rows ``ok`` (the first, then the warm
-    ones; ``first_index`` the first's index in the launch) and the launch's ``stages``; see
-    :func:`perfkit.scenarios.warmup_shapes.warmup_shapes` for the keys (ms)."""
+    """One ``coverage`` entry of warmup_shapes' results: request shape ``f`` (frames; ``width``
+    x ``height`` pixels, None: the engine's default) after warmup ``w`` (frames), whose shapes
+    are ``warmed`` (:func:`warmed_shapes`), from its completed request rows ``ok`` (the first,
+    then the warm ones; ``first_index`` the first's index in the launch) and the launch's
+    ``stages``; see :func:`perfkit.scenarios.warmup_shapes.warmup_shapes` for the keys (ms)."""
     entry: dict[str, Any] = {
         "warmup_frames": int(w),
         "request_frames": int(f),
         "warmup_latent_frames": latent_frames(w) if w > 0 else 0,
         "request_latent_frames": latent_frames(f),
+        "warmup_source": warmed.source,
         "error": data.error,
     }
+    if warmed.source == ENGINE_LOG:
+        entry["warmed_shapes"] = [
+            {
+                "width": s.width,
+                "height": s.height,
+                "num_frames": s.num_frames,
+                "latent_frames": s.latent_frames,
+            }
+            for s in warmed.shapes
+        ]
     if len(ok) < 2 or ok["index"].iloc[0] != first_index:
         entry.update(
             {
@@ -61,9 +122,9 @@ def coverage_entry(
     finite = {k: v for k, v in pen.items() if not math.isnan(v)}
     entry.update(
         {
-            "covered": bool(warm_shape is not None and shape == warm_shape),
+            "covered": warmed.covers(shape, width, height, f),
             "request_latent_shape": shape,
-            "warmup_latent_shape": warm_shape,
+            "warmup_latent_shape": warmed.latent_shape,
             "first_ms": first,
             "warm_median_ms": wmed,
             "penalty_ms": first - wmed,

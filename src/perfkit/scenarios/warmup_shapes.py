@@ -38,7 +38,7 @@ from perfkit.scenarios.registry import (
     ScenarioParams,
     register,
 )
-from perfkit.scenarios.shape_coverage import coverage_entry, warm_across_warmups
+from perfkit.scenarios.shape_coverage import coverage_entry, warm_across_warmups, warmed_shapes
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,13 @@ def warmup_shapes(
     Returns:
         ResultBundle ``warmup_shapes``; results ``coverage`` is a list with one entry per
         (warmup setting, request shape): ``covered`` (the warmup record's latent shape equals the
-        request's), ``first_ms``, ``warm_median_ms``, ``penalty_ms``, ``ratio`` (first / warm
-        median) with ``ratio_ci`` (95 % bootstrap), ``compiles`` and ``compile_ms`` inside the
-        measured window, ``penalty_stage``, and ``recompile_reasons`` (the compile keys None
+        request's; without a warmup record, as with sglang 0.5.23, the request's width x height
+        and latent frames equal those of one of sglang's ``server warmup req`` log lines, all
+        listed in ``warmed_shapes``; None when the request's resolution is the engine default),
+        ``warmup_source`` (``"record"``, ``"engine log"`` or None: no warmup shape known),
+        ``first_ms``, ``warm_median_ms``, ``penalty_ms``, ``ratio`` (first / warm median) with
+        ``ratio_ci`` (95 % bootstrap), ``compiles`` and ``compile_ms`` inside the measured
+        window, ``penalty_stage``, and ``recompile_reasons`` (the compile keys None
         when the engine reports no compile counts: sglang's records carry none).
 
     Raises:
@@ -140,14 +144,15 @@ def warmup_shapes(
             data = measure_launch(s, reqs, Path(run_dir), f"warmup{w}", sample_interval_s=sample_interval_s)
         launches.append(data)
         df = pd.DataFrame(data.requests)
-        warm_rec = df[df["index"] == WARMUP_INDEX] if not df.empty else df
-        warm_shape = warm_rec["latent_shape"].iloc[0] if not warm_rec.empty else None
+        warmed = warmed_shapes(df, data.logs)
         stages = pd.DataFrame(data.stages)
         for j, f in enumerate(request_frames):
             idx = list(range(j * repeats, (j + 1) * repeats))
             rows = df[df["index"].isin(idx)].sort_values("index") if not df.empty else df
             ok = rows[rows["status"] == "completed"] if not rows.empty else rows
-            coverage.append(coverage_entry(data, ok, stages, warm_shape, int(w), int(f), idx[0]))
+            coverage.append(
+                coverage_entry(data, ok, stages, warmed, int(w), int(f), idx[0], base.width, base.height)
+            )
     params = {
         "spec": spec.to_dict(),
         "warmup_frames": list(map(int, warmup_frames)),
@@ -382,6 +387,7 @@ SUMMARY_COLUMNS = [
     "warmup_latent_frames",
     "request_latent_frames",
     "covered",
+    "warmup_source",
     "first_ms",
     "warm_median_ms",
     "penalty_ms",
@@ -405,7 +411,10 @@ def reading(r: Mapping[str, Any]) -> str:
 
     out = []
     for c in rows:
-        cov = "covered" if c.get("covered") else "**not covered**"
+        cov = {True: "covered", None: "coverage not known"}.get(c.get("covered"), "**not covered**")
+        if "warmup_source" in c:  # bundles before it came without one
+            src = c["warmup_source"]
+            cov += f" (warmup shape from its {src})" if src else " (no warmup shape known)"
         out.append(
             f"- warmup {c.get('warmup_frames')} frames → request "
             f"{c.get('request_frames')} frames: {cov}; first request "
