@@ -39,7 +39,9 @@ FAULTS = ["hang", "sigstop", "drain", "fork", "sigkill"]
 ENDED = {
     "hang": "ended on perfkit's SIGTERM",
     "sigstop": "was stopped (SIGSTOP) when perfkit ended it; ended on perfkit's SIGTERM",
-    "drain": "did not exit within 2 s of SIGTERM: killed by perfkit (SIGKILL) after 2.0 s",
+    # the SIGKILL lands 2.0 s after SIGTERM on a quiet machine, 2.1 s seen under load (fresh-clone
+    # run at 82b913b): the words are checked, the seconds are the grace period's measured end
+    "drain": "did not exit within 2 s of SIGTERM: killed by perfkit (SIGKILL) after 2.",
     "fork": "ended on perfkit's SIGTERM",
     "sigkill": "was killed by signal 9 (SIGKILL, not sent by perfkit)",
 }
