@@ -380,3 +380,20 @@ def test_reference_memory_snapshot_flows_to_argv():
     i = argv.index("--memory-snapshot-after")
     assert argv[i : i + 4] == ["--memory-snapshot-after", "0,3", "--memory-snapshot-entries", "500"]
     assert "--memory-snapshot-after" not in EngineSpec(kind="reference").command(9000, "/d")
+
+
+def test_sglang_relative_paths_that_exist_become_absolute(tmp_path, monkeypatch):
+    # the notebooks run in the run directory: params/sglang-cpu.yaml's relative paths (from the
+    # repo root) failed there as "'.sglang-venv/bin/sglang' is not on PATH" (a new user's run)
+    (tmp_path / ".v/bin").mkdir(parents=True)
+    (tmp_path / ".v/bin/sglang").write_text("#!/bin/sh\n")
+    (tmp_path / "m/tiny-sana-video").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    s = EngineSpec.from_dict(
+        {"kind": "sglang", "model_path": "m/tiny-sana-video", "executable": [".v/bin/sglang"]}
+    )
+    assert s.model_path == str(tmp_path / "m/tiny-sana-video") and s.executable == [
+        str(tmp_path / ".v/bin/sglang")
+    ]
+    hub = EngineSpec.from_dict({"kind": "sglang", "model_path": "org/name", "executable": ["sglang"]})
+    assert hub.model_path == "org/name" and hub.executable == ["sglang"]  # not local: as written

@@ -481,6 +481,18 @@ class SglangEngine(_ServingEngine):
     def _argvs(cls, v: Any) -> Any:
         return argv_list(v)
 
+    @model_validator(mode="after")
+    def _absolute_paths(self) -> SglangEngine:
+        """A relative ``model_path`` or executable path (``.sglang-venv/bin/sglang``) that exists
+        where perfkit runs is made absolute here: the notebooks run in the run directory, where
+        the relative path names nothing."""
+        if not Path(self.model_path).is_absolute() and Path(self.model_path).exists():
+            self.model_path = str(Path(self.model_path).resolve())
+        exe = self.executable[0]
+        if "/" in exe and not Path(exe).is_absolute() and Path(exe).exists():
+            self.executable = [str(Path(exe).absolute()), *self.executable[1:]]
+        return self
+
     def check(self) -> None:
         """The executable must be on PATH (its module importable, for the ``python -m`` form) and
         a local-looking ``model_path`` must exist (a bare hub id ``org/name`` that is not a local
