@@ -123,6 +123,8 @@ def test_sglang_argv_and_env():
         "false",
         "--log-level",
         "info",
+        "--output-path",  # sglang's default is relative to its cwd: the launch's dir instead
+        "/runs/outputs",
     ]
     env = spec.env_for("/runs/perf")
     assert env["SGLANG_DIFFUSION_STAGE_LOGGING"] == "1"
@@ -397,3 +399,37 @@ def test_sglang_relative_paths_that_exist_become_absolute(tmp_path, monkeypatch)
     ]
     hub = EngineSpec.from_dict({"kind": "sglang", "model_path": "org/name", "executable": ["sglang"]})
     assert hub.model_path == "org/name" and hub.executable == ["sglang"]  # not local: as written
+
+
+def test_engine_versions_are_read_in_the_engines_own_python(tmp_path):
+    """The report names the torch the engine ran, not perfkit's: the versions come from the
+    interpreter of the command (``python -m ...`` or a console script's ``#!`` line)."""
+    import importlib.metadata
+
+    from perfkit.engine.argv import engine_versions
+
+    torch_v = importlib.metadata.version("torch")
+    direct = engine_versions([sys.executable, "-m", "perfkit.refengine"])
+    assert direct["torch"] == torch_v and direct["sglang"] is None
+    script = tmp_path / "serve"
+    script.write_text(f"#!{sys.executable}\nprint('hi')\n")
+    script.chmod(0o755)
+    assert engine_versions([str(script), "serve"])["torch"] == torch_v
+    shell = tmp_path / "wrapper"
+    shell.write_text("#!/bin/sh\nexec true\n")
+    shell.chmod(0o755)
+    assert "no Python interpreter" in engine_versions([str(shell)])["error"]
+
+
+def test_a_launch_failure_says_the_logs_last_error_first():
+    """A wrong model directory name: sglang exits after loading with the cause in a traceback's
+    last line; the launch error carries that line, not only the log's tail."""
+    from perfkit.engine.launch import error_line
+
+    tail = (
+        "[12-04 14:50:01] Loading pipeline modules\nTraceback (most recent call last):\n"
+        '  File "registry.py", line 698, in _get_config_info\n'
+        "ValueError: Could not get model info for '/m/tiny-model'\n[12-04 14:50:02] shutting down\n"
+    )
+    assert error_line(tail) == "ValueError: Could not get model info for '/m/tiny-model'"
+    assert error_line("all fine\nready\n") is None

@@ -172,6 +172,31 @@ def test_ab_side_that_is_a_binary_file_is_refused_naming_it(tmp_path):
     assert not (tmp_path / "ab").exists()  # nothing launched
 
 
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        (
+            "executable: [/nonexistent/venv/bin/sglang]\nmodel_path: /tmp\n",
+            "does not exist or is not executable",
+        ),
+        (
+            "executable: [sh]\nmodel_path: /nonexistent/tiny-sana-video\n",
+            "'/nonexistent/tiny-sana-video' does not exist",
+        ),
+    ],
+)
+def test_ab_with_a_missing_sglang_or_model_exits_2_before_any_launch(tmp_path, fields, says):
+    """Found by a new user: ``perfkit ab`` with a missing model directory was a traceback
+    (exit 1); an absolute executable path that does not exist was called "not on PATH"."""
+    spec = tmp_path / "a.yaml"
+    spec.write_text("kind: sglang\n" + fields)
+    ok = str(Path(__file__).resolve().parents[1] / "examples" / "ab" / "tiny-cpu.yaml")
+    code, out = _invoke("ab", "--a", str(spec), "--b", ok, "--out", str(tmp_path / "ab"))
+    assert code == 2, out
+    assert f"--a: {spec}: EngineSpec." in out and says in out
+    assert "Traceback" not in out and not (tmp_path / "ab").exists()
+
+
 def test_params_nested_20000_levels_exit_2_naming_file(tmp_path):
     deep = tmp_path / "deep.yaml"
     deep.write_text("engine: " + "[" * 20000 + "]" * 20000 + "\n")

@@ -89,3 +89,23 @@ def test_report_header_keeps_dirty_and_the_source_digest(tmp_path):
     line = _env_line(tmp_path)
     assert f"commit {meta['git_commit'][:10]}+dirty" in line and "source 0123456789abcdef" in line
     assert "NVIDIA H200" in line
+
+
+def test_report_header_names_the_engines_versions_apart_from_perfkits(tmp_path):
+    """A new user's sglang run: the header named perfkit's torch (2.13 CPU) as if sglang ran it
+    (2.14.1). An old bundle without the engine's versions says so."""
+    import json
+
+    from perfkit.report.render import _env_line
+
+    meta = json.loads((ROOT / "examples/h200/consumer-12g/launch1/cold_warm/meta.json").read_text())
+    (tmp_path / "cold_warm").mkdir()
+    (tmp_path / "cold_warm" / "meta.json").write_text(json.dumps(meta))
+    old = _env_line(tmp_path)
+    assert f"engine versions not recorded; perfkit's torch {meta['torch_version']}" in old
+    ev = {"python": "/v/bin/python", "sglang": "0.5.23", "torch": "2.14.1+cu130", "diffusers": "0.37.0"}
+    meta["engine_versions"] = {"cold": ev}
+    (tmp_path / "cold_warm" / "meta.json").write_text(json.dumps(meta))
+    line = _env_line(tmp_path)
+    assert "engine: sglang 0.5.23, torch 2.14.1+cu130, diffusers 0.37.0" in line
+    assert f"(torch {meta['torch_version']})" in line  # perfkit's own, said as such

@@ -114,7 +114,10 @@ BASE = ["serve", "--model-path", "/models/ltx2", "--port", "30000", "--host", "1
 )
 def test_sglang_command_lines(kwargs, expected):
     spec = EngineSpec(kind="sglang", model_path="/models/ltx2", **kwargs)
-    assert spec.command(30000, "/runs/x/perf") == expected
+    argv = spec.command(30000, "/runs/x/perf")
+    assert argv[:-2] == expected
+    # sglang's default output path is relative to its cwd: the launch's directory instead
+    assert argv[-2:] == ["--output-path", "/runs/x/outputs"]
     # the perf dir never goes on sglang's command line: the environment carries it
     assert "/runs/x/perf" not in " ".join(spec.command(30000, "/runs/x/perf"))
 

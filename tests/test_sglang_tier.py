@@ -232,6 +232,13 @@ def test_engine_config_is_read_from_the_server_args_line(suite):
     assert ln["engine_device"] == "cpu" and ln["attention_backend"], ln.to_dict()
 
 
+def test_the_report_names_the_versions_sglang_ran_not_perfkits(suite):
+    ev = next(iter(ResultBundle.load(suite[0] / "cold_warm").meta["engine_versions"].values()))
+    assert ev["sglang"] == "0.5.23" and ev["torch"].startswith("2.14.1"), ev
+    page = (suite[0] / "report.html").read_text()
+    assert f"engine: sglang 0.5.23, torch {ev['torch']}" in page
+
+
 def test_profiled_cold_warm_keeps_sglangs_n_steps_traces(suite):
     out = suite[0]
     b = ResultBundle.load(out / "cold_warm")

@@ -78,6 +78,11 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         if not (kw["a"] and kw["b"]):
             raise click.UsageError("give --a and --b (engine spec or params files), or --replay DIR_A DIR_B")
         (spec_a, req_a), (spec_b, req_b) = side(kw["a"], "--a"), side(kw["b"], "--b")
+        for spec, opt in ((spec_a, "--a"), (spec_b, "--b")):
+            try:
+                spec.check()  # a missing model or sglang: exit 2 before any launch
+            except FileNotFoundError as exc:
+                raise click.BadParameter(f"{kw[opt[2:]]}: {exc}", param_hint=opt) from None
         shape = {k: kw[k] for k in ("num_frames", "height", "width")} | {"num_inference_steps": kw["steps"]}
         req = options.request_for(req_a, req_b, shape)
         if kw["share_compile_cache"]:

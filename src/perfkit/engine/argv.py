@@ -1,7 +1,8 @@
 """What an engine spec's fields turn into: field input normalised (:func:`argv_list`,
 :func:`env_strings`, :func:`percent_map`), the reference engine's argv (:func:`reference_argv`),
 sglang's startup-warmup flags (:func:`sglang_warmup_flags`), and the checks that what a spec
-names exists (:func:`check_model_path`, :func:`check_sglang`, :func:`check_command`). Plain
+names exists (:func:`check_model_path`, :func:`check_sglang`, :func:`check_command`), and the
+versions in the engine's own Python (:func:`engine_versions`). Plain
 functions over a spec's fields: :mod:`perfkit.engine.spec` holds the models and calls them.
 
 sglang's flags for kind ``sglang``. Flags checked against sglang 0.5.23: its diffusion parser (``sglang/multimodal_gen/runtime/
@@ -174,10 +175,12 @@ def check_sglang(executable: list[str], model_path: str) -> None:
     directory is accepted). Raises FileNotFoundError naming the field."""
     exe = executable[0]
     if _which(exe) is None:
+        where = "does not exist or is not executable" if os.sep in exe else "is not on PATH"
         raise FileNotFoundError(
-            f"EngineSpec.executable: {exe!r} is not on PATH (kind 'sglang'); install sglang "
-            f"(pip install 'sglang[diffusion]') or set executable, e.g. "
-            f"[{sys.executable!r}, '-m', 'sglang.cli.main']"
+            f"EngineSpec.executable: {exe!r} {where} (kind 'sglang'); install sglang "
+            f"(`make sglang-env` builds .sglang-venv/bin/sglang; or pip install "
+            f"'sglang[diffusion]') or set executable to an sglang environment's "
+            f"['<venv>/bin/python', '-m', 'sglang.cli.main']"
         )
     module = _module_of(executable)
     if module is not None and not _module_importable(_which(exe) or exe, module):
@@ -247,3 +250,59 @@ def _is_hub_id(s: str) -> bool:
     if not s or s.startswith(("/", ".", "~")) or Path(s).exists():
         return False
     return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", s) is not None
+
+
+#: the distributions whose versions :func:`engine_versions` reads in the engine's Python
+ENGINE_PACKAGES = ("sglang", "torch", "diffusers", "transformers")
+
+
+def engine_python(command: list[str]) -> str | None:
+    """The Python interpreter an engine command runs in: the command's first item when it is
+    a ``python*`` executable, else the interpreter of its ``#!`` line (a console script such
+    as ``.sglang-venv/bin/sglang``); None when neither (a binary, a shell wrapper)."""
+    if not command:
+        return None
+    exe = _which(command[0])
+    if exe is None:
+        return None
+    if Path(exe).name.startswith("python"):
+        return exe
+    try:
+        with open(exe, "rb") as f:
+            first = f.readline(512).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if first.startswith("#!"):
+        words = first[2:].split()
+        if words and Path(words[0]).name.startswith("python"):
+            return words[0]
+    return None
+
+
+def engine_versions(command: list[str], timeout_s: float = 30.0) -> dict[str, Any]:
+    """Versions of :data:`ENGINE_PACKAGES` installed in the Python an engine command runs in
+    (:func:`engine_python`), read from package metadata by that interpreter (nothing is
+    imported: well under a second). Returns ``{"python": path, "sglang": "0.5.23", "torch":
+    ..., ...}`` with None for a package not installed there, or ``{"error": why}`` when the
+    interpreter is unknown or the query failed (never a guess from perfkit's own Python)."""
+    import json
+    import subprocess
+
+    py = engine_python(command)
+    if py is None:
+        return {"error": f"no Python interpreter found for {command[:1]}"}
+    code = (
+        "import importlib.metadata as m, json\n"
+        "def v(p):\n"
+        "    try: return m.version(p)\n"
+        "    except m.PackageNotFoundError: return None\n"
+        f"print(json.dumps({{p: v(p) for p in {list(ENGINE_PACKAGES)!r}}}))"
+    )
+    try:
+        r = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=timeout_s)
+        out = json.loads(r.stdout) if r.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        return {"python": py, "error": f"version query failed: {exc!r}"}
+    if not isinstance(out, dict):
+        return {"python": py, "error": f"version query exited {r.returncode}: {r.stderr[-300:]}"}
+    return {"python": py, **out}

@@ -315,6 +315,21 @@ def _start(
     return proc, dataclasses.replace(clock, pid_boot_s=boot_start_s(proc.pid))
 
 
+_ERROR = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b:?.*|\bERROR\b.*")
+
+
+def error_line(log_tail: str) -> str | None:
+    """The last line of an engine's log tail that names an error (``ValueError: ...``, a line
+    with ``ERROR``), clipped to 300 characters; None when no line does. For the first line of
+    a launch failure: sglang prints a traceback whose last line is the cause (e.g. a model
+    path no pipeline detector matched: ``multimodal_gen/registry.py``)."""
+    for line in reversed(log_tail.splitlines()):
+        m = _ERROR.search(line)
+        if m:
+            return m.group(0).strip()[:300]
+    return None
+
+
 def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
     """Poll ``/health`` every :data:`POLL_S` (:data:`REFUSED_POLL_S` until it first answers)
     until 200, then set ``h.cold_start``; the first
@@ -331,6 +346,8 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
                 time.sleep(0.1)  # let the last log lines land
                 o = h.cap_outcome
                 why = f"; {o.message}" if o.exceeded else ""
+                cause = error_line(h.tail(50))
+                why += f"; the log's last error: {cause}" if cause else ""
                 raise EngineStartError(
                     f"engine {h.label!r} exited with code {h.exit_code} before it was ready{why}\n"
                     f"command: {' '.join(h.command)}\n--- last 50 log lines ({h.run_dir}) ---\n"

@@ -505,7 +505,12 @@ class SglangEngine(_ServingEngine):
         argv += self.sglang_warmup_args()
         if self.compile:
             argv += ["--enable-torch-compile"]
-        return argv + list(self.server_args) + list(self.extra_args)
+        given = list(self.server_args) + list(self.extra_args)
+        if not any(a == "--output-path" or a.startswith("--output-path=") for a in given):
+            # sglang's default "outputs/" is relative to its cwd (server_args.py): keep the
+            # videos in the launch's directory (``d`` is its perf/), not where perfkit started
+            given += ["--output-path", str(Path(d).parent / "outputs")]
+        return argv + given
 
     def sglang_warmup_args(self) -> list[str]:
         """``sglang serve`` flags for the startup warmup settings (see the module doc)."""

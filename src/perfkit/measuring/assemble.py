@@ -9,6 +9,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from perfkit.bundle import ResultBundle, conform, environment_meta, sampler_frame
+from perfkit.engine.argv import engine_versions
 from perfkit.engine.caps import MemoryCaps
 from perfkit.measuring.launch import LaunchData
 
@@ -41,6 +42,8 @@ def assemble(
         {
             "params": params,
             "commands": {d.label: d.command for d in launches},
+            # sglang, torch, diffusers as installed where each engine ran (not perfkit's)
+            "engine_versions": _engine_versions(launches),
             # the GPUs each launch ran on, matched by UUID (meta "gpus" lists every GPU here)
             "launch_gpus": {d.label: d.gpus for d in launches},
             "caps": [c.to_dict() if c is not None else None for c in (caps or [])],
@@ -54,6 +57,15 @@ def assemble(
         records={d.label: d.record_lines for d in launches},
         logs={k: v for d in launches for k, v in d.logs.items()},
     )
+
+
+def _engine_versions(launches: list[LaunchData]) -> dict[str, dict[str, Any]]:
+    """:func:`perfkit.engine.argv.engine_versions` per launch label, asked once per program."""
+    seen: dict[str, dict[str, Any]] = {}
+    for d in launches:
+        if d.command and d.command[0] not in seen:
+            seen[d.command[0]] = engine_versions(d.command)
+    return {d.label: seen[d.command[0]] for d in launches if d.command}
 
 
 def join_bundles(

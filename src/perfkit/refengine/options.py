@@ -199,6 +199,11 @@ def _parallel_options(p: argparse.ArgumentParser) -> None:
             help="accepted as sglang's command line has it; unused (no such port)",
         )
     p.add_argument(
+        "--output-path",
+        default=None,
+        help="accepted as sglang's command line has it; --keep-outputs writes under perf-log-dir",
+    )
+    p.add_argument(
         "--cpu-threads",
         type=int,
         default=None,

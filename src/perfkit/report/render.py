@@ -73,7 +73,12 @@ from perfkit.report.sections import (  # noqa: F401
     section_template,
     template_env,
 )
-from perfkit.report.summary import relative_paths, summary_markdown, write_summary  # noqa: F401
+from perfkit.report.summary import (  # noqa: F401
+    engine_versions_text,
+    relative_paths,
+    summary_markdown,
+    write_summary,
+)
 from perfkit.report.tables import Table, format_table
 from perfkit.scenarios import registry
 
@@ -263,7 +268,8 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 
 def _env_line(run_dir: Path) -> str:
-    """Hardware and versions from the first scenario bundle's ``meta.json`` ("" when none)."""
+    """Hardware and versions from the first scenario bundle's ``meta.json`` ("" when none): the
+    engine's (where it ran) and perfkit's."""
     for s in registry.all_scenarios():
         p = run_dir / s.name / "meta.json"
         if not p.exists():
@@ -273,12 +279,8 @@ def _env_line(run_dir: Path) -> str:
         except (OSError, ValueError) as exc:
             log.warning("report: unreadable %s: %r", p, exc)
             continue
-        bits = [
-            m.get("gpu_name") or f"CPU x{m.get('cpu_count')}",
-            f"torch {m.get('torch_version')}",
-            f"diffusers {m.get('diffusers_version')}",
-            f"perfkit {m.get('perfkit_version')}",
-        ]
+        bits = [m.get("gpu_name") or f"CPU x{m.get('cpu_count')}", engine_versions_text(m)]
+        bits.append(f"perfkit {m.get('perfkit_version')} (torch {m.get('torch_version')})")
         if m.get("git_commit"):
             c = str(m["git_commit"])
             bits.append(f"commit {c[:10]}" + ("+dirty" if c.endswith("+dirty") else ""))

@@ -19,6 +19,7 @@ from perfkit.gate.verdicts import (
 from perfkit.report.runinfo import GATE_ORDER, clip, investigations, key_numbers, plural, run_status
 from perfkit.report.runtables import engine_ends_frame, refused_records, units_frame
 from perfkit.report.tables import markdown_table
+from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,49 @@ def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tupl
     if "reason" in v.columns:
         v = v.assign(reason=v["reason"].map(wrap_cell))
     return markdown_table(v), left
+
+
+def engine_versions_text(meta: Mapping[str, Any]) -> str:
+    """The engine's versions as installed where it ran (meta ``engine_versions``, the first
+    launch's: ``engine: sglang 0.5.23, torch 2.14.1+cu130, diffusers 0.37.0``); a bundle
+    without them names perfkit's torch and diffusers, said as such."""
+    ev = next(iter((meta.get("engine_versions") or {}).values()), None)
+    if not ev or "error" in ev:
+        why = f" ({ev['error']})" if ev else ""
+        return (
+            f"engine versions not recorded{why}; perfkit's torch {meta.get('torch_version')}, "
+            f"diffusers {meta.get('diffusers_version')}"
+        )
+    return "engine: " + ", ".join(f"{p} {ev[p]}" for p in ("sglang", "torch", "diffusers") if ev.get(p))
+
+
+def _engine_block(run_dir: Path) -> list[str]:
+    """The first launch of the first bundle with launches: the engine's versions, where its
+    effective config and each cold start part were read from (sglang's own lines, the OS,
+    /health or perfkit's marks)."""
+    from perfkit.bundle import ResultBundle
+
+    for s in registry.all_scenarios():
+        if not (run_dir / s.name / "meta.json").is_file():
+            continue
+        try:
+            b = ResultBundle.load(run_dir / s.name)
+            ln = b.table("launches")
+        except Exception as exc:  # noqa: BLE001 - the summary is written in every case
+            log.warning("summary: engine facts of %s: %r", s.name, exc)
+            continue
+        if ln.empty:
+            continue
+        row = ln.iloc[0]
+        return [
+            "",
+            "### Engine",
+            "",
+            f"- {engine_versions_text(b.meta)}",
+            f"- effective config from: {row.get('config_source')}",
+            f"- cold start parts from: {row.get('cold_start_sources')}",
+        ]
+    return []
 
 
 def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
@@ -105,6 +149,7 @@ def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
             "",
             markdown_table(pd.DataFrame(keys, columns=["what", "value"])),
         ]
+    middle += _engine_block(run_dir)
     units = units_frame(info)
     if units is not None:
         middle += ["", "### Units of work", "", markdown_table(units)]
