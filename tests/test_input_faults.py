@@ -407,3 +407,25 @@ def test_a_dropped_poll_connection_is_retried_and_a_gone_engine_is_still_lost(tm
     (out,) = lost.outcomes
     assert out.status == "error" and f"({POLL_RETRIES + 1} polls in a row)" in out.error, out.error
     assert "lost the engine while polling" in out.error
+
+
+def test_ab_whose_engine_rejects_every_request_is_an_error_after_one_launch(tmp_path):
+    """Found by a new user: sglang given a model directory its detectors read as an image model
+    answered every video request 400; perfkit ab ran all its launches (7 min) and said
+    "undecided" (exit 1). Now a launch with every request rejected is a failed launch: the A/B
+    ends once each side has run one, exit 2, with the engine's words."""
+    spec = tmp_path / "a.yaml"
+    spec.write_text(
+        "kind: reference\npreset: tiny\ndevice: cpu\ncpu_threads: 1\nextra_args: [--max-frames, 9]\n"
+    )
+    out = tmp_path / "ab"
+    code, text = _invoke(
+        "ab", "--a", str(spec), "--b", str(spec), "-n", "2", "--max-launches", "2", "-m", "1",
+        "--num-frames", "17", "--out", str(out),
+    )  # fmt: skip
+    assert code == 2, text
+    summary = (out / "summary.md").read_text()
+    assert "every request rejected by the engine (2): HTTP 400" in summary and "num_frames" in summary, (
+        summary
+    )
+    assert sorted(p.name for p in (out / "launches").iterdir() if p.is_dir()) == ["A00", "B00"]

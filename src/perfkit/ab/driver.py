@@ -191,8 +191,12 @@ def run_arms(
         bundles = _save_arms(specs, request, counts, warm, out, data, order[: pos + 1], loads, t0, meta)
         bar.update()
         pos += 1
+        failed = [x.label for ds in data.values() for x in ds if x.error]
+        if failed and all(data.values()):  # the procedure stops at a failed launch: no more
+            log.warning("launch %s failed: no further launch", failed[0])
+            break
     bar.close()
-    if profile is not None:
+    if profile is not None and not any(d.error for ds in data.values() for d in ds):
         for arm, b in bundles.items():
             label = f"profiled-{arm.lower()}"
             attach(b, *run_profiled(specs[arm], request, profile, out / "launches", label=label))

@@ -339,6 +339,11 @@ def measure_launch(
             "host_cap_gib": caps.host_gib if caps else None,
             "error": data.error,
         }
+    if data.error is None and data.outcomes and all(o.status == "rejected" for o in data.outcomes):
+        o = data.outcomes[0]  # the engine refuses this request: no later launch would measure it
+        data.error = (
+            f"every request rejected by the engine ({len(data.outcomes)}): HTTP {o.http_status}: {o.error}"
+        )
     data.launch_row["error"] = data.error
     _rows(data, requests)
 
