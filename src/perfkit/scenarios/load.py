@@ -86,7 +86,7 @@ class LoadParams(ScenarioParams):
     open_loop_requests: int = Field(12, ge=3, le=100_000)
     #: seed of the Poisson arrivals (numpy.random.default_rng takes no negative seed)
     seed: int = Field(0, ge=0)
-    #: SLO in ms; None: slo_scale x the warm-up median (sglang bench_serving --slo --slo-scale)
+    #: SLO in ms; None: slo_scale x the steady warm-up median (bench_serving --slo --slo-scale)
     slo_ms: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     #: SLO as a multiple of the median e2e of the warm-up requests that compiled nothing
     slo_scale: float = Field(3.0, gt=0, allow_inf_nan=False)
@@ -520,7 +520,9 @@ SECTION_INTRO = (
     "arrivals and, when given, a request trace. Queue wait (submitted → started) and service time "
     "(started → completed) come from the engine's job clock; e2e is what the client saw. Quantile "
     "intervals are order-statistic (binomial) 95 % intervals; the SLO is fixed or a multiple of the "
-    "warm-up median, as sglang's bench_serving `--slo --slo-scale`."
+    "median e2e of the warm-up requests that compiled nothing, as sglang's bench_serving `--slo "
+    "--slo-scale`. A p99 is headlined only when its interval is bounded (368 requests); a throughput "
+    "fall or service-time rise against the first level beyond noise is a finding."
 )
 
 
