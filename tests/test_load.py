@@ -157,10 +157,11 @@ def test_p99_slo_attainment_and_goodput_are_shown(measured):
     assert list(table["level"][:3]) == ["c1", "c2", "c4"]
     assert table[["p50_ms", "p90_ms", "p99_ms", "slo_attainment", "goodput_vpm"]].iloc[:3].notna().all().all()
     assert (table["p50_ms"] <= table["p99_ms"]).all()
-    warm = [x["e2e_ms"] for x in r["per_request"] if x["phase"] == "warmup"]
+    # the SLO base: the warm-up requests that compiled nothing (tests/test_load_figures.py)
+    warm = [x["e2e_ms"] for x in r["per_request"] if x["phase"] == "warmup" and x["compiles"] == 0]
     assert r["slo_ms"] == pytest.approx(3.0 * pd.Series(warm).median())
     text = L.reading(r)
-    assert "p99 e2e at concurrency 4" in text and "x warm-up median" in text and "order-statistic" in text
+    assert "p99 e2e at concurrency 4" in text and "x median e2e" in text and "order-statistic" in text
     labels = [k.label for k in L.key_numbers(r)]
     assert "throughput at concurrency 1" in labels and "SLO" in labels
 
@@ -536,16 +537,3 @@ def test_a_derived_queue_wait_is_never_a_clamped_0_and_a_bad_slo_in_results_is_n
     # no slo_ms and no scale recorded: the SLO is not set, never 0 x the warm-up median
     s = L.summarise({"per_request": rows}, None)
     assert s["slo_ms"] is None and s["levels"][0]["slo_attainment"] is None
-
-
-def test_a_throughput_ratio_beside_a_service_time_that_moved_says_so():
-    # on a shared host the c1 service time can be 1.5x the c4 one: throughput "1.79 x" then says
-    # nothing about queueing, and the reading must not leave it to be read as batching
-    rows = [_row("warmup", 1, 0, t=10.0), _row("closed", 1, 0, t=11.0), _row("closed", 1, 1, t=12.0)]
-    rows += [_row("closed", 2, i, t=13.0 + i, service_ms=60.0) for i in range(2)]
-    r = {"per_request": rows, "slo_ms_given": 500.0}
-    r.update(L.summarise(r, None))
-    assert "the median service time itself moved from 100 ms at concurrency 1 to 60 ms" in L.reading(r)
-    rows[3]["service_ms"] = rows[4]["service_ms"] = 110.0  # within 15 %: nothing said
-    r.update(L.summarise(r, None))
-    assert "moved" not in L.reading(r)

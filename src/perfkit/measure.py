@@ -61,6 +61,9 @@ def measure(
         written to ``out/measure.json``). Scenario errors are logged and recorded, not raised;
         a scenario whose bundle holds no usable measurement counts as an error, and so does
         a process that outlived its launch (ended here on a deadline and named).
+
+    Raises:
+        ParamsError: ``only`` names an investigation that is disabled (before any launch).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -76,6 +79,7 @@ def measure(
             if (options or {}).get(o.dest):
                 mine = o.jobs(options[o.dest], mine[0][1], spec)
         jobs += [(s.name + suffix, s, sec, eng) for suffix, sec, eng in mine if sec.enabled]
+    params.refuse_disabled([n for n in only or () if not any(j[1].name == n for j in jobs)])
     summary: dict[str, Any] = {}
     shared: dict[str, Any] = {}
     plans = {name: (s.plan(sec) if s.plan is not None else []) for name, s, sec, _ in jobs}
@@ -161,6 +165,13 @@ def _scenario_options(f: Any) -> Any:
     help=f"measure only this investigation (repeatable, or a comma list); one of {', '.join(registry.names())}",
 )
 @click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="override one params key (value read as YAML; validated like the file); repeatable",
+)
+@click.option(
     "--work-dir",
     type=click.Path(file_okay=False),
     default=None,
@@ -171,6 +182,7 @@ def measure_command(
     params_file: str,
     out: str,
     only: tuple[str, ...],
+    sets: tuple[str, ...],
     work_dir: str | None,
     **options: Any,
 ) -> None:
@@ -182,18 +194,12 @@ def measure_command(
         click.echo(f"error: params file not found: {params_file}", err=True)
         sys.exit(2)
     try:
-        params = load_params(params_file)
+        params = load_params(params_file, sets)
         pss_enabled()  # a typo in PERFKIT_SAMPLER_PSS is bad input, said before any launch
-    except ValueError as exc:
+        summary = measure(params, out, only=list(only) or None, work_dir=work_dir, options=options)
+    except ValueError as exc:  # ParamsError: the params, a --set or --only of a disabled one
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    summary = measure(
-        params,
-        out,
-        only=list(only) or None,
-        work_dir=work_dir,
-        options=options,
-    )
     click.echo(json.dumps(summary, indent=2))
     if not summary:
         click.echo("error: nothing was measured (every investigation disabled or not selected)", err=True)

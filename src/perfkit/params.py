@@ -29,8 +29,10 @@ default, reads them as strings, which the strict models would refuse).
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -66,6 +68,7 @@ __all__ = [
     "InvariantsParams",
     "YamlLimitError",
     "load_params",
+    "apply_sets",
     "load_yaml",
     "parse_params",
 ]
@@ -229,6 +232,22 @@ class _SuiteBase(_Model):
     def enabled(self) -> list[str]:
         """Enabled investigations, in run order."""
         return [s.name for s in registry.all_scenarios() if getattr(self, s.name).enabled]
+
+    def refuse_disabled(self, only: Any) -> None:
+        """Refuse ``--only`` naming a disabled investigation before anything runs (it is not
+        enabled behind the file's back: ``--set NAME.enabled=true`` says so on the command line).
+
+        Raises:
+            ParamsError: naming the key and the ``--set`` that enables it.
+        """
+        off = [n for n in only or () if n in type(self).model_fields and not getattr(self, n).enabled]
+        if off:
+            raise ParamsError(
+                "; ".join(
+                    f"--only {n}: {n}.enabled is false in the params (add --set {n}.enabled=true)"
+                    for n in off
+                )
+            )
 
     def section(self, name: str) -> ScenarioParams:
         """The validated params section of scenario ``name``."""
@@ -484,8 +503,42 @@ def load_yaml(text: str) -> Any:
     return data
 
 
-def load_params(path: str | Path) -> SuiteParams:
-    """Read and validate a params YAML file. Raises :class:`ParamsError` (or FileNotFoundError)."""
+def apply_sets(data: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]:
+    """``data`` (a params mapping) with each ``section.key=value`` of ``sets`` put in (the value
+    read as YAML: ``true``, ``3``, ``[1, 2]``, ``null``); a key the file lacks is added, so that
+    validation names it when it is unknown.
+
+    Raises:
+        ParamsError: an item without ``=`` or key, a value that is not YAML, or a key under a
+            value that is not a mapping (naming the item).
+    """
+    out = copy.deepcopy(data)
+    for item in sets:
+        key, eq, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not eq or not all(parts):
+            raise ParamsError(f"--set {item!r}: expected section.key=value (e.g. load.enabled=true)")
+        try:
+            value = load_yaml(text)
+        except yaml.YAMLError as exc:
+            raise ParamsError(f"--set {item!r}: the value is not YAML: {str(exc).splitlines()[0]}") from None
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ParamsError(f"--set {item!r}: {'.'.join(parts[: i + 1])} is not a mapping")
+        node[parts[-1]] = value
+    return out
+
+
+def load_params(path: str | Path, sets: Sequence[str] = ()) -> SuiteParams:
+    """Read and validate a params YAML file, with ``sets`` (``section.key=value``, as
+    ``--set``) applied over it (:func:`apply_sets`). Errors at a key a ``--set`` gave are
+    named ``--set`` (no line of the file).
+
+    Raises:
+        ParamsError: invalid file or ``--set`` (naming the key). FileNotFoundError.
+    """
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -497,7 +550,12 @@ def load_params(path: str | Path) -> SuiteParams:
         raise ParamsError(f"{p}: invalid YAML: {str(exc).replace('<unicode string>', str(p))}") from None
     if data is None:
         raise ParamsError(f"{p}: empty params file")
-    return parse_params(data, str(path), text)
+    if not sets:
+        return parse_params(data, str(path), text)
+    if not isinstance(data, dict):
+        raise ParamsError(f"{p}: top level must be a mapping, got {type(data).__name__}")
+    parse_params(data, str(path), text)  # the file's own errors with their lines first
+    return parse_params(apply_sets(data, sets), f"{path} with --set {' '.join(sets)}")
 
 
 def load_side(path: str | Path) -> tuple[EngineSpec, dict[str, Any] | None]:

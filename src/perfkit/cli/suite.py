@@ -34,7 +34,7 @@ def _partition(kw: dict[str, Any], executor_options: dict[str, Any]) -> int:
     try:
         m = run_shard(
             kw["params"], out, i, n, only=kw["only"], tier=kw["tier"], executor=kw["executor"] or "inprocess",
-            executor_options=executor_options, progress=not kw["quiet"],
+            executor_options=executor_options, progress=not kw["quiet"], sets=kw["sets"],
         )  # fmt: skip
     except (ParamsError, ExecutorError, ValueError, FileNotFoundError, ShardInterrupted) as exc:
         return fail(str(exc))
@@ -59,7 +59,7 @@ def _suite(kw: dict[str, Any]) -> int:
     options = {"address": kw["address"]} if kw["executor"] == "ray" and kw["address"] else {}
     if kw["partition"] is not None:
         return _partition(kw, options)
-    common = {k: kw[k] for k in ("only", "tier", "notebooks", "force")}
+    common = {k: kw[k] for k in ("only", "tier", "notebooks", "force", "sets")}
     common.update(screenshot=not kw["no_screenshot"], progress=not kw["quiet"])
     try:
         if kw["executor"] is not None:
@@ -95,7 +95,16 @@ def _suite(kw: dict[str, Any]) -> int:
     "--only",
     multiple=True,
     callback=lambda ctx, param, value: investigations(value),
-    help="run only this investigation (repeatable, or a comma list); the gate always runs",
+    help="run only this investigation (repeatable, or a comma list); the gate always runs; a "
+    "disabled one is refused before anything starts (enable it with --set NAME.enabled=true)",
+)
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="override one params key (value read as YAML; validated like the file, errors name the "
+    "key), e.g. --set load.enabled=true; repeatable",
 )
 @click.option(
     "--tier",

@@ -176,7 +176,8 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
     if info.get("description"):
         meta.append({"text": info["description"]})
     if info.get("params_file"):
-        meta.append({"text": "params", "code": info["params_file"]})
+        sets = "".join(f" --set {x}" for x in info.get("params_set") or ())
+        meta.append({"text": "params", "code": info["params_file"] + sets})
     if info.get("finished"):
         meta.append({"text": f"finished {info['finished']}"})
     if info.get("wall_s") is not None:

@@ -31,7 +31,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from perfkit.common import jsonsafe
 from perfkit.common.provenance import git_commit
@@ -83,10 +83,12 @@ def select(
     picked by ``only`` (when given) and of ``tier`` (when given).
 
     Raises:
-        ValueError: an unknown tier (naming the known ones).
+        ValueError: an unknown tier (naming the known ones); ParamsError (a ValueError): ``only``
+            names a disabled investigation (:meth:`SuiteParams.refuse_disabled`).
     """
     if tier is not None and tier not in TIERS:
         raise ValueError(f"--tier {tier!r}: unknown tier; known: {', '.join(TIERS)}")
+    params.refuse_disabled(only)
     only_set = set(only) if only else None
     enabled = params.enabled()
     selected, skipped = [], {}
@@ -145,6 +147,7 @@ def run_shard(
     executor_options: Mapping[str, Any] | None = None,
     recorded: Mapping[str, float] | None = None,
     progress: bool = True,
+    sets: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run shard ``index`` of ``total`` (1-based): plan every unit of the selection, partition
     them (:func:`perfkit.scaleout.units.partition`), run this shard's with ``executor``; writes
@@ -165,7 +168,7 @@ def run_shard(
     """
     if not (total >= 1 and 1 <= index <= total):
         raise ValueError(f"shard {index}/{total}: need 1 <= I <= N")
-    params = load_params(params_path)
+    params = load_params(params_path, sets)
     run_units = get_executor(executor)
     selected, skipped = select(params, only, tier)
     units = plan_units(params, selected, baseline=_baseline_doc(params), recorded=recorded)

@@ -12,12 +12,12 @@ One launch. After the engine is ready, in this order:
    uncovered and the share of its p99 they cause (p99 − the p99 with each uncovered first hit
    replaced by its shape's later median, over p99);
 2. **warm-up**: ``warmup_requests`` requests of the params' request shape, one at a time;
-   their median e2e is sglang bench_serving's SLO base (``--slo --slo-scale``: the SLO is the
-   median warm-up latency × scale);
+   the median e2e of those that compiled nothing is sglang bench_serving's SLO base (``--slo
+   --slo-scale``: the SLO is that median × scale; a warm-up request that recompiled is left out);
 3. **closed loop**: at each concurrency k in ``concurrency``, ``requests_per_level`` requests
    from k workers that each send the next as soon as theirs ended (``--max-concurrency k``);
 4. **open loop** (optional): Poisson arrivals (seeded) at ``rate_rps`` or at
-   ``rate_over_capacity`` × the measured capacity (1 / median service time at the first level).
+   ``rate_over_capacity`` × the capacity: the largest throughput a closed level delivered.
 
 Per request, from the engine's job clock (:mod:`perfkit.refengine.jobs`; the requests table's
 ``submitted_s``/``started_s``/``completed_s``): queue wait = started − submitted, service time =
@@ -27,9 +27,10 @@ service = the record's ``total_duration_ms`` and queue wait = e2e − service, m
 ``derived (start not reported)`` in ``start_source``; with neither, "not reported", never 0.
 
 Per level: throughput (completed videos per minute of the level's wall time), p50/p90/p99 of
-e2e with order-statistic intervals (:func:`perfkit.stats.quantile_ci`, 95 %), SLO attainment
-and goodput (videos per minute within the SLO: ``slo_ms``, else ``slo_scale`` × the warm-up
-median), queue wait against (k − 1) × the median service time (what one-at-a-time serving
+e2e with order-statistic intervals (:func:`perfkit.stats.quantile_ci`, 95 %; a p99 is quoted
+only when its interval is bounded, 368 requests), SLO attainment and goodput (videos per minute
+within the SLO), a finding where throughput fell or median service time rose against the first
+level beyond noise (:func:`perfkit.scenarios.load_stats.concurrency_findings`), queue wait against (k − 1) × the median service time (what one-at-a-time serving
 predicts: sglang's diffusion server serves requests one at a time per worker), and the peak
 device and host memory (the launch's sampler) against the first level's: "stays flat".
 """
@@ -48,12 +49,8 @@ from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch import measure_launch
 from perfkit.scenarios import cells
-from perfkit.scenarios.load_measure import per_request_rows, run_phases, trace_path
-from perfkit.scenarios.load_stats import (
-    check_rows,
-    read_trace,
-    summarise,
-)
+from perfkit.scenarios.load_measure import per_request_rows, read_trace, run_phases, trace_path
+from perfkit.scenarios.load_stats import bounded_from, check_rows, summarise
 from perfkit.scenarios.parts import code, md
 from perfkit.scenarios.registry import (
     InvariantParams,
@@ -82,16 +79,16 @@ class LoadParams(ScenarioParams):
     requests_per_level: int = Field(8, ge=2, le=100_000)
     #: open loop: arrivals per second (Poisson); None: see rate_over_capacity
     rate_rps: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
-    #: open loop at this multiple of the capacity measured at the first level (2.0: twice what
-    #: the engine serves); None and rate_rps None: no open loop
+    #: open loop at this multiple of the capacity (the largest throughput a closed level
+    #: delivered; 2.0: twice that); None and rate_rps None: no open loop
     rate_over_capacity: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     #: requests of the open loop
     open_loop_requests: int = Field(12, ge=3, le=100_000)
     #: seed of the Poisson arrivals (numpy.random.default_rng takes no negative seed)
     seed: int = Field(0, ge=0)
-    #: SLO in ms; None: slo_scale x the warm-up median (sglang bench_serving --slo --slo-scale)
+    #: SLO in ms; None: slo_scale x the steady warm-up median (bench_serving --slo --slo-scale)
     slo_ms: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
-    #: SLO as a multiple of the warm-up median e2e (used when slo_ms is None)
+    #: SLO as a multiple of the median e2e of the warm-up requests that compiled nothing
     slo_scale: float = Field(3.0, gt=0, allow_inf_nan=False)
     #: a JSONL request trace (vllm-omni's fields) sent first; None: no trace
     trace: Optional[str] = Field(None, min_length=1)
@@ -326,10 +323,14 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
                 f"throughput at concurrency {k}", json_float(lv.get("throughput_vpm")), "videos/min", ".1f"
             )
         )
-        out.append(KeyNumber(f"p99 e2e at concurrency {k}", json_float(lv.get("p99_ms")), "ms"))
+        out.append(KeyNumber(f"p99 e2e at concurrency {k}", p99_text(lv)))
     n, failed = r.get("requests") or len(r.get("per_request") or []), _failed(r)
     out.append(KeyNumber("requests completed", f"{n - failed} of {n}" if failed is not None else None))
     out.append(KeyNumber("SLO", json_float(r.get("slo_ms")), "ms"))
+    if levels:
+        out.append(
+            KeyNumber("concurrency findings", "; ".join(r.get("findings") or []) or "none beyond noise")
+        )
     out.append(
         KeyNumber("memory growth under concurrency", json_float(r.get("memory_growth_mib")), "MiB", ".1f")
     )
@@ -342,6 +343,19 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
             KeyNumber("trace requests of uncovered shapes", json_float(tr.get("uncovered_share")), "", ".0%")
         )
     return out
+
+
+def p99_text(lv: Mapping[str, Any]) -> str:
+    """A level's p99 as the headline quotes it: ``"3,358 ms [3,352, 3,380] of 400 requests"``
+    when its interval is bounded, else ``"not bounded by 8 requests (368 needed); p50 ..."``."""
+    n, (lo, hi) = lv.get("completed"), (lv.get("p99_ci") or [None, None])[:2]
+    if lv.get("p99_ms") is not None and lo is not None and hi is not None:
+        return f"{lv['p99_ms']:,.0f} ms {_ci_text([lo, hi])} of {n} requests"
+    lo50, hi50 = (lv.get("p50_ci") or [None, None])[:2]
+    return (
+        f"not bounded by {n} requests ({bounded_from(0.99)} needed); p50 "
+        f"{fmt(lv.get('p50_ms'), '.0f', ' ms')} {_ci_text([lo50, hi50])}"
+    )
 
 
 def _ci_text(ci: Any) -> str:
@@ -380,27 +394,13 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-#: a level's median service time this far from the first level's (relative) is named beside
-#: its throughput ratio: one-at-a-time serving keeps throughput flat only at equal service
-SERVICE_MOVED_REL = 0.15
-
-
-def _service_moved(first: Mapping[str, Any], lv: Mapping[str, Any]) -> str:
-    a, b = json_float(first.get("service_ms")), json_float(lv.get("service_ms"))
-    if not a or b is None or abs(b / a - 1) <= SERVICE_MOVED_REL:
-        return ""
-    return (
-        f", but the median service time itself moved from {a:,.0f} ms at concurrency "
-        f"{first['concurrency']} to {b:,.0f} ms, so the ratio is not the queue's alone"
-    )
-
-
 def reading(r: Mapping[str, Any]) -> str:
     """What the levels, the open loop and the trace say, in the design doc's words."""
     lines = [f"- **{k.label}**: {k.text}" for k in key_numbers(r)]
     lines += [
         "",
-        f"SLO: {fmt(r.get('slo_ms'), '.0f', ' ms')} ({r.get('slo_source')}); quantile intervals: {INTERVAL}.",
+        f"SLO: {fmt(r.get('slo_ms'), '.0f', ' ms')} ({r.get('slo_source')}); quantile intervals: {INTERVAL} "
+        f"(a p99's is bounded from {bounded_from(0.99)} requests).",
     ]
     levels = r.get("levels") or []
     src = sorted({s for lv in levels for s in lv.get("start_source") or []})
@@ -412,9 +412,7 @@ def reading(r: Mapping[str, Any]) -> str:
             f"in the queue once {lv['concurrency'] - 1} were ahead of them ({lv.get('steady_requests')} requests; "
             f"one-at-a-time serving predicts {fmt(lv['queue_wait_expected_ms'], '.0f', ' ms')}) "
             f"for {fmt(lv['service_ms'], '.0f', ' ms')} of service; throughput "
-            f"{fmt(lv.get('throughput_ratio'), '.2f')} x the first level's"
-            + _service_moved(levels[0], lv)
-            + "."
+            f"{fmt(lv.get('throughput_ratio'), '.2f')} x the first level's."
         )
     lines += [f"{x}." for x in not_completed(r)]
     growth = r.get("memory_growth_mib")
@@ -448,7 +446,9 @@ def reading(r: Mapping[str, Any]) -> str:
         lines.append(
             f"Open loop at {ol['rate_rps']:.2f} requests/s asked, "
             f"{fmt(drawn, '.2f', '/s')} drawn "
-            f"(capacity {fmt(cap, '.2f', '/s')}, {side}): {verdict}: queue wait "
+            f"(capacity {fmt(cap, '.2f', '/s')}"
+            + (f", delivered at {r['capacity_at']}" if r.get("capacity_at") else "")
+            + f", {side}): {verdict}: queue wait "
             f"{fmt(ol['queue_wait_first_third_ms'], '.0f', ' ms')} in the first third of arrivals, "
             f"{fmt(ol['queue_wait_last_third_ms'], '.0f', ' ms')} in the last "
             f"({fmt(ol['queue_wait_slope_ms_per_request'], '+.0f', ' ms')} per request)."
@@ -520,7 +520,9 @@ SECTION_INTRO = (
     "arrivals and, when given, a request trace. Queue wait (submitted → started) and service time "
     "(started → completed) come from the engine's job clock; e2e is what the client saw. Quantile "
     "intervals are order-statistic (binomial) 95 % intervals; the SLO is fixed or a multiple of the "
-    "warm-up median, as sglang's bench_serving `--slo --slo-scale`."
+    "median e2e of the warm-up requests that compiled nothing, as sglang's bench_serving `--slo "
+    "--slo-scale`. A p99 is headlined only when its interval is bounded (368 requests); a throughput "
+    "fall or service-time rise against the first level beyond noise is a finding."
 )
 
 

@@ -1,18 +1,26 @@
-"""The load investigation's measuring half: its phases run against one engine through the async
-client (on a thread of their own when an event loop already runs, as in a Jupyter kernel), and
-each request's outcome joined with the engine's record into one ``per_request`` row (queue wait,
-service time, e2e; the engine's job clock where it reports start times, else derived and marked;
-the job JSON's own ``completed_at`` (whole seconds) and ``inference_time_s`` as
-``job_completed_at_s``/``job_inference_ms``, None where it has none). Used by :mod:`perfkit.scenarios.load`."""
+"""The load investigation's measuring half: the request trace read (JSONL, one request a line,
+vllm-omni's diffusion benchmark fields ``width``, ``height``, ``num_frames``,
+``num_inference_steps``, ``seed``, ``fps``, optional ``slo_ms`` and ``prompt``; a field left out
+takes the params' request value; any other field, a null, a key given twice, or a value of the
+wrong type or out of the params' request bounds is refused naming the file, the line and the
+key), its phases run against one engine through the async client (on a thread of their own when
+an event loop already runs, as in a Jupyter kernel), and each request's outcome joined with the
+engine's record into one ``per_request`` row (queue wait, service time, e2e; the engine's job
+clock where it reports start times, else derived and marked; the job JSON's own
+``completed_at`` (whole seconds) and ``inference_time_s`` as ``job_completed_at_s``/
+``job_inference_ms``, None where it has none). Used by :mod:`perfkit.scenarios.load`."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit.common.numfmt import json_float
 from perfkit.common.provenance import repo_root
@@ -20,7 +28,81 @@ from perfkit.engine.aclient import AsyncOutcome, AsyncVideoClient, closed_loop, 
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.measuring.launch import record_rows
 from perfkit.readings.records import parse_lines
-from perfkit.scenarios.load_stats import shape_key
+from perfkit.scenarios.load_stats import capacity_rps, first_error, shape_key
+from perfkit.scenarios.registry import ScenarioError
+
+#: at most this many lines (a trace is a sample of a day's requests, replayed in one launch)
+MAX_LINES = 100_000
+
+
+class TraceLine(BaseModel):
+    """One trace request (vllm-omni's fields; pixels, frames, steps, ms)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    # the bounds of the params' ``request`` section (perfkit.params.RequestParams: pixels >= 8,
+    # at most 1000 steps, the reference engine's MAX_STEPS), so that a trace line cannot ask
+    # what the params file may not
+    width: Optional[int] = Field(None, ge=8)
+    height: Optional[int] = Field(None, ge=8)
+    num_frames: Optional[int] = Field(None, gt=0)
+    num_inference_steps: Optional[int] = Field(None, gt=0, le=1000)
+    #: torch.Generator.manual_seed takes at most 64 bits
+    seed: Optional[int] = Field(None, ge=-(2**63), lt=2**64)
+    fps: Optional[int] = Field(None, gt=0)
+    slo_ms: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    prompt: Optional[str] = None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a key given twice raises ValueError (json would keep
+    the last one silently)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} given twice")
+        out[k] = v
+    return out
+
+
+def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpec, float | None]]:
+    """The trace's requests in order, each as (request, its slo_ms or None).
+
+    Raises:
+        ScenarioError: the file is missing, a line is not a JSON object, has an unknown field or
+            a wrong value (``trace.jsonl:3: key 'num_frames': ...``), or the trace is empty.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"trace {path}: cannot be read: {exc}") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if len(out) >= MAX_LINES:
+            raise ScenarioError(f"{path}: more than {MAX_LINES} requests")
+        try:
+            obj = json.loads(line, object_pairs_hook=_no_duplicates)
+        except ValueError as exc:
+            raise ScenarioError(f"{path}:{n}: not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ScenarioError(f"{path}:{n}: a request is a JSON object, got {type(obj).__name__}")
+        # a field left out takes the params' value; a null is a value, and not one of a request
+        nulls = [k for k, v in obj.items() if v is None]
+        if nulls:
+            raise ScenarioError(
+                f"{path}:{n}: key {nulls[0]!r}: null is not a value (leave the key out to take the params' request value)"
+            )
+        try:
+            tl = TraceLine.model_validate(obj)
+        except ValidationError as exc:
+            raise ScenarioError(f"{path}:{n}: {first_error(exc)}") from None
+        fields = {k: v for k, v in tl.model_dump().items() if v is not None and k != "slo_ms"}
+        out.append((dataclasses.replace(base, **fields), tl.slo_ms))
+    if not out:
+        raise ScenarioError(f"{path}: no request in the trace")
+    return out
 
 
 def run_phases(base_url: str, p: Any, request: VideoRequestSpec, trace: list, timeout_s: float):
@@ -40,12 +122,9 @@ def run_phases(base_url: str, p: Any, request: VideoRequestSpec, trace: list, ti
                 out += [("closed", k, o, request) for o in await closed_loop(c, specs, k)]
             rate = p.rate_rps
             if rate is None and p.rate_over_capacity is not None:
-                # capacity as summarise() says it: 1 / median service of the lowest level (else
-                # of the warm-up)
-                first = ("closed", min(p.concurrency)) if p.concurrency else ("warmup", 1)
-                svc = [_service_s(o) for ph, k, o, _ in out if (ph, k) == first and o.ok]
-                svc = [s for s in svc if s is not None and s > 0]
-                rate = p.rate_over_capacity / float(np.median(svc)) if svc else None
+                # capacity as summarise() says it: the largest throughput a level delivered
+                cap, _ = capacity_rps([_timing(ph, k, o) for ph, k, o, _ in out])
+                rate = p.rate_over_capacity * cap if cap else None
             if rate is not None:
                 rng = np.random.default_rng(p.seed)
                 arrivals = np.cumsum(rng.exponential(1.0 / rate, p.open_loop_requests)).tolist()
@@ -68,10 +147,10 @@ def _run_coroutine(make: Any) -> Any:
         return ex.submit(lambda: asyncio.run(make())).result()
 
 
-def _service_s(o: AsyncOutcome) -> float | None:
-    if o.engine_started is None or o.engine_completed is None:
-        return None
-    return o.engine_completed - o.engine_started
+def _timing(phase: str, level: Any, o: AsyncOutcome) -> dict[str, Any]:
+    """What :func:`perfkit.scenarios.load_stats.capacity_rps` reads of one outcome."""
+    return {"phase": phase, "level": level, "status": o.status, "t_submit_s": o.t_submit,
+            "t_arrival_s": o.t_arrival, "t_end_s": o.t_end}  # fmt: skip
 
 
 def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[dict], list[dict], list]:

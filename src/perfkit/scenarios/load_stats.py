@@ -1,20 +1,13 @@
 """The serving-under-load investigation's statistics: per closed-loop level and for the open
-loop (quantiles with order-statistic intervals, throughput, SLO attainment, goodput, memory
-peaks, whether the queue grows), and request traces: reading one, and what its requests say
-about warmup coverage.
-
-A trace is JSONL, one request a line, with vllm-omni's diffusion benchmark fields: ``width``,
-``height``, ``num_frames``, ``num_inference_steps``, ``seed``, ``fps`` and an optional ``slo_ms``
-(plus an optional ``prompt``). A field left out takes the params' request value; any other
-field, a null, a key given twice, or a value of the wrong type or out of the params' request
-bounds, is refused naming the file, the line and the key.
+loop (quantiles with order-statistic intervals, throughput, capacity, SLO and its attainment,
+goodput, memory peaks, findings against the first level, whether the queue grows), and what a
+request trace's requests say about warmup coverage (the trace is read by
+:func:`perfkit.scenarios.load_measure.read_trace`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from pathlib import Path
+import math
 from typing import Any, Literal, Mapping, Optional, Union
 
 import numpy as np
@@ -28,10 +21,9 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.scenarios.registry import ScenarioError
 
 __all__ = [
-    "TraceLine",
     "RequestRow",
     "check_rows",
-    "read_trace",
+    "first_error",
     "shape_key",
     "trace_summary",
     "level_stats",
@@ -40,82 +32,12 @@ __all__ = [
     "median",
     "peaks",
     "engine_idle_share",
+    "delivered_rps",
+    "capacity_rps",
+    "slo",
+    "concurrency_findings",
+    "bounded_from",
 ]
-
-#: at most this many lines (a trace is a sample of a day's requests, replayed in one launch)
-MAX_LINES = 100_000
-
-
-class TraceLine(BaseModel):
-    """One trace request (vllm-omni's fields; pixels, frames, steps, ms)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    # the bounds of the params' ``request`` section (perfkit.params.RequestParams: pixels >= 8,
-    # at most 1000 steps, the reference engine's MAX_STEPS), so that a trace line cannot ask
-    # what the params file may not
-    width: Optional[int] = Field(None, ge=8)
-    height: Optional[int] = Field(None, ge=8)
-    num_frames: Optional[int] = Field(None, gt=0)
-    num_inference_steps: Optional[int] = Field(None, gt=0, le=1000)
-    #: torch.Generator.manual_seed takes at most 64 bits
-    seed: Optional[int] = Field(None, ge=-(2**63), lt=2**64)
-    fps: Optional[int] = Field(None, gt=0)
-    slo_ms: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
-    prompt: Optional[str] = None
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's pairs as a dict; a key given twice raises ValueError (json would keep
-    the last one silently)."""
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"key {k!r} given twice")
-        out[k] = v
-    return out
-
-
-def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpec, float | None]]:
-    """The trace's requests in order, each as (request, its slo_ms or None).
-
-    Raises:
-        ScenarioError: the file is missing, a line is not a JSON object, has an unknown field or
-            a wrong value (``trace.jsonl:3: key 'num_frames': ...``), or the trace is empty.
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"trace {path}: cannot be read: {exc}") from None
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        if len(out) >= MAX_LINES:
-            raise ScenarioError(f"{path}: more than {MAX_LINES} requests")
-        try:
-            obj = json.loads(line, object_pairs_hook=_no_duplicates)
-        except ValueError as exc:
-            raise ScenarioError(f"{path}:{n}: not JSON: {exc}") from None
-        if not isinstance(obj, dict):
-            raise ScenarioError(f"{path}:{n}: a request is a JSON object, got {type(obj).__name__}")
-        # a field left out takes the params' value; a null is a value, and not one of a request
-        nulls = [k for k, v in obj.items() if v is None]
-        if nulls:
-            raise ScenarioError(
-                f"{path}:{n}: key {nulls[0]!r}: null is not a value (leave the key out to take the params' request value)"
-            )
-        try:
-            tl = TraceLine.model_validate(obj)
-        except ValidationError as exc:
-            e = exc.errors()[0]
-            key = ".".join(str(x) for x in e.get("loc") or ()) or "?"
-            raise ScenarioError(f"{path}:{n}: key {key!r}: {e.get('msg')} (got {e.get('input')!r})") from None
-        fields = {k: v for k, v in tl.model_dump().items() if v is not None and k != "slo_ms"}
-        out.append((dataclasses.replace(base, **fields), tl.slo_ms))
-    if not out:
-        raise ScenarioError(f"{path}: no request in the trace")
-    return out
 
 
 class RequestRow(BaseModel):
@@ -160,11 +82,16 @@ def check_rows(rows: Any, source: str = "results") -> list[dict[str, Any]]:
         try:
             out.append(RequestRow.model_validate(row).model_dump())
         except ValidationError as exc:
-            e = exc.errors()[0]
-            key = ".".join(str(x) for x in e.get("loc") or ()) or "?"
-            got = "missing" if e.get("type") == "missing" else f"got {e.get('input')!r}"
-            raise ScenarioError(f"{source}.per_request[{i}]: key {key!r}: {e.get('msg')} ({got})") from None
+            raise ScenarioError(f"{source}.per_request[{i}]: {first_error(exc)}") from None
     return out
+
+
+def first_error(exc: ValidationError) -> str:
+    """pydantic's first error as ``key 'a.b': message (got value)`` (or ``(missing)``)."""
+    e = exc.errors()[0]
+    key = ".".join(str(x) for x in e.get("loc") or ()) or "?"
+    got = "missing" if e.get("type") == "missing" else f"got {e.get('input')!r}"
+    return f"key {key!r}: {e.get('msg')} ({got})"
 
 
 def shape_key(spec: VideoRequestSpec) -> str:
@@ -252,16 +179,27 @@ def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]
 
 #: the quantiles reported per level
 QUANTILES = (0.5, 0.9, 0.99)
+#: coverage of the quantile intervals and of the concurrency findings' intervals
+CONFIDENCE = 0.95
+
+
+def bounded_from(q: float, confidence: float = CONFIDENCE) -> int:
+    """Fewest samples whose order statistics bound the ``q`` quantile from above at
+    ``confidence`` (:func:`perfkit.stats.quantile_ci`: q^n <= (1 - confidence) / 2; p99 at 95 %:
+    368)."""
+    return math.ceil(math.log((1 - confidence) / 2) / math.log(q))
 
 
 def quantile_row(e2e: list[float]) -> dict[str, Any]:
+    """``p50_ms``, ``p90_ms``, ``p99_ms`` (numpy's quantiles of ``e2e``, ms) with ``*_ci``
+    ([low, high], :func:`perfkit.stats.quantile_ci`; an end the sample cannot bound is None)."""
     out: dict[str, Any] = {}
     for q in QUANTILES:
         tag = f"p{int(q * 100)}"
         if not e2e:
             out.update({f"{tag}_ms": None, f"{tag}_ci": [None, None]})
             continue
-        lo, hi = stats.quantile_ci(e2e, q)
+        lo, hi = stats.quantile_ci(e2e, q, CONFIDENCE)
         out[f"{tag}_ms"] = float(np.quantile(e2e, q))
         out[f"{tag}_ci"] = [json_float(lo), json_float(hi)]
     return out
@@ -287,13 +225,27 @@ def peaks(mem: pd.DataFrame, t0: float, t1: float) -> dict[str, float | None]:
     }
 
 
+def delivered_rps(rows: list[dict]) -> float | None:
+    """Requests completed per second of the rows' wall time (first submit or arrival to the last
+    result, the client's clock); None for no rows or no wall time. The throughput of a level,
+    and (its largest over the closed levels) the capacity an open loop's rate is a multiple of."""
+    if not rows:
+        return None
+    t0 = min(r["t_submit_s"] if r.get("t_arrival_s") is None else r["t_arrival_s"] for r in rows)
+    span = max(r["t_end_s"] for r in rows) - t0
+    return sum(r["status"] == "completed" for r in rows) / span if span > 0 else None
+
+
 def level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None) -> dict[str, Any]:
+    """One level's row (module doc): counts, medians (ms), throughput and goodput (videos/min),
+    SLO attainment, quantiles with intervals, engine idle share, memory peaks."""
     ok = [r for r in rows if r["status"] == "completed"]
     e2e = [r["e2e_ms"] for r in ok]
     t0 = min(r["t_submit_s"] if r["t_arrival_s"] is None else r["t_arrival_s"] for r in rows)
     t1 = max(r["t_end_s"] for r in rows)
     minutes = (t1 - t0) / 60.0
     met = [r for r in ok if slo_ms is not None and r["e2e_ms"] <= slo_ms]
+    rps = delivered_rps(rows)
     out: dict[str, Any] = {
         "n": len(rows),
         "completed": len(ok),
@@ -302,7 +254,7 @@ def level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None
         "service_ms": median([r["service_ms"] for r in ok]),
         "e2e_median_ms": median(e2e),
         "start_source": sorted({r["start_source"] for r in ok}),
-        "throughput_vpm": len(ok) / minutes if minutes > 0 else None,
+        "throughput_vpm": rps * 60.0 if rps is not None else None,
         "slo_attainment": (len(met) / len(rows)) if slo_ms is not None and rows else None,
         "goodput_vpm": (len(met) / minutes) if slo_ms is not None and minutes > 0 else None,
         "t0_s": t0,
@@ -383,11 +335,132 @@ def engine_idle_share(rows: list[dict[str, Any]]) -> float | None:
     return max(0.0, 1.0 - busy / window) if window > 0 else None
 
 
+def slo(rows: list[dict], given: Any, scale: Any) -> tuple[float | None, str]:
+    """(SLO in ms or None, how it was set): ``given`` (``slo_ms``), else ``scale`` x the median
+    e2e of the warm-up requests that compiled nothing (sglang bench_serving's ``--slo
+    --slo-scale`` base, without the recompilation a warm-up can pay: a warm-up request whose
+    record reports compiles > 0 is left out; an engine that reports no compiles keeps them all,
+    and the text says so).
+
+    Raises:
+        ScenarioError: ``given`` or ``scale`` is not a number > 0 or None (``results.slo_ms_given``).
+    """
+    for key, v in (("slo_ms_given", given), ("slo_scale", scale)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            raise ScenarioError(f"results.{key}: a number > 0 or null, got {v!r}")
+    if given is not None:
+        return float(given), "slo_ms (fixed)"
+    warm = [r for r in rows if r["phase"] == "warmup" and r["status"] == "completed"]
+    if not warm:
+        return None, "not set: no warm-up request completed"
+    if scale is None:
+        return None, "not set: no slo_ms and no slo_scale recorded"
+    known = [r for r in warm if r.get("compiles") is not None]
+    steady = [r["e2e_ms"] for r in warm if r.get("compiles") == 0] if known else [r["e2e_ms"] for r in warm]
+    if not steady:
+        return None, f"not set: each of the {len(warm)} warm-up requests compiled (raise warmup_requests)"
+    base = float(np.median(steady))
+    how = (
+        f"the {len(steady)} of {len(warm)} warm-up requests that compiled nothing"
+        if known
+        else f"the {len(warm)} warm-up requests (compiles not reported)"
+    )
+    return scale * base, f"{scale:g} x median e2e {base:,.1f} ms of {how}"
+
+
+def _completion_gaps(rows: list[dict]) -> np.ndarray:
+    """Seconds from the level's first submit (or arrival) to its first result, then between
+    consecutive results of completed requests: their mean is 1 / throughput."""
+    t0 = min(r["t_submit_s"] if r.get("t_arrival_s") is None else r["t_arrival_s"] for r in rows)
+    ends = sorted(r["t_end_s"] for r in rows if r["status"] == "completed")
+    return np.diff([t0, *ends])
+
+
+#: a level's throughput or median service time this far from the first level's (relative), at
+#: the far end of its 95 % interval, is a finding: one-at-a-time serving should keep both flat
+FINDING_REL = 0.15
+
+
+def concurrency_findings(levels: list[dict], closed: list[dict]) -> list[str]:
+    """Per closed level after the first: ``service_ratio`` with ``service_ratio_ci`` (median
+    service time over the first level's, percentile bootstrap of the medians,
+    :func:`perfkit.stats.bootstrap_ratio_ci`) and ``throughput_ratio_ci`` (mean completion gap
+    of the first level over this level's: scipy's percentile bootstrap), added to ``levels``;
+    returns one sentence per level whose throughput interval lies below 1 - FINDING_REL or whose
+    service interval lies above 1 + FINDING_REL (the finding beyond noise)."""
+    import warnings
+
+    from scipy.stats import bootstrap
+
+    if not levels:
+        return []
+    rows = {k: [r for r in closed if r["level"] == k] for k in (lv["concurrency"] for lv in levels)}
+    first = levels[0]
+    k1 = first["concurrency"]
+    svc1 = [r["service_ms"] for r in rows[k1] if r["status"] == "completed"]
+    g1 = _completion_gaps(rows[k1]) if any(r["status"] == "completed" for r in rows[k1]) else np.array([])
+    out = []
+    for lv in levels[1:]:
+        k = lv["concurrency"]
+        svc = [r["service_ms"] for r in rows[k] if r["status"] == "completed"]
+        lo, hi = stats.bootstrap_ratio_ci(svc, svc1, CONFIDENCE)
+        a, b = lv.get("service_ms"), first.get("service_ms")
+        lv["service_ratio"] = json_float(a / b) if a is not None and b else None
+        lv["service_ratio_ci"] = [json_float(lo), json_float(hi)]
+        gk = _completion_gaps(rows[k]) if lv["completed"] else np.array([])
+        t_lo = t_hi = None
+        if g1.size > 1 and gk.size > 1 and g1.std() + gk.std() > 0:
+            with warnings.catch_warnings():  # a degenerate resample: its NaN is dropped below
+                warnings.simplefilter("ignore")
+                ci = bootstrap(
+                    (g1, gk),
+                    lambda x, y, axis: x.mean(axis) / y.mean(axis),
+                    vectorized=True,
+                    confidence_level=CONFIDENCE,
+                    method="percentile",
+                    rng=np.random.default_rng(0),
+                ).confidence_interval
+            t_lo, t_hi = json_float(ci.low), json_float(ci.high)
+        lv["throughput_ratio_ci"] = [t_lo, t_hi]
+        said = []
+        if t_hi is not None and t_hi < 1 - FINDING_REL:
+            said.append(
+                f"throughput fell to {lv.get('throughput_ratio', 0):.2f} x concurrency {k1}'s "
+                f"({lv['throughput_vpm']:,.0f} vs {first['throughput_vpm']:,.0f} videos/min, "
+                f"95 % interval {t_lo:.2f}-{t_hi:.2f})"
+            )
+        if lo == lo and lo > 1 + FINDING_REL:
+            said.append(
+                f"median service time rose from {b:,.0f} to {a:,.0f} ms ({a / b:.2f} x, 95 % "
+                f"interval {lo:.2f}-{hi:.2f}): the engine itself slowed with requests in flight"
+            )
+        if said:
+            out.append(f"At concurrency {k} " + " and ".join(said))
+    return out
+
+
+def capacity_rps(rows: list[dict]) -> tuple[float | None, str | None]:
+    """(requests/s, where): the largest throughput delivered by a closed level
+    (:func:`delivered_rps`), else by the warm-up; what the open loop's ``rate_over_capacity``
+    multiplies (:func:`perfkit.scenarios.load_measure.run_phases` computes it from the same
+    rows before the open loop). ``rows``: per-request rows (or dicts with ``phase``, ``level``,
+    ``status``, ``t_submit_s``, ``t_arrival_s``, ``t_end_s``)."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["phase"] in ("closed", "warmup"):
+            where = f"concurrency {r['level']}" if r["phase"] == "closed" else "the warm-up"
+            groups.setdefault(where, []).append(r)
+    closed = {w: g for w, g in groups.items() if w != "the warm-up"} or groups
+    rated = [(rps, w) for w, g in closed.items() if (rps := delivered_rps(g))]
+    return max(rated) if rated else (None, None)
+
+
 def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str, Any]:
     """Everything the tables, checks and reading show, from ``results["per_request"]`` (and the
     memory timeline for the peaks): ``slo_ms``, ``slo_source``, ``requests``, ``failed_requests``
     (of every phase, not completed), ``levels`` (one dict per
-    closed-loop level), ``open_loop``, ``trace``, ``capacity_rps``, ``memory_growth_mib`` and
+    closed-loop level), ``open_loop``, ``trace``, ``capacity_rps`` and ``capacity_at``
+    (:func:`capacity_rps`), ``findings`` (:func:`concurrency_findings`), ``memory_growth_mib`` and
     ``memory_growth_host_source`` (``pss``, ``rss`` or None: the host series the growth read).
 
     Raises:
@@ -396,19 +469,7 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
             ``slo_ms_given``/``slo_scale`` is not a number > 0 or null.
     """
     rows = check_rows(results.get("per_request") or [])
-    warm = [r["e2e_ms"] for r in rows if r["phase"] == "warmup" and r["status"] == "completed"]
-    slo_ms, slo_source = results.get("slo_ms_given"), "slo_ms (fixed)"
-    scale = results.get("slo_scale")
-    for key, v in (("slo_ms_given", slo_ms), ("slo_scale", scale)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
-            raise ScenarioError(f"results.{key}: a number > 0 or null, got {v!r}")
-    if slo_ms is None and warm and scale is None:
-        slo_source = "not set: no slo_ms and no slo_scale recorded"
-    elif slo_ms is None and warm:
-        slo_ms = scale * float(np.median(warm))
-        slo_source = f"{scale:g} x warm-up median {float(np.median(warm)):.1f} ms"
-    elif slo_ms is None:
-        slo_source = "not set: no warm-up request completed"
+    slo_ms, slo_source = slo(rows, results.get("slo_ms_given"), results.get("slo_scale"))
     levels = []
     for k in sorted({r["level"] for r in rows if r["phase"] == "closed"}):
         mine = [r for r in rows if r["phase"] == "closed" and r["level"] == k]
@@ -450,12 +511,8 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
         growth = max(diffs) if diffs else None
         if any(lv.get(host_key) is not None for lv in levels):
             host_source = "pss" if host_key == "host_peak_mib" else "rss"
-    svc1 = (
-        levels[0]["service_ms"]
-        if levels
-        else median([r["service_ms"] for r in rows if r["phase"] == "warmup"])
-    )
-    capacity = 1000.0 / svc1 if svc1 else None
+    capacity, capacity_at = capacity_rps(rows)
+    findings = concurrency_findings(levels, [r for r in rows if r["phase"] == "closed"])
     opened = [r for r in rows if r["phase"] == "open"]
     traced = [r for r in rows if r["phase"] == "trace"]
     return {
@@ -465,6 +522,8 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
         "failed_requests": sum(1 for r in rows if r["status"] != "completed"),
         "levels": levels,
         "capacity_rps": capacity,
+        "capacity_at": capacity_at,
+        "findings": findings,
         "memory_growth_mib": growth,
         "memory_growth_host_source": host_source,
         "open_loop": open_loop_stats(opened, slo_ms, mem, capacity) if opened else None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ def merge_runs(
     progress: bool = True,
     force: bool = False,
     allow_mixed_commits: bool = False,
+    sets: Sequence[str] = (),
 ) -> SuiteResult:
     """``perfkit merge DIR... --out RUN``: join shard outputs into ``RUN/merged/``
     (:func:`perfkit.scaleout.merge.merge_shards`), then the usual path in replay mode:
@@ -43,7 +44,7 @@ def merge_runs(
     from perfkit.scaleout.merge import merge_shards
 
     run_dir = Path(out).resolve()
-    params = load_params(params_path) if params_path else None
+    params = load_params(params_path, sets) if params_path else None
     prepare_run_dir(run_dir, force=force)
     merged = run_dir / MERGED_DIR
     if merged.exists():
@@ -74,6 +75,7 @@ def merge_runs(
         screenshot=screenshot,
         progress=progress,
         scaleout=doc,
+        sets=sets if params_path else (),
     )
 
 
@@ -89,6 +91,7 @@ def run_units_suite(
     screenshot: bool = True,
     progress: bool = True,
     force: bool = False,
+    sets: Sequence[str] = (),
 ) -> SuiteResult:
     """``perfkit suite --executor NAME``: every unit of work through that executor (one shard of
     one, into ``RUN/shards/1/``), then :func:`merge_runs` into ``RUN``.
@@ -100,7 +103,7 @@ def run_units_suite(
     from perfkit.scaleout.executor import executor as get_executor
     from perfkit.scaleout.shards import ShardInterrupted, run_shard
 
-    params = load_params(params_path)
+    params = load_params(params_path, sets)
     check_baseline_file(params, params_path)
     get_executor(executor)  # fails before anything runs
     run_dir = (Path(out) if out else default_out(params.name)).resolve()
@@ -119,6 +122,7 @@ def run_units_suite(
             executor=executor,
             executor_options=executor_options,
             progress=progress,
+            sets=sets,
         )
     except ShardInterrupted as exc:  # the manifest keeps what finished: report it (exit 2)
         log.error("%s", exc)
@@ -130,4 +134,5 @@ def run_units_suite(
         screenshot=screenshot,
         progress=progress,
         force=True,
+        sets=sets,
     )

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,7 @@ def run_suite(
     force: bool = False,
     tier: str | None = None,
     scaleout: Mapping[str, Any] | None = None,
+    sets: Sequence[str] = (),
 ) -> SuiteResult:
     """Run the suite (see the module doc). Raises :class:`ParamsError` (bad params, baseline
     file, unknown ``tier``) or :class:`SuiteError` (replay directory without bundles, ``out``
@@ -101,10 +102,11 @@ def run_suite(
     ``scaleout``: a merge document (:func:`perfkit.scaleout.merge.merge_shards`) whose
     ``problems`` (missing shard, failed unit, other params) become a :data:`SCALEOUT` error
     entry (exit 2, named in run.json, summary.md and the report); it is kept in run.json.
+    ``sets``: ``section.key=value`` overrides of the params file (:func:`perfkit.params.load_params`).
     """
     from perfkit import report
 
-    params = load_params(params_path)
+    params = load_params(params_path, sets)
     check_baseline_file(params, params_path)
     spec = params.engine_spec()
     try:
@@ -120,7 +122,8 @@ def run_suite(
     prepare_run_dir(run_dir, force=force, replay_dir=replay_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "params.yaml").write_text(
-        f"# validated from {params_path}\n" + yaml.safe_dump(params.model_dump(), sort_keys=False)
+        f"# validated from {params_path}{''.join(f' --set {x}' for x in sets)}\n"
+        + yaml.safe_dump(params.model_dump(), sort_keys=False)
     )
     nb_dir = Path(notebooks) if notebooks else notebooks_dir()
     names = [n for n in selected if n not in skipped] + [GATE]
@@ -148,6 +151,7 @@ def run_suite(
     code = exit_code_for(runs, verdicts)
     info = {
         "params_file": str(params_path),
+        "params_set": list(sets),
         "name": params.name,
         "description": params.description,
         "exit_code": code,
