@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
 
 from perfkit.common.numfmt import number_text
 from perfkit.history import changepoints as cp
+from perfkit.history.check import judge
+from perfkit.history.store import HistoryRun, runs_frame
 
 
 def _pct(r: float | None) -> str:
@@ -89,4 +94,190 @@ def changes_markdown(analyses: Sequence[cp.Analysis], settings: cp.Settings = cp
         "| --- | --- | --- | --- | --- | --- |",
         *alarm_rows,
     ]
+    return "\n".join(out) + "\n"
+
+
+def _replay_series(a: cp.Analysis, settings: cp.Settings) -> dict[str, Any]:
+    """One series of :func:`replay`."""
+    verdicts = {
+        p.run_key: judge(a.points[:i], p.value, metric=a.metric, settings=settings)
+        for i, p in enumerate(a.points)
+        if p.value is not None
+    }
+    after = [s.after.time for s in a.steps[1:]]
+    outliers = {p.run_key for p, _ in a.outliers}
+
+    def at_step(p: cp.Point) -> int | None:
+        """The regression step whose onset ``p`` is: in its new level, nearer its new mean,
+        no outlier, while the gate's level still began before it."""
+        for n, s in enumerate(a.steps):
+            end = after[n] if n < len(after) else None
+            since = verdicts[p.run_key].since
+            if (
+                s.kind == "regression"
+                and p.run_key not in outliers
+                and s.after.time <= p.time
+                and (end is None or p.time < end)
+                and (since is None or since.time < s.after.time)
+                and abs(math.log(p.value / s.mean_after)) < abs(math.log(p.value / s.mean_before))
+            ):
+                return n
+        return None
+
+    measured = [p for p in a.points if p.value is not None]
+    bad = [verdicts[p.run_key].status == "regression" for p in measured]
+    alarms = {
+        "rule": [p for p, _ in cp.last3_alarms(a.points)],
+        "perfkit": [p for p, b in zip(measured, bad) if b],
+        "confirm2": [p for i, p in enumerate(measured) if i and bad[i] and bad[i - 1]],
+    }
+    row: dict[str, Any] = {"case": a.case_id, "runs": len(verdicts)}
+    row["steps"] = sum(s.kind == "regression" for s in a.steps)
+    caught = {}
+    for who, ps in alarms.items():
+        hits = [at_step(p) for p in ps]
+        caught[who] = {n for n in hits if n is not None}
+        row[f"{who}_alarms"], row[f"{who}_false"] = len(ps), hits.count(None)
+        row[f"{who}_caught"] = len(caught[who])
+        row[f"{who}_missed"] = len(caught["rule"] - caught[who])
+    for st in ("not gated", "not compared"):
+        row[st.replace(" ", "_")] = sum(v.status == st for v in verdicts.values())
+    return row
+
+
+def replay(runs: Sequence[HistoryRun], settings: cp.Settings = cp.Settings()) -> pd.DataFrame:
+    """Replay ``runs`` day by day: each measured value judged by ``history check``'s
+    :func:`perfkit.history.check.judge` against the runs before it (the store as it was that
+    day), beside sglang's 5 % rule (:func:`perfkit.history.changepoints.last3_alarms`). An
+    alarm is "at a step" when its run is the onset of a regression step of the whole history
+    (:func:`perfkit.history.changepoints.analyse`): in the step's new level, nearer the new
+    level's mean than the old one's, not an outlier, on a day the gate's level still began
+    before the step;
+    every other alarm is false. ``confirm2`` is ``history check --confirm 2``: an alarm when
+    this run and the measured run before it were each a regression against the runs before
+    them (what :func:`judge` computes with ``confirm_runs`` 2).
+
+    Returns:
+        one row per case: ``case``, ``runs`` (measured), ``steps`` (regression steps of the
+        whole history); for ``rule``, ``perfkit`` and ``confirm2`` each ``<who>_alarms``,
+        ``<who>_false``, ``<who>_caught`` (steps alarmed at) and ``<who>_missed`` (steps the
+        rule caught and it did not); ``not_gated``, ``not_compared`` (runs perfkit did not
+        judge).
+    """
+    frame = runs_frame(runs)
+    return pd.DataFrame([_replay_series(a, settings) for a in cp.analyse_frame(frame, settings)])
+
+
+def _run(p: cp.Point) -> dict[str, Any]:
+    return {"commit": p.commit, "run_id": p.run_id, "time": p.time.isoformat()}
+
+
+def changes(analyses: Sequence[cp.Analysis]) -> dict[str, list[dict[str, Any]]]:
+    """``perfkit history changes`` as data: ``steps`` (every change point: hardware, case,
+    metric, unit, its ``number`` in the series as ``history confirm`` takes it, the last run
+    before and first run after, level means, ``change_pct`` with its 95 % interval, kind,
+    runs either side) and ``events`` (:func:`perfkit.history.changepoints.events`: the
+    narrowest common commit range and each series moved)."""
+    steps = []
+    for a in analyses:
+        for n, s in enumerate(a.steps, 1):
+            pct = [None if x is None else (x - 1) * 100 for x in (s.low, s.high)]
+            steps.append(
+                {
+                    "hardware": a.hardware,
+                    "case": a.case_id,
+                    "metric": a.metric,
+                    "unit": a.unit,
+                    "number": n,
+                    "before": _run(s.before),
+                    "after": _run(s.after),
+                    "mean_before": s.mean_before,
+                    "mean_after": s.mean_after,
+                    "change_pct": s.change_pct,
+                    "low_pct": pct[0],
+                    "high_pct": pct[1],
+                    "kind": s.kind,
+                    "n_before": s.n_before,
+                    "n_after": s.n_after,
+                }  # fmt: skip
+            )
+    events = [
+        {
+            "hardware": e.hardware,
+            "before": _run(e.before),
+            "after": _run(e.after),
+            "series": [
+                {"case": a.case_id, "metric": a.metric, "change_pct": s.change_pct, "kind": s.kind}
+                for a, s in e.members
+            ],
+        }  # fmt: skip
+        for e in cp.events(analyses)
+    ]
+    return {"steps": steps, "events": events}
+
+
+def changes_table(data: dict[str, list[dict[str, Any]]]) -> str:
+    """:func:`changes` as two Markdown tables (commits 8 characters, times to the minute)."""
+
+    def rng(x: dict[str, Any]) -> str:
+        b, f = x["before"], x["after"]
+        return f"`{b['commit'][:8]}` ({b['time'][:16]}) .. `{f['commit'][:8]}` ({f['time'][:16]})"
+
+    out = [
+        f"{len(data['steps'])} change point(s):",
+        "",
+        "| hardware | case | metric | # | last run before .. first run after | level before → after | change "
+        "| 95 % interval | kind | runs before, after |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for x in data["steps"]:
+        iv = "–" if x["low_pct"] is None else f"{x['low_pct']:+.1f} % to {x['high_pct']:+.1f} %"
+        out.append(
+            f"| {x['hardware']} | `{x['case']}` | {x['metric']} | {x['number']} | {rng(x)} "
+            f"| {number_text(x['mean_before'])} → {number_text(x['mean_after'])} {x['unit']} "
+            f"| {x['change_pct']:+.1f} % | {iv} | {x['kind']} | {x['n_before']}, {x['n_after']} |"
+        )
+    out += ["", f"{len(data['events'])} event(s) (steps whose commit ranges share a time):", ""]
+    out += ["| hardware | commit range | series moved |", "| --- | --- | --- |"]
+    for e in data["events"]:
+        moved = "; ".join(f"`{m['case']}` {m['metric']} {m['change_pct']:+.1f} %" for m in e["series"])
+        out.append(f"| {e['hardware']} | {rng(e)} | {moved} |")
+    return "\n".join(out) + "\n"
+
+
+def replay_markdown(df: pd.DataFrame) -> str:
+    """:func:`replay`'s frame as a Markdown table with a closing count of the goal: fewer false
+    alarms than the rule on every case where the rule has any, and no step the rule caught
+    missed."""
+    out = [
+        "| case | runs | regression steps | 5 % rule: alarms, false, steps caught | perfkit: alarms, false, "
+        "steps caught | perfkit `--confirm 2` | not gated | not compared |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in df.itertuples(index=False):
+        cell = [
+            f"{getattr(r, w + '_alarms')}, {getattr(r, w + '_false')}, {getattr(r, w + '_caught')}"
+            + (f" (missed {getattr(r, w + '_missed')})" if w != "rule" and getattr(r, w + "_missed") else "")
+            for w in ("rule", "perfkit", "confirm2")
+        ]
+        out.append(
+            f"| `{r.case}` | {r.runs} | {r.steps} | {' | '.join(cell)} | {r.not_gated} | {r.not_compared} |"
+        )
+    t = df.sum(numeric_only=True)
+    out.append(
+        f"| all | {t['runs']} | {t['steps']} | "
+        + " | ".join(
+            f"{t[w + '_alarms']}, {t[w + '_false']}, {t[w + '_caught']}"
+            for w in ("rule", "perfkit", "confirm2")
+        )
+        + f" | {t['not_gated']} | {t['not_compared']} |"
+    )
+    some = df[df["rule_false"] > 0]
+    out.append("")
+    for w, name in (("perfkit", "perfkit"), ("confirm2", "perfkit `--confirm 2`")):
+        fewer = int((some[w + "_false"] < some["rule_false"]).sum())
+        out.append(
+            f"- {name}: fewer false alarms than the rule on {fewer} of the {len(some)} cases where the rule "
+            f"has any; {int(df[w + '_missed'].sum())} of the rule's {int(t['rule_caught'])} caught steps missed."
+        )
     return "\n".join(out) + "\n"
