@@ -549,7 +549,7 @@ def test_a_two_level_series_is_one_level_with_two_modes():
 
 
 def test_a_level_too_noisy_to_gate_says_not_gated_never_ok():
-    """30 % noise: the smallest step the gate could see is far above 25 %, so a run inside and a
+    """30 % noise: the smallest step the gate could see is far above 50 %, so a run inside and a
     run 50 % above both get "not gated" with the noise, and nothing is compared (exit 2)."""
     from perfkit.history.check import judge
 

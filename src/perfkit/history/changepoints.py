@@ -86,7 +86,7 @@ class Settings:
     min_segment: int = 3
     mode_gap: float = 3.0
     min_mode_share: float = 0.2
-    max_step: float = 0.25
+    max_step: float = 0.5
     robust_from: int = 10
     trim_sigmas: float = 4.0
     min_step: float = 0.05
@@ -207,9 +207,10 @@ class Level:
         """The smallest relative step the gate could see: a mode's interval half width."""
         return max(m.high / m.mean - 1 for m in self.modes)
 
-    def text(self) -> str:
-        """The modes in words, e.g. ``two modes: 8.81 (12 runs), 10.8 (9 runs)``."""
-        ms = ", ".join(f"{number_text(m.mean)} ({m.n} runs)" for m in self.modes)
+    def text(self, unit: str = "") -> str:
+        """The modes in words, e.g. ``two modes: 8.81 s (12 runs), 10.8 s (9 runs)``."""
+        u = f" {unit}" if unit else ""
+        ms = ", ".join(f"{number_text(m.mean)}{u} ({m.n} runs)" for m in self.modes)
         return f"two modes: {ms}" if len(self.modes) == 2 else f"one mode: {ms}"
 
 

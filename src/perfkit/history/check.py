@@ -9,7 +9,7 @@ falls in with probability 1 − max_pvalue; runs beyond 4 robust sd out of ``sd`
 from the level's mean by more than ``min_step`` (5 %, sglang's own tolerance). A two-level level
 (runs alternating between two modes, :func:`perfkit.history.changepoints.two_modes`) has an
 interval per mode: a run in either mode, or between them, is ok. A level whose interval is
-wider than ``max_step`` (25 %) is "not gated" (its noise, and the smallest step it could see),
+wider than ``max_step`` (50 %) is "not gated" (its noise, and the smallest step it could see),
 never ok. One run cannot tell a step from a single-run outlier: the gate flags it (with
 ``confirm_runs`` 2 only the second run in a row above the level is a regression, the first
 "unconfirmed"), and the history sorts it out once later runs are in.
@@ -40,8 +40,9 @@ class CheckRow:
     ``status``: ``regression`` / ``improvement`` (a new step), ``ok`` (inside the level),
     ``not measured`` (the run's value is a gap), ``not compared`` (too few runs at the
     series' current level), ``not gated`` (its noise hides any step up to ``max_step``),
-    ``unconfirmed`` (above the level, but fewer than ``confirm_runs`` runs in a row). ``before`` is the series' last run before this one (the commit
-    range of a new step is ``before.commit`` .. ``commit``).
+    ``unconfirmed`` (above the level, but fewer than ``confirm_runs`` runs in a row; exit 0).
+    ``before`` is the series' last run before this one, or before the first of a confirmed
+    regression's runs (the commit range of a new step is ``before.commit`` .. ``commit``).
     """
 
     hardware: str
@@ -71,7 +72,7 @@ class CheckResult:
 
     @property
     def compared(self) -> list[CheckRow]:
-        return [r for r in self.rows if r.status in ("ok", "regression", "improvement")]
+        return [r for r in self.rows if r.status in ("ok", "regression", "improvement", "unconfirmed")]
 
     @property
     def exit_code(self) -> int:
@@ -179,7 +180,10 @@ def check_runs(
                     for r in g.itertuples(index=False)
                 ]
             j = judge(pts, v.value, metric=v.metric, settings=settings)
-            before = next((p for p in reversed(pts) if p.value is not None), None)
+            # a confirmed step began at the first of its confirm_runs runs: the range starts before it
+            k = settings.confirm_runs if j.status == "regression" else 1
+            measured = [p for p in pts if p.value is not None]
+            before = measured[-k] if len(measured) >= k else None
             rows.append(
                 CheckRow(
                     **base,
