@@ -97,8 +97,7 @@ def replay(runs: Sequence[HistoryRun], settings: cp.Settings = cp.Settings()) ->
     alarm is "at a step" when its run is the onset of a regression step of the whole history
     (:func:`perfkit.history.changepoints.analyse`): in the step's new level, nearer the new
     level's mean than the old one's, not an outlier, on a day the gate's level still began
-    before the step;
-    every other alarm is false. ``confirm2`` is ``history check --confirm 2``: an alarm when
+    before the step; every other alarm is false. ``confirm2`` is ``history check --confirm 2``: an alarm when
     this run and the measured run before it were each a regression against the runs before
     them (what :func:`judge` computes with ``confirm_runs`` 2).
 
@@ -127,37 +126,19 @@ def changes(analyses: Sequence[cp.Analysis]) -> dict[str, list[dict[str, Any]]]:
     for a in analyses:
         for n, s in enumerate(a.steps, 1):
             pct = [None if x is None else (x - 1) * 100 for x in (s.low, s.high)]
-            steps.append(
-                {
-                    "hardware": a.hardware,
-                    "case": a.case_id,
-                    "metric": a.metric,
-                    "unit": a.unit,
-                    "number": n,
-                    "before": _run(s.before),
-                    "after": _run(s.after),
-                    "mean_before": s.mean_before,
-                    "mean_after": s.mean_after,
-                    "change_pct": s.change_pct,
-                    "low_pct": pct[0],
-                    "high_pct": pct[1],
-                    "kind": s.kind,
-                    "n_before": s.n_before,
-                    "n_after": s.n_after,
-                }  # fmt: skip
-            )
-    events = [
-        {
-            "hardware": e.hardware,
-            "before": _run(e.before),
-            "after": _run(e.after),
-            "series": [
-                {"case": a.case_id, "metric": a.metric, "change_pct": s.change_pct, "kind": s.kind}
-                for a, s in e.members
-            ],
-        }  # fmt: skip
-        for e in cp.events(analyses)
-    ]
+            row = {"hardware": a.hardware, "case": a.case_id, "metric": a.metric, "unit": a.unit, "number": n}
+            row |= {"before": _run(s.before), "after": _run(s.after), "change_pct": s.change_pct}
+            row |= {k: getattr(s, k) for k in ("mean_before", "mean_after", "kind", "n_before", "n_after")}
+            steps.append(row | {"low_pct": pct[0], "high_pct": pct[1]})
+    events = []
+    for e in cp.events(analyses):
+        moved = [
+            {"case": a.case_id, "metric": a.metric, "change_pct": s.change_pct, "kind": s.kind}
+            for a, s in e.members
+        ]
+        events.append(
+            {"hardware": e.hardware, "before": _run(e.before), "after": _run(e.after), "series": moved}
+        )
     return {"steps": steps, "events": events}
 
 
