@@ -502,3 +502,60 @@ def test_history_check_of_a_run_with_no_history_is_exit_2_and_keeps_the_runs_sum
     assert text.startswith("# History check: ERROR: nothing compared")
     assert "0 run(s) at the series' current level (needs 3)" in text
     assert (run_dir / "summary.md").read_text() == before
+
+
+def test_a_real_step_is_alarmed_and_confirm_2_alarms_on_its_second_run():
+    """40 runs of 100 ms (1 % noise), then +10 %: the first run above is a regression; with
+    --confirm 2 it is "unconfirmed" and the second a regression; a single slow run followed by a
+    normal one never is."""
+    from perfkit.history.check import judge
+
+    base = points(noisy(3, n=40, noise=0.01))
+    j = judge(base, 110.0, metric="e2e_ms")
+    assert j.status == "regression" and 98 < j.level < 102 and j.high < 105.5
+    two = cp.Settings(confirm_runs=2)
+    assert judge(base, 110.0, metric="e2e_ms", settings=two).status == "unconfirmed"
+    after = base + points([110.0] * 41)[40:]  # one more run at +10 %, the next day
+    assert judge(after, 110.5, metric="e2e_ms", settings=two).status == "regression"
+    slow_then_ok = base + points([110.0] * 41)[40:]
+    slow_then_ok[-1] = cp.Point("k40", "40", "c0040", T0 + timedelta(days=40), 100.2)
+    assert judge(slow_then_ok, 110.0, metric="e2e_ms", settings=two).status == "unconfirmed"
+    assert judge(base, 103.0, metric="e2e_ms").status == "ok"  # below the 5 % floor
+
+
+def test_a_two_level_series_is_one_level_with_two_modes():
+    """Runs alternating at random between 88 and 108 ms (0.5 % noise each): one level with two
+    modes, no outlier; a run in either mode or between them is ok, one 10 % above the upper mode
+    a regression; 100 unimodal series (1 % noise, 30 runs) are never split in two."""
+    from perfkit.history.check import judge
+
+    rng = np.random.default_rng(5)
+    vals = np.where(rng.random(40) < 0.5, 88.0, 108.0) * np.exp(rng.normal(0, 0.005, 40))
+    a = cp.analyse(points(vals), metric="e2e_ms")
+    assert a.steps == [] and a.outliers == []
+    lv = a.level()
+    assert len(lv.modes) == 2 and sum(m.n for m in lv.modes) == 40
+    assert abs(lv.modes[0].mean - 88) < 1 and abs(lv.modes[1].mean - 108) < 1
+    for v, status in (
+        (88.5, "ok"),
+        (107.0, "ok"),
+        (98.0, "ok"),
+        (119.0, "regression"),
+        (79.0, "improvement"),
+    ):
+        assert judge(points(vals), v, metric="e2e_ms").status == status, v
+    split = [cp.two_modes(np.log(noisy(s, n=30, noise=0.01)), cp.Settings()) for s in range(100)]
+    assert all(x is None for x in split)
+
+
+def test_a_level_too_noisy_to_gate_says_not_gated_never_ok():
+    """30 % noise: the smallest step the gate could see is far above 50 %, so a run inside and a
+    run 50 % above both get "not gated" with the noise, and nothing is compared (exit 2)."""
+    from perfkit.history.check import judge
+
+    base = points(noisy(11, n=40, noise=0.3))
+    for v in (100.0, 150.0):
+        j = judge(base, v, metric="e2e_ms")
+        assert j.status == "not gated", j
+        assert j.reason.startswith("noise 2") or j.reason.startswith("noise 3"), j.reason
+        assert "the smallest step it could see is +" in j.reason

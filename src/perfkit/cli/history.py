@@ -1,4 +1,4 @@
-"""``perfkit history add|import|check|confirm|site``: performance history across commits, thin
+"""``perfkit history add|import|check|changes|confirm|site``: performance history across commits, thin
 wrappers over :mod:`perfkit.history.api`, :func:`perfkit.bisect.api.run_confirm` and
 :func:`perfkit.report.history_site.write_site`."""
 
@@ -21,6 +21,7 @@ from perfkit.common.exitcodes import EXIT_ERROR
     "  perfkit history import tests/fixtures/sglang-nightly --hardware H100\n"
     "  perfkit history add outputs/ci-cpu/latest\n"
     "  perfkit history check outputs/ci-cpu/latest --out outputs/history-check\n"
+    "  perfkit history changes --case qwen_image_2512_t2i_1024 --json\n"
     "  perfkit history site outputs/history-site\n"
     "  perfkit history confirm tiny-cpu/DenoisingStage_ms 1 --repo ../engine --spec spec.yaml\n\n"
     + EXIT_CODES,
@@ -109,16 +110,50 @@ def history_import(path: str, store: str, hardware: str | None, baselines: str |
 @click.option("--hardware", default=None, help="hardware label (needed for a nightly comparison file)")
 @click.option("--commit", default=None, help="commit measured (default: the bundles' git_commit)")
 @COMMIT_URL
+@click.option(
+    "--confirm",
+    type=click.IntRange(1, 5),
+    default=1,
+    show_default=True,
+    help="runs in a row above the level that make a regression (2: a nightly's single slow run only warns)",
+)
+@click.option(
+    "--min-step",
+    type=click.FloatRange(0, 1),
+    default=0.05,
+    show_default=True,
+    help="smallest step judged (fraction)",
+)
 @click.option("-q", "--quiet", is_flag=True, help="do not print summary.md")
-def history_check(run: str, store: str, out: str | None, quiet: bool, **kw: Any) -> None:
+def history_check(
+    run: str, store: str, out: str | None, quiet: bool, confirm: int, min_step: float, **kw: Any
+) -> None:
     """Is RUN (a perfkit run or a nightly comparison file) a new step against its series?"""
+    from perfkit.history import changepoints as cp
     from perfkit.history.api import check
 
+    kw["settings"] = cp.Settings(confirm_runs=confirm, min_step=min_step)
     res, summary = _history_call(check, store, run, out or None, **kw)  # hardware, commit, commit_url
     if not quiet:
         click.echo(summary.read_text())
     click.echo(f"summary: {summary}")
     done(res.exit_code)
+
+
+@history_group.command("changes", epilog="Exit codes: 0 listed, 2 bad input or no series stored.")
+@STORE
+@click.option("--hardware", default=None, help="only this hardware's series")
+@click.option("--case", default=None, help="only this case's series")
+@click.option("--json", "as_json", is_flag=True, help="print JSON (steps, events) instead of the tables")
+def history_changes(store: str, hardware: str | None, case: str | None, as_json: bool) -> None:
+    """List every change point (commit range, levels, change with its 95 % interval) and event."""
+    import json
+
+    from perfkit.history.api import changes
+    from perfkit.history.tables import changes_table
+
+    data = _history_call(changes, store, hardware=hardware, case=case)
+    click.echo(json.dumps(data, indent=1) if as_json else changes_table(data))
 
 
 @history_group.command(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from perfkit.history import changepoints as cp
 from perfkit.history.check import CheckResult, check_runs, write_summary
@@ -80,3 +81,20 @@ def check(
     frame = read_store(store)
     res = check_runs(frame, runs, settings)
     return res, write_summary(res, out_dir, commit_url)
+
+
+def changes(
+    store: str | Path, *, hardware: str | None = None, case: str | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """``perfkit history changes``: every change point and event of the store's series
+    (:func:`perfkit.history.tables.changes`), of one hardware and/or case when given. Raises
+    HistoryError when no series matches (nothing listed is never an empty success)."""
+    from perfkit.history.store import HistoryError
+    from perfkit.history.tables import changes as table
+
+    df = read_store(store, hardware=hardware)
+    if case is not None:
+        df = df[df["case_id"] == case]
+    if df.empty:
+        raise HistoryError(f"{store}: no series stored" + (f" for case {case!r}" if case else ""))
+    return table(cp.analyse_frame(df))

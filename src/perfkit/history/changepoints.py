@@ -46,6 +46,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from perfkit.common.numfmt import number_text
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -61,6 +63,18 @@ class Settings:
         confidence: of the step size interval.
         min_segment: a level needs this many runs (fewer: the change point next to it is
             dropped, merging those runs into the nearer level).
+        mode_gap: a level is two-level (bimodal) when a two-means split of its log values
+            leaves an empty gap between the modes wider than this many pooled standard
+            deviations of the modes, ...
+        min_mode_share: ... each mode holds at least this share of the level's runs (and
+            ``min_segment`` runs), and the modes differ by more than ``min_magnitude``.
+        max_step: the gate judges a level only when the smallest step it could see (its
+            prediction interval's half width, relative) is at most this; else "not gated".
+        robust_from, trim_sigmas: a level of this many runs or more leaves the runs beyond
+            ``trim_sigmas`` robust standard deviations (1.4826 × MAD) out of its sd.
+        min_step: the gate's interval is at least this wide (sglang's nightly tolerates 5 %).
+        confirm_runs: the gate calls a regression only when this many runs in a row are
+            above the level (1: this run alone; 2: this run and the one before).
     """
 
     max_pvalue: float = 0.001
@@ -70,6 +84,13 @@ class Settings:
     outlier_min: float = 0.05
     confidence: float = 0.95
     min_segment: int = 3
+    mode_gap: float = 3.0
+    min_mode_share: float = 0.2
+    max_step: float = 0.5
+    robust_from: int = 10
+    trim_sigmas: float = 4.0
+    min_step: float = 0.05
+    confirm_runs: int = 1
 
 
 @dataclass(frozen=True)
@@ -127,6 +148,10 @@ class Analysis:
     def series(self) -> str:
         return f"{self.case_id} {self.metric}"
 
+    def level(self, settings: Settings | None = None) -> Level | None:
+        """The current level's model (:func:`level_model` of :meth:`segment_values`)."""
+        return level_model(self.segment_values(), settings or Settings())
+
     def segment_values(self) -> list[float]:
         """Values of the current level: kept runs since the last step (outliers and gaps out)."""
         bad = {p.run_key for p, _ in self.outliers} | {p.run_key for p in self.gaps}
@@ -154,6 +179,99 @@ def robust_noise(values: Sequence[float]) -> float:
         return math.nan
     d = np.diff(y)
     return float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2.0))
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One mode of a level: its geometric mean, the prediction interval of a next run of it
+    (``low`` .. ``high``, the values' unit) and its runs."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+
+@dataclass(frozen=True)
+class Level:
+    """A level's runs as the gate sees them: one mode, or two (a two-level series: e.g. a
+    runner that alternates between two speeds). ``noise``: the modes' pooled standard deviation
+    of log values (a fraction, 0.01 = 1 %) over ``n`` runs."""
+
+    modes: tuple[Mode, ...]
+    noise: float
+    n: int
+
+    @property
+    def step(self) -> float:
+        """The smallest relative step the gate could see: a mode's interval half width."""
+        return max(m.high / m.mean - 1 for m in self.modes)
+
+    def text(self, unit: str = "") -> str:
+        """The modes in words, e.g. ``two modes: 8.81 s (12 runs), 10.8 s (9 runs)``."""
+        u = f" {unit}" if unit else ""
+        ms = ", ".join(f"{number_text(m.mean)}{u} ({m.n} runs)" for m in self.modes)
+        return f"two modes: {ms}" if len(self.modes) == 2 else f"one mode: {ms}"
+
+
+def two_modes(y: np.ndarray, s: Settings) -> np.ndarray | None:
+    """Labels (0 lower mode, 1 upper) of log values ``y`` (shape (n,), time order) when they
+    form two levels, else None: :func:`scipy.cluster.vq.kmeans2` from the 10th and 90th
+    percentiles; two levels when each side holds ``min_segment`` runs and ``min_mode_share``
+    of them, the empty gap between the sides is wider than ``mode_gap`` pooled standard
+    deviations, their means differ by more than ``min_magnitude``, and they alternate (at
+    least ``min_segment`` switches in time order: one block of runs at another level is a
+    step, not a mode)."""
+    from scipy.cluster.vq import ClusterError, kmeans2
+
+    n = y.size
+    need = max(s.min_segment, math.ceil(s.min_mode_share * n))
+    init = np.percentile(y, [10, 90]).reshape(2, 1)
+    if n < 2 * need or not init[1, 0] > init[0, 0]:
+        return None
+    try:
+        centres, lab = kmeans2(y.reshape(-1, 1), init, minit="matrix", missing="raise")
+    except ClusterError:
+        return None
+    if centres[0, 0] > centres[1, 0]:
+        lab = 1 - lab
+    lo, hi = y[lab == 0], y[lab == 1]
+    if min(lo.size, hi.size) < need or np.count_nonzero(np.diff(lab)) < s.min_segment:
+        return None
+    sp = math.sqrt((((lo - lo.mean()) ** 2).sum() + ((hi - hi.mean()) ** 2).sum()) / (n - 2))
+    gap = float(hi.min() - lo.max())
+    if gap <= s.mode_gap * sp or hi.mean() - lo.mean() <= math.log1p(s.min_magnitude):
+        return None
+    return lab
+
+
+def level_model(values: Sequence[float], s: Settings = Settings()) -> Level | None:
+    """The gate's model of a level's values (> 0, at least ``min_segment``; else None): one
+    mode, or two (:func:`two_modes`), each with the prediction interval of a next run on log
+    values, ``mean ± t(1 − max_pvalue/2, df) · sd · √(1 + 1/n_mode)``, ``sd`` pooled over the
+    modes with ``df`` = runs − modes (from ``robust_from`` runs, the runs beyond ``trim_sigmas``
+    robust sd of their mode's median left out), and at least ``min_step`` wide."""
+    y = np.log(np.asarray(values, dtype=float))
+    if y.size < s.min_segment:
+        return None
+    lab = two_modes(y, s)
+    groups = [y] if lab is None else [y[lab == 0], y[lab == 1]]
+    sizes = [g.size for g in groups]
+    if y.size >= s.robust_from:  # runs beyond trim_sigmas robust units do not widen the interval
+        dev = [g - np.median(g) for g in groups]
+        mad = float(sps.median_abs_deviation(np.concatenate(dev), scale="normal"))
+        if mad > 0:
+            kept = [g[np.abs(d) <= s.trim_sigmas * mad] for g, d in zip(groups, dev)]
+            groups = [k if k.size >= s.min_segment else g for k, g in zip(kept, groups)]
+    df = sum(g.size for g in groups) - len(groups)
+    sd = math.sqrt(sum(float(((g - g.mean()) ** 2).sum()) for g in groups) / df)
+    t = float(sps.t.ppf(1 - s.max_pvalue / 2, df))
+    modes = []
+    for g, k in zip(groups, sizes):
+        m = float(g.mean())
+        half = max(t * sd * math.sqrt(1 + 1 / g.size), math.log1p(s.min_step))
+        modes.append(Mode(math.exp(m), math.exp(m - half), math.exp(m + half), int(k)))
+    return Level(tuple(modes), sd, int(y.size))
 
 
 def _outliers(y: np.ndarray, sigma: float, s: Settings) -> list[tuple[int, float]]:
@@ -237,6 +355,24 @@ def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
     return idx
 
 
+def _restore_modes(y: np.ndarray, bounds: list[tuple[int, int]], out: dict[int, float], s: Settings) -> None:
+    """Runs of a two-level series' second mode are no outliers: per level (``bounds``: index
+    ranges of ``y``, the log values), when its runs and outliers within ``P10 ± (P90 − P10)``
+    form two modes (:func:`level_model`), the outliers inside a mode's interval leave ``out``."""
+    for a, b in bounds:
+        seg, cands = y[a:b], [j for j in out if a <= j < b]
+        if seg.size < 2 * s.min_segment or not cands:
+            continue
+        p10, p90 = np.percentile(seg, [10, 90])
+        near = seg[np.abs(seg - (p10 + p90) / 2) <= 1.5 * (p90 - p10)]
+        lv = level_model(np.exp(near), s)
+        if lv is None or len(lv.modes) < 2:
+            continue
+        for j in cands:
+            if any(m.low <= math.exp(y[j]) <= m.high for m in lv.modes):
+                del out[j]
+
+
 def analyse(
     points: Sequence[Point],
     *,
@@ -300,29 +436,30 @@ def analyse(
         if not more or attempt == 2:  # the last search's levels stand (its outliers none)
             break
         out.update(more)
+    starts = [0, *(kept_k[c] for c in idx)]
+    bounds = list(zip(starts, [*starts[1:], len(good)]))
+    _restore_modes(y, bounds, out, settings)
     res.outliers = [(pts[good[j]], r) for j, r in sorted(out.items())]
-    kept = [good[k] for k in kept_k]
-    bounds = [0, *idx, vals.size]
+    levels = [[good[j] for j in range(a, b) if j not in out] for a, b in bounds]
     worse_up = higher_is_worse(metric)
-    for n, c in enumerate(idx):
-        a, b = vals[bounds[n] : c], vals[c : bounds[n + 2]]
+    for n in range(len(idx)):
+        ia, ib = levels[n], levels[n + 1]
+        a = np.array([pts[i].value for i in ia], dtype=float)
+        b = np.array([pts[i].value for i in ib], dtype=float)
         lo, hi = _interval(a, b, settings.confidence)
         ratio = float(b.mean() / a.mean())
-        p_before, p_after = pts[kept[c - 1]], pts[kept[c]]
-        between = pts[kept[c - 1] + 1 : kept[c]]
-        pval = _welch_p(np.log(a), np.log(b))
         res.steps.append(
             Step(
-                index=kept[c],
-                before=p_before,
-                after=p_after,
-                between=list(between),
+                index=ib[0],
+                before=pts[ia[-1]],
+                after=pts[ib[0]],
+                between=list(pts[ia[-1] + 1 : ib[0]]),
                 mean_before=float(a.mean()),
                 mean_after=float(b.mean()),
                 ratio=ratio,
                 low=lo,
                 high=hi,
-                pvalue=float(pval),
+                pvalue=_welch_p(np.log(a), np.log(b)),
                 kind="regression" if (ratio > 1) == worse_up else "improvement",
                 n_before=int(a.size),
                 n_after=int(b.size),

@@ -5,10 +5,14 @@ Not a fixed percentage: each value is judged against the current level of its ow
 (:mod:`perfkit.history.changepoints`), outliers and gaps left out. The run is a new step when
 its value lies outside the level's prediction interval on log values,
 ``mean ± t(1 − max_pvalue/2, n − 1) · sd · √(1 + 1/n)`` (the interval a next run of that level
-falls in with probability 1 − max_pvalue), and differs from the level's mean by more than
-``min_magnitude`` (the same two settings the change point search uses). One run cannot tell a
-step from a single-run outlier: the gate flags it, and the history sorts it out once later
-runs are in.
+falls in with probability 1 − max_pvalue; runs beyond 4 robust sd out of ``sd``), and differs
+from the level's mean by more than ``min_step`` (5 %, sglang's own tolerance). A two-level level
+(runs alternating between two modes, :func:`perfkit.history.changepoints.two_modes`) has an
+interval per mode: a run in either mode, or between them, is ok. A level whose interval is
+wider than ``max_step`` (50 %) is "not gated" (its noise, and the smallest step it could see),
+never ok. One run cannot tell a step from a single-run outlier: the gate flags it (with
+``confirm_runs`` 2 only the second run in a row above the level is a regression, the first
+"unconfirmed"), and the history sorts it out once later runs are in.
 
 Exit codes (the one rule, :mod:`perfkit.gate.verdicts`): 0 no regression step, 1 a regression
 step, 2 bad input or nothing compared (no series with enough runs, every value a gap).
@@ -18,12 +22,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
 from perfkit.common.numfmt import number_text
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
@@ -37,8 +39,10 @@ class CheckRow:
 
     ``status``: ``regression`` / ``improvement`` (a new step), ``ok`` (inside the level),
     ``not measured`` (the run's value is a gap), ``not compared`` (too few runs at the
-    series' current level). ``before`` is the series' last run before this one (the commit
-    range of a new step is ``before.commit`` .. ``commit``).
+    series' current level), ``not gated`` (its noise hides any step up to ``max_step``),
+    ``unconfirmed`` (above the level, but fewer than ``confirm_runs`` runs in a row; exit 0).
+    ``before`` is the series' last run before this one, or before the first of a confirmed
+    regression's runs (the commit range of a new step is ``before.commit`` .. ``commit``).
     """
 
     hardware: str
@@ -68,7 +72,7 @@ class CheckResult:
 
     @property
     def compared(self) -> list[CheckRow]:
-        return [r for r in self.rows if r.status in ("ok", "regression", "improvement")]
+        return [r for r in self.rows if r.status in ("ok", "regression", "improvement", "unconfirmed")]
 
     @property
     def exit_code(self) -> int:
@@ -77,38 +81,65 @@ class CheckResult:
         return EXIT_REGRESSION if any(r.status == "regression" for r in self.rows) else EXIT_OK
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """One value against its series' current level (:func:`judge`): ``status`` as in
+    :class:`CheckRow` (never ``not measured``), ``reason`` in words, the mean and prediction
+    interval (the value's unit) of the level's mode nearest the value, the level's runs ``n``
+    and its first run ``since`` (None: the series' first run, or no level)."""
+
+    status: str
+    reason: str
+    level: float | None = None
+    low: float | None = None
+    high: float | None = None
+    n: int = 0
+    since: cp.Point | None = None
+
+
 def judge(
     history: Sequence[cp.Point], value: float, *, metric: str, settings: cp.Settings = cp.Settings()
-) -> tuple[str, str, float | None, float | None, float | None, int]:
-    """Judge one value against the current level of ``history`` (points in time order).
-
-    Returns:
-        ``(status, reason, level mean, low, high, n)``: status as in :class:`CheckRow` (never
-        ``not measured``), the level's mean and prediction interval in the value's unit, and
-        how many runs the level has.
-    """
+) -> Judgement:
+    """Judge one value (> 0) against the current level of ``history`` (points in time order):
+    its model (:func:`perfkit.history.changepoints.level_model`), one mode or two. Inside a
+    mode's interval, or between two modes, is ok; above (below) them all a regression
+    (improvement) when higher is worse; a level whose smallest visible step exceeds
+    ``max_step`` is not gated."""
     a = cp.analyse(history, metric=metric, settings=settings)
-    seg = np.array(a.segment_values(), dtype=float)
-    if seg.size < settings.min_segment:
-        return (
-            "not compared",
-            f"{seg.size} run(s) at the series' current level (needs {settings.min_segment})",
-            None,
-            None,
-            None,
-            int(seg.size),
-        )
-    y = np.log(seg)
-    m, sd, n = float(y.mean()), float(y.std(ddof=1)), int(y.size)
-    half = float(sps.t.ppf(1 - settings.max_pvalue / 2, n - 1)) * sd * math.sqrt(1 + 1 / n)
-    half = max(half, math.log1p(settings.min_magnitude))
-    level, low, high = math.exp(m), math.exp(m - half), math.exp(m + half)
-    lv = math.log(value)
-    if low <= value <= high:
-        return "ok", f"inside the level's interval ({n} runs)", level, low, high, n
-    up = lv > m
-    status = "regression" if up == cp.higher_is_worse(metric) else "improvement"
-    return status, f"a new step: outside the level's interval ({n} runs)", level, low, high, n
+    seg = a.segment_values()
+    lv = cp.level_model(seg, settings)
+    if lv is None:
+        why = f"{len(seg)} run(s) at the series' current level (needs {settings.min_segment})"
+        return Judgement("not compared", why, n=len(seg))
+    near = min(lv.modes, key=lambda m: abs(math.log(value / m.mean)))
+    since = a.steps[-1].after if a.steps else None
+    out = dict(level=near.mean, low=near.low, high=near.high, n=lv.n, since=since)
+    two = len(lv.modes) == 2
+    where = f" ({lv.text()})" if two else ""
+    if lv.step > settings.max_step:
+        step = f"the smallest step it could see is +{lv.step * 100:.0f} %"
+        return Judgement("not gated", f"noise {lv.noise * 100:.1f} % over {lv.n} runs: {step}{where}", **out)
+    if any(m.low <= value <= m.high for m in lv.modes) or (
+        two and lv.modes[0].high < value < lv.modes[1].low
+    ):
+        return Judgement("ok", f"inside the level's interval ({lv.n} runs){where}", **out)
+    status = "regression" if (value > near.mean) == cp.higher_is_worse(metric) else "improvement"
+    if status == "regression" and not _confirmed(history, metric, settings):
+        why = f"outside the level's interval ({lv.n} runs){where}; a regression once {settings.confirm_runs} runs in a row are"
+        return Judgement("unconfirmed", why, **out)
+    return Judgement(status, f"a new step: outside the level's interval ({lv.n} runs){where}", **out)
+
+
+def _confirmed(history: Sequence[cp.Point], metric: str, settings: cp.Settings) -> bool:
+    """Whether the ``confirm_runs`` − 1 measured runs before this one were each a regression
+    against the runs before them (:func:`judge` with ``confirm_runs`` 1)."""
+    need = settings.confirm_runs - 1
+    prev = [i for i, p in enumerate(history) if p.value is not None][-need:] if need > 0 else []
+    one = replace(settings, confirm_runs=1)
+    return len(prev) == need and all(
+        judge(history[:i], float(history[i].value), metric=metric, settings=one).status == "regression"
+        for i in prev
+    )
 
 
 def check_runs(
@@ -148,20 +179,23 @@ def check_runs(
                     )
                     for r in g.itertuples(index=False)
                 ]
-            status, reason, level, low, high, n = judge(pts, v.value, metric=v.metric, settings=settings)
-            before = next((p for p in reversed(pts) if p.value is not None), None)
+            j = judge(pts, v.value, metric=v.metric, settings=settings)
+            # a confirmed step began at the first of its confirm_runs runs: the range starts before it
+            k = settings.confirm_runs if j.status == "regression" else 1
+            measured = [p for p in pts if p.value is not None]
+            before = measured[-k] if len(measured) >= k else None
             rows.append(
                 CheckRow(
                     **base,
                     value=v.value,
-                    status=status,
-                    reason=reason,
-                    level=level,
-                    low=low,
-                    high=high,
-                    n=n,
+                    status=j.status,
+                    reason=j.reason,
+                    level=j.level,
+                    low=j.low,
+                    high=j.high,
+                    n=j.n,
                     before=before,
-                )
+                )  # fmt: skip
             )
     return CheckResult(rows)
 

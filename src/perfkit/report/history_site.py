@@ -95,10 +95,11 @@ def _latest(a: cp.Analysis, settings: cp.Settings) -> dict[str, Any]:
     p = a.points[-1]
     if p.value is None:
         return {"status": "gap", "text": f"not measured: {p.error or 'no value'}", "point": p}
-    status, reason, level, low, high, n = judge(a.points[:-1], p.value, metric=a.metric, settings=settings)
-    if level is not None:
-        reason += f"; level {number_text(level)} ({number_text(low)}–{number_text(high)}) {a.unit}"
-    return {"status": status, "text": f"{number_text(p.value)} {a.unit}: {reason}", "point": p}
+    j = judge(a.points[:-1], p.value, metric=a.metric, settings=settings)
+    reason = j.reason
+    if j.level is not None:
+        reason += f"; level {number_text(j.level)} ({number_text(j.low)}–{number_text(j.high)}) {a.unit}"
+    return {"status": j.status, "text": f"{number_text(p.value)} {a.unit}: {reason}", "point": p}
 
 
 def _pct(x: float | None) -> str:
