@@ -425,11 +425,10 @@ def needed_text(res: "AbResult", metrics: list[str]) -> str:
     """Each of ``metrics`` (inconclusive) with its B/A and the launches a side that would decide
     it, sized from its observed B/A and noise (``launches_needed``,
     :func:`perfkit.ab.stats.launches_needed`): "M (B/A +3.1 %: about 9 launches a side), ..."."""
-    need = (res.meta.get("sequential") or {}).get("launches_needed") or {}
     t = res.table.set_index("metric")
     out = []
     for m in metrics:
-        n = need.get(m, t["launches_needed"].get(m) if m in t.index else None)
+        n = t["launches_needed"].get(m) if m in t.index else None
         n = None if n is None or pd.isna(n) else int(n)
         ratio = _fmt_ratio(float(t["ratio"].get(m))) if m in t.index else "–"
         size = (
