@@ -77,7 +77,10 @@ def test_live_30pct_denoising_slowdown_is_a_denoising_regression(live):
     md = (out / "summary.md").read_text()
     word = "REGRESSION" if r.verdict == "regression" else r.verdict
     assert md.startswith(f"## perfkit ab: {word} (exit code {r.exit_code})")
-    assert "- sequential: first look at 2 launches a side, at most 5 run a side" in md and "| look |" in md
+    assert (
+        "- sequential: first look at 2 launches a side, at most 5 run a side" in md
+        and "| metric | look 1: 2 a side, " in md
+    )
     assert "paired t intervals on launch pairs" in md
     row = next(line for line in md.splitlines() if line.startswith("| DenoisingStage |"))
     assert f"| {d['DenoisingStage']} |" in row
@@ -202,7 +205,9 @@ def test_committed_aa_pair_replays_as_no_regression(tmp_path):
     assert und.exit_code == u.exit_code == 1 and u.verdict == "undecided", und.output
     assert set(u.decisions.values()) <= NOT_REGRESSION, u.table.to_string()
     assert (tmp_path / "und" / "summary.md").read_text().startswith("## perfkit ab: undecided (exit code 1)")
-    assert "DenoisingStage still inconclusive, about" in und.output
+    n = int(u.table.set_index("metric").loc["DenoisingStage", "launches_needed"])  # from B/A and noise
+    assert "still inconclusive, with the launches a side that would decide it: " in und.output
+    assert f"DenoisingStage (B/A +23.0 %: about {n} launches a side)" in und.output and n >= 3
     seq = u.meta["sequential"]
     assert seq["stop"] == "maximum" and seq["design"]["min_launches"] == seq["design"]["max_launches"] == 3
     # one look at the nominal 95 %, split over the gated metrics (every metric here, Bonferroni)

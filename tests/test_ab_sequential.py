@@ -137,3 +137,44 @@ def test_replayed_on_the_recorded_h200_pools_it_meets_issue_39s_targets():
     assert n.loc["B", "undecided"] > 0.9
     with pytest.raises(ValueError, match="fewer than the first look's 6"):
         sq.pool_design(power.load_pool(QUIET), sq.Design(6, 10))
+
+
+def test_a_replay_says_what_it_held_its_real_confidence_and_why_a_gated_metric_stayed_open(tmp_path):
+    """Issue 51's A/B page findings on a recorded CPU pool (A 10, B 8 launches; B +30 %
+    DenoisingStage), gated on DenoisingStage and warm_e2e: the header says what the bundles hold,
+    the confidence is the look's own (never rounded to 100 %), and warm_e2e, left inconclusive
+    when DenoisingStage's regression ended the A/B, is said, with the launches it would need."""
+    from click.testing import CliRunner
+
+    from perfkit.ab.decide import AbResult
+    from perfkit.bundle import ResultBundle
+    from perfkit.cli import cli
+    from perfkit.common.numfmt import confidence_text
+
+    pool, out = ROOT / "examples/ab/pool-cpu-2", tmp_path / "r"
+    args = ["ab", "--replay", str(pool / "a"), str(pool / "b"), "--out", str(out), "-q"]
+    res = CliRunner().invoke(cli, [*args, "--gate-metrics", "DenoisingStage,warm_e2e"])
+    assert res.exit_code == 1, res.output
+    r = AbResult.load(out)
+    held = {s: len(ResultBundle.load(pool / s.lower()).launches) for s in "AB"}
+    md = (out / "summary.md").read_text()
+    assert held == {"A": 10, "B": 8} and md.splitlines()[2].startswith("A: 10, B: 8 launches, 5 warm")
+    # the last look's confidence: look 3 (5 a side) of a 3..8 Pocock design, split over 2 metrics
+    share = 1 - sq.Design(3, 8).look_confidence(5)
+    assert r.confidence == pytest.approx(1 - share / 2, abs=1e-12) and 0.997 < r.confidence < 0.9975
+    assert confidence_text(r.confidence) == "99.73 %" and "100 %" not in md
+    html = (out / "report.html").read_text()
+    assert "with a 99.73 % Welch t interval" in html and "the last look's 99.73 %)" in md
+    # DenoisingStage decided first; warm_e2e's decision is explained, with its launches needed
+    seq = r.meta["sequential"]
+    assert seq["stop"] == "regression" and r.decisions["DenoisingStage"] == "regression"
+    assert r.decisions["warm_e2e"] == "inconclusive" and r.exit_code == 1
+    assert "warm_e2e left inconclusive: one gated regression ends the A/B" in md
+    n = seq["launches_needed"]["warm_e2e"]
+    row = r.table.set_index("metric").loc["warm_e2e"]
+    assert n == row["launches_needed"] and n >= row["n_a"] == 5
+    assert "still inconclusive (with the launches a side that would decide it" in md
+    assert f"warm_e2e (B/A {(row['ratio'] - 1) * 100:+.1f} %: about {n} launches a side)" in md
+    # the looks table: a row a gated metric, a column a look
+    looks = md.split("Looks (")[1]
+    assert "| metric | look 1: 3 a side, " in looks and "| DenoisingStage |" in looks

@@ -127,6 +127,34 @@ def test_launches_needed_follows_the_variance_and_the_margin():
     assert stats.launches_needed(on_boundary, 0.05) is None
 
 
+def test_launches_needed_of_pairs_sizes_the_pairs_difference_not_the_host_drift():
+    # a host whose speed drifts ±25 % between launches, shared by each pair; B/A within a pair
+    # +2 % with 1 % noise (issue 51: the Welch sizing of a paired A/B said "over 200")
+    rng = np.random.default_rng(5)
+    drift = rng.lognormal(0, 0.25, 4)
+    a = 100.0 * drift * rng.lognormal(0, 0.01, 4)
+    b = 102.0 * drift * rng.lognormal(0, 0.01, 4)
+    iv = stats.paired_ratio_interval(a, b, 0.99)
+    n = stats.launches_needed(iv, 0.05, paired=True)
+    assert n is not None and 4 <= n <= 10, n
+    margin = math.log1p(0.05) - math.log(iv.ratio)  # B/A +2 % inside ±5 %: the nearer end, +5 %
+    sd_d = float(np.std(np.log(b) - np.log(a), ddof=1))
+    assert iv.se_log == pytest.approx(sd_d / 2.0, rel=1e-9)  # 4 pairs
+    assert sps.t.ppf(0.995, n - 1) * sd_d / math.sqrt(n) < margin  # decides at n pairs
+    if n > 4:
+        assert sps.t.ppf(0.995, n - 2) * sd_d / math.sqrt(n - 1) >= margin  # and not one fewer
+    # the same values unpaired: the drift is the noise, and no number of launches is in sight
+    assert stats.launches_needed(stats.ratio_interval(a, b, 0.99), 0.05) is None
+
+
+def test_confidence_text_is_the_real_confidence_never_100():
+    from perfkit.common.numfmt import confidence_text
+
+    assert confidence_text(0.95) == "95 %" and confidence_text(0.9792) == "97.92 %"
+    assert confidence_text(0.99957) == "99.96 %"  # issue 51: was shown as "100 %"
+    assert confidence_text(0.999984) == "99.998 %" and confidence_text(0.9999999) == "99.99999 %"
+
+
 def test_requests_per_launch_and_order():
     sp = stats.VarianceSplit(between=0.0001, within=0.0004, icc=0.2, launches=10, requests_per_launch=7)
     # sqrt(60 s / 1 s * 4) = 15.5 -> 16 (Kalibera & Jones: more requests only while launches cost more)

@@ -173,8 +173,23 @@ def test_a_bad_commit_that_is_no_regression_is_not_reproduced(engine_repo, tmp_p
     assert res.message.startswith(f"not reproduced: the bad commit {shas[13][:10]} is not a regression")
 
 
-def test_bad_input_is_named(engine_repo, tmp_path):
+def test_bad_input_is_named(engine_repo, tmp_path, capsys):
     repo, shas = engine_repo
+    # ab's decision options, checked as ab checks them (before anything is checked out)
+    args = [
+        "bisect",
+        "--repo",
+        str(repo),
+        "--good",
+        shas[0],
+        "--bad",
+        shas[2],
+        "--spec",
+        str(tmp_path / "x.yaml"),
+    ]
+    assert main([*args, "--paired", "--slow-spells", "replace"]) == 2
+    assert "a paired A/B keeps every launch" in capsys.readouterr().err
+    assert main([*args, "--confidence", "1.5"]) == 2 and "--confidence" in capsys.readouterr().err
     setup = ProbeSetup(_spec(tmp_path / "spec.yaml"))
     with pytest.raises(BisectError, match="no commit 'nope'"):
         bisect(repo, "nope", shas[-1], setup, tmp_path / "o1")
@@ -210,11 +225,30 @@ def test_history_confirm_says_confirmed_on_commit_11_and_not_reproduced_elsewher
     head = _git(repo, "rev-parse", "HEAD").strip()
     store = tmp_path / "store"
     _history(store, shas)
-    setup = ProbeSetup(_spec(tmp_path / "spec.yaml"), python_path=".", design=Design(2, 6), threshold=0.15)
-    # in process (the command line is the same call: perfkit.cli's `history confirm` wraps run_confirm)
-    code, summary = run_confirm(store, "tiny/DenoisingStage_ms", "1", repo, setup, tmp_path / "c11")
+    spec = _spec(tmp_path / "spec.yaml")
+    setup = ProbeSetup(spec, python_path=".", design=Design(2, 6), threshold=0.15)
+    # the command line, paired (issue 51: `perfkit ab`'s decision options, shared)
+    args = ["history", "confirm", "tiny/DenoisingStage_ms", "1", "--store", str(store), "--repo", str(repo)]
+    args += [
+        "--spec",
+        str(spec),
+        "--python-path",
+        ".",
+        "--paired",
+        *FAST,
+        "--out",
+        str(tmp_path / "c11"),
+        "-q",
+    ]
+    assert main(args) == 0
     res = json.loads((tmp_path / "c11" / "confirm.json").read_text())
-    assert code == 0 and res["outcome"] == "confirmed"
+    summary = tmp_path / "c11" / "summary.md"
+    assert res["outcome"] == "confirmed" and res["setup"]["design"]["paired"] is True
+    ab_meta = json.loads(Path(res["probes"][0]["out"], "ab.json").read_text())["meta"]
+    assert (
+        ab_meta["sequential"]["design"]["paired"] and ab_meta["sequential"]["design"]["slow_rule"] == "keep"
+    )
+    assert "launches a side a probe, paired (" in summary.read_text()
     assert (res["good"]["sha"], res["bad"]["sha"]) == (shas[BAD_AT - 2], shas[BAD_AT - 1])
     assert res["probes"][0]["decision"] == "regression" and res["probes"][0]["low"] > 1.15
     assert summary.read_text().startswith("## perfkit history confirm: CONFIRMED (exit code 0)")
@@ -252,3 +286,24 @@ def test_history_confirm_names_a_missing_step(engine_repo, tmp_path, capsys):
     assert main([*args, "--spec", str(_spec(tmp_path / "s.yaml"))]) == 2
     err = capsys.readouterr().err
     assert "has no step 2; its steps: 1: " in err and shas[BAD_AT - 1][:10] in err
+
+
+def test_the_bisect_example_spec_gives_each_checkout_its_engine_args(tmp_path):
+    """examples/bisect (README, "Which commit?"): the spec hands the reference engine
+    `@{checkout}/engine.args`, which it reads as more options, one a line: the probe's slowdown."""
+    from perfkit.bisect.probe import load_spec
+    from perfkit.refengine.options import build_parser
+
+    co = tmp_path / "checkout"
+    co.mkdir()
+    example = Path(__file__).resolve().parents[1] / "examples/bisect"
+    parsed = []
+    for text in ("", "--debug-stage-delay\nDenoisingStage=50%\n"):  # commits 1-4, then 5-8
+        (co / "engine.args").write_text(text)
+        spec, _ = load_spec(example / "spec.yaml", co)
+        argv = spec.command(8000, tmp_path / "perf")
+        assert argv[-1] == f"@{co.resolve()}/engine.args"
+        parsed.append(build_parser().parse_args(argv[argv.index("perfkit.refengine") + 1 :]))
+    assert [p.debug_stage_delay for p in parsed] == [[], [("DenoisingStage", 50.0)]]
+    assert parsed[1].steps == 64 and parsed[1].cpu_threads == 1 and parsed[1].device == "cpu"
+    assert "--paired" in (example / "run.sh").read_text()

@@ -288,6 +288,26 @@ def test_report_reads_at_1280x800(run: str, request, tmp_path: Path):
     assert loaded == [(run_dir / "report.html").resolve().as_uri()], loaded
 
 
+def test_ab_page_with_every_metric_gated_reads_at_1280(tmp_path: Path):
+    """Issue 51: the A/B page's looks table (then a column a gated metric) ran past 1280 px: the
+    H200 pool's replay, 11 gated metrics and 4 looks, was 1333 px wide; it now fits."""
+    from click.testing import CliRunner
+
+    from perfkit.cli import cli
+
+    pool = Path(__file__).resolve().parents[1] / "examples/h200/ab-pool/h200-1gpu"
+    out = tmp_path / "ab"
+    res = CliRunner().invoke(
+        cli, ["ab", "--replay", str(pool / "a"), str(pool / "b"), "--out", str(out), "-q"]
+    )
+    assert res.exit_code == 1, res.output  # undecided within the recording
+    looks = json.loads((out / "ab.json").read_text())["meta"]["sequential"]["looks"]
+    assert len(looks) == 4 and len(looks[-1]["metrics"]) == 11
+    f = read_at(out / "report.html", tmp_path)
+    assert f["scrollWidth"] <= f["innerWidth"] == 1280, f["wide"]
+    assert f["junk"] == [], f["junk"]
+
+
 def test_read_check_catches_overflow_junk_and_missing_alt(tmp_path: Path):
     """The checks are real: a wide table, a "None" and an image without alt are caught."""
     page = tmp_path / "bad.html"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from perfkit.ab.decide import incomparable
+from perfkit.ab.decide import incomparable, needed_text
 from perfkit.ab.driver import AbPlan
 from perfkit.ab.options import AbInputError, parse_gate_metrics
 from perfkit.ab.procedure import Design
@@ -125,11 +125,9 @@ def decide(
 
 def undecided_message(res: Any) -> str:
     """One line: the metrics still inconclusive, and the launches a side that would decide each."""
-    need = (res.meta.get("sequential") or {}).get("launches_needed") or {}
-    return f"{'undecided' if res.exit_code else 'undecided, passed by --undecided pass'}: " + "; ".join(
-        f"{m} still inconclusive"
-        + (f", about {need[m]} launches a side would decide it" if need.get(m) else "")
-        for m in res.undecided
+    word = "undecided" if res.exit_code else "undecided, passed by --undecided pass"
+    return f"{word}: still inconclusive, with the launches a side that would decide it: " + needed_text(
+        res, res.undecided
     )
 
 

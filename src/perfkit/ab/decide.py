@@ -257,7 +257,7 @@ def compare(
         decision = stats.decide(iv, thr)
         sub = both[both["metric"] == metric]
         split = stats.variance_split(sub["value"], sub["side"] + ":" + sub["launch"], sub["side"])
-        needed = stats.launches_needed(iv, thr) if decision == "inconclusive" else None
+        needed = stats.launches_needed(iv, thr, paired=paired) if decision == "inconclusive" else None
         unit = METRIC_UNITS.get(metric, "ms")
         if decision == "not measured":
             missing = [s for s, v in (("A", ma), ("B", mb)) if v.size == 0]
@@ -419,3 +419,22 @@ def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, floa
             f"{path}: the A/A run has no metric with an interval (fewer than 2 launches a side?)"
         )
     return out
+
+
+def needed_text(res: "AbResult", metrics: list[str]) -> str:
+    """Each of ``metrics`` (inconclusive) with its B/A and the launches a side that would decide
+    it, sized from its observed B/A and noise (``launches_needed``,
+    :func:`perfkit.ab.stats.launches_needed`): "M (B/A +3.1 %: about 9 launches a side), ..."."""
+    t = res.table.set_index("metric")
+    out = []
+    for m in metrics:
+        n = t["launches_needed"].get(m) if m in t.index else None
+        n = None if n is None or pd.isna(n) else int(n)
+        ratio = _fmt_ratio(float(t["ratio"].get(m))) if m in t.index else "–"
+        size = (
+            f"about {n} launches a side"
+            if n
+            else "no estimate: over 200 launches a side, or B/A on a threshold"
+        )
+        out.append(f"{m} (B/A {ratio}: {size})")
+    return ", ".join(out)

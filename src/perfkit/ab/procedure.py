@@ -15,6 +15,7 @@ import numpy as np
 
 from perfkit.ab import stats
 from perfkit.ab.slow import slow_launches
+from perfkit.common.numfmt import confidence_text
 
 #: alpha-spending functions (module doc)
 SPENDINGS = ("pocock", "obrien-fleming")
@@ -279,10 +280,13 @@ class Walker:
             look = _look(n, self._kept, self.logmed, self.metrics, self.thresholds, design, w.used)
             w.looks.append(look)
             regressed = [m for m, v in look.metrics.items() if v["decision"] == "regression"]
-            where = f"{n} launches a side (look {len(w.looks)}, {look.confidence:.2%} interval)"
+            where = f"{n} launches a side (look {len(w.looks)}, {confidence_text(look.confidence)} interval)"
             if regressed:
                 w.stop, w.next_arm = "regression", None
                 w.reason = f"{', '.join(regressed)} decided a regression at {where}"
+                left = [m for m, v in look.metrics.items() if v["decision"] == "inconclusive"]
+                if left:  # one gated regression decides the exit code: the others are not waited for
+                    w.reason += f"; {', '.join(left)} left inconclusive: one gated regression ends the A/B"
                 return w
             if look.decided:
                 w.stop, w.next_arm = "decided", None

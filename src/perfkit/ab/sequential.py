@@ -208,12 +208,13 @@ def decide_sequential(
         keep = {s: [x for x in w.run[s] if x not in w.replaced.get(s, [])] for s in ("A", "B")}
         conf = design.look_confidence(design.min_launches)
     res = compare_bundles(a, b, threshold, thresholds, conf, gate=gate, keep=keep, paired=design.paired)
-    needed = {}
-    if w.stop == "maximum":
-        t = res.table.set_index("metric")
-        for m in w.undecided:
-            v = t["launches_needed"].get(m) if m in t.index else None
+    t = res.table.set_index("metric")
+    needed = {}  # every gated metric left inconclusive, also when another's regression stopped it
+    for m in metrics:
+        if m in t.index and t.loc[m, "decision"] == "inconclusive":
+            v = t.loc[m, "launches_needed"]
             needed[m] = None if v is None or pd.isna(v) else int(v)
+    if w.stop == "maximum":
         if res.exit_code == EXIT_OK and w.undecided and undecided == "fail":
             res.exit_code = EXIT_REGRESSION
     res.meta["sequential"] = jsonable(

@@ -360,23 +360,23 @@ def decide(iv: RatioInterval, threshold: float = DEFAULT_THRESHOLD) -> str:
 
 
 def launches_needed(
-    iv: RatioInterval, threshold: float = DEFAULT_THRESHOLD, max_launches: int = 200
+    iv: RatioInterval, threshold: float = DEFAULT_THRESHOLD, max_launches: int = 200, paired: bool = False
 ) -> int | None:
-    """Launches a side that would decide a metric, if the ratio and the launch-mean variance stay
-    as measured (Kalibera & Jones 2013, §"dimensioning": size the repetitions at the level that
-    holds the variance from a first run's variance estimates).
+    """Launches a side that would decide a metric, if the ratio and the noise stay as measured
+    (Kalibera & Jones 2013, §"dimensioning": size the repetitions from a first run's variance).
 
-    The pooled variance of log launch means s² (σ_b² + σ_w²/M for M requests a launch) gives the
-    half-width ``t_{2n−2} · s · √(2/n)`` at n launches a side; the answer is the smallest n whose
-    half-width fits between the log ratio and the nearest decision boundary (log(1 ± threshold)).
+    The interval's standard error of the log ratio ``se`` at k launches a side (k = 2 / (1/n_a +
+    1/n_b)) scales to ``se · √(k / n)`` at n; with the t quantile at n (df 2n − 2, paired n − 1)
+    and ``iv.confidence``, the answer is the smallest n whose half-width fits between the log
+    ratio and the nearest decision boundary (log(1 ± threshold)). For Welch's interval this is
+    the pooled launch-mean variance's ``t · s · √(2/n)``; for a paired one the pairs' differences'.
 
     Returns:
         launches a side (≥ the current count), or None when it cannot be estimated (fewer than 2
         launches on a side) or would exceed ``max_launches`` (the ratio sits on a boundary).
     """
-    if iv.n_a < 2 or iv.n_b < 2 or not math.isfinite(iv.ratio):
+    if iv.n_a < 2 or iv.n_b < 2 or not (math.isfinite(iv.ratio) and math.isfinite(iv.se_log)):
         return None
-    s2 = ((iv.n_a - 1) * iv.sd_log_a**2 + (iv.n_b - 1) * iv.sd_log_b**2) / (iv.n_a + iv.n_b - 2)
     lr = math.log(iv.ratio)
     up, lo = math.log1p(threshold), math.log1p(-threshold)
     if lr > up:
@@ -387,11 +387,12 @@ def launches_needed(
         margin = min(up - lr, lr - lo)
     if margin <= 0:
         return None
-    if s2 == 0:
+    if iv.se_log == 0:
         return max(iv.n_a, iv.n_b)
-    s = math.sqrt(s2)
+    k = 2.0 / (1.0 / iv.n_a + 1.0 / iv.n_b)
     for n in range(max(2, min(iv.n_a, iv.n_b)), max_launches + 1):
-        if _t_quantile(0.5 + iv.confidence / 2.0, 2 * n - 2) * s * math.sqrt(2.0 / n) < margin:
+        df = n - 1 if paired else 2 * n - 2
+        if _t_quantile(0.5 + iv.confidence / 2.0, df) * iv.se_log * math.sqrt(k / n) < margin:
             return n
     return None
 

@@ -22,30 +22,27 @@ def make_setup(
     metric: str | None = "DenoisingStage",
     python_path: str | None = None,
     build: str | None = None,
-    min_launches: int = 2,
-    max_launches: int = 6,
+    design: Design | None = None,
     threshold: float = 0.05,
-    confidence: float = 0.95,
-    spending: str = "pocock",
+    thresholds: dict[str, float] | None = None,
     warm: int = 3,
     build_timeout_s: float | None = None,
 ) -> ProbeSetup:
-    """A :class:`ProbeSetup` from the command's options.
+    """A :class:`ProbeSetup` from the command's options (``design``: ``perfkit ab``'s sequential
+    design, paired or not; None: 2 to 6 launches a side, unpaired; ``thresholds``: per-metric,
+    from ``--threshold-from``).
 
     Raises:
-        BisectError: the spec file is missing, or the design is out of range (named).
+        BisectError: the spec file is missing.
     """
     if not Path(spec).is_file():
         raise BisectError(
             f"--spec {spec}: {'is a directory, not a file' if Path(spec).is_dir() else 'not found'}"
         )
-    try:
-        design = Design(min_launches, max_launches, confidence, spending)
-    except ValueError as exc:
-        raise BisectError(f"-n/--launches, --max-launches: {exc}") from None
     return ProbeSetup(
-        Path(spec), metric or "DenoisingStage", python_path, build, design, threshold, warm, build_timeout_s
-    )
+        Path(spec), metric or "DenoisingStage", python_path, build, design or Design(2, 6), threshold,
+        warm, build_timeout_s, dict(thresholds or {}),
+    )  # fmt: skip
 
 
 def out_dir(given: str | None, kind: str) -> Path:

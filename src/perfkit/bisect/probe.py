@@ -63,6 +63,7 @@ class ProbeSetup:
         threshold: the decision threshold (fraction; a regression is an interval above it).
         warm: warm requests a launch.
         build_timeout_s: a build running longer is that probe's error (s; None: no limit).
+        thresholds: per-metric thresholds (fraction; ``--threshold-from``), beside ``threshold``.
     """
 
     spec: Path
@@ -73,6 +74,7 @@ class ProbeSetup:
     threshold: float = DEFAULT_THRESHOLD
     warm: int = 3
     build_timeout_s: float | None = None
+    thresholds: dict[str, float] = field(default_factory=dict)
 
     def require_varies(self) -> None:
         """Raise BisectError unless a probe's engine can depend on its commit: a build command,
@@ -216,9 +218,10 @@ def compare(
         setup.warm,
     )
     gate = [setup.metric]
-    bundles = run_sequential(plan, setup.design, out, setup.threshold, None, gate)
+    thr = setup.thresholds or None
+    bundles = run_sequential(plan, setup.design, out, setup.threshold, thr, gate)
     try:
-        res = decide_sequential(bundles["A"], bundles["B"], setup.design, setup.threshold, None, gate=gate)
+        res = decide_sequential(bundles["A"], bundles["B"], setup.design, setup.threshold, thr, gate=gate)
     except ValueError as exc:  # the metric was not compared
         return Probe(commit, position, "error", error=str(exc), out=str(out), wall_s=time.time() - t0)
     write_ab_outputs(res, out)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from perfkit.cli._ab_options import ab_options
+from perfkit.cli._ab_options import ab_options, read_decision
 from perfkit.cli._common import done, sigterm_as_interrupt
 
 EPILOG = (
@@ -43,35 +43,21 @@ def side(path: str, option: str) -> tuple[Any, dict[str, Any] | None]:
 def _run_or_replay(kw: dict[str, Any]) -> int:
     from perfkit.ab import api, options
     from perfkit.ab import stats as ab_stats
-    from perfkit.ab.decide import thresholds_from_run
     from perfkit.report.ab import write_ab_outputs
 
-    threshold = options.parse_fraction(kw["threshold"], "--threshold") or ab_stats.DEFAULT_THRESHOLD
-    confidence = options.parse_fraction(kw["confidence"], "--confidence")
-    thresholds: dict[str, float] = {}
-    if kw["threshold_from"]:
-        try:
-            thresholds = thresholds_from_run(kw["threshold_from"])
-        except (FileNotFoundError, ValueError) as exc:
-            raise options.AbInputError(str(exc), "--threshold-from") from None
     gate = options.parse_gate_metrics(kw["gate_metrics"])
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    design_options = [kw[k] for k in ("launches", "max_launches")] + [
-        confidence,
-        kw["spending"],
-        kw["slow_spells"],
-    ]
     if kw["replay"]:
         if kw["a"] or kw["b"]:
             raise click.UsageError("give either --replay DIR_A DIR_B or --a/--b, not both")
         bundles = api.load_replay(*kw["replay"])
         out = options.out_dir(kw["out"], f"{stamp}-replay")
-        design = options.design_for(*design_options, bundles, paired=kw["paired"])
+        design, threshold, thresholds = read_decision(kw, bundles)
         gate = (
             gate if gate is not None else api.recorded_gate_metrics(bundles)
         )  # the alpha is split over them
         rec_threshold, rec_thresholds = api.recorded_thresholds(bundles)  # decide as the run did
-        threshold = threshold if kw["threshold"] is not None or rec_threshold is None else rec_threshold
+        threshold = threshold or rec_threshold or ab_stats.DEFAULT_THRESHOLD
         if not kw["threshold_from"] and kw["threshold"] is None:
             thresholds = rec_thresholds
     else:
@@ -87,7 +73,8 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         req = options.request_for(req_a, req_b, shape)
         if kw["share_compile_cache"]:
             spec_a, spec_b = (s.replace(share_compile_cache=True) for s in (spec_a, spec_b))
-        design = options.design_for(*design_options, paired=kw["paired"])
+        design, threshold, thresholds = read_decision(kw)
+        threshold = threshold or ab_stats.DEFAULT_THRESHOLD
         out = options.out_dir(kw["out"], stamp)
         profile = None
         if kw["profile"]:

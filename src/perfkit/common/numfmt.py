@@ -56,6 +56,18 @@ def percent_text(x: object, digits: int = 1) -> str:
     return f"{f * 100:.{digits}f} %"
 
 
+def confidence_text(c: float) -> str:
+    """A confidence (fraction in (0, 1)) as a percent with the fewest decimals that keep it exact
+    to 1e-6 or, from two decimals on, below 100: ``0.95`` -> ``"95 %"``, ``0.99957`` ->
+    ``"99.96 %"``, ``0.99998`` -> ``"99.998 %"``; never ``"100 %"`` for a confidence below 1."""
+    p = float(c) * 100.0
+    for d in range(0, 7):
+        s = f"{p:.{d}f}"
+        if abs(float(s) - p) < 1e-6 or (d >= 2 and float(s) < 100.0):
+            return f"{s} %"
+    return f"{p} %"
+
+
 def fmt(v: Any, spec: str = ".0f", unit: str = "", missing: str = "–") -> str:
     """A number for a reading or a check reason: ``fmt(954.2, ".0f", " ms")`` -> ``"954 ms"``,
     ``fmt(58427.9, ".0f", " ms")`` -> ``"58,428 ms"``; a ``g`` spec takes

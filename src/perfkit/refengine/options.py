@@ -103,9 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="perfkit engine serve",
         description="perfkit reference engine: LTX-Video (diffusers) over HTTP "
         "(also: python -m perfkit.refengine)",
-        epilog="Example: perfkit engine serve --preset tiny --port 8000. Exit codes: 0 stopped "
+        epilog="Example: perfkit engine serve --preset tiny --port 8000 (@FILE: more options from FILE,"
+        " one a line). Exit codes: 0 stopped "
         "cleanly, 2 bad arguments or a refused configuration (unknown preset, an accelerator "
         "offload mode on a CPU device), other non-zero: the engine failed.",
+        fromfile_prefix_chars="@",
     )
     p.add_argument("--preset", default="tiny", help="model preset: tiny | ltx-2b (default tiny)")
     p.add_argument("--model-path", default=None, help="local diffusers-format checkpoint directory")

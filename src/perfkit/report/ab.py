@@ -15,9 +15,9 @@ from typing import Any
 import markupsafe
 import pandas as pd
 
-from perfkit.ab.decide import AbResult
+from perfkit.ab.decide import AbResult, needed_text
 from perfkit.checks import number
-from perfkit.common.numfmt import number_text, percent_text
+from perfkit.common.numfmt import confidence_text, number_text, percent_text
 from perfkit.gate.verdicts import STATUS_WORD
 from perfkit.report.belowstage import ab_panel
 from perfkit.report.plots import ab_forest, figure_to_png_bytes
@@ -38,6 +38,8 @@ __all__ = [
 ]
 
 SUMMARY_FILE = "summary.md"
+#: what the launches a side after an inconclusive metric mean (:func:`perfkit.ab.decide.needed_text`)
+_SIZED = "with the launches a side that would decide it, if its B/A and noise stay as observed"
 REPORT_FILE = "report.html"
 
 
@@ -148,10 +150,10 @@ def ab_context(res: AbResult, page_dir: str | Path = ".") -> dict[str, Any]:
     load = ab.get("loadavg_end")
     return {
         "verdict": _badge(res),
-        "confidence": res.confidence,
+        "confidence": confidence_text(res.confidence),
         "paired": bool(ab.get("paired")),
         "order": " ".join(ab.get("order") or []) or "(replayed: order not recorded)",
-        "launches_per_side": _launches_text(ab),
+        "launches_per_side": _launches_text(res),
         "warm_per_launch": ab.get("warm_per_launch", "?"),
         "threshold_pct": f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %",
         "thresholds_from": res.meta.get("thresholds_from"),
@@ -209,13 +211,19 @@ def render_ab_report(res: AbResult, out: str | Path) -> Path:
     return p
 
 
-def _launches_text(ab: dict[str, Any]) -> str:
-    """ "N launches a side", or per arm for a pool of several arms (``run_arms``)."""
-    n = ab.get("launches_per_side", "?")
-    if ab.get("sequential") and isinstance(ab.get("launches_done"), dict):
-        return ", ".join(f"{k}: {v}" for k, v in ab["launches_done"].items()) + " launches recorded"
+def _launches_text(res: AbResult) -> str:
+    """ "N launches a side" or "A: n, B: m launches": what the two bundles hold (``meta["sides"]``),
+    else what the recording says it ran (``ab.launches_done``, then the planned
+    ``launches_per_side``; "(arms of one pool)" beyond A and B)."""
+    ab = res.meta.get("ab") or {}
+    sides = res.meta.get("sides") or {}
+    held = {s: len(v["launches"]) for s, v in sides.items() if (v or {}).get("launches")}
+    n = held if len(held) == 2 else ab.get("launches_done") or ab.get("launches_per_side", "?")
     if isinstance(n, dict):
-        return ", ".join(f"{k}: {v}" for k, v in n.items()) + " launches (arms of one pool)"
+        if set(n) == {"A", "B"} and n["A"] == n["B"]:
+            return f"{n['A']} launches a side"
+        pool = " (arms of one pool)" if set(n) - {"A", "B"} else ""
+        return ", ".join(f"{k}: {v}" for k, v in n.items()) + f" launches{pool}"
     return f"{n} launches a side"
 
 
@@ -233,21 +241,21 @@ def spells_line(res: AbResult) -> str:
 
 def looks_frame(res: AbResult) -> pd.DataFrame:
     """The sequential procedure's looks (``res.meta["sequential"]``, :mod:`perfkit.ab.sequential`):
-    one row a look with launches a side, the interval's confidence and per gated metric B/A
-    ``[low, high]`` and its decision. Empty for a result without looks."""
+    one row a gated metric, one column a look (headed by its launches a side and its interval's
+    confidence), cells B/A ``[low, high]`` and the decision: as narrow as the looks are few. Empty
+    for a result without looks."""
     seq = res.meta.get("sequential") or {}
-    rows = []
+    cols: dict[str, dict[str, str]] = {}
     for i, lk in enumerate(seq.get("looks") or [], 1):
-        row: dict[str, Any] = {
-            "look": i,
-            "launches a side": lk.get("n"),
-            "confidence": f"{float(lk.get('confidence') or math.nan) * 100:.2f} %",
+        head = f"look {i}: {lk.get('n')} a side, {confidence_text(float(lk.get('confidence') or math.nan))}"
+        cols[head] = {
+            m: f"[{_pct(v.get('low'))}, {_pct(v.get('high'))}] {v.get('decision')}"
+            for m, v in (lk.get("metrics") or {}).items()
         }
-        for metric, v in (lk.get("metrics") or {}).items():
-            lo, hi = (number(v.get(k)) for k in ("low", "high"))
-            row[metric] = f"[{_pct(lo)}, {_pct(hi)}] {v.get('decision')}"
-        rows.append(row)
-    return pd.DataFrame(rows)
+    if not cols:
+        return pd.DataFrame()
+    df = pd.DataFrame(cols).fillna("–")
+    return df.rename_axis("metric").reset_index()
 
 
 def sequential_text(res: AbResult) -> str:
@@ -273,12 +281,14 @@ def sequential_text(res: AbResult) -> str:
             f"; side {', '.join(seq['spell_kept'])}: half or more of its launches in a slow spell, kept "
             "(the host's state, not a spell)"
         )
-    need = seq.get("launches_needed") or {}
+    t = res.table
+    left = [
+        m for m in t.loc[(t["decision"] == "inconclusive") & res.gated, "metric"] if m not in res.undecided
+    ]
+    if left:  # gated, inconclusive when another gated metric's regression ended the A/B
+        text += f"; still inconclusive ({_SIZED}): " + needed_text(res, left)
     if res.undecided:
-        text += "; undecided: " + ", ".join(
-            m + (f" (about {need[m]} launches a side would decide it)" if need.get(m) else "")
-            for m in res.undecided
-        )
+        text += f"; undecided ({_SIZED}): " + needed_text(res, res.undecided)
         if seq.get("undecided_rule") == "pass":
             text += "; exit 0 only because of `--undecided pass`"
     return text
@@ -289,8 +299,8 @@ def _conf_text(res: AbResult) -> str:
     seq = res.meta.get("sequential") or {}
     overall = (seq.get("design") or {}).get("confidence")
     if overall is None:
-        return f"{res.confidence * 100:.0f} %"
-    return f"{float(overall) * 100:.0f} % over all looks (the last look's {res.confidence:.2%})"
+        return confidence_text(res.confidence)
+    return f"{confidence_text(float(overall))} over all looks (the last look's {confidence_text(res.confidence)})"
 
 
 def _interval_text(ab: dict) -> str:
@@ -307,7 +317,7 @@ def ab_summary_markdown(res: AbResult) -> str:
     word = {"regression": "REGRESSION", "error": "ERROR"}.get(res.verdict, res.verdict)
     lines = [f"## perfkit ab: {word} (exit code {res.exit_code})", ""]
     how = (
-        f"{_launches_text(ab)}, {ab.get('warm_per_launch', '?')} warm "
+        f"{_launches_text(res)}, {ab.get('warm_per_launch', '?')} warm "
         f"request{'' if ab.get('warm_per_launch') == 1 else 's'} a launch, {_conf_text(res)} {_interval_text(ab)}, default threshold "
         f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %"
     )

@@ -69,8 +69,8 @@ def _facts(d: Mapping[str, Any]) -> list[str]:
     des = s.get("design") or {}
     how = (
         f"metric {s.get('metric')}, threshold ±{float(s.get('threshold', 0.05)) * 100:.1f} %, "
-        f"{des.get('min_launches')}–{des.get('max_launches')} launches a side a probe "
-        f"({des.get('spending')} alpha spending, {float(des.get('confidence', 0.95)) * 100:.0f} % over the looks), "
+        f"{des.get('min_launches')}–{des.get('max_launches')} launches a side a probe"
+        f"{', paired' if des.get('paired') else ''} ({des.get('spending')} alpha spending, {float(des.get('confidence', 0.95)) * 100:.0f} % over the looks), "
         f"{s.get('warm')} warm requests a launch"
     )
     build = (f"build: `{s['build']}`" if s.get("build") else "no build command") + (
