@@ -2,8 +2,8 @@
 # Each `make suite` lands in a new outputs/<params name>/<timestamp>/ (outputs/<name>/latest points
 # at the newest); OUT=dir picks a directory instead.
 # Both create .venv on first use: CPU torch first (pip takes the local torch 2.13.0 CPU file where
-# the machine has one; set TORCH to another requirement for a GPU host), then perfkit with its
-# test extras.
+# the machine has one; set TORCH to another requirement for a GPU host), then perfkit with every
+# optional stack (the `all` extra: history, ray, lab) and the test tools.
 PYTHON ?= python3
 VENV   ?= .venv
 TORCH  ?= torch==2.13.0
@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install $(TORCH)
-	$(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install -e '.[all,test]'
 	$(MAKE) git-filter
 	touch $@
 

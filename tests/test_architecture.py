@@ -222,3 +222,120 @@ def test_a_command_imports_only_its_own_module():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# ------------------------------------------------------------------ the optional stacks (extras)
+OPTIONAL = {"apache-otava": "history", "duckdb": "history", "ray": "ray", "jupyterlab": "lab"}
+
+
+def test_the_core_dependencies_leave_out_the_optional_stacks():
+    """``pip install perfkit`` brings none of apache-otava, Ray, DuckDB, JupyterLab: each is in
+    its extra, every extra in ``all``, which ``make setup`` installs with the test tools; and
+    :data:`perfkit.common.EXTRAS` (what :func:`~perfkit.common.require_extra` checks) names
+    the same extras."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    from perfkit.common import EXTRAS
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {Requirement(r).name for r in project["dependencies"]}
+    assert not core & set(OPTIONAL), core & set(OPTIONAL)
+    assert {"torch", "papermill", "click"} <= core  # the list read is the real one
+    extras = {k: {Requirement(r).name for r in v} for k, v in project["optional-dependencies"].items()}
+    for dist, extra in OPTIONAL.items():
+        assert dist in extras[extra], (dist, extra)
+    assert project["optional-dependencies"]["all"] == ["perfkit[history,ray,lab]"]
+    assert set(EXTRAS) == {"history", "ray", "lab"}
+    assert "pip install -e '.[all,test]'" in (ROOT / "Makefile").read_text()
+
+
+#: run in a fresh interpreter with the optional stacks unimportable (None in sys.modules: an
+#: import raises ModuleNotFoundError, find_spec says None), as on a core install
+_WITHOUT_EXTRAS = r"""
+import contextlib, importlib, io, json, pkgutil, sys
+for m in ("otava", "duckdb", "ray", "jupyterlab"):
+    sys.modules[m] = None
+import perfkit
+from perfkit.cli import main
+
+failed = {}
+for mod in pkgutil.walk_packages(perfkit.__path__, "perfkit."):
+    if not mod.name.endswith("__main__"):
+        try:
+            importlib.import_module(mod.name)
+        except Exception as exc:
+            failed[mod.name] = repr(exc)
+
+def cli(*args):
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = main(list(args))
+    return [code, err.getvalue(), out.getvalue()[:200]]
+
+from perfkit.history import changepoints as cp
+from perfkit.scaleout.executor import ExecutorError, executor
+try:
+    cp.analyse([])
+    analyse = "ran"
+except ImportError as exc:
+    analyse = str(exc)
+try:
+    executor("ray")
+    ray = "found"
+except ExecutorError as exc:
+    ray = str(exc)
+from pathlib import Path
+from perfkit.lab import LabDir, LabError, launch
+try:
+    launch(LabDir(Path("outputs/lab/x")), browser=False)
+    lab = "launched"
+except LabError as exc:
+    lab = str(exc)
+print(json.dumps({
+    "failed": failed,
+    "suite_help": cli("suite", "--help"),
+    "history_check": cli("history", "check", "outputs/nowhere", "--store", "nowhere"),
+    "history_add_help": cli("history", "add", "--help"),
+    "history_notebook": cli("run", "notebooks/history.ipynb"),
+    "analyse": analyse,
+    "ray": ray,
+    "lab": lab,
+    "loaded": sorted(m for m in ("otava", "duckdb", "ray", "jupyterlab") if sys.modules[m] is not None),
+}))
+"""
+
+
+def test_without_the_optional_stacks_perfkit_imports_and_a_command_needing_one_says_the_pip_install():
+    """On a core install every perfkit module imports (each import of an optional stack is
+    inside the function that needs it), ``perfkit suite --help`` works, and ``perfkit history``
+    (its ``--help`` aside), the history notebook, change points, ``--executor ray`` and
+    ``perfkit lab``'s JupyterLab fail
+    with one line naming the ``pip install``: the CLI exits 2 without a traceback."""
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_EXTRAS], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["failed"] == {}
+    assert got["loaded"] == []
+    code, err, out = got["suite_help"]
+    assert code == 0 and "--params" in out, (err, out)
+    hint = "perfkit history needs otava, duckdb: pip install 'perfkit[history]'"
+    assert got["history_check"][:2] == [2, f"perfkit: {hint}\n"]
+    assert got["history_add_help"][0] == 0 and "RUNS" in got["history_add_help"][2]
+    assert got["history_notebook"][:2] == [
+        2,
+        "perfkit: history.ipynb needs otava, duckdb: pip install 'perfkit[history]'\n",
+    ]
+    assert (
+        got["analyse"]
+        == "change points (perfkit.history) needs otava, duckdb: pip install 'perfkit[history]'"
+    )
+    assert got["ray"] == "--executor ray needs ray: pip install 'perfkit[ray]'"
+    assert got["lab"] == (
+        "perfkit lab needs jupyterlab: pip install 'perfkit[lab]'; the notebooks are ready in outputs/lab/x"
+    )

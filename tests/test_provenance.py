@@ -56,6 +56,39 @@ def test_copy_inside_another_repository_is_unknown(tmp_path):
     assert _commit_of(copy / "src") == "None"
 
 
+def test_an_installed_perfkit_finds_the_checkout_it_runs_from(tmp_path):
+    """A non-editable install (``pip install .``: the package in site-packages, no notebooks/
+    beside it) run from a checkout takes that checkout's notebooks/, params/ and baselines/
+    (the current directory, exported as PERFKIT_ROOT for the kernels it starts, which may give
+    it too), while its provenance stays unknown: the checkout's HEAD is not what ran."""
+    site = tmp_path / "venv" / "lib" / "python3" / "site-packages"
+    shutil.copytree(ROOT / "src" / "perfkit", site / "perfkit", ignore=shutil.ignore_patterns("__pycache__"))
+    probe = (
+        "import os; from perfkit.common.provenance import repo_root, git_commit, source_digest\n"
+        "print(repo_root(), os.environ['PERFKIT_ROOT'], git_commit(), source_digest(), sep='|')"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PERFKIT_GIT_COMMIT", "PERFKIT_ROOT")}
+    env["PYTHONPATH"] = str(site)
+
+    def run(cwd: Path, **more: str) -> list[str]:
+        out = subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            env={**env, **more},
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip().split("|")
+
+    assert run(ROOT) == [str(ROOT), str(ROOT), "None", "None"]
+    kernel_dir = tmp_path / "run"
+    kernel_dir.mkdir()
+    assert run(kernel_dir, PERFKIT_ROOT=str(ROOT))[:2] == [str(ROOT), str(ROOT)]
+    assert _commit_of(ROOT / "src") not in ("None", "")  # the editable checkout's own commit, as before
+
+
 def test_source_digest_names_the_files_not_the_checkout(tmp_path):
     """Two copies of the same files give the same digest, whatever their .git says; one changed
     byte under src/perfkit changes it; a tree without src/perfkit has none."""

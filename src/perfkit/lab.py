@@ -37,6 +37,7 @@ from typing import Any, Iterable
 
 import nbformat
 
+from perfkit.common import MissingExtra, require_extra
 from perfkit.common.outdirs import stamped_dir
 from perfkit.nbparams import section_params, validate
 from perfkit.params import ParamsError
@@ -284,13 +285,10 @@ def launch(lab: LabDir, browser: bool = True) -> int:
         LabError: JupyterLab is not installed (``pip install 'perfkit[lab]'``), or it exited
             with an error (its own message is above; the notebooks stay ready).
     """
-    import importlib.util
-
-    if importlib.util.find_spec("jupyterlab") is None:
-        raise LabError(
-            "JupyterLab is not installed: pip install 'perfkit[lab]' (or jupyterlab); "
-            f"the notebooks are ready in {lab.dir}"
-        )
+    try:
+        require_extra("lab", "perfkit lab")
+    except MissingExtra as exc:
+        raise LabError(f"{exc}; the notebooks are ready in {lab.dir}") from None
     try:
         rc = subprocess.call(lab_command(lab, browser))
     except KeyboardInterrupt:

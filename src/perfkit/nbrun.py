@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from perfkit.common import require_extra
 from perfkit.gate.outcome import gate_result
 from perfkit.gate.verdicts import read_verdict
 from perfkit.params import ParamsError, load_params, load_yaml
@@ -215,8 +216,13 @@ def run_notebook(
     """Run one notebook with papermill: its parameters from ``params_file`` then ``kv`` (``-p``),
     validated before the kernel starts; the executed copy at ``out`` (default
     RUN_DIR/notebooks/NAME). A run that errors before writing anything leaves no run directory.
-    Raises :class:`RunInputError` for bad input."""
+    Raises :class:`RunInputError` for bad input, :class:`~perfkit.common.MissingExtra` for
+    the history notebook without ``perfkit[history]``."""
+    from perfkit.nbparams import HISTORY
+
     nb = Path(notebook)
+    if nb.stem == HISTORY:
+        require_extra("history", nb.name)
     params = notebook_params(nb, params_file, kv)
     rd = run_dir_for(nb.stem, params.get("run_dir"))
     params["run_dir"] = str(rd.path)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from tqdm.auto import tqdm
+from tqdm.std import tqdm  # a text bar, never a widget (perfkit.measuring.progress)
 
 from perfkit.ab.paired import run_pair
 from perfkit.ab.stats import interleaved_order

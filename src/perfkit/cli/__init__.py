@@ -14,10 +14,12 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from typing import Any
 
 import click
 
 from perfkit.cli._common import EXIT_CODES
+from perfkit.common import MissingExtra, require_extra
 from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
 
 __all__ = ["COMMANDS", "EXIT_CODES", "cli", "main"]
@@ -41,6 +43,10 @@ COMMANDS = {
     "history": "perfkit.cli.history:history_group",
     "measure": "perfkit.measure:measure_command",
 }
+#: the optional stack (:data:`perfkit.common.EXTRAS`) a command needs whole, checked before it runs
+#: (its ``--help`` works without it); other commands check where they need one (``--executor
+#: ray``, ``perfkit lab`` launching JupyterLab)
+COMMAND_EXTRAS = {"history": "history"}
 
 
 class LazyGroup(click.Group):
@@ -54,6 +60,16 @@ class LazyGroup(click.Group):
             module, attr = COMMANDS[cmd_name].split(":")
             self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[Any, ...]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if name in COMMAND_EXTRAS and not set(rest) & set(ctx.help_option_names):
+            try:
+                require_extra(COMMAND_EXTRAS[name], f"perfkit {name}")
+            except MissingExtra as exc:
+                click.echo(f"perfkit: {exc}", err=True)
+                ctx.exit(EXIT_ERROR)
+        return name, cmd, rest
 
 
 @click.group(
@@ -80,5 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_ERROR
     except KeyboardInterrupt:
+        return EXIT_ERROR
+    except MissingExtra as exc:  # an optional stack met deeper (a figures block, a notebook)
+        print(f"perfkit: {exc}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK

@@ -16,7 +16,7 @@ def git_commit() -> str | None:
     e.g. a GPU host that received a tarball)."""
     if os.environ.get("PERFKIT_GIT_COMMIT"):
         return os.environ["PERFKIT_GIT_COMMIT"]
-    root = repo_root()
+    root = _source_root()
 
     def git(*args: str) -> str:
         out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
@@ -41,9 +41,9 @@ def source_digest(root: Path | None = None) -> str | None:
     ran when the commit cannot: a GPU host that received a working tree whose ``.git`` is older
     than its files reports ``<old commit>+dirty``, and this digest, recomputed from any checkout
     (``python -c "from perfkit.common.provenance import source_digest; print(source_digest())"``),
-    says which commit's files those were. None when ``root`` (default :func:`repo_root`) has no
-    ``src/perfkit`` (an installed wheel)."""
-    root = repo_root() if root is None else Path(root)
+    says which commit's files those were. None when ``root`` (default: the checkout perfkit is
+    imported from) has no ``src/perfkit`` (an installed wheel)."""
+    root = _source_root() if root is None else Path(root)
     pkg = root / "src" / "perfkit"
     if not pkg.is_dir():
         return None
@@ -56,6 +56,18 @@ def source_digest(root: Path | None = None) -> str | None:
     return h.hexdigest()[:16]
 
 
-def repo_root() -> Path:
-    """The checkout perfkit runs from (where ``notebooks/``, ``params/`` and ``baselines/`` live)."""
+def _source_root() -> Path:
     return Path(__file__).resolve().parents[3]
+
+
+def repo_root() -> Path:
+    """The checkout perfkit runs from (where ``notebooks/``, ``params/`` and ``baselines/`` live):
+    the one its source is in (``pip install -e``), else for an installed perfkit ``$PERFKIT_ROOT``
+    or the current directory, exported as ``PERFKIT_ROOT`` so that the notebook kernels and
+    engines it starts (in their run directories) find the same one."""
+    here = _source_root()
+    if (here / "notebooks").is_dir():
+        return here
+    root = Path(os.environ.get("PERFKIT_ROOT") or Path.cwd()).resolve()
+    os.environ["PERFKIT_ROOT"] = str(root)
+    return root

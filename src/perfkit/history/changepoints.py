@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from perfkit.common import require_extra
 from perfkit.common.numfmt import number_text
 
 
@@ -392,7 +393,11 @@ def analyse(
     Returns:
         :class:`Analysis`; steps ordered by time, ``index`` being the position of
         ``after`` in ``points``.
+
+    Raises:
+        MissingExtra: apache-otava is not installed (``pip install 'perfkit[history]'``).
     """
+    require_extra("history", "change points (perfkit.history)")
     from otava.analysis import compute_change_points
 
     pts = list(points)

@@ -54,6 +54,8 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
+from perfkit.common import require_extra
+
 log = logging.getLogger(__name__)
 
 #: Version of the row layout below; bump it when a column changes meaning.
@@ -188,6 +190,7 @@ def stored_run_keys(store: str | Path) -> set[str]:
 
 
 def _duckdb():
+    require_extra("history", "the history store")
     import duckdb
 
     return duckdb.connect()

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from perfkit.common import jsonsafe
+from perfkit.common import MissingExtra, jsonsafe, require_extra
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, describe
 from perfkit.engine.spec import EngineSpec
@@ -217,6 +217,10 @@ def executor(name: str) -> Callable[..., list[UnitOutcome]]:
     if name == "inprocess":
         return run_units_inprocess
     modname = f"perfkit.scaleout.{EXECUTORS[name]}"
+    try:
+        require_extra(name, f"--executor {name}")
+    except MissingExtra as exc:
+        raise ExecutorError(str(exc)) from None
     try:
         mod = importlib.import_module(modname)
     except ImportError as exc:

@@ -48,7 +48,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from perfkit.common import jsonsafe
+from perfkit.common import MissingExtra, jsonsafe, require_extra
 from perfkit.scaleout.outcome import OnEvent, RunUnit, UnitOutcome
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,6 @@ ENV_PREFIXES = ("PERFKIT_", "HF_", "HUGGINGFACE_", "SGLANG_", "TRANSFORMERS_", "
 _SECRET = re.compile(r"token|secret|password|passwd|api_?key|access_?key|auth", re.I)
 #: lines of worker logging kept as the log tail of a failed unit
 LOG_TAIL_LINES = 200
-INSTALL_HINT = "the Ray executor needs ray: pip install 'perfkit[ray]'"
 #: a unit's record beside its output (same name and shape as the in-process executor's)
 UNIT_FILE = "unit.json"
 
@@ -68,9 +67,11 @@ def _import_ray():
     from perfkit.scaleout.executor import ExecutorError
 
     try:
-        import ray
-    except ImportError:
-        raise ExecutorError(INSTALL_HINT) from None
+        require_extra("ray", "the Ray executor")
+    except MissingExtra as exc:
+        raise ExecutorError(str(exc)) from None
+    import ray
+
     return ray
 
 
