@@ -137,8 +137,8 @@ def test_every_example_spec_and_params_file_loads_with_its_commands():
     problems = []
     for p in files:
         rel = p.relative_to(ROOT).as_posix()
-        # A/B engine specs (examples/ab/) are `perfkit ab` sides; every other YAML a params file
-        command = "ab" if rel.startswith("examples/ab/") else "suite"
+        # A/B and bisect engine specs are `perfkit ab` sides; every other YAML a params file
+        command = "ab" if rel.startswith(("examples/ab/", "examples/bisect/")) else "suite"
         try:
             _load_with(command, p)
         except Exception as exc:  # noqa: BLE001 - collect every file's problem

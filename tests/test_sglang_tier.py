@@ -357,10 +357,11 @@ def _ab(out: Path, a: Path, b: Path, *extra: str, most: int = 2) -> tuple[subpro
 
 @pytest.fixture(scope="module")
 def aa(venv, sana, tmp_path_factory):
-    """A/A: the same spec on both sides, 2 launches a side, one after another."""
+    """A/A: the same spec on both sides, 2 pairs of launches side by side (``--paired``: the two
+    servers share the 2 cores alike, so pairing halves the wall time without favouring a side)."""
     a = spec_yaml(tmp_path_factory.mktemp("aa") / "a.yaml", venv, sana)
     out = OUT / "ab-aa"
-    proc, wall = _ab(out, a, a)
+    proc, wall = _ab(out, a, a, "--paired")
     r = AbResult.load(out) if (out / "ab.json").is_file() else None
     RECORD["ab A/A"] = {"verdict": r and r.verdict, "exit_code": proc.returncode, "wall_s": round(wall, 1)}
     return out, proc, r
