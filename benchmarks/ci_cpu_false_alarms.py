@@ -171,7 +171,7 @@ def print_tables(summary: dict[str, Any]) -> None:
     """The arms' table, then the checks' table."""
     print(
         f"\n{'arm':10s} {'runs':>4s} {'exit 0':>6s} {'exit 1':>6s} {'other':>5s} {'outcome':>28s} "
-        f"{'inconcl.':>8s} {'wall s':>7s} {'load':>5s}"
+        f"{'inconcl.':>8s} {'wall s':>7s} {'load1':>5s}"
     )
     for arm, s in summary.items():
         if "detected" in s:

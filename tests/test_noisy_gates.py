@@ -76,6 +76,7 @@ def test_slope_lower_bound_is_scipys_one_sided_t_bound():
     rise = 400.0 + 64.0 * np.arange(4) + np.array([0.5, -1.0, 0.8, -0.3])
     assert stats.slope_lower_bound(rise) > 60.0
     assert np.isnan(stats.slope_lower_bound([1.0, 2.0]))
+    assert stats.slope_lower_bound([408.0] * 4) == 0.0  # host memory that did not move
 
 
 def test_the_false_regression_of_make_suite_is_inconclusive():

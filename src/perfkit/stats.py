@@ -336,8 +336,8 @@ def slope_lower_bound(y: Any, confidence: float = 0.95) -> float:
         confidence: one-sided level (0.95: 95 % of such intervals hold the true slope above).
 
     Returns:
-        the bound in units of ``y`` per index step; NaN with fewer than 3 finite points (no
-        spread to estimate).
+        the bound in units of ``y`` per index step (0 for a constant series); NaN with fewer
+        than 3 finite points (no spread to estimate).
     """
     from scipy.stats import linregress, t
 
@@ -345,8 +345,11 @@ def slope_lower_bound(y: Any, confidence: float = 0.95) -> float:
     keep = np.isfinite(arr)
     if keep.sum() < 3:
         return math.nan
-    fit = linregress(np.arange(arr.size, dtype=float)[keep], arr[keep])
-    return float(fit.slope - t.ppf(confidence, int(keep.sum()) - 2) * fit.stderr)
+    x, y = np.arange(arr.size, dtype=float)[keep], arr[keep]
+    if np.ptp(y) == 0:  # a constant series: slope 0, no spread (linregress's stderr is NaN)
+        return 0.0
+    fit = linregress(x, y)
+    return float(fit.slope - t.ppf(confidence, y.size - 2) * fit.stderr)
 
 
 def relative_drift(first: float, last: float) -> float:
