@@ -324,7 +324,10 @@ def test_suite_end_to_end_on_reference_engine(tmp_path):
     assert doc["scenarios"]["tiny_25f_64x64_4s_w17"]["expected_e2e_ms"] > 0
     assert any(c.endswith("_shapes") for c in doc["scenarios"])
     text = (out / "summary.md").read_text()
-    assert ("PASS" if proc.returncode == 0 else "REGRESSION") in text
+    # exit 0 is PASS, or INCONCLUSIVE with a check over its limit within its run's noise
+    assert any(w in text for w in (("REGRESSION",) if proc.returncode else ("PASS", "INCONCLUSIVE"))), text[
+        :400
+    ]
     for words in (
         "cold request",
         "warm median",

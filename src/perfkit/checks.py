@@ -6,7 +6,9 @@ results (:attr:`perfkit.scenarios.registry.Scenario.checks`); the gate adds the 
 turns them into an exit code.
 
 Statuses: ``pass``, ``fail``, ``new`` (a case the baseline lacks), ``improved`` (faster than the
-baseline by more than its improvement threshold), ``skipped`` (not measured: never a pass).
+baseline by more than its improvement threshold), ``inconclusive`` (the value is over its limit but
+its noise interval is not: noise could flip it; neither a pass nor a regression), ``skipped`` (not
+measured: never a pass).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ __all__ = [
 ]
 
 CHECK_COLUMNS = ["case", "metric", "expected", "actual", "bound", "status", "reason"]
-STATUSES = ("pass", "fail", "new", "improved", "skipped")
+STATUSES = ("pass", "fail", "new", "improved", "inconclusive", "skipped")
 NOT_MEASURED = "not measured"
 
 
@@ -49,10 +51,11 @@ class Check:
         actual: the measured value; None when it was not measured (then ``status`` is
             ``skipped``, never ``pass``).
         bound: the value ``actual`` is held to: ``max(expected*(1+tol), expected+pad)`` for a
-            baseline metric (sglang's rule), the limit (plus any noise margin) for an invariant.
+            baseline metric (sglang's rule), the limit for an invariant.
         status: one of :data:`STATUSES`.
-        reason: why, in words (``"1.02 <= 1.1 (limit 1, margin 10 %)"``).
-        margin: the noise margin applied to an invariant's limit (fraction), when one is.
+        reason: why, in words (``"3.4 > 3, but its lower bound 1.2 <= 3: noise could flip it"``).
+        lower: an invariant's value at the low end of its noise interval (the run's own spread),
+            when one was measured: over the limit only when the value is, a failure needs it.
         snippet: for ``improved``, the JSON fragment to paste into the case's baseline entry.
     """
 
@@ -64,7 +67,7 @@ class Check:
     status: str
     reason: str = ""
     snippet: dict[str, Any] | None = field(default=None)
-    margin: float | None = None
+    lower: float | None = None
 
 
 def number(v: Any) -> float | None:
@@ -79,17 +82,34 @@ def number(v: Any) -> float | None:
 
 
 def check_max(
-    case: str, metric: str, value: Any, limit: float, what: str = "", margin: float | None = None
+    case: str, metric: str, value: Any, limit: float, what: str = "", lower: Any = None, noise: str = ""
 ) -> Check:
-    """``value <= limit * (1 + margin)``; ``skipped`` ("not measured") when value is missing."""
-    v = number(value)
-    bnd = limit * (1.0 + margin) if margin else limit
+    """``value <= limit``, judged against the noise the run measured.
+
+    ``pass`` when ``value <= limit``; over it, ``fail`` only when ``lower`` (the value at the low
+    end of its noise interval, e.g. a one-sided 95 % bound) is over the limit too, else
+    ``inconclusive`` (noise could flip it); without a ``lower`` (an exact count, or a bundle
+    that recorded none) the value alone decides. ``skipped`` ("not measured") when value is
+    missing. ``noise`` says where ``lower`` comes from, in words.
+    """
+    v, lo = number(value), number(lower)
+    tail = (f" ({what})" if what else "") + (f"; {noise}" if noise and lo is not None else "")
     if v is None:
-        return Check(case, metric, limit, None, bnd, "skipped", NOT_MEASURED, margin=margin)
-    ok = v <= bnd
-    m = f", limit {number_text(limit)} + {margin:.0%} margin" if margin else ""
-    reason = f"{number_text(v)} {'<=' if ok else '>'} {number_text(bnd)}{m}" + (f" ({what})" if what else "")
-    return Check(case, metric, limit, v, bnd, "pass" if ok else "fail", reason, margin=margin)
+        return Check(case, metric, limit, None, limit, "skipped", NOT_MEASURED, lower=lo)
+    lim = number_text(limit)
+    if v <= limit:
+        status, reason = "pass", f"{number_text(v)} <= {lim}"
+    elif lo is None or lo > limit:
+        status = "fail"
+        reason = f"{number_text(v)} > {lim}" + (
+            f", its lower bound {number_text(lo)} > {lim} too" if lo is not None else ""
+        )
+    else:
+        status = "inconclusive"
+        reason = (
+            f"{number_text(v)} > {lim}, but its lower bound {number_text(lo)} <= {lim}: noise could flip it"
+        )
+    return Check(case, metric, limit, v, limit, status, reason + tail, lower=lo)
 
 
 def check_min(case: str, metric: str, value: Any, limit: float, what: str = "") -> Check:
@@ -151,11 +171,14 @@ COMPARED = ("pass", "fail", "improved", "new")
 
 
 def overall_status(df: pd.DataFrame) -> str:
-    """``"fail"`` when any row failed; ``"skipped"`` when every row was skipped (nothing was
-    measured: never a pass); else ``"pass"`` (new/improved/skipped rows do not fail). A table
-    without rows is ``"pass"``: nothing was asked of it."""
+    """``"fail"`` when any row failed; ``"inconclusive"`` when none failed and a row is
+    inconclusive (not a pass, not a regression: exit 0, said so); ``"skipped"`` when every row
+    was skipped (nothing was measured: never a pass); else ``"pass"`` (new/improved/skipped rows
+    do not fail). A table without rows is ``"pass"``: nothing was asked of it."""
     if df.empty:
         return "pass"
     if (df["status"] == "fail").any():
         return "fail"
+    if (df["status"] == "inconclusive").any():
+        return "inconclusive"
     return "pass" if df["status"].isin(COMPARED).any() else "skipped"

@@ -324,6 +324,34 @@ def slope_per_index(y: Any) -> float:
     return float(slope)
 
 
+def slope_lower_bound(y: Any, confidence: float = 0.95) -> float:
+    """One-sided lower confidence bound of :func:`slope_per_index`'s slope: the least-squares
+    slope minus Student's t (``n - 2`` degrees of freedom, ``scipy.stats.t``) times its standard
+    error (``scipy.stats.linregress``). A scatter around a flat line keeps it at or below 0; a
+    steady rise lifts it above 0.
+
+    Args:
+        y: values in order (e.g. MiB or ms after each request); non-finite values dropped with
+            their index.
+        confidence: one-sided level (0.95: 95 % of such intervals hold the true slope above).
+
+    Returns:
+        the bound in units of ``y`` per index step (0 for a constant series); NaN with fewer
+        than 3 finite points (no spread to estimate).
+    """
+    from scipy.stats import linregress, t
+
+    arr = np.asarray(y, dtype=float).ravel()
+    keep = np.isfinite(arr)
+    if keep.sum() < 3:
+        return math.nan
+    x, y = np.arange(arr.size, dtype=float)[keep], arr[keep]
+    if np.ptp(y) == 0:  # a constant series: slope 0, no spread (linregress's stderr is NaN)
+        return 0.0
+    fit = linregress(x, y)
+    return float(fit.slope - t.ppf(confidence, y.size - 2) * fit.stderr)
+
+
 def relative_drift(first: float, last: float) -> float:
     """Relative change from ``first`` to ``last``: ``last / first - 1`` (unitless).
 

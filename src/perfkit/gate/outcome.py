@@ -8,7 +8,8 @@ when the gate failed and the notebook's ``fail_on`` parameter is ``"gate"`` (the
 ``fail_on="never"`` (exploration, and ``perfkit suite``, which reads ``verdict.json`` itself)
 never raises.
 
-Gate results (:func:`gate_result`), one word per notebook: ``pass``, ``fail``, ``not gated``
+Gate results (:func:`gate_result`), one word per notebook: ``pass``, ``fail``, ``inconclusive``
+(none failed, one is over its limit within its noise: exit 0, not called a pass), ``not gated``
 (no verdict, no rows, or every check skipped: nothing was judged, never a pass), ``error`` (the
 notebook raised before its verdict), ``skipped`` (the notebook did not run).
 """
@@ -45,12 +46,12 @@ class GateFailed(Exception):
     rendered and ``verdict.json`` written before it is raised."""
 
 
-def _failed_rows(verdict: Mapping[str, Any]) -> list[str]:
+def _failed_rows(verdict: Mapping[str, Any], status: str = "fail") -> list[str]:
     rows = verdict.get("rows") or []
     return [
         f"{r.get('metric')} ({r.get('reason')})" if r.get("reason") else str(r.get("metric"))
         for r in rows
-        if r.get("status") == "fail"
+        if r.get("status") == status
     ]
 
 
@@ -65,6 +66,9 @@ def verdict_line(name: str, verdict: Mapping[str, Any] | None) -> str:
     if word == "fail":
         shown = "; ".join(failed[:5]) + (f" (+{len(failed) - 5} more)" if len(failed) > 5 else "")
         return f"{name} gate: fail: {len(failed)} of {len(rows)} checks failed: {shown}"
+    if word == "inconclusive":
+        shown = "; ".join(_failed_rows(verdict, "inconclusive"))
+        return f"{name} gate: inconclusive: none of {len(rows)} checks failed, noise could flip: {shown}"
     if word == "not gated":
         why = "no check rows" if not rows else "every check was skipped (nothing measured)"
         return f"{name} gate: not gated: {why}; not a pass"
@@ -83,7 +87,8 @@ def gate_result(status: str, verdict: Mapping[str, Any] | None, ename: str | Non
             (the A/B notebook's, which writes no verdict.json).
 
     Returns:
-        ``pass``, ``fail``, ``not gated``, ``error`` or ``skipped`` (see the module doc).
+        ``pass``, ``fail``, ``inconclusive``, ``not gated``, ``error`` or ``skipped`` (see the
+        module doc).
     """
     if status in ("error", "skipped"):
         return status
@@ -92,8 +97,8 @@ def gate_result(status: str, verdict: Mapping[str, Any] | None, ename: str | Non
     st = verdict.get("status")
     if st == "error":
         return "error"
-    if st == "fail":
-        return "fail"
+    if st in ("fail", "inconclusive"):
+        return st
     rows = verdict.get("rows") or []
     if st == "skipped" or all(isinstance(r, Mapping) and r.get("status") == "skipped" for r in rows):
         return "not gated"  # no rows, or every check skipped: nothing compared is not a pass
@@ -102,10 +107,10 @@ def gate_result(status: str, verdict: Mapping[str, Any] | None, ename: str | Non
 
 def exit_code(word: str, verdict: Mapping[str, Any] | None) -> int:
     """The exit code of one notebook run from its gate word (one rule for every command,
-    :mod:`perfkit.gate.verdicts`): 0 pass, 1 fail, 2 error; ``not gated`` is 2 when a verdict
+    :mod:`perfkit.gate.verdicts`): 0 pass or inconclusive, 1 fail, 2 error; ``not gated`` is 2 when a verdict
     judged nothing (every check skipped: never a pass) and 0 for a notebook that writes no
     verdict (the history notebook: nothing to gate)."""
-    if word == "pass":
+    if word in ("pass", "inconclusive"):
         return 0
     if word == "fail":
         return 1
@@ -116,7 +121,8 @@ def exit_code(word: str, verdict: Mapping[str, Any] | None) -> int:
 
 def finish(name: str, verdict: Mapping[str, Any] | None, fail_on: str = "gate", where: str = "") -> str:
     """The last cell of a gated notebook: show the gate's sentence and, with ``fail_on="gate"``,
-    raise :class:`GateFailed` when the gate failed or judged nothing (papermill then exits 1).
+    raise :class:`GateFailed` when the gate failed or judged nothing (papermill then exits 1);
+    an inconclusive gate is shown, not raised.
 
     Args:
         name: the notebook's gate (a scenario name, the baseline gate).
@@ -137,8 +143,8 @@ def finish(name: str, verdict: Mapping[str, Any] | None, fail_on: str = "gate", 
     line = verdict_line(name, verdict)
     at = f" (verdict: {where})" if where else ""
     _show(f"**{line}**{at}")
-    if word == "pass" or fail_on == "never":
-        if word != "pass":
+    if word in ("pass", "inconclusive") or fail_on == "never":
+        if word not in ("pass", "inconclusive"):
             _show(f"`fail_on` is {fail_on!r}: this notebook does not fail the run.")
         return word
     raise GateFailed(

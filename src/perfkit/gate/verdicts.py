@@ -4,7 +4,8 @@ the report and the suite's exit code.
 ``RUN/<notebook>/verdict.json`` holds ``{scenario, status, rows: [Check...], ...}``; the gate
 notebook's adds ``cases``, ``compared_with`` and ``warnings``. Exit codes, one rule for every
 command: :data:`EXIT_OK` (0) every check passed, :data:`EXIT_REGRESSION` (1) a check failed,
-:data:`EXIT_ERROR` (2) an error (bad input, engine crash, notebook exception, nothing compared);
+:data:`EXIT_ERROR` (2) an error (bad input, engine crash, notebook exception, nothing compared); a check over
+its limit within its run's noise is ``inconclusive`` (exit 0, status word ``inconclusive``);
 defined in the leaf :mod:`perfkit.common.exitcodes` (a command starts without the gate) and
 re-exported here.
 """
@@ -134,3 +135,11 @@ def exit_code_for(notebooks: Iterable[Any], verdicts: pd.DataFrame) -> int:
     if not verdicts.empty and (verdicts["status"] == "fail").any():
         return EXIT_REGRESSION
     return EXIT_OK
+
+
+def status_word(code: int, verdicts: pd.DataFrame) -> str:
+    """The run's status word: :data:`STATUS_WORD`'s, but ``inconclusive`` for exit 0 with a
+    check noise could flip (none failed; not called a pass)."""
+    if code == EXIT_OK and overall_status(verdicts) == "inconclusive":
+        return "inconclusive"
+    return STATUS_WORD.get(code, "error")

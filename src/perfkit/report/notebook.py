@@ -269,8 +269,8 @@ def _rows(rows: Iterable[Check | Mapping[str, Any]]) -> pd.DataFrame:
 
 def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gate") -> str:
     """The verdict in sentences, from the very check rows the gate judges (never from anything
-    recorded beside them): the overall status, then each failed, skipped and passed check with
-    its reason.
+    recorded beside them): the overall status, then each failed, inconclusive, skipped and
+    passed check with its reason.
 
     ``**Gate: fail.** 1 of 5 checks failed: `latency_drift` (0.091 > 0.05).`` A table of no
     rows says that nothing was gated.
@@ -286,14 +286,17 @@ def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gat
         return ", ".join(f"`{m}` ({r})" if r else f"`{m}`" for m, r in zip(sub["metric"], sub["reason"]))
 
     failed = df[df["status"] == "fail"]
+    unsure = df[df["status"] == "inconclusive"]
     skipped = df[df["status"] == "skipped"]
     passed = df[df["status"].isin(("pass", "improved", "new"))]
     if not failed.empty:
         lines.append(f"{len(failed)} of {n} checks failed: {listed(failed)}.")
+    if not unsure.empty:
+        lines.append(f"Inconclusive (over the limit within the run's noise): {listed(unsure)}.")
     if not skipped.empty:
         lines.append(f"Not measured, so not judged: {listed(skipped)}.")
     if not passed.empty:
-        word = "Every measured check passed" if failed.empty else "Passed"
+        word = "Every measured check passed" if failed.empty and unsure.empty else "Passed"
         lines.append(f"{word}: {listed(passed)}.")
     return " ".join(lines)
 

@@ -148,6 +148,7 @@ def gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
     if verdicts.empty:
         return []
     words = {"fail": "failed", "pass": "passed", "improved": "improved", "new": "new", "skipped": "skipped"}
+    words["inconclusive"] = "inconclusive (noise could flip)"
     counts = verdicts["status"].astype(str).value_counts()
     order = sorted(counts.index, key=lambda s: GATE_ORDER.get(s, 5))
     return [{"status": s, "n": int(counts[s]), "text": f"{int(counts[s])} {words.get(s, s)}"} for s in order]

@@ -14,11 +14,11 @@ import pandas as pd
 
 from perfkit.gate.verdicts import (
     GATE,
-    STATUS_WORD,
     collect_verdicts,
     exit_code_for,
     notebooks,
     read_verdict,
+    status_word,
 )
 from perfkit.scenarios import registry
 
@@ -30,7 +30,7 @@ GATE_TITLE = "Baseline gate"
 
 GATE_QUESTION = "This run's numbers against the baseline, and the invariants."
 #: gate rows sort failures first
-GATE_ORDER = {"fail": 0, "improved": 1, "pass": 2, "new": 3, "skipped": 4}
+GATE_ORDER = {"fail": 0, "inconclusive": 1, "improved": 2, "pass": 3, "new": 4, "skipped": 5}
 
 
 def section_title(name: str) -> str:
@@ -124,7 +124,7 @@ def status_text(n: Mapping[str, Any]) -> str:
 
 
 #: the gate result of one investigation (:func:`gate_result`), worst first
-GATE_RESULTS = ("error", "fail", "not gated", "pass", "not run")
+GATE_RESULTS = ("error", "fail", "inconclusive", "not gated", "pass", "not run")
 
 
 def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
@@ -157,6 +157,12 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
     if word == "fail":
         why = f"{n_fail} of {plural(compared, 'check')} failed" if n_fail else clip(doc.get("reason"), 120)
         return "fail", f"fail: {why or 'the verdict says fail'}"
+    if word == "inconclusive":
+        n_inc = int(counts.get("inconclusive", 0))
+        return (
+            "inconclusive",
+            f"inconclusive: {n_inc} of {plural(compared, 'check')} noise could flip, none failed",
+        )
     if word == "not gated":
         return (
             "not gated",
@@ -225,7 +231,7 @@ def run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
     code = info.get("exit_code")
     if code is None:
         code = exit_code_for(info.get("notebooks", []), verdicts)
-    return info, verdicts, code, STATUS_WORD.get(code, "error")
+    return info, verdicts, code, status_word(code, verdicts)
 
 
 def clip(text: Any, n: int = 200) -> str | None:

@@ -181,13 +181,15 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
     """
     run_dir = Path(run_dir)
     info, verdicts, code, word = run_status(run_dir)
-    icon = {"pass": "✅", "regression": "❌", "error": "💥"}.get(word, "")
+    icon = {"pass": "✅", "inconclusive": "⚠️", "regression": "❌", "error": "💥"}.get(word, "")
     n_fail = int((verdicts["status"] == "fail").sum()) if not verdicts.empty else 0
     n_pass = int(verdicts["status"].isin(["pass", "improved"]).sum()) if not verdicts.empty else 0
+    n_inc = int((verdicts["status"] == "inconclusive").sum()) if not verdicts.empty else 0
     head = [
         f"## perfkit: {info.get('name', run_dir.name)} — {icon} {word.upper()} (exit {code})",
         "",
-        f"{plural(n_pass, 'gate')} passed, {n_fail} failed.",
+        f"{plural(n_pass, 'gate')} passed, {n_fail} failed"
+        + (f", {n_inc} inconclusive (over the limit within the run's noise)." if n_inc else "."),
     ]
     why = nothing_measured_reason(verdicts)
     if why:
@@ -202,8 +204,9 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
         if not shown.empty
         else shown
     )
-    attention = shown[shown["status"].isin(["fail", "improved"])] if not shown.empty else shown
-    passing = shown[~shown["status"].isin(["fail", "improved"])] if not shown.empty else shown
+    look = ["fail", "inconclusive", "improved"]
+    attention = shown[shown["status"].isin(look)] if not shown.empty else shown
+    passing = shown[~shown["status"].isin(look)] if not shown.empty else shown
     # passing rows: compact (their reasons are on the page), a status column only when mixed
     pass_cols = ["case", "metric", "expected", "actual"]
     if len(passing) and set(passing["status"].astype(str)) != {"pass"}:
@@ -217,7 +220,11 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
         parts = list(head)
         if len(attention):
             t, left = _rows_table(attention, cols, n_att)
-            title = "Failed gate rows" if n_fail == len(attention) else "Failed and improved gate rows"
+            title = (
+                "Failed gate rows"
+                if n_fail == len(attention)
+                else "Failed, inconclusive and improved gate rows"
+            )
             parts += ["", f"### {title}", "", t]
             if left:
                 parts.append(f"\n{plural(left, 'more row')} not shown here: see {page}.")

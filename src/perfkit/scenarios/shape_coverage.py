@@ -129,6 +129,9 @@ def coverage_entry(
             "warm_median_ms": wmed,
             "penalty_ms": first - wmed,
             "ratio": first / wmed,
+            # the ratio's low end: the first request against the slowest warm one (what the
+            # warm requests' own spread allows); over the limit only when the first is beyond it
+            "ratio_lower": first / float(np.max(warm)),
             "ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci([first], warm)],
             # None where the engine reports no compile counts (sglang), never 0 / False
             "compiles": reported_sum(ok["compiles"], count=True),

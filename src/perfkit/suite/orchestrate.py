@@ -24,12 +24,12 @@ from perfkit.engine.spec import EngineSpec
 from perfkit.gate.verdicts import (
     GATE,
     RUN_FILE,
-    STATUS_WORD,
     VERDICT_FILE,
     collect_verdicts,
     exit_code_for,
     jsonable,
     read_verdict,
+    status_word,
 )
 from perfkit.gate.verdicts import notebooks as notebook_names
 from perfkit.measuring.progress import RunBars, in_flight
@@ -155,7 +155,7 @@ def run_suite(
         "name": params.name,
         "description": params.description,
         "exit_code": code,
-        "status": STATUS_WORD[code],
+        "status": status_word(code, verdicts),
         "wall_s": round(time.monotonic() - t_start, 2),
         "finished": _dt.datetime.now().isoformat(timespec="seconds"),
         "replay": _shown_path(replay_dir) if replay_dir else None,
@@ -165,7 +165,7 @@ def run_suite(
         info["scaleout"] = {k: v for k, v in scaleout.items() if k != "params"}
     (run_dir / RUN_FILE).write_text(jsonsafe.dumps(jsonable(info), indent=2, default=str) + "\n")
     _write_report(report, run_dir, link=new_default, screenshot=screenshot)
-    return SuiteResult(run_dir, code, STATUS_WORD[code], runs, verdicts)
+    return SuiteResult(run_dir, code, status_word(code, verdicts), runs, verdicts)
 
 
 def _selection(
