@@ -278,7 +278,9 @@ def lab_command(lab: LabDir, browser: bool = True) -> list[str]:
 
 
 def launch(lab: LabDir, browser: bool = True) -> int:
-    """Run JupyterLab on ``lab`` until it is stopped (Ctrl-C); its exit code.
+    """Run JupyterLab on ``lab`` until it stops; 0 when it exits cleanly (File > Shut Down).
+    Ctrl-C or SIGTERM ends JupyterLab and its kernels (SIGTERM, SIGKILL after 10 s:
+    :func:`perfkit.engine.owner.run_bounded`) and goes on as KeyboardInterrupt (perfkit exits 2).
 
     Raises:
         LabError: JupyterLab is not installed (``pip install 'perfkit[lab]'``), or it exited
@@ -291,10 +293,9 @@ def launch(lab: LabDir, browser: bool = True) -> int:
             "JupyterLab is not installed: pip install 'perfkit[lab]' (or jupyterlab); "
             f"the notebooks are ready in {lab.dir}"
         )
-    try:
-        rc = subprocess.call(lab_command(lab, browser))
-    except KeyboardInterrupt:
-        return 0
+    from perfkit.engine.owner import run_bounded
+
+    rc = run_bounded(lab_command(lab, browser), grace_s=10).returncode
     if rc not in (0, -signal.SIGINT, 128 + signal.SIGINT):
         raise LabError(
             f"JupyterLab exited with {rc} (its message is above); the notebooks are ready in "
