@@ -51,9 +51,12 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
     1, which read as verdicts (click's own handling said ``Aborted!`` and exited 1). Bad usage:
     click's message, exit 2.
     """
+    import threading
+
     import click
 
-    signal.signal(signal.SIGTERM, _interrupt)
+    main_thread = threading.current_thread() is threading.main_thread()  # else signals stay as they are
+    old = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
     try:
         rv = command.main(args=args, prog_name=prog_name, standalone_mode=False)
     except (click.Abort, KeyboardInterrupt) as exc:
@@ -70,4 +73,7 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else EXIT_ERROR
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
     return rv if isinstance(rv, int) and not isinstance(rv, bool) else EXIT_OK

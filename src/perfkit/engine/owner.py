@@ -254,13 +254,18 @@ def run_bounded(
     """
     if popen.pop("capture_output", False):
         popen["stdout"] = popen["stderr"] = subprocess.PIPE
-    with subprocess.Popen(args, start_new_session=True, **popen) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except BaseException:
+    # made first, so that an interrupt while it starts (after the fork) still finds its pid
+    proc = subprocess.Popen.__new__(subprocess.Popen)
+    try:
+        proc.__init__(args, start_new_session=True, **popen)
+        out, err = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        if getattr(proc, "pid", None) is not None:
             ended = end_tree(proc.pid, grace_s)
             log.info("ended %s with %d process(es) of its tree", args, len(ended))
-            raise
+            with contextlib.suppress(Exception):
+                proc.__exit__(None, None, None)  # its pipes closed, itself reaped
+        raise
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
