@@ -23,6 +23,7 @@ as well.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -38,6 +39,7 @@ from typing import Any, Iterable
 import nbformat
 
 from perfkit.common.outdirs import stamped_dir
+from perfkit.engine.owner import Watch
 from perfkit.nbparams import section_params, validate
 from perfkit.params import ParamsError
 from perfkit.scenarios import registry
@@ -244,10 +246,18 @@ def _execute(path: Path, lab: LabDir, timeout_s: float | None) -> None:
         kernel_manager_class=ipc_kernel_manager(),
     )
     t0 = time.monotonic()
+    watch = Watch.start()
     try:
         # the IPC sockets are files relative to the working directory: client and kernel share it
         with contextlib.chdir(lab.dir):
             client.execute()
+    except (KeyboardInterrupt, asyncio.CancelledError) as exc:
+        # Ctrl-C or SIGTERM (nbclient's loop may turn it into CancelledError, and leaves a
+        # kernel that was still starting): the kernel is ended here, the interrupt goes on
+        watch.reap(grace_s=5)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise KeyboardInterrupt(*exc.args) from exc
     except CellExecutionError as exc:
         lab.errors[path.stem] = f"{getattr(exc, 'ename', 'error')}: {getattr(exc, 'evalue', exc)}"
         log.error("%s: %s", path.name, lab.errors[path.stem])
