@@ -16,6 +16,9 @@ that runs the kernels (``perfkit suite``), or the one that launches engines itse
   that still runs (same pid *and* start time: a reused pid is never signalled): SIGTERM (and
   SIGCONT, so a stopped process acts on it) to each process group and process, ``grace_s``,
   then SIGKILL; it returns how each one ended.
+- :func:`run_bounded`: a subprocess with a time limit (a bisect build, an engine probe,
+  chromium, pip, JupyterLab) in its own session; past the limit or on an interrupt its whole
+  tree is ended (:func:`end_tree`), not only the process perfkit started.
 
 The launcher's own teardown (:meth:`perfkit.engine.handle.EngineHandle._terminate`) does the same for one engine and
 gives the engine a SIGKILL parent-death signal; this module is what remains when the launcher
