@@ -5,6 +5,7 @@ repository's `knob.py` (1.0, then 1.3 from commit 11 on), found through the prob
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -161,6 +163,25 @@ def test_a_good_commit_that_cannot_be_built_still_writes_the_report(engine_repo,
         assert (out / "report.html").exists() and json.loads((out / "bisect.json").read_text())[
             "outcome"
         ] == "error"
+
+
+def test_a_build_past_its_time_limit_is_ended_with_its_whole_tree(engine_repo, tmp_path):
+    """Issue 54: only the build's ``/bin/sh -c`` was killed; its children (one in a session of
+    its own) ran on, re-parented to init, while the next probes measured."""
+    repo, shas = engine_repo
+    spec = _spec(tmp_path / "spec.yaml", env={"PYTHONPATH": "{checkout}"})
+    pids = tmp_path / "pids"
+    build = f"sleep 300 & echo $! >> {pids}; setsid sleep 300 & echo $! >> {pids}; wait"
+    setup = ProbeSetup(spec, build=build, build_timeout_s=1.0, design=Design(2, 6))
+    res = bisect(repo, shas[0], shas[2], setup, tmp_path / "out")
+    assert res.exit_code == 2 and "ran past 1.0 s" in res.message
+    started = [int(x) for x in pids.read_text().split()]
+    assert len(started) == 2
+    for pid in started:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p = psutil.Process(pid)
+            assert p.status() == psutil.STATUS_ZOMBIE or "sleep" not in p.name(), f"build child {pid} runs on"
+    assert "(its processes were ended)" in res.message
 
 
 def test_a_bad_commit_that_is_no_regression_is_not_reproduced(engine_repo, tmp_path):

@@ -192,7 +192,7 @@ def test_two_writers_at_once_lose_nothing(tmp_path: Path):
     ids = df.query("metric == 'e2e_ms'")["run_id"]
     assert sorted(ids) == sorted([f"r{i}" for i in (*range(100, 112), *range(200, 212), 1000)])
     assert ids.is_unique and len(stored_run_keys(store)) == 25
-    assert not list(store.rglob(".tmp-*"))  # no half-written file left
+    assert [f.name for f in store.rglob(".*")] == [".lock"]  # no half-written file left
 
 
 def test_a_store_file_of_a_newer_schema_is_refused_naming_it(tmp_path: Path):
@@ -227,6 +227,48 @@ def test_a_writers_temporary_file_is_not_read(tmp_path: Path):
     (tmp_path / "hw-H" / ".tmp-abc.parquet").write_bytes(b"PAR1")
     assert add_runs(tmp_path, [run(2)]).added == [run(2).key]
     assert sorted(read_store(tmp_path)["run_id"].unique()) == ["r1", "r2"]
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_store_files_take_the_process_umask(tmp_path: Path, umask: int, mode: int):
+    """Issue 54: every file was 0600 (mkstemp): a store shared by a CI group was unreadable to
+    the rest of the group."""
+    old = os.umask(umask)
+    try:
+        add_runs(tmp_path, [run(1)])
+        add_runs(tmp_path, [run(2)])
+    finally:
+        os.umask(old)
+    modes = [f.stat().st_mode & 0o777 for f in tmp_path.glob("hw-*/*.parquet")]
+    assert modes == [mode, mode]
+
+
+def test_the_readmes_duckdb_query_never_reads_a_file_being_written(tmp_path: Path, monkeypatch):
+    """Issue 54: the README's glob matched a writer's ``.tmp-*.parquet``: 2 of 253 reads during
+    concurrent adds failed ("too small to be a Parquet file"). The query runs here while the
+    writer's temporary file exists, still empty."""
+    import re
+
+    import duckdb
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (glob,) = set(re.findall(r"read_parquet\('outputs/history/([^']+)'\)", readme))
+    query = f"SELECT count(*) FROM read_parquet('{tmp_path}/{glob}')"
+    add_runs(tmp_path, [run(1)])
+    seen = []
+    write_table = pq.write_table
+
+    def query_while_writing(table, where, **kw):
+        seen.append((Path(where).name, Path(where).stat().st_size, duckdb.sql(query).fetchall()[0][0]))
+        return write_table(table, where, **kw)
+
+    monkeypatch.setattr(pq, "write_table", query_while_writing)
+    add_runs(tmp_path, [run(2)])
+    ((name, size, rows),) = seen
+    assert name.startswith(".") and size == 0  # the temporary file existed, empty
+    assert rows == 2  # run 1's two rows: the temporary file was not read
+    monkeypatch.undo()
+    assert duckdb.sql(query).fetchall()[0][0] == 4
 
 
 @pytest.mark.parametrize(

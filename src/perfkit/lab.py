@@ -23,6 +23,7 @@ as well.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -39,6 +40,7 @@ import nbformat
 
 from perfkit.common import MissingExtra, require_extra
 from perfkit.common.outdirs import stamped_dir
+from perfkit.engine.owner import Watch
 from perfkit.nbparams import section_params, validate
 from perfkit.params import ParamsError
 from perfkit.scenarios import registry
@@ -245,10 +247,18 @@ def _execute(path: Path, lab: LabDir, timeout_s: float | None) -> None:
         kernel_manager_class=ipc_kernel_manager(),
     )
     t0 = time.monotonic()
+    watch = Watch.start()
     try:
         # the IPC sockets are files relative to the working directory: client and kernel share it
         with contextlib.chdir(lab.dir):
             client.execute()
+    except (KeyboardInterrupt, asyncio.CancelledError) as exc:
+        # Ctrl-C or SIGTERM (nbclient's loop may turn it into CancelledError, and leaves a
+        # kernel that was still starting): the kernel is ended here, the interrupt goes on
+        watch.reap(grace_s=5)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise KeyboardInterrupt(*exc.args) from exc
     except CellExecutionError as exc:
         lab.errors[path.stem] = f"{getattr(exc, 'ename', 'error')}: {getattr(exc, 'evalue', exc)}"
         log.error("%s: %s", path.name, lab.errors[path.stem])
@@ -279,7 +289,9 @@ def lab_command(lab: LabDir, browser: bool = True) -> list[str]:
 
 
 def launch(lab: LabDir, browser: bool = True) -> int:
-    """Run JupyterLab on ``lab`` until it is stopped (Ctrl-C); its exit code.
+    """Run JupyterLab on ``lab`` until it stops; 0 when it exits cleanly (File > Shut Down).
+    Ctrl-C or SIGTERM ends JupyterLab and its kernels (SIGTERM, SIGKILL after 10 s:
+    :func:`perfkit.engine.owner.run_bounded`) and goes on as KeyboardInterrupt (perfkit exits 2).
 
     Raises:
         LabError: JupyterLab is not installed (``pip install 'perfkit[lab]'``), or it exited
@@ -289,10 +301,9 @@ def launch(lab: LabDir, browser: bool = True) -> int:
         require_extra("lab", "perfkit lab")
     except MissingExtra as exc:
         raise LabError(f"{exc}; the notebooks are ready in {lab.dir}") from None
-    try:
-        rc = subprocess.call(lab_command(lab, browser))
-    except KeyboardInterrupt:
-        return 0
+    from perfkit.engine.owner import run_bounded
+
+    rc = run_bounded(lab_command(lab, browser), grace_s=10).returncode
     if rc not in (0, -signal.SIGINT, 128 + signal.SIGINT):
         raise LabError(
             f"JupyterLab exited with {rc} (its message is above); the notebooks are ready in "

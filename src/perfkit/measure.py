@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import click
 
 from perfkit.common import jsonsafe
+from perfkit.common.exitcodes import run_click
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, become_subreaper, describe
 from perfkit.measuring.progress import RunBars, planned_requests
@@ -84,31 +85,33 @@ def measure(
     shared: dict[str, Any] = {}
     plans = {name: (s.plan(sec) if s.plan is not None else []) for name, s, sec, _ in jobs}
     bars = RunBars(sys.stderr, *planned_requests(plans.values()), enabled=progress)
-    for name, s, sec, eng in jobs:
-        t0 = time.time()
-        log.info("measuring %s", name)
-        watch = Watch.start()
-        try:
-            ctx = RunContext(engine=eng, request=req, work_dir=work / name, shared=dict(shared))
-            with bars.listen(name, sum(plans[name])):
-                bundle = s.run(ctx, sec)
-            path = bundle.save(out / name)
-            shared.setdefault(s.name, bundle)
-            s.check_bundle(bundle)
-            summary[name] = {"bundle": str(path), "wall_s": round(time.time() - t0, 1), "error": None}
-        except Exception as exc:  # noqa: BLE001 - one failed investigation must not lose the others
-            log.exception("%s failed", name)
-            summary[name] = {
-                "bundle": None,
-                "wall_s": round(time.time() - t0, 1),
-                "error": f"{type(exc).__name__}: {exc}",
-            }
-        finally:  # what outlived the investigation's launches is ended, and named
-            left = watch.reap(grace_s=eng.stop_grace_s)
-        if left:
-            summary[name]["error"] = "; ".join(x for x in (summary[name]["error"], describe(left)) if x)
-        (out / "measure.json").write_text(jsonsafe.dumps(summary, indent=2))
-    bars.close()
+    try:
+        for name, s, sec, eng in jobs:
+            t0 = time.time()
+            log.info("measuring %s", name)
+            watch = Watch.start()
+            try:
+                ctx = RunContext(engine=eng, request=req, work_dir=work / name, shared=dict(shared))
+                with bars.listen(name, sum(plans[name])):
+                    bundle = s.run(ctx, sec)
+                path = bundle.save(out / name)
+                shared.setdefault(s.name, bundle)
+                s.check_bundle(bundle)
+                summary[name] = {"bundle": str(path), "wall_s": round(time.time() - t0, 1), "error": None}
+            except Exception as exc:  # noqa: BLE001 - one failed investigation must not lose the others
+                log.exception("%s failed", name)
+                summary[name] = {
+                    "bundle": None,
+                    "wall_s": round(time.time() - t0, 1),
+                    "error": f"{type(exc).__name__}: {exc}",
+                }
+            finally:  # what outlived the investigation's launches is ended, and named
+                left = watch.reap(grace_s=eng.stop_grace_s)
+            if left:
+                summary[name]["error"] = "; ".join(x for x in (summary[name]["error"], describe(left)) if x)
+            (out / "measure.json").write_text(jsonsafe.dumps(summary, indent=2))
+    finally:  # an interrupt too: the bars end before its one line
+        bars.close()
     return summary
 
 
@@ -209,11 +212,9 @@ def measure_command(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m perfkit.measure``: run :func:`measure_command`; returns its exit code."""
-    try:
-        measure_command.main(args=argv, prog_name="python -m perfkit.measure", standalone_mode=True)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
+    return run_click(
+        measure_command, list(sys.argv[1:] if argv is None else argv), "python -m perfkit.measure"
+    )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
+from perfkit.engine.owner import run_bounded
+
 log = logging.getLogger(__name__)
 
 #: manylinux tags pip must be told explicitly (it matches each exactly), newest first.
@@ -276,10 +278,10 @@ def download(
         ]
         for p in platforms:
             cmd += ["--platform", p]
-        out = subprocess.run(cmd + [r], capture_output=True, text=True)
+        out = run_bounded(cmd + [r], capture_output=True, text=True)
         if out.returncode != 0 and pin:
             # the exact version may have no wheel for that Python: take the newest that has one
-            out = subprocess.run(cmd + [r.split("==")[0]], capture_output=True, text=True)
+            out = run_bounded(cmd + [r.split("==")[0]], capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"pip download {r} failed:\n{out.stdout}\n{out.stderr}")
     if "ray" in need:

@@ -155,47 +155,50 @@ def run_arms(
     loads: dict[str, Any] = {}
     t0 = time.time()
     bundles: dict[str, ResultBundle] = {}
-    bar = tqdm(total=len(order), desc="ab launches", unit="launch")
-    pos = 0
-    while pos < len(order) or (extend is not None and _extended(order, extend, bundles, bar)):
-        if paired:
-            pair = order[pos : pos + 2]
-            if sorted(pair) != ["A", "B"]:
-                raise ValueError(f"paired launches run an A and a B together; the order has {pair} at {pos}")
-            key, ran = _paired_launch(specs, pair, pos, reqs, out, request_timeout_s, data, loads)
-            turns[key] = ran
-            meta["pair_turns"] = turns
-            bundles = _save_arms(specs, request, counts, warm, out, data, order[: pos + 2], loads, t0, meta)
-            bar.update(2)
-            pos += 2
-            continue
-        arm = order[pos]
-        label = f"{arm}{len(data[arm]):02d}"
-        loads[label] = {"position": pos, "loadavg": _loadavg()}
-        watch = Watch.start()
-        d = measure_launch(specs[arm], reqs, out / "launches", label, request_timeout_s=request_timeout_s)
-        left = watch.reap(grace_s=specs[arm].stop_grace_s)  # what outlived the launch's teardown
-        if left:
-            d.launch_row["error"] = d.error = "; ".join(x for x in (d.error, describe(left)) if x)
-        log.info(
-            "launch %s (%d/%d): ready %.2f s, first result %s s%s",
-            label,
-            pos + 1,
-            len(order),
-            d.launch_row.get("ready_s") or math.nan,
-            d.launch_row.get("first_result_s"),
-            f", error: {d.error}" if d.error else "",
-        )
-        data[arm].append(d)
-        # saved after every launch: a pool cut short (a lost host, a killed job) keeps what it ran
-        bundles = _save_arms(specs, request, counts, warm, out, data, order[: pos + 1], loads, t0, meta)
-        bar.update()
-        pos += 1
-        failed = [x.label for ds in data.values() for x in ds if x.error]
-        if failed and all(data.values()):  # the procedure stops at a failed launch: no more
-            log.warning("launch %s failed: no further launch", failed[0])
-            break
-    bar.close()
+    with tqdm(total=len(order), desc="ab launches", unit="launch") as bar:  # closed on an interrupt too
+        pos = 0
+        while pos < len(order) or (extend is not None and _extended(order, extend, bundles, bar)):
+            if paired:
+                pair = order[pos : pos + 2]
+                if sorted(pair) != ["A", "B"]:
+                    raise ValueError(
+                        f"paired launches run an A and a B together; the order has {pair} at {pos}"
+                    )
+                key, ran = _paired_launch(specs, pair, pos, reqs, out, request_timeout_s, data, loads)
+                turns[key] = ran
+                meta["pair_turns"] = turns
+                bundles = _save_arms(
+                    specs, request, counts, warm, out, data, order[: pos + 2], loads, t0, meta
+                )
+                bar.update(2)
+                pos += 2
+                continue
+            arm = order[pos]
+            label = f"{arm}{len(data[arm]):02d}"
+            loads[label] = {"position": pos, "loadavg": _loadavg()}
+            watch = Watch.start()
+            d = measure_launch(specs[arm], reqs, out / "launches", label, request_timeout_s=request_timeout_s)
+            left = watch.reap(grace_s=specs[arm].stop_grace_s)  # what outlived the launch's teardown
+            if left:
+                d.launch_row["error"] = d.error = "; ".join(x for x in (d.error, describe(left)) if x)
+            log.info(
+                "launch %s (%d/%d): ready %.2f s, first result %s s%s",
+                label,
+                pos + 1,
+                len(order),
+                d.launch_row.get("ready_s") or math.nan,
+                d.launch_row.get("first_result_s"),
+                f", error: {d.error}" if d.error else "",
+            )
+            data[arm].append(d)
+            # saved after every launch: a pool cut short (a lost host, a killed job) keeps what it ran
+            bundles = _save_arms(specs, request, counts, warm, out, data, order[: pos + 1], loads, t0, meta)
+            bar.update()
+            pos += 1
+            failed = [x.label for ds in data.values() for x in ds if x.error]
+            if failed and all(data.values()):  # the procedure stops at a failed launch: no more
+                log.warning("launch %s failed: no further launch", failed[0])
+                break
     if profile is not None and not any(d.error for ds in data.values() for d in ds):
         for arm, b in bundles.items():
             label = f"profiled-{arm.lower()}"

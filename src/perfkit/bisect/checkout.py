@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from perfkit.engine.owner import run_bounded
+
 log = logging.getLogger(__name__)
 
 __all__ = ["BisectError", "Commit", "git", "resolve", "commit_info", "commit_range", "worktree", "run_build"]
@@ -125,20 +127,13 @@ def worktree(repo: str | Path, sha: str, parent: str | Path | None = None) -> It
 def run_build(command: str, cwd: Path, log_path: Path, timeout_s: float | None = None) -> str | None:
     """Run the build command (a shell line) in the checkout ``cwd``; its output goes to
     ``log_path``. Returns None when it succeeded, else the error in one line (the exit code
-    and the output's last line)."""
+    and the output's last line). Past ``timeout_s`` (or on an interrupt) the build's whole
+    process tree is ended (:func:`perfkit.engine.owner.run_bounded`), not only its shell."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        p = subprocess.run(
-            command,
-            shell=True,
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
+        p = run_bounded(command, timeout_s, shell=True, cwd=cwd, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
-        return f"build {command!r} ran past {timeout_s} s"
+        return f"build {command!r} ran past {timeout_s} s (its processes were ended)"
     out = (p.stdout or "") + (p.stderr or "")
     log_path.write_text(out, encoding="utf-8")
     if p.returncode == 0:

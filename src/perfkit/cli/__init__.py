@@ -2,7 +2,8 @@
 
 One command line (click) for every task; ``perfkit COMMAND --help`` describes each option.
 Exit codes, one rule for every command: 0 pass, 1 a regression or a failed check, 2 an error or
-misuse (bad input, a missing file, nothing comparable, a run that never started).
+misuse (bad input, a missing file, nothing comparable, a run that never started) or an interrupt
+(SIGINT or SIGTERM: what the command started is ended first).
 
 One module per command (or command group), each a thin wrapper over one library call; a new
 command goes in ``perfkit/cli/<command>.py`` and is named in :data:`COMMANDS` here (imported when
@@ -20,7 +21,7 @@ import click
 
 from perfkit.cli._common import EXIT_CODES
 from perfkit.common import MissingExtra, require_extra
-from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
+from perfkit.common.exitcodes import EXIT_ERROR, run_click
 
 __all__ = ["COMMANDS", "EXIT_CODES", "cli", "main"]
 
@@ -90,14 +91,11 @@ def cli(verbose: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit code (also for ``perfkit`` itself)."""
+    """Run the command line; returns the exit code (also for ``perfkit`` itself). SIGINT or
+    SIGTERM: exit 2 with one line (:func:`perfkit.common.exitcodes.run_click`); a missing
+    optional stack met deeper (a figures block, a notebook): its one-line pip hint, exit 2."""
     try:
-        cli.main(args=list(sys.argv[1:] if argv is None else argv), prog_name="perfkit", standalone_mode=True)
-    except SystemExit as exc:
-        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_ERROR
-    except KeyboardInterrupt:
-        return EXIT_ERROR
-    except MissingExtra as exc:  # an optional stack met deeper (a figures block, a notebook)
+        return run_click(cli, list(sys.argv[1:] if argv is None else argv), "perfkit")
+    except MissingExtra as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    return EXIT_OK

@@ -37,22 +37,6 @@ def existing_file(kind: str) -> Callable[[click.Context, click.Parameter, str | 
     return check
 
 
-def sigterm_as_interrupt() -> None:
-    """SIGTERM (CI cancel, ``timeout``) stops the run like Ctrl-C: engines torn down, report
-    written. This process also becomes the owner of everything it starts
-    (:func:`perfkit.engine.owner.become_subreaper`: orphans below it come back to it)."""
-    import signal
-
-    from perfkit.engine.owner import become_subreaper
-
-    become_subreaper()
-
-    def handler(signum: int, frame: Any) -> None:  # noqa: ARG001
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 def print_result(res: Any, command: str) -> int:
     """Print a suite result (each notebook's gate result, the status, where the report is);
     return its exit code."""
@@ -74,6 +58,19 @@ def print_result(res: Any, command: str) -> int:
     print(f"  summary:  {res.run_dir / 'summary.md'}")
     if (res.run_dir / "baseline.json").exists():
         print(f"  baseline: {res.run_dir / 'baseline.json'}")
+    cut = next(
+        (
+            n
+            for n in res.notebooks
+            if n.ename == "KeyboardInterrupt" and (n.error or "").startswith("interrupted (")
+        ),
+        None,
+    )
+    if cut is not None:  # the interrupt rule's one line (exit 2)
+        print(
+            f"{command}: {cut.error}: what it started was ended; no verdict (exit {res.exit_code})",
+            file=sys.stderr,
+        )
     return res.exit_code
 
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 
 from perfkit.cli._ab_options import apply_options, decision_options, read_decision
-from perfkit.cli._common import done, sigterm_as_interrupt
+from perfkit.cli._common import done
 from perfkit.common.exitcodes import EXIT_ERROR
 
 _PROBE_OPTIONS = [
@@ -70,7 +70,9 @@ def probe_run(kind: str, fn: Callable[..., Any], kw: dict[str, Any], *args: Any,
             threshold=threshold or DEFAULT_THRESHOLD, thresholds=thresholds, warm=kw["warm"],
             build_timeout_s=kw["build_timeout"],
         )  # fmt: skip
-        sigterm_as_interrupt()
+        from perfkit.engine.owner import become_subreaper
+
+        become_subreaper()  # orphans below come back here
         if "metric" in more:  # confirm: the series' own metric unless --metric
             more["metric"] = metric
         code, summary = fn(*args, setup, out_dir(kw["out"], kind), **more)

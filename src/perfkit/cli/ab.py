@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from perfkit.cli._ab_options import ab_options, read_decision
-from perfkit.cli._common import done, sigterm_as_interrupt
+from perfkit.cli._common import done
 
 EPILOG = (
     "Examples:\n\n\b\n"
@@ -79,7 +79,9 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         profile = None
         if kw["profile"]:
             profile = api.profile_params(kw["profile_steps"], kw["profile_all_stages"], kw["profile_warm"])
-        sigterm_as_interrupt()
+        from perfkit.engine.owner import become_subreaper
+
+        become_subreaper()  # orphans below come back here
         bundles = api.launch(
             (spec_a, spec_b), req, design, kw["warm"], out, threshold, thresholds, gate, profile
         )

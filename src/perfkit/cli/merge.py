@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from perfkit.cli._common import EXIT_CODES, done, existing_file, fail, print_result, sigterm_as_interrupt
+from perfkit.cli._common import EXIT_CODES, done, existing_file, fail, print_result
 
 
 @click.command("merge", epilog=EXIT_CODES + " A missing shard or a failed unit is an error (2).")
@@ -30,7 +30,9 @@ from perfkit.cli._common import EXIT_CODES, done, existing_file, fail, print_res
 def merge_command(**kw: Any) -> None:
     """Join the outputs of perfkit suite --partition shards into one run: notebooks (replay),
     gate, report."""
-    sigterm_as_interrupt()
+    from perfkit.engine.owner import become_subreaper
+
+    become_subreaper()  # orphans below come back here
     from perfkit.params import ParamsError
     from perfkit.suite.merge import merge_runs
     from perfkit.suite.preflight import SuiteError

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from perfkit.cli._common import EXIT_CODES, done, existing_file, fail, print_result, sigterm_as_interrupt
+from perfkit.cli._common import EXIT_CODES, done, existing_file, fail, print_result
 from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
 from perfkit.measure import investigations
 
@@ -47,7 +47,9 @@ def _partition(kw: dict[str, Any], executor_options: dict[str, Any]) -> int:
 
 
 def _suite(kw: dict[str, Any]) -> int:
-    sigterm_as_interrupt()
+    from perfkit.engine.owner import become_subreaper
+
+    become_subreaper()  # orphans below come back here
     from perfkit.params import ParamsError
     from perfkit.scaleout.executor import ExecutorError
     from perfkit.suite.merge import run_units_suite

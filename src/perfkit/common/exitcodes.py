@@ -1,14 +1,79 @@
 """Exit codes, one rule for every perfkit command and the suite: :data:`EXIT_OK` (0) every check
 passed, :data:`EXIT_REGRESSION` (1) a check failed, :data:`EXIT_ERROR` (2) an error (bad input,
 engine crash, notebook exception, nothing compared). A leaf, so that a command starts without
-importing the gate (pandas, the scenarios); :mod:`perfkit.gate.verdicts` re-exports them."""
+importing the gate (pandas, the scenarios); :mod:`perfkit.gate.verdicts` re-exports them.
+:func:`run_click` applies the rule to a command line, interrupts included."""
 
 from __future__ import annotations
 
-__all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_REGRESSION", "STATUS_WORD"]
+import signal
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import click
+
+__all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_REGRESSION", "STATUS_WORD", "run_click"]
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
 EXIT_ERROR = 2
 #: the status word of each exit code (``run.json``'s ``status``, the summary's)
 STATUS_WORD = {EXIT_OK: "pass", EXIT_REGRESSION: "regression", EXIT_ERROR: "error"}
+
+
+def _interrupt(signum: int, frame: Any) -> None:  # noqa: ARG001
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _words(command: "click.Command", args: list[str], prog_name: str) -> str:
+    """The command line's command words (``perfkit history confirm``), read from ``args``."""
+    import click
+
+    words, cmd = [prog_name], command
+    for a in args:
+        if a.startswith("-"):
+            continue
+        sub = cmd.get_command(click.Context(cmd), a) if isinstance(cmd, click.Group) else None
+        if sub is None:
+            break
+        words.append(a)
+        cmd = sub
+    return " ".join(words)
+
+
+def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
+    """Run a click command line under the one exit-code rule; returns its exit code.
+
+    An interrupt (SIGINT, or SIGTERM: turned into the same KeyboardInterrupt) unwinds the
+    command, whose ``finally`` blocks end what it started (engines, builds, kernels), and is
+    :data:`EXIT_ERROR` (2) with one line on stderr naming the command and the signal: never 0 or
+    1, which read as verdicts (click's own handling said ``Aborted!`` and exited 1). Bad usage:
+    click's message, exit 2.
+    """
+    import threading
+
+    import click
+
+    main_thread = threading.current_thread() is threading.main_thread()  # else signals stay as they are
+    old = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    try:
+        rv = command.main(args=args, prog_name=prog_name, standalone_mode=False)
+    except (click.Abort, KeyboardInterrupt) as exc:
+        cause = exc if isinstance(exc, KeyboardInterrupt) else exc.__cause__ or exc.__context__
+        sig = cause.args[0] if isinstance(cause, KeyboardInterrupt) and cause.args else "SIGINT"
+        print(
+            f"{_words(command, args, prog_name)}: interrupted ({sig}): what it started was ended; "
+            f"no verdict (exit {EXIT_ERROR})",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else EXIT_ERROR
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    return rv if isinstance(rv, int) and not isinstance(rv, bool) else EXIT_OK

@@ -223,6 +223,8 @@ def _module_importable(python: str, module: str) -> bool:
     import importlib.util
     import subprocess
 
+    from perfkit.engine.owner import run_bounded
+
     top = module.split(".")[0]
     try:
         same = Path(python).resolve() == Path(sys.executable).resolve()
@@ -231,14 +233,14 @@ def _module_importable(python: str, module: str) -> bool:
     if same:
         return importlib.util.find_spec(top) is not None
     try:
-        r = subprocess.run(
+        r = run_bounded(
             [
                 python,
                 "-c",
                 f"import importlib.util, sys; sys.exit(importlib.util.find_spec({top!r}) is None)",
             ],
+            60,
             capture_output=True,
-            timeout=60,
         )
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -288,6 +290,8 @@ def engine_versions(command: list[str], timeout_s: float = 30.0) -> dict[str, An
     import json
     import subprocess
 
+    from perfkit.engine.owner import run_bounded
+
     py = engine_python(command)
     if py is None:
         return {"error": f"no Python interpreter found for {command[:1]}"}
@@ -299,7 +303,7 @@ def engine_versions(command: list[str], timeout_s: float = 30.0) -> dict[str, An
         f"print(json.dumps({{p: v(p) for p in {list(ENGINE_PACKAGES)!r}}}))"
     )
     try:
-        r = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=timeout_s)
+        r = run_bounded([py, "-c", code], timeout_s, capture_output=True, text=True)
         out = json.loads(r.stdout) if r.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
         return {"python": py, "error": f"version query failed: {exc!r}"}

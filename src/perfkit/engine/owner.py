@@ -16,6 +16,9 @@ that runs the kernels (``perfkit suite``), or the one that launches engines itse
   that still runs (same pid *and* start time: a reused pid is never signalled): SIGTERM (and
   SIGCONT, so a stopped process acts on it) to each process group and process, ``grace_s``,
   then SIGKILL; it returns how each one ended.
+- :func:`run_bounded`: a subprocess with a time limit (a bisect build, an engine probe,
+  chromium, pip, JupyterLab) in its own session; past the limit or on an interrupt its whole
+  tree is ended (:func:`end_tree`), not only the process perfkit started.
 
 The launcher's own teardown (:meth:`perfkit.engine.handle.EngineHandle._terminate`) does the same for one engine and
 gives the engine a SIGKILL parent-death signal; this module is what remains when the launcher
@@ -223,6 +226,50 @@ def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ende
                 )
             )
     return out
+
+
+def end_tree(pid: int, grace_s: float) -> list[Ended]:
+    """End process ``pid`` with its whole tree: every descendant (whichever group it moved to)
+    and every process of the group ``pid`` leads (also those re-parented after their parent
+    died), by :func:`end_processes` (SIGTERM, SIGKILL after ``grace_s``)."""
+    procs: dict[psutil.Process, str] = {}
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        procs = {q: "" for q in (root, *root.children(recursive=True))}
+    for q in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if q not in procs and q.pid != os.getpid() and os.getpgid(q.pid) == pid:
+                procs[q] = ""
+    return end_processes(procs, grace_s)
+
+
+def run_bounded(
+    args: str | list[str], timeout_s: float | None = None, grace_s: float = 2.0, **popen: Any
+) -> "subprocess.CompletedProcess[Any]":
+    """:func:`subprocess.run` that never leaves a process behind: the command starts in its own
+    session, and when ``timeout_s`` (seconds; None: no limit) passes or this process is
+    interrupted (KeyboardInterrupt, SIGTERM turned into it), its whole tree is ended
+    (:func:`end_tree`) before the exception goes on. ``popen``: :class:`subprocess.Popen`'s
+    keywords, plus ``capture_output``. Returns the CompletedProcess.
+
+    Raises:
+        subprocess.TimeoutExpired: it ran past ``timeout_s`` (its tree already ended).
+    """
+    if popen.pop("capture_output", False):
+        popen["stdout"] = popen["stderr"] = subprocess.PIPE
+    # made first, so that an interrupt while it starts (after the fork) still finds its pid
+    proc = subprocess.Popen.__new__(subprocess.Popen)
+    try:
+        proc.__init__(args, start_new_session=True, **popen)
+        out, err = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        if getattr(proc, "pid", None) is not None:
+            ended = end_tree(proc.pid, grace_s)
+            log.info("ended %s with %d process(es) of its tree", args, len(ended))
+            with contextlib.suppress(Exception):
+                proc.__exit__(None, None, None)  # its pipes closed, itself reaped
+        raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 def _ended_alone(code: int | None) -> str:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from perfkit.history.changepoints import Analysis, Step, analyse_frame
-from perfkit.history.store import HistoryError, _locked, read_store
+from perfkit.history.store import HistoryError, _locked, read_store, write_parquet
 
 __all__ = [
     "OUTCOMES",
@@ -118,16 +116,7 @@ def add_confirmation(store: str | Path, c: Confirmation) -> Path:
     with _locked(store):
         d = store / CONFIRM_DIR
         d.mkdir(parents=True, exist_ok=True)
-        final = d / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.parquet"
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".parquet")
-        os.close(fd)
-        try:
-            pq.write_table(table, tmp)
-            os.replace(tmp, final)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    return final
+        return write_parquet(table, d / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.parquet")
 
 
 def read_confirmations(store: str | Path) -> pd.DataFrame:

@@ -6,8 +6,9 @@ Layout (``STORE`` is a directory; ``outputs/history`` by default)::
     STORE/.lock                       the writers' lock (fcntl, advisory)
     STORE/hw-<hardware slug>/<digest>.parquet
                                       one file per add (a batch of runs of one hardware),
-                                      written to a temporary name and renamed: a reader never
-                                      sees half a file
+                                      written to a temporary .NAME.<random>.tmp and renamed:
+                                      a reader (``*.parquet``) never sees half a file; mode
+                                      0o666 less the umask (group-readable under 0o022)
 
 Why parquet files read by DuckDB rather than one DuckDB database file: a DuckDB file takes one
 writing process at a time (a second process cannot even open it while the first holds it),
@@ -41,7 +42,7 @@ import logging
 import math
 import os
 import re
-import tempfile
+import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -149,9 +150,25 @@ def _locked(store: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def write_parquet(table: pa.Table, final: Path) -> Path:
+    """Write ``table`` to ``final`` so that no reader sees half a file: first to a temporary
+    ``.NAME.<random>.tmp`` beside it, which ``*.parquet`` (the documented DuckDB glob) never
+    matches, then renamed. The file's mode is 0o666 less the process umask (0o644 under umask
+    0o022, group-writable under 0o002), as for any file the user writes. Returns ``final``."""
+    tmp = final.with_name(f".{final.name}.{secrets.token_hex(6)}.tmp")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the kernel applies the umask
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return final
+
+
 def _files(store: Path) -> list[Path]:
-    """The store's files, without a writer's ``.tmp-*`` file (being written now, or left by a
-    writer that was killed): pathlib's ``*`` matches names starting with a dot."""
+    """The store's files, without a dot file (an older writer's ``.tmp-*.parquet``, being
+    written or left by a writer that was killed): pathlib's ``*`` matches names starting with a dot."""
     return sorted(f for f in store.glob("hw-*/*.parquet") if not f.name.startswith("."))
 
 
@@ -278,16 +295,7 @@ def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
             digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:20]
             d = store / f"hw-{_slug(hw)}"
             d.mkdir(parents=True, exist_ok=True)
-            final = d / f"{digest}.parquet"
-            fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".parquet")
-            os.close(fd)
-            try:
-                pq.write_table(_table(group, now), tmp)
-                os.replace(tmp, final)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-            files.append(final)
+            files.append(write_parquet(_table(group, now), d / f"{digest}.parquet"))
             added.extend(keys)
     log.info("history %s: %d run(s) added, %d already stored", store, len(added), len(skipped))
     return AddResult(added, skipped, files)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
+
+from perfkit.engine.owner import run_bounded
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def screenshot(
             f"--screenshot={png}",
             Path(html_path).resolve().as_uri(),
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        proc = run_bounded(cmd, timeout_s, capture_output=True, text=True)  # its helpers too
     if not png.exists():
         raise RuntimeError(f"chromium wrote no screenshot (exit {proc.returncode}): {proc.stderr[-500:]}")
     return png

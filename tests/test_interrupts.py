@@ -1,0 +1,248 @@
+"""Issue 54's interrupt rule: each long-running command, started as a real ``perfkit`` process and
+sent SIGINT or SIGTERM once it runs (its engine, kernel, build or pip is up), exits 2 with one
+line naming the command and the interrupt, and leaves no process it started alive.
+
+Not here: ``merge`` (it needs measured shards, a minute of ``suite --partition``; its notebooks run
+through ``suite --replay``'s loop and result line, tested here) and ``history add|import|check|
+site`` (well under a second on any test store: nothing to interrupt; the rule is the CLI root's,
+the same code for every command, :func:`perfkit.common.exitcodes.run_click`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+import fake_engine
+from perfkit.history.store import HistoryRun, Value, add_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the interrupt rule's one line (perfkit.common.exitcodes.run_click; the suite's print_result)
+LINE = re.compile(r"^perfkit [a-z ]+: interrupted \((SIGINT|SIGTERM|Ctrl-C or SIGTERM)\)")
+BUILD = "sleep 301"  # history confirm's build: a marker no other test starts
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "A", "GIT_AUTHOR_EMAIL": "a@x", "GIT_COMMITTER_NAME": "A"}
+    env["GIT_COMMITTER_EMAIL"] = "a@x"
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, env=env, capture_output=True, text=True
+    ).stdout
+
+
+@pytest.fixture(scope="module")
+def engine_repo(tmp_path_factory) -> tuple[Path, list[str], Path]:
+    """8 commits of an engine whose DenoisingStage is +30 % from commit 5; its spec; a history
+    store with that step."""
+    tmp = tmp_path_factory.mktemp("interrupts")
+    repo = tmp / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    shas = []
+    for k in range(1, 9):
+        (repo / "knob.py").write_text(f"DENOISE_FACTOR = {1.3 if k >= 5 else 1.0}\nCOMMIT = {k}\n")
+        _git(repo, "add", "knob.py")
+        _git(repo, "commit", "-q", "-m", f"commit {k}")
+        shas.append(_git(repo, "rev-parse", "HEAD").strip())
+    engine = ("--mode", "serve", "--request-s", "0.2", "--load-s", "0", "--warmup-s", "0")
+    spec = tmp / "spec.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "kind": "command",
+                "command": fake_engine.command(*engine, "--denoise-factor-from", "knob"),
+                "env": {"PYTHONPATH": "{checkout}"},
+                "startup_timeout_s": 60,
+            }
+        )
+    )
+    runs = []
+    for k, sha in enumerate(shas, 1):
+        v = Value(
+            "tiny", "DenoisingStage_ms", "ms", 50.0 * (1 + 0.004 * ((k * 7) % 5 - 2)) * (1.3 if k >= 5 else 1)
+        )
+        t = datetime(2026, 11, k, 12, tzinfo=timezone.utc)
+        runs.append(HistoryRun("suite", f"run{k}", "cpu-test", sha, t, [v], source_file=f"run{k}"))
+    add_runs(tmp / "store", runs)
+    return repo, shas, spec
+
+
+@pytest.fixture(scope="module")
+def fake_jupyterlab(tmp_path_factory) -> Path:
+    """A ``jupyterlab`` stand-in (a module on PYTHONPATH): starts a child (its "kernel") and waits."""
+    d = tmp_path_factory.mktemp("fakelab")
+    (d / "jupyterlab").mkdir()
+    (d / "jupyterlab" / "__init__.py").write_text("")
+    (d / "jupyterlab" / "__main__.py").write_text(
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', 'fake-kernel'])\n"
+        "time.sleep(300)\n"
+    )
+    return d
+
+
+@pytest.fixture(scope="module")
+def blackhole() -> str:
+    """A package index that accepts connections and never answers (pip waits on it)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    yield f"http://127.0.0.1:{s.getsockname()[1]}/simple"
+    s.close()
+
+
+def _case(
+    name: str, tmp: Path, engine_repo, fake_jupyterlab, blackhole
+) -> tuple[list[str], dict[str, str], str]:
+    """The command line, extra environment and the marker of a descendant that says it runs."""
+    if name == "bisect":
+        repo, shas, spec = engine_repo
+        out = ["--out", str(tmp / "out"), "-q"]
+        return (
+            ["bisect", "--repo", str(repo), "--good", shas[0], "--bad", shas[-1], "--spec", str(spec), *out],
+            {},
+            "fake_engine.py",
+        )
+    if name == "history confirm":
+        repo, _, spec = engine_repo
+        store = str(spec.parent / "store")
+        args = ["history", "confirm", "tiny/DenoisingStage_ms", "1", "--store", store, "--repo", str(repo)]
+        return [*args, "--spec", str(spec), "--build", BUILD, "--out", str(tmp / "out"), "-q"], {}, BUILD
+    if name == "ab":
+        tiny = str(ROOT / "examples/ab/tiny-cpu.yaml")
+        return ["ab", "--a", tiny, "--b", tiny, "--out", str(tmp / "out"), "-q"], {}, "perfkit.refengine"
+    if name == "measure":
+        args = ["measure", "--params", str(ROOT / "params/ci-cpu.yaml"), "--out", str(tmp / "out")]
+        return [*args, "--only", "cold_warm"], {}, "perfkit.refengine"
+    if name == "suite":
+        args = [
+            "suite",
+            "--params",
+            str(ROOT / "params/h200.yaml"),
+            "--replay",
+            str(ROOT / "examples/h200/bundles"),
+        ]
+        return (
+            [*args, "--only", "cold_warm", "--out", str(tmp / "run"), "-q", "--no-screenshot"],
+            {},
+            "ipykernel",
+        )
+    if name == "run":
+        bundles = ROOT / "examples/h200/bundles/cold_warm"
+        args = ["run", str(ROOT / "notebooks/cold_warm.ipynb"), "-p", f"bundle_dir={bundles}"]
+        return [*args, "-p", f"run_dir={tmp / 'run'}"], {}, "ipykernel"
+    if name == "lab":
+        (tmp / "run" / "notebooks").mkdir(parents=True)
+        shutil.copy(ROOT / "notebooks/cold_warm.ipynb", tmp / "run" / "notebooks")
+        env = {"PYTHONPATH": f"{fake_jupyterlab}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        return ["lab", str(tmp / "run"), "--no-browser"], env, "fake-kernel"
+    if name == "lab --replay":  # executing the notebooks on bundles, before JupyterLab starts
+        bundles = str(ROOT / "examples/h200/bundles")
+        return ["lab", "--replay", bundles, "--only", "cold_warm", "--dir", str(tmp / "lab")], {}, "ipykernel"
+    if name == "wheelhouse download":
+        env = {
+            "PIP_INDEX_URL": blackhole,
+            "PIP_CONFIG_FILE": os.devnull,
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        }
+        return ["wheelhouse", "download", str(tmp / "wheels")], env, "pip download"
+    raise AssertionError(name)
+
+
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name,sig,to",
+    [
+        ("bisect", signal.SIGINT, "pid"),
+        ("history confirm", signal.SIGTERM, "pid"),
+        ("ab", signal.SIGINT, "pid"),
+        ("ab", signal.SIGINT, "group"),  # Ctrl-C at a terminal: perfkit's whole process group
+        ("measure", signal.SIGTERM, "pid"),
+        ("suite", signal.SIGINT, "pid"),
+        ("run", signal.SIGINT, "group"),
+        ("lab", signal.SIGTERM, "pid"),
+        ("lab --replay", signal.SIGINT, "pid"),
+        ("wheelhouse download", signal.SIGINT, "pid"),
+    ],
+)
+def test_an_interrupted_command_exits_2_with_one_line_and_leaves_nothing_running(
+    name, sig, to, tmp_path, engine_repo, fake_jupyterlab, blackhole
+):
+    argv, env, marker = _case(name, tmp_path, engine_repo, fake_jupyterlab, blackhole)
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as fo, err.open("w") as fe:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "perfkit", *argv], cwd=tmp_path, env={**os.environ, **env},
+            stdout=fo, stderr=fe, start_new_session=True,
+        )  # fmt: skip
+    seen: dict[tuple[int, float], psutil.Process] = {}
+    left: list[psutil.Process] = []
+
+    def look() -> bool:
+        try:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            return False
+        for p in kids:
+            try:
+                seen[(p.pid, p.create_time())] = p
+            except psutil.Error:
+                continue
+        return any(marker in _cmdline(p) for p in kids)
+
+    try:
+        deadline = time.monotonic() + 60
+        while not (ready := look()) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, f"{name} ended before it was interrupted: {err.read_text()[-2000:]}"
+        assert ready, f"{name}: no {marker!r} under it within 60 s"
+        t0 = time.monotonic()
+        os.killpg(proc.pid, sig) if to == "group" else proc.send_signal(sig)  # its group: its own session
+        while proc.poll() is None and time.monotonic() - t0 < 60:
+            look()  # what teardown starts counts too
+            time.sleep(0.1)
+        code = proc.wait(timeout=1)
+        wall = time.monotonic() - t0
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            left = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            if not left:
+                break
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in seen.values():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+    stderr = err.read_text()
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert code == 2, f"{name}: exit {code}\n{stderr[-3000:]}"
+    assert lines and LINE.match(lines[-1]), stderr[-3000:]
+    assert lines[-1].startswith(f"perfkit {name.split(' --')[0]}: interrupted"), lines[-1]
+    assert sig.name in lines[-1] or "Ctrl-C or SIGTERM" in lines[-1]
+    # no traceback through perfkit (a kernel's own, on the stderr it shares, is the kernel's)
+    assert not re.search(r'File ".*/perfkit/', stderr) and "Aborted!" not in stderr, stderr[-3000:]
+    assert [_cmdline(p) for p in left] == [], f"{name}: left running after exit 2"
+    assert wall < 30, f"{name}: {wall:.1f} s from the signal to the exit"
