@@ -30,7 +30,6 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-
 __all__ = [
     "DEFAULT_CONFIDENCE",
     "DEFAULT_THRESHOLD",
