@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 
+from floats import close as _close
 from perfkit.bundle import ResultBundle
 from perfkit.scenarios import load as L
 from perfkit.scenarios.registry import merged_invariants
@@ -16,17 +16,6 @@ from perfkit.scenarios.registry import merged_invariants
 BUNDLE = Path(__file__).resolve().parents[1] / "examples/h200/load/bundles/load"
 #: the keys the open loop's row gained after the H200 run (three-way queue verdict, drawn rate)
 NEW_OPEN_LOOP_KEYS = {"queue_verdict", "arrival_rate_rps", "host_rss_peak_mib"}
-
-
-def _close(a: object, b: object, rel: float = 1e-9) -> bool:
-    """``a`` equals ``b``, floats within ``rel`` relative, through dicts, lists and tuples."""
-    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        return math.isclose(a, b, rel_tol=rel) or (math.isnan(a) and math.isnan(b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k], rel) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_close(x, y, rel) for x, y in zip(a, b))
-    return a == b
 
 
 def test_h200_load_replays_to_its_levels_and_checks():
