@@ -85,7 +85,9 @@ def test_failing_example_shows_its_failure_first():
     sections = re.findall(r"^### (.+)$", text, flags=re.M)
     assert sections[0] == "Failed gate rows", sections
     first = text.split("### Failed gate rows", 1)[1].split("###", 1)[0]
-    assert "| cold_warm | latency_drift | – | 0.091 | 0.05 | fail |" in first, first  # baseline, measured, limit
+    assert "| cold_warm | latency_drift | – | 0.091 | 0.05 | fail |" in first, (
+        first
+    )  # baseline, measured, limit
     inv = text.split("### Investigations", 1)[1].split("###", 1)[0]
     assert "| Cold vs warm | fail: 4 checks: 1 failed, 3 passed | ran |" in inv, inv
     assert "| Warmup shapes | pass: 4 checks: 4 passed | ran |" in inv, inv

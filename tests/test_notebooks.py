@@ -95,7 +95,9 @@ def test_one_failed_check_one_red_box_one_count_no_raw_cell_values(h200_tight):
     assert f"cold_warm gate: fail: {count}; failed: latency_drift (0.091 > 0.05)" in text
     cells = re.findall(r"<t[dh](?:\s[^>]*)?>(.*?)</t[dh]>", page, flags=re.S)
     assert f"fail: {count}"[6:] in [html_lib.unescape(c).strip() for c in cells]  # the summary table
-    heads = re.findall(r"<th(?:\s[^>]*)?>(.*?)</th>", page.split('id="failed-rows"', 1)[1].split("</table>", 1)[0])
+    heads = re.findall(
+        r"<th(?:\s[^>]*)?>(.*?)</th>", page.split('id="failed-rows"', 1)[1].split("</table>", 1)[0]
+    )
     assert heads == ["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"], heads
     for nb in sorted((out / "notebooks").glob("*.ipynb")):
         raw = [
