@@ -70,7 +70,9 @@ def gate_cells(name: str, where: str) -> list:
             "failed or judged nothing, so `papermill` exits 1; every output above is kept. "
             '`fail_on = "never"` explores without failing the run.'
         ),
-        new_code_cell(f"finish({name}, _verdict, fail_on, where={where})"),
+        new_code_cell(
+            f"_gate = finish({name}, _verdict, fail_on, where={where})  # assigned: the word is not echoed as a raw cell value"
+        ),
     ]
 
 
@@ -153,7 +155,7 @@ show_table(pd.DataFrame([{"case": c, "slowest warm e2e (ms)": e.get("expected_e2
                        "runtime peak VRAM (MiB)": e.get("runtime_peak_vram_mb")}
                       for c, e in g.baseline_doc["scenarios"].items()]))"""),
         new_markdown_cell("## Invariants (any hardware)"),
-        new_code_cell("""show_table(check_table(g.invariant_rows))
+        new_code_cell("""show_table(check_frame(g.invariant_rows, with_case=True))
 display(Markdown(verdict_markdown(g.invariant_rows, "Invariants")))"""),
         new_markdown_cell("## Against the baseline"),
         new_code_cell("""for w in g.warnings:
@@ -161,15 +163,15 @@ display(Markdown(verdict_markdown(g.invariant_rows, "Invariants")))"""),
 if g.compared_with:
     display(Markdown(f"Compared with `{g.compared_with}`, profile `{profile}`."))
     base = check_table(g.baseline_rows)
-    show_table(base)
+    show_table(base.rename(columns={"expected": "baseline", "actual": "measured", "bound": "limit"}))
     display(Markdown(verdict_markdown(g.baseline_rows, "Against the baseline")))
     show(plots.baseline_vs_actual(base))
 else:
     display(Markdown("No baseline file for this hardware: gated on invariants only."))"""),
         new_markdown_cell(
             "## How to read this\n\n"
-            "A baseline metric passes when actual ≤ max(expected × (1 + tol), expected + pad), "
-            "sglang's rule; `improved` rows were faster than expected × (1 − 0.2) and carry the "
+            "A baseline metric passes when measured ≤ limit = max(baseline × (1 + tol), baseline + pad), "
+            "sglang's rule; `improved` rows were faster than baseline × (1 − 0.2) and carry the "
             "snippet to paste into the baseline. Invariants are ratios within this run (warm/cold, "
             "covered-shape first request, leak slopes, caps held) and hold on any hardware."
         ),
@@ -240,7 +242,7 @@ res = decide_sequential(bundles["A"], bundles["B"], design, threshold, gate=gate
             'an undecided gated metric (with `undecided = "fail"`) or nothing compared, so '
             "`papermill` exits 1 as `perfkit ab` does; every output above is kept."
         ),
-        new_code_cell('finish_code("A/B", res.exit_code, f"verdict {res.verdict}", fail_on)'),
+        new_code_cell('_gate = finish_code("A/B", res.exit_code, f"verdict {res.verdict}", fail_on)'),
     ]
     return _nb(
         "ab",

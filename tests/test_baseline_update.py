@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import inprocess_cli
+from floats import close
 from perfkit.gate import baseline as bl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,8 +47,12 @@ def test_update_keeps_the_steady_state_not_the_uncovered_cold_request(copy):
     got = bl.load_baseline(copy)["scenarios"][case]
     want = bl.load_baseline(H200)["scenarios"][case]
     # the cold request recompiled for 58 s; the baseline holds the warm requests (~1 s)
-    assert got["expected_e2e_ms"] == want["expected_e2e_ms"] < 2000
-    assert got["denoise_step_ms"] == want["denoise_step_ms"]
+    # recomputed medians rounded to 0.01 ms: within one rounding step of the committed ones
+    assert (
+        close(got["expected_e2e_ms"], want["expected_e2e_ms"], abs_tol=0.0101)
+        and got["expected_e2e_ms"] < 2000
+    )
+    assert close(got["denoise_step_ms"], want["denoise_step_ms"], abs_tol=0.0101)
     assert "git commit" in bl.load_baseline(copy)["metadata"]["description"]
 
 

@@ -85,10 +85,12 @@ def test_failing_example_shows_its_failure_first():
     sections = re.findall(r"^### (.+)$", text, flags=re.M)
     assert sections[0] == "Failed gate rows", sections
     first = text.split("### Failed gate rows", 1)[1].split("###", 1)[0]
-    assert "| cold_warm | latency_drift | 0.05 | 0.091 | fail |" in first, first
+    assert "| cold_warm | latency_drift | – | 0.091 | 0.05 | fail |" in first, (
+        first
+    )  # baseline, measured, limit
     inv = text.split("### Investigations", 1)[1].split("###", 1)[0]
-    assert "| Cold vs warm | fail: 1 of 4 checks failed | ran |" in inv, inv
-    assert "| Warmup shapes | pass: 4 checks | ran |" in inv, inv
+    assert "| Cold vs warm | fail: 4 checks: 1 failed, 3 passed | ran |" in inv, inv
+    assert "| Warmup shapes | pass: 4 checks: 4 passed | ran |" in inv, inv
     # its README states the command that made it
     readme = (ROOT / "examples/h200/README.md").read_text(encoding="utf-8")
     assert "--params examples/h200/failing/params.yaml --replay examples/h200/bundles" in readme

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 
+from floats import close as _close
 from perfkit.bundle import ResultBundle
 from perfkit.scenarios import load as L
 from perfkit.scenarios.registry import merged_invariants
@@ -21,17 +21,6 @@ NEW_OPEN_LOOP_KEYS = {"queue_verdict", "arrival_rate_rps", "host_rss_peak_mib", 
 #: the keys a level's row gained after it: the RSS series of the growth (b8ef2cc), the noise of
 #: throughput and service time against the first level (issue 51)
 NEW_LEVEL_KEYS = {"host_rss_peak_mib", "service_ratio", "service_ratio_ci", "throughput_ratio_ci"}
-
-
-def _close(a: object, b: object, rel: float = 1e-9) -> bool:
-    """``a`` equals ``b``, floats within ``rel`` relative, through dicts, lists and tuples."""
-    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        return math.isclose(a, b, rel_tol=rel) or (math.isnan(a) and math.isnan(b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k], rel) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_close(x, y, rel) for x, y in zip(a, b))
-    return a == b
 
 
 def test_h200_load_replays_to_its_levels_and_checks():

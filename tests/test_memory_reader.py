@@ -434,3 +434,30 @@ def test_watchdog_between_rss_and_pss_reads_pss_within_its_budget_and_at_once_on
         if p.poll() is None:
             p.kill()
         p.wait()
+
+
+def test_forked_tree_is_counted_once_through_the_memory_budget_entry(shared_tree):
+    """A parent touches a 400 MiB block, then forks two children that read it: the sampler's
+    figures through memory_budget's cap entry give the tree's memory once, 400 MiB within 15 %
+    (three Python interpreters beside the block), while the anon column summed per process reads
+    about 1,200 MiB and says so; USS holds none of the shared block."""
+    import importlib
+
+    from perfkit.measuring.launch import LaunchData
+    from perfkit.scenarios.cap_entry import cap_entry
+    from perfkit.scenarios.common import ANON_SUM_LABEL
+
+    with MemorySampler(shared_tree.pid, interval_s=0.05) as s:
+        time.sleep(0.4)
+    mem = s.to_frame()
+    memory_budget = importlib.import_module("perfkit.scenarios.memory_budget")
+    e = cap_entry(LaunchData("unlimited", memory=mem), MemoryCaps(), repeats=0)
+    assert abs(e["host_pss_peak_mib"] - 400) < 0.15 * 400, e
+    assert 3 * 400 <= e["host_anon_peak_mib"] < 3 * 400 * 1.15, e
+    assert mem["host_uss_mib"].dropna().max() < 0.15 * 400  # private pages only
+    text = memory_budget.reading({"caps": [e]})
+    assert f"host PSS peak {e['host_pss_peak_mib']:,.0f} MiB" in text and "anon" not in text
+    table = memory_budget.summary_table({"caps": [e]})
+    assert table[ANON_SUM_LABEL].iloc[0] == e["host_anon_peak_mib"]
+    assert "host_anon_peak_mib" not in table.columns
+    print(f"tree PSS {e['host_pss_peak_mib']:.1f} MiB, anon summed {e['host_anon_peak_mib']:.1f} MiB")

@@ -91,6 +91,7 @@ def test_papermill_exits_0_on_a_passing_gate(pass_fail):
     last = code_cells(out)[-1]
     assert "finish(" in last.source
     assert any("cold_warm gate: pass" in str(o.get("data", {})) for o in last.outputs)
+    assert not [o for o in last.outputs if o.get("output_type") == "execute_result"]  # no raw 'pass'
 
 
 @pytest.mark.slow
@@ -98,7 +99,8 @@ def test_papermill_exits_1_on_a_failing_gate_and_keeps_every_output(pass_fail):
     proc, out, run = pass_fail["fail"]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert (
-        "GateFailed: cold_warm gate: fail: 1 of 4 checks failed: latency_drift (0.091 > 0.05)" in proc.stderr
+        "GateFailed: cold_warm gate: fail: 4 checks: 1 failed, 3 passed; failed: latency_drift (0.091 > 0.05)"
+        in proc.stderr
     )
     doc = read_verdict(run)
     assert doc["status"] == "fail"
@@ -306,10 +308,10 @@ def test_gate_outcome_words_and_the_last_cell():
     assert outcome.finish("x", ok) == "pass"
     assert outcome.finish("x", fail, "never") == "fail"
     with pytest.raises(
-        outcome.GateFailed, match=r"x gate: fail: 1 of 1 checks failed: latency_drift \(0.091"
+        outcome.GateFailed, match=r"x gate: fail: 1 check: 1 failed; failed: latency_drift \(0.091"
     ):
         outcome.finish("x", fail)
-    with pytest.raises(outcome.GateFailed, match="not gated: every check was skipped"):
+    with pytest.raises(outcome.GateFailed, match=r"not gated: \d+ checks?: \d+ skipped \(nothing measured\)"):
         outcome.finish("x", none)
     with pytest.raises(ValueError, match="fail_on: must be one of 'gate', 'never', got 'sometimes'"):
         outcome.finish("x", ok, "sometimes")
@@ -327,7 +329,10 @@ def test_perfkit_run_prints_the_gate_result(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     assert "cold_warm.ipynb: gate fail in" in proc.stdout
-    assert "cold_warm gate: fail: 1 of 4 checks failed: latency_drift (0.091 > 0.05)" in proc.stdout
+    assert (
+        "cold_warm gate: fail: 4 checks: 1 failed, 3 passed; failed: latency_drift (0.091 > 0.05)"
+        in proc.stdout
+    )
     assert "Traceback" not in proc.stderr
 
 

@@ -68,11 +68,50 @@ def test_tight_drift_limit_fails_in_the_gate_and_in_the_text(h200_tight):
             "device_reserved_slope_mib_per_request",
         } <= set(rows)
     md = "\n".join(outputs(out / "notebooks" / "cold_warm.ipynb", "text/markdown"))
-    assert "**Gate: fail.** 1 of 4 checks failed: `latency_drift` (0.091 > 0.05)" in md
+    assert "**Gate: fail.** 4 checks: 1 failed, 3 passed. Failed: `latency_drift` (0.091 > 0.05)" in md
     assert "**Leak checks: fail.**" in md
-    assert "Every measured" not in md and "passed" not in md.split("Passed:")[0].lower().replace("failed", "")
+    assert "Every measured" not in md and "Passed: `" in md  # passes listed as such, never as all
     gate_md = "\n".join(outputs(out / "notebooks" / f"{verdicts.GATE}.ipynb", "text/markdown"))
     assert "**Invariants: fail.**" in gate_md and "`latency_drift` (0.091 > 0.05)" in gate_md
+
+
+@pytest.mark.slow
+def test_one_failed_check_one_red_box_one_count_no_raw_cell_values(h200_tight):
+    """The page of the run with one failed check (latency_drift): one red box (the baseline gate
+    judges the check again, but the box is Cold vs warm's), Cold vs warm's count the same in the
+    box, the summary table, its section and its notebook's last line; the gate table's columns
+    named for what they hold; no notebook ends in a raw cell value ('pass')."""
+    import html as html_lib
+    import re
+
+    _, out = h200_tight
+    page = (out / "report.html").read_text(encoding="utf-8")
+    boxes = re.findall(r'<div class="error-box[^"]*"[^>]*>(.*?)</div>', page, flags=re.S)
+    assert len(boxes) == 1 and "Cold vs warm: gate failed" in boxes[0], boxes
+    count = "4 checks: 1 failed, 3 passed"
+    text = html_lib.unescape(re.sub(r"<[^>]+>", "", page))
+    assert f"Cold vs warm: gate failed ({count})" in text
+    assert f"gate fail: {count} · notebook cold_warm" in " ".join(text.split())
+    assert f"cold_warm gate: fail: {count}; failed: latency_drift (0.091 > 0.05)" in text
+    cells = re.findall(r"<t[dh](?:\s[^>]*)?>(.*?)</t[dh]>", page, flags=re.S)
+    assert f"fail: {count}"[6:] in [html_lib.unescape(c).strip() for c in cells]  # the summary table
+    heads = re.findall(
+        r"<th(?:\s[^>]*)?>(.*?)</th>", page.split('id="failed-rows"', 1)[1].split("</table>", 1)[0]
+    )
+    assert heads == ["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"], heads
+    for nb in sorted((out / "notebooks").glob("*.ipynb")):
+        raw = [
+            o
+            for c in nbformat.read(nb, as_version=4).cells
+            if c.cell_type == "code"
+            for o in c.get("outputs", [])
+        ]
+        echoed = [o["data"].get("text/plain") for o in raw if o.get("output_type") == "execute_result"]
+        assert not [e for e in echoed if e in ("'pass'", "'fail'", "'not gated'", "0", "1")], (
+            nb.name,
+            echoed,
+        )
+    assert "'pass'" not in text and "'fail'" not in text
 
 
 @pytest.mark.slow
@@ -175,9 +214,12 @@ def test_verdict_sentences_come_from_the_check_rows():
         Check("x", "c", 1.0, None, 1.0, "skipped", "not measured"),
     ]
     text = nbk.verdict_markdown(rows)
-    assert text.startswith("**Gate: fail.** 1 of 3 checks failed: `a` (2 > 1).")
+    assert text.startswith("**Gate: fail.** 3 checks: 1 failed, 1 passed, 1 skipped. Failed: `a` (2 > 1).")
     assert "Every measured check passed" not in text and "Not measured, so not judged: `c`" in text
-    assert nbk.verdict_markdown(rows[1:2]) == "**Gate: pass.** Every measured check passed: `b` (0.5 <= 1)."
+    assert (
+        nbk.verdict_markdown(rows[1:2])
+        == "**Gate: pass.** 1 check: 1 passed. Every measured check passed: `b` (0.5 <= 1)."
+    )
     assert nbk.verdict_markdown([rows[2]]).startswith("**Gate: skipped.**")
 
 

@@ -300,7 +300,7 @@ def test_memory_timeline_cpu_host_only():
     assert len(fig.axes) == 1
     ax = fig.axes[0]
     labels = [ln.get_label() for ln in ax.lines]
-    assert "host RSS" in labels and "host anonymous" in labels
+    assert "host RSS" in labels and "host anonymous (summed per process)" in labels
     assert [ln.get_gid() for ln in ax.lines].count("cap:host") == 1
     assert "cap:device" not in [ln.get_gid() for ln in ax.lines]
     assert "MiB" in ax.get_ylabel()

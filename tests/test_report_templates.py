@@ -366,7 +366,7 @@ def test_h200_summary_is_short_failures_first_passing_rows_collapsed(h200_run: P
     text = (h200_run / "summary.md").read_text(encoding="utf-8")
     assert len(text.encode()) <= 10 * 1024, len(text.encode())
     assert text.index("### Investigations") < text.index("### Key numbers") < text.index("<details>")
-    assert "| Cold vs warm | pass: 4 checks | ran |" in text
+    assert "| Cold vs warm | pass: 4 checks: 4 passed | ran |" in text
     assert "Informational" in text.split("### Key numbers", 1)[1].split("|", 1)[0]
     assert (
         "<details><summary>92 passing gate rows</summary>" in text and text.rstrip().count("</details>") == 1

@@ -130,13 +130,14 @@ def perfkit(*args: str, timeout: float = 900) -> tuple[subprocess.CompletedProce
 
 
 def spec_yaml(path: Path, venv: Path, model: Path, **env: str) -> Path:
-    """An engine spec of kind sglang (sglang's warmup off: ready ~20 s sooner) to ``path``."""
+    """An engine spec of kind sglang (sglang's warmup off: ready ~20 s sooner) to ``path``, one
+    intra-op thread as params/sglang-cpu.yaml has it (its comment says why)."""
     spec = {
         "kind": "sglang",
         "model_path": str(model),
         "executable": [str(venv / "bin" / "sglang")],
         "warmup_mode": "off",
-        "env": {"HF_HUB_OFFLINE": "1", **env},
+        "env": {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **env},
         "startup_timeout_s": 300,
     }
     path.write_text(yaml.safe_dump(spec))

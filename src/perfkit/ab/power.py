@@ -22,9 +22,8 @@ for this pool) or, where there are more than :data:`MAX_EXACT` ways, over random
 Draws share launches, so the rates describe one pool (its size goes with every rate), not
 independent experiments: with 10 A launches there are only 252 ordered A/A splits at N = 5, so
 an A/A rate moves in steps of 0.4 %. The intervals are computed for all draws at once (numpy) with the
-same Welch–Satterthwaite formulas as :func:`perfkit.ab.stats.ratio_interval`; whether an end lies
-beyond a threshold is decided by :func:`perfkit.ab.welch.low_above`, the same booleans as
-comparing the ends without a t quantile for every draw.
+same Welch–Satterthwaite formulas as :func:`perfkit.ab.stats.ratio_interval`
+(:func:`perfkit.ab.stats.log_ends`; equal to it within floating-point rounding, not bit for bit).
 
 Beside this module (the resampled rates: :func:`power_table`, :func:`recommend`):
 :mod:`perfkit.ab.pool` (the pool loaded, log medians, variance split) and :mod:`perfkit.ab.slow`
@@ -54,7 +53,6 @@ from perfkit.ab.pool import (
     variance_table,
 )
 from perfkit.ab.slow import QUIET_QUANTILE, SLOW_FACTOR, slow_launches, slow_spells
-from perfkit.ab.welch import combine, low_above, side_moments, take
 
 __all__ = [
     "Pool",
@@ -137,9 +135,11 @@ def _ab_ways(rng: np.random.Generator, n_a: int, n_b: int, n: int, sims: int) ->
 def _moments(xa: np.ndarray, xb: np.ndarray, ways: Ways) -> Moments:
     """Welch (d, se, df, bad) of every draw of ``ways``: ``xa``, ``xb`` (launches, metrics) log
     values of the first and second side; each group reduced once
-    (:func:`perfkit.ab.welch.side_moments`), the same numbers as reducing every draw."""
+    (:func:`perfkit.ab.stats.side_moments`): as reducing every draw, within rounding."""
     ga, pa, gb, pb, _ = ways
-    return combine(take(side_moments(xa[ga]), pa), take(side_moments(xb[gb]), pb))
+    return stats.combine(
+        stats.take(stats.side_moments(xa[ga]), pa), stats.take(stats.side_moments(xb[gb]), pb)
+    )
 
 
 def power_table(
@@ -240,20 +240,16 @@ def _aa_rates(
     mom: Moments | None, conf: float, cols: list[str], gate: list[int], up: float
 ) -> dict[str, float]:
     """A/A columns of one :func:`power_table` row from the draws' Welch moments
-    (:func:`perfkit.ab.welch.welch_moments`, each (draws, metrics); None: nothing drawn, every
+    (:func:`perfkit.ab.stats.combine`, each (draws, metrics); None: nothing drawn, every
     rate NaN) at two-sided ``conf``: ``aa_covers``, ``aa_alarm_<metric>``, ``aa_alarm_any``,
     ``aa_alarm_gate``; a regression is a low end above ``up`` (log of 1 + threshold)."""
     row: dict[str, float] = {}
     if mom is not None:
-        d, se, df, bad = mom
-        has = ~bad
-        reg = low_above(d, se, df, bad, conf, up)
+        has = ~mom[3]
+        low, high = stats.log_ends(*mom, conf)
+        reg = low > up  # NaN (no interval) is never above
         k = cols.index("DenoisingStage")
-        # low <= 0 <= high: neither end beyond 0 (high < 0 is -high > 0, IEEE negation is exact)
-        kk = (d[:, k], se[:, k], df[:, k], bad[:, k])
-        low_pos = low_above(*kk, conf, 0.0)
-        high_neg = low_above(-kk[0], *kk[1:], conf, 0.0)
-        row["aa_covers"] = _rate(has[:, k] & ~low_pos & ~high_neg, has[:, k])
+        row["aa_covers"] = _rate(has[:, k] & (low[:, k] <= 0) & (high[:, k] >= 0), has[:, k])
         for metric in KEY_METRICS:
             j = cols.index(metric) if metric in cols else None
             row[f"aa_alarm_{metric}"] = math.nan if j is None else _rate(reg[:, j], has[:, j])
@@ -273,7 +269,7 @@ def _ab_rates(
     ``alarm_untouched``, ``detect_any``, ``detect_gate``."""
     row: dict[str, float] = {}
     if mom is not None:
-        reg = low_above(*mom, conf, up)
+        reg = stats.log_ends(*mom, conf)[0] > up
         has = ~mom[3]
         for metric in KEY_METRICS:
             j = cols.index(metric) if metric in cols else None

@@ -75,9 +75,9 @@ def slow_launches(
 
 
 def _quantile_linear(ordered: list[float], q: float) -> float:
-    """``np.quantile(x, q)`` (method ``linear``) of finite values given sorted, operation for
-    operation as numpy 2's ``_quantile``/``_lerp`` compute it (index (n − 1)·q, the weight taken
-    from the upper neighbour when it is 0.5 or more); ``tests/test_ab_welch.py`` checks it."""
+    """``np.quantile(x, q)`` (method ``linear``: index (n − 1)·q) of finite values given sorted,
+    in plain floats: np.quantile costs ~40 µs a call and the sequential replay makes ~100,000;
+    ``tests/test_ab_welch.py`` checks it against np.quantile within 1e-9 relative."""
     n = len(ordered)
     virtual = (n - 1) * q
     if virtual >= n - 1:

@@ -24,12 +24,11 @@ Units: ratios and fractions are unitless; inputs are in any positive unit (ms, s
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
 import numpy as np
-
-from perfkit.ab.welch import welch_log_intervals
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
@@ -39,6 +38,11 @@ __all__ = [
     "VarianceSplit",
     "ratio_interval",
     "welch_log_intervals",
+    "t_quantiles",
+    "side_moments",
+    "take",
+    "combine",
+    "log_ends",
     "variance_split",
     "decide",
     "launches_needed",
@@ -127,72 +131,112 @@ def ratio_interval(
         sa = float(la.std(ddof=1)) if na > 1 else nan
         sb = float(lb.std(ddof=1)) if nb > 1 else nan
         return RatioInterval(ratio, nan, nan, na, nb, nan, nan, sa, sb, confidence)
-    if max(na, nb) <= _PAIRWISE_BLOCK:  # the same numbers in plain floats (_welch_one's doc)
-        sa, sb, se, df, low, high = _welch_one(la.tolist(), lb.tolist(), confidence)
-    else:
-        sa, sb = float(la.std(ddof=1)), float(lb.std(ddof=1))
-        _, se, df, low, high = (
-            float(v[0, 0]) for v in welch_log_intervals(la[None, :, None], lb[None, :, None], confidence)
-        )
+    va, vb = float(la.var(ddof=1)) / na, float(lb.var(ddof=1)) / nb
+    se = math.sqrt(va + vb)
     if se == 0.0:
-        return RatioInterval(ratio, ratio, ratio, na, nb, math.inf, 0.0, sa, sb, confidence)
-    return RatioInterval(ratio, math.exp(low), math.exp(high), na, nb, df, se, sa, sb, confidence)
+        return RatioInterval(ratio, ratio, ratio, na, nb, math.inf, 0.0, 0.0, 0.0, confidence)
+    den = (va * va / (na - 1) if va > 0 else 0.0) + (vb * vb / (nb - 1) if vb > 0 else 0.0)
+    df = (va + vb) ** 2 / den
+    half = _t_quantile(0.5 + confidence / 2.0, df) * se
+    sa, sb = math.sqrt(va * na), math.sqrt(vb * nb)
+    with np.errstate(over="ignore"):  # inf, not an error, past 1e308
+        low, high = (float(v) for v in np.exp([d - half, d + half]))
+    return RatioInterval(ratio, low, high, na, nb, df, se, sa, sb, confidence)
 
 
-#: numpy sums up to this many float64 values with the order :func:`_np_sum` repeats (its
-#: pairwise summation's block, numpy/_core/src/umath/loops_utils.h.src ``PW_BLOCKSIZE``)
-_PAIRWISE_BLOCK = 128
+# ---------------------------------------------------------------- many comparisons at once (numpy)
+Side = tuple[np.ndarray, np.ndarray, np.ndarray]
+#: above this many quantiles, :func:`t_quantiles` interpolates (a power table asks for millions)
+SPLINE_MIN = 4096
+#: knots of that interpolation a unit of log df (at least 64, at most 16,384 knots)
+SPLINE_KNOTS = 1024
 
 
-def _np_sum(xs: list[float]) -> float:
-    """``np.add.reduce`` of up to :data:`_PAIRWISE_BLOCK` float64 values, in numpy's order: under 8
-    values one by one from 0.0; else 8 running sums (every 8th value) combined as
-    ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then the rest one by one."""
-    n = len(xs)
-    if n < 8:
-        res = 0.0
-        for x in xs:
-            res += x
-        return res
-    r = xs[:8]
-    i = 8
-    while i < n - n % 8:
-        for j in range(8):
-            r[j] += xs[i + j]
-        i += 8
-    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-    for x in xs[i:]:
-        res += x
-    return res
-
-
-def _mean_var(xs: list[float]) -> tuple[float, float]:
-    """(mean, variance with ddof 1) as ``np.mean`` / ``np.nanvar`` compute them on finite values."""
-    n = len(xs)
-    m = _np_sum(xs) / n
-    return m, _np_sum([(x - m) * (x - m) for x in xs]) / (n - 1)
-
-
-def _welch_one(
-    la: list[float], lb: list[float], confidence: float
-) -> tuple[float, float, float, float, float, float]:
-    """(sd_a, sd_b, se, df, low, high) of one Welch comparison of finite log values (2 to
-    :data:`_PAIRWISE_BLOCK` a side): :func:`welch_log_intervals` on (1, n, 1) arrays and
-    ``np.std(ddof=1)``, operation for operation in plain floats (the sequential replay builds
-    ~50,000 of these; numpy's per-call overhead was most of their cost). ``tests/test_ab_welch.py``
-    checks that every number is the same."""
+def t_quantiles(df: np.ndarray, q: float) -> np.ndarray:
+    """Student t quantiles ``scipy.special.stdtrit(df, q)`` of an array of degrees of freedom
+    (any shape; inf: the normal quantile; NaN or df <= 0: NaN). For more than
+    :data:`SPLINE_MIN` finite df a cubic spline in log df through exact quantiles
+    (:data:`SPLINE_KNOTS` a unit of log df) (relative error below 1e-9, ``tests/test_ab_welch.py``): stdtrit costs 2-3 µs each."""
     from scipy.special import stdtrit  # imported here: the CLI starts without scipy (see perfkit.stats)
 
-    na, nb = len(la), len(lb)
-    ma, sa2 = _mean_var(la)
-    mb, sb2 = _mean_var(lb)
-    va, vb = sa2 / na, sb2 / nb
-    se = math.sqrt(va + vb)
-    den = (va * va / (na - 1) if va > 0 else 0.0) + (vb * vb / (nb - 1) if vb > 0 else 0.0)
-    df = (va + vb) * (va + vb) / den if den > 0 else math.inf
-    half = float(stdtrit(df, 0.5 + confidence / 2.0)) * se if se > 0 else 0.0
-    d = mb - ma
-    return math.sqrt(sa2), math.sqrt(sb2), se, df, d - half, d + half
+    df = np.asarray(df, dtype=float)
+    ok = np.isfinite(df) & (df > 0)
+    if np.count_nonzero(ok) <= SPLINE_MIN or df[ok].min() == df[ok].max():
+        with np.errstate(invalid="ignore"):
+            return np.asarray(stdtrit(df, q), dtype=float)
+    from scipy.interpolate import CubicSpline
+
+    u = np.log(df[ok])
+    span = float(u.max() - u.min())
+    knots = np.linspace(u.min(), u.max(), int(np.clip(span * SPLINE_KNOTS, 64, 16384)))
+    out = np.empty(df.shape)
+    with np.errstate(invalid="ignore"):
+        out[~ok] = stdtrit(df[~ok], q)  # inf, NaN, <= 0 as stdtrit says
+    out[ok] = CubicSpline(knots, stdtrit(np.exp(knots), q))(u)
+    return out
+
+
+def side_moments(x: np.ndarray) -> Side:
+    """(count, var/count, mean) of one side's (S, n, K) log values along axis 1 (NaN: not
+    measured; var with ddof 1), each (S, K): what :func:`combine` needs of a side. A row's
+    numbers depend only on that row, so a side drawn in many comparisons may be reduced once and
+    its rows taken (``perfkit.ab.power``'s draws)."""
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: NaN, marked bad
+        count = np.isfinite(x).sum(1)
+        return count, np.nanvar(x, axis=1, ddof=1) / count, np.nanmean(x, axis=1)
+
+
+def take(side: Side, rows: np.ndarray) -> Side:
+    """The ``rows`` (indices along axis 0) of a :func:`side_moments` result."""
+    return tuple(v[rows] for v in side)  # type: ignore[return-value]
+
+
+def combine(a: Side, b: Side) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(d, se, df, bad) of the Welch comparison of side ``b`` with side ``a`` (each from
+    :func:`side_moments`, the same shape): the difference of mean logs, its standard error, the
+    Welch–Satterthwaite df (inf when se = 0), and ``bad`` (a side with fewer than 2 values or
+    ``d`` not finite: no interval there)."""
+    (na, va, ma), (nb, vb, mb) = a, b
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = mb - ma
+        se = np.sqrt(va + vb)
+        den = np.where(va > 0, va**2 / (na - 1), 0.0) + np.where(vb > 0, vb**2 / (nb - 1), 0.0)
+        df = np.where(den > 0, (va + vb) ** 2 / np.where(den > 0, den, 1.0), np.inf)
+    bad = (na < 2) | (nb < 2) | ~np.isfinite(d)
+    return d, se, df, bad
+
+
+def log_ends(
+    d: np.ndarray, se: np.ndarray, df: np.ndarray, bad: np.ndarray, confidence: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) of the Welch t intervals of :func:`combine`'s (d, se, df, bad) at two-sided
+    ``confidence``, in log units: ``d ± t_df · se`` (``d`` itself when se = 0; NaN where bad).
+
+    Raises:
+        ValueError: ``confidence`` outside (0, 1).
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    d, se, df, bad = (np.asarray(v) for v in (d, se, df, bad))
+    with np.errstate(invalid="ignore", over="ignore"):
+        half = np.where(se > 0, t_quantiles(np.where(se > 0, df, 1.0), 0.5 + confidence / 2.0) * se, 0.0)
+        low, high = d - half, d + half
+    return np.where(bad, np.nan, low), np.where(bad, np.nan, high)
+
+
+def welch_log_intervals(
+    xa: np.ndarray, xb: np.ndarray, confidence: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The Welch t interval of mean(xb) − mean(xa) for many comparisons at once: ``xa``, ``xb``
+    are (S, n, K) arrays of log launch values (S draws, n launches a side, K metrics; NaN: not
+    measured there), reduced along axis 1; :func:`ratio_interval` is its one-comparison case.
+
+    Returns:
+        (d, se, df, low, high), each (S, K): as :func:`combine` and :func:`log_ends`.
+    """
+    d, se, df, bad = combine(side_moments(xa), side_moments(xb))
+    return (d, se, df, *log_ends(d, se, df, bad, confidence))
 
 
 def paired_ratio_interval(
@@ -246,9 +290,9 @@ def paired_ratio_interval(
 
 
 def _t_quantile(q: float, df: float) -> float:
-    from scipy import stats  # imported here: the CLI starts without scipy (see perfkit.stats)
+    from scipy.special import stdtrit  # scipy.stats.t.ppf's kernel, without its per-call cost
 
-    return float(stats.t.ppf(q, df))
+    return float(stdtrit(df, q))
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,9 @@ TABLES: dict[str, Table] = {
                     "host_anon_mib",
                     "float64",
                     "MiB",
-                    "host anonymous RSS summed over the engine process tree",
+                    "host anonymous RSS summed per process over the engine tree: a page shared "
+                    "copy-on-write by forked processes counts once per process (the tree once: "
+                    "host_pss_mib)",
                 ),
                 _c(
                     "host_pss_mib",
@@ -235,7 +237,13 @@ TABLES: dict[str, Table] = {
                     "host PSS of the engine process tree (smaps_rollup; shared pages counted once; "
                     "read on some samples only, NaN between reads)",
                 ),
-                _c("host_uss_mib", "float64", "MiB", "host USS (private pages) of the engine process tree"),
+                _c(
+                    "host_uss_mib",
+                    "float64",
+                    "MiB",
+                    "host USS of the engine tree: private pages only (a block its forked processes "
+                    "share is in none)",
+                ),
                 _c(
                     "cgroup_current_mib",
                     "float64",

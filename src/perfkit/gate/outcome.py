@@ -17,7 +17,7 @@ notebook raised before its verdict), ``skipped`` (the notebook did not run).
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ __all__ = [
     "FailOn",
     "GATE_FAILED",
     "GateFailed",
+    "check_counts",
     "exit_code",
     "finish",
     "finish_code",
@@ -55,26 +56,50 @@ def _failed_rows(verdict: Mapping[str, Any], status: str = "fail") -> list[str]:
     ]
 
 
+#: the order and words of :func:`check_counts`
+_COUNT_WORDS = {
+    "fail": "failed",
+    "inconclusive": "inconclusive",
+    "improved": "improved",
+    "pass": "passed",
+    "new": "new",
+    "skipped": "skipped",
+}
+
+
+def check_counts(statuses: Iterable[Any]) -> str:
+    """The one count of a set of checks, for the page, summary.md and a notebook's last line
+    alike: ``"4 checks: 1 failed, 2 passed, 1 skipped"`` (statuses in :data:`_COUNT_WORDS`'s
+    order, only those present; another status is named as it is); ``"0 checks"`` for none."""
+    seen = [str(s) for s in statuses]
+    n = len(seen)
+    order = [*_COUNT_WORDS, *sorted(set(seen) - set(_COUNT_WORDS))]
+    parts = [f"{seen.count(s)} {_COUNT_WORDS.get(s, s)}" for s in order if s in seen]
+    return f"{n} check{'' if n == 1 else 's'}" + (": " + ", ".join(parts) if parts else "")
+
+
 def verdict_line(name: str, verdict: Mapping[str, Any] | None) -> str:
     """One sentence on a verdict document (:func:`perfkit.gate.verdicts.write_verdict`'s):
-    ``"<name> gate: fail: 1 of 4 checks failed: latency_drift (0.091 > 0.05)"``."""
+    ``"<name> gate: fail: 4 checks: 1 failed, 3 passed; failed: latency_drift (0.091 > 0.05)"``
+    (the counts of :func:`check_counts`)."""
     word = gate_result("ok", verdict)
     if verdict is None:
         return f"{name} gate: not gated (no verdict written)"
     rows = verdict.get("rows") or []
+    counts = check_counts(r.get("status") for r in rows if isinstance(r, Mapping))
     failed = _failed_rows(verdict)
     if word == "fail":
         shown = "; ".join(failed[:5]) + (f" (+{len(failed) - 5} more)" if len(failed) > 5 else "")
-        return f"{name} gate: fail: {len(failed)} of {len(rows)} checks failed: {shown}"
+        return f"{name} gate: fail: {counts}" + (f"; failed: {shown}" if shown else "")
     if word == "inconclusive":
         shown = "; ".join(_failed_rows(verdict, "inconclusive"))
-        return f"{name} gate: inconclusive: none of {len(rows)} checks failed, noise could flip: {shown}"
+        return f"{name} gate: inconclusive: {counts}; noise could flip: {shown}"
     if word == "not gated":
-        why = "no check rows" if not rows else "every check was skipped (nothing measured)"
+        why = "no check rows" if not rows else f"{counts} (nothing measured)"
         return f"{name} gate: not gated: {why}; not a pass"
     if word == "error":
         return f"{name} gate: error: {verdict.get('error') or 'unreadable verdict'}"
-    return f"{name} gate: pass: {len(rows)} checks, none failed"
+    return f"{name} gate: pass: {counts}"
 
 
 def gate_result(status: str, verdict: Mapping[str, Any] | None, ename: str | None = None) -> str:

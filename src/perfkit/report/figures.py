@@ -32,7 +32,8 @@ times, each with the machine, the date and how it was measured (:func:`timings_m
 README's "how long" is a measurement with its conditions.
 
 ``perfkit figures FILE...`` rewrites the blocks; ``--check`` exits 1 when a committed block
-differs from what the bundles give.
+differs from what the bundles give by more than one unit of a figure's last shown digit
+(:func:`same_figures`).
 """
 
 from __future__ import annotations
@@ -459,11 +460,29 @@ def update_file(path: str | Path, root: str | Path, check: bool = False) -> bool
     if not blocks(old, str(p)):
         raise FiguresError(f"{p}: no '<!-- perfkit:figures src=... -->' block")
     new = update_text(old, Path(root), str(p))
-    if new != old and not check:
+    changed = not same_figures(old, new)
+    if changed and not check:
         tmp = p.with_name(p.name + ".tmp")
         tmp.write_text(new, encoding="utf-8")
         tmp.replace(p)
-    return new != old
+    return changed
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.(\d+))?")
+
+
+def same_figures(old: str, new: str) -> bool:
+    """Whether two renderings of a block say the same: the same text between numbers, and each
+    number within one unit of its last shown digit (``954`` and ``955``, ``3.41`` and ``3.42``):
+    a figure recomputed on another CPU (numpy's summation order follows its SIMD width) may round
+    the other way, and that is not a stale figure."""
+    if _NUMBER.sub("#", old) != _NUMBER.sub("#", new):
+        return False
+    for a, b in zip(_NUMBER.finditer(old), _NUMBER.finditer(new)):
+        unit = 10.0 ** -max(len(a.group(1) or ""), len(b.group(1) or ""))
+        if abs(float(a.group().replace(",", "")) - float(b.group().replace(",", ""))) > unit * 1.000001:
+            return False
+    return True
 
 
 def _warm(src: str, root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.Series]:

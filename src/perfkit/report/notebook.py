@@ -31,6 +31,7 @@ import pandas as pd
 from perfkit.bundle import WARMUP_INDEX
 from perfkit.checks import Check, check_table, overall_status
 from perfkit.common.frames import align_frames, latent_frames
+from perfkit.gate.outcome import check_counts
 from perfkit.report.tables import styled
 from perfkit.reported import NOT_REPORTED, is_reported, reported_count
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP
@@ -272,15 +273,15 @@ def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gat
     recorded beside them): the overall status, then each failed, inconclusive, skipped and
     passed check with its reason.
 
-    ``**Gate: fail.** 1 of 5 checks failed: `latency_drift` (0.091 > 0.05).`` A table of no
-    rows says that nothing was gated.
+    ``**Gate: fail.** 5 checks: 1 failed, 4 passed. Failed: `latency_drift` (0.091 > 0.05).``
+    (the counts of :func:`perfkit.gate.outcome.check_counts`). A table of no rows says that
+    nothing was gated.
     """
     df = _rows(rows)
     if df.empty:
         return f"**{what}: nothing gated** (no invariant of this investigation has a limit)."
     status = overall_status(df)
-    n = len(df)
-    lines = [f"**{what}: {status}.**"]
+    lines = [f"**{what}: {status}.** {check_counts(df['status'])}."]
 
     def listed(sub: pd.DataFrame) -> str:
         return ", ".join(f"`{m}` ({r})" if r else f"`{m}`" for m, r in zip(sub["metric"], sub["reason"]))
@@ -290,7 +291,7 @@ def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gat
     skipped = df[df["status"] == "skipped"]
     passed = df[df["status"].isin(("pass", "improved", "new"))]
     if not failed.empty:
-        lines.append(f"{len(failed)} of {n} checks failed: {listed(failed)}.")
+        lines.append(f"Failed: {listed(failed)}.")
     if not unsure.empty:
         lines.append(f"Inconclusive (over the limit within the run's noise): {listed(unsure)}.")
     if not skipped.empty:
@@ -302,16 +303,21 @@ def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gat
 
 
 def check_frame(
-    rows: Iterable[Check | Mapping[str, Any]], metrics: Iterable[str] | None = None
+    rows: Iterable[Check | Mapping[str, Any]], metrics: Iterable[str] | None = None, with_case: bool = False
 ) -> pd.DataFrame:
     """The check rows (those whose metric is in ``metrics``, when given) as a table: metric,
-    limit, measured, status, reason."""
+    limit (what measured is held to: the bound, with any noise margin; the limit itself where
+    no bound is recorded), measured, status, reason; ``case`` first with ``with_case``."""
     df = _rows(rows)
     if metrics is not None:
         df = df[df["metric"].isin(list(metrics))]
-    return df.rename(columns={"expected": "limit", "actual": "measured"})[
-        ["metric", "limit", "measured", "status", "reason"]
-    ].reset_index(drop=True)
+    df = df.assign(
+        limit=pd.to_numeric(df["bound"], errors="coerce").fillna(
+            pd.to_numeric(df["expected"], errors="coerce")
+        )
+    )
+    cols = ["case"] * with_case + ["metric", "limit", "measured", "status", "reason"]
+    return df.rename(columns={"actual": "measured"})[cols].reset_index(drop=True)
 
 
 def invariants_frame(scenario: str, given: Mapping[str, Any] | None = None) -> pd.DataFrame:

@@ -44,6 +44,7 @@ from typing import Any, Mapping
 import markupsafe
 import pandas as pd
 
+from perfkit.gate.outcome import check_counts
 from perfkit.gate.verdicts import (
     GATE,
     read_verdict,
@@ -54,6 +55,7 @@ from perfkit.report.runinfo import (  # noqa: F401
     GATE_ORDER,
     GATE_QUESTION,
     GATE_TITLE,
+    gate_view,
     investigations,
     key_numbers,
     notebook_error,
@@ -127,7 +129,7 @@ def summary_frame(scenario: str, results: Mapping[str, Any]) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------------------
 
 
-_GATE_COLUMNS = ["notebook", "case", "metric", "expected", "actual", "bound", "status", "reason"]
+_GATE_COLUMNS = ["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
 
 
 def _gate_table(verdicts: pd.DataFrame, statuses: tuple[str, ...] | None = None) -> Table:
@@ -135,7 +137,7 @@ def _gate_table(verdicts: pd.DataFrame, statuses: tuple[str, ...] | None = None)
     ``statuses`` when given."""
     if verdicts.empty:
         return format_table(pd.DataFrame(columns=_GATE_COLUMNS))
-    v = verdicts[[c for c in _GATE_COLUMNS if c in verdicts.columns]]
+    v = gate_view(verdicts)[_GATE_COLUMNS]
     if statuses is not None:
         v = v[v["status"].isin(statuses)]
     v = v.assign(_o=v["status"].map(GATE_ORDER).fillna(5)).sort_values("_o", kind="stable").drop(columns="_o")
@@ -227,7 +229,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "meta": meta,
         "environment": _env_line(run_dir),
         "toc": toc,
-        "failed": [t for t in toc if t["gate"] == "fail"],
+        "failed": _failed_boxes(toc, verdicts),
         "errors": [n for n in nbs if n.get("status") == "error"],
         "notebooks_table": nb_table,
         "units_table": format_table(units) if (units := units_frame(info)) is not None else None,
@@ -239,6 +241,23 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "gate_counts": gate_counts(verdicts),
         "sections": [markupsafe.Markup(render_section(run_dir, n)) for n in nbs],
     }
+
+
+def _failed_boxes(toc: list[dict[str, Any]], verdicts: pd.DataFrame) -> list[dict[str, Any]]:
+    """The toc entries that get a red box: one failed check, one box. The gate's verdict judges
+    the investigations' checks again; it gets a box only for failed rows no investigation holds
+    (a baseline metric), counted over those rows."""
+    out = []
+    for t in toc:
+        if t["gate"] != "fail":
+            continue
+        if t["name"] == GATE and "notebook" in verdicts:
+            own = verdicts[verdicts["notebook"] == GATE]["status"]
+            if not (own == "fail").any():
+                continue
+            t = {**t, "gate_text": f"fail: {check_counts(own)} that no investigation holds"}
+        out.append(t)
+    return out
 
 
 def render_page(run_dir: str | Path) -> str:

@@ -133,10 +133,12 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
     result: ``error`` (the notebook failed, or its verdict file is unreadable), ``fail`` (a
     check failed), ``pass`` (at least one check compared, none failed), ``not gated`` (it ran
     and no check compared: none declared, or every one skipped), ``not run`` (skipped).
-    text: the result with its counts (``fail: 1 of 4 checks failed``, ``pass: 4 checks``,
-    ``not gated: 3 checks skipped``) or the notebook's error.
+    text: the result with the counts of :func:`perfkit.gate.outcome.check_counts`, the same as
+    the notebook's last line (``fail: 4 checks: 1 failed, 2 passed, 1 skipped``), or the
+    notebook's error.
     """
     from perfkit.checks import check_table
+    from perfkit.gate.outcome import check_counts
     from perfkit.gate.outcome import gate_result as gate_word
 
     st = str(n.get("status") or "")
@@ -151,24 +153,37 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
     if word == "error":
         return "error", "error: " + (clip(doc.get("error"), 120) or "verdict unreadable")
     rows = check_table(doc.get("rows") or [])
-    counts = rows["status"].astype(str).value_counts() if not rows.empty else pd.Series(dtype=int)
-    n_fail, n_skip = int(counts.get("fail", 0)), int(counts.get("skipped", 0))
-    compared = len(rows) - n_skip
+    counts = check_counts(rows["status"]) if not rows.empty else ""
     if word == "fail":
-        why = f"{n_fail} of {plural(compared, 'check')} failed" if n_fail else clip(doc.get("reason"), 120)
-        return "fail", f"fail: {why or 'the verdict says fail'}"
+        failed = not rows.empty and (rows["status"] == "fail").any()
+        return (
+            "fail",
+            f"fail: {counts if failed else clip(doc.get('reason'), 120) or 'the verdict says fail'}",
+        )
     if word == "inconclusive":
-        n_inc = int(counts.get("inconclusive", 0))
-        return (
-            "inconclusive",
-            f"inconclusive: {n_inc} of {plural(compared, 'check')} noise could flip, none failed",
-        )
+        return "inconclusive", f"inconclusive: {counts}; noise could flip, none failed"
     if word == "not gated":
-        return (
-            "not gated",
-            f"not gated: {plural(n_skip, 'check')} skipped" if n_skip else "not gated: no check declared",
+        return "not gated", f"not gated: {counts or 'no check declared'}"
+    return "pass", f"pass: {counts}"
+
+
+def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
+    """The gate rows with columns named for what they hold: ``baseline`` (a baseline metric's
+    recorded value; empty for an invariant), ``measured``, ``limit`` (what ``measured`` is held
+    to: the baseline's bound, or the invariant's limit with any noise margin), beside
+    ``notebook``, ``case``, ``metric``, ``status``, ``reason``."""
+    if verdicts.empty:
+        return pd.DataFrame(
+            columns=["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
         )
-    return "pass", f"pass: {plural(compared, 'check')}" + (f", {n_skip} skipped" if n_skip else "")
+    inv = verdicts["case"].isin([s.name for s in registry.all_scenarios()])
+    exp = pd.to_numeric(verdicts["expected"], errors="coerce")
+    bound = pd.to_numeric(verdicts["bound"], errors="coerce")
+    return verdicts.assign(
+        baseline=exp.where(~inv),
+        measured=verdicts["actual"],
+        limit=bound.where(bound.notna() | ~inv, exp),
+    ).drop(columns=["expected", "actual", "bound"])
 
 
 def _measured_elsewhere(run_dir: Path, name: str) -> str | None:

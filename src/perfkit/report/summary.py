@@ -11,12 +11,21 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from perfkit.gate.outcome import check_counts
 from perfkit.gate.verdicts import (
     GATE,
     nothing_measured_reason,
     read_verdict,
 )
-from perfkit.report.runinfo import GATE_ORDER, clip, investigations, key_numbers, plural, run_status
+from perfkit.report.runinfo import (
+    GATE_ORDER,
+    clip,
+    gate_view,
+    investigations,
+    key_numbers,
+    plural,
+    run_status,
+)
 from perfkit.report.runtables import engine_ends_frame, refused_records, units_frame
 from perfkit.report.tables import markdown_table
 from perfkit.scenarios import registry
@@ -183,21 +192,23 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
     info, verdicts, code, word = run_status(run_dir)
     icon = {"pass": "✅", "inconclusive": "⚠️", "regression": "❌", "error": "💥"}.get(word, "")
     n_fail = int((verdicts["status"] == "fail").sum()) if not verdicts.empty else 0
-    n_pass = int(verdicts["status"].isin(["pass", "improved"]).sum()) if not verdicts.empty else 0
     n_inc = int((verdicts["status"] == "inconclusive").sum()) if not verdicts.empty else 0
     head = [
         f"## perfkit: {info.get('name', run_dir.name)} — {icon} {word.upper()} (exit {code})",
         "",
-        f"{plural(n_pass, 'gate')} passed, {n_fail} failed"
-        + (f", {n_inc} inconclusive (over the limit within the run's noise)." if n_inc else "."),
+        f"{check_counts(verdicts['status'] if not verdicts.empty else [])}"
+        + (" (inconclusive: over the limit within the run's noise)." if n_inc else "."),
     ]
     why = nothing_measured_reason(verdicts)
     if why:
         head += ["", f"**Error: {why}**"]
     if info.get("description"):
         head += ["", info["description"]]
-    cols = ["case", "metric", "expected", "actual", "status", "reason"]
-    shown = verdicts[verdicts["status"] != "skipped"] if not verdicts.empty else verdicts
+    view = gate_view(verdicts)
+    cols = ["case", "metric", "baseline", "measured", "limit", "status", "reason"]
+    if view["baseline"].isna().all():  # invariants only: no baseline value to show
+        cols.remove("baseline")
+    shown = view[view["status"] != "skipped"] if not view.empty else view
     order = shown["status"].map(GATE_ORDER).fillna(5) if not shown.empty else None
     shown = (
         shown.assign(_o=order).sort_values("_o", kind="stable").drop(columns="_o")
@@ -208,7 +219,7 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
     attention = shown[shown["status"].isin(look)] if not shown.empty else shown
     passing = shown[~shown["status"].isin(look)] if not shown.empty else shown
     # passing rows: compact (their reasons are on the page), a status column only when mixed
-    pass_cols = ["case", "metric", "expected", "actual"]
+    pass_cols = [c for c in cols if c not in ("status", "reason")]
     if len(passing) and set(passing["status"].astype(str)) != {"pass"}:
         pass_cols.append("status")
 

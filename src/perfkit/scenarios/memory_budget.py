@@ -1,7 +1,7 @@
 """Memory budget: does the pipeline fit a consumer budget (e.g. 12 GiB GPU + 32 GiB host), and
 what does it cost in latency? (seed case 000)
 
-A launch per cap; per request the peak device reserved/allocated and host anonymous RSS; the
+A launch per cap; per request the peak device reserved/allocated, the host PSS of the engine tree; the
 placement the engine chose; whether the cap held; whether the warm request degrades.
 """
 
@@ -34,7 +34,7 @@ from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, site
 from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.scenarios import cells
 from perfkit.scenarios.cap_entry import WARM_DEGRADE_TOLERANCE, cap_entry
-from perfkit.scenarios.common import pick_columns
+from perfkit.scenarios.common import host_peak_text, pick_columns
 from perfkit.scenarios.parts import code, md
 from perfkit.scenarios.registry import (
     CapParams,
@@ -130,8 +130,9 @@ def memory_budget(
         ``device_cap_gib``, ``host_cap_gib``, ``completed`` (all requests), ``cap_held``,
         ``enforcement``, ``peak_reserved_mib``/``peak_allocated_mib`` (device, MiB),
         ``load_peak_mib`` (device peak reserved during model load, MiB),
-        ``host_anon_peak_mib`` (sampler, summed anon RSS), ``host_pss_peak_mib`` (peak PSS of
-        the engine tree, MiB), ``cgroup_peak_mib`` (the engine's own cgroup, MiB; None without
+        ``host_pss_peak_mib`` (peak PSS of the engine tree, MiB: shared pages once),
+        ``host_anon_peak_mib`` (sampler, anonymous RSS summed per process: a page shared by
+        forked processes counts once per process), ``cgroup_peak_mib`` (the engine's own cgroup, MiB; None without
         one), ``host_cap_effective_gib`` / ``host_cap_clamp`` (the host cap in force and why it
         is below the ask), ``cap_mechanism`` (cgroup, watchdog-pss, ...), ``host_source``,
         ``placement``, ``cold_ms``, ``warm_ms``,
@@ -333,8 +334,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             detail = (
                 f"device cap {_gib(c.get('device_cap_gib'))}, host cap {_gib(c.get('host_cap_gib'))},"
                 f" enforcement {c.get('enforcement') or '–'}, peak reserved "
-                f"{_mib(c.get('peak_reserved_mib'))}, host anon peak "
-                f"{_mib(c.get('host_anon_peak_mib'))}, placement {c.get('placement') or '–'}"
+                f"{_mib(c.get('peak_reserved_mib'))}, {host_peak_text(c)}, placement {c.get('placement') or '–'}"
             )
             rows.append(check_flag(NAME, f"{col}[{c.get('label')}]", c.get(col), want, detail))
     return rows
@@ -432,8 +432,7 @@ def reading(r: Mapping[str, Any]) -> str:
             + ", cap "
             + ("held" if c.get("cap_held") else "**not held**")
             + f" (enforcement {c.get('enforcement')}); peak reserved "
-            f"{_mib(c.get('peak_reserved_mib'))}, host anon peak "
-            f"{_mib(c.get('host_anon_peak_mib'))}, placement {c.get('placement') or '–'}"
+            f"{_mib(c.get('peak_reserved_mib'))}, {host_peak_text(c)}, placement {c.get('placement') or '–'}"
             + ("; warm requests degrade" if c.get("warm_degrades") else "")
             + "."
         )

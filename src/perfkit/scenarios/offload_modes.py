@@ -35,6 +35,7 @@ from perfkit.measuring.assemble import assemble, join_bundles
 from perfkit.measuring.launch import LaunchData, measure_launch
 from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.scenarios import cells
+from perfkit.scenarios.common import ANON_SUM_LABEL
 from perfkit.scenarios.mode_entry import FAILED, NOT_APPLICABLE, RAN, REFUSAL_RE, WARM_TOLERANCE, mode_entry
 from perfkit.scenarios.parts import code, md
 from perfkit.scenarios.registry import (
@@ -391,7 +392,7 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     for c in SUMMARY_COLUMNS[3:-2]:  # the numbers: ready_s … host_anon_peak_mib
         df[c] = pd.to_numeric(df[c], errors="coerce")
-    return df
+    return df.rename(columns={"host_anon_peak_mib": ANON_SUM_LABEL})
 
 
 def reading(r: Mapping[str, Any]) -> str:

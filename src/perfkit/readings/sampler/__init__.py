@@ -19,8 +19,10 @@
   once in PSS). Read within :data:`perfkit.readings.memory.PSS_DUTY` of the wall time, so NaN on
   the samples between reads (never a carried value), and on every sample where ``smaps_rollup``
   is not readable or ``PERFKIT_SAMPLER_PSS`` turns it off (:func:`pss_enabled`).
-- ``host_rss_mib`` / ``host_anon_mib``: RSS and anonymous RSS summed over the tree (shared pages
-  count once per process), from ``statm`` or the PSS read, at every sample.
+- ``host_rss_mib`` / ``host_anon_mib``: RSS and anonymous RSS summed per process over the tree
+  (a page shared copy-on-write counts once per process: a 400 MiB block in a parent and two
+  forked children sums to 1,200 MiB), from ``statm`` or the PSS read, at every sample. USS
+  (private pages) holds no shared block at all; PSS is the tree's memory counted once.
 - ``cgroup_current_mib``: ``memory.current`` of the engine's own cgroup (NaN without one).
 - ``gpu_util_pct``: NVML utilisation (NaN without NVML).
 

@@ -258,7 +258,7 @@ def _draw_host(tl: Timeline, cap_gib: Any, title: str) -> None:
     host_drew = _series(tl, ax_host, "host_pss_mib", "host PSS (process tree)")
     host_drew |= _series(tl, ax_host, "cgroup_current_mib", "cgroup memory.current", ls="-.")
     host_drew |= _series(tl, ax_host, "host_rss_mib", "host RSS", ls=":")
-    host_drew |= _series(tl, ax_host, "host_anon_mib", "host anonymous", ls="--")
+    host_drew |= _series(tl, ax_host, "host_anon_mib", "host anonymous (summed per process)", ls="--")
     _cap_line(ax_host, cap_gib, "host cap", "cap:host")
     ax_host.set_ylabel("host memory (MiB)")
     ax_host.set_xlabel("time since launch (s)" if tl.from_launch else "time since first sample (s)")
