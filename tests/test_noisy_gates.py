@@ -56,9 +56,9 @@ def test_an_inconclusive_row_is_neither_a_pass_nor_a_regression():
     doc = {"status": "inconclusive", "rows": df.to_dict("records")}
     assert outcome.gate_result("ok", doc) == "inconclusive" and outcome.exit_code("inconclusive", doc) == 0
     line = outcome.verdict_line("s", doc)
-    assert line.startswith("s gate: inconclusive: none of 2 checks failed, noise could flip: b (3.4 > 3"), (
-        line
-    )
+    assert line.startswith(
+        "s gate: inconclusive: 2 checks: 1 inconclusive, 1 passed; noise could flip: b (3.4 > 3"
+    ), line
     assert outcome.finish("s", doc) == "inconclusive"  # shown, not raised: papermill does not fail
     failed = check_table([*rows, check_max("s", "c", 9.0, 3.0, lower=5.0)])
     assert overall_status(failed) == "fail" and exit_code_for([], failed) == 1
