@@ -18,6 +18,9 @@ DOCS = (
     "examples/h200/README.md",
     "examples/h200x2/README.md",
     "examples/h200x2/scaleout/README.md",
+    "docs/commands.md",
+    "docs/timings.md",
+    "docs/sglang.md",
 )
 
 
@@ -45,6 +48,20 @@ def test_stale_block_is_found_and_rewritten(tmp_path):
     proc = _figures("--root", str(ROOT), "--check", str(doc))
     assert proc.returncode == 1 and "stale" in proc.stdout
     assert "| 944 ms |" in doc.read_text()  # --check changes nothing
+    assert _figures("--root", str(ROOT), str(doc)).returncode == 0
+    assert doc.read_text() == good
+
+
+def test_the_command_reference_is_every_commands_click_help(tmp_path):
+    good = (ROOT / "docs/commands.md").read_text()
+    assert "Usage: perfkit suite [OPTIONS]" in good and "--partition I/N" in good
+    assert "    overhead       Instrumentation overhead: " in good  # suite's list of investigations
+    for path in ("perfkit history confirm", "perfkit wheelhouse install", "perfkit engine serve"):
+        assert f"### {path}\n" in good and f"(#{path.replace(' ', '-')})" in good
+    doc = tmp_path / "commands.md"
+    doc.write_text(good.replace("--gate-metrics", "--gated-metrics"))  # a renamed option: stale
+    proc = _figures("--root", str(ROOT), "--check", str(doc))
+    assert proc.returncode == 1 and "stale" in proc.stdout
     assert _figures("--root", str(ROOT), str(doc)).returncode == 0
     assert doc.read_text() == good
 
