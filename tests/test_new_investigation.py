@@ -150,6 +150,14 @@ def test_its_notebook_is_generated_from_its_module(probe):
             compile(c.source, NAME, "exec")
 
 
+def test_perfkit_suite_help_lists_it(probe):
+    import inprocess_cli
+
+    text = inprocess_cli.perfkit("suite", "--help", cwd=ROOT).stdout
+    (line,) = [ln for ln in text.splitlines() if ln.split()[:1] == [NAME]]
+    assert line.split(None, 1)[1] == "Throwaway probe: Does a sleep take as long as asked? [off by default]"
+
+
 def test_its_figure_is_drawn_by_kind(probe):
     fig = registry.figure("throwaway-sleeps", _bundle())
     (ax,) = fig.axes

@@ -92,9 +92,17 @@ def _investigations_help() -> str:
     )
 
 
-@click.command(
-    "suite", epilog=_investigations_help() + "\n\n" + EXIT_CODES + " The report is written in every case."
-)
+class _SuiteCommand(click.Command):
+    """``perfkit suite``: its help ends with the investigations registered when it is shown."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_paragraph()
+        with formatter.indentation():
+            formatter.write_text(_investigations_help())
+        super().format_epilog(ctx, formatter)
+
+
+@click.command("suite", cls=_SuiteCommand, epilog=EXIT_CODES + " The report is written in every case.")
 @click.option(
     "--params",
     "params",
