@@ -310,7 +310,7 @@ def test_history_confirm_names_a_missing_step(engine_repo, tmp_path, capsys):
 
 
 def test_the_bisect_example_spec_gives_each_checkout_its_engine_args(tmp_path):
-    """examples/bisect (README, "Which commit?"): the spec hands the reference engine
+    """examples/bisect (docs/history.md, "Which commit?"): the spec hands the reference engine
     `@{checkout}/engine.args`, which it reads as more options, one a line: the probe's slowdown."""
     from perfkit.bisect.probe import load_spec
     from perfkit.refengine.options import build_parser

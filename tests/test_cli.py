@@ -130,6 +130,25 @@ def test_help_of_every_command_lists_exit_codes(sub):
     assert "Exit codes" in proc.stdout or "exit codes" in proc.stdout.lower(), proc.stdout
 
 
+def test_suite_help_lists_every_investigation_in_run_order():
+    from perfkit.scenarios import registry
+
+    text = quick("suite", "--help").stdout.split("Investigations (", 1)[1]
+    lines = [
+        next(ln for ln in text.splitlines() if ln.split()[:1] == [s.name]) for s in registry.all_scenarios()
+    ]
+    assert [ln.split()[0] for ln in lines] == [
+        "cold_warm",
+        "warmup_shapes",
+        "memory_budget",
+        "offload_modes",
+        "load",
+        "overhead",
+    ]
+    assert "Cold vs warm: Does the warm request" in lines[0] and "[off by default]" not in lines[0]
+    assert lines[4].endswith("[off by default]")  # load: its params section is off unless enabled
+
+
 def test_missing_params_file_is_named(tmp_path):
     missing = tmp_path / "nope.yaml"
     for cmd in (

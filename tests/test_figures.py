@@ -18,6 +18,9 @@ DOCS = (
     "examples/h200/README.md",
     "examples/h200x2/README.md",
     "examples/h200x2/scaleout/README.md",
+    "docs/commands.md",
+    "docs/timings.md",
+    "docs/sglang.md",
 )
 
 
@@ -62,6 +65,20 @@ def test_a_figure_one_unit_off_in_its_last_digit_is_not_stale(tmp_path):
     assert _figures("--root", str(ROOT), "--check", str(doc)).returncode == 1
     assert same_figures("ratio 3.41, 1,200 MiB", "ratio 3.42, 1,201 MiB")
     assert not same_figures("ratio 3.41", "ratio 3.43") and not same_figures("3.41 s", "3.41 ms")
+
+
+def test_the_command_reference_is_every_commands_click_help(tmp_path):
+    good = (ROOT / "docs/commands.md").read_text()
+    assert "Usage: perfkit suite [OPTIONS]" in good and "--partition I/N" in good
+    assert "    overhead       Instrumentation overhead: " in good  # suite's list of investigations
+    for path in ("perfkit history confirm", "perfkit wheelhouse install", "perfkit engine serve"):
+        assert f"### {path}\n" in good and f"(#{path.replace(' ', '-')})" in good
+    doc = tmp_path / "commands.md"
+    doc.write_text(good.replace("--gate-metrics", "--gated-metrics"))  # a renamed option: stale
+    proc = _figures("--root", str(ROOT), "--check", str(doc))
+    assert proc.returncode == 1 and "stale" in proc.stdout
+    assert _figures("--root", str(ROOT), str(doc)).returncode == 0
+    assert doc.read_text() == good
 
 
 def test_bad_blocks_are_errors_naming_the_file(tmp_path):

@@ -244,14 +244,14 @@ def test_store_files_take_the_process_umask(tmp_path: Path, umask: int, mode: in
 
 
 def test_the_readmes_duckdb_query_never_reads_a_file_being_written(tmp_path: Path, monkeypatch):
-    """Issue 54: the README's glob matched a writer's ``.tmp-*.parquet``: 2 of 253 reads during
+    """Issue 54: the README's (now docs/history.md's) glob matched a writer's ``.tmp-*.parquet``: 2 of 253 reads during
     concurrent adds failed ("too small to be a Parquet file"). The query runs here while the
     writer's temporary file exists, still empty."""
     import re
 
     import duckdb
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "history.md").read_text()
     (glob,) = set(re.findall(r"read_parquet\('outputs/history/([^']+)'\)", readme))
     query = f"SELECT count(*) FROM read_parquet('{tmp_path}/{glob}')"
     add_runs(tmp_path, [run(1)])

@@ -1,14 +1,18 @@
 """An investigation is one module (issue 32): a throwaway module in a temporary package, on
 sys.path and nowhere in perfkit, registers itself and gets its notebook (the generator's
 output, validated by nbformat), its report section (jinja, with its notebook rendered by
-nbconvert), its figure (matplotlib) and its ``perfkit figures`` blocks, with no edit outside
-that module. Nothing is mocked; nothing is launched (its ``run`` is not the subject)."""
+nbconvert), its figure (matplotlib), its ``perfkit figures`` blocks and its line in ``perfkit
+suite --help``, with no edit outside that module. Nothing is mocked; nothing is launched (its
+``run`` is not the subject). A command likewise (docs/DESIGN.md, "Adding a command"): a
+throwaway click module named in ``COMMANDS`` runs, and the command reference goes stale until
+regenerated."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -150,6 +154,14 @@ def test_its_notebook_is_generated_from_its_module(probe):
             compile(c.source, NAME, "exec")
 
 
+def test_perfkit_suite_help_lists_it(probe):
+    import inprocess_cli
+
+    text = inprocess_cli.perfkit("suite", "--help", cwd=ROOT).stdout
+    (line,) = [ln for ln in text.splitlines() if ln.split()[:1] == [NAME]]
+    assert line.split(None, 1)[1] == "Throwaway probe: Does a sleep take as long as asked? [off by default]"
+
+
 def test_its_figure_is_drawn_by_kind(probe):
     fig = registry.figure("throwaway-sleeps", _bundle())
     (ax,) = fig.axes
@@ -202,3 +214,47 @@ def test_a_second_module_cannot_take_its_figure_kind(probe):
     with pytest.raises(ValueError, match="figure kind"):
         registry.register(dup)
     assert "throwaway_twin" not in registry.names()
+
+
+COMMAND_MODULE = '''
+"""A throwaway command: a click wrapper over one call."""
+
+import click
+
+from perfkit.cli._common import EXIT_CODES, done
+
+
+@click.command("throwaway", epilog=EXIT_CODES)
+@click.option("--times", type=click.IntRange(min=1), default=2, show_default=True, help="how many echoes")
+def throwaway_command(times: int) -> None:
+    """Echo a word TIMES times."""
+    click.echo(" ".join(["probe"] * times))
+    done(0)
+'''
+
+
+def test_a_throwaway_command_by_the_recipe(tmp_path, monkeypatch):
+    import inprocess_cli
+    from perfkit.cli import COMMANDS, cli
+
+    (tmp_path / "throwaway_cmd.py").write_text(textwrap.dedent(COMMAND_MODULE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(COMMANDS, "throwaway", "throwaway_cmd:throwaway_command")
+    try:
+        proc = inprocess_cli.perfkit("throwaway", "--times", "3", cwd=ROOT)
+        assert (proc.returncode, proc.stdout) == (0, "probe probe probe\n")
+        bad = inprocess_cli.perfkit("throwaway", "--times", "0", cwd=ROOT)
+        assert bad.returncode == 2 and "--times" in bad.stderr  # click's misuse: exit 2
+        listed = inprocess_cli.perfkit("--help", cwd=ROOT).stdout
+        assert re.search(r"^ +throwaway +Echo a word TIMES times\.$", listed, re.M), listed
+        stale = inprocess_cli.perfkit("figures", "--check", "docs/commands.md", cwd=ROOT)
+        assert stale.returncode == 1 and "stale" in stale.stdout  # the reference names every command
+        doc = tmp_path / "commands.md"
+        doc.write_text((ROOT / "docs/commands.md").read_text())
+        assert inprocess_cli.perfkit("figures", "--root", str(ROOT), str(doc), cwd=ROOT).returncode == 0
+        text = doc.read_text()
+        assert "| [`perfkit throwaway`](#perfkit-throwaway) | Echo a word TIMES times |" in text
+        assert "### perfkit throwaway\n\n```text\nUsage: perfkit throwaway [OPTIONS]" in text
+    finally:
+        cli.commands.pop("throwaway", None)  # the lazy group keeps what it loaded
+        sys.modules.pop("throwaway_cmd", None)

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from perfkit.checks import Check
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
 from perfkit.report import plots
-from perfkit.scenarios import offload_modes
+from perfkit.scenarios.offload_modes import offload_modes
 from perfkit.scenarios.registry import get, invariant_defaults
 from refengine_helpers import running_engine, spec
 

@@ -3,7 +3,7 @@ records in sglang's performance.log layout, the stage-class mapping, and cold_vs
 end through the sglang code path against the reference engine (``perfkit engine serve`` speaks
 sglang's command line and perf environment), so everything but the executable is real.
 
-Record fixtures follow docs/DESIGN.md "Interop facts" and sglang 0.5.23's ``perf_logger.py``
+Record fixtures follow docs/sglang.md "Interop facts" and sglang 0.5.23's ``perf_logger.py``
 (``RequestPerfRecord``: stages carry ``is_denoising``; snapshots carry ``peak_host_anon_mb``).
 """
 

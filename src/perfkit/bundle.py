@@ -82,7 +82,7 @@ __all__ = [
     "load_many",
 ]
 
-# Redaction reads every string in linear time (docs/DESIGN.md, "Input limits"): a string is split
+# Redaction reads every string in linear time (docs/robustness.md, "Input limits"): a string is split
 # at whitespace once, and each token is checked with patterns that start only at a literal and
 # never backtrack (no nested or adjacent unbounded repeats), so one 1 MiB stderr line costs
 # milliseconds, not the hours a backtracking ``[\w-]*token[\w-]*=`` search took.
@@ -267,7 +267,9 @@ class ResultBundle:
     :meth:`table` (or the properties), which gives every declared column in its dtype.
 
     Attributes:
-        scenario: ``cold_warm``, ``warmup_shapes`` or ``memory_budget``.
+        scenario: the investigation's registered name (``cold_warm``, ``warmup_shapes``,
+            ``memory_budget``, ``offload_modes``, ``load`` or ``overhead``:
+            ``perfkit.scenarios.registry.names()``), or ``ab`` for an A/B side's bundle.
         meta: reproduction facts (see :func:`environment_meta`), caps, params, commands.
         results: scenario-derived results (JSON-serialisable dict).
         tables: name -> DataFrame for each of :data:`TABLES` (may lack declared columns; may

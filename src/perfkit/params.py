@@ -113,7 +113,7 @@ class BaselineParams(_Model):
 
 class ScaleoutParams(_Model):
     """``scaleout`` section: how units of work run (``perfkit suite --partition/--executor``,
-    ``perfkit merge``; see docs/DESIGN.md "Scale-out")."""
+    ``perfkit merge``; see docs/scale-out.md)."""
 
     #: extra attempts of a unit that raised (engine crash, node lost) before it is an error
     retries: int = Field(0, ge=0, le=5)

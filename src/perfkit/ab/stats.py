@@ -1,7 +1,7 @@
 """Statistics of an A/B comparison with the engine launch as the unit of repetition.
 
 A launch (cold start, cold request, warm requests) is what repeats between builds: about a third
-of a warm request's variance lies between launches on an H200 (docs/DESIGN.md), so requests of one
+of a warm request's variance lies between launches on an H200 (docs/suite.md, "Measurement rules"), so requests of one
 launch are not independent samples, and an interval built from requests as if they were is too
 narrow. A launch is therefore reduced to one number first (the median of its requests,
 :func:`perfkit.ab.metrics.launch_means`) and the functions here treat launches as the samples (Kalibera & Jones, "Rigorous

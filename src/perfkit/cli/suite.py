@@ -10,6 +10,7 @@ import click
 from perfkit.cli._common import EXIT_CODES, done, existing_file, fail, print_result
 from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
 from perfkit.measure import investigations
+from perfkit.scenarios import registry
 
 
 def _partition(kw: dict[str, Any], executor_options: dict[str, Any]) -> int:
@@ -79,7 +80,29 @@ def _suite(kw: dict[str, Any]) -> int:
     return print_result(res, "perfkit suite")
 
 
-@click.command("suite", epilog=EXIT_CODES + " The report is written in every case.")
+def _investigations_help() -> str:
+    """The registered investigations in run order, one line each: name, title, question (and
+    whether its params section is off by default), for ``perfkit suite --help``."""
+    lines = []
+    for s in registry.all_scenarios():
+        off = "" if s.params_model.model_fields["enabled"].default else " [off by default]"
+        lines.append(f"  {s.name:14s} {s.title}: {s.question}{off}")
+    return "Investigations (each a params section of that name; --only picks them):\n\n\b\n" + "\n".join(
+        lines
+    )
+
+
+class _SuiteCommand(click.Command):
+    """``perfkit suite``: its help ends with the investigations registered when it is shown."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_paragraph()
+        with formatter.indentation():
+            formatter.write_text(_investigations_help())
+        super().format_epilog(ctx, formatter)
+
+
+@click.command("suite", cls=_SuiteCommand, epilog=EXIT_CODES + " The report is written in every case.")
 @click.option(
     "--params",
     "params",

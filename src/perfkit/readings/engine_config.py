@@ -119,7 +119,7 @@ def from_record(perfkit: Mapping[str, Any]) -> EngineConfig | None:
 # sglang 0.5.23 logs its ServerArgs once, after adjusting them (multimodal_gen
 # runtime/server_args/server_args.py, ``ServerArgs.__post_init__``): ``server_args: {JSON}``, or,
 # when its sanitizer fails, the dataclass repr ``server_args: ServerArgs(...)``. Lines are found
-# with str methods and the repr's field pattern never backtracks (docs/DESIGN.md, "Input limits").
+# with str methods and the repr's field pattern never backtracks (docs/robustness.md, "Input limits").
 _ARGS_TAG = "server_args"
 _ARGS_OPEN = "ServerArgs("
 _FIELD = re.compile(r"(?<!\w)(?P<key>\w++)=(?P<val>'[^']*+'|\"[^\"]*+\"|[\w.+-]++)")

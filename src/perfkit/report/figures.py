@@ -43,6 +43,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -55,7 +56,16 @@ from perfkit.report.power import power_markdown, sequential_markdown
 from perfkit.report.tables import markdown_table
 from perfkit.scenarios import registry
 
-__all__ = ["FiguresError", "Block", "blocks", "render_block", "update_text", "update_file", "STATS_NOTE"]
+__all__ = [
+    "FiguresError",
+    "Block",
+    "blocks",
+    "render_block",
+    "update_text",
+    "update_file",
+    "register_kind",
+    "STATS_NOTE",
+]
 
 #: the block kinds of this module; the investigations add theirs
 #: (:attr:`~perfkit.scenarios.registry.Scenario.doc_blocks`, e.g. ``overhead-pooled``): :func:`kinds`
@@ -91,9 +101,20 @@ _KIND_ATTRS = {
 }
 
 
+#: block kinds a layer above renders (``perfkit figures`` adds ``commands``: every command's
+#: click help), by :func:`register_kind`
+_ABOVE: dict[str, Callable[["Block", Path], str]] = {}
+
+
+def register_kind(kind: str, render: Callable[["Block", Path], str]) -> None:
+    """Let a layer above this one render ``kind`` blocks (``render(block, root) -> Markdown``)."""
+    _ABOVE[kind] = render
+
+
 def kinds() -> tuple[str, ...]:
-    """Every block kind: this module's (:data:`KINDS`) and the investigations' own."""
-    return (*KINDS, *registry.doc_blocks())
+    """Every block kind: this module's (:data:`KINDS`), those registered from above and the
+    investigations' own."""
+    return (*KINDS, *_ABOVE, *registry.doc_blocks())
 
 
 def _session() -> str:
@@ -206,6 +227,8 @@ def render_block(block: Block, root: Path) -> str:
         FiguresError: the directory holds no scenario results.
     """
     src = root / block.src
+    if block.kind in _ABOVE:
+        return _ABOVE[block.kind](block, root)
     if block.kind == "compare":
         return _compare(block, root)
     if block.kind == "ab-power":

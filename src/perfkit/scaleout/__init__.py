@@ -1,5 +1,5 @@
 """Scale-out: the suite's launches as units of work, CI partitions, shard merging, executors.
 
 The in-process executor is the default; ``perfkit[ray]`` adds a Ray executor. See
-docs/DESIGN.md ("Scale-out").
+docs/scale-out.md.
 """

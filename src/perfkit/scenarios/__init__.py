@@ -12,21 +12,15 @@ investigation is one new module here and nothing else. Run order (``Scenario.ord
 
 The rest is shared: :mod:`.registry` (Scenario and its defaults), :mod:`.parts` (notebook cells,
 figures, measure options, ``perfkit figures`` block kinds), :mod:`.cells` (cell texts several
-investigations show), :mod:`.common`, :mod:`.runner`. The package also exports each
-investigation's measuring function for direct use.
+investigations show), :mod:`.common`, :mod:`.runner`. An investigation's measuring function is
+its module's (``from perfkit.scenarios.cold_warm import cold_vs_warm``); the package imports no
+module by name.
 """
 
 import importlib
 import pkgutil
 
-# importing a scenario module registers it; the run order is each Scenario's ``order``
-from perfkit.scenarios import load as _load  # noqa: F401  (registers it)
-from perfkit.scenarios.cold_warm import cold_vs_warm
-from perfkit.scenarios.memory_budget import find_min_budget, memory_budget
-from perfkit.scenarios.offload_modes import offload_modes
-from perfkit.scenarios.overhead import overhead_probe
 from perfkit.scenarios.registry import all_scenarios, get, names
-from perfkit.scenarios.warmup_shapes import warmup_shapes
 
 
 def discover() -> list[str]:
@@ -41,15 +35,4 @@ def discover() -> list[str]:
 
 discover()
 
-__all__ = [
-    "cold_vs_warm",
-    "warmup_shapes",
-    "memory_budget",
-    "find_min_budget",
-    "offload_modes",
-    "overhead_probe",
-    "all_scenarios",
-    "discover",
-    "get",
-    "names",
-]
+__all__ = ["all_scenarios", "discover", "get", "names"]

@@ -75,7 +75,7 @@ class ColdWarmParams(ScenarioParams):
 
 
 class ColdWarmInvariants(InvariantParams):
-    """Within-run invariants of cold vs warm (docs/DESIGN.md: gate on ratios within one run)."""
+    """Within-run invariants of cold vs warm (docs/suite.md, "Measurement rules": gate on ratios within one run)."""
 
     #: warm median / cold request must not exceed this (warm requests slower than the cold one:
     #: state leaks across requests). Fails only when the ratio's one-sided 95 % lower bound

@@ -1,6 +1,6 @@
 """Baseline JSON in sglang's ``perf_baselines`` layout: load, derive, compare, update.
 
-Layout (sglang diffusion CI, see docs/DESIGN.md "Interop facts"; ``tests/fixtures/perf_baselines_5090.json``
+Layout (sglang diffusion CI, see docs/sglang.md "Interop facts"; ``tests/fixtures/perf_baselines_5090.json``
 is a real file)::
 
     {"metadata": {"model", "hardware", "description", "last_updated": "YYYY-MM-DD", ...},

@@ -1,7 +1,7 @@
 """The baseline gate's rules: sglang's tolerances, pads and stage classes, and the pass bound.
 
 Source: sglang's diffusion perf CI check (multimodal_gen perf baselines validation), as
-paraphrased in docs/DESIGN.md "Interop facts". Units: ms and MiB.
+paraphrased in docs/sglang.md "Interop facts". Units: ms and MiB.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from perfkit.readings.stages import baseline_class as _baseline_class
 # Constants. Every number the check uses lives here.
 #
 # Source: sglang's diffusion perf CI check (multimodal_gen perf baselines validation), as
-# paraphrased in docs/DESIGN.md "Interop facts": a metric passes when
+# paraphrased in docs/sglang.md "Interop facts": a metric passes when
 #     actual <= max(expected * (1 + tol), expected + pad)
 # with the pads and tolerance overrides below. The default tolerance profiles are the numbers in
 # sglang's RTX 5090 baseline file (fixtures/sglang/perf_baselines_5090.json).
