@@ -358,11 +358,12 @@ def _ab(out: Path, a: Path, b: Path, *extra: str, most: int = 2) -> tuple[subpro
 
 @pytest.fixture(scope="module")
 def aa(venv, sana, tmp_path_factory):
-    """A/A: the same spec on both sides, 2 pairs of launches side by side (``--paired``: the two
-    servers share the 2 cores alike, so pairing halves the wall time without favouring a side)."""
+    """A/A: the same spec on both sides, 2 launches a side, one after another. Not --paired: two
+    sglang servers side by side on 2 cores favoured one side (an A/A's warm_e2e "improved"
+    -18.8 % [-22.1 %, -15.4 %] at 2 pairs, 2026-12-04, one intra-op thread each)."""
     a = spec_yaml(tmp_path_factory.mktemp("aa") / "a.yaml", venv, sana)
     out = OUT / "ab-aa"
-    proc, wall = _ab(out, a, a, "--paired")
+    proc, wall = _ab(out, a, a)
     r = AbResult.load(out) if (out / "ab.json").is_file() else None
     RECORD["ab A/A"] = {"verdict": r and r.verdict, "exit_code": proc.returncode, "wall_s": round(wall, 1)}
     return out, proc, r
@@ -395,7 +396,7 @@ def test_ab_aa_finds_no_difference(aa):
     assert r is not None, proc.stderr[-3000:]
     # A/A: no regression decided; undecided (exit 1) or no regression (exit 0), as perfkit defines them
     assert (r.verdict, proc.returncode) in {("no regression", 0), ("undecided", 1)}, r.table.to_string()
-    assert r.decisions["warm_e2e"] != "regression"
+    assert r.decisions["warm_e2e"] not in ("regression", "improvement"), r.table.to_string()
     for side in ("a", "b"):
         b = ResultBundle.load(out / side)
         req = b.requests[b.requests["index"] >= 0]
