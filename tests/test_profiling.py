@@ -22,7 +22,7 @@ from perfkit.readings import traces as tr
 from perfkit.refengine.profiling import INJECTED_RANGE, trace_dir
 from perfkit.report.belowstage import below_stage
 from perfkit.report.render import external_refs, render_section
-from perfkit.scenarios import cold_vs_warm
+from perfkit.scenarios.cold_warm import cold_vs_warm
 from refengine_helpers import running_engine, spec
 
 NAME_RE = re.compile(r"^(video_[0-9a-f]+)-(full_stages|\d+_steps)-global-rank0\.trace\.json\.gz$")
@@ -432,7 +432,7 @@ def test_overhead_per_stage_on_real_cpu_traces(runs, served):
 def shapes(tmp_path_factory):
     """warmup_shapes with a 17-frame warmup and 25-frame requests (not covered), profiled in
     steps mode, compile off (bundle saved and loaded back)."""
-    from perfkit.scenarios import warmup_shapes
+    from perfkit.scenarios.warmup_shapes import warmup_shapes
 
     tmp_path = tmp_path_factory.mktemp("shapes")
     tiny = EngineSpec(kind="reference", preset="tiny")  # compile off

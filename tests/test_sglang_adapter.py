@@ -31,7 +31,7 @@ from perfkit.readings.engine_config import from_sglang_log
 from perfkit.readings.records import SNAPSHOT_KEYS, find_record, parse_lines, read_perf_log
 from perfkit.refengine.cli import sglang_perf_log_dir
 from perfkit.report import plots
-from perfkit.scenarios import cold_vs_warm
+from perfkit.scenarios.cold_warm import cold_vs_warm
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["serve", "--model-path", "/models/ltx2", "--port", "30000", "--host", "127.0.0.1"]
