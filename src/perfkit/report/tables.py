@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from perfkit.common.numfmt import number_text
+from perfkit.common.slugs import md_text
 
 __all__ = [
     "MISSING",
@@ -215,23 +216,20 @@ def status_class(word: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "", first) or "none"
 
 
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def markdown_table(df: pd.DataFrame, *, labels: bool = True) -> str:
-    """A GitHub Markdown table of ``df``, cells and headers from :func:`format_table` (``|``
-    escaped). ``labels=False`` keeps the column names as they are.
+    """A GitHub Markdown table of ``df``, cells and headers from :func:`format_table`, each
+    through :func:`perfkit.common.slugs.md_text` (no markup live, a line break ``<br>``, one
+    row a line). ``labels=False`` keeps the column names as they are.
 
     Raises:
         TypeError: if ``df`` is not a DataFrame.
     """
     t = format_table(df, None, labels=labels)
     lines = [
-        "| " + " | ".join(_md_escape(h) for h in t.header) + " |",
+        "| " + " | ".join(md_text(h, cell=True) for h in t.header) + " |",
         "|" + "|".join("---" for _ in t.header) + "|",
     ]
-    lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in t.rows]
+    lines += ["| " + " | ".join(md_text(c, cell=True) for c in row) + " |" for row in t.rows]
     return "\n".join(lines)
 
 
