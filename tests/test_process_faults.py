@@ -400,3 +400,35 @@ def test_an_engine_lost_during_a_load_level_is_an_error_naming_each_request(tmp_
     assert "How the engines ended" in summary and "| load | session | –" not in summary
     failed_cell = re.search(r"\| load \| session \| (\d+) \|", summary)
     assert failed_cell and int(failed_cell.group(1)) == min(r["i"] for r in lost), summary
+
+
+def test_the_load_client_ends_a_hung_call_once_the_engine_is_dead():
+    """A socket that accepts and never answers (a dead engine's port held by a leftover child):
+    the request in flight ends within a poll of ``alive`` turning False, the next is not sent;
+    without ``alive`` it would wait its whole timeout."""
+    import asyncio
+    import socket
+
+    from perfkit.engine.aclient import ALIVE_EVERY_S, AsyncVideoClient
+    from perfkit.engine.client import VideoRequestSpec
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)  # accepted by the kernel, never answered
+    dead_at = time.monotonic() + 0.5
+
+    async def go():
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        async with AsyncVideoClient(url, 2, 60.0, 0.01, alive=lambda: time.monotonic() < dead_at) as c:
+            first = await c.generate(VideoRequestSpec(), slot=0)
+            t = time.monotonic()
+            second = await c.generate(VideoRequestSpec(), slot=1)
+            return first, second, time.monotonic() - t
+
+    try:
+        first, second, t_second = asyncio.run(go())
+    finally:
+        srv.close()
+    assert first.status == "error" and first.error == "lost the engine while submitting", first
+    assert first.t_end - first.t_submit < 0.5 + 3 * ALIVE_EVERY_S + 0.5, first.client_ms
+    assert second.error == "not sent: the engine was gone" and t_second < 0.05

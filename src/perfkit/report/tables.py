@@ -216,20 +216,26 @@ def status_class(word: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "", first) or "none"
 
 
-def markdown_table(df: pd.DataFrame, *, labels: bool = True) -> str:
+def markdown_table(df: pd.DataFrame, *, labels: bool = True, own_markdown: bool = False) -> str:
     """A GitHub Markdown table of ``df``, cells and headers from :func:`format_table`, each
     through :func:`perfkit.common.slugs.md_text` (no markup live, a line break ``<br>``, one
-    row a line). ``labels=False`` keeps the column names as they are.
+    row a line). ``labels=False`` keeps the column names as they are; ``own_markdown=True``
+    keeps the cells' Markdown (the project's own committed text, e.g. timing notes): only
+    ``|`` and line breaks are escaped.
 
     Raises:
         TypeError: if ``df`` is not a DataFrame.
     """
     t = format_table(df, None, labels=labels)
+
+    def cell(c: str) -> str:
+        return " ".join(c.replace("|", "\\|").splitlines()) if own_markdown else md_text(c, cell=True)
+
     lines = [
-        "| " + " | ".join(md_text(h, cell=True) for h in t.header) + " |",
+        "| " + " | ".join(cell(h) for h in t.header) + " |",
         "|" + "|".join("---" for _ in t.header) + "|",
     ]
-    lines += ["| " + " | ".join(md_text(c, cell=True) for c in row) + " |" for row in t.rows]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in t.rows]
     return "\n".join(lines)
 
 
