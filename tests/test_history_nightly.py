@@ -156,8 +156,8 @@ def test_history_check_on_the_run_of_a_regression_step_and_the_run_before(store:
         x.split(" | ")[1]: x for x in (out / "summary.md").read_text().splitlines() if x.startswith("| H100")
     }
     for case in ("flux1_dev_t2i_1024", "flux2_dev_t2i_1024", "wan22_ti2v_5b_720p"):
-        assert "| ok |" in rows[f"`{case}`"], rows[f"`{case}`"]
-    assert "| 0.94 s | 0.89 | 0.848–0.935 | +5.6 % | regression |" in rows["`zimage_turbo_t2i_1024`"]
+        assert "| ok |" in rows[f"<code>{case}</code>"], rows[f"<code>{case}</code>"]
+    assert "| 0.94 s | 0.89 | 0.848–0.935 | +5.6 % | regression |" in rows["<code>zimage_turbo_t2i_1024</code>"]
 
 
 def test_confirm_2_waits_for_the_second_run_of_a_step(store: Path, tmp_path: Path):
@@ -208,7 +208,7 @@ def test_qwen_two_speeds_are_one_level_with_two_modes(analyses, store: Path, tmp
     out = tmp_path / "check"
     main(["history", "check", str(NIGHTLY / "2026-07-23_30017385900.json"), "--hardware", "H100",
           "--store", str(store), "--out", str(out), "-q"])  # fmt: skip
-    row = next(x for x in (out / "summary.md").read_text().splitlines() if "`qwen_image_2512_t2i_1024`" in x)
+    row = next(x for x in (out / "summary.md").read_text().splitlines() if "<code>qwen_image_2512_t2i_1024</code>" in x)
     assert (
         "| 8.82 s | 8.84 | 8.42–9.28 | -0.2 % | ok | inside the level's interval (17 runs) (two modes" in row
     )
@@ -247,7 +247,7 @@ def test_history_changes_lists_the_steps_and_events(store: Path, capsys):
     text = capsys.readouterr().out
     assert text.startswith("2 change point(s):")
     assert (
-        "| H100 | <code>flux2_dev_t2i_1024</code> | latency_s | 2 | `05ee93c4` (2026-06-19T01:19) .. `2cbe1e64` "
+        "| H100 | <code>flux2_dev_t2i_1024</code> | latency_s | 2 | <code>05ee93c4</code> (2026-06-19T01:19) .. <code>2cbe1e64</code> "
         "(2026-06-20T01:08) | 24.6 → 14.4 s | -41.4 % | -41.6 % to -41.2 % | improvement | 29, 37 |"
     ) in text
     assert main(["history", "changes", "--store", str(store), "--case", "nope"]) == 2
@@ -285,10 +285,10 @@ def test_the_docs_tables_are_generated_from_the_data(replayed):
         )
         assert want in text, hint
     assert (
-        "| <code>flux2_dev_t2i_1024</code> | latency_s | 2 | `05ee93c4` (2026-06-19T01:19) .. `2cbe1e64` (2026-06-20T01:08) |"
+        "| <code>flux2_dev_t2i_1024</code> | latency_s | 2 | <code>05ee93c4</code> (2026-06-19T01:19) .. <code>2cbe1e64</code> (2026-06-20T01:08) |"
         in text
     )
-    assert text.count("| `") > 14 + 20
+    assert text.count("| <code>") > 14 + 20
 
 
 @pytest.fixture(scope="module")
