@@ -157,7 +157,9 @@ def test_history_check_on_the_run_of_a_regression_step_and_the_run_before(store:
     }
     for case in ("flux1_dev_t2i_1024", "flux2_dev_t2i_1024", "wan22_ti2v_5b_720p"):
         assert "| ok |" in rows[f"<code>{case}</code>"], rows[f"<code>{case}</code>"]
-    assert "| 0.94 s | 0.89 | 0.848–0.935 | +5.6 % | regression |" in rows["<code>zimage_turbo_t2i_1024</code>"]
+    assert (
+        "| 0.94 s | 0.89 | 0.848–0.935 | +5.6 % | regression |" in rows["<code>zimage_turbo_t2i_1024</code>"]
+    )
 
 
 def test_confirm_2_waits_for_the_second_run_of_a_step(store: Path, tmp_path: Path):
@@ -208,7 +210,11 @@ def test_qwen_two_speeds_are_one_level_with_two_modes(analyses, store: Path, tmp
     out = tmp_path / "check"
     main(["history", "check", str(NIGHTLY / "2026-07-23_30017385900.json"), "--hardware", "H100",
           "--store", str(store), "--out", str(out), "-q"])  # fmt: skip
-    row = next(x for x in (out / "summary.md").read_text().splitlines() if "<code>qwen_image_2512_t2i_1024</code>" in x)
+    row = next(
+        x
+        for x in (out / "summary.md").read_text().splitlines()
+        if "<code>qwen_image_2512_t2i_1024</code>" in x
+    )
     assert (
         "| 8.82 s | 8.84 | 8.42–9.28 | -0.2 % | ok | inside the level's interval (17 runs) (two modes" in row
     )

@@ -208,7 +208,7 @@ def test_collect_from_the_h200_records_names_the_leak_in_table_reading_and_verdi
     assert read_snapshot(files["memsnap-session-request-3.pickle.gz"]).live_mib == pytest.approx(
         353.57, abs=0.01
     )
-    assert "`inject_debug_leak (perfkit/refengine/server.py:586)` +192.0 MiB" in sites_markdown(
+    assert "<code>inject_debug_leak (perfkit/refengine/server.py:586)</code> +192.0 MiB" in sites_markdown(
         {"memory_sites": res}
     )
     # a leak verdict comes with its top allocation sites
