@@ -17,6 +17,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -160,6 +161,7 @@ def test_long_text_stays_one_row():
 HOSTILE_OP = "aten::mm` <svg onload=alert(1)> `x"
 
 
+@pytest.mark.slow
 def test_a_trace_with_a_hostile_op_name_leaves_no_live_svg_in_the_report(tmp_path):
     """Found by the breaker: the trace error shown as Markdown inline code (cells.BELOW_STAGE)
     ended at the op name's backtick and the rest went live into report.html. A real trace of

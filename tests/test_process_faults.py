@@ -353,6 +353,7 @@ def test_oom_record_is_read_never_guessed(tmp_path):
     assert oom_record([4242], kmsg=str(kmsg), since=boot + 6.0).startswith("kernel log:")
 
 
+@pytest.mark.slow
 def test_an_engine_lost_during_a_load_level_is_an_error_naming_each_request(tmp_path):
     """Found by the breaker: the tiny reference engine SIGKILLed (its process group) during a
     concurrency level read as exit 1, REGRESSION, its failed-request cell "–". Now: exit 2,
