@@ -158,10 +158,12 @@ show_table(pd.DataFrame([{"case": c, "slowest warm e2e (ms)": e.get("expected_e2
         new_code_cell("""show_table(check_frame(g.invariant_rows, with_case=True))
 display(Markdown(verdict_markdown(g.invariant_rows, "Invariants")))"""),
         new_markdown_cell("## Against the baseline"),
-        new_code_cell("""for w in g.warnings:
-    display(Markdown(f"**Warning:** {w}"))
+        new_code_cell("""from perfkit.common.slugs import md_text
+
+for w in g.warnings:
+    display(Markdown(f"**Warning:** {md_text(w)}"))
 if g.compared_with:
-    display(Markdown(f"Compared with `{g.compared_with}`, profile `{profile}`."))
+    display(Markdown(f"Compared with {md_text(g.compared_with, code=True)}, profile {md_text(profile, code=True)}."))
     base = check_table(g.baseline_rows)
     show_table(base.rename(columns={"expected": "baseline", "actual": "measured", "bound": "limit"}))
     display(Markdown(verdict_markdown(g.baseline_rows, "Against the baseline")))
@@ -274,9 +276,11 @@ if series.empty:
     raise ValueError(f"{store}: no series {hardware} / {case_id} / {metric}; cases: {sorted(frame['case_id'].unique())}")
 (a,) = cp.analyse_frame(series)
 ctx = series_context(a, None, cp.Settings())
-display(Markdown(f"**{a.case_id} {a.metric} on {a.hardware}**: {len(a.points)} runs, {len(a.steps)} steps, "
-                 f"{len(a.outliers)} outliers, {len(a.gaps)} gaps; latest run: {ctx['latest']['status']} "
-                 f"({ctx['latest']['text']})"))"""),
+from perfkit.common.slugs import md_text
+
+display(Markdown(f"**{md_text(f'{a.case_id} {a.metric} on {a.hardware}')}**: {len(a.points)} runs, "
+                 f"{len(a.steps)} steps, {len(a.outliers)} outliers, {len(a.gaps)} gaps; latest run: "
+                 f"{md_text(ctx['latest']['status'])} ({md_text(ctx['latest']['text'])})"))"""),
         new_markdown_cell("## Trend: levels, steps (dashed), outliers (crosses), gaps (ticks)"),
         new_code_cell("show(trend_figure(a))"),
         new_markdown_cell("## Steps: commit range, levels, size with its 95 % interval"),

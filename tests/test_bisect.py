@@ -139,7 +139,8 @@ def test_a_failing_build_is_that_probes_error_and_the_range_is_what_is_left(engi
     paths = write_bisect_outputs(res.to_dict(), tmp_path / "out")
     summary = paths["summary"].read_text()
     assert "NOT DECIDED (exit code 2)" in summary
-    assert f"`{shas[BROKEN_BUILD_AT - 1][:10]} commit 10`, `{shas[BAD_AT - 1][:10]} commit 11:" in summary
+    left = f"<code>{shas[BROKEN_BUILD_AT - 1][:10]} commit 10</code>, <code>{shas[BAD_AT - 1][:10]} commit 11"
+    assert left in summary
     _untouched(repo, head)
 
 

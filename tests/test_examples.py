@@ -231,7 +231,10 @@ def test_replay_note_prints_params_in_words_not_python_reprs():
     recorded = {"caps": [{"label": "unlimited"}, {"label": "12GiB", "device_gib": 12.0, "host_gib": 32.0}]}
     given = {"caps": [{"label": "unlimited"}, {"label": "24GiB dev", "device_gib": 24}]}
     note = replay_markdown(recorded, given, "examples/x")
-    assert "`caps`: given [unlimited; 24GiB dev (device_gib 24)], measured with [unlimited; 12GiB" in note
+    assert (
+        "<code>caps</code>: given \\[unlimited; 24GiB dev (device_gib 24)\\], measured with \\[unlimited; 12GiB"
+        in note
+    )
     assert "{" not in note and "'label'" not in note
     # a cap without limits is what "no cap" (None) means: no difference
     assert "differ" not in replay_markdown(

@@ -144,10 +144,10 @@ def test_history_check_on_the_run_of_a_regression_step_and_the_run_before(store:
     assert main([*args, "--commit-url", SGLANG]) == 1
     text = (out / "summary.md").read_text()
     assert "FAIL: regression step" in text
-    line = next(x for x in text.splitlines() if "`flux2_dev_t2i_1024`" in x and x.startswith("- "))
+    line = next(x for x in text.splitlines() if "<code>flux2_dev_t2i_1024</code>" in x and x.startswith("- "))
     assert "22.8 → 24.5 s (+7.4 %" in line  # the level: its runs within 4 robust sd
-    assert "[`ff700aa37a`](https://github.com/sgl-project/sglang/commit/ff700aa3" in line
-    assert "`wan22_ti2v_5b_720p`" in text and "`flux1_dev_t2i_1024`" in text
+    assert "[<code>ff700aa37a</code>](https://github.com/sgl-project/sglang/commit/ff700aa3" in line
+    assert "<code>wan22_ti2v_5b_720p</code>" in text and "<code>flux1_dev_t2i_1024</code>" in text
     # the run before: flux1, flux2 and wan22_ti2v inside their levels; zimage 0.94 s is +5.6 % over
     # its level (0.89 s) while its +2.3 % step of c611a3fb (2026-05-04) is not yet a level
     assert main(["history", "check", str(_nightly_file("ff700aa3")), "--hardware", "H100",
@@ -156,8 +156,10 @@ def test_history_check_on_the_run_of_a_regression_step_and_the_run_before(store:
         x.split(" | ")[1]: x for x in (out / "summary.md").read_text().splitlines() if x.startswith("| H100")
     }
     for case in ("flux1_dev_t2i_1024", "flux2_dev_t2i_1024", "wan22_ti2v_5b_720p"):
-        assert "| ok |" in rows[f"`{case}`"], rows[f"`{case}`"]
-    assert "| 0.94 s | 0.89 | 0.848–0.935 | +5.6 % | regression |" in rows["`zimage_turbo_t2i_1024`"]
+        assert "| ok |" in rows[f"<code>{case}</code>"], rows[f"<code>{case}</code>"]
+    assert (
+        "| 0.94 s | 0.89 | 0.848–0.935 | +5.6 % | regression |" in rows["<code>zimage_turbo_t2i_1024</code>"]
+    )
 
 
 def test_confirm_2_waits_for_the_second_run_of_a_step(store: Path, tmp_path: Path):
@@ -172,8 +174,11 @@ def test_confirm_2_waits_for_the_second_run_of_a_step(store: Path, tmp_path: Pat
     assert "| 24.5 s | 22.8 | 21.7–23.9 | +7.4 % | unconfirmed |" in text
     assert main(["history", "check", str(_nightly_file("af8f6694")), *args]) == 1
     text = (out / "summary.md").read_text()
-    line = next(x for x in text.splitlines() if "`flux2_dev_t2i_1024`" in x and x.startswith("- "))
-    assert "22.8 → 24.5 s (+7.4 %" in line and "commit range `ff700aa37a` .. `af8f66940e`" in line
+    line = next(x for x in text.splitlines() if "<code>flux2_dev_t2i_1024</code>" in x and x.startswith("- "))
+    assert (
+        "22.8 → 24.5 s (+7.4 %" in line
+        and "commit range <code>ff700aa37a</code> .. <code>af8f66940e</code>" in line
+    )
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +210,11 @@ def test_qwen_two_speeds_are_one_level_with_two_modes(analyses, store: Path, tmp
     out = tmp_path / "check"
     main(["history", "check", str(NIGHTLY / "2026-07-23_30017385900.json"), "--hardware", "H100",
           "--store", str(store), "--out", str(out), "-q"])  # fmt: skip
-    row = next(x for x in (out / "summary.md").read_text().splitlines() if "`qwen_image_2512_t2i_1024`" in x)
+    row = next(
+        x
+        for x in (out / "summary.md").read_text().splitlines()
+        if "<code>qwen_image_2512_t2i_1024</code>" in x
+    )
     assert (
         "| 8.82 s | 8.84 | 8.42–9.28 | -0.2 % | ok | inside the level's interval (17 runs) (two modes" in row
     )
@@ -218,7 +227,7 @@ def test_ltx23_is_not_gated_with_its_noise(store: Path, tmp_path: Path):
     main(["history", "check", str(NIGHTLY / "2026-07-23_30017385900.json"), "--hardware", "H100",
           "--store", str(store), "--out", str(out), "-q"])  # fmt: skip
     text = (out / "summary.md").read_text()
-    row = next(x for x in text.splitlines() if "`ltx2.3_twostage_ti2v_2gpus`" in x)
+    row = next(x for x in text.splitlines() if "<code>ltx2.3_twostage_ti2v_2gpus</code>" in x)
     assert (
         "| 13.1 s | 17.6 | 7.51–41.1 | -25.6 % | not gated | noise 24.6 % over 74 runs: the smallest " in row
     )
@@ -244,7 +253,7 @@ def test_history_changes_lists_the_steps_and_events(store: Path, capsys):
     text = capsys.readouterr().out
     assert text.startswith("2 change point(s):")
     assert (
-        "| H100 | `flux2_dev_t2i_1024` | latency_s | 2 | `05ee93c4` (2026-06-19T01:19) .. `2cbe1e64` "
+        "| H100 | <code>flux2_dev_t2i_1024</code> | latency_s | 2 | <code>05ee93c4</code> (2026-06-19T01:19) .. <code>2cbe1e64</code> "
         "(2026-06-20T01:08) | 24.6 → 14.4 s | -41.4 % | -41.6 % to -41.2 % | improvement | 29, 37 |"
     ) in text
     assert main(["history", "changes", "--store", str(store), "--case", "nope"]) == 2
@@ -282,10 +291,10 @@ def test_the_docs_tables_are_generated_from_the_data(replayed):
         )
         assert want in text, hint
     assert (
-        "| `flux2_dev_t2i_1024` | latency_s | 2 | `05ee93c4` (2026-06-19T01:19) .. `2cbe1e64` (2026-06-20T01:08) |"
+        "| <code>flux2_dev_t2i_1024</code> | latency_s | 2 | <code>05ee93c4</code> (2026-06-19T01:19) .. <code>2cbe1e64</code> (2026-06-20T01:08) |"
         in text
     )
-    assert text.count("| `") > 14 + 20
+    assert text.count("| <code>") > 14 + 20
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import time
 from pathlib import Path
 
 import pytest
@@ -207,7 +208,7 @@ def test_collect_from_the_h200_records_names_the_leak_in_table_reading_and_verdi
     assert read_snapshot(files["memsnap-session-request-3.pickle.gz"]).live_mib == pytest.approx(
         353.57, abs=0.01
     )
-    assert "`inject_debug_leak (perfkit/refengine/server.py:586)` +192.0 MiB" in sites_markdown(
+    assert "<code>inject_debug_leak (perfkit/refengine/server.py:586)</code> +192.0 MiB" in sites_markdown(
         {"memory_sites": res}
     )
     # a leak verdict comes with its top allocation sites
@@ -294,3 +295,28 @@ def test_an_engine_without_snapshots_is_said_so_not_failed():
     assert sites_markdown({"memory_sites": res}) == f"**Allocation sites** (allocator snapshots): {why}."
     ref, why = ask_engine(EngineSpec(kind="reference"), SnapshotParams(warm=2, max_entries=500), 5)
     assert why is None and (ref.memory_snapshot_after, ref.memory_snapshot_entries) == ([0, 2], 500)
+
+
+def test_a_small_pickle_of_shared_references_is_refused_within_a_second(tmp_path):
+    """Found by the breaker: 20 KB of shared references expanded to 25 million blocks and ran into
+    MemoryError after 28 s at 2.8 GiB."""
+    block = {"address": 0, "size": 512, "state": "active_allocated", "frames": []}
+    seg = {"device": 0, "address": 0, "total_size": 512, "blocks": [block] * 5000}
+    p = tmp_path / "shared.pickle"
+    p.write_bytes(pickle.dumps({"segments": [seg] * 5000}))
+    assert p.stat().st_size < 25_000
+    t0 = time.monotonic()
+    with pytest.raises(MemSnapshotError, match=r"shared.pickle: segments.\d+ expands .* more than 1024 MiB"):
+        read_snapshot(p)
+    assert time.monotonic() - t0 < 1.0
+    # the same through a shared stack: one event's frames list of 5000 references, 5000 events
+    frame = {"name": "f", "filename": "x.py", "line": 1}
+    event = {"action": "alloc", "addr": 0, "size": 512, "frames": [frame] * 5000}
+    trace = [event] * 5000
+    p.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace] * 20}))
+    t0 = time.monotonic()
+    with pytest.raises(MemSnapshotError, match=r"shared.pickle: device_traces.\d+.\d+ expands"):
+        read_snapshot(p)
+    assert time.monotonic() - t0 < 1.0
+    # a shared stack as torch writes it stays readable (the fixtures share their frame dicts)
+    assert read_snapshot(FIX / "leak64-request-3.pickle.gz").live_mib > 0

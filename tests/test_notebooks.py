@@ -68,11 +68,14 @@ def test_tight_drift_limit_fails_in_the_gate_and_in_the_text(h200_tight):
             "device_reserved_slope_mib_per_request",
         } <= set(rows)
     md = "\n".join(outputs(out / "notebooks" / "cold_warm.ipynb", "text/markdown"))
-    assert "**Gate: fail.** 4 checks: 1 failed, 3 passed. Failed: `latency_drift` (0.091 > 0.05)" in md
+    assert (
+        "**Gate: fail.** 4 checks: 1 failed, 3 passed. Failed: <code>latency_drift</code> (0.091 &gt; 0.05)"
+        in md
+    )
     assert "**Leak checks: fail.**" in md
-    assert "Every measured" not in md and "Passed: `" in md  # passes listed as such, never as all
+    assert "Every measured" not in md and "Passed: <code>" in md  # passes listed as such, never as all
     gate_md = "\n".join(outputs(out / "notebooks" / f"{verdicts.GATE}.ipynb", "text/markdown"))
-    assert "**Invariants: fail.**" in gate_md and "`latency_drift` (0.091 > 0.05)" in gate_md
+    assert "**Invariants: fail.**" in gate_md and "<code>latency_drift</code> (0.091 &gt; 0.05)" in gate_md
 
 
 @pytest.mark.slow
@@ -214,11 +217,20 @@ def test_verdict_sentences_come_from_the_check_rows():
         Check("x", "c", 1.0, None, 1.0, "skipped", "not measured"),
     ]
     text = nbk.verdict_markdown(rows)
+<<<<<<< HEAD
     assert text.startswith("**Gate: fail.** 3 checks: 1 failed, 1 passed, 1 skipped. Failed: `a` (2 > 1).")
     assert "Every measured check passed" not in text and "Not measured, so not judged: `c`" in text
     assert (
         nbk.verdict_markdown(rows[1:2])
         == "**Gate: pass.** 1 check: 1 passed. Every measured check passed: `b` (0.5 <= 1)."
+=======
+    # names in code font and reasons as text, never markup (md_text)
+    assert text.startswith("**Gate: fail.** 1 of 3 checks failed: <code>a</code> (2 &gt; 1).")
+    assert "Every measured check passed" not in text and "Not measured, so not judged: <code>c</code>" in text
+    assert (
+        nbk.verdict_markdown(rows[1:2])
+        == "**Gate: pass.** Every measured check passed: <code>b</code> (0.5 &lt;= 1)."
+>>>>>>> edges
     )
     assert nbk.verdict_markdown([rows[2]]).startswith("**Gate: skipped.**")
 
@@ -347,7 +359,7 @@ def test_replay_names_the_params_it_cannot_apply():
         "bundles/memory_budget",
     )
     assert "judged again" in text
-    assert "`repeats`: given 5, measured with 3" in text
-    assert "`caps`" not in text  # the same caps, stated with fewer keys, are not a difference
+    assert "<code>repeats</code>: given 5, measured with 3" in text
+    assert "<code>caps</code>" not in text  # the same caps, stated with fewer keys, are not a difference
     same = nbk.replay_markdown(b.meta.get("params"), {"repeats": 3}, "x")
     assert "differ" not in same

@@ -351,3 +351,85 @@ def test_oom_record_is_read_never_guessed(tmp_path):
     boot = psutil.boot_time()
     assert oom_record([4242], kmsg=str(kmsg), since=boot + 8.0).startswith("no record found")
     assert oom_record([4242], kmsg=str(kmsg), since=boot + 6.0).startswith("kernel log:")
+
+
+@pytest.mark.slow
+def test_an_engine_lost_during_a_load_level_is_an_error_naming_each_request(tmp_path):
+    """Found by the breaker: the tiny reference engine SIGKILLed (its process group) during a
+    concurrency level read as exit 1, REGRESSION, its failed-request cell "–". Now: exit 2,
+    ERROR, the lost requests named by level and index, every request ended within seconds of
+    the kill (not one request timeout each), the failed-request cell a number."""
+    out = tmp_path / "run"
+    argv = perfkit(
+        "suite", "--params", "params/ci-cpu.yaml", "--only", "load", "--set", "load.enabled=true",
+        "--set", "engine.request_timeout_s=300", "--out", str(out), "-q", "--no-screenshot",
+    )  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed_at, victim = None, None
+    try:
+        deadline = time.monotonic() + 240
+        while killed_at is None and time.monotonic() < deadline and proc.poll() is None:
+            logs = list(out.rglob("performance.log"))
+            # 3 warm-up requests and level c1's 8 done, 2 more: inside level c2
+            if logs and len(logs[0].read_text().splitlines()) >= 13:
+                engines = [
+                    p for p in psutil.Process(proc.pid).children(recursive=True)
+                    if "perfkit.refengine" in " ".join(p.cmdline())
+                ]  # fmt: skip
+                victim = engines[0]
+                os.killpg(os.getpgid(victim.pid), signal.SIGKILL)
+                killed_at = time.time()
+            time.sleep(0.05)
+        assert killed_at is not None, "the load levels never started"
+        text, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, text[-3000:]
+    summary = (out / "summary.md").read_text()
+    assert "ERROR (exit 2)" in summary.splitlines()[0], summary[:500]
+    assert "REGRESSION" not in summary.splitlines()[0]
+    rows = json.loads((out / "load" / "results.json").read_text())["per_request"]
+    lost = [r for r in rows if r["status"] != "completed"]
+    assert lost and all(r["phase"] == "closed" for r in lost), lost
+    # each lost request ended within seconds of the kill (a request timeout is 300 s)
+    assert max(r["t_end_s"] for r in lost) - killed_at < 10.0, [r["t_end_s"] - killed_at for r in lost]
+    err = json.loads((out / "load" / "results.json").read_text())["error"]
+    assert "was killed by signal 9 (SIGKILL, not sent by perfkit)" in err, err
+    levels = {r["level"] for r in lost}
+    assert all(re.search(rf"concurrency {k}: requests \d", err) for k in levels), err
+    assert "How the engines ended" in summary and "| load | session | –" not in summary
+    failed_cell = re.search(r"\| load \| session \| (\d+) \|", summary)
+    assert failed_cell and int(failed_cell.group(1)) == min(r["i"] for r in lost), summary
+
+
+def test_the_load_client_ends_a_hung_call_once_the_engine_is_dead():
+    """A socket that accepts and never answers (a dead engine's port held by a leftover child):
+    the request in flight ends within a poll of ``alive`` turning False, the next is not sent;
+    without ``alive`` it would wait its whole timeout."""
+    import asyncio
+    import socket
+
+    from perfkit.engine.aclient import ALIVE_EVERY_S, AsyncVideoClient
+    from perfkit.engine.client import VideoRequestSpec
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)  # accepted by the kernel, never answered
+    dead_at = time.monotonic() + 0.5
+
+    async def go():
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        async with AsyncVideoClient(url, 2, 60.0, 0.01, alive=lambda: time.monotonic() < dead_at) as c:
+            first = await c.generate(VideoRequestSpec(), slot=0)
+            t = time.monotonic()
+            second = await c.generate(VideoRequestSpec(), slot=1)
+            return first, second, time.monotonic() - t
+
+    try:
+        first, second, t_second = asyncio.run(go())
+    finally:
+        srv.close()
+    assert first.status == "error" and first.error == "lost the engine while submitting", first
+    assert first.t_end - first.t_submit < 0.5 + 3 * ALIVE_EVERY_S + 0.5, first.client_ms
+    assert second.error == "not sent: the engine was gone" and t_second < 0.05

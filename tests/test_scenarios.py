@@ -18,10 +18,10 @@ from perfkit.measuring.launch import LaunchData, record_rows
 from perfkit.readings.records import read_perf_log
 from perfkit.scenarios import registry
 from perfkit.scenarios.cold_warm import cold_vs_warm
-from perfkit.scenarios.memory_budget import find_min_budget, memory_budget
-from perfkit.scenarios.warmup_shapes import warmup_shapes
 from perfkit.scenarios.cold_warm import reading as cold_warm_reading
+from perfkit.scenarios.memory_budget import find_min_budget, memory_budget
 from perfkit.scenarios.shape_coverage import ENGINE_LOG, RECORD, coverage_entry, warmed_shapes
+from perfkit.scenarios.warmup_shapes import warmup_shapes
 
 REQ = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
 SPEC = EngineSpec(

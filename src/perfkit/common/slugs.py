@@ -1,14 +1,52 @@
-"""Case-id-safe names: :func:`slug` (the suite's, the gate's and the scenarios' case ids)."""
+"""Text from outside made safe where perfkit writes it: :func:`slug` (case ids) and
+:func:`md_text` (Markdown: notebooks, summary.md, every ``*.md`` perfkit writes)."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-__all__ = ["slug"]
+__all__ = ["md_text", "slug"]
 
 
 def slug(s: Any) -> str:
     """``s`` with only letters, digits, ``.`` and ``-`` (case ids: ``"12GiB + 32GiB"`` ->
     ``"12GiB-32GiB"``)."""
     return re.sub(r"[^A-Za-z0-9.-]+", "", str(s).replace(" + ", "-").replace(" ", "")) or "x"
+
+
+#: Markdown's markup characters as HTML character references (brackets backslash-escaped, which
+#: reads better raw): shown as themselves by GitHub and by nbconvert's renderer, never markup
+#: (``<`` opens no tag, a backtick no code span, a ``|`` no table cell, a bracket no link or
+#: image, a backslash escapes nothing)
+_MD = str.maketrans(
+    {
+        "&": "&amp;",
+        "<": "&lt;",
+        ">": "&gt;",
+        "`": "&#96;",
+        "|": "&#124;",
+        "\\": "&#92;",
+        "[": "\\[",
+        "]": "\\]",
+    }
+)
+_NEWLINES = re.compile(r"\r\n|[\r\n\x0b\x0c\x85\u2028\u2029]")
+
+
+def md_text(text: Any, *, cell: bool = False, code: bool = False) -> str:
+    """``text`` (op, kernel, stage, case or file names, error texts, log lines, commit subjects:
+    anything perfkit did not write itself) as Markdown that shows it as it is, markup never live:
+    ``&``, ``<``, ``>``, backticks, ``|`` and backslashes become character references, brackets
+    ``\\[`` ``\\]`` (no link or image); line breaks a space (``cell=True``: ``<br>``, a line break
+    inside one table cell); trimmed; ``None`` is "". Emphasis (``*``, ``_``) stays Markdown's: not markup
+    that runs or loads anything, and names keep their underscores in the raw text.
+
+    ``code=True`` wraps it in ``<code>``: code font without a code span (inside a span a
+    character reference shows as written, and a backtick in the text would end it).
+
+    The result is for Markdown outside code spans and fenced blocks only.
+    """
+    t = "" if text is None else str(text).strip()  # leading blanks would open a code block
+    t = _NEWLINES.sub("\n", t.translate(_MD)).replace("\n", "<br>" if cell else " ")
+    return f"<code>{t}</code>" if code else t

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from perfkit.engine.client import TERMINAL, JobFields, VideoRequestSpec, _error_text, job_fields
 
@@ -31,6 +31,13 @@ if TYPE_CHECKING:  # annotations only: httpx is imported where a request is sent
 log = logging.getLogger(__name__)
 
 __all__ = ["AsyncOutcome", "AsyncVideoClient", "closed_loop", "open_loop"]
+
+#: how often (s) a client given ``alive`` checks the engine during an HTTP call
+ALIVE_EVERY_S = 0.1
+
+
+class _Lost(Exception):
+    """The engine's process ended during an HTTP call."""
 
 
 @dataclass
@@ -114,6 +121,11 @@ class AsyncVideoClient:
         timeout_s: per request, submit to terminal status (no HTTP call waits past it).
         poll_s: polling interval of ``GET /v1/videos/{id}`` (s) while the job runs; a job the
             engine reports ``queued`` is polled every 10 x ``poll_s``.
+        alive: says whether the engine's process still runs (e.g.
+            :meth:`perfkit.engine.handle.EngineHandle.alive`); checked every
+            :data:`ALIVE_EVERY_S` during each HTTP call: once it is False, each request in
+            flight ends at once (``error``, "lost the engine ...") and no later one is sent
+            (``error``, "not sent: ..."), never one timeout a request.
 
     Use as ``async with AsyncVideoClient(url, 4) as c: out = await c.generate(spec, slot=0)``.
 
@@ -121,7 +133,14 @@ class AsyncVideoClient:
         ValueError: ``max_in_flight`` < 1.
     """
 
-    def __init__(self, base_url: str, max_in_flight: int, timeout_s: float = 600.0, poll_s: float = 0.02):
+    def __init__(
+        self,
+        base_url: str,
+        max_in_flight: int,
+        timeout_s: float = 600.0,
+        poll_s: float = 0.02,
+        alive: Callable[[], bool] | None = None,
+    ):
         import httpx  # here, not at the top: only where a request is sent (a replay sends none)
 
         if max_in_flight < 1:
@@ -131,6 +150,8 @@ class AsyncVideoClient:
         self.timeout_s = timeout_s
         self.poll_s = poll_s
         self.in_flight = 0
+        self.alive = alive
+        self.lost = False  # the engine was seen dead: nothing more is sent
         self._sem = asyncio.Semaphore(max_in_flight)
         limits = httpx.Limits(max_connections=max_in_flight + 2, max_keepalive_connections=max_in_flight + 2)
         self.http = httpx.AsyncClient(
@@ -142,6 +163,23 @@ class AsyncVideoClient:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.http.aclose()
+
+    def _dead(self) -> bool:
+        if not self.lost and self.alive is not None and not self.alive():
+            self.lost = True
+        return self.lost
+
+    async def _call(self, coro: Any) -> Any:
+        """Await an HTTP call; raise :class:`_Lost` as soon as the engine is seen dead."""
+        if self.alive is None:
+            return await coro
+        task = asyncio.ensure_future(coro)
+        while not task.done():
+            await asyncio.wait([task], timeout=ALIVE_EVERY_S)
+            if not task.done() and self._dead():
+                task.cancel()
+                raise _Lost
+        return task.result()
 
     async def generate(
         self, spec: VideoRequestSpec, slot: int = 0, t_arrival: float | None = None
@@ -186,9 +224,15 @@ class AsyncVideoClient:
             s = max(0.2, deadline - time.perf_counter())
             return httpx.Timeout(min(30.0, s), connect=min(5.0, s))
 
+        if self._dead():
+            return done("", "error", "not sent: the engine was gone")
         try:
-            resp = await self.http.post("/v1/videos", json=spec.payload(), timeout=left())
+            resp = await self._call(self.http.post("/v1/videos", json=spec.payload(), timeout=left()))
+        except _Lost:
+            return done("", "error", "lost the engine while submitting")
         except httpx.HTTPError as exc:
+            if self._dead():
+                return done("", "error", f"lost the engine while submitting: {type(exc).__name__}")
             return done("", "error", f"submit failed: {type(exc).__name__}: {exc}")
         if resp.status_code >= 400:
             return done("", "rejected", _error_text(resp))
@@ -204,7 +248,9 @@ class AsyncVideoClient:
             # in flight cost the engine about one fast poller, not k
             await asyncio.sleep(self.poll_s * (10 if status == "queued" else 1))
             try:
-                r = await self.http.get(f"/v1/videos/{rid}", timeout=left())
+                r = await self._call(self.http.get(f"/v1/videos/{rid}", timeout=left()))
+            except _Lost:
+                return done(rid, "error", f"lost the engine while polling {rid}", body)
             except httpx.TimeoutException:
                 continue
             except httpx.HTTPError as exc:

@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfkit.common.numfmt import number_text
+from perfkit.common.slugs import md_text
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
 from perfkit.history import changepoints as cp
 from perfkit.history.store import HistoryRun
@@ -206,10 +207,16 @@ def _n(x: float | None) -> str:
 
 def summary_markdown(result: CheckResult, commit_url: str | None = None) -> str:
     """summary.md of a history check: the verdict, every new step (series, step, commit range)
-    and a table of every value checked."""
+    and a table of every value checked. Text from the store (names, commits, error texts) goes
+    through :func:`perfkit.common.slugs.md_text`."""
+    from urllib.parse import quote
 
     def link(c: str) -> str:
-        return f"[`{c[:10]}`]({commit_url.format(commit=c)})" if commit_url else f"`{c[:10]}`"
+        label = md_text(c[:10], code=True)
+        return f"[{label}]({commit_url.format(commit=quote(c, safe=''))})" if commit_url else label
+
+    def t(x: object) -> str:  # a table cell
+        return md_text(x, cell=True)
 
     code = result.exit_code
     verdict = {
@@ -227,7 +234,8 @@ def summary_markdown(result: CheckResult, commit_url: str | None = None) -> str:
         for r in steps:
             rng = f"{link(r.before.commit)} .. {link(r.commit)}" if r.before else link(r.commit)
             out.append(
-                f"- **{r.status}** {r.hardware} / `{r.case_id}` {r.metric}: {_n(r.level)} → {_n(r.value)} {r.unit} "
+                f"- **{r.status}** {md_text(r.hardware)} / {md_text(r.case_id, code=True)} {md_text(r.metric)}: "
+                f"{_n(r.level)} → {_n(r.value)} {md_text(r.unit)} "
                 f"({r.change_pct:+.1f} %; level interval {_n(r.low)}–{_n(r.high)}, {r.n} runs), commit range {rng}"
             )
         out.append("")
@@ -241,8 +249,8 @@ def summary_markdown(result: CheckResult, commit_url: str | None = None) -> str:
         ch = "–" if r.change_pct is None else f"{r.change_pct:+.1f} %"
         iv = "–" if r.low is None else f"{_n(r.low)}–{_n(r.high)}"
         out.append(
-            f"| {r.hardware} | `{r.case_id}` | {r.metric} | {_n(r.value)} {r.unit} | {_n(r.level)} | {iv} | {ch} "
-            f"| {r.status} | {r.reason.replace('|', '/')} |"
+            f"| {t(r.hardware)} | {md_text(r.case_id, cell=True, code=True)} | {t(r.metric)} | {_n(r.value)} "
+            f"{t(r.unit)} | {_n(r.level)} | {iv} | {ch} | {t(r.status)} | {t(r.reason)} |"
         )
     return "\n".join(out) + "\n"
 

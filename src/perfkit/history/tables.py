@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from perfkit.common.numfmt import number_text
+from perfkit.common.slugs import md_text
 from perfkit.history import changepoints as cp
 from perfkit.history.check import judge
 from perfkit.history.store import HistoryRun, runs_frame
@@ -35,7 +36,7 @@ def changes_markdown(analyses: Sequence[cp.Analysis], settings: cp.Settings = cp
             else f"{lv.text(a.unit)}, smallest step seen +{lv.step * 100:.1f} %"
         )
         out.append(
-            f"| `{a.case_id}` | {len(a.points)} | {len(a.gaps)} | {len(a.outliers)} | {len(a.steps)} | {now} |"
+            f"| {md_text(a.case_id, cell=True, code=True)} | {len(a.points)} | {len(a.gaps)} | {len(a.outliers)} | {len(a.steps)} | {now} |"
         )
     s = settings
     why = f"A level needs at least {s.min_segment} runs, a step p < {s.max_pvalue} and a size > {s.min_magnitude:.0%}."
@@ -147,7 +148,10 @@ def changes_table(data: dict[str, list[dict[str, Any]]]) -> str:
 
     def rng(x: dict[str, Any]) -> str:
         b, f = x["before"], x["after"]
-        return f"`{b['commit'][:8]}` ({b['time'][:16]}) .. `{f['commit'][:8]}` ({f['time'][:16]})"
+        return (
+            f"{md_text(b['commit'][:8], code=True)} ({md_text(b['time'][:16])}) .. "
+            f"{md_text(f['commit'][:8], code=True)} ({md_text(f['time'][:16])})"
+        )
 
     out = [
         f"{len(data['steps'])} change point(s):",
@@ -159,15 +163,19 @@ def changes_table(data: dict[str, list[dict[str, Any]]]) -> str:
     for x in data["steps"]:
         iv = "–" if x["low_pct"] is None else f"{x['low_pct']:+.1f} % to {x['high_pct']:+.1f} %"
         out.append(
-            f"| {x['hardware']} | `{x['case']}` | {x['metric']} | {x['number']} | {rng(x)} "
-            f"| {number_text(x['mean_before'])} → {number_text(x['mean_after'])} {x['unit']} "
+            f"| {md_text(x['hardware'], cell=True)} | {md_text(x['case'], cell=True, code=True)} "
+            f"| {md_text(x['metric'], cell=True)} | {x['number']} | {rng(x)} "
+            f"| {number_text(x['mean_before'])} → {number_text(x['mean_after'])} {md_text(x['unit'], cell=True)} "
             f"| {x['change_pct']:+.1f} % | {iv} | {x['kind']} | {x['n_before']}, {x['n_after']} |"
         )
     out += ["", f"{len(data['events'])} event(s) (steps whose commit ranges share a time):", ""]
     out += ["| hardware | commit range | series moved |", "| --- | --- | --- |"]
     for e in data["events"]:
-        moved = "; ".join(f"`{m['case']}` {m['metric']} {m['change_pct']:+.1f} %" for m in e["series"])
-        out.append(f"| {e['hardware']} | {rng(e)} | {moved} |")
+        moved = "; ".join(
+            f"{md_text(m['case'], code=True)} {md_text(m['metric'])} {m['change_pct']:+.1f} %"
+            for m in e["series"]
+        )
+        out.append(f"| {md_text(e['hardware'], cell=True)} | {rng(e)} | {moved} |")
     return "\n".join(out) + "\n"
 
 
@@ -187,7 +195,7 @@ def replay_markdown(df: pd.DataFrame) -> str:
             for w in ("rule", "perfkit", "confirm2")
         ]
         out.append(
-            f"| `{r.case}` | {r.runs} | {r.steps} | {' | '.join(cell)} | {r.not_gated} | {r.not_compared} |"
+            f"| {md_text(r.case, cell=True, code=True)} | {r.runs} | {r.steps} | {' | '.join(cell)} | {r.not_gated} | {r.not_compared} |"
         )
     t = df.sum(numeric_only=True)
     out.append(

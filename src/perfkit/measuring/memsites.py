@@ -23,6 +23,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from perfkit.bundle import conform
+from perfkit.common.slugs import md_text
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings.memsnapshot import MemSnapshotError, diff_snapshots, peak_by_site, read_snapshot
 
@@ -175,7 +176,7 @@ def sites_markdown(r: Mapping[str, Any]) -> str:
         return ""
     status = ms.get("status")
     if status != "ok":
-        return f"**Allocation sites** (allocator snapshots): {status}."
+        return f"**Allocation sites** (allocator snapshots): {md_text(status)}."
     grew = [g for g in ms.get("grew") or [] if isinstance(g, Mapping) and float(g["grown_mib"]) >= 1.0]
     head = (
         f"**Allocation sites**: between the snapshot after request {ms.get('from')} (cold) and after "
@@ -183,7 +184,7 @@ def sites_markdown(r: Mapping[str, Any]) -> str:
     )
     if not grew:
         return head + ", no allocation site grew by 1 MiB or more."
-    items = [f"`{g['site']}` {float(g['grown_mib']):+.1f} MiB" for g in grew]
+    items = [f"{md_text(g['site'], code=True)} {float(g['grown_mib']):+.1f} MiB" for g in grew]
     return head + " the live memory grew at: " + "; ".join(items) + "."
 
 

@@ -18,6 +18,7 @@ import pandas as pd
 from perfkit.ab.decide import AbResult, needed_text
 from perfkit.checks import number
 from perfkit.common.numfmt import confidence_text, number_text, percent_text
+from perfkit.common.slugs import md_text
 from perfkit.gate.verdicts import STATUS_WORD
 from perfkit.report.belowstage import ab_panel
 from perfkit.report.plots import ab_forest, figure_to_png_bytes
@@ -322,25 +323,27 @@ def ab_summary_markdown(res: AbResult) -> str:
         f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %"
     )
     if res.meta.get("thresholds_from"):
-        how += f" (per-metric thresholds from `{res.meta['thresholds_from']}`)"
+        how += f" (per-metric thresholds from {md_text(res.meta['thresholds_from'], code=True)})"
     if res.meta.get("gate_metrics"):
-        how += f"; the exit code gates on {', '.join(res.meta['gate_metrics'])} only"
+        how += f"; the exit code gates on {md_text(', '.join(res.meta['gate_metrics']))} only"
     if ab.get("loadavg_end"):
         how += f"; host load {' / '.join(str(x) for x in ab['loadavg_end'])}"
     lines += [how + ".", ""]
     for e in res.meta.get("launch_errors") or []:
-        lines.append(f"- launch failed: `{(str(e).splitlines() or [''])[0]}` (details in report.html)")
+        lines.append(
+            f"- launch failed: {md_text((str(e).splitlines() or [''])[0], code=True)} (details in report.html)"
+        )
     if res.exit_code == 2 and not (res.table["decision"] != "not measured").any():
         lines.append("- nothing compared: no metric was measured on both sides")
     elif res.meta.get("gate_metrics") and res.gated_unmeasured:
         gate = ", ".join(res.meta["gate_metrics"])
         if res.exit_code == 2 and set(res.gated_unmeasured) >= set(res.meta["gate_metrics"]):
             lines.append(
-                f"- nothing gated was compared: none of the gated metrics ({gate}) was measured on both sides"
+                f"- nothing gated was compared: none of the gated metrics ({md_text(gate)}) was measured on both sides"
             )
         else:
             lines.append(
-                f"- gated but not measured on both sides (gates nothing): {', '.join(res.gated_unmeasured)}"
+                f"- gated but not measured on both sides (gates nothing): {md_text(', '.join(res.gated_unmeasured))}"
             )
     seq = sequential_text(res)
     if seq:
@@ -349,7 +352,7 @@ def ab_summary_markdown(res: AbResult) -> str:
     if spells:
         lines.append(f"- {spells}")
     if res.ungated_regressions:
-        lines.append(f"- reported, not gated: {', '.join(res.ungated_regressions)} regressed")
+        lines.append(f"- reported, not gated: {md_text(', '.join(res.ungated_regressions))} regressed")
     lines += ["", markdown_table(verdict_frame(res)), ""]
     looks = looks_frame(res)
     if not looks.empty:

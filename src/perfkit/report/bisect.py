@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import markupsafe
 import pandas as pd
 
+from perfkit.common.slugs import md_text
 from perfkit.report.render import PAGE_TEMPLATE, external_refs, template_env
 from perfkit.report.tables import format_table, markdown_table
 
@@ -64,17 +65,27 @@ def probes_frame(d: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _facts(d: Mapping[str, Any]) -> list[str]:
+def _facts(d: Mapping[str, Any], md: bool = True) -> list[str]:
+    """The facts as lines: Markdown (names, commands and subjects through
+    :func:`perfkit.common.slugs.md_text`, code font for names) or plain text for the page
+    (``md=False``: its template escapes)."""
+
+    def c(x: Any) -> str:  # a name, in code font
+        return md_text(x, code=True) if md else str(x)
+
+    def t(x: Any) -> str:  # words from outside
+        return md_text(x) if md else str(x)
+
     s = d.get("setup") or {}
     des = s.get("design") or {}
     how = (
-        f"metric {s.get('metric')}, threshold ±{float(s.get('threshold', 0.05)) * 100:.1f} %, "
+        f"metric {t(s.get('metric'))}, threshold ±{float(s.get('threshold', 0.05)) * 100:.1f} %, "
         f"{des.get('min_launches')}–{des.get('max_launches')} launches a side a probe"
         f"{', paired' if des.get('paired') else ''} ({des.get('spending')} alpha spending, {float(des.get('confidence', 0.95)) * 100:.0f} % over the looks), "
         f"{s.get('warm')} warm requests a launch"
     )
-    build = (f"build: `{s['build']}`" if s.get("build") else "no build command") + (
-        f"; Python overlay: `{s['python_path']}` on PYTHONPATH" if s.get("python_path") is not None else ""
+    build = (f"build: {c(s['build'])}" if s.get("build") else "no build command") + (
+        f"; Python overlay: {c(s['python_path'])} on PYTHONPATH" if s.get("python_path") is not None else ""
     )
     probes = d.get("probes") or []
     spent = f"{len(probes)} probe{'' if len(probes) == 1 else 's'}, {d.get('launches', 0)} launches in all"
@@ -82,32 +93,30 @@ def _facts(d: Mapping[str, Any]) -> list[str]:
         st, se = d.get("step") or {}, d.get("series") or {}
         lo = "" if st.get("low") is None else f" [{_pct(st['low'])}, {_pct(st['high'])}]"
         return [
-            f"series: {se.get('hardware')} / `{se.get('case_id')}` {se.get('metric')}",
+            f"series: {t(se.get('hardware'))} / {c(se.get('case_id'))} {t(se.get('metric'))}",
             f"the history's step: {_pct(st.get('ratio'))}{lo} ({st.get('kind')}; {st.get('n_before')} runs before, "
-            f"{st.get('n_after')} after; last run before `{st.get('before_run')}`, first after `{st.get('after_run')}`)",
-            f"commit before: `{_commit(d.get('good'))}` ({(d.get('good') or {}).get('author_date')}); "
-            f"commit after: `{_commit(d.get('bad'))}` ({(d.get('bad') or {}).get('author_date')})",
+            f"{st.get('n_after')} after; last run before {c(st.get('before_run'))}, first after {c(st.get('after_run'))})",
+            f"commit before: {c(_commit(d.get('good')))} ({(d.get('good') or {}).get('author_date')}); "
+            f"commit after: {c(_commit(d.get('bad')))} ({(d.get('bad') or {}).get('author_date')})",
             how,
             build,
             spent,
-            f"recorded in the store: `{d.get('stored')}`" if d.get("stored") else "not recorded",
+            f"recorded in the store: {c(d.get('stored'))}" if d.get("stored") else "not recorded",
         ]
     found = d.get("found")
     rng = d.get("range") or {}
     commits = d.get("commits") or []
     lines = [
-        f"good `{_commit(d.get('good'))}` .. bad `{_commit(d.get('bad'))}`: {len(commits)} commits after the good one "
-        f"(`{d.get('repo')}`)",
+        f"good {c(_commit(d.get('good')))} .. bad {c(_commit(d.get('bad')))}: {len(commits)} commits after the good one "
+        f"({c(d.get('repo'))})",
     ]
     if found:
         lines.append(
-            f"first bad commit: `{found['sha']}` {found['subject']} (author date {found['author_date']})"
+            f"first bad commit: {c(found['sha'])} {t(found['subject'])} (author date {found['author_date']})"
         )
     elif commits and rng.get("hi") and d.get("outcome") == "not decided":
         lo, hi = int(rng.get("lo", 0)), int(rng["hi"])
-        lines.append(
-            "the first bad commit is one of: " + ", ".join(f"`{_commit(c)}`" for c in commits[lo:hi])
-        )
+        lines.append("the first bad commit is one of: " + ", ".join(c(_commit(x)) for x in commits[lo:hi]))
     lines += [how, build, spent + f", {d.get('wall_s')} s"]
     return lines
 
@@ -119,7 +128,7 @@ def bisect_summary_markdown(d: Mapping[str, Any]) -> str:
     lines = [
         f"## {name}: {str(d.get('outcome')).upper()} (exit code {d.get('exit_code')})",
         "",
-        str(d.get("message")),
+        md_text(d.get("message")),
         "",
     ]
     lines += [f"- {f}" for f in _facts(d)]
@@ -160,7 +169,7 @@ def render_bisect_report(d: Mapping[str, Any], out: str | Path) -> Path:
             else "A binary search between the good and the bad commit, an A/B against the good commit at each probe."
         ),
         message=str(d.get("message") or ""),
-        facts=[f.replace("`", "") for f in _facts(d)],  # Markdown's code marks, not shown on the page
+        facts=_facts(d, md=False),
         reference="the commit before the step" if confirm else "the good commit",
         metric=s.get("metric"),
         threshold=f"{float(s.get('threshold', 0.05)) * 100:.1f} %",

@@ -31,6 +31,7 @@ import pandas as pd
 from perfkit.bundle import WARMUP_INDEX
 from perfkit.checks import Check, check_table, overall_status
 from perfkit.common.frames import align_frames, latent_frames
+from perfkit.common.slugs import md_text
 from perfkit.gate.outcome import check_counts
 from perfkit.report.tables import styled
 from perfkit.reported import NOT_REPORTED, is_reported, reported_count
@@ -284,7 +285,10 @@ def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gat
     lines = [f"**{what}: {status}.** {check_counts(df['status'])}."]
 
     def listed(sub: pd.DataFrame) -> str:
-        return ", ".join(f"`{m}` ({r})" if r else f"`{m}`" for m, r in zip(sub["metric"], sub["reason"]))
+        return ", ".join(
+            md_text(m, code=True) + (f" ({md_text(r)})" if r else "")
+            for m, r in zip(sub["metric"], sub["reason"])
+        )
 
     failed = df[df["status"] == "fail"]
     unsure = df[df["status"] == "inconclusive"]
@@ -407,7 +411,7 @@ def replay_markdown(recorded_params: Mapping[str, Any] | None, given: Mapping[st
         source: the replayed bundle directory, for the text.
     """
     lines = [
-        f"Replayed from `{source}`: the measurements are the recorded ones; the checks are judged "
+        f"Replayed from {md_text(source, code=True)}: the measurements are the recorded ones; the checks are judged "
         "again, here, against the limits below (a verdict recorded in the bundle is not used)."
     ]
     rec = dict(recorded_params or {})
@@ -417,7 +421,10 @@ def replay_markdown(recorded_params: Mapping[str, Any] | None, given: Mapping[st
             continue
         want, had = _plain(value), _plain(_comparable(value, rec[key]))
         if want != had:
-            diffs.append(f"`{key}`: given {value_text(want)}, measured with {value_text(_plain(rec[key]))}")
+            diffs.append(
+                f"{md_text(key, code=True)}: given {md_text(value_text(want))}, "
+                f"measured with {md_text(value_text(_plain(rec[key])))}"
+            )
     if diffs:
         lines.append(
             "These params differ from what the bundle was measured with and cannot apply to a "

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from perfkit.common.slugs import md_text
 from perfkit.gate.outcome import check_counts
 from perfkit.gate.verdicts import (
     GATE,
@@ -47,14 +48,15 @@ WRAP_AT = 60
 
 
 def wrap_cell(text: Any, width: int = WRAP_AT) -> str:
-    """``text`` with ``<br>`` at word boundaries every ``width`` characters or so, so a long
-    reason wraps inside a GitHub table instead of making it scroll sideways."""
+    """``text`` with line breaks at word boundaries every ``width`` characters or so, so a long
+    reason wraps inside a GitHub table (:func:`markdown_table` writes them ``<br>``) instead of
+    making it scroll sideways."""
     import textwrap
 
     t = str(text if text is not None else "").strip()
     if len(t) <= width:
         return t
-    return "<br>".join(textwrap.wrap(t, width, break_long_words=True, break_on_hyphens=False))
+    return "\n".join(textwrap.wrap(t, width, break_long_words=True, break_on_hyphens=False))
 
 
 def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tuple[str, int]:
@@ -105,9 +107,9 @@ def _engine_block(run_dir: Path) -> list[str]:
             "",
             "### Engine",
             "",
-            f"- {engine_versions_text(b.meta)}",
-            f"- effective config from: {row.get('config_source')}",
-            f"- cold start parts from: {row.get('cold_start_sources')}",
+            f"- {md_text(engine_versions_text(b.meta))}",
+            f"- effective config from: {md_text(row.get('config_source'))}",
+            f"- cold start parts from: {md_text(row.get('cold_start_sources'))}",
         ]
     return []
 
@@ -123,7 +125,7 @@ def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
             "",
             "### Errors",
             "",
-            *[f"- **{n['name']}**: {clip(n.get('error'), 400)}" for n in errors],
+            *[f"- **{md_text(n['name'])}**: {md_text(clip(n.get('error'), 400))}" for n in errors],
         ]
     inv = investigations(run_dir, nbs)
     if inv:
@@ -164,14 +166,14 @@ def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
         middle += ["", "### Units of work", "", markdown_table(units)]
     merge_notes = (info.get("scaleout") or {}).get("notes") or []
     if merge_notes:
-        middle += ["", "### Merge notes", "", *[f"- {n}" for n in merge_notes]]
+        middle += ["", "### Merge notes", "", *[f"- {md_text(n)}" for n in merge_notes]]
     ends = engine_ends_frame(run_dir)
     if ends is not None:
         middle += ["", "### How the engines ended", "", markdown_table(ends)]
     gate_doc = read_verdict(run_dir / GATE) or {}
     warnings = [*(gate_doc.get("warnings") or []), *refused_records(run_dir)]
     if warnings:
-        middle += ["", "### Warnings", "", *[f"- {w}" for w in warnings]]
+        middle += ["", "### Warnings", "", *[f"- {md_text(w)}" for w in warnings]]
     return middle
 
 
@@ -194,16 +196,16 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
     n_fail = int((verdicts["status"] == "fail").sum()) if not verdicts.empty else 0
     n_inc = int((verdicts["status"] == "inconclusive").sum()) if not verdicts.empty else 0
     head = [
-        f"## perfkit: {info.get('name', run_dir.name)} — {icon} {word.upper()} (exit {code})",
+        f"## perfkit: {md_text(info.get('name', run_dir.name))} — {icon} {word.upper()} (exit {code})",
         "",
         f"{check_counts(verdicts['status'] if not verdicts.empty else [])}"
         + (" (inconclusive: over the limit within the run's noise)." if n_inc else "."),
     ]
     why = nothing_measured_reason(verdicts)
     if why:
-        head += ["", f"**Error: {why}**"]
+        head += ["", f"**Error: {md_text(why)}**"]
     if info.get("description"):
-        head += ["", info["description"]]
+        head += ["", md_text(info["description"])]
     view = gate_view(verdicts)
     cols = ["case", "metric", "baseline", "measured", "limit", "status", "reason"]
     if view["baseline"].isna().all():  # invariants only: no baseline value to show

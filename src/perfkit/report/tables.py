@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from perfkit.common.numfmt import number_text
+from perfkit.common.slugs import md_text
 
 __all__ = [
     "MISSING",
@@ -215,23 +216,26 @@ def status_class(word: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "", first) or "none"
 
 
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def markdown_table(df: pd.DataFrame, *, labels: bool = True) -> str:
-    """A GitHub Markdown table of ``df``, cells and headers from :func:`format_table` (``|``
-    escaped). ``labels=False`` keeps the column names as they are.
+def markdown_table(df: pd.DataFrame, *, labels: bool = True, own_markdown: bool = False) -> str:
+    """A GitHub Markdown table of ``df``, cells and headers from :func:`format_table`, each
+    through :func:`perfkit.common.slugs.md_text` (no markup live, a line break ``<br>``, one
+    row a line). ``labels=False`` keeps the column names as they are; ``own_markdown=True``
+    keeps the cells' Markdown (the project's own committed text, e.g. timing notes): only
+    ``|`` and line breaks are escaped.
 
     Raises:
         TypeError: if ``df`` is not a DataFrame.
     """
     t = format_table(df, None, labels=labels)
+
+    def cell(c: str) -> str:
+        return " ".join(c.replace("|", "\\|").splitlines()) if own_markdown else md_text(c, cell=True)
+
     lines = [
-        "| " + " | ".join(_md_escape(h) for h in t.header) + " |",
+        "| " + " | ".join(cell(h) for h in t.header) + " |",
         "|" + "|".join("---" for _ in t.header) + "|",
     ]
-    lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in t.rows]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in t.rows]
     return "\n".join(lines)
 
 

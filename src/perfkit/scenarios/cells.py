@@ -33,7 +33,8 @@ MEMORY_SITES_MD = (
 )
 
 #: the profiled requests of a bundle, op by op (perfkit.report.belowstage)
-BELOW_STAGE = """from perfkit.report import belowstage
+BELOW_STAGE = """from perfkit.common.slugs import md_text
+from perfkit.report import belowstage
 
 below = belowstage.below_stage(bundle)
 if below is None:
@@ -41,7 +42,7 @@ if below is None:
 else:
     show_table(belowstage.trace_list(below), caption="Profiled requests and their trace files")
     for err in below.errors:
-        display(Markdown(f"**Trace not read:** `{err}`"))
+        display(Markdown("**Trace not read:** " + md_text(err, code=True)))
     if below.diff is not None:
         show_table(belowstage.diff_frame(below.diff, first=belowstage.first_word(below)),
                    caption=f"Ops whose time changed most, {belowstage.diff_title(below)}")

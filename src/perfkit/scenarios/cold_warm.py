@@ -21,6 +21,7 @@ from perfkit import stats
 from perfkit.bundle import ResultBundle, steady_state
 from perfkit.checks import Check, check_max, check_min, number
 from perfkit.common.numfmt import fmt, json_float
+from perfkit.common.slugs import md_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
@@ -423,7 +424,7 @@ def reading(r: Mapping[str, Any]) -> str:
     ]
     if stage:
         lines.append(
-            f"The **first-request penalty** sits mostly in `{stage}` ({fmt(pen.get(stage), '.0f', ' ms')})."
+            f"The **first-request penalty** sits mostly in {md_text(stage, code=True)} ({fmt(pen.get(stage), '.0f', ' ms')})."
         )
     if "cold_compiles" in r:
         cold_n, warm_n = r.get("cold_compiles"), r.get("warm_compiles")
@@ -447,13 +448,15 @@ def reading(r: Mapping[str, Any]) -> str:
     if measured:
         lines.append(
             "Leak checks measured: "
-            + ", ".join(f"`{c['name']}` = {fmt(c.get('value'), '.3g')}" for c in measured)
+            + ", ".join(
+                f"{md_text(c['name'], code=True)} = {md_text(fmt(c.get('value'), '.3g'))}" for c in measured
+            )
             + " (judged against the invariants in the gate table)."
         )
     if unmeasured:
         lines.append(
             "Not measured on this host: "
-            + ", ".join(f"`{c['name']}`" for c in unmeasured)
+            + ", ".join(md_text(c["name"], code=True) for c in unmeasured)
             + " (no device memory readings)."
         )
     sites = sites_markdown(r)

@@ -45,6 +45,7 @@ from pydantic import Field, field_validator, model_validator
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check, check_max, check_min
 from perfkit.common.numfmt import fmt, json_float
+from perfkit.common.slugs import md_text
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch import measure_launch
@@ -164,7 +165,7 @@ def run(ctx: RunContext, p: LoadParams) -> ResultBundle:
     holder: dict[str, Any] = {}
 
     def after(h, client, sampler) -> dict[str, Any]:
-        holder["sent"] = run_phases(h.base_url, p, ctx.request, trace, timeout_s)
+        holder["sent"] = run_phases(h.base_url, p, ctx.request, trace, timeout_s, h.alive)
         return {}
 
     data = measure_launch(
@@ -172,11 +173,15 @@ def run(ctx: RunContext, p: LoadParams) -> ResultBundle:
     )
     sent = holder.get("sent") or []
     rows, req_rows, (st_rows, sp_rows) = per_request_rows(sent, data.record_lines, data.label)
+    lost = engine_lost(data.launch_row, rows)
+    if lost and data.error is None:
+        data.error = data.launch_row["error"] = lost
+        data.launch_row["failed_request"] = next(r["i"] for r in rows if r["status"] != "completed")
     data.requests += req_rows
     data.stages += st_rows
     data.steps += sp_rows
     results: dict[str, Any] = {
-        "error": data.error,
+        "error": data.error,  # a start error, a cap kill, the engine lost mid-level (exit 2)
         "per_request": rows,
         "slo_ms_given": p.slo_ms,
         "slo_scale": p.slo_scale,
@@ -200,7 +205,38 @@ def run(ctx: RunContext, p: LoadParams) -> ResultBundle:
     return assemble(NAME, [data], params, results)
 
 
-# ------------------------------------------------------------------------------- summarising
+def engine_lost(launch: Mapping[str, Any], rows: list[Mapping[str, Any]]) -> str | None:
+    """The error of an engine that ended by itself (not by perfkit's teardown) with requests not
+    completed: how it ended, then each phase and level's requests not completed by their index
+    in the level (``concurrency 2: requests 3-7``); None otherwise."""
+    bad = [r for r in rows if r.get("status") != "completed"]
+    if launch.get("end_by_perfkit") is not False or not bad:
+        return None
+    groups: dict[tuple[Any, Any], list[int]] = {}
+    for r in bad:
+        groups.setdefault((r.get("phase"), r.get("level")), []).append(int(r.get("slot") or 0))
+    parts = [
+        f"{_where(ph, lv).removeprefix('the ')}: requests {_ranges(ix)}" for (ph, lv), ix in groups.items()
+    ]
+    return (
+        f"the engine {launch.get('ended') or 'ended by itself'} during the load phases; "
+        f"{len(bad)} of {len(rows)} requests not completed, by level and index: {'; '.join(parts)} "
+        f"(the first: {bad[0].get('status')}: {bad[0].get('error') or 'no error given'})"
+    )
+
+
+def _ranges(ix: list[int], most: int = 20) -> str:
+    """``[3, 4, 5, 7]`` -> ``"3-5, 7"`` (at most ``most`` runs, then how many more)."""
+    runs: list[list[int]] = []
+    for i in sorted(set(ix)):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:most])
+    return text + (f" and {len(runs) - most} more runs" if len(runs) > most else "")
+
+
 # ------------------------------------------------------------------------------- registry entry
 def _where(phase: str, level: Any) -> str:
     return {"closed": f"concurrency {level}", "open": "the open loop"}.get(phase, f"the {phase}")
@@ -219,8 +255,8 @@ def not_completed(r: Mapping[str, Any]) -> list[str]:
             b = bad[0]
             out.append(
                 f"At {_where(phase, level)}, {len(bad)} of {len(rows)} requests did not complete "
-                f"(the first: request {b.get('slot')} of the level, id {b.get('request_id') or 'none'}, "
-                f"{b.get('status')}: {b.get('error') or 'no error given'}); its figures are over "
+                f"(the first: request {b.get('slot')} of the level, id {md_text(b.get('request_id') or 'none')}, "
+                f"{md_text(b.get('status'))}: {md_text(b.get('error') or 'no error given')}); its figures are over "
                 f"the {len(rows) - len(bad)} that did"
             )
     return out
@@ -240,10 +276,10 @@ def check_bundle(bundle: ResultBundle) -> None:
     ``per_request`` is not what the summaries read (naming the bundle, the row and the key)."""
     r = bundle.results or {}
     check_rows(r.get("per_request") or [], source=f"{NAME} ({bundle.path or 'bundle'}): results")
-    if r.get("error") or not any(x.get("status") == "completed" for x in r.get("per_request") or []):
-        raise ScenarioError(
-            f"{NAME} ({bundle.path or 'bundle'}): nothing measured: {r.get('error') or 'no request completed'}"
-        )
+    if r.get("error"):
+        raise ScenarioError(f"{NAME} ({bundle.path or 'bundle'}): {r['error']}")
+    if not any(x.get("status") == "completed" for x in r.get("per_request") or []):
+        raise ScenarioError(f"{NAME} ({bundle.path or 'bundle'}): nothing measured: no request completed")
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
@@ -396,7 +432,7 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
 
 def reading(r: Mapping[str, Any]) -> str:
     """What the levels, the open loop and the trace say, in the design doc's words."""
-    lines = [f"- **{k.label}**: {k.text}" for k in key_numbers(r)]
+    lines = [f"- **{md_text(k.label)}**: {md_text(k.text)}" for k in key_numbers(r)]
     lines += [
         "",
         f"SLO: {fmt(r.get('slo_ms'), '.0f', ' ms')} ({r.get('slo_source')}); quantile intervals: {INTERVAL} "

@@ -105,14 +105,23 @@ def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpe
     return out
 
 
-def run_phases(base_url: str, p: Any, request: VideoRequestSpec, trace: list, timeout_s: float):
+def run_phases(
+    base_url: str,
+    p: Any,
+    request: VideoRequestSpec,
+    trace: list,
+    timeout_s: float,
+    alive: Any = None,
+):
     """Every phase against one engine (:mod:`perfkit.scenarios.load`'s order), ``p`` its
-    ``LoadParams``: [(phase, level, outcome, spec)]."""
+    ``LoadParams``: [(phase, level, outcome, spec)]. ``alive``: the engine's liveness (see
+    :class:`~perfkit.engine.aclient.AsyncVideoClient`): once it is dead the requests in flight
+    end at once and the rest come back unsent (status ``error``)."""
 
     async def go() -> list[tuple[str, Any, AsyncOutcome, VideoRequestSpec]]:
         out: list[tuple[str, Any, AsyncOutcome, VideoRequestSpec]] = []
         biggest = max([*p.concurrency, 1, p.open_loop_requests])
-        async with AsyncVideoClient(base_url, biggest, timeout_s=timeout_s, poll_s=p.poll_s) as c:
+        async with AsyncVideoClient(base_url, biggest, timeout_s, p.poll_s, alive) as c:
             for i, (spec, _slo) in enumerate(trace):
                 out.append(("trace", 1, await c.generate(spec, slot=i), spec))
             for i in range(p.warmup_requests):
@@ -125,7 +134,7 @@ def run_phases(base_url: str, p: Any, request: VideoRequestSpec, trace: list, ti
                 # capacity as summarise() says it: the largest throughput a level delivered
                 cap, _ = capacity_rps([_timing(ph, k, o) for ph, k, o, _ in out])
                 rate = p.rate_over_capacity * cap if cap else None
-            if rate is not None:
+            if rate is not None and not c.lost:
                 rng = np.random.default_rng(p.seed)
                 arrivals = np.cumsum(rng.exponential(1.0 / rate, p.open_loop_requests)).tolist()
                 specs = [request] * p.open_loop_requests

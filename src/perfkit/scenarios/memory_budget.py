@@ -24,7 +24,7 @@ from perfkit.bundle import (
 )
 from perfkit.checks import Check, check_flag
 from perfkit.common.numfmt import fmt, json_float
-from perfkit.common.slugs import slug
+from perfkit.common.slugs import md_text, slug
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
@@ -427,7 +427,7 @@ def reading(r: Mapping[str, Any]) -> str:
     out = []
     for c in r.get("caps") or []:
         out.append(
-            f"- **{c.get('label')}**: "
+            f"- **{md_text(c.get('label'))}**: "
             + ("completed" if c.get("completed") else "**did not complete**")
             + ", cap "
             + ("held" if c.get("cap_held") else "**not held**")

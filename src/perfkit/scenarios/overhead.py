@@ -35,6 +35,7 @@ from perfkit import stats
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check, check_max, number
 from perfkit.common.numfmt import fmt, json_float
+from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoClient, VideoRequestSpec
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch import measure_launch
@@ -383,7 +384,7 @@ def reading(r: Mapping[str, Any]) -> str:
     """What each overhead is and whether its interval is narrow enough to say anything."""
     lines = []
     for k in key_numbers(r):
-        lines.append(f"- **{k.label}**: {k.text}")
+        lines.append(f"- **{md_text(k.label)}**: {md_text(k.text)}")
     how = {
         f"{(r.get(part) or {}).get('estimator')}"
         + (f" ({(r.get(part) or {}).get('n_pairs')} pairs)" if (r.get(part) or {}).get("n_pairs") else "")
@@ -406,7 +407,7 @@ def reading(r: Mapping[str, Any]) -> str:
             "Event-timed stages vs the same stages timed with a sync at every boundary "
             f"({agree.get('pairs')} pairs, medians): "
             + ", ".join(
-                f"`{name}` {fmt(d.get('events_ms'), '.1f')} vs {fmt(d.get('sync_ms'), '.1f')} ms"
+                f"{md_text(name, code=True)} {fmt(d.get('events_ms'), '.1f')} vs {fmt(d.get('sync_ms'), '.1f')} ms"
                 for name, d in stages.items()
             )
             + f"; event-timed stages add up to {fmt(agree.get('events_stage_sum_over_e2e'), '.1%')} of e2e."

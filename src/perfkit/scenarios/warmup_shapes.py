@@ -19,6 +19,7 @@ from pydantic import Field, field_validator
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, sub_bundle, table_rows
 from perfkit.checks import Check, check_max, number
 from perfkit.common.numfmt import fmt
+from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.assemble import assemble, join_bundles
@@ -424,7 +425,7 @@ def reading(r: Mapping[str, Any]) -> str:
             f"{fmt(c.get('warm_median_ms'), '.0f', ' ms')} (penalty "
             f"{fmt(c.get('penalty_ms'), '.0f', ' ms')}, x{fmt(c.get('ratio'), '.2f')}, "
             f"{_compiles(c.get('compiles'))}"
-            + (f", mostly in `{c['penalty_stage']}`" if c.get("penalty_stage") else "")
+            + (f", mostly in {md_text(c['penalty_stage'], code=True)}" if c.get("penalty_stage") else "")
             + ")."
         )
     for c in rows:
@@ -433,7 +434,7 @@ def reading(r: Mapping[str, Any]) -> str:
                 f"  - rank {rk.get('rank')} ({rk.get('device')}): first request "
                 f"{_compiles(rk.get('first_compiles'))}"
                 + (
-                    f", penalty mostly in `{rk['penalty_stage']}` "
+                    f", penalty mostly in {md_text(rk['penalty_stage'], code=True)} "
                     f"({fmt((rk.get('penalty_by_stage_ms') or {}).get(rk['penalty_stage']), '.0f', ' ms')})"
                     if rk.get("penalty_stage")
                     else ""
