@@ -217,20 +217,14 @@ def test_verdict_sentences_come_from_the_check_rows():
         Check("x", "c", 1.0, None, 1.0, "skipped", "not measured"),
     ]
     text = nbk.verdict_markdown(rows)
-<<<<<<< HEAD
-    assert text.startswith("**Gate: fail.** 3 checks: 1 failed, 1 passed, 1 skipped. Failed: `a` (2 > 1).")
-    assert "Every measured check passed" not in text and "Not measured, so not judged: `c`" in text
-    assert (
-        nbk.verdict_markdown(rows[1:2])
-        == "**Gate: pass.** 1 check: 1 passed. Every measured check passed: `b` (0.5 <= 1)."
-=======
-    # names in code font and reasons as text, never markup (md_text)
-    assert text.startswith("**Gate: fail.** 1 of 3 checks failed: <code>a</code> (2 &gt; 1).")
+    # names in code font and reasons as text, never markup (md_text); the one check count
+    assert text.startswith(
+        "**Gate: fail.** 3 checks: 1 failed, 1 passed, 1 skipped. Failed: <code>a</code> (2 &gt; 1)."
+    )
     assert "Every measured check passed" not in text and "Not measured, so not judged: <code>c</code>" in text
     assert (
         nbk.verdict_markdown(rows[1:2])
-        == "**Gate: pass.** Every measured check passed: <code>b</code> (0.5 &lt;= 1)."
->>>>>>> edges
+        == "**Gate: pass.** 1 check: 1 passed. Every measured check passed: <code>b</code> (0.5 &lt;= 1)."
     )
     assert nbk.verdict_markdown([rows[2]]).startswith("**Gate: skipped.**")
 
