@@ -171,7 +171,7 @@ def test_a_trace_with_a_hostile_op_name_leaves_no_live_svg_in_the_report(tmp_pat
     import yaml
 
     from perfkit.params import load_params
-    from perfkit.scenarios import cold_vs_warm
+    from perfkit.scenarios.cold_warm import cold_vs_warm
     from perfkit.suite import run_suite
 
     params = yaml.safe_load((ROOT / "params/ci-cpu.yaml").read_text())

@@ -22,7 +22,13 @@ EXIT_ERROR = 2
 STATUS_WORD = {EXIT_OK: "pass", EXIT_REGRESSION: "regression", EXIT_ERROR: "error"}
 
 
+#: the interrupts :func:`run_click` saw in this process (a KeyboardInterrupt can be swallowed,
+#: e.g. raised inside logging's lock release: "Exception ignored in ..."; the flag is not)
+_SEEN: list[str] = []
+
+
 def _interrupt(signum: int, frame: Any) -> None:  # noqa: ARG001
+    _SEEN.append(signal.Signals(signum).name)
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
@@ -49,31 +55,42 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
     command, whose ``finally`` blocks end what it started (engines, builds, kernels), and is
     :data:`EXIT_ERROR` (2) with one line on stderr naming the command and the signal: never 0 or
     1, which read as verdicts (click's own handling said ``Aborted!`` and exited 1). Bad usage:
-    click's message, exit 2.
+    click's message, exit 2. An interrupt swallowed on the way (a KeyboardInterrupt raised in
+    logging's lock release is only printed as "Exception ignored") still ends as exit 2, and once
+    interrupted both signals are ignored until the process exits.
     """
     import threading
 
     import click
 
     main_thread = threading.current_thread() is threading.main_thread()  # else signals stay as they are
-    old = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, _interrupt) for s in sigs} if main_thread else {}
+    _SEEN.clear()
+    said = False
     try:
         rv = command.main(args=args, prog_name=prog_name, standalone_mode=False)
+        code = rv if isinstance(rv, int) and not isinstance(rv, bool) else EXIT_OK
     except (click.Abort, KeyboardInterrupt) as exc:
         cause = exc if isinstance(exc, KeyboardInterrupt) else exc.__cause__ or exc.__context__
-        sig = cause.args[0] if isinstance(cause, KeyboardInterrupt) and cause.args else "SIGINT"
-        print(
-            f"{_words(command, args, prog_name)}: interrupted ({sig}): what it started was ended; "
-            f"no verdict (exit {EXIT_ERROR})",
-            file=sys.stderr,
-        )
-        return EXIT_ERROR
+        if isinstance(cause, KeyboardInterrupt) and cause.args:
+            _SEEN.append(str(cause.args[0]))
+        _SEEN.append("SIGINT")
+        code = EXIT_ERROR
     except click.ClickException as exc:
         exc.show()
-        return exc.exit_code
+        code = exc.exit_code
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else EXIT_ERROR
+        code = exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else EXIT_ERROR
+        said = bool(_SEEN) and code == EXIT_ERROR  # the suite said the interrupt itself
     finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
-    return rv if isinstance(rv, int) and not isinstance(rv, bool) else EXIT_OK
+        for s, h in old.items():
+            # interrupted: the process is ending, a late signal must not turn exit 2 into death
+            signal.signal(s, signal.SIG_IGN if _SEEN else h)
+    if _SEEN and not said:
+        print(
+            f"{_words(command, args, prog_name)}: interrupted ({_SEEN[0]}): what it started was "
+            f"ended; no verdict (exit {EXIT_ERROR})",
+            file=sys.stderr,
+        )
+    return EXIT_ERROR if _SEEN else code
