@@ -433,3 +433,11 @@ def test_a_launch_failure_says_the_logs_last_error_first():
     )
     assert error_line(tail) == "ValueError: Could not get model info for '/m/tiny-model'"
     assert error_line("all fine\nready\n") is None
+    # a new user's renamed SANA-Video directory: the error sglang recovered from is on stderr,
+    # what ended it on stdout (EngineHandle.tail: stdout's lines, then stderr's)
+    both = (
+        "[stdout]\n[12-04 16:31:02] Server warmup failed; aborting startup: Encoded prompt has 211 "
+        "tokens, expected at least 300\n[stderr]\nAttributeError: 'SanaVAEConfig' object has no "
+        "attribute 'shift_factor'\n  falling back to native version\n"
+    )
+    assert error_line(both).startswith("[12-04 16:31:02] Server warmup failed; aborting startup: Encoded")

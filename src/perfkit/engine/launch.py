@@ -315,18 +315,25 @@ def _start(
     return proc, dataclasses.replace(clock, pid_boot_s=boot_start_s(proc.pid))
 
 
+#: what ended an engine, most telling first: a line saying it aborts (sglang: "Server warmup
+#: failed; aborting startup: ..."), else an exception's or an ERROR line
+_FATAL = re.compile(r"\S.*\b(?:abort(?:ing|ed)?|fatal)\b.*", re.IGNORECASE)
 _ERROR = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b:?.*|\bERROR\b.*")
 
 
 def error_line(log_tail: str) -> str | None:
-    """The last line of an engine's log tail that names an error (``ValueError: ...``, a line
-    with ``ERROR``), clipped to 300 characters; None when no line does. For the first line of
-    a launch failure: sglang prints a traceback whose last line is the cause (e.g. a model
-    path no pipeline detector matched: ``multimodal_gen/registry.py``)."""
-    for line in reversed(log_tail.splitlines()):
-        m = _ERROR.search(line)
-        if m:
-            return m.group(0).strip()[:300]
+    """The line of an engine's log tail (stdout's and stderr's) that says why it ended, clipped
+    to 300 characters: the last line saying it aborts, else the last naming an error
+    (``ValueError: ...``, ``ERROR``); None when none does. sglang logs errors it recovers from
+    ("falling back to native version") on stderr, and what ends it on stdout: a directory name
+    its detectors read as another model ended in "Server warmup failed; aborting startup:
+    Encoded prompt has 211 tokens, expected at least 300"."""
+    lines = log_tail.splitlines()
+    for pattern in (_FATAL, _ERROR):
+        for line in reversed(lines):
+            m = pattern.search(line)
+            if m:
+                return m.group(0).strip()[:300]
     return None
 
 

@@ -50,6 +50,17 @@ def _pct(x: Any) -> str:
     return "–" if v is None else f"{(v - 1) * 100:+.1f} %"
 
 
+def _bound(x: Any) -> str:
+    """An interval bound as :func:`_pct`, past ×10 either way said as such ("> +900 %",
+    "< -90 %"): two launches a side can give bounds of +10^18 %, which are no figure."""
+    v = number(x)
+    if v is not None and v > 10:
+        return "> +900 %"
+    if v is not None and 0 < v < 0.1:
+        return "< -90 %"
+    return _pct(x)
+
+
 def _num(x: Any) -> str:
     """A value by the report's one number rule (:func:`perfkit.common.numfmt.number_text`)."""
     v = number(x)
@@ -67,7 +78,7 @@ def verdict_frame(res: AbResult) -> pd.DataFrame:
             "A": [_num(v) for v in t["a"]],
             "B": [_num(v) for v in t["b"]],
             "B/A": [_pct(v) for v in t["ratio"]],
-            "interval": [f"[{_pct(lo)}, {_pct(hi)}]" for lo, hi in zip(t["low"], t["high"])],
+            "interval": [f"[{_bound(lo)}, {_bound(hi)}]" for lo, hi in zip(t["low"], t["high"])],
             "threshold": [f"±{float(v) * 100:.1f} %" for v in t["threshold"]],
             "status": [d if g else f"{d} (not gated)" for d, g in zip(t["decision"], res.gated)],
             "launches A/B": [f"{a}/{b}" for a, b in zip(t["n_a"], t["n_b"])],
@@ -250,7 +261,7 @@ def looks_frame(res: AbResult) -> pd.DataFrame:
     for i, lk in enumerate(seq.get("looks") or [], 1):
         head = f"look {i}: {lk.get('n')} a side, {confidence_text(float(lk.get('confidence') or math.nan))}"
         cols[head] = {
-            m: f"[{_pct(v.get('low'))}, {_pct(v.get('high'))}] {v.get('decision')}"
+            m: f"[{_bound(v.get('low'))}, {_bound(v.get('high'))}] {v.get('decision')}"
             for m, v in (lk.get("metrics") or {}).items()
         }
     if not cols:
