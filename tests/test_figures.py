@@ -20,7 +20,6 @@ DOCS = (
     "examples/h200x2/scaleout/README.md",
     "docs/commands.md",
     "docs/timings.md",
-    "docs/sglang.md",
 )
 
 
