@@ -312,6 +312,15 @@ def test_dump_comparison_rules():
     nulls.denoise_steps = None
     c = perfdump.compare_dumps(nulls, nulls)
     assert c.verdict == "error" and "–" in perfdump.dump_comparison_markdown(c)
+    # a breaker's dump: a stage name and a commit hash with markup; a `|` split the table row and
+    # a backtick closed the code span, making an <img onerror> live
+    evil = copy.deepcopy(d)
+    evil.stages = [("<script>alert(1)</script>`x`|y", ms) for _, ms in d.stages[:1]] + d.stages[1:]
+    evil.commit_hash = "`</details><img src=x onerror=alert(1)>"
+    md = perfdump.dump_comparison_markdown(perfdump.compare_dumps(d, evil))
+    assert "<script" not in md and "<img" not in md and "&lt;script&gt;" in md
+    row = next(ln for ln in md.splitlines() if "script" in ln)
+    assert row.count("|") == 7 and "&#124;" in row, row  # six cells, the name's | escaped
 
 
 # ---------------------------------------------------------------------------------------------

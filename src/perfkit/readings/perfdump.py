@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfkit.common.slugs import md_text
 from perfkit.readings.records import (
     PerfRecord,
     RecordError,
@@ -372,7 +373,7 @@ def dump_comparison_markdown(c: DumpComparison) -> str:
             "| :--- | :--- | :--- | :--- | :--- | :--- |",
         ]
         for r in c.stages:
-            name = r.name
+            name = md_text(r.name, cell=True)  # a stage name from the dump: never markup
             if r.steps is not None:
                 bs, ns = r.steps
                 name += f" ({ns} steps)" if bs == ns else f" ({bs}->{ns} steps)"
@@ -384,8 +385,8 @@ def dump_comparison_markdown(c: DumpComparison) -> str:
         "<details>",
         "<summary>Metadata</summary>",
         "",
-        f"- Baseline Commit: `{c.before.commit_hash or 'N/A'}`",
-        f"- New Commit: `{c.after.commit_hash or 'N/A'}`",
+        f"- Baseline Commit: {md_text(c.before.commit_hash or 'N/A', code=True)}",
+        f"- New Commit: {md_text(c.after.commit_hash or 'N/A', code=True)}",
         "</details>",
     ]
     return "\n".join(out) + "\n"
