@@ -429,3 +429,17 @@ def test_ab_whose_engine_rejects_every_request_is_an_error_after_one_launch(tmp_
         summary
     )
     assert sorted(p.name for p in (out / "launches").iterdir() if p.is_dir()) == ["A00", "B00"]
+
+
+def test_a_params_integer_of_5000_digits_exits_2_naming_the_file(tmp_path):
+    """Found by a breaker: Python's 4,300-digit int limit escaped as a traceback (exit 1)."""
+    p = tmp_path / "big.yaml"
+    p.write_text("name: big\ntimeout_s: " + "9" * 5000 + "\n")
+    code, out = _invoke("suite", "--params", str(p), "--out", str(tmp_path / "out"))
+    assert code == 2, out
+    assert str(p) in out and "a number too long to read" in out
+    code, out = _invoke(
+        "suite", "--params", str(Path(__file__).resolve().parents[1] / "params/ci-cpu.yaml"),
+        "--set", "timeout_s=" + "9" * 5000, "--out", str(tmp_path / "out2"),
+    )  # fmt: skip
+    assert code == 2 and "a number too long to read" in out, out

@@ -495,10 +495,13 @@ def load_yaml(text: str) -> Any:
     Raises:
         yaml.YAMLError: invalid YAML; :class:`YamlLimitError` (one) for text over the size,
             nesting depth or value count limits (:data:`MAX_YAML_BYTES`, :data:`MAX_YAML_DEPTH`,
-            :data:`MAX_YAML_VALUES`).
+            :data:`MAX_YAML_VALUES`), or an integer over Python's 4,300-digit limit.
     """
     _check_limits(text)
-    data = yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    try:
+        data = yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    except ValueError as exc:  # Python's int limit: a 4,300-digit integer was a traceback
+        raise YamlLimitError(f"a number too long to read ({exc})") from None
     _check_values(data)
     return data
 
