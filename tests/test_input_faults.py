@@ -429,6 +429,10 @@ def test_ab_whose_engine_rejects_every_request_is_an_error_after_one_launch(tmp_
         summary
     )
     assert sorted(p.name for p in (out / "launches").iterdir() if p.is_dir()) == ["A00", "B00"]
+    # the terminal's line is plain text (a breaker saw summary.md's <code> in it)
+    lines = [ln for ln in text.splitlines() if ln.startswith("perfkit ab: error:")]
+    assert lines and all("<code>" not in ln and "&#" not in ln for ln in lines), lines
+    assert "every request rejected" in lines[0], lines
 
 
 def test_a_params_integer_of_5000_digits_exits_2_naming_the_file(tmp_path):

@@ -132,5 +132,10 @@ def undecided_message(res: Any) -> str:
 
 
 def error_reasons(summary: str) -> list[str]:
-    """Why an A/B is an error (exit 2): the summary.md lines saying so, without their bullet."""
-    return [x[2:] for x in summary.splitlines() if x.startswith(("- nothing", "- launch failed"))]
+    """Why an A/B is an error (exit 2): the summary.md lines saying so, without their bullet, as
+    plain text for a terminal (summary.md's escapes and ``<code>`` undone)."""
+    import html
+    import re
+
+    lines = [x[2:] for x in summary.splitlines() if x.startswith(("- nothing", "- launch failed"))]
+    return [html.unescape(re.sub(r"</?code>", "", x)).replace("\\[", "[").replace("\\]", "]") for x in lines]
