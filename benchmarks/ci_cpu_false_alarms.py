@@ -25,6 +25,7 @@ from it without running anything).
     PYTHONPATH=src python benchmarks/ci_cpu_false_alarms.py --runs 20      # ~2 h 30 min at load 10-15
     PYTHONPATH=src python benchmarks/ci_cpu_false_alarms.py --runs 3 --out outputs/fa-small
     PYTHONPATH=src python benchmarks/ci_cpu_false_alarms.py --summarize --out outputs/ci-cpu-false-alarms
+    PYTHONPATH=src python benchmarks/ci_cpu_false_alarms.py --resume --arms unchanged --runs 20 --out ...
 """
 
 from __future__ import annotations
@@ -205,18 +206,26 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "outputs" / "ci-cpu-false-alarms"))
     ap.add_argument("--timeout-s", type=float, default=1800, help="per suite run")
     ap.add_argument("--summarize", action="store_true", help="reprint OUT/runs.jsonl; run nothing")
+    ap.add_argument("--resume", action="store_true", help="add to OUT/runs.jsonl: each arm from its next run")
     a = ap.parse_args()
     out = Path(a.out)
     log = out / "runs.jsonl"
     if not a.summarize:
+        done: dict[str, int] = {}
+        if log.exists() and not a.resume:
+            raise SystemExit(f"{log} holds earlier runs: --summarize or --resume them, or give another --out")
         if log.exists():
-            raise SystemExit(f"{log} holds earlier runs: --summarize them, or give another --out")
+            for line in log.read_text().splitlines():
+                r = json.loads(line)
+                done[r["arm"]] = max(done.get(r["arm"], 0), int(r["run"]))
         out.mkdir(parents=True, exist_ok=True)
         plan = {arm: arm_params(Path(a.params), arm, out) for arm in a.arms}
         load = start_load(a.load_procs)
         try:
             for i in range(1, a.runs + 1):
                 for arm in a.arms:
+                    if i <= done.get(arm, 0):
+                        continue
                     path, only = plan[arm]
                     r = {"arm": arm, "run": i, "only": only, "load_procs": a.load_procs}
                     r.update(run_once(path, only, out / arm / f"run{i:02d}", a.timeout_s))

@@ -26,6 +26,8 @@ jobs=(
   "examples/h200x2/report-1gpu|perfkit suite --params params/h200x2-two-stage-1gpu.yaml --replay examples/h200x2/bundles-1gpu --out OUT"
   "examples/h200/load/report|perfkit suite --params params/h200-load.yaml --replay examples/h200/load/bundles --out OUT"
   "examples/h200/sglang-traces/report|perfkit suite --params params/h200-sglang-traces.yaml --replay examples/h200/sglang-traces/bundles --out OUT --no-screenshot"
+  "examples/h200/load-trace/report-w25|perfkit suite --params params/h200-load-trace.yaml --replay examples/h200/load-trace/bundles-w25 --out OUT --no-screenshot"
+  "examples/h200/load-trace/report-w17|perfkit suite --params params/h200-load-trace.yaml --set engine.warmup_frames=17 --set load.concurrency=[4] --set load.requests_per_level=4 --set load.rate_over_capacity=null --replay examples/h200/load-trace/bundles-w17 --out OUT --no-screenshot"
   "examples/h200x2/scaleout/report|perfkit merge examples/h200x2/scaleout/ray --out OUT --params params/h200-scaleout.yaml"
 )
 for job in "${jobs[@]}"; do

@@ -494,6 +494,13 @@ def reading(r: Mapping[str, Any]) -> str:
     tr = r.get("trace")
     if tr:
         lines.append(tr.get("sentence") or "")
+        lines += [
+            f"- {md_text(sh['shape'])} ({'covered' if sh.get('covered') else 'not covered'}, {sh['requests']} requests): "
+            f"first hit {fmt(sh.get('first_hit_ms'), ',.0f', ' ms')} ({sh.get('first_hit_compiles')} compiles), "
+            f"later median {fmt(sh.get('later_median_ms'), ',.0f', ' ms')}: first-hit penalty "
+            f"{fmt(sh.get('first_hit_penalty_ms'), '+,.0f', ' ms')}"
+            for sh in tr.get("shapes") or []
+        ]
     return "\n".join(lines)
 
 
