@@ -111,3 +111,26 @@ def test_occasion_launch_cv_as_the_readme_says(bundles, cv_pct):
     """ab-dec04/README.md's noise table: DenoisingStage launch medians' CV (ddof 1), to 0.005 %."""
     m = pd.concat([_launch_medians(ROOT / "examples/h200" / b) for b in bundles]).to_numpy()
     assert abs(100 * np.std(m, ddof=1) / np.mean(m) - cv_pct) < 0.005
+
+
+def test_profiled_ab_in_sglangs_layout_names_the_spin_kernel_first(tmp_path):
+    """prof/: 2_steps traces (3 ProfilerSteps); the device-kernel diff of the warm requests is led
+    by the injected spin kernel (3 calls on B, +9.73 ms, 99.5 % of the changed kernel time), every
+    other kernel within 0.01 ms; the CPU-side op diff is led by host dispatch (aten::addmm)."""
+    from perfkit.readings.traces import op_diff
+    from perfkit.report.belowstage import below_stage, warm_events
+
+    run = AB / "prof"
+    res = CliRunner().invoke(
+        cli, ["ab", "--replay", str(run / "a"), str(run / "b"), "--out", str(tmp_path), "-q"]
+    )
+    assert res.exit_code == 1, res.output
+    warm = {
+        s: warm_events(below_stage(ResultBundle.load(run / s), roles=("profiled warm",)).events) for s in "ab"
+    }
+    kern = op_diff(warm["a"], warm["b"], kernels=True)
+    top = kern.iloc[0]
+    assert "spin_kernel" in top["op"] and (top["count_a"], top["count_b"]) == (0, 3)
+    assert 9.6 < top["delta_ms"] < 9.9 and top["delta_share"] > 0.99
+    assert kern["delta_ms"].iloc[1:].abs().max() < 0.01
+    assert op_diff(warm["a"], warm["b"])["op"].iloc[0] == "aten::addmm"
