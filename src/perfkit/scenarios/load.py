@@ -3,9 +3,8 @@ whether the startup warmup covers a real request trace.
 
 One launch. After the engine is ready, in this order:
 
-1. **trace** (optional, ``trace``: a JSONL of requests with vllm-omni's fields ``width``,
-   ``height``, ``num_frames``, ``num_inference_steps``, ``seed``, ``fps``, optional ``slo_ms``):
-   sent first, so that each shape's first request really is its first hit. Per shape: the
+1. **trace** (optional: a JSONL of requests, vllm-omni's fields, optional ``slo_ms``): sent
+   first, so that each shape's first request really is its first hit. Per shape: the
    first-hit penalty (first request's server e2e − the shape's later median), compiles on the
    first hit, and whether the startup warmup covered it (same latent shape as the warmup's
    record: the design doc's "covered shape"); the share of the trace's requests whose shape is
@@ -19,20 +18,17 @@ One launch. After the engine is ready, in this order:
 4. **open loop** (optional): Poisson arrivals (seeded) at ``rate_rps`` or at
    ``rate_over_capacity`` × the capacity: the largest throughput a closed level delivered.
 
-Per request, from the engine's job clock (:mod:`perfkit.refengine.jobs`; the requests table's
-``submitted_s``/``started_s``/``completed_s``): queue wait = started − submitted, service time =
-completed − started; e2e = the client's submit to result. An engine whose records carry no
-start time (sglang's carry ``created_at``/``completed_at`` and ``total_duration_ms`` only) gets
-service = the record's ``total_duration_ms`` and queue wait = e2e − service, marked
-``derived (start not reported)`` in ``start_source``; with neither, "not reported", never 0.
+Per request, from the engine's job clock (:mod:`perfkit.refengine.jobs`): queue wait = started −
+submitted, service = completed − started, e2e = the client's submit to result; sglang's records
+(no start time) give service = ``total_duration_ms``, queue wait = e2e − service (``start_source``
+"derived"); with neither, "not reported", never 0.
 
-Per level: throughput (completed videos per minute of the level's wall time), p50/p90/p99 of
-e2e with order-statistic intervals (:func:`perfkit.stats.quantile_ci`, 95 %; a p99 is quoted
-only when its interval is bounded, 368 requests), SLO attainment and goodput (videos per minute
-within the SLO), a finding where throughput fell or median service time rose against the first
-level beyond noise (:func:`perfkit.scenarios.load_stats.concurrency_findings`), queue wait against (k − 1) × the median service time (what one-at-a-time serving
-predicts: sglang's diffusion server serves requests one at a time per worker), and the peak
-device and host memory (the launch's sampler) against the first level's: "stays flat".
+Per level: throughput (videos per minute of wall time), p50/p90/p99 of e2e with order-statistic
+95 % intervals (a p99 quoted only when bounded: 368 requests), SLO attainment and goodput, a
+finding where throughput fell or service time rose against the first level beyond noise
+(:func:`perfkit.scenarios.load_stats.concurrency_findings`), queue wait against (k − 1) × the
+median service (one-at-a-time serving, as sglang's diffusion server per worker), and peak device
+and host memory against the first level's: "stays flat".
 """
 
 from __future__ import annotations
@@ -494,19 +490,18 @@ def reading(r: Mapping[str, Any]) -> str:
     tr = r.get("trace")
     if tr:
         lines.append(tr.get("sentence") or "")
+        f = lambda sh, k, spec=",.0f": fmt(sh.get(k), spec, " ms")  # noqa: E731
         lines += [
-            f"- {md_text(sh['shape'])} ({'covered' if sh.get('covered') else 'not covered'}, {sh['requests']} requests): "
-            f"first hit {fmt(sh.get('first_hit_ms'), ',.0f', ' ms')} ({sh.get('first_hit_compiles')} compiles), "
-            f"later median {fmt(sh.get('later_median_ms'), ',.0f', ' ms')}: first-hit penalty "
-            f"{fmt(sh.get('first_hit_penalty_ms'), '+,.0f', ' ms')}"
+            f"- {md_text(sh['shape'])} ({'' if sh.get('covered') else 'not '}covered, {sh['requests']} requests): first hit "
+            f"{f(sh, 'first_hit_ms')} ({sh.get('first_hit_compiles')} compiles), later median {f(sh, 'later_median_ms')}: "
+            f"first-hit penalty {f(sh, 'first_hit_penalty_ms', '+,.0f')}"
             for sh in tr.get("shapes") or []
         ]
     return "\n".join(lines)
 
 
 def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
-    """No baseline case: requests overlap, so per-request stage times are not sglang's cases."""
-    return {}
+    return {}  # no baseline case: requests overlap, per-request stage times are not sglang's cases
 
 
 def plan(p: LoadParams) -> list[int]:
