@@ -388,10 +388,9 @@ def p99_text(lv: Mapping[str, Any]) -> str:
     n, (lo, hi) = lv.get("completed"), (lv.get("p99_ci") or [None, None])[:2]
     if lv.get("p99_ms") is not None and lo is not None and hi is not None:
         return f"{lv['p99_ms']:,.0f} ms {_ci_text([lo, hi])} of {n} requests"
-    lo50, hi50 = (lv.get("p50_ci") or [None, None])[:2]
     return (
         f"not bounded by {n} requests ({stats.quantile_bounded_from(0.99)} needed); p50 "
-        f"{fmt(lv.get('p50_ms'), '.0f', ' ms')} {_ci_text([lo50, hi50])}"
+        f"{fmt(lv.get('p50_ms'), '.0f', ' ms')} {_ci_text(lv.get('p50_ci'))}"
     )
 
 
