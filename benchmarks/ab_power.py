@@ -44,7 +44,8 @@ import sys
 import time
 from pathlib import Path
 
-from perfkit.ab import power, stats
+from perfkit import stats
+from perfkit.ab import power
 from perfkit.common.numfmt import percent_text
 
 ROOT = Path(__file__).resolve().parents[1]

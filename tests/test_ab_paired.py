@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from perfkit.ab import stats
+from perfkit import stats
 from perfkit.ab.options import AbInputError, design_for
 from perfkit.ab.paired import Alternation, run_pair
 from perfkit.ab.procedure import Design, walk

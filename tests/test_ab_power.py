@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfkit.ab import power, stats
+from perfkit import stats
+from perfkit.ab import power
 from perfkit.ab.driver import run_arms
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfkit.ab import power, stats
+from perfkit import stats
+from perfkit.ab import power
 from perfkit.ab import sequential as sq
 
 ROOT = Path(__file__).resolve().parents[1]

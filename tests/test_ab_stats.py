@@ -1,4 +1,4 @@
-"""perfkit.ab.stats and perfkit.ab.decide on seeded synthetic data: the Welch interval against
+"""perfkit.stats and perfkit.ab.decide on seeded synthetic data: the Welch interval against
 scipy, its coverage on A/A data with the launch as the unit (and why requests are not the unit),
 the variance split, the decision rule, Kalibera–Jones sizing, exit codes."""
 
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from perfkit.ab import stats
+from perfkit import stats
 from perfkit.ab.decide import compare
 from perfkit.ab.metrics import launch_means
 

@@ -1,7 +1,7 @@
-"""The A/B statistics over many comparisons at once (`perfkit.ab.stats`: Welch moments, interval
+"""The A/B statistics over many comparisons at once (`perfkit.stats`: Welch moments, interval
 ends, t quantiles interpolated past SPLINE_MIN) against a frozen copy of the former per-draw
 computation and against `ratio_interval`, one comparison at a time; and the slow launches' quiet
-level. Floats are compared within a stated relative tolerance (RTOL), never bit for bit: numpy's
+level against numpy's quantile. Floats are compared within a stated relative tolerance (RTOL), never bit for bit: numpy's
 summation order follows the CPU's SIMD width."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import stdtrit
 
-from perfkit.ab import power, stats
-from perfkit.ab.slow import QUIET_QUANTILE, SLOW_FACTOR, _quantile_linear, slow_launches
+from perfkit import stats
+from perfkit.ab import power
+from perfkit.ab.slow import QUIET_QUANTILE, SLOW_FACTOR, slow_launches
 
 POOL = Path(__file__).resolve().parents[1] / "examples/h200/ab-pool/sync-den2"
 _log = st.floats(-3.0, 3.0, allow_nan=False)
@@ -26,7 +27,7 @@ RTOL = 1e-9
 
 
 def _reference(xa: np.ndarray, xb: np.ndarray, confidence: float) -> tuple[np.ndarray, ...]:
-    """``perfkit.ab.stats.welch_log_intervals`` as it was before the fast paths (63e8193), verbatim."""
+    """``perfkit.stats.welch_log_intervals`` as it was before the fast paths (63e8193), verbatim."""
     from scipy.special import stdtrit
 
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
@@ -108,7 +109,8 @@ def test_log_ends_refuse_a_confidence_outside_0_1():
     conf=st.sampled_from([0.5, 0.95, 0.99, 0.9983]),
 )
 def test_one_comparison_is_the_many_draws_formula(la, lb, conf):
-    a, b = np.array(la), np.array(lb)
+    # the logs ratio_interval sees (exp(1e-72) is 1.0: a side that differs below that is constant)
+    a, b = np.log(np.exp(la)), np.log(np.exp(lb))
     many = stats.welch_log_intervals(a[None, :, None], b[None, :, None], conf)
     _, se, df, low, high = (float(v[0, 0]) for v in many)
     iv = stats.ratio_interval(np.exp(a), np.exp(b), conf)
@@ -120,19 +122,13 @@ def test_one_comparison_is_the_many_draws_formula(la, lb, conf):
         _close([np.log(iv.low), np.log(iv.high)], [low, high], atol=1e-9)
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    xs=st.lists(st.floats(0.0, 1e5, allow_nan=False), min_size=1, max_size=60),
-    q=st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.9, 1.0]),
-)
-def test_quiet_level_in_plain_floats_is_np_quantile(xs, q):
-    _close(_quantile_linear(sorted(xs), q), float(np.quantile(np.array(xs), q)))
-
-
-def test_slow_launches_marks_as_before():
+def test_slow_launches_marks_as_np_quantile_says():
+    """The quiet level (the stdlib's quantiles) is numpy's: sides of 0 to 40 requests, one with a NaN."""
     rng = np.random.default_rng(4)
-    for _ in range(300):
+    for t in range(300):
         req = {f"L{i}": rng.lognormal(6.0, rng.choice([0.01, 0.05]), rng.integers(0, 6)) for i in range(8)}
+        if t == 7:
+            req["L0"] = np.array([1.0, np.nan, 500.0])
         every = np.concatenate([v for v in req.values() if v.size] or [np.empty(0)])
         quiet = float(np.quantile(every, QUIET_QUANTILE)) if every.size else 0.0
         want = [k for k, v in req.items() if v.size and float(np.mean(v > SLOW_FACTOR * quiet)) >= 0.5]

@@ -1,8 +1,7 @@
 """A/B of two engine specs (``perfkit ab``): interleaved launches, per-metric ratios B/A with
 intervals that hold at a few launches a side, and a decision per metric.
 
-- :mod:`perfkit.ab.stats`: the statistics, with the launch as the unit (Welch t interval on the
-  log of launch medians, variance split between/within launches, Kalibera–Jones sizing).
+- the statistics are :mod:`perfkit.stats`'s (launch as the unit: :mod:`perfkit.stats.launches`).
 - :mod:`perfkit.ab.metrics`: the per-launch values of each metric, read from a side's bundle.
 - :mod:`perfkit.ab.decide`: compares two bundles: the table of ratios and verdicts, exit code.
 - :mod:`perfkit.ab.driver`: runs the balanced interleaved launches (A B B A …) into a bundle per

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from perfkit.ab import stats
+from perfkit import stats
 from perfkit.ab.metrics import METRIC_UNITS, launch_means, metric_order, metric_values, paired_values
 from perfkit.ab.pool import Pool
 from perfkit.ab.slow import slow_spells
@@ -64,7 +64,7 @@ class AbResult:
         table: one row per metric, :data:`TABLE_COLUMNS`: ``a``/``b`` geometric means of the launch
             medians (metric unit: ms, s, MiB), ``ratio`` B/A with [``low``, ``high``]
             (``confidence``), ``threshold`` (fraction), ``decision`` (one of
-            :data:`perfkit.ab.stats.DECISIONS`), launches used, ``launches_needed`` a side to
+            :data:`perfkit.stats.DECISIONS`), launches used, ``launches_needed`` a side to
             decide (Kalibera–Jones sizing; NA when decided or unknown), the variance split
             (ICC, CVs between/within launches, of log values), ``gated`` (whether its regression
             sets the exit code: every metric unless ``--gate-metrics`` named some), ``reason``
@@ -215,7 +215,7 @@ def compare(
             none of them measured on both sides the exit code is 2 (nothing gated was compared).
         paired: launch ``A<k>`` ran beside ``B<k>`` (``perfkit ab --paired``): the intervals are
             paired t intervals over the pairs with a value on both sides
-            (:func:`perfkit.ab.metrics.paired_values`, :func:`perfkit.ab.stats.paired_ratio_interval`);
+            (:func:`perfkit.ab.metrics.paired_values`, :func:`perfkit.stats.paired_ratio_interval`);
             else Welch's over each side's launch medians.
 
     Returns:
@@ -398,7 +398,7 @@ def compare_bundles(
 
 def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, float]:
     """Per-metric thresholds from a recorded A/A run (its ``ab.json``): each metric's largest
-    distance of its interval ends from 1 (:func:`perfkit.ab.stats.threshold_from_aa`), so that
+    distance of its interval ends from 1 (:func:`perfkit.stats.threshold_from_aa`), so that
     A/A would have said "no change" for it. Metrics the A/A could not bound are left out (they
     keep the default).
 
@@ -424,7 +424,7 @@ def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, floa
 def needed_text(res: "AbResult", metrics: list[str]) -> str:
     """Each of ``metrics`` (inconclusive) with its B/A and the launches a side that would decide
     it, sized from its observed B/A and noise (``launches_needed``,
-    :func:`perfkit.ab.stats.launches_needed`): "M (B/A +3.1 %: about 9 launches a side), ..."."""
+    :func:`perfkit.stats.launches_needed`): "M (B/A +3.1 %: about 9 launches a side), ..."."""
     t = res.table.set_index("metric")
     out = []
     for m in metrics:

@@ -1,6 +1,6 @@
 """Run an A/B: balanced interleaved launches of two engine specs, a bundle per side.
 
-Order ``A B B A A B …`` (:func:`perfkit.ab.stats.interleaved_order`), N launches a side; each
+Order ``A B B A A B …`` (:func:`perfkit.stats.interleaved_order`), N launches a side; each
 launch is one :func:`perfkit.measuring.launch.measure_launch` (fresh compile caches unless the
 spec shares them): cold start, the cold request, then M warm requests of the same shape, with
 per-stage and per-step times and memory; its launch row carries ``first_result_s`` (launch
@@ -22,7 +22,6 @@ from typing import Any, Callable, Mapping, Sequence
 from tqdm.std import tqdm  # a text bar, never a widget (perfkit.measuring.progress)
 
 from perfkit.ab.paired import run_pair
-from perfkit.ab.stats import interleaved_order
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, describe
@@ -30,6 +29,7 @@ from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch import LaunchData, measure_launch
 from perfkit.measuring.profiled import ProfileParams, attach, run_profiled
+from perfkit.stats import interleaved_order
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def run_arms(
     paired: bool = False,
 ) -> dict[str, ResultBundle]:
     """Run launches of several engine specs ("arms": A, and B, C, … each a variant of it) in one
-    balanced interleaved order (:func:`perfkit.ab.stats.interleaved_order`), a bundle per arm
+    balanced interleaved order (:func:`perfkit.stats.interleaved_order`), a bundle per arm
     under ``out/<arm in lower case>``: one power pool can hold A and several slowdowns, each
     compared with the same A launches. ``launches``: a side, or arm -> launches.
 

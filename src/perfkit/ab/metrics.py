@@ -119,7 +119,7 @@ def launch_means(values: pd.DataFrame) -> pd.DataFrame:
     The median, not the mean: on a shared host a request that the OS preempts takes several times
     its usual time (a heavy right tail, seen on the 2-core runner), and one such stall would move a
     launch mean; benchstat summarises by medians for the same reason. The launches' medians are
-    then the samples of the interval (:func:`perfkit.ab.stats.ratio_interval`).
+    then the samples of the interval (:func:`perfkit.stats.ratio_interval`).
     """
     if values.empty:
         return pd.DataFrame(columns=["metric", "launch", "unit", "value", "n"])
@@ -137,7 +137,7 @@ def paired_values(values_a: pd.DataFrame, values_b: pd.DataFrame, metric: str) -
     A's request of the same place** (run one after the other, a fraction of a second apart: the
     host's state, which changes within a launch on a shared VM, cancels request by request); a
     launch-level metric (one value a launch: ready, cold e2e, peaks) takes B's value itself. So
-    ``log b − log a`` is the pair's log ratio, what :func:`perfkit.ab.stats.paired_ratio_interval`
+    ``log b − log a`` is the pair's log ratio, what :func:`perfkit.stats.paired_ratio_interval`
     averages.
     """
     rows = []

@@ -10,8 +10,8 @@ import difflib
 from pathlib import Path
 from typing import Any, Iterable
 
+from perfkit import stats
 from perfkit.ab import procedure as sq
-from perfkit.ab import stats
 from perfkit.ab.metrics import METRIC_UNITS
 from perfkit.bundle import ResultBundle
 from perfkit.common.outdirs import given_out_problem

@@ -7,7 +7,7 @@ in different states and the between-launch spread swamps a +30 % change. Two lau
 requests alternate see the same state; the ratio of their medians cancels it (measured on that
 VM under load: the log ratio of a pair's DenoisingStage medians spread 0.06 between pairs, each
 side's own launch medians 0.38). The interval over pairs is then Student's paired t
-(:func:`perfkit.ab.stats.paired_ratio_interval`).
+(:func:`perfkit.stats.paired_ratio_interval`).
 
 What it costs: both engines start at once (cold start and load figures are measured under each
 other's start), and two engines must fit the host (memory). Requests never overlap: one engine

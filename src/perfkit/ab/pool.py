@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from perfkit.ab import stats
+from perfkit import stats
 from perfkit.ab.metrics import metric_values
 from perfkit.bundle import ResultBundle
 
@@ -183,7 +183,7 @@ def log_medians(values: pd.DataFrame, m: int) -> pd.DataFrame:
 
 def variance_table(pool: Pool, metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """Per metric: CV between and within launches and the ICC of all arms together (each arm's
-    mean removed; :func:`perfkit.ab.stats.variance_split`), the launch-median CV of A (for
+    mean removed; :func:`perfkit.stats.variance_split`), the launch-median CV of A (for
     one-value-a-launch metrics, the only spread there is), and each B arm's measured ratio B/A
     over the whole pool (percent change).
 

@@ -11,8 +11,8 @@ and each decision setting (threshold, confidence), over every way to pick the la
 for this pool) or, where there are more than :data:`MAX_EXACT` ways, over random draws:
 
 - **A/A false alarm**: draw 2N distinct A launches, split them into two sides of N and decide
-  every metric as ``perfkit ab`` does (:func:`perfkit.ab.stats.ratio_interval` on launch medians,
-  :func:`perfkit.ab.stats.decide`): how often a key metric, the gate (``perfkit ab
+  every metric as ``perfkit ab`` does (:func:`perfkit.stats.ratio_interval` on launch medians,
+  :func:`perfkit.stats.decide`): how often a key metric, the gate (``perfkit ab
   --gate-metrics`` of :data:`KEY_METRICS`: any of them), or any metric (the exit code without
   ``--gate-metrics``) is called a regression; and how often the DenoisingStage interval holds 1;
 - **detection**: draw N A launches and N launches of a B arm: how often DenoisingStage and warm
@@ -22,8 +22,8 @@ for this pool) or, where there are more than :data:`MAX_EXACT` ways, over random
 Draws share launches, so the rates describe one pool (its size goes with every rate), not
 independent experiments: with 10 A launches there are only 252 ordered A/A splits at N = 5, so
 an A/A rate moves in steps of 0.4 %. The intervals are computed for all draws at once (numpy) with the
-same Welch–Satterthwaite formulas as :func:`perfkit.ab.stats.ratio_interval`
-(:func:`perfkit.ab.stats.log_ends`; equal to it within floating-point rounding, not bit for bit).
+same Welch–Satterthwaite formulas as :func:`perfkit.stats.ratio_interval`
+(:func:`perfkit.stats.log_ends`; equal to it within floating-point rounding, not bit for bit).
 
 Beside this module (the resampled rates: :func:`power_table`, :func:`recommend`):
 :mod:`perfkit.ab.pool` (the pool loaded, log medians, variance split) and :mod:`perfkit.ab.slow`
@@ -39,7 +39,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from perfkit.ab import stats
+from perfkit import stats
 from perfkit.ab.pool import (
     KEY_METRICS,
     POOL_FILE,
@@ -135,7 +135,7 @@ def _ab_ways(rng: np.random.Generator, n_a: int, n_b: int, n: int, sims: int) ->
 def _moments(xa: np.ndarray, xb: np.ndarray, ways: Ways) -> Moments:
     """Welch (d, se, df, bad) of every draw of ``ways``: ``xa``, ``xb`` (launches, metrics) log
     values of the first and second side; each group reduced once
-    (:func:`perfkit.ab.stats.side_moments`): as reducing every draw, within rounding."""
+    (:func:`perfkit.stats.side_moments`): as reducing every draw, within rounding."""
     ga, pa, gb, pb, _ = ways
     return stats.combine(
         stats.take(stats.side_moments(xa[ga]), pa), stats.take(stats.side_moments(xb[gb]), pb)
@@ -157,7 +157,7 @@ def power_table(
         n: launches a side. A/A needs 2N distinct A launches (NaN rates where the pool has fewer).
         m: warm requests a launch (default 1, 3, 5 and the pool's own M, those ≤ the pool's M).
         settings: (threshold, confidence) pairs: a regression is an interval wholly above
-            1 + threshold (:func:`perfkit.ab.stats.decide`).
+            1 + threshold (:func:`perfkit.stats.decide`).
         sims: random draws per (arm, N, M) where there are more than :data:`MAX_EXACT` ways to
             pick the launches; up to that, every way is taken once (exact for the pool).
         seed: of the draws (the same seed gives the same table).
@@ -240,7 +240,7 @@ def _aa_rates(
     mom: Moments | None, conf: float, cols: list[str], gate: list[int], up: float
 ) -> dict[str, float]:
     """A/A columns of one :func:`power_table` row from the draws' Welch moments
-    (:func:`perfkit.ab.stats.combine`, each (draws, metrics); None: nothing drawn, every
+    (:func:`perfkit.stats.combine`, each (draws, metrics); None: nothing drawn, every
     rate NaN) at two-sided ``conf``: ``aa_covers``, ``aa_alarm_<metric>``, ``aa_alarm_any``,
     ``aa_alarm_gate``; a regression is a low end above ``up`` (log of 1 + threshold)."""
     row: dict[str, float] = {}

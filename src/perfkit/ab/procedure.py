@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from perfkit.ab import stats
+from perfkit import stats
 from perfkit.ab.slow import slow_launches
 from perfkit.common.numfmt import confidence_text
 
@@ -60,7 +60,7 @@ class Design:
         slow_rule: launches in a slow spell: ``replace`` or ``keep`` (:data:`SLOW_RULES`).
         paired: launch ``i`` of A ran beside launch ``i`` of B, their requests alternating
             (``perfkit ab --paired``): each look's interval is the paired t interval of the pairs
-            (:func:`perfkit.ab.stats.paired_ratio_interval`) and no launch is replaced (a slow
+            (:func:`perfkit.stats.paired_ratio_interval`) and no launch is replaced (a slow
             spell is shared by the pair and cancels in it; replacing one side would break it):
             ``slow_rule`` must be ``keep``.
 
@@ -229,7 +229,7 @@ def _look(
 
 def _next_arm(run: Mapping[str, list[str]], kept: Mapping[str, list[str]], last: str | None) -> str:
     """The side with fewer kept launches; a tie: fewer run; a tie again: the side that ran last
-    (so that without replacements the order is A B B A A B …, :func:`perfkit.ab.stats.interleaved_order`)."""
+    (so that without replacements the order is A B B A A B …, :func:`perfkit.stats.interleaved_order`)."""
     ka, kb = len(kept["A"]), len(kept["B"])
     if ka != kb:
         return "A" if ka < kb else "B"

@@ -1,7 +1,7 @@
 """The sequential procedure of ``perfkit ab``: launch until every gated metric is decided.
 
 After ``min_launches`` a side the run is *looked at*; while a gated metric is still
-"inconclusive" (:func:`perfkit.ab.stats.decide`) another interleaved pair of launches runs and
+"inconclusive" (:func:`perfkit.stats.decide`) another interleaved pair of launches runs and
 the run is looked at again, up to ``max_launches`` launches a side. It stops at the first look
 where every gated metric is decided (regression, improvement or no change at its threshold), or
 where a gated metric is a regression (the exit code is then known), or at the maximum:
@@ -19,7 +19,7 @@ Methods*, 2000, ch. 7):
 - ``obrien-fleming``: α(t) = 2 − 2 Φ(z_{1−α/2} / √t): almost nothing early, nearly the full
   α at the last look (fewer early stops, a narrower last interval).
 
-Look ``n`` builds the usual Welch t interval on launch medians (:func:`perfkit.ab.stats.ratio_interval`)
+Look ``n`` builds the usual Welch t interval on launch medians (:func:`perfkit.stats.ratio_interval`)
 for each of the K gated metrics at confidence ``1 − (α(t_n) − α(t_{n−1})) / K``. The shares add up
 to α, so by the union bound the chance that *any* look's interval of *any* gated metric misses its
 true ratio is at most α whatever the correlation between looks and metrics, and the chance that an
@@ -54,7 +54,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from perfkit.ab import stats
+from perfkit import stats
 from perfkit.ab.procedure import (
     DEFAULT_MAX_LAUNCHES,
     DEFAULT_MIN_LAUNCHES,

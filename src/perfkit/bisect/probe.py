@@ -32,12 +32,12 @@ import yaml
 from perfkit.ab.driver import AbPlan
 from perfkit.ab.procedure import Design
 from perfkit.ab.sequential import decide_sequential, run_sequential
-from perfkit.ab.stats import DEFAULT_THRESHOLD
 from perfkit.bisect.checkout import BisectError, Commit, run_build
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec, EngineSpecError
 from perfkit.params import ParamsError, load_yaml, parse_params
 from perfkit.report.ab import write_ab_outputs
+from perfkit.stats import DEFAULT_THRESHOLD
 
 log = logging.getLogger(__name__)
 

@@ -54,10 +54,10 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def probe_run(kind: str, fn: Callable[..., Any], kw: dict[str, Any], *args: Any, **more: Any) -> None:
     """Build the probe setup from ``kw``, run ``fn(*args, setup, out, **more)``, print, exit."""
     from perfkit.ab.options import AbInputError, parse_gate_metrics
-    from perfkit.ab.stats import DEFAULT_THRESHOLD
     from perfkit.bisect.api import make_setup, out_dir
     from perfkit.bisect.checkout import BisectError
     from perfkit.history.store import HistoryError
+    from perfkit.stats import DEFAULT_THRESHOLD
 
     try:
         metric = (parse_gate_metrics(kw["metric"], "--metric") or [None])[0] if kw.get("metric") else None

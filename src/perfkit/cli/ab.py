@@ -41,8 +41,8 @@ def side(path: str, option: str) -> tuple[Any, dict[str, Any] | None]:
 
 
 def _run_or_replay(kw: dict[str, Any]) -> int:
+    from perfkit import stats
     from perfkit.ab import api, options
-    from perfkit.ab import stats as ab_stats
     from perfkit.report.ab import write_ab_outputs
 
     gate = options.parse_gate_metrics(kw["gate_metrics"])
@@ -57,7 +57,7 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
             gate if gate is not None else api.recorded_gate_metrics(bundles)
         )  # the alpha is split over them
         rec_threshold, rec_thresholds = api.recorded_thresholds(bundles)  # decide as the run did
-        threshold = threshold or rec_threshold or ab_stats.DEFAULT_THRESHOLD
+        threshold = threshold or rec_threshold or stats.DEFAULT_THRESHOLD
         if not kw["threshold_from"] and kw["threshold"] is None:
             thresholds = rec_thresholds
     else:
@@ -74,7 +74,7 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         if kw["share_compile_cache"]:
             spec_a, spec_b = (s.replace(share_compile_cache=True) for s in (spec_a, spec_b))
         design, threshold, thresholds = read_decision(kw)
-        threshold = threshold or ab_stats.DEFAULT_THRESHOLD
+        threshold = threshold or stats.DEFAULT_THRESHOLD
         out = options.out_dir(kw["out"], stamp)
         profile = None
         if kw["profile"]:

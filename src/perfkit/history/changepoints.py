@@ -46,8 +46,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from perfkit import stats
 from perfkit.common import require_extra
-from perfkit.common.numfmt import number_text
+from perfkit.common.numfmt import json_float, number_text
 
 
 @dataclass(frozen=True)
@@ -288,31 +289,11 @@ def _outliers(y: np.ndarray, sigma: float, s: Settings) -> list[tuple[int, float
     return [(int(i), math.exp(y[i] - (ml[i] + mr[i]) / 2)) for i in np.nonzero(hit)[0]]
 
 
-def _welch_p(a: np.ndarray, b: np.ndarray) -> float:
-    """Two-sided Welch t-test p-value (NaN when a side has fewer than 2 values)."""
-    if a.size < 2 or b.size < 2:
-        return math.nan
-    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
-    if va + vb == 0:
-        return 0.0 if a.mean() != b.mean() else 1.0
-    t = (b.mean() - a.mean()) / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
-    return float(2 * sps.t.sf(abs(t), df))
-
-
-def _interval(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[float | None, float | None]:
-    """Welch t interval of exp(mean log b − mean log a)."""
-    la, lb = np.log(a), np.log(b)
-    if la.size < 2 or lb.size < 2:
-        return None, None
-    va, vb = la.var(ddof=1) / la.size, lb.var(ddof=1) / lb.size
-    se = math.sqrt(va + vb)
-    d = float(lb.mean() - la.mean())
-    if se == 0:
-        return math.exp(d), math.exp(d)
-    df = (va + vb) ** 2 / ((va**2 / (la.size - 1) if la.size > 1 else 0) + (vb**2 / (lb.size - 1)))
-    t = float(sps.t.ppf(0.5 + confidence / 2, df))
-    return math.exp(d - t * se), math.exp(d + t * se)
+def _step(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[float | None, float | None, float]:
+    """(low, high, p) of b against a: :func:`perfkit.stats.ratio_interval` on log values (None
+    ends with fewer than 2 values a side) and its Welch t-test p-value (NaN there)."""
+    iv = stats.ratio_interval(a, b, confidence)
+    return json_float(iv.low), json_float(iv.high), iv.pvalue
 
 
 def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
@@ -345,9 +326,8 @@ def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
         weak = []
         for n in range(len(idx)):
             a, c = vals[b[n] : b[n + 1]], vals[b[n + 1] : b[n + 2]]
-            lo, hi = _interval(a, c, s.confidence)
+            lo, hi, p = _step(a, c, s.confidence)
             r = float(c.mean() / a.mean())
-            p = _welch_p(logv[b[n] : b[n + 1]], logv[b[n + 1] : b[n + 2]])
             if (lo is not None and lo <= 1.0 <= hi) or max(r, 1 / r) - 1 <= s.min_magnitude or not p < alpha:
                 weak.append((p if math.isfinite(p) else 1.0, n))
         if not weak:
@@ -451,7 +431,7 @@ def analyse(
         ia, ib = levels[n], levels[n + 1]
         a = np.array([pts[i].value for i in ia], dtype=float)
         b = np.array([pts[i].value for i in ib], dtype=float)
-        lo, hi = _interval(a, b, settings.confidence)
+        lo, hi, p = _step(a, b, settings.confidence)
         ratio = float(b.mean() / a.mean())
         res.steps.append(
             Step(
@@ -464,7 +444,7 @@ def analyse(
                 ratio=ratio,
                 low=lo,
                 high=hi,
-                pvalue=_welch_p(np.log(a), np.log(b)),
+                pvalue=p,
                 kind="regression" if (ratio > 1) == worse_up else "improvement",
                 n_before=int(a.size),
                 n_after=int(b.size),

@@ -89,7 +89,7 @@ def verdict_frame(res: AbResult) -> pd.DataFrame:
 def decision_counts(res: AbResult) -> pd.DataFrame:
     """One row per decision present (worst first): ``status`` (the decision), ``metrics`` (how
     many) and ``which`` (their names): the page's gate summary above the A/B section."""
-    from perfkit.ab.stats import DECISIONS
+    from perfkit.stats import DECISIONS
 
     t = res.table
     gated = res.gated

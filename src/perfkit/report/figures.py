@@ -49,7 +49,6 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit import stats
-from perfkit.ab import stats as stats_ab
 from perfkit.bundle import ResultBundle
 from perfkit.readings.records import parse_lines
 from perfkit.report.power import power_markdown, sequential_markdown
@@ -191,8 +190,8 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
 def _block(args: dict[str, str], where: str) -> Block:
     setting: dict[str, float | None] = {}
     for key, default in (
-        ("threshold", stats_ab.DEFAULT_THRESHOLD),
-        ("confidence", stats_ab.DEFAULT_CONFIDENCE),
+        ("threshold", stats.DEFAULT_THRESHOLD),
+        ("confidence", stats.DEFAULT_CONFIDENCE),
     ):
         text = args.get(key)
         try:

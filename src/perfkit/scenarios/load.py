@@ -38,6 +38,7 @@ from typing import Any, Literal, Mapping, Optional
 import pandas as pd
 from pydantic import Field, field_validator, model_validator
 
+from perfkit import stats
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check, check_max, check_min
 from perfkit.common.numfmt import fmt, json_float
@@ -47,7 +48,7 @@ from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch import measure_launch
 from perfkit.scenarios import cells
 from perfkit.scenarios.load_measure import per_request_rows, read_trace, run_phases, trace_path
-from perfkit.scenarios.load_stats import bounded_from, check_rows, summarise
+from perfkit.scenarios.load_stats import check_rows, summarise
 from perfkit.scenarios.parts import code, md
 from perfkit.scenarios.registry import (
     InvariantParams,
@@ -383,10 +384,9 @@ def p99_text(lv: Mapping[str, Any]) -> str:
     n, (lo, hi) = lv.get("completed"), (lv.get("p99_ci") or [None, None])[:2]
     if lv.get("p99_ms") is not None and lo is not None and hi is not None:
         return f"{lv['p99_ms']:,.0f} ms {_ci_text([lo, hi])} of {n} requests"
-    lo50, hi50 = (lv.get("p50_ci") or [None, None])[:2]
     return (
-        f"not bounded by {n} requests ({bounded_from(0.99)} needed); p50 "
-        f"{fmt(lv.get('p50_ms'), '.0f', ' ms')} {_ci_text([lo50, hi50])}"
+        f"not bounded by {n} requests ({stats.quantile_bounded_from(0.99)} needed); p50 "
+        f"{fmt(lv.get('p50_ms'), '.0f', ' ms')} {_ci_text(lv.get('p50_ci'))}"
     )
 
 
@@ -432,7 +432,7 @@ def reading(r: Mapping[str, Any]) -> str:
     lines += [
         "",
         f"SLO: {fmt(r.get('slo_ms'), '.0f', ' ms')} ({r.get('slo_source')}); quantile intervals: {INTERVAL} "
-        f"(a p99's is bounded from {bounded_from(0.99)} requests).",
+        f"(a p99's is bounded from {stats.quantile_bounded_from(0.99)} requests).",
     ]
     levels = r.get("levels") or []
     src = sorted({s for lv in levels for s in lv.get("start_source") or []})

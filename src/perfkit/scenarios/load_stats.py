@@ -7,7 +7,6 @@ request trace's requests say about warmup coverage (the trace is read by
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal, Mapping, Optional, Union
 
 import numpy as np
@@ -36,7 +35,6 @@ __all__ = [
     "capacity_rps",
     "slo",
     "concurrency_findings",
-    "bounded_from",
 ]
 
 
@@ -181,13 +179,6 @@ def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]
 QUANTILES = (0.5, 0.9, 0.99)
 #: coverage of the quantile intervals and of the concurrency findings' intervals
 CONFIDENCE = 0.95
-
-
-def bounded_from(q: float, confidence: float = CONFIDENCE) -> int:
-    """Fewest samples whose order statistics bound the ``q`` quantile from above at
-    ``confidence`` (:func:`perfkit.stats.quantile_ci`: q^n <= (1 - confidence) / 2; p99 at 95 %:
-    368)."""
-    return math.ceil(math.log((1 - confidence) / 2) / math.log(q))
 
 
 def quantile_row(e2e: list[float]) -> dict[str, Any]:
@@ -370,7 +361,7 @@ def slo(rows: list[dict], given: Any, scale: Any) -> tuple[float | None, str]:
 
 def _completion_gaps(rows: list[dict]) -> np.ndarray:
     """Seconds from the level's first submit (or arrival) to its first result, then between
-    consecutive results of completed requests: their mean is 1 / throughput."""
+    consecutive results of completed requests: their mean is 1 / throughput (none completed: empty)."""
     t0 = min(r["t_submit_s"] if r.get("t_arrival_s") is None else r["t_arrival_s"] for r in rows)
     ends = sorted(r["t_end_s"] for r in rows if r["status"] == "completed")
     return np.diff([t0, *ends])
@@ -385,20 +376,16 @@ def concurrency_findings(levels: list[dict], closed: list[dict]) -> list[str]:
     """Per closed level after the first: ``service_ratio`` with ``service_ratio_ci`` (median
     service time over the first level's, percentile bootstrap of the medians,
     :func:`perfkit.stats.bootstrap_ratio_ci`) and ``throughput_ratio_ci`` (mean completion gap
-    of the first level over this level's: scipy's percentile bootstrap), added to ``levels``;
+    of the first level over this level's, :func:`perfkit.stats.bootstrap_mean_ratio_ci`), added to ``levels``;
     returns one sentence per level whose throughput interval lies below 1 - FINDING_REL or whose
     service interval lies above 1 + FINDING_REL (the finding beyond noise)."""
-    import warnings
-
-    from scipy.stats import bootstrap
-
     if not levels:
         return []
     rows = {k: [r for r in closed if r["level"] == k] for k in (lv["concurrency"] for lv in levels)}
     first = levels[0]
     k1 = first["concurrency"]
     svc1 = [r["service_ms"] for r in rows[k1] if r["status"] == "completed"]
-    g1 = _completion_gaps(rows[k1]) if any(r["status"] == "completed" for r in rows[k1]) else np.array([])
+    g1 = _completion_gaps(rows[k1])
     out = []
     for lv in levels[1:]:
         k = lv["concurrency"]
@@ -407,20 +394,9 @@ def concurrency_findings(levels: list[dict], closed: list[dict]) -> list[str]:
         a, b = lv.get("service_ms"), first.get("service_ms")
         lv["service_ratio"] = json_float(a / b) if a is not None and b else None
         lv["service_ratio_ci"] = [json_float(lo), json_float(hi)]
-        gk = _completion_gaps(rows[k]) if lv["completed"] else np.array([])
-        t_lo = t_hi = None
-        if g1.size > 1 and gk.size > 1 and g1.std() + gk.std() > 0:
-            with warnings.catch_warnings():  # a degenerate resample: its NaN is dropped below
-                warnings.simplefilter("ignore")
-                ci = bootstrap(
-                    (g1, gk),
-                    lambda x, y, axis: x.mean(axis) / y.mean(axis),
-                    vectorized=True,
-                    confidence_level=CONFIDENCE,
-                    method="percentile",
-                    rng=np.random.default_rng(0),
-                ).confidence_interval
-            t_lo, t_hi = json_float(ci.low), json_float(ci.high)
+        t_lo, t_hi = (
+            json_float(v) for v in stats.bootstrap_mean_ratio_ci(g1, _completion_gaps(rows[k]), CONFIDENCE)
+        )
         lv["throughput_ratio_ci"] = [t_lo, t_hi]
         said = []
         if t_hi is not None and t_hi < 1 - FINDING_REL:

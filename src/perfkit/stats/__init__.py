@@ -1,4 +1,6 @@
-"""Small-sample statistics for latency and memory series: medians, bootstrap intervals, rank tests.
+"""perfkit's statistics, one surface: medians, bootstrap intervals, rank tests, slopes and
+order-statistic quantile intervals of one series (here), and the Welch t ratio intervals with the
+launch as the unit, their decisions and sizing (:mod:`perfkit.stats.launches`, re-exported).
 
 Units are whatever the inputs carry (ms for latencies, MiB for memory); every function returns
 values in the input unit unless it says otherwise (ratios and relative drifts are unitless).
@@ -7,6 +9,8 @@ All functions take array-likes (lists, numpy arrays, pandas Series). Non-finite 
 failed or missing measurements) are dropped before computing. Bootstrap resampling is seeded and
 vectorised: one ``(n_resamples, n)`` index matrix per side, medians along axis 1, no Python loop
 over resamples.
+
+scipy is imported inside the functions that need it (the CLI starts without it).
 
 Serving benchmarks have few samples (a session has one cold request and a handful of warm
 ones), so the rules for tiny samples are explicit and documented on each function.
@@ -19,14 +23,23 @@ from typing import Any, Literal
 
 import numpy as np
 
+from perfkit.stats import launches
+from perfkit.stats.launches import *  # noqa: F403 (the surface: launches.__all__)
+
 __all__ = [
     "median_iqr",
     "bootstrap_median_ci",
     "bootstrap_ratio_ci",
+    "bootstrap_mean_ratio_ci",
+    "ratio_lower_bound_single_reference",
     "mann_whitney",
     "slope_per_index",
+    "slope_lower_bound",
     "relative_drift",
+    "quantile_ci",
+    "quantile_bounded_from",
     "MIN_RANK_TEST_SAMPLES",
+    *launches.__all__,
 ]
 
 #: Fewest samples per side for which :func:`mann_whitney` runs the rank test.
@@ -150,6 +163,39 @@ def bootstrap_ratio_ci(
     alpha = 1.0 - confidence
     lo, hi = np.quantile(ratios, [alpha / 2.0, 1.0 - alpha / 2.0])
     return (float(lo), float(hi))
+
+
+def bootstrap_mean_ratio_ci(a: Any, b: Any, confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of ``mean(a) / mean(b)`` (``scipy.stats.bootstrap``, the two
+    samples resampled independently, 9,999 resamples, seeded).
+
+    Args:
+        a, b: samples of one unit (e.g. seconds between results); non-finite values dropped.
+        confidence: two-sided level.
+        seed: numpy Generator seed.
+
+    Returns:
+        ``(lo, hi)`` unitless; ``(nan, nan)`` when a side has fewer than 2 values or both are
+        constant (no spread to resample). NaN ratios of degenerate resamples are left out.
+    """
+    import warnings
+
+    from scipy.stats import bootstrap
+
+    xa, xb = _clean(a), _clean(b)
+    if xa.size < 2 or xb.size < 2 or xa.std() + xb.std() == 0:
+        return (math.nan, math.nan)
+    with warnings.catch_warnings():  # a degenerate resample: its NaN is dropped
+        warnings.simplefilter("ignore")
+        ci = bootstrap(
+            (xa, xb),
+            lambda x, y, axis: x.mean(axis) / y.mean(axis),
+            vectorized=True,
+            confidence_level=confidence,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        ).confidence_interval
+    return (float(ci.low), float(ci.high))
 
 
 def ratio_lower_bound_single_reference(
@@ -363,6 +409,12 @@ def relative_drift(first: float, last: float) -> float:
     if not (math.isfinite(f) and math.isfinite(l_)) or f == 0.0:
         return math.nan
     return l_ / f - 1.0
+
+
+def quantile_bounded_from(q: float, confidence: float = 0.95) -> int:
+    """Fewest samples whose order statistics bound the ``q`` quantile from above at
+    ``confidence`` (:func:`quantile_ci`: q^n <= (1 - confidence) / 2; p99 at 95 %: 368)."""
+    return math.ceil(math.log((1 - confidence) / 2) / math.log(q))
 
 
 def quantile_ci(x: Any, q: float, confidence: float = 0.95) -> tuple[float, float]:

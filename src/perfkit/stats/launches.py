@@ -1,4 +1,5 @@
-"""Statistics of an A/B comparison with the engine launch as the unit of repetition.
+"""Ratio intervals with the engine launch as the unit of repetition (A/B, history's steps), part
+of :mod:`perfkit.stats` (import them from there).
 
 A launch (cold start, cold request, warm requests) is what repeats between builds: about a third
 of a warm request's variance lies between launches on an H200 (docs/suite.md, "Measurement rules"), so requests of one
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -39,6 +40,7 @@ __all__ = [
     "ratio_interval",
     "welch_log_intervals",
     "t_quantiles",
+    "SPLINE_MIN",
     "side_moments",
     "take",
     "combine",
@@ -66,6 +68,11 @@ DECISIONS = ("regression", "inconclusive", "improvement", "no change", "not meas
 def _positive(x: Any) -> np.ndarray:
     a = np.asarray(list(x) if not isinstance(x, np.ndarray) else x, dtype=float).ravel()
     return a[np.isfinite(a) & (a > 0)]
+
+
+def _check(confidence: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,16 @@ class RatioInterval:
         """Plain dict (JSON-ready apart from NaN)."""
         return asdict(self)
 
+    @property
+    def pvalue(self) -> float:
+        """Two-sided p-value of Welch's t-test of ratio 1 on the log values (``scipy.special.stdtr``);
+        with se 0: 1 for ratio 1, else 0; NaN with fewer than 2 launches on a side."""
+        from scipy.special import stdtr
+
+        if not self.se_log > 0:
+            return self.se_log if math.isnan(self.se_log) else float(self.ratio == 1.0)
+        return float(2.0 * stdtr(self.df, -abs(math.log(self.ratio)) / self.se_log))
+
 
 def ratio_interval(
     a: Iterable[float], b: Iterable[float], confidence: float = DEFAULT_CONFIDENCE
@@ -118,30 +135,28 @@ def ratio_interval(
     Raises:
         ValueError: confidence outside (0, 1).
     """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     la, lb = np.log(_positive(a)), np.log(_positive(b))
-    na, nb = la.size, lb.size
-    nan = math.nan
+    return _interval(la, lb, confidence, _sd(la), _sd(lb))
+
+
+def _sd(x: np.ndarray) -> float:
+    return float(x.std(ddof=1)) if x.size > 1 else math.nan
+
+
+def _interval(la: np.ndarray, lb: np.ndarray, confidence: float, sa: float, sb: float) -> RatioInterval:
+    """:class:`RatioInterval` of log values ``la``, ``lb`` (1-D) by :func:`welch_log_intervals`."""
+    na, nb, nan = la.size, lb.size, math.nan
     if na == 0 or nb == 0:
+        _check(confidence)
         return RatioInterval(nan, nan, nan, na, nb, nan, nan, nan, nan, confidence)
-    d = float(lb.mean() - la.mean())
-    ratio = math.exp(d)
+    d, se, df, low, high = (
+        float(v[0, 0]) for v in welch_log_intervals(la[None, :, None], lb[None, :, None], confidence)
+    )
     if na < 2 or nb < 2:
-        sa = float(la.std(ddof=1)) if na > 1 else nan
-        sb = float(lb.std(ddof=1)) if nb > 1 else nan
-        return RatioInterval(ratio, nan, nan, na, nb, nan, nan, sa, sb, confidence)
-    va, vb = float(la.var(ddof=1)) / na, float(lb.var(ddof=1)) / nb
-    se = math.sqrt(va + vb)
-    if se == 0.0:
-        return RatioInterval(ratio, ratio, ratio, na, nb, math.inf, 0.0, 0.0, 0.0, confidence)
-    den = (va * va / (na - 1) if va > 0 else 0.0) + (vb * vb / (nb - 1) if vb > 0 else 0.0)
-    df = (va + vb) ** 2 / den
-    half = _t_quantile(0.5 + confidence / 2.0, df) * se
-    sa, sb = math.sqrt(va * na), math.sqrt(vb * nb)
+        se = df = nan
     with np.errstate(over="ignore"):  # inf, not an error, past 1e308
-        low, high = (float(v) for v in np.exp([d - half, d + half]))
-    return RatioInterval(ratio, low, high, na, nb, df, se, sa, sb, confidence)
+        low, high = (float(v) for v in np.exp([low, high]))
+    return RatioInterval(math.exp(d), low, high, na, nb, df, se, sa, sb, confidence)
 
 
 # ---------------------------------------------------------------- many comparisons at once (numpy)
@@ -157,7 +172,7 @@ def t_quantiles(df: np.ndarray, q: float) -> np.ndarray:
     (any shape; inf: the normal quantile; NaN or df <= 0: NaN). For more than
     :data:`SPLINE_MIN` finite df a cubic spline in log df through exact quantiles
     (:data:`SPLINE_KNOTS` a unit of log df) (relative error below 1e-9, ``tests/test_ab_welch.py``): stdtrit costs 2-3 µs each."""
-    from scipy.special import stdtrit  # imported here: the CLI starts without scipy (see perfkit.stats)
+    from scipy.special import stdtrit  # here: the CLI starts without scipy
 
     df = np.asarray(df, dtype=float)
     ok = np.isfinite(df) & (df > 0)
@@ -216,8 +231,7 @@ def log_ends(
     Raises:
         ValueError: ``confidence`` outside (0, 1).
     """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    _check(confidence)
     d, se, df, bad = (np.asarray(v) for v in (d, se, df, bad))
     with np.errstate(invalid="ignore", over="ignore"):
         half = np.where(se > 0, t_quantiles(np.where(se > 0, df, 1.0), 0.5 + confidence / 2.0) * se, 0.0)
@@ -262,31 +276,15 @@ def paired_ratio_interval(
     Raises:
         ValueError: confidence outside (0, 1); ``a`` and ``b`` of different lengths.
     """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    xa = np.asarray(list(a) if not isinstance(a, np.ndarray) else a, dtype=float).ravel()
-    xb = np.asarray(list(b) if not isinstance(b, np.ndarray) else b, dtype=float).ravel()
+    xa = np.asarray(a if isinstance(a, np.ndarray) else list(a), dtype=float).ravel()
+    xb = np.asarray(b if isinstance(b, np.ndarray) else list(b), dtype=float).ravel()
     if xa.size != xb.size:
         raise ValueError(f"paired values need one B per A: {xa.size} A values, {xb.size} B values")
     ok = np.isfinite(xa) & np.isfinite(xb) & (xa > 0) & (xb > 0)
     la, lb = np.log(xa[ok]), np.log(xb[ok])
-    n = int(la.size)
-    nan = math.nan
-    if n == 0:
-        return RatioInterval(nan, nan, nan, 0, 0, nan, nan, nan, nan, confidence)
-    d = lb - la
-    ratio = math.exp(float(d.mean()))
-    if n < 2:
-        return RatioInterval(ratio, nan, nan, n, n, nan, nan, nan, nan, confidence)
-    sa, sb = float(la.std(ddof=1)), float(lb.std(ddof=1))
-    se = float(d.std(ddof=1)) / math.sqrt(n)
-    if se == 0.0:
-        return RatioInterval(ratio, ratio, ratio, n, n, math.inf, 0.0, sa, sb, confidence)
-    half = _t_quantile(0.5 + confidence / 2.0, n - 1) * se
-    m = float(d.mean())
-    return RatioInterval(
-        ratio, math.exp(m - half), math.exp(m + half), n, n, float(n - 1), se, sa, sb, confidence
-    )
+    # Welch's interval of the differences against as many zeros is Student's paired one
+    iv = _interval(np.zeros(la.size), lb - la, confidence, _sd(la), _sd(lb))
+    return replace(iv, df=float(la.size - 1)) if iv.se_log > 0 else iv
 
 
 def _t_quantile(q: float, df: float) -> float:
