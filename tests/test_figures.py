@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = (
     "README.md",
     "examples/h200/README.md",
+    "examples/h200/load/README.md",
+    "examples/h200/load-trace/README.md",
     "examples/h200x2/README.md",
     "examples/h200x2/scaleout/README.md",
     "docs/commands.md",
