@@ -176,29 +176,6 @@ def test_replayed_suite_passes(ci_cpu_replay_run):
 
 
 @pytest.mark.slow
-def test_regression_exits_1(tmp_path):
-    rec = synthetic.make_run(tmp_path / "recorded", slow_warm=True)
-    out = tmp_path / "run"
-    proc = perfkit(
-        "suite",
-        "--params",
-        "params/ci-cpu.yaml",
-        "--out",
-        str(out),
-        "--replay",
-        str(rec),
-        "--only",
-        "cold_warm",
-        "--no-screenshot",
-        "-q",
-    )
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    text = (out / "summary.md").read_text()
-    assert "REGRESSION" in text and "| warm_cold_ratio |" in text and "| fail |" in text
-    assert "REGRESSION" in (out / "report.html").read_text()
-
-
-@pytest.mark.slow
 def test_notebook_that_raises_still_reports_exit_2(tmp_path):
     """A params value that makes a notebook raise: the replayed cold_warm bundle is really a
     warmup_shapes bundle. The report still renders, with the error visible; exit code 2."""
@@ -324,6 +301,7 @@ def test_suite_end_to_end_on_reference_engine(tmp_path):
     assert doc["scenarios"]["tiny_25f_64x64_4s_w17"]["expected_e2e_ms"] > 0
     assert any(c.endswith("_shapes") for c in doc["scenarios"])
     text = (out / "summary.md").read_text()
+    assert "### Units of work" not in text  # a plain run has no units table (a merged one: scaleout)
     # exit 0 is PASS, or INCONCLUSIVE with a check over its limit within its run's noise
     assert any(w in text for w in (("REGRESSION",) if proc.returncode else ("PASS", "INCONCLUSIVE"))), text[
         :400
@@ -381,12 +359,13 @@ def test_suite_end_to_end_on_reference_engine(tmp_path):
 
 
 @pytest.mark.slow
-def test_runs_without_out_never_overwrite_each_other(tmp_path):
+def test_runs_without_out_never_overwrite_each_other_and_a_regression_exits_1(tmp_path):
     """Two suites without --out (what `make suite` does) give two complete runs under
-    outputs/<params name>/<timestamp>/, the first kept intact, and `latest` points at the second."""
-    rec = synthetic.make_run(tmp_path / "recorded")
+    outputs/<params name>/<timestamp>/, the first kept intact, and `latest` points at the second.
+    The second replays a slow warm request: a regression, exit 1, named in summary.md and the page."""
+    recs = [synthetic.make_run(tmp_path / "recorded"), synthetic.make_run(tmp_path / "slow", slow_warm=True)]
     runs = []
-    for _ in range(2):
+    for rec, code in zip(recs, (0, 1)):
         proc = subprocess.run(
             [
                 sys.executable,
@@ -407,7 +386,7 @@ def test_runs_without_out_never_overwrite_each_other(tmp_path):
             timeout=600,
             cwd=tmp_path,
         )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.returncode == code, proc.stdout + proc.stderr
         runs.append(sorted(p for p in (tmp_path / "outputs" / "ci-cpu").iterdir() if not p.is_symlink()))
     first, second = runs[0], runs[1]
     assert len(first) == 1 and len(second) == 2 and first[0] in second
@@ -415,5 +394,11 @@ def test_runs_without_out_never_overwrite_each_other(tmp_path):
         for f in ("report.html", "summary.md", "run.json", "baseline.json"):
             assert (run / f).is_file(), (run, f)
     latest = tmp_path / "outputs" / "ci-cpu" / "latest"
-    assert latest.is_symlink() and latest.resolve() == [r for r in second if r != first[0]][0].resolve()
+    new = [r for r in second if r != first[0]][0]
+    assert latest.is_symlink() and latest.resolve() == new.resolve()
     assert json.loads((first[0] / "run.json").read_text())["exit_code"] == 0
+    # the regression
+    text = (new / "summary.md").read_text()
+    assert "REGRESSION" in text and "| warm_cold_ratio |" in text and "| fail |" in text
+    assert "REGRESSION" in (new / "report.html").read_text()
+    assert json.loads((new / "run.json").read_text())["exit_code"] == 1
