@@ -3,8 +3,8 @@ injected DenoisingStage +30 % from run 13 on (the reference engine's test-only
 ``debug_stage_delay``), each run stored as commit ``run01`` .. ``run24``.
 
 Expected: one change point in ``DenoisingStage_ms`` at run 13 ± 1 and no other; ``perfkit
-history check`` on run 12 (against runs 1–11) exits 0 and on run 13 (against runs 1–12)
-exits 1. Prints the change points of every series of the case and both exit codes.
+history check --confirm 1`` (alarm at the first run above the level) on run 12 (against runs
+1–11) exits 0 and on run 13 (against runs 1–12) exits 1. Prints the change points of every series of the case and both exit codes.
 
     PYTHONPATH=src python benchmarks/history_live.py [--runs 24] [--from 13] [--out outputs/history-live]
     # on a GPU host: --device cuda --measure-only, then here --judge-only on the copied runs
@@ -101,7 +101,7 @@ def measure(
 
 def judge(out: Path, runs: int, first_slow: int, hardware: str) -> dict[int, int]:
     """Store the runs one by one as commits run01..; check runs ``first_slow − 1`` and
-    ``first_slow`` before storing them; print every series' steps. Returns the exit codes."""
+    ``first_slow`` before storing them (``--confirm 1``); print every series' steps. Returns the exit codes."""
     from perfkit.history import changepoints as cp
     from perfkit.history.api import add, check
     from perfkit.history.store import read_store
@@ -115,8 +115,9 @@ def judge(out: Path, runs: int, first_slow: int, hardware: str) -> dict[int, int
         bundle = out / f"run{i:02d}" / SESSION
         if i in (first_slow - 1, first_slow):
             res, summary = check(
-                store, bundle, out / f"check{i:02d}", commit=f"run{i:02d}", hardware=hardware
-            )
+                store, bundle, out / f"check{i:02d}", commit=f"run{i:02d}", hardware=hardware,
+                settings=cp.Settings(confirm_runs=1),
+            )  # fmt: skip
             codes[i] = res.exit_code
             print(f"history check on run {i}: exit {res.exit_code} ({summary})")
         add(store, [bundle], commit=f"run{i:02d}", hardware=hardware)

@@ -376,7 +376,9 @@ def test_check_with_nothing_to_compare_is_exit_2_and_a_new_step_is_exit_1(tmp_pa
     assert check_runs(frame, [new]).exit_code == 2
     add_runs(tmp_path, [run(i, float(v)) for i, v in enumerate(noisy(7, n=20, noise=0.01))])
     frame = read_store(tmp_path)
-    res = check_runs(frame, [new])
+    res = check_runs(frame, [new])  # the default: a first run above the level only warns
+    assert res.rows[0].status == "unconfirmed" and res.exit_code == 0
+    res = check_runs(frame, [new], cp.Settings(confirm_runs=1))
     by = {r.metric: r for r in res.rows}
     assert by["e2e_ms"].status == "regression" and by["e2e_ms"].before.commit == "c0019"
     assert by["DenoisingStage_ms"].status == "ok" and res.exit_code == 1
@@ -546,29 +548,29 @@ def test_history_check_of_a_run_with_no_history_is_exit_2_and_keeps_the_runs_sum
     assert (run_dir / "summary.md").read_text() == before
 
 
-def test_a_real_step_is_alarmed_and_confirm_2_alarms_on_its_second_run():
-    """40 runs of 100 ms (1 % noise), then +10 %: the first run above is a regression; with
-    --confirm 2 it is "unconfirmed" and the second a regression; a single slow run followed by a
-    normal one never is."""
+def test_a_real_step_alarms_on_its_second_run_and_with_confirm_1_on_its_first():
+    """40 runs of 100 ms (1 % noise), then +10 %: by default (2 runs) the first run above is
+    "unconfirmed" and the second a regression; a single slow run followed by a normal one never
+    is; with --confirm 1 the first run above is a regression."""
     from perfkit.history.check import judge
 
     base = points(noisy(3, n=40, noise=0.01))
     j = judge(base, 110.0, metric="e2e_ms")
-    assert j.status == "regression" and 98 < j.level < 102 and j.high < 105.5
-    two = cp.Settings(confirm_runs=2)
-    assert judge(base, 110.0, metric="e2e_ms", settings=two).status == "unconfirmed"
+    assert j.status == "unconfirmed" and 98 < j.level < 102 and j.high < 105.5
+    one = cp.Settings(confirm_runs=1)
+    assert judge(base, 110.0, metric="e2e_ms", settings=one).status == "regression"
     after = base + points([110.0] * 41)[40:]  # one more run at +10 %, the next day
-    assert judge(after, 110.5, metric="e2e_ms", settings=two).status == "regression"
+    assert judge(after, 110.5, metric="e2e_ms").status == "regression"
     slow_then_ok = base + points([110.0] * 41)[40:]
     slow_then_ok[-1] = cp.Point("k40", "40", "c0040", T0 + timedelta(days=40), 100.2)
-    assert judge(slow_then_ok, 110.0, metric="e2e_ms", settings=two).status == "unconfirmed"
+    assert judge(slow_then_ok, 110.0, metric="e2e_ms").status == "unconfirmed"
     assert judge(base, 103.0, metric="e2e_ms").status == "ok"  # below the 5 % floor
 
 
 def test_a_two_level_series_is_one_level_with_two_modes():
     """Runs alternating at random between 88 and 108 ms (0.5 % noise each): one level with two
     modes, no outlier; a run in either mode or between them is ok, one 10 % above the upper mode
-    a regression; 100 unimodal series (1 % noise, 30 runs) are never split in two."""
+    a regression (--confirm 1: the first such run); 100 unimodal series (1 % noise, 30 runs) are never split in two."""
     from perfkit.history.check import judge
 
     rng = np.random.default_rng(5)
@@ -585,7 +587,9 @@ def test_a_two_level_series_is_one_level_with_two_modes():
         (119.0, "regression"),
         (79.0, "improvement"),
     ):
-        assert judge(points(vals), v, metric="e2e_ms").status == status, v
+        assert (
+            judge(points(vals), v, metric="e2e_ms", settings=cp.Settings(confirm_runs=1)).status == status
+        ), v
     split = [cp.two_modes(np.log(noisy(s, n=30, noise=0.01)), cp.Settings()) for s in range(100)]
     assert all(x is None for x in split)
 

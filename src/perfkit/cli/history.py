@@ -113,9 +113,9 @@ def history_import(path: str, store: str, hardware: str | None, baselines: str |
 @click.option(
     "--confirm",
     type=click.IntRange(1, 5),
-    default=1,
+    default=2,
     show_default=True,
-    help="runs in a row above the level that make a regression (2: a nightly's single slow run only warns)",
+    help="runs in a row above the level that make a regression (the first only warns; 1: alarm at once)",
 )
 @click.option(
     "--min-step",

@@ -76,7 +76,7 @@ class Settings:
             ``trim_sigmas`` robust standard deviations (1.4826 × MAD) out of its sd.
         min_step: the gate's interval is at least this wide (sglang's nightly tolerates 5 %).
         confirm_runs: the gate calls a regression only when this many runs in a row are
-            above the level (1: this run alone; 2: this run and the one before).
+            above the level (2: this run and the one before; 1: this run alone).
     """
 
     max_pvalue: float = 0.001
@@ -92,7 +92,7 @@ class Settings:
     robust_from: int = 10
     trim_sigmas: float = 4.0
     min_step: float = 0.05
-    confirm_runs: int = 1
+    confirm_runs: int = 2
 
 
 @dataclass(frozen=True)

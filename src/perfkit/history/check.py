@@ -10,9 +10,9 @@ from the level's mean by more than ``min_step`` (5 %, sglang's own tolerance). A
 (runs alternating between two modes, :func:`perfkit.history.changepoints.two_modes`) has an
 interval per mode: a run in either mode, or between them, is ok. A level whose interval is
 wider than ``max_step`` (50 %) is "not gated" (its noise, and the smallest step it could see),
-never ok. One run cannot tell a step from a single-run outlier: the gate flags it (with
-``confirm_runs`` 2 only the second run in a row above the level is a regression, the first
-"unconfirmed"), and the history sorts it out once later runs are in.
+never ok. One run cannot tell a step from a single-run outlier: by default (``confirm_runs`` 2)
+only the second run in a row above the level is a regression, the first "unconfirmed" (exit 0;
+``confirm_runs`` 1 alarms at once), and the history sorts it out once later runs are in.
 
 Exit codes (the one rule, :mod:`perfkit.gate.verdicts`): 0 no regression step, 1 a regression
 step, 2 bad input or nothing compared (no series with enough runs, every value a gap).

@@ -71,11 +71,11 @@ def _replay_series(a: cp.Analysis, settings: cp.Settings) -> dict[str, Any]:
         return None
 
     measured = [p for p in a.points if p.value is not None]
-    bad = [verdicts[p.run_key].status == "regression" for p in measured]
+    st = [verdicts[p.run_key].status for p in measured]  # unconfirmed: --confirm 1's regression
     alarms = {
         "rule": [p for p, _ in cp.last3_alarms(a.points)],
-        "perfkit": [p for p, b in zip(measured, bad) if b],
-        "confirm2": [p for i, p in enumerate(measured) if i and bad[i] and bad[i - 1]],
+        "perfkit": [p for p, s in zip(measured, st) if s == "regression"],
+        "confirm1": [p for p, s in zip(measured, st) if s in ("regression", "unconfirmed")],
     }
     row: dict[str, Any] = {"case": a.case_id, "runs": len(verdicts)}
     row["steps"] = sum(s.kind == "regression" for s in a.steps)
@@ -98,13 +98,12 @@ def replay(runs: Sequence[HistoryRun], settings: cp.Settings = cp.Settings()) ->
     alarm is "at a step" when its run is the onset of a regression step of the whole history
     (:func:`perfkit.history.changepoints.analyse`): in the step's new level, nearer the new
     level's mean than the old one's, not an outlier, on a day the gate's level still began
-    before the step; every other alarm is false. ``confirm2`` is ``history check --confirm 2``: an alarm when
-    this run and the measured run before it were each a regression against the runs before
-    them (what :func:`judge` computes with ``confirm_runs`` 2).
+    before the step; every other alarm is false. ``perfkit``: ``history check`` with ``settings``
+    (default: 2 runs in a row); ``confirm1``: ``--confirm 1`` (also each "unconfirmed" run).
 
     Returns:
         one row per case: ``case``, ``runs`` (measured), ``steps`` (regression steps of the
-        whole history); for ``rule``, ``perfkit`` and ``confirm2`` each ``<who>_alarms``,
+        whole history); for ``rule``, ``perfkit`` and ``confirm1`` each ``<who>_alarms``,
         ``<who>_false``, ``<who>_caught`` (steps alarmed at) and ``<who>_missed`` (steps the
         rule caught and it did not); ``not_gated``, ``not_compared`` (runs perfkit did not
         judge).
@@ -184,15 +183,16 @@ def replay_markdown(df: pd.DataFrame) -> str:
     alarms than the rule on every case where the rule has any, and no step the rule caught
     missed."""
     out = [
-        "| case | runs | regression steps | 5 % rule: alarms, false, steps caught | perfkit: alarms, false, "
-        "steps caught | perfkit `--confirm 2` | not gated | not compared |",
+        "| case | runs | regression steps | 5 % rule: alarms, false, steps caught | perfkit (default, "
+        f"{cp.Settings().confirm_runs} runs in a row): alarms, false, steps caught | perfkit `--confirm 1` "
+        "| not gated | not compared |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in df.itertuples(index=False):
         cell = [
             f"{getattr(r, w + '_alarms')}, {getattr(r, w + '_false')}, {getattr(r, w + '_caught')}"
             + (f" (missed {getattr(r, w + '_missed')})" if w != "rule" and getattr(r, w + "_missed") else "")
-            for w in ("rule", "perfkit", "confirm2")
+            for w in ("rule", "perfkit", "confirm1")
         ]
         out.append(
             f"| {md_text(r.case, cell=True, code=True)} | {r.runs} | {r.steps} | {' | '.join(cell)} | {r.not_gated} | {r.not_compared} |"
@@ -202,13 +202,13 @@ def replay_markdown(df: pd.DataFrame) -> str:
         f"| all | {t['runs']} | {t['steps']} | "
         + " | ".join(
             f"{t[w + '_alarms']}, {t[w + '_false']}, {t[w + '_caught']}"
-            for w in ("rule", "perfkit", "confirm2")
+            for w in ("rule", "perfkit", "confirm1")
         )
         + f" | {t['not_gated']} | {t['not_compared']} |"
     )
     some = df[df["rule_false"] > 0]
     out.append("")
-    for w, name in (("perfkit", "perfkit"), ("confirm2", "perfkit `--confirm 2`")):
+    for w, name in (("perfkit", "perfkit (default)"), ("confirm1", "perfkit `--confirm 1`")):
         fewer = int((some[w + "_false"] < some["rule_false"]).sum())
         out.append(
             f"- {name}: fewer false alarms than the rule on {fewer} of the {len(some)} cases where the rule "
