@@ -78,6 +78,10 @@ OP_COLUMNS = ["op", "count", "total_ms", "mean_ms", "share"]
 DIFF_COLUMNS = ["op", "count_a", "count_b", "ms_a", "ms_b", "delta_ms", "delta_share"]
 
 
+#: the longest event a trace may hold (µs: one day); a longer ``dur`` is a corrupted file
+MAX_DUR_US = 86_400e6
+
+
 class TraceError(ValueError):
     """A trace file that cannot be read (the message names the file and what was wrong)."""
 
@@ -86,12 +90,12 @@ def load_trace(path: str | Path) -> dict[str, Any]:
     """The trace's JSON object (``traceEvents`` and torch's metadata).
 
     Raises:
-        TraceError: missing file, not gzip/JSON, no ``traceEvents`` list, or a complete event
-            (``"ph": "X"`` with a ``dur``: the ones :func:`op_events` and
-            :func:`overhead_table` read) whose ``ts`` is not a finite number, whose ``dur`` is
-            not a finite number >= 0, or whose ``args`` is not an object with an int or string
-            ``correlation`` (names the file, the event's index and name, and the key; a time is
-            never read as 0 or as a negative time).
+        TraceError: missing file, not gzip/JSON (or nested too deeply), no ``traceEvents``
+            list, or a complete event (``"ph": "X"`` with a ``dur``: the ones :func:`op_events`
+            and :func:`overhead_table` read) whose ``name`` is not a string, whose ``ts`` is not
+            a finite number, whose ``dur`` is not a number from 0 to :data:`MAX_DUR_US`, or whose
+            ``args`` is not an object with an int or string ``correlation`` (names the file, the
+            event's index and name, and the key; a time is never read as 0, negative or absurd).
     """
     p = Path(path)
     try:
@@ -99,7 +103,7 @@ def load_trace(path: str | Path) -> dict[str, Any]:
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
         doc = json.loads(raw)
-    except (OSError, EOFError, ValueError) as exc:
+    except (OSError, EOFError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise TraceError(f"{p}: not a readable Chrome trace: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise TraceError(f"{p}: no traceEvents list (not a torch.profiler Chrome trace)")
@@ -110,14 +114,18 @@ def load_trace(path: str | Path) -> dict[str, Any]:
 
 
 def _check_event(e: dict[str, Any], where: str) -> None:
-    """A complete event's fields that :func:`op_events` and :func:`overhead_table` read: ``ts``
-    a finite number, ``dur`` a finite number >= 0, ``args`` an object (or absent) whose
-    ``correlation`` is an int or a string (or absent). Raises TraceError ``where: key ...``."""
+    """A complete event's fields that :func:`op_events` and :func:`overhead_table` read: ``name``
+    a string, ``ts`` a finite number, ``dur`` a number from 0 to :data:`MAX_DUR_US`, ``args`` an
+    object (or absent) whose ``correlation`` is an int or a string (or absent). Raises TraceError
+    ``where: key ...``."""
+    if not isinstance(e.get("name"), str):
+        raise TraceError(f"{where}: name {e.get('name')!r} is not a string")
     for key in ("ts", "dur"):
         v = e.get(key)
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if not ok or (key == "dur" and v < 0):
-            raise TraceError(f"{where}: {key} {v!r} is not a finite number{' >= 0' if key == 'dur' else ''}")
+        if not ok or (key == "dur" and not 0 <= v <= MAX_DUR_US):
+            want = "a number from 0 to 1 day (µs)" if key == "dur" else "a finite number"
+            raise TraceError(f"{where}: {key} {v!r} is not {want}")
     args = e.get("args")
     if args is not None and not isinstance(args, dict):
         raise TraceError(f"{where}: args {args!r} is not an object")
