@@ -106,10 +106,7 @@ def tracked_tree(path: Path) -> Path | None:
 
 def _new_dir(dest: str | Path | None) -> Path:
     """``dest`` (created), or a new ``outputs/lab/<stamp>``; refused inside the tracked tree."""
-    if dest is None:
-        d = stamped_dir(LAB_BASE)
-    else:
-        d = Path(dest)
+    d = stamped_dir(LAB_BASE) if dest is None else Path(dest)
     top = tracked_tree(d)
     if top is not None:
         raise LabError(

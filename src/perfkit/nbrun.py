@@ -159,6 +159,7 @@ def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: fl
     from perfkit.measuring.progress import RunBars
     from perfkit.scenarios import registry
     from perfkit.suite import execute_notebook
+    from perfkit.suite.execute import _env
 
     plan: list[int] = []
     if nb.stem in registry.names() and not params.get("bundle_dir"):
@@ -178,10 +179,8 @@ def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: fl
     become_subreaper()
     registry_file = out.with_suffix(".processes.jsonl")
     watch = Watch.start(registry_file)
-    old_env = os.environ.get(REGISTRY_ENV)
-    os.environ[REGISTRY_ENV] = str(registry_file)
     try:
-        with bars.watch(pfile, nb.stem, planned):
+        with bars.watch(pfile, nb.stem, planned), _env(REGISTRY_ENV, str(registry_file)):
             r = execute_notebook(
                 nb, out, params, cwd=Path.cwd(), timeout_s=timeout_s, kernel_log=log_file, progress_file=pfile
             )
@@ -190,10 +189,6 @@ def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: fl
         bar_file.close()
         if log_file.exists() and not log_file.stat().st_size:
             log_file.unlink()
-        if old_env is None:
-            os.environ.pop(REGISTRY_ENV, None)
-        else:
-            os.environ[REGISTRY_ENV] = old_env
         left = watch.reap()
     if left and r.status == "error":
         r.error = f"{r.error}\n{describe(left)}"

@@ -82,10 +82,10 @@ def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
     A non-sglang framework's result gets case id ``<case_id>@<framework>``.
 
     Raises:
-        HistoryError: over :data:`MAX_BYTES`, not JSON, or a missing/mistyped key (names the file and the key, e.g.
-            ``results.3.latency_s``): a latency that is a string, a bool, not finite (NaN,
-            1e400) or negative; an empty ``commit_sha``, ``case_id`` or ``framework``; a case
-            (of one framework) given twice.
+        HistoryError: over :data:`MAX_BYTES`, not JSON, or a missing/mistyped key (names the
+            file and the key, e.g. ``results.3.latency_s``): a latency that is a string, a bool,
+            not finite (NaN, 1e400) or negative; an empty ``commit_sha``, ``case_id`` or
+            ``framework``; a case (of one framework) given twice.
     """
     path = Path(path)
     try:

@@ -177,14 +177,12 @@ _GETS = {"GET", "BINGET", "LONG_BINGET", "DUP"}
 
 
 def _scan(raw: bytes, path: Path, limit: int) -> None:
-    """Refuse a pickle, before it is unpickled, that would build more than ``limit`` bytes.
-
-    One pass over the opcodes (:func:`pickletools.genops`, about 3 µs each; a declared length
-    past the data is a ValueError here) adds up an estimate: 24 a reference pushed (memo GET,
-    DUP), 24 + the object's size a new object (216 a container), 16 a memo slot, 24 a reference
-    pushed so far a ``set``/``frozenset``/``complex`` call (its argument's most). A memo index
-    past the opcodes read so far is refused (the C unpickler sizes its memo by the index: an
-    8-byte pickle took 1.6 GiB)."""
+    """Refuse a pickle that would build more than ``limit`` bytes, before unpickling it: one pass
+    over the opcodes (:func:`pickletools.genops`, ~3 µs each; a declared length past the data
+    is a ValueError) estimates 24 a reference pushed (memo GET, DUP), 24 + its size a new object
+    (216 a container), 16 a memo slot, 24 a reference pushed so far a set/frozenset/complex call
+    (its argument's most). A memo index past the opcodes read is refused (the C unpickler sizes
+    its memo by it: an 8-byte pickle took 1.6 GiB)."""
     total = refs = 0
     for n, (op, arg, _) in enumerate(pickletools.genops(raw)):
         if op.name in _GETS:
@@ -208,8 +206,8 @@ def _scan(raw: bytes, path: Path, limit: int) -> None:
 def _build_cost(data: dict[str, Any], path: Path, limit: int) -> None:
     """Refuse ``data`` when validating it would build more than ``limit`` bytes (estimated).
 
-    Estimated :data:`_MODEL_BYTES` a segment, block or trace event, 8 a frame reference. Pickle
-    shares objects by reference, pydantic builds one model per reference: the count is
+    :data:`_MODEL_BYTES` a segment, block or trace event, 8 a frame reference. Pickle shares
+    objects by reference, pydantic builds one model per reference: the count is
     taken per reference, each shared object's own cost computed once (by id), so the walk takes
     time in the pickle's references, not in what they expand to; it stops at the limit. Parts of
     the wrong type cost nothing here (validation names them)."""
@@ -256,17 +254,14 @@ def read_snapshot(
     """Read and validate one snapshot file (plain pickle or gzip of it).
 
     Limits, each checked before the next step builds anything: ``max_bytes`` read and
-    decompressed; the estimated memory of the unpickled objects (``max_build_bytes``, from the
-    opcodes, :func:`_scan`; memo indices); classes other than set/frozenset/complex refused
-    while unpickling; then the estimated memory of the validated models (``max_build_bytes``,
-    counted per reference) before validation. A small pickle that expands is refused in well
-    under a second.
+    decompressed; ``max_build_bytes`` the estimated memory of the unpickled objects (from the
+    opcodes: :func:`_scan`), then of the validated models (per reference: :func:`_build_cost`);
+    classes other than set/frozenset/complex refused while unpickling. A small pickle that
+    expands is refused in well under a second.
 
     Args:
         path: the file.
-        max_bytes: the most bytes the pickle may take, decompressed (:data:`MAX_BYTES`).
-        max_build_bytes: the most memory unpickling, and then validation, may build
-            (:data:`MAX_BUILD_BYTES`).
+        max_bytes: :data:`MAX_BYTES`; max_build_bytes: :data:`MAX_BUILD_BYTES`.
 
     Raises:
         MemSnapshotError: the file is missing, truncated or corrupted, larger than
@@ -295,16 +290,7 @@ def read_snapshot(
         data = _BuiltinsOnly(io.BytesIO(raw), p).load()
     except MemSnapshotError:
         raise
-    except (
-        pickle.UnpicklingError,
-        EOFError,
-        ValueError,
-        TypeError,
-        IndexError,
-        KeyError,
-        zlib.error,
-        OSError,
-    ) as exc:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, LookupError, zlib.error, OSError) as exc:
         raise MemSnapshotError(
             f"{p}: not a readable snapshot (truncated or corrupted): {type(exc).__name__}: {exc}"
         ) from None
@@ -396,9 +382,8 @@ def diff_snapshots(
     df = new.rename(columns={"blocks": "new_blocks", "mib": "new_mib"}).merge(
         gone.rename(columns={"blocks": "gone_blocks", "mib": "gone_mib"}), on=cols, how="outer"
     )
-    for c in ("new_blocks", "gone_blocks", "new_mib", "gone_mib"):
-        df[c] = df[c].fillna(0)
-    df[["new_blocks", "gone_blocks"]] = df[["new_blocks", "gone_blocks"]].astype(int)
+    df = df.fillna({"new_blocks": 0, "gone_blocks": 0, "new_mib": 0.0, "gone_mib": 0.0})
+    df = df.astype({"new_blocks": int, "gone_blocks": int})
     df["grown_mib"] = df["new_mib"] - df["gone_mib"]
     df = df[cols + ["new_blocks", "gone_blocks", "new_mib", "gone_mib", "grown_mib"]]
     return df.sort_values(["grown_mib", "site"], ascending=[False, True], ignore_index=True)

@@ -96,9 +96,8 @@ _INF = float("inf")
 
 
 def json_int(digits: str) -> int | float:
-    """``parse_int`` for :func:`json.loads`: an integer as written, one of 300 digits or more as
-    a float (inf past float's range: :func:`read_number` refuses it naming its key; Python's
-    4,300-digit limit named neither)."""
+    """``json.loads``'s ``parse_int``: one of 300+ digits as a float (inf past its range, which
+    :func:`read_number` refuses naming the key; Python's 4,300-digit limit named no key)."""
     return int(digits) if len(digits) < 300 else float(digits)
 
 
