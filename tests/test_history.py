@@ -347,6 +347,42 @@ def test_a_nightly_latency_that_is_not_a_finite_number_is_refused(tmp_path: Path
     assert read_store(store).empty
 
 
+def test_an_oversized_nightly_file_is_refused_before_parsing(tmp_path: Path, capsys):
+    """Found by a breaker: a 32 MB file took 2.1 GiB, 96 MB aborted the process. Refused within
+    a second (unloaded: tens of ms) under 8 MiB traced, the 2 MiB read the most."""
+    import time
+    import tracemalloc
+
+    from perfkit.history.nightly import read_nightly_file
+
+    r = {"case_id": "x", "framework": "sglang", "latency_s": 1.0, "error": None}
+    doc = {"timestamp": "2026-07-01T00:00:00+00:00", "commit_sha": "abc", "run_id": "1"}
+    results = [{**r, "case_id": f"c{i}"} for i in range(60_000)]  # 4 MiB
+    (tmp_path / "big.json").write_text(json.dumps({**doc, "results": results}))
+    args = [
+        "history",
+        "import",
+        str(tmp_path / "big.json"),
+        "--hardware",
+        "H",
+        "--store",
+        str(tmp_path / "s"),
+    ]
+    tracemalloc.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(HistoryError, match=r"big.json: more than 2 MiB: refused before parsing"):
+            read_nightly_file(tmp_path / "big.json", "H")
+        wall, peak = time.monotonic() - t0, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert wall < 1.0 and peak < 8 * 2**20, (wall, peak / 2**20)
+    assert main(args) == 2  # the command: exit 2 naming the file
+    assert "big.json: more than 2 MiB: refused before parsing" in capsys.readouterr().err
+    (tmp_path / "big.json").write_text(json.dumps({**doc, "results": results[:20_000]}))  # 1.4 MiB
+    assert main(args) == 0 and len(read_store(tmp_path / "s")) == 20_000
+
+
 def test_a_nightly_file_with_an_empty_commit_or_a_case_twice_is_refused(tmp_path: Path, capsys):
     r = {"case_id": "x", "framework": "sglang", "latency_s": 1.0, "error": None}
     doc = {"timestamp": "2026-07-01T00:00:00+00:00", "commit_sha": "", "run_id": "1", "results": [r]}

@@ -21,6 +21,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import nbformat
 import psutil
 import pytest
 import yaml
@@ -139,6 +140,15 @@ def _case(
             {},
             "ipykernel",
         )
+    if name == "run mid-notebook":  # a cell that runs until the signal; it says when it started
+        nb = nbformat.v4.new_notebook(
+            metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+        )
+        code = f"import pathlib, time\npathlib.Path({str(tmp / 'started')!r}).touch()\ntime.sleep(120)"
+        nb.cells = [nbformat.v4.new_code_cell("run_dir = None", metadata={"tags": ["parameters"]})]
+        nb.cells.append(nbformat.v4.new_code_cell(code))
+        nbformat.write(nb, str(tmp / "sleepy.ipynb"))
+        return ["run", str(tmp / "sleepy.ipynb"), "-p", f"run_dir={tmp / 'run'}"], {}, "ipykernel"
     if name == "run":
         bundles = ROOT / "examples/h200/bundles/cold_warm"
         args = ["run", str(ROOT / "notebooks/cold_warm.ipynb"), "-p", f"bundle_dir={bundles}"]
@@ -148,7 +158,7 @@ def _case(
         shutil.copy(ROOT / "notebooks/cold_warm.ipynb", tmp / "run" / "notebooks")
         env = {"PYTHONPATH": f"{fake_jupyterlab}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         return ["lab", str(tmp / "run"), "--no-browser"], env, "fake-kernel"
-    if name == "lab --replay":  # executing the notebooks on bundles, before JupyterLab starts
+    if name.startswith("lab --replay"):  # executing the notebooks on bundles, before JupyterLab starts
         bundles = str(ROOT / "examples/h200/bundles")
         return ["lab", "--replay", bundles, "--only", "cold_warm", "--dir", str(tmp / "lab")], {}, "ipykernel"
     if name == "wheelhouse download":
@@ -181,6 +191,9 @@ def _cmdline(p: psutil.Process) -> str:
         ("run", signal.SIGINT, "group"),
         ("lab", signal.SIGTERM, "pid"),
         ("lab --replay", signal.SIGINT, "pid"),
+        # found by a breaker: nbclient took the signal mid-notebook (exit 1, its tracebacks)
+        ("lab --replay mid-notebook", signal.SIGINT, "pid"),
+        ("run mid-notebook", signal.SIGINT, "group"),  # found by a breaker: the kernel's traceback
         ("wheelhouse download", signal.SIGINT, "pid"),
     ],
 )
@@ -215,6 +228,11 @@ def test_an_interrupted_command_exits_2_with_one_line_and_leaves_nothing_running
             time.sleep(0.1)
         assert proc.poll() is None, f"{name} ended before it was interrupted: {err.read_text()[-2000:]}"
         assert ready, f"{name}: no {marker!r} under it within 60 s"
+        while name.endswith("mid-notebook") and time.monotonic() < deadline and proc.poll() is None:
+            kernel = next(p for p in seen.values() if marker in _cmdline(p))
+            if (tmp_path / "started").exists() or sum(kernel.cpu_times()[:2]) > 3:  # cells run
+                break
+            time.sleep(0.1)
         t0 = time.monotonic()
         os.killpg(proc.pid, sig) if to == "group" else proc.send_signal(sig)  # its group: its own session
         while proc.poll() is None and time.monotonic() - t0 < 60:
@@ -240,9 +258,11 @@ def test_an_interrupted_command_exits_2_with_one_line_and_leaves_nothing_running
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert code == 2, f"{name}: exit {code}\n{stderr[-3000:]}"
     assert lines and LINE.match(lines[-1]), stderr[-3000:]
-    assert lines[-1].startswith(f"perfkit {name.split(' --')[0]}: interrupted"), lines[-1]
+    assert lines[-1].startswith(f"perfkit {name.split(' -')[0].split(' mid')[0]}: interrupted"), lines[-1]
     assert sig.name in lines[-1] or "Ctrl-C or SIGTERM" in lines[-1]
     # no traceback through perfkit (a kernel's own, on the stderr it shares, is the kernel's)
     assert not re.search(r'File ".*/perfkit/', stderr) and "Aborted!" not in stderr, stderr[-3000:]
+    if name.endswith("mid-notebook"):  # not the kernel's either: its stderr goes to a log
+        assert "Traceback" not in stderr, stderr[-3000:]
     assert [_cmdline(p) for p in left] == [], f"{name}: left running after exit 2"
     assert wall < 30, f"{name}: {wall:.1f} s from the signal to the exit"

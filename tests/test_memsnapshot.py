@@ -7,7 +7,9 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import struct
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -320,3 +322,44 @@ def test_a_small_pickle_of_shared_references_is_refused_within_a_second(tmp_path
     assert time.monotonic() - t0 < 1.0
     # a shared stack as torch writes it stays readable (the fixtures share their frame dicts)
     assert read_snapshot(FIX / "leak64-request-3.pickle.gz").live_mib > 0
+
+
+def _set_calls(n: int, calls: int) -> bytes:
+    """A pickle (protocol 4) of ``{"segments": [set(L)] * calls}``, L n distinct ints: each call
+    is 6 bytes (memo GETs of ``set`` and L, TUPLE1, REDUCE) building a set of n entries."""
+    ints = b"".join(b"M" + struct.pack("<H", i) for i in range(n))  # BININT2
+    head = b"\x80\x04}\x8c\x08segments]("  # {  'segments'  [  MARK
+    lst = b"](" + ints + b"e\x94"  # L, memo 0
+    fn = b"\x8c\x08builtins\x8c\x03set\x93\x94"  # STACK_GLOBAL builtins.set, memo 1
+    return head + lst + b"0" + fn + b"0" + b"h\x01h\x00\x85R" * calls + b"es."  # POPs keep the memo
+
+
+@pytest.mark.parametrize(
+    "name,content,why",
+    [
+        # the C unpickler sizes its memo by a PUT's index: 8 bytes took 1.6 GiB (found by a breaker)
+        (
+            "memo.pickle",
+            b"\x80\x04}r" + struct.pack("<I", 50_000_000) + b".",
+            r"memo index 50000000 at opcode 2",
+        ),
+        # 63 KB of set(L) calls building 400 sets of 20,000 entries (800 MiB unguarded)
+        ("sets.pickle", _set_calls(20_000, 400), r"unpickling would build more than 64 MiB \(by opcode"),
+    ],
+)
+def test_a_small_pickle_that_expands_when_unpickled_is_refused_before_it(tmp_path, name, content, why):
+    """Refused by the opcode scan before the unpickler builds anything: within a second, under
+    32 MiB traced (the unguarded reads took 800 MiB each)."""
+    p = tmp_path / name
+    p.write_bytes(content)
+    assert p.stat().st_size < 64_000
+    tracemalloc.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(MemSnapshotError, match=rf"{name}: {why}"):
+            read_snapshot(p, max_build_bytes=64 * 2**20)
+        wall, peak = time.monotonic() - t0, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert wall < 1.0 and peak < 32 * 2**20, (wall, peak / 2**20)
+    assert len(read_snapshot(FIX / "leak64-request-0.pickle.gz", max_build_bytes=64 * 2**20).segments) > 0

@@ -452,6 +452,19 @@ def test_cli_compare_bad_or_empty_dumps(tmp_path):
     assert proc.returncode == 2 and "nothing comparable" in proc.stderr
     proc = perfkit("compare", "--before", str(DUMP_V2))
     assert proc.returncode == 2
+    # found by a breaker: a 5000-digit integer was Python's int-limit error naming neither
+    huge = json.loads(DUMP_V2.read_text())
+    huge["steps"][0]["duration_ms"] = 424242
+    (tmp_path / "huge.json").write_text(json.dumps(huge).replace("424242", "9" * 5000))
+    proc = perfkit("compare", "--before", str(DUMP_V2), "--after", str(tmp_path / "huge.json"))
+    assert proc.returncode == 2, proc.stderr
+    assert "huge.json: key 'steps[0].duration_ms': inf is not a finite number" in proc.stderr, proc.stderr
+    log = FIX / "0.5.23/ltx-2/performance.log"
+    line = log.read_text().splitlines()[0].replace("0.04924400036543375", "9" * 5000)
+    rep = parse_lines([line], source="performance.log")
+    assert rep.skipped == [
+        (1, "performance.log:1: key 'stages[0].execution_time_ms': inf is not a finite number")
+    ]
 
 
 def test_cli_compare_run_as_dump_or_log(tmp_path):

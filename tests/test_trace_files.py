@@ -3,13 +3,16 @@ reading them one by one gives, in order, with unreadable files as named errors."
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from perfkit.readings import trace_files
+from perfkit.readings.traces import TraceError, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = sorted((ROOT / "examples/h200/evidence/ab-2pct-profiled/a/traces").glob("*.trace.json.gz"))[:2]
@@ -33,6 +36,34 @@ def test_the_pool_reads_what_one_by_one_reads_in_order_with_bad_files_named(tmp_
             assert len(x.events) > 1000 and (x.events["cat"] == "kernel").any()  # an H200 trace
             pd.testing.assert_frame_equal(x.events, y.events)
             pd.testing.assert_frame_equal(x.overhead, y.overhead)
+
+
+def _events(**second) -> str:
+    ok = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 10, "pid": 1, "tid": 1}
+    return json.dumps({"traceEvents": [ok, {**ok, "ts": 20, **second}]})
+
+
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        # found by a breaker: a RecursionError naming no file; dur 1e308 read as 1e305 ms; a
+        # null name read as the op "None" (an absent one as "")
+        (
+            '{"traceEvents": ' + "[" * 200_000 + "]" * 200_000 + "}",
+            r"not a readable Chrome trace: .*recursion",
+        ),
+        (_events(dur=1e308), r"traceEvents\[1\] \('aten::mm'\): dur 1e\+308 is not a number from 0 to 1 day"),
+        (_events(dur=-1), r"traceEvents\[1\] \('aten::mm'\): dur -1 is not a number from 0 to 1 day"),
+        (_events(name=None), r"traceEvents\[1\] \('None'\): name None is not a string"),
+        (_events(name=7), r"traceEvents\[1\] \('7'\): name 7 is not a string"),
+    ],
+)
+def test_a_hostile_trace_is_refused_naming_the_file_and_event(tmp_path, text, why):
+    p = tmp_path / "x-global-rank0.trace.json"
+    p.write_text(text)
+    with pytest.raises(TraceError, match=rf"^{re.escape(str(p))}: {why}"):
+        load_trace(p)
+    assert "x-global-rank0.trace.json" in trace_files.read_one(p).error
 
 
 # -- real sglang 0.5.23 traces (tests/fixtures/sglang/0.5.23/sana-video/README.md) ----------------

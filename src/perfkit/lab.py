@@ -23,7 +23,6 @@ as well.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -40,7 +39,7 @@ import nbformat
 
 from perfkit.common import MissingExtra, require_extra
 from perfkit.common.outdirs import stamped_dir
-from perfkit.engine.owner import Watch
+from perfkit.engine.owner import Watch, end_processes
 from perfkit.nbparams import section_params, validate
 from perfkit.params import ParamsError
 from perfkit.scenarios import registry
@@ -107,10 +106,7 @@ def tracked_tree(path: Path) -> Path | None:
 
 def _new_dir(dest: str | Path | None) -> Path:
     """``dest`` (created), or a new ``outputs/lab/<stamp>``; refused inside the tracked tree."""
-    if dest is None:
-        d = stamped_dir(LAB_BASE)
-    else:
-        d = Path(dest)
+    d = stamped_dir(LAB_BASE) if dest is None else Path(dest)
     top = tracked_tree(d)
     if top is not None:
         raise LabError(
@@ -235,6 +231,7 @@ def _execute(path: Path, lab: LabDir, timeout_s: float | None) -> None:
     when a cell raised: the error is kept and named in ``lab.errors``), sign it."""
     import time
 
+    from jupyter_core.utils import ensure_event_loop
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
@@ -246,25 +243,29 @@ def _execute(path: Path, lab: LabDir, timeout_s: float | None) -> None:
         resources={"metadata": {"path": str(lab.dir)}},
         kernel_manager_class=ipc_kernel_manager(),
     )
+    # nbclient's loop would take SIGINT and SIGTERM from perfkit's exit rule (and give them back
+    # as the defaults): refused, an interrupt unwinds nbclient as KeyboardInterrupt
+    ensure_event_loop().add_signal_handler = _keep_signals
     t0 = time.monotonic()
     watch = Watch.start()
     try:
         # the IPC sockets are files relative to the working directory: client and kernel share it
         with contextlib.chdir(lab.dir):
             client.execute()
-    except (KeyboardInterrupt, asyncio.CancelledError) as exc:
-        # Ctrl-C or SIGTERM (nbclient's loop may turn it into CancelledError, and leaves a
-        # kernel that was still starting): the kernel is ended here, the interrupt goes on
-        watch.reap(grace_s=5)
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        raise KeyboardInterrupt(*exc.args) from exc
     except CellExecutionError as exc:
         lab.errors[path.stem] = f"{getattr(exc, 'ename', 'error')}: {getattr(exc, 'evalue', exc)}"
         log.error("%s: %s", path.name, lab.errors[path.stem])
+    except BaseException as exc:  # Ctrl-C, SIGTERM or a failure: the kernel, maybe still starting, ends here
+        # (quietly on an interrupt: the exit rule's one line says it)
+        end_processes(watch.leftovers(), 5) if isinstance(exc, KeyboardInterrupt) else watch.reap(5)
+        raise
     nbformat.write(nb, str(path))
     lab.executed[path.stem] = round(time.monotonic() - t0, 1)
     _sign(path)
+
+
+def _keep_signals(*_: Any) -> None:
+    raise RuntimeError("perfkit keeps its SIGINT and SIGTERM handlers")  # nbclient goes without
 
 
 def _sign(path: Path) -> None:

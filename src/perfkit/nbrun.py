@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,6 +159,7 @@ def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: fl
     from perfkit.measuring.progress import RunBars
     from perfkit.scenarios import registry
     from perfkit.suite import execute_notebook
+    from perfkit.suite.execute import _env
 
     plan: list[int] = []
     if nb.stem in registry.names() and not params.get("bundle_dir"):
@@ -172,21 +172,23 @@ def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: fl
             plan = []
     planned = sum(plan)
     pfile = out.with_suffix(".progress.jsonl")
-    bars = RunBars(sys.stderr, len(plan), planned, enabled=planned > 0 and sys.stderr.isatty())
+    # the kernel's stderr (its shutdown noise: a traceback when interrupted) goes to a log; the
+    # bars to the terminal
+    bar_file, log_file = os.fdopen(os.dup(2), "w"), out.with_suffix(".kernel.log")
+    bars = RunBars(bar_file, len(plan), planned, enabled=planned > 0 and bar_file.isatty())
     become_subreaper()
     registry_file = out.with_suffix(".processes.jsonl")
     watch = Watch.start(registry_file)
-    old_env = os.environ.get(REGISTRY_ENV)
-    os.environ[REGISTRY_ENV] = str(registry_file)
     try:
-        with bars.watch(pfile, nb.stem, planned):
-            r = execute_notebook(nb, out, params, cwd=Path.cwd(), timeout_s=timeout_s, progress_file=pfile)
+        with bars.watch(pfile, nb.stem, planned), _env(REGISTRY_ENV, str(registry_file)):
+            r = execute_notebook(
+                nb, out, params, cwd=Path.cwd(), timeout_s=timeout_s, kernel_log=log_file, progress_file=pfile
+            )
     finally:
         bars.close()
-        if old_env is None:
-            os.environ.pop(REGISTRY_ENV, None)
-        else:
-            os.environ[REGISTRY_ENV] = old_env
+        bar_file.close()
+        if log_file.exists() and not log_file.stat().st_size:
+            log_file.unlink()
         left = watch.reap()
     if left and r.status == "error":
         r.error = f"{r.error}\n{describe(left)}"

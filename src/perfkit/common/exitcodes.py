@@ -56,8 +56,9 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
     :data:`EXIT_ERROR` (2) with one line on stderr naming the command and the signal: never 0 or
     1, which read as verdicts (click's own handling said ``Aborted!`` and exited 1). Bad usage:
     click's message, exit 2. An interrupt swallowed on the way (a KeyboardInterrupt raised in
-    logging's lock release is only printed as "Exception ignored") still ends as exit 2, and once
-    interrupted both signals are ignored until the process exits.
+    logging's lock release is only printed as "Exception ignored") still ends as exit 2, as does
+    any exception raised after an interrupt (no traceback); once interrupted both signals are
+    ignored until the process exits.
     """
     import threading
 
@@ -83,6 +84,9 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else EXIT_ERROR
         said = bool(_SEEN) and code == EXIT_ERROR  # the suite said the interrupt itself
+    except BaseException:  # once interrupted, a library's failing cleanup (nbclient's) is the interrupt
+        if not _SEEN:
+            raise
     finally:
         for s, h in old.items():
             # interrupted: the process is ending, a late signal must not turn exit 2 into death

@@ -24,6 +24,9 @@ from perfkit.history.store import HistoryError, HistoryRun, Value
 
 SOURCE = "sglang-nightly"
 METRIC = "latency_s"
+#: the largest comparison file read (bytes; sglang's hold a few KB): a larger one is refused
+#: before parsing (32 MB took 2.1 GiB); at least 40 bytes a result, 50,000 results at most
+MAX_BYTES = 2 * 2**20
 
 
 class _Result(BaseModel):
@@ -79,14 +82,18 @@ def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
     A non-sglang framework's result gets case id ``<case_id>@<framework>``.
 
     Raises:
-        HistoryError: not JSON, or a missing/mistyped key (names the file and the key, e.g.
-            ``results.3.latency_s``): a latency that is a string, a bool, not finite (NaN,
-            1e400) or negative; an empty ``commit_sha``, ``case_id`` or ``framework``; a case
-            (of one framework) given twice.
+        HistoryError: over :data:`MAX_BYTES`, not JSON, or a missing/mistyped key (names the
+            file and the key, e.g. ``results.3.latency_s``): a latency that is a string, a bool,
+            not finite (NaN, 1e400) or negative; an empty ``commit_sha``, ``case_id`` or
+            ``framework``; a case (of one framework) given twice.
     """
     path = Path(path)
     try:
-        doc = _File.model_validate_json(path.read_bytes())
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise HistoryError(f"{path}: more than {MAX_BYTES >> 20} MiB: refused before parsing")
+        doc = _File.model_validate_json(raw)
     except ValidationError as exc:
         e = exc.errors()[0]
         key = ".".join(str(x) for x in e["loc"]) or "(top level)"

@@ -27,9 +27,11 @@ history recording started) form one site, ``(no stack recorded)``.
 
 from __future__ import annotations
 
-import gzip
 import io
+import os
 import pickle
+import pickletools
+import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,9 +97,8 @@ MAX_SIZE = 2**50
 #: the most bytes a snapshot may decompress to (256 MiB, a bounded ``max_entries`` history of a
 #: large model stays well under it): a gzip bomb is refused before it fills the memory
 MAX_BYTES = 256 * 2**20
-#: the most memory validating a snapshot may build (estimated, bytes: :data:`_MODEL_BYTES` a
-#: segment, block or trace event, 8 a frame reference, each counted once per reference): a small
-#: pickle whose shared references expand to millions of blocks is refused before validation
+#: the most memory unpickling, then validating, a snapshot may build (estimated before each
+#: starts, bytes; :func:`_scan`, :func:`_build_cost`): a small pickle that expands is refused
 MAX_BUILD_BYTES = 2**30
 _MODEL_BYTES = 600  # a validated Block / TraceEntry (measured: 545 B with an empty stack)
 
@@ -172,10 +173,41 @@ class _BuiltinsOnly(pickle.Unpickler):
         )
 
 
+_GETS = {"GET", "BINGET", "LONG_BINGET", "DUP"}
+
+
+def _scan(raw: bytes, path: Path, limit: int) -> None:
+    """Refuse a pickle that would build more than ``limit`` bytes, before unpickling it: one pass
+    over the opcodes (:func:`pickletools.genops`, ~3 µs each; a declared length past the data
+    is a ValueError) estimates 24 a reference pushed (memo GET, DUP), 24 + its size a new object
+    (216 a container), 16 a memo slot, 24 a reference pushed so far a set/frozenset/complex call
+    (its argument's most). A memo index past the opcodes read is refused (the C unpickler sizes
+    its memo by it: an 8-byte pickle took 1.6 GiB)."""
+    total = refs = 0
+    for n, (op, arg, _) in enumerate(pickletools.genops(raw)):
+        if op.name in _GETS:
+            refs, total = refs + 1, total + 24
+        elif op.name == "MEMOIZE" or "PUT" in op.name:
+            if op.name != "MEMOIZE" and arg > n:
+                why = "the unpickler would size its memo by it"
+                raise MemSnapshotError(f"{path}: memo index {arg} at opcode {n} ({why}): refused")
+            total += 16
+        elif op.name == "REDUCE":
+            total += 24 * refs
+        elif op.stack_after:
+            refs, total = refs + 1, total + 24 + (216 if arg is None else sys.getsizeof(arg))
+        if total > limit:
+            raise MemSnapshotError(
+                f"{path}: unpickling would build more than {limit / 2**20:.0f} MiB (by opcode {n}): "
+                "refused before building it; pass max_build_bytes for a larger genuine snapshot"
+            )
+
+
 def _build_cost(data: dict[str, Any], path: Path, limit: int) -> None:
     """Refuse ``data`` when validating it would build more than ``limit`` bytes (estimated).
 
-    Pickle shares objects by reference, pydantic builds one model per reference: the count is
+    :data:`_MODEL_BYTES` a segment, block or trace event, 8 a frame reference. Pickle shares
+    objects by reference, pydantic builds one model per reference: the count is
     taken per reference, each shared object's own cost computed once (by id), so the walk takes
     time in the pickle's references, not in what they expand to; it stops at the limit. Parts of
     the wrong type cost nothing here (validation names them)."""
@@ -222,49 +254,43 @@ def read_snapshot(
     """Read and validate one snapshot file (plain pickle or gzip of it).
 
     Limits, each checked before the next step builds anything: ``max_bytes`` read and
-    decompressed; classes other than set/frozenset/complex refused while unpickling; then the
-    estimated memory of the validated models (``max_build_bytes``, counted per reference, so a
-    small pickle of shared references is refused in well under a second) before validation.
+    decompressed; ``max_build_bytes`` the estimated memory of the unpickled objects (from the
+    opcodes: :func:`_scan`), then of the validated models (per reference: :func:`_build_cost`);
+    classes other than set/frozenset/complex refused while unpickling. A small pickle that
+    expands is refused in well under a second.
 
     Args:
         path: the file.
-        max_bytes: the most bytes the pickle may take, decompressed (:data:`MAX_BYTES`).
-        max_build_bytes: the most memory validation may build (:data:`MAX_BUILD_BYTES`).
+        max_bytes: :data:`MAX_BYTES`; max_build_bytes: :data:`MAX_BUILD_BYTES`.
 
     Raises:
         MemSnapshotError: the file is missing, truncated or corrupted, larger than
-            ``max_bytes``, names a class, expands past ``max_build_bytes``, or a key is missing,
+            ``max_bytes``, names a class, would build past ``max_build_bytes``, or a key is missing,
             of the wrong type or out of range (the message names the file and the key path,
             e.g. ``segments.3.blocks.0.size``).
     """
     p = Path(path)
     try:
         with p.open("rb") as fh:
-            raw = fh.read(max_bytes + 1)
+            raw = fh.read(min(max_bytes, os.fstat(fh.fileno()).st_size) + 1)  # read(n) allocates n
     except OSError as exc:
         raise MemSnapshotError(f"{p}: cannot read the snapshot: {exc.strerror or exc}") from None
     try:
         if raw[:2] == b"\x1f\x8b":
-            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
-                raw = gz.read(max_bytes + 1)
+            gz = zlib.decompressobj(31)  # gzip; its output grows as it goes
+            raw = gz.decompress(raw, max_bytes + 1)
+            if not gz.eof and len(raw) <= max_bytes:
+                raise EOFError("the gzip stream ends early")
         if len(raw) > max_bytes:
             raise MemSnapshotError(
                 f"{p}: more than {max_bytes / 2**20:.0f} MiB of snapshot (decompressed): refused "
                 "before it fills the memory; record fewer max_entries or pass max_bytes"
             )
+        _scan(raw, p, max_build_bytes)
         data = _BuiltinsOnly(io.BytesIO(raw), p).load()
     except MemSnapshotError:
         raise
-    except (
-        pickle.UnpicklingError,
-        EOFError,
-        ValueError,
-        TypeError,
-        IndexError,
-        KeyError,
-        zlib.error,
-        OSError,
-    ) as exc:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, LookupError, zlib.error, OSError) as exc:
         raise MemSnapshotError(
             f"{p}: not a readable snapshot (truncated or corrupted): {type(exc).__name__}: {exc}"
         ) from None
@@ -356,9 +382,8 @@ def diff_snapshots(
     df = new.rename(columns={"blocks": "new_blocks", "mib": "new_mib"}).merge(
         gone.rename(columns={"blocks": "gone_blocks", "mib": "gone_mib"}), on=cols, how="outer"
     )
-    for c in ("new_blocks", "gone_blocks", "new_mib", "gone_mib"):
-        df[c] = df[c].fillna(0)
-    df[["new_blocks", "gone_blocks"]] = df[["new_blocks", "gone_blocks"]].astype(int)
+    df = df.fillna({"new_blocks": 0, "gone_blocks": 0, "new_mib": 0.0, "gone_mib": 0.0})
+    df = df.astype({"new_blocks": int, "gone_blocks": int})
     df["grown_mib"] = df["new_mib"] - df["gone_mib"]
     df = df[cols + ["new_blocks", "gone_blocks", "new_mib", "gone_mib", "grown_mib"]]
     return df.sort_values(["grown_mib", "site"], ascending=[False, True], ignore_index=True)

@@ -36,6 +36,7 @@ from perfkit.readings.records import (
     PerfRecord,
     RecordError,
     decode_text,
+    json_int,
     read_memory_map,
     read_number,
     read_optional_str,
@@ -155,7 +156,7 @@ MAX_DUMP_BYTES = 16 * 2**20
 def loads_perf_dump(text: str, source: str = "<string>") -> PerfDump:
     """Parse dump text. Raises :class:`RecordError` naming ``source`` (and the key)."""
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_int=json_int)
     except json.JSONDecodeError as exc:
         raise RecordError(
             "<json>", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=source

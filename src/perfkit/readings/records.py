@@ -95,6 +95,12 @@ class RecordError(ValueError):
 _INF = float("inf")
 
 
+def json_int(digits: str) -> int | float:
+    """``json.loads``'s ``parse_int``: one of 300+ digits as a float (inf past its range, which
+    :func:`read_number` refuses naming the key; Python's 4,300-digit limit named no key)."""
+    return int(digits) if len(digits) < 300 else float(digits)
+
+
 def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
     """``value`` as a float, exactly as written; ``None`` for JSON null (``nullable``).
 
@@ -368,7 +374,7 @@ def _request_id_of(text: str) -> str | None:
     """The ``request_id`` of a line that failed to read, when it is still a JSON object with a
     string id (NaN/Infinity literals allowed); None otherwise."""
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_int=json_int)
     except (ValueError, RecursionError):
         return None
     rid = obj.get("request_id") if isinstance(obj, dict) else None
@@ -378,7 +384,7 @@ def _request_id_of(text: str) -> str | None:
 def _read_line(text: str, i: int) -> PerfRecord:
     """One stripped, non-empty line -> record; :class:`RecordError` (no file yet) otherwise."""
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_int=json_int)
     except json.JSONDecodeError as exc:
         raise RecordError("<json>", f"not a whole JSON object ({exc.msg} at column {exc.colno})") from None
     except RecursionError:

@@ -78,6 +78,10 @@ OP_COLUMNS = ["op", "count", "total_ms", "mean_ms", "share"]
 DIFF_COLUMNS = ["op", "count_a", "count_b", "ms_a", "ms_b", "delta_ms", "delta_share"]
 
 
+#: the longest event a trace may hold (µs: one day); a longer ``dur`` is a corrupted file
+MAX_DUR_US = 86_400e6
+
+
 class TraceError(ValueError):
     """A trace file that cannot be read (the message names the file and what was wrong)."""
 
@@ -86,12 +90,9 @@ def load_trace(path: str | Path) -> dict[str, Any]:
     """The trace's JSON object (``traceEvents`` and torch's metadata).
 
     Raises:
-        TraceError: missing file, not gzip/JSON, no ``traceEvents`` list, or a complete event
-            (``"ph": "X"`` with a ``dur``: the ones :func:`op_events` and
-            :func:`overhead_table` read) whose ``ts`` is not a finite number, whose ``dur`` is
-            not a finite number >= 0, or whose ``args`` is not an object with an int or string
-            ``correlation`` (names the file, the event's index and name, and the key; a time is
-            never read as 0 or as a negative time).
+        TraceError: missing file, not gzip/JSON (or nested too deeply), no ``traceEvents``
+            list, or a complete event (``"ph": "X"`` with a ``dur``) that :func:`_check_event`
+            refuses (names the file, the event's index and name, and the key).
     """
     p = Path(path)
     try:
@@ -99,7 +100,7 @@ def load_trace(path: str | Path) -> dict[str, Any]:
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
         doc = json.loads(raw)
-    except (OSError, EOFError, ValueError) as exc:
+    except (OSError, EOFError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise TraceError(f"{p}: not a readable Chrome trace: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise TraceError(f"{p}: no traceEvents list (not a torch.profiler Chrome trace)")
@@ -110,14 +111,18 @@ def load_trace(path: str | Path) -> dict[str, Any]:
 
 
 def _check_event(e: dict[str, Any], where: str) -> None:
-    """A complete event's fields that :func:`op_events` and :func:`overhead_table` read: ``ts``
-    a finite number, ``dur`` a finite number >= 0, ``args`` an object (or absent) whose
-    ``correlation`` is an int or a string (or absent). Raises TraceError ``where: key ...``."""
+    """A complete event's fields that :func:`op_events` and :func:`overhead_table` read: ``name``
+    a string, ``ts`` a finite number, ``dur`` from 0 to :data:`MAX_DUR_US`, ``args`` an object
+    (or absent) whose ``correlation`` is an int or a string (or absent); a time is never read as
+    0, negative or absurd. Raises TraceError ``where: key ...``."""
+    if not isinstance(e.get("name"), str):
+        raise TraceError(f"{where}: name {e.get('name')!r} is not a string")
     for key in ("ts", "dur"):
         v = e.get(key)
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if not ok or (key == "dur" and v < 0):
-            raise TraceError(f"{where}: {key} {v!r} is not a finite number{' >= 0' if key == 'dur' else ''}")
+        if not ok or (key == "dur" and not 0 <= v <= MAX_DUR_US):
+            want = "a number from 0 to 1 day (µs)" if key == "dur" else "a finite number"
+            raise TraceError(f"{where}: {key} {v!r} is not {want}")
     args = e.get("args")
     if args is not None and not isinstance(args, dict):
         raise TraceError(f"{where}: args {args!r} is not an object")
@@ -197,16 +202,8 @@ def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
         name = str(e["name"])
         ts, dur = float(e["ts"]), float(e["dur"])
         k = int((STEP_RANGE.match(name) or PROFILER_STEP.match(name)).group(1))  # type: ignore[union-attr]
-        rows.append(
-            {
-                "step": k,
-                "name": name,
-                "ts_us": ts,
-                "dur_ms": dur / 1000.0,
-                "warmup_step": not old and k == WARMUP_PROFILER_STEP,
-                "tail": not old and any(ts <= s < ts + dur for s in stage_starts),
-            }
-        )
+        tail = not old and any(ts <= s < ts + dur for s in stage_starts)
+        rows.append((k, name, ts, dur / 1000.0, not old and k == WARMUP_PROFILER_STEP, tail))  # STEP_COLUMNS
     return pd.DataFrame(rows, columns=STEP_COLUMNS)
 
 
@@ -228,7 +225,7 @@ def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.
     old = any(e.get("cat") == "user_annotation" and STEP_RANGE.match(str(e.get("name", ""))) for e in evs)
     step_re = STEP_RANGE if old else PROFILER_STEP
     cpu = [e for e in evs if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")]
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[Any, ...]] = []
     launch_of: dict[Any, tuple[str, int, bool]] = {}
     by_tid: dict[Any, list[dict[str, Any]]] = {}
     for e in cpu:
@@ -263,36 +260,15 @@ def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.
                     launch_of[corr] = (stage, step, warm)
             elif not _structural(name):
                 rows.append(
-                    {
-                        "op": name,
-                        "cat": cat,
-                        "tid": tid,
-                        "ts_us": ts,
-                        "dur_ms": dur / 1000.0,
-                        "stage": stage,
-                        "step": step,
-                        "warmup_step": warm,
-                        "top": not inside_op,
-                    }
-                )
+                    (name, cat, tid, ts, dur / 1000.0, stage, step, warm, not inside_op)
+                )  # EVENT_COLUMNS
             stack.append((ts + dur, e))
     for e in evs:
         if e.get("cat") != "kernel":
             continue
         stage, step, warm = launch_of.get((e.get("args") or {}).get("correlation"), ("(none)", -1, False))
-        rows.append(
-            {
-                "op": str(e.get("name", "")),
-                "cat": "kernel",
-                "tid": e.get("tid"),
-                "ts_us": float(e["ts"]),
-                "dur_ms": float(e["dur"]) / 1000.0,
-                "stage": stage,
-                "step": step,
-                "warmup_step": warm,
-                "top": True,
-            }
-        )
+        row = (str(e.get("name", "")), "kernel", e.get("tid"), float(e["ts"]), float(e["dur"]) / 1000.0)
+        rows.append((*row, stage, step, warm, True))
     return pd.DataFrame(rows, columns=EVENT_COLUMNS)
 
 
@@ -395,17 +371,10 @@ def rank_of(path: str | Path) -> int | None:
 
 def _union_ms(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
     """Length (ms) of the union of ``intervals`` (µs, start and end) clipped to [lo, hi]."""
-    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi)
-    total, cur_a, cur_b = 0.0, None, None
-    for a, b in clipped:
-        if cur_b is None or a > cur_b:
-            if cur_b is not None:
-                total += cur_b - cur_a
-            cur_a, cur_b = a, b
-        else:
-            cur_b = max(cur_b, b)
-    if cur_b is not None:
-        total += cur_b - cur_a
+    total, end = 0.0, lo  # a sweep by start: each interval adds what lies past the covered end
+    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi):
+        if b > end:
+            total, end = total + b - max(a, end), b
     return total / 1000.0
 
 
@@ -490,24 +459,12 @@ def overhead_table(
     for stage, ivs in sorted(windows.items(), key=lambda kv: min(a for a, _ in kv[1])):
         win = _union_ms(ivs, min(a for a, _ in ivs), max(b for _, b in ivs))
         ops = sum(_union_ms(tops.get(thread[stage], []), a, b) for a, b in ivs)
-        row: dict[str, Any] = {
-            "rank": rank if rank is not None else math.nan,
-            "stage": stage,
-            "window_ms": win,
-            "op_ms": ops,
-            "cpu_overhead_ms": win - ops,
-            "kernels": sum(1 for a, b in device for lo, hi in ivs if b > lo and a < hi),
-        }
-        if device:
-            row["launch_ms"] = (
-                sum(min(b, hi) - max(a, lo) for a, b in launches for lo, hi in ivs if b > lo and a < hi)
-                / 1000.0
-            )
-            row["device_busy_ms"] = sum(_union_ms(device, a, b) for a, b in ivs)
-        else:
-            row["launch_ms"] = row["device_busy_ms"] = math.nan
-        rows.append(row)
-    out = pd.DataFrame(rows)
+        launch = sum(min(b, hi) - max(a, lo) for a, b in launches for lo, hi in ivs if b > lo and a < hi)
+        busy = sum(_union_ms(device, a, b) for a, b in ivs) if device else math.nan
+        kernels = sum(1 for a, b in device for lo, hi in ivs if b > lo and a < hi)
+        rows.append((stage, win, ops, win - ops, launch / 1000.0 if device else math.nan, kernels, busy))
+    cols = ["stage", "window_ms", "op_ms", "cpu_overhead_ms", "launch_ms", "kernels", "device_busy_ms"]
+    out = pd.DataFrame(rows, columns=cols).assign(rank=rank if rank is not None else math.nan)
     total = {
         "rank": rank if rank is not None else math.nan,
         "stage": "(all stages)",
