@@ -21,8 +21,7 @@ import pytest
 import yaml
 
 from perfkit.bundle import ResultBundle
-from perfkit.engine.aclient import AsyncOutcome
-from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.client import RequestOutcome, VideoRequestSpec
 from perfkit.params import load_params
 from perfkit.scenarios import load as L
 from perfkit.scenarios import load_measure as M
@@ -250,8 +249,8 @@ def test_an_engine_without_start_times_is_derived_or_not_reported_never_0():
         }
     )
     sent = [
-        ("closed", 1, AsyncOutcome(0, "r1", "completed", 100.0, 100.5), REQUEST),
-        ("closed", 1, AsyncOutcome(1, "r2", "completed", 101.0, 101.4), REQUEST),
+        ("closed", 1, RequestOutcome("r1", "completed", 100.0, 100.5, slot=0), REQUEST),
+        ("closed", 1, RequestOutcome("r2", "completed", 101.0, 101.4, slot=1), REQUEST),
     ]
     rows, _, _ = M.per_request_rows(sent, [line], "session")
     assert rows[0]["start_source"] == "derived (start not reported)"
@@ -266,7 +265,7 @@ def test_sglangs_job_json_fields_land_in_the_rows_as_written():
     whole seconds and inference_time_s go to the row; no start: not reported, never 0."""
     from test_sglang_adapter import SGLANG_JOB
 
-    o = AsyncOutcome(0, SGLANG_JOB["id"], "completed", 1796384052.1, 1796384053.2, body=SGLANG_JOB)
+    o = RequestOutcome(SGLANG_JOB["id"], "completed", 1796384052.1, 1796384053.2, body=SGLANG_JOB)
     [row], _, _ = M.per_request_rows([("closed", 1, o, REQUEST)], [], "session")
     assert row["job_completed_at_s"] == 1796384053 and isinstance(row["job_completed_at_s"], int)
     assert row["job_inference_ms"] == pytest.approx(814.8129280007197, abs=1e-9)
@@ -451,7 +450,7 @@ def test_an_answer_that_is_not_a_json_object_is_an_error_outcome_not_an_exceptio
     import http.server
     import threading
 
-    from perfkit.engine.aclient import AsyncVideoClient
+    from perfkit.engine.client import AsyncVideoClient
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def _send(self, body: bytes) -> None:
@@ -527,7 +526,7 @@ def test_a_derived_queue_wait_is_never_a_clamped_0_and_a_bad_slo_in_results_is_n
         }
     )
     # the engine's duration (900 ms) above the client's e2e (500 ms): no queue wait can be derived
-    sent = [("closed", 1, AsyncOutcome(0, "r1", "completed", 100.0, 100.5), REQUEST)]
+    sent = [("closed", 1, RequestOutcome("r1", "completed", 100.0, 100.5, slot=0), REQUEST)]
     [row], _, _ = M.per_request_rows(sent, [line], "session")
     assert row["queue_wait_ms"] is None and row["service_ms"] == 900.0
     assert row["start_source"].startswith("not reported")

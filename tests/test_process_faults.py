@@ -410,8 +410,7 @@ def test_the_load_client_ends_a_hung_call_once_the_engine_is_dead():
     import asyncio
     import socket
 
-    from perfkit.engine.aclient import ALIVE_EVERY_S, AsyncVideoClient
-    from perfkit.engine.client import VideoRequestSpec
+    from perfkit.engine.client import ALIVE_EVERY_S, AsyncVideoClient, VideoRequestSpec
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
