@@ -150,7 +150,7 @@ def record_rows(
         "host_rss_mib": _num(pk.get("host_rss_mib")),
         "host_anon_mib": _num(pk.get("host_anon_mib")),
         "placement": pk.get("placement"),
-        "t_start_s": pk.get("t_start", outcome.t_start if outcome else NAN),
+        "t_start_s": pk.get("t_start", outcome.t_submit if outcome else NAN),
         "t_end_s": pk.get("t_end", outcome.t_end if outcome else NAN),
         # the engine's job clock (reference engine); sglang's records carry none: NaN = not reported
         "submitted_s": _epoch(pk.get("t_submitted")),
