@@ -354,6 +354,20 @@ def test_the_load_phases_run_inside_a_running_event_loop_as_in_a_jupyter_kernel(
     assert "submit failed" in sent[0][2].error
 
 
+def test_the_sync_client_runs_inside_a_running_event_loop_and_names_a_refused_connection():
+    # VideoClient runs the async client on a loop of its own thread: a notebook cell may call it
+    from perfkit.engine.client import VideoClient
+
+    async def in_a_kernel():
+        with VideoClient("http://127.0.0.1:1", timeout_s=2.0) as c:  # nothing listens on port 1
+            return c.health(), c.generate(REQUEST)
+
+    healthy, out = asyncio.run(in_a_kernel())
+    assert healthy is False and out.status == "error" and out.request_id == "" and out.http_status == 0
+    assert out.error.startswith("submit failed: ConnectError"), out.error
+    assert 0 <= out.client_ms < 2000.0, out.client_ms
+
+
 def test_a_trace_line_with_a_null_a_repeated_key_or_a_value_the_params_refuse_is_refused(tmp_path):
     p = tmp_path / "t.jsonl"
     for line, key in [
