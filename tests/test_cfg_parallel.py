@@ -12,6 +12,7 @@ import os
 import signal
 import time
 
+import httpx
 import numpy as np
 import psutil
 import pytest
@@ -114,7 +115,7 @@ def test_a_dead_rank_makes_the_engine_unhealthy_and_requests_fail(tmp_path):
         deadline = time.monotonic() + 10
         while c.health() and time.monotonic() < deadline:
             time.sleep(0.1)
-        r = c.http.get("/health")
+        r = httpx.get(c.base_url + "/health")
         assert r.status_code == 503 and "rank 1" in r.json()["error"]
         out = c.generate(spec(17, steps=2))
         assert out.status == "failed" and "rank 1" in (out.error or "")

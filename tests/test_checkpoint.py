@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import numpy as np
 import pytest
 
@@ -29,7 +30,7 @@ def test_engine_serves_a_saved_tiny_checkpoint(tmp_path):
         eng.client() as c,
     ):
         out = c.generate(spec(25, steps=4, seed=3))
-        models_body = c.http.get("/v1/models").json()
+        models_body = httpx.get(c.base_url + "/v1/models").json()
     assert out.ok, out.error
     rec = out.record
     assert rec is not None

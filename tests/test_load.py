@@ -21,8 +21,7 @@ import pytest
 import yaml
 
 from perfkit.bundle import ResultBundle
-from perfkit.engine.aclient import AsyncOutcome
-from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.client import RequestOutcome, VideoRequestSpec
 from perfkit.params import load_params
 from perfkit.scenarios import load as L
 from perfkit.scenarios import load_measure as M
@@ -250,8 +249,8 @@ def test_an_engine_without_start_times_is_derived_or_not_reported_never_0():
         }
     )
     sent = [
-        ("closed", 1, AsyncOutcome(0, "r1", "completed", 100.0, 100.5), REQUEST),
-        ("closed", 1, AsyncOutcome(1, "r2", "completed", 101.0, 101.4), REQUEST),
+        ("closed", 1, RequestOutcome("r1", "completed", 100.0, 100.5, slot=0), REQUEST),
+        ("closed", 1, RequestOutcome("r2", "completed", 101.0, 101.4, slot=1), REQUEST),
     ]
     rows, _, _ = M.per_request_rows(sent, [line], "session")
     assert rows[0]["start_source"] == "derived (start not reported)"
@@ -266,7 +265,7 @@ def test_sglangs_job_json_fields_land_in_the_rows_as_written():
     whole seconds and inference_time_s go to the row; no start: not reported, never 0."""
     from test_sglang_adapter import SGLANG_JOB
 
-    o = AsyncOutcome(0, SGLANG_JOB["id"], "completed", 1796384052.1, 1796384053.2, body=SGLANG_JOB)
+    o = RequestOutcome(SGLANG_JOB["id"], "completed", 1796384052.1, 1796384053.2, body=SGLANG_JOB)
     [row], _, _ = M.per_request_rows([("closed", 1, o, REQUEST)], [], "session")
     assert row["job_completed_at_s"] == 1796384053 and isinstance(row["job_completed_at_s"], int)
     assert row["job_inference_ms"] == pytest.approx(814.8129280007197, abs=1e-9)
@@ -353,6 +352,20 @@ def test_the_load_phases_run_inside_a_running_event_loop_as_in_a_jupyter_kernel(
     sent = asyncio.run(in_a_kernel())
     assert [(ph, o.status) for ph, _, o, _ in sent] == [("warmup", "error")]
     assert "submit failed" in sent[0][2].error
+
+
+def test_the_sync_client_runs_inside_a_running_event_loop_and_names_a_refused_connection():
+    # VideoClient runs the async client on a loop of its own thread: a notebook cell may call it
+    from perfkit.engine.client import VideoClient
+
+    async def in_a_kernel():
+        with VideoClient("http://127.0.0.1:1", timeout_s=2.0) as c:  # nothing listens on port 1
+            return c.health(), c.generate(REQUEST)
+
+    healthy, out = asyncio.run(in_a_kernel())
+    assert healthy is False and out.status == "error" and out.request_id == "" and out.http_status == 0
+    assert out.error.startswith("submit failed: ConnectError"), out.error
+    assert 0 <= out.client_ms < 2000.0, out.client_ms
 
 
 def test_a_trace_line_with_a_null_a_repeated_key_or_a_value_the_params_refuse_is_refused(tmp_path):
@@ -451,7 +464,7 @@ def test_an_answer_that_is_not_a_json_object_is_an_error_outcome_not_an_exceptio
     import http.server
     import threading
 
-    from perfkit.engine.aclient import AsyncVideoClient
+    from perfkit.engine.client import AsyncVideoClient
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def _send(self, body: bytes) -> None:
@@ -527,7 +540,7 @@ def test_a_derived_queue_wait_is_never_a_clamped_0_and_a_bad_slo_in_results_is_n
         }
     )
     # the engine's duration (900 ms) above the client's e2e (500 ms): no queue wait can be derived
-    sent = [("closed", 1, AsyncOutcome(0, "r1", "completed", 100.0, 100.5), REQUEST)]
+    sent = [("closed", 1, RequestOutcome("r1", "completed", 100.0, 100.5, slot=0), REQUEST)]
     [row], _, _ = M.per_request_rows(sent, [line], "session")
     assert row["queue_wait_ms"] is None and row["service_ms"] == 900.0
     assert row["start_source"].startswith("not reported")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import httpx
 import pytest
 from matplotlib.figure import Figure
 
@@ -67,7 +68,7 @@ def test_offload_fields_are_validated_and_reference_only():
 def test_engine_with_offload_none_reports_every_component_resident(tmp_path):
     with running_engine(tmp_path, "--device", "cpu", "--offload", "none", "--warmup-frames", "0") as eng:
         with eng.client() as c:
-            m = c.http.get("/v1/models").json()["data"][0]
+            m = httpx.get(c.base_url + "/v1/models").json()["data"][0]
             out = c.generate(spec(9, steps=2))
     assert m["placement"] == "cpu"
     assert m["offload"] == {"text_encoder": "none", "transformer": "none", "vae": "none"}

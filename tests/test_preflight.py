@@ -283,7 +283,7 @@ def test_cold_warm_error_carries_the_request_error(monkeypatch, tmp_path):
         d = LaunchData(label=label, launch_row={"launch": label, "ready_s": 1.0})
         for i, r in enumerate(requests):
             o = RequestOutcome(
-                "", "rejected", 400, 3.0, 0.0, 0.0, error="height: must be a positive multiple of 32, got 65"
+                "", "rejected", 0.0, 0.003, 400, error="height: must be a positive multiple of 32, got 65"
             )
             d.outcomes.append(o)
             d.requests.append(failed_row(label, i, o, r))

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 
+import httpx
 import pytest
 
 from perfkit.engine.client import VideoRequestSpec
@@ -121,7 +122,7 @@ def test_startup_lines_are_sglangs(plain):
 def test_bad_request_is_4xx_naming_the_field_and_server_stays_up(client, field, value):
     body = spec().payload()
     body[field] = value
-    resp = client.http.post("/v1/videos", json=body)
+    resp = httpx.post(client.base_url + "/v1/videos", json=body)
     assert 400 <= resp.status_code < 500, resp.text
     err = resp.json()["error"]
     assert field in err["message"]
@@ -178,13 +179,13 @@ def test_two_concurrent_requests_complete_with_intact_lines(plain):
 
 
 def test_unknown_video_is_404(client):
-    r = client.http.get("/v1/videos/unknown")
+    r = httpx.get(client.base_url + "/v1/videos/unknown")
     assert r.status_code == 404
     assert "unknown" in r.json()["error"]["message"]
 
 
 def test_models_lists_the_model(client):
-    r = client.http.get("/v1/models")
+    r = httpx.get(client.base_url + "/v1/models")
     assert r.status_code == 200
     data = r.json()["data"]
     assert [m["id"] for m in data] == ["preset:tiny"]
@@ -286,7 +287,7 @@ def test_debug_leak_grows_host_anon_by_the_leak(tmp_path):
 
 def test_unknown_field_is_400_naming_it(client):
     body = {**spec().payload(), "num_frame": 24}
-    resp = client.http.post("/v1/videos", json=body)
+    resp = httpx.post(client.base_url + "/v1/videos", json=body)
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
     assert err["fields"] == ["num_frame"]
@@ -294,15 +295,17 @@ def test_unknown_field_is_400_naming_it(client):
 
 
 def test_invalid_json_is_400_naming_the_body_and_the_character(client):
-    resp = client.http.post(
-        "/v1/videos", content=b'{"prompt": "a cat",', headers={"content-type": "application/json"}
+    resp = httpx.post(
+        client.base_url + "/v1/videos",
+        content=b'{"prompt": "a cat",',
+        headers={"content-type": "application/json"},
     )
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
     assert err["fields"] == ["body"]
     assert err["message"].startswith("body: invalid JSON at character 19: "), err["message"]
     # the engine keeps serving
-    assert client.http.get("/health").status_code == 200
+    assert httpx.get(client.base_url + "/health").status_code == 200
 
 
 def test_every_sglang_video_field_is_accepted_and_the_answer_echoes_effective_frames(client):
@@ -354,7 +357,7 @@ def test_every_sglang_video_field_is_accepted_and_the_answer_echoes_effective_fr
         "profile_all_stages": False,
     }
     assert sorted(body) == sorted(SGLANG_VIDEO_FIELDS)  # the test sends every one
-    resp = client.http.post("/v1/videos", json=body)
+    resp = httpx.post(client.base_url + "/v1/videos", json=body)
     assert resp.status_code == 200, resp.text
     ans = resp.json()
     assert ans["num_frames"] == 25 and ans["num_frames_requested"] == 24
@@ -370,15 +373,15 @@ def test_every_sglang_video_field_is_accepted_and_the_answer_echoes_effective_fr
 
 def test_seconds_gives_frames_when_num_frames_is_absent(client):
     body = {"prompt": "a cat", "seconds": 1, "fps": 8, "height": 64, "width": 64, "num_inference_steps": 1}
-    ans = client.http.post("/v1/videos", json=body).json()
+    ans = httpx.post(client.base_url + "/v1/videos", json=body).json()
     assert (ans["num_frames_requested"], ans["num_frames"]) == (8, 9), ans
-    bad = client.http.post("/v1/videos", json={**body, "seconds": 100})
+    bad = httpx.post(client.base_url + "/v1/videos", json={**body, "seconds": 100})
     assert bad.status_code == 400 and bad.json()["error"]["fields"] == ["seconds"]
 
 
 @pytest.mark.parametrize("field,value", [("n", 2), ("seed", [1, 2])])
 def test_what_the_engine_cannot_honour_is_400_naming_it(client, field, value):
-    resp = client.http.post("/v1/videos", json={**spec().payload(), field: value})
+    resp = httpx.post(client.base_url + "/v1/videos", json={**spec().payload(), field: value})
     assert resp.status_code == 400 and resp.json()["error"]["fields"] == [field], resp.text
 
 
@@ -399,7 +402,9 @@ def test_a_mistyped_profiling_field_is_400_naming_it(client, extra, field):
     10**12 (a request queued as profiled, its trace named ``1000000000000_steps``); a NaN
     guidance_scale passed "must be >= 0" and ran."""
     body = json.dumps({**spec(9, steps=2).payload(), **extra})  # NaN as Python's JSON writes it
-    resp = client.http.post("/v1/videos", content=body, headers={"content-type": "application/json"})
+    resp = httpx.post(
+        client.base_url + "/v1/videos", content=body, headers={"content-type": "application/json"}
+    )
     assert resp.status_code == 400 and resp.json()["error"]["fields"] == [field], resp.text
     _ok(client.generate(spec(9, steps=2)))  # and the server keeps serving
 

@@ -277,7 +277,7 @@ def sglang_record(rid: str, scale: float = 1.0, n_steps: int = 30) -> dict:
 
 
 def _outcome(rid: str) -> RequestOutcome:
-    return RequestOutcome(rid, "completed", 200, 1000.0, 0.0, 1.0)
+    return RequestOutcome(rid, "completed", 0.0, 1.0, 200)
 
 
 def test_records_in_sglangs_layout(tmp_path):
@@ -422,7 +422,7 @@ SGLANG_JOB = {
 def test_sglang_job_json_fields_are_read_as_what_they_are(caplog):
     """Whole-second created/completed, the pipeline's inference time, no peak on a CPU (null),
     no start: None, never 0; a value that is not a number is None with a warning naming it."""
-    job = RequestOutcome(SGLANG_JOB["id"], "completed", 200, 1060.0, 0.0, 1.0, body=SGLANG_JOB).job
+    job = RequestOutcome(SGLANG_JOB["id"], "completed", 0.0, 1.06, 200, body=SGLANG_JOB).job
     assert (job.created_at_s, job.completed_at_s) == (1796384052, 1796384053)
     assert job.inference_time_s == 0.8148129280007197
     assert job.peak_memory_mib is None and job.started_at_s is None

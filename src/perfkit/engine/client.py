@@ -1,18 +1,24 @@
-"""Client for sglang's video API: ``POST /v1/videos``, then poll ``GET /v1/videos/{id}``.
+"""The client of sglang's video API: ``POST /v1/videos``, then poll ``GET /v1/videos/{id}``.
 
-The reference engine and sglang's diffusion server answer the same protocol. After completion the
-matching line in ``performance.log`` is found by request id (polled with a timeout: the server
-writes it after the status flips; a partial last line is tolerated). The job JSON's own fields
-are read as what they are (:func:`job_fields`).
+The reference engine and sglang's diffusion server answer the same protocol. One client,
+:class:`AsyncVideoClient` (one ``httpx.AsyncClient``; an ``asyncio.Semaphore`` bounds the requests
+in flight, as sglang's ``bench_serving --max-concurrency``), and :class:`VideoClient`, its
+synchronous face: one request at a time on an event loop of its own thread (so it runs inside a
+Jupyter kernel's loop too), then the request's ``performance.log`` line, found by id (polled with a
+timeout: the server writes it after the status flips; a partial last line is tolerated).
+:func:`closed_loop` and :func:`open_loop` schedule many requests. The job JSON's own fields are read
+as what they are (:func:`job_fields`; the reference engine's start is its ``perfkit_times``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from perfkit.readings.records import PerfRecord, RecordError, lookup
 
@@ -24,6 +30,8 @@ log = logging.getLogger(__name__)
 TERMINAL = ("completed", "failed", "error", "cancelled")
 #: polls in a row that may lose their connection before the engine counts as lost (a GET is repeated)
 POLL_RETRIES = 3
+#: how often (s) a client given ``alive`` checks the engine during an HTTP call
+ALIVE_EVERY_S = 0.1
 
 
 @dataclass
@@ -116,23 +124,28 @@ class RequestOutcome:
     Attributes:
         request_id: server id ('' when the submit itself failed).
         status: ``completed``, ``failed``, ``rejected`` (4xx on submit), ``timeout`` or ``error``
-            (connection lost, e.g. the engine died).
-        http_status: status code of the submit (0 when no answer).
-        client_ms: submit to terminal status, ms.
-        t_start, t_end: epoch seconds (same clock as the sampler).
+            (connection lost, e.g. the engine died, or not sent: the engine was gone).
+        t_submit, t_end: client clock, epoch seconds (submit sent; terminal status seen).
+        http_status: status code of the submit, or of the poll that ended it (0: no answer).
         error: error text from the server or the transport.
-        record: the matching performance.log record, when found.
+        body: the last job JSON.
+        record: the matching performance.log record (:class:`VideoClient`), when found.
+        slot: the caller's index of the request (arrival order in an open loop).
+        t_arrival: when the request was due (open loop), epoch seconds; None otherwise.
+        in_flight_at_submit: requests of this client in flight when this one was submitted.
     """
 
     request_id: str
     status: str
-    http_status: int
-    client_ms: float
-    t_start: float
+    t_submit: float
     t_end: float
+    http_status: int = 0
     error: str | None = None
-    record: PerfRecord | None = None
     body: dict[str, Any] = field(default_factory=dict)
+    record: PerfRecord | None = None
+    slot: int = 0
+    t_arrival: float | None = None
+    in_flight_at_submit: int = 0
 
     @property
     def ok(self) -> bool:
@@ -143,15 +156,216 @@ class RequestOutcome:
         """The last job JSON's own fields (:func:`job_fields`)."""
         return job_fields(self.body)
 
+    @property
+    def client_ms(self) -> float:
+        """Submit to terminal status as the client saw it (ms)."""
+        return (self.t_end - self.t_submit) * 1000.0
+
+
+class _Lost(Exception):
+    """The engine's process ended during an HTTP call."""
+
+
+def _json_object(resp: httpx.Response) -> dict[str, Any] | None:
+    """The answer's JSON object; None when it is not JSON or not an object."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+class AsyncVideoClient:
+    """Async client for one engine, at most ``max_in_flight`` requests in flight.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:30000``.
+        max_in_flight: the bound (>= 1) on requests submitted and not yet terminal.
+        timeout_s: per request, submit to terminal status (no HTTP call waits past it).
+        poll_s: polling interval of ``GET /v1/videos/{id}`` (s) while the job runs; a job the
+            engine reports ``queued`` is polled every ``queued_every`` x ``poll_s``.
+        alive: says whether the engine's process still runs (e.g.
+            :meth:`perfkit.engine.handle.EngineHandle.alive`); checked every
+            :data:`ALIVE_EVERY_S` during each HTTP call: once it is False, each request in
+            flight ends at once (``error``, "lost the engine ...") and no later one is sent
+            (``error``, "not sent: ..."), never one timeout a request.
+        queued_every: see ``poll_s`` (10: k requests in flight cost the engine about one fast
+            poller, not k).
+
+    Use as ``async with AsyncVideoClient(url, 4) as c: out = await c.generate(spec, slot=0)``.
+
+    Raises:
+        ValueError: ``max_in_flight`` < 1.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        max_in_flight: int = 1,
+        timeout_s: float = 600.0,
+        poll_s: float = 0.02,
+        alive: Callable[[], bool] | None = None,
+        queued_every: int = 10,
+    ):
+        import httpx  # here, not at the top: only where a request is sent (a replay sends none)
+
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self.queued_every = queued_every
+        self.in_flight = 0
+        self.alive = alive
+        self.lost = False  # the engine was seen dead: nothing more is sent
+        self._sem = asyncio.Semaphore(max_in_flight)
+        limits = httpx.Limits(max_connections=max_in_flight + 2, max_keepalive_connections=max_in_flight + 2)
+        self.http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=httpx.Timeout(30.0, connect=5.0), limits=limits
+        )
+
+    async def __aenter__(self) -> "AsyncVideoClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.http.aclose()
+
+    async def health(self) -> bool:
+        """True when ``GET /health`` answers 200; False for any other answer or none."""
+        import httpx  # here, not at the top: only where a request is sent (a replay sends none)
+
+        try:
+            return (await self.http.get("/health")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _dead(self) -> bool:
+        if not self.lost and self.alive is not None and not self.alive():
+            self.lost = True
+        return self.lost
+
+    async def _call(self, coro: Any) -> Any:
+        """Await an HTTP call; raise :class:`_Lost` as soon as the engine is seen dead."""
+        if self.alive is None:
+            return await coro
+        task = asyncio.ensure_future(coro)
+        while not task.done():
+            await asyncio.wait([task], timeout=ALIVE_EVERY_S)
+            if not task.done() and self._dead():
+                task.cancel()
+                raise _Lost
+        return task.result()
+
+    async def generate(
+        self, spec: VideoRequestSpec, slot: int = 0, t_arrival: float | None = None
+    ) -> RequestOutcome:
+        """Wait for a free slot, submit, poll to a terminal status. Never raises for server-side
+        failures or a lost engine: they come back as the outcome's status and error."""
+        async with self._sem:
+            self.in_flight += 1
+            try:
+                return await self._generate(spec, slot, t_arrival, self.in_flight - 1)
+            finally:
+                self.in_flight -= 1
+
+    async def _generate(
+        self, spec: VideoRequestSpec, slot: int, t_arrival: float | None, others: int
+    ) -> RequestOutcome:
+        import httpx  # here, not at the top: only where a request is sent (a replay sends none)
+
+        t_submit = time.time()
+        deadline = time.perf_counter() + self.timeout_s
+        code = 0  # the HTTP status the outcome reports
+
+        def done(
+            rid: str, status: str, error: str | None, body: dict[str, Any] | None = None
+        ) -> RequestOutcome:
+            o = RequestOutcome(rid, status, t_submit, time.time(), code, error, body or {})
+            o.slot, o.t_arrival, o.in_flight_at_submit = slot, t_arrival, others
+            return o
+
+        def left() -> httpx.Timeout:
+            # no single HTTP call outlives the request's deadline (a stopped engine accepts the
+            # connection and never answers)
+            s = max(0.2, deadline - time.perf_counter())
+            return httpx.Timeout(min(30.0, s), connect=min(5.0, s))
+
+        def timed_out(
+            rid: str, status: str, why: str = "", body: dict[str, Any] | None = None
+        ) -> RequestOutcome:
+            head = f"request {rid or '(not yet accepted)'} not finished after {self.timeout_s:g} s"
+            return done(rid, "timeout", f"{head} (last status {status}{why})", body)
+
+        if self._dead():
+            return done("", "error", "not sent: the engine was gone")
+        try:
+            resp = await self._call(self.http.post("/v1/videos", json=spec.payload(), timeout=left()))
+        except _Lost:
+            return done("", "error", "lost the engine while submitting")
+        except httpx.HTTPError as exc:
+            if self._dead():
+                return done("", "error", f"lost the engine while submitting: {type(exc).__name__}")
+            if isinstance(exc, httpx.TimeoutException):
+                return timed_out("", "submitting", f"; the engine did not answer: {type(exc).__name__}")
+            return done("", "error", f"submit failed: {type(exc).__name__}: {exc}")
+        code = resp.status_code
+        if code >= 400:
+            return done("", "rejected", _error_text(resp))
+        body = _json_object(resp)
+        if body is None:
+            return done("", "error", f"submit answer is not a JSON object: {resp.text[:200]!r}")
+        rid = str(body.get("id") or body.get("request_id") or "")
+        status = body.get("status", "queued")
+        broken = 0  # polls in a row that lost their connection
+        while status not in TERMINAL:
+            if time.perf_counter() > deadline:
+                return timed_out(rid, status, body=body)
+            await asyncio.sleep(self.poll_s * (self.queued_every if status == "queued" else 1))
+            try:
+                r = await self._call(self.http.get(f"/v1/videos/{rid}", timeout=left()))
+            except _Lost:
+                return done(rid, "error", f"lost the engine while polling {rid}", body)
+            except httpx.TimeoutException:
+                continue
+            except httpx.TransportError as exc:
+                # a GET is safe to repeat: a connection the server dropped (uvicorn closes a
+                # keep-alive connection whose loop was busy past its timeout, e.g. while the
+                # engine gzips a profiler trace) is retried on a new one; a gone engine fails
+                # POLL_RETRIES times in a row
+                broken += 1
+                if broken <= POLL_RETRIES and not self._dead():
+                    log.info("poll of %s lost its connection (%s), retrying", rid, type(exc).__name__)
+                    continue
+                why = f"{type(exc).__name__}: {exc} ({broken} polls in a row)"
+                return done(rid, "error", f"lost the engine while polling {rid}: {why}", body)
+            except httpx.HTTPError as exc:
+                return done(
+                    rid, "error", f"lost the engine while polling {rid}: {type(exc).__name__}: {exc}", body
+                )
+            broken = 0
+            if r.status_code >= 400:
+                code = r.status_code
+                return done(rid, "error", _error_text(r), body)
+            answer = _json_object(r)
+            if answer is None:
+                return done(rid, "error", f"job {rid}: answer is not a JSON object: {r.text[:200]!r}", body)
+            body = answer
+            status = body.get("status", status)
+        err = body.get("error") if status != "completed" else None
+        if isinstance(err, dict):
+            err = err.get("message") or str(err)
+        return done(rid, "completed" if status == "completed" else "failed", err, body)
+
 
 class VideoClient:
-    """Synchronous client for one engine.
+    """Synchronous face of :class:`AsyncVideoClient`: one request at a time, run on an event loop
+    of this client's own thread, then the request's performance.log record.
 
     Args:
         base_url: e.g. ``http://127.0.0.1:30000``.
         perf_log_dir: where the engine writes performance.log (None: no record lookup).
         timeout_s: per request, submit to completion (no HTTP call waits past it).
-        poll_s: polling interval.
+        poll_s: polling interval (s), queued or running.
     """
 
     def __init__(
@@ -161,16 +375,21 @@ class VideoClient:
         timeout_s: float = 600.0,
         poll_s: float = 0.05,
     ):
-        import httpx  # here, not at the top: only where a request is sent (a replay sends none)
-
-        self.base_url = base_url.rstrip("/")
+        self.aio = AsyncVideoClient(base_url, 1, timeout_s, poll_s, queued_every=1)
+        self.base_url = self.aio.base_url
         self.perf_log_dir = Path(perf_log_dir) if perf_log_dir else None
-        self.timeout_s = timeout_s
-        self.poll_s = poll_s
-        self.http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(30.0, connect=5.0))
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="perfkit-client", daemon=True)
+        self._thread.start()
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def close(self) -> None:
-        self.http.close()
+        self._run(self.aio.http.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
 
     def __enter__(self) -> "VideoClient":
         return self
@@ -179,119 +398,18 @@ class VideoClient:
         self.close()
 
     def health(self) -> bool:
-        import httpx  # here, not at the top: only where a request is sent (a replay sends none)
-
-        try:
-            return self.http.get("/health").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def submit(self, spec: VideoRequestSpec) -> httpx.Response:
-        return self.http.post("/v1/videos", json=spec.payload())
+        """True when ``GET /health`` answers 200."""
+        return self._run(self.aio.health())
 
     def generate(self, spec: VideoRequestSpec, record_timeout_s: float = 10.0) -> RequestOutcome:
-        """Submit, poll to a terminal status, then find the record. Never raises for server-side
-        failures: they come back as the outcome's status and error."""
-        import httpx  # here, not at the top: only where a request is sent (a replay sends none)
-
-        t_start = time.time()
-        p0 = time.perf_counter()
-
-        def outcome(rid: str, status: str, code: int, error: str | None, body=None) -> RequestOutcome:
-            return RequestOutcome(
-                rid,
-                status,
-                code,
-                (time.perf_counter() - p0) * 1000.0,
-                t_start,
-                time.time(),
-                error,
-                None,
-                body or {},
-            )
-
-        deadline = p0 + self.timeout_s
-
-        def call_timeout() -> httpx.Timeout:
-            # no single HTTP call outlives the request's deadline (a stopped engine accepts the
-            # connection and never answers)
-            left = max(0.2, deadline - time.perf_counter())
-            return httpx.Timeout(min(30.0, left), connect=min(5.0, left))
-
-        def timed_out(rid: str, code: int, status: str, why: str = "") -> RequestOutcome:
-            return outcome(
-                rid,
-                "timeout",
-                code,
-                f"request {rid or '(not yet accepted)'} not finished after {self.timeout_s:g} s "
-                f"(last status {status}{why})",
-            )
-
-        try:
-            resp = self.http.post("/v1/videos", json=spec.payload(), timeout=call_timeout())
-        except httpx.TimeoutException as exc:
-            return timed_out("", 0, "submitting", f"; the engine did not answer: {type(exc).__name__}")
-        except httpx.HTTPError as exc:
-            return outcome("", "error", 0, f"submit failed: {type(exc).__name__}: {exc}")
-        if resp.status_code >= 400:
-            return outcome("", "rejected", resp.status_code, _error_text(resp))
-        body = resp.json()
-        rid = str(body.get("id") or body.get("request_id") or "")
-        status = body.get("status", "queued")
-        broken = 0  # polls in a row that lost the connection
-        while status not in TERMINAL:
-            if time.perf_counter() > deadline:
-                return timed_out(rid, resp.status_code, status)
-            time.sleep(self.poll_s)
-            try:
-                r = self.http.get(f"/v1/videos/{rid}", timeout=call_timeout())
-            except httpx.TimeoutException as exc:
-                if time.perf_counter() >= deadline:
-                    return timed_out(
-                        rid, resp.status_code, status, f"; the engine did not answer: {type(exc).__name__}"
-                    )
-                continue
-            except httpx.TransportError as exc:
-                # a GET is safe to repeat: a connection the server dropped (uvicorn closes a
-                # keep-alive connection whose loop was busy past its timeout, e.g. while the
-                # engine gzips a profiler trace) is retried on a new one; a gone engine fails
-                # POLL_RETRIES times in a row
-                broken += 1
-                if broken <= POLL_RETRIES:
-                    log.info("poll of %s lost its connection (%s), retrying", rid, type(exc).__name__)
-                    continue
-                return outcome(
-                    rid,
-                    "error",
-                    resp.status_code,
-                    f"lost the engine while polling {rid}: {type(exc).__name__}: {exc} "
-                    f"({broken} polls in a row)",
-                )
-            except httpx.HTTPError as exc:
-                return outcome(
-                    rid,
-                    "error",
-                    resp.status_code,
-                    f"lost the engine while polling {rid}: {type(exc).__name__}: {exc}",
-                )
-            broken = 0
-            if r.status_code >= 400:
-                return outcome(rid, "error", r.status_code, _error_text(r))
-            body = r.json()
-            status = body.get("status", status)
-        out = outcome(
-            rid,
-            "completed" if status == "completed" else "failed",
-            resp.status_code,
-            body.get("error") if status != "completed" else None,
-            body,
-        )
-        if isinstance(out.error, dict):
-            out.error = out.error.get("message") or str(out.error)
-        if self.perf_log_dir is not None and rid:
-            out.record = self.wait_record(rid, record_timeout_s)
+        """Submit, poll to a terminal status, then find the record (of a completed or failed
+        job). Never raises for server-side failures: they come back as the outcome's status
+        and error."""
+        out = self._run(self.aio.generate(spec))
+        if self.perf_log_dir is not None and out.request_id and out.status in ("completed", "failed"):
+            out.record = self.wait_record(out.request_id, record_timeout_s)
             if out.record is None:
-                log.warning("no performance.log line for %s after %.0f s", rid, record_timeout_s)
+                log.warning("no performance.log line for %s after %.0f s", out.request_id, record_timeout_s)
         return out
 
     def wait_record(self, request_id: str, timeout_s: float = 10.0) -> PerfRecord | None:
@@ -310,13 +428,47 @@ class VideoClient:
 
 
 def _error_text(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-    except ValueError:
+    body = _json_object(resp)
+    if body is None:
         return f"HTTP {resp.status_code}: {resp.text[:300]}"
-    err = body.get("error") if isinstance(body, dict) else None
+    err = body.get("error")
     if isinstance(err, dict):
         return f"HTTP {resp.status_code}: {err.get('message')}"
-    if isinstance(body, dict) and "detail" in body:
+    if "detail" in body:
         return f"HTTP {resp.status_code}: {body['detail']}"
     return f"HTTP {resp.status_code}: {str(body)[:300]}"
+
+
+async def closed_loop(
+    client: AsyncVideoClient, requests: Sequence[VideoRequestSpec], concurrency: int
+) -> list[RequestOutcome]:
+    """``concurrency`` workers, each sending its next request as soon as its last one ended
+    (sglang bench_serving's ``--max-concurrency`` with every request due at once), until
+    ``requests`` are all sent. Returns the outcomes in request order."""
+    pending = list(enumerate(requests))
+    out: list[RequestOutcome | None] = [None] * len(pending)
+
+    async def worker() -> None:
+        while pending:
+            i, spec = pending.pop(0)
+            out[i] = await client.generate(spec, slot=i)
+
+    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+    return [o for o in out if o is not None]
+
+
+async def open_loop(
+    client: AsyncVideoClient,
+    requests: Sequence[VideoRequestSpec],
+    arrivals_s: Sequence[float],
+) -> list[RequestOutcome]:
+    """Send request i at ``arrivals_s[i]`` seconds after the start (e.g. Poisson arrivals),
+    whatever is still in flight (up to the client's bound). Returns outcomes in arrival order,
+    each with its due time ``t_arrival`` (epoch seconds)."""
+    t0 = time.time()
+
+    async def one(i: int, spec: VideoRequestSpec, at: float) -> RequestOutcome:
+        await asyncio.sleep(max(0.0, t0 + at - time.time()))
+        return await client.generate(spec, slot=i, t_arrival=t0 + at)
+
+    return list(await asyncio.gather(*(one(i, s, a) for i, (s, a) in enumerate(zip(requests, arrivals_s)))))

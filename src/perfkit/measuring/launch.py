@@ -150,7 +150,7 @@ def record_rows(
         "host_rss_mib": _num(pk.get("host_rss_mib")),
         "host_anon_mib": _num(pk.get("host_anon_mib")),
         "placement": pk.get("placement"),
-        "t_start_s": pk.get("t_start", outcome.t_start if outcome else NAN),
+        "t_start_s": pk.get("t_start", outcome.t_submit if outcome else NAN),
         "t_end_s": pk.get("t_end", outcome.t_end if outcome else NAN),
         # the engine's job clock (reference engine); sglang's records carry none: NaN = not reported
         "submitted_s": _epoch(pk.get("t_submitted")),
@@ -229,7 +229,7 @@ def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRe
         "host_rss_mib": NAN,
         "host_anon_mib": NAN,
         "placement": None,
-        "t_start_s": outcome.t_start,
+        "t_start_s": outcome.t_submit,
         "t_end_s": outcome.t_end,
     }
 
@@ -386,7 +386,7 @@ def first_result(outcomes: list[RequestOutcome], cold_start: dict[str, Any]) -> 
         return {"first_result_s": NAN, "first_request_wait_s": NAN, "first_request_ms": NAN}
     return {
         "first_result_s": ok.t_end - t_launch,
-        "first_request_wait_s": ok.t_start - t_ready if t_ready is not None else NAN,
+        "first_request_wait_s": ok.t_submit - t_ready if t_ready is not None else NAN,
         "first_request_ms": ok.client_ms,
     }
 

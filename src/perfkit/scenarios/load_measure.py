@@ -24,8 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit.common.numfmt import json_float
 from perfkit.common.provenance import repo_root
-from perfkit.engine.aclient import AsyncOutcome, AsyncVideoClient, closed_loop, open_loop
-from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.client import AsyncVideoClient, RequestOutcome, VideoRequestSpec, closed_loop, open_loop
 from perfkit.measuring.launch import record_rows
 from perfkit.readings.records import parse_lines
 from perfkit.scenarios.load_stats import capacity_rps, first_error, shape_key
@@ -115,11 +114,11 @@ def run_phases(
 ):
     """Every phase against one engine (:mod:`perfkit.scenarios.load`'s order), ``p`` its
     ``LoadParams``: [(phase, level, outcome, spec)]. ``alive``: the engine's liveness (see
-    :class:`~perfkit.engine.aclient.AsyncVideoClient`): once it is dead the requests in flight
+    :class:`~perfkit.engine.client.AsyncVideoClient`): once it is dead the requests in flight
     end at once and the rest come back unsent (status ``error``)."""
 
-    async def go() -> list[tuple[str, Any, AsyncOutcome, VideoRequestSpec]]:
-        out: list[tuple[str, Any, AsyncOutcome, VideoRequestSpec]] = []
+    async def go() -> list[tuple[str, Any, RequestOutcome, VideoRequestSpec]]:
+        out: list[tuple[str, Any, RequestOutcome, VideoRequestSpec]] = []
         biggest = max([*p.concurrency, 1, p.open_loop_requests])
         async with AsyncVideoClient(base_url, biggest, timeout_s, p.poll_s, alive) as c:
             for i, (spec, _slo) in enumerate(trace):
@@ -156,7 +155,7 @@ def _run_coroutine(make: Any) -> Any:
         return ex.submit(lambda: asyncio.run(make())).result()
 
 
-def _timing(phase: str, level: Any, o: AsyncOutcome) -> dict[str, Any]:
+def _timing(phase: str, level: Any, o: RequestOutcome) -> dict[str, Any]:
     """What :func:`perfkit.scenarios.load_stats.capacity_rps` reads of one outcome."""
     return {"phase": phase, "level": level, "status": o.status, "t_submit_s": o.t_submit,
             "t_arrival_s": o.t_arrival, "t_end_s": o.t_end}  # fmt: skip
@@ -202,10 +201,10 @@ def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[d
         row.update(_times(sub, start, done, server_ms, o.client_ms))
         row.update({"server_ms": server_ms, "latent_shape": latent, "compiles": compiles})
         row.update({"engine_started_s": start, "engine_completed_s": done})
-        # what the job JSON said over HTTP (perfkit_times.started; None: not reported)
-        row["job_json_started_s"] = o.engine_started
-        # sglang's own fields (None: not in the job JSON): completed_at in whole seconds
+        # what the job JSON said over HTTP (perfkit_times.started; sglang's completed_at in whole
+        # seconds); None: not reported
         job = o.job
+        row["job_json_started_s"] = job.started_at_s
         row["job_completed_at_s"] = job.completed_at_s
         row["job_inference_ms"] = job.inference_time_s * 1000.0 if job.inference_time_s is not None else None
         load_rows.append(row)
