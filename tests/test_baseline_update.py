@@ -15,7 +15,7 @@ from floats import close
 from perfkit.bundle import ResultBundle
 from perfkit.gate import baseline as bl
 from perfkit.gate.outcome import exit_code, gate_result
-from perfkit.gate.run import bundle_cases
+from perfkit.gate.run import bundle_cases, gate
 from perfkit.gate.verdicts import write_verdict
 from perfkit.params import load_params
 
@@ -161,3 +161,28 @@ def test_a_malformed_engine_key_names_the_file_and_key(tmp_path):
     p.write_text(json.dumps(doc))
     with pytest.raises(bl.BaselineError, match=f"scenarios.{UNLIMITED}.perfkit_engine"):
         bl.load_baseline(p)
+
+
+def test_the_committed_h200_replay_keeps_its_verdict(tmp_path):
+    """params/h200.yaml on examples/h200/bundles: every case's engine ran as its baseline entry
+    says, so each baseline row is the committed report's (examples/h200/report), still a pass."""
+    for d in BUNDLES.iterdir():
+        (tmp_path / d.name).symlink_to(d)
+    p = load_params(ROOT / "params/h200.yaml")
+    res = gate(
+        tmp_path,
+        engine=p.engine.model_dump(),
+        request=p.request.model_dump(),
+        baseline_file=H200,
+        profile=p.baseline.profile,
+        hardware=p.baseline.hardware,
+        invariants=p.invariants_all(),
+    )
+    verdict = json.loads((ROOT / "examples/h200/report/baseline_gate/verdict.json").read_text())
+    assert verdict["status"] == "pass" and not [r for r in res.rows if r.status == "fail"]
+    cases = set(bl.load_baseline(H200)["scenarios"])
+    committed = sorted(
+        (r["case"], r["metric"], r["status"], r["reason"]) for r in verdict["rows"] if r["case"] in cases
+    )
+    assert len(committed) == 90
+    assert sorted((r.case, r.metric, r.status, r.reason) for r in res.baseline_rows) == committed
