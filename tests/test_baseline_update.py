@@ -12,7 +12,12 @@ import pytest
 
 import inprocess_cli
 from floats import close
+from perfkit.bundle import ResultBundle
 from perfkit.gate import baseline as bl
+from perfkit.gate.outcome import exit_code, gate_result
+from perfkit.gate.run import bundle_cases, gate
+from perfkit.gate.verdicts import write_verdict
+from perfkit.params import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLES = ROOT / "examples" / "h200" / "bundles"
@@ -90,3 +95,94 @@ def test_update_of_a_multi_launch_bundle_names_the_launch(copy):
     )
     assert r.returncode == 0, r.stderr
     assert json.loads(copy.read_text())["scenarios"][case] == bl.load_baseline(H200)["scenarios"][case]
+
+
+TRACES = ROOT / "examples" / "h200" / "sglang-traces" / "bundles"
+UNLIMITED = "ltx-2b_25f_512x768_30s_w17_cap-unlimited"
+OFF = "baseline measured with compile off, this run compile on: not compared"
+
+
+def test_update_records_what_the_engine_ran(copy):
+    """The committed memory_budget bundle predates the launches' config columns: its records say
+    compile off; the 2026-12-04 bundle's launches table says compile on with inductor; each
+    update writes its own (the old key is replaced, not kept), every number as derived."""
+    args = ("--baseline", str(copy), "--case", UNLIMITED, "--launch", "cap0")
+    assert _update("--bundle", str(BUNDLES / "memory_budget"), *args).returncode == 0
+    got = bl.load_baseline(copy)["scenarios"][UNLIMITED]
+    assert got["perfkit_engine"] == {"compile_active": False, "dtype": "bfloat16", "device": "cuda:0"}
+    assert got == bl.load_baseline(H200)["scenarios"][UNLIMITED]
+    assert _update("--bundle", str(TRACES / "memory_budget"), *args).returncode == 0
+    got = bl.load_baseline(copy)["scenarios"][UNLIMITED]
+    assert got["perfkit_engine"] == {
+        "compile_active": True,
+        "compile_backend": "inductor",
+        "dtype": "bfloat16",
+        "device": "cuda:0",
+    }
+
+
+def _entries(scenario: str) -> dict:
+    """Case -> entry of one investigation of the 2026-12-04 run, as its gate derives them."""
+    p = load_params(ROOT / "params/h200-sglang-traces.yaml")
+    b = {scenario: ResultBundle.load(TRACES / scenario)}
+    cases = bundle_cases(b, p.engine.model_dump(), p.request.model_dump())
+    return {c: bl.from_bundle(sb, c) for c, sb in cases.items()}
+
+
+def test_same_engine_compares_as_without_the_key_and_another_is_not_compared(tmp_path):
+    """cold_warm (compiled on both sides): the same rows as with the key removed from both;
+    memory_budget (baseline uncompiled): every row skipped naming both, none pass or fail, and a
+    verdict of nothing else is not a pass; another dtype is named the same way."""
+    ref = bl.load_baseline(H200)
+    run = _entries("cold_warm")
+    rows = bl.compare(run, ref)
+    assert {r.status for r in rows} >= {"pass", "improved"} and "not compared" not in str(rows)
+    bare_ref, bare_run = json.loads(json.dumps(ref)), json.loads(json.dumps(run))
+    for e in [*bare_ref["scenarios"].values(), *bare_run.values()]:
+        e.pop("perfkit_engine")
+    assert bl.compare(bare_run, bare_ref) == rows
+
+    budget = bl.compare(_entries("memory_budget"), ref)
+    assert len(budget) == 36 and {(r.status, r.reason) for r in budget} == {("skipped", OFF)}
+    doc = write_verdict(tmp_path, "baseline_gate", budget)
+    assert doc["status"] == "skipped" and gate_result("ok", doc) == "not gated"
+    assert exit_code("not gated", doc) == 2
+
+    other = json.loads(json.dumps(ref))
+    other["scenarios"]["ltx-2b_25f_512x768_30s_w17"]["perfkit_engine"]["dtype"] = "float16"
+    (r,) = {r.reason for r in bl.compare(run, other)}
+    assert r == "baseline measured with dtype float16, this run dtype bfloat16: not compared"
+
+
+def test_a_malformed_engine_key_names_the_file_and_key(tmp_path):
+    doc = json.loads(H200.read_text())
+    doc["scenarios"][UNLIMITED]["perfkit_engine"]["compile_active"] = "false"
+    p = tmp_path / "h200.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(bl.BaselineError, match=f"scenarios.{UNLIMITED}.perfkit_engine"):
+        bl.load_baseline(p)
+
+
+def test_the_committed_h200_replay_keeps_its_verdict(tmp_path):
+    """params/h200.yaml on examples/h200/bundles: every case's engine ran as its baseline entry
+    says, so each baseline row is the committed report's (examples/h200/report), still a pass."""
+    for d in BUNDLES.iterdir():
+        (tmp_path / d.name).symlink_to(d)
+    p = load_params(ROOT / "params/h200.yaml")
+    res = gate(
+        tmp_path,
+        engine=p.engine.model_dump(),
+        request=p.request.model_dump(),
+        baseline_file=H200,
+        profile=p.baseline.profile,
+        hardware=p.baseline.hardware,
+        invariants=p.invariants_all(),
+    )
+    verdict = json.loads((ROOT / "examples/h200/report/baseline_gate/verdict.json").read_text())
+    assert verdict["status"] == "pass" and not [r for r in res.rows if r.status == "fail"]
+    cases = set(bl.load_baseline(H200)["scenarios"])
+    committed = sorted(
+        (r["case"], r["metric"], r["status"], r["reason"]) for r in verdict["rows"] if r["case"] in cases
+    )
+    assert len(committed) == 90
+    assert sorted((r.case, r.metric, r.status, r.reason) for r in res.baseline_rows) == committed

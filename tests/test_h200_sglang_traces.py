@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -104,11 +105,12 @@ def test_first_of_new_shape_is_compile_and_runs_the_warm_kernels():
     assert max(change) < 0.05
 
 
-def test_gate_fails_only_on_the_memory_budget_rows_measured_with_compile(tmp_path: Path):
-    """The gate on these bundles against baselines/h200.json: REGRESSION on exactly four rows, all
-    memory_budget cases, whose baseline was recorded with torch.compile off (params/h200.yaml says
-    so) while params/h200.yaml measures them compiled; every cold_warm and warmup_shapes row
-    passes or improved, every invariant of a measured investigation passes."""
+def test_gate_does_not_compare_the_memory_budget_cases_measured_without_compile(tmp_path: Path):
+    """The gate on these bundles against baselines/h200.json: the memory_budget cases' baseline
+    was measured with torch.compile off (their ``perfkit_engine``, read from the committed
+    bundle's records) and these launches compiled, so each of their rows is skipped with that
+    reason, none passes or fails; the cold_warm and warmup_shapes rows are compared (none fails)
+    and every invariant of a measured investigation passes: PASS."""
     for d in RUN.iterdir():
         (tmp_path / d.name).symlink_to(d)
     p = load_params(ROOT / "params/h200-sglang-traces.yaml")
@@ -122,14 +124,15 @@ def test_gate_fails_only_on_the_memory_budget_rows_measured_with_compile(tmp_pat
         hardware=p.baseline.hardware,
         invariants=p.invariants_all(),
     )
-    failed = sorted((r.case, r.metric) for r in res.rows if r.status == "fail")
-    cap, unl = "ltx-2b_25f_512x768_30s_w17_cap-12GiBdev-32GiBhost", "ltx-2b_25f_512x768_30s_w17_cap-unlimited"
-    assert failed == [
-        (cap, "expected_load_ms"),
-        (cap, "load_peak_vram_mb"),
-        (cap, "runtime_peak_vram_mb"),
-        (unl, "expected_load_ms"),
-    ]
+    assert [r for r in res.rows if r.status == "fail"] == []
+    budget = [r for r in res.baseline_rows if "_cap-" in r.case]
+    ref = json.loads((ROOT / p.baseline.file).read_text())["scenarios"]
+    assert {r.case for r in budget} == {c for c in ref if "_cap-" in c} and len(budget) == 2 * 18
+    assert {(r.status, r.reason) for r in budget} == {
+        ("skipped", "baseline measured with compile off, this run compile on: not compared")
+    }
+    others = Counter(r.status for r in res.baseline_rows if "_cap-" not in r.case)
+    assert others == {"pass": 42, "improved": 6, "skipped": 6, "new": 3}
     inv = {(r.case, r.metric): r.status for r in res.invariant_rows}
     assert {k: v for k, v in inv.items() if v != "pass"} == {
         (k[0], k[1]): "skipped" for k in inv if k[0] in ("offload_modes", "load")
@@ -137,12 +140,17 @@ def test_gate_fails_only_on_the_memory_budget_rows_measured_with_compile(tmp_pat
     assert sum(v == "pass" for v in inv.values()) >= 12
     # the committed report says the same
     verdict = json.loads((RUN.parent / "report/baseline_gate/verdict.json").read_text())
-    assert verdict["status"] == "fail"
-    assert sorted((r["case"], r["metric"]) for r in verdict["rows"] if r["status"] == "fail") == failed
+    assert verdict["status"] == "pass"
+    assert Counter(r["status"] for r in verdict["rows"]) == {
+        "pass": 64,
+        "improved": 6,
+        "skipped": 47,
+        "new": 3,
+    }
     assert (
         (RUN.parent / "report/summary.md")
         .read_text()
-        .startswith("## perfkit: h200-sglang-traces — ❌ REGRESSION (exit 1)")
+        .startswith("## perfkit: h200-sglang-traces — ✅ PASS (exit 0)")
     )
 
 

@@ -37,7 +37,7 @@ import platform
 import re
 import shutil
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -525,9 +525,7 @@ def sub_bundle(
         t = bundle.table(name)
         if launch is not None and not t.empty:
             tables[name] = t[(t["launch"] == launch).fillna(False).to_numpy(bool)]
-    return ResultBundle(
-        scenario=bundle.scenario, meta=bundle.meta, results=bundle.results, tables=tables, path=bundle.path
-    )
+    return replace(bundle, tables=tables)  # records and logs kept: what the engine ran
 
 
 def _row_keys(df: pd.DataFrame) -> list[tuple[Any, str]]:

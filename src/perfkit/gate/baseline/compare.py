@@ -13,6 +13,7 @@ from perfkit.checks import Check
 from perfkit.gate.baseline.files import BaselineError
 from perfkit.gate.baseline.rules import (
     DEFAULT_IMPROVEMENT_THRESHOLD,
+    ENGINE_KEY,
     MEMORY_METRICS,
     OPTIONAL_TOLERANCES,
     PER_FRAME_METRIC,
@@ -113,7 +114,8 @@ def compare(
         allocated/warmup peaks), when the baseline value is null ("not measured in the
         baseline"), for ``stages_ms.per_frame_generation`` of video cases, and for the denoise
         metrics of a run with no denoising stage (:func:`no_denoise_reason`: sglang's diffusers
-        backend).
+        backend); every row of a case whose engine ran otherwise in the baseline than in this run
+        (:func:`ran_otherwise`), never a pass or a failure.
 
     Null values follow sglang's own check (``_validate_stages`` in
     ``multimodal_gen/test/server/test_server_utils.py``): ``per_frame_generation`` is skipped
@@ -139,19 +141,15 @@ def compare(
     for case, entry in run.items():
         expected = _expected_metrics(baseline, case)
         actual = _flatten(entry, f"run {case}")
+        unknown = ("fail", " (strict)") if strict else ("new", "")
         if expected is None:
-            status = "fail" if strict else "new"
-            rows.append(
-                Check(
-                    case,
-                    "*",
-                    None,
-                    None,
-                    None,
-                    status,
-                    "case not in baseline" + (" (strict)" if strict else ""),
-                )
-            )
+            rows.append(Check(case, "*", None, None, None, unknown[0], "case not in baseline" + unknown[1]))
+            continue
+        if otherwise := ran_otherwise(entry, (baseline.get("scenarios") or {}).get(case) or {}):
+            rows += [
+                Check(case, m, exp, actual.get(m), None, "skipped", otherwise)
+                for m, exp in (expected.items() or [("*", None)])
+            ]
             continue
         first = len(rows)
         no_denoise = no_denoise_reason(entry, rule.classify)
@@ -163,30 +161,30 @@ def compare(
         if not any(r.status in ("pass", "fail", "improved") for r in rows[first:]):
             # no hollow pass: a case present on both sides must compare something
             why = "its baseline entry holds no metric" if not expected else "every metric was skipped"
-            rows.append(
-                Check(
-                    case, "metrics compared", None, 0, None, "fail", f"nothing compared for this case: {why}"
-                )
-            )
-        for metric in actual:
-            if (
-                metric not in expected
-                and actual[metric] is not None
-                and not (no_denoise and _is_denoise_metric(metric))
-            ):
-                status = "fail" if strict else "new"
-                rows.append(
-                    Check(
-                        case,
-                        metric,
-                        None,
-                        actual[metric],
-                        None,
-                        status,
-                        "metric not in baseline" + (" (strict)" if strict else ""),
-                    )
-                )
+            why = f"nothing compared for this case: {why}"
+            rows.append(Check(case, "metrics compared", None, 0, None, "fail", why))
+        rows += [
+            Check(case, m, None, v, None, unknown[0], "metric not in baseline" + unknown[1])
+            for m, v in actual.items()
+            if m not in expected and v is not None and not (no_denoise and _is_denoise_metric(m))
+        ]
     return rows
+
+
+def ran_otherwise(run_entry: Mapping[str, Any], base_entry: Mapping[str, Any]) -> str | None:
+    """Why a case is not comparable, naming both sides ("baseline measured with compile off, this
+    run compile on: not compared"), from the entries' :data:`ENGINE_KEY` (what the engine ran);
+    None when every field both record is the same (or either records none)."""
+    base, mine = base_entry.get(ENGINE_KEY) or {}, run_entry.get(ENGINE_KEY) or {}
+    keys = [k for k in base if k in mine and base[k] != mine[k]]
+
+    def say(cfg: Mapping[str, Any]) -> str:
+        on = {True: "compile on", False: "compile off"}
+        return ", ".join(
+            on[cfg[k]] if k == "compile_active" else f"{k.replace('_', ' ')} {cfg[k]}" for k in keys
+        )
+
+    return f"baseline measured with {say(base)}, this run {say(mine)}: not compared" if keys else None
 
 
 #: the one stage sglang's ``--backend diffusers`` writes (multimodal_gen/runtime/pipelines/
@@ -238,27 +236,14 @@ def _metric_check(
         return Check(case, metric, None, act, None, "skipped", "not measured in the baseline (null)")
     if metric == PER_FRAME_METRIC and rule.video:
         return Check(
-            case,
-            metric,
-            exp,
-            act,
-            None,
-            "skipped",
-            "sglang skips per_frame_generation for video cases",
+            case, metric, exp, act, None, "skipped", "sglang skips per_frame_generation for video cases"
         )
     if tol is None:
         known_optional = rule_name in OPTIONAL_TOLERANCES
         if not known_optional:
             log.warning("profile %s has no tolerance for %s (%s)", rule.profile, metric, rule_name)
-        return Check(
-            case,
-            metric,
-            exp,
-            act,
-            None,
-            "skipped",
-            f"profile {rule.profile!r} has no {rule_name!r} tolerance",
-        )
+        why = f"profile {rule.profile!r} has no {rule_name!r} tolerance"
+        return Check(case, metric, exp, act, None, "skipped", why)
     b = bound(exp, tol, pad)
     if act is None:
         why = "not measured in the run (null)" if metric in actual else "missing from run"
@@ -268,27 +253,15 @@ def _metric_check(
     if act > b:
         over = (act / exp - 1.0) * 100 if exp else math.inf
         return Check(
-            case,
-            metric,
-            exp,
-            act,
-            b,
-            "fail",
-            f"{act:g} > bound {b:g} (+{over:.1f}% vs expected; {rule_txt})",
+            case, metric, exp, act, b, "fail", f"{act:g} > bound {b:g} (+{over:.1f}% vs expected; {rule_txt})"
         )
     if exp > 0 and act < exp * (1.0 - threshold):
         snip = _snippet(metric, act)
-        return Check(
-            case,
-            metric,
-            exp,
-            act,
-            b,
-            "improved",
+        why = (
             f"{(1 - act / exp) * 100:.1f}% faster than expected (improvement threshold "
-            f"{threshold:g}, {rule.threshold_from}); update scenarios.{case} with {json.dumps(snip)}",
-            snip,
+            f"{threshold:g}, {rule.threshold_from}); update scenarios.{case} with {json.dumps(snip)}"
         )
+        return Check(case, metric, exp, act, b, "improved", why, snip)
     return Check(case, metric, exp, act, b, "pass", rule_txt)
 
 

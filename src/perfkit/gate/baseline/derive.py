@@ -9,11 +9,12 @@ from typing import Any
 
 import pandas as pd
 
-from perfkit.bundle import ResultBundle
+from perfkit.bundle import ResultBundle, table_rows
 from perfkit.gate.baseline.files import new_baseline
 from perfkit.gate.baseline.rules import (
     DEFAULT_STEP_FRACTIONS,
     DERIVED_KEYS,
+    ENGINE_KEY,
     MB_DECIMALS,
     MS_DECIMALS,
     S_DECIMALS,
@@ -21,6 +22,8 @@ from perfkit.gate.baseline.rules import (
     StageClassifier,
     _classifier,
 )
+from perfkit.readings.engine_config import effective_config
+from perfkit.readings.records import parse_lines
 
 
 def _num(v: Any) -> float | None:
@@ -34,10 +37,6 @@ def _num(v: Any) -> float | None:
 def _max(values: Iterable[Any]) -> float | None:
     vals = [f for f in (_num(v) for v in values) if f is not None]
     return max(vals) if vals else None
-
-
-def _measured_requests(bundle: ResultBundle, launch: str | None) -> pd.DataFrame:
-    return bundle.measured_requests(launch)
 
 
 def _keys(df: pd.DataFrame) -> list[tuple[Any, str]]:
@@ -91,6 +90,7 @@ def from_bundle(
       / ``peak_allocated_mib`` (MiB).
     - ``estimated_full_test_time_s``: per launch, ready_s plus the span from its first measured
       request start to its last end (sum of e2e when no timestamps), summed over launches.
+    - :data:`ENGINE_KEY` (perfkit's): what the engine ran, as it reported (:func:`_engine_ran`).
 
     Keys whose source columns are missing or empty are left out.
 
@@ -99,7 +99,7 @@ def from_bundle(
     """
     fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
     classify = _classifier(stage_classes)
-    req = _measured_requests(bundle, launch)
+    req = bundle.measured_requests(launch)
     if req.empty:
         where = f" in launch {launch!r}" if launch is not None else ""
         raise ValueError(
@@ -122,7 +122,33 @@ def from_bundle(
 
     lt, ready = _launch_values(bundle, req, keys, launch, entry)
     entry["estimated_full_test_time_s"] = round(_full_test_time_s(req, launch_col, lt, ready), S_DECIMALS)
+    if ran := _engine_ran(bundle, lt):
+        entry[ENGINE_KEY] = ran
     return entry
+
+
+#: the ``launches`` columns :data:`ENGINE_KEY` holds (``engine_device`` as ``device``)
+_ENGINE_COLUMNS = ("compile_active", "compile_backend", "dtype", "engine_device")
+
+
+def _engine_ran(bundle: ResultBundle, lt: pd.DataFrame) -> dict[str, Any]:
+    """``compile_active``, ``compile_backend``, ``dtype``, ``device`` of the launches in ``lt``, as
+    the engine reported them: the launches table's effective config, else (a bundle older than
+    those columns) its records' ``perfkit`` block or sglang's logged ServerArgs. A field not
+    reported, or not the same in every launch, is left out."""
+    seen: dict[str, set[Any]] = {}
+    for ln in table_rows(lt):
+        cfg = {c.removeprefix("engine_"): ln.get(c) for c in _ENGINE_COLUMNS}
+        if cfg["compile_active"] is None:
+            label = str(ln.get("launch"))
+            recs = parse_lines(bundle.records.get(label, [])).records
+            logs = {n: t for n, t in bundle.logs.items() if n.startswith(f"{label}.")}
+            old = effective_config(recs[0].perfkit if recs else None, logs).to_row()
+            cfg = {k: old[k] if v is None else v for k, v in cfg.items()}
+        for k, v in cfg.items():
+            if v is not None and v == v:  # not NaN
+                seen.setdefault(k, set()).add(bool(v) if k == "compile_active" else str(v))
+    return {k: v.pop() for k, v in seen.items() if len(v) == 1}
 
 
 def _worst_stages_ms(bundle: ResultBundle, keys: set[tuple[Any, str]]) -> dict[str, float]:
@@ -183,23 +209,18 @@ def _launch_values(
         lt = lt[lt["launch"].isin(used)] if used != {None} else lt
         if launch is not None:
             lt = lt[lt["launch"] == launch]
-    ready = _max(lt["ready_s"]) if "ready_s" in lt else None
-    if ready is not None:
-        entry["expected_load_ms"] = round(ready * 1000.0, MS_DECIMALS)
-    first = _max(lt["first_result_s"]) if "first_result_s" in lt else None
-    if first is not None:
-        entry["expected_first_result_ms"] = round(first * 1000.0, MS_DECIMALS)
-    for col, key in (("load_peak_mib", "load_peak_vram_mb"), ("warmup_peak_mib", "warmup_peak_vram_mb")):
-        v = _max(lt[col]) if col in lt else None
-        if v is not None:
-            entry[key] = round(v, MB_DECIMALS)
-    for col, key in (
-        ("peak_reserved_mib", "runtime_peak_vram_mb"),
-        ("peak_allocated_mib", "runtime_peak_allocated_mb"),
+    for df, col, key, scale, decimals in (
+        (lt, "ready_s", "expected_load_ms", 1000.0, MS_DECIMALS),
+        (lt, "first_result_s", "expected_first_result_ms", 1000.0, MS_DECIMALS),
+        (lt, "load_peak_mib", "load_peak_vram_mb", 1.0, MB_DECIMALS),
+        (lt, "warmup_peak_mib", "warmup_peak_vram_mb", 1.0, MB_DECIMALS),
+        (req, "peak_reserved_mib", "runtime_peak_vram_mb", 1.0, MB_DECIMALS),
+        (req, "peak_allocated_mib", "runtime_peak_allocated_mb", 1.0, MB_DECIMALS),
     ):
-        v = _max(req[col]) if col in req else None
+        v = _max(df[col]) if col in df else None
         if v is not None:
-            entry[key] = round(v, MB_DECIMALS)
+            entry[key] = round(v * scale, decimals)
+    ready = _max(lt["ready_s"]) if "ready_s" in lt else None
     return lt, ready
 
 

@@ -16,6 +16,7 @@ from perfkit.gate.baseline.rules import (
     DEFAULT_IMPROVEMENT_THRESHOLD,
     DEFAULT_STEP_FRACTIONS,
     DEFAULT_TOLERANCES,
+    ENGINE_KEY,
     MEMORY_METRICS,
     SCALAR_TIMING_METRICS,
     TOP_LEVEL_CASE_MAPS,
@@ -26,11 +27,6 @@ from perfkit.gate.baseline.rules import (
 
 class BaselineError(ValueError):
     """A baseline file that cannot be read; the message names the file (and line/column)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Load / save
-# ---------------------------------------------------------------------------------------------
 
 
 def new_baseline(
@@ -126,6 +122,13 @@ def _validate(doc: Any, source: str) -> None:
         for mkey in (*SCALAR_TIMING_METRICS, *MEMORY_METRICS, "estimated_full_test_time_s"):
             if mkey in entry:
                 number(f"scenarios.{case}.{mkey}", entry[mkey])
+        ran = entry.get(ENGINE_KEY, {})
+        if not isinstance(ran, dict) or any(
+            not isinstance(v, bool if k == "compile_active" else str) for k, v in ran.items()
+        ):
+            raise bad(
+                f"scenarios.{case}.{ENGINE_KEY}", f"{ran!r}: expected strings (compile_active: a boolean)"
+            )
     for key in TOP_LEVEL_CASE_MAPS:
         for case, v in (doc.get(key) or {}).items():
             number(f"{key}.{case}", v)

@@ -114,8 +114,13 @@ OPTIONAL_TOLERANCES = {
 }
 #: Top-level per-case maps some sglang files carry (case id -> MiB).
 TOP_LEVEL_CASE_MAPS = ("load_peak_vram_mb", "runtime_peak_vram_mb")
+#: perfkit's key in a case entry (sglang's readers skip it): what the engine really ran, as it
+#: reported (``compile_active``, ``compile_backend``, ``dtype``, ``device``); a case measured
+#: otherwise than this run is not compared (:func:`perfkit.gate.baseline.compare.compare`)
+ENGINE_KEY = "perfkit_engine"
 #: Keys of a scenario entry that :func:`from_bundle` derives (replaced on update; others kept).
 DERIVED_KEYS = (
+    ENGINE_KEY,
     "stages_ms",
     "denoise_step_ms",
     "expected_e2e_ms",

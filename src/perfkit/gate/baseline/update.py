@@ -16,11 +16,6 @@ from perfkit.gate.baseline.rules import DEFAULT_STEP_FRACTIONS
 log = logging.getLogger(__name__)
 
 
-# ---------------------------------------------------------------------------------------------
-# Update
-# ---------------------------------------------------------------------------------------------
-
-
 def update_baseline(
     bundle_dir: str | Path,
     baseline_file: str | Path,
