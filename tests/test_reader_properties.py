@@ -378,6 +378,9 @@ def test_redaction_matches_the_earlier_patterns_on_short_text(text):
 
 def test_an_api_key_without_a_separator_is_redacted():
     assert redact("apikey=-") == _old_redact("apikey=-") == "apikey=***REDACTED***"
+    # the secret word spanning the name's last dash (hypothesis found 'api-key=-' readable)
+    for name in ("api-key", "x-api-key", "MY_ACCESS-KEY"):
+        assert redact(f"{name}=v") == _old_redact(f"{name}=v") == f"{name}=***REDACTED***"
 
 
 @pytest.mark.parametrize(

@@ -118,7 +118,16 @@ def _secret_name(name: str, *, dashed_only: bool = False) -> bool:
     dash = name.find("-", i)
     if dash >= 0 and _SECRET_NAME.search(name, dash):
         return True
-    return not dashed_only and bool(_SECRET_NAME.search(name, word_start))
+    if dashed_only:
+        return False
+    if _SECRET_NAME.search(name, word_start):
+        return True
+    # api-key / access-key: the secret word itself spans the run's last dash
+    dash, k = word_start - 1, word_start - 1
+    while k > 0 and (name[k - 1].isalnum() or name[k - 1] == "_"):
+        k -= 1
+    m = _SECRET_NAME.search(name, k) if dash >= 0 and name[dash : dash + 1] == "-" else None
+    return bool(m and m.start() < dash < m.end())
 
 
 def _redact_token(tok: str) -> str:
