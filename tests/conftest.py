@@ -3,8 +3,8 @@
 ``h200_replay_run`` (session): ``perfkit suite`` replaying the committed H200 bundles once
 (papermill, notebooks, report), shared by the report template and browser tests.
 
-``scaleout_runs`` (session): test_scaleout_merge's small suite unsplit, as two shards and merged,
-shared with test_ray_suite.
+``scaleout_runs`` (session): test_scaleout_merge's small suite unsplit (through Ray), as two
+shards and merged, shared with test_ray_suite.
 
 ``ci_cpu_replay_run`` (session): ``perfkit suite`` replaying synthetic bundles with
 params/ci-cpu.yaml, shared by test_suite and the browser tests.
@@ -155,8 +155,8 @@ def no_surviving_engines(request):
 
 @pytest.fixture(scope="session")
 def scaleout_runs(tmp_path_factory) -> dict:
-    """test_scaleout_merge's small suite run unsplit, as shards 1/2 and 2/2, and merged (about
-    2.5 min on 2 cores): shared by test_scaleout_merge and test_ray_suite (one work unit)."""
+    """test_scaleout_merge's small suite run unsplit (through Ray), as shards 1/2 and 2/2, and
+    merged: shared by test_scaleout_merge and test_ray_suite (one work unit)."""
     import test_scaleout_merge
 
     return test_scaleout_merge.make_runs(tmp_path_factory.mktemp("scaleout"))

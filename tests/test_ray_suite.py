@@ -1,17 +1,15 @@
 """``perfkit suite --executor ray`` on a local single-node Ray gives what the suite gives in
 process: the small suite derived from params/ci-cpu.yaml (``test_scaleout_merge.small_params``:
 timing invariants off, since two runs on a shared 2-core runner differ in timing), for real on
-the tiny reference engine, through Ray against the session's unsplit in-process run of the same
-params (``scaleout_runs``, shared with test_scaleout_merge, whose merged shards equal it too):
-same verdict rows, same tables bar timing values, every unit's output back from its task."""
+the tiny reference engine. The Ray run is the session's unsplit run (``scaleout_runs``, shared
+with test_scaleout_merge); the in-process side is its shards 1/2 and 2/2, run in process and
+merged (test_scaleout_merge checks the rest of that equality): same verdict rows, same tables
+bar timing values, every unit's output back from its task."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,30 +26,14 @@ pytest.importorskip("ray")
 sys.path.insert(0, str(Path(__file__).parent))
 from test_scaleout_merge import _tables, _verdict_rows  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _suite(params: Path, out: Path, executor: str) -> tuple[subprocess.CompletedProcess, float]:
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "perfkit.cli", "suite", "--params", str(params), "--executor", executor]
-        + ["--tier", "per-commit", "--out", str(out), "--no-screenshot", "-q"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-        env=os.environ.copy(),
-    )
-    return proc, time.monotonic() - t0
-
 
 @pytest.mark.slow
-def test_suite_through_ray_equals_in_process(scaleout_runs, tmp_path):
-    ray_proc, ray_s = _suite(scaleout_runs["params"], tmp_path / "ray", "ray")
-    inp_proc, inp_s = scaleout_runs["unsplit"], scaleout_runs["walls"]["unsplit"]
+def test_suite_through_ray_equals_in_process(scaleout_runs):
+    assert scaleout_runs["executor"] == "ray"
+    ray_proc, inp_proc = scaleout_runs["unsplit"], scaleout_runs["merged"]
     assert inp_proc.returncode in (0, 1), inp_proc.stdout + inp_proc.stderr[-3000:]
     assert ray_proc.returncode == inp_proc.returncode, ray_proc.stdout + ray_proc.stderr[-3000:]
-    a, b = scaleout_runs["unsplit_dir"], tmp_path / "ray"
+    a, b = scaleout_runs["merged_dir"], scaleout_runs["unsplit_dir"]
     ra, rb = json.loads((a / "run.json").read_text()), json.loads((b / "run.json").read_text())
     assert ra["status"] == rb["status"]
     assert {n["name"]: n["status"] for n in ra["notebooks"]} == {
@@ -65,4 +47,8 @@ def test_suite_through_ray_equals_in_process(scaleout_runs, tmp_path):
     assert manifest["outcomes"] and all(o["status"] == "ok" and o["host"] for o in manifest["outcomes"])
     for o in manifest["outcomes"]:  # each unit's output came back from its task, unit.json beside it
         assert (b / "shards" / "1" / "units" / o["unit_id"] / "unit.json").is_file()
-    print(f"wall time: ray {ray_s:.0f} s, in-process {inp_s:.0f} s", file=sys.stderr)
+    walls = scaleout_runs["walls"]
+    print(
+        f"wall time: ray {walls['unsplit']:.0f} s, in-process shards {walls['s1'] + walls['s2']:.0f} s",
+        file=sys.stderr,
+    )
