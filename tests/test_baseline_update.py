@@ -186,3 +186,23 @@ def test_the_committed_h200_replay_keeps_its_verdict(tmp_path):
     )
     assert len(committed) == 90
     assert sorted((r.case, r.metric, r.status, r.reason) for r in res.baseline_rows) == committed
+
+
+@pytest.mark.parametrize(
+    "ms, says",
+    [(None, "column ms is null for stage"), ("827.07", "column 'ms' holds '827.07'"), ("fast", "'fast'")],
+)
+def test_update_refuses_stage_ms_that_is_not_a_number(tmp_path, ms, says):
+    """Issue 54: a stages.parquet ``ms`` all null wrote every stage as 0.0 (exit 0); as text, it
+    was coerced. Now exit 2 naming the file and column, and no baseline written."""
+    import pandas as pd
+
+    b = tmp_path / "b"
+    shutil.copytree(BUNDLES / "cold_warm", b)
+    df = pd.read_parquet(b / "stages.parquet")
+    df["ms"] = pd.Series([ms] * len(df), dtype=object)
+    df.to_parquet(b / "stages.parquet", index=False)
+    out = tmp_path / "x.json"
+    r = _update("--bundle", str(b), "--baseline", str(out), "--case", "c1")
+    assert r.returncode == 2 and f"{b}/stages.parquet" in r.stderr and says in r.stderr, r.stderr
+    assert not out.exists()

@@ -22,6 +22,9 @@ def _cast(s: pd.Series, dtype: str) -> pd.Series:
         return s.map(lambda v: pd.NA if _missing(v) else bool(v)).astype("boolean")
     if dtype in ("Int64", "int64", "float64"):
         num = pd.to_numeric(s, errors="coerce")
+        bad = s[(num.isna() & ~s.map(_missing)) | s.map(lambda v: dtype == "float64" and isinstance(v, str))]
+        if len(bad):  # text in a number column: an error, never a silent NaN (issue 54)
+            raise ValueError(f"column {s.name!r} holds {bad.iloc[0]!r}, not a number ({dtype})")
         if dtype == "float64":
             return num.astype("float64")
         # integers that came as floats (NaN-padded) or strings
@@ -44,7 +47,8 @@ def conform(name: str, df: pd.DataFrame | None) -> pd.DataFrame:
     Raises:
         KeyError: ``name`` is not a declared table.
         ValueError: ``df`` has a column the table does not declare (the message names the table
-            and the column).
+            and the column), or a number column holds a value that is not a number (text in a
+            float column).
     """
     table = TABLES[name]
     df = pd.DataFrame() if df is None else df

@@ -95,7 +95,8 @@ def from_bundle(
     Keys whose source columns are missing or empty are left out.
 
     Raises:
-        ValueError: when the bundle has no measured requests (for ``launch``).
+        ValueError: when the bundle has no measured requests (for ``launch``), or a measured
+            request's stage or step ``ms`` is null (the message names the file and column).
     """
     fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
     classify = _classifier(stage_classes)
@@ -155,6 +156,12 @@ def _worst_stages_ms(bundle: ResultBundle, keys: set[tuple[Any, str]]) -> dict[s
     """Stage -> ms of the worst request: per request summed by stage name, then the max."""
     stages = _rows_of(bundle.stages, keys)
     stages_ms: dict[str, float] = {}
+    if stages["ms"].isna().any():
+        miss = stages[stages["ms"].isna()].iloc[0]
+        raise ValueError(
+            f"{bundle.path}/stages.parquet: column ms is null for stage {miss['stage']!r} of request "
+            f"{miss['request_id']!r}: no baseline from an unmeasured stage"
+        )
     if not stages.empty:
         per_req = (
             stages.assign(_launch=stages["launch"] if "launch" in stages else None)
@@ -185,6 +192,10 @@ def _denoise_steps(
         sl = steps["launch"] if "launch" in steps else pd.Series(None, index=steps.index)
         for _, grp in steps.assign(_launch=sl).groupby(["_launch", "request_id"], sort=False, dropna=False):
             seq = [float(v) for v in grp.sort_values("step")["ms"]]
+            if any(math.isnan(v) for v in seq):
+                raise ValueError(
+                    f"{bundle.path}/steps.parquet: column ms is null in request {grp['request_id'].iloc[0]!r}"
+                )
             if not seq:
                 continue
             avgs.append(statistics.fmean(seq))
