@@ -493,3 +493,38 @@ def test_cli_compare_run_as_dump_or_log(tmp_path):
     log.write_text(json.dumps(line) + "\n")
     proc = perfkit("compare", "--run", str(log), "--baseline", str(base), "--case", "fast_hunyuan_video")
     assert proc.returncode == 2 and "stages[0].execution_time_ms" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "e2e, says",
+    [
+        (1e308, "expected_e2e_ms: 1e+308 is above 1e+09"),
+        (0, "scenarios.fast_hunyuan_video.expected_e2e_ms: 0 is no reference"),
+    ],
+)
+def test_cli_compare_refuses_an_absurd_or_zero_expected_duration(tmp_path, e2e, says):
+    """Issue 54: ``expected_e2e_ms: 1e308`` passed (a 300-digit bound), ``0`` failed "+inf%"; both
+    are exit 2 naming the baseline file and key."""
+    base = tmp_path / "b.json"
+    doc = bl.new_baseline("H100")
+    doc["scenarios"]["fast_hunyuan_video"] = bl.entry_from_records(
+        [perfdump.read_perf_dump(DUMP_V2).to_record()]
+    )
+    doc["scenarios"]["fast_hunyuan_video"]["expected_e2e_ms"] = e2e
+    base.write_text(json.dumps(doc))
+    proc = perfkit("compare", "--run", str(DUMP_V2), "--baseline", str(base), "--case", "fast_hunyuan_video")
+    assert proc.returncode == 2 and str(base) in proc.stderr and says in proc.stderr, (
+        proc.stdout + proc.stderr
+    )
+
+
+def test_cli_compare_dumps_refuses_an_absurd_duration(tmp_path):
+    """Issue 54: a dump's ``duration_ms: 1e308`` was a "regression … -> 1000000…"; now exit 2 naming
+    the file and key."""
+    after = json.loads(DUMP_V2.read_text())
+    after["steps"][0]["duration_ms"] = 1e308
+    huge = tmp_path / "after.json"
+    huge.write_text(json.dumps(after))
+    proc = perfkit("compare", "--before", str(DUMP_V2), "--after", str(huge))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "after.json: key 'steps[0].duration_ms': 1e+308 is above 1e+09" in proc.stderr, proc.stderr

@@ -51,7 +51,7 @@ def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bo
     except KeyError as exc:  # the profile is not in the file's tolerances: name the file
         return fail(f"{baseline}: tolerances: {exc.args[0]}")
     except bl.BaselineError as exc:
-        return fail(str(exc))
+        return fail(f"{baseline}: {exc}")
     overlap, warnings = bl.check_overlap(cases, ref, source=str(baseline), run_hardware=hardware)
     df = check_table([*overlap, *rows])
     for w in warnings:

@@ -93,6 +93,8 @@ class RecordError(ValueError):
 
 
 _INF = float("inf")
+#: the largest ms or MiB value read (issue 54): 1e9 ms is 11.6 days, 1e9 MiB a petabyte
+MAX_READING = 1e9
 
 
 def json_int(digits: str) -> int | float:
@@ -105,11 +107,12 @@ def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
     """``value`` as a float, exactly as written; ``None`` for JSON null (``nullable``).
 
     Raises :class:`RecordError` naming ``key`` for anything else: strings (``"12.5"``), booleans,
-    NaN, infinities, negative numbers, lists, objects. Never returns a default.
+    NaN, infinities, negative numbers, values above :data:`MAX_READING`, lists, objects. Never
+    returns a default.
     """
     t = type(value)
     if t is float:  # the common case first (NaN fails every comparison)
-        if 0.0 <= value < _INF:
+        if 0.0 <= value <= MAX_READING:
             return value
     elif t is int and value >= 0:
         return float(value)
@@ -124,6 +127,8 @@ def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
         raise RecordError(key, f"{value!r} is not a finite number")
     if f < 0:
         raise RecordError(key, f"{value!r} is negative")
+    if f > MAX_READING:
+        raise RecordError(key, f"{value!r} is above {MAX_READING:g} (no ms or MiB value is that large)")
     return f
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -251,7 +250,9 @@ def _metric_check(
     rule_txt = f"{rule_name}: tol {tol:g}, pad {pad:g}"
     threshold = rule.threshold
     if act > b:
-        over = (act / exp - 1.0) * 100 if exp else math.inf
+        if not exp:  # sglang's placeholder 0: no reference to gate a measured value on (issue 54)
+            raise BaselineError(f"scenarios.{case}.{metric}: 0 is no reference for {act:g} (needs > 0)")
+        over = (act / exp - 1.0) * 100
         return Check(
             case, metric, exp, act, b, "fail", f"{act:g} > bound {b:g} (+{over:.1f}% vs expected; {rule_txt})"
         )

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from perfkit.readings.records import MAX_READING
 from perfkit.readings.stages import baseline_class as _baseline_class
 
 # ---------------------------------------------------------------------------------------------
@@ -223,13 +224,15 @@ def _is_number(v: Any) -> bool:
 
 
 def _number_problem(v: Any) -> str | None:
-    """Why ``v`` is not a metric value (a finite, non-negative JSON number), or None."""
+    """Why ``v`` is not a metric value (a finite JSON number in [0, :data:`~perfkit.readings.records.MAX_READING`]), or None."""
     if not _is_number(v):
         return f"({type(v).__name__}) is not a number"
     if math.isnan(v) or math.isinf(v):
         return "is not a finite number"
     if v < 0:
         return "is negative"
+    if v > MAX_READING:
+        return f"is above {MAX_READING:g} (no ms, MiB, s or tolerance is that large)"
     return None
 
 
