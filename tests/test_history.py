@@ -324,6 +324,7 @@ def test_a_bad_nightly_file_is_refused_naming_file_and_key(tmp_path: Path, capsy
         ("NaN", "finite number"),
         ("1e400", "finite number"),  # reads as inf
         (-3, "greater than or equal to 0"),
+        (1e308, "less than or equal to 10000000"),  # `history site` overflowed on it (issue 54)
     ],
 )
 def test_a_nightly_latency_that_is_not_a_finite_number_is_refused(tmp_path: Path, capsys, latency, why):

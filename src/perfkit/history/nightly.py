@@ -36,8 +36,9 @@ class _Result(BaseModel):
     model: str | None = None
     task: str | None = None
     # strict: a string ("7.5") or a bool (true) is a mistyped key, not a latency; a value
-    # outside JSON's finite numbers (1e400 reads as inf, NaN) or below 0 is refused
-    latency_s: float | None = Field(strict=True, allow_inf_nan=False, ge=0)
+    # outside JSON's finite numbers (1e400 reads as inf, NaN), below 0 or above 1e7 s (115 days;
+    # 1e308 overflowed `history site`) is refused
+    latency_s: float | None = Field(strict=True, allow_inf_nan=False, ge=0, le=1e7)
     error: str | None = None
 
 
@@ -84,7 +85,7 @@ def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
     Raises:
         HistoryError: over :data:`MAX_BYTES`, not JSON, or a missing/mistyped key (names the
             file and the key, e.g. ``results.3.latency_s``): a latency that is a string, a bool,
-            not finite (NaN, 1e400) or negative; an empty ``commit_sha``, ``case_id`` or
+            not finite (NaN, 1e400), negative or above 1e7 s; an empty ``commit_sha``, ``case_id`` or
             ``framework``; a case (of one framework) given twice.
     """
     path = Path(path)
