@@ -435,3 +435,68 @@ def test_the_load_client_ends_a_hung_call_once_the_engine_is_dead():
     assert first.status == "error" and first.error == "lost the engine while submitting", first
     assert first.t_end - first.t_submit < 0.5 + 3 * ALIVE_EVERY_S + 0.5, first.client_ms
     assert second.error == "not sent: the engine was gone" and t_second < 0.05
+
+
+def test_a_capped_launch_lost_to_an_outside_sigkill_is_an_error(tmp_path):
+    """Found by the breaker: the engine of a capped launch (8GiB host) SIGKILLed by something
+    other than its cap read as "did not complete, held" and PASS. Now the bundle check raises
+    (exit 2) naming the launch, its budget and how it ended; with an OOM record it stays a verdict."""
+    from perfkit.engine.caps import MemoryCaps
+    from perfkit.engine.spec import EngineSpec
+    from perfkit.scenarios import memory_budget as mb
+    from perfkit.scenarios.registry import ScenarioError
+
+    spec = EngineSpec.from_dict(engine("sigkill", tmp_path / "pids", request_timeout_s=30))
+    b = mb.memory_budget(spec, caps=[MemoryCaps(host_gib=8)], repeats=3, run_dir=tmp_path / "mb")
+    c = b.results["caps"][0]
+    assert c["label"] == "8GiB host" and not c["completed"] and c["n_completed"] == 1, c
+    with pytest.raises(ScenarioError, match=r"launch cap0 \(8GiB host\) lost its engine") as exc:
+        mb.check_bundle(b)
+    assert "was killed by signal 9 (SIGKILL, not sent by perfkit)" in str(exc.value)
+    # the same launch with the cap's OOM record (a cgroup OOM kill) is the cap's verdict
+    b.tables["launches"].loc[0, "oom_record"] = "cgroup /sys/fs/cgroup/x: memory.events oom_kill 1"
+    mb.check_bundle(b)
+    # and so is a CUDA OOM under the cap (cap_held False)
+    b.tables["launches"].loc[0, "oom_record"] = "no record found (read /dev/kmsg)"
+    with pytest.raises(ScenarioError):
+        mb.check_bundle(b)
+    c["cap_held"] = False
+    mb.check_bundle(b)
+
+
+@pytest.mark.slow
+def test_suite_with_a_capped_engine_sigkilled_from_outside_exits_2(tmp_path):
+    """The breaker's run: ci-cpu's memory_budget, the 8GiB-host launch's engine (cap1) SIGKILLed
+    once its performance.log has 2 lines. Was exit 0, PASS, "did not complete, held"; now exit
+    2, ERROR naming the launch and how it ended."""
+    out = tmp_path / "run"
+    argv = perfkit(
+        "suite", "--params", "params/ci-cpu.yaml", "--only", "memory_budget", "--out", str(out),
+        "-q", "--no-screenshot",
+    )  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed = False
+    try:
+        deadline = time.monotonic() + 300
+        while not killed and time.monotonic() < deadline and proc.poll() is None:
+            logs = [p for p in out.rglob("performance.log") if "cap1" in str(p)]
+            if logs and len(logs[0].read_text().splitlines()) >= 2:
+                victim = next(
+                    p for p in psutil.Process(proc.pid).children(recursive=True)
+                    if "cap1" in " ".join(p.cmdline()) and "refengine" in " ".join(p.cmdline())
+                )  # fmt: skip
+                os.killpg(os.getpgid(victim.pid), signal.SIGKILL)
+                killed = True
+            time.sleep(0.05)
+        assert killed, "the capped launch never got 2 records"
+        text, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, text[-3000:]
+    summary = (out / "summary.md").read_text()
+    assert "ERROR (exit 2)" in summary.splitlines()[0] and "PASS" not in summary.splitlines()[0], summary[
+        :500
+    ]
+    err = "launch cap1 (8GiB host) lost its engine, not to its cap: it was killed by signal 9 (SIGKILL, not sent by perfkit)"
+    assert err in summary, summary[:3000]

@@ -297,8 +297,9 @@ def run(ctx: RunContext, p: MemoryBudgetParams) -> ResultBundle:
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`ScenarioError` when no budget was measured, or the launch without caps did
-    not complete (an engine crash, not a budget verdict; a capped launch that fails is a check)."""
+    """Raise :class:`ScenarioError` when no budget was measured, the launch without caps did not
+    complete, or any launch's engine was killed by a signal perfkit did not send with no OOM
+    record, no cap kill and no CUDA OOM (lost, not a budget verdict; a cap that ran out is a check)."""
     where = f"{NAME} ({bundle.path or 'bundle'})"
     caps = (bundle.results or {}).get("caps") or []
     if not caps:
@@ -308,6 +309,20 @@ def check_bundle(bundle: ResultBundle) -> None:
             raise ScenarioError(
                 f"{where}: the run without caps ({c.get('label')}) did not "
                 f"complete: {c.get('error') or 'see the engine log'}"
+            )
+    held = {f"cap{i}": c.get("cap_held") for i, c in enumerate(caps)}
+    for row in table_rows(bundle.launches):
+        oom = str(row.get("oom_record") or "")
+        if (
+            json_float(row.get("end_signal")) is not None
+            and row.get("end_by_perfkit") in (False, 0)
+            and not row.get("cap_exceeded")
+            and held.get(row.get("launch")) is not False
+            and not oom.startswith(("cgroup ", "kernel log: "))
+        ):
+            raise ScenarioError(
+                f"{where}: launch {row.get('launch')} ({row.get('cap_label') or row.get('label')}) lost "
+                f"its engine, not to its cap: it {row.get('ended')}; OOM-kill record: {oom or 'none'}"
             )
 
 
