@@ -176,6 +176,26 @@ _WRITER = textwrap.dedent(
 )
 
 
+def test_a_null_in_a_runs_baseline_is_a_gap_as_compare_reads_it(tmp_path: Path, capsys):
+    """Found by a breaker: `compare` read a null as "not measured" while `history add` refused
+    the same file ("not a finite number: None")."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    run_dir = tmp_path / "run"
+    shutil.copytree(root / "examples/h200/report", run_dir)
+    doc = json.loads((run_dir / "baseline.json").read_text())
+    case = next(iter(doc["scenarios"]))
+    doc["scenarios"][case]["expected_e2e_ms"] = None
+    doc["scenarios"][case]["stages_ms"]["DenoisingStage"] = None
+    (run_dir / "baseline.json").write_text(json.dumps(doc))
+    assert main(["history", "add", str(run_dir), "--store", str(tmp_path / "s"), "--commit", "c1"]) == 0
+    df = read_store(tmp_path / "s").set_index(["case_id", "metric"])
+    for metric, key in (("e2e_ms", "expected_e2e_ms"), ("DenoisingStage_ms", "stages_ms.DenoisingStage")):
+        row = df.loc[(case, metric)]
+        assert math.isnan(row["value"]) and row["error"].endswith(f"scenarios.{case}.{key})"), row["error"]
+
+
 def test_two_writers_at_once_lose_nothing(tmp_path: Path):
     """Two processes add 12 runs each (one add per run) at the same time, both also adding
     one shared run every time: every run is stored, each once."""
@@ -218,6 +238,61 @@ def test_a_store_file_that_is_not_parquet_is_refused_naming_it(tmp_path: Path, c
     assert main(["history", "site", str(tmp_path / "site"), "--store", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "zz.parquet: not a history file" in err and "Traceback" not in err
+
+
+def test_a_store_rewritten_by_pandas_reads_and_text_values_are_refused(tmp_path: Path, capsys):
+    """Found by a breaker: a store file rewritten by pandas (large_string, int64, ns timestamps)
+    was an ArrowInvalid traceback from `history changes`; ``value`` as text read as nothing."""
+    import pyarrow as pa
+
+    add_runs(tmp_path, [run(i, 100.0 + i) for i in range(4)])
+    (f,) = tmp_path.glob("hw-*/*.parquet")
+    t = pq.read_table(f)
+    wide = {
+        n: t[n].cast(pa.large_string()) if pa.types.is_string(t[n].type) else t[n] for n in t.column_names
+    }
+    pq.write_table(pa.table(wide), f)
+    assert read_store(tmp_path).query("metric == 'e2e_ms'")["value"].tolist() == pytest.approx(
+        [100, 101, 102, 103]
+    )
+    assert main(["history", "changes", "--store", str(tmp_path)]) == 0
+    df = t.to_pandas()
+    df["value"] = df["value"].astype(str)
+    df.to_parquet(f)
+    with pytest.raises(HistoryError, match=f"{f.name}: column 'value' is (large_)?string, not double"):
+        read_store(tmp_path)
+    capsys.readouterr()
+    assert main(["history", "changes", "--store", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "column 'value'" in err and "Traceback" not in err
+
+
+def test_history_changes_cut_by_its_reader_is_141_not_a_verdict(tmp_path: Path):
+    """Found by a breaker: `perfkit history changes | head` exited 1, which reads "regression"."""
+    add_runs(tmp_path, [run(i, 100.0 * (1.3 if i > 8 else 1)) for i in range(16)])
+    for k in range(300):  # far more than a pipe holds
+        add_runs(tmp_path, [run(i, 100.0 * (1.3 if i > 8 else 1), hw=f"h{k}") for i in range(12)])
+    p = subprocess.Popen(
+        [sys.executable, "-m", "perfkit", "history", "changes", "--store", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    p.stdout.close()  # the reader leaves before the first line
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141 and "Traceback" not in err, err[-2000:]
+
+
+def test_history_check_summary_stays_under_githubs_limit_with_a_huge_error(tmp_path: Path):
+    """Found by a breaker: a 100 KB error text was copied whole into summary.md."""
+    from perfkit.history.check import SUMMARY_LIMIT, summary_markdown
+
+    add_runs(tmp_path, [run(i, 100.0) for i in range(6)])
+    frame = read_store(tmp_path)
+    res = check_runs(frame, [run(100, None, error="x " * 50_000)])
+    text = summary_markdown(res)
+    assert len(text) < SUMMARY_LIMIT and "x x" in text and " …" in text
+    many = check_runs(frame, [run(100, None, error=f"<b>{k}</b> " * 80) for k in range(400)])
+    text = summary_markdown(many)
+    assert len(text) < SUMMARY_LIMIT and "more values left out" in text and "<b>" not in text
 
 
 def test_a_writers_temporary_file_is_not_read(tmp_path: Path):

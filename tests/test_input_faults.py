@@ -447,3 +447,105 @@ def test_a_params_integer_of_5000_digits_exits_2_naming_the_file(tmp_path):
         "--set", "timeout_s=" + "9" * 5000, "--out", str(tmp_path / "out2"),
     )  # fmt: skip
     assert code == 2 and "a number too long to read" in out, out
+
+
+# ---- issue 54's second breaker round: each found by a breaker, refused naming what was wrong ----
+
+
+def test_a_renamed_stages_key_is_refused_not_read_as_every_stage_new(tmp_path):
+    """``stage_ms`` for ``stages_ms`` passed with every stage "new" (nothing compared)."""
+    base = json.loads(FIXTURE_BASELINE.read_text())
+    case = next(iter(base["scenarios"]))
+    base["scenarios"][case]["stage_ms"] = base["scenarios"][case].pop("stages_ms")
+    bpath = tmp_path / "b.json"
+    bpath.write_text(json.dumps(base))
+    log = tmp_path / "performance.log"
+    log.write_text(json.dumps(RECORD) + "\n")
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(bpath))
+    assert code == 2 and f"scenarios.{case}.stage_ms: unknown key (did you mean 'stages_ms'?)" in out, out
+    base["scenarios"][case] = {"notes": "x"}
+    bpath.write_text(json.dumps(base))
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(bpath))
+    assert code == 2 and f"scenarios.{case}: no metric (keys: notes)" in out, out
+
+
+def test_an_oversized_baseline_is_refused_by_its_size_before_reading(tmp_path):
+    from perfkit.gate.baseline.files import MAX_BASELINE_BYTES
+
+    bpath = tmp_path / "b.json"
+    with bpath.open("wb") as fh:
+        fh.truncate(MAX_BASELINE_BYTES + 1)  # sparse: no disk, no read
+    log = tmp_path / "performance.log"
+    log.write_text(json.dumps(RECORD) + "\n")
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(bpath))
+    assert code == 2 and f"{bpath}: {MAX_BASELINE_BYTES + 1:,} bytes, more than a baseline file holds" in out
+
+
+def test_a_bundle_compared_with_its_own_runs_baseline_passes():
+    """``compare --run RUN/cold_warm --baseline RUN/baseline.json`` named the case "cold_warm"
+    and compared nothing; a bundle's cases are named as its run names them."""
+    root = Path(__file__).resolve().parents[1]
+    base = root / "examples/h200/report/baseline.json"
+    code, out = _invoke(
+        "compare", "--run", str(root / "examples/h200/bundles/cold_warm"), "--baseline", str(base)
+    )
+    assert code == 0 and "| ltx-2b_25f_512x768_30s_w17 | expected_e2e_ms |" in out, out
+    shapes = str(root / "examples/h200/bundles/warmup_shapes")
+    code, out = _invoke("compare", "--run", shapes, "--baseline", str(base), "--case", "nope")
+    assert code == 2 and "no case 'nope'; its cases: ltx-2b_17f_512x768_30s_w17_shapes" in out, out
+
+
+def test_a_huge_case_id_and_a_huge_figures_page_are_refused(tmp_path):
+    from perfkit.report.figures import MAX_DOC_BYTES
+
+    root = Path(__file__).resolve().parents[1]
+    bundle = str(root / "examples/h200/bundles/cold_warm")
+    code, out = _invoke(
+        "baseline",
+        "update",
+        "--bundle",
+        bundle,
+        "--baseline",
+        str(tmp_path / "b.json"),
+        "--case",
+        "x" * 100_000,
+    )
+    assert code == 2 and "1 to 200 printable characters" in out and not (tmp_path / "b.json").exists()
+    page = tmp_path / "page.md"
+    with page.open("wb") as fh:
+        fh.truncate(MAX_DOC_BYTES + 1)
+    code, out = _invoke("figures", str(page))
+    assert code == 2 and "more than a Markdown page holds" in out
+
+
+def test_a_manifest_of_10_to_the_12_shards_is_refused(shard_dirs, tmp_path):
+    from perfkit.scaleout.units import MAX_SHARDS, PartitionError, parse_partition
+
+    m = json.loads((shard_dirs[1] / "shard.json").read_text())
+    m["partition"]["total"] = 10**12
+    d = tmp_path / "s2"
+    d.mkdir()
+    (d / "shard.json").write_text(json.dumps(m))
+    code, out = _invoke("merge", str(shard_dirs[0]), str(d), "--out", str(tmp_path / "m"))
+    assert code == 2 and f"expected 1 <= index <= total <= {MAX_SHARDS}" in out, out
+    with pytest.raises(PartitionError, match="N must be between 1 and 1024"):
+        parse_partition("1/1025")
+
+
+def test_a_corrupt_wheel_and_a_truncated_run_record_exit_2_naming_the_file(tmp_path):
+    (tmp_path / "wheels").mkdir()
+    whl = tmp_path / "wheels" / "foo-1.0-py3-none-any.whl"
+    whl.write_bytes(b"PK\x03\x04 truncated")
+    code, out = _invoke("wheelhouse", "install", str(tmp_path / "wheels"), "--target", str(tmp_path / "t"))
+    assert code == 2 and f"{whl}: not a wheel" in out, out
+    root = Path(__file__).resolve().parents[1]
+    run = tmp_path / "run"
+    import shutil
+
+    shutil.copytree(root / "examples/h200/report", run)
+    (run / "run.json").write_text((root / "examples/h200/report/run.json").read_text()[:300])
+    code, out = _invoke("report", str(run))
+    assert code == 2 and f"{run / 'run.json'}: unreadable run record" in out, out
+    (run / "run.json").write_text(json.dumps({"notebooks": {"a": 1}}))
+    code, out = _invoke("report", str(run))
+    assert code == 2 and "not a run record" in out, out

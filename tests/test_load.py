@@ -347,7 +347,7 @@ def test_the_load_phases_run_inside_a_running_event_loop_as_in_a_jupyter_kernel(
     p = L.LoadParams(warmup_requests=1, concurrency=[])
 
     async def in_a_kernel():
-        return M.run_phases("http://127.0.0.1:1", p, REQUEST, [], 2.0)  # nothing listens on port 1
+        return M.run_phases("http://127.0.0.1:1", p, REQUEST, [], 2.0)[0]  # nothing listens on port 1
 
     sent = asyncio.run(in_a_kernel())
     assert [(ph, o.status) for ph, _, o, _ in sent] == [("warmup", "error")]

@@ -437,6 +437,48 @@ def test_the_load_client_ends_a_hung_call_once_the_engine_is_dead():
     assert second.error == "not sent: the engine was gone" and t_second < 0.05
 
 
+def test_a_stopped_engine_costs_one_timeout_then_the_level_ends_as_an_error(monkeypatch):
+    """Found by the breaker: a SIGSTOPped engine (alive, answering nothing) made ``load`` wait
+    each remaining request's whole timeout. Now the first timeout asks ``GET /health``; no
+    answer and the engine counts as lost: the requests in flight end at once, the rest are not
+    sent, and load's error names it with each request by level and index (exit 2)."""
+    import asyncio
+    import socket
+
+    from perfkit.engine import client as C
+    from perfkit.scenarios.load import engine_lost
+
+    monkeypatch.setattr(C, "HEALTH_AFTER_TIMEOUT_S", 0.5)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)  # accepted by the kernel, never answered: a stopped process's port
+
+    async def go():
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        async with C.AsyncVideoClient(url, 2, 1.0, 0.01, alive=lambda: True) as c:
+            t = time.monotonic()
+            outs = await C.closed_loop(c, [C.VideoRequestSpec()] * 6, 2)
+            return outs, time.monotonic() - t, c.lost_why
+
+    try:
+        outs, wall, why = asyncio.run(go())
+    finally:
+        srv.close()
+    assert [o.status for o in outs][:2] == ["timeout", "timeout"], outs
+    assert all(
+        o.status == "error" and o.error.startswith("not sent: the engine stopped answering") for o in outs[2:]
+    )
+    assert why and "GET /health had no answer within 0.5 s" in why
+    assert wall < 1.0 + 0.5 + 1.5, wall  # one timeout and one health check, not six timeouts
+    rows = [
+        {"status": o.status, "phase": "closed", "level": 2, "slot": i, "error": o.error}
+        for i, o in enumerate(outs)
+    ]
+    err = engine_lost({"end_by_perfkit": True}, rows, why)
+    assert err.startswith("the engine stopped answering") and "concurrency 2: requests 0-5" in err, err
+    assert engine_lost({"end_by_perfkit": True}, rows) is None  # ended by perfkit, answering: no loss
+
+
 def test_a_capped_launch_lost_to_an_outside_sigkill_is_an_error(tmp_path):
     """Found by the breaker: the engine of a capped launch (8GiB host) SIGKILLed by something
     other than its cap read as "did not complete, held" and PASS. Now the bundle check raises

@@ -24,6 +24,7 @@ import click
 from perfkit.common import jsonsafe
 from perfkit.common.exitcodes import run_click
 from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.errors import EngineExitedError, EngineStartError
 from perfkit.engine.owner import Watch, become_subreaper, describe
 from perfkit.measuring.progress import RunBars, planned_requests
 from perfkit.params import SuiteParams, load_params
@@ -99,7 +100,9 @@ def measure(
                 s.check_bundle(bundle)
                 summary[name] = {"bundle": str(path), "wall_s": round(time.time() - t0, 1), "error": None}
             except Exception as exc:  # noqa: BLE001 - one failed investigation must not lose the others
-                log.exception("%s failed", name)
+                known = isinstance(exc, (registry.ScenarioError, EngineStartError, EngineExitedError))
+                # a named failure (an engine lost, bad input) is one line; anything else its traceback
+                (log.error if known else log.exception)("%s failed: %s", name, exc)
                 summary[name] = {
                     "bundle": None,
                     "wall_s": round(time.time() - t0, 1),

@@ -316,6 +316,14 @@ def install(wheel_dir: str | Path, target: str | Path | None = None) -> None:
     """Install a wheelhouse offline.
 
     Raises:
-        subprocess.CalledProcessError: pip failed.
+        FileNotFoundError: no wheel in ``wheel_dir``.
+        ValueError: a wheel that is not a zip file (truncated, not a wheel), named.
+        RuntimeError: pip failed (its exit status; pip's own message is on stderr).
     """
-    subprocess.run(install_command(wheel_dir, target), check=True)
+    cmd = install_command(wheel_dir, target)
+    for w in cmd[cmd.index("--upgrade") + 1 :]:
+        if w.endswith(".whl") and not zipfile.is_zipfile(w):
+            raise ValueError(f"{w}: not a wheel (not a zip file: truncated or corrupt)")
+    rc = subprocess.run(cmd).returncode
+    if rc:
+        raise RuntimeError(f"pip install of {wheel_dir} failed (exit {rc}; pip's message above)")

@@ -25,8 +25,11 @@ def report_command(run: str, out: str | None, screenshot: bool) -> None:
         done(fail(f"{d} is not a run directory"))
     if not (d / "run.json").exists() and not any((d / n / "verdict.json").exists() for n in notebook_names()):
         done(fail(f"{d} is not a run directory (no run.json and no verdict.json)"))
-    report.write_summary(d)
-    html = report.render_report(d, out)
+    try:
+        report.write_summary(d)
+        html = report.render_report(d, out)
+    except (OSError, ValueError) as exc:
+        done(fail(str(exc)))
     print(f"report: {html}")
     if screenshot:
         try:

@@ -18,6 +18,8 @@ __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_REGRESSION", "STATUS_WORD", "run_click
 EXIT_OK = 0
 EXIT_REGRESSION = 1
 EXIT_ERROR = 2
+#: output cut by its reader (``perfkit history changes | head``): 128 + SIGPIPE, as a shell reports it
+EXIT_SIGPIPE = 141
 #: the status word of each exit code (``run.json``'s ``status``, the summary's)
 STATUS_WORD = {EXIT_OK: "pass", EXIT_REGRESSION: "regression", EXIT_ERROR: "error"}
 
@@ -58,7 +60,8 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
     click's message, exit 2. An interrupt swallowed on the way (a KeyboardInterrupt raised in
     logging's lock release is only printed as "Exception ignored") still ends as exit 2, as does
     any exception raised after an interrupt (no traceback); once interrupted both signals are
-    ignored until the process exits.
+    ignored until the process exits. Output cut by its reader (``| head``) ends quietly with
+    :data:`EXIT_SIGPIPE`, as a process ended by SIGPIPE reads in a shell.
     """
     import threading
 
@@ -84,6 +87,8 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else EXIT_ERROR
         said = bool(_SEEN) and code == EXIT_ERROR  # the suite said the interrupt itself
+        if type(sys.stdout).__name__ == "_PacifyFlushWrapper":  # click's exit 1 on EPIPE: `| head`
+            code = EXIT_SIGPIPE
     except BaseException:  # once interrupted, a library's failing cleanup (nbclient's) is the interrupt
         if not _SEEN:
             raise

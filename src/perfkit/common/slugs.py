@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["md_text", "slug"]
+__all__ = ["clip", "md_code", "md_text", "slug"]
 
 
 def slug(s: Any) -> str:
@@ -34,7 +34,15 @@ _MD = str.maketrans(
 _NEWLINES = re.compile(r"\r\n|[\r\n\x0b\x0c\x85\u2028\u2029]")
 
 
-def md_text(text: Any, *, cell: bool = False, code: bool = False) -> str:
+def clip(text: Any, n: int = 200) -> str | None:
+    """``text`` cut to ``n`` characters at a word boundary, with "…" when cut (None for empty)."""
+    t = str(text or "").strip()
+    if len(t) <= n:
+        return t or None
+    return t[:n].rsplit(" ", 1)[0].rstrip() + " …"
+
+
+def md_text(text: Any, *, cell: bool = False, code: bool = False, limit: int | None = None) -> str:
     """``text`` (op, kernel, stage, case or file names, error texts, log lines, commit subjects:
     anything perfkit did not write itself) as Markdown that shows it as it is, markup never live:
     ``&``, ``<``, ``>``, backticks, ``|`` and backslashes become character references, brackets
@@ -45,8 +53,23 @@ def md_text(text: Any, *, cell: bool = False, code: bool = False) -> str:
     ``code=True`` wraps it in ``<code>``: code font without a code span (inside a span a
     character reference shows as written, and a backtick in the text would end it).
 
+    ``limit``: the text is first cut to that many characters (:func:`clip`), so one long error
+    cannot fill a page or a PR comment.
+
     The result is for Markdown outside code spans and fenced blocks only.
     """
-    t = "" if text is None else str(text).strip()  # leading blanks would open a code block
+    t = "" if text is None else str(text).strip()
+    if limit is not None:
+        t = clip(t, limit) or ""  # leading blanks would open a code block
     t = _NEWLINES.sub("\n", t.translate(_MD)).replace("\n", "<br>" if cell else " ")
     return f"<code>{t}</code>" if code else t
+
+
+def md_code(text: Any) -> str:
+    """``text`` in code font: a Markdown code span when it holds no backtick, line break or
+    ``|`` (as perfkit's own names do), else :func:`md_text` ``code=True`` (a backtick in a span
+    would end it)."""
+    t = "" if text is None else str(text)
+    if t and t.strip() == t and not any(c in t for c in "`|\r\n"):
+        return f"`{t}`"
+    return md_text(t, code=True)

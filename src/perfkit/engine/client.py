@@ -32,6 +32,9 @@ TERMINAL = ("completed", "failed", "error", "cancelled")
 POLL_RETRIES = 3
 #: how often (s) a client given ``alive`` checks the engine during an HTTP call
 ALIVE_EVERY_S = 0.1
+#: how long (s) ``GET /health`` may take after a request timed out before the engine counts as
+#: stopped answering (a client given ``alive``: a stopped or hung engine whose process runs)
+HEALTH_AFTER_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -188,7 +191,10 @@ class AsyncVideoClient:
             :meth:`perfkit.engine.handle.EngineHandle.alive`); checked every
             :data:`ALIVE_EVERY_S` during each HTTP call: once it is False, each request in
             flight ends at once (``error``, "lost the engine ...") and no later one is sent
-            (``error``, "not sent: ..."), never one timeout a request.
+            (``error``, "not sent: ..."), never one timeout a request. With ``alive``, a request
+            that times out is followed by ``GET /health`` (:data:`HEALTH_AFTER_TIMEOUT_S`):
+            no answer and the engine counts as lost too (:attr:`lost_why` says so): a stopped
+            engine costs one timeout, not one a request.
         queued_every: see ``poll_s`` (10: k requests in flight cost the engine about one fast
             poller, not k).
 
@@ -218,6 +224,8 @@ class AsyncVideoClient:
         self.in_flight = 0
         self.alive = alive
         self.lost = False  # the engine was seen dead: nothing more is sent
+        #: why the engine counts as lost (None: alive, or seen dead by ``alive``)
+        self.lost_why: str | None = None
         self._sem = asyncio.Semaphore(max_in_flight)
         limits = httpx.Limits(max_connections=max_in_flight + 2, max_keepalive_connections=max_in_flight + 2)
         self.http = httpx.AsyncClient(
@@ -238,6 +246,19 @@ class AsyncVideoClient:
             return (await self.http.get("/health")).status_code == 200
         except httpx.HTTPError:
             return False
+
+    async def _answers(self) -> bool:
+        """``GET /health`` answers 200 within :data:`HEALTH_AFTER_TIMEOUT_S`."""
+        import httpx
+
+        try:
+            r = await self.http.get("/health", timeout=HEALTH_AFTER_TIMEOUT_S)
+            return r.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _why(self) -> str:
+        return f": {self.lost_why}" if self.lost_why else ""
 
     def _dead(self) -> bool:
         if not self.lost and self.alive is not None and not self.alive():
@@ -290,23 +311,30 @@ class AsyncVideoClient:
             s = max(0.2, deadline - time.perf_counter())
             return httpx.Timeout(min(30.0, s), connect=min(5.0, s))
 
-        def timed_out(
+        async def timed_out(
             rid: str, status: str, why: str = "", body: dict[str, Any] | None = None
         ) -> RequestOutcome:
             head = f"request {rid or '(not yet accepted)'} not finished after {self.timeout_s:g} s"
-            return done(rid, "timeout", f"{head} (last status {status}{why})", body)
+            out = done(rid, "timeout", f"{head} (last status {status}{why})", body)
+            if self.alive is not None and not self.lost and not await self._answers():
+                self.lost = True
+                self.lost_why = (
+                    f"the engine stopped answering: GET /health had no answer within "
+                    f"{HEALTH_AFTER_TIMEOUT_S:g} s after request {rid or '(not yet accepted)'} timed out"
+                )
+            return out
 
         if self._dead():
-            return done("", "error", "not sent: the engine was gone")
+            return done("", "error", f"not sent: {self.lost_why or 'the engine was gone'}")
         try:
             resp = await self._call(self.http.post("/v1/videos", json=spec.payload(), timeout=left()))
         except _Lost:
-            return done("", "error", "lost the engine while submitting")
+            return done("", "error", f"lost the engine while submitting{self._why()}")
         except httpx.HTTPError as exc:
             if self._dead():
                 return done("", "error", f"lost the engine while submitting: {type(exc).__name__}")
             if isinstance(exc, httpx.TimeoutException):
-                return timed_out("", "submitting", f"; the engine did not answer: {type(exc).__name__}")
+                return await timed_out("", "submitting", f"; the engine did not answer: {type(exc).__name__}")
             return done("", "error", f"submit failed: {type(exc).__name__}: {exc}")
         code = resp.status_code
         if code >= 400:
@@ -319,12 +347,12 @@ class AsyncVideoClient:
         broken = 0  # polls in a row that lost their connection
         while status not in TERMINAL:
             if time.perf_counter() > deadline:
-                return timed_out(rid, status, body=body)
+                return await timed_out(rid, status, body=body)
             await asyncio.sleep(self.poll_s * (self.queued_every if status == "queued" else 1))
             try:
                 r = await self._call(self.http.get(f"/v1/videos/{rid}", timeout=left()))
             except _Lost:
-                return done(rid, "error", f"lost the engine while polling {rid}", body)
+                return done(rid, "error", f"lost the engine while polling {rid}{self._why()}", body)
             except httpx.TimeoutException:
                 continue
             except httpx.TransportError as exc:

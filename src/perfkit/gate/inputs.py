@@ -12,7 +12,7 @@ from typing import Any
 
 from perfkit.bundle import ResultBundle
 from perfkit.gate import baseline as bl
-from perfkit.gate.run import run_cases, run_hardware
+from perfkit.gate.run import bundle_cases, run_cases, run_hardware
 from perfkit.readings import perfdump, records
 
 
@@ -23,11 +23,29 @@ def _json_or_none(raw: bytes) -> Any:
         return None
 
 
+def _bundle_cases(b: ResultBundle, case: str | None) -> dict[str, dict[str, Any]]:
+    """A bundle's cases named as its run's baseline.json names them (the engine and request it
+    recorded, :func:`perfkit.gate.run.bundle_cases`); ``case`` picks one, or names the only one.
+    A bundle without its params: one case named ``case`` or its investigation."""
+    p = b.meta.get("params") or {}
+    if not isinstance(p.get("spec"), dict) or not isinstance(p.get("request"), dict):
+        cid = case or b.scenario
+        return {cid: bl.from_bundle(b, cid)}
+    cases = bundle_cases({b.scenario: b}, p["spec"], p["request"])
+    if case is not None and case not in cases:
+        if len(cases) != 1:
+            raise ValueError(f"{b.path}: no case {case!r}; its cases: {', '.join(cases)}")
+        cases = {case: next(iter(cases.values()))}
+    elif case is not None:
+        cases = {case: cases[case]}
+    return {c: bl.from_bundle(sub, c) for c, sub in cases.items()}
+
+
 def compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]], str | None]:
     """Case id -> scenario entry for what ``run`` names, and its hardware label (None: unknown).
 
-    ``case`` names the case of a bundle (default its investigation), a performance.log or a perf
-    dump (default the file's stem). An empty mapping: nothing measured.
+    ``case`` names the case of a bundle (default: its cases as its run's baseline.json names
+    them), a performance.log or a perf dump (default the file's stem). An empty mapping: nothing measured.
 
     Raises:
         OSError: ``run`` missing or unreadable.
@@ -36,8 +54,7 @@ def compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]
     if run.is_dir():
         if (run / "meta.json").exists():
             b = ResultBundle.load(run)
-            cid = case or b.scenario
-            return {cid: bl.from_bundle(b, cid)}, b.meta.get("gpu_name")
+            return _bundle_cases(b, case), b.meta.get("gpu_name")
         cases = run_cases(run)
         if cases or not (run / "performance.log").exists():
             return cases, run_hardware(run)

@@ -69,6 +69,11 @@ def read_verdict(path: str | Path) -> dict[str, Any] | None:
         doc = json.loads(p.read_text())
         if not isinstance(doc, dict):
             raise ValueError(f"a JSON object was expected, got {type(doc).__name__}")
+        rows = doc.get("rows", [])
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise ValueError("rows: a list of objects was expected")
+        if not isinstance(doc.get("status", ""), str):
+            raise ValueError(f"status: a string was expected, got {doc['status']!r}")
         return doc
     except (OSError, ValueError) as exc:
         log.error("unreadable verdict %s: %s", p, exc)

@@ -205,15 +205,21 @@ def _n(x: float | None) -> str:
     return "–" if x is None else number_text(x)
 
 
-def summary_markdown(result: CheckResult, commit_url: str | None = None) -> str:
+#: summary.md's length bound (characters): below GitHub's 65,536 for a PR comment, with room for
+#: a caller's header; rows past it are left out, counted
+SUMMARY_LIMIT = 60_000
+
+
+def summary_markdown(result: CheckResult, commit_url: str | None = None, limit: int = SUMMARY_LIMIT) -> str:
     """summary.md of a history check: the verdict, every new step (series, step, commit range)
-    and a table of every value checked. Text from the store (names, commits, error texts) goes
-    through :func:`perfkit.common.slugs.md_text`."""
+    and a table of every value checked, at most ``limit`` characters (a reason is cut to 400;
+    table rows past the limit are left out and counted). Text from the store (names, commits,
+    error texts) goes through :func:`perfkit.common.slugs.md_text`."""
     from urllib.parse import quote
 
     def link(c: str) -> str:
         label = md_text(c[:10], code=True)
-        return f"[{label}]({commit_url.format(commit=quote(c, safe=''))})" if commit_url else label
+        return f"[{label}]({commit_url.format(commit=quote(c[:64], safe=''))})" if commit_url else label
 
     def t(x: object) -> str:  # a table cell
         return md_text(x, cell=True)
@@ -234,8 +240,9 @@ def summary_markdown(result: CheckResult, commit_url: str | None = None) -> str:
         for r in steps:
             rng = f"{link(r.before.commit)} .. {link(r.commit)}" if r.before else link(r.commit)
             out.append(
-                f"- **{r.status}** {md_text(r.hardware)} / {md_text(r.case_id, code=True)} {md_text(r.metric)}: "
-                f"{_n(r.level)} → {_n(r.value)} {md_text(r.unit)} "
+                f"- **{r.status}** {md_text(r.hardware, limit=100)} / {md_text(r.case_id, code=True, limit=200)} "
+                f"{md_text(r.metric, limit=100)}: "
+                f"{_n(r.level)} → {_n(r.value)} {md_text(r.unit, limit=20)} "
                 f"({r.change_pct:+.1f} %; level interval {_n(r.low)}–{_n(r.high)}, {r.n} runs), commit range {rng}"
             )
         out.append("")
@@ -245,13 +252,23 @@ def summary_markdown(result: CheckResult, commit_url: str | None = None) -> str:
         "| hardware | case | metric | value | level | interval | change | status | why |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in result.rows:
+    size = sum(len(x) + 1 for x in out)
+    for i, r in enumerate(result.rows):
         ch = "–" if r.change_pct is None else f"{r.change_pct:+.1f} %"
         iv = "–" if r.low is None else f"{_n(r.low)}–{_n(r.high)}"
-        out.append(
-            f"| {t(r.hardware)} | {md_text(r.case_id, cell=True, code=True)} | {t(r.metric)} | {_n(r.value)} "
-            f"{t(r.unit)} | {_n(r.level)} | {iv} | {ch} | {t(r.status)} | {t(r.reason)} |"
+        row = (
+            f"| {md_text(r.hardware, cell=True, limit=100)} | {md_text(r.case_id, cell=True, code=True, limit=200)} "
+            f"| {md_text(r.metric, cell=True, limit=100)} | {_n(r.value)} {md_text(r.unit, cell=True, limit=20)} "
+            f"| {_n(r.level)} | {iv} | {ch} | {t(r.status)} | {md_text(r.reason, cell=True, limit=400)} |"
         )
+        if size + len(row) + 200 > limit:
+            out += [
+                "",
+                f"{len(result.rows) - i} more values left out (summary.md stays under {limit:,} characters)",
+            ]
+            break
+        out.append(row)
+        size += len(row) + 1
     return "\n".join(out) + "\n"
 
 

@@ -51,7 +51,8 @@ _SCALARS = {
 
 
 def case_values(case: str, entry: Mapping[str, Any], where: str) -> list[Value]:
-    """The values of one sglang-layout case entry (see the module table).
+    """The values of one sglang-layout case entry (see the module table); a null is a gap (value
+    None, its error naming ``where`` and the key), as ``perfkit compare`` reads it.
 
     Raises:
         HistoryError: a value that is not a finite number (NaN, inf, a string, a bool; names ``where``, the case and the key).
@@ -63,17 +64,21 @@ def case_values(case: str, entry: Mapping[str, Any], where: str) -> list[Value]:
             raise HistoryError(f"{where}: scenarios.{case}.{key}: not a finite number: {v!r}")
         return float(v)
 
+    def value(metric: str, unit: str, key: str, v: Any) -> Value:  # a null: a gap, as compare reads it
+        if v is None:
+            return Value(case, metric, unit, None, f"not measured (null in {where}: scenarios.{case}.{key})")
+        return Value(case, metric, unit, num(key, v))
+
     for key, (metric, unit) in _SCALARS.items():
-        if key in entry and entry[key] is not None:
-            v = num(key, entry[key])
-            if v == 0.0 and "denoise" in key:
+        if key in entry:
+            if entry[key] is not None and num(key, entry[key]) == 0.0 and "denoise" in key:
                 continue
-            out.append(Value(case, metric, unit, v))
+            out.append(value(metric, unit, key, entry[key]))
     for stage, v in sorted((entry.get("stages_ms") or {}).items()):
-        out.append(Value(case, f"{stage}_ms", "ms", num(f"stages_ms.{stage}", v)))
+        out.append(value(f"{stage}_ms", "ms", f"stages_ms.{stage}", v))
     for key, v in sorted(entry.items()):
-        if key.endswith(("_vram_mb", "_allocated_mb")) and v is not None:
-            out.append(Value(case, key[: -len("_mb")] + "_mib", "MiB", num(key, v)))
+        if key.endswith(("_vram_mb", "_allocated_mb")):
+            out.append(value(key[: -len("_mb")] + "_mib", "MiB", key, v))
     return out
 
 

@@ -187,6 +187,26 @@ def _check_files(files: Sequence[Path]) -> None:
         missing = [c for c in COLUMNS if c not in names]
         if missing:
             raise HistoryError(f"{f}: not a history file: missing column {missing[0]!r}")
+        schema = pq.read_schema(f)
+        for name, (want, _) in COLUMNS.items():
+            got = schema.field(name).type
+            if not _same_kind(got, want):
+                raise HistoryError(
+                    f"{f}: column {name!r} is {got}, not {want} (a file rewritten by another tool?)"
+                )
+
+
+def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
+    """``got`` reads as ``want`` without a change of meaning (a file rewritten by pandas:
+    large_string, int64, nanosecond timestamps); a number stored as text does not."""
+    t = pa.types
+    if t.is_string(want):
+        return t.is_string(got) or t.is_large_string(got) or t.is_null(got)
+    if t.is_timestamp(want):
+        return t.is_timestamp(got) and got.tz is not None
+    if t.is_floating(want) or t.is_integer(want):
+        return t.is_floating(got) or t.is_integer(got) or t.is_null(got)
+    return got == want
 
 
 def stored_run_keys(store: str | Path) -> set[str]:
@@ -357,6 +377,10 @@ def read_store(
                 dict.fromkeys([*cols, "schema_version", "run_key", "case_id", "metric", "hardware", "time"])
             ),
         )
+        try:  # another writer's types (checked above: same meaning)
+            t = t.cast(pa.schema([SCHEMA.field(n) for n in t.column_names]))
+        except pa.ArrowInvalid as exc:
+            raise HistoryError(f"{f}: {exc}") from None
         if hardware is not None:
             t = t.filter(pa.compute.equal(t["hardware"], hardware))
         tables.append(t.append_column("file_index", pa.array(np.full(t.num_rows, i, dtype=np.int32))))

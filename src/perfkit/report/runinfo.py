@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from perfkit.common.slugs import clip
 from perfkit.gate.verdicts import (
     GATE,
     collect_verdicts,
@@ -60,9 +61,22 @@ def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
 
 
 def run_info(run_dir: Path) -> dict[str, Any]:
+    """``run_dir/run.json`` (the suite's record of its notebooks), or one inferred from the
+    notebooks and verdicts of a run made by hand.
+
+    Raises:
+        ValueError: a run.json that is not JSON, not an object or whose ``notebooks`` is not a
+            list of objects (names the file).
+    """
     p = run_dir / "run.json"
     if p.exists():
-        info = json.loads(p.read_text())
+        try:
+            info = json.loads(p.read_text())
+        except ValueError as exc:
+            raise ValueError(f"{p}: unreadable run record: {exc}") from None
+        nbs = info.get("notebooks", []) if isinstance(info, dict) else None
+        if not isinstance(nbs, list) or not all(isinstance(n, dict) for n in nbs):
+            raise ValueError(f"{p}: not a run record (an object with a list of notebooks)")
         # a verdict file that cannot be read makes its notebook an error (never a pass)
         for n in info.get("notebooks") or []:
             doc = read_verdict(run_dir / str(n.get("name")))
@@ -247,14 +261,6 @@ def run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
     if code is None:
         code = exit_code_for(info.get("notebooks", []), verdicts)
     return info, verdicts, code, status_word(code, verdicts)
-
-
-def clip(text: Any, n: int = 200) -> str | None:
-    """``text`` cut to ``n`` characters at a word boundary, with "…" when cut (None for empty)."""
-    t = str(text or "").strip()
-    if len(t) <= n:
-        return t or None
-    return t[:n].rsplit(" ", 1)[0].rstrip() + " …"
 
 
 def plural(n: int, word: str, plural: str | None = None) -> str:

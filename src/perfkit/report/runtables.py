@@ -10,7 +10,8 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from perfkit.report.runinfo import clip, run_info
+from perfkit.common.slugs import clip
+from perfkit.report.runinfo import run_info
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)

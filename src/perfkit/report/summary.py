@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from perfkit.common.slugs import md_text
+from perfkit.common.slugs import clip, md_text
 from perfkit.gate.outcome import check_counts
 from perfkit.gate.verdicts import (
     GATE,
@@ -20,7 +20,6 @@ from perfkit.gate.verdicts import (
 )
 from perfkit.report.runinfo import (
     GATE_ORDER,
-    clip,
     gate_view,
     investigations,
     key_numbers,

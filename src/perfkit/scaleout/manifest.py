@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit.params import SuiteParams
 from perfkit.scaleout.outcome import UnitOutcome
-from perfkit.scaleout.units import WorkUnit
+from perfkit.scaleout.units import MAX_SHARDS, WorkUnit
 
 MANIFEST = "shard.json"
 UNITS_DIR = "units"
@@ -103,6 +103,10 @@ def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
         for k in ("index", "total"):
             if not isinstance(part[k], int) or isinstance(part[k], bool):
                 raise ValueError(f"partition.{k} must be an integer, got {part[k]!r}")
+        if not 1 <= part["index"] <= part["total"] <= MAX_SHARDS:
+            raise ValueError(
+                f"partition {part['index']}/{part['total']}: expected 1 <= index <= total <= {MAX_SHARDS}"
+            )
         if not isinstance(doc["units"], list):
             raise ValueError(f"units must be a list, got {type(doc['units']).__name__}")
         for i, u in enumerate(doc["units"]):

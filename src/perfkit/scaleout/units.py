@@ -353,8 +353,12 @@ def plan_units(
     return units
 
 
+#: the most shards a suite is split into (one runner per shard; the suite has far fewer units)
+MAX_SHARDS = 1024
+
+
 def parse_partition(text: str) -> tuple[int, int]:
-    """``"I/N"`` -> (I, N) with 1 <= I <= N (1-based shard I of N).
+    """``"I/N"`` -> (I, N) with 1 <= I <= N <= :data:`MAX_SHARDS` (1-based shard I of N).
 
     Raises:
         PartitionError: anything else, naming the value (``0/2``, ``3/2``, ``x/2``, ``2``).
@@ -363,8 +367,8 @@ def parse_partition(text: str) -> tuple[int, int]:
     if not m:
         raise PartitionError(f"--partition {text!r}: expected I/N, e.g. 1/2 (shard I of N, 1-based)")
     i, n = int(m.group(1)), int(m.group(2))
-    if n < 1:
-        raise PartitionError(f"--partition {text!r}: N must be >= 1")
+    if not 1 <= n <= MAX_SHARDS:
+        raise PartitionError(f"--partition {text!r}: N must be between 1 and {MAX_SHARDS}")
     if not 1 <= i <= n:
         raise PartitionError(f"--partition {text!r}: I must be between 1 and {n} (shards are 1-based)")
     return i, n

@@ -162,7 +162,7 @@ def run(ctx: RunContext, p: LoadParams) -> ResultBundle:
     holder: dict[str, Any] = {}
 
     def after(h, client, sampler) -> dict[str, Any]:
-        holder["sent"] = run_phases(h.base_url, p, ctx.request, trace, timeout_s, h.alive)
+        holder["sent"], holder["stalled"] = run_phases(h.base_url, p, ctx.request, trace, timeout_s, h.alive)
         return {}
 
     data = measure_launch(
@@ -170,7 +170,7 @@ def run(ctx: RunContext, p: LoadParams) -> ResultBundle:
     )
     sent = holder.get("sent") or []
     rows, req_rows, (st_rows, sp_rows) = per_request_rows(sent, data.record_lines, data.label)
-    lost = engine_lost(data.launch_row, rows)
+    lost = engine_lost(data.launch_row, rows, holder.get("stalled"))
     if lost and data.error is None:
         data.error = data.launch_row["error"] = lost
         data.launch_row["failed_request"] = next(r["i"] for r in rows if r["status"] != "completed")
@@ -202,12 +202,15 @@ def run(ctx: RunContext, p: LoadParams) -> ResultBundle:
     return assemble(NAME, [data], params, results)
 
 
-def engine_lost(launch: Mapping[str, Any], rows: list[Mapping[str, Any]]) -> str | None:
-    """The error of an engine that ended by itself (not by perfkit's teardown) with requests not
-    completed: how it ended, then each phase and level's requests not completed by their index
-    in the level (``concurrency 2: requests 3-7``); None otherwise."""
+def engine_lost(
+    launch: Mapping[str, Any], rows: list[Mapping[str, Any]], stalled: str | None = None
+) -> str | None:
+    """The error of an engine that ended by itself (not by perfkit's teardown), or stopped
+    answering (``stalled``: the client's why), with requests not completed: how it ended, then
+    each phase and level's requests not completed by their index in the level
+    (``concurrency 2: requests 3-7``); None otherwise."""
     bad = [r for r in rows if r.get("status") != "completed"]
-    if launch.get("end_by_perfkit") is not False or not bad:
+    if (launch.get("end_by_perfkit") is not False and not stalled) or not bad:
         return None
     groups: dict[tuple[Any, Any], list[int]] = {}
     for r in bad:
@@ -215,8 +218,9 @@ def engine_lost(launch: Mapping[str, Any], rows: list[Mapping[str, Any]]) -> str
     parts = [
         f"{_where(ph, lv).removeprefix('the ')}: requests {_ranges(ix)}" for (ph, lv), ix in groups.items()
     ]
+    how = stalled or f"the engine {launch.get('ended') or 'ended by itself'}"
     return (
-        f"the engine {launch.get('ended') or 'ended by itself'} during the load phases; "
+        f"{how} during the load phases; "
         f"{len(bad)} of {len(rows)} requests not completed, by level and index: {'; '.join(parts)} "
         f"(the first: {bad[0].get('status')}: {bad[0].get('error') or 'no error given'})"
     )

@@ -113,11 +113,12 @@ def run_phases(
     alive: Any = None,
 ):
     """Every phase against one engine (:mod:`perfkit.scenarios.load`'s order), ``p`` its
-    ``LoadParams``: [(phase, level, outcome, spec)]. ``alive``: the engine's liveness (see
-    :class:`~perfkit.engine.client.AsyncVideoClient`): once it is dead the requests in flight
-    end at once and the rest come back unsent (status ``error``)."""
+    ``LoadParams``: ([(phase, level, outcome, spec)], why the engine counts as lost or None).
+    ``alive``: the engine's liveness (see :class:`~perfkit.engine.client.AsyncVideoClient`):
+    once it is dead, or stopped answering after a timeout, the requests in flight end at once
+    and the rest come back unsent (status ``error``)."""
 
-    async def go() -> list[tuple[str, Any, RequestOutcome, VideoRequestSpec]]:
+    async def go() -> tuple[list[tuple[str, Any, RequestOutcome, VideoRequestSpec]], str | None]:
         out: list[tuple[str, Any, RequestOutcome, VideoRequestSpec]] = []
         biggest = max([*p.concurrency, 1, p.open_loop_requests])
         async with AsyncVideoClient(base_url, biggest, timeout_s, p.poll_s, alive) as c:
@@ -138,7 +139,7 @@ def run_phases(
                 arrivals = np.cumsum(rng.exponential(1.0 / rate, p.open_loop_requests)).tolist()
                 specs = [request] * p.open_loop_requests
                 out += [("open", rate, o, request) for o in await open_loop(c, specs, arrivals)]
-        return out
+        return out, c.lost_why
 
     return _run_coroutine(go)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
+import difflib
 import json
 import os
 import tempfile
@@ -16,6 +17,7 @@ from perfkit.gate.baseline.rules import (
     DEFAULT_IMPROVEMENT_THRESHOLD,
     DEFAULT_STEP_FRACTIONS,
     DEFAULT_TOLERANCES,
+    DERIVED_KEYS,
     ENGINE_KEY,
     MEMORY_METRICS,
     SCALAR_TIMING_METRICS,
@@ -23,6 +25,9 @@ from perfkit.gate.baseline.rules import (
     _number_problem,
     is_flat,
 )
+
+#: the largest baseline file read (bytes): sglang's perf_baselines files are about 100 KB
+MAX_BASELINE_BYTES = 32 * 2**20
 
 
 class BaselineError(ValueError):
@@ -111,6 +116,12 @@ def _validate(doc: Any, source: str) -> None:
     for case, entry in (doc.get("scenarios") or {}).items():
         if not isinstance(entry, dict):
             raise bad(f"scenarios.{case}", "expected an object")
+        for k in entry:  # a renamed key would read as "nothing in the baseline": every stage new
+            near = difflib.get_close_matches(str(k), DERIVED_KEYS, n=1, cutoff=0.8)
+            if k not in DERIVED_KEYS and near:
+                raise bad(f"scenarios.{case}.{k}", f"unknown key (did you mean {near[0]!r}?)")
+        if not any(k in entry for k in DERIVED_KEYS if k != ENGINE_KEY):
+            raise bad(f"scenarios.{case}", f"no metric (keys: {', '.join(map(str, entry)) or 'none'})")
         for mkey in ("stages_ms", "denoise_step_ms"):
             if mkey not in entry:
                 continue
@@ -153,10 +164,13 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: when the file does not exist.
-        BaselineError: when it is not valid JSON (message: ``<file>: invalid JSON at line L column
+        BaselineError: when it is larger than :data:`MAX_BASELINE_BYTES`, not valid JSON (message: ``<file>: invalid JSON at line L column
             C: ...``) or has the wrong shape (message names the file and the key path).
     """
     p = Path(path)
+    size = p.stat().st_size
+    if size > MAX_BASELINE_BYTES:
+        raise BaselineError(f"{p}: {size:,} bytes, more than a baseline file holds ({MAX_BASELINE_BYTES:,})")
     raw = p.read_bytes()
     try:
         text = raw.decode("utf-8")

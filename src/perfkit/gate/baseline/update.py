@@ -35,7 +35,8 @@ def update_baseline(
     to gate on). A bundle of several launches needs ``launch``.
 
     Raises:
-        ValueError: several launches and no ``launch``; an unknown launch; ``hardware`` differs
+        ValueError: a case id that is empty, longer than 200 characters or not printable; several
+            launches and no ``launch``; an unknown launch; ``hardware`` differs
             from the file's ``metadata.hardware`` (a baseline holds one hardware's numbers).
 
     The file is replaced atomically (temp file in the same directory, flush + fsync,
@@ -48,6 +49,8 @@ def update_baseline(
     Returns:
         The document written.
     """
+    if not case_id or len(case_id) > 200 or not case_id.isprintable():
+        raise ValueError(f"case id {case_id[:60]!r}: 1 to 200 printable characters")
     bundle = ResultBundle.load(bundle_dir)
     launches = [str(x) for x in bundle.launches.get("launch", [])] if not bundle.launches.empty else []
     if launch is None and len(launches) > 1:
