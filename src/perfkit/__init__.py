@@ -97,7 +97,8 @@ def compare(
     Args:
         run: a run directory, a bundle, a ``performance.log`` or a perf dump.
         baseline: a baseline JSON in sglang's layout.
-        case: the case id to compare a single bundle or log as (default: its own).
+        case: the case id to compare a single bundle or log as (default: a bundle's cases as
+            its run's baseline.json names them, a log's file stem).
         profile: the tolerance profile (``pr_test``, ``long_term``, ...).
         strict: a case or metric the baseline lacks fails instead of being ``new``.
 
