@@ -55,7 +55,10 @@ test: setup
 	@# run first, while the runner is fresh: after minutes of saturation a shared VM's CPU slows),
 	@# then the rest on $(TEST_WORKERS) workers (a module is one work unit, tests/conftest.py: its
 	@# engine launches run once, on one worker); both always run, and either failing fails the target
-	@rc=0; \
+	@# bytecode cached (PYTHONDONTWRITEBYTECODE, set by many images, unset here): with it set,
+	@# each of the run's ~1,000 Python processes (kernels, engines, CLIs) compiled perfkit's
+	@# modules again (0.2 s a process) and each pytest rewrote every test module's asserts
+	@rc=0; unset PYTHONDONTWRITEBYTECODE; \
 	$(BIN)/python -m pytest -m "timing and not sglang" $(PYTEST_ARGS) || rc=$$?; \
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not timing and not sglang" $(PYTEST_ARGS) || rc=$$?; \
 	exit $$rc
@@ -66,6 +69,7 @@ test: setup
 # times: outputs/sglang-tier/verdicts.json
 SGLANG_VENV ?= .sglang-venv
 test-sglang: setup
+	unset PYTHONDONTWRITEBYTECODE; \
 	PERFKIT_REQUIRE_SGLANG=1 SGLANG_VENV=$(SGLANG_VENV) $(BIN)/python -m pytest -m sglang $(PYTEST_ARGS)
 
 # line coverage of src/perfkit (pytest-cov; the perfkit, papermill-kernel and engine subprocesses

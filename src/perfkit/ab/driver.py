@@ -125,9 +125,9 @@ def run_arms(
     ``meta`` is added to every bundle's meta ``ab`` (e.g. the sequential design).
 
     ``profile``: after every measured launch, one extra launch per arm (label
-    ``profiled-<arm>``) profiles its cold and a warm request; the traces go into that arm's
-    bundle (``traces`` table, ``traces/``). Not a measured launch: not in the order, the
-    launch counts or any metric.
+    ``profiled-<arm>``; paired: A's and B's side by side) profiles its cold and a warm request;
+    the traces go into that arm's bundle (``traces`` table, ``traces/``). Not a measured
+    launch: not in the order, the launch counts or any metric.
 
     ``paired`` (``perfkit ab --paired``, arms A and B with equal counts): the order is taken two
     at a time, one A and one B launch run side by side with their requests in turn
@@ -200,9 +200,16 @@ def run_arms(
                 log.warning("launch %s failed: no further launch", failed[0])
                 break
     if profile is not None and not any(d.error for ds in data.values() for d in ds):
+
+        def profiled(arm: str, _turn: Any = None) -> Any:
+            return run_profiled(
+                specs[arm], request, profile, out / "launches", label=f"profiled-{arm.lower()}"
+            )
+
+        # paired: the two profiled launches side by side too, as their measured pairs ran
+        got = run_pair("A", "B", profiled)[0] if paired else {arm: profiled(arm) for arm in bundles}
         for arm, b in bundles.items():
-            label = f"profiled-{arm.lower()}"
-            attach(b, *run_profiled(specs[arm], request, profile, out / "launches", label=label))
+            attach(b, *got[arm])
             b.save(out / arm.lower())
     return bundles
 
