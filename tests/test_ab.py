@@ -228,7 +228,7 @@ def test_committed_aa_pair_replays_as_no_regression(tmp_path):
     r = AbResult.load(tmp_path / "aa")
     assert res.exit_code == 0, res.output
     assert r.verdict == "inconclusive" and "undecided, passed by --undecided pass" in res.output
-    assert "exit 0 only because of `--undecided pass`" in (tmp_path / "aa" / "summary.md").read_text()
+    assert "exit 0 only because of --undecided pass" in (tmp_path / "aa" / "summary.md").read_text()
     assert set(r.decisions.values()) <= NOT_REGRESSION, r.table.to_string()
     assert r.decisions["DenoisingStage"] in ("no change", "inconclusive")
     assert r.meta["ab"]["order"] == ["A00", "B00", "B01", "A01", "A02", "B02"]

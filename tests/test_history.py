@@ -717,3 +717,17 @@ def test_a_level_too_noisy_to_gate_says_not_gated_never_ok():
         assert j.status == "not gated", j
         assert j.reason.startswith("noise 2") or j.reason.startswith("noise 3"), j.reason
         assert "the smallest step it could see is +" in j.reason
+
+
+def test_a_nightly_case_id_with_a_line_break_is_refused(tmp_path: Path, capsys):
+    """Found by a breaker: a case id holding a newline was stored (case ids name files and rows)."""
+    doc = {
+        "commit_sha": "abc",
+        "timestamp": "2026-11-01T00:00:00Z",
+        "run_id": "1",
+        "results": [{"case_id": "a\nb", "framework": "sglang", "latency_s": 1.0}],
+    }
+    f = tmp_path / "n.json"
+    f.write_text(json.dumps(doc))
+    assert main(["history", "import", str(f), "--store", str(tmp_path / "s"), "--hardware", "H"]) == 2
+    assert "results.0.case_id: String should match pattern" in capsys.readouterr().err

@@ -549,3 +549,164 @@ def test_a_corrupt_wheel_and_a_truncated_run_record_exit_2_naming_the_file(tmp_p
     (run / "run.json").write_text(json.dumps({"notebooks": {"a": 1}}))
     code, out = _invoke("report", str(run))
     assert code == 2 and "not a run record" in out, out
+
+
+# ---- issue 54's third breaker round ----
+
+
+def test_a_400_digit_number_in_a_baseline_is_refused_naming_the_key(tmp_path):
+    """Was OverflowError in math.isnan, exit 1 (a regression's code) from compare, history add
+    and baseline update."""
+    root = Path(__file__).resolve().parents[1]
+    b = tmp_path / "b.json"
+    b.write_text((root / "baselines/h200.json").read_text().replace("973.1", "1" + "0" * 400, 1))
+    code, out = _invoke("compare", "--run", str(root / "examples/h200/report"), "--baseline", str(b))
+    assert code == 2 and "expected_e2e_ms: 100000000000… (401 digits) is above 1e+09" in out, out
+    log = tmp_path / "performance.log"
+    log.write_text(json.dumps(RECORD).replace("20.0", "1" + "0" * 400) + "\n")
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(FIXTURE_BASELINE), "--case", "x")
+    assert code == 2 and "(401 digits) is above 1e+09" in out and "inf" not in out, out
+
+
+def test_a_key_given_twice_is_refused_in_baselines_dumps_and_params(tmp_path):
+    """JSON and YAML keep the last of a key given twice: a second "scenarios" dropped every case
+    of the first and `baseline update` wrote the file without them (exit 0)."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "baselines/h200.json").read_text()
+    b = tmp_path / "b.json"
+    b.write_text(text.rstrip()[:-1] + ', "scenarios": {}}')
+    bundle = str(root / "examples/h200/bundles/cold_warm")
+    code, out = _invoke("baseline", "update", "--bundle", bundle, "--baseline", str(b), "--case", "x")
+    assert code == 2 and "key 'scenarios' given twice" in out and b.read_text().endswith('"scenarios": {}}')
+    p = tmp_path / "p.yaml"
+    p.write_text("name: x\ncold_warm:\n  enabled: true\ncold_warm:\n  enabled: false\n")
+    from perfkit.params import ParamsError, load_params
+
+    with pytest.raises(ParamsError, match="key 'cold_warm' given twice in one mapping"):
+        load_params(p)
+    from perfkit.readings.perfdump import loads_perf_dump
+    from perfkit.readings.records import RecordError
+
+    with pytest.raises(RecordError, match="key 'steps' given twice"):
+        loads_perf_dump('{"steps": [], "steps": []}', "d.json")
+
+
+def test_oversized_params_logs_and_load_traces_are_refused_before_reading(tmp_path):
+    from perfkit.engine.client import VideoRequestSpec
+    from perfkit.params import MAX_YAML_BYTES, ParamsError, load_params
+    from perfkit.readings.records import MAX_LINE_BYTES
+    from perfkit.scenarios import load_measure
+    from perfkit.scenarios.registry import ScenarioError
+
+    def sparse(name: str, size: int) -> Path:
+        f = tmp_path / name
+        with f.open("wb") as fh:
+            fh.truncate(size)  # no disk, and reading it would take the memory
+        return f
+
+    with pytest.raises(ParamsError, match="over the limit of 1,048,576"):
+        load_params(sparse("p.yaml", MAX_YAML_BYTES + 1))
+    log = sparse("performance.log", MAX_LINE_BYTES + 10)
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(FIXTURE_BASELINE), "--case", "x")
+    assert code == 2 and f"longer than {MAX_LINE_BYTES:,} bytes" in out, out
+    with pytest.raises(ScenarioError, match="bytes, over"):
+        load_measure.read_trace(sparse("t.jsonl", load_measure.MAX_BYTES + 1), VideoRequestSpec())
+    (tmp_path / "big.jsonl").write_text('{"num_frames": 100000}\n')
+    with pytest.raises(ScenarioError, match="big.jsonl:1"):
+        load_measure.read_trace(tmp_path / "big.jsonl", VideoRequestSpec())
+
+
+def test_a_hung_capped_launch_is_an_error_not_a_held_budget(tmp_path):
+    """A capped launch whose engine stopped answering (SIGSTOP: request 0 timed out, perfkit
+    ended it) read "did not complete, held" and PASS."""
+    import shutil
+
+    from perfkit.scenarios import memory_budget as mb
+    from perfkit.scenarios.registry import ScenarioError
+
+    root = Path(__file__).resolve().parents[1]
+    d = tmp_path / "mb"
+    shutil.copytree(root / "examples/h200/bundles/memory_budget", d)
+    b = ResultBundle.load(d)
+    mb.check_bundle(b)  # as recorded: every request completed
+    req = b.requests
+    last = req.index[req["launch"] == req["launch"].iloc[-1]][0]
+    req.loc[last, ["status", "error"]] = ["timeout", "request r not finished after 15 s"]
+    with pytest.raises(
+        ScenarioError,
+        match=r"launch cap\d: request -?\d+ timed out .*: the engine hung, not a budget verdict",
+    ):
+        mb.check_bundle(b)
+
+
+def test_load_levels_are_validated_together_in_the_notebook():
+    """`--set load.concurrency=[1] --set load.requests_per_level=2` passed the suite and failed
+    in the notebook: each field was checked against the other's default."""
+    from perfkit.nbparams import validate
+    from perfkit.params import ParamsError
+
+    assert validate("load", {"concurrency": [1], "requests_per_level": 2})["concurrency"] == [1]
+    with pytest.raises(ParamsError, match=r"load: concurrency \[5\] above requests_per_level 2"):
+        validate("load", {"concurrency": [1, 5], "requests_per_level": 2})
+
+
+def test_an_output_directory_under_a_file_exits_2_in_one_line(tmp_path, capsys):
+    from perfkit.cli import main
+
+    (tmp_path / "afile").write_text("")
+    root = Path(__file__).resolve().parents[1]
+    code = main(
+        [
+            "ab",
+            "--replay",
+            str(root / "examples/ab/aa/a"),
+            str(root / "examples/ab/aa/b"),
+            "--out",
+            str(tmp_path / "afile/ab"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "perfkit ab: error: [Errno 20] Not a directory" in err and "Traceback" not in err
+
+
+def test_only_and_tier_that_select_nothing_are_refused_before_anything_runs(tmp_path):
+    from perfkit.params import ParamsError, load_params
+    from perfkit.scaleout.shards import select
+
+    p = load_params(Path(__file__).resolve().parents[1] / "params/ci-cpu.yaml")
+    with pytest.raises(
+        ParamsError, match="nothing selected: cold_warm: tier per-commit, not selected by --tier extra"
+    ):
+        select(p, only=["cold_warm"], tier="extra")
+
+
+def test_hostile_stage_names_stay_inert_in_the_ab_summary(tmp_path):
+    """Side stage names went raw into summary.md's "still inconclusive"/"undecided" lines (a live
+    <svg>, a newline splitting the bullet) and split the console line."""
+    import shutil
+
+    import pandas as pd
+
+    from perfkit.ab.decide import AbResult
+
+    root = Path(__file__).resolve().parents[1]
+    hostile = "TextEnc`x`<svg onload=alert(1)>|a\nb<script>alert(2)</script>"
+    for side in ("a", "b"):
+        shutil.copytree(root / "examples/ab/aa" / side, tmp_path / side)
+        f = tmp_path / side / "stages.parquet"
+        s = pd.read_parquet(f)
+        s["stage"] = s["stage"].replace("TextEncodingStage", hostile)
+        s.to_parquet(f)
+    out = tmp_path / "out"
+    code, text = _invoke(
+        "ab",
+        "--replay",
+        str(tmp_path / "a"),
+        str(tmp_path / "b"),
+        "--out",
+        str(out),
+    )
+    md = (out / "summary.md").read_text()
+    assert "<svg" not in md and "<script>" not in md and "&lt;svg onload=alert(1)&gt;" in md, md
+    assert AbResult.load(out).table["metric"].str.contains("svg onload").any()
+    assert all("\n" not in ln or ln.startswith("perfkit") for ln in text.splitlines())

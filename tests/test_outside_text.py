@@ -189,14 +189,14 @@ def test_a_trace_with_a_hostile_op_name_leaves_no_live_svg_in_the_report(tmp_pat
     doc = json.loads(gzip.decompress(traces[0].read_bytes()))
     doc["traceEvents"].append({"ph": "X", "name": HOSTILE_OP, "ts": "soon", "dur": 1, "cat": "cpu_op"})
     traces[0].write_bytes(gzip.compress(json.dumps(doc).encode()))
+    # found by a later breaker: the run directory's path went raw into each notebook's verdict
+    # line (the gate's Markdown): a directory name is outside text too
+    run_dir = tmp_path / "run <svg onload=alert(2)>`"
     run_suite(
-        str(tmp_path / "params.yaml"),
-        tmp_path / "run",
-        replay=tmp_path / "recorded",
-        screenshot=False,
-        progress=False,
+        str(tmp_path / "params.yaml"), run_dir, replay=tmp_path / "recorded", screenshot=False, progress=False
     )
-    page = (tmp_path / "run" / "report.html").read_text()
+    page = (run_dir / "report.html").read_text()
+    assert "verdict: " in page and "svg onload=alert(2)" in page, "the path never reached the page"
     assert "svg onload=alert(1)" in page, "the trace error never reached the page"
     low = page.lower()
     assert "<svg" not in low, low[low.find("<svg") - 300 :][:600]

@@ -489,7 +489,7 @@ def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
             elif key == "invariants":
                 out[key] = _invariants(value)
             elif section is not None and key in section.model_fields:
-                out[key] = section.model_validate({key: value}).model_dump()[key]
+                continue  # validated together below: a rule may join two fields
             elif name == GATE and key in _GATE_PARAMS:
                 field = _GATE_PARAMS[key]
                 out[key] = BaselineParams.model_validate({field: value}).model_dump()[field]
@@ -498,14 +498,20 @@ def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
             else:
                 out[key] = value
         except ValidationError as exc:
-            # section and gate models are validated one field at a time: their loc starts with it
-            one_field = (section is not None and key in section.model_fields) or key in _GATE_PARAMS
+            # gate models are validated one field at a time: their loc starts with it
             model = RequestParams if key == "request" else InvariantsParams if key == "invariants" else None
-            problems += _pydantic_problems(key, exc, drop=1 if one_field else 0, model=model)
+            problems += _pydantic_problems(key, exc, drop=1 if key in _GATE_PARAMS else 0, model=model)
         except EngineSpecError as exc:
             problems += [f"engine.{f}: {m}" for f, m in exc.problems]
         except (TypeError, ValueError) as exc:
             problems.append(f"{key}: {exc}")
+    fields = {k: v for k, v in given.items() if section is not None and k in section.model_fields}
+    if fields:  # the investigation's fields together (load: concurrency against requests_per_level)
+        try:
+            dumped = section.model_validate(fields).model_dump()
+            out.update({k: dumped[k] for k in fields})
+        except ValidationError as exc:
+            problems += [p if not p.startswith(": ") else f"{name}{p}" for p in _pydantic_problems("", exc)]
     if not problems:  # rules across sections (pixel multiples, max frames), as for a params file
         # timeout_s None: papermill's cell timeout is not a notebook parameter (the suite checks
         # its params file's order of timeouts; a notebook only gets the resulting engine spec)

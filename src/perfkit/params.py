@@ -420,7 +420,20 @@ def parse_params(data: Any, source: str = "<params>", text: str | None = None) -
 
 class _Yaml12Loader(yaml.SafeLoader):
     """yaml.SafeLoader that also reads YAML 1.2 floats: ``1e3``, ``5e-1``, ``1.5E3``
-    (YAML 1.1 wants a dot and a signed exponent, so PyYAML reads those as strings)."""
+    (YAML 1.1 wants a dot and a signed exponent, so PyYAML reads those as strings), and refuses
+    a key given twice in one mapping (PyYAML keeps the last silently: a second ``cold_warm:``
+    would replace the first; YAML 1.2 says keys are unique)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 #: YAML 1.2 core schema float (after SafeLoader's own resolvers: ints stay ints)
@@ -543,6 +556,8 @@ def load_params(path: str | Path, sets: Sequence[str] = ()) -> SuiteParams:
         ParamsError: invalid file or ``--set`` (naming the key). FileNotFoundError.
     """
     p = Path(path)
+    if p.stat().st_size > MAX_YAML_BYTES:  # before reading it
+        raise ParamsError(f"{p}: {p.stat().st_size:,} bytes, over the limit of {MAX_YAML_BYTES:,}")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

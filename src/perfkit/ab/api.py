@@ -126,9 +126,8 @@ def decide(
 def undecided_message(res: Any) -> str:
     """One line: the metrics still inconclusive, and the launches a side that would decide each."""
     word = "undecided" if res.exit_code else "undecided, passed by --undecided pass"
-    return f"{word}: still inconclusive, with the launches a side that would decide it: " + needed_text(
-        res, res.undecided
-    )
+    text = f"{word}: still inconclusive, with the launches a side that would decide it: "
+    return " ".join((text + needed_text(res, res.undecided)).splitlines())  # one line, whatever the names
 
 
 def error_reasons(summary: str) -> list[str]:

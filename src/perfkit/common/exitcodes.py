@@ -60,7 +60,8 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
     click's message, exit 2. An interrupt swallowed on the way (a KeyboardInterrupt raised in
     logging's lock release is only printed as "Exception ignored") still ends as exit 2, as does
     any exception raised after an interrupt (no traceback); once interrupted both signals are
-    ignored until the process exits. Output cut by its reader (``| head``) ends quietly with
+    ignored until the process exits. An OSError no command handled (an output directory under a
+    file, a path it may not write) is one line naming it, exit 2. Output cut by its reader (``| head``) ends quietly with
     :data:`EXIT_SIGPIPE`, as a process ended by SIGPIPE reads in a shell.
     """
     import threading
@@ -89,6 +90,12 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
         said = bool(_SEEN) and code == EXIT_ERROR  # the suite said the interrupt itself
         if type(sys.stdout).__name__ == "_PacifyFlushWrapper":  # click's exit 1 on EPIPE: `| head`
             code = EXIT_SIGPIPE
+    except OSError as exc:  # a path the command cannot write or read (--out under a file, /sys)
+        if _SEEN:
+            code = EXIT_ERROR
+        else:
+            print(f"{_words(command, args, prog_name)}: error: {exc}", file=sys.stderr)
+            return EXIT_ERROR
     except BaseException:  # once interrupted, a library's failing cleanup (nbclient's) is the interrupt
         if not _SEEN:
             raise

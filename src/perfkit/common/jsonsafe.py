@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any
 
-__all__ = ["dumps", "finite", "non_finite_paths"]
+__all__ = ["dumps", "finite", "non_finite_paths", "unique_keys"]
 
 
 def finite(v: Any) -> Any:
@@ -59,3 +59,15 @@ def dumps(obj: Any, **kw: Any) -> str:
     """:func:`json.dumps` of :func:`finite` ``(obj)`` with ``allow_nan=False`` (other keyword
     arguments passed on, e.g. ``indent``, ``sort_keys``, ``default``)."""
     return json.dumps(finite(obj), allow_nan=False, **kw)
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: the object as a dict; a key given twice raises
+    ValueError naming it (``json`` alone keeps the last one silently: a second ``"scenarios"``
+    would drop every case of the first)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} given twice in one object")
+        out[k] = v
+    return out

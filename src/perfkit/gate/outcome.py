@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Literal, Mapping
 
+from perfkit.common.slugs import md_text
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -167,7 +169,7 @@ def finish(name: str, verdict: Mapping[str, Any] | None, fail_on: str = "gate", 
     word = gate_result("ok", verdict)
     line = verdict_line(name, verdict)
     at = f" (verdict: {where})" if where else ""
-    _show(f"**{line}**{at}")
+    _show(f"**{md_text(line)}** {md_text(at)}".rstrip())  # names, errors, the path: outside text
     if word in ("pass", "inconclusive") or fail_on == "never":
         if word not in ("pass", "inconclusive"):
             _show(f"`fail_on` is {fail_on!r}: this notebook does not fail the run.")

@@ -31,8 +31,9 @@ MAX_BYTES = 2 * 2**20
 
 class _Result(BaseModel):
     model_config = ConfigDict(extra="allow")
-    case_id: str = Field(min_length=1)
-    framework: str = Field(min_length=1)
+    # printable, at most 200 characters: a case id names files and table rows
+    case_id: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
+    framework: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
     model: str | None = None
     task: str | None = None
     # strict: a string ("7.5") or a bool (true) is a mistyped key, not a latency; a value

@@ -60,7 +60,8 @@ def case_values(case: str, entry: Mapping[str, Any], where: str) -> list[Value]:
     out: list[Value] = []
 
     def num(key: str, v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        finite = isinstance(v, int) and abs(v) < 1e300 or isinstance(v, float) and math.isfinite(v)
+        if isinstance(v, bool) or not finite:
             raise HistoryError(f"{where}: scenarios.{case}.{key}: not a finite number: {v!r}")
         return float(v)
 

@@ -290,7 +290,9 @@ def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
             raise HistoryError(f"{r.source_file or r.run_id}: the run has no values")
         for v in r.values:
             ok = (
-                isinstance(v.value, (int, float)) and not isinstance(v.value, bool) and math.isfinite(v.value)
+                isinstance(v.value, (int, float))
+                and not isinstance(v.value, bool)
+                and (math.isfinite(v.value) if isinstance(v.value, float) else abs(v.value) < 1e300)
             )
             if v.value is not None and not ok:
                 raise HistoryError(f"{r.source_file}: {v.case_id}.{v.metric}: not a number: {v.value!r}")

@@ -98,9 +98,16 @@ MAX_READING = 1e9
 
 
 def json_int(digits: str) -> int | float:
-    """``json.loads``'s ``parse_int``: one of 300+ digits as a float (inf past its range, which
-    :func:`read_number` refuses naming the key; Python's 4,300-digit limit named no key)."""
-    return int(digits) if len(digits) < 300 else float(digits)
+    """``json.loads``'s ``parse_int``: an int (:func:`read_number` refuses one above
+    :data:`MAX_READING` naming the key), one of 4,000+ digits inf (Python's 4,300-digit limit
+    named no key)."""
+    return int(digits) if len(digits) < 4000 else float("inf")
+
+
+def short_repr(v: Any) -> str:
+    """``repr(v)``, an integer of many digits as its first digits and its length."""
+    r = repr(v)
+    return r if len(r) <= 40 else f"{r[:12]}… ({len(r)} digits)"
 
 
 def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
@@ -114,7 +121,7 @@ def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
     if t is float:  # the common case first (NaN fails every comparison)
         if 0.0 <= value <= MAX_READING:
             return value
-    elif t is int and value >= 0:
+    elif t is int and 0 <= value <= MAX_READING:
         return float(value)
     if value is None:
         if nullable:
@@ -122,6 +129,9 @@ def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
         raise RecordError(key, "is null, expected a number")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RecordError(key, f"{value!r} ({type(value).__name__}) is not a number")
+    if isinstance(value, int):  # float() of 400 digits overflows: say what it is
+        what = "is negative" if value < 0 else f"is above {MAX_READING:g} (no ms or MiB value is that large)"
+        raise RecordError(key, f"{short_repr(value)} {what}")
     f = float(value)
     if math.isnan(f) or math.isinf(f):
         raise RecordError(key, f"{value!r} is not a finite number")
@@ -517,9 +527,19 @@ def decode_text(raw: bytes, source: str) -> str:
         ) from None
 
 
+#: the longest performance.log line read (bytes): a record is a few KiB (tens with every
+#: denoising step); a longer line is refused before it fills memory
+MAX_LINE_BYTES = 64 * 2**20
+
+
 def _binary_lines(p: Path) -> Iterator[bytes]:
     with open(p, "rb") as fh:
-        yield from fh
+        n = 0
+        while line := fh.readline(MAX_LINE_BYTES + 1):
+            n += 1
+            if len(line) > MAX_LINE_BYTES:
+                raise RecordError("<line>", f"longer than {MAX_LINE_BYTES:,} bytes", source=str(p), line=n)
+            yield line
 
 
 def iter_perf_log(

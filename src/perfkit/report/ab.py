@@ -302,7 +302,7 @@ def sequential_text(res: AbResult) -> str:
     if res.undecided:
         text += f"; undecided ({_SIZED}): " + needed_text(res, res.undecided)
         if seq.get("undecided_rule") == "pass":
-            text += "; exit 0 only because of `--undecided pass`"
+            text += "; exit 0 only because of --undecided pass"
     return text
 
 
@@ -358,7 +358,7 @@ def ab_summary_markdown(res: AbResult) -> str:
             )
     seq = sequential_text(res)
     if seq:
-        lines.append(f"- {seq}")
+        lines.append(f"- {md_text(seq)}")  # it names metrics (stage names from the bundles)
     spells = spells_line(res)
     if spells:
         lines.append(f"- {spells}")

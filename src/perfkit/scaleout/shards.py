@@ -37,7 +37,7 @@ from perfkit.common import jsonsafe
 from perfkit.common.provenance import git_commit
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
-from perfkit.params import SuiteParams, load_params
+from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.scaleout.executor import executor as get_executor
 from perfkit.scaleout.executor import progress_events, run_unit
 from perfkit.scaleout.identity import identity_problems, part_identity, perfkit_version
@@ -84,7 +84,8 @@ def select(
 
     Raises:
         ValueError: an unknown tier (naming the known ones); ParamsError (a ValueError): ``only``
-            names a disabled investigation (:meth:`SuiteParams.refuse_disabled`).
+            names a disabled investigation (:meth:`SuiteParams.refuse_disabled`), or ``only`` and
+            ``tier`` leave nothing selected (naming why each was left out).
     """
     if tier is not None and tier not in TIERS:
         raise ValueError(f"--tier {tier!r}: unknown tier; known: {', '.join(TIERS)}")
@@ -101,6 +102,10 @@ def select(
             skipped[n] = f"tier {params.section(n).tier}, not selected by --tier {tier}"
         else:
             selected.append(n)
+    if only_set and not selected:  # `--tier extra --only cold_warm`: refused before anything runs
+        raise ParamsError(
+            "nothing selected: " + "; ".join(f"{n}: {skipped[n]}" for n in registry.names() if n in only_set)
+        )
     return selected, skipped
 
 

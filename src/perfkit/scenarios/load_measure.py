@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit.common.numfmt import json_float
+from perfkit.common.presets import MAX_FRAMES
 from perfkit.common.provenance import repo_root
 from perfkit.engine.client import AsyncVideoClient, RequestOutcome, VideoRequestSpec, closed_loop, open_loop
 from perfkit.measuring.launch import record_rows
@@ -32,6 +33,10 @@ from perfkit.scenarios.registry import ScenarioError
 
 #: at most this many lines (a trace is a sample of a day's requests, replayed in one launch)
 MAX_LINES = 100_000
+#: at most this many bytes (100,000 lines of about 300 bytes)
+MAX_BYTES = 32 * 2**20
+#: the widest or tallest frame a trace line may ask (pixels)
+MAX_PIXELS = 16_384
 
 
 class TraceLine(BaseModel):
@@ -40,11 +45,11 @@ class TraceLine(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     # the bounds of the params' ``request`` section (perfkit.params.RequestParams: pixels >= 8,
-    # at most 1000 steps, the reference engine's MAX_STEPS), so that a trace line cannot ask
-    # what the params file may not
-    width: Optional[int] = Field(None, ge=8)
-    height: Optional[int] = Field(None, ge=8)
-    num_frames: Optional[int] = Field(None, gt=0)
+    # at most 1000 steps, the reference engine's MAX_STEPS; frames at most MAX_FRAMES), so that
+    # a trace line cannot ask what the params file may not
+    width: Optional[int] = Field(None, ge=8, le=MAX_PIXELS)
+    height: Optional[int] = Field(None, ge=8, le=MAX_PIXELS)
+    num_frames: Optional[int] = Field(None, gt=0, le=MAX_FRAMES)
     num_inference_steps: Optional[int] = Field(None, gt=0, le=1000)
     #: torch.Generator.manual_seed takes at most 64 bits
     seed: Optional[int] = Field(None, ge=-(2**63), lt=2**64)
@@ -72,6 +77,8 @@ def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpe
             a wrong value (``trace.jsonl:3: key 'num_frames': ...``), or the trace is empty.
     """
     try:
+        if path.stat().st_size > MAX_BYTES:  # before reading it
+            raise ScenarioError(f"trace {path}: {path.stat().st_size:,} bytes, over {MAX_BYTES:,}")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"trace {path}: cannot be read: {exc}") from None

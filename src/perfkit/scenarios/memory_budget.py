@@ -298,8 +298,9 @@ def run(ctx: RunContext, p: MemoryBudgetParams) -> ResultBundle:
 
 def check_bundle(bundle: ResultBundle) -> None:
     """Raise :class:`ScenarioError` when no budget was measured, the launch without caps did not
-    complete, or any launch's engine was killed by a signal perfkit did not send with no OOM
-    record, no cap kill and no CUDA OOM (lost, not a budget verdict; a cap that ran out is a check)."""
+    complete, any launch's engine was killed by a signal perfkit did not send with no OOM
+    record, no cap kill and no CUDA OOM, or a request timed out (lost or hung, not a budget
+    verdict; a cap that ran out is a check)."""
     where = f"{NAME} ({bundle.path or 'bundle'})"
     caps = (bundle.results or {}).get("caps") or []
     if not caps:
@@ -323,6 +324,16 @@ def check_bundle(bundle: ResultBundle) -> None:
             raise ScenarioError(
                 f"{where}: launch {row.get('launch')} ({row.get('cap_label') or row.get('label')}) lost "
                 f"its engine, not to its cap: it {row.get('ended')}; OOM-kill record: {oom or 'none'}"
+            )
+    # a request that timed out: the engine hung (docs/robustness.md: the run exits 2), not a cap
+    req = bundle.requests
+    if not req.empty and "status" in req.columns:
+        hung = req[req["status"] == "timeout"]
+        if len(hung):
+            r = hung.iloc[0]
+            raise ScenarioError(
+                f"{where}: launch {r.get('launch')}: request {r.get('index')} timed out "
+                f"({r.get('error') or 'no answer'}): the engine hung, not a budget verdict"
             )
 
 

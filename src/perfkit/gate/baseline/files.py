@@ -25,6 +25,7 @@ from perfkit.gate.baseline.rules import (
     _number_problem,
     is_flat,
 )
+from perfkit.readings.records import short_repr
 
 #: the largest baseline file read (bytes): sglang's perf_baselines files are about 100 KB
 MAX_BASELINE_BYTES = 32 * 2**20
@@ -82,7 +83,7 @@ def _validate(doc: Any, source: str) -> None:
             return
         problem = _number_problem(v)
         if problem:
-            raise bad(where, f"{v!r} {problem}")
+            raise bad(where, f"{short_repr(v)} {problem}")
 
     imp = doc.get("improvement_reporting") or {}
     if "threshold" in imp:
@@ -148,11 +149,13 @@ def _validate(doc: Any, source: str) -> None:
 def loads_baseline(text: str, source: str = "<string>") -> dict[str, Any]:
     """Parse baseline JSON text. Raises :class:`BaselineError` naming ``source`` and line/column."""
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=jsonsafe.unique_keys)
     except json.JSONDecodeError as exc:
         raise BaselineError(
             f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from exc
+    except ValueError as exc:  # a key twice
+        raise BaselineError(f"{source}: {exc}") from None
     except RecursionError:
         raise BaselineError(f"{source}: nested too deeply to be a baseline file") from None
     _validate(doc, source)

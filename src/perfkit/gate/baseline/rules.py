@@ -227,6 +227,10 @@ def _number_problem(v: Any) -> str | None:
     """Why ``v`` is not a metric value (a finite JSON number in [0, :data:`~perfkit.readings.records.MAX_READING`]), or None."""
     if not _is_number(v):
         return f"({type(v).__name__}) is not a number"
+    if isinstance(v, int) and not -MAX_READING <= v <= MAX_READING:  # math.isnan(10**400) overflows
+        return (
+            "is negative" if v < 0 else f"is above {MAX_READING:g} (no ms, MiB, s or tolerance is that large)"
+        )
     if math.isnan(v) or math.isinf(v):
         return "is not a finite number"
     if v < 0:
