@@ -48,6 +48,10 @@ from perfkit.engine import launch as _launch
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+#: as perfkit's CLI does (perfkit.cli.main): nbformat's jsonschema without rfc3987_syntax's
+#: 0.8 s grammar build, which checks a format nbformat's schema never uses
+sys.modules.setdefault("rfc3987_syntax", None)
+
 #: modules by their wall time on CI's 2-core machine, heaviest first (pytest --durations): the
 #: parallel run hands them out in this order, the rest after them in collection order
 HEAVY_FIRST = (

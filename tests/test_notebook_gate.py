@@ -338,8 +338,15 @@ def test_perfkit_run_prints_the_gate_result(tmp_path):
 
 # ------------------------------------------------------------------ 4. JupyterLab outside the tracked tree
 def _git_status() -> str:
+    """``git status`` without the nbstripout filter: a notebook the lab wrote into shows as
+    changed (the filter would hide its outputs), and no filter process runs per notebook (in a
+    fresh clone every entry is racily clean: 10 s a status)."""
+    nofilter = ["-c", "filter.nbstripout.clean=cat", "-c", "filter.nbstripout.required=false"]
     return subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, capture_output=True, text=True
+        ["git", *nofilter, "status", "--porcelain", "--untracked-files=all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     ).stdout
 
 

@@ -94,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (also for ``perfkit`` itself). SIGINT or
     SIGTERM: exit 2 with one line (:func:`perfkit.common.exitcodes.run_click`); a missing
     optional stack met deeper (a figures block, a notebook): its one-line pip hint, exit 2."""
+    # jsonschema (papermill's nbformat) imports rfc3987_syntax, when installed (JupyterLab's
+    # jupyter-events brings it), only to check "iri" formats, which nbformat's schema never
+    # uses; that import builds a grammar: 0.8 s of CPU in every perfkit process that runs a
+    # notebook. A command's own process goes without it.
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
     try:
         return run_click(cli, list(sys.argv[1:] if argv is None else argv), "perfkit")
     except MissingExtra as exc:
