@@ -267,8 +267,7 @@ def test_ab_power_figures_block(tmp_path):
         update_text("<!-- perfkit:figures src=nowhere kind=ab-power -->\n<!-- perfkit:end -->", ROOT)
 
 
-@pytest.mark.slow
-@pytest.mark.timing
+@pytest.mark.slow  # not `timing`: it checks the order, the arms' settings and the table's gaps, no time
 def test_live_three_arm_pool_of_the_tiny_engine(tmp_path):
     data = load_yaml((ROOT / "examples/ab/tiny-cpu.yaml").read_text())
     a = EngineSpec.from_dict(data)

@@ -508,24 +508,24 @@ def test_a_capped_launch_lost_to_an_outside_sigkill_is_an_error(tmp_path):
 
 @pytest.mark.slow
 def test_suite_with_a_capped_engine_sigkilled_from_outside_exits_2(tmp_path):
-    """The breaker's run: ci-cpu's memory_budget, the 8GiB-host launch's engine (cap1) SIGKILLed
-    once its performance.log has 2 lines. Was exit 0, PASS, "did not complete, held"; now exit
-    2, ERROR naming the launch and how it ended."""
+    """The breaker's run: ci-cpu's memory_budget (its 8GiB-host budget alone, cap0), the
+    launch's engine SIGKILLed once its performance.log has 2 lines. Was exit 0, PASS, "did not
+    complete, held"; now exit 2, ERROR naming the launch and how it ended."""
     out = tmp_path / "run"
     argv = perfkit(
         "suite", "--params", "params/ci-cpu.yaml", "--only", "memory_budget", "--out", str(out),
-        "-q", "--no-screenshot",
+        "--set", "memory_budget.caps=[{label: 8GiB host, host_gib: 8}]", "-q", "--no-screenshot",
     )  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed = False
     try:
         deadline = time.monotonic() + 300
         while not killed and time.monotonic() < deadline and proc.poll() is None:
-            logs = [p for p in out.rglob("performance.log") if "cap1" in str(p)]
+            logs = [p for p in out.rglob("performance.log") if "cap0" in str(p)]
             if logs and len(logs[0].read_text().splitlines()) >= 2:
                 victim = next(
                     p for p in psutil.Process(proc.pid).children(recursive=True)
-                    if "cap1" in " ".join(p.cmdline()) and "refengine" in " ".join(p.cmdline())
+                    if "cap0" in " ".join(p.cmdline()) and "refengine" in " ".join(p.cmdline())
                 )  # fmt: skip
                 os.killpg(os.getpgid(victim.pid), signal.SIGKILL)
                 killed = True
@@ -540,5 +540,5 @@ def test_suite_with_a_capped_engine_sigkilled_from_outside_exits_2(tmp_path):
     assert "ERROR (exit 2)" in summary.splitlines()[0] and "PASS" not in summary.splitlines()[0], summary[
         :500
     ]
-    err = "launch cap1 (8GiB host) lost its engine, not to its cap: it was killed by signal 9 (SIGKILL, not sent by perfkit)"
+    err = "launch cap0 (8GiB host) lost its engine, not to its cap: it was killed by signal 9 (SIGKILL, not sent by perfkit)"
     assert err in summary, summary[:3000]
