@@ -22,6 +22,7 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from perfkit.common.jsonsafe import unique_keys
 from perfkit.common.numfmt import json_float
 from perfkit.common.presets import MAX_FRAMES
 from perfkit.common.provenance import repo_root
@@ -58,17 +59,6 @@ class TraceLine(BaseModel):
     prompt: Optional[str] = None
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's pairs as a dict; a key given twice raises ValueError (json would keep
-    the last one silently)."""
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"key {k!r} given twice")
-        out[k] = v
-    return out
-
-
 def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpec, float | None]]:
     """The trace's requests in order, each as (request, its slo_ms or None).
 
@@ -89,7 +79,7 @@ def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpe
         if len(out) >= MAX_LINES:
             raise ScenarioError(f"{path}: more than {MAX_LINES} requests")
         try:
-            obj = json.loads(line, object_pairs_hook=_no_duplicates)
+            obj = json.loads(line, object_pairs_hook=unique_keys)
         except ValueError as exc:
             raise ScenarioError(f"{path}:{n}: not JSON: {exc}") from None
         if not isinstance(obj, dict):
