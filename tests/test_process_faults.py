@@ -353,6 +353,33 @@ def test_oom_record_is_read_never_guessed(tmp_path):
     assert oom_record([4242], kmsg=str(kmsg), since=boot + 6.0).startswith("kernel log:")
 
 
+def _suite_killing_its_engine(
+    argv: list[str], out: Path, label: str, lines: int, wait_s: float
+) -> tuple[int, str, float | None]:
+    """Run the suite ``argv`` (output ``out``); once the performance.log of the launch whose path
+    holds ``label`` has ``lines`` lines, SIGKILL that launch's reference engine (its process
+    group) from outside. Returns (exit code, output, when it was killed or None)."""
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed_at = None
+    try:
+        deadline = time.monotonic() + wait_s
+        while killed_at is None and time.monotonic() < deadline and proc.poll() is None:
+            logs = [p for p in out.rglob("performance.log") if label in str(p)]
+            if logs and len(logs[0].read_text().splitlines()) >= lines:
+                victim = next(
+                    p for p in psutil.Process(proc.pid).children(recursive=True)
+                    if label in " ".join(p.cmdline()) and "perfkit.refengine" in " ".join(p.cmdline())
+                )  # fmt: skip
+                os.killpg(os.getpgid(victim.pid), signal.SIGKILL)
+                killed_at = time.time()
+            time.sleep(0.05)
+        text, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, text, killed_at
+
+
 @pytest.mark.slow
 def test_an_engine_lost_during_a_load_level_is_an_error_naming_each_request(tmp_path):
     """Found by the breaker: the tiny reference engine SIGKILLed (its process group) during a
@@ -364,28 +391,10 @@ def test_an_engine_lost_during_a_load_level_is_an_error_naming_each_request(tmp_
         "suite", "--params", "params/ci-cpu.yaml", "--only", "load", "--set", "load.enabled=true",
         "--set", "engine.request_timeout_s=300", "--out", str(out), "-q", "--no-screenshot",
     )  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killed_at, victim = None, None
-    try:
-        deadline = time.monotonic() + 240
-        while killed_at is None and time.monotonic() < deadline and proc.poll() is None:
-            logs = list(out.rglob("performance.log"))
-            # 3 warm-up requests and level c1's 8 done, 2 more: inside level c2
-            if logs and len(logs[0].read_text().splitlines()) >= 13:
-                engines = [
-                    p for p in psutil.Process(proc.pid).children(recursive=True)
-                    if "perfkit.refengine" in " ".join(p.cmdline())
-                ]  # fmt: skip
-                victim = engines[0]
-                os.killpg(os.getpgid(victim.pid), signal.SIGKILL)
-                killed_at = time.time()
-            time.sleep(0.05)
-        assert killed_at is not None, "the load levels never started"
-        text, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 2, text[-3000:]
+    # 3 warm-up requests and level c1's 8 done, 2 more: inside level c2
+    code, text, killed_at = _suite_killing_its_engine(argv, out, "", 13, 240)
+    assert killed_at is not None, "the load levels never started"
+    assert code == 2, text[-3000:]
     summary = (out / "summary.md").read_text()
     assert "ERROR (exit 2)" in summary.splitlines()[0], summary[:500]
     assert "REGRESSION" not in summary.splitlines()[0]
@@ -516,26 +525,9 @@ def test_suite_with_a_capped_engine_sigkilled_from_outside_exits_2(tmp_path):
         "suite", "--params", "params/ci-cpu.yaml", "--only", "memory_budget", "--out", str(out),
         "--set", "memory_budget.caps=[{label: 8GiB host, host_gib: 8}]", "-q", "--no-screenshot",
     )  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killed = False
-    try:
-        deadline = time.monotonic() + 300
-        while not killed and time.monotonic() < deadline and proc.poll() is None:
-            logs = [p for p in out.rglob("performance.log") if "cap0" in str(p)]
-            if logs and len(logs[0].read_text().splitlines()) >= 2:
-                victim = next(
-                    p for p in psutil.Process(proc.pid).children(recursive=True)
-                    if "cap0" in " ".join(p.cmdline()) and "refengine" in " ".join(p.cmdline())
-                )  # fmt: skip
-                os.killpg(os.getpgid(victim.pid), signal.SIGKILL)
-                killed = True
-            time.sleep(0.05)
-        assert killed, "the capped launch never got 2 records"
-        text, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 2, text[-3000:]
+    code, text, killed_at = _suite_killing_its_engine(argv, out, "cap0", 2, 300)
+    assert killed_at is not None, "the capped launch never got 2 records"
+    assert code == 2, text[-3000:]
     summary = (out / "summary.md").read_text()
     assert "ERROR (exit 2)" in summary.splitlines()[0] and "PASS" not in summary.splitlines()[0], summary[
         :500
