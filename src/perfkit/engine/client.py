@@ -238,22 +238,14 @@ class AsyncVideoClient:
     async def __aexit__(self, *exc: Any) -> None:
         await self.http.aclose()
 
-    async def health(self) -> bool:
-        """True when ``GET /health`` answers 200; False for any other answer or none."""
+    async def health(self, timeout_s: float | None = None) -> bool:
+        """True when ``GET /health`` answers 200 (within ``timeout_s``, default the client's
+        30 s); False for any other answer or none."""
         import httpx  # here, not at the top: only where a request is sent (a replay sends none)
 
+        kw = {} if timeout_s is None else {"timeout": timeout_s}
         try:
-            return (await self.http.get("/health")).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    async def _answers(self) -> bool:
-        """``GET /health`` answers 200 within :data:`HEALTH_AFTER_TIMEOUT_S`."""
-        import httpx
-
-        try:
-            r = await self.http.get("/health", timeout=HEALTH_AFTER_TIMEOUT_S)
-            return r.status_code == 200
+            return (await self.http.get("/health", **kw)).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -316,7 +308,7 @@ class AsyncVideoClient:
         ) -> RequestOutcome:
             head = f"request {rid or '(not yet accepted)'} not finished after {self.timeout_s:g} s"
             out = done(rid, "timeout", f"{head} (last status {status}{why})", body)
-            if self.alive is not None and not self.lost and not await self._answers():
+            if self.alive is not None and not self.lost and not await self.health(HEALTH_AFTER_TIMEOUT_S):
                 self.lost = True
                 self.lost_why = (
                     f"the engine stopped answering: GET /health had no answer within "
