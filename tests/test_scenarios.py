@@ -102,7 +102,11 @@ def test_normal_engine_passes_leak_checks_and_invariants(cold_warm):
     table = check_table(rows)
     slope = table[table["metric"] == "host_anon_slope_mib_per_request"].iloc[0]
     assert slope["status"] == "pass" and abs(slope["actual"]) < 16, table
-    assert overall_status(table) == "pass", table
+    # a loaded runner may leave a latency ratio inside its noise: inconclusive, never a failure
+    assert overall_status(table) in ("pass", "inconclusive"), table
+    unsure = table[table["status"] == "inconclusive"]
+    assert unsure["reason"].str.contains("noise").all(), unsure.to_dict("records")
+    assert (table["status"] == "pass").sum() >= 3, table.to_dict("records")
 
 
 def test_leaking_engine_is_caught(leaky):

@@ -34,6 +34,25 @@ def _interrupt(signum: int, frame: Any) -> None:  # noqa: ARG001
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def _redeliver(hook: Any) -> Any:
+    """An ``sys.unraisablehook`` that delivers a swallowed interrupt again: a signal handled while
+    a ``__del__`` or a GC callback ran raises there, and Python only prints "Exception ignored";
+    the command would run on. The signal is raised anew in the main thread from another thread,
+    once the ``__del__`` has returned (a handler reset to SIG_IGN makes it a no-op); anything else
+    goes to ``hook``."""
+    import _thread
+    import threading
+
+    def unraisable(u: Any) -> None:
+        if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt) and _SEEN:
+            sig = getattr(signal, _SEEN[-1], signal.SIGINT)
+            threading.Timer(0.05, _thread.interrupt_main, (sig,)).start()
+            return
+        hook(u)
+
+    return unraisable
+
+
 def _words(command: "click.Command", args: list[str], prog_name: str) -> str:
     """The command line's command words (``perfkit history confirm``), read from ``args``."""
     import click
@@ -58,7 +77,7 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
     :data:`EXIT_ERROR` (2) with one line on stderr naming the command and the signal: never 0 or
     1, which read as verdicts (click's own handling said ``Aborted!`` and exited 1). Bad usage:
     click's message, exit 2. An interrupt swallowed on the way (a KeyboardInterrupt raised in
-    logging's lock release is only printed as "Exception ignored") still ends as exit 2, as does
+    a ``__del__`` is only printed as "Exception ignored") is delivered again, and ends as exit 2, as does
     any exception raised after an interrupt (no traceback); once interrupted both signals are
     ignored until the process exits. An OSError no command handled (an output directory under a
     file, a path it may not write) is one line naming it, exit 2. Output cut by its reader (``| head``) ends quietly with
@@ -72,6 +91,9 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
     sigs = (signal.SIGINT, signal.SIGTERM)
     old = {s: signal.signal(s, _interrupt) for s in sigs} if main_thread else {}
     _SEEN.clear()
+    old_hook = sys.unraisablehook
+    if main_thread:
+        sys.unraisablehook = _redeliver(old_hook)
     said = False
     try:
         rv = command.main(args=args, prog_name=prog_name, standalone_mode=False)
@@ -100,6 +122,7 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
         if not _SEEN:
             raise
     finally:
+        sys.unraisablehook = old_hook
         for s, h in old.items():
             # interrupted: the process is ending, a late signal must not turn exit 2 into death
             signal.signal(s, signal.SIG_IGN if _SEEN else h)

@@ -13,6 +13,7 @@ as what they are (:func:`job_fields`; the reference engine's start is its ``perf
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -402,14 +403,25 @@ class VideoClient:
         self._thread = threading.Thread(target=self._loop.run_forever, name="perfkit-client", daemon=True)
         self._thread.start()
 
-    def _run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+    def _run(self, coro: Any, timeout: float | None = None) -> Any:
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result(timeout)
+        except BaseException:  # interrupted or timed out: the request stops with the caller
+            fut.cancel()
+            raise
 
     def close(self) -> None:
-        self._run(self.aio.http.aclose())
+        """Close the connections and end the client's thread, in at most about 10 s (an
+        interrupted request is cancelled, never waited for)."""
+        try:
+            self._run(self.aio.http.aclose(), timeout=5.0)
+        except (concurrent.futures.TimeoutError, RuntimeError) as exc:
+            log.warning("client %s: connections not closed: %r", self.base_url, exc)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        self._thread.join(timeout=5.0)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def __enter__(self) -> "VideoClient":
         return self
