@@ -18,8 +18,8 @@ Versions (:data:`SCHEMA_VERSION`, written to meta.json and results.json):
   (``"warmup"``) besides ``index == -1``; memory ``gpu_util_pct`` (0-100); results.json
   unversioned, memory_budget caps entries with ``peak_reserved_mb``/``peak_allocated_mb``/
   ``load_peak_mb``.
-- 2: the declarations below. :func:`upgrade_table` / :func:`upgrade_results` turn version 1
-  into version 2 in memory (files on disk are never rewritten).
+- 2: the declarations in :mod:`~perfkit.bundle_schema.columns`. :func:`upgrade_table` /
+  :func:`upgrade_results` turn version 1 into version 2 in memory (files on disk are never rewritten).
 
 The package, one module per job: :mod:`perfkit.bundle_schema.columns` (the declarations),
 :mod:`perfkit.bundle_schema.upgrade` (older versions read as the current one),

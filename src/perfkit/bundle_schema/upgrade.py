@@ -11,32 +11,24 @@ import pandas as pd
 
 from perfkit.bundle_schema.columns import SCHEMA_VERSION, WARMUP_INDEX
 
+
 # --------------------------------------------------------------------------- version 1
+def _v1(*names: str) -> dict[str, str]:
+    """{version 1 name: ``name``}: a ``_mib`` name was ``_mb``, an ``_s`` epoch time had no suffix."""
+    return {n[:-2] + "b" if n.endswith("_mib") else n[:-2]: n for n in names}
+
+
 #: table -> {version 1 column: version 2 column}
 V1_COLUMN_RENAMES: dict[str, dict[str, str]] = {
-    "requests": {
-        "peak_allocated_mb": "peak_allocated_mib",
-        "peak_reserved_mb": "peak_reserved_mib",
-        "reserved_mb": "reserved_mib",
-        "t_start": "t_start_s",
-        "t_end": "t_end_s",
-    },
-    "stages": {"peak_allocated_mb": "peak_allocated_mib", "t_start": "t_start_s", "t_end": "t_end_s"},
+    "requests": _v1("peak_allocated_mib", "peak_reserved_mib", "reserved_mib", "t_start_s", "t_end_s"),
+    "stages": _v1("peak_allocated_mib", "t_start_s", "t_end_s"),
     "steps": {},
-    "memory": {"t": "t_s"},
-    "launches": {
-        "load_peak_mb": "load_peak_mib",
-        "load_peak_allocated_mb": "load_peak_allocated_mib",
-        "warmup_peak_mb": "warmup_peak_mib",
-    },
+    "memory": _v1("t_s"),
+    "launches": _v1("load_peak_mib", "load_peak_allocated_mib", "warmup_peak_mib"),
 }
 #: results.json: list key -> {version 1 key of its entries: version 2 key}
 V1_RESULTS_ENTRY_RENAMES: dict[str, dict[str, str]] = {
-    "caps": {
-        "peak_reserved_mb": "peak_reserved_mib",
-        "peak_allocated_mb": "peak_allocated_mib",
-        "load_peak_mb": "load_peak_mib",
-    },
+    "caps": _v1("peak_reserved_mib", "peak_allocated_mib", "load_peak_mib")
 }
 _V1_WARMUP_TAG = "warmup"
 
