@@ -260,3 +260,53 @@ def test_a_throwaway_command_by_the_recipe(tmp_path, monkeypatch):
     finally:
         cli.commands.pop("throwaway", None)  # the lazy group keeps what it loaded
         sys.modules.pop("throwaway_cmd", None)
+
+
+def test_the_register_module_shorthand_takes_the_module_declarations():
+    """``register_module(globals(), ...)`` (the built-in investigations' shorthand, DESIGN.md
+    step 1): NAME, NOTEBOOK, SECTION_INTRO and the functions defined in the module named as a
+    field; a function it imported under a field's name is not taken; keywords override."""
+    from perfkit.scenarios import cells
+    from perfkit.scenarios.parts import code
+
+    def run(ctx, p):
+        raise NotImplementedError
+
+    def reading(r):
+        return "module reading"
+
+    namespace = {
+        "__name__": __name__,
+        "NAME": "throwaway_short",
+        "NOTEBOOK": (*cells.headline("throwaway_short", "Sleeps"), code("show_table(bundle.requests)")),
+        "SECTION_INTRO": "Short intro.",
+        "run": run,
+        "reading": reading,
+        "checks": json.dumps,  # imported, not defined here: not its checks
+        "plan": 3,  # not a function
+    }
+    s = registry.register_module(
+        namespace, title="Short", question="?", params_model=registry.ScenarioParams, order=7
+    )
+    try:
+        assert registry.get("throwaway_short") is s
+        assert (s.run, s.reading, s.checks, s.plan) == (run, reading, registry.no_checks, None)
+        assert (s.section_intro, s.order, s.title) == ("Short intro.", 7, "Short")
+        assert [c.source for c in s.notebook_cells()] == [
+            "## Sleeps",
+            'show_table(summary_frame("throwaway_short", results))\n'
+            'display(Markdown(reading("throwaway_short", results)))',
+            "show_table(bundle.requests)",
+        ]
+        over = registry.register_module(
+            {**namespace, "NAME": "throwaway_short2"},
+            title="S",
+            question="?",
+            params_model=registry.ScenarioParams,
+            reading=registry.no_reading,
+            section_intro="x",
+        )
+        registry.unregister("throwaway_short2")
+        assert (over.reading, over.section_intro) == (registry.no_reading, "x")
+    finally:
+        registry.unregister("throwaway_short")

@@ -5,6 +5,20 @@ sites, the profiled requests op by op. Code cells run after the generic cells of
 
 from __future__ import annotations
 
+from perfkit.scenarios.parts import Cell, code, md
+
+
+def headline(
+    name: str, title: str = "Headline numbers", keep: str = "", transpose: bool = True
+) -> tuple[Cell, ...]:
+    """Investigation ``name``'s first cells: the heading ``title``, then its summary table (kept
+    in variable ``keep`` for later cells when given) and its reading."""
+    table = f'summary_frame("{name}", results)'
+    shown = f"{keep} = {table}\nshow_table({keep}" if keep else f"show_table({table}"
+    shown += ")" if transpose else ", transpose=False)"
+    return md(f"## {title}"), code(f'{shown}\ndisplay(Markdown(reading("{name}", results)))')
+
+
 GATE_CELL = """show_table(check_frame(rows))
 display(Markdown(verdict_markdown(rows)))"""
 

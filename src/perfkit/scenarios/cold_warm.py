@@ -31,19 +31,9 @@ from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, site
 from perfkit.measuring.profiled import ProfileParams, attach, run_profiled
 from perfkit.measuring.reuse import PlannedLaunch, launch_key
 from perfkit.reported import NOT_REPORTED, reported_count, reported_sum
-from perfkit.scenarios import cells
+from perfkit.scenarios import cells, registry
 from perfkit.scenarios.common import stage_penalty
 from perfkit.scenarios.parts import code, md
-from perfkit.scenarios.registry import (
-    CapParams,
-    InvariantParams,
-    KeyNumber,
-    RunContext,
-    Scenario,
-    ScenarioError,
-    ScenarioParams,
-    register,
-)
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +50,13 @@ LEAK_NOISE = "lower bound: the least-squares slope over the warm requests, one-s
 SITE_CHECKS = ("device_reserved_slope_mib_per_request",)
 
 
-class ColdWarmParams(ScenarioParams):
+class ColdWarmParams(registry.ScenarioParams):
     """``cold_warm`` section: one session, the cold request then warm ones of the same shape."""
 
     #: requests in the session: one cold + (repeats - 1) warm
     repeats: int = Field(5, ge=2, le=1000)
     #: memory budget of the launch (None: no cap)
-    caps: Optional[CapParams] = None
+    caps: Optional[registry.CapParams] = None
     #: profiler traces of extra requests (sglang's profiling fields) in an extra launch after
     #: the measured one: None (default) profiles nothing
     profile: Optional[ProfileParams] = None
@@ -75,7 +65,7 @@ class ColdWarmParams(ScenarioParams):
     snapshot: Optional[SnapshotParams] = None
 
 
-class ColdWarmInvariants(InvariantParams):
+class ColdWarmInvariants(registry.InvariantParams):
     """Within-run invariants of cold vs warm (docs/suite.md, "Measurement rules": gate on ratios within one run)."""
 
     #: warm median / cold request must not exceed this (warm requests slower than the cold one:
@@ -273,7 +263,7 @@ def _leak(name: str, value: float, lower: float) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ registry entry
-def run(ctx: RunContext, p: ColdWarmParams) -> ResultBundle:
+def run(ctx: registry.RunContext, p: ColdWarmParams) -> ResultBundle:
     """The registry's ``run``: :func:`cold_vs_warm` with the params section."""
     return cold_vs_warm(
         ctx.engine,
@@ -290,7 +280,7 @@ def check_bundle(bundle: ResultBundle) -> None:
     """Raise :class:`ScenarioError` when the bundle has an error or no cold/warm numbers."""
     r = bundle.results or {}
     if r.get("error") or r.get("cold_ms") is None or r.get("warm_median_ms") is None:
-        raise ScenarioError(
+        raise registry.ScenarioError(
             f"{NAME} ({bundle.path or 'bundle'}): no cold/warm measurement: "
             f"{r.get('error') or 'fewer than 2 completed requests'}"
         )
@@ -340,17 +330,17 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
     return rows
 
 
-def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
+def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     """Cold start (ready, time to first result), cold request, warm median, warm/cold ratio,
     penalty stage."""
     cs = r.get("cold_start") or {}
     return [
-        KeyNumber("cold start, ready", number(cs.get("ready_s")), "s", ".1f"),
-        KeyNumber("cold start, time to first result", number(cs.get("first_result_s")), "s", ".1f"),
-        KeyNumber("cold request", number(r.get("cold_ms")), "ms"),
-        KeyNumber("warm median", number(r.get("warm_median_ms")), "ms"),
-        KeyNumber("warm/cold ratio", number(r.get("warm_cold_ratio")), "", "g"),
-        KeyNumber("first-request penalty stage", r.get("penalty_stage") or None),
+        registry.KeyNumber("cold start, ready", number(cs.get("ready_s")), "s", ".1f"),
+        registry.KeyNumber("cold start, time to first result", number(cs.get("first_result_s")), "s", ".1f"),
+        registry.KeyNumber("cold request", number(r.get("cold_ms")), "ms"),
+        registry.KeyNumber("warm median", number(r.get("warm_median_ms")), "ms"),
+        registry.KeyNumber("warm/cold ratio", number(r.get("warm_cold_ratio")), "", "g"),
+        registry.KeyNumber("first-request penalty stage", r.get("penalty_stage") or None),
     ]
 
 
@@ -474,12 +464,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return {case_id(): steady_state(bundle)}
 
 
-#: its notebook after the generic measuring cell (notebooks/make_notebooks.py adds the
-#: title, parameters, setup and measuring cells before and the gate's cells after)
-NOTEBOOK = (
-    md("## Headline numbers"),
-    code("""show_table(summary_frame("cold_warm", results))
-display(Markdown(reading("cold_warm", results)))"""),
+NOTEBOOK = cells.headline(NAME) + (
     md(
         "## Why the first request pays: recompilation\n\n"
         "Each request that ran a shape first in its launch (the cold request, or the first of a "
@@ -531,35 +516,23 @@ display(Markdown(verdict_markdown(leak_rows, "Leak checks")))"""),
     ),
 )
 
-#: the first paragraph of its report section
 SECTION_INTRO = "Cold request: the first request after ready. Warm request: a later one with the same shape, in the same session. The gate compares their latencies and the memory slope across requests."
 
 
-SCENARIO = register(
-    Scenario(
-        order=10,
-        plan=lambda p: [p.repeats],
-        name=NAME,
-        title="Cold vs warm",
-        question="Does the warm request in one server session meet the numbers of the first, or does "
-        "state leak across requests?",
-        params_model=ColdWarmParams,
-        invariants_model=ColdWarmInvariants,
-        run=run,
-        check_bundle=check_bundle,
-        checks=checks,
-        key_numbers=key_numbers,
-        summary_table=summary_table,
-        reading=reading,
-        cases=cases,
-        case_ids=lambda p, namer: [namer()],
-        launches=lambda p, engine, request: [
-            PlannedLaunch((launch_key(engine, request, p.caps.to_caps() if p.caps else None),), p.repeats)
-        ],
-        session=True,
-        notebook_intro="Does the second (warm) request in one server session meet the same numbers as the "
-        "first (cold) request, or does state leak across requests and degrade it?",
-        cells=NOTEBOOK,
-        section_intro=SECTION_INTRO,
-    )
+SCENARIO = registry.register_module(
+    globals(),
+    order=10,
+    plan=lambda p: [p.repeats],
+    title="Cold vs warm",
+    question="Does the warm request in one server session meet the numbers of the first, or does "
+    "state leak across requests?",
+    params_model=ColdWarmParams,
+    invariants_model=ColdWarmInvariants,
+    case_ids=lambda p, namer: [namer()],
+    launches=lambda p, engine, request: [
+        PlannedLaunch((launch_key(engine, request, p.caps.to_caps() if p.caps else None),), p.repeats)
+    ],
+    session=True,
+    notebook_intro="Does the second (warm) request in one server session meet the same numbers as the "
+    "first (cold) request, or does state leak across requests and degrade it?",
 )

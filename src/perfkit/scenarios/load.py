@@ -46,25 +46,16 @@ from perfkit.common.slugs import md_text
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch import measure_launch
-from perfkit.scenarios import cells
+from perfkit.scenarios import cells, registry
 from perfkit.scenarios.load_measure import per_request_rows, read_trace, run_phases, trace_path
 from perfkit.scenarios.load_stats import check_rows, summarise
 from perfkit.scenarios.parts import code, md
-from perfkit.scenarios.registry import (
-    InvariantParams,
-    KeyNumber,
-    RunContext,
-    Scenario,
-    ScenarioError,
-    ScenarioParams,
-    register,
-)
 
 NAME = "load"
 INTERVAL = "order-statistic (binomial) 95 % interval"
 
 
-class LoadParams(ScenarioParams):
+class LoadParams(registry.ScenarioParams):
     """``load`` section: one launch; the phases run in the order of the module doc."""
 
     enabled: bool = False
@@ -118,7 +109,7 @@ class LoadParams(ScenarioParams):
         return self
 
 
-class LoadInvariants(InvariantParams):
+class LoadInvariants(registry.InvariantParams):
     """Within-run limits of serving under load (None: reported, not gated)."""
 
     #: peak device or host memory (MiB) of any level above the first level's: the 5090 case
@@ -151,7 +142,7 @@ def _queue_verdict(ol: dict[str, Any]) -> str:
     return v
 
 
-def run(ctx: RunContext, p: LoadParams) -> ResultBundle:
+def run(ctx: registry.RunContext, p: LoadParams) -> ResultBundle:
     """One launch: trace, warm-up, closed-loop levels, open loop (module doc).
 
     Raises:
@@ -278,9 +269,11 @@ def check_bundle(bundle: ResultBundle) -> None:
     r = bundle.results or {}
     check_rows(r.get("per_request") or [], source=f"{NAME} ({bundle.path or 'bundle'}): results")
     if r.get("error"):
-        raise ScenarioError(f"{NAME} ({bundle.path or 'bundle'}): {r['error']}")
+        raise registry.ScenarioError(f"{NAME} ({bundle.path or 'bundle'}): {r['error']}")
     if not any(x.get("status") == "completed" for x in r.get("per_request") or []):
-        raise ScenarioError(f"{NAME} ({bundle.path or 'bundle'}): nothing measured: no request completed")
+        raise registry.ScenarioError(
+            f"{NAME} ({bundle.path or 'bundle'}): nothing measured: no request completed"
+        )
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
@@ -349,35 +342,43 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
     return rows
 
 
-def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
+def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     """Throughput and p99 at the first and last level, SLO, memory growth, open-loop queue."""
     levels = r.get("levels") or []
     out = []
     for lv in levels[:1] + levels[1:][-1:]:
         k = lv["concurrency"]
         out.append(
-            KeyNumber(
+            registry.KeyNumber(
                 f"throughput at concurrency {k}", json_float(lv.get("throughput_vpm")), "videos/min", ".1f"
             )
         )
-        out.append(KeyNumber(f"p99 e2e at concurrency {k}", p99_text(lv)))
+        out.append(registry.KeyNumber(f"p99 e2e at concurrency {k}", p99_text(lv)))
     n, failed = r.get("requests") or len(r.get("per_request") or []), _failed(r)
-    out.append(KeyNumber("requests completed", f"{n - failed} of {n}" if failed is not None else None))
-    out.append(KeyNumber("SLO", json_float(r.get("slo_ms")), "ms"))
+    out.append(
+        registry.KeyNumber("requests completed", f"{n - failed} of {n}" if failed is not None else None)
+    )
+    out.append(registry.KeyNumber("SLO", json_float(r.get("slo_ms")), "ms"))
     if levels:
         out.append(
-            KeyNumber("concurrency findings", "; ".join(r.get("findings") or []) or "none beyond noise")
+            registry.KeyNumber(
+                "concurrency findings", "; ".join(r.get("findings") or []) or "none beyond noise"
+            )
         )
     out.append(
-        KeyNumber("memory growth under concurrency", json_float(r.get("memory_growth_mib")), "MiB", ".1f")
+        registry.KeyNumber(
+            "memory growth under concurrency", json_float(r.get("memory_growth_mib")), "MiB", ".1f"
+        )
     )
     ol = r.get("open_loop")
     if ol:
-        out.append(KeyNumber("open loop queue", _queue_verdict(ol)))
+        out.append(registry.KeyNumber("open loop queue", _queue_verdict(ol)))
     tr = r.get("trace")
     if tr:
         out.append(
-            KeyNumber("trace requests of uncovered shapes", json_float(tr.get("uncovered_share")), "", ".0%")
+            registry.KeyNumber(
+                "trace requests of uncovered shapes", json_float(tr.get("uncovered_share")), "", ".0%"
+            )
         )
     return out
 
@@ -514,12 +515,9 @@ def plan(p: LoadParams) -> list[int]:
     return [p.warmup_requests + len(p.concurrency) * p.requests_per_level + opened]
 
 
-#: its notebook's own cells (perfkit.scenarios.parts; the generator adds the title, parameters,
-#: setup and measuring cells before and the gate's cells after)
-NOTEBOOK = (
-    md("## Levels: queue wait, service time, percentiles, throughput, SLO"),
-    code("""show_table(summary_frame("load", results), transpose=False)
-display(Markdown(reading("load", results)))"""),
+NOTEBOOK = cells.headline(
+    NAME, "Levels: queue wait, service time, percentiles, throughput, SLO", transpose=False
+) + (
     md("## Gate (memory stays flat, every request completed; queue model, throughput and SLO when set)"),
     code(cells.GATE_CELL),
     md("## Latency vs concurrency"),
@@ -568,29 +566,17 @@ SECTION_INTRO = (
 )
 
 
-SCENARIO = register(
-    Scenario(
-        order=80,
-        plan=plan,
-        name=NAME,
-        title="Serving under load",
-        question="Under concurrent requests, how long do they queue, what throughput, p99 and SLO "
-        "attainment does the engine reach, does memory stay flat, and does the warmup cover a real trace?",
-        params_model=LoadParams,
-        invariants_model=LoadInvariants,
-        run=run,
-        check_bundle=check_bundle,
-        checks=checks,
-        key_numbers=key_numbers,
-        summary_table=summary_table,
-        reading=reading,
-        cases=cases,
-        notebook_intro="Under concurrent requests, how long do they queue, what throughput, p99 and SLO "
-        "attainment does the engine reach, does memory stay flat, and does the startup warmup cover a "
-        "real request trace?",
-        cells=NOTEBOOK,
-        section_intro=SECTION_INTRO,
-    )
+SCENARIO = registry.register_module(
+    globals(),
+    order=80,
+    title="Serving under load",
+    question="Under concurrent requests, how long do they queue, what throughput, p99 and SLO "
+    "attainment does the engine reach, does memory stay flat, and does the warmup cover a real trace?",
+    params_model=LoadParams,
+    invariants_model=LoadInvariants,
+    notebook_intro="Under concurrent requests, how long do they queue, what throughput, p99 and SLO "
+    "attainment does the engine reach, does memory stay flat, and does the startup warmup cover a "
+    "real request trace?",
 )
 
 __all__ = [

@@ -32,28 +32,17 @@ from perfkit.measuring.assemble import assemble, join_bundles, relabel
 from perfkit.measuring.launch import measure_launch
 from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown
 from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
-from perfkit.scenarios import cells
+from perfkit.scenarios import cells, registry
 from perfkit.scenarios.cap_entry import WARM_DEGRADE_TOLERANCE, cap_entry
 from perfkit.scenarios.common import host_peak_text, pick_columns
 from perfkit.scenarios.parts import code, md
-from perfkit.scenarios.registry import (
-    CapParams,
-    InvariantParams,
-    KeyNumber,
-    RunContext,
-    Scenario,
-    ScenarioError,
-    ScenarioParams,
-    _Model,
-    register,
-)
 
 log = logging.getLogger(__name__)
 
 NAME = "memory_budget"
 
 
-class MinBudgetParams(_Model):
+class MinBudgetParams(registry._Model):
     """Bisection of the smallest device budget that completes (GPU only; one launch a probe)."""
 
     lo_gib: float = Field(gt=0)
@@ -68,11 +57,11 @@ class MinBudgetParams(_Model):
         return self
 
 
-class MemoryBudgetParams(ScenarioParams):
+class MemoryBudgetParams(registry.ScenarioParams):
     """``memory_budget`` section: one launch per budget, ``repeats`` requests each."""
 
     #: the budgets; the default is one launch without caps
-    caps: list[CapParams] = Field(default_factory=lambda: [CapParams()], min_length=1)
+    caps: list[registry.CapParams] = Field(default_factory=lambda: [registry.CapParams()], min_length=1)
     #: requests per launch (the first is the cold request)
     repeats: int = Field(2, ge=1, le=1000)
     #: also bisect the minimum device cap, {lo_gib, hi_gib} (GPU only; None: no bisection)
@@ -82,7 +71,7 @@ class MemoryBudgetParams(ScenarioParams):
     snapshot: Optional[SnapshotParams] = None
 
 
-class MemoryBudgetInvariants(InvariantParams):
+class MemoryBudgetInvariants(registry.InvariantParams):
     """What every budget must show (booleans)."""
 
     #: every memory cap held (no OOM inside the cap, no host cap exceeded)
@@ -281,7 +270,7 @@ def find_min_budget(
 
 
 # ------------------------------------------------------------------------------ registry entry
-def run(ctx: RunContext, p: MemoryBudgetParams) -> ResultBundle:
+def run(ctx: registry.RunContext, p: MemoryBudgetParams) -> ResultBundle:
     """The registry's ``run``: :func:`memory_budget` (the unlimited budget reuses a session
     measured earlier in the run when it ran the same spec and request)."""
     return memory_budget(
@@ -304,10 +293,10 @@ def check_bundle(bundle: ResultBundle) -> None:
     where = f"{NAME} ({bundle.path or 'bundle'})"
     caps = (bundle.results or {}).get("caps") or []
     if not caps:
-        raise ScenarioError(f"{where}: no budget measured")
+        raise registry.ScenarioError(f"{where}: no budget measured")
     for c in caps:
         if c.get("device_cap_gib") is None and c.get("host_cap_gib") is None and not c.get("completed"):
-            raise ScenarioError(
+            raise registry.ScenarioError(
                 f"{where}: the run without caps ({c.get('label')}) did not "
                 f"complete: {c.get('error') or 'see the engine log'}"
             )
@@ -321,7 +310,7 @@ def check_bundle(bundle: ResultBundle) -> None:
             and held.get(row.get("launch")) is not False
             and not oom.startswith(("cgroup ", "kernel log: "))
         ):
-            raise ScenarioError(
+            raise registry.ScenarioError(
                 f"{where}: launch {row.get('launch')} ({row.get('cap_label') or row.get('label')}) lost "
                 f"its engine, not to its cap: it {row.get('ended')}; OOM-kill record: {oom or 'none'}"
             )
@@ -331,7 +320,7 @@ def check_bundle(bundle: ResultBundle) -> None:
         hung = req[req["status"] == "timeout"]
         if len(hung):
             r = hung.iloc[0]
-            raise ScenarioError(
+            raise registry.ScenarioError(
                 f"{where}: launch {r.get('launch')}: request {r.get('index')} timed out "
                 f"({r.get('error') or 'no answer'}): the engine hung, not a budget verdict"
             )
@@ -379,12 +368,12 @@ def _mib(v: Any) -> str:
     return fmt(v, ".0f", " MiB")
 
 
-def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
+def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     """Per budget: completed, held, peak reserved (MiB); the minimum device budget (GiB) when
     searched. ``r`` may be results.json of any schema version."""
     r = _current(r)
     out = [
-        KeyNumber(
+        registry.KeyNumber(
             f"cap {c.get('label')}",
             ("completed" if c.get("completed") else "did not complete")
             + ", "
@@ -396,10 +385,12 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
     mb = json_float(r.get("min_budget_gib"))
     if mb is not None:
         if _failing_below(r, mb):
-            out.append(KeyNumber("minimum device budget", mb, "GiB", "g"))
+            out.append(registry.KeyNumber("minimum device budget", mb, "GiB", "g"))
         else:  # the search's lower bound completed: nothing smaller was tried
             out.append(
-                KeyNumber("minimum device budget", f"≤ {mb:g} GiB (the search's lower bound completed)")
+                registry.KeyNumber(
+                    "minimum device budget", f"≤ {mb:g} GiB (the search's lower bound completed)"
+                )
             )
     return out
 
@@ -533,9 +524,7 @@ def join(parts: list[ResultBundle], p: MemoryBudgetParams) -> ResultBundle:
     return join_bundles(NAME, parts, params, results)
 
 
-def planned_launches(
-    p: MemoryBudgetParams, engine: EngineSpec, request: VideoRequestSpec
-) -> list[PlannedLaunch]:
+def launches(p: MemoryBudgetParams, engine: EngineSpec, request: VideoRequestSpec) -> list[PlannedLaunch]:
     """The registry's ``launches``: one per budget (each may reuse an earlier session of the
     same spec, request and caps); the min-budget bisection's launches are one dependent chain
     of unknown length, left out (the scenario is one unit of work)."""
@@ -544,12 +533,7 @@ def planned_launches(
     ]
 
 
-#: its notebook after the generic measuring cell (notebooks/make_notebooks.py adds the
-#: title, parameters, setup and measuring cells before and the gate's cells after)
-NOTEBOOK = (
-    md("## Budgets"),
-    code("""show_table(summary_frame("memory_budget", results))
-display(Markdown(reading("memory_budget", results)))"""),
+NOTEBOOK = cells.headline(NAME, "Budgets") + (
     md("## Gate (caps held, runs completed)"),
     code(cells.GATE_CELL),
     md("## Memory timeline per budget"),
@@ -573,32 +557,17 @@ display(Markdown(reading("memory_budget", results)))"""),
     ),
 )
 
-#: the first paragraph of its report section
 SECTION_INTRO = "The same request under each memory budget (device and host caps): did it complete, did the cap hold, and what did it cost in latency."
 
 
-SCENARIO = register(
-    Scenario(
-        launches=planned_launches,
-        split=split,
-        join=join,
-        order=30,
-        plan=lambda p: [p.repeats] * len(p.caps),
-        name=NAME,
-        title="Memory budget",
-        question="Does the pipeline fit the memory budget, and what does it cost in latency?",
-        params_model=MemoryBudgetParams,
-        invariants_model=MemoryBudgetInvariants,
-        run=run,
-        check_bundle=check_bundle,
-        checks=checks,
-        key_numbers=key_numbers,
-        summary_table=summary_table,
-        reading=reading,
-        cases=cases,
-        notebook_intro="Does the pipeline fit the memory budget (e.g. 12 GiB GPU + 32 GiB host), and what "
-        "does it cost in latency?",
-        cells=NOTEBOOK,
-        section_intro=SECTION_INTRO,
-    )
+SCENARIO = registry.register_module(
+    globals(),
+    order=30,
+    title="Memory budget",
+    question="Does the pipeline fit the memory budget, and what does it cost in latency?",
+    plan=lambda p: [p.repeats] * len(p.caps),
+    params_model=MemoryBudgetParams,
+    invariants_model=MemoryBudgetInvariants,
+    notebook_intro="Does the pipeline fit the memory budget (e.g. 12 GiB GPU + 32 GiB host), and what "
+    "does it cost in latency?",
 )

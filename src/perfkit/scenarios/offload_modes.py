@@ -18,7 +18,6 @@ applicable`` with the engine's reason, and its checks are skipped, never passed.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
@@ -34,22 +33,10 @@ from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
 from perfkit.measuring.assemble import assemble, join_bundles
 from perfkit.measuring.launch import LaunchData, measure_launch
 from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
-from perfkit.scenarios import cells
+from perfkit.scenarios import cells, registry
 from perfkit.scenarios.common import ANON_SUM_LABEL
 from perfkit.scenarios.mode_entry import FAILED, NOT_APPLICABLE, RAN, REFUSAL_RE, WARM_TOLERANCE, mode_entry
 from perfkit.scenarios.parts import code, md
-from perfkit.scenarios.registry import (
-    CapParams,
-    InvariantParams,
-    KeyNumber,
-    RunContext,
-    Scenario,
-    ScenarioError,
-    ScenarioParams,
-    register,
-)
-
-log = logging.getLogger(__name__)
 
 NAME = "offload_modes"
 #: Slack of the ">=" comparisons of ``offload_vram_order`` (model vs group modes: their peaks
@@ -59,7 +46,7 @@ ORDER_TOLERANCE = 0.05
 OffloadMode = Literal["none", "model", "group-block", "group-leaf"]
 
 
-class OffloadModesParams(ScenarioParams):
+class OffloadModesParams(registry.ScenarioParams):
     """``offload_modes`` section: one launch per mode, ``repeats`` requests each. Off unless a
     params file enables it: the modes are the reference engine's ``--offload`` flags."""
 
@@ -70,7 +57,7 @@ class OffloadModesParams(ScenarioParams):
     #: requests per launch: the first is the cold request, at least 2 so there is a warm one
     repeats: int = Field(2, ge=2, le=1000)
     #: one memory budget for every launch (None: no caps)
-    caps: Optional[CapParams] = None
+    caps: Optional[registry.CapParams] = None
 
     @field_validator("modes")
     @classmethod
@@ -80,7 +67,7 @@ class OffloadModesParams(ScenarioParams):
         return v
 
 
-class OffloadModesInvariants(InvariantParams):
+class OffloadModesInvariants(registry.InvariantParams):
     """What every mode that ran must show (booleans; modes that could not run are skipped)."""
 
     #: the engine reports, for every component, the offload mode that was asked for
@@ -192,7 +179,7 @@ def offload_modes(
 
 
 # ------------------------------------------------------------------------------ registry entry
-def run(ctx: RunContext, p: OffloadModesParams) -> ResultBundle:
+def run(ctx: registry.RunContext, p: OffloadModesParams) -> ResultBundle:
     """The registry's ``run``: :func:`offload_modes` (mode ``none`` reuses a session measured
     earlier in the run when it ran the same spec and request)."""
     return offload_modes(
@@ -213,11 +200,11 @@ def check_bundle(bundle: ResultBundle) -> None:
     where = f"{NAME} ({bundle.path or 'bundle'})"
     rows = (bundle.results or {}).get("modes") or []
     if not rows:
-        raise ScenarioError(f"{where}: no offload mode measured")
+        raise registry.ScenarioError(f"{where}: no offload mode measured")
     if not any(r.get("status") == RAN for r in rows):
         failed = [r for r in rows if r.get("status") == FAILED]
         if failed:
-            raise ScenarioError(
+            raise registry.ScenarioError(
                 f"{where}: no offload mode ran; "
                 + "; ".join(f"{r.get('mode')}: {r.get('reason')}" for r in failed)
             )
@@ -339,7 +326,7 @@ def _order_checks(r: Mapping[str, Any], entries: list[dict[str, Any]]) -> list[C
     return rows or [_skip(key, "no pair of ordered modes ran")]
 
 
-def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
+def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     """Per mode: ran (warm e2e ms, peak reserved MiB, host peak MiB) or not applicable."""
     out = []
     for e in r.get("modes") or []:
@@ -354,7 +341,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
             m = REFUSAL_RE.search(why)
             short = f"needs an accelerator; device is {m.group('device')}" if m else why[:80]
             text = f"{st}" + (f" ({short})" if short else "")
-        out.append(KeyNumber(f"offload {e.get('mode')}", text))
+        out.append(registry.KeyNumber(f"offload {e.get('mode')}", text))
     return out
 
 
@@ -475,9 +462,7 @@ def join(parts: list[ResultBundle], p: OffloadModesParams) -> ResultBundle:
     return join_bundles(NAME, parts, params, results)
 
 
-def planned_launches(
-    p: OffloadModesParams, engine: EngineSpec, request: VideoRequestSpec
-) -> list[PlannedLaunch]:
+def launches(p: OffloadModesParams, engine: EngineSpec, request: VideoRequestSpec) -> list[PlannedLaunch]:
     """The registry's ``launches``: one per mode; mode ``none`` may reuse an earlier session
     (its own spec, or automatic placement without a device cap, as :func:`offload_modes`)."""
     caps = p.caps.to_caps() if p.caps else MemoryCaps()
@@ -495,13 +480,7 @@ def planned_launches(
     return out
 
 
-#: its notebook after the generic measuring cell (notebooks/make_notebooks.py adds the
-#: title, parameters, setup and measuring cells before and the gate's cells after)
-NOTEBOOK = (
-    md("## Modes"),
-    code("""modes_table = summary_frame("offload_modes", results)
-show_table(modes_table)
-display(Markdown(reading("offload_modes", results)))"""),
+NOTEBOOK = cells.headline(NAME, "Modes", keep="modes_table") + (
     md(
         "## Gate (placement reported as asked, warm not slower, memory order on a GPU)\n\n"
         "Modes the device cannot run are `skipped`, never passed."
@@ -530,33 +509,18 @@ show_table(placement.rename_axis("mode").reset_index())"""
     ),
 )
 
-#: the first paragraph of its report section
 SECTION_INTRO = "One launch per offload mode (none, model, group-block, group-leaf): cold start, cold and warm latency, peak device memory and host memory, and the placement the engine reported per component. Modes the device cannot run are shown as not applicable, with the engine's reason."
 
 
-SCENARIO = register(
-    Scenario(
-        launches=planned_launches,
-        split=split,
-        join=join,
-        order=40,
-        plan=lambda p: [p.repeats] * len(p.modes),
-        name=NAME,
-        title="Offload modes",
-        question="What does each offload mode (none, model, group-block, group-leaf) cost in "
-        "latency and save in device memory, and what does it move to the host?",
-        params_model=OffloadModesParams,
-        invariants_model=OffloadModesInvariants,
-        run=run,
-        check_bundle=check_bundle,
-        checks=checks,
-        key_numbers=key_numbers,
-        summary_table=summary_table,
-        reading=reading,
-        cases=cases,
-        notebook_intro="What does each offload mode (none, model, group-block, group-leaf) cost in latency and "
-        "save in device memory, and what does it move to the host?",
-        cells=NOTEBOOK,
-        section_intro=SECTION_INTRO,
-    )
+SCENARIO = registry.register_module(
+    globals(),
+    order=40,
+    title="Offload modes",
+    question="What does each offload mode (none, model, group-block, group-leaf) cost in "
+    "latency and save in device memory, and what does it move to the host?",
+    plan=lambda p: [p.repeats] * len(p.modes),
+    params_model=OffloadModesParams,
+    invariants_model=OffloadModesInvariants,
+    notebook_intro="What does each offload mode (none, model, group-block, group-leaf) cost in latency and "
+    "save in device memory, and what does it move to the host?",
 )

@@ -39,17 +39,8 @@ from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoClient, VideoRequestSpec
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch import measure_launch
-from perfkit.scenarios import cells
+from perfkit.scenarios import cells, registry
 from perfkit.scenarios.parts import DocBlock, MeasureOption, code, md
-from perfkit.scenarios.registry import (
-    InvariantParams,
-    KeyNumber,
-    RunContext,
-    Scenario,
-    ScenarioError,
-    ScenarioParams,
-    register,
-)
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +48,7 @@ NAME = "overhead"
 PARTS = ("stage_timing", "sampler")
 
 
-class OverheadParams(ScenarioParams):
+class OverheadParams(registry.ScenarioParams):
     """``overhead`` section: interleaved on/off pairs in one session of its own."""
 
     enabled: bool = False
@@ -67,7 +58,7 @@ class OverheadParams(ScenarioParams):
     sampler_interval_s: float = Field(0.1, gt=0)
 
 
-class OverheadInvariants(InvariantParams):
+class OverheadInvariants(registry.InvariantParams):
     """The upper end of the 95 % interval of each overhead (fraction of server e2e)."""
 
     #: None: reported, not gated (set e.g. 0.005 on a GPU host: 0.5 % of e2e)
@@ -152,13 +143,13 @@ def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = N
     """
     names = list(names) if names is not None else [f"launch {i}" for i in range(1, len(results) + 1)]
     if len(results) < 2:
-        raise ScenarioError(
+        raise registry.ScenarioError(
             f"{NAME}: pooling needs two or more launches, got {len(results)} (one launch is its own "
             "results: kind=full)"
         )
     for name, r in zip(names, results):
         if not isinstance(r, Mapping):
-            raise ScenarioError(f"{NAME}: {name}: results are a {type(r).__name__}, not a mapping")
+            raise registry.ScenarioError(f"{NAME}: {name}: results are a {type(r).__name__}, not a mapping")
     out: dict[str, Any] = {"launches": len(results)}
     for part in PARTS:
         pairs: list[tuple[float, float]] = []
@@ -168,7 +159,7 @@ def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = N
         for name, r in zip(names, results):
             raw = r.get(part)
             if not isinstance(raw, Mapping) or not raw.get("pairs_ms"):
-                raise ScenarioError(
+                raise registry.ScenarioError(
                     f"{NAME}: {name} has no {part}.pairs_ms (missing, null or empty; a launch recorded "
                     "before pairs were kept cannot be pooled)"
                 )
@@ -179,15 +170,15 @@ def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = N
                     f"{part}.{'.'.join(str(x) for x in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
                     for e in exc.errors()[:3]
                 )
-                raise ScenarioError(f"{NAME}: {name}: {bad}") from None
+                raise registry.ScenarioError(f"{NAME}: {name}: {bad}") from None
             if not len(s.on_ms) == len(s.off_ms) == len(s.pairs_ms):
-                raise ScenarioError(
+                raise registry.ScenarioError(
                     f"{NAME}: {name}: {part} has {len(s.pairs_ms)} pairs but {len(s.on_ms)} on_ms and "
                     f"{len(s.off_ms)} off_ms (one of each per pair)"
                 )
             key = tuple(s.pairs_ms)
             if key in seen:
-                raise ScenarioError(
+                raise registry.ScenarioError(
                     f"{NAME}: {name} repeats the {part} pairs of {seen[key]} (the same launch twice)"
                 )
             seen[key] = name
@@ -297,7 +288,7 @@ def overhead_probe(
 
 
 # ------------------------------------------------------------------------------ registry entry
-def run(ctx: RunContext, p: OverheadParams) -> ResultBundle:
+def run(ctx: registry.RunContext, p: OverheadParams) -> ResultBundle:
     """One launch: a warm-up request, then :func:`overhead_probe` with ``p.pairs`` ABBA pairs."""
     probe = overhead_probe(ctx.request, pairs=p.pairs, sampler_interval_s=p.sampler_interval_s)
     data = measure_launch(ctx.engine, [ctx.request], ctx.work_dir / NAME, "probe", after=probe)
@@ -320,7 +311,7 @@ def check_bundle(bundle: ResultBundle) -> None:
     """Raise :class:`ScenarioError` when the probe did not run or measured nothing."""
     r = bundle.results or {}
     if r.get("error") or not any(number((r.get(k) or {}).get("overhead")) is not None for k in PARTS):
-        raise ScenarioError(
+        raise registry.ScenarioError(
             f"{NAME} ({bundle.path or 'bundle'}): no overhead measured: "
             f"{r.get('error') or 'every probe request failed'}"
         )
@@ -340,7 +331,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
     return rows
 
 
-def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
+def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     """Each part's overhead with its 95 % interval (percent of server e2e)."""
     out = []
     for part in PARTS:
@@ -355,7 +346,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
                 + (f" (95% CI {lo:+.2%} … {hi:+.2%})" if lo is not None and hi is not None else "")
             )
         )
-        out.append(KeyNumber(f"{part.replace('_', ' ')} overhead", text))
+        out.append(registry.KeyNumber(f"{part.replace('_', ' ')} overhead", text))
     return out
 
 
@@ -425,12 +416,7 @@ def found_in(results: Mapping[str, Any]) -> bool:
     )
 
 
-#: its notebook after the generic measuring cell (notebooks/make_notebooks.py adds the
-#: title, parameters, setup and measuring cells before and the gate's cells after)
-NOTEBOOK = (
-    md("## Overhead of each instrument"),
-    code("""show_table(summary_frame("overhead", results))
-display(Markdown(reading("overhead", results)))"""),
+NOTEBOOK = cells.headline(NAME, "Overhead of each instrument") + (
     md("## Gate (upper end of each interval)"),
     code(cells.GATE_CELL),
     md(
@@ -442,38 +428,26 @@ display(Markdown(reading("overhead", results)))"""),
     ),
 )
 
-#: the first paragraph of its report section
 SECTION_INTRO = "Warm requests of one shape with each piece of perfkit's instrumentation (stage timing, memory sampler) on and off, interleaved, judged on the server's end-to-end time."
 
 
-SCENARIO = register(
-    Scenario(
-        order=90,
-        plan=lambda p: [1],
-        name=NAME,
-        title="Instrumentation overhead",
-        question="What does perfkit's own instrumentation (stage timing, memory sampler) cost?",
-        params_model=OverheadParams,
-        invariants_model=OverheadInvariants,
-        run=run,
-        check_bundle=check_bundle,
-        checks=checks,
-        key_numbers=key_numbers,
-        summary_table=summary_table,
-        reading=reading,
-        found_in=found_in,
-        doc_blocks={"overhead-pooled": DocBlock(combine=pooled, verb="launches pooled")},
-        measure_options=(
-            MeasureOption(
-                "--overhead-pairs",
-                "> 0 runs the instrumentation-overhead investigation with this many ABBA pairs",
-                jobs=lambda pairs, sec, spec: [
-                    ("", sec.model_copy(update={"enabled": True, "pairs": pairs}), spec)
-                ],
-            ),
+SCENARIO = registry.register_module(
+    globals(),
+    order=90,
+    plan=lambda p: [1],
+    title="Instrumentation overhead",
+    question="What does perfkit's own instrumentation (stage timing, memory sampler) cost?",
+    params_model=OverheadParams,
+    invariants_model=OverheadInvariants,
+    doc_blocks={"overhead-pooled": DocBlock(combine=pooled, verb="launches pooled")},
+    measure_options=(
+        MeasureOption(
+            "--overhead-pairs",
+            "> 0 runs the instrumentation-overhead investigation with this many ABBA pairs",
+            jobs=lambda pairs, sec, spec: [
+                ("", sec.model_copy(update={"enabled": True, "pairs": pairs}), spec)
+            ],
         ),
-        notebook_intro="What does perfkit's own instrumentation (stage timing, the memory sampler) cost?",
-        cells=NOTEBOOK,
-        section_intro=SECTION_INTRO,
-    )
+    ),
+    notebook_intro="What does perfkit's own instrumentation (stage timing, the memory sampler) cost?",
 )

@@ -22,6 +22,7 @@ module. An investigation's module in this package is imported (so registered) by
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from perfkit.common.numfmt import number_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.scenarios.cells import GATE_CELL
+from perfkit.scenarios import cells
 from perfkit.scenarios.parts import Cell, DocBlock, Figure, MeasureOption, code, figure_cells, md
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "CapParams",
     "ScenarioError",
     "register",
+    "register_module",
     "get",
     "all_scenarios",
     "names",
@@ -214,10 +216,9 @@ def default_cells(name: str) -> list[Cell]:
     """The notebook cells of a scenario that declares none: its headline table and reading,
     and its gate rows."""
     return [
-        md("## Headline numbers"),
-        code(f'show_table(summary_frame("{name}", results))\ndisplay(Markdown(reading("{name}", results)))'),
+        *cells.headline(name),
         md("## Gate"),
-        code(GATE_CELL),
+        code(cells.GATE_CELL),
     ]
 
 
@@ -367,6 +368,21 @@ def register(scenario: Scenario) -> Scenario:
     _REGISTRY.clear()
     _REGISTRY.update((s.name, s) for s in ordered)
     return scenario
+
+
+def register_module(namespace: Mapping[str, Any], **fields: Any) -> Scenario:
+    """Register the investigation a module declares: ``SCENARIO = register_module(globals(),
+    title=..., ...)`` takes its ``NAME``, ``NOTEBOOK`` (the cells), ``SECTION_INTRO`` and its
+    functions named as a field that takes one (``run``, ``checks``, ``launches``, ...; defined in
+    it, not imported), each where the module has it; ``fields`` give the rest and override.
+    Raises as :class:`Scenario` and :func:`register`."""
+    module = namespace["__name__"]
+    hooks = [f.name for f in dataclasses.fields(Scenario) if "Callable" in str(f.type)]
+    found = {k: fn for k in hooks if callable(fn := namespace.get(k)) and fn.__module__ == module}
+    for const, key in (("NAME", "name"), ("NOTEBOOK", "cells"), ("SECTION_INTRO", "section_intro")):
+        if const in namespace:
+            found[key] = namespace[const]
+    return register(Scenario(**{**found, **fields}))
 
 
 def _declared_once(scenario: Scenario) -> None:

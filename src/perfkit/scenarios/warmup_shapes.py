@@ -27,18 +27,9 @@ from perfkit.measuring.launch import measure_launch
 from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
 from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.reported import NOT_REPORTED, NOT_REPORTED_REASON
-from perfkit.scenarios import cells
+from perfkit.scenarios import cells, registry
 from perfkit.scenarios.common import pick_columns
 from perfkit.scenarios.parts import MeasureOption, code, md
-from perfkit.scenarios.registry import (
-    InvariantParams,
-    KeyNumber,
-    RunContext,
-    Scenario,
-    ScenarioError,
-    ScenarioParams,
-    register,
-)
 from perfkit.scenarios.shape_coverage import coverage_entry, warm_across_warmups, warmed_shapes
 
 log = logging.getLogger(__name__)
@@ -46,7 +37,7 @@ log = logging.getLogger(__name__)
 NAME = "warmup_shapes"
 
 
-class WarmupShapesParams(ScenarioParams):
+class WarmupShapesParams(registry.ScenarioParams):
     """``warmup_shapes`` section: one launch per startup warmup setting, each request shape sent
     ``repeats`` times in a row."""
 
@@ -71,7 +62,7 @@ class WarmupShapesParams(ScenarioParams):
         return v
 
 
-class WarmupShapesInvariants(InvariantParams):
+class WarmupShapesInvariants(registry.InvariantParams):
     """A covered shape (its latent shape ran in the startup warmup) pays no shape setup."""
 
     #: first request of a covered shape / its warm median must not exceed this; fails only when
@@ -195,7 +186,7 @@ def warmup_shapes(
 
 
 # ------------------------------------------------------------------------------ registry entry
-def run(ctx: RunContext, p: WarmupShapesParams) -> ResultBundle:
+def run(ctx: registry.RunContext, p: WarmupShapesParams) -> ResultBundle:
     """The registry's ``run``: :func:`warmup_shapes`, reusing a launch measured earlier in the run
     when it ran exactly one of these warmup settings."""
     return warmup_shapes(
@@ -257,9 +248,7 @@ def join(parts: list[ResultBundle], p: WarmupShapesParams) -> ResultBundle:
     return joined
 
 
-def planned_launches(
-    p: WarmupShapesParams, engine: EngineSpec, request: VideoRequestSpec
-) -> list[PlannedLaunch]:
+def launches(p: WarmupShapesParams, engine: EngineSpec, request: VideoRequestSpec) -> list[PlannedLaunch]:
     """The registry's ``launches``: one per warmup setting; with one request shape it reuses
     an earlier session of the same spec and request (see :func:`warmup_shapes`)."""
     out = []
@@ -299,15 +288,15 @@ def check_bundle(bundle: ResultBundle) -> None:
     where = f"{NAME} ({bundle.path or 'bundle'})"
     cov = (bundle.results or {}).get("coverage") or []
     if not cov:
-        raise ScenarioError(f"{where}: no coverage measured")
+        raise registry.ScenarioError(f"{where}: no coverage measured")
     bad = [c for c in cov if c.get("error")]
     if bad:
-        raise ScenarioError(
+        raise registry.ScenarioError(
             f"{where}: warmup {bad[0].get('warmup_frames')}f / request "
             f"{bad[0].get('request_frames')}f failed: {bad[0]['error']}"
         )
     if not any(c.get("first_ms") is not None for c in cov):
-        raise ScenarioError(
+        raise registry.ScenarioError(
             f"{where}: no request shape was measured (every entry lacks a first "
             f"request and a warm one): "
             f"{_first_request_error(bundle) or 'see the engine log'}"
@@ -369,13 +358,13 @@ def _compiles(n: Any) -> str:
     return f"compiles {NOT_REPORTED}" if x is None else f"{x:.0f} compile{'' if x == 1 else 's'}"
 
 
-def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
+def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     """One line per (warmup setting, request shape): covered or not, penalty, compiles."""
     out = []
     for c in r.get("coverage") or []:
         pen = number(c.get("penalty_ms"))
         out.append(
-            KeyNumber(
+            registry.KeyNumber(
                 f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f",
                 ("covered" if c.get("covered") else "not covered") + f", penalty {fmt(pen, '.0f', ' ms')}, "
                 f"{_compiles(c.get('compiles'))}",
@@ -494,13 +483,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return out
 
 
-#: its notebook after the generic measuring cell (notebooks/make_notebooks.py adds the
-#: title, parameters, setup and measuring cells before and the gate's cells after)
-NOTEBOOK = (
-    md("## Coverage"),
-    code("""coverage = summary_frame("warmup_shapes", results)
-show_table(coverage)
-display(Markdown(reading("warmup_shapes", results)))"""),
+NOTEBOOK = cells.headline(NAME, "Coverage", keep="coverage") + (
     md(
         "## Why an uncovered shape pays: recompilation\n\n"
         "Each request that ran a shape first in its launch: its penalty over the warm median "
@@ -545,43 +528,27 @@ if any(stage_class(s) == REFINEMENT for s in by_stage.columns):  # only for a tw
     ),
 )
 
-#: the first paragraph of its report section
 SECTION_INTRO = "A covered shape is one the startup warmup already ran (same latent shape): its first request should cost what a warm one does, with no compiles. An uncovered shape pays shape setup (recompilation, graph capture) on its first call."
 
 
-SCENARIO = register(
-    Scenario(
-        order=20,
-        plan=lambda p: [len(p.request_frames) * p.repeats] * len(p.warmup_frames),
-        name=NAME,
-        title="Warmup shapes",
-        question="Does the startup warmup cover the shapes users send?",
-        params_model=WarmupShapesParams,
-        invariants_model=WarmupShapesInvariants,
-        run=run,
-        check_bundle=check_bundle,
-        checks=checks,
-        key_numbers=key_numbers,
-        summary_table=summary_table,
-        reading=reading,
-        cases=cases,
-        split=split,
-        join=join,
-        case_ids=case_ids,
-        launches=planned_launches,
-        measure_options=(
-            MeasureOption(
-                "--two-stage-shapes",
-                "also run the warmup-shapes investigation with the two-stage pipeline",
-                jobs=lambda on, sec, spec: [
-                    ("", sec, spec),
-                    ("_two_stage", sec, spec.replace(two_stage=True)),
-                ],
-                is_flag=True,
-            ),
+SCENARIO = registry.register_module(
+    globals(),
+    order=20,
+    plan=lambda p: [len(p.request_frames) * p.repeats] * len(p.warmup_frames),
+    title="Warmup shapes",
+    question="Does the startup warmup cover the shapes users send?",
+    params_model=WarmupShapesParams,
+    invariants_model=WarmupShapesInvariants,
+    measure_options=(
+        MeasureOption(
+            "--two-stage-shapes",
+            "also run the warmup-shapes investigation with the two-stage pipeline",
+            jobs=lambda on, sec, spec: [
+                ("", sec, spec),
+                ("_two_stage", sec, spec.replace(two_stage=True)),
+            ],
+            is_flag=True,
         ),
-        notebook_intro="Does the server's startup warmup cover the shapes users send?",
-        cells=NOTEBOOK,
-        section_intro=SECTION_INTRO,
-    )
+    ),
+    notebook_intro="Does the server's startup warmup cover the shapes users send?",
 )
