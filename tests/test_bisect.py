@@ -19,7 +19,7 @@ import yaml
 
 import fake_engine
 from perfkit.ab.sequential import Design
-from perfkit.bisect.api import run_confirm
+from perfkit.bisect.bisect_command import run_confirm
 from perfkit.bisect.checkout import BisectError
 from perfkit.bisect.probe import ProbeSetup
 from perfkit.bisect.search import bisect, next_position
@@ -314,7 +314,7 @@ def test_the_bisect_example_spec_gives_each_checkout_its_engine_args(tmp_path):
     """examples/bisect (docs/history.md, "Which commit?"): the spec hands the reference engine
     `@{checkout}/engine.args`, which it reads as more options, one a line: the probe's slowdown."""
     from perfkit.bisect.probe import load_spec
-    from perfkit.refengine.options import build_parser
+    from perfkit.refengine.flags import build_parser
 
     co = tmp_path / "checkout"
     co.mkdir()

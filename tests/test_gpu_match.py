@@ -107,7 +107,7 @@ def test_uuid_entry_and_bad_entry_fall_back(tmp_path, monkeypatch):
 
 def test_bundle_meta_records_each_launchs_gpus():
     from perfkit.measuring.assemble import assemble
-    from perfkit.measuring.launch import LaunchData
+    from perfkit.measuring.launch_rows import LaunchData
 
     g = {"index": 1, "uuid": "GPU-bbbb-1111", "name": "NVIDIA H200"}
     b = assemble("cold_warm", [LaunchData(label="session", gpus=[g])], params={}, results={})

@@ -18,7 +18,7 @@ from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.assemble import assemble
-from perfkit.measuring.launch import measure_launch
+from perfkit.measuring.launch_rows import measure_launch
 from perfkit.report.render import refused_records, summary_markdown
 
 MIB = 2**20

@@ -443,7 +443,7 @@ def test_forked_tree_is_counted_once_through_the_memory_budget_entry(shared_tree
     about 1,200 MiB and says so; USS holds none of the shared block."""
     import importlib
 
-    from perfkit.measuring.launch import LaunchData
+    from perfkit.measuring.launch_rows import LaunchData
     from perfkit.scenarios.cap_entry import cap_entry
     from perfkit.scenarios.common import ANON_SUM_LABEL
 

@@ -17,8 +17,8 @@ import fake_engine
 from perfkit.bundle import WARMUP_INDEX
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.gate.engine_config import engine_checks
-from perfkit.measuring.launch import record_rows
+from perfkit.gate.config_rows import engine_checks
+from perfkit.measuring.launch_rows import record_rows
 from perfkit.readings.records import PerfRecord, RecordError, parse_lines
 from perfkit.report.notebook import first_request_costs, request_frame
 from perfkit.report.sections import render_section
@@ -94,7 +94,7 @@ def test_report_section_says_not_reported(sglang_like):
 def test_covered_shape_without_counts_is_not_measured(tmp_path):
     """warmup_shapes' coverage entry from a real launch of the sglang-like engine: compiles None,
     and the covered-compiles check is skipped with the reason, never "0 <= 0"."""
-    from perfkit.measuring.launch import measure_launch
+    from perfkit.measuring.launch_rows import measure_launch
 
     spec = EngineSpec(
         kind="command", command_template=fake_engine.command("--mode", "serve"), startup_timeout_s=30

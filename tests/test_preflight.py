@@ -276,7 +276,7 @@ def test_warmup_shapes_with_nothing_measured_is_an_error():
 def test_cold_warm_error_carries_the_request_error(monkeypatch, tmp_path):
     from perfkit.engine.client import RequestOutcome, VideoRequestSpec
     from perfkit.engine.spec import EngineSpec
-    from perfkit.measuring.launch import LaunchData, failed_row
+    from perfkit.measuring.launch_rows import LaunchData, failed_row
     from perfkit.scenarios import cold_warm as cw
 
     def fake_measure(spec, requests, run_dir, label, **kw):

@@ -14,7 +14,7 @@ from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate.run import scenario_checks
-from perfkit.measuring.launch import LaunchData, record_rows
+from perfkit.measuring.launch_rows import LaunchData, record_rows
 from perfkit.readings.records import read_perf_log
 from perfkit.scenarios import registry
 from perfkit.scenarios.cold_warm import cold_vs_warm

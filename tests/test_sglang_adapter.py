@@ -24,7 +24,7 @@ from perfkit.engine.client import RequestOutcome, job_fields
 from perfkit.engine.launch import parse_marks, started_processes
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate import baseline as bl
-from perfkit.measuring.launch import LaunchData, _rows
+from perfkit.measuring.launch_rows import LaunchData, _rows
 from perfkit.params import load_params
 from perfkit.readings import stages
 from perfkit.readings.engine_config import from_sglang_log

@@ -1,10 +1,10 @@
 """Run an A/B: balanced interleaved launches of two engine specs, a bundle per side.
 
 Order ``A B B A A B …`` (:func:`perfkit.stats.interleaved_order`), N launches a side; each
-launch is one :func:`perfkit.measuring.launch.measure_launch` (fresh compile caches unless the
+launch is one :func:`perfkit.measuring.launch_rows.measure_launch` (fresh compile caches unless the
 spec shares them): cold start, the cold request, then M warm requests of the same shape, with
 per-stage and per-step times and memory; its launch row carries ``first_result_s`` (launch
-until the first successful request ended, s; :func:`perfkit.measuring.launch.first_result`).
+until the first successful request ended, s; :func:`perfkit.measuring.launch_rows.first_result`).
 The host's load averages (``os.getloadavg``) before each launch and at the end go into the
 bundles' meta: the runner may be shared.
 """
@@ -27,7 +27,7 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, describe
 from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.assemble import assemble
-from perfkit.measuring.launch import LaunchData, measure_launch
+from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.measuring.profiled import ProfileParams, attach, run_profiled
 from perfkit.stats import interleaved_order
 

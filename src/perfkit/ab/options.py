@@ -1,5 +1,5 @@
 """The ``perfkit ab`` options read into an A/B: thresholds, gated metrics, the sequential design,
-the output directory, the request shape (:mod:`perfkit.ab.api` runs it).
+the output directory, the request shape (:mod:`perfkit.ab.ab_command` runs it).
 
 Every error is an :class:`AbInputError` naming the option it came from.
 """

@@ -70,7 +70,7 @@ def run_pair(
 ) -> tuple[dict[str, Any], list[tuple[str, int]]]:
     """Run ``measure(side, turn)`` for both sides at once, on two threads, their requests in
     turn (``turn(i)`` is the context manager a launch enters around its request ``i``,
-    :func:`perfkit.measuring.launch.measure_launch`'s ``turn``).
+    :func:`perfkit.measuring.launch_rows.measure_launch`'s ``turn``).
 
     Returns:
         ({side: what its ``measure`` returned}, the (side, request index) order they ran in).

@@ -1,5 +1,5 @@
 """The options and the run ``perfkit bisect`` and ``perfkit history confirm`` share (A/B probes
-of engine commits, :func:`perfkit.bisect.api.make_setup`); the A/B's decision options are
+of engine commits, :func:`perfkit.bisect.bisect_command.make_setup`); the A/B's decision options are
 ``perfkit ab``'s own (:func:`perfkit.cli._ab_options.decision_options`)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ _PROBE_OPTIONS = [
 
 
 def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The options ``perfkit bisect`` and ``perfkit history confirm`` share (perfkit.bisect.api.make_setup):
+    """The options ``perfkit bisect`` and ``perfkit history confirm`` share (perfkit.bisect.bisect_command.make_setup):
     the probe's build, then ``perfkit ab``'s decision options (a probe: 2 to 6 launches a side, 3 warm
     requests; still inconclusive at the maximum, the probe is undecided and skipped)."""
     more = [
@@ -54,7 +54,7 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def probe_run(kind: str, fn: Callable[..., Any], kw: dict[str, Any], *args: Any, **more: Any) -> None:
     """Build the probe setup from ``kw``, run ``fn(*args, setup, out, **more)``, print, exit."""
     from perfkit.ab.options import AbInputError, parse_gate_metrics
-    from perfkit.bisect.api import make_setup, out_dir
+    from perfkit.bisect.bisect_command import make_setup, out_dir
     from perfkit.bisect.checkout import BisectError
     from perfkit.history.store import HistoryError
     from perfkit.stats import DEFAULT_THRESHOLD

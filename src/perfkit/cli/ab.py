@@ -1,5 +1,5 @@
 """``perfkit ab``: A/B two engines (or replay two recorded sides), a thin wrapper over
-:mod:`perfkit.ab.options` (the options read) and :mod:`perfkit.ab.api` (run or replay, decide)."""
+:mod:`perfkit.ab.options` (the options read) and :mod:`perfkit.ab.ab_command` (run or replay, decide)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def side(path: str, option: str) -> tuple[Any, dict[str, Any] | None]:
 
 def _run_or_replay(kw: dict[str, Any]) -> int:
     from perfkit import stats
-    from perfkit.ab import api, options
+    from perfkit.ab import ab_command, options
     from perfkit.report.ab import write_ab_outputs
 
     gate = options.parse_gate_metrics(kw["gate_metrics"])
@@ -50,13 +50,13 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
     if kw["replay"]:
         if kw["a"] or kw["b"]:
             raise click.UsageError("give either --replay DIR_A DIR_B or --a/--b, not both")
-        bundles = api.load_replay(*kw["replay"])
+        bundles = ab_command.load_replay(*kw["replay"])
         out = options.out_dir(kw["out"], f"{stamp}-replay")
         design, threshold, thresholds = read_decision(kw, bundles)
         gate = (
-            gate if gate is not None else api.recorded_gate_metrics(bundles)
+            gate if gate is not None else ab_command.recorded_gate_metrics(bundles)
         )  # the alpha is split over them
-        rec_threshold, rec_thresholds = api.recorded_thresholds(bundles)  # decide as the run did
+        rec_threshold, rec_thresholds = ab_command.recorded_thresholds(bundles)  # decide as the run did
         threshold = threshold or rec_threshold or stats.DEFAULT_THRESHOLD
         if not kw["threshold_from"] and kw["threshold"] is None:
             thresholds = rec_thresholds
@@ -78,14 +78,16 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         out = options.out_dir(kw["out"], stamp)
         profile = None
         if kw["profile"]:
-            profile = api.profile_params(kw["profile_steps"], kw["profile_all_stages"], kw["profile_warm"])
+            profile = ab_command.profile_params(
+                kw["profile_steps"], kw["profile_all_stages"], kw["profile_warm"]
+            )
         from perfkit.engine.owner import become_subreaper
 
         become_subreaper()  # orphans below come back here
-        bundles = api.launch(
+        bundles = ab_command.launch(
             (spec_a, spec_b), req, design, kw["warm"], out, threshold, thresholds, gate, profile
         )
-    res = api.decide(
+    res = ab_command.decide(
         bundles, design, threshold, thresholds, gate, kw["undecided"],
         kept=None if kw["replay"] else out, threshold_from=kw["threshold_from"],
     )  # fmt: skip
@@ -94,10 +96,10 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         print(paths["summary"].read_text())
         print(f"report: {paths['report']}")
     if res.exit_code == 2:  # say why on stderr too, -q or not
-        why = api.error_reasons(paths["summary"].read_text())
+        why = ab_command.error_reasons(paths["summary"].read_text())
         print(f"perfkit ab: error: {'; '.join(why) or 'see ' + str(paths['summary'])}", file=sys.stderr)
     if res.undecided:  # the launches it would need, on stderr too, -q or not
-        print(f"perfkit ab: {api.undecided_message(res)}", file=sys.stderr)
+        print(f"perfkit ab: {ab_command.undecided_message(res)}", file=sys.stderr)
     return res.exit_code
 
 

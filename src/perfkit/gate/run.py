@@ -18,7 +18,7 @@ from perfkit.common.provenance import repo_root
 from perfkit.common.slugs import slug
 from perfkit.engine.spec import DEFAULT_WARMUP_FRAMES
 from perfkit.gate import baseline as bl
-from perfkit.gate.engine_config import engine_checks
+from perfkit.gate.config_rows import engine_checks
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def gate(
     :func:`bundle_cases`), compares them with ``baseline_file`` when given (``profile``,
     ``strict``), checks every scenario's results against its invariant defaults overlaid with
     ``invariants`` (:func:`perfkit.scenarios.registry.merged_invariants`), and checks what each
-    launch's engine really ran (:func:`perfkit.gate.engine_config.engine_checks`).
+    launch's engine really ran (:func:`perfkit.gate.config_rows.engine_checks`).
     """
     run_dir = Path(run_dir)
     bundles = load_run_bundles(run_dir)

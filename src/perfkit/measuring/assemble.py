@@ -11,7 +11,7 @@ import pandas as pd
 from perfkit.bundle import ResultBundle, conform, environment_meta, sampler_frame
 from perfkit.engine.argv import engine_versions
 from perfkit.engine.caps import MemoryCaps
-from perfkit.measuring.launch import LaunchData
+from perfkit.measuring.launch_rows import LaunchData
 
 
 def assemble(

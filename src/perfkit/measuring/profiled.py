@@ -27,7 +27,7 @@ from perfkit.bundle import ResultBundle, conform
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.measuring.launch import measure_launch
+from perfkit.measuring.launch_rows import measure_launch
 from perfkit.readings import traces as tr
 from perfkit.readings.records import parse_lines
 

@@ -1,7 +1,7 @@
 """Progress of long runs: a bar per launch and per request, with an estimate from the params.
 
 :func:`track_requests` wraps the requests of one launch (what
-:func:`perfkit.measuring.launch.measure_launch` sends). Where it renders:
+:func:`perfkit.measuring.launch_rows.measure_launch` sends). Where it renders:
 
 - in a terminal (``python -m perfkit.measure``, a script): tqdm's text bar on stderr;
 - in a Jupyter kernel (JupyterLab, plain papermill, nbclient): plain text lines on stdout, one

@@ -15,7 +15,7 @@ from perfkit.bundle import WARMUP_INDEX, table_rows
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.measuring.launch import LaunchData
+from perfkit.measuring.launch_rows import LaunchData
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ and, as sglang 0.5.23 does, ``server_args: {JSON}`` and ``[server-load]
 workers_ready_monotonic_ns=<ns>`` log lines; ``/health`` answers 503 while the startup warmup runs
 (it starts once HTTP serves), 200 after. perfkit reads the sglang lines; the marks are an extra.
 
-The options are in :mod:`perfkit.refengine.options`; :func:`main` checks them, builds the
+The options are in :mod:`perfkit.refengine.flags`; :func:`main` checks them, builds the
 engine (device, placement, compile settings, the pipeline) and serves.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 
 from perfkit.common.presets import PRESET_NAMES
 from perfkit.refengine import offload_request
-from perfkit.refengine.options import (
+from perfkit.refengine.flags import (
     OFFLOAD_CHOICES,
     build_parser,
     parse_indices,
@@ -89,8 +89,8 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     from perfkit.common.provenance import git_commit
     from perfkit.refengine import models, placement
     from perfkit.refengine.compile_watch import CompileWatch
+    from perfkit.refengine.device_memory import snapshot
     from perfkit.refengine.memhistory import SnapshotRecorder
-    from perfkit.refengine.memory import snapshot
     from perfkit.refengine.server import Engine
 
     if args.preset not in models.PRESETS and not args.model_path:
@@ -519,7 +519,7 @@ def _startup_warmup(
     """Run the startup warmup request; False (``error: ...`` on stderr) when it failed."""
     import torch
 
-    from perfkit.refengine.memory import snapshot
+    from perfkit.refengine.device_memory import snapshot
     from perfkit.refengine.request import GenRequest
 
     wh, ww = args.warmup_resolution or (defaults["height"], defaults["width"])

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from perfkit.common.recordformat import PERF_LOG_NAME
-from perfkit.refengine.memory import max_snapshots
+from perfkit.refengine.device_memory import max_snapshots
 from perfkit.refengine.pipeline import GenRequest, RunResult, host_memory_mib, record_payload
 from perfkit.refengine.profiling import TraceInfo
 

@@ -30,9 +30,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from perfkit.common.frames import TEMPORAL_COMPRESSION, align_frames
+from perfkit.refengine.device_memory import snapshot
 from perfkit.refengine.jobs import Job, PerfLogWriter, alignment_note, job_body, job_record
 from perfkit.refengine.memhistory import SnapshotRecorder
-from perfkit.refengine.memory import snapshot
 from perfkit.refengine.pipeline import GenRequest, RunResult, StagedPipeline
 from perfkit.refengine.profiling import RequestProfiler, TraceInfo, profile_mode, profiled_steps
 

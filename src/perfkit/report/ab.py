@@ -22,7 +22,7 @@ from perfkit.common.slugs import md_text
 from perfkit.gate.verdicts import STATUS_WORD
 from perfkit.report.belowstage import ab_panel
 from perfkit.report.plots import ab_forest, figure_to_png_bytes
-from perfkit.report.power import spells_text
+from perfkit.report.power_page import spells_text
 from perfkit.report.render import PAGE_TEMPLATE, external_refs, template_env
 from perfkit.report.tables import format_table, markdown_table
 

@@ -12,9 +12,9 @@ scenario's key numbers), ``full`` (per scenario: its key numbers, its summary ta
 reading) or ``compare`` (with ``vs=DIR``: the warm requests of the two runs' ``cold_warm``
 sessions side by side — or of one launch of another bundle, written ``DIR/<scenario>@<launch>`` — per stage and per step, with the ratio src/vs and a 95 % bootstrap interval
 of the ratio of medians; e.g. 2 GPUs vs 1) or ``ab-power`` (``src`` an A/B power pool,
-:mod:`perfkit.report.power`, decided at ``threshold=`` and ``confidence=``, fractions, default
+:mod:`perfkit.report.power_page`, decided at ``threshold=`` and ``confidence=``, fractions, default
 ``perfkit ab``'s) or ``ab-sequential`` (the same pool, the sequential ``perfkit ab`` replayed on
-it: :func:`perfkit.report.power.sequential_markdown`). The numbers are the registry's (:attr:`~perfkit.scenarios.registry.Scenario.key_numbers`,
+it: :func:`perfkit.report.power_page.sequential_markdown`). The numbers are the registry's (:attr:`~perfkit.scenarios.registry.Scenario.key_numbers`,
 ``summary_table``, ``reading``), so a figure quoted in a README is the figure the report and
 summary.md show. Statistics named in the footer: medians and quartiles are numpy's default
 (linear interpolation between order statistics, Hyndman–Fan type 7); intervals are 95 %
@@ -25,7 +25,7 @@ overhead launches into one estimate: a block kind the overhead investigation dec
 
 ``history-nightly`` (``src`` a directory of sglang's nightly comparison files) lists every
 change point and outlier beside the 5 %-over-last-3 alarms; ``history-replay`` replays those
-runs day by day through ``history check`` beside the same rule (:mod:`perfkit.history.tables`).
+runs day by day through ``history check`` beside the same rule (:mod:`perfkit.history.change_tables`).
 
 ``timings`` (``src`` a directory holding ``timings.json``, :class:`Timings`) tables recorded wall
 times, each with the machine, the date and how it was measured (:func:`timings_markdown`): a
@@ -52,7 +52,7 @@ from perfkit import stats
 from perfkit.bundle import ResultBundle
 from perfkit.common.slugs import md_code
 from perfkit.readings.records import parse_lines
-from perfkit.report.power import power_markdown, sequential_markdown
+from perfkit.report.power_page import power_markdown, sequential_markdown
 from perfkit.report.tables import markdown_table
 from perfkit.scenarios import registry
 
@@ -274,11 +274,11 @@ def _history_nightly(block: Block, root: Path) -> str:
     """``kind=history-nightly`` / ``history-replay``: ``src`` a directory of sglang nightly
     comparison files (:mod:`perfkit.history.nightly`, hardware H100): every change point and
     outlier beside sglang's 5 %-over-last-3 alarms, or the runs replayed day by day through
-    ``history check`` beside that rule (:func:`perfkit.history.tables.replay`)."""
+    ``history check`` beside that rule (:func:`perfkit.history.change_tables.replay`)."""
     from perfkit.history import changepoints as cp
+    from perfkit.history.change_tables import changes_markdown, replay, replay_markdown
     from perfkit.history.nightly import read_nightly
     from perfkit.history.store import HistoryError, runs_frame
-    from perfkit.history.tables import changes_markdown, replay, replay_markdown
 
     try:
         runs = read_nightly(root / block.src, "H100")

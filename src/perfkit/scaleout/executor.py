@@ -22,7 +22,7 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, describe
 from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.progress import listening
-from perfkit.scaleout.outcome import OnEvent, RunUnit, UnitOutcome
+from perfkit.scaleout.unit_outcome import OnEvent, RunUnit, UnitOutcome
 from perfkit.scaleout.units import WorkUnit
 from perfkit.scenarios import registry
 from perfkit.scenarios.registry import RunContext

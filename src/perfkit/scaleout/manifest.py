@@ -14,7 +14,7 @@ from typing import Any, Iterable, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit.params import SuiteParams
-from perfkit.scaleout.outcome import UnitOutcome
+from perfkit.scaleout.unit_outcome import UnitOutcome
 from perfkit.scaleout.units import MAX_SHARDS, WorkUnit
 
 MANIFEST = "shard.json"

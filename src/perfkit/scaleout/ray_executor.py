@@ -18,7 +18,7 @@
   error, log tail, host name, GPUs (Ray ids and NVML UUIDs) and start/end times.
 - The driver unpacks each unit's archive to ``dest/<unit id>/``, writes ``unit.json`` there (the
   unit and its outcome, as the in-process executor does) and returns one
-  :class:`~perfkit.scaleout.outcome.UnitOutcome` per unit, **in the order of** ``units``.
+  :class:`~perfkit.scaleout.unit_outcome.UnitOutcome` per unit, **in the order of** ``units``.
 - A unit that raises or whose worker dies (``os._exit``, OOM kill, node lost: Ray raises
   ``WorkerCrashedError``, ``NodeDiedError``, ``RayTaskError``, ...) is resubmitted by the driver
   up to ``retries`` times (Ray's own task retries are off, so the count is ours), then reported
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from perfkit.common import MissingExtra, jsonsafe, require_extra
-from perfkit.scaleout.outcome import OnEvent, RunUnit, UnitOutcome
+from perfkit.scaleout.unit_outcome import OnEvent, RunUnit, UnitOutcome
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ from perfkit.scaleout.manifest import (
     params_hash,
 )
 from perfkit.scaleout.merge import merge_shards
-from perfkit.scaleout.outcome import UnitOutcome
+from perfkit.scaleout.unit_outcome import UnitOutcome
 from perfkit.scaleout.units import WorkUnit, partition, plan_units
 from perfkit.scenarios import registry
 

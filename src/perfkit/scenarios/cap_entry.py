@@ -10,7 +10,7 @@ import pandas as pd
 
 from perfkit.common.numfmt import json_float
 from perfkit.engine.caps import MemoryCaps
-from perfkit.measuring.launch import LaunchData
+from perfkit.measuring.launch_rows import LaunchData
 
 #: A warm request slower than the cold one by more than this fraction "degrades".
 WARM_DEGRADE_TOLERANCE = 0.10

@@ -26,7 +26,7 @@ from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.assemble import assemble
-from perfkit.measuring.launch import LaunchData, measure_launch
+from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown, top_sites_text
 from perfkit.measuring.profiled import ProfileParams, attach, run_profiled
 from perfkit.measuring.reuse import PlannedLaunch, launch_key

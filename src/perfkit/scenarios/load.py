@@ -45,7 +45,7 @@ from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
 from perfkit.measuring.assemble import assemble
-from perfkit.measuring.launch import measure_launch
+from perfkit.measuring.launch_rows import measure_launch
 from perfkit.scenarios import cells, registry
 from perfkit.scenarios.load_measure import per_request_rows, read_trace, run_phases, trace_path
 from perfkit.scenarios.load_stats import check_rows, summarise

@@ -27,7 +27,7 @@ from perfkit.common.numfmt import json_float
 from perfkit.common.presets import MAX_FRAMES
 from perfkit.common.provenance import repo_root
 from perfkit.engine.client import AsyncVideoClient, RequestOutcome, VideoRequestSpec, closed_loop, open_loop
-from perfkit.measuring.launch import record_rows
+from perfkit.measuring.launch_rows import record_rows
 from perfkit.readings.records import parse_lines
 from perfkit.scenarios.load_stats import capacity_rps, first_error, shape_key
 from perfkit.scenarios.registry import ScenarioError

@@ -29,7 +29,7 @@ from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.assemble import assemble, join_bundles, relabel
-from perfkit.measuring.launch import measure_launch
+from perfkit.measuring.launch_rows import measure_launch
 from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown
 from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.scenarios import cells, registry

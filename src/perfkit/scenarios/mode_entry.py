@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from perfkit.common.numfmt import json_float
-from perfkit.measuring.launch import LaunchData
+from perfkit.measuring.launch_rows import LaunchData
 
 #: A warm request slower than the cold one by more than this fraction fails
 #: ``offload_warm_not_slower``.

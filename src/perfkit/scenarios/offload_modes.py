@@ -31,7 +31,7 @@ from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
 from perfkit.measuring.assemble import assemble, join_bundles
-from perfkit.measuring.launch import LaunchData, measure_launch
+from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.scenarios import cells, registry
 from perfkit.scenarios.common import ANON_SUM_LABEL

@@ -38,7 +38,7 @@ from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoClient, VideoRequestSpec
 from perfkit.measuring.assemble import assemble
-from perfkit.measuring.launch import measure_launch
+from perfkit.measuring.launch_rows import measure_launch
 from perfkit.scenarios import cells, registry
 from perfkit.scenarios.parts import DocBlock, MeasureOption, code, md
 
@@ -229,7 +229,7 @@ def overhead_probe(
     warmup: int = 1,
     agree: int = 3,
 ) -> Callable[[Any, VideoClient, Any], dict[str, Any]]:
-    """An ``after`` hook for :func:`perfkit.measuring.launch.measure_launch`.
+    """An ``after`` hook for :func:`perfkit.measuring.launch_rows.measure_launch`.
 
     Returns a dict ``{"stage_timing": {...}, "sampler": {...}, "request_ids": [...]}`` where each
     part has median_on_ms, median_off_ms, overhead (fraction), overhead_ci, the estimator, the

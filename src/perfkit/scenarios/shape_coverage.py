@@ -17,7 +17,7 @@ from perfkit.bundle import WARMUP_INDEX
 from perfkit.common.frames import latent_frames
 from perfkit.common.numfmt import json_float
 from perfkit.engine.handle import WarmupShape, parse_warmup_shapes
-from perfkit.measuring.launch import LaunchData
+from perfkit.measuring.launch_rows import LaunchData
 from perfkit.readings.records import parse_lines
 from perfkit.reported import is_reported, reported_any, reported_count, reported_sum
 from perfkit.scenarios.common import stage_penalty

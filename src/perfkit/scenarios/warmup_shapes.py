@@ -23,7 +23,7 @@ from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.assemble import assemble, join_bundles
-from perfkit.measuring.launch import measure_launch
+from perfkit.measuring.launch_rows import measure_launch
 from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
 from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.reported import NOT_REPORTED, NOT_REPORTED_REASON

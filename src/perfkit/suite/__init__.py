@@ -28,7 +28,7 @@ The helpers the notebooks call, so notebooks stay thin:
 
 The package, one module per job: :mod:`perfkit.suite.preflight` (checks and the run directory
 before anything runs), :mod:`perfkit.suite.execute` (one notebook through papermill),
-:mod:`perfkit.suite.orchestrate` (:func:`run_suite`), :mod:`perfkit.suite.merge`
+:mod:`perfkit.suite.orchestrate` (:func:`run_suite`), :mod:`perfkit.suite.replay_shards`
 (:func:`merge_runs`, :func:`run_units_suite`); their public names are re-exported here.
 
 Run directory layout::
@@ -52,7 +52,6 @@ from perfkit.suite.execute import (
     notebook_parameters,
     notebooks_dir,
 )
-from perfkit.suite.merge import merge_runs, run_units_suite
 from perfkit.suite.orchestrate import SuiteResult, run_suite
 from perfkit.suite.preflight import (
     LATEST,
@@ -70,6 +69,7 @@ from perfkit.suite.preflight import (
     replay_plan,
     run_plan,
 )
+from perfkit.suite.replay_shards import merge_runs, run_units_suite
 
 __all__ = [
     "KERNEL_NAME",

@@ -87,10 +87,10 @@ def changes(
     store: str | Path, *, hardware: str | None = None, case: str | None = None
 ) -> dict[str, list[dict[str, Any]]]:
     """``perfkit history changes``: every change point and event of the store's series
-    (:func:`perfkit.history.tables.changes`), of one hardware and/or case when given. Raises
+    (:func:`perfkit.history.change_tables.changes`), of one hardware and/or case when given. Raises
     HistoryError when no series matches (nothing listed is never an empty success)."""
+    from perfkit.history.change_tables import changes as table
     from perfkit.history.store import HistoryError
-    from perfkit.history.tables import changes as table
 
     df = read_store(store, hardware=hardware)
     if case is not None:
