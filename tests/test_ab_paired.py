@@ -14,7 +14,7 @@ from scipy import stats as sps
 from perfkit import stats
 from perfkit.ab.options import AbInputError, design_for
 from perfkit.ab.paired import Alternation, run_pair
-from perfkit.ab.procedure import Design, walk
+from perfkit.ab.procedure import Design, Walker
 
 
 def test_paired_interval_is_scipys_paired_t_interval_on_logs():
@@ -106,7 +106,7 @@ def test_paired_procedure_on_a_drifting_host_decides_30_percent_and_keeps_aa_fal
             ("ab_unpaired", np.log(1.3), unpaired),
         ):
             logmed, slow = _drifting_host(rng, 5, eff)
-            w = walk(_order(5), logmed, slow, ["DenoisingStage"], [0.05], d)
+            w = Walker(logmed, slow, ["DenoisingStage"], [0.05], d).feed(_order(5))
             stops[key].append((w.stop, w.final.n if w.final else None))
     aa_regressions = sum(s == "regression" for s, _ in stops["aa"]) / runs
     ab_decided = [n for s, n in stops["ab"] if s == "regression"]

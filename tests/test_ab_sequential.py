@@ -79,8 +79,9 @@ def test_the_walk_interleaves_and_stops_on_a_clear_regression():
     assert order == stats.interleaved_order(w.looks[-1].n)  # A B B A A B
     assert "decided a regression at 3 launches a side (look 1" in w.reason
     # the same launches replayed in that order give the same walk
-    again = sq.walk([(s, f"{s}{order[:i].count(s):02d}") for i, s in enumerate(order)], logmed, slow,
-                    ["DenoisingStage"], [0.05], sq.Design(3, 10))  # fmt: skip
+    again = sq.Walker(logmed, slow, ["DenoisingStage"], [0.05], sq.Design(3, 10)).feed(
+        [(s, f"{s}{order[:i].count(s):02d}") for i, s in enumerate(order)]
+    )
     assert again.stop == "regression" and again.used == len(order)
 
 

@@ -78,21 +78,25 @@ def _loadavg() -> list[float] | None:
         return None
 
 
-def run_ab(plan: AbPlan, out: str | Path) -> dict[str, ResultBundle]:
-    """Run the plan's launches in balanced interleaved order; save and return a bundle per side
-    (``out/a``, ``out/b``; launch dirs under ``out/launches``).
+def run_ab(plan: AbPlan, out: str | Path, launches: int | None = None, **kw: Any) -> dict[str, ResultBundle]:
+    """Run the plan's launches (``launches`` a side instead of ``plan.launches`` when given; ``kw``:
+    :func:`run_arms`' ``extend``, ``meta``, ``paired``) in balanced interleaved order; save and
+    return a bundle per side (``out/a``, ``out/b``; launch dirs under ``out/launches``).
 
     Never raises for engine failures: a failed launch keeps its error in the ``launches`` table
     (the decision then exits 2). Returns {"A": bundle, "B": bundle}.
     """
+    specs = {"A": plan.spec_a, "B": plan.spec_b}
+    n = plan.launches if launches is None else launches
     return run_arms(
-        {"A": plan.spec_a, "B": plan.spec_b},
+        specs,
         plan.request,
-        plan.launches,
+        n,
         plan.warm,
         out,
         request_timeout_s=plan.request_timeout_s,
         profile=plan.profile,
+        **kw,
     )
 
 

@@ -1,7 +1,7 @@
 """The sequential procedure itself (the method is in :mod:`perfkit.ab.sequential`'s doc): the
 design (:class:`Design`), alpha spending (:func:`spent_alpha`), one look (:class:`Look`), and
 the walk over launches a side until decided, undecided or at the maximum (:class:`Walker`,
-:func:`walk`, :class:`Walk`). Units: ratios and confidences are fractions; launches are counts
+:class:`Walk`). Units: ratios and confidences are fractions; launches are counts
 a side.
 """
 
@@ -240,10 +240,18 @@ def _next_arm(run: Mapping[str, list[str]], kept: Mapping[str, list[str]], last:
 
 
 class Walker:
-    """The procedure, one launch at a time (:func:`walk` feeds a whole order): after each launch,
-    replace slow-spell launches, look when both sides have a new ``n`` ≥ ``min_launches`` kept
-    launches, stop as the module doc says. Arguments as :func:`walk`'s; ``logmed`` and ``slow``
-    may grow between calls of :meth:`add` (a live run adds each launch's values as it ends)."""
+    """The procedure, one launch at a time (:meth:`add`; :meth:`feed` a whole order): after each
+    launch, replace slow-spell launches, look when both sides have a new ``n`` ≥ ``min_launches``
+    kept launches, stop as the module doc says. ``logmed`` and ``slow`` may grow between calls of
+    :meth:`add` (a live run adds each launch's values as it ends).
+
+    Args:
+        logmed: side -> label -> log launch medians of ``metrics`` (an array, NaN: not measured).
+        slow: side -> label -> the launch's warm :data:`SLOW_METRIC` times (ms; empty: none).
+        metrics: the gated metrics; thresholds: each one's threshold (fraction).
+        design: :class:`Design`.
+        failed: labels of failed launches: the walk stops (``failed``) at the first.
+    """
 
     def __init__(
         self,
@@ -298,35 +306,14 @@ class Walker:
         w.next_arm = nxt
         return w
 
-
-def walk(
-    order: Sequence[tuple[str, str]],
-    logmed: Mapping[str, Mapping[str, np.ndarray]],
-    slow: Mapping[str, Mapping[str, np.ndarray]],
-    metrics: Sequence[str],
-    thresholds: Sequence[float],
-    design: Design,
-    failed: Sequence[str] = (),
-) -> Walk:
-    """Run the procedure over the launches in ``order`` (a live run so far, or a recorded one).
-
-    Args:
-        order: (side, launch label) in the order they ran; sides "A" and "B".
-        logmed: side -> label -> log launch medians of ``metrics`` (an array, NaN: not measured).
-        slow: side -> label -> the launch's warm :data:`SLOW_METRIC` times (ms; empty: none).
-        metrics: the gated metrics; thresholds: each one's threshold (fraction).
-        design: :class:`Design`.
-        failed: labels of failed launches: the walk stops (``failed``) at the first.
-
-    Returns:
-        :class:`Walk`; with ``stop`` None the caller runs ``next_arm`` (or, replaying, the
-        recording ends: the caller calls that undecided, :func:`end_of_recording`).
-    """
-    walker = Walker(logmed, slow, metrics, thresholds, design, failed)
-    for side, label in order:
-        if walker.add(side, label).stop is not None:
-            break
-    return walker.w
+    def feed(self, order: Sequence[tuple[str, str]]) -> Walk:
+        """Take the launches in ``order`` ((side "A"/"B", launch label) in the order they ran: a
+        live run so far, or a recorded one) until the walk stops; with ``stop`` None the caller
+        runs ``next_arm`` (or, replaying, the recording ends: :func:`end_of_recording`)."""
+        for side, label in order:
+            if self.add(side, label).stop is not None:
+                break
+        return self.w
 
 
 def end_of_recording(w: Walk, metrics: Sequence[str], design: Design) -> Walk:

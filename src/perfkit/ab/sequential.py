@@ -68,7 +68,6 @@ from perfkit.ab.procedure import (
     Walker,
     end_of_recording,
     spent_alpha,
-    walk,
 )
 from perfkit.ab.replay import pool_design, replay_pool, replay_summary
 
@@ -76,7 +75,6 @@ __all__ = [
     "Design",
     "Look",
     "Walk",
-    "walk",
     "Walker",
     "end_of_recording",
     "spent_alpha",
@@ -133,12 +131,6 @@ def gated_metrics(values: Mapping[str, pd.DataFrame], gate: Sequence[str] | None
     return metric_order(pd.concat([v["metric"] for v in values.values()]).unique())
 
 
-def _thresholds(
-    metrics: Sequence[str], threshold: float, thresholds: Mapping[str, float] | None
-) -> list[float]:
-    return [float((thresholds or {}).get(m, threshold)) for m in metrics]
-
-
 def _failed_labels(bundle: Any) -> list[str]:
     la = bundle.launches
     if la.empty or "error" not in la:
@@ -162,6 +154,28 @@ def _order(a: Any, b: Any) -> list[tuple[str, str]]:
     return out
 
 
+def _walk_bundles(
+    a: Any,
+    b: Any,
+    design: Design,
+    gate: Sequence[str] | None,
+    threshold: float,
+    thresholds: Mapping[str, float] | None,
+    order: Sequence[tuple[str, str]] | None = None,
+) -> tuple[Walk, list[str]]:
+    """(the procedure's walk over two sides' bundles in ``order``, default the order they ran
+    (:func:`_order`); the gated metrics)."""
+    from perfkit.ab.metrics import metric_values
+
+    values = {"A": metric_values(a), "B": metric_values(b)}
+    metrics = gated_metrics(values, gate)
+    logmed, slow = _inputs(values, metrics, design.paired)
+    failed = _failed_labels(a) + _failed_labels(b)
+    thr = [float((thresholds or {}).get(m, threshold)) for m in metrics]
+    seq = list(order) if order is not None else _order(a, b)
+    return Walker(logmed, slow, metrics, thr, design, failed).feed(seq), metrics
+
+
 def decide_sequential(
     a: Any,
     b: Any,
@@ -173,7 +187,7 @@ def decide_sequential(
     order: Sequence[tuple[str, str]] | None = None,
 ) -> Any:
     """Decide two sides' bundles (live or recorded) by the procedure: walk their launches in the
-    order they ran (:func:`walk`; a recording that ends first is undecided), then the full
+    order they ran (:meth:`Walker.feed`; a recording that ends first is undecided), then the full
     comparison (:func:`perfkit.ab.decide.compare_bundles`) of the last look's launches at its
     confidence. Undecided gated metrics make the exit code 1 unless ``undecided="pass"``.
 
@@ -188,17 +202,11 @@ def decide_sequential(
             (as :func:`perfkit.ab.decide.compare`).
     """
     from perfkit.ab.decide import compare_bundles
-    from perfkit.ab.metrics import metric_values
     from perfkit.gate.verdicts import EXIT_OK, EXIT_REGRESSION, jsonable
 
     if undecided not in UNDECIDED:
         raise ValueError(f"undecided must be one of {', '.join(UNDECIDED)}, got {undecided!r}")
-    values = {"A": metric_values(a), "B": metric_values(b)}
-    metrics = gated_metrics(values, gate)
-    logmed, slow = _inputs(values, metrics, design.paired)
-    failed = _failed_labels(a) + _failed_labels(b)
-    seq = list(order) if order is not None else _order(a, b)
-    w = walk(seq, logmed, slow, metrics, _thresholds(metrics, threshold, thresholds), design, failed)
+    w, metrics = _walk_bundles(a, b, design, gate, threshold, thresholds, order)
     if w.stop is None:
         end_of_recording(w, metrics, design)
     final = w.final
@@ -238,26 +246,20 @@ def run_sequential(
     gate: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Run a live A/B (a :class:`perfkit.ab.driver.AbPlan`; its ``launches`` is not read) by the
-    procedure: ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_arms`),
-    then after each launch the one the procedure asks for (:func:`walk` over what ran, with the
+    procedure: ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_ab`),
+    then after each launch the one the procedure asks for (the procedure's walk over what ran, with the
     same gate and thresholds as the decision after it), until it stops.
 
     Returns:
         {"A": bundle, "B": bundle} (saved under ``out/a`` and ``out/b``); their meta ``ab``
         holds ``sequential`` (the design and ``gate_metrics``), which ``--replay`` reads back.
     """
-    from perfkit.ab.driver import run_arms
-    from perfkit.ab.metrics import metric_values
+    from perfkit.ab.driver import run_ab
 
     def extend(bundles: dict[str, Any]) -> list[str]:
         if set(bundles) != {"A", "B"}:
             return []
-        values = {"A": metric_values(bundles["A"]), "B": metric_values(bundles["B"])}
-        metrics = gated_metrics(values, gate)
-        logmed, slow = _inputs(values, metrics, design.paired)
-        failed = _failed_labels(bundles["A"]) + _failed_labels(bundles["B"])
-        thr = _thresholds(metrics, threshold, thresholds)
-        w = walk(_order(bundles["A"], bundles["B"]), logmed, slow, metrics, thr, design, failed)
+        w, _ = _walk_bundles(bundles["A"], bundles["B"], design, gate, threshold, thresholds)
         if w.stop is not None or not w.next_arm:
             return []
         if design.paired:  # a pair more, its first request side alternating: A B, B A, A B, …
@@ -265,13 +267,10 @@ def run_sequential(
             return ["A", "B"] if k % 2 == 0 else ["B", "A"]
         return [w.next_arm]
 
-    return run_arms(
-        {"A": plan.spec_a, "B": plan.spec_b},
-        plan.request,
-        design.min_launches,
-        plan.warm,
+    return run_ab(
+        plan,
         out,
-        request_timeout_s=plan.request_timeout_s,
+        launches=design.min_launches,
         extend=extend,
         # the gated metrics and thresholds with the design: a replay without --gate-metrics or
         # --threshold splits alpha and decides as the run did
@@ -283,6 +282,5 @@ def run_sequential(
                 "thresholds": dict(thresholds or {}),
             }
         },
-        profile=plan.profile,
         paired=design.paired,
     )

@@ -25,8 +25,8 @@ def fail(message: str, prefix: str = "perfkit") -> int:
     return EXIT_ERROR
 
 
-def existing_file(kind: str) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
-    """A click callback: the path must be an existing file, else exit 2 naming it."""
+def file_option(*decls: str, kind: str, help: str, **kw: Any) -> Callable[[Callable], Callable]:
+    """A click option whose value must be an existing file, else exit 2 naming it as ``kind``."""
 
     def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
         if value is not None and not Path(value).is_file():
@@ -34,7 +34,7 @@ def existing_file(kind: str) -> Callable[[click.Context, click.Parameter, str | 
             raise click.BadParameter(f"{kind} {what}: {value}")
         return value
 
-    return check
+    return click.option(*decls, callback=check, help=help, **kw)
 
 
 def print_result(res: Any, command: str) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from perfkit.cli._common import EXIT_CODES, done, existing_file, fail
+from perfkit.cli._common import EXIT_CODES, done, fail, file_option
 from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
 
 
@@ -78,12 +78,7 @@ def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bo
     default=None,
     help="a run directory, a bundle directory, a performance.log or an sglang perf dump JSON",
 )
-@click.option(
-    "--baseline",
-    default=None,
-    callback=existing_file("baseline file"),
-    help="baseline JSON (sglang perf_baselines layout)",
-)
+@file_option("--baseline", kind="baseline file", help="baseline JSON (sglang perf_baselines layout)")
 @click.option(
     "--case",
     default=None,
@@ -92,18 +87,10 @@ def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bo
 )
 @click.option("--profile", default="pr_test", show_default=True, help="tolerance profile of the baseline")
 @click.option("--strict", is_flag=True, help="a case missing from the baseline fails instead of being 'new'")
-@click.option(
-    "--before",
-    default=None,
-    callback=existing_file("perf dump"),
-    help="sglang perf dump JSON (--perf-dump-path) of the reference build",
+@file_option(
+    "--before", kind="perf dump", help="sglang perf dump JSON (--perf-dump-path) of the reference build"
 )
-@click.option(
-    "--after",
-    default=None,
-    callback=existing_file("perf dump"),
-    help="sglang perf dump JSON of the changed build",
-)
+@file_option("--after", kind="perf dump", help="sglang perf dump JSON of the changed build")
 def compare_command(
     run: str | None,
     baseline: str | None,

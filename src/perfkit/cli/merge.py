@@ -6,17 +6,14 @@ from typing import Any
 
 import click
 
-from perfkit.cli._common import EXIT_CODES, done, existing_file, fail, print_result
+from perfkit.cli._common import EXIT_CODES, done, fail, file_option, print_result
 
 
 @click.command("merge", epilog=EXIT_CODES + " A missing shard or a failed unit is an error (2).")
 @click.argument("dirs", nargs=-1, required=True)
 @click.option("--out", required=True, help="the merged run directory")
-@click.option(
-    "--params",
-    default=None,
-    callback=existing_file("params file"),
-    help="params YAML the shards must have run (default: the shards' own)",
+@file_option(
+    "--params", kind="params file", help="params YAML the shards must have run (default: the shards' own)"
 )
 @click.option("--notebooks", default=None, hidden=True, help="another notebooks folder (tests)")
 @click.option("--force", is_flag=True, help="--out may hold an earlier run: its outputs are removed first")

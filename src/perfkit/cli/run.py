@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from perfkit.cli._common import EXIT_CODES, done, existing_file, fail
+from perfkit.cli._common import EXIT_CODES, done, fail, file_option
 from perfkit.common.exitcodes import EXIT_ERROR
 
 
@@ -23,12 +23,7 @@ from perfkit.common.exitcodes import EXIT_ERROR
     metavar="KEY=VALUE",
     help="a notebook parameter (value read as YAML; validated before the kernel starts); repeatable",
 )
-@click.option(
-    "--params",
-    default=None,
-    callback=existing_file("params file"),
-    help="take the notebook's parameters from a params YAML first",
-)
+@file_option("--params", kind="params file", help="take the notebook's parameters from a params YAML first")
 @click.option("--out", default=None, help="executed notebook path (default RUN_DIR/notebooks/NAME)")
 @click.option("--timeout", type=float, default=None, help="per-cell timeout (s)")
 def run_command(

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from perfkit.cli._common import EXIT_CODES, done, existing_file, fail, print_result
+from perfkit.cli._common import EXIT_CODES, done, fail, file_option, print_result
 from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
 from perfkit.measure import investigations
 from perfkit.scenarios import registry
@@ -103,13 +103,7 @@ class _SuiteCommand(click.Command):
 
 
 @click.command("suite", cls=_SuiteCommand, epilog=EXIT_CODES + " The report is written in every case.")
-@click.option(
-    "--params",
-    "params",
-    required=True,
-    callback=existing_file("params file"),
-    help="params YAML (see params/)",
-)
+@file_option("--params", kind="params file", required=True, help="params YAML (see params/)")
 @click.option(
     "--out",
     default=None,

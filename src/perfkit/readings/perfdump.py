@@ -38,10 +38,10 @@ from perfkit.readings.records import (
     RecordError,
     decode_text,
     json_int,
+    read_head,
     read_memory_map,
     read_number,
     read_optional_str,
-    read_stage_entry,
     read_step_list,
 )
 
@@ -113,17 +113,7 @@ def perf_dump_from_dict(obj: Any) -> PerfDump:
             ``request_id``/``total_duration_ms``/``steps``, a stage without ``duration_ms``, a
             string, NaN, negative number, ...).
     """
-    if not isinstance(obj, dict):
-        raise RecordError("<dump>", f"is {type(obj).__name__}, expected a JSON object")
-    for key in REQUIRED_KEYS:
-        if key not in obj:
-            raise RecordError(key, "is missing (not an sglang perf dump?)")
-    rid = obj["request_id"]
-    if not isinstance(rid, str) or not rid:
-        raise RecordError("request_id", f"{rid!r} is not a request id")
-    if not isinstance(obj["steps"], list):
-        raise RecordError("steps", f"{obj['steps']!r} is not a list of stages")
-    stages = [read_stage_entry(st, i, group="steps") for i, st in enumerate(obj["steps"])]
+    rid, stages = read_head(obj, "dump", REQUIRED_KEYS, "steps", "is missing (not an sglang perf dump?)")
     denoise = (
         read_step_list(obj["denoise_steps_ms"], "denoise_steps_ms") if "denoise_steps_ms" in obj else None
     )

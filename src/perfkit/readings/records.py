@@ -53,7 +53,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from perfkit.common.recordformat import PERF_LOG_NAME
 
@@ -179,6 +179,26 @@ def read_stage_entry(st: Any, index: int, group: str = "stages") -> tuple[str, f
         )
     key = present[0]
     return name, read_number(st[key], f"{where}.{key}")
+
+
+def read_head(
+    obj: Any, what: str, keys: Sequence[str], stages_key: str, missing: str = "is missing"
+) -> tuple[str, list[tuple[str, float | None]]]:
+    """(request_id, stages) of a record-like JSON object (a ``performance.log`` record, a perf
+    dump): an object with every one of ``keys``, a non-empty ``request_id`` string and a list of
+    stage entries under ``stages_key`` (:func:`read_stage_entry`). Raises :class:`RecordError`
+    naming the key (``<what>``: the object itself; ``missing``: the text for a missing key)."""
+    if not isinstance(obj, dict):
+        raise RecordError(f"<{what}>", f"is {type(obj).__name__}, expected a JSON object")
+    for key in keys:
+        if key not in obj:
+            raise RecordError(key, missing)
+    rid = obj["request_id"]
+    if not isinstance(rid, str) or not rid:
+        raise RecordError("request_id", f"{rid!r} is not a request id")
+    if not isinstance(obj[stages_key], list):
+        raise RecordError(stages_key, f"{obj[stages_key]!r} is not a list of stages")
+    return rid, [read_stage_entry(st, i, group=stages_key) for i, st in enumerate(obj[stages_key])]
 
 
 def read_step_list(steps: Any, key: str = "steps") -> list[float | None]:
@@ -334,17 +354,9 @@ class PerfRecord:
 
     @classmethod
     def _from_dict(cls, obj: Any, line_no: int) -> "PerfRecord":
-        if not isinstance(obj, dict):
-            raise RecordError("<record>", f"is {type(obj).__name__}, expected a JSON object")
-        for key in ("request_id", "stages", "steps", "total_duration_ms"):
-            if key not in obj:
-                raise RecordError(key, "is missing")
-        rid = obj["request_id"]
-        if not isinstance(rid, str) or not rid:
-            raise RecordError("request_id", f"{rid!r} is not a request id")
-        if not isinstance(obj["stages"], list):
-            raise RecordError("stages", f"{obj['stages']!r} is not a list")
-        stages = [read_stage_entry(st, i) for i, st in enumerate(obj["stages"])]
+        rid, stages = read_head(
+            obj, "record", ("request_id", "stages", "steps", "total_duration_ms"), "stages"
+        )
         steps = read_step_list(obj["steps"])
         snaps = obj.get("memory_snapshots")
         pk = obj.get("perfkit")

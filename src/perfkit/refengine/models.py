@@ -42,7 +42,7 @@ class Preset:
         text_encoder: kwargs for ``transformers.T5Config``.
         upsampler: kwargs for ``LTXLatentUpsamplerModel``.
         max_sequence_length: prompt tokens fed to the text encoder.
-        height, width, steps, num_frames: serving defaults (pixels, steps, frames).
+        height, width, steps, num_frames: serving defaults (pixels, steps, frames; ltx-2b's).
         dtype: default weight dtype name on GPU (CPU always runs float32).
     """
 
@@ -88,7 +88,6 @@ PRESETS: dict[str, Preset] = {
         height=64,
         width=64,
         steps=4,
-        num_frames=25,
         dtype="float32",
         vocab_size=512,
     ),
@@ -106,13 +105,7 @@ PRESETS: dict[str, Preset] = {
             feed_forward_proj="gated-gelu",
             relative_attention_num_buckets=32,
         ),
-        upsampler=dict(),
-        max_sequence_length=128,
-        height=512,
-        width=768,
-        steps=30,
-        num_frames=25,
-        dtype="bfloat16",
+        upsampler=dict(),  # serving defaults: Preset's (512x768, 30 steps, 25 frames, bfloat16)
     ),
 }
 if tuple(PRESETS) != PRESET_NAMES:  # the leaf module names them for validation without torch

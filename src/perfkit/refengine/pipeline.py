@@ -167,23 +167,14 @@ class StagedPipeline(StageTimer):
 
     # -- the pipeline --------------------------------------------------------------------
     def _denoise(
-        self,
-        latents,
-        embeds,
-        mask,
-        timesteps,
-        n_lat,
-        h_lat,
-        w_lat,
-        guidance,
-        fps,
-        timing: bool,
-        step_times: list[float],
-        slow: float = 0.0,
-        stage: str = "DenoisingStage",
+        self, latents, embeds, mask, timesteps, shape, req, timing, step_times, stage="DenoisingStage"
     ):
+        """``timesteps`` of ``stage`` on latents of ``shape`` (frames, height, width); each step's ms
+        appended to ``step_times``."""
+        n_lat, h_lat, w_lat = shape
+        guidance, slow = req.guidance_scale, self._slow.get(stage, 0.0)
         cfg = guidance > 1.0
-        rope = (self.temporal / fps, self.spatial, self.spatial)
+        rope = (self.temporal / req.fps, self.spatial, self.spatial)
         sched = self._active_sched
         # On CUDA, step times come from events recorded between steps: no host sync per step, so
         # the CPU keeps enqueueing ahead as in production (a sync per step cost ~9 % of e2e on an
@@ -314,18 +305,7 @@ class StagedPipeline(StageTimer):
                 timesteps = self._timesteps(req.num_inference_steps, n_lat * h_lat * w_lat)
             with self._stage("DenoisingStage", out, timing):
                 latents = self._denoise(
-                    latents,
-                    embeds,
-                    mask,
-                    timesteps,
-                    n_lat,
-                    h_lat,
-                    w_lat,
-                    req.guidance_scale,
-                    req.fps,
-                    timing,
-                    out.steps,
-                    self._slow.get("DenoisingStage", 0.0),
+                    latents, embeds, mask, timesteps, (n_lat, h_lat, w_lat), req, timing, out.steps
                 )
             p_s, p_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
             vae = self.c.vae
@@ -408,19 +388,8 @@ class StagedPipeline(StageTimer):
             ts = self._timesteps(steps, n_lat * h_lat * w_lat, start_sigma=0.4)
             noise = torch.randn(latents.shape, generator=gen).to(latents.device)
             latents = 0.4 * noise + 0.6 * latents
+            shape = (n_lat, h_lat, w_lat)
             latents = self._denoise(
-                latents,
-                embeds,
-                mask,
-                ts,
-                n_lat,
-                h_lat,
-                w_lat,
-                req.guidance_scale,
-                req.fps,
-                timing,
-                out.refinement_steps,
-                self._slow.get("RefinementStage", 0.0),
-                "RefinementStage",
+                latents, embeds, mask, ts, shape, req, timing, out.refinement_steps, "RefinementStage"
             )
         return latents, h_lat, w_lat

@@ -231,20 +231,12 @@ def render_block(block: Block, root: Path) -> str:
         return _ABOVE[block.kind](block, root)
     if block.kind == "compare":
         return _compare(block, root)
-    if block.kind == "ab-power":
+    if block.kind in ("ab-power", "ab-sequential"):
+        fn = power_markdown if block.kind == "ab-power" else sequential_markdown
         try:
-            return power_markdown(
-                src, float(block.threshold or 0), float(block.confidence or 0), label=block.src
-            )
+            return fn(src, float(block.threshold or 0), float(block.confidence or 0), label=block.src)
         except (OSError, ValueError) as exc:
-            raise FiguresError(f"ab-power {block.src}: {exc}") from exc
-    if block.kind == "ab-sequential":
-        try:
-            return sequential_markdown(
-                src, float(block.threshold or 0), float(block.confidence or 0), label=block.src
-            )
-        except (OSError, ValueError) as exc:
-            raise FiguresError(f"ab-sequential {block.src}: {exc}") from exc
+            raise FiguresError(f"{block.kind} {block.src}: {exc}") from exc
     if block.kind in registry.doc_blocks():
         return _combined(block, root)
     if block.kind in ("history-nightly", "history-replay"):

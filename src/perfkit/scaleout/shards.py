@@ -72,7 +72,6 @@ __all__ = [
     "identity_problems",
     "part_identity",
     "concurrent_pairs",
-    "recorded_durations",
 ]
 
 
@@ -118,26 +117,6 @@ def _baseline_doc(params: SuiteParams) -> dict[str, Any] | None:
     except (OSError, ValueError) as exc:
         log.warning("no estimates from baseline %s: %s", f, exc)
         return None
-
-
-def recorded_durations(paths: Iterable[str | Path]) -> dict[str, float]:
-    """Unit id -> measured wall seconds from shard manifests or merge files (``shard.json``,
-    ``merge.json``, or directories holding one); unreadable ones are logged and skipped."""
-    out: dict[str, float] = {}
-    for p in paths:
-        p = Path(p)
-        for f in [p] if p.is_file() else [p / MANIFEST, p / MERGED_DIR / MERGE_FILE, p / MERGE_FILE]:
-            if not f.is_file():
-                continue
-            try:
-                doc = json.loads(f.read_text())
-            except (OSError, ValueError) as exc:
-                log.warning("%s: unreadable (%s): no recorded durations from it", f, exc)
-                continue
-            for oc in doc.get("outcomes") or []:
-                if oc.get("status") == "ok" and oc.get("wall_s"):
-                    out[str(oc["unit_id"])] = float(oc["wall_s"])
-    return out
 
 
 def run_shard(

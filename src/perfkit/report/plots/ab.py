@@ -3,19 +3,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pandas as pd
 
 from perfkit.report.plots.base import (
+    Figure,
     empty_note,
     is_finite,
     new_figure,
 )
-
-if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
-    from matplotlib.figure import Figure
 
 __all__ = ["AB_DECISION_COLORS", "ab_forest"]
 

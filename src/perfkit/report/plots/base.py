@@ -15,8 +15,10 @@ import pandas as pd
 from perfkit.bundle_schema import WARMUP_INDEX
 from perfkit.readings import stages as _stages
 
-if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
+if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn (new_figure)
     from matplotlib.figure import Figure
+else:
+    Figure = Any  # what the figure modules import to annotate, without importing matplotlib
 
 
 def launch_names(launches: pd.DataFrame | None) -> dict[Any, str]:

@@ -3,18 +3,14 @@ verdict status (:func:`baseline_vs_actual`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pandas as pd
 
 from perfkit.report.plots.base import (
+    Figure,
     empty_note,
     new_figure,
 )
-
-if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
-    from matplotlib.figure import Figure
 
 __all__ = ["STATUS_COLORS", "baseline_vs_actual"]
 

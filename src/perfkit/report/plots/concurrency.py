@@ -10,15 +10,12 @@ Each takes the investigation's per-level results (a list of mappings with ``conc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from perfkit.report.plots.base import empty_note, is_finite, ms_axis, new_figure
-
-if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
-    from matplotlib.figure import Figure
+from perfkit.report.plots.base import Figure, empty_note, is_finite, ms_axis, new_figure
 
 __all__ = ["latency_vs_concurrency", "queue_vs_service", "memory_under_concurrency"]
 

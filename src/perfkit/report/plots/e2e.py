@@ -3,11 +3,12 @@ request of each new shape marked (:func:`e2e_per_request`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from perfkit.report.plots.base import (
+    Figure,
     drop_warmup,
     empty_note,
     integer_xticks,
@@ -22,9 +23,6 @@ from perfkit.report.plots.base import (
 )
 from perfkit.report.plots.style import COLD_COLOR
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARMUP, request_roles
-
-if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
-    from matplotlib.figure import Figure
 
 __all__ = ["e2e_per_request"]
 

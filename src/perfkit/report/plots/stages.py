@@ -3,13 +3,14 @@ launch and request shape (:func:`stage_breakdown`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
 from perfkit.bundle_schema import WARMUP_INDEX
 from perfkit.report.plots.base import (
+    Figure,
     empty_note,
     is_finite,
     launch_names,
@@ -23,9 +24,6 @@ from perfkit.report.plots.base import (
 )
 from perfkit.report.plots.style import COLD_COLOR
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, request_roles
-
-if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
-    from matplotlib.figure import Figure
 
 __all__ = ["stage_breakdown"]
 

@@ -3,11 +3,12 @@ step's top-level ops over time (:func:`step_timeline`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from perfkit.report.plots.base import (
+    Figure,
     drop_warmup,
     empty_note,
     integer_xticks,
@@ -20,9 +21,6 @@ from perfkit.report.plots.base import (
 )
 from perfkit.report.plots.style import COLD_COLOR
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, request_label, request_roles
-
-if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
-    from matplotlib.figure import Figure
 
 __all__ = ["step_times", "step_timeline"]
 

@@ -4,13 +4,14 @@ launch's phases, each request's span and role, compile events and stage starts
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
 from perfkit.bundle_schema import WARMUP_INDEX
 from perfkit.report.plots.base import (
+    Figure,
     empty_note,
     is_finite,
     launch_names,
@@ -20,9 +21,6 @@ from perfkit.report.plots.base import (
     unbundle,
 )
 from perfkit.report.plots.timeline_events import Timeline, draw_phases, draw_requests, draw_stage_marks
-
-if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
-    from matplotlib.figure import Figure
 
 __all__ = ["memory_timeline"]
 
