@@ -50,75 +50,10 @@ log = logging.getLogger(__name__)
 MIB = 2**20
 
 
-#: Every field of sglang's ``POST /v1/videos`` request model (``VideoGenerationsRequest`` in
-#: ``python/sglang/multimodal_gen/runtime/entrypoints/openai/protocol.py``, the version with
-#: width/height, diffusers_kwargs, frame interpolation and profiling fields). The reference engine
-#: accepts each of them, so a client written for sglang works unchanged; any other field is a 400
-#: naming it. Those it does not implement are listed in the answer's ``ignored_fields``.
-SGLANG_VIDEO_FIELDS = (
-    "prompt",
-    "input_reference",
-    "reference_url",
-    "video_path",
-    "video_url",
-    "model",
-    "n",
-    "num_outputs_per_prompt",
-    "seconds",
-    "size",
-    "fps",
-    "num_frames",
-    "seed",
-    "generator_device",
-    "width",
-    "height",
-    "num_inference_steps",
-    "guidance_scale",
-    "guidance_scale_2",
-    "true_cfg_scale",
-    "negative_prompt",
-    "max_sequence_length",
-    "flow_shift",
-    "enable_teacache",
-    "enable_frame_interpolation",
-    "frame_interpolation_exp",
-    "frame_interpolation_scale",
-    "frame_interpolation_model_path",
-    "enable_upscaling",
-    "upscaling_model_path",
-    "upscaling_scale",
-    "output_quality",
-    "output_compression",
-    "output_path",
-    "diffusers_kwargs",
-    "task",
-    "conditions",
-    "target",
-    "audio_flow_shift",
-    "perf_dump_path",
-    "profile",
-    "num_profiled_timesteps",
-    "profile_all_stages",
-)
 #: the fields this engine acts on (the rest of :data:`SGLANG_VIDEO_FIELDS` is accepted and ignored)
-USED_FIELDS = (
-    "prompt",
-    "num_frames",
-    "seconds",
-    "height",
-    "width",
-    "size",
-    "num_inference_steps",
-    "seed",
-    "guidance_scale",
-    "negative_prompt",
-    "fps",
-    "n",
-    "num_outputs_per_prompt",
-    "profile",
-    "num_profiled_timesteps",
-    "profile_all_stages",
-    "perfkit_stage_timing",
+USED_FIELDS = frozenset(
+    "prompt num_frames seconds height width size num_inference_steps seed guidance_scale negative_prompt "
+    "fps n num_outputs_per_prompt profile num_profiled_timesteps profile_all_stages perfkit_stage_timing".split()
 )
 #: frames per second when the request gives none (what the pipeline's RoPE scaling assumes)
 DEFAULT_FPS = 24
@@ -130,7 +65,7 @@ MAX_STEPS = 1000
 
 
 class VideoRequest(BaseModel):
-    """sglang's /v1/videos request (:data:`SGLANG_VIDEO_FIELDS`) plus perfkit's own
+    """sglang's /v1/videos request (:data:`SGLANG_VIDEO_FIELDS`, in order) plus perfkit's own
     ``perfkit_stage_timing``. Any other field is refused (400 naming it): a misspelt field such as
     ``num_frame`` would otherwise be ignored and the request measured with the default shape."""
 
@@ -200,6 +135,14 @@ class VideoRequest(BaseModel):
             if getattr(self, name) != type(self).model_fields[name].default:
                 out.append(name)
         return out
+
+
+#: Every field of sglang's ``POST /v1/videos`` request model (``VideoGenerationsRequest`` in
+#: ``python/sglang/multimodal_gen/runtime/entrypoints/openai/protocol.py``, the version with
+#: width/height, diffusers_kwargs, frame interpolation and profiling fields), in its order: the
+#: fields of :class:`VideoRequest` but perfkit's own. A client written for sglang works unchanged;
+#: any other field is a 400 naming it; those not implemented are the answer's ``ignored_fields``.
+SGLANG_VIDEO_FIELDS = tuple(n for n in VideoRequest.model_fields if n != "perfkit_stage_timing")
 
 
 class Engine:
@@ -474,9 +417,14 @@ def _did_you_mean(name: str) -> str:
     """`` (did you mean 'num_frames'?)`` for a misspelt request field, else empty."""
     import difflib
 
-    known = [*SGLANG_VIDEO_FIELDS, "perfkit_stage_timing"]
-    m = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    m = difflib.get_close_matches(name, list(VideoRequest.model_fields), n=1, cutoff=0.6)
     return f" (did you mean {m[0]!r}?)" if m else ""
+
+
+def _invalid_request(message: str, fields: list[str]) -> JSONResponse:
+    """The 400 answer: ``{"error": {message, fields, type: invalid_request_error}}``."""
+    error = {"message": message, "fields": fields, "type": "invalid_request_error"}
+    return JSONResponse(status_code=400, content={"error": error})
 
 
 def create_app(engine: Engine, model_name: str) -> FastAPI:
@@ -502,12 +450,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
                 parts.append(f"{name}: unknown field{_did_you_mean(name)}")
             else:
                 parts.append(f"{name}: {e.get('msg')}")
-        return JSONResponse(
-            status_code=400,
-            content={
-                "error": {"message": "; ".join(parts), "fields": fields, "type": "invalid_request_error"}
-            },
-        )
+        return _invalid_request("; ".join(parts), fields)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -537,12 +480,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         try:
             req = engine.to_gen_request(body)
         except FieldError as exc:
-            return JSONResponse(
-                status_code=400,
-                content={
-                    "error": {"message": str(exc), "fields": [exc.field], "type": "invalid_request_error"}
-                },
-            )
+            return _invalid_request(str(exc), [exc.field])
         profile = None
         if body.profile:
             profile = {
