@@ -10,6 +10,7 @@ the three, so a client can tell queue wait (started - submitted) from service ti
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import logging
@@ -148,7 +149,7 @@ def job_record(
     if job.memory_snapshot is not None:
         pk["memory_snapshot"] = job.memory_snapshot
     if job.trace is not None:  # sglang's profile fields: what was profiled and where it went
-        pk["profile"] = {**job.trace.to_dict(), "rank": rank}
+        pk["profile"] = {**dataclasses.asdict(job.trace), "rank": rank}
     if res is not None:
         rec.update(record_payload(res))
         pk.update(

@@ -12,7 +12,7 @@ record names its file (``perfkit.memory_snapshot``); perfkit reads it with
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,6 @@ class SnapshotRecorder:
     after: list[int]
     out_dir: Path
     max_entries: int = 20000
-    active: bool = field(init=False, default=False)
 
     def start(self) -> None:
         """Start recording (CUDA only). Python stacks of allocations only (``context="alloc"``,
@@ -51,7 +50,6 @@ class SnapshotRecorder:
         torch.cuda.memory._record_memory_history(
             enabled="all", context="alloc", stacks="python", max_entries=self.max_entries
         )
-        self.active = True
         log.info(
             "recording allocation history (%d entries) for snapshots after %s", self.max_entries, self.after
         )

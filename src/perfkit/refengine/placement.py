@@ -56,14 +56,7 @@ from typing import Mapping
 import torch
 
 from perfkit.refengine.models import Components
-from perfkit.refengine.offload_request import (  # noqa: F401 - this module's API since before the split
-    ACCELERATOR_MODES,
-    COMPONENTS,
-    OFFLOAD_MODES,
-    OffloadNotApplicable,
-    check_applicable,
-    requested_modes,
-)
+from perfkit.refengine.offload_request import COMPONENTS, check_applicable
 
 log = logging.getLogger(__name__)
 
@@ -305,15 +298,3 @@ def place_components(
         automatic=automatic,
     )
 
-
-def place(comps: Components, device: torch.device, cap_gib: float | None, force: str | None = None) -> str:
-    """Move components to ``device`` or group-offload them; returns the placement name.
-
-    ``force``: the older ``--placement`` values (``device``, ``group_offload``); see
-    :func:`place_components` for per-component modes. Placements: ``cpu`` (CPU engine),
-    ``device`` (everything resident), ``group_offload`` (transformer and text encoder offloaded
-    leaf-wise to host, onloaded with a CUDA stream; VAE and upsampler resident).
-    """
-    if device.type != "cuda":
-        return "cpu"  # the older flag never refused a CPU device
-    return place_components(comps, device, cap_gib, requested_modes(legacy=force)).name

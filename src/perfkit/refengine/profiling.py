@@ -114,14 +114,6 @@ class TraceInfo:
     steps_recorded: int
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "path": self.path,
-            "size_bytes": self.size_bytes,
-            "steps_recorded": self.steps_recorded,
-            "error": self.error,
-        }
 
 
 class RequestProfiler:
