@@ -14,7 +14,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -201,6 +201,23 @@ def _materialise(cls_factory, seed: int, device: torch.device, dtype: torch.dtyp
     return model.eval()
 
 
+def _modules(p: Preset, two_stage: bool, build: Callable[[Callable[[], Any], int], Any]) -> tuple[Any, ...]:
+    """(transformer, VAE, text encoder, upsampler or None) of preset ``p``, each made by
+    ``build(constructor, k)`` (k: the component's seed offset, 0..3); the upsampler's
+    ``in_channels`` default to the transformer's."""
+    from diffusers import AutoencoderKLLTXVideo, LTXVideoTransformer3DModel
+    from diffusers.pipelines.ltx.modeling_latent_upsampler import LTXLatentUpsamplerModel
+    from transformers import T5Config, T5EncoderModel
+
+    transformer = build(lambda: LTXVideoTransformer3DModel(**p.transformer), 0)
+    vae = build(lambda: AutoencoderKLLTXVideo(**p.vae), 1)
+    t5cfg = T5Config(vocab_size=p.vocab_size, **p.text_encoder)
+    text_encoder = build(lambda: T5EncoderModel(t5cfg), 2)
+    up_cfg = {"in_channels": transformer.config.in_channels, **p.upsampler}
+    upsampler = build(lambda: LTXLatentUpsamplerModel(**up_cfg), 3) if two_stage else None
+    return transformer, vae, text_encoder, upsampler
+
+
 def build_preset(
     name: str, dtype: torch.dtype, seed: int = 0, two_stage: bool = False, device: str | torch.device = "cpu"
 ) -> Components:
@@ -209,23 +226,15 @@ def build_preset(
     Raises:
         KeyError: unknown preset (the message lists the known ones).
     """
-    from diffusers import AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler, LTXVideoTransformer3DModel
-    from diffusers.pipelines.ltx.modeling_latent_upsampler import LTXLatentUpsamplerModel
-    from transformers import T5Config, T5EncoderModel
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
     if name not in PRESETS:
         raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
     p = PRESETS[name]
     dev = torch.device(device)
-    transformer = _materialise(lambda: LTXVideoTransformer3DModel(**p.transformer), seed, dev, dtype)
-    vae = _materialise(lambda: AutoencoderKLLTXVideo(**p.vae), seed + 1, dev, dtype)
-    t5cfg = T5Config(vocab_size=p.vocab_size, **p.text_encoder)
-    text_encoder = _materialise(lambda: T5EncoderModel(t5cfg), seed + 2, dev, dtype)
-    upsampler = None
-    if two_stage:
-        up_cfg = dict(p.upsampler)
-        up_cfg.setdefault("in_channels", transformer.config.in_channels)
-        upsampler = _materialise(lambda: LTXLatentUpsamplerModel(**up_cfg), seed + 3, dev, dtype)
+    transformer, vae, text_encoder, upsampler = _modules(
+        p, two_stage, lambda make, k: _materialise(make, seed + k, dev, dtype)
+    )
     scheduler = FlowMatchEulerDiscreteScheduler(
         use_dynamic_shifting=True,
         base_shift=0.95,
@@ -243,19 +252,9 @@ def build_preset(
 def estimate_param_bytes(name: str, dtype: torch.dtype, two_stage: bool = False) -> int:
     """Bytes the preset's weights take in ``dtype``, counted on the meta device (nothing allocated)."""
     from accelerate import init_empty_weights
-    from diffusers import AutoencoderKLLTXVideo, LTXVideoTransformer3DModel
-    from diffusers.pipelines.ltx.modeling_latent_upsampler import LTXLatentUpsamplerModel
-    from transformers import T5Config, T5EncoderModel
 
-    p = PRESETS[name]
     with init_empty_weights():
-        mods = [
-            LTXVideoTransformer3DModel(**p.transformer),
-            AutoencoderKLLTXVideo(**p.vae),
-            T5EncoderModel(T5Config(vocab_size=p.vocab_size, **p.text_encoder)),
-        ]
-        if two_stage:
-            mods.append(LTXLatentUpsamplerModel(**{"in_channels": mods[0].config.in_channels, **p.upsampler}))
+        mods = [m for m in _modules(PRESETS[name], two_stage, lambda make, _k: make()) if m is not None]
     size = torch.empty((), dtype=dtype).element_size()
     return sum(t.numel() for m in mods for t in m.parameters()) * size
 
