@@ -7,43 +7,23 @@ Offload modes (:data:`OFFLOAD_MODES`), per component (:data:`COMPONENTS`; the tw
 upsampler follows the VAE):
 
 - ``none``: the weights are resident on the device.
-- ``model``: the whole component is moved to the device when its ``forward`` runs and back to
-  the host when the next model-offloaded component runs (accelerate's
-  ``cpu_offload_with_hook``, chained like diffusers' ``enable_model_cpu_offload``; the chain is
-  closed into a cycle, so the last component of a request goes back to the host when the next
-  request's first one runs). A single model-offloaded component therefore stays on the device
-  after its first call, as it would in diffusers.
-- ``group-block``: diffusers' ``apply_group_offloading(offload_type="block_level",
-  num_blocks_per_group=1)``: each block of a ``ModuleList`` is onloaded before it runs and
-  offloaded after (the VAE's blocks are those of its decoder, the T5 encoder's those of its
-  stack).
-- ``group-leaf``: ``apply_group_offloading(offload_type="leaf_level")``: every leaf module is
-  onloaded just before it runs.
+- ``model``: accelerate's ``cpu_offload_with_hook``, chained like diffusers'
+  ``enable_model_cpu_offload`` and closed into a cycle: a component is onloaded when its
+  ``forward`` runs and offloaded when the next one runs (a single one stays on the device).
+- ``group-block`` / ``group-leaf``: diffusers' ``apply_group_offloading`` at block level (one
+  block of a ``ModuleList`` at a time; the VAE's are its decoder's, the T5 encoder's its stack's)
+  or leaf level (every leaf module just before it runs).
 
-Group modes use a CUDA stream (``use_stream=True``: the next group is prefetched while the current
-one runs) when the device is CUDA, except block-level offload of a component whose blocks sit in a
-submodule (``_BLOCK_MODULES``: the text encoder's stack, the VAE's decoder): diffusers 0.42.1
-registers its layer execution tracker twice when ``block_modules`` and streams are combined
-(``ValueError: Hook with name layer_execution_tracker already exists``, seen on the H200), so
-those components are offloaded block by block without a stream. Every mode but ``none`` needs an
-accelerator: on a CPU device
-:func:`check_applicable` raises :class:`OffloadNotApplicable` and the engine exits with code 2
-and the message ``offload mode 'model' needs an accelerator; device is cpu``.
+Group modes prefetch on a CUDA stream (``use_stream=True``) on CUDA, except block-level offload
+of a component whose blocks sit in a submodule (``_BLOCK_MODULES``): diffusers 0.42.1 registers
+its layer execution tracker twice when ``block_modules`` and streams are combined (``ValueError:
+Hook with name layer_execution_tracker already exists``, seen on the H200). Every mode but
+``none`` needs an accelerator (:func:`check_applicable`; the engine exits 2).
 
-Automatic placement (no mode asked for a component, :func:`auto_modes`): every component is
-resident, unless the resident weights exceed :data:`WEIGHTS_SHARE_OF_CAP` of the device cap; then
-components are moved to leaf-level group offload one at a time in :data:`AUTO_OFFLOAD_ORDER`
-until the rest fits: the text encoder first (it runs once a request), then the transformer (it runs
-twice a step, 60 times in a 30-step CFG request). The VAE and upsampler stay resident. Under a
-12 GiB cap, ltx-2b's T5-XXL-shaped encoder (9.1 GiB) goes to the host and the 3.6 GiB transformer
-stays resident, so torch.compile stays on for it.
-
-torch.compile and offload: a resident or block-level offloaded transformer can be compiled
-(diffusers made block-level group offload compatible with torch.compile in its PR #11605; the
-onload/offload hooks are excluded from compilation, each block is one more graph, so the engine
-raises dynamo's recompile limit to :data:`GROUP_COMPILE_RECOMPILE_LIMIT` when none is given).
-A leaf-level or model-offloaded transformer is not compiled; the engine records why
-(``compile_disabled_reason``).
+Automatic placement (no mode asked): :func:`auto_modes`. torch.compile is kept for a resident or
+block-level offloaded transformer (:data:`COMPILE_COMPATIBLE`, diffusers PR #11605; each block
+is one more graph, hence :data:`GROUP_COMPILE_RECOMPILE_LIMIT`); otherwise the engine records
+why not (``compile_disabled_reason``).
 """
 
 from __future__ import annotations
@@ -166,10 +146,11 @@ def auto_modes(
     cap_gib: float | None,
     requested: Mapping[str, str | None] | None = None,
 ) -> dict[str, str]:
-    """component -> its mode: the requested one, else the automatic one (module doc): ``none``,
-    or ``group-leaf`` for the components of :data:`AUTO_OFFLOAD_ORDER` that must leave the device
-    for the resident weights to fit ``WEIGHTS_SHARE_OF_CAP * cap_gib``. A requested ``none``
-    counts as resident; the upsampler's bytes count with the VAE.
+    """component -> its mode: the requested one, else ``none``, or ``group-leaf`` for the
+    components of :data:`AUTO_OFFLOAD_ORDER` (the text encoder runs once a request, the
+    transformer twice a step) that must leave the device, one at a time, for the resident weights
+    to fit ``WEIGHTS_SHARE_OF_CAP * cap_gib``. A requested ``none`` counts as resident; the
+    upsampler's bytes count with the VAE; the VAE and upsampler stay resident.
 
     Args:
         param_bytes: component -> bytes of its parameters (``Components.param_bytes``).
@@ -230,12 +211,7 @@ def place_components(
     cap_gib: float | None,
     requested: Mapping[str, str | None] | None = None,
 ) -> Placement:
-    """Place every component by its mode (:func:`resolve`) and return what was applied.
-
-    ``none``: ``module.to(device)``; ``model``: accelerate's ``cpu_offload_with_hook`` chained
-    in execution order (a cycle); ``group-block`` / ``group-leaf``: diffusers'
-    ``apply_group_offloading(onload_device=device, offload_device=cpu, offload_type=...,
-    num_blocks_per_group=1, use_stream=<device is CUDA>)``.
+    """Place every component by its mode (:func:`resolve`, module doc) and return what was applied.
 
     Raises:
         OffloadNotApplicable: a mode that needs an accelerator on a CPU device.
@@ -297,4 +273,3 @@ def place_components(
         streams=streams,
         automatic=automatic,
     )
-
