@@ -28,15 +28,7 @@ from typing import Any
 
 from perfkit.common.presets import PRESET_NAMES
 from perfkit.refengine import offload_request
-from perfkit.refengine.flags import (
-    OFFLOAD_CHOICES,
-    build_parser,
-    parse_indices,
-    server_args_line,
-    sglang_perf_log_dir,
-)
-
-__all__ = ["OFFLOAD_CHOICES", "build_parser", "main", "mark", "sglang_perf_log_dir"]
+from perfkit.refengine.flags import build_parser, parse_indices, server_args_line, sglang_perf_log_dir
 
 log = logging.getLogger("perfkit.refengine")
 

@@ -279,33 +279,20 @@ def stop_ranks(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
 # ---------------------------------------------------------------------------- reports
 def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any]) -> dict[str, Any]:
     """One rank's part of a record: stages, steps, compile window, memory, host RSS."""
-    from perfkit.refengine.pipeline import host_memory_mib
+    from perfkit.refengine.request import host_memory, record_payload, run_extras
 
-    rss, anon = host_memory_mib()
     rt = snapshots.get("runtime_peak") or {}
     return {
         "rank": rank,
         "device": str(device),
-        "stages": [{"name": s.name, "execution_time_ms": round(s.ms, 3)} for s in res.stages],
-        "steps": [round(x, 3) for x in res.steps],
-        "refinement_steps": [round(x, 3) for x in res.refinement_steps],
-        "total_duration_ms": round(res.total_ms, 3),
-        "stage_peak_allocated_mb": {
-            s.name: round(s.peak_allocated_mb, 2) for s in res.stages if s.peak_allocated_mb is not None
-        },
+        **record_payload(res),
+        **run_extras(res),
         "peak_allocated_mb": rt.get("peak_allocated_mb"),
         "peak_reserved_mb": rt.get("peak_reserved_mb"),
         "memory_snapshots": {k: v for k, v in snapshots.items() if v is not None},
-        "compiles": res.compile.compiles,
-        "compile_ms": round(res.compile.compile_ms, 3),
-        "recompile_reasons": res.compile.reasons,
-        "compile_phases_ms": res.compile.phases_ms,
         "cfg_compute_ms": list(res.cfg_compute_ms),
         "cfg_gather_ms": list(res.cfg_gather_ms),
-        "host_rss_mib": round(rss, 2),
-        "host_anon_mib": round(anon, 2) if anon == anon else None,  # null: not read (no RssAnon)
-        "t_start": res.t_start,
-        "t_end": res.t_end,
+        **host_memory(),
     }
 
 

@@ -12,9 +12,6 @@ from typing import Any
 
 from perfkit.refengine.offload_request import OFFLOAD_MODES
 
-#: ``--offload`` choices (:data:`perfkit.refengine.offload_request.OFFLOAD_MODES`).
-OFFLOAD_CHOICES = OFFLOAD_MODES
-
 
 def _resolution(text: str) -> tuple[int, int]:
     try:
@@ -243,7 +240,7 @@ def _offload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--offload",
         default=None,
-        choices=OFFLOAD_CHOICES,
+        choices=OFFLOAD_MODES,
         help="offload mode of every component: none (resident), model (whole component moved in "
         "and out, accelerate's cpu_offload_with_hook), group-block / group-leaf (diffusers' "
         "apply_group_offloading at block / leaf level, CUDA stream prefetch). Default: none, "
@@ -255,7 +252,7 @@ def _offload_options(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             f"--offload-{comp}",
             default=None,
-            choices=OFFLOAD_CHOICES,
+            choices=OFFLOAD_MODES,
             help=f"offload mode of the {comp.replace('-', ' ')} (overrides --offload for it"
             + ("; the two-stage upsampler follows it)" if comp == "vae" else ")"),
         )

@@ -25,12 +25,10 @@ import numpy as np
 
 from perfkit.common.recordformat import PERF_LOG_NAME
 from perfkit.refengine.device_memory import max_snapshots
-from perfkit.refengine.pipeline import GenRequest, RunResult, host_memory_mib, record_payload
 from perfkit.refengine.profiling import TraceInfo
+from perfkit.refengine.request import GenRequest, RunResult, host_memory, record_payload, run_extras
 
 log = logging.getLogger(__name__)
-
-__all__ = ["Job", "PerfLogWriter", "job_record", "job_body", "alignment_note"]
 
 
 @dataclass
@@ -107,7 +105,6 @@ def job_record(
     memory_snapshots in MiB) plus the ``perfkit`` object (shape, compiles, host memory in MiB,
     stage spans, and the job's ``t_submitted``/``t_started``/``t_completed`` in epoch seconds).
     ``snapshots``: the engine's load/warmup snapshots; ``peak``: this run's runtime peak."""
-    rss, anon = host_memory_mib()
     snaps = {k: v for k, v in snapshots.items() if v is not None}
     if peak is not None:
         snaps["runtime_peak"] = peak
@@ -131,8 +128,7 @@ def job_record(
         "guidance_scale": job.req.guidance_scale,
         "stage_timing": job.req.timing_mode,
         "ignored_fields": job.ignored_fields,
-        "host_rss_mib": round(rss, 2),
-        "host_anon_mib": round(anon, 2) if anon == anon else None,  # null: not read (no RssAnon)
+        **host_memory(),
         **info,
     }
     if "debug_stage_delay_pct" in info:
@@ -157,27 +153,16 @@ def job_record(
                 "num_frames_effective": res.effective_frames,
                 "latent_shape": res.latent_shape,
                 "latent_frames": res.latent_shape[1] if res.latent_shape else None,
-                "compiles": res.compile.compiles,
-                "compile_ms": round(res.compile.compile_ms, 3),
-                "recompile_reasons": res.compile.reasons,
-                "compile_phases_ms": res.compile.phases_ms,
+                **run_extras(res),
                 "recompile_limit_hit": res.compile.limit_hit,
                 "recompile_limit_stage": res.compile.limit_stage,
                 "compile_by_stage": {
                     k: {**v, "compile_ms": round(v["compile_ms"], 3)} for k, v in res.compile.by_stage.items()
                 },
-                "refinement_steps": [round(x, 3) for x in res.refinement_steps],
-                "stage_peak_allocated_mb": {
-                    s.name: round(s.peak_allocated_mb, 2)
-                    for s in res.stages
-                    if s.peak_allocated_mb is not None
-                },
                 "stage_peak_reserved_mb": {
                     s.name: round(s.peak_reserved_mb, 2) for s in res.stages if s.peak_reserved_mb is not None
                 },
                 "stage_spans": [{"name": s.name, "t_start": s.t_start, "t_end": s.t_end} for s in res.stages],
-                "t_start": res.t_start,
-                "t_end": res.t_end,
             }
         )
         if res.compile.limit_hit:

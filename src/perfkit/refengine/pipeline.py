@@ -18,44 +18,16 @@ import time
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 
 from perfkit.common.frames import align_frames
 from perfkit.refengine.compile_watch import CompileWatch
 from perfkit.refengine.models import Components
 from perfkit.refengine.profiling import RequestProfiler, step_scope
-from perfkit.refengine.request import GenRequest, RunResult, StageResult, record_payload
-from perfkit.refengine.timing import MIB, StageTimer
-
-__all__ = [
-    "MIB",
-    "GenRequest",
-    "RunResult",
-    "StageResult",
-    "StagedPipeline",
-    "compile_kwargs",
-    "host_memory_mib",
-    "record_payload",
-]
+from perfkit.refengine.request import GenRequest, RunResult
+from perfkit.refengine.timing import StageTimer
 
 log = logging.getLogger(__name__)
-
-
-def host_memory_mib() -> tuple[float, float]:
-    """(RSS, anonymous RSS) of this process in MiB (anonymous from /proc/self/status RssAnon; NaN
-    where the kernel has none: records write it as null, "not reported")."""
-    rss = psutil.Process().memory_info().rss / MIB
-    anon = float("nan")
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("RssAnon:"):
-                    anon = int(line.split()[1]) / 1024.0
-                    break
-    except OSError:
-        pass
-    return rss, anon
 
 
 def compile_kwargs(backend: str, recompile_limit: int | None, compile_fn: Any = None) -> dict[str, Any]:
@@ -179,16 +151,12 @@ class StagedPipeline(StageTimer):
         # On CUDA, step times come from events recorded between steps: no host sync per step, so
         # the CPU keeps enqueueing ahead as in production (a sync per step cost ~9 % of e2e on an
         # H200 with a compiled 2 B transformer). The stage boundary syncs once, then reads them.
-        events = []
-        if timing and self.is_cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            events.append(ev)
+        events = [self._event()] if timing and self.is_cuda else []
         par = self.cfg_parallel
         # a profiled request: each denoising step advances sglang's step schedule (refinement
         # steps do not)
         profiler = self.profiler if stage == "DenoisingStage" else None
-        for i, t in enumerate(timesteps):
+        for t in timesteps:
             with step_scope(profiler):
                 t0 = time.perf_counter()
                 mark = self._mark() if slow else None
@@ -211,9 +179,7 @@ class StagedPipeline(StageTimer):
                 latents = sched.step(noise, t, latents, return_dict=False)[0]
                 self._inject(slow, mark, stage)
                 if events:
-                    ev = torch.cuda.Event(enable_timing=True)
-                    ev.record()
-                    events.append(ev)
+                    events.append(self._event())
                 elif timing:
                     step_times.append((time.perf_counter() - t0) * 1000.0)
         if events:
@@ -307,8 +273,6 @@ class StagedPipeline(StageTimer):
                 latents = self._denoise(
                     latents, embeds, mask, timesteps, (n_lat, h_lat, w_lat), req, timing, out.steps
                 )
-            p_s, p_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
-            vae = self.c.vae
             if self.two_stage:
                 latents, h_lat, w_lat = self._upsample_and_refine(
                     latents, embeds, mask, (n_lat, h_lat, w_lat), req, out, timing, gen
@@ -320,11 +284,8 @@ class StagedPipeline(StageTimer):
                 self._resolve(out)  # event-timed stages and steps of this rank
                 return out  # only rank 0 decodes (finally below still closes the run)
             with self._stage("DecodingStage", out, timing):
-                lat5 = pipe._unpack_latents(latents, n_lat, h_lat, w_lat, p_s, p_t)
-                lat5 = pipe._denormalize_latents(
-                    lat5, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
-                )
-                video = vae.decode(lat5.to(self.dtype), None, return_dict=False)[0]
+                lat5 = self._unpacked(latents, n_lat, h_lat, w_lat)
+                video = self.c.vae.decode(lat5.to(self.dtype), None, return_dict=False)[0]
                 if keep_output:
                     out.video = ((video.float().clamp(-1, 1) + 1) * 127.5).to(torch.uint8).cpu().numpy()
             self._sync()
@@ -338,6 +299,13 @@ class StagedPipeline(StageTimer):
                 out.cfg_compute_ms, out.cfg_gather_ms = self.cfg_parallel.step_split()
         self._resolve(out)
         return out
+
+    def _unpacked(self, latents: Any, n_lat: int, h_lat: int, w_lat: int) -> Any:
+        """Packed latents -> the denormalised 5-D latents the VAE and the upsampler take."""
+        pipe, vae = self.pipe, self.c.vae
+        p_s, p_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
+        lat5 = pipe._unpack_latents(latents, n_lat, h_lat, w_lat, p_s, p_t)
+        return pipe._denormalize_latents(lat5, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
 
     def _encode(self, req: GenRequest, out: RunResult, timing: bool | str) -> tuple[Any, Any]:
         """TextEncodingStage: (prompt embeddings, attention mask) in the compute dtype, the
@@ -375,11 +343,7 @@ class StagedPipeline(StageTimer):
         n_lat, h_lat, w_lat = shape
         p_s, p_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
         with self._stage("UpsampleStage", out, timing):
-            lat5 = pipe._unpack_latents(latents, n_lat, h_lat, w_lat, p_s, p_t)
-            lat5 = pipe._denormalize_latents(
-                lat5, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
-            )
-            up = self.c.upsampler(lat5.to(self.dtype)).float()
+            up = self.c.upsampler(self._unpacked(latents, n_lat, h_lat, w_lat).to(self.dtype)).float()
             up = pipe._normalize_latents(up, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
             h_lat, w_lat = up.shape[-2], up.shape[-1]
             latents = pipe._pack_latents(up, p_s, p_t)

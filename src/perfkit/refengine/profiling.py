@@ -115,7 +115,6 @@ class TraceInfo:
     error: str | None = None
 
 
-
 class RequestProfiler:
     """torch.profiler around one request, with sglang's modes and file name.
 

@@ -1,6 +1,7 @@
 """A reference engine request and what running it produced: :class:`GenRequest` (sglang's
 /v1/videos fields), :class:`StageResult`, :class:`RunResult`, and the record fields a run gives
-(:func:`record_payload`). Sizes in pixels, times in ms, memory in MiB.
+(:func:`record_payload`, :func:`run_extras`, :func:`host_memory`). Sizes in pixels, times in ms,
+memory in MiB.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import psutil
 
 from perfkit.refengine.compile_watch import CompileWindow
 
@@ -86,3 +88,35 @@ def record_payload(res: RunResult) -> dict[str, Any]:
         "steps": [round(x, 3) for x in res.steps],
         "total_duration_ms": round(res.total_ms, 3),
     }
+
+
+def run_extras(res: RunResult) -> dict[str, Any]:
+    """perfkit's fields of a run that a record and a rank report share: refinement steps (ms),
+    each stage's peak allocated (MiB), the compile window (count, ms, reasons, torch's phase ms)
+    and the run's span (epoch s)."""
+    c = res.compile
+    return {
+        "refinement_steps": [round(x, 3) for x in res.refinement_steps],
+        "stage_peak_allocated_mb": {
+            s.name: round(s.peak_allocated_mb, 2) for s in res.stages if s.peak_allocated_mb is not None
+        },
+        "compiles": c.compiles,
+        "compile_ms": round(c.compile_ms, 3),
+        "recompile_reasons": c.reasons,
+        "compile_phases_ms": c.phases_ms,
+        "t_start": res.t_start,
+        "t_end": res.t_end,
+    }
+
+
+def host_memory() -> dict[str, float | None]:
+    """This process's ``host_rss_mib`` and ``host_anon_mib`` (MiB; anonymous from
+    /proc/self/status RssAnon, None where the kernel has none: "not reported")."""
+    anon = None
+    try:
+        with open("/proc/self/status") as fh:
+            anon = next((int(ln.split()[1]) / 1024.0 for ln in fh if ln.startswith("RssAnon:")), None)
+    except OSError:
+        pass
+    rss = psutil.Process().memory_info().rss / 2**20
+    return {"host_rss_mib": round(rss, 2), "host_anon_mib": None if anon is None else round(anon, 2)}

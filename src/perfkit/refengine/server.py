@@ -31,20 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from perfkit.common.frames import TEMPORAL_COMPRESSION, align_frames
 from perfkit.refengine.device_memory import snapshot
-from perfkit.refengine.jobs import Job, PerfLogWriter, alignment_note, job_body, job_record
+from perfkit.refengine.jobs import Job, PerfLogWriter, job_body, job_record
 from perfkit.refengine.memhistory import SnapshotRecorder
-from perfkit.refengine.pipeline import GenRequest, RunResult, StagedPipeline
+from perfkit.refengine.pipeline import StagedPipeline
 from perfkit.refengine.profiling import RequestProfiler, TraceInfo, profile_mode, profiled_steps
-
-__all__ = [
-    "Engine",
-    "create_app",
-    "serve_http",
-    "VideoRequest",
-    "FieldError",
-    "SGLANG_VIDEO_FIELDS",
-    "alignment_note",
-]
+from perfkit.refengine.request import GenRequest, RunResult
 
 log = logging.getLogger(__name__)
 MIB = 2**20
