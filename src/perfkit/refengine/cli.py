@@ -79,7 +79,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     import uvicorn  # noqa: F401 - imported before the models load, as it always was (cold start parts)
 
     from perfkit.common.provenance import git_commit
-    from perfkit.refengine import models, placement
+    from perfkit.refengine import dist, models, placement
     from perfkit.refengine.compile_watch import CompileWatch
     from perfkit.refengine.device_memory import snapshot
     from perfkit.refengine.memhistory import SnapshotRecorder
@@ -122,20 +122,13 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     do_compile, compile_off_reason, recompile_limit, compile_vae = _compile_settings(args, placed, device)
     stage_delay = _injected_delay(args)
     watch = CompileWatch()
-    if args.num_gpus > 1:
-        from perfkit.refengine import dist
-
-        par = dist.init(rank, args.num_gpus, store, device)
-    else:
-        par = None
+    par = dist.init(rank, args.num_gpus, store, device) if args.num_gpus > 1 else None
     pipe = _pipeline(args, comps, device, dtype, (do_compile, recompile_limit, compile_vae), watch, par)
     pipe.stage_delay = stage_delay
     if stage_delay:
         pipe._busy(0.2)  # first calls of the busy kernel pay one-off setup: not in a measured stage
     warmup_frames, warmup_rule = _warmup_frames(args)
     if rank > 0:
-        from perfkit.refengine import dist
-
         log.info("rank %d loaded (%s, %s); serving rank 0's requests", rank, device, where)
         return dist.worker_loop(
             pipe, par, warmup_first=warmup_frames > 0, snapshots={"load_peak": snapshot(device)}
@@ -508,15 +501,12 @@ def _compile_settings(
 def _startup_warmup(
     engine: Any, args: argparse.Namespace, defaults: dict[str, Any], warmup_frames: int, device: Any
 ) -> bool:
-    """Run the startup warmup request; False (``error: ...`` on stderr) when it failed."""
-    import torch
-
+    """Run the startup warmup request (the engine resets the peak memory statistics as it starts
+    it); False (``error: ...`` on stderr) when it failed."""
     from perfkit.refengine.device_memory import snapshot
     from perfkit.refengine.request import GenRequest
 
     wh, ww = args.warmup_resolution or (defaults["height"], defaults["width"])
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     job = engine.run_sync(
         GenRequest(
             prompt="warmup",

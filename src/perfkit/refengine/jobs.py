@@ -195,33 +195,26 @@ def job_body(job: Job) -> dict[str, Any]:
     ``started_at`` and ``perfkit_times`` (the job's clock, epoch seconds) and the effective shape. ``num_frames`` is
     what the pipeline generates (aligned), ``num_frames_requested`` what was asked, and
     ``alignment_note`` says why they differ."""
-    body: dict[str, Any] = {
-        "id": job.id,
-        "object": "video",
-        "status": job.status,
-        "created_at": int(job.created),
-        "error": job.error,
-    }
+    body: dict[str, Any] = {"id": job.id, "object": "video", "status": job.status}
+    body.update({"created_at": int(job.created), "error": job.error})
     if job.started is not None:
         body["started_at"] = int(job.started)
     if job.completed:
         body["completed_at"] = int(job.completed)
-    # sglang's *_at fields are whole seconds; the job's clock to the microsecond (epoch seconds),
-    # so that queue wait (started - submitted) of a sub-second request can be read over HTTP
-    body["perfkit_times"] = {"submitted": job.created, "started": job.started, "completed": job.completed}
     r = job.req
     effective = job.effective_frames if job.effective_frames is not None else r.num_frames
     body.update(
-        {
-            "num_frames": effective,
-            "num_frames_requested": r.num_frames,
-            "alignment_note": alignment_note(r.num_frames, effective),
-            "height": r.height,
-            "width": r.width,
-            "size": f"{r.width}x{r.height}",
-            "num_inference_steps": r.num_inference_steps,
-            "ignored_fields": job.ignored_fields,
-        }
+        # sglang's *_at fields are whole seconds; the job's clock to the microsecond (epoch s),
+        # so that queue wait (started - submitted) of a sub-second request can be read over HTTP
+        perfkit_times={"submitted": job.created, "started": job.started, "completed": job.completed},
+        num_frames=effective,
+        num_frames_requested=r.num_frames,
+        alignment_note=alignment_note(r.num_frames, effective),
+        height=r.height,
+        width=r.width,
+        size=f"{r.width}x{r.height}",
+        num_inference_steps=r.num_inference_steps,
+        ignored_fields=job.ignored_fields,
     )
     if job.result is not None:
         # sglang's field; a job with no duration (failed before its stages ran) says None, as

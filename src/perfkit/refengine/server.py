@@ -119,13 +119,10 @@ class VideoRequest(BaseModel):
     def ignored_fields(self) -> list[str]:
         """sglang fields this request sets to something other than their default that the
         reference engine does not implement (they do not change what it computes)."""
-        out = []
-        for name in sorted(self.model_fields_set):
-            if name in USED_FIELDS:
-                continue
-            if getattr(self, name) != type(self).model_fields[name].default:
-                out.append(name)
-        return out
+        fields = type(self).model_fields
+        return [
+            n for n in sorted(self.model_fields_set - USED_FIELDS) if getattr(self, n) != fields[n].default
+        ]
 
 
 #: Every field of sglang's ``POST /v1/videos`` request model (``VideoGenerationsRequest`` in
@@ -211,22 +208,18 @@ class Engine:
         h = self.defaults["height"] if h is None else h
         w = self.defaults["width"] if w is None else w
         fps = DEFAULT_FPS if vr.fps is None else vr.fps
-        frames_from = "num_frames"
-        if vr.num_frames is not None:
-            nf = vr.num_frames
-        elif "seconds" in vr.model_fields_set and vr.seconds is not None:
-            nf, frames_from = vr.seconds * fps, "seconds"
+        nf = self.defaults["num_frames"] if vr.num_frames is None else vr.num_frames
+        if vr.num_frames is None and "seconds" in vr.model_fields_set and vr.seconds is not None:
+            nf = vr.seconds * fps
             if nf < 1 or nf > self.max_frames:
                 raise FieldError(
                     "seconds",
                     f"{vr.seconds} s at {fps} fps is {nf} frames; must be between 1 and "
                     f"{self.max_frames} frames (or give num_frames)",
                 )
-        else:
-            nf = self.defaults["num_frames"]
-        steps = self.defaults["steps"] if vr.num_inference_steps is None else vr.num_inference_steps
-        if frames_from == "num_frames" and (nf < 1 or nf > self.max_frames):
+        if nf < 1 or nf > self.max_frames:
             raise FieldError("num_frames", f"must be between 1 and {self.max_frames}, got {nf}")
+        steps = self.defaults["steps"] if vr.num_inference_steps is None else vr.num_inference_steps
         for name, val in (("height", h), ("width", w)):
             if val < 32 or val % 32:
                 raise FieldError(name, f"must be a positive multiple of 32, got {val}")
@@ -309,13 +302,9 @@ class Engine:
         res: RunResult | None = None
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        slow = False
-        index = None  # measured request index (0: the cold request); None for the warmup
-        if job.tag != "warmup":
-            index = self._measured
-            slow = self._measured >= self.debug_stage_delay_from
-            self._measured += 1
-        job.slowed = slow
+        index = None if job.tag == "warmup" else self._measured  # 0: the cold request
+        job.slowed = slow = index is not None and index >= self.debug_stage_delay_from
+        self._measured += index is not None
         profiler = None
         try:
             if job.profile is not None:
@@ -345,8 +334,8 @@ class Engine:
                 self.pipeline.profiler = None
                 job.trace = profiler.finish()
             peak = snapshot(dev)
-            if dev.type == "cuda":
-                torch.cuda.empty_cache() if job.status == "failed" else None
+            if dev.type == "cuda" and job.status == "failed":
+                torch.cuda.empty_cache()
             if index is not None and self.snapshot_recorder is not None:
                 job.memory_snapshot = self.snapshot_recorder.after_request(index)
             job.measured_index = index
@@ -454,16 +443,10 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
+        facts = {k: v for k, v in engine.info.items() if k != "device"}
         return {
             "object": "list",
-            "data": [
-                {
-                    "id": model_name,
-                    "object": "model",
-                    "owned_by": "perfkit",
-                    **{k: v for k, v in engine.info.items() if k != "device"},
-                }
-            ],
+            "data": [{"id": model_name, "object": "model", "owned_by": "perfkit", **facts}],
         }
 
     @app.post("/v1/videos")
