@@ -98,14 +98,9 @@ def _parse_init(init: str) -> tuple[str, int]:
 
 @dataclass
 class CfgParallel:
-    """One rank's view of the CFG-parallel group.
-
-    Attributes:
-        rank, world_size: this rank and the group size.
-        device: this rank's device.
-        backend: ``nccl`` (CUDA) or ``gloo`` (CPU) for the noise all_gather.
-        control: the gloo group for requests and reports (None: the default group is gloo).
-    """
+    """One rank's view of the CFG-parallel group. ``backend``: ``nccl`` (CUDA) or ``gloo`` (CPU)
+    for the noise all_gather; ``control``: the gloo group for requests and reports (None: the
+    default group is gloo)."""
 
     rank: int
     world_size: int

@@ -33,18 +33,10 @@ _CORPUS = (
 
 @dataclass
 class Preset:
-    """A model configuration.
-
-    Attributes:
-        name: preset id.
-        transformer: kwargs for ``LTXVideoTransformer3DModel``.
-        vae: kwargs for ``AutoencoderKLLTXVideo``.
-        text_encoder: kwargs for ``transformers.T5Config``.
-        upsampler: kwargs for ``LTXLatentUpsamplerModel``.
-        max_sequence_length: prompt tokens fed to the text encoder.
-        height, width, steps, num_frames: serving defaults (pixels, steps, frames; ltx-2b's).
-        dtype: default weight dtype name on GPU (CPU always runs float32).
-    """
+    """A model configuration: kwargs of ``LTXVideoTransformer3DModel``, ``AutoencoderKLLTXVideo``,
+    ``transformers.T5Config`` and ``LTXLatentUpsamplerModel``; prompt tokens fed to the text
+    encoder; serving defaults (pixels, steps, frames; ltx-2b's); the weight dtype on GPU (CPU
+    always runs float32)."""
 
     name: str
     transformer: dict[str, Any]

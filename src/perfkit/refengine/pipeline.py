@@ -59,17 +59,12 @@ def compile_kwargs(backend: str, recompile_limit: int | None, compile_fn: Any = 
 
 
 class StagedPipeline(StageTimer):
-    """Runs LTX-Video requests stage by stage on one device.
+    """Runs LTX-Video requests stage by stage on one device, over placed components.
 
     Args:
-        comps: built components (placed already).
-        device: execution device.
-        dtype: compute dtype of the transformer/VAE.
-        two_stage: run half resolution + UpsampleStage + RefinementStage.
-        refine_steps: steps of RefinementStage.
-        compile: wrap the transformer (and with ``compile_vae`` the VAE decoder) in
-            ``torch.compile(dynamic=False)`` with ``compile_backend``.
-        compile_watch: the process's CompileWatch (required when compiling).
+        two_stage: run half resolution + UpsampleStage + RefinementStage (``refine_steps``).
+        compile: ``torch.compile(dynamic=False)`` the transformer (and with ``compile_vae`` the
+            VAE decoder) with ``compile_backend``; ``compile_watch`` counts the compilations.
         recompile_limit: dynamo's recompile limit for the compiled modules (None: torch's
             default). Passed to ``torch.compile`` itself where it takes it (torch >= 2.13, whose
             config overrides are thread-local while requests run on the engine's worker thread);

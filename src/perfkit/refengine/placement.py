@@ -97,9 +97,7 @@ class Placement:
         return {k: dev if m == "none" else f"cpu->{dev}" for k, m in self.offload.items()}
 
     def info(self, device: torch.device) -> dict[str, object]:
-        """The engine facts (``/v1/models`` and each record's ``perfkit`` extras): ``placement``
-        (the summary), ``placement_by_component``, ``offload``, ``offload_requested``,
-        ``offload_use_stream``, ``offload_streams``."""
+        """The engine facts (``/v1/models`` and each record's ``perfkit`` extras)."""
         return {
             "placement": self.name,
             "placement_by_component": self.by_component(device),

@@ -116,17 +116,10 @@ class TraceInfo:
 
 
 class RequestProfiler:
-    """torch.profiler around one request, with sglang's modes and file name.
-
-    Args:
-        request_id: the request's id (the trace file's first part).
-        all_stages: sglang's ``profile_all_stages``.
-        num_profiled_timesteps: sglang's field (None: 5, -1: all).
-        num_inference_steps: the request's steps.
-        directory: where the trace goes (default :func:`trace_dir`).
-        rank: the global rank written into the name.
-        cuda: add CUDA activities (default: ``torch.cuda.is_available()``).
-    """
+    """torch.profiler around one request, with sglang's modes and file name (:attr:`file_name`).
+    ``all_stages`` and ``num_profiled_timesteps`` (None: 5, -1: all): sglang's request fields;
+    ``directory``: default :func:`trace_dir`; ``cuda``: add CUDA activities (default: whether
+    torch sees a GPU)."""
 
     def __init__(
         self,
@@ -164,11 +157,6 @@ class RequestProfiler:
     def file_name(self) -> str:
         """``{request_id}-{mode}-global-rank{rank}.trace.json.gz`` (sglang's name)."""
         return f"{self.request_id}-{self.mode}-global-rank{self.rank}.trace.json.gz"
-
-    def stage(self, name: str) -> ContextManager[Any]:
-        """The stage's range, ``STAGE <registered name>`` (:data:`REGISTERED_NAMES`, else the
-        class name), as sglang's executor names it."""
-        return torch.profiler.record_function(f"STAGE {REGISTERED_NAMES.get(name, name)}")
 
     def denoising_step_done(self) -> None:
         """After one denoising step (sglang's ``step_denoising_step``): in ``N_steps`` mode the
@@ -215,8 +203,9 @@ def maybe_range(profiler: RequestProfiler | None, name: str) -> ContextManager[A
 
 
 def maybe_stage(profiler: RequestProfiler | None, name: str) -> ContextManager[Any]:
-    """The stage's ``STAGE <registered name>`` range while a request is profiled, else nothing."""
-    return profiler.stage(name) if profiler is not None else nullcontext()
+    """The stage's ``STAGE <registered name>`` range (:data:`REGISTERED_NAMES`, else the class
+    name, as sglang's executor names it) while a request is profiled, else nothing."""
+    return maybe_range(profiler, f"STAGE {REGISTERED_NAMES.get(name, name)}")
 
 
 @contextmanager

@@ -23,15 +23,9 @@ MIB = 2**20
 
 
 class StageTimer:
-    """Stage and step timing and the injected slowdown for a pipeline on one device.
-
-    The subclass sets, before a request runs: ``device`` and ``is_cuda``; ``watch`` (a
-    CompileWatch or None) and ``profiler`` (:class:`~perfkit.refengine.profiling.RequestProfiler`
-    or None); ``_slow`` (stage -> fraction to inject this run), ``_run`` (the running request's
-    :class:`~perfkit.refengine.request.RunResult`), and the state reset per request:
-    ``_pending``, ``_pending_steps``, ``_request_event``, ``_inj_pieces``, ``_inj_est``,
-    ``_sleep_cpms``.
-    """
+    """Stage and step timing and the injected slowdown for a pipeline on one device. The
+    subclass sets the attributes annotated below before a request runs (``_slow``: stage ->
+    fraction to inject this run; ``_run``: the running request's result)."""
 
     device: torch.device
     is_cuda: bool
