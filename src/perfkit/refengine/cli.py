@@ -212,21 +212,12 @@ def _pipeline(
 
 
 def _dtype(args: argparse.Namespace, preset: Any, device: Any) -> Any:
-    """The compute dtype (``auto``: the preset's on CUDA, float32 on the CPU); sets dynamo's
-    process-wide recompile limit when ``--recompile-limit`` is given."""
+    """The compute dtype (``auto``: the preset's on CUDA, float32 on the CPU)."""
     import torch
 
     if args.dtype == "auto":
-        dtype = getattr(torch, preset.dtype) if device.type == "cuda" else torch.float32
-    else:
-        dtype = getattr(torch, args.dtype)
-    if args.recompile_limit is not None:
-        import torch._dynamo
-
-        # this override is thread-local (a ContextVar in torch >= 2.13) and requests run on the
-        # worker thread, so the pipeline also passes the limit to torch.compile itself
-        torch._dynamo.config.recompile_limit = args.recompile_limit
-    return dtype
+        return getattr(torch, preset.dtype) if device.type == "cuda" else torch.float32
+    return getattr(torch, args.dtype)
 
 
 def _injected_delay(args: argparse.Namespace) -> dict[str, float]:
@@ -465,7 +456,10 @@ def _compile_settings(
 ) -> tuple[bool, str | None, int | None, bool]:
     """(compile the transformer, why not when asked, recompile limit, compile the VAE): compile
     is kept only where the placement allows it (an offloaded transformer or VAE is not
-    compiled; block-level offload raises dynamo's recompile limit) and the backend can run."""
+    compiled; block-level offload raises dynamo's recompile limit) and the backend can run.
+    Sets dynamo's process-wide recompile limit when there is one."""
+    import torch._dynamo
+
     from perfkit.refengine import placement
 
     do_compile, compile_off_reason = args.compile, None
@@ -482,9 +476,6 @@ def _compile_settings(
         # one graph per offloaded block, all of the same code: dynamo's default limit (8) would
         # leave most blocks eager (diffusers PR #11605, test_compile_with_group_offloading)
         recompile_limit = placement.GROUP_COMPILE_RECOMPILE_LIMIT
-        import torch._dynamo
-
-        torch._dynamo.config.recompile_limit = recompile_limit
         log.info("block-level offloaded transformer compiled: recompile limit %d", recompile_limit)
     if do_compile:
         compile_off_reason = _compile_unusable(args.compile_backend, device)
@@ -495,6 +486,10 @@ def _compile_settings(
     if compile_vae and placed.offload.get("vae", "none") != "none":
         log.warning("VAE torch.compile disabled: the VAE is offloaded (%s)", placed.offload["vae"])
         compile_vae = False
+    if recompile_limit is not None:
+        # this override is thread-local (a ContextVar in torch >= 2.13) and requests run on the
+        # worker thread, so the pipeline also passes the limit to torch.compile itself
+        torch._dynamo.config.recompile_limit = recompile_limit
     return do_compile, compile_off_reason, recompile_limit, compile_vae
 
 
