@@ -123,20 +123,17 @@ class CompileWatch:
             if "recompile_limit" in msg or "cache_size_limit" in msg:
                 w.limit_hit = True
                 w.limit_stage = w.limit_stage or self.stage
-                reason = msg.strip().splitlines()[0][:300]
-                w.reasons.append(reason)
-                w._stage_entry(self.stage)["reasons"].append(reason)
-                return
-            if "Recompiling function" in msg:
+                reason = msg.strip().splitlines()[0]
+            elif "Recompiling function" in msg and (name, msg) not in self._seen_reasons:
+                self._seen_reasons.add((name, msg))
                 lines = [ln.strip() for ln in msg.splitlines()]
                 guards = [ln.lstrip("- ").strip() for ln in lines if ln.startswith("- ")]
                 # only the newest guard failure is informative (older ones repeat)
                 reason = guards[0] if guards else lines[0]
-                key = (name, msg)
-                if key not in self._seen_reasons:
-                    self._seen_reasons.add(key)
-                    w.reasons.append(reason[:300])
-                    w._stage_entry(self.stage)["reasons"].append(reason[:300])
+            else:
+                return
+            w.reasons.append(reason[:300])
+            w._stage_entry(self.stage)["reasons"].append(reason[:300])
 
     def begin(self) -> CompileWindow:
         """Start a window; returns it (filled in as compilations happen)."""

@@ -325,16 +325,15 @@ class Rank0Runner:
             raise RuntimeError(f"multi-rank engine unusable: {self.fatal}")
         self.busy = True
         try:
-            try:
-                self.par.broadcast({"op": "run", "seq": self._seq, "req": dataclasses.asdict(req)})
-                self._seq += 1
-                res = self.pipe.run(req, keep_output=keep_output, slow=slow)
-                mine = rank_report(res, 0, self.device, {"runtime_peak": snapshot(self.device)})
-                res.ranks = self.par.gather(mine)
-            except BaseException as exc:
-                self._fail(f"rank 0: {type(exc).__name__}: {exc}")
-                raise
+            self.par.broadcast({"op": "run", "seq": self._seq, "req": dataclasses.asdict(req)})
+            self._seq += 1
+            res = self.pipe.run(req, keep_output=keep_output, slow=slow)
+            mine = rank_report(res, 0, self.device, {"runtime_peak": snapshot(self.device)})
+            res.ranks = self.par.gather(mine)
             return res
+        except BaseException as exc:
+            self._fail(f"rank 0: {type(exc).__name__}: {exc}")
+            raise
         finally:
             self.busy = False
 
