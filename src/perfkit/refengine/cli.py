@@ -235,15 +235,10 @@ def _injected_delay(args: argparse.Namespace) -> dict[str, float]:
 def _warmup_frames(args: argparse.Namespace) -> tuple[int, str]:
     """(startup warmup frames, the rule that chose them): multi-GPU two-stage may use its own
     frame count (seed case 003), else ``--warmup-frames``."""
-    warmup_frames, warmup_rule = args.warmup_frames, "generic"
-    if (
-        args.two_stage
-        and args.num_gpus > 1
-        and args.multi_gpu_warmup_frames is not None
-        and args.warmup_frames > 0
-    ):
-        warmup_frames, warmup_rule = args.multi_gpu_warmup_frames, "multi_gpu_two_stage"
-    return warmup_frames, warmup_rule
+    if args.two_stage and args.num_gpus > 1 and args.warmup_frames > 0:
+        if args.multi_gpu_warmup_frames is not None:
+            return args.multi_gpu_warmup_frames, "multi_gpu_two_stage"
+    return args.warmup_frames, "generic"
 
 
 def _engine_info(

@@ -236,18 +236,8 @@ def spawn_ranks(argv: list[str], world_size: int, init_url: str) -> list[subproc
     procs = []
     hook = _pdeathsig_hook()
     for r in range(1, world_size):
-        cmd = [
-            sys.executable,
-            "-m",
-            "perfkit.refengine",
-            *argv,
-            "--rank",
-            str(r),
-            "--world-size",
-            str(world_size),
-            "--dist-init",
-            init_url,
-        ]
+        cmd = [sys.executable, "-m", "perfkit.refengine", *argv, "--rank", str(r)]
+        cmd += ["--world-size", str(world_size), "--dist-init", init_url]
         procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env, preexec_fn=hook))
         log.info("started rank %d (pid %d)", r, procs[-1].pid)
     return procs
