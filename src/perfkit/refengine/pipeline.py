@@ -244,12 +244,9 @@ class StagedPipeline(StageTimer):
         frames = align_frames(req.num_frames, self.temporal)
         out.effective_frames = frames
         n_lat = (frames - 1) // self.temporal + 1
-        h_full, w_full = req.height, req.width
-        if self.two_stage:
-            h1 = max(self.spatial, (req.height // 2) // self.spatial * self.spatial)
-            w1 = max(self.spatial, (req.width // 2) // self.spatial * self.spatial)
-        else:
-            h1, w1 = h_full, w_full
+        h1, w1 = req.height, req.width
+        if self.two_stage:  # the first pass at half resolution, a multiple of the VAE's spatial factor
+            h1, w1 = (max(self.spatial, (x // 2) // self.spatial * self.spatial) for x in (h1, w1))
         gen = torch.Generator(device="cpu").manual_seed(req.seed)
         if self.watch is not None:
             self.watch.begin()
