@@ -29,7 +29,6 @@ can point a reader at a fake tree.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,17 +198,27 @@ def _kib_lines(text: str, path: Path, keys: tuple[str, ...]) -> dict[str, int]:
     return found
 
 
+def _read(path: Path, key: str) -> str:
+    """``path``'s text; MemoryReadError naming ``key`` when it cannot be read."""
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise MemoryReadError(path, key, f"not readable: {exc}") from None
+
+
+def _int(text: str, path: Path, key: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise MemoryReadError(path, key, f"not a number: {text!r}") from None
+
+
 def _limit_value(path: Path, key: str) -> int | None:
     """A cgroup limit file: bytes, None for ``max`` / the v1 sentinel. Raises MemoryReadError
     when the content is not a number; FileNotFoundError passes through."""
     text = path.read_text().strip()
-    if text == "max":
-        return None
-    try:
-        v = int(text)
-    except ValueError:
-        raise MemoryReadError(path, key, f"not a number or 'max': {text!r}") from None
-    return None if v >= UNLIMITED_SENTINEL else v
+    v = None if text == "max" else _int(text, path, key)
+    return None if v is None or v >= UNLIMITED_SENTINEL else v
 
 
 class HostMemoryReader:
@@ -371,11 +380,7 @@ class HostMemoryReader:
             MemoryReadError: the file is missing or has no number for MemTotal.
         """
         path = self.proc_root / "meminfo"
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise MemoryReadError(path, "MemTotal", f"not readable: {exc}") from None
-        return _kib_lines(text, path, ("MemTotal",))["MemTotal"] / MIB
+        return _kib_lines(_read(path, "MemTotal"), path, ("MemTotal",))["MemTotal"] / MIB
 
     # ------------------------------------------------------------------ cgroups
     def _v2_root(self) -> Path | None:
@@ -445,27 +450,13 @@ class HostMemoryReader:
                 but not a number (a kernel without memory.peak gives ``peak_mib=None``).
         """
         d = Path(path)
-        cur_f = d / "memory.current"
-        try:
-            text = cur_f.read_text().strip()
-        except OSError as exc:
-            raise MemoryReadError(cur_f, "memory.current", f"not readable: {exc}") from None
-        try:
-            cur = int(text)
-        except ValueError:
-            raise MemoryReadError(cur_f, "memory.current", f"not a number: {text!r}") from None
-        peak_f = d / "memory.peak"
-        try:
-            ptext = peak_f.read_text().strip()
-        except FileNotFoundError:
-            log.debug("%s: not there (kernel < 5.19)", peak_f)
+        cur = _int(
+            _read(d / "memory.current", "memory.current").strip(), d / "memory.current", "memory.current"
+        )
+        if not (d / "memory.peak").exists():
+            log.debug("%s: no memory.peak (kernel < 5.19)", d)
             return CgroupMemory(str(d), cur / MIB, None)
-        except OSError as exc:
-            raise MemoryReadError(peak_f, "memory.peak", f"not readable: {exc}") from None
-        try:
-            peak = int(ptext)
-        except ValueError:
-            raise MemoryReadError(peak_f, "memory.peak", f"not a number: {ptext!r}") from None
+        peak = _int(_read(d / "memory.peak", "memory.peak").strip(), d / "memory.peak", "memory.peak")
         return CgroupMemory(str(d), cur / MIB, peak / MIB)
 
     def cgroup_events(self, path: str | Path) -> dict[str, int]:
@@ -475,18 +466,8 @@ class HostMemoryReader:
             MemoryReadError: the file is not readable or a line is not ``key number``.
         """
         f = Path(path) / "memory.events"
-        try:
-            text = f.read_text()
-        except OSError as exc:
-            raise MemoryReadError(f, "memory.events", f"not readable: {exc}") from None
-        out: dict[str, int] = {}
-        for line in text.splitlines():
-            k, _, v = line.partition(" ")
-            try:
-                out[k] = int(v)
-            except ValueError:
-                raise MemoryReadError(f, k, f"not a number: {v!r}") from None
-        return out
+        lines = (line.partition(" ") for line in _read(f, "memory.events").splitlines())
+        return {k: _int(v, f, k) for k, _, v in lines}
 
     # ------------------------------------------------------------------ budget
     def limits(self) -> list[MemoryLimit]:
@@ -519,8 +500,3 @@ class HostMemoryReader:
 
 #: the reader of this host (real /proc and /sys/fs/cgroup)
 DEFAULT = HostMemoryReader()
-
-
-def is_nan(x: float | None) -> bool:
-    """True for None or NaN."""
-    return x is None or (isinstance(x, float) and math.isnan(x))
