@@ -138,16 +138,22 @@ def is_stage(name: str) -> bool:
 
 
 def _structural(name: str) -> bool:
-    return (
-        is_stage(name)
-        or bool(STEP_RANGE.match(name))
-        or bool(PROFILER_STEP.match(name))
-        or bool(COMPILE_WRAPPER.match(name))
-    )
+    return is_stage(name) or any(r.match(name) for r in (STEP_RANGE, PROFILER_STEP, COMPILE_WRAPPER))
 
 
 def _complete(trace: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+
+
+def _threads(evs: list[dict[str, Any]], cats: tuple[str, ...]) -> dict[tuple[Any, Any], list[dict[str, Any]]]:
+    """(pid, tid) -> its events of ``cats`` by start; at equal starts the longer (enclosing) first."""
+    out: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for e in evs:
+        if e.get("cat") in cats:
+            out.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for events in out.values():
+        events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+    return out
 
 
 def stage_names(trace: dict[str, Any], stages: Sequence[str] | None = None) -> dict[str, str]:
@@ -224,15 +230,10 @@ def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.
     # sglang's layout: ProfilerStep#k is step k; the older one's ProfilerSteps are not steps
     old = any(e.get("cat") == "user_annotation" and STEP_RANGE.match(str(e.get("name", ""))) for e in evs)
     step_re = STEP_RANGE if old else PROFILER_STEP
-    cpu = [e for e in evs if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")]
     rows: list[tuple[Any, ...]] = []
     launch_of: dict[Any, tuple[str, int, bool]] = {}
-    by_tid: dict[Any, list[dict[str, Any]]] = {}
-    for e in cpu:
-        by_tid.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-    for (_, tid), events in by_tid.items():
-        # start order; at equal starts the longer (enclosing) event first
-        events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+    cats = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
+    for (_, tid), events in _threads(evs, cats).items():
         stack: list[tuple[float, dict[str, Any]]] = []  # (end, event)
         for e in events:
             ts, dur = float(e["ts"]), float(e["dur"])
@@ -306,8 +307,8 @@ def median_op_table(traces: list[pd.DataFrame], *, kernels: bool = False) -> pd.
     if not ops:
         return pd.DataFrame(columns=OP_COLUMNS)
     g = pd.DataFrame({"op": ops})
-    g["count"] = [float(np.median([t["count"].get(o, 0) for t in tables])) for o in ops]
-    g["total_ms"] = [float(np.median([t["total_ms"].get(o, 0.0) for t in tables])) for o in ops]
+    for c in ("count", "total_ms"):
+        g[c] = np.median([t[c].reindex(ops, fill_value=0).to_numpy(float) for t in tables], axis=0)
     g["mean_ms"] = g["total_ms"] / g["count"].where(g["count"] > 0)
     g["share"] = g["total_ms"] / g["total_ms"].sum() if g["total_ms"].sum() > 0 else np.nan
     return g.sort_values("total_ms", ascending=False)[OP_COLUMNS].reset_index(drop=True)
@@ -330,10 +331,8 @@ def op_diff(
     ta, tb = table(a), table(b)
     ops = list(dict.fromkeys([*ta.index, *tb.index]))
     out = pd.DataFrame({"op": ops})
-    out["count_a"] = [float(ta["count"].get(o, 0)) for o in ops]
-    out["count_b"] = [float(tb["count"].get(o, 0)) for o in ops]
-    out["ms_a"] = [float(ta["total_ms"].get(o, 0.0)) for o in ops]
-    out["ms_b"] = [float(tb["total_ms"].get(o, 0.0)) for o in ops]
+    for c, side, t in (("count", "a", ta), ("count", "b", tb), ("total_ms", "a", ta), ("total_ms", "b", tb)):
+        out[f"{'ms' if c == 'total_ms' else c}_{side}"] = t[c].reindex(ops, fill_value=0).to_numpy(float)
     out["delta_ms"] = out["ms_b"] - out["ms_a"]
     total = float(np.abs(out["delta_ms"]).sum())
     out["delta_share"] = np.abs(out["delta_ms"]) / total if total > 0 else np.nan
@@ -439,12 +438,7 @@ def overhead_table(
         return pd.DataFrame(columns=OVERHEAD_COLUMNS)
     # top-level ops per thread (the same nesting rule as op_events)
     tops: dict[tuple[Any, Any], list[tuple[float, float]]] = {}
-    by_tid: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
-    for e in evs:
-        if e.get("cat") in ("cpu_op", "user_annotation"):
-            by_tid.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-    for key, events in by_tid.items():
-        events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+    for key, events in _threads(evs, ("cpu_op", "user_annotation")).items():
         end_of_top = -math.inf
         for e in events:
             if _structural(str(e.get("name", ""))):
