@@ -27,6 +27,7 @@ kept as None ("not measured"); nothing defaults to 0.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,8 +48,6 @@ from perfkit.readings.records import (
 
 #: Keys every dump has (``dump_benchmark_report`` writes them unconditionally).
 REQUIRED_KEYS = ("request_id", "total_duration_ms", "steps")
-#: The keys of the newest layout.
-NEWER_KEYS = ("denoise_steps_ms", "memory_checkpoints")
 
 
 @dataclass
@@ -114,6 +113,7 @@ def perf_dump_from_dict(obj: Any) -> PerfDump:
             string, NaN, negative number, ...).
     """
     rid, stages = read_head(obj, "dump", REQUIRED_KEYS, "steps", "is missing (not an sglang perf dump?)")
+    # absent (older layout): None; present, as sglang writes it (null refused)
     denoise = (
         read_step_list(obj["denoise_steps_ms"], "denoise_steps_ms") if "denoise_steps_ms" in obj else None
     )
@@ -269,13 +269,13 @@ def _stage_status(b: float | None, n: float | None) -> str:
     return "slower" if n > upper else "faster" if n < lower else "similar"
 
 
+_STEP_NAME = re.compile(r"^denoising_step_(\d+)$")
+
+
 def _grouped(d: PerfDump) -> tuple[dict[str, float | None], list[str], dict[str, int]]:
     """Stage durations with ``denoising_step_<i>`` entries (and ``denoise_steps_ms``) summed into
     one ``Denoising Loop`` row, as compare_perf.py's ``consolidate_steps`` does; a null part
     makes the sum None."""
-    import re
-
-    pat = re.compile(r"^denoising_step_(\d+)$")
     dur: dict[str, float | None] = {}
     counts: dict[str, int] = {}
     order: list[str] = []
@@ -283,7 +283,7 @@ def _grouped(d: PerfDump) -> tuple[dict[str, float | None], list[str], dict[str,
     if d.denoise_steps:
         items += [(f"denoising_step_{i}", ms) for i, ms in enumerate(d.denoise_steps)]
     for name, ms in items:
-        key = DENOISING_LOOP if pat.match(name) else name
+        key = DENOISING_LOOP if _STEP_NAME.match(name) else name
         if key not in dur:
             dur[key], counts[key] = 0.0, 0
             order.append(key)
@@ -303,26 +303,19 @@ def compare_dumps(before: PerfDump, after: PerfDump) -> DumpComparison:
     Differences from compare_perf.py, on purpose: a missing or null value is "not measured"
     (shown as "–", never judged) where compare_perf.py reads it as 0.
     """
-    b_e2e, n_e2e = before.total_duration_ms, after.total_duration_ms
-    if b_e2e is None or n_e2e is None:
-        e2e = DumpRow("E2E Latency", b_e2e, n_e2e, "not measured")
-    else:
-        pct = 0.0 if b_e2e == 0 else (n_e2e - b_e2e) / b_e2e * 100.0
-        status = "faster" if pct < -E2E_STATUS_PCT else "slower" if pct > E2E_STATUS_PCT else "similar"
-        e2e = DumpRow("E2E Latency", b_e2e, n_e2e, status)
+    e2e = DumpRow("E2E Latency", before.total_duration_ms, after.total_duration_ms, "not measured")
+    if e2e.pct is not None:
+        e2e.status = (
+            "faster" if e2e.pct < -E2E_STATUS_PCT else "slower" if e2e.pct > E2E_STATUS_PCT else "similar"
+        )
     b_dur, b_order, b_cnt = _grouped(before)
     n_dur, n_order, n_cnt = _grouped(after)
     names = list(n_order) + [x for x in b_order if x not in n_order]
     rows: list[DumpRow] = []
     for name in names:
         b, n = b_dur.get(name), n_dur.get(name)
-        row = DumpRow(
-            name,
-            b,
-            n,
-            _stage_status(b, n),
-            (b_cnt.get(name, 0), n_cnt.get(name, 0)) if name == DENOISING_LOOP else None,
-        )
+        steps = (b_cnt.get(name, 0), n_cnt.get(name, 0)) if name == DENOISING_LOOP else None
+        row = DumpRow(name, b, n, _stage_status(b, n), steps)
         d = row.diff
         if d is None or abs(d) > STAGE_SHOW_DIFF_MS or b > STAGE_SHOW_MS or n > STAGE_SHOW_MS:
             rows.append(row)
