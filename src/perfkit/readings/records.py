@@ -80,11 +80,8 @@ class RecordError(ValueError):
         super().__init__(self._text())
 
     def _text(self) -> str:
-        where = ""
-        if self.source:
-            where = f"{self.source}"
-        if self.line:
-            where = f"{where}:{self.line}" if where else f"line {self.line}"
+        line = self.line and (f"{self.source}:{self.line}" if self.source else f"line {self.line}")
+        where = line or self.source
         return f"{where + ': ' if where else ''}key {self.key!r}: {self.problem}"
 
     def located(self, source: str | None = None, line: int | None = None) -> "RecordError":
@@ -118,10 +115,7 @@ def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
     returns a default.
     """
     t = type(value)
-    if t is float:  # the common case first (NaN fails every comparison)
-        if 0.0 <= value <= MAX_READING:
-            return value
-    elif t is int and 0 <= value <= MAX_READING:
+    if (t is float or t is int) and 0 <= value <= MAX_READING:  # the common case (NaN fails it)
         return float(value)
     if value is None:
         if nullable:
@@ -129,17 +123,13 @@ def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
         raise RecordError(key, "is null, expected a number")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RecordError(key, f"{value!r} ({type(value).__name__}) is not a number")
-    if isinstance(value, int):  # float() of 400 digits overflows: say what it is
-        what = "is negative" if value < 0 else f"is above {MAX_READING:g} (no ms or MiB value is that large)"
-        raise RecordError(key, f"{short_repr(value)} {what}")
-    f = float(value)
-    if math.isnan(f) or math.isinf(f):
+    if isinstance(value, float) and not math.isfinite(value):
         raise RecordError(key, f"{value!r} is not a finite number")
-    if f < 0:
-        raise RecordError(key, f"{value!r} is negative")
-    if f > MAX_READING:
-        raise RecordError(key, f"{value!r} is above {MAX_READING:g} (no ms or MiB value is that large)")
-    return f
+    if 0 <= value <= MAX_READING:  # a subclass of int or float (numpy's float64)
+        return float(value)
+    # an int of 400 digits would overflow float(): short_repr says what it is
+    what = "is negative" if value < 0 else f"is above {MAX_READING:g} (no ms or MiB value is that large)"
+    raise RecordError(key, f"{short_repr(value)} {what}")
 
 
 def read_optional_str(obj: dict[str, Any], key: str) -> str | None:
@@ -348,31 +338,28 @@ class PerfRecord:
                 not what sglang writes.
         """
         try:
-            return cls._from_dict(obj, line_no)
+            rid, stages = read_head(
+                obj, "record", ("request_id", "stages", "steps", "total_duration_ms"), "stages"
+            )
+            steps = read_step_list(obj["steps"])
+            snaps = obj.get("memory_snapshots")
+            pk = obj.get("perfkit")
+            if pk is not None and not isinstance(pk, dict):
+                raise RecordError("perfkit", f"{pk!r} is not an object")
+            if pk:
+                read_perfkit_block(pk)
+            strs = {k: read_optional_str(obj, k) for k in ("timestamp", "commit_hash", "tag")}
+            total = read_number(obj["total_duration_ms"], "total_duration_ms")
+            snapshots = read_memory_map(snaps, "memory_snapshots") if snaps is not None else {}
         except RecordError as exc:
             raise exc.located(line=line_no or None) from None
-
-    @classmethod
-    def _from_dict(cls, obj: Any, line_no: int) -> "PerfRecord":
-        rid, stages = read_head(
-            obj, "record", ("request_id", "stages", "steps", "total_duration_ms"), "stages"
-        )
-        steps = read_step_list(obj["steps"])
-        snaps = obj.get("memory_snapshots")
-        pk = obj.get("perfkit")
-        if pk is not None and not isinstance(pk, dict):
-            raise RecordError("perfkit", f"{pk!r} is not an object")
-        if pk:
-            read_perfkit_block(pk)
         return cls(
             request_id=rid,
-            timestamp=read_optional_str(obj, "timestamp"),
-            commit_hash=read_optional_str(obj, "commit_hash"),
-            tag=read_optional_str(obj, "tag"),
+            **strs,
             stages=stages,
             steps=steps,
-            total_duration_ms=read_number(obj["total_duration_ms"], "total_duration_ms"),
-            memory_snapshots=read_memory_map(snaps, "memory_snapshots") if snaps is not None else {},
+            total_duration_ms=total,
+            memory_snapshots=snapshots,
             perfkit=dict(pk or {}),
             raw=obj,
             line_no=line_no,
@@ -508,18 +495,9 @@ def parse_lines(
     source: str | None = None,
     strict: bool = False,
 ) -> ParseReport:
-    """Parse performance.log lines (sglang's layout, see the module doc).
-
-    Args:
-        lines: the file's lines (with or without newlines; bytes are decoded strictly).
-        partial_last: treat an unterminated, unparsable last line as still being written
-            (skipped silently) rather than malformed.
-        source: the file name, for messages.
-        strict: raise :class:`RecordError` for the first malformed line instead of skipping it.
-
-    A skipped line's reason names the file, the line and the key; nothing is read as 0. A
-    refused line that still names its request is in :attr:`ParseReport.rejected`.
-    """
+    """Parse performance.log lines (with or without newlines; bytes decoded strictly) into a
+    :class:`ParseReport`; ``partial_last``, ``source`` and ``strict`` as in
+    :func:`iter_lines_report`."""
     return _collect(iter_lines_report(lines, source=source, strict=strict, partial_last=partial_last))
 
 
@@ -600,6 +578,6 @@ def lookup(path: str | Path, request_id: str) -> PerfRecord | RecordError | None
     it (file:line and key); None when no line names it yet."""
     found: PerfRecord | RecordError | None = None
     for it in iter_perf_log(path):
-        if (it.request_id if isinstance(it, (PerfRecord, RecordError)) else None) == request_id:
+        if it.request_id == request_id:
             found = it
     return found
