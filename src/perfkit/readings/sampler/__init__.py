@@ -11,7 +11,7 @@
     the launch, see :func:`device_used_mib`), when NVML does not list the engine (inside
     containers NVML reports host pids) or its per-process figure cannot be true: NVML's "not
     available" value, 0 while the device's used memory grew by more than
-    :data:`IMPLAUSIBLE_GROWTH_MIB` since before the launch, or more than the device has (a
+    :data:`~perfkit.readings.sampler.timeline.IMPLAUSIBLE_GROWTH_MIB` since before the launch, or more than the device has (a
     warning is logged once per sampler);
   - ``none``: no NVML (NaN).
 - ``host_pss_mib`` / ``host_uss_mib``: PSS and USS summed over the process tree (the one reader,
@@ -32,57 +32,36 @@ CPU cost is measured (:attr:`MemorySampler.cpu_seconds`, :meth:`MemorySampler.ov
 
 The package: :mod:`perfkit.readings.sampler.timeline` (the sampler) and
 :mod:`perfkit.readings.sampler.nvml` (NVML: sources, devices, ``CUDA_VISIBLE_DEVICES`` resolved
-by UUID); their public names are re-exported here.
+by UUID); the names other modules use are re-exported here.
 """
 
 from __future__ import annotations
 
 from perfkit.readings.sampler.nvml import (
-    MIB,
     NAN,
     NVML_NOT_AVAILABLE,
     POWER_REASONS,
-    THERMAL_REASONS,
     DeviceReading,
     GpuRef,
     GpuResolveError,
-    NvmlSource,
     PynvmlSource,
     device_used_mib,
-    nvml_inventory,
     resolve_visible_gpus,
 )
-from perfkit.readings.sampler.timeline import (
-    COLUMNS,
-    DEVICE_SOURCES,
-    IMPLAUSIBLE_GROWTH_MIB,
-    NUMERIC,
-    PSS_ENV,
-    MemorySampler,
-    pss_enabled,
-    tree_pids,
-)
+from perfkit.readings.sampler.timeline import COLUMNS, PSS_ENV, MemorySampler, pss_enabled
 
 __all__ = [
     "COLUMNS",
-    "DEVICE_SOURCES",
     "DeviceReading",
     "GpuRef",
     "GpuResolveError",
-    "IMPLAUSIBLE_GROWTH_MIB",
-    "MIB",
     "MemorySampler",
     "NAN",
-    "NUMERIC",
     "NVML_NOT_AVAILABLE",
-    "NvmlSource",
     "POWER_REASONS",
     "PSS_ENV",
     "PynvmlSource",
-    "THERMAL_REASONS",
-    "pss_enabled",
     "device_used_mib",
-    "nvml_inventory",
+    "pss_enabled",
     "resolve_visible_gpus",
-    "tree_pids",
 ]

@@ -1,6 +1,5 @@
 """The memory timeline: :class:`MemorySampler` (a background thread sampling an engine's device
-and host memory, SM clock, power and clock-event reasons), its columns (:data:`COLUMNS`) and the
-engine's process tree (:func:`tree_pids`); see :mod:`perfkit.readings.sampler`.
+and host memory, SM clock, power and clock-event reasons), its columns (:data:`COLUMNS`) ; see :mod:`perfkit.readings.sampler`.
 """
 
 from __future__ import annotations
@@ -44,7 +43,6 @@ COLUMNS = (
 )
 #: numeric columns (all but ``device_source``)
 NUMERIC = tuple(c for c in COLUMNS if c != "device_source")
-DEVICE_SOURCES = ("nvml-process", "nvml-device-delta", "none")
 #: a per-process NVML figure of 0 while the device grew by more than this (MiB) is not true
 IMPLAUSIBLE_GROWTH_MIB = 256.0
 
@@ -77,11 +75,6 @@ def pss_enabled(environ: dict[str, str] | None = None) -> bool:
     )
 
 
-def tree_pids(root: int) -> list[int]:
-    """``root`` and its descendants (see :meth:`HostMemoryReader.tree_pids`)."""
-    return _DEFAULT_READER.tree_pids(root)
-
-
 class MemorySampler:
     """Background memory sampler of an engine process tree.
 
@@ -99,16 +92,11 @@ class MemorySampler:
         pss_duty: the largest fraction of wall time spent reading ``smaps_rollup`` (default
             :data:`PSS_DUTY`).
 
-    Host PSS and USS come from ``smaps_rollup``, whose read walks the engine's page tables under
-    its mmap lock: the engine's own ``mmap``/``munmap`` wait meanwhile. On the H200 (issue 42,
-    ``examples/h200/evidence/README.md``) reading PSS every 0.1 s of a 17 GiB process tree
-    (~35 ms a read, 200 ms while it compiles) made a capped engine's recompile 4.96x slower (323 s against 65 s with
-    ``statm``) and its warm requests 24 % slower. So PSS is read at most ``pss_duty`` of the wall
-    time: after a read that took ``c`` s the next waits ``c / pss_duty`` s, and the samples in
-    between read ``statm`` (RSS and anonymous every sample; PSS and USS NaN there, never a carried
-    value). A small tree (a read under ``pss_duty * interval_s``) gets PSS at every sample. The
-    environment variable ``PERFKIT_SAMPLER_PSS`` set to ``0``/``false``/``no``/``off`` turns PSS off
-    (``statm`` only); see :func:`pss_enabled`.
+    Host PSS and USS (``smaps_rollup``: its read stalls the engine's mmap, see
+    :data:`~perfkit.readings.memory.PSS_DUTY`) are read at most ``pss_duty`` of the wall time:
+    after a read that took ``c`` s the next waits ``c / pss_duty`` s, and the samples between read
+    ``statm`` (RSS and anonymous; PSS and USS NaN, never a carried value). :func:`pss_enabled`
+    (``PERFKIT_SAMPLER_PSS``) turns PSS off.
 
     Use as a context manager or call :meth:`start`/:meth:`stop`. :meth:`to_frame` gives the
     samples as a DataFrame with columns :data:`COLUMNS`.
@@ -147,7 +135,7 @@ class MemorySampler:
         self.cgroup_path = Path(cgroup_path) if cgroup_path is not None else None
         self.nvml: NvmlSource = nvml if nvml is not None else PynvmlSource()
         self.reader = reader or _DEFAULT_READER
-        #: source of the last sample's device figure (one of :data:`DEVICE_SOURCES`)
+        #: source of the last sample's device figure (``nvml-process``, ``nvml-device-delta`` or ``none``)
         self.device_source = "none"
         self.cpu_seconds = 0.0
         self.t_started: float | None = None
@@ -396,15 +384,10 @@ class MemorySampler:
     def peak(self) -> dict[str, float]:
         """Numeric column -> max over the samples (NaN when none)."""
         rows = self.samples
-        out = {}
-        for i, c in enumerate(COLUMNS):
-            if c not in NUMERIC or c == "t":
-                continue
-            if c == "clock_event_reasons":
-                continue
-            vals = [r[i] for r in rows if not math.isnan(r[i])]
-            out[c] = max(vals) if vals else NAN
-        return out
+        cols = [
+            (i, c) for i, c in enumerate(COLUMNS) if c in NUMERIC and c not in ("t", "clock_event_reasons")
+        ]
+        return {c: max((r[i] for r in rows if not math.isnan(r[i])), default=NAN) for i, c in cols}
 
     def overhead_pct(self) -> float:
         """CPU time used by the sampler thread as a % of one core over its running time."""
