@@ -23,15 +23,6 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-__all__ = [
-    "EngineConfig",
-    "NOT_REPORTED",
-    "from_record",
-    "from_sglang_log",
-    "effective_config",
-    "server_args",
-]
-
 log = logging.getLogger(__name__)
 
 #: ``config_source`` when the engine reported nothing readable
@@ -83,10 +74,6 @@ def _opt_bool(value: Any) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def _opt_int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _opt_str(value: Any) -> str | None:
     return str(value) if value not in (None, "") else None
 
@@ -101,18 +88,15 @@ def from_record(perfkit: Mapping[str, Any]) -> EngineConfig | None:
     """
     if "compile_active" not in perfkit and "compile" not in perfkit:
         return None
-    active = perfkit.get("compile_active", perfkit.get("compile"))
+    limit = perfkit.get("recompile_limit")
+    strs = ("compile_backend", "compile_disabled_reason", "attention_backend", "dtype", "device")
     return EngineConfig(
         config_source="engine record",
         compile_requested=_opt_bool(perfkit.get("compile_requested")),
-        compile_active=_opt_bool(active),
-        compile_backend=_opt_str(perfkit.get("compile_backend")),
-        compile_disabled_reason=_opt_str(perfkit.get("compile_disabled_reason")),
-        recompile_limit=_opt_int(perfkit.get("recompile_limit")),
-        attention_backend=_opt_str(perfkit.get("attention_backend")),
-        dtype=_opt_str(perfkit.get("dtype")),
+        compile_active=_opt_bool(perfkit.get("compile_active", perfkit.get("compile"))),
+        recompile_limit=limit if type(limit) is int else None,
         offload=_offload_text(perfkit.get("offload")),
-        device=_opt_str(perfkit.get("device")),
+        **{k: _opt_str(perfkit.get(k)) for k in strs},
     )
 
 
