@@ -40,7 +40,6 @@ from typing import Any, Optional
 import pandas as pd
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -65,7 +64,6 @@ class MemSnapshotError(ValueError):
 class Frame(BaseModel):
     """One Python (or C++) frame: function ``name``, ``filename``, ``line``."""
 
-    model_config = ConfigDict(extra="ignore")
     name: str
     filename: str
     line: int
@@ -103,44 +101,42 @@ MAX_BUILD_BYTES = 2**30
 _MODEL_BYTES = 600  # a validated Block / TraceEntry (measured: 545 B with an empty stack)
 
 
-class Block(BaseModel):
-    """A block inside a segment (bytes)."""
+class _Framed(BaseModel):
+    """A block or event: ``size`` (bytes, at most :data:`MAX_SIZE`) and its allocation stack."""
 
-    model_config = ConfigDict(extra="ignore")
-    address: int
     size: int = Field(ge=0, le=MAX_SIZE)
-    requested_size: Optional[int] = None
-    state: str
     frames: list[Frame] = Field(default_factory=list)
     _frames = field_validator("frames", mode="wrap")(_shared_frames)
+
+
+class Block(_Framed):
+    """A block inside a segment (bytes)."""
+
+    address: int
+    requested_size: Optional[int] = None
+    state: str
 
 
 class Segment(BaseModel):
     """One cudaMalloc'd segment of the caching allocator (bytes)."""
 
-    model_config = ConfigDict(extra="ignore")
     device: int
     address: int
     total_size: int = Field(ge=0, le=MAX_SIZE)
     blocks: list[Block]
 
 
-class TraceEntry(BaseModel):
+class TraceEntry(_Framed):
     """One allocator event (``time_us``: epoch microseconds)."""
 
-    model_config = ConfigDict(extra="ignore")
     action: str
     addr: int
-    size: int = Field(ge=0, le=MAX_SIZE)
     time_us: Optional[int] = None
-    frames: list[Frame] = Field(default_factory=list)
-    _frames = field_validator("frames", mode="wrap")(_shared_frames)
 
 
 class SnapshotFile(BaseModel):
     """torch's snapshot dict (keys perfkit reads; others are kept out)."""
 
-    model_config = ConfigDict(extra="ignore")
     segments: list[Segment]
     device_traces: list[list[TraceEntry]] = Field(default_factory=list)
 

@@ -6,6 +6,7 @@ devices (:func:`nvml_inventory`), ``CUDA_VISIBLE_DEVICES`` resolved to them by U
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -20,12 +21,11 @@ NAN = float("nan")
 NVML_NOT_AVAILABLE = 2**64 - 1
 
 _nvml_lock = threading.Lock()
-_nvml_refs = 0
 
 
 def _nvml_init() -> Any | None:
-    """pynvml module when NVML works here, else None (reference counted; pair with _nvml_shutdown)."""
-    global _nvml_refs
+    """pynvml module when NVML works here, else None (NVML counts the inits; pair with
+    _nvml_shutdown)."""
     try:
         import pynvml
     except ImportError:
@@ -36,18 +36,12 @@ def _nvml_init() -> Any | None:
         except Exception as exc:  # noqa: BLE001 - no driver / no GPU is normal
             log.debug("NVML not available: %s", exc)
             return None
-        _nvml_refs += 1
         return pynvml
 
 
 def _nvml_shutdown(nv: Any) -> None:
-    global _nvml_refs
-    with _nvml_lock:
-        try:
-            nv.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
-        _nvml_refs = max(0, _nvml_refs - 1)
+    with _nvml_lock, contextlib.suppress(Exception):
+        nv.nvmlShutdown()
 
 
 def _indices(gpu_index: int | Sequence[int]) -> list[int]:
