@@ -221,6 +221,18 @@ def _limit_value(path: Path, key: str) -> int | None:
     return None if v is None or v >= UNLIMITED_SENTINEL else v
 
 
+def _proc_file(path: Path, key: str) -> str | None:
+    """A /proc file's text; None when its process vanished (gone, or ESRCH mid-read: logged at
+    debug). Raises MemoryReadError naming ``key`` when it is there but not readable."""
+    try:
+        return path.read_text()
+    except PermissionError as exc:
+        raise MemoryReadError(path, key, f"not readable: {exc}") from None
+    except OSError as exc:
+        log.debug("%s: process vanished before it was read (%s)", path, exc)
+        return None
+
+
 class HostMemoryReader:
     """Reads host memory figures from ``proc_root`` (``/proc``) and ``cgroup_root``
     (``/sys/fs/cgroup``).
@@ -295,15 +307,8 @@ class HostMemoryReader:
         """
         if pss and self.has_smaps_rollup():
             path = self.proc_root / str(pid) / "smaps_rollup"
-            try:
-                text = path.read_text()
-            except (FileNotFoundError, ProcessLookupError):
-                log.debug("pid %d vanished before %s was read", pid, path)
-                return None
-            except PermissionError as exc:
-                raise MemoryReadError(path, "Pss", f"not readable: {exc}") from None
-            except OSError as exc:  # ESRCH on a process that exited during the read
-                log.debug("pid %d vanished while %s was read: %s", pid, path, exc)
+            text = _proc_file(path, "Pss")
+            if text is None:
                 return None
             if not text.strip():  # a zombie (or a kernel thread) has no memory map
                 log.debug("pid %d has an empty %s (zombie or exited): skipped", pid, path)
@@ -318,13 +323,10 @@ class HostMemoryReader:
                 source="smaps_rollup",
             )
         path = self.proc_root / str(pid) / "statm"
-        try:
-            fields = path.read_bytes().split()
-        except (FileNotFoundError, ProcessLookupError):
-            log.debug("pid %d vanished before %s was read", pid, path)
+        text = _proc_file(path, "resident")
+        if text is None:
             return None
-        except PermissionError as exc:
-            raise MemoryReadError(path, "resident", f"not readable: {exc}") from None
+        fields = text.split()
         try:
             resident, shared = int(fields[1]), int(fields[2])
         except (IndexError, ValueError):
