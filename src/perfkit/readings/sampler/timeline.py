@@ -1,5 +1,5 @@
 """The memory timeline: :class:`MemorySampler` (a background thread sampling an engine's device
-and host memory, SM clock, power and clock-event reasons), its columns (:data:`COLUMNS`) ; see :mod:`perfkit.readings.sampler`.
+and host memory, SM clock, power and clock-event reasons), its columns (:data:`COLUMNS`); see :mod:`perfkit.readings.sampler`.
 """
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import operator
 import os
 import threading
 import time
@@ -279,29 +280,27 @@ class MemorySampler:
         self._clocks = (NAN, NAN, None)
         if not self._nvml_ok:
             return NAN, NAN, "none"
-        tree = set(self._tree)
-        per_proc = 0.0
-        matched = False
-        bad: list[str] = []
-        used = total = 0.0
-        utils = []
-        clocks: list[float] = []
-        watts: list[float] = []
-        reasons: list[int] = []
+        devs = []
         for i in self.gpu_indices:
             try:
-                d = self.nvml.device(i)
+                devs.append(self.nvml.device(i))
             except Exception as exc:  # noqa: BLE001
                 self._error_once(f"NVML device {i} not read: {exc}")
                 return NAN, NAN, "none"
-            used += d.used_bytes / MIB
-            total += d.total_bytes / MIB
-            if not math.isnan(d.util_pct):
-                utils.append(d.util_pct)
-            clocks.append(d.sm_clock_mhz)
-            watts.append(d.power_w)
-            if d.clock_event_reasons is not None:
-                reasons.append(int(d.clock_event_reasons))
+        used = sum(d.used_bytes for d in devs) / MIB
+        total = sum(d.total_bytes for d in devs) / MIB
+        utils = [d.util_pct for d in devs if not math.isnan(d.util_pct)]
+        util = sum(utils) / len(utils) if utils else NAN
+        clocks = [d.sm_clock_mhz for d in devs]
+        reasons = [d.clock_event_reasons for d in devs]
+        self._clocks = (  # a NaN part makes the figure NaN (sum does that itself)
+            min(clocks) if devs and not any(map(math.isnan, clocks)) else NAN,
+            sum(d.power_w for d in devs) if devs else NAN,
+            functools.reduce(operator.or_, map(int, reasons)) if devs and None not in reasons else None,
+        )
+        tree = set(self._tree)
+        per_proc, matched, bad = 0.0, False, []
+        for i in self.gpu_indices:
             try:
                 procs = self.nvml.processes(i)
             except Exception as exc:  # noqa: BLE001
@@ -315,13 +314,6 @@ class MemorySampler:
                     bad.append(f"pid {pid} on device {i}: usedGpuMemory not available")
                 else:
                     per_proc += mem / MIB
-        util = sum(utils) / len(utils) if utils else NAN
-        n = len(self.gpu_indices)
-        self._clocks = (
-            min(clocks) if clocks and not any(math.isnan(c) for c in clocks) else NAN,
-            sum(watts) if watts and not any(math.isnan(w) for w in watts) else NAN,
-            functools.reduce(lambda a, b: a | b, reasons) if len(reasons) == n and n else None,
-        )
         base = self.baseline_device_mib
         has_base = base is not None and not math.isnan(base)
         delta = max(0.0, used - base) if has_base else used
