@@ -24,26 +24,14 @@ the request: ``dynamo_timed`` name -> ms, nested), ``recompile_limit_hit`` (bool
 ``host_rss_mib``, ``host_anon_mib``, ``device``, ``placement``, ``stage_peak_allocated_mb``
 and ``stage_peak_reserved_mb`` (stage -> MiB), ``stage_spans`` (list of {name, t_start,
 t_end}, epoch seconds), ``t_start``/``t_end`` (epoch seconds), ``refinement_steps`` (ms),
-``status`` and ``error``. The numbers perfkit reads from it (compile counts and ms, compile
-phase times, the recompile-limit flag, host RSS) are checked like sglang's (:func:`read_perfkit_block`); an absent
-key is "not reported" (NA in the tables, never 0): sglang's records have no ``perfkit`` block.
+``status`` and ``error``; the numbers perfkit reads from it are checked
+(:func:`read_perfkit_block`).
 
-Reading rules (no number is ever invented): every timing and memory value is returned as
-written or rejected with :class:`RecordError`, which names the file, the line and the key. A
-stage entry names its time ``execution_time_ms`` (sglang's ``performance.log``) or
-``duration_ms`` (sglang's ``--perf-dump-path`` JSON), exactly those; ``steps`` holds numbers or
-``{"step": i, "duration_ms": ms}`` objects. JSON ``null`` means "not measured" and is kept as
-``None``. Strings, booleans, NaN, infinities and negative numbers are errors, never 0.
-
-Unknown fields are kept in :attr:`PerfRecord.raw`. :func:`parse_lines` / :func:`read_perf_log`
-report a malformed line with its file, line number and key and skip it (``strict=True``
-raises instead); an unterminated last line is taken as still being written. A refused line
-that still names its request is in :attr:`ParseReport.rejected`, so that the caller fails that
-request with the reason instead of reading it as measured.
-
-Files are streamed (:func:`iter_perf_log`: one line in memory at a time) and decoded strictly:
-a line that is not UTF-8 (a stage name of stray bytes) is refused naming its line and byte,
-never read with U+FFFD replacement characters.
+Reading rules: every value is as written or a :class:`RecordError` naming the file, the line
+and the key (:func:`read_number`); JSON null is None ("not measured"), never 0. Files are
+streamed a line at a time and decoded strictly (:func:`iter_lines_report`); a refused line that
+still names its request is in :attr:`ParseReport.rejected`, so that the caller fails that
+request instead of reading it as measured.
 """
 
 from __future__ import annotations
@@ -222,17 +210,13 @@ PERFKIT_NUMBER_KEYS = ("compile_ms", "host_rss_mib", "host_anon_mib")
 
 
 def read_perfkit_block(pk: dict[str, Any]) -> None:
-    """Check the reference engine's ``perfkit`` block where perfkit reads numbers from it: the
-    counts (:data:`PERFKIT_COUNT_KEYS`: whole numbers >= 0), the ms and MiB values
-    (:data:`PERFKIT_NUMBER_KEYS`), ``recompile_limit_hit`` (a bool), ``recompile_reasons`` (a
-    list of strings) and ``compile_phases_ms`` (an object of torch timer name -> ms, each a number
-    as :func:`read_number` takes it). A key that is absent or null is "not reported" (the
-    requests table holds NA there, never 0 or False: sglang's records have no ``perfkit`` block at
-    all).
+    """Check the ``perfkit`` block where perfkit reads numbers: :data:`PERFKIT_COUNT_KEYS` whole
+    numbers >= 0, :data:`PERFKIT_NUMBER_KEYS` (:func:`read_number`), ``recompile_limit_hit`` a
+    bool, ``recompile_reasons`` a list of strings, ``compile_phases_ms`` torch timer name -> ms.
+    Absent or null is "not reported" (NA in the tables, never 0 or False).
 
     Raises:
-        RecordError: naming ``perfkit.<key>`` (``perfkit.compile_phases_ms.<name>`` for one
-            phase) for a value that is none of these.
+        RecordError: naming ``perfkit.<key>`` (``perfkit.compile_phases_ms.<name>``).
     """
     for key in PERFKIT_COUNT_KEYS:
         v = read_number(pk.get(key), f"perfkit.{key}")
@@ -325,13 +309,10 @@ class PerfRecord:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any], line_no: int = 0) -> "PerfRecord":
-        """Build from a parsed ``performance.log`` object (sglang ``RequestPerfRecord``, written by
-        ``PerformanceLogger.log_request_summary`` in ``multimodal_gen/runtime/utils/perf_logger.py``).
-
-        ``request_id``, ``stages``, ``steps`` and ``total_duration_ms`` must be there (sglang always
-        writes them); ``total_duration_ms`` and any time may be null (kept as None).
-        ``memory_snapshots`` may be absent (older sglang). See :func:`read_stage_entry` and
-        :func:`read_step_list` for the accepted stage and step shapes.
+        """Build from a parsed ``performance.log`` object (sglang's ``RequestPerfRecord``, written
+        by ``PerformanceLogger.log_request_summary``, ``multimodal_gen/runtime/utils/perf_logger.py``):
+        ``request_id``, ``stages``, ``steps`` and ``total_duration_ms`` must be there, any time may
+        be null (None), ``memory_snapshots`` may be absent (older sglang).
 
         Raises:
             RecordError: naming the key (and ``line_no`` when given) of the first value that is

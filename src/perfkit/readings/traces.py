@@ -191,13 +191,11 @@ def _denoising_name(names: dict[str, str], stages: Sequence[str] | None) -> str:
 
 def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
     """The trace's denoising-step ranges (:data:`STEP_COLUMNS`), in order: ``step`` (the
-    denoising step index), ``name`` (the range), ``ts_us``, ``dur_ms``, ``warmup_step`` and
-    ``tail``. Older layout: the ``denoising_step_{i}`` ranges (step ``i``; never warm-up or
-    tail). sglang's layout: ``ProfilerStep#k`` (step ``k``); in an ``N_steps`` trace N+1 of
-    them, ``ProfilerStep#1`` flagged ``warmup_step`` (sglang's ``num_active_steps = N +
-    warmup``, ``runtime/utils/profiler.py``), and one in which a ``STAGE`` range starts flagged
-    ``tail`` (the request's steps ran out: it holds the end of the denoising stage and what
-    followed, e.g. ``STAGE decoding_stage``). Empty in a full_stages trace."""
+    denoising step index), ``name``, ``ts_us``, ``dur_ms``, ``warmup_step`` and ``tail``. Older
+    layout: ``denoising_step_{i}`` (step ``i``). sglang's: ``ProfilerStep#k`` (step ``k``;
+    ``ProfilerStep#1`` is ``warmup_step``, module doc), ``tail`` when a ``STAGE`` range starts in
+    it (the steps ran out: it holds what followed, e.g. ``STAGE decoding_stage``). Empty in a
+    full_stages trace."""
     ann = [e for e in _complete(trace) if e.get("cat") == "user_annotation"]
     old = [e for e in ann if STEP_RANGE.match(str(e.get("name", "")))]
     stage_starts = [float(e["ts"]) for e in ann if STAGE_RANGE.match(str(e.get("name", "")))]
@@ -384,18 +382,14 @@ def overhead_table(
 
     Definitions (times in ms, on the trace's clock):
 
-    - ``window_ms``: the stage's wall time in the trace: the union of its stage ranges (named
-      by :func:`stage_names` with ``stages``, the request's performance.log stage names,
-      optional); in a steps-only trace (``{N}_steps``: recording starts inside the denoising
-      stage, so its range is not in the trace) the denoising stage's window is the union of the
-      recorded step ranges (:func:`step_ranges`: ``ProfilerStep#k``, each cut where a stage
-      range starts inside it; older layout: ``denoising_step_{i}``), sglang's warm-up step
-      included.
+    - ``window_ms``: the union of the stage's ranges (named by :func:`stage_names` with
+      ``stages``); in a steps-only trace the denoising stage's is the union of the step ranges
+      (:func:`step_ranges`, each cut where a stage range starts inside it; the warm-up step
+      included).
     - ``op_ms``: the part of the window covered by top-level ops (:func:`op_events`) on the
       thread that ran the stage range (the union of their intervals: parallel ops count once).
-    - ``cpu_overhead_ms`` = ``window_ms`` − ``op_ms``: the stage's wall time not covered by any
-      top-level op, i.e. Python and framework time between ops (scheduling, Python glue, the
-      pipeline's own code); ``cpu_overhead_share`` = that / ``window_ms``.
+    - ``cpu_overhead_ms`` = ``window_ms`` − ``op_ms``: Python and framework time between ops;
+      ``cpu_overhead_share`` = that / ``window_ms``.
     - ``launch_ms``: time in CUDA runtime/driver calls (``cudaLaunchKernel``, …) in the window,
       the CPU-side launch cost; ``kernels``: device events (:data:`DEVICE_CATS`) that overlap
       the window.
