@@ -12,18 +12,9 @@ says GiB.
 - Limits above the current process: every cgroup ``memory.max`` (v2) or
   ``memory.limit_in_bytes`` (v1) from its cgroup up to the root, and ``MemTotal``.
 
-Reading rules:
-
-- every number is the exact value in the file or a :class:`MemoryReadError` naming the file and
-  the key: never a silent 0;
-- a process that vanished mid-read (its /proc directory gone, an empty ``smaps_rollup`` of a
-  zombie) is skipped and logged at debug level; it is not counted as 0;
-- ``max`` (v2) and values >= 2**60 (v1's "unlimited" sentinel) mean no limit;
-- a cgroup directory or limit file that is not there (the root cgroup has no ``memory.max``; a
-  cgroup namespace hides the levels above) is no limit at that level.
-
-The roots (``/proc``, ``/sys/fs/cgroup``) are arguments of :class:`HostMemoryReader`, so tests
-can point a reader at a fake tree.
+Every number is the exact value in the file or a :class:`MemoryReadError` naming the file and
+the key, never a silent 0; a process that vanished mid-read (or a zombie) is skipped, not counted
+as 0. The roots (``/proc``, ``/sys/fs/cgroup``) are arguments of :class:`HostMemoryReader`.
 """
 
 from __future__ import annotations
@@ -74,13 +65,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class MemoryReadError(RuntimeError):
-    """A memory figure could not be read: the file exists (or must) but the key is missing, not a
-    number, or the file is not readable.
-
-    Attributes:
-        path: the file.
-        key: the key (``Pss``, ``MemTotal``, ``memory.max``, ...).
-    """
+    """A memory figure could not be read (the file is not readable, or the key is missing or not a
+    number): :attr:`path` the file, :attr:`key` the key (``Pss``, ``MemTotal``, ``memory.max``)."""
 
     def __init__(self, path: str | Path, key: str, why: str) -> None:
         super().__init__(f"{path}: {key}: {why}")
@@ -90,17 +76,9 @@ class MemoryReadError(RuntimeError):
 
 @dataclass(frozen=True)
 class ProcessMemory:
-    """Host memory of one process, MiB.
-
-    Attributes:
-        pid: the process.
-        rss_mib: resident set size.
-        pss_mib: proportional set size (shared pages divided by their sharers); NaN for the
-            ``statm`` source.
-        uss_mib: unique set size (private pages); NaN for the ``statm`` source.
-        anon_mib: anonymous resident memory.
-        source: ``smaps_rollup`` or ``statm``.
-    """
+    """Host memory of one process, MiB: RSS, PSS (shared pages divided by their sharers), USS
+    (private pages), anonymous resident; PSS and USS NaN for the ``statm`` source (else
+    ``smaps_rollup``)."""
 
     pid: int
     rss_mib: float
@@ -112,15 +90,9 @@ class ProcessMemory:
 
 @dataclass(frozen=True)
 class TreeMemory:
-    """Host memory of a process tree, MiB, summed over the processes read.
-
-    Attributes:
-        root_alive: the root process was read (False: it is gone or a zombie).
-        pids: processes read.
-        vanished: processes listed but gone by the time they were read (skipped, not 0).
-        rss_mib, pss_mib, uss_mib, anon_mib: sums (pss/uss NaN for the ``rss`` source).
-        source: ``pss`` (smaps_rollup) or ``rss`` (statm: PSS not readable here).
-    """
+    """Host memory of a process tree, MiB, summed over ``pids`` (those read); ``vanished``: gone
+    by the time they were read (skipped, not 0); ``root_alive`` False: the root is gone or a
+    zombie; ``source`` ``pss`` (smaps_rollup) or ``rss`` (statm: PSS and USS NaN)."""
 
     root_alive: bool
     pids: tuple[int, ...]
@@ -144,13 +116,8 @@ class CgroupMemory:
 
 @dataclass(frozen=True)
 class MemoryLimit:
-    """One limit on the memory this process tree may use.
-
-    Attributes:
-        source: ``cgroup-v2``, ``cgroup-v1`` or ``meminfo``.
-        path: the file read.
-        gib: the limit (GiB).
-    """
+    """One limit on the memory this process tree may use: ``source`` (``cgroup-v2``,
+    ``cgroup-v1`` or ``meminfo``), ``path`` the file read, ``gib`` the limit (GiB)."""
 
     source: str
     path: str
