@@ -419,17 +419,10 @@ def _one(
     unterminated = not (line.endswith(b"\n") if isinstance(line, bytes) else line.endswith("\n"))
     if isinstance(line, bytes):
         try:
-            text = line.decode("utf-8").strip()
-        except UnicodeDecodeError as exc:
-            text = line.decode("utf-8", errors="replace").strip()
-            err = RecordError(
-                "<utf-8>",
-                f"invalid UTF-8 at byte {exc.start + 1} of the line ({line[exc.start : exc.start + 4]!r}):"
-                " refused rather than read with replacement characters",
-                source=source,
-                line=i,
-            )
-            err.request_id = _request_id_of(text)
+            text = decode_text(line, "").strip()
+        except RecordError as exc:  # never read with replacement characters
+            err = exc.located(source=source, line=i)
+            err.request_id = _request_id_of(line.decode("utf-8", errors="replace"))
             if strict:
                 raise err from None
             yield err
