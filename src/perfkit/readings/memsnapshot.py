@@ -12,14 +12,8 @@ The pickle is read with an unpickler that builds builtin containers only (dict, 
 str, numbers, set): a file naming any class is refused, never executed. Every error names the
 file (and the key, for a schema error): :class:`MemSnapshotError`.
 
-Analysis (all sizes MiB = 2**20 bytes):
-
-* :func:`live_by_site` — the live (active) blocks grouped by allocation site;
-* :func:`diff_snapshots` — what grew between two snapshots, by site;
-* :func:`peak_by_site` — the blocks alive at the trace's peak of allocated bytes (optionally
-  after a time: a request's start), by site.
-
-A *site* is the innermost frame inside the engine (``perfkit/refengine/`` or ``sglang/`` by
+Analysis by allocation site (MiB = 2**20 bytes): :func:`live_by_site`, :func:`diff_snapshots`,
+:func:`peak_by_site`. A *site* is the innermost frame inside the engine (``perfkit/refengine/`` or ``sglang/`` by
 default), the first thing to read, plus the innermost frame outside torch itself (the library
 line that allocated, e.g. a diffusers layer); blocks with no recorded stack (allocated before
 history recording started) form one site, ``(no stack recorded)``.
@@ -255,10 +249,6 @@ def read_snapshot(
     classes other than set/frozenset/complex refused while unpickling. A small pickle that
     expands is refused in well under a second.
 
-    Args:
-        path: the file.
-        max_bytes: :data:`MAX_BYTES`; max_build_bytes: :data:`MAX_BUILD_BYTES`.
-
     Raises:
         MemSnapshotError: the file is missing, truncated or corrupted, larger than
             ``max_bytes``, names a class, would build past ``max_build_bytes``, or a key is missing,
@@ -387,14 +377,9 @@ def diff_snapshots(
 
 @dataclass
 class Peak:
-    """The peak of allocated bytes over a snapshot's trace window.
-
-    Attributes:
-        mib: allocated MiB at the peak (every live block on the device).
-        time_us: the event time of the peak (epoch µs), or None when the trace has no times.
-        events: trace events considered (after ``since``).
-        by_site: the blocks alive at the peak, grouped like :func:`live_by_site`.
-    """
+    """The peak of allocated bytes over a snapshot's trace window: ``mib`` allocated at the peak
+    (every live block on the device), ``time_us`` its event time (epoch µs; None: no times),
+    ``events`` considered (after ``since``), ``by_site`` the blocks alive then (:func:`live_by_site`)."""
 
     mib: float
     time_us: Optional[int]

@@ -52,19 +52,10 @@ REQUIRED_KEYS = ("request_id", "total_duration_ms", "steps")
 
 @dataclass
 class PerfDump:
-    """One perf dump.
-
-    Attributes:
-        request_id, timestamp, commit_hash, tag: as written.
-        total_duration_ms: end to end (ms); None when null.
-        stages: (stage name, ms) in the dump's ``steps`` order.
-        denoise_steps: denoising step ms (``denoise_steps_ms``); None when the dump has no such
-            key (older layout), [] when it has an empty list.
-        memory_checkpoints: ``after_<Stage>`` -> {allocated_mb, ...} (MiB); None when absent.
-        meta: the ``meta`` object.
-        raw: the whole parsed object.
-        path: the file it came from.
-    """
+    """One perf dump, as written: ``total_duration_ms`` (ms; None when null), ``stages`` (name,
+    ms) in the dump's ``steps`` order, ``denoise_steps`` ms (None: no ``denoise_steps_ms``, the
+    older layout), ``memory_checkpoints`` ``after_<Stage>`` -> {allocated_mb, ...} MiB (None:
+    absent), ``raw`` the parsed object, ``path`` its file."""
 
     request_id: str
     total_duration_ms: float | None
@@ -105,13 +96,8 @@ class PerfDump:
 
 
 def perf_dump_from_dict(obj: Any) -> PerfDump:
-    """Read a parsed dump (either layout of sglang's ``PerformanceLogger.dump_benchmark_report``).
-
-    Raises:
-        RecordError: naming the key of the first value that is not what sglang writes (a missing
-            ``request_id``/``total_duration_ms``/``steps``, a stage without ``duration_ms``, a
-            string, NaN, negative number, ...).
-    """
+    """Read a parsed dump (either layout). Raises :class:`RecordError` naming the key of the
+    first value that is not what sglang writes (a missing key, a string, NaN, a negative number)."""
     rid, stages = read_head(obj, "dump", REQUIRED_KEYS, "steps", "is missing (not an sglang perf dump?)")
     # absent (older layout): None; present, as sglang writes it (null refused)
     denoise = (
