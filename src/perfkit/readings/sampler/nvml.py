@@ -205,16 +205,16 @@ class PynvmlSource:
             _nvml_shutdown(self._nv)
         self._nv, self._handles = None, {}
 
-    def _optional(self, what: str, read: Callable[[], Any]) -> Any:
-        """``read()``, or None when NVML cannot give it (logged once per reading: the column is
-        then NaN, "not read", never 0)."""
+    def _optional(self, what: str, read: Callable[[], Any], default: Any = NAN) -> Any:
+        """``read()``, or ``default`` when NVML cannot give it (logged once per reading: the
+        column is then NaN, "not read", never 0)."""
         try:
             return read()
         except Exception as exc:  # noqa: BLE001 - not supported on some devices (MIG, old drivers)
             if what not in self._unsupported:
                 self._unsupported.add(what)
                 log.info("NVML %s not read (%s): its column is NaN", what, exc)
-            return None
+            return default
 
     def device(self, index: int) -> DeviceReading:
         nv, h = self._nv, self._handles[index]
@@ -230,15 +230,8 @@ class PynvmlSource:
         reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             nv, "nvmlDeviceGetCurrentClocksThrottleReasons"
         )
-        reasons = self._optional("nvmlDeviceGetCurrentClocksEventReasons", lambda: int(reasons_fn(h)))
-        return DeviceReading(
-            int(mem.used),
-            int(mem.total),
-            NAN if util is None else util,
-            NAN if clock is None else clock,
-            NAN if power is None else float(power),
-            reasons,
-        )
+        reasons = self._optional("nvmlDeviceGetCurrentClocksEventReasons", lambda: int(reasons_fn(h)), None)
+        return DeviceReading(int(mem.used), int(mem.total), util, clock, float(power), reasons)
 
     def processes(self, index: int) -> list[tuple[int, int | None]]:
         procs = self._nv.nvmlDeviceGetComputeRunningProcesses(self._handles[index])
