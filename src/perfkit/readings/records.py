@@ -258,20 +258,9 @@ def read_memory_map(obj: Any, key: str) -> dict[str, dict[str, float | None]]:
 
 @dataclass
 class PerfRecord:
-    """One request's record.
-
-    Attributes:
-        request_id: the server's id for the request.
-        tag: free-form tag; the reference engine writes ``"warmup"`` for startup warmup runs.
-        stages: ordered list of (stage name, ms).
-        steps: denoising step times in ms.
-        total_duration_ms: server-side end-to-end ms.
-        memory_snapshots: checkpoint -> {allocated_mb, reserved_mb, peak_allocated_mb,
-            peak_reserved_mb} (MiB).
-        perfkit: the reference engine's extras ({} for other engines).
-        raw: the whole parsed JSON object, unknown fields included.
-        line_no: 1-based line number in the file it came from (0 if built in memory).
-    """
+    """One request's record, fields as in the module doc (ms, MiB): ``stages`` (name, ms) in
+    order, ``perfkit`` the reference engine's extras ({} for other engines), ``raw`` the whole
+    parsed object, ``line_no`` its 1-based line (0 if built in memory)."""
 
     request_id: str
     timestamp: str | None = None
