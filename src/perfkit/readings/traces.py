@@ -157,15 +157,10 @@ def _threads(evs: list[dict[str, Any]], cats: tuple[str, ...]) -> dict[tuple[Any
 
 
 def stage_names(trace: dict[str, Any], stages: Sequence[str] | None = None) -> dict[str, str]:
-    """Stage range name -> the stage's name in tables, for every stage range of ``trace``.
-
-    ``STAGE <x>`` ranges: when ``stages`` (the request's performance.log stage names, in order)
-    has as many names as the trace has distinct ``STAGE`` ranges, the i-th range (by start) is
-    the i-th name (a full_stages trace records every stage once, in order: sglang's
-    ``SyncExecutor``); otherwise :data:`REGISTERED_STAGES`, else ``<x>`` as written (a class
-    name, ``STAGE LTX2AVDenoisingStage``, or a registered name this table lacks). Older-layout
-    ranges (``DenoisingStage``) keep their name.
-    """
+    """Stage range name -> the stage's name in tables (module doc). ``STAGE <x>`` ranges take
+    the i-th of ``stages`` (the request's performance.log stage names) when there are as many
+    (a full_stages trace records each stage once, in order: sglang's ``SyncExecutor``), else
+    :data:`REGISTERED_STAGES` or ``<x>``; older-layout ranges keep their name."""
     evs = sorted(
         (e for e in _complete(trace) if e.get("cat") == "user_annotation"), key=lambda e: float(e["ts"])
     )
@@ -212,16 +207,13 @@ def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
 
 
 def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.DataFrame:
-    """One row per op of the trace (:data:`EVENT_COLUMNS`): ``op`` name, ``cat``, ``tid``,
-    ``ts_us`` (trace clock, µs), ``dur_ms``, ``stage`` (the innermost enclosing stage range on
-    that thread, named by :func:`stage_names` with ``stages``: the request's performance.log
-    stage names, optional; inside a denoising-step range and no stage range: the denoising
-    stage; ``"(none)"`` outside every stage and step range), ``step`` (the enclosing step range's
-    index, :func:`step_ranges`; -1 outside, and inside another stage's range that a trailing
-    ProfilerStep holds), ``warmup_step`` (that step is sglang's extra warm-up step), ``top`` (no
-    other op encloses it). Kernels: rows with ``cat == "kernel"``, stage and step from their
-    launch (same ``correlation``), ``top`` True.
-    """
+    """One row per op of the trace (:data:`EVENT_COLUMNS`): ``ts_us`` (trace clock, µs),
+    ``dur_ms``, ``stage`` (the innermost enclosing stage range on that thread,
+    :func:`stage_names`; in a step range and no stage range the denoising stage; else
+    ``"(none)"``), ``step`` (the enclosing step range's index, :func:`step_ranges`; -1 outside or
+    in another stage's range inside a trailing ProfilerStep), ``warmup_step``, ``top`` (no other
+    op encloses it). Kernels (``cat == "kernel"``) take stage and step from their launch (same
+    ``correlation``), ``top`` True."""
     evs = _complete(trace)
     names = stage_names(trace, stages)
     denoising = _denoising_name(names, stages)
