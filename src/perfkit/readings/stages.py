@@ -30,32 +30,15 @@ OTHER = "other"
 #: Pipeline order used by plots: the reference engine's stages interleaved with sglang's
 #: (generic stages, then the LTX-2 one- and two-stage pipelines). Stages not listed are drawn
 #: after these, in order of appearance.
-PIPELINE_ORDER = (
-    "InputValidationStage",
-    "TextEncodingStage",
-    "LTX2TextConnectorStage",
-    "LTX2DurationStage",
-    "ConditioningStage",
-    "LTX2HalveResolutionStage",
-    "LTX2LoRASwitchStage",
-    "LTX2SigmaPreparationStage",
-    "TimestepPreparationStage",
-    "LatentPreparationStage",
-    "LTX2AVLatentPreparationStage",
-    "ImageEncodingStage",
-    "ImageVAEEncodingStage",
-    "LTX2ImageEncodingStage",
-    "DenoisingStage",
-    "LTX2DenoisingStage",
-    "LTX2AVDenoisingStage",
-    "UpsampleStage",
-    "LTX2UpsampleStage",
-    "ltx2_lora_switch_stage2",
-    "ltx2_image_encoding_stage2",
-    "RefinementStage",
-    "LTX2RefinementStage",
-    "DecodingStage",
-    "LTX2AVDecodingStage",
+PIPELINE_ORDER = tuple(
+    (
+        "InputValidationStage TextEncodingStage LTX2TextConnectorStage LTX2DurationStage "
+        "ConditioningStage LTX2HalveResolutionStage LTX2LoRASwitchStage LTX2SigmaPreparationStage "
+        "TimestepPreparationStage LatentPreparationStage LTX2AVLatentPreparationStage ImageEncodingStage "
+        "ImageVAEEncodingStage LTX2ImageEncodingStage DenoisingStage LTX2DenoisingStage "
+        "LTX2AVDenoisingStage UpsampleStage LTX2UpsampleStage ltx2_lora_switch_stage2 "
+        "ltx2_image_encoding_stage2 RefinementStage LTX2RefinementStage DecodingStage LTX2AVDecodingStage"
+    ).split()
 )
 
 #: Every stage name the reference engine and sglang 0.5.23 write (``ab`` suggests from these);

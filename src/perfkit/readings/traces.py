@@ -332,18 +332,10 @@ def op_diff(
 
 # ------------------------------------------------------------------------ overhead and idle share
 #: columns of :func:`overhead_table`
-OVERHEAD_COLUMNS = [
-    "rank",
-    "stage",
-    "window_ms",
-    "op_ms",
-    "cpu_overhead_ms",
-    "cpu_overhead_share",
-    "launch_ms",
-    "kernels",
-    "device_busy_ms",
-    "device_idle_share",
-]
+OVERHEAD_COLUMNS = (
+    "rank stage window_ms op_ms cpu_overhead_ms cpu_overhead_share launch_ms kernels device_busy_ms "
+    "device_idle_share"
+).split()
 #: device activity: kernels, and the copies and sets a GPU runs
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 #: the rank in sglang's trace file names (``{request_id}-{mode}-global-rank{rank}.trace.json.gz``)

@@ -28,19 +28,11 @@ from perfkit.readings.sampler.nvml import (
 log = logging.getLogger(__name__)
 
 
-COLUMNS = (
-    "t",
-    "device_used_mib",
-    "host_rss_mib",
-    "host_anon_mib",
-    "host_pss_mib",
-    "host_uss_mib",
-    "cgroup_current_mib",
-    "gpu_util_pct",
-    "sm_clock_mhz",
-    "power_w",
-    "clock_event_reasons",
-    "device_source",
+COLUMNS = tuple(
+    (
+        "t device_used_mib host_rss_mib host_anon_mib host_pss_mib host_uss_mib cgroup_current_mib "
+        "gpu_util_pct sm_clock_mhz power_w clock_event_reasons device_source"
+    ).split()
 )
 #: numeric columns (all but ``device_source``)
 NUMERIC = tuple(c for c in COLUMNS if c != "device_source")
