@@ -126,15 +126,9 @@ class MemoryLimit:
 
 @dataclass(frozen=True)
 class HostBudget:
-    """The host budget after clamping to what exists.
-
-    Attributes:
-        asked_gib: the cap asked (None: no cap).
-        effective_gib: min(asked, every limit) (None when nothing was asked).
-        clamp: why the effective budget is below the ask (None: not clamped), e.g.
-            ``"cgroup-v2 /sys/fs/cgroup/a/memory.max = 1 GiB"``.
-        limits: every finite limit found.
-    """
+    """The host budget (GiB) after clamping to what exists: ``effective_gib`` = min(``asked_gib``,
+    every limit) (both None: no cap asked), ``clamp`` why it is below the ask (None: not clamped),
+    e.g. ``"cgroup-v2 /sys/fs/cgroup/a/memory.max = 1 GiB"``, ``limits`` every finite limit."""
 
     asked_gib: float | None
     effective_gib: float | None

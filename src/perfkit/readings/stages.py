@@ -3,19 +3,14 @@
 Stage names are kept as the engine writes them (sglang's ``LTX2AVDenoisingStage``, the reference
 engine's ``DenoisingStage``); this module tells plots and the baseline gate what each one is:
 
-- ``denoising``: the main denoising loop (``DenoisingStage``, ``LTX2AVDenoisingStage``, ...).
-- ``refinement``: the second denoising pass of two-stage pipelines (``RefinementStage``,
-  ``LTX2RefinementStage``). sglang counts it as a denoising stage (its class derives from
-  ``LTX2AVDenoisingStage`` and runs on the denoiser role), so the baseline gate gives it the
-  ``denoise_stage`` tolerance.
-- ``decoding``: VAE decoding (``DecodingStage``, ``LTX2AVDecodingStage``); sglang's gate gives
-  names ending in ``DecodingStage`` a wider tolerance.
-- ``other``: text encoding, latent preparation, image (VAE) encoding, upsampling, ...
-
-:func:`stage_class` goes by substrings, case-insensitively (every name in :data:`KNOWN_STAGES`,
-the reference engine's and sglang 0.5.23's ``multimodal_gen`` stages, and custom ones such as
-``ltx2_image_encoding_stage2`` fit): ``decod``/``decode`` -> decoding (checked first), ``refine`` -> refinement,
-``beforedenois``/``preparation`` -> other, ``denois`` -> denoising, anything else -> other.
+``denoising`` (the main loop), ``refinement`` (the second denoising pass of two-stage
+pipelines: sglang derives it from ``LTX2AVDenoisingStage``, so the baseline gate gives it the
+``denoise_stage`` tolerance), ``decoding`` (VAE decoding: sglang's gate gives names ending in
+``DecodingStage`` a wider tolerance), ``other``. :func:`stage_class` goes by substrings,
+case-insensitively (every name in :data:`KNOWN_STAGES`, sglang 0.5.23's ``multimodal_gen`` and the
+reference engine's, fits, and so do custom ones such as ``ltx2_image_encoding_stage2``):
+``decod`` -> decoding (checked first), ``refine`` -> refinement, ``beforedenois``/``preparation``
+-> other, ``denois`` -> denoising, anything else -> other.
 """
 
 from __future__ import annotations

@@ -80,19 +80,14 @@ class MemorySampler:
             (None/NaN: not subtracted, that check skipped).
         tree_refresh_s: how often the process tree is re-scanned (s).
         cgroup_path: the engine's own cgroup v2 directory (``cgroup_current_mib``; None: none).
-        nvml: NVML access (default :class:`PynvmlSource`).
-        reader: host memory reader (default: this host's /proc and /sys/fs/cgroup).
-        pss_duty: the largest fraction of wall time spent reading ``smaps_rollup`` (default
-            :data:`PSS_DUTY`).
+        nvml, reader: NVML access and host memory reader (defaults: :class:`PynvmlSource`, this
+            host's /proc and /sys/fs/cgroup).
+        pss_duty: the largest fraction of wall time spent reading ``smaps_rollup`` (its read
+            stalls the engine's mmap, :data:`~perfkit.readings.memory.PSS_DUTY`): after a read
+            that took ``c`` s the next waits ``c / pss_duty`` s; the samples between read
+            ``statm`` (PSS and USS NaN, never a carried value).
 
-    Host PSS and USS (``smaps_rollup``: its read stalls the engine's mmap, see
-    :data:`~perfkit.readings.memory.PSS_DUTY`) are read at most ``pss_duty`` of the wall time:
-    after a read that took ``c`` s the next waits ``c / pss_duty`` s, and the samples between read
-    ``statm`` (RSS and anonymous; PSS and USS NaN, never a carried value). :func:`pss_enabled`
-    (``PERFKIT_SAMPLER_PSS``) turns PSS off.
-
-    Use as a context manager or call :meth:`start`/:meth:`stop`. :meth:`to_frame` gives the
-    samples as a DataFrame with columns :data:`COLUMNS`.
+    A context manager (or :meth:`start`/:meth:`stop`); :meth:`to_frame`: the samples.
 
     Raises:
         ValueError: interval_s <= 0, pss_duty not a number in (0, 1] (NaN, inf, a string, a
