@@ -215,10 +215,8 @@ class DumpRow:
 
     @property
     def pct(self) -> float | None:
-        d = self.diff
-        if d is None:
-            return None
-        return 0.0 if self.before == 0 else d / self.before * 100.0  # compare_perf: base 0 -> 0 %
+        d = self.diff  # compare_perf: base 0 -> 0 %
+        return None if d is None else 0.0 if self.before == 0 else d / self.before * 100.0
 
 
 @dataclass
@@ -319,12 +317,8 @@ def dump_comparison_markdown(c: DumpComparison) -> str:
     """The report compare_perf.py prints (summary table, stage breakdown, metadata), "–" for
     values that were not measured."""
     e = c.e2e
-    e2e_status = {
-        "faster": "✅ (Faster)",
-        "slower": "❌ (Slower)",
-        "similar": "➖ (Similar)",
-        "not measured": "– (not measured)",
-    }[e.status]
+    marks = {"faster": "✅ (Faster)", "slower": "❌ (Slower)", "similar": "➖ (Similar)"}
+    e2e_status = marks.get(e.status, "– (not measured)")
     diff = "–" if e.diff is None else f"**{e.diff:+.2f} ms ({e.pct:+.1f}%)**"
     tput = [("–" if v is None else f"{1000 / v if v else 0:.2f} req/s") for v in (e.before, e.after)]
     out = [

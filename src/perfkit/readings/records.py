@@ -188,10 +188,9 @@ def read_step_list(steps: Any, key: str = "steps") -> list[float | None]:
     out: list[float | None] = []
     for i, s in enumerate(steps):
         if isinstance(s, dict):
-            if "step" not in s:
-                raise RecordError(f"{key}[{i}].step", "is missing")
-            if isinstance(s["step"], bool) or not isinstance(s["step"], int) or s["step"] != i:
-                raise RecordError(f"{key}[{i}].step", f"{s['step']!r} is not the step index {i}")
+            if type(s.get("step")) is not int or s["step"] != i:  # bool is no step index
+                why = f"{s['step']!r} is not the step index {i}" if "step" in s else "is missing"
+                raise RecordError(f"{key}[{i}].step", why)
             if "duration_ms" not in s:
                 extra = sorted(k for k in s if k != "step")
                 raise RecordError(

@@ -53,10 +53,7 @@ def read_one(path: str | Path, stages: list[str] | None = None) -> TraceTables:
 
 
 def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def read_many(paths: list[Path], stages: list[list[str] | None] | None = None) -> list[TraceTables]:
