@@ -383,15 +383,11 @@ def iter_lines_report(
     partial_last: bool = True,
     keep_raw: bool = True,
 ) -> Iterator[PerfRecord | RecordError]:
-    """Read performance.log lines one at a time (bounded memory): each yields a
-    :class:`PerfRecord`, or a :class:`RecordError` naming ``source``, the line and the key (with
-    ``request_id`` set when the refused line still names its request). Bytes lines are decoded
-    strictly: invalid UTF-8 (a stage name of stray bytes) is refused naming the line and byte,
-    never read with replacement characters. An unterminated, unparsable last line is taken as
-    still being written (``partial_last``) and skipped silently. ``keep_raw=False`` leaves
-    :attr:`PerfRecord.raw` and :attr:`PerfRecord.perfkit` empty (less memory for readers that
-    only aggregate times). ``strict``: raise the first error instead of yielding it.
-    """
+    """Read performance.log lines one at a time (bounded memory): a :class:`PerfRecord` each, or
+    a :class:`RecordError` naming ``source``, the line and the key (``request_id`` set when the
+    line still names its request; ``strict``: raised). Bytes are decoded strictly (invalid UTF-8
+    refused naming line and byte). ``partial_last``: an unterminated, unparsable last line is
+    still being written, skipped. ``keep_raw=False`` leaves ``raw`` and ``perfkit`` empty."""
     pending: tuple[int, str | bytes] | None = None
     for i, line in enumerate(lines, start=1):
         if pending is not None:
