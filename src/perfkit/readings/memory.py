@@ -313,17 +313,10 @@ class HostMemoryReader:
             MemoryReadError: as :meth:`process`.
         """
         pids = self.tree_pids(root) if pids is None else pids
-        read: list[ProcessMemory] = []
-        gone: list[int] = []
-        for pid in pids:
-            m = self.process(pid, pss=pss)
-            if m is None:
-                gone.append(pid)
-            else:
-                read.append(m)
-        by_pss = bool(read) and all(m.source == "smaps_rollup" for m in read)
-        if not read:
-            by_pss = pss and self.has_smaps_rollup()
+        got = [(pid, self.process(pid, pss=pss)) for pid in pids]
+        read = [m for _, m in got if m is not None]
+        gone = [pid for pid, m in got if m is None]
+        by_pss = all(m.source == "smaps_rollup" for m in read) if read else pss and self.has_smaps_rollup()
         return TreeMemory(
             root_alive=any(m.pid == root for m in read),
             pids=tuple(m.pid for m in read),

@@ -337,12 +337,9 @@ class PerfRecord:
 
 @dataclass
 class ParseReport:
-    """Records read from a file plus the lines that were skipped (line number, reason).
-
-    ``rejected`` maps the request id of each refused line whose id could still be read (a NaN or
-    negative time, an undecodable stage name, a wrong type) to the reason, which names the file
-    and line: the caller marks that request failed with it instead of reading it as measured.
-    """
+    """Records read from a file, the lines skipped (line number, reason) and ``rejected``: request
+    id -> reason (naming file and line) of each refused line that still names its request, which
+    the caller marks failed instead of reading it as measured."""
 
     records: list[PerfRecord]
     skipped: list[tuple[int, str]]
