@@ -1,18 +1,10 @@
 """What the engine really ran: its effective config, as the engine itself reports it.
 
-perfkit asks an engine for a config (compile, offload, dtype, ...) but the engine decides: the
-reference engine drops torch.compile when the transformer is offloaded, sglang may fall back to
-another attention backend. The bundle records what the engine *reports*, never what was asked:
-
-- the reference engine writes its effective config into every ``performance.log`` record
-  (``perfkit.compile_active``, ``compile_disabled_reason``, ``attention_backend``, ...);
-- sglang logs its ``ServerArgs`` at startup (``server_args: {JSON}`` in 0.5.23, the dataclass
-  repr ``ServerArgs(...)`` as its fallback); what can be read from that line and the few lines
-  beside it is taken from there (source ``engine log (<form>)``);
-- anything else is ``not reported``.
-
-Every field here is either the engine's value or absent (``None``): nothing is filled in from
-the spec that asked for it.
+The engine decides (the reference engine drops torch.compile when the transformer is offloaded,
+sglang may pick another attention backend), so the bundle records what it *reports*: the
+reference engine's ``perfkit`` block in each ``performance.log`` record, sglang's startup
+``ServerArgs`` line and the lines beside it, else ``not reported``. Every field is the engine's
+value or None, never filled in from the spec that asked.
 """
 
 from __future__ import annotations
@@ -23,15 +15,6 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-__all__ = [
-    "EngineConfig",
-    "NOT_REPORTED",
-    "from_record",
-    "from_sglang_log",
-    "effective_config",
-    "server_args",
-]
-
 log = logging.getLogger(__name__)
 
 #: ``config_source`` when the engine reported nothing readable
@@ -40,22 +23,11 @@ NOT_REPORTED = "not reported"
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """The engine's effective config (one launch). ``None``: the engine did not report it.
-
-    Attributes:
-        config_source: ``engine record`` (performance.log), ``engine log (server_args JSON)`` or
-            ``engine log (ServerArgs repr)`` (sglang's startup line), or ``not reported``.
-        compile_requested: torch.compile was asked for (as the engine understood its flags).
-        compile_active: torch.compile is in force for the denoiser.
-        compile_backend: torch.compile backend in force (``inductor``, ...).
-        compile_disabled_reason: the engine's reason when compile was asked but not active.
-        recompile_limit: torch._dynamo's recompile limit in force.
-        attention_backend: attention implementation (diffusers' dispatch name, sglang's flag).
-        dtype: weights dtype (``bfloat16``, ...).
-        offload: component -> offload mode (``none``, ``model``, ``group-block``, ...), as
-            ``"transformer=none, vae=model"``.
-        device: the engine's device (``cuda:0``, ``cpu``).
-    """
+    """The engine's effective config (one launch); ``None``: the engine did not report it.
+    ``config_source``: ``engine record``, ``engine log (server_args JSON)``, ``engine log
+    (ServerArgs repr)`` or ``not reported``; ``compile_requested`` as the engine understood its
+    flags, ``compile_disabled_reason`` why compile was asked but is not active; ``offload``
+    component -> mode as ``"transformer=none, vae=model"``; ``device`` ``cuda:0``/``cpu``."""
 
     config_source: str = NOT_REPORTED
     compile_requested: bool | None = None
@@ -83,36 +55,25 @@ def _opt_bool(value: Any) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def _opt_int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _opt_str(value: Any) -> str | None:
     return str(value) if value not in (None, "") else None
 
 
 def from_record(perfkit: Mapping[str, Any]) -> EngineConfig | None:
-    """The effective config in a reference-engine record's ``perfkit`` object, or None when
-    the record carries none (an older engine, another engine).
-
-    Keys read: ``compile_requested``, ``compile_active`` (older records: ``compile``),
-    ``compile_backend``, ``compile_disabled_reason``, ``recompile_limit``,
-    ``attention_backend``, ``dtype``, ``offload`` (component -> mode), ``device``.
-    """
+    """The effective config in a reference-engine record's ``perfkit`` object (the fields of
+    :class:`EngineConfig`; older records: ``compile`` for ``compile_active``), or None when the
+    record carries none (an older engine, another engine)."""
     if "compile_active" not in perfkit and "compile" not in perfkit:
         return None
-    active = perfkit.get("compile_active", perfkit.get("compile"))
+    limit = perfkit.get("recompile_limit")
+    strs = ("compile_backend", "compile_disabled_reason", "attention_backend", "dtype", "device")
     return EngineConfig(
         config_source="engine record",
         compile_requested=_opt_bool(perfkit.get("compile_requested")),
-        compile_active=_opt_bool(active),
-        compile_backend=_opt_str(perfkit.get("compile_backend")),
-        compile_disabled_reason=_opt_str(perfkit.get("compile_disabled_reason")),
-        recompile_limit=_opt_int(perfkit.get("recompile_limit")),
-        attention_backend=_opt_str(perfkit.get("attention_backend")),
-        dtype=_opt_str(perfkit.get("dtype")),
+        compile_active=_opt_bool(perfkit.get("compile_active", perfkit.get("compile"))),
+        recompile_limit=limit if type(limit) is int else None,
         offload=_offload_text(perfkit.get("offload")),
-        device=_opt_str(perfkit.get("device")),
+        **{k: _opt_str(perfkit.get(k)) for k in strs},
     )
 
 

@@ -12,24 +12,14 @@ says GiB.
 - Limits above the current process: every cgroup ``memory.max`` (v2) or
   ``memory.limit_in_bytes`` (v1) from its cgroup up to the root, and ``MemTotal``.
 
-Reading rules:
-
-- every number is the exact value in the file or a :class:`MemoryReadError` naming the file and
-  the key: never a silent 0;
-- a process that vanished mid-read (its /proc directory gone, an empty ``smaps_rollup`` of a
-  zombie) is skipped and logged at debug level; it is not counted as 0;
-- ``max`` (v2) and values >= 2**60 (v1's "unlimited" sentinel) mean no limit;
-- a cgroup directory or limit file that is not there (the root cgroup has no ``memory.max``; a
-  cgroup namespace hides the levels above) is no limit at that level.
-
-The roots (``/proc``, ``/sys/fs/cgroup``) are arguments of :class:`HostMemoryReader`, so tests
-can point a reader at a fake tree.
+Every number is the exact value in the file or a :class:`MemoryReadError` naming the file and
+the key, never a silent 0; a process that vanished mid-read (or a zombie) is skipped, not counted
+as 0. The roots (``/proc``, ``/sys/fs/cgroup``) are arguments of :class:`HostMemoryReader`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,13 +65,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class MemoryReadError(RuntimeError):
-    """A memory figure could not be read: the file exists (or must) but the key is missing, not a
-    number, or the file is not readable.
-
-    Attributes:
-        path: the file.
-        key: the key (``Pss``, ``MemTotal``, ``memory.max``, ...).
-    """
+    """A memory figure could not be read (the file is not readable, or the key is missing or not a
+    number): :attr:`path` the file, :attr:`key` the key (``Pss``, ``MemTotal``, ``memory.max``)."""
 
     def __init__(self, path: str | Path, key: str, why: str) -> None:
         super().__init__(f"{path}: {key}: {why}")
@@ -91,17 +76,9 @@ class MemoryReadError(RuntimeError):
 
 @dataclass(frozen=True)
 class ProcessMemory:
-    """Host memory of one process, MiB.
-
-    Attributes:
-        pid: the process.
-        rss_mib: resident set size.
-        pss_mib: proportional set size (shared pages divided by their sharers); NaN for the
-            ``statm`` source.
-        uss_mib: unique set size (private pages); NaN for the ``statm`` source.
-        anon_mib: anonymous resident memory.
-        source: ``smaps_rollup`` or ``statm``.
-    """
+    """Host memory of one process, MiB: RSS, PSS (shared pages divided by their sharers), USS
+    (private pages), anonymous resident; PSS and USS NaN for the ``statm`` source (else
+    ``smaps_rollup``)."""
 
     pid: int
     rss_mib: float
@@ -113,15 +90,9 @@ class ProcessMemory:
 
 @dataclass(frozen=True)
 class TreeMemory:
-    """Host memory of a process tree, MiB, summed over the processes read.
-
-    Attributes:
-        root_alive: the root process was read (False: it is gone or a zombie).
-        pids: processes read.
-        vanished: processes listed but gone by the time they were read (skipped, not 0).
-        rss_mib, pss_mib, uss_mib, anon_mib: sums (pss/uss NaN for the ``rss`` source).
-        source: ``pss`` (smaps_rollup) or ``rss`` (statm: PSS not readable here).
-    """
+    """Host memory of a process tree, MiB, summed over ``pids`` (those read); ``vanished``: gone
+    by the time they were read (skipped, not 0); ``root_alive`` False: the root is gone or a
+    zombie; ``source`` ``pss`` (smaps_rollup) or ``rss`` (statm: PSS and USS NaN)."""
 
     root_alive: bool
     pids: tuple[int, ...]
@@ -145,13 +116,8 @@ class CgroupMemory:
 
 @dataclass(frozen=True)
 class MemoryLimit:
-    """One limit on the memory this process tree may use.
-
-    Attributes:
-        source: ``cgroup-v2``, ``cgroup-v1`` or ``meminfo``.
-        path: the file read.
-        gib: the limit (GiB).
-    """
+    """One limit on the memory this process tree may use: ``source`` (``cgroup-v2``,
+    ``cgroup-v1`` or ``meminfo``), ``path`` the file read, ``gib`` the limit (GiB)."""
 
     source: str
     path: str
@@ -160,15 +126,9 @@ class MemoryLimit:
 
 @dataclass(frozen=True)
 class HostBudget:
-    """The host budget after clamping to what exists.
-
-    Attributes:
-        asked_gib: the cap asked (None: no cap).
-        effective_gib: min(asked, every limit) (None when nothing was asked).
-        clamp: why the effective budget is below the ask (None: not clamped), e.g.
-            ``"cgroup-v2 /sys/fs/cgroup/a/memory.max = 1 GiB"``.
-        limits: every finite limit found.
-    """
+    """The host budget (GiB) after clamping to what exists: ``effective_gib`` = min(``asked_gib``,
+    every limit) (both None: no cap asked), ``clamp`` why it is below the ask (None: not clamped),
+    e.g. ``"cgroup-v2 /sys/fs/cgroup/a/memory.max = 1 GiB"``, ``limits`` every finite limit."""
 
     asked_gib: float | None
     effective_gib: float | None
@@ -199,17 +159,39 @@ def _kib_lines(text: str, path: Path, keys: tuple[str, ...]) -> dict[str, int]:
     return found
 
 
+def _read(path: Path, key: str) -> str:
+    """``path``'s text; MemoryReadError naming ``key`` when it cannot be read."""
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise MemoryReadError(path, key, f"not readable: {exc}") from None
+
+
+def _int(text: str, path: Path, key: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise MemoryReadError(path, key, f"not a number: {text!r}") from None
+
+
 def _limit_value(path: Path, key: str) -> int | None:
     """A cgroup limit file: bytes, None for ``max`` / the v1 sentinel. Raises MemoryReadError
     when the content is not a number; FileNotFoundError passes through."""
     text = path.read_text().strip()
-    if text == "max":
-        return None
+    v = None if text == "max" else _int(text, path, key)
+    return None if v is None or v >= UNLIMITED_SENTINEL else v
+
+
+def _proc_file(path: Path, key: str) -> str | None:
+    """A /proc file's text; None when its process vanished (gone, or ESRCH mid-read: logged at
+    debug). Raises MemoryReadError naming ``key`` when it is there but not readable."""
     try:
-        v = int(text)
-    except ValueError:
-        raise MemoryReadError(path, key, f"not a number or 'max': {text!r}") from None
-    return None if v >= UNLIMITED_SENTINEL else v
+        return path.read_text()
+    except PermissionError as exc:
+        raise MemoryReadError(path, key, f"not readable: {exc}") from None
+    except OSError as exc:
+        log.debug("%s: process vanished before it was read (%s)", path, exc)
+        return None
 
 
 class HostMemoryReader:
@@ -286,15 +268,8 @@ class HostMemoryReader:
         """
         if pss and self.has_smaps_rollup():
             path = self.proc_root / str(pid) / "smaps_rollup"
-            try:
-                text = path.read_text()
-            except (FileNotFoundError, ProcessLookupError):
-                log.debug("pid %d vanished before %s was read", pid, path)
-                return None
-            except PermissionError as exc:
-                raise MemoryReadError(path, "Pss", f"not readable: {exc}") from None
-            except OSError as exc:  # ESRCH on a process that exited during the read
-                log.debug("pid %d vanished while %s was read: %s", pid, path, exc)
+            text = _proc_file(path, "Pss")
+            if text is None:
                 return None
             if not text.strip():  # a zombie (or a kernel thread) has no memory map
                 log.debug("pid %d has an empty %s (zombie or exited): skipped", pid, path)
@@ -309,13 +284,10 @@ class HostMemoryReader:
                 source="smaps_rollup",
             )
         path = self.proc_root / str(pid) / "statm"
-        try:
-            fields = path.read_bytes().split()
-        except (FileNotFoundError, ProcessLookupError):
-            log.debug("pid %d vanished before %s was read", pid, path)
+        text = _proc_file(path, "resident")
+        if text is None:
             return None
-        except PermissionError as exc:
-            raise MemoryReadError(path, "resident", f"not readable: {exc}") from None
+        fields = text.split()
         try:
             resident, shared = int(fields[1]), int(fields[2])
         except (IndexError, ValueError):
@@ -341,17 +313,10 @@ class HostMemoryReader:
             MemoryReadError: as :meth:`process`.
         """
         pids = self.tree_pids(root) if pids is None else pids
-        read: list[ProcessMemory] = []
-        gone: list[int] = []
-        for pid in pids:
-            m = self.process(pid, pss=pss)
-            if m is None:
-                gone.append(pid)
-            else:
-                read.append(m)
-        by_pss = bool(read) and all(m.source == "smaps_rollup" for m in read)
-        if not read:
-            by_pss = pss and self.has_smaps_rollup()
+        got = [(pid, self.process(pid, pss=pss)) for pid in pids]
+        read = [m for _, m in got if m is not None]
+        gone = [pid for pid, m in got if m is None]
+        by_pss = all(m.source == "smaps_rollup" for m in read) if read else pss and self.has_smaps_rollup()
         return TreeMemory(
             root_alive=any(m.pid == root for m in read),
             pids=tuple(m.pid for m in read),
@@ -371,11 +336,7 @@ class HostMemoryReader:
             MemoryReadError: the file is missing or has no number for MemTotal.
         """
         path = self.proc_root / "meminfo"
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise MemoryReadError(path, "MemTotal", f"not readable: {exc}") from None
-        return _kib_lines(text, path, ("MemTotal",))["MemTotal"] / MIB
+        return _kib_lines(_read(path, "MemTotal"), path, ("MemTotal",))["MemTotal"] / MIB
 
     # ------------------------------------------------------------------ cgroups
     def _v2_root(self) -> Path | None:
@@ -445,27 +406,13 @@ class HostMemoryReader:
                 but not a number (a kernel without memory.peak gives ``peak_mib=None``).
         """
         d = Path(path)
-        cur_f = d / "memory.current"
-        try:
-            text = cur_f.read_text().strip()
-        except OSError as exc:
-            raise MemoryReadError(cur_f, "memory.current", f"not readable: {exc}") from None
-        try:
-            cur = int(text)
-        except ValueError:
-            raise MemoryReadError(cur_f, "memory.current", f"not a number: {text!r}") from None
-        peak_f = d / "memory.peak"
-        try:
-            ptext = peak_f.read_text().strip()
-        except FileNotFoundError:
-            log.debug("%s: not there (kernel < 5.19)", peak_f)
+        cur = _int(
+            _read(d / "memory.current", "memory.current").strip(), d / "memory.current", "memory.current"
+        )
+        if not (d / "memory.peak").exists():
+            log.debug("%s: no memory.peak (kernel < 5.19)", d)
             return CgroupMemory(str(d), cur / MIB, None)
-        except OSError as exc:
-            raise MemoryReadError(peak_f, "memory.peak", f"not readable: {exc}") from None
-        try:
-            peak = int(ptext)
-        except ValueError:
-            raise MemoryReadError(peak_f, "memory.peak", f"not a number: {ptext!r}") from None
+        peak = _int(_read(d / "memory.peak", "memory.peak").strip(), d / "memory.peak", "memory.peak")
         return CgroupMemory(str(d), cur / MIB, peak / MIB)
 
     def cgroup_events(self, path: str | Path) -> dict[str, int]:
@@ -475,18 +422,8 @@ class HostMemoryReader:
             MemoryReadError: the file is not readable or a line is not ``key number``.
         """
         f = Path(path) / "memory.events"
-        try:
-            text = f.read_text()
-        except OSError as exc:
-            raise MemoryReadError(f, "memory.events", f"not readable: {exc}") from None
-        out: dict[str, int] = {}
-        for line in text.splitlines():
-            k, _, v = line.partition(" ")
-            try:
-                out[k] = int(v)
-            except ValueError:
-                raise MemoryReadError(f, k, f"not a number: {v!r}") from None
-        return out
+        lines = (line.partition(" ") for line in _read(f, "memory.events").splitlines())
+        return {k: _int(v, f, k) for k, _, v in lines}
 
     # ------------------------------------------------------------------ budget
     def limits(self) -> list[MemoryLimit]:
@@ -519,8 +456,3 @@ class HostMemoryReader:
 
 #: the reader of this host (real /proc and /sys/fs/cgroup)
 DEFAULT = HostMemoryReader()
-
-
-def is_nan(x: float | None) -> bool:
-    """True for None or NaN."""
-    return x is None or (isinstance(x, float) and math.isnan(x))

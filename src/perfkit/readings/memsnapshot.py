@@ -12,14 +12,8 @@ The pickle is read with an unpickler that builds builtin containers only (dict, 
 str, numbers, set): a file naming any class is refused, never executed. Every error names the
 file (and the key, for a schema error): :class:`MemSnapshotError`.
 
-Analysis (all sizes MiB = 2**20 bytes):
-
-* :func:`live_by_site` — the live (active) blocks grouped by allocation site;
-* :func:`diff_snapshots` — what grew between two snapshots, by site;
-* :func:`peak_by_site` — the blocks alive at the trace's peak of allocated bytes (optionally
-  after a time: a request's start), by site.
-
-A *site* is the innermost frame inside the engine (``perfkit/refengine/`` or ``sglang/`` by
+Analysis by allocation site (MiB = 2**20 bytes): :func:`live_by_site`, :func:`diff_snapshots`,
+:func:`peak_by_site`. A *site* is the innermost frame inside the engine (``perfkit/refengine/`` or ``sglang/`` by
 default), the first thing to read, plus the innermost frame outside torch itself (the library
 line that allocated, e.g. a diffusers layer); blocks with no recorded stack (allocated before
 history recording started) form one site, ``(no stack recorded)``.
@@ -40,7 +34,6 @@ from typing import Any, Optional
 import pandas as pd
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -65,7 +58,6 @@ class MemSnapshotError(ValueError):
 class Frame(BaseModel):
     """One Python (or C++) frame: function ``name``, ``filename``, ``line``."""
 
-    model_config = ConfigDict(extra="ignore")
     name: str
     filename: str
     line: int
@@ -103,44 +95,42 @@ MAX_BUILD_BYTES = 2**30
 _MODEL_BYTES = 600  # a validated Block / TraceEntry (measured: 545 B with an empty stack)
 
 
-class Block(BaseModel):
-    """A block inside a segment (bytes)."""
+class _Framed(BaseModel):
+    """A block or event: ``size`` (bytes, at most :data:`MAX_SIZE`) and its allocation stack."""
 
-    model_config = ConfigDict(extra="ignore")
-    address: int
     size: int = Field(ge=0, le=MAX_SIZE)
-    requested_size: Optional[int] = None
-    state: str
     frames: list[Frame] = Field(default_factory=list)
     _frames = field_validator("frames", mode="wrap")(_shared_frames)
+
+
+class Block(_Framed):
+    """A block inside a segment (bytes)."""
+
+    address: int
+    requested_size: Optional[int] = None
+    state: str
 
 
 class Segment(BaseModel):
     """One cudaMalloc'd segment of the caching allocator (bytes)."""
 
-    model_config = ConfigDict(extra="ignore")
     device: int
     address: int
     total_size: int = Field(ge=0, le=MAX_SIZE)
     blocks: list[Block]
 
 
-class TraceEntry(BaseModel):
+class TraceEntry(_Framed):
     """One allocator event (``time_us``: epoch microseconds)."""
 
-    model_config = ConfigDict(extra="ignore")
     action: str
     addr: int
-    size: int = Field(ge=0, le=MAX_SIZE)
     time_us: Optional[int] = None
-    frames: list[Frame] = Field(default_factory=list)
-    _frames = field_validator("frames", mode="wrap")(_shared_frames)
 
 
 class SnapshotFile(BaseModel):
     """torch's snapshot dict (keys perfkit reads; others are kept out)."""
 
-    model_config = ConfigDict(extra="ignore")
     segments: list[Segment]
     device_traces: list[list[TraceEntry]] = Field(default_factory=list)
 
@@ -258,10 +248,6 @@ def read_snapshot(
     opcodes: :func:`_scan`), then of the validated models (per reference: :func:`_build_cost`);
     classes other than set/frozenset/complex refused while unpickling. A small pickle that
     expands is refused in well under a second.
-
-    Args:
-        path: the file.
-        max_bytes: :data:`MAX_BYTES`; max_build_bytes: :data:`MAX_BUILD_BYTES`.
 
     Raises:
         MemSnapshotError: the file is missing, truncated or corrupted, larger than
@@ -391,14 +377,9 @@ def diff_snapshots(
 
 @dataclass
 class Peak:
-    """The peak of allocated bytes over a snapshot's trace window.
-
-    Attributes:
-        mib: allocated MiB at the peak (every live block on the device).
-        time_us: the event time of the peak (epoch µs), or None when the trace has no times.
-        events: trace events considered (after ``since``).
-        by_site: the blocks alive at the peak, grouped like :func:`live_by_site`.
-    """
+    """The peak of allocated bytes over a snapshot's trace window: ``mib`` allocated at the peak
+    (every live block on the device), ``time_us`` its event time (epoch µs; None: no times),
+    ``events`` considered (after ``since``), ``by_site`` the blocks alive then (:func:`live_by_site`)."""
 
     mib: float
     time_us: Optional[int]

@@ -60,13 +60,10 @@ def kernel_log_lines(path: str = KMSG, max_records: int = 100_000, since: float 
 def oom_record(
     pids: list[int], cgroup_path: str | Path | None = None, kmsg: str = KMSG, since: float | None = None
 ) -> str:
-    """The OOM-kill record of any of ``pids`` (the engine and its descendants) as one line;
-    ``since``: the engine's start (epoch s), so that an older record of a reused pid is not it.
-
-    Returns ``"cgroup <path>: memory.events oom_kill 1"``, ``"kernel log: <line>"`` (the first
-    matching lines, joined by `` | ``), or ``"no record found (<what was read>)"``. Never
-    raises: an unreadable source is named in the text.
-    """
+    """The OOM-kill record of any of ``pids`` (the engine and its descendants) as one line:
+    ``"cgroup <path>: memory.events oom_kill 1"``, ``"kernel log: <line>"`` (up to three, joined
+    by `` | ``) or ``"no record found (<what was read>)"``; ``since``: the engine's start (epoch s),
+    so an older record of a reused pid is not it. Never raises: an unreadable source is named."""
     read: list[str] = []
     if cgroup_path is not None:
         ev = Path(cgroup_path) / "memory.events"

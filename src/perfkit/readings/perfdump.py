@@ -27,6 +27,7 @@ kept as None ("not measured"); nothing defaults to 0.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,25 +48,14 @@ from perfkit.readings.records import (
 
 #: Keys every dump has (``dump_benchmark_report`` writes them unconditionally).
 REQUIRED_KEYS = ("request_id", "total_duration_ms", "steps")
-#: The keys of the newest layout.
-NEWER_KEYS = ("denoise_steps_ms", "memory_checkpoints")
 
 
 @dataclass
 class PerfDump:
-    """One perf dump.
-
-    Attributes:
-        request_id, timestamp, commit_hash, tag: as written.
-        total_duration_ms: end to end (ms); None when null.
-        stages: (stage name, ms) in the dump's ``steps`` order.
-        denoise_steps: denoising step ms (``denoise_steps_ms``); None when the dump has no such
-            key (older layout), [] when it has an empty list.
-        memory_checkpoints: ``after_<Stage>`` -> {allocated_mb, ...} (MiB); None when absent.
-        meta: the ``meta`` object.
-        raw: the whole parsed object.
-        path: the file it came from.
-    """
+    """One perf dump, as written: ``total_duration_ms`` (ms; None when null), ``stages`` (name,
+    ms) in the dump's ``steps`` order, ``denoise_steps`` ms (None: no ``denoise_steps_ms``, the
+    older layout), ``memory_checkpoints`` ``after_<Stage>`` -> {allocated_mb, ...} MiB (None:
+    absent), ``raw`` the parsed object, ``path`` its file."""
 
     request_id: str
     total_duration_ms: float | None
@@ -106,14 +96,10 @@ class PerfDump:
 
 
 def perf_dump_from_dict(obj: Any) -> PerfDump:
-    """Read a parsed dump (either layout of sglang's ``PerformanceLogger.dump_benchmark_report``).
-
-    Raises:
-        RecordError: naming the key of the first value that is not what sglang writes (a missing
-            ``request_id``/``total_duration_ms``/``steps``, a stage without ``duration_ms``, a
-            string, NaN, negative number, ...).
-    """
+    """Read a parsed dump (either layout). Raises :class:`RecordError` naming the key of the
+    first value that is not what sglang writes (a missing key, a string, NaN, a negative number)."""
     rid, stages = read_head(obj, "dump", REQUIRED_KEYS, "steps", "is missing (not an sglang perf dump?)")
+    # absent (older layout): None; present, as sglang writes it (null refused)
     denoise = (
         read_step_list(obj["denoise_steps_ms"], "denoise_steps_ms") if "denoise_steps_ms" in obj else None
     )
@@ -229,10 +215,8 @@ class DumpRow:
 
     @property
     def pct(self) -> float | None:
-        d = self.diff
-        if d is None:
-            return None
-        return 0.0 if self.before == 0 else d / self.before * 100.0  # compare_perf: base 0 -> 0 %
+        d = self.diff  # compare_perf: base 0 -> 0 %
+        return None if d is None else 0.0 if self.before == 0 else d / self.before * 100.0
 
 
 @dataclass
@@ -269,13 +253,13 @@ def _stage_status(b: float | None, n: float | None) -> str:
     return "slower" if n > upper else "faster" if n < lower else "similar"
 
 
+_STEP_NAME = re.compile(r"^denoising_step_(\d+)$")
+
+
 def _grouped(d: PerfDump) -> tuple[dict[str, float | None], list[str], dict[str, int]]:
     """Stage durations with ``denoising_step_<i>`` entries (and ``denoise_steps_ms``) summed into
     one ``Denoising Loop`` row, as compare_perf.py's ``consolidate_steps`` does; a null part
     makes the sum None."""
-    import re
-
-    pat = re.compile(r"^denoising_step_(\d+)$")
     dur: dict[str, float | None] = {}
     counts: dict[str, int] = {}
     order: list[str] = []
@@ -283,7 +267,7 @@ def _grouped(d: PerfDump) -> tuple[dict[str, float | None], list[str], dict[str,
     if d.denoise_steps:
         items += [(f"denoising_step_{i}", ms) for i, ms in enumerate(d.denoise_steps)]
     for name, ms in items:
-        key = DENOISING_LOOP if pat.match(name) else name
+        key = DENOISING_LOOP if _STEP_NAME.match(name) else name
         if key not in dur:
             dur[key], counts[key] = 0.0, 0
             order.append(key)
@@ -303,26 +287,19 @@ def compare_dumps(before: PerfDump, after: PerfDump) -> DumpComparison:
     Differences from compare_perf.py, on purpose: a missing or null value is "not measured"
     (shown as "–", never judged) where compare_perf.py reads it as 0.
     """
-    b_e2e, n_e2e = before.total_duration_ms, after.total_duration_ms
-    if b_e2e is None or n_e2e is None:
-        e2e = DumpRow("E2E Latency", b_e2e, n_e2e, "not measured")
-    else:
-        pct = 0.0 if b_e2e == 0 else (n_e2e - b_e2e) / b_e2e * 100.0
-        status = "faster" if pct < -E2E_STATUS_PCT else "slower" if pct > E2E_STATUS_PCT else "similar"
-        e2e = DumpRow("E2E Latency", b_e2e, n_e2e, status)
+    e2e = DumpRow("E2E Latency", before.total_duration_ms, after.total_duration_ms, "not measured")
+    if e2e.pct is not None:
+        e2e.status = (
+            "faster" if e2e.pct < -E2E_STATUS_PCT else "slower" if e2e.pct > E2E_STATUS_PCT else "similar"
+        )
     b_dur, b_order, b_cnt = _grouped(before)
     n_dur, n_order, n_cnt = _grouped(after)
     names = list(n_order) + [x for x in b_order if x not in n_order]
     rows: list[DumpRow] = []
     for name in names:
         b, n = b_dur.get(name), n_dur.get(name)
-        row = DumpRow(
-            name,
-            b,
-            n,
-            _stage_status(b, n),
-            (b_cnt.get(name, 0), n_cnt.get(name, 0)) if name == DENOISING_LOOP else None,
-        )
+        steps = (b_cnt.get(name, 0), n_cnt.get(name, 0)) if name == DENOISING_LOOP else None
+        row = DumpRow(name, b, n, _stage_status(b, n), steps)
         d = row.diff
         if d is None or abs(d) > STAGE_SHOW_DIFF_MS or b > STAGE_SHOW_MS or n > STAGE_SHOW_MS:
             rows.append(row)
@@ -340,12 +317,8 @@ def dump_comparison_markdown(c: DumpComparison) -> str:
     """The report compare_perf.py prints (summary table, stage breakdown, metadata), "–" for
     values that were not measured."""
     e = c.e2e
-    e2e_status = {
-        "faster": "✅ (Faster)",
-        "slower": "❌ (Slower)",
-        "similar": "➖ (Similar)",
-        "not measured": "– (not measured)",
-    }[e.status]
+    marks = {"faster": "✅ (Faster)", "slower": "❌ (Slower)", "similar": "➖ (Similar)"}
+    e2e_status = marks.get(e.status, "– (not measured)")
     diff = "–" if e.diff is None else f"**{e.diff:+.2f} ms ({e.pct:+.1f}%)**"
     tput = [("–" if v is None else f"{1000 / v if v else 0:.2f} req/s") for v in (e.before, e.after)]
     out = [

@@ -24,26 +24,14 @@ the request: ``dynamo_timed`` name -> ms, nested), ``recompile_limit_hit`` (bool
 ``host_rss_mib``, ``host_anon_mib``, ``device``, ``placement``, ``stage_peak_allocated_mb``
 and ``stage_peak_reserved_mb`` (stage -> MiB), ``stage_spans`` (list of {name, t_start,
 t_end}, epoch seconds), ``t_start``/``t_end`` (epoch seconds), ``refinement_steps`` (ms),
-``status`` and ``error``. The numbers perfkit reads from it (compile counts and ms, compile
-phase times, the recompile-limit flag, host RSS) are checked like sglang's (:func:`read_perfkit_block`); an absent
-key is "not reported" (NA in the tables, never 0): sglang's records have no ``perfkit`` block.
+``status`` and ``error``; the numbers perfkit reads from it are checked
+(:func:`read_perfkit_block`).
 
-Reading rules (no number is ever invented): every timing and memory value is returned as
-written or rejected with :class:`RecordError`, which names the file, the line and the key. A
-stage entry names its time ``execution_time_ms`` (sglang's ``performance.log``) or
-``duration_ms`` (sglang's ``--perf-dump-path`` JSON), exactly those; ``steps`` holds numbers or
-``{"step": i, "duration_ms": ms}`` objects. JSON ``null`` means "not measured" and is kept as
-``None``. Strings, booleans, NaN, infinities and negative numbers are errors, never 0.
-
-Unknown fields are kept in :attr:`PerfRecord.raw`. :func:`parse_lines` / :func:`read_perf_log`
-report a malformed line with its file, line number and key and skip it (``strict=True``
-raises instead); an unterminated last line is taken as still being written. A refused line
-that still names its request is in :attr:`ParseReport.rejected`, so that the caller fails that
-request with the reason instead of reading it as measured.
-
-Files are streamed (:func:`iter_perf_log`: one line in memory at a time) and decoded strictly:
-a line that is not UTF-8 (a stage name of stray bytes) is refused naming its line and byte,
-never read with U+FFFD replacement characters.
+Reading rules: every value is as written or a :class:`RecordError` naming the file, the line
+and the key (:func:`read_number`); JSON null is None ("not measured"), never 0. Files are
+streamed a line at a time and decoded strictly (:func:`iter_lines_report`); a refused line that
+still names its request is in :attr:`ParseReport.rejected`, so that the caller fails that
+request instead of reading it as measured.
 """
 
 from __future__ import annotations
@@ -80,11 +68,8 @@ class RecordError(ValueError):
         super().__init__(self._text())
 
     def _text(self) -> str:
-        where = ""
-        if self.source:
-            where = f"{self.source}"
-        if self.line:
-            where = f"{where}:{self.line}" if where else f"line {self.line}"
+        line = self.line and (f"{self.source}:{self.line}" if self.source else f"line {self.line}")
+        where = line or self.source
         return f"{where + ': ' if where else ''}key {self.key!r}: {self.problem}"
 
     def located(self, source: str | None = None, line: int | None = None) -> "RecordError":
@@ -118,10 +103,7 @@ def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
     returns a default.
     """
     t = type(value)
-    if t is float:  # the common case first (NaN fails every comparison)
-        if 0.0 <= value <= MAX_READING:
-            return value
-    elif t is int and 0 <= value <= MAX_READING:
+    if (t is float or t is int) and 0 <= value <= MAX_READING:  # the common case (NaN fails it)
         return float(value)
     if value is None:
         if nullable:
@@ -129,17 +111,13 @@ def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
         raise RecordError(key, "is null, expected a number")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RecordError(key, f"{value!r} ({type(value).__name__}) is not a number")
-    if isinstance(value, int):  # float() of 400 digits overflows: say what it is
-        what = "is negative" if value < 0 else f"is above {MAX_READING:g} (no ms or MiB value is that large)"
-        raise RecordError(key, f"{short_repr(value)} {what}")
-    f = float(value)
-    if math.isnan(f) or math.isinf(f):
+    if isinstance(value, float) and not math.isfinite(value):
         raise RecordError(key, f"{value!r} is not a finite number")
-    if f < 0:
-        raise RecordError(key, f"{value!r} is negative")
-    if f > MAX_READING:
-        raise RecordError(key, f"{value!r} is above {MAX_READING:g} (no ms or MiB value is that large)")
-    return f
+    if 0 <= value <= MAX_READING:  # a subclass of int or float (numpy's float64)
+        return float(value)
+    # an int of 400 digits would overflow float(): short_repr says what it is
+    what = "is negative" if value < 0 else f"is above {MAX_READING:g} (no ms or MiB value is that large)"
+    raise RecordError(key, f"{short_repr(value)} {what}")
 
 
 def read_optional_str(obj: dict[str, Any], key: str) -> str | None:
@@ -210,10 +188,9 @@ def read_step_list(steps: Any, key: str = "steps") -> list[float | None]:
     out: list[float | None] = []
     for i, s in enumerate(steps):
         if isinstance(s, dict):
-            if "step" not in s:
-                raise RecordError(f"{key}[{i}].step", "is missing")
-            if isinstance(s["step"], bool) or not isinstance(s["step"], int) or s["step"] != i:
-                raise RecordError(f"{key}[{i}].step", f"{s['step']!r} is not the step index {i}")
+            if type(s.get("step")) is not int or s["step"] != i:  # bool is no step index
+                why = f"{s['step']!r} is not the step index {i}" if "step" in s else "is missing"
+                raise RecordError(f"{key}[{i}].step", why)
             if "duration_ms" not in s:
                 extra = sorted(k for k in s if k != "step")
                 raise RecordError(
@@ -232,17 +209,13 @@ PERFKIT_NUMBER_KEYS = ("compile_ms", "host_rss_mib", "host_anon_mib")
 
 
 def read_perfkit_block(pk: dict[str, Any]) -> None:
-    """Check the reference engine's ``perfkit`` block where perfkit reads numbers from it: the
-    counts (:data:`PERFKIT_COUNT_KEYS`: whole numbers >= 0), the ms and MiB values
-    (:data:`PERFKIT_NUMBER_KEYS`), ``recompile_limit_hit`` (a bool), ``recompile_reasons`` (a
-    list of strings) and ``compile_phases_ms`` (an object of torch timer name -> ms, each a number
-    as :func:`read_number` takes it). A key that is absent or null is "not reported" (the
-    requests table holds NA there, never 0 or False: sglang's records have no ``perfkit`` block at
-    all).
+    """Check the ``perfkit`` block where perfkit reads numbers: :data:`PERFKIT_COUNT_KEYS` whole
+    numbers >= 0, :data:`PERFKIT_NUMBER_KEYS` (:func:`read_number`), ``recompile_limit_hit`` a
+    bool, ``recompile_reasons`` a list of strings, ``compile_phases_ms`` torch timer name -> ms.
+    Absent or null is "not reported" (NA in the tables, never 0 or False).
 
     Raises:
-        RecordError: naming ``perfkit.<key>`` (``perfkit.compile_phases_ms.<name>`` for one
-            phase) for a value that is none of these.
+        RecordError: naming ``perfkit.<key>`` (``perfkit.compile_phases_ms.<name>``).
     """
     for key in PERFKIT_COUNT_KEYS:
         v = read_number(pk.get(key), f"perfkit.{key}")
@@ -284,20 +257,9 @@ def read_memory_map(obj: Any, key: str) -> dict[str, dict[str, float | None]]:
 
 @dataclass
 class PerfRecord:
-    """One request's record.
-
-    Attributes:
-        request_id: the server's id for the request.
-        tag: free-form tag; the reference engine writes ``"warmup"`` for startup warmup runs.
-        stages: ordered list of (stage name, ms).
-        steps: denoising step times in ms.
-        total_duration_ms: server-side end-to-end ms.
-        memory_snapshots: checkpoint -> {allocated_mb, reserved_mb, peak_allocated_mb,
-            peak_reserved_mb} (MiB).
-        perfkit: the reference engine's extras ({} for other engines).
-        raw: the whole parsed JSON object, unknown fields included.
-        line_no: 1-based line number in the file it came from (0 if built in memory).
-    """
+    """One request's record, fields as in the module doc (ms, MiB): ``stages`` (name, ms) in
+    order, ``perfkit`` the reference engine's extras ({} for other engines), ``raw`` the whole
+    parsed object, ``line_no`` its 1-based line (0 if built in memory)."""
 
     request_id: str
     timestamp: str | None = None
@@ -335,44 +297,38 @@ class PerfRecord:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any], line_no: int = 0) -> "PerfRecord":
-        """Build from a parsed ``performance.log`` object (sglang ``RequestPerfRecord``, written by
-        ``PerformanceLogger.log_request_summary`` in ``multimodal_gen/runtime/utils/perf_logger.py``).
-
-        ``request_id``, ``stages``, ``steps`` and ``total_duration_ms`` must be there (sglang always
-        writes them); ``total_duration_ms`` and any time may be null (kept as None).
-        ``memory_snapshots`` may be absent (older sglang). See :func:`read_stage_entry` and
-        :func:`read_step_list` for the accepted stage and step shapes.
+        """Build from a parsed ``performance.log`` object (sglang's ``RequestPerfRecord``, written
+        by ``PerformanceLogger.log_request_summary``, ``multimodal_gen/runtime/utils/perf_logger.py``):
+        ``request_id``, ``stages``, ``steps`` and ``total_duration_ms`` must be there, any time may
+        be null (None), ``memory_snapshots`` may be absent (older sglang).
 
         Raises:
             RecordError: naming the key (and ``line_no`` when given) of the first value that is
                 not what sglang writes.
         """
         try:
-            return cls._from_dict(obj, line_no)
+            rid, stages = read_head(
+                obj, "record", ("request_id", "stages", "steps", "total_duration_ms"), "stages"
+            )
+            steps = read_step_list(obj["steps"])
+            snaps = obj.get("memory_snapshots")
+            pk = obj.get("perfkit")
+            if pk is not None and not isinstance(pk, dict):
+                raise RecordError("perfkit", f"{pk!r} is not an object")
+            if pk:
+                read_perfkit_block(pk)
+            strs = {k: read_optional_str(obj, k) for k in ("timestamp", "commit_hash", "tag")}
+            total = read_number(obj["total_duration_ms"], "total_duration_ms")
+            snapshots = read_memory_map(snaps, "memory_snapshots") if snaps is not None else {}
         except RecordError as exc:
             raise exc.located(line=line_no or None) from None
-
-    @classmethod
-    def _from_dict(cls, obj: Any, line_no: int) -> "PerfRecord":
-        rid, stages = read_head(
-            obj, "record", ("request_id", "stages", "steps", "total_duration_ms"), "stages"
-        )
-        steps = read_step_list(obj["steps"])
-        snaps = obj.get("memory_snapshots")
-        pk = obj.get("perfkit")
-        if pk is not None and not isinstance(pk, dict):
-            raise RecordError("perfkit", f"{pk!r} is not an object")
-        if pk:
-            read_perfkit_block(pk)
         return cls(
             request_id=rid,
-            timestamp=read_optional_str(obj, "timestamp"),
-            commit_hash=read_optional_str(obj, "commit_hash"),
-            tag=read_optional_str(obj, "tag"),
+            **strs,
             stages=stages,
             steps=steps,
-            total_duration_ms=read_number(obj["total_duration_ms"], "total_duration_ms"),
-            memory_snapshots=read_memory_map(snaps, "memory_snapshots") if snaps is not None else {},
+            total_duration_ms=total,
+            memory_snapshots=snapshots,
             perfkit=dict(pk or {}),
             raw=obj,
             line_no=line_no,
@@ -381,12 +337,9 @@ class PerfRecord:
 
 @dataclass
 class ParseReport:
-    """Records read from a file plus the lines that were skipped (line number, reason).
-
-    ``rejected`` maps the request id of each refused line whose id could still be read (a NaN or
-    negative time, an undecodable stage name, a wrong type) to the reason, which names the file
-    and line: the caller marks that request failed with it instead of reading it as measured.
-    """
+    """Records read from a file, the lines skipped (line number, reason) and ``rejected``: request
+    id -> reason (naming file and line) of each refused line that still names its request, which
+    the caller marks failed instead of reading it as measured."""
 
     records: list[PerfRecord]
     skipped: list[tuple[int, str]]
@@ -427,15 +380,11 @@ def iter_lines_report(
     partial_last: bool = True,
     keep_raw: bool = True,
 ) -> Iterator[PerfRecord | RecordError]:
-    """Read performance.log lines one at a time (bounded memory): each yields a
-    :class:`PerfRecord`, or a :class:`RecordError` naming ``source``, the line and the key (with
-    ``request_id`` set when the refused line still names its request). Bytes lines are decoded
-    strictly: invalid UTF-8 (a stage name of stray bytes) is refused naming the line and byte,
-    never read with replacement characters. An unterminated, unparsable last line is taken as
-    still being written (``partial_last``) and skipped silently. ``keep_raw=False`` leaves
-    :attr:`PerfRecord.raw` and :attr:`PerfRecord.perfkit` empty (less memory for readers that
-    only aggregate times). ``strict``: raise the first error instead of yielding it.
-    """
+    """Read performance.log lines one at a time (bounded memory): a :class:`PerfRecord` each, or
+    a :class:`RecordError` naming ``source``, the line and the key (``request_id`` set when the
+    line still names its request; ``strict``: raised). Bytes are decoded strictly (invalid UTF-8
+    refused naming line and byte). ``partial_last``: an unterminated, unparsable last line is
+    still being written, skipped. ``keep_raw=False`` leaves ``raw`` and ``perfkit`` empty."""
     pending: tuple[int, str | bytes] | None = None
     for i, line in enumerate(lines, start=1):
         if pending is not None:
@@ -451,17 +400,10 @@ def _one(
     unterminated = not (line.endswith(b"\n") if isinstance(line, bytes) else line.endswith("\n"))
     if isinstance(line, bytes):
         try:
-            text = line.decode("utf-8").strip()
-        except UnicodeDecodeError as exc:
-            text = line.decode("utf-8", errors="replace").strip()
-            err = RecordError(
-                "<utf-8>",
-                f"invalid UTF-8 at byte {exc.start + 1} of the line ({line[exc.start : exc.start + 4]!r}):"
-                " refused rather than read with replacement characters",
-                source=source,
-                line=i,
-            )
-            err.request_id = _request_id_of(text)
+            text = decode_text(line, "").strip()
+        except RecordError as exc:  # never read with replacement characters
+            err = exc.located(source=source, line=i)
+            err.request_id = _request_id_of(line.decode("utf-8", errors="replace"))
             if strict:
                 raise err from None
             yield err
@@ -508,18 +450,9 @@ def parse_lines(
     source: str | None = None,
     strict: bool = False,
 ) -> ParseReport:
-    """Parse performance.log lines (sglang's layout, see the module doc).
-
-    Args:
-        lines: the file's lines (with or without newlines; bytes are decoded strictly).
-        partial_last: treat an unterminated, unparsable last line as still being written
-            (skipped silently) rather than malformed.
-        source: the file name, for messages.
-        strict: raise :class:`RecordError` for the first malformed line instead of skipping it.
-
-    A skipped line's reason names the file, the line and the key; nothing is read as 0. A
-    refused line that still names its request is in :attr:`ParseReport.rejected`.
-    """
+    """Parse performance.log lines (with or without newlines; bytes decoded strictly) into a
+    :class:`ParseReport`; ``partial_last``, ``source`` and ``strict`` as in
+    :func:`iter_lines_report`."""
     return _collect(iter_lines_report(lines, source=source, strict=strict, partial_last=partial_last))
 
 
@@ -600,6 +533,6 @@ def lookup(path: str | Path, request_id: str) -> PerfRecord | RecordError | None
     it (file:line and key); None when no line names it yet."""
     found: PerfRecord | RecordError | None = None
     for it in iter_perf_log(path):
-        if (it.request_id if isinstance(it, (PerfRecord, RecordError)) else None) == request_id:
+        if it.request_id == request_id:
             found = it
     return found

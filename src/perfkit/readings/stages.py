@@ -3,20 +3,14 @@
 Stage names are kept as the engine writes them (sglang's ``LTX2AVDenoisingStage``, the reference
 engine's ``DenoisingStage``); this module tells plots and the baseline gate what each one is:
 
-- ``denoising``: the main denoising loop (``DenoisingStage``, ``LTX2AVDenoisingStage``, ...).
-- ``refinement``: the second denoising pass of two-stage pipelines (``RefinementStage``,
-  ``LTX2RefinementStage``). sglang counts it as a denoising stage (its class derives from
-  ``LTX2AVDenoisingStage`` and runs on the denoiser role), so the baseline gate gives it the
-  ``denoise_stage`` tolerance.
-- ``decoding``: VAE decoding (``DecodingStage``, ``LTX2AVDecodingStage``); sglang's gate gives
-  names ending in ``DecodingStage`` a wider tolerance.
-- ``other``: text encoding, latent preparation, image (VAE) encoding, upsampling, ...
-
-:func:`stage_class` looks the name up in :data:`KNOWN_STAGES` (the reference engine's names and
-sglang's, checked against sglang 0.5.23's ``multimodal_gen`` stages), then falls back to
-substrings, case-insensitively so that custom stage names such as ``ltx2_image_encoding_stage2``
-fit: ``decod``/``decode`` -> decoding (checked first), ``refine`` -> refinement,
-``beforedenois``/``preparation`` -> other, ``denois`` -> denoising, anything else -> other.
+``denoising`` (the main loop), ``refinement`` (the second denoising pass of two-stage
+pipelines: sglang derives it from ``LTX2AVDenoisingStage``, so the baseline gate gives it the
+``denoise_stage`` tolerance), ``decoding`` (VAE decoding: sglang's gate gives names ending in
+``DecodingStage`` a wider tolerance), ``other``. :func:`stage_class` goes by substrings,
+case-insensitively (every name in :data:`KNOWN_STAGES`, sglang 0.5.23's ``multimodal_gen`` and the
+reference engine's, fits, and so do custom ones such as ``ltx2_image_encoding_stage2``):
+``decod`` -> decoding (checked first), ``refine`` -> refinement, ``beforedenois``/``preparation``
+-> other, ``denois`` -> denoising, anything else -> other.
 """
 
 from __future__ import annotations
@@ -27,74 +21,24 @@ DENOISING = "denoising"
 REFINEMENT = "refinement"
 DECODING = "decoding"
 OTHER = "other"
-#: The classes, in pipeline order.
-CLASSES = (DENOISING, REFINEMENT, DECODING, OTHER)
 
 #: Pipeline order used by plots: the reference engine's stages interleaved with sglang's
 #: (generic stages, then the LTX-2 one- and two-stage pipelines). Stages not listed are drawn
 #: after these, in order of appearance.
-PIPELINE_ORDER = (
-    "InputValidationStage",
-    "TextEncodingStage",
-    "LTX2TextConnectorStage",
-    "LTX2DurationStage",
-    "ConditioningStage",
-    "LTX2HalveResolutionStage",
-    "LTX2LoRASwitchStage",
-    "LTX2SigmaPreparationStage",
-    "TimestepPreparationStage",
-    "LatentPreparationStage",
-    "LTX2AVLatentPreparationStage",
-    "ImageEncodingStage",
-    "ImageVAEEncodingStage",
-    "LTX2ImageEncodingStage",
-    "DenoisingStage",
-    "LTX2DenoisingStage",
-    "LTX2AVDenoisingStage",
-    "UpsampleStage",
-    "LTX2UpsampleStage",
-    "ltx2_lora_switch_stage2",
-    "ltx2_image_encoding_stage2",
-    "RefinementStage",
-    "LTX2RefinementStage",
-    "DecodingStage",
-    "LTX2AVDecodingStage",
+PIPELINE_ORDER = tuple(
+    (
+        "InputValidationStage TextEncodingStage LTX2TextConnectorStage LTX2DurationStage "
+        "ConditioningStage LTX2HalveResolutionStage LTX2LoRASwitchStage LTX2SigmaPreparationStage "
+        "TimestepPreparationStage LatentPreparationStage LTX2AVLatentPreparationStage ImageEncodingStage "
+        "ImageVAEEncodingStage LTX2ImageEncodingStage DenoisingStage LTX2DenoisingStage "
+        "LTX2AVDenoisingStage UpsampleStage LTX2UpsampleStage ltx2_lora_switch_stage2 "
+        "ltx2_image_encoding_stage2 RefinementStage LTX2RefinementStage DecodingStage LTX2AVDecodingStage"
+    ).split()
 )
 
-#: Exact stage names -> class (reference engine and sglang).
-KNOWN_STAGES: dict[str, str] = {
-    # reference engine (perfkit.refengine.pipeline)
-    "TextEncodingStage": OTHER,
-    "LatentPreparationStage": OTHER,
-    "DenoisingStage": DENOISING,
-    "UpsampleStage": OTHER,
-    "RefinementStage": REFINEMENT,
-    "DecodingStage": DECODING,
-    # sglang: generic stages (runtime/pipelines_core/stages)
-    "InputValidationStage": OTHER,
-    "ConditioningStage": OTHER,
-    "TimestepPreparationStage": OTHER,
-    "ImageEncodingStage": OTHER,
-    "ImageVAEEncodingStage": OTHER,
-    "DmdDenoisingStage": DENOISING,
-    "CausalDMDDenoisingStage": DENOISING,
-    "CausalVaeDecodingStage": DECODING,
-    # sglang: LTX-2 / LTX-2.3 (runtime/pipelines/ltx_2_pipeline.py)
-    "LTX2TextConnectorStage": OTHER,
-    "LTX2DurationStage": OTHER,
-    "LTX2HalveResolutionStage": OTHER,
-    "LTX2LoRASwitchStage": OTHER,
-    "ltx2_lora_switch_stage2": OTHER,
-    "LTX2SigmaPreparationStage": OTHER,
-    "LTX2AVLatentPreparationStage": OTHER,
-    "LTX2ImageEncodingStage": OTHER,
-    "ltx2_image_encoding_stage2": OTHER,
-    "LTX2DenoisingStage": DENOISING,
-    "LTX2AVDenoisingStage": DENOISING,
-    "LTX2UpsampleStage": OTHER,
-    "LTX2RefinementStage": REFINEMENT,
-    "LTX2AVDecodingStage": DECODING,
-}
+#: Every stage name the reference engine and sglang 0.5.23 write (``ab`` suggests from these);
+#: :func:`stage_class` classes each of them by its substring rules.
+KNOWN_STAGES = (*PIPELINE_ORDER, "DmdDenoisingStage", "CausalDMDDenoisingStage", "CausalVaeDecodingStage")
 
 #: stage class -> the baseline gate's class (``perfkit.gate.baseline.classify_stage``).
 BASELINE_CLASS = {DENOISING: "denoise", REFINEMENT: "denoise", DECODING: "decoding", OTHER: "non_denoise"}
@@ -103,11 +47,7 @@ BASELINE_CLASS = {DENOISING: "denoise", REFINEMENT: "denoise", DECODING: "decodi
 def stage_class(name: str) -> str:
     """``denoising``, ``refinement``, ``decoding`` or ``other`` for a stage name (see the module
     doc for the rules)."""
-    name = str(name)
-    known = KNOWN_STAGES.get(name)
-    if known is not None:
-        return known
-    low = name.lower()
+    low = str(name).lower()
     if "decod" in low:
         return DECODING
     if "refine" in low:
@@ -117,11 +57,6 @@ def stage_class(name: str) -> str:
     if "denois" in low:
         return DENOISING
     return OTHER
-
-
-def is_denoising(name: str) -> bool:
-    """True for the main denoising stage(s) (not refinement)."""
-    return stage_class(name) == DENOISING
 
 
 def baseline_class(name: str) -> str:
@@ -141,7 +76,4 @@ def order_stages(names: Iterable[str]) -> list[str]:
 
 def denoising_stage(names: Iterable[str]) -> str | None:
     """The first stage classed ``denoising`` among ``names`` (pipeline order), or None."""
-    for s in order_stages(names):
-        if stage_class(s) == DENOISING:
-            return s
-    return None
+    return next((s for s in order_stages(names) if stage_class(s) == DENOISING), None)

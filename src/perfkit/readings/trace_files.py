@@ -31,9 +31,8 @@ PARALLEL_MIN_BYTES = 2 * 2**20
 
 @dataclass(frozen=True)
 class TraceTables:
-    """What one trace file says: ``events`` (:func:`~perfkit.readings.traces.op_events`, one row
-    per op) and ``overhead`` (:func:`~perfkit.readings.traces.overhead_table`, per stage and
-    rank), or ``error`` (the file and why it could not be read) and both None."""
+    """One trace file's ``events`` (:func:`~perfkit.readings.traces.op_events`) and ``overhead``
+    (:func:`~perfkit.readings.traces.overhead_table`), or ``error`` (file and why) and both None."""
 
     events: pd.DataFrame | None
     overhead: pd.DataFrame | None
@@ -53,17 +52,13 @@ def read_one(path: str | Path, stages: list[str] | None = None) -> TraceTables:
 
 
 def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def read_many(paths: list[Path], stages: list[list[str] | None] | None = None) -> list[TraceTables]:
-    """:func:`read_one` of each of ``paths`` (with ``stages[i]`` when given), in their order; in parallel (module doc) when
-    there are two or more files adding up to :data:`PARALLEL_MIN_BYTES` and more than one core.
-    A missing file is an ``error`` (from :func:`~perfkit.readings.traces.load_trace`), as when
-    read alone."""
+    """:func:`read_one` of each of ``paths`` (with ``stages[i]``), in order; in parallel (module
+    doc) when two or more files add up to :data:`PARALLEL_MIN_BYTES` on two or more cores. A
+    missing file is an ``error``, as when read alone."""
     size = sum(p.stat().st_size for p in paths if p.is_file())
     workers = min(len(paths), _cores())
     names = list(stages) if stages is not None else [None] * len(paths)

@@ -138,28 +138,29 @@ def is_stage(name: str) -> bool:
 
 
 def _structural(name: str) -> bool:
-    return (
-        is_stage(name)
-        or bool(STEP_RANGE.match(name))
-        or bool(PROFILER_STEP.match(name))
-        or bool(COMPILE_WRAPPER.match(name))
-    )
+    return is_stage(name) or any(r.match(name) for r in (STEP_RANGE, PROFILER_STEP, COMPILE_WRAPPER))
 
 
 def _complete(trace: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
 
 
-def stage_names(trace: dict[str, Any], stages: Sequence[str] | None = None) -> dict[str, str]:
-    """Stage range name -> the stage's name in tables, for every stage range of ``trace``.
+def _threads(evs: list[dict[str, Any]], cats: tuple[str, ...]) -> dict[tuple[Any, Any], list[dict[str, Any]]]:
+    """(pid, tid) -> its events of ``cats`` by start; at equal starts the longer (enclosing) first."""
+    out: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for e in evs:
+        if e.get("cat") in cats:
+            out.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for events in out.values():
+        events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+    return out
 
-    ``STAGE <x>`` ranges: when ``stages`` (the request's performance.log stage names, in order)
-    has as many names as the trace has distinct ``STAGE`` ranges, the i-th range (by start) is
-    the i-th name (a full_stages trace records every stage once, in order: sglang's
-    ``SyncExecutor``); otherwise :data:`REGISTERED_STAGES`, else ``<x>`` as written (a class
-    name, ``STAGE LTX2AVDenoisingStage``, or a registered name this table lacks). Older-layout
-    ranges (``DenoisingStage``) keep their name.
-    """
+
+def stage_names(trace: dict[str, Any], stages: Sequence[str] | None = None) -> dict[str, str]:
+    """Stage range name -> the stage's name in tables (module doc). ``STAGE <x>`` ranges take
+    the i-th of ``stages`` (the request's performance.log stage names) when there are as many
+    (a full_stages trace records each stage once, in order: sglang's ``SyncExecutor``), else
+    :data:`REGISTERED_STAGES` or ``<x>``; older-layout ranges keep their name."""
     evs = sorted(
         (e for e in _complete(trace) if e.get("cat") == "user_annotation"), key=lambda e: float(e["ts"])
     )
@@ -185,13 +186,11 @@ def _denoising_name(names: dict[str, str], stages: Sequence[str] | None) -> str:
 
 def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
     """The trace's denoising-step ranges (:data:`STEP_COLUMNS`), in order: ``step`` (the
-    denoising step index), ``name`` (the range), ``ts_us``, ``dur_ms``, ``warmup_step`` and
-    ``tail``. Older layout: the ``denoising_step_{i}`` ranges (step ``i``; never warm-up or
-    tail). sglang's layout: ``ProfilerStep#k`` (step ``k``); in an ``N_steps`` trace N+1 of
-    them, ``ProfilerStep#1`` flagged ``warmup_step`` (sglang's ``num_active_steps = N +
-    warmup``, ``runtime/utils/profiler.py``), and one in which a ``STAGE`` range starts flagged
-    ``tail`` (the request's steps ran out: it holds the end of the denoising stage and what
-    followed, e.g. ``STAGE decoding_stage``). Empty in a full_stages trace."""
+    denoising step index), ``name``, ``ts_us``, ``dur_ms``, ``warmup_step`` and ``tail``. Older
+    layout: ``denoising_step_{i}`` (step ``i``). sglang's: ``ProfilerStep#k`` (step ``k``;
+    ``ProfilerStep#1`` is ``warmup_step``, module doc), ``tail`` when a ``STAGE`` range starts in
+    it (the steps ran out: it holds what followed, e.g. ``STAGE decoding_stage``). Empty in a
+    full_stages trace."""
     ann = [e for e in _complete(trace) if e.get("cat") == "user_annotation"]
     old = [e for e in ann if STEP_RANGE.match(str(e.get("name", "")))]
     stage_starts = [float(e["ts"]) for e in ann if STAGE_RANGE.match(str(e.get("name", "")))]
@@ -208,31 +207,23 @@ def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
 
 
 def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.DataFrame:
-    """One row per op of the trace (:data:`EVENT_COLUMNS`): ``op`` name, ``cat``, ``tid``,
-    ``ts_us`` (trace clock, µs), ``dur_ms``, ``stage`` (the innermost enclosing stage range on
-    that thread, named by :func:`stage_names` with ``stages``: the request's performance.log
-    stage names, optional; inside a denoising-step range and no stage range: the denoising
-    stage; ``"(none)"`` outside every stage and step range), ``step`` (the enclosing step range's
-    index, :func:`step_ranges`; -1 outside, and inside another stage's range that a trailing
-    ProfilerStep holds), ``warmup_step`` (that step is sglang's extra warm-up step), ``top`` (no
-    other op encloses it). Kernels: rows with ``cat == "kernel"``, stage and step from their
-    launch (same ``correlation``), ``top`` True.
-    """
+    """One row per op of the trace (:data:`EVENT_COLUMNS`): ``ts_us`` (trace clock, µs),
+    ``dur_ms``, ``stage`` (the innermost enclosing stage range on that thread,
+    :func:`stage_names`; in a step range and no stage range the denoising stage; else
+    ``"(none)"``), ``step`` (the enclosing step range's index, :func:`step_ranges`; -1 outside or
+    in another stage's range inside a trailing ProfilerStep), ``warmup_step``, ``top`` (no other
+    op encloses it). Kernels (``cat == "kernel"``) take stage and step from their launch (same
+    ``correlation``), ``top`` True."""
     evs = _complete(trace)
     names = stage_names(trace, stages)
     denoising = _denoising_name(names, stages)
     # sglang's layout: ProfilerStep#k is step k; the older one's ProfilerSteps are not steps
     old = any(e.get("cat") == "user_annotation" and STEP_RANGE.match(str(e.get("name", ""))) for e in evs)
     step_re = STEP_RANGE if old else PROFILER_STEP
-    cpu = [e for e in evs if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")]
     rows: list[tuple[Any, ...]] = []
     launch_of: dict[Any, tuple[str, int, bool]] = {}
-    by_tid: dict[Any, list[dict[str, Any]]] = {}
-    for e in cpu:
-        by_tid.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-    for (_, tid), events in by_tid.items():
-        # start order; at equal starts the longer (enclosing) event first
-        events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+    cats = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
+    for (_, tid), events in _threads(evs, cats).items():
         stack: list[tuple[float, dict[str, Any]]] = []  # (end, event)
         for e in events:
             ts, dur = float(e["ts"]), float(e["dur"])
@@ -306,8 +297,8 @@ def median_op_table(traces: list[pd.DataFrame], *, kernels: bool = False) -> pd.
     if not ops:
         return pd.DataFrame(columns=OP_COLUMNS)
     g = pd.DataFrame({"op": ops})
-    g["count"] = [float(np.median([t["count"].get(o, 0) for t in tables])) for o in ops]
-    g["total_ms"] = [float(np.median([t["total_ms"].get(o, 0.0) for t in tables])) for o in ops]
+    for c in ("count", "total_ms"):
+        g[c] = np.median([t[c].reindex(ops, fill_value=0).to_numpy(float) for t in tables], axis=0)
     g["mean_ms"] = g["total_ms"] / g["count"].where(g["count"] > 0)
     g["share"] = g["total_ms"] / g["total_ms"].sum() if g["total_ms"].sum() > 0 else np.nan
     return g.sort_values("total_ms", ascending=False)[OP_COLUMNS].reset_index(drop=True)
@@ -330,10 +321,8 @@ def op_diff(
     ta, tb = table(a), table(b)
     ops = list(dict.fromkeys([*ta.index, *tb.index]))
     out = pd.DataFrame({"op": ops})
-    out["count_a"] = [float(ta["count"].get(o, 0)) for o in ops]
-    out["count_b"] = [float(tb["count"].get(o, 0)) for o in ops]
-    out["ms_a"] = [float(ta["total_ms"].get(o, 0.0)) for o in ops]
-    out["ms_b"] = [float(tb["total_ms"].get(o, 0.0)) for o in ops]
+    for c, side, t in (("count", "a", ta), ("count", "b", tb), ("total_ms", "a", ta), ("total_ms", "b", tb)):
+        out[f"{'ms' if c == 'total_ms' else c}_{side}"] = t[c].reindex(ops, fill_value=0).to_numpy(float)
     out["delta_ms"] = out["ms_b"] - out["ms_a"]
     total = float(np.abs(out["delta_ms"]).sum())
     out["delta_share"] = np.abs(out["delta_ms"]) / total if total > 0 else np.nan
@@ -343,18 +332,10 @@ def op_diff(
 
 # ------------------------------------------------------------------------ overhead and idle share
 #: columns of :func:`overhead_table`
-OVERHEAD_COLUMNS = [
-    "rank",
-    "stage",
-    "window_ms",
-    "op_ms",
-    "cpu_overhead_ms",
-    "cpu_overhead_share",
-    "launch_ms",
-    "kernels",
-    "device_busy_ms",
-    "device_idle_share",
-]
+OVERHEAD_COLUMNS = (
+    "rank stage window_ms op_ms cpu_overhead_ms cpu_overhead_share launch_ms kernels device_busy_ms "
+    "device_idle_share"
+).split()
 #: device activity: kernels, and the copies and sets a GPU runs
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 #: the rank in sglang's trace file names (``{request_id}-{mode}-global-rank{rank}.trace.json.gz``)
@@ -385,18 +366,14 @@ def overhead_table(
 
     Definitions (times in ms, on the trace's clock):
 
-    - ``window_ms``: the stage's wall time in the trace: the union of its stage ranges (named
-      by :func:`stage_names` with ``stages``, the request's performance.log stage names,
-      optional); in a steps-only trace (``{N}_steps``: recording starts inside the denoising
-      stage, so its range is not in the trace) the denoising stage's window is the union of the
-      recorded step ranges (:func:`step_ranges`: ``ProfilerStep#k``, each cut where a stage
-      range starts inside it; older layout: ``denoising_step_{i}``), sglang's warm-up step
-      included.
+    - ``window_ms``: the union of the stage's ranges (named by :func:`stage_names` with
+      ``stages``); in a steps-only trace the denoising stage's is the union of the step ranges
+      (:func:`step_ranges`, each cut where a stage range starts inside it; the warm-up step
+      included).
     - ``op_ms``: the part of the window covered by top-level ops (:func:`op_events`) on the
       thread that ran the stage range (the union of their intervals: parallel ops count once).
-    - ``cpu_overhead_ms`` = ``window_ms`` − ``op_ms``: the stage's wall time not covered by any
-      top-level op, i.e. Python and framework time between ops (scheduling, Python glue, the
-      pipeline's own code); ``cpu_overhead_share`` = that / ``window_ms``.
+    - ``cpu_overhead_ms`` = ``window_ms`` − ``op_ms``: Python and framework time between ops;
+      ``cpu_overhead_share`` = that / ``window_ms``.
     - ``launch_ms``: time in CUDA runtime/driver calls (``cudaLaunchKernel``, …) in the window,
       the CPU-side launch cost; ``kernels``: device events (:data:`DEVICE_CATS`) that overlap
       the window.
@@ -439,12 +416,7 @@ def overhead_table(
         return pd.DataFrame(columns=OVERHEAD_COLUMNS)
     # top-level ops per thread (the same nesting rule as op_events)
     tops: dict[tuple[Any, Any], list[tuple[float, float]]] = {}
-    by_tid: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
-    for e in evs:
-        if e.get("cat") in ("cpu_op", "user_annotation"):
-            by_tid.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-    for key, events in by_tid.items():
-        events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+    for key, events in _threads(evs, ("cpu_op", "user_annotation")).items():
         end_of_top = -math.inf
         for e in events:
             if _structural(str(e.get("name", ""))):

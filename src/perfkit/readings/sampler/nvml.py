@@ -6,6 +6,7 @@ devices (:func:`nvml_inventory`), ``CUDA_VISIBLE_DEVICES`` resolved to them by U
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -20,12 +21,11 @@ NAN = float("nan")
 NVML_NOT_AVAILABLE = 2**64 - 1
 
 _nvml_lock = threading.Lock()
-_nvml_refs = 0
 
 
 def _nvml_init() -> Any | None:
-    """pynvml module when NVML works here, else None (reference counted; pair with _nvml_shutdown)."""
-    global _nvml_refs
+    """pynvml module when NVML works here, else None (NVML counts the inits; pair with
+    _nvml_shutdown)."""
     try:
         import pynvml
     except ImportError:
@@ -36,18 +36,12 @@ def _nvml_init() -> Any | None:
         except Exception as exc:  # noqa: BLE001 - no driver / no GPU is normal
             log.debug("NVML not available: %s", exc)
             return None
-        _nvml_refs += 1
         return pynvml
 
 
 def _nvml_shutdown(nv: Any) -> None:
-    global _nvml_refs
-    with _nvml_lock:
-        try:
-            nv.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
-        _nvml_refs = max(0, _nvml_refs - 1)
+    with _nvml_lock, contextlib.suppress(Exception):
+        nv.nvmlShutdown()
 
 
 def _indices(gpu_index: int | Sequence[int]) -> list[int]:
@@ -211,16 +205,16 @@ class PynvmlSource:
             _nvml_shutdown(self._nv)
         self._nv, self._handles = None, {}
 
-    def _optional(self, what: str, read: Callable[[], Any]) -> Any:
-        """``read()``, or None when NVML cannot give it (logged once per reading: the column is
-        then NaN, "not read", never 0)."""
+    def _optional(self, what: str, read: Callable[[], Any], default: Any = NAN) -> Any:
+        """``read()``, or ``default`` when NVML cannot give it (logged once per reading: the
+        column is then NaN, "not read", never 0)."""
         try:
             return read()
         except Exception as exc:  # noqa: BLE001 - not supported on some devices (MIG, old drivers)
             if what not in self._unsupported:
                 self._unsupported.add(what)
                 log.info("NVML %s not read (%s): its column is NaN", what, exc)
-            return None
+            return default
 
     def device(self, index: int) -> DeviceReading:
         nv, h = self._nv, self._handles[index]
@@ -236,15 +230,8 @@ class PynvmlSource:
         reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             nv, "nvmlDeviceGetCurrentClocksThrottleReasons"
         )
-        reasons = self._optional("nvmlDeviceGetCurrentClocksEventReasons", lambda: int(reasons_fn(h)))
-        return DeviceReading(
-            int(mem.used),
-            int(mem.total),
-            NAN if util is None else util,
-            NAN if clock is None else clock,
-            NAN if power is None else float(power),
-            reasons,
-        )
+        reasons = self._optional("nvmlDeviceGetCurrentClocksEventReasons", lambda: int(reasons_fn(h)), None)
+        return DeviceReading(int(mem.used), int(mem.total), util, clock, float(power), reasons)
 
     def processes(self, index: int) -> list[tuple[int, int | None]]:
         procs = self._nv.nvmlDeviceGetComputeRunningProcesses(self._handles[index])

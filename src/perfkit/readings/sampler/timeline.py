@@ -1,6 +1,5 @@
 """The memory timeline: :class:`MemorySampler` (a background thread sampling an engine's device
-and host memory, SM clock, power and clock-event reasons), its columns (:data:`COLUMNS`) and the
-engine's process tree (:func:`tree_pids`); see :mod:`perfkit.readings.sampler`.
+and host memory, SM clock, power and clock-event reasons), its columns (:data:`COLUMNS`); see :mod:`perfkit.readings.sampler`.
 """
 
 from __future__ import annotations
@@ -8,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import operator
 import os
 import threading
 import time
@@ -28,23 +28,14 @@ from perfkit.readings.sampler.nvml import (
 log = logging.getLogger(__name__)
 
 
-COLUMNS = (
-    "t",
-    "device_used_mib",
-    "host_rss_mib",
-    "host_anon_mib",
-    "host_pss_mib",
-    "host_uss_mib",
-    "cgroup_current_mib",
-    "gpu_util_pct",
-    "sm_clock_mhz",
-    "power_w",
-    "clock_event_reasons",
-    "device_source",
+COLUMNS = tuple(
+    (
+        "t device_used_mib host_rss_mib host_anon_mib host_pss_mib host_uss_mib cgroup_current_mib "
+        "gpu_util_pct sm_clock_mhz power_w clock_event_reasons device_source"
+    ).split()
 )
 #: numeric columns (all but ``device_source``)
 NUMERIC = tuple(c for c in COLUMNS if c != "device_source")
-DEVICE_SOURCES = ("nvml-process", "nvml-device-delta", "none")
 #: a per-process NVML figure of 0 while the device grew by more than this (MiB) is not true
 IMPLAUSIBLE_GROWTH_MIB = 256.0
 
@@ -77,11 +68,6 @@ def pss_enabled(environ: dict[str, str] | None = None) -> bool:
     )
 
 
-def tree_pids(root: int) -> list[int]:
-    """``root`` and its descendants (see :meth:`HostMemoryReader.tree_pids`)."""
-    return _DEFAULT_READER.tree_pids(root)
-
-
 class MemorySampler:
     """Background memory sampler of an engine process tree.
 
@@ -94,24 +80,14 @@ class MemorySampler:
             (None/NaN: not subtracted, that check skipped).
         tree_refresh_s: how often the process tree is re-scanned (s).
         cgroup_path: the engine's own cgroup v2 directory (``cgroup_current_mib``; None: none).
-        nvml: NVML access (default :class:`PynvmlSource`).
-        reader: host memory reader (default: this host's /proc and /sys/fs/cgroup).
-        pss_duty: the largest fraction of wall time spent reading ``smaps_rollup`` (default
-            :data:`PSS_DUTY`).
+        nvml, reader: NVML access and host memory reader (defaults: :class:`PynvmlSource`, this
+            host's /proc and /sys/fs/cgroup).
+        pss_duty: the largest fraction of wall time spent reading ``smaps_rollup`` (its read
+            stalls the engine's mmap, :data:`~perfkit.readings.memory.PSS_DUTY`): after a read
+            that took ``c`` s the next waits ``c / pss_duty`` s; the samples between read
+            ``statm`` (PSS and USS NaN, never a carried value).
 
-    Host PSS and USS come from ``smaps_rollup``, whose read walks the engine's page tables under
-    its mmap lock: the engine's own ``mmap``/``munmap`` wait meanwhile. On the H200 (issue 42,
-    ``examples/h200/evidence/README.md``) reading PSS every 0.1 s of a 17 GiB process tree
-    (~35 ms a read, 200 ms while it compiles) made a capped engine's recompile 4.96x slower (323 s against 65 s with
-    ``statm``) and its warm requests 24 % slower. So PSS is read at most ``pss_duty`` of the wall
-    time: after a read that took ``c`` s the next waits ``c / pss_duty`` s, and the samples in
-    between read ``statm`` (RSS and anonymous every sample; PSS and USS NaN there, never a carried
-    value). A small tree (a read under ``pss_duty * interval_s``) gets PSS at every sample. The
-    environment variable ``PERFKIT_SAMPLER_PSS`` set to ``0``/``false``/``no``/``off`` turns PSS off
-    (``statm`` only); see :func:`pss_enabled`.
-
-    Use as a context manager or call :meth:`start`/:meth:`stop`. :meth:`to_frame` gives the
-    samples as a DataFrame with columns :data:`COLUMNS`.
+    A context manager (or :meth:`start`/:meth:`stop`); :meth:`to_frame`: the samples.
 
     Raises:
         ValueError: interval_s <= 0, pss_duty not a number in (0, 1] (NaN, inf, a string, a
@@ -147,7 +123,7 @@ class MemorySampler:
         self.cgroup_path = Path(cgroup_path) if cgroup_path is not None else None
         self.nvml: NvmlSource = nvml if nvml is not None else PynvmlSource()
         self.reader = reader or _DEFAULT_READER
-        #: source of the last sample's device figure (one of :data:`DEVICE_SOURCES`)
+        #: source of the last sample's device figure (``nvml-process``, ``nvml-device-delta`` or ``none``)
         self.device_source = "none"
         self.cpu_seconds = 0.0
         self.t_started: float | None = None
@@ -291,29 +267,27 @@ class MemorySampler:
         self._clocks = (NAN, NAN, None)
         if not self._nvml_ok:
             return NAN, NAN, "none"
-        tree = set(self._tree)
-        per_proc = 0.0
-        matched = False
-        bad: list[str] = []
-        used = total = 0.0
-        utils = []
-        clocks: list[float] = []
-        watts: list[float] = []
-        reasons: list[int] = []
+        devs = []
         for i in self.gpu_indices:
             try:
-                d = self.nvml.device(i)
+                devs.append(self.nvml.device(i))
             except Exception as exc:  # noqa: BLE001
                 self._error_once(f"NVML device {i} not read: {exc}")
                 return NAN, NAN, "none"
-            used += d.used_bytes / MIB
-            total += d.total_bytes / MIB
-            if not math.isnan(d.util_pct):
-                utils.append(d.util_pct)
-            clocks.append(d.sm_clock_mhz)
-            watts.append(d.power_w)
-            if d.clock_event_reasons is not None:
-                reasons.append(int(d.clock_event_reasons))
+        used = sum(d.used_bytes for d in devs) / MIB
+        total = sum(d.total_bytes for d in devs) / MIB
+        utils = [d.util_pct for d in devs if not math.isnan(d.util_pct)]
+        util = sum(utils) / len(utils) if utils else NAN
+        clocks = [d.sm_clock_mhz for d in devs]
+        reasons = [d.clock_event_reasons for d in devs]
+        self._clocks = (  # a NaN part makes the figure NaN (sum does that itself)
+            min(clocks) if devs and not any(map(math.isnan, clocks)) else NAN,
+            sum(d.power_w for d in devs) if devs else NAN,
+            functools.reduce(operator.or_, map(int, reasons)) if devs and None not in reasons else None,
+        )
+        tree = set(self._tree)
+        per_proc, matched, bad = 0.0, False, []
+        for i in self.gpu_indices:
             try:
                 procs = self.nvml.processes(i)
             except Exception as exc:  # noqa: BLE001
@@ -327,13 +301,6 @@ class MemorySampler:
                     bad.append(f"pid {pid} on device {i}: usedGpuMemory not available")
                 else:
                     per_proc += mem / MIB
-        util = sum(utils) / len(utils) if utils else NAN
-        n = len(self.gpu_indices)
-        self._clocks = (
-            min(clocks) if clocks and not any(math.isnan(c) for c in clocks) else NAN,
-            sum(watts) if watts and not any(math.isnan(w) for w in watts) else NAN,
-            functools.reduce(lambda a, b: a | b, reasons) if len(reasons) == n and n else None,
-        )
         base = self.baseline_device_mib
         has_base = base is not None and not math.isnan(base)
         delta = max(0.0, used - base) if has_base else used
@@ -396,15 +363,10 @@ class MemorySampler:
     def peak(self) -> dict[str, float]:
         """Numeric column -> max over the samples (NaN when none)."""
         rows = self.samples
-        out = {}
-        for i, c in enumerate(COLUMNS):
-            if c not in NUMERIC or c == "t":
-                continue
-            if c == "clock_event_reasons":
-                continue
-            vals = [r[i] for r in rows if not math.isnan(r[i])]
-            out[c] = max(vals) if vals else NAN
-        return out
+        cols = [
+            (i, c) for i, c in enumerate(COLUMNS) if c in NUMERIC and c not in ("t", "clock_event_reasons")
+        ]
+        return {c: max((r[i] for r in rows if not math.isnan(r[i])), default=NAN) for i, c in cols}
 
     def overhead_pct(self) -> float:
         """CPU time used by the sampler thread as a % of one core over its running time."""
