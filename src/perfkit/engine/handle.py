@@ -398,17 +398,6 @@ class EngineHandle:
         """Records in ``perf_log_dir/performance.log`` so far (malformed lines skipped)."""
         return _records.read_perf_log(self.perf_log_path).records
 
-    def record_lines(self) -> list[str]:
-        """Raw performance.log lines (for ResultBundle.records); a line that is not UTF-8 is kept
-        with its stray bytes as ``\\xNN`` escapes (lossless; the record reader refuses that line,
-        naming it, from the file itself)."""
-        try:
-            with open(self.perf_log_path, "rb") as fh:
-                raw = [ln.rstrip(b"\r\n") for ln in fh]
-        except OSError:
-            return []
-        return [ln.decode("utf-8", errors="backslashreplace") for ln in raw if ln.strip()]
-
     @property
     def cgroup_path(self) -> Path | None:
         """The engine's own cgroup (v2) directory while the cap holds it there, else None."""

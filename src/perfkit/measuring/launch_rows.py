@@ -26,7 +26,7 @@ from perfkit.engine.launch import EngineStartError, launch
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S, EngineSpec
 from perfkit.measuring.progress import launching, track_requests
 from perfkit.readings.engine_config import effective_config
-from perfkit.readings.records import PerfRecord, parse_lines, read_perf_log
+from perfkit.readings.records import PERF_LOG_NAME, ParseReport, PerfRecord, parse_lines
 from perfkit.reported import reported_count, reported_flag
 
 log = logging.getLogger(__name__)
@@ -61,14 +61,15 @@ class LaunchData:
     logs: dict[str, str] = field(default_factory=dict)
     outcomes: list[RequestOutcome] = field(default_factory=list)
     error: str | None = None
-    #: the engine's performance.log, read again by :func:`_rows` (strict UTF-8, file:line reasons)
-    perf_log: Path | None = None
+    #: records parsed from ``record_lines`` when read from the file (strict UTF-8, file:line reasons)
+    report: ParseReport | None = None
     command: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     gpus: list[dict[str, Any]] = field(default_factory=list)
 
-    def measured(self) -> pd.DataFrame:
-        """Measured request rows (``index != WARMUP_INDEX``) as a DataFrame, in index order."""
+    def sent_rows(self) -> pd.DataFrame:
+        """Rows of the requests perfkit sent, failed ones included (``index != WARMUP_INDEX``),
+        as a DataFrame in index order; completed-only is ``ResultBundle.measured_requests()``."""
         df = pd.DataFrame(self.requests)
         if df.empty:
             return df
@@ -295,8 +296,6 @@ def measure_launch(
             mem = sampler_frame(sampler.to_frame())
             mem.insert(0, "launch", label)
             data.memory = mem
-            data.record_lines = h.record_lines()
-            data.perf_log = h.perf_log_path
             data.launch_row = h.launch_row()
             data.launch_row.update(first_result(data.outcomes, h.cold_start))
             outcome = h.cap_outcome
@@ -326,9 +325,7 @@ def measure_launch(
                 p = d / name
                 if p.exists():
                     data.logs[f"{label}.{name}"] = p.read_text(errors="replace")[-2_000_000:]
-            perf = d / "perf" / "performance.log"
-            if not data.record_lines and perf.exists():
-                data.record_lines = [ln for ln in perf.read_text().splitlines() if ln.strip()]
+        _read_log(data, h.perf_log_path if h is not None else d / "perf" / PERF_LOG_NAME if d else None)
     if not data.launch_row:
         data.launch_row = {
             "launch": label,
@@ -396,11 +393,21 @@ def _launch_dir(run_dir: Path, label: str) -> Path | None:
     return cands[-1] if cands else None
 
 
+def _read_log(data: LaunchData, path: Path | None) -> None:
+    """Read the launch's performance.log once: the raw lines (a line that is not UTF-8 kept with
+    ``\\xNN`` escapes, lossless) and their records (that line refused, naming file and line)."""
+    try:
+        raw = path.read_bytes().splitlines(keepends=True) if path is not None else []
+    except OSError:
+        return
+    data.record_lines = [
+        ln.decode("utf-8", errors="backslashreplace").rstrip("\r\n") for ln in raw if ln.strip()
+    ]
+    data.report = parse_lines(raw, source=str(path))
+
+
 def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
-    if data.perf_log is not None and data.perf_log.exists():
-        report = read_perf_log(data.perf_log)
-    else:
-        report = parse_lines(data.record_lines, source=f"records/{data.label}.jsonl")
+    report = data.report or parse_lines(data.record_lines, source=f"records/{data.label}.jsonl")
     recs = {r.request_id: r for r in report.records}
     warm = [r for r in recs.values() if r.is_warmup]
     for rec in warm:
