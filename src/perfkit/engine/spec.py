@@ -41,7 +41,6 @@ either).
 from __future__ import annotations
 
 import difflib
-import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
@@ -49,6 +48,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 from pydantic import (
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -105,6 +105,8 @@ CROSS_FIELD = "engine_cross_field"
 BAD_KIND = "engine_kind"
 
 _RESOLUTION = r"^\d+x\d+$"
+#: an argv field: a string is split like a shell would
+Argv = Annotated[list[str], BeforeValidator(argv_list)]
 
 #: Offload modes of the reference engine (``--offload``): resident, whole-model offload, group
 #: offload at block or leaf level.
@@ -210,8 +212,8 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
 
     kind: str = "reference"
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    extra_args: Argv = Field(default_factory=list)
+    env: Annotated[dict[str, str], BeforeValidator(env_strings)] = Field(default_factory=dict)
     health_path: str = Field("/health", pattern=r"^/")
     host: str = Field("127.0.0.1", min_length=1)
     port: Optional[int] = Field(None, ge=1, le=65535)
@@ -227,16 +229,6 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
     def _kind(cls) -> str | None:
         f = cls.model_fields.get("kind")
         return f.default if f is not None and cls is not EngineSpec else None
-
-    @field_validator("extra_args", mode="before")
-    @classmethod
-    def _extra_args(cls, v: Any) -> Any:
-        return argv_list(v)
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env(cls, v: Any) -> Any:
-        return env_strings(v)
 
     # ------------------------------------------------------------------ checks on this host
     def check(self) -> None:
@@ -273,10 +265,6 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         for k, v in self.env.items():
             out[k] = self._subst(v, port, d)
         return out
-
-    def command_str(self, port: int, perf_log_dir: str | Path) -> str:
-        """The argv as one shell-quoted string (for logs and reports)."""
-        return shlex.join(self.command(port, perf_log_dir))
 
     def _subst(self, s: str, port: int | None, perf_log_dir: str) -> str:
         s = s.replace("{perf_log_dir}", perf_log_dir).replace("{host}", self.host)
@@ -417,9 +405,9 @@ class ReferenceEngine(_ServingEngine):
     debug_leak_mib: int = Field(0, ge=0)
     memory_snapshot_after: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     memory_snapshot_entries: int = Field(20000, ge=1)
-    debug_stage_delay: dict[Literal[REFERENCE_STAGES], Annotated[float, Field(ge=0)]] = Field(
-        default_factory=dict
-    )
+    debug_stage_delay: Annotated[
+        dict[Literal[REFERENCE_STAGES], Annotated[float, Field(ge=0)]], BeforeValidator(percent_map)
+    ] = Field(default_factory=dict)
     debug_stage_delay_from: int = Field(0, ge=0)
     max_frames: Optional[int] = Field(None, ge=1)
     cpu_threads: Optional[int] = Field(None, ge=1)
@@ -434,11 +422,6 @@ class ReferenceEngine(_ServingEngine):
         if v == "request":
             raise ValueError("'request' is only supported by kind 'sglang'")
         return v
-
-    @field_validator("debug_stage_delay", mode="before")
-    @classmethod
-    def _percent_strings(cls, v: Any) -> Any:
-        return percent_map(v)
 
     @model_validator(mode="after")
     def _known_preset(self) -> ReferenceEngine:
@@ -471,15 +454,10 @@ class SglangEngine(_ServingEngine):
 
     kind: Literal["sglang"] = "sglang"
     model_path: str = Field(min_length=1)
-    executable: list[str] = Field(default_factory=lambda: ["sglang"], min_length=1)
-    server_args: list[str] = Field(default_factory=list)
+    executable: Argv = Field(default_factory=lambda: ["sglang"], min_length=1)
+    server_args: Argv = Field(default_factory=list)
 
     _sglang_records: ClassVar[bool] = True
-
-    @field_validator("executable", "server_args", mode="before")
-    @classmethod
-    def _argvs(cls, v: Any) -> Any:
-        return argv_list(v)
 
     @model_validator(mode="after")
     def _absolute_paths(self) -> SglangEngine:
@@ -532,7 +510,7 @@ class CommandEngine(EngineSpec):
     """
 
     kind: Literal["command"] = "command"
-    command_template: list[str] = Field(
+    command_template: Argv = Field(
         validation_alias=AliasChoices("command", "command_template"),
         serialization_alias="command",
         min_length=1,
@@ -546,11 +524,6 @@ class CommandEngine(EngineSpec):
         if isinstance(data, Mapping) and "command" in data and data.get("command_template") is not None:
             raise _cross_field("command", "give either 'command' or 'command_template', not both")
         return data
-
-    @field_validator("command_template", mode="before")
-    @classmethod
-    def _argvs(cls, v: Any) -> Any:
-        return argv_list(v)
 
     def check(self) -> None:
         """The program (the argv's first item, unless it is a placeholder) must be found."""
