@@ -60,7 +60,7 @@ from perfkit.engine.handle import (
     cold_start_parts,
     parse_marks,
 )
-from perfkit.engine.processes import StartedProcess, _die_with_parent, _register, started_processes, surviving
+from perfkit.engine.processes import StartedProcess, _register, started_processes, surviving
 from perfkit.engine.spec import EngineSpec
 
 __all__ = [
@@ -306,7 +306,7 @@ def _start(
                 env=env,
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_owner.die_with_parent,  # SIGKILL at the launcher's death (own session)
             )
         except OSError as exc:
             raise EngineStartError(

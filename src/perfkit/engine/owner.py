@@ -272,14 +272,18 @@ def run_bounded(
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
+def signal_name(n: int) -> str:
+    """``SIGKILL`` for 9; ``signal 99`` for a number that names none."""
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
 def _ended_alone(code: int | None) -> str:
     """Words for a process found already ended (its exit status read when reaping it)."""
     if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"had ended on signal {-code} ({name}) by the time its launcher was gone"
+        return f"had ended on signal {-code} ({signal_name(-code)}) by the time its launcher was gone"
     return f"had exited with code {code} by the time its launcher was gone"
 
 

@@ -1,12 +1,11 @@
 """The processes :func:`perfkit.engine.launch.launch` started: this Python process's registry
-(:func:`started_processes`, :func:`surviving`, for tests to assert that none survives), the
-parent-death signal, cgroup kill, and the words saying how an engine ended.
+(:func:`started_processes`, :func:`surviving`, for tests to assert that none survives), cgroup
+kill, and the words saying how an engine ended.
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,27 +44,7 @@ def _register(p: StartedProcess) -> None:
 
 def surviving(procs: list[StartedProcess]) -> list[StartedProcess]:
     """Those of ``procs`` still alive (same pid and start time, not a zombie)."""
-    out = []
-    for sp in procs:
-        try:
-            p = psutil.Process(sp.pid)
-            if abs(p.create_time() - sp.create_time) > 0.05:
-                continue
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            out.append(sp)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-        except psutil.AccessDenied:
-            out.append(sp)
-    return out
-
-
-def _signal_name(n: int) -> str:
-    try:
-        return signal.Signals(n).name
-    except ValueError:
-        return f"signal {n}"
+    return [sp for sp in procs if _owner.alive(sp.pid, sp.create_time) is not None]
 
 
 def _end_words(
@@ -87,7 +66,7 @@ def _end_words(
     oom = None
     if rc_before is not None:  # it ended by itself, before perfkit's teardown
         if sig is not None:
-            how = f"was killed by signal {sig} ({_signal_name(sig)}, not sent by perfkit)"
+            how = f"was killed by signal {sig} ({_owner.signal_name(sig)}, not sent by perfkit)"
             oom = oom_record(pids, cgroup_path, since=since)
         else:
             how = f"exited with code {code}"
@@ -124,16 +103,3 @@ def _running(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL me when my launcher dies (Linux ``PR_SET_PDEATHSIG``).
-
-    The engine runs in its own session (so its group can be signalled as a whole), which also
-    means a killed launcher (a notebook kernel shut down by papermill, ``perfkit suite`` stopped
-    by a CI cancel) would leave it running; the death signal closes that gap. SIGKILL, not
-    SIGTERM: a stopped engine, or one that drains in-flight jobs on SIGTERM, would not act on
-    SIGTERM. The engine's own children are ended by the owner (:mod:`perfkit.engine.owner`).
-    Elsewhere: no-op.
-    """
-    _owner.die_with_parent(signal.SIGKILL)
