@@ -12,24 +12,16 @@ Layout under ``run_dir/<label>/``: ``stdout.log``, ``stderr.log``, ``perf/`` (th
 ``cache/{inductor,triton}`` (own compile caches unless ``spec.share_compile_cache``, then
 ``run_dir/shared-cache/``).
 
-Cold start: ``ready_s`` is launch until ``GET health_path`` answers 200. Its parts come from what
-sglang gives (:func:`perfkit.engine.handle.cold_start_parts`): ``process_start_s`` from the OS,
-``models_loaded_s`` from the ``[server-load] workers_ready_monotonic_ns`` line, ``warmup_s`` from
-``/health``'s 503 -> 200; ``perfkit-mark`` lines only where those are absent; each part names its
-source or why it is not reported (``cold_start["sources"]``).
+Cold start: ``ready_s`` is launch until ``GET health_path`` answers 200; its parts and their
+sources: :func:`perfkit.engine.handle.cold_start_parts`.
 
-Teardown (normal exit, exception or KeyboardInterrupt): SIGTERM and SIGCONT to the process
-group, ``grace_s`` (default ``spec.stop_grace_s``) to exit, then SIGKILL to the group, to any
-descendant seen that survived (also those that left the group) and to the engine's own cgroup
-where it has one; :attr:`EngineHandle.end` says how it ended. Every process started is recorded
-in a module registry (:func:`started_processes`) so tests can assert that none survives, and
-with the owner (:mod:`perfkit.engine.owner`: the file named by ``PERFKIT_OWNER_REGISTRY``), which
-ends it if this process dies first; the engine itself gets a SIGKILL parent-death signal.
-
-The launch's parts live beside it: :mod:`perfkit.engine.errors` (what it raises),
-:mod:`perfkit.engine.handle` (:class:`EngineHandle`, the running engine and its teardown),
-:mod:`perfkit.engine.processes` (the registry of started processes); their names are
-re-exported here.
+Teardown (normal exit, exception or KeyboardInterrupt): :meth:`EngineHandle._terminate` ends the
+whole tree (SIGTERM, ``grace_s``, SIGKILL; the engine's cgroup too) and says how in
+:attr:`EngineHandle.end`. Every process started is in a module registry
+(:func:`started_processes`, for tests) and with the owner (:mod:`perfkit.engine.owner`), which
+ends it if this process dies first; the engine gets a SIGKILL parent-death signal. Errors live in
+:mod:`perfkit.engine.errors`, the handle in :mod:`perfkit.engine.handle`, the registry in
+:mod:`perfkit.engine.processes`; their names are re-exported here.
 """
 
 from __future__ import annotations
@@ -51,7 +43,8 @@ import psutil
 
 from perfkit.engine import owner as _owner
 from perfkit.engine.caps import MemoryCaps
-from perfkit.engine.errors import EngineExitedError, EngineStartError, PortInUseError
+from perfkit.engine.errors import EngineExitedError as EngineExitedError  # re-exported
+from perfkit.engine.errors import EngineStartError, PortInUseError
 from perfkit.engine.handle import (
     _LIVE,
     EngineHandle,
@@ -60,24 +53,10 @@ from perfkit.engine.handle import (
     cold_start_parts,
     parse_marks,
 )
-from perfkit.engine.processes import StartedProcess, _register, started_processes, surviving
+from perfkit.engine.processes import StartedProcess, _register
+from perfkit.engine.processes import started_processes as started_processes  # re-exported
+from perfkit.engine.processes import surviving as surviving  # re-exported
 from perfkit.engine.spec import EngineSpec
-
-__all__ = [
-    "POLL_S",
-    "EngineExitedError",
-    "EngineHandle",
-    "EngineStartError",
-    "PortInUseError",
-    "StartedProcess",
-    "cold_start_parts",
-    "free_port",
-    "launch",
-    "parse_marks",
-    "port_in_use",
-    "started_processes",
-    "surviving",
-]
 
 log = logging.getLogger(__name__)
 
