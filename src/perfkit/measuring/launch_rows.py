@@ -201,7 +201,8 @@ def record_rows(
 
 def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRequestSpec) -> dict[str, Any]:
     """A request row for a request without a record (rejected, engine died, timeout); its
-    memory columns (MiB), server time (ms) and compile columns are NA (not reported)."""
+    memory columns (MiB), server time (ms) and compile columns are NA (not reported: whether it
+    compiled is not known, not 0)."""
     return {
         "launch": label,
         "request_id": outcome.request_id or f"{label}-{index}",
@@ -209,30 +210,24 @@ def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRe
         "status": outcome.status,
         "error": outcome.error,
         "num_frames": request.num_frames,
-        "effective_num_frames": None,
-        "latent_frames": None,
-        "latent_shape": None,
         "height": request.height,
         "width": request.width,
         "steps": request.num_inference_steps,
         "client_ms": outcome.client_ms,
-        "e2e_ms": NAN,
-        # no record: whether it compiled is not known (NA), not 0
-        "compiles": None,
-        "compile_ms": NAN,
-        "recompile_reasons": None,
-        "compile_phases": None,
-        "recompile_limit_hit": None,
-        "recompile_limit_stage": None,
-        "peak_allocated_mib": NAN,
-        "peak_reserved_mib": NAN,
-        "reserved_mib": NAN,
-        "host_rss_mib": NAN,
-        "host_anon_mib": NAN,
-        "placement": None,
         "t_start_s": outcome.t_submit,
         "t_end_s": outcome.t_end,
+        **dict.fromkeys(_NA_NONE, None),
+        **dict.fromkeys(_NA_NAN, NAN),
     }
+
+
+_NA_NONE = (
+    "effective_num_frames latent_frames latent_shape compiles recompile_reasons compile_phases"
+    " recompile_limit_hit recompile_limit_stage placement"
+).split()
+_NA_NAN = (
+    "e2e_ms compile_ms peak_allocated_mib peak_reserved_mib reserved_mib host_rss_mib host_anon_mib".split()
+)
 
 
 def measure_launch(
