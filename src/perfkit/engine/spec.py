@@ -1,41 +1,23 @@
 """EngineSpec: how to start an engine (the reference engine, sglang's server, any command) and reach it.
 
 A spec is a pydantic model, one class per kind, told apart by ``kind`` (a discriminated union,
-:data:`AnyEngineSpec`, which the params file embeds):
-
-- ``reference`` (:class:`ReferenceEngine`, the default kind): perfkit's own engine,
-  ``python -m perfkit.refengine`` with typed options.
-- ``sglang`` (:class:`SglangEngine`): ``<executable> serve --model-path M --port P --host H
-  --num-gpus N``, then the startup warmup and compile settings mapped to sglang's flags (below),
-  then ``server_args`` and ``extra_args``. ``executable`` is ``["sglang"]`` (the console script) or
-  the ``python -m`` form ``[sys.executable, "-m", "sglang.cli.main"]`` (``sglang.cli.main`` is the
-  module behind the console script). Its environment turns on sglang's per-request records
-  (``SGLANG_DIFFUSION_STAGE_LOGGING=1``, ``SGLANG_PERF_LOG_DIR=<perf_log_dir>``); memory caps
-  add ``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB`` / ``..._FORCE_HOST_AVAILABLE_GIB``
-  (:meth:`perfkit.engine.caps.MemoryCaps.env`). Ready when ``GET /health`` answers 200.
-
-  Flags checked against sglang 0.5.23; the startup warmup and compile settings map to
-  sglang's flags as :mod:`perfkit.engine.argv` tabulates.
-
-  Offload, parallelism and pipeline flags go in ``server_args`` as sglang spells them, e.g.
-  ``[--dit-layerwise-offload, --text-encoder-cpu-offload, --vae-cpu-offload, --pin-cpu-memory,
-  --pipeline-class-name, LTX2TwoStagePipeline, --ulysses-degree, "2"]``.
-- ``command`` (:class:`CommandEngine`): any argv (``command``), with ``{port}``, ``{host}`` and
-  ``{perf_log_dir}`` placeholders substituted at launch.
+:data:`AnyEngineSpec`, which the params file embeds): ``reference`` (:class:`ReferenceEngine`, the
+default: ``python -m perfkit.refengine``), ``sglang`` (:class:`SglangEngine`: ``<executable> serve
+--model-path M --port P --host H --num-gpus N``, the warmup and compile settings mapped to sglang
+0.5.23's flags as :mod:`perfkit.engine.argv` tabulates, then ``server_args`` (offload, parallelism,
+pipeline flags as sglang spells them) and ``extra_args``; its environment turns on sglang's
+per-request records, ``SGLANG_DIFFUSION_STAGE_LOGGING=1`` and ``SGLANG_PERF_LOG_DIR``; ready when
+``GET /health`` answers 200) and ``command`` (:class:`CommandEngine`: any argv, with ``{port}``,
+``{host}`` and ``{perf_log_dir}`` substituted at launch).
 
 ``EngineSpec(kind=..., ...)`` and :meth:`EngineSpec.from_dict` build the model of that kind (so
-``isinstance(spec, EngineSpec)`` holds for every kind); :meth:`EngineSpec.command` gives the exact
-argv, :meth:`EngineSpec.env_for` the environment additions, :meth:`EngineSpec.to_dict` /
-:meth:`EngineSpec.from_dict` round-trip it through params YAML, :meth:`EngineSpec.replace` gives a
-validated copy. Unknown keys (a field of another kind included), wrong types and out-of-range
-values are errors that name the field: building a spec directly raises :class:`EngineSpecError`,
-one line per problem, e.g. ``EngineSpec.warmup_frames: Input should be greater than or equal to
-0, got -1``; embedded in params, pydantic's error locations name ``engine.<field>``.
-
-Note: the argv template of the ``command`` kind lives in the field ``command_template`` (the name
-``command`` is the method); the key ``command`` is its spelling in dicts
-(:meth:`EngineSpec.to_dict` writes it, :meth:`EngineSpec.from_dict` and the constructor accept
-either).
+``isinstance(spec, EngineSpec)`` holds for every kind); :meth:`EngineSpec.to_dict` round-trips it
+through params YAML, :meth:`EngineSpec.replace` gives a validated copy. Unknown keys (a field of
+another kind included), wrong types and out-of-range values are errors that name the field:
+building a spec directly raises :class:`EngineSpecError`, one line per problem, e.g.
+``EngineSpec.warmup_frames: Input should be greater than or equal to 0, got -1``; embedded in
+params, pydantic's error locations name ``engine.<field>``. The command kind's argv is the field
+``command_template`` (``command`` is the method), spelled ``command`` in dicts.
 """
 
 from __future__ import annotations
@@ -62,7 +44,6 @@ from pydantic_core import PydanticCustomError
 
 from perfkit.common.presets import PRESET_NAMES
 from perfkit.engine.argv import (
-    OFFLOAD_COMPONENTS,
     argv_list,
     check_command,
     check_model_path,
@@ -72,25 +53,6 @@ from perfkit.engine.argv import (
     reference_argv,
     sglang_warmup_flags,
 )
-
-__all__ = [
-    "AnyEngineSpec",
-    "CommandEngine",
-    "DEFAULT_REQUEST_TIMEOUT_S",
-    "DEFAULT_WARMUP_FRAMES",
-    "EngineSpec",
-    "EngineSpecError",
-    "KINDS",
-    "OFFLOAD_COMPONENTS",
-    "OFFLOAD_MODES",
-    "REFERENCE_STAGES",
-    "ReferenceEngine",
-    "SglangEngine",
-    "WARMUP_MODES",
-    "engine_keys",
-    "split_kind",
-    "unknown_key_hint",
-]
 
 KINDS = ("reference", "sglang", "command")
 #: a request's timeout when neither the spec nor a params file's ``timeout_s`` sets one (s)
