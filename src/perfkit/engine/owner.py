@@ -4,25 +4,13 @@ A notebook kernel can die before its engine's teardown has run (papermill shuts 
 few seconds after a cell timeout); the engine must not outlive perfkit for that. The process
 that runs the kernels (``perfkit suite``), or the one that launches engines itself
 (``perfkit ab``, ``perfkit measure``, a ``--partition``/``--executor`` shard), is their *owner*:
-
-- :func:`become_subreaper` (Linux ``PR_SET_CHILD_SUBREAPER``): an orphaned descendant (an
-  engine whose kernel died, a child that left its engine's session) is re-parented to the owner,
-  not to init, so the owner still finds it among its descendants.
-- :func:`register` / :func:`registered`: :func:`perfkit.engine.launch.launch` appends every
-  process it starts (pid, process group, start time, label) to the JSON-lines file named by
-  :data:`REGISTRY_ENV`, which the owner sets for the kernels it starts.
-- :class:`Watch`: a snapshot of the owner's descendants taken before a notebook or a unit runs;
-  :meth:`Watch.reap` afterwards ends everything new under the owner and everything registered
-  that still runs (same pid *and* start time: a reused pid is never signalled): SIGTERM (and
-  SIGCONT, so a stopped process acts on it) to each process group and process, ``grace_s``,
-  then SIGKILL; it returns how each one ended.
-- :func:`run_bounded`: a subprocess with a time limit (a bisect build, an engine probe,
-  chromium, pip, JupyterLab) in its own session; past the limit or on an interrupt its whole
-  tree is ended (:func:`end_tree`), not only the process perfkit started.
-
-The launcher's own teardown (:meth:`perfkit.engine.handle.EngineHandle._terminate`) does the same for one engine and
-gives the engine a SIGKILL parent-death signal; this module is what remains when the launcher
-itself is gone.
+it becomes the subreaper of its descendants (:func:`become_subreaper`), launches register in the
+file named by :data:`REGISTRY_ENV` (:func:`register`), a :class:`Watch` taken before the work
+ends what is left after it (:meth:`Watch.reap`: same pid *and* start time, a reused pid is never
+signalled), and a reaper process (:func:`spawn_reaper`) does it if the owner itself is killed.
+:func:`run_bounded` runs a subprocess with a time limit whose whole tree is ended past it or on
+an interrupt. The launcher's own teardown (:meth:`perfkit.engine.handle.EngineHandle._terminate`)
+does the same for one engine; this module is what remains when the launcher itself is gone.
 """
 
 from __future__ import annotations
