@@ -325,6 +325,17 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
 
     health: dict[str, Any] = {"first_status": None, "t_first_503": None}
 
+    def failed(head: str, exit_code: int | None) -> EngineStartError:
+        tail = h.tail(50)
+        return EngineStartError(
+            f"{head}\ncommand: {' '.join(h.command)}\n--- last 50 log lines ({h.run_dir}) ---\n{tail}",
+            exit_code=exit_code,
+            log_tail=tail,
+            cap_outcome=h.cap_outcome,
+            command=h.command,
+            run_dir=h.run_dir,
+        )
+
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=httpx.Timeout(2.0), trust_env=False) as client:
         while True:
@@ -334,27 +345,14 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
                 why = f"; {o.message}" if o.exceeded else ""
                 cause = error_line(h.tail(50))
                 why += f"; the log's last error: {cause}" if cause else ""
-                raise EngineStartError(
-                    f"engine {h.label!r} exited with code {h.exit_code} before it was ready{why}\n"
-                    f"command: {' '.join(h.command)}\n--- last 50 log lines ({h.run_dir}) ---\n"
-                    f"{h.tail(50)}",
-                    exit_code=h.exit_code,
-                    log_tail=h.tail(50),
-                    cap_outcome=o,
-                    command=h.command,
-                    run_dir=h.run_dir,
+                raise failed(
+                    f"engine {h.label!r} exited with code {h.exit_code} before it was ready{why}", h.exit_code
                 )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise EngineStartError(
-                    f"engine {h.label!r} not ready after {timeout:g} s (GET {h.health_url} never "
-                    f"answered 200)\ncommand: {' '.join(h.command)}\n--- last 50 log lines "
-                    f"({h.run_dir}) ---\n{h.tail(50)}",
-                    exit_code=None,
-                    log_tail=h.tail(50),
-                    cap_outcome=h.cap_outcome,
-                    command=h.command,
-                    run_dir=h.run_dir,
+                raise failed(
+                    f"engine {h.label!r} not ready after {timeout:g} s (GET {h.health_url} never answered 200)",
+                    None,
                 )
             pause = POLL_S
             try:
