@@ -386,14 +386,6 @@ class EngineHandle:
                 out[f"{self.label}.{name}.log"] = ""
         return out
 
-    def marks(self) -> dict[str, float]:
-        """``perfkit-mark`` lines found in the logs so far."""
-        text = ""
-        for p in (self.stderr_path, self.stdout_path):
-            with contextlib.suppress(OSError):
-                text += p.read_text(errors="replace")
-        return parse_marks(text)
-
     def records(self) -> list[_records.PerfRecord]:
         """Records in ``perf_log_dir/performance.log`` so far (malformed lines skipped)."""
         return _records.read_perf_log(self.perf_log_path).records
