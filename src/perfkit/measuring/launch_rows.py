@@ -61,7 +61,8 @@ class LaunchData:
     logs: dict[str, str] = field(default_factory=dict)
     outcomes: list[RequestOutcome] = field(default_factory=list)
     error: str | None = None
-    #: records parsed from ``record_lines`` when read from the file (strict UTF-8, file:line reasons)
+    #: ``record_lines`` parsed (from the file when it was read: strict UTF-8, file:line reasons);
+    #: set by :func:`measure_launch`
     report: ParseReport | None = None
     command: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -402,7 +403,9 @@ def _read_log(data: LaunchData, path: Path | None) -> None:
 
 
 def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
-    report = data.report or parse_lines(data.record_lines, source=f"records/{data.label}.jsonl")
+    if data.report is None:
+        data.report = parse_lines(data.record_lines, source=f"records/{data.label}.jsonl")
+    report = data.report
     recs = {r.request_id: r for r in report.records}
     warm = [r for r in recs.values() if r.is_warmup]
     for rec in warm:

@@ -29,7 +29,6 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.launch_rows import measure_launch
 from perfkit.readings import traces as tr
-from perfkit.readings.records import parse_lines
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +124,7 @@ def run_profiled(
     env = {**spec.env, DIR_VARIABLE: str(tdir)}
     plan = profile_requests(request, profile, first_role)
     data = measure_launch(spec.replace(env=env), [r for _, r in plan], Path(run_dir), label, caps=caps)
-    recs = {r.request_id: r for r in parse_lines(data.record_lines).records}
+    recs = {r.request_id: r for r in data.report.records}
     rows, files = [], {}
     for i, (role, _req) in enumerate(plan):
         if role is None:
