@@ -1,7 +1,8 @@
-"""A running engine (:class:`EngineHandle`): URLs, liveness, logs, the cold start parts from
-the engine's own lines, the OS and /health (:func:`cold_start_parts`; ``perfkit-mark`` lines,
-:func:`parse_marks`, an optional extra), records, the sampler, its launches row,
-and its teardown; engines still live at interpreter exit are ended.
+"""A running engine (:class:`EngineHandle`): URLs, liveness, logs, the cold start parts from the
+engine's own lines, the OS and /health (:func:`cold_start_parts`; ``perfkit-mark`` lines,
+:func:`parse_marks`, an optional extra), records, the sampler, its launches row, and its
+teardown; engines still live at interpreter exit are ended. What starting or talking to one
+raises: :class:`EngineStartError`, :class:`PortInUseError`, :class:`EngineExitedError`.
 """
 
 from __future__ import annotations
@@ -25,12 +26,48 @@ import psutil
 from perfkit.common.frames import latent_frames
 from perfkit.engine import owner as _owner
 from perfkit.engine.caps import CapOutcome, HostCapEnforcer, MemoryCaps, kill_tree
-from perfkit.engine.errors import EngineExitedError
-from perfkit.engine.processes import StartedProcess, _cgroup_kill, _end_words, _register, _running
+from perfkit.engine.owner import StartedProcess, _cgroup_kill, _end_words, _register, _running
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings import records as _records
 
 log = logging.getLogger(__name__)
+
+
+class EngineStartError(RuntimeError):
+    """The engine did not become ready: it exited, timed out, or could not be started.
+
+    Attributes:
+        exit_code: the process exit code (negative: killed by that signal), None if still running
+            or never started.
+        log_tail: the last lines of its stdout+stderr.
+        cap_outcome: the host cap outcome (None without a launch).
+        command: the argv.
+        run_dir: the launch directory holding the logs.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        exit_code: int | None = None,
+        log_tail: str = "",
+        cap_outcome: CapOutcome | None = None,
+        command: list[str] | None = None,
+        run_dir: Path | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+        self.cap_outcome = cap_outcome
+        self.command = command
+        self.run_dir = run_dir
+
+
+class PortInUseError(EngineStartError):
+    """The fixed port of the spec is taken."""
+
+
+class EngineExitedError(RuntimeError):
+    """The engine is no longer running (see :meth:`EngineHandle.raise_if_dead`)."""
 
 
 MARK_RE = re.compile(r"perfkit-mark[ \t]+(\w+)\b[^\n]*?(?<![\w])t=([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?\d+)?)")

@@ -19,9 +19,9 @@ Teardown (normal exit, exception or KeyboardInterrupt): :meth:`EngineHandle._ter
 whole tree (SIGTERM, ``grace_s``, SIGKILL; the engine's cgroup too) and says how in
 :attr:`EngineHandle.end`. Every process started is in a module registry
 (:func:`started_processes`, for tests) and with the owner (:mod:`perfkit.engine.owner`), which
-ends it if this process dies first; the engine gets a SIGKILL parent-death signal. Errors live in
-:mod:`perfkit.engine.errors`, the handle in :mod:`perfkit.engine.handle`, the registry in
-:mod:`perfkit.engine.processes`; their names are re-exported here.
+ends it if this process dies first; the engine gets a SIGKILL parent-death signal. The handle and
+the errors live in :mod:`perfkit.engine.handle`, the registry in :mod:`perfkit.engine.owner`;
+their names are re-exported here.
 """
 
 from __future__ import annotations
@@ -43,19 +43,20 @@ import psutil
 
 from perfkit.engine import owner as _owner
 from perfkit.engine.caps import MemoryCaps
-from perfkit.engine.errors import EngineExitedError as EngineExitedError  # re-exported
-from perfkit.engine.errors import EngineStartError, PortInUseError
 from perfkit.engine.handle import (
     _LIVE,
     EngineHandle,
+    EngineStartError,
     LaunchClock,
+    PortInUseError,
     boot_start_s,
     cold_start_parts,
     parse_marks,
 )
-from perfkit.engine.processes import StartedProcess, _register
-from perfkit.engine.processes import started_processes as started_processes  # re-exported
-from perfkit.engine.processes import surviving as surviving  # re-exported
+from perfkit.engine.handle import EngineExitedError as EngineExitedError  # re-exported
+from perfkit.engine.owner import StartedProcess, _register
+from perfkit.engine.owner import started_processes as started_processes  # re-exported
+from perfkit.engine.owner import surviving as surviving  # re-exported
 from perfkit.engine.spec import EngineSpec
 
 log = logging.getLogger(__name__)
