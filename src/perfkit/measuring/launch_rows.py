@@ -180,22 +180,15 @@ def record_rows(
             "launch": label,
             "request_id": rec.request_id,
             "index": index,
-            "stage": "DenoisingStage",
+            "stage": stage,
             "step": i,
-            "ms": ms,
+            "ms": None if ms is None else float(ms),
         }
-        for i, ms in enumerate(rec.steps)
-    ]
-    steps += [
-        {
-            "launch": label,
-            "request_id": rec.request_id,
-            "index": index,
-            "stage": "RefinementStage",
-            "step": i,
-            "ms": float(ms),
-        }
-        for i, ms in enumerate(pk.get("refinement_steps") or [])
+        for stage, seq in (
+            ("DenoisingStage", rec.steps),
+            ("RefinementStage", pk.get("refinement_steps") or []),
+        )
+        for i, ms in enumerate(seq)
     ]
     return row, stages, steps
 
