@@ -482,14 +482,10 @@ class EngineHandle:
         found: dict[int, psutil.Process] = {}
         if self._enforcer is not None:
             found.update(self._enforcer.known)
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             root = psutil.Process(self.pid)
             if abs(root.create_time() - self._create_time) < 0.05:
-                found[root.pid] = root
-                for c in root.children(recursive=True):
-                    found[c.pid] = c
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            pass
+                found.update({p.pid: p for p in (root, *root.children(recursive=True))})
         # also anything still in the process group (children that were re-parented)
         for p in psutil.process_iter(["pid"]):
             try:
