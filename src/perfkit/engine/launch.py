@@ -166,12 +166,9 @@ def launch(
     d = _unique_dir(base, label)
     perf_dir = d / "perf"
     perf_dir.mkdir()
-    if spec.share_compile_cache:
-        cache = base / "shared-cache"
-    else:
-        cache = d / "cache"
-    (cache / "inductor").mkdir(parents=True, exist_ok=True)
-    (cache / "triton").mkdir(parents=True, exist_ok=True)
+    cache = base / "shared-cache" if spec.share_compile_cache else d / "cache"
+    for sub in ("inductor", "triton"):
+        (cache / sub).mkdir(parents=True, exist_ok=True)
 
     argv = spec.command(port, perf_dir) + _sglang_ports(spec)
     added, env = _engine_env(spec, caps, perf_dir, port, cache)
@@ -236,17 +233,11 @@ def _engine_env(
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(variables perfkit adds, the engine's whole environment): the spec's, the caps', own
     compile caches unless set, unbuffered output, NVLink multicast off."""
-    added: dict[str, str] = {}
-    added.update(spec.env_for(perf_dir, port))
-    if caps is not None:
-        added.update(caps.env())
+    added = {**spec.env_for(perf_dir, port), **(caps.env() if caps is not None else {})}
     added.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
     added.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
-    added["PYTHONUNBUFFERED"] = "1"
-    added["NCCL_NVLS_ENABLE"] = "0"
-    env = dict(os.environ)
-    env.update(added)
-    return added, env
+    added.update(PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
+    return added, {**os.environ, **added}
 
 
 def _engine_gpus(
