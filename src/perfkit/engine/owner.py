@@ -165,14 +165,11 @@ def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ende
     what is left (groups included), reap our own children; returns how each ended."""
     if not procs:
         return []
-    stopped = {}
-    for p in procs:
-        try:
-            stopped[p.pid] = p.status() == psutil.STATUS_STOPPED
-        except psutil.Error:
-            stopped[p.pid] = False
+    stopped = {p.pid: False for p in procs}
     groups = set()
     for p in procs:
+        with contextlib.suppress(psutil.Error):
+            stopped[p.pid] = p.status() == psutil.STATUS_STOPPED
         with contextlib.suppress(OSError):
             groups.add(os.getpgid(p.pid))
     groups.discard(os.getpgrp())  # never our own group
@@ -200,20 +197,15 @@ def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ende
     psutil.wait_procs(rest, timeout=5)
     out = []
     for p, label in procs.items():
-        was = " (it was stopped)" if stopped.get(p.pid) else ""
-        if p in rest:
-            how = (
-                f"did not exit within {grace_s:g} s of SIGTERM{was}: killed by perfkit (SIGKILL) "
-                f"after {t_kill:.1f} s"
-            )
-            out.append(Ended(p.pid, label, how, True, round(t_kill, 2), stopped.get(p.pid, False)))
-        else:
-            t = gone_at.get(p.pid, 0.0)
-            out.append(
-                Ended(
-                    p.pid, label, f"ended on SIGTERM{was} after {t:.1f} s", False, round(t, 2), stopped[p.pid]
-                )
-            )
+        was = " (it was stopped)" if stopped[p.pid] else ""
+        killed = p in rest
+        t = t_kill if killed else gone_at.get(p.pid, 0.0)
+        how = (
+            f"did not exit within {grace_s:g} s of SIGTERM{was}: killed by perfkit (SIGKILL) after {t:.1f} s"
+            if killed
+            else f"ended on SIGTERM{was} after {t:.1f} s"
+        )
+        out.append(Ended(p.pid, label, how, killed, round(t, 2), stopped[p.pid]))
     return out
 
 
