@@ -400,18 +400,10 @@ class EngineHandle:
 
     def tail(self, n: int = 50, stream: str = "both") -> str:
         """Last ``n`` lines of stdout, stderr or both (stdout's then stderr's, each labelled)."""
-        if stream == "stdout":
-            return "\n".join(_tail_file(self.stdout_path, n))
-        if stream == "stderr":
-            return "\n".join(_tail_file(self.stderr_path, n))
-        out = _tail_file(self.stdout_path, n)
-        err = _tail_file(self.stderr_path, n)
-        parts = []
-        if out:
-            parts.append("[stdout]\n" + "\n".join(out))
-        if err:
-            parts.append("[stderr]\n" + "\n".join(err))
-        return "\n".join(parts)
+        files = {"stdout": self.stdout_path, "stderr": self.stderr_path}
+        if stream in files:
+            return "\n".join(_tail_file(files[stream], n))
+        return "\n".join(f"[{k}]\n" + "\n".join(t) for k, p in files.items() if (t := _tail_file(p, n)))
 
     def logs(self) -> dict[str, str]:
         """Full log texts: {"<label>.stdout.log": ..., "<label>.stderr.log": ...}."""
