@@ -146,11 +146,9 @@ def run_profiled(
             "size_mib": math.nan,
             "kept": False,
             "note": None,
-            "e2e_ms": rec.total_duration_ms
-            if rec is not None and rec.total_duration_ms is not None
-            else math.nan,
-            "injected_ms": sum((pk.get("debug_stage_delay_wall_ms") or {}).values())
-            if pk.get("debug_stage_delay_wall_ms")
+            "e2e_ms": math.nan if rec is None or rec.total_duration_ms is None else rec.total_duration_ms,
+            "injected_ms": sum(injected.values())
+            if (injected := pk.get("debug_stage_delay_wall_ms"))
             else math.nan,
         }
         path = _trace_path(prof, tdir, out.request_id if out is not None else "")
