@@ -100,7 +100,7 @@ def test_covered_shape_without_counts_is_not_measured(tmp_path):
         kind="command", command_template=fake_engine.command("--mode", "serve"), startup_timeout_s=30
     )
     data = measure_launch(spec, [REQ] * 2, tmp_path, "L", sample_interval_s=0.5)
-    ok = data.measured()
+    ok = data.sent_rows()
     entry = coverage_entry(data, ok, pd.DataFrame(data.stages), Warmed(RECORD, "1x4x2x8x8"), 9, 9, 0)
     assert entry["first_ms"] > 0
     assert entry["compiles"] is None and entry["first_compiles"] is None and entry["compile_ms"] is None

@@ -24,7 +24,7 @@ import click
 from perfkit.common import jsonsafe
 from perfkit.common.exitcodes import run_click
 from perfkit.engine.client import VideoRequestSpec
-from perfkit.engine.errors import EngineExitedError, EngineStartError
+from perfkit.engine.handle import EngineExitedError, EngineStartError
 from perfkit.engine.owner import Watch, become_subreaper, describe
 from perfkit.measuring.progress import RunBars, planned_requests
 from perfkit.params import SuiteParams, load_params

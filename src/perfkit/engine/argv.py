@@ -85,39 +85,30 @@ def percent_map(v: Any) -> Any:
 def reference_argv(spec: Any, port: int, d: str) -> list[str]:
     """``python -m perfkit.refengine ...`` for a :class:`perfkit.engine.spec.ReferenceEngine`
     listening on ``port`` and writing records under ``d``; its ``extra_args`` last."""
+
+    def valued(*names: str) -> list[str]:  # ``--field-name value`` for each field that is set
+        return [
+            x
+            for n in names
+            if (v := getattr(spec, n)) is not None
+            for x in (f"--{n.replace('_', '-')}", str(v))
+        ]
+
+    def on(*names: str) -> list[str]:  # ``--field-name`` for each flag that is true
+        return [f"--{n.replace('_', '-')}" for n in names if getattr(spec, n)]
+
     argv = [sys.executable, "-m", "perfkit.refengine", "--preset", spec.preset, "--host", spec.host]
-    argv += ["--port", str(port), "--perf-log-dir", d]
-    if spec.model_path:
-        argv += ["--model-path", spec.model_path]
+    argv += ["--port", str(port), "--perf-log-dir", d, *valued("model_path")]
     if spec.compile:
         argv += ["--compile", "--compile-backend", spec.compile_backend]
-    if spec.compile_vae:
-        argv += ["--compile-vae"]
-    if spec.recompile_limit is not None:
-        argv += ["--recompile-limit", str(spec.recompile_limit)]
-    if spec.two_stage:
-        argv += ["--two-stage"]
-    frames = 0 if spec.warmup_mode == "off" else spec.warmup_frames
-    argv += ["--warmup-frames", str(frames)]
-    if spec.warmup_resolution:
-        argv += ["--warmup-resolution", spec.warmup_resolution]
-    if spec.warmup_steps is not None:
-        argv += ["--warmup-steps", str(spec.warmup_steps)]
-    for name in ("height", "width", "steps"):
-        v = getattr(spec, name)
-        if v is not None:
-            argv += [f"--{name}", str(v)]
-    if spec.dtype:
-        argv += ["--dtype", spec.dtype]
-    if spec.device:
-        argv += ["--device", spec.device]
-    argv += ["--num-gpus", str(spec.num_gpus)]
-    if spec.cpu_threads is not None:
-        argv += ["--cpu-threads", str(spec.cpu_threads)]
-    if spec.keep_outputs:
-        argv += ["--keep-outputs"]
+    argv += on("compile_vae") + valued("recompile_limit") + on("two_stage")
+    argv += ["--warmup-frames", str(0 if spec.warmup_mode == "off" else spec.warmup_frames)]
+    argv += valued(
+        "warmup_resolution", "warmup_steps", "height", "width", "steps", "dtype", "device", "num_gpus"
+    )
+    argv += valued("cpu_threads") + on("keep_outputs")
     if spec.debug_leak_mib > 0:
-        argv += ["--debug-leak-mib", str(spec.debug_leak_mib)]
+        argv += valued("debug_leak_mib")
     if spec.memory_snapshot_after:
         argv += [
             "--memory-snapshot-after",
@@ -128,10 +119,7 @@ def reference_argv(spec: Any, port: int, d: str) -> list[str]:
         argv += ["--debug-stage-delay", f"{stage}={pct:g}%"]
     if spec.debug_stage_delay and spec.debug_stage_delay_from:
         argv += ["--debug-stage-delay-from", str(spec.debug_stage_delay_from)]
-    if spec.max_frames is not None:
-        argv += ["--max-frames", str(spec.max_frames)]
-    if spec.offload is not None:
-        argv += ["--offload", spec.offload]
+    argv += valued("max_frames", "offload")
     for comp in OFFLOAD_COMPONENTS:
         if comp in spec.offload_components:
             argv += [f"--offload-{comp.replace('_', '-')}", spec.offload_components[comp]]

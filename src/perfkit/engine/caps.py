@@ -12,14 +12,11 @@ and recorded), then told to the engine (``SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAIL
 - ``cgroup``: where ``/sys/fs/cgroup`` is cgroup v2 and perfkit may create a child cgroup with the
   memory controller, the engine is moved into one with ``memory.max`` (and ``memory.swap.max=0``);
   the kernel OOM-kills it when over. Host figures: the cgroup's ``memory.current``/``memory.peak``.
-- ``watchdog``: otherwise a thread reads the summed RSS of the engine's process tree (``statm``)
-  every ``interval_s``, and its PSS (:mod:`perfkit.readings.memory`: pages shared copy-on-write
-  between forked processes count once) when that RSS is over the cap (PSS <= RSS) or, for the
-  peak, within :data:`~perfkit.readings.memory.PSS_DUTY` of the time; it kills the process group
-  when a PSS read is over the cap (``watchdog-pss``; ``watchdog-rss``, on RSS, only where PSS
-  cannot be read, with a warning). While the summed RSS is over the cap and the PSS under it, PSS
-  is read for the check within :data:`CHECK_PSS_DUTY` (5 %) of the time, and at the next check
-  whenever the RSS grew by more than the last PSS's margin under the cap (a warning says so once).
+- ``watchdog``: otherwise a thread reads the engine tree's summed RSS (``statm``) every
+  ``interval_s`` and its PSS (:mod:`perfkit.readings.memory`: copy-on-write pages count once)
+  when the RSS is over the cap or, for the peak, within :data:`~perfkit.readings.memory.PSS_DUTY`
+  of the time (:data:`CHECK_PSS_DUTY` while RSS > cap >= PSS); it kills the process group when a
+  PSS read is over the cap (``watchdog-pss``; ``watchdog-rss`` where PSS cannot be read).
 
 Going over the cap is a result, not a hang: the engine is killed, its sockets close, later
 requests fail fast, and :class:`CapOutcome` says ``exceeded`` with a message like
@@ -54,10 +51,6 @@ CHECK_PSS_DUTY = 0.05
 ENFORCEMENTS = ("auto", "cgroup", "watchdog", "none")
 
 
-def _fmt_gib(x: float) -> str:
-    return f"{x:g}GiB"
-
-
 class MemoryCaps:
     """Device and host memory budgets for one engine launch.
 
@@ -86,9 +79,8 @@ class MemoryCaps:
         interval_s: float = 0.1,
     ) -> None:
         for name, v in (("device_gib", device_gib), ("host_gib", host_gib)):
-            if v is not None:
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                    raise ValueError(f"MemoryCaps.{name} must be a positive number or None, got {v!r}")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+                raise ValueError(f"MemoryCaps.{name} must be a positive number or None, got {v!r}")
         if host_enforcement not in ENFORCEMENTS:
             raise ValueError(
                 f"MemoryCaps.host_enforcement must be one of {ENFORCEMENTS}, got {host_enforcement!r}"
@@ -133,14 +125,10 @@ class MemoryCaps:
     @property
     def label(self) -> str:
         """``unlimited``, ``12GiB dev``, ``32GiB host`` or ``12GiB dev + 32GiB host``."""
-        if self._label:
-            return self._label
-        parts = []
-        if self.device_gib is not None:
-            parts.append(f"{_fmt_gib(self.device_gib)} dev")
-        if self.host_gib is not None:
-            parts.append(f"{_fmt_gib(self.host_gib)} host")
-        return " + ".join(parts) if parts else "unlimited"
+        parts = [
+            f"{v:g}GiB {w}" for v, w in ((self.device_gib, "dev"), (self.host_gib, "host")) if v is not None
+        ]
+        return self._label or " + ".join(parts) or "unlimited"
 
     @property
     def unlimited(self) -> bool:
@@ -326,9 +314,7 @@ class HostCapEnforcer:
         except (psutil.NoSuchProcess, ProcessLookupError):
             self._root, self._pgid = None, None
         self.outcome.host_source = "pss" if self.reader.has_smaps_rollup() else "rss"
-        if host_gib is None or mode == "none":
-            self.outcome.enforcement = "none"
-            self.outcome.mechanism = "none"
+        if host_gib is None or mode == "none":  # enforcement and mechanism stay "none"
             self.outcome.message = "no host cap" if host_gib is None else "host cap not enforced"
             return
         if mode in ("auto", "cgroup"):

@@ -8,6 +8,7 @@ Documentation/admin-guide/cgroup-v2.rst). Used by :mod:`perfkit.engine.caps`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -29,39 +30,30 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 def kill_tree(pgid: int | None, procs: list[psutil.Process], sig: int = signal.SIGKILL) -> None:
     """Signal a process group and any listed processes (which may have left the group)."""
     if pgid is not None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             p.send_signal(sig)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            pass
 
 
 # ---------------------------------------------------------------------------- cgroup v2
 def cgroup2_available() -> bool:
     """True when /sys/fs/cgroup is a cgroup v2 mount."""
     try:
-        for line in Path("/proc/mounts").read_text().splitlines():
-            parts = line.split()
-            if len(parts) >= 3 and parts[1] == str(CGROUP_ROOT) and parts[2] == "cgroup2":
-                return True
+        mounts = Path("/proc/mounts").read_text().splitlines()
     except OSError:
-        pass
-    return False
+        return False
+    return any(p[1:3] == [str(CGROUP_ROOT), "cgroup2"] for p in map(str.split, mounts))
 
 
 def own_cgroup() -> Path | None:
     """This process's cgroup v2 directory (from /proc/self/cgroup's ``0::`` line), None when
     it has none or the file is not readable."""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             if line.startswith("0::"):
                 return CGROUP_ROOT / line[3:].lstrip("/")
-    except OSError:
-        pass
     return None
 
 
@@ -79,19 +71,16 @@ class Cgroup:
         for parent in candidates:
             path = parent / f"perfkit-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             try:
-                try:
+                # may already be on, or not allowed; the child's controllers tell
+                with contextlib.suppress(OSError):
                     (parent / "cgroup.subtree_control").write_text("+memory")
-                except OSError:
-                    pass  # may already be on, or not allowed; the child's controllers tell
                 path.mkdir()
                 try:
                     if "memory" not in (path / "cgroup.controllers").read_text().split():
                         raise OSError(f"memory controller not delegated to {parent}")
                     (path / "memory.max").write_text(str(cap_bytes))
-                    try:
+                    with contextlib.suppress(OSError):
                         (path / "memory.swap.max").write_text("0")
-                    except OSError:
-                        pass
                 except Exception:
                     path.rmdir()
                     raise

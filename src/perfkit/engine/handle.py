@@ -1,7 +1,8 @@
-"""A running engine (:class:`EngineHandle`): URLs, liveness, logs, the cold start parts from
-the engine's own lines, the OS and /health (:func:`cold_start_parts`; ``perfkit-mark`` lines,
-:func:`parse_marks`, an optional extra), records, the sampler, its launches row,
-and its teardown; engines still live at interpreter exit are ended.
+"""A running engine (:class:`EngineHandle`): URLs, liveness, logs, the cold start parts from the
+engine's own lines, the OS and /health (:func:`cold_start_parts`; ``perfkit-mark`` lines,
+:func:`parse_marks`, an optional extra), records, the sampler, its launches row, and its
+teardown; engines still live at interpreter exit are ended. What starting or talking to one
+raises: :class:`EngineStartError`, :class:`PortInUseError`, :class:`EngineExitedError`.
 """
 
 from __future__ import annotations
@@ -25,12 +26,48 @@ import psutil
 from perfkit.common.frames import latent_frames
 from perfkit.engine import owner as _owner
 from perfkit.engine.caps import CapOutcome, HostCapEnforcer, MemoryCaps, kill_tree
-from perfkit.engine.errors import EngineExitedError
-from perfkit.engine.processes import StartedProcess, _cgroup_kill, _end_words, _register, _running
+from perfkit.engine.owner import StartedProcess, _cgroup_kill, _end_words, _register, _running
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings import records as _records
 
 log = logging.getLogger(__name__)
+
+
+class EngineStartError(RuntimeError):
+    """The engine did not become ready: it exited, timed out, or could not be started.
+
+    Attributes:
+        exit_code: the process exit code (negative: killed by that signal), None if still running
+            or never started.
+        log_tail: the last lines of its stdout+stderr.
+        cap_outcome: the host cap outcome (None without a launch).
+        command: the argv.
+        run_dir: the launch directory holding the logs.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        exit_code: int | None = None,
+        log_tail: str = "",
+        cap_outcome: CapOutcome | None = None,
+        command: list[str] | None = None,
+        run_dir: Path | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+        self.cap_outcome = cap_outcome
+        self.command = command
+        self.run_dir = run_dir
+
+
+class PortInUseError(EngineStartError):
+    """The fixed port of the spec is taken."""
+
+
+class EngineExitedError(RuntimeError):
+    """The engine is no longer running (see :meth:`EngineHandle.raise_if_dead`)."""
 
 
 MARK_RE = re.compile(r"perfkit-mark[ \t]+(\w+)\b[^\n]*?(?<![\w])t=([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?\d+)?)")
@@ -363,18 +400,10 @@ class EngineHandle:
 
     def tail(self, n: int = 50, stream: str = "both") -> str:
         """Last ``n`` lines of stdout, stderr or both (stdout's then stderr's, each labelled)."""
-        if stream == "stdout":
-            return "\n".join(_tail_file(self.stdout_path, n))
-        if stream == "stderr":
-            return "\n".join(_tail_file(self.stderr_path, n))
-        out = _tail_file(self.stdout_path, n)
-        err = _tail_file(self.stderr_path, n)
-        parts = []
-        if out:
-            parts.append("[stdout]\n" + "\n".join(out))
-        if err:
-            parts.append("[stderr]\n" + "\n".join(err))
-        return "\n".join(parts)
+        files = {"stdout": self.stdout_path, "stderr": self.stderr_path}
+        if stream in files:
+            return "\n".join(_tail_file(files[stream], n))
+        return "\n".join(f"[{k}]\n" + "\n".join(t) for k, p in files.items() if (t := _tail_file(p, n)))
 
     def logs(self) -> dict[str, str]:
         """Full log texts: {"<label>.stdout.log": ..., "<label>.stderr.log": ...}."""
@@ -386,28 +415,9 @@ class EngineHandle:
                 out[f"{self.label}.{name}.log"] = ""
         return out
 
-    def marks(self) -> dict[str, float]:
-        """``perfkit-mark`` lines found in the logs so far."""
-        text = ""
-        for p in (self.stderr_path, self.stdout_path):
-            with contextlib.suppress(OSError):
-                text += p.read_text(errors="replace")
-        return parse_marks(text)
-
     def records(self) -> list[_records.PerfRecord]:
         """Records in ``perf_log_dir/performance.log`` so far (malformed lines skipped)."""
         return _records.read_perf_log(self.perf_log_path).records
-
-    def record_lines(self) -> list[str]:
-        """Raw performance.log lines (for ResultBundle.records); a line that is not UTF-8 is kept
-        with its stray bytes as ``\\xNN`` escapes (lossless; the record reader refuses that line,
-        naming it, from the file itself)."""
-        try:
-            with open(self.perf_log_path, "rb") as fh:
-                raw = [ln.rstrip(b"\r\n") for ln in fh]
-        except OSError:
-            return []
-        return [ln.decode("utf-8", errors="backslashreplace") for ln in raw if ln.strip()]
 
     @property
     def cgroup_path(self) -> Path | None:
@@ -464,14 +474,10 @@ class EngineHandle:
         found: dict[int, psutil.Process] = {}
         if self._enforcer is not None:
             found.update(self._enforcer.known)
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             root = psutil.Process(self.pid)
             if abs(root.create_time() - self._create_time) < 0.05:
-                found[root.pid] = root
-                for c in root.children(recursive=True):
-                    found[c.pid] = c
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            pass
+                found.update({p.pid: p for p in (root, *root.children(recursive=True))})
         # also anything still in the process group (children that were re-parented)
         for p in psutil.process_iter(["pid"]):
             try:

@@ -12,24 +12,16 @@ Layout under ``run_dir/<label>/``: ``stdout.log``, ``stderr.log``, ``perf/`` (th
 ``cache/{inductor,triton}`` (own compile caches unless ``spec.share_compile_cache``, then
 ``run_dir/shared-cache/``).
 
-Cold start: ``ready_s`` is launch until ``GET health_path`` answers 200. Its parts come from what
-sglang gives (:func:`perfkit.engine.handle.cold_start_parts`): ``process_start_s`` from the OS,
-``models_loaded_s`` from the ``[server-load] workers_ready_monotonic_ns`` line, ``warmup_s`` from
-``/health``'s 503 -> 200; ``perfkit-mark`` lines only where those are absent; each part names its
-source or why it is not reported (``cold_start["sources"]``).
+Cold start: ``ready_s`` is launch until ``GET health_path`` answers 200; its parts and their
+sources: :func:`perfkit.engine.handle.cold_start_parts`.
 
-Teardown (normal exit, exception or KeyboardInterrupt): SIGTERM and SIGCONT to the process
-group, ``grace_s`` (default ``spec.stop_grace_s``) to exit, then SIGKILL to the group, to any
-descendant seen that survived (also those that left the group) and to the engine's own cgroup
-where it has one; :attr:`EngineHandle.end` says how it ended. Every process started is recorded
-in a module registry (:func:`started_processes`) so tests can assert that none survives, and
-with the owner (:mod:`perfkit.engine.owner`: the file named by ``PERFKIT_OWNER_REGISTRY``), which
-ends it if this process dies first; the engine itself gets a SIGKILL parent-death signal.
-
-The launch's parts live beside it: :mod:`perfkit.engine.errors` (what it raises),
-:mod:`perfkit.engine.handle` (:class:`EngineHandle`, the running engine and its teardown),
-:mod:`perfkit.engine.processes` (the registry of started processes); their names are
-re-exported here.
+Teardown (normal exit, exception or KeyboardInterrupt): :meth:`EngineHandle._terminate` ends the
+whole tree (SIGTERM, ``grace_s``, SIGKILL; the engine's cgroup too) and says how in
+:attr:`EngineHandle.end`. Every process started is in a module registry
+(:func:`started_processes`, for tests) and with the owner (:mod:`perfkit.engine.owner`), which
+ends it if this process dies first; the engine gets a SIGKILL parent-death signal. The handle and
+the errors live in :mod:`perfkit.engine.handle`, the registry in :mod:`perfkit.engine.owner`;
+their names are re-exported here.
 """
 
 from __future__ import annotations
@@ -51,33 +43,21 @@ import psutil
 
 from perfkit.engine import owner as _owner
 from perfkit.engine.caps import MemoryCaps
-from perfkit.engine.errors import EngineExitedError, EngineStartError, PortInUseError
 from perfkit.engine.handle import (
     _LIVE,
     EngineHandle,
+    EngineStartError,
     LaunchClock,
+    PortInUseError,
     boot_start_s,
     cold_start_parts,
     parse_marks,
 )
-from perfkit.engine.processes import StartedProcess, _die_with_parent, _register, started_processes, surviving
+from perfkit.engine.handle import EngineExitedError as EngineExitedError  # re-exported
+from perfkit.engine.owner import StartedProcess, _register
+from perfkit.engine.owner import started_processes as started_processes  # re-exported
+from perfkit.engine.owner import surviving as surviving  # re-exported
 from perfkit.engine.spec import EngineSpec
-
-__all__ = [
-    "POLL_S",
-    "EngineExitedError",
-    "EngineHandle",
-    "EngineStartError",
-    "PortInUseError",
-    "StartedProcess",
-    "cold_start_parts",
-    "free_port",
-    "launch",
-    "parse_marks",
-    "port_in_use",
-    "started_processes",
-    "surviving",
-]
 
 log = logging.getLogger(__name__)
 
@@ -186,12 +166,9 @@ def launch(
     d = _unique_dir(base, label)
     perf_dir = d / "perf"
     perf_dir.mkdir()
-    if spec.share_compile_cache:
-        cache = base / "shared-cache"
-    else:
-        cache = d / "cache"
-    (cache / "inductor").mkdir(parents=True, exist_ok=True)
-    (cache / "triton").mkdir(parents=True, exist_ok=True)
+    cache = base / "shared-cache" if spec.share_compile_cache else d / "cache"
+    for sub in ("inductor", "triton"):
+        (cache / sub).mkdir(parents=True, exist_ok=True)
 
     argv = spec.command(port, perf_dir) + _sglang_ports(spec)
     added, env = _engine_env(spec, caps, perf_dir, port, cache)
@@ -256,17 +233,11 @@ def _engine_env(
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(variables perfkit adds, the engine's whole environment): the spec's, the caps', own
     compile caches unless set, unbuffered output, NVLink multicast off."""
-    added: dict[str, str] = {}
-    added.update(spec.env_for(perf_dir, port))
-    if caps is not None:
-        added.update(caps.env())
+    added = {**spec.env_for(perf_dir, port), **(caps.env() if caps is not None else {})}
     added.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
     added.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
-    added["PYTHONUNBUFFERED"] = "1"
-    added["NCCL_NVLS_ENABLE"] = "0"
-    env = dict(os.environ)
-    env.update(added)
-    return added, env
+    added.update(PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
+    return added, {**os.environ, **added}
 
 
 def _engine_gpus(
@@ -306,7 +277,7 @@ def _start(
                 env=env,
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_owner.die_with_parent,  # SIGKILL at the launcher's death (own session)
             )
         except OSError as exc:
             raise EngineStartError(
@@ -346,6 +317,17 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
 
     health: dict[str, Any] = {"first_status": None, "t_first_503": None}
 
+    def failed(head: str, exit_code: int | None) -> EngineStartError:
+        tail = h.tail(50)
+        return EngineStartError(
+            f"{head}\ncommand: {' '.join(h.command)}\n--- last 50 log lines ({h.run_dir}) ---\n{tail}",
+            exit_code=exit_code,
+            log_tail=tail,
+            cap_outcome=h.cap_outcome,
+            command=h.command,
+            run_dir=h.run_dir,
+        )
+
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=httpx.Timeout(2.0), trust_env=False) as client:
         while True:
@@ -355,27 +337,14 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
                 why = f"; {o.message}" if o.exceeded else ""
                 cause = error_line(h.tail(50))
                 why += f"; the log's last error: {cause}" if cause else ""
-                raise EngineStartError(
-                    f"engine {h.label!r} exited with code {h.exit_code} before it was ready{why}\n"
-                    f"command: {' '.join(h.command)}\n--- last 50 log lines ({h.run_dir}) ---\n"
-                    f"{h.tail(50)}",
-                    exit_code=h.exit_code,
-                    log_tail=h.tail(50),
-                    cap_outcome=o,
-                    command=h.command,
-                    run_dir=h.run_dir,
+                raise failed(
+                    f"engine {h.label!r} exited with code {h.exit_code} before it was ready{why}", h.exit_code
                 )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise EngineStartError(
-                    f"engine {h.label!r} not ready after {timeout:g} s (GET {h.health_url} never "
-                    f"answered 200)\ncommand: {' '.join(h.command)}\n--- last 50 log lines "
-                    f"({h.run_dir}) ---\n{h.tail(50)}",
-                    exit_code=None,
-                    log_tail=h.tail(50),
-                    cap_outcome=h.cap_outcome,
-                    command=h.command,
-                    run_dir=h.run_dir,
+                raise failed(
+                    f"engine {h.label!r} not ready after {timeout:g} s (GET {h.health_url} never answered 200)",
+                    None,
                 )
             pause = POLL_S
             try:

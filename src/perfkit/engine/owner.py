@@ -4,25 +4,13 @@ A notebook kernel can die before its engine's teardown has run (papermill shuts 
 few seconds after a cell timeout); the engine must not outlive perfkit for that. The process
 that runs the kernels (``perfkit suite``), or the one that launches engines itself
 (``perfkit ab``, ``perfkit measure``, a ``--partition``/``--executor`` shard), is their *owner*:
-
-- :func:`become_subreaper` (Linux ``PR_SET_CHILD_SUBREAPER``): an orphaned descendant (an
-  engine whose kernel died, a child that left its engine's session) is re-parented to the owner,
-  not to init, so the owner still finds it among its descendants.
-- :func:`register` / :func:`registered`: :func:`perfkit.engine.launch.launch` appends every
-  process it starts (pid, process group, start time, label) to the JSON-lines file named by
-  :data:`REGISTRY_ENV`, which the owner sets for the kernels it starts.
-- :class:`Watch`: a snapshot of the owner's descendants taken before a notebook or a unit runs;
-  :meth:`Watch.reap` afterwards ends everything new under the owner and everything registered
-  that still runs (same pid *and* start time: a reused pid is never signalled): SIGTERM (and
-  SIGCONT, so a stopped process acts on it) to each process group and process, ``grace_s``,
-  then SIGKILL; it returns how each one ended.
-- :func:`run_bounded`: a subprocess with a time limit (a bisect build, an engine probe,
-  chromium, pip, JupyterLab) in its own session; past the limit or on an interrupt its whole
-  tree is ended (:func:`end_tree`), not only the process perfkit started.
-
-The launcher's own teardown (:meth:`perfkit.engine.handle.EngineHandle._terminate`) does the same for one engine and
-gives the engine a SIGKILL parent-death signal; this module is what remains when the launcher
-itself is gone.
+it becomes the subreaper of its descendants (:func:`become_subreaper`), launches register in the
+file named by :data:`REGISTRY_ENV` (:func:`register`), a :class:`Watch` taken before the work
+ends what is left after it (:meth:`Watch.reap`: same pid *and* start time, a reused pid is never
+signalled), and a reaper process (:func:`spawn_reaper`) does it if the owner itself is killed.
+:func:`run_bounded` runs a subprocess with a time limit whose whole tree is ended past it or on
+an interrupt. The launcher's own teardown (:meth:`perfkit.engine.handle.EngineHandle._terminate`)
+does the same for one engine; this module is what remains when the launcher itself is gone.
 """
 
 from __future__ import annotations
@@ -34,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,14 +165,11 @@ def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ende
     what is left (groups included), reap our own children; returns how each ended."""
     if not procs:
         return []
-    stopped = {}
-    for p in procs:
-        try:
-            stopped[p.pid] = p.status() == psutil.STATUS_STOPPED
-        except psutil.Error:
-            stopped[p.pid] = False
+    stopped = {p.pid: False for p in procs}
     groups = set()
     for p in procs:
+        with contextlib.suppress(psutil.Error):
+            stopped[p.pid] = p.status() == psutil.STATUS_STOPPED
         with contextlib.suppress(OSError):
             groups.add(os.getpgid(p.pid))
     groups.discard(os.getpgrp())  # never our own group
@@ -211,20 +197,15 @@ def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ende
     psutil.wait_procs(rest, timeout=5)
     out = []
     for p, label in procs.items():
-        was = " (it was stopped)" if stopped.get(p.pid) else ""
-        if p in rest:
-            how = (
-                f"did not exit within {grace_s:g} s of SIGTERM{was}: killed by perfkit (SIGKILL) "
-                f"after {t_kill:.1f} s"
-            )
-            out.append(Ended(p.pid, label, how, True, round(t_kill, 2), stopped.get(p.pid, False)))
-        else:
-            t = gone_at.get(p.pid, 0.0)
-            out.append(
-                Ended(
-                    p.pid, label, f"ended on SIGTERM{was} after {t:.1f} s", False, round(t, 2), stopped[p.pid]
-                )
-            )
+        was = " (it was stopped)" if stopped[p.pid] else ""
+        killed = p in rest
+        t = t_kill if killed else gone_at.get(p.pid, 0.0)
+        how = (
+            f"did not exit within {grace_s:g} s of SIGTERM{was}: killed by perfkit (SIGKILL) after {t:.1f} s"
+            if killed
+            else f"ended on SIGTERM{was} after {t:.1f} s"
+        )
+        out.append(Ended(p.pid, label, how, killed, round(t, 2), stopped[p.pid]))
     return out
 
 
@@ -272,14 +253,18 @@ def run_bounded(
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
+def signal_name(n: int) -> str:
+    """``SIGKILL`` for 9; ``signal 99`` for a number that names none."""
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
 def _ended_alone(code: int | None) -> str:
     """Words for a process found already ended (its exit status read when reaping it)."""
     if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"had ended on signal {-code} ({name}) by the time its launcher was gone"
+        return f"had ended on signal {-code} ({signal_name(-code)}) by the time its launcher was gone"
     return f"had exited with code {code} by the time its launcher was gone"
 
 
@@ -402,6 +387,97 @@ def describe(ended: list[Ended]) -> str:
         f"{n} process{'es' if n != 1 else ''} found after {'their' if n != 1 else 'its'} launcher ended: "
         + "; ".join(parts)
     )
+
+
+# ---------------------------------------------------------------------------- this process's engines
+# the processes perfkit.engine.launch.launch started here (for tests to assert that none
+# survives), cgroup kill, and the words saying how an engine ended
+@dataclass(frozen=True)
+class StartedProcess:
+    pid: int
+    pgid: int
+    create_time: float
+    label: str
+    command: tuple[str, ...]
+
+
+_REGISTRY: list[StartedProcess] = []
+_REGISTRY_LOCK = threading.Lock()
+
+
+def started_processes() -> list[StartedProcess]:
+    """Every engine process (and descendant seen at teardown) started by :func:`launch` in
+    this Python process, oldest first."""
+    with _REGISTRY_LOCK:
+        return list(_REGISTRY)
+
+
+def _register(p: StartedProcess) -> None:
+    with _REGISTRY_LOCK:
+        _REGISTRY.append(p)
+
+
+def surviving(procs: list[StartedProcess]) -> list[StartedProcess]:
+    """Those of ``procs`` still alive (same pid and start time, not a zombie)."""
+    return [sp for sp in procs if alive(sp.pid, sp.create_time) is not None]
+
+
+def _end_words(
+    rc_before: int | None,
+    rc: int | None,
+    stopped: bool,
+    killed: bool,
+    waited_s: float,
+    grace_s: float,
+    pids: list[int],
+    cgroup_path: Path | None,
+    since: float | None = None,
+) -> dict[str, Any]:
+    """How an engine ended, as :attr:`EngineHandle.end` holds it (see there)."""
+    from perfkit.readings.oom import oom_record
+
+    code = rc_before if rc_before is not None else rc
+    sig = -code if code is not None and code < 0 else None
+    oom = None
+    if rc_before is not None:  # it ended by itself, before perfkit's teardown
+        if sig is not None:
+            how = f"was killed by signal {sig} ({signal_name(sig)}, not sent by perfkit)"
+            oom = oom_record(pids, cgroup_path, since=since)
+        else:
+            how = f"exited with code {code}"
+        by_perfkit = False
+    elif killed:
+        how = f"did not exit within {grace_s:g} s of SIGTERM: killed by perfkit (SIGKILL) after {waited_s:.1f} s"
+        by_perfkit = True
+    else:
+        how = f"ended on perfkit's SIGTERM after {waited_s:.1f} s (exit code {code})"
+        by_perfkit = True
+    if stopped:
+        how = f"was stopped (SIGSTOP) when perfkit ended it; {how}"
+    return {
+        "how": how,
+        "exit_code": code,
+        "signal": sig,
+        "by_perfkit": by_perfkit,
+        "after_s": round(waited_s, 2),
+        "stopped": stopped,
+        "oom": oom,
+    }
+
+
+def _cgroup_kill(path: Path | None) -> None:
+    """``cgroup.kill`` of the engine's own cgroup v2 (Linux >= 5.14), when it has one."""
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        (Path(path) / "cgroup.kill").write_text("1")
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 # ---------------------------------------------------------------------------- the reaper

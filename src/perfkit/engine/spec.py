@@ -1,47 +1,28 @@
 """EngineSpec: how to start an engine (the reference engine, sglang's server, any command) and reach it.
 
 A spec is a pydantic model, one class per kind, told apart by ``kind`` (a discriminated union,
-:data:`AnyEngineSpec`, which the params file embeds):
-
-- ``reference`` (:class:`ReferenceEngine`, the default kind): perfkit's own engine,
-  ``python -m perfkit.refengine`` with typed options.
-- ``sglang`` (:class:`SglangEngine`): ``<executable> serve --model-path M --port P --host H
-  --num-gpus N``, then the startup warmup and compile settings mapped to sglang's flags (below),
-  then ``server_args`` and ``extra_args``. ``executable`` is ``["sglang"]`` (the console script) or
-  the ``python -m`` form ``[sys.executable, "-m", "sglang.cli.main"]`` (``sglang.cli.main`` is the
-  module behind the console script). Its environment turns on sglang's per-request records
-  (``SGLANG_DIFFUSION_STAGE_LOGGING=1``, ``SGLANG_PERF_LOG_DIR=<perf_log_dir>``); memory caps
-  add ``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB`` / ``..._FORCE_HOST_AVAILABLE_GIB``
-  (:meth:`perfkit.engine.caps.MemoryCaps.env`). Ready when ``GET /health`` answers 200.
-
-  Flags checked against sglang 0.5.23; the startup warmup and compile settings map to
-  sglang's flags as :mod:`perfkit.engine.argv` tabulates.
-
-  Offload, parallelism and pipeline flags go in ``server_args`` as sglang spells them, e.g.
-  ``[--dit-layerwise-offload, --text-encoder-cpu-offload, --vae-cpu-offload, --pin-cpu-memory,
-  --pipeline-class-name, LTX2TwoStagePipeline, --ulysses-degree, "2"]``.
-- ``command`` (:class:`CommandEngine`): any argv (``command``), with ``{port}``, ``{host}`` and
-  ``{perf_log_dir}`` placeholders substituted at launch.
+:data:`AnyEngineSpec`, which the params file embeds): ``reference`` (:class:`ReferenceEngine`, the
+default: ``python -m perfkit.refengine``), ``sglang`` (:class:`SglangEngine`: ``<executable> serve
+--model-path M --port P --host H --num-gpus N``, the warmup and compile settings mapped to sglang
+0.5.23's flags as :mod:`perfkit.engine.argv` tabulates, then ``server_args`` (offload, parallelism,
+pipeline flags as sglang spells them) and ``extra_args``; its environment turns on sglang's
+per-request records, ``SGLANG_DIFFUSION_STAGE_LOGGING=1`` and ``SGLANG_PERF_LOG_DIR``; ready when
+``GET /health`` answers 200) and ``command`` (:class:`CommandEngine`: any argv, with ``{port}``,
+``{host}`` and ``{perf_log_dir}`` substituted at launch).
 
 ``EngineSpec(kind=..., ...)`` and :meth:`EngineSpec.from_dict` build the model of that kind (so
-``isinstance(spec, EngineSpec)`` holds for every kind); :meth:`EngineSpec.command` gives the exact
-argv, :meth:`EngineSpec.env_for` the environment additions, :meth:`EngineSpec.to_dict` /
-:meth:`EngineSpec.from_dict` round-trip it through params YAML, :meth:`EngineSpec.replace` gives a
-validated copy. Unknown keys (a field of another kind included), wrong types and out-of-range
-values are errors that name the field: building a spec directly raises :class:`EngineSpecError`,
-one line per problem, e.g. ``EngineSpec.warmup_frames: Input should be greater than or equal to
-0, got -1``; embedded in params, pydantic's error locations name ``engine.<field>``.
-
-Note: the argv template of the ``command`` kind lives in the field ``command_template`` (the name
-``command`` is the method); the key ``command`` is its spelling in dicts
-(:meth:`EngineSpec.to_dict` writes it, :meth:`EngineSpec.from_dict` and the constructor accept
-either).
+``isinstance(spec, EngineSpec)`` holds for every kind); :meth:`EngineSpec.to_dict` round-trips it
+through params YAML, :meth:`EngineSpec.replace` gives a validated copy. Unknown keys (a field of
+another kind included), wrong types and out-of-range values are errors that name the field:
+building a spec directly raises :class:`EngineSpecError`, one line per problem, e.g.
+``EngineSpec.warmup_frames: Input should be greater than or equal to 0, got -1``; embedded in
+params, pydantic's error locations name ``engine.<field>``. The command kind's argv is the field
+``command_template`` (``command`` is the method), spelled ``command`` in dicts.
 """
 
 from __future__ import annotations
 
 import difflib
-import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
@@ -49,6 +30,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 from pydantic import (
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -62,7 +44,6 @@ from pydantic_core import PydanticCustomError
 
 from perfkit.common.presets import PRESET_NAMES
 from perfkit.engine.argv import (
-    OFFLOAD_COMPONENTS,
     argv_list,
     check_command,
     check_model_path,
@@ -72,25 +53,6 @@ from perfkit.engine.argv import (
     reference_argv,
     sglang_warmup_flags,
 )
-
-__all__ = [
-    "AnyEngineSpec",
-    "CommandEngine",
-    "DEFAULT_REQUEST_TIMEOUT_S",
-    "DEFAULT_WARMUP_FRAMES",
-    "EngineSpec",
-    "EngineSpecError",
-    "KINDS",
-    "OFFLOAD_COMPONENTS",
-    "OFFLOAD_MODES",
-    "REFERENCE_STAGES",
-    "ReferenceEngine",
-    "SglangEngine",
-    "WARMUP_MODES",
-    "engine_keys",
-    "split_kind",
-    "unknown_key_hint",
-]
 
 KINDS = ("reference", "sglang", "command")
 #: a request's timeout when neither the spec nor a params file's ``timeout_s`` sets one (s)
@@ -105,6 +67,8 @@ CROSS_FIELD = "engine_cross_field"
 BAD_KIND = "engine_kind"
 
 _RESOLUTION = r"^\d+x\d+$"
+#: an argv field: a string is split like a shell would
+Argv = Annotated[list[str], BeforeValidator(argv_list)]
 
 #: Offload modes of the reference engine (``--offload``): resident, whole-model offload, group
 #: offload at block or leaf level.
@@ -210,8 +174,8 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
 
     kind: str = "reference"
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    extra_args: Argv = Field(default_factory=list)
+    env: Annotated[dict[str, str], BeforeValidator(env_strings)] = Field(default_factory=dict)
     health_path: str = Field("/health", pattern=r"^/")
     host: str = Field("127.0.0.1", min_length=1)
     port: Optional[int] = Field(None, ge=1, le=65535)
@@ -227,16 +191,6 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
     def _kind(cls) -> str | None:
         f = cls.model_fields.get("kind")
         return f.default if f is not None and cls is not EngineSpec else None
-
-    @field_validator("extra_args", mode="before")
-    @classmethod
-    def _extra_args(cls, v: Any) -> Any:
-        return argv_list(v)
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env(cls, v: Any) -> Any:
-        return env_strings(v)
 
     # ------------------------------------------------------------------ checks on this host
     def check(self) -> None:
@@ -273,10 +227,6 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         for k, v in self.env.items():
             out[k] = self._subst(v, port, d)
         return out
-
-    def command_str(self, port: int, perf_log_dir: str | Path) -> str:
-        """The argv as one shell-quoted string (for logs and reports)."""
-        return shlex.join(self.command(port, perf_log_dir))
 
     def _subst(self, s: str, port: int | None, perf_log_dir: str) -> str:
         s = s.replace("{perf_log_dir}", perf_log_dir).replace("{host}", self.host)
@@ -417,9 +367,9 @@ class ReferenceEngine(_ServingEngine):
     debug_leak_mib: int = Field(0, ge=0)
     memory_snapshot_after: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     memory_snapshot_entries: int = Field(20000, ge=1)
-    debug_stage_delay: dict[Literal[REFERENCE_STAGES], Annotated[float, Field(ge=0)]] = Field(
-        default_factory=dict
-    )
+    debug_stage_delay: Annotated[
+        dict[Literal[REFERENCE_STAGES], Annotated[float, Field(ge=0)]], BeforeValidator(percent_map)
+    ] = Field(default_factory=dict)
     debug_stage_delay_from: int = Field(0, ge=0)
     max_frames: Optional[int] = Field(None, ge=1)
     cpu_threads: Optional[int] = Field(None, ge=1)
@@ -434,11 +384,6 @@ class ReferenceEngine(_ServingEngine):
         if v == "request":
             raise ValueError("'request' is only supported by kind 'sglang'")
         return v
-
-    @field_validator("debug_stage_delay", mode="before")
-    @classmethod
-    def _percent_strings(cls, v: Any) -> Any:
-        return percent_map(v)
 
     @model_validator(mode="after")
     def _known_preset(self) -> ReferenceEngine:
@@ -471,15 +416,10 @@ class SglangEngine(_ServingEngine):
 
     kind: Literal["sglang"] = "sglang"
     model_path: str = Field(min_length=1)
-    executable: list[str] = Field(default_factory=lambda: ["sglang"], min_length=1)
-    server_args: list[str] = Field(default_factory=list)
+    executable: Argv = Field(default_factory=lambda: ["sglang"], min_length=1)
+    server_args: Argv = Field(default_factory=list)
 
     _sglang_records: ClassVar[bool] = True
-
-    @field_validator("executable", "server_args", mode="before")
-    @classmethod
-    def _argvs(cls, v: Any) -> Any:
-        return argv_list(v)
 
     @model_validator(mode="after")
     def _absolute_paths(self) -> SglangEngine:
@@ -532,7 +472,7 @@ class CommandEngine(EngineSpec):
     """
 
     kind: Literal["command"] = "command"
-    command_template: list[str] = Field(
+    command_template: Argv = Field(
         validation_alias=AliasChoices("command", "command_template"),
         serialization_alias="command",
         min_length=1,
@@ -546,11 +486,6 @@ class CommandEngine(EngineSpec):
         if isinstance(data, Mapping) and "command" in data and data.get("command_template") is not None:
             raise _cross_field("command", "give either 'command' or 'command_template', not both")
         return data
-
-    @field_validator("command_template", mode="before")
-    @classmethod
-    def _argvs(cls, v: Any) -> Any:
-        return argv_list(v)
 
     def check(self) -> None:
         """The program (the argv's first item, unless it is a placeholder) must be found."""

@@ -26,7 +26,7 @@ from perfkit.engine.launch import EngineStartError, launch
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S, EngineSpec
 from perfkit.measuring.progress import launching, track_requests
 from perfkit.readings.engine_config import effective_config
-from perfkit.readings.records import PerfRecord, parse_lines, read_perf_log
+from perfkit.readings.records import PERF_LOG_NAME, ParseReport, PerfRecord, parse_lines
 from perfkit.reported import reported_count, reported_flag
 
 log = logging.getLogger(__name__)
@@ -61,14 +61,16 @@ class LaunchData:
     logs: dict[str, str] = field(default_factory=dict)
     outcomes: list[RequestOutcome] = field(default_factory=list)
     error: str | None = None
-    #: the engine's performance.log, read again by :func:`_rows` (strict UTF-8, file:line reasons)
-    perf_log: Path | None = None
+    #: ``record_lines`` parsed (from the file when it was read: strict UTF-8, file:line reasons);
+    #: set by :func:`measure_launch`
+    report: ParseReport | None = None
     command: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     gpus: list[dict[str, Any]] = field(default_factory=list)
 
-    def measured(self) -> pd.DataFrame:
-        """Measured request rows (``index != WARMUP_INDEX``) as a DataFrame, in index order."""
+    def sent_rows(self) -> pd.DataFrame:
+        """Rows of the requests perfkit sent, failed ones included (``index != WARMUP_INDEX``),
+        as a DataFrame in index order; completed-only is ``ResultBundle.measured_requests()``."""
         df = pd.DataFrame(self.requests)
         if df.empty:
             return df
@@ -178,29 +180,23 @@ def record_rows(
             "launch": label,
             "request_id": rec.request_id,
             "index": index,
-            "stage": "DenoisingStage",
+            "stage": stage,
             "step": i,
-            "ms": ms,
+            "ms": None if ms is None else float(ms),
         }
-        for i, ms in enumerate(rec.steps)
-    ]
-    steps += [
-        {
-            "launch": label,
-            "request_id": rec.request_id,
-            "index": index,
-            "stage": "RefinementStage",
-            "step": i,
-            "ms": float(ms),
-        }
-        for i, ms in enumerate(pk.get("refinement_steps") or [])
+        for stage, seq in (
+            ("DenoisingStage", rec.steps),
+            ("RefinementStage", pk.get("refinement_steps") or []),
+        )
+        for i, ms in enumerate(seq)
     ]
     return row, stages, steps
 
 
 def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRequestSpec) -> dict[str, Any]:
     """A request row for a request without a record (rejected, engine died, timeout); its
-    memory columns (MiB), server time (ms) and compile columns are NA (not reported)."""
+    memory columns (MiB), server time (ms) and compile columns are NA (not reported: whether it
+    compiled is not known, not 0)."""
     return {
         "launch": label,
         "request_id": outcome.request_id or f"{label}-{index}",
@@ -208,30 +204,24 @@ def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRe
         "status": outcome.status,
         "error": outcome.error,
         "num_frames": request.num_frames,
-        "effective_num_frames": None,
-        "latent_frames": None,
-        "latent_shape": None,
         "height": request.height,
         "width": request.width,
         "steps": request.num_inference_steps,
         "client_ms": outcome.client_ms,
-        "e2e_ms": NAN,
-        # no record: whether it compiled is not known (NA), not 0
-        "compiles": None,
-        "compile_ms": NAN,
-        "recompile_reasons": None,
-        "compile_phases": None,
-        "recompile_limit_hit": None,
-        "recompile_limit_stage": None,
-        "peak_allocated_mib": NAN,
-        "peak_reserved_mib": NAN,
-        "reserved_mib": NAN,
-        "host_rss_mib": NAN,
-        "host_anon_mib": NAN,
-        "placement": None,
         "t_start_s": outcome.t_submit,
         "t_end_s": outcome.t_end,
+        **dict.fromkeys(_NA_NONE, None),
+        **dict.fromkeys(_NA_NAN, NAN),
     }
+
+
+_NA_NONE = (
+    "effective_num_frames latent_frames latent_shape compiles recompile_reasons compile_phases"
+    " recompile_limit_hit recompile_limit_stage placement"
+).split()
+_NA_NAN = (
+    "e2e_ms compile_ms peak_allocated_mib peak_reserved_mib reserved_mib host_rss_mib host_anon_mib".split()
+)
 
 
 def measure_launch(
@@ -295,8 +285,6 @@ def measure_launch(
             mem = sampler_frame(sampler.to_frame())
             mem.insert(0, "launch", label)
             data.memory = mem
-            data.record_lines = h.record_lines()
-            data.perf_log = h.perf_log_path
             data.launch_row = h.launch_row()
             data.launch_row.update(first_result(data.outcomes, h.cold_start))
             outcome = h.cap_outcome
@@ -326,9 +314,7 @@ def measure_launch(
                 p = d / name
                 if p.exists():
                     data.logs[f"{label}.{name}"] = p.read_text(errors="replace")[-2_000_000:]
-            perf = d / "perf" / "performance.log"
-            if not data.record_lines and perf.exists():
-                data.record_lines = [ln for ln in perf.read_text().splitlines() if ln.strip()]
+        _read_log(data, h.perf_log_path if h is not None else d / "perf" / PERF_LOG_NAME if d else None)
     if not data.launch_row:
         data.launch_row = {
             "launch": label,
@@ -396,11 +382,23 @@ def _launch_dir(run_dir: Path, label: str) -> Path | None:
     return cands[-1] if cands else None
 
 
+def _read_log(data: LaunchData, path: Path | None) -> None:
+    """Read the launch's performance.log once: the raw lines (a line that is not UTF-8 kept with
+    ``\\xNN`` escapes, lossless) and their records (that line refused, naming file and line)."""
+    try:
+        raw = path.read_bytes().splitlines(keepends=True) if path is not None else []
+    except OSError:
+        return
+    data.record_lines = [
+        ln.decode("utf-8", errors="backslashreplace").rstrip("\r\n") for ln in raw if ln.strip()
+    ]
+    data.report = parse_lines(raw, source=str(path))
+
+
 def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
-    if data.perf_log is not None and data.perf_log.exists():
-        report = read_perf_log(data.perf_log)
-    else:
-        report = parse_lines(data.record_lines, source=f"records/{data.label}.jsonl")
+    if data.report is None:
+        data.report = parse_lines(data.record_lines, source=f"records/{data.label}.jsonl")
+    report = data.report
     recs = {r.request_id: r for r in report.records}
     warm = [r for r in recs.values() if r.is_warmup]
     for rec in warm:

@@ -109,35 +109,24 @@ def collect(
         peak = peak_by_site(b, since_s=entries[k].get("t_start"))
     except MemSnapshotError as exc:
         return conform("memory_sites", pd.DataFrame()), {**res, "status": f"unreadable: {exc}"}, {}
-    rows: list[dict[str, Any]] = []
-    for _, g in grew.head(params.top).iterrows():
-        rows.append(
-            {
-                "launch": launch,
-                "kind": "grew",
-                "from_index": first,
-                "to_index": k,
-                "site": g["site"],
-                "library_line": g["library_line"],
-                "in_engine": bool(g["in_engine"]),
-                "blocks": int(g["new_blocks"] - g["gone_blocks"]),
-                "mib": float(g["grown_mib"]),
-            }
-        )
-    for _, g in peak.by_site.head(params.top).iterrows():
-        rows.append(
-            {
-                "launch": launch,
-                "kind": "peak",
-                "from_index": k,
-                "to_index": k,
-                "site": g["site"],
-                "library_line": g["library_line"],
-                "in_engine": bool(g["in_engine"]),
-                "blocks": int(g["blocks"]),
-                "mib": float(g["mib"]),
-            }
-        )
+
+    def row(kind: str, frm: int, g: Any, blocks: Any, mib: Any) -> dict[str, Any]:
+        site = {"site": g["site"], "library_line": g["library_line"], "in_engine": bool(g["in_engine"])}
+        return {
+            "launch": launch,
+            "kind": kind,
+            "from_index": frm,
+            "to_index": k,
+            **site,
+            "blocks": int(blocks),
+            "mib": float(mib),
+        }
+
+    rows = [
+        row("grew", first, g, g["new_blocks"] - g["gone_blocks"], g["grown_mib"])
+        for _, g in grew.head(params.top).iterrows()
+    ]
+    rows += [row("peak", k, g, g["blocks"], g["mib"]) for _, g in peak.by_site.head(params.top).iterrows()]
     res.update(
         {
             "status": "ok",

@@ -29,7 +29,6 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.launch_rows import measure_launch
 from perfkit.readings import traces as tr
-from perfkit.readings.records import parse_lines
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +124,7 @@ def run_profiled(
     env = {**spec.env, DIR_VARIABLE: str(tdir)}
     plan = profile_requests(request, profile, first_role)
     data = measure_launch(spec.replace(env=env), [r for _, r in plan], Path(run_dir), label, caps=caps)
-    recs = {r.request_id: r for r in parse_lines(data.record_lines).records}
+    recs = {r.request_id: r for r in data.report.records}
     rows, files = [], {}
     for i, (role, _req) in enumerate(plan):
         if role is None:
@@ -147,11 +146,9 @@ def run_profiled(
             "size_mib": math.nan,
             "kept": False,
             "note": None,
-            "e2e_ms": rec.total_duration_ms
-            if rec is not None and rec.total_duration_ms is not None
-            else math.nan,
-            "injected_ms": sum((pk.get("debug_stage_delay_wall_ms") or {}).values())
-            if pk.get("debug_stage_delay_wall_ms")
+            "e2e_ms": math.nan if rec is None or rec.total_duration_ms is None else rec.total_duration_ms,
+            "injected_ms": sum(injected.values())
+            if (injected := pk.get("debug_stage_delay_wall_ms"))
             else math.nan,
         }
         path = _trace_path(prof, tdir, out.request_id if out is not None else "")

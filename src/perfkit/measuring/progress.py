@@ -40,19 +40,6 @@ PROGRESS_ENV = "PERFKIT_PROGRESS_FILE"
 #: launches with fewer requests than this draw no per-request bar (they finish in seconds)
 MIN_REQUESTS_FOR_BAR = 2
 
-__all__ = [
-    "PROGRESS_ENV",
-    "RunBars",
-    "track_requests",
-    "tqdm_class",
-    "in_kernel",
-    "launching",
-    "emit",
-    "read_events",
-    "planned_requests",
-    "listening",
-]
-
 #: in-process receivers of events (:meth:`RunBars.listen`)
 _LISTENERS: list[Callable[[Mapping[str, Any]], None]] = []
 
@@ -201,11 +188,8 @@ def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]]
 
 def planned_requests(plans: Iterable[Sequence[int]]) -> tuple[int, int]:
     """(launches, requests) of several scenarios' plans (each a list of requests per launch)."""
-    launches = requests = 0
-    for plan in plans:
-        launches += len(plan)
-        requests += sum(int(x) for x in plan)
-    return launches, requests
+    plans = [list(p) for p in plans]
+    return sum(map(len, plans)), sum(int(x) for p in plans for x in p)
 
 
 class RunBars:
@@ -227,8 +211,6 @@ class RunBars:
             total=requests, desc="requests", unit="request", file=file, position=1, disable=not self.enabled
         )
         self.launch_bar: Any = None
-        self._stop = None
-        self._thread = None
 
     def handle(self, ev: Mapping[str, Any], scenario: str = "") -> None:
         """Apply one event (``launch``, ``request``, ``launch_done``) to the bars."""
@@ -301,15 +283,10 @@ class RunBars:
             yield
             return
         start = self.overall.n
-
-        def on_event(ev: Mapping[str, Any]) -> None:
-            self.handle(ev, scenario)
-
-        _LISTENERS.append(on_event)
         try:
-            yield
+            with listening(lambda ev: self.handle(ev, scenario)):
+                yield
         finally:
-            _LISTENERS.remove(on_event)
             short = planned - (self.overall.n - start)
             if short > 0:
                 self.overall.update(short)

@@ -21,7 +21,7 @@ def cap_entry(data: LaunchData, cap: MemoryCaps, repeats: int) -> dict[str, Any]
     (``repeats`` requests asked): completion, whether the cap held, device peaks and host peaks
     (MiB), the caps in force, placement, cold and warm latency (ms) and ``warm_degrades``; see
     :func:`perfkit.scenarios.memory_budget.memory_budget` for every key."""
-    df = data.measured()
+    df = data.sent_rows()
     ok = df[df["status"] == "completed"] if not df.empty else df
     lr = data.launch_row
     host_peak = _col_max(data.memory, "host_anon_mib")

@@ -196,7 +196,7 @@ def cold_vs_warm(
     data = measure_launch(
         spec, [req] * repeats, run_dir, "session", caps=caps, sample_interval_s=sample_interval_s
     )
-    df = data.measured()
+    df = data.sent_rows()
     results: dict[str, Any] = {
         "repeats": repeats,
         "error": data.error,

@@ -241,7 +241,7 @@ def find_min_budget(
             caps=MemoryCaps(device_gib=gib),
             stop_on_failure=True,
         )
-        df = data.measured()
+        df = data.sent_rows()
         good = bool(not df.empty and (df["status"] == "completed").all() and data.error is None)
         probes.append(
             {

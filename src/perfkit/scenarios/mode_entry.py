@@ -61,7 +61,7 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
     (``ran``, ``not applicable`` with the engine's reason, ``failed``); see
     :func:`perfkit.scenarios.offload_modes.offload_modes` for every key."""
     lr = data.launch_row
-    df = data.measured()
+    df = data.sent_rows()
     ok = df[df["status"] == "completed"] if not df.empty else df
     refused = _refusal(data.error)
     rep = _reported(data)
