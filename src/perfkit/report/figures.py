@@ -1,39 +1,20 @@
 """Figures in docs generated from bundles: Markdown blocks in READMEs kept true by a check.
 
-A README marks a block with two HTML comments; everything between them is generated::
+A block is everything between ``<!-- perfkit:figures src=DIR kind=KIND ... -->`` and
+``<!-- perfkit:end -->``; ``src`` is relative to the perfkit checkout. Kinds (:func:`kinds`):
+``key-numbers`` and ``full`` (the registry's key numbers, summary table and reading, so a
+README quotes what the report shows); ``compare`` (``vs=DIR``: two ``cold_warm`` sessions' warm
+requests, or ``DIR/<scenario>@<launch>``, per stage and step with the ratio and a 95 %
+bootstrap interval); ``ab-power`` and ``ab-sequential`` (an A/B pool,
+:mod:`perfkit.report.power`, at ``threshold=`` and ``confidence=``); ``history-nightly`` and
+``history-replay`` (sglang's nightly files, :mod:`perfkit.history.tables`); ``timings``
+(``timings.json``, :class:`Timings`); ``sglang-tier``; and the investigations' own
+(:attr:`~perfkit.scenarios.registry.Scenario.doc_blocks`, e.g. ``overhead-pooled``).
+Statistics: numpy's default quantiles (Hyndman–Fan type 7), 95 % percentile bootstraps with
+seed 0 (:mod:`perfkit.stats`).
 
-    <!-- perfkit:figures src=examples/h200/bundles kind=full -->
-    ... generated ...
-    <!-- perfkit:end -->
-
-``src`` is a run or bundles directory (``<scenario>/results.json`` under it), relative to the
-README's repository root (the perfkit checkout); ``kind`` is ``key-numbers`` (one table of every
-scenario's key numbers), ``full`` (per scenario: its key numbers, its summary table and its
-reading) or ``compare`` (with ``vs=DIR``: the warm requests of the two runs' ``cold_warm``
-sessions side by side — or of one launch of another bundle, written ``DIR/<scenario>@<launch>`` — per stage and per step, with the ratio src/vs and a 95 % bootstrap interval
-of the ratio of medians; e.g. 2 GPUs vs 1) or ``ab-power`` (``src`` an A/B power pool,
-:mod:`perfkit.report.power`, decided at ``threshold=`` and ``confidence=``, fractions, default
-``perfkit ab``'s) or ``ab-sequential`` (the same pool, the sequential ``perfkit ab`` replayed on
-it: :func:`perfkit.report.power.sequential_markdown`). The numbers are the registry's (:attr:`~perfkit.scenarios.registry.Scenario.key_numbers`,
-``summary_table``, ``reading``), so a figure quoted in a README is the figure the report and
-summary.md show. Statistics named in the footer: medians and quartiles are numpy's default
-(linear interpolation between order statistics, Hyndman–Fan type 7); intervals are 95 %
-percentile bootstraps with seed 0 (:mod:`perfkit.stats`). ``overhead-pooled`` (``src`` a
-comma-separated list of bundles directories) pools the ABBA pairs of several instrumentation-
-overhead launches into one estimate: a block kind the overhead investigation declares
-(:attr:`~perfkit.scenarios.registry.Scenario.doc_blocks`; :func:`kinds` lists every kind).
-
-``history-nightly`` (``src`` a directory of sglang's nightly comparison files) lists every
-change point and outlier beside the 5 %-over-last-3 alarms; ``history-replay`` replays those
-runs day by day through ``history check`` beside the same rule (:mod:`perfkit.history.tables`).
-
-``timings`` (``src`` a directory holding ``timings.json``, :class:`Timings`) tables recorded wall
-times, each with the machine, the date and how it was measured (:func:`timings_markdown`): a
-README's "how long" is a measurement with its conditions.
-
-``perfkit figures FILE...`` rewrites the blocks; ``--check`` exits 1 when a committed block
-differs from what the bundles give by more than one unit of a figure's last shown digit
-(:func:`same_figures`).
+``perfkit figures FILE...`` rewrites the blocks; ``--check`` exits 1 when a block differs by
+more than one unit of a figure's last shown digit (:func:`same_figures`).
 """
 
 from __future__ import annotations

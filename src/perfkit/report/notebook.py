@@ -1,24 +1,9 @@
-"""What the notebooks show beside the plots: the root-cause tables and the verdict in words.
-
-Everything here reads the same bundle tables and the same :class:`~perfkit.checks.Check` rows
-as the gate, and renders through the report's one table formatter
-(:func:`perfkit.report.tables.styled`), so a notebook, the report and the gate never
-disagree:
-
-- :func:`show_table`: display a DataFrame through the formatter (no index column, "–" for not
-  measured, rounded numbers);
-- :func:`request_roles` / :func:`request_frame`: every request of a bundle labelled with its
-  shape (frames asked → generated, latent frames, pixels, steps) and its role (those of
-  :func:`perfkit.roles.request_roles`): ``startup warmup``, ``cold``, ``cold, new
-  shape``, ``first of a new shape`` or ``warm``;
-- :func:`first_request_costs`: for each cold or first-of-a-new-shape request, its penalty over
-  the warm median of the same shape in the same launch, the stage holding most of it, and the
-  recompilations it paid (count, time, reason);
-- :func:`verdict_markdown`: the verdict in sentences, made from the check rows the gate judges;
-- :func:`invariants_frame`: the limits this run was judged against (defaults merged with the
-  ones given, e.g. on a replay);
-- :func:`replay_markdown`: on a replay, what is judged again (the checks) and which of the
-  given measurement params differ from those the bundle was measured with (they cannot apply).
+"""What the notebooks show beside the plots, from the same bundle tables and
+:class:`~perfkit.checks.Check` rows as the gate, through the report's one formatter
+(:func:`perfkit.report.tables.styled`): :func:`show_table`, :func:`request_roles` /
+:func:`request_frame` (each request's shape and role), :func:`first_request_costs` (what a
+cold or first-of-a-shape request paid over the warm median, and why), :func:`verdict_markdown`,
+:func:`invariants_frame` and, on a replay, :func:`replay_markdown`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
-"""What a root-cause reader needs, per investigation, from its bundle: the root-cause panel.
-
-:func:`root_cause` reads one scenario's bundle in a run directory and returns what the section
-template's ``root_cause`` macro renders (no HTML here):
-
-- **effective engine config** per launch, from the bundle's ``launches`` table: the columns in
-  :data:`CONFIG_COLUMNS` that the table has (compile requested/active/backend and why it was
-  disabled, attention backend, dtype, offload, recompile limit, where the config came from,
-  time to first result, startup warmup, placement, caps); one the engine did not report reads
-  "not reported";
-- **recompilations**: every request that compiled (``compiles`` > 0 in the requests table; where
-  the engine reports no compile counts, as sglang does not, the panel says "not reported",
-  :func:`compile_count_note`),
-  labelled by role and shape, with its compile count and time, the stage that paid for it (the
-  stage with the largest excess over the warm median of the same shape) and the recompilation
-  reasons (``recompile_reasons``), deduplicated, and what its compile time is made of where the
-  engine reports torch's compile timers (``compile_phases``: :data:`COMPILE_PHASES`);
-- **engine-log warnings and errors**, deduplicated with counts and the launches that logged
-  them (numbers, addresses and timestamps folded so repeats count as one);
-- **budget clamps**: launches whose host cap in force is below the ask (``host_cap_clamp``) or
-  whose cap was exceeded;
-- **instrumentation overhead** when some investigation of the run measured it (an overhead
-  probe's parts: median overhead and its 95 % interval, fraction of server e2e).
+"""The root-cause panel of one investigation's bundle (:func:`root_cause`; the section
+template's ``root_cause`` macro renders it): the effective engine config per launch
+(:data:`CONFIG_COLUMNS`, "not reported" where the engine gave none), the requests that
+compiled (count, time, the stage that paid, reasons, :data:`COMPILE_PHASES`), engine-log
+warnings and errors deduplicated, budget clamps, and the instrumentation overhead some
+investigation of the run measured.
 """
 
 from __future__ import annotations

@@ -1,31 +1,14 @@
 """One table formatter for the report page, the Markdown summary and the notebooks.
 
-:func:`format_table` turns a DataFrame into header labels and rows of display strings; the
-page's templates, :func:`markdown_table` and :func:`styled` (a pandas Styler for notebooks) all
-render from it, so a number reads the same in ``report.html``, ``summary.md`` and JupyterLab:
-
-- no index column;
-- units in the header: a column named by perfkit's unit suffixes reads as words and its unit
-  (``peak_reserved_mib`` -> ``peak reserved (MiB)``, ``cold_ms`` -> ``cold (ms)``,
-  ``host_anon_slope_mib_per_request`` -> ``host anon slope (MiB/request)``; sglang's ``_mb`` is
-  MiB); a label that already has a unit in brackets is kept (:func:`column_label`);
-- integers with thousands separators (``14,512``); a float that is a whole number as one;
-  other floats by magnitude: ``>= 100`` no decimals (``58,428``), ``>= 10`` one decimal,
-  ``>= 1`` two, below that three (``0.016``), trailing zeros dropped below 10 (``1.5``);
-  never exponent notation, never more than three decimals (a value that rounds to zero
-  reads ``0``); :func:`perfkit.common.numfmt.number_text` is the rule;
-- missing values (None, NaN, ``pd.NA``, ``NaT``, and the strings ``"None"``, ``"nan"``,
-  ``"NaN"``, ``"<NA>"`` that a ``str()`` upstream left) as ``"–"``;
-- booleans as ``"yes"`` / ``"no"``;
-- lists and dicts as ``a, b`` / ``k=v, k=v`` (never a Python repr);
-- strings unchanged (a ``status`` column keeps its word; the page colours it by CSS class).
-
-Wide tables: a table with many columns and few rows can be transposed (``transpose="auto"``:
-more than :data:`WIDE_COLUMNS` columns and fewer rows than columns), so it reads top to bottom
-instead of scrolling sideways; the page's stylesheet also lets long cells wrap.
-
-In a notebook, :func:`use_in_notebook` makes every displayed DataFrame render through
-:func:`styled`.
+:func:`format_table` turns a DataFrame into header labels and display strings; the templates,
+:func:`markdown_table` and :func:`styled` (a pandas Styler; :func:`use_in_notebook`) render
+from it, so a number reads the same everywhere: no index column; units in the header
+(:func:`column_label`: ``peak_reserved_mib`` -> ``peak reserved (MiB)``; sglang's ``_mb`` is
+MiB); numbers by :func:`perfkit.common.numfmt.number_text` (integers with thousands
+separators, never an exponent); missing values (None, NaN, ``pd.NA``, ``NaT``, a ``str()`` of
+them) as ``"–"``; booleans ``yes``/``no``; lists and dicts as ``a, b`` / ``k=v``. A table
+with more than :data:`WIDE_COLUMNS` columns and fewer rows can be transposed
+(``transpose="auto"``).
 """
 
 from __future__ import annotations
