@@ -31,25 +31,13 @@ FIRST_ROLES = (DIFF_ROLES[0], "profiled first of new shape")
 
 @dataclass
 class BelowStage:
-    """What a bundle's profiled requests say.
-
-    Attributes:
-        traces: the ``traces`` table (one row per profiled request).
-        stage_top: role -> top ops per stage (``stage`` + :data:`~perfkit.readings.traces.OP_COLUMNS`).
-        diff: :func:`~perfkit.readings.traces.op_diff` of the profiled first request (cold, or
-            first of a new shape: :data:`FIRST_ROLES`) and the profiled warm ones (their
-            median; None without both).
-        diff_from: the role of the diff's first side (None without a diff).
-        kernel_diff: the same diff over device kernels (``kernels=True``: each kernel's device
-            ms), None when the traces have no kernels (a CPU run). On a GPU the CPU-side op diff
-            moves with host noise (launch and dispatch time); the kernels say what the device did.
-        kernel_note: why there is no kernel diff when some of the diffed traces have kernels
-            and others none (:func:`kernel_note`); None otherwise.
-        errors: traces that could not be read (file and why).
-        events: role -> :func:`~perfkit.readings.traces.op_events` of its trace.
-        overhead: role -> :func:`~perfkit.readings.traces.overhead_table` of its trace (CPU-side
-            overhead and device idle share per stage, the rank from the file name).
-    """
+    """What a bundle's profiled requests say: ``traces`` (the table), ``stage_top`` (role -> top
+    ops per stage), ``diff`` (:func:`~perfkit.readings.traces.op_diff` of the first request,
+    :data:`FIRST_ROLES`, against the warm ones' medians; ``diff_from`` its role), ``kernel_diff``
+    (the same over device kernels; None on a CPU run: on a GPU the CPU-side diff moves with host
+    noise) or ``kernel_note`` (:func:`kernel_note`), ``errors`` (unreadable traces), ``events``
+    and ``overhead`` (role -> :func:`~perfkit.readings.traces.op_events` /
+    :func:`~perfkit.readings.traces.overhead_table`)."""
 
     traces: pd.DataFrame
     stage_top: dict[str, pd.DataFrame] = field(default_factory=dict)
@@ -243,11 +231,10 @@ def overhead_tables(bs: BelowStage) -> list[tuple[str, pd.DataFrame]]:
 
 
 def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[str, Any] | None:
-    """The report's "below the stage" panel of one bundle directory, or None when it profiled
-    nothing (or has no bundle). Keys: ``traces`` (:class:`Table`), ``files`` (links),
-    ``diff`` (:class:`Table` or None), ``kernel_diff`` (:class:`Table` or None), ``kernel_note``
-    (:attr:`BelowStage.kernel_note`), ``stage_top`` ([(role, Table)]), ``cpu_and_idle`` ([(role, Table)]: overhead and idle share per stage), ``errors``.
-    Never raises: an unreadable bundle is logged and gives an ``errors`` entry."""
+    """The report's "below the stage" panel of one bundle directory (None when it profiled nothing
+    or holds no bundle): ``traces``, ``files``, ``diff``, ``kernel_diff`` (:class:`Table` or
+    None), ``kernel_note``, ``stage_top`` and ``cpu_and_idle`` ([(role, Table)]), ``timeline``,
+    ``errors``. Never raises: an unreadable bundle gives an ``errors`` entry."""
     d = Path(bundle_dir)
     if not (d / "meta.json").exists():
         return None
@@ -288,12 +275,10 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
 def ab_panel(
     path_a: str | Path | None, path_b: str | Path | None, page_dir: str | Path
 ) -> dict[str, Any] | None:
-    """The A/B page's "below the stage" panel: the ops whose time changed most from side A's
-    profiled warm request to side B's (``perfkit ab --profile``), both sides' traces linked
-    relative to ``page_dir``. None when neither side profiled anything. Keys as :func:`panel`
-    (``stage_top`` holds each side's profiled warm request), plus ``stage_diffs``: ``(stage,
-    table)`` pairs, the top 5 changed ops within each stage (ops attributed to their innermost
-    stage), in the order the stages ran. Never raises."""
+    """The A/B page's "below the stage" panel: the ops that changed most from side A's profiled
+    warm requests to side B's (``perfkit ab --profile``), traces linked relative to ``page_dir``;
+    keys as :func:`panel` plus ``stage_diffs`` (``(stage, table)``: the top 5 per stage, in run
+    order). None when neither side profiled anything. Never raises."""
     import os
 
     sides: dict[str, BelowStage] = {}

@@ -303,13 +303,11 @@ def _duration(s: float) -> str:
 
 
 def timings_markdown(path: Path, label: str) -> str:
-    """``kind=timings``: a table of the wall times recorded in ``path`` (:class:`Timings`),
-    each with its machine, date and source, so a README's "how long" is a measurement with
-    its conditions, never a bare estimate.
+    """``kind=timings``: the wall times recorded in ``path`` (:class:`Timings`), each with its
+    machine, date and source: a README's "how long" is a measurement, never an estimate.
 
     Raises:
-        FiguresError: the file is missing, not JSON, or not :class:`Timings` (naming the key).
-    """
+        FiguresError: the file is missing, not JSON, or not :class:`Timings` (naming the key)."""
     try:
         doc = Timings.model_validate_json(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -335,14 +333,12 @@ TIER_FILE = "verdicts.json"
 
 
 def tier_markdown(path: Path, label: str) -> str:
-    """``kind=sglang-tier``: the conformance tier's runs on real sglang (``tests/test_sglang_tier.py``
-    writes ``verdicts.json``: ``_meta`` {date, sglang, machine, commit}, then per run ``verdict``,
-    ``exit_code``, ``wall_s`` (s), ``checks`` {metric: status}), one row each.
+    """``kind=sglang-tier``: one row per run of ``make test-sglang``'s ``verdicts.json``
+    (``_meta`` {date, sglang, machine, commit}; per run ``verdict``, ``exit_code``, ``wall_s``
+    (s), ``checks`` {metric: status}).
 
     Raises:
-        FiguresError: the file is missing or not JSON, ``_meta`` lacks a key, or a run lacks
-            ``wall_s`` (naming the run).
-    """
+        FiguresError: the file is missing or not JSON, ``_meta`` lacks a key, a run lacks ``wall_s``."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         meta = doc["_meta"]
@@ -457,14 +453,12 @@ MAX_DOC_BYTES = 8 * 2**20
 
 
 def update_file(path: str | Path, root: str | Path, check: bool = False) -> bool:
-    """Regenerate the blocks of ``path``; returns whether its text changed. With ``check`` the
-    file is left as it is (the caller reports the stale file). The file is replaced whole (a
-    temporary file renamed over it), never half-written.
+    """Regenerate the blocks of ``path``; returns whether its text changed (with ``check``, the
+    file is left as it is). The file is replaced whole (a temporary file renamed over it).
 
     Raises:
-        FiguresError: a bad block, a ``src`` without results or a file over :data:`MAX_DOC_BYTES`;
-            OSError: unreadable file.
-    """
+        FiguresError: a bad block, a ``src`` without results, a file over :data:`MAX_DOC_BYTES`.
+        OSError: unreadable file."""
     p = Path(path)
     if p.stat().st_size > MAX_DOC_BYTES:
         raise FiguresError(

@@ -107,9 +107,8 @@ def not_reported(launches: pd.DataFrame | None) -> list[str]:
 
 def engine_config(launches: pd.DataFrame) -> Table | None:
     """The effective engine config per launch (rows: settings, columns: launches), or None
-    for no launches: the :data:`CONFIG_COLUMNS` settings some launch reported (a launch that
-    left one empty reads :data:`NOT_REPORTED`; :func:`not_reported` lists the settings none
-    reported), then the launch's startup warmup, placement and caps when recorded."""
+    without launches: the :data:`CONFIG_COLUMNS` some launch reported (empty reads
+    :data:`NOT_REPORTED`), then warmup, placement and caps when recorded."""
     if launches is None or launches.empty or "launch" not in launches.columns:
         return None
     from perfkit.report.plots import launch_names
@@ -171,12 +170,9 @@ COMPILE_PHASES = (
 
 
 def compile_phase_text(value: Any) -> str:
-    """``compile_phases`` (a JSON object of name -> ms) as "dynamo tracing 0.15 s · AOT + inductor
-    6.76 s · kernel compile wait 5.51 s · guards 0.04 s" (:data:`COMPILE_PHASES`; a phase torch
-    did not time in the request is left out); "not reported" when the engine reported none;
-    "unreadable: ..." for a value that is not such an object, or a phase time that is not a
-    number as :func:`perfkit.readings.records.read_number` takes it (a string, a bool, NaN, an
-    infinity, a negative number: never shown as a time)."""
+    """``compile_phases`` (JSON object name -> ms) as "dynamo tracing 0.15 s · AOT + inductor 6.76 s"
+    (:data:`COMPILE_PHASES`); "not reported" when none; "unreadable: ..." for a value that is
+    not such an object or a time :func:`perfkit.readings.records.read_number` refuses."""
     if not is_reported(value):
         return NOT_REPORTED
     try:
@@ -394,15 +390,10 @@ def _pct(v: Any) -> str:
 
 
 def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
-    """The root-cause panel of scenario ``name`` in ``run_dir`` (its bundle at
-    ``run_dir/<name>``), or None when there is no bundle.
-
-    Keys: ``config`` (:func:`engine_config`), ``not_reported`` (:func:`not_reported`), ``recompiles`` (:func:`recompilations`),
-    ``compiles_note`` (:func:`compile_count_note`),
-    ``logs`` (:func:`log_findings`), ``clamps`` (:func:`budget_clamps`), ``instrumentation``
-    and ``instrumentation_from`` (:func:`instrumentation_overhead`), ``commands`` (``{"launch",
-    "command"}`` per launch). Never raises on a broken bundle (logged, None).
-    """
+    """The root-cause panel of scenario ``name`` (bundle at ``run_dir/<name>``): ``config``,
+    ``not_reported``, ``recompiles``, ``compiles_note``, ``logs``, ``clamps``,
+    ``instrumentation``/``instrumentation_from`` (the functions of those names) and ``commands``
+    (``{"launch", "command"}``). None without a bundle; never raises (logged, None)."""
     b = _load(Path(run_dir), name)
     if b is None:
         return None

@@ -61,13 +61,10 @@ def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
 
 
 def run_info(run_dir: Path) -> dict[str, Any]:
-    """``run_dir/run.json`` (the suite's record of its notebooks), or one inferred from the
-    notebooks and verdicts of a run made by hand.
+    """``run_dir/run.json``, or one inferred from the notebooks and verdicts of a run made by hand.
 
     Raises:
-        ValueError: a run.json that is not JSON, not an object or whose ``notebooks`` is not a
-            list of objects (names the file).
-    """
+        ValueError: a run.json that is not an object with a list of notebook objects (names the file)."""
     p = run_dir / "run.json"
     if p.exists():
         try:
@@ -142,15 +139,10 @@ GATE_RESULTS = ("error", "fail", "inconclusive", "not gated", "pass", "not run")
 
 
 def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
-    """(result, text) of notebook entry ``n``'s gate, distinct from whether it ran.
-
-    result: ``error`` (the notebook failed, or its verdict file is unreadable), ``fail`` (a
-    check failed), ``pass`` (at least one check compared, none failed), ``not gated`` (it ran
-    and no check compared: none declared, or every one skipped), ``not run`` (skipped).
-    text: the result with the counts of :func:`perfkit.gate.outcome.check_counts`, the same as
-    the notebook's last line (``fail: 4 checks: 1 failed, 2 passed, 1 skipped``), or the
-    notebook's error.
-    """
+    """(result, text) of notebook entry ``n``'s gate, apart from whether it ran: ``error``
+    (notebook failed or verdict unreadable), ``fail``, ``inconclusive``, ``pass``, ``not gated``
+    (no check compared) or ``not run``; text as the notebook's last line
+    (``fail: 4 checks: 1 failed, 2 passed, 1 skipped``, :func:`perfkit.gate.outcome.check_counts`)."""
     from perfkit.checks import check_table
     from perfkit.gate.outcome import check_counts
     from perfkit.gate.outcome import gate_result as gate_word
@@ -182,10 +174,8 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
-    """The gate rows with columns named for what they hold: ``baseline`` (a baseline metric's
-    recorded value; empty for an invariant), ``measured``, ``limit`` (what ``measured`` is held
-    to: the baseline's bound, or the invariant's limit with any noise margin), beside
-    ``notebook``, ``case``, ``metric``, ``status``, ``reason``."""
+    """The gate rows with ``baseline`` (a baseline metric's value; empty for an invariant),
+    ``measured`` and ``limit`` (what measured is held to) in place of expected/actual/bound."""
     if verdicts.empty:
         return pd.DataFrame(
             columns=["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
@@ -222,10 +212,9 @@ def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
 
 
 def investigations(run_dir: str | Path, nbs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per notebook for the page's contents and the summaries: ``name``, ``title``,
-    ``ran`` (:func:`status_text`), ``gate``/``gate_text`` (:func:`gate_result`), ``note``
-    (a skipped investigation whose figures another one measured says where, e.g. "not run on
-    its own; measured inside Cold vs warm: see its root-cause panel"; else None)."""
+    """One entry per notebook: ``name``, ``title``, ``ran`` (:func:`status_text`),
+    ``gate``/``gate_text`` (:func:`gate_result`), ``note`` (where another investigation measured
+    a skipped one, else None), ``wall_s``, ``error``."""
     run_dir = Path(run_dir)
     out = []
     for n in nbs:

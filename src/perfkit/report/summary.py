@@ -177,18 +177,12 @@ def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
 
 
 def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
-    """The run's verdict as Markdown for a PR comment or ``$GITHUB_STEP_SUMMARY``.
-
-    Order: the verdict line and counts; the failed gate rows (with their reasons, wrapped);
-    notebook errors; one row per investigation with its gate result (pass / fail / not gated /
-    error / not run) apart from whether its notebook ran; the key numbers (informational:
-    measured, not checks); units, merge notes, engine ends, warnings; then the passing gate
-    rows in a collapsed ``<details>`` block.
-
-    The text stays within ``limit`` characters (default :data:`SUMMARY_LIMIT`, below GitHub's
-    65,536-character comment limit): passing rows, then failed rows, are left out from the end,
-    whole rows only, with a line saying how many and pointing at ``report.html``.
-    """
+    """The run's verdict as Markdown for a PR comment or ``$GITHUB_STEP_SUMMARY``: the verdict
+    line and counts, the failed gate rows (reasons wrapped), errors, one row per investigation,
+    key numbers (informational), units, merge notes, engine ends, warnings, then the passing rows
+    in a collapsed ``<details>``. Kept within ``limit`` characters (:data:`SUMMARY_LIMIT`, below
+    GitHub's 65,536): passing rows, then failed rows, left out from the end, whole rows only,
+    with a line pointing at ``report.html``."""
     run_dir = Path(run_dir)
     info, verdicts, code, word = run_status(run_dir)
     icon = {"pass": "✅", "inconclusive": "⚠️", "regression": "❌", "error": "💥"}.get(word, "")
@@ -281,11 +275,9 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
 
 
 def relative_paths(text: str, run_dir: str | Path) -> str:
-    """``text`` with the absolute paths of this machine made relative: the run directory's
-    (``/tmp/x/baseline.json`` -> ``baseline.json``: relative to the page and summary, which sit
-    in it; the directory itself -> ``.``), then perfkit's checkout's and the working
-    directory's (``/work/perfkit/examples/h200/bundles`` -> ``examples/h200/bundles``). So a
-    committed report names no path of the machine that rendered it."""
+    """``text`` with this machine's absolute paths made relative: the run directory's
+    (``/tmp/x/baseline.json`` -> ``baseline.json``; itself -> ``.``), then the checkout's and the
+    working directory's, so a committed report names no path of the machine that rendered it."""
     from perfkit.common.provenance import repo_root
 
     roots: list[str] = []

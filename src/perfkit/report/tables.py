@@ -57,11 +57,7 @@ def _number_text(f: float) -> str:
 
 
 def cell_text(v: Any) -> str:
-    """The display string of one cell value (see the module doc for the rules).
-
-    Accepts Python and numpy scalars, None/NaN/``pd.NA``/``NaT``, lists, tuples, dicts, and
-    anything else (shown with ``str``, newlines folded into spaces). Never raises on a value.
-    """
+    """The display string of one cell value (the module doc's rules); never raises."""
     if v is None or v is pd.NA or v is pd.NaT:
         return MISSING
     if isinstance(v, (bool, np.bool_)):
@@ -92,13 +88,9 @@ def cell_text(v: Any) -> str:
 
 
 def column_label(name: Any) -> str:
-    """The header of a column: words and its unit.
-
-    ``"peak_reserved_mib"`` -> ``"peak reserved (MiB)"``; ``"e2e_ms"`` -> ``"e2e (ms)"``;
-    ``"ms"`` -> ``"time (ms)"``; ``"host_anon_slope_mib_per_request"`` ->
-    ``"host anon slope (MiB/request)"``; ``"warmup_frames"`` -> ``"warmup frames"``. A label
-    with a space or brackets already (``"wall (s)"``, ``"warm median"``) is kept as it is.
-    """
+    """A column's header, words and unit: ``peak_reserved_mib`` -> ``peak reserved (MiB)``,
+    ``ms`` -> ``time (ms)``, ``host_anon_slope_mib_per_request`` -> ``host anon slope
+    (MiB/request)``; a label with a space or brackets is kept."""
     s = str(name)
     if " " in s or "(" in s or "_" not in s and s.lower() not in _UNIT_WORDS:
         return s
@@ -116,16 +108,9 @@ def column_label(name: Any) -> str:
 
 @dataclass(frozen=True)
 class Table:
-    """A formatted table: what the templates and the Markdown summary render.
-
-    Attributes:
-        header: column labels, in the DataFrame's order (``len == n_columns``).
-        rows: one list of display strings per DataFrame row (each ``len == len(header)``).
-        status_col: index of the column whose cells are status words (coloured by the page),
-            or None.
-        transposed: True when the table was turned on its side (``transpose``): the first
-            column then holds the original column labels.
-    """
+    """A formatted table: ``header`` (column labels), ``rows`` (lists of display strings, each
+    ``len(header)`` long), ``status_col`` (index of the status column the page colours, or None),
+    ``transposed`` (turned on its side: the first column holds the original labels)."""
 
     header: list[str]
     rows: list[list[str]]
@@ -161,24 +146,14 @@ def format_table(
     labels: bool = True,
     transpose: bool | str = False,
 ) -> Table:
-    """Header labels and rows of display strings of ``df`` (index dropped).
-
-    Args:
-        df: any DataFrame (object, numeric, boolean or nullable columns).
-        status_col: name of the column holding status words, marked in
-            :attr:`Table.status_col` when ``df`` has it; None for no status column.
-        labels: headers through :func:`column_label` (units in the header); False keeps the
-            column names as they are.
-        transpose: True turns the table on its side (one row per column: its label, then the
-            rows' cells, headed by the first column's cells); ``"auto"`` does so for a wide
-            table with few rows (see :data:`WIDE_COLUMNS`); False (default) never.
-
-    Returns:
-        a :class:`Table` (``header, rows = format_table(df)`` unpacks it).
+    """Header labels and rows of display strings of ``df`` (index dropped); ``status_col`` marks
+    :attr:`Table.status_col` when ``df`` has it; ``labels`` sends headers through
+    :func:`column_label`; ``transpose`` True turns the table on its side (one row per column,
+    headed by the first column's cells), ``"auto"`` does so for a wide table with few rows.
+    ``header, rows = format_table(df)`` unpacks the :class:`Table`.
 
     Raises:
-        TypeError: if ``df`` is not a DataFrame.
-    """
+        TypeError: if ``df`` is not a DataFrame."""
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"format_table needs a DataFrame, got {type(df).__name__}")
     header = [column_label(c) if labels else str(c) for c in df.columns]
@@ -200,15 +175,12 @@ def status_class(word: str) -> str:
 
 
 def markdown_table(df: pd.DataFrame, *, labels: bool = True, own_markdown: bool = False) -> str:
-    """A GitHub Markdown table of ``df``, cells and headers from :func:`format_table`, each
-    through :func:`perfkit.common.slugs.md_text` (no markup live, a line break ``<br>``, one
-    row a line). ``labels=False`` keeps the column names as they are; ``own_markdown=True``
-    keeps the cells' Markdown (the project's own committed text, e.g. timing notes): only
-    ``|`` and line breaks are escaped.
+    """A GitHub Markdown table of ``df`` from :func:`format_table`, cells through
+    :func:`perfkit.common.slugs.md_text` (no markup live, line breaks ``<br>``); ``own_markdown``
+    keeps the cells' Markdown (the project's own text), escaping only ``|`` and line breaks.
 
     Raises:
-        TypeError: if ``df`` is not a DataFrame.
-    """
+        TypeError: if ``df`` is not a DataFrame."""
     t = format_table(df, None, labels=labels)
 
     def cell(c: str) -> str:
@@ -254,24 +226,13 @@ def styled(
     transpose: bool | str = "auto",
     caption: str | None = None,
 ) -> Any:
-    """A pandas ``Styler`` of ``df`` whose cells and headers are :func:`format_table`'s: no
-    index column (a labelled index, e.g. of a transposed frame, becomes the first column,
-    headed by the index's name or "row"),
-    units in the header, rounded numbers, "–" for not measured, status words coloured, text
-    HTML-escaped. Display it in a notebook (``display(styled(df))``) or render it with
-    ``.to_html()``.
-
-    Args:
-        df: any DataFrame.
-        status_col: the column of status words to colour (ignored when absent).
-        labels: headers with units (:func:`column_label`).
-        transpose: as in :func:`format_table`; ``"auto"`` (default) turns a wide table with
-            few rows on its side.
-        caption: a caption above the table.
+    """A pandas ``Styler`` of ``df`` from :func:`format_table` (a labelled index becomes the first
+    column, headed by its name or "row"), status words in ``status_col`` coloured, text
+    HTML-escaped, ``transpose`` as :func:`format_table`'s (default ``"auto"``), an optional
+    ``caption``: ``display(styled(df))`` or ``.to_html()``.
 
     Raises:
-        TypeError: if ``df`` is not a DataFrame.
-    """
+        TypeError: if ``df`` is not a DataFrame."""
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"styled needs a DataFrame, got {type(df).__name__}")
     if not _default_index(df):  # a labelled index (a transposed frame) is a column of its own
