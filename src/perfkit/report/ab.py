@@ -28,16 +28,6 @@ from perfkit.report.tables import format_table, markdown_table
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "ab_context",
-    "render_ab_report",
-    "ab_summary_markdown",
-    "looks_frame",
-    "sequential_text",
-    "SUMMARY_FILE",
-    "REPORT_FILE",
-]
-
 SUMMARY_FILE = "summary.md"
 #: what the launches a side after an inconclusive metric mean (:func:`perfkit.ab.decide.needed_text`)
 _SIZED = "with the launches a side that would decide it, if its B/A and noise stay as observed"

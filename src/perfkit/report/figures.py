@@ -37,17 +37,6 @@ from perfkit.report.power import power_markdown, sequential_markdown
 from perfkit.report.tables import markdown_table
 from perfkit.scenarios import registry
 
-__all__ = [
-    "FiguresError",
-    "Block",
-    "blocks",
-    "render_block",
-    "update_text",
-    "update_file",
-    "register_kind",
-    "STATS_NOTE",
-]
-
 #: the block kinds of this module; the investigations add theirs
 #: (:attr:`~perfkit.scenarios.registry.Scenario.doc_blocks`, e.g. ``overhead-pooled``): :func:`kinds`
 KINDS = (

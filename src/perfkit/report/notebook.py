@@ -24,18 +24,6 @@ from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP
 from perfkit.roles import request_roles as plot_roles
 from perfkit.scenarios import registry
 
-__all__ = [
-    "ROLES",
-    "show_table",
-    "request_roles",
-    "request_frame",
-    "first_request_costs",
-    "verdict_markdown",
-    "invariants_frame",
-    "check_frame",
-    "replay_markdown",
-]
-
 #: request roles, in the design doc's words (those of :func:`perfkit.roles.request_roles`,
 #: the cold request split by whether the warmup had run its shape)
 COLD_NEW_SHAPE = "cold, new shape"
@@ -68,9 +56,7 @@ def _shape_key(row: Mapping[str, Any]) -> tuple:
 
 def _int(v: Any) -> int | None:
     try:
-        if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
-            return None
-        return int(v)
+        return None if pd.isna(v) else int(v)
     except (TypeError, ValueError):
         return None
 
@@ -231,15 +217,11 @@ def _penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: 
 
 
 # ------------------------------------------------------------------------------ verdict in words
-def _rows(rows: Iterable[Check | Mapping[str, Any]]) -> pd.DataFrame:
-    return check_table(list(rows))
-
-
 def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gate") -> str:
     """The verdict in sentences from the check rows the gate judges: the overall status and counts
     (:func:`perfkit.gate.outcome.check_counts`), then the failed, inconclusive, skipped and
     passed checks with their reasons; a table of no rows says nothing was gated."""
-    df = _rows(rows)
+    df = check_table(list(rows))
     if df.empty:
         return f"**{what}: nothing gated** (no invariant of this investigation has a limit)."
     status = overall_status(df)
@@ -273,7 +255,7 @@ def check_frame(
     """The check rows (those whose metric is in ``metrics``, when given) as a table: metric,
     limit (what measured is held to: the bound, with any noise margin; the limit itself where
     no bound is recorded), measured, status, reason; ``case`` first with ``with_case``."""
-    df = _rows(rows)
+    df = check_table(list(rows))
     if metrics is not None:
         df = df[df["metric"].isin(list(metrics))]
     df = df.assign(

@@ -14,16 +14,6 @@ from perfkit.ab import power
 from perfkit.common.numfmt import percent_text
 from perfkit.report.tables import markdown_table
 
-__all__ = [
-    "power_markdown",
-    "sequential_markdown",
-    "spells_text",
-    "DETECT_MIN",
-    "ALARM_MAX",
-    "SIMS",
-    "SEQ_SIMS",
-]
-
 #: the targets of the recommendation: detection at least, A/A false alarms at most (fractions)
 DETECT_MIN = 0.95
 ALARM_MAX = 0.01

@@ -91,13 +91,8 @@ _GATE_COLUMNS = ["notebook", "case", "metric", "baseline", "measured", "limit", 
 def _gate_table(verdicts: pd.DataFrame, statuses: tuple[str, ...] | None = None) -> Table:
     """The gate rows (failures first) as a formatted table; only rows whose status is in
     ``statuses`` when given."""
-    if verdicts.empty:
-        return format_table(pd.DataFrame(columns=_GATE_COLUMNS))
     v = gate_view(verdicts)[_GATE_COLUMNS]
-    if statuses is not None:
-        v = v[v["status"].isin(statuses)]
-    v = v.assign(_o=v["status"].map(GATE_ORDER).fillna(5)).sort_values("_o", kind="stable").drop(columns="_o")
-    return format_table(v)
+    return format_table(v if statuses is None else v[v["status"].isin(statuses)])
 
 
 def gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:

@@ -27,19 +27,6 @@ from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "CONFIG_COLUMNS",
-    "NOT_REPORTED",
-    "root_cause",
-    "engine_config",
-    "not_reported",
-    "recompilations",
-    "compile_count_note",
-    "log_findings",
-    "budget_clamps",
-    "instrumentation_overhead",
-]
-
 
 #: launches-table column -> row label of the effective config; the first block is always shown
 #: ("not reported" when the bundle lacks the column or it is empty), the second when present

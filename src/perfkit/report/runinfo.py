@@ -27,8 +27,6 @@ log = logging.getLogger(__name__)
 
 
 GATE_TITLE = "Baseline gate"
-
-
 GATE_QUESTION = "This run's numbers against the baseline, and the invariants."
 #: gate rows sort failures first
 GATE_ORDER = {"fail": 0, "inconclusive": 1, "improved": 2, "pass": 3, "new": 4, "skipped": 5}
@@ -134,10 +132,6 @@ def status_text(n: Mapping[str, Any]) -> str:
     return f"{st} ({n['reason']})" if st == "skipped" and n.get("reason") else st
 
 
-#: the gate result of one investigation (:func:`gate_result`), worst first
-GATE_RESULTS = ("error", "fail", "inconclusive", "not gated", "pass", "not run")
-
-
 def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
     """(result, text) of notebook entry ``n``'s gate, apart from whether it ran: ``error``
     (notebook failed or verdict unreadable), ``fail``, ``inconclusive``, ``pass``, ``not gated``
@@ -175,7 +169,8 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
 
 def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
     """The gate rows with ``baseline`` (a baseline metric's value; empty for an invariant),
-    ``measured`` and ``limit`` (what measured is held to) in place of expected/actual/bound."""
+        ``measured`` and ``limit`` (what measured is held to) in place of expected/actual/bound,
+    failures first (:data:`GATE_ORDER`, stable)."""
     if verdicts.empty:
         return pd.DataFrame(
             columns=["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
@@ -183,11 +178,16 @@ def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
     inv = verdicts["case"].isin([s.name for s in registry.all_scenarios()])
     exp = pd.to_numeric(verdicts["expected"], errors="coerce")
     bound = pd.to_numeric(verdicts["bound"], errors="coerce")
-    return verdicts.assign(
-        baseline=exp.where(~inv),
-        measured=verdicts["actual"],
-        limit=bound.where(bound.notna() | ~inv, exp),
-    ).drop(columns=["expected", "actual", "bound"])
+    return (
+        verdicts.assign(
+            baseline=exp.where(~inv),
+            measured=verdicts["actual"],
+            limit=bound.where(bound.notna() | ~inv, exp),
+            _o=verdicts["status"].map(GATE_ORDER).fillna(5),
+        )
+        .sort_values("_o", kind="stable")
+        .drop(columns=["expected", "actual", "bound", "_o"])
+    )
 
 
 def _measured_elsewhere(run_dir: Path, name: str) -> str | None:

@@ -51,10 +51,7 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
         rows.append(
             {
                 "unit": uid,
-                "parts": ", ".join(
-                    p.get("scenario", "") + (f".{p['key']}" if p.get("key") else "")
-                    for p in u.get("parts") or []
-                ),
+                "parts": ", ".join(_part_id(p) for p in u.get("parts") or []),
                 "shard": u.get("shard"),
                 "status": o.get("status") or "not run",
                 "attempts": o.get("attempts"),

@@ -19,7 +19,6 @@ from perfkit.gate.verdicts import (
     read_verdict,
 )
 from perfkit.report.runinfo import (
-    GATE_ORDER,
     gate_view,
     investigations,
     key_numbers,
@@ -33,15 +32,9 @@ from perfkit.scenarios import registry
 log = logging.getLogger(__name__)
 
 
-#: GitHub's limit on a PR comment's body (characters); summary.md stays below it with a margin
-GITHUB_COMMENT_LIMIT = 65_536
-
-
-#: what summary.md is fitted into (:func:`summary_markdown`): the limit less room for a caller's
-#: header or footer
+#: what summary.md is fitted into: GitHub's 65,536-character comment limit less room for a
+#: caller's header or footer
 SUMMARY_LIMIT = 60_000
-
-
 #: a table cell's text is wrapped (``<br>``) at about this many characters
 WRAP_AT = 60
 
@@ -186,12 +179,12 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
     run_dir = Path(run_dir)
     info, verdicts, code, word = run_status(run_dir)
     icon = {"pass": "✅", "inconclusive": "⚠️", "regression": "❌", "error": "💥"}.get(word, "")
-    n_fail = int((verdicts["status"] == "fail").sum()) if not verdicts.empty else 0
-    n_inc = int((verdicts["status"] == "inconclusive").sum()) if not verdicts.empty else 0
+    view = gate_view(verdicts)
+    n_fail, n_inc = ((view["status"] == s).sum() for s in ("fail", "inconclusive"))
     head = [
         f"## perfkit: {md_text(info.get('name', run_dir.name))} — {icon} {word.upper()} (exit {code})",
         "",
-        f"{check_counts(verdicts['status'] if not verdicts.empty else [])}"
+        f"{check_counts(view['status'])}"
         + (" (inconclusive: over the limit within the run's noise)." if n_inc else "."),
     ]
     why = nothing_measured_reason(verdicts)
@@ -199,20 +192,12 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
         head += ["", f"**Error: {md_text(why)}**"]
     if info.get("description"):
         head += ["", md_text(info["description"])]
-    view = gate_view(verdicts)
     cols = ["case", "metric", "baseline", "measured", "limit", "status", "reason"]
     if view["baseline"].isna().all():  # invariants only: no baseline value to show
         cols.remove("baseline")
-    shown = view[view["status"] != "skipped"] if not view.empty else view
-    order = shown["status"].map(GATE_ORDER).fillna(5) if not shown.empty else None
-    shown = (
-        shown.assign(_o=order).sort_values("_o", kind="stable").drop(columns="_o")
-        if not shown.empty
-        else shown
-    )
-    look = ["fail", "inconclusive", "improved"]
-    attention = shown[shown["status"].isin(look)] if not shown.empty else shown
-    passing = shown[~shown["status"].isin(look)] if not shown.empty else shown
+    shown = view[view["status"] != "skipped"]
+    look = shown["status"].isin(["fail", "inconclusive", "improved"])
+    attention, passing = shown[look], shown[~look]
     # passing rows: compact (their reasons are on the page), a status column only when mixed
     pass_cols = [c for c in cols if c not in ("status", "reason")]
     if len(passing) and set(passing["status"].astype(str)) != {"pass"}:

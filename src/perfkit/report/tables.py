@@ -25,19 +25,6 @@ import pandas as pd
 from perfkit.common.numfmt import number_text
 from perfkit.common.slugs import md_text
 
-__all__ = [
-    "MISSING",
-    "WIDE_COLUMNS",
-    "Table",
-    "cell_text",
-    "column_label",
-    "format_table",
-    "markdown_table",
-    "status_class",
-    "styled",
-    "use_in_notebook",
-]
-
 #: what a missing value reads as
 MISSING = "–"
 
@@ -49,11 +36,6 @@ WIDE_COLUMNS = 8
 _UNIT_WORDS = {"ms": "ms", "s": "s", "mib": "MiB", "gib": "GiB", "mb": "MiB", "gb": "GiB", "pct": "%"}
 #: strings that mean "not measured" when they reach a table (a ``str(None)`` upstream)
 _MISSING_WORDS = {"None", "nan", "NaN", "<NA>", "NaT", "null"}
-
-
-def _number_text(f: float) -> str:
-    """A finite float as display text (:func:`perfkit.common.numfmt.number_text`)."""
-    return number_text(f)
 
 
 def cell_text(v: Any) -> str:
@@ -70,7 +52,7 @@ def cell_text(v: Any) -> str:
             return MISSING
         if math.isinf(f):
             return "∞" if f > 0 else "-∞"
-        return _number_text(f)
+        return number_text(f)
     if isinstance(v, str):
         if v.strip() in _MISSING_WORDS:
             return MISSING
@@ -270,10 +252,6 @@ def _unique(header: list[str]) -> list[str]:
     return out
 
 
-def _dataframe_html(df: pd.DataFrame) -> str:
-    return styled(df).to_html()
-
-
 def use_in_notebook() -> bool:
     """Make every DataFrame a notebook cell displays render through :func:`styled` (HTML
     output; the plain-text output stays pandas'). Returns False outside IPython (nothing
@@ -285,5 +263,5 @@ def use_in_notebook() -> bool:
     ip = get_ipython()
     if ip is None:
         return False
-    ip.display_formatter.formatters["text/html"].for_type(pd.DataFrame, _dataframe_html)
+    ip.display_formatter.formatters["text/html"].for_type(pd.DataFrame, lambda df: styled(df).to_html())
     return True
