@@ -100,10 +100,7 @@ def _variance_frame(res: AbResult) -> pd.DataFrame:
             "CV between launches": [percent_text(v) for v in t["cv_between"]],
             "CV within a launch": [percent_text(v) for v in t["cv_within"]],
             "ICC": [_num(v) for v in t["icc"]],
-            "launches needed": [
-                "" if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA else str(v)
-                for v in t["launches_needed"]
-            ],
+            "launches needed": ["" if pd.isna(v) else str(v) for v in t["launches_needed"]],
         }
     )
 

@@ -249,11 +249,12 @@ def log_findings(logs: Mapping[str, str], limit: int = 20) -> Table | None:
         for line in str(text).splitlines():
             if not _LOG_LINE.search(line):
                 continue
-            msg = line.strip()
-            key = msg
-            for pat, rep in _NOISE:
+            key = shown = line.strip()
+            for i, (pat, rep) in enumerate(_NOISE):
                 key = pat.sub(rep, key)
-            e = found.setdefault(key, {"message": _shorten(_strip_prefix(msg)), "count": 0, "launches": []})
+                shown = key if i == 1 else shown  # glog prefix and timestamp gone, numbers kept
+            shown = shown if len(shown) <= 300 else shown[:299] + "…"
+            e = found.setdefault(key, {"message": shown, "count": 0, "launches": []})
             e["count"] += 1
             if launch not in e["launches"]:
                 e["launches"].append(launch)
@@ -264,16 +265,6 @@ def log_findings(logs: Mapping[str, str], limit: int = 20) -> Table | None:
         [{"count": e["count"], "logged by": ", ".join(e["launches"]), "message": e["message"]} for e in rows]
     )
     return format_table(df, None, labels=False)
-
-
-def _strip_prefix(line: str) -> str:
-    for pat, rep in _NOISE[:2]:
-        line = pat.sub(rep, line)
-    return line
-
-
-def _shorten(text: str, n: int = 300) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def budget_clamps(launches: pd.DataFrame) -> list[str]:

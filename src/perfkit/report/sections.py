@@ -10,10 +10,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from perfkit.gate.verdicts import (
-    GATE,
-    read_verdict,
-)
+from perfkit.gate.verdicts import GATE, read_verdict
 from perfkit.report.belowstage import panel as below_stage_panel
 from perfkit.report.offline import strip_external
 from perfkit.report.rootcause import root_cause
@@ -135,12 +132,9 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
     status = str(n.get("status") or "")
     try:
         title, question = section_title(name), section_question(name)
-    except KeyError:
-        title, question = name, ""
-    try:
         intro = registry.get(name).section_intro if name != GATE else ""
     except KeyError:
-        intro = ""
+        title, question, intro = name, "", ""
     keys, keys_error = [], None
     if name != GATE:
         try:
@@ -185,11 +179,9 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
 
 
 def render_section(run_dir: str | Path, n: Mapping[str, Any]) -> str:
-    """The HTML of one notebook's section (``<section id=NAME>``), from its section template
-    (:func:`section_template`) and :func:`section_context`.
+    """The HTML of one notebook's section from :func:`section_template` and :func:`section_context`.
 
     Raises:
-        jinja2.TemplateNotFound: if a registered scenario's template file is missing.
-    """
+        jinja2.TemplateNotFound: a registered scenario's template file is missing."""
     ctx = section_context(run_dir, n)
     return template_env().get_template(section_template(ctx["name"])).render(**ctx)
