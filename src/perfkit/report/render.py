@@ -209,12 +209,11 @@ def render_page(run_dir: str | Path) -> str:
 
 
 def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write ``run_dir/report.html`` (or ``out``) from the run's files. Returns its path.
+    """Write ``run_dir/report.html`` (or ``out``) and return its path.
 
     Raises:
-        RuntimeError: if the page would load anything from the network (a bug to fix here).
-        jinja2.TemplateError: if a template is missing or broken (a packaging bug).
-    """
+        RuntimeError: the page would load from the network (a bug). jinja2.TemplateError: a
+        missing or broken template (a packaging bug)."""
     run_dir = Path(run_dir)
     page = relative_paths(render_page(run_dir), run_dir)
     bad = external_refs(page)

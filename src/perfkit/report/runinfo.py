@@ -13,14 +13,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from perfkit.common.slugs import clip
-from perfkit.gate.verdicts import (
-    GATE,
-    collect_verdicts,
-    exit_code_for,
-    notebooks,
-    read_verdict,
-    status_word,
-)
+from perfkit.gate.verdicts import GATE, collect_verdicts, exit_code_for, notebooks, read_verdict, status_word
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
