@@ -319,14 +319,8 @@ def ab_panel(
             note = kernel_note({f"side {k}'s profiled warm traces": events[k] for k in "AB"})
         # per stage: a stage-level verdict (DenoisingStage +2 %) comes with the ops of that stage,
         # not drowned by another stage's launch-to-launch noise
-        stages = [
-            st
-            for st in dict.fromkeys(
-                x for side in ("A", "B") for e in events[side] for x in e["stage"].dropna()
-            )
-            if isinstance(st, str)
-        ]
-        for st in stages:
+        ran = (x for side in "AB" for e in events[side] for x in e["stage"].dropna() if isinstance(x, str))
+        for st in dict.fromkeys(ran):
             d = tr.op_diff(
                 [e[e["stage"] == st] for e in events["A"]], [e[e["stage"] == st] for e in events["B"]]
             )

@@ -425,14 +425,11 @@ def update_text(text: str, root: Path, where: str = "<text>") -> str:
     blocks(text, where)  # validate first: a bad block fails before anything is rendered
 
     def sub(m: re.Match) -> str:
-        args = dict(_ARG.findall(m.group("args")))
         try:
-            return m.group("open") + _render(args) + m.group("close")
+            body = render_block(_block(dict(_ARG.findall(m.group("args"))), where), root)
         except FiguresError as exc:
             raise FiguresError(f"{where}: {exc}") from exc
-
-    def _render(args: dict[str, str]) -> str:
-        return render_block(_block(args, where), root)
+        return m.group("open") + body + m.group("close")
 
     return _BLOCK.sub(sub, text)
 

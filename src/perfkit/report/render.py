@@ -130,17 +130,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
     if info.get("replay"):
         meta.append({"text": "replayed from", "code": info["replay"]})
     inv = investigations(run_dir, nbs)
-    toc = [
-        {
-            "name": i["name"],
-            "title": i["title"],
-            "status_text": i["ran"],
-            "gate": i["gate"],
-            "gate_text": i["gate_text"],
-            "note": i["note"],
-        }
-        for i in inv
-    ]
+    toc = [{**i, "status_text": i["ran"]} for i in inv]
     nb_table = (
         format_table(
             pd.DataFrame(

@@ -4,10 +4,11 @@ machine's paths made relative (:func:`relative_paths`)."""
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 
@@ -227,24 +228,17 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
             parts.append(f"\n{sk} row{'' if sk == 1 else 's'} skipped (not measured here).")
         return "\n".join(parts) + "\n"
 
+    def most(n: int, make: Callable[[int], str]) -> str:
+        """``make(k)`` for the most rows ``k`` <= ``n`` that fit (0 when none does): a bisection."""
+        return make(max(bisect.bisect_left(range(n + 1), True, key=lambda k: len(make(k)) > limit) - 1, 0))
+
     text = build(None, None)
+    if len(text) > limit:  # fit: passing rows first, then failed rows, whole rows only
+        text = most(len(passing), lambda k: build(None, k))
+    if len(text) > limit:
+        text = most(len(attention), lambda k: build(k, 0))
     if len(text) <= limit:
         return text
-    # fit: passing rows first, then failed rows, whole rows only (binary search on the count)
-    n_att: int | None = None
-    for which in ("pass", "att"):
-        lo, hi = 0, len(passing) if which == "pass" else len(attention)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            t = build(mid, 0) if which == "att" else build(None, mid)
-            if len(t) <= limit:
-                lo = mid
-            else:
-                hi = mid - 1
-        text = build(n_att, lo) if which == "pass" else build(lo, 0)
-        if len(text) <= limit:
-            return text
-        n_att = None
     # still too long (a huge units or warnings list): cut between blocks, never inside a table
     return text[: limit - 200].rsplit("\n\n", 1)[0] + f"\n\n… cut at {limit} characters: see {page}.\n"
 

@@ -180,13 +180,8 @@ def markdown_table(df: pd.DataFrame, *, labels: bool = True, own_markdown: bool 
 
 #: inline style of a status word by its class (notebooks have no report stylesheet)
 _STATUS_STYLE = {
-    "pass": "color:#1a7f37;font-weight:600",
-    "ok": "color:#1a7f37;font-weight:600",
-    "ran": "color:#1a7f37;font-weight:600",
-    "fail": "color:#cf222e;font-weight:600",
-    "error": "color:#cf222e;font-weight:600",
-    "regression": "color:#cf222e;font-weight:600",
-    "failed": "color:#cf222e;font-weight:600",
+    **dict.fromkeys(("pass", "ok", "ran"), "color:#1a7f37;font-weight:600"),
+    **dict.fromkeys(("fail", "error", "regression", "failed"), "color:#cf222e;font-weight:600"),
     "improved": "color:#0969da;font-weight:600",
 }
 _CELL_STYLE = [

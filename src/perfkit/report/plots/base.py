@@ -6,7 +6,6 @@ alt text (:func:`figure_to_png_bytes`, :func:`alt_text`). Times in ms, memory in
 from __future__ import annotations
 
 import io
-import math
 from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
@@ -14,6 +13,7 @@ import pandas as pd
 
 from perfkit.bundle_schema import WARMUP_INDEX
 from perfkit.readings import stages as _stages
+from perfkit.roles import is_finite, launches_of  # noqa: F401 (the plots import them from here)
 
 if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
     from matplotlib.figure import Figure
@@ -98,26 +98,11 @@ def ordered_stages(names: Iterable[str]) -> list[str]:
     return _stages.order_stages(names)
 
 
-def launches_of(df: pd.DataFrame) -> list[Any]:
-    """The launch labels of ``df`` in order of appearance; ``[None]`` without a launch column."""
-    if "launch" not in df.columns or df.empty:
-        return [None]
-    return list(dict.fromkeys(df["launch"].tolist()))
-
-
 def of_launch(df: pd.DataFrame, launch: Any) -> pd.DataFrame:
     """The rows of ``launch`` (all rows when ``launch`` is None or ``df`` has no launch column)."""
     if launch is None or "launch" not in df.columns:
         return df
     return df[df["launch"] == launch]
-
-
-def is_finite(v: Any) -> bool:
-    """``v`` is a finite number (None, NaN, inf and text are not)."""
-    try:
-        return math.isfinite(float(v))
-    except (TypeError, ValueError):
-        return False
 
 
 def empty_note(ax: Any, text: str) -> None:
