@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -344,12 +345,8 @@ def tier_markdown(path: Path, label: str) -> str:
             continue
         if not isinstance(r, dict) or not isinstance(r.get("wall_s"), (int, float)):
             raise FiguresError(f"sglang-tier {label}: {name}: no wall_s")
-        checks = r.get("checks") or {}
-        counts = ", ".join(
-            f"{sum(1 for v in checks.values() if v == st)} {st}"
-            for st in ("pass", "fail", "skipped")
-            if any(v == st for v in checks.values())
-        )
+        n = Counter((r.get("checks") or {}).values())
+        counts = ", ".join(f"{n[st]} {st}" for st in ("pass", "fail", "skipped") if n[st])
         code = r.get("exit_code")
         rows.append(
             (

@@ -54,8 +54,6 @@ def template_env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("perfkit.report", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
-        trim_blocks=False,
-        lstrip_blocks=False,
     )
     env.filters["status_class"] = status_class
     return env

@@ -68,7 +68,7 @@ def engine_versions_text(meta: Mapping[str, Any]) -> str:
     return "engine: " + ", ".join(f"{p} {ev[p]}" for p in ("sglang", "torch", "diffusers") if ev.get(p))
 
 
-def _engine_block(run_dir: Path) -> list[str]:
+def _engine_lines(run_dir: Path) -> list[str]:
     """The first launch of the first bundle with launches: the engine's versions, where its
     effective config and each cold start part were read from (sglang's own lines, the OS,
     /health or perfkit's marks)."""
@@ -87,9 +87,6 @@ def _engine_block(run_dir: Path) -> list[str]:
             continue
         row = ln.iloc[0]
         return [
-            "",
-            "### Engine",
-            "",
             f"- {md_text(engine_versions_text(b.meta))}",
             f"- effective config from: {md_text(row.get('config_source'))}",
             f"- cold start parts from: {md_text(row.get('cold_start_sources'))}",
@@ -101,63 +98,49 @@ def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
     """The summary's lines between the failed and the passing gate rows: notebook errors, one
     row per investigation, key numbers, units, merge notes, engine ends, warnings."""
     nbs = info.get("notebooks", [])
-    errors = [n for n in nbs if n.get("status") == "error"]
-    middle: list[str] = []
-    if errors:
-        middle += [
-            "",
-            "### Errors",
-            "",
-            *[f"- **{md_text(n['name'])}**: {md_text(clip(n.get('error'), 400))}" for n in errors],
-        ]
-    inv = investigations(run_dir, nbs)
-    if inv:
-        middle += [
-            "",
-            "### Investigations",
-            "",
-            markdown_table(
-                pd.DataFrame(
-                    [
-                        {
-                            "investigation": i["title"],
-                            "gate": i["gate_text"],
-                            "notebook": i["ran"],
-                            "wall (s)": i["wall_s"],
-                            "note": wrap_cell(
-                                i["note"] or (clip(i["error"]) if i["gate"] != "error" else "")
-                            ),
-                        }
-                        for i in inv
-                    ]
-                )
-            ),
-        ]
+    inv = [
+        {
+            "investigation": i["title"],
+            "gate": i["gate_text"],
+            "notebook": i["ran"],
+            "wall (s)": i["wall_s"],
+            "note": wrap_cell(i["note"] or (clip(i["error"]) if i["gate"] != "error" else "")),
+        }
+        for i in investigations(run_dir, nbs)
+    ]
     keys = key_numbers(run_dir)
-    if keys:
-        middle += [
-            "",
-            "### Key numbers",
-            "",
-            "Informational: what was measured. The gate rows decide the verdict; a key number is not a check.",
-            "",
-            markdown_table(pd.DataFrame(keys, columns=["what", "value"])),
-        ]
-    middle += _engine_block(run_dir)
-    units = units_frame(info)
-    if units is not None:
-        middle += ["", "### Units of work", "", markdown_table(units)]
-    merge_notes = (info.get("scaleout") or {}).get("notes") or []
-    if merge_notes:
-        middle += ["", "### Merge notes", "", *[f"- {md_text(n)}" for n in merge_notes]]
-    ends = engine_ends_frame(run_dir)
-    if ends is not None:
-        middle += ["", "### How the engines ended", "", markdown_table(ends)]
+    units, ends = units_frame(info), engine_ends_frame(run_dir)
     gate_doc = read_verdict(run_dir / GATE) or {}
-    warnings = [*(gate_doc.get("warnings") or []), *refused_records(run_dir)]
-    if warnings:
-        middle += ["", "### Warnings", "", *[f"- {md_text(w)}" for w in warnings]]
-    return middle
+    blocks = [
+        (
+            "Errors",
+            [
+                f"- **{md_text(n['name'])}**: {md_text(clip(n.get('error'), 400))}"
+                for n in nbs
+                if n.get("status") == "error"
+            ],
+        ),
+        ("Investigations", [markdown_table(pd.DataFrame(inv))] if inv else []),
+        (
+            "Key numbers",
+            [
+                "Informational: what was measured. The gate rows decide the verdict; a key number is not a check.",
+                "",
+                markdown_table(pd.DataFrame(keys, columns=["what", "value"])),
+            ]
+            if keys
+            else [],
+        ),
+        ("Engine", _engine_lines(run_dir)),
+        ("Units of work", [markdown_table(units)] if units is not None else []),
+        ("Merge notes", [f"- {md_text(n)}" for n in (info.get("scaleout") or {}).get("notes") or []]),
+        ("How the engines ended", [markdown_table(ends)] if ends is not None else []),
+        (
+            "Warnings",
+            [f"- {md_text(w)}" for w in [*(gate_doc.get("warnings") or []), *refused_records(run_dir)]],
+        ),
+    ]
+    return [line for title, lines in blocks if lines for line in ("", f"### {title}", "", *lines)]
 
 
 def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
