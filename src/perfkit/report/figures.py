@@ -40,16 +40,8 @@ from perfkit.scenarios import registry
 
 #: the block kinds of this module; the investigations add theirs
 #: (:attr:`~perfkit.scenarios.registry.Scenario.doc_blocks`, e.g. ``overhead-pooled``): :func:`kinds`
-KINDS = (
-    "key-numbers",
-    "full",
-    "compare",
-    "ab-power",
-    "ab-sequential",
-    "history-nightly",
-    "history-replay",
-    "timings",
-    "sglang-tier",
+KINDS = tuple(
+    "key-numbers full compare ab-power ab-sequential history-nightly history-replay timings sglang-tier".split()
 )
 #: ``kind=timings``: the file under ``src`` that records wall times
 TIMINGS_FILE = "timings.json"

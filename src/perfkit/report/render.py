@@ -131,27 +131,18 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         meta.append({"text": "replayed from", "code": info["replay"]})
     inv = investigations(run_dir, nbs)
     toc = [{**i, "status_text": i["ran"]} for i in inv]
-    nb_table = (
-        format_table(
-            pd.DataFrame(
-                [
-                    {
-                        "investigation": i["title"],
-                        "gate": i["gate"],
-                        "checks": i["gate_text"].partition(": ")[2],
-                        "notebook": i["ran"],
-                        "wall (s)": i["wall_s"],
-                        "note": i["note"] or (i["error"] if i["gate"] != "error" else ""),
-                    }
-                    for i in inv
-                ],
-                columns=["investigation", "gate", "checks", "notebook", "wall (s)", "note"],
-            ),
-            status_col="gate",
-        )
-        if nbs
-        else None
-    )
+    rows = [
+        {
+            "investigation": i["title"],
+            "gate": i["gate"],
+            "checks": i["gate_text"].partition(": ")[2],
+            "notebook": i["ran"],
+            "wall (s)": i["wall_s"],
+            "note": i["note"] or (i["error"] if i["gate"] != "error" else ""),
+        }
+        for i in inv
+    ]
+    nb_table = format_table(pd.DataFrame(rows), status_col="gate") if nbs else None
     keys = key_numbers(run_dir)
     gate_doc = read_verdict(run_dir / GATE) or {}
     return {

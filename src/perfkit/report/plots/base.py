@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from perfkit.bundle_schema import WARMUP_INDEX
-from perfkit.readings import stages as _stages
+from perfkit.readings.stages import order_stages as ordered_stages  # noqa: F401 (the plots' name)
 from perfkit.roles import is_finite, launches_of  # noqa: F401 (the plots import them from here)
 
 if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
@@ -55,14 +55,8 @@ def launch_names(launches: pd.DataFrame | None) -> dict[Any, str]:
 def unbundle(obj: Any) -> tuple[Any, dict[str, Any]]:
     """(first argument, tables and meta) of a ResultBundle passed where a table is expected."""
     if hasattr(obj, "tables") and hasattr(obj, "requests") and not isinstance(obj, pd.DataFrame):
-        return obj, {
-            "requests": obj.requests,
-            "stages": obj.stages,
-            "steps": obj.steps,
-            "memory": obj.memory,
-            "launches": obj.launches,
-            "meta": dict(getattr(obj, "meta", {}) or {}),
-        }
+        tables = {k: getattr(obj, k) for k in ("requests", "stages", "steps", "memory", "launches")}
+        return obj, {**tables, "meta": dict(getattr(obj, "meta", {}) or {})}
     return obj, {}
 
 
@@ -91,11 +85,6 @@ def drop_warmup(df: pd.DataFrame, include_warmup: bool) -> pd.DataFrame:
         return df
     keep = pd.Series(pd.to_numeric(df["index"], errors="coerce") != WARMUP_INDEX, index=df.index)
     return df[keep.fillna(True).to_numpy(bool)]
-
-
-def ordered_stages(names: Iterable[str]) -> list[str]:
-    """Stage names in sglang's pipeline order (:func:`perfkit.readings.stages.order_stages`)."""
-    return _stages.order_stages(names)
 
 
 def of_launch(df: pd.DataFrame, launch: Any) -> pd.DataFrame:
