@@ -103,16 +103,12 @@ def _confirmed(row: Mapping[str, Any] | None) -> str:
     """A step's latest confirmation (``perfkit history confirm``) in words, or "–"."""
     if row is None:
         return "–"
-    iv = (
-        ""
-        if row.get("low") is None or row["low"] != row["low"]
-        else f" [{_pct(row['low'])} to {_pct(row['high'])}]"
-    )
-    ab = (
-        f": A/B {_pct(row['ratio'])}{iv}"
-        if row.get("ratio") is not None and row["ratio"] == row["ratio"]
-        else ""
-    )
+
+    def given(v: Any) -> bool:
+        return v is not None and v == v  # NaN: not given
+
+    iv = f" [{_pct(row['low'])} to {_pct(row['high'])}]" if given(row.get("low")) else ""
+    ab = f": A/B {_pct(row['ratio'])}{iv}" if given(row.get("ratio")) else ""
     return f"{row['outcome']}{ab} ({row['time']:%Y-%m-%d})"
 
 
@@ -198,9 +194,8 @@ def write_site(
     analyses = cp.analyse_frame(frame, settings)
     conf = read_confirmations(store)
     keys = ["hardware", "case_id", "metric", "before_commit", "after_commit"]
-    confirmations = {
-        tuple(r[k] for k in keys): r for r in conf.to_dict("records")
-    }  # oldest first: latest wins
+    # oldest first: the latest confirmation of a step wins
+    confirmations = {tuple(r[k] for k in keys): r for r in conf.to_dict("records")}
     hw_pages = []
     pages: list[Path] = []
     for hw in sorted(frame["hardware"].unique()):

@@ -154,19 +154,8 @@ def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = No
     (empty when none): ``first (ms)``, the ``warm median (ms)`` of its shape in its launch, the
     ``penalty (ms)``, the ``penalty stage`` holding most of it (from ``stages``) and its
     recompilations (``compiles``, ``compiling (ms)``, ``recompile reason``)."""
-    cols = [
-        "launch",
-        "request",
-        "shape",
-        "first (ms)",
-        "warm median (ms)",
-        "penalty (ms)",
-        "penalty stage",
-        "stage penalty (ms)",
-        "compiles",
-        "compiling (ms)",
-        "recompile reason",
-    ]
+    cols = ["launch", "request", "shape", "first (ms)", "warm median (ms)", "penalty (ms)", "penalty stage"]
+    cols += ["stage penalty (ms)", "compiles", "compiling (ms)", "recompile reason"]
     if requests is None or requests.empty:
         return pd.DataFrame(columns=cols)
     df = request_roles(requests)

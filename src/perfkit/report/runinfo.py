@@ -149,9 +149,8 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
     counts = check_counts(rows["status"]) if not rows.empty else ""
     if word == "fail":
         failed = not rows.empty and (rows["status"] == "fail").any()
-        return (
-            "fail",
-            f"fail: {counts if failed else clip(doc.get('reason'), 120) or 'the verdict says fail'}",
+        return "fail", "fail: " + (
+            counts if failed else clip(doc.get("reason"), 120) or "the verdict says fail"
         )
     if word == "inconclusive":
         return "inconclusive", f"inconclusive: {counts}; noise could flip, none failed"
