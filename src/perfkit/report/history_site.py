@@ -53,12 +53,7 @@ def trend_figure(a: cp.Analysis) -> Figure:
     )
     if a.outliers:
         ax.plot(
-            [p.time for p, _ in a.outliers],
-            [p.value for p, _ in a.outliers],
-            "x",
-            color="#cf222e",
-            ms=6,
-            label="outlier",
+            *zip(*[(p.time, p.value) for p, _ in a.outliers]), "x", color="#cf222e", ms=6, label="outlier"
         )
     bounds = [kept[0].time] if kept else []
     for s in a.steps:

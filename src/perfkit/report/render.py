@@ -29,6 +29,7 @@ from perfkit.gate.verdicts import (
 from perfkit.report.chromium import CHROMIUM_FLAGS, chromium_binary, screenshot  # noqa: F401
 from perfkit.report.offline import external_refs, neutralise_external  # noqa: F401
 from perfkit.report.runinfo import (  # noqa: F401
+    GATE_COLUMNS,
     GATE_ORDER,
     gate_view,
     investigations,
@@ -85,13 +86,10 @@ def summary_frame(scenario: str, results: Mapping[str, Any]) -> pd.DataFrame:
 # --------------------------------------------------------------------------- the page
 
 
-_GATE_COLUMNS = ["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
-
-
 def _gate_table(verdicts: pd.DataFrame, statuses: tuple[str, ...] | None = None) -> Table:
     """The gate rows (failures first) as a formatted table; only rows whose status is in
     ``statuses`` when given."""
-    v = gate_view(verdicts)[_GATE_COLUMNS]
+    v = gate_view(verdicts)[GATE_COLUMNS]
     return format_table(v if statuses is None else v[v["status"].isin(statuses)])
 
 

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 GATE_TITLE = "Baseline gate"
 GATE_QUESTION = "This run's numbers against the baseline, and the invariants."
 #: gate rows sort failures first
+#: the columns of :func:`gate_view`, as the page shows them
+GATE_COLUMNS = ["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
 GATE_ORDER = {"fail": 0, "inconclusive": 1, "improved": 2, "pass": 3, "new": 4, "skipped": 5}
 
 
@@ -164,9 +166,7 @@ def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
         ``measured`` and ``limit`` (what measured is held to) in place of expected/actual/bound,
     failures first (:data:`GATE_ORDER`, stable)."""
     if verdicts.empty:
-        return pd.DataFrame(
-            columns=["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
-        )
+        return pd.DataFrame(columns=GATE_COLUMNS)
     inv = verdicts["case"].isin([s.name for s in registry.all_scenarios()])
     exp = pd.to_numeric(verdicts["expected"], errors="coerce")
     bound = pd.to_numeric(verdicts["bound"], errors="coerce")
