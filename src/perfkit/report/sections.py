@@ -32,12 +32,8 @@ log = logging.getLogger(__name__)
 
 #: the page template; it includes ``report.css`` inline and renders each section's HTML
 PAGE_TEMPLATE = "page.html.j2"
-
-
 #: the gate notebook's section template (scenario sections come from the registry)
 GATE_TEMPLATE = f"sections/{GATE}.html.j2"
-
-
 #: the section of a notebook that is neither registered nor the gate (a run of an older perfkit)
 FALLBACK_SECTION_TEMPLATE = "sections/_base.html.j2"
 

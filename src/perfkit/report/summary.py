@@ -46,9 +46,7 @@ def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tupl
     """(Markdown table of the first ``n`` rows of ``df[cols]`` with ``reason`` wrapped, rows
     left out). A table is cut between rows only, never inside one."""
     v = df[[c for c in cols if c in df.columns]]
-    left = 0 if n is None else max(0, len(v) - n)
-    if n is not None:
-        v = v.iloc[:n]
+    left, v = 0 if n is None else max(0, len(v) - n), v.iloc[:n]
     if "reason" in v.columns:
         v = v.assign(reason=v["reason"].map(wrap_cell))
     return markdown_table(v), left
@@ -208,7 +206,7 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
                 parts.append(f"\n{plural(left, 'more passing row')} not shown here: see {page}.")
             parts += ["", "</details>"]
         if sk:
-            parts.append(f"\n{sk} row{'' if sk == 1 else 's'} skipped (not measured here).")
+            parts.append(f"\n{plural(sk, 'row')} skipped (not measured here).")
         return "\n".join(parts) + "\n"
 
     def most(n: int, make: Callable[[int], str]) -> str:
