@@ -26,14 +26,16 @@ __all__ = [
 ]
 
 
-def _finite(v: Any) -> bool:
+def is_finite(v: Any) -> bool:
+    """``v`` is a finite number (None, NaN, inf and text are not)."""
     try:
         return math.isfinite(float(v))
     except (TypeError, ValueError):
         return False
 
 
-def _launches(df: pd.DataFrame) -> list[Any]:
+def launches_of(df: pd.DataFrame) -> list[Any]:
+    """The launch labels of ``df`` in order of appearance; ``[None]`` without a launch column."""
     if "launch" not in df.columns or df.empty:
         return [None]
     return list(dict.fromkeys(df["launch"].tolist()))
@@ -63,7 +65,7 @@ ROLE_WARM = "warm"
 def _frames_of(r: Mapping[str, Any]) -> int | None:
     for k in ("effective_num_frames", "num_frames"):
         v = r.get(k)
-        if _finite(v):
+        if is_finite(v):
             return int(float(v))
     return None
 
@@ -110,7 +112,7 @@ def request_roles(requests: pd.DataFrame | None, launches: pd.DataFrame | None =
     if "launch" not in req.columns:
         req = req.assign(launch=None)
     out = []
-    for lk in _launches(req):
+    for lk in launches_of(req):
         sub = req[req["launch"] == lk] if lk is not None else req
         sub = sub.sort_values("_i", kind="stable")
         seen = set(warm_shapes.get(lk, set()))
@@ -121,9 +123,9 @@ def request_roles(requests: pd.DataFrame | None, launches: pd.DataFrame | None =
             shape = _shape_key(rd)
             i = r["_i"]
             new = shape not in seen
-            if _finite(i) and int(i) == WARMUP_INDEX:
+            if is_finite(i) and int(i) == WARMUP_INDEX:
                 role, short, new = ROLE_WARMUP, "warmup", False
-            elif _finite(i) and int(i) == 0:
+            elif is_finite(i) and int(i) == 0:
                 role, short = ROLE_COLD, "cold"
             elif new:
                 role, short = ROLE_NEW_SHAPE, "new shape"

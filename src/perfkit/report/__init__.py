@@ -6,14 +6,10 @@ from perfkit.report.render import (  # noqa: F401
     CHROMIUM_FLAGS,
     chromium_binary,
     external_refs,
-    neutralise_external,
     reading,
-    render_page,
     render_report,
     screenshot,
     show,
     summary_frame,
-    summary_markdown,
     write_summary,
 )
-from perfkit.report.tables import format_table, markdown_table  # noqa: F401

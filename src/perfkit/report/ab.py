@@ -28,16 +28,6 @@ from perfkit.report.tables import format_table, markdown_table
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "ab_context",
-    "render_ab_report",
-    "ab_summary_markdown",
-    "looks_frame",
-    "sequential_text",
-    "SUMMARY_FILE",
-    "REPORT_FILE",
-]
-
 SUMMARY_FILE = "summary.md"
 #: what the launches a side after an inconclusive metric mean (:func:`perfkit.ab.decide.needed_text`)
 _SIZED = "with the launches a side that would decide it, if its B/A and noise stay as observed"
@@ -110,10 +100,7 @@ def _variance_frame(res: AbResult) -> pd.DataFrame:
             "CV between launches": [percent_text(v) for v in t["cv_between"]],
             "CV within a launch": [percent_text(v) for v in t["cv_within"]],
             "ICC": [_num(v) for v in t["icc"]],
-            "launches needed": [
-                "" if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA else str(v)
-                for v in t["launches_needed"]
-            ],
+            "launches needed": ["" if pd.isna(v) else str(v) for v in t["launches_needed"]],
         }
     )
 

@@ -1,14 +1,7 @@
-"""Below the stage: what the profiled requests' traces say, op by op.
-
-Reads a bundle's ``traces`` table and the trace files under its ``traces/`` directory
-(:mod:`perfkit.measuring.profiled` puts them there), through :mod:`perfkit.readings.traces`:
-per profiled request the top ops per stage (count, total ms, mean ms, share of the stage's op
-time), its CPU-side overhead and device idle share per stage and rank
-(:func:`perfkit.readings.traces.overhead_table`), and the diff of the profiled cold request (or
-first request of a new shape) and the profiled warm ones (each op's median over them): the ops
-whose time changed most, with ms on both sides and their share of the change. Used by the
-cold_warm and warmup_shapes notebooks and by the report's "below the stage" panel, which links the trace files
-(they open in Perfetto, ui.perfetto.dev, or chrome://tracing).
+"""Below the stage: the profiled requests' traces op by op (:mod:`perfkit.readings.traces`):
+top ops per stage, CPU-side overhead and device idle share, and the diff of the profiled first
+request against the warm ones. For the notebooks and the report's panel (:func:`panel`, which
+links the trace files: they open in Perfetto or chrome://tracing).
 """
 
 from __future__ import annotations
@@ -38,25 +31,13 @@ FIRST_ROLES = (DIFF_ROLES[0], "profiled first of new shape")
 
 @dataclass
 class BelowStage:
-    """What a bundle's profiled requests say.
-
-    Attributes:
-        traces: the ``traces`` table (one row per profiled request).
-        stage_top: role -> top ops per stage (``stage`` + :data:`~perfkit.readings.traces.OP_COLUMNS`).
-        diff: :func:`~perfkit.readings.traces.op_diff` of the profiled first request (cold, or
-            first of a new shape: :data:`FIRST_ROLES`) and the profiled warm ones (their
-            median; None without both).
-        diff_from: the role of the diff's first side (None without a diff).
-        kernel_diff: the same diff over device kernels (``kernels=True``: each kernel's device
-            ms), None when the traces have no kernels (a CPU run). On a GPU the CPU-side op diff
-            moves with host noise (launch and dispatch time); the kernels say what the device did.
-        kernel_note: why there is no kernel diff when some of the diffed traces have kernels
-            and others none (:func:`kernel_note`); None otherwise.
-        errors: traces that could not be read (file and why).
-        events: role -> :func:`~perfkit.readings.traces.op_events` of its trace.
-        overhead: role -> :func:`~perfkit.readings.traces.overhead_table` of its trace (CPU-side
-            overhead and device idle share per stage, the rank from the file name).
-    """
+    """What a bundle's profiled requests say: ``traces`` (the table), ``stage_top`` (role -> top
+    ops per stage), ``diff`` (:func:`~perfkit.readings.traces.op_diff` of the first request,
+    :data:`FIRST_ROLES`, against the warm ones' medians; ``diff_from`` its role), ``kernel_diff``
+    (the same over device kernels; None on a CPU run: on a GPU the CPU-side diff moves with host
+    noise) or ``kernel_note`` (:func:`kernel_note`), ``errors`` (unreadable traces), ``events``
+    and ``overhead`` (role -> :func:`~perfkit.readings.traces.op_events` /
+    :func:`~perfkit.readings.traces.overhead_table`)."""
 
     traces: pd.DataFrame
     stage_top: dict[str, pd.DataFrame] = field(default_factory=dict)
@@ -69,22 +50,13 @@ class BelowStage:
     overhead: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
-def events_by_role(
-    bundle: ResultBundle, roles: tuple[str, ...] | None = None
-) -> tuple[dict[str, pd.DataFrame], list[str]]:
-    """role -> :func:`~perfkit.readings.traces.op_events` of each kept trace (only roles that
-    start with one of ``roles``, when given), and the errors (file and why) of those that could
-    not be read."""
-    events, _, errors = read_traces(bundle, roles)
-    return events, errors
-
-
 def read_traces(
     bundle: ResultBundle, roles: tuple[str, ...] | None = None
 ) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame], list[str]]:
-    """As :func:`events_by_role`, plus role -> :func:`~perfkit.readings.traces.overhead_table`
-    of each trace (rank from its file name; its ``STAGE`` ranges named by the request's
-    performance.log stages, the table's ``stages``, when there): ``(events, overhead, errors)``."""
+    """``(events, overhead, errors)``: role -> :func:`~perfkit.readings.traces.op_events` and
+    role -> :func:`~perfkit.readings.traces.overhead_table` of each kept trace (only roles that
+    start with one of ``roles``, when given; ``STAGE`` ranges named by the table's ``stages``),
+    and the traces that could not be read (file and why)."""
     out, overhead, errors = {}, {}, []
     t = bundle.table("traces")
     todo: list[tuple[str, Path, list[str] | None]] = []
@@ -220,18 +192,18 @@ def trace_list(bs: BelowStage, link_prefix: str = "") -> pd.DataFrame:
     )
 
 
-def diff_frame(diff: pd.DataFrame, n: int = 8, first: str = "cold") -> pd.DataFrame:
-    """The ``n`` ops whose time changed most, for display (ms of the first request, ``first``:
-    ``cold`` or ``first`` (of a new shape); ms warm, change, share; warm calls and ms are
-    medians over the profiled warm requests)."""
+def diff_frame(diff: pd.DataFrame, n: int = 8, first: str = "cold", second: str = "warm") -> pd.DataFrame:
+    """The ``n`` ops of an :func:`~perfkit.readings.traces.op_diff` whose time changed most, for
+    display: calls and ms of side ``first`` (``cold``, ``first`` of a new shape, ``a``) and of
+    ``second`` (medians over the profiled warm requests), change (ms) and share."""
     d = diff.head(n)
     return pd.DataFrame(
         {
             "op": d["op"],
             f"calls_{first}": d["count_a"],
-            "calls_warm": d["count_b"],
+            f"calls_{second}": d["count_b"],
             f"{first}_ms": d["ms_a"],
-            "warm_ms": d["ms_b"],
+            f"{second}_ms": d["ms_b"],
             "change_ms": d["delta_ms"],
             "share_of_change": d["delta_share"],
         }
@@ -259,11 +231,10 @@ def overhead_tables(bs: BelowStage) -> list[tuple[str, pd.DataFrame]]:
 
 
 def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[str, Any] | None:
-    """The report's "below the stage" panel of one bundle directory, or None when it profiled
-    nothing (or has no bundle). Keys: ``traces`` (:class:`Table`), ``files`` (links),
-    ``diff`` (:class:`Table` or None), ``kernel_diff`` (:class:`Table` or None), ``kernel_note``
-    (:attr:`BelowStage.kernel_note`), ``stage_top`` ([(role, Table)]), ``cpu_and_idle`` ([(role, Table)]: overhead and idle share per stage), ``errors``.
-    Never raises: an unreadable bundle is logged and gives an ``errors`` entry."""
+    """The report's "below the stage" panel of one bundle directory (None when it profiled nothing
+    or holds no bundle): ``traces``, ``files``, ``diff``, ``kernel_diff`` (:class:`Table` or
+    None), ``kernel_note``, ``stage_top`` and ``cpu_and_idle`` ([(role, Table)]), ``timeline``,
+    ``errors``. Never raises: an unreadable bundle gives an ``errors`` entry."""
     d = Path(bundle_dir)
     if not (d / "meta.json").exists():
         return None
@@ -282,18 +253,17 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
     if bs is None:
         return None
     tl = trace_list(bs, link_prefix)
-    files = [f for f in tl["file"] if isinstance(f, str)]
-    diff: Table | None = (
-        format_table(diff_frame(bs.diff, first=first_word(bs))) if bs.diff is not None else None
-    )
     last = DIFF_ROLES[1] if DIFF_ROLES[1] in bs.events else (list(bs.events)[-1] if bs.events else None)
-    kdiff = bs.kernel_diff
+
+    def shown(d: pd.DataFrame | None) -> Table | None:
+        return format_table(diff_frame(d, first=first_word(bs))) if d is not None else None
+
     return {
         "traces": format_table(tl),
-        "files": files,
-        "diff": diff,
+        "files": [f for f in tl["file"] if isinstance(f, str)],
+        "diff": shown(bs.diff),
         "diff_title": diff_title(bs),
-        "kernel_diff": format_table(diff_frame(kdiff, first=first_word(bs))) if kdiff is not None else None,
+        "kernel_diff": shown(bs.kernel_diff),
         "kernel_note": bs.kernel_note,
         "stage_top": [(role, format_table(t)) for role, t in bs.stage_top.items()],
         "cpu_and_idle": [(role, format_table(t)) for role, t in overhead_tables(bs)],
@@ -302,30 +272,13 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
     }
 
 
-def _ab_diff_frame(d: pd.DataFrame) -> pd.DataFrame:
-    """An :func:`~perfkit.readings.traces.op_diff` frame in the A/B page's columns."""
-    return pd.DataFrame(
-        {
-            "op": d["op"],
-            "calls_a": d["count_a"],
-            "calls_b": d["count_b"],
-            "a_ms": d["ms_a"],
-            "b_ms": d["ms_b"],
-            "change_ms": d["delta_ms"],
-            "share_of_change": d["delta_share"],
-        }
-    )
-
-
 def ab_panel(
     path_a: str | Path | None, path_b: str | Path | None, page_dir: str | Path
 ) -> dict[str, Any] | None:
-    """The A/B page's "below the stage" panel: the ops whose time changed most from side A's
-    profiled warm request to side B's (``perfkit ab --profile``), both sides' traces linked
-    relative to ``page_dir``. None when neither side profiled anything. Keys as :func:`panel`
-    (``stage_top`` holds each side's profiled warm request), plus ``stage_diffs``: ``(stage,
-    table)`` pairs, the top 5 changed ops within each stage (ops attributed to their innermost
-    stage), in the order the stages ran. Never raises."""
+    """The A/B page's "below the stage" panel: the ops that changed most from side A's profiled
+    warm requests to side B's (``perfkit ab --profile``), traces linked relative to ``page_dir``;
+    keys as :func:`panel` plus ``stage_diffs`` (``(stage, table)``: the top 5 per stage, in run
+    order). None when neither side profiled anything. Never raises."""
     import os
 
     sides: dict[str, BelowStage] = {}
@@ -357,28 +310,22 @@ def ab_panel(
     diff = kernel_diff = note = None
     stage_diffs: list[tuple[str, Any]] = []
     if "A" in events and "B" in events:
-        diff = format_table(_ab_diff_frame(tr.op_diff(events["A"], events["B"]).head(8)))
+        diff = format_table(diff_frame(tr.op_diff(events["A"], events["B"]), 8, "a", "b"))
         if has_kernels([*events["A"], *events["B"]]):
             kernel_diff = format_table(
-                _ab_diff_frame(tr.op_diff(events["A"], events["B"], kernels=True).head(8))
+                diff_frame(tr.op_diff(events["A"], events["B"], kernels=True), 8, "a", "b")
             )
         else:
             note = kernel_note({f"side {k}'s profiled warm traces": events[k] for k in "AB"})
         # per stage: a stage-level verdict (DenoisingStage +2 %) comes with the ops of that stage,
         # not drowned by another stage's launch-to-launch noise
-        stages = [
-            st
-            for st in dict.fromkeys(
-                x for side in ("A", "B") for e in events[side] for x in e["stage"].dropna()
-            )
-            if isinstance(st, str)
-        ]
-        for st in stages:
+        ran = (x for side in "AB" for e in events[side] for x in e["stage"].dropna() if isinstance(x, str))
+        for st in dict.fromkeys(ran):
             d = tr.op_diff(
                 [e[e["stage"] == st] for e in events["A"]], [e[e["stage"] == st] for e in events["B"]]
-            ).head(5)
+            )
             if not d.empty:
-                stage_diffs.append((st, format_table(_ab_diff_frame(d))))
+                stage_diffs.append((st, format_table(diff_frame(d, 5, "a", "b"))))
     stage_top = [
         (f"side {side}, {DIFF_ROLES[1]}", format_table(bs.stage_top[DIFF_ROLES[1]]))
         for side, bs in sides.items()

@@ -1,12 +1,8 @@
-"""The reports of ``perfkit bisect`` and ``perfkit history confirm``: ``summary.md`` (for a pull
-request or an issue comment, and ``$GITHUB_STEP_SUMMARY``) and ``report.html`` (the report page,
-``templates/page.html.j2``, with one section, ``templates/sections/bisect.html.j2``: the probes in
-order with their A/B verdicts and intervals, each linked to its own A/B page).
-
-Both take the plain dict of ``bisect.json`` / ``confirm.json``
-(:meth:`perfkit.bisect.search.BisectResult.to_dict`,
-:meth:`perfkit.bisect.confirm.ConfirmResult.to_dict`): this layer does not import the layer
-that runs them.
+"""The reports of ``perfkit bisect`` and ``perfkit history confirm``: ``summary.md`` and
+``report.html`` (``templates/sections/bisect.html.j2``: the probes in order with their A/B
+verdicts, each linked to its A/B page), from the plain dict of ``bisect.json`` /
+``confirm.json`` (:meth:`perfkit.bisect.search.BisectResult.to_dict`,
+:meth:`perfkit.bisect.confirm.ConfirmResult.to_dict`): this layer does not import the one that runs them.
 """
 
 from __future__ import annotations

@@ -13,18 +13,10 @@ from perfkit.engine.owner import run_bounded
 log = logging.getLogger(__name__)
 
 
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-    "--no-first-run",
-    "--hide-scrollbars",
-    "--disable-extensions",
-]
+CHROMIUM_FLAGS = (
+    "--headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update "
+    "--disable-sync --disable-quic --no-first-run --hide-scrollbars --disable-extensions"
+).split()
 
 
 def chromium_binary() -> str | None:

@@ -1,39 +1,20 @@
 """Figures in docs generated from bundles: Markdown blocks in READMEs kept true by a check.
 
-A README marks a block with two HTML comments; everything between them is generated::
+A block is everything between ``<!-- perfkit:figures src=DIR kind=KIND ... -->`` and
+``<!-- perfkit:end -->``; ``src`` is relative to the perfkit checkout. Kinds (:func:`kinds`):
+``key-numbers`` and ``full`` (the registry's key numbers, summary table and reading, so a
+README quotes what the report shows); ``compare`` (``vs=DIR``: two ``cold_warm`` sessions' warm
+requests, or ``DIR/<scenario>@<launch>``, per stage and step with the ratio and a 95 %
+bootstrap interval); ``ab-power`` and ``ab-sequential`` (an A/B pool,
+:mod:`perfkit.report.power_page`, at ``threshold=`` and ``confidence=``); ``history-nightly`` and
+``history-replay`` (sglang's nightly files, :mod:`perfkit.history.change_tables`); ``timings``
+(``timings.json``, :class:`Timings`); ``sglang-tier``; and the investigations' own
+(:attr:`~perfkit.scenarios.registry.Scenario.doc_blocks`, e.g. ``overhead-pooled``).
+Statistics: numpy's default quantiles (Hyndman–Fan type 7), 95 % percentile bootstraps with
+seed 0 (:mod:`perfkit.stats`).
 
-    <!-- perfkit:figures src=examples/h200/bundles kind=full -->
-    ... generated ...
-    <!-- perfkit:end -->
-
-``src`` is a run or bundles directory (``<scenario>/results.json`` under it), relative to the
-README's repository root (the perfkit checkout); ``kind`` is ``key-numbers`` (one table of every
-scenario's key numbers), ``full`` (per scenario: its key numbers, its summary table and its
-reading) or ``compare`` (with ``vs=DIR``: the warm requests of the two runs' ``cold_warm``
-sessions side by side — or of one launch of another bundle, written ``DIR/<scenario>@<launch>`` — per stage and per step, with the ratio src/vs and a 95 % bootstrap interval
-of the ratio of medians; e.g. 2 GPUs vs 1) or ``ab-power`` (``src`` an A/B power pool,
-:mod:`perfkit.report.power_page`, decided at ``threshold=`` and ``confidence=``, fractions, default
-``perfkit ab``'s) or ``ab-sequential`` (the same pool, the sequential ``perfkit ab`` replayed on
-it: :func:`perfkit.report.power_page.sequential_markdown`). The numbers are the registry's (:attr:`~perfkit.scenarios.registry.Scenario.key_numbers`,
-``summary_table``, ``reading``), so a figure quoted in a README is the figure the report and
-summary.md show. Statistics named in the footer: medians and quartiles are numpy's default
-(linear interpolation between order statistics, Hyndman–Fan type 7); intervals are 95 %
-percentile bootstraps with seed 0 (:mod:`perfkit.stats`). ``overhead-pooled`` (``src`` a
-comma-separated list of bundles directories) pools the ABBA pairs of several instrumentation-
-overhead launches into one estimate: a block kind the overhead investigation declares
-(:attr:`~perfkit.scenarios.registry.Scenario.doc_blocks`; :func:`kinds` lists every kind).
-
-``history-nightly`` (``src`` a directory of sglang's nightly comparison files) lists every
-change point and outlier beside the 5 %-over-last-3 alarms; ``history-replay`` replays those
-runs day by day through ``history check`` beside the same rule (:mod:`perfkit.history.change_tables`).
-
-``timings`` (``src`` a directory holding ``timings.json``, :class:`Timings`) tables recorded wall
-times, each with the machine, the date and how it was measured (:func:`timings_markdown`): a
-README's "how long" is a measurement with its conditions.
-
-``perfkit figures FILE...`` rewrites the blocks; ``--check`` exits 1 when a committed block
-differs from what the bundles give by more than one unit of a figure's last shown digit
-(:func:`same_figures`).
+``perfkit figures FILE...`` rewrites the blocks; ``--check`` exits 1 when a block differs by
+more than one unit of a figure's last shown digit (:func:`same_figures`).
 """
 
 from __future__ import annotations
@@ -41,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -56,29 +38,10 @@ from perfkit.report.power_page import power_markdown, sequential_markdown
 from perfkit.report.tables import markdown_table
 from perfkit.scenarios import registry
 
-__all__ = [
-    "FiguresError",
-    "Block",
-    "blocks",
-    "render_block",
-    "update_text",
-    "update_file",
-    "register_kind",
-    "STATS_NOTE",
-]
-
 #: the block kinds of this module; the investigations add theirs
 #: (:attr:`~perfkit.scenarios.registry.Scenario.doc_blocks`, e.g. ``overhead-pooled``): :func:`kinds`
-KINDS = (
-    "key-numbers",
-    "full",
-    "compare",
-    "ab-power",
-    "ab-sequential",
-    "history-nightly",
-    "history-replay",
-    "timings",
-    "sglang-tier",
+KINDS = tuple(
+    "key-numbers full compare ab-power ab-sequential history-nightly history-replay timings sglang-tier".split()
 )
 #: ``kind=timings``: the file under ``src`` that records wall times
 TIMINGS_FILE = "timings.json"
@@ -314,13 +277,11 @@ def _duration(s: float) -> str:
 
 
 def timings_markdown(path: Path, label: str) -> str:
-    """``kind=timings``: a table of the wall times recorded in ``path`` (:class:`Timings`),
-    each with its machine, date and source, so a README's "how long" is a measurement with
-    its conditions, never a bare estimate.
+    """``kind=timings``: the wall times recorded in ``path`` (:class:`Timings`), each with its
+    machine, date and source: a README's "how long" is a measurement, never an estimate.
 
     Raises:
-        FiguresError: the file is missing, not JSON, or not :class:`Timings` (naming the key).
-    """
+        FiguresError: the file is missing, not JSON, or not :class:`Timings` (naming the key)."""
     try:
         doc = Timings.model_validate_json(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -346,14 +307,12 @@ TIER_FILE = "verdicts.json"
 
 
 def tier_markdown(path: Path, label: str) -> str:
-    """``kind=sglang-tier``: the conformance tier's runs on real sglang (``tests/test_sglang_tier.py``
-    writes ``verdicts.json``: ``_meta`` {date, sglang, machine, commit}, then per run ``verdict``,
-    ``exit_code``, ``wall_s`` (s), ``checks`` {metric: status}), one row each.
+    """``kind=sglang-tier``: one row per run of ``make test-sglang``'s ``verdicts.json``
+    (``_meta`` {date, sglang, machine, commit}; per run ``verdict``, ``exit_code``, ``wall_s``
+    (s), ``checks`` {metric: status}).
 
     Raises:
-        FiguresError: the file is missing or not JSON, ``_meta`` lacks a key, or a run lacks
-            ``wall_s`` (naming the run).
-    """
+        FiguresError: the file is missing or not JSON, ``_meta`` lacks a key, a run lacks ``wall_s``."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         meta = doc["_meta"]
@@ -370,12 +329,8 @@ def tier_markdown(path: Path, label: str) -> str:
             continue
         if not isinstance(r, dict) or not isinstance(r.get("wall_s"), (int, float)):
             raise FiguresError(f"sglang-tier {label}: {name}: no wall_s")
-        checks = r.get("checks") or {}
-        counts = ", ".join(
-            f"{sum(1 for v in checks.values() if v == st)} {st}"
-            for st in ("pass", "fail", "skipped")
-            if any(v == st for v in checks.values())
-        )
+        n = Counter((r.get("checks") or {}).values())
+        counts = ", ".join(f"{n[st]} {st}" for st in ("pass", "fail", "skipped") if n[st])
         code = r.get("exit_code")
         rows.append(
             (
@@ -451,14 +406,11 @@ def update_text(text: str, root: Path, where: str = "<text>") -> str:
     blocks(text, where)  # validate first: a bad block fails before anything is rendered
 
     def sub(m: re.Match) -> str:
-        args = dict(_ARG.findall(m.group("args")))
         try:
-            return m.group("open") + _render(args) + m.group("close")
+            body = render_block(_block(dict(_ARG.findall(m.group("args"))), where), root)
         except FiguresError as exc:
             raise FiguresError(f"{where}: {exc}") from exc
-
-    def _render(args: dict[str, str]) -> str:
-        return render_block(_block(args, where), root)
+        return m.group("open") + body + m.group("close")
 
     return _BLOCK.sub(sub, text)
 
@@ -468,14 +420,12 @@ MAX_DOC_BYTES = 8 * 2**20
 
 
 def update_file(path: str | Path, root: str | Path, check: bool = False) -> bool:
-    """Regenerate the blocks of ``path``; returns whether its text changed. With ``check`` the
-    file is left as it is (the caller reports the stale file). The file is replaced whole (a
-    temporary file renamed over it), never half-written.
+    """Regenerate the blocks of ``path``; returns whether its text changed (with ``check``, the
+    file is left as it is). The file is replaced whole (a temporary file renamed over it).
 
     Raises:
-        FiguresError: a bad block, a ``src`` without results or a file over :data:`MAX_DOC_BYTES`;
-            OSError: unreadable file.
-    """
+        FiguresError: a bad block, a ``src`` without results, a file over :data:`MAX_DOC_BYTES`.
+        OSError: unreadable file."""
     p = Path(path)
     if p.stat().st_size > MAX_DOC_BYTES:
         raise FiguresError(

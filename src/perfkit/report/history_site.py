@@ -1,13 +1,8 @@
-"""The offline history site: ``perfkit history site OUT/``.
-
-``OUT/index.html`` lists the hardware; ``OUT/<hardware slug>.html`` shows, for that hardware,
-the events (steps of several series in one commit range), then each case's trend per metric:
-a matplotlib figure (embedded as a base64 PNG ``data:`` URI) with the levels between change
-points, the steps, the single-run outliers and the gaps marked, and tables of the steps
-(commit range, size with its interval), outliers and gaps, plus the latest run's status
-(:func:`perfkit.history.check.judge` against the runs before it). Commit hashes link through
-a URL template (``--commit-url``) when one is given; the page itself loads nothing from the
-network (no script, no external stylesheet, no font).
+"""The offline history site (``perfkit history site OUT/``): ``index.html`` lists the hardware,
+``<hardware slug>.html`` its events (steps of several series in one commit range) and each
+case's trend per metric (a PNG with levels, steps, outliers and gaps; tables of them; the
+latest run judged by :func:`perfkit.history.check.judge`). Commits link through
+``--commit-url`` when given; the page loads nothing from the network.
 """
 
 from __future__ import annotations
@@ -19,18 +14,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from perfkit.common.numfmt import number_text  # noqa: E402
-from perfkit.history import changepoints as cp  # noqa: E402
-from perfkit.history.check import judge  # noqa: E402
-from perfkit.history.confirmations import read_confirmations  # noqa: E402
-from perfkit.history.store import HistoryError, read_store  # noqa: E402
-from perfkit.report.plots import alt_text, figure_to_png_bytes  # noqa: E402
-from perfkit.report.render import template_env  # noqa: E402
+from perfkit.common.numfmt import number_text
+from perfkit.history import changepoints as cp
+from perfkit.history.check import judge
+from perfkit.history.confirmations import read_confirmations
+from perfkit.history.store import HistoryError, read_store
+from perfkit.report.plots import alt_text, figure_to_png_bytes
+from perfkit.report.render import template_env
 
 
 def _slug(text: str) -> str:
@@ -48,11 +40,12 @@ def commit_link(commit: str, template: str | None) -> dict[str, str | None]:
     return {"text": commit[:10], "url": template.format(commit=commit) if template else None, "full": commit}
 
 
-def trend_figure(a: cp.Analysis) -> plt.Figure:
+def trend_figure(a: cp.Analysis) -> Figure:
     """The trend of one series: kept values (dots and line), each level's mean (a horizontal
     segment), steps (dashed lines at the first run of the new level), outliers (red crosses),
     gaps (grey ticks under the axis). x: run time (UTC); y: the metric in its unit."""
-    fig, ax = plt.subplots(figsize=(10, 2.8), dpi=80)
+    fig = Figure(figsize=(10, 2.8), dpi=80)  # pyplot-free: no global backend, nothing to close
+    ax = fig.add_subplot()
     bad = {p.run_key for p, _ in a.outliers} | {p.run_key for p in a.gaps}
     kept = [p for p in a.points if p.run_key not in bad]
     ax.plot(
@@ -60,12 +53,7 @@ def trend_figure(a: cp.Analysis) -> plt.Figure:
     )
     if a.outliers:
         ax.plot(
-            [p.time for p, _ in a.outliers],
-            [p.value for p, _ in a.outliers],
-            "x",
-            color="#cf222e",
-            ms=6,
-            label="outlier",
+            *zip(*[(p.time, p.value) for p, _ in a.outliers]), "x", color="#cf222e", ms=6, label="outlier"
         )
     bounds = [kept[0].time] if kept else []
     for s in a.steps:
@@ -110,16 +98,12 @@ def _confirmed(row: Mapping[str, Any] | None) -> str:
     """A step's latest confirmation (``perfkit history confirm``) in words, or "–"."""
     if row is None:
         return "–"
-    iv = (
-        ""
-        if row.get("low") is None or row["low"] != row["low"]
-        else f" [{_pct(row['low'])} to {_pct(row['high'])}]"
-    )
-    ab = (
-        f": A/B {_pct(row['ratio'])}{iv}"
-        if row.get("ratio") is not None and row["ratio"] == row["ratio"]
-        else ""
-    )
+
+    def given(v: Any) -> bool:
+        return v is not None and v == v  # NaN: not given
+
+    iv = f" [{_pct(row['low'])} to {_pct(row['high'])}]" if given(row.get("low")) else ""
+    ab = f": A/B {_pct(row['ratio'])}{iv}" if given(row.get("ratio")) else ""
     return f"{row['outcome']}{ab} ({row['time']:%Y-%m-%d})"
 
 
@@ -136,7 +120,6 @@ def series_context(
     fig = trend_figure(a)
     png = base64.b64encode(figure_to_png_bytes(fig, dpi=80)).decode("ascii")
     alt = alt_text(fig)
-    plt.close(fig)
     steps = [
         {
             "kind": s.kind,
@@ -206,9 +189,8 @@ def write_site(
     analyses = cp.analyse_frame(frame, settings)
     conf = read_confirmations(store)
     keys = ["hardware", "case_id", "metric", "before_commit", "after_commit"]
-    confirmations = {
-        tuple(r[k] for k in keys): r for r in conf.to_dict("records")
-    }  # oldest first: latest wins
+    # oldest first: the latest confirmation of a step wins
+    confirmations = {tuple(r[k] for k in keys): r for r in conf.to_dict("records")}
     hw_pages = []
     pages: list[Path] = []
     for hw in sorted(frame["hardware"].unique()):

@@ -1,24 +1,9 @@
-"""What the notebooks show beside the plots: the root-cause tables and the verdict in words.
-
-Everything here reads the same bundle tables and the same :class:`~perfkit.checks.Check` rows
-as the gate, and renders through the report's one table formatter
-(:func:`perfkit.report.tables.styled`), so a notebook, the report and the gate never
-disagree:
-
-- :func:`show_table`: display a DataFrame through the formatter (no index column, "–" for not
-  measured, rounded numbers);
-- :func:`request_roles` / :func:`request_frame`: every request of a bundle labelled with its
-  shape (frames asked → generated, latent frames, pixels, steps) and its role (those of
-  :func:`perfkit.roles.request_roles`): ``startup warmup``, ``cold``, ``cold, new
-  shape``, ``first of a new shape`` or ``warm``;
-- :func:`first_request_costs`: for each cold or first-of-a-new-shape request, its penalty over
-  the warm median of the same shape in the same launch, the stage holding most of it, and the
-  recompilations it paid (count, time, reason);
-- :func:`verdict_markdown`: the verdict in sentences, made from the check rows the gate judges;
-- :func:`invariants_frame`: the limits this run was judged against (defaults merged with the
-  ones given, e.g. on a replay);
-- :func:`replay_markdown`: on a replay, what is judged again (the checks) and which of the
-  given measurement params differ from those the bundle was measured with (they cannot apply).
+"""What the notebooks show beside the plots, from the same bundle tables and
+:class:`~perfkit.checks.Check` rows as the gate, through the report's one formatter
+(:func:`perfkit.report.tables.styled`): :func:`show_table`, :func:`request_roles` /
+:func:`request_frame` (each request's shape and role), :func:`first_request_costs` (what a
+cold or first-of-a-shape request paid over the warm median, and why), :func:`verdict_markdown`,
+:func:`invariants_frame` and, on a replay, :func:`replay_markdown`.
 """
 
 from __future__ import annotations
@@ -39,18 +24,6 @@ from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP
 from perfkit.roles import request_roles as plot_roles
 from perfkit.scenarios import registry
 
-__all__ = [
-    "ROLES",
-    "show_table",
-    "request_roles",
-    "request_frame",
-    "first_request_costs",
-    "verdict_markdown",
-    "invariants_frame",
-    "check_frame",
-    "replay_markdown",
-]
-
 #: request roles, in the design doc's words (those of :func:`perfkit.roles.request_roles`,
 #: the cold request split by whether the warmup had run its shape)
 COLD_NEW_SHAPE = "cold, new shape"
@@ -60,15 +33,11 @@ FIRST_OF_SHAPE = (ROLE_COLD, COLD_NEW_SHAPE, ROLE_NEW_SHAPE)
 
 
 def show_table(df: pd.DataFrame, caption: str | None = None, transpose: bool | str = "auto") -> None:
-    """Display ``df`` in a notebook through the report's table formatter
-    (:func:`perfkit.report.tables.styled`: no index column, units in the header, rounded
-    numbers, "–" for not measured). ``transpose``: as :func:`~perfkit.report.tables.styled`
-    (``"auto"`` turns a wide table with few rows on its side; False for a list of items, such
-    as requests, that reads best one per row).
+    """Display ``df`` in a notebook through :func:`perfkit.report.tables.styled` (``transpose``
+    as there; False for a list of items, such as requests).
 
     Raises:
-        TypeError: ``df`` is not a DataFrame.
-    """
+        TypeError: ``df`` is not a DataFrame."""
     from IPython.display import display
 
     display(styled(df, caption=caption, transpose=transpose))
@@ -87,9 +56,7 @@ def _shape_key(row: Mapping[str, Any]) -> tuple:
 
 def _int(v: Any) -> int | None:
     try:
-        if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
-            return None
-        return int(v)
+        return None if pd.isna(v) else int(v)
     except (TypeError, ValueError):
         return None
 
@@ -113,17 +80,13 @@ def _shape_text(row: Mapping[str, Any]) -> str:
 
 
 def request_roles(requests: pd.DataFrame, launches: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``requests`` (a bundle's requests table) with ``role``, ``request`` and ``shape`` columns.
-
-    The roles are :func:`perfkit.roles.request_roles`' (the plots label requests the
-    same way): ``startup warmup``, ``cold`` (``cold, new shape`` when the warmup had not run
-    its latent shape), ``first of a new shape``, ``warm``. ``request`` is a short label
-    (``"warmup17 #3 first of a new shape"``), ``shape`` the shape in words
-    (``"24→25 frames (4 latent), 512x768, 30 steps"``).
+    """``requests`` (a bundle's requests table) with ``role`` (:func:`perfkit.roles.request_roles`'
+    roles, ``cold, new shape`` when the warmup had not run its latent shape), ``shape``
+    (``"24→25 frames (4 latent), 512x768, 30 steps"``) and ``request``
+    (``"warmup17 #3 first of a new shape"``).
 
     Raises:
-        ValueError: ``requests`` lacks the ``launch`` or ``index`` column.
-    """
+        ValueError: ``requests`` lacks the ``launch`` or ``index`` column."""
     missing = [c for c in ("launch", "index") if c not in requests.columns]
     if missing:
         raise ValueError(f"request_roles: the requests table has no {', '.join(missing)} column")
@@ -187,34 +150,12 @@ def _reason(v: Any) -> str | None:
 
 # ------------------------------------------------------------------------------ first requests
 def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = None) -> pd.DataFrame:
-    """What each cold or first-of-a-new-shape request paid, and why.
-
-    For every request whose role (:func:`request_roles`) is ``cold``, ``cold, new shape`` or
-    ``first of a new shape``: its end-to-end time, the median of the warm requests of the same
-    shape in the same launch, the penalty (first − warm median, ms), the stage holding most of
-    it (from ``stages``: the same per-stage difference), and the recompilations the request
-    paid (count, compile time in ms, the compiler's reason, e.g. ``size mismatch at index 1,
-    expected 1152, actual 1536``).
-
-    Returns:
-        one row per such request (empty when the bundle has none); columns ``launch``,
-        ``request``, ``shape``, ``first (ms)``, ``warm median (ms)``, ``penalty (ms)``,
-        ``penalty stage``, ``stage penalty (ms)``, ``compiles``, ``compiling (ms)``,
-        ``recompile reason``.
-    """
-    cols = [
-        "launch",
-        "request",
-        "shape",
-        "first (ms)",
-        "warm median (ms)",
-        "penalty (ms)",
-        "penalty stage",
-        "stage penalty (ms)",
-        "compiles",
-        "compiling (ms)",
-        "recompile reason",
-    ]
+    """What each cold or first-of-a-new-shape request (:func:`request_roles`) paid, one row each
+    (empty when none): ``first (ms)``, the ``warm median (ms)`` of its shape in its launch, the
+    ``penalty (ms)``, the ``penalty stage`` holding most of it (from ``stages``) and its
+    recompilations (``compiles``, ``compiling (ms)``, ``recompile reason``)."""
+    cols = ["launch", "request", "shape", "first (ms)", "warm median (ms)", "penalty (ms)", "penalty stage"]
+    cols += ["stage penalty (ms)", "compiles", "compiling (ms)", "recompile reason"]
     if requests is None or requests.empty:
         return pd.DataFrame(columns=cols)
     df = request_roles(requests)
@@ -265,20 +206,11 @@ def _penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: 
 
 
 # ------------------------------------------------------------------------------ verdict in words
-def _rows(rows: Iterable[Check | Mapping[str, Any]]) -> pd.DataFrame:
-    return check_table(list(rows))
-
-
 def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gate") -> str:
-    """The verdict in sentences, from the very check rows the gate judges (never from anything
-    recorded beside them): the overall status, then each failed, inconclusive, skipped and
-    passed check with its reason.
-
-    ``**Gate: fail.** 5 checks: 1 failed, 4 passed. Failed: `latency_drift` (0.091 > 0.05).``
-    (the counts of :func:`perfkit.gate.outcome.check_counts`). A table of no rows says that
-    nothing was gated.
-    """
-    df = _rows(rows)
+    """The verdict in sentences from the check rows the gate judges: the overall status and counts
+    (:func:`perfkit.gate.outcome.check_counts`), then the failed, inconclusive, skipped and
+    passed checks with their reasons; a table of no rows says nothing was gated."""
+    df = check_table(list(rows))
     if df.empty:
         return f"**{what}: nothing gated** (no invariant of this investigation has a limit)."
     status = overall_status(df)
@@ -312,7 +244,7 @@ def check_frame(
     """The check rows (those whose metric is in ``metrics``, when given) as a table: metric,
     limit (what measured is held to: the bound, with any noise margin; the limit itself where
     no bound is recorded), measured, status, reason; ``case`` first with ``with_case``."""
-    df = _rows(rows)
+    df = check_table(list(rows))
     if metrics is not None:
         df = df[df["metric"].isin(list(metrics))]
     df = df.assign(
@@ -325,14 +257,11 @@ def check_frame(
 
 
 def invariants_frame(scenario: str, given: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """The limits ``scenario`` is judged against: each invariant it declares, its default, the
-    value given (a params file's, a notebook's or a replay's ``invariants``; "–" when not
-    given) and the limit in effect (defaults merged with what is given,
-    :func:`perfkit.scenarios.registry.merged_invariants`; "–": reported, not gated).
+    """The limits ``scenario`` is judged against: each invariant's default, the value ``given``
+    ("–" when not) and the one in effect (:func:`perfkit.scenarios.registry.merged_invariants`).
 
     Raises:
-        KeyError: unknown scenario. ValueError: an unknown invariant key in ``given``.
-    """
+        KeyError: unknown scenario. ValueError: an unknown invariant key in ``given``."""
     s = registry.get(scenario)
     merged = registry.merged_invariants(given)
     defaults = s.invariant_defaults()
@@ -400,16 +329,9 @@ def value_text(v: Any) -> str:
 
 
 def replay_markdown(recorded_params: Mapping[str, Any] | None, given: Mapping[str, Any], source: str) -> str:
-    """What a replay of ``source`` re-applies and what it cannot: the checks are judged again
-    against the invariants given (merged over the defaults); measurement params (repeats, caps,
-    shapes) are the bundle's. Each given param whose value differs from the one recorded in the
-    bundle's ``meta.json`` is named with both values.
-
-    Args:
-        recorded_params: the bundle's ``meta["params"]`` (None: not recorded).
-        given: the notebook's params section (field -> value).
-        source: the replayed bundle directory, for the text.
-    """
+    """What a replay of ``source`` re-applies (the checks, against the invariants given) and what
+    it cannot (measurement params are the bundle's): each param of ``given`` that differs from
+    ``recorded_params`` (the bundle's ``meta["params"]``, None: not recorded) is named with both values."""
     lines = [
         f"Replayed from {md_text(source, code=True)}: the measurements are the recorded ones; the checks are judged "
         "again, here, against the limits below (a verdict recorded in the bundle is not used)."

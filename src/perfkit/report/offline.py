@@ -3,17 +3,14 @@ from the network, :func:`neutralise_external` makes it inert."""
 
 from __future__ import annotations
 
-import logging
 import re
 
-log = logging.getLogger(__name__)
-
-
-_EXTERNAL = re.compile(
-    r"""(?:(?<![\w-])(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//)"""
-    r"""|(?:url\(\s*["']?\s*(?:https?:)?//)|(?:@import\s+["']?(?:https?:)?//)""",
-    re.I,
-)
+_ATTR_EXT = re.compile(r"""(?<![\w-])(src|href|action|poster|data)(\s*=\s*["']?\s*)((?:https?:)?//)""", re.I)
+_URL_EXT = re.compile(r"""(url\(\s*["']?\s*)((?:https?:)?//)""", re.I)
+_IMPORT_EXT = re.compile(r"""(@import\s+["']?)((?:https?:)?//)""", re.I)
+_EXTERNAL = re.compile("|".join(p.pattern for p in (_ATTR_EXT, _URL_EXT, _IMPORT_EXT)), re.I)
+_SCRIPT_SRC = re.compile(r"<script[^>]*\bsrc\s*=[^>]*>\s*</script>", re.I)
+_LINK_EXT = re.compile(r"<link[^>]*\bhref\s*=\s*[\"']?(?:https?:)?//[^>]*>", re.I)
 
 
 def external_refs(text: str) -> list[str]:
@@ -23,27 +20,12 @@ def external_refs(text: str) -> list[str]:
     return [text[max(0, m.start() - 40) : m.end() + 60] for m in _EXTERNAL.finditer(text)]
 
 
-_ATTR_EXT = re.compile(r"""(?<![\w-])(src|href|action|poster|data)(\s*=\s*["']?\s*)((?:https?:)?//)""", re.I)
-
-
-_URL_EXT = re.compile(r"""(url\(\s*["']?\s*)((?:https?:)?//)""", re.I)
-
-
-_IMPORT_EXT = re.compile(r"""(@import\s+["']?)((?:https?:)?//)""", re.I)
-
-
 def neutralise_external(text: str) -> str:
     """Make network references inert: ``src="https://x"`` -> ``data-offline-src="https://x"``,
     ``url(https://x)`` -> ``url(data:,https://x)``."""
     text = _ATTR_EXT.sub(lambda m: f"data-offline-{m.group(1)}{m.group(2)}{m.group(3)}", text)
     text = _URL_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", text)
     return _IMPORT_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", text)
-
-
-_SCRIPT_SRC = re.compile(r"<script[^>]*\bsrc\s*=[^>]*>\s*</script>", re.I)
-
-
-_LINK_EXT = re.compile(r"<link[^>]*\bhref\s*=\s*[\"']?(?:https?:)?//[^>]*>", re.I)
 
 
 def strip_external(body: str) -> str:

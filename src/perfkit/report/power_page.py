@@ -14,16 +14,6 @@ from perfkit.ab import power
 from perfkit.common.numfmt import percent_text
 from perfkit.report.tables import markdown_table
 
-__all__ = [
-    "power_markdown",
-    "sequential_markdown",
-    "spells_text",
-    "DETECT_MIN",
-    "ALARM_MAX",
-    "SIMS",
-    "SEQ_SIMS",
-]
-
 #: the targets of the recommendation: detection at least, A/A false alarms at most (fractions)
 DETECT_MIN = 0.95
 ALARM_MAX = 0.01
@@ -190,16 +180,13 @@ SEQ_GATE = ("DenoisingStage", "warm_e2e")
 def sequential_markdown(
     path: str | Path, threshold: float, confidence: float, label: str | None = None
 ) -> str:
-    """Markdown for ``kind=ab-sequential``: the sequential ``perfkit ab`` (:mod:`perfkit.ab.sequential`,
-    first look at 3 launches a side, Pocock spending of 1 − ``confidence``, gated on
-    :data:`SEQ_GATE` at ``threshold``) replayed on the pool at ``path`` with each slow-spell rule
-    (:func:`perfkit.ab.sequential.replay_pool`): how often an A/A exits 1 as a regression, each
-    arm is caught, a run ends undecided, and the launches a side it used.
+    """``kind=ab-sequential``: the sequential ``perfkit ab`` (:mod:`perfkit.ab.sequential`, Pocock
+    spending of 1 − ``confidence``, gated on :data:`SEQ_GATE` at ``threshold``) replayed on the
+    pool at ``path`` with each slow-spell rule: how often an A/A exits 1, each arm is caught, a
+    run ends undecided, and the launches a side used.
 
     Raises:
-        FileNotFoundError, ValueError: as :func:`perfkit.ab.power.load_pool`, or a pool too small
-            for a first look.
-    """
+        FileNotFoundError, ValueError: as :func:`perfkit.ab.power.load_pool`, or a pool too small."""
     from perfkit.ab import sequential as sq
 
     pool = power.load_pool(path)

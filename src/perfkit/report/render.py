@@ -1,37 +1,14 @@
-"""One self-contained HTML report per run, a Markdown summary, and notebook display helpers.
+"""The run's HTML page (:func:`render_report`: ``report.html`` from ``run.json``, executed
+notebooks, verdicts and bundles) and the notebook display helpers (:func:`show`,
+:func:`reading`, :func:`summary_frame`).
 
-:func:`render_report` turns a run directory (``run.json``, executed notebooks, verdicts,
-bundles; see :mod:`perfkit.suite`) into ``report.html``:
-
-- the verdict and a summary table at the top (notebook statuses, key numbers, gate rows);
-- one section per investigation: the executed notebook with code hidden (nbconvert's
-  ``HTMLExporter`` with ``exclude_input``; a failing cell's traceback stays visible);
-- images embedded as base64 ``data:`` URIs, our own small stylesheet inline.
-
-The page is rendered by jinja2 from ``perfkit/report/templates/``: ``page.html.j2`` (the page,
-with ``report.css`` included inline) and one section template per notebook (the scenario's
-``template``: the generic ``sections/scenario.html.j2``, which shows its declared
-``section_intro``, unless it names its own; ``sections/baseline_gate.html.j2`` for the gate),
-all extending ``sections/_base.html.j2``. Every table goes
-through :func:`perfkit.report.tables.format_table`, which the Markdown summary uses too. No
-Python file of this package writes HTML markup.
-
-The page makes no network request: nbconvert's ``basic`` template is used (no require.js, no
-MathJax, no web fonts), scripts/stylesheets loaded from elsewhere are dropped, and
-:func:`external_refs` checks that no ``src``/``href``/``url()`` points outside the page; any
-that a notebook output carries is made inert (:func:`neutralise_external`).
-
-:func:`write_summary` writes ``summary.md`` (a verdict table for a PR comment);
-:func:`show` displays a matplotlib Figure as an embedded PNG in a notebook;
-:func:`reading` writes the short plain-words reading of a scenario's results.
-
-Split by what it renders: this module holds the page (:func:`page_context`,
-:func:`render_report`) and the notebook display helpers; :mod:`perfkit.report.runinfo` reads a
-run directory's state (statuses, gate results, key numbers), :mod:`perfkit.report.runtables`
-its units and engine ends, :mod:`perfkit.report.summary` writes ``summary.md``,
-:mod:`perfkit.report.sections` renders one notebook's section, :mod:`perfkit.report.offline`
-keeps the page offline and :mod:`perfkit.report.chromium` takes screenshots. The names callers
-import from here are re-exported.
+jinja2 renders ``templates/page.html.j2`` (``report.css`` inline) and one section template per
+notebook (:mod:`perfkit.report.sections`); every table goes through
+:func:`perfkit.report.tables.format_table`; no Python file here writes HTML markup. The page
+loads nothing from the network (nbconvert's ``basic`` template; :func:`external_refs` checks,
+:func:`neutralise_external` makes a notebook's outside references inert). The run's state is
+read by :mod:`perfkit.report.runinfo` and :mod:`perfkit.report.runtables`; ``summary.md`` is
+:mod:`perfkit.report.summary`'s. The names callers import from here are re-exported.
 """
 
 from __future__ import annotations
@@ -52,16 +29,13 @@ from perfkit.gate.verdicts import (
 from perfkit.report.chromium import CHROMIUM_FLAGS, chromium_binary, screenshot  # noqa: F401
 from perfkit.report.offline import external_refs, neutralise_external  # noqa: F401
 from perfkit.report.runinfo import (  # noqa: F401
+    GATE_COLUMNS,
     GATE_ORDER,
-    GATE_QUESTION,
-    GATE_TITLE,
     gate_view,
     investigations,
     key_numbers,
     notebook_error,
-    plural,
     run_status,
-    section_question,
     section_title,
 )
 from perfkit.report.runtables import engine_ends_frame, refused_records, units_frame  # noqa: F401
@@ -71,7 +45,6 @@ from perfkit.report.sections import (  # noqa: F401
     PAGE_TEMPLATE,
     notebook_body,
     render_section,
-    section_context,
     section_template,
     template_env,
 )
@@ -87,31 +60,17 @@ from perfkit.scenarios import registry
 log = logging.getLogger(__name__)
 
 
-# ---------------------------------------------------------------------------------------------
-# Notebook helpers
-# ---------------------------------------------------------------------------------------------
-
-
-def figure_title(fig: Any) -> str:
-    """Alt text of a figure: its title and what its axes show
-    (:func:`perfkit.report.plots.alt_text`); never empty."""
-    from perfkit.report.plots import alt_text
-
-    return alt_text(fig)
+# --------------------------------------------------------------------------- notebook helpers
 
 
 def show(fig: Any, dpi: int = 100, alt: str | None = None) -> None:
-    """Display a matplotlib Figure as an embedded PNG with alt text (the figure's title and
-    axes, :func:`perfkit.report.plots.alt_text`).
-
-    Works without pyplot or ``%matplotlib``; the PNG lands in the notebook's outputs, so the
-    HTML report embeds it as a ``data:`` URI.
-    """
+    """Display a matplotlib Figure in a notebook as a PNG with alt text (:func:`perfkit.report.plots.alt_text`);
+    no pyplot needed, and the report embeds it as a ``data:`` URI."""
     from IPython.display import Image, display
 
-    from perfkit.report.plots import figure_to_png_bytes
+    from perfkit.report.plots import alt_text, figure_to_png_bytes
 
-    display(Image(data=figure_to_png_bytes(fig, dpi=dpi), format="png", alt=alt or figure_title(fig)))
+    display(Image(data=figure_to_png_bytes(fig, dpi=dpi), format="png", alt=alt or alt_text(fig)))
 
 
 def reading(scenario: str, results: Mapping[str, Any]) -> str:
@@ -124,24 +83,14 @@ def summary_frame(scenario: str, results: Mapping[str, Any]) -> pd.DataFrame:
     return registry.get(scenario).summary_table(results or {})
 
 
-# ---------------------------------------------------------------------------------------------
-# HTML (jinja2 templates under perfkit/report/templates/)
-# ---------------------------------------------------------------------------------------------
-
-
-_GATE_COLUMNS = ["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
+# --------------------------------------------------------------------------- the page
 
 
 def _gate_table(verdicts: pd.DataFrame, statuses: tuple[str, ...] | None = None) -> Table:
     """The gate rows (failures first) as a formatted table; only rows whose status is in
     ``statuses`` when given."""
-    if verdicts.empty:
-        return format_table(pd.DataFrame(columns=_GATE_COLUMNS))
-    v = gate_view(verdicts)[_GATE_COLUMNS]
-    if statuses is not None:
-        v = v[v["status"].isin(statuses)]
-    v = v.assign(_o=v["status"].map(GATE_ORDER).fillna(5)).sort_values("_o", kind="stable").drop(columns="_o")
-    return format_table(v)
+    v = gate_view(verdicts)[GATE_COLUMNS]
+    return format_table(v if statuses is None else v[v["status"].isin(statuses)])
 
 
 def gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
@@ -157,21 +106,12 @@ def gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def page_context(run_dir: str | Path) -> dict[str, Any]:
-    """What ``page.html.j2`` gets for a run directory.
-
-    Keys: ``title``, ``verdict`` (``pass``/``regression``/``error``), ``exit_code``, ``meta``
-    (list of ``{"text", "code"}`` items of the run meta line), ``environment`` (str),
-    ``toc`` (``{"name", "title", "status_text", "gate", "gate_text", "note"}`` per notebook:
-    whether it ran, and its gate result, :func:`investigations`), ``failed`` (the toc entries
-    whose gate failed), ``errors`` (failed notebook entries), ``notebooks_table``, ``units_table`` (:func:`units_frame`; None without units),
-    ``engine_ends_table`` (:func:`engine_ends_frame`: launches that hung, failed or were
-    killed, and processes the owner ended; None without),
-    ``key_numbers``, ``gates`` (:class:`~perfkit.report.tables.Table`
-    of every gate row), ``gates_attention`` (only failed and improved rows), ``gate_counts``
-    (:func:`gate_counts`),
-    ``warnings`` (the gate's), ``sections`` (rendered section HTML, one per notebook, as
-    :class:`markupsafe.Markup`).
-    """
+    """What ``page.html.j2`` gets for a run directory: ``title``, ``verdict``, ``exit_code``,
+    ``meta`` (``{"text", "code"}`` items), ``environment``, ``toc`` (per notebook,
+    :func:`investigations`), ``failed`` (toc entries with a red box), ``errors``, the tables
+    (``notebooks_table``, ``units_table``, ``engine_ends_table``, ``key_numbers``, ``gates``,
+    ``gates_attention``: :class:`~perfkit.report.tables.Table` or None), ``gate_counts``,
+    ``warnings`` and ``sections`` (each section's HTML as :class:`markupsafe.Markup`)."""
     run_dir = Path(run_dir)
     info, verdicts, code, word = run_status(run_dir)
     nbs = info.get("notebooks", [])
@@ -188,38 +128,19 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
     if info.get("replay"):
         meta.append({"text": "replayed from", "code": info["replay"]})
     inv = investigations(run_dir, nbs)
-    toc = [
+    toc = [{**i, "status_text": i["ran"]} for i in inv]
+    rows = [
         {
-            "name": i["name"],
-            "title": i["title"],
-            "status_text": i["ran"],
+            "investigation": i["title"],
             "gate": i["gate"],
-            "gate_text": i["gate_text"],
-            "note": i["note"],
+            "checks": i["gate_text"].partition(": ")[2],
+            "notebook": i["ran"],
+            "wall (s)": i["wall_s"],
+            "note": i["note"] or (i["error"] if i["gate"] != "error" else ""),
         }
         for i in inv
     ]
-    nb_table = (
-        format_table(
-            pd.DataFrame(
-                [
-                    {
-                        "investigation": i["title"],
-                        "gate": i["gate"],
-                        "checks": i["gate_text"].partition(": ")[2],
-                        "notebook": i["ran"],
-                        "wall (s)": i["wall_s"],
-                        "note": i["note"] or (i["error"] if i["gate"] != "error" else ""),
-                    }
-                    for i in inv
-                ],
-                columns=["investigation", "gate", "checks", "notebook", "wall (s)", "note"],
-            ),
-            status_col="gate",
-        )
-        if nbs
-        else None
-    )
+    nb_table = format_table(pd.DataFrame(rows), status_col="gate") if nbs else None
     keys = key_numbers(run_dir)
     gate_doc = read_verdict(run_dir / GATE) or {}
     return {
@@ -267,12 +188,11 @@ def render_page(run_dir: str | Path) -> str:
 
 
 def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write ``run_dir/report.html`` (or ``out``) from the run's files. Returns its path.
+    """Write ``run_dir/report.html`` (or ``out``) and return its path.
 
     Raises:
-        RuntimeError: if the page would load anything from the network (a bug to fix here).
-        jinja2.TemplateError: if a template is missing or broken (a packaging bug).
-    """
+        RuntimeError: the page would load from the network (a bug). jinja2.TemplateError: a
+        missing or broken template (a packaging bug)."""
     run_dir = Path(run_dir)
     page = relative_paths(render_page(run_dir), run_dir)
     bad = external_refs(page)

@@ -1,26 +1,9 @@
-"""What a root-cause reader needs, per investigation, from its bundle: the root-cause panel.
-
-:func:`root_cause` reads one scenario's bundle in a run directory and returns what the section
-template's ``root_cause`` macro renders (no HTML here):
-
-- **effective engine config** per launch, from the bundle's ``launches`` table: the columns in
-  :data:`CONFIG_COLUMNS` that the table has (compile requested/active/backend and why it was
-  disabled, attention backend, dtype, offload, recompile limit, where the config came from,
-  time to first result, startup warmup, placement, caps); one the engine did not report reads
-  "not reported";
-- **recompilations**: every request that compiled (``compiles`` > 0 in the requests table; where
-  the engine reports no compile counts, as sglang does not, the panel says "not reported",
-  :func:`compile_count_note`),
-  labelled by role and shape, with its compile count and time, the stage that paid for it (the
-  stage with the largest excess over the warm median of the same shape) and the recompilation
-  reasons (``recompile_reasons``), deduplicated, and what its compile time is made of where the
-  engine reports torch's compile timers (``compile_phases``: :data:`COMPILE_PHASES`);
-- **engine-log warnings and errors**, deduplicated with counts and the launches that logged
-  them (numbers, addresses and timestamps folded so repeats count as one);
-- **budget clamps**: launches whose host cap in force is below the ask (``host_cap_clamp``) or
-  whose cap was exceeded;
-- **instrumentation overhead** when some investigation of the run measured it (an overhead
-  probe's parts: median overhead and its 95 % interval, fraction of server e2e).
+"""The root-cause panel of one investigation's bundle (:func:`root_cause`; the section
+template's ``root_cause`` macro renders it): the effective engine config per launch
+(:data:`CONFIG_COLUMNS`, "not reported" where the engine gave none), the requests that
+compiled (count, time, the stage that paid, reasons, :data:`COMPILE_PHASES`), engine-log
+warnings and errors deduplicated, budget clamps, and the instrumentation overhead some
+investigation of the run measured.
 """
 
 from __future__ import annotations
@@ -43,19 +26,6 @@ from perfkit.roles import request_roles
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
-
-__all__ = [
-    "CONFIG_COLUMNS",
-    "NOT_REPORTED",
-    "root_cause",
-    "engine_config",
-    "not_reported",
-    "recompilations",
-    "compile_count_note",
-    "log_findings",
-    "budget_clamps",
-    "instrumentation_overhead",
-]
 
 
 #: launches-table column -> row label of the effective config; the first block is always shown
@@ -124,9 +94,8 @@ def not_reported(launches: pd.DataFrame | None) -> list[str]:
 
 def engine_config(launches: pd.DataFrame) -> Table | None:
     """The effective engine config per launch (rows: settings, columns: launches), or None
-    for no launches: the :data:`CONFIG_COLUMNS` settings some launch reported (a launch that
-    left one empty reads :data:`NOT_REPORTED`; :func:`not_reported` lists the settings none
-    reported), then the launch's startup warmup, placement and caps when recorded."""
+    without launches: the :data:`CONFIG_COLUMNS` some launch reported (empty reads
+    :data:`NOT_REPORTED`), then warmup, placement and caps when recorded."""
     if launches is None or launches.empty or "launch" not in launches.columns:
         return None
     from perfkit.report.plots import launch_names
@@ -188,12 +157,9 @@ COMPILE_PHASES = (
 
 
 def compile_phase_text(value: Any) -> str:
-    """``compile_phases`` (a JSON object of name -> ms) as "dynamo tracing 0.15 s · AOT + inductor
-    6.76 s · kernel compile wait 5.51 s · guards 0.04 s" (:data:`COMPILE_PHASES`; a phase torch
-    did not time in the request is left out); "not reported" when the engine reported none;
-    "unreadable: ..." for a value that is not such an object, or a phase time that is not a
-    number as :func:`perfkit.readings.records.read_number` takes it (a string, a bool, NaN, an
-    infinity, a negative number: never shown as a time)."""
+    """``compile_phases`` (JSON object name -> ms) as "dynamo tracing 0.15 s · AOT + inductor 6.76 s"
+    (:data:`COMPILE_PHASES`); "not reported" when none; "unreadable: ..." for a value that is
+    not such an object or a time :func:`perfkit.readings.records.read_number` refuses."""
     if not is_reported(value):
         return NOT_REPORTED
     try:
@@ -283,11 +249,12 @@ def log_findings(logs: Mapping[str, str], limit: int = 20) -> Table | None:
         for line in str(text).splitlines():
             if not _LOG_LINE.search(line):
                 continue
-            msg = line.strip()
-            key = msg
-            for pat, rep in _NOISE:
+            key = shown = line.strip()
+            for i, (pat, rep) in enumerate(_NOISE):
                 key = pat.sub(rep, key)
-            e = found.setdefault(key, {"message": _shorten(_strip_prefix(msg)), "count": 0, "launches": []})
+                shown = key if i == 1 else shown  # glog prefix and timestamp gone, numbers kept
+            shown = shown if len(shown) <= 300 else shown[:299] + "…"
+            e = found.setdefault(key, {"message": shown, "count": 0, "launches": []})
             e["count"] += 1
             if launch not in e["launches"]:
                 e["launches"].append(launch)
@@ -298,16 +265,6 @@ def log_findings(logs: Mapping[str, str], limit: int = 20) -> Table | None:
         [{"count": e["count"], "logged by": ", ".join(e["launches"]), "message": e["message"]} for e in rows]
     )
     return format_table(df, None, labels=False)
-
-
-def _strip_prefix(line: str) -> str:
-    for pat, rep in _NOISE[:2]:
-        line = pat.sub(rep, line)
-    return line
-
-
-def _shorten(text: str, n: int = 300) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def budget_clamps(launches: pd.DataFrame) -> list[str]:
@@ -411,15 +368,10 @@ def _pct(v: Any) -> str:
 
 
 def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
-    """The root-cause panel of scenario ``name`` in ``run_dir`` (its bundle at
-    ``run_dir/<name>``), or None when there is no bundle.
-
-    Keys: ``config`` (:func:`engine_config`), ``not_reported`` (:func:`not_reported`), ``recompiles`` (:func:`recompilations`),
-    ``compiles_note`` (:func:`compile_count_note`),
-    ``logs`` (:func:`log_findings`), ``clamps`` (:func:`budget_clamps`), ``instrumentation``
-    and ``instrumentation_from`` (:func:`instrumentation_overhead`), ``commands`` (``{"launch",
-    "command"}`` per launch). Never raises on a broken bundle (logged, None).
-    """
+    """The root-cause panel of scenario ``name`` (bundle at ``run_dir/<name>``): ``config``,
+    ``not_reported``, ``recompiles``, ``compiles_note``, ``logs``, ``clamps``,
+    ``instrumentation``/``instrumentation_from`` (the functions of those names) and ``commands``
+    (``{"launch", "command"}``). None without a bundle; never raises (logged, None)."""
     b = _load(Path(run_dir), name)
     if b is None:
         return None

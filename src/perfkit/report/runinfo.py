@@ -13,24 +13,17 @@ from typing import Any, Mapping
 import pandas as pd
 
 from perfkit.common.slugs import clip
-from perfkit.gate.verdicts import (
-    GATE,
-    collect_verdicts,
-    exit_code_for,
-    notebooks,
-    read_verdict,
-    status_word,
-)
+from perfkit.gate.verdicts import GATE, collect_verdicts, exit_code_for, notebooks, read_verdict, status_word
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
 
 GATE_TITLE = "Baseline gate"
-
-
 GATE_QUESTION = "This run's numbers against the baseline, and the invariants."
 #: gate rows sort failures first
+#: the columns of :func:`gate_view`, as the page shows them
+GATE_COLUMNS = ["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
 GATE_ORDER = {"fail": 0, "inconclusive": 1, "improved": 2, "pass": 3, "new": 4, "skipped": 5}
 
 
@@ -61,13 +54,10 @@ def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
 
 
 def run_info(run_dir: Path) -> dict[str, Any]:
-    """``run_dir/run.json`` (the suite's record of its notebooks), or one inferred from the
-    notebooks and verdicts of a run made by hand.
+    """``run_dir/run.json``, or one inferred from the notebooks and verdicts of a run made by hand.
 
     Raises:
-        ValueError: a run.json that is not JSON, not an object or whose ``notebooks`` is not a
-            list of objects (names the file).
-    """
+        ValueError: a run.json that is not an object with a list of notebook objects (names the file)."""
     p = run_dir / "run.json"
     if p.exists():
         try:
@@ -137,20 +127,11 @@ def status_text(n: Mapping[str, Any]) -> str:
     return f"{st} ({n['reason']})" if st == "skipped" and n.get("reason") else st
 
 
-#: the gate result of one investigation (:func:`gate_result`), worst first
-GATE_RESULTS = ("error", "fail", "inconclusive", "not gated", "pass", "not run")
-
-
 def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
-    """(result, text) of notebook entry ``n``'s gate, distinct from whether it ran.
-
-    result: ``error`` (the notebook failed, or its verdict file is unreadable), ``fail`` (a
-    check failed), ``pass`` (at least one check compared, none failed), ``not gated`` (it ran
-    and no check compared: none declared, or every one skipped), ``not run`` (skipped).
-    text: the result with the counts of :func:`perfkit.gate.outcome.check_counts`, the same as
-    the notebook's last line (``fail: 4 checks: 1 failed, 2 passed, 1 skipped``), or the
-    notebook's error.
-    """
+    """(result, text) of notebook entry ``n``'s gate, apart from whether it ran: ``error``
+    (notebook failed or verdict unreadable), ``fail``, ``inconclusive``, ``pass``, ``not gated``
+    (no check compared) or ``not run``; text as the notebook's last line
+    (``fail: 4 checks: 1 failed, 2 passed, 1 skipped``, :func:`perfkit.gate.outcome.check_counts`)."""
     from perfkit.checks import check_table
     from perfkit.gate.outcome import check_counts
     from perfkit.gate.outcome import gate_result as gate_word
@@ -170,9 +151,8 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
     counts = check_counts(rows["status"]) if not rows.empty else ""
     if word == "fail":
         failed = not rows.empty and (rows["status"] == "fail").any()
-        return (
-            "fail",
-            f"fail: {counts if failed else clip(doc.get('reason'), 120) or 'the verdict says fail'}",
+        return "fail", "fail: " + (
+            counts if failed else clip(doc.get("reason"), 120) or "the verdict says fail"
         )
     if word == "inconclusive":
         return "inconclusive", f"inconclusive: {counts}; noise could flip, none failed"
@@ -182,22 +162,24 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
-    """The gate rows with columns named for what they hold: ``baseline`` (a baseline metric's
-    recorded value; empty for an invariant), ``measured``, ``limit`` (what ``measured`` is held
-    to: the baseline's bound, or the invariant's limit with any noise margin), beside
-    ``notebook``, ``case``, ``metric``, ``status``, ``reason``."""
+    """The gate rows with ``baseline`` (a baseline metric's value; empty for an invariant),
+        ``measured`` and ``limit`` (what measured is held to) in place of expected/actual/bound,
+    failures first (:data:`GATE_ORDER`, stable)."""
     if verdicts.empty:
-        return pd.DataFrame(
-            columns=["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
-        )
+        return pd.DataFrame(columns=GATE_COLUMNS)
     inv = verdicts["case"].isin([s.name for s in registry.all_scenarios()])
     exp = pd.to_numeric(verdicts["expected"], errors="coerce")
     bound = pd.to_numeric(verdicts["bound"], errors="coerce")
-    return verdicts.assign(
-        baseline=exp.where(~inv),
-        measured=verdicts["actual"],
-        limit=bound.where(bound.notna() | ~inv, exp),
-    ).drop(columns=["expected", "actual", "bound"])
+    return (
+        verdicts.assign(
+            baseline=exp.where(~inv),
+            measured=verdicts["actual"],
+            limit=bound.where(bound.notna() | ~inv, exp),
+            _o=verdicts["status"].map(GATE_ORDER).fillna(5),
+        )
+        .sort_values("_o", kind="stable")
+        .drop(columns=["expected", "actual", "bound", "_o"])
+    )
 
 
 def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
@@ -222,10 +204,9 @@ def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
 
 
 def investigations(run_dir: str | Path, nbs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per notebook for the page's contents and the summaries: ``name``, ``title``,
-    ``ran`` (:func:`status_text`), ``gate``/``gate_text`` (:func:`gate_result`), ``note``
-    (a skipped investigation whose figures another one measured says where, e.g. "not run on
-    its own; measured inside Cold vs warm: see its root-cause panel"; else None)."""
+    """One entry per notebook: ``name``, ``title``, ``ran`` (:func:`status_text`),
+    ``gate``/``gate_text`` (:func:`gate_result`), ``note`` (where another investigation measured
+    a skipped one, else None), ``wall_s``, ``error``."""
     run_dir = Path(run_dir)
     out = []
     for n in nbs:

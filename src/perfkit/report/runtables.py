@@ -24,12 +24,9 @@ def _part_id(part: Mapping[str, Any]) -> str:
 
 def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
     """The units of work of a merged run (``run.json``'s ``scaleout``), one row each: unit,
-    parts, shard, status, attempts, wall (s), the GPUs it ran on (NVML UUIDs, shortened), the
-    units it ran beside (overlapping in time: its timings were taken next to theirs), the
-    commit its parts were measured at (only when the merge holds several: ``perfkit merge
-    --allow-mixed-commits``), the merge's notes on its parts (only when there are any, e.g.
-    "plan not recorded: not checked" for a part of an older perfkit) and the error. None for a run
-    without units (plain ``perfkit suite``)."""
+    parts, shard, status, attempts, wall (s), GPUs (NVML UUIDs, shortened), the units it ran
+    beside, the commit (only when the merge holds several), the merge's notes (when any) and the
+    error. None for a run without units."""
     so = info.get("scaleout") or {}
     units = so.get("units") or []
     if not units:
@@ -54,10 +51,7 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
         rows.append(
             {
                 "unit": uid,
-                "parts": ", ".join(
-                    p.get("scenario", "") + (f".{p['key']}" if p.get("key") else "")
-                    for p in u.get("parts") or []
-                ),
+                "parts": ", ".join(_part_id(p) for p in u.get("parts") or []),
                 "shard": u.get("shard"),
                 "status": o.get("status") or "not run",
                 "attempts": o.get("attempts"),
@@ -114,15 +108,11 @@ def _na(v: Any) -> bool:
 
 
 def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
-    """The launches that did not end by perfkit's plain teardown, one row each: investigation,
-    launch, the request that hung or failed (its index in the launch, 0 = cold), how the engine
-    ended (exit code, signal, ``killed by perfkit (SIGKILL) after N s``) and the host's OOM-kill
-    record (read from the kernel log or the cgroup, "no record found" when none); then every
-    process a notebook's kernel left running that the suite (its owner) ended (its failed request:
-    the one in flight when the kernel stopped, run.json's ``in_flight``). Read from each
-    ``RUN/<scenario>/launches.parquet`` (and the units' bundles of an ``--executor`` run under
-    ``RUN/shards/``; columns ``failed_request``, ``ended``, ``end_signal``,
-    ``end_by_perfkit``, ``oom_record``) and run.json's ``outlived``. None when there is none."""
+    """The launches that did not end by perfkit's plain teardown, one row each (investigation,
+    launch, the failed request's index, how the engine ended, the host's OOM-kill record), from
+    each bundle's ``launches`` table (the units' under ``RUN/shards/`` too), then the processes
+    a notebook's kernel left running that the suite ended (run.json's ``outlived`` and
+    ``in_flight``). None when there is none."""
     from perfkit.bundle import ResultBundle
 
     run_dir = Path(run_dir)

@@ -10,10 +10,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from perfkit.gate.verdicts import (
-    GATE,
-    read_verdict,
-)
+from perfkit.gate.verdicts import GATE, read_verdict
 from perfkit.report.belowstage import panel as below_stage_panel
 from perfkit.report.offline import strip_external
 from perfkit.report.rootcause import root_cause
@@ -35,52 +32,36 @@ log = logging.getLogger(__name__)
 
 #: the page template; it includes ``report.css`` inline and renders each section's HTML
 PAGE_TEMPLATE = "page.html.j2"
-
-
 #: the gate notebook's section template (scenario sections come from the registry)
 GATE_TEMPLATE = f"sections/{GATE}.html.j2"
-
-
 #: the section of a notebook that is neither registered nor the gate (a run of an older perfkit)
 FALLBACK_SECTION_TEMPLATE = "sections/_base.html.j2"
 
 
 @functools.lru_cache(maxsize=1)
 def template_env() -> jinja2.Environment:
-    """The report's jinja2 environment: templates from the ``perfkit.report`` package
-    (``templates/``), HTML autoescaped, plus the ``status_class`` filter
-    (:func:`perfkit.report.tables.status_class`).
+    """The report's jinja2 environment (``templates/`` of this package, autoescaped, filter
+    ``status_class``).
 
     Raises:
-        ValueError: (from jinja2's PackageLoader) if the templates directory is not installed.
-    """
+        ValueError: (jinja2's PackageLoader) the templates directory is not installed."""
     import jinja2  # here, not at the top: a notebook kernel renders no HTML
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("perfkit.report", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
-        trim_blocks=False,
-        lstrip_blocks=False,
     )
     env.filters["status_class"] = status_class
     return env
 
 
 def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
-    """HTML fragment of an executed notebook: code hidden, outputs (images embedded) kept.
-
-    Args:
-        nb_path: an executed ``.ipynb``.
-        drop_heading: when the first cell is Markdown starting with ``# <drop_heading>``, it is
-            left out (the report's section already shows the title and the question).
-
-    Returns:
-        nbconvert's ``basic`` HTML (no scripts or stylesheets loaded from the network); stderr
-        stream outputs are dropped, error outputs (tracebacks) kept.
+    """HTML fragment of an executed notebook (nbconvert's ``basic``, offline): code hidden,
+    outputs kept (images embedded, tracebacks kept, stderr streams dropped); a first Markdown
+    cell ``# <drop_heading>`` is left out (the section shows the title).
 
     Raises:
-        OSError, nbformat.ValidationError, ValueError: when the notebook cannot be read.
-    """
+        OSError, nbformat.ValidationError, ValueError: when the notebook cannot be read."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -133,29 +114,21 @@ def _notebook_path(run_dir: Path, n: Mapping[str, Any]) -> Path:
 
 
 def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]:
-    """What a section template gets for one notebook entry ``n`` of ``run.json``.
-
-    Keys: ``name``, ``title``, ``question``, ``intro`` (the scenario's ``section_intro``, or
-    ""), ``status`` (``ok``/``error``/``skipped``/…),
-    ``status_text`` (``ran``, or the skip reason), ``gate``/``gate_text`` (:func:`gate_result`), ``reason``, ``error``, ``wall_s``, ``keys``
-    (:class:`~perfkit.scenarios.registry.KeyNumber` list), ``keys_error``, ``verdict`` (the
-    notebook's verdict.json without its rows, or {}), ``notebook_path``, ``body`` (notebook
-    HTML, or None), ``body_error``, ``root_cause`` (the root-cause panel,
-    :func:`perfkit.report.rootcause.root_cause`, or None) and ``below_stage`` (the profiled
-    requests' panel, :func:`perfkit.report.belowstage.panel`, or None). Never raises on a broken notebook or results file: the
-    problem is logged and shown in the section.
-    """
+    """What a section template gets for notebook entry ``n`` of ``run.json``: ``name``,
+    ``title``, ``question``, ``intro``, ``status``, ``status_text``, ``gate``/``gate_text``
+    (:func:`gate_result`), ``reason``, ``error``, ``wall_s``, ``keys``/``keys_error``,
+    ``verdict`` (verdict.json without rows), ``notebook_path``, ``body``/``body_error``,
+    ``root_cause`` (:func:`perfkit.report.rootcause.root_cause`) and ``below_stage``
+    (:func:`perfkit.report.belowstage.panel`). Never raises on a broken notebook or results
+    file: logged and shown in the section."""
     run_dir = Path(run_dir)
     name = str(n["name"])
     status = str(n.get("status") or "")
     try:
         title, question = section_title(name), section_question(name)
-    except KeyError:
-        title, question = name, ""
-    try:
         intro = registry.get(name).section_intro if name != GATE else ""
     except KeyError:
-        intro = ""
+        title, question, intro = name, "", ""
     keys, keys_error = [], None
     if name != GATE:
         try:
@@ -200,11 +173,9 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
 
 
 def render_section(run_dir: str | Path, n: Mapping[str, Any]) -> str:
-    """The HTML of one notebook's section (``<section id=NAME>``), from its section template
-    (:func:`section_template`) and :func:`section_context`.
+    """The HTML of one notebook's section from :func:`section_template` and :func:`section_context`.
 
     Raises:
-        jinja2.TemplateNotFound: if a registered scenario's template file is missing.
-    """
+        jinja2.TemplateNotFound: a registered scenario's template file is missing."""
     ctx = section_context(run_dir, n)
     return template_env().get_template(section_template(ctx["name"])).render(**ctx)

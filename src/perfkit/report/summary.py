@@ -4,28 +4,18 @@ machine's paths made relative (:func:`relative_paths`)."""
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 
 from perfkit.common.slugs import clip, md_text
 from perfkit.gate.outcome import check_counts
-from perfkit.gate.verdicts import (
-    GATE,
-    nothing_measured_reason,
-    read_verdict,
-)
-from perfkit.report.runinfo import (
-    GATE_ORDER,
-    gate_view,
-    investigations,
-    key_numbers,
-    plural,
-    run_status,
-)
+from perfkit.gate.verdicts import GATE, nothing_measured_reason, read_verdict
+from perfkit.report.runinfo import gate_view, investigations, key_numbers, plural, run_status
 from perfkit.report.runtables import engine_ends_frame, refused_records, units_frame
 from perfkit.report.tables import markdown_table
 from perfkit.scenarios import registry
@@ -33,15 +23,9 @@ from perfkit.scenarios import registry
 log = logging.getLogger(__name__)
 
 
-#: GitHub's limit on a PR comment's body (characters); summary.md stays below it with a margin
-GITHUB_COMMENT_LIMIT = 65_536
-
-
-#: what summary.md is fitted into (:func:`summary_markdown`): the limit less room for a caller's
-#: header or footer
+#: what summary.md is fitted into: GitHub's 65,536-character comment limit less room for a
+#: caller's header or footer
 SUMMARY_LIMIT = 60_000
-
-
 #: a table cell's text is wrapped (``<br>``) at about this many characters
 WRAP_AT = 60
 
@@ -62,9 +46,7 @@ def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tupl
     """(Markdown table of the first ``n`` rows of ``df[cols]`` with ``reason`` wrapped, rows
     left out). A table is cut between rows only, never inside one."""
     v = df[[c for c in cols if c in df.columns]]
-    left = 0 if n is None else max(0, len(v) - n)
-    if n is not None:
-        v = v.iloc[:n]
+    left, v = 0 if n is None else max(0, len(v) - n), v.iloc[:n]
     if "reason" in v.columns:
         v = v.assign(reason=v["reason"].map(wrap_cell))
     return markdown_table(v), left
@@ -84,7 +66,7 @@ def engine_versions_text(meta: Mapping[str, Any]) -> str:
     return "engine: " + ", ".join(f"{p} {ev[p]}" for p in ("sglang", "torch", "diffusers") if ev.get(p))
 
 
-def _engine_block(run_dir: Path) -> list[str]:
+def _engine_lines(run_dir: Path) -> list[str]:
     """The first launch of the first bundle with launches: the engine's versions, where its
     effective config and each cold start part were read from (sglang's own lines, the OS,
     /health or perfkit's marks)."""
@@ -103,9 +85,6 @@ def _engine_block(run_dir: Path) -> list[str]:
             continue
         row = ln.iloc[0]
         return [
-            "",
-            "### Engine",
-            "",
             f"- {md_text(engine_versions_text(b.meta))}",
             f"- effective config from: {md_text(row.get('config_source'))}",
             f"- cold start parts from: {md_text(row.get('cold_start_sources'))}",
@@ -117,87 +96,67 @@ def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
     """The summary's lines between the failed and the passing gate rows: notebook errors, one
     row per investigation, key numbers, units, merge notes, engine ends, warnings."""
     nbs = info.get("notebooks", [])
-    errors = [n for n in nbs if n.get("status") == "error"]
-    middle: list[str] = []
-    if errors:
-        middle += [
-            "",
-            "### Errors",
-            "",
-            *[f"- **{md_text(n['name'])}**: {md_text(clip(n.get('error'), 400))}" for n in errors],
-        ]
-    inv = investigations(run_dir, nbs)
-    if inv:
-        middle += [
-            "",
-            "### Investigations",
-            "",
-            markdown_table(
-                pd.DataFrame(
-                    [
-                        {
-                            "investigation": i["title"],
-                            "gate": i["gate_text"],
-                            "notebook": i["ran"],
-                            "wall (s)": i["wall_s"],
-                            "note": wrap_cell(
-                                i["note"] or (clip(i["error"]) if i["gate"] != "error" else "")
-                            ),
-                        }
-                        for i in inv
-                    ]
-                )
-            ),
-        ]
+    inv = [
+        {
+            "investigation": i["title"],
+            "gate": i["gate_text"],
+            "notebook": i["ran"],
+            "wall (s)": i["wall_s"],
+            "note": wrap_cell(i["note"] or (clip(i["error"]) if i["gate"] != "error" else "")),
+        }
+        for i in investigations(run_dir, nbs)
+    ]
     keys = key_numbers(run_dir)
-    if keys:
-        middle += [
-            "",
-            "### Key numbers",
-            "",
-            "Informational: what was measured. The gate rows decide the verdict; a key number is not a check.",
-            "",
-            markdown_table(pd.DataFrame(keys, columns=["what", "value"])),
-        ]
-    middle += _engine_block(run_dir)
-    units = units_frame(info)
-    if units is not None:
-        middle += ["", "### Units of work", "", markdown_table(units)]
-    merge_notes = (info.get("scaleout") or {}).get("notes") or []
-    if merge_notes:
-        middle += ["", "### Merge notes", "", *[f"- {md_text(n)}" for n in merge_notes]]
-    ends = engine_ends_frame(run_dir)
-    if ends is not None:
-        middle += ["", "### How the engines ended", "", markdown_table(ends)]
+    units, ends = units_frame(info), engine_ends_frame(run_dir)
     gate_doc = read_verdict(run_dir / GATE) or {}
-    warnings = [*(gate_doc.get("warnings") or []), *refused_records(run_dir)]
-    if warnings:
-        middle += ["", "### Warnings", "", *[f"- {md_text(w)}" for w in warnings]]
-    return middle
+    blocks = [
+        (
+            "Errors",
+            [
+                f"- **{md_text(n['name'])}**: {md_text(clip(n.get('error'), 400))}"
+                for n in nbs
+                if n.get("status") == "error"
+            ],
+        ),
+        ("Investigations", [markdown_table(pd.DataFrame(inv))] if inv else []),
+        (
+            "Key numbers",
+            [
+                "Informational: what was measured. The gate rows decide the verdict; a key number is not a check.",
+                "",
+                markdown_table(pd.DataFrame(keys, columns=["what", "value"])),
+            ]
+            if keys
+            else [],
+        ),
+        ("Engine", _engine_lines(run_dir)),
+        ("Units of work", [markdown_table(units)] if units is not None else []),
+        ("Merge notes", [f"- {md_text(n)}" for n in (info.get("scaleout") or {}).get("notes") or []]),
+        ("How the engines ended", [markdown_table(ends)] if ends is not None else []),
+        (
+            "Warnings",
+            [f"- {md_text(w)}" for w in [*(gate_doc.get("warnings") or []), *refused_records(run_dir)]],
+        ),
+    ]
+    return [line for title, lines in blocks if lines for line in ("", f"### {title}", "", *lines)]
 
 
 def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
-    """The run's verdict as Markdown for a PR comment or ``$GITHUB_STEP_SUMMARY``.
-
-    Order: the verdict line and counts; the failed gate rows (with their reasons, wrapped);
-    notebook errors; one row per investigation with its gate result (pass / fail / not gated /
-    error / not run) apart from whether its notebook ran; the key numbers (informational:
-    measured, not checks); units, merge notes, engine ends, warnings; then the passing gate
-    rows in a collapsed ``<details>`` block.
-
-    The text stays within ``limit`` characters (default :data:`SUMMARY_LIMIT`, below GitHub's
-    65,536-character comment limit): passing rows, then failed rows, are left out from the end,
-    whole rows only, with a line saying how many and pointing at ``report.html``.
-    """
+    """The run's verdict as Markdown for a PR comment or ``$GITHUB_STEP_SUMMARY``: the verdict
+    line and counts, the failed gate rows (reasons wrapped), errors, one row per investigation,
+    key numbers (informational), units, merge notes, engine ends, warnings, then the passing rows
+    in a collapsed ``<details>``. Kept within ``limit`` characters (:data:`SUMMARY_LIMIT`, below
+    GitHub's 65,536): passing rows, then failed rows, left out from the end, whole rows only,
+    with a line pointing at ``report.html``."""
     run_dir = Path(run_dir)
     info, verdicts, code, word = run_status(run_dir)
     icon = {"pass": "✅", "inconclusive": "⚠️", "regression": "❌", "error": "💥"}.get(word, "")
-    n_fail = int((verdicts["status"] == "fail").sum()) if not verdicts.empty else 0
-    n_inc = int((verdicts["status"] == "inconclusive").sum()) if not verdicts.empty else 0
+    view = gate_view(verdicts)
+    n_fail, n_inc = ((view["status"] == s).sum() for s in ("fail", "inconclusive"))
     head = [
         f"## perfkit: {md_text(info.get('name', run_dir.name))} — {icon} {word.upper()} (exit {code})",
         "",
-        f"{check_counts(verdicts['status'] if not verdicts.empty else [])}"
+        f"{check_counts(view['status'])}"
         + (" (inconclusive: over the limit within the run's noise)." if n_inc else "."),
     ]
     why = nothing_measured_reason(verdicts)
@@ -205,20 +164,12 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
         head += ["", f"**Error: {md_text(why)}**"]
     if info.get("description"):
         head += ["", md_text(info["description"])]
-    view = gate_view(verdicts)
     cols = ["case", "metric", "baseline", "measured", "limit", "status", "reason"]
     if view["baseline"].isna().all():  # invariants only: no baseline value to show
         cols.remove("baseline")
-    shown = view[view["status"] != "skipped"] if not view.empty else view
-    order = shown["status"].map(GATE_ORDER).fillna(5) if not shown.empty else None
-    shown = (
-        shown.assign(_o=order).sort_values("_o", kind="stable").drop(columns="_o")
-        if not shown.empty
-        else shown
-    )
-    look = ["fail", "inconclusive", "improved"]
-    attention = shown[shown["status"].isin(look)] if not shown.empty else shown
-    passing = shown[~shown["status"].isin(look)] if not shown.empty else shown
+    shown = view[view["status"] != "skipped"]
+    look = shown["status"].isin(["fail", "inconclusive", "improved"])
+    attention, passing = shown[look], shown[~look]
     # passing rows: compact (their reasons are on the page), a status column only when mixed
     pass_cols = [c for c in cols if c not in ("status", "reason")]
     if len(passing) and set(passing["status"].astype(str)) != {"pass"}:
@@ -255,37 +206,28 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
                 parts.append(f"\n{plural(left, 'more passing row')} not shown here: see {page}.")
             parts += ["", "</details>"]
         if sk:
-            parts.append(f"\n{sk} row{'' if sk == 1 else 's'} skipped (not measured here).")
+            parts.append(f"\n{plural(sk, 'row')} skipped (not measured here).")
         return "\n".join(parts) + "\n"
 
+    def most(n: int, make: Callable[[int], str]) -> str:
+        """``make(k)`` for the most rows ``k`` <= ``n`` that fit (0 when none does): a bisection."""
+        return make(max(bisect.bisect_left(range(n + 1), True, key=lambda k: len(make(k)) > limit) - 1, 0))
+
     text = build(None, None)
+    if len(text) > limit:  # fit: passing rows first, then failed rows, whole rows only
+        text = most(len(passing), lambda k: build(None, k))
+    if len(text) > limit:
+        text = most(len(attention), lambda k: build(k, 0))
     if len(text) <= limit:
         return text
-    # fit: passing rows first, then failed rows, whole rows only (binary search on the count)
-    n_att: int | None = None
-    for which in ("pass", "att"):
-        lo, hi = 0, len(passing) if which == "pass" else len(attention)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            t = build(mid, 0) if which == "att" else build(None, mid)
-            if len(t) <= limit:
-                lo = mid
-            else:
-                hi = mid - 1
-        text = build(n_att, lo) if which == "pass" else build(lo, 0)
-        if len(text) <= limit:
-            return text
-        n_att = None
     # still too long (a huge units or warnings list): cut between blocks, never inside a table
     return text[: limit - 200].rsplit("\n\n", 1)[0] + f"\n\n… cut at {limit} characters: see {page}.\n"
 
 
 def relative_paths(text: str, run_dir: str | Path) -> str:
-    """``text`` with the absolute paths of this machine made relative: the run directory's
-    (``/tmp/x/baseline.json`` -> ``baseline.json``: relative to the page and summary, which sit
-    in it; the directory itself -> ``.``), then perfkit's checkout's and the working
-    directory's (``/work/perfkit/examples/h200/bundles`` -> ``examples/h200/bundles``). So a
-    committed report names no path of the machine that rendered it."""
+    """``text`` with this machine's absolute paths made relative: the run directory's
+    (``/tmp/x/baseline.json`` -> ``baseline.json``; itself -> ``.``), then the checkout's and the
+    working directory's, so a committed report names no path of the machine that rendered it."""
     from perfkit.common.provenance import repo_root
 
     roots: list[str] = []

@@ -1,31 +1,14 @@
 """One table formatter for the report page, the Markdown summary and the notebooks.
 
-:func:`format_table` turns a DataFrame into header labels and rows of display strings; the
-page's templates, :func:`markdown_table` and :func:`styled` (a pandas Styler for notebooks) all
-render from it, so a number reads the same in ``report.html``, ``summary.md`` and JupyterLab:
-
-- no index column;
-- units in the header: a column named by perfkit's unit suffixes reads as words and its unit
-  (``peak_reserved_mib`` -> ``peak reserved (MiB)``, ``cold_ms`` -> ``cold (ms)``,
-  ``host_anon_slope_mib_per_request`` -> ``host anon slope (MiB/request)``; sglang's ``_mb`` is
-  MiB); a label that already has a unit in brackets is kept (:func:`column_label`);
-- integers with thousands separators (``14,512``); a float that is a whole number as one;
-  other floats by magnitude: ``>= 100`` no decimals (``58,428``), ``>= 10`` one decimal,
-  ``>= 1`` two, below that three (``0.016``), trailing zeros dropped below 10 (``1.5``);
-  never exponent notation, never more than three decimals (a value that rounds to zero
-  reads ``0``); :func:`perfkit.common.numfmt.number_text` is the rule;
-- missing values (None, NaN, ``pd.NA``, ``NaT``, and the strings ``"None"``, ``"nan"``,
-  ``"NaN"``, ``"<NA>"`` that a ``str()`` upstream left) as ``"–"``;
-- booleans as ``"yes"`` / ``"no"``;
-- lists and dicts as ``a, b`` / ``k=v, k=v`` (never a Python repr);
-- strings unchanged (a ``status`` column keeps its word; the page colours it by CSS class).
-
-Wide tables: a table with many columns and few rows can be transposed (``transpose="auto"``:
-more than :data:`WIDE_COLUMNS` columns and fewer rows than columns), so it reads top to bottom
-instead of scrolling sideways; the page's stylesheet also lets long cells wrap.
-
-In a notebook, :func:`use_in_notebook` makes every displayed DataFrame render through
-:func:`styled`.
+:func:`format_table` turns a DataFrame into header labels and display strings; the templates,
+:func:`markdown_table` and :func:`styled` (a pandas Styler; :func:`use_in_notebook`) render
+from it, so a number reads the same everywhere: no index column; units in the header
+(:func:`column_label`: ``peak_reserved_mib`` -> ``peak reserved (MiB)``; sglang's ``_mb`` is
+MiB); numbers by :func:`perfkit.common.numfmt.number_text` (integers with thousands
+separators, never an exponent); missing values (None, NaN, ``pd.NA``, ``NaT``, a ``str()`` of
+them) as ``"–"``; booleans ``yes``/``no``; lists and dicts as ``a, b`` / ``k=v``. A table
+with more than :data:`WIDE_COLUMNS` columns and fewer rows can be transposed
+(``transpose="auto"``).
 """
 
 from __future__ import annotations
@@ -42,19 +25,6 @@ import pandas as pd
 from perfkit.common.numfmt import number_text
 from perfkit.common.slugs import md_text
 
-__all__ = [
-    "MISSING",
-    "WIDE_COLUMNS",
-    "Table",
-    "cell_text",
-    "column_label",
-    "format_table",
-    "markdown_table",
-    "status_class",
-    "styled",
-    "use_in_notebook",
-]
-
 #: what a missing value reads as
 MISSING = "–"
 
@@ -68,17 +38,8 @@ _UNIT_WORDS = {"ms": "ms", "s": "s", "mib": "MiB", "gib": "GiB", "mb": "MiB", "g
 _MISSING_WORDS = {"None", "nan", "NaN", "<NA>", "NaT", "null"}
 
 
-def _number_text(f: float) -> str:
-    """A finite float as display text (:func:`perfkit.common.numfmt.number_text`)."""
-    return number_text(f)
-
-
 def cell_text(v: Any) -> str:
-    """The display string of one cell value (see the module doc for the rules).
-
-    Accepts Python and numpy scalars, None/NaN/``pd.NA``/``NaT``, lists, tuples, dicts, and
-    anything else (shown with ``str``, newlines folded into spaces). Never raises on a value.
-    """
+    """The display string of one cell value (the module doc's rules); never raises."""
     if v is None or v is pd.NA or v is pd.NaT:
         return MISSING
     if isinstance(v, (bool, np.bool_)):
@@ -91,7 +52,7 @@ def cell_text(v: Any) -> str:
             return MISSING
         if math.isinf(f):
             return "∞" if f > 0 else "-∞"
-        return _number_text(f)
+        return number_text(f)
     if isinstance(v, str):
         if v.strip() in _MISSING_WORDS:
             return MISSING
@@ -109,13 +70,9 @@ def cell_text(v: Any) -> str:
 
 
 def column_label(name: Any) -> str:
-    """The header of a column: words and its unit.
-
-    ``"peak_reserved_mib"`` -> ``"peak reserved (MiB)"``; ``"e2e_ms"`` -> ``"e2e (ms)"``;
-    ``"ms"`` -> ``"time (ms)"``; ``"host_anon_slope_mib_per_request"`` ->
-    ``"host anon slope (MiB/request)"``; ``"warmup_frames"`` -> ``"warmup frames"``. A label
-    with a space or brackets already (``"wall (s)"``, ``"warm median"``) is kept as it is.
-    """
+    """A column's header, words and unit: ``peak_reserved_mib`` -> ``peak reserved (MiB)``,
+    ``ms`` -> ``time (ms)``, ``host_anon_slope_mib_per_request`` -> ``host anon slope
+    (MiB/request)``; a label with a space or brackets is kept."""
     s = str(name)
     if " " in s or "(" in s or "_" not in s and s.lower() not in _UNIT_WORDS:
         return s
@@ -133,16 +90,9 @@ def column_label(name: Any) -> str:
 
 @dataclass(frozen=True)
 class Table:
-    """A formatted table: what the templates and the Markdown summary render.
-
-    Attributes:
-        header: column labels, in the DataFrame's order (``len == n_columns``).
-        rows: one list of display strings per DataFrame row (each ``len == len(header)``).
-        status_col: index of the column whose cells are status words (coloured by the page),
-            or None.
-        transposed: True when the table was turned on its side (``transpose``): the first
-            column then holds the original column labels.
-    """
+    """A formatted table: ``header`` (column labels), ``rows`` (lists of display strings, each
+    ``len(header)`` long), ``status_col`` (index of the status column the page colours, or None),
+    ``transposed`` (turned on its side: the first column holds the original labels)."""
 
     header: list[str]
     rows: list[list[str]]
@@ -178,24 +128,14 @@ def format_table(
     labels: bool = True,
     transpose: bool | str = False,
 ) -> Table:
-    """Header labels and rows of display strings of ``df`` (index dropped).
-
-    Args:
-        df: any DataFrame (object, numeric, boolean or nullable columns).
-        status_col: name of the column holding status words, marked in
-            :attr:`Table.status_col` when ``df`` has it; None for no status column.
-        labels: headers through :func:`column_label` (units in the header); False keeps the
-            column names as they are.
-        transpose: True turns the table on its side (one row per column: its label, then the
-            rows' cells, headed by the first column's cells); ``"auto"`` does so for a wide
-            table with few rows (see :data:`WIDE_COLUMNS`); False (default) never.
-
-    Returns:
-        a :class:`Table` (``header, rows = format_table(df)`` unpacks it).
+    """Header labels and rows of display strings of ``df`` (index dropped); ``status_col`` marks
+    :attr:`Table.status_col` when ``df`` has it; ``labels`` sends headers through
+    :func:`column_label`; ``transpose`` True turns the table on its side (one row per column,
+    headed by the first column's cells), ``"auto"`` does so for a wide table with few rows.
+    ``header, rows = format_table(df)`` unpacks the :class:`Table`.
 
     Raises:
-        TypeError: if ``df`` is not a DataFrame.
-    """
+        TypeError: if ``df`` is not a DataFrame."""
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"format_table needs a DataFrame, got {type(df).__name__}")
     header = [column_label(c) if labels else str(c) for c in df.columns]
@@ -217,15 +157,12 @@ def status_class(word: str) -> str:
 
 
 def markdown_table(df: pd.DataFrame, *, labels: bool = True, own_markdown: bool = False) -> str:
-    """A GitHub Markdown table of ``df``, cells and headers from :func:`format_table`, each
-    through :func:`perfkit.common.slugs.md_text` (no markup live, a line break ``<br>``, one
-    row a line). ``labels=False`` keeps the column names as they are; ``own_markdown=True``
-    keeps the cells' Markdown (the project's own committed text, e.g. timing notes): only
-    ``|`` and line breaks are escaped.
+    """A GitHub Markdown table of ``df`` from :func:`format_table`, cells through
+    :func:`perfkit.common.slugs.md_text` (no markup live, line breaks ``<br>``); ``own_markdown``
+    keeps the cells' Markdown (the project's own text), escaping only ``|`` and line breaks.
 
     Raises:
-        TypeError: if ``df`` is not a DataFrame.
-    """
+        TypeError: if ``df`` is not a DataFrame."""
     t = format_table(df, None, labels=labels)
 
     def cell(c: str) -> str:
@@ -243,13 +180,8 @@ def markdown_table(df: pd.DataFrame, *, labels: bool = True, own_markdown: bool 
 
 #: inline style of a status word by its class (notebooks have no report stylesheet)
 _STATUS_STYLE = {
-    "pass": "color:#1a7f37;font-weight:600",
-    "ok": "color:#1a7f37;font-weight:600",
-    "ran": "color:#1a7f37;font-weight:600",
-    "fail": "color:#cf222e;font-weight:600",
-    "error": "color:#cf222e;font-weight:600",
-    "regression": "color:#cf222e;font-weight:600",
-    "failed": "color:#cf222e;font-weight:600",
+    **dict.fromkeys(("pass", "ok", "ran"), "color:#1a7f37;font-weight:600"),
+    **dict.fromkeys(("fail", "error", "regression", "failed"), "color:#cf222e;font-weight:600"),
     "improved": "color:#0969da;font-weight:600",
 }
 _CELL_STYLE = [
@@ -271,24 +203,13 @@ def styled(
     transpose: bool | str = "auto",
     caption: str | None = None,
 ) -> Any:
-    """A pandas ``Styler`` of ``df`` whose cells and headers are :func:`format_table`'s: no
-    index column (a labelled index, e.g. of a transposed frame, becomes the first column,
-    headed by the index's name or "row"),
-    units in the header, rounded numbers, "–" for not measured, status words coloured, text
-    HTML-escaped. Display it in a notebook (``display(styled(df))``) or render it with
-    ``.to_html()``.
-
-    Args:
-        df: any DataFrame.
-        status_col: the column of status words to colour (ignored when absent).
-        labels: headers with units (:func:`column_label`).
-        transpose: as in :func:`format_table`; ``"auto"`` (default) turns a wide table with
-            few rows on its side.
-        caption: a caption above the table.
+    """A pandas ``Styler`` of ``df`` from :func:`format_table` (a labelled index becomes the first
+    column, headed by its name or "row"), status words in ``status_col`` coloured, text
+    HTML-escaped, ``transpose`` as :func:`format_table`'s (default ``"auto"``), an optional
+    ``caption``: ``display(styled(df))`` or ``.to_html()``.
 
     Raises:
-        TypeError: if ``df`` is not a DataFrame.
-    """
+        TypeError: if ``df`` is not a DataFrame."""
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"styled needs a DataFrame, got {type(df).__name__}")
     if not _default_index(df):  # a labelled index (a transposed frame) is a column of its own
@@ -326,10 +247,6 @@ def _unique(header: list[str]) -> list[str]:
     return out
 
 
-def _dataframe_html(df: pd.DataFrame) -> str:
-    return styled(df).to_html()
-
-
 def use_in_notebook() -> bool:
     """Make every DataFrame a notebook cell displays render through :func:`styled` (HTML
     output; the plain-text output stays pandas'). Returns False outside IPython (nothing
@@ -341,5 +258,5 @@ def use_in_notebook() -> bool:
     ip = get_ipython()
     if ip is None:
         return False
-    ip.display_formatter.formatters["text/html"].for_type(pd.DataFrame, _dataframe_html)
+    ip.display_formatter.formatters["text/html"].for_type(pd.DataFrame, lambda df: styled(df).to_html())
     return True

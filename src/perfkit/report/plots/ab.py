@@ -6,12 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfkit.report.plots.base import (
-    Figure,
-    empty_note,
-    is_finite,
-    new_figure,
-)
+from perfkit.report.plots.base import Figure, empty_note, is_finite, new_figure
 
 __all__ = ["AB_DECISION_COLORS", "ab_forest"]
 
@@ -26,19 +21,16 @@ AB_DECISION_COLORS = {
 
 
 def ab_forest(table: pd.DataFrame, launch_means: pd.DataFrame, *, title: str | None = None) -> Figure:
-    """Forest plot of an A/B: per metric the ratio B/A (point) with its interval (line), each
-    launch's median divided by A's geometric mean behind it (A grey above the line, B coloured
-    below), the ±threshold band shaded, a line at 1. The x axis is the ratio in per cent change.
+    """Forest plot of an A/B: per metric B/A with its interval, each launch's median over A's
+    geometric mean behind it (A grey, B coloured), the ±threshold band, x in per cent change.
 
     Args:
-        table: :attr:`perfkit.ab.decide.AbResult.table` (metric, ratio, low, high, threshold,
-            decision, a). Metrics "not measured" are left out (named in the title's note).
+        table: :attr:`perfkit.ab.decide.AbResult.table`; metrics "not measured" are left out
+            (named in the title's note).
         launch_means: :attr:`perfkit.ab.decide.AbResult.launch_means` (side, metric, value).
-        title: figure title.
 
     Returns:
-        Figure with one axis; one row per measured metric, top to bottom in table order.
-    """
+        Figure with one axis; one row per measured metric in table order."""
     from matplotlib.patches import Patch  # here: drawing is the only reason to import matplotlib
 
     df = table.copy() if table is not None else pd.DataFrame()

@@ -6,14 +6,14 @@ alt text (:func:`figure_to_png_bytes`, :func:`alt_text`). Times in ms, memory in
 from __future__ import annotations
 
 import io
-import math
 from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import pandas as pd
 
 from perfkit.bundle_schema import WARMUP_INDEX
-from perfkit.readings import stages as _stages
+from perfkit.readings.stages import order_stages as ordered_stages  # noqa: F401 (the plots' name)
+from perfkit.roles import is_finite, launches_of  # noqa: F401 (the plots import them from here)
 
 if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn (new_figure)
     from matplotlib.figure import Figure
@@ -57,14 +57,8 @@ def launch_names(launches: pd.DataFrame | None) -> dict[Any, str]:
 def unbundle(obj: Any) -> tuple[Any, dict[str, Any]]:
     """(first argument, tables and meta) of a ResultBundle passed where a table is expected."""
     if hasattr(obj, "tables") and hasattr(obj, "requests") and not isinstance(obj, pd.DataFrame):
-        return obj, {
-            "requests": obj.requests,
-            "stages": obj.stages,
-            "steps": obj.steps,
-            "memory": obj.memory,
-            "launches": obj.launches,
-            "meta": dict(getattr(obj, "meta", {}) or {}),
-        }
+        tables = {k: getattr(obj, k) for k in ("requests", "stages", "steps", "memory", "launches")}
+        return obj, {**tables, "meta": dict(getattr(obj, "meta", {}) or {})}
     return obj, {}
 
 
@@ -95,31 +89,11 @@ def drop_warmup(df: pd.DataFrame, include_warmup: bool) -> pd.DataFrame:
     return df[keep.fillna(True).to_numpy(bool)]
 
 
-def ordered_stages(names: Iterable[str]) -> list[str]:
-    """Stage names in sglang's pipeline order (:func:`perfkit.readings.stages.order_stages`)."""
-    return _stages.order_stages(names)
-
-
-def launches_of(df: pd.DataFrame) -> list[Any]:
-    """The launch labels of ``df`` in order of appearance; ``[None]`` without a launch column."""
-    if "launch" not in df.columns or df.empty:
-        return [None]
-    return list(dict.fromkeys(df["launch"].tolist()))
-
-
 def of_launch(df: pd.DataFrame, launch: Any) -> pd.DataFrame:
     """The rows of ``launch`` (all rows when ``launch`` is None or ``df`` has no launch column)."""
     if launch is None or "launch" not in df.columns:
         return df
     return df[df["launch"] == launch]
-
-
-def is_finite(v: Any) -> bool:
-    """``v`` is a finite number (None, NaN, inf and text are not)."""
-    try:
-        return math.isfinite(float(v))
-    except (TypeError, ValueError):
-        return False
 
 
 def empty_note(ax: Any, text: str) -> None:

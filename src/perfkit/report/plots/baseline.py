@@ -6,11 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfkit.report.plots.base import (
-    Figure,
-    empty_note,
-    new_figure,
-)
+from perfkit.report.plots.base import Figure, empty_note, new_figure
 
 __all__ = ["STATUS_COLORS", "baseline_vs_actual"]
 
@@ -25,24 +21,17 @@ def _metric_unit(metric: str) -> str:
 
 
 def baseline_vs_actual(verdicts: pd.DataFrame, *, xscale: str = "auto", title: str | None = None) -> Figure:
-    """Actual vs expected per metric, with the tolerance band, coloured by verdict status.
-
-    One horizontal bar per (case, metric) row: the bar is the actual value coloured by status
-    (pass green, fail red, improved blue, new/other grey), the black tick is the expected
-    value and the shaded band spans expected..bound (the allowed regression). Rows with a NaN
-    expected value (nothing to compare) are skipped. Metrics are split by unit into a ms
-    panel and a MiB panel (names containing ``vram``/``_mb``/``mib``/``memory`` are MiB).
+    """Actual vs expected per (case, metric) row as horizontal bars coloured by status, a black
+    tick at expected and a band from expected to bound; rows without an expected value are left
+    out; one panel per unit (ms, MiB: names with ``vram``/``_mb``/``mib``/``memory``).
 
     Args:
-        verdicts: columns case, metric, expected, actual, bound, status.
-        xscale: ``"linear"``, ``"log"`` or ``"auto"`` (log when a panel's values span more
-            than 50x).
-        title: figure title.
+        verdicts: case, metric, expected, actual, bound, status.
+        xscale: ``"linear"``, ``"log"`` or ``"auto"`` (log when a panel spans more than 50x).
 
     Returns:
-        Figure with one axis per unit present; on each, the first bar container holds the
-        tolerance bands and the second the actual-value bars (one bar per row).
-    """
+        Figure with one axis per unit; on each the first bar container holds the bands, the
+        second the actual-value bars."""
     from matplotlib.patches import Patch  # here: drawing is the only reason to import matplotlib
 
     df = verdicts.copy() if verdicts is not None else pd.DataFrame()

@@ -12,20 +12,15 @@ __all__ = ["coverage_heatmap"]
 
 
 def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Figure:
-    """Heatmap of the first-request penalty (ms) by startup warmup frames x request frames.
-
-    Each cell is annotated with the penalty in ms, the ratio (when finite) and whether the
-    request shape is ``covered`` (same latent shape as the startup warmup) or ``not covered``.
-    Repeated (warmup_frames, request_frames) rows are reduced with the median penalty.
+    """Heatmap of the first-request penalty (ms) by startup warmup frames x request frames, each
+    cell annotated with the penalty, the ratio (when finite) and ``covered``/``not covered``;
+    repeated cells take the median penalty.
 
     Args:
-        coverage: columns warmup_frames, request_frames, covered (bool), penalty_ms (ms),
-            ratio (unitless, e.g. cold/warm).
-        title: figure title.
+        coverage: warmup_frames, request_frames, covered (bool), penalty_ms, ratio.
 
     Returns:
-        Figure: heatmap axis plus a colour bar labelled in ms; one text per non-empty cell.
-    """
+        Figure: the heatmap axis and a colour bar in ms; one text per non-empty cell."""
     df = coverage.copy()
     fig = new_figure(7.0, 4.5)
     ax = fig.add_subplot()

@@ -42,25 +42,17 @@ def e2e_per_request(
     launches: pd.DataFrame | None = None,
     title: str | None = None,
 ) -> Figure:
-    """End-to-end latency (ms) per request, one line per launch; the cold request and each
-    first request of a new shape marked and labelled with their role and frames.
-
-    The x axis is the request index (integer ticks, 0 = the cold request); the y axis is
-    logarithmic when the requests span more than 30x. Launches are named by
-    :func:`launch_names`.
+    """End-to-end latency (ms) per request index, one line per launch (:func:`launch_names`); the
+    cold request and each first of a new shape marked with role and frames; log y when the
+    requests span more than 30x.
 
     Args:
-        requests: the bundle's requests table (launch, index, e2e_ms, client_ms, num_frames,
-            ...), or a :class:`~perfkit.bundle.ResultBundle`.
-        metric: column to draw (``e2e_ms`` server side, or ``client_ms`` as seen by the client).
-        include_warmup: also draw startup warmup rows (``WARMUP_INDEX``).
-        launches: the launches table, for launch names.
-        title: figure title.
+        requests: the requests table (launch, index, e2e_ms, client_ms, num_frames), or a
+            :class:`~perfkit.bundle.ResultBundle`.
+        metric: ``e2e_ms`` (server side) or ``client_ms``.
 
     Returns:
-        Figure with one axis: one line per launch (``ax.lines``) plus one marker collection per
-        launch and role drawn (cold, first of a new shape, startup warmup).
-    """
+        Figure with one axis: a line per launch plus a marker collection per launch and role drawn."""
     obj, b = unbundle(requests)
     requests = b.get("requests", obj)
     launches = launches if launches is not None else b.get("launches")

@@ -14,19 +14,15 @@ __all__ = ["offload_memory_latency"]
 
 
 def offload_memory_latency(modes: pd.DataFrame, *, title: str | None = None) -> Figure:
-    """Per offload mode: peak device memory reserved and host memory peak (MiB, left) and warm
-    end-to-end latency (ms, right); modes that did not run are labelled with their status.
+    """Per offload mode: device reserved and host peak (MiB, left) and warm e2e (ms, right); a mode
+    without a value gets its status written in place of the bar.
 
     Args:
-        modes: one row per mode with ``mode``, ``status`` (``ran`` / ``not applicable`` /
-            ``failed``), ``peak_reserved_mib``, ``host_pss_peak_mib``, ``warm_ms`` (the offload
-            investigation's summary table).
-        title: figure title.
+        modes: ``mode``, ``status`` (ran / not applicable / failed), ``peak_reserved_mib``,
+            ``host_pss_peak_mib``, ``warm_ms`` (the offload investigation's summary table).
 
     Returns:
-        Figure with two axes: grouped bars (device reserved, host) per mode, and one bar of warm
-        e2e per mode; a mode without a value gets its status written in place of the bar.
-    """
+        Figure with two axes (grouped memory bars, warm e2e bars)."""
     fig = new_figure(10.0, 4.2)
     ax_mem, ax_lat = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     if modes is None or modes.empty or "mode" not in modes.columns:

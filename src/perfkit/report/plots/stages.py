@@ -68,29 +68,19 @@ def stage_breakdown(
 ) -> Figure:
     """Per-stage latency (ms): for each stage, the cold request beside the warm median.
 
-    One panel per launch (its name from :func:`launch_names`). In a panel the x axis holds the
-    stages in sglang's pipeline order; at each stage, per request shape, one bar for the first
-    request of that shape (the cold request, or the first of a new shape; red/orange) and one
-    for the median of its warm requests (blue, with a min–max whisker). Each bar is labelled
-    with its value; the y axis is logarithmic when the bars span more than 30x (a 60 s cold
-    denoise beside 20 ms warm stages stays readable). Repeated rows of one stage in one request
-    are summed.
+    One panel per launch (:func:`launch_names`); stages in sglang's order; per request shape one
+    bar for its first request (cold or first of a new shape) and one for its warm median (with a
+    min–max whisker), each labelled; log y when the bars span more than 30x. Repeated rows of one
+    stage in one request are summed.
 
     Args:
-        stages: the bundle's stages table (launch, request_id, index, stage, ms, ...), or a
-            :class:`~perfkit.bundle.ResultBundle` (its requests and launches are used too).
-        requests: the requests table, for shapes and roles (:func:`request_roles`); without it
-            index 0 is the cold request and the rest are warm.
-        launches: the launches table, for launch names.
-        include_warmup: also draw the startup warmup request (grey).
-        launch: only this launch (default: all).
-        title: figure title (default names the figure in the field's terms).
+        stages: the stages table (launch, request_id, index, stage, ms), or a
+            :class:`~perfkit.bundle.ResultBundle` (its requests and launches too).
+        requests: for shapes and roles (:func:`request_roles`); without it index 0 is cold.
 
     Returns:
-        Figure with one axis per launch; each bar container is one series (its label says
-        the role and shape, e.g. ``"cold · 25 frames"``, ``"warm median · 25 frames (n=4)"``)
-        with one bar per stage.
-    """
+        Figure with one axis per launch; each bar container one series labelled with role and
+        shape (``"cold · 25 frames"``, ``"warm median · 25 frames (n=4)"``), one bar per stage."""
     obj, b = unbundle(stages)
     stages = b.get("stages", obj)
     requests = requests if requests is not None else b.get("requests")

@@ -34,27 +34,19 @@ def step_times(
     launches: pd.DataFrame | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Denoising step time (ms) vs step index, one line per request.
-
-    The cold request is red and each first request of a new shape orange (both named in the
-    legend with their shape: ``"cold · 25 frames"``); warm requests are thin blue lines under
-    one legend entry. Step ticks are integers; the y axis is logarithmic when the steps span
-    more than 30x (one 57 s compile step beside 27 ms steps).
+    """Denoising step time (ms) vs step index, one line per request: the cold request and each
+    first of a new shape named with their shape, warm requests thin lines under one legend entry;
+    log y when the steps span more than 30x.
 
     Args:
-        steps: the bundle's steps table (launch, request_id, index, stage, step, ms), or a
+        steps: the steps table (launch, request_id, index, stage, step, ms), or a
             :class:`~perfkit.bundle.ResultBundle`.
-        stage: only steps of this stage (default ``DenoisingStage``); when the table has no
-            row of it (or no ``stage`` column) all rows are used; ``None`` uses all rows.
-        include_warmup: also draw startup warmup requests.
-        requests: the requests table, for roles and shapes (:func:`request_roles`).
-        launches: the launches table, for launch names.
-        title: figure title.
+        stage: only this stage's steps (all rows when the table has none of it, or for None).
+        requests: for roles and shapes (:func:`request_roles`).
 
     Returns:
-        Figure with one axis and one line per (launch, request) in ``ax.lines``; a line's label
-        is its role and shape (warm lines after the first are unlabelled: ``_child``).
-    """
+        Figure with one axis, one line per (launch, request) in ``ax.lines``, labelled with role
+        and shape (warm lines after the first: ``_child``)."""
     obj, b = unbundle(steps)
     steps = b.get("steps", obj)
     requests = requests if requests is not None else b.get("requests")
@@ -127,22 +119,17 @@ def step_times(
 def step_timeline(
     events: pd.DataFrame, *, step: int | None = None, lanes: int = 8, title: str | None = None
 ) -> Figure:
-    """One denoising step of a profiled request over time: its top-level ops as bars, one lane
-    per op (the ``lanes`` ops with most time in the step; the rest in one lane "other ops").
+    """One denoising step of a profiled request over time: its top-level ops as bars, one lane for
+    each of the ``lanes`` ops with most time, the rest in "other ops".
 
     Args:
         events: :func:`perfkit.readings.traces.op_events` of one trace (``ts_us`` µs, ``dur_ms``).
-        step: the denoising step (default: the first recorded one that is not sglang's extra
-            warm-up step, ``warmup_step``). A trace without step ranges (sglang's
-            ``full_stages``) shows its denoising stage instead (the stage with "denoising" in
-            its name).
-        lanes: ops drawn in lanes of their own.
-        title: figure title.
+        step: default the first recorded step that is not sglang's ``warmup_step``; a trace
+            without step ranges (``full_stages``) shows its denoising stage.
 
     Returns:
-        Figure with one axis: x is ms from the step's first op, y the ops (most time at the
-        top); an empty note when the trace holds no step and no denoising stage.
-    """
+        Figure with one axis (x: ms from the step's first op); an empty note when the trace holds
+        no step and no denoising stage."""
     top = events[(events["cat"] != "kernel") & events["top"]] if not events.empty else events
     ev = top[top["step"] >= 0] if not top.empty else top
     fig = new_figure(8.5, 3.8)

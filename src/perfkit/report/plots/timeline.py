@@ -67,39 +67,25 @@ def memory_timeline(
 ) -> Figure:
     """Device and host memory (MiB) over time since the engine's launch, with what happened.
 
-    Panels: device used MiB (top, only when ``device_used_mib`` has a finite value; a CPU host
-    draws the host panel only) and host memory of the engine's process tree (PSS, cgroup
-    memory.current, RSS, anonymous). On every panel the launch's phases are shaded and
-    labelled (model load, startup warmup: placed from the launches table's cold-start parts,
-    so they show even where the sampler had not started yet), each request span is shaded and
-    labelled with its role (:func:`request_roles`: cold red, first of a new shape orange, warm
-    blue), compile events are marked (a triangle at the top of a request that compiled, with
-    the compile time), and the device panel draws the load and warmup peaks the engine
-    recorded. Caps draw dashed horizontal lines (``device_cap_gib`` on the device panel,
-    ``host_cap_gib`` on the host panel, converted to MiB x1024; None/NaN skipped). Stage starts
-    are dotted lines when ``stage_marks`` (default: when at most 4 requests are drawn).
-
-    Artists carry gids for inspection: ``"cap:device"``, ``"cap:host"``, ``"request-span"``,
-    ``"phase-span"``, ``"compile-mark"``, ``"stage-mark"``, ``"peak:load"``, ``"peak:warmup"``.
+    Panels: device used (only with a finite ``device_used_mib``) and the host memory of the
+    engine's process tree (PSS, cgroup, RSS, anonymous). On each: the launch's phases shaded
+    (model load, startup warmup, placed from the launches table's cold-start parts), request spans
+    by role (:func:`request_roles`), compile marks with their time, the recorded load and warmup
+    peaks (device), caps as dashed lines (``device_cap_gib``/``host_cap_gib`` of ``caps``, in
+    MiB), stage starts dotted when ``stage_marks`` (None: at most 4 requests drawn). Artists carry
+    gids: ``cap:device``, ``cap:host``, ``request-span``, ``phase-span``, ``compile-mark``,
+    ``stage-mark``, ``peak:load``, ``peak:warmup``.
 
     Args:
-        memory: the bundle's memory table (launch, t_s epoch s, device_used_mib, host_*_mib),
-            or a :class:`~perfkit.bundle.ResultBundle` (requests, stages, launches and the GPU
-            name come with it).
-        requests: requests table (t_start_s, t_end_s epoch s, index, compiles, compile_ms).
-        stages: stages table (stage, t_start_s epoch s) for stage marks.
-        caps: e.g. ``{"device_cap_gib": 12, "host_cap_gib": 32}``.
-        launch: only this launch (applied to all tables that have a launch column).
-        launches: the launches table (cold-start parts, peaks, names).
-        device_name: the accelerator's name for the device panel (``"NVIDIA H200"``).
-        include_warmup: shade the startup warmup phase and request too.
-        stage_marks: draw stage starts (None: when at most 4 requests are drawn).
-        title: figure title (default names the launch).
+        memory: the memory table (launch, t_s epoch s, device_used_mib, host_*_mib), or a
+            :class:`~perfkit.bundle.ResultBundle` (the other tables and GPU name come with it).
+        requests: t_start_s, t_end_s (epoch s), index, compiles, compile_ms.
+        stages: stage, t_start_s (epoch s).
+        launch: only this launch; device_name: the device panel's accelerator name.
 
     Returns:
-        Figure with one or two axes sharing the time axis (s since launch; since the first
-        sample when the launch cannot be placed).
-    """
+        Figure with one or two axes sharing the time axis (s since launch, else since the first
+        sample)."""
     obj, b = unbundle(memory)
     mem = b.get("memory", obj)
     requests = requests if requests is not None else b.get("requests")
