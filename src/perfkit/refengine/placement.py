@@ -3,8 +3,8 @@
 Honours ``PERFKIT_CAP_DEVICE_MEMORY_GIB`` and ``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB``
 (as sglang's CI worker does: ``torch.cuda.set_per_process_memory_fraction(cap / total)``).
 
-Offload modes (:data:`OFFLOAD_MODES`), per component (:data:`COMPONENTS`; the two-stage
-upsampler follows the VAE):
+Offload modes (:data:`perfkit.refengine.offload_request.OFFLOAD_MODES`), per component
+(:data:`COMPONENTS`; the two-stage upsampler follows the VAE):
 
 - ``none``: the weights are resident on the device.
 - ``model``: accelerate's ``cpu_offload_with_hook``, chained like diffusers'
