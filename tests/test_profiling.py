@@ -202,7 +202,10 @@ def test_same_verdict_rows_with_and_without_profiling(runs):
         )
         for b in (plain, prof)
     ]
-    assert rows[0] == rows[1] and len(rows[0]) >= 3
+    assert [(r["case"], r["metric"]) for r in rows[0]] == [(r["case"], r["metric"]) for r in rows[1]]
+    assert len(rows[0]) >= 3
+    for a, b in zip(*rows):  # a ratio left inside its noise on one side is inconclusive, never a flip
+        assert a["status"] == b["status"] or {a["status"], b["status"]} == {"pass", "inconclusive"}, (a, b)
 
 
 @pytest.mark.timing  # the injected op must outrank every op's launch-to-launch noise
