@@ -27,7 +27,8 @@
   starts on its worker (not while Ray queues it for its GPUs), ``launch`` each time one of its
   engine launches is done, ``retry`` with the failed attempt's outcome when it is resubmitted,
   ``finished`` with the final outcome. Workers send ``started``/``launch`` through a
-  ``ray.util.queue.Queue`` (an actor asking for no CPU); they draw no bars of their own.
+  ``ray.util.queue.Queue`` (an actor asking for no CPU; it may run puts out of order, so each
+  attempt numbers its events and the driver emits them in that order); they draw no bars of their own.
 
 ``ray`` is imported lazily: the rest of perfkit works without it (``pip install 'perfkit[ray]'``).
 """
@@ -44,6 +45,7 @@ import tarfile
 import tempfile
 import time
 import traceback
+import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -153,12 +155,14 @@ class _Sender:
 
     def __init__(self, events: Any, unit_id: str) -> None:
         self.events, self.unit_id, self.refs = events, unit_id, []
+        self.token = uuid.uuid4().hex  # this attempt's events, numbered: the queue actor may reorder them
 
     def __call__(self, event: str) -> None:
         if self.events is None:
             return
         try:
-            self.refs.append(self.events.actor.put_nowait.remote((event, self.unit_id)))
+            item = (event, self.unit_id, self.token, len(self.refs))
+            self.refs.append(self.events.actor.put_nowait.remote(item))
         except Exception as exc:  # noqa: BLE001 - progress must not fail the unit
             log.debug("progress event %s of %s not sent: %s", event, self.unit_id, exc)
 
@@ -348,6 +352,8 @@ def run_units_ray(
 
     started_here, job_env = _ray_session(ray, address, runtime_env)
     events = _event_queue(ray)
+    held: dict[tuple[str, str], dict[int, str]] = {}  # (unit, attempt token) -> {n: event} not yet emitted
+    next_n: dict[tuple[str, str], int] = {}
     try:
         task = ray.remote(run_one)
         cpu_unit_cpus = _smallest_node_cpus(ray)
@@ -360,8 +366,18 @@ def run_units_ray(
             except Exception as exc:  # noqa: BLE001
                 log.debug("progress events not read: %s", exc)
                 return
-            for ev, uid in got:
-                emit(ev, uid, None)
+            for ev, uid, token, n in got:
+                held.setdefault((uid, token), {})[n] = ev
+            for (uid, token), evs in list(held.items()):
+                while (n := next_n.get((uid, token), 0)) in evs:
+                    emit(evs.pop(n), uid, None)
+                    next_n[(uid, token)] = n + 1
+
+        def flush(uid: str) -> None:  # a unit's last events, in order, even past a lost one
+            for key in [k for k in held if k[0] == uid]:
+                for n in sorted(held[key]):
+                    emit(held[key][n], uid, None)
+                del held[key]
 
         def submit(u: Mapping[str, Any]):
             gpus = int(u.get("gpus", 0))
@@ -392,11 +408,13 @@ def run_units_ray(
             oc = _collect(ray, ref, ids[i], attempt, dest)
             if oc.status != "ok" and attempt <= retries:
                 log.warning("unit %s failed (attempt %d): %s; retrying", ids[i], attempt, oc.error)
+                flush(ids[i])
                 emit("retry", ids[i], oc)
                 pending[submit(units[i])] = (i, attempt + 1)
                 continue
             results[i] = oc
             _write_unit_file(dest / unit_dir_name(ids[i]), units[i], oc)
+            flush(ids[i])
             emit("finished", ids[i], oc)
         return [r for r in results if r is not None]
     finally:
