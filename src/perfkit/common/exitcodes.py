@@ -27,6 +27,8 @@ STATUS_WORD = {EXIT_OK: "pass", EXIT_REGRESSION: "regression", EXIT_ERROR: "erro
 #: the interrupts :func:`run_click` saw in this process (a KeyboardInterrupt can be swallowed,
 #: e.g. raised inside logging's lock release: "Exception ignored in ..."; the flag is not)
 _SEEN: list[str] = []
+#: True while :func:`run_click` runs a command (a swallowed interrupt is delivered again only then)
+_RUNNING: list[bool] = []
 
 
 def _interrupt(signum: int, frame: Any) -> None:  # noqa: ARG001
@@ -43,10 +45,15 @@ def _redeliver(hook: Any) -> Any:
     import _thread
     import threading
 
+    def again(sig: int) -> None:
+        if _RUNNING:  # never once run_click has returned
+            _thread.interrupt_main(sig)
+
     def unraisable(u: Any) -> None:
         if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt) and _SEEN:
-            sig = getattr(signal, _SEEN[-1], signal.SIGINT)
-            threading.Timer(0.05, _thread.interrupt_main, (sig,)).start()
+            timer = threading.Timer(0.05, again, (getattr(signal, _SEEN[-1], signal.SIGINT),))
+            timer.daemon = True
+            timer.start()
             return
         hook(u)
 
@@ -94,6 +101,7 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
     old_hook = sys.unraisablehook
     if main_thread:
         sys.unraisablehook = _redeliver(old_hook)
+        _RUNNING.append(True)
     said = False
     try:
         rv = command.main(args=args, prog_name=prog_name, standalone_mode=False)
@@ -122,6 +130,7 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
         if not _SEEN:
             raise
     finally:
+        _RUNNING.clear()
         sys.unraisablehook = old_hook
         for s, h in old.items():
             # interrupted: the process is ending, a late signal must not turn exit 2 into death
