@@ -63,7 +63,6 @@ from perfkit.ab.procedure import (
     SPENDINGS,
     UNDECIDED,
     Design,
-    Look,
     Walk,
     Walker,
     end_of_recording,
@@ -71,26 +70,8 @@ from perfkit.ab.procedure import (
 )
 from perfkit.ab.replay import pool_design, replay_pool, replay_summary
 
-__all__ = [
-    "Design",
-    "Look",
-    "Walk",
-    "Walker",
-    "end_of_recording",
-    "spent_alpha",
-    "SPENDINGS",
-    "SLOW_RULES",
-    "UNDECIDED",
-    "DEFAULT_MIN_LAUNCHES",
-    "DEFAULT_MAX_LAUNCHES",
-    "SLOW_METRIC",
-    "pool_design",
-    "replay_pool",
-    "replay_summary",
-    "decide_sequential",
-    "run_sequential",
-    "gated_metrics",
-]
+__all__ = ["DEFAULT_MAX_LAUNCHES", "DEFAULT_MIN_LAUNCHES", "SLOW_RULES", "SPENDINGS", "spent_alpha"]
+__all__ += ["pool_design", "replay_pool", "replay_summary"]  # re-exported
 
 
 def _inputs(
