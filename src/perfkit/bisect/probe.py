@@ -41,8 +41,6 @@ from perfkit.stats import DEFAULT_THRESHOLD
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProbeSetup", "Probe", "VERDICTS", "load_spec", "prepare", "compare"]
-
 #: a probe's verdict: ``bad`` (the A/B decided a regression of the metric), ``good`` (no change
 #: or an improvement), ``undecided`` (inconclusive at the maximum), ``error`` (a build or launch
 #: failed, or the metric was not measured)
