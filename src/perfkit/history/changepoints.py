@@ -471,19 +471,25 @@ def analyse_frame(df: pd.DataFrame, settings: Settings = Settings(), *, workers:
             done = [a for res in ex.map(analyse_frame, chunks, [settings] * len(chunks)) for a in res]
         return sorted(done, key=lambda a: (a.hardware, a.case_id, a.metric))
     for (hw, case, metric), g in df.groupby(["hardware", "case_id", "metric"], sort=True):
-        g = g.sort_values(["time", "run_key"])
-        times = g["time"].dt.to_pydatetime() if hasattr(g["time"], "dt") else list(g["time"])
-        values = g["value"].to_numpy(dtype=float, na_value=np.nan)
-        errors = g["error"].tolist()
-        pts = [
-            Point(k, r, c, t, None if v != v else float(v), None if e is None or e != e else str(e))
-            for k, r, c, t, v, e in zip(
-                g["run_key"].tolist(), g["run_id"].tolist(), g["commit"].tolist(), times, values, errors
-            )
-        ]
         unit = str(g["unit"].iloc[0])
-        out.append(analyse(pts, hardware=hw, case_id=case, metric=metric, unit=unit, settings=settings))
+        out.append(
+            analyse(frame_points(g), hardware=hw, case_id=case, metric=metric, unit=unit, settings=settings)
+        )
     return out
+
+
+def frame_points(g: pd.DataFrame) -> list[Point]:
+    """One series' rows of a store frame as points, in time order (a NaN value: a gap)."""
+    g = g.sort_values(["time", "run_key"])
+    times = g["time"].dt.to_pydatetime() if hasattr(g["time"], "dt") else list(g["time"])
+    values = g["value"].to_numpy(dtype=float, na_value=np.nan)
+    errors = g["error"].tolist()
+    return [
+        Point(k, r, c, t, None if v != v else float(v), None if e is None or e != e else str(e))
+        for k, r, c, t, v, e in zip(
+            g["run_key"].tolist(), g["run_id"].tolist(), g["commit"].tolist(), times, values, errors
+        )
+    ]
 
 
 @dataclass
