@@ -276,9 +276,8 @@ def level_model(values: Sequence[float], s: Settings = Settings()) -> Level | No
     return Level(tuple(modes), sd, int(y.size))
 
 
-def _outliers(y: np.ndarray, sigma: float, s: Settings) -> list[tuple[int, float]]:
-    """Pass 1 (vectorised): medians of up to 3 values before and after each point."""
-    thr = max(s.outlier_sigmas * sigma, math.log1p(s.outlier_min))
+def _outliers(y: np.ndarray, thr: float) -> list[tuple[int, float]]:
+    """Pass 1 (vectorised): medians of up to 3 values before and after each point; ``thr`` in log units."""
     ser = pd.Series(y)
     ml = ser.rolling(3, min_periods=1).median().shift(1).to_numpy()
     mr = ser[::-1].rolling(3, min_periods=1).median().shift(1)[::-1].to_numpy()
@@ -394,8 +393,8 @@ def analyse(
     y = np.log(np.array([pts[i].value for i in good], dtype=float))
     res.noise = robust_noise([pts[i].value for i in good])
     sigma = res.noise if math.isfinite(res.noise) else 0.0
-    out = dict(_outliers(y, sigma, settings)) if y.size >= 3 else {}
     thr = max(settings.outlier_sigmas * sigma, math.log1p(settings.outlier_min))
+    out = dict(_outliers(y, thr)) if y.size >= 3 else {}
     for attempt in range(3):  # pass 2: a run far from its own level (found by pass 1's steps)
         kept_k = [k for k in range(len(good)) if k not in out]
         vals = np.array([pts[good[k]].value for k in kept_k], dtype=float)
