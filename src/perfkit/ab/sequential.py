@@ -203,9 +203,8 @@ def decide_sequential(
         if m in t.index and t.loc[m, "decision"] == "inconclusive":
             v = t.loc[m, "launches_needed"]
             needed[m] = None if v is None or pd.isna(v) else int(v)
-    if w.stop == "maximum":
-        if res.exit_code == EXIT_OK and w.undecided and undecided == "fail":
-            res.exit_code = EXIT_REGRESSION
+    if w.stop == "maximum" and res.exit_code == EXIT_OK and w.undecided and undecided == "fail":
+        res.exit_code = EXIT_REGRESSION
     res.meta["sequential"] = jsonable(
         {
             "design": design.to_dict(),

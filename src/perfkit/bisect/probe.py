@@ -202,19 +202,10 @@ def compare(
     spec_a, req_a = ref
     spec_b, req_b = probe
     if req_a and req_b and req_a != req_b:
-        return Probe(
-            commit,
-            position,
-            "error",
-            error=f"the two checkouts' params ask for different requests ({req_a} vs {req_b})",
-        )
-    plan = AbPlan(
-        spec_a,
-        spec_b,
-        VideoRequestSpec.from_dict(dict(req_a or req_b)),
-        setup.design.min_launches,
-        setup.warm,
-    )
+        why = f"the two checkouts' params ask for different requests ({req_a} vs {req_b})"
+        return Probe(commit, position, "error", error=why)
+    request = VideoRequestSpec.from_dict(dict(req_a or req_b))
+    plan = AbPlan(spec_a, spec_b, request, setup.design.min_launches, setup.warm)
     gate = [setup.metric]
     thr = setup.thresholds or None
     bundles = run_sequential(plan, setup.design, out, setup.threshold, thr, gate)

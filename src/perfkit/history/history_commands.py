@@ -75,8 +75,7 @@ def check(
         p = Path(path)
         out_dir = p / "history" if p.is_dir() else Path("outputs/history-check") / p.stem
     runs = read_any(path, hardware=hardware, commit=commit)
-    frame = read_store(store)
-    res = check_runs(frame, runs, settings)
+    res = check_runs(read_store(store), runs, settings)
     return res, write_summary(res, out_dir, commit_url)
 
 
