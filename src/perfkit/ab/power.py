@@ -264,13 +264,13 @@ def _ab_rates(
     return row
 
 
-#: what :func:`recommend` judges: detection column(s), false-alarm column(s)
 #: what each judgement of :func:`recommend` means, in words (Markdown)
 JUDGEMENTS = {
     "key": "each arm caught on its own metric; false alarms of DenoisingStage and warm e2e",
     "gate": "the exit code with `--gate-metrics DenoisingStage,warm_e2e`",
     "any": "the exit code with every metric gating",
 }
+#: what :func:`recommend` judges: detection column(s), false-alarm column(s)
 _JUDGED = {
     "key": (None, tuple(f"aa_alarm_{k}" for k in KEY_METRICS)),
     "gate": ("detect_gate", ("aa_alarm_gate",)),

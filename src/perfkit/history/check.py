@@ -169,19 +169,8 @@ def check_runs(
             k = settings.confirm_runs if j.status == "regression" else 1
             measured = [p for p in pts if p.value is not None]
             before = measured[-k] if len(measured) >= k else None
-            rows.append(
-                CheckRow(
-                    **base,
-                    value=v.value,
-                    status=j.status,
-                    reason=j.reason,
-                    level=j.level,
-                    low=j.low,
-                    high=j.high,
-                    n=j.n,
-                    before=before,
-                )  # fmt: skip
-            )
+            got = {k: getattr(j, k) for k in ("status", "reason", "level", "low", "high", "n")}
+            rows.append(CheckRow(**base, value=v.value, **got, before=before))
     return CheckResult(rows)
 
 
