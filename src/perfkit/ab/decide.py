@@ -27,8 +27,6 @@ from perfkit.bundle import IDENTITY_REQUEST, ResultBundle
 from perfkit.common import jsonsafe
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, jsonable
 
-__all__ = ["AbResult", "compare", "compare_bundles", "thresholds_from_run", "RESULT_FILE", "TABLE_COLUMNS"]
-
 #: the comparison's file in an ab run directory (next to the bundles ``a/`` and ``b/``)
 RESULT_FILE = "ab.json"
 #: columns of :attr:`AbResult.table`
@@ -51,9 +49,6 @@ TABLE_COLUMNS = [
     "gated",
     "reason",
 ]
-
-#: fixed metrics always listed (a stage is listed when either side measured it)
-ALWAYS = ("ready", "first_result", "cold_e2e", "warm_e2e", "denoising_step", "peak_vram", "host_peak")
 
 
 @dataclass
@@ -232,7 +227,7 @@ def compare(
         [launch_means(values_a).assign(side="A"), launch_means(values_b).assign(side="B")], ignore_index=True
     )[["side", "metric", "launch", "unit", "value", "n"]]
     both = pd.concat([values_a.assign(side="A"), values_b.assign(side="B")], ignore_index=True)
-    names = metric_order([*ALWAYS, *both["metric"].unique()])
+    names = metric_order([*METRIC_UNITS, *both["metric"].unique()])
     if gate is not None:
         if isinstance(gate, str) or not all(isinstance(g, str) for g in gate):
             raise ValueError(f"gate must be a list of metric names, got {gate!r}")

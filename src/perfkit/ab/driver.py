@@ -33,10 +33,6 @@ from perfkit.stats import interleaved_order
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AbPlan", "run_ab", "run_arms", "SIDES", "BUNDLE_NAME"]
-
-#: side -> its bundle directory under the ab run directory
-SIDES = {"A": "a", "B": "b"}
 #: the ``scenario`` field of the sides' bundles
 BUNDLE_NAME = "ab"
 

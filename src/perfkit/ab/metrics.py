@@ -30,8 +30,6 @@ import pandas as pd
 from perfkit.bundle import WARMUP_INDEX, ResultBundle
 from perfkit.readings import stages as _stages
 
-__all__ = ["METRIC_UNITS", "LAUNCH_METRICS", "metric_values", "launch_means", "paired_values", "metric_order"]
-
 #: unit of each fixed metric (stage metrics are ms)
 METRIC_UNITS = {
     "ready": "s",

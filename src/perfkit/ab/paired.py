@@ -22,8 +22,6 @@ import contextlib
 import threading
 from typing import Any, Callable, Iterator
 
-__all__ = ["Alternation", "run_pair"]
-
 
 class Alternation:
     """Two sides' requests in turn: ``first``'s request 0, ``second``'s request 0, ``first``'s

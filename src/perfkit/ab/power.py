@@ -27,7 +27,7 @@ same Welch–Satterthwaite formulas as :func:`perfkit.stats.ratio_interval`
 
 Beside this module (the resampled rates: :func:`power_table`, :func:`recommend`):
 :mod:`perfkit.ab.pool` (the pool loaded, log medians, variance split) and :mod:`perfkit.ab.slow`
-(slow spells); their names are re-exported here.
+(slow spells); the names other code reads are re-exported here.
 """
 
 from __future__ import annotations
@@ -44,36 +44,15 @@ from perfkit.ab.pool import (
     KEY_METRICS,
     POOL_FILE,
     UNTOUCHED,
-    Arm,
     Pool,
-    PoolFile,
     arm_warnings,
     load_pool,
     log_medians,
     variance_table,
 )
-from perfkit.ab.slow import QUIET_QUANTILE, SLOW_FACTOR, slow_launches, slow_spells
+from perfkit.ab.slow import slow_launches, slow_spells
 
-__all__ = [
-    "Pool",
-    "load_pool",
-    "log_medians",
-    "variance_table",
-    "power_table",
-    "recommend",
-    "slow_spells",
-    "slow_launches",
-    "SLOW_FACTOR",
-    "QUIET_QUANTILE",
-    "arm_warnings",
-    "Arm",
-    "PoolFile",
-    "POOL_FILE",
-    "KEY_METRICS",
-    "UNTOUCHED",
-    "MAX_EXACT",
-    "JUDGEMENTS",
-]
+__all__ = ["POOL_FILE", "arm_warnings", "load_pool", "variance_table", "slow_spells", "slow_launches"]
 #: up to this many ways to pick the launches, every way is taken (exact rates for the pool)
 MAX_EXACT = 100_000
 
@@ -285,13 +264,13 @@ def _ab_rates(
     return row
 
 
-#: what :func:`recommend` judges: detection column(s), false-alarm column(s)
 #: what each judgement of :func:`recommend` means, in words (Markdown)
 JUDGEMENTS = {
     "key": "each arm caught on its own metric; false alarms of DenoisingStage and warm e2e",
     "gate": "the exit code with `--gate-metrics DenoisingStage,warm_e2e`",
     "any": "the exit code with every metric gating",
 }
+#: what :func:`recommend` judges: detection column(s), false-alarm column(s)
 _JUDGED = {
     "key": (None, tuple(f"aa_alarm_{k}" for k in KEY_METRICS)),
     "gate": ("detect_gate", ("aa_alarm_gate",)),

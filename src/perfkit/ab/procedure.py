@@ -212,11 +212,10 @@ def _look(
     xa = np.array([logmed["A"].get(x, none) for x in use["A"]], dtype=float).reshape(n, len(metrics))
     xb = np.array([logmed["B"].get(x, none) for x in use["B"]], dtype=float).reshape(n, len(metrics))
     out: dict[str, dict[str, Any]] = {}
+    # paired: kept == run (nothing replaced): launch i of A is the pair of B's
+    interval = stats.paired_ratio_interval if design.paired else stats.ratio_interval
     for k, metric in enumerate(metrics):
-        if design.paired:  # kept == run (nothing replaced): launch i of A is the pair of B's
-            iv = stats.paired_ratio_interval(np.exp(xa[:, k]), np.exp(xb[:, k]), conf)
-        else:
-            iv = stats.ratio_interval(np.exp(xa[:, k]), np.exp(xb[:, k]), conf)
+        iv = interval(np.exp(xa[:, k]), np.exp(xb[:, k]), conf)
         out[metric] = {
             "ratio": iv.ratio,
             "low": iv.low,

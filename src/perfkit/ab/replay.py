@@ -5,6 +5,7 @@ rates and launches used (``benchmarks/ab_power.py``, figures ``kind=ab-sequentia
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Sequence
 
@@ -42,14 +43,7 @@ def pool_design(pool: Any, design: Design) -> Design:
             f"{pool.path}: the pool replays at most {cap} launches a side ({a} of A: an A/A needs two "
             f"disjoint sides), fewer than the first look's {design.min_launches}"
         )
-    return Design(
-        design.min_launches,
-        min(design.max_launches, cap),
-        design.confidence,
-        design.spending,
-        design.slow_rule,
-        design.paired,
-    )
+    return dataclasses.replace(design, max_launches=min(design.max_launches, cap))
 
 
 def replay_pool(

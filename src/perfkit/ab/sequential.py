@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from perfkit import stats
+from perfkit.ab.metrics import launch_means, metric_order, metric_values, paired_values
 from perfkit.ab.procedure import (
     DEFAULT_MAX_LAUNCHES,
     DEFAULT_MIN_LAUNCHES,
@@ -63,7 +64,6 @@ from perfkit.ab.procedure import (
     SPENDINGS,
     UNDECIDED,
     Design,
-    Look,
     Walk,
     Walker,
     end_of_recording,
@@ -71,26 +71,8 @@ from perfkit.ab.procedure import (
 )
 from perfkit.ab.replay import pool_design, replay_pool, replay_summary
 
-__all__ = [
-    "Design",
-    "Look",
-    "Walk",
-    "Walker",
-    "end_of_recording",
-    "spent_alpha",
-    "SPENDINGS",
-    "SLOW_RULES",
-    "UNDECIDED",
-    "DEFAULT_MIN_LAUNCHES",
-    "DEFAULT_MAX_LAUNCHES",
-    "SLOW_METRIC",
-    "pool_design",
-    "replay_pool",
-    "replay_summary",
-    "decide_sequential",
-    "run_sequential",
-    "gated_metrics",
-]
+__all__ = ["DEFAULT_MAX_LAUNCHES", "DEFAULT_MIN_LAUNCHES", "SLOW_RULES", "SPENDINGS", "spent_alpha"]
+__all__ += ["pool_design", "replay_pool", "replay_summary"]  # re-exported
 
 
 def _inputs(
@@ -100,8 +82,6 @@ def _inputs(
     the values the decision's intervals use; ``paired``: a pair's B value is A's median times the
     pair's request-by-request ratio, :func:`perfkit.ab.metrics.paired_values`) and label -> warm
     :data:`SLOW_METRIC` times."""
-    from perfkit.ab.metrics import launch_means, paired_values
-
     logmed, slow = {}, {}
     for side, v in values.items():
         lm = launch_means(v)
@@ -124,8 +104,6 @@ def _inputs(
 
 def gated_metrics(values: Mapping[str, pd.DataFrame], gate: Sequence[str] | None) -> list[str]:
     """The metrics the procedure waits for: ``gate``, or every metric either side measured."""
-    from perfkit.ab.metrics import metric_order
-
     if gate is not None:
         return list(dict.fromkeys(gate))
     return metric_order(pd.concat([v["metric"] for v in values.values()]).unique())
@@ -165,8 +143,6 @@ def _walk_bundles(
 ) -> tuple[Walk, list[str]]:
     """(the procedure's walk over two sides' bundles in ``order``, default the order they ran
     (:func:`_order`); the gated metrics)."""
-    from perfkit.ab.metrics import metric_values
-
     values = {"A": metric_values(a), "B": metric_values(b)}
     metrics = gated_metrics(values, gate)
     logmed, slow = _inputs(values, metrics, design.paired)
@@ -222,9 +198,8 @@ def decide_sequential(
         if m in t.index and t.loc[m, "decision"] == "inconclusive":
             v = t.loc[m, "launches_needed"]
             needed[m] = None if v is None or pd.isna(v) else int(v)
-    if w.stop == "maximum":
-        if res.exit_code == EXIT_OK and w.undecided and undecided == "fail":
-            res.exit_code = EXIT_REGRESSION
+    if w.stop == "maximum" and res.exit_code == EXIT_OK and w.undecided and undecided == "fail":
+        res.exit_code = EXIT_REGRESSION
     res.meta["sequential"] = jsonable(
         {
             "design": design.to_dict(),

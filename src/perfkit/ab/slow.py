@@ -114,11 +114,8 @@ def slow_spells(pool: Pool, metric: str = "DenoisingStage", factor: float = SLOW
         )
         for part, want in (("slow", True), ("quiet", False)):
             sub = joined[joined["slow"] == want] if joined is not None else None
-            row[f"{part}_sm_mhz"] = (
-                float(sub["sm_mhz"].median()) if sub is not None and len(sub) else math.nan
-            )
-            row[f"{part}_power_capped"] = (
-                float(sub["power_capped"].mean()) if sub is not None and len(sub) else math.nan
-            )
+            has = sub is not None and len(sub)
+            row[f"{part}_sm_mhz"] = float(sub["sm_mhz"].median()) if has else math.nan
+            row[f"{part}_power_capped"] = float(sub["power_capped"].mean()) if has else math.nan
         rows.append(row)
     return pd.DataFrame(rows)

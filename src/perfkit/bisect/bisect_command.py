@@ -13,8 +13,6 @@ from perfkit.bisect.search import bisect
 from perfkit.common.outdirs import given_out_problem, stamped_dir
 from perfkit.report.bisect import write_bisect_outputs
 
-__all__ = ["make_setup", "out_dir", "run_bisect", "run_confirm"]
-
 
 def make_setup(
     spec: str | Path,

@@ -15,14 +15,12 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from perfkit.engine.owner import run_bounded
 
 log = logging.getLogger(__name__)
-
-__all__ = ["BisectError", "Commit", "git", "resolve", "commit_info", "commit_range", "worktree", "run_build"]
 
 
 class BisectError(ValueError):
@@ -41,6 +39,11 @@ class Commit:
     @property
     def short(self) -> str:
         return self.sha[:10]
+
+    def to_dict(self) -> dict[str, str]:
+        """``sha``, ``short`` (10 hex digits), ``subject``, ``author_date``."""
+        d = asdict(self)
+        return {"sha": d.pop("sha"), "short": self.short, **d}
 
 
 def git(repo: str | Path, *args: str) -> str:

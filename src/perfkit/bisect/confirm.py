@@ -30,8 +30,6 @@ from perfkit.common.jsonsafe import finite
 from perfkit.history.changepoints import Step
 from perfkit.history.confirmations import Confirmation, add_confirmation, find_step
 
-__all__ = ["ConfirmResult", "confirm", "ab_metric", "EXIT_CODES", "RESULT_FILE"]
-
 #: outcome -> exit code (module doc)
 EXIT_CODES = {"confirmed": 0, "not reproduced": 1, "undecided": 1, "error": 2}
 RESULT_FILE = "confirm.json"
@@ -84,10 +82,9 @@ class ConfirmResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (shaped like ``bisect.json``: one probe)."""
 
-        def c(x: Commit) -> dict[str, Any]:
-            return {"sha": x.sha, "short": x.short, "subject": x.subject, "author_date": x.author_date}
-
         s = self.step
+        keys = ("kind", "ratio", "low", "high", "mean_before", "mean_after", "n_before", "n_after")
+        step = {k: getattr(s, k) for k in keys} | {"before_run": s.before.run_id, "after_run": s.after.run_id}
         return finite(
             {
                 "kind": "confirm",
@@ -96,22 +93,11 @@ class ConfirmResult:
                 "message": self.message,
                 "repo": self.repo,
                 "series": {"hardware": self.hardware, "case_id": self.case_id, "metric": self.metric},
-                "step": {
-                    "kind": s.kind,
-                    "ratio": s.ratio,
-                    "low": s.low,
-                    "high": s.high,
-                    "mean_before": s.mean_before,
-                    "mean_after": s.mean_after,
-                    "n_before": s.n_before,
-                    "n_after": s.n_after,
-                    "before_run": s.before.run_id,
-                    "after_run": s.after.run_id,
-                },
-                "good": c(self.before),
-                "bad": c(self.after),
+                "step": step,
+                "good": self.before.to_dict(),
+                "bad": self.after.to_dict(),
                 "launches": sum(self.probe.launches.values()),
-                "probes": [{**self.probe.to_dict(), "commit": c(self.probe.commit)}],
+                "probes": [{**self.probe.to_dict(), "commit": self.probe.commit.to_dict()}],
                 "setup": self.setup,
                 "stored": self.stored,
             }
@@ -119,10 +105,8 @@ class ConfirmResult:
 
 
 def _outcome(step: Step, probe: Probe) -> str:
-    if probe.verdict == "error":
-        return "error"
-    if probe.verdict == "undecided":
-        return "undecided"
+    if probe.verdict in ("error", "undecided"):
+        return probe.verdict
     return "confirmed" if probe.decision == step.kind else "not reproduced"
 
 
@@ -186,12 +170,8 @@ def confirm(
     ab = f"the A/B says {probe.decision or 'nothing'} on {setup.metric}" + (
         f" ({(probe.ratio - 1) * 100:+.1f} %{iv})" if probe.ratio is not None else ""
     )
-    message = {
-        "confirmed": f"confirmed: {what}; {ab}",
-        "not reproduced": f"not reproduced: {what}; {ab}",
-        "undecided": f"undecided: {what}; {ab}: {probe.reason}",
-        "error": f"error: {what}; {probe.error}",
-    }[outcome]
+    tail = {"undecided": f"{ab}: {probe.reason}", "error": f"{probe.error}"}.get(outcome, ab)
+    message = f"{outcome}: {what}; {tail}"
     res = ConfirmResult(
         analysis.hardware,
         analysis.case_id,

@@ -41,8 +41,6 @@ from perfkit.stats import DEFAULT_THRESHOLD
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProbeSetup", "Probe", "VERDICTS", "load_spec", "prepare", "compare"]
-
 #: a probe's verdict: ``bad`` (the A/B decided a regression of the metric), ``good`` (no change
 #: or an improvement), ``undecided`` (inconclusive at the maximum), ``error`` (a build or launch
 #: failed, or the metric was not measured)
@@ -204,19 +202,10 @@ def compare(
     spec_a, req_a = ref
     spec_b, req_b = probe
     if req_a and req_b and req_a != req_b:
-        return Probe(
-            commit,
-            position,
-            "error",
-            error=f"the two checkouts' params ask for different requests ({req_a} vs {req_b})",
-        )
-    plan = AbPlan(
-        spec_a,
-        spec_b,
-        VideoRequestSpec.from_dict(dict(req_a or req_b)),
-        setup.design.min_launches,
-        setup.warm,
-    )
+        why = f"the two checkouts' params ask for different requests ({req_a} vs {req_b})"
+        return Probe(commit, position, "error", error=why)
+    request = VideoRequestSpec.from_dict(dict(req_a or req_b))
+    plan = AbPlan(spec_a, spec_b, request, setup.design.min_launches, setup.warm)
     gate = [setup.metric]
     thr = setup.thresholds or None
     bundles = run_sequential(plan, setup.design, out, setup.threshold, thr, gate)

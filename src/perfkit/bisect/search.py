@@ -38,8 +38,6 @@ from perfkit.common.jsonsafe import finite
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BisectResult", "bisect", "next_position", "EXIT_FOUND", "EXIT_NOT_REPRODUCED", "EXIT_ERROR"]
-
 EXIT_FOUND = 0
 EXIT_NOT_REPRODUCED = 1
 EXIT_ERROR = 2
@@ -87,11 +85,7 @@ class BisectResult:
         """JSON-ready dict (``launches`` and each commit's ``short`` included)."""
 
         def c(x: Commit | None) -> dict[str, Any] | None:
-            return (
-                None
-                if x is None
-                else {"sha": x.sha, "short": x.short, "subject": x.subject, "author_date": x.author_date}
-            )
+            return None if x is None else x.to_dict()
 
         return finite(
             {

@@ -276,9 +276,8 @@ def level_model(values: Sequence[float], s: Settings = Settings()) -> Level | No
     return Level(tuple(modes), sd, int(y.size))
 
 
-def _outliers(y: np.ndarray, sigma: float, s: Settings) -> list[tuple[int, float]]:
-    """Pass 1 (vectorised): medians of up to 3 values before and after each point."""
-    thr = max(s.outlier_sigmas * sigma, math.log1p(s.outlier_min))
+def _outliers(y: np.ndarray, thr: float) -> list[tuple[int, float]]:
+    """Pass 1 (vectorised): medians of up to 3 values before and after each point; ``thr`` in log units."""
     ser = pd.Series(y)
     ml = ser.rolling(3, min_periods=1).median().shift(1).to_numpy()
     mr = ser[::-1].rolling(3, min_periods=1).median().shift(1)[::-1].to_numpy()
@@ -394,8 +393,8 @@ def analyse(
     y = np.log(np.array([pts[i].value for i in good], dtype=float))
     res.noise = robust_noise([pts[i].value for i in good])
     sigma = res.noise if math.isfinite(res.noise) else 0.0
-    out = dict(_outliers(y, sigma, settings)) if y.size >= 3 else {}
     thr = max(settings.outlier_sigmas * sigma, math.log1p(settings.outlier_min))
+    out = dict(_outliers(y, thr)) if y.size >= 3 else {}
     for attempt in range(3):  # pass 2: a run far from its own level (found by pass 1's steps)
         kept_k = [k for k in range(len(good)) if k not in out]
         vals = np.array([pts[good[k]].value for k in kept_k], dtype=float)
@@ -471,19 +470,25 @@ def analyse_frame(df: pd.DataFrame, settings: Settings = Settings(), *, workers:
             done = [a for res in ex.map(analyse_frame, chunks, [settings] * len(chunks)) for a in res]
         return sorted(done, key=lambda a: (a.hardware, a.case_id, a.metric))
     for (hw, case, metric), g in df.groupby(["hardware", "case_id", "metric"], sort=True):
-        g = g.sort_values(["time", "run_key"])
-        times = g["time"].dt.to_pydatetime() if hasattr(g["time"], "dt") else list(g["time"])
-        values = g["value"].to_numpy(dtype=float, na_value=np.nan)
-        errors = g["error"].tolist()
-        pts = [
-            Point(k, r, c, t, None if v != v else float(v), None if e is None or e != e else str(e))
-            for k, r, c, t, v, e in zip(
-                g["run_key"].tolist(), g["run_id"].tolist(), g["commit"].tolist(), times, values, errors
-            )
-        ]
         unit = str(g["unit"].iloc[0])
-        out.append(analyse(pts, hardware=hw, case_id=case, metric=metric, unit=unit, settings=settings))
+        out.append(
+            analyse(frame_points(g), hardware=hw, case_id=case, metric=metric, unit=unit, settings=settings)
+        )
     return out
+
+
+def frame_points(g: pd.DataFrame) -> list[Point]:
+    """One series' rows of a store frame as points, in time order (a NaN value: a gap)."""
+    g = g.sort_values(["time", "run_key"])
+    times = g["time"].dt.to_pydatetime() if hasattr(g["time"], "dt") else list(g["time"])
+    values = g["value"].to_numpy(dtype=float, na_value=np.nan)
+    errors = g["error"].tolist()
+    return [
+        Point(k, r, c, t, None if v != v else float(v), None if e is None or e != e else str(e))
+        for k, r, c, t, v, e in zip(
+            g["run_key"].tolist(), g["run_id"].tolist(), g["commit"].tolist(), times, values, errors
+        )
+    ]
 
 
 @dataclass

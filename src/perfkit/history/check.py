@@ -153,11 +153,8 @@ def check_runs(
     groups = dict(tuple(frame.groupby(["hardware", "case_id", "metric"]))) if not frame.empty else {}
     for run in runs:
         key = run.key
-        t = (
-            pd.Timestamp(run.time).tz_convert("UTC")
-            if pd.Timestamp(run.time).tzinfo
-            else pd.Timestamp(run.time, tz="UTC")
-        )
+        t = pd.Timestamp(run.time)
+        t = t.tz_convert("UTC") if t.tzinfo else t.tz_localize("UTC")
         for v in run.values:
             base = dict(
                 hardware=run.hardware, case_id=v.case_id, metric=v.metric, unit=v.unit, commit=run.commit
@@ -166,38 +163,14 @@ def check_runs(
                 rows.append(CheckRow(**base, value=None, status="not measured", reason=v.error or "no value"))
                 continue
             g = groups.get((run.hardware, v.case_id, v.metric))
-            pts: list[cp.Point] = []
-            if g is not None:
-                g = g[(g["run_key"] != key) & (g["time"] < t)].sort_values(["time", "run_key"])
-                pts = [
-                    cp.Point(
-                        r.run_key,
-                        r.run_id,
-                        r.commit,
-                        r.time.to_pydatetime(),
-                        None if pd.isna(r.value) else float(r.value),
-                        None if pd.isna(r.error) else str(r.error),
-                    )
-                    for r in g.itertuples(index=False)
-                ]
+            pts = [] if g is None else cp.frame_points(g[(g["run_key"] != key) & (g["time"] < t)])
             j = judge(pts, v.value, metric=v.metric, settings=settings)
             # a confirmed step began at the first of its confirm_runs runs: the range starts before it
             k = settings.confirm_runs if j.status == "regression" else 1
             measured = [p for p in pts if p.value is not None]
             before = measured[-k] if len(measured) >= k else None
-            rows.append(
-                CheckRow(
-                    **base,
-                    value=v.value,
-                    status=j.status,
-                    reason=j.reason,
-                    level=j.level,
-                    low=j.low,
-                    high=j.high,
-                    n=j.n,
-                    before=before,
-                )  # fmt: skip
-            )
+            got = {k: getattr(j, k) for k in ("status", "reason", "level", "low", "high", "n")}
+            rows.append(CheckRow(**base, value=v.value, **got, before=before))
     return CheckResult(rows)
 
 
@@ -220,9 +193,6 @@ def summary_markdown(result: CheckResult, commit_url: str | None = None, limit: 
     def link(c: str) -> str:
         label = md_text(c[:10], code=True)
         return f"[{label}]({commit_url.format(commit=quote(c[:64], safe=''))})" if commit_url else label
-
-    def t(x: object) -> str:  # a table cell
-        return md_text(x, cell=True)
 
     code = result.exit_code
     verdict = {
@@ -259,7 +229,7 @@ def summary_markdown(result: CheckResult, commit_url: str | None = None, limit: 
         row = (
             f"| {md_text(r.hardware, cell=True, limit=100)} | {md_text(r.case_id, cell=True, code=True, limit=200)} "
             f"| {md_text(r.metric, cell=True, limit=100)} | {_n(r.value)} {md_text(r.unit, cell=True, limit=20)} "
-            f"| {_n(r.level)} | {iv} | {ch} | {t(r.status)} | {md_text(r.reason, cell=True, limit=400)} |"
+            f"| {_n(r.level)} | {iv} | {ch} | {md_text(r.status, cell=True)} | {md_text(r.reason, cell=True, limit=400)} |"
         )
         if size + len(row) + 200 > limit:
             out += [

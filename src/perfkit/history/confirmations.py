@@ -26,17 +26,6 @@ import pyarrow.parquet as pq
 from perfkit.history.changepoints import Analysis, Step, analyse_frame
 from perfkit.history.store import HistoryError, _locked, read_store, write_parquet
 
-__all__ = [
-    "OUTCOMES",
-    "COLUMNS",
-    "CONFIRM_DIR",
-    "Confirmation",
-    "add_confirmation",
-    "read_confirmations",
-    "latest",
-    "find_step",
-]
-
 #: what an A/B between a step's commits can say
 OUTCOMES = ("confirmed", "not reproduced", "undecided", "error")
 #: the directory under the store
@@ -147,13 +136,8 @@ def latest(
 ) -> dict | None:
     """The newest confirmation of one step (a row as a dict), or None."""
     df = read_confirmations(store)
-    m = df[
-        (df["hardware"] == hardware)
-        & (df["case_id"] == case_id)
-        & (df["metric"] == metric)
-        & (df["before_commit"] == before)
-        & (df["after_commit"] == after)
-    ]
+    cols = ["hardware", "case_id", "metric", "before_commit", "after_commit"]
+    m = df[(df[cols] == [hardware, case_id, metric, before, after]).all(axis=1)]
     return None if m.empty else m.iloc[-1].to_dict()
 
 

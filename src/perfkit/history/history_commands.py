@@ -10,7 +10,7 @@ from perfkit.history import changepoints as cp
 from perfkit.history.check import CheckResult, check_runs, write_summary
 from perfkit.history.nightly import read_nightly
 from perfkit.history.runs import read_run
-from perfkit.history.store import AddResult, HistoryRun, add_runs, read_store
+from perfkit.history.store import AddResult, HistoryError, HistoryRun, add_runs, read_store
 
 
 def add(
@@ -33,7 +33,6 @@ def import_baselines(
     import of nothing is never a success.
     """
     from perfkit.history.baselines import read_baseline_history
-    from perfkit.history.store import HistoryError
 
     runs, skipped = read_baseline_history(repo, path, hardware=hardware)
     if not runs:
@@ -53,8 +52,6 @@ def read_any(path: str | Path, *, hardware: str | None = None, commit: str | Non
     p = Path(path)
     if p.is_file() and p.suffix == ".json":
         if not hardware:
-            from perfkit.history.store import HistoryError
-
             raise HistoryError(f"{p}: a nightly comparison file does not name its hardware; give --hardware")
         return read_nightly(p, hardware)
     return read_run(p, commit=commit, hardware=hardware)
@@ -78,8 +75,7 @@ def check(
         p = Path(path)
         out_dir = p / "history" if p.is_dir() else Path("outputs/history-check") / p.stem
     runs = read_any(path, hardware=hardware, commit=commit)
-    frame = read_store(store)
-    res = check_runs(frame, runs, settings)
+    res = check_runs(read_store(store), runs, settings)
     return res, write_summary(res, out_dir, commit_url)
 
 
@@ -90,7 +86,6 @@ def changes(
     (:func:`perfkit.history.change_tables.changes`), of one hardware and/or case when given. Raises
     HistoryError when no series matches (nothing listed is never an empty success)."""
     from perfkit.history.change_tables import changes as table
-    from perfkit.history.store import HistoryError
 
     df = read_store(store, hardware=hardware)
     if case is not None:

@@ -62,9 +62,6 @@ log = logging.getLogger(__name__)
 #: Version of the row layout below; bump it when a column changes meaning.
 SCHEMA_VERSION = 1
 
-#: Default store directory (relative to the current directory).
-DEFAULT_STORE = Path("outputs/history")
-
 #: column -> (arrow type, doc). Every file has exactly these columns.
 COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "schema_version": (pa.int16(), "version of this layout (SCHEMA_VERSION)"),
@@ -181,13 +178,12 @@ def _check_files(files: Sequence[Path]) -> None:
     """
     for f in files:
         try:
-            names = pq.read_schema(f).names
+            schema = pq.read_schema(f)
         except (pa.ArrowException, OSError) as exc:
             raise HistoryError(f"{f}: not a history file (not parquet): {exc}") from None
-        missing = [c for c in COLUMNS if c not in names]
+        missing = [c for c in COLUMNS if c not in schema.names]
         if missing:
             raise HistoryError(f"{f}: not a history file: missing column {missing[0]!r}")
-        schema = pq.read_schema(f)
         for name, (want, _) in COLUMNS.items():
             got = schema.field(name).type
             if not _same_kind(got, want):
