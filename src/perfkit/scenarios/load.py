@@ -578,13 +578,3 @@ SCENARIO = registry.register_module(
     "attainment does the engine reach, does memory stay flat, and does the startup warmup cover a "
     "real request trace?",
 )
-
-__all__ = [
-    "LoadParams",
-    "LoadInvariants",
-    "run",
-    "summarise",
-    "per_request_rows",
-    "not_completed",
-    "SCENARIO",
-]

@@ -19,8 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
 
-__all__ = ["Cell", "md", "code", "Figure", "figure_cells", "MeasureOption", "DocBlock"]
-
 
 @dataclass(frozen=True)
 class Cell:

@@ -40,29 +40,6 @@ from perfkit.engine.spec import EngineSpec
 from perfkit.scenarios import cells
 from perfkit.scenarios.parts import Cell, DocBlock, Figure, MeasureOption, code, figure_cells, md
 
-__all__ = [
-    "Scenario",
-    "RunContext",
-    "KeyNumber",
-    "ScenarioParams",
-    "InvariantParams",
-    "CapParams",
-    "ScenarioError",
-    "register",
-    "register_module",
-    "get",
-    "all_scenarios",
-    "names",
-    "invariant_defaults",
-    "merged_invariants",
-    "checks_for",
-    "figure",
-    "figure_kinds",
-    "doc_blocks",
-    "measure_options",
-    "session_name",
-]
-
 
 class ScenarioError(RuntimeError):
     """The measurement itself failed (engine crash, no completed request): the notebook fails
