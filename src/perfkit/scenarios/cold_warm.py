@@ -203,14 +203,9 @@ def cold_vs_warm(
         "cold_start": {
             k: json_float(data.launch_row.get(k))
             for k in (
-                "ready_s",
-                "process_start_s",
-                "models_loaded_s",
-                "warmup_s",
-                "first_result_s",
-                "first_request_wait_s",
-                "first_request_ms",
-            )
+                "ready_s process_start_s models_loaded_s warmup_s first_result_s first_request_wait_s "
+                "first_request_ms"
+            ).split()
         },
     }
     # where each part came from, or why it is not reported (perfkit.engine.handle.cold_start_parts)

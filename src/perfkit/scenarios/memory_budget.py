@@ -387,11 +387,8 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
         if _failing_below(r, mb):
             out.append(registry.KeyNumber("minimum device budget", mb, "GiB", "g"))
         else:  # the search's lower bound completed: nothing smaller was tried
-            out.append(
-                registry.KeyNumber(
-                    "minimum device budget", f"≤ {mb:g} GiB (the search's lower bound completed)"
-                )
-            )
+            text = f"≤ {mb:g} GiB (the search's lower bound completed)"
+            out.append(registry.KeyNumber("minimum device budget", text))
     return out
 
 
@@ -404,26 +401,11 @@ def _failing_below(r: Mapping[str, Any], mb: float) -> list[float]:
     ]
 
 
-SUMMARY_COLUMNS = [
-    "label",
-    "device_cap_gib",
-    "host_cap_gib",
-    "host_cap_effective_gib",
-    "host_cap_clamp",
-    "completed",
-    "cap_held",
-    "enforcement",
-    "cap_mechanism",
-    "peak_reserved_mib",
-    "host_pss_peak_mib",
-    "cgroup_peak_mib",
-    "host_anon_peak_mib",
-    "placement",
-    "cold_ms",
-    "warm_ms",
-    "warm_degrades",
-    "error",
-]
+SUMMARY_COLUMNS = (
+    "label device_cap_gib host_cap_gib host_cap_effective_gib host_cap_clamp completed cap_held enforcement "
+    "cap_mechanism peak_reserved_mib host_pss_peak_mib cgroup_peak_mib host_anon_peak_mib placement cold_ms "
+    "warm_ms warm_degrades error"
+).split()
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:

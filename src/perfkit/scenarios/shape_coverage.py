@@ -91,28 +91,11 @@ def coverage_entry(
         "error": data.error,
     }
     if warmed.source == ENGINE_LOG:
-        entry["warmed_shapes"] = [
-            {
-                "width": s.width,
-                "height": s.height,
-                "num_frames": s.num_frames,
-                "latent_frames": s.latent_frames,
-            }
-            for s in warmed.shapes
-        ]
+        keys = ("width", "height", "num_frames", "latent_frames")
+        entry["warmed_shapes"] = [{k: getattr(s, k) for k in keys} for s in warmed.shapes]
     if len(ok) < 2 or ok["index"].iloc[0] != first_index:
-        entry.update(
-            {
-                "covered": None,
-                "first_ms": None,
-                "warm_median_ms": None,
-                "penalty_ms": None,
-                "ratio": None,
-                "ratio_ci": [None, None],
-                "compiles": None,
-                "penalty_stage": None,
-            }
-        )
+        entry.update(dict.fromkeys(("covered", "first_ms", "warm_median_ms", "penalty_ms", "ratio")))
+        entry.update(ratio_ci=[None, None], compiles=None, penalty_stage=None)
         return entry
     first = float(ok["e2e_ms"].iloc[0])
     warm = ok["e2e_ms"].iloc[1:].to_numpy(float)
