@@ -136,13 +136,8 @@ def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame
             # the drift a steady rise at the slope's lower bound gives from the second request on
             y = warm_rows["e2e_ms"].to_numpy(float)
             second, last = float(y[0]), float(y[-1])
-            checks.append(
-                _leak(
-                    "latency_drift",
-                    stats.relative_drift(second, last),
-                    stats.slope_lower_bound(y) * (len(y) - 1) / second,
-                )
-            )
+            lower = stats.slope_lower_bound(y) * (len(y) - 1) / second
+            checks.append(_leak("latency_drift", stats.relative_drift(second, last), lower))
         results["leak_checks"] = checks
     else:
         results["leak_checks"] = []

@@ -462,10 +462,6 @@ def reading(r: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
-    return {}  # no baseline case: requests overlap, per-request stage times are not sglang's cases
-
-
 def plan(p: LoadParams) -> list[int]:
     """Requests of the one launch (the trace's are not known before it is read: not counted)."""
     opened = p.open_loop_requests if (p.rate_rps or p.rate_over_capacity) else 0
@@ -523,6 +519,8 @@ SECTION_INTRO = (
 )
 
 
+# no ``cases`` (the registry's default: none): requests overlap, per-request stage times are not
+# sglang's baseline cases
 SCENARIO = registry.register_module(
     globals(),
     order=80,
