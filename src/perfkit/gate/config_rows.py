@@ -21,8 +21,6 @@ from perfkit.bundle import WARMUP_INDEX, ResultBundle, table_rows
 from perfkit.checks import Check
 from perfkit.reported import is_reported
 
-__all__ = ["engine_checks"]
-
 
 def _text(v: Any) -> str:
     return "" if v is None or (isinstance(v, float) and v != v) else str(v)
@@ -62,17 +60,8 @@ def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, 
                     why = _text(ln.get("compile_disabled_reason")) or "the engine gave no reason"
                     status = "pass" if inactive_ok else "fail"
                     tail = " (expected: invariants.compile_inactive_ok)" if inactive_ok else ""
-                    rows.append(
-                        Check(
-                            scenario,
-                            metric,
-                            1.0,
-                            0.0,
-                            1.0,
-                            status,
-                            f"compile asked but not active: {why}{tail}",
-                        )
-                    )
+                    why = f"compile asked but not active: {why}{tail}"
+                    rows.append(Check(scenario, metric, 1.0, 0.0, 1.0, status, why))
             if not active:
                 continue
             mine = requests[requests["launch"] == label] if not requests.empty else requests
@@ -86,35 +75,20 @@ def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, 
                     rows.append(Check(scenario, metric, 0.0, None, 0.0, "skipped", why))
                     continue
                 unknown = len(flags) - told
-                rows.append(
-                    Check(
-                        scenario,
-                        metric,
-                        0.0,
-                        0.0,
-                        0.0,
-                        "pass",
-                        "no request hit the recompile limit"
-                        + (f" ({unknown} of {len(flags)} requests did not report it)" if unknown else ""),
-                    )
+                why = "no request hit the recompile limit" + (
+                    f" ({unknown} of {len(flags)} requests did not report it)" if unknown else ""
                 )
+                rows.append(Check(scenario, metric, 0.0, 0.0, 0.0, "pass", why))
                 continue
             first = table_rows(hit.iloc[:1])[0]
             stage = _text(first.get("recompile_limit_stage")) or "a stage not reported"
             reasons = [r for r in _text(first.get("recompile_reasons")).split("; ") if r]
             limit = ln.get("recompile_limit")
             lim = f" (limit {int(limit)})" if _text(limit) else ""
-            rows.append(
-                Check(
-                    scenario,
-                    metric,
-                    0.0,
-                    float(len(hit)),
-                    0.0,
-                    "fail",
-                    f"{_request_label(first)} hit torch.compile's recompile limit{lim} in {stage}; "
-                    f"later calls ran eagerly. torch: {'; '.join(reasons) or 'no reason logged'}"
-                    + (f" ({len(hit)} requests hit it)" if len(hit) > 1 else ""),
-                )
+            why = (
+                f"{_request_label(first)} hit torch.compile's recompile limit{lim} in {stage}; "
+                f"later calls ran eagerly. torch: {'; '.join(reasons) or 'no reason logged'}"
+                + (f" ({len(hit)} requests hit it)" if len(hit) > 1 else "")
             )
+            rows.append(Check(scenario, metric, 0.0, float(len(hit)), 0.0, "fail", why))
     return rows

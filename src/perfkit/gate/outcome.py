@@ -23,19 +23,6 @@ from perfkit.common.slugs import md_text
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "FAIL_ON",
-    "FailOn",
-    "GATE_FAILED",
-    "GateFailed",
-    "check_counts",
-    "exit_code",
-    "finish",
-    "finish_code",
-    "gate_result",
-    "verdict_line",
-]
-
 #: values of a notebook's ``fail_on`` parameter: "gate" raises on a failed (or unjudged) gate
 FAIL_ON = ("gate", "never")
 FailOn = Literal["gate", "never"]

@@ -5,6 +5,7 @@ run directory holds.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,11 +58,7 @@ def case_id(
 
 def case_namer(engine: Mapping[str, Any], request: Mapping[str, Any]):
     """``case_id`` bound to this run's engine and request (what scenarios' ``cases`` receive)."""
-
-    def name(**kw: Any) -> str:
-        return case_id(engine, request, **kw)
-
-    return name
+    return functools.partial(case_id, engine, request)
 
 
 def bundle_cases(
@@ -163,17 +160,9 @@ def gate(
                 log.warning("%s", w)
         else:
             log.warning("baseline file %s does not exist: comparing nothing", baseline_file)
-            base_rows = [
-                Check(
-                    "baseline",
-                    str(baseline_file),
-                    None,
-                    None,
-                    None,
-                    "fail" if strict else "skipped",
-                    "baseline file not found" + (" (strict)" if strict else ""),
-                )
-            ]
+            why = "baseline file not found" + (" (strict)" if strict else "")
+            status = "fail" if strict else "skipped"
+            base_rows = [Check("baseline", str(baseline_file), None, None, None, status, why)]
     return GateResult(doc, list(cases), inv_rows, base_rows, compared, errors, warnings)
 
 

@@ -20,7 +20,7 @@ module by name.
 import importlib
 import pkgutil
 
-from perfkit.scenarios.registry import all_scenarios, get, names
+from perfkit.scenarios.registry import all_scenarios, get, names  # noqa: F401 (re-exported)
 
 
 def discover() -> list[str]:
@@ -34,5 +34,3 @@ def discover() -> list[str]:
 
 
 discover()
-
-__all__ = ["all_scenarios", "discover", "get", "names"]

@@ -55,23 +55,11 @@ def cap_entry(data: LaunchData, cap: MemoryCaps, repeats: int) -> dict[str, Any]
         "error": data.error or (None if len(ok) == repeats else "; ".join(df["error"].dropna().astype(str))),
     }
     if len(ok) >= 2:
-        cold = float(ok["e2e_ms"].iloc[0])
-        warm = float(np.median(ok["e2e_ms"].iloc[1:]))
-        e.update(
-            {
-                "cold_ms": cold,
-                "warm_ms": warm,
-                "warm_degrades": bool(warm > cold * (1 + WARM_DEGRADE_TOLERANCE)),
-            }
-        )
+        cold, warm = float(ok["e2e_ms"].iloc[0]), float(np.median(ok["e2e_ms"].iloc[1:]))
+        e.update(cold_ms=cold, warm_ms=warm, warm_degrades=bool(warm > cold * (1 + WARM_DEGRADE_TOLERANCE)))
     else:
-        e.update(
-            {
-                "cold_ms": json_float(ok["e2e_ms"].iloc[0]) if len(ok) else None,
-                "warm_ms": None,
-                "warm_degrades": None,
-            }
-        )
+        cold = json_float(ok["e2e_ms"].iloc[0]) if len(ok) else None
+        e.update(cold_ms=cold, warm_ms=None, warm_degrades=None)
     return e
 
 

@@ -136,13 +136,8 @@ def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame
             # the drift a steady rise at the slope's lower bound gives from the second request on
             y = warm_rows["e2e_ms"].to_numpy(float)
             second, last = float(y[0]), float(y[-1])
-            checks.append(
-                _leak(
-                    "latency_drift",
-                    stats.relative_drift(second, last),
-                    stats.slope_lower_bound(y) * (len(y) - 1) / second,
-                )
-            )
+            lower = stats.slope_lower_bound(y) * (len(y) - 1) / second
+            checks.append(_leak("latency_drift", stats.relative_drift(second, last), lower))
         results["leak_checks"] = checks
     else:
         results["leak_checks"] = []
@@ -203,14 +198,9 @@ def cold_vs_warm(
         "cold_start": {
             k: json_float(data.launch_row.get(k))
             for k in (
-                "ready_s",
-                "process_start_s",
-                "models_loaded_s",
-                "warmup_s",
-                "first_result_s",
-                "first_request_wait_s",
-                "first_request_ms",
-            )
+                "ready_s process_start_s models_loaded_s warmup_s first_result_s first_request_wait_s "
+                "first_request_ms"
+            ).split()
         },
     }
     # where each part came from, or why it is not reported (perfkit.engine.handle.cold_start_parts)

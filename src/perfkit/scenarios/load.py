@@ -50,6 +50,7 @@ from perfkit.scenarios import cells, registry
 from perfkit.scenarios.load_measure import per_request_rows, read_trace, run_phases, trace_path
 from perfkit.scenarios.load_stats import check_rows, summarise
 from perfkit.scenarios.parts import code, md
+from perfkit.scenarios.registry import KeyNumber
 
 NAME = "load"
 INTERVAL = "order-statistic (binomial) 95 % interval"
@@ -283,103 +284,59 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
     inv = {k: v for k, v in inv.items() if v is not None}  # None: reported, not gated
     levels = r.get("levels") or []
     if "load_memory_growth_max_mib" in inv:
-        rows.append(
-            check_max(
-                NAME,
-                "memory_growth_mib",
-                r.get("memory_growth_mib"),
-                float(inv["load_memory_growth_max_mib"]),
-                "peak device or host memory of a level above the first level's"
-                + {"rss": " (host: RSS, no PSS read in every level)"}.get(
-                    r.get("memory_growth_host_source") or "", ""
-                ),
-            )
+        host = (
+            " (host: RSS, no PSS read in every level)" if r.get("memory_growth_host_source") == "rss" else ""
         )
+        what = "peak device or host memory of a level above the first level's" + host
+        lim = float(inv["load_memory_growth_max_mib"])
+        rows.append(check_max(NAME, "memory_growth_mib", r.get("memory_growth_mib"), lim, what))
     if "load_failed_requests_max" in inv:
-        rows.append(
-            check_max(
-                NAME,
-                "failed_requests",
-                _failed(r),
-                float(inv["load_failed_requests_max"]),
-                f"requests not completed of {r.get('requests') or len(r.get('per_request') or [])}",
-            )
-        )
+        what = f"requests not completed of {r.get('requests') or len(r.get('per_request') or [])}"
+        lim = float(inv["load_failed_requests_max"])
+        rows.append(check_max(NAME, "failed_requests", _failed(r), lim, what))
     for lv in levels:
         k = lv["concurrency"]
         if k > 1 and "load_queue_model_max_rel_err" in inv:
             what = f"steady queue wait {fmt(lv['queue_wait_steady_ms'], '.0f')} ms vs (k-1) x service {fmt(lv['queue_wait_expected_ms'], '.0f')} ms"
-            rows.append(
-                check_max(
-                    NAME,
-                    f"queue_model_rel_err[c{k}]",
-                    lv.get("queue_model_rel_err"),
-                    float(inv["load_queue_model_max_rel_err"]),
-                    what,
-                )
-            )
+            lim = float(inv["load_queue_model_max_rel_err"])
+            err = lv.get("queue_model_rel_err")
+            rows.append(check_max(NAME, f"queue_model_rel_err[c{k}]", err, lim, what))
         if lv is not levels[0] and "load_throughput_min_ratio" in inv:
-            rows.append(
-                check_min(
-                    NAME,
-                    f"throughput_ratio[c{k}]",
-                    lv.get("throughput_ratio"),
-                    float(inv["load_throughput_min_ratio"]),
-                    f"vs concurrency {levels[0]['concurrency']}",
-                )
-            )
+            what = f"vs concurrency {levels[0]['concurrency']}"
+            lim = float(inv["load_throughput_min_ratio"])
+            rows.append(check_min(NAME, f"throughput_ratio[c{k}]", lv.get("throughput_ratio"), lim, what))
         if "load_slo_attainment_min" in inv:
-            rows.append(
-                check_min(
-                    NAME,
-                    f"slo_attainment[c{k}]",
-                    lv.get("slo_attainment"),
-                    float(inv["load_slo_attainment_min"]),
-                )
-            )
+            lim = float(inv["load_slo_attainment_min"])
+            rows.append(check_min(NAME, f"slo_attainment[c{k}]", lv.get("slo_attainment"), lim))
     if not levels and any(k in inv for k in ("load_queue_model_max_rel_err", "load_slo_attainment_min")):
         rows.append(check_max(NAME, "queue_model_rel_err", None, 0.0))
     return rows
 
 
-def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
+def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
     """Throughput and p99 at the first and last level, SLO, memory growth, open-loop queue."""
     levels = r.get("levels") or []
     out = []
     for lv in levels[:1] + levels[1:][-1:]:
         k = lv["concurrency"]
-        out.append(
-            registry.KeyNumber(
-                f"throughput at concurrency {k}", json_float(lv.get("throughput_vpm")), "videos/min", ".1f"
-            )
-        )
-        out.append(registry.KeyNumber(f"p99 e2e at concurrency {k}", p99_text(lv)))
+        vpm = json_float(lv.get("throughput_vpm"))
+        out.append(KeyNumber(f"throughput at concurrency {k}", vpm, "videos/min", ".1f"))
+        out.append(KeyNumber(f"p99 e2e at concurrency {k}", p99_text(lv)))
     n, failed = r.get("requests") or len(r.get("per_request") or []), _failed(r)
-    out.append(
-        registry.KeyNumber("requests completed", f"{n - failed} of {n}" if failed is not None else None)
-    )
-    out.append(registry.KeyNumber("SLO", json_float(r.get("slo_ms")), "ms"))
+    out.append(KeyNumber("requests completed", f"{n - failed} of {n}" if failed is not None else None))
+    out.append(KeyNumber("SLO", json_float(r.get("slo_ms")), "ms"))
     if levels:
-        out.append(
-            registry.KeyNumber(
-                "concurrency findings", "; ".join(r.get("findings") or []) or "none beyond noise"
-            )
-        )
-    out.append(
-        registry.KeyNumber(
-            "memory growth under concurrency", json_float(r.get("memory_growth_mib")), "MiB", ".1f"
-        )
-    )
+        found = "; ".join(r.get("findings") or []) or "none beyond noise"
+        out.append(KeyNumber("concurrency findings", found))
+    growth = json_float(r.get("memory_growth_mib"))
+    out.append(KeyNumber("memory growth under concurrency", growth, "MiB", ".1f"))
     ol = r.get("open_loop")
     if ol:
-        out.append(registry.KeyNumber("open loop queue", _queue_verdict(ol)))
+        out.append(KeyNumber("open loop queue", _queue_verdict(ol)))
     tr = r.get("trace")
     if tr:
-        out.append(
-            registry.KeyNumber(
-                "trace requests of uncovered shapes", json_float(tr.get("uncovered_share")), "", ".0%"
-            )
-        )
+        share = json_float(tr.get("uncovered_share"))
+        out.append(KeyNumber("trace requests of uncovered shapes", share, "", ".0%"))
     return out
 
 
@@ -505,10 +462,6 @@ def reading(r: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
-    return {}  # no baseline case: requests overlap, per-request stage times are not sglang's cases
-
-
 def plan(p: LoadParams) -> list[int]:
     """Requests of the one launch (the trace's are not known before it is read: not counted)."""
     opened = p.open_loop_requests if (p.rate_rps or p.rate_over_capacity) else 0
@@ -566,6 +519,8 @@ SECTION_INTRO = (
 )
 
 
+# no ``cases`` (the registry's default: none): requests overlap, per-request stage times are not
+# sglang's baseline cases
 SCENARIO = registry.register_module(
     globals(),
     order=80,
@@ -578,13 +533,3 @@ SCENARIO = registry.register_module(
     "attainment does the engine reach, does memory stay flat, and does the startup warmup cover a "
     "real request trace?",
 )
-
-__all__ = [
-    "LoadParams",
-    "LoadInvariants",
-    "run",
-    "summarise",
-    "per_request_rows",
-    "not_completed",
-    "SCENARIO",
-]

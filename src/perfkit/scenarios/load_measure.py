@@ -102,12 +102,7 @@ def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpe
 
 
 def run_phases(
-    base_url: str,
-    p: Any,
-    request: VideoRequestSpec,
-    trace: list,
-    timeout_s: float,
-    alive: Any = None,
+    base_url: str, p: Any, request: VideoRequestSpec, trace: list, timeout_s: float, alive: Any = None
 ):
     """Every phase against one engine (:mod:`perfkit.scenarios.load`'s order), ``p`` its
     ``LoadParams``: ([(phase, level, outcome, spec)], why the engine counts as lost or None).
@@ -212,32 +207,20 @@ def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[d
 def _times(sub, start, done, server_ms, client_ms) -> dict[str, Any]:
     """Queue wait and service time (ms) and where they came from (module doc)."""
     if sub is not None and start is not None and done is not None:
-        return {
-            "queue_wait_ms": (start - sub) * 1000.0,
-            "service_ms": (done - start) * 1000.0,
-            "start_source": "engine",
-        }
-    if server_ms is not None and client_ms >= server_ms:
-        return {
-            "queue_wait_ms": client_ms - server_ms,
-            "service_ms": server_ms,
-            "start_source": "derived (start not reported)",
-        }
-    if server_ms is not None:
+        wait, service, source = (start - sub) * 1000.0, (done - start) * 1000.0, "engine"
+    elif server_ms is not None and client_ms >= server_ms:
+        wait, service, source = client_ms - server_ms, server_ms, "derived (start not reported)"
+    elif server_ms is not None:
         # the engine's duration longer than the client's submit-to-result: the two do not
         # measure the same span, so no queue wait can be derived (never a clamped 0)
-        return {
-            "queue_wait_ms": None,
-            "service_ms": server_ms,
-            "start_source": "not reported (engine duration above e2e)",
-        }
-    return {"queue_wait_ms": None, "service_ms": None, "start_source": "not reported"}
+        wait, service, source = None, server_ms, "not reported (engine duration above e2e)"
+    else:
+        wait, service, source = None, None, "not reported"
+    return {"queue_wait_ms": wait, "service_ms": service, "start_source": source}
 
 
 def trace_path(given: str) -> Path:
     """The trace file: as given when it exists (absolute or from the working directory), else
     relative to the checkout (``params/traces/...`` from a notebook's working directory)."""
     path = Path(given)
-    if path.is_absolute() or path.exists():
-        return path
-    return repo_root() / path
+    return path if path.is_absolute() or path.exists() else repo_root() / path

@@ -19,24 +19,6 @@ from perfkit.common.numfmt import json_float
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.scenarios.registry import ScenarioError
 
-__all__ = [
-    "RequestRow",
-    "check_rows",
-    "first_error",
-    "shape_key",
-    "trace_summary",
-    "level_stats",
-    "open_loop_stats",
-    "quantile_row",
-    "median",
-    "peaks",
-    "engine_idle_share",
-    "delivered_rps",
-    "capacity_rps",
-    "slo",
-    "concurrency_findings",
-]
-
 
 class RequestRow(BaseModel):
     """One row of ``results.per_request`` as the summaries read it (a bundle's or a run's): ms,

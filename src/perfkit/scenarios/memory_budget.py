@@ -171,14 +171,9 @@ def memory_budget(
         "reused_launches": reused,
     }
     if min_budget:
-        mb = find_min_budget(
-            spec,
-            req,
-            float(min_budget["lo_gib"]),
-            float(min_budget["hi_gib"]),
-            run_dir=Path(run_dir) / "bisect",
-            resolution_gib=float(min_budget.get("resolution_gib", 1.0)),
-        )
+        lo, hi = float(min_budget["lo_gib"]), float(min_budget["hi_gib"])
+        res = float(min_budget.get("resolution_gib", 1.0))
+        mb = find_min_budget(spec, req, lo, hi, run_dir=Path(run_dir) / "bisect", resolution_gib=res)
         results["min_budget_gib"] = mb.get("min_gib")
         results["min_budget_probes"] = mb.get("probes")
         results["min_budget_note"] = mb.get("note")
@@ -233,14 +228,8 @@ def find_min_budget(
     probes: list[dict[str, Any]] = []
 
     def ok_at(gib: float) -> bool:
-        data = measure_launch(
-            spec,
-            [req],
-            Path(run_dir),
-            f"probe{gib:g}GiB",
-            caps=MemoryCaps(device_gib=gib),
-            stop_on_failure=True,
-        )
+        caps = MemoryCaps(device_gib=gib)
+        data = measure_launch(spec, [req], Path(run_dir), f"probe{gib:g}GiB", caps=caps, stop_on_failure=True)
         df = data.sent_rows()
         good = bool(not df.empty and (df["status"] == "completed").all() and data.error is None)
         probes.append(
@@ -387,11 +376,8 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
         if _failing_below(r, mb):
             out.append(registry.KeyNumber("minimum device budget", mb, "GiB", "g"))
         else:  # the search's lower bound completed: nothing smaller was tried
-            out.append(
-                registry.KeyNumber(
-                    "minimum device budget", f"≤ {mb:g} GiB (the search's lower bound completed)"
-                )
-            )
+            text = f"≤ {mb:g} GiB (the search's lower bound completed)"
+            out.append(registry.KeyNumber("minimum device budget", text))
     return out
 
 
@@ -404,26 +390,11 @@ def _failing_below(r: Mapping[str, Any], mb: float) -> list[float]:
     ]
 
 
-SUMMARY_COLUMNS = [
-    "label",
-    "device_cap_gib",
-    "host_cap_gib",
-    "host_cap_effective_gib",
-    "host_cap_clamp",
-    "completed",
-    "cap_held",
-    "enforcement",
-    "cap_mechanism",
-    "peak_reserved_mib",
-    "host_pss_peak_mib",
-    "cgroup_peak_mib",
-    "host_anon_peak_mib",
-    "placement",
-    "cold_ms",
-    "warm_ms",
-    "warm_degrades",
-    "error",
-]
+SUMMARY_COLUMNS = (
+    "label device_cap_gib host_cap_gib host_cap_effective_gib host_cap_clamp completed cap_held enforcement "
+    "cap_mechanism peak_reserved_mib host_pss_peak_mib cgroup_peak_mib host_anon_peak_mib placement cold_ms "
+    "warm_ms warm_degrades error"
+).split()
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:

@@ -24,6 +24,13 @@ RAN, NOT_APPLICABLE, FAILED = "ran", "not applicable", "failed"
 REFUSAL_RE = re.compile(r"offload mode '(?P<mode>[\w-]+)' needs an accelerator; device is (?P<device>\w+)")
 
 
+#: the placement facts the engine reports in its records, in results order
+_REPORTED = (
+    "placement offload placement_by_component offload_use_stream device compile_active "
+    "compile_disabled_reason compile_requested"
+).split()
+
+
 def _reported(data: LaunchData) -> dict[str, Any]:
     """The engine's placement facts from the launch's last record (``perfkit`` extras)."""
     for line in reversed(data.record_lines):
@@ -32,16 +39,7 @@ def _reported(data: LaunchData) -> dict[str, Any]:
         except (ValueError, AttributeError):
             continue
         if pk:
-            return {
-                "placement": pk.get("placement"),
-                "offload": pk.get("offload"),
-                "placement_by_component": pk.get("placement_by_component"),
-                "offload_use_stream": pk.get("offload_use_stream"),
-                "device": pk.get("device"),
-                "compile_active": pk.get("compile_active"),
-                "compile_disabled_reason": pk.get("compile_disabled_reason"),
-                "compile_requested": pk.get("compile_requested"),
-            }
+            return {k: pk.get(k) for k in _REPORTED}
     return {}
 
 
@@ -49,10 +47,6 @@ def _refusal(error: str | None) -> str | None:
     """The engine's "not applicable" reason in a launch error, or None."""
     m = REFUSAL_RE.search(error or "")
     return m.group(0) if m else None
-
-
-def _num(v: Any) -> float | None:
-    return json_float(v)
 
 
 def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
@@ -65,31 +59,25 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
     ok = df[df["status"] == "completed"] if not df.empty else df
     refused = _refusal(data.error)
     rep = _reported(data)
-    ps, ml = _num(lr.get("process_start_s")), _num(lr.get("models_loaded_s"))
+    ps, ml = json_float(lr.get("process_start_s")), json_float(lr.get("models_loaded_s"))
     e: dict[str, Any] = {
-        "ready_s": _num(lr.get("ready_s")),
+        "ready_s": json_float(lr.get("ready_s")),
         "process_start_s": ps,
         "load_s": (ml - ps) if ml is not None and ps is not None else ml,
-        "warmup_s": _num(lr.get("warmup_s")),
+        "warmup_s": json_float(lr.get("warmup_s")),
         "n_completed": int(len(ok)),
-        "peak_reserved_mib": _num(ok["peak_reserved_mib"].max()) if len(ok) else None,
-        "peak_allocated_mib": _num(ok["peak_allocated_mib"].max()) if len(ok) else None,
-        "load_peak_mib": _num(lr.get("load_peak_mib")),
-        "host_anon_peak_mib": _num(data.memory["host_anon_mib"].max()) if not data.memory.empty else None,
+        "peak_reserved_mib": json_float(ok["peak_reserved_mib"].max()) if len(ok) else None,
+        "peak_allocated_mib": json_float(ok["peak_allocated_mib"].max()) if len(ok) else None,
+        "load_peak_mib": json_float(lr.get("load_peak_mib")),
+        "host_anon_peak_mib": None if data.memory.empty else json_float(data.memory["host_anon_mib"].max()),
         # the host figure the checks use: PSS of the engine's tree (pinned offload buffers are
         # resident and mapped, so they count here; anon RSS leaves them out)
         "host_pss_peak_mib": _peak(data.memory, "host_pss_mib", lr.get("host_pss_peak_mib")),
-        "cgroup_peak_mib": _num(lr.get("cgroup_peak_mib")),
+        "cgroup_peak_mib": json_float(lr.get("cgroup_peak_mib")),
         "placement": rep.get("placement") or lr.get("placement"),
-        "offload": rep.get("offload"),
-        "placement_by_component": rep.get("placement_by_component"),
-        "offload_use_stream": rep.get("offload_use_stream"),
-        "device": rep.get("device"),
-        "compile_active": rep.get("compile_active"),
-        "compile_disabled_reason": rep.get("compile_disabled_reason"),
-        "compile_requested": rep.get("compile_requested"),
-        "cold_ms": _num(ok["e2e_ms"].iloc[0]) if len(ok) else None,
-        "warm_ms": _num(np.median(ok["e2e_ms"].iloc[1:])) if len(ok) >= 2 else None,
+        **{k: rep.get(k) for k in _REPORTED[1:]},
+        "cold_ms": json_float(ok["e2e_ms"].iloc[0]) if len(ok) else None,
+        "warm_ms": json_float(np.median(ok["e2e_ms"].iloc[1:])) if len(ok) >= 2 else None,
     }
     if refused:
         e.update({"status": NOT_APPLICABLE, "reason": refused})

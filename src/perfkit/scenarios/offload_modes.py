@@ -312,17 +312,8 @@ def _order_checks(r: Mapping[str, Any], entries: list[dict[str, Any]]) -> list[C
             big, small = (a, b) if sign > 0 else (b, a)
             ok = big > small if strict else big >= small * (1 - ORDER_TOLERANCE)
             rel = ">" if strict else f">= (within {ORDER_TOLERANCE:.0%})"
-            rows.append(
-                Check(
-                    NAME,
-                    metric,
-                    None,
-                    big - small,
-                    0.0,
-                    "pass" if ok else "fail",
-                    f"{col}: {hi} {_mib(a)}, {lo} {_mib(b)}; needs {'the first' if sign > 0 else 'the second'} {rel}",
-                )
-            )
+            why = f"{col}: {hi} {_mib(a)}, {lo} {_mib(b)}; needs {'the first' if sign > 0 else 'the second'} {rel}"
+            rows.append(Check(NAME, metric, None, big - small, 0.0, "pass" if ok else "fail", why))
     return rows or [_skip(key, "no pair of ordered modes ran")]
 
 
@@ -345,24 +336,10 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     return out
 
 
-SUMMARY_COLUMNS = [
-    "mode",
-    "status",
-    "reason",
-    "ready_s",
-    "process_start_s",
-    "load_s",
-    "warmup_s",
-    "cold_ms",
-    "warm_ms",
-    "peak_reserved_mib",
-    "peak_allocated_mib",
-    "host_pss_peak_mib",
-    "cgroup_peak_mib",
-    "host_anon_peak_mib",
-    "compile",
-    "placement",
-]
+SUMMARY_COLUMNS = (
+    "mode status reason ready_s process_start_s load_s warmup_s cold_ms warm_ms peak_reserved_mib "
+    "peak_allocated_mib host_pss_peak_mib cgroup_peak_mib host_anon_peak_mib compile placement"
+).split()
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:

@@ -338,14 +338,8 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
         s = r.get(part) or {}
         ov, ci = number(s.get("overhead")), s.get("overhead_ci") or [None, None]
         lo, hi = number(ci[0]), number(ci[1])
-        text = (
-            None
-            if ov is None
-            else (
-                f"{ov:+.2%}"
-                + (f" (95% CI {lo:+.2%} … {hi:+.2%})" if lo is not None and hi is not None else "")
-            )
-        )
+        ci_text = f" (95% CI {lo:+.2%} … {hi:+.2%})" if lo is not None and hi is not None else ""
+        text = None if ov is None else f"{ov:+.2%}{ci_text}"
         out.append(registry.KeyNumber(f"{part.replace('_', ' ')} overhead", text))
     return out
 
@@ -356,32 +350,18 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     for part in PARTS:
         s = r.get(part) or {}
         ci = s.get("overhead_ci") or [None, None]
-        rows.append(
-            {
-                "part": part,
-                "n_on": s.get("n_on"),
-                "n_off": s.get("n_off"),
-                "median_on_ms": s.get("median_on_ms"),
-                "median_off_ms": s.get("median_off_ms"),
-                "overhead": s.get("overhead"),
-                "ci_low": ci[0],
-                "ci_high": ci[1],
-            }
-        )
+        keys = ("n_on", "n_off", "median_on_ms", "median_off_ms", "overhead")
+        rows.append({"part": part, **{k: s.get(k) for k in keys}, "ci_low": ci[0], "ci_high": ci[1]})
     return pd.DataFrame(rows)
 
 
 def reading(r: Mapping[str, Any]) -> str:
     """What each overhead is and whether its interval is narrow enough to say anything."""
-    lines = []
-    for k in key_numbers(r):
-        lines.append(f"- **{md_text(k.label)}**: {md_text(k.text)}")
-    how = {
-        f"{(r.get(part) or {}).get('estimator')}"
-        + (f" ({(r.get(part) or {}).get('n_pairs')} pairs)" if (r.get(part) or {}).get("n_pairs") else "")
-        for part in PARTS
-        if (r.get(part) or {}).get("estimator")
-    }
+    lines = [f"- **{md_text(k.label)}**: {md_text(k.text)}" for k in key_numbers(r)]
+    how = set()
+    for s in (r.get(part) or {} for part in PARTS):
+        if s.get("estimator"):
+            how.add(f"{s['estimator']}" + (f" ({s['n_pairs']} pairs)" if s.get("n_pairs") else ""))
     lines.append("")
     if how:
         lines.append(f"Estimator: {'; '.join(sorted(how))}; 95 % percentile bootstrap, seed 0.")

@@ -3,23 +3,12 @@
 dataclasses, fields of :class:`perfkit.scenarios.registry.Scenario`; the generator
 (``notebooks/make_notebooks.py``), the report's generic section template
 (``sections/scenario.html.j2``), :mod:`perfkit.report.figures` and :mod:`perfkit.measure` read
-them, so adding an investigation is one module (docs/DESIGN.md, "Where things go").
-
-- :class:`Cell`: one notebook cell (Markdown or code) after the generic measuring cell;
-  :func:`md` and :func:`code` make them.
-- :class:`Figure`: a figure kind the investigation owns: ``draw(bundle) -> matplotlib Figure``
-  with the heading its notebook shows above it (:func:`figure_cells`), found by kind with
-  :func:`perfkit.scenarios.registry.figure`.
-- :class:`MeasureOption`: a ``python -m perfkit.measure`` option and the jobs it makes.
-- :class:`DocBlock`: a ``perfkit figures`` block kind over several bundles directories.
-"""
+them, so adding an investigation is one module (docs/DESIGN.md, "Where things go")."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
-
-__all__ = ["Cell", "md", "code", "Figure", "figure_cells", "MeasureOption", "DocBlock"]
 
 
 @dataclass(frozen=True)
@@ -60,10 +49,7 @@ class Figure:
 
 def figure_cells(figures: tuple[Figure, ...]) -> list[Cell]:
     """The notebook cells of declared figures: a heading and ``show(figure(kind, bundle))``."""
-    out: list[Cell] = []
-    for f in figures:
-        out += [md(f"## {f.title}"), code(f'show(figure("{f.kind}", bundle))')]
-    return out
+    return [c for f in figures for c in (md(f"## {f.title}"), code(f'show(figure("{f.kind}", bundle))'))]
 
 
 @dataclass(frozen=True)

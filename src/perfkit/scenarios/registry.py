@@ -40,29 +40,6 @@ from perfkit.engine.spec import EngineSpec
 from perfkit.scenarios import cells
 from perfkit.scenarios.parts import Cell, DocBlock, Figure, MeasureOption, code, figure_cells, md
 
-__all__ = [
-    "Scenario",
-    "RunContext",
-    "KeyNumber",
-    "ScenarioParams",
-    "InvariantParams",
-    "CapParams",
-    "ScenarioError",
-    "register",
-    "register_module",
-    "get",
-    "all_scenarios",
-    "names",
-    "invariant_defaults",
-    "merged_invariants",
-    "checks_for",
-    "figure",
-    "figure_kinds",
-    "doc_blocks",
-    "measure_options",
-    "session_name",
-]
-
 
 class ScenarioError(RuntimeError):
     """The measurement itself failed (engine crash, no completed request): the notebook fails
@@ -215,11 +192,7 @@ def no_cases(bundle: ResultBundle, namer: CaseNamer) -> dict[str, ResultBundle]:
 def default_cells(name: str) -> list[Cell]:
     """The notebook cells of a scenario that declares none: its headline table and reading,
     and its gate rows."""
-    return [
-        *cells.headline(name),
-        md("## Gate"),
-        code(cells.GATE_CELL),
-    ]
+    return [*cells.headline(name), md("## Gate"), code(cells.GATE_CELL)]
 
 
 @dataclass(frozen=True)
@@ -264,8 +237,8 @@ class Scenario:
             measurement (an in-session probe), so a report where this one was skipped says
             where its figures are. None: never.
         notebook_intro: its notebook's first paragraph ("": the question).
-        cells: its notebook's cells after the generic measuring cell
-            (:class:`~perfkit.scenarios.parts.Cell`; None: :func:`default_cells`).
+        cells: its notebook's cells after the generic measuring cell and before the gate's last
+            cells (:class:`~perfkit.scenarios.parts.Cell`; None: :func:`default_cells`).
         figures: figure kinds it owns (:class:`~perfkit.scenarios.parts.Figure`), drawn in its
             notebook after its cells; :func:`figure` draws one by kind.
         section_intro: its report section's first paragraph.
@@ -273,7 +246,8 @@ class Scenario:
             (:class:`~perfkit.scenarios.parts.DocBlock`, by kind).
         measure_options: ``python -m perfkit.measure`` options it adds
             (:class:`~perfkit.scenarios.parts.MeasureOption`).
-        session: its bundle is the session ``perfkit figures kind=compare`` compares.
+        session: its bundle is the session ``perfkit figures kind=compare`` compares (one
+            scenario at most).
 
     Every field after ``run`` has a default (no invariants, no checks, no key numbers, an empty
     summary table, no reading, no baseline case, the generic notebook cells and section).
@@ -291,37 +265,21 @@ class Scenario:
     summary_table: Callable[[Mapping[str, Any]], pd.DataFrame] = empty_table
     reading: Callable[[Mapping[str, Any]], str] = no_reading
     cases: Callable[[ResultBundle, CaseNamer], dict[str, ResultBundle]] = no_cases
-    #: run order: lower runs first (a later scenario may reuse an earlier one's launch)
     order: int = 100
-    #: ``params -> [requests of each launch]`` it would make (progress estimate; None: unknown)
     plan: Optional[Callable[[Any], list[int]]] = None
-    #: ``params -> [(part key, sub-params)]``: one unit of work per independent launch
     split: Optional[Callable[[Any], list[tuple[str, Any]]]] = None
-    #: ``([part bundles], params) -> bundle``: what the unsplit scenario would have written
     join: Optional[Callable[[list[ResultBundle], Any], ResultBundle]] = None
-    #: ``(params, namer) -> [case id]`` its baseline cases (estimates of the scale-out planner)
     case_ids: Optional[Callable[[Any, CaseNamer], list[str]]] = None
-    #: ``(params, engine, request) -> [PlannedLaunch]`` what it would launch (shared launches)
     launches: Optional[Callable[[Any, EngineSpec, VideoRequestSpec], list[Any]]] = None
-    #: ``results of another scenario -> bool``: they hold this one's measurement (None: never)
     found_in: Optional[Callable[[Mapping[str, Any]], bool]] = None
     template: str = GENERIC_TEMPLATE
     notebook: str = ""
-    #: the notebook's first paragraph, under its title ("": the question)
     notebook_intro: str = ""
-    #: its notebook's cells after the generic measuring cell and before the gate's last cells
-    #: (None: :func:`default_cells`, the headline table, the reading and the gate rows)
     cells: Optional[tuple[Cell, ...]] = None
-    #: figure kinds it owns, drawn in its notebook after its cells (:func:`figure`)
     figures: tuple[Figure, ...] = ()
-    #: the report section's first paragraph (what its section shows, in plain words)
     section_intro: str = ""
-    #: ``perfkit figures`` block kinds it adds, by kind (``"overhead-pooled"``)
     doc_blocks: Mapping[str, DocBlock] = field(default_factory=dict, hash=False)
-    #: ``python -m perfkit.measure`` options it adds
     measure_options: tuple[MeasureOption, ...] = ()
-    #: its bundle is one server session whose warm requests ``perfkit figures kind=compare``
-    #: compares (one scenario at most)
     session: bool = False
 
     def __post_init__(self) -> None:

@@ -19,11 +19,9 @@ from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.scenarios import registry
-from perfkit.scenarios.registry import RunContext, ScenarioError
+from perfkit.scenarios.registry import RunContext
 
 log = logging.getLogger(__name__)
-
-__all__ = ["load_or_run", "shared_bundles", "ScenarioError"]
 
 
 def shared_bundles(out: Path, name: str) -> dict[str, ResultBundle]:

@@ -91,28 +91,11 @@ def coverage_entry(
         "error": data.error,
     }
     if warmed.source == ENGINE_LOG:
-        entry["warmed_shapes"] = [
-            {
-                "width": s.width,
-                "height": s.height,
-                "num_frames": s.num_frames,
-                "latent_frames": s.latent_frames,
-            }
-            for s in warmed.shapes
-        ]
+        keys = ("width", "height", "num_frames", "latent_frames")
+        entry["warmed_shapes"] = [{k: getattr(s, k) for k in keys} for s in warmed.shapes]
     if len(ok) < 2 or ok["index"].iloc[0] != first_index:
-        entry.update(
-            {
-                "covered": None,
-                "first_ms": None,
-                "warm_median_ms": None,
-                "penalty_ms": None,
-                "ratio": None,
-                "ratio_ci": [None, None],
-                "compiles": None,
-                "penalty_stage": None,
-            }
-        )
+        entry.update(dict.fromkeys(("covered", "first_ms", "warm_median_ms", "penalty_ms", "ratio")))
+        entry.update(ratio_ci=[None, None], compiles=None, penalty_stage=None)
         return entry
     first = float(ok["e2e_ms"].iloc[0])
     warm = ok["e2e_ms"].iloc[1:].to_numpy(float)
@@ -191,17 +174,15 @@ def rank_facts(record_lines: list[str], request_ids: list[str]) -> list[dict[str
             vals = [v for w in warm for v in (w.get(key) or [])]
             return json_float(float(np.median(vals))) if vals else None
 
+        warm_compiles = [_count(w.get("compiles")) for w in warm]
+        peaks = [v for v in (_num(r.get("peak_reserved_mb")) for r in [first, *warm]) if v == v]
         out.append(
             {
                 "rank": first.get("rank", k),
                 "device": first.get("device"),
                 # a rank report without a count is "not measured" (None), never 0
                 "first_compiles": _count(first.get("compiles")),
-                "warm_compiles": (
-                    sum(_count(w.get("compiles")) for w in warm)
-                    if all(_count(w.get("compiles")) is not None for w in warm)
-                    else None
-                ),
+                "warm_compiles": sum(warm_compiles) if None not in warm_compiles else None,
                 "first_recompile_reasons": (
                     list(first["recompile_reasons"]) if first.get("recompile_reasons") is not None else None
                 ),
@@ -212,12 +193,7 @@ def rank_facts(record_lines: list[str], request_ids: list[str]) -> list[dict[str
                 "warm_compute_median_ms": med("cfg_compute_ms"),
                 "warm_gather_median_ms": med("cfg_gather_ms"),
                 # this rank's own device peak over the shape's requests (MiB; sglang's mb are MiB)
-                "peak_reserved_mib": json_float(
-                    max(
-                        (v for v in (_num(r.get("peak_reserved_mb")) for r in [first, *warm]) if v == v),
-                        default=None,
-                    )
-                ),
+                "peak_reserved_mib": json_float(max(peaks, default=None)),
             }
         )
     return out

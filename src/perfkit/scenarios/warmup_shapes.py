@@ -172,16 +172,10 @@ def warmup_shapes(
     results["profiled"] = {"warmup_frames": w, "request_frames": f}
     bundle = assemble(NAME, launches, params, results)
     s = spec.replace(warmup_frames=int(w), share_compile_cache=False)
+    req = dataclasses.replace(base, num_frames=int(f))
+    label = f"profiled-warmup{w}"
     return attach(
-        bundle,
-        *run_profiled(
-            s,
-            dataclasses.replace(base, num_frames=int(f)),
-            profile,
-            Path(run_dir),
-            label=f"profiled-warmup{w}",
-            first_role=FIRST_OF_NEW_SHAPE,
-        ),
+        bundle, *run_profiled(s, req, profile, Path(run_dir), label=label, first_role=FIRST_OF_NEW_SHAPE)
     )
 
 
@@ -316,17 +310,8 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             continue
         limit = float(inv[key])
         if not covered:
-            rows.append(
-                Check(
-                    NAME,
-                    metric,
-                    limit,
-                    None,
-                    limit,
-                    "skipped",
-                    "not measured" if not coverage else "no covered shape measured",
-                )
-            )
+            why = "not measured" if not coverage else "no covered shape measured"
+            rows.append(Check(NAME, metric, limit, None, limit, "skipped", why))
             continue
         for c in covered:
             label = f"{metric}[warmup={c.get('warmup_frames')}f,request={c.get('request_frames')}f]"
@@ -363,31 +348,17 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     out = []
     for c in r.get("coverage") or []:
         pen = number(c.get("penalty_ms"))
-        out.append(
-            registry.KeyNumber(
-                f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f",
-                ("covered" if c.get("covered") else "not covered") + f", penalty {fmt(pen, '.0f', ' ms')}, "
-                f"{_compiles(c.get('compiles'))}",
-            )
-        )
+        label = f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f"
+        cov = "covered" if c.get("covered") else "not covered"
+        text = f"{cov}, penalty {fmt(pen, '.0f', ' ms')}, {_compiles(c.get('compiles'))}"
+        out.append(registry.KeyNumber(label, text))
     return out
 
 
-SUMMARY_COLUMNS = [
-    "warmup_frames",
-    "request_frames",
-    "warmup_latent_frames",
-    "request_latent_frames",
-    "covered",
-    "warmup_source",
-    "first_ms",
-    "warm_median_ms",
-    "penalty_ms",
-    "ratio",
-    "compiles",
-    "penalty_stage",
-    "error",
-]
+SUMMARY_COLUMNS = (
+    "warmup_frames request_frames warmup_latent_frames request_latent_frames covered warmup_source first_ms "
+    "warm_median_ms penalty_ms ratio compiles penalty_stage error"
+).split()
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:

@@ -28,19 +28,13 @@ The package, one module per job: :mod:`perfkit.gate.baseline.rules` (sglang's to
 stage classes, the pass bound), :mod:`perfkit.gate.baseline.files` (new, load, save: atomic),
 :mod:`perfkit.gate.baseline.derive` (entries from bundles or records),
 :mod:`perfkit.gate.baseline.compare` (verdict rows), :mod:`perfkit.gate.baseline.update` (one
-case's entry written into a file). The public API, re-exported here:
-
-- :func:`load_baseline`, :func:`save_baseline`, :func:`dumps_baseline`, :func:`new_baseline`
-- :func:`from_bundle`, :func:`baseline_from_bundles`, :func:`set_scenario`
-- :func:`compare`, :func:`check_overlap`, :func:`classify_stage`, :func:`bound`,
-  :func:`tolerance_profile`, :func:`is_flat`
-- :func:`improvement_snippets`, :func:`entry_from_records`, :func:`atomic_write_text`
-- :func:`update_baseline`
+case's entry written into a file); their public API is re-exported here.
 
 The verdict's table and words are elsewhere: :func:`perfkit.checks.overall_status`,
 :func:`perfkit.report.notebook.verdict_markdown`.
 """
 
+# ruff: noqa: F401 (the public API, re-exported)
 from __future__ import annotations
 
 from perfkit.gate.baseline.compare import check_overlap, compare, improvement_snippets
@@ -90,49 +84,3 @@ from perfkit.gate.baseline.rules import (
     tolerance_profile,
 )
 from perfkit.gate.baseline.update import update_baseline
-
-__all__ = [
-    "BaselineError",
-    "DECODING_STAGE_MIN_TOL",
-    "DECODING_STAGE_PAD_MS",
-    "DEFAULT_IMPROVEMENT_THRESHOLD",
-    "DEFAULT_PAD_MS",
-    "DEFAULT_STEP_FRACTIONS",
-    "DEFAULT_TOLERANCES",
-    "DERIVED_KEYS",
-    "FLAT_PROFILE",
-    "IMAGE_STEP_PAD_MS",
-    "MB_DECIMALS",
-    "MEMORY_METRICS",
-    "MS_DECIMALS",
-    "NON_DENOISE_STAGE_PAD_MS",
-    "OPTIONAL_TOLERANCES",
-    "PER_FRAME_METRIC",
-    "SCALAR_TIMING_METRICS",
-    "STEP0_PAD_MS",
-    "STEP0_TOL",
-    "S_DECIMALS",
-    "StageClassifier",
-    "TOP_LEVEL_CASE_MAPS",
-    "VIDEO_STEP_PAD_MS",
-    "VRAM_PAD_MB",
-    "atomic_write_text",
-    "baseline_from_bundles",
-    "bound",
-    "check_overlap",
-    "classify_stage",
-    "compare",
-    "dumps_baseline",
-    "entry_from_records",
-    "from_bundle",
-    "improvement_snippets",
-    "is_flat",
-    "load_baseline",
-    "loads_baseline",
-    "new_baseline",
-    "save_baseline",
-    "set_scenario",
-    "step_indices",
-    "tolerance_profile",
-    "update_baseline",
-]

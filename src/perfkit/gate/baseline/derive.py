@@ -307,11 +307,8 @@ def baseline_from_bundles(
     fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
     if description is None:
         commits = sorted({str(b.meta.get("git_commit")) for _, b in items if b.meta.get("git_commit")})
-        description = (
-            "Reference numbers from perfkit bundles"
-            + (f" at git commit {', '.join(commits)}" if commits else "")
-            + "."
-        )
+        at = f" at git commit {', '.join(commits)}" if commits else ""
+        description = f"Reference numbers from perfkit bundles{at}."
     doc = new_baseline(
         hardware, model=model, tolerances=tolerances, step_fractions=fractions, description=description
     )

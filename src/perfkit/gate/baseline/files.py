@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import difflib
@@ -221,16 +222,12 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         os.chmod(tmp, mode)
         os.replace(tmp, p)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
-    try:
+    with contextlib.suppress(OSError):  # some filesystems cannot fsync a directory
         dfd = os.open(p.parent, os.O_RDONLY)
         try:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-    except OSError:  # some filesystems cannot fsync a directory
-        pass
