@@ -47,10 +47,7 @@ from perfkit.bundle_schema import (
     SCHEMA_VERSION,
     TABLE_NAMES,
     WARMUP_INDEX,
-    Column,
-    Table,
     conform,
-    sampler_frame,
     upgrade_results,
     upgrade_table,
 )
@@ -62,25 +59,6 @@ log = logging.getLogger(__name__)
 
 #: table names, in file order (declarations: :data:`TABLE_SCHEMAS`)
 TABLES = TABLE_NAMES
-__all__ = [
-    "SCHEMA_VERSION",
-    "TABLES",
-    "TABLE_SCHEMAS",
-    "WARMUP_INDEX",
-    "Column",
-    "Table",
-    "ResultBundle",
-    "conform",
-    "sampler_frame",
-    "upgrade_results",
-    "upgrade_table",
-    "environment_meta",
-    "redact",
-    "sub_bundle",
-    "table_rows",
-    "cold_request_covered",
-    "load_many",
-]
 
 # Redaction reads every string in linear time (docs/robustness.md, "Input limits"): a string is split
 # at whitespace once, and each token is checked with patterns that start only at a literal and
@@ -419,10 +397,7 @@ class ResultBundle:
         scen = meta.get("scenario", d.name)
         if not isinstance(scen, str) or not scen:
             raise ValueError(f"{meta_p}: scenario: {scen!r} is not a scenario name")
-        res_p = d / "results.json"
-        results = _read_object(res_p) if res_p.exists() else {}
-        res_version = _version(results, res_p, default=version) if isinstance(results, dict) else version
-        results = upgrade_results(results, res_version)
+        results = _results(d, version)
         tables = {}
         for name in TABLES:
             p = d / f"{name}.parquet"
@@ -453,6 +428,24 @@ class ResultBundle:
             traces=traces,
             path=d,
         )
+
+
+def read_results(path: str | Path) -> dict[str, Any]:
+    """Bundle directory ``path``'s results.json with the current keys, as
+    :meth:`ResultBundle.load` gives it (a schema-1 file upgraded in memory, no
+    ``schema_version``), without reading its tables; {} when the bundle has no results.json.
+    Raises ValueError naming the file, as :meth:`ResultBundle.load` does."""
+    d = Path(path)
+    meta_p = d / "meta.json"
+    return _results(d, _version(_read_object(meta_p), meta_p, default=1) if meta_p.exists() else 1)
+
+
+def _results(d: Path, version: int) -> dict[str, Any]:
+    res_p = d / "results.json"
+    if not res_p.exists():
+        return {}
+    results = _read_object(res_p)
+    return upgrade_results(results, _version(results, res_p, default=version))
 
 
 #: a bundle's meta.json and results.json are a few KiB to a few MiB; larger is not a bundle

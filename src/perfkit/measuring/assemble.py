@@ -8,7 +8,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from perfkit.bundle import ResultBundle, conform, environment_meta, sampler_frame
+from perfkit.bundle import ResultBundle, conform, environment_meta
+from perfkit.bundle_schema import sampler_frame
 from perfkit.engine.argv import engine_versions
 from perfkit.engine.caps import MemoryCaps
 from perfkit.measuring.launch_rows import LaunchData
