@@ -591,6 +591,41 @@ def test_a_key_given_twice_is_refused_in_baselines_dumps_and_params(tmp_path):
         loads_perf_dump('{"steps": [], "steps": []}', "d.json")
 
 
+def test_a_key_given_twice_is_refused_in_bundles_performance_logs_and_nightly_files(tmp_path):
+    """A breaker's finds: a results.json with ``cold_ms`` given twice replayed as PASS with
+    "cold request | 1 ms", a performance.log record's second ``total_duration_ms`` was compared,
+    a nightly file's second ``latency_s`` stored; a 400-digit results value was an OverflowError
+    naming neither file nor key."""
+    import shutil
+
+    from perfkit.bundle import ResultBundle, read_results
+    from perfkit.history.nightly import read_nightly_file
+    from perfkit.history.store import HistoryError
+
+    root = Path(__file__).resolve().parents[1]
+    b = tmp_path / "cold_warm"
+    shutil.copytree(root / "examples/h200/bundles/cold_warm", b)
+    res = b / "results.json"
+    text = res.read_text()
+    assert '"cold_ms": 58427.881' in text
+    res.write_text(text.replace('"cold_ms": 58427.881', '"cold_ms": 58427.881, "cold_ms": 1'))
+    for read in (ResultBundle.load, read_results):
+        with pytest.raises(ValueError, match=r"results\.json: key 'cold_ms' given twice"):
+            read(b)
+    res.write_text(text.replace('"cold_ms": 58427.881', '"cold_ms": 1' + "0" * 400))
+    with pytest.raises(ValueError, match=r"results\.json: an integer of 401 digits"):
+        ResultBundle.load(b)
+    log = tmp_path / "performance.log"
+    log.write_text(json.dumps(RECORD)[:-1] + ', "request_id": "r2"}\n')
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(FIXTURE_BASELINE), "--case", "x")
+    assert code == 2 and "key 'request_id' given twice" in out, out
+    nightly = tmp_path / "n.json"
+    src = (root / "tests/fixtures/sglang-nightly/2026-03-19_23294950463.json").read_text()
+    nightly.write_text(src.replace('"latency_s": 7.586', '"latency_s": 7.586, "latency_s": 99', 1))
+    with pytest.raises(HistoryError, match="n.json: key 'latency_s' given twice"):
+        read_nightly_file(nightly, "H100")
+
+
 def test_oversized_params_logs_and_load_traces_are_refused_before_reading(tmp_path):
     from perfkit.engine.client import VideoRequestSpec
     from perfkit.params import MAX_YAML_BYTES, ParamsError, load_params
