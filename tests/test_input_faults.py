@@ -619,6 +619,15 @@ def test_a_key_given_twice_is_refused_in_bundles_performance_logs_and_nightly_fi
     log.write_text(json.dumps(RECORD)[:-1] + ', "request_id": "r2"}\n')
     code, out = _invoke("compare", "--run", str(log), "--baseline", str(FIXTURE_BASELINE), "--case", "x")
     assert code == 2 and "key 'request_id' given twice" in out, out
+    res.write_text(text)
+    meta = b / "meta.json"
+    meta.write_text(
+        meta.read_text().replace('"scenario": "cold_warm"', '"scenario": "<svg onload=alert(9)>|x"', 1)
+    )
+    with pytest.raises(
+        ValueError, match=r"meta\.json: scenario: '<svg onload=alert\(9\)>\|x' is not a scenario name"
+    ):
+        ResultBundle.load(b)
     nightly = tmp_path / "n.json"
     src = (root / "tests/fixtures/sglang-nightly/2026-03-19_23294950463.json").read_text()
     nightly.write_text(src.replace('"latency_s": 7.586', '"latency_s": 7.586, "latency_s": 99', 1))

@@ -1,31 +1,19 @@
 """ResultBundle: one scenario run's data on disk, loadable anywhere.
 
-Directory layout (``outputs/RUN/<scenario>/``)::
-
-    meta.json         schema_version, scenario, perfkit version, git commit, torch/diffusers
-                      versions, host, cpu_count, gpu name/driver, caps, params, engine commands
-                      (secrets redacted), tables (the tables this writer wrote: an additive
-                      one it does not name was added after the bundle was saved)
-    results.json      schema_version and the scenario-derived results (penalties, coverage, leak
-                      checks, verdicts)
-    requests.parquet  one row per request (startup warmup included, index -1)
-    stages.parquet    one row per (request, stage)
-    steps.parquet     one row per (request, denoising step)
-    memory.parquet    memory timeline samples
-    launches.parquet  one row per engine launch (cold start and its parts)
-    records/<launch>.jsonl   raw performance.log lines (sglang's layout, its ``_mb`` keys, its
-                             ``"tag": "warmup"``)
-    logs/<launch>.{stdout,stderr}.log   engine logs
-    traces/<file>     profiler traces of profiled requests (sglang's gzipped Chrome traces;
-                      listed by the ``traces`` table), and CUDA allocator snapshots
-                      (``memsnap-<launch>-request-<i>.pickle.gz``; the ``memory_sites`` table)
-    memory_sites.parquet  allocation sites from those snapshots (what grew, alive at the peak)
+Directory layout (``outputs/RUN/<scenario>/``): ``meta.json`` (schema_version, scenario,
+versions, host, GPUs, caps, params, engine commands with secrets redacted, the tables written),
+``results.json`` (schema_version and the scenario's derived results), one parquet file per
+table (``requests``, ``stages``, ``steps``, ``memory``, ``launches``, ``traces``,
+``memory_sites``), ``records/<launch>.jsonl`` (raw performance.log lines in sglang's layout and
+``_mb`` keys), ``logs/<launch>.{stdout,stderr}.log`` and ``traces/`` (profiler traces, CUDA
+allocator snapshots ``memsnap-<launch>-request-<i>.pickle.gz``).
 
 The tables' columns are declared once, with dtype, unit and doc, in :mod:`perfkit.bundle_schema`
 (:data:`TABLE_SCHEMAS`): times end in ``_ms`` (ms) or ``_s`` (s; ``t_*_s`` are epoch seconds),
 memory in ``_mib``/``_gib``. A startup warmup request has ``index == WARMUP_INDEX`` (-1); it is
 the only warmup mark in the tables. :meth:`ResultBundle.save` refuses undeclared columns and
 casts declared ones; :meth:`ResultBundle.load` upgrades older bundles (schema 1) in memory.
+Bundle files are read only here (:meth:`ResultBundle.load`, :func:`read_results`).
 """
 
 from __future__ import annotations
@@ -395,7 +383,7 @@ class ResultBundle:
         meta = _read_object(meta_p)
         version = _version(meta, meta_p, default=1)
         scen = meta.get("scenario", d.name)
-        if not isinstance(scen, str) or not scen:
+        if not isinstance(scen, str) or not (_SCENARIO_NAME.fullmatch(scen) or "scenario" not in meta):
             raise ValueError(f"{meta_p}: scenario: {scen!r} is not a scenario name")
         results = _results(d, version)
         tables = {}
@@ -448,6 +436,8 @@ def _results(d: Path, version: int) -> dict[str, Any]:
     return upgrade_results(results, _version(results, res_p, default=version))
 
 
+#: an investigation's name as perfkit writes it (``cold_warm``, ``ab``): letters, digits, ``_.-``
+_SCENARIO_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 #: a bundle's meta.json and results.json are a few KiB to a few MiB; larger is not a bundle
 MAX_JSON_BYTES = 256 * 2**20
 
