@@ -30,28 +30,26 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from perfkit.bundle_schema import (
+    MAX_ROWS,
     SCHEMA_VERSION,
-    TABLE_NAMES,
     WARMUP_INDEX,
+    check_rows,
     conform,
     upgrade_results,
     upgrade_table,
 )
+from perfkit.bundle_schema import TABLE_NAMES as TABLES  # noqa: I001 - file order; declarations below
 from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
 from perfkit.common import jsonsafe
 from perfkit.common.provenance import git_commit, source_digest
 
 log = logging.getLogger(__name__)
 
-#: table names, in file order (declarations: :data:`TABLE_SCHEMAS`)
-TABLES = TABLE_NAMES
-
-# Redaction reads every string in linear time (docs/robustness.md, "Input limits"): a string is split
-# at whitespace once, and each token is checked with patterns that start only at a literal and
-# never backtrack (no nested or adjacent unbounded repeats), so one 1 MiB stderr line costs
-# milliseconds, not the hours a backtracking ``[\w-]*token[\w-]*=`` search took.
+# Redaction in linear time (docs/robustness.md, "Input limits"): split at whitespace once, patterns
+# that never backtrack (a backtracking ``[\w-]*token[\w-]*=`` took hours on a 1 MiB stderr line).
 _SECRET_KEY = re.compile(r"(token|secret|password|passwd|api[_-]?key|access[_-]?key|auth)", re.I)
 #: secret words a ``KEY=value`` or ``--flag value`` name holds (``auth``/``passwd`` only as keys)
 _SECRET_NAME = re.compile(r"token|secret|password|api[_-]?key|access[_-]?key", re.I)
@@ -389,9 +387,12 @@ class ResultBundle:
         tables = {}
         for name in TABLES:
             p = d / f"{name}.parquet"
-            df = pd.read_parquet(p) if p.exists() else pd.DataFrame()
             try:
+                if p.exists() and (rows := pq.read_metadata(p).num_rows) > MAX_ROWS:
+                    raise ValueError(f"{rows:,} rows, over the limit of {MAX_ROWS:,} for a bundle table")
+                df = pd.read_parquet(p) if p.exists() else pd.DataFrame()
                 tables[name] = conform(name, upgrade_table(name, df, version))
+                check_rows(name, tables[name])
             except ValueError as exc:
                 raise ValueError(f"{p}: {exc}") from None
         if version < SCHEMA_VERSION:
