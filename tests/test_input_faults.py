@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import fake_engine
@@ -589,6 +590,89 @@ def test_a_key_given_twice_is_refused_in_baselines_dumps_and_params(tmp_path):
 
     with pytest.raises(RecordError, match="key 'steps' given twice"):
         loads_perf_dump('{"steps": [], "steps": []}', "d.json")
+
+
+def test_a_key_given_twice_is_refused_in_bundles_performance_logs_and_nightly_files(tmp_path):
+    """A breaker's finds: a results.json with ``cold_ms`` given twice replayed as PASS with
+    "cold request | 1 ms", a performance.log record's second ``total_duration_ms`` was compared,
+    a nightly file's second ``latency_s`` stored; a 400-digit results value was an OverflowError
+    naming neither file nor key."""
+    import shutil
+
+    from perfkit.bundle import ResultBundle, read_results
+    from perfkit.history.nightly import read_nightly_file
+    from perfkit.history.store import HistoryError
+
+    root = Path(__file__).resolve().parents[1]
+    b = tmp_path / "cold_warm"
+    shutil.copytree(root / "examples/h200/bundles/cold_warm", b)
+    res = b / "results.json"
+    text = res.read_text()
+    assert '"cold_ms": 58427.881' in text
+    res.write_text(text.replace('"cold_ms": 58427.881', '"cold_ms": 58427.881, "cold_ms": 1'))
+    for read in (ResultBundle.load, read_results):
+        with pytest.raises(ValueError, match=r"results\.json: key 'cold_ms' given twice"):
+            read(b)
+    res.write_text(text.replace('"cold_ms": 58427.881', '"cold_ms": 1' + "0" * 400))
+    with pytest.raises(ValueError, match=r"results\.json: an integer of 401 digits"):
+        ResultBundle.load(b)
+    log = tmp_path / "performance.log"
+    log.write_text(json.dumps(RECORD)[:-1] + ', "request_id": "r2"}\n')
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(FIXTURE_BASELINE), "--case", "x")
+    assert code == 2 and "key 'request_id' given twice" in out, out
+    res.write_text(text)
+    meta = b / "meta.json"
+    meta.write_text(
+        meta.read_text().replace('"scenario": "cold_warm"', '"scenario": "<svg onload=alert(9)>|x"', 1)
+    )
+    with pytest.raises(
+        ValueError, match=r"meta\.json: scenario: '<svg onload=alert\(9\)>\|x' is not a scenario name"
+    ):
+        ResultBundle.load(b)
+    nightly = tmp_path / "n.json"
+    src = (root / "tests/fixtures/sglang-nightly/2026-03-19_23294950463.json").read_text()
+    nightly.write_text(src.replace('"latency_s": 7.586', '"latency_s": 7.586, "latency_s": 99', 1))
+    with pytest.raises(HistoryError, match="n.json: key 'latency_s' given twice"):
+        read_nightly_file(nightly, "H100")
+
+
+def test_a_bundle_table_with_a_row_twice_a_fractional_index_or_millions_of_rows_is_refused(
+    tmp_path, monkeypatch
+):
+    """A breaker's finds: a stage row given twice was summed (DenoisingStage 827 -> 1654 ms, a
+    false fail), a request row twice compared the wrong one, an index 1.5 rounded to another
+    request's row, 9.6 M stage rows read for 125 s at 4.2 GB."""
+    import shutil
+
+    import perfkit.bundle as bundle
+    from perfkit.bundle import ResultBundle
+
+    root = Path(__file__).resolve().parents[1]
+    b = tmp_path / "cold_warm"
+    shutil.copytree(root / "examples/h200/bundles/cold_warm", b)
+    stages, requests = b / "stages.parquet", b / "requests.parquet"
+    st0, rq0 = pd.read_parquet(stages), pd.read_parquet(requests)
+    pd.concat([st0, st0[(st0.stage == "DenoisingStage") & (st0["index"] >= 1)].head(1)]).to_parquet(
+        stages, index=False
+    )
+    with pytest.raises(
+        ValueError, match=r"stages\.parquet: two rows for launch .*, index .*, stage 'DenoisingStage'"
+    ):
+        ResultBundle.load(b)
+    st0.to_parquet(stages, index=False)
+    pd.concat([rq0, rq0[rq0["index"] == 1]]).to_parquet(requests, index=False)
+    with pytest.raises(ValueError, match=r"requests\.parquet: two rows for launch .*, index 1"):
+        ResultBundle.load(b)
+    frac = rq0.astype({"index": "float64"})
+    frac.loc[frac["index"] == 1, "index"] = 1.5
+    frac.to_parquet(requests, index=False)
+    with pytest.raises(ValueError, match=r"requests\.parquet: column 'index' holds 1\.5, not an integer"):
+        ResultBundle.load(b)
+    rq0.to_parquet(requests, index=False)
+    assert len(ResultBundle.load(b).requests) == len(rq0)
+    monkeypatch.setattr(bundle, "MAX_ROWS", len(st0) - 1)
+    with pytest.raises(ValueError, match=r"stages\.parquet: \d+ rows, over the limit"):
+        ResultBundle.load(b)
 
 
 def test_oversized_params_logs_and_load_traces_are_refused_before_reading(tmp_path):

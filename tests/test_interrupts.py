@@ -293,3 +293,22 @@ def test_an_interrupt_swallowed_in_a_del_is_delivered_again(tmp_path):
     assert done.returncode == 2 and "ran on" not in done.stdout, (done.returncode, done.stderr[-2000:])
     assert time.monotonic() - t0 < 20
     assert "perfkit demo: interrupted (SIGINT)" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("then", ["SIGINT", "SIGTERM"])
+def test_a_signal_after_the_command_ended_keeps_its_exit_code(tmp_path, then):
+    """A signal that arrives once the command has ended (a breaker's SIGINT to ``perfkit history
+    import`` just after "126 run(s) added") does not kill the process past its exit code: it
+    died of SIGINT (returncode -2, 130 in a shell) with no line."""
+    script = tmp_path / "cli.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "sys.argv = ['perfkit', '--help']\n"
+        "from perfkit.cli import main\n"
+        "code = main()\n"
+        f"os.kill(os.getpid(), signal.{then})\n"
+        "time.sleep(0.3)\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])

@@ -201,3 +201,23 @@ def test_a_trace_with_a_hostile_op_name_leaves_no_live_svg_in_the_report(tmp_pat
     low = page.lower()
     assert "<svg" not in low, low[low.find("<svg") - 300 :][:600]
     assert "&lt;svg onload=alert(1)&gt;" in page
+
+
+@FAST
+@given(hostile, hostile, hostile)
+def test_compare_check_table_keeps_its_rows_and_no_markup_live(case, metric, reason):
+    """`perfkit compare` printed a performance.log's stage name and a `baseline update --case`
+    name raw in its Markdown table (a breaker's `<svg onload=alert(8)>`)."""
+    from perfkit.checks import check_markdown
+
+    df = pd.DataFrame(
+        {
+            "case": [case, "x"],
+            "metric": [metric, "e2e_ms"],
+            "status": ["fail", "pass"],
+            "reason": [reason, "<= 1"],
+        }
+    )
+    md = check_markdown(df)
+    assert_inert(md, rows=3, cells=4)
+    assert md.rstrip().endswith("| x | e2e_ms | pass | <= 1 |"), md

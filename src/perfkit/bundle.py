@@ -1,31 +1,19 @@
 """ResultBundle: one scenario run's data on disk, loadable anywhere.
 
-Directory layout (``outputs/RUN/<scenario>/``)::
-
-    meta.json         schema_version, scenario, perfkit version, git commit, torch/diffusers
-                      versions, host, cpu_count, gpu name/driver, caps, params, engine commands
-                      (secrets redacted), tables (the tables this writer wrote: an additive
-                      one it does not name was added after the bundle was saved)
-    results.json      schema_version and the scenario-derived results (penalties, coverage, leak
-                      checks, verdicts)
-    requests.parquet  one row per request (startup warmup included, index -1)
-    stages.parquet    one row per (request, stage)
-    steps.parquet     one row per (request, denoising step)
-    memory.parquet    memory timeline samples
-    launches.parquet  one row per engine launch (cold start and its parts)
-    records/<launch>.jsonl   raw performance.log lines (sglang's layout, its ``_mb`` keys, its
-                             ``"tag": "warmup"``)
-    logs/<launch>.{stdout,stderr}.log   engine logs
-    traces/<file>     profiler traces of profiled requests (sglang's gzipped Chrome traces;
-                      listed by the ``traces`` table), and CUDA allocator snapshots
-                      (``memsnap-<launch>-request-<i>.pickle.gz``; the ``memory_sites`` table)
-    memory_sites.parquet  allocation sites from those snapshots (what grew, alive at the peak)
+Directory layout (``outputs/RUN/<scenario>/``): ``meta.json`` (schema_version, scenario,
+versions, host, GPUs, caps, params, engine commands with secrets redacted, the tables written),
+``results.json`` (schema_version and the scenario's derived results), one parquet file per
+table (``requests``, ``stages``, ``steps``, ``memory``, ``launches``, ``traces``,
+``memory_sites``), ``records/<launch>.jsonl`` (raw performance.log lines in sglang's layout and
+``_mb`` keys), ``logs/<launch>.{stdout,stderr}.log`` and ``traces/`` (profiler traces, CUDA
+allocator snapshots ``memsnap-<launch>-request-<i>.pickle.gz``).
 
 The tables' columns are declared once, with dtype, unit and doc, in :mod:`perfkit.bundle_schema`
 (:data:`TABLE_SCHEMAS`): times end in ``_ms`` (ms) or ``_s`` (s; ``t_*_s`` are epoch seconds),
 memory in ``_mib``/``_gib``. A startup warmup request has ``index == WARMUP_INDEX`` (-1); it is
 the only warmup mark in the tables. :meth:`ResultBundle.save` refuses undeclared columns and
 casts declared ones; :meth:`ResultBundle.load` upgrades older bundles (schema 1) in memory.
+Bundle files are read only here (:meth:`ResultBundle.load`, :func:`read_results`).
 """
 
 from __future__ import annotations
@@ -42,50 +30,26 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from perfkit.bundle_schema import (
+    MAX_ROWS,
     SCHEMA_VERSION,
-    TABLE_NAMES,
     WARMUP_INDEX,
-    Column,
-    Table,
+    check_rows,
     conform,
-    sampler_frame,
     upgrade_results,
     upgrade_table,
 )
+from perfkit.bundle_schema import TABLE_NAMES as TABLES  # noqa: I001 - file order; declarations below
 from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
 from perfkit.common import jsonsafe
 from perfkit.common.provenance import git_commit, source_digest
 
 log = logging.getLogger(__name__)
 
-#: table names, in file order (declarations: :data:`TABLE_SCHEMAS`)
-TABLES = TABLE_NAMES
-__all__ = [
-    "SCHEMA_VERSION",
-    "TABLES",
-    "TABLE_SCHEMAS",
-    "WARMUP_INDEX",
-    "Column",
-    "Table",
-    "ResultBundle",
-    "conform",
-    "sampler_frame",
-    "upgrade_results",
-    "upgrade_table",
-    "environment_meta",
-    "redact",
-    "sub_bundle",
-    "table_rows",
-    "cold_request_covered",
-    "load_many",
-]
-
-# Redaction reads every string in linear time (docs/robustness.md, "Input limits"): a string is split
-# at whitespace once, and each token is checked with patterns that start only at a literal and
-# never backtrack (no nested or adjacent unbounded repeats), so one 1 MiB stderr line costs
-# milliseconds, not the hours a backtracking ``[\w-]*token[\w-]*=`` search took.
+# Redaction in linear time (docs/robustness.md, "Input limits"): split at whitespace once, patterns
+# that never backtrack (a backtracking ``[\w-]*token[\w-]*=`` took hours on a 1 MiB stderr line).
 _SECRET_KEY = re.compile(r"(token|secret|password|passwd|api[_-]?key|access[_-]?key|auth)", re.I)
 #: secret words a ``KEY=value`` or ``--flag value`` name holds (``auth``/``passwd`` only as keys)
 _SECRET_NAME = re.compile(r"token|secret|password|api[_-]?key|access[_-]?key", re.I)
@@ -417,18 +381,18 @@ class ResultBundle:
         meta = _read_object(meta_p)
         version = _version(meta, meta_p, default=1)
         scen = meta.get("scenario", d.name)
-        if not isinstance(scen, str) or not scen:
+        if not isinstance(scen, str) or not (_SCENARIO_NAME.fullmatch(scen) or "scenario" not in meta):
             raise ValueError(f"{meta_p}: scenario: {scen!r} is not a scenario name")
-        res_p = d / "results.json"
-        results = _read_object(res_p) if res_p.exists() else {}
-        res_version = _version(results, res_p, default=version) if isinstance(results, dict) else version
-        results = upgrade_results(results, res_version)
+        results = _results(d, version)
         tables = {}
         for name in TABLES:
             p = d / f"{name}.parquet"
-            df = pd.read_parquet(p) if p.exists() else pd.DataFrame()
             try:
+                if p.exists() and (rows := pq.read_metadata(p).num_rows) > MAX_ROWS:
+                    raise ValueError(f"{rows:,} rows, over the limit of {MAX_ROWS:,} for a bundle table")
+                df = pd.read_parquet(p) if p.exists() else pd.DataFrame()
                 tables[name] = conform(name, upgrade_table(name, df, version))
+                check_rows(name, tables[name])
             except ValueError as exc:
                 raise ValueError(f"{p}: {exc}") from None
         if version < SCHEMA_VERSION:
@@ -455,6 +419,26 @@ class ResultBundle:
         )
 
 
+def read_results(path: str | Path) -> dict[str, Any]:
+    """Bundle directory ``path``'s results.json with the current keys, as
+    :meth:`ResultBundle.load` gives it (a schema-1 file upgraded in memory, no
+    ``schema_version``), without reading its tables; {} when the bundle has no results.json.
+    Raises ValueError naming the file, as :meth:`ResultBundle.load` does."""
+    d = Path(path)
+    meta_p = d / "meta.json"
+    return _results(d, _version(_read_object(meta_p), meta_p, default=1) if meta_p.exists() else 1)
+
+
+def _results(d: Path, version: int) -> dict[str, Any]:
+    res_p = d / "results.json"
+    if not res_p.exists():
+        return {}
+    results = _read_object(res_p)
+    return upgrade_results(results, _version(results, res_p, default=version))
+
+
+#: an investigation's name as perfkit writes it (``cold_warm``, ``ab``): letters, digits, ``_.-``
+_SCENARIO_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 #: a bundle's meta.json and results.json are a few KiB to a few MiB; larger is not a bundle
 MAX_JSON_BYTES = 256 * 2**20
 
@@ -462,13 +446,14 @@ MAX_JSON_BYTES = 256 * 2**20
 def _read_object(path: Path) -> dict[str, Any]:
     """A bundle JSON file that must hold an object. Raises ValueError naming ``path`` (and the
     line) for invalid UTF-8, invalid JSON, nesting too deep, a size over
-    :data:`MAX_JSON_BYTES` or another type."""
+    :data:`MAX_JSON_BYTES`, a key given twice in one object, an integer of over 20 digits or
+    another type."""
     size = path.stat().st_size
     if size > MAX_JSON_BYTES:
         raise ValueError(f"{path}: {size:,} bytes, over the limit of {MAX_JSON_BYTES:,} for a bundle file")
     raw = path.read_bytes()
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = json.loads(raw.decode("utf-8"), parse_int=_bundle_int, object_pairs_hook=jsonsafe.unique_keys)
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise ValueError(f"{path}:{line}: invalid UTF-8") from None
@@ -476,9 +461,18 @@ def _read_object(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except RecursionError:
         raise ValueError(f"{path}: nested too deeply to be a bundle file") from None
+    except ValueError as exc:  # a key given twice, an integer of hundreds of digits
+        raise ValueError(f"{path}: {exc}") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: top level: is {type(doc).__name__}, expected a JSON object")
     return doc
+
+
+def _bundle_int(digits: str) -> int:
+    """``json.loads``'s ``parse_int`` for bundle files: no value perfkit writes has 20 digits."""
+    if len(digits.lstrip("-")) > 20:
+        raise ValueError(f"an integer of {len(digits)} digits ({digits[:12]}…) is not a bundle value")
+    return int(digits)
 
 
 def _version(doc: Any, path: Path, default: int) -> int:

@@ -14,12 +14,14 @@ measured: never a pass).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
 from perfkit.common.numfmt import number_text
+from perfkit.common.slugs import md_text
 
 __all__ = [
     "Check",
@@ -149,20 +151,31 @@ def check_table(rows: Iterable[Check | Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(recs, columns=CHECK_COLUMNS)
 
 
-def _cell(v: Any) -> str:
+#: an HTML tag's start: ``<`` before a letter, ``/``, ``!`` or ``?`` (``<= 1`` stays as written)
+_TAG = re.compile(r"<(?=[A-Za-z/!?])")
+
+
+def _cell(v: Any, name: bool) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
     if isinstance(v, float):
         return f"{v:.2f}"
-    return str(v).replace("|", "\\|").replace("\n", " ")
+    if name:  # case ids and metric names (stage names) come from outside
+        return md_text(v)
+    t = _TAG.sub("&lt;", str(v).replace("\\", "&#92;")).replace("\r", " ").replace("\n", " ")
+    return t.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
 
 
 def check_markdown(df: pd.DataFrame) -> str:
-    """A GitHub-flavoured Markdown table of a check table (numbers with 2 decimals)."""
+    """A GitHub-flavoured Markdown table of a check table (numbers with 2 decimals); the case and
+    metric cells escaped as outside text (:func:`perfkit.common.slugs.md_text`); in the others
+    (perfkit's sentences, which may quote a name) no HTML tag, link or table break is live, while
+    ``<=`` stays as written."""
     cols = list(df.columns)
+    names = [c in ("case", "metric") for c in cols]
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for rec in df.itertuples(index=False):
-        lines.append("| " + " | ".join(_cell(v) for v in rec) + " |")
+        lines.append("| " + " | ".join(_cell(v, n) for v, n in zip(rec, names)) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -216,7 +216,10 @@ def measure_command(
 def main(argv: list[str] | None = None) -> int:
     """``python -m perfkit.measure``: run :func:`measure_command`; returns its exit code."""
     return run_click(
-        measure_command, list(sys.argv[1:] if argv is None else argv), "python -m perfkit.measure"
+        measure_command,
+        list(sys.argv[1:] if argv is None else argv),
+        "python -m perfkit.measure",
+        process=argv is None,
     )
 
 

@@ -62,18 +62,6 @@ from perfkit.engine.spec import (
 from perfkit.scenarios import registry
 from perfkit.scenarios.registry import ScenarioParams
 
-__all__ = [
-    "ParamsError",
-    "SuiteParams",
-    "InvariantsParams",
-    "YamlLimitError",
-    "load_params",
-    "apply_sets",
-    "load_yaml",
-    "parse_params",
-]
-
-
 #: seconds a cell keeps, after a request's timeout and the engine's stop grace, for the rest of
 #: its teardown (records, the bundle, the logs)
 TEARDOWN_MARGIN_S = 10.0

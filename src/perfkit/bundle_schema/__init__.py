@@ -41,7 +41,7 @@ from perfkit.bundle_schema.columns import (
     markdown,
     unit_of_suffix,
 )
-from perfkit.bundle_schema.conform import conform, empty
+from perfkit.bundle_schema.conform import MAX_ROWS, check_rows, conform, empty
 from perfkit.bundle_schema.upgrade import (
     V1_COLUMN_RENAMES,
     V1_RESULTS_ENTRY_RENAMES,
@@ -52,6 +52,8 @@ from perfkit.bundle_schema.upgrade import (
 
 __all__ = [
     "Column",
+    "MAX_ROWS",
+    "check_rows",
     "SCHEMA_VERSION",
     "TABLES",
     "TABLE_NAMES",

@@ -105,8 +105,10 @@ reserved_mib           float64  MiB     device reserved at the request's runtime
 host_rss_mib           float64  MiB     host RSS of the engine after the request (NaN: not reported)
 host_anon_mib          float64  MiB     host anonymous RSS of the engine after the request (NaN: not reported)
 placement              string   text    where the weights lived (device, group_offload, ...)
-t_start_s              float64  s       request start, epoch seconds
-t_end_s                float64  s       request end, epoch seconds
+t_start_s              float64  s       request start, epoch seconds: the engine's record's t_start (its pipeline start)
+                                        when it reports one, else perfkit's submit time
+t_end_s                float64  s       request end, epoch seconds: the engine's record's t_end when it reports one,
+                                        else the time perfkit saw the request end
 submitted_s            float64  s       engine's job created (request accepted), epoch seconds; NaN: not reported
 started_s              float64  s       engine's job started (taken from its queue), epoch seconds; NaN: not reported
 completed_s            float64  s       engine's job completed, epoch seconds; NaN: not reported

@@ -1,5 +1,6 @@
 """A frame as its table declares it (:func:`conform`: every declared column, in order, cast to its
-dtype) and an empty declared frame (:func:`empty`).
+dtype), an empty declared frame (:func:`empty`) and a table's one-row-per-key rule
+(:func:`check_rows`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ def _cast(s: pd.Series, dtype: str) -> pd.Series:
             raise ValueError(f"column {s.name!r} holds {bad.iloc[0]!r}, not a number ({dtype})")
         if dtype == "float64":
             return num.astype("float64")
+        frac = num[num.notna() & (num != num.round())] if num.dtype.kind == "f" else num[:0]
+        if len(frac):  # 1.5 as a request index was rounded to 2: another request's row
+            raise ValueError(f"column {s.name!r} holds {float(frac.iloc[0])!r}, not an integer ({dtype})")
         # integers that came as floats (NaN-padded) or strings
         return num.round().astype("Int64") if num.dtype.kind == "f" else num.astype(dtype)
     return s.astype(dtype)
@@ -70,6 +74,25 @@ def conform(name: str, df: pd.DataFrame | None) -> pd.DataFrame:
     out = pd.DataFrame(cols, columns=table.names)
     out.index = df.index if n else out.index
     return out
+
+
+#: the columns that name one row of a table (its measured requests' rows, index >= 0)
+ROW_KEYS = {"requests": ("launch", "index"), "stages": ("launch", "index", "stage")}
+#: rows a bundle table may hold: a day of 0.1 s memory samples is 864,000
+MAX_ROWS = 5_000_000
+
+
+def check_rows(name: str, df: pd.DataFrame) -> None:
+    """Raise ValueError when a measured request (``index >= 0``) or one of its stages has two rows
+    in table ``name`` (a duplicated row was summed into a stage time, or compared as the request)."""
+    keys = ROW_KEYS.get(name)
+    if keys is None or df.empty:
+        return
+    rows = df[(df["index"] >= 0).fillna(False)]
+    dup = rows[rows.duplicated(list(keys))]
+    if len(dup):
+        first = ", ".join(f"{k} {v!r}" if isinstance(v := dup.iloc[0][k], str) else f"{k} {v}" for k in keys)
+        raise ValueError(f"two rows for {first}: one row each is what perfkit writes")
 
 
 def empty(name: str) -> pd.DataFrame:

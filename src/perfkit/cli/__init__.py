@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     # notebook. A command's own process goes without it.
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
     try:
-        return run_click(cli, list(sys.argv[1:] if argv is None else argv), "perfkit")
+        return run_click(cli, list(sys.argv[1:] if argv is None else argv), "perfkit", process=argv is None)
     except MissingExtra as exc:
         print(f"perfkit: {exc}", file=sys.stderr)
         return EXIT_ERROR

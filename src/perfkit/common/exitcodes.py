@@ -6,6 +6,7 @@ importing the gate (pandas, the scenarios); :mod:`perfkit.gate.verdicts` re-expo
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 from typing import TYPE_CHECKING, Any
@@ -76,8 +77,12 @@ def _words(command: "click.Command", args: list[str], prog_name: str) -> str:
     return " ".join(words)
 
 
-def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
+def run_click(command: "click.Command", args: list[str], prog_name: str, *, process: bool = False) -> int:
     """Run a click command line under the one exit-code rule; returns its exit code.
+    ``process``: this is the process's command line (``perfkit`` itself, not a caller in the same
+    process), so once the command has ended SIGINT and SIGTERM are ignored until the process exits:
+    a signal after the command ended no longer kills the process past its exit code (Python's
+    death by SIGINT, 130 in a shell).
 
     An interrupt (SIGINT, or SIGTERM: turned into the same KeyboardInterrupt) unwinds the
     command, whose ``finally`` blocks end what it started (engines, builds, kernels), and is
@@ -92,8 +97,6 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
     """
     import threading
 
-    import click
-
     main_thread = threading.current_thread() is threading.main_thread()  # else signals stay as they are
     sigs = (signal.SIGINT, signal.SIGTERM)
     old = {s: signal.signal(s, _interrupt) for s in sigs} if main_thread else {}
@@ -102,6 +105,34 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
     if main_thread:
         sys.unraisablehook = _redeliver(old_hook)
         _RUNNING.append(True)
+    said = False
+    try:
+        code, said = _run(command, args, prog_name)
+    except KeyboardInterrupt:  # delivered while the command was being wound down
+        _SEEN.append("SIGINT")
+        code = EXIT_ERROR
+    finally:
+        for s, h in old.items():
+            # interrupted, or the process's own command line: the process is ending, a late signal
+            # must not turn its exit code into death
+            signal.signal(s, signal.SIG_IGN if _SEEN or process else h)
+        _RUNNING.clear()
+        sys.unraisablehook = old_hook
+    if _SEEN and process:  # the interrupt's line is the last word: a worker thread's late log is not
+        logging.disable(logging.CRITICAL)
+    if _SEEN and not said:
+        print(
+            f"{_words(command, args, prog_name)}: interrupted ({_SEEN[0]}): what it started was "
+            f"ended; no verdict (exit {EXIT_ERROR})",
+            file=sys.stderr,
+        )
+    return EXIT_ERROR if _SEEN else code
+
+
+def _run(command: "click.Command", args: list[str], prog_name: str) -> tuple[int, bool]:
+    """(exit code, whether the command said its interrupt itself) of one command line."""
+    import click
+
     said = False
     try:
         rv = command.main(args=args, prog_name=prog_name, standalone_mode=False)
@@ -125,20 +156,9 @@ def run_click(command: "click.Command", args: list[str], prog_name: str) -> int:
             code = EXIT_ERROR
         else:
             print(f"{_words(command, args, prog_name)}: error: {exc}", file=sys.stderr)
-            return EXIT_ERROR
+            code = EXIT_ERROR
     except BaseException:  # once interrupted, a library's failing cleanup (nbclient's) is the interrupt
         if not _SEEN:
             raise
-    finally:
-        _RUNNING.clear()
-        sys.unraisablehook = old_hook
-        for s, h in old.items():
-            # interrupted: the process is ending, a late signal must not turn exit 2 into death
-            signal.signal(s, signal.SIG_IGN if _SEEN else h)
-    if _SEEN and not said:
-        print(
-            f"{_words(command, args, prog_name)}: interrupted ({_SEEN[0]}): what it started was "
-            f"ended; no verdict (exit {EXIT_ERROR})",
-            file=sys.stderr,
-        )
-    return EXIT_ERROR if _SEEN else code
+        code = EXIT_ERROR
+    return code, said

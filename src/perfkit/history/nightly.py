@@ -15,11 +15,13 @@ hardware (sglang's nightly job runs on an H100 runner), so the caller says it.
 from __future__ import annotations
 
 import functools
+import json
 from datetime import datetime
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from perfkit.common.jsonsafe import unique_keys
 from perfkit.history.store import HistoryError, HistoryRun, Value
 
 SOURCE = "sglang-nightly"
@@ -87,7 +89,7 @@ def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
         HistoryError: over :data:`MAX_BYTES`, not JSON, or a missing/mistyped key (names the
             file and the key, e.g. ``results.3.latency_s``): a latency that is a string, a bool,
             not finite (NaN, 1e400), negative or above 1e7 s; an empty ``commit_sha``, ``case_id`` or
-            ``framework``; a case (of one framework) given twice.
+            ``framework``; a case (of one framework) given twice; a key given twice in one object.
     """
     path = Path(path)
     try:
@@ -96,12 +98,15 @@ def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
         if len(raw) > MAX_BYTES:
             raise HistoryError(f"{path}: more than {MAX_BYTES >> 20} MiB: refused before parsing")
         doc = _File.model_validate_json(raw)
+        json.loads(raw, object_pairs_hook=unique_keys)  # pydantic keeps the last of a key given twice
     except ValidationError as exc:
         e = exc.errors()[0]
         key = ".".join(str(x) for x in e["loc"]) or "(top level)"
         raise HistoryError(f"{path}: {key}: {e['msg']}") from None
     except OSError as exc:
         raise HistoryError(f"{path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise HistoryError(f"{path}: {exc}") from None
     values = []
     seen: set[str] = set()
     for i, r in enumerate(doc.results):

@@ -8,7 +8,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from perfkit.bundle import ResultBundle, conform, environment_meta, sampler_frame
+from perfkit.bundle import ResultBundle, conform, environment_meta
+from perfkit.bundle_schema import sampler_frame
 from perfkit.engine.argv import engine_versions
 from perfkit.engine.caps import MemoryCaps
 from perfkit.measuring.launch_rows import LaunchData
@@ -22,7 +23,10 @@ def assemble(
     caps: list[MemoryCaps | None] | None = None,
 ) -> ResultBundle:
     """Build a ResultBundle from launches (tables concatenated and conformed to their
-    declarations, records and logs kept).
+    declarations, records and logs kept). ``params`` is stored as ``meta["params"]``: the
+    investigation's section with ``spec`` (the engine spec's dict) and ``request`` (the request
+    shape's dict); a replay compares those two with its params
+    (:func:`perfkit.nbparams.identity_differences`) and cannot check a bundle without them.
 
     Raises:
         ValueError: a row carries a column its table does not declare.

@@ -19,7 +19,8 @@ from typing import Any, Callable, ContextManager
 
 import pandas as pd
 
-from perfkit.bundle import WARMUP_INDEX, sampler_frame
+from perfkit.bundle import WARMUP_INDEX
+from perfkit.bundle_schema import sampler_frame
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import RequestOutcome, VideoClient, VideoRequestSpec
 from perfkit.engine.launch import EngineStartError, launch

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from perfkit.common.jsonsafe import unique_keys
 from perfkit.common.recordformat import PERF_LOG_NAME
 
 log = logging.getLogger(__name__)
@@ -364,11 +365,13 @@ def _request_id_of(text: str) -> str | None:
 def _read_line(text: str, i: int) -> PerfRecord:
     """One stripped, non-empty line -> record; :class:`RecordError` (no file yet) otherwise."""
     try:
-        obj = json.loads(text, parse_int=json_int)
+        obj = json.loads(text, parse_int=json_int, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise RecordError("<json>", f"not a whole JSON object ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
         raise RecordError("<json>", "nested too deeply to be a performance.log record") from None
+    except ValueError as exc:  # a key given twice: which value did the engine mean?
+        raise RecordError("<json>", str(exc)) from None
     return PerfRecord.from_dict(obj, line_no=i)
 
 

@@ -31,7 +31,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit import stats
-from perfkit.bundle import ResultBundle
+from perfkit.bundle import ResultBundle, read_results
 from perfkit.common.slugs import md_code
 from perfkit.readings.records import parse_lines
 from perfkit.report.power_page import power_markdown, sequential_markdown
@@ -177,7 +177,7 @@ def _results(src: Path) -> dict[str, dict]:
         p = src / s.name / "results.json"
         if p.exists():
             try:
-                found[s.name] = json.loads(p.read_text())
+                found[s.name] = read_results(p.parent)
             except ValueError as exc:
                 raise FiguresError(f"{p}: unreadable results ({exc})") from exc
     return found

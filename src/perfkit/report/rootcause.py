@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from perfkit.bundle import WARMUP_INDEX, ResultBundle
+from perfkit.bundle import WARMUP_INDEX, ResultBundle, read_results
 from perfkit.readings.records import read_number
 from perfkit.report.tables import MISSING, Table, cell_text, format_table
 from perfkit.reported import NOT_REPORTED, is_reported
@@ -327,7 +327,7 @@ def instrumentation_overhead(run_dir: str | Path, name: str) -> tuple[Table | No
         if not p.exists():
             continue
         try:
-            parts = _overhead_parts(json.loads(p.read_text()))
+            parts = _overhead_parts(read_results(p.parent))
         except (OSError, ValueError):
             continue
         if not parts:

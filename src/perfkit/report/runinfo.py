@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from perfkit.bundle import read_results
 from perfkit.common.slugs import clip
 from perfkit.gate.verdicts import GATE, collect_verdicts, exit_code_for, notebooks, read_verdict, status_word
 from perfkit.scenarios import registry
@@ -99,10 +100,9 @@ def scenario_key_numbers(run_dir: Path, name: str) -> list[registry.KeyNumber]:
     file is not there). Raises KeyError (unknown scenario), ValueError (unreadable JSON) or
     whatever the scenario's ``key_numbers`` raises."""
     s = registry.get(name)
-    p = run_dir / s.name / "results.json"
-    if not p.exists():
+    if not (run_dir / s.name / "results.json").exists():
         return []
-    return list(s.key_numbers(json.loads(p.read_text())))
+    return list(s.key_numbers(read_results(run_dir / s.name)))
 
 
 def key_numbers(run_dir: str | Path) -> list[tuple[str, str]]:
@@ -196,7 +196,7 @@ def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
         if other.name == name or not p.exists():
             continue
         try:
-            if s.found_in(json.loads(p.read_text())):
+            if s.found_in(read_results(p.parent)):
                 return other.title
         except (OSError, ValueError) as exc:
             log.warning("report: results of %s: %r", other.name, exc)

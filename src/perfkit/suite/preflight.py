@@ -12,17 +12,15 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from perfkit.bundle import IDENTITY_REQUEST, IDENTITY_SPEC
 from perfkit.common.outdirs import stamped_dir
 from perfkit.common.provenance import repo_root
 from perfkit.common.slugs import slug
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
-from perfkit.gate.verdicts import (
-    RUN_FILE,
-)
+from perfkit.gate.verdicts import RUN_FILE
 from perfkit.gate.verdicts import notebooks as notebook_names
 from perfkit.measuring.progress import planned_requests
+from perfkit.nbparams import identity_differences
 from perfkit.params import ParamsError, SuiteParams
 from perfkit.scenarios import registry
 
@@ -142,49 +140,30 @@ def replay_plan(replay_dir: Path, selected: Iterable[str], *, allow_empty: bool 
     return missing
 
 
-#: what must agree between a replayed bundle and the params it is replayed with
-
-
 def check_replay_identity(replay_dir: Path, names: Iterable[str], params: SuiteParams, source: str) -> None:
     """Raise :class:`SuiteError` when a replayed bundle was measured with another engine or
-    request shape than ``params`` describe: case ids and the baseline's hardware label come from
-    the params, so such a replay would file one engine's numbers under another's name. Bundles
-    that record no params (hand-made ones) cannot be checked and are logged."""
-    engine = params.engine_dict()
-    request = params.request.model_dump()
+    request shape than ``params`` describe (:func:`perfkit.nbparams.identity_differences`): case
+    ids and the baseline's hardware label come from the params, so such a replay would file one
+    engine's numbers under another's name. Bundles that record no params (hand-made ones) cannot
+    be checked and are logged."""
     problems = []
     for name in names:
         meta_file = replay_dir / name / "meta.json"
         if not meta_file.exists():
             continue
         recorded = json.loads(meta_file.read_text()).get("params") or {}
-        spec, req = recorded.get("spec"), recorded.get("request")
-        if not spec or not req:
+        if not recorded.get("spec") or not recorded.get("request"):
             log.warning(
                 "--replay %s: the %s bundle records no engine spec or request: not checked", replay_dir, name
             )
             continue
-        theirs = [f"{k} {spec.get(k)!r}" for k in IDENTITY_SPEC if spec.get(k) != engine.get(k)]
-        theirs += [f"request {k} {req.get(k)!r}" for k in IDENTITY_REQUEST if req.get(k) != request.get(k)]
-        if theirs:
-            ours = [
-                f"{x.split(' ')[0]} {engine.get(x.split(' ')[0])!r}"
-                for x in theirs
-                if not x.startswith("request")
-            ]
-            ours += [
-                f"request {x.split(' ')[1]} {request.get(x.split(' ')[1])!r}"
-                for x in theirs
-                if x.startswith("request")
-            ]
-            problems.append(
-                f"the {name} bundle was measured with {', '.join(theirs)}; {source} says {', '.join(ours)}"
-            )
+        diffs = identity_differences(recorded, params.engine_dict(), params.request.model_dump())
+        if diffs:
+            problems.append(f"the {name} bundle: {'; '.join(diffs)}")
     if problems:
         raise SuiteError(
-            f"--replay {replay_dir}: "
-            + "; ".join(problems)
-            + ": replay with the params file the bundles were measured with"
+            f"--replay {replay_dir}: " + "; ".join(problems) + f" ('given' is {source}): replay with the "
+            "params file the bundles were measured with"
         )
 
 
