@@ -86,7 +86,7 @@ def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
     A non-sglang framework's result gets case id ``<case_id>@<framework>``.
 
     Raises:
-        HistoryError: over :data:`MAX_BYTES`, not JSON, or a missing/mistyped key (names the
+        HistoryError: over :data:`MAX_BYTES`, not JSON (or nested too deeply), or a missing/mistyped key (names the
             file and the key, e.g. ``results.3.latency_s``): a latency that is a string, a bool,
             not finite (NaN, 1e400), negative or above 1e7 s; an empty ``commit_sha``, ``case_id`` or
             ``framework``; a case (of one framework) given twice; a key given twice in one object.
@@ -97,16 +97,18 @@ def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
             raw = fh.read(MAX_BYTES + 1)
         if len(raw) > MAX_BYTES:
             raise HistoryError(f"{path}: more than {MAX_BYTES >> 20} MiB: refused before parsing")
-        doc = _File.model_validate_json(raw)
-        json.loads(raw, object_pairs_hook=unique_keys)  # pydantic keeps the last of a key given twice
+        # json reads it (pydantic's own JSON reader keeps the last of a key given twice)
+        doc = _File.model_validate(json.loads(raw, object_pairs_hook=unique_keys))
     except ValidationError as exc:
         e = exc.errors()[0]
         key = ".".join(str(x) for x in e["loc"]) or "(top level)"
         raise HistoryError(f"{path}: {key}: {e['msg']}") from None
     except OSError as exc:
         raise HistoryError(f"{path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
+    except ValueError as exc:  # not JSON, not UTF-8, a key given twice
         raise HistoryError(f"{path}: {exc}") from None
+    except RecursionError:
+        raise HistoryError(f"{path}: nested too deeply to be a nightly comparison file") from None
     values = []
     seen: set[str] = set()
     for i, r in enumerate(doc.results):
