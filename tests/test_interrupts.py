@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 import fake_engine
+from perfkit.common.exitcodes import EXIT_DEADLINE_S
 from perfkit.history.store import HistoryRun, Value, add_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -293,6 +294,30 @@ def test_an_interrupt_swallowed_in_a_del_is_delivered_again(tmp_path):
     assert done.returncode == 2 and "ran on" not in done.stdout, (done.returncode, done.stderr[-2000:])
     assert time.monotonic() - t0 < 20
     assert "perfkit demo: interrupted (SIGINT)" in done.stderr, done.stderr[-2000:]
+
+
+def test_an_interrupted_process_exits_even_when_a_thread_would_hold_it(tmp_path):
+    """A worker thread that Python joins at exit and that never ends (CI saw ``lab --replay``
+    alive 60 s after its interrupt line) cannot hold an interrupted perfkit process: it exits 2
+    within EXIT_DEADLINE_S of its line; without the deadline it would run until the thread ends."""
+    script = tmp_path / "cmd.py"
+    script.write_text(
+        "import signal, sys, threading, time, click\n"
+        "from perfkit.common.exitcodes import run_click\n"
+        "@click.command()\n"
+        "def cmd():\n"
+        "    threading.Thread(target=time.sleep, args=(300,)).start()  # joined at exit\n"
+        "    signal.raise_signal(signal.SIGINT)\n"
+        "sys.exit(run_click(cmd, [], 'perfkit demo', process=True))\n"
+    )
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    wall = time.monotonic() - t0
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.strip().endswith(
+        "perfkit demo: interrupted (SIGINT): what it started was ended; no verdict (exit 2)"
+    )
+    assert EXIT_DEADLINE_S - 1 < wall < EXIT_DEADLINE_S + 20, wall
 
 
 @pytest.mark.parametrize("then", ["SIGINT", "SIGTERM"])

@@ -383,7 +383,9 @@ def test_pss_reads_stay_within_their_time_budget_and_rss_is_read_every_sample(gr
     assert len(calls) == s.pss_reads >= 1
     for (a0, a1), (b0, _) in zip(calls, calls[1:]):
         assert b0 - a0 >= 0.99 * (a1 - a0) / duty, (a0, a1, b0)
-    assert s.pss_read_s <= duty * (calls[-1][0] - calls[0][0]) + (calls[-1][1] - calls[-1][0]) + 1e-6
+    # the sampler times its own call around each read: up to 1 ms more per read (CI: 5 us on one)
+    slack = 1e-3 * len(calls)
+    assert s.pss_read_s <= duty * (calls[-1][0] - calls[0][0]) + (calls[-1][1] - calls[-1][0]) + slack
     assert len(df) >= 30 and (df["host_rss_mib"] > 0).all()  # statm at every sample
     read = df["host_pss_mib"].notna()
     assert read.sum() == len(calls) < len(df)
