@@ -296,28 +296,34 @@ def test_an_interrupt_swallowed_in_a_del_is_delivered_again(tmp_path):
     assert "perfkit demo: interrupted (SIGINT)" in done.stderr, done.stderr[-2000:]
 
 
-def test_an_interrupted_process_exits_even_when_a_thread_would_hold_it(tmp_path):
-    """A worker thread that Python joins at exit and that never ends (CI saw ``lab --replay``
-    alive 60 s after its interrupt line) cannot hold an interrupted perfkit process: it exits 2
-    within EXIT_DEADLINE_S of its line; without the deadline it would run until the thread ends."""
+def test_an_interrupted_process_exits_even_when_a_thread_or_exit_hook_would_hold_it(tmp_path):
+    """A library thread that Python joins at exit and never ends (CI saw ``lab --replay`` alive
+    60 s after its interrupt line) is not waited for; exit hooks run (the one writing a file did)
+    and one that hangs is cut at EXIT_DEADLINE_S: exit 2 either way."""
     script = tmp_path / "cmd.py"
     script.write_text(
-        "import signal, sys, threading, time, click\n"
+        "import atexit, pathlib, signal, sys, threading, time, click\n"
         "from perfkit.common.exitcodes import run_click\n"
         "@click.command()\n"
         "def cmd():\n"
         "    threading.Thread(target=time.sleep, args=(300,)).start()  # joined at exit\n"
+        "    if len(sys.argv) > 1:\n"
+        "        atexit.register(time.sleep, 300)  # runs after the next one (last in, first out)\n"
+        f"    atexit.register(pathlib.Path({str(tmp_path / 'hook')!r}).write_text, 'ran')\n"
         "    signal.raise_signal(signal.SIGINT)\n"
         "sys.exit(run_click(cmd, [], 'perfkit demo', process=True))\n"
     )
-    t0 = time.monotonic()
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    wall = time.monotonic() - t0
-    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
-    assert done.stderr.strip().endswith(
-        "perfkit demo: interrupted (SIGINT): what it started was ended; no verdict (exit 2)"
-    )
-    assert EXIT_DEADLINE_S - 1 < wall < EXIT_DEADLINE_S + 20, wall
+    line = "perfkit demo: interrupted (SIGINT): what it started was ended; no verdict (exit 2)"
+    for hang, low, high in ((False, 0, 8), (True, EXIT_DEADLINE_S - 1, EXIT_DEADLINE_S + 20)):
+        (tmp_path / "hook").unlink(missing_ok=True)
+        t0 = time.monotonic()
+        argv = [sys.executable, str(script), *(["hang"] if hang else [])]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        wall = time.monotonic() - t0
+        assert done.returncode == 2, (hang, done.returncode, done.stderr[-2000:])
+        assert done.stderr.strip().endswith(line), done.stderr[-2000:]
+        assert (tmp_path / "hook").read_text() == "ran"
+        assert low < wall < high, (hang, wall)
 
 
 @pytest.mark.parametrize("then", ["SIGINT", "SIGTERM"])

@@ -91,8 +91,8 @@ def run_click(command: "click.Command", args: list[str], prog_name: str, *, proc
     click's message, exit 2. An interrupt swallowed on the way (a KeyboardInterrupt raised in
     a ``__del__`` is only printed as "Exception ignored") is delivered again, and ends as exit 2, as does
     any exception raised after an interrupt (no traceback); once interrupted both signals are
-    ignored until the process exits, and the process exits within :data:`EXIT_DEADLINE_S` whatever
-    a library's thread or exit hook would wait for. An OSError no command handled (an output directory under a
+    ignored until the process exits; with ``process`` it exits there, its exit hooks bounded by
+    :data:`EXIT_DEADLINE_S`, whatever a library's thread would wait for. An OSError no command handled (an output directory under a
     file, a path it may not write) is one line naming it, exit 2. Output cut by its reader (``| head``) ends quietly with
     :data:`EXIT_SIGPIPE`, as a process ended by SIGPIPE reads in a shell.
     """
@@ -128,7 +128,7 @@ def run_click(command: "click.Command", args: list[str], prog_name: str, *, proc
             file=sys.stderr,
         )
     if _SEEN and process:
-        _exit_within(EXIT_DEADLINE_S)
+        _exit_interrupted()
     return EXIT_ERROR if _SEEN else code
 
 
@@ -136,10 +136,12 @@ def run_click(command: "click.Command", args: list[str], prog_name: str, *, proc
 EXIT_DEADLINE_S = 10.0
 
 
-def _exit_within(seconds: float) -> None:
-    """End this process with :data:`EXIT_ERROR` after ``seconds`` unless it exited before: a
-    library's worker thread that Python joins at exit, or an exit hook, cannot hold an interrupted
-    command open (CI once saw ``lab --replay`` alive 60 s after its interrupt line)."""
+def _exit_interrupted() -> None:
+    """End this interrupted process now with :data:`EXIT_ERROR`: its exit hooks run (coverage,
+    temporary directories, logging), bounded by :data:`EXIT_DEADLINE_S`; library threads Python
+    would join at exit and module teardown are skipped (CI once saw ``lab --replay`` alive 60 s
+    after its interrupt line). The command's ``finally`` blocks have already ended what it started."""
+    import atexit
     import os
     import threading
 
@@ -151,9 +153,11 @@ def _exit_within(seconds: float) -> None:
                 pass
         os._exit(EXIT_ERROR)
 
-    timer = threading.Timer(seconds, end)
+    timer = threading.Timer(EXIT_DEADLINE_S, end)
     timer.daemon = True
     timer.start()
+    atexit._run_exitfuncs()
+    end()
 
 
 def _run(command: "click.Command", args: list[str], prog_name: str) -> tuple[int, bool]:
