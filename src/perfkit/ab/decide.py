@@ -30,25 +30,10 @@ from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, jsonable
 #: the comparison's file in an ab run directory (next to the bundles ``a/`` and ``b/``)
 RESULT_FILE = "ab.json"
 #: columns of :attr:`AbResult.table`
-TABLE_COLUMNS = [
-    "metric",
-    "unit",
-    "a",
-    "b",
-    "ratio",
-    "low",
-    "high",
-    "threshold",
-    "decision",
-    "n_a",
-    "n_b",
-    "launches_needed",
-    "icc",
-    "cv_between",
-    "cv_within",
-    "gated",
-    "reason",
-]
+TABLE_COLUMNS = (
+    "metric unit a b ratio low high threshold decision n_a n_b launches_needed "
+    "icc cv_between cv_within gated reason"
+).split()
 
 
 @dataclass

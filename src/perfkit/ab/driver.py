@@ -82,18 +82,9 @@ def run_ab(plan: AbPlan, out: str | Path, launches: int | None = None, **kw: Any
     Never raises for engine failures: a failed launch keeps its error in the ``launches`` table
     (the decision then exits 2). Returns {"A": bundle, "B": bundle}.
     """
-    specs = {"A": plan.spec_a, "B": plan.spec_b}
     n = plan.launches if launches is None else launches
-    return run_arms(
-        specs,
-        plan.request,
-        n,
-        plan.warm,
-        out,
-        request_timeout_s=plan.request_timeout_s,
-        profile=plan.profile,
-        **kw,
-    )
+    kw |= {"request_timeout_s": plan.request_timeout_s, "profile": plan.profile}
+    return run_arms({"A": plan.spec_a, "B": plan.spec_b}, plan.request, n, plan.warm, out, **kw)
 
 
 def run_arms(

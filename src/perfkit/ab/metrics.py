@@ -32,13 +32,9 @@ from perfkit.readings import stages as _stages
 
 #: unit of each fixed metric (stage metrics are ms)
 METRIC_UNITS = {
-    "ready": "s",
-    "first_result": "s",
-    "cold_e2e": "ms",
-    "warm_e2e": "ms",
-    "denoising_step": "ms",
-    "peak_vram": "MiB",
-    "host_peak": "MiB",
+    **dict.fromkeys(("ready", "first_result"), "s"),
+    **dict.fromkeys(("cold_e2e", "warm_e2e", "denoising_step"), "ms"),
+    **dict.fromkeys(("peak_vram", "host_peak"), "MiB"),
 }
 #: metrics with one value a launch (no variance within a launch)
 LAUNCH_METRICS = ("ready", "first_result", "cold_e2e", "peak_vram", "host_peak")

@@ -97,10 +97,8 @@ def replay_pool(
         sl = {"A": slow["A"], "B": slow[other]}
         for _ in range(sims):
             pa = list(rng.permutation(a_labels))
-            if kind == "A/A":
-                seq = {"A": pa[:mx], "B": pa[mx : 2 * mx]}
-            else:
-                seq = {"A": pa[:mx], "B": list(rng.permutation(b_labels))[:mx]}
+            pb = pa[mx:] if kind == "A/A" else list(rng.permutation(b_labels))  # A/A: no launch on both
+            seq = {"A": pa[:mx], "B": pb[:mx]}
             walker = Walker(lm, sl, metrics, thresholds, design)
             w = walker.w
             while w.stop is None:

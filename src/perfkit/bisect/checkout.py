@@ -10,6 +10,7 @@ also on an error or an interrupt.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from perfkit.engine.owner import run_bounded
+from perfkit.history.baselines import git as _git
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,9 @@ log = logging.getLogger(__name__)
 class BisectError(ValueError):
     """Bad input for a bisection or a confirmation (a repository, a commit, a spec): the message
     names it."""
+
+
+git = functools.partial(_git, error=BisectError)
 
 
 @dataclass(frozen=True)
@@ -46,22 +51,6 @@ class Commit:
         return {"sha": d.pop("sha"), "short": self.short, **d}
 
 
-def git(repo: str | Path, *args: str) -> str:
-    """Run ``git -C repo args`` and return its stdout (stripped).
-
-    Raises:
-        BisectError: git failed (its stderr's first line named), or git is not installed.
-    """
-    try:
-        p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
-    except FileNotFoundError:
-        raise BisectError("git not found on PATH") from None
-    if p.returncode != 0:
-        why = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[0]
-        raise BisectError(f"{repo}: git {' '.join(args)}: {why}")
-    return p.stdout.strip()
-
-
 def check_repo(repo: str | Path) -> None:
     """Raise BisectError unless ``repo`` is a directory inside a git repository (named)."""
     if not Path(repo).is_dir():
@@ -75,14 +64,14 @@ def check_repo(repo: str | Path) -> None:
 def resolve(repo: str | Path, rev: str) -> str:
     """The full sha of commit ``rev`` in ``repo``. Raises BisectError naming it when unknown."""
     try:
-        return git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+        return git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
     except BisectError:
         raise BisectError(f"{repo}: no commit {rev!r}") from None
 
 
 def commit_info(repo: str | Path, sha: str) -> Commit:
     """Subject and author date of ``sha``."""
-    out = git(repo, "show", "-s", "--format=%H%x1f%s%x1f%aI", sha)
+    out = git(repo, "show", "-s", "--format=%H%x1f%s%x1f%aI", sha).strip()
     h, subject, date = out.split("\x1f")
     return Commit(h, subject, date)
 

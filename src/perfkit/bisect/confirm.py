@@ -172,42 +172,16 @@ def confirm(
     )
     tail = {"undecided": f"{ab}: {probe.reason}", "error": f"{probe.error}"}.get(outcome, ab)
     message = f"{outcome}: {what}; {tail}"
+    a = analysis
     res = ConfirmResult(
-        analysis.hardware,
-        analysis.case_id,
-        analysis.metric,
-        step,
-        before,
-        after,
-        probe,
-        outcome,
-        message,
-        setup.to_dict(),
+        a.hardware, a.case_id, a.metric, step, before, after, probe, outcome, message, setup.to_dict(),
         repo=str(repo),
-    )
-    res.stored = str(
-        add_confirmation(
-            store,
-            Confirmation(
-                analysis.hardware,
-                analysis.case_id,
-                analysis.metric,
-                step.before.commit,
-                step.after.commit,
-                step.kind,
-                step.ratio,
-                outcome,
-                setup.metric,
-                probe.decision or "",
-                probe.ratio,
-                probe.low,
-                probe.high,
-                probe.launches,
-                probe.error or probe.reason,
-                str(out),
-                datetime.now(timezone.utc),
-            ),
-        )
-    )
+    )  # fmt: skip
+    c = Confirmation(
+        a.hardware, a.case_id, a.metric, step.before.commit, step.after.commit, step.kind, step.ratio,
+        outcome, setup.metric, probe.decision or "", probe.ratio, probe.low, probe.high, probe.launches,
+        probe.error or probe.reason, str(out), datetime.now(timezone.utc),
+    )  # fmt: skip
+    res.stored = str(add_confirmation(store, c))
     (out / RESULT_FILE).write_text(json.dumps(res.to_dict(), indent=1, default=str), encoding="utf-8")
     return res

@@ -231,19 +231,10 @@ def compare(
     else:
         verdict = {"regression": "bad", "no change": "good", "improvement": "good"}.get(decision, "undecided")
         error = None
+    launches, reason = dict(seq.get("launches_run") or {}), str(seq.get("reason") or "")
     p = Probe(
-        commit,
-        position,
-        verdict,
-        decision,
-        num("ratio"),
-        num("low"),
-        num("high"),
-        dict(seq.get("launches_run") or {}),
-        error,
-        str(seq.get("reason") or ""),
-        str(out),
-        round(time.time() - t0, 1),
-    )
+        commit, position, verdict, decision, num("ratio"), num("low"), num("high"), launches, error, reason,
+        str(out), round(time.time() - t0, 1),
+    )  # fmt: skip
     log.info("probe %s (%s): %s, %s", commit.short, commit.subject, verdict, decision)
     return p

@@ -192,12 +192,12 @@ def bisect(
                 skipped.add(pos)
     res.lo, res.hi = lo, hi
     res.wall_s = time.time() - t0
-    _conclude(res, skipped, bad_known)
+    _conclude(res, bad_known)
     _save(res, out)
     return res
 
 
-def _conclude(res: BisectResult, skipped: set[int], bad_known: bool) -> None:
+def _conclude(res: BisectResult, bad_known: bool) -> None:
     n, lo, hi = len(res.commits), res.lo, res.hi
     undecided = [p for p in res.probes if p.verdict in ("undecided", "error")]
 

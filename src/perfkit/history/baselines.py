@@ -25,14 +25,21 @@ from perfkit.history.store import HistoryError, HistoryRun
 SOURCE = "perf-baselines"
 
 
-def _git(repo: Path, *args: str) -> str:
+def git(repo: str | Path, *args: str, error: type[ValueError] = HistoryError) -> str:
+    """Run ``git -C repo args`` and return its stdout.
+
+    Raises:
+        error: git failed or is not installed: ``{repo}: git {args}: {why}``, ``why`` being
+            git's stderr's first line or the OS error.
+    """
     try:
-        return subprocess.run(
-            ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
-        ).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        err = getattr(exc, "stderr", "") or str(exc)
-        raise HistoryError(f"{repo}: git {' '.join(args)}: {err.strip()}") from None
+        p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise error(f"{repo}: git {' '.join(args)}: {exc}") from None
+    if p.returncode != 0:
+        why = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[0]
+        raise error(f"{repo}: git {' '.join(args)}: {why}")
+    return p.stdout
 
 
 def read_baseline_history(
@@ -55,7 +62,7 @@ def read_baseline_history(
         HistoryError: not a git repository, or no commit touches the file.
     """
     repo = Path(repo)
-    log = _git(repo, "log", "--format=%H %cI", "--", path).split("\n")
+    log = git(repo, "log", "--format=%H %cI", "--", path).split("\n")
     commits = [line.split(" ", 1) for line in log if line.strip()]
     if not commits:
         raise HistoryError(f"{repo}: {path}: no commit touches this file")
@@ -65,7 +72,7 @@ def read_baseline_history(
     for sha, when in reversed(commits):
         where = f"{repo}:{sha[:10]}:{path}"
         try:
-            text = _git(repo, "show", f"{sha}:{path}")
+            text = git(repo, "show", f"{sha}:{path}")
         except HistoryError:
             skipped.append(f"{where}: skipped: the file is deleted at this commit")
             continue

@@ -154,8 +154,8 @@ def find_step(
         hardware: needed when the series is stored for several hardware.
 
     Raises:
-        HistoryError: a malformed series, a series not in the store (the stored ones near it
-            named), several hardware without ``hardware``, no such step (the series' steps named).
+        HistoryError: a malformed series, a series not in the store, several hardware without
+            ``hardware`` (those named), no such step (the series' steps named).
     """
     if "/" not in series:
         raise HistoryError(f"series {series!r}: expected CASE/METRIC (e.g. tiny/DenoisingStage_ms)")

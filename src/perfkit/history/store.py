@@ -230,7 +230,7 @@ def _duckdb():
 
 
 def _table(runs: Sequence[HistoryRun], added_at: datetime) -> pa.Table:
-    cols: dict[str, list[Any]] = {k: [] for k in COLUMNS}
+    rows = []
     for r in runs:
         prov = json.dumps(r.provenance, sort_keys=True, default=str)
         key, t = r.key, _utc(r.time)
@@ -241,22 +241,13 @@ def _table(runs: Sequence[HistoryRun], added_at: datetime) -> pa.Table:
                 row_prov = memo.get(id(v.labels)) or memo.setdefault(
                     id(v.labels), json.dumps({**r.provenance, **v.labels}, sort_keys=True, default=str)
                 )
-            cols["schema_version"].append(SCHEMA_VERSION)
-            cols["run_key"].append(key)
-            cols["source"].append(r.source)
-            cols["run_id"].append(str(r.run_id))
-            cols["hardware"].append(r.hardware)
-            cols["commit"].append(r.commit)
-            cols["time"].append(t)
-            cols["case_id"].append(v.case_id)
-            cols["metric"].append(v.metric)
-            cols["unit"].append(v.unit)
-            cols["value"].append(None if v.value is None else float(v.value))
-            cols["error"].append(v.error)
-            cols["source_file"].append(r.source_file)
-            cols["provenance"].append(row_prov)
-            cols["added_at"].append(added_at)
-    return pa.table(cols, schema=SCHEMA)
+            value = None if v.value is None else float(v.value)
+            rows.append(
+                (SCHEMA_VERSION, key, r.source, str(r.run_id), r.hardware, r.commit, t, v.case_id, v.metric)
+                + (v.unit, value, v.error, r.source_file, row_prov, added_at)
+            )  # in the order of COLUMNS
+    cols = [list(c) for c in zip(*rows)] or [[] for _ in COLUMNS]
+    return pa.table(dict(zip(COLUMNS, cols)), schema=SCHEMA)
 
 
 @dataclass
@@ -330,19 +321,7 @@ def runs_frame(runs: Sequence[HistoryRun]) -> pd.DataFrame:
 
 
 #: the columns the change point analysis reads (:func:`read_store` ``columns=``)
-ANALYSIS_COLUMNS = (
-    "hardware",
-    "case_id",
-    "metric",
-    "unit",
-    "run_key",
-    "run_id",
-    "commit",
-    "time",
-    "value",
-    "error",
-    "source",
-)
+ANALYSIS_COLUMNS = tuple("hardware case_id metric unit run_key run_id commit time value error source".split())
 
 
 def read_store(

@@ -12,7 +12,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import markupsafe
 import pandas as pd
 
 from perfkit.ab.decide import AbResult, needed_text
@@ -23,15 +22,13 @@ from perfkit.gate.verdicts import STATUS_WORD
 from perfkit.report.belowstage import ab_panel
 from perfkit.report.plots import ab_forest, figure_to_png_bytes
 from perfkit.report.power_page import spells_text
-from perfkit.report.render import PAGE_TEMPLATE, external_refs, template_env
+from perfkit.report.render import template_env, write_tool_outputs
 from perfkit.report.tables import format_table, markdown_table
 
 log = logging.getLogger(__name__)
 
-SUMMARY_FILE = "summary.md"
 #: what the launches a side after an inconclusive metric mean (:func:`perfkit.ab.decide.needed_text`)
 _SIZED = "with the launches a side that would decide it, if its B/A and noise stay as observed"
-REPORT_FILE = "report.html"
 
 
 def _pct(x: Any) -> str:
@@ -171,43 +168,6 @@ def ab_context(res: AbResult, page_dir: str | Path = ".") -> dict[str, Any]:
             (sides.get("A") or {}).get("path"), (sides.get("B") or {}).get("path"), page_dir
         ),
     }
-
-
-def render_ab_report(res: AbResult, out: str | Path) -> Path:
-    """Write ``out/report.html`` (the report page with the A/B section). Returns its path.
-
-    Raises:
-        RuntimeError: the page would load something from the network (a bug).
-    """
-    env = template_env()
-    section = env.get_template("sections/ab.html.j2").render(**ab_context(res, out))
-    code = res.exit_code
-    sides = res.meta.get("sides") or {}
-    meta = [{"text": f"side {s}", "code": (sides.get(s) or {}).get("path") or "?"} for s in ("A", "B")]
-    if res.meta.get("replay"):
-        meta.append({"text": "replayed from recorded bundles"})
-    page = env.get_template(PAGE_TEMPLATE).render(
-        title="perfkit ab: is B slower than A?",
-        verdict=_badge(res),
-        exit_code=code,
-        meta=meta,
-        environment=None,
-        toc=[],
-        errors=[],
-        notebooks_table=None,
-        key_numbers=None,
-        warnings=list(res.meta.get("warnings") or []),
-        gates=format_table(decision_counts(res)),
-        sections=[markupsafe.Markup(section)],
-    )
-    bad = external_refs(page)
-    if bad:
-        raise RuntimeError(f"ab report would load from the network: {bad[:3]}")
-    p = Path(out) / REPORT_FILE
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(page, encoding="utf-8")
-    log.info("ab report: %s", p)
-    return p
 
 
 def _launches_text(res: AbResult) -> str:
@@ -364,18 +324,30 @@ def ab_summary_markdown(res: AbResult) -> str:
 
 
 def write_ab_outputs(res: AbResult, out: str | Path) -> dict[str, Path]:
-    """``ab.json``, ``summary.md`` and ``report.html`` under ``out``; summary.md is also appended
-    to ``$GITHUB_STEP_SUMMARY`` when that is set. Returns name -> path."""
-    import os
+    """``ab.json``, ``summary.md`` and ``report.html`` (the report page with the A/B section)
+    under ``out``; summary.md is also appended to ``$GITHUB_STEP_SUMMARY`` when that is set.
+    Returns name -> path.
 
-    out = Path(out)
-    paths = {"result": res.save(out)}
-    md = ab_summary_markdown(res)
-    (out / SUMMARY_FILE).write_text(md, encoding="utf-8")
-    paths["summary"] = out / SUMMARY_FILE
-    gh = os.environ.get("GITHUB_STEP_SUMMARY")
-    if gh:
-        with open(gh, "a", encoding="utf-8") as fh:
-            fh.write(md + "\n")
-    paths["report"] = render_ab_report(res, out)
-    return paths
+    Raises:
+        RuntimeError: the page would load something from the network (a bug).
+    """
+    saved = res.save(out)
+    section = template_env().get_template("sections/ab.html.j2").render(**ab_context(res, out))
+    sides = res.meta.get("sides") or {}
+    meta = [{"text": f"side {s}", "code": (sides.get(s) or {}).get("path") or "?"} for s in ("A", "B")]
+    if res.meta.get("replay"):
+        meta.append({"text": "replayed from recorded bundles"})
+    paths = write_tool_outputs(
+        out,
+        ab_summary_markdown(res),
+        section,
+        "ab",
+        title="perfkit ab: is B slower than A?",
+        verdict=_badge(res),
+        exit_code=res.exit_code,
+        meta=meta,
+        warnings=list(res.meta.get("warnings") or []),
+        gates=format_table(decision_counts(res)),
+    )
+    log.info("ab report: %s", paths["report"])
+    return {"result": saved, **paths}

@@ -7,23 +7,16 @@ verdicts, each linked to its A/B page), from the plain dict of ``bisect.json`` /
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
-import markupsafe
 import pandas as pd
 
 from perfkit.common.slugs import md_text
-from perfkit.report.render import PAGE_TEMPLATE, external_refs, template_env
+from perfkit.report.render import template_env, write_tool_outputs
 from perfkit.report.tables import format_table, markdown_table
 
-log = logging.getLogger(__name__)
-
-__all__ = ["probes_frame", "bisect_summary_markdown", "render_bisect_report", "write_bisect_outputs"]
-
-SUMMARY_FILE = "summary.md"
 REPORT_FILE = "report.html"
 
 
@@ -138,14 +131,14 @@ def _badge(d: Mapping[str, Any]) -> str:
     return str(d.get("outcome"))
 
 
-def render_bisect_report(d: Mapping[str, Any], out: str | Path) -> Path:
-    """Write ``out/report.html``. Returns its path.
+def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
+    """``summary.md`` and ``report.html`` under ``out`` (summary.md also appended to
+    ``$GITHUB_STEP_SUMMARY`` when set). Returns name -> path.
 
     Raises:
         RuntimeError: the page would load something from the network (a bug).
     """
     out = Path(out)
-    env = template_env()
     confirm = d.get("kind") == "confirm"
     s = d.get("setup") or {}
     links = []
@@ -156,56 +149,37 @@ def render_bisect_report(d: Mapping[str, Any], out: str | Path) -> Path:
             links.append(
                 {"href": href, "text": f"probe {i}: {(p.get('commit') or {}).get('short')} — its A/B page"}
             )
-    section = env.get_template("sections/bisect.html.j2").render(
-        verdict=_badge(d),
-        heading="Does the step reproduce?" if confirm else "Which commit?",
-        question=(
-            "The A/B between the commits on either side of the history's change point, on the series' metric."
-            if confirm
-            else "A binary search between the good and the bad commit, an A/B against the good commit at each probe."
-        ),
-        message=str(d.get("message") or ""),
-        facts=_facts(d, md=False),
-        reference="the commit before the step" if confirm else "the good commit",
-        metric=s.get("metric"),
-        threshold=f"{float(s.get('threshold', 0.05)) * 100:.1f} %",
-        probes=format_table(probes_frame(d)),
-        links=links,
+    section = (
+        template_env()
+        .get_template("sections/bisect.html.j2")
+        .render(
+            verdict=_badge(d),
+            heading="Does the step reproduce?" if confirm else "Which commit?",
+            question=(
+                "The A/B between the commits on either side of the history's change point, on the series' metric."
+                if confirm
+                else "A binary search between the good and the bad commit, an A/B against the good commit at each probe."
+            ),
+            message=str(d.get("message") or ""),
+            facts=_facts(d, md=False),
+            reference="the commit before the step" if confirm else "the good commit",
+            metric=s.get("metric"),
+            threshold=f"{float(s.get('threshold', 0.05)) * 100:.1f} %",
+            probes=format_table(probes_frame(d)),
+            links=links,
+        )
     )
-    page = env.get_template(PAGE_TEMPLATE).render(
+    return write_tool_outputs(
+        out,
+        bisect_summary_markdown(d),
+        section,
+        "bisect",
         title="perfkit history confirm: does the step reproduce?"
         if confirm
         else "perfkit bisect: which commit?",
         verdict=_badge(d),
         exit_code=d.get("exit_code"),
         meta=[{"text": "repository", "code": d.get("repo") or s.get("spec")}],
-        environment=None,
-        toc=[],
-        errors=[],
-        notebooks_table=None,
-        key_numbers=None,
         warnings=[],
         gates=format_table(pd.DataFrame([{"status": _badge(d), "what": str(d.get("message") or "")}])),
-        sections=[markupsafe.Markup(section)],
     )
-    bad = external_refs(page)
-    if bad:
-        raise RuntimeError(f"bisect report would load from the network: {bad[:3]}")
-    p = out / REPORT_FILE
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(page, encoding="utf-8")
-    return p
-
-
-def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
-    """``summary.md`` and ``report.html`` under ``out`` (summary.md also appended to
-    ``$GITHUB_STEP_SUMMARY`` when set). Returns name -> path."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    md = bisect_summary_markdown(d)
-    (out / SUMMARY_FILE).write_text(md, encoding="utf-8")
-    gh = os.environ.get("GITHUB_STEP_SUMMARY")
-    if gh:
-        with open(gh, "a", encoding="utf-8") as fh:
-            fh.write(md + "\n")
-    return {"summary": out / SUMMARY_FILE, "report": render_bisect_report(d, out)}

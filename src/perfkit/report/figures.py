@@ -523,18 +523,9 @@ def _compare(block: Block, root: Path) -> str:
         rows.append((what, f"{mx:,.1f} {unit}", f"{my:,.1f} {unit}", f"{mx / my:.2f}", ci))
 
     row("warm request e2e", list(a["e2e_ms"]), list(b["e2e_ms"]))
-    for stage in dict.fromkeys([*sa["stage"], *sb["stage"]]):
-        row(
-            f"{stage} (warm)",
-            list(sa.loc[sa["stage"] == stage, "ms"]),
-            list(sb.loc[sb["stage"] == stage, "ms"]),
-        )
-    for stage in dict.fromkeys([*pa["stage"], *pb["stage"]]):
-        row(
-            f"{stage} step",
-            list(pa.loc[pa["stage"] == stage, "ms"]),
-            list(pb.loc[pb["stage"] == stage, "ms"]),
-        )
+    for x, y, what in ((sa, sb, "{} (warm)"), (pa, pb, "{} step")):
+        for st in dict.fromkeys([*x["stage"], *y["stage"]]):
+            row(what.format(st), list(x["ms"][x["stage"] == st]), list(y["ms"][y["stage"] == st]))
     row(
         "peak VRAM reserved (largest GPU, warm)",
         list(a["peak_reserved_mib"]),

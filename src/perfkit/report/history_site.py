@@ -224,7 +224,7 @@ def write_site(
                 sources=", ".join(sorted(rows["source"].unique())),
                 events=events,
                 cases=cases,
-                n_steps=sum(len(a.steps) for a in mine),
+                n_steps=(n_steps := sum(len(a.steps) for a in mine)),
                 n_outliers=sum(len(a.outliers) for a in mine),
                 settings=settings,
             )
@@ -236,7 +236,7 @@ def write_site(
                 "href": page.name,
                 "runs": rows["run_key"].nunique(),
                 "cases": len(cases),
-                "steps": sum(len(a.steps) for a in mine),
+                "steps": n_steps,
                 "last": f"{rows['time'].max():%Y-%m-%d}",
             }
         )

@@ -222,19 +222,16 @@ def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gat
             for m, r in zip(sub["metric"], sub["reason"])
         )
 
-    failed = df[df["status"] == "fail"]
-    unsure = df[df["status"] == "inconclusive"]
-    skipped = df[df["status"] == "skipped"]
-    passed = df[df["status"].isin(("pass", "improved", "new"))]
-    if not failed.empty:
-        lines.append(f"Failed: {listed(failed)}.")
-    if not unsure.empty:
-        lines.append(f"Inconclusive (over the limit within the run's noise): {listed(unsure)}.")
-    if not skipped.empty:
-        lines.append(f"Not measured, so not judged: {listed(skipped)}.")
-    if not passed.empty:
-        word = "Every measured check passed" if failed.empty and unsure.empty else "Passed"
-        lines.append(f"{word}: {listed(passed)}.")
+    clean = not df["status"].isin(("fail", "inconclusive")).any()
+    for statuses, word in (
+        (("fail",), "Failed"),
+        (("inconclusive",), "Inconclusive (over the limit within the run's noise)"),
+        (("skipped",), "Not measured, so not judged"),
+        (("pass", "improved", "new"), "Every measured check passed" if clean else "Passed"),
+    ):
+        sub = df[df["status"].isin(statuses)]
+        if not sub.empty:
+            lines.append(f"{word}: {listed(sub)}.")
     return " ".join(lines)
 
 
@@ -266,15 +263,7 @@ def invariants_frame(scenario: str, given: Mapping[str, Any] | None = None) -> p
     merged = registry.merged_invariants(given)
     defaults = s.invariant_defaults()
     given = dict(given or {})
-    rows = [
-        {
-            "invariant": k,
-            "default": d,
-            "given": given[k] if k in given else None,
-            "in effect": merged.get(k),
-        }
-        for k, d in defaults.items()
-    ]
+    rows = [(k, d, given.get(k), merged.get(k)) for k, d in defaults.items()]
     return pd.DataFrame(rows, columns=["invariant", "default", "given", "in effect"])
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -206,6 +207,42 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     dst.write_text(page, encoding="utf-8")
     log.info("report: %s", dst)
     return dst
+
+
+def write_tool_outputs(out: str | Path, md: str, section: str, what: str, **page: Any) -> dict[str, Path]:
+    """``summary.md`` (``md``, also appended to ``$GITHUB_STEP_SUMMARY`` when set) and
+    ``report.html`` (the report page with the one ``section``; ``page``: the page template's
+    title, verdict, exit_code, meta, warnings and gates) under ``out``, for ``perfkit ab``,
+    ``bisect`` and ``history confirm``. Returns ``{"summary": path, "report": path}``.
+
+    Raises:
+        RuntimeError: the page would load something from the network (a bug), naming ``what``.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.md").write_text(md, encoding="utf-8")
+    gh = os.environ.get("GITHUB_STEP_SUMMARY")
+    if gh:
+        with open(gh, "a", encoding="utf-8") as fh:
+            fh.write(md + "\n")
+    html = (
+        template_env()
+        .get_template(PAGE_TEMPLATE)
+        .render(
+            environment=None,
+            toc=[],
+            errors=[],
+            notebooks_table=None,
+            key_numbers=None,
+            sections=[markupsafe.Markup(section)],
+            **page,
+        )
+    )
+    bad = external_refs(html)
+    if bad:
+        raise RuntimeError(f"{what} report would load from the network: {bad[:3]}")
+    (out / "report.html").write_text(html, encoding="utf-8")
+    return {"summary": out / "summary.md", "report": out / "report.html"}
 
 
 def _env_line(run_dir: Path) -> str:

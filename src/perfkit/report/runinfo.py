@@ -22,9 +22,9 @@ log = logging.getLogger(__name__)
 
 GATE_TITLE = "Baseline gate"
 GATE_QUESTION = "This run's numbers against the baseline, and the invariants."
-#: gate rows sort failures first
 #: the columns of :func:`gate_view`, as the page shows them
 GATE_COLUMNS = ["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
+#: gate rows sort failures first
 GATE_ORDER = {"fail": 0, "inconclusive": 1, "improved": 2, "pass": 3, "new": 4, "skipped": 5}
 
 

@@ -8,9 +8,6 @@ import pandas as pd
 
 from perfkit.report.plots.base import Figure, empty_note, is_finite, new_figure
 
-__all__ = ["AB_DECISION_COLORS", "ab_forest"]
-
-
 #: colour per A/B decision in :func:`ab_forest`
 AB_DECISION_COLORS = {
     "regression": "tab:red",

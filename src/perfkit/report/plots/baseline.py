@@ -8,9 +8,6 @@ import pandas as pd
 
 from perfkit.report.plots.base import Figure, empty_note, new_figure
 
-__all__ = ["STATUS_COLORS", "baseline_vs_actual"]
-
-
 #: Colour per verdict status in :func:`baseline_vs_actual`.
 STATUS_COLORS = {"pass": "tab:green", "fail": "tab:red", "improved": "tab:blue", "new": "tab:grey"}
 

@@ -17,8 +17,6 @@ import pandas as pd
 
 from perfkit.report.plots.base import Figure, empty_note, is_finite, ms_axis, new_figure
 
-__all__ = ["latency_vs_concurrency", "queue_vs_service", "memory_under_concurrency"]
-
 
 def _label(lv: Mapping[str, Any]) -> str:
     if lv.get("concurrency") is not None:

@@ -8,8 +8,6 @@ import pandas as pd
 
 from perfkit.report.plots.base import Figure, empty_note, is_finite, new_figure
 
-__all__ = ["coverage_heatmap"]
-
 
 def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Figure:
     """Heatmap of the first-request penalty (ms) by startup warmup frames x request frames, each

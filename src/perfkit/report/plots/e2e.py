@@ -24,9 +24,6 @@ from perfkit.report.plots.base import (
 from perfkit.report.plots.style import COLD_COLOR
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARMUP, request_roles
 
-__all__ = ["e2e_per_request"]
-
-
 _ROLE_MARKERS = {
     ROLE_COLD: ("*", COLD_COLOR, 170),
     ROLE_NEW_SHAPE: ("D", "tab:orange", 60),

@@ -10,8 +10,6 @@ import pandas as pd
 
 from perfkit.report.plots.base import Figure, empty_note, is_finite, new_figure
 
-__all__ = ["offload_memory_latency"]
-
 
 def offload_memory_latency(modes: pd.DataFrame, *, title: str | None = None) -> Figure:
     """Per offload mode: device reserved and host peak (MiB, left) and warm e2e (ms, right); a mode

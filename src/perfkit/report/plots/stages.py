@@ -25,8 +25,6 @@ from perfkit.report.plots.base import (
 from perfkit.report.plots.style import COLD_COLOR
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, request_roles
 
-__all__ = ["stage_breakdown"]
-
 #: (stage values per request, role info) of one series: a (shape, kind) of one launch
 _Items = list[tuple[Any, np.ndarray, Mapping[str, Any]]]
 

@@ -22,8 +22,6 @@ from perfkit.report.plots.base import (
 from perfkit.report.plots.style import COLD_COLOR
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, request_label, request_roles
 
-__all__ = ["step_times", "step_timeline"]
-
 
 def step_times(
     steps: Any,

@@ -22,8 +22,6 @@ from perfkit.report.plots.base import (
 )
 from perfkit.report.plots.timeline_events import Timeline, draw_phases, draw_requests, draw_stage_marks
 
-__all__ = ["memory_timeline"]
-
 
 def _launch_phases(launch_row: Mapping[str, Any] | None, req: pd.DataFrame | None) -> dict[str, float]:
     """Epoch seconds of a launch's phases: ``start``, ``loaded`` (models loaded), ``ready``;

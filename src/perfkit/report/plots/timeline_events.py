@@ -15,8 +15,6 @@ from perfkit.report.plots.base import drop_warmup, is_finite, ms_text, ordered_s
 from perfkit.report.plots.style import COLD_COLOR, stage_colors
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, request_label, request_roles
 
-__all__ = ["Timeline", "draw_phases", "draw_requests", "draw_stage_marks"]
-
 
 @dataclass
 class Timeline:
