@@ -32,7 +32,7 @@ from perfkit.measuring.profiled import ProfileParams, attach, run_profiled
 from perfkit.measuring.reuse import PlannedLaunch, launch_key
 from perfkit.reported import NOT_REPORTED, reported_count, reported_sum
 from perfkit.scenarios import cells, registry
-from perfkit.scenarios.common import stage_penalty
+from perfkit.scenarios.common import as_request, stage_penalty
 from perfkit.scenarios.parts import code, md
 
 log = logging.getLogger(__name__)
@@ -80,14 +80,6 @@ class ColdWarmInvariants(registry.InvariantParams):
     #: (last warm - second request) / second request (fraction). Each leak check fails only when
     #: its ``lower95`` (the least-squares slope's one-sided 95 % bound) is over the limit too
     latency_drift_max: Optional[float] = 0.25
-
-
-def _request(request: VideoRequestSpec | dict | None) -> VideoRequestSpec:
-    if request is None:
-        return VideoRequestSpec()
-    if isinstance(request, dict):
-        return VideoRequestSpec.from_dict(request)
-    return request
 
 
 def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame, repeats: int) -> None:
@@ -181,7 +173,7 @@ def cold_vs_warm(
     """
     if repeats < 2:
         raise ValueError(f"cold_vs_warm: repeats must be >= 2 (one cold + warm), got {repeats}")
-    req = _request(request)
+    req = as_request(request)
     run_dir = Path(run_dir)
     if isinstance(snapshot, dict):
         snapshot = SnapshotParams.model_validate(snapshot)

@@ -28,7 +28,7 @@ from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach
 from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.reported import NOT_REPORTED, NOT_REPORTED_REASON
 from perfkit.scenarios import cells, registry
-from perfkit.scenarios.common import pick_columns
+from perfkit.scenarios.common import as_request, pick_columns
 from perfkit.scenarios.parts import MeasureOption, code, md
 from perfkit.scenarios.shape_coverage import coverage_entry, warm_across_warmups, warmed_shapes
 
@@ -121,7 +121,7 @@ def warmup_shapes(
         raise ValueError(f"warmup_shapes: repeats must be >= 2, got {repeats}")
     if not warmup_frames or not request_frames:
         raise ValueError("warmup_shapes: warmup_frames and request_frames must not be empty")
-    base = request if isinstance(request, VideoRequestSpec) else VideoRequestSpec.from_dict(request or {})
+    base = as_request(request)
     launches = []
     reused: list[str] = []
     coverage: list[dict[str, Any]] = []
