@@ -31,29 +31,6 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-__all__ = [
-    "DEFAULT_CONFIDENCE",
-    "DEFAULT_THRESHOLD",
-    "DECISIONS",
-    "RatioInterval",
-    "VarianceSplit",
-    "ratio_interval",
-    "welch_log_intervals",
-    "t_quantiles",
-    "SPLINE_MIN",
-    "side_moments",
-    "take",
-    "combine",
-    "log_ends",
-    "variance_split",
-    "decide",
-    "launches_needed",
-    "requests_per_launch",
-    "paired_ratio_interval",
-    "threshold_from_aa",
-    "interleaved_order",
-]
-
 #: Default decision threshold: a ratio interval wholly above 1 + 5 % is a regression, wholly below
 #: 1 − 5 % an improvement, wholly inside ±5 % no change. 5 % is the smallest change the 2-core CPU
 #: runner resolves at 4 launches a side (its tiny preset's warm request has a CV of 12 %); on an
