@@ -1,17 +1,10 @@
 """The scenario registry: one investigation = one module that registers one :class:`Scenario`.
 
-A scenario declares in one place everything the rest of perfkit needs to know about it: its
-name and title, its params model (the only place its defaults live), its invariants model (the
-within-run checks it gates and their default limits), ``run`` (measure, return a
-:class:`~perfkit.bundle.ResultBundle`), ``check_bundle`` (is there a usable measurement),
-``checks`` (results + invariants -> :class:`~perfkit.checks.Check` rows), ``key_numbers`` (the
-figures the summary, the report and the READMEs quote), ``summary_table`` and ``reading`` (what
-its notebook and report section show), ``cases`` (its slices of this run's sglang-layout
-baseline), and what :mod:`perfkit.scenarios.parts` declares: its notebook cells, figures, report
-section intro, ``perfkit figures`` block kinds and ``python -m perfkit.measure`` options. Only
-name, title, question, params model and ``run`` are required; every other field has a default
-(no invariants, no checks, no key numbers, an empty summary table, no baseline case, the generic
-notebook cells and section template).
+A scenario declares in one place everything the rest of perfkit needs to know about it (the
+fields of :class:`Scenario`: its params model, the only place its defaults live, its invariants,
+``run`` returning a :class:`~perfkit.bundle.ResultBundle`, its checks, key numbers, tables,
+baseline cases, and what :mod:`perfkit.scenarios.parts` declares). Only name, title, question,
+params model and ``run`` are required.
 
 The suite, ``--only``, params validation, the report, the summary, the baseline derivation,
 the notebook generator and the CLI read this registry; no scenario name is written anywhere
