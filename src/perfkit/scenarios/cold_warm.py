@@ -268,20 +268,15 @@ def check_bundle(bundle: ResultBundle) -> None:
         )
 
 
-def _ratio_ci(r: Mapping[str, Any]) -> str:
-    ci = r.get("warm_cold_ratio_ci")
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(number(x) is not None for x in ci):
-        return f"95% CI {fmt(ci[0], 'g')}..{fmt(ci[1], 'g')}"
-    return ""
-
-
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
     """warm/cold ratio bounds and the leak checks, against :class:`ColdWarmInvariants`."""
     rows: list[Check] = []
     ratio = number(r.get("warm_cold_ratio"))
     if ratio is None and number(r.get("cold_ms")) and number(r.get("warm_median_ms")) is not None:
         ratio = float(r["warm_median_ms"]) / float(r["cold_ms"])
-    ci = _ratio_ci(r)
+    ci = r.get("warm_cold_ratio_ci")
+    ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(number(x) is not None for x in ci)
+    ci = f"95% CI {fmt(ci[0], 'g')}..{fmt(ci[1], 'g')}" if ok else ""
     if "warm_cold_ratio_max" in inv:
         lower = number(r.get("warm_cold_ratio_lower95"))
         what = (

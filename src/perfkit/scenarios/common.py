@@ -56,6 +56,16 @@ def host_peak_text(c: Mapping[str, Any]) -> str:
     return "host peak –"
 
 
+def peak_mib(memory: pd.DataFrame, col: str, launch_peak: Any = None) -> float | None:
+    """The larger of a memory column's sampled maximum and the launch row's peak (MiB); None
+    when neither was measured (never 0)."""
+    vals = [json_float(launch_peak)]
+    if memory is not None and not memory.empty and col in memory:
+        vals.append(json_float(pd.to_numeric(memory[col], errors="coerce").max()))
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None
+
+
 def pick_columns(
     df: pd.DataFrame, columns: Iterable[str], sparse: Iterable[str] = ("error",)
 ) -> pd.DataFrame:

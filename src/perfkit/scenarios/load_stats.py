@@ -79,10 +79,6 @@ def shape_key(spec: VideoRequestSpec) -> str:
     return f"{spec.width}x{spec.height} {spec.num_frames}f {spec.num_inference_steps} steps"
 
 
-def _p99(x: list[float]) -> float | None:
-    return float(np.quantile(x, 0.99)) if x else None
-
-
 def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]) -> dict[str, Any]:
     """Per shape (in order of first hit): requests, first-hit e2e and compiles, the later
     requests' median, the first-hit penalty (ms), covered (its latent shape equals the startup
@@ -128,7 +124,7 @@ def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]
             continue
         swap = id(r) in firsts and later.get(r["shape"]) is not None
         fixed.append(later[r["shape"]] if swap else r["e2e_ms"])
-    p99, p99_fixed = _p99(e2e), _p99(fixed)
+    p99, p99_fixed = (float(np.quantile(x, 0.99)) if x else None for x in (e2e, fixed))
     share_p99 = (p99 - p99_fixed) / p99 if p99 and p99_fixed is not None else None
     with_slo = [(r, s) for r, s in zip(rows, slos) if s is not None]
     met = [r for r, s in with_slo if r["status"] == "completed" and r["e2e_ms"] <= s]

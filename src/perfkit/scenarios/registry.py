@@ -162,24 +162,9 @@ def no_checks(results: Mapping[str, Any], invariants: Mapping[str, Any]) -> list
     return []
 
 
-def no_key_numbers(results: Mapping[str, Any]) -> list[KeyNumber]:
-    """The default ``key_numbers``: none."""
-    return []
-
-
-def empty_table(results: Mapping[str, Any]) -> pd.DataFrame:
-    """The default ``summary_table``: an empty one."""
-    return pd.DataFrame()
-
-
 def no_reading(results: Mapping[str, Any]) -> str:
     """The default ``reading``: nothing."""
     return ""
-
-
-def no_cases(bundle: ResultBundle, namer: CaseNamer) -> dict[str, ResultBundle]:
-    """The default ``cases``: no baseline case."""
-    return {}
 
 
 def default_cells(name: str) -> list[Cell]:
@@ -254,10 +239,10 @@ class Scenario:
     invariants_model: type[InvariantParams] = InvariantParams
     check_bundle: Callable[[ResultBundle], None] = needs_a_completed_request
     checks: Callable[[Mapping[str, Any], Mapping[str, Any]], list[Check]] = no_checks
-    key_numbers: Callable[[Mapping[str, Any]], list[KeyNumber]] = no_key_numbers
-    summary_table: Callable[[Mapping[str, Any]], pd.DataFrame] = empty_table
+    key_numbers: Callable[[Mapping[str, Any]], list[KeyNumber]] = lambda r: []
+    summary_table: Callable[[Mapping[str, Any]], pd.DataFrame] = lambda r: pd.DataFrame()
     reading: Callable[[Mapping[str, Any]], str] = no_reading
-    cases: Callable[[ResultBundle, CaseNamer], dict[str, ResultBundle]] = no_cases
+    cases: Callable[[ResultBundle, CaseNamer], dict[str, ResultBundle]] = lambda bundle, namer: {}
     order: int = 100
     plan: Optional[Callable[[Any], list[int]]] = None
     split: Optional[Callable[[Any], list[tuple[str, Any]]]] = None

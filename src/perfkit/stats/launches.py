@@ -264,12 +264,6 @@ def paired_ratio_interval(
     return replace(iv, df=float(la.size - 1)) if iv.se_log > 0 else iv
 
 
-def _t_quantile(q: float, df: float) -> float:
-    from scipy.special import stdtrit  # scipy.stats.t.ppf's kernel, without its per-call cost
-
-    return float(stdtrit(df, q))
-
-
 @dataclass(frozen=True)
 class VarianceSplit:
     """Variance of log values split between and within launches (one-way random effects).
@@ -408,10 +402,12 @@ def launches_needed(
         return None
     if iv.se_log == 0:
         return max(iv.n_a, iv.n_b)
+    from scipy.special import stdtrit  # scipy.stats.t.ppf's kernel, without its per-call cost
+
     k = 2.0 / (1.0 / iv.n_a + 1.0 / iv.n_b)
     for n in range(max(2, min(iv.n_a, iv.n_b)), max_launches + 1):
         df = n - 1 if paired else 2 * n - 2
-        if _t_quantile(0.5 + iv.confidence / 2.0, df) * iv.se_log * math.sqrt(k / n) < margin:
+        if float(stdtrit(df, 0.5 + iv.confidence / 2.0)) * iv.se_log * math.sqrt(k / n) < margin:
             return n
     return None
 
