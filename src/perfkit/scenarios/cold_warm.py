@@ -151,11 +151,8 @@ def cold_vs_warm(
     """Run the cold vs warm investigation.
 
     Args:
-        spec: the engine.
         request: the request sent ``repeats`` times (same shape, same session).
         repeats: requests in the session (>= 2: one cold, the rest warm).
-        caps: memory budget for the launch.
-        run_dir: where launch directories go.
         profile: profile extra requests (:class:`~perfkit.measuring.profiled.ProfileParams`):
             an extra launch after the measured one whose traces fill the bundle's ``traces``
             table and ``traces/``; nothing measured reads them.
@@ -175,8 +172,7 @@ def cold_vs_warm(
         raise ValueError(f"cold_vs_warm: repeats must be >= 2 (one cold + warm), got {repeats}")
     req = as_request(request)
     run_dir = Path(run_dir)
-    if isinstance(snapshot, dict):
-        snapshot = SnapshotParams.model_validate(snapshot)
+    snapshot = SnapshotParams.model_validate(snapshot) if isinstance(snapshot, dict) else snapshot
     snapshot_why_not = None
     if snapshot is not None:
         spec, snapshot_why_not = ask_engine(spec, snapshot, repeats)
@@ -199,8 +195,7 @@ def cold_vs_warm(
     results["cold_start"]["sources"] = data.launch_row.get("cold_start_sources")
     _session_results(results, data, df, repeats)
     params = {"spec": spec.to_dict(), "request": req.payload(), "repeats": repeats}
-    if isinstance(profile, dict):
-        profile = ProfileParams.model_validate(profile)
+    profile = ProfileParams.model_validate(profile) if isinstance(profile, dict) else profile
     if profile is not None:
         params["profile"] = profile.model_dump()
     sites = files = None

@@ -91,11 +91,9 @@ def memory_budget(
     """Run the memory-budget investigation.
 
     Args:
-        spec: the engine.
         caps: one launch per entry (None or ``MemoryCaps()`` = unlimited). Default: those of
             :class:`MemoryBudgetParams`.
         request: the request, sent ``repeats`` times per launch (1 cold + warm).
-        repeats: >= 1.
         min_budget: ``{"lo_gib", "hi_gib"}`` to also bisect the minimum device cap (GPU only).
         reuse: bundles measured earlier in this run; the unlimited cap takes a session that
             ran the same spec and request without caps (results ``reused_launches``).
@@ -125,8 +123,7 @@ def memory_budget(
     caps = list(caps) if caps else [c.to_caps() for c in MemoryBudgetParams().caps]
     caps = [c if c is not None else MemoryCaps() for c in caps]
     req = as_request(request)
-    if isinstance(snapshot, dict):
-        snapshot = SnapshotParams.model_validate(snapshot)
+    snapshot = SnapshotParams.model_validate(snapshot) if isinstance(snapshot, dict) else snapshot
     snapshot_why_not = None
     if snapshot is not None and repeats >= 2:
         spec, snapshot_why_not = ask_engine(spec, snapshot, repeats)
@@ -316,10 +313,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
         ("caps_completed", "completed", True),
         ("warm_degrades_allowed", "warm_degrades", False),
     ):
-        if key not in inv:
-            continue
-        gated = bool(inv[key]) if key != "warm_degrades_allowed" else not bool(inv[key])
-        if not gated:
+        if key not in inv or bool(inv[key]) != want:  # warm_degrades_allowed gates when False
             continue
         if not caps:
             rows.append(Check(NAME, key, None, None, None, "skipped", "not measured"))

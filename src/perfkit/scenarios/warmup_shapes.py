@@ -158,8 +158,7 @@ def warmup_shapes(
         "reused_launches": reused,
         "warm_across_warmups": warm_across_warmups(coverage),
     }
-    if isinstance(profile, dict):
-        profile = ProfileParams.model_validate(profile)
+    profile = ProfileParams.model_validate(profile) if isinstance(profile, dict) else profile
     if profile is None:
         return assemble(NAME, launches, params, results)
     params["profile"] = profile.model_dump()
@@ -248,12 +247,11 @@ def launches(p: WarmupShapesParams, engine: EngineSpec, request: VideoRequestSpe
     out = []
     for w in p.warmup_frames:
         s = engine.replace(warmup_frames=int(w), share_compile_cache=False)
-        n = len(p.request_frames) * p.repeats
         if len(p.request_frames) == 1:
             req = dataclasses.replace(request, num_frames=int(p.request_frames[0]))
             out.append(PlannedLaunch((launch_key(s, req),), p.repeats, reuses=True))
         else:
-            out.append(PlannedLaunch((), n))
+            out.append(PlannedLaunch((), len(p.request_frames) * p.repeats))
     return out
 
 
