@@ -100,7 +100,6 @@ def offload_modes(
             applicable".
         modes: offload modes (default: all four, :data:`~perfkit.engine.spec.OFFLOAD_MODES`).
         request: sent ``repeats`` times per launch (the first is the cold request).
-        repeats: >= 2.
         caps: one memory budget for every launch (None: none).
         reuse: bundles measured earlier in this run; mode ``none`` takes a launch that ran the
             same spec and request (with ``offload=none``, or automatic placement without a
@@ -256,11 +255,10 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             st = e.get("status")
             if st == NOT_APPLICABLE:
                 rows.append(_skip(metric, f"not applicable: {e.get('reason')}"))
-            elif st == FAILED:
-                if col == "placement_matches":
-                    rows.append(check_flag(NAME, metric, False, True, f"launch failed: {e.get('reason')}"))
-                else:
-                    rows.append(_skip(metric, f"launch failed: {e.get('reason')}"))
+            elif st == FAILED:  # a failed launch fails its placement row, skips the others
+                why = f"launch failed: {e.get('reason')}"
+                failed = col == "placement_matches"
+                rows.append(check_flag(NAME, metric, False, True, why) if failed else _skip(metric, why))
             else:
                 detail = (
                     f"asked {e.get('mode')}, engine reports {_placement_text(e)}"

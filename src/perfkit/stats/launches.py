@@ -101,7 +101,6 @@ def ratio_interval(
         a, b: one value per launch and side (a launch mean, or a launch's single value such as its
             ready time), any positive unit (ms, s, MiB). Non-finite and non-positive values are
             dropped.
-        confidence: two-sided confidence in (0, 1).
 
     Returns:
         :class:`RatioInterval`: ``ratio`` is the ratio of geometric means; [low, high] is
@@ -241,7 +240,6 @@ def paired_ratio_interval(
         a, b: one value per launch, aligned: ``a[i]`` and ``b[i]`` are one pair (any positive
             unit: ms, s, MiB). A pair with a non-finite or non-positive value on either side is
             dropped whole.
-        confidence: two-sided confidence in (0, 1).
 
     Returns:
         :class:`RatioInterval` with ``n_a == n_b`` = pairs used: ``ratio`` = exp(mean d) over the
@@ -418,7 +416,6 @@ def requests_per_launch(split: VarianceSplit, launch_cost_s: float, request_cost
     optimal repetition count of the lower level of a two-level experiment).
 
     Args:
-        split: the measured variance split.
         launch_cost_s: cost of one more launch (s: cold start + cold request).
         request_cost_s: cost of one more warm request (s).
 
