@@ -11,6 +11,7 @@ import pandas as pd
 from perfkit.common.numfmt import json_float
 from perfkit.engine.caps import MemoryCaps
 from perfkit.measuring.launch_rows import LaunchData
+from perfkit.scenarios.common import peak_mib
 
 #: A warm request slower than the cold one by more than this fraction "degrades".
 WARM_DEGRADE_TOLERANCE = 0.10
@@ -24,13 +25,6 @@ def cap_entry(data: LaunchData, cap: MemoryCaps, repeats: int) -> dict[str, Any]
     df = data.sent_rows()
     ok = df[df["status"] == "completed"] if not df.empty else df
     lr = data.launch_row
-    host_peak = _col_max(data.memory, "host_anon_mib")
-    pss_peak = _col_max(data.memory, "host_pss_mib")
-    if json_float(lr.get("host_pss_peak_mib")) is not None:
-        pss_peak = max(x for x in (pss_peak, float(lr["host_pss_peak_mib"])) if x == x)
-    cg_peak = _col_max(data.memory, "cgroup_current_mib")
-    if json_float(lr.get("cgroup_peak_mib")) is not None:
-        cg_peak = max(x for x in (cg_peak, float(lr["cgroup_peak_mib"])) if x == x)
     exceeded = bool(lr.get("cap_exceeded")) or (data.error or "").startswith("host memory cap exceeded")
     oom = bool(not df.empty and df["error"].fillna("").str.contains("out of device memory").any())
     e = {
@@ -48,9 +42,9 @@ def cap_entry(data: LaunchData, cap: MemoryCaps, repeats: int) -> dict[str, Any]
         "peak_reserved_mib": json_float(ok["peak_reserved_mib"].max()) if len(ok) else None,
         "peak_allocated_mib": json_float(ok["peak_allocated_mib"].max()) if len(ok) else None,
         "load_peak_mib": json_float(lr.get("load_peak_mib")),
-        "host_anon_peak_mib": json_float(host_peak),
-        "host_pss_peak_mib": json_float(pss_peak),
-        "cgroup_peak_mib": json_float(cg_peak),
+        "host_anon_peak_mib": peak_mib(data.memory, "host_anon_mib"),
+        "host_pss_peak_mib": peak_mib(data.memory, "host_pss_mib", lr.get("host_pss_peak_mib")),
+        "cgroup_peak_mib": peak_mib(data.memory, "cgroup_current_mib", lr.get("cgroup_peak_mib")),
         "placement": lr.get("placement"),
         "error": data.error or (None if len(ok) == repeats else "; ".join(df["error"].dropna().astype(str))),
     }
@@ -61,14 +55,6 @@ def cap_entry(data: LaunchData, cap: MemoryCaps, repeats: int) -> dict[str, Any]
         cold = json_float(ok["e2e_ms"].iloc[0]) if len(ok) else None
         e.update(cold_ms=cold, warm_ms=None, warm_degrades=None)
     return e
-
-
-def _col_max(df: pd.DataFrame, col: str) -> float:
-    """Max of a numeric column (NaN when empty, absent or all NA)."""
-    if df is None or df.empty or col not in df.columns:
-        return float("nan")
-    v = pd.to_numeric(df[col], errors="coerce").max()
-    return float(v) if pd.notna(v) else float("nan")
 
 
 def _text(v: Any) -> str | None:

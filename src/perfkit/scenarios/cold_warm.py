@@ -32,7 +32,7 @@ from perfkit.measuring.profiled import ProfileParams, attach, run_profiled
 from perfkit.measuring.reuse import PlannedLaunch, launch_key
 from perfkit.reported import NOT_REPORTED, reported_count, reported_sum
 from perfkit.scenarios import cells, registry
-from perfkit.scenarios.common import stage_penalty
+from perfkit.scenarios.common import as_request, stage_penalty
 from perfkit.scenarios.parts import code, md
 
 log = logging.getLogger(__name__)
@@ -80,14 +80,6 @@ class ColdWarmInvariants(registry.InvariantParams):
     #: (last warm - second request) / second request (fraction). Each leak check fails only when
     #: its ``lower95`` (the least-squares slope's one-sided 95 % bound) is over the limit too
     latency_drift_max: Optional[float] = 0.25
-
-
-def _request(request: VideoRequestSpec | dict | None) -> VideoRequestSpec:
-    if request is None:
-        return VideoRequestSpec()
-    if isinstance(request, dict):
-        return VideoRequestSpec.from_dict(request)
-    return request
 
 
 def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame, repeats: int) -> None:
@@ -159,11 +151,8 @@ def cold_vs_warm(
     """Run the cold vs warm investigation.
 
     Args:
-        spec: the engine.
         request: the request sent ``repeats`` times (same shape, same session).
         repeats: requests in the session (>= 2: one cold, the rest warm).
-        caps: memory budget for the launch.
-        run_dir: where launch directories go.
         profile: profile extra requests (:class:`~perfkit.measuring.profiled.ProfileParams`):
             an extra launch after the measured one whose traces fill the bundle's ``traces``
             table and ``traces/``; nothing measured reads them.
@@ -181,10 +170,9 @@ def cold_vs_warm(
     """
     if repeats < 2:
         raise ValueError(f"cold_vs_warm: repeats must be >= 2 (one cold + warm), got {repeats}")
-    req = _request(request)
+    req = as_request(request)
     run_dir = Path(run_dir)
-    if isinstance(snapshot, dict):
-        snapshot = SnapshotParams.model_validate(snapshot)
+    snapshot = SnapshotParams.model_validate(snapshot) if isinstance(snapshot, dict) else snapshot
     snapshot_why_not = None
     if snapshot is not None:
         spec, snapshot_why_not = ask_engine(spec, snapshot, repeats)
@@ -207,8 +195,7 @@ def cold_vs_warm(
     results["cold_start"]["sources"] = data.launch_row.get("cold_start_sources")
     _session_results(results, data, df, repeats)
     params = {"spec": spec.to_dict(), "request": req.payload(), "repeats": repeats}
-    if isinstance(profile, dict):
-        profile = ProfileParams.model_validate(profile)
+    profile = ProfileParams.model_validate(profile) if isinstance(profile, dict) else profile
     if profile is not None:
         params["profile"] = profile.model_dump()
     sites = files = None
@@ -276,20 +263,15 @@ def check_bundle(bundle: ResultBundle) -> None:
         )
 
 
-def _ratio_ci(r: Mapping[str, Any]) -> str:
-    ci = r.get("warm_cold_ratio_ci")
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(number(x) is not None for x in ci):
-        return f"95% CI {fmt(ci[0], 'g')}..{fmt(ci[1], 'g')}"
-    return ""
-
-
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
     """warm/cold ratio bounds and the leak checks, against :class:`ColdWarmInvariants`."""
     rows: list[Check] = []
     ratio = number(r.get("warm_cold_ratio"))
     if ratio is None and number(r.get("cold_ms")) and number(r.get("warm_median_ms")) is not None:
         ratio = float(r["warm_median_ms"]) / float(r["cold_ms"])
-    ci = _ratio_ci(r)
+    ci = r.get("warm_cold_ratio_ci")
+    ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(number(x) is not None for x in ci)
+    ci = f"95% CI {fmt(ci[0], 'g')}..{fmt(ci[1], 'g')}" if ok else ""
     if "warm_cold_ratio_max" in inv:
         lower = number(r.get("warm_cold_ratio_lower95"))
         what = (

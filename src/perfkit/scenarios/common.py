@@ -11,8 +11,19 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 
 from perfkit.common.numfmt import fmt, json_float
+from perfkit.engine.client import VideoRequestSpec
 
 NAN = math.nan
+
+
+def as_request(request: VideoRequestSpec | Mapping[str, Any] | None) -> VideoRequestSpec:
+    """``request`` as a :class:`VideoRequestSpec` (a params mapping or None: ``from_dict``)."""
+    return request if isinstance(request, VideoRequestSpec) else VideoRequestSpec.from_dict(request or {})
+
+
+def mib(v: Any) -> str:
+    """``412 MiB`` (``–`` when missing)."""
+    return fmt(v, ".0f", " MiB")
 
 
 def stage_penalty(stages: pd.DataFrame, first_id: str, warm_ids: list[str]) -> dict[str, float]:
@@ -39,10 +50,20 @@ def host_peak_text(c: Mapping[str, Any]) -> str:
     peak, saying so."""
     pss, anon = json_float(c.get("host_pss_peak_mib")), json_float(c.get("host_anon_peak_mib"))
     if pss is not None:
-        return f"host PSS peak {fmt(pss, '.0f', ' MiB')}"
+        return f"host PSS peak {mib(pss)}"
     if anon is not None:
-        return f"host anon peak {fmt(anon, '.0f', ' MiB')} (summed per process; PSS not read)"
+        return f"host anon peak {mib(anon)} (summed per process; PSS not read)"
     return "host peak –"
+
+
+def peak_mib(memory: pd.DataFrame, col: str, launch_peak: Any = None) -> float | None:
+    """The larger of a memory column's sampled maximum and the launch row's peak (MiB); None
+    when neither was measured (never 0)."""
+    vals = [json_float(launch_peak)]
+    if memory is not None and not memory.empty and col in memory:
+        vals.append(json_float(pd.to_numeric(memory[col], errors="coerce").max()))
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None
 
 
 def pick_columns(

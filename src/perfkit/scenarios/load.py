@@ -357,6 +357,14 @@ def _ci_text(ci: Any) -> str:
     return f"[{fmt(lo, '.0f')}, {fmt(hi, '.0f', missing='unbounded')}]"
 
 
+#: summary_table's columns after ``level`` and ``requests`` (a level's keys; ``p99_interval_ms``
+#: is its ``p99_ci`` as text)
+SUMMARY_COLUMNS = (
+    "completed queue_wait_ms queue_wait_steady_ms queue_wait_expected_ms service_ms p50_ms p90_ms p99_ms "
+    "p99_interval_ms throughput_vpm engine_idle_share goodput_vpm slo_attainment device_peak_mib host_peak_mib"
+).split()
+
+
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     """One row per closed-loop level (and the open loop): requests, queue wait, service time,
     e2e p50/p90/p99 (ms) with intervals, throughput and goodput (videos/min), SLO attainment,
@@ -364,27 +372,8 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     rows = []
     for lv in [*(r.get("levels") or []), *([r["open_loop"]] if r.get("open_loop") else [])]:
         level = f"c{lv['concurrency']}" if "concurrency" in lv else f"open {lv['rate_rps']:.2f}/s"
-        rows.append(
-            {
-                "level": level,
-                "requests": lv["n"],
-                "completed": lv["completed"],
-                "queue_wait_ms": lv["queue_wait_ms"],
-                "queue_wait_steady_ms": lv.get("queue_wait_steady_ms"),
-                "queue_wait_expected_ms": lv.get("queue_wait_expected_ms"),
-                "service_ms": lv["service_ms"],
-                "p50_ms": lv["p50_ms"],
-                "p90_ms": lv["p90_ms"],
-                "p99_ms": lv["p99_ms"],
-                "p99_interval_ms": _ci_text(lv.get("p99_ci")),
-                "throughput_vpm": lv["throughput_vpm"],
-                "engine_idle_share": lv.get("engine_idle_share"),
-                "goodput_vpm": lv["goodput_vpm"],
-                "slo_attainment": lv["slo_attainment"],
-                "device_peak_mib": lv.get("device_peak_mib"),
-                "host_peak_mib": lv.get("host_peak_mib"),
-            }
-        )
+        row = {"level": level, "requests": lv["n"], **{c: lv.get(c) for c in SUMMARY_COLUMNS}}
+        rows.append({**row, "p99_interval_ms": _ci_text(lv.get("p99_ci"))})
     return pd.DataFrame(rows)
 
 

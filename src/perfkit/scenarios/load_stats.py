@@ -79,10 +79,6 @@ def shape_key(spec: VideoRequestSpec) -> str:
     return f"{spec.width}x{spec.height} {spec.num_frames}f {spec.num_inference_steps} steps"
 
 
-def _p99(x: list[float]) -> float | None:
-    return float(np.quantile(x, 0.99)) if x else None
-
-
 def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]) -> dict[str, Any]:
     """Per shape (in order of first hit): requests, first-hit e2e and compiles, the later
     requests' median, the first-hit penalty (ms), covered (its latent shape equals the startup
@@ -128,7 +124,7 @@ def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]
             continue
         swap = id(r) in firsts and later.get(r["shape"]) is not None
         fixed.append(later[r["shape"]] if swap else r["e2e_ms"])
-    p99, p99_fixed = _p99(e2e), _p99(fixed)
+    p99, p99_fixed = (float(np.quantile(x, 0.99)) if x else None for x in (e2e, fixed))
     share_p99 = (p99 - p99_fixed) / p99 if p99 and p99_fixed is not None else None
     with_slo = [(r, s) for r, s in zip(rows, slos) if s is not None]
     met = [r for r, s in with_slo if r["status"] == "completed" and r["e2e_ms"] <= s]
@@ -198,13 +194,18 @@ def peaks(mem: pd.DataFrame, t0: float, t1: float) -> dict[str, float | None]:
     }
 
 
+def _t0(rows: list[dict]) -> float:
+    """The rows' first submit (or arrival, where there is one), epoch s."""
+    return min(r["t_submit_s"] if r.get("t_arrival_s") is None else r["t_arrival_s"] for r in rows)
+
+
 def delivered_rps(rows: list[dict]) -> float | None:
     """Requests completed per second of the rows' wall time (first submit or arrival to the last
     result, the client's clock); None for no rows or no wall time. The throughput of a level,
     and (its largest over the closed levels) the capacity an open loop's rate is a multiple of."""
     if not rows:
         return None
-    t0 = min(r["t_submit_s"] if r.get("t_arrival_s") is None else r["t_arrival_s"] for r in rows)
+    t0 = _t0(rows)
     span = max(r["t_end_s"] for r in rows) - t0
     return sum(r["status"] == "completed" for r in rows) / span if span > 0 else None
 
@@ -214,7 +215,7 @@ def level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None
     SLO attainment, quantiles with intervals, engine idle share, memory peaks."""
     ok = [r for r in rows if r["status"] == "completed"]
     e2e = [r["e2e_ms"] for r in ok]
-    t0 = min(r["t_submit_s"] if r["t_arrival_s"] is None else r["t_arrival_s"] for r in rows)
+    t0 = _t0(rows)
     t1 = max(r["t_end_s"] for r in rows)
     minutes = (t1 - t0) / 60.0
     met = [r for r in ok if slo_ms is not None and r["e2e_ms"] <= slo_ms]
@@ -344,7 +345,7 @@ def slo(rows: list[dict], given: Any, scale: Any) -> tuple[float | None, str]:
 def _completion_gaps(rows: list[dict]) -> np.ndarray:
     """Seconds from the level's first submit (or arrival) to its first result, then between
     consecutive results of completed requests: their mean is 1 / throughput (none completed: empty)."""
-    t0 = min(r["t_submit_s"] if r.get("t_arrival_s") is None else r["t_arrival_s"] for r in rows)
+    t0 = _t0(rows)
     ends = sorted(r["t_end_s"] for r in rows if r["status"] == "completed")
     return np.diff([t0, *ends])
 

@@ -14,14 +14,7 @@ from typing import Any, Mapping, Optional
 import pandas as pd
 from pydantic import Field, model_validator
 
-from perfkit.bundle import (
-    ResultBundle,
-    _gpu_info,
-    conform,
-    steady_state,
-    table_rows,
-    upgrade_results,
-)
+from perfkit.bundle import ResultBundle, conform, steady_state, table_rows, upgrade_results
 from perfkit.checks import Check, check_flag
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text, slug
@@ -32,9 +25,10 @@ from perfkit.measuring.assemble import assemble, join_bundles, relabel
 from perfkit.measuring.launch_rows import measure_launch
 from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown
 from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
+from perfkit.readings.sampler.nvml import nvml_inventory
 from perfkit.scenarios import cells, registry
 from perfkit.scenarios.cap_entry import WARM_DEGRADE_TOLERANCE, cap_entry
-from perfkit.scenarios.common import host_peak_text, pick_columns
+from perfkit.scenarios.common import as_request, host_peak_text, mib, pick_columns
 from perfkit.scenarios.parts import code, md
 
 log = logging.getLogger(__name__)
@@ -83,10 +77,6 @@ class MemoryBudgetInvariants(registry.InvariantParams):
     warm_degrades_allowed: Optional[bool] = None
 
 
-def _req(request) -> VideoRequestSpec:
-    return request if isinstance(request, VideoRequestSpec) else VideoRequestSpec.from_dict(request or {})
-
-
 def memory_budget(
     spec: EngineSpec,
     caps: list[MemoryCaps | None] | None = None,
@@ -101,11 +91,9 @@ def memory_budget(
     """Run the memory-budget investigation.
 
     Args:
-        spec: the engine.
         caps: one launch per entry (None or ``MemoryCaps()`` = unlimited). Default: those of
             :class:`MemoryBudgetParams`.
         request: the request, sent ``repeats`` times per launch (1 cold + warm).
-        repeats: >= 1.
         min_budget: ``{"lo_gib", "hi_gib"}`` to also bisect the minimum device cap (GPU only).
         reuse: bundles measured earlier in this run; the unlimited cap takes a session that
             ran the same spec and request without caps (results ``reused_launches``).
@@ -134,9 +122,8 @@ def memory_budget(
         raise ValueError(f"memory_budget: repeats must be >= 1, got {repeats}")
     caps = list(caps) if caps else [c.to_caps() for c in MemoryBudgetParams().caps]
     caps = [c if c is not None else MemoryCaps() for c in caps]
-    req = _req(request)
-    if isinstance(snapshot, dict):
-        snapshot = SnapshotParams.model_validate(snapshot)
+    req = as_request(request)
+    snapshot = SnapshotParams.model_validate(snapshot) if isinstance(snapshot, dict) else snapshot
     snapshot_why_not = None
     if snapshot is not None and repeats >= 2:
         spec, snapshot_why_not = ask_engine(spec, snapshot, repeats)
@@ -220,11 +207,11 @@ def find_min_budget(
     """
     if not (0 < lo_gib < hi_gib):
         raise ValueError(f"find_min_budget: need 0 < lo_gib < hi_gib, got {lo_gib}, {hi_gib}")
-    if not _gpu_info().get("gpu_count"):
+    if not nvml_inventory():
         note = "find_min_budget needs a GPU (device caps are CUDA memory fractions); none visible: skipped"
         log.warning(note)
         return {"min_gib": None, "probes": [], "note": note}
-    req = _req(request)
+    req = as_request(request)
     probes: list[dict[str, Any]] = []
 
     def ok_at(gib: float) -> bool:
@@ -326,10 +313,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
         ("caps_completed", "completed", True),
         ("warm_degrades_allowed", "warm_degrades", False),
     ):
-        if key not in inv:
-            continue
-        gated = bool(inv[key]) if key != "warm_degrades_allowed" else not bool(inv[key])
-        if not gated:
+        if key not in inv or bool(inv[key]) != want:  # warm_degrades_allowed gates when False
             continue
         if not caps:
             rows.append(Check(NAME, key, None, None, None, "skipped", "not measured"))
@@ -338,7 +322,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             detail = (
                 f"device cap {_gib(c.get('device_cap_gib'))}, host cap {_gib(c.get('host_cap_gib'))},"
                 f" enforcement {c.get('enforcement') or '–'}, peak reserved "
-                f"{_mib(c.get('peak_reserved_mib'))}, {host_peak_text(c)}, placement {c.get('placement') or '–'}"
+                f"{mib(c.get('peak_reserved_mib'))}, {host_peak_text(c)}, placement {c.get('placement') or '–'}"
             )
             rows.append(check_flag(NAME, f"{col}[{c.get('label')}]", c.get(col), want, detail))
     return rows
@@ -353,10 +337,6 @@ def _gib(v: Any) -> str:
     return fmt(v, "g", " GiB", missing="none")  # a cap that is not set: no cap
 
 
-def _mib(v: Any) -> str:
-    return fmt(v, ".0f", " MiB")
-
-
 def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     """Per budget: completed, held, peak reserved (MiB); the minimum device budget (GiB) when
     searched. ``r`` may be results.json of any schema version."""
@@ -367,7 +347,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
             ("completed" if c.get("completed") else "did not complete")
             + ", "
             + ("held" if c.get("cap_held") else "not held")
-            + f", peak reserved {_mib(c.get('peak_reserved_mib'))}",
+            + f", peak reserved {mib(c.get('peak_reserved_mib'))}",
         )
         for c in r.get("caps") or []
     ]
@@ -420,7 +400,7 @@ def reading(r: Mapping[str, Any]) -> str:
             + ", cap "
             + ("held" if c.get("cap_held") else "**not held**")
             + f" (enforcement {c.get('enforcement')}); peak reserved "
-            f"{_mib(c.get('peak_reserved_mib'))}, {host_peak_text(c)}, placement {c.get('placement') or '–'}"
+            f"{mib(c.get('peak_reserved_mib'))}, {host_peak_text(c)}, placement {c.get('placement') or '–'}"
             + ("; warm requests degrade" if c.get("warm_degrades") else "")
             + "."
         )

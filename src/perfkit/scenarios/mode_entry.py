@@ -8,10 +8,10 @@ import re
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from perfkit.common.numfmt import json_float
 from perfkit.measuring.launch_rows import LaunchData
+from perfkit.scenarios.common import peak_mib
 
 #: A warm request slower than the cold one by more than this fraction fails
 #: ``offload_warm_not_slower``.
@@ -43,12 +43,6 @@ def _reported(data: LaunchData) -> dict[str, Any]:
     return {}
 
 
-def _refusal(error: str | None) -> str | None:
-    """The engine's "not applicable" reason in a launch error, or None."""
-    m = REFUSAL_RE.search(error or "")
-    return m.group(0) if m else None
-
-
 def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
     """The results entry of one offload mode's launch: cold start parts (s), device and host
     peaks (MiB), the placement the engine reported, cold and warm latency (ms) and the status
@@ -57,7 +51,8 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
     lr = data.launch_row
     df = data.sent_rows()
     ok = df[df["status"] == "completed"] if not df.empty else df
-    refused = _refusal(data.error)
+    m = REFUSAL_RE.search(data.error or "")
+    refused = m.group(0) if m else None  # the engine's "not applicable" reason
     rep = _reported(data)
     ps, ml = json_float(lr.get("process_start_s")), json_float(lr.get("models_loaded_s"))
     e: dict[str, Any] = {
@@ -69,10 +64,10 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
         "peak_reserved_mib": json_float(ok["peak_reserved_mib"].max()) if len(ok) else None,
         "peak_allocated_mib": json_float(ok["peak_allocated_mib"].max()) if len(ok) else None,
         "load_peak_mib": json_float(lr.get("load_peak_mib")),
-        "host_anon_peak_mib": None if data.memory.empty else json_float(data.memory["host_anon_mib"].max()),
+        "host_anon_peak_mib": peak_mib(data.memory, "host_anon_mib"),
         # the host figure the checks use: PSS of the engine's tree (pinned offload buffers are
         # resident and mapped, so they count here; anon RSS leaves them out)
-        "host_pss_peak_mib": _peak(data.memory, "host_pss_mib", lr.get("host_pss_peak_mib")),
+        "host_pss_peak_mib": peak_mib(data.memory, "host_pss_mib", lr.get("host_pss_peak_mib")),
         "cgroup_peak_mib": json_float(lr.get("cgroup_peak_mib")),
         "placement": rep.get("placement") or lr.get("placement"),
         **{k: rep.get(k) for k in _REPORTED[1:]},
@@ -101,13 +96,3 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
         e["placement_matches"] = None
         e["warm_not_slower"] = None
     return e
-
-
-def _peak(memory: pd.DataFrame, col: str, launch_peak: Any) -> float | None:
-    """The larger of a memory column's sampled maximum and the launch row's peak (MiB); None
-    when neither was measured (never 0)."""
-    vals = [json_float(launch_peak)]
-    if not memory.empty and col in memory:
-        vals.append(json_float(pd.to_numeric(memory[col], errors="coerce").max()))
-    vals = [v for v in vals if v is not None]
-    return max(vals) if vals else None

@@ -34,7 +34,7 @@ from perfkit.measuring.assemble import assemble, join_bundles
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.scenarios import cells, registry
-from perfkit.scenarios.common import ANON_SUM_LABEL
+from perfkit.scenarios.common import ANON_SUM_LABEL, as_request, mib
 from perfkit.scenarios.mode_entry import FAILED, NOT_APPLICABLE, RAN, REFUSAL_RE, WARM_TOLERANCE, mode_entry
 from perfkit.scenarios.parts import code, md
 
@@ -78,10 +78,6 @@ class OffloadModesInvariants(registry.InvariantParams):
     offload_vram_order: Optional[bool] = True
 
 
-def _req(request: Any) -> VideoRequestSpec:
-    return request if isinstance(request, VideoRequestSpec) else VideoRequestSpec.from_dict(request or {})
-
-
 def _label(mode: str) -> str:
     return f"offload-{mode}"
 
@@ -104,7 +100,6 @@ def offload_modes(
             applicable".
         modes: offload modes (default: all four, :data:`~perfkit.engine.spec.OFFLOAD_MODES`).
         request: sent ``repeats`` times per launch (the first is the cold request).
-        repeats: >= 2.
         caps: one memory budget for every launch (None: none).
         reuse: bundles measured earlier in this run; mode ``none`` takes a launch that ran the
             same spec and request (with ``offload=none``, or automatic placement without a
@@ -131,7 +126,7 @@ def offload_modes(
     bad = [m for m in modes if m not in OFFLOAD_MODES]
     if bad or len(set(modes)) != len(modes):
         raise ValueError(f"offload_modes: modes must be unique values of {OFFLOAD_MODES}, got {modes}")
-    req = _req(request)
+    req = as_request(request)
     caps = caps if caps is not None else MemoryCaps()
     launches: list[LaunchData] = []
     entries: list[dict[str, Any]] = []
@@ -210,10 +205,6 @@ def check_bundle(bundle: ResultBundle) -> None:
             )
 
 
-def _mib(v: Any) -> str:
-    return fmt(v, ".0f", " MiB")
-
-
 def _ms(v: Any) -> str:
     return fmt(v, ".0f", " ms")
 
@@ -264,11 +255,10 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             st = e.get("status")
             if st == NOT_APPLICABLE:
                 rows.append(_skip(metric, f"not applicable: {e.get('reason')}"))
-            elif st == FAILED:
-                if col == "placement_matches":
-                    rows.append(check_flag(NAME, metric, False, True, f"launch failed: {e.get('reason')}"))
-                else:
-                    rows.append(_skip(metric, f"launch failed: {e.get('reason')}"))
+            elif st == FAILED:  # a failed launch fails its placement row, skips the others
+                why = f"launch failed: {e.get('reason')}"
+                failed = col == "placement_matches"
+                rows.append(check_flag(NAME, metric, False, True, why) if failed else _skip(metric, why))
             else:
                 detail = (
                     f"asked {e.get('mode')}, engine reports {_placement_text(e)}"
@@ -312,7 +302,7 @@ def _order_checks(r: Mapping[str, Any], entries: list[dict[str, Any]]) -> list[C
             big, small = (a, b) if sign > 0 else (b, a)
             ok = big > small if strict else big >= small * (1 - ORDER_TOLERANCE)
             rel = ">" if strict else f">= (within {ORDER_TOLERANCE:.0%})"
-            why = f"{col}: {hi} {_mib(a)}, {lo} {_mib(b)}; needs {'the first' if sign > 0 else 'the second'} {rel}"
+            why = f"{col}: {hi} {mib(a)}, {lo} {mib(b)}; needs {'the first' if sign > 0 else 'the second'} {rel}"
             rows.append(Check(NAME, metric, None, big - small, 0.0, "pass" if ok else "fail", why))
     return rows or [_skip(key, "no pair of ordered modes ran")]
 
@@ -324,8 +314,8 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
         st = e.get("status")
         if st == RAN:
             text = (
-                f"warm {_ms(e.get('warm_ms'))}, peak reserved {_mib(e.get('peak_reserved_mib'))}, "
-                f"host PSS peak {_mib(e.get('host_pss_peak_mib'))}"
+                f"warm {_ms(e.get('warm_ms'))}, peak reserved {mib(e.get('peak_reserved_mib'))}, "
+                f"host PSS peak {mib(e.get('host_pss_peak_mib'))}"
             )
         else:
             why = str(e.get("reason") or "")
@@ -370,7 +360,7 @@ def reading(r: Mapping[str, Any]) -> str:
                 f"- **{e.get('mode')}**: ran; ready in "
                 + ("–" if ready is None else f"{ready:.1f} s")
                 + f", cold {_ms(e.get('cold_ms'))}, warm {_ms(e.get('warm_ms'))}; peak reserved "
-                f"{_mib(e.get('peak_reserved_mib'))}, host PSS peak {_mib(e.get('host_pss_peak_mib'))}; "
+                f"{mib(e.get('peak_reserved_mib'))}, host PSS peak {mib(e.get('host_pss_peak_mib'))}; "
                 f"engine reports {_placement_text(e)}"
                 + (f", torch.compile {compile_text(e)}" if compile_text(e) != "–" else "")
                 + (f" (launch reused from {e.get('reused_from')})" if e.get("reused_from") else "")

@@ -1,17 +1,10 @@
 """The scenario registry: one investigation = one module that registers one :class:`Scenario`.
 
-A scenario declares in one place everything the rest of perfkit needs to know about it: its
-name and title, its params model (the only place its defaults live), its invariants model (the
-within-run checks it gates and their default limits), ``run`` (measure, return a
-:class:`~perfkit.bundle.ResultBundle`), ``check_bundle`` (is there a usable measurement),
-``checks`` (results + invariants -> :class:`~perfkit.checks.Check` rows), ``key_numbers`` (the
-figures the summary, the report and the READMEs quote), ``summary_table`` and ``reading`` (what
-its notebook and report section show), ``cases`` (its slices of this run's sglang-layout
-baseline), and what :mod:`perfkit.scenarios.parts` declares: its notebook cells, figures, report
-section intro, ``perfkit figures`` block kinds and ``python -m perfkit.measure`` options. Only
-name, title, question, params model and ``run`` are required; every other field has a default
-(no invariants, no checks, no key numbers, an empty summary table, no baseline case, the generic
-notebook cells and section template).
+A scenario declares in one place everything the rest of perfkit needs to know about it (the
+fields of :class:`Scenario`: its params model, the only place its defaults live, its invariants,
+``run`` returning a :class:`~perfkit.bundle.ResultBundle`, its checks, key numbers, tables,
+baseline cases, and what :mod:`perfkit.scenarios.parts` declares). Only name, title, question,
+params model and ``run`` are required.
 
 The suite, ``--only``, params validation, the report, the summary, the baseline derivation,
 the notebook generator and the CLI read this registry; no scenario name is written anywhere
@@ -169,24 +162,9 @@ def no_checks(results: Mapping[str, Any], invariants: Mapping[str, Any]) -> list
     return []
 
 
-def no_key_numbers(results: Mapping[str, Any]) -> list[KeyNumber]:
-    """The default ``key_numbers``: none."""
-    return []
-
-
-def empty_table(results: Mapping[str, Any]) -> pd.DataFrame:
-    """The default ``summary_table``: an empty one."""
-    return pd.DataFrame()
-
-
 def no_reading(results: Mapping[str, Any]) -> str:
     """The default ``reading``: nothing."""
     return ""
-
-
-def no_cases(bundle: ResultBundle, namer: CaseNamer) -> dict[str, ResultBundle]:
-    """The default ``cases``: no baseline case."""
-    return {}
 
 
 def default_cells(name: str) -> list[Cell]:
@@ -261,10 +239,10 @@ class Scenario:
     invariants_model: type[InvariantParams] = InvariantParams
     check_bundle: Callable[[ResultBundle], None] = needs_a_completed_request
     checks: Callable[[Mapping[str, Any], Mapping[str, Any]], list[Check]] = no_checks
-    key_numbers: Callable[[Mapping[str, Any]], list[KeyNumber]] = no_key_numbers
-    summary_table: Callable[[Mapping[str, Any]], pd.DataFrame] = empty_table
+    key_numbers: Callable[[Mapping[str, Any]], list[KeyNumber]] = lambda r: []
+    summary_table: Callable[[Mapping[str, Any]], pd.DataFrame] = lambda r: pd.DataFrame()
     reading: Callable[[Mapping[str, Any]], str] = no_reading
-    cases: Callable[[ResultBundle, CaseNamer], dict[str, ResultBundle]] = no_cases
+    cases: Callable[[ResultBundle, CaseNamer], dict[str, ResultBundle]] = lambda bundle, namer: {}
     order: int = 100
     plan: Optional[Callable[[Any], list[int]]] = None
     split: Optional[Callable[[Any], list[tuple[str, Any]]]] = None

@@ -53,7 +53,6 @@ def load_or_run(
     """Replay ``bundle_dir`` (launches nothing) or run ``scenario``; the bundle lands in ``out``.
 
     Args:
-        scenario: a registered scenario name.
         out: the bundle's directory (``RUN/<scenario>``).
         bundle_dir: a recorded bundle to replay instead of launching anything.
         engine: EngineSpec fields; request: VideoRequestSpec fields (sglang's names).

@@ -18,7 +18,7 @@ from perfkit.common.frames import latent_frames
 from perfkit.common.numfmt import json_float
 from perfkit.engine.handle import WarmupShape, parse_warmup_shapes
 from perfkit.measuring.launch_rows import LaunchData
-from perfkit.readings.records import parse_lines
+from perfkit.readings.records import PerfRecord, parse_lines
 from perfkit.reported import is_reported, reported_any, reported_count, reported_sum
 from perfkit.scenarios.common import stage_penalty
 
@@ -132,7 +132,9 @@ def coverage_entry(
             "warm_stage_median_ms": _warm_stage_medians(stages, list(ok["request_id"].iloc[1:])),
         }
     )
-    ranks = rank_facts(data.record_lines, list(ok["request_id"]))
+    # the launch's records as measure_launch parsed them (a reused launch: its kept lines)
+    report = data.report or parse_lines(data.record_lines)
+    ranks = rank_facts(report.records, list(ok["request_id"]))
     if ranks:
         entry["ranks"] = ranks
     return entry
@@ -146,12 +148,12 @@ def _warm_stage_medians(stages: pd.DataFrame, warm_ids: list[str]) -> dict[str, 
     return {str(k): json_float(v) for k, v in w.groupby("stage", sort=False)["ms"].median().items()}
 
 
-def rank_facts(record_lines: list[str], request_ids: list[str]) -> list[dict[str, Any]]:
+def rank_facts(records: list[PerfRecord], request_ids: list[str]) -> list[dict[str, Any]]:
     """Per rank of a multi-rank (CFG parallel) engine, for one shape's requests (the first, then
     the warm ones): the first request's compiles, its penalty per stage and the stage that
     absorbs most of it, and the warm medians of the step time and of its parts (the rank's
     transformer branch vs its wait in the all_gather, ms). [] for a single-rank engine."""
-    recs = {r.request_id: r for r in parse_lines(record_lines).records}
+    recs = {r.request_id: r for r in records}
     chosen = [recs[i] for i in request_ids if i in recs]
     if len(chosen) < 2 or not chosen[0].perfkit.get("ranks"):
         return []

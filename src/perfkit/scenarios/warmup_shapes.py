@@ -28,7 +28,7 @@ from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach
 from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.reported import NOT_REPORTED, NOT_REPORTED_REASON
 from perfkit.scenarios import cells, registry
-from perfkit.scenarios.common import pick_columns
+from perfkit.scenarios.common import as_request, pick_columns
 from perfkit.scenarios.parts import MeasureOption, code, md
 from perfkit.scenarios.shape_coverage import coverage_entry, warm_across_warmups, warmed_shapes
 
@@ -121,7 +121,7 @@ def warmup_shapes(
         raise ValueError(f"warmup_shapes: repeats must be >= 2, got {repeats}")
     if not warmup_frames or not request_frames:
         raise ValueError("warmup_shapes: warmup_frames and request_frames must not be empty")
-    base = request if isinstance(request, VideoRequestSpec) else VideoRequestSpec.from_dict(request or {})
+    base = as_request(request)
     launches = []
     reused: list[str] = []
     coverage: list[dict[str, Any]] = []
@@ -158,8 +158,7 @@ def warmup_shapes(
         "reused_launches": reused,
         "warm_across_warmups": warm_across_warmups(coverage),
     }
-    if isinstance(profile, dict):
-        profile = ProfileParams.model_validate(profile)
+    profile = ProfileParams.model_validate(profile) if isinstance(profile, dict) else profile
     if profile is None:
         return assemble(NAME, launches, params, results)
     params["profile"] = profile.model_dump()
@@ -248,12 +247,11 @@ def launches(p: WarmupShapesParams, engine: EngineSpec, request: VideoRequestSpe
     out = []
     for w in p.warmup_frames:
         s = engine.replace(warmup_frames=int(w), share_compile_cache=False)
-        n = len(p.request_frames) * p.repeats
         if len(p.request_frames) == 1:
             req = dataclasses.replace(request, num_frames=int(p.request_frames[0]))
             out.append(PlannedLaunch((launch_key(s, req),), p.repeats, reuses=True))
         else:
-            out.append(PlannedLaunch((), n))
+            out.append(PlannedLaunch((), len(p.request_frames) * p.repeats))
     return out
 
 

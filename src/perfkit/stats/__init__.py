@@ -23,24 +23,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from perfkit.stats import launches
-from perfkit.stats.launches import *  # noqa: F403 (the surface: launches.__all__)
-
-__all__ = [
-    "median_iqr",
-    "bootstrap_median_ci",
-    "bootstrap_ratio_ci",
-    "bootstrap_mean_ratio_ci",
-    "ratio_lower_bound_single_reference",
-    "mann_whitney",
-    "slope_per_index",
-    "slope_lower_bound",
-    "relative_drift",
-    "quantile_ci",
-    "quantile_bounded_from",
-    "MIN_RANK_TEST_SAMPLES",
-    *launches.__all__,
-]
+from perfkit.stats.launches import *  # noqa: F403 (the surface: its public names)
 
 #: Fewest samples per side for which :func:`mann_whitney` runs the rank test.
 MIN_RANK_TEST_SAMPLES = 5
@@ -57,15 +40,8 @@ def _clean(x: Any) -> np.ndarray:
 
 
 def median_iqr(x: Any) -> tuple[float, float, float]:
-    """Median and interquartile range of a sample.
-
-    Args:
-        x: sample values (any unit, e.g. ms); non-finite values are dropped.
-
-    Returns:
-        ``(median, q1, q3)`` in the unit of ``x`` (q1/q3 are the 25th/75th percentiles, linear
-        interpolation). All NaN for an empty sample.
-    """
+    """``(median, q1, q3)`` of a sample, in its unit (q1/q3: the 25th/75th percentiles, linear
+    interpolation); all NaN for an empty sample."""
     a = _clean(x)
     if a.size == 0:
         return (math.nan, math.nan, math.nan)
@@ -97,17 +73,12 @@ def _check_args(confidence: float, n_resamples: int) -> None:
 def bootstrap_median_ci(
     x: Any, confidence: float = 0.95, n_resamples: int = 2000, seed: int | None = 0
 ) -> tuple[float, float]:
-    """Percentile-bootstrap confidence interval of the median.
+    """Percentile-bootstrap two-sided interval ``(lo, hi)`` of the median, in the unit of ``x``
+    (the same seed and sample give the same interval). A single value gives ``(v, v)`` (no
+    spread can be estimated from one sample); an empty sample gives ``(nan, nan)``.
 
-    Args:
-        x: sample values (e.g. warm e2e latencies in ms); non-finite values are dropped.
-        confidence: two-sided confidence level, e.g. 0.95.
-        n_resamples: number of bootstrap resamples.
-        seed: seed of the numpy Generator; the same seed and sample give the same interval.
-
-    Returns:
-        ``(lo, hi)`` in the unit of ``x``. A single value gives ``(v, v)`` (no spread can be
-        estimated from one sample); an empty sample gives ``(nan, nan)``.
+    Raises:
+        ValueError: confidence outside (0, 1) or n_resamples < 1.
     """
     _check_args(confidence, n_resamples)
     a = _clean(x)
@@ -137,13 +108,6 @@ def bootstrap_ratio_ci(
     It then reflects the spread of the other side alone, not the unknown spread of the single
     value. With one value on both sides the interval is degenerate: ``(r, r)``.
 
-    Args:
-        a: numerator sample (e.g. cold e2e ms); non-finite values are dropped.
-        b: denominator sample (e.g. warm e2e ms), same unit as ``a``.
-        confidence: two-sided confidence level.
-        n_resamples: number of bootstrap resamples.
-        seed: seed of the numpy Generator (deterministic for a given seed).
-
     Returns:
         ``(lo, hi)``, unitless. ``(nan, nan)`` when either side is empty. Resamples whose
         denominator median is 0 give ±inf/NaN ratios; NaN ratios are ignored.
@@ -168,11 +132,6 @@ def bootstrap_ratio_ci(
 def bootstrap_mean_ratio_ci(a: Any, b: Any, confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile-bootstrap interval of ``mean(a) / mean(b)`` (``scipy.stats.bootstrap``, the two
     samples resampled independently, 9,999 resamples, seeded).
-
-    Args:
-        a, b: samples of one unit (e.g. seconds between results); non-finite values dropped.
-        confidence: two-sided level.
-        seed: numpy Generator seed.
 
     Returns:
         ``(lo, hi)`` unitless; ``(nan, nan)`` when a side has fewer than 2 values or both are
@@ -211,12 +170,7 @@ def ratio_lower_bound_single_reference(
     bound is the ``1 - confidence`` quantile of the ratios. Unlike :func:`bootstrap_ratio_ci`
     with a fixed reference, a noisy reference cannot make an identical build fail.
 
-    Args:
-        sample: e.g. warm e2e times (ms); non-finite values dropped.
-        reference: e.g. the cold request's e2e (ms, same unit), > 0.
-        confidence: one-sided level (0.95: the bound is the 5th percentile).
-        n_resamples: bootstrap resamples.
-        seed: numpy Generator seed (deterministic for a given seed).
+    ``confidence`` is one-sided (0.95: the bound is the 5th percentile).
 
     Returns:
         The lower bound (unitless ratio); NaN when the sample is empty or the reference is not a
@@ -267,13 +221,6 @@ def mann_whitney(
 
     The ``alternative`` restricts which of the two can be reported (as above). An empty side
     gives decision ``"inconclusive"``.
-
-    Args:
-        a, b: samples in one unit (e.g. ms); non-finite values are dropped.
-        alternative: ``"two-sided"``, ``"greater"`` (a slower) or ``"less"`` (a faster).
-        rel_threshold: relative median difference required by the small-sample rule (0.10 =
-            10 %).
-        alpha: significance level used for the decision of the rank test.
 
     Returns:
         dict with ``statistic`` (U of ``a``, or None), ``pvalue`` (or None), ``method``,
@@ -348,19 +295,10 @@ def mann_whitney(
 
 
 def slope_per_index(y: Any) -> float:
-    """Least-squares slope of ``y`` against its index ``0..n-1``.
-
-    Used for growth per request, e.g. host RSS in MiB per request (a leak shows as a positive
-    slope). Non-finite values are dropped *with* their index (the x positions of the remaining
-    points are kept).
-
-    Args:
-        y: values in order (e.g. MiB after each request).
-
-    Returns:
-        slope in units of ``y`` per index step (e.g. MiB/request); NaN with fewer than 2
-        finite points.
-    """
+    """Least-squares slope of ``y`` against its index ``0..n-1``, in units of ``y`` per index
+    step (e.g. host RSS MiB per request: a leak shows as a positive slope); NaN with fewer than
+    2 finite points. Non-finite values are dropped *with* their index (the x positions of the
+    remaining points are kept)."""
     arr = np.asarray(y, dtype=float).ravel()
     x = np.arange(arr.size, dtype=float)
     keep = np.isfinite(arr)
@@ -376,14 +314,10 @@ def slope_lower_bound(y: Any, confidence: float = 0.95) -> float:
     error (``scipy.stats.linregress``). A scatter around a flat line keeps it at or below 0; a
     steady rise lifts it above 0.
 
-    Args:
-        y: values in order (e.g. MiB or ms after each request); non-finite values dropped with
-            their index.
-        confidence: one-sided level (0.95: 95 % of such intervals hold the true slope above).
-
     Returns:
         the bound in units of ``y`` per index step (0 for a constant series); NaN with fewer
-        than 3 finite points (no spread to estimate).
+        than 3 finite points (no spread to estimate). Non-finite values are dropped with their
+        index; ``confidence`` is one-sided.
     """
     from scipy.stats import linregress, t
 
@@ -421,11 +355,6 @@ def quantile_ci(x: Any, q: float, confidence: float = 0.95) -> tuple[float, floa
     """Distribution-free interval of the ``q`` quantile from order statistics (the binomial
     method: ranks l < u with P(l <= B < u) >= ``confidence`` for B ~ Binomial(n, q), as
     narrow as possible around n·q).
-
-    Args:
-        x: samples (non-finite values dropped), e.g. latencies in ms.
-        q: the quantile in (0, 1), e.g. 0.99.
-        confidence: two-sided coverage.
 
     Returns:
         (low, high) in the units of ``x``; an end the samples cannot bound is NaN (p99 of 8

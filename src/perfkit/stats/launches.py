@@ -31,29 +31,6 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-__all__ = [
-    "DEFAULT_CONFIDENCE",
-    "DEFAULT_THRESHOLD",
-    "DECISIONS",
-    "RatioInterval",
-    "VarianceSplit",
-    "ratio_interval",
-    "welch_log_intervals",
-    "t_quantiles",
-    "SPLINE_MIN",
-    "side_moments",
-    "take",
-    "combine",
-    "log_ends",
-    "variance_split",
-    "decide",
-    "launches_needed",
-    "requests_per_launch",
-    "paired_ratio_interval",
-    "threshold_from_aa",
-    "interleaved_order",
-]
-
 #: Default decision threshold: a ratio interval wholly above 1 + 5 % is a regression, wholly below
 #: 1 − 5 % an improvement, wholly inside ±5 % no change. 5 % is the smallest change the 2-core CPU
 #: runner resolves at 4 launches a side (its tiny preset's warm request has a CV of 12 %); on an
@@ -124,7 +101,6 @@ def ratio_interval(
         a, b: one value per launch and side (a launch mean, or a launch's single value such as its
             ready time), any positive unit (ms, s, MiB). Non-finite and non-positive values are
             dropped.
-        confidence: two-sided confidence in (0, 1).
 
     Returns:
         :class:`RatioInterval`: ``ratio`` is the ratio of geometric means; [low, high] is
@@ -264,7 +240,6 @@ def paired_ratio_interval(
         a, b: one value per launch, aligned: ``a[i]`` and ``b[i]`` are one pair (any positive
             unit: ms, s, MiB). A pair with a non-finite or non-positive value on either side is
             dropped whole.
-        confidence: two-sided confidence in (0, 1).
 
     Returns:
         :class:`RatioInterval` with ``n_a == n_b`` = pairs used: ``ratio`` = exp(mean d) over the
@@ -285,12 +260,6 @@ def paired_ratio_interval(
     # Welch's interval of the differences against as many zeros is Student's paired one
     iv = _interval(np.zeros(la.size), lb - la, confidence, _sd(la), _sd(lb))
     return replace(iv, df=float(la.size - 1)) if iv.se_log > 0 else iv
-
-
-def _t_quantile(q: float, df: float) -> float:
-    from scipy.special import stdtrit  # scipy.stats.t.ppf's kernel, without its per-call cost
-
-    return float(stdtrit(df, q))
 
 
 @dataclass(frozen=True)
@@ -431,10 +400,12 @@ def launches_needed(
         return None
     if iv.se_log == 0:
         return max(iv.n_a, iv.n_b)
+    from scipy.special import stdtrit  # scipy.stats.t.ppf's kernel, without its per-call cost
+
     k = 2.0 / (1.0 / iv.n_a + 1.0 / iv.n_b)
     for n in range(max(2, min(iv.n_a, iv.n_b)), max_launches + 1):
         df = n - 1 if paired else 2 * n - 2
-        if _t_quantile(0.5 + iv.confidence / 2.0, df) * iv.se_log * math.sqrt(k / n) < margin:
+        if float(stdtrit(df, 0.5 + iv.confidence / 2.0)) * iv.se_log * math.sqrt(k / n) < margin:
             return n
     return None
 
@@ -445,7 +416,6 @@ def requests_per_launch(split: VarianceSplit, launch_cost_s: float, request_cost
     optimal repetition count of the lower level of a two-level experiment).
 
     Args:
-        split: the measured variance split.
         launch_cost_s: cost of one more launch (s: cold start + cold request).
         request_cost_s: cost of one more warm request (s).
 
