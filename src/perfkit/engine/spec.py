@@ -57,8 +57,6 @@ from perfkit.engine.argv import (
 KINDS = ("reference", "sglang", "command")
 #: a request's timeout when neither the spec nor a params file's ``timeout_s`` sets one (s)
 DEFAULT_REQUEST_TIMEOUT_S = 1800.0
-#: Startup warmup modes (sglang's ``--warmup-mode`` choices).
-WARMUP_MODES = ("off", "request", "server")
 #: The default ``warmup_frames``; for kind ``sglang`` it adds no flag (sglang's own default).
 DEFAULT_WARMUP_FRAMES = 17
 #: pydantic error type of a rule between fields (ctx: ``field`` it names, ``detail``).
@@ -301,11 +299,7 @@ class _ServingEngine(EngineSpec):
         return self
 
     def startup_warmup_frames(self) -> int | None:
-        """Frames of the synthetic startup warmup this spec asks for (0 when off or, sglang,
-        warmed on requests)."""
-        if self.warmup_mode in ("off", "request"):
-            return 0
-        return self.warmup_frames
+        return 0 if self.warmup_mode in ("off", "request") else self.warmup_frames
 
 
 class ReferenceEngine(_ServingEngine):

@@ -78,7 +78,6 @@ class RecordError(ValueError):
         return RecordError(self.key, self.problem, source=source or self.source, line=line or self.line)
 
 
-_INF = float("inf")
 #: the largest ms or MiB value read (issue 54): 1e9 ms is 11.6 days, 1e9 MiB a petabyte
 MAX_READING = 1e9
 
@@ -400,35 +399,26 @@ def iter_lines_report(
 def _one(
     i: int, line: str | bytes, *, source: str | None, strict: bool, last: bool, keep_raw: bool
 ) -> Iterator[PerfRecord | RecordError]:
-    unterminated = not (line.endswith(b"\n") if isinstance(line, bytes) else line.endswith("\n"))
-    if isinstance(line, bytes):
-        try:
-            text = decode_text(line, "").strip()
-        except RecordError as exc:  # never read with replacement characters
-            err = exc.located(source=source, line=i)
-            err.request_id = _request_id_of(line.decode("utf-8", errors="replace"))
-            if strict:
-                raise err from None
-            yield err
-            return
-    else:
-        text = line.strip()
-    if not text:
-        return
+    unterminated = not line.endswith(b"\n" if isinstance(line, bytes) else "\n")
     try:
-        rec = _read_line(text, i)
+        text = (decode_text(line, "") if isinstance(line, bytes) else line).strip()
+        rec = _read_line(text, i) if text else None
     except RecordError as exc:
         if last and unterminated and exc.key == "<json>":
             return
         err = exc.located(source=source, line=i)
-        err.request_id = _request_id_of(text) if exc.key != "<json>" else None
+        if exc.key == "<utf-8>":  # never read with replacement characters
+            err.request_id = _request_id_of(line.decode("utf-8", errors="replace"))
+        elif exc.key != "<json>":
+            err.request_id = _request_id_of(text)
         if strict:
             raise err from None
         yield err
         return
-    if not keep_raw:
-        rec.raw, rec.perfkit = {}, {}
-    yield rec
+    if rec is not None:
+        if not keep_raw:
+            rec.raw, rec.perfkit = {}, {}
+        yield rec
 
 
 def _collect(items: Iterable[PerfRecord | RecordError]) -> ParseReport:
