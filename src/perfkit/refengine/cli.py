@@ -83,6 +83,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     from perfkit.refengine.compile_watch import CompileWatch
     from perfkit.refengine.device_memory import snapshot
     from perfkit.refengine.memhistory import SnapshotRecorder
+    from perfkit.refengine.pipeline import StagedPipeline
     from perfkit.refengine.server import Engine
 
     if args.preset not in models.PRESETS and not args.model_path:
@@ -119,15 +120,28 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     comps = _components(args, device, dtype, cap, requested)
     placed = placement.place_components(comps, device, cap, requested)
     where = placed.name
-    do_compile, compile_off_reason, recompile_limit, compile_vae = _compile_settings(args, placed, device)
+    compiled = _compile_settings(args, placed, device)
+    do_compile, _, recompile_limit, compile_vae = compiled
     stage_delay = _injected_delay(args)
-    watch = CompileWatch()
     par = dist.init(rank, args.num_gpus, store, device) if args.num_gpus > 1 else None
-    pipe = _pipeline(args, comps, device, dtype, (do_compile, recompile_limit, compile_vae), watch, par)
+    pipe = StagedPipeline(
+        comps,
+        device,
+        dtype,
+        two_stage=args.two_stage,
+        refine_steps=args.refine_steps,
+        compile=do_compile,
+        compile_backend=args.compile_backend,
+        compile_vae=compile_vae,
+        compile_watch=CompileWatch(),
+        recompile_limit=recompile_limit,
+        cfg_parallel=par,
+    )
     pipe.stage_delay = stage_delay
     if stage_delay:
         pipe._busy(0.2)  # first calls of the busy kernel pay one-off setup: not in a measured stage
-    warmup_frames, warmup_rule = _warmup_frames(args)
+    warmup = _warmup_frames(args)
+    warmup_frames = warmup[0]
     if rank > 0:
         log.info("rank %d loaded (%s, %s); serving rank 0's requests", rank, device, where)
         return dist.worker_loop(
@@ -141,17 +155,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
         "steps": args.steps or preset.steps,
         "num_frames": preset.num_frames,
     }
-    info = _engine_info(
-        args,
-        device,
-        dtype,
-        placed,
-        comps,
-        cap,
-        (do_compile, compile_off_reason, recompile_limit),
-        (warmup_frames, warmup_rule),
-        stage_delay,
-    )
+    info = _engine_info(args, device, dtype, placed, comps, cap, compiled, warmup, stage_delay)
     log.info("%s", server_args_line(args, info, warmup_frames))
     engine = Engine(
         runner or pipe,
@@ -179,36 +183,6 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     from perfkit.refengine.server import serve_http
 
     return serve_http(engine, comps.source, sock, runner, warm)
-
-
-def _pipeline(
-    args: argparse.Namespace,
-    comps: Any,
-    device: Any,
-    dtype: Any,
-    compiled: tuple[bool, int | None, bool],
-    watch: Any,
-    par: Any,
-) -> Any:
-    """The :class:`~perfkit.refengine.pipeline.StagedPipeline` over the placed components, with
-    the compile settings (compile, recompile limit, compile the VAE) and this rank's CFG
-    parallel (None: one process)."""
-    from perfkit.refengine.pipeline import StagedPipeline
-
-    do_compile, recompile_limit, compile_vae = compiled
-    return StagedPipeline(
-        comps,
-        device,
-        dtype,
-        two_stage=args.two_stage,
-        refine_steps=args.refine_steps,
-        compile=do_compile,
-        compile_backend=args.compile_backend,
-        compile_vae=compile_vae,
-        compile_watch=watch,
-        recompile_limit=recompile_limit,
-        cfg_parallel=par,
-    )
 
 
 def _dtype(args: argparse.Namespace, preset: Any, device: Any) -> Any:
@@ -248,7 +222,7 @@ def _engine_info(
     placed: Any,
     comps: Any,
     cap: Any,
-    compiled: tuple[bool, str | None, int | None],
+    compiled: tuple[bool, str | None, int | None, bool],
     warmup: tuple[int, str],
     stage_delay: dict[str, float],
 ) -> dict[str, Any]:
@@ -256,7 +230,7 @@ def _engine_info(
     gates it): device and placement, model, dtype, compile, warmup, cap, parallelism."""
     import torch
 
-    do_compile, compile_off_reason, recompile_limit = compiled
+    do_compile, compile_off_reason, recompile_limit, _ = compiled
     warmup_frames, warmup_rule = warmup
     info = {
         "device": str(device),

@@ -165,9 +165,7 @@ class CfgParallel:
         t1 = self._mark()
         dist.all_gather(parts, local)
         self._marks.append((t0, t1, self._mark()))
-        if cfg:
-            return parts[0] + guidance * (parts[1] - parts[0])
-        return parts[0]
+        return parts[0] + guidance * (parts[1] - parts[0]) if cfg else parts[0]
 
     # -- control messages (gloo) ---------------------------------------------------------
     def broadcast(self, msg: Any = None) -> Any:
@@ -230,9 +228,7 @@ def spawn_ranks(argv: list[str], world_size: int, init_url: str) -> list[subproc
     They inherit stdout/stderr and the process group of rank 0, get ``NCCL_NVLS_ENABLE=0`` and
     are killed by the kernel when rank 0 dies.
     """
-    env = dict(os.environ)
-    env["NCCL_NVLS_ENABLE"] = "0"
-    env["PYTHONUNBUFFERED"] = "1"
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}
     procs = []
     hook = _pdeathsig_hook()
     for r in range(1, world_size):
