@@ -194,7 +194,6 @@ def _which(exe: str) -> str | None:
 
 
 def _module_of(argv: list[str]) -> str | None:
-    """The module of a ``python -m module`` argv prefix, else None."""
     return argv[2] if len(argv) >= 3 and argv[1] == "-m" else None
 
 

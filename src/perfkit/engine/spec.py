@@ -190,14 +190,12 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         f = cls.model_fields.get("kind")
         return f.default if f is not None and cls is not EngineSpec else None
 
-    # ------------------------------------------------------------------ checks on this host
     def check(self) -> None:
         """Checks that need the host, run before any launch (the model is already valid).
 
         Raises FileNotFoundError with a message naming the field; see each kind's ``check``.
         """
 
-    # ------------------------------------------------------------------ argv / env
     def _argv(self, port: int, perf_log_dir: str) -> list[str]:
         raise NotImplementedError
 
@@ -232,7 +230,6 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
             s = s.replace("{port}", str(port))
         return s
 
-    # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of this kind's fields (JSON/YAML-ready; the command kind's argv under
         ``command``); :meth:`from_dict` reads it back."""
@@ -428,9 +425,7 @@ class SglangEngine(_ServingEngine):
         return self
 
     def check(self) -> None:
-        """The executable must be on PATH (its module importable, for the ``python -m`` form) and
-        a local-looking ``model_path`` must exist (a bare hub id ``org/name`` that is not a local
-        directory is accepted). Raises FileNotFoundError naming the field."""
+        """:func:`perfkit.engine.argv.check_sglang` (FileNotFoundError naming the field)."""
         check_sglang(self.executable, self.model_path)
 
     def _argv(self, port: int, d: str) -> list[str]:

@@ -172,13 +172,8 @@ def is_perf_dump(obj: Any) -> bool:
     """Whether a parsed JSON object looks like a perf dump (has ``steps`` as a list of objects
     and ``total_duration_ms``), as opposed to a performance.log record (``stages``) or a
     baseline file (``scenarios``)."""
-    return (
-        isinstance(obj, dict)
-        and "total_duration_ms" in obj
-        and "steps" in obj
-        and "stages" not in obj
-        and "scenarios" not in obj
-    )
+    keys = obj.keys() if isinstance(obj, dict) else set()
+    return {"total_duration_ms", "steps"} <= keys and not {"stages", "scenarios"} & keys
 
 
 # ---------------------------------------------------------------------------------------------

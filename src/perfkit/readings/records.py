@@ -507,25 +507,17 @@ def read_perf_log(path: str | Path, *, strict: bool = False) -> ParseReport:
 
 def iter_records(path: str | Path) -> Iterator[PerfRecord]:
     """Iterate the well-formed records of a performance.log (streamed)."""
-    for it in iter_perf_log(path):
-        if isinstance(it, PerfRecord):
-            yield it
+    yield from (it for it in iter_perf_log(path) if isinstance(it, PerfRecord))
 
 
 def find_record(path: str | Path, request_id: str) -> PerfRecord | None:
     """The last record with this request id, or None."""
-    found = None
-    for rec in iter_records(path):
-        if rec.request_id == request_id:
-            found = rec
-    return found
+    found = [rec for rec in iter_records(path) if rec.request_id == request_id]
+    return found[-1] if found else None
 
 
 def lookup(path: str | Path, request_id: str) -> PerfRecord | RecordError | None:
     """The last line naming ``request_id``: its record, or the :class:`RecordError` that refused
     it (file:line and key); None when no line names it yet."""
-    found: PerfRecord | RecordError | None = None
-    for it in iter_perf_log(path):
-        if it.request_id == request_id:
-            found = it
-    return found
+    found = [it for it in iter_perf_log(path) if it.request_id == request_id]
+    return found[-1] if found else None

@@ -314,9 +314,7 @@ def op_diff(
     :func:`median_op_table`)."""
 
     def table(x: pd.DataFrame | list[pd.DataFrame]) -> pd.DataFrame:
-        if isinstance(x, list):
-            return median_op_table(x, kernels=kernels).set_index("op")
-        return op_table(x, kernels=kernels).set_index("op")
+        return (median_op_table if isinstance(x, list) else op_table)(x, kernels=kernels).set_index("op")
 
     ta, tb = table(a), table(b)
     ops = list(dict.fromkeys([*ta.index, *tb.index]))
@@ -330,7 +328,6 @@ def op_diff(
     return out[DIFF_COLUMNS].reset_index(drop=True)
 
 
-# ------------------------------------------------------------------------ overhead and idle share
 #: columns of :func:`overhead_table`
 OVERHEAD_COLUMNS = (
     "rank stage window_ms op_ms cpu_overhead_ms cpu_overhead_share launch_ms kernels device_busy_ms "

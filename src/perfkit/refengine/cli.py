@@ -238,7 +238,6 @@ def _engine_info(
         "preset": args.preset,
         "model_source": comps.source,
         "dtype": str(dtype).replace("torch.", ""),
-        # the effective config, as this engine runs it (perfkit records and gates it)
         "compile": do_compile,
         "compile_requested": bool(args.compile),
         "compile_active": do_compile,

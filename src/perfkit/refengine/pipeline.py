@@ -124,7 +124,6 @@ class StagedPipeline(StageTimer):
         #: the running request's profiler (sglang's ``profile`` field), set by the engine
         self.profiler: RequestProfiler | None = None
 
-    # -- the pipeline --------------------------------------------------------------------
     def _denoise(
         self, latents, embeds, mask, timesteps, shape, req, timing, step_times, stage="DenoisingStage"
     ):

@@ -135,9 +135,7 @@ def apply_device_cap(device: torch.device) -> float | None:
 
 
 def auto_modes(
-    param_bytes: Mapping[str, int],
-    cap_gib: float | None,
-    requested: Mapping[str, str | None] | None = None,
+    param_bytes: Mapping[str, int], cap_gib: float | None, requested: Mapping[str, str | None] | None = None
 ) -> dict[str, str]:
     """component -> its mode: the requested one, else ``none``, or ``group-leaf`` for the
     components of :data:`AUTO_OFFLOAD_ORDER` (the text encoder runs once a request, the

@@ -186,7 +186,6 @@ class Engine:
         self._worker = threading.Thread(target=self._loop, name="pipeline-worker", daemon=True)
         self._worker.start()
 
-    # -- validation --------------------------------------------------------------------
     def to_gen_request(self, vr: VideoRequest) -> GenRequest:
         """Fill defaults and check limits.
 
@@ -260,7 +259,6 @@ class Engine:
         VAE's temporal compression; :func:`perfkit.common.frames.align_frames`)."""
         return align_frames(num_frames, getattr(self.pipeline, "temporal", TEMPORAL_COMPRESSION))
 
-    # -- jobs --------------------------------------------------------------------------
     def submit(
         self,
         req: GenRequest,

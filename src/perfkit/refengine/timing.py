@@ -40,7 +40,6 @@ class StageTimer:
     _inj_est: dict[str, float]
     _sleep_cpms: float | None
 
-    # -- measurement helpers -------------------------------------------------------------
     def _sync(self) -> None:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
