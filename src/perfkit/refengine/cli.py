@@ -186,7 +186,6 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
 
 
 def _dtype(args: argparse.Namespace, preset: Any, device: Any) -> Any:
-    """The compute dtype (``auto``: the preset's on CUDA, float32 on the CPU)."""
     import torch
 
     if args.dtype == "auto":
@@ -488,7 +487,6 @@ def _startup_warmup(
 
 
 def _recompile_limit() -> int | None:
-    """torch._dynamo's recompile limit in force (``recompile_limit``, formerly ``cache_size_limit``)."""
     import torch._dynamo
 
     cfg = torch._dynamo.config

@@ -392,7 +392,6 @@ class FieldError(ValueError):
 
 
 def _did_you_mean(name: str) -> str:
-    """`` (did you mean 'num_frames'?)`` for a misspelt request field, else empty."""
     import difflib
 
     m = difflib.get_close_matches(name, list(VideoRequest.model_fields), n=1, cutoff=0.6)
@@ -400,7 +399,6 @@ def _did_you_mean(name: str) -> str:
 
 
 def _invalid_request(message: str, fields: list[str]) -> JSONResponse:
-    """The 400 answer: ``{"error": {message, fields, type: invalid_request_error}}``."""
     error = {"message": message, "fields": fields, "type": "invalid_request_error"}
     return JSONResponse(status_code=400, content={"error": error})
 
