@@ -220,9 +220,7 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         if self._sglang_records:
             out["SGLANG_DIFFUSION_STAGE_LOGGING"] = "1"
             out["SGLANG_PERF_LOG_DIR"] = d
-        for k, v in self.env.items():
-            out[k] = self._subst(v, port, d)
-        return out
+        return {**out, **{k: self._subst(v, port, d) for k, v in self.env.items()}}
 
     def _subst(self, s: str, port: int | None, perf_log_dir: str) -> str:
         s = s.replace("{perf_log_dir}", perf_log_dir).replace("{host}", self.host)

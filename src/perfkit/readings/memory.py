@@ -273,13 +273,9 @@ class HostMemoryReader:
                 log.debug("pid %d has an empty %s (zombie or exited): skipped", pid, path)
                 return None
             v = _kib_lines(text, path, ("Rss", "Pss", "Private_Clean", "Private_Dirty", "Anonymous"))
+            uss = (v["Private_Clean"] + v["Private_Dirty"]) / MIB
             return ProcessMemory(
-                pid=pid,
-                rss_mib=v["Rss"] / MIB,
-                pss_mib=v["Pss"] / MIB,
-                uss_mib=(v["Private_Clean"] + v["Private_Dirty"]) / MIB,
-                anon_mib=v["Anonymous"] / MIB,
-                source="smaps_rollup",
+                pid, v["Rss"] / MIB, v["Pss"] / MIB, uss, v["Anonymous"] / MIB, "smaps_rollup"
             )
         path = self.proc_root / str(pid) / "statm"
         text = _proc_file(path, "resident")
@@ -294,14 +290,8 @@ class HostMemoryReader:
             log.debug("pid %d has no resident memory (zombie): skipped", pid)
             return None
         # statm's resident - shared is the kernel's RssAnon (shared = RssFile + RssShmem)
-        return ProcessMemory(
-            pid=pid,
-            rss_mib=resident * _PAGE / MIB,
-            pss_mib=NAN,
-            uss_mib=NAN,
-            anon_mib=max(0, resident - shared) * _PAGE / MIB,
-            source="statm",
-        )
+        anon = max(0, resident - shared) * _PAGE / MIB
+        return ProcessMemory(pid, resident * _PAGE / MIB, NAN, NAN, anon, "statm")
 
     def tree(self, root: int, pids: list[int] | None = None, pss: bool = True) -> TreeMemory:
         """Host memory of the process tree rooted at ``root`` (MiB), summed over ``pids`` (default:

@@ -291,8 +291,7 @@ class PerfRecord:
 
     def peak_mb(self, checkpoint: str = "runtime_peak", key: str = "peak_reserved_mb") -> float | None:
         """A memory snapshot value in MiB, or None when the engine did not write it."""
-        snap = self.memory_snapshots.get(checkpoint) or {}
-        val = snap.get(key)
+        val = (self.memory_snapshots.get(checkpoint) or {}).get(key)
         return float(val) if val is not None else None
 
     @classmethod

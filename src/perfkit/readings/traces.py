@@ -284,8 +284,7 @@ def op_table(events: pd.DataFrame, *, kernels: bool = False, by_stage: bool = Fa
 
 def stage_top_ops(events: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     """The ``n`` ops with most time in each stage (columns ``stage`` + :data:`OP_COLUMNS`)."""
-    t = op_table(events, by_stage=True)
-    return t.groupby("stage", sort=False).head(n).reset_index(drop=True)
+    return op_table(events, by_stage=True).groupby("stage", sort=False).head(n).reset_index(drop=True)
 
 
 def median_op_table(traces: list[pd.DataFrame], *, kernels: bool = False) -> pd.DataFrame:
