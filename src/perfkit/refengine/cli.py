@@ -348,11 +348,7 @@ def _requested_offload(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     (``"cpu"``). Raises :class:`_Refused` when both kinds of flag are given or a mode does not
     apply to the device."""
     kind = device if isinstance(device, str) else device.type
-    per_component = {
-        "transformer": args.offload_transformer,
-        "text_encoder": args.offload_text_encoder,
-        "vae": args.offload_vae,
-    }
+    per_component = {c: getattr(args, f"offload_{c}") for c in ("transformer", "text_encoder", "vae")}
     asked = args.offload is not None or any(v is not None for v in per_component.values())
     if asked and args.placement is not None:
         raise _Refused("give either --placement or --offload/--offload-<component>, not both")

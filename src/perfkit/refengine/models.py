@@ -158,11 +158,8 @@ def _seeded_init(module: torch.nn.Module, seed: int) -> None:
     gen = torch.Generator(device=gen_dev).manual_seed(seed)
     for name, p in module.named_parameters():
         if p.dim() >= 2:
-            fan_in = math.prod(p.shape[1:])
-            vals = torch.empty(p.shape, dtype=p.dtype, device=gen_dev)
-            vals.normal_(0.0, 1.0 / math.sqrt(max(fan_in, 1)), generator=gen)
-            p.copy_(vals)
-            del vals
+            std = 1.0 / math.sqrt(max(math.prod(p.shape[1:]), 1))
+            p.copy_(torch.empty(p.shape, dtype=p.dtype, device=gen_dev).normal_(0.0, std, generator=gen))
         elif name.endswith("bias"):
             p.zero_()
         else:
