@@ -110,10 +110,7 @@ def reference_argv(spec: Any, port: int, d: str) -> list[str]:
     if spec.debug_leak_mib > 0:
         argv += valued("debug_leak_mib")
     if spec.memory_snapshot_after:
-        argv += [
-            "--memory-snapshot-after",
-            ",".join(str(i) for i in sorted(set(spec.memory_snapshot_after))),
-        ]
+        argv += ["--memory-snapshot-after", ",".join(map(str, sorted(set(spec.memory_snapshot_after))))]
         argv += ["--memory-snapshot-entries", str(spec.memory_snapshot_entries)]
     for stage, pct in spec.debug_stage_delay.items():
         argv += ["--debug-stage-delay", f"{stage}={pct:g}%"]
@@ -152,9 +149,8 @@ def sglang_warmup_flags(
 
 def check_model_path(model_path: str | None) -> None:
     """A ``model_path`` that is not a hub id must exist (FileNotFoundError)."""
-    if model_path is not None:
-        if not Path(model_path).expanduser().exists() and not _is_hub_id(model_path):
-            raise FileNotFoundError(f"EngineSpec.model_path: {model_path!r} does not exist")
+    if model_path is not None and not Path(model_path).expanduser().exists() and not _is_hub_id(model_path):
+        raise FileNotFoundError(f"EngineSpec.model_path: {model_path!r} does not exist")
 
 
 def check_sglang(executable: list[str], model_path: str) -> None:
@@ -177,10 +173,9 @@ def check_sglang(executable: list[str], model_path: str) -> None:
             f"cannot be imported by {exe} (kind 'sglang'); install sglang into that "
             f"Python (pip install 'sglang[diffusion]') or point executable elsewhere"
         )
-    mp = model_path
-    if not _is_hub_id(mp) and not Path(mp).expanduser().exists():
+    if not _is_hub_id(model_path) and not Path(model_path).expanduser().exists():
         raise FileNotFoundError(
-            f"EngineSpec.model_path: {mp!r} does not exist (kind 'sglang' needs a local "
+            f"EngineSpec.model_path: {model_path!r} does not exist (kind 'sglang' needs a local "
             f"model directory or a hub id 'org/name')"
         )
 
@@ -199,10 +194,7 @@ def _which(exe: str) -> str | None:
 
 
 def _module_of(argv: list[str]) -> str | None:
-    """The module of a ``python -m module`` argv prefix, else None."""
-    if len(argv) >= 3 and argv[1] == "-m":
-        return argv[2]
-    return None
+    return argv[2] if len(argv) >= 3 and argv[1] == "-m" else None
 
 
 def _module_importable(python: str, module: str) -> bool:
@@ -220,16 +212,9 @@ def _module_importable(python: str, module: str) -> bool:
         same = False
     if same:
         return importlib.util.find_spec(top) is not None
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({top!r}) is None)"
     try:
-        r = run_bounded(
-            [
-                python,
-                "-c",
-                f"import importlib.util, sys; sys.exit(importlib.util.find_spec({top!r}) is None)",
-            ],
-            60,
-            capture_output=True,
-        )
+        r = run_bounded([python, "-c", code], 60, capture_output=True)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0

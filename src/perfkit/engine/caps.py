@@ -258,7 +258,6 @@ class CapOutcome:
         return asdict(self)
 
 
-# ---------------------------------------------------------------------------- enforcer
 class HostCapEnforcer:
     """Enforces a host budget on a process tree; always tracks the tree's peak host memory.
 

@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-# ---------------------------------------------------------------------------- process tree helpers
 def kill_tree(pgid: int | None, procs: list[psutil.Process], sig: int = signal.SIGKILL) -> None:
     """Signal a process group and any listed processes (which may have left the group)."""
     if pgid is not None:
@@ -37,7 +36,6 @@ def kill_tree(pgid: int | None, procs: list[psutil.Process], sig: int = signal.S
             p.send_signal(sig)
 
 
-# ---------------------------------------------------------------------------- cgroup v2
 def cgroup2_available() -> bool:
     """True when /sys/fs/cgroup is a cgroup v2 mount."""
     try:

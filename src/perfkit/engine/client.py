@@ -171,7 +171,6 @@ class _Lost(Exception):
 
 
 def _json_object(resp: httpx.Response) -> dict[str, Any] | None:
-    """The answer's JSON object; None when it is not JSON or not an object."""
     try:
         body = resp.json()
     except ValueError:
@@ -490,9 +489,7 @@ async def closed_loop(
 
 
 async def open_loop(
-    client: AsyncVideoClient,
-    requests: Sequence[VideoRequestSpec],
-    arrivals_s: Sequence[float],
+    client: AsyncVideoClient, requests: Sequence[VideoRequestSpec], arrivals_s: Sequence[float]
 ) -> list[RequestOutcome]:
     """Send request i at ``arrivals_s[i]`` seconds after the start (e.g. Poisson arrivals),
     whatever is still in flight (up to the client's bound). Returns outcomes in arrival order,

@@ -225,12 +225,7 @@ def cold_start_parts(
     """
     health = health or {}
     src: dict[str, str] = {}
-    out: dict[str, Any] = {
-        "ready_s": None,
-        "process_start_s": None,
-        "models_loaded_s": None,
-        "warmup_s": None,
-    }
+    out: dict[str, Any] = dict.fromkeys(("ready_s", "process_start_s", "models_loaded_s", "warmup_s"))
     if t_ready is not None:
         out["ready_s"], src["ready_s"] = t_ready - t_launch, "/health answered 200 (perfkit's poll)"
     if clock is not None and clock.pid_boot_s is not None:
@@ -284,7 +279,6 @@ def _tail_file(path: Path, n: int) -> list[str]:
     return list(deque(data.decode("utf-8", errors="replace").splitlines(), maxlen=n))
 
 
-# ---------------------------------------------------------------------------- handle
 @dataclass
 class EngineHandle:
     """A running engine.
@@ -469,7 +463,6 @@ class EngineHandle:
             "exit_code": self.exit_code,
         }
 
-    # ------------------------------------------------------------------ teardown
     def _descendants(self) -> list[psutil.Process]:
         found: dict[int, psutil.Process] = {}
         if self._enforcer is not None:

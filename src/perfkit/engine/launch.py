@@ -68,7 +68,6 @@ POLL_S = 0.2
 REFUSED_POLL_S = 0.05
 
 
-# ---------------------------------------------------------------------------- helpers
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that is free now (bind port 0)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -116,7 +115,6 @@ def _unique_dir(base: Path, label: str) -> Path:
     return d
 
 
-# ---------------------------------------------------------------------------- launch
 @contextlib.contextmanager
 def launch(
     spec: EngineSpec,
@@ -217,7 +215,6 @@ def launch(
 
 
 def _port(spec: EngineSpec) -> int:
-    """The spec's fixed port (:class:`PortInUseError` when taken), else a free one."""
     if spec.port is not None:
         if port_in_use(spec.port, spec.host):
             raise PortInUseError(

@@ -57,8 +57,6 @@ from perfkit.engine.argv import (
 KINDS = ("reference", "sglang", "command")
 #: a request's timeout when neither the spec nor a params file's ``timeout_s`` sets one (s)
 DEFAULT_REQUEST_TIMEOUT_S = 1800.0
-#: Startup warmup modes (sglang's ``--warmup-mode`` choices).
-WARMUP_MODES = ("off", "request", "server")
 #: The default ``warmup_frames``; for kind ``sglang`` it adds no flag (sglang's own default).
 DEFAULT_WARMUP_FRAMES = 17
 #: pydantic error type of a rule between fields (ctx: ``field`` it names, ``detail``).
@@ -192,14 +190,12 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         f = cls.model_fields.get("kind")
         return f.default if f is not None and cls is not EngineSpec else None
 
-    # ------------------------------------------------------------------ checks on this host
     def check(self) -> None:
         """Checks that need the host, run before any launch (the model is already valid).
 
         Raises FileNotFoundError with a message naming the field; see each kind's ``check``.
         """
 
-    # ------------------------------------------------------------------ argv / env
     def _argv(self, port: int, perf_log_dir: str) -> list[str]:
         raise NotImplementedError
 
@@ -224,9 +220,7 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         if self._sglang_records:
             out["SGLANG_DIFFUSION_STAGE_LOGGING"] = "1"
             out["SGLANG_PERF_LOG_DIR"] = d
-        for k, v in self.env.items():
-            out[k] = self._subst(v, port, d)
-        return out
+        return {**out, **{k: self._subst(v, port, d) for k, v in self.env.items()}}
 
     def _subst(self, s: str, port: int | None, perf_log_dir: str) -> str:
         s = s.replace("{perf_log_dir}", perf_log_dir).replace("{host}", self.host)
@@ -234,7 +228,6 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
             s = s.replace("{port}", str(port))
         return s
 
-    # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of this kind's fields (JSON/YAML-ready; the command kind's argv under
         ``command``); :meth:`from_dict` reads it back."""
@@ -301,11 +294,7 @@ class _ServingEngine(EngineSpec):
         return self
 
     def startup_warmup_frames(self) -> int | None:
-        """Frames of the synthetic startup warmup this spec asks for (0 when off or, sglang,
-        warmed on requests)."""
-        if self.warmup_mode in ("off", "request"):
-            return 0
-        return self.warmup_frames
+        return 0 if self.warmup_mode in ("off", "request") else self.warmup_frames
 
 
 class ReferenceEngine(_ServingEngine):
@@ -434,9 +423,7 @@ class SglangEngine(_ServingEngine):
         return self
 
     def check(self) -> None:
-        """The executable must be on PATH (its module importable, for the ``python -m`` form) and
-        a local-looking ``model_path`` must exist (a bare hub id ``org/name`` that is not a local
-        directory is accepted). Raises FileNotFoundError naming the field."""
+        """:func:`perfkit.engine.argv.check_sglang` (FileNotFoundError naming the field)."""
         check_sglang(self.executable, self.model_path)
 
     def _argv(self, port: int, d: str) -> list[str]:

@@ -135,14 +135,8 @@ def server_args(text: str) -> tuple[dict[str, Any], str] | None:
 
 
 def _last(pattern: re.Pattern[str], text: str, marker: str) -> str | None:
-    """The first group of the last line holding ``marker`` that ``pattern`` matches."""
-    out = None
-    for line in text.splitlines():
-        if marker in line:
-            m = pattern.search(line)
-            if m is not None:
-                out = m.group(1)
-    return out
+    found = [m.group(1) for line in text.splitlines() if marker in line and (m := pattern.search(line))]
+    return found[-1] if found else None
 
 
 def from_sglang_log(text: str) -> EngineConfig | None:
@@ -189,10 +183,9 @@ def effective_config(record_perfkit: Mapping[str, Any] | None, logs: Mapping[str
     """The launch's effective config: from its records' ``perfkit`` block first (the reference
     engine), else from its logs (sglang's ServerArgs line, :func:`from_sglang_log`), else
     :data:`NOT_REPORTED` with every field None."""
-    if record_perfkit:
-        cfg = from_record(record_perfkit)
-        if cfg is not None:
-            return cfg
+    cfg = from_record(record_perfkit) if record_perfkit else None
+    if cfg is not None:
+        return cfg
     for text in logs.values():
         cfg = from_sglang_log(text)
         if cfg is not None:

@@ -160,7 +160,6 @@ def _kib_lines(text: str, path: Path, keys: tuple[str, ...]) -> dict[str, int]:
 
 
 def _read(path: Path, key: str) -> str:
-    """``path``'s text; MemoryReadError naming ``key`` when it cannot be read."""
     try:
         return path.read_text()
     except OSError as exc:
@@ -209,7 +208,6 @@ class HostMemoryReader:
         self.cgroup_root = Path(cgroup_root)
         self._has_rollup: bool | None = None
 
-    # ------------------------------------------------------------------ processes
     def tree_pids(self, root: int) -> list[int]:
         """``root`` and its descendants (empty when root is gone). Reads
         ``/proc/<pid>/task/<tid>/children`` (cost grows with the tree, not with the host's
@@ -275,13 +273,9 @@ class HostMemoryReader:
                 log.debug("pid %d has an empty %s (zombie or exited): skipped", pid, path)
                 return None
             v = _kib_lines(text, path, ("Rss", "Pss", "Private_Clean", "Private_Dirty", "Anonymous"))
+            uss = (v["Private_Clean"] + v["Private_Dirty"]) / MIB
             return ProcessMemory(
-                pid=pid,
-                rss_mib=v["Rss"] / MIB,
-                pss_mib=v["Pss"] / MIB,
-                uss_mib=(v["Private_Clean"] + v["Private_Dirty"]) / MIB,
-                anon_mib=v["Anonymous"] / MIB,
-                source="smaps_rollup",
+                pid, v["Rss"] / MIB, v["Pss"] / MIB, uss, v["Anonymous"] / MIB, "smaps_rollup"
             )
         path = self.proc_root / str(pid) / "statm"
         text = _proc_file(path, "resident")
@@ -296,14 +290,8 @@ class HostMemoryReader:
             log.debug("pid %d has no resident memory (zombie): skipped", pid)
             return None
         # statm's resident - shared is the kernel's RssAnon (shared = RssFile + RssShmem)
-        return ProcessMemory(
-            pid=pid,
-            rss_mib=resident * _PAGE / MIB,
-            pss_mib=NAN,
-            uss_mib=NAN,
-            anon_mib=max(0, resident - shared) * _PAGE / MIB,
-            source="statm",
-        )
+        anon = max(0, resident - shared) * _PAGE / MIB
+        return ProcessMemory(pid, resident * _PAGE / MIB, NAN, NAN, anon, "statm")
 
     def tree(self, root: int, pids: list[int] | None = None, pss: bool = True) -> TreeMemory:
         """Host memory of the process tree rooted at ``root`` (MiB), summed over ``pids`` (default:
@@ -328,7 +316,6 @@ class HostMemoryReader:
             source="pss" if by_pss else "rss",
         )
 
-    # ------------------------------------------------------------------ host
     def mem_total_mib(self) -> float:
         """``MemTotal`` of ``/proc/meminfo`` in MiB.
 
@@ -338,7 +325,6 @@ class HostMemoryReader:
         path = self.proc_root / "meminfo"
         return _kib_lines(_read(path, "MemTotal"), path, ("MemTotal",))["MemTotal"] / MIB
 
-    # ------------------------------------------------------------------ cgroups
     def _v2_root(self) -> Path | None:
         for d in (self.cgroup_root, self.cgroup_root / "unified"):
             if (d / "cgroup.controllers").exists():
@@ -406,14 +392,15 @@ class HostMemoryReader:
                 but not a number (a kernel without memory.peak gives ``peak_mib=None``).
         """
         d = Path(path)
-        cur = _int(
-            _read(d / "memory.current", "memory.current").strip(), d / "memory.current", "memory.current"
-        )
+
+        def mib(key: str) -> float:
+            return _int(_read(d / key, key).strip(), d / key, key) / MIB
+
+        cur = mib("memory.current")
         if not (d / "memory.peak").exists():
             log.debug("%s: no memory.peak (kernel < 5.19)", d)
-            return CgroupMemory(str(d), cur / MIB, None)
-        peak = _int(_read(d / "memory.peak", "memory.peak").strip(), d / "memory.peak", "memory.peak")
-        return CgroupMemory(str(d), cur / MIB, peak / MIB)
+            return CgroupMemory(str(d), cur, None)
+        return CgroupMemory(str(d), cur, mib("memory.peak"))
 
     def cgroup_events(self, path: str | Path) -> dict[str, int]:
         """``memory.events`` of the cgroup v2 directory ``path`` (``oom_kill``, ...).
@@ -425,7 +412,6 @@ class HostMemoryReader:
         lines = (line.partition(" ") for line in _read(f, "memory.events").splitlines())
         return {k: _int(v, f, k) for k, _, v in lines}
 
-    # ------------------------------------------------------------------ budget
     def limits(self) -> list[MemoryLimit]:
         """Every finite limit: the cgroup limits (:meth:`cgroup_limits`) and MemTotal (GiB).
 

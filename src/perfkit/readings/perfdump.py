@@ -95,19 +95,17 @@ class PerfDump:
         )
 
 
+#: the keys newer layouts add, and their readers
+_OPTIONAL = {"denoise_steps_ms": read_step_list, "memory_checkpoints": read_memory_map}
+
+
 def perf_dump_from_dict(obj: Any) -> PerfDump:
     """Read a parsed dump (either layout). Raises :class:`RecordError` naming the key of the
     first value that is not what sglang writes (a missing key, a string, NaN, a negative number)."""
     rid, stages = read_head(obj, "dump", REQUIRED_KEYS, "steps", "is missing (not an sglang perf dump?)")
     # absent (older layout): None; present, as sglang writes it (null refused)
-    denoise = (
-        read_step_list(obj["denoise_steps_ms"], "denoise_steps_ms") if "denoise_steps_ms" in obj else None
-    )
-    mem = (
-        read_memory_map(obj["memory_checkpoints"], "memory_checkpoints")
-        if "memory_checkpoints" in obj
-        else None
-    )
+    opt = {k: read(obj[k], k) for k, read in _OPTIONAL.items() if k in obj}
+    denoise, mem = opt.get("denoise_steps_ms"), opt.get("memory_checkpoints")
     meta = obj.get("meta")
     if meta is not None and not isinstance(meta, dict):
         raise RecordError("meta", f"{meta!r} is not an object")
@@ -172,13 +170,8 @@ def is_perf_dump(obj: Any) -> bool:
     """Whether a parsed JSON object looks like a perf dump (has ``steps`` as a list of objects
     and ``total_duration_ms``), as opposed to a performance.log record (``stages``) or a
     baseline file (``scenarios``)."""
-    return (
-        isinstance(obj, dict)
-        and "total_duration_ms" in obj
-        and "steps" in obj
-        and "stages" not in obj
-        and "scenarios" not in obj
-    )
+    keys = obj.keys() if isinstance(obj, dict) else set()
+    return {"total_duration_ms", "steps"} <= keys and not {"stages", "scenarios"} & keys
 
 
 # ---------------------------------------------------------------------------------------------

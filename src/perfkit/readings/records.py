@@ -78,7 +78,6 @@ class RecordError(ValueError):
         return RecordError(self.key, self.problem, source=source or self.source, line=line or self.line)
 
 
-_INF = float("inf")
 #: the largest ms or MiB value read (issue 54): 1e9 ms is 11.6 days, 1e9 MiB a petabyte
 MAX_READING = 1e9
 
@@ -292,8 +291,7 @@ class PerfRecord:
 
     def peak_mb(self, checkpoint: str = "runtime_peak", key: str = "peak_reserved_mb") -> float | None:
         """A memory snapshot value in MiB, or None when the engine did not write it."""
-        snap = self.memory_snapshots.get(checkpoint) or {}
-        val = snap.get(key)
+        val = (self.memory_snapshots.get(checkpoint) or {}).get(key)
         return float(val) if val is not None else None
 
     @classmethod
@@ -400,35 +398,26 @@ def iter_lines_report(
 def _one(
     i: int, line: str | bytes, *, source: str | None, strict: bool, last: bool, keep_raw: bool
 ) -> Iterator[PerfRecord | RecordError]:
-    unterminated = not (line.endswith(b"\n") if isinstance(line, bytes) else line.endswith("\n"))
-    if isinstance(line, bytes):
-        try:
-            text = decode_text(line, "").strip()
-        except RecordError as exc:  # never read with replacement characters
-            err = exc.located(source=source, line=i)
-            err.request_id = _request_id_of(line.decode("utf-8", errors="replace"))
-            if strict:
-                raise err from None
-            yield err
-            return
-    else:
-        text = line.strip()
-    if not text:
-        return
+    unterminated = not line.endswith(b"\n" if isinstance(line, bytes) else "\n")
     try:
-        rec = _read_line(text, i)
+        text = (decode_text(line, "") if isinstance(line, bytes) else line).strip()
+        rec = _read_line(text, i) if text else None
     except RecordError as exc:
         if last and unterminated and exc.key == "<json>":
             return
         err = exc.located(source=source, line=i)
-        err.request_id = _request_id_of(text) if exc.key != "<json>" else None
+        if exc.key == "<utf-8>":  # never read with replacement characters
+            err.request_id = _request_id_of(line.decode("utf-8", errors="replace"))
+        elif exc.key != "<json>":
+            err.request_id = _request_id_of(text)
         if strict:
             raise err from None
         yield err
         return
-    if not keep_raw:
-        rec.raw, rec.perfkit = {}, {}
-    yield rec
+    if rec is not None:
+        if not keep_raw:
+            rec.raw, rec.perfkit = {}, {}
+        yield rec
 
 
 def _collect(items: Iterable[PerfRecord | RecordError]) -> ParseReport:
@@ -517,25 +506,17 @@ def read_perf_log(path: str | Path, *, strict: bool = False) -> ParseReport:
 
 def iter_records(path: str | Path) -> Iterator[PerfRecord]:
     """Iterate the well-formed records of a performance.log (streamed)."""
-    for it in iter_perf_log(path):
-        if isinstance(it, PerfRecord):
-            yield it
+    yield from (it for it in iter_perf_log(path) if isinstance(it, PerfRecord))
 
 
 def find_record(path: str | Path, request_id: str) -> PerfRecord | None:
     """The last record with this request id, or None."""
-    found = None
-    for rec in iter_records(path):
-        if rec.request_id == request_id:
-            found = rec
-    return found
+    found = [rec for rec in iter_records(path) if rec.request_id == request_id]
+    return found[-1] if found else None
 
 
 def lookup(path: str | Path, request_id: str) -> PerfRecord | RecordError | None:
     """The last line naming ``request_id``: its record, or the :class:`RecordError` that refused
     it (file:line and key); None when no line names it yet."""
-    found: PerfRecord | RecordError | None = None
-    for it in iter_perf_log(path):
-        if it.request_id == request_id:
-            found = it
-    return found
+    found = [it for it in iter_perf_log(path) if it.request_id == request_id]
+    return found[-1] if found else None

@@ -284,8 +284,7 @@ def op_table(events: pd.DataFrame, *, kernels: bool = False, by_stage: bool = Fa
 
 def stage_top_ops(events: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     """The ``n`` ops with most time in each stage (columns ``stage`` + :data:`OP_COLUMNS`)."""
-    t = op_table(events, by_stage=True)
-    return t.groupby("stage", sort=False).head(n).reset_index(drop=True)
+    return op_table(events, by_stage=True).groupby("stage", sort=False).head(n).reset_index(drop=True)
 
 
 def median_op_table(traces: list[pd.DataFrame], *, kernels: bool = False) -> pd.DataFrame:
@@ -314,9 +313,7 @@ def op_diff(
     :func:`median_op_table`)."""
 
     def table(x: pd.DataFrame | list[pd.DataFrame]) -> pd.DataFrame:
-        if isinstance(x, list):
-            return median_op_table(x, kernels=kernels).set_index("op")
-        return op_table(x, kernels=kernels).set_index("op")
+        return (median_op_table if isinstance(x, list) else op_table)(x, kernels=kernels).set_index("op")
 
     ta, tb = table(a), table(b)
     ops = list(dict.fromkeys([*ta.index, *tb.index]))
@@ -330,7 +327,6 @@ def op_diff(
     return out[DIFF_COLUMNS].reset_index(drop=True)
 
 
-# ------------------------------------------------------------------------ overhead and idle share
 #: columns of :func:`overhead_table`
 OVERHEAD_COLUMNS = (
     "rank stage window_ms op_ms cpu_overhead_ms cpu_overhead_share launch_ms kernels device_busy_ms "

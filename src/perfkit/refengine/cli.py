@@ -83,6 +83,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     from perfkit.refengine.compile_watch import CompileWatch
     from perfkit.refengine.device_memory import snapshot
     from perfkit.refengine.memhistory import SnapshotRecorder
+    from perfkit.refengine.pipeline import StagedPipeline
     from perfkit.refengine.server import Engine
 
     if args.preset not in models.PRESETS and not args.model_path:
@@ -119,15 +120,28 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     comps = _components(args, device, dtype, cap, requested)
     placed = placement.place_components(comps, device, cap, requested)
     where = placed.name
-    do_compile, compile_off_reason, recompile_limit, compile_vae = _compile_settings(args, placed, device)
+    compiled = _compile_settings(args, placed, device)
+    do_compile, _, recompile_limit, compile_vae = compiled
     stage_delay = _injected_delay(args)
-    watch = CompileWatch()
     par = dist.init(rank, args.num_gpus, store, device) if args.num_gpus > 1 else None
-    pipe = _pipeline(args, comps, device, dtype, (do_compile, recompile_limit, compile_vae), watch, par)
+    pipe = StagedPipeline(
+        comps,
+        device,
+        dtype,
+        two_stage=args.two_stage,
+        refine_steps=args.refine_steps,
+        compile=do_compile,
+        compile_backend=args.compile_backend,
+        compile_vae=compile_vae,
+        compile_watch=CompileWatch(),
+        recompile_limit=recompile_limit,
+        cfg_parallel=par,
+    )
     pipe.stage_delay = stage_delay
     if stage_delay:
         pipe._busy(0.2)  # first calls of the busy kernel pay one-off setup: not in a measured stage
-    warmup_frames, warmup_rule = _warmup_frames(args)
+    warmup = _warmup_frames(args)
+    warmup_frames = warmup[0]
     if rank > 0:
         log.info("rank %d loaded (%s, %s); serving rank 0's requests", rank, device, where)
         return dist.worker_loop(
@@ -141,17 +155,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
         "steps": args.steps or preset.steps,
         "num_frames": preset.num_frames,
     }
-    info = _engine_info(
-        args,
-        device,
-        dtype,
-        placed,
-        comps,
-        cap,
-        (do_compile, compile_off_reason, recompile_limit),
-        (warmup_frames, warmup_rule),
-        stage_delay,
-    )
+    info = _engine_info(args, device, dtype, placed, comps, cap, compiled, warmup, stage_delay)
     log.info("%s", server_args_line(args, info, warmup_frames))
     engine = Engine(
         runner or pipe,
@@ -181,38 +185,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     return serve_http(engine, comps.source, sock, runner, warm)
 
 
-def _pipeline(
-    args: argparse.Namespace,
-    comps: Any,
-    device: Any,
-    dtype: Any,
-    compiled: tuple[bool, int | None, bool],
-    watch: Any,
-    par: Any,
-) -> Any:
-    """The :class:`~perfkit.refengine.pipeline.StagedPipeline` over the placed components, with
-    the compile settings (compile, recompile limit, compile the VAE) and this rank's CFG
-    parallel (None: one process)."""
-    from perfkit.refengine.pipeline import StagedPipeline
-
-    do_compile, recompile_limit, compile_vae = compiled
-    return StagedPipeline(
-        comps,
-        device,
-        dtype,
-        two_stage=args.two_stage,
-        refine_steps=args.refine_steps,
-        compile=do_compile,
-        compile_backend=args.compile_backend,
-        compile_vae=compile_vae,
-        compile_watch=watch,
-        recompile_limit=recompile_limit,
-        cfg_parallel=par,
-    )
-
-
 def _dtype(args: argparse.Namespace, preset: Any, device: Any) -> Any:
-    """The compute dtype (``auto``: the preset's on CUDA, float32 on the CPU)."""
     import torch
 
     if args.dtype == "auto":
@@ -248,7 +221,7 @@ def _engine_info(
     placed: Any,
     comps: Any,
     cap: Any,
-    compiled: tuple[bool, str | None, int | None],
+    compiled: tuple[bool, str | None, int | None, bool],
     warmup: tuple[int, str],
     stage_delay: dict[str, float],
 ) -> dict[str, Any]:
@@ -256,7 +229,7 @@ def _engine_info(
     gates it): device and placement, model, dtype, compile, warmup, cap, parallelism."""
     import torch
 
-    do_compile, compile_off_reason, recompile_limit = compiled
+    do_compile, compile_off_reason, recompile_limit, _ = compiled
     warmup_frames, warmup_rule = warmup
     info = {
         "device": str(device),
@@ -264,7 +237,6 @@ def _engine_info(
         "preset": args.preset,
         "model_source": comps.source,
         "dtype": str(dtype).replace("torch.", ""),
-        # the effective config, as this engine runs it (perfkit records and gates it)
         "compile": do_compile,
         "compile_requested": bool(args.compile),
         "compile_active": do_compile,
@@ -376,11 +348,7 @@ def _requested_offload(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     (``"cpu"``). Raises :class:`_Refused` when both kinds of flag are given or a mode does not
     apply to the device."""
     kind = device if isinstance(device, str) else device.type
-    per_component = {
-        "transformer": args.offload_transformer,
-        "text_encoder": args.offload_text_encoder,
-        "vae": args.offload_vae,
-    }
+    per_component = {c: getattr(args, f"offload_{c}") for c in ("transformer", "text_encoder", "vae")}
     asked = args.offload is not None or any(v is not None for v in per_component.values())
     if asked and args.placement is not None:
         raise _Refused("give either --placement or --offload/--offload-<component>, not both")
@@ -515,7 +483,6 @@ def _startup_warmup(
 
 
 def _recompile_limit() -> int | None:
-    """torch._dynamo's recompile limit in force (``recompile_limit``, formerly ``cache_size_limit``)."""
     import torch._dynamo
 
     cfg = torch._dynamo.config

@@ -90,8 +90,7 @@ class CompileWatch:
         handler.register_end_callback(self._on_end)
         torch._logging.set_logs(recompiles=True)
         h = _Handler(self)
-        logging.getLogger("torch._dynamo.guards").addHandler(h)
-        for name in ("torch._dynamo.convert_frame", "torch._dynamo"):
+        for name in ("torch._dynamo.guards", "torch._dynamo.convert_frame", "torch._dynamo"):
             logging.getLogger(name).addHandler(h)
 
     def _cid(self, args) -> str:

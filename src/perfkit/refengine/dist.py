@@ -136,7 +136,6 @@ class CfgParallel:
             return ev
         return time.perf_counter()
 
-    # -- the denoising step --------------------------------------------------------------
     def noise(
         self,
         predict: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
@@ -165,11 +164,8 @@ class CfgParallel:
         t1 = self._mark()
         dist.all_gather(parts, local)
         self._marks.append((t0, t1, self._mark()))
-        if cfg:
-            return parts[0] + guidance * (parts[1] - parts[0])
-        return parts[0]
+        return parts[0] + guidance * (parts[1] - parts[0]) if cfg else parts[0]
 
-    # -- control messages (gloo) ---------------------------------------------------------
     def broadcast(self, msg: Any = None) -> Any:
         """Rank 0 sends ``msg``; every rank returns it."""
         import torch.distributed as dist
@@ -207,7 +203,6 @@ def client_store(init_url: str, world_size: int):
     return TCPStore(host, port, world_size, is_master=False, timeout=timeout())
 
 
-# ---------------------------------------------------------------------------- processes
 def _pdeathsig_hook() -> Callable[[], None] | None:
     """A preexec_fn asking the kernel to SIGKILL the child when rank 0 dies (Linux; libc loaded
     here in the parent, so the child only makes the system call between fork and exec)."""
@@ -218,10 +213,7 @@ def _pdeathsig_hook() -> Callable[[], None] | None:
     except (OSError, AttributeError):
         return None
 
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-    return hook
+    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def spawn_ranks(argv: list[str], world_size: int, init_url: str) -> list[subprocess.Popen]:
@@ -230,9 +222,7 @@ def spawn_ranks(argv: list[str], world_size: int, init_url: str) -> list[subproc
     They inherit stdout/stderr and the process group of rank 0, get ``NCCL_NVLS_ENABLE=0`` and
     are killed by the kernel when rank 0 dies.
     """
-    env = dict(os.environ)
-    env["NCCL_NVLS_ENABLE"] = "0"
-    env["PYTHONUNBUFFERED"] = "1"
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}
     procs = []
     hook = _pdeathsig_hook()
     for r in range(1, world_size):
@@ -261,7 +251,6 @@ def stop_ranks(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
                 p.wait(timeout=5)
 
 
-# ---------------------------------------------------------------------------- reports
 def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any]) -> dict[str, Any]:
     """One rank's part of a record: stages, steps, compile window, memory, host RSS."""
     from perfkit.refengine.request import host_memory, record_payload, run_extras
@@ -281,7 +270,6 @@ def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any])
     }
 
 
-# ---------------------------------------------------------------------------- rank 0
 class Rank0Runner:
     """Rank 0's pipeline front: broadcasts each request, runs its part, gathers the reports.
 
@@ -366,7 +354,6 @@ class Rank0Runner:
         stop_ranks(self.procs)
 
 
-# ---------------------------------------------------------------------------- ranks >= 1
 def worker_loop(pipe, par: CfgParallel, warmup_first: bool, snapshots: dict[str, Any]) -> int:
     """Serve rank 0's broadcasts until told to stop; returns the exit code.
 

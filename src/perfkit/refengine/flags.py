@@ -127,7 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
-    """Device, dtype, weight seed, torch.compile and the two-stage pipeline."""
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--seed", type=int, default=0, help="weight seed")
@@ -151,7 +150,6 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 
 
 def _warmup_options(p: argparse.ArgumentParser) -> None:
-    """The startup warmup."""
     p.add_argument(
         "--warmup-frames",
         "--warmup-num-frames",
@@ -172,7 +170,6 @@ def _warmup_options(p: argparse.ArgumentParser) -> None:
 
 
 def _serving_options(p: argparse.ArgumentParser) -> None:
-    """Serving defaults: size, steps, the frame limit."""
     p.add_argument("--height", type=int, default=None, help="serving default height (px)")
     p.add_argument("--width", type=int, default=None, help="serving default width (px)")
     p.add_argument("--steps", type=int, default=None, help="serving default num_inference_steps")
@@ -182,7 +179,6 @@ def _serving_options(p: argparse.ArgumentParser) -> None:
 
 
 def _parallel_options(p: argparse.ArgumentParser) -> None:
-    """CFG parallel over several ranks (torch.distributed)."""
     p.add_argument(
         "--num-gpus",
         type=int,
@@ -229,7 +225,6 @@ def _parallel_options(p: argparse.ArgumentParser) -> None:
 
 
 def _offload_options(p: argparse.ArgumentParser) -> None:
-    """Placement and offload per component."""
     p.add_argument(
         "--placement",
         default=None,
@@ -259,7 +254,6 @@ def _offload_options(p: argparse.ArgumentParser) -> None:
 
 
 def _debug_options(p: argparse.ArgumentParser) -> None:
-    """Test-only options and CUDA memory snapshots."""
     p.add_argument("--keep-outputs", action="store_true", help="save generated frames as .npy")
     p.add_argument("--debug-leak-mib", type=int, default=0, help="TEST ONLY: leak this many MiB per request")
     p.add_argument(

@@ -85,9 +85,7 @@ class PerfLogWriter:
 
 
 def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    return str(o)
+    return o.item() if isinstance(o, (np.floating, np.integer)) else str(o)
 
 
 def job_record(

@@ -158,11 +158,8 @@ def _seeded_init(module: torch.nn.Module, seed: int) -> None:
     gen = torch.Generator(device=gen_dev).manual_seed(seed)
     for name, p in module.named_parameters():
         if p.dim() >= 2:
-            fan_in = math.prod(p.shape[1:])
-            vals = torch.empty(p.shape, dtype=p.dtype, device=gen_dev)
-            vals.normal_(0.0, 1.0 / math.sqrt(max(fan_in, 1)), generator=gen)
-            p.copy_(vals)
-            del vals
+            std = 1.0 / math.sqrt(max(math.prod(p.shape[1:]), 1))
+            p.copy_(torch.empty(p.shape, dtype=p.dtype, device=gen_dev).normal_(0.0, std, generator=gen))
         elif name.endswith("bias"):
             p.zero_()
         else:
@@ -253,27 +250,29 @@ def estimate_param_bytes(name: str, dtype: torch.dtype, two_stage: bool = False)
 
 def param_bytes(c: Components) -> dict[str, int]:
     """Bytes of parameters per component."""
-    out = {}
-    for key in ("transformer", "vae", "text_encoder", "upsampler"):
-        m = getattr(c, key)
-        if m is not None:
-            out[key] = sum(t.numel() * t.element_size() for t in m.parameters())
-    return out
+    mods = {k: getattr(c, k) for k in ("transformer", "vae", "text_encoder", "upsampler")}
+    return {
+        k: sum(t.numel() * t.element_size() for t in m.parameters()) for k, m in mods.items() if m is not None
+    }
 
 
-def save_checkpoint(c: Components, path: str | Path) -> Path:
-    """Save components as a diffusers-format directory (``model_index.json`` + subfolders)."""
+def ltx_pipeline(c: Components) -> Any:
+    """diffusers' ``LTXPipeline`` over the components (the upsampler is not part of it)."""
     from diffusers import LTXPipeline
 
-    pipe = LTXPipeline(
+    return LTXPipeline(
         scheduler=c.scheduler,
         vae=c.vae,
         text_encoder=c.text_encoder,
         tokenizer=c.tokenizer,
         transformer=c.transformer,
     )
+
+
+def save_checkpoint(c: Components, path: str | Path) -> Path:
+    """Save components as a diffusers-format directory (``model_index.json`` + subfolders)."""
     out = Path(path)
-    pipe.save_pretrained(out)
+    ltx_pipeline(c).save_pretrained(out)
     if c.upsampler is not None:
         c.upsampler.save_pretrained(out / "latent_upsampler")
     return out

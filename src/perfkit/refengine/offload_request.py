@@ -59,10 +59,8 @@ def check_applicable(requested: Mapping[str, str | None], device: Any) -> None:
     names the mode and the device: ``offload mode 'model' needs an accelerator; device is cpu``
     (then the components asking)."""
     kind = device if isinstance(device, str) else device.type
-    if kind != "cpu":
-        return
     bad = {c: m for c, m in requested.items() if m in ACCELERATOR_MODES}
-    if not bad:
+    if kind != "cpu" or not bad:
         return
     mode = next(iter(dict.fromkeys(bad.values())))
     comps = ", ".join(f"{c}={m}" for c, m in bad.items())

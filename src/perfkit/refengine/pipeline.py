@@ -22,7 +22,7 @@ import torch
 
 from perfkit.common.frames import align_frames
 from perfkit.refengine.compile_watch import CompileWatch
-from perfkit.refengine.models import Components
+from perfkit.refengine.models import Components, ltx_pipeline
 from perfkit.refengine.profiling import RequestProfiler, step_scope
 from perfkit.refengine.request import GenRequest, RunResult
 from perfkit.refengine.timing import StageTimer
@@ -88,21 +88,13 @@ class StagedPipeline(StageTimer):
         recompile_limit: int | None = None,
         cfg_parallel: Any = None,
     ):
-        from diffusers import LTXPipeline
-
         self.c = comps
         self.device = device
         self.dtype = dtype
         self.two_stage = two_stage
         self.refine_steps = refine_steps
         self.watch = compile_watch
-        self.pipe = LTXPipeline(
-            scheduler=comps.scheduler,
-            vae=comps.vae,
-            text_encoder=comps.text_encoder,
-            tokenizer=comps.tokenizer,
-            transformer=comps.transformer,
-        )
+        self.pipe = ltx_pipeline(comps)
         self.pipe.set_progress_bar_config(disable=True)
         self.temporal = self.pipe.vae_temporal_compression_ratio
         self.spatial = self.pipe.vae_spatial_compression_ratio
@@ -132,7 +124,6 @@ class StagedPipeline(StageTimer):
         #: the running request's profiler (sglang's ``profile`` field), set by the engine
         self.profiler: RequestProfiler | None = None
 
-    # -- the pipeline --------------------------------------------------------------------
     def _denoise(
         self, latents, embeds, mask, timesteps, shape, req, timing, step_times, stage="DenoisingStage"
     ):
@@ -186,11 +177,10 @@ class StagedPipeline(StageTimer):
         return latents
 
     def _predict(self, model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope):
-        ts = t.expand(model_in.shape[0])
         return self.c.transformer(
             hidden_states=model_in,
             encoder_hidden_states=embeds,
-            timestep=ts,
+            timestep=t.expand(model_in.shape[0]),
             encoder_attention_mask=mask,
             num_frames=n_lat,
             height=h_lat,

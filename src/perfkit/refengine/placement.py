@@ -55,14 +55,9 @@ COMPILE_COMPATIBLE = ("none", "group-block")
 GROUP_COMPILE_RECOMPILE_LIMIT = 1024
 #: Execution order of every component that can be placed (model offload chains them so).
 _ORDER = ("text_encoder", "transformer", "upsampler", "vae")
-#: Submodules whose blocks are the groups of block-level offload, per component (None: the
+#: Submodules whose blocks are the groups of block-level offload, per component (absent: the
 #: component's own ``ModuleList`` children; diffusers' ``block_modules`` argument).
-_BLOCK_MODULES: dict[str, list[str] | None] = {
-    "transformer": None,
-    "text_encoder": ["encoder"],
-    "vae": ["decoder"],
-    "upsampler": None,
-}
+_BLOCK_MODULES: dict[str, list[str] | None] = {"text_encoder": ["encoder"], "vae": ["decoder"]}
 
 
 @dataclass
@@ -140,9 +135,7 @@ def apply_device_cap(device: torch.device) -> float | None:
 
 
 def auto_modes(
-    param_bytes: Mapping[str, int],
-    cap_gib: float | None,
-    requested: Mapping[str, str | None] | None = None,
+    param_bytes: Mapping[str, int], cap_gib: float | None, requested: Mapping[str, str | None] | None = None
 ) -> dict[str, str]:
     """component -> its mode: the requested one, else ``none``, or ``group-leaf`` for the
     components of :data:`AUTO_OFFLOAD_ORDER` (the text encoder runs once a request, the

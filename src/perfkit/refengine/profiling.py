@@ -66,10 +66,7 @@ def trace_dir(environ: dict[str, str] | None = None) -> Path:
     """Where traces go: ``SGLANG_DIFFUSION_TORCH_PROFILER_DIR``, else ``SGLANG_TORCH_PROFILER_DIR``,
     else ``./logs`` (sglang's order; an empty variable counts as unset)."""
     env = os.environ if environ is None else environ
-    for name in DIR_VARIABLES:
-        if env.get(name):
-            return Path(env[name])
-    return Path(DEFAULT_DIR)
+    return Path(next((env[name] for name in DIR_VARIABLES if env.get(name)), DEFAULT_DIR))
 
 
 def profile_mode(all_stages: bool, num_profiled_timesteps: int | None, num_inference_steps: int) -> str:

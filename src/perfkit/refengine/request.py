@@ -6,6 +6,7 @@ memory in MiB.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,10 +114,7 @@ def host_memory() -> dict[str, float | None]:
     """This process's ``host_rss_mib`` and ``host_anon_mib`` (MiB; anonymous from
     /proc/self/status RssAnon, None where the kernel has none: "not reported")."""
     anon = None
-    try:
-        with open("/proc/self/status") as fh:
-            anon = next((int(ln.split()[1]) / 1024.0 for ln in fh if ln.startswith("RssAnon:")), None)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/status") as fh:
+        anon = next((int(ln.split()[1]) / 1024.0 for ln in fh if ln.startswith("RssAnon:")), None)
     rss = psutil.Process().memory_info().rss / 2**20
     return {"host_rss_mib": round(rss, 2), "host_anon_mib": None if anon is None else round(anon, 2)}

@@ -186,7 +186,6 @@ class Engine:
         self._worker = threading.Thread(target=self._loop, name="pipeline-worker", daemon=True)
         self._worker.start()
 
-    # -- validation --------------------------------------------------------------------
     def to_gen_request(self, vr: VideoRequest) -> GenRequest:
         """Fill defaults and check limits.
 
@@ -260,7 +259,6 @@ class Engine:
         VAE's temporal compression; :func:`perfkit.common.frames.align_frames`)."""
         return align_frames(num_frames, getattr(self.pipeline, "temporal", TEMPORAL_COMPRESSION))
 
-    # -- jobs --------------------------------------------------------------------------
     def submit(
         self,
         req: GenRequest,
@@ -394,7 +392,6 @@ class FieldError(ValueError):
 
 
 def _did_you_mean(name: str) -> str:
-    """`` (did you mean 'num_frames'?)`` for a misspelt request field, else empty."""
     import difflib
 
     m = difflib.get_close_matches(name, list(VideoRequest.model_fields), n=1, cutoff=0.6)
@@ -402,7 +399,6 @@ def _did_you_mean(name: str) -> str:
 
 
 def _invalid_request(message: str, fields: list[str]) -> JSONResponse:
-    """The 400 answer: ``{"error": {message, fields, type: invalid_request_error}}``."""
     error = {"message": message, "fields": fields, "type": "invalid_request_error"}
     return JSONResponse(status_code=400, content={"error": error})
 

@@ -40,7 +40,6 @@ class StageTimer:
     _inj_est: dict[str, float]
     _sleep_cpms: float | None
 
-    # -- measurement helpers -------------------------------------------------------------
     def _sync(self) -> None:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
@@ -106,13 +105,8 @@ class StageTimer:
             wall[stage] = wall.get(stage, 0.0) + (time.perf_counter() - w1) * 1000.0
             return
         e1 = self._event()
-        est = None
-        for st, a, b, _b0, _b1 in reversed(self._inj_pieces):
-            if st == stage and b.query():
-                est = a.elapsed_time(b)
-                break
-        if est is None:
-            est = self._inj_est.get(stage)
+        done = (a.elapsed_time(b) for st, a, b, *_ in reversed(self._inj_pieces) if st == stage and b.query())
+        est = next(done, self._inj_est.get(stage))
         if est is None:
             e1.synchronize()
             est = mark.elapsed_time(e1)

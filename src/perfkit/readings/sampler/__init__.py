@@ -32,7 +32,7 @@ sampler; :mod:`~perfkit.readings.sampler.nvml`: NVML sources (tests pass a fake)
 
 from __future__ import annotations
 
-from perfkit.readings.sampler.nvml import (
+from perfkit.readings.sampler.nvml import (  # noqa: F401 (the names other modules use, re-exported)
     NAN,
     NVML_NOT_AVAILABLE,
     POWER_REASONS,
@@ -43,20 +43,4 @@ from perfkit.readings.sampler.nvml import (
     device_used_mib,
     resolve_visible_gpus,
 )
-from perfkit.readings.sampler.timeline import COLUMNS, PSS_ENV, MemorySampler, pss_enabled
-
-__all__ = [
-    "COLUMNS",
-    "DeviceReading",
-    "GpuRef",
-    "GpuResolveError",
-    "MemorySampler",
-    "NAN",
-    "NVML_NOT_AVAILABLE",
-    "POWER_REASONS",
-    "PSS_ENV",
-    "PynvmlSource",
-    "device_used_mib",
-    "pss_enabled",
-    "resolve_visible_gpus",
-]
+from perfkit.readings.sampler.timeline import COLUMNS, PSS_ENV, MemorySampler, pss_enabled  # noqa: F401

@@ -16,14 +16,7 @@ from typing import Any, Sequence
 
 from perfkit.readings.memory import DEFAULT as _DEFAULT_READER
 from perfkit.readings.memory import PSS_DUTY, HostMemoryReader, MemoryReadError, ReadBudget
-from perfkit.readings.sampler.nvml import (
-    MIB,
-    NAN,
-    NVML_NOT_AVAILABLE,
-    NvmlSource,
-    PynvmlSource,
-    _indices,
-)
+from perfkit.readings.sampler.nvml import MIB, NAN, NVML_NOT_AVAILABLE, NvmlSource, PynvmlSource, _indices
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +139,6 @@ class MemorySampler:
         """``process``, ``device`` or ``none`` (the last sample's source, older names)."""
         return {"nvml-process": "process", "nvml-device-delta": "device"}.get(self.device_source, "none")
 
-    # ------------------------------------------------------------------ lifecycle
     def start(self) -> "MemorySampler":
         """Open NVML (when there) and start the sampling thread; returns once its first
         sample was taken (or tried), so that the timeline starts before anything the caller does
@@ -193,7 +185,6 @@ class MemorySampler:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # ------------------------------------------------------------------ sampling
     def _run(self) -> None:
         c0 = time.thread_time()
         try:
@@ -342,7 +333,6 @@ class MemorySampler:
             )
         return True
 
-    # ------------------------------------------------------------------ results
     @property
     def samples(self) -> list[tuple]:
         """A copy of the samples as tuples in the order of :data:`COLUMNS`."""
