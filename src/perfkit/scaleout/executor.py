@@ -29,16 +29,6 @@ from perfkit.scenarios.registry import RunContext
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "run_unit",
-    "run_units_inprocess",
-    "executor",
-    "progress_events",
-    "EXECUTORS",
-    "ExecutorError",
-    "UNIT_FILE",
-    "LOG_TAIL_CHARS",
-]
 
 #: a unit's record beside its bundles
 UNIT_FILE = "unit.json"

@@ -40,8 +40,8 @@ from perfkit.gate.run import resolve_baseline_file
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.scaleout.executor import executor as get_executor
 from perfkit.scaleout.executor import progress_events, run_unit
-from perfkit.scaleout.identity import identity_problems, part_identity, perfkit_version
-from perfkit.scaleout.manifest import (
+from perfkit.scaleout.identity import identity_problems, part_identity, perfkit_version  # noqa: F401
+from perfkit.scaleout.manifest import (  # noqa: F401 (re-exported)
     MANIFEST,
     MERGE_FILE,
     MERGED_DIR,
@@ -51,28 +51,12 @@ from perfkit.scaleout.manifest import (
     concurrent_pairs,
     params_hash,
 )
-from perfkit.scaleout.merge import merge_shards
+from perfkit.scaleout.merge import merge_shards  # noqa: F401
 from perfkit.scaleout.unit_outcome import UnitOutcome
 from perfkit.scaleout.units import WorkUnit, partition, plan_units
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
-
-
-__all__ = [
-    "MANIFEST",
-    "MERGE_FILE",
-    "MERGED_DIR",
-    "UNITS_DIR",
-    "PLAN_NOT_RECORDED",
-    "params_hash",
-    "select",
-    "run_shard",
-    "merge_shards",
-    "identity_problems",
-    "part_identity",
-    "concurrent_pairs",
-]
 
 
 def select(

@@ -31,16 +31,6 @@ from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "Part",
-    "WorkUnit",
-    "plan_units",
-    "partition",
-    "parse_partition",
-    "PartitionError",
-    "DEFAULT_ESTIMATE_S",
-    "E2E_OVERHEAD_S",
-]
 
 #: sglang's fallback when a case has no estimate at all (s)
 DEFAULT_ESTIMATE_S = 300.0

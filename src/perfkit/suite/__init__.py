@@ -41,6 +41,7 @@ Run directory layout::
     RUN/baseline.json  RUN/summary.md  RUN/report.html  RUN/report.png (when chromium is there)
 """
 
+# ruff: noqa: F401 (the public names, re-exported)
 from __future__ import annotations
 
 from perfkit.suite.execute import (
@@ -70,31 +71,3 @@ from perfkit.suite.preflight import (
     run_plan,
 )
 from perfkit.suite.replay_shards import merge_runs, run_units_suite
-
-__all__ = [
-    "KERNEL_NAME",
-    "LATEST",
-    "NOT_MERGED",
-    "NO_REPLAY_BUNDLE",
-    "NotebookRun",
-    "RUN_OUTPUTS",
-    "SCALEOUT",
-    "SuiteError",
-    "SuiteResult",
-    "check_baseline_file",
-    "check_replay_identity",
-    "default_out",
-    "execute_notebook",
-    "ipc_kernel_manager",
-    "kernel_name",
-    "link_latest",
-    "merge_runs",
-    "notebook_parameters",
-    "notebooks_dir",
-    "outputs_base",
-    "prepare_run_dir",
-    "replay_plan",
-    "run_plan",
-    "run_suite",
-    "run_units_suite",
-]
