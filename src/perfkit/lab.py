@@ -47,8 +47,6 @@ from perfkit.suite.execute import ipc_kernel_manager, kernel_name, notebooks_dir
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LabDir", "LabError", "lab_command", "launch", "prepare_replay", "prepare_run"]
-
 #: where lab directories land by default (relative to the working directory, like outputs/RUN)
 LAB_BASE = Path("outputs") / "lab"
 #: the replayed notebooks' run directory, relative to the lab directory (the kernel's cwd)

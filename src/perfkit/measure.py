@@ -103,11 +103,8 @@ def measure(
                 known = isinstance(exc, (registry.ScenarioError, EngineStartError, EngineExitedError))
                 # a named failure (an engine lost, bad input) is one line; anything else its traceback
                 (log.error if known else log.exception)("%s failed: %s", name, exc)
-                summary[name] = {
-                    "bundle": None,
-                    "wall_s": round(time.time() - t0, 1),
-                    "error": f"{type(exc).__name__}: {exc}",
-                }
+                error = f"{type(exc).__name__}: {exc}"
+                summary[name] = {"bundle": None, "wall_s": round(time.time() - t0, 1), "error": error}
             finally:  # what outlived the investigation's launches is ended, and named
                 left = watch.reap(grace_s=eng.stop_grace_s)
             if left:
@@ -134,12 +131,8 @@ def _scenario_options(f: Any) -> Any:
     """The measure options the investigations declare
     (:attr:`~perfkit.scenarios.registry.Scenario.measure_options`) as click options of ``f``."""
     for _, o in reversed(registry.measure_options()):
-        if o.is_flag:
-            f = click.option(o.flag, o.dest, is_flag=True, help=o.help)(f)
-        else:
-            f = click.option(
-                o.flag, o.dest, type=click.IntRange(min=o.minimum), default=0, show_default=True, help=o.help
-            )(f)
+        kind = {"is_flag": True} if o.is_flag else {"type": click.IntRange(min=o.minimum), "default": 0}
+        f = click.option(o.flag, o.dest, help=o.help, show_default=not o.is_flag, **kind)(f)
     return f
 
 

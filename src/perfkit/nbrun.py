@@ -53,8 +53,9 @@ def parse_kv(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def check_notebook_parameters(nb: Path, given: dict[str, Any]) -> None:
-    """Raise :class:`UsageError` for a ``-p`` name the notebook's ``parameters`` cell lacks."""
+def check_notebook_parameters(nb: Path, given: dict[str, Any]) -> list[str]:
+    """The names the notebook's ``parameters`` cell declares; :class:`UsageError` for a ``-p``
+    name it lacks."""
     import papermill as pm
 
     try:
@@ -63,7 +64,7 @@ def check_notebook_parameters(nb: Path, given: dict[str, Any]) -> None:
         raise UsageError(f"cannot read the parameters of {nb}: {exc}") from None
     unknown = [k for k in given if k not in declared]
     if not unknown:
-        return
+        return declared
     hints = []
     for k in unknown:
         m = difflib.get_close_matches(k, declared, n=1, cutoff=0.6)
@@ -72,16 +73,6 @@ def check_notebook_parameters(nb: Path, given: dict[str, Any]) -> None:
     raise UsageError(
         f"{nb.name}: unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; known: {known}"
     )
-
-
-def declares(nb: Path, name: str) -> bool:
-    """Whether notebook ``nb``'s parameters cell declares ``name`` (False when unreadable)."""
-    import papermill as pm
-
-    try:
-        return name in pm.inspect_notebook(str(nb))
-    except Exception:  # noqa: BLE001 - check_notebook_parameters already named the problem
-        return False
 
 
 def notebook_params(nb: Path, params_file: str | None, kv: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -103,14 +94,14 @@ def notebook_params(nb: Path, params_file: str | None, kv: list[str] | tuple[str
         params.pop("run_dir", None)
     try:
         given = parse_kv(kv)
-        check_notebook_parameters(nb, given)
+        declared = check_notebook_parameters(nb, given)
         given = validate(nb.stem, given)
     except UsageError as exc:
         raise RunInputError(str(exc)) from None
     except ParamsError as exc:
         raise RunInputError(f"invalid parameters for {nb.name}:\n{exc}") from None
     params.update(given)
-    if declares(nb, "fail_on") and "fail_on" not in given:
+    if "fail_on" in declared and "fail_on" not in given:
         params["fail_on"] = "never"
     return params
 
@@ -134,18 +125,17 @@ def run_dir_for(name: str, given: str | None) -> RunDir:
     ``outputs/<name>/<timestamp>/`` (made, empty, by :func:`perfkit.suite.preflight.default_out`)."""
     from perfkit.suite.preflight import default_out, outputs_base
 
+    def outermost_new(top: Path) -> Path:
+        while not top.parent.exists():
+            top = top.parent
+        return top
+
     if given:
         path = Path(given).resolve()
-        top = path
-        while not top.parent.exists():
-            top = top.parent
-        return RunDir(path, top, not path.exists())
+        return RunDir(path, outermost_new(path), not path.exists())
     base = outputs_base(name).resolve()
-    top = None
-    if not base.exists():  # remove what this run creates, outputs/ included, if nothing ran
-        top = base
-        while not top.parent.exists():
-            top = top.parent
+    # remove what this run creates, outputs/ included, if nothing ran
+    top = None if base.exists() else outermost_new(base)
     path = default_out(name).resolve()
     return RunDir(path, top or path, True)
 

@@ -223,7 +223,8 @@ def missing(
 ) -> dict[str, str]:
     """The part of ``closure`` the host lacks (torch/triton are never shipped: the host's own build
     is the one that matches its driver)."""
-    return {n: v for n, v in closure.items() if n not in have and n not in {canonical(s) for s in skip}}
+    skip = {canonical(s) for s in skip}
+    return {n: v for n, v in closure.items() if n not in have and n not in skip}
 
 
 def download(
@@ -260,24 +261,10 @@ def download(
     need = missing(closure, have)
     reqs = [f"{n}=={v}" if pin else n for n, v in sorted(need.items())]
     log.info("%d packages to download for Python %s: %s", len(reqs), python_version, " ".join(reqs))
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    cmd += ["--python-version", python_version, "--implementation", "cp", "-d", str(d), "-q"]
+    cmd += [a for p in platforms for a in ("--platform", p)]
     for r in reqs:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            python_version,
-            "--implementation",
-            "cp",
-            "-d",
-            str(d),
-            "-q",
-        ]
-        for p in platforms:
-            cmd += ["--platform", p]
         out = run_bounded(cmd + [r], capture_output=True, text=True)
         if out.returncode != 0 and pin:
             # the exact version may have no wheel for that Python: take the newest that has one
@@ -296,17 +283,7 @@ def install_command(wheel_dir: str | Path, target: str | Path | None = None) -> 
     wheels = sorted(str(p) for p in Path(wheel_dir).glob("*.whl"))
     if not wheels:
         raise FileNotFoundError(f"{wheel_dir}: no .whl files")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "-q",
-        "--no-index",
-        "--no-deps",
-        "--no-compile",
-        "--upgrade",
-    ]
+    cmd = [sys.executable, "-m", "pip", "install", *"-q --no-index --no-deps --no-compile --upgrade".split()]
     if target:
         cmd += ["--target", str(target)]
     return cmd + wheels

@@ -23,8 +23,6 @@ from perfkit.cli._common import EXIT_CODES
 from perfkit.common import MissingExtra, require_extra
 from perfkit.common.exitcodes import EXIT_ERROR, run_click
 
-__all__ = ["COMMANDS", "EXIT_CODES", "cli", "main"]
-
 #: each command's module and attribute, imported when the command runs or ``--help`` lists it
 #: (click's lazily loaded subcommands): ``perfkit merge`` starts without the scenarios, pandas
 #: or the A/B stack that other commands import

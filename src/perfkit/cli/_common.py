@@ -58,19 +58,11 @@ def print_result(res: Any, command: str) -> int:
     print(f"  summary:  {res.run_dir / 'summary.md'}")
     if (res.run_dir / "baseline.json").exists():
         print(f"  baseline: {res.run_dir / 'baseline.json'}")
-    cut = next(
-        (
-            n
-            for n in res.notebooks
-            if n.ename == "KeyboardInterrupt" and (n.error or "").startswith("interrupted (")
-        ),
-        None,
-    )
-    if cut is not None:  # the interrupt rule's one line (exit 2)
-        print(
-            f"{command}: {cut.error}: what it started was ended; no verdict (exit {res.exit_code})",
-            file=sys.stderr,
-        )
+    for n in res.notebooks:  # the interrupt rule's one line (exit 2)
+        if n.ename == "KeyboardInterrupt" and (n.error or "").startswith("interrupted ("):
+            ended = "what it started was ended; no verdict"
+            print(f"{command}: {n.error}: {ended} (exit {res.exit_code})", file=sys.stderr)
+            break
     return res.exit_code
 
 

@@ -53,9 +53,8 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         bundles = ab_command.load_replay(*kw["replay"])
         out = options.out_dir(kw["out"], f"{stamp}-replay")
         design, threshold, thresholds = read_decision(kw, bundles)
-        gate = (
-            gate if gate is not None else ab_command.recorded_gate_metrics(bundles)
-        )  # the alpha is split over them
+        if gate is None:  # the alpha is split over them
+            gate = ab_command.recorded_gate_metrics(bundles)
         rec_threshold, rec_thresholds = ab_command.recorded_thresholds(bundles)  # decide as the run did
         threshold = threshold or rec_threshold or stats.DEFAULT_THRESHOLD
         if not kw["threshold_from"] and kw["threshold"] is None:
@@ -76,11 +75,8 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         design, threshold, thresholds = read_decision(kw)
         threshold = threshold or stats.DEFAULT_THRESHOLD
         out = options.out_dir(kw["out"], stamp)
-        profile = None
-        if kw["profile"]:
-            profile = ab_command.profile_params(
-                kw["profile_steps"], kw["profile_all_stages"], kw["profile_warm"]
-            )
+        pkeys = ("profile_steps", "profile_all_stages", "profile_warm")
+        profile = ab_command.profile_params(*(kw[k] for k in pkeys)) if kw["profile"] else None
         from perfkit.engine.owner import become_subreaper
 
         become_subreaper()  # orphans below come back here

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from perfkit.cli._common import EXIT_CODES, done, fail
@@ -44,18 +46,11 @@ def _refresh(baseline: str, unit_times: tuple[str, ...]) -> int:
 @click.option(
     "--num-frames", type=int, default=None, help="one request shape of a launch that sent several shapes"
 )
-def baseline_update_command(
-    bundle: str | None,
-    baseline: str,
-    case: str | None,
-    unit_times: tuple[str, ...],
-    hardware: str | None,
-    launch: str | None,
-    num_frames: int | None,
-) -> None:
+def baseline_update_command(**kw: Any) -> None:
     """Write one case, derived from a bundle, into a baseline file (atomically)."""
     from perfkit.gate import baseline as bl
 
+    bundle, baseline, case, unit_times = kw["bundle"], kw["baseline"], kw["case"], kw["unit_times"]
     if unit_times:
         if bundle or case:
             done(fail("--unit-times refreshes estimates only: leave out --bundle/--case"))
@@ -63,9 +58,8 @@ def baseline_update_command(
     if not bundle or not case:
         done(fail("baseline update needs --bundle and --case (or --unit-times)"))
     try:
-        doc = bl.update_baseline(
-            bundle, baseline, case, hardware=hardware, launch=launch, num_frames=num_frames
-        )
+        shape = {k: kw[k] for k in ("hardware", "launch", "num_frames")}
+        doc = bl.update_baseline(bundle, baseline, case, **shape)
     except (OSError, ValueError) as exc:
         done(fail(str(exc)))
     e = doc["scenarios"][case]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -91,20 +92,13 @@ def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bo
     "--before", kind="perf dump", help="sglang perf dump JSON (--perf-dump-path) of the reference build"
 )
 @file_option("--after", kind="perf dump", help="sglang perf dump JSON of the changed build")
-def compare_command(
-    run: str | None,
-    baseline: str | None,
-    case: str | None,
-    profile: str,
-    strict: bool,
-    before: str | None,
-    after: str | None,
-) -> None:
+def compare_command(**kw: Any) -> None:
     """Compare a run with a baseline file (sglang's rule), or two sglang perf dumps."""
+    run, baseline, before, after = kw["run"], kw["baseline"], kw["before"], kw["after"]
     if before or after:
         if not (before and after) or run or baseline:
             done(fail("compare takes --before A.json --after B.json, or --run and --baseline"))
         done(_compare_dumps(before, after))
     if not (run and baseline):
         done(fail("compare needs --run and --baseline (or --before and --after)"))
-    done(_compare(run, baseline, case, profile, strict))
+    done(_compare(run, baseline, kw["case"], kw["profile"], kw["strict"]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from perfkit.cli._common import EXIT_CODES, done, fail
@@ -28,23 +30,15 @@ def wheelhouse_group() -> None:
     help="full: everything perfkit needs; measure: engine + investigations only; ray: Ray (slimmed: "
     "Ray Core: no Java worker, dashboard web UI or AI libraries) and its missing requirements",
 )
-def wheelhouse_download_command(
-    dir: str,  # noqa: A002 - the argument's name
-    have: str | None,
-    python_version: str,
-    platform: tuple[str, ...],
-    profile: str,
-) -> None:
+def wheelhouse_download_command(**kw: Any) -> None:
     """Download wheels of what a host lacks, for its Python."""
     from perfkit import wheelhouse
 
+    dir = kw["dir"]  # noqa: A001 - the argument's name
+    platforms = tuple(kw["platform"]) or wheelhouse.DEFAULT_PLATFORMS
     try:
         reqs = wheelhouse.download(
-            dir,
-            have,
-            python_version=python_version,
-            profile=profile,
-            platforms=tuple(platform) if platform else wheelhouse.DEFAULT_PLATFORMS,
+            dir, kw["have"], python_version=kw["python_version"], profile=kw["profile"], platforms=platforms
         )
         print(f"{len(reqs)} wheels in {dir}: {' '.join(reqs)}")
         print(f"wheelhouse size: {wheelhouse.wheelhouse_size(dir) / 2**20:.1f} MiB")

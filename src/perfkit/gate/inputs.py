@@ -32,12 +32,10 @@ def _bundle_cases(b: ResultBundle, case: str | None) -> dict[str, dict[str, Any]
         cid = case or b.scenario
         return {cid: bl.from_bundle(b, cid)}
     cases = bundle_cases({b.scenario: b}, p["spec"], p["request"])
-    if case is not None and case not in cases:
-        if len(cases) != 1:
+    if case is not None:
+        if case not in cases and len(cases) != 1:
             raise ValueError(f"{b.path}: no case {case!r}; its cases: {', '.join(cases)}")
-        cases = {case: next(iter(cases.values()))}
-    elif case is not None:
-        cases = {case: cases[case]}
+        cases = {case: cases[case] if case in cases else next(iter(cases.values()))}
     return {c: bl.from_bundle(sub, c) for c, sub in cases.items()}
 
 

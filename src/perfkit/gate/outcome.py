@@ -151,8 +151,7 @@ def finish(name: str, verdict: Mapping[str, Any] | None, fail_on: str = "gate", 
         GateFailed: the gate failed, or judged nothing, and ``fail_on == "gate"``.
         ValueError: ``fail_on`` is not one of :data:`FAIL_ON`.
     """
-    if fail_on not in FAIL_ON:
-        raise ValueError(f"fail_on: must be one of {', '.join(map(repr, FAIL_ON))}, got {fail_on!r}")
+    _check_fail_on(fail_on)
     word = gate_result("ok", verdict)
     line = verdict_line(name, verdict)
     at = f" (verdict: {where})" if where else ""
@@ -175,13 +174,17 @@ def finish_code(name: str, code: int, text: str, fail_on: str = "gate") -> int:
         GateFailed: ``code`` is not 0 and ``fail_on == "gate"``.
         ValueError: ``fail_on`` is not one of :data:`FAIL_ON`.
     """
-    if fail_on not in FAIL_ON:
-        raise ValueError(f"fail_on: must be one of {', '.join(map(repr, FAIL_ON))}, got {fail_on!r}")
+    _check_fail_on(fail_on)
     line = f"{name} gate: {'pass' if code == 0 else 'fail'} (exit code {code}): {text}"
     _show(f"**{line}**")
     if code == 0 or fail_on == "never":
         return code
     raise GateFailed(f"{line}. papermill exits 1 on this exception (pass -p fail_on never to explore).")
+
+
+def _check_fail_on(fail_on: str) -> None:
+    if fail_on not in FAIL_ON:
+        raise ValueError(f"fail_on: must be one of {', '.join(map(repr, FAIL_ON))}, got {fail_on!r}")
 
 
 def _show(markdown: str) -> None:
@@ -190,9 +193,8 @@ def _show(markdown: str) -> None:
         from IPython import get_ipython
         from IPython.display import Markdown, display
     except ImportError:  # pragma: no cover - IPython is a dependency of the notebooks
-        log.info("%s", markdown)
-        return
-    if get_ipython() is None:
+        get_ipython = None
+    if get_ipython is None or get_ipython() is None:
         log.info("%s", markdown)
         return
     display(Markdown(markdown))

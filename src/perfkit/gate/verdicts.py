@@ -100,12 +100,17 @@ def collect_verdicts(run_dir: str | Path) -> pd.DataFrame:
 NOTHING_COMPARED = ("baseline", "cases compared")
 
 
+def _nothing_compared_rows(verdicts: pd.DataFrame) -> pd.DataFrame:
+    """The failing :data:`NOTHING_COMPARED` rows of ``verdicts`` (empty when there are none)."""
+    if verdicts.empty or not {"case", "metric", "status"} <= set(verdicts.columns):
+        return verdicts.iloc[:0]
+    hit = (verdicts["case"] == NOTHING_COMPARED[0]) & (verdicts["metric"] == NOTHING_COMPARED[1])
+    return verdicts[hit & (verdicts["status"] == "fail")]
+
+
 def nothing_compared(verdicts: pd.DataFrame) -> bool:
     """Whether a baseline was given and no case of the run was in it (misuse: exit 2)."""
-    if verdicts.empty or not {"case", "metric", "status"} <= set(verdicts.columns):
-        return False
-    hit = (verdicts["case"] == NOTHING_COMPARED[0]) & (verdicts["metric"] == NOTHING_COMPARED[1])
-    return bool((hit & (verdicts["status"] == "fail")).any())
+    return not _nothing_compared_rows(verdicts).empty
 
 
 def nothing_measured_reason(verdicts: pd.DataFrame) -> str | None:
@@ -113,10 +118,8 @@ def nothing_measured_reason(verdicts: pd.DataFrame) -> str | None:
     the baseline held no case of the run, or every check was skipped (with their reasons)."""
     if verdicts.empty or "status" not in verdicts:
         return None
-    if nothing_compared(verdicts):
-        hit = verdicts[
-            (verdicts["case"] == NOTHING_COMPARED[0]) & (verdicts["metric"] == NOTHING_COMPARED[1])
-        ]
+    hit = _nothing_compared_rows(verdicts)
+    if not hit.empty:
         return f"nothing compared: {hit['reason'].iloc[0]}"
     if overall_status(verdicts) != "skipped":
         return None

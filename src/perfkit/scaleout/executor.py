@@ -17,31 +17,19 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from perfkit.common import MissingExtra, jsonsafe, require_extra
+from perfkit.common import MissingExtra, require_extra
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, describe
 from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.progress import listening
-from perfkit.scaleout.unit_outcome import OnEvent, RunUnit, UnitOutcome
+from perfkit.scaleout.unit_outcome import UNIT_FILE, OnEvent, RunUnit, UnitOutcome, write_unit_file  # noqa: F401
 from perfkit.scaleout.units import WorkUnit
 from perfkit.scenarios import registry
 from perfkit.scenarios.registry import RunContext
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "run_unit",
-    "run_units_inprocess",
-    "executor",
-    "progress_events",
-    "EXECUTORS",
-    "ExecutorError",
-    "UNIT_FILE",
-    "LOG_TAIL_CHARS",
-]
 
-#: a unit's record beside its bundles
-UNIT_FILE = "unit.json"
 #: characters of logs kept with an error outcome
 LOG_TAIL_CHARS = 4000
 #: ``--executor`` values: name -> module (in this package) holding ``run_units_<name>``
@@ -120,13 +108,6 @@ def _log_tail(out_dir: Path, error_text: str) -> str:
     return tail[-LOG_TAIL_CHARS:]
 
 
-def write_unit_file(out_dir: Path, unit: WorkUnit, outcome: UnitOutcome) -> None:
-    """``out_dir/unit.json``: the unit (:meth:`WorkUnit.to_dict`) and its outcome."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"unit": unit.to_dict(), "outcome": outcome.to_dict()}
-    (out_dir / UNIT_FILE).write_text(jsonsafe.dumps(doc, indent=2, default=str) + "\n")
-
-
 def run_units_inprocess(
     units: Sequence[Mapping[str, Any] | WorkUnit],
     run_unit: RunUnit = run_unit,
@@ -153,11 +134,11 @@ def run_units_inprocess(
     dest = Path(dest)
     outcomes = []
     host = socket.gethostname()
+    emit = on_event or (lambda *_: None)
     for raw in units:
         u = _unit(raw)
         out_dir = dest / u.id
-        if on_event:
-            on_event("started", u.id, None)
+        emit("started", u.id, None)
         attempt = 0
         while True:
             attempt += 1
@@ -166,8 +147,8 @@ def run_units_inprocess(
             t0, wall0 = time.time(), time.monotonic()
 
             def on_progress(ev: Mapping[str, Any], uid: str = u.id) -> None:
-                if on_event and ev.get("event") == "launch_done":
-                    on_event("launch", uid, None)
+                if ev.get("event") == "launch_done":
+                    emit("launch", uid, None)
 
             try:
                 with listening(on_progress):
@@ -179,8 +160,7 @@ def run_units_inprocess(
                     log.warning(
                         "unit %s failed (attempt %d of %d): %s: retrying", u.id, attempt, retries + 1, err
                     )
-                    if on_event:
-                        on_event("retry", u.id, None)
+                    emit("retry", u.id, None)
                     continue
                 log.error("unit %s failed after %d attempt(s): %s", u.id, attempt, err)
                 oc = UnitOutcome(
@@ -195,10 +175,9 @@ def run_units_inprocess(
             oc.wall_s = round(time.monotonic() - wall0, 2)
             oc.started_at, oc.ended_at = t0, time.time()
             break
-        write_unit_file(out_dir, u, oc)
+        write_unit_file(out_dir, u.to_dict(), oc)
         outcomes.append(oc)
-        if on_event:
-            on_event("finished", u.id, oc)
+        emit("finished", u.id, oc)
     return outcomes
 
 

@@ -9,14 +9,6 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-
-def perfkit_version() -> str:
-    """This perfkit's version (``perfkit.__version__``, kept in :mod:`perfkit.common.version`)."""
-    from perfkit.common.version import __version__
-
-    return str(__version__)
-
-
 #: what every part and shard of one merged run must share (see :func:`part_identity`)
 IDENTITY_KEYS = ("commit", "perfkit version", "engine spec", "request", "engine program")
 

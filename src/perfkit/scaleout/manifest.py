@@ -1,7 +1,6 @@
 """Shard manifests and merge documents: the layout's names (:data:`MANIFEST`, :data:`UNITS_DIR`,
 :data:`MERGED_DIR`, :data:`MERGE_FILE`), the params digest (:func:`params_hash`), a manifest read
-and checked, the units that ran side by side (:func:`concurrent_pairs`), a unit's outcome
-(:func:`outcome_of`).
+and checked, the units that ran side by side (:func:`concurrent_pairs`).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from typing import Any, Iterable, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit.params import SuiteParams
-from perfkit.scaleout.unit_outcome import UnitOutcome
 from perfkit.scaleout.units import MAX_SHARDS, WorkUnit
 
 MANIFEST = "shard.json"
@@ -142,13 +140,3 @@ def _params_from(manifest: Mapping[str, Any]) -> SuiteParams:
     from perfkit.params import parse_params
 
     return parse_params(manifest["params"], source=f"{manifest.get('params_file')} (from the shard manifest)")
-
-
-def outcome_of(doc: Mapping[str, Any], unit_id: str) -> UnitOutcome | None:
-    """The :class:`UnitOutcome` of ``unit_id`` in a shard manifest or merge document."""
-    for o in doc.get("outcomes") or []:
-        if o.get("unit_id") == unit_id:
-            keep = {k: v for k, v in o.items() if k in UnitOutcome.__dataclass_fields__}
-            keep["out_dir"] = Path(keep["out_dir"]) if keep.get("out_dir") else None
-            return UnitOutcome(**keep)
-    return None

@@ -31,6 +31,9 @@ from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
+#: what merge.json's ``shards`` repeat of each shard's manifest
+_SHARD_KEYS = ("params_file", "params_sha256", "perfkit_commit", "perfkit_version", "executor", "wall_s")
+
 
 def merge_shards(
     dirs: Iterable[str | Path],
@@ -105,16 +108,7 @@ def merge_shards(
     doc = {
         "kind": "perfkit-merge",
         "shards": [
-            {
-                "dir": str(d),
-                "partition": m["partition"],
-                "params_file": m.get("params_file"),
-                "params_sha256": m.get("params_sha256"),
-                "perfkit_commit": m.get("perfkit_commit"),
-                "perfkit_version": m.get("perfkit_version"),
-                "executor": m.get("executor"),
-                "wall_s": m.get("wall_s"),
-            }
+            {"dir": str(d), "partition": m["partition"], **{k: m.get(k) for k in _SHARD_KEYS}}
             for d, m in manifests
         ],
         "params_sha256": want_hash,
@@ -198,13 +192,7 @@ def _shard_problems(
     the first one's partition that is missing, naming its units."""
     total = int(ref["partition"]["total"])
     problems = identity_problems(
-        [
-            (
-                f"shard {i}/{total} ({d})",
-                {"commit": m.get("perfkit_commit"), "perfkit version": m.get("perfkit_version")},
-            )
-            for i, (d, m) in sorted(by_index.items())
-        ],
+        [(f"shard {i}/{total} ({d})", _shard_identity(m)) for i, (d, m) in sorted(by_index.items())],
         allow_mixed_commits=allow_mixed_commits,
     )
     for i in range(1, total + 1):
@@ -214,6 +202,11 @@ def _shard_problems(
                 f"shard {i}/{total} missing: its units {', '.join(ids) or '(none)'} were not measured"
             )
     return problems
+
+
+def _shard_identity(m: dict[str, Any]) -> dict[str, Any]:
+    """A shard manifest's commit and perfkit version, as :func:`identity_problems` compares them."""
+    return {"commit": m.get("perfkit_commit"), "perfkit version": m.get("perfkit_version")}
 
 
 @dataclass
@@ -311,18 +304,8 @@ def _part_identity_problems(
     if identities:
         ref_shard = by_index.get(units[0].shard) if units else None
         if ref_shard is not None:
-            identities.insert(
-                0,
-                (
-                    f"shard {units[0].shard}/{total} ({ref_shard[0]})",
-                    {
-                        "commit": ref_shard[1].get("perfkit_commit"),
-                        "perfkit version": ref_shard[1].get("perfkit_version"),
-                    },
-                ),
-            )
-            problems += identity_problems(identities[:2], allow_mixed_commits=allow_mixed_commits)
-            identities.pop(0)
+            first = (f"shard {units[0].shard}/{total} ({ref_shard[0]})", _shard_identity(ref_shard[1]))
+            problems += identity_problems([first, identities[0]], allow_mixed_commits=allow_mixed_commits)
         problems += identity_problems(identities, allow_mixed_commits=allow_mixed_commits)
     return problems
 

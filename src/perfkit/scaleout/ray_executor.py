@@ -50,8 +50,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from perfkit.common import MissingExtra, jsonsafe, require_extra
-from perfkit.scaleout.unit_outcome import OnEvent, RunUnit, UnitOutcome
+from perfkit.common import MissingExtra, require_extra
+from perfkit.scaleout.unit_outcome import OnEvent, RunUnit, UnitOutcome, write_unit_file
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,6 @@ ENV_PREFIXES = ("PERFKIT_", "HF_", "HUGGINGFACE_", "SGLANG_", "TRANSFORMERS_", "
 _SECRET = re.compile(r"token|secret|password|passwd|api_?key|access_?key|auth", re.I)
 #: lines of worker logging kept as the log tail of a failed unit
 LOG_TAIL_LINES = 200
-#: a unit's record beside its output (same name and shape as the in-process executor's)
-UNIT_FILE = "unit.json"
 
 
 def _import_ray():
@@ -84,7 +82,6 @@ def unit_dir_name(unit_id: str) -> str:
     return safe or "unit"
 
 
-# ---------------------------------------------------------------------------- archives
 def pack_dir(path: str | Path) -> bytes:
     """A directory's contents as a gzip'd tar archive (member names relative to it)."""
     buf = io.BytesIO()
@@ -111,7 +108,6 @@ def unpack_dir(data: bytes, dest: str | Path) -> Path:
     return d
 
 
-# ---------------------------------------------------------------------------- the task
 class _TailHandler(logging.Handler):
     def __init__(self, n: int) -> None:
         super().__init__(logging.INFO)
@@ -188,6 +184,13 @@ def _newest_log_tail(d: Path, chars: int = 4000) -> str:
         return ""
 
 
+def _set_omp(value: str | None) -> None:
+    if value is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = value
+
+
 def run_one(
     unit: Mapping[str, Any], run_unit: RunUnit, events: Any = None, omp_threads: str | None = None
 ) -> dict[str, Any]:
@@ -227,10 +230,7 @@ def run_one(
             send("launch")
 
     ray_omp = os.environ.get("OMP_NUM_THREADS")
-    if omp_threads is None:
-        os.environ.pop("OMP_NUM_THREADS", None)
-    else:
-        os.environ["OMP_NUM_THREADS"] = omp_threads
+    _set_omp(omp_threads)
     with tempfile.TemporaryDirectory(prefix=f"perfkit-unit-{unit_dir_name(unit['id'])}-") as tmp:
         out = Path(tmp) / "out"
         out.mkdir()
@@ -244,10 +244,7 @@ def run_one(
         finally:
             root.removeHandler(handler)
             root.setLevel(old_level)
-            if ray_omp is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-            else:
-                os.environ["OMP_NUM_THREADS"] = ray_omp
+            _set_omp(ray_omp)
         ended = time.time()
         send.flush()
         tail = "\n".join(handler.lines) + _newest_log_tail(out) if status == "error" else None
@@ -265,7 +262,6 @@ def run_one(
     }
 
 
-# ---------------------------------------------------------------------------- runtime env
 def default_runtime_env(address: str | None = None) -> dict[str, Any]:
     """What the workers get: ``env_vars`` (``PERFKIT_*``, ``HF_*``, ``SGLANG_*``, … of this
     process, secrets left out) and perfkit's own source. A local Ray (``address=None``) gets it on
@@ -295,7 +291,6 @@ def _merge_env(base: dict[str, Any], extra: Mapping[str, Any] | None) -> dict[st
     return out
 
 
-# ---------------------------------------------------------------------------- the driver
 def _error_of(exc: BaseException) -> tuple[str, str]:
     """(one-line error, log tail) of an exception raised by ``ray.get``: a task error names its
     cause (``RayTaskError(ModuleNotFoundError): ...``), a crash its kind (``WorkerCrashedError:
@@ -413,7 +408,7 @@ def run_units_ray(
                 pending[submit(units[i])] = (i, attempt + 1)
                 continue
             results[i] = oc
-            _write_unit_file(dest / unit_dir_name(ids[i]), units[i], oc)
+            write_unit_file(dest / unit_dir_name(ids[i]), units[i], oc)
             flush(ids[i])
             emit("finished", ids[i], oc)
         return [r for r in results if r is not None]
@@ -489,12 +484,6 @@ def _smallest_node_cpus(ray: Any) -> float:
         cpus = []
     cpus = [c for c in cpus if c > 0]
     return float(min(cpus)) if cpus else 1.0
-
-
-def _write_unit_file(d: Path, unit: Mapping[str, Any], oc: UnitOutcome) -> None:
-    d.mkdir(parents=True, exist_ok=True)
-    doc = {"unit": dict(unit), "outcome": oc.to_dict()}
-    (d / UNIT_FILE).write_text(jsonsafe.dumps(doc, indent=2, default=str) + "\n")
 
 
 def _collect(ray: Any, ref: Any, unit_id: str, attempt: int, dest: Path) -> UnitOutcome:

@@ -22,7 +22,7 @@ existed (:data:`perfkit.bundle_schema.Table.additive`).
 Beside this module (shard runs and estimate refresh): :mod:`perfkit.scaleout.manifest` (the
 layout's names, manifests read, the params digest), :mod:`perfkit.scaleout.identity` (what a
 part was measured with, differences named), :mod:`perfkit.scaleout.merge` (:func:`merge_shards`);
-their public names are re-exported here.
+the names other modules read through this one are re-exported here.
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from perfkit.common import jsonsafe
 from perfkit.common.provenance import git_commit
+from perfkit.common.version import __version__
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.scaleout.executor import executor as get_executor
 from perfkit.scaleout.executor import progress_events, run_unit
-from perfkit.scaleout.identity import identity_problems, part_identity, perfkit_version
-from perfkit.scaleout.manifest import (
+from perfkit.scaleout.manifest import (  # noqa: F401 (re-exported)
     MANIFEST,
     MERGE_FILE,
     MERGED_DIR,
@@ -51,28 +51,12 @@ from perfkit.scaleout.manifest import (
     concurrent_pairs,
     params_hash,
 )
-from perfkit.scaleout.merge import merge_shards
+from perfkit.scaleout.merge import merge_shards  # noqa: F401
 from perfkit.scaleout.unit_outcome import UnitOutcome
 from perfkit.scaleout.units import WorkUnit, partition, plan_units
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
-
-
-__all__ = [
-    "MANIFEST",
-    "MERGE_FILE",
-    "MERGED_DIR",
-    "UNITS_DIR",
-    "PLAN_NOT_RECORDED",
-    "params_hash",
-    "select",
-    "run_shard",
-    "merge_shards",
-    "identity_problems",
-    "part_identity",
-    "concurrent_pairs",
-]
 
 
 def select(
@@ -173,7 +157,7 @@ def run_shard(
         "units": [u.to_dict() for u in units],
         "outcomes": [],
         "perfkit_commit": git_commit(),
-        "perfkit_version": perfkit_version(),
+        "perfkit_version": str(__version__),
         "executor": executor,
     }
     _write_manifest(out, manifest)

@@ -7,6 +7,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
+from perfkit.common import jsonsafe
+
+#: a unit's record beside its bundles (every executor writes it: :func:`write_unit_file`)
+UNIT_FILE = "unit.json"
+
 #: ``(unit, out_dir) -> None``: measure one unit (a JSON-able dict with at least ``id``,
 #: ``gpus``) and write its bundles under ``out_dir``; raise on failure.
 RunUnit = Callable[[Mapping[str, Any], Path], None]
@@ -50,3 +55,10 @@ class UnitOutcome:
         d = asdict(self)
         d["out_dir"] = str(self.out_dir) if self.out_dir is not None else None
         return d
+
+
+def write_unit_file(out_dir: Path, unit: Mapping[str, Any], outcome: UnitOutcome) -> None:
+    """``out_dir/unit.json``: the unit (its dict) and its outcome."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"unit": dict(unit), "outcome": outcome.to_dict()}
+    (out_dir / UNIT_FILE).write_text(jsonsafe.dumps(doc, indent=2, default=str) + "\n")

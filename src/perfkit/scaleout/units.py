@@ -31,16 +31,6 @@ from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "Part",
-    "WorkUnit",
-    "plan_units",
-    "partition",
-    "parse_partition",
-    "PartitionError",
-    "DEFAULT_ESTIMATE_S",
-    "E2E_OVERHEAD_S",
-]
 
 #: sglang's fallback when a case has no estimate at all (s)
 DEFAULT_ESTIMATE_S = 300.0
@@ -275,9 +265,9 @@ def plan_units(
     unknown = wanted - set(registry.names())
     if unknown:
         raise KeyError(f"unknown scenario(s) {sorted(unknown)}; known: {', '.join(registry.names())}")
-    engine = params.engine_spec()
-    request = VideoRequestSpec.from_dict(params.request.model_dump())
-    namer = case_namer(params.engine_dict(), params.request.model_dump())
+    engine_d, request_d = params.engine_dict(), params.request.model_dump()
+    engine, request = params.engine_spec(), VideoRequestSpec.from_dict(request_d)
+    namer = case_namer(engine_d, request_d)
     gpus = _gpus(params)
     units: list[WorkUnit] = []
     #: launch key -> (unit, measured requests) of earlier single-launch whole scenarios
@@ -319,14 +309,7 @@ def plan_units(
             if not _SAFE.match(part.id):
                 raise ValueError(f"unit id {part.id!r} is not filesystem-safe (split key of {s.name})")
             if host is None:
-                host = WorkUnit(
-                    id=part.id,
-                    parts=[],
-                    gpus=gpus,
-                    tier=sec.tier,
-                    engine=params.engine_dict(),
-                    request=params.request.model_dump(),
-                )
+                host = WorkUnit(part.id, [], gpus=gpus, tier=sec.tier, engine=engine_d, request=request_d)
                 units.append(host)
             elif sec.tier == "per-commit":
                 host.tier = "per-commit"

@@ -29,7 +29,7 @@ The helpers the notebooks call, so notebooks stay thin:
 The package, one module per job: :mod:`perfkit.suite.preflight` (checks and the run directory
 before anything runs), :mod:`perfkit.suite.execute` (one notebook through papermill),
 :mod:`perfkit.suite.orchestrate` (:func:`run_suite`), :mod:`perfkit.suite.replay_shards`
-(:func:`merge_runs`, :func:`run_units_suite`); their public names are re-exported here.
+(:func:`merge_runs`, :func:`run_units_suite`); the names other modules use are re-exported here.
 
 Run directory layout::
 
@@ -41,60 +41,17 @@ Run directory layout::
     RUN/baseline.json  RUN/summary.md  RUN/report.html  RUN/report.png (when chromium is there)
 """
 
+# ruff: noqa: F401 (the public names, re-exported)
 from __future__ import annotations
 
-from perfkit.suite.execute import (
-    KERNEL_NAME,
-    NotebookRun,
-    execute_notebook,
-    ipc_kernel_manager,
-    kernel_name,
-    notebook_parameters,
-    notebooks_dir,
-)
+from perfkit.suite.execute import NotebookRun, execute_notebook, notebook_parameters
 from perfkit.suite.orchestrate import SuiteResult, run_suite
 from perfkit.suite.preflight import (
-    LATEST,
-    NO_REPLAY_BUNDLE,
-    NOT_MERGED,
-    RUN_OUTPUTS,
     SCALEOUT,
     SuiteError,
     check_baseline_file,
-    check_replay_identity,
-    default_out,
-    link_latest,
-    outputs_base,
     prepare_run_dir,
     replay_plan,
     run_plan,
 )
 from perfkit.suite.replay_shards import merge_runs, run_units_suite
-
-__all__ = [
-    "KERNEL_NAME",
-    "LATEST",
-    "NOT_MERGED",
-    "NO_REPLAY_BUNDLE",
-    "NotebookRun",
-    "RUN_OUTPUTS",
-    "SCALEOUT",
-    "SuiteError",
-    "SuiteResult",
-    "check_baseline_file",
-    "check_replay_identity",
-    "default_out",
-    "execute_notebook",
-    "ipc_kernel_manager",
-    "kernel_name",
-    "link_latest",
-    "merge_runs",
-    "notebook_parameters",
-    "notebooks_dir",
-    "outputs_base",
-    "prepare_run_dir",
-    "replay_plan",
-    "run_plan",
-    "run_suite",
-    "run_units_suite",
-]

@@ -17,10 +17,7 @@ from typing import Any
 
 from perfkit.common.provenance import repo_root
 from perfkit.gate.outcome import GATE_FAILED
-from perfkit.gate.verdicts import (
-    GATE,
-    jsonable,
-)
+from perfkit.gate.verdicts import GATE, jsonable
 from perfkit.measuring.progress import PROGRESS_ENV
 from perfkit.params import SuiteParams
 from perfkit.report.render import notebook_error
@@ -177,12 +174,10 @@ def execute_notebook(
             # the last cell's gate exception (fail_on="gate"): the notebook ran to its end and
             # wrote its verdict; the gate result comes from verdict.json, not from this
             run.status, run.ename = "ok", GATE_FAILED
-            run.wall_s = round(time.monotonic() - t0, 2)
-            return run
-        run.status = "error"
-        run.ename = ename or type(exc).__name__
-        run.error = text or f"{type(exc).__name__}: {exc}"
-        log.error("notebook %s failed: %s", src.name, run.error)
+        else:
+            run.status, run.ename = "error", ename or type(exc).__name__
+            run.error = text or f"{type(exc).__name__}: {exc}"
+            log.error("notebook %s failed: %s", src.name, run.error)
     run.wall_s = round(time.monotonic() - t0, 2)
     return run
 
@@ -203,18 +198,9 @@ def notebook_parameters(
         "fail_on": "never",
     }
     if name == GATE:
-        b = params.baseline
-        bfile = b.file
-        return {
-            **common,
-            "baseline_file": bfile,
-            "profile": b.profile,
-            "strict": b.strict,
-            "hardware": b.hardware,
-        }
-    sec = getattr(params, name).model_dump()
-    sec.pop("enabled", None)
-    sec.pop("tier", None)
+        b, keys = params.baseline, ("profile", "strict", "hardware")
+        return {**common, "baseline_file": b.file, **{k: getattr(b, k) for k in keys}}
+    sec = getattr(params, name).model_dump(exclude={"enabled", "tier"})
     bundle_dir = None
     if replay is not None:
         if not (replay / name / "meta.json").exists():  # a replay never launches an engine

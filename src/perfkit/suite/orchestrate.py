@@ -135,18 +135,9 @@ def run_suite(
     _run_notebooks(runs, names, _Where(nb_dir, run_dir, replay_dir), params, spec, kern, progress)
     order = {n: i for i, n in enumerate(notebook_names())}
     runs.sort(key=lambda r: order.get(r.name, 99))
-    problems = list((scaleout or {}).get("problems") or [])
-    if problems:
-        runs.insert(
-            0,
-            NotebookRun(
-                SCALEOUT,
-                status="error",
-                ename="ScaleOutError",
-                error=f"{len(problems)} scale-out problem{'' if len(problems) == 1 else 's'}: "
-                + "; ".join(problems),
-            ),
-        )
+    if problems := list((scaleout or {}).get("problems") or []):
+        error = f"{len(problems)} scale-out problem{'' if len(problems) == 1 else 's'}: {'; '.join(problems)}"
+        runs.insert(0, NotebookRun(SCALEOUT, status="error", ename="ScaleOutError", error=error))
     verdicts = collect_verdicts(run_dir)
     code = exit_code_for(runs, verdicts)
     info = {

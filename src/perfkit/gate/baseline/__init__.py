@@ -28,7 +28,7 @@ The package, one module per job: :mod:`perfkit.gate.baseline.rules` (sglang's to
 stage classes, the pass bound), :mod:`perfkit.gate.baseline.files` (new, load, save: atomic),
 :mod:`perfkit.gate.baseline.derive` (entries from bundles or records),
 :mod:`perfkit.gate.baseline.compare` (verdict rows), :mod:`perfkit.gate.baseline.update` (one
-case's entry written into a file); their public API is re-exported here.
+case's entry written into a file); what other modules use of them is re-exported here.
 
 The verdict's table and words are elsewhere: :func:`perfkit.checks.overall_status`,
 :func:`perfkit.report.notebook.verdict_markdown`.
@@ -38,16 +38,9 @@ The verdict's table and words are elsewhere: :func:`perfkit.checks.overall_statu
 from __future__ import annotations
 
 from perfkit.gate.baseline.compare import check_overlap, compare, improvement_snippets
-from perfkit.gate.baseline.derive import (
-    baseline_from_bundles,
-    entry_from_records,
-    from_bundle,
-    set_scenario,
-    step_indices,
-)
+from perfkit.gate.baseline.derive import baseline_from_bundles, entry_from_records, from_bundle, set_scenario
 from perfkit.gate.baseline.files import (
     BaselineError,
-    atomic_write_text,
     dumps_baseline,
     load_baseline,
     loads_baseline,
@@ -55,30 +48,9 @@ from perfkit.gate.baseline.files import (
     save_baseline,
 )
 from perfkit.gate.baseline.rules import (
-    DECODING_STAGE_MIN_TOL,
-    DECODING_STAGE_PAD_MS,
-    DEFAULT_IMPROVEMENT_THRESHOLD,
-    DEFAULT_PAD_MS,
-    DEFAULT_STEP_FRACTIONS,
     DEFAULT_TOLERANCES,
-    DERIVED_KEYS,
-    FLAT_PROFILE,
-    IMAGE_STEP_PAD_MS,
-    MB_DECIMALS,
-    MEMORY_METRICS,
-    MS_DECIMALS,
-    NON_DENOISE_STAGE_PAD_MS,
-    OPTIONAL_TOLERANCES,
-    PER_FRAME_METRIC,
-    S_DECIMALS,
     SCALAR_TIMING_METRICS,
-    STEP0_PAD_MS,
-    STEP0_TOL,
     TOP_LEVEL_CASE_MAPS,
-    VIDEO_STEP_PAD_MS,
-    VRAM_PAD_MB,
-    StageClassifier,
-    bound,
     classify_stage,
     is_flat,
     tolerance_profile,

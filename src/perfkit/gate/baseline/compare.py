@@ -234,12 +234,10 @@ def _metric_check(
     if exp is None:
         return Check(case, metric, None, act, None, "skipped", "not measured in the baseline (null)")
     if metric == PER_FRAME_METRIC and rule.video:
-        return Check(
-            case, metric, exp, act, None, "skipped", "sglang skips per_frame_generation for video cases"
-        )
+        why = "sglang skips per_frame_generation for video cases"
+        return Check(case, metric, exp, act, None, "skipped", why)
     if tol is None:
-        known_optional = rule_name in OPTIONAL_TOLERANCES
-        if not known_optional:
+        if rule_name not in OPTIONAL_TOLERANCES:
             log.warning("profile %s has no tolerance for %s (%s)", rule.profile, metric, rule_name)
         why = f"profile {rule.profile!r} has no {rule_name!r} tolerance"
         return Check(case, metric, exp, act, None, "skipped", why)
@@ -252,10 +250,8 @@ def _metric_check(
     if act > b:
         if not exp:  # sglang's placeholder 0: no reference to gate a measured value on (issue 54)
             raise BaselineError(f"scenarios.{case}.{metric}: 0 is no reference for {act:g} (needs > 0)")
-        over = (act / exp - 1.0) * 100
-        return Check(
-            case, metric, exp, act, b, "fail", f"{act:g} > bound {b:g} (+{over:.1f}% vs expected; {rule_txt})"
-        )
+        why = f"{act:g} > bound {b:g} (+{(act / exp - 1.0) * 100:.1f}% vs expected; {rule_txt})"
+        return Check(case, metric, exp, act, b, "fail", why)
     if exp > 0 and act < exp * (1.0 - threshold):
         snip = _snippet(metric, act)
         why = (

@@ -66,14 +66,8 @@ def _validate(doc: Any, source: str) -> None:
 
     if not isinstance(doc, dict):
         raise bad("top level", f"is {type(doc).__name__}, expected a JSON object")
-    for key in (
-        "metadata",
-        "tolerances",
-        "improvement_reporting",
-        "sampling",
-        "scenarios",
-        *TOP_LEVEL_CASE_MAPS,
-    ):
+    sections = ("metadata", "tolerances", "improvement_reporting", "sampling", "scenarios")
+    for key in (*sections, *TOP_LEVEL_CASE_MAPS):
         if key in doc and not isinstance(doc[key], dict):
             raise bad(key, f"is {type(doc[key]).__name__}, expected an object")
 

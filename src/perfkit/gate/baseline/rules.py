@@ -131,11 +131,6 @@ DERIVED_KEYS = (
 )
 
 
-# ---------------------------------------------------------------------------------------------
-# Tolerance sets
-# ---------------------------------------------------------------------------------------------
-
-
 def is_flat(tolerances: Mapping[str, Any]) -> bool:
     """Whether a ``tolerances`` map is one flat set (``e2e`` is a number, not a profile), as
     sglang 0.5.23 tells them apart (``ToleranceConfig.load_profile``)."""
@@ -183,10 +178,6 @@ def tolerance_profile(
     return name, tols
 
 
-# ---------------------------------------------------------------------------------------------
-# Stage classes
-# ---------------------------------------------------------------------------------------------
-
 StageClassifier = Callable[[str], str]
 
 
@@ -211,18 +202,9 @@ def _classifier(stage_classes: StageClassifier | Mapping[str, str] | None) -> St
     return lambda name: mapping.get(name) or classify_stage(name)
 
 
-# ---------------------------------------------------------------------------------------------
-# Derive a scenario entry from a bundle
-# ---------------------------------------------------------------------------------------------
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def _number_problem(v: Any) -> str | None:
     """Why ``v`` is not a metric value (a finite JSON number in [0, :data:`~perfkit.readings.records.MAX_READING`]), or None."""
-    if not _is_number(v):
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
         return f"({type(v).__name__}) is not a number"
     if isinstance(v, float) and not math.isfinite(v):  # an int is finite (math.isnan(10**400) overflows)
         return "is not a finite number"
@@ -231,11 +213,6 @@ def _number_problem(v: Any) -> str | None:
     if v > MAX_READING:
         return f"is above {MAX_READING:g} (no ms, MiB, s or tolerance is that large)"
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Verdicts
-# ---------------------------------------------------------------------------------------------
 
 
 def bound(expected: float, tol: float, pad: float) -> float:
