@@ -242,10 +242,10 @@ def download(
     is then slimmed with :func:`slim_wheel`), or several joined with ``+`` (``measure+ray``).
 
     Raises:
-        RuntimeError: pip could not find a binary wheel for a requirement (its output included).
-        ValueError: an unknown profile.
-        RuntimeError: a root (e.g. ray for ``ray``) is not installed here (its version and
+        RuntimeError: pip could not find a binary wheel for a requirement (its output
+            included), or a root (e.g. ray for ``ray``) is not installed here (its version and
             requirements are read from this environment).
+        ValueError: an unknown profile.
     """
     roots = profile_roots(profile)
     d = Path(dest)

@@ -222,7 +222,9 @@ def _aa_rates(
     (:func:`perfkit.stats.combine`, each (draws, metrics); None: nothing drawn, every
     rate NaN) at two-sided ``conf``: ``aa_covers``, ``aa_alarm_<metric>``, ``aa_alarm_any``,
     ``aa_alarm_gate``; a regression is a low end above ``up`` (log of 1 + threshold)."""
-    row: dict[str, float] = {}
+    row = dict.fromkeys(
+        ["aa_covers", *(f"aa_alarm_{m}" for m in KEY_METRICS), "aa_alarm_any", "aa_alarm_gate"], math.nan
+    )
     if mom is not None:
         has = ~mom[3]
         low, high = stats.log_ends(*mom, conf)
@@ -234,9 +236,6 @@ def _aa_rates(
             row[f"aa_alarm_{metric}"] = math.nan if j is None else _rate(reg[:, j], has[:, j])
         row["aa_alarm_any"] = _rate(reg.any(axis=1), has)
         row["aa_alarm_gate"] = _rate(reg[:, gate].any(axis=1), has[:, gate]) if gate else math.nan
-    else:
-        row.update({"aa_covers": math.nan, "aa_alarm_any": math.nan, "aa_alarm_gate": math.nan})
-        row.update({f"aa_alarm_{k}": math.nan for k in KEY_METRICS})
     return row
 
 
@@ -246,7 +245,9 @@ def _ab_rates(
     """Detection columns of one :func:`power_table` row from the A/B draws' Welch moments (as
     :func:`_aa_rates`; None: nothing drawn, every rate NaN): ``detect_<metric>``,
     ``alarm_untouched``, ``detect_any``, ``detect_gate``."""
-    row: dict[str, float] = {}
+    row = dict.fromkeys(
+        [*(f"detect_{m}" for m in KEY_METRICS), "alarm_untouched", "detect_any", "detect_gate"], math.nan
+    )
     if mom is not None:
         reg = stats.log_ends(*mom, conf)[0] > up
         has = ~mom[3]
@@ -258,9 +259,6 @@ def _ab_rates(
         # the exit code: any metric called a regression; with the gate, any key metric
         row["detect_any"] = _rate(reg.any(axis=1), has)
         row["detect_gate"] = _rate(reg[:, gate].any(axis=1), has[:, gate]) if gate else math.nan
-    else:
-        row.update({f"detect_{k}": math.nan for k in KEY_METRICS})
-        row.update({"alarm_untouched": math.nan, "detect_any": math.nan, "detect_gate": math.nan})
     return row
 
 
