@@ -127,10 +127,6 @@ def bisect_summary_markdown(d: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _badge(d: Mapping[str, Any]) -> str:
-    return str(d.get("outcome"))
-
-
 def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
     """``summary.md`` and ``report.html`` under ``out`` (summary.md also appended to
     ``$GITHUB_STEP_SUMMARY`` when set). Returns name -> path.
@@ -141,6 +137,7 @@ def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Pat
     out = Path(out)
     confirm = d.get("kind") == "confirm"
     s = d.get("setup") or {}
+    outcome = str(d.get("outcome"))
     links = []
     for i, p in enumerate(d.get("probes") or [], 1):
         page = Path(p.get("out") or "") / REPORT_FILE
@@ -153,7 +150,7 @@ def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Pat
         template_env()
         .get_template("sections/bisect.html.j2")
         .render(
-            verdict=_badge(d),
+            verdict=outcome,
             heading="Does the step reproduce?" if confirm else "Which commit?",
             question=(
                 "The A/B between the commits on either side of the history's change point, on the series' metric."
@@ -177,9 +174,9 @@ def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Pat
         title="perfkit history confirm: does the step reproduce?"
         if confirm
         else "perfkit bisect: which commit?",
-        verdict=_badge(d),
+        verdict=outcome,
         exit_code=d.get("exit_code"),
         meta=[{"text": "repository", "code": d.get("repo") or s.get("spec")}],
         warnings=[],
-        gates=format_table(pd.DataFrame([{"status": _badge(d), "what": str(d.get("message") or "")}])),
+        gates=format_table(pd.DataFrame([{"status": outcome, "what": str(d.get("message") or "")}])),
     )

@@ -43,7 +43,6 @@ def show_table(df: pd.DataFrame, caption: str | None = None, transpose: bool | s
     display(styled(df, caption=caption, transpose=transpose))
 
 
-# ------------------------------------------------------------------------------ request roles
 def _shape_key(row: Mapping[str, Any]) -> tuple:
     """What makes two requests the same compiled shape: the latent shape when recorded, else
     (latent frames of the aligned frame count, height, width)."""
@@ -148,7 +147,6 @@ def _reason(v: Any) -> str | None:
     return s or None
 
 
-# ------------------------------------------------------------------------------ first requests
 def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = None) -> pd.DataFrame:
     """What each cold or first-of-a-new-shape request (:func:`request_roles`) paid, one row each
     (empty when none): ``first (ms)``, the ``warm median (ms)`` of its shape in its launch, the
@@ -205,7 +203,6 @@ def _penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: 
     return top, float(pen[top])
 
 
-# ------------------------------------------------------------------------------ verdict in words
 def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gate") -> str:
     """The verdict in sentences from the check rows the gate judges: the overall status and counts
     (:func:`perfkit.gate.outcome.check_counts`), then the failed, inconclusive, skipped and
@@ -267,7 +264,6 @@ def invariants_frame(scenario: str, given: Mapping[str, Any] | None = None) -> p
     return pd.DataFrame(rows, columns=["invariant", "default", "given", "in effect"])
 
 
-# ------------------------------------------------------------------------------ replay
 def _comparable(given: Any, recorded: Any) -> Any:
     """``recorded`` reduced to what ``given`` states: dict keys ``given`` has, None values
     dropped (a recorded cap also records its defaults). A cap recorded without a device or host

@@ -61,9 +61,6 @@ from perfkit.scenarios import registry
 log = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------- notebook helpers
-
-
 def show(fig: Any, dpi: int = 100, alt: str | None = None) -> None:
     """Display a matplotlib Figure in a notebook as a PNG with alt text (:func:`perfkit.report.plots.alt_text`);
     no pyplot needed, and the report embeds it as a ``data:`` URI."""
@@ -82,9 +79,6 @@ def reading(scenario: str, results: Mapping[str, Any]) -> str:
 def summary_frame(scenario: str, results: Mapping[str, Any]) -> pd.DataFrame:
     """The headline numbers of a scenario as a small table (the scenario's ``summary_table``)."""
     return registry.get(scenario).summary_table(results or {})
-
-
-# --------------------------------------------------------------------------- the page
 
 
 def _gate_table(verdicts: pd.DataFrame, statuses: tuple[str, ...] | None = None) -> Table:

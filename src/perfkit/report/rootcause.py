@@ -66,17 +66,6 @@ _NOISE = [
 ]
 
 
-def _load(run_dir: Path, name: str) -> ResultBundle | None:
-    d = Path(run_dir) / name
-    if not (d / "meta.json").exists():
-        return None
-    try:
-        return ResultBundle.load(d)
-    except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the report
-        log.warning("report: cannot load bundle %s: %r", d, exc)
-        return None
-
-
 def _present(df: pd.DataFrame, col: str) -> bool:
     return col in df.columns and bool(df[col].notna().any())
 
@@ -372,8 +361,13 @@ def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
     ``not_reported``, ``recompiles``, ``compiles_note``, ``logs``, ``clamps``,
     ``instrumentation``/``instrumentation_from`` (the functions of those names) and ``commands``
     (``{"launch", "command"}``). None without a bundle; never raises (logged, None)."""
-    b = _load(Path(run_dir), name)
-    if b is None:
+    d = Path(run_dir) / name
+    if not (d / "meta.json").exists():
+        return None
+    try:
+        b = ResultBundle.load(d)
+    except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the report
+        log.warning("report: cannot load bundle %s: %r", d, exc)
         return None
     try:
         ov, ov_from = instrumentation_overhead(run_dir, name)

@@ -176,8 +176,6 @@ def markdown_table(df: pd.DataFrame, *, labels: bool = True, own_markdown: bool 
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- notebooks
-
 #: inline style of a status word by its class (notebooks have no report stylesheet)
 _STATUS_STYLE = {
     **dict.fromkeys(("pass", "ok", "ran"), "color:#1a7f37;font-weight:600"),

@@ -40,15 +40,12 @@ def launch_names(launches: pd.DataFrame | None) -> dict[Any, str]:
     out: dict[Any, str] = {}
     for r in rows:
         lk = r.get("launch")
+        dev, host, frames = (num(r.get(k)) for k in ("device_cap_gib", "host_cap_gib", "warmup_frames"))
         if capped:
-            parts = []
-            if num(r.get("device_cap_gib")):
-                parts.append(f"{num(r.get('device_cap_gib')):g} GiB GPU")
-            if num(r.get("host_cap_gib")):
-                parts.append(f"{num(r.get('host_cap_gib')):g} GiB host")
+            parts = ([f"{dev:g} GiB GPU"] if dev else []) + ([f"{host:g} GiB host"] if host else [])
             out[lk] = " + ".join(parts) or "unlimited"
-        elif len(wf) > 1 and num(r.get("warmup_frames")) is not None:
-            out[lk] = f"warmup {num(r.get('warmup_frames')):g} frames"
+        elif len(wf) > 1 and frames is not None:
+            out[lk] = f"warmup {frames:g} frames"
         else:
             out[lk] = str(lk)
     return out

@@ -57,11 +57,7 @@ def baseline_vs_actual(verdicts: pd.DataFrame, *, xscale: str = "auto", title: s
         act = sub["actual"].to_numpy(float)
         bnd = sub["bound"].to_numpy(float)
         bnd = np.where(np.isfinite(bnd), bnd, exp)
-        status = (
-            sub["status"].astype(str).str.lower()
-            if "status" in sub.columns
-            else pd.Series("new", index=sub.index)
-        )
+        status = sub.get("status", pd.Series("new", index=sub.index)).astype(str).str.lower()
         colors = [STATUS_COLORS.get(s, "tab:grey") for s in status]
         ax.barh(
             y,

@@ -29,10 +29,9 @@ def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Fig
         empty_note(ax, "no coverage results")
         return fig
     df["penalty_ms"] = pd.to_numeric(df["penalty_ms"], errors="coerce")
-    if "ratio" not in df.columns:
-        df["ratio"] = np.nan
-    if "covered" not in df.columns:
-        df["covered"] = np.nan
+    for c in ("ratio", "covered"):
+        if c not in df.columns:
+            df[c] = np.nan
     agg = df.groupby(["warmup_frames", "request_frames"], sort=True).agg(
         penalty_ms=("penalty_ms", "median"),
         ratio=("ratio", lambda s: pd.to_numeric(s, errors="coerce").median()),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -43,25 +44,16 @@ def offload_memory_latency(modes: pd.DataFrame, *, title: str | None = None) -> 
     ax_lat.bar(x, np.nan_to_num(warm), 0.6, color="tab:green", label="warm e2e")
     top_mem = max([v for v in dev + host if is_finite(v)] or [1.0])
     top_lat = max([v for v in warm if is_finite(v)] or [1.0])
+
+    def note(ax: Any, xi: float, top: float, text: str) -> None:
+        ax.text(xi, top * 0.05, text, rotation=90, ha="center", va="bottom", color="grey", fontsize=8)
+
     for i, st in enumerate(status):
         if st != "ran":
-            ax_mem.text(
-                i, top_mem * 0.05, st, rotation=90, ha="center", va="bottom", color="grey", fontsize=8
-            )
-            ax_lat.text(
-                i, top_lat * 0.05, st, rotation=90, ha="center", va="bottom", color="grey", fontsize=8
-            )
+            note(ax_mem, i, top_mem, st)
+            note(ax_lat, i, top_lat, st)
         elif not is_finite(dev[i]):
-            ax_mem.text(
-                i - w / 2,
-                top_mem * 0.05,
-                "no device",
-                rotation=90,
-                ha="center",
-                va="bottom",
-                color="grey",
-                fontsize=8,
-            )
+            note(ax_mem, i - w / 2, top_mem, "no device")
     for ax in (ax_mem, ax_lat):
         ax.set_xticks(x, names)
         ax.set_xlabel("offload mode")

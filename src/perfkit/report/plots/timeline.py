@@ -137,11 +137,7 @@ def memory_timeline(
 
 def _col(mem: pd.DataFrame, name: str) -> pd.Series:
     """Column ``name`` of the samples as numbers (all NaN when absent)."""
-    return (
-        pd.to_numeric(mem[name], errors="coerce")
-        if name in mem.columns
-        else pd.Series(np.nan, index=mem.index, dtype=float)
-    )
+    return pd.to_numeric(mem.get(name, pd.Series(np.nan, index=mem.index, dtype=float)), errors="coerce")
 
 
 def _time_zero(
