@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from perfkit.checks import number
 from perfkit.common.slugs import md_text
 from perfkit.report.render import template_env, write_tool_outputs
 from perfkit.report.tables import format_table, markdown_table
@@ -21,7 +22,8 @@ REPORT_FILE = "report.html"
 
 
 def _pct(x: Any) -> str:
-    return "–" if x is None else f"{(float(x) - 1) * 100:+.1f} %"
+    v = number(x)  # None for a missing or non-finite ratio
+    return "–" if v is None else f"{(v - 1) * 100:+.1f} %"
 
 
 def _commit(c: Mapping[str, Any] | None) -> str:
