@@ -177,23 +177,19 @@ def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[d
             "e2e_ms": o.client_ms,
             "in_flight_at_submit": o.in_flight_at_submit,
         }
-        sub = start = done = server_ms = latent = None
-        compiles = None
+        r: dict[str, Any] = {}  # the engine's record of it (none: every engine column None)
         if rec is not None:
             r, st, sp = record_rows(label, rec, i, None, spec)
             r["client_ms"] = o.client_ms
             req_rows.append(r)
             stage_rows += st
             step_rows += sp
-            sub, start, done = (json_float(r.get(k)) for k in ("submitted_s", "started_s", "completed_s"))
-            server_ms, latent, compiles = (
-                json_float(r.get("e2e_ms")),
-                r.get("latent_shape"),
-                r.get("compiles"),
-            )
-        row.update(_times(sub, start, done, server_ms, o.client_ms))
-        row.update({"server_ms": server_ms, "latent_shape": latent, "compiles": compiles})
-        row.update({"engine_started_s": start, "engine_completed_s": done})
+        sub, start, done, server_ms = (
+            json_float(r.get(k)) for k in ("submitted_s", "started_s", "completed_s", "e2e_ms")
+        )
+        row.update(_times(sub, start, done, server_ms, o.client_ms), server_ms=server_ms)
+        row.update(latent_shape=r.get("latent_shape"), compiles=r.get("compiles"))
+        row.update(engine_started_s=start, engine_completed_s=done)
         # what the job JSON said over HTTP (perfkit_times.started; sglang's completed_at in whole
         # seconds); None: not reported
         job = o.job

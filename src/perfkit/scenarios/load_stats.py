@@ -86,14 +86,13 @@ def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]
     uncovered shapes, p99, the p99 with each uncovered first hit replaced by its shape's later
     median, the share of p99 the uncovered first hits cause, SLO attainment over the requests
     that carry ``slo_ms``. ``rows``: the trace's per-request rows in order (ms)."""
-    shapes: dict[str, dict[str, Any]] = {}
+    shapes: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        s = shapes.setdefault(r["shape"], {"shape": r["shape"], "rows": []})
-        s["rows"].append(r)
+        shapes.setdefault(r["shape"], []).append(r)
     table = []
     for key, s in shapes.items():
-        done = [r for r in s["rows"] if r["status"] == "completed"]
-        first = s["rows"][0]
+        done = [r for r in s if r["status"] == "completed"]
+        first = s[0]
         later = [r["e2e_ms"] for r in done if r is not first]
         latent = next((r["latent_shape"] for r in done if r.get("latent_shape")), None)
         covered = None if latent is None or not warmup_shape else latent == warmup_shape
@@ -102,7 +101,7 @@ def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]
         table.append(
             {
                 "shape": key,
-                "requests": len(s["rows"]),
+                "requests": len(s),
                 "latent_shape": latent,
                 "covered": covered,
                 "first_hit_ms": first["e2e_ms"] if ok_first else None,
@@ -117,7 +116,7 @@ def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]
     uncovered = {t["shape"] for t in table if t["covered"] is False}
     e2e = [r["e2e_ms"] for r in rows if r["status"] == "completed"]
     fixed = []
-    firsts = {id(shapes[k]["rows"][0]) for k in uncovered}
+    firsts = {id(shapes[k][0]) for k in uncovered}
     later = {t["shape"]: t["later_median_ms"] for t in table}
     for r in rows:
         if r["status"] != "completed":

@@ -3,7 +3,6 @@ engine reported, peaks (MiB) and latency (ms)."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -11,6 +10,7 @@ import numpy as np
 
 from perfkit.common.numfmt import json_float
 from perfkit.measuring.launch_rows import LaunchData
+from perfkit.readings.records import parse_lines
 from perfkit.scenarios.common import peak_mib
 
 #: A warm request slower than the cold one by more than this fraction fails
@@ -32,15 +32,11 @@ _REPORTED = (
 
 
 def _reported(data: LaunchData) -> dict[str, Any]:
-    """The engine's placement facts from the launch's last record (``perfkit`` extras)."""
-    for line in reversed(data.record_lines):
-        try:
-            pk = json.loads(line).get("perfkit") or {}
-        except (ValueError, AttributeError):
-            continue
-        if pk:
-            return {k: pk.get(k) for k in _REPORTED}
-    return {}
+    """The engine's placement facts from the launch's last record (``perfkit`` extras), as
+    measure_launch parsed them (a reused launch: its kept lines)."""
+    report = data.report or parse_lines(data.record_lines)
+    pk = next((r.perfkit for r in reversed(report.records) if r.perfkit), None)
+    return {k: pk.get(k) for k in _REPORTED} if pk else {}
 
 
 def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:

@@ -292,18 +292,10 @@ def run(ctx: registry.RunContext, p: OverheadParams) -> ResultBundle:
     """One launch: a warm-up request, then :func:`overhead_probe` with ``p.pairs`` ABBA pairs."""
     probe = overhead_probe(ctx.request, pairs=p.pairs, sampler_interval_s=p.sampler_interval_s)
     data = measure_launch(ctx.engine, [ctx.request], ctx.work_dir / NAME, "probe", after=probe)
-    results: dict[str, Any] = {
-        "error": data.error,
-        "pairs": p.pairs,
-        "sampler_interval_s": p.sampler_interval_s,
-    }
+    own = p.model_dump(exclude={"enabled", "tier"})  # pairs, sampler_interval_s
+    results: dict[str, Any] = {"error": data.error, **own}
     results.update({k: v for k, v in (data.extra or {}).items() if k in (*PARTS, "timing_agreement")})
-    params = {
-        "spec": ctx.engine.to_dict(),
-        "request": ctx.request.payload(),
-        "pairs": p.pairs,
-        "sampler_interval_s": p.sampler_interval_s,
-    }
+    params = {"spec": ctx.engine.to_dict(), "request": ctx.request.payload(), **own}
     return assemble(NAME, [data], params, results)
 
 

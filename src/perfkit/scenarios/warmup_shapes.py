@@ -229,10 +229,9 @@ def join(parts: list[ResultBundle], p: WarmupShapesParams) -> ResultBundle:
     # profiling: as unsplit, only the first uncovered pair's extra launch (the first part that
     # profiled); the other parts' traces are dropped
     profiled = next((b for b in parts if "warmup_frames" in (b.results.get("profiled") or {})), None)
-    if profiled is not None:
-        results["profiled"] = profiled.results["profiled"]
-    elif any("profiled" in b.results for b in parts):
-        results["profiled"] = next(b.results["profiled"] for b in parts if "profiled" in b.results)
+    noted = profiled or next((b for b in parts if "profiled" in b.results), None)
+    if noted is not None:
+        results["profiled"] = noted.results["profiled"]
     joined = join_bundles(NAME, parts, params, results)
     if profiled is not None:
         attach(joined, profiled.table("traces"), dict(profiled.traces))
