@@ -23,19 +23,6 @@ import pandas as pd
 from perfkit.common.numfmt import number_text
 from perfkit.common.slugs import md_text
 
-__all__ = [
-    "Check",
-    "CHECK_COLUMNS",
-    "STATUSES",
-    "check_max",
-    "check_min",
-    "check_flag",
-    "check_table",
-    "check_markdown",
-    "overall_status",
-    "number",
-]
-
 CHECK_COLUMNS = ["case", "metric", "expected", "actual", "bound", "status", "reason"]
 STATUSES = ("pass", "fail", "new", "improved", "inconclusive", "skipped")
 NOT_MEASURED = "not measured"

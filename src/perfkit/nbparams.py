@@ -47,22 +47,6 @@ from perfkit.params import (
 )
 from perfkit.scenarios import registry
 
-__all__ = [
-    "AB",
-    "HISTORY",
-    "NotebookParam",
-    "NotebookParamsError",
-    "bind",
-    "coerce",
-    "declared",
-    "injected_names",
-    "parameters_cell",
-    "section_params",
-    "type_text",
-    "unknown_names",
-    "validate",
-]
-
 #: the notebooks that are neither a scenario nor the baseline gate
 AB = "ab"
 HISTORY = "history"

@@ -15,17 +15,6 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-__all__ = [
-    "NOT_REPORTED",
-    "NOT_REPORTED_REASON",
-    "is_reported",
-    "reported_count",
-    "reported_flag",
-    "reported_sum",
-    "reported_any",
-    "all_reported",
-]
-
 #: what a table cell or a sentence says for a value the engine did not report
 NOT_REPORTED = "not reported"
 #: the reason of a check skipped because the engine reports no compile counts

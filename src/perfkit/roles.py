@@ -16,15 +16,6 @@ import pandas as pd
 
 from perfkit.bundle_schema import WARMUP_INDEX
 
-__all__ = [
-    "ROLE_COLD",
-    "ROLE_NEW_SHAPE",
-    "ROLE_WARM",
-    "ROLE_WARMUP",
-    "request_label",
-    "request_roles",
-]
-
 
 def is_finite(v: Any) -> bool:
     """``v`` is a finite number (None, NaN, inf and text are not)."""

@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["fmt", "json_float", "number_text", "percent_text"]
-
 
 def number_text(x: float) -> str:
     """``x`` as display text (see the module doc); ``"∞"``/``"-∞"`` for infinities and
