@@ -494,20 +494,14 @@ def sub_bundle(
     req = bundle.requests
     if req.empty:
         return bundle
-    mask = pd.Series(True, index=req.index)
+    every = pd.Series(True, index=req.index)
+    in_launch = (req["launch"] == launch).fillna(False) if launch is not None else every
+    of_frames = (req["num_frames"] == num_frames).fillna(False) if num_frames is not None else every
+    mask = in_launch & (of_frames | (req["index"] == WARMUP_INDEX).fillna(False))
     if skip_first:
-        sel = req
-        if launch is not None:
-            sel = sel[(sel["launch"] == launch).fillna(False)]
-        if num_frames is not None:
-            sel = sel[(sel["num_frames"] == num_frames).fillna(False)]
-        measured = sel[(sel["index"] != WARMUP_INDEX).fillna(False)]
+        measured = req[(in_launch & of_frames & (req["index"] != WARMUP_INDEX).fillna(False)).to_numpy(bool)]
         if len(measured) >= 2:
             mask &= req.index != measured["index"].astype("float64").idxmin()
-    if launch is not None:
-        mask &= (req["launch"] == launch).fillna(False)
-    if num_frames is not None:
-        mask &= ((req["num_frames"] == num_frames) | (req["index"] == WARMUP_INDEX)).fillna(False)
     keep = req[mask.to_numpy(bool)]
     keys = set(_row_keys(keep))
     tables = dict(bundle.tables)

@@ -129,17 +129,7 @@ def request_roles(requests: pd.DataFrame | None, launches: pd.DataFrame | None =
             if role == ROLE_COLD and new:
                 label += " (new shape)"
             out.append(
-                {
-                    "launch": lk,
-                    "request_id": rd.get("request_id"),
-                    "index": rd.get("index"),
-                    "frames": frames,
-                    "shape": shape,
-                    "role": role,
-                    "new_shape": bool(new),
-                    "label": label,
-                    "short": short,
-                }
+                (lk, rd.get("request_id"), rd.get("index"), frames, shape, role, bool(new), label, short)
             )
     df = pd.DataFrame(out, columns=cols)
     df["frames"] = df["frames"].astype("Int64")
