@@ -10,7 +10,6 @@ skipped with :data:`NOT_REPORTED_REASON`, never passed.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Iterable
 
 import pandas as pd
@@ -24,10 +23,6 @@ NOT_REPORTED_REASON = "not measured: the engine reported no compile counts (sgla
 def is_reported(v: Any) -> bool:
     """False for None, NaN, ``pd.NA`` and ``NaT`` (not reported); True for any other value, 0 and
     False included."""
-    if v is None or v is pd.NA or v is pd.NaT:
-        return False
-    if isinstance(v, float) and math.isnan(v):
-        return False
     try:
         return not bool(pd.isna(v)) if pd.api.types.is_scalar(v) else True
     except (TypeError, ValueError):
