@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-from perfkit.common.numfmt import number_text
+from perfkit.common.numfmt import json_float, number_text
 from perfkit.common.slugs import md_text
 
 CHECK_COLUMNS = ["case", "metric", "expected", "actual", "bound", "status", "reason"]
@@ -61,13 +61,7 @@ class Check:
 
 def number(v: Any) -> float | None:
     """A finite float, or None for None/NaN/inf/bool/non-numbers."""
-    if isinstance(v, bool) or v is None:
-        return None
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
+    return None if isinstance(v, bool) else json_float(v)
 
 
 def check_max(
