@@ -9,20 +9,17 @@ launches tables (columns as in :mod:`perfkit.bundle_schema`); the startup warmup
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 import pandas as pd
 
 from perfkit.bundle_schema import WARMUP_INDEX
+from perfkit.common.numfmt import json_float
 
 
 def is_finite(v: Any) -> bool:
     """``v`` is a finite number (None, NaN, inf and text are not)."""
-    try:
-        return math.isfinite(float(v))
-    except (TypeError, ValueError):
-        return False
+    return json_float(v) is not None
 
 
 def launches_of(df: pd.DataFrame) -> list[Any]:
