@@ -166,27 +166,26 @@ def _gpu_info() -> dict[str, Any]:
 
         pynvml.nvmlInit()
         try:
-            h = pynvml.nvmlDeviceGetHandleByIndex(0)
-            name = pynvml.nvmlDeviceGetName(h)
-            drv = pynvml.nvmlSystemGetDriverVersion()
-            total = pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**20
+
+            def text(v: Any) -> str:
+                return v if isinstance(v, str) else v.decode()
+
             gpus = []
             for i in range(pynvml.nvmlDeviceGetCount()):
-                hi = pynvml.nvmlDeviceGetHandleByIndex(i)
-                n, u = pynvml.nvmlDeviceGetName(hi), pynvml.nvmlDeviceGetUUID(hi)
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
                 gpus.append(
                     {
                         "index": i,
-                        "name": n if isinstance(n, str) else n.decode(),
-                        "uuid": u if isinstance(u, str) else u.decode(),
-                        "total_mib": round(pynvml.nvmlDeviceGetMemoryInfo(hi).total / 2**20),
+                        "name": text(pynvml.nvmlDeviceGetName(h)),
+                        "uuid": text(pynvml.nvmlDeviceGetUUID(h)),
+                        "total_mib": round(pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**20),
                     }
                 )
             return {
-                "gpu_name": name if isinstance(name, str) else name.decode(),
-                "gpu_driver": drv if isinstance(drv, str) else drv.decode(),
-                "gpu_count": pynvml.nvmlDeviceGetCount(),
-                "gpu_total_mib": round(total),
+                "gpu_name": gpus[0]["name"],
+                "gpu_driver": text(pynvml.nvmlSystemGetDriverVersion()),
+                "gpu_count": len(gpus),
+                "gpu_total_mib": gpus[0]["total_mib"],
                 # every GPU NVML sees, by NVML index (which ignores CUDA_VISIBLE_DEVICES)
                 "gpus": gpus,
             }
@@ -398,15 +397,9 @@ class ResultBundle:
         if version < SCHEMA_VERSION:
             meta["upgraded_from_schema"] = version
             meta["schema_version"] = SCHEMA_VERSION
-        records = {}
-        if (d / "records").is_dir():
-            for p in sorted((d / "records").glob("*.jsonl")):
-                records[p.stem] = p.read_text().splitlines()
-        logs = {}
-        if (d / "logs").is_dir():
-            for p in sorted((d / "logs").iterdir()):
-                logs[p.name] = p.read_text(errors="replace")
-        traces = {p.name: p for p in sorted((d / "traces").iterdir())} if (d / "traces").is_dir() else {}
+        records = {p.stem: p.read_text().splitlines() for p in sorted((d / "records").glob("*.jsonl"))}
+        logs = {p.name: p.read_text(errors="replace") for p in _listing(d / "logs")}
+        traces = {p.name: p for p in _listing(d / "traces")}
         return cls(
             scenario=scen,
             meta=meta,
@@ -481,13 +474,12 @@ def _version(doc: Any, path: Path, default: int) -> int:
     raw = doc.get("schema_version", default) if isinstance(doc, dict) else default
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
         raise ValueError(f"{path}: schema_version {raw!r} is not a schema version (an integer >= 1)")
-    v = raw
-    if v > SCHEMA_VERSION:
+    if raw > SCHEMA_VERSION:
         raise ValueError(
-            f"{path}: bundle schema {v} is newer than this perfkit "
+            f"{path}: bundle schema {raw} is newer than this perfkit "
             f"(schema {SCHEMA_VERSION}); upgrade perfkit to read it"
         )
-    return v
+    return raw
 
 
 def sub_bundle(
@@ -502,20 +494,14 @@ def sub_bundle(
     req = bundle.requests
     if req.empty:
         return bundle
-    mask = pd.Series(True, index=req.index)
+    every = pd.Series(True, index=req.index)
+    in_launch = (req["launch"] == launch).fillna(False) if launch is not None else every
+    of_frames = (req["num_frames"] == num_frames).fillna(False) if num_frames is not None else every
+    mask = in_launch & (of_frames | (req["index"] == WARMUP_INDEX).fillna(False))
     if skip_first:
-        sel = req
-        if launch is not None:
-            sel = sel[(sel["launch"] == launch).fillna(False)]
-        if num_frames is not None:
-            sel = sel[(sel["num_frames"] == num_frames).fillna(False)]
-        measured = sel[(sel["index"] != WARMUP_INDEX).fillna(False)]
+        measured = req[(in_launch & of_frames & (req["index"] != WARMUP_INDEX).fillna(False)).to_numpy(bool)]
         if len(measured) >= 2:
             mask &= req.index != measured["index"].astype("float64").idxmin()
-    if launch is not None:
-        mask &= (req["launch"] == launch).fillna(False)
-    if num_frames is not None:
-        mask &= ((req["num_frames"] == num_frames) | (req["index"] == WARMUP_INDEX)).fillna(False)
     keep = req[mask.to_numpy(bool)]
     keys = set(_row_keys(keep))
     tables = dict(bundle.tables)
@@ -569,6 +555,10 @@ def steady_state(bundle: ResultBundle, *, launch: Any = None, num_frames: int | 
     gated by their checks, not the steady state)."""
     sel = sub_bundle(bundle, launch=launch, num_frames=num_frames)
     return sub_bundle(sel, skip_first=not cold_request_covered(sel))
+
+
+def _listing(d: Path) -> list[Path]:
+    return sorted(d.iterdir()) if d.is_dir() else []
 
 
 def _safe(name: str) -> str:

@@ -20,21 +20,8 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-from perfkit.common.numfmt import number_text
+from perfkit.common.numfmt import json_float, number_text
 from perfkit.common.slugs import md_text
-
-__all__ = [
-    "Check",
-    "CHECK_COLUMNS",
-    "STATUSES",
-    "check_max",
-    "check_min",
-    "check_flag",
-    "check_table",
-    "check_markdown",
-    "overall_status",
-    "number",
-]
 
 CHECK_COLUMNS = ["case", "metric", "expected", "actual", "bound", "status", "reason"]
 STATUSES = ("pass", "fail", "new", "improved", "inconclusive", "skipped")
@@ -74,13 +61,7 @@ class Check:
 
 def number(v: Any) -> float | None:
     """A finite float, or None for None/NaN/inf/bool/non-numbers."""
-    if isinstance(v, bool) or v is None:
-        return None
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
+    return None if isinstance(v, bool) else json_float(v)
 
 
 def check_max(
@@ -128,27 +109,16 @@ def check_flag(case: str, metric: str, value: Any, want: bool, detail: str = "")
     """A boolean that must equal ``want``; ``skipped`` when value is None."""
     if value is None:
         return Check(case, metric, None, None, None, "skipped", NOT_MEASURED)
-    ok = bool(value) is want
-    name = metric.split("[", 1)[0]
-    return Check(
-        case,
-        metric,
-        float(want),
-        float(bool(value)),
-        None,
-        "pass" if ok else "fail",
-        f"{name}={bool(value)}" + (f"; {detail}" if detail else ""),
-    )
+    got = bool(value)
+    reason = f"{metric.split('[', 1)[0]}={got}" + (f"; {detail}" if detail else "")
+    return Check(case, metric, float(want), float(got), None, "pass" if got is want else "fail", reason)
 
 
 def check_table(rows: Iterable[Check | Mapping[str, Any]]) -> pd.DataFrame:
     """Check rows as a DataFrame with :data:`CHECK_COLUMNS`
     (case, metric, expected, actual, bound, status, reason)."""
-    recs = []
-    for r in rows:
-        d = r.__dict__ if isinstance(r, Check) else dict(r)
-        recs.append({c: d.get(c) for c in CHECK_COLUMNS})
-    return pd.DataFrame(recs, columns=CHECK_COLUMNS)
+    dicts = (r.__dict__ if isinstance(r, Check) else dict(r) for r in rows)
+    return pd.DataFrame([{c: d.get(c) for c in CHECK_COLUMNS} for d in dicts], columns=CHECK_COLUMNS)
 
 
 #: an HTML tag's start: ``<`` before a letter, ``/``, ``!`` or ``?`` (``<= 1`` stays as written)

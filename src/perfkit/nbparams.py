@@ -24,13 +24,16 @@ Nothing here names a scenario: the scenario notebooks' parameters come from the 
 from __future__ import annotations
 
 import ast
-import difflib
+import inspect
 import json
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
+from types import UnionType
 from typing import Annotated, Any, Iterable, Literal, Mapping, Optional, Union
 
+import yaml
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from perfkit.bundle import IDENTITY_REQUEST, IDENTITY_SPEC
@@ -42,26 +45,11 @@ from perfkit.params import (
     InvariantsParams,
     ParamsError,
     RequestParams,
+    _suggest,
     load_yaml,
     parse_params,
 )
 from perfkit.scenarios import registry
-
-__all__ = [
-    "AB",
-    "HISTORY",
-    "NotebookParam",
-    "NotebookParamsError",
-    "bind",
-    "coerce",
-    "declared",
-    "injected_names",
-    "parameters_cell",
-    "section_params",
-    "type_text",
-    "unknown_names",
-    "validate",
-]
 
 #: the notebooks that are neither a scenario nor the baseline gate
 AB = "ab"
@@ -103,7 +91,6 @@ class NotebookParam:
     help: str = ""
 
 
-# ------------------------------------------------------------------ types
 def _strip(ann: Any) -> Any:
     """``ann`` without ``Annotated[...]`` metadata."""
     while typing.get_origin(ann) is Annotated:
@@ -116,9 +103,7 @@ def _is_model(ann: Any) -> bool:
 
 
 def _union_args(ann: Any) -> tuple[Any, ...] | None:
-    import types
-
-    if typing.get_origin(ann) in (Union, types.UnionType):
+    if typing.get_origin(ann) in (Union, UnionType):
         return typing.get_args(ann)
     return None
 
@@ -157,7 +142,6 @@ def _takes_str(ann: Any) -> bool:
     return ann in (str, Any, object)
 
 
-# ------------------------------------------------------------------ declarations
 _ENGINE_HELP = "perfkit.engine.spec.EngineSpec fields of its kind (JSON or YAML with -p)"
 _REQUEST_HELP = "a /v1/videos request: num_frames, height, width, num_inference_steps, seed, prompt"
 _INVARIANTS_HELP = "limits over the scenarios' defaults, e.g. {latency_drift_max: 0.05} (None: the defaults)"
@@ -184,9 +168,6 @@ def section_params(name: str) -> list[NotebookParam]:
 
 def _field_comment(model: type[BaseModel], key: str) -> str:
     """The ``#:`` comment above a field in its class source (joined into one line)."""
-    import inspect
-    import re
-
     for cls in model.__mro__:
         try:
             src = inspect.getsource(cls)
@@ -285,7 +266,6 @@ def parameters_cell(notebook: str) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------ binding in the notebook
 def injected_names(history: Any) -> list[str]:
     """Names assigned by the cells papermill injected (their source starts with
     :data:`INJECTED_HEADER`), read from the kernel's input history (IPython's ``In``)."""
@@ -307,25 +287,17 @@ def unknown_names(notebook: str, given: Any) -> list[str]:
     """One problem line per name in ``given`` that ``notebook`` does not declare, each with the
     closest declared name when one is close."""
     known = [p.name for p in declared(notebook)]
-    out = []
-    for k in given:
-        if k in known:
-            continue
-        m = difflib.get_close_matches(str(k), known, n=1, cutoff=0.6)
-        out.append(
-            f"unknown parameter {k!r}"
-            + (f" (did you mean {m[0]!r}?)" if m else "")
-            + f"; known: {', '.join(known)}"
-        )
-    return out
+    return [
+        f"unknown parameter {k!r}{_suggest(str(k), known)}; known: {', '.join(known)}"
+        for k in given
+        if k not in known
+    ]
 
 
 def coerce(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """``given`` with each string read as YAML where the parameter's type does not take a
     string (dicts, lists, numbers, booleans: papermill's ``-p`` passes strings). Raises
     :class:`NotebookParamsError` naming the parameter for a string that is not valid YAML."""
-    import yaml
-
     types = {p.name: p.annotation for p in declared(notebook)}
     out: dict[str, Any] = {}
     problems = []
@@ -421,17 +393,13 @@ def bind(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
     return given
 
 
-# ------------------------------------------------------------------ validation
 #: the gate notebook's parameters -> BaselineParams fields
 _GATE_PARAMS = {"baseline_file": "file", "profile": "profile", "strict": "strict", "hardware": "hardware"}
 
 
 def _suggest_extra(model: Any, loc: tuple) -> str:
     """`` (did you mean 'x'?)`` for an unknown key at ``loc`` of ``model`` (a pydantic model)."""
-    if not _is_model(model) or not loc:
-        return ""
-    m = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
-    return f" (did you mean {m[0]!r}?)" if m else ""
+    return _suggest(str(loc[-1]), list(model.model_fields)) if _is_model(model) and loc else ""
 
 
 def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0, model: Any = None) -> list[str]:

@@ -34,7 +34,7 @@ import difflib
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, get_args
 
 import yaml
 from pydantic import (
@@ -137,36 +137,19 @@ class _SuiteBase(_Model):
             for key in ("height", "width"):
                 v = src.get(key)
                 if isinstance(v, int) and not isinstance(v, bool) and v % PIXEL_MULTIPLE:
-                    problems.append(
-                        (
-                            (sec, key),
-                            f"must be a multiple of {PIXEL_MULTIPLE} for the reference engine, got {v}",
-                        )
-                    )
+                    msg = f"must be a multiple of {PIXEL_MULTIPLE} for the reference engine, got {v}"
+                    problems.append(((sec, key), msg))
         # an unknown preset is refused by ReferenceEngine itself (perfkit.engine.spec)
         max_frames = eng.max_frames or MAX_FRAMES
-        if self.request.num_frames > max_frames:
-            problems.append(
-                (
-                    ("request", "num_frames"),
-                    f"must be <= {max_frames} (the reference engine's max_frames), "
-                    f"got {self.request.num_frames}",
-                )
-            )
+        frames = [(("request", "num_frames"), self.request.num_frames)]
         for s in registry.all_scenarios():
             sec = getattr(self, s.name)
-            if not sec.enabled:
-                continue
-            for key, value in sec:  # any request-frame list a scenario declares
-                if key == "request_frames":
-                    for i, f in enumerate(value):
-                        if f > max_frames:
-                            problems.append(
-                                (
-                                    (s.name, key, i),
-                                    f"must be <= {max_frames} (the reference engine's max_frames), got {f}",
-                                )
-                            )
+            if sec.enabled:  # any request-frame list a scenario declares
+                frames += [
+                    ((s.name, k, i), f) for k, v in sec if k == "request_frames" for i, f in enumerate(v)
+                ]
+        over = "must be <= {} (the reference engine's max_frames), got {}"
+        problems += [(loc, over.format(max_frames, f)) for loc, f in frames if f > max_frames]
         if problems:
             raise _AtKeys(problems)
         return self
@@ -181,32 +164,22 @@ class _SuiteBase(_Model):
             return self
         eng, margin = self.engine, TEARDOWN_MARGIN_S
         if eng.request_timeout_s is not None:
-            need = eng.request_timeout_s + eng.stop_grace_s + margin
-            if need > self.timeout_s:
-                raise _AtKeys(
-                    [
-                        (
-                            ("engine", "request_timeout_s"),
-                            f"request_timeout_s {eng.request_timeout_s:g} + stop_grace_s "
-                            f"{eng.stop_grace_s:g} + {margin:g} s for the teardown must be <= "
-                            f"timeout_s {self.timeout_s:g} (the notebook cell's timeout), so that "
-                            f"a hung request ends and its engine is stopped before the cell is killed",
-                        )
-                    ]
+            if eng.request_timeout_s + eng.stop_grace_s + margin > self.timeout_s:
+                msg = (
+                    f"request_timeout_s {eng.request_timeout_s:g} + stop_grace_s "
+                    f"{eng.stop_grace_s:g} + {margin:g} s for the teardown must be <= "
+                    f"timeout_s {self.timeout_s:g} (the notebook cell's timeout), so that "
+                    f"a hung request ends and its engine is stopped before the cell is killed"
                 )
+                raise _AtKeys([(("engine", "request_timeout_s"), msg)])
         elif self.timeout_s <= eng.stop_grace_s + margin:
-            raise _AtKeys(
-                [
-                    (
-                        ("timeout_s",),
-                        f"must be > engine.stop_grace_s {eng.stop_grace_s:g} + {margin:g} s for the "
-                        f"teardown, got {self.timeout_s:g}",
-                    )
-                ]
+            msg = (
+                f"must be > engine.stop_grace_s {eng.stop_grace_s:g} + {margin:g} s for the "
+                f"teardown, got {self.timeout_s:g}"
             )
+            raise _AtKeys([(("timeout_s",), msg)])
         return self
 
-    # ------------------------------------------------------------------ helpers
     def request_timeout_s(self) -> float:
         """A request's timeout (s): ``engine.request_timeout_s``, else what the cell timeout
         leaves after the teardown (``timeout_s - stop_grace_s - TEARDOWN_MARGIN_S``, at most
@@ -313,9 +286,7 @@ def _known_fields(model: type[BaseModel], loc: tuple) -> list[str]:
 
 
 def _unwrap(ann: Any) -> Any:
-    import typing
-
-    args = typing.get_args(ann)
+    args = get_args(ann)
     if not args:
         return ann
     for a in args:
@@ -349,6 +320,10 @@ def _line_of(text: str, loc: tuple) -> int | None:
     return line
 
 
+def _dotted(loc: tuple) -> str:
+    return ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+
+
 def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
     loc = tuple(err.get("loc") or ())
     typ = err.get("type", "")
@@ -363,7 +338,7 @@ def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
             bad_kind = inp.get("kind") if typ == BAD_KIND and isinstance(inp, dict) else None
             err = {**err, "msg": ctx["detail"], "input": bad_kind}
             ctx = {}
-    path = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+    path = _dotted(loc)
     line = _line_of(text, loc) if text else None
     at = f" (line {line})" if line else ""
     exc = ctx.get("error")
@@ -379,9 +354,8 @@ def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
     if isinstance(exc, _AtKeys):
         out = []
         for ploc, msg in exc.problems:
-            ppath = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in ploc)
             line = _line_of(text, ploc) if text else None
-            out.append(f"{source}: {ppath.replace('.[', '[')}: {msg}" + (f" (line {line})" if line else ""))
+            out.append(f"{source}: {_dotted(ploc)}: {msg}" + (f" (line {line})" if line else ""))
         return "\n".join(out)
     if typ == "missing":
         for_kind = f" for kind {kind!r}" if kind and loc[:1] == ("engine",) else ""

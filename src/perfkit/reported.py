@@ -10,21 +10,9 @@ skipped with :data:`NOT_REPORTED_REASON`, never passed.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Iterable
 
 import pandas as pd
-
-__all__ = [
-    "NOT_REPORTED",
-    "NOT_REPORTED_REASON",
-    "is_reported",
-    "reported_count",
-    "reported_flag",
-    "reported_sum",
-    "reported_any",
-    "all_reported",
-]
 
 #: what a table cell or a sentence says for a value the engine did not report
 NOT_REPORTED = "not reported"
@@ -35,10 +23,6 @@ NOT_REPORTED_REASON = "not measured: the engine reported no compile counts (sgla
 def is_reported(v: Any) -> bool:
     """False for None, NaN, ``pd.NA`` and ``NaT`` (not reported); True for any other value, 0 and
     False included."""
-    if v is None or v is pd.NA or v is pd.NaT:
-        return False
-    if isinstance(v, float) and math.isnan(v):
-        return False
     try:
         return not bool(pd.isna(v)) if pd.api.types.is_scalar(v) else True
     except (TypeError, ValueError):

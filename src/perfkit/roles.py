@@ -9,29 +9,17 @@ launches tables (columns as in :mod:`perfkit.bundle_schema`); the startup warmup
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 import pandas as pd
 
 from perfkit.bundle_schema import WARMUP_INDEX
-
-__all__ = [
-    "ROLE_COLD",
-    "ROLE_NEW_SHAPE",
-    "ROLE_WARM",
-    "ROLE_WARMUP",
-    "request_label",
-    "request_roles",
-]
+from perfkit.common.numfmt import json_float
 
 
 def is_finite(v: Any) -> bool:
     """``v`` is a finite number (None, NaN, inf and text are not)."""
-    try:
-        return math.isfinite(float(v))
-    except (TypeError, ValueError):
-        return False
+    return json_float(v) is not None
 
 
 def launches_of(df: pd.DataFrame) -> list[Any]:
@@ -138,17 +126,7 @@ def request_roles(requests: pd.DataFrame | None, launches: pd.DataFrame | None =
             if role == ROLE_COLD and new:
                 label += " (new shape)"
             out.append(
-                {
-                    "launch": lk,
-                    "request_id": rd.get("request_id"),
-                    "index": rd.get("index"),
-                    "frames": frames,
-                    "shape": shape,
-                    "role": role,
-                    "new_shape": bool(new),
-                    "label": label,
-                    "short": short,
-                }
+                (lk, rd.get("request_id"), rd.get("index"), frames, shape, role, bool(new), label, short)
             )
     df = pd.DataFrame(out, columns=cols)
     df["frames"] = df["frames"].astype("Int64")

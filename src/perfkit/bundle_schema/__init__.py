@@ -29,6 +29,7 @@ are re-exported here.
 
 from __future__ import annotations
 
+# ruff: noqa: F401 (the public names, re-exported)
 from perfkit.bundle_schema.columns import (
     SCHEMA_VERSION,
     TABLE_NAMES,
@@ -49,25 +50,3 @@ from perfkit.bundle_schema.upgrade import (
     upgrade_results,
     upgrade_table,
 )
-
-__all__ = [
-    "Column",
-    "MAX_ROWS",
-    "check_rows",
-    "SCHEMA_VERSION",
-    "TABLES",
-    "TABLE_NAMES",
-    "Table",
-    "UNITS",
-    "UNIT_SUFFIX",
-    "V1_COLUMN_RENAMES",
-    "V1_RESULTS_ENTRY_RENAMES",
-    "WARMUP_INDEX",
-    "conform",
-    "empty",
-    "markdown",
-    "sampler_frame",
-    "unit_of_suffix",
-    "upgrade_results",
-    "upgrade_table",
-]

@@ -14,8 +14,6 @@ import json
 import math
 from typing import Any
 
-__all__ = ["dumps", "finite", "non_finite_paths", "unique_keys"]
-
 
 def finite(v: Any) -> Any:
     """``v`` with every NaN/±inf float replaced by None, recursively (dict keys become str,

@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["fmt", "json_float", "number_text", "percent_text"]
-
 
 def number_text(x: float) -> str:
     """``x`` as display text (see the module doc); ``"∞"``/``"-∞"`` for infinities and
@@ -47,13 +45,8 @@ def number_text(x: float) -> str:
 def percent_text(x: object, digits: int = 1) -> str:
     """A fraction as a percent (``0.054`` -> ``"5.4 %"``); ``"–"`` (not measured) for None,
     NaN, infinities and non-numbers, never ``"nan %"``."""
-    try:
-        f = float(x)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return "–"
-    if isinstance(x, bool) or not math.isfinite(f):
-        return "–"
-    return f"{f * 100:.{digits}f} %"
+    f = json_float(x)
+    return "–" if f is None or isinstance(x, bool) else f"{f * 100:.{digits}f} %"
 
 
 def confidence_text(c: float) -> str:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["clip", "md_code", "md_text", "slug"]
-
 
 def slug(s: Any) -> str:
     """``s`` with only letters, digits, ``.`` and ``-`` (case ids: ``"12GiB + 32GiB"`` ->
