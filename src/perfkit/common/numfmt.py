@@ -49,6 +49,13 @@ def percent_text(x: object, digits: int = 1) -> str:
     return "–" if f is None or isinstance(x, bool) else f"{f * 100:.{digits}f} %"
 
 
+def change_text(ratio: object) -> str:
+    """A ratio as a signed percent change (``1.05`` -> ``"+5.0 %"``); ``"–"`` as :func:`percent_text`
+    (None, NaN, infinities, non-numbers)."""
+    f = json_float(ratio)
+    return "–" if f is None or isinstance(ratio, bool) else f"{(f - 1) * 100:+.1f} %"
+
+
 def confidence_text(c: float) -> str:
     """A confidence (fraction in (0, 1)) as a percent with the fewest decimals that keep it exact
     to 1e-6 or, from two decimals on, below 100: ``0.95`` -> ``"95 %"``, ``0.99957`` ->

@@ -16,7 +16,7 @@ import pandas as pd
 
 from perfkit.ab.decide import AbResult, needed_text
 from perfkit.checks import number
-from perfkit.common.numfmt import confidence_text, number_text, percent_text
+from perfkit.common.numfmt import change_text, confidence_text, number_text, percent_text
 from perfkit.common.slugs import md_text
 from perfkit.gate.verdicts import STATUS_WORD
 from perfkit.report.belowstage import ab_panel
@@ -31,12 +31,6 @@ log = logging.getLogger(__name__)
 _SIZED = "with the launches a side that would decide it, if its B/A and noise stay as observed"
 
 
-def _pct(x: Any) -> str:
-    """A ratio as a signed percent change (1.05 -> "+5.0 %"); "–" when not measured."""
-    v = number(x)
-    return "–" if v is None else f"{(v - 1) * 100:+.1f} %"
-
-
 def _bound(x: Any) -> str:
     """An interval bound as :func:`_pct`, past ×10 either way said as such ("> +900 %",
     "< -90 %"): two launches a side can give bounds of +10^18 %, which are no figure."""
@@ -45,7 +39,7 @@ def _bound(x: Any) -> str:
         return "> +900 %"
     if v is not None and 0 < v < 0.1:
         return "< -90 %"
-    return _pct(x)
+    return change_text(x)
 
 
 def _num(x: Any) -> str:
@@ -64,7 +58,7 @@ def verdict_frame(res: AbResult) -> pd.DataFrame:
             "unit": t["unit"],
             "A": [_num(v) for v in t["a"]],
             "B": [_num(v) for v in t["b"]],
-            "B/A": [_pct(v) for v in t["ratio"]],
+            "B/A": [change_text(v) for v in t["ratio"]],
             "interval": [f"[{_bound(lo)}, {_bound(hi)}]" for lo, hi in zip(t["low"], t["high"])],
             "threshold": [f"±{float(v) * 100:.1f} %" for v in t["threshold"]],
             "status": [d if g else f"{d} (not gated)" for d, g in zip(t["decision"], res.gated)],

@@ -13,17 +13,12 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from perfkit.checks import number
+from perfkit.common.numfmt import change_text
 from perfkit.common.slugs import md_text
 from perfkit.report.render import template_env, write_tool_outputs
 from perfkit.report.tables import format_table, markdown_table
 
 REPORT_FILE = "report.html"
-
-
-def _pct(x: Any) -> str:
-    v = number(x)  # None for a missing or non-finite ratio
-    return "–" if v is None else f"{(v - 1) * 100:+.1f} %"
 
 
 def _commit(c: Mapping[str, Any] | None) -> str:
@@ -47,8 +42,10 @@ def probes_frame(d: Mapping[str, Any]) -> pd.DataFrame:
                 "author date": c.get("author_date"),
                 "status": p.get("verdict"),
                 "A/B decision": p.get("decision") or "–",
-                "B/A": _pct(p.get("ratio")),
-                "interval": "–" if p.get("low") is None else f"[{_pct(p.get('low'))}, {_pct(p.get('high'))}]",
+                "B/A": change_text(p.get("ratio")),
+                "interval": "–"
+                if p.get("low") is None
+                else f"[{change_text(p.get('low'))}, {change_text(p.get('high'))}]",
                 "launches A/B": f"{la.get('A', 0)}/{la.get('B', 0)}",
                 "note": p.get("error") or p.get("reason") or "",
             }
@@ -82,10 +79,10 @@ def _facts(d: Mapping[str, Any], md: bool = True) -> list[str]:
     spent = f"{len(probes)} probe{'' if len(probes) == 1 else 's'}, {d.get('launches', 0)} launches in all"
     if d.get("kind") == "confirm":
         st, se = d.get("step") or {}, d.get("series") or {}
-        lo = "" if st.get("low") is None else f" [{_pct(st['low'])}, {_pct(st['high'])}]"
+        lo = "" if st.get("low") is None else f" [{change_text(st['low'])}, {change_text(st['high'])}]"
         return [
             f"series: {t(se.get('hardware'))} / {c(se.get('case_id'))} {t(se.get('metric'))}",
-            f"the history's step: {_pct(st.get('ratio'))}{lo} ({st.get('kind')}; {st.get('n_before')} runs before, "
+            f"the history's step: {change_text(st.get('ratio'))}{lo} ({st.get('kind')}; {st.get('n_before')} runs before, "
             f"{st.get('n_after')} after; last run before {c(st.get('before_run'))}, first after {c(st.get('after_run'))})",
             f"commit before: {c(_commit(d.get('good')))} ({(d.get('good') or {}).get('author_date')}); "
             f"commit after: {c(_commit(d.get('bad')))} ({(d.get('bad') or {}).get('author_date')})",

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from matplotlib.figure import Figure
 
-from perfkit.common.numfmt import number_text
+from perfkit.common.numfmt import change_text, number_text
 from perfkit.history import changepoints as cp
 from perfkit.history.check import judge
 from perfkit.history.confirmations import read_confirmations
@@ -90,10 +90,6 @@ def _latest(a: cp.Analysis, settings: cp.Settings) -> dict[str, Any]:
     return {"status": j.status, "text": f"{number_text(p.value)} {a.unit}: {reason}", "point": p}
 
 
-def _pct(x: float | None) -> str:
-    return "–" if x is None or not math.isfinite(x) else f"{(x - 1) * 100:+.1f} %"
-
-
 def _confirmed(row: Mapping[str, Any] | None) -> str:
     """A step's latest confirmation (``perfkit history confirm``) in words, or "–"."""
     if row is None:
@@ -102,8 +98,8 @@ def _confirmed(row: Mapping[str, Any] | None) -> str:
     def given(v: Any) -> bool:
         return v is not None and v == v  # NaN: not given
 
-    iv = f" [{_pct(row['low'])} to {_pct(row['high'])}]" if given(row.get("low")) else ""
-    ab = f": A/B {_pct(row['ratio'])}{iv}" if given(row.get("ratio")) else ""
+    iv = f" [{change_text(row['low'])} to {change_text(row['high'])}]" if given(row.get("low")) else ""
+    ab = f": A/B {change_text(row['ratio'])}{iv}" if given(row.get("ratio")) else ""
     return f"{row['outcome']}{ab} ({row['time']:%Y-%m-%d})"
 
 
@@ -129,8 +125,8 @@ def series_context(
             "after_time": f"{s.after.time:%Y-%m-%d %H:%M}",
             "between": len(s.between),
             "levels": f"{number_text(s.mean_before)} → {number_text(s.mean_after)} {a.unit}",
-            "change": _pct(s.ratio),
-            "interval": "–" if s.low is None else f"{_pct(s.low)} to {_pct(s.high)}",
+            "change": change_text(s.ratio),
+            "interval": "–" if s.low is None else f"{change_text(s.low)} to {change_text(s.high)}",
             "runs": f"{s.n_before} / {s.n_after}",
             "confirmed": _confirmed(
                 (confirmations or {}).get((a.hardware, a.case_id, a.metric, s.before.commit, s.after.commit))
@@ -203,7 +199,7 @@ def write_site(
                 "after": commit_link(e.after.commit, commit_url),
                 "time": f"{e.before.time:%Y-%m-%d %H:%M} .. {e.after.time:%Y-%m-%d %H:%M}",
                 "members": [
-                    {"series": f"{a.case_id} {a.metric}", "kind": s.kind, "change": _pct(s.ratio)}
+                    {"series": f"{a.case_id} {a.metric}", "kind": s.kind, "change": change_text(s.ratio)}
                     for a, s in e.members
                 ],
             }
