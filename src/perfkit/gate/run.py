@@ -1,6 +1,6 @@
 """The run's gate: this run's numbers in sglang's baseline layout, compared with a baseline of
-the same hardware, plus every scenario's within-run checks. Launches nothing: reads the bundles a
-run directory holds.
+the same hardware, plus the within-run checks each investigation's notebook wrote. Launches
+nothing: reads the bundles and verdicts a run directory holds.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from typing import Any, Mapping
 import yaml
 
 from perfkit.bundle import ResultBundle
-from perfkit.checks import Check
+from perfkit.checks import CHECK_COLUMNS, Check
 from perfkit.common.provenance import repo_root
 from perfkit.common.slugs import slug
 from perfkit.engine.spec import DEFAULT_WARMUP_FRAMES
 from perfkit.gate import baseline as bl
 from perfkit.gate.config_rows import engine_checks
+from perfkit.gate.verdicts import read_verdict
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,23 @@ def load_run_bundles(run_dir: str | Path) -> dict[str, ResultBundle]:
     return out
 
 
+def investigation_rows(
+    run_dir: Path, bundles: Mapping[str, ResultBundle], invariants: Mapping[str, Any] | None
+) -> list[Check]:
+    """Each investigation's check rows as its notebook judged them: its ``RUN/<name>/verdict.json``
+    (its ``invariants`` and replay applied there). One that wrote no readable verdict is judged
+    here (:func:`scenario_checks` on its bundle; skipped rows without one)."""
+    rows: list[Check] = []
+    for s in registry.names():
+        doc = read_verdict(run_dir / s)
+        if doc is None or doc.get("status") == "error":
+            b = bundles.get(s)
+            rows += scenario_checks(s, b.results if b is not None else {}, invariants)
+        else:
+            rows += [Check(**{c: r.get(c) for c in CHECK_COLUMNS}) for r in doc["rows"]]
+    return rows
+
+
 @dataclass
 class GateResult:
     baseline_doc: dict[str, Any]
@@ -127,9 +145,9 @@ def gate(
 
     Writes ``run_dir/baseline.json`` (this run's numbers, sglang layout, one case per
     :func:`bundle_cases`), compares them with ``baseline_file`` when given (``profile``,
-    ``strict``), checks every scenario's results against its invariant defaults overlaid with
-    ``invariants`` (:func:`perfkit.scenarios.registry.merged_invariants`), and checks what each
-    launch's engine really ran (:func:`perfkit.gate.config_rows.engine_checks`).
+    ``strict``), takes each investigation's rows from its verdict (:func:`investigation_rows`),
+    and checks what each launch's engine really ran (:func:`perfkit.gate.config_rows.engine_checks`,
+    ``invariants`` merged over the defaults).
     """
     run_dir = Path(run_dir)
     bundles = load_run_bundles(run_dir)
@@ -141,8 +159,7 @@ def gate(
     doc = bl.baseline_from_bundles(cases, hardware=hw)
     bl.save_baseline(doc, run_dir / "baseline.json")
     inv = registry.merged_invariants(invariants)
-    inv_rows = registry.checks_for({s: b.results for s, b in bundles.items()}, inv)
-    inv_rows += engine_checks(bundles, inv)
+    inv_rows = investigation_rows(run_dir, bundles, invariants) + engine_checks(bundles, inv)
     base_rows: list[Check] = []
     warnings: list[str] = []
     compared = None
