@@ -1,17 +1,7 @@
-"""A notebook's gate outcome: the word a console prints for it, and the last cell that makes
-papermill fail the run when the gate failed.
-
-papermill exits 1 when a cell raises and keeps the executed notebook with every output up to
-that cell (papermill's own convention). So each gated notebook ends with :func:`finish`: after
-every table and plot is rendered and ``verdict.json`` is written, it raises :class:`GateFailed`
-when the gate failed and the notebook's ``fail_on`` parameter is ``"gate"`` (the default);
-``fail_on="never"`` (exploration, and ``perfkit suite``, which reads ``verdict.json`` itself)
-never raises.
-
-Gate results (:func:`gate_result`), one word per notebook: ``pass``, ``fail``, ``inconclusive``
-(none failed, one is over its limit within its noise: exit 0, not called a pass), ``not gated``
-(no verdict, no rows, or every check skipped: nothing was judged, never a pass), ``error`` (the
-notebook raised before its verdict), ``skipped`` (the notebook did not run).
+"""A notebook's gate outcome: the word a console prints for it (:func:`gate_result`: ``pass``,
+``fail``, ``inconclusive``, ``not gated``, ``error``, ``skipped``), and the last cell
+(:func:`finish`) that raises :class:`GateFailed` so papermill exits 1 when the gate failed or
+judged nothing; see docs/lab.md and docs/suite.md.
 """
 
 from __future__ import annotations
@@ -101,8 +91,8 @@ def gate_result(status: str, verdict: Mapping[str, Any] | None, ename: str | Non
             (the A/B notebook's, which writes no verdict.json).
 
     Returns:
-        ``pass``, ``fail``, ``inconclusive``, ``not gated``, ``error`` or ``skipped`` (see the
-        module doc).
+        ``pass``, ``fail``, ``inconclusive``, ``not gated``, ``error`` or ``skipped`` (see
+        docs/suite.md).
     """
     if status in ("error", "skipped"):
         return status

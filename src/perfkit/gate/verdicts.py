@@ -1,13 +1,8 @@
-"""Verdict files and exit codes: what each notebook's gate decided, read back for the summary,
-the report and the suite's exit code.
-
-``RUN/<notebook>/verdict.json`` holds ``{scenario, status, rows: [Check...], ...}``; the gate
-notebook's adds ``cases``, ``compared_with`` and ``warnings``. Exit codes, one rule for every
-command: :data:`EXIT_OK` (0) every check passed, :data:`EXIT_REGRESSION` (1) a check failed,
-:data:`EXIT_ERROR` (2) an error (bad input, engine crash, notebook exception, nothing compared); a check over
-its limit within its run's noise is ``inconclusive`` (exit 0, status word ``inconclusive``);
-defined in the leaf :mod:`perfkit.common.exitcodes` (a command starts without the gate) and
-re-exported here.
+"""Verdict files and exit codes: ``RUN/<notebook>/verdict.json`` (``{scenario, status, rows:
+[Check...], ...}``; the gate's adds ``cases``, ``compared_with``, ``warnings``) read back for the
+summary, the report and the suite's exit code. The exit codes are the leaf
+:mod:`perfkit.common.exitcodes`' (0 pass or inconclusive, 1 a check failed, 2 an error or
+nothing compared), re-exported here.
 """
 
 from __future__ import annotations
@@ -81,8 +76,8 @@ def read_verdict(path: str | Path) -> dict[str, Any] | None:
 
 
 def collect_verdicts(run_dir: str | Path) -> pd.DataFrame:
-    """All verdict rows of a run (investigations + gate), duplicates dropped, with a
-    ``notebook`` column."""
+    """All verdict rows of a run (investigations, then the gate), with a ``notebook`` column;
+    the gate's copies of the investigations' rows dropped."""
     frames = []
     for name in notebooks():
         doc = read_verdict(Path(run_dir) / name)

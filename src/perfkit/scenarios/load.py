@@ -1,34 +1,6 @@
 """Serving under load: queueing, throughput, p99, SLO attainment, memory under concurrency, and
-whether the startup warmup covers a real request trace.
-
-One launch. After the engine is ready, in this order:
-
-1. **trace** (optional: a JSONL of requests, vllm-omni's fields, optional ``slo_ms``): sent
-   first, so that each shape's first request really is its first hit. Per shape: the
-   first-hit penalty (first request's server e2e − the shape's later median), compiles on the
-   first hit, and whether the startup warmup covered it (same latent shape as the warmup's
-   record: the design doc's "covered shape"); the share of the trace's requests whose shape is
-   uncovered and the share of its p99 they cause (p99 − the p99 with each uncovered first hit
-   replaced by its shape's later median, over p99);
-2. **warm-up**: ``warmup_requests`` requests of the params' request shape, one at a time;
-   the median e2e of those that compiled nothing is sglang bench_serving's SLO base (``--slo
-   --slo-scale``: the SLO is that median × scale; a warm-up request that recompiled is left out);
-3. **closed loop**: at each concurrency k in ``concurrency``, ``requests_per_level`` requests
-   from k workers that each send the next as soon as theirs ended (``--max-concurrency k``);
-4. **open loop** (optional): Poisson arrivals (seeded) at ``rate_rps`` or at
-   ``rate_over_capacity`` × the capacity: the largest throughput a closed level delivered.
-
-Per request, from the engine's job clock (:mod:`perfkit.refengine.jobs`): queue wait = started −
-submitted, service = completed − started, e2e = the client's submit to result; sglang's records
-(no start time) give service = ``total_duration_ms``, queue wait = e2e − service (``start_source``
-"derived"); with neither, "not reported", never 0.
-
-Per level: throughput (videos per minute of wall time), p50/p90/p99 of e2e with order-statistic
-95 % intervals (a p99 quoted only when bounded: 368 requests), SLO attainment and goodput, a
-finding where throughput fell or service time rose against the first level beyond noise
-(:func:`perfkit.scenarios.load_stats.concurrency_findings`), queue wait against (k − 1) × the
-median service (one-at-a-time serving, as sglang's diffusion server per worker), and peak device
-and host memory against the first level's: "stays flat".
+whether the startup warmup covers a real request trace. One launch: the trace, the warm-up
+requests (the SLO base), the closed-loop levels, the open loop; see docs/load.md.
 """
 
 from __future__ import annotations
@@ -57,7 +29,7 @@ INTERVAL = "order-statistic (binomial) 95 % interval"
 
 
 class LoadParams(registry.ScenarioParams):
-    """``load`` section: one launch; the phases run in the order of the module doc."""
+    """``load`` section: one launch; the phases run in the order of docs/load.md."""
 
     enabled: bool = False
     tier: Literal["per-commit", "extra"] = "extra"
@@ -144,7 +116,7 @@ def _queue_verdict(ol: dict[str, Any]) -> str:
 
 
 def run(ctx: registry.RunContext, p: LoadParams) -> ResultBundle:
-    """One launch: trace, warm-up, closed-loop levels, open loop (module doc).
+    """One launch: trace, warm-up, closed-loop levels, open loop (docs/load.md).
 
     Raises:
         ScenarioError: the trace file cannot be read (naming the file, line and key).

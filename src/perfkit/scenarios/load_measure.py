@@ -1,14 +1,8 @@
-"""The load investigation's measuring half: the request trace read (JSONL, one request a line,
-vllm-omni's diffusion benchmark fields ``width``, ``height``, ``num_frames``,
-``num_inference_steps``, ``seed``, ``fps``, optional ``slo_ms`` and ``prompt``; a field left out
-takes the params' request value; any other field, a null, a key given twice, or a value of the
-wrong type or out of the params' request bounds is refused naming the file, the line and the
-key), its phases run against one engine through the async client (on a thread of their own when
-an event loop already runs, as in a Jupyter kernel), and each request's outcome joined with the
-engine's record into one ``per_request`` row (queue wait, service time, e2e; the engine's job
-clock where it reports start times, else derived and marked; the job JSON's own
-``completed_at`` (whole seconds) and ``inference_time_s`` as ``job_completed_at_s``/
-``job_inference_ms``, None where it has none). Used by :mod:`perfkit.scenarios.load`."""
+"""The load investigation's measuring half: the request trace read (JSONL, vllm-omni's fields;
+refusals name file, line and key), its phases run through the async client (on a thread of their
+own inside a running event loop), and each request joined with the engine's record into one
+``per_request`` row (the job JSON's ``completed_at``, whole seconds, and ``inference_time_s`` as
+``job_completed_at_s``/``job_inference_ms``, None where absent). See docs/load.md."""
 
 from __future__ import annotations
 
@@ -156,7 +150,7 @@ def _timing(phase: str, level: Any, o: RequestOutcome) -> dict[str, Any]:
 
 def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[dict], list[dict], list]:
     """(load rows, requests-table rows, stages+steps rows) of the requests sent, joined with the
-    engine's records by request id (see the module doc for the columns' definitions; ms)."""
+    engine's records by request id (docs/load.md defines the columns; ms)."""
     recs = {r.request_id: r for r in parse_lines(records, source=f"records/{label}.jsonl").records}
     load_rows, req_rows, stage_rows, step_rows = [], [], [], []
     for i, (phase, level, o, spec) in enumerate(sent):
@@ -201,7 +195,7 @@ def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[d
 
 
 def _times(sub, start, done, server_ms, client_ms) -> dict[str, Any]:
-    """Queue wait and service time (ms) and where they came from (module doc)."""
+    """Queue wait and service time (ms) and where they came from (docs/load.md)."""
     if sub is not None and start is not None and done is not None:
         wait, service, source = (start - sub) * 1000.0, (done - start) * 1000.0, "engine"
     elif server_ms is not None and client_ms >= server_ms:

@@ -210,7 +210,7 @@ def delivered_rps(rows: list[dict]) -> float | None:
 
 
 def level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None) -> dict[str, Any]:
-    """One level's row (module doc): counts, medians (ms), throughput and goodput (videos/min),
+    """One level's row (docs/load.md): counts, medians (ms), throughput and goodput (videos/min),
     SLO attainment, quantiles with intervals, engine idle share, memory peaks."""
     ok = [r for r in rows if r["status"] == "completed"]
     e2e = [r["e2e_ms"] for r in ok]

@@ -1,19 +1,6 @@
-"""Offload modes: what does each of diffusers' offload modes cost and save, in one run?
-
-One launch per mode (the reference engine's ``--offload none|model|group-block|group-leaf``,
-applied to every component): ``none`` keeps every weight on the device; ``model`` moves whole
-components in and out (accelerate's ``cpu_offload_with_hook``, as diffusers'
-``enable_model_cpu_offload``); ``group-block`` / ``group-leaf`` onload blocks / leaf modules
-just before they run (``diffusers.hooks.apply_group_offloading``, CUDA stream prefetch; the
-reference engine block-offloads the text encoder and VAE without a stream, and records which
-components prefetch in ``offload_streams``). Per mode:
-the cold start and its parts (s), the cold and warm end-to-end latency (ms), the peak device
-memory reserved/allocated (MiB), the host memory peak (anonymous RSS, MiB) and the placement the
-engine reports per component.
-
-Modes that need an accelerator are refused by the engine on a CPU device (exit code 2, ``offload
-mode 'model' needs an accelerator; device is cpu``): such a launch is recorded as ``not
-applicable`` with the engine's reason, and its checks are skipped, never passed.
+"""Offload modes: what does each of diffusers' offload modes (none, model, group-block,
+group-leaf) cost and save, one launch per mode? A mode the engine refuses on a CPU device is
+``not applicable`` and its checks are skipped. See docs/suite.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
-"""The cost of perfkit's own instrumentation, measured inside one engine session.
-
-Two A/B comparisons on warm requests of the same shape, interleaved (ABBA order) so drift hits
-both sides equally, each judged on the server's end-to-end time (``total_duration_ms``):
-
-- stage timing: CUDA events recorded at every stage and step boundary and resolved once after
-  the request (on; the engine's default) vs none (off; request field
-  ``perfkit_stage_timing: false``); a few requests timed the older way (device synchronised at
-  every stage boundary, ``"sync"``) cross-check that the event times agree and add up to e2e;
-- the memory sampler: a MemorySampler polling NVML and /proc every ``interval_s`` (on) vs none.
-
-Overhead = exp(median over pairs of log(on / off)) - 1: each ABBA pair's two requests ran next
-to each other, so a slow spell of the host that spans a pair cancels in its ratio; the 95 %
-interval is a percentile bootstrap of that median (:func:`perfkit.stats.bootstrap_median_ci`).
-Bundles recorded before pairs were kept (no ``pairs_ms``) report median(on) / median(off) - 1
-with an unpaired bootstrap (``estimator`` says which). The gate holds the interval's upper end
-to a limit (``instrumentation_overhead_max``), so a noisy measurement fails to prove a small
-overhead instead of passing on a lucky median.
-
-One launch of its own (``overhead`` section: ``pairs``, ``sampler_interval_s``); disabled by
-default: on a shared 2-core runner the interval is wider than the effect.
+"""The cost of perfkit's own instrumentation (stage timing, the memory sampler), measured as
+interleaved ABBA pairs of warm requests in one engine session; the gate holds the overhead's
+upper 95 % bound to ``instrumentation_overhead_max``. See docs/suite.md.
 """
 
 from __future__ import annotations
@@ -69,7 +51,7 @@ def _summary(
     on: list[float], off: list[float], pairs: list[tuple[float, float]] | None = None
 ) -> dict[str, Any]:
     """One part's numbers: medians (ms), the overhead (fraction) and its 95 % interval, paired
-    when ``pairs`` (on ms, off ms of one ABBA pair) has 2 or more (module doc)."""
+    when ``pairs`` (on ms, off ms of one ABBA pair) has 2 or more (docs/suite.md)."""
     if not on or not off:
         return {"n_on": len(on), "n_off": len(off), "overhead": None}
     mw = stats.mann_whitney(on, off)
@@ -120,7 +102,7 @@ class _PooledPart(BaseModel):
 
 def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None) -> dict[str, Any]:
     """Pool the ABBA pairs of several launches of this probe (same engine, request and code)
-    into one paired estimate per part: the same estimator over every pair (module doc), so
+    into one paired estimate per part: the same estimator over every pair (docs/suite.md), so
     launches of 40 pairs add up to the interval of their sum. A launch's slow spells still
     cancel inside its own pairs; a shift between launches does not enter (each pair is inside
     one launch).

@@ -1,16 +1,6 @@
-"""The scenario registry: one investigation = one module that registers one :class:`Scenario`.
-
-A scenario declares in one place everything the rest of perfkit needs to know about it (the
-fields of :class:`Scenario`: its params model, the only place its defaults live, its invariants,
-``run`` returning a :class:`~perfkit.bundle.ResultBundle`, its checks, key numbers, tables,
-baseline cases, and what :mod:`perfkit.scenarios.parts` declares). Only name, title, question,
-params model and ``run`` are required.
-
-The suite, ``--only``, params validation, the report, the summary, the baseline derivation,
-the notebook generator and the CLI read this registry; no scenario name is written anywhere
-else in the package, and nothing outside :mod:`perfkit.scenarios` imports an investigation's
-module. An investigation's module in this package is imported (so registered) by
-:mod:`perfkit.scenarios` when the package is imported; see docs/DESIGN.md, "Where things go".
+"""The scenario registry: one investigation = one module that registers one :class:`Scenario`,
+which declares everything the rest of perfkit reads of it (only name, title, question, params
+model and ``run`` are required); see docs/DESIGN.md, "Where things go".
 """
 
 from __future__ import annotations
@@ -175,7 +165,7 @@ def default_cells(name: str) -> list[Cell]:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One investigation (see the module doc for what each field is for).
+    """One investigation (docs/DESIGN.md, "Where things go", says what each field is for).
 
     Attributes:
         name: registry key, params section, bundle directory and notebook name.
