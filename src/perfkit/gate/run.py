@@ -223,18 +223,13 @@ def _hardware(bundles: Mapping[str, ResultBundle]) -> str:
     return "unknown"
 
 
-def run_cases(
-    run_dir: str | Path, engine: Mapping[str, Any] | None = None, request: Mapping[str, Any] | None = None
-) -> dict[str, dict[str, Any]]:
-    """Case id -> scenario entry for a finished run (from its baseline.json, else its bundles)."""
+def run_cases(run_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """Case id -> scenario entry for a finished run: its baseline.json's, else its bundles' named
+    with its params.yaml's engine and request."""
     run_dir = Path(run_dir)
-    if engine is None or request is None:
-        p = run_dir / "params.yaml"
-        if (run_dir / "baseline.json").exists() and engine is None:
-            return dict(bl.load_baseline(run_dir / "baseline.json").get("scenarios") or {})
-        if p.exists():
-            sp = yaml.safe_load(p.read_text())
-            engine = engine or sp.get("engine") or {}
-            request = request or sp.get("request") or {}
-    cases = bundle_cases(load_run_bundles(run_dir), engine or {}, request or {})
+    if (run_dir / "baseline.json").exists():
+        return dict(bl.load_baseline(run_dir / "baseline.json").get("scenarios") or {})
+    p = run_dir / "params.yaml"
+    sp = (yaml.safe_load(p.read_text()) if p.exists() else None) or {}
+    cases = bundle_cases(load_run_bundles(run_dir), sp.get("engine") or {}, sp.get("request") or {})
     return {c: bl.from_bundle(b, c) for c, b in cases.items()}

@@ -165,60 +165,29 @@ def default_cells(name: str) -> list[Cell]:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One investigation (docs/DESIGN.md, "Where things go", says what each field is for).
+    """One investigation; docs/DESIGN.md, "Where things go", says what each field is for.
 
     Attributes:
         name: registry key, params section, bundle directory and notebook name.
-        title: heading in notebooks and the report.
-        question: the question it answers, one sentence.
-        params_model: its params section (subclass of :class:`ScenarioParams`).
-        invariants_model: the invariants it gates (subclass of :class:`InvariantParams`).
         run: ``(context, params) -> ResultBundle``.
         check_bundle: raises :class:`ScenarioError` when a bundle holds no usable measurement.
-        checks: ``(results, invariants dict) -> [Check]`` for its invariants.
-        key_numbers: ``results -> [KeyNumber]``.
-        summary_table: ``results -> DataFrame`` (headline table of its notebook and section).
-        reading: ``results -> Markdown`` (a few sentences in the design doc's words).
+        checks: ``(results, invariants dict) -> [Check]``; key_numbers: ``results ->
+            [KeyNumber]``; summary_table: ``results -> DataFrame``; reading: ``results -> Markdown``.
         cases: ``(bundle, case_id) -> {case id: sub-bundle}`` for this run's baseline.json.
-        template: section template under ``perfkit/report/templates/`` (default
-            :data:`GENERIC_TEMPLATE`, which shows ``section_intro``; one of its own extends
-            ``sections/_base.html.j2``).
-        order: run order, lower first (cold_warm 10, warmup_shapes 20, memory_budget 30,
-            offload_modes 40, overhead 90); ties run by name.
-        notebook: notebook file name under ``notebooks/``.
-        plan: ``params -> [requests per launch]`` it would send (an upper bound when it reuses
-            an earlier scenario's launch); the suite's progress bars estimate from it.
+        plan: ``params -> [requests per launch]`` (an upper bound when it reuses a launch): the
+            suite's progress bars estimate from it.
         split: ``params -> [(part key, sub-params)]``: independent launches, each a unit of work
-            of its own (:mod:`perfkit.scaleout.units`); None: the scenario is one unit. Part
-            keys are filesystem-safe (``warmup17``); the order is the unsplit run's order.
-        join: ``([part bundles in split order], params) -> bundle``: the bundle the unsplit
-            scenario would have written (tables concatenated, results recomputed from the
-            joined data). Required with ``split``.
-        case_ids: ``(params, namer) -> [case id]``: the baseline cases a (sub-)params would
-            write (``namer`` as in :attr:`cases`); the scale-out planner reads their
-            ``estimated_full_test_time_s``. None: no baseline estimate.
-        launches: ``(params, engine, request) -> [PlannedLaunch]``
-            (:class:`perfkit.measuring.reuse.PlannedLaunch`): what it would launch, one per
-            launch in run order, so the planner keeps a launch that a later scenario reuses
-            and that scenario in one unit. None: one launch, never shared.
-        found_in: ``results of another scenario -> bool``: whether they hold this scenario's
-            measurement (an in-session probe), so a report where this one was skipped says
-            where its figures are. None: never.
-        notebook_intro: its notebook's first paragraph ("": the question).
-        cells: its notebook's cells after the generic measuring cell and before the gate's last
-            cells (:class:`~perfkit.scenarios.parts.Cell`; None: :func:`default_cells`).
-        figures: figure kinds it owns (:class:`~perfkit.scenarios.parts.Figure`), drawn in its
-            notebook after its cells; :func:`figure` draws one by kind.
-        section_intro: its report section's first paragraph.
-        doc_blocks: ``perfkit figures`` block kinds it adds
-            (:class:`~perfkit.scenarios.parts.DocBlock`, by kind).
-        measure_options: ``python -m perfkit.measure`` options it adds
-            (:class:`~perfkit.scenarios.parts.MeasureOption`).
-        session: its bundle is the session ``perfkit figures kind=compare`` compares (one
-            scenario at most).
-
-    Every field after ``run`` has a default (no invariants, no checks, no key numbers, an empty
-    summary table, no reading, no baseline case, the generic notebook cells and section).
+            (:mod:`perfkit.scaleout.units`), filesystem-safe keys (``warmup17``) in the unsplit
+            run's order; None: one unit. join: ``([part bundles in split order], params) ->
+            bundle``, the bundle the unsplit run would have written; required with ``split``.
+        case_ids: ``(params, namer) -> [case id]`` a (sub-)params would write (the planner reads
+            their ``estimated_full_test_time_s``); None: no baseline estimate.
+        launches: ``(params, engine, request) -> [PlannedLaunch]`` in run order, so the planner
+            keeps a launch a later scenario reuses and that scenario in one unit; None: one
+            launch, never shared.
+        found_in: ``results of another scenario -> bool``: they hold this one's measurement.
+        cells: notebook cells between the measuring cell and the gate's (None:
+            :func:`default_cells`); figures are drawn after them (:func:`figure` by kind).
     """
 
     name: str

@@ -89,38 +89,26 @@ def compare(
     video: bool = True,
     threshold: float | None = None,
 ) -> list[Check]:
-    """Check a run against a baseline with sglang's rule.
-
-    A metric passes when ``actual <= max(expected * (1 + tol), expected + pad)`` (see the module
-    constants for tolerances/pads and their source). Stage classes come from
-    :func:`classify_stage` unless ``stage_classes`` (a callable or a name -> class mapping with
-    the default rules as fallback) says otherwise.
+    """Check a run against a baseline with sglang's rule: a metric passes when ``actual <=
+    max(expected * (1 + tol), expected + pad)`` (:mod:`~perfkit.gate.baseline.rules`; nulls as
+    docs/sglang.md says). Stage classes: :func:`classify_stage` unless ``stage_classes`` (a
+    callable, or name -> class with the default rules as fallback) says otherwise.
 
     Args:
-        run: case id -> scenario entry (the output of :func:`from_bundle`); ms and MiB.
-        baseline: a loaded baseline document.
-        profile: tolerance profile name (``pr_test``, ``long_term``, ...); a file with flat
-            tolerances has one set for every profile (:func:`tolerance_profile`, sglang's rules).
+        run: case id -> scenario entry (:func:`from_bundle`'s); ms and MiB.
+        profile: tolerance profile name; a flat file has one set for every profile.
         strict: a case (or metric) with no baseline fails instead of being ``new``.
-        video: use the 160 ms pad for denoise steps after step 0 (False: 20 ms, image models).
-        threshold: improvement threshold; default the document's
-            ``improvement_reporting.threshold`` (0.2).
+        video: the 160 ms pad for denoise steps after step 0 (False: 20 ms, image models).
+        threshold: improvement threshold; default the document's (0.2).
 
     Returns:
-        Verdict rows: ``fail`` when over the bound or missing from the run (or null in the run);
-        ``improved`` (a pass) when faster than ``expected * (1 - threshold)``, with a snippet to
-        paste; ``skipped`` when the profile has no tolerance for an optional metric (``load``,
-        allocated/warmup peaks), when the baseline value is null ("not measured in the
-        baseline"), for ``stages_ms.per_frame_generation`` of video cases, and for the denoise
-        metrics of a run with no denoising stage (:func:`no_denoise_reason`: sglang's diffusers
-        backend); every row of a case whose engine ran otherwise in the baseline than in this run
-        (:func:`ran_otherwise`), never a pass or a failure.
-
-    Null values follow sglang's own check (``_validate_stages`` in
-    ``multimodal_gen/test/server/test_server_utils.py``): ``per_frame_generation`` is skipped
-    for video cases; otherwise it is a stage like the others, the run's average frame time
-    (e2e / frames) checked with the non-denoise tolerance. Its baseline dump writes null there
-    when no frame time was measured; perfkit reads such a null as "not measured", never as 0.
+        Verdict rows: ``fail`` when over the bound or missing (or null) in the run; ``improved``
+        (a pass) when faster than ``expected * (1 - threshold)``, with a snippet to paste;
+        ``skipped`` when the profile has no tolerance for an optional metric (``load``,
+        allocated/warmup peaks), the baseline value is null, for ``stages_ms.per_frame_generation``
+        of video cases, for the denoise metrics of a run without a denoising stage
+        (:func:`no_denoise_reason`), and for every row of a case whose engine ran otherwise
+        (:func:`ran_otherwise`).
 
     Raises:
         KeyError: when ``profile`` is not in the baseline's (profiled) tolerances.

@@ -28,7 +28,7 @@ def update_baseline(
 ) -> dict[str, Any]:
     """Write ``case_id``'s entry, derived from the bundle at ``bundle_dir``, into ``baseline_file``.
 
-    The entry holds the steady state the suite's gate writes (:func:`perfkit.gate_run.bundle_cases`):
+    The entry holds the steady state the suite's gate writes (:func:`perfkit.gate.run.bundle_cases`):
     every measured request of the selected launch (``launch``; ``num_frames`` picks one request
     shape), the worst kept as sglang does, except an uncovered cold request (its shape differs
     from the startup warmup's, so its recompilation is the investigation's finding, not a number
