@@ -444,8 +444,8 @@ def test_forked_tree_is_counted_once_through_the_memory_budget_entry(shared_tree
     import importlib
 
     from perfkit.measuring.launch_rows import LaunchData
-    from perfkit.scenarios.cap_entry import cap_entry
     from perfkit.scenarios.common import ANON_SUM_LABEL
+    from perfkit.scenarios.memory_budget import cap_entry
 
     with MemorySampler(shared_tree.pid, interval_s=0.05) as s:
         time.sleep(0.4)
