@@ -1,16 +1,7 @@
-"""Gate rows for what the engine really ran (effective config and compile health), per launch.
-
-Two rules, on every bundle's ``launches`` and ``requests`` tables:
-
-- ``compile_active[<launch>]``: torch.compile asked for but not in force fails, with the
-  engine's reason (``compile_disabled_reason``), unless the params expect it
-  (``invariants.compile_inactive_ok``). A launch whose engine did not report its config gets no
-  row here (the report says "not reported"); a launch that did not ask for compile gets none.
-- ``recompile_limit[<launch>]``: any request (the startup warmup included) that hit torch's
-  recompile limit fails, naming the request, the stage and torch's reason: after the limit torch
-  runs the frame eagerly without an error, a slowdown a baseline would silently absorb. A launch
-  whose engine reports no recompile-limit flag (sglang's records carry none) gets a ``skipped``
-  row, never a pass; requests without the flag (no record) are named in a pass's reason.
+"""Gate rows for what the engine really ran, per launch (docs/suite.md, "What the gate
+checks"): ``compile_active[<launch>]`` (torch.compile asked for but not in force fails unless
+``invariants.compile_inactive_ok``) and ``recompile_limit[<launch>]`` (a request that hit torch's
+recompile limit fails; an engine that reports no flag, as sglang, gives a ``skipped`` row).
 """
 
 from __future__ import annotations

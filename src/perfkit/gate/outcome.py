@@ -82,18 +82,10 @@ def verdict_line(name: str, verdict: Mapping[str, Any] | None) -> str:
 
 
 def gate_result(status: str, verdict: Mapping[str, Any] | None, ename: str | None = None) -> str:
-    """The gate word of one notebook run.
-
-    Args:
-        status: the run's status (``ok``, ``error``, ``skipped``; :class:`perfkit.suite.execute.NotebookRun`).
-        verdict: its ``verdict.json`` document, or None when it wrote none.
-        ename: the exception its last cell raised, if any: :data:`GATE_FAILED` is a failed gate
-            (the A/B notebook's, which writes no verdict.json).
-
-    Returns:
-        ``pass``, ``fail``, ``inconclusive``, ``not gated``, ``error`` or ``skipped`` (see
-        docs/suite.md).
-    """
+    """The gate word of one notebook run: ``pass``, ``fail``, ``inconclusive``, ``not gated``,
+    ``error`` or ``skipped`` (docs/suite.md). ``status``: the run's (``ok``, ``error``,
+    ``skipped``); ``verdict``: its ``verdict.json`` or None; ``ename``: the exception its last
+    cell raised (:data:`GATE_FAILED` is a failed gate: the A/B notebook writes no verdict)."""
     if status in ("error", "skipped"):
         return status
     if verdict is None:
@@ -124,18 +116,11 @@ def exit_code(word: str, verdict: Mapping[str, Any] | None) -> int:
 
 
 def finish(name: str, verdict: Mapping[str, Any] | None, fail_on: str = "gate", where: str = "") -> str:
-    """The last cell of a gated notebook: show the gate's sentence and, with ``fail_on="gate"``,
+    """The last cell of a gated notebook (``name``: a scenario, the baseline gate): show the
+    gate's sentence for ``verdict`` (:func:`perfkit.gate.verdicts.write_verdict`'s document;
+    ``where`` its path) and return the gate word (:func:`gate_result`); with ``fail_on="gate"``
     raise :class:`GateFailed` when the gate failed or judged nothing (papermill then exits 1);
     an inconclusive gate is shown, not raised.
-
-    Args:
-        name: the notebook's gate (a scenario name, the baseline gate).
-        verdict: the document :func:`perfkit.gate.verdicts.write_verdict` returned.
-        fail_on: ``"gate"`` or ``"never"`` (:data:`FAIL_ON`).
-        where: the verdict file's path, named in the message.
-
-    Returns:
-        the gate word (:func:`gate_result`) when nothing is raised.
 
     Raises:
         GateFailed: the gate failed, or judged nothing, and ``fail_on == "gate"``.

@@ -1,9 +1,5 @@
-"""Run a registered scenario, or replay its recorded bundle: what every scenario notebook calls.
-
-``load_or_run(name, out=RUN/<name>, bundle_dir=None, engine={...}, request={...}, **section)``
-validates ``section`` with the scenario's params model (the same model the params file goes
-through), then either loads ``bundle_dir`` (launches nothing) or runs the scenario; the bundle
-lands in ``out``. Launch directories (engine logs, perf logs, compile caches) go to
+"""Run a registered scenario, or replay its recorded bundle (:func:`load_or_run`): what every
+scenario notebook calls. Launch directories (engine logs, perf logs, compile caches) go to
 ``out/launches/``.
 """
 

@@ -329,9 +329,7 @@ def entry_from_records(
     ``runtime_peak`` snapshot, ``runtime_peak_vram_mb`` / ``runtime_peak_allocated_mb``.
 
     A value that no record measured (null everywhere) is written as None, never as 0; a step
-    list with a null is left out of the averages (it cannot be averaged honestly). One pass over
-    ``records`` keeping only the worst values: a generator over a file of any size takes
-    constant memory.
+    list with a null is left out of the averages (it cannot be averaged honestly).
 
     Raises:
         ValueError: no records.

@@ -140,28 +140,15 @@ def is_flat(tolerances: Mapping[str, Any]) -> bool:
 def tolerance_profile(
     tolerances: Mapping[str, Any] | None, profile: str = "pr_test"
 ) -> tuple[str, dict[str, float]]:
-    """The tolerance set a check with ``profile`` uses, read as sglang reads a baseline file.
-
-    Returns ``(name, {key: fraction})``; ``name`` is ``profile``, or :data:`FLAT_PROFILE` for
-    a flat file. Rules (sglang 0.5.23, ``ToleranceConfig.load_profile`` in
-    ``multimodal_gen/test/server/testcase_configs.py``, unless said):
-
-    - flat (``{"e2e": 0.25, ...}``, :func:`is_flat`): the one set, whatever profile is asked.
-      The oldest files' single ``stage`` key (``{"e2e": 0.25, "stage": 0.3, "denoise_step":
-      0.1, "denoise_agg": 0.1}``) fills ``denoise_stage`` and ``non_denoise_stage`` where they
-      are absent: the sglang of those files (early ``test_server_performance.py``,
-      ``ToleranceConfig.stage``, ``PerformanceValidator._validate_stages``) bounded every stage,
-      denoising or not, by ``expected * (1 + stage)``. 0.5.23 itself needs the two keys.
-    - profiled (``{"pr_test": {...}, "long_term": {...}}``): ``tolerances[profile]``. sglang
-      falls back to ``pr_test`` for a missing profile, but its CI only asks ``pr_test``
-      (``BaselineConfig.load``); perfkit refuses a missing profile instead, so a misspelt
-      ``--profile`` never gates silently with another set.
-    - either: ``load_peak_vram`` / ``runtime_peak_vram`` absent -> 0.01 / 0.02
-      (:data:`VRAM_TOLERANCE_DEFAULTS`). Other absent keys stay absent (those metrics are
-      reported skipped by :func:`perfkit.gate.baseline.compare`).
+    """The tolerance set a check with ``profile`` uses, read as sglang reads a baseline file
+    (rules and sources: docs/sglang.md "Interop facts"): ``(name, {key: fraction})``, ``name``
+    :data:`FLAT_PROFILE` for a flat file (:func:`is_flat`: the one set whatever is asked; an old
+    single ``stage`` key fills both :data:`LEGACY_STAGE_KEYS`), else ``tolerances[profile]``;
+    absent VRAM keys take :data:`VRAM_TOLERANCE_DEFAULTS`, other absent keys stay absent.
 
     Raises:
-        KeyError: a profiled map without ``profile`` (the message lists the profiles it has).
+        KeyError: a profiled map without ``profile`` (listing the ones it has): unlike sglang's
+            fallback to ``pr_test``, a misspelt ``--profile`` never gates with another set.
     """
     tolerances = tolerances or {}
     if is_flat(tolerances):
