@@ -103,16 +103,14 @@ def warmup_shapes(
             ``profiled``: the pair, or why nothing was profiled).
 
     Returns:
-        ResultBundle ``warmup_shapes``; results ``coverage`` is a list with one entry per
-        (warmup setting, request shape): ``covered`` (the warmup record's latent shape equals the
-        request's; without a warmup record, as with sglang 0.5.23, the request's width x height
-        and latent frames equal those of one of sglang's ``server warmup req`` log lines, all
-        listed in ``warmed_shapes``; None when the request's resolution is the engine default),
-        ``warmup_source`` (``"record"``, ``"engine log"`` or None: no warmup shape known),
-        ``first_ms``, ``warm_median_ms``, ``penalty_ms``, ``ratio`` (first / warm median) with
-        ``ratio_ci`` (95 % bootstrap) and ``ratio_lower`` (first / the slowest warm request),
-        ``compiles`` and ``compile_ms`` inside the measured window, ``penalty_stage``, and ``recompile_reasons`` (the compile keys None
-        when the engine reports no compile counts: sglang's records carry none).
+        ResultBundle ``warmup_shapes``; results ``coverage``, one entry per (warmup setting,
+        request shape): ``covered`` (docs/DESIGN.md's "covered shape"; the log lines in
+        ``warmed_shapes``; None when the request's resolution is the engine default),
+        ``warmup_source`` (``"record"``, ``"engine log"`` or None), ``first_ms``,
+        ``warm_median_ms``, ``penalty_ms``, ``ratio`` (first / warm median) with ``ratio_ci``
+        (95 % bootstrap) and ``ratio_lower`` (first / the slowest warm request), ``compiles``
+        and ``compile_ms`` in the measured window (None: the engine reports no compile counts),
+        ``penalty_stage``, ``recompile_reasons``.
 
     Raises:
         ValueError: repeats < 2 or an empty setting list.
