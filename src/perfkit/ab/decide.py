@@ -1,11 +1,8 @@
 """Decide an A/B from two sides' bundles: per metric the ratio B/A, its interval, the variance
-split and the decision; the exit code.
-
-Exit codes (:mod:`perfkit.gate.verdicts`' rule): 0 no gated metric regressed, 1 a gated metric
-regressed (or, set by :func:`perfkit.ab.sequential.decide_sequential`, a gated metric is still
-undecided at the sequential maximum), 2 an error: nothing gated was compared (every gated metric "not measured") or a launch
-failed. Every metric gates unless ``--gate-metrics`` names some; the others are decided and shown
-("reported, not gated").
+split and the decision; the exit code (:mod:`perfkit.gate.verdicts`' rule): 0 no gated metric
+regressed; 1 a gated metric regressed or (:mod:`perfkit.ab.sequential`) is undecided at the
+maximum; 2 nothing gated was compared or a launch failed. Every metric gates unless
+``--gate-metrics`` names some; the others are decided and shown ("reported, not gated").
 """
 
 from __future__ import annotations
@@ -20,9 +17,15 @@ import numpy as np
 import pandas as pd
 
 from perfkit import stats
-from perfkit.ab.metrics import METRIC_UNITS, launch_means, metric_order, metric_values, paired_values
-from perfkit.ab.pool import Pool
-from perfkit.ab.slow import slow_spells
+from perfkit.ab.metrics import (
+    METRIC_UNITS,
+    launch_errors,
+    launch_means,
+    metric_order,
+    metric_values,
+    paired_values,
+)
+from perfkit.ab.pool import Pool, slow_spells
 from perfkit.bundle import IDENTITY_REQUEST, ResultBundle
 from perfkit.common import jsonsafe
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, jsonable
@@ -292,14 +295,6 @@ def compare(
     return AbResult(table=table, launch_means=lm, exit_code=code, confidence=confidence)
 
 
-def _failed(bundle: ResultBundle) -> list[str]:
-    la = bundle.launches
-    if la.empty or "error" not in la:
-        return []
-    bad = la[la["error"].notna()]
-    return [f"{r['launch']}: {r['error']}" for r in bad.to_dict("records")]
-
-
 #: what two sides of an A/B must share: what they measured, its shape, the GPU it ran on (the
 #: engines may differ: that is what an A/B compares)
 SIDE_IDENTITY = ("scenario", "gpu_name", *(f"request.{k}" for k in ("num_frames", *IDENTITY_REQUEST)))
@@ -335,11 +330,11 @@ def compare_bundles(
 ) -> AbResult:
     """:func:`compare` of two recorded sides (``perfkit ab`` and ``perfkit ab --replay``): the
     meta records each side's launches, failed launches, the threshold(s) used and each side's
-    slow spells (:func:`perfkit.ab.slow.slow_spells`: warm requests the host slowed down).
+    slow spells (:func:`perfkit.ab.pool.slow_spells`: warm requests the host slowed down).
     ``keep``: side -> the launches the intervals use (the sequential procedure's last look,
     :mod:`perfkit.ab.sequential`); None: every launch. ``paired``: as :func:`compare` (None: as
     recorded, the sides' meta ``ab.paired``)."""
-    errors = _failed(a) + _failed(b)
+    errors = [f"{k}: {v}" for bd in (a, b) for k, v in launch_errors(bd).items()]
     values = {"A": metric_values(a), "B": metric_values(b)}
     used = dict(values)
     for side, labels in (keep or {}).items():
@@ -378,9 +373,8 @@ def compare_bundles(
 
 def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, float]:
     """Per-metric thresholds from a recorded A/A run (its ``ab.json``): each metric's largest
-    distance of its interval ends from 1 (:func:`perfkit.stats.threshold_from_aa`), so that
-    A/A would have said "no change" for it. Metrics the A/A could not bound are left out (they
-    keep the default).
+    distance of its interval ends from 1, never below ``floor``, so that A/A would have said "no
+    change" for it. Metrics the A/A could not bound are left out (they keep the default).
 
     Raises:
         FileNotFoundError: no ab.json at ``path``.
@@ -392,8 +386,7 @@ def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, floa
         lo, hi = r.get("low"), r.get("high")
         if lo is None or hi is None or not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
             continue
-        iv = stats.RatioInterval(r["ratio"], float(lo), float(hi), 0, 0, 0, 0, 0, 0, res.confidence)
-        out[r["metric"]] = stats.threshold_from_aa([iv], floor=floor)
+        out[r["metric"]] = max(floor, abs(float(hi) - 1.0), abs(1.0 - float(lo)))
     if not out:
         raise ValueError(
             f"{path}: the A/A run has no metric with an interval (fewer than 2 launches a side?)"

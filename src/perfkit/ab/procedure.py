@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from perfkit import stats
-from perfkit.ab.slow import slow_launches
+from perfkit.ab.pool import slow_launches
 from perfkit.common.numfmt import confidence_text
 
 #: alpha-spending functions (module doc)
@@ -25,7 +25,7 @@ SLOW_RULES = ("replace", "keep")
 UNDECIDED = ("fail", "pass")
 DEFAULT_MIN_LAUNCHES = 3
 DEFAULT_MAX_LAUNCHES = 10
-#: the metric whose warm requests mark slow spells (as :func:`perfkit.ab.slow.slow_spells`)
+#: the metric whose warm requests mark slow spells (as :func:`perfkit.ab.pool.slow_spells`)
 SLOW_METRIC = "DenoisingStage"
 
 
@@ -132,10 +132,6 @@ class Look:
     metrics: dict[str, dict[str, Any]]
     decided: bool
     position: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-ready apart from NaN)."""
-        return asdict(self)
 
 
 @dataclass
