@@ -28,6 +28,7 @@ from perfkit.ab.metrics import (
 from perfkit.ab.pool import Pool, slow_spells
 from perfkit.bundle import IDENTITY_REQUEST, ResultBundle
 from perfkit.common import jsonsafe
+from perfkit.common.numfmt import change_text
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, jsonable
 
 #: the comparison's file in an ab run directory (next to the bundles ``a/`` and ``b/``)
@@ -171,10 +172,6 @@ def _gated_column(table: pd.DataFrame, gate: Any, path: Path) -> list[bool]:
     return out
 
 
-def _fmt_ratio(x: float) -> str:
-    return f"{(x - 1) * 100:+.1f} %" if math.isfinite(x) else "–"
-
-
 def compare(
     values_a: pd.DataFrame,
     values_b: pd.DataFrame,
@@ -196,10 +193,8 @@ def compare(
         gate: the metrics whose regression sets the exit code (``perfkit ab --gate-metrics``);
             the others are decided and shown but only reported. None: every metric gates. With
             none of them measured on both sides the exit code is 2 (nothing gated was compared).
-        paired: launch ``A<k>`` ran beside ``B<k>`` (``perfkit ab --paired``): the intervals are
-            paired t intervals over the pairs with a value on both sides
-            (:func:`perfkit.ab.metrics.paired_values`, :func:`perfkit.stats.paired_ratio_interval`);
-            else Welch's over each side's launch medians.
+        paired: launch ``A<k>`` ran beside ``B<k>``: paired t intervals over the pairs
+            (:func:`perfkit.ab.metrics.paired_values`); else Welch's over launch medians.
 
     Returns:
         :class:`AbResult` (its ``meta`` empty: the caller adds how it ran).
@@ -249,7 +244,7 @@ def compare(
             reason = f"{min(iv.n_a, iv.n_b)} launch on a side: no interval"
         else:
             reason = (
-                f"B/A {_fmt_ratio(iv.ratio)} [{_fmt_ratio(iv.low)}, {_fmt_ratio(iv.high)}] "
+                f"B/A {change_text(iv.ratio)} [{change_text(iv.low)}, {change_text(iv.high)}] "
                 f"vs ±{thr * 100:.1f} %"
             )
             if decision == "inconclusive":
@@ -403,7 +398,7 @@ def needed_text(res: "AbResult", metrics: list[str]) -> str:
     for m in metrics:
         n = t["launches_needed"].get(m) if m in t.index else None
         n = None if n is None or pd.isna(n) else int(n)
-        ratio = _fmt_ratio(float(t["ratio"].get(m))) if m in t.index else "–"
+        ratio = change_text(float(t["ratio"].get(m))) if m in t.index else "–"
         size = (
             f"about {n} launches a side"
             if n

@@ -198,8 +198,16 @@ def _launch(
         if len(group) == 2:
             log.info("launch %s (paired): ready %.2f s%s", d.label, ready, err)
         else:
-            log.info("launch %s (%d/%d): ready %.2f s, first result %s s%s", d.label, pos + 1, total, ready,
-                     d.launch_row.get("first_result_s"), err)  # fmt: skip
+            first = d.launch_row.get("first_result_s")
+            log.info(
+                "launch %s (%d/%d): ready %.2f s, first result %s s%s",
+                d.label,
+                pos + 1,
+                total,
+                ready,
+                first,
+                err,
+            )
         data[arm].append(d)
     return "+".join(labels[a] for a in group), [f"{labels[a]}:{i}" for a, i in ran]
 

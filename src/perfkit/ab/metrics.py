@@ -1,22 +1,6 @@
 """The values an A/B compares, read from one side's bundle: one long table, a row per
-(launch, metric, request).
-
-Metrics (``metric`` column; unit in ``unit``):
-
-========================  =====  ====================================================================
-``ready``                 s      cold start: launch until ``/health`` answered (one value a launch)
-``first_result``          s      launch until the first successful request ended (one a launch)
-``cold_e2e``              ms     the cold request's server e2e time (one a launch)
-``warm_e2e``              ms     each warm request's server e2e time (M a launch)
-``<stage>``               ms     each warm request's time in that stage (sglang names)
-``denoising_step``        ms     each warm request's mean denoising step time
-``peak_vram``             MiB    the launch's peak device memory reserved over its requests
-``host_peak``             MiB    the launch's peak host PSS of the engine tree (the largest read of
-                                 the cap watchdog's and the sampler's)
-========================  =====  ====================================================================
-
-A metric without a value on a launch has no row there (never a 0); the decision then says
-"not measured" for it rather than "no change".
+(launch, metric, request). The metrics and their units (s, ms, MiB): docs/ab.md, "Metrics". A
+metric without a value on a launch has no row there (never a 0): "not measured", not "no change".
 """
 
 from __future__ import annotations
@@ -54,7 +38,7 @@ def metric_values(bundle: ResultBundle) -> pd.DataFrame:
     """Long table of a side's values: columns ``launch, metric, unit, index, value`` (``index``:
     the request's place in its launch, 0 for launch-level metrics). Only completed measured
     requests count; values that are missing, zero or not finite are left out (not measured).
-    Units as in the module table (s, ms, MiB).
+    Units: :data:`METRIC_UNITS` (s, ms, MiB; stages ms).
     """
     rows: list[tuple[Any, str, str, int, float]] = []
     launches = bundle.launches

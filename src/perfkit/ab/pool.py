@@ -91,7 +91,7 @@ def _pool_file(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def load_pool(path: str | Path) -> Pool:
-    """Read a pool directory (module doc).
+    """Read a pool directory (``a/``, a directory per B arm, optional :data:`POOL_FILE`).
 
     Raises:
         FileNotFoundError: no ``a/`` bundle, no B arm bundle, or an arm without one of
@@ -280,10 +280,8 @@ def slow_launches(
 def slow_spells(pool: Pool, metric: str = "DenoisingStage", factor: float = SLOW_FACTOR) -> pd.DataFrame:
     """How much of each arm ran in a slow spell: warm requests whose ``metric`` took more than
     ``factor`` × the arm's quiet level (the 10th percentile of all its warm requests), and the
-    launches with at least one such request. A host that slows the GPU for seconds at a time
-    (power capping, a neighbour) shows here before it shows as a wide interval. Where the
-    sampler recorded clocks, the median SM clock (MHz) and the share of samples at a power limit
-    of the slow and the quiet requests say whether the GPU itself slowed down.
+    launches with at least one such request; where the sampler recorded clocks, the median SM
+    clock (MHz) and the share of samples at a power limit of the slow and the quiet requests.
 
     Columns: ``arm, quiet_ms, requests, slow_requests, launches, slow_launches, worst_pct``
     (the slowest request over the quiet level, percent), ``slow_sm_mhz, quiet_sm_mhz,

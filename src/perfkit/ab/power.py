@@ -242,17 +242,10 @@ def recommend(
 ) -> pd.DataFrame:
     """The cheapest settings that meet the targets: rows of :func:`power_table` (one per setting
     and N, M, all arms together) where every arm's detection is at least ``detect_min`` and the
-    A/A false-alarm rate is at most ``alarm_max``, judged as ``alarm`` says:
-
-    - ``"key"``: the metrics themselves: detection on each arm's ``target`` metric, false alarms
-      the worst of :data:`KEY_METRICS`;
-    - ``"gate"``: the exit code of ``perfkit ab --gate-metrics DenoisingStage,warm_e2e``: B exits 1
-      (``detect_gate``), A/A exits 1 (``aa_alarm_gate``);
-    - ``"any"``: the exit code without ``--gate-metrics`` (every metric gates): ``detect_any``,
-      ``aa_alarm_any``.
-
-    Sorted by launches (N), then requests (M), then false alarms (fewest first); empty when
-    nothing meets them. A NaN rate (nothing drawn) never meets a target.
+    A/A false-alarm rate is at most ``alarm_max``, judged as ``alarm`` says (:data:`JUDGEMENTS`:
+    ``"key"`` each arm's ``target`` metric and the worst of :data:`KEY_METRICS`, ``"gate"`` the
+    ``*_gate`` columns, ``"any"`` the ``*_any`` ones). Sorted by N, then M, then false alarms;
+    empty when nothing meets them. A NaN rate (nothing drawn) never meets a target.
 
     Returns:
         Columns ``threshold, confidence, n, m, detect_min_seen, alarm_max_seen``.

@@ -60,13 +60,6 @@ def _inputs(
     return logmed, slow
 
 
-def gated_metrics(values: Mapping[str, pd.DataFrame], gate: Sequence[str] | None) -> list[str]:
-    """The metrics the procedure waits for: ``gate``, or every metric either side measured."""
-    if gate is not None:
-        return list(dict.fromkeys(gate))
-    return metric_order(pd.concat([v["metric"] for v in values.values()]).unique())
-
-
 def _order(a: Any, b: Any) -> list[tuple[str, str]]:
     """(side, label) in the order the two bundles' launches ran (their meta ``ab.order``), else
     interleaved A B B A … over each side's launches in label order."""
@@ -95,7 +88,9 @@ def _walk_bundles(
     """(the procedure's walk over two sides' bundles in ``order``, default the order they ran
     (:func:`_order`); the gated metrics)."""
     values = {"A": metric_values(a), "B": metric_values(b)}
-    metrics = gated_metrics(values, gate)
+    # the metrics the procedure waits for: ``gate``, or every metric either side measured
+    every = pd.concat([v["metric"] for v in values.values()]).unique()
+    metrics = list(dict.fromkeys(gate)) if gate is not None else metric_order(every)
     logmed, slow = _inputs(values, metrics, design.paired)
     failed = [*launch_errors(a), *launch_errors(b)]
     thr = [float((thresholds or {}).get(m, threshold)) for m in metrics]
@@ -113,10 +108,10 @@ def decide_sequential(
     undecided: str = "fail",
     order: Sequence[tuple[str, str]] | None = None,
 ) -> Any:
-    """Decide two sides' bundles (live or recorded) by the procedure: walk their launches in the
-    order they ran (:meth:`Walker.feed`; a recording that ends first is undecided), then the full
-    comparison (:func:`perfkit.ab.decide.compare_bundles`) of the last look's launches at its
-    confidence. Undecided gated metrics make the exit code 1 unless ``undecided="pass"``.
+    """Decide two sides' bundles by the procedure: walk their launches in the order they ran (a
+    recording that ends first is undecided), then :func:`perfkit.ab.decide.compare_bundles` of
+    the last look's launches at its confidence. Undecided gated metrics exit 1 unless
+    ``undecided="pass"``.
 
     Returns:
         :class:`perfkit.ab.decide.AbResult` whose ``meta["sequential"]`` holds the design, the
@@ -171,10 +166,9 @@ def run_sequential(
     thresholds: Mapping[str, float] | None = None,
     gate: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Run a live A/B (a :class:`perfkit.ab.driver.AbPlan`; its ``launches`` is not read) by the
-    procedure: ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_ab`),
-    then after each launch the one the procedure asks for (the procedure's walk over what ran, with the
-    same gate and thresholds as the decision after it), until it stops.
+    """Run a live A/B (a :class:`perfkit.ab.driver.AbPlan`; its ``launches`` is not read):
+    ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_ab`), then the
+    launch the procedure asks for after each, with the decision's gate and thresholds, until it stops.
 
     Returns:
         {"A": bundle, "B": bundle} (saved under ``out/a`` and ``out/b``); their meta ``ab``

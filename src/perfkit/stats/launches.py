@@ -211,8 +211,7 @@ def paired_ratio_interval(
     a: Iterable[float], b: Iterable[float], confidence: float = DEFAULT_CONFIDENCE
 ) -> RatioInterval:
     """Paired t interval of the ratio B/A from launch pairs (``perfkit ab --paired``: launch
-    ``i`` of A ran beside launch ``i`` of B, their requests alternating, so both saw the same
-    host state).
+    ``i`` of A ran beside launch ``i`` of B).
 
     Args:
         a, b: one value per launch, aligned: ``a[i]`` and ``b[i]`` are one pair (any positive
@@ -222,9 +221,8 @@ def paired_ratio_interval(
     Returns:
         :class:`RatioInterval` with ``n_a == n_b`` = pairs used: ``ratio`` = exp(mean d) over the
         pairs' log differences ``d_i = log b_i − log a_i``; [low, high] =
-        ``exp(mean d ± t_{n−1, (1+c)/2} · sd(d)/√n)`` (Student's paired t: the host's state,
-        shared by a pair, cancels in d_i; what varies between pairs is what is left). Fewer than
-        2 pairs: NaN ends.
+        ``exp(mean d ± t_{n−1, (1+c)/2} · sd(d)/√n)`` (Student's paired t). Fewer than 2 pairs:
+        NaN ends.
 
     Raises:
         ValueError: confidence outside (0, 1); ``a`` and ``b`` of different lengths.
@@ -346,11 +344,9 @@ def launches_needed(
     """Launches a side that would decide a metric, if the ratio and the noise stay as measured
     (Kalibera & Jones 2013, §"dimensioning": size the repetitions from a first run's variance).
 
-    The interval's standard error of the log ratio ``se`` at k launches a side (k = 2 / (1/n_a +
-    1/n_b)) scales to ``se · √(k / n)`` at n; with the t quantile at n (df 2n − 2, paired n − 1)
-    and ``iv.confidence``, the answer is the smallest n whose half-width fits between the log
-    ratio and the nearest decision boundary (log(1 ± threshold)). For Welch's interval this is
-    the pooled launch-mean variance's ``t · s · √(2/n)``; for a paired one the pairs' differences'.
+    The smallest n whose half-width ``t · se · √(k / n)`` (k = 2 / (1/n_a + 1/n_b); t at df
+    2n − 2, paired n − 1, and ``iv.confidence``) fits between the log ratio and the nearest
+    decision boundary (log(1 ± threshold)).
 
     Returns:
         launches a side (≥ the current count), or None when it cannot be estimated (fewer than 2
