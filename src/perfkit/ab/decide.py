@@ -1,11 +1,8 @@
 """Decide an A/B from two sides' bundles: per metric the ratio B/A, its interval, the variance
-split and the decision; the exit code.
-
-Exit codes (:mod:`perfkit.gate.verdicts`' rule): 0 no gated metric regressed, 1 a gated metric
-regressed (or, set by :func:`perfkit.ab.sequential.decide_sequential`, a gated metric is still
-undecided at the sequential maximum), 2 an error: nothing gated was compared (every gated metric "not measured") or a launch
-failed. Every metric gates unless ``--gate-metrics`` names some; the others are decided and shown
-("reported, not gated").
+split and the decision; the exit code (:mod:`perfkit.gate.verdicts`' rule): 0 no gated metric
+regressed; 1 a gated metric regressed or (:mod:`perfkit.ab.sequential`) is undecided at the
+maximum; 2 nothing gated was compared or a launch failed. Every metric gates unless
+``--gate-metrics`` names some; the others are decided and shown ("reported, not gated").
 """
 
 from __future__ import annotations
@@ -20,11 +17,18 @@ import numpy as np
 import pandas as pd
 
 from perfkit import stats
-from perfkit.ab.metrics import METRIC_UNITS, launch_means, metric_order, metric_values, paired_values
-from perfkit.ab.pool import Pool
-from perfkit.ab.slow import slow_spells
+from perfkit.ab.metrics import (
+    METRIC_UNITS,
+    launch_errors,
+    launch_means,
+    metric_order,
+    metric_values,
+    paired_values,
+)
+from perfkit.ab.pool import Pool, slow_spells
 from perfkit.bundle import IDENTITY_REQUEST, ResultBundle
 from perfkit.common import jsonsafe
+from perfkit.common.numfmt import change_text
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, jsonable
 
 #: the comparison's file in an ab run directory (next to the bundles ``a/`` and ``b/``)
@@ -168,10 +172,6 @@ def _gated_column(table: pd.DataFrame, gate: Any, path: Path) -> list[bool]:
     return out
 
 
-def _fmt_ratio(x: float) -> str:
-    return f"{(x - 1) * 100:+.1f} %" if math.isfinite(x) else "–"
-
-
 def compare(
     values_a: pd.DataFrame,
     values_b: pd.DataFrame,
@@ -193,10 +193,8 @@ def compare(
         gate: the metrics whose regression sets the exit code (``perfkit ab --gate-metrics``);
             the others are decided and shown but only reported. None: every metric gates. With
             none of them measured on both sides the exit code is 2 (nothing gated was compared).
-        paired: launch ``A<k>`` ran beside ``B<k>`` (``perfkit ab --paired``): the intervals are
-            paired t intervals over the pairs with a value on both sides
-            (:func:`perfkit.ab.metrics.paired_values`, :func:`perfkit.stats.paired_ratio_interval`);
-            else Welch's over each side's launch medians.
+        paired: launch ``A<k>`` ran beside ``B<k>``: paired t intervals over the pairs
+            (:func:`perfkit.ab.metrics.paired_values`); else Welch's over launch medians.
 
     Returns:
         :class:`AbResult` (its ``meta`` empty: the caller adds how it ran).
@@ -246,7 +244,7 @@ def compare(
             reason = f"{min(iv.n_a, iv.n_b)} launch on a side: no interval"
         else:
             reason = (
-                f"B/A {_fmt_ratio(iv.ratio)} [{_fmt_ratio(iv.low)}, {_fmt_ratio(iv.high)}] "
+                f"B/A {change_text(iv.ratio)} [{change_text(iv.low)}, {change_text(iv.high)}] "
                 f"vs ±{thr * 100:.1f} %"
             )
             if decision == "inconclusive":
@@ -292,14 +290,6 @@ def compare(
     return AbResult(table=table, launch_means=lm, exit_code=code, confidence=confidence)
 
 
-def _failed(bundle: ResultBundle) -> list[str]:
-    la = bundle.launches
-    if la.empty or "error" not in la:
-        return []
-    bad = la[la["error"].notna()]
-    return [f"{r['launch']}: {r['error']}" for r in bad.to_dict("records")]
-
-
 #: what two sides of an A/B must share: what they measured, its shape, the GPU it ran on (the
 #: engines may differ: that is what an A/B compares)
 SIDE_IDENTITY = ("scenario", "gpu_name", *(f"request.{k}" for k in ("num_frames", *IDENTITY_REQUEST)))
@@ -335,11 +325,11 @@ def compare_bundles(
 ) -> AbResult:
     """:func:`compare` of two recorded sides (``perfkit ab`` and ``perfkit ab --replay``): the
     meta records each side's launches, failed launches, the threshold(s) used and each side's
-    slow spells (:func:`perfkit.ab.slow.slow_spells`: warm requests the host slowed down).
+    slow spells (:func:`perfkit.ab.pool.slow_spells`: warm requests the host slowed down).
     ``keep``: side -> the launches the intervals use (the sequential procedure's last look,
     :mod:`perfkit.ab.sequential`); None: every launch. ``paired``: as :func:`compare` (None: as
     recorded, the sides' meta ``ab.paired``)."""
-    errors = _failed(a) + _failed(b)
+    errors = [f"{k}: {v}" for bd in (a, b) for k, v in launch_errors(bd).items()]
     values = {"A": metric_values(a), "B": metric_values(b)}
     used = dict(values)
     for side, labels in (keep or {}).items():
@@ -378,9 +368,8 @@ def compare_bundles(
 
 def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, float]:
     """Per-metric thresholds from a recorded A/A run (its ``ab.json``): each metric's largest
-    distance of its interval ends from 1 (:func:`perfkit.stats.threshold_from_aa`), so that
-    A/A would have said "no change" for it. Metrics the A/A could not bound are left out (they
-    keep the default).
+    distance of its interval ends from 1, never below ``floor``, so that A/A would have said "no
+    change" for it. Metrics the A/A could not bound are left out (they keep the default).
 
     Raises:
         FileNotFoundError: no ab.json at ``path``.
@@ -392,8 +381,7 @@ def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, floa
         lo, hi = r.get("low"), r.get("high")
         if lo is None or hi is None or not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
             continue
-        iv = stats.RatioInterval(r["ratio"], float(lo), float(hi), 0, 0, 0, 0, 0, 0, res.confidence)
-        out[r["metric"]] = stats.threshold_from_aa([iv], floor=floor)
+        out[r["metric"]] = max(floor, abs(float(hi) - 1.0), abs(1.0 - float(lo)))
     if not out:
         raise ValueError(
             f"{path}: the A/A run has no metric with an interval (fewer than 2 launches a side?)"
@@ -410,7 +398,7 @@ def needed_text(res: "AbResult", metrics: list[str]) -> str:
     for m in metrics:
         n = t["launches_needed"].get(m) if m in t.index else None
         n = None if n is None or pd.isna(n) else int(n)
-        ratio = _fmt_ratio(float(t["ratio"].get(m))) if m in t.index else "–"
+        ratio = change_text(float(t["ratio"].get(m))) if m in t.index else "–"
         size = (
             f"about {n} launches a side"
             if n

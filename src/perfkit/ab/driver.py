@@ -1,12 +1,6 @@
-"""Run an A/B: balanced interleaved launches of two engine specs, a bundle per side.
-
-Order ``A B B A A B …`` (:func:`perfkit.stats.interleaved_order`), N launches a side; each
-launch is one :func:`perfkit.measuring.launch_rows.measure_launch` (fresh compile caches unless the
-spec shares them): cold start, the cold request, then M warm requests of the same shape, with
-per-stage and per-step times and memory; its launch row carries ``first_result_s`` (launch
-until the first successful request ended, s; :func:`perfkit.measuring.launch_rows.first_result`).
-The host's load averages (``os.getloadavg``) before each launch and at the end go into the
-bundles' meta: the runner may be shared.
+"""Run an A/B: balanced interleaved launches (``A B B A …``) of two or more engine specs, each a
+:func:`perfkit.measuring.launch_rows.measure_launch`, into a bundle per side with the host's load
+averages in its meta (the runner may be shared).
 """
 
 from __future__ import annotations
@@ -99,31 +93,20 @@ def run_arms(
     profile: ProfileParams | None = None,
     paired: bool = False,
 ) -> dict[str, ResultBundle]:
-    """Run launches of several engine specs ("arms": A, and B, C, … each a variant of it) in one
-    balanced interleaved order (:func:`perfkit.stats.interleaved_order`), a bundle per arm
-    under ``out/<arm in lower case>``: one power pool can hold A and several slowdowns, each
-    compared with the same A launches. ``launches``: a side, or arm -> launches.
+    """Run launches of several engine specs ("arms": A, and B, C, … each a variant of it: a power
+    pool) in one balanced interleaved order, a bundle per arm under ``out/<arm in lower case>``,
+    saved after every launch (a pool cut short keeps what it ran); its meta ``ab`` holds the
+    order, the load averages and the wall time. ``launches``: a side, or arm -> launches. Never
+    raises for engine failures: a failed launch keeps its error in its ``launches`` row, with any
+    process that outlived its teardown (ended by :class:`perfkit.engine.owner.Watch`).
 
-    Every bundle is saved after every launch (a pool cut short keeps what it ran) and its meta
-    ``ab`` holds the whole order, the load averages and the wall time. Never raises for engine
-    failures (a failed launch keeps its error in its ``launches`` row: a request that hung or
-    lost the engine is named with how the engine ended). After each launch any process it
-    started that outlived its teardown is ended (:class:`perfkit.engine.owner.Watch`) and named
-    in that error.
-
-    ``extend`` (the sequential A/B, :mod:`perfkit.ab.sequential`): once the planned order has
-    run, it is called with the bundles so far and returns the arms to launch next (empty: stop);
-    ``meta`` is added to every bundle's meta ``ab`` (e.g. the sequential design).
-
-    ``profile``: after every measured launch, one extra launch per arm (label
-    ``profiled-<arm>``; paired: A's and B's side by side) profiles its cold and a warm request;
-    the traces go into that arm's bundle (``traces`` table, ``traces/``). Not a measured
-    launch: not in the order, the launch counts or any metric.
-
-    ``paired`` (``perfkit ab --paired``, arms A and B with equal counts): the order is taken two
-    at a time, one A and one B launch run side by side with their requests in turn
-    (:mod:`perfkit.ab.paired`), the first of the two sending the first request; ``extend`` must
-    then return two arms. The meta ``ab`` says ``paired`` and each pair's request order.
+    ``extend``: once the planned order has run, called with the bundles so far, returns the arms
+    to launch next (empty: stop); ``meta`` is added to every bundle's meta ``ab``. ``profile``:
+    after the measured launches, one extra launch per arm (``profiled-<arm>``, outside the order,
+    counts and metrics) profiles a cold and a warm request into that arm's bundle. ``paired``
+    (arms A and B, equal counts): the order is taken two at a time, an A and a B launch side by
+    side with their requests in turn (:mod:`perfkit.ab.paired`; ``extend`` returns two arms); the
+    meta ``ab`` says ``paired`` and each pair's request order.
 
     Raises:
         ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec; paired
@@ -149,45 +132,19 @@ def run_arms(
     with tqdm(total=len(order), desc="ab launches", unit="launch") as bar:  # closed on an interrupt too
         pos = 0
         while pos < len(order) or (extend is not None and _extended(order, extend, bundles, bar)):
+            group = order[pos : pos + 2] if paired else [order[pos]]
+            if paired and sorted(group) != ["A", "B"]:
+                raise ValueError(f"paired launches run an A and a B together; the order has {group} at {pos}")
+            key, ran = _launch(specs, group, pos, len(order), reqs, out, request_timeout_s, data, loads)
             if paired:
-                pair = order[pos : pos + 2]
-                if sorted(pair) != ["A", "B"]:
-                    raise ValueError(
-                        f"paired launches run an A and a B together; the order has {pair} at {pos}"
-                    )
-                key, ran = _paired_launch(specs, pair, pos, reqs, out, request_timeout_s, data, loads)
                 turns[key] = ran
                 meta["pair_turns"] = turns
-                bundles = _save_arms(
-                    specs, request, counts, warm, out, data, order[: pos + 2], loads, t0, meta
-                )
-                bar.update(2)
-                pos += 2
-                continue
-            arm = order[pos]
-            label = f"{arm}{len(data[arm]):02d}"
-            loads[label] = {"position": pos, "loadavg": _loadavg()}
-            watch = Watch.start()
-            d = measure_launch(specs[arm], reqs, out / "launches", label, request_timeout_s=request_timeout_s)
-            left = watch.reap(grace_s=specs[arm].stop_grace_s)  # what outlived the launch's teardown
-            if left:
-                d.launch_row["error"] = d.error = "; ".join(x for x in (d.error, describe(left)) if x)
-            log.info(
-                "launch %s (%d/%d): ready %.2f s, first result %s s%s",
-                label,
-                pos + 1,
-                len(order),
-                d.launch_row.get("ready_s") or math.nan,
-                d.launch_row.get("first_result_s"),
-                f", error: {d.error}" if d.error else "",
-            )
-            data[arm].append(d)
+            pos += len(group)
             # saved after every launch: a pool cut short (a lost host, a killed job) keeps what it ran
-            bundles = _save_arms(specs, request, counts, warm, out, data, order[: pos + 1], loads, t0, meta)
-            bar.update()
-            pos += 1
+            bundles = _save_arms(specs, request, counts, warm, out, data, order[:pos], loads, t0, meta)
+            bar.update(len(group))
             failed = [x.label for ds in data.values() for x in ds if x.error]
-            if failed and all(data.values()):  # the procedure stops at a failed launch: no more
+            if not paired and failed and all(data.values()):  # the procedure stops at a failed launch
                 log.warning("launch %s failed: no further launch", failed[0])
                 break
     if profile is not None and not any(d.error for ds in data.values() for d in ds):
@@ -205,41 +162,54 @@ def run_arms(
     return bundles
 
 
-def _paired_launch(
+def _launch(
     specs: Mapping[str, EngineSpec],
-    pair: list[str],
+    group: list[str],
     pos: int,
+    total: int,
     reqs: list[VideoRequestSpec],
     out: Path,
     request_timeout_s: float | None,
     data: dict[str, list[LaunchData]],
     loads: dict[str, Any],
 ) -> tuple[str, list[str]]:
-    """One A and one B launch of :func:`run_arms` side by side, their requests in turn
-    (:func:`perfkit.ab.paired.run_pair`, ``pair[0]`` first): each arm's :class:`LaunchData` is
-    appended to ``data`` and its load averages put in ``loads``; what outlived the pair's
-    teardown is named in both errors. Returns the pair's key (``"A00+B00"``) and its request
-    order (``["A00:0", "B00:0", …]``)."""
-    labels = {arm: f"{arm}{len(data[arm]):02d}" for arm in pair}
-    for k, arm in enumerate(pair):
+    """One launch of :func:`run_arms` (``group`` one arm), or an A and a B launch side by side,
+    their requests in turn (:func:`perfkit.ab.paired.run_pair`, ``group[0]`` first): each arm's
+    :class:`LaunchData` is appended to ``data`` and its load averages put in ``loads``; what
+    outlived the teardown is named in each error. Returns the key (``"A00+B00"``) and, paired,
+    the request order (``["A00:0", "B00:0", …]``)."""
+    labels = {arm: f"{arm}{len(data[arm]):02d}" for arm in group}
+    for k, arm in enumerate(group):
         loads[labels[arm]] = {"position": pos + k, "loadavg": _loadavg()}
     watch = Watch.start()
-    got, ran = run_pair(
-        pair[0],
-        pair[1],
-        lambda arm, turn: measure_launch(
+
+    def one(arm: str, turn: Any = None) -> LaunchData:
+        return measure_launch(
             specs[arm], reqs, out / "launches", labels[arm], request_timeout_s=request_timeout_s, turn=turn
-        ),
-    )
-    left = watch.reap(grace_s=max(specs[a].stop_grace_s for a in pair))
-    for arm in pair:
+        )
+
+    got, ran = run_pair(group[0], group[1], one) if len(group) == 2 else ({group[0]: one(group[0])}, [])
+    left = watch.reap(grace_s=max(specs[a].stop_grace_s for a in group))  # what outlived the teardown
+    for arm in group:
         d = got[arm]
         if left:
             d.launch_row["error"] = d.error = "; ".join(x for x in (d.error, describe(left)) if x)
-        log.info("launch %s (paired): ready %.2f s%s", d.label, d.launch_row.get("ready_s") or math.nan,
-                 f", error: {d.error}" if d.error else "")  # fmt: skip
+        ready, err = d.launch_row.get("ready_s") or math.nan, f", error: {d.error}" if d.error else ""
+        if len(group) == 2:
+            log.info("launch %s (paired): ready %.2f s%s", d.label, ready, err)
+        else:
+            first = d.launch_row.get("first_result_s")
+            log.info(
+                "launch %s (%d/%d): ready %.2f s, first result %s s%s",
+                d.label,
+                pos + 1,
+                total,
+                ready,
+                first,
+                err,
+            )
         data[arm].append(d)
-    return "+".join(labels[a] for a in pair), [f"{labels[a]}:{i}" for a, i in ran]
+    return "+".join(labels[a] for a in group), [f"{labels[a]}:{i}" for a, i in ran]
 
 
 def _extended(order: list[str], extend: Callable[..., Sequence[str]], bundles: Any, bar: Any) -> bool:

@@ -1,22 +1,6 @@
 """The values an A/B compares, read from one side's bundle: one long table, a row per
-(launch, metric, request).
-
-Metrics (``metric`` column; unit in ``unit``):
-
-========================  =====  ====================================================================
-``ready``                 s      cold start: launch until ``/health`` answered (one value a launch)
-``first_result``          s      launch until the first successful request ended (one a launch)
-``cold_e2e``              ms     the cold request's server e2e time (one a launch)
-``warm_e2e``              ms     each warm request's server e2e time (M a launch)
-``<stage>``               ms     each warm request's time in that stage (sglang names)
-``denoising_step``        ms     each warm request's mean denoising step time
-``peak_vram``             MiB    the launch's peak device memory reserved over its requests
-``host_peak``             MiB    the launch's peak host PSS of the engine tree (the largest read of
-                                 the cap watchdog's and the sampler's)
-========================  =====  ====================================================================
-
-A metric without a value on a launch has no row there (never a 0); the decision then says
-"not measured" for it rather than "no change".
+(launch, metric, request). The metrics and their units (s, ms, MiB): docs/ab.md, "Metrics". A
+metric without a value on a launch has no row there (never a 0): "not measured", not "no change".
 """
 
 from __future__ import annotations
@@ -54,7 +38,7 @@ def metric_values(bundle: ResultBundle) -> pd.DataFrame:
     """Long table of a side's values: columns ``launch, metric, unit, index, value`` (``index``:
     the request's place in its launch, 0 for launch-level metrics). Only completed measured
     requests count; values that are missing, zero or not finite are left out (not measured).
-    Units as in the module table (s, ms, MiB).
+    Units: :data:`METRIC_UNITS` (s, ms, MiB; stages ms).
     """
     rows: list[tuple[Any, str, str, int, float]] = []
     launches = bundle.launches
@@ -106,15 +90,18 @@ def metric_values(bundle: ResultBundle) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def launch_errors(bundle: ResultBundle) -> dict[str, Any]:
+    """Launch label -> error of each failed launch (start error, crash) of a side's bundle."""
+    la = bundle.launches
+    if la.empty or "error" not in la:
+        return {}
+    return {str(r["launch"]): r["error"] for r in la[la["error"].notna()].to_dict("records")}
+
+
 def launch_means(values: pd.DataFrame) -> pd.DataFrame:
     """Per (metric, launch): the launch's one number, the **median** of its values (in the
-    metric's unit), and how many requests it has. Columns ``metric, launch, unit, value, n``.
-
-    The median, not the mean: on a shared host a request that the OS preempts takes several times
-    its usual time (a heavy right tail, seen on the 2-core runner), and one such stall would move a
-    launch mean; benchstat summarises by medians for the same reason. The launches' medians are
-    then the samples of the interval (:func:`perfkit.stats.ratio_interval`).
-    """
+    metric's unit; why not the mean: docs/choosing-n-m.md), and how many requests it has.
+    Columns ``metric, launch, unit, value, n``."""
     if values.empty:
         return pd.DataFrame(columns=["metric", "launch", "unit", "value", "n"])
     g = values.groupby(["metric", "launch"], sort=False)
@@ -127,11 +114,9 @@ def paired_values(values_a: pd.DataFrame, values_b: pd.DataFrame, metric: str) -
     their requests in turn) for one metric: a row per pair with a value on both sides.
 
     Columns ``pair`` (``k``), ``a`` (A's launch median, the metric's unit), ``b``: A's median times
-    the pair's ratio, where the ratio is the **median over the warm requests of B's request over
-    A's request of the same place** (run one after the other, a fraction of a second apart: the
-    host's state, which changes within a launch on a shared VM, cancels request by request); a
-    launch-level metric (one value a launch: ready, cold e2e, peaks) takes B's value itself. So
-    ``log b − log a`` is the pair's log ratio, what :func:`perfkit.stats.paired_ratio_interval`
+    the **median over the warm requests of B's request over A's request of the same place** (the
+    host's state cancels request by request); a launch-level metric (ready, cold e2e, peaks)
+    takes B's value itself. ``log b − log a`` is what :func:`perfkit.stats.paired_ratio_interval`
     averages.
     """
     rows = []

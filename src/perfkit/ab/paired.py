@@ -1,19 +1,7 @@
-"""Paired launches (``perfkit ab --paired``): an A launch and a B launch run side by side, their
-requests taking turns (A's cold request, B's cold request, A's first warm one, …).
-
-Why: on a shared host whose speed changes for seconds to minutes (the 2-core CI VM runs the
-same request in 74 or 140 ms, ``docs/choosing-n-m.md``), launches run one after the other land
-in different states and the between-launch spread swamps a +30 % change. Two launches whose
-requests alternate see the same state; the ratio of their medians cancels it (measured on that
-VM under load: the log ratio of a pair's DenoisingStage medians spread 0.06 between pairs, each
-side's own launch medians 0.38). The interval over pairs is then Student's paired t
-(:func:`perfkit.stats.paired_ratio_interval`).
-
-What it costs: both engines start at once (cold start and load figures are measured under each
-other's start), and two engines must fit the host (memory). Requests never overlap: one engine
-computes while the other waits.
-
-:class:`Alternation` is the turnstile; :func:`run_pair` runs the two launches on two threads.
+"""Paired launches (``perfkit ab --paired``): an A and a B launch run side by side, their requests
+in turn (A's cold request, B's, A's first warm one, …; never overlapping). :class:`Alternation`
+is the turnstile; :func:`run_pair` runs the two launches on two threads. Why and what it costs:
+docs/choosing-n-m.md, "Paired launches".
 """
 
 from __future__ import annotations

@@ -1,33 +1,7 @@
-"""Power of `perfkit ab` from a recorded pool: how small a regression it sees, how often it cries wolf.
-
-A *pool* is a directory of launches recorded by :func:`perfkit.ab.driver.run_arms`: ``a/`` (the
-engine as it is) and one directory per B arm (``b/``, ``c/``, …: the same engine with the
-test-only ``debug_stage_delay`` slowing DenoisingStage by a known share), interleaved in one
-order, with an optional ``pool.json`` naming each arm's slowdown and the metric it is meant to
-be caught on (``benchmarks/ab_power.py`` writes it).
-
-From it, for each N (launches a side) and M (warm requests a launch: the first M of each launch)
-and each decision setting (threshold, confidence), over every way to pick the launches (exact
-for this pool) or, where there are more than :data:`MAX_EXACT` ways, over random draws:
-
-- **A/A false alarm**: draw 2N distinct A launches, split them into two sides of N and decide
-  every metric as ``perfkit ab`` does (:func:`perfkit.stats.ratio_interval` on launch medians,
-  :func:`perfkit.stats.decide`): how often a key metric, the gate (``perfkit ab
-  --gate-metrics`` of :data:`KEY_METRICS`: any of them), or any metric (the exit code without
-  ``--gate-metrics``) is called a regression; and how often the DenoisingStage interval holds 1;
-- **detection**: draw N A launches and N launches of a B arm: how often DenoisingStage and warm
-  e2e are called a regression; and how often TextEncodingStage (which the slowdown does not
-  touch) is.
-
-Draws share launches, so the rates describe one pool (its size goes with every rate), not
-independent experiments: with 10 A launches there are only 252 ordered A/A splits at N = 5, so
-an A/A rate moves in steps of 0.4 %. The intervals are computed for all draws at once (numpy) with the
-same Welch–Satterthwaite formulas as :func:`perfkit.stats.ratio_interval`
-(:func:`perfkit.stats.log_ends`; equal to it within floating-point rounding, not bit for bit).
-
-Beside this module (the resampled rates: :func:`power_table`, :func:`recommend`):
-:mod:`perfkit.ab.pool` (the pool loaded, log medians, variance split) and :mod:`perfkit.ab.slow`
-(slow spells); the names other code reads are re-exported here.
+"""Power of ``perfkit ab`` from a recorded pool (:mod:`perfkit.ab.pool`): A/A false-alarm and
+detection rates for each N, M and decision setting (:func:`power_table`, :func:`recommend`).
+Draws share launches, so the rates describe one pool, not independent experiments; how the draws
+are made: docs/choosing-n-m.md. The pool's names other code reads are re-exported here.
 """
 
 from __future__ import annotations
@@ -48,9 +22,10 @@ from perfkit.ab.pool import (
     arm_warnings,
     load_pool,
     log_medians,
+    slow_launches,
+    slow_spells,
     variance_table,
 )
-from perfkit.ab.slow import slow_launches, slow_spells
 
 __all__ = ["POOL_FILE", "arm_warnings", "load_pool", "variance_table", "slow_spells", "slow_launches"]
 #: up to this many ways to pick the launches, every way is taken (exact rates for the pool)
@@ -209,56 +184,42 @@ def power_table(
                         "ab_exact": ab_exact,
                     }
                     up = math.log1p(thr)
-                    row.update(_aa_rates(aa, conf, cols, gate, up))
-                    row.update(_ab_rates(ab, conf, cols, gate, up))
+                    row.update(_rates(aa, conf, cols, gate, up, True))
+                    row.update(_rates(ab, conf, cols, gate, up, False))
                     rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _aa_rates(
-    mom: Moments | None, conf: float, cols: list[str], gate: list[int], up: float
+def _rates(
+    mom: Moments | None, conf: float, cols: list[str], gate: list[int], up: float, aa: bool
 ) -> dict[str, float]:
-    """A/A columns of one :func:`power_table` row from the draws' Welch moments
-    (:func:`perfkit.stats.combine`, each (draws, metrics); None: nothing drawn, every
-    rate NaN) at two-sided ``conf``: ``aa_covers``, ``aa_alarm_<metric>``, ``aa_alarm_any``,
-    ``aa_alarm_gate``; a regression is a low end above ``up`` (log of 1 + threshold)."""
+    """A/A (``aa``: ``aa_covers``, ``aa_alarm_<metric>``, ``aa_alarm_any``, ``aa_alarm_gate``) or
+    detection (``detect_<metric>``, ``alarm_untouched``, ``detect_any``, ``detect_gate``) columns
+    of one :func:`power_table` row from the draws' Welch moments (:func:`perfkit.stats.combine`,
+    each (draws, metrics); None: nothing drawn, every rate NaN) at two-sided ``conf``; a
+    regression is a low end above ``up`` (log of 1 + threshold). ``*_any`` is the exit code with
+    every metric gating, ``*_gate`` with the key metrics."""
+    pre = "aa_alarm" if aa else "detect"
+    keys = [f"{pre}_{m}" for m in KEY_METRICS]
     row = dict.fromkeys(
-        ["aa_covers", *(f"aa_alarm_{m}" for m in KEY_METRICS), "aa_alarm_any", "aa_alarm_gate"], math.nan
+        [*(["aa_covers", *keys] if aa else [*keys, "alarm_untouched"]), f"{pre}_any", f"{pre}_gate"], math.nan
     )
-    if mom is not None:
-        has = ~mom[3]
-        low, high = stats.log_ends(*mom, conf)
-        reg = low > up  # NaN (no interval) is never above
-        k = cols.index("DenoisingStage")
-        row["aa_covers"] = _rate(has[:, k] & (low[:, k] <= 0) & (high[:, k] >= 0), has[:, k])
-        for metric in KEY_METRICS:
-            j = cols.index(metric) if metric in cols else None
-            row[f"aa_alarm_{metric}"] = math.nan if j is None else _rate(reg[:, j], has[:, j])
-        row["aa_alarm_any"] = _rate(reg.any(axis=1), has)
-        row["aa_alarm_gate"] = _rate(reg[:, gate].any(axis=1), has[:, gate]) if gate else math.nan
-    return row
+    if mom is None:
+        return row
+    has = ~mom[3]
+    low, high = stats.log_ends(*mom, conf)
+    reg = low > up  # NaN (no interval) is never above
 
+    def rate(metric: str, hit: np.ndarray) -> float:
+        return _rate(hit[:, cols.index(metric)], has[:, cols.index(metric)]) if metric in cols else math.nan
 
-def _ab_rates(
-    mom: Moments | None, conf: float, cols: list[str], gate: list[int], up: float
-) -> dict[str, float]:
-    """Detection columns of one :func:`power_table` row from the A/B draws' Welch moments (as
-    :func:`_aa_rates`; None: nothing drawn, every rate NaN): ``detect_<metric>``,
-    ``alarm_untouched``, ``detect_any``, ``detect_gate``."""
-    row = dict.fromkeys(
-        [*(f"detect_{m}" for m in KEY_METRICS), "alarm_untouched", "detect_any", "detect_gate"], math.nan
-    )
-    if mom is not None:
-        reg = stats.log_ends(*mom, conf)[0] > up
-        has = ~mom[3]
-        for metric in KEY_METRICS:
-            j = cols.index(metric) if metric in cols else None
-            row[f"detect_{metric}"] = math.nan if j is None else _rate(reg[:, j], has[:, j])
-        j = cols.index(UNTOUCHED) if UNTOUCHED in cols else None
-        row["alarm_untouched"] = math.nan if j is None else _rate(reg[:, j], has[:, j])
-        # the exit code: any metric called a regression; with the gate, any key metric
-        row["detect_any"] = _rate(reg.any(axis=1), has)
-        row["detect_gate"] = _rate(reg[:, gate].any(axis=1), has[:, gate]) if gate else math.nan
+    row.update({k: rate(m, reg) for m, k in zip(KEY_METRICS, keys)})
+    if aa:
+        row["aa_covers"] = rate("DenoisingStage", has & (low <= 0) & (high >= 0))
+    else:
+        row["alarm_untouched"] = rate(UNTOUCHED, reg)
+    row[f"{pre}_any"] = _rate(reg.any(axis=1), has)
+    row[f"{pre}_gate"] = _rate(reg[:, gate].any(axis=1), has[:, gate]) if gate else math.nan
     return row
 
 
@@ -281,17 +242,10 @@ def recommend(
 ) -> pd.DataFrame:
     """The cheapest settings that meet the targets: rows of :func:`power_table` (one per setting
     and N, M, all arms together) where every arm's detection is at least ``detect_min`` and the
-    A/A false-alarm rate is at most ``alarm_max``, judged as ``alarm`` says:
-
-    - ``"key"``: the metrics themselves: detection on each arm's ``target`` metric, false alarms
-      the worst of :data:`KEY_METRICS`;
-    - ``"gate"``: the exit code of ``perfkit ab --gate-metrics DenoisingStage,warm_e2e``: B exits 1
-      (``detect_gate``), A/A exits 1 (``aa_alarm_gate``);
-    - ``"any"``: the exit code without ``--gate-metrics`` (every metric gates): ``detect_any``,
-      ``aa_alarm_any``.
-
-    Sorted by launches (N), then requests (M), then false alarms (fewest first); empty when
-    nothing meets them. A NaN rate (nothing drawn) never meets a target.
+    A/A false-alarm rate is at most ``alarm_max``, judged as ``alarm`` says (:data:`JUDGEMENTS`:
+    ``"key"`` each arm's ``target`` metric and the worst of :data:`KEY_METRICS`, ``"gate"`` the
+    ``*_gate`` columns, ``"any"`` the ``*_any`` ones). Sorted by N, then M, then false alarms;
+    empty when nothing meets them. A NaN rate (nothing drawn) never meets a target.
 
     Returns:
         Columns ``threshold, confidence, n, m, detect_min_seen, alarm_max_seen``.

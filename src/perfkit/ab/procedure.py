@@ -1,8 +1,7 @@
-"""The sequential procedure itself (the method is in :mod:`perfkit.ab.sequential`'s doc): the
-design (:class:`Design`), alpha spending (:func:`spent_alpha`), one look (:class:`Look`), and
-the walk over launches a side until decided, undecided or at the maximum (:class:`Walker`,
-:class:`Walk`). Units: ratios and confidences are fractions; launches are counts
-a side.
+"""The sequential procedure itself (the method: docs/choosing-n-m.md): the design
+(:class:`Design`), alpha spending (:func:`spent_alpha`), one look (:class:`Look`), and the walk
+over launches a side until decided, undecided or at the maximum (:class:`Walker`, :class:`Walk`).
+Ratios and confidences are fractions; launches are counts a side.
 """
 
 from __future__ import annotations
@@ -14,24 +13,24 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from perfkit import stats
-from perfkit.ab.slow import slow_launches
+from perfkit.ab.pool import slow_launches
 from perfkit.common.numfmt import confidence_text
 
-#: alpha-spending functions (module doc)
+#: alpha-spending functions (docs/choosing-n-m.md)
 SPENDINGS = ("pocock", "obrien-fleming")
-#: what happens to a launch run in a slow spell (module doc)
+#: what happens to a launch run in a slow spell
 SLOW_RULES = ("replace", "keep")
 #: ``--undecided``: ``fail`` (exit 1) or ``pass`` (exit 0, said in the summary)
 UNDECIDED = ("fail", "pass")
 DEFAULT_MIN_LAUNCHES = 3
 DEFAULT_MAX_LAUNCHES = 10
-#: the metric whose warm requests mark slow spells (as :func:`perfkit.ab.slow.slow_spells`)
+#: the metric whose warm requests mark slow spells (as :func:`perfkit.ab.pool.slow_spells`)
 SLOW_METRIC = "DenoisingStage"
 
 
 def spent_alpha(fraction: float, alpha: float, spending: str = "pocock") -> float:
     """The error rate spent up to information fraction ``fraction`` (0..1) of a total ``alpha``
-    (two-sided), by the Lan–DeMets ``pocock`` or ``obrien-fleming`` function (module doc).
+    (two-sided), by the Lan–DeMets ``pocock`` or ``obrien-fleming`` function (docs/choosing-n-m.md).
 
     Raises:
         ValueError: an unknown ``spending``.
@@ -58,11 +57,9 @@ class Design:
         confidence: overall two-sided confidence over all looks and gated metrics (α = 1 − confidence).
         spending: the alpha-spending function (:data:`SPENDINGS`).
         slow_rule: launches in a slow spell: ``replace`` or ``keep`` (:data:`SLOW_RULES`).
-        paired: launch ``i`` of A ran beside launch ``i`` of B, their requests alternating
-            (``perfkit ab --paired``): each look's interval is the paired t interval of the pairs
-            (:func:`perfkit.stats.paired_ratio_interval`) and no launch is replaced (a slow
-            spell is shared by the pair and cancels in it; replacing one side would break it):
-            ``slow_rule`` must be ``keep``.
+        paired: launch ``i`` of A ran beside launch ``i`` of B (``perfkit ab --paired``): paired t
+            intervals (:func:`perfkit.stats.paired_ratio_interval`), no launch replaced
+            (``slow_rule`` must be ``keep``).
 
     Raises:
         ValueError: any of the above out of range (the field is named).
@@ -132,10 +129,6 @@ class Look:
     metrics: dict[str, dict[str, Any]]
     decided: bool
     position: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-ready apart from NaN)."""
-        return asdict(self)
 
 
 @dataclass
@@ -241,8 +234,9 @@ def _next_arm(run: Mapping[str, list[str]], kept: Mapping[str, list[str]], last:
 class Walker:
     """The procedure, one launch at a time (:meth:`add`; :meth:`feed` a whole order): after each
     launch, replace slow-spell launches, look when both sides have a new ``n`` ≥ ``min_launches``
-    kept launches, stop as the module doc says. ``logmed`` and ``slow`` may grow between calls of
-    :meth:`add` (a live run adds each launch's values as it ends).
+    kept launches, stop at a regression, with every gated metric decided, or at the maximum.
+    ``logmed`` and ``slow`` may grow between calls of :meth:`add` (a live run adds each launch's
+    values as it ends).
 
     Args:
         logmed: side -> label -> log launch medians of ``metrics`` (an array, NaN: not measured).

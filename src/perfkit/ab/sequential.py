@@ -1,53 +1,14 @@
-"""The sequential procedure of ``perfkit ab``: launch until every gated metric is decided.
-
-After ``min_launches`` a side the run is *looked at*; while a gated metric is still
-"inconclusive" (:func:`perfkit.stats.decide`) another interleaved pair of launches runs and
-the run is looked at again, up to ``max_launches`` launches a side. It stops at the first look
-where every gated metric is decided (regression, improvement or no change at its threshold), or
-where a gated metric is a regression (the exit code is then known), or at the maximum:
-**undecided**, which exits 1 unless the user opts out (``--undecided pass``).
-
-**Why the false-alarm rate holds under repeated looks: alpha spending.** Looking at a 95 %
-interval after every pair and stopping at the first regression would cry wolf far more often
-than 2.5 %. Each look ``n`` (launches a side) instead gets its own share of the error rate
-α = 1 − confidence from a Lan–DeMets spending function of the information fraction
-``t = n / max_launches`` (Lan & DeMets, Biometrika 1983; Jennison & Turnbull, *Group Sequential
-Methods*, 2000, ch. 7):
-
-- ``pocock`` (default): α(t) = α · ln(1 + (e − 1) t): much of α at the first looks, so a change
-  several times the noise stops early (launches are the expensive unit: ~40 s on an H200);
-- ``obrien-fleming``: α(t) = 2 − 2 Φ(z_{1−α/2} / √t): almost nothing early, nearly the full
-  α at the last look (fewer early stops, a narrower last interval).
-
-Look ``n`` builds the usual Welch t interval on launch medians (:func:`perfkit.stats.ratio_interval`)
-for each of the K gated metrics at confidence ``1 − (α(t_n) − α(t_{n−1})) / K``. The shares add up
-to α, so by the union bound the chance that *any* look's interval of *any* gated metric misses its
-true ratio is at most α whatever the correlation between looks and metrics, and the chance that an
-A/A exits 1 as a regression at most α/2 (2.5 % at the default 95 %; the recorded pools measure
-0–0.7 %, ``docs/choosing-n-m.md``). This is conservative next to exact group-sequential boundaries, which have no closed
-form for Welch t at 2–10 launches a side; an always-valid confidence sequence (Howard et al.,
-2021) needs a variance bound or many samples to be that tight at a handful of launches. With
-``min_launches == max_launches`` there is one look at the nominal confidence: the fixed-N A/B.
-
-**Slow spells** (``slow_rule``): a launch with at least half of its warm DenoisingStage requests
-above 1.05 × its side's quiet level (:func:`perfkit.ab.slow.slow_launches`, the detector of
-:func:`perfkit.ab.slow.slow_spells`) ran its median in a host slow spell. With ``replace``
-(default) it is left out of the intervals and another launch of its side runs instead; it still
-counts against ``max_launches`` (launches *run* a side). A spell is an exception: when half or
-more of a side's launches are marked, that is the host's state, nothing is replaced and the
-result says so. With ``keep`` every launch counts. The marking looks at each side against its
-own quiet level, so under A/A both sides lose launches alike (``benchmarks/ab_power.py`` shows
-the A/A rates with both rules).
-
-Units: ratios and confidences are fractions; launches are counts a side.
-
-This module runs it live (:func:`run_sequential`) and decides a recorded A/B with it
-(:func:`decide_sequential`); the procedure is in :mod:`perfkit.ab.procedure`, its replay on a
-recorded pool in :mod:`perfkit.ab.replay`; their names are re-exported here.
+"""The sequential procedure of ``perfkit ab``, launch until every gated metric is decided: run
+live (:func:`run_sequential`), decide a recorded A/B (:func:`decide_sequential`) and replay it on
+a recorded pool (:func:`replay_pool`, :func:`replay_summary`). The procedure itself is in
+:mod:`perfkit.ab.procedure`; the method (looks, alpha spending, slow spells) and its sources are
+in docs/choosing-n-m.md, "Launching until decided". Ratios and confidences are fractions;
+launches are counts a side.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
@@ -55,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from perfkit import stats
-from perfkit.ab.metrics import launch_means, metric_order, metric_values, paired_values
+from perfkit.ab.metrics import launch_errors, metric_order, metric_values, paired_values
+from perfkit.ab.pool import log_medians
 from perfkit.ab.procedure import (
     DEFAULT_MAX_LAUNCHES,
     DEFAULT_MIN_LAUNCHES,
@@ -69,26 +31,22 @@ from perfkit.ab.procedure import (
     end_of_recording,
     spent_alpha,
 )
-from perfkit.ab.replay import pool_design, replay_pool, replay_summary
 
 __all__ = ["DEFAULT_MAX_LAUNCHES", "DEFAULT_MIN_LAUNCHES", "SLOW_RULES", "SPENDINGS", "spent_alpha"]
-__all__ += ["pool_design", "replay_pool", "replay_summary"]  # re-exported
 
 
 def _inputs(
-    values: Mapping[str, pd.DataFrame], metrics: Sequence[str], paired: bool = False
+    values: Mapping[str, pd.DataFrame], metrics: Sequence[str], paired: bool = False, m: float = math.inf
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, dict[str, np.ndarray]]]:
-    """Per side: label -> log launch medians of ``metrics`` (:func:`perfkit.ab.metrics.launch_means`,
-    the values the decision's intervals use; ``paired``: a pair's B value is A's median times the
-    pair's request-by-request ratio, :func:`perfkit.ab.metrics.paired_values`) and label -> warm
-    :data:`SLOW_METRIC` times."""
+    """Per side: label -> log launch medians of ``metrics`` over the first ``m`` warm requests
+    (:func:`perfkit.ab.pool.log_medians`, the values the decision's intervals use; ``paired``: a
+    pair's B value is A's median times the pair's request-by-request ratio,
+    :func:`perfkit.ab.metrics.paired_values`) and label -> warm :data:`SLOW_METRIC` times (ms)."""
     logmed, slow = {}, {}
     for side, v in values.items():
-        lm = launch_means(v)
-        wide = lm.pivot_table(index="launch", columns="metric", values="value", aggfunc="first")
-        wide = np.log(wide.reindex(columns=list(metrics)).astype(float))
-        logmed[side] = {str(k): row.to_numpy(float) for k, row in wide.iterrows()}
-        x = v[(v["metric"] == SLOW_METRIC) & (v["index"] >= 1)]
+        med = log_medians(v, m).reindex(columns=list(metrics))
+        logmed[side] = {str(k): row.to_numpy(float) for k, row in med.iterrows()}
+        x = v[(v["metric"] == SLOW_METRIC) & (v["index"] >= 1) & (v["index"] <= m)]
         slow[side] = {str(k): g["value"].to_numpy(float) for k, g in x.groupby("launch")}
     if paired and set(values) == {"A", "B"}:
         for j, metric in enumerate(metrics):
@@ -100,20 +58,6 @@ def _inputs(
                     row[j] = math.log(pr.b) if pr.b > 0 else math.nan
                     logmed["B"][label] = row
     return logmed, slow
-
-
-def gated_metrics(values: Mapping[str, pd.DataFrame], gate: Sequence[str] | None) -> list[str]:
-    """The metrics the procedure waits for: ``gate``, or every metric either side measured."""
-    if gate is not None:
-        return list(dict.fromkeys(gate))
-    return metric_order(pd.concat([v["metric"] for v in values.values()]).unique())
-
-
-def _failed_labels(bundle: Any) -> list[str]:
-    la = bundle.launches
-    if la.empty or "error" not in la:
-        return []
-    return [str(x) for x in la.loc[la["error"].notna(), "launch"]]
 
 
 def _order(a: Any, b: Any) -> list[tuple[str, str]]:
@@ -144,9 +88,11 @@ def _walk_bundles(
     """(the procedure's walk over two sides' bundles in ``order``, default the order they ran
     (:func:`_order`); the gated metrics)."""
     values = {"A": metric_values(a), "B": metric_values(b)}
-    metrics = gated_metrics(values, gate)
+    # the metrics the procedure waits for: ``gate``, or every metric either side measured
+    every = pd.concat([v["metric"] for v in values.values()]).unique()
+    metrics = list(dict.fromkeys(gate)) if gate is not None else metric_order(every)
     logmed, slow = _inputs(values, metrics, design.paired)
-    failed = _failed_labels(a) + _failed_labels(b)
+    failed = [*launch_errors(a), *launch_errors(b)]
     thr = [float((thresholds or {}).get(m, threshold)) for m in metrics]
     seq = list(order) if order is not None else _order(a, b)
     return Walker(logmed, slow, metrics, thr, design, failed).feed(seq), metrics
@@ -162,10 +108,10 @@ def decide_sequential(
     undecided: str = "fail",
     order: Sequence[tuple[str, str]] | None = None,
 ) -> Any:
-    """Decide two sides' bundles (live or recorded) by the procedure: walk their launches in the
-    order they ran (:meth:`Walker.feed`; a recording that ends first is undecided), then the full
-    comparison (:func:`perfkit.ab.decide.compare_bundles`) of the last look's launches at its
-    confidence. Undecided gated metrics make the exit code 1 unless ``undecided="pass"``.
+    """Decide two sides' bundles by the procedure: walk their launches in the order they ran (a
+    recording that ends first is undecided), then :func:`perfkit.ab.decide.compare_bundles` of
+    the last look's launches at its confidence. Undecided gated metrics exit 1 unless
+    ``undecided="pass"``.
 
     Returns:
         :class:`perfkit.ab.decide.AbResult` whose ``meta["sequential"]`` holds the design, the
@@ -220,10 +166,9 @@ def run_sequential(
     thresholds: Mapping[str, float] | None = None,
     gate: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Run a live A/B (a :class:`perfkit.ab.driver.AbPlan`; its ``launches`` is not read) by the
-    procedure: ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_ab`),
-    then after each launch the one the procedure asks for (the procedure's walk over what ran, with the
-    same gate and thresholds as the decision after it), until it stops.
+    """Run a live A/B (a :class:`perfkit.ab.driver.AbPlan`; its ``launches`` is not read):
+    ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_ab`), then the
+    launch the procedure asks for after each, with the decision's gate and thresholds, until it stops.
 
     Returns:
         {"A": bundle, "B": bundle} (saved under ``out/a`` and ``out/b``); their meta ``ab``
@@ -259,3 +204,113 @@ def run_sequential(
         },
         paired=design.paired,
     )
+
+
+def pool_design(pool: Any, design: Design) -> Design:
+    """``design`` with its maximum cut to what the pool can replay: at most half of A's launches
+    (an A/A draws both sides from A, without sharing) and every arm's launches."""
+    a = len(pool.launches("A"))
+    cap = min([a // 2, *(len(pool.launches(arm)) for arm in pool.arms)])
+    if cap < design.min_launches:
+        raise ValueError(
+            f"{pool.path}: the pool replays at most {cap} launches a side ({a} of A: an A/A needs two "
+            f"disjoint sides), fewer than the first look's {design.min_launches}"
+        )
+    return dataclasses.replace(design, max_launches=min(design.max_launches, cap))
+
+
+def replay_pool(
+    pool: Any,
+    design: Design,
+    metrics: Sequence[str] = ("DenoisingStage", "warm_e2e"),
+    threshold: float = 0.01,
+    sims: int = 2000,
+    seed: int = 0,
+    m: int | None = None,
+) -> pd.DataFrame:
+    """Replay the procedure on a recorded pool (:func:`perfkit.ab.pool.load_pool`): ``sims``
+    experiments an arm and as many A/As, each a random order of launches a side fed to a
+    :class:`Walker` (docs/choosing-n-m.md, "How the replay resamples").
+
+    Args:
+        design: its ``max_launches`` is cut by :func:`pool_design` (at most the pool's launches).
+        metrics: the gated metrics; threshold: theirs (fraction).
+        m: warm requests a launch used (default the pool's).
+
+    Returns:
+        One row per experiment: ``kind`` ("A/A" or the arm), ``target`` (the arm's metric;
+        None for A/A), ``stop`` (``regression``, ``decided``, ``maximum``), ``regressed`` (the
+        metrics called a regression, comma-separated), ``caught`` (the target called a
+        regression), ``launches`` (launches run a side, the larger side), ``looks``,
+        ``max_launches``, ``slow_rule``.
+
+    Raises:
+        ValueError: the pool is too small for a first look (:func:`pool_design`).
+    """
+    design = pool_design(pool, design)
+    m = int(m or pool.warm)
+    mx = design.max_launches
+    rng = np.random.default_rng(seed)
+    arms = ["A", *pool.arms]
+    logmed, slow = _inputs({arm: pool.values[arm] for arm in arms}, metrics, m=m)
+    thresholds = [threshold] * len(metrics)
+    rows = []
+    a_labels = np.array(sorted(logmed["A"]))
+    for kind in ["A/A", *pool.arms]:
+        target = None if kind == "A/A" else pool.arms[kind].get("target", SLOW_METRIC)
+        other = "A" if kind == "A/A" else kind
+        b_labels = np.array(sorted(logmed[other]))
+        lm = {"A": logmed["A"], "B": logmed[other]}
+        sl = {"A": slow["A"], "B": slow[other]}
+        for _ in range(sims):
+            pa = list(rng.permutation(a_labels))
+            pb = pa[mx:] if kind == "A/A" else list(rng.permutation(b_labels))  # A/A: no launch on both
+            seq = {"A": pa[:mx], "B": pb[:mx]}
+            walker = Walker(lm, sl, metrics, thresholds, design)
+            w = walker.w
+            while w.stop is None:
+                side = w.next_arm or "A"
+                w = walker.add(side, str(seq[side][len(w.run[side])]))
+            regressed = [
+                k for k, v in (w.final.metrics if w.final else {}).items() if v["decision"] == "regression"
+            ]
+            rows.append(
+                {
+                    "kind": kind,
+                    "target": target,
+                    "stop": w.stop,
+                    "regressed": ",".join(regressed) if w.stop == "regression" else "",
+                    "caught": bool(target and w.stop == "regression" and target in regressed),
+                    "launches": max(len(v) for v in w.run.values()),
+                    "looks": len(w.looks),
+                    "max_launches": mx,
+                    "slow_rule": design.slow_rule,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def replay_summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per ``kind`` of :func:`replay_pool`'s rows: ``experiments``; ``regression`` (stopped on a
+    gated regression: exit 1), ``caught`` (the arm's target metric called a regression),
+    ``decided`` (stopped with every gated metric decided, no regression: exit 0),
+    ``undecided`` (at the maximum: exit 1 unless ``--undecided pass``), fractions; launches run a
+    side: ``median_launches``, ``p90_launches``, ``max_used`` and ``max_launches``."""
+    out = []
+    for kind, g in runs.groupby("kind", sort=False):
+        out.append(
+            {
+                "kind": kind,
+                "target": g["target"].iloc[0],
+                "experiments": len(g),
+                "regression": float((g["stop"] == "regression").mean()),
+                "caught": float(g["caught"].mean()) if kind != "A/A" else math.nan,
+                "decided": float((g["stop"] == "decided").mean()),
+                "undecided": float((g["stop"] == "maximum").mean()),
+                "median_launches": float(g["launches"].median()),
+                "p90_launches": float(g["launches"].quantile(0.9)),
+                "max_used": int(g["launches"].max()),
+                "max_launches": int(g["max_launches"].iloc[0]),
+            }
+        )
+    return pd.DataFrame(out)

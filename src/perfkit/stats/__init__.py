@@ -1,19 +1,10 @@
 """perfkit's statistics, one surface: medians, bootstrap intervals, rank tests, slopes and
-order-statistic quantile intervals of one series (here), and the Welch t ratio intervals with the
-launch as the unit, their decisions and sizing (:mod:`perfkit.stats.launches`, re-exported).
+order-statistic quantile intervals of one series (here), and the launch-level Welch t ratio
+intervals, decisions and sizing (:mod:`perfkit.stats.launches`, re-exported).
 
-Units are whatever the inputs carry (ms for latencies, MiB for memory); every function returns
-values in the input unit unless it says otherwise (ratios and relative drifts are unitless).
-
-All functions take array-likes (lists, numpy arrays, pandas Series). Non-finite values (NaN, inf:
-failed or missing measurements) are dropped before computing. Bootstrap resampling is seeded and
-vectorised: one ``(n_resamples, n)`` index matrix per side, medians along axis 1, no Python loop
-over resamples.
-
-scipy is imported inside the functions that need it (the CLI starts without it).
-
-Serving benchmarks have few samples (a session has one cold request and a handful of warm
-ones), so the rules for tiny samples are explicit and documented on each function.
+Results are in the input unit (ms, MiB) unless said (ratios, drifts: unitless). Inputs are
+array-likes; non-finite values are dropped first. Bootstraps are seeded and vectorised. scipy is
+imported inside the functions that need it (the CLI starts without it).
 """
 
 from __future__ import annotations
@@ -96,17 +87,10 @@ def bootstrap_median_ci(
 def bootstrap_ratio_ci(
     a: Any, b: Any, confidence: float = 0.95, n_resamples: int = 2000, seed: int | None = 0
 ) -> tuple[float, float]:
-    """Percentile-bootstrap confidence interval of ``median(a) / median(b)``.
-
-    ``a`` and ``b`` are resampled independently (they are separate samples, e.g. cold and warm
-    requests, or this run and another), each with its own index matrix from one seeded
-    Generator; the interval is the ``(1 - confidence) / 2`` and ``1 - (1 - confidence) / 2``
-    quantiles of the ratios of resampled medians.
-
-    Single-value samples: a side with one value (the cold request of a session is one sample)
-    is held fixed at that value, so the interval comes from resampling the other side only.
-    It then reflects the spread of the other side alone, not the unknown spread of the single
-    value. With one value on both sides the interval is degenerate: ``(r, r)``.
+    """Percentile-bootstrap confidence interval of ``median(a) / median(b)``, ``a`` and ``b``
+    resampled independently from one seeded Generator. A side with one value (a session's cold
+    request) is held fixed, so the interval reflects the other side's spread alone; one value on
+    both sides gives ``(r, r)``.
 
     Returns:
         ``(lo, hi)``, unitless. ``(nan, nan)`` when either side is empty. Resamples whose
@@ -163,14 +147,10 @@ def ratio_lower_bound_single_reference(
     """One-sided lower confidence bound of ``median(sample) / reference`` where ``reference`` is
     one measurement with no spread of its own (the cold request of a session).
 
-    Percentile bootstrap: each resample takes the median of ``sample`` resampled with
-    replacement, and a reference draw ``reference * x_j / median(sample)`` with ``x_j`` one more
-    random value of the sample: the single reference is given the sample's *relative* spread
-    (same request shape in the same session, so the same noise is the working assumption). The
-    bound is the ``1 - confidence`` quantile of the ratios. Unlike :func:`bootstrap_ratio_ci`
-    with a fixed reference, a noisy reference cannot make an identical build fail.
-
-    ``confidence`` is one-sided (0.95: the bound is the 5th percentile).
+    Percentile bootstrap: each resample is the median of ``sample`` resampled over a reference
+    draw ``reference * x_j / median(sample)`` (``x_j`` one more random sample value: the reference
+    gets the sample's relative spread, so a noisy reference cannot make an identical build
+    fail). ``confidence`` is one-sided (0.95: the bound is the 5th percentile of the ratios).
 
     Returns:
         The lower bound (unitless ratio); NaN when the sample is empty or the reference is not a
@@ -197,21 +177,16 @@ def mann_whitney(
     rel_threshold: float = 0.10,
     alpha: float = 0.05,
 ) -> dict[str, Any]:
-    """Mann-Whitney U rank test of ``a`` against ``b``, with an explicit rule for tiny samples.
+    """Mann-Whitney U rank test of ``a`` against ``b`` ("a slower": ``a``'s values tend to be
+    larger), with an explicit rule for tiny samples.
 
-    "a is slower" means ``a``'s values (latencies, ms) tend to be larger than ``b``'s.
+    With at least :data:`MIN_RANK_TEST_SAMPLES` (5) finite values a side: ``scipy.stats.mannwhitneyu``
+    (``method`` ``"mannwhitneyu"``); the decision is ``"a slower"`` / ``"b slower"`` when
+    ``pvalue < alpha`` and the medians point that way (``"greater"`` allows only ``"a slower"``,
+    ``"less"`` only ``"b slower"``), else ``"no difference"``.
 
-    With at least :data:`MIN_RANK_TEST_SAMPLES` (5) finite values on both sides, this runs
-    ``scipy.stats.mannwhitneyu(a, b, alternative=alternative)`` (scipy picks the exact or the
-    asymptotic method) and reports its statistic and p-value; ``method`` is ``"mannwhitneyu"``.
-    The decision is ``"a slower"`` / ``"b slower"`` when ``pvalue < alpha`` and the medians
-    point that way (for ``"greater"`` only ``"a slower"`` is possible, for ``"less"`` only
-    ``"b slower"``), otherwise ``"no difference"``.
-
-    With fewer samples on either side (e.g. a single cold request against warm requests), a
-    rank test has no power (with 1 vs 4 the smallest possible two-sided p-value is 0.4), so no
-    p-value is given: ``statistic`` and ``pvalue`` are ``None`` and ``method`` is
-    ``"insufficient-samples"``. The decision rule is then:
+    With fewer (a rank test has no power: 1 vs 4 gives two-sided p >= 0.4), ``statistic`` and
+    ``pvalue`` are None, ``method`` is ``"insufficient-samples"`` and the rule is:
 
     - ``"a slower"`` only when ``min(a) > max(b)`` (complete separation) **and**
       ``median(a) > median(b) * (1 + rel_threshold)``;
@@ -333,12 +308,8 @@ def slope_lower_bound(y: Any, confidence: float = 0.95) -> float:
 
 
 def relative_drift(first: float, last: float) -> float:
-    """Relative change from ``first`` to ``last``: ``last / first - 1`` (unitless).
-
-    E.g. 0.25 means ``last`` is 25 % above ``first`` (a warm request 25 % slower than the
-    previous one, or memory 25 % higher). NaN when ``first`` is 0 or either value is not
-    finite.
-    """
+    """Relative change from ``first`` to ``last``: ``last / first - 1`` (unitless; 0.25: 25 %
+    above). NaN when ``first`` is 0 or either value is not finite."""
     f, l_ = float(first), float(last)
     if not (math.isfinite(f) and math.isfinite(l_)) or f == 0.0:
         return math.nan

@@ -1,32 +1,14 @@
 """Ratio intervals with the engine launch as the unit of repetition (A/B, history's steps), part
-of :mod:`perfkit.stats` (import them from there).
-
-A launch (cold start, cold request, warm requests) is what repeats between builds: about a third
-of a warm request's variance lies between launches on an H200 (docs/suite.md, "Measurement rules"), so requests of one
-launch are not independent samples, and an interval built from requests as if they were is too
-narrow. A launch is therefore reduced to one number first (the median of its requests,
-:func:`perfkit.ab.metrics.launch_means`) and the functions here treat launches as the samples (Kalibera & Jones, "Rigorous
-benchmarking in reasonable time", ISMM 2013: repeat at the level that holds the variance).
-
-The interval of a ratio B/A is a **Welch t interval on the difference of the means of the log
-per-launch values**, exponentiated (:func:`ratio_interval`). It is exact for log-normal launch values with
-unequal variances up to Welch–Satterthwaite's degrees-of-freedom approximation, and keeps close to
-its nominal coverage at 2–4 launches a side, where a (nested) percentile bootstrap does not: with
-3 launches a side a percentile bootstrap can only draw 10 distinct resample means and its
-intervals are too narrow (issue 19 measured a 5 % false-alarm rate at nominal 2.5 %). Coverage
-on A/A data is measured by ``tests/test_ab_stats.py`` (synthetic, seeded) and by
-``benchmarks/ab_power.py`` (live launches). pyperf's ``compare_to`` uses a t-test on worker
-values the same way; benchstat and asv use rank tests, which cannot reach significance at all with
-3 launches a side (the smallest two-sided Mann–Whitney p for 3 vs 3 is 0.1).
-
-Units: ratios and fractions are unitless; inputs are in any positive unit (ms, s, MiB).
+of :mod:`perfkit.stats` (import them from there): Welch t intervals on log launch values, their
+decisions and sizing (Kalibera & Jones, ISMM 2013). Why Welch t and not a bootstrap or a rank
+test: docs/choosing-n-m.md. Ratios and fractions are unitless; inputs in any positive unit.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -76,10 +58,6 @@ class RatioInterval:
     sd_log_a: float
     sd_log_b: float
     confidence: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-ready apart from NaN)."""
-        return asdict(self)
 
     @property
     def pvalue(self) -> float:
@@ -233,8 +211,7 @@ def paired_ratio_interval(
     a: Iterable[float], b: Iterable[float], confidence: float = DEFAULT_CONFIDENCE
 ) -> RatioInterval:
     """Paired t interval of the ratio B/A from launch pairs (``perfkit ab --paired``: launch
-    ``i`` of A ran beside launch ``i`` of B, their requests alternating, so both saw the same
-    host state).
+    ``i`` of A ran beside launch ``i`` of B).
 
     Args:
         a, b: one value per launch, aligned: ``a[i]`` and ``b[i]`` are one pair (any positive
@@ -244,9 +221,8 @@ def paired_ratio_interval(
     Returns:
         :class:`RatioInterval` with ``n_a == n_b`` = pairs used: ``ratio`` = exp(mean d) over the
         pairs' log differences ``d_i = log b_i − log a_i``; [low, high] =
-        ``exp(mean d ± t_{n−1, (1+c)/2} · sd(d)/√n)`` (Student's paired t: the host's state,
-        shared by a pair, cancels in d_i; what varies between pairs is what is left). Fewer than
-        2 pairs: NaN ends.
+        ``exp(mean d ± t_{n−1, (1+c)/2} · sd(d)/√n)`` (Student's paired t). Fewer than 2 pairs:
+        NaN ends.
 
     Raises:
         ValueError: confidence outside (0, 1); ``a`` and ``b`` of different lengths.
@@ -290,14 +266,6 @@ class VarianceSplit:
     def cv_within(self) -> float:
         """√σ_w² (≈ CV of requests inside a launch, unitless)."""
         return math.sqrt(self.within) if self.within >= 0 else math.nan
-
-    def launch_mean_var(self, m: float) -> float:
-        """Variance of a launch mean of ``m`` requests: σ_b² + σ_w²/m (log²)."""
-        return self.between + self.within / m
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict with the CVs added."""
-        return {**asdict(self), "cv_between": self.cv_between, "cv_within": self.cv_within}
 
 
 def variance_split(
@@ -376,11 +344,9 @@ def launches_needed(
     """Launches a side that would decide a metric, if the ratio and the noise stay as measured
     (Kalibera & Jones 2013, §"dimensioning": size the repetitions from a first run's variance).
 
-    The interval's standard error of the log ratio ``se`` at k launches a side (k = 2 / (1/n_a +
-    1/n_b)) scales to ``se · √(k / n)`` at n; with the t quantile at n (df 2n − 2, paired n − 1)
-    and ``iv.confidence``, the answer is the smallest n whose half-width fits between the log
-    ratio and the nearest decision boundary (log(1 ± threshold)). For Welch's interval this is
-    the pooled launch-mean variance's ``t · s · √(2/n)``; for a paired one the pairs' differences'.
+    The smallest n whose half-width ``t · se · √(k / n)`` (k = 2 / (1/n_a + 1/n_b); t at df
+    2n − 2, paired n − 1, and ``iv.confidence``) fits between the log ratio and the nearest
+    decision boundary (log(1 ± threshold)).
 
     Returns:
         launches a side (≥ the current count), or None when it cannot be estimated (fewer than 2
@@ -427,24 +393,6 @@ def requests_per_launch(split: VarianceSplit, launch_cost_s: float, request_cost
     if not (math.isfinite(b) and math.isfinite(w)) or b <= 0 or request_cost_s <= 0:
         return None
     return max(1, math.ceil(math.sqrt(launch_cost_s / request_cost_s * w / b)))
-
-
-def threshold_from_aa(intervals: Iterable[RatioInterval], floor: float = 0.01) -> float:
-    """A decision threshold from a recorded A/A: the largest distance of an A/A interval end from 1
-    over the metrics given (so the same runs would have called every metric "no change"), never
-    below ``floor`` (fraction). NaN intervals are ignored.
-
-    Raises:
-        ValueError: no finite interval among ``intervals`` (nothing measured in the A/A).
-    """
-    dist = [
-        max(abs(iv.high - 1.0), abs(1.0 - iv.low))
-        for iv in intervals
-        if math.isfinite(iv.low) and math.isfinite(iv.high)
-    ]
-    if not dist:
-        raise ValueError("the A/A run has no metric with an interval (fewer than 2 launches a side?)")
-    return max(floor, max(dist))
 
 
 def interleaved_order(n: int | Mapping[str, int]) -> list[str]:
