@@ -1,29 +1,8 @@
-"""What an engine spec's fields turn into: field input normalised (:func:`argv_list`,
-:func:`env_strings`, :func:`percent_map`), the reference engine's argv (:func:`reference_argv`),
-sglang's startup-warmup flags (:func:`sglang_warmup_flags`), and the checks that what a spec
-names exists (:func:`check_model_path`, :func:`check_sglang`, :func:`check_command`), and the
-versions in the engine's own Python (:func:`engine_versions`). Plain
-functions over a spec's fields: :mod:`perfkit.engine.spec` holds the models and calls them.
-
-sglang's flags for kind ``sglang``. Flags checked against sglang 0.5.23: its diffusion parser (``sglang/multimodal_gen/runtime/
-server_args/server_args.py``), ``sglang serve --model-type diffusion --help``, and argvs built
-here parsed by that parser with no unknown argument (a throwaway venv, not a dependency of
-perfkit or its tests). In that version ``sglang serve``
-warms up with one synthetic request at startup (``--warmup-mode server``, video frames capped
-at 17, 25 for multi-GPU LTX-2 two-stage):
-
-==============================  ==========================================================
-EngineSpec                      sglang serve
-==============================  ==========================================================
-``warmup_frames=0``             ``--warmup-mode off``
-``warmup_frames=N`` (N != 17)   ``--warmup-num-frames N`` (17, the default, adds nothing:
-                                sglang's own frame choice stays)
-``warmup_resolution="HxW"``     ``--warmup-resolutions WxH`` (sglang writes width first)
-``warmup_steps=N``              ``--warmup-steps N``
-``warmup_mode``                 ``--warmup-mode off|request|server``
-``compile=True``                ``--enable-torch-compile``
-==============================  ==========================================================
-
+"""What an engine spec's fields turn into: normalised field input, the reference engine's argv,
+sglang's startup-warmup flags, the checks that what a spec names exists, and the package
+versions in the engine's own Python. Plain functions over a spec's fields, called by
+:mod:`perfkit.engine.spec`; the sglang flag mapping (checked against sglang 0.5.23) is in
+docs/sglang.md ("Warmup and compile").
 """
 
 from __future__ import annotations

@@ -137,20 +137,9 @@ class WarmupShape:
 
 
 def parse_warmup_shapes(text: str) -> list[WarmupShape]:
-    """The distinct shapes of sglang's startup warmup requests in an engine log, in order of
-    first appearance ([] when the log shows none).
-
-    sglang 0.5.23 writes no performance.log line for a warmup request; it names each one in its
-    warmup progress bar (tqdm, ``\\r``-separated redraws) or, in a CI log, a ``Warmup requests:
-    i/n`` line, as ``server warmup req (WxHxNf, S/D steps)`` (multimodal_gen/runtime/
-    server_warmup.py ``format_warmup_req``): W x H in pixels, N the frames after sglang's frame
-    rule (warmup_request_builder.py ``_apply_warmup_frame_contract`` runs
-    ``pipeline_config.adjust_num_frames``, as a real request's ``SamplingParams._adjust`` does;
-    ``xNf`` left out for one frame), S the warmup's steps and D the model's default steps
-    (schedule_batch.py ``Req.set_as_warmup``; ``S steps`` alone when equal). One line per
-    warmup resolution (``--warmup-resolutions``). A segment saying ``ran out of memory`` names a
-    request that did not run (sglang retries it smaller) and is skipped.
-    """
+    """The distinct shapes of sglang's startup warmup requests in an engine log (its ``server
+    warmup req (WxHxNf, S/D steps)`` lines, sglang 0.5.23: docs/sglang.md), in order of first
+    appearance ([] when the log shows none); ``ran out of memory`` segments are skipped."""
     out: list[WarmupShape] = []
     seen: set[tuple[int, int, int]] = set()
     for seg in re.split(r"[\r\n]", text):
@@ -215,13 +204,9 @@ def cold_start_parts(
             the first 503, None when none was seen), from perfkit's poll of ``/health``.
         engine: the engine's name in reasons (``sglang``).
 
-    Returns: ``ready_s`` (launch -> /health 200), ``process_start_s`` (launch -> the process was
-    created: the OS, to its 10 ms tick, 0 within the launch's tick; else the mark), ``models_loaded_s`` (launch -> sglang's ``[server-load]`` line, on
-    CLOCK_MONOTONIC; else the ``models_loaded`` mark), ``warmup_s`` (the first /health 503 ->
-    200: sglang answers 503 while its server warmup runs, multimodal_gen/runtime/entrypoints/
-    http_server.py ``health``; resolution perfkit's poll interval; else warmup_done -
-    models_loaded marks): s, None when not measured; ``sources``: part -> where it came from, or
-    ``not reported by <engine>: <reason>``; ``t_launch``, ``t_ready``, ``marks``.
+    Returns: ``ready_s``, ``process_start_s``, ``models_loaded_s``, ``warmup_s`` (s, None when
+    not measured; sources as in docs/DESIGN.md "cold start"), ``sources`` (part -> source, or
+    ``not reported by <engine>: <reason>``), ``t_launch``, ``t_ready``, ``marks``.
     """
     health = health or {}
     src: dict[str, str] = {}
@@ -302,14 +287,10 @@ class EngineHandle:
         gpu_indices: the NVML indices its sampler reads (those of ``gpus``; without NVML the
             first ``num_gpus`` indices, as before).
         exit_code: set when the process has ended.
-        end: set at teardown, how the engine ended: ``how`` (words: ``exited with code 3``,
-            ``was killed by signal 9 (SIGKILL, not sent by perfkit)``, ``ended on perfkit's SIGTERM
-            after 0.2 s (exit code -15)``, ``did not exit within 2 s of SIGTERM: killed by
-            perfkit (SIGKILL) after 2.0 s``, prefixed ``was stopped (SIGSTOP) ...`` when it
-            was), ``exit_code``, ``signal`` (None unless killed by one), ``by_perfkit``,
-            ``after_s`` (SIGTERM until gone, s), ``stopped``, ``oom`` (the host's OOM-kill
-            record, :func:`perfkit.readings.oom.oom_record`, when a signal not sent by perfkit
-            ended it; else None).
+        end: set at teardown, how the engine ended (docs/robustness.md "How it ended"): ``how``
+            (words), ``exit_code``, ``signal`` (None unless killed by one), ``by_perfkit``,
+            ``after_s`` (SIGTERM until gone, s), ``stopped``, ``oom`` (the OOM-kill record when
+            a signal not sent by perfkit ended it; else None).
     """
 
     spec: EngineSpec

@@ -3,25 +3,13 @@
 ::
 
     with launch(EngineSpec(kind="reference"), caps=MemoryCaps(host_gib=32), run_dir=d) as eng:
-        client = ...(eng.base_url)
         eng.cold_start          # {"ready_s": 41.2, "process_start_s": 0.4, ...}
-        eng.records()           # performance.log records so far
     # here the engine's whole process group is gone
 
-Layout under ``run_dir/<label>/``: ``stdout.log``, ``stderr.log``, ``perf/`` (the perf log dir),
-``cache/{inductor,triton}`` (own compile caches unless ``spec.share_compile_cache``, then
-``run_dir/shared-cache/``).
-
-Cold start: ``ready_s`` is launch until ``GET health_path`` answers 200; its parts and their
-sources: :func:`perfkit.engine.handle.cold_start_parts`.
-
-Teardown (normal exit, exception or KeyboardInterrupt): :meth:`EngineHandle._terminate` ends the
-whole tree (SIGTERM, ``grace_s``, SIGKILL; the engine's cgroup too) and says how in
-:attr:`EngineHandle.end`. Every process started is in a module registry
-(:func:`started_processes`, for tests) and with the owner (:mod:`perfkit.engine.owner`), which
-ends it if this process dies first; the engine gets a SIGKILL parent-death signal. The handle and
-the errors live in :mod:`perfkit.engine.handle`, the registry in :mod:`perfkit.engine.owner`;
-their names are re-exported here.
+Layout under ``run_dir/<label>/``: ``stdout.log``, ``stderr.log``, ``perf/``,
+``cache/{inductor,triton}`` (``run_dir/shared-cache/`` when ``spec.share_compile_cache``).
+Teardown and ownership: docs/robustness.md; the handle and errors (re-exported here) live in
+:mod:`perfkit.engine.handle`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
-"""EngineSpec: how to start an engine (the reference engine, sglang's server, any command) and reach it.
-
-A spec is a pydantic model, one class per kind, told apart by ``kind`` (a discriminated union,
-:data:`AnyEngineSpec`, which the params file embeds): ``reference`` (:class:`ReferenceEngine`, the
-default: ``python -m perfkit.refengine``), ``sglang`` (:class:`SglangEngine`: ``<executable> serve
---model-path M --port P --host H --num-gpus N``, the warmup and compile settings mapped to sglang
-0.5.23's flags as :mod:`perfkit.engine.argv` tabulates, then ``server_args`` (offload, parallelism,
-pipeline flags as sglang spells them) and ``extra_args``; its environment turns on sglang's
-per-request records, ``SGLANG_DIFFUSION_STAGE_LOGGING=1`` and ``SGLANG_PERF_LOG_DIR``; ready when
-``GET /health`` answers 200) and ``command`` (:class:`CommandEngine`: any argv, with ``{port}``,
-``{host}`` and ``{perf_log_dir}`` substituted at launch).
-
-``EngineSpec(kind=..., ...)`` and :meth:`EngineSpec.from_dict` build the model of that kind (so
-``isinstance(spec, EngineSpec)`` holds for every kind); :meth:`EngineSpec.to_dict` round-trips it
-through params YAML, :meth:`EngineSpec.replace` gives a validated copy. Unknown keys (a field of
-another kind included), wrong types and out-of-range values are errors that name the field:
-building a spec directly raises :class:`EngineSpecError`, one line per problem, e.g.
-``EngineSpec.warmup_frames: Input should be greater than or equal to 0, got -1``; embedded in
-params, pydantic's error locations name ``engine.<field>``. The command kind's argv is the field
-``command_template`` (``command`` is the method), spelled ``command`` in dicts.
+"""EngineSpec: how to start an engine and reach it; one pydantic model per kind (``reference``,
+``sglang``, ``command``), told apart by ``kind`` (:data:`AnyEngineSpec`, which the params file
+embeds). Building one directly raises :class:`EngineSpecError` naming each bad field
+(``EngineSpec.warmup_frames: ...``); in params, pydantic's locations name ``engine.<field>``.
+The command kind's argv is the field ``command_template``, spelled ``command`` in dicts. See
+docs/DESIGN.md ("One parameter's path") and docs/sglang.md.
 """
 
 from __future__ import annotations
@@ -130,10 +116,8 @@ def _cross_field(field: str, detail: str) -> PydanticCustomError:
 
 
 class _SpecMeta(type(BaseModel)):  # type: ignore[misc]
-    """``EngineSpec(...)`` builds the model of ``kind``; a bad field raises EngineSpecError.
-
-    Only calls of the class go through here: pydantic validation (params, :meth:`from_dict`)
-    builds models without calling the class, so its errors keep their structure."""
+    """``EngineSpec(...)`` builds the model of ``kind``; a bad field raises EngineSpecError
+    (pydantic validation does not call the class, so its errors keep their structure)."""
 
     def __call__(cls, /, **data: Any) -> Any:
         if cls is EngineSpec:
@@ -146,10 +130,7 @@ class _SpecMeta(type(BaseModel)):  # type: ignore[misc]
 
 class EngineSpec(BaseModel, metaclass=_SpecMeta):
     """How to start one engine: the fields every kind has, and the methods.
-
-    ``EngineSpec(kind=..., **fields)`` builds the model of that kind (:class:`ReferenceEngine`
-    when ``kind`` is left out, :class:`SglangEngine`, :class:`CommandEngine`); an invalid field
-    raises :class:`EngineSpecError` naming it.
+    ``EngineSpec(kind=..., **fields)`` builds the model of that kind (default ``reference``).
 
     Attributes:
         kind: ``reference``, ``sglang`` or ``command``.
@@ -313,27 +294,18 @@ class ReferenceEngine(_ServingEngine):
         keep_outputs: keep generated videos on disk.
         debug_leak_mib: the engine leaks this many MiB per request (tests of leak checks).
         memory_snapshot_after: 0-based measured requests after which the engine dumps a CUDA
-            allocator snapshot (``--memory-snapshot-after``; 0 is the cold request); the record
-            names the file, or says ``not available on cpu``. Empty: no history is recorded.
-        memory_snapshot_entries: allocation history entries kept (``--memory-snapshot-entries``;
-            bounds each snapshot's size).
+            allocator snapshot (``--memory-snapshot-after``; empty: no history recorded).
+        memory_snapshot_entries: allocation history entries kept (bounds each snapshot's size).
         debug_stage_delay: TEST ONLY injected slowdown, stage name (:data:`REFERENCE_STAGES`) ->
-            percent of that stage's own work added as busy compute on its device, inside its
-            span (``--debug-stage-delay STAGE=PCT``); measured requests only, never the startup
-            warmup. Values may be written ``30`` or ``"30%"`` (percent, >= 0).
-        debug_stage_delay_from: apply ``debug_stage_delay`` from this 0-based measured request
-            on (0: every request; 1: warm requests only, the cold request is left alone).
+            percent (>= 0, ``30`` or ``"30%"``) of its own work added as busy compute, measured
+            requests only (``--debug-stage-delay STAGE=PCT``).
+        debug_stage_delay_from: the 0-based measured request it starts at (1: warm only).
         max_frames: refuse requests above this many frames.
-        cpu_threads: torch intra-op threads of the engine (``--cpu-threads``, >= 1, at most the
-            engine host's logical CPUs: the engine exits 2 above them, at launch; None: torch's
-            own, i.e. ``OMP_NUM_THREADS`` or the cores, shared between the ranks when
-            ``num_gpus`` > 1). The engine records what it ran as ``perfkit.torch_threads``. On a
-            shared 2-core CPU runner use 1: another process on one core stalls every parallel
-            region of 2 threads (the tiny DenoisingStage ran 7-10x slower and twice as spread).
-        offload: offload mode of every component (``--offload``): ``none``, ``model``,
-            ``group-block``, ``group-leaf`` (:data:`OFFLOAD_MODES`); None: the engine's automatic
-            placement (resident unless a device cap forces group offload). Modes other than
-            ``none`` need an accelerator (the engine exits with code 2 on a CPU device).
+        cpu_threads: torch intra-op threads of the engine (``--cpu-threads``, 1 to the host's
+            logical CPUs, else the engine exits 2; None: torch's own); docs/suite.md.
+        offload: offload mode of every component (``--offload``, :data:`OFFLOAD_MODES`; None:
+            the engine's placement, resident unless a device cap forces group offload); modes
+            other than ``none`` need an accelerator (the engine exits 2 on a CPU).
         offload_components: per-component modes overriding ``offload`` for that component
             (keys ``transformer``, ``text_encoder``, ``vae``; ``--offload-<component>``).
     """

@@ -1,15 +1,6 @@
-"""Profiled requests: torch.profiler traces through sglang's own per-request profiling API.
-
-A profiled request is an *extra* request: it runs in an extra launch of the same engine spec
-(label ``profiled``), after the measured launch, so no measured request is replaced and the
-measured session is untouched (a profiler costs time, and a cold request happens once per
-session). Its rows are only in the bundle's ``traces`` table: no latency statistic, invariant,
-gate or launch count reads them. The extra launch sends request 0 (the cold request of its
-session) and ``warm`` warm ones (same shape), each with sglang's fields ``profile: true``,
-``num_profiled_timesteps`` and ``profile_all_stages`` when asked for; the engine's environment
-gets ``SGLANG_DIFFUSION_TORCH_PROFILER_DIR`` (sglang's variable, so a real sglang server's traces
-land in the same place), and each trace is copied into the bundle under ``traces/`` unless it is
-over the size cap.
+"""Profiled requests: torch.profiler traces through sglang's per-request profiling API, sent in
+an extra launch (label ``profiled``) after the measured one, rows only in the ``traces`` table;
+see docs/below-the-stage.md ("perfkit asks for traces").
 """
 
 from __future__ import annotations
