@@ -29,6 +29,7 @@ GIB = 2**30
 #: (docs/suite.md, "Measurement rules")
 CHECK_PSS_DUTY = 0.05
 ENFORCEMENTS = ("auto", "cgroup", "watchdog", "none")
+_CAPS_FIELDS = ("device_gib", "host_gib", "label", "host_enforcement", "interval_s")
 #: where cgroup v2 is mounted
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -128,14 +129,12 @@ class MemoryCaps:
         label: display label (default: derived, e.g. ``"12GiB dev + 32GiB host"``).
         host_enforcement: ``auto`` (cgroup where possible, else watchdog), ``cgroup``
             (fail when not possible), ``watchdog`` or ``none`` (environment only).
-        interval_s: watchdog sampling interval.
+        interval_s: watchdog sampling interval (s).
 
     Attributes:
-        host_gib: the host budget as asked (GiB).
-        host_effective_gib: the host budget in force after :meth:`resolve` (GiB; equal to
-            ``host_gib`` before it, None without a host cap).
-        host_clamp: why the effective budget is below the ask (None: not clamped).
-        resolved: :meth:`resolve` made this object (the limits of the host were read).
+        host_effective_gib: the host budget in force after :meth:`resolve` (GiB; ``host_gib``
+            before it, None without a host cap); ``host_clamp``: why it is lower (None: not).
+        resolved: :meth:`resolve` made this object.
     """
 
     def __init__(
@@ -165,14 +164,9 @@ class MemoryCaps:
         self.resolved = False
 
     def resolve(self, reader: HostMemoryReader | None = None) -> "MemoryCaps":
-        """A copy with the host budget clamped to what exists: min(``host_gib``, every cgroup
-        ``memory.max`` / v1 ``memory.limit_in_bytes`` above this process, MemTotal), in GiB.
-        A clamp is logged as a warning and kept in ``host_effective_gib`` / ``host_clamp``;
-        :meth:`env` then tells the engine the effective value. Without a host cap nothing is
-        read or clamped.
-
-        Args:
-            reader: where to read the limits (default: this host's /proc and /sys/fs/cgroup).
+        """A copy with the host budget clamped to min(``host_gib``, every cgroup ``memory.max`` /
+        v1 ``memory.limit_in_bytes`` above this process, MemTotal), GiB; a clamp is logged and
+        kept in ``host_effective_gib`` / ``host_clamp``. ``reader``: default this host's.
 
         Raises:
             MemoryReadError: a limit file or /proc/meminfo could not be read as a number.
@@ -218,13 +212,7 @@ class MemoryCaps:
 
     def to_dict(self) -> dict[str, Any]:
         """The caps as asked; a resolved one adds ``host_effective_gib`` and ``host_clamp``."""
-        out: dict[str, Any] = {
-            "device_gib": self.device_gib,
-            "host_gib": self.host_gib,
-            "label": self.label,
-            "host_enforcement": self.host_enforcement,
-            "interval_s": self.interval_s,
-        }
+        out: dict[str, Any] = {k: getattr(self, k) for k in _CAPS_FIELDS}
         if self.resolved:
             out["host_effective_gib"] = self.host_effective_gib
             out["host_clamp"] = self.host_clamp
@@ -237,7 +225,7 @@ class MemoryCaps:
         resolved = "host_effective_gib" in d or "host_clamp" in d
         eff = d.pop("host_effective_gib", None)
         clamp = d.pop("host_clamp", None)
-        unknown = set(d) - {"device_gib", "host_gib", "label", "host_enforcement", "interval_s"}
+        unknown = set(d) - set(_CAPS_FIELDS)
         if unknown:
             raise ValueError(f"MemoryCaps: unknown field(s) {', '.join(sorted(unknown))}")
         out = cls(**d)
@@ -263,8 +251,7 @@ class MemoryCaps:
         on_exceeded: Callable[["CapOutcome"], None] | None = None,
         reader: HostMemoryReader | None = None,
     ) -> "HostCapEnforcer":
-        """Start enforcing the effective host budget (:meth:`resolve`, done here when not yet)
-        on the process tree rooted at ``pid``.
+        """Start enforcing the effective host budget on the process tree rooted at ``pid``.
 
         Raises:
             MemoryReadError: the host's limits could not be read (see :meth:`resolve`).
@@ -294,18 +281,13 @@ class CapOutcome:
         enforcement: ``cgroup``, ``watchdog`` or ``none``.
         exceeded: the engine went over the host cap (and was killed).
         message: ``host memory cap exceeded: X GiB > Y GiB`` when exceeded, else a short note.
-        peak_rss_gib: highest RSS summed over the process tree that was seen (GiB; shared pages
-            count once per process, so it over-counts forked trees; kept for comparison).
+        peak_rss_gib: highest RSS summed over the process tree (GiB; over-counts shared pages).
         peak_pss_gib: highest PSS of the process tree (GiB; None: not read).
-        peak_cgroup_gib: highest ``memory.current`` / ``memory.peak`` of the engine's own
-            cgroup (GiB; None without one).
-        host_cap_gib: the cap in force, i.e. the effective budget (GiB; None: no host cap).
-        host_cap_asked_gib: the cap asked (GiB; None: no host cap).
+        peak_cgroup_gib: highest ``memory.current``/``memory.peak`` of its cgroup (GiB; None).
+        host_cap_gib, host_cap_asked_gib: the cap in force and as asked (GiB; None: no cap).
         host_cap_clamp: why the cap in force is below the ask (None: not clamped).
-        mechanism: what held the cap: ``cgroup``, ``watchdog-pss``, ``watchdog-rss`` (PSS not
-            readable here) or ``none``.
-        host_source: where the host figures came from: ``cgroup`` (memory.current), ``pss``
-            (smaps_rollup of the tree), ``rss`` (statm of the tree) or ``none``.
+        mechanism: ``cgroup``, ``watchdog-pss``, ``watchdog-rss`` or ``none``.
+        host_source: where the host figures came from: ``cgroup``, ``pss``, ``rss`` or ``none``.
         t_exceeded: epoch seconds when the cap was found exceeded.
     """
 
@@ -333,13 +315,11 @@ class HostCapEnforcer:
 
     Args:
         pid: root of the engine's process tree.
-        host_gib: the cap in force (GiB, the effective budget; None: only track the peak).
-        mode: ``auto``, ``cgroup``, ``watchdog`` or ``none`` (see :class:`MemoryCaps`).
-        interval_s: watchdog interval (s).
+        host_gib: the cap in force (GiB; None: only track the peak).
+        mode, interval_s: as :class:`MemoryCaps`' ``host_enforcement``, ``interval_s``.
         name: used in the cgroup's name.
         on_exceeded: called with the outcome when the cap is found exceeded.
-        reader: host memory reader (default: this host's).
-        asked_gib, clamp: the cap as asked and why it was clamped (recorded in the outcome).
+        asked_gib, clamp: recorded in the outcome.
 
     Raises:
         OSError: ``mode="cgroup"`` and no cgroup could be made.

@@ -155,9 +155,8 @@ def parse_warmup_shapes(text: str) -> list[WarmupShape]:
 
 
 def boot_start_s(pid: int) -> float | None:
-    """When process ``pid`` was created, seconds on the host's CLOCK_BOOTTIME (``starttime`` of
-    ``/proc/<pid>/stat``, in clock ticks: 10 ms on most kernels); None without /proc or once it
-    is gone. psutil's ``create_time`` adds the boot time in whole seconds, hence /proc here."""
+    """When process ``pid`` was created, s on CLOCK_BOOTTIME (``/proc/<pid>/stat`` starttime,
+    10 ms ticks; psutil's ``create_time`` rounds the boot time); None without /proc or once gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read().decode("ascii", "replace")
@@ -277,15 +276,11 @@ class EngineHandle:
         run_dir: this launch's directory (``<run_dir>/<label>``).
         perf_log_dir: where the engine writes ``performance.log``.
         stdout_path, stderr_path: engine log files.
-        caps: the MemoryCaps after :meth:`MemoryCaps.resolve` (asked and effective host budget;
-            None: none given).
-        cold_start: :func:`cold_start_parts`: ready_s, process_start_s, models_loaded_s,
-            warmup_s (None when not measured), sources, t_launch, t_ready (epoch s), marks.
+        caps: the MemoryCaps after :meth:`MemoryCaps.resolve` (None: none given).
+        cold_start: :func:`cold_start_parts` (s; t_launch, t_ready epoch s).
         device_baseline_mib: device used memory read before launch (NaN without NVML).
-        gpus: the GPUs the engine was given, as NVML knows them ({index, uuid, name} each,
-            resolved by UUID from its CUDA_VISIBLE_DEVICES; [] without NVML).
-        gpu_indices: the NVML indices its sampler reads (those of ``gpus``; without NVML the
-            first ``num_gpus`` indices, as before).
+        gpus: the engine's GPUs by NVML ({index, uuid, name} each; [] without NVML).
+        gpu_indices: the NVML indices its sampler reads (without NVML the first ``num_gpus``).
         exit_code: set when the process has ended.
         end: set at teardown, how the engine ended (docs/robustness.md "How it ended"): ``how``
             (words), ``exit_code``, ``signal`` (None unless killed by one), ``by_perfkit``,
@@ -400,12 +395,9 @@ class EngineHandle:
         return self._enforcer.cgroup_path if self._enforcer is not None else None
 
     def sampler(self, interval_s: float = 0.1, gpu_index: int | list[int] | None = None, nvml: Any = None):
-        """A (not started) MemorySampler of this engine with the pre-launch device baseline and,
-        where the engine has its own cgroup, that cgroup (``cgroup_current_mib``).
-
-        ``gpu_index``: NVML indices to read (default :attr:`gpu_indices`, the engine's own GPUs
-        matched by UUID). ``nvml``: an NVML source (default: the one given to :func:`launch`,
-        else pynvml)."""
+        """A (not started) MemorySampler of this engine with the pre-launch device baseline and
+        its own cgroup, if any; ``gpu_index`` defaults to :attr:`gpu_indices`, ``nvml`` to the
+        launch's source."""
         from perfkit.readings.sampler.timeline import MemorySampler
 
         return MemorySampler(

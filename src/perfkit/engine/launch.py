@@ -51,8 +51,7 @@ log = logging.getLogger(__name__)
 
 
 POLL_S = 0.2
-#: the poll while nothing answers yet (refused: cheap), so the first answer, and with it a 503 of
-#: a short startup warmup, is seen within this of the server starting to serve
+#: the poll while nothing answers yet (refused: cheap), so a short warmup's 503 is seen
 REFUSED_POLL_S = 0.05
 
 
@@ -63,16 +62,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-#: sglang 0.5.23's internal ports (``runtime/server_args/server_args.py``: ``master_port``
-#: 30005, the torch.distributed rendezvous; ``scheduler_port`` 5555 + 0..100): it moves a busy
-#: one, but two servers started together both find 30005 free and one dies with EADDRINUSE
+#: sglang 0.5.23's internal ports (``server_args.py``: ``master_port`` 30005, ``scheduler_port``
+#: 5555 + 0..100): two servers started together both find 30005 free, one dies (EADDRINUSE)
 SGLANG_PORT_FLAGS = ("--master-port", "--scheduler-port")
 
 
 def _sglang_ports(spec: EngineSpec) -> list[str]:
     """For kind ``sglang``: a free port for each of :data:`SGLANG_PORT_FLAGS` the spec's
-    ``server_args``/``extra_args`` do not set, so concurrent launches (``perfkit ab --paired``,
-    two suites) never race for sglang's defaults. Empty for other kinds."""
+    ``server_args``/``extra_args`` do not set (concurrent launches never race). Empty otherwise."""
     if spec.kind != "sglang":
         return []
     given = set(getattr(spec, "server_args", [])) | set(spec.extra_args)
@@ -121,18 +118,13 @@ def launch(
             (:meth:`MemoryCaps.resolve`, unless already resolved) and the engine's environment
             gets the effective value.
         run_dir: directory for this run's launches (default: a new temporary directory).
-        label: launch label; the launch directory is ``run_dir/<label>`` (``<label>-1``, … when
-            taken).
+        label: launch label; the launch directory is ``run_dir/<label>`` (``<label>-1``, …).
         grace_s: seconds between SIGTERM and SIGKILL at teardown (default ``spec.stop_grace_s``).
         startup_timeout_s: overrides ``spec.startup_timeout_s``.
         nvml: NVML source for GPU matching, the baseline and the sampler (tests; default pynvml).
 
-    GPUs: the engine's ``CUDA_VISIBLE_DEVICES`` (from the spec's env or this process's, as Ray
-    sets it for a task) is resolved to NVML devices by UUID
-    (:func:`~perfkit.readings.sampler.resolve_visible_gpus`); the first ``num_gpus`` of them
-    (one for a ``command`` engine) are the ones read. When ``CUDA_DEVICE_ORDER`` is not set, the
-    engine gets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so that CUDA's ordinals (integer entries, or
-    ``cuda:N`` without the variable) are NVML's indices.
+    GPUs: resolved by UUID from the engine's ``CUDA_VISIBLE_DEVICES`` (docs/scale-out.md, "GPUs
+    matched by UUID"); the first ``num_gpus`` (one for a ``command`` engine) are read.
 
     Raises:
         PortInUseError: ``spec.port`` is set and taken (before anything is started).
@@ -278,12 +270,9 @@ _ERROR = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b:?.*|\bERROR\b.*")
 
 
 def error_line(log_tail: str) -> str | None:
-    """The line of an engine's log tail (stdout's and stderr's) that says why it ended, clipped
-    to 300 characters: the last line saying it aborts, else the last naming an error
-    (``ValueError: ...``, ``ERROR``); None when none does. sglang logs errors it recovers from
-    ("falling back to native version") on stderr, and what ends it on stdout: a directory name
-    its detectors read as another model ended in "Server warmup failed; aborting startup:
-    Encoded prompt has 211 tokens, expected at least 300"."""
+    """The line of an engine's log tail that says why it ended, clipped to 300 characters: the
+    last line saying it aborts (sglang: "Server warmup failed; aborting startup: ..." on stdout,
+    while stderr has errors it recovered from), else the last naming an error; None when none."""
     lines = log_tail.splitlines()
     for pattern in (_FATAL, _ERROR):
         for line in reversed(lines):
@@ -295,9 +284,8 @@ def error_line(log_tail: str) -> str | None:
 
 def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
     """Poll ``/health`` every :data:`POLL_S` (:data:`REFUSED_POLL_S` until it first answers)
-    until 200, then set ``h.cold_start``; the first
-    answer's status and the first 503 (sglang's "warming up") are kept for its parts. Raises
-    :class:`EngineStartError` when the engine exits or ``timeout`` passes."""
+    until 200, then set ``h.cold_start`` (the first status and first 503 kept for its parts).
+    Raises :class:`EngineStartError` when the engine exits or ``timeout`` passes."""
     import httpx  # here, not at the top: only where a request is sent (a replay sends none)
 
     health: dict[str, Any] = {"first_status": None, "t_first_503": None}

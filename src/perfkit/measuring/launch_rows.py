@@ -229,21 +229,14 @@ def measure_launch(
 ) -> LaunchData:
     """Launch ``spec`` under ``caps``, send ``requests`` one after the other, tear down.
 
-    Never raises for engine failures: a start error, a crash or a host cap kill end the launch
-    with :attr:`LaunchData.error` set and the rows gathered so far. A request that times out
-    (``request_timeout_s``, default ``spec.request_timeout_s``, else
-    :data:`~perfkit.engine.spec.DEFAULT_REQUEST_TIMEOUT_S`) or loses the engine ends the launch
-    too: the error names that request and how the engine ended (:func:`failed_launch_text`),
-    and the ``launches`` row carries ``ended``, ``end_signal``, ``end_by_perfkit``,
-    ``failed_request`` and ``oom_record``.
+    Never raises for engine failures: a start error, a crash, a host cap kill or a request that
+    times out (``request_timeout_s``, default the spec's, else
+    :data:`~perfkit.engine.spec.DEFAULT_REQUEST_TIMEOUT_S`) or loses the engine end the launch with
+    :attr:`LaunchData.error` (:func:`failed_launch_text`) and the rows gathered so far.
 
-    ``after(handle, client, sampler)`` runs in the same session once the requests are done (the
-    sampler still running); its dict lands in :attr:`LaunchData.extra`. Its requests are not
-    part of the measured rows.
-
-    ``turn(i)``: a context manager entered around request ``i`` (0 = the cold request): it may
-    wait, so that two launches run side by side take turns request by request
-    (``perfkit ab --paired``, :mod:`perfkit.ab.paired`).
+    ``after(handle, client, sampler)`` runs in the same session after the requests (its dict:
+    :attr:`LaunchData.extra`; its requests are not measured rows). ``turn(i)``: a context manager
+    around request ``i`` that may wait (``perfkit ab --paired``, :mod:`perfkit.ab.paired`).
     """
     data = LaunchData(label=label)
     timeout_s = float(request_timeout_s or spec.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
@@ -264,8 +257,7 @@ def measure_launch(
                         data.outcomes.append(out)
                         if not out.ok:
                             log.warning("%s request %d: %s (%s)", label, i, out.status, out.error)
-                            # a request that timed out or lost the engine leaves it in an unknown
-                            # state: no more requests to it (each would wait its own timeout)
+                            # a timeout or a lost engine leaves it in an unknown state: stop
                             if not h.alive() or stop_on_failure or out.status in ("timeout", "error"):
                                 failed = i
                                 break
