@@ -1,8 +1,6 @@
 """What an engine spec's fields turn into: normalised field input, the reference engine's argv,
-sglang's startup-warmup flags, the checks that what a spec names exists, and the package
-versions in the engine's own Python. Plain functions over a spec's fields, called by
-:mod:`perfkit.engine.spec`; the sglang flag mapping (checked against sglang 0.5.23) is in
-docs/sglang.md ("Warmup and compile").
+the checks that what a spec names exists, and the package versions in the engine's own Python.
+Plain functions over a spec's fields, called by :mod:`perfkit.engine.spec`.
 """
 
 from __future__ import annotations
@@ -100,30 +98,6 @@ def reference_argv(spec: Any, port: int, d: str) -> list[str]:
         if comp in spec.offload_components:
             argv += [f"--offload-{comp.replace('_', '-')}", spec.offload_components[comp]]
     return argv + list(spec.extra_args)
-
-
-def sglang_warmup_flags(
-    warmup_frames: int,
-    warmup_mode: str | None,
-    warmup_resolution: str | None,
-    warmup_steps: int | None,
-    default_frames: int,
-) -> list[str]:
-    """``sglang serve`` flags for the startup warmup settings (the table in
-    :mod:`perfkit.engine.spec`'s doc): ``default_frames`` adds no ``--warmup-num-frames``, and
-    ``HxW`` is written ``WxH`` as sglang wants."""
-    out: list[str] = []
-    mode = "off" if warmup_frames == 0 else warmup_mode
-    if mode is not None:
-        out += ["--warmup-mode", mode]
-    if warmup_frames not in (0, default_frames):
-        out += ["--warmup-num-frames", str(warmup_frames)]
-    if warmup_resolution:
-        h, w = warmup_resolution.split("x")
-        out += ["--warmup-resolutions", f"{w}x{h}"]
-    if warmup_steps is not None:
-        out += ["--warmup-steps", str(warmup_steps)]
-    return out
 
 
 def check_model_path(model_path: str | None) -> None:

@@ -55,10 +55,10 @@ POLL_S = 0.2
 REFUSED_POLL_S = 0.05
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free now (bind port 0)."""
+def free_port(host: str = "127.0.0.1", port: int = 0) -> int:
+    """A port that is free now (bind ``port``, 0: any). Raises OSError when it is taken."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+        s.bind((host, port))
         return s.getsockname()[1]
 
 
@@ -78,15 +78,6 @@ def _sglang_ports(spec: EngineSpec) -> list[str]:
         if flag not in given and not any(a.startswith(flag + "=") for a in given):
             out += [flag, str(free_port(spec.host))]
     return out
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def _unique_dir(base: Path, label: str) -> Path:
@@ -195,14 +186,15 @@ def launch(
 
 
 def _port(spec: EngineSpec) -> int:
-    if spec.port is not None:
-        if port_in_use(spec.port, spec.host):
-            raise PortInUseError(
-                f"port {spec.port} is already in use on {spec.host} "
-                f"(EngineSpec.port); stop what holds it or leave port unset"
-            )
-        return spec.port
-    return free_port(spec.host)
+    try:
+        return free_port(spec.host, spec.port or 0)
+    except OSError:
+        if spec.port is None:
+            raise
+        raise PortInUseError(
+            f"port {spec.port} is already in use on {spec.host} "
+            f"(EngineSpec.port); stop what holds it or leave port unset"
+        ) from None
 
 
 def _engine_env(

@@ -37,7 +37,6 @@ from perfkit.engine.argv import (
     env_strings,
     percent_map,
     reference_argv,
-    sglang_warmup_flags,
 )
 
 KINDS = ("reference", "sglang", "command")
@@ -412,14 +411,20 @@ class SglangEngine(_ServingEngine):
         return argv + given
 
     def sglang_warmup_args(self) -> list[str]:
-        """``sglang serve`` flags for the startup warmup settings (see the module doc)."""
-        return sglang_warmup_flags(
-            self.warmup_frames,
-            self.warmup_mode,
-            self.warmup_resolution,
-            self.warmup_steps,
-            DEFAULT_WARMUP_FRAMES,
-        )
+        """``sglang serve`` flags for the startup warmup settings (docs/sglang.md): the default
+        frames add no ``--warmup-num-frames``; ``HxW`` is written ``WxH`` as sglang wants."""
+        out: list[str] = []
+        mode = "off" if self.warmup_frames == 0 else self.warmup_mode
+        if mode is not None:
+            out += ["--warmup-mode", mode]
+        if self.warmup_frames not in (0, DEFAULT_WARMUP_FRAMES):
+            out += ["--warmup-num-frames", str(self.warmup_frames)]
+        if self.warmup_resolution:
+            h, w = self.warmup_resolution.split("x")
+            out += ["--warmup-resolutions", f"{w}x{h}"]
+        if self.warmup_steps is not None:
+            out += ["--warmup-steps", str(self.warmup_steps)]
+        return out
 
 
 class CommandEngine(EngineSpec):

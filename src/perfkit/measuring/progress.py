@@ -235,7 +235,6 @@ class RunBars:
         if not self.enabled:
             yield
             return
-        start = self.overall.n
         stop = threading.Event()
         offset = path.stat().st_size if path.exists() else 0
 
@@ -249,16 +248,14 @@ class RunBars:
                     return
                 stop.wait(0.5)
 
-        t = threading.Thread(target=loop, name="perfkit-progress", daemon=True)
-        t.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            t.join(timeout=5)
-            short = planned - (self.overall.n - start)
-            if short > 0:
-                self.overall.update(short)
+        with self._planned(planned):
+            t = threading.Thread(target=loop, name="perfkit-progress", daemon=True)
+            t.start()
+            try:
+                yield
+            finally:
+                stop.set()
+                t.join(timeout=5)
 
     @contextlib.contextmanager
     def listen(self, scenario: str, planned: int = 0):
@@ -267,10 +264,15 @@ class RunBars:
         if not self.enabled:
             yield
             return
+        with self._planned(planned), listening(lambda ev: self.handle(ev, scenario)):
+            yield
+
+    @contextlib.contextmanager
+    def _planned(self, planned: int) -> Iterator[None]:
+        """Count the ``planned`` requests not sent within the block as done when it ends."""
         start = self.overall.n
         try:
-            with listening(lambda ev: self.handle(ev, scenario)):
-                yield
+            yield
         finally:
             short = planned - (self.overall.n - start)
             if short > 0:
