@@ -208,11 +208,10 @@ def engine_python(command: list[str]) -> str | None:
 
 
 def engine_versions(command: list[str], timeout_s: float = 30.0) -> dict[str, Any]:
-    """Versions of :data:`ENGINE_PACKAGES` installed in the Python an engine command runs in
-    (:func:`engine_python`), read from package metadata by that interpreter (nothing is
-    imported: well under a second). Returns ``{"python": path, "sglang": "0.5.23", "torch":
-    ..., ...}`` with None for a package not installed there, or ``{"error": why}`` when the
-    interpreter is unknown or the query failed (never a guess from perfkit's own Python)."""
+    """Versions of :data:`ENGINE_PACKAGES` in the Python an engine command runs in
+    (:func:`engine_python`), read from package metadata by it (nothing imported). Returns
+    ``{"python": path, "sglang": "0.5.23", ...}`` (None: not installed), or ``{"error": why}``
+    when the interpreter is unknown or the query failed (never perfkit's own versions)."""
     import json
     import subprocess
 

@@ -216,11 +216,9 @@ def end_tree(pid: int, grace_s: float) -> list[Ended]:
 def run_bounded(
     args: str | list[str], timeout_s: float | None = None, grace_s: float = 2.0, **popen: Any
 ) -> "subprocess.CompletedProcess[Any]":
-    """:func:`subprocess.run` that never leaves a process behind: the command starts in its own
-    session, and when ``timeout_s`` (seconds; None: no limit) passes or this process is
-    interrupted (KeyboardInterrupt, SIGTERM turned into it), its whole tree is ended
-    (:func:`end_tree`) before the exception goes on. ``popen``: :class:`subprocess.Popen`'s
-    keywords, plus ``capture_output``. Returns the CompletedProcess.
+    """:func:`subprocess.run` that never leaves a process behind: started in its own session,
+    its whole tree is ended (:func:`end_tree`) when ``timeout_s`` (s; None: no limit) passes or
+    this process is interrupted. ``popen``: Popen's keywords plus ``capture_output``.
 
     Raises:
         subprocess.TimeoutExpired: it ran past ``timeout_s`` (its tree already ended).

@@ -141,12 +141,10 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         port: fixed port, 1..65535 (None: a free one is picked at launch).
         startup_timeout_s: how long launch waits for health (s, > 0).
         request_timeout_s: how long one request may take, submit to completion (s, > 0; None:
-            :data:`DEFAULT_REQUEST_TIMEOUT_S`, or in a params file what its ``timeout_s`` leaves
-            after the teardown: :func:`perfkit.params` orders them). A request past it ends
-            the launch (the engine is in an unknown state).
+            :data:`DEFAULT_REQUEST_TIMEOUT_S`, or what a params file's ``timeout_s`` leaves:
+            docs/robustness.md "Timeouts, in order"); a request past it ends the launch.
         stop_grace_s: seconds between perfkit's SIGTERM and its SIGKILL at teardown (> 0).
-        share_compile_cache: share compile caches between the launches of one run directory
-            instead of giving each launch its own.
+        share_compile_cache: one compile cache for the launches of a run directory.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
@@ -171,10 +169,7 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         return f.default if f is not None and cls is not EngineSpec else None
 
     def check(self) -> None:
-        """Checks that need the host, run before any launch (the model is already valid).
-
-        Raises FileNotFoundError with a message naming the field; see each kind's ``check``.
-        """
+        """Checks that need the host, run before any launch; FileNotFoundError naming the field."""
 
     def _argv(self, port: int, perf_log_dir: str) -> list[str]:
         raise NotImplementedError
@@ -190,11 +185,8 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         return None
 
     def env_for(self, perf_log_dir: str | Path, port: int | None = None) -> dict[str, str]:
-        """Environment additions for a launch (``spec.env`` included, placeholders substituted).
-
-        Every kind gets ``PERFKIT_PERF_LOG_DIR``; ``sglang`` and ``command`` kinds also get
-        ``SGLANG_DIFFUSION_STAGE_LOGGING=1`` and ``SGLANG_PERF_LOG_DIR``.
-        """
+        """Environment additions for a launch (``spec.env`` included, placeholders substituted):
+        ``PERFKIT_PERF_LOG_DIR``; kinds ``sglang`` and ``command`` also sglang's record variables."""
         d = str(perf_log_dir)
         out = {"PERFKIT_PERF_LOG_DIR": d}
         if self._sglang_records:
@@ -215,12 +207,9 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EngineSpec:
-        """Build the spec of ``d["kind"]`` (default ``reference``) from a dict (e.g. params YAML).
-
-        Accepts ``command`` (or ``command_template``) for the command kind's argv, and strings for
-        argv fields (split with shlex). Raises :class:`EngineSpecError` naming each bad field
-        (unknown keys with the closest known one).
-        """
+        """Build the spec of ``d["kind"]`` (default ``reference``) from a dict (e.g. params YAML;
+        argv fields may be strings, split with shlex). Raises :class:`EngineSpecError` naming
+        each bad field (unknown keys with the closest known one)."""
         if not isinstance(d, Mapping):
             raise EngineSpecError([("(spec)", f"expects a mapping, got {type(d).__name__}")])
         try:
@@ -231,11 +220,8 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
             raise EngineSpecError.from_validation(exc, cls._kind(), tagged=cls is EngineSpec) from None
 
     def replace(self, **changes: Any) -> EngineSpec:
-        """A validated copy with some fields changed (``kind`` too; the kind's model is rebuilt).
-
-        Unlike ``model_copy(update=...)``, which skips validation, a bad value or a field this
-        kind lacks raises :class:`EngineSpecError`.
-        """
+        """A validated copy with some fields changed (``kind`` too): unlike ``model_copy``, a bad
+        value or a field this kind lacks raises :class:`EngineSpecError`."""
         if "command" in changes:
             changes["command_template"] = changes.pop("command")
         return EngineSpec.from_dict({**self.model_dump(), **changes})

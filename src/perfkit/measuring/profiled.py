@@ -39,14 +39,10 @@ FIRST_OF_NEW_SHAPE = "profiled first of new shape"
 
 
 class ProfileParams(BaseModel):
-    """``profile`` setting of an investigation: which requests get a trace, and how much of them.
-
-    ``requests``: ``cold`` and/or ``warm``; ``steps``: sglang's ``num_profiled_timesteps``
-    (denoising steps recorded after one warm-up step; -1: all); ``all_stages``: sglang's
-    ``profile_all_stages`` (every stage, every step; ``steps`` then unused); ``warm``: warm
-    requests profiled (a diff takes each op's median over them: one request can meet a noisy
-    moment of the host); ``max_trace_mib``: a trace larger than this is listed but not copied
-    into the bundle.
+    """``profile`` setting of an investigation: ``requests`` (``cold`` and/or ``warm``),
+    ``steps`` (sglang's ``num_profiled_timesteps``; -1: all), ``all_stages`` (sglang's
+    ``profile_all_stages``), ``warm`` (warm requests profiled; a diff takes each op's median),
+    ``max_trace_mib`` (a larger trace is listed, not copied into the bundle).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -168,11 +164,9 @@ def run_profiled(
 
 
 def _steps_of(path: Path, mode: str | None, recorded: int | None) -> dict[str, Any]:
-    """``mode``, ``steps_asked`` and ``steps_recorded`` of the trace at ``path``: the mode from
-    the engine's record, else from sglang's file name (:data:`MODE_IN_NAME`); N of ``N_steps``;
-    the recorded steps from the record, else (a real sglang server writes no perfkit record) the
-    ``ProfilerStep`` ranges in the file (:func:`perfkit.readings.traces.step_ranges`; an
-    unreadable file leaves it NA, its reader names the error later)."""
+    """``mode``, ``steps_asked`` and ``steps_recorded`` of the trace at ``path``: from the
+    engine's record, else (real sglang writes none) from the file name (:data:`MODE_IN_NAME`)
+    and its ``ProfilerStep`` ranges (NA when unreadable)."""
     m = MODE_IN_NAME.search(path.name)
     mode = mode or (m.group(1) if m else None)
     n = re.fullmatch(r"(\d+)_steps", mode or "")
