@@ -119,7 +119,7 @@ class RequestOutcome:
     Attributes:
         request_id: server id ('' when the submit itself failed).
         status: ``completed``, ``failed``, ``rejected`` (4xx on submit), ``timeout`` or ``error``
-            (connection lost, e.g. the engine died, or not sent: the engine was gone).
+            (the engine lost, or gone before it was sent).
         t_submit, t_end: client clock, epoch seconds (submit sent; terminal status seen).
         http_status: status code of the submit, or of the poll that ended it (0: no answer).
         error: error text from the server or the transport.
@@ -364,14 +364,9 @@ class AsyncVideoClient:
 
 
 class VideoClient:
-    """Synchronous face of :class:`AsyncVideoClient`: one request at a time, run on an event loop
-    of this client's own thread, then the request's performance.log record.
-
-    Args:
-        base_url: e.g. ``http://127.0.0.1:30000``.
-        perf_log_dir: where the engine writes performance.log (None: no record lookup).
-        timeout_s: per request, submit to completion (no HTTP call waits past it).
-        poll_s: polling interval (s), queued or running.
+    """Synchronous face of :class:`AsyncVideoClient` (one request at a time, on an event loop of
+    its own thread), then the request's record from ``perf_log_dir`` (None: no lookup).
+    ``timeout_s``: per request (s); ``poll_s``: polling interval (s), queued or running.
     """
 
     def __init__(

@@ -58,8 +58,7 @@ class LaunchData:
     logs: dict[str, str] = field(default_factory=dict)
     outcomes: list[RequestOutcome] = field(default_factory=list)
     error: str | None = None
-    #: ``record_lines`` parsed (from the file when it was read: strict UTF-8, file:line reasons);
-    #: set by :func:`measure_launch`
+    #: ``record_lines`` parsed (file:line reasons); set by :func:`measure_launch`
     report: ParseReport | None = None
     command: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)

@@ -100,15 +100,9 @@ def reuse_launch(
 
 @dataclass(frozen=True)
 class PlannedLaunch:
-    """What a scenario would launch, as the scale-out planner sees it before anything runs.
-
-    Attributes:
-        keys: identities of the launch (:func:`launch_key`); a later launch whose key equals one
-            of an earlier single-launch scenario's, with no more requests, reuses that session
-            (:func:`reuse_launch`). Empty: never matched.
-        requests: measured requests it sends.
-        reuses: True when the scenario takes a matching earlier launch instead of launching.
-    """
+    """What a scenario would launch, as the scale-out planner sees it: ``keys`` (its
+    :func:`launch_key` identities; empty: never matched), ``requests`` (measured requests it
+    sends), ``reuses`` (it takes a matching earlier launch instead of launching)."""
 
     keys: tuple[str, ...]
     requests: int
