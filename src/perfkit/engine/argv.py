@@ -1,29 +1,6 @@
-"""What an engine spec's fields turn into: field input normalised (:func:`argv_list`,
-:func:`env_strings`, :func:`percent_map`), the reference engine's argv (:func:`reference_argv`),
-sglang's startup-warmup flags (:func:`sglang_warmup_flags`), and the checks that what a spec
-names exists (:func:`check_model_path`, :func:`check_sglang`, :func:`check_command`), and the
-versions in the engine's own Python (:func:`engine_versions`). Plain
-functions over a spec's fields: :mod:`perfkit.engine.spec` holds the models and calls them.
-
-sglang's flags for kind ``sglang``. Flags checked against sglang 0.5.23: its diffusion parser (``sglang/multimodal_gen/runtime/
-server_args/server_args.py``), ``sglang serve --model-type diffusion --help``, and argvs built
-here parsed by that parser with no unknown argument (a throwaway venv, not a dependency of
-perfkit or its tests). In that version ``sglang serve``
-warms up with one synthetic request at startup (``--warmup-mode server``, video frames capped
-at 17, 25 for multi-GPU LTX-2 two-stage):
-
-==============================  ==========================================================
-EngineSpec                      sglang serve
-==============================  ==========================================================
-``warmup_frames=0``             ``--warmup-mode off``
-``warmup_frames=N`` (N != 17)   ``--warmup-num-frames N`` (17, the default, adds nothing:
-                                sglang's own frame choice stays)
-``warmup_resolution="HxW"``     ``--warmup-resolutions WxH`` (sglang writes width first)
-``warmup_steps=N``              ``--warmup-steps N``
-``warmup_mode``                 ``--warmup-mode off|request|server``
-``compile=True``                ``--enable-torch-compile``
-==============================  ==========================================================
-
+"""What an engine spec's fields turn into: normalised field input, the reference engine's argv,
+the checks that what a spec names exists, and the package versions in the engine's own Python.
+Plain functions over a spec's fields, called by :mod:`perfkit.engine.spec`.
 """
 
 from __future__ import annotations
@@ -121,30 +98,6 @@ def reference_argv(spec: Any, port: int, d: str) -> list[str]:
         if comp in spec.offload_components:
             argv += [f"--offload-{comp.replace('_', '-')}", spec.offload_components[comp]]
     return argv + list(spec.extra_args)
-
-
-def sglang_warmup_flags(
-    warmup_frames: int,
-    warmup_mode: str | None,
-    warmup_resolution: str | None,
-    warmup_steps: int | None,
-    default_frames: int,
-) -> list[str]:
-    """``sglang serve`` flags for the startup warmup settings (the table in
-    :mod:`perfkit.engine.spec`'s doc): ``default_frames`` adds no ``--warmup-num-frames``, and
-    ``HxW`` is written ``WxH`` as sglang wants."""
-    out: list[str] = []
-    mode = "off" if warmup_frames == 0 else warmup_mode
-    if mode is not None:
-        out += ["--warmup-mode", mode]
-    if warmup_frames not in (0, default_frames):
-        out += ["--warmup-num-frames", str(warmup_frames)]
-    if warmup_resolution:
-        h, w = warmup_resolution.split("x")
-        out += ["--warmup-resolutions", f"{w}x{h}"]
-    if warmup_steps is not None:
-        out += ["--warmup-steps", str(warmup_steps)]
-    return out
 
 
 def check_model_path(model_path: str | None) -> None:
@@ -255,11 +208,10 @@ def engine_python(command: list[str]) -> str | None:
 
 
 def engine_versions(command: list[str], timeout_s: float = 30.0) -> dict[str, Any]:
-    """Versions of :data:`ENGINE_PACKAGES` installed in the Python an engine command runs in
-    (:func:`engine_python`), read from package metadata by that interpreter (nothing is
-    imported: well under a second). Returns ``{"python": path, "sglang": "0.5.23", "torch":
-    ..., ...}`` with None for a package not installed there, or ``{"error": why}`` when the
-    interpreter is unknown or the query failed (never a guess from perfkit's own Python)."""
+    """Versions of :data:`ENGINE_PACKAGES` in the Python an engine command runs in
+    (:func:`engine_python`), read from package metadata by it (nothing imported). Returns
+    ``{"python": path, "sglang": "0.5.23", ...}`` (None: not installed), or ``{"error": why}``
+    when the interpreter is unknown or the query failed (never perfkit's own versions)."""
     import json
     import subprocess
 

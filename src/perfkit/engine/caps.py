@@ -1,54 +1,123 @@
-"""MemoryCaps: device and host memory budgets -> environment + enforcement.
-
-Device budget: passed to the engine through the environment (``PERFKIT_CAP_DEVICE_MEMORY_GIB``
-for the reference engine, ``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB`` for sglang, whose worker
-turns it into ``torch.cuda.set_per_process_memory_fraction``). The engine enforces it.
-
-Host budget: first clamped to what exists (:meth:`MemoryCaps.resolve`: the effective budget is
-min(asked, every cgroup memory limit above this process, MemTotal); a clamp is logged as a warning
-and recorded), then told to the engine (``SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB``,
-``PERFKIT_CAP_HOST_MEMORY_GIB``, both the effective value) and enforced from outside:
-
-- ``cgroup``: where ``/sys/fs/cgroup`` is cgroup v2 and perfkit may create a child cgroup with the
-  memory controller, the engine is moved into one with ``memory.max`` (and ``memory.swap.max=0``);
-  the kernel OOM-kills it when over. Host figures: the cgroup's ``memory.current``/``memory.peak``.
-- ``watchdog``: otherwise a thread reads the engine tree's summed RSS (``statm``) every
-  ``interval_s`` and its PSS (:mod:`perfkit.readings.memory`: copy-on-write pages count once)
-  when the RSS is over the cap or, for the peak, within :data:`~perfkit.readings.memory.PSS_DUTY`
-  of the time (:data:`CHECK_PSS_DUTY` while RSS > cap >= PSS); it kills the process group when a
-  PSS read is over the cap (``watchdog-pss``; ``watchdog-rss`` where PSS cannot be read).
-
-Going over the cap is a result, not a hang: the engine is killed, its sockets close, later
-requests fail fast, and :class:`CapOutcome` says ``exceeded`` with a message like
-``host memory cap exceeded: 0.31 GiB > 0.25 GiB``.
+"""MemoryCaps: device and host memory budgets -> the engine's environment, and the host
+budget enforced from outside (a cgroup v2 child with ``memory.max``, else a PSS watchdog).
+Going over the cap is a result, not a hang: :class:`CapOutcome` says ``exceeded``. See
+docs/suite.md ("Measurement rules") and docs/robustness.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import psutil
 
-from perfkit.engine.cgroup import Cgroup as _Cgroup
-from perfkit.engine.cgroup import cgroup2_available, kill_tree  # noqa: F401 (re-exported, as before the split)
 from perfkit.readings.memory import DEFAULT as _DEFAULT_READER
 from perfkit.readings.memory import PSS_DUTY, HostMemoryReader, MemoryReadError, ReadBudget
 
 log = logging.getLogger(__name__)
 
 GIB = 2**30
-#: the largest fraction of time the watchdog reads PSS for its check while the tree's summed RSS
-#: is over the cap and its PSS under it, unless the RSS grew by more than the PSS's margin under
-#: the cap since the last read (then it reads at the next check). A PSS that grows with the RSS
-#: flat (copy-on-write breaks in forked workers) is seen within (read time) / 0.05 s.
+#: the largest fraction of time the watchdog reads PSS for its check while RSS > cap >= PSS
+#: (docs/suite.md, "Measurement rules")
 CHECK_PSS_DUTY = 0.05
 ENFORCEMENTS = ("auto", "cgroup", "watchdog", "none")
+_CAPS_FIELDS = ("device_gib", "host_gib", "label", "host_enforcement", "interval_s")
+#: where cgroup v2 is mounted
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def kill_tree(pgid: int | None, procs: list[psutil.Process], sig: int = signal.SIGKILL) -> None:
+    """Signal a process group and any listed processes (which may have left the group)."""
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            p.send_signal(sig)
+
+
+def cgroup2_available() -> bool:
+    """True when /sys/fs/cgroup is a cgroup v2 mount."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    return any(p[1:3] == [str(CGROUP_ROOT), "cgroup2"] for p in map(str.split, mounts))
+
+
+def own_cgroup() -> Path | None:
+    """This process's cgroup v2 directory (from /proc/self/cgroup's ``0::`` line), None when
+    it has none or the file is not readable."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return CGROUP_ROOT / line[3:].lstrip("/")
+    return None
+
+
+class _Cgroup:
+    """A child cgroup v2 with memory.max (under this process's cgroup or its parent, where the
+    memory controller is delegated); raises OSError when that is not possible."""
+
+    def __init__(self, cap_bytes: int, name: str) -> None:
+        if not cgroup2_available():
+            raise OSError("/sys/fs/cgroup is not cgroup v2")
+        own = own_cgroup()
+        if own is None or not own.is_dir():
+            raise OSError("own cgroup not found")
+        candidates = [own, own.parent] if own != CGROUP_ROOT else [own]
+        last: Exception | None = None
+        for parent in candidates:
+            path = parent / f"perfkit-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            try:
+                # may already be on, or not allowed; the child's controllers tell
+                with contextlib.suppress(OSError):
+                    (parent / "cgroup.subtree_control").write_text("+memory")
+                path.mkdir()
+                try:
+                    if "memory" not in (path / "cgroup.controllers").read_text().split():
+                        raise OSError(f"memory controller not delegated to {parent}")
+                    (path / "memory.max").write_text(str(cap_bytes))
+                    with contextlib.suppress(OSError):
+                        (path / "memory.swap.max").write_text("0")
+                except Exception:
+                    path.rmdir()
+                    raise
+                self.path = path
+                return
+            except OSError as exc:
+                last = exc
+        raise OSError(f"cannot create a memory cgroup: {last}")
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def oom_kills(self, reader: HostMemoryReader) -> int:
+        """``oom_kill`` of memory.events (0 when the key is absent: no OOM kill counted yet).
+
+        Raises:
+            MemoryReadError: memory.events is not readable or not ``key number`` lines.
+        """
+        return reader.cgroup_events(self.path).get("oom_kill", 0)
+
+    def remove(self) -> None:
+        for _ in range(20):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.05)
+        log.warning("could not remove cgroup %s", self.path)
 
 
 class MemoryCaps:
@@ -60,14 +129,12 @@ class MemoryCaps:
         label: display label (default: derived, e.g. ``"12GiB dev + 32GiB host"``).
         host_enforcement: ``auto`` (cgroup where possible, else watchdog), ``cgroup``
             (fail when not possible), ``watchdog`` or ``none`` (environment only).
-        interval_s: watchdog sampling interval.
+        interval_s: watchdog sampling interval (s).
 
     Attributes:
-        host_gib: the host budget as asked (GiB).
-        host_effective_gib: the host budget in force after :meth:`resolve` (GiB; equal to
-            ``host_gib`` before it, None without a host cap).
-        host_clamp: why the effective budget is below the ask (None: not clamped).
-        resolved: :meth:`resolve` made this object (the limits of the host were read).
+        host_effective_gib: the host budget in force after :meth:`resolve` (GiB; ``host_gib``
+            before it, None without a host cap); ``host_clamp``: why it is lower (None: not).
+        resolved: :meth:`resolve` made this object.
     """
 
     def __init__(
@@ -97,14 +164,9 @@ class MemoryCaps:
         self.resolved = False
 
     def resolve(self, reader: HostMemoryReader | None = None) -> "MemoryCaps":
-        """A copy with the host budget clamped to what exists: min(``host_gib``, every cgroup
-        ``memory.max`` / v1 ``memory.limit_in_bytes`` above this process, MemTotal), in GiB.
-        A clamp is logged as a warning and kept in ``host_effective_gib`` / ``host_clamp``;
-        :meth:`env` then tells the engine the effective value. Without a host cap nothing is
-        read or clamped.
-
-        Args:
-            reader: where to read the limits (default: this host's /proc and /sys/fs/cgroup).
+        """A copy with the host budget clamped to min(``host_gib``, every cgroup ``memory.max`` /
+        v1 ``memory.limit_in_bytes`` above this process, MemTotal), GiB; a clamp is logged and
+        kept in ``host_effective_gib`` / ``host_clamp``. ``reader``: default this host's.
 
         Raises:
             MemoryReadError: a limit file or /proc/meminfo could not be read as a number.
@@ -150,13 +212,7 @@ class MemoryCaps:
 
     def to_dict(self) -> dict[str, Any]:
         """The caps as asked; a resolved one adds ``host_effective_gib`` and ``host_clamp``."""
-        out: dict[str, Any] = {
-            "device_gib": self.device_gib,
-            "host_gib": self.host_gib,
-            "label": self.label,
-            "host_enforcement": self.host_enforcement,
-            "interval_s": self.interval_s,
-        }
+        out: dict[str, Any] = {k: getattr(self, k) for k in _CAPS_FIELDS}
         if self.resolved:
             out["host_effective_gib"] = self.host_effective_gib
             out["host_clamp"] = self.host_clamp
@@ -169,7 +225,7 @@ class MemoryCaps:
         resolved = "host_effective_gib" in d or "host_clamp" in d
         eff = d.pop("host_effective_gib", None)
         clamp = d.pop("host_clamp", None)
-        unknown = set(d) - {"device_gib", "host_gib", "label", "host_enforcement", "interval_s"}
+        unknown = set(d) - set(_CAPS_FIELDS)
         if unknown:
             raise ValueError(f"MemoryCaps: unknown field(s) {', '.join(sorted(unknown))}")
         out = cls(**d)
@@ -195,8 +251,7 @@ class MemoryCaps:
         on_exceeded: Callable[["CapOutcome"], None] | None = None,
         reader: HostMemoryReader | None = None,
     ) -> "HostCapEnforcer":
-        """Start enforcing the effective host budget (:meth:`resolve`, done here when not yet)
-        on the process tree rooted at ``pid``.
+        """Start enforcing the effective host budget on the process tree rooted at ``pid``.
 
         Raises:
             MemoryReadError: the host's limits could not be read (see :meth:`resolve`).
@@ -226,18 +281,13 @@ class CapOutcome:
         enforcement: ``cgroup``, ``watchdog`` or ``none``.
         exceeded: the engine went over the host cap (and was killed).
         message: ``host memory cap exceeded: X GiB > Y GiB`` when exceeded, else a short note.
-        peak_rss_gib: highest RSS summed over the process tree that was seen (GiB; shared pages
-            count once per process, so it over-counts forked trees; kept for comparison).
+        peak_rss_gib: highest RSS summed over the process tree (GiB; over-counts shared pages).
         peak_pss_gib: highest PSS of the process tree (GiB; None: not read).
-        peak_cgroup_gib: highest ``memory.current`` / ``memory.peak`` of the engine's own
-            cgroup (GiB; None without one).
-        host_cap_gib: the cap in force, i.e. the effective budget (GiB; None: no host cap).
-        host_cap_asked_gib: the cap asked (GiB; None: no host cap).
+        peak_cgroup_gib: highest ``memory.current``/``memory.peak`` of its cgroup (GiB; None).
+        host_cap_gib, host_cap_asked_gib: the cap in force and as asked (GiB; None: no cap).
         host_cap_clamp: why the cap in force is below the ask (None: not clamped).
-        mechanism: what held the cap: ``cgroup``, ``watchdog-pss``, ``watchdog-rss`` (PSS not
-            readable here) or ``none``.
-        host_source: where the host figures came from: ``cgroup`` (memory.current), ``pss``
-            (smaps_rollup of the tree), ``rss`` (statm of the tree) or ``none``.
+        mechanism: ``cgroup``, ``watchdog-pss``, ``watchdog-rss`` or ``none``.
+        host_source: where the host figures came from: ``cgroup``, ``pss``, ``rss`` or ``none``.
         t_exceeded: epoch seconds when the cap was found exceeded.
     """
 
@@ -259,22 +309,17 @@ class CapOutcome:
 
 
 class HostCapEnforcer:
-    """Enforces a host budget on a process tree; always tracks the tree's peak host memory.
-
-    The cap is checked against the engine's own cgroup's ``memory.current`` where it has one
-    (the kernel enforces ``memory.max``), else against the PSS of the tree (watchdog). Use
-    :meth:`MemoryCaps.start`. ``outcome`` is live; :meth:`stop` ends the thread (call it before
-    terminating the engine on purpose so that the teardown is not taken for a cap event).
+    """Enforces a host budget on a process tree (its cgroup's ``memory.current``, else the
+    tree's PSS) and tracks its peak; made by :meth:`MemoryCaps.start`. ``outcome`` is live; call
+    :meth:`stop` before ending the engine on purpose (not a cap event).
 
     Args:
         pid: root of the engine's process tree.
-        host_gib: the cap in force (GiB, the effective budget; None: only track the peak).
-        mode: ``auto``, ``cgroup``, ``watchdog`` or ``none`` (see :class:`MemoryCaps`).
-        interval_s: watchdog interval (s).
+        host_gib: the cap in force (GiB; None: only track the peak).
+        mode, interval_s: as :class:`MemoryCaps`' ``host_enforcement``, ``interval_s``.
         name: used in the cgroup's name.
         on_exceeded: called with the outcome when the cap is found exceeded.
-        reader: host memory reader (default: this host's).
-        asked_gib, clamp: the cap as asked and why it was clamped (recorded in the outcome).
+        asked_gib, clamp: recorded in the outcome.
 
     Raises:
         OSError: ``mode="cgroup"`` and no cgroup could be made.
@@ -393,8 +438,7 @@ class HostCapEnforcer:
         pids: list[int] = [self.pid]
         while not self._stop.is_set():
             now = time.monotonic()
-            # rescan the tree every 0.5 s (1 s when only tracking the peak); read the known
-            # processes in between
+            # rescan the tree every 0.5 s (1 s when only tracking the peak)
             if now >= refresh:
                 pids = self.reader.tree_pids(self.pid)
                 refresh = now + (0.5 if watch else 1.0)
@@ -415,11 +459,8 @@ class HostCapEnforcer:
                 tm = None
             if tm is not None and tm.root_alive:  # kept even when the root exits before the PSS read
                 o.peak_rss_gib = max(o.peak_rss_gib, tm.rss_mib / 1024)
-            # PSS (smaps_rollup walks the engine's page tables under its mmap lock, which stalls
-            # the engine's mmap/munmap: see perfkit.readings.memory.PSS_DUTY) only when the cap
-            # may be crossed (PSS <= RSS) or, for the peak, within the sampler's time budget; while
-            # RSS stays over the cap and PSS under it, within CHECK_PSS_DUTY unless the RSS grew
-            # past the last PSS's margin
+            # PSS reads stall the engine (docs/suite.md): only when the cap may be crossed or
+            # within the peak's budget
             over = watch and tm is not None and tm.rss_mib / 1024 > cap
             check = over and (check_budget.due(now) or tm.rss_mib - last_rss > cap * 1024 - last_pss)
             if pss and tm is not None and tm.root_alive and (check or peak_budget.due(now)):
@@ -452,10 +493,7 @@ class HostCapEnforcer:
                 if self._cgroup_oom():
                     break
             elif cap is not None and tm is not None and (tm.source == "pss" or (over and not pss)):
-                # every PSS read is checked, also one taken for the peak: statm's RSS is the
-                # kernel's per-mm counters, which may lag the page tables that smaps_rollup walks
-                # (per-thread/per-CPU batches), so a PSS over the cap can come with a statm RSS
-                # under it
+                # every PSS read is checked, a peak read too (statm's RSS may lag the page tables)
                 gib = (tm.pss_mib if tm.source == "pss" else tm.rss_mib) / 1024
                 if over and gib <= cap and not between:
                     between = True

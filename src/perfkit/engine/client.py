@@ -1,13 +1,8 @@
-"""The client of sglang's video API: ``POST /v1/videos``, then poll ``GET /v1/videos/{id}``.
-
-The reference engine and sglang's diffusion server answer the same protocol. One client,
-:class:`AsyncVideoClient` (one ``httpx.AsyncClient``; an ``asyncio.Semaphore`` bounds the requests
-in flight, as sglang's ``bench_serving --max-concurrency``), and :class:`VideoClient`, its
-synchronous face: one request at a time on an event loop of its own thread (so it runs inside a
-Jupyter kernel's loop too), then the request's ``performance.log`` line, found by id (polled with a
-timeout: the server writes it after the status flips; a partial last line is tolerated).
-:func:`closed_loop` and :func:`open_loop` schedule many requests. The job JSON's own fields are read
-as what they are (:func:`job_fields`; the reference engine's start is its ``perfkit_times``).
+"""The client of sglang's video API (``POST /v1/videos``, then poll ``GET /v1/videos/{id}``),
+which the reference engine answers too: :class:`AsyncVideoClient` (a semaphore bounds the
+requests in flight, as sglang's ``bench_serving --max-concurrency``), :class:`VideoClient` (its
+synchronous face on a loop thread of its own, so it runs inside a Jupyter kernel too, plus the
+request's performance.log line), :func:`closed_loop`, :func:`open_loop` and :func:`job_fields`.
 """
 
 from __future__ import annotations
@@ -69,17 +64,13 @@ class VideoRequestSpec:
 @dataclass(frozen=True)
 class JobFields:
     """What a job JSON (``GET /v1/videos/{id}``) says of the job; None: not in it (or null).
-
-    sglang 0.5.23 (multimodal_gen/runtime/entrypoints/openai/video_api.py, protocol.py) writes
-    ``created_at`` and ``completed_at`` as ``int(time.time())``: epoch seconds truncated to whole
-    seconds (up to 1 s early: a span between them is only good to 1 s), ``inference_time_s``
-    (the pipeline's total duration, s; null until done and for failed jobs), ``peak_memory_mb``
-    (the device's peak, MiB; null on a CPU, where sglang measures none) and no start time.
+    sglang 0.5.23 (``multimodal_gen/runtime/entrypoints/openai/video_api.py``) writes whole epoch
+    seconds (``int(time.time())``: a span between them is only good to 1 s) and no start time.
 
     Attributes:
         created_at_s, completed_at_s: epoch s, whole seconds.
-        inference_time_s: s.
-        peak_memory_mib: MiB.
+        inference_time_s: the pipeline's total duration, s (null until done and for failed jobs).
+        peak_memory_mib: the device's peak, MiB (null on a CPU).
         started_at_s: epoch s (the reference engine's ``perfkit_times.started``; sglang: None).
     """
 
@@ -128,7 +119,7 @@ class RequestOutcome:
     Attributes:
         request_id: server id ('' when the submit itself failed).
         status: ``completed``, ``failed``, ``rejected`` (4xx on submit), ``timeout`` or ``error``
-            (connection lost, e.g. the engine died, or not sent: the engine was gone).
+            (the engine lost, or gone before it was sent).
         t_submit, t_end: client clock, epoch seconds (submit sent; terminal status seen).
         http_status: status code of the submit, or of the poll that ended it (0: no answer).
         error: error text from the server or the transport.
@@ -187,14 +178,11 @@ class AsyncVideoClient:
         timeout_s: per request, submit to terminal status (no HTTP call waits past it).
         poll_s: polling interval of ``GET /v1/videos/{id}`` (s) while the job runs; a job the
             engine reports ``queued`` is polled every ``queued_every`` x ``poll_s``.
-        alive: says whether the engine's process still runs (e.g.
-            :meth:`perfkit.engine.handle.EngineHandle.alive`); checked every
-            :data:`ALIVE_EVERY_S` during each HTTP call: once it is False, each request in
-            flight ends at once (``error``, "lost the engine ...") and no later one is sent
-            (``error``, "not sent: ..."), never one timeout a request. With ``alive``, a request
-            that times out is followed by ``GET /health`` (:data:`HEALTH_AFTER_TIMEOUT_S`):
-            no answer and the engine counts as lost too (:attr:`lost_why` says so): a stopped
-            engine costs one timeout, not one a request.
+        alive: whether the engine's process still runs, checked every :data:`ALIVE_EVERY_S`
+            during each HTTP call: once False, requests in flight end at once (``error``) and no
+            later one is sent. A request that times out is then followed by ``GET /health``
+            (:data:`HEALTH_AFTER_TIMEOUT_S`); no answer and the engine counts as lost too
+            (:attr:`lost_why`): a stopped engine costs one timeout, not one a request.
         queued_every: see ``poll_s`` (10: k requests in flight cost the engine about one fast
             poller, not k).
 
@@ -348,10 +336,8 @@ class AsyncVideoClient:
             except httpx.TimeoutException:
                 continue
             except httpx.TransportError as exc:
-                # a GET is safe to repeat: a connection the server dropped (uvicorn closes a
-                # keep-alive connection whose loop was busy past its timeout, e.g. while the
-                # engine gzips a profiler trace) is retried on a new one; a gone engine fails
-                # POLL_RETRIES times in a row
+                # a GET is safe to repeat (uvicorn drops a keep-alive connection whose loop was
+                # busy, e.g. gzipping a trace); a gone engine fails POLL_RETRIES times in a row
                 broken += 1
                 if broken <= POLL_RETRIES and not self._dead():
                     log.info("poll of %s lost its connection (%s), retrying", rid, type(exc).__name__)
@@ -378,14 +364,9 @@ class AsyncVideoClient:
 
 
 class VideoClient:
-    """Synchronous face of :class:`AsyncVideoClient`: one request at a time, run on an event loop
-    of this client's own thread, then the request's performance.log record.
-
-    Args:
-        base_url: e.g. ``http://127.0.0.1:30000``.
-        perf_log_dir: where the engine writes performance.log (None: no record lookup).
-        timeout_s: per request, submit to completion (no HTTP call waits past it).
-        poll_s: polling interval (s), queued or running.
+    """Synchronous face of :class:`AsyncVideoClient` (one request at a time, on an event loop of
+    its own thread), then the request's record from ``perf_log_dir`` (None: no lookup).
+    ``timeout_s``: per request (s); ``poll_s``: polling interval (s), queued or running.
     """
 
     def __init__(

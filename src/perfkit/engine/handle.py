@@ -137,20 +137,9 @@ class WarmupShape:
 
 
 def parse_warmup_shapes(text: str) -> list[WarmupShape]:
-    """The distinct shapes of sglang's startup warmup requests in an engine log, in order of
-    first appearance ([] when the log shows none).
-
-    sglang 0.5.23 writes no performance.log line for a warmup request; it names each one in its
-    warmup progress bar (tqdm, ``\\r``-separated redraws) or, in a CI log, a ``Warmup requests:
-    i/n`` line, as ``server warmup req (WxHxNf, S/D steps)`` (multimodal_gen/runtime/
-    server_warmup.py ``format_warmup_req``): W x H in pixels, N the frames after sglang's frame
-    rule (warmup_request_builder.py ``_apply_warmup_frame_contract`` runs
-    ``pipeline_config.adjust_num_frames``, as a real request's ``SamplingParams._adjust`` does;
-    ``xNf`` left out for one frame), S the warmup's steps and D the model's default steps
-    (schedule_batch.py ``Req.set_as_warmup``; ``S steps`` alone when equal). One line per
-    warmup resolution (``--warmup-resolutions``). A segment saying ``ran out of memory`` names a
-    request that did not run (sglang retries it smaller) and is skipped.
-    """
+    """The distinct shapes of sglang's startup warmup requests in an engine log (its ``server
+    warmup req (WxHxNf, S/D steps)`` lines, sglang 0.5.23: docs/sglang.md), in order of first
+    appearance ([] when the log shows none); ``ran out of memory`` segments are skipped."""
     out: list[WarmupShape] = []
     seen: set[tuple[int, int, int]] = set()
     for seg in re.split(r"[\r\n]", text):
@@ -166,9 +155,8 @@ def parse_warmup_shapes(text: str) -> list[WarmupShape]:
 
 
 def boot_start_s(pid: int) -> float | None:
-    """When process ``pid`` was created, seconds on the host's CLOCK_BOOTTIME (``starttime`` of
-    ``/proc/<pid>/stat``, in clock ticks: 10 ms on most kernels); None without /proc or once it
-    is gone. psutil's ``create_time`` adds the boot time in whole seconds, hence /proc here."""
+    """When process ``pid`` was created, s on CLOCK_BOOTTIME (``/proc/<pid>/stat`` starttime,
+    10 ms ticks; psutil's ``create_time`` rounds the boot time); None without /proc or once gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read().decode("ascii", "replace")
@@ -215,13 +203,9 @@ def cold_start_parts(
             the first 503, None when none was seen), from perfkit's poll of ``/health``.
         engine: the engine's name in reasons (``sglang``).
 
-    Returns: ``ready_s`` (launch -> /health 200), ``process_start_s`` (launch -> the process was
-    created: the OS, to its 10 ms tick, 0 within the launch's tick; else the mark), ``models_loaded_s`` (launch -> sglang's ``[server-load]`` line, on
-    CLOCK_MONOTONIC; else the ``models_loaded`` mark), ``warmup_s`` (the first /health 503 ->
-    200: sglang answers 503 while its server warmup runs, multimodal_gen/runtime/entrypoints/
-    http_server.py ``health``; resolution perfkit's poll interval; else warmup_done -
-    models_loaded marks): s, None when not measured; ``sources``: part -> where it came from, or
-    ``not reported by <engine>: <reason>``; ``t_launch``, ``t_ready``, ``marks``.
+    Returns: ``ready_s``, ``process_start_s``, ``models_loaded_s``, ``warmup_s`` (s, None when
+    not measured; sources as in docs/DESIGN.md "cold start"), ``sources`` (part -> source, or
+    ``not reported by <engine>: <reason>``), ``t_launch``, ``t_ready``, ``marks``.
     """
     health = health or {}
     src: dict[str, str] = {}
@@ -292,24 +276,16 @@ class EngineHandle:
         run_dir: this launch's directory (``<run_dir>/<label>``).
         perf_log_dir: where the engine writes ``performance.log``.
         stdout_path, stderr_path: engine log files.
-        caps: the MemoryCaps after :meth:`MemoryCaps.resolve` (asked and effective host budget;
-            None: none given).
-        cold_start: :func:`cold_start_parts`: ready_s, process_start_s, models_loaded_s,
-            warmup_s (None when not measured), sources, t_launch, t_ready (epoch s), marks.
+        caps: the MemoryCaps after :meth:`MemoryCaps.resolve` (None: none given).
+        cold_start: :func:`cold_start_parts` (s; t_launch, t_ready epoch s).
         device_baseline_mib: device used memory read before launch (NaN without NVML).
-        gpus: the GPUs the engine was given, as NVML knows them ({index, uuid, name} each,
-            resolved by UUID from its CUDA_VISIBLE_DEVICES; [] without NVML).
-        gpu_indices: the NVML indices its sampler reads (those of ``gpus``; without NVML the
-            first ``num_gpus`` indices, as before).
+        gpus: the engine's GPUs by NVML ({index, uuid, name} each; [] without NVML).
+        gpu_indices: the NVML indices its sampler reads (without NVML the first ``num_gpus``).
         exit_code: set when the process has ended.
-        end: set at teardown, how the engine ended: ``how`` (words: ``exited with code 3``,
-            ``was killed by signal 9 (SIGKILL, not sent by perfkit)``, ``ended on perfkit's SIGTERM
-            after 0.2 s (exit code -15)``, ``did not exit within 2 s of SIGTERM: killed by
-            perfkit (SIGKILL) after 2.0 s``, prefixed ``was stopped (SIGSTOP) ...`` when it
-            was), ``exit_code``, ``signal`` (None unless killed by one), ``by_perfkit``,
-            ``after_s`` (SIGTERM until gone, s), ``stopped``, ``oom`` (the host's OOM-kill
-            record, :func:`perfkit.readings.oom.oom_record`, when a signal not sent by perfkit
-            ended it; else None).
+        end: set at teardown, how the engine ended (docs/robustness.md "How it ended"): ``how``
+            (words), ``exit_code``, ``signal`` (None unless killed by one), ``by_perfkit``,
+            ``after_s`` (SIGTERM until gone, s), ``stopped``, ``oom`` (the OOM-kill record when
+            a signal not sent by perfkit ended it; else None).
     """
 
     spec: EngineSpec
@@ -419,12 +395,9 @@ class EngineHandle:
         return self._enforcer.cgroup_path if self._enforcer is not None else None
 
     def sampler(self, interval_s: float = 0.1, gpu_index: int | list[int] | None = None, nvml: Any = None):
-        """A (not started) MemorySampler of this engine with the pre-launch device baseline and,
-        where the engine has its own cgroup, that cgroup (``cgroup_current_mib``).
-
-        ``gpu_index``: NVML indices to read (default :attr:`gpu_indices`, the engine's own GPUs
-        matched by UUID). ``nvml``: an NVML source (default: the one given to :func:`launch`,
-        else pynvml)."""
+        """A (not started) MemorySampler of this engine with the pre-launch device baseline and
+        its own cgroup, if any; ``gpu_index`` defaults to :attr:`gpu_indices`, ``nvml`` to the
+        launch's source."""
         from perfkit.readings.sampler.timeline import MemorySampler
 
         return MemorySampler(

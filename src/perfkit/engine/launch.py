@@ -3,25 +3,13 @@
 ::
 
     with launch(EngineSpec(kind="reference"), caps=MemoryCaps(host_gib=32), run_dir=d) as eng:
-        client = ...(eng.base_url)
         eng.cold_start          # {"ready_s": 41.2, "process_start_s": 0.4, ...}
-        eng.records()           # performance.log records so far
     # here the engine's whole process group is gone
 
-Layout under ``run_dir/<label>/``: ``stdout.log``, ``stderr.log``, ``perf/`` (the perf log dir),
-``cache/{inductor,triton}`` (own compile caches unless ``spec.share_compile_cache``, then
-``run_dir/shared-cache/``).
-
-Cold start: ``ready_s`` is launch until ``GET health_path`` answers 200; its parts and their
-sources: :func:`perfkit.engine.handle.cold_start_parts`.
-
-Teardown (normal exit, exception or KeyboardInterrupt): :meth:`EngineHandle._terminate` ends the
-whole tree (SIGTERM, ``grace_s``, SIGKILL; the engine's cgroup too) and says how in
-:attr:`EngineHandle.end`. Every process started is in a module registry
-(:func:`started_processes`, for tests) and with the owner (:mod:`perfkit.engine.owner`), which
-ends it if this process dies first; the engine gets a SIGKILL parent-death signal. The handle and
-the errors live in :mod:`perfkit.engine.handle`, the registry in :mod:`perfkit.engine.owner`;
-their names are re-exported here.
+Layout under ``run_dir/<label>/``: ``stdout.log``, ``stderr.log``, ``perf/``,
+``cache/{inductor,triton}`` (``run_dir/shared-cache/`` when ``spec.share_compile_cache``).
+Teardown and ownership: docs/robustness.md; the handle and errors (re-exported here) live in
+:mod:`perfkit.engine.handle`.
 """
 
 from __future__ import annotations
@@ -63,28 +51,25 @@ log = logging.getLogger(__name__)
 
 
 POLL_S = 0.2
-#: the poll while nothing answers yet (refused: cheap), so the first answer, and with it a 503 of
-#: a short startup warmup, is seen within this of the server starting to serve
+#: the poll while nothing answers yet (refused: cheap), so a short warmup's 503 is seen
 REFUSED_POLL_S = 0.05
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free now (bind port 0)."""
+def free_port(host: str = "127.0.0.1", port: int = 0) -> int:
+    """A port that is free now (bind ``port``, 0: any). Raises OSError when it is taken."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+        s.bind((host, port))
         return s.getsockname()[1]
 
 
-#: sglang 0.5.23's internal ports (``runtime/server_args/server_args.py``: ``master_port``
-#: 30005, the torch.distributed rendezvous; ``scheduler_port`` 5555 + 0..100): it moves a busy
-#: one, but two servers started together both find 30005 free and one dies with EADDRINUSE
+#: sglang 0.5.23's internal ports (``server_args.py``: ``master_port`` 30005, ``scheduler_port``
+#: 5555 + 0..100): two servers started together both find 30005 free, one dies (EADDRINUSE)
 SGLANG_PORT_FLAGS = ("--master-port", "--scheduler-port")
 
 
 def _sglang_ports(spec: EngineSpec) -> list[str]:
     """For kind ``sglang``: a free port for each of :data:`SGLANG_PORT_FLAGS` the spec's
-    ``server_args``/``extra_args`` do not set, so concurrent launches (``perfkit ab --paired``,
-    two suites) never race for sglang's defaults. Empty for other kinds."""
+    ``server_args``/``extra_args`` do not set (concurrent launches never race). Empty otherwise."""
     if spec.kind != "sglang":
         return []
     given = set(getattr(spec, "server_args", [])) | set(spec.extra_args)
@@ -93,15 +78,6 @@ def _sglang_ports(spec: EngineSpec) -> list[str]:
         if flag not in given and not any(a.startswith(flag + "=") for a in given):
             out += [flag, str(free_port(spec.host))]
     return out
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def _unique_dir(base: Path, label: str) -> Path:
@@ -133,18 +109,13 @@ def launch(
             (:meth:`MemoryCaps.resolve`, unless already resolved) and the engine's environment
             gets the effective value.
         run_dir: directory for this run's launches (default: a new temporary directory).
-        label: launch label; the launch directory is ``run_dir/<label>`` (``<label>-1``, … when
-            taken).
+        label: launch label; the launch directory is ``run_dir/<label>`` (``<label>-1``, …).
         grace_s: seconds between SIGTERM and SIGKILL at teardown (default ``spec.stop_grace_s``).
         startup_timeout_s: overrides ``spec.startup_timeout_s``.
         nvml: NVML source for GPU matching, the baseline and the sampler (tests; default pynvml).
 
-    GPUs: the engine's ``CUDA_VISIBLE_DEVICES`` (from the spec's env or this process's, as Ray
-    sets it for a task) is resolved to NVML devices by UUID
-    (:func:`~perfkit.readings.sampler.resolve_visible_gpus`); the first ``num_gpus`` of them
-    (one for a ``command`` engine) are the ones read. When ``CUDA_DEVICE_ORDER`` is not set, the
-    engine gets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so that CUDA's ordinals (integer entries, or
-    ``cuda:N`` without the variable) are NVML's indices.
+    GPUs: resolved by UUID from the engine's ``CUDA_VISIBLE_DEVICES`` (docs/scale-out.md, "GPUs
+    matched by UUID"); the first ``num_gpus`` (one for a ``command`` engine) are read.
 
     Raises:
         PortInUseError: ``spec.port`` is set and taken (before anything is started).
@@ -215,14 +186,15 @@ def launch(
 
 
 def _port(spec: EngineSpec) -> int:
-    if spec.port is not None:
-        if port_in_use(spec.port, spec.host):
-            raise PortInUseError(
-                f"port {spec.port} is already in use on {spec.host} "
-                f"(EngineSpec.port); stop what holds it or leave port unset"
-            )
-        return spec.port
-    return free_port(spec.host)
+    try:
+        return free_port(spec.host, spec.port or 0)
+    except OSError:
+        if spec.port is None:
+            raise
+        raise PortInUseError(
+            f"port {spec.port} is already in use on {spec.host} "
+            f"(EngineSpec.port); stop what holds it or leave port unset"
+        ) from None
 
 
 def _engine_env(
@@ -290,12 +262,9 @@ _ERROR = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b:?.*|\bERROR\b.*")
 
 
 def error_line(log_tail: str) -> str | None:
-    """The line of an engine's log tail (stdout's and stderr's) that says why it ended, clipped
-    to 300 characters: the last line saying it aborts, else the last naming an error
-    (``ValueError: ...``, ``ERROR``); None when none does. sglang logs errors it recovers from
-    ("falling back to native version") on stderr, and what ends it on stdout: a directory name
-    its detectors read as another model ended in "Server warmup failed; aborting startup:
-    Encoded prompt has 211 tokens, expected at least 300"."""
+    """The line of an engine's log tail that says why it ended, clipped to 300 characters: the
+    last line saying it aborts (sglang: "Server warmup failed; aborting startup: ..." on stdout,
+    while stderr has errors it recovered from), else the last naming an error; None when none."""
     lines = log_tail.splitlines()
     for pattern in (_FATAL, _ERROR):
         for line in reversed(lines):
@@ -307,9 +276,8 @@ def error_line(log_tail: str) -> str | None:
 
 def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
     """Poll ``/health`` every :data:`POLL_S` (:data:`REFUSED_POLL_S` until it first answers)
-    until 200, then set ``h.cold_start``; the first
-    answer's status and the first 503 (sglang's "warming up") are kept for its parts. Raises
-    :class:`EngineStartError` when the engine exits or ``timeout`` passes."""
+    until 200, then set ``h.cold_start`` (the first status and first 503 kept for its parts).
+    Raises :class:`EngineStartError` when the engine exits or ``timeout`` passes."""
     import httpx  # here, not at the top: only where a request is sent (a replay sends none)
 
     health: dict[str, Any] = {"first_status": None, "t_first_503": None}

@@ -1,16 +1,6 @@
-"""The owner of every process perfkit starts: registered, found again, ended on a deadline.
-
-A notebook kernel can die before its engine's teardown has run (papermill shuts a kernel down a
-few seconds after a cell timeout); the engine must not outlive perfkit for that. The process
-that runs the kernels (``perfkit suite``), or the one that launches engines itself
-(``perfkit ab``, ``perfkit measure``, a ``--partition``/``--executor`` shard), is their *owner*:
-it becomes the subreaper of its descendants (:func:`become_subreaper`), launches register in the
-file named by :data:`REGISTRY_ENV` (:func:`register`), a :class:`Watch` taken before the work
-ends what is left after it (:meth:`Watch.reap`: same pid *and* start time, a reused pid is never
-signalled), and a reaper process (:func:`spawn_reaper`) does it if the owner itself is killed.
-:func:`run_bounded` runs a subprocess with a time limit whose whole tree is ended past it or on
-an interrupt. The launcher's own teardown (:meth:`perfkit.engine.handle.EngineHandle._terminate`)
-does the same for one engine; this module is what remains when the launcher itself is gone.
+"""The owner of every process perfkit starts: registered, found again, ended on a deadline
+(subreaper, registry file, :class:`Watch`, the reaper process, :func:`run_bounded`); what remains
+when the launcher itself is gone. See docs/robustness.md ("The owner", "The suite's reaper").
 """
 
 from __future__ import annotations
@@ -110,9 +100,8 @@ def alive(pid: int, create_time: float) -> psutil.Process | None:
 
 def marked(prefix: str | Path) -> list[psutil.Process]:
     """Running processes whose environment has :data:`REGISTRY_ENV` under ``prefix`` (a registry
-    file, or the directory of a run's registry files): everything a kernel started inherits it,
-    so this finds them even after they left every session and parent (unless they cleared
-    their environment). Processes whose environment cannot be read are skipped."""
+    file, or the directory of a run's registry files); those whose environment cannot be read
+    are skipped."""
     pre = str(prefix)
     out = []
     me = os.getpid()
@@ -227,11 +216,9 @@ def end_tree(pid: int, grace_s: float) -> list[Ended]:
 def run_bounded(
     args: str | list[str], timeout_s: float | None = None, grace_s: float = 2.0, **popen: Any
 ) -> "subprocess.CompletedProcess[Any]":
-    """:func:`subprocess.run` that never leaves a process behind: the command starts in its own
-    session, and when ``timeout_s`` (seconds; None: no limit) passes or this process is
-    interrupted (KeyboardInterrupt, SIGTERM turned into it), its whole tree is ended
-    (:func:`end_tree`) before the exception goes on. ``popen``: :class:`subprocess.Popen`'s
-    keywords, plus ``capture_output``. Returns the CompletedProcess.
+    """:func:`subprocess.run` that never leaves a process behind: started in its own session,
+    its whole tree is ended (:func:`end_tree`) when ``timeout_s`` (s; None: no limit) passes or
+    this process is interrupted. ``popen``: Popen's keywords plus ``capture_output``.
 
     Raises:
         subprocess.TimeoutExpired: it ran past ``timeout_s`` (its tree already ended).
@@ -269,13 +256,10 @@ def _ended_alone(code: int | None) -> str:
 
 
 def _teardown_end(code: int | None, label: str) -> bool:
-    """Whether a zombie found at reap ended with its launch's teardown: on SIGTERM (the
-    teardown's signal to the engine's group), with exit code 0 (it ended cleanly, by itself),
-    or, for an engine's own child (label ``... (child)``, registered at teardown), on SIGKILL:
-    the teardown SIGKILLs the group after the engine exits, and a child has no parent-death
-    signal (only the engine has). Real sglang 0.5.23 leaves both: its worker exits 0 after
-    sglang's own shutdown, multiprocessing's resource tracker (it ignores SIGTERM) ends on the
-    group's SIGKILL."""
+    """Whether a zombie found at reap ended with its launch's teardown: on SIGTERM, with exit
+    code 0, or, for an engine's own child (label ``... (child)``), on the group's SIGKILL. Real
+    sglang 0.5.23 leaves both: its worker exits 0, multiprocessing's resource tracker (it
+    ignores SIGTERM) ends on SIGKILL."""
     if code in (0, -signal.SIGTERM):
         return True
     return label.endswith(" (child)") and code == -signal.SIGKILL
@@ -290,11 +274,8 @@ class Watch:
     before: set[tuple[int, float]] = field(default_factory=set)
     #: new descendants found already ended (reaped here), with how
     gone: list[Ended] = field(default_factory=list)
-    #: of those, the ones that ended with the teardown (:func:`_teardown_end`: on its SIGTERM,
-    #: on exit 0, or an engine's child on the group's SIGKILL); an engine's own children (torch
-    #: inductor's compile workers, sglang's worker and resource tracker) end after the engine
-    #: has exited and are re-parented here as zombies. :meth:`reap` does not name them as
-    #: outliving it (logged at info)
+    #: of those, the ones that ended with the teardown (:func:`_teardown_end`); :meth:`reap`
+    #: does not name them as outliving it (logged at info)
     ended_on_teardown: list[Ended] = field(default_factory=list)
 
     @classmethod
@@ -303,10 +284,9 @@ class Watch:
         return cls(Path(registry) if registry else None, set(descendants()))
 
     def leftovers(self) -> dict[psutil.Process, str]:
-        """Processes started since :meth:`start` that still run: new descendants of this process
-        and registered processes (same pid and start time), with their labels. A new descendant
-        that already ended (a zombie re-parented here: an engine killed by its parent-death
-        signal) is reaped and kept in :attr:`gone`."""
+        """Processes started since :meth:`start` that still run (new descendants, registered
+        ones: same pid and start time), with their labels; a new zombie is reaped into
+        :attr:`gone`."""
         entries = registered(self.registry) if self.registry else []
         by_pid = {int(e["pid"]): str(e.get("label") or "") for e in entries}
         by_group = {int(e.get("pgid") or 0): str(e.get("label") or "") for e in entries}
@@ -362,8 +342,7 @@ class Watch:
     def reap(self, grace_s: float = 5.0) -> list[Ended]:
         """End every leftover (:meth:`leftovers`) on a deadline (:func:`end_processes`); returns
         how each ended ([] when nothing was left), with the zombies found already ended except
-        those that ended on SIGTERM (:attr:`ended_on_teardown`: they ended with the launch's
-        teardown, logged at info). Logs a warning per process returned."""
+        :attr:`ended_on_teardown`. Logs a warning per process returned."""
         self.gone = []
         self.ended_on_teardown = []
         left = self.leftovers()
@@ -390,8 +369,6 @@ def describe(ended: list[Ended]) -> str:
 
 
 # ---------------------------------------------------------------------------- this process's engines
-# the processes perfkit.engine.launch.launch started here (for tests to assert that none
-# survives), cgroup kill, and the words saying how an engine ended
 @dataclass(frozen=True)
 class StartedProcess:
     pid: int

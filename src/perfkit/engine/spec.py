@@ -1,23 +1,9 @@
-"""EngineSpec: how to start an engine (the reference engine, sglang's server, any command) and reach it.
-
-A spec is a pydantic model, one class per kind, told apart by ``kind`` (a discriminated union,
-:data:`AnyEngineSpec`, which the params file embeds): ``reference`` (:class:`ReferenceEngine`, the
-default: ``python -m perfkit.refengine``), ``sglang`` (:class:`SglangEngine`: ``<executable> serve
---model-path M --port P --host H --num-gpus N``, the warmup and compile settings mapped to sglang
-0.5.23's flags as :mod:`perfkit.engine.argv` tabulates, then ``server_args`` (offload, parallelism,
-pipeline flags as sglang spells them) and ``extra_args``; its environment turns on sglang's
-per-request records, ``SGLANG_DIFFUSION_STAGE_LOGGING=1`` and ``SGLANG_PERF_LOG_DIR``; ready when
-``GET /health`` answers 200) and ``command`` (:class:`CommandEngine`: any argv, with ``{port}``,
-``{host}`` and ``{perf_log_dir}`` substituted at launch).
-
-``EngineSpec(kind=..., ...)`` and :meth:`EngineSpec.from_dict` build the model of that kind (so
-``isinstance(spec, EngineSpec)`` holds for every kind); :meth:`EngineSpec.to_dict` round-trips it
-through params YAML, :meth:`EngineSpec.replace` gives a validated copy. Unknown keys (a field of
-another kind included), wrong types and out-of-range values are errors that name the field:
-building a spec directly raises :class:`EngineSpecError`, one line per problem, e.g.
-``EngineSpec.warmup_frames: Input should be greater than or equal to 0, got -1``; embedded in
-params, pydantic's error locations name ``engine.<field>``. The command kind's argv is the field
-``command_template`` (``command`` is the method), spelled ``command`` in dicts.
+"""EngineSpec: how to start an engine and reach it; one pydantic model per kind (``reference``,
+``sglang``, ``command``), told apart by ``kind`` (:data:`AnyEngineSpec`, which the params file
+embeds). Building one directly raises :class:`EngineSpecError` naming each bad field
+(``EngineSpec.warmup_frames: ...``); in params, pydantic's locations name ``engine.<field>``.
+The command kind's argv is the field ``command_template``, spelled ``command`` in dicts. See
+docs/DESIGN.md ("One parameter's path") and docs/sglang.md.
 """
 
 from __future__ import annotations
@@ -51,7 +37,6 @@ from perfkit.engine.argv import (
     env_strings,
     percent_map,
     reference_argv,
-    sglang_warmup_flags,
 )
 
 KINDS = ("reference", "sglang", "command")
@@ -130,10 +115,8 @@ def _cross_field(field: str, detail: str) -> PydanticCustomError:
 
 
 class _SpecMeta(type(BaseModel)):  # type: ignore[misc]
-    """``EngineSpec(...)`` builds the model of ``kind``; a bad field raises EngineSpecError.
-
-    Only calls of the class go through here: pydantic validation (params, :meth:`from_dict`)
-    builds models without calling the class, so its errors keep their structure."""
+    """``EngineSpec(...)`` builds the model of ``kind``; a bad field raises EngineSpecError
+    (pydantic validation does not call the class, so its errors keep their structure)."""
 
     def __call__(cls, /, **data: Any) -> Any:
         if cls is EngineSpec:
@@ -146,10 +129,7 @@ class _SpecMeta(type(BaseModel)):  # type: ignore[misc]
 
 class EngineSpec(BaseModel, metaclass=_SpecMeta):
     """How to start one engine: the fields every kind has, and the methods.
-
-    ``EngineSpec(kind=..., **fields)`` builds the model of that kind (:class:`ReferenceEngine`
-    when ``kind`` is left out, :class:`SglangEngine`, :class:`CommandEngine`); an invalid field
-    raises :class:`EngineSpecError` naming it.
+    ``EngineSpec(kind=..., **fields)`` builds the model of that kind (default ``reference``).
 
     Attributes:
         kind: ``reference``, ``sglang`` or ``command``.
@@ -161,12 +141,10 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         port: fixed port, 1..65535 (None: a free one is picked at launch).
         startup_timeout_s: how long launch waits for health (s, > 0).
         request_timeout_s: how long one request may take, submit to completion (s, > 0; None:
-            :data:`DEFAULT_REQUEST_TIMEOUT_S`, or in a params file what its ``timeout_s`` leaves
-            after the teardown: :func:`perfkit.params` orders them). A request past it ends
-            the launch (the engine is in an unknown state).
+            :data:`DEFAULT_REQUEST_TIMEOUT_S`, or what a params file's ``timeout_s`` leaves:
+            docs/robustness.md "Timeouts, in order"); a request past it ends the launch.
         stop_grace_s: seconds between perfkit's SIGTERM and its SIGKILL at teardown (> 0).
-        share_compile_cache: share compile caches between the launches of one run directory
-            instead of giving each launch its own.
+        share_compile_cache: one compile cache for the launches of a run directory.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
@@ -191,10 +169,7 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         return f.default if f is not None and cls is not EngineSpec else None
 
     def check(self) -> None:
-        """Checks that need the host, run before any launch (the model is already valid).
-
-        Raises FileNotFoundError with a message naming the field; see each kind's ``check``.
-        """
+        """Checks that need the host, run before any launch; FileNotFoundError naming the field."""
 
     def _argv(self, port: int, perf_log_dir: str) -> list[str]:
         raise NotImplementedError
@@ -210,11 +185,8 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         return None
 
     def env_for(self, perf_log_dir: str | Path, port: int | None = None) -> dict[str, str]:
-        """Environment additions for a launch (``spec.env`` included, placeholders substituted).
-
-        Every kind gets ``PERFKIT_PERF_LOG_DIR``; ``sglang`` and ``command`` kinds also get
-        ``SGLANG_DIFFUSION_STAGE_LOGGING=1`` and ``SGLANG_PERF_LOG_DIR``.
-        """
+        """Environment additions for a launch (``spec.env`` included, placeholders substituted):
+        ``PERFKIT_PERF_LOG_DIR``; kinds ``sglang`` and ``command`` also sglang's record variables."""
         d = str(perf_log_dir)
         out = {"PERFKIT_PERF_LOG_DIR": d}
         if self._sglang_records:
@@ -235,12 +207,9 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EngineSpec:
-        """Build the spec of ``d["kind"]`` (default ``reference``) from a dict (e.g. params YAML).
-
-        Accepts ``command`` (or ``command_template``) for the command kind's argv, and strings for
-        argv fields (split with shlex). Raises :class:`EngineSpecError` naming each bad field
-        (unknown keys with the closest known one).
-        """
+        """Build the spec of ``d["kind"]`` (default ``reference``) from a dict (e.g. params YAML;
+        argv fields may be strings, split with shlex). Raises :class:`EngineSpecError` naming
+        each bad field (unknown keys with the closest known one)."""
         if not isinstance(d, Mapping):
             raise EngineSpecError([("(spec)", f"expects a mapping, got {type(d).__name__}")])
         try:
@@ -251,11 +220,8 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
             raise EngineSpecError.from_validation(exc, cls._kind(), tagged=cls is EngineSpec) from None
 
     def replace(self, **changes: Any) -> EngineSpec:
-        """A validated copy with some fields changed (``kind`` too; the kind's model is rebuilt).
-
-        Unlike ``model_copy(update=...)``, which skips validation, a bad value or a field this
-        kind lacks raises :class:`EngineSpecError`.
-        """
+        """A validated copy with some fields changed (``kind`` too): unlike ``model_copy``, a bad
+        value or a field this kind lacks raises :class:`EngineSpecError`."""
         if "command" in changes:
             changes["command_template"] = changes.pop("command")
         return EngineSpec.from_dict({**self.model_dump(), **changes})
@@ -313,27 +279,18 @@ class ReferenceEngine(_ServingEngine):
         keep_outputs: keep generated videos on disk.
         debug_leak_mib: the engine leaks this many MiB per request (tests of leak checks).
         memory_snapshot_after: 0-based measured requests after which the engine dumps a CUDA
-            allocator snapshot (``--memory-snapshot-after``; 0 is the cold request); the record
-            names the file, or says ``not available on cpu``. Empty: no history is recorded.
-        memory_snapshot_entries: allocation history entries kept (``--memory-snapshot-entries``;
-            bounds each snapshot's size).
+            allocator snapshot (``--memory-snapshot-after``; empty: no history recorded).
+        memory_snapshot_entries: allocation history entries kept (bounds each snapshot's size).
         debug_stage_delay: TEST ONLY injected slowdown, stage name (:data:`REFERENCE_STAGES`) ->
-            percent of that stage's own work added as busy compute on its device, inside its
-            span (``--debug-stage-delay STAGE=PCT``); measured requests only, never the startup
-            warmup. Values may be written ``30`` or ``"30%"`` (percent, >= 0).
-        debug_stage_delay_from: apply ``debug_stage_delay`` from this 0-based measured request
-            on (0: every request; 1: warm requests only, the cold request is left alone).
+            percent (>= 0, ``30`` or ``"30%"``) of its own work added as busy compute, measured
+            requests only (``--debug-stage-delay STAGE=PCT``).
+        debug_stage_delay_from: the 0-based measured request it starts at (1: warm only).
         max_frames: refuse requests above this many frames.
-        cpu_threads: torch intra-op threads of the engine (``--cpu-threads``, >= 1, at most the
-            engine host's logical CPUs: the engine exits 2 above them, at launch; None: torch's
-            own, i.e. ``OMP_NUM_THREADS`` or the cores, shared between the ranks when
-            ``num_gpus`` > 1). The engine records what it ran as ``perfkit.torch_threads``. On a
-            shared 2-core CPU runner use 1: another process on one core stalls every parallel
-            region of 2 threads (the tiny DenoisingStage ran 7-10x slower and twice as spread).
-        offload: offload mode of every component (``--offload``): ``none``, ``model``,
-            ``group-block``, ``group-leaf`` (:data:`OFFLOAD_MODES`); None: the engine's automatic
-            placement (resident unless a device cap forces group offload). Modes other than
-            ``none`` need an accelerator (the engine exits with code 2 on a CPU device).
+        cpu_threads: torch intra-op threads of the engine (``--cpu-threads``, 1 to the host's
+            logical CPUs, else the engine exits 2; None: torch's own); docs/suite.md.
+        offload: offload mode of every component (``--offload``, :data:`OFFLOAD_MODES`; None:
+            the engine's placement, resident unless a device cap forces group offload); modes
+            other than ``none`` need an accelerator (the engine exits 2 on a CPU).
         offload_components: per-component modes overriding ``offload`` for that component
             (keys ``transformer``, ``text_encoder``, ``vae``; ``--offload-<component>``).
     """
@@ -440,14 +397,20 @@ class SglangEngine(_ServingEngine):
         return argv + given
 
     def sglang_warmup_args(self) -> list[str]:
-        """``sglang serve`` flags for the startup warmup settings (see the module doc)."""
-        return sglang_warmup_flags(
-            self.warmup_frames,
-            self.warmup_mode,
-            self.warmup_resolution,
-            self.warmup_steps,
-            DEFAULT_WARMUP_FRAMES,
-        )
+        """``sglang serve`` flags for the startup warmup settings (docs/sglang.md): the default
+        frames add no ``--warmup-num-frames``; ``HxW`` is written ``WxH`` as sglang wants."""
+        out: list[str] = []
+        mode = "off" if self.warmup_frames == 0 else self.warmup_mode
+        if mode is not None:
+            out += ["--warmup-mode", mode]
+        if self.warmup_frames not in (0, DEFAULT_WARMUP_FRAMES):
+            out += ["--warmup-num-frames", str(self.warmup_frames)]
+        if self.warmup_resolution:
+            h, w = self.warmup_resolution.split("x")
+            out += ["--warmup-resolutions", f"{w}x{h}"]
+        if self.warmup_steps is not None:
+            out += ["--warmup-steps", str(self.warmup_steps)]
+        return out
 
 
 class CommandEngine(EngineSpec):

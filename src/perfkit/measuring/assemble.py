@@ -22,11 +22,9 @@ def assemble(
     results: dict[str, Any],
     caps: list[MemoryCaps | None] | None = None,
 ) -> ResultBundle:
-    """Build a ResultBundle from launches (tables concatenated and conformed to their
-    declarations, records and logs kept). ``params`` is stored as ``meta["params"]``: the
-    investigation's section with ``spec`` (the engine spec's dict) and ``request`` (the request
-    shape's dict); a replay compares those two with its params
-    (:func:`perfkit.nbparams.identity_differences`) and cannot check a bundle without them.
+    """Build a ResultBundle from launches (tables concatenated and conformed, records and logs
+    kept). ``params`` (``meta["params"]``) must hold ``spec`` and ``request`` dicts: a replay
+    compares them with its params (:func:`perfkit.nbparams.identity_differences`).
 
     Raises:
         ValueError: a row carries a column its table does not declare.
@@ -75,11 +73,10 @@ def _engine_versions(launches: list[LaunchData]) -> dict[str, dict[str, Any]]:
 def join_bundles(
     scenario: str, parts: list[ResultBundle], params: dict[str, Any], results: dict[str, Any]
 ) -> ResultBundle:
-    """One bundle from the bundles of a scenario's split parts (each part measured some of its
-    launches; see :attr:`perfkit.scenarios.registry.Scenario.split`): tables concatenated in
-    part order and conformed to their declarations, records, logs, engine commands and caps
-    united, the environment facts of the first part, ``params`` and ``results`` as given (the
-    caller recomputes the results from the joined data).
+    """One bundle from the bundles of a scenario's split parts
+    (:attr:`perfkit.scenarios.registry.Scenario.split`): tables concatenated in part order and
+    conformed, records, logs, commands and caps united, the first part's environment,
+    ``params`` and ``results`` as given.
 
     Raises:
         ValueError: no parts, or a part of another scenario (naming it).
@@ -108,10 +105,9 @@ def join_bundles(
 
 
 def relabel(bundle: ResultBundle, old: str, new: str) -> ResultBundle:
-    """``bundle`` with launch label ``old`` renamed ``new`` in place (the ``launch`` and ``label``
-    columns of every table, records, engine commands, engine log names), for joining parts
-    whose scenario names launches by position (``cap0`` of a part is ``cap2`` of the whole).
-    Returns ``bundle``."""
+    """``bundle`` with launch label ``old`` renamed ``new`` in place (tables' ``launch`` and
+    ``label`` columns, records, commands, log names): ``cap0`` of a part is ``cap2`` of the
+    whole. Returns ``bundle``."""
     if old == new:
         return bundle
     for name, df in bundle.tables.items():

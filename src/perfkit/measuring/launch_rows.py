@@ -1,10 +1,6 @@
-"""One measured engine launch -> tidy rows.
-
-:func:`measure_launch` starts an engine under caps, samples memory while it sends the requests,
-joins each response with its ``performance.log`` record by request id, and returns a
-:class:`LaunchData` whose rows fill the bundle tables (declared in :mod:`perfkit.bundle_schema`:
-times in ms or s, memory in MiB). Startup warmup records are kept with ``index = WARMUP_INDEX``
-(-1), the tables' only warmup mark (the raw records keep sglang's ``"tag": "warmup"``).
+"""One measured engine launch -> tidy rows (:func:`measure_launch`, :class:`LaunchData`; the
+tables in :mod:`perfkit.bundle_schema`). Startup warmup records keep ``index = WARMUP_INDEX``
+(-1), the tables' only warmup mark.
 """
 
 from __future__ import annotations
@@ -62,8 +58,7 @@ class LaunchData:
     logs: dict[str, str] = field(default_factory=dict)
     outcomes: list[RequestOutcome] = field(default_factory=list)
     error: str | None = None
-    #: ``record_lines`` parsed (from the file when it was read: strict UTF-8, file:line reasons);
-    #: set by :func:`measure_launch`
+    #: ``record_lines`` parsed (file:line reasons); set by :func:`measure_launch`
     report: ParseReport | None = None
     command: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -108,13 +103,9 @@ def record_rows(
     request: VideoRequestSpec | None = None,
 ) -> tuple[dict, list[dict], list[dict]]:
     """Rows (request, stages, steps) for one record; ``outcome`` adds the client-side view.
-
-    ``index`` is the request's place in its launch (0 cold, >= 1 warm, ``WARMUP_INDEX`` for the
-    startup warmup). Columns as declared in :mod:`perfkit.bundle_schema` (ms, s, MiB): sglang's
-    ``*_mb`` snapshot keys land in ``*_mib`` columns (sglang's mb are MiB). What the record
-    does not report is NA (None / NaN), never a default: sglang's records carry no compile
-    counts, compile time, recompile-limit flag or host RSS (only the reference engine's
-    ``perfkit`` block does), so those columns are NA for them (:mod:`perfkit.reported`).
+    ``index``: 0 cold, >= 1 warm, ``WARMUP_INDEX`` for the startup warmup. Columns as declared in
+    :mod:`perfkit.bundle_schema` (sglang's ``*_mb`` keys are MiB); what the record does not report
+    is NA, never a default (sglang's records carry no compile counts or host RSS).
     """
     pk = rec.perfkit
     spans = {s["name"]: s for s in pk.get("stage_spans") or [] if isinstance(s, dict)}
@@ -136,9 +127,7 @@ def record_rows(
         "steps": pk.get("num_inference_steps"),
         "client_ms": outcome.client_ms if outcome is not None else NAN,
         "e2e_ms": rec.total_duration_ms if rec.total_duration_ms is not None else NAN,
-        # compile counts, times and the recompile-limit flag: only the reference engine reports
-        # them (its perfkit block, checked by readings.records); sglang's records carry none, so
-        # they are NA there (not reported), never 0 compiles / 0 ms / limit not hit
+        # compile columns: only the reference engine reports them; NA for sglang, never 0
         "compiles": reported_count(pk.get("compiles")),
         "compile_ms": _num(pk.get("compile_ms")),
         "recompile_reasons": (
@@ -239,21 +228,14 @@ def measure_launch(
 ) -> LaunchData:
     """Launch ``spec`` under ``caps``, send ``requests`` one after the other, tear down.
 
-    Never raises for engine failures: a start error, a crash or a host cap kill end the launch
-    with :attr:`LaunchData.error` set and the rows gathered so far. A request that times out
-    (``request_timeout_s``, default ``spec.request_timeout_s``, else
-    :data:`~perfkit.engine.spec.DEFAULT_REQUEST_TIMEOUT_S`) or loses the engine ends the launch
-    too: the error names that request and how the engine ended (:func:`failed_launch_text`),
-    and the ``launches`` row carries ``ended``, ``end_signal``, ``end_by_perfkit``,
-    ``failed_request`` and ``oom_record``.
+    Never raises for engine failures: a start error, a crash, a host cap kill or a request that
+    times out (``request_timeout_s``, default the spec's, else
+    :data:`~perfkit.engine.spec.DEFAULT_REQUEST_TIMEOUT_S`) or loses the engine end the launch with
+    :attr:`LaunchData.error` (:func:`failed_launch_text`) and the rows gathered so far.
 
-    ``after(handle, client, sampler)`` runs in the same session once the requests are done (the
-    sampler still running); its dict lands in :attr:`LaunchData.extra`. Its requests are not
-    part of the measured rows.
-
-    ``turn(i)``: a context manager entered around request ``i`` (0 = the cold request): it may
-    wait, so that two launches run side by side take turns request by request
-    (``perfkit ab --paired``, :mod:`perfkit.ab.paired`).
+    ``after(handle, client, sampler)`` runs in the same session after the requests (its dict:
+    :attr:`LaunchData.extra`; its requests are not measured rows). ``turn(i)``: a context manager
+    around request ``i`` that may wait (``perfkit ab --paired``, :mod:`perfkit.ab.paired`).
     """
     data = LaunchData(label=label)
     timeout_s = float(request_timeout_s or spec.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
@@ -274,8 +256,7 @@ def measure_launch(
                         data.outcomes.append(out)
                         if not out.ok:
                             log.warning("%s request %d: %s (%s)", label, i, out.status, out.error)
-                            # a request that timed out or lost the engine leaves it in an unknown
-                            # state: no more requests to it (each would wait its own timeout)
+                            # a timeout or a lost engine leaves it in an unknown state: stop
                             if not h.alive() or stop_on_failure or out.status in ("timeout", "error"):
                                 failed = i
                                 break
@@ -338,14 +319,9 @@ def measure_launch(
 
 
 def failed_launch_text(label: str, index: int, outcome: RequestOutcome, end: dict[str, Any]) -> str:
-    """The launch error of a request that hung or failed and ended the launch, naming the
-    request (its index in the launch, 0 = cold, and id), what the client saw, and how the engine
-    ended (:attr:`perfkit.engine.launch.EngineHandle.end`) with its OOM-kill record when read::
-
-        launch 'session': request 2 (id 7f3a) timed out: request 7f3a not finished after 3 s
-        (last status running); the engine did not exit within 2 s of SIGTERM: killed by
-        perfkit (SIGKILL) after 2.0 s
-    """
+    """The launch error of a request that hung or failed and ended the launch: the request
+    (index, id), what the client saw, how the engine ended and its OOM-kill record when read
+    (examples in docs/robustness.md, "How it ended")."""
     what = {"timeout": "timed out", "error": "failed (engine lost)"}.get(outcome.status, outcome.status)
     rid = f" (id {outcome.request_id})" if outcome.request_id else ""
     text = f"launch {label!r}: request {index}{rid} {what}: {outcome.error or 'no error text'}"
@@ -359,14 +335,10 @@ def failed_launch_text(label: str, index: int, outcome: RequestOutcome, end: dic
 
 
 def first_result(outcomes: list[RequestOutcome], cold_start: dict[str, Any]) -> dict[str, float]:
-    """Time to first result (s) and its parts, for the ``launches`` table.
-
-    ``first_result_s``: launch until the first *successful* request ended (client clock, the
-    same epoch clock as ``cold_start["t_launch"]``); ``first_request_wait_s``: ready until that
-    request was sent; ``first_request_ms``: that request as the client saw it. NaN when no
-    request succeeded or the launch time is unknown. Unlike ``ready_s`` this does not trust the
-    engine's word: an engine that answers /health before it has warmed up pays it here.
-    """
+    """Time to first result and its parts for the ``launches`` table (docs/DESIGN.md, "Words"):
+    ``first_result_s`` (launch until the first successful request ended, s),
+    ``first_request_wait_s`` (ready until it was sent, s), ``first_request_ms``; NaN when no
+    request succeeded or the launch time is unknown."""
     t_launch, t_ready = cold_start.get("t_launch"), cold_start.get("t_ready")
     ok = next((o for o in outcomes if o.ok), None)
     if ok is None or t_launch is None:

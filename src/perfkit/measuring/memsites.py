@@ -1,13 +1,6 @@
-"""Allocation sites of what grew: allocator snapshots on request boundaries, read into a table.
-
-A scenario with a ``snapshot`` setting (:class:`SnapshotParams`) asks the engine for CUDA
-allocator snapshots after the cold request and after warm request k (the engine's
-``--memory-snapshot-after``; :mod:`perfkit.refengine.memhistory`). Afterwards
-:func:`collect` reads the files the records name (:mod:`perfkit.readings.memsnapshot`) and
-returns the bundle's ``memory_sites`` rows: what grew between the two snapshots by allocation
-site (``kind = grew``), the blocks alive at warm request k's peak (``kind = peak``), the files it
-kept (``snapshots/`` inside ``traces/``, under the size cap) and a results entry whose ``status``
-says ``not available on cpu`` on a CPU engine: never an empty table without a reason.
+"""Allocation sites of what grew: the ``snapshot`` setting's allocator snapshots on request
+boundaries read into the bundle's ``memory_sites`` rows (:func:`collect`); see
+docs/below-the-stage.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Profiled requests: torch.profiler traces through sglang's own per-request profiling API.
-
-A profiled request is an *extra* request: it runs in an extra launch of the same engine spec
-(label ``profiled``), after the measured launch, so no measured request is replaced and the
-measured session is untouched (a profiler costs time, and a cold request happens once per
-session). Its rows are only in the bundle's ``traces`` table: no latency statistic, invariant,
-gate or launch count reads them. The extra launch sends request 0 (the cold request of its
-session) and ``warm`` warm ones (same shape), each with sglang's fields ``profile: true``,
-``num_profiled_timesteps`` and ``profile_all_stages`` when asked for; the engine's environment
-gets ``SGLANG_DIFFUSION_TORCH_PROFILER_DIR`` (sglang's variable, so a real sglang server's traces
-land in the same place), and each trace is copied into the bundle under ``traces/`` unless it is
-over the size cap.
+"""Profiled requests: torch.profiler traces through sglang's per-request profiling API, sent in
+an extra launch (label ``profiled``) after the measured one, rows only in the ``traces`` table;
+see docs/below-the-stage.md ("perfkit asks for traces").
 """
 
 from __future__ import annotations
@@ -48,14 +39,10 @@ FIRST_OF_NEW_SHAPE = "profiled first of new shape"
 
 
 class ProfileParams(BaseModel):
-    """``profile`` setting of an investigation: which requests get a trace, and how much of them.
-
-    ``requests``: ``cold`` and/or ``warm``; ``steps``: sglang's ``num_profiled_timesteps``
-    (denoising steps recorded after one warm-up step; -1: all); ``all_stages``: sglang's
-    ``profile_all_stages`` (every stage, every step; ``steps`` then unused); ``warm``: warm
-    requests profiled (a diff takes each op's median over them: one request can meet a noisy
-    moment of the host); ``max_trace_mib``: a trace larger than this is listed but not copied
-    into the bundle.
+    """``profile`` setting of an investigation: ``requests`` (``cold`` and/or ``warm``),
+    ``steps`` (sglang's ``num_profiled_timesteps``; -1: all), ``all_stages`` (sglang's
+    ``profile_all_stages``), ``warm`` (warm requests profiled; a diff takes each op's median),
+    ``max_trace_mib`` (a larger trace is listed, not copied into the bundle).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -177,11 +164,9 @@ def run_profiled(
 
 
 def _steps_of(path: Path, mode: str | None, recorded: int | None) -> dict[str, Any]:
-    """``mode``, ``steps_asked`` and ``steps_recorded`` of the trace at ``path``: the mode from
-    the engine's record, else from sglang's file name (:data:`MODE_IN_NAME`); N of ``N_steps``;
-    the recorded steps from the record, else (a real sglang server writes no perfkit record) the
-    ``ProfilerStep`` ranges in the file (:func:`perfkit.readings.traces.step_ranges`; an
-    unreadable file leaves it NA, its reader names the error later)."""
+    """``mode``, ``steps_asked`` and ``steps_recorded`` of the trace at ``path``: from the
+    engine's record, else (real sglang writes none) from the file name (:data:`MODE_IN_NAME`)
+    and its ``ProfilerStep`` ranges (NA when unreadable)."""
     m = MODE_IN_NAME.search(path.name)
     mode = mode or (m.group(1) if m else None)
     n = re.fullmatch(r"(\d+)_steps", mode or "")

@@ -1,23 +1,8 @@
-"""Progress of long runs: a bar per launch and per request, with an estimate from the params.
-
-:func:`track_requests` wraps the requests of one launch (what
-:func:`perfkit.measuring.launch_rows.measure_launch` sends). Where it renders:
-
-- in a terminal (``python -m perfkit.measure``, a script): tqdm's text bar on stderr;
-- in a Jupyter kernel (JupyterLab, plain papermill, nbclient): plain text lines on stdout, one
-  when a launch starts (``session: launching the engine …``: the 20–30 s before the first
-  request), one per request done, one when the launch ends. Never a widget: tqdm's notebook
-  widget (what ``tqdm.auto`` picks) is saved in the notebook frozen at its last state ("0/3")
-  and leaves a blank gap in HTML exports, while text lines stay true when saved;
-- in a notebook executed by ``perfkit suite`` or ``perfkit run`` (papermill): nothing is drawn
-  into the notebook; each event is appended as one JSON line to the file named by
-  ``$PERFKIT_PROGRESS_FILE``, and the suite draws the bars in its terminal from it
-  (:class:`RunBars`, which also says when an engine is being launched).
-
-The estimate: each scenario's ``plan(params)`` gives the requests of each launch it would make
-(:func:`planned_requests`); the suite sums them over the notebooks it runs, so the overall bar
-has a total and tqdm an ETA. Launches a scenario reuses from an earlier one make the estimate an
-upper bound.
+"""Progress of long runs: a bar per launch and per request (:func:`track_requests`), with an
+estimate from the params (:func:`planned_requests`, an upper bound when launches are reused).
+A terminal gets tqdm's bar on stderr, a Jupyter kernel plain text lines (never a widget), a
+notebook under ``perfkit suite``/``perfkit run`` JSON lines in ``$PERFKIT_PROGRESS_FILE`` that
+:class:`RunBars` draws; see docs/lab.md and docs/suite.md.
 """
 
 from __future__ import annotations
@@ -250,7 +235,6 @@ class RunBars:
         if not self.enabled:
             yield
             return
-        start = self.overall.n
         stop = threading.Event()
         offset = path.stat().st_size if path.exists() else 0
 
@@ -264,16 +248,14 @@ class RunBars:
                     return
                 stop.wait(0.5)
 
-        t = threading.Thread(target=loop, name="perfkit-progress", daemon=True)
-        t.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            t.join(timeout=5)
-            short = planned - (self.overall.n - start)
-            if short > 0:
-                self.overall.update(short)
+        with self._planned(planned):
+            t = threading.Thread(target=loop, name="perfkit-progress", daemon=True)
+            t.start()
+            try:
+                yield
+            finally:
+                stop.set()
+                t.join(timeout=5)
 
     @contextlib.contextmanager
     def listen(self, scenario: str, planned: int = 0):
@@ -282,10 +264,15 @@ class RunBars:
         if not self.enabled:
             yield
             return
+        with self._planned(planned), listening(lambda ev: self.handle(ev, scenario)):
+            yield
+
+    @contextlib.contextmanager
+    def _planned(self, planned: int) -> Iterator[None]:
+        """Count the ``planned`` requests not sent within the block as done when it ends."""
         start = self.overall.n
         try:
-            with listening(lambda ev: self.handle(ev, scenario)):
-                yield
+            yield
         finally:
             short = planned - (self.overall.n - start)
             if short > 0:

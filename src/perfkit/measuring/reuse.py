@@ -30,12 +30,9 @@ def reuse_launch(
 ) -> LaunchData | None:
     """A launch of another investigation that already measured what this one would launch for.
 
-    ``bundle`` may be a list of candidates (the bundles measured earlier in the run).
-    Returns the first ``n_requests`` measured requests (plus the startup warmup) of ``bundle``'s
-    single launch, relabelled ``label``, when that launch ran the same engine spec and request
-    under the same caps with at least ``n_requests`` requests; else None. This is how one engine
-    launch serves several investigations (seed 001: share a launch across the cases that can)
-    without changing what either measures: a fresh launch would repeat the same session.
+    ``bundle`` may be a list of candidates. Returns the first ``n_requests`` measured requests
+    (plus the startup warmup) of ``bundle``'s single launch, relabelled ``label``, when it ran the
+    same engine spec and request under the same caps with at least that many; else None.
     """
     if isinstance(bundle, (list, tuple)):  # several candidates: the first that fits
         for b in bundle:
@@ -103,15 +100,9 @@ def reuse_launch(
 
 @dataclass(frozen=True)
 class PlannedLaunch:
-    """What a scenario would launch, as the scale-out planner sees it before anything runs.
-
-    Attributes:
-        keys: identities of the launch (:func:`launch_key`); a later launch whose key equals one
-            of an earlier single-launch scenario's, with no more requests, reuses that session
-            (:func:`reuse_launch`). Empty: never matched.
-        requests: measured requests it sends.
-        reuses: True when the scenario takes a matching earlier launch instead of launching.
-    """
+    """What a scenario would launch, as the scale-out planner sees it: ``keys`` (its
+    :func:`launch_key` identities; empty: never matched), ``requests`` (measured requests it
+    sends), ``reuses`` (it takes a matching earlier launch instead of launching)."""
 
     keys: tuple[str, ...]
     requests: int
