@@ -1,52 +1,30 @@
-"""Profiler traces (torch.profiler Chrome traces, sglang's per-request files) as op tables.
+"""Profiler traces (torch.profiler Chrome traces, sglang's per-request files) as op tables, and
+several traces read at once in a process pool (:func:`read_many`).
 
-A trace is the JSON torch's ``export_chrome_trace`` writes (gzipped when the name ends in
-``.gz``, as sglang's ``{request_id}-{mode}-global-rank{rank}.trace.json.gz`` files are). Read here
-with pandas, not HTA (``holistictraceanalysis`` 0.5.0): HTA parses these files, but its breakdowns
-(temporal, kernel, idle time, TraceDiff) are built on GPU kernels: on a CPU trace the kernel
-breakdown is empty and the temporal breakdown raises ``IndexError``; and it knows no stages.
-
-Two layouts are read. sglang 0.5.23's (``runtime/utils/profiler.py``,
-``runtime/pipelines_core/executors/pipeline_executor.py``), which the reference engine writes too:
-
-- a *stage* range is a ``user_annotation`` ``STAGE <name>``, ``<name>`` the stage's registered
-  name (``add_stage(stage, name)``; the class name when none was given): ``STAGE denoising_stage``
-  for a standard pipeline's DenoisingStage, ``STAGE LTX2AVDenoisingStage`` for LTX-2's. It is
-  shown under performance.log's name: aligned by order with the request's performance.log stages
-  when the caller passes them, else through :data:`REGISTERED_STAGES`, else as written.
-- ``full_stages`` traces have one range per stage and no step ranges; ``{N}_steps`` traces hold
-  ``ProfilerStep#1`` .. ``ProfilerStep#N+1`` and no stage range but a trailing ``STAGE
-  decoding_stage`` when the request ran out of steps first. sglang asks torch's schedule for
-  ``warmup=1, active=N+1`` (``num_active_steps = num_actual_steps + warmup``) and steps it after
-  each denoising step, so denoising step 0 is torch's (unrecorded) warm-up and ``ProfilerStep#k``
-  is denoising step ``k``; the one step more than asked, ``ProfilerStep#1``, is flagged
-  ``warmup_step`` so tables can leave it out. Events inside a ProfilerStep are the denoising
-  stage's (its recording starts inside that stage, whose range is not in the trace).
-
-perfkit's older layout (the committed H200 bundles): stage ranges named after the classes
-(``DenoisingStage``: a name ending in ``Stage``), ``denoising_step_{i}`` step ranges, and
-``ProfilerStep#k`` of torch's schedule (then not a step). No stage range, step range or
-ProfilerStep range is an op. An *op* is a ``cpu_op`` or another ``user_annotation`` (e.g.
-``perfkit::debug_stage_delay``), except torch.compile's wrappers (``Torch-Compiled Region: 0/1``,
-...: :data:`COMPILE_WRAPPER`), which are seen through. Ops nest (an ``aten::linear`` holds an
-``aten::addmm``); a *top-level* op is one no other op encloses on its thread, and op time is the
-wall time of top-level ops (inclusive of what they call), so the times of one request add up to
-at most its recorded window and shares are shares of that sum. Device kernels (``cat ==
-"kernel"``) get their own table, attributed to the stage of the CPU launch that has the same
-``correlation`` id.
+The two layouts read (sglang 0.5.23's ``STAGE <name>`` and ``ProfilerStep#k`` ranges, perfkit's
+older one), what an op and a top-level op are, why not HTA, and the pool's threshold: see
+docs/below-the-stage.md, "Analysis".
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import logging
 import math
+import multiprocessing
+import os
 import re
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+
+log = logging.getLogger(__name__)
 
 #: names of ranges that are structure, not ops
 STEP_RANGE = re.compile(r"^denoising_step_(\d+)$")
@@ -358,31 +336,14 @@ def _union_ms(intervals: list[tuple[float, float]], lo: float, hi: float) -> flo
 def overhead_table(
     trace: dict[str, Any], rank: int | None = None, stages: Sequence[str] | None = None
 ) -> pd.DataFrame:
-    """CPU-side overhead and device idle share per stage of one trace (:data:`OVERHEAD_COLUMNS`).
+    """CPU-side overhead and device idle share per stage of one trace (:data:`OVERHEAD_COLUMNS`,
+    ms on the trace's clock; the definitions: docs/below-the-stage.md, "Overhead and idle share").
 
-    Definitions (times in ms, on the trace's clock):
-
-    - ``window_ms``: the union of the stage's ranges (named by :func:`stage_names` with
-      ``stages``); in a steps-only trace the denoising stage's is the union of the step ranges
-      (:func:`step_ranges`, each cut where a stage range starts inside it; the warm-up step
-      included).
-    - ``op_ms``: the part of the window covered by top-level ops (:func:`op_events`) on the
-      thread that ran the stage range (the union of their intervals: parallel ops count once).
-    - ``cpu_overhead_ms`` = ``window_ms`` − ``op_ms``: Python and framework time between ops;
-      ``cpu_overhead_share`` = that / ``window_ms``.
-    - ``launch_ms``: time in CUDA runtime/driver calls (``cudaLaunchKernel``, …) in the window,
-      the CPU-side launch cost; ``kernels``: device events (:data:`DEVICE_CATS`) that overlap
-      the window.
-    - ``device_busy_ms``: the union of device-event intervals (kernels, memcpy, memset; all
-      streams) clipped to the window; ``device_idle_share`` = 1 − ``device_busy_ms`` /
-      ``window_ms``.
-
-    On a trace with no device events (a CPU run) ``launch_ms``, ``device_busy_ms`` and
-    ``device_idle_share`` are NaN and ``kernels`` is 0: *not available*, never an idle share of
-    0 or 1 (:func:`overhead_frame` writes :data:`NO_DEVICE`). One row per stage in the order the
-    stages ran, then ``(all stages)``: the sums of the windows and busy times, shares of the
-    summed window. ``rank``: as given (:func:`rank_of` of the file name), else NaN. An empty
-    frame when the trace has no stage or step range.
+    Stage windows are named by :func:`stage_names` with ``stages``. One row per stage in the
+    order the stages ran, then ``(all stages)``: sums of windows and busy times, shares of the
+    summed window. Without device events (a CPU run) ``launch_ms``, ``device_busy_ms`` and
+    ``device_idle_share`` are NaN and ``kernels`` 0: never an idle share of 0 or 1. ``rank``: as
+    given (:func:`rank_of`), else NaN. Empty when the trace has no stage or step range.
     """
     evs = _complete(trace)
 
@@ -458,3 +419,54 @@ def overhead_frame(table: pd.DataFrame) -> pd.DataFrame:
     if table["rank"].isna().all():
         t = t.drop(columns=["rank"])
     return t
+
+
+#: gzip bytes of a set of traces from which they are read in parallel: about a second of
+#: parsing, more than a worker's start (its pandas import) costs
+PARALLEL_MIN_BYTES = 2 * 2**20
+
+
+@dataclass(frozen=True)
+class TraceTables:
+    """One trace file's ``events`` (:func:`op_events`) and ``overhead`` (:func:`overhead_table`),
+    or ``error`` (file and why) and both None."""
+
+    events: pd.DataFrame | None
+    overhead: pd.DataFrame | None
+    error: str | None = None
+
+
+def read_one(path: str | Path, stages: list[str] | None = None) -> TraceTables:
+    """Read the trace at ``path`` (the rank from its file name; ``stages``: the request's
+    performance.log stage names, :func:`stage_names`). A :class:`TraceError` becomes ``error``;
+    nothing else is caught."""
+    try:
+        doc = load_trace(path)
+    except TraceError as exc:
+        return TraceTables(None, None, str(exc))
+    return TraceTables(op_events(doc, stages), overhead_table(doc, rank_of(Path(path).name), stages))
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def read_many(paths: list[Path], stages: list[list[str] | None] | None = None) -> list[TraceTables]:
+    """:func:`read_one` of each of ``paths`` (with ``stages[i]``), in order. Two or more files
+    adding up to :data:`PARALLEL_MIN_BYTES` on two or more cores are read in a ``forkserver``
+    process pool (this module preloaded); else, or when the pool cannot start, in this process.
+    A missing file is an ``error``, as when read alone."""
+    size = sum(p.stat().st_size for p in paths if p.is_file())
+    workers = min(len(paths), _cores())
+    names = list(stages) if stages is not None else [None] * len(paths)
+    if workers < 2 or size < PARALLEL_MIN_BYTES:
+        return [read_one(p, s) for p, s in zip(paths, names)]
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    log.debug("reading %d traces (%.1f MiB) in %d processes", len(paths), size / 2**20, workers)
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            return list(pool.map(read_one, paths, names))
+    except (BrokenProcessPool, OSError) as exc:  # no worker could start or one died: read here
+        log.warning("reading %d traces in parallel failed (%s): reading them one by one", len(paths), exc)
+        return [read_one(p, s) for p, s in zip(paths, names)]
