@@ -308,7 +308,7 @@ class EngineHandle:
             perfkit (SIGKILL) after 2.0 s``, prefixed ``was stopped (SIGSTOP) ...`` when it
             was), ``exit_code``, ``signal`` (None unless killed by one), ``by_perfkit``,
             ``after_s`` (SIGTERM until gone, s), ``stopped``, ``oom`` (the host's OOM-kill
-            record, :func:`perfkit.readings.oom.oom_record`, when a signal not sent by perfkit
+            record, :func:`perfkit.readings.memory.oom_record`, when a signal not sent by perfkit
             ended it; else None).
     """
 

@@ -1,38 +1,25 @@
-"""The one host memory reader: process trees (PSS, USS, RSS), cgroups, limits, MemTotal.
+"""The one host memory reader: process trees (PSS, USS, RSS), cgroups, limits, MemTotal (MiB
+unless a name says GiB), and the host's OOM-kill record of a process (:func:`oom_record`).
 
-Used by the sampler (:mod:`perfkit.readings.sampler`), the host cap watchdog
-(:mod:`perfkit.engine.caps`) and, through them, the scenarios. All figures are MiB unless a name
-says GiB.
-
-- Host memory of a process tree is **PSS** summed from ``/proc/<pid>/smaps_rollup``: pages shared
-  copy-on-write between a parent and its forked children count once over the tree (summed RSS
-  counts them once per process). USS (``Private_Clean + Private_Dirty``), RSS and anonymous RSS
-  (``Anonymous``) come from the same read.
-- When the engine has its own cgroup (v2), ``memory.current`` and ``memory.peak`` of it.
-- Limits above the current process: every cgroup ``memory.max`` (v2) or
-  ``memory.limit_in_bytes`` (v1) from its cgroup up to the root, and ``MemTotal``.
-
-Every number is the exact value in the file or a :class:`MemoryReadError` naming the file and
-the key, never a silent 0; a process that vanished mid-read (or a zombie) is skipped, not counted
-as 0. The roots (``/proc``, ``/sys/fs/cgroup``) are arguments of :class:`HostMemoryReader`.
+Every number is the value in the file or a :class:`MemoryReadError` naming the file and the key,
+never a silent 0; a process that vanished mid-read (or a zombie) is skipped, not counted as 0.
+What is read, and why PSS: docs/suite.md, "Measurement rules"; the OOM record: docs/robustness.md.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 log = logging.getLogger(__name__)
 
-#: the largest fraction of wall time a poller (the memory sampler, the host cap watchdog's peak)
-#: spends reading ``smaps_rollup``: its read walks the process's page tables under the mmap lock,
-#: and the process's own mmap/munmap wait meanwhile. Measured on the H200 (issue 42,
-#: examples/h200/evidence/README.md): PSS every 0.1 s of a 17 GiB engine tree (the samples came every
-#: 0.135 s: ~35 ms a read, 200 ms while the engine compiles) made its torch.compile recompile
-#: 4.96x slower (323 s against 65 s with statm); within this budget, 61 s. 1 %: a read of 200 ms
-#: waits 20 s for the next.
+#: the largest fraction of wall time a poller (the sampler, the cap watchdog's peak) spends
+#: reading ``smaps_rollup``, which stalls the engine's mmap (issue 42: docs/suite.md)
 PSS_DUTY = 0.01
 
 
@@ -215,8 +202,6 @@ class HostMemoryReader:
         if not (self.proc_root / str(root) / "task" / str(root) / "children").exists():
             if not (self.proc_root / str(root)).exists():
                 return []
-            import psutil
-
             try:
                 return [root] + [c.pid for c in psutil.Process(root).children(recursive=True)]
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -442,3 +427,79 @@ class HostMemoryReader:
 
 #: the reader of this host (real /proc and /sys/fs/cgroup)
 DEFAULT = HostMemoryReader()
+
+
+KMSG = "/dev/kmsg"
+_KILLED = re.compile(r"Killed process (\d+)")
+#: a /dev/kmsg record: "priority,sequence,microseconds,flags;message"
+_RECORD = re.compile(r"^\d+,\d+,(\d+),[^;]*;(.*)$")
+_OOMKILL = re.compile(r"oom-kill:.*?[,:]pid=(\d+)")
+
+
+def kernel_log_lines(path: str = KMSG, max_records: int = 100_000, since: float | None = None) -> list[str]:
+    """Every record of the kernel log ring buffer now (message text only; ``path`` may also be
+    a file of such records, one a line, as tests write). ``since``: only records written at or
+    after this epoch time (s; a record's time is the boot time plus its microseconds).
+
+    Raises:
+        OSError: the log cannot be opened (no permission: ``kernel.dmesg_restrict``).
+    """
+    boot = psutil.boot_time() if since is not None else 0.0
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    out: list[str] = []
+    try:
+        while len(out) < max_records:
+            try:
+                rec = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:  # EPIPE: a record was overwritten while reading; go on
+                if exc.errno == 32:
+                    continue
+                raise
+            if not rec:
+                break
+            for ln in rec.decode("utf-8", errors="replace").splitlines():
+                if ln.startswith(" "):  # a record's continuation (SUBSYSTEM=, DEVICE=)
+                    continue
+                m = _RECORD.match(ln)
+                if m and since is not None and boot + int(m.group(1)) / 1e6 < since - 1.0:
+                    continue
+                out.append(m.group(2) if m else ln)
+    finally:
+        os.close(fd)
+    return out
+
+
+def oom_record(
+    pids: list[int], cgroup_path: str | Path | None = None, kmsg: str = KMSG, since: float | None = None
+) -> str:
+    """The OOM-kill record of any of ``pids`` (the engine and its descendants) as one line:
+    ``"cgroup <path>: memory.events oom_kill 1"``, ``"kernel log: <line>"`` (up to three, joined
+    by `` | ``) or ``"no record found (<what was read>)"``; ``since``: the engine's start (epoch s),
+    so an older record of a reused pid is not it. Never raises: an unreadable source is named."""
+    read: list[str] = []
+    if cgroup_path is not None:
+        ev = Path(cgroup_path) / "memory.events"
+        try:
+            counts = dict(ln.split() for ln in ev.read_text().splitlines() if len(ln.split()) == 2)
+            n = int(counts.get("oom_kill", "0"))
+            if n > 0:
+                return f"cgroup {cgroup_path}: memory.events oom_kill {n}"
+            read.append(f"{ev}: oom_kill 0")
+        except (OSError, ValueError) as exc:
+            read.append(f"{ev} not readable: {type(exc).__name__}")
+    want = {str(p) for p in pids}
+    try:
+        lines = kernel_log_lines(kmsg, since=since)
+        hits = [
+            ln
+            for ln in lines
+            if any(m.group(1) in want for m in (*_KILLED.finditer(ln), *_OOMKILL.finditer(ln)))
+        ]
+        if hits:
+            return "kernel log: " + " | ".join(hits[:3])
+        read.append(f"read {kmsg}")
+    except OSError as exc:
+        read.append(f"kernel log {kmsg} not readable: {type(exc).__name__}")
+    return f"no record found ({'; '.join(read)})"
