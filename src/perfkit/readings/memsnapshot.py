@@ -1,22 +1,7 @@
-"""Allocator snapshot files (torch's ``_dump_snapshot`` pickle): read, validate, diff.
-
-Format (torch, ``torch.cuda.memory._snapshot``; pytorch.org/docs/stable/torch_cuda_memory.html):
-a dict with ``segments`` (each: ``device``, ``address``, ``total_size`` and ``blocks``, each block
-``address``, ``size``, ``state`` — ``active_allocated`` / ``active_pending_free`` / ``inactive`` —
-and the ``frames`` of its allocation, innermost first) and ``device_traces`` (per device, the last
-``max_entries`` events: ``action`` — ``alloc``, ``free_requested``, ``free_completed``,
-``segment_alloc``, ... — ``addr``, ``size``, ``time_us`` (epoch microseconds) and ``frames``). A
-frame is ``{name, filename, line}``. The file may be gzip-compressed (the committed fixtures are).
-
-The pickle is read with an unpickler that builds builtin containers only (dict, list, tuple,
-str, numbers, set): a file naming any class is refused, never executed. Every error names the
-file (and the key, for a schema error): :class:`MemSnapshotError`.
-
-Analysis by allocation site (MiB = 2**20 bytes): :func:`live_by_site`, :func:`diff_snapshots`,
-:func:`peak_by_site`. A *site* is the innermost frame inside the engine (``perfkit/refengine/`` or ``sglang/`` by
-default), the first thing to read, plus the innermost frame outside torch itself (the library
-line that allocated, e.g. a diffusers layer); blocks with no recorded stack (allocated before
-history recording started) form one site, ``(no stack recorded)``.
+"""Allocator snapshot files (torch's ``_dump_snapshot`` pickle, maybe gzipped): read with a
+builtins-only unpickler, validated, grouped by allocation site (MiB = 2**20 bytes; every error a
+:class:`MemSnapshotError` naming the file and key). Format and what a site is: docs/sglang.md,
+"Readers".
 """
 
 from __future__ import annotations

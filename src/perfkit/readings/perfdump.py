@@ -1,27 +1,6 @@
-"""sglang's perf dump (``--perf-dump-path FILE``): one JSON object per request run.
-
-Written by ``PerformanceLogger.dump_benchmark_report`` in sglang's
-``python/sglang/multimodal_gen/runtime/utils/perf_logger.py`` (``json.dump(report, f,
-indent=2)``). Two layouts are read, exactly as that function writes them:
-
-- older (e.g. sglang commit ``b135ce87cafdd095e92d0c2d985159584601dd4a``)::
-
-    {"timestamp": str, "request_id": str, "commit_hash": str ("N/A" without git), "tag": str
-     ("benchmark_dump" by default), "total_duration_ms": float,
-     "steps": [{"name": stage, "duration_ms": ms}, ...],     # per stage, in execution order
-     "meta": {...}}
-
-- newer (``denoise_steps_ms`` from sglang commit ``0017ffd3911e583595194690fe0653a659d7a3cc``
-  on; ``memory_checkpoints`` in later versions) adds::
-
-     "denoise_steps_ms": [{"step": i, "duration_ms": ms}, ...],
-     "memory_checkpoints": {"after_<Stage>": {"allocated_mb", "reserved_mb",
-                                              "peak_allocated_mb", "peak_reserved_mb"}}
-
-Note the name clash: a dump's ``steps`` are *stages*; its denoising steps are
-``denoise_steps_ms``. Everything is read by the rules of :mod:`perfkit.readings.records`: a number
-as written or :class:`~perfkit.readings.records.RecordError` naming the file and the key; null is
-kept as None ("not measured"); nothing defaults to 0.
+"""sglang's perf dump (``--perf-dump-path FILE``, one request a file; both layouts) and the
+before/after comparison sglang's ``compare_perf.py`` prints. Layouts, rules and where perfkit
+departs from compare_perf.py: docs/sglang.md, "Readers".
 """
 
 from __future__ import annotations
@@ -149,7 +128,7 @@ def loads_perf_dump(text: str, source: str = "<string>") -> PerfDump:
 
 
 def read_perf_dump(path: str | Path) -> PerfDump:
-    """Read a perf dump file written by sglang's ``--perf-dump-path`` (see the module doc).
+    """Read a perf dump file written by sglang's ``--perf-dump-path``.
 
     Raises:
         FileNotFoundError: no such file.
@@ -271,15 +250,9 @@ def _grouped(d: PerfDump) -> tuple[dict[str, float | None], list[str], dict[str,
 
 
 def compare_dumps(before: PerfDump, after: PerfDump) -> DumpComparison:
-    """Compare two perf dumps the way sglang's ``python/sglang/multimodal_gen/benchmarks/
-    compare_perf.py`` does: the E2E delta (slower/faster beyond +-2 %), per-stage deltas judged
-    by ``max(base * 1.1, base + 120 ms)`` / ``min(base * 0.9, base - 120 ms)``, the denoising
-    steps summed into one ``Denoising Loop`` row, stages ordered as in ``after`` then those only
-    in ``before``, rows shown when |diff| > 0.5 ms or a side > 100 ms.
-
-    Differences from compare_perf.py, on purpose: a missing or null value is "not measured"
-    (shown as "–", never judged) where compare_perf.py reads it as 0.
-    """
+    """Compare two perf dumps the way sglang's ``multimodal_gen/benchmarks/compare_perf.py``
+    does (the thresholds above), except that a missing or null value is "not measured" (shown as
+    "–", never judged) where compare_perf.py reads 0."""
     e2e = DumpRow("E2E Latency", before.total_duration_ms, after.total_duration_ms, "not measured")
     if e2e.pct is not None:
         e2e.status = (

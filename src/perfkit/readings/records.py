@@ -1,37 +1,6 @@
-"""Per-request performance records in sglang's ``performance.log`` layout.
-
-Layout (sglang diffusion server, ``SGLANG_DIFFUSION_STAGE_LOGGING=1`` and
-``SGLANG_PERF_LOG_DIR=DIR``): one JSON object per line in ``DIR/performance.log``::
-
-    {"request_id": str, "timestamp": str, "commit_hash": str|None, "tag": str,
-     "stages": [{"name": "DenoisingStage", "execution_time_ms": 12.3}, ...],
-     "steps": [ms, ...],                 # denoising steps, in order
-     "total_duration_ms": float,
-     "memory_snapshots": {"load_peak": {"allocated_mb", "reserved_mb",
-                                        "peak_allocated_mb", "peak_reserved_mb"},
-                          "warmup_peak": {...}, "runtime_peak": {...}}}
-
-sglang 0.5.23 also writes ``is_denoising`` in each stage entry and ``peak_host_anon_mb`` in each
-snapshot (kept in :attr:`PerfRecord.raw` / :attr:`PerfRecord.memory_snapshots`); it writes no line
-for its startup warmup, and its ``tag`` is ``"pipeline_stage_metrics"``. Stage names are kept as
-written; :mod:`perfkit.readings.stages` classes them (denoising, refinement, decoding, other).
-
-The reference engine adds a ``perfkit`` object (see :class:`PerfRecord.perfkit`):
-``latent_shape`` (list of int), ``latent_frames``, ``num_frames_requested``,
-``num_frames_effective``, ``height``, ``width``, ``num_inference_steps``, ``compiles``,
-``compile_ms``, ``recompile_reasons`` (list of str), ``compile_phases_ms`` (torch's compile timers in
-the request: ``dynamo_timed`` name -> ms, nested), ``recompile_limit_hit`` (bool),
-``host_rss_mib``, ``host_anon_mib``, ``device``, ``placement``, ``stage_peak_allocated_mb``
-and ``stage_peak_reserved_mb`` (stage -> MiB), ``stage_spans`` (list of {name, t_start,
-t_end}, epoch seconds), ``t_start``/``t_end`` (epoch seconds), ``refinement_steps`` (ms),
-``status`` and ``error``; the numbers perfkit reads from it are checked
-(:func:`read_perfkit_block`).
-
-Reading rules: every value is as written or a :class:`RecordError` naming the file, the line
-and the key (:func:`read_number`); JSON null is None ("not measured"), never 0. Files are
-streamed a line at a time and decoded strictly (:func:`iter_lines_report`); a refused line that
-still names its request is in :attr:`ParseReport.rejected`, so that the caller fails that
-request instead of reading it as measured.
+"""Per-request performance records in sglang's ``performance.log`` layout (one JSON object a
+line): :class:`PerfRecord`, streamed readers, and the strict value readers the perf dump shares.
+Layout, the reference engine's ``perfkit`` block and the reading rules: docs/sglang.md, "Readers".
 """
 
 from __future__ import annotations
@@ -130,12 +99,9 @@ def read_optional_str(obj: dict[str, Any], key: str) -> str | None:
 
 
 def read_stage_entry(st: Any, index: int, group: str = "stages") -> tuple[str, float | None]:
-    """One stage entry ``{"name", "execution_time_ms" | "duration_ms"}`` -> (name, ms or None).
-
-    Follows sglang's ``perf_logger.py``: ``log_request_summary`` writes ``execution_time_ms``,
-    ``dump_benchmark_report`` writes ``duration_ms``. Exactly one of the two must be there;
-    other keys (``is_denoising``) are allowed. Raises :class:`RecordError` naming the key.
-    """
+    """One stage entry ``{"name", "execution_time_ms" | "duration_ms"}`` -> (name, ms or None):
+    exactly one of :data:`STAGE_TIME_KEYS`, other keys (``is_denoising``) allowed. Raises
+    :class:`RecordError` naming the key."""
     where = f"{group}[{index}]"
     if not isinstance(st, dict):
         raise RecordError(where, f"{st!r} is not an object with name and execution_time_ms")
@@ -257,7 +223,7 @@ def read_memory_map(obj: Any, key: str) -> dict[str, dict[str, float | None]]:
 
 @dataclass
 class PerfRecord:
-    """One request's record, fields as in the module doc (ms, MiB): ``stages`` (name, ms) in
+    """One request's record, fields as in docs/sglang.md (ms, MiB): ``stages`` (name, ms) in
     order, ``perfkit`` the reference engine's extras ({} for other engines), ``raw`` the whole
     parsed object, ``line_no`` its 1-based line (0 if built in memory)."""
 
@@ -296,15 +262,11 @@ class PerfRecord:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any], line_no: int = 0) -> "PerfRecord":
-        """Build from a parsed ``performance.log`` object (sglang's ``RequestPerfRecord``, written
-        by ``PerformanceLogger.log_request_summary``, ``multimodal_gen/runtime/utils/perf_logger.py``):
+        """Build from a parsed ``performance.log`` object (sglang's ``RequestPerfRecord``):
         ``request_id``, ``stages``, ``steps`` and ``total_duration_ms`` must be there, any time may
-        be null (None), ``memory_snapshots`` may be absent (older sglang).
-
-        Raises:
-            RecordError: naming the key (and ``line_no`` when given) of the first value that is
-                not what sglang writes.
-        """
+        be null (None), ``memory_snapshots`` may be absent (older sglang). Raises
+        :class:`RecordError` naming the key (and ``line_no``) of the first value sglang would not
+        write."""
         try:
             rid, stages = read_head(
                 obj, "record", ("request_id", "stages", "steps", "total_duration_ms"), "stages"
@@ -496,11 +458,8 @@ def iter_perf_log(
 
 
 def read_perf_log(path: str | Path, *, strict: bool = False) -> ParseReport:
-    """Read a ``performance.log`` file (or a directory holding one), streamed line by line.
-
-    A missing file gives an empty report. Malformed lines (invalid UTF-8 included) are logged
-    with the file, line and key and skipped (``strict=True``: :class:`RecordError` is raised).
-    """
+    """Read a ``performance.log`` file (or a directory holding one), streamed; a missing file
+    gives an empty report. Malformed lines are logged and skipped (``strict``: raised)."""
     return _collect(iter_perf_log(path, strict=strict))
 
 

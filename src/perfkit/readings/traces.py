@@ -135,7 +135,7 @@ def _threads(evs: list[dict[str, Any]], cats: tuple[str, ...]) -> dict[tuple[Any
 
 
 def stage_names(trace: dict[str, Any], stages: Sequence[str] | None = None) -> dict[str, str]:
-    """Stage range name -> the stage's name in tables (module doc). ``STAGE <x>`` ranges take
+    """Stage range name -> the stage's name in tables. ``STAGE <x>`` ranges take
     the i-th of ``stages`` (the request's performance.log stage names) when there are as many
     (a full_stages trace records each stage once, in order: sglang's ``SyncExecutor``), else
     :data:`REGISTERED_STAGES` or ``<x>``; older-layout ranges keep their name."""
@@ -166,7 +166,7 @@ def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
     """The trace's denoising-step ranges (:data:`STEP_COLUMNS`), in order: ``step`` (the
     denoising step index), ``name``, ``ts_us``, ``dur_ms``, ``warmup_step`` and ``tail``. Older
     layout: ``denoising_step_{i}`` (step ``i``). sglang's: ``ProfilerStep#k`` (step ``k``;
-    ``ProfilerStep#1`` is ``warmup_step``, module doc), ``tail`` when a ``STAGE`` range starts in
+    ``ProfilerStep#1`` is ``warmup_step``), ``tail`` when a ``STAGE`` range starts in
     it (the steps ran out: it holds what followed, e.g. ``STAGE decoding_stage``). Empty in a
     full_stages trace."""
     ann = [e for e in _complete(trace) if e.get("cat") == "user_annotation"]
