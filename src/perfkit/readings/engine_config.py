@@ -56,9 +56,8 @@ def _opt_str(value: Any) -> str | None:
 
 
 def from_record(perfkit: Mapping[str, Any]) -> EngineConfig | None:
-    """The effective config in a reference-engine record's ``perfkit`` object (the fields of
-    :class:`EngineConfig`; older records: ``compile`` for ``compile_active``), or None when the
-    record carries none (an older engine, another engine)."""
+    """The effective config in a reference-engine record's ``perfkit`` object (older records:
+    ``compile`` for ``compile_active``), or None when it carries none."""
     if "compile_active" not in perfkit and "compile" not in perfkit:
         return None
     limit = perfkit.get("recompile_limit")
@@ -163,9 +162,8 @@ def from_sglang_log(text: str) -> EngineConfig | None:
 
 
 def effective_config(record_perfkit: Mapping[str, Any] | None, logs: Mapping[str, str]) -> EngineConfig:
-    """The launch's effective config: from its records' ``perfkit`` block first (the reference
-    engine), else from its logs (sglang's ServerArgs line, :func:`from_sglang_log`), else
-    :data:`NOT_REPORTED` with every field None."""
+    """The launch's effective config: :func:`from_record`, else :func:`from_sglang_log` of its
+    logs, else :data:`NOT_REPORTED` with every field None."""
     cfg = from_record(record_perfkit) if record_perfkit else None
     if cfg is not None:
         return cfg

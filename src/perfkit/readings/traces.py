@@ -32,19 +32,13 @@ PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 #: sglang's stage range (``pipeline_executor.py``: ``maybe_record_function(f"STAGE {name}")``)
 STAGE_RANGE = re.compile(r"^STAGE (.+)$")
 #: registered stage name -> the class performance.log names, for the names sglang 0.5.23's
-#: standard helpers register (``runtime/pipelines_core/composed_pipeline_base.py``:
-#: ``add_standard_denoising_stage`` / ``add_progressive_denoising_stage`` -> ``denoising_stage``,
-#: ``add_standard_decoding_stage`` -> ``decoding_stage``). Other registered names depend on the
-#: pipeline (``prompt_encoding_stage_primary`` is ``SanaVideoTextEncodingStage`` in
-#: ``pipelines/sana_video.py``, ``TextEncodingStage`` in ``flux.py``, ``sana.py``,
-#: ``stable_diffusion_3.py``): kept as written unless aligned with performance.log.
+#: standard helpers register (``composed_pipeline_base.py``); others are kept as written
 REGISTERED_STAGES = {"denoising_stage": "DenoisingStage", "decoding_stage": "DecodingStage"}
 #: the denoising stage's name when nothing else says it (performance.log's class name)
 DENOISING = "DenoisingStage"
 #: the first recorded ProfilerStep of an ``N_steps`` trace: the step sglang adds to ``active``
 WARMUP_PROFILER_STEP = 1
-#: torch.compile's wrappers around a compiled graph: transparent, so the ops a compiled region
-#: runs are top-level (otherwise a compiled transformer is one op, ``Torch-Compiled Region: 0/1``)
+#: torch.compile's wrappers around a compiled graph: seen through, not ops
 COMPILE_WRAPPER = re.compile(r"^(Torch-Compiled Region|## Call CompiledFxGraph|CompiledFunction$)")
 #: columns of :func:`op_events`
 EVENT_COLUMNS = ["op", "cat", "tid", "ts_us", "dur_ms", "stage", "step", "warmup_step", "top"]
@@ -65,13 +59,9 @@ class TraceError(ValueError):
 
 
 def load_trace(path: str | Path) -> dict[str, Any]:
-    """The trace's JSON object (``traceEvents`` and torch's metadata).
-
-    Raises:
-        TraceError: missing file, not gzip/JSON (or nested too deeply), no ``traceEvents``
-            list, or a complete event (``"ph": "X"`` with a ``dur``) that :func:`_check_event`
-            refuses (names the file, the event's index and name, and the key).
-    """
+    """The trace's JSON object (``traceEvents`` and torch's metadata). Raises TraceError: missing
+    file, not gzip/JSON (or nested too deeply), no ``traceEvents`` list, or a complete event
+    :func:`_check_event` refuses (naming the file, the event's index and name, and the key)."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -89,10 +79,9 @@ def load_trace(path: str | Path) -> dict[str, Any]:
 
 
 def _check_event(e: dict[str, Any], where: str) -> None:
-    """A complete event's fields that :func:`op_events` and :func:`overhead_table` read: ``name``
-    a string, ``ts`` a finite number, ``dur`` from 0 to :data:`MAX_DUR_US`, ``args`` an object
-    (or absent) whose ``correlation`` is an int or a string (or absent); a time is never read as
-    0, negative or absurd. Raises TraceError ``where: key ...``."""
+    """Check what the tables read of a complete event: ``name`` a string, ``ts`` finite, ``dur``
+    from 0 to :data:`MAX_DUR_US`, ``args`` an object (or absent) with an int or string
+    ``correlation`` (or none). Raises TraceError ``where: key ...``."""
     if not isinstance(e.get("name"), str):
         raise TraceError(f"{where}: name {e.get('name')!r} is not a string")
     for key in ("ts", "dur"):
@@ -135,10 +124,9 @@ def _threads(evs: list[dict[str, Any]], cats: tuple[str, ...]) -> dict[tuple[Any
 
 
 def stage_names(trace: dict[str, Any], stages: Sequence[str] | None = None) -> dict[str, str]:
-    """Stage range name -> the stage's name in tables. ``STAGE <x>`` ranges take
-    the i-th of ``stages`` (the request's performance.log stage names) when there are as many
-    (a full_stages trace records each stage once, in order: sglang's ``SyncExecutor``), else
-    :data:`REGISTERED_STAGES` or ``<x>``; older-layout ranges keep their name."""
+    """Stage range name -> the stage's name in tables: ``STAGE <x>`` ranges take the i-th of
+    ``stages`` (performance.log's names) when there are as many (a full_stages trace records each
+    stage once, in order), else :data:`REGISTERED_STAGES` or ``<x>``; older ranges as written."""
     evs = sorted(
         (e for e in _complete(trace) if e.get("cat") == "user_annotation"), key=lambda e: float(e["ts"])
     )
@@ -163,12 +151,9 @@ def _denoising_name(names: dict[str, str], stages: Sequence[str] | None) -> str:
 
 
 def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
-    """The trace's denoising-step ranges (:data:`STEP_COLUMNS`), in order: ``step`` (the
-    denoising step index), ``name``, ``ts_us``, ``dur_ms``, ``warmup_step`` and ``tail``. Older
-    layout: ``denoising_step_{i}`` (step ``i``). sglang's: ``ProfilerStep#k`` (step ``k``;
-    ``ProfilerStep#1`` is ``warmup_step``), ``tail`` when a ``STAGE`` range starts in
-    it (the steps ran out: it holds what followed, e.g. ``STAGE decoding_stage``). Empty in a
-    full_stages trace."""
+    """The trace's denoising-step ranges (:data:`STEP_COLUMNS`), in order: ``denoising_step_{i}``
+    (step ``i``), else ``ProfilerStep#k`` (step ``k``; ``#1`` is ``warmup_step``; ``tail`` when a
+    ``STAGE`` range starts in it: the steps ran out). Empty in a full_stages trace."""
     ann = [e for e in _complete(trace) if e.get("cat") == "user_annotation"]
     old = [e for e in ann if STEP_RANGE.match(str(e.get("name", "")))]
     stage_starts = [float(e["ts"]) for e in ann if STAGE_RANGE.match(str(e.get("name", "")))]
@@ -185,13 +170,11 @@ def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
 
 
 def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.DataFrame:
-    """One row per op of the trace (:data:`EVENT_COLUMNS`): ``ts_us`` (trace clock, µs),
-    ``dur_ms``, ``stage`` (the innermost enclosing stage range on that thread,
-    :func:`stage_names`; in a step range and no stage range the denoising stage; else
-    ``"(none)"``), ``step`` (the enclosing step range's index, :func:`step_ranges`; -1 outside or
-    in another stage's range inside a trailing ProfilerStep), ``warmup_step``, ``top`` (no other
-    op encloses it). Kernels (``cat == "kernel"``) take stage and step from their launch (same
-    ``correlation``), ``top`` True."""
+    """One row per op (:data:`EVENT_COLUMNS`; ``ts_us`` on the trace clock): ``stage`` the
+    innermost enclosing stage range on its thread (in a step range alone the denoising stage;
+    else ``"(none)"``), ``step`` the enclosing step's index (-1 outside, or in another stage's
+    range inside a trailing ProfilerStep), ``top``: no other op encloses it. Kernels take stage
+    and step from their launch (same ``correlation``), ``top`` True."""
     evs = _complete(trace)
     names = stage_names(trace, stages)
     denoising = _denoising_name(names, stages)
@@ -242,9 +225,8 @@ def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.
 
 
 def op_table(events: pd.DataFrame, *, kernels: bool = False, by_stage: bool = False) -> pd.DataFrame:
-    """Time by op (:data:`OP_COLUMNS`; ``stage`` first with ``by_stage``): ``count`` calls,
-    ``total_ms`` and ``mean_ms`` of wall time, ``share`` of the sum over the table (per stage
-    with ``by_stage``), largest first. Top-level CPU ops, or device kernels with ``kernels``."""
+    """Wall time by op (:data:`OP_COLUMNS`, ``share`` of the table's sum; ``stage`` first and
+    per stage with ``by_stage``), largest first: top-level CPU ops, or kernels with ``kernels``."""
     sel = (
         events[events["cat"] == "kernel"] if kernels else events[(events["cat"] != "kernel") & events["top"]]
     )
@@ -266,9 +248,8 @@ def stage_top_ops(events: pd.DataFrame, n: int = 5) -> pd.DataFrame:
 
 
 def median_op_table(traces: list[pd.DataFrame], *, kernels: bool = False) -> pd.DataFrame:
-    """:func:`op_table` of several traces of alike requests, each op's ``count`` and
-    ``total_ms`` the median over the traces (0 in a trace without the op), ``mean_ms`` =
-    total / count, ``share`` of the summed medians."""
+    """:func:`op_table` of several traces of alike requests: ``count`` and ``total_ms`` the
+    median over them (0 where an op is absent), ``share`` of the summed medians."""
     tables = [op_table(t, kernels=kernels).set_index("op") for t in traces]
     ops = list(dict.fromkeys(o for t in tables for o in t.index))
     if not ops:
@@ -284,11 +265,9 @@ def median_op_table(traces: list[pd.DataFrame], *, kernels: bool = False) -> pd.
 def op_diff(
     a: pd.DataFrame | list[pd.DataFrame], b: pd.DataFrame | list[pd.DataFrame], *, kernels: bool = False
 ) -> pd.DataFrame:
-    """What changed from trace ``a`` to trace ``b`` (:data:`DIFF_COLUMNS`), one row per op in
-    either: calls (``count_a``, ``count_b``), time (``ms_a``, ``ms_b``, ``delta_ms`` = b − a),
-    ``delta_share`` = |delta| / the sum of |delta| over all ops; largest |delta| first. Inputs
-    are :func:`op_events` frames, or lists of them (alike requests: each op's median,
-    :func:`median_op_table`)."""
+    """What changed from trace ``a`` to ``b`` (:data:`DIFF_COLUMNS`; ``delta_ms`` = b − a,
+    ``delta_share`` = |delta| / Σ|delta|), one row per op, largest |delta| first. A side is an
+    :func:`op_events` frame or a list of them (:func:`median_op_table`)."""
 
     def table(x: pd.DataFrame | list[pd.DataFrame]) -> pd.DataFrame:
         return (median_op_table if isinstance(x, list) else op_table)(x, kernels=kernels).set_index("op")
@@ -411,8 +390,8 @@ def overhead_table(
 
 
 def overhead_frame(table: pd.DataFrame) -> pd.DataFrame:
-    """:func:`overhead_table` for display: the device columns read :data:`NO_DEVICE` where the
-    trace had no device events (instead of a number), the rank column only when known."""
+    """:func:`overhead_table` for display: :data:`NO_DEVICE` for NaN device columns, the rank
+    column only when known."""
     t = table.copy().astype({"launch_ms": object, "device_busy_ms": object, "device_idle_share": object})
     for c in ("launch_ms", "device_busy_ms", "device_idle_share"):
         t[c] = [NO_DEVICE if pd.isna(v) else v for v in table[c]]
