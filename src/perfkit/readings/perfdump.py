@@ -145,14 +145,12 @@ def is_perf_dump(obj: Any) -> bool:
     return {"total_duration_ms", "steps"} <= keys and not {"stages", "scenarios"} & keys
 
 
-# ---------------------------------------------------------------------------------------------
-# Before/after comparison of two dumps, as sglang's benchmarks/compare_perf.py prints it
-# ---------------------------------------------------------------------------------------------
+# --- Before/after comparison of two dumps, as sglang's benchmarks/compare_perf.py prints it ---
 
 #: compare_perf.py: E2E "Slower"/"Faster" beyond +-2 %.
 E2E_STATUS_PCT = 2.0
-#: compare_perf.py ``get_perf_status_emoji`` defaults: a stage is slower (red) above
-#: max(base * (1 + 0.1), base + 120 ms), faster (green) below min(base * 0.9, base - 120 ms).
+#: compare_perf.py ``get_perf_status_emoji``: a stage is slower above max(base * 1.1, base + 120
+#: ms), faster below min(base * 0.9, base - 120 ms)
 STAGE_REL_TOL = 0.1
 STAGE_MIN_ABS_TOL_MS = 120.0
 #: compare_perf.py: stage rows shown when |diff| > 0.5 ms or either side > 100 ms.

@@ -1,6 +1,4 @@
-"""The memory timeline: :class:`MemorySampler` (a background thread sampling an engine's device
-and host memory, SM clock, power and clock-event reasons), its columns (:data:`COLUMNS`); see :mod:`perfkit.readings.sampler`.
-"""
+"""The memory timeline: :class:`MemorySampler` and its columns (:data:`COLUMNS`)."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ NUMERIC = tuple(c for c in COLUMNS if c != "device_source")
 IMPLAUSIBLE_GROWTH_MIB = 256.0
 
 
-#: the environment variable that turns the sampler's PSS reads off, and the values it takes
-#: (case and surrounding blanks ignored; unset or empty: on)
+#: the environment variable that turns the sampler's PSS reads off (unset or empty: on)
 PSS_ENV = "PERFKIT_SAMPLER_PSS"
 _PSS_ON = ("1", "true", "yes", "on")
 _PSS_OFF = ("0", "false", "no", "off")
@@ -306,11 +303,8 @@ class MemorySampler:
         return delta, util, "nvml-device-delta"
 
     def sample_once(self) -> bool:
-        """Take one sample now. Returns False when the process is gone (no sample recorded).
-
-        Raises:
-            MemoryReadError: host memory could not be read even from statm.
-        """
+        """Take one sample now; False when the process is gone (no sample). Raises
+        MemoryReadError: host memory could not be read even from statm."""
         rss, anon, pss, uss, alive = self._host()
         if not alive:
             return False
