@@ -329,7 +329,7 @@ def test_ab_with_a_hung_b_side(runs):
 def test_oom_record_is_read_never_guessed(tmp_path):
     """The OOM-kill record comes from the kernel log's own lines (or the cgroup's
     memory.events); without one it says what was read."""
-    from perfkit.readings.oom import oom_record
+    from perfkit.readings.memory import oom_record
 
     kmsg = tmp_path / "kmsg"
     kmsg.write_text(

@@ -1,4 +1,4 @@
-"""Several traces read at once (perfkit.readings.trace_files): the process pool gives what
+"""Several traces read at once (perfkit.readings.traces.read_many): the process pool gives what
 reading them one by one gives, in order, with unreadable files as named errors."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfkit.readings import trace_files
+from perfkit.readings import traces as tr
 from perfkit.readings.traces import TraceError, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,11 +22,11 @@ def test_the_pool_reads_what_one_by_one_reads_in_order_with_bad_files_named(tmp_
     bad = tmp_path / "bad-rank0.trace.json.gz"
     bad.write_bytes(b"\x1f\x8b not gzip")
     paths = [TRACES[0], tmp_path / "missing.trace.json.gz", bad, TRACES[1]]
-    alone = [trace_files.read_one(p) for p in paths]
-    monkeypatch.setattr(trace_files, "PARALLEL_MIN_BYTES", 1)
-    with caplog.at_level(logging.DEBUG, logger=trace_files.__name__):
-        pooled = trace_files.read_many(paths)
-    if trace_files._cores() > 1:
+    alone = [tr.read_one(p) for p in paths]
+    monkeypatch.setattr(tr, "PARALLEL_MIN_BYTES", 1)
+    with caplog.at_level(logging.DEBUG, logger=tr.__name__):
+        pooled = tr.read_many(paths)
+    if tr._cores() > 1:
         assert "reading 4 traces" in caplog.text and "in 2 processes" in caplog.text, caplog.text
     assert [x.error is None for x in pooled] == [True, False, False, True]
     assert "missing.trace.json.gz" in pooled[1].error and str(bad) in pooled[2].error
@@ -63,7 +63,7 @@ def test_a_hostile_trace_is_refused_naming_the_file_and_event(tmp_path, text, wh
     p.write_text(text)
     with pytest.raises(TraceError, match=rf"^{re.escape(str(p))}: {why}"):
         load_trace(p)
-    assert "x-global-rank0.trace.json" in trace_files.read_one(p).error
+    assert "x-global-rank0.trace.json" in tr.read_one(p).error
 
 
 # -- real sglang 0.5.23 traces (tests/fixtures/sglang/0.5.23/sana-video/README.md) ----------------

@@ -284,7 +284,7 @@ class EngineHandle:
         exit_code: set when the process has ended.
         end: set at teardown, how the engine ended (docs/robustness.md "How it ended"): ``how``
             (words), ``exit_code``, ``signal`` (None unless killed by one), ``by_perfkit``,
-            ``after_s`` (SIGTERM until gone, s), ``stopped``, ``oom`` (the OOM-kill record when
+            ``after_s`` (SIGTERM until gone, s), ``stopped``, ``oom`` (the OOM-kill record, :func:`perfkit.readings.memory.oom_record`, when
             a signal not sent by perfkit ended it; else None).
     """
 

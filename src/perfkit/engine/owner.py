@@ -411,7 +411,7 @@ def _end_words(
     since: float | None = None,
 ) -> dict[str, Any]:
     """How an engine ended, as :attr:`EngineHandle.end` holds it (see there)."""
-    from perfkit.readings.oom import oom_record
+    from perfkit.readings.memory import oom_record
 
     code = rc_before if rc_before is not None else rc
     sig = -code if code is not None and code < 0 else None

@@ -1,10 +1,6 @@
-"""What the engine really ran: its effective config, as the engine itself reports it.
-
-The engine decides (the reference engine drops torch.compile when the transformer is offloaded,
-sglang may pick another attention backend), so the bundle records what it *reports*: the
-reference engine's ``perfkit`` block in each ``performance.log`` record, sglang's startup
-``ServerArgs`` line and the lines beside it, else ``not reported``. Every field is the engine's
-value or None, never filled in from the spec that asked.
+"""What the engine really ran: its effective config as the engine reports it (the reference
+engine's records, sglang's ``server_args`` startup line), else ``not reported``; never filled in
+from the spec that asked. Sources: docs/sglang.md, "Readers".
 """
 
 from __future__ import annotations
@@ -60,9 +56,8 @@ def _opt_str(value: Any) -> str | None:
 
 
 def from_record(perfkit: Mapping[str, Any]) -> EngineConfig | None:
-    """The effective config in a reference-engine record's ``perfkit`` object (the fields of
-    :class:`EngineConfig`; older records: ``compile`` for ``compile_active``), or None when the
-    record carries none (an older engine, another engine)."""
+    """The effective config in a reference-engine record's ``perfkit`` object (older records:
+    ``compile`` for ``compile_active``), or None when it carries none."""
     if "compile_active" not in perfkit and "compile" not in perfkit:
         return None
     limit = perfkit.get("recompile_limit")
@@ -77,10 +72,8 @@ def from_record(perfkit: Mapping[str, Any]) -> EngineConfig | None:
     )
 
 
-# sglang 0.5.23 logs its ServerArgs once, after adjusting them (multimodal_gen
-# runtime/server_args/server_args.py, ``ServerArgs.__post_init__``): ``server_args: {JSON}``, or,
-# when its sanitizer fails, the dataclass repr ``server_args: ServerArgs(...)``. Lines are found
-# with str methods and the repr's field pattern never backtracks (docs/robustness.md, "Input limits").
+# sglang's ServerArgs line (docs/sglang.md, "Readers"): found with str methods; the repr's field
+# pattern never backtracks (docs/robustness.md, "Input limits").
 _ARGS_TAG = "server_args"
 _ARGS_OPEN = "ServerArgs("
 _FIELD = re.compile(r"(?<!\w)(?P<key>\w++)=(?P<val>'[^']*+'|\"[^\"]*+\"|[\w.+-]++)")
@@ -92,9 +85,9 @@ _OFFLOAD_FLAGS = (
     ("image_encoder", "image_encoder_cpu_offload"),
     ("vae", "vae_cpu_offload"),
 )
-# what sglang logs beside its args: the backend it picked (layers/attention/selector.py), the
-# device (distributed/parallel_state.py), the weights dtype (the DiT's, transformer_loader.py;
-# the diffusers backend's whole pipeline, pipelines/diffusers_pipeline.py)
+# what sglang logs beside its args: the attention backend it picked (layers/attention/selector.py),
+# the device (distributed/parallel_state.py), the weights dtype (transformer_loader.py; the
+# diffusers backend: pipelines/diffusers_pipeline.py)
 _PICKED_ATTENTION = re.compile(r"Using (\w++) attention backend")
 _DEVICE = re.compile(r"Initializing distributed environment with world_size=\d++, device=([\w:]++)")
 _DTYPE = re.compile(r"(?:param_dtype: |Loading diffusers pipeline with dtype=)(?:torch\.)?(\w++)")
@@ -103,12 +96,10 @@ _DTYPE = re.compile(r"(?:param_dtype: |Loading diffusers pipeline with dtype=)(?
 def server_args(text: str) -> tuple[dict[str, Any], str] | None:
     """sglang's logged ServerArgs: (name -> value, its form), or None when the log has none.
 
-    The form is ``"server_args JSON"`` (sglang 0.5.23's line, values as JSON) or ``"ServerArgs
-    repr"`` (its fallback, and older sglang's ``server_args=ServerArgs(...)``; only scalar fields
-    are read: ``True``/``False``/``None``, quoted strings, else the text). The last such line wins
-    (a restart logs again). A JSON line that does not parse is skipped with a warning.
-    Source: ``ServerArgs.__post_init__`` in sglang 0.5.23's multimodal_gen/runtime/server_args/
-    server_args.py.
+    The form is ``"server_args JSON"`` (sglang 0.5.23's line) or ``"ServerArgs repr"`` (its
+    fallback, and older sglang's ``server_args=ServerArgs(...)``; scalar fields only:
+    ``True``/``False``/``None``, quoted strings, else the text). The last such line wins (a
+    restart logs again); a JSON line that does not parse is skipped with a warning.
     """
     found: tuple[dict[str, Any], str] | None = None
     for line in text.splitlines():
@@ -140,19 +131,10 @@ def _last(pattern: re.Pattern[str], text: str, marker: str) -> str | None:
 
 
 def from_sglang_log(text: str) -> EngineConfig | None:
-    """The effective config from an sglang log, or None when it logged no ServerArgs.
-
-    From the args (:func:`server_args`): ``enable_torch_compile`` -> compile_active (sglang logs
-    its args after adjusting them, so this is what it runs; what was asked is not logged:
-    compile_requested None); ``attention_backend`` (null: sglang picks per platform, then the
-    backend it names in ``Using <name> attention backend``, as ``"<name> (sglang's pick:
-    attention_backend null)"``); ``dit_cpu_offload``, ``text_encoder_cpu_offload``,
-    ``image_encoder_cpu_offload``, ``vae_cpu_offload`` -> offload (``cpu``/``none`` per
-    component; ``dit_layerwise_offload`` -> transformer ``layerwise``); ``dtype`` where logged
-    (older repr lines). From sglang's other startup lines: device (``Initializing distributed
-    environment ... device=<d>``) and, without a ``dtype`` arg, the DiT's ``param_dtype`` (the
-    diffusers backend: ``Loading diffusers pipeline with dtype=<d>``).
-    """
+    """The effective config from an sglang log (:func:`server_args` and the startup lines beside
+    it), or None when it logged no ServerArgs. ``enable_torch_compile`` is what sglang runs (it
+    logs its args after adjusting them; what was asked is not logged: compile_requested None); a
+    null ``attention_backend`` is named with the pick sglang logged."""
     got = server_args(text)
     if got is None:
         return None
@@ -180,9 +162,8 @@ def from_sglang_log(text: str) -> EngineConfig | None:
 
 
 def effective_config(record_perfkit: Mapping[str, Any] | None, logs: Mapping[str, str]) -> EngineConfig:
-    """The launch's effective config: from its records' ``perfkit`` block first (the reference
-    engine), else from its logs (sglang's ServerArgs line, :func:`from_sglang_log`), else
-    :data:`NOT_REPORTED` with every field None."""
+    """The launch's effective config: :func:`from_record`, else :func:`from_sglang_log` of its
+    logs, else :data:`NOT_REPORTED` with every field None."""
     cfg = from_record(record_perfkit) if record_perfkit else None
     if cfg is not None:
         return cfg

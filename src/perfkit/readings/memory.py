@@ -1,46 +1,33 @@
-"""The one host memory reader: process trees (PSS, USS, RSS), cgroups, limits, MemTotal.
+"""The one host memory reader: process trees (PSS, USS, RSS), cgroups, limits, MemTotal (MiB
+unless a name says GiB), and the host's OOM-kill record of a process (:func:`oom_record`).
 
-Used by the sampler (:mod:`perfkit.readings.sampler`), the host cap watchdog
-(:mod:`perfkit.engine.caps`) and, through them, the scenarios. All figures are MiB unless a name
-says GiB.
-
-- Host memory of a process tree is **PSS** summed from ``/proc/<pid>/smaps_rollup``: pages shared
-  copy-on-write between a parent and its forked children count once over the tree (summed RSS
-  counts them once per process). USS (``Private_Clean + Private_Dirty``), RSS and anonymous RSS
-  (``Anonymous``) come from the same read.
-- When the engine has its own cgroup (v2), ``memory.current`` and ``memory.peak`` of it.
-- Limits above the current process: every cgroup ``memory.max`` (v2) or
-  ``memory.limit_in_bytes`` (v1) from its cgroup up to the root, and ``MemTotal``.
-
-Every number is the exact value in the file or a :class:`MemoryReadError` naming the file and
-the key, never a silent 0; a process that vanished mid-read (or a zombie) is skipped, not counted
-as 0. The roots (``/proc``, ``/sys/fs/cgroup``) are arguments of :class:`HostMemoryReader`.
+Every number is the value in the file or a :class:`MemoryReadError` naming the file and the key,
+never a silent 0; a process that vanished mid-read (or a zombie) is skipped, not counted as 0.
+What is read, and why PSS: docs/suite.md, "Measurement rules"; the OOM record: docs/robustness.md.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 log = logging.getLogger(__name__)
 
-#: the largest fraction of wall time a poller (the memory sampler, the host cap watchdog's peak)
-#: spends reading ``smaps_rollup``: its read walks the process's page tables under the mmap lock,
-#: and the process's own mmap/munmap wait meanwhile. Measured on the H200 (issue 42,
-#: examples/h200/evidence/README.md): PSS every 0.1 s of a 17 GiB engine tree (the samples came every
-#: 0.135 s: ~35 ms a read, 200 ms while the engine compiles) made its torch.compile recompile
-#: 4.96x slower (323 s against 65 s with statm); within this budget, 61 s. 1 %: a read of 200 ms
-#: waits 20 s for the next.
+#: the largest fraction of wall time a poller (the sampler, the cap watchdog's peak) spends
+#: reading ``smaps_rollup``, which stalls the engine's mmap (issue 42: docs/suite.md)
 PSS_DUTY = 0.01
 
 
 @dataclass
 class ReadBudget:
     """When a costly read (``smaps_rollup``) is next due, so that such reads take at most ``duty``
-    of the wall time: after a read that began at ``t0`` (``time.monotonic()``, s) and took
-    ``took`` s, the next is due at ``t0 + took / duty``. The first read is due at once."""
+    of the wall time: a read at ``t0`` (monotonic s) taking ``took`` s makes the next due at
+    ``t0 + took / duty``; the first is due at once."""
 
     duty: float
     next_at: float = 0.0
@@ -65,8 +52,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class MemoryReadError(RuntimeError):
-    """A memory figure could not be read (the file is not readable, or the key is missing or not a
-    number): :attr:`path` the file, :attr:`key` the key (``Pss``, ``MemTotal``, ``memory.max``)."""
+    """A memory figure could not be read (file not readable, key missing or not a number):
+    :attr:`path` the file, :attr:`key` the key (``Pss``, ``MemTotal``, ``memory.max``)."""
 
     def __init__(self, path: str | Path, key: str, why: str) -> None:
         super().__init__(f"{path}: {key}: {why}")
@@ -76,9 +63,8 @@ class MemoryReadError(RuntimeError):
 
 @dataclass(frozen=True)
 class ProcessMemory:
-    """Host memory of one process, MiB: RSS, PSS (shared pages divided by their sharers), USS
-    (private pages), anonymous resident; PSS and USS NaN for the ``statm`` source (else
-    ``smaps_rollup``)."""
+    """Host memory of one process, MiB (RSS, PSS, USS, anonymous resident); ``source``
+    ``smaps_rollup``, or ``statm`` with PSS and USS NaN."""
 
     pid: int
     rss_mib: float
@@ -90,9 +76,9 @@ class ProcessMemory:
 
 @dataclass(frozen=True)
 class TreeMemory:
-    """Host memory of a process tree, MiB, summed over ``pids`` (those read); ``vanished``: gone
-    by the time they were read (skipped, not 0); ``root_alive`` False: the root is gone or a
-    zombie; ``source`` ``pss`` (smaps_rollup) or ``rss`` (statm: PSS and USS NaN)."""
+    """Host memory of a process tree, MiB, summed over ``pids`` (those read; ``vanished`` ones
+    skipped, not 0); ``root_alive`` False: the root is gone or a zombie; ``source`` ``pss``
+    (smaps_rollup) or ``rss`` (statm: PSS and USS NaN)."""
 
     root_alive: bool
     pids: tuple[int, ...]
@@ -182,8 +168,8 @@ def _limit_value(path: Path, key: str) -> int | None:
 
 
 def _proc_file(path: Path, key: str) -> str | None:
-    """A /proc file's text; None when its process vanished (gone, or ESRCH mid-read: logged at
-    debug). Raises MemoryReadError naming ``key`` when it is there but not readable."""
+    """A /proc file's text; None when its process vanished. Raises MemoryReadError naming ``key``
+    when it is there but not readable."""
     try:
         return path.read_text()
     except PermissionError as exc:
@@ -194,14 +180,9 @@ def _proc_file(path: Path, key: str) -> str | None:
 
 
 class HostMemoryReader:
-    """Reads host memory figures from ``proc_root`` (``/proc``) and ``cgroup_root``
-    (``/sys/fs/cgroup``).
-
-    Args:
-        proc_root: the procfs mount (a test may pass a fake tree).
-        cgroup_root: the cgroup mount (v2 unified, or the v1 hierarchies' parent with ``memory/``
-            and maybe ``unified/``).
-    """
+    """Reads host memory figures from ``proc_root`` (procfs; a test may pass a fake tree) and
+    ``cgroup_root`` (v2 unified, or the v1 hierarchies' parent with ``memory/``, maybe
+    ``unified/``)."""
 
     def __init__(self, proc_root: str | Path = "/proc", cgroup_root: str | Path = "/sys/fs/cgroup") -> None:
         self.proc_root = Path(proc_root)
@@ -209,14 +190,11 @@ class HostMemoryReader:
         self._has_rollup: bool | None = None
 
     def tree_pids(self, root: int) -> list[int]:
-        """``root`` and its descendants (empty when root is gone). Reads
-        ``/proc/<pid>/task/<tid>/children`` (cost grows with the tree, not with the host's
-        process count); falls back to a psutil scan where that file does not exist."""
+        """``root`` and its descendants (empty when root is gone), from
+        ``/proc/<pid>/task/<tid>/children``, else a psutil scan."""
         if not (self.proc_root / str(root) / "task" / str(root) / "children").exists():
             if not (self.proc_root / str(root)).exists():
                 return []
-            import psutil
-
             try:
                 return [root] + [c.pid for c in psutil.Process(root).children(recursive=True)]
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -254,16 +232,10 @@ class HostMemoryReader:
         return self._has_rollup
 
     def process(self, pid: int, pss: bool = True) -> ProcessMemory | None:
-        """Host memory of one process (MiB), or None when it vanished (gone, or a zombie).
-
-        ``pss=True`` reads ``smaps_rollup`` (PSS, USS, RSS, anon; the kernel walks the page
-        tables, so it costs more for a large process); ``pss=False`` or a kernel without
-        ``smaps_rollup`` reads ``statm`` (RSS and anon only, PSS/USS NaN).
-
-        Raises:
-            MemoryReadError: the file is there but not readable (permission) or a key is missing
-                or not a number.
-        """
+        """Host memory of one process (MiB), or None when it vanished (gone, or a zombie): from
+        ``smaps_rollup`` with ``pss`` (a page-table walk: costly for a large process), else from
+        ``statm`` (PSS/USS NaN). Raises MemoryReadError: the file is there but not readable, or
+        a key is missing or not a number."""
         if pss and self.has_smaps_rollup():
             path = self.proc_root / str(pid) / "smaps_rollup"
             text = _proc_file(path, "Pss")
@@ -294,12 +266,8 @@ class HostMemoryReader:
         return ProcessMemory(pid, resident * _PAGE / MIB, NAN, NAN, anon, "statm")
 
     def tree(self, root: int, pids: list[int] | None = None, pss: bool = True) -> TreeMemory:
-        """Host memory of the process tree rooted at ``root`` (MiB), summed over ``pids`` (default:
-        :meth:`tree_pids`). Vanished processes are skipped (listed in ``vanished``).
-
-        Raises:
-            MemoryReadError: as :meth:`process`.
-        """
+        """Host memory of the tree rooted at ``root`` (MiB), summed over ``pids`` (default:
+        :meth:`tree_pids`). Raises MemoryReadError as :meth:`process`."""
         pids = self.tree_pids(root) if pids is None else pids
         got = [(pid, self.process(pid, pss=pss)) for pid in pids]
         read = [m for _, m in got if m is not None]
@@ -317,11 +285,7 @@ class HostMemoryReader:
         )
 
     def mem_total_mib(self) -> float:
-        """``MemTotal`` of ``/proc/meminfo`` in MiB.
-
-        Raises:
-            MemoryReadError: the file is missing or has no number for MemTotal.
-        """
+        """``MemTotal`` of ``/proc/meminfo`` in MiB. Raises MemoryReadError: no file or number."""
         path = self.proc_root / "meminfo"
         return _kib_lines(_read(path, "MemTotal"), path, ("MemTotal",))["MemTotal"] / MIB
 
@@ -359,15 +323,10 @@ class HostMemoryReader:
         return out
 
     def cgroup_limits(self) -> list[MemoryLimit]:
-        """Every finite memory limit of the current process's cgroups and their ancestors up to
-        the hierarchy root (GiB): v2 ``memory.max``, v1 ``memory.limit_in_bytes``. ``max`` and
-        the v1 sentinel (>= 2**60) are no limit; a level without the directory or the file (the
-        v2 root, levels a cgroup namespace hides) is skipped.
-
-        Raises:
-            MemoryReadError: a limit file holds something other than a number or ``max``, or is
-                not readable.
-        """
+        """Every finite memory limit (GiB) of the current process's cgroups and their ancestors
+        up to the hierarchy root: v2 ``memory.max``, v1 ``memory.limit_in_bytes`` (``max`` and
+        the v1 sentinel are no limit; a level without the file is skipped). Raises
+        MemoryReadError: a limit file is not readable or not a number or ``max``."""
         out: list[MemoryLimit] = []
         for kind, top, d in self.own_cgroups():
             key = "memory.max" if kind == "cgroup-v2" else "memory.limit_in_bytes"
@@ -385,12 +344,9 @@ class HostMemoryReader:
         return out
 
     def cgroup_memory(self, path: str | Path) -> CgroupMemory:
-        """``memory.current`` and ``memory.peak`` (MiB) of the cgroup v2 directory ``path``.
-
-        Raises:
-            MemoryReadError: memory.current is missing or not a number, or memory.peak is there
-                but not a number (a kernel without memory.peak gives ``peak_mib=None``).
-        """
+        """``memory.current`` and ``memory.peak`` (MiB; peak None before Linux 5.19) of the cgroup
+        v2 directory ``path``. Raises MemoryReadError: either is there but not a number, or
+        memory.current is missing."""
         d = Path(path)
 
         def mib(key: str) -> float:
@@ -403,32 +359,21 @@ class HostMemoryReader:
         return CgroupMemory(str(d), cur, mib("memory.peak"))
 
     def cgroup_events(self, path: str | Path) -> dict[str, int]:
-        """``memory.events`` of the cgroup v2 directory ``path`` (``oom_kill``, ...).
-
-        Raises:
-            MemoryReadError: the file is not readable or a line is not ``key number``.
-        """
+        """``memory.events`` of the cgroup v2 directory ``path`` (``oom_kill``, ...). Raises
+        MemoryReadError: the file is not readable or a line is not ``key number``."""
         f = Path(path) / "memory.events"
         lines = (line.partition(" ") for line in _read(f, "memory.events").splitlines())
         return {k: _int(v, f, k) for k, _, v in lines}
 
     def limits(self) -> list[MemoryLimit]:
-        """Every finite limit: the cgroup limits (:meth:`cgroup_limits`) and MemTotal (GiB).
-
-        Raises:
-            MemoryReadError: as :meth:`cgroup_limits` and :meth:`mem_total_mib`.
-        """
+        """:meth:`cgroup_limits` and MemTotal (GiB). Raises MemoryReadError as they do."""
         out = self.cgroup_limits()
         out.append(MemoryLimit("meminfo", str(self.proc_root / "meminfo"), self.mem_total_mib() / 1024))
         return out
 
     def host_budget(self, asked_gib: float | None) -> HostBudget:
-        """Effective host budget: min(``asked_gib``, every cgroup limit above this process,
-        MemTotal), in GiB. No ask (None) is no cap: nothing is clamped.
-
-        Raises:
-            MemoryReadError: as :meth:`limits`.
-        """
+        """min(``asked_gib``, every limit of :meth:`limits`), GiB; no ask (None) is no cap.
+        Raises MemoryReadError as :meth:`limits`."""
         if asked_gib is None:
             return HostBudget(None, None, None, ())
         lims = tuple(self.limits())
@@ -442,3 +387,75 @@ class HostMemoryReader:
 
 #: the reader of this host (real /proc and /sys/fs/cgroup)
 DEFAULT = HostMemoryReader()
+
+
+KMSG = "/dev/kmsg"
+_KILLED = re.compile(r"Killed process (\d+)")
+#: a /dev/kmsg record: "priority,sequence,microseconds,flags;message"
+_RECORD = re.compile(r"^\d+,\d+,(\d+),[^;]*;(.*)$")
+_OOMKILL = re.compile(r"oom-kill:.*?[,:]pid=(\d+)")
+
+
+def kernel_log_lines(path: str = KMSG, max_records: int = 100_000, since: float | None = None) -> list[str]:
+    """The message text of every kernel log record now (``path``: /dev/kmsg, or a file of such
+    records one a line); ``since``: only those written from this epoch time (s) on. Raises
+    OSError: the log cannot be opened (no permission: ``kernel.dmesg_restrict``)."""
+    boot = psutil.boot_time() if since is not None else 0.0
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    out: list[str] = []
+    try:
+        while len(out) < max_records:
+            try:
+                rec = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:  # EPIPE: a record was overwritten while reading; go on
+                if exc.errno == 32:
+                    continue
+                raise
+            if not rec:
+                break
+            for ln in rec.decode("utf-8", errors="replace").splitlines():
+                if ln.startswith(" "):  # a record's continuation (SUBSYSTEM=, DEVICE=)
+                    continue
+                m = _RECORD.match(ln)
+                if m and since is not None and boot + int(m.group(1)) / 1e6 < since - 1.0:
+                    continue
+                out.append(m.group(2) if m else ln)
+    finally:
+        os.close(fd)
+    return out
+
+
+def oom_record(
+    pids: list[int], cgroup_path: str | Path | None = None, kmsg: str = KMSG, since: float | None = None
+) -> str:
+    """The OOM-kill record of any of ``pids`` (the engine and its descendants) as one line:
+    ``"cgroup <path>: memory.events oom_kill 1"``, ``"kernel log: <line>"`` (up to three, joined
+    by `` | ``) or ``"no record found (<what was read>)"``; ``since``: the engine's start (epoch s),
+    so an older record of a reused pid is not it. Never raises: an unreadable source is named."""
+    read: list[str] = []
+    if cgroup_path is not None:
+        ev = Path(cgroup_path) / "memory.events"
+        try:
+            counts = dict(ln.split() for ln in ev.read_text().splitlines() if len(ln.split()) == 2)
+            n = int(counts.get("oom_kill", "0"))
+            if n > 0:
+                return f"cgroup {cgroup_path}: memory.events oom_kill {n}"
+            read.append(f"{ev}: oom_kill 0")
+        except (OSError, ValueError) as exc:
+            read.append(f"{ev} not readable: {type(exc).__name__}")
+    want = {str(p) for p in pids}
+    try:
+        lines = kernel_log_lines(kmsg, since=since)
+        hits = [
+            ln
+            for ln in lines
+            if any(m.group(1) in want for m in (*_KILLED.finditer(ln), *_OOMKILL.finditer(ln)))
+        ]
+        if hits:
+            return "kernel log: " + " | ".join(hits[:3])
+        read.append(f"read {kmsg}")
+    except OSError as exc:
+        read.append(f"kernel log {kmsg} not readable: {type(exc).__name__}")
+    return f"no record found ({'; '.join(read)})"

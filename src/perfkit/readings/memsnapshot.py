@@ -1,22 +1,7 @@
-"""Allocator snapshot files (torch's ``_dump_snapshot`` pickle): read, validate, diff.
-
-Format (torch, ``torch.cuda.memory._snapshot``; pytorch.org/docs/stable/torch_cuda_memory.html):
-a dict with ``segments`` (each: ``device``, ``address``, ``total_size`` and ``blocks``, each block
-``address``, ``size``, ``state`` — ``active_allocated`` / ``active_pending_free`` / ``inactive`` —
-and the ``frames`` of its allocation, innermost first) and ``device_traces`` (per device, the last
-``max_entries`` events: ``action`` — ``alloc``, ``free_requested``, ``free_completed``,
-``segment_alloc``, ... — ``addr``, ``size``, ``time_us`` (epoch microseconds) and ``frames``). A
-frame is ``{name, filename, line}``. The file may be gzip-compressed (the committed fixtures are).
-
-The pickle is read with an unpickler that builds builtin containers only (dict, list, tuple,
-str, numbers, set): a file naming any class is refused, never executed. Every error names the
-file (and the key, for a schema error): :class:`MemSnapshotError`.
-
-Analysis by allocation site (MiB = 2**20 bytes): :func:`live_by_site`, :func:`diff_snapshots`,
-:func:`peak_by_site`. A *site* is the innermost frame inside the engine (``perfkit/refengine/`` or ``sglang/`` by
-default), the first thing to read, plus the innermost frame outside torch itself (the library
-line that allocated, e.g. a diffusers layer); blocks with no recorded stack (allocated before
-history recording started) form one site, ``(no stack recorded)``.
+"""Allocator snapshot files (torch's ``_dump_snapshot`` pickle, maybe gzipped): read with a
+builtins-only unpickler, validated, grouped by allocation site (MiB = 2**20 bytes; every error a
+:class:`MemSnapshotError` naming the file and key). Format and what a site is: docs/sglang.md,
+"Readers".
 """
 
 from __future__ import annotations
@@ -64,10 +49,8 @@ class Frame(BaseModel):
 
 
 def _shared_frames(v: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
-    # torch's pickle shares each frame dict among the events and blocks of every stack holding
-    # it (a few hundred distinct frames for thousands of events): validate each one once, by
-    # identity while the unpickled data is alive; a bad one goes through the handler, which
-    # raises with the key path
+    # torch's pickle shares each frame dict among the stacks holding it: validate each once, by
+    # identity; a bad one goes through the handler, which raises with the key path
     cache = info.context.get("frames") if isinstance(info.context, dict) else None
     if cache is None or not isinstance(v, list):
         return handler(v)
@@ -83,14 +66,12 @@ def _shared_frames(v: Any, handler: ValidatorFunctionWrapHandler, info: Validati
     return out
 
 
-#: the largest size a block, segment or event may claim (bytes): 1 PiB, beyond any device's
-#: memory; a larger number is a corrupted file, refused naming its key (not a 1e15 MiB leak)
+#: the largest size a block, segment or event may claim (bytes): 1 PiB; more is a corrupted file
 MAX_SIZE = 2**50
-#: the most bytes a snapshot may decompress to (256 MiB, a bounded ``max_entries`` history of a
-#: large model stays well under it): a gzip bomb is refused before it fills the memory
+#: the most bytes a snapshot may decompress to (a gzip bomb is refused before it fills memory)
 MAX_BYTES = 256 * 2**20
-#: the most memory unpickling, then validating, a snapshot may build (estimated before each
-#: starts, bytes; :func:`_scan`, :func:`_build_cost`): a small pickle that expands is refused
+#: the most memory (bytes) unpickling, then validating, may build, estimated before each starts
+#: (:func:`_scan`, :func:`_build_cost`)
 MAX_BUILD_BYTES = 2**30
 _MODEL_BYTES = 600  # a validated Block / TraceEntry (measured: 545 B with an empty stack)
 
@@ -167,12 +148,11 @@ _GETS = {"GET", "BINGET", "LONG_BINGET", "DUP"}
 
 
 def _scan(raw: bytes, path: Path, limit: int) -> None:
-    """Refuse a pickle that would build more than ``limit`` bytes, before unpickling it: one pass
-    over the opcodes (:func:`pickletools.genops`, ~3 µs each; a declared length past the data
-    is a ValueError) estimates 24 a reference pushed (memo GET, DUP), 24 + its size a new object
-    (216 a container), 16 a memo slot, 24 a reference pushed so far a set/frozenset/complex call
-    (its argument's most). A memo index past the opcodes read is refused (the C unpickler sizes
-    its memo by it: an 8-byte pickle took 1.6 GiB)."""
+    """Refuse a pickle that would build more than ``limit`` bytes, before unpickling it, from one
+    pass over its opcodes (~3 µs each): 24 a reference pushed, 24 + its size a new object (216 a
+    container), 16 a memo slot, 24 a reference so far a set/frozenset/complex call. A memo index
+    past the opcodes read is refused (the C unpickler sizes its memo by it: an 8-byte pickle
+    took 1.6 GiB)."""
     total = refs = 0
     for n, (op, arg, _) in enumerate(pickletools.genops(raw)):
         if op.name in _GETS:
@@ -194,13 +174,10 @@ def _scan(raw: bytes, path: Path, limit: int) -> None:
 
 
 def _build_cost(data: dict[str, Any], path: Path, limit: int) -> None:
-    """Refuse ``data`` when validating it would build more than ``limit`` bytes (estimated).
-
-    :data:`_MODEL_BYTES` a segment, block or trace event, 8 a frame reference. Pickle shares
-    objects by reference, pydantic builds one model per reference: the count is
-    taken per reference, each shared object's own cost computed once (by id), so the walk takes
-    time in the pickle's references, not in what they expand to; it stops at the limit. Parts of
-    the wrong type cost nothing here (validation names them)."""
+    """Refuse ``data`` when validating it would build more than ``limit`` bytes (estimated:
+    :data:`_MODEL_BYTES` a segment, block or event, 8 a frame reference). pydantic builds one model
+    per reference, so the count is per reference, each shared object's cost computed once (by id);
+    the walk stops at the limit. Parts of the wrong type cost nothing (validation names them)."""
     memo: dict[tuple[int, str | None], int] = {}
     total = 0
 
@@ -241,19 +218,14 @@ def _build_cost(data: dict[str, Any], path: Path, limit: int) -> None:
 def read_snapshot(
     path: str | Path, max_bytes: int = MAX_BYTES, max_build_bytes: int = MAX_BUILD_BYTES
 ) -> MemSnapshot:
-    """Read and validate one snapshot file (plain pickle or gzip of it).
-
-    Limits, each checked before the next step builds anything: ``max_bytes`` read and
-    decompressed; ``max_build_bytes`` the estimated memory of the unpickled objects (from the
-    opcodes: :func:`_scan`), then of the validated models (per reference: :func:`_build_cost`);
-    classes other than set/frozenset/complex refused while unpickling. A small pickle that
-    expands is refused in well under a second.
+    """Read and validate one snapshot file (plain pickle or gzip of it). Each limit is checked
+    before the next step builds anything: ``max_bytes`` read and decompressed, then
+    ``max_build_bytes`` unpickled (:func:`_scan`) and validated (:func:`_build_cost`).
 
     Raises:
-        MemSnapshotError: the file is missing, truncated or corrupted, larger than
-            ``max_bytes``, names a class, would build past ``max_build_bytes``, or a key is missing,
-            of the wrong type or out of range (the message names the file and the key path,
-            e.g. ``segments.3.blocks.0.size``).
+        MemSnapshotError: the file is missing, truncated or corrupted, over a limit, names a
+            class other than set/frozenset/complex, or a key is missing, of the wrong type or out
+            of range (naming the file and the key path, e.g. ``segments.3.blocks.0.size``).
     """
     p = Path(path)
     try:
@@ -305,12 +277,9 @@ def _short(filename: str) -> str:
 
 
 def site_of(frames: list[Frame], engine_markers: tuple[str, ...] = ENGINE_MARKERS) -> tuple[str, str, bool]:
-    """(site, library line, in_engine) of an allocation stack (frames innermost first).
-
-    ``site``: ``function (file:line)`` of the innermost engine frame, else of the innermost
-    frame outside torch, else of the innermost frame; :data:`NO_STACK` when there are none.
-    ``library line``: the innermost frame outside torch (may equal the site).
-    """
+    """(site, library line, in_engine) of an allocation stack (frames innermost first): the
+    site is ``function (file:line)`` of the innermost engine frame, else of the library line
+    (the innermost frame outside torch, else the innermost); :data:`NO_STACK` without frames."""
     if not frames:
         return NO_STACK, "", False
 
@@ -348,14 +317,9 @@ def live_by_site(snap: MemSnapshot, engine_markers: tuple[str, ...] = ENGINE_MAR
 def diff_snapshots(
     before: MemSnapshot, after: MemSnapshot, engine_markers: tuple[str, ...] = ENGINE_MARKERS
 ) -> pd.DataFrame:
-    """What grew from ``before`` to ``after`` (e.g. the cold request's snapshot and warm request
-    k's), by allocation site.
-
-    A block counts as the same block in both when address, size and stack match; blocks only in
-    ``after`` are new, blocks only in ``before`` are gone. Returns one row a site with a change:
-    site, library_line, in_engine, new_blocks, gone_blocks, new_mib, gone_mib, grown_mib
-    (new - gone), sorted by grown_mib, largest first.
-    """
+    """What grew from ``before`` to ``after`` by allocation site (a block is the same in both
+    when address, size and stack match): one row a changed site, site, library_line, in_engine,
+    new_blocks, gone_blocks, new_mib, gone_mib, grown_mib (new - gone), largest grown first."""
 
     def key(b: Block) -> tuple[Any, ...]:
         return (b.address, b.size, tuple((f.filename, f.line, f.name) for f in b.frames))
@@ -402,14 +366,9 @@ def peak_by_site(
     engine_markers: tuple[str, ...] = ENGINE_MARKERS,
 ) -> Peak:
     """The blocks alive at the peak of allocated bytes in the trace window (after ``since_s``,
-    epoch seconds: a request's start), grouped by site.
-
-    Replays the trace: from the live blocks at dump time back through the events (an ``alloc``
-    undone, a ``free_completed`` brought back with the stack it carries) to the window's start,
-    then forward, summing live bytes after each event (the allocator's ``allocated_bytes``:
-    requested sizes rounded as the allocator rounds them). Blocks allocated before the recorded
-    window and freed inside it are brought back by their ``free_completed`` event; blocks
-    allocated before the window and never freed in it are the dump's live blocks.
+    epoch s), grouped by site: the trace replayed back from the dump's live blocks (an ``alloc``
+    undone, a ``free_completed`` brought back with its stack), then forward, summing live bytes
+    (the allocator's ``allocated_bytes``: :func:`_rounded` sizes) after each event.
 
     Raises:
         MemSnapshotError: the snapshot has no trace events for the device (naming the file), or

@@ -1,27 +1,6 @@
-"""sglang's perf dump (``--perf-dump-path FILE``): one JSON object per request run.
-
-Written by ``PerformanceLogger.dump_benchmark_report`` in sglang's
-``python/sglang/multimodal_gen/runtime/utils/perf_logger.py`` (``json.dump(report, f,
-indent=2)``). Two layouts are read, exactly as that function writes them:
-
-- older (e.g. sglang commit ``b135ce87cafdd095e92d0c2d985159584601dd4a``)::
-
-    {"timestamp": str, "request_id": str, "commit_hash": str ("N/A" without git), "tag": str
-     ("benchmark_dump" by default), "total_duration_ms": float,
-     "steps": [{"name": stage, "duration_ms": ms}, ...],     # per stage, in execution order
-     "meta": {...}}
-
-- newer (``denoise_steps_ms`` from sglang commit ``0017ffd3911e583595194690fe0653a659d7a3cc``
-  on; ``memory_checkpoints`` in later versions) adds::
-
-     "denoise_steps_ms": [{"step": i, "duration_ms": ms}, ...],
-     "memory_checkpoints": {"after_<Stage>": {"allocated_mb", "reserved_mb",
-                                              "peak_allocated_mb", "peak_reserved_mb"}}
-
-Note the name clash: a dump's ``steps`` are *stages*; its denoising steps are
-``denoise_steps_ms``. Everything is read by the rules of :mod:`perfkit.readings.records`: a number
-as written or :class:`~perfkit.readings.records.RecordError` naming the file and the key; null is
-kept as None ("not measured"); nothing defaults to 0.
+"""sglang's perf dump (``--perf-dump-path FILE``, one request a file; both layouts) and the
+before/after comparison sglang's ``compare_perf.py`` prints. Layouts, rules and where perfkit
+departs from compare_perf.py: docs/sglang.md, "Readers".
 """
 
 from __future__ import annotations
@@ -52,10 +31,9 @@ REQUIRED_KEYS = ("request_id", "total_duration_ms", "steps")
 
 @dataclass
 class PerfDump:
-    """One perf dump, as written: ``total_duration_ms`` (ms; None when null), ``stages`` (name,
-    ms) in the dump's ``steps`` order, ``denoise_steps`` ms (None: no ``denoise_steps_ms``, the
-    older layout), ``memory_checkpoints`` ``after_<Stage>`` -> {allocated_mb, ...} MiB (None:
-    absent), ``raw`` the parsed object, ``path`` its file."""
+    """One perf dump, as written (ms, MiB): ``stages`` (name, ms) from the dump's ``steps``,
+    ``denoise_steps`` and ``memory_checkpoints`` None when absent (the older layout), ``raw`` the
+    parsed object, ``path`` its file."""
 
     request_id: str
     total_duration_ms: float | None
@@ -79,9 +57,8 @@ class PerfDump:
         return self.to_record().stage_ms()
 
     def to_record(self) -> PerfRecord:
-        """The same request as a :class:`~perfkit.readings.records.PerfRecord`:
-        ``denoise_steps`` become ``steps`` ([] for the older layout), ``memory_checkpoints``
-        become ``memory_snapshots``."""
+        """The same request as a :class:`~perfkit.readings.records.PerfRecord` (``steps`` [] for
+        the older layout)."""
         return PerfRecord(
             request_id=self.request_id,
             timestamp=self.timestamp,
@@ -101,7 +78,7 @@ _OPTIONAL = {"denoise_steps_ms": read_step_list, "memory_checkpoints": read_memo
 
 def perf_dump_from_dict(obj: Any) -> PerfDump:
     """Read a parsed dump (either layout). Raises :class:`RecordError` naming the key of the
-    first value that is not what sglang writes (a missing key, a string, NaN, a negative number)."""
+    first value sglang would not write."""
     rid, stages = read_head(obj, "dump", REQUIRED_KEYS, "steps", "is missing (not an sglang perf dump?)")
     # absent (older layout): None; present, as sglang writes it (null refused)
     opt = {k: read(obj[k], k) for k, read in _OPTIONAL.items() if k in obj}
@@ -123,8 +100,7 @@ def perf_dump_from_dict(obj: Any) -> PerfDump:
     )
 
 
-#: A dump holds one request (a few KiB; sglang's for LTX-2 two-stage is under 20 KiB): a file over
-#: this is refused before it is read, so reading a dump takes bounded memory.
+#: a dump holds one request (under 20 KiB for LTX-2 two-stage): a larger file is refused unread
 MAX_DUMP_BYTES = 16 * 2**20
 
 
@@ -149,13 +125,9 @@ def loads_perf_dump(text: str, source: str = "<string>") -> PerfDump:
 
 
 def read_perf_dump(path: str | Path) -> PerfDump:
-    """Read a perf dump file written by sglang's ``--perf-dump-path`` (see the module doc).
-
-    Raises:
-        FileNotFoundError: no such file.
-        RecordError: not valid JSON (invalid UTF-8 and nesting too deep included), over
-            :data:`MAX_DUMP_BYTES`, or not a dump; the message names the file (line) and key.
-    """
+    """Read a perf dump file written by sglang's ``--perf-dump-path``. Raises FileNotFoundError,
+    or :class:`RecordError` (naming the file and key): not JSON (invalid UTF-8, nested too
+    deeply), over :data:`MAX_DUMP_BYTES`, or not a dump."""
     p = Path(path)
     with open(p, "rb") as fh:
         raw = fh.read(MAX_DUMP_BYTES + 1)
@@ -167,21 +139,18 @@ def read_perf_dump(path: str | Path) -> PerfDump:
 
 
 def is_perf_dump(obj: Any) -> bool:
-    """Whether a parsed JSON object looks like a perf dump (has ``steps`` as a list of objects
-    and ``total_duration_ms``), as opposed to a performance.log record (``stages``) or a
-    baseline file (``scenarios``)."""
+    """Whether a parsed JSON object looks like a perf dump (``steps`` and ``total_duration_ms``),
+    not a performance.log record (``stages``) or a baseline file (``scenarios``)."""
     keys = obj.keys() if isinstance(obj, dict) else set()
     return {"total_duration_ms", "steps"} <= keys and not {"stages", "scenarios"} & keys
 
 
-# ---------------------------------------------------------------------------------------------
-# Before/after comparison of two dumps, as sglang's benchmarks/compare_perf.py prints it
-# ---------------------------------------------------------------------------------------------
+# --- Before/after comparison of two dumps, as sglang's benchmarks/compare_perf.py prints it ---
 
 #: compare_perf.py: E2E "Slower"/"Faster" beyond +-2 %.
 E2E_STATUS_PCT = 2.0
-#: compare_perf.py ``get_perf_status_emoji`` defaults: a stage is slower (red) above
-#: max(base * (1 + 0.1), base + 120 ms), faster (green) below min(base * 0.9, base - 120 ms).
+#: compare_perf.py ``get_perf_status_emoji``: a stage is slower above max(base * 1.1, base + 120
+#: ms), faster below min(base * 0.9, base - 120 ms)
 STAGE_REL_TOL = 0.1
 STAGE_MIN_ABS_TOL_MS = 120.0
 #: compare_perf.py: stage rows shown when |diff| > 0.5 ms or either side > 100 ms.
@@ -250,9 +219,8 @@ _STEP_NAME = re.compile(r"^denoising_step_(\d+)$")
 
 
 def _grouped(d: PerfDump) -> tuple[dict[str, float | None], list[str], dict[str, int]]:
-    """Stage durations with ``denoising_step_<i>`` entries (and ``denoise_steps_ms``) summed into
-    one ``Denoising Loop`` row, as compare_perf.py's ``consolidate_steps`` does; a null part
-    makes the sum None."""
+    """Stage durations with the denoising steps summed into one ``Denoising Loop`` row
+    (compare_perf.py's ``consolidate_steps``); a null part makes the sum None."""
     dur: dict[str, float | None] = {}
     counts: dict[str, int] = {}
     order: list[str] = []
@@ -271,15 +239,9 @@ def _grouped(d: PerfDump) -> tuple[dict[str, float | None], list[str], dict[str,
 
 
 def compare_dumps(before: PerfDump, after: PerfDump) -> DumpComparison:
-    """Compare two perf dumps the way sglang's ``python/sglang/multimodal_gen/benchmarks/
-    compare_perf.py`` does: the E2E delta (slower/faster beyond +-2 %), per-stage deltas judged
-    by ``max(base * 1.1, base + 120 ms)`` / ``min(base * 0.9, base - 120 ms)``, the denoising
-    steps summed into one ``Denoising Loop`` row, stages ordered as in ``after`` then those only
-    in ``before``, rows shown when |diff| > 0.5 ms or a side > 100 ms.
-
-    Differences from compare_perf.py, on purpose: a missing or null value is "not measured"
-    (shown as "–", never judged) where compare_perf.py reads it as 0.
-    """
+    """Compare two perf dumps the way sglang's ``multimodal_gen/benchmarks/compare_perf.py``
+    does (the thresholds above), except that a missing or null value is "not measured" (shown as
+    "–", never judged) where compare_perf.py reads 0."""
     e2e = DumpRow("E2E Latency", before.total_duration_ms, after.total_duration_ms, "not measured")
     if e2e.pct is not None:
         e2e.status = (
@@ -307,8 +269,7 @@ def _ms(v: float | None) -> str:
 
 
 def dump_comparison_markdown(c: DumpComparison) -> str:
-    """The report compare_perf.py prints (summary table, stage breakdown, metadata), "–" for
-    values that were not measured."""
+    """The report compare_perf.py prints, "–" for values not measured."""
     e = c.e2e
     marks = {"faster": "✅ (Faster)", "slower": "❌ (Slower)", "similar": "➖ (Similar)"}
     e2e_status = marks.get(e.status, "– (not measured)")

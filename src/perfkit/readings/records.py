@@ -1,37 +1,6 @@
-"""Per-request performance records in sglang's ``performance.log`` layout.
-
-Layout (sglang diffusion server, ``SGLANG_DIFFUSION_STAGE_LOGGING=1`` and
-``SGLANG_PERF_LOG_DIR=DIR``): one JSON object per line in ``DIR/performance.log``::
-
-    {"request_id": str, "timestamp": str, "commit_hash": str|None, "tag": str,
-     "stages": [{"name": "DenoisingStage", "execution_time_ms": 12.3}, ...],
-     "steps": [ms, ...],                 # denoising steps, in order
-     "total_duration_ms": float,
-     "memory_snapshots": {"load_peak": {"allocated_mb", "reserved_mb",
-                                        "peak_allocated_mb", "peak_reserved_mb"},
-                          "warmup_peak": {...}, "runtime_peak": {...}}}
-
-sglang 0.5.23 also writes ``is_denoising`` in each stage entry and ``peak_host_anon_mb`` in each
-snapshot (kept in :attr:`PerfRecord.raw` / :attr:`PerfRecord.memory_snapshots`); it writes no line
-for its startup warmup, and its ``tag`` is ``"pipeline_stage_metrics"``. Stage names are kept as
-written; :mod:`perfkit.readings.stages` classes them (denoising, refinement, decoding, other).
-
-The reference engine adds a ``perfkit`` object (see :class:`PerfRecord.perfkit`):
-``latent_shape`` (list of int), ``latent_frames``, ``num_frames_requested``,
-``num_frames_effective``, ``height``, ``width``, ``num_inference_steps``, ``compiles``,
-``compile_ms``, ``recompile_reasons`` (list of str), ``compile_phases_ms`` (torch's compile timers in
-the request: ``dynamo_timed`` name -> ms, nested), ``recompile_limit_hit`` (bool),
-``host_rss_mib``, ``host_anon_mib``, ``device``, ``placement``, ``stage_peak_allocated_mb``
-and ``stage_peak_reserved_mb`` (stage -> MiB), ``stage_spans`` (list of {name, t_start,
-t_end}, epoch seconds), ``t_start``/``t_end`` (epoch seconds), ``refinement_steps`` (ms),
-``status`` and ``error``; the numbers perfkit reads from it are checked
-(:func:`read_perfkit_block`).
-
-Reading rules: every value is as written or a :class:`RecordError` naming the file, the line
-and the key (:func:`read_number`); JSON null is None ("not measured"), never 0. Files are
-streamed a line at a time and decoded strictly (:func:`iter_lines_report`); a refused line that
-still names its request is in :attr:`ParseReport.rejected`, so that the caller fails that
-request instead of reading it as measured.
+"""Per-request performance records in sglang's ``performance.log`` layout (one JSON object a
+line): :class:`PerfRecord`, streamed readers, and the strict value readers the perf dump shares.
+Layout, the reference engine's ``perfkit`` block and the reading rules: docs/sglang.md, "Readers".
 """
 
 from __future__ import annotations
@@ -51,16 +20,14 @@ log = logging.getLogger(__name__)
 
 #: sglang's memory snapshot checkpoints.
 SNAPSHOT_KEYS = ("load_peak", "warmup_peak", "runtime_peak")
-#: The keys a stage entry may name its time with: ``execution_time_ms`` in sglang's
-#: ``performance.log`` (``PerformanceLogger.log_request_summary``), ``duration_ms`` in its perf
-#: dump (``PerformanceLogger.dump_benchmark_report``), both in
-#: ``multimodal_gen/runtime/utils/perf_logger.py``.
+#: a stage entry's time key: in performance.log (``PerformanceLogger.log_request_summary``), in
+#: the perf dump (``dump_benchmark_report``; both ``multimodal_gen/runtime/utils/perf_logger.py``)
 STAGE_TIME_KEYS = ("execution_time_ms", "duration_ms")
 
 
 class RecordError(ValueError):
-    """A record that cannot be read as written. The message names the file (when known), the line
-    (when known) and the key; the parts are kept in :attr:`source`, :attr:`line` and :attr:`key`."""
+    """A record that cannot be read as written; the message names the file and line (when known)
+    and the key, kept in :attr:`source`, :attr:`line` and :attr:`key`."""
 
     def __init__(self, key: str, problem: str, *, source: str | None = None, line: int | None = None) -> None:
         self.key, self.problem, self.source, self.line = key, problem, source, line
@@ -83,9 +50,8 @@ MAX_READING = 1e9
 
 
 def json_int(digits: str) -> int | float:
-    """``json.loads``'s ``parse_int``: an int (:func:`read_number` refuses one above
-    :data:`MAX_READING` naming the key), one of 4,000+ digits inf (Python's 4,300-digit limit
-    named no key)."""
+    """``json.loads``'s ``parse_int``: an int, or inf for 4,000+ digits (Python's 4,300-digit
+    limit would name no key; :func:`read_number` does)."""
     return int(digits) if len(digits) < 4000 else float("inf")
 
 
@@ -96,12 +62,9 @@ def short_repr(v: Any) -> str:
 
 
 def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
-    """``value`` as a float, exactly as written; ``None`` for JSON null (``nullable``).
-
-    Raises :class:`RecordError` naming ``key`` for anything else: strings (``"12.5"``), booleans,
-    NaN, infinities, negative numbers, values above :data:`MAX_READING`, lists, objects. Never
-    returns a default.
-    """
+    """``value`` as a float, exactly as written; ``None`` for JSON null (``nullable``). Raises
+    :class:`RecordError` naming ``key`` for anything else: strings, booleans, NaN, infinities,
+    negatives, values above :data:`MAX_READING`, lists, objects. Never returns a default."""
     t = type(value)
     if (t is float or t is int) and 0 <= value <= MAX_READING:  # the common case (NaN fails it)
         return float(value)
@@ -130,12 +93,9 @@ def read_optional_str(obj: dict[str, Any], key: str) -> str | None:
 
 
 def read_stage_entry(st: Any, index: int, group: str = "stages") -> tuple[str, float | None]:
-    """One stage entry ``{"name", "execution_time_ms" | "duration_ms"}`` -> (name, ms or None).
-
-    Follows sglang's ``perf_logger.py``: ``log_request_summary`` writes ``execution_time_ms``,
-    ``dump_benchmark_report`` writes ``duration_ms``. Exactly one of the two must be there;
-    other keys (``is_denoising``) are allowed. Raises :class:`RecordError` naming the key.
-    """
+    """One stage entry ``{"name", "execution_time_ms" | "duration_ms"}`` -> (name, ms or None):
+    exactly one of :data:`STAGE_TIME_KEYS`, other keys (``is_denoising``) allowed. Raises
+    :class:`RecordError` naming the key."""
     where = f"{group}[{index}]"
     if not isinstance(st, dict):
         raise RecordError(where, f"{st!r} is not an object with name and execution_time_ms")
@@ -162,10 +122,9 @@ def read_stage_entry(st: Any, index: int, group: str = "stages") -> tuple[str, f
 def read_head(
     obj: Any, what: str, keys: Sequence[str], stages_key: str, missing: str = "is missing"
 ) -> tuple[str, list[tuple[str, float | None]]]:
-    """(request_id, stages) of a record-like JSON object (a ``performance.log`` record, a perf
-    dump): an object with every one of ``keys``, a non-empty ``request_id`` string and a list of
-    stage entries under ``stages_key`` (:func:`read_stage_entry`). Raises :class:`RecordError`
-    naming the key (``<what>``: the object itself; ``missing``: the text for a missing key)."""
+    """(request_id, stages) of a record or perf dump: an object with every one of ``keys``, a
+    non-empty ``request_id`` and a list of stage entries under ``stages_key``. Raises
+    :class:`RecordError` naming the key (``<what>``: the object; ``missing``: a missing key's text)."""
     if not isinstance(obj, dict):
         raise RecordError(f"<{what}>", f"is {type(obj).__name__}, expected a JSON object")
     for key in keys:
@@ -209,14 +168,10 @@ PERFKIT_NUMBER_KEYS = ("compile_ms", "host_rss_mib", "host_anon_mib")
 
 
 def read_perfkit_block(pk: dict[str, Any]) -> None:
-    """Check the ``perfkit`` block where perfkit reads numbers: :data:`PERFKIT_COUNT_KEYS` whole
+    """Check the ``perfkit`` block where perfkit reads it: :data:`PERFKIT_COUNT_KEYS` whole
     numbers >= 0, :data:`PERFKIT_NUMBER_KEYS` (:func:`read_number`), ``recompile_limit_hit`` a
-    bool, ``recompile_reasons`` a list of strings, ``compile_phases_ms`` torch timer name -> ms.
-    Absent or null is "not reported" (NA in the tables, never 0 or False).
-
-    Raises:
-        RecordError: naming ``perfkit.<key>`` (``perfkit.compile_phases_ms.<name>``).
-    """
+    bool, ``recompile_reasons`` strings, ``compile_phases_ms`` name -> ms; absent or null is "not
+    reported" (NA, never 0 or False). Raises :class:`RecordError` naming ``perfkit.<key>``."""
     for key in PERFKIT_COUNT_KEYS:
         v = read_number(pk.get(key), f"perfkit.{key}")
         if v is not None and v != int(v):
@@ -257,7 +212,7 @@ def read_memory_map(obj: Any, key: str) -> dict[str, dict[str, float | None]]:
 
 @dataclass
 class PerfRecord:
-    """One request's record, fields as in the module doc (ms, MiB): ``stages`` (name, ms) in
+    """One request's record, fields as in docs/sglang.md (ms, MiB): ``stages`` (name, ms) in
     order, ``perfkit`` the reference engine's extras ({} for other engines), ``raw`` the whole
     parsed object, ``line_no`` its 1-based line (0 if built in memory)."""
 
@@ -296,15 +251,11 @@ class PerfRecord:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any], line_no: int = 0) -> "PerfRecord":
-        """Build from a parsed ``performance.log`` object (sglang's ``RequestPerfRecord``, written
-        by ``PerformanceLogger.log_request_summary``, ``multimodal_gen/runtime/utils/perf_logger.py``):
+        """Build from a parsed ``performance.log`` object (sglang's ``RequestPerfRecord``):
         ``request_id``, ``stages``, ``steps`` and ``total_duration_ms`` must be there, any time may
-        be null (None), ``memory_snapshots`` may be absent (older sglang).
-
-        Raises:
-            RecordError: naming the key (and ``line_no`` when given) of the first value that is
-                not what sglang writes.
-        """
+        be null (None), ``memory_snapshots`` may be absent (older sglang). Raises
+        :class:`RecordError` naming the key (and ``line_no``) of the first value sglang would not
+        write."""
         try:
             rid, stages = read_head(
                 obj, "record", ("request_id", "stages", "steps", "total_duration_ms"), "stages"
@@ -336,9 +287,8 @@ class PerfRecord:
 
 @dataclass
 class ParseReport:
-    """Records read from a file, the lines skipped (line number, reason) and ``rejected``: request
-    id -> reason (naming file and line) of each refused line that still names its request, which
-    the caller marks failed instead of reading it as measured."""
+    """Records read, the lines skipped (line number, reason) and ``rejected``: request id -> reason
+    of each refused line that still names its request (the caller marks it failed)."""
 
     records: list[PerfRecord]
     skipped: list[tuple[int, str]]
@@ -381,11 +331,10 @@ def iter_lines_report(
     partial_last: bool = True,
     keep_raw: bool = True,
 ) -> Iterator[PerfRecord | RecordError]:
-    """Read performance.log lines one at a time (bounded memory): a :class:`PerfRecord` each, or
-    a :class:`RecordError` naming ``source``, the line and the key (``request_id`` set when the
-    line still names its request; ``strict``: raised). Bytes are decoded strictly (invalid UTF-8
-    refused naming line and byte). ``partial_last``: an unterminated, unparsable last line is
-    still being written, skipped. ``keep_raw=False`` leaves ``raw`` and ``perfkit`` empty."""
+    """Read performance.log lines one at a time: a :class:`PerfRecord` each, or a
+    :class:`RecordError` naming ``source``, the line and the key (``request_id`` set when the line
+    still names its request; ``strict``: raised). Bytes are decoded strictly. ``partial_last``:
+    an unterminated unparsable last line is skipped. ``keep_raw=False``: ``raw``, ``perfkit`` {}."""
     pending: tuple[int, str | bytes] | None = None
     for i, line in enumerate(lines, start=1):
         if pending is not None:
@@ -442,9 +391,7 @@ def parse_lines(
     source: str | None = None,
     strict: bool = False,
 ) -> ParseReport:
-    """Parse performance.log lines (with or without newlines; bytes decoded strictly) into a
-    :class:`ParseReport`; ``partial_last``, ``source`` and ``strict`` as in
-    :func:`iter_lines_report`."""
+    """:func:`iter_lines_report` collected into a :class:`ParseReport`."""
     return _collect(iter_lines_report(lines, source=source, strict=strict, partial_last=partial_last))
 
 
@@ -464,8 +411,7 @@ def decode_text(raw: bytes, source: str) -> str:
         ) from None
 
 
-#: the longest performance.log line read (bytes): a record is a few KiB (tens with every
-#: denoising step); a longer line is refused before it fills memory
+#: the longest performance.log line read (bytes; a record is a few KiB): refused beyond
 MAX_LINE_BYTES = 64 * 2**20
 
 
@@ -482,9 +428,8 @@ def _binary_lines(p: Path) -> Iterator[bytes]:
 def iter_perf_log(
     path: str | Path, *, strict: bool = False, keep_raw: bool = True, partial_last: bool = True
 ) -> Iterator[PerfRecord | RecordError]:
-    """Stream a ``performance.log`` (or a directory holding one): one record or
-    :class:`RecordError` per line, in bounded memory (a line at a time; see
-    :func:`iter_lines_report`). A missing file yields nothing."""
+    """:func:`iter_lines_report` of a ``performance.log`` (or a directory holding one), a line at
+    a time; a missing file yields nothing."""
     p = Path(path)
     if p.is_dir():
         p = p / PERF_LOG_NAME
@@ -496,11 +441,8 @@ def iter_perf_log(
 
 
 def read_perf_log(path: str | Path, *, strict: bool = False) -> ParseReport:
-    """Read a ``performance.log`` file (or a directory holding one), streamed line by line.
-
-    A missing file gives an empty report. Malformed lines (invalid UTF-8 included) are logged
-    with the file, line and key and skipped (``strict=True``: :class:`RecordError` is raised).
-    """
+    """Read a ``performance.log`` file (or a directory holding one), streamed; a missing file
+    gives an empty report. Malformed lines are logged and skipped (``strict``: raised)."""
     return _collect(iter_perf_log(path, strict=strict))
 
 

@@ -1,16 +1,5 @@
-"""Stage classes: which pipeline stage is denoising, refinement, decoding or something else.
-
-Stage names are kept as the engine writes them (sglang's ``LTX2AVDenoisingStage``, the reference
-engine's ``DenoisingStage``); this module tells plots and the baseline gate what each one is:
-
-``denoising`` (the main loop), ``refinement`` (the second denoising pass of two-stage
-pipelines: sglang derives it from ``LTX2AVDenoisingStage``, so the baseline gate gives it the
-``denoise_stage`` tolerance), ``decoding`` (VAE decoding: sglang's gate gives names ending in
-``DecodingStage`` a wider tolerance), ``other``. :func:`stage_class` goes by substrings,
-case-insensitively (every name in :data:`KNOWN_STAGES`, sglang 0.5.23's ``multimodal_gen`` and the
-reference engine's, fits, and so do custom ones such as ``ltx2_image_encoding_stage2``):
-``decod`` -> decoding (checked first), ``refine`` -> refinement, ``beforedenois``/``preparation``
--> other, ``denois`` -> denoising, anything else -> other.
+"""Stage classes: which pipeline stage is denoising, refinement, decoding or something else
+(:func:`stage_class`; the substring rules and their sources: docs/sglang.md, "Readers").
 """
 
 from __future__ import annotations
@@ -45,8 +34,7 @@ BASELINE_CLASS = {DENOISING: "denoise", REFINEMENT: "denoise", DECODING: "decodi
 
 
 def stage_class(name: str) -> str:
-    """``denoising``, ``refinement``, ``decoding`` or ``other`` for a stage name (see the module
-    doc for the rules)."""
+    """``denoising``, ``refinement``, ``decoding`` or ``other`` for a stage name, by substrings."""
     low = str(name).lower()
     if "decod" in low:
         return DECODING

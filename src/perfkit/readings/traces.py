@@ -1,52 +1,30 @@
-"""Profiler traces (torch.profiler Chrome traces, sglang's per-request files) as op tables.
+"""Profiler traces (torch.profiler Chrome traces, sglang's per-request files) as op tables, and
+several traces read at once in a process pool (:func:`read_many`).
 
-A trace is the JSON torch's ``export_chrome_trace`` writes (gzipped when the name ends in
-``.gz``, as sglang's ``{request_id}-{mode}-global-rank{rank}.trace.json.gz`` files are). Read here
-with pandas, not HTA (``holistictraceanalysis`` 0.5.0): HTA parses these files, but its breakdowns
-(temporal, kernel, idle time, TraceDiff) are built on GPU kernels: on a CPU trace the kernel
-breakdown is empty and the temporal breakdown raises ``IndexError``; and it knows no stages.
-
-Two layouts are read. sglang 0.5.23's (``runtime/utils/profiler.py``,
-``runtime/pipelines_core/executors/pipeline_executor.py``), which the reference engine writes too:
-
-- a *stage* range is a ``user_annotation`` ``STAGE <name>``, ``<name>`` the stage's registered
-  name (``add_stage(stage, name)``; the class name when none was given): ``STAGE denoising_stage``
-  for a standard pipeline's DenoisingStage, ``STAGE LTX2AVDenoisingStage`` for LTX-2's. It is
-  shown under performance.log's name: aligned by order with the request's performance.log stages
-  when the caller passes them, else through :data:`REGISTERED_STAGES`, else as written.
-- ``full_stages`` traces have one range per stage and no step ranges; ``{N}_steps`` traces hold
-  ``ProfilerStep#1`` .. ``ProfilerStep#N+1`` and no stage range but a trailing ``STAGE
-  decoding_stage`` when the request ran out of steps first. sglang asks torch's schedule for
-  ``warmup=1, active=N+1`` (``num_active_steps = num_actual_steps + warmup``) and steps it after
-  each denoising step, so denoising step 0 is torch's (unrecorded) warm-up and ``ProfilerStep#k``
-  is denoising step ``k``; the one step more than asked, ``ProfilerStep#1``, is flagged
-  ``warmup_step`` so tables can leave it out. Events inside a ProfilerStep are the denoising
-  stage's (its recording starts inside that stage, whose range is not in the trace).
-
-perfkit's older layout (the committed H200 bundles): stage ranges named after the classes
-(``DenoisingStage``: a name ending in ``Stage``), ``denoising_step_{i}`` step ranges, and
-``ProfilerStep#k`` of torch's schedule (then not a step). No stage range, step range or
-ProfilerStep range is an op. An *op* is a ``cpu_op`` or another ``user_annotation`` (e.g.
-``perfkit::debug_stage_delay``), except torch.compile's wrappers (``Torch-Compiled Region: 0/1``,
-...: :data:`COMPILE_WRAPPER`), which are seen through. Ops nest (an ``aten::linear`` holds an
-``aten::addmm``); a *top-level* op is one no other op encloses on its thread, and op time is the
-wall time of top-level ops (inclusive of what they call), so the times of one request add up to
-at most its recorded window and shares are shares of that sum. Device kernels (``cat ==
-"kernel"``) get their own table, attributed to the stage of the CPU launch that has the same
-``correlation`` id.
+The two layouts read (sglang 0.5.23's ``STAGE <name>`` and ``ProfilerStep#k`` ranges, perfkit's
+older one), what an op and a top-level op are, why not HTA, and the pool's threshold: see
+docs/below-the-stage.md, "Analysis".
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import logging
 import math
+import multiprocessing
+import os
 import re
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+
+log = logging.getLogger(__name__)
 
 #: names of ranges that are structure, not ops
 STEP_RANGE = re.compile(r"^denoising_step_(\d+)$")
@@ -54,19 +32,13 @@ PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 #: sglang's stage range (``pipeline_executor.py``: ``maybe_record_function(f"STAGE {name}")``)
 STAGE_RANGE = re.compile(r"^STAGE (.+)$")
 #: registered stage name -> the class performance.log names, for the names sglang 0.5.23's
-#: standard helpers register (``runtime/pipelines_core/composed_pipeline_base.py``:
-#: ``add_standard_denoising_stage`` / ``add_progressive_denoising_stage`` -> ``denoising_stage``,
-#: ``add_standard_decoding_stage`` -> ``decoding_stage``). Other registered names depend on the
-#: pipeline (``prompt_encoding_stage_primary`` is ``SanaVideoTextEncodingStage`` in
-#: ``pipelines/sana_video.py``, ``TextEncodingStage`` in ``flux.py``, ``sana.py``,
-#: ``stable_diffusion_3.py``): kept as written unless aligned with performance.log.
+#: standard helpers register (``composed_pipeline_base.py``); others are kept as written
 REGISTERED_STAGES = {"denoising_stage": "DenoisingStage", "decoding_stage": "DecodingStage"}
 #: the denoising stage's name when nothing else says it (performance.log's class name)
 DENOISING = "DenoisingStage"
 #: the first recorded ProfilerStep of an ``N_steps`` trace: the step sglang adds to ``active``
 WARMUP_PROFILER_STEP = 1
-#: torch.compile's wrappers around a compiled graph: transparent, so the ops a compiled region
-#: runs are top-level (otherwise a compiled transformer is one op, ``Torch-Compiled Region: 0/1``)
+#: torch.compile's wrappers around a compiled graph: seen through, not ops
 COMPILE_WRAPPER = re.compile(r"^(Torch-Compiled Region|## Call CompiledFxGraph|CompiledFunction$)")
 #: columns of :func:`op_events`
 EVENT_COLUMNS = ["op", "cat", "tid", "ts_us", "dur_ms", "stage", "step", "warmup_step", "top"]
@@ -87,13 +59,9 @@ class TraceError(ValueError):
 
 
 def load_trace(path: str | Path) -> dict[str, Any]:
-    """The trace's JSON object (``traceEvents`` and torch's metadata).
-
-    Raises:
-        TraceError: missing file, not gzip/JSON (or nested too deeply), no ``traceEvents``
-            list, or a complete event (``"ph": "X"`` with a ``dur``) that :func:`_check_event`
-            refuses (names the file, the event's index and name, and the key).
-    """
+    """The trace's JSON object (``traceEvents`` and torch's metadata). Raises TraceError: missing
+    file, not gzip/JSON (or nested too deeply), no ``traceEvents`` list, or a complete event
+    :func:`_check_event` refuses (naming the file, the event's index and name, and the key)."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -111,10 +79,9 @@ def load_trace(path: str | Path) -> dict[str, Any]:
 
 
 def _check_event(e: dict[str, Any], where: str) -> None:
-    """A complete event's fields that :func:`op_events` and :func:`overhead_table` read: ``name``
-    a string, ``ts`` a finite number, ``dur`` from 0 to :data:`MAX_DUR_US`, ``args`` an object
-    (or absent) whose ``correlation`` is an int or a string (or absent); a time is never read as
-    0, negative or absurd. Raises TraceError ``where: key ...``."""
+    """Check what the tables read of a complete event: ``name`` a string, ``ts`` finite, ``dur``
+    from 0 to :data:`MAX_DUR_US`, ``args`` an object (or absent) with an int or string
+    ``correlation`` (or none). Raises TraceError ``where: key ...``."""
     if not isinstance(e.get("name"), str):
         raise TraceError(f"{where}: name {e.get('name')!r} is not a string")
     for key in ("ts", "dur"):
@@ -157,10 +124,9 @@ def _threads(evs: list[dict[str, Any]], cats: tuple[str, ...]) -> dict[tuple[Any
 
 
 def stage_names(trace: dict[str, Any], stages: Sequence[str] | None = None) -> dict[str, str]:
-    """Stage range name -> the stage's name in tables (module doc). ``STAGE <x>`` ranges take
-    the i-th of ``stages`` (the request's performance.log stage names) when there are as many
-    (a full_stages trace records each stage once, in order: sglang's ``SyncExecutor``), else
-    :data:`REGISTERED_STAGES` or ``<x>``; older-layout ranges keep their name."""
+    """Stage range name -> the stage's name in tables: ``STAGE <x>`` ranges take the i-th of
+    ``stages`` (performance.log's names) when there are as many (a full_stages trace records each
+    stage once, in order), else :data:`REGISTERED_STAGES` or ``<x>``; older ranges as written."""
     evs = sorted(
         (e for e in _complete(trace) if e.get("cat") == "user_annotation"), key=lambda e: float(e["ts"])
     )
@@ -185,12 +151,9 @@ def _denoising_name(names: dict[str, str], stages: Sequence[str] | None) -> str:
 
 
 def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
-    """The trace's denoising-step ranges (:data:`STEP_COLUMNS`), in order: ``step`` (the
-    denoising step index), ``name``, ``ts_us``, ``dur_ms``, ``warmup_step`` and ``tail``. Older
-    layout: ``denoising_step_{i}`` (step ``i``). sglang's: ``ProfilerStep#k`` (step ``k``;
-    ``ProfilerStep#1`` is ``warmup_step``, module doc), ``tail`` when a ``STAGE`` range starts in
-    it (the steps ran out: it holds what followed, e.g. ``STAGE decoding_stage``). Empty in a
-    full_stages trace."""
+    """The trace's denoising-step ranges (:data:`STEP_COLUMNS`), in order: ``denoising_step_{i}``
+    (step ``i``), else ``ProfilerStep#k`` (step ``k``; ``#1`` is ``warmup_step``; ``tail`` when a
+    ``STAGE`` range starts in it: the steps ran out). Empty in a full_stages trace."""
     ann = [e for e in _complete(trace) if e.get("cat") == "user_annotation"]
     old = [e for e in ann if STEP_RANGE.match(str(e.get("name", "")))]
     stage_starts = [float(e["ts"]) for e in ann if STAGE_RANGE.match(str(e.get("name", "")))]
@@ -207,13 +170,11 @@ def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
 
 
 def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.DataFrame:
-    """One row per op of the trace (:data:`EVENT_COLUMNS`): ``ts_us`` (trace clock, µs),
-    ``dur_ms``, ``stage`` (the innermost enclosing stage range on that thread,
-    :func:`stage_names`; in a step range and no stage range the denoising stage; else
-    ``"(none)"``), ``step`` (the enclosing step range's index, :func:`step_ranges`; -1 outside or
-    in another stage's range inside a trailing ProfilerStep), ``warmup_step``, ``top`` (no other
-    op encloses it). Kernels (``cat == "kernel"``) take stage and step from their launch (same
-    ``correlation``), ``top`` True."""
+    """One row per op (:data:`EVENT_COLUMNS`; ``ts_us`` on the trace clock): ``stage`` the
+    innermost enclosing stage range on its thread (in a step range alone the denoising stage;
+    else ``"(none)"``), ``step`` the enclosing step's index (-1 outside, or in another stage's
+    range inside a trailing ProfilerStep), ``top``: no other op encloses it. Kernels take stage
+    and step from their launch (same ``correlation``), ``top`` True."""
     evs = _complete(trace)
     names = stage_names(trace, stages)
     denoising = _denoising_name(names, stages)
@@ -264,9 +225,8 @@ def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.
 
 
 def op_table(events: pd.DataFrame, *, kernels: bool = False, by_stage: bool = False) -> pd.DataFrame:
-    """Time by op (:data:`OP_COLUMNS`; ``stage`` first with ``by_stage``): ``count`` calls,
-    ``total_ms`` and ``mean_ms`` of wall time, ``share`` of the sum over the table (per stage
-    with ``by_stage``), largest first. Top-level CPU ops, or device kernels with ``kernels``."""
+    """Wall time by op (:data:`OP_COLUMNS`, ``share`` of the table's sum; ``stage`` first and
+    per stage with ``by_stage``), largest first: top-level CPU ops, or kernels with ``kernels``."""
     sel = (
         events[events["cat"] == "kernel"] if kernels else events[(events["cat"] != "kernel") & events["top"]]
     )
@@ -288,9 +248,8 @@ def stage_top_ops(events: pd.DataFrame, n: int = 5) -> pd.DataFrame:
 
 
 def median_op_table(traces: list[pd.DataFrame], *, kernels: bool = False) -> pd.DataFrame:
-    """:func:`op_table` of several traces of alike requests, each op's ``count`` and
-    ``total_ms`` the median over the traces (0 in a trace without the op), ``mean_ms`` =
-    total / count, ``share`` of the summed medians."""
+    """:func:`op_table` of several traces of alike requests: ``count`` and ``total_ms`` the
+    median over them (0 where an op is absent), ``share`` of the summed medians."""
     tables = [op_table(t, kernels=kernels).set_index("op") for t in traces]
     ops = list(dict.fromkeys(o for t in tables for o in t.index))
     if not ops:
@@ -306,11 +265,9 @@ def median_op_table(traces: list[pd.DataFrame], *, kernels: bool = False) -> pd.
 def op_diff(
     a: pd.DataFrame | list[pd.DataFrame], b: pd.DataFrame | list[pd.DataFrame], *, kernels: bool = False
 ) -> pd.DataFrame:
-    """What changed from trace ``a`` to trace ``b`` (:data:`DIFF_COLUMNS`), one row per op in
-    either: calls (``count_a``, ``count_b``), time (``ms_a``, ``ms_b``, ``delta_ms`` = b − a),
-    ``delta_share`` = |delta| / the sum of |delta| over all ops; largest |delta| first. Inputs
-    are :func:`op_events` frames, or lists of them (alike requests: each op's median,
-    :func:`median_op_table`)."""
+    """What changed from trace ``a`` to ``b`` (:data:`DIFF_COLUMNS`; ``delta_ms`` = b − a,
+    ``delta_share`` = |delta| / Σ|delta|), one row per op, largest |delta| first. A side is an
+    :func:`op_events` frame or a list of them (:func:`median_op_table`)."""
 
     def table(x: pd.DataFrame | list[pd.DataFrame]) -> pd.DataFrame:
         return (median_op_table if isinstance(x, list) else op_table)(x, kernels=kernels).set_index("op")
@@ -358,31 +315,14 @@ def _union_ms(intervals: list[tuple[float, float]], lo: float, hi: float) -> flo
 def overhead_table(
     trace: dict[str, Any], rank: int | None = None, stages: Sequence[str] | None = None
 ) -> pd.DataFrame:
-    """CPU-side overhead and device idle share per stage of one trace (:data:`OVERHEAD_COLUMNS`).
+    """CPU-side overhead and device idle share per stage of one trace (:data:`OVERHEAD_COLUMNS`,
+    ms on the trace's clock; the definitions: docs/below-the-stage.md, "Overhead and idle share").
 
-    Definitions (times in ms, on the trace's clock):
-
-    - ``window_ms``: the union of the stage's ranges (named by :func:`stage_names` with
-      ``stages``); in a steps-only trace the denoising stage's is the union of the step ranges
-      (:func:`step_ranges`, each cut where a stage range starts inside it; the warm-up step
-      included).
-    - ``op_ms``: the part of the window covered by top-level ops (:func:`op_events`) on the
-      thread that ran the stage range (the union of their intervals: parallel ops count once).
-    - ``cpu_overhead_ms`` = ``window_ms`` − ``op_ms``: Python and framework time between ops;
-      ``cpu_overhead_share`` = that / ``window_ms``.
-    - ``launch_ms``: time in CUDA runtime/driver calls (``cudaLaunchKernel``, …) in the window,
-      the CPU-side launch cost; ``kernels``: device events (:data:`DEVICE_CATS`) that overlap
-      the window.
-    - ``device_busy_ms``: the union of device-event intervals (kernels, memcpy, memset; all
-      streams) clipped to the window; ``device_idle_share`` = 1 − ``device_busy_ms`` /
-      ``window_ms``.
-
-    On a trace with no device events (a CPU run) ``launch_ms``, ``device_busy_ms`` and
-    ``device_idle_share`` are NaN and ``kernels`` is 0: *not available*, never an idle share of
-    0 or 1 (:func:`overhead_frame` writes :data:`NO_DEVICE`). One row per stage in the order the
-    stages ran, then ``(all stages)``: the sums of the windows and busy times, shares of the
-    summed window. ``rank``: as given (:func:`rank_of` of the file name), else NaN. An empty
-    frame when the trace has no stage or step range.
+    Stage windows are named by :func:`stage_names` with ``stages``. One row per stage in the
+    order the stages ran, then ``(all stages)``: sums of windows and busy times, shares of the
+    summed window. Without device events (a CPU run) ``launch_ms``, ``device_busy_ms`` and
+    ``device_idle_share`` are NaN and ``kernels`` 0: never an idle share of 0 or 1. ``rank``: as
+    given (:func:`rank_of`), else NaN. Empty when the trace has no stage or step range.
     """
     evs = _complete(trace)
 
@@ -450,11 +390,62 @@ def overhead_table(
 
 
 def overhead_frame(table: pd.DataFrame) -> pd.DataFrame:
-    """:func:`overhead_table` for display: the device columns read :data:`NO_DEVICE` where the
-    trace had no device events (instead of a number), the rank column only when known."""
+    """:func:`overhead_table` for display: :data:`NO_DEVICE` for NaN device columns, the rank
+    column only when known."""
     t = table.copy().astype({"launch_ms": object, "device_busy_ms": object, "device_idle_share": object})
     for c in ("launch_ms", "device_busy_ms", "device_idle_share"):
         t[c] = [NO_DEVICE if pd.isna(v) else v for v in table[c]]
     if table["rank"].isna().all():
         t = t.drop(columns=["rank"])
     return t
+
+
+#: gzip bytes of a set of traces from which they are read in parallel: about a second of
+#: parsing, more than a worker's start (its pandas import) costs
+PARALLEL_MIN_BYTES = 2 * 2**20
+
+
+@dataclass(frozen=True)
+class TraceTables:
+    """One trace file's ``events`` (:func:`op_events`) and ``overhead`` (:func:`overhead_table`),
+    or ``error`` (file and why) and both None."""
+
+    events: pd.DataFrame | None
+    overhead: pd.DataFrame | None
+    error: str | None = None
+
+
+def read_one(path: str | Path, stages: list[str] | None = None) -> TraceTables:
+    """Read the trace at ``path`` (the rank from its file name; ``stages``: the request's
+    performance.log stage names, :func:`stage_names`). A :class:`TraceError` becomes ``error``;
+    nothing else is caught."""
+    try:
+        doc = load_trace(path)
+    except TraceError as exc:
+        return TraceTables(None, None, str(exc))
+    return TraceTables(op_events(doc, stages), overhead_table(doc, rank_of(Path(path).name), stages))
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def read_many(paths: list[Path], stages: list[list[str] | None] | None = None) -> list[TraceTables]:
+    """:func:`read_one` of each of ``paths`` (with ``stages[i]``), in order. Two or more files
+    adding up to :data:`PARALLEL_MIN_BYTES` on two or more cores are read in a ``forkserver``
+    process pool (this module preloaded); else, or when the pool cannot start, in this process.
+    A missing file is an ``error``, as when read alone."""
+    size = sum(p.stat().st_size for p in paths if p.is_file())
+    workers = min(len(paths), _cores())
+    names = list(stages) if stages is not None else [None] * len(paths)
+    if workers < 2 or size < PARALLEL_MIN_BYTES:
+        return [read_one(p, s) for p, s in zip(paths, names)]
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    log.debug("reading %d traces (%.1f MiB) in %d processes", len(paths), size / 2**20, workers)
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            return list(pool.map(read_one, paths, names))
+    except (BrokenProcessPool, OSError) as exc:  # no worker could start or one died: read here
+        log.warning("reading %d traces in parallel failed (%s): reading them one by one", len(paths), exc)
+        return [read_one(p, s) for p, s in zip(paths, names)]

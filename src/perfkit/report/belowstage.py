@@ -15,7 +15,6 @@ import pandas as pd
 
 from perfkit.bundle import ResultBundle
 from perfkit.readings import traces as tr
-from perfkit.readings.trace_files import read_many
 from perfkit.report.plots import alt_text, figure_to_png_bytes, step_timeline
 from perfkit.report.tables import Table, format_table
 
@@ -74,7 +73,7 @@ def read_traces(
         else:
             st = getattr(row, "stages", None)
             todo.append((str(row.role), Path(path), str(st).split("; ") if isinstance(st, str) else None))
-    for (role, _, _), got in zip(todo, read_many([p for _, p, _ in todo], [s for _, _, s in todo])):
+    for (role, _, _), got in zip(todo, tr.read_many([p for _, p, _ in todo], [s for _, _, s in todo])):
         if got.error is not None:
             errors.append(got.error)
         else:

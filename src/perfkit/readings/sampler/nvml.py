@@ -24,8 +24,7 @@ _nvml_lock = threading.Lock()
 
 
 def _nvml_init() -> Any | None:
-    """pynvml module when NVML works here, else None (NVML counts the inits; pair with
-    _nvml_shutdown)."""
+    """pynvml when NVML works here, else None (NVML counts inits: pair with _nvml_shutdown)."""
     try:
         import pynvml
     except ImportError:
@@ -48,19 +47,16 @@ def _indices(gpu_index: int | Sequence[int]) -> list[int]:
     return [int(gpu_index)] if isinstance(gpu_index, int) else [int(i) for i in gpu_index]
 
 
-#: NVML clock-event reason bits that mean "slowed for power" (nvmlClocksEventReasonSwPowerCap,
-#: HwPowerBrakeSlowdown) and "slowed for heat" (SwThermalSlowdown, HwThermalSlowdown), from
-#: NVML's nvml.h (the names pynvml exports)
+#: NVML's clock-event reason bits (nvml.h) for "slowed for power" (SwPowerCap,
+#: HwPowerBrakeSlowdown); "slowed for heat" is 0x20 | 0x40 (Sw/HwThermalSlowdown)
 POWER_REASONS = 0x04 | 0x80
-THERMAL_REASONS = 0x20 | 0x40
 
 
 @dataclass(frozen=True)
 class DeviceReading:
-    """One device's memory in bytes, utilisation in percent, SM clock (MHz), power draw (W) and
-    NVML's current clock-event reasons (a bitmask: :data:`POWER_REASONS`, :data:`THERMAL_REASONS`;
-    0 when the clocks run free, 0x1 when idle). NaN / None: not read (the device or driver does not
-    report it)."""
+    """One device's memory (bytes), utilisation (%), SM clock (MHz), power draw (W) and NVML's
+    clock-event reasons (a bitmask: :data:`POWER_REASONS`, thermal 0x20 | 0x40; 0 when the clocks
+    run free, 0x1 idle). NaN / None: the device or driver does not report it."""
 
     used_bytes: int
     total_bytes: int
@@ -131,17 +127,13 @@ def nvml_inventory(nvml: Any = None) -> list[GpuRef] | None:
 
 
 def resolve_visible_gpus(visible: str | None, nvml: Any = None) -> list[GpuRef]:
-    """The NVML devices a CUDA process sees, in its CUDA order, from its ``CUDA_VISIBLE_DEVICES``.
+    """The NVML devices a CUDA process sees, in its CUDA order, from its ``CUDA_VISIBLE_DEVICES``
+    (which NVML ignores: Ray's task on GPU 1 calls it ``cuda:0``); [] without NVML.
 
-    NVML ignores CUDA_VISIBLE_DEVICES: a process given ``CUDA_VISIBLE_DEVICES=1`` (Ray does this
-    for a task on GPU 1) calls that GPU ``cuda:0`` while NVML index 0 is another GPU. Entries are
-    ``GPU-…`` UUIDs (or unique prefixes of one, as CUDA accepts) or integers. Integers are CUDA
-    ordinals, which equal NVML indices when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (perfkit sets it for
-    the engines it launches; CUDA's default "fastest first" order gives the same on a host of
-    identical GPUs). Parsing stops at the first entry that is not a device, as CUDA does; ``None``
-    (unset) means every GPU; ``""`` or ``-1`` none.
-
-    Returns [] without NVML.
+    Entries are ``GPU-…`` UUIDs (or unique prefixes) or CUDA ordinals, equal to NVML indices
+    under ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (perfkit sets it for its engines; on identical GPUs
+    CUDA's default order gives the same). Parsing stops at the first entry that is not a device,
+    as CUDA does; ``None`` (unset): every GPU; ``""`` or ``-1``: none.
 
     Raises:
         GpuResolveError: an entry names no NVML device, an ambiguous UUID prefix, or a MIG

@@ -1,6 +1,4 @@
-"""The memory timeline: :class:`MemorySampler` (a background thread sampling an engine's device
-and host memory, SM clock, power and clock-event reasons), its columns (:data:`COLUMNS`); see :mod:`perfkit.readings.sampler`.
-"""
+"""The memory timeline: :class:`MemorySampler` and its columns (:data:`COLUMNS`)."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ NUMERIC = tuple(c for c in COLUMNS if c != "device_source")
 IMPLAUSIBLE_GROWTH_MIB = 256.0
 
 
-#: the environment variable that turns the sampler's PSS reads off, and the values it takes
-#: (case and surrounding blanks ignored; unset or empty: on)
+#: the environment variable that turns the sampler's PSS reads off (unset or empty: on)
 PSS_ENV = "PERFKIT_SAMPLER_PSS"
 _PSS_ON = ("1", "true", "yes", "on")
 _PSS_OFF = ("0", "false", "no", "off")
@@ -42,13 +39,8 @@ _PSS_OFF = ("0", "false", "no", "off")
 
 def pss_enabled(environ: dict[str, str] | None = None) -> bool:
     """Whether the sampler reads host PSS, from :data:`PSS_ENV` in ``environ`` (default
-    ``os.environ``): unset or empty -> True; ``1/true/yes/on`` -> True; ``0/false/no/off`` ->
-    False (case and surrounding blanks ignored).
-
-    Raises:
-        ValueError: any other value (naming the variable and what it accepts): a typo must not
-            silently leave PSS on (or off).
-    """
+    ``os.environ``). Raises ValueError for a value it does not take (naming the variable and
+    what it accepts): a typo must not silently leave PSS on (or off)."""
     raw = (os.environ if environ is None else environ).get(PSS_ENV)
     v = (raw or "").strip().lower()
     if v in ("", *_PSS_ON):
@@ -68,17 +60,14 @@ class MemorySampler:
         pid: root process of the engine.
         interval_s: sampling interval (s).
         gpu_index: NVML device index, or several (summed; utilisation is their mean).
-        baseline_device_mib: device used memory (MiB) read before the launch; subtracted in the
-            device-total fallback, and the reference of the "device grew" plausibility check
-            (None/NaN: not subtracted, that check skipped).
+        baseline_device_mib: device used memory (MiB) read before the launch, for the
+            ``nvml-device-delta`` fallback and the "device grew" check (None/NaN: neither).
         tree_refresh_s: how often the process tree is re-scanned (s).
         cgroup_path: the engine's own cgroup v2 directory (``cgroup_current_mib``; None: none).
         nvml, reader: NVML access and host memory reader (defaults: :class:`PynvmlSource`, this
-            host's /proc and /sys/fs/cgroup).
-        pss_duty: the largest fraction of wall time spent reading ``smaps_rollup`` (its read
-            stalls the engine's mmap, :data:`~perfkit.readings.memory.PSS_DUTY`): after a read
-            that took ``c`` s the next waits ``c / pss_duty`` s; the samples between read
-            ``statm`` (PSS and USS NaN, never a carried value).
+            host's).
+        pss_duty: the largest fraction of wall time spent reading ``smaps_rollup``
+            (:class:`~perfkit.readings.memory.ReadBudget`); the samples between read ``statm``.
 
     A context manager (or :meth:`start`/:meth:`stop`); :meth:`to_frame`: the samples.
 
@@ -140,10 +129,9 @@ class MemorySampler:
         return {"nvml-process": "process", "nvml-device-delta": "device"}.get(self.device_source, "none")
 
     def start(self) -> "MemorySampler":
-        """Open NVML (when there) and start the sampling thread; returns once its first
-        sample was taken (or tried), so that the timeline starts before anything the caller does
-        next (a request sent right after must lie inside it). Raises RuntimeError when already
-        started."""
+        """Open NVML (when there) and start the sampling thread; returns once its first sample was
+        taken (or tried), so a request sent next lies inside the timeline. Raises RuntimeError
+        when already started."""
         if self._thread is not None:
             raise RuntimeError("MemorySampler already started")
         self._nvml_ok = bool(self.nvml.open(self.gpu_indices))
@@ -315,11 +303,8 @@ class MemorySampler:
         return delta, util, "nvml-device-delta"
 
     def sample_once(self) -> bool:
-        """Take one sample now. Returns False when the process is gone (no sample recorded).
-
-        Raises:
-            MemoryReadError: host memory could not be read even from statm.
-        """
+        """Take one sample now; False when the process is gone (no sample). Raises
+        MemoryReadError: host memory could not be read even from statm."""
         rss, anon, pss, uss, alive = self._host()
         if not alive:
             return False
