@@ -1,49 +1,45 @@
-"""The run's HTML page (:func:`render_report`: ``report.html`` from ``run.json``, executed
-notebooks, verdicts and bundles) and the notebook display helpers (:func:`show`,
-:func:`reading`, :func:`summary_frame`).
-
-jinja2 renders ``templates/page.html.j2`` (``report.css`` inline) and one section template per
-notebook (:mod:`perfkit.report.sections`); every table goes through
-:func:`perfkit.report.tables.format_table`; no Python file here writes HTML markup. The page
-loads nothing from the network (nbconvert's ``basic`` template; :func:`external_refs` checks,
-:func:`neutralise_external` makes a notebook's outside references inert). The run's state is
-read by :mod:`perfkit.report.runinfo` and :mod:`perfkit.report.runtables`; ``summary.md`` is
-:mod:`perfkit.report.summary`'s. The names callers import from here are re-exported.
-"""
+"""The run's HTML page (:func:`render_report`), its PNG (:func:`screenshot`, headless Chromium)
+and the notebook display helpers; re-exports the names callers import. The page's rules (no
+network, no markup in Python, one table formatter): docs/suite.md, "The report page"."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import markupsafe
 import pandas as pd
 
+from perfkit.engine.owner import run_bounded
 from perfkit.gate.outcome import check_counts
 from perfkit.gate.verdicts import (
     GATE,
     read_verdict,
 )
-from perfkit.report.chromium import CHROMIUM_FLAGS, chromium_binary, screenshot  # noqa: F401
-from perfkit.report.offline import external_refs, neutralise_external  # noqa: F401
 from perfkit.report.runinfo import (  # noqa: F401
     GATE_COLUMNS,
     GATE_ORDER,
+    engine_ends_frame,
     gate_view,
     investigations,
     key_numbers,
     notebook_error,
+    refused_records,
     run_status,
     section_title,
+    units_frame,
 )
-from perfkit.report.runtables import engine_ends_frame, refused_records, units_frame  # noqa: F401
 from perfkit.report.sections import (  # noqa: F401
     FALLBACK_SECTION_TEMPLATE,
     GATE_TEMPLATE,
     PAGE_TEMPLATE,
+    external_refs,
+    neutralise_external,
     notebook_body,
     render_section,
     section_template,
@@ -59,6 +55,47 @@ from perfkit.report.tables import Table, format_table
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
+
+CHROMIUM_FLAGS = (
+    "--headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update "
+    "--disable-sync --disable-quic --no-first-run --hide-scrollbars --disable-extensions"
+).split()
+
+
+def chromium_binary() -> str | None:
+    """Path of a Chromium/Chrome binary (``$PERFKIT_CHROMIUM`` first), or None."""
+    for name in (os.environ.get("PERFKIT_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def screenshot(
+    html_path: str | Path,
+    png_path: str | Path,
+    *,
+    width: int = 1280,
+    height: int = 2400,
+    timeout_s: float = 90,
+) -> Path:
+    """Save a PNG of the page with headless Chromium. Raises RuntimeError when it cannot."""
+    exe = chromium_binary()
+    if exe is None:
+        raise RuntimeError("chromium not found")
+    png = Path(png_path).resolve()
+    with tempfile.TemporaryDirectory(prefix="perfkit-chromium-") as prof:
+        cmd = [
+            exe,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={prof}",
+            f"--window-size={width},{height}",
+            f"--screenshot={png}",
+            Path(html_path).resolve().as_uri(),
+        ]
+        proc = run_bounded(cmd, timeout_s, capture_output=True, text=True)  # its helpers too
+    if not png.exists():
+        raise RuntimeError(f"chromium wrote no screenshot (exit {proc.returncode}): {proc.stderr[-500:]}")
+    return png
 
 
 def show(fig: Any, dpi: int = 100, alt: str | None = None) -> None:

@@ -15,8 +15,16 @@ import pandas as pd
 from perfkit.common.slugs import clip, md_text
 from perfkit.gate.outcome import check_counts
 from perfkit.gate.verdicts import GATE, nothing_measured_reason, read_verdict
-from perfkit.report.runinfo import gate_view, investigations, key_numbers, plural, run_status
-from perfkit.report.runtables import engine_ends_frame, refused_records, units_frame
+from perfkit.report.runinfo import (
+    engine_ends_frame,
+    gate_view,
+    investigations,
+    key_numbers,
+    plural,
+    refused_records,
+    run_status,
+    units_frame,
+)
 from perfkit.report.tables import markdown_table
 from perfkit.scenarios import registry
 
