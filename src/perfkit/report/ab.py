@@ -1,8 +1,5 @@
-"""The A/B report (``perfkit ab``): ``report.html`` (the report page with one A/B section:
-verdict table, forest plot, variance split, launches) and ``summary.md`` for
-``$GITHUB_STEP_SUMMARY``. Rendered from ``templates/page.html.j2`` and
-``templates/sections/ab.html.j2``; tables through :func:`perfkit.report.tables.format_table`.
-"""
+"""The A/B report (``perfkit ab``): ``report.html`` with one A/B section
+(``templates/sections/ab.html.j2``) and ``summary.md``."""
 
 from __future__ import annotations
 
@@ -32,8 +29,8 @@ _SIZED = "with the launches a side that would decide it, if its B/A and noise st
 
 
 def _bound(x: Any) -> str:
-    """An interval bound as :func:`_pct`, past ×10 either way said as such ("> +900 %",
-    "< -90 %"): two launches a side can give bounds of +10^18 %, which are no figure."""
+    """An interval bound as a % change, past ×10 either way said as such ("> +900 %", "< -90 %"):
+    two launches a side can give bounds of +10^18 %."""
     v = number(x)
     if v is not None and v > 10:
         return "> +900 %"
@@ -49,8 +46,8 @@ def _num(x: Any) -> str:
 
 
 def verdict_frame(res: AbResult) -> pd.DataFrame:
-    """The verdict table for people: metric, unit, A, B (geometric means of the launch medians),
-    B/A and interval as % change, threshold, decision (``status`` column), launches, reason."""
+    """The verdict table: A, B (geometric means of the launch medians), B/A and interval as %
+    change, threshold, decision (``status``), launches."""
     t = res.table
     return pd.DataFrame(
         {
@@ -68,8 +65,7 @@ def verdict_frame(res: AbResult) -> pd.DataFrame:
 
 
 def decision_counts(res: AbResult) -> pd.DataFrame:
-    """One row per decision present (worst first): ``status`` (the decision), ``metrics`` (how
-    many) and ``which`` (their names): the page's gate summary above the A/B section."""
+    """One row per decision present, worst first: ``status``, ``metrics`` (how many), ``which``."""
     from perfkit.stats import DECISIONS
 
     t = res.table
@@ -129,11 +125,8 @@ def _badge(res: AbResult) -> str:
 
 
 def ab_context(res: AbResult, page_dir: str | Path = ".") -> dict[str, Any]:
-    """What ``sections/ab.html.j2`` gets: verdict, confidence, order, N, M, thresholds, load,
-    errors, the slow-spells sentence, verdicts/variance/launches tables (:class:`~perfkit.report.tables.Table`), the
-    forest plot as base64 PNG and ``below_stage`` (the sides' profiled requests op by op,
-    :func:`perfkit.report.belowstage.ab_panel`, trace links relative to ``page_dir``; None
-    without ``--profile``)."""
+    """What ``sections/ab.html.j2`` gets (the keys below; ``below_stage``:
+    :func:`perfkit.report.belowstage.ab_panel`, links relative to ``page_dir``)."""
     sides = res.meta.get("sides") or {}
     ab = res.meta.get("ab") or {}
     fig = ab_forest(res.table, res.launch_means)
@@ -165,9 +158,8 @@ def ab_context(res: AbResult, page_dir: str | Path = ".") -> dict[str, Any]:
 
 
 def _launches_text(res: AbResult) -> str:
-    """ "N launches a side" or "A: n, B: m launches": what the two bundles hold (``meta["sides"]``),
-    else what the recording says it ran (``ab.launches_done``, then the planned
-    ``launches_per_side``; "(arms of one pool)" beyond A and B)."""
+    """ "N launches a side" or "A: n, B: m launches": what the bundles hold, else what was run,
+    else planned."""
     ab = res.meta.get("ab") or {}
     sides = res.meta.get("sides") or {}
     held = {s: len(v["launches"]) for s, v in sides.items() if (v or {}).get("launches")}
@@ -193,10 +185,8 @@ def spells_line(res: AbResult) -> str:
 
 
 def looks_frame(res: AbResult) -> pd.DataFrame:
-    """The sequential procedure's looks (``res.meta["sequential"]``, :mod:`perfkit.ab.sequential`):
-    one row a gated metric, one column a look (headed by its launches a side and its interval's
-    confidence), cells B/A ``[low, high]`` and the decision: as narrow as the looks are few. Empty
-    for a result without looks."""
+    """The sequential looks: one row a gated metric, one column a look (its launches a side and
+    confidence), cells B/A ``[low, high]`` and the decision. Empty without looks."""
     seq = res.meta.get("sequential") or {}
     cols: dict[str, dict[str, str]] = {}
     for i, lk in enumerate(seq.get("looks") or [], 1):
@@ -212,9 +202,7 @@ def looks_frame(res: AbResult) -> pd.DataFrame:
 
 
 def sequential_text(res: AbResult) -> str:
-    """One sentence: how the procedure ran and why it stopped (launches run and replaced,
-    spending, the undecided metrics with the launches they would need); "" without
-    ``meta["sequential"]``."""
+    """How the sequential procedure ran and why it stopped, in one sentence; "" without it."""
     seq = res.meta.get("sequential") or {}
     if not seq:
         return ""
@@ -264,8 +252,7 @@ def _interval_text(ab: dict) -> str:
 
 
 def ab_summary_markdown(res: AbResult) -> str:
-    """``summary.md`` of an A/B (GitHub Markdown, for ``$GITHUB_STEP_SUMMARY``): the verdict,
-    how it ran, the verdict table."""
+    """``summary.md`` of an A/B: the verdict, how it ran, the verdict table."""
     ab = res.meta.get("ab") or {}
     word = {"regression": "REGRESSION", "error": "ERROR"}.get(res.verdict, res.verdict)
     lines = [f"## perfkit ab: {word} (exit code {res.exit_code})", ""]
@@ -318,13 +305,8 @@ def ab_summary_markdown(res: AbResult) -> str:
 
 
 def write_ab_outputs(res: AbResult, out: str | Path) -> dict[str, Path]:
-    """``ab.json``, ``summary.md`` and ``report.html`` (the report page with the A/B section)
-    under ``out``; summary.md is also appended to ``$GITHUB_STEP_SUMMARY`` when that is set.
-    Returns name -> path.
-
-    Raises:
-        RuntimeError: the page would load something from the network (a bug).
-    """
+    """``ab.json``, ``summary.md`` and ``report.html`` under ``out`` (as
+    :func:`~perfkit.report.render.write_tool_outputs`); returns name -> path."""
     saved = res.save(out)
     section = template_env().get_template("sections/ab.html.j2").render(**ab_context(res, out))
     sides = res.meta.get("sides") or {}

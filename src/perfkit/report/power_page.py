@@ -1,8 +1,5 @@
-"""The Markdown of an A/B power pool (:mod:`perfkit.ab.power`): what was recorded, where the
-variance lies, how often ``perfkit ab`` catches each injected slowdown and cries wolf at one
-decision setting, and the cheapest N and M that meet the targets. ``perfkit figures`` renders it
-into READMEs (``kind=ab-power``), so a quoted rate is recomputed from the committed pool.
-"""
+"""The Markdown of an A/B power pool (:mod:`perfkit.ab.power`) for ``perfkit figures``
+(``kind=ab-power``, ``ab-sequential``): docs/ab.md."""
 
 from __future__ import annotations
 
@@ -30,9 +27,8 @@ def _arm_words(arm: str, info: dict, launches: int) -> str:
 
 
 def spells_text(sp: pd.DataFrame) -> str:
-    """One clause per arm of :func:`perfkit.ab.power.slow_spells`: slow requests and launches,
-    the quiet level (ms), the worst request and, where recorded, clocks and power-cap shares
-    (a frame read back from JSON, nulls for NaN, reads the same)."""
+    """One clause per arm of :func:`perfkit.ab.power.slow_spells` (quiet level in ms; clocks and
+    power-cap shares where recorded)."""
     sp = sp.assign(**{c: pd.to_numeric(sp[c], errors="coerce") for c in sp.columns if c != "arm"})
     return "; ".join(
         f"{r.arm}: {r.slow_requests} of {r.requests} warm requests in {r.slow_launches} of {r.launches} launches "
@@ -59,11 +55,8 @@ def _ways_text(table: pd.DataFrame) -> str:
 
 
 def power_markdown(path: str | Path, threshold: float, confidence: float, label: str | None = None) -> str:
-    """Markdown for the pool at ``path`` decided at (``threshold``, ``confidence``).
-
-    Raises:
-        FileNotFoundError, ValueError: as :func:`perfkit.ab.power.load_pool`.
-    """
+    """Markdown for the pool at ``path`` decided at (``threshold``, ``confidence``). Raises
+    FileNotFoundError, ValueError: as :func:`perfkit.ab.power.load_pool`."""
     pool = power.load_pool(path)
     a_n = len(pool.launches("A"))
     arms = "; ".join(_arm_words(arm, info, len(pool.launches(arm))) for arm, info in pool.arms.items())
@@ -180,10 +173,8 @@ SEQ_GATE = ("DenoisingStage", "warm_e2e")
 def sequential_markdown(
     path: str | Path, threshold: float, confidence: float, label: str | None = None
 ) -> str:
-    """``kind=ab-sequential``: the sequential ``perfkit ab`` (:mod:`perfkit.ab.sequential`, Pocock
-    spending of 1 − ``confidence``, gated on :data:`SEQ_GATE` at ``threshold``) replayed on the
-    pool at ``path`` with each slow-spell rule: how often an A/A exits 1, each arm is caught, a
-    run ends undecided, and the launches a side used.
+    """``kind=ab-sequential``: the sequential ``perfkit ab`` (Pocock spending, gated on
+    :data:`SEQ_GATE`) replayed on the pool with each slow-spell rule.
 
     Raises:
         FileNotFoundError, ValueError: as :func:`perfkit.ab.power.load_pool`, or a pool too small."""

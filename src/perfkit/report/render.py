@@ -138,12 +138,8 @@ def gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def page_context(run_dir: str | Path) -> dict[str, Any]:
-    """What ``page.html.j2`` gets for a run directory: ``title``, ``verdict``, ``exit_code``,
-    ``meta`` (``{"text", "code"}`` items), ``environment``, ``toc`` (per notebook,
-    :func:`investigations`), ``failed`` (toc entries with a red box), ``errors``, the tables
-    (``notebooks_table``, ``units_table``, ``engine_ends_table``, ``key_numbers``, ``gates``,
-    ``gates_attention``: :class:`~perfkit.report.tables.Table` or None), ``gate_counts``,
-    ``warnings`` and ``sections`` (each section's HTML as :class:`markupsafe.Markup`)."""
+    """What ``page.html.j2`` gets for a run directory (the keys below; tables are
+    :class:`~perfkit.report.tables.Table` or None, sections :class:`markupsafe.Markup`)."""
     run_dir = Path(run_dir)
     info, verdicts, code, word = run_status(run_dir)
     nbs = info.get("notebooks", [])
@@ -197,9 +193,8 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _failed_boxes(toc: list[dict[str, Any]], verdicts: pd.DataFrame) -> list[dict[str, Any]]:
-    """The toc entries that get a red box: one failed check, one box. The gate's verdict judges
-    the investigations' checks again; it gets a box only for failed rows no investigation holds
-    (a baseline metric), counted over those rows."""
+    """The toc entries that get a red box; the gate's only for failed rows no investigation
+    holds (docs/suite.md)."""
     out = []
     for t in toc:
         if t["gate"] != "fail":
@@ -214,17 +209,13 @@ def _failed_boxes(toc: list[dict[str, Any]], verdicts: pd.DataFrame) -> list[dic
 
 
 def render_page(run_dir: str | Path) -> str:
-    """The report page of ``run_dir`` as an HTML string (not yet checked for network
-    references; :func:`render_report` does that)."""
+    """The report page of ``run_dir`` as HTML (not yet checked for network references)."""
     return template_env().get_template(PAGE_TEMPLATE).render(**page_context(run_dir))
 
 
 def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write ``run_dir/report.html`` (or ``out``) and return its path.
-
-    Raises:
-        RuntimeError: the page would load from the network (a bug). jinja2.TemplateError: a
-        missing or broken template (a packaging bug)."""
+    """Write ``run_dir/report.html`` (or ``out``) and return its path. Raises RuntimeError: the
+    page would load from the network; jinja2.TemplateError: a missing or broken template."""
     run_dir = Path(run_dir)
     page = relative_paths(render_page(run_dir), run_dir)
     bad = external_refs(page)
@@ -241,14 +232,10 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 
 def write_tool_outputs(out: str | Path, md: str, section: str, what: str, **page: Any) -> dict[str, Path]:
-    """``summary.md`` (``md``, also appended to ``$GITHUB_STEP_SUMMARY`` when set) and
-    ``report.html`` (the report page with the one ``section``; ``page``: the page template's
-    title, verdict, exit_code, meta, warnings and gates) under ``out``, for ``perfkit ab``,
-    ``bisect`` and ``history confirm``. Returns ``{"summary": path, "report": path}``.
-
-    Raises:
-        RuntimeError: the page would load something from the network (a bug), naming ``what``.
-    """
+    """``summary.md`` (``md``, also appended to ``$GITHUB_STEP_SUMMARY``) and ``report.html`` (the
+    page with the one ``section``; ``page``: its title, verdict, exit_code, meta, warnings,
+    gates) under ``out``: ``{"summary": path, "report": path}``. Raises RuntimeError: the page
+    would load from the network (names ``what``)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(md, encoding="utf-8")
@@ -277,8 +264,7 @@ def write_tool_outputs(out: str | Path, md: str, section: str, what: str, **page
 
 
 def _env_line(run_dir: Path) -> str:
-    """Hardware and versions from the first scenario bundle's ``meta.json`` ("" when none): the
-    engine's (where it ran) and perfkit's."""
+    """Hardware and versions (engine's, perfkit's) from the first bundle's ``meta.json``, or ""."""
     for s in registry.all_scenarios():
         p = run_dir / s.name / "meta.json"
         if not p.exists():

@@ -1,9 +1,6 @@
-"""A run directory's state as the report and the summary read it: ``run.json`` (inferred from
-the files for a directory made by hand), each notebook's status and gate result (apart from
-whether it ran: :func:`gate_result`), the scenarios' key numbers (:func:`key_numbers`) and one
-entry per investigation (:func:`investigations`); the tables beside the verdict: units of work
-(:func:`units_frame`), engine ends (:func:`engine_ends_frame`), refused records
-(:func:`refused_records`)."""
+"""A run directory's state as the report and the summary read it: ``run.json``, each notebook's
+status and gate result, key numbers, one entry per investigation, and the tables beside the
+verdict (units of work, engine ends, refused records)."""
 
 from __future__ import annotations
 
@@ -120,9 +117,7 @@ def key_numbers(run_dir: str | Path) -> list[tuple[str, str]]:
 
 
 def status_text(n: Mapping[str, Any]) -> str:
-    """Whether a notebook ran, with the reason when skipped: ``ran``, ``error``,
-    ``skipped (no bundle in replay dir)``. ``ran`` (run.json's ``ok``) says only that the notebook
-    ran to its end; its gate result is :func:`gate_result`."""
+    """Whether a notebook ran: ``ran`` (to its end), ``error``, ``skipped (<reason>)``."""
     st = str(n.get("status"))
     if st == "ok":
         return "ran"
@@ -130,10 +125,8 @@ def status_text(n: Mapping[str, Any]) -> str:
 
 
 def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
-    """(result, text) of notebook entry ``n``'s gate, apart from whether it ran: ``error``
-    (notebook failed or verdict unreadable), ``fail``, ``inconclusive``, ``pass``, ``not gated``
-    (no check compared) or ``not run``; text as the notebook's last line
-    (``fail: 4 checks: 1 failed, 2 passed, 1 skipped``, :func:`perfkit.gate.outcome.check_counts`)."""
+    """(result, text) of notebook entry ``n``'s gate, apart from whether it ran (docs/suite.md):
+    text as the notebook's last line (``fail: 4 checks: 1 failed, 2 passed, 1 skipped``)."""
     from perfkit.checks import check_table
     from perfkit.gate.outcome import check_counts
     from perfkit.gate.outcome import gate_result as gate_word
@@ -164,9 +157,8 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
-    """The gate rows with ``baseline`` (a baseline metric's value; empty for an invariant),
-        ``measured`` and ``limit`` (what measured is held to) in place of expected/actual/bound,
-    failures first (:data:`GATE_ORDER`, stable)."""
+    """The gate rows with ``baseline`` (empty for an invariant), ``measured`` and ``limit`` in
+    place of expected/actual/bound, failures first (:data:`GATE_ORDER`)."""
     if verdicts.empty:
         return pd.DataFrame(columns=GATE_COLUMNS)
     inv = verdicts["case"].isin([s.name for s in registry.all_scenarios()])
@@ -257,10 +249,9 @@ def _part_id(part: Mapping[str, Any]) -> str:
 
 
 def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
-    """The units of work of a merged run (``run.json``'s ``scaleout``), one row each: unit,
-    parts, shard, status, attempts, wall (s), GPUs (NVML UUIDs, shortened), the units it ran
-    beside, the commit (only when the merge holds several), the merge's notes (when any) and the
-    error. None for a run without units."""
+    """One row per unit of work of a merged run (``scaleout``): parts, shard, status, attempts,
+    wall (s), GPUs (NVML UUIDs, shortened), units beside, commit (several only), notes, error.
+    None without units."""
     so = info.get("scaleout") or {}
     units = so.get("units") or []
     if not units:
@@ -311,10 +302,8 @@ def _unit_notes(unit: Mapping[str, Any], parts_info: Mapping[str, Any]) -> str |
 
 
 def refused_records(run_dir: str | Path) -> list[str]:
-    """One line per request that failed because the engine's performance.log record for it was
-    refused (a NaN, infinite or negative time, invalid UTF-8, a wrong type: the reason names the
-    file and line), from every bundle's ``requests`` table under ``run_dir`` (merged bundles
-    included). [] when there are none or no bundle is readable."""
+    """One line per request failed because its performance.log record was refused, from every
+    bundle's ``requests`` under ``run_dir`` (merged ones included)."""
     from perfkit.readings.records import REFUSED
 
     out: list[str] = []
@@ -342,11 +331,9 @@ def _na(v: Any) -> bool:
 
 
 def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
-    """The launches that did not end by perfkit's plain teardown, one row each (investigation,
-    launch, the failed request's index, how the engine ended, the host's OOM-kill record), from
-    each bundle's ``launches`` table (the units' under ``RUN/shards/`` too), then the processes
-    a notebook's kernel left running that the suite ended (run.json's ``outlived`` and
-    ``in_flight``). None when there is none."""
+    """One row per launch that did not end by perfkit's plain teardown (each bundle's, the units'
+    under ``RUN/shards/`` too), then each process a notebook's kernel left that the suite ended
+    (``outlived``). None when there is none."""
     from perfkit.bundle import ResultBundle
 
     run_dir = Path(run_dir)

@@ -68,11 +68,8 @@ FALLBACK_SECTION_TEMPLATE = "sections/_base.html.j2"
 
 @functools.lru_cache(maxsize=1)
 def template_env() -> jinja2.Environment:
-    """The report's jinja2 environment (``templates/`` of this package, autoescaped, filter
-    ``status_class``).
-
-    Raises:
-        ValueError: (jinja2's PackageLoader) the templates directory is not installed."""
+    """The report's jinja2 environment (``templates/``, autoescaped, filter ``status_class``).
+    Raises ValueError: the templates directory is not installed."""
     import jinja2  # here, not at the top: a notebook kernel renders no HTML
 
     env = jinja2.Environment(
@@ -84,9 +81,8 @@ def template_env() -> jinja2.Environment:
 
 
 def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
-    """HTML fragment of an executed notebook (nbconvert's ``basic``, offline): code hidden,
-    outputs kept (images embedded, tracebacks kept, stderr streams dropped); a first Markdown
-    cell ``# <drop_heading>`` is left out (the section shows the title).
+    """HTML of an executed notebook (nbconvert's ``basic``, offline): code hidden, stderr
+    dropped, a first Markdown cell ``# <drop_heading>`` left out.
 
     Raises:
         OSError, nbformat.ValidationError, ValueError: when the notebook cannot be read."""
@@ -120,8 +116,7 @@ def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
 
 
 def section_template(name: str) -> str:
-    """The section template of notebook ``name``: the scenario's ``template`` (registry), the
-    gate's, or the shared base for a name neither knows (logged)."""
+    """The section template of ``name``: the scenario's, the gate's, or the shared base."""
     if name == GATE:
         return GATE_TEMPLATE
     try:
@@ -142,13 +137,8 @@ def _notebook_path(run_dir: Path, n: Mapping[str, Any]) -> Path:
 
 
 def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]:
-    """What a section template gets for notebook entry ``n`` of ``run.json``: ``name``,
-    ``title``, ``question``, ``intro``, ``status``, ``status_text``, ``gate``/``gate_text``
-    (:func:`gate_result`), ``reason``, ``error``, ``wall_s``, ``keys``/``keys_error``,
-    ``verdict`` (verdict.json without rows), ``notebook_path``, ``body``/``body_error``,
-    ``root_cause`` (:func:`perfkit.report.rootcause.root_cause`) and ``below_stage``
-    (:func:`perfkit.report.belowstage.panel`). Never raises on a broken notebook or results
-    file: logged and shown in the section."""
+    """What a section template gets for notebook entry ``n`` of ``run.json`` (the keys below).
+    Never raises on a broken notebook or results file: logged and shown in the section."""
     run_dir = Path(run_dir)
     name = str(n["name"])
     status = str(n.get("status") or "")
@@ -201,9 +191,6 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
 
 
 def render_section(run_dir: str | Path, n: Mapping[str, Any]) -> str:
-    """The HTML of one notebook's section from :func:`section_template` and :func:`section_context`.
-
-    Raises:
-        jinja2.TemplateNotFound: a registered scenario's template file is missing."""
+    """The HTML of one notebook's section. Raises jinja2.TemplateNotFound: a missing template."""
     ctx = section_context(run_dir, n)
     return template_env().get_template(section_template(ctx["name"])).render(**ctx)
