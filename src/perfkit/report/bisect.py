@@ -12,7 +12,7 @@ import pandas as pd
 
 from perfkit.common.numfmt import change_text
 from perfkit.common.slugs import md_text
-from perfkit.report.render import template_env, write_tool_outputs
+from perfkit.report.render import write_tool_outputs
 from perfkit.report.tables import format_table, markdown_table
 
 REPORT_FILE = "report.html"
@@ -134,29 +134,26 @@ def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Pat
             links.append(
                 {"href": href, "text": f"probe {i}: {(p.get('commit') or {}).get('short')} — its A/B page"}
             )
-    section = (
-        template_env()
-        .get_template("sections/bisect.html.j2")
-        .render(
-            verdict=outcome,
-            heading="Does the step reproduce?" if confirm else "Which commit?",
-            question=(
-                "The A/B between the commits on either side of the history's change point, on the series' metric."
-                if confirm
-                else "A binary search between the good and the bad commit, an A/B against the good commit at each probe."
-            ),
-            message=str(d.get("message") or ""),
-            facts=_facts(d, md=False),
-            reference="the commit before the step" if confirm else "the good commit",
-            metric=s.get("metric"),
-            threshold=f"{float(s.get('threshold', 0.05)) * 100:.1f} %",
-            probes=format_table(probes_frame(d)),
-            links=links,
-        )
+    section = dict(
+        verdict=outcome,
+        heading="Does the step reproduce?" if confirm else "Which commit?",
+        question=(
+            "The A/B between the commits on either side of the history's change point, on the series' metric."
+            if confirm
+            else "A binary search between the good and the bad commit, an A/B against the good commit at each probe."
+        ),
+        message=str(d.get("message") or ""),
+        facts=_facts(d, md=False),
+        reference="the commit before the step" if confirm else "the good commit",
+        metric=s.get("metric"),
+        threshold=f"{float(s.get('threshold', 0.05)) * 100:.1f} %",
+        probes=format_table(probes_frame(d)),
+        links=links,
     )
     return write_tool_outputs(
         out,
         bisect_summary_markdown(d),
+        "sections/bisect.html.j2",
         section,
         "bisect",
         title="perfkit history confirm: does the step reproduce?"

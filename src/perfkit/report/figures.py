@@ -19,7 +19,7 @@ from perfkit import stats
 from perfkit.bundle import ResultBundle, read_results
 from perfkit.common.slugs import md_code
 from perfkit.readings.records import parse_lines
-from perfkit.report.power_page import power_markdown, sequential_markdown
+from perfkit.report.ab import power_markdown, sequential_markdown
 from perfkit.report.tables import markdown_table
 from perfkit.scenarios import registry
 
@@ -442,11 +442,8 @@ def _warm(src: str, root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     """
     path, _, launch = src.partition("@")
     b = ResultBundle.load(root / path if launch else root / path / _session())
-    req = b.requests
-    keep = (req["index"] > 0).fillna(False).to_numpy(bool) & (req["status"] == "completed").to_numpy(bool)
-    if launch:
-        keep &= (req["launch"] == launch).fillna(False).to_numpy(bool)
-    warm = req[keep]
+    warm = b.measured_requests(launch or None)
+    warm = warm[(warm["index"] > 0).fillna(False).to_numpy(bool)]
     lt = b.table("launches")
     lt = lt[lt["launch"] == launch] if launch else lt
     if warm.empty or lt.empty:

@@ -231,11 +231,14 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return dst
 
 
-def write_tool_outputs(out: str | Path, md: str, section: str, what: str, **page: Any) -> dict[str, Path]:
+def write_tool_outputs(
+    out: str | Path, md: str, template: str, context: Mapping[str, Any], what: str, **page: Any
+) -> dict[str, Path]:
     """``summary.md`` (``md``, also appended to ``$GITHUB_STEP_SUMMARY``) and ``report.html`` (the
-    page with the one ``section``; ``page``: its title, verdict, exit_code, meta, warnings,
-    gates) under ``out``: ``{"summary": path, "report": path}``. Raises RuntimeError: the page
-    would load from the network (names ``what``)."""
+    page with the one section ``template`` renders from ``context``; ``page``: its title, verdict,
+    exit_code, meta, warnings, gates) under ``out``: ``{"summary": path, "report": path}``.
+    Raises RuntimeError: the page would load from the network (names ``what``)."""
+    section = template_env().get_template(template).render(**context)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(md, encoding="utf-8")

@@ -10,10 +10,10 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
 import pandas as pd
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, read_results
+from perfkit.common.numfmt import json_float
 from perfkit.readings.records import read_number
 from perfkit.report.tables import MISSING, Table, cell_text, format_table
 from perfkit.reported import NOT_REPORTED, is_reported
@@ -329,19 +329,13 @@ def instrumentation_overhead(run_dir: str | Path, name: str) -> tuple[Table | No
 
 def _ratio(on: Any, off: Any) -> float | None:
     """on / off - 1 (the probe's median overhead), None when either is missing."""
-    try:
-        a, b = float(on), float(off)
-    except (TypeError, ValueError):
-        return None
-    return a / b - 1 if np.isfinite(a) and np.isfinite(b) and b > 0 else None
+    a, b = json_float(on), json_float(off)
+    return a / b - 1 if a is not None and b is not None and b > 0 else None
 
 
 def _pct(v: Any) -> str:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return MISSING
-    return MISSING if not np.isfinite(f) else f"{f:+.2%}"
+    f = json_float(v)
+    return MISSING if f is None else f"{f:+.2%}"
 
 
 def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:

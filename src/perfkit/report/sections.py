@@ -53,11 +53,6 @@ def neutralise_external(text: str) -> str:
     return _IMPORT_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", text)
 
 
-def strip_external(body: str) -> str:
-    """Drop script/link elements that load from the network (belt and braces)."""
-    return _LINK_EXT.sub("", _SCRIPT_SRC.sub("", body))
-
-
 #: the page template; it includes ``report.css`` inline and renders each section's HTML
 PAGE_TEMPLATE = "page.html.j2"
 #: the gate notebook's section template (scenario sections come from the registry)
@@ -112,7 +107,7 @@ def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
     )
     exp.mathjax_url = ""
     body, _ = exp.from_notebook_node(nb)
-    return strip_external(body)
+    return _LINK_EXT.sub("", _SCRIPT_SRC.sub("", body))  # network scripts and links: dropped
 
 
 def section_template(name: str) -> str:
