@@ -232,7 +232,7 @@ def test_a_side_too_small_for_n_is_no_rate_not_zero(tmp_path):
     with pytest.raises(ValueError, match="sims must be >= 1"):
         power.power_table(pool, n=[2], sims=0)
     # the figures say why a cell has no rate
-    from perfkit.report.power_page import power_markdown
+    from perfkit.report.ab import power_markdown
 
     md = power_markdown(tmp_path / "p", 0.01, 0.95)
     assert (

@@ -1,8 +1,5 @@
-"""Below the stage: the profiled requests' traces op by op (:mod:`perfkit.readings.traces`):
-top ops per stage, CPU-side overhead and device idle share, and the diff of the profiled first
-request against the warm ones. For the notebooks and the report's panel (:func:`panel`, which
-links the trace files: they open in Perfetto or chrome://tracing).
-"""
+"""Below the stage: the profiled requests' traces op by op, for the notebooks and the report's
+panel (:func:`panel`, :func:`ab_panel`): docs/below-the-stage.md."""
 
 from __future__ import annotations
 
@@ -30,13 +27,10 @@ FIRST_ROLES = (DIFF_ROLES[0], "profiled first of new shape")
 
 @dataclass
 class BelowStage:
-    """What a bundle's profiled requests say: ``traces`` (the table), ``stage_top`` (role -> top
-    ops per stage), ``diff`` (:func:`~perfkit.readings.traces.op_diff` of the first request,
-    :data:`FIRST_ROLES`, against the warm ones' medians; ``diff_from`` its role), ``kernel_diff``
-    (the same over device kernels; None on a CPU run: on a GPU the CPU-side diff moves with host
-    noise) or ``kernel_note`` (:func:`kernel_note`), ``errors`` (unreadable traces), ``events``
-    and ``overhead`` (role -> :func:`~perfkit.readings.traces.op_events` /
-    :func:`~perfkit.readings.traces.overhead_table`)."""
+    """What a bundle's profiled requests say: ``stage_top`` (role -> top ops per stage), ``diff``
+    (the first request, ``diff_from``, against the warm ones' medians), ``kernel_diff`` (over
+    device kernels; None on a CPU run) or ``kernel_note``, unreadable traces, and per role the
+    events and overhead."""
 
     traces: pd.DataFrame
     stage_top: dict[str, pd.DataFrame] = field(default_factory=dict)
@@ -52,10 +46,8 @@ class BelowStage:
 def read_traces(
     bundle: ResultBundle, roles: tuple[str, ...] | None = None
 ) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame], list[str]]:
-    """``(events, overhead, errors)``: role -> :func:`~perfkit.readings.traces.op_events` and
-    role -> :func:`~perfkit.readings.traces.overhead_table` of each kept trace (only roles that
-    start with one of ``roles``, when given; ``STAGE`` ranges named by the table's ``stages``),
-    and the traces that could not be read (file and why)."""
+    """``(events, overhead, errors)``: per role of each kept trace (of ``roles`` when given), and
+    the traces that could not be read."""
     out, overhead, errors = {}, {}, []
     t = bundle.table("traces")
     todo: list[tuple[str, Path, list[str] | None]] = []
@@ -84,8 +76,7 @@ def read_traces(
 def below_stage(
     bundle: ResultBundle, top: int = 5, roles: tuple[str, ...] | None = None
 ) -> BelowStage | None:
-    """The profiled requests of ``bundle`` op by op (the traces of ``roles`` only, when given:
-    a trace takes seconds to read); None when it profiled nothing."""
+    """The profiled requests of ``bundle`` op by op; None when it profiled nothing."""
     t = bundle.table("traces")
     if t.empty:
         return None
@@ -230,10 +221,8 @@ def overhead_tables(bs: BelowStage) -> list[tuple[str, pd.DataFrame]]:
 
 
 def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[str, Any] | None:
-    """The report's "below the stage" panel of one bundle directory (None when it profiled nothing
-    or holds no bundle): ``traces``, ``files``, ``diff``, ``kernel_diff`` (:class:`Table` or
-    None), ``kernel_note``, ``stage_top`` and ``cpu_and_idle`` ([(role, Table)]), ``timeline``,
-    ``errors``. Never raises: an unreadable bundle gives an ``errors`` entry."""
+    """The report's "below the stage" panel of one bundle directory (None when it profiled
+    nothing). Never raises: an unreadable bundle gives an ``errors`` entry."""
     d = Path(bundle_dir)
     if not (d / "meta.json").exists():
         return None
@@ -274,10 +263,8 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
 def ab_panel(
     path_a: str | Path | None, path_b: str | Path | None, page_dir: str | Path
 ) -> dict[str, Any] | None:
-    """The A/B page's "below the stage" panel: the ops that changed most from side A's profiled
-    warm requests to side B's (``perfkit ab --profile``), traces linked relative to ``page_dir``;
-    keys as :func:`panel` plus ``stage_diffs`` (``(stage, table)``: the top 5 per stage, in run
-    order). None when neither side profiled anything. Never raises."""
+    """The A/B page's panel: the ops that changed most from side A's profiled warm requests to
+    B's, per stage too (``stage_diffs``). None when neither side profiled. Never raises."""
     import os
 
     sides: dict[str, BelowStage] = {}

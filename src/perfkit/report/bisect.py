@@ -1,9 +1,6 @@
-"""The reports of ``perfkit bisect`` and ``perfkit history confirm``: ``summary.md`` and
-``report.html`` (``templates/sections/bisect.html.j2``: the probes in order with their A/B
-verdicts, each linked to its A/B page), from the plain dict of ``bisect.json`` /
-``confirm.json`` (:meth:`perfkit.bisect.search.BisectResult.to_dict`,
-:meth:`perfkit.bisect.confirm.ConfirmResult.to_dict`): this layer does not import the one that runs them.
-"""
+"""The reports of ``perfkit bisect`` and ``perfkit history confirm`` (``summary.md``,
+``report.html``) from the plain dict of ``bisect.json`` / ``confirm.json``: this layer does not
+import the one that runs them."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ import pandas as pd
 
 from perfkit.common.numfmt import change_text
 from perfkit.common.slugs import md_text
-from perfkit.report.render import template_env, write_tool_outputs
+from perfkit.report.render import write_tool_outputs
 from perfkit.report.tables import format_table, markdown_table
 
 REPORT_FILE = "report.html"
@@ -26,9 +23,8 @@ def _commit(c: Mapping[str, Any] | None) -> str:
 
 
 def probes_frame(d: Mapping[str, Any]) -> pd.DataFrame:
-    """One row a probe, in the order they ran: probe number, position in the range, commit,
-    subject, author date, ``status`` (bad, good, undecided, error), the A/B decision, B/A and its
-    interval as % change, launches A/B, and the error or the A/B's stop reason."""
+    """One row a probe, in the order they ran: commit, ``status`` (bad, good, undecided, error),
+    the A/B decision, B/A and interval as % change, launches, the error or stop reason."""
     rows = []
     for i, p in enumerate(d.get("probes") or [], 1):
         c = p.get("commit") or {}
@@ -54,9 +50,7 @@ def probes_frame(d: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def _facts(d: Mapping[str, Any], md: bool = True) -> list[str]:
-    """The facts as lines: Markdown (names, commands and subjects through
-    :func:`perfkit.common.slugs.md_text`, code font for names) or plain text for the page
-    (``md=False``: its template escapes)."""
+    """The facts as Markdown lines, or plain text for the page (``md=False``: it escapes)."""
 
     def c(x: Any) -> str:  # a name, in code font
         return md_text(x, code=True) if md else str(x)
@@ -110,8 +104,7 @@ def _facts(d: Mapping[str, Any], md: bool = True) -> list[str]:
 
 
 def bisect_summary_markdown(d: Mapping[str, Any]) -> str:
-    """``summary.md``: the outcome with its exit code, the facts (range, commit found or range
-    left, how probes were compared, launches spent) and the probes table."""
+    """``summary.md``: the outcome with its exit code, the facts and the probes table."""
     name = "perfkit history confirm" if d.get("kind") == "confirm" else "perfkit bisect"
     lines = [
         f"## {name}: {str(d.get('outcome')).upper()} (exit code {d.get('exit_code')})",
@@ -127,12 +120,8 @@ def bisect_summary_markdown(d: Mapping[str, Any]) -> str:
 
 
 def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
-    """``summary.md`` and ``report.html`` under ``out`` (summary.md also appended to
-    ``$GITHUB_STEP_SUMMARY`` when set). Returns name -> path.
-
-    Raises:
-        RuntimeError: the page would load something from the network (a bug).
-    """
+    """``summary.md`` and ``report.html`` under ``out`` (as
+    :func:`~perfkit.report.render.write_tool_outputs`); returns name -> path."""
     out = Path(out)
     confirm = d.get("kind") == "confirm"
     s = d.get("setup") or {}
@@ -145,29 +134,26 @@ def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Pat
             links.append(
                 {"href": href, "text": f"probe {i}: {(p.get('commit') or {}).get('short')} — its A/B page"}
             )
-    section = (
-        template_env()
-        .get_template("sections/bisect.html.j2")
-        .render(
-            verdict=outcome,
-            heading="Does the step reproduce?" if confirm else "Which commit?",
-            question=(
-                "The A/B between the commits on either side of the history's change point, on the series' metric."
-                if confirm
-                else "A binary search between the good and the bad commit, an A/B against the good commit at each probe."
-            ),
-            message=str(d.get("message") or ""),
-            facts=_facts(d, md=False),
-            reference="the commit before the step" if confirm else "the good commit",
-            metric=s.get("metric"),
-            threshold=f"{float(s.get('threshold', 0.05)) * 100:.1f} %",
-            probes=format_table(probes_frame(d)),
-            links=links,
-        )
+    section = dict(
+        verdict=outcome,
+        heading="Does the step reproduce?" if confirm else "Which commit?",
+        question=(
+            "The A/B between the commits on either side of the history's change point, on the series' metric."
+            if confirm
+            else "A binary search between the good and the bad commit, an A/B against the good commit at each probe."
+        ),
+        message=str(d.get("message") or ""),
+        facts=_facts(d, md=False),
+        reference="the commit before the step" if confirm else "the good commit",
+        metric=s.get("metric"),
+        threshold=f"{float(s.get('threshold', 0.05)) * 100:.1f} %",
+        probes=format_table(probes_frame(d)),
+        links=links,
     )
     return write_tool_outputs(
         out,
         bisect_summary_markdown(d),
+        "sections/bisect.html.j2",
         section,
         "bisect",
         title="perfkit history confirm: does the step reproduce?"

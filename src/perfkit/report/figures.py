@@ -1,20 +1,5 @@
-"""Figures in docs generated from bundles: Markdown blocks in READMEs kept true by a check.
-
-A block is everything between ``<!-- perfkit:figures src=DIR kind=KIND ... -->`` and
-``<!-- perfkit:end -->``; ``src`` is relative to the perfkit checkout. Kinds (:func:`kinds`):
-``key-numbers`` and ``full`` (the registry's key numbers, summary table and reading, so a
-README quotes what the report shows); ``compare`` (``vs=DIR``: two ``cold_warm`` sessions' warm
-requests, or ``DIR/<scenario>@<launch>``, per stage and step with the ratio and a 95 %
-bootstrap interval); ``ab-power`` and ``ab-sequential`` (an A/B pool,
-:mod:`perfkit.report.power_page`, at ``threshold=`` and ``confidence=``); ``history-nightly`` and
-``history-replay`` (sglang's nightly files, :mod:`perfkit.history.change_tables`); ``timings``
-(``timings.json``, :class:`Timings`); ``sglang-tier``; and the investigations' own
-(:attr:`~perfkit.scenarios.registry.Scenario.doc_blocks`, e.g. ``overhead-pooled``).
-Statistics: numpy's default quantiles (Hyndman–Fan type 7), 95 % percentile bootstraps with
-seed 0 (:mod:`perfkit.stats`).
-
-``perfkit figures FILE...`` rewrites the blocks; ``--check`` exits 1 when a block differs by
-more than one unit of a figure's last shown digit (:func:`same_figures`).
+"""``perfkit figures`` blocks: Markdown in READMEs generated from bundles and kept true by
+``--check`` (:func:`update_file`, :func:`same_figures`). Kinds and statistics: docs/suite.md.
 """
 
 from __future__ import annotations
@@ -34,12 +19,11 @@ from perfkit import stats
 from perfkit.bundle import ResultBundle, read_results
 from perfkit.common.slugs import md_code
 from perfkit.readings.records import parse_lines
-from perfkit.report.power_page import power_markdown, sequential_markdown
+from perfkit.report.ab import power_markdown, sequential_markdown
 from perfkit.report.tables import markdown_table
 from perfkit.scenarios import registry
 
-#: the block kinds of this module; the investigations add theirs
-#: (:attr:`~perfkit.scenarios.registry.Scenario.doc_blocks`, e.g. ``overhead-pooled``): :func:`kinds`
+#: the block kinds of this module (:func:`kinds` adds the others)
 KINDS = tuple(
     "key-numbers full compare ab-power ab-sequential history-nightly history-replay timings sglang-tier".split()
 )
@@ -64,8 +48,7 @@ _KIND_ATTRS = {
 }
 
 
-#: block kinds a layer above renders (``perfkit figures`` adds ``commands``: every command's
-#: click help), by :func:`register_kind`
+#: block kinds a layer above renders (``commands``), by :func:`register_kind`
 _ABOVE: dict[str, Callable[["Block", Path], str]] = {}
 
 
@@ -75,8 +58,7 @@ def register_kind(kind: str, render: Callable[["Block", Path], str]) -> None:
 
 
 def kinds() -> tuple[str, ...]:
-    """Every block kind: this module's (:data:`KINDS`), those registered from above and the
-    investigations' own."""
+    """Every block kind: :data:`KINDS`, those registered from above, the investigations' own."""
     return (*KINDS, *_ABOVE, *registry.doc_blocks())
 
 
@@ -94,9 +76,8 @@ class FiguresError(ValueError):
 
 @dataclass(frozen=True)
 class Block:
-    """One marked block: ``src`` directory (relative to ``root``), ``kind`` and, for
-    ``compare``, the ``vs`` directory; for ``ab-power``, the decision setting (``threshold``,
-    ``confidence``: fractions)."""
+    """One marked block: ``src`` (relative to the root), ``kind``, ``vs`` (``compare``) and
+    ``threshold``, ``confidence`` (fractions, ``ab-*``)."""
 
     src: str
     kind: str
@@ -226,10 +207,9 @@ def render_block(block: Block, root: Path) -> str:
 
 
 def _history_nightly(block: Block, root: Path) -> str:
-    """``kind=history-nightly`` / ``history-replay``: ``src`` a directory of sglang nightly
-    comparison files (:mod:`perfkit.history.nightly`, hardware H100): every change point and
-    outlier beside sglang's 5 %-over-last-3 alarms, or the runs replayed day by day through
-    ``history check`` beside that rule (:func:`perfkit.history.change_tables.replay`)."""
+    """``kind=history-nightly`` / ``history-replay``: sglang's nightly files under ``src`` (H100):
+    change points and outliers beside sglang's 5 %-over-last-3 alarms, or the runs replayed
+    through ``history check`` (:func:`perfkit.history.change_tables.replay`)."""
     from perfkit.history import changepoints as cp
     from perfkit.history.change_tables import changes_markdown, replay, replay_markdown
     from perfkit.history.nightly import read_nightly
@@ -251,9 +231,8 @@ def _history_nightly(block: Block, root: Path) -> str:
 
 
 class Timing(BaseModel):
-    """One recorded wall time (``timings.json``'s ``timings`` entries): what ran, how long
-    (``wall_s``, seconds), on which ``machine``, on which ``date`` (ISO), and ``source``: how
-    it was measured (a run's ``run.json``, a shell's ``time``, a report of a new user's run)."""
+    """One recorded wall time of ``timings.json``: ``wall_s`` in seconds, ``date`` ISO, ``source``
+    how it was measured."""
 
     model_config = ConfigDict(extra="forbid")
     what: str
@@ -277,8 +256,7 @@ def _duration(s: float) -> str:
 
 
 def timings_markdown(path: Path, label: str) -> str:
-    """``kind=timings``: the wall times recorded in ``path`` (:class:`Timings`), each with its
-    machine, date and source: a README's "how long" is a measurement, never an estimate.
+    """``kind=timings``: the wall times recorded in ``path`` (:class:`Timings`).
 
     Raises:
         FiguresError: the file is missing, not JSON, or not :class:`Timings` (naming the key)."""
@@ -307,9 +285,8 @@ TIER_FILE = "verdicts.json"
 
 
 def tier_markdown(path: Path, label: str) -> str:
-    """``kind=sglang-tier``: one row per run of ``make test-sglang``'s ``verdicts.json``
-    (``_meta`` {date, sglang, machine, commit}; per run ``verdict``, ``exit_code``, ``wall_s``
-    (s), ``checks`` {metric: status}).
+    """``kind=sglang-tier``: one row per run of ``verdicts.json`` (``_meta`` {date, sglang, machine,
+    commit}; per run ``verdict``, ``exit_code``, ``wall_s`` (s), ``checks`` {metric: status}).
 
     Raises:
         FiguresError: the file is missing or not JSON, ``_meta`` lacks a key, a run lacks ``wall_s``."""
@@ -351,7 +328,7 @@ def tier_markdown(path: Path, label: str) -> str:
 
 
 def _with_footer(parts: list[str], source: str) -> str:
-    """The block's Markdown: ``parts`` and the footer naming ``source`` and the statistics."""
+    """``parts`` and the footer naming ``source`` and the statistics."""
     parts = [*parts, "", f"*Generated by `perfkit figures` from {source}. {STATS_NOTE}*", ""]
     return "\n".join(parts).replace("\n\n\n", "\n\n")
 
@@ -371,10 +348,8 @@ def _full_section(name: str, r: dict) -> list[str]:
 
 
 def _combined(block: Block, root: Path) -> str:
-    """A block kind an investigation adds (:class:`~perfkit.scenarios.parts.DocBlock`, e.g.
-    ``overhead-pooled``): ``src`` is a comma-separated list of bundles directories, each with
-    that investigation's results; they are combined by its ``combine`` (the overhead probe's
-    ABBA pairs pooled: :func:`perfkit.scenarios.registry.doc_blocks`) and rendered as ``full``."""
+    """An investigation's block kind (:class:`~perfkit.scenarios.parts.DocBlock`): the results
+    of the comma-separated ``src`` directories joined by its ``combine``, rendered as ``full``."""
     scenario, decl = registry.doc_blocks()[block.kind]
     name = scenario.name
     srcs = block.src.split(",")
@@ -420,8 +395,8 @@ MAX_DOC_BYTES = 8 * 2**20
 
 
 def update_file(path: str | Path, root: str | Path, check: bool = False) -> bool:
-    """Regenerate the blocks of ``path``; returns whether its text changed (with ``check``, the
-    file is left as it is). The file is replaced whole (a temporary file renamed over it).
+    """Regenerate the blocks of ``path`` (replaced whole; left as it is with ``check``); returns
+    whether its text changed.
 
     Raises:
         FiguresError: a bad block, a ``src`` without results, a file over :data:`MAX_DOC_BYTES`.
@@ -447,10 +422,8 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.(\d+))?")
 
 
 def same_figures(old: str, new: str) -> bool:
-    """Whether two renderings of a block say the same: the same text between numbers, and each
-    number within one unit of its last shown digit (``954`` and ``955``, ``3.41`` and ``3.42``):
-    a figure recomputed on another CPU (numpy's summation order follows its SIMD width) may round
-    the other way, and that is not a stale figure."""
+    """Whether two renderings say the same: the same text between numbers, each number within one
+    unit of its last shown digit (``954`` and ``955``; docs/suite.md says why)."""
     if _NUMBER.sub("#", old) != _NUMBER.sub("#", new):
         return False
     for a, b in zip(_NUMBER.finditer(old), _NUMBER.finditer(new)):
@@ -461,19 +434,16 @@ def same_figures(old: str, new: str) -> bool:
 
 
 def _warm(src: str, root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.Series]:
-    """(warm request rows, their stages, their steps, the launch row) of ``root/src/cold_warm``,
-    or of one launch of another bundle when ``src`` is ``DIR/<scenario>@<launch>``.
+    """(warm requests, their stages, their steps, the launch row with ``rank_peaks`` MiB) of
+    ``root/src``'s session, or of one launch when ``src`` is ``DIR/<scenario>@<launch>``.
 
     Raises:
         ValueError: no warm request or no such launch; OSError: no bundle there.
     """
     path, _, launch = src.partition("@")
     b = ResultBundle.load(root / path if launch else root / path / _session())
-    req = b.requests
-    keep = (req["index"] > 0).fillna(False).to_numpy(bool) & (req["status"] == "completed").to_numpy(bool)
-    if launch:
-        keep &= (req["launch"] == launch).fillna(False).to_numpy(bool)
-    warm = req[keep]
+    warm = b.measured_requests(launch or None)
+    warm = warm[(warm["index"] > 0).fillna(False).to_numpy(bool)]
     lt = b.table("launches")
     lt = lt[lt["launch"] == launch] if launch else lt
     if warm.empty or lt.empty:
@@ -482,7 +452,7 @@ def _warm(src: str, root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     stages = b.stages[b.stages["request_id"].isin(ids)]
     steps = b.steps[b.steps["request_id"].isin(ids)]
     row = lt.iloc[0].copy()
-    # per-rank device peaks of a multi-GPU engine (its records' perfkit.ranks; MiB)
+    # per-rank device peaks of a multi-GPU engine (its records' perfkit.ranks)
     peaks: dict[int, float] = {}
     for lines in b.records.values():
         for rec in parse_lines(lines).records:

@@ -1,9 +1,5 @@
-"""The offline history site (``perfkit history site OUT/``): ``index.html`` lists the hardware,
-``<hardware slug>.html`` its events (steps of several series in one commit range) and each
-case's trend per metric (a PNG with levels, steps, outliers and gaps; tables of them; the
-latest run judged by :func:`perfkit.history.check.judge`). Commits link through
-``--commit-url`` when given; the page loads nothing from the network.
-"""
+"""The offline history site (``perfkit history site OUT/``): ``index.html`` and one page per
+hardware (docs/history.md)."""
 
 from __future__ import annotations
 
@@ -30,20 +26,16 @@ def _slug(text: str) -> str:
 
 
 def commit_link(commit: str, template: str | None) -> dict[str, str | None]:
-    """``{"text": short hash, "url": template with {commit} filled, or None}``.
-
-    Raises:
-        ValueError: a template that is not an http(s) URL (``javascript:`` would run on the page).
-    """
+    """``{"text": short hash, "url": template filled or None, "full"}``. Raises ValueError: a
+    template that is not an http(s) URL."""
     if template and not template.lower().startswith(("https://", "http://")):
         raise ValueError(f"commit URL template {template!r} must start with https:// or http://")
     return {"text": commit[:10], "url": template.format(commit=commit) if template else None, "full": commit}
 
 
 def trend_figure(a: cp.Analysis) -> Figure:
-    """The trend of one series: kept values (dots and line), each level's mean (a horizontal
-    segment), steps (dashed lines at the first run of the new level), outliers (red crosses),
-    gaps (grey ticks under the axis). x: run time (UTC); y: the metric in its unit."""
+    """The trend of one series: values, each level's mean, steps (dashed), outliers (red crosses),
+    gaps (grey ticks). x: run time (UTC); y: the metric in its unit."""
     fig = Figure(figsize=(10, 2.8), dpi=80)  # pyplot-free: no global backend, nothing to close
     ax = fig.add_subplot()
     bad = {p.run_key for p, _ in a.outliers} | {p.run_key for p in a.gaps}
@@ -109,10 +101,8 @@ def series_context(
     settings: cp.Settings,
     confirmations: Mapping[tuple[str, ...], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """What the template shows for one series (figure, steps with their latest confirmation,
-    outliers, gaps, latest). ``confirmations``: (hardware, case, metric, commit before, commit
-    after) -> the latest confirmation row of that step
-    (:func:`perfkit.history.confirmations.read_confirmations`)."""
+    """What the template shows for one series. ``confirmations``: (hardware, case, metric, commit
+    before, commit after) -> that step's latest confirmation row."""
     fig = trend_figure(a)
     png = base64.b64encode(figure_to_png_bytes(fig, dpi=80)).decode("ascii")
     alt = alt_text(fig)
@@ -170,12 +160,8 @@ def write_site(
     commit_url: str | None = None,
     settings: cp.Settings = cp.Settings(),
 ) -> list[Path]:
-    """Write the site for every hardware in ``store`` to ``out`` (created); returns the pages
-    written (index first).
-
-    Raises:
-        HistoryError: the store has no runs (names it), or a bad store file.
-    """
+    """Write the site of ``store`` to ``out``; returns the pages, index first. Raises
+    HistoryError: the store has no runs, or a bad store file."""
     frame = read_store(store)
     if frame.empty:
         raise HistoryError(f"{store}: the history store has no runs")

@@ -1,10 +1,6 @@
-"""What the notebooks show beside the plots, from the same bundle tables and
-:class:`~perfkit.checks.Check` rows as the gate, through the report's one formatter
-(:func:`perfkit.report.tables.styled`): :func:`show_table`, :func:`request_roles` /
-:func:`request_frame` (each request's shape and role), :func:`first_request_costs` (what a
-cold or first-of-a-shape request paid over the warm median, and why), :func:`verdict_markdown`,
-:func:`invariants_frame` and, on a replay, :func:`replay_markdown`.
-"""
+"""What the notebooks show beside the plots, from the same bundle tables and check rows as the
+gate, through :func:`perfkit.report.tables.styled`: requests with role and shape, first-request
+costs, the verdict in sentences, invariants and, on a replay, :func:`replay_markdown`."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP
 from perfkit.roles import request_roles as plot_roles
 from perfkit.scenarios import registry
 
-#: request roles, in the design doc's words (those of :func:`perfkit.roles.request_roles`,
-#: the cold request split by whether the warmup had run its shape)
+#: request roles (:func:`perfkit.roles.request_roles`', the cold one split by its shape's warmup)
 COLD_NEW_SHAPE = "cold, new shape"
 ROLES = (ROLE_WARMUP, ROLE_COLD, COLD_NEW_SHAPE, ROLE_NEW_SHAPE, ROLE_WARM)
 #: the roles of a request that ran its shape first in its launch
@@ -33,11 +28,8 @@ FIRST_OF_SHAPE = (ROLE_COLD, COLD_NEW_SHAPE, ROLE_NEW_SHAPE)
 
 
 def show_table(df: pd.DataFrame, caption: str | None = None, transpose: bool | str = "auto") -> None:
-    """Display ``df`` in a notebook through :func:`perfkit.report.tables.styled` (``transpose``
-    as there; False for a list of items, such as requests).
-
-    Raises:
-        TypeError: ``df`` is not a DataFrame."""
+    """Display ``df`` through :func:`perfkit.report.tables.styled` (``transpose`` False for a list
+    of items). Raises TypeError: ``df`` is not a DataFrame."""
     from IPython.display import display
 
     display(styled(df, caption=caption, transpose=transpose))
@@ -79,9 +71,8 @@ def _shape_text(row: Mapping[str, Any]) -> str:
 
 
 def request_roles(requests: pd.DataFrame, launches: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``requests`` (a bundle's requests table) with ``role`` (:func:`perfkit.roles.request_roles`'
-    roles, ``cold, new shape`` when the warmup had not run its latent shape), ``shape``
-    (``"24→25 frames (4 latent), 512x768, 30 steps"``) and ``request``
+    """``requests`` with ``role`` (``cold, new shape`` when the warmup had not run its latent
+    shape), ``shape`` (``"24→25 frames (4 latent), 512x768, 30 steps"``) and ``request``
     (``"warmup17 #3 first of a new shape"``).
 
     Raises:
@@ -148,10 +139,9 @@ def _reason(v: Any) -> str | None:
 
 
 def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = None) -> pd.DataFrame:
-    """What each cold or first-of-a-new-shape request (:func:`request_roles`) paid, one row each
-    (empty when none): ``first (ms)``, the ``warm median (ms)`` of its shape in its launch, the
-    ``penalty (ms)``, the ``penalty stage`` holding most of it (from ``stages``) and its
-    recompilations (``compiles``, ``compiling (ms)``, ``recompile reason``)."""
+    """One row per cold or first-of-a-new-shape request: ``first (ms)``, the ``warm median (ms)``
+    of its shape in its launch, ``penalty (ms)``, the ``penalty stage`` holding most of it and
+    its recompilations."""
     cols = ["launch", "request", "shape", "first (ms)", "warm median (ms)", "penalty (ms)", "penalty stage"]
     cols += ["stage penalty (ms)", "compiles", "compiling (ms)", "recompile reason"]
     if requests is None or requests.empty:
@@ -204,9 +194,8 @@ def _penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: 
 
 
 def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gate") -> str:
-    """The verdict in sentences from the check rows the gate judges: the overall status and counts
-    (:func:`perfkit.gate.outcome.check_counts`), then the failed, inconclusive, skipped and
-    passed checks with their reasons; a table of no rows says nothing was gated."""
+    """The verdict in sentences from the gate's check rows: status and counts, then the failed,
+    inconclusive, skipped and passed checks with their reasons."""
     df = check_table(list(rows))
     if df.empty:
         return f"**{what}: nothing gated** (no invariant of this investigation has a limit)."
@@ -235,9 +224,8 @@ def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gat
 def check_frame(
     rows: Iterable[Check | Mapping[str, Any]], metrics: Iterable[str] | None = None, with_case: bool = False
 ) -> pd.DataFrame:
-    """The check rows (those whose metric is in ``metrics``, when given) as a table: metric,
-    limit (what measured is held to: the bound, with any noise margin; the limit itself where
-    no bound is recorded), measured, status, reason; ``case`` first with ``with_case``."""
+    """The check rows (of ``metrics`` when given): metric, limit (the bound with any noise margin,
+    else the limit), measured, status, reason; ``case`` first with ``with_case``."""
     df = check_table(list(rows))
     if metrics is not None:
         df = df[df["metric"].isin(list(metrics))]
@@ -251,11 +239,9 @@ def check_frame(
 
 
 def invariants_frame(scenario: str, given: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """The limits ``scenario`` is judged against: each invariant's default, the value ``given``
-    ("–" when not) and the one in effect (:func:`perfkit.scenarios.registry.merged_invariants`).
-
-    Raises:
-        KeyError: unknown scenario. ValueError: an unknown invariant key in ``given``."""
+    """Each invariant of ``scenario``: default, ``given``, in effect
+    (:func:`perfkit.scenarios.registry.merged_invariants`). Raises KeyError (unknown scenario),
+    ValueError (an unknown invariant in ``given``)."""
     s = registry.get(scenario)
     merged = registry.merged_invariants(given)
     defaults = s.invariant_defaults()
@@ -291,10 +277,8 @@ def _plain(v: Any) -> Any:
 
 
 def value_text(v: Any) -> str:
-    """A params value in plain words for a sentence, never a Python repr: a mapping as
-    ``key value`` pairs (a ``label`` first, alone), a list as its items joined by "; " in
-    brackets, numbers by :func:`perfkit.common.numfmt.number_text`
-    (``[{'label': 'x', 'device_gib': 12}]`` -> ``[x (device_gib 12)]``)."""
+    """A params value in plain words, never a Python repr:
+    ``[{'label': 'x', 'device_gib': 12}]`` -> ``[x (device_gib 12)]``."""
     from perfkit.common.numfmt import number_text
 
     if isinstance(v, Mapping):

@@ -1,49 +1,45 @@
-"""The run's HTML page (:func:`render_report`: ``report.html`` from ``run.json``, executed
-notebooks, verdicts and bundles) and the notebook display helpers (:func:`show`,
-:func:`reading`, :func:`summary_frame`).
-
-jinja2 renders ``templates/page.html.j2`` (``report.css`` inline) and one section template per
-notebook (:mod:`perfkit.report.sections`); every table goes through
-:func:`perfkit.report.tables.format_table`; no Python file here writes HTML markup. The page
-loads nothing from the network (nbconvert's ``basic`` template; :func:`external_refs` checks,
-:func:`neutralise_external` makes a notebook's outside references inert). The run's state is
-read by :mod:`perfkit.report.runinfo` and :mod:`perfkit.report.runtables`; ``summary.md`` is
-:mod:`perfkit.report.summary`'s. The names callers import from here are re-exported.
-"""
+"""The run's HTML page (:func:`render_report`), its PNG (:func:`screenshot`, headless Chromium)
+and the notebook display helpers; re-exports the names callers import. The page's rules (no
+network, no markup in Python, one table formatter): docs/suite.md, "The report page"."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import markupsafe
 import pandas as pd
 
+from perfkit.engine.owner import run_bounded
 from perfkit.gate.outcome import check_counts
 from perfkit.gate.verdicts import (
     GATE,
     read_verdict,
 )
-from perfkit.report.chromium import CHROMIUM_FLAGS, chromium_binary, screenshot  # noqa: F401
-from perfkit.report.offline import external_refs, neutralise_external  # noqa: F401
 from perfkit.report.runinfo import (  # noqa: F401
     GATE_COLUMNS,
     GATE_ORDER,
+    engine_ends_frame,
     gate_view,
     investigations,
     key_numbers,
     notebook_error,
+    refused_records,
     run_status,
     section_title,
+    units_frame,
 )
-from perfkit.report.runtables import engine_ends_frame, refused_records, units_frame  # noqa: F401
 from perfkit.report.sections import (  # noqa: F401
     FALLBACK_SECTION_TEMPLATE,
     GATE_TEMPLATE,
     PAGE_TEMPLATE,
+    external_refs,
+    neutralise_external,
     notebook_body,
     render_section,
     section_template,
@@ -59,6 +55,47 @@ from perfkit.report.tables import Table, format_table
 from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
+
+CHROMIUM_FLAGS = (
+    "--headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update "
+    "--disable-sync --disable-quic --no-first-run --hide-scrollbars --disable-extensions"
+).split()
+
+
+def chromium_binary() -> str | None:
+    """Path of a Chromium/Chrome binary (``$PERFKIT_CHROMIUM`` first), or None."""
+    for name in (os.environ.get("PERFKIT_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def screenshot(
+    html_path: str | Path,
+    png_path: str | Path,
+    *,
+    width: int = 1280,
+    height: int = 2400,
+    timeout_s: float = 90,
+) -> Path:
+    """Save a PNG of the page with headless Chromium. Raises RuntimeError when it cannot."""
+    exe = chromium_binary()
+    if exe is None:
+        raise RuntimeError("chromium not found")
+    png = Path(png_path).resolve()
+    with tempfile.TemporaryDirectory(prefix="perfkit-chromium-") as prof:
+        cmd = [
+            exe,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={prof}",
+            f"--window-size={width},{height}",
+            f"--screenshot={png}",
+            Path(html_path).resolve().as_uri(),
+        ]
+        proc = run_bounded(cmd, timeout_s, capture_output=True, text=True)  # its helpers too
+    if not png.exists():
+        raise RuntimeError(f"chromium wrote no screenshot (exit {proc.returncode}): {proc.stderr[-500:]}")
+    return png
 
 
 def show(fig: Any, dpi: int = 100, alt: str | None = None) -> None:
@@ -101,12 +138,8 @@ def gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def page_context(run_dir: str | Path) -> dict[str, Any]:
-    """What ``page.html.j2`` gets for a run directory: ``title``, ``verdict``, ``exit_code``,
-    ``meta`` (``{"text", "code"}`` items), ``environment``, ``toc`` (per notebook,
-    :func:`investigations`), ``failed`` (toc entries with a red box), ``errors``, the tables
-    (``notebooks_table``, ``units_table``, ``engine_ends_table``, ``key_numbers``, ``gates``,
-    ``gates_attention``: :class:`~perfkit.report.tables.Table` or None), ``gate_counts``,
-    ``warnings`` and ``sections`` (each section's HTML as :class:`markupsafe.Markup`)."""
+    """What ``page.html.j2`` gets for a run directory (the keys below; tables are
+    :class:`~perfkit.report.tables.Table` or None, sections :class:`markupsafe.Markup`)."""
     run_dir = Path(run_dir)
     info, verdicts, code, word = run_status(run_dir)
     nbs = info.get("notebooks", [])
@@ -160,9 +193,8 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _failed_boxes(toc: list[dict[str, Any]], verdicts: pd.DataFrame) -> list[dict[str, Any]]:
-    """The toc entries that get a red box: one failed check, one box. The gate's verdict judges
-    the investigations' checks again; it gets a box only for failed rows no investigation holds
-    (a baseline metric), counted over those rows."""
+    """The toc entries that get a red box; the gate's only for failed rows no investigation
+    holds (docs/suite.md)."""
     out = []
     for t in toc:
         if t["gate"] != "fail":
@@ -177,17 +209,13 @@ def _failed_boxes(toc: list[dict[str, Any]], verdicts: pd.DataFrame) -> list[dic
 
 
 def render_page(run_dir: str | Path) -> str:
-    """The report page of ``run_dir`` as an HTML string (not yet checked for network
-    references; :func:`render_report` does that)."""
+    """The report page of ``run_dir`` as HTML (not yet checked for network references)."""
     return template_env().get_template(PAGE_TEMPLATE).render(**page_context(run_dir))
 
 
 def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write ``run_dir/report.html`` (or ``out``) and return its path.
-
-    Raises:
-        RuntimeError: the page would load from the network (a bug). jinja2.TemplateError: a
-        missing or broken template (a packaging bug)."""
+    """Write ``run_dir/report.html`` (or ``out``) and return its path. Raises RuntimeError: the
+    page would load from the network; jinja2.TemplateError: a missing or broken template."""
     run_dir = Path(run_dir)
     page = relative_paths(render_page(run_dir), run_dir)
     bad = external_refs(page)
@@ -203,15 +231,14 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return dst
 
 
-def write_tool_outputs(out: str | Path, md: str, section: str, what: str, **page: Any) -> dict[str, Path]:
-    """``summary.md`` (``md``, also appended to ``$GITHUB_STEP_SUMMARY`` when set) and
-    ``report.html`` (the report page with the one ``section``; ``page``: the page template's
-    title, verdict, exit_code, meta, warnings and gates) under ``out``, for ``perfkit ab``,
-    ``bisect`` and ``history confirm``. Returns ``{"summary": path, "report": path}``.
-
-    Raises:
-        RuntimeError: the page would load something from the network (a bug), naming ``what``.
-    """
+def write_tool_outputs(
+    out: str | Path, md: str, template: str, context: Mapping[str, Any], what: str, **page: Any
+) -> dict[str, Path]:
+    """``summary.md`` (``md``, also appended to ``$GITHUB_STEP_SUMMARY``) and ``report.html`` (the
+    page with the one section ``template`` renders from ``context``; ``page``: its title, verdict,
+    exit_code, meta, warnings, gates) under ``out``: ``{"summary": path, "report": path}``.
+    Raises RuntimeError: the page would load from the network (names ``what``)."""
+    section = template_env().get_template(template).render(**context)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(md, encoding="utf-8")
@@ -240,8 +267,7 @@ def write_tool_outputs(out: str | Path, md: str, section: str, what: str, **page
 
 
 def _env_line(run_dir: Path) -> str:
-    """Hardware and versions from the first scenario bundle's ``meta.json`` ("" when none): the
-    engine's (where it ran) and perfkit's."""
+    """Hardware and versions (engine's, perfkit's) from the first bundle's ``meta.json``, or ""."""
     for s in registry.all_scenarios():
         p = run_dir / s.name / "meta.json"
         if not p.exists():

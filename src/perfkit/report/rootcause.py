@@ -1,10 +1,5 @@
-"""The root-cause panel of one investigation's bundle (:func:`root_cause`; the section
-template's ``root_cause`` macro renders it): the effective engine config per launch
-(:data:`CONFIG_COLUMNS`, "not reported" where the engine gave none), the requests that
-compiled (count, time, the stage that paid, reasons, :data:`COMPILE_PHASES`), engine-log
-warnings and errors deduplicated, budget clamps, and the instrumentation overhead some
-investigation of the run measured.
-"""
+"""The root-cause panel of one investigation's bundle (:func:`root_cause`): what it shows is in
+docs/suite.md, "The report page"."""
 
 from __future__ import annotations
 
@@ -15,10 +10,10 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
 import pandas as pd
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, read_results
+from perfkit.common.numfmt import json_float
 from perfkit.readings.records import read_number
 from perfkit.report.tables import MISSING, Table, cell_text, format_table
 from perfkit.reported import NOT_REPORTED, is_reported
@@ -166,10 +161,9 @@ def compile_phase_text(value: Any) -> str:
 
 
 def recompilations(bundle: ResultBundle) -> Table | None:
-    """One row per request that compiled: launch, request (role · frames), compiles, compile
-    time (s), the stage that paid for it and by how much (ms over the warm median of that
-    stage, same launch and shape), and the recompilation reasons (``; ``-joined, each once).
-    None when no request compiled or the bundle has no compile columns."""
+    """One row per request that compiled: compiles, compile time (s), the stage that paid and
+    its excess (s over the warm median, same launch and shape), reasons (each once). None when
+    none compiled."""
     req = bundle.requests
     if req is None or req.empty or not _present(req, "compiles"):
         return None
@@ -208,10 +202,8 @@ def recompilations(bundle: ResultBundle) -> Table | None:
 
 
 def compile_count_note(bundle: ResultBundle) -> str | None:
-    """What the recompilations table cannot say: None when every request row reports its compile
-    count; else which requests do not ("not reported": sglang's records carry no compile counts,
-    a request without a record has none), so that an empty table is never read as "no request
-    compiled"."""
+    """Which requests report no compile count (sglang's records carry none), so an empty
+    recompilations table is never read as "none compiled"; None when all do."""
     req = bundle.requests
     if req is None or req.empty:
         return None
@@ -229,9 +221,8 @@ def compile_count_note(bundle: ResultBundle) -> str | None:
 
 
 def log_findings(logs: Mapping[str, str], limit: int = 20) -> Table | None:
-    """Warnings and errors in engine logs (``name -> text``), deduplicated: one row per message
-    (numbers, addresses and timestamps folded), with its count and the logs it came from; the
-    most frequent first, at most ``limit`` rows. None when there are none."""
+    """Warnings and errors in engine logs (``name -> text``), one row per message (numbers,
+    addresses, timestamps folded) with count and logs, most frequent first, at most ``limit``."""
     found: dict[str, dict[str, Any]] = {}
     for name, text in (logs or {}).items():
         launch = re.sub(r"\.(stdout|stderr)\.log$", "", name)
@@ -280,10 +271,8 @@ _ABS_WORD = re.compile(r"^/[^\s]*$")
 
 
 def command_text(command: str, keep: int = 3) -> str:
-    """An engine command line as the page shows it: each absolute path cut to its last
-    ``keep`` parts (``/tmp/work/cold_warm/session/perf`` -> ``…/cold_warm/session/perf``), so
-    the page carries no path of the host that measured it; the exact command stays in the
-    bundle (``launches.command``, ``meta.json``'s ``commands``)."""
+    """An engine command with each absolute path cut to its last ``keep`` parts
+    (``/tmp/work/cold_warm/session/perf`` -> ``…/cold_warm/session/perf``)."""
     words = []
     for w in command.split(" "):
         if _ABS_WORD.match(w) and w.count("/") > keep:
@@ -306,9 +295,8 @@ def _overhead_parts(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 
 
 def instrumentation_overhead(run_dir: str | Path, name: str) -> tuple[Table | None, str | None]:
-    """(table, where) of the instrumentation overhead: scenario ``name``'s own results first,
-    then any other investigation of the run that measured it (``where`` names its section
-    title, None for its own). (None, None) when nothing in the run measured it."""
+    """(table, where) of the instrumentation overhead from ``name``'s results, else another
+    investigation's (``where``: its title). (None, None) when none measured it."""
     run_dir = Path(run_dir)
     order = [name] + [s.name for s in registry.all_scenarios() if s.name != name]
     for n in order:
@@ -341,26 +329,19 @@ def instrumentation_overhead(run_dir: str | Path, name: str) -> tuple[Table | No
 
 def _ratio(on: Any, off: Any) -> float | None:
     """on / off - 1 (the probe's median overhead), None when either is missing."""
-    try:
-        a, b = float(on), float(off)
-    except (TypeError, ValueError):
-        return None
-    return a / b - 1 if np.isfinite(a) and np.isfinite(b) and b > 0 else None
+    a, b = json_float(on), json_float(off)
+    return a / b - 1 if a is not None and b is not None and b > 0 else None
 
 
 def _pct(v: Any) -> str:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return MISSING
-    return MISSING if not np.isfinite(f) else f"{f:+.2%}"
+    f = json_float(v)
+    return MISSING if f is None else f"{f:+.2%}"
 
 
 def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
-    """The root-cause panel of scenario ``name`` (bundle at ``run_dir/<name>``): ``config``,
-    ``not_reported``, ``recompiles``, ``compiles_note``, ``logs``, ``clamps``,
-    ``instrumentation``/``instrumentation_from`` (the functions of those names) and ``commands``
-    (``{"launch", "command"}``). None without a bundle; never raises (logged, None)."""
+    """The panel of ``run_dir/<name>``: ``config``, ``not_reported``, ``recompiles``,
+    ``compiles_note``, ``logs``, ``clamps``, ``instrumentation``/``_from``, ``commands``. None
+    without a bundle; never raises."""
     d = Path(run_dir) / name
     if not (d / "meta.json").exists():
         return None

@@ -1,18 +1,18 @@
-"""One notebook's section of the report page: its template (the scenario's own, the gate's, or
-the generic one: :func:`section_template`), what the template gets (:func:`section_context`)
-and the executed notebook as offline HTML (:func:`notebook_body`). :func:`template_env` is the
-report's jinja2 environment (templates under ``perfkit/report/templates/``)."""
+"""One notebook's section of the report page: its template (:func:`section_template`), what the
+template gets (:func:`section_context`), the executed notebook as offline HTML
+(:func:`notebook_body`; :func:`external_refs` finds what would make a browser fetch from the
+network, :func:`neutralise_external` makes it inert) and the jinja2 environment."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from perfkit.gate.verdicts import GATE, read_verdict
 from perfkit.report.belowstage import panel as below_stage_panel
-from perfkit.report.offline import strip_external
 from perfkit.report.rootcause import root_cause
 from perfkit.report.runinfo import (
     gate_result,
@@ -30,6 +30,29 @@ if TYPE_CHECKING:  # annotations only: jinja2 is imported where HTML is rendered
 log = logging.getLogger(__name__)
 
 
+_ATTR_EXT = re.compile(r"""(?<![\w-])(src|href|action|poster|data)(\s*=\s*["']?\s*)((?:https?:)?//)""", re.I)
+_URL_EXT = re.compile(r"""(url\(\s*["']?\s*)((?:https?:)?//)""", re.I)
+_IMPORT_EXT = re.compile(r"""(@import\s+["']?)((?:https?:)?//)""", re.I)
+_EXTERNAL = re.compile("|".join(p.pattern for p in (_ATTR_EXT, _URL_EXT, _IMPORT_EXT)), re.I)
+_SCRIPT_SRC = re.compile(r"<script[^>]*\bsrc\s*=[^>]*>\s*</script>", re.I)
+_LINK_EXT = re.compile(r"<link[^>]*\bhref\s*=\s*[\"']?(?:https?:)?//[^>]*>", re.I)
+
+
+def external_refs(text: str) -> list[str]:
+    """Snippets of ``text`` that would make a browser fetch something from the network
+    (``src=``/``href=``/``action=``/``poster=``/``data=`` to ``//`` or ``http(s)://``, CSS
+    ``url(//…)`` and ``@import``). Empty when the page is self-contained."""
+    return [text[max(0, m.start() - 40) : m.end() + 60] for m in _EXTERNAL.finditer(text)]
+
+
+def neutralise_external(text: str) -> str:
+    """Make network references inert: ``src="https://x"`` -> ``data-offline-src="https://x"``,
+    ``url(https://x)`` -> ``url(data:,https://x)``."""
+    text = _ATTR_EXT.sub(lambda m: f"data-offline-{m.group(1)}{m.group(2)}{m.group(3)}", text)
+    text = _URL_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", text)
+    return _IMPORT_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", text)
+
+
 #: the page template; it includes ``report.css`` inline and renders each section's HTML
 PAGE_TEMPLATE = "page.html.j2"
 #: the gate notebook's section template (scenario sections come from the registry)
@@ -40,11 +63,8 @@ FALLBACK_SECTION_TEMPLATE = "sections/_base.html.j2"
 
 @functools.lru_cache(maxsize=1)
 def template_env() -> jinja2.Environment:
-    """The report's jinja2 environment (``templates/`` of this package, autoescaped, filter
-    ``status_class``).
-
-    Raises:
-        ValueError: (jinja2's PackageLoader) the templates directory is not installed."""
+    """The report's jinja2 environment (``templates/``, autoescaped, filter ``status_class``).
+    Raises ValueError: the templates directory is not installed."""
     import jinja2  # here, not at the top: a notebook kernel renders no HTML
 
     env = jinja2.Environment(
@@ -56,9 +76,8 @@ def template_env() -> jinja2.Environment:
 
 
 def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
-    """HTML fragment of an executed notebook (nbconvert's ``basic``, offline): code hidden,
-    outputs kept (images embedded, tracebacks kept, stderr streams dropped); a first Markdown
-    cell ``# <drop_heading>`` is left out (the section shows the title).
+    """HTML of an executed notebook (nbconvert's ``basic``, offline): code hidden, stderr
+    dropped, a first Markdown cell ``# <drop_heading>`` left out.
 
     Raises:
         OSError, nbformat.ValidationError, ValueError: when the notebook cannot be read."""
@@ -88,12 +107,11 @@ def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
     )
     exp.mathjax_url = ""
     body, _ = exp.from_notebook_node(nb)
-    return strip_external(body)
+    return _LINK_EXT.sub("", _SCRIPT_SRC.sub("", body))  # network scripts and links: dropped
 
 
 def section_template(name: str) -> str:
-    """The section template of notebook ``name``: the scenario's ``template`` (registry), the
-    gate's, or the shared base for a name neither knows (logged)."""
+    """The section template of ``name``: the scenario's, the gate's, or the shared base."""
     if name == GATE:
         return GATE_TEMPLATE
     try:
@@ -114,13 +132,8 @@ def _notebook_path(run_dir: Path, n: Mapping[str, Any]) -> Path:
 
 
 def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]:
-    """What a section template gets for notebook entry ``n`` of ``run.json``: ``name``,
-    ``title``, ``question``, ``intro``, ``status``, ``status_text``, ``gate``/``gate_text``
-    (:func:`gate_result`), ``reason``, ``error``, ``wall_s``, ``keys``/``keys_error``,
-    ``verdict`` (verdict.json without rows), ``notebook_path``, ``body``/``body_error``,
-    ``root_cause`` (:func:`perfkit.report.rootcause.root_cause`) and ``below_stage``
-    (:func:`perfkit.report.belowstage.panel`). Never raises on a broken notebook or results
-    file: logged and shown in the section."""
+    """What a section template gets for notebook entry ``n`` of ``run.json`` (the keys below).
+    Never raises on a broken notebook or results file: logged and shown in the section."""
     run_dir = Path(run_dir)
     name = str(n["name"])
     status = str(n.get("status") or "")
@@ -173,9 +186,6 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
 
 
 def render_section(run_dir: str | Path, n: Mapping[str, Any]) -> str:
-    """The HTML of one notebook's section from :func:`section_template` and :func:`section_context`.
-
-    Raises:
-        jinja2.TemplateNotFound: a registered scenario's template file is missing."""
+    """The HTML of one notebook's section. Raises jinja2.TemplateNotFound: a missing template."""
     ctx = section_context(run_dir, n)
     return template_env().get_template(section_template(ctx["name"])).render(**ctx)

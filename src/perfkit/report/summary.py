@@ -1,6 +1,4 @@
-"""``summary.md``: the run's verdict as Markdown for a PR comment or ``$GITHUB_STEP_SUMMARY``
-(:func:`summary_markdown`, fitted below GitHub's comment limit; :func:`write_summary`), with the
-machine's paths made relative (:func:`relative_paths`)."""
+"""``summary.md``: the run's verdict as Markdown for a PR comment or ``$GITHUB_STEP_SUMMARY``."""
 
 from __future__ import annotations
 
@@ -15,8 +13,16 @@ import pandas as pd
 from perfkit.common.slugs import clip, md_text
 from perfkit.gate.outcome import check_counts
 from perfkit.gate.verdicts import GATE, nothing_measured_reason, read_verdict
-from perfkit.report.runinfo import gate_view, investigations, key_numbers, plural, run_status
-from perfkit.report.runtables import engine_ends_frame, refused_records, units_frame
+from perfkit.report.runinfo import (
+    engine_ends_frame,
+    gate_view,
+    investigations,
+    key_numbers,
+    plural,
+    refused_records,
+    run_status,
+    units_frame,
+)
 from perfkit.report.tables import markdown_table
 from perfkit.scenarios import registry
 
@@ -31,9 +37,7 @@ WRAP_AT = 60
 
 
 def wrap_cell(text: Any, width: int = WRAP_AT) -> str:
-    """``text`` with line breaks at word boundaries every ``width`` characters or so, so a long
-    reason wraps inside a GitHub table (:func:`markdown_table` writes them ``<br>``) instead of
-    making it scroll sideways."""
+    """``text`` broken at words every ``width`` characters, so it wraps in a GitHub table."""
     import textwrap
 
     t = str(text if text is not None else "").strip()
@@ -43,8 +47,7 @@ def wrap_cell(text: Any, width: int = WRAP_AT) -> str:
 
 
 def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tuple[str, int]:
-    """(Markdown table of the first ``n`` rows of ``df[cols]`` with ``reason`` wrapped, rows
-    left out). A table is cut between rows only, never inside one."""
+    """(Markdown table of the first ``n`` rows of ``df[cols]``, reasons wrapped; rows left out)."""
     v = df[[c for c in cols if c in df.columns]]
     left, v = 0 if n is None else max(0, len(v) - n), v.iloc[:n]
     if "reason" in v.columns:
@@ -53,9 +56,8 @@ def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tupl
 
 
 def engine_versions_text(meta: Mapping[str, Any]) -> str:
-    """The engine's versions as installed where it ran (meta ``engine_versions``, the first
-    launch's: ``engine: sglang 0.5.23, torch 2.14.1+cu130, diffusers 0.37.0``); a bundle
-    without them names perfkit's torch and diffusers, said as such."""
+    """The first launch's engine versions (``engine: sglang 0.5.23, torch 2.14.1+cu130,
+    diffusers 0.37.0``), else perfkit's torch and diffusers, said as such."""
     ev = next(iter((meta.get("engine_versions") or {}).values()), None)
     if not ev or "error" in ev:
         why = f" ({ev['error']})" if ev else ""
@@ -67,9 +69,7 @@ def engine_versions_text(meta: Mapping[str, Any]) -> str:
 
 
 def _engine_lines(run_dir: Path) -> list[str]:
-    """The first launch of the first bundle with launches: the engine's versions, where its
-    effective config and each cold start part were read from (sglang's own lines, the OS,
-    /health or perfkit's marks)."""
+    """The first launch's engine versions and where its config and cold start parts were read from."""
     from perfkit.bundle import ResultBundle
 
     for s in registry.all_scenarios():
@@ -93,8 +93,7 @@ def _engine_lines(run_dir: Path) -> list[str]:
 
 
 def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
-    """The summary's lines between the failed and the passing gate rows: notebook errors, one
-    row per investigation, key numbers, units, merge notes, engine ends, warnings."""
+    """The summary's blocks between the failed and the passing gate rows."""
     nbs = info.get("notebooks", [])
     inv = [
         {
@@ -142,12 +141,8 @@ def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
 
 
 def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
-    """The run's verdict as Markdown for a PR comment or ``$GITHUB_STEP_SUMMARY``: the verdict
-    line and counts, the failed gate rows (reasons wrapped), errors, one row per investigation,
-    key numbers (informational), units, merge notes, engine ends, warnings, then the passing rows
-    in a collapsed ``<details>``. Kept within ``limit`` characters (:data:`SUMMARY_LIMIT`, below
-    GitHub's 65,536): passing rows, then failed rows, left out from the end, whole rows only,
-    with a line pointing at ``report.html``."""
+    """The run's verdict as Markdown, the passing rows in a collapsed ``<details>``, within
+    ``limit`` characters: passing rows, then failed rows, left out from the end, whole rows only."""
     run_dir = Path(run_dir)
     info, verdicts, code, word = run_status(run_dir)
     icon = {"pass": "✅", "inconclusive": "⚠️", "regression": "❌", "error": "💥"}.get(word, "")
@@ -225,9 +220,8 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
 
 
 def relative_paths(text: str, run_dir: str | Path) -> str:
-    """``text`` with this machine's absolute paths made relative: the run directory's
-    (``/tmp/x/baseline.json`` -> ``baseline.json``; itself -> ``.``), then the checkout's and the
-    working directory's, so a committed report names no path of the machine that rendered it."""
+    """``text`` with the run directory's, the checkout's and the working directory's absolute
+    paths made relative (``/tmp/x/baseline.json`` -> ``baseline.json``; itself -> ``.``)."""
     from perfkit.common.provenance import repo_root
 
     roots: list[str] = []
@@ -243,8 +237,7 @@ def relative_paths(text: str, run_dir: str | Path) -> str:
 
 
 def write_summary(run_dir: str | Path) -> str:
-    """Write ``run_dir/summary.md`` (:func:`summary_markdown`, paths made relative by
-    :func:`relative_paths`) and return its text."""
+    """Write ``run_dir/summary.md`` (paths made relative) and return its text."""
     text = relative_paths(summary_markdown(run_dir), run_dir)
     (Path(run_dir) / "summary.md").write_text(text, encoding="utf-8")
     return text

@@ -1,14 +1,6 @@
-"""One table formatter for the report page, the Markdown summary and the notebooks.
-
-:func:`format_table` turns a DataFrame into header labels and display strings; the templates,
-:func:`markdown_table` and :func:`styled` (a pandas Styler; :func:`use_in_notebook`) render
-from it, so a number reads the same everywhere: no index column; units in the header
-(:func:`column_label`: ``peak_reserved_mib`` -> ``peak reserved (MiB)``; sglang's ``_mb`` is
-MiB); numbers by :func:`perfkit.common.numfmt.number_text` (integers with thousands
-separators, never an exponent); missing values (None, NaN, ``pd.NA``, ``NaT``, a ``str()`` of
-them) as ``"–"``; booleans ``yes``/``no``; lists and dicts as ``a, b`` / ``k=v``. A table
-with more than :data:`WIDE_COLUMNS` columns and fewer rows can be transposed
-(``transpose="auto"``).
+"""One table formatter for the report page, the Markdown summary and the notebooks
+(:func:`format_table`; :func:`markdown_table` and :func:`styled` render from it). The rules:
+docs/suite.md, "The report page".
 """
 
 from __future__ import annotations
@@ -90,9 +82,8 @@ def column_label(name: Any) -> str:
 
 @dataclass(frozen=True)
 class Table:
-    """A formatted table: ``header`` (column labels), ``rows`` (lists of display strings, each
-    ``len(header)`` long), ``status_col`` (index of the status column the page colours, or None),
-    ``transposed`` (turned on its side: the first column holds the original labels)."""
+    """``header`` (labels), ``rows`` (display strings, ``len(header)`` each), ``status_col`` (index of
+    the status column the page colours, or None), ``transposed`` (first column: the labels)."""
 
     header: list[str]
     rows: list[list[str]]
@@ -110,8 +101,7 @@ class Table:
 
     @property
     def wide(self) -> bool:
-        """True when the table has more than :data:`WIDE_COLUMNS` columns (the page lets its
-        cells wrap tighter)."""
+        """More than :data:`WIDE_COLUMNS` columns (the page wraps its cells tighter)."""
         return len(self.header) > WIDE_COLUMNS
 
 
@@ -128,11 +118,9 @@ def format_table(
     labels: bool = True,
     transpose: bool | str = False,
 ) -> Table:
-    """Header labels and rows of display strings of ``df`` (index dropped); ``status_col`` marks
-    :attr:`Table.status_col` when ``df`` has it; ``labels`` sends headers through
-    :func:`column_label`; ``transpose`` True turns the table on its side (one row per column,
-    headed by the first column's cells), ``"auto"`` does so for a wide table with few rows.
-    ``header, rows = format_table(df)`` unpacks the :class:`Table`.
+    """``df`` as a :class:`Table` (index dropped; headers through :func:`column_label` with
+    ``labels``); ``transpose`` True: one row per column, headed by the first column's cells;
+    ``"auto"``: so for a wide table with few rows.
 
     Raises:
         TypeError: if ``df`` is not a DataFrame."""
@@ -157,9 +145,9 @@ def status_class(word: str) -> str:
 
 
 def markdown_table(df: pd.DataFrame, *, labels: bool = True, own_markdown: bool = False) -> str:
-    """A GitHub Markdown table of ``df`` from :func:`format_table`, cells through
-    :func:`perfkit.common.slugs.md_text` (no markup live, line breaks ``<br>``); ``own_markdown``
-    keeps the cells' Markdown (the project's own text), escaping only ``|`` and line breaks.
+    """A GitHub Markdown table of ``df`` (:func:`format_table`), cells through
+    :func:`perfkit.common.slugs.md_text`; ``own_markdown`` keeps the cells' Markdown (the
+    project's own text), escaping only ``|`` and line breaks.
 
     Raises:
         TypeError: if ``df`` is not a DataFrame."""
@@ -201,10 +189,8 @@ def styled(
     transpose: bool | str = "auto",
     caption: str | None = None,
 ) -> Any:
-    """A pandas ``Styler`` of ``df`` from :func:`format_table` (a labelled index becomes the first
-    column, headed by its name or "row"), status words in ``status_col`` coloured, text
-    HTML-escaped, ``transpose`` as :func:`format_table`'s (default ``"auto"``), an optional
-    ``caption``: ``display(styled(df))`` or ``.to_html()``.
+    """A pandas ``Styler`` of ``df`` (:func:`format_table`; a labelled index becomes the first
+    column, headed by its name or "row"), status words coloured, text HTML-escaped.
 
     Raises:
         TypeError: if ``df`` is not a DataFrame."""
@@ -228,8 +214,7 @@ def styled(
 
 
 def _default_index(df: pd.DataFrame) -> bool:
-    """True when the index says nothing (unnamed integers: row numbers, a filtered frame's
-    positions), so it is not shown; a named or labelled index is data."""
+    """True when the index is unnamed integers (not shown); a named or labelled index is data."""
     idx = df.index
     return idx.nlevels == 1 and idx.name is None and (len(idx) == 0 or idx.dtype.kind in "iu")
 
@@ -246,9 +231,8 @@ def _unique(header: list[str]) -> list[str]:
 
 
 def use_in_notebook() -> bool:
-    """Make every DataFrame a notebook cell displays render through :func:`styled` (HTML
-    output; the plain-text output stays pandas'). Returns False outside IPython (nothing
-    done), True once registered. Safe to call twice."""
+    """Render every DataFrame a notebook cell displays through :func:`styled` (HTML output).
+    False outside IPython (nothing done), else True; safe to call twice."""
     try:
         from IPython import get_ipython
     except ImportError:

@@ -1,12 +1,6 @@
-"""Serving-under-load figures: e2e latency against concurrency (p50, p99 with its interval's
-lower end), queue wait stacked on service time per level, and the memory timeline with each
-level's window shaded (:func:`latency_vs_concurrency`, :func:`queue_vs_service`,
-:func:`memory_under_concurrency`).
-
-Each takes the investigation's per-level results (a list of mappings with ``concurrency`` or
-``rate_rps``, ``p50_ms``, ``p99_ms``, ``p99_ci``, ``queue_wait_ms``, ``service_ms``, ``t0_s``,
-``t1_s``; ms and epoch seconds) and, for memory, the bundle's ``memory`` table (MiB).
-"""
+"""Serving-under-load figures from the per-level results (``concurrency`` or ``rate_rps``,
+``p50_ms``, ``p99_ms``, ``p99_ci``, ``queue_wait_ms``, ``service_ms``, ``t0_s``, ``t1_s``: ms,
+epoch s) and the ``memory`` table (MiB)."""
 
 from __future__ import annotations
 

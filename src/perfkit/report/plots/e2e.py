@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 
 from perfkit.report.plots.base import (
+    COLD_COLOR,
     Figure,
     drop_warmup,
     empty_note,
@@ -21,7 +22,6 @@ from perfkit.report.plots.base import (
     unbundle,
     use_log,
 )
-from perfkit.report.plots.style import COLD_COLOR
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARMUP, request_roles
 
 _ROLE_MARKERS = {

@@ -10,6 +10,7 @@ import pandas as pd
 
 from perfkit.bundle_schema import WARMUP_INDEX
 from perfkit.report.plots.base import (
+    COLD_COLOR,
     Figure,
     empty_note,
     is_finite,
@@ -22,7 +23,6 @@ from perfkit.report.plots.base import (
     unbundle,
     use_log,
 )
-from perfkit.report.plots.style import COLD_COLOR
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, request_roles
 
 #: (stage values per request, role info) of one series: a (shape, kind) of one launch
