@@ -27,8 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.common.presets import PRESET_NAMES
-from perfkit.refengine import offload_request
-from perfkit.refengine.flags import build_parser, parse_indices, server_args_line, sglang_perf_log_dir
+from perfkit.refengine.flags import (
+    OffloadNotApplicable,
+    build_parser,
+    check_applicable,
+    parse_indices,
+    requested_modes,
+    server_args_line,
+    sglang_perf_log_dir,
+)
 
 log = logging.getLogger("perfkit.refengine")
 
@@ -81,8 +88,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     from perfkit.common.provenance import git_commit
     from perfkit.refengine import dist, models, placement
     from perfkit.refengine.compile_watch import CompileWatch
-    from perfkit.refengine.device_memory import snapshot
-    from perfkit.refengine.memhistory import SnapshotRecorder
+    from perfkit.refengine.memhistory import SnapshotRecorder, snapshot
     from perfkit.refengine.pipeline import StagedPipeline
     from perfkit.refengine.server import Engine
 
@@ -353,10 +359,10 @@ def _requested_offload(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     if asked and args.placement is not None:
         raise _Refused("give either --placement or --offload/--offload-<component>, not both")
     legacy = args.placement if kind == "cuda" else None  # the older flag: ignored on the CPU
-    requested = offload_request.requested_modes(args.offload, per_component, legacy=legacy)
+    requested = requested_modes(args.offload, per_component, legacy=legacy)
     try:
-        offload_request.check_applicable(requested, kind)
-    except offload_request.OffloadNotApplicable as exc:
+        check_applicable(requested, kind)
+    except OffloadNotApplicable as exc:
         raise _Refused(str(exc)) from None
     return requested
 
@@ -461,7 +467,7 @@ def _startup_warmup(
 ) -> bool:
     """Run the startup warmup request (the engine resets the peak memory statistics as it starts
     it); False (``error: ...`` on stderr) when it failed."""
-    from perfkit.refengine.device_memory import snapshot
+    from perfkit.refengine.memhistory import snapshot
     from perfkit.refengine.request import GenRequest
 
     wh, ww = args.warmup_resolution or (defaults["height"], defaults["width"])

@@ -297,7 +297,7 @@ class Rank0Runner:
         self.pipe, self.par, self.device = pipe, par, pipe.device
 
     def run(self, req, keep_output: bool = False, slow: bool = False):
-        from perfkit.refengine.device_memory import snapshot
+        from perfkit.refengine.memhistory import snapshot
 
         if self.fatal:
             raise RuntimeError(f"multi-rank engine unusable: {self.fatal}")
@@ -359,7 +359,7 @@ def worker_loop(pipe, par: CfgParallel, warmup_first: bool, snapshots: dict[str,
 
     ``warmup_first``: the first run is the startup warmup (its peak becomes ``warmup_peak``).
     """
-    from perfkit.refengine.device_memory import snapshot
+    from perfkit.refengine.memhistory import snapshot
     from perfkit.refengine.request import GenRequest
 
     dev = pipe.device

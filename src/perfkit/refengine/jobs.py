@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from perfkit.common.recordformat import PERF_LOG_NAME
-from perfkit.refengine.device_memory import max_snapshots
+from perfkit.refengine.memhistory import max_snapshots
 from perfkit.refengine.profiling import TraceInfo
 from perfkit.refengine.request import GenRequest, RunResult, host_memory, record_payload, run_extras
 

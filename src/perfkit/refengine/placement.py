@@ -3,7 +3,7 @@
 Honours ``PERFKIT_CAP_DEVICE_MEMORY_GIB`` and ``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB``
 (as sglang's CI worker does: ``torch.cuda.set_per_process_memory_fraction(cap / total)``).
 
-Offload modes (:data:`perfkit.refengine.offload_request.OFFLOAD_MODES`), per component
+Offload modes (:data:`perfkit.refengine.flags.OFFLOAD_MODES`), per component
 (:data:`COMPONENTS`; the two-stage upsampler follows the VAE):
 
 - ``none``: the weights are resident on the device.
@@ -35,8 +35,8 @@ from typing import Mapping
 
 import torch
 
+from perfkit.refengine.flags import COMPONENTS, check_applicable
 from perfkit.refengine.models import Components
-from perfkit.refengine.offload_request import COMPONENTS, check_applicable
 
 log = logging.getLogger(__name__)
 

@@ -30,15 +30,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from perfkit.common.frames import TEMPORAL_COMPRESSION, align_frames
-from perfkit.refengine.device_memory import snapshot
 from perfkit.refengine.jobs import Job, PerfLogWriter, job_body, job_record
-from perfkit.refengine.memhistory import SnapshotRecorder
+from perfkit.refengine.memhistory import MIB, SnapshotRecorder, snapshot
 from perfkit.refengine.pipeline import StagedPipeline
 from perfkit.refengine.profiling import RequestProfiler, TraceInfo, profile_mode, profiled_steps
 from perfkit.refengine.request import GenRequest, RunResult
 
 log = logging.getLogger(__name__)
-MIB = 2**20
 
 
 #: the fields this engine acts on (the rest of :data:`SGLANG_VIDEO_FIELDS` is accepted and ignored)
