@@ -1,18 +1,6 @@
-"""Command line of the reference engine.
-
-The engine prints marks on stderr that the harness parses for the cold start parts::
-
-    perfkit-mark process_start t=<epoch s>
-    perfkit-mark models_loaded t=<epoch s>
-    perfkit-mark warmup_done t=<epoch s>
-    perfkit-mark listening port=<port>
-
-and, as sglang 0.5.23 does, ``server_args: {JSON}`` and ``[server-load]
-workers_ready_monotonic_ns=<ns>`` log lines; ``/health`` answers 503 while the startup warmup runs
-(it starts once HTTP serves), 200 after. perfkit reads the sglang lines; the marks are an extra.
-
-The options are in :mod:`perfkit.refengine.flags`; :func:`main` checks them, builds the
-engine (device, placement, compile settings, the pipeline) and serves.
+"""Command line of the reference engine: :func:`main` checks the options
+(:mod:`perfkit.refengine.flags`), builds the engine (device, placement, compile settings, the
+pipeline) and serves. Marks, sglang's log lines and exit codes: docs/refengine.md.
 """
 
 from __future__ import annotations
@@ -467,8 +455,8 @@ def _startup_warmup(
 ) -> bool:
     """Run the startup warmup request (the engine resets the peak memory statistics as it starts
     it); False (``error: ...`` on stderr) when it failed."""
+    from perfkit.refengine.jobs import GenRequest
     from perfkit.refengine.memhistory import snapshot
-    from perfkit.refengine.request import GenRequest
 
     wh, ww = args.warmup_resolution or (defaults["height"], defaults["width"])
     job = engine.run_sync(

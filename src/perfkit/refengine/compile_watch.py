@@ -1,13 +1,6 @@
-"""Counting torch.compile compilations per request, with recompilation reasons.
-
-Uses dynamo's compile start/end callbacks (``torch._dynamo.callback.callback_handler``) for
-count and time, and the ``recompiles`` logging artifact (``torch._logging.set_logs``) for the
-guard that failed. A message about ``recompile_limit``/``cache_size_limit`` marks that the limit
-was hit: after that torch runs the frame eagerly without saying so in the result, so we record it.
-The time per compile phase comes from torch's own timers (``torch._dynamo.utils.
-compilation_time_metrics``: ``dynamo_timed`` name -> seconds per call), the entries added inside
-the window summed per name: what a compile's time is made of (tracing, AOT and inductor, the wait
-for the worker pool that compiles the kernels).
+"""Counting torch.compile compilations per request, with recompilation reasons, the recompile
+limit hit and torch's per-phase compile times (:class:`CompileWatch`, :class:`CompileWindow`;
+sources: docs/refengine.md, "Compilations").
 """
 
 from __future__ import annotations

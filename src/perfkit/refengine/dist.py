@@ -1,31 +1,7 @@
-"""CFG parallelism for the reference engine (``--num-gpus N``, N > 1) with torch.distributed.
-
-Layout (N processes, one per device; NCCL on CUDA, gloo on CPU)::
-
-    rank 0 (the launched process)      ranks 1..N-1 (spawned by rank 0, same argv + --rank r)
-    HTTP, job queue, records           no HTTP, no perfkit-mark lines
-    broadcast each request  ────────►  receive it (gloo control group: no GPU busy-wait while idle)
-    TextEncoding, LatentPreparation    the same (same seeded weights, same CPU-seeded latents)
-    DenoisingStage / RefinementStage, per step:
-      rank 0: unconditional branch     rank 1: conditional branch; ranks >= 2: idle (send zeros)
-      all_gather the noise predictions, every rank combines them and steps its scheduler, so the
-      latents stay identical on every rank
-    DecodingStage (rank 0 only)
-    gather every rank's report  ◄────  stages, steps, compile window, memory peaks, host RSS
-
-Guidance off (guidance_scale <= 1) has one branch: rank 0 computes it and the other ranks idle.
-More than 2 ranks: CFG has two branches, so ranks >= 2 idle (they still join every collective;
-nothing is split further). The frame rule stays 8k+1: every rank holds the whole latent, so CFG
-parallelism puts no GPU-count term into the frame alignment (sequence parallelism would).
-
-Failures: the process group cannot be trusted after a request failed on one rank part-way through
-its collectives. Rank 0 then fails that request, stops the other ranks and stays up with
-``fatal`` set (``/health`` answers 503, later requests fail at once). A rank that dies is noticed
-by rank 0's monitor thread the same way; a rank-0 run stuck in an NCCL collective with a dead
-peer makes rank 0 exit (code 3) after :data:`STUCK_EXIT_S`.
-
-Teardown: the other ranks are children of rank 0 in its process group (perfkit.engine.launch signals
-the group), die with rank 0 (``PR_SET_PDEATHSIG``), and are terminated when rank 0 returns.
+"""CFG parallelism for the reference engine (``--num-gpus N``, N > 1) with torch.distributed:
+rank 0 serves and broadcasts each request, each rank computes one guidance branch per step and
+the noise predictions are all-gathered (:class:`CfgParallel`, :class:`Rank0Runner`,
+:func:`worker_loop`). Layout, failures and teardown: docs/refengine.md, "CFG parallelism".
 """
 
 from __future__ import annotations
@@ -253,7 +229,7 @@ def stop_ranks(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
 
 def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any]) -> dict[str, Any]:
     """One rank's part of a record: stages, steps, compile window, memory, host RSS."""
-    from perfkit.refengine.request import host_memory, record_payload, run_extras
+    from perfkit.refengine.jobs import host_memory, record_payload, run_extras
 
     rt = snapshots.get("runtime_peak") or {}
     return {
@@ -359,8 +335,8 @@ def worker_loop(pipe, par: CfgParallel, warmup_first: bool, snapshots: dict[str,
 
     ``warmup_first``: the first run is the startup warmup (its peak becomes ``warmup_peak``).
     """
+    from perfkit.refengine.jobs import GenRequest
     from perfkit.refengine.memhistory import snapshot
-    from perfkit.refengine.request import GenRequest
 
     dev = pipe.device
     n = 0

@@ -1,11 +1,6 @@
-"""Model construction for the reference engine: diffusers LTX-Video components, seeded weights.
-
-Nothing is fetched from a model hub. Presets build the real diffusers classes
-(``LTXVideoTransformer3DModel``, ``AutoencoderKLLTXVideo``, ``FlowMatchEulerDiscreteScheduler``,
-``LTXLatentUpsamplerModel``) and a transformers ``T5EncoderModel`` with seeded random weights, so
-compute and memory match trained weights of the same configuration. A tokenizer is trained
-locally with the ``tokenizers`` library. ``load_checkpoint`` loads a local diffusers-format
-directory instead (the layout ``save_pretrained`` writes, as in ``Lightricks/LTX-Video``).
+"""Model construction for the reference engine: diffusers LTX-Video components with seeded
+weights (:func:`build_preset`), or a local diffusers-format checkpoint (:func:`load_checkpoint`);
+nothing is fetched from a model hub (docs/refengine.md, "Models").
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
-"""Device placement and offload modes, under a memory cap or as asked.
-
-Honours ``PERFKIT_CAP_DEVICE_MEMORY_GIB`` and ``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB``
-(as sglang's CI worker does: ``torch.cuda.set_per_process_memory_fraction(cap / total)``).
-
-Offload modes (:data:`perfkit.refengine.flags.OFFLOAD_MODES`), per component
-(:data:`COMPONENTS`; the two-stage upsampler follows the VAE):
-
-- ``none``: the weights are resident on the device.
-- ``model``: accelerate's ``cpu_offload_with_hook``, chained like diffusers'
-  ``enable_model_cpu_offload`` and closed into a cycle: a component is onloaded when its
-  ``forward`` runs and offloaded when the next one runs (a single one stays on the device).
-- ``group-block`` / ``group-leaf``: diffusers' ``apply_group_offloading`` at block level (one
-  block of a ``ModuleList`` at a time; the VAE's are its decoder's, the T5 encoder's its stack's)
-  or leaf level (every leaf module just before it runs).
-
-Group modes prefetch on a CUDA stream (``use_stream=True``) on CUDA, except block-level offload
-of a component whose blocks sit in a submodule (``_BLOCK_MODULES``): diffusers 0.42.1 registers
-its layer execution tracker twice when ``block_modules`` and streams are combined (``ValueError:
-Hook with name layer_execution_tracker already exists``, seen on the H200). Every mode but
-``none`` needs an accelerator (:func:`check_applicable`; the engine exits 2).
-
-Automatic placement (no mode asked): :func:`auto_modes`. torch.compile is kept for a resident or
-block-level offloaded transformer (:data:`COMPILE_COMPATIBLE`, diffusers PR #11605; each block
-is one more graph, hence :data:`GROUP_COMPILE_RECOMPILE_LIMIT`); otherwise the engine records
-why not (``compile_disabled_reason``).
+"""Device placement and offload modes (``none``, ``model``, ``group-block``, ``group-leaf`` per
+component), under a memory cap (``PERFKIT_CAP_DEVICE_MEMORY_GIB``,
+``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB``) or as asked: :func:`place_components`,
+:func:`auto_modes`. Modes, sources and the diffusers limits: docs/refengine.md, "Placement and
+offload".
 """
 
 from __future__ import annotations

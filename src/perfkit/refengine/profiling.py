@@ -1,30 +1,8 @@
-"""Per-request torch.profiler traces with sglang's diffusion profiling API.
-
-sglang's diffusion server (``python/sglang/multimodal_gen/runtime/utils/profiler.py``,
-``SGLDiffusionProfiler``, read for these semantics; no code copied) profiles one request when the
-request sets ``profile: true``:
-
-- ``profile_all_stages: true``: every stage of the request is recorded; the mode is
-  ``full_stages``.
-- otherwise only denoising steps: N = ``num_profiled_timesteps`` (default 5; ``-1``: the
-  request's ``num_inference_steps``), the mode ``{N}_steps``. sglang adds its warm-up step to the
-  active ones (``num_active_steps = N + 1``) and uses ``torch.profiler.schedule(wait=0,
-  warmup=1, active=N+1, repeat=1)``, stepped after each denoising step while ``num_active_steps
-  >= 0`` (then the profiler stops): denoising step 0 is torch's warm-up (not recorded) and the
-  trace holds ``ProfilerStep#1`` .. ``ProfilerStep#N+1`` (denoising steps 1 .. N+1), one more
-  than asked. A request with S <= N+1 steps records S ProfilerSteps, the last one holding what
-  follows its last step (decoding).
-- activities CPU, plus CUDA when torch sees a GPU; ``record_shapes`` and ``with_stack`` on.
-- one gzipped Chrome trace per request and rank:
-  ``{request_id}-{mode}-global-rank{rank}.trace.json.gz`` in
-  ``SGLANG_DIFFUSION_TORCH_PROFILER_DIR``, else ``SGLANG_TORCH_PROFILER_DIR``, else ``./logs``
-  (relative to the engine's working directory).
-
-Ranges, as sglang 0.5.23 writes them (``runtime/pipelines_core/executors/pipeline_executor.py``):
-each stage runs in a ``STAGE <registered name>`` range (:data:`REGISTERED_NAMES`), in both
-modes (in ``N_steps`` traces only the stages inside the recorded window show); no per-step range
-(sglang's ``denoising_step_{i}`` markers are NVTX ranges and its own stage timer, not profiler
-ranges). The test-only injected slowdown runs inside a ``perfkit::debug_stage_delay`` range.
+"""Per-request torch.profiler traces with sglang's diffusion profiling API (``profile``,
+``num_profiled_timesteps``, ``profile_all_stages``; sglang's ``runtime/utils/profiler.py``
+``SGLDiffusionProfiler``, read for the semantics, no code copied): modes, file names, directory
+and ranges as sglang 0.5.23 writes them. See docs/below-the-stage.md, "How traces are taken and
+read".
 """
 
 from __future__ import annotations

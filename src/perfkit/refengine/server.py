@@ -1,15 +1,7 @@
-"""HTTP front of the reference engine (FastAPI), speaking sglang's /v1/videos protocol.
-
-Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/videos`` (returns id and status),
-``GET /v1/videos/{id}``. ``POST /v1/videos`` accepts every field of sglang's request model
-(:data:`SGLANG_VIDEO_FIELDS`) and refuses any other with a 400 naming it; its answer echoes the
-effective shape (``num_frames`` aligned to 8k+1, ``num_frames_requested``, ``alignment_note``)
-and the sglang fields it ignored. One pipeline run at a time: a single worker thread takes jobs from a
-queue, so concurrent requests queue and are never interleaved. Every run (startup warmup included)
-appends one whole JSON line to ``performance.log`` (sglang's per-request layout + ``perfkit``).
-A request with sglang's ``profile: true`` (and ``num_profiled_timesteps``, ``profile_all_stages``)
-leaves a torch.profiler trace named and placed as sglang's (:mod:`perfkit.refengine.profiling`);
-its record's ``perfkit.profile`` says where.
+"""HTTP front of the reference engine (FastAPI), speaking sglang's /v1/videos protocol
+(:class:`VideoRequest`, :data:`SGLANG_VIDEO_FIELDS`): :class:`Engine` runs one request at a time
+on a worker thread and appends each run's record to ``performance.log``. Endpoints and rules:
+docs/refengine.md, "Serving and jobs"; profiled requests: docs/below-the-stage.md.
 """
 
 from __future__ import annotations
@@ -30,11 +22,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from perfkit.common.frames import TEMPORAL_COMPRESSION, align_frames
-from perfkit.refengine.jobs import Job, PerfLogWriter, job_body, job_record
+from perfkit.refengine.jobs import GenRequest, Job, PerfLogWriter, RunResult, job_body, job_record
 from perfkit.refengine.memhistory import MIB, SnapshotRecorder, snapshot
 from perfkit.refengine.pipeline import StagedPipeline
 from perfkit.refengine.profiling import RequestProfiler, TraceInfo, profile_mode, profiled_steps
-from perfkit.refengine.request import GenRequest, RunResult
 
 log = logging.getLogger(__name__)
 
