@@ -380,11 +380,11 @@ def _start_ranks(args: argparse.Namespace, raw_argv: list[str], rank: int) -> tu
     if rank == 0:
         import atexit
 
-        store, init_url = dist.make_master_store(args.dist_init, args.num_gpus)
+        store, init_url = dist.make_store(args.dist_init, args.num_gpus, master=True)
         runner = dist.Rank0Runner(dist.spawn_ranks(raw_argv, args.num_gpus, init_url))
         atexit.register(runner.shutdown)
         return runner, store
-    return None, dist.client_store(args.dist_init, args.num_gpus)
+    return None, dist.make_store(args.dist_init, args.num_gpus, master=False)[0]
 
 
 def _components(

@@ -15,21 +15,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CompileWindow:
-    """What compiled inside one window (a request).
-
-    Attributes:
-        compiles: dynamo compilations started in the window.
-        compile_ms: wall time spent compiling (ms), summed over compilations.
-        reasons: recompilation reasons (the failed guard lines).
-        limit_hit: the recompile limit was hit (frames then run eagerly).
-        limit_stage: the pipeline stage that was running when the limit was hit (None: not hit,
-            or hit outside a stage).
-        by_stage: stage name -> {"compiles", "compile_ms", "reasons"} for the stages that
-            compiled (the stage is the one :attr:`CompileWatch.stage` named at the time).
-        phases_ms: torch's ``dynamo_timed`` name -> ms spent in it inside the window (the names
-            nest: ``OutputGraph.call_user_compiler`` holds ``async_compile.wait``); empty when
-            nothing compiled; None when this torch has no ``compilation_time_metrics``.
-    """
+    """What compiled inside one window (a request): compilations started, their wall time (ms),
+    the failed guard lines, whether (and in which stage) the recompile limit was hit, the same
+    per stage (``by_stage``), and ``phases_ms``: torch's ``dynamo_timed`` name -> ms inside the
+    window (names nest; None when this torch has no ``compilation_time_metrics``)."""
 
     compiles: int = 0
     compile_ms: float = 0.0

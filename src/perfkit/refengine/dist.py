@@ -24,8 +24,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-#: Collective timeout (s). Idle ranks wait for the next request inside a broadcast, so this
-#: bounds the idle time between requests; override with PERFKIT_DIST_TIMEOUT_S.
+#: Collective timeout (s), which bounds the idle time between requests; PERFKIT_DIST_TIMEOUT_S.
 DEFAULT_TIMEOUT_S = 24 * 3600.0
 #: Seconds rank 0 waits for an in-flight request after a peer died before it exits (code 3).
 STUCK_EXIT_S = 10.0
@@ -53,23 +52,23 @@ def rank_device(device: torch.device, rank: int, world_size: int) -> torch.devic
     return torch.device("cuda", base + rank)
 
 
-def make_master_store(init: str | None, world_size: int):
-    """Rank 0's TCPStore: on the port of ``init`` (``tcp://HOST:PORT``), else a free port.
+def make_store(init: str | None, world_size: int, master: bool):
+    """(TCPStore, ``tcp://HOST:PORT`` for the other ranks): rank 0's (``master``: on the port of
+    ``init``, else a free one) or a client of it.
 
-    Returns (store, ``tcp://HOST:PORT`` for the other ranks).
+    Raises:
+        ValueError: ``init`` is not ``tcp://HOST:PORT``.
     """
     from torch.distributed import TCPStore
 
-    host, port = _parse_init(init) if init else ("127.0.0.1", 0)
-    store = TCPStore(host, port, world_size, is_master=True, timeout=timeout(), wait_for_workers=False)
+    host, port = "127.0.0.1", "0"
+    if init:
+        if not init.startswith("tcp://") or ":" not in init[6:]:
+            raise ValueError(f"--dist-init must look like tcp://HOST:PORT, got {init!r}")
+        host, port = init[6:].rsplit(":", 1)
+    kw = {"wait_for_workers": False} if master else {}
+    store = TCPStore(host, int(port), world_size, is_master=master, timeout=timeout(), **kw)
     return store, f"tcp://{host}:{store.port}"
-
-
-def _parse_init(init: str) -> tuple[str, int]:
-    if not init.startswith("tcp://") or ":" not in init[6:]:
-        raise ValueError(f"--dist-init must look like tcp://HOST:PORT, got {init!r}")
-    host, port = init[6:].rsplit(":", 1)
-    return host, int(port)
 
 
 @dataclass
@@ -90,9 +89,8 @@ class CfgParallel:
         self._marks = []
 
     def step_split(self) -> tuple[list[float], list[float]]:
-        """(transformer ms, all_gather ms) per step of the request, in call order. On CUDA the
-        times come from events recorded around the two calls (no host sync while running;
-        resolved here, after the request's final sync); on CPU from ``time.perf_counter``."""
+        """(transformer ms, all_gather ms) per step of the request, in call order (CUDA events,
+        resolved here after the request's final sync; ``time.perf_counter`` on CPU)."""
         compute, gather = [], []
         for a, b, c in self._marks:
             if isinstance(a, float):
@@ -172,13 +170,6 @@ def init(rank: int, world_size: int, store, device: torch.device) -> CfgParallel
     return CfgParallel(rank, world_size, device, backend, control)
 
 
-def client_store(init_url: str, world_size: int):
-    from torch.distributed import TCPStore
-
-    host, port = _parse_init(init_url)
-    return TCPStore(host, port, world_size, is_master=False, timeout=timeout())
-
-
 def _pdeathsig_hook() -> Callable[[], None] | None:
     """A preexec_fn asking the kernel to SIGKILL the child when rank 0 dies (Linux; libc loaded
     here in the parent, so the child only makes the system call between fork and exec)."""
@@ -193,11 +184,8 @@ def _pdeathsig_hook() -> Callable[[], None] | None:
 
 
 def spawn_ranks(argv: list[str], world_size: int, init_url: str) -> list[subprocess.Popen]:
-    """Start ranks 1..world_size-1: ``python -m perfkit.refengine ARGV --rank r ...``.
-
-    They inherit stdout/stderr and the process group of rank 0, get ``NCCL_NVLS_ENABLE=0`` and
-    are killed by the kernel when rank 0 dies.
-    """
+    """Start ranks 1..world_size-1: ``python -m perfkit.refengine ARGV --rank r ...`` (rank 0's
+    stdout/stderr and process group, ``NCCL_NVLS_ENABLE=0``, killed when rank 0 dies)."""
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}
     procs = []
     hook = _pdeathsig_hook()
@@ -247,13 +235,10 @@ def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any])
 
 
 class Rank0Runner:
-    """Rank 0's pipeline front: broadcasts each request, runs its part, gathers the reports.
-
-    Duck-types :class:`~perfkit.refengine.pipeline.StagedPipeline` for the server (``run``,
-    ``device``). ``fatal`` is set once the group is unusable (see the module docstring). Made
-    right after the other ranks are spawned, so a rank that dies while loading stops rank 0
-    too (exit 3); :meth:`attach` adds the pipeline, ``ready`` is set when serving starts.
-    """
+    """Rank 0's pipeline front (``run`` and ``device`` of a ``StagedPipeline`` to the server):
+    broadcasts each request, runs its part, gathers the reports.
+    Made right after the ranks are spawned (one dying while loading exits rank 0 with 3);
+    :meth:`attach` adds the pipeline; ``fatal`` is set once the group is unusable."""
 
     def __init__(self, procs: list[subprocess.Popen]):
         self.pipe = None

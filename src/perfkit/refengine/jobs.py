@@ -42,10 +42,7 @@ class GenRequest:
     guidance_scale: float = 3.0
     negative_prompt: str = ""
     fps: int = 24
-    #: stage timing: True / "events" (CUDA events at stage boundaries, resolved once after the
-    #: request: no host sync while it runs), "sync" (synchronise the device at every stage
-    #: boundary and read the host clock: the older method, kept to cross-check), False (off: one
-    #: sync at the end only). On a CPU device "events" and "sync" are the same host clock.
+    #: stage timing: True / "events", "sync", False / "off" (docs/refengine.md, "Pipeline and timing")
     stage_timing: bool | str = True
 
     @property
@@ -86,12 +83,9 @@ class RunResult:
     #: the all_gather (ms, CUDA events; perf_counter on CPU), in call order
     cfg_compute_ms: list[float] = field(default_factory=list)
     cfg_gather_ms: list[float] = field(default_factory=list)
-    #: test-only injected slowdown: stage -> [work, injected] in ms of the pipeline's clock
-    #: (:meth:`StagedPipeline._clock`: thread CPU time on a CPU device, wall time on CUDA)
+    #: test-only injected slowdown: stage -> [work, injected] ms (thread CPU time on a CPU device)
     injected: dict[str, list[float]] = field(default_factory=dict)
-    #: CPU device: the injected busy pieces' wall time per stage (ms; the clock a profiler trace
-    #: shows, which on a shared host exceeds the thread CPU time above by the time other
-    #: processes got the core)
+    #: CPU device: the injected pieces' wall time per stage (ms; the clock a profiler trace shows)
     injected_wall: dict[str, float] = field(default_factory=dict)
 
 
@@ -154,8 +148,7 @@ class Job:
     #: sglang fields the request set that this engine does not implement
     ignored_fields: list[str] = field(default_factory=list)
     slowed: bool = False  # the test-only injected slowdown applied to this run
-    #: sglang's profiling fields of the request: None (not profiled) or
-    #: {"all_stages": bool, "num_profiled_timesteps": int | None}
+    #: None (not profiled) or {"all_stages": bool, "num_profiled_timesteps": int | None}
     profile: dict[str, Any] | None = None
     #: what the profiler wrote (mode, path, size), for the record
     trace: TraceInfo | None = None
@@ -237,8 +230,6 @@ def job_record(
             pk["debug_stage_delay_ms"] = {k: [round(x, 3) for x in v] for k, v in res.injected.items()}
         if res is not None and res.injected_wall:
             pk["debug_stage_delay_wall_ms"] = {k: round(v, 3) for k, v in res.injected_wall.items()}
-    # the job's own clock: submitted (created) -> started (taken from the queue) -> completed;
-    # queue wait = started - submitted, service time = completed - started (epoch seconds)
     pk.update({"t_submitted": job.created, "t_started": job.started, "t_completed": job.completed})
     if job.measured_index is not None:
         pk["request_index"] = job.measured_index
@@ -272,9 +263,7 @@ def job_record(
                 res.compile.limit_stage or "a stage not known",
             )
         if res.ranks:
-            # multi-rank (CFG parallel): stages/steps above are rank 0's (it serves, decodes, and
-            # its steps include waiting for the peer's branch); memory is the max across ranks,
-            # as sglang records it; every rank's own numbers are under perfkit.ranks
+            # CFG parallel: stages/steps are rank 0's, memory the max across ranks (docs/refengine.md)
             res.ranks[0]["memory_snapshots"] = dict(snaps)
             rec["memory_snapshots"] = max_snapshots([r.get("memory_snapshots") or {} for r in res.ranks])
             pk["ranks"] = res.ranks
@@ -304,8 +293,7 @@ def job_body(job: Job) -> dict[str, Any]:
     r = job.req
     effective = job.effective_frames if job.effective_frames is not None else r.num_frames
     body.update(
-        # sglang's *_at fields are whole seconds; the job's clock to the microsecond (epoch s),
-        # so that queue wait (started - submitted) of a sub-second request can be read over HTTP
+        # sglang's *_at are whole seconds; the job's clock to the microsecond (sub-second queue waits)
         perfkit_times={"submitted": job.created, "started": job.started, "completed": job.completed},
         num_frames=effective,
         num_frames_requested=r.num_frames,
@@ -317,8 +305,7 @@ def job_body(job: Job) -> dict[str, Any]:
         ignored_fields=job.ignored_fields,
     )
     if job.result is not None:
-        # sglang's field; a job with no duration (failed before its stages ran) says None, as
-        # sglang's failed jobs do, never 0 s
+        # no duration (failed before its stages ran): None, as sglang's failed jobs, never 0 s
         ms = job.result.get("total_duration_ms")
         ok = isinstance(ms, (int, float)) and not isinstance(ms, bool)
         body["inference_time_s"] = ms / 1000.0 if ok else None

@@ -18,7 +18,7 @@ from perfkit.refengine.compile_watch import CompileWatch
 from perfkit.refengine.jobs import GenRequest, RunResult, StageResult
 from perfkit.refengine.memhistory import MIB
 from perfkit.refengine.models import Components, ltx_pipeline
-from perfkit.refengine.profiling import INJECTED_RANGE, RequestProfiler, maybe_range, maybe_stage, step_scope
+from perfkit.refengine.profiling import INJECTED_RANGE, REGISTERED_NAMES, RequestProfiler, maybe_range
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class StagedPipeline:
         w0 = time.time()
         e0 = self._event() if events else None
         try:
-            with maybe_stage(self.profiler, name):
+            with maybe_range(self.profiler, f"STAGE {REGISTERED_NAMES.get(name, name)}"):
                 yield
                 # a stage with denoising steps has its slowdown injected per step (step times scale too)
                 if name not in ("DenoisingStage", "RefinementStage"):
@@ -259,31 +259,32 @@ class StagedPipeline:
         # sglang's profiler schedule advances on denoising steps only
         profiler = self.profiler if stage == "DenoisingStage" else None
         for t in timesteps:
-            with step_scope(profiler):
-                t0 = time.perf_counter()
-                mark = self._mark() if slow else None
-                if par is None:
-                    model_in = torch.cat([latents] * 2) if cfg else latents
-                    model_in = model_in.to(embeds.dtype)
-                    noise = self._predict(model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope)
-                    if cfg:
-                        uncond, text = noise.chunk(2)
-                        noise = uncond + guidance * (text - uncond)
-                else:  # one branch here, the other on the peer rank; gathered and combined
-                    noise = par.noise(
-                        lambda x, e, m, t=t: self._predict(x.to(e.dtype), e, m, t, n_lat, h_lat, w_lat, rope),
-                        latents,
-                        embeds,
-                        mask,
-                        cfg,
-                        guidance,
-                    )
-                latents = sched.step(noise, t, latents, return_dict=False)[0]
-                self._inject(slow, mark, stage)
-                if events:
-                    events.append(self._event())
-                elif timing:
-                    step_times.append((time.perf_counter() - t0) * 1000.0)
+            t0 = time.perf_counter()
+            mark = self._mark() if slow else None
+            if par is None:
+                model_in = torch.cat([latents] * 2) if cfg else latents
+                model_in = model_in.to(embeds.dtype)
+                noise = self._predict(model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope)
+                if cfg:
+                    uncond, text = noise.chunk(2)
+                    noise = uncond + guidance * (text - uncond)
+            else:  # one branch here, the other on the peer rank; gathered and combined
+                noise = par.noise(
+                    lambda x, e, m, t=t: self._predict(x.to(e.dtype), e, m, t, n_lat, h_lat, w_lat, rope),
+                    latents,
+                    embeds,
+                    mask,
+                    cfg,
+                    guidance,
+                )
+            latents = sched.step(noise, t, latents, return_dict=False)[0]
+            self._inject(slow, mark, stage)
+            if events:
+                events.append(self._event())
+            elif timing:
+                step_times.append((time.perf_counter() - t0) * 1000.0)
+            if profiler is not None:
+                profiler.denoising_step_done()
         if events:
             if timing == "events":  # resolved with the stages after the request
                 self._pending_steps.append((step_times, events))

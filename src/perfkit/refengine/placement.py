@@ -41,20 +41,11 @@ _BLOCK_MODULES: dict[str, list[str] | None] = {"text_encoder": ["encoder"], "vae
 
 @dataclass
 class Placement:
-    """Where each component's weights went.
-
-    Attributes:
-        name: the summary (``cpu`` for a CPU engine, ``device`` when every component is
-            resident, ``group_offload`` when any component is group-offloaded, ``model_offload``
-            when components are model-offloaded and none is group-offloaded).
-        offload: component -> the offload mode applied (``none``, ``model``, ``group-block``,
-            ``group-leaf``).
-        requested: component -> the mode asked for (None: automatic).
-        use_stream: whether any group-offloaded component prefetches on a CUDA stream.
-        streams: component -> whether its group offload prefetches on a CUDA stream (group-
-            offloaded components only).
-        automatic: the modes came from the cap rule, not from flags.
-    """
+    """Where each component's weights went: ``name`` the summary (``cpu``, ``device``,
+    ``group_offload`` when any component is group-offloaded, else ``model_offload``), ``offload``
+    the mode applied and ``requested`` the one asked (None: automatic) per component, whether
+    group offload prefetches on a CUDA stream (any: ``use_stream``; per component: ``streams``),
+    ``automatic``: the modes came from the cap rule, not from flags."""
 
     name: str
     offload: dict[str, str] = field(default_factory=dict)
@@ -64,9 +55,7 @@ class Placement:
     automatic: bool = True
 
     def by_component(self, device: torch.device) -> dict[str, str]:
-        """component -> where its weights live between calls: the device (``"cpu"``,
-        ``"cuda:0"``) when resident, ``"cpu->cuda:0"`` when offloaded to the host and onloaded
-        per call."""
+        """component -> the device (``"cuda:0"``) when resident, else ``"cpu->cuda:0"``."""
         dev = str(device)
         return {k: dev if m == "none" else f"cpu->{dev}" for k, m in self.offload.items()}
 
@@ -117,20 +106,11 @@ def auto_modes(
     param_bytes: Mapping[str, int], cap_gib: float | None, requested: Mapping[str, str | None] | None = None
 ) -> dict[str, str]:
     """component -> its mode: the requested one, else ``none``, or ``group-leaf`` for the
-    components of :data:`AUTO_OFFLOAD_ORDER` (the text encoder runs once a request, the
-    transformer twice a step) that must leave the device, one at a time, for the resident weights
-    to fit ``WEIGHTS_SHARE_OF_CAP * cap_gib``. A requested ``none`` counts as resident; the
-    upsampler's bytes count with the VAE; the VAE and upsampler stay resident.
-
-    Args:
-        param_bytes: component -> bytes of its parameters (``Components.param_bytes``).
-        cap_gib: the device cap in GiB; None places everything resident.
-        requested: component -> the mode asked for (None: automatic).
-
-    Example: ltx-2b in bf16 (text encoder 9.1 GiB, transformer 3.6 GiB, VAE 0.8 GiB) under a
-    12 GiB cap (8.4 GiB for weights) gives ``text_encoder: group-leaf``, the rest ``none``;
-    under a 4 GiB cap the transformer is offloaded too.
-    """
+    components of :data:`AUTO_OFFLOAD_ORDER` that must leave the device, one at a time, for the
+    resident weights (bytes per component; a requested ``none`` counts, the upsampler with the
+    VAE) to fit ``WEIGHTS_SHARE_OF_CAP * cap_gib`` (None: all resident). Example: ltx-2b in bf16
+    (text encoder 9.1 GiB, transformer 3.6 GiB, VAE 0.8 GiB) under a 12 GiB cap offloads the
+    text encoder only; under 4 GiB the transformer too."""
     req = dict(requested or {})
     out = {c: req.get(c) or "none" for c in COMPONENTS}
     if cap_gib is None:

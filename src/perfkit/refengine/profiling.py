@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager, Iterator
+from typing import Any, ContextManager
 
 import torch
 
@@ -20,18 +20,15 @@ log = logging.getLogger(__name__)
 
 #: sglang's default number of profiled denoising steps (after one warm-up step)
 DEFAULT_PROFILED_STEPS = 5
-#: the most ``num_profiled_timesteps`` a request may ask for: far above a diffusion request's
-#: steps (diffusers' LTX pipeline defaults to 50); 10**12 is a typo, not a request (sglang itself
-#: takes any int and names the trace ``1000000000000_steps``)
+#: the most ``num_profiled_timesteps`` a request may ask for (diffusers' LTX defaults to 50 steps;
+#: sglang takes any int)
 MAX_PROFILED_STEPS = 1000
 #: the warm-up steps sglang's schedule runs under the profiler and discards; sglang adds as
 #: many to the active (recorded) steps (``runtime/utils/profiler.py``)
 WARMUP_STEPS = 1
-#: stage -> the name sglang 0.5.23 registers it under in a comparable pipeline (Wan's
-#: ``pipelines/wan_pipeline.py``: ``add_standard_text_encoding_stage`` etc. of
-#: ``pipelines_core/composed_pipeline_base.py``, whose denoising and decoding helpers register
-#: ``denoising_stage`` and ``decoding_stage``; the others, and the two-stage pipeline's
-#: upsample and refinement stages, are added without a name: the class name)
+#: stage -> the name sglang 0.5.23 registers it under (Wan's ``pipelines/wan_pipeline.py``, the
+#: standard helpers of ``composed_pipeline_base.py``); other stages: the class name. Ranges are
+#: ``STAGE <registered name>``
 REGISTERED_NAMES = {"DenoisingStage": "denoising_stage", "DecodingStage": "decoding_stage"}
 #: directory variables, in the order sglang reads them; then ``./logs``
 DIR_VARIABLES = ("SGLANG_DIFFUSION_TORCH_PROFILER_DIR", "SGLANG_TORCH_PROFILER_DIR")
@@ -77,11 +74,9 @@ def profiled_steps(num_profiled_timesteps: int | None, num_inference_steps: int)
 
 @dataclass
 class TraceInfo:
-    """What one profiled request left: ``mode`` (``full_stages`` / ``N_steps``), ``path``
-    (absolute), ``size_bytes``, ``steps_recorded`` (``N_steps``: the ``ProfilerStep`` ranges in
-    the trace, N+1 with sglang's warm-up step, fewer when the request ran out of steps;
-    ``full_stages``: the denoising steps, which no range marks),
-    ``error`` (why no trace was written, else None)."""
+    """What one profiled request left: ``mode``, absolute ``path``, ``size_bytes``,
+    ``steps_recorded`` (``N_steps``: the ``ProfilerStep`` ranges, N+1 or fewer; ``full_stages``:
+    the denoising steps), ``error`` (why no trace was written, else None)."""
 
     mode: str
     path: str | None
@@ -134,11 +129,9 @@ class RequestProfiler:
         return f"{self.request_id}-{self.mode}-global-rank{self.rank}.trace.json.gz"
 
     def denoising_step_done(self) -> None:
-        """After one denoising step (sglang's ``step_denoising_step``): in ``N_steps`` mode the
-        schedule advances while ``N+1`` active steps are left (each advance opens
-        ``ProfilerStep#k``; the first is torch's warm-up), after that the profiler stops (sglang
-        stops early too, to keep the trace small). In ``full_stages`` mode steps do not move
-        the profiler."""
+        """After one denoising step (sglang's ``step_denoising_step``): ``N_steps`` advances the
+        schedule while ``N+1`` active steps are left, then stops the profiler; ``full_stages``
+        only counts."""
         if self.all_stages:
             self.steps_recorded += 1
             return
@@ -175,18 +168,3 @@ class RequestProfiler:
 def maybe_range(profiler: RequestProfiler | None, name: str) -> ContextManager[Any]:
     """``record_function(name)`` while a request is profiled, else nothing (no cost)."""
     return torch.profiler.record_function(name) if profiler is not None else nullcontext()
-
-
-def maybe_stage(profiler: RequestProfiler | None, name: str) -> ContextManager[Any]:
-    """The stage's ``STAGE <registered name>`` range (:data:`REGISTERED_NAMES`, else the class
-    name, as sglang's executor names it) while a request is profiled, else nothing."""
-    return maybe_range(profiler, f"STAGE {REGISTERED_NAMES.get(name, name)}")
-
-
-@contextmanager
-def step_scope(profiler: RequestProfiler | None) -> Iterator[None]:
-    """One denoising step; after it the profiler's schedule advances (no range: sglang marks
-    steps with NVTX and its stage timer only)."""
-    yield
-    if profiler is not None:
-        profiler.denoising_step_done()
