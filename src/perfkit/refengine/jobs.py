@@ -22,9 +22,8 @@ import numpy as np
 import psutil
 
 from perfkit.common.recordformat import PERF_LOG_NAME
-from perfkit.refengine.compile_watch import CompileWindow
 from perfkit.refengine.memhistory import max_snapshots
-from perfkit.refengine.profiling import TraceInfo
+from perfkit.refengine.profiling import CompileWindow, TraceInfo
 
 log = logging.getLogger(__name__)
 

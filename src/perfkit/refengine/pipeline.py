@@ -14,11 +14,16 @@ import numpy as np
 import torch
 
 from perfkit.common.frames import align_frames
-from perfkit.refengine.compile_watch import CompileWatch
 from perfkit.refengine.jobs import GenRequest, RunResult, StageResult
 from perfkit.refengine.memhistory import MIB
 from perfkit.refengine.models import Components, ltx_pipeline
-from perfkit.refengine.profiling import INJECTED_RANGE, REGISTERED_NAMES, RequestProfiler, maybe_range
+from perfkit.refengine.profiling import (
+    INJECTED_RANGE,
+    REGISTERED_NAMES,
+    CompileWatch,
+    RequestProfiler,
+    maybe_range,
+)
 
 log = logging.getLogger(__name__)
 

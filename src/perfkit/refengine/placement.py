@@ -71,29 +71,24 @@ class Placement:
         }
 
 
-def device_cap_gib() -> float | None:
-    """The device cap from the environment in GiB (first of :data:`CAP_ENV_VARS` set), or None.
+def apply_device_cap(device: torch.device) -> float | None:
+    """The device cap in GiB from the environment (first of :data:`CAP_ENV_VARS` set; None: no
+    cap), applied on CUDA as the per-process memory fraction ``cap / total``.
 
     Raises:
         ValueError: when the variable is not a positive number (names the variable).
     """
-    for var in CAP_ENV_VARS:
-        raw = os.environ.get(var)
-        if raw:
-            try:
-                val = float(raw)
-            except ValueError:
-                raise ValueError(f"{var}={raw!r} is not a number of GiB") from None
-            if val <= 0:
-                raise ValueError(f"{var} must be > 0 GiB, got {val}")
-            return val
-    return None
-
-
-def apply_device_cap(device: torch.device) -> float | None:
-    """Set the per-process memory fraction for the cap; returns the cap in GiB (None: none)."""
-    cap = device_cap_gib()
-    if cap is None or device.type != "cuda":
+    var = next((v for v in CAP_ENV_VARS if os.environ.get(v)), None)
+    if var is None:
+        return None
+    raw = os.environ[var]
+    try:
+        cap = float(raw)
+    except ValueError:
+        raise ValueError(f"{var}={raw!r} is not a number of GiB") from None
+    if cap <= 0:
+        raise ValueError(f"{var} must be > 0 GiB, got {cap}")
+    if device.type != "cuda":
         return cap
     total = torch.cuda.get_device_properties(device).total_memory / GIB
     frac = min(1.0, cap / total)
@@ -128,23 +123,6 @@ def auto_modes(
     return out
 
 
-def resolve(
-    comps: Components,
-    device: torch.device,
-    cap_gib: float | None,
-    requested: Mapping[str, str | None] | None = None,
-) -> dict[str, str]:
-    """component -> the mode to apply: the requested one, else the automatic rule (module doc).
-    The upsampler (two-stage) follows the VAE. A CPU engine gets ``none`` everywhere."""
-    if device.type == "cpu":
-        out = {c: "none" for c in COMPONENTS}
-    else:
-        out = auto_modes(comps.param_bytes, cap_gib if device.type == "cuda" else None, requested)
-    if comps.upsampler is not None:
-        out["upsampler"] = out["vae"]
-    return out
-
-
 def _summary(device: torch.device, modes: Mapping[str, str]) -> str:
     if device.type == "cpu":
         return "cpu"
@@ -161,16 +139,19 @@ def place_components(
     cap_gib: float | None,
     requested: Mapping[str, str | None] | None = None,
 ) -> Placement:
-    """Place every component by its mode (:func:`resolve`, module doc) and return what was applied.
+    """Place every component by its mode (the requested one, else :func:`auto_modes`; the
+    upsampler follows the VAE) and return what was applied.
 
     Raises:
         OffloadNotApplicable: a mode that needs an accelerator on a CPU device.
     """
     req = {c: (requested or {}).get(c) for c in COMPONENTS}
-    check_applicable(req, device)
-    modes = resolve(comps, device, cap_gib, req)
+    check_applicable(req, device)  # a CPU engine: ``none`` everywhere from here on
+    modes = auto_modes(comps.param_bytes, cap_gib if device.type == "cuda" else None, req)
+    if comps.upsampler is not None:
+        modes["upsampler"] = modes["vae"]
     streams = {
-        # block_modules with a stream clash in diffusers 0.42.1 (module doc)
+        # block_modules with a stream clash in diffusers 0.42.1 (docs/refengine.md)
         c: device.type == "cuda" and not (m == "group-block" and _BLOCK_MODULES.get(c))
         for c, m in modes.items()
         if m.startswith("group-")
