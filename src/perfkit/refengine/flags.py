@@ -153,8 +153,8 @@ def parse_indices(text: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The engine's argument parser, options in help order: model and serving, compile,
-    startup warmup, serving defaults, parallelism, placement and offload, test-only and memory
-    snapshots, logging."""
+    startup warmup, serving defaults (:func:`_model_options`), parallelism, placement and offload,
+    test-only and memory snapshots (:func:`_offload_options`), logging."""
     p = argparse.ArgumentParser(
         prog="perfkit engine serve",
         description="perfkit reference engine: LTX-Video (diffusers) over HTTP "
@@ -176,11 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
         "$SGLANG_DIFFUSION_STAGE_LOGGING is true, as sglang's server does)",
     )
     _model_options(p)
-    _warmup_options(p)
-    _serving_options(p)
     _parallel_options(p)
     _offload_options(p)
-    _debug_options(p)
     p.add_argument("--log-level", default="INFO", help="logging level: DEBUG | INFO | WARNING | ERROR")
     return p
 
@@ -207,8 +204,6 @@ def _model_options(p: argparse.ArgumentParser) -> None:
         "--refine-steps", type=int, default=2, help="RefinementStage steps of the two-stage pipeline"
     )
 
-
-def _warmup_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warmup-frames",
         "--warmup-num-frames",
@@ -227,8 +222,6 @@ def _warmup_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--warmup-resolution", type=_resolution, default=None, help="HEIGHTxWIDTH")
 
-
-def _serving_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--height", type=int, default=None, help="serving default height (px)")
     p.add_argument("--width", type=int, default=None, help="serving default width (px)")
     p.add_argument("--steps", type=int, default=None, help="serving default num_inference_steps")
@@ -311,8 +304,6 @@ def _offload_options(p: argparse.ArgumentParser) -> None:
             + ("; the two-stage upsampler follows it)" if comp == "vae" else ")"),
         )
 
-
-def _debug_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-outputs", action="store_true", help="save generated frames as .npy")
     p.add_argument("--debug-leak-mib", type=int, default=0, help="TEST ONLY: leak this many MiB per request")
     p.add_argument(
