@@ -120,10 +120,8 @@ class CfgParallel:
         guidance: float,
     ) -> torch.Tensor:
         """This rank's branch through ``predict``, gathered with the others, combined (CFG).
-
-        ``embeds``/``mask`` hold [unconditional, conditional] with CFG (rank 0 takes the first,
-        rank 1 the second), else the conditional one only (rank 0 computes it).
-        """
+        ``embeds``/``mask``: [unconditional (rank 0), conditional (rank 1)] with CFG, else the
+        conditional one only (rank 0)."""
         import torch.distributed as dist
 
         branches = 2 if cfg else 1
@@ -316,10 +314,8 @@ class Rank0Runner:
 
 
 def worker_loop(pipe, par: CfgParallel, warmup_first: bool, snapshots: dict[str, Any]) -> int:
-    """Serve rank 0's broadcasts until told to stop; returns the exit code.
-
-    ``warmup_first``: the first run is the startup warmup (its peak becomes ``warmup_peak``).
-    """
+    """Serve rank 0's broadcasts until told to stop; returns the exit code. ``warmup_first``: the
+    first run is the startup warmup (its peak becomes ``warmup_peak``)."""
     from perfkit.refengine.jobs import GenRequest
     from perfkit.refengine.memhistory import snapshot
 

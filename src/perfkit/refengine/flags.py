@@ -152,9 +152,8 @@ def parse_indices(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The engine's argument parser, options in help order: model and serving, compile,
-    startup warmup, serving defaults (:func:`_model_options`), parallelism, placement and offload,
-    test-only and memory snapshots (:func:`_offload_options`), logging."""
+    """The engine's argument parser, options in help order: model, compile, warmup and serving
+    defaults; parallelism; offload, test-only and memory snapshots; logging."""
     p = argparse.ArgumentParser(
         prog="perfkit engine serve",
         description="perfkit reference engine: LTX-Video (diffusers) over HTTP "

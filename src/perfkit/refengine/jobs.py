@@ -279,10 +279,9 @@ def alignment_note(requested: int, effective: int | None) -> str:
 
 
 def job_body(job: Job) -> dict[str, Any]:
-    """The /v1/videos answer: sglang's video object (``created_at``, ``completed_at``) plus
-    ``started_at`` and ``perfkit_times`` (the job's clock, epoch seconds) and the effective shape. ``num_frames`` is
-    what the pipeline generates (aligned), ``num_frames_requested`` what was asked, and
-    ``alignment_note`` says why they differ."""
+    """The /v1/videos answer: sglang's video object plus ``started_at``, ``perfkit_times`` (the
+    job's clock, epoch s) and the effective shape (``num_frames`` aligned, ``num_frames_requested``,
+    ``alignment_note``)."""
     body: dict[str, Any] = {"id": job.id, "object": "video", "status": job.status}
     body.update({"created_at": int(job.created), "error": job.error})
     if job.started is not None:

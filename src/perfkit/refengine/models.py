@@ -5,7 +5,6 @@ nothing is fetched from a model hub (docs/refengine.md, "Models").
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,8 +13,6 @@ from typing import Any, Callable
 import torch
 
 from perfkit.common.presets import PRESET_NAMES
-
-log = logging.getLogger(__name__)
 
 #: Words the local tokenizer is trained on (a deterministic BPE; only its shape matters).
 _CORPUS = (
