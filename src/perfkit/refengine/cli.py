@@ -1,18 +1,6 @@
-"""Command line of the reference engine.
-
-The engine prints marks on stderr that the harness parses for the cold start parts::
-
-    perfkit-mark process_start t=<epoch s>
-    perfkit-mark models_loaded t=<epoch s>
-    perfkit-mark warmup_done t=<epoch s>
-    perfkit-mark listening port=<port>
-
-and, as sglang 0.5.23 does, ``server_args: {JSON}`` and ``[server-load]
-workers_ready_monotonic_ns=<ns>`` log lines; ``/health`` answers 503 while the startup warmup runs
-(it starts once HTTP serves), 200 after. perfkit reads the sglang lines; the marks are an extra.
-
-The options are in :mod:`perfkit.refengine.flags`; :func:`main` checks them, builds the
-engine (device, placement, compile settings, the pipeline) and serves.
+"""Command line of the reference engine: :func:`main` checks the options
+(:mod:`perfkit.refengine.flags`), builds the engine (device, placement, compile settings, the
+pipeline) and serves. Marks, sglang's log lines and exit codes: docs/refengine.md.
 """
 
 from __future__ import annotations
@@ -27,8 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.common.presets import PRESET_NAMES
-from perfkit.refengine import offload_request
-from perfkit.refengine.flags import build_parser, parse_indices, server_args_line, sglang_perf_log_dir
+from perfkit.refengine.flags import (
+    OffloadNotApplicable,
+    build_parser,
+    check_applicable,
+    parse_indices,
+    requested_modes,
+    server_args_line,
+    sglang_perf_log_dir,
+)
 
 log = logging.getLogger("perfkit.refengine")
 
@@ -80,10 +75,9 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
 
     from perfkit.common.provenance import git_commit
     from perfkit.refengine import dist, models, placement
-    from perfkit.refengine.compile_watch import CompileWatch
-    from perfkit.refengine.device_memory import snapshot
-    from perfkit.refengine.memhistory import SnapshotRecorder
+    from perfkit.refengine.memhistory import SnapshotRecorder, snapshot
     from perfkit.refengine.pipeline import StagedPipeline
+    from perfkit.refengine.profiling import CompileWatch
     from perfkit.refengine.server import Engine
 
     if args.preset not in models.PRESETS and not args.model_path:
@@ -280,9 +274,8 @@ def _checked(args: argparse.Namespace) -> list[int]:
         raise _Refused(f"--cpu-threads must be >= 1, got {args.cpu_threads}")
     cores = os.cpu_count()
     if args.cpu_threads is not None and cores is not None and args.cpu_threads > cores:
-        # torch.set_num_threads takes it, then libgomp dies at the first parallel region trying
-        # to allocate the pool (10**9: "Out of memory allocating 216000001344 bytes"), or torch
-        # raises on a number past a C long long: refuse it here, before torch
+        # else libgomp dies allocating the pool (10**9: "Out of memory allocating 216000001344
+        # bytes"), or torch raises past a C long long
         raise _Refused(f"--cpu-threads must be <= this host's {cores} logical CPUs, got {args.cpu_threads}")
     for name in ("warmup_frames", "max_frames", "debug_leak_mib", "debug_stage_delay_from"):
         if getattr(args, name) < 0:
@@ -330,11 +323,9 @@ def _rank_device(args: argparse.Namespace, device: Any, rank: int) -> Any:
 
 
 def _refuse_before_torch(args: argparse.Namespace) -> None:
-    """Refuse, before torch and diffusers are imported (seconds of CPU), what the arguments alone
-    show: an accelerator offload mode, or ``--placement`` with ``--offload``, on a device named
-    ``cpu``. Only where :func:`_serve` would reach the same refusal first (a known preset or a
-    ``--model-path``; a CPU device, which no rank check refuses); anything else is left to it.
-    Raises :class:`_Refused`."""
+    """Refuse before torch is imported (seconds of CPU) an accelerator offload mode, or
+    ``--placement`` with ``--offload``, on a device named ``cpu``, where :func:`_serve` would
+    refuse it first (a known preset or ``--model-path``). Raises :class:`_Refused`."""
     known_model = args.preset in PRESET_NAMES or bool(args.model_path)
     name = args.device
     on_cpu = name == "cpu" or (name.startswith("cpu:") and name[4:].isdigit())
@@ -353,10 +344,10 @@ def _requested_offload(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     if asked and args.placement is not None:
         raise _Refused("give either --placement or --offload/--offload-<component>, not both")
     legacy = args.placement if kind == "cuda" else None  # the older flag: ignored on the CPU
-    requested = offload_request.requested_modes(args.offload, per_component, legacy=legacy)
+    requested = requested_modes(args.offload, per_component, legacy=legacy)
     try:
-        offload_request.check_applicable(requested, kind)
-    except offload_request.OffloadNotApplicable as exc:
+        check_applicable(requested, kind)
+    except OffloadNotApplicable as exc:
         raise _Refused(str(exc)) from None
     return requested
 
@@ -366,8 +357,7 @@ def _bind(args: argparse.Namespace) -> socket.socket:
     marks ``listening`` with the port. Raises :class:`_Refused` when it cannot bind."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # accepted connections inherit it: an answer's header and body segments go out at once
-    # (with Nagle every poll waited for the client's delayed ACK: 40 ms a GET)
+    # inherited by accepted connections: with Nagle a poll waited for the delayed ACK (40 ms a GET)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((args.host, args.port))
@@ -379,18 +369,18 @@ def _bind(args: argparse.Namespace) -> socket.socket:
 
 
 def _start_ranks(args: argparse.Namespace, raw_argv: list[str], rank: int) -> tuple[Any, Any]:
-    """(rank 0's runner or None, the rendezvous store): rank 0 spawns the other ranks now, so
-    they load in parallel; another rank joins rank 0's store."""
+    """(rank 0's runner or None, the rendezvous store): rank 0 spawns the other ranks now (they
+    load in parallel); another rank joins rank 0's store."""
     from perfkit.refengine import dist
 
     if rank == 0:
         import atexit
 
-        store, init_url = dist.make_master_store(args.dist_init, args.num_gpus)
+        store, init_url = dist.make_store(args.dist_init, args.num_gpus, master=True)
         runner = dist.Rank0Runner(dist.spawn_ranks(raw_argv, args.num_gpus, init_url))
         atexit.register(runner.shutdown)
         return runner, store
-    return None, dist.client_store(args.dist_init, args.num_gpus)
+    return None, dist.make_store(args.dist_init, args.num_gpus, master=False)[0]
 
 
 def _components(
@@ -404,8 +394,7 @@ def _components(
 
     if args.model_path:
         return models.load_checkpoint(args.model_path, dtype, two_stage=args.two_stage, preset=args.preset)
-    # build straight on the GPU when everything will be resident (seconds instead of a host
-    # round trip of every tensor); on the host when the placement may offload
+    # on the GPU when everything will be resident (seconds, no host round trip of each tensor)
     build_dev = torch.device("cpu")
     if device.type == "cuda" and all(m in (None, "none") for m in requested.values()):
         need = models.estimate_param_bytes(args.preset, dtype, args.two_stage)
@@ -417,10 +406,8 @@ def _components(
 def _compile_settings(
     args: argparse.Namespace, placed: Any, device: Any
 ) -> tuple[bool, str | None, int | None, bool]:
-    """(compile the transformer, why not when asked, recompile limit, compile the VAE): compile
-    is kept only where the placement allows it (an offloaded transformer or VAE is not
-    compiled; block-level offload raises dynamo's recompile limit) and the backend can run.
-    Sets dynamo's process-wide recompile limit when there is one."""
+    """(compile the transformer, why not when asked, recompile limit, compile the VAE), as the
+    placement (docs/refengine.md) and the backend allow; sets dynamo's process-wide limit."""
     import torch._dynamo
 
     from perfkit.refengine import placement
@@ -436,8 +423,7 @@ def _compile_settings(
         log.warning("torch.compile disabled: %s", compile_off_reason)
         do_compile = False
     if do_compile and t_mode == "group-block" and recompile_limit is None:
-        # one graph per offloaded block, all of the same code: dynamo's default limit (8) would
-        # leave most blocks eager (diffusers PR #11605, test_compile_with_group_offloading)
+        # one graph per offloaded block: dynamo's default limit (8) would leave most blocks eager
         recompile_limit = placement.GROUP_COMPILE_RECOMPILE_LIMIT
         log.info("block-level offloaded transformer compiled: recompile limit %d", recompile_limit)
     if do_compile:
@@ -450,8 +436,7 @@ def _compile_settings(
         log.warning("VAE torch.compile disabled: the VAE is offloaded (%s)", placed.offload["vae"])
         compile_vae = False
     if recompile_limit is not None:
-        # this override is thread-local (a ContextVar in torch >= 2.13) and requests run on the
-        # worker thread, so the pipeline also passes the limit to torch.compile itself
+        # thread-local in torch >= 2.13: the pipeline also passes it to torch.compile
         torch._dynamo.config.recompile_limit = recompile_limit
     return do_compile, compile_off_reason, recompile_limit, compile_vae
 
@@ -461,8 +446,8 @@ def _startup_warmup(
 ) -> bool:
     """Run the startup warmup request (the engine resets the peak memory statistics as it starts
     it); False (``error: ...`` on stderr) when it failed."""
-    from perfkit.refengine.device_memory import snapshot
-    from perfkit.refengine.request import GenRequest
+    from perfkit.refengine.jobs import GenRequest
+    from perfkit.refengine.memhistory import snapshot
 
     wh, ww = args.warmup_resolution or (defaults["height"], defaults["width"])
     job = engine.run_sync(
@@ -504,9 +489,8 @@ def _attention_backend() -> str:
 
 
 def _compile_unusable(backend: str, device) -> str | None:
-    """Why torch.compile cannot run here, or None. inductor on a CPU device needs a working C++
-    compiler (torch's ``cpp_builder.get_cpp_compiler``, honouring ``CXX``): without one the
-    first request would fail, so the engine serves eagerly and says so."""
+    """Why torch.compile cannot run here, or None: inductor on a CPU device needs a C++ compiler
+    (torch's ``cpp_builder.get_cpp_compiler``, honouring ``CXX``)."""
     if backend != "inductor" or device.type != "cpu":
         return None
     try:

@@ -1,31 +1,7 @@
-"""CFG parallelism for the reference engine (``--num-gpus N``, N > 1) with torch.distributed.
-
-Layout (N processes, one per device; NCCL on CUDA, gloo on CPU)::
-
-    rank 0 (the launched process)      ranks 1..N-1 (spawned by rank 0, same argv + --rank r)
-    HTTP, job queue, records           no HTTP, no perfkit-mark lines
-    broadcast each request  ────────►  receive it (gloo control group: no GPU busy-wait while idle)
-    TextEncoding, LatentPreparation    the same (same seeded weights, same CPU-seeded latents)
-    DenoisingStage / RefinementStage, per step:
-      rank 0: unconditional branch     rank 1: conditional branch; ranks >= 2: idle (send zeros)
-      all_gather the noise predictions, every rank combines them and steps its scheduler, so the
-      latents stay identical on every rank
-    DecodingStage (rank 0 only)
-    gather every rank's report  ◄────  stages, steps, compile window, memory peaks, host RSS
-
-Guidance off (guidance_scale <= 1) has one branch: rank 0 computes it and the other ranks idle.
-More than 2 ranks: CFG has two branches, so ranks >= 2 idle (they still join every collective;
-nothing is split further). The frame rule stays 8k+1: every rank holds the whole latent, so CFG
-parallelism puts no GPU-count term into the frame alignment (sequence parallelism would).
-
-Failures: the process group cannot be trusted after a request failed on one rank part-way through
-its collectives. Rank 0 then fails that request, stops the other ranks and stays up with
-``fatal`` set (``/health`` answers 503, later requests fail at once). A rank that dies is noticed
-by rank 0's monitor thread the same way; a rank-0 run stuck in an NCCL collective with a dead
-peer makes rank 0 exit (code 3) after :data:`STUCK_EXIT_S`.
-
-Teardown: the other ranks are children of rank 0 in its process group (perfkit.engine.launch signals
-the group), die with rank 0 (``PR_SET_PDEATHSIG``), and are terminated when rank 0 returns.
+"""CFG parallelism for the reference engine (``--num-gpus N``, N > 1) with torch.distributed:
+rank 0 serves and broadcasts each request, each rank computes one guidance branch per step and
+the noise predictions are all-gathered (:class:`CfgParallel`, :class:`Rank0Runner`,
+:func:`worker_loop`). Layout, failures and teardown: docs/refengine.md, "CFG parallelism".
 """
 
 from __future__ import annotations
@@ -48,8 +24,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-#: Collective timeout (s). Idle ranks wait for the next request inside a broadcast, so this
-#: bounds the idle time between requests; override with PERFKIT_DIST_TIMEOUT_S.
+#: Collective timeout (s), which bounds the idle time between requests; PERFKIT_DIST_TIMEOUT_S.
 DEFAULT_TIMEOUT_S = 24 * 3600.0
 #: Seconds rank 0 waits for an in-flight request after a peer died before it exits (code 3).
 STUCK_EXIT_S = 10.0
@@ -77,23 +52,23 @@ def rank_device(device: torch.device, rank: int, world_size: int) -> torch.devic
     return torch.device("cuda", base + rank)
 
 
-def make_master_store(init: str | None, world_size: int):
-    """Rank 0's TCPStore: on the port of ``init`` (``tcp://HOST:PORT``), else a free port.
+def make_store(init: str | None, world_size: int, master: bool):
+    """(TCPStore, ``tcp://HOST:PORT`` for the other ranks): rank 0's (``master``: on the port of
+    ``init``, else a free one) or a client of it.
 
-    Returns (store, ``tcp://HOST:PORT`` for the other ranks).
+    Raises:
+        ValueError: ``init`` is not ``tcp://HOST:PORT``.
     """
     from torch.distributed import TCPStore
 
-    host, port = _parse_init(init) if init else ("127.0.0.1", 0)
-    store = TCPStore(host, port, world_size, is_master=True, timeout=timeout(), wait_for_workers=False)
+    host, port = "127.0.0.1", "0"
+    if init:
+        if not init.startswith("tcp://") or ":" not in init[6:]:
+            raise ValueError(f"--dist-init must look like tcp://HOST:PORT, got {init!r}")
+        host, port = init[6:].rsplit(":", 1)
+    kw = {"wait_for_workers": False} if master else {}
+    store = TCPStore(host, int(port), world_size, is_master=master, timeout=timeout(), **kw)
     return store, f"tcp://{host}:{store.port}"
-
-
-def _parse_init(init: str) -> tuple[str, int]:
-    if not init.startswith("tcp://") or ":" not in init[6:]:
-        raise ValueError(f"--dist-init must look like tcp://HOST:PORT, got {init!r}")
-    host, port = init[6:].rsplit(":", 1)
-    return host, int(port)
 
 
 @dataclass
@@ -114,9 +89,8 @@ class CfgParallel:
         self._marks = []
 
     def step_split(self) -> tuple[list[float], list[float]]:
-        """(transformer ms, all_gather ms) per step of the request, in call order. On CUDA the
-        times come from events recorded around the two calls (no host sync while running;
-        resolved here, after the request's final sync); on CPU from ``time.perf_counter``."""
+        """(transformer ms, all_gather ms) per step of the request, in call order (CUDA events,
+        resolved here after the request's final sync; ``time.perf_counter`` on CPU)."""
         compute, gather = [], []
         for a, b, c in self._marks:
             if isinstance(a, float):
@@ -146,10 +120,8 @@ class CfgParallel:
         guidance: float,
     ) -> torch.Tensor:
         """This rank's branch through ``predict``, gathered with the others, combined (CFG).
-
-        ``embeds``/``mask`` hold [unconditional, conditional] with CFG (rank 0 takes the first,
-        rank 1 the second), else the conditional one only (rank 0 computes it).
-        """
+        ``embeds``/``mask``: [unconditional (rank 0), conditional (rank 1)] with CFG, else the
+        conditional one only (rank 0)."""
         import torch.distributed as dist
 
         branches = 2 if cfg else 1
@@ -196,13 +168,6 @@ def init(rank: int, world_size: int, store, device: torch.device) -> CfgParallel
     return CfgParallel(rank, world_size, device, backend, control)
 
 
-def client_store(init_url: str, world_size: int):
-    from torch.distributed import TCPStore
-
-    host, port = _parse_init(init_url)
-    return TCPStore(host, port, world_size, is_master=False, timeout=timeout())
-
-
 def _pdeathsig_hook() -> Callable[[], None] | None:
     """A preexec_fn asking the kernel to SIGKILL the child when rank 0 dies (Linux; libc loaded
     here in the parent, so the child only makes the system call between fork and exec)."""
@@ -217,11 +182,8 @@ def _pdeathsig_hook() -> Callable[[], None] | None:
 
 
 def spawn_ranks(argv: list[str], world_size: int, init_url: str) -> list[subprocess.Popen]:
-    """Start ranks 1..world_size-1: ``python -m perfkit.refengine ARGV --rank r ...``.
-
-    They inherit stdout/stderr and the process group of rank 0, get ``NCCL_NVLS_ENABLE=0`` and
-    are killed by the kernel when rank 0 dies.
-    """
+    """Start ranks 1..world_size-1: ``python -m perfkit.refengine ARGV --rank r ...`` (rank 0's
+    stdout/stderr and process group, ``NCCL_NVLS_ENABLE=0``, killed when rank 0 dies)."""
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}
     procs = []
     hook = _pdeathsig_hook()
@@ -253,7 +215,7 @@ def stop_ranks(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
 
 def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any]) -> dict[str, Any]:
     """One rank's part of a record: stages, steps, compile window, memory, host RSS."""
-    from perfkit.refengine.request import host_memory, record_payload, run_extras
+    from perfkit.refengine.jobs import host_memory, record_payload, run_extras
 
     rt = snapshots.get("runtime_peak") or {}
     return {
@@ -271,13 +233,10 @@ def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any])
 
 
 class Rank0Runner:
-    """Rank 0's pipeline front: broadcasts each request, runs its part, gathers the reports.
-
-    Duck-types :class:`~perfkit.refengine.pipeline.StagedPipeline` for the server (``run``,
-    ``device``). ``fatal`` is set once the group is unusable (see the module docstring). Made
-    right after the other ranks are spawned, so a rank that dies while loading stops rank 0
-    too (exit 3); :meth:`attach` adds the pipeline, ``ready`` is set when serving starts.
-    """
+    """Rank 0's pipeline front (``run`` and ``device`` of a ``StagedPipeline`` to the server):
+    broadcasts each request, runs its part, gathers the reports.
+    Made right after the ranks are spawned (one dying while loading exits rank 0 with 3);
+    :meth:`attach` adds the pipeline; ``fatal`` is set once the group is unusable."""
 
     def __init__(self, procs: list[subprocess.Popen]):
         self.pipe = None
@@ -297,7 +256,7 @@ class Rank0Runner:
         self.pipe, self.par, self.device = pipe, par, pipe.device
 
     def run(self, req, keep_output: bool = False, slow: bool = False):
-        from perfkit.refengine.device_memory import snapshot
+        from perfkit.refengine.memhistory import snapshot
 
         if self.fatal:
             raise RuntimeError(f"multi-rank engine unusable: {self.fatal}")
@@ -355,12 +314,10 @@ class Rank0Runner:
 
 
 def worker_loop(pipe, par: CfgParallel, warmup_first: bool, snapshots: dict[str, Any]) -> int:
-    """Serve rank 0's broadcasts until told to stop; returns the exit code.
-
-    ``warmup_first``: the first run is the startup warmup (its peak becomes ``warmup_peak``).
-    """
-    from perfkit.refengine.device_memory import snapshot
-    from perfkit.refengine.request import GenRequest
+    """Serve rank 0's broadcasts until told to stop; returns the exit code. ``warmup_first``: the
+    first run is the startup warmup (its peak becomes ``warmup_peak``)."""
+    from perfkit.refengine.jobs import GenRequest
+    from perfkit.refengine.memhistory import snapshot
 
     dev = pipe.device
     n = 0

@@ -1,6 +1,9 @@
 """The reference engine's command line options (``perfkit engine serve``, ``python -m
-perfkit.refengine``): :func:`build_parser`, and sglang's environment for the perf log
-(:func:`sglang_perf_log_dir`). Flags follow ``sglang serve`` where it has them.
+perfkit.refengine``): :func:`build_parser`, sglang's environment for the perf log
+(:func:`sglang_perf_log_dir`), and the offload modes asked for (:func:`requested_modes`,
+:func:`check_applicable`; no torch needed, so a CPU device refuses an accelerator mode before
+torch is imported; :mod:`perfkit.refengine.placement` applies them). Flags follow ``sglang
+serve`` where it has them.
 """
 
 from __future__ import annotations
@@ -8,9 +11,65 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import Any, Mapping
 
-from perfkit.refengine.offload_request import OFFLOAD_MODES
+#: Offload modes, one per component (``--offload``, ``--offload-<component>``).
+OFFLOAD_MODES = ("none", "model", "group-block", "group-leaf")
+#: Modes that move weights between host and an accelerator (refused on a CPU device).
+ACCELERATOR_MODES = ("model", "group-block", "group-leaf")
+#: Components with their own offload flag, in execution order (the upsampler follows ``vae``).
+COMPONENTS = ("text_encoder", "transformer", "vae")
+
+
+class OffloadNotApplicable(ValueError):
+    """An offload mode that the device cannot run (every mode but ``none`` on a CPU device)."""
+
+
+def requested_modes(
+    offload: str | None = None,
+    per_component: Mapping[str, str | None] | None = None,
+    legacy: str | None = None,
+) -> dict[str, str | None]:
+    """component -> the mode asked for (None: automatic) from ``--offload`` (every component),
+    ``--offload-<component>`` (overrides it for that component) and the older ``--placement``
+    (``device``: ``none`` everywhere; ``group_offload``: leaf-level group offload of the
+    transformer and text encoder, VAE resident).
+
+    Raises:
+        ValueError: an unknown mode or component.
+    """
+    out: dict[str, str | None] = {c: None for c in COMPONENTS}
+    if legacy == "device":
+        out = {c: "none" for c in COMPONENTS}
+    elif legacy == "group_offload":
+        out = {"text_encoder": "group-leaf", "transformer": "group-leaf", "vae": "none"}
+    elif legacy is not None:
+        raise ValueError(f"unknown placement {legacy!r}; known: device, group_offload")
+    if offload is not None:
+        out = {c: offload for c in COMPONENTS}
+    for comp, mode in (per_component or {}).items():
+        if comp not in COMPONENTS:
+            raise ValueError(f"unknown component {comp!r}; known: {', '.join(COMPONENTS)}")
+        if mode is not None:
+            out[comp] = mode
+    for comp, mode in out.items():
+        if mode is not None and mode not in OFFLOAD_MODES:
+            raise ValueError(f"unknown offload mode {mode!r} for {comp}; known: {', '.join(OFFLOAD_MODES)}")
+    return out
+
+
+def check_applicable(requested: Mapping[str, str | None], device: Any) -> None:
+    """Raise :class:`OffloadNotApplicable` when a requested mode needs an accelerator and
+    ``device`` (a ``torch.device``, or its type as a string: ``"cpu"``) is the CPU. The message
+    names the mode and the device: ``offload mode 'model' needs an accelerator; device is cpu``
+    (then the components asking)."""
+    kind = device if isinstance(device, str) else device.type
+    bad = {c: m for c, m in requested.items() if m in ACCELERATOR_MODES}
+    if kind != "cpu" or not bad:
+        return
+    mode = next(iter(dict.fromkeys(bad.values())))
+    comps = ", ".join(f"{c}={m}" for c, m in bad.items())
+    raise OffloadNotApplicable(f"offload mode {mode!r} needs an accelerator; device is {kind} ({comps})")
 
 
 def _resolution(text: str) -> tuple[int, int]:
@@ -93,9 +152,8 @@ def parse_indices(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The engine's argument parser, options in help order: model and serving, compile,
-    startup warmup, serving defaults, parallelism, placement and offload, test-only and memory
-    snapshots, logging."""
+    """The engine's argument parser, options in help order: model, compile, warmup and serving
+    defaults; parallelism; offload, test-only and memory snapshots; logging."""
     p = argparse.ArgumentParser(
         prog="perfkit engine serve",
         description="perfkit reference engine: LTX-Video (diffusers) over HTTP "
@@ -117,11 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
         "$SGLANG_DIFFUSION_STAGE_LOGGING is true, as sglang's server does)",
     )
     _model_options(p)
-    _warmup_options(p)
-    _serving_options(p)
     _parallel_options(p)
     _offload_options(p)
-    _debug_options(p)
     p.add_argument("--log-level", default="INFO", help="logging level: DEBUG | INFO | WARNING | ERROR")
     return p
 
@@ -148,8 +203,6 @@ def _model_options(p: argparse.ArgumentParser) -> None:
         "--refine-steps", type=int, default=2, help="RefinementStage steps of the two-stage pipeline"
     )
 
-
-def _warmup_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warmup-frames",
         "--warmup-num-frames",
@@ -168,8 +221,6 @@ def _warmup_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--warmup-resolution", type=_resolution, default=None, help="HEIGHTxWIDTH")
 
-
-def _serving_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--height", type=int, default=None, help="serving default height (px)")
     p.add_argument("--width", type=int, default=None, help="serving default width (px)")
     p.add_argument("--steps", type=int, default=None, help="serving default num_inference_steps")
@@ -252,8 +303,6 @@ def _offload_options(p: argparse.ArgumentParser) -> None:
             + ("; the two-stage upsampler follows it)" if comp == "vae" else ")"),
         )
 
-
-def _debug_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-outputs", action="store_true", help="save generated frames as .npy")
     p.add_argument("--debug-leak-mib", type=int, default=0, help="TEST ONLY: leak this many MiB per request")
     p.add_argument(

@@ -1,15 +1,12 @@
-"""The reference engine's jobs: one request's bookkeeping, its ``performance.log`` record and its
-``/v1/videos`` answer.
-
-A job is created when ``POST /v1/videos`` accepts a request (``created``: submitted), started when
-the engine's single worker takes it from the queue (``started``) and completed when its run ends
-(``completed``), all epoch seconds. The record's ``perfkit`` object and the job JSON both carry
-the three, so a client can tell queue wait (started - submitted) from service time
-(completed - started).
+"""A reference engine request and what running it produced (:class:`GenRequest`, sglang's
+/v1/videos fields; :class:`StageResult`, :class:`RunResult`), and one request's job: its
+bookkeeping (:class:`Job`, the job clock: docs/refengine.md), its ``performance.log`` record
+and its ``/v1/videos`` answer. Sizes in pixels, times in ms, memory in MiB.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -22,13 +19,111 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from perfkit.common.recordformat import PERF_LOG_NAME
-from perfkit.refengine.device_memory import max_snapshots
-from perfkit.refengine.profiling import TraceInfo
-from perfkit.refengine.request import GenRequest, RunResult, host_memory, record_payload, run_extras
+from perfkit.refengine.memhistory import max_snapshots
+from perfkit.refengine.profiling import CompileWindow, TraceInfo
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenRequest:
+    """One video request (sglang's /v1/videos fields). Sizes in pixels, frames as requested."""
+
+    prompt: str
+    num_frames: int
+    height: int
+    width: int
+    num_inference_steps: int
+    seed: int = 0
+    guidance_scale: float = 3.0
+    negative_prompt: str = ""
+    fps: int = 24
+    #: stage timing: True / "events", "sync", False / "off" (docs/refengine.md, "Pipeline and timing")
+    stage_timing: bool | str = True
+
+    @property
+    def timing_mode(self) -> str:
+        """``events``, ``sync`` or ``off`` (see :attr:`stage_timing`)."""
+        if self.stage_timing is False or self.stage_timing == "off":
+            return "off"
+        return "sync" if self.stage_timing == "sync" else "events"
+
+
+@dataclass
+class StageResult:
+    name: str
+    ms: float
+    t_start: float
+    t_end: float
+    peak_allocated_mb: float | None = None
+    peak_reserved_mb: float | None = None
+
+
+@dataclass
+class RunResult:
+    """What one pipeline run produced: stage timings, steps (ms), compile window, memory."""
+
+    stages: list[StageResult] = field(default_factory=list)
+    steps: list[float] = field(default_factory=list)
+    refinement_steps: list[float] = field(default_factory=list)
+    total_ms: float = 0.0
+    t_start: float = 0.0
+    t_end: float = 0.0
+    effective_frames: int = 0
+    latent_shape: list[int] = field(default_factory=list)
+    compile: CompileWindow = field(default_factory=CompileWindow)
+    video: np.ndarray | None = None
+    #: multi-rank engines: every rank's report (rank order), filled on rank 0 (see refengine.dist)
+    ranks: list[dict[str, Any]] | None = None
+    #: CFG parallel: per denoising/refinement step, this rank's transformer time and its wait in
+    #: the all_gather (ms, CUDA events; perf_counter on CPU), in call order
+    cfg_compute_ms: list[float] = field(default_factory=list)
+    cfg_gather_ms: list[float] = field(default_factory=list)
+    #: test-only injected slowdown: stage -> [work, injected] ms (thread CPU time on a CPU device)
+    injected: dict[str, list[float]] = field(default_factory=dict)
+    #: CPU device: the injected pieces' wall time per stage (ms; the clock a profiler trace shows)
+    injected_wall: dict[str, float] = field(default_factory=dict)
+
+
+def record_payload(res: RunResult) -> dict[str, Any]:
+    """The parts of a record that come from a run (stages, steps, perfkit extras)."""
+    return {
+        "stages": [{"name": s.name, "execution_time_ms": round(s.ms, 3)} for s in res.stages],
+        "steps": [round(x, 3) for x in res.steps],
+        "total_duration_ms": round(res.total_ms, 3),
+    }
+
+
+def run_extras(res: RunResult) -> dict[str, Any]:
+    """perfkit's fields of a run that a record and a rank report share: refinement steps (ms),
+    each stage's peak allocated (MiB), the compile window (count, ms, reasons, torch's phase ms)
+    and the run's span (epoch s)."""
+    c = res.compile
+    return {
+        "refinement_steps": [round(x, 3) for x in res.refinement_steps],
+        "stage_peak_allocated_mb": {
+            s.name: round(s.peak_allocated_mb, 2) for s in res.stages if s.peak_allocated_mb is not None
+        },
+        "compiles": c.compiles,
+        "compile_ms": round(c.compile_ms, 3),
+        "recompile_reasons": c.reasons,
+        "compile_phases_ms": c.phases_ms,
+        "t_start": res.t_start,
+        "t_end": res.t_end,
+    }
+
+
+def host_memory() -> dict[str, float | None]:
+    """This process's ``host_rss_mib`` and ``host_anon_mib`` (MiB; anonymous from
+    /proc/self/status RssAnon, None where the kernel has none: "not reported")."""
+    anon = None
+    with contextlib.suppress(OSError), open("/proc/self/status") as fh:
+        anon = next((int(ln.split()[1]) / 1024.0 for ln in fh if ln.startswith("RssAnon:")), None)
+    rss = psutil.Process().memory_info().rss / 2**20
+    return {"host_rss_mib": round(rss, 2), "host_anon_mib": None if anon is None else round(anon, 2)}
 
 
 @dataclass
@@ -52,8 +147,7 @@ class Job:
     #: sglang fields the request set that this engine does not implement
     ignored_fields: list[str] = field(default_factory=list)
     slowed: bool = False  # the test-only injected slowdown applied to this run
-    #: sglang's profiling fields of the request: None (not profiled) or
-    #: {"all_stages": bool, "num_profiled_timesteps": int | None}
+    #: None (not profiled) or {"all_stages": bool, "num_profiled_timesteps": int | None}
     profile: dict[str, Any] | None = None
     #: what the profiler wrote (mode, path, size), for the record
     trace: TraceInfo | None = None
@@ -135,8 +229,6 @@ def job_record(
             pk["debug_stage_delay_ms"] = {k: [round(x, 3) for x in v] for k, v in res.injected.items()}
         if res is not None and res.injected_wall:
             pk["debug_stage_delay_wall_ms"] = {k: round(v, 3) for k, v in res.injected_wall.items()}
-    # the job's own clock: submitted (created) -> started (taken from the queue) -> completed;
-    # queue wait = started - submitted, service time = completed - started (epoch seconds)
     pk.update({"t_submitted": job.created, "t_started": job.started, "t_completed": job.completed})
     if job.measured_index is not None:
         pk["request_index"] = job.measured_index
@@ -170,9 +262,7 @@ def job_record(
                 res.compile.limit_stage or "a stage not known",
             )
         if res.ranks:
-            # multi-rank (CFG parallel): stages/steps above are rank 0's (it serves, decodes, and
-            # its steps include waiting for the peer's branch); memory is the max across ranks,
-            # as sglang records it; every rank's own numbers are under perfkit.ranks
+            # CFG parallel: stages/steps are rank 0's, memory the max across ranks (docs/refengine.md)
             res.ranks[0]["memory_snapshots"] = dict(snaps)
             rec["memory_snapshots"] = max_snapshots([r.get("memory_snapshots") or {} for r in res.ranks])
             pk["ranks"] = res.ranks
@@ -189,10 +279,9 @@ def alignment_note(requested: int, effective: int | None) -> str:
 
 
 def job_body(job: Job) -> dict[str, Any]:
-    """The /v1/videos answer: sglang's video object (``created_at``, ``completed_at``) plus
-    ``started_at`` and ``perfkit_times`` (the job's clock, epoch seconds) and the effective shape. ``num_frames`` is
-    what the pipeline generates (aligned), ``num_frames_requested`` what was asked, and
-    ``alignment_note`` says why they differ."""
+    """The /v1/videos answer: sglang's video object plus ``started_at``, ``perfkit_times`` (the
+    job's clock, epoch s) and the effective shape (``num_frames`` aligned, ``num_frames_requested``,
+    ``alignment_note``)."""
     body: dict[str, Any] = {"id": job.id, "object": "video", "status": job.status}
     body.update({"created_at": int(job.created), "error": job.error})
     if job.started is not None:
@@ -202,8 +291,7 @@ def job_body(job: Job) -> dict[str, Any]:
     r = job.req
     effective = job.effective_frames if job.effective_frames is not None else r.num_frames
     body.update(
-        # sglang's *_at fields are whole seconds; the job's clock to the microsecond (epoch s),
-        # so that queue wait (started - submitted) of a sub-second request can be read over HTTP
+        # sglang's *_at are whole seconds; the job's clock to the microsecond (sub-second queue waits)
         perfkit_times={"submitted": job.created, "started": job.started, "completed": job.completed},
         num_frames=effective,
         num_frames_requested=r.num_frames,
@@ -215,8 +303,7 @@ def job_body(job: Job) -> dict[str, Any]:
         ignored_fields=job.ignored_fields,
     )
     if job.result is not None:
-        # sglang's field; a job with no duration (failed before its stages ran) says None, as
-        # sglang's failed jobs do, never 0 s
+        # no duration (failed before its stages ran): None, as sglang's failed jobs, never 0 s
         ms = job.result.get("total_duration_ms")
         ok = isinstance(ms, (int, float)) and not isinstance(ms, bool)
         body["inference_time_s"] = ms / 1000.0 if ok else None

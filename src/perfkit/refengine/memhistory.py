@@ -1,12 +1,6 @@
-"""Allocation history and snapshot files on request boundaries (CUDA only).
-
-On CUDA the engine calls ``torch.cuda.memory._record_memory_history`` at startup (every
-allocation and free with its Python stack, bounded by ``max_entries`` trace entries; torch's
-"Understanding CUDA Memory Usage" page, pytorch.org/docs/stable/torch_cuda_memory.html) and
-writes ``torch.cuda.memory._dump_snapshot`` after the measured requests it was asked for. The
-snapshot covers torch's caching allocator only (not NCCL's own allocations). The request's
-record names its file (``perfkit.memory_snapshot``); perfkit reads it with
-:mod:`perfkit.readings.memsnapshot`.
+"""Device memory: snapshots in sglang's layout (allocated/reserved and their peaks, MiB; the max
+across CFG-parallel ranks) and allocator snapshot files on request boundaries (CUDA only; see
+docs/below-the-stage.md, "How allocator snapshots are taken and read").
 """
 
 from __future__ import annotations
@@ -20,6 +14,35 @@ import torch
 
 log = logging.getLogger(__name__)
 
+MIB = 1024 * 1024
+
+
+def snapshot(device: torch.device) -> dict[str, float] | None:
+    """checkpoint fields (MiB) of ``device``; None off CUDA (no device memory to report)."""
+    if device.type != "cuda":
+        return None
+    return {
+        "allocated_mb": round(torch.cuda.memory_allocated(device) / MIB, 2),
+        "reserved_mb": round(torch.cuda.memory_reserved(device) / MIB, 2),
+        "peak_allocated_mb": round(torch.cuda.max_memory_allocated(device) / MIB, 2),
+        "peak_reserved_mb": round(torch.cuda.max_memory_reserved(device) / MIB, 2),
+    }
+
+
+def max_snapshots(per_rank: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Checkpoint -> field -> max across ranks (sglang reports the max of memory across ranks)."""
+    out: dict[str, dict[str, float]] = {}
+    for snaps in per_rank:
+        for ck, vals in (snaps or {}).items():
+            if not vals:
+                continue
+            cur = out.setdefault(ck, {})
+            for k, v in vals.items():
+                if v is not None and (k not in cur or v > cur[k]):
+                    cur[k] = v
+    return out
+
+
 #: what the record says on a device with no caching allocator to snapshot
 NOT_ON_CPU = "not available on cpu"
 
@@ -29,7 +52,7 @@ class SnapshotRecorder:
     """Dumps a snapshot after the chosen measured requests.
 
     Args:
-        device: the serving device; off CUDA nothing is recorded and :meth:`after` says
+        device: the serving device; off CUDA nothing is recorded and :meth:`after_request` says
             :data:`NOT_ON_CPU` for the chosen requests.
         after: 0-based measured request indices to snapshot after (0: the cold request).
         out_dir: where ``request-<index>.pickle`` files go.

@@ -1,16 +1,10 @@
-"""Model construction for the reference engine: diffusers LTX-Video components, seeded weights.
-
-Nothing is fetched from a model hub. Presets build the real diffusers classes
-(``LTXVideoTransformer3DModel``, ``AutoencoderKLLTXVideo``, ``FlowMatchEulerDiscreteScheduler``,
-``LTXLatentUpsamplerModel``) and a transformers ``T5EncoderModel`` with seeded random weights, so
-compute and memory match trained weights of the same configuration. A tokenizer is trained
-locally with the ``tokenizers`` library. ``load_checkpoint`` loads a local diffusers-format
-directory instead (the layout ``save_pretrained`` writes, as in ``Lightricks/LTX-Video``).
+"""Model construction for the reference engine: diffusers LTX-Video components with seeded
+weights (:func:`build_preset`), or a local diffusers-format checkpoint (:func:`load_checkpoint`);
+nothing is fetched from a model hub (docs/refengine.md, "Models").
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +13,6 @@ from typing import Any, Callable
 import torch
 
 from perfkit.common.presets import PRESET_NAMES
-
-log = logging.getLogger(__name__)
 
 #: Words the local tokenizer is trained on (a deterministic BPE; only its shape matters).
 _CORPUS = (
@@ -118,14 +110,21 @@ class Components:
     upsampler: torch.nn.Module | None
     preset: Preset
     source: str
-    param_bytes: dict[str, int] = field(default_factory=dict)
+    #: bytes of parameters per component (computed from the modules)
+    param_bytes: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        mods = {k: getattr(self, k) for k in ("transformer", "vae", "text_encoder", "upsampler")}
+        self.param_bytes = {
+            k: sum(t.numel() * t.element_size() for t in m.parameters())
+            for k, m in mods.items()
+            if m is not None
+        }
 
 
 def build_tokenizer(vocab_size: int, max_length: int):
-    """Train a small BPE tokenizer locally and wrap it for transformers.
-
-    Returns a ``transformers.PreTrainedTokenizerFast`` with ``<pad>``, ``</s>`` and ``<unk>``.
-    """
+    """A small BPE tokenizer trained locally: ``transformers.PreTrainedTokenizerFast`` with
+    ``<pad>``, ``</s>`` and ``<unk>``."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -148,12 +147,9 @@ def build_tokenizer(vocab_size: int, max_length: int):
 @torch.no_grad()
 def _seeded_init(module: torch.nn.Module, seed: int) -> None:
     """Fill every parameter with seeded values: N(0, 1/sqrt(fan_in)) for matrices, ones for norm
-    scales, zeros for biases. Keeps activations finite through deep random stacks.
-
-    Values are drawn on a CUDA generator when a GPU is visible (one parameter at a time, so a
-    14 GiB model is initialised in seconds and never needs more device memory than its largest
-    tensor), else on the CPU. The seed fixes the values for a given generator device.
-    """
+    scales, zeros for biases (finite activations through deep random stacks). Drawn one parameter
+    at a time on a CUDA generator when a GPU is visible (a 14 GiB model in seconds), else on the
+    CPU; the seed fixes the values for a given generator device."""
     gen_dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     gen = torch.Generator(device=gen_dev).manual_seed(seed)
     for name, p in module.named_parameters():
@@ -167,10 +163,8 @@ def _seeded_init(module: torch.nn.Module, seed: int) -> None:
 
 
 def _materialise(cls_factory, seed: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """Construct on the meta device, allocate on ``device`` in ``dtype``, then seed-initialise.
-
-    Avoids a slow default initialisation of billions of parameters.
-    """
+    """Construct on the meta device (no slow default init), allocate on ``device`` in ``dtype``,
+    then seed-initialise."""
     from accelerate import init_empty_weights
 
     with init_empty_weights(include_buffers=False):
@@ -233,9 +227,7 @@ def build_preset(
         shift_terminal=0.1,
     )
     tokenizer = build_tokenizer(p.vocab_size, p.max_sequence_length)
-    comps = Components(transformer, vae, text_encoder, tokenizer, scheduler, upsampler, p, f"preset:{name}")
-    comps.param_bytes = param_bytes(comps)
-    return comps
+    return Components(transformer, vae, text_encoder, tokenizer, scheduler, upsampler, p, f"preset:{name}")
 
 
 def estimate_param_bytes(name: str, dtype: torch.dtype, two_stage: bool = False) -> int:
@@ -246,14 +238,6 @@ def estimate_param_bytes(name: str, dtype: torch.dtype, two_stage: bool = False)
         mods = [m for m in _modules(PRESETS[name], two_stage, lambda make, _k: make()) if m is not None]
     size = torch.empty((), dtype=dtype).element_size()
     return sum(t.numel() for m in mods for t in m.parameters()) * size
-
-
-def param_bytes(c: Components) -> dict[str, int]:
-    """Bytes of parameters per component."""
-    mods = {k: getattr(c, k) for k in ("transformer", "vae", "text_encoder", "upsampler")}
-    return {
-        k: sum(t.numel() * t.element_size() for t in m.parameters()) for k, m in mods.items() if m is not None
-    }
 
 
 def ltx_pipeline(c: Components) -> Any:
@@ -281,10 +265,8 @@ def save_checkpoint(c: Components, path: str | Path) -> Path:
 def load_checkpoint(
     path: str | Path, dtype: torch.dtype, two_stage: bool = False, preset: str = "tiny"
 ) -> Components:
-    """Load a local diffusers-format LTX-Video checkpoint directory.
-
-    The serving defaults (resolution, steps) come from ``preset``. With ``two_stage`` the latent
-    upsampler is read from ``path/latent_upsampler``.
+    """Load a local diffusers-format LTX-Video checkpoint directory (the latent upsampler from
+    ``path/latent_upsampler`` with ``two_stage``); serving defaults from ``preset``.
 
     Raises:
         FileNotFoundError: the directory or its ``model_index.json`` is missing, or
@@ -302,16 +284,13 @@ def load_checkpoint(
         if not (d / "latent_upsampler").exists():
             raise FileNotFoundError(f"--two-stage needs {d / 'latent_upsampler'}")
         upsampler = LTXLatentUpsamplerModel.from_pretrained(d / "latent_upsampler", torch_dtype=dtype)
-    base = PRESETS.get(preset, PRESETS["tiny"])
-    comps = Components(
+    return Components(
         pipe.transformer.eval(),
         pipe.vae.eval(),
         pipe.text_encoder.eval(),
         pipe.tokenizer,
         pipe.scheduler,
         upsampler.eval() if upsampler is not None else None,
-        base,
+        PRESETS.get(preset, PRESETS["tiny"]),
         f"path:{d}",
     )
-    comps.param_bytes = param_bytes(comps)
-    return comps

@@ -1,31 +1,29 @@
-"""The staged LTX-Video pipeline with per-stage timing and memory statistics.
-
-Stages follow sglang's names: ``TextEncodingStage``, ``LatentPreparationStage``,
-``DenoisingStage`` (each step recorded), optionally ``UpsampleStage`` and ``RefinementStage``
-(two-stage: first pass at half resolution, latent upsampler, a few steps at full resolution),
-and ``DecodingStage``. The device is synchronised at every stage and step boundary before the
-clock is read (``time.perf_counter``), and the peak memory statistics are reset at every stage
-boundary, so each stage's own peak is known.
-
-The maths reuses diffusers' ``LTXPipeline`` helpers (prompt encoding, latent preparation and
-(un)packing, timestep shift); only the loop is ours, to time it.
+"""The staged LTX-Video pipeline (:class:`StagedPipeline`): sglang's stage names, each stage's
+and step's time (ms) and peak memory (MiB), and the test-only injected slowdown
+(``--debug-stage-delay``). Rules and sources: docs/refengine.md, "Pipeline and timing".
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 from perfkit.common.frames import align_frames
-from perfkit.refengine.compile_watch import CompileWatch
+from perfkit.refengine.jobs import GenRequest, RunResult, StageResult
+from perfkit.refengine.memhistory import MIB
 from perfkit.refengine.models import Components, ltx_pipeline
-from perfkit.refengine.profiling import RequestProfiler, step_scope
-from perfkit.refengine.request import GenRequest, RunResult
-from perfkit.refengine.timing import StageTimer
+from perfkit.refengine.profiling import (
+    INJECTED_RANGE,
+    REGISTERED_NAMES,
+    CompileWatch,
+    RequestProfiler,
+    maybe_range,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +56,15 @@ def compile_kwargs(backend: str, recompile_limit: int | None, compile_fn: Any = 
     return kw
 
 
-class StagedPipeline(StageTimer):
+class StagedPipeline:
     """Runs LTX-Video requests stage by stage on one device, over placed components.
 
     Args:
         two_stage: run half resolution + UpsampleStage + RefinementStage (``refine_steps``).
         compile: ``torch.compile(dynamic=False)`` the transformer (and with ``compile_vae`` the
             VAE decoder) with ``compile_backend``; ``compile_watch`` counts the compilations.
-        recompile_limit: dynamo's recompile limit for the compiled modules (None: torch's
-            default). Passed to ``torch.compile`` itself where it takes it (torch >= 2.13, whose
-            config overrides are thread-local while requests run on the engine's worker thread);
-            older torch takes only the process-wide ``torch._dynamo.config`` the CLI sets.
+        recompile_limit: dynamo's recompile limit (None: torch's default), also given to
+            ``torch.compile`` where it takes it (torch >= 2.13: config overrides are thread-local).
         cfg_parallel: this rank's :class:`~perfkit.refengine.dist.CfgParallel` (``--num-gpus``
             > 1): each rank computes one guidance branch per step and the predictions are
             gathered; only rank 0 decodes. None: one process computes both branches as a batch.
@@ -111,18 +107,146 @@ class StagedPipeline(StageTimer):
         self._pending: list = []
         self._pending_steps: list = []
         self._request_event = None
-        #: test-only injected slowdown (``--debug-stage-delay``): stage name -> fraction of the
-        #: stage's own work added as busy compute; applied only to runs given ``slow=True``
+        #: test-only ``--debug-stage-delay``: stage -> fraction of its own work added (``slow=True`` runs)
         self.stage_delay: dict[str, float] = {}
         self._slow: dict[str, float] = {}
-        # CUDA injection: pieces of the running request (stage, start, end, busy start, busy end),
-        # the last device-time estimate per stage, the spin kernel's cycles per ms
+        # CUDA injection: (stage, start, end, busy start, busy end) pieces, ms estimate per stage
         self._inj_pieces: list = []
         self._inj_est: dict[str, float] = {}
         self._sleep_cpms: float | None = None
         self._run = RunResult()
         #: the running request's profiler (sglang's ``profile`` field), set by the engine
         self.profiler: RequestProfiler | None = None
+
+    def _sync(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+    def _clock(self) -> float:
+        """The clock sizing the injected slowdown (s): wall time on CUDA, this thread's CPU time
+        on a CPU device (other processes' time on a shared host is not work)."""
+        return time.perf_counter() if self.is_cuda else time.thread_time()
+
+    def _busy(self, seconds: float) -> None:
+        """CPU device: busy compute (small matmuls) for ``seconds`` of :meth:`_clock`."""
+        if seconds <= 0:
+            return
+        a = torch.randn(64, 64, device=self.device)
+        end = self._clock() + seconds
+        while self._clock() < end:  # ~20 µs a turn on a CPU core: overshoot stays small
+            a = torch.tanh(a @ a)
+
+    def _mark(self) -> Any:
+        """Start of a piece the slowdown is sized by: a CUDA event (no sync), else :meth:`_clock`."""
+        return self._event() if self.is_cuda else self._clock()
+
+    def _cycles_per_ms(self) -> float:
+        """GPU cycles per ms of ``torch.cuda._sleep``, measured once per process with events."""
+        if self._sleep_cpms is None:
+            for _ in range(2):  # the first run pays the kernel's first launch
+                self._sync()
+                a = self._event()
+                torch.cuda._sleep(10_000_000)
+                b = self._event()
+                b.synchronize()
+                self._sleep_cpms = 10_000_000 / max(a.elapsed_time(b), 1e-3)
+        return self._sleep_cpms
+
+    def _inject(self, frac: float, mark: Any, stage: str) -> None:
+        """Stretch the work since ``mark`` (:meth:`_mark`) by ``frac``: busy compute on a CPU
+        device; on CUDA, without a host sync, a spin kernel sized by the newest completed piece
+        of the same stage (docs/refengine.md); :meth:`_account_injected` reads the exact ms."""
+        if frac <= 0:
+            return
+        if not self.is_cuda:
+            c1 = self._clock()
+            w1 = time.perf_counter()
+            with maybe_range(self.profiler, INJECTED_RANGE):
+                self._busy(frac * (c1 - mark))
+            acc = self._run.injected.setdefault(stage, [0.0, 0.0])
+            acc[0] += (c1 - mark) * 1000.0
+            acc[1] += (self._clock() - c1) * 1000.0
+            wall = self._run.injected_wall
+            wall[stage] = wall.get(stage, 0.0) + (time.perf_counter() - w1) * 1000.0
+            return
+        e1 = self._event()
+        done = (a.elapsed_time(b) for st, a, b, *_ in reversed(self._inj_pieces) if st == stage and b.query())
+        est = next(done, self._inj_est.get(stage))
+        if est is None:
+            e1.synchronize()
+            est = mark.elapsed_time(e1)
+        self._inj_est[stage] = est
+        cycles = int(frac * est * self._cycles_per_ms())
+        b0 = self._event()
+        if cycles > 0:
+            with maybe_range(self.profiler, INJECTED_RANGE):
+                torch.cuda._sleep(cycles)
+        self._inj_pieces.append((stage, mark, e1, b0, self._event()))
+
+    def _account_injected(self, out: RunResult) -> None:
+        """After the final sync: each CUDA-injected piece's [work, busy] ms into ``out.injected``."""
+        pieces, self._inj_pieces = self._inj_pieces, []
+        for st, a, b, b0, b1 in pieces:
+            acc = out.injected.setdefault(st, [0.0, 0.0])
+            acc[0] += a.elapsed_time(b)
+            acc[1] += b0.elapsed_time(b1)
+
+    def _event(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    @contextmanager
+    def _stage(self, name: str, out: RunResult, timing: bool | str) -> Iterator[None]:
+        """Time one stage: ``timing`` "events" (CUDA events, resolved by :meth:`_resolve`),
+        "sync" (sync at both boundaries, host clock) or falsy (none); the stage's peak memory."""
+        if self.watch is not None:
+            self.watch.stage = name
+        events = timing == "events" and self.is_cuda
+        if timing:
+            if not events:
+                self._sync()
+            if self.is_cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
+        t0 = time.perf_counter()
+        mark = self._mark() if self._slow.get(name, 0.0) > 0 else None
+        w0 = time.time()
+        e0 = self._event() if events else None
+        try:
+            with maybe_range(self.profiler, f"STAGE {REGISTERED_NAMES.get(name, name)}"):
+                yield
+                # a stage with denoising steps has its slowdown injected per step (step times scale too)
+                if name not in ("DenoisingStage", "RefinementStage"):
+                    self._inject(self._slow.get(name, 0.0), mark, name)
+            if timing and not events:
+                self._sync()
+        finally:
+            if self.watch is not None:
+                self.watch.stage = None
+        ms = (time.perf_counter() - t0) * 1000.0
+        res = StageResult(name, ms, w0, time.time())
+        if timing and self.is_cuda:
+            res.peak_allocated_mb = torch.cuda.max_memory_allocated(self.device) / MIB
+            res.peak_reserved_mb = torch.cuda.max_memory_reserved(self.device) / MIB
+        if events:
+            self._pending.append((res, e0, self._event()))
+        out.stages.append(res)
+
+    def _resolve(self, out: RunResult) -> None:
+        """Fill event-timed stages and steps once the request's work is done (one sync)."""
+        pending, self._pending = self._pending, []
+        steps, self._pending_steps = self._pending_steps, []
+        if not pending and not steps:
+            return
+        self._sync()
+        origin = self._request_event
+        for res, e0, e1 in pending:
+            res.ms = e0.elapsed_time(e1)
+            if origin is not None:  # wall times on the device's timeline, from the request start
+                res.t_start = out.t_start + origin.elapsed_time(e0) / 1000.0
+                res.t_end = out.t_start + origin.elapsed_time(e1) / 1000.0
+        for target, events in steps:
+            target.extend(a.elapsed_time(b) for a, b in zip(events, events[1:]))
 
     def _denoise(
         self, latents, embeds, mask, timesteps, shape, req, timing, step_times, stage="DenoisingStage"
@@ -134,40 +258,38 @@ class StagedPipeline(StageTimer):
         cfg = guidance > 1.0
         rope = (self.temporal / req.fps, self.spatial, self.spatial)
         sched = self._active_sched
-        # On CUDA, step times come from events recorded between steps: no host sync per step, so
-        # the CPU keeps enqueueing ahead as in production (a sync per step cost ~9 % of e2e on an
-        # H200 with a compiled 2 B transformer). The stage boundary syncs once, then reads them.
+        # CUDA: events between steps, no host sync per step (docs/refengine.md)
         events = [self._event()] if timing and self.is_cuda else []
         par = self.cfg_parallel
-        # a profiled request: each denoising step advances sglang's step schedule (refinement
-        # steps do not)
+        # sglang's profiler schedule advances on denoising steps only
         profiler = self.profiler if stage == "DenoisingStage" else None
         for t in timesteps:
-            with step_scope(profiler):
-                t0 = time.perf_counter()
-                mark = self._mark() if slow else None
-                if par is None:
-                    model_in = torch.cat([latents] * 2) if cfg else latents
-                    model_in = model_in.to(embeds.dtype)
-                    noise = self._predict(model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope)
-                    if cfg:
-                        uncond, text = noise.chunk(2)
-                        noise = uncond + guidance * (text - uncond)
-                else:  # one branch here, the other on the peer rank; gathered and combined
-                    noise = par.noise(
-                        lambda x, e, m, t=t: self._predict(x.to(e.dtype), e, m, t, n_lat, h_lat, w_lat, rope),
-                        latents,
-                        embeds,
-                        mask,
-                        cfg,
-                        guidance,
-                    )
-                latents = sched.step(noise, t, latents, return_dict=False)[0]
-                self._inject(slow, mark, stage)
-                if events:
-                    events.append(self._event())
-                elif timing:
-                    step_times.append((time.perf_counter() - t0) * 1000.0)
+            t0 = time.perf_counter()
+            mark = self._mark() if slow else None
+            if par is None:
+                model_in = torch.cat([latents] * 2) if cfg else latents
+                model_in = model_in.to(embeds.dtype)
+                noise = self._predict(model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope)
+                if cfg:
+                    uncond, text = noise.chunk(2)
+                    noise = uncond + guidance * (text - uncond)
+            else:  # one branch here, the other on the peer rank; gathered and combined
+                noise = par.noise(
+                    lambda x, e, m, t=t: self._predict(x.to(e.dtype), e, m, t, n_lat, h_lat, w_lat, rope),
+                    latents,
+                    embeds,
+                    mask,
+                    cfg,
+                    guidance,
+                )
+            latents = sched.step(noise, t, latents, return_dict=False)[0]
+            self._inject(slow, mark, stage)
+            if events:
+                events.append(self._event())
+            elif timing:
+                step_times.append((time.perf_counter() - t0) * 1000.0)
+            if profiler is not None:
+                profiler.denoising_step_done()
         if events:
             if timing == "events":  # resolved with the stages after the request
                 self._pending_steps.append((step_times, events))
@@ -194,8 +316,7 @@ class StagedPipeline(StageTimer):
 
         sched = self.c.scheduler
         if steps == 1 and sched.config.get("shift_terminal"):
-            # diffusers stretches sigmas so the last equals shift_terminal, which divides by zero
-            # for a single sigma (NaN timesteps): one-step requests use a copy without it
+            # shift_terminal divides by zero for a single sigma (NaN timesteps): a copy without it
             if self._one_step_sched is None:
                 self._one_step_sched = type(sched).from_config(sched.config, shift_terminal=None)
             sched = self._one_step_sched
@@ -214,11 +335,7 @@ class StagedPipeline(StageTimer):
     @torch.no_grad()
     def run(self, req: GenRequest, keep_output: bool = False, slow: bool = False) -> RunResult:
         """Run one request. Returns timings, compile window and (optionally) the frames.
-
-        ``slow``: apply the test-only :attr:`stage_delay` to this run (the engine passes it for
-        measured requests, never for the startup warmup): each named stage gets busy compute on
-        the device equal to that fraction of its own work, inside its span (per step for
-        ``DenoisingStage``/``RefinementStage``, so step times scale too).
+        ``slow``: apply the test-only :attr:`stage_delay` (measured requests only).
 
         Raises:
             torch.OutOfMemoryError: when the device runs out of memory (the caller reports it).

@@ -1,29 +1,8 @@
-"""Device placement and offload modes, under a memory cap or as asked.
-
-Honours ``PERFKIT_CAP_DEVICE_MEMORY_GIB`` and ``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB``
-(as sglang's CI worker does: ``torch.cuda.set_per_process_memory_fraction(cap / total)``).
-
-Offload modes (:data:`perfkit.refengine.offload_request.OFFLOAD_MODES`), per component
-(:data:`COMPONENTS`; the two-stage upsampler follows the VAE):
-
-- ``none``: the weights are resident on the device.
-- ``model``: accelerate's ``cpu_offload_with_hook``, chained like diffusers'
-  ``enable_model_cpu_offload`` and closed into a cycle: a component is onloaded when its
-  ``forward`` runs and offloaded when the next one runs (a single one stays on the device).
-- ``group-block`` / ``group-leaf``: diffusers' ``apply_group_offloading`` at block level (one
-  block of a ``ModuleList`` at a time; the VAE's are its decoder's, the T5 encoder's its stack's)
-  or leaf level (every leaf module just before it runs).
-
-Group modes prefetch on a CUDA stream (``use_stream=True``) on CUDA, except block-level offload
-of a component whose blocks sit in a submodule (``_BLOCK_MODULES``): diffusers 0.42.1 registers
-its layer execution tracker twice when ``block_modules`` and streams are combined (``ValueError:
-Hook with name layer_execution_tracker already exists``, seen on the H200). Every mode but
-``none`` needs an accelerator (:func:`check_applicable`; the engine exits 2).
-
-Automatic placement (no mode asked): :func:`auto_modes`. torch.compile is kept for a resident or
-block-level offloaded transformer (:data:`COMPILE_COMPATIBLE`, diffusers PR #11605; each block
-is one more graph, hence :data:`GROUP_COMPILE_RECOMPILE_LIMIT`); otherwise the engine records
-why not (``compile_disabled_reason``).
+"""Device placement and offload modes (``none``, ``model``, ``group-block``, ``group-leaf`` per
+component), under a memory cap (``PERFKIT_CAP_DEVICE_MEMORY_GIB``,
+``SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB``) or as asked: :func:`place_components`,
+:func:`auto_modes`. Modes, sources and the diffusers limits: docs/refengine.md, "Placement and
+offload".
 """
 
 from __future__ import annotations
@@ -35,8 +14,8 @@ from typing import Mapping
 
 import torch
 
+from perfkit.refengine.flags import COMPONENTS, check_applicable
 from perfkit.refengine.models import Components
-from perfkit.refengine.offload_request import COMPONENTS, check_applicable
 
 log = logging.getLogger(__name__)
 
@@ -62,20 +41,11 @@ _BLOCK_MODULES: dict[str, list[str] | None] = {"text_encoder": ["encoder"], "vae
 
 @dataclass
 class Placement:
-    """Where each component's weights went.
-
-    Attributes:
-        name: the summary (``cpu`` for a CPU engine, ``device`` when every component is
-            resident, ``group_offload`` when any component is group-offloaded, ``model_offload``
-            when components are model-offloaded and none is group-offloaded).
-        offload: component -> the offload mode applied (``none``, ``model``, ``group-block``,
-            ``group-leaf``).
-        requested: component -> the mode asked for (None: automatic).
-        use_stream: whether any group-offloaded component prefetches on a CUDA stream.
-        streams: component -> whether its group offload prefetches on a CUDA stream (group-
-            offloaded components only).
-        automatic: the modes came from the cap rule, not from flags.
-    """
+    """Where each component's weights went: ``name`` the summary (``cpu``, ``device``,
+    ``group_offload`` when any component is group-offloaded, else ``model_offload``), ``offload``
+    the mode applied and ``requested`` the one asked (None: automatic) per component, whether
+    group offload prefetches on a CUDA stream (any: ``use_stream``; per component: ``streams``),
+    ``automatic``: the modes came from the cap rule, not from flags."""
 
     name: str
     offload: dict[str, str] = field(default_factory=dict)
@@ -85,9 +55,7 @@ class Placement:
     automatic: bool = True
 
     def by_component(self, device: torch.device) -> dict[str, str]:
-        """component -> where its weights live between calls: the device (``"cpu"``,
-        ``"cuda:0"``) when resident, ``"cpu->cuda:0"`` when offloaded to the host and onloaded
-        per call."""
+        """component -> the device (``"cuda:0"``) when resident, else ``"cpu->cuda:0"``."""
         dev = str(device)
         return {k: dev if m == "none" else f"cpu->{dev}" for k, m in self.offload.items()}
 
@@ -103,29 +71,24 @@ class Placement:
         }
 
 
-def device_cap_gib() -> float | None:
-    """The device cap from the environment in GiB (first of :data:`CAP_ENV_VARS` set), or None.
+def apply_device_cap(device: torch.device) -> float | None:
+    """The device cap in GiB from the environment (first of :data:`CAP_ENV_VARS` set; None: no
+    cap), applied on CUDA as the per-process memory fraction ``cap / total``.
 
     Raises:
         ValueError: when the variable is not a positive number (names the variable).
     """
-    for var in CAP_ENV_VARS:
-        raw = os.environ.get(var)
-        if raw:
-            try:
-                val = float(raw)
-            except ValueError:
-                raise ValueError(f"{var}={raw!r} is not a number of GiB") from None
-            if val <= 0:
-                raise ValueError(f"{var} must be > 0 GiB, got {val}")
-            return val
-    return None
-
-
-def apply_device_cap(device: torch.device) -> float | None:
-    """Set the per-process memory fraction for the cap; returns the cap in GiB (None: none)."""
-    cap = device_cap_gib()
-    if cap is None or device.type != "cuda":
+    var = next((v for v in CAP_ENV_VARS if os.environ.get(v)), None)
+    if var is None:
+        return None
+    raw = os.environ[var]
+    try:
+        cap = float(raw)
+    except ValueError:
+        raise ValueError(f"{var}={raw!r} is not a number of GiB") from None
+    if cap <= 0:
+        raise ValueError(f"{var} must be > 0 GiB, got {cap}")
+    if device.type != "cuda":
         return cap
     total = torch.cuda.get_device_properties(device).total_memory / GIB
     frac = min(1.0, cap / total)
@@ -138,20 +101,11 @@ def auto_modes(
     param_bytes: Mapping[str, int], cap_gib: float | None, requested: Mapping[str, str | None] | None = None
 ) -> dict[str, str]:
     """component -> its mode: the requested one, else ``none``, or ``group-leaf`` for the
-    components of :data:`AUTO_OFFLOAD_ORDER` (the text encoder runs once a request, the
-    transformer twice a step) that must leave the device, one at a time, for the resident weights
-    to fit ``WEIGHTS_SHARE_OF_CAP * cap_gib``. A requested ``none`` counts as resident; the
-    upsampler's bytes count with the VAE; the VAE and upsampler stay resident.
-
-    Args:
-        param_bytes: component -> bytes of its parameters (``Components.param_bytes``).
-        cap_gib: the device cap in GiB; None places everything resident.
-        requested: component -> the mode asked for (None: automatic).
-
-    Example: ltx-2b in bf16 (text encoder 9.1 GiB, transformer 3.6 GiB, VAE 0.8 GiB) under a
-    12 GiB cap (8.4 GiB for weights) gives ``text_encoder: group-leaf``, the rest ``none``;
-    under a 4 GiB cap the transformer is offloaded too.
-    """
+    components of :data:`AUTO_OFFLOAD_ORDER` that must leave the device, one at a time, for the
+    resident weights (bytes per component; a requested ``none`` counts, the upsampler with the
+    VAE) to fit ``WEIGHTS_SHARE_OF_CAP * cap_gib`` (None: all resident). Example: ltx-2b in bf16
+    (text encoder 9.1 GiB, transformer 3.6 GiB, VAE 0.8 GiB) under a 12 GiB cap offloads the
+    text encoder only; under 4 GiB the transformer too."""
     req = dict(requested or {})
     out = {c: req.get(c) or "none" for c in COMPONENTS}
     if cap_gib is None:
@@ -166,23 +120,6 @@ def auto_modes(
         if req.get(comp) is None and comp in param_bytes:
             out[comp] = "group-leaf"
             resident -= param_bytes[comp]
-    return out
-
-
-def resolve(
-    comps: Components,
-    device: torch.device,
-    cap_gib: float | None,
-    requested: Mapping[str, str | None] | None = None,
-) -> dict[str, str]:
-    """component -> the mode to apply: the requested one, else the automatic rule (module doc).
-    The upsampler (two-stage) follows the VAE. A CPU engine gets ``none`` everywhere."""
-    if device.type == "cpu":
-        out = {c: "none" for c in COMPONENTS}
-    else:
-        out = auto_modes(comps.param_bytes, cap_gib if device.type == "cuda" else None, requested)
-    if comps.upsampler is not None:
-        out["upsampler"] = out["vae"]
     return out
 
 
@@ -202,16 +139,19 @@ def place_components(
     cap_gib: float | None,
     requested: Mapping[str, str | None] | None = None,
 ) -> Placement:
-    """Place every component by its mode (:func:`resolve`, module doc) and return what was applied.
+    """Place every component by its mode (the requested one, else :func:`auto_modes`; the
+    upsampler follows the VAE) and return what was applied.
 
     Raises:
         OffloadNotApplicable: a mode that needs an accelerator on a CPU device.
     """
     req = {c: (requested or {}).get(c) for c in COMPONENTS}
-    check_applicable(req, device)
-    modes = resolve(comps, device, cap_gib, req)
+    check_applicable(req, device)  # a CPU engine: ``none`` everywhere from here on
+    modes = auto_modes(comps.param_bytes, cap_gib if device.type == "cuda" else None, req)
+    if comps.upsampler is not None:
+        modes["upsampler"] = modes["vae"]
     streams = {
-        # block_modules with a stream clash in diffusers 0.42.1 (module doc)
+        # block_modules with a stream clash in diffusers 0.42.1 (docs/refengine.md)
         c: device.type == "cuda" and not (m == "group-block" and _BLOCK_MODULES.get(c))
         for c, m in modes.items()
         if m.startswith("group-")

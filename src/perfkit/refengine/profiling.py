@@ -1,40 +1,21 @@
-"""Per-request torch.profiler traces with sglang's diffusion profiling API.
-
-sglang's diffusion server (``python/sglang/multimodal_gen/runtime/utils/profiler.py``,
-``SGLDiffusionProfiler``, read for these semantics; no code copied) profiles one request when the
-request sets ``profile: true``:
-
-- ``profile_all_stages: true``: every stage of the request is recorded; the mode is
-  ``full_stages``.
-- otherwise only denoising steps: N = ``num_profiled_timesteps`` (default 5; ``-1``: the
-  request's ``num_inference_steps``), the mode ``{N}_steps``. sglang adds its warm-up step to the
-  active ones (``num_active_steps = N + 1``) and uses ``torch.profiler.schedule(wait=0,
-  warmup=1, active=N+1, repeat=1)``, stepped after each denoising step while ``num_active_steps
-  >= 0`` (then the profiler stops): denoising step 0 is torch's warm-up (not recorded) and the
-  trace holds ``ProfilerStep#1`` .. ``ProfilerStep#N+1`` (denoising steps 1 .. N+1), one more
-  than asked. A request with S <= N+1 steps records S ProfilerSteps, the last one holding what
-  follows its last step (decoding).
-- activities CPU, plus CUDA when torch sees a GPU; ``record_shapes`` and ``with_stack`` on.
-- one gzipped Chrome trace per request and rank:
-  ``{request_id}-{mode}-global-rank{rank}.trace.json.gz`` in
-  ``SGLANG_DIFFUSION_TORCH_PROFILER_DIR``, else ``SGLANG_TORCH_PROFILER_DIR``, else ``./logs``
-  (relative to the engine's working directory).
-
-Ranges, as sglang 0.5.23 writes them (``runtime/pipelines_core/executors/pipeline_executor.py``):
-each stage runs in a ``STAGE <registered name>`` range (:data:`REGISTERED_NAMES`), in both
-modes (in ``N_steps`` traces only the stages inside the recorded window show); no per-step range
-(sglang's ``denoising_step_{i}`` markers are NVTX ranges and its own stage timer, not profiler
-ranges). The test-only injected slowdown runs inside a ``perfkit::debug_stage_delay`` range.
+"""Per-request torch.profiler traces with sglang's diffusion profiling API (``profile``,
+``num_profiled_timesteps``, ``profile_all_stages``; sglang's ``runtime/utils/profiler.py``
+``SGLDiffusionProfiler``, read for the semantics, no code copied): modes, file names, directory
+and ranges as sglang 0.5.23 writes them (docs/below-the-stage.md, "How traces are taken and
+read"); and torch.compile compilations per request (:class:`CompileWatch`, :class:`CompileWindow`;
+docs/refengine.md, "Compilations").
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ContextManager, Iterator
+from typing import Any, ContextManager
 
 import torch
 
@@ -42,18 +23,15 @@ log = logging.getLogger(__name__)
 
 #: sglang's default number of profiled denoising steps (after one warm-up step)
 DEFAULT_PROFILED_STEPS = 5
-#: the most ``num_profiled_timesteps`` a request may ask for: far above a diffusion request's
-#: steps (diffusers' LTX pipeline defaults to 50); 10**12 is a typo, not a request (sglang itself
-#: takes any int and names the trace ``1000000000000_steps``)
+#: the most ``num_profiled_timesteps`` a request may ask for (diffusers' LTX defaults to 50 steps;
+#: sglang takes any int)
 MAX_PROFILED_STEPS = 1000
 #: the warm-up steps sglang's schedule runs under the profiler and discards; sglang adds as
 #: many to the active (recorded) steps (``runtime/utils/profiler.py``)
 WARMUP_STEPS = 1
-#: stage -> the name sglang 0.5.23 registers it under in a comparable pipeline (Wan's
-#: ``pipelines/wan_pipeline.py``: ``add_standard_text_encoding_stage`` etc. of
-#: ``pipelines_core/composed_pipeline_base.py``, whose denoising and decoding helpers register
-#: ``denoising_stage`` and ``decoding_stage``; the others, and the two-stage pipeline's
-#: upsample and refinement stages, are added without a name: the class name)
+#: stage -> the name sglang 0.5.23 registers it under (Wan's ``pipelines/wan_pipeline.py``, the
+#: standard helpers of ``composed_pipeline_base.py``); other stages: the class name. Ranges are
+#: ``STAGE <registered name>``
 REGISTERED_NAMES = {"DenoisingStage": "denoising_stage", "DecodingStage": "decoding_stage"}
 #: directory variables, in the order sglang reads them; then ``./logs``
 DIR_VARIABLES = ("SGLANG_DIFFUSION_TORCH_PROFILER_DIR", "SGLANG_TORCH_PROFILER_DIR")
@@ -99,11 +77,9 @@ def profiled_steps(num_profiled_timesteps: int | None, num_inference_steps: int)
 
 @dataclass
 class TraceInfo:
-    """What one profiled request left: ``mode`` (``full_stages`` / ``N_steps``), ``path``
-    (absolute), ``size_bytes``, ``steps_recorded`` (``N_steps``: the ``ProfilerStep`` ranges in
-    the trace, N+1 with sglang's warm-up step, fewer when the request ran out of steps;
-    ``full_stages``: the denoising steps, which no range marks),
-    ``error`` (why no trace was written, else None)."""
+    """What one profiled request left: ``mode``, absolute ``path``, ``size_bytes``,
+    ``steps_recorded`` (``N_steps``: the ``ProfilerStep`` ranges, N+1 or fewer; ``full_stages``:
+    the denoising steps), ``error`` (why no trace was written, else None)."""
 
     mode: str
     path: str | None
@@ -156,11 +132,9 @@ class RequestProfiler:
         return f"{self.request_id}-{self.mode}-global-rank{self.rank}.trace.json.gz"
 
     def denoising_step_done(self) -> None:
-        """After one denoising step (sglang's ``step_denoising_step``): in ``N_steps`` mode the
-        schedule advances while ``N+1`` active steps are left (each advance opens
-        ``ProfilerStep#k``; the first is torch's warm-up), after that the profiler stops (sglang
-        stops early too, to keep the trace small). In ``full_stages`` mode steps do not move
-        the profiler."""
+        """After one denoising step (sglang's ``step_denoising_step``): ``N_steps`` advances the
+        schedule while ``N+1`` active steps are left, then stops the profiler; ``full_stages``
+        only counts."""
         if self.all_stages:
             self.steps_recorded += 1
             return
@@ -199,16 +173,138 @@ def maybe_range(profiler: RequestProfiler | None, name: str) -> ContextManager[A
     return torch.profiler.record_function(name) if profiler is not None else nullcontext()
 
 
-def maybe_stage(profiler: RequestProfiler | None, name: str) -> ContextManager[Any]:
-    """The stage's ``STAGE <registered name>`` range (:data:`REGISTERED_NAMES`, else the class
-    name, as sglang's executor names it) while a request is profiled, else nothing."""
-    return maybe_range(profiler, f"STAGE {REGISTERED_NAMES.get(name, name)}")
+@dataclass
+class CompileWindow:
+    """What compiled inside one window (a request): compilations started, their wall time (ms),
+    the failed guard lines, whether (and in which stage) the recompile limit was hit, the same
+    per stage (``by_stage``), and ``phases_ms``: torch's ``dynamo_timed`` name -> ms inside the
+    window (names nest; None when this torch has no ``compilation_time_metrics``)."""
+
+    compiles: int = 0
+    compile_ms: float = 0.0
+    reasons: list[str] = field(default_factory=list)
+    limit_hit: bool = False
+    limit_stage: str | None = None
+    by_stage: dict[str, dict] = field(default_factory=dict)
+    phases_ms: dict[str, float] | None = None
+
+    def _stage_entry(self, stage: str | None) -> dict:
+        return self.by_stage.setdefault(
+            stage or "outside a stage", {"compiles": 0, "compile_ms": 0.0, "reasons": []}
+        )
 
 
-@contextmanager
-def step_scope(profiler: RequestProfiler | None) -> Iterator[None]:
-    """One denoising step; after it the profiler's schedule advances (no range: sglang marks
-    steps with NVTX and its stage timer only)."""
-    yield
-    if profiler is not None:
-        profiler.denoising_step_done()
+class _Handler(logging.Handler):
+    def __init__(self, watch: "CompileWatch"):
+        super().__init__(level=logging.DEBUG)
+        self.watch = watch
+        self._last: logging.LogRecord | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # attached to a logger and its parent: a propagated record arrives twice
+        if record is self._last:
+            return
+        self._last = record
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001
+            return
+        self.watch._on_log(record.name, msg)
+
+
+class CompileWatch:
+    """Process-wide observer of dynamo compilations; open a window per request."""
+
+    def __init__(self) -> None:
+        import torch._dynamo  # noqa: F401
+
+        self._lock = threading.Lock()
+        self._starts: dict[str, float] = {}
+        self._current: CompileWindow | None = None
+        #: len of each of torch's compile timers when the window began (None: torch has none)
+        self._phase_marks: dict[str, int] | None = None
+        self._seen_reasons: set[tuple[str, str]] = set()
+        #: the pipeline stage running now (set by the pipeline around each stage)
+        self.stage: str | None = None
+        handler = torch._dynamo.callback.callback_handler
+        handler.register_start_callback(self._on_start)
+        handler.register_end_callback(self._on_end)
+        torch._logging.set_logs(recompiles=True)
+        h = _Handler(self)
+        for name in ("torch._dynamo.guards", "torch._dynamo.convert_frame", "torch._dynamo"):
+            logging.getLogger(name).addHandler(h)
+
+    def _cid(self, args) -> str:
+        try:
+            return str(args[0].compile_id)
+        except Exception:  # noqa: BLE001
+            return "?"
+
+    def _on_start(self, *args, **kwargs) -> None:
+        with self._lock:
+            self._starts[self._cid(args)] = time.perf_counter()
+            if self._current is not None:
+                self._current.compiles += 1
+                self._current._stage_entry(self.stage)["compiles"] += 1
+
+    def _on_end(self, *args, **kwargs) -> None:
+        with self._lock:
+            t0 = self._starts.pop(self._cid(args), None)
+            if t0 is not None and self._current is not None:
+                ms = (time.perf_counter() - t0) * 1000.0
+                self._current.compile_ms += ms
+                self._current._stage_entry(self.stage)["compile_ms"] += ms
+
+    def _on_log(self, name: str, msg: str) -> None:
+        with self._lock:
+            w = self._current
+            if w is None:
+                return
+            if "recompile_limit" in msg or "cache_size_limit" in msg:
+                w.limit_hit = True
+                w.limit_stage = w.limit_stage or self.stage
+                reason = msg.strip().splitlines()[0]
+            elif "Recompiling function" in msg and (name, msg) not in self._seen_reasons:
+                self._seen_reasons.add((name, msg))
+                lines = [ln.strip() for ln in msg.splitlines()]
+                guards = [ln.lstrip("- ").strip() for ln in lines if ln.startswith("- ")]
+                # only the newest guard failure is informative (older ones repeat)
+                reason = guards[0] if guards else lines[0]
+            else:
+                return
+            w.reasons.append(reason[:300])
+            w._stage_entry(self.stage)["reasons"].append(reason[:300])
+
+    def begin(self) -> CompileWindow:
+        """Start a window; returns it (filled in as compilations happen)."""
+        with self._lock:
+            self._seen_reasons.clear()
+            self._current = CompileWindow()
+            metrics = _time_metrics()
+            self._phase_marks = None if metrics is None else {k: len(v) for k, v in metrics.items()}
+            return self._current
+
+    def end(self) -> CompileWindow:
+        """Close the current window and return it."""
+        with self._lock:
+            w = self._current or CompileWindow()
+            self._current = None
+            metrics, marks = _time_metrics(), self._phase_marks
+            if metrics is not None and marks is not None:
+                w.phases_ms = {
+                    k: round(sum(v[marks.get(k, 0) :]) * 1000.0, 3)
+                    for k, v in metrics.items()
+                    if len(v) > marks.get(k, 0)
+                }
+            return w
+
+
+def _time_metrics() -> dict[str, list[float]] | None:
+    """torch's compile timers (``torch._dynamo.utils.compilation_time_metrics``: name -> seconds
+    of each timed call), or None where this torch has none."""
+    try:
+        from torch._dynamo import utils
+    except ImportError:
+        return None
+    m = getattr(utils, "compilation_time_metrics", None)
+    return m if isinstance(m, dict) else None

@@ -1,15 +1,7 @@
-"""HTTP front of the reference engine (FastAPI), speaking sglang's /v1/videos protocol.
-
-Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/videos`` (returns id and status),
-``GET /v1/videos/{id}``. ``POST /v1/videos`` accepts every field of sglang's request model
-(:data:`SGLANG_VIDEO_FIELDS`) and refuses any other with a 400 naming it; its answer echoes the
-effective shape (``num_frames`` aligned to 8k+1, ``num_frames_requested``, ``alignment_note``)
-and the sglang fields it ignored. One pipeline run at a time: a single worker thread takes jobs from a
-queue, so concurrent requests queue and are never interleaved. Every run (startup warmup included)
-appends one whole JSON line to ``performance.log`` (sglang's per-request layout + ``perfkit``).
-A request with sglang's ``profile: true`` (and ``num_profiled_timesteps``, ``profile_all_stages``)
-leaves a torch.profiler trace named and placed as sglang's (:mod:`perfkit.refengine.profiling`);
-its record's ``perfkit.profile`` says where.
+"""HTTP front of the reference engine (FastAPI), speaking sglang's /v1/videos protocol
+(:class:`VideoRequest`, :data:`SGLANG_VIDEO_FIELDS`): :class:`Engine` runs one request at a time
+on a worker thread and appends each run's record to ``performance.log``. Endpoints and rules:
+docs/refengine.md, "Serving and jobs"; profiled requests: docs/below-the-stage.md.
 """
 
 from __future__ import annotations
@@ -30,15 +22,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from perfkit.common.frames import TEMPORAL_COMPRESSION, align_frames
-from perfkit.refengine.device_memory import snapshot
-from perfkit.refengine.jobs import Job, PerfLogWriter, job_body, job_record
-from perfkit.refengine.memhistory import SnapshotRecorder
+from perfkit.refengine.jobs import GenRequest, Job, PerfLogWriter, RunResult, job_body, job_record
+from perfkit.refengine.memhistory import MIB, SnapshotRecorder, snapshot
 from perfkit.refengine.pipeline import StagedPipeline
 from perfkit.refengine.profiling import RequestProfiler, TraceInfo, profile_mode, profiled_steps
-from perfkit.refengine.request import GenRequest, RunResult
 
 log = logging.getLogger(__name__)
-MIB = 2**20
 
 
 #: the fields this engine acts on (the rest of :data:`SGLANG_VIDEO_FIELDS` is accepted and ignored)
@@ -49,9 +38,7 @@ USED_FIELDS = frozenset(
 #: frames per second when the request gives none (what the pipeline's RoPE scaling assumes)
 DEFAULT_FPS = 24
 #: most denoising steps a request may ask for: LTX-Video's flow-match scheduler is trained on
-#: 1000 timesteps (diffusers ``FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000)``), so
-#: more steps than that repeat timesteps; a larger value is a 400 naming the field, not an hour's
-#: request that ends in an out-of-memory
+#: 1000 timesteps (diffusers ``FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000)``)
 MAX_STEPS = 1000
 
 
@@ -60,8 +47,7 @@ class VideoRequest(BaseModel):
     ``perfkit_stage_timing``. Any other field is refused (400 naming it): a misspelt field such as
     ``num_frame`` would otherwise be ignored and the request measured with the default shape."""
 
-    # allow_inf_nan=False: Python's JSON reads NaN and Infinity; a guidance_scale of NaN would
-    # pass "must be >= 0" (NaN < 0 is false) and run
+    # allow_inf_nan=False: a NaN guidance_scale (Python's JSON reads it) would pass "must be >= 0"
     model_config = ConfigDict(extra="forbid", strict=False, allow_inf_nan=False)
 
     prompt: str = Field(min_length=1)
@@ -106,14 +92,11 @@ class VideoRequest(BaseModel):
     target: Optional[Any] = None
     audio_flow_shift: Optional[float] = None
     perf_dump_path: Optional[str] = None
-    # sglang's profiling fields, strict: "yes", 1 or "5" is a 400 naming the field, never read
-    # as true or 5 (pydantic's lax mode would); num_profiled_timesteps' range: profiled_steps
+    # sglang's profiling fields, strict: "yes", 1 or "5" is a 400 (lax mode would read true or 5)
     profile: Optional[StrictBool] = False
     num_profiled_timesteps: Optional[StrictInt] = None
     profile_all_stages: Optional[StrictBool] = False
-    #: perfkit extension: time each stage. true / "events": CUDA events at stage boundaries,
-    #: resolved after the request (no sync while it runs); "sync": synchronise at every stage
-    #: boundary (the older method, to cross-check); false / "off": no stage timing.
+    #: perfkit extension: stage timing, true / "events", "sync" or false / "off" (:class:`GenRequest`)
     perfkit_stage_timing: Union[bool, Literal["events", "sync", "off"]] = True
 
     def ignored_fields(self) -> list[str]:
@@ -127,9 +110,7 @@ class VideoRequest(BaseModel):
 
 #: Every field of sglang's ``POST /v1/videos`` request model (``VideoGenerationsRequest`` in
 #: ``python/sglang/multimodal_gen/runtime/entrypoints/openai/protocol.py``, the version with
-#: width/height, diffusers_kwargs, frame interpolation and profiling fields), in its order: the
-#: fields of :class:`VideoRequest` but perfkit's own. A client written for sglang works unchanged;
-#: any other field is a 400 naming it; those not implemented are the answer's ``ignored_fields``.
+#: width/height, diffusers_kwargs, frame interpolation and profiling fields), in its order.
 SGLANG_VIDEO_FIELDS = tuple(n for n in VideoRequest.model_fields if n != "perfkit_stage_timing")
 
 
@@ -137,19 +118,15 @@ class Engine:
     """The serving state: pipeline, job table, worker thread, record writer.
 
     Args:
-        pipeline: the staged pipeline.
         defaults: serving defaults {height, width, steps, num_frames}.
         max_frames: largest num_frames accepted (larger is a 400 naming the field).
         perf_log_dir: where performance.log goes (None: no records).
         info: engine facts copied into each record (device, placement, preset, ...).
         keep_outputs_dir: where generated frames are saved as .npy (None: discarded).
-        debug_leak_mib: test-only: keep this many MiB alive per request (host, and device
-            memory on CUDA) to exercise leak checks.
+        debug_leak_mib: test-only: MiB kept alive per request (:func:`inject_debug_leak`).
         debug_stage_delay_from: test-only: the pipeline's ``stage_delay`` applies to measured
-            requests (tag ``request``, never the startup warmup) from this 0-based index on
-            (0: all, 1: warm requests only).
-        snapshots: dumps allocator snapshots after chosen measured requests (CUDA), or says
-            ``not available on cpu`` in their records (:mod:`.memhistory`).
+            requests from this 0-based index on (0: all, 1: warm requests only).
+        snapshots: the allocator snapshot recorder (:mod:`.memhistory`).
     """
 
     def __init__(
@@ -187,11 +164,9 @@ class Engine:
         self._worker.start()
 
     def to_gen_request(self, vr: VideoRequest) -> GenRequest:
-        """Fill defaults and check limits.
-
-        Frames: ``num_frames``, else ``seconds`` x ``fps`` when the request sets ``seconds``
-        (sglang's duration), else the serving default. Pixels: ``height``/``width``, else
-        ``size`` ("WIDTHxHEIGHT"), else the serving default.
+        """Fill defaults and check limits. Frames: ``num_frames``, else ``seconds`` x ``fps`` when
+        the request sets ``seconds``, else the default; pixels: ``height``/``width``, else ``size``
+        ("WIDTHxHEIGHT"), else the default.
 
         Raises:
             FieldError: naming the field that is out of range or cannot be honoured (``n`` > 1,
@@ -254,11 +229,6 @@ class Engine:
             stage_timing=vr.perfkit_stage_timing,
         )
 
-    def effective_frames(self, num_frames: int) -> int:
-        """Frames the pipeline generates for ``num_frames``: aligned up to ``8k + 1`` (the LTX
-        VAE's temporal compression; :func:`perfkit.common.frames.align_frames`)."""
-        return align_frames(num_frames, getattr(self.pipeline, "temporal", TEMPORAL_COMPRESSION))
-
     def submit(
         self,
         req: GenRequest,
@@ -272,7 +242,10 @@ class Engine:
             id=f"video_{uuid.uuid4().hex[:16]}",
             req=req,
             tag=tag,
-            effective_frames=self.effective_frames(req.num_frames),
+            # 8k + 1 (the LTX VAE's temporal compression)
+            effective_frames=align_frames(
+                req.num_frames, getattr(self.pipeline, "temporal", TEMPORAL_COMPRESSION)
+            ),
             ignored_fields=list(ignored_fields or []),
             profile=profile,
         )
@@ -374,9 +347,8 @@ class Engine:
 
 
 def inject_debug_leak(keep: list[Any], mib: int, device: torch.device) -> None:
-    """TEST ONLY: keep ``mib`` MiB alive in ``keep`` (host pages, touched so they count in
-    anonymous RSS, and the same on ``device`` when it is CUDA). Its own function so that an
-    allocator snapshot names it as the allocation site."""
+    """TEST ONLY: keep ``mib`` MiB alive in ``keep`` (touched host pages, and the same on a CUDA
+    ``device``); its own function so that an allocator snapshot names it as the site."""
     keep.append(np.ones(mib * MIB, dtype=np.uint8))
     if device.type == "cuda":
         keep.append(torch.ones(mib * MIB, dtype=torch.uint8, device=device))
@@ -474,10 +446,9 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
 def serve_http(engine: Engine, model_name: str, sock: Any, runner: Any, warm: Callable[[], bool]) -> int:
     """Serve the engine's app on the bound socket (uvicorn) until it stops; ``warm`` (the startup
-    warmup, True when it succeeded) runs on a thread once serving starts and ``/health`` answers
-    503 until it is done, as sglang's server warmup (multimodal_gen/runtime/entrypoints/
-    http_server.py). Then end the queue and the other ranks (``runner``, or None). Returns 0, or 3
-    when the warmup failed (the server stops then)."""
+    warmup, True when it succeeded) runs on a thread once serving starts (``/health`` answers 503
+    until then). Then end the queue and the other ranks (``runner``, or None). Returns 0, or 3 when
+    the warmup failed (the server stops then)."""
     import uvicorn
 
     server = uvicorn.Server(
