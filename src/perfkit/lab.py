@@ -1,30 +1,12 @@
-"""``perfkit lab``: JupyterLab on a run's executed notebooks, or on fresh copies of the
-investigation notebooks bound to recorded bundles, never on the tracked notebooks.
-
-- ``perfkit lab RUN``: the executed notebooks under ``RUN/notebooks/`` (papermill's, with every
-  output). A run outside the tracked tree (``outputs/...``) opens in place; a committed one (an
-  example's report) is copied to the lab directory first, so saving cannot touch tracked files.
-- ``perfkit lab --replay DIR``: for each investigation whose bundle ``DIR`` holds
-  (``DIR/<scenario>/meta.json``), a copy of its notebook with ``bundle_dir`` (and the section
-  parameters the bundle was measured with) injected the way papermill injects ``-p`` values,
-  ``run_dir = "run"`` and ``fail_on = "never"`` (exploration). The baseline gate notebook is
-  left out: it needs the params file of the run.
-
-The lab directory (``--dir``, default ``outputs/lab/<YYYYmmdd-HHMMSS>``) must be outside the
-tracked tree: outside the git work tree or git-ignored (``outputs/`` is), else
-:class:`LabError`. Each notebook there is executed once with nbclient (kernel cwd = the lab
-directory) and saved, so it opens with its outputs and the kernel's ``language_info`` already
-in place (JupyterLab marks a notebook modified on open when the kernel's differs from the
-file's), and signed (:class:`nbformat.sign.NotebookNotary`, the user's Jupyter data directory),
-so its HTML outputs are trusted. JupyterLab is started with ``--notebook-dir`` set to the lab
-directory: its checkpoints (``.ipynb_checkpoints/``) land there, and that name is git-ignored
-as well.
+"""``perfkit lab``: JupyterLab on a run's executed notebooks (``perfkit lab RUN``), or on fresh
+copies of the investigation notebooks bound to recorded bundles (``--replay DIR``), in a lab
+directory outside the tracked tree (else :class:`LabError`); never on the tracked notebooks.
+See docs/lab.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -37,6 +19,7 @@ from typing import Any, Iterable
 
 import nbformat
 
+from perfkit.bundle import read_meta
 from perfkit.common import MissingExtra, require_extra
 from perfkit.common.outdirs import stamped_dir
 from perfkit.engine.owner import Watch, end_processes
@@ -121,7 +104,7 @@ def _recorded_section(name: str, bundle: Path) -> dict[str, Any]:
     """The section parameters ``bundle`` records (meta.json ``params``) that its notebook
     declares and that validate today; the others keep the notebook's defaults (logged)."""
     try:
-        recorded = json.loads((bundle / "meta.json").read_text()).get("params") or {}
+        recorded = read_meta(bundle).get("params") or {}
     except (OSError, ValueError) as exc:
         log.warning("%s: meta.json unreadable (%s): the notebook's defaults are used", bundle, exc)
         return {}

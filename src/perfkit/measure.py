@@ -1,12 +1,6 @@
-"""Measure without notebooks: run the enabled investigations of a params file into bundles.
-
-For hosts that have only the library (a GPU box without the Jupyter stack)::
-
-    python -m perfkit.measure --params params/h200.yaml --out DIR [--only cold_warm,warmup_shapes]
-
-writes ``DIR/<scenario>/`` bundles (meta.json, parquet tables, records, logs) and
-``DIR/measure.json`` (what ran, wall times, errors). The notebooks and the report then render
-anywhere from those bundles (``perfkit suite --params ... --bundles DIR``).
+"""``python -m perfkit.measure``: the enabled investigations of a params file into bundles
+(``DIR/<scenario>/``, ``DIR/measure.json``) without notebooks, for GPU hosts without the Jupyter
+stack; the notebooks and the report render elsewhere (``perfkit suite --replay DIR``).
 """
 
 from __future__ import annotations

@@ -1,30 +1,6 @@
-"""Suite parameters: the YAML files under ``params/``, validated before anything is launched.
-
-Layout (every section optional except ``name``; unknown keys are errors)::
-
-    name: ci-cpu
-    description: ...
-    timeout_s: 600                 # per notebook cell (papermill execution timeout); must be >=
-                                   # engine.request_timeout_s + engine.stop_grace_s + 10 s
-    engine: {kind, preset, compile, compile_backend, device, dtype, warmup_frames, ...}
-                                   # the fields of that kind's EngineSpec (perfkit.engine.spec)
-    request: {num_frames, height, width, num_inference_steps, seed, prompt, ...}
-    cold_warm: {enabled, repeats, thresholds: {...}, caps: {device_gib, host_gib, label} | null}
-    warmup_shapes: {enabled, warmup_frames: [17, 25], request_frames: [25], repeats}
-    memory_budget: {enabled, caps: [{label, device_gib, host_gib}], repeats,
-                    min_budget: {lo_gib, hi_gib} | null}
-    baseline: {file: path | null, profile: pr_test, strict: false, hardware: name | null}
-    scaleout: {retries: 0}         # extra attempts of a failed unit of work (--partition, --executor)
-    # every scenario section also takes tier: per-commit | extra (default per-commit; --tier)
-    invariants: {warm_cold_ratio_max: 1.0, ...}   # perfkit.gate.baseline.KNOWN_INVARIANTS
-
-Errors name the file, the key path and, for unknown keys, the closest known key::
-
-    params/ci-cpu.yaml: unknown key 'cold_wram' (line 12) (did you mean 'cold_warm'?)
-    params/ci-cpu.yaml: cold_warm.repeats: Input should be greater than or equal to 2, got 0 (line 14)
-
-The YAML is read as YAML 1.2 reads numbers: ``1e3`` and ``5e-1`` are floats (YAML 1.1, PyYAML's
-default, reads them as strings, which the strict models would refuse).
+"""Suite parameters: the YAML files under ``params/`` (:class:`SuiteParams`, assembled from the
+registry), validated before anything is launched; errors name the file, the key path and the
+closest known key. Their layout: docs/suite.md, "Params files".
 """
 
 from __future__ import annotations
@@ -156,10 +132,8 @@ class _SuiteBase(_Model):
 
     @model_validator(mode="after")
     def _timeouts_ordered(self) -> "_SuiteBase":
-        """Cell, request and teardown timeouts in order: a request that hangs times out, and
-        the engine's teardown (``stop_grace_s`` to SIGKILL) ends, before papermill's cell
-        timeout kills the kernel: ``request_timeout_s + stop_grace_s + TEARDOWN_MARGIN_S <=
-        timeout_s``."""
+        """``request_timeout_s + stop_grace_s + TEARDOWN_MARGIN_S <= timeout_s``: a hung request
+        ends and its engine is stopped before papermill's cell timeout kills the kernel."""
         if self.timeout_s is None:
             return self
         eng, margin = self.engine, TEARDOWN_MARGIN_S
@@ -195,12 +169,8 @@ class _SuiteBase(_Model):
         return [s.name for s in registry.all_scenarios() if getattr(self, s.name).enabled]
 
     def refuse_disabled(self, only: Any) -> None:
-        """Refuse ``--only`` naming a disabled investigation before anything runs (it is not
-        enabled behind the file's back: ``--set NAME.enabled=true`` says so on the command line).
-
-        Raises:
-            ParamsError: naming the key and the ``--set`` that enables it.
-        """
+        """Raise :class:`ParamsError` for ``--only`` naming a disabled investigation, with the
+        ``--set NAME.enabled=true`` that enables it."""
         off = [n for n in only or () if n in type(self).model_fields and not getattr(self, n).enabled]
         if off:
             raise ParamsError(

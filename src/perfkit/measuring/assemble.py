@@ -26,7 +26,7 @@ def assemble(
     declarations, records and logs kept). ``params`` is stored as ``meta["params"]``: the
     investigation's section with ``spec`` (the engine spec's dict) and ``request`` (the request
     shape's dict); a replay compares those two with its params
-    (:func:`perfkit.nbparams.identity_differences`) and cannot check a bundle without them.
+    (:func:`perfkit.bundle.identity_differences`) and cannot check a bundle without them.
 
     Raises:
         ValueError: a row carries a column its table does not declare.
