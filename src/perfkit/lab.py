@@ -43,14 +43,8 @@ class LabError(ValueError):
 
 @dataclass
 class LabDir:
-    """A prepared lab directory.
-
-    Attributes:
-        dir: the directory JupyterLab opens (``--notebook-dir``).
-        notebooks: the notebooks in it, in run order.
-        executed: the notebooks executed and saved here, with their seconds.
-        errors: notebook -> the error its execution raised (it is saved with it).
-    """
+    """A prepared lab directory (``dir``, JupyterLab's ``--notebook-dir``): its ``notebooks`` in
+    run order, those ``executed`` here (seconds) and their ``errors`` (saved with them)."""
 
     dir: Path
     notebooks: list[Path] = field(default_factory=list)
@@ -151,8 +145,8 @@ def prepare_replay(
     timeout_s: float | None = 600,
     notebooks: str | Path | None = None,
 ) -> LabDir:
-    """Fresh copies of the investigation notebooks bound to the bundles of ``replay`` (see the
-    module doc), executed once and signed unless ``execute`` is False.
+    """Fresh copies of the investigation notebooks bound to the bundles of ``replay``, executed
+    once and signed unless ``execute`` is False.
 
     Raises:
         LabError: ``replay`` holds no bundle (of ``only``), ``only`` names no investigation, or
@@ -261,9 +255,8 @@ def _sign(path: Path) -> None:
 
 
 def lab_command(lab: LabDir, browser: bool = True) -> list[str]:
-    """The JupyterLab command for ``lab``: ``--notebook-dir`` the lab directory (its
-    checkpoints land there); ``--allow-root`` as root (a container's user: JupyterLab refuses
-    to start as root without it)."""
+    """The JupyterLab command for ``lab`` (``--allow-root`` as root: JupyterLab refuses to start
+    as root without it)."""
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={lab.dir}"]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
@@ -271,14 +264,9 @@ def lab_command(lab: LabDir, browser: bool = True) -> list[str]:
 
 
 def launch(lab: LabDir, browser: bool = True) -> int:
-    """Run JupyterLab on ``lab`` until it stops; 0 when it exits cleanly (File > Shut Down).
-    Ctrl-C or SIGTERM ends JupyterLab and its kernels (SIGTERM, SIGKILL after 10 s:
-    :func:`perfkit.engine.owner.run_bounded`) and goes on as KeyboardInterrupt (perfkit exits 2).
-
-    Raises:
-        LabError: JupyterLab is not installed (``pip install 'perfkit[lab]'``), or it exited
-            with an error (its own message is above; the notebooks stay ready).
-    """
+    """Run JupyterLab on ``lab`` until it stops; 0 when it exits cleanly. Ctrl-C or SIGTERM ends
+    it and its kernels (SIGKILL after 10 s) and goes on as KeyboardInterrupt. Raises
+    :class:`LabError`: JupyterLab not installed, or it exited with an error."""
     try:
         require_extra("lab", "perfkit lab")
     except MissingExtra as exc:

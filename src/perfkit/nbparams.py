@@ -58,15 +58,8 @@ class NotebookParamsError(ParamsError):
 
 @dataclass(frozen=True)
 class NotebookParam:
-    """One notebook parameter.
-
-    Attributes:
-        name: the variable name in the parameters cell.
-        annotation: its Python type (pydantic validates values with it; :func:`type_text` is
-            what papermill shows).
-        default: the value the cell assigns (a literal).
-        help: the comment after it (one line; papermill ``--help-notebook`` shows it).
-    """
+    """One notebook parameter: its ``name``, ``annotation`` (pydantic validates with it;
+    :func:`type_text` is what papermill shows), ``default`` (a literal) and one-line ``help``."""
 
     name: str
     annotation: Any

@@ -438,9 +438,8 @@ def load_yaml(text: str) -> Any:
     """Parse params YAML (safe; YAML 1.2 floats, see :class:`_Yaml12Loader`).
 
     Raises:
-        yaml.YAMLError: invalid YAML; :class:`YamlLimitError` (one) for text over the size,
-            nesting depth or value count limits (:data:`MAX_YAML_BYTES`, :data:`MAX_YAML_DEPTH`,
-            :data:`MAX_YAML_VALUES`), or an integer over Python's 4,300-digit limit.
+        yaml.YAMLError: invalid YAML; :class:`YamlLimitError` for text over the ``MAX_YAML_*``
+            limits or an integer over Python's 4,300-digit limit.
     """
     _check_limits(text)
     try:
@@ -452,14 +451,9 @@ def load_yaml(text: str) -> Any:
 
 
 def apply_sets(data: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]:
-    """``data`` (a params mapping) with each ``section.key=value`` of ``sets`` put in (the value
-    read as YAML: ``true``, ``3``, ``[1, 2]``, ``null``); a key the file lacks is added, so that
-    validation names it when it is unknown.
-
-    Raises:
-        ParamsError: an item without ``=`` or key, a value that is not YAML, or a key under a
-            value that is not a mapping (naming the item).
-    """
+    """A copy of ``data`` with each ``section.key=value`` of ``sets`` put in (the value read as
+    YAML; a key the file lacks is added, for validation to name). Raises :class:`ParamsError`
+    naming the item: no ``=`` or key, a value that is not YAML, a key under a non-mapping."""
     out = copy.deepcopy(data)
     for item in sets:
         key, eq, text = item.partition("=")
@@ -480,13 +474,9 @@ def apply_sets(data: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]:
 
 
 def load_params(path: str | Path, sets: Sequence[str] = ()) -> SuiteParams:
-    """Read and validate a params YAML file, with ``sets`` (``section.key=value``, as
-    ``--set``) applied over it (:func:`apply_sets`). Errors at a key a ``--set`` gave are
-    named ``--set`` (no line of the file).
-
-    Raises:
-        ParamsError: invalid file or ``--set`` (naming the key). FileNotFoundError.
-    """
+    """Read and validate a params YAML file with ``sets`` (``--set``) applied over it
+    (:func:`apply_sets`). Raises :class:`ParamsError` naming the key (and the line, or
+    ``--set``), FileNotFoundError."""
     p = Path(path)
     if p.stat().st_size > MAX_YAML_BYTES:  # before reading it
         raise ParamsError(f"{p}: {p.stat().st_size:,} bytes, over the limit of {MAX_YAML_BYTES:,}")
@@ -509,13 +499,9 @@ def load_params(path: str | Path, sets: Sequence[str] = ()) -> SuiteParams:
 
 
 def load_side(path: str | Path) -> tuple[EngineSpec, dict[str, Any] | None]:
-    """One side of an A/B (``perfkit ab --a/--b``) -> (EngineSpec, request dict or None). A mapping
-    with an ``engine`` key is a params file (validated as one, its ``request`` taken); any other
-    mapping is an engine spec.
-
-    Raises:
-        ParamsError: missing, unreadable, not YAML, not a mapping, or invalid (names the file).
-    """
+    """One side of an A/B (``perfkit ab --a/--b``) -> (EngineSpec, request dict or None): a
+    params file (a mapping with ``engine``; its ``request`` taken) or an engine spec. Raises
+    :class:`ParamsError` naming the file: missing, unreadable, not YAML, not a mapping, invalid."""
     p = Path(path)
     if not p.is_file():
         raise ParamsError(f"{'is a directory, not a file' if p.is_dir() else 'not found'}: {path}")

@@ -31,14 +31,8 @@ UNIT_SUFFIX = {"ms": "ms", "s": "s", "MiB": "mib", "GiB": "gib", "MHz": "mhz", "
 
 @dataclass(frozen=True)
 class Column:
-    """One declared column.
-
-    Attributes:
-        name: column name.
-        dtype: pandas dtype string (``"float64"``, ``"Int64"``, ``"string"``, ``"boolean"``).
-        unit: one of :data:`UNITS`.
-        doc: one line: what the value is.
-    """
+    """One declared column: ``name``, pandas ``dtype`` (``"float64"``, ``"Int64"``,
+    ``"string"``, ``"boolean"``), ``unit`` (one of :data:`UNITS`) and one line of ``doc``."""
 
     name: str
     dtype: str
@@ -290,14 +284,13 @@ def _missing(v: Any) -> bool:
 
 
 def conform(name: str, df: pd.DataFrame | None) -> pd.DataFrame:
-    """``df`` as table ``name`` declares it: every declared column, in declared order, cast to
-    its dtype; a missing column is added all-NA.
+    """``df`` as table ``name`` declares it: every declared column, in order, cast to its dtype
+    (a missing one all-NA).
 
     Raises:
         KeyError: ``name`` is not a declared table.
-        ValueError: ``df`` has a column the table does not declare (the message names the table
-            and the column), or a number column holds a value that is not a number (text in a
-            float column).
+        ValueError: an undeclared column (named with its table), or a number column holding a
+            value that is not a number (or a fraction in an integer column).
     """
     table = TABLES[name]
     df = pd.DataFrame() if df is None else df

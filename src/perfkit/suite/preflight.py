@@ -68,7 +68,7 @@ SCALEOUT = "scale-out"
 
 #: skip reason of an investigation whose bundle the replay directory lacks
 NO_REPLAY_BUNDLE = "no bundle in replay dir"
-#: what a run directory holds once a suite ran there (see the module doc)
+#: what a run directory holds once a suite ran there
 RUN_OUTPUTS = (
     RUN_FILE,
     "params.yaml",
@@ -109,10 +109,9 @@ def check_baseline_file(params: SuiteParams, source: str | Path) -> None:
 
 
 def replay_plan(replay_dir: Path, selected: Iterable[str], *, allow_empty: bool = False) -> list[str]:
-    """The selected investigations without a bundle in ``replay_dir`` (they are skipped, never
-    launched). Raises :class:`SuiteError` when ``replay_dir`` is missing or, unless
-    ``allow_empty`` (a merge whose every unit failed: its report names why), holds no bundle of
-    the selected investigations."""
+    """The selected investigations without a bundle in ``replay_dir`` (skipped). Raises
+    :class:`SuiteError` when ``replay_dir`` is missing or, unless ``allow_empty`` (a merge whose
+    every unit failed), holds no bundle of them."""
     selected = list(selected)
     if allow_empty and replay_dir.is_dir():
         return [n for n in selected if not (replay_dir / n / "meta.json").exists()]
@@ -141,10 +140,8 @@ def replay_plan(replay_dir: Path, selected: Iterable[str], *, allow_empty: bool 
 
 def check_replay_identity(replay_dir: Path, names: Iterable[str], params: SuiteParams, source: str) -> None:
     """Raise :class:`SuiteError` when a replayed bundle was measured with another engine or
-    request shape than ``params`` describe (:func:`perfkit.bundle.identity_differences`): case
-    ids and the baseline's hardware label come from the params, so such a replay would file one
-    engine's numbers under another's name. Bundles that record no params (hand-made ones) cannot
-    be checked and are logged."""
+    request shape than ``params`` describe (:func:`perfkit.bundle.identity_differences`): its
+    numbers would be filed under another engine's case ids. Bundles recording none are logged."""
     problems = []
     for name in names:
         if not (replay_dir / name / "meta.json").exists():
