@@ -351,10 +351,8 @@ def parse_params(data: Any, source: str = "<params>", text: str | None = None) -
 
 
 class _Yaml12Loader(yaml.SafeLoader):
-    """yaml.SafeLoader that also reads YAML 1.2 floats: ``1e3``, ``5e-1``, ``1.5E3``
-    (YAML 1.1 wants a dot and a signed exponent, so PyYAML reads those as strings), and refuses
-    a key given twice in one mapping (PyYAML keeps the last silently: a second ``cold_warm:``
-    would replace the first; YAML 1.2 says keys are unique)."""
+    """yaml.SafeLoader that reads YAML 1.2 floats (``1e3``, ``5e-1``: strings to PyYAML's 1.1)
+    and refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()

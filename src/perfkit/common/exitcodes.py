@@ -129,10 +129,9 @@ EXIT_DEADLINE_S = 10.0
 
 
 def _exit_interrupted() -> None:
-    """End this interrupted process now with :data:`EXIT_ERROR`: its exit hooks run (coverage,
-    temporary directories, logging), bounded by :data:`EXIT_DEADLINE_S`; library threads Python
-    would join at exit and module teardown are skipped (CI once saw ``lab --replay`` alive 60 s
-    after its interrupt line). The command's ``finally`` blocks have already ended what it started."""
+    """End this interrupted process now with :data:`EXIT_ERROR`: its exit hooks run, bounded by
+    :data:`EXIT_DEADLINE_S`; library threads and module teardown are skipped (CI once saw
+    ``lab --replay`` alive 60 s after its interrupt line)."""
     import atexit
     import os
     import threading
