@@ -437,10 +437,8 @@ MAX_JSON_BYTES = 256 * 2**20
 
 
 def _read_object(path: Path) -> dict[str, Any]:
-    """A bundle JSON file that must hold an object. Raises ValueError naming ``path`` (and the
-    line) for invalid UTF-8, invalid JSON, nesting too deep, a size over
-    :data:`MAX_JSON_BYTES`, a key given twice in one object, an integer of over 20 digits or
-    another type."""
+    """A bundle JSON file that must hold an object. Raises ValueError naming ``path`` (and line):
+    invalid UTF-8 or JSON, too deep, over :data:`MAX_JSON_BYTES`, a key twice, a 20-digit integer."""
     size = path.stat().st_size
     if size > MAX_JSON_BYTES:
         raise ValueError(f"{path}: {size:,} bytes, over the limit of {MAX_JSON_BYTES:,} for a bundle file")

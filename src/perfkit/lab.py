@@ -178,13 +178,9 @@ def prepare_replay(
 
 
 def prepare_run(run: str | Path, dest: str | Path | None = None) -> LabDir:
-    """The executed notebooks of run directory ``run``: in place when ``run/notebooks`` is
-    outside the tracked tree and no ``dest`` is given, else copied to ``dest`` (default
-    ``outputs/lab/<stamp>``); signed either way.
-
-    Raises:
-        LabError: ``run`` holds no executed notebook, or ``dest`` is inside the tracked tree.
-    """
+    """The executed notebooks of run directory ``run``, signed: in place when ``run/notebooks``
+    is untracked and no ``dest`` is given, else copied to ``dest`` (default ``outputs/lab/<stamp>``).
+    Raises :class:`LabError`: no executed notebook, or ``dest`` inside the tracked tree."""
     nb_dir = Path(run) / "notebooks"
     found = sorted(nb_dir.glob("*.ipynb"))
     if not found:

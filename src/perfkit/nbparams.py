@@ -270,9 +270,8 @@ def unknown_names(notebook: str, given: Any) -> list[str]:
 
 
 def coerce(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
-    """``given`` with each string read as YAML where the parameter's type does not take a
-    string (dicts, lists, numbers, booleans: papermill's ``-p`` passes strings). Raises
-    :class:`NotebookParamsError` naming the parameter for a string that is not valid YAML."""
+    """``given`` with each string read as YAML where the parameter's type takes no string (``-p``
+    passes strings). Raises :class:`NotebookParamsError` naming the parameter: not valid YAML."""
     types = {p.name: p.annotation for p in declared(notebook)}
     out: dict[str, Any] = {}
     problems = []
