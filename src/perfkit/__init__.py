@@ -1,21 +1,9 @@
 """perfkit: performance investigation suite for diffusion video serving engines.
 
-The public API for notebook users: four calls, each a thin wrapper over the library module
-that does the work (imported when called, so ``import perfkit`` stays cheap):
-
-- :func:`run_suite`: run (or replay) the investigations of a params file into a run directory
-  with its notebooks, verdicts, ``report.html`` and ``summary.md``
-  (:func:`perfkit.suite.run_suite`).
-- :func:`load_bundle`: one investigation's measurement (:class:`perfkit.bundle.ResultBundle`).
-- :func:`compare`: a run, a bundle, a ``performance.log`` or a perf dump against a baseline file,
-  by sglang's rule (:func:`perfkit.gate.baseline.compare`).
-- :func:`run_ab`: is B slower than A? Interleaved launches of two engine specs until each gated
-  metric is decided (:func:`perfkit.ab.sequential.run_sequential`), or two recorded sides
-  decided again.
-
-Everything else lives in the subpackages (docs/DESIGN.md, "Layout"). The A/B call is
-``run_ab``, not ``ab``: :mod:`perfkit.ab` is the subpackage, and importing it would replace a
-function of that name on this package.
+The public API for notebook users: :func:`run_suite`, :func:`load_bundle`, :func:`compare` and
+:func:`run_ab`, each a thin wrapper over the library module that does the work (imported when
+called, so ``import perfkit`` stays cheap). The A/B call is ``run_ab``, not ``ab``: importing the
+subpackage :mod:`perfkit.ab` would replace a function of that name. The rest: docs/DESIGN.md.
 """
 
 from __future__ import annotations
@@ -43,8 +31,8 @@ def run_suite(
     tier: str | None = None,
     progress: bool = True,
 ) -> SuiteResult:
-    """Run the enabled investigations of a params file, each in its notebook (papermill), then
-    the baseline gate, ``report.html`` and ``summary.md``.
+    """Run the enabled investigations of a params file in their notebooks, then the gate, the
+    report and the summary (:func:`perfkit.suite.run_suite`).
 
     Args:
         params: a params YAML (``params/cpu.yaml``, ``params/h200.yaml``).
@@ -136,10 +124,9 @@ def run_ab(
     gate_metrics: Sequence[str] | None = None,
     undecided: str = "fail",
 ) -> Any:
-    """Is B slower than A? Each launch is one sample (its median per metric); the interval of
-    B/A is a Welch t interval on the logs of the launch values (Kalibera & Jones' launches as
-    the unit), judged against ±``threshold``; launches are added in pairs until every gated
-    metric is decided or ``max_launches`` a side ran (alpha spending over the looks).
+    """Is B slower than A? A Welch t interval of B/A on the logs of the launches' medians
+    (Kalibera & Jones: the launch is the unit) against ±``threshold``; launches added in pairs
+    until every gated metric is decided or ``max_launches`` a side ran (alpha spending).
 
     Args:
         a, b: engine spec or params YAML files (:func:`perfkit.params.load_side`; the request

@@ -1,19 +1,8 @@
-"""ResultBundle: one scenario run's data on disk, loadable anywhere.
-
-Directory layout (``outputs/RUN/<scenario>/``): ``meta.json`` (schema_version, scenario,
-versions, host, GPUs, caps, params, engine commands with secrets redacted, the tables written),
-``results.json`` (schema_version and the scenario's derived results), one parquet file per
-table (``requests``, ``stages``, ``steps``, ``memory``, ``launches``, ``traces``,
-``memory_sites``), ``records/<launch>.jsonl`` (raw performance.log lines in sglang's layout and
-``_mb`` keys), ``logs/<launch>.{stdout,stderr}.log`` and ``traces/`` (profiler traces, CUDA
-allocator snapshots ``memsnap-<launch>-request-<i>.pickle.gz``).
-
-The tables' columns are declared once, with dtype, unit and doc, in :mod:`perfkit.bundle_schema`
-(:data:`TABLE_SCHEMAS`): times end in ``_ms`` (ms) or ``_s`` (s; ``t_*_s`` are epoch seconds),
-memory in ``_mib``/``_gib``. A startup warmup request has ``index == WARMUP_INDEX`` (-1); it is
-the only warmup mark in the tables. :meth:`ResultBundle.save` refuses undeclared columns and
-casts declared ones; :meth:`ResultBundle.load` upgrades older bundles (schema 1) in memory.
-Bundle files are read only here (:meth:`ResultBundle.load`, :func:`read_results`).
+"""ResultBundle: one scenario run's data on disk (``outputs/RUN/<scenario>/``: ``meta.json``,
+``results.json``, one parquet file per table, ``records/<launch>.jsonl`` (raw performance.log
+lines), ``logs/``, ``traces/``), loadable anywhere. Bundle files are read only here
+(:meth:`ResultBundle.load`, :func:`read_results`, :func:`read_meta`); columns, units and
+versions: :mod:`perfkit.bundle_schema`, docs/DESIGN.md "Bundles".
 """
 
 from __future__ import annotations
@@ -59,10 +48,8 @@ _SPACE = re.compile(r"(\s+)")
 REDACTED = "***REDACTED***"
 
 
-#: what makes two measurements the same engine and request shape, read from a bundle's
-#: ``meta["params"]`` (``spec``, ``request``): a replay filed under another engine's name, or an
-#: A/B of two request shapes, compares what cannot be compared (the frame count is a scenario's
-#: own axis for the suite; an A/B compares it too)
+#: what makes two measurements the same engine and request shape (``meta["params"]`` ``spec``
+#: and ``request``; the frame count is a scenario's own axis, an A/B compares it too)
 IDENTITY_SPEC = ("kind", "preset", "model_path")
 IDENTITY_REQUEST = ("height", "width", "num_inference_steps")
 
@@ -131,13 +118,9 @@ def _redact_text(text: str) -> str:
 
 
 def redact(obj: Any) -> Any:
-    """Return a copy with secrets replaced by ``***REDACTED***``.
-
-    Keys that look like secrets (token, secret, password, api key, access key, auth) have their
-    values replaced; strings have ``--hf-token X``/``HF_TOKEN=X`` forms and well-known token
-    prefixes (hf_, sk-, ghp_) masked. Linear time in the size of ``obj`` on any input (a string
-    is split at whitespace once; no pattern backtracks), and long lines are kept whole.
-    """
+    """A copy with secrets replaced by ``***REDACTED***``: the values of keys that look like
+    secrets (token, secret, password, api key, access key, auth), ``--hf-token X``/``HF_TOKEN=X``
+    forms and hf_/sk-/ghp_ tokens in strings. Linear time on any input; long lines kept whole."""
     if isinstance(obj, dict):
         return {
             k: (REDACTED if _SECRET_KEY.search(str(k)) and v not in (None, "") else redact(v))
@@ -234,22 +217,17 @@ def _nccl_version() -> str | None:
 
 @dataclass
 class ResultBundle:
-    """One scenario's data. Tables are pandas DataFrames with the columns declared in
-    :data:`TABLE_SCHEMAS` (units there: ms, s, MiB, GiB, ...); read them through
-    :meth:`table` (or the properties), which gives every declared column in its dtype.
+    """One scenario's data; read tables through :meth:`table` (or the properties): every
+    declared column (:data:`TABLE_SCHEMAS`; ms, s, MiB, GiB) in its dtype.
 
     Attributes:
-        scenario: the investigation's registered name (``cold_warm``, ``warmup_shapes``,
-            ``memory_budget``, ``offload_modes``, ``load`` or ``overhead``:
-            ``perfkit.scenarios.registry.names()``), or ``ab`` for an A/B side's bundle.
-        meta: reproduction facts (see :func:`environment_meta`), caps, params, commands.
+        scenario: the investigation's registered name, or ``ab`` for an A/B side's bundle.
+        meta: reproduction facts (:func:`environment_meta`), caps, params, commands.
         results: scenario-derived results (JSON-serialisable dict).
-        tables: name -> DataFrame for each of :data:`TABLES` (may lack declared columns; may
-            not hold undeclared ones: :meth:`save` and :meth:`table` raise ValueError).
+        tables: name -> DataFrame (may lack declared columns; an undeclared one is a ValueError).
         records: launch label -> raw performance.log lines (JSON strings).
         logs: file name -> text of engine logs.
-        traces: file name -> where the file is now (profiler traces; copied under
-            ``traces/`` on :meth:`save`, found there on :meth:`load`).
+        traces: file name -> where the file is now (copied under ``traces/`` on :meth:`save`).
         path: where it was saved/loaded, if anywhere.
     """
 
@@ -264,8 +242,7 @@ class ResultBundle:
 
     def table(self, name: str) -> pd.DataFrame:
         """Table ``name`` with every declared column (missing ones all-NA) in its declared
-        dtype (:data:`TABLE_SCHEMAS`); an absent table is an empty frame with those columns.
-        Units: see the declaration (times ms or s, memory MiB/GiB).
+        dtype; an absent table is an empty frame with those columns.
 
         Raises:
             KeyError: ``name`` is not a declared table.
@@ -315,9 +292,8 @@ class ResultBundle:
         return req[mask.to_numpy(bool)]
 
     def save(self, path: str | Path) -> Path:
-        """Write the bundle under ``path`` (created) at :data:`SCHEMA_VERSION` (meta.json and
-        results.json carry it). Every table is checked against its declaration and written with
-        every declared column in its dtype. Returns the directory.
+        """Write the bundle under ``path`` (created) at :data:`SCHEMA_VERSION`, every table as
+        declared. Returns the directory.
 
         Raises:
             ValueError: a table holds an undeclared column (the message names table and column).
@@ -360,24 +336,19 @@ class ResultBundle:
 
     @classmethod
     def load(cls, path: str | Path) -> "ResultBundle":
-        """Load a bundle directory; a bundle of an older schema (1) is upgraded in memory
-        (:func:`~perfkit.bundle_schema.upgrade_table`, :func:`~perfkit.bundle_schema.upgrade_results`:
-        v1 ``*_mb`` columns and keys become ``*_mib``, ``t*`` become ``t*_s``, the ``tag`` column
-        folds into ``index``); the files are left as they are. Tables come back with every
-        declared column in its dtype; ``results`` without ``schema_version``.
+        """Load a bundle directory; an older schema (1) is upgraded in memory
+        (:mod:`perfkit.bundle_schema`), the files left as they are.
 
         Raises:
-            FileNotFoundError: when ``path`` has no meta.json.
-            ValueError: when meta.json or results.json is not a JSON object (invalid UTF-8 or JSON,
-                too deep, too large), has a schema version that is not an integer >= 1 or is newer
-                than this perfkit understands, or a scenario that is not a name (the message
-                names the file and key), or a table has an undeclared column.
+            FileNotFoundError: ``path`` has no meta.json.
+            ValueError: meta.json or results.json is not a JSON object (:func:`_read_object`),
+                its schema version is not an integer >= 1 or newer than this perfkit, its
+                scenario not a name, or a table has an undeclared column or too many rows
+                (the message names the file and key).
         """
         d = Path(path)
         meta_p = d / "meta.json"
-        if not meta_p.exists():
-            raise FileNotFoundError(f"{d} is not a result bundle: no meta.json")
-        meta = _read_object(meta_p)
+        meta = read_meta(d)
         version = _version(meta, meta_p, default=1)
         scen = meta.get("scenario", d.name)
         if not isinstance(scen, str) or not (_SCENARIO_NAME.fullmatch(scen) or "scenario" not in meta):
@@ -412,11 +383,40 @@ class ResultBundle:
         )
 
 
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """Bundle directory ``path``'s meta.json, checked as :meth:`ResultBundle.load` checks it
+    (not upgraded). Raises FileNotFoundError without one, ValueError as :func:`_read_object`."""
+    meta_p = Path(path) / "meta.json"
+    if not meta_p.exists():
+        raise FileNotFoundError(f"{path} is not a result bundle: no meta.json")
+    return _read_object(meta_p)
+
+
+def identity_differences(
+    recorded: dict[str, Any], engine: dict[str, Any] | None, request: dict[str, Any] | None
+) -> list[str]:
+    """How ``engine`` / ``request`` (None: not compared) differ from a bundle's recorded
+    ``meta["params"]`` on :data:`IDENTITY_SPEC` and :data:`IDENTITY_REQUEST`, one
+    ``"engine.preset: given 'tiny', measured with 'ltx-2b'"`` a difference; a part the bundle
+    does not record is not compared (hand-made bundles). The suite's ``--replay`` and a
+    notebook's ``bundle_dir`` both check with it."""
+    out = []
+    for where, given, had, keys in (
+        ("engine", engine, recorded.get("spec"), IDENTITY_SPEC),
+        ("request", request, recorded.get("request"), IDENTITY_REQUEST),
+    ):
+        if given is not None and had:
+            out += [
+                f"{where}.{k}: given {given.get(k)!r}, measured with {had.get(k)!r}"
+                for k in keys
+                if given.get(k) != had.get(k)
+            ]
+    return out
+
+
 def read_results(path: str | Path) -> dict[str, Any]:
-    """Bundle directory ``path``'s results.json with the current keys, as
-    :meth:`ResultBundle.load` gives it (a schema-1 file upgraded in memory, no
-    ``schema_version``), without reading its tables; {} when the bundle has no results.json.
-    Raises ValueError naming the file, as :meth:`ResultBundle.load` does."""
+    """Bundle directory ``path``'s results.json as :meth:`ResultBundle.load` gives it, without
+    its tables; {} when there is none. Raises ValueError naming the file."""
     d = Path(path)
     meta_p = d / "meta.json"
     return _results(d, _version(_read_object(meta_p), meta_p, default=1) if meta_p.exists() else 1)
@@ -437,10 +437,8 @@ MAX_JSON_BYTES = 256 * 2**20
 
 
 def _read_object(path: Path) -> dict[str, Any]:
-    """A bundle JSON file that must hold an object. Raises ValueError naming ``path`` (and the
-    line) for invalid UTF-8, invalid JSON, nesting too deep, a size over
-    :data:`MAX_JSON_BYTES`, a key given twice in one object, an integer of over 20 digits or
-    another type."""
+    """A bundle JSON file that must hold an object. Raises ValueError naming ``path`` (and line):
+    invalid UTF-8 or JSON, too deep, over :data:`MAX_JSON_BYTES`, a key twice, a 20-digit integer."""
     size = path.stat().st_size
     if size > MAX_JSON_BYTES:
         raise ValueError(f"{path}: {size:,} bytes, over the limit of {MAX_JSON_BYTES:,} for a bundle file")
@@ -485,12 +483,8 @@ def _version(doc: Any, path: Path, default: int) -> int:
 def sub_bundle(
     bundle: ResultBundle, *, launch: Any = None, num_frames: int | None = None, skip_first: bool = False
 ) -> ResultBundle:
-    """The part of a bundle from one launch and/or one request frame count (tables filtered;
-    the startup warmup rows, ``index == WARMUP_INDEX``, of the selected launch are kept).
-
-    ``skip_first`` drops the first measured request of the selection (an uncovered cold request,
-    whose shape setup is the investigation's finding, not the steady state a baseline holds).
-    """
+    """The part of a bundle from one launch and/or one request frame count (the selected
+    launch's startup warmup rows kept); ``skip_first`` drops the first measured request."""
     req = bundle.requests
     if req.empty:
         return bundle
@@ -529,12 +523,8 @@ def table_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def cold_request_covered(bundle: ResultBundle) -> bool:
-    """Whether the first measured request has the latent shape the startup warmup ran.
-
-    False (uncovered) when the warmup's shape differs or there was no warmup; True when shapes
-    are unknown (other engines' records carry no latent shape: keep every request, as sglang's
-    baseline dump does).
-    """
+    """Whether the first measured request has the latent shape the startup warmup ran (False
+    without a warmup; True when shapes are unknown, as sglang's baseline dump keeps them)."""
     req = bundle.requests
     if req.empty or req["latent_shape"].isna().all():
         return True
@@ -549,10 +539,8 @@ def cold_request_covered(bundle: ResultBundle) -> bool:
 
 
 def steady_state(bundle: ResultBundle, *, launch: Any = None, num_frames: int | None = None) -> ResultBundle:
-    """The slice of ``bundle`` a baseline case holds: one launch and/or request shape
-    (:func:`sub_bundle`), without the first measured request when it was not covered by the
-    startup warmup (:func:`cold_request_covered`: its shape setup is the investigations' finding,
-    gated by their checks, not the steady state)."""
+    """The slice of ``bundle`` a baseline case holds (:func:`sub_bundle`), without the first
+    measured request when the startup warmup did not cover it (:func:`cold_request_covered`)."""
     sel = sub_bundle(bundle, launch=launch, num_frames=num_frames)
     return sub_bundle(sel, skip_first=not cold_request_covered(sel))
 
@@ -572,10 +560,7 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def load_many(paths: Iterable[str | Path], table: str = "requests") -> pd.DataFrame:
-    """Concatenate one table across bundles, adding ``host``, ``scenario`` and ``bundle`` columns.
-
-    Bundles from different hosts load into one table; a bundle lacking the table adds no rows.
-    """
+    """One table of several bundles (any hosts), with ``host``, ``scenario`` and ``bundle`` columns."""
     frames = []
     for p in paths:
         b = ResultBundle.load(p)

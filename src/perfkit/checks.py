@@ -1,14 +1,8 @@
-"""The check object: what scenarios emit and the gate judges, and its tables.
-
-A :class:`Check` is one judged metric: an invariant measured within a run (a ratio, a slope, a
-flag) or a baseline metric compared with sglang's rule. Scenarios produce them from their
-results (:attr:`perfkit.scenarios.registry.Scenario.checks`); the gate adds the baseline rows and
-turns them into an exit code.
-
-Statuses: ``pass``, ``fail``, ``new`` (a case the baseline lacks), ``improved`` (faster than the
-baseline by more than its improvement threshold), ``inconclusive`` (the value is over its limit but
-its noise interval is not: noise could flip it; neither a pass nor a regression), ``skipped`` (not
-measured: never a pass).
+"""The check rows scenarios emit and the gate judges (:class:`Check`: an invariant within a run,
+or a baseline metric by sglang's rule), and their tables. Statuses: ``pass``, ``fail``, ``new``
+(a case the baseline lacks), ``improved`` (faster than the baseline by more than its improvement
+threshold), ``inconclusive`` (over its limit, but its noise interval is not: neither a pass nor a
+regression), ``skipped`` (not measured: never a pass).
 """
 
 from __future__ import annotations
@@ -67,14 +61,9 @@ def number(v: Any) -> float | None:
 def check_max(
     case: str, metric: str, value: Any, limit: float, what: str = "", lower: Any = None, noise: str = ""
 ) -> Check:
-    """``value <= limit``, judged against the noise the run measured.
-
-    ``pass`` when ``value <= limit``; over it, ``fail`` only when ``lower`` (the value at the low
-    end of its noise interval, e.g. a one-sided 95 % bound) is over the limit too, else
-    ``inconclusive`` (noise could flip it); without a ``lower`` (an exact count, or a bundle
-    that recorded none) the value alone decides. ``skipped`` ("not measured") when value is
-    missing. ``noise`` says where ``lower`` comes from, in words.
-    """
+    """``value <= limit``: over it, ``fail`` only when ``lower`` (the low end of its noise
+    interval, e.g. a one-sided 95 % bound; ``noise`` says whence) is over too, else
+    ``inconclusive``; without ``lower`` the value decides; ``skipped`` when value is missing."""
     v, lo = number(value), number(lower)
     tail = (f" ({what})" if what else "") + (f"; {noise}" if noise and lo is not None else "")
     if v is None:
@@ -154,10 +143,8 @@ COMPARED = ("pass", "fail", "improved", "new")
 
 
 def overall_status(df: pd.DataFrame) -> str:
-    """``"fail"`` when any row failed; ``"inconclusive"`` when none failed and a row is
-    inconclusive (not a pass, not a regression: exit 0, said so); ``"skipped"`` when every row
-    was skipped (nothing was measured: never a pass); else ``"pass"`` (new/improved/skipped rows
-    do not fail). A table without rows is ``"pass"``: nothing was asked of it."""
+    """``"fail"`` when any row failed, else ``"inconclusive"`` when a row is, else ``"skipped"``
+    when no row compared anything (never a pass), else ``"pass"``; no rows: ``"pass"``."""
     if df.empty:
         return "pass"
     if (df["status"] == "fail").any():

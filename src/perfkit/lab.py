@@ -1,30 +1,12 @@
-"""``perfkit lab``: JupyterLab on a run's executed notebooks, or on fresh copies of the
-investigation notebooks bound to recorded bundles, never on the tracked notebooks.
-
-- ``perfkit lab RUN``: the executed notebooks under ``RUN/notebooks/`` (papermill's, with every
-  output). A run outside the tracked tree (``outputs/...``) opens in place; a committed one (an
-  example's report) is copied to the lab directory first, so saving cannot touch tracked files.
-- ``perfkit lab --replay DIR``: for each investigation whose bundle ``DIR`` holds
-  (``DIR/<scenario>/meta.json``), a copy of its notebook with ``bundle_dir`` (and the section
-  parameters the bundle was measured with) injected the way papermill injects ``-p`` values,
-  ``run_dir = "run"`` and ``fail_on = "never"`` (exploration). The baseline gate notebook is
-  left out: it needs the params file of the run.
-
-The lab directory (``--dir``, default ``outputs/lab/<YYYYmmdd-HHMMSS>``) must be outside the
-tracked tree: outside the git work tree or git-ignored (``outputs/`` is), else
-:class:`LabError`. Each notebook there is executed once with nbclient (kernel cwd = the lab
-directory) and saved, so it opens with its outputs and the kernel's ``language_info`` already
-in place (JupyterLab marks a notebook modified on open when the kernel's differs from the
-file's), and signed (:class:`nbformat.sign.NotebookNotary`, the user's Jupyter data directory),
-so its HTML outputs are trusted. JupyterLab is started with ``--notebook-dir`` set to the lab
-directory: its checkpoints (``.ipynb_checkpoints/``) land there, and that name is git-ignored
-as well.
+"""``perfkit lab``: JupyterLab on a run's executed notebooks (``perfkit lab RUN``), or on fresh
+copies of the investigation notebooks bound to recorded bundles (``--replay DIR``), in a lab
+directory outside the tracked tree (else :class:`LabError`); never on the tracked notebooks.
+See docs/lab.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -37,6 +19,7 @@ from typing import Any, Iterable
 
 import nbformat
 
+from perfkit.bundle import read_meta
 from perfkit.common import MissingExtra, require_extra
 from perfkit.common.outdirs import stamped_dir
 from perfkit.engine.owner import Watch, end_processes
@@ -60,14 +43,8 @@ class LabError(ValueError):
 
 @dataclass
 class LabDir:
-    """A prepared lab directory.
-
-    Attributes:
-        dir: the directory JupyterLab opens (``--notebook-dir``).
-        notebooks: the notebooks in it, in run order.
-        executed: the notebooks executed and saved here, with their seconds.
-        errors: notebook -> the error its execution raised (it is saved with it).
-    """
+    """A prepared lab directory (``dir``, JupyterLab's ``--notebook-dir``): its ``notebooks`` in
+    run order, those ``executed`` here (seconds) and their ``errors`` (saved with them)."""
 
     dir: Path
     notebooks: list[Path] = field(default_factory=list)
@@ -121,7 +98,7 @@ def _recorded_section(name: str, bundle: Path) -> dict[str, Any]:
     """The section parameters ``bundle`` records (meta.json ``params``) that its notebook
     declares and that validate today; the others keep the notebook's defaults (logged)."""
     try:
-        recorded = json.loads((bundle / "meta.json").read_text()).get("params") or {}
+        recorded = read_meta(bundle).get("params") or {}
     except (OSError, ValueError) as exc:
         log.warning("%s: meta.json unreadable (%s): the notebook's defaults are used", bundle, exc)
         return {}
@@ -168,8 +145,8 @@ def prepare_replay(
     timeout_s: float | None = 600,
     notebooks: str | Path | None = None,
 ) -> LabDir:
-    """Fresh copies of the investigation notebooks bound to the bundles of ``replay`` (see the
-    module doc), executed once and signed unless ``execute`` is False.
+    """Fresh copies of the investigation notebooks bound to the bundles of ``replay``, executed
+    once and signed unless ``execute`` is False.
 
     Raises:
         LabError: ``replay`` holds no bundle (of ``only``), ``only`` names no investigation, or
@@ -201,13 +178,9 @@ def prepare_replay(
 
 
 def prepare_run(run: str | Path, dest: str | Path | None = None) -> LabDir:
-    """The executed notebooks of run directory ``run``: in place when ``run/notebooks`` is
-    outside the tracked tree and no ``dest`` is given, else copied to ``dest`` (default
-    ``outputs/lab/<stamp>``); signed either way.
-
-    Raises:
-        LabError: ``run`` holds no executed notebook, or ``dest`` is inside the tracked tree.
-    """
+    """The executed notebooks of run directory ``run``, signed: in place when ``run/notebooks``
+    is untracked and no ``dest`` is given, else copied to ``dest`` (default ``outputs/lab/<stamp>``).
+    Raises :class:`LabError`: no executed notebook, or ``dest`` inside the tracked tree."""
     nb_dir = Path(run) / "notebooks"
     found = sorted(nb_dir.glob("*.ipynb"))
     if not found:
@@ -278,9 +251,8 @@ def _sign(path: Path) -> None:
 
 
 def lab_command(lab: LabDir, browser: bool = True) -> list[str]:
-    """The JupyterLab command for ``lab``: ``--notebook-dir`` the lab directory (its
-    checkpoints land there); ``--allow-root`` as root (a container's user: JupyterLab refuses
-    to start as root without it)."""
+    """The JupyterLab command for ``lab`` (``--allow-root`` as root: JupyterLab refuses to start
+    as root without it)."""
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={lab.dir}"]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
@@ -288,14 +260,9 @@ def lab_command(lab: LabDir, browser: bool = True) -> list[str]:
 
 
 def launch(lab: LabDir, browser: bool = True) -> int:
-    """Run JupyterLab on ``lab`` until it stops; 0 when it exits cleanly (File > Shut Down).
-    Ctrl-C or SIGTERM ends JupyterLab and its kernels (SIGTERM, SIGKILL after 10 s:
-    :func:`perfkit.engine.owner.run_bounded`) and goes on as KeyboardInterrupt (perfkit exits 2).
-
-    Raises:
-        LabError: JupyterLab is not installed (``pip install 'perfkit[lab]'``), or it exited
-            with an error (its own message is above; the notebooks stay ready).
-    """
+    """Run JupyterLab on ``lab`` until it stops; 0 when it exits cleanly. Ctrl-C or SIGTERM ends
+    it and its kernels (SIGKILL after 10 s) and goes on as KeyboardInterrupt. Raises
+    :class:`LabError`: JupyterLab not installed, or it exited with an error."""
     try:
         require_extra("lab", "perfkit lab")
     except MissingExtra as exc:

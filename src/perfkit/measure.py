@@ -1,12 +1,6 @@
-"""Measure without notebooks: run the enabled investigations of a params file into bundles.
-
-For hosts that have only the library (a GPU box without the Jupyter stack)::
-
-    python -m perfkit.measure --params params/h200.yaml --out DIR [--only cold_warm,warmup_shapes]
-
-writes ``DIR/<scenario>/`` bundles (meta.json, parquet tables, records, logs) and
-``DIR/measure.json`` (what ran, wall times, errors). The notebooks and the report then render
-anywhere from those bundles (``perfkit suite --params ... --bundles DIR``).
+"""``python -m perfkit.measure``: the enabled investigations of a params file into bundles
+(``DIR/<scenario>/``, ``DIR/measure.json``) without notebooks, for GPU hosts without the Jupyter
+stack; the notebooks and the report render elsewhere (``perfkit suite --replay DIR``).
 """
 
 from __future__ import annotations
@@ -43,29 +37,18 @@ def measure(
     options: Mapping[str, Any] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Run the enabled investigations and save each bundle under ``out/<scenario>``.
-
-    Args:
-        params: validated suite parameters.
-        out: bundle destination (kept small: no compile caches).
-        only: restrict to these scenarios.
-        work_dir: launch directories with logs and compile caches (default: a temp dir).
-        options: the investigations' measure options given, by Python name
-            (:class:`~perfkit.scenarios.parts.MeasureOption`: ``{"overhead_pairs": 10}``
-            enables the instrumentation-overhead investigation with 10 pairs,
-            ``{"two_stage_shapes": True}`` adds a ``<name>_two_stage`` bundle); a false value
-            or a name left out keeps the default job.
-        progress: draw a bar over every planned request (ETA from the scenarios' plans) and
-            one per launch on stderr.
+    """Run the enabled investigations (of ``only``), each bundle saved under ``out/<scenario>``;
+    launch directories and compile caches go to ``work_dir`` (default: a temp dir). ``options``:
+    the investigations' measure options by Python name (:class:`~perfkit.scenarios.parts.MeasureOption`,
+    e.g. ``{"overhead_pairs": 10}``); ``progress``: bars on stderr.
 
     Returns:
-        a summary ``{scenario: {"bundle": path, "wall_s": s, "error": str | None}}`` (also
-        written to ``out/measure.json``). Scenario errors are logged and recorded, not raised;
-        a scenario whose bundle holds no usable measurement counts as an error, and so does
-        a process that outlived its launch (ended here on a deadline and named).
+        ``{scenario: {"bundle": path, "wall_s": s, "error": str | None}}``, also written to
+        ``out/measure.json``; a failed investigation, one without a usable measurement or with a
+        process that outlived its launch is an error recorded there, not raised.
 
     Raises:
-        ParamsError: ``only`` names an investigation that is disabled (before any launch).
+        ParamsError: ``only`` names a disabled investigation (before any launch).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

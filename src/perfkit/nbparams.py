@@ -1,31 +1,14 @@
-"""Notebook parameters that papermill understands: declared once here, written into each
-notebook's ``parameters`` cell by ``notebooks/make_notebooks.py``, checked inside the notebook
-before anything runs.
-
-- **Typed cells.** Each parameter is written as ``name: type = default  # help`` (papermill's
-  Python translator reads the annotation and the comment: ``papermill --help-notebook`` shows
-  ``engine: dict``, ``repeats: int``, ``caps: Optional[dict]`` with the help). Optional
-  annotations are quoted so the cell runs without importing ``typing``.
-- **Strings from ``-p``.** papermill passes ``-p NAME VALUE`` as a string (or a number, True,
-  False, None). A string given to a parameter whose type does not take strings (a dict, a list,
-  a number, a bool) is read as YAML 1.2 (:func:`perfkit.params.load_yaml`), so JSON works too:
-  ``-p engine '{"kind": "reference", "preset": "tiny"}'``, ``-p warmup_frames '[17, 25]'``,
-  ``-p invariants '{latency_drift_max: 0.05}'``.
-- **Checked before anything runs.** The cell after the parameters (:func:`bind`) refuses a
-  parameter name the notebook does not declare (papermill itself only warns), with the closest
-  declared name, and validates every value with the models a params file goes through
-  (:func:`validate`: the scenario's params model, the engine spec of its kind, the request,
-  the invariants, the baseline fields) before an engine starts; every problem is listed in one
-  :class:`NotebookParamsError`.
-
-Nothing here names a scenario: the scenario notebooks' parameters come from the registry.
+"""Notebook parameters: declared once here (:func:`declared`), written into each notebook's
+``parameters`` cell by ``notebooks/make_notebooks.py`` as ``name: type = default  # help`` (what
+papermill reads), and bound in the notebook before anything runs (:func:`bind`: unknown names,
+``-p`` strings read as YAML 1.2, every value validated by the params file's models). Nothing here
+names a scenario. See docs/lab.md, "Notebooks that papermill alone can run and gate".
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
-import json
 import re
 import typing
 from dataclasses import dataclass
@@ -36,7 +19,7 @@ from typing import Annotated, Any, Iterable, Literal, Mapping, Optional, Union
 import yaml
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from perfkit.bundle import IDENTITY_REQUEST, IDENTITY_SPEC
+from perfkit.bundle import identity_differences, read_meta
 from perfkit.engine.spec import EngineSpec, EngineSpecError
 from perfkit.gate.outcome import FailOn
 from perfkit.gate.verdicts import GATE
@@ -75,15 +58,8 @@ class NotebookParamsError(ParamsError):
 
 @dataclass(frozen=True)
 class NotebookParam:
-    """One notebook parameter.
-
-    Attributes:
-        name: the variable name in the parameters cell.
-        annotation: its Python type (pydantic validates values with it; :func:`type_text` is
-            what papermill shows).
-        default: the value the cell assigns (a literal).
-        help: the comment after it (one line; papermill ``--help-notebook`` shows it).
-    """
+    """One notebook parameter: its ``name``, ``annotation`` (pydantic validates with it;
+    :func:`type_text` is what papermill shows), ``default`` (a literal) and one-line ``help``."""
 
     name: str
     annotation: Any
@@ -150,8 +126,7 @@ _FAIL_ON = NotebookParam("fail_on", FailOn, "gate", _FAIL_ON_HELP)
 
 
 def section_params(name: str) -> list[NotebookParam]:
-    """A scenario's params model fields (``enabled`` and ``tier`` left out), their defaults and
-    the ``#:`` comments above them in the model's source."""
+    """A scenario's params model fields but ``enabled`` and ``tier``, with their ``#:`` comments."""
     model = registry.get(name).params_model
     out = []
     for key, f in model.model_fields.items():
@@ -295,9 +270,8 @@ def unknown_names(notebook: str, given: Any) -> list[str]:
 
 
 def coerce(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
-    """``given`` with each string read as YAML where the parameter's type does not take a
-    string (dicts, lists, numbers, booleans: papermill's ``-p`` passes strings). Raises
-    :class:`NotebookParamsError` naming the parameter for a string that is not valid YAML."""
+    """``given`` with each string read as YAML where the parameter's type takes no string (``-p``
+    passes strings). Raises :class:`NotebookParamsError` naming the parameter: not valid YAML."""
     types = {p.name: p.annotation for p in declared(notebook)}
     out: dict[str, Any] = {}
     problems = []
@@ -315,37 +289,13 @@ def coerce(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def identity_differences(
-    recorded: Mapping[str, Any], engine: Mapping[str, Any] | None, request: Mapping[str, Any] | None
-) -> list[str]:
-    """How ``engine`` / ``request`` (None: not given, not compared) differ from a bundle's
-    recorded ``meta["params"]`` on :data:`perfkit.bundle.IDENTITY_SPEC` and
-    :data:`perfkit.bundle.IDENTITY_REQUEST`, one
-    ``"engine.preset: given 'tiny', measured with 'ltx-2b'"`` a difference; [] when the bundle
-    records no spec or request (hand-made bundles cannot be checked)."""
-    spec, req = recorded.get("spec") or {}, recorded.get("request") or {}
-    out = []
-    for where, given, had, keys in (
-        ("engine", engine, spec, IDENTITY_SPEC),
-        ("request", request, req, IDENTITY_REQUEST),
-    ):
-        if given is None or not had:
-            continue
-        out += [
-            f"{where}.{k}: given {given.get(k)!r}, measured with {had.get(k)!r}"
-            for k in keys
-            if given.get(k) != had.get(k)
-        ]
-    return out
-
-
 def _bundle_problems(notebook: str, given: Mapping[str, Any], injected: Iterable[str]) -> list[str]:
     """A replay's bundle against the notebook: of this investigation, and measured with the
     engine and request shape the parameters name where they were given (injected)."""
     bundle = given.get("bundle_dir")
     if not bundle or notebook not in registry.names():
         return []
-    meta = json.loads((Path(bundle) / "meta.json").read_text(encoding="utf-8"))
+    meta = read_meta(bundle)
     if meta.get("scenario") != notebook:
         return [f"bundle_dir: {bundle} holds a {meta.get('scenario')!r} bundle, expected {notebook!r}"]
     names = set(injected)
@@ -362,14 +312,13 @@ def _bundle_problems(notebook: str, given: Mapping[str, Any], injected: Iterable
 
 
 def bind(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
-    """What the cell after a notebook's parameters calls: the declared parameters' values from
-    ``namespace`` (the kernel's globals), coerced (:func:`coerce`) and validated
-    (:func:`validate`); the notebook assigns them back. Nothing has been launched yet.
+    """The declared parameters' values from ``namespace`` (the kernel's globals), coerced
+    (:func:`coerce`) and validated (:func:`validate`), for the notebook to assign back.
 
     Raises:
-        NotebookParamsError: an injected name the notebook does not declare (papermill only
-            warns about it), a string that is not valid YAML, a value its model refuses; every
-            problem, one a line.
+        NotebookParamsError: an injected name the notebook does not declare, a string that is
+            not valid YAML, a value its model refuses, a replayed bundle of another
+            investigation, engine or request shape; every problem, one a line.
     """
     params = declared(notebook)
     injected = injected_names(namespace.get("In"))
@@ -422,11 +371,9 @@ def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0, model: 
 
 
 def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate notebook parameters with the models a params file goes through, before any
-    kernel or engine starts: the scenario's params model for its fields, the engine spec, the
-    request, the invariants, the gate's baseline fields; other declared parameters with their
-    annotation. Returns the validated values (a notebook never receives a value no model has
-    validated); names the notebook does not declare pass through (see :func:`unknown_names`).
+    """Notebook parameters validated with the models a params file goes through (the
+    scenario's params model, the engine spec, the request, the invariants, the gate's baseline
+    fields; other declared parameters by their annotation); undeclared names pass through.
 
     Raises:
         ParamsError: every problem, each naming its parameter (``repeats: Input should be a

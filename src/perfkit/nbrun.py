@@ -1,12 +1,9 @@
-"""One notebook run (``perfkit run``): ``-p`` parameters read and checked, the run directory made
-(and removed again when nothing ran), the notebook executed with progress bars.
-
-Everything the ``perfkit run`` command does except printing: the command is a thin wrapper.
+"""``perfkit run`` but its printing: ``-p`` parameters read and checked, the run directory made
+(and removed again when nothing ran), one notebook executed with progress bars.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 import shutil
 from dataclasses import dataclass
@@ -18,7 +15,7 @@ import yaml
 from perfkit.common import require_extra
 from perfkit.gate.outcome import gate_result
 from perfkit.gate.verdicts import read_verdict
-from perfkit.params import ParamsError, load_params, load_yaml
+from perfkit.params import ParamsError, _suggest, load_params, load_yaml
 
 
 class UsageError(ValueError):
@@ -65,10 +62,7 @@ def check_notebook_parameters(nb: Path, given: dict[str, Any]) -> list[str]:
     unknown = [k for k in given if k not in declared]
     if not unknown:
         return declared
-    hints = []
-    for k in unknown:
-        m = difflib.get_close_matches(k, declared, n=1, cutoff=0.6)
-        hints.append(f"{k!r}" + (f" (did you mean {m[0]!r}?)" if m else ""))
+    hints = [f"{k!r}{_suggest(k, declared)}" for k in unknown]
     known = ", ".join(declared) if declared else "none (the notebook has no parameters cell)"
     raise UsageError(
         f"{nb.name}: unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; known: {known}"

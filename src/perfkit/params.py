@@ -1,30 +1,6 @@
-"""Suite parameters: the YAML files under ``params/``, validated before anything is launched.
-
-Layout (every section optional except ``name``; unknown keys are errors)::
-
-    name: ci-cpu
-    description: ...
-    timeout_s: 600                 # per notebook cell (papermill execution timeout); must be >=
-                                   # engine.request_timeout_s + engine.stop_grace_s + 10 s
-    engine: {kind, preset, compile, compile_backend, device, dtype, warmup_frames, ...}
-                                   # the fields of that kind's EngineSpec (perfkit.engine.spec)
-    request: {num_frames, height, width, num_inference_steps, seed, prompt, ...}
-    cold_warm: {enabled, repeats, thresholds: {...}, caps: {device_gib, host_gib, label} | null}
-    warmup_shapes: {enabled, warmup_frames: [17, 25], request_frames: [25], repeats}
-    memory_budget: {enabled, caps: [{label, device_gib, host_gib}], repeats,
-                    min_budget: {lo_gib, hi_gib} | null}
-    baseline: {file: path | null, profile: pr_test, strict: false, hardware: name | null}
-    scaleout: {retries: 0}         # extra attempts of a failed unit of work (--partition, --executor)
-    # every scenario section also takes tier: per-commit | extra (default per-commit; --tier)
-    invariants: {warm_cold_ratio_max: 1.0, ...}   # perfkit.gate.baseline.KNOWN_INVARIANTS
-
-Errors name the file, the key path and, for unknown keys, the closest known key::
-
-    params/ci-cpu.yaml: unknown key 'cold_wram' (line 12) (did you mean 'cold_warm'?)
-    params/ci-cpu.yaml: cold_warm.repeats: Input should be greater than or equal to 2, got 0 (line 14)
-
-The YAML is read as YAML 1.2 reads numbers: ``1e3`` and ``5e-1`` are floats (YAML 1.1, PyYAML's
-default, reads them as strings, which the strict models would refuse).
+"""Suite parameters: the YAML files under ``params/`` (:class:`SuiteParams`, assembled from the
+registry), validated before anything is launched; errors name the file, the key path and the
+closest known key. Their layout: docs/suite.md, "Params files".
 """
 
 from __future__ import annotations
@@ -156,10 +132,8 @@ class _SuiteBase(_Model):
 
     @model_validator(mode="after")
     def _timeouts_ordered(self) -> "_SuiteBase":
-        """Cell, request and teardown timeouts in order: a request that hangs times out, and
-        the engine's teardown (``stop_grace_s`` to SIGKILL) ends, before papermill's cell
-        timeout kills the kernel: ``request_timeout_s + stop_grace_s + TEARDOWN_MARGIN_S <=
-        timeout_s``."""
+        """``request_timeout_s + stop_grace_s + TEARDOWN_MARGIN_S <= timeout_s``: a hung request
+        ends and its engine is stopped before papermill's cell timeout kills the kernel."""
         if self.timeout_s is None:
             return self
         eng, margin = self.engine, TEARDOWN_MARGIN_S
@@ -195,12 +169,8 @@ class _SuiteBase(_Model):
         return [s.name for s in registry.all_scenarios() if getattr(self, s.name).enabled]
 
     def refuse_disabled(self, only: Any) -> None:
-        """Refuse ``--only`` naming a disabled investigation before anything runs (it is not
-        enabled behind the file's back: ``--set NAME.enabled=true`` says so on the command line).
-
-        Raises:
-            ParamsError: naming the key and the ``--set`` that enables it.
-        """
+        """Raise :class:`ParamsError` for ``--only`` naming a disabled investigation, with the
+        ``--set NAME.enabled=true`` that enables it."""
         off = [n for n in only or () if n in type(self).model_fields and not getattr(self, n).enabled]
         if off:
             raise ParamsError(
@@ -381,10 +351,8 @@ def parse_params(data: Any, source: str = "<params>", text: str | None = None) -
 
 
 class _Yaml12Loader(yaml.SafeLoader):
-    """yaml.SafeLoader that also reads YAML 1.2 floats: ``1e3``, ``5e-1``, ``1.5E3``
-    (YAML 1.1 wants a dot and a signed exponent, so PyYAML reads those as strings), and refuses
-    a key given twice in one mapping (PyYAML keeps the last silently: a second ``cold_warm:``
-    would replace the first; YAML 1.2 says keys are unique)."""
+    """yaml.SafeLoader that reads YAML 1.2 floats (``1e3``, ``5e-1``: strings to PyYAML's 1.1)
+    and refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -468,9 +436,8 @@ def load_yaml(text: str) -> Any:
     """Parse params YAML (safe; YAML 1.2 floats, see :class:`_Yaml12Loader`).
 
     Raises:
-        yaml.YAMLError: invalid YAML; :class:`YamlLimitError` (one) for text over the size,
-            nesting depth or value count limits (:data:`MAX_YAML_BYTES`, :data:`MAX_YAML_DEPTH`,
-            :data:`MAX_YAML_VALUES`), or an integer over Python's 4,300-digit limit.
+        yaml.YAMLError: invalid YAML; :class:`YamlLimitError` for text over the ``MAX_YAML_*``
+            limits or an integer over Python's 4,300-digit limit.
     """
     _check_limits(text)
     try:
@@ -482,14 +449,9 @@ def load_yaml(text: str) -> Any:
 
 
 def apply_sets(data: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]:
-    """``data`` (a params mapping) with each ``section.key=value`` of ``sets`` put in (the value
-    read as YAML: ``true``, ``3``, ``[1, 2]``, ``null``); a key the file lacks is added, so that
-    validation names it when it is unknown.
-
-    Raises:
-        ParamsError: an item without ``=`` or key, a value that is not YAML, or a key under a
-            value that is not a mapping (naming the item).
-    """
+    """A copy of ``data`` with each ``section.key=value`` of ``sets`` put in (the value read as
+    YAML; a key the file lacks is added, for validation to name). Raises :class:`ParamsError`
+    naming the item: no ``=`` or key, a value that is not YAML, a key under a non-mapping."""
     out = copy.deepcopy(data)
     for item in sets:
         key, eq, text = item.partition("=")
@@ -510,13 +472,9 @@ def apply_sets(data: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]:
 
 
 def load_params(path: str | Path, sets: Sequence[str] = ()) -> SuiteParams:
-    """Read and validate a params YAML file, with ``sets`` (``section.key=value``, as
-    ``--set``) applied over it (:func:`apply_sets`). Errors at a key a ``--set`` gave are
-    named ``--set`` (no line of the file).
-
-    Raises:
-        ParamsError: invalid file or ``--set`` (naming the key). FileNotFoundError.
-    """
+    """Read and validate a params YAML file with ``sets`` (``--set``) applied over it
+    (:func:`apply_sets`). Raises :class:`ParamsError` naming the key (and the line, or
+    ``--set``), FileNotFoundError."""
     p = Path(path)
     if p.stat().st_size > MAX_YAML_BYTES:  # before reading it
         raise ParamsError(f"{p}: {p.stat().st_size:,} bytes, over the limit of {MAX_YAML_BYTES:,}")
@@ -539,13 +497,9 @@ def load_params(path: str | Path, sets: Sequence[str] = ()) -> SuiteParams:
 
 
 def load_side(path: str | Path) -> tuple[EngineSpec, dict[str, Any] | None]:
-    """One side of an A/B (``perfkit ab --a/--b``) -> (EngineSpec, request dict or None). A mapping
-    with an ``engine`` key is a params file (validated as one, its ``request`` taken); any other
-    mapping is an engine spec.
-
-    Raises:
-        ParamsError: missing, unreadable, not YAML, not a mapping, or invalid (names the file).
-    """
+    """One side of an A/B (``perfkit ab --a/--b``) -> (EngineSpec, request dict or None): a
+    params file (a mapping with ``engine``; its ``request`` taken) or an engine spec. Raises
+    :class:`ParamsError` naming the file: missing, unreadable, not YAML, not a mapping, invalid."""
     p = Path(path)
     if not p.is_file():
         raise ParamsError(f"{'is a directory, not a file' if p.is_dir() else 'not found'}: {path}")

@@ -1,11 +1,7 @@
-"""Values an engine may not report: NA is "not reported", never 0 or False.
-
-sglang's records carry no compile counts, compile times, recompile-limit flag or host RSS; only
-perfkit's reference engine writes them (its ``perfkit`` block, :mod:`perfkit.readings.records`).
-The requests table holds NA there (nullable ``Int64`` / ``float64`` / ``boolean`` columns), and
-every consumer reads it through these helpers: a sum or an "any" over requests is known only when
-every request reported its value (else None: "not reported"), and a check that needs it is
-skipped with :data:`NOT_REPORTED_REASON`, never passed.
+"""Values an engine may not report: NA is "not reported", never 0 or False. sglang's records carry
+no compile counts, compile times, recompile-limit flag or host RSS (only the reference engine's
+``perfkit`` block does); a sum or an "any" over requests is known only when every request
+reported it, and a check that needs it is skipped (:data:`NOT_REPORTED_REASON`).
 """
 
 from __future__ import annotations

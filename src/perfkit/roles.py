@@ -1,10 +1,6 @@
-"""Request roles, in the design doc's words: which request of a launch is the startup warmup, the
-cold request, the first of a new shape or a warm one (:func:`request_roles`, :func:`request_label`).
-
-A domain idea of the bundle layer: the plots (:mod:`perfkit.report.plots`), the notebook tables
-and the root-cause panel all label requests with these roles. Input is a bundle's requests and
-launches tables (columns as in :mod:`perfkit.bundle_schema`); the startup warmup is
-``index == WARMUP_INDEX`` (-1), the cold request index 0.
+"""Request roles in the design doc's words (startup warmup ``index == WARMUP_INDEX``, cold index 0,
+first of a new shape, warm), from a bundle's requests and launches tables; the plots, notebook
+tables and root-cause panel label requests with them.
 """
 
 from __future__ import annotations
@@ -66,14 +62,9 @@ def _shape_key(r: Mapping[str, Any]) -> str:
 
 
 def request_roles(requests: pd.DataFrame | None, launches: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The role and shape of every request, in the design doc's words, per launch.
-
-    Within a launch (requests in index order): the startup warmup (``index == WARMUP_INDEX``)
-    is ``startup warmup``; index 0 is ``cold`` (the first request after ready); a later request
-    whose latent shape neither the warmup nor an earlier request ran is ``first of a new
-    shape``; every other request is ``warm``, numbered per shape (``warm #2`` is the second warm
-    request of that shape). The shape is the latent shape when recorded, else frames x height x
-    width; frames are the frames generated (``effective_num_frames``, else ``num_frames``).
+    """The role and shape of every request, per launch in index order: ``startup warmup``,
+    ``cold`` (index 0), ``first of a new shape`` (a latent shape neither the warmup nor an
+    earlier request ran; else frames x height x width), else ``warm``, numbered per shape.
 
     Args:
         requests: the bundle's requests table (launch, request_id, index, num_frames, ...).

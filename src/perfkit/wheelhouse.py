@@ -1,18 +1,7 @@
-"""Offline wheelhouse for air-gapped GPU hosts.
-
-``perfkit wheelhouse download DIR --have HOST_FREEZE.txt --python-version 3.12`` resolves what
-perfkit needs (the closure of its requirements, read from this environment's installed metadata),
-leaves out what the target host already has (names from its ``pip list --format=freeze``), and
-downloads binary wheels of the rest for the target's Python and platform with ``pip download``.
-On the host, ``perfkit wheelhouse install DIR`` (or plain ``pip install --no-index --no-deps
-DIR/*.whl``) installs them without a network.
-
-Profiles (``--profile``, joined with ``+``): ``full``, ``measure`` (engine + investigations) and
-``ray`` (Ray and what the host lacks of its requirements). The ray wheel is slimmed after the
-download (:func:`slim_wheel`): its Java worker (``ray/jars/``, 31 MiB of a 76 MiB wheel), the
-dashboard's prebuilt web UI with its source maps and Ray's AI libraries (RLlib, Serve, Tune, Train,
-Data, LLM) are left out, and its RECORD rewritten,
-so that ``measure+ray`` fits a device call (64 MiB of working tree, wheels included).
+"""Offline wheelhouse for air-gapped GPU hosts (``perfkit wheelhouse download|install``): the
+closure of perfkit's requirements for a profile (``full``, ``measure``, ``ray``, joined with
+``+``), less what the host has (its ``pip list --format=freeze``), as binary wheels for its
+Python; the ray wheel slimmed (:func:`slim_wheel`). See docs/gpu-hosts.md.
 """
 
 from __future__ import annotations
@@ -29,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as canonical
 
 from perfkit.engine.owner import run_bounded
 
@@ -44,11 +34,6 @@ DEFAULT_PLATFORMS = (
     "manylinux1_x86_64",
     "any",
 )
-
-
-def canonical(name: str) -> str:
-    """PEP 503 normalised project name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 #: What a measuring host needs (no Jupyter stack: notebooks render from bundles elsewhere).
@@ -115,10 +100,9 @@ def _record_hash(data: bytes) -> str:
 
 
 def slim_wheel(path: str | Path, drop: tuple[str, ...] = RAY_SLIM_DROP) -> tuple[int, int]:
-    """Rewrite a wheel in place without the members under the ``drop`` prefixes; its RECORD
-    loses their lines and gains ``<dist-info>/PERFKIT_SLIM`` (what was dropped), so pip installs
-    it as usual. File modes (the raylet and GCS binaries are executables) are kept. A wheel
-    slimmed already is left as it is.
+    """Rewrite a wheel in place without the members under the ``drop`` prefixes, its RECORD
+    without their lines and with ``<dist-info>/PERFKIT_SLIM`` (what was dropped); file modes
+    kept; a wheel slimmed already is left as it is.
 
     Returns:
         (size before, size after) in bytes.
@@ -169,12 +153,9 @@ def requirement_closure(
     have: set[str] = frozenset(),
     extras: tuple[str, ...] = (),
 ) -> dict[str, str]:
-    """Project name -> installed version for the dependency closure of ``roots`` here.
-
-    The walk does not descend into packages in ``have`` (the host's own copy brings its own
-    dependencies). Environment markers are evaluated for this interpreter; extras of
-    dependencies are followed only when a requirement names them. ``perfkit`` itself is left out
-    (it travels as source).
+    """Project name -> installed version for the dependency closure of ``roots`` here, not
+    descending into ``have`` (the host's copy brings its own), markers evaluated for this
+    interpreter, extras followed where a requirement names them; ``perfkit`` left out.
 
     Raises:
         metadata.PackageNotFoundError: a root is not installed here.
@@ -235,11 +216,8 @@ def download(
     pin: bool = True,
     profile: str = "full",
 ) -> list[str]:
-    """Download wheels of what the host lacks into ``dest``. Returns the requirement strings.
-
-    ``profile``: ``full`` (everything perfkit needs, Jupyter stack included), ``measure``
-    (engine + scenarios only: :data:`MEASURE_ROOTS`), ``ray`` (:data:`RAY_ROOTS`; the ray wheel
-    is then slimmed with :func:`slim_wheel`), or several joined with ``+`` (``measure+ray``).
+    """Download wheels of what the host lacks into ``dest`` for ``profile`` (:data:`PROFILES`,
+    joined with ``+``; the ray wheel slimmed). Returns the requirement strings.
 
     Raises:
         RuntimeError: pip could not find a binary wheel for a requirement (its output

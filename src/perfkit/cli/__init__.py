@@ -1,13 +1,7 @@
-"""The perfkit command: run, gate and report diffusion video serving investigations.
-
-One command line (click) for every task; ``perfkit COMMAND --help`` describes each option.
-Exit codes, one rule for every command: 0 pass, 1 a regression or a failed check, 2 an error or
-misuse (bad input, a missing file, nothing comparable, a run that never started) or an interrupt
-(SIGINT or SIGTERM: what the command started is ended first).
-
-One module per command (or command group), each a thin wrapper over one library call; a new
-command goes in ``perfkit/cli/<command>.py`` and is named in :data:`COMMANDS` here (imported when
-it runs or ``perfkit --help`` lists it, so a command starts without the others' imports).
+"""The ``perfkit`` command (click): one module per command or group, each a thin wrapper over
+one library call, named in :data:`COMMANDS`. Exit codes: 0 pass, 1 a regression or a failed
+check, 2 an error, misuse or interrupt (:mod:`perfkit.common.exitcodes`). Adding a command:
+docs/DESIGN.md, "Adding a command".
 """
 
 from __future__ import annotations
@@ -24,8 +18,6 @@ from perfkit.common import MissingExtra, require_extra
 from perfkit.common.exitcodes import EXIT_ERROR, run_click
 
 #: each command's module and attribute, imported when the command runs or ``--help`` lists it
-#: (click's lazily loaded subcommands): ``perfkit merge`` starts without the scenarios, pandas
-#: or the A/B stack that other commands import
 COMMANDS = {
     "suite": "perfkit.cli.suite:suite_command",
     "merge": "perfkit.cli.merge:merge_command",
@@ -92,10 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (also for ``perfkit`` itself). SIGINT or
     SIGTERM: exit 2 with one line (:func:`perfkit.common.exitcodes.run_click`); a missing
     optional stack met deeper (a figures block, a notebook): its one-line pip hint, exit 2."""
-    # jsonschema (papermill's nbformat) imports rfc3987_syntax, when installed (JupyterLab's
-    # jupyter-events brings it), only to check "iri" formats, which nbformat's schema never
-    # uses; that import builds a grammar: 0.8 s of CPU in every perfkit process that runs a
-    # notebook. A command's own process goes without it.
+    # jsonschema (papermill's nbformat) imports rfc3987_syntax when installed, only for "iri"
+    # formats nbformat never uses: a grammar built, 0.8 s of CPU per process that runs a notebook
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
     try:
         return run_click(cli, list(sys.argv[1:] if argv is None else argv), "perfkit", process=argv is None)

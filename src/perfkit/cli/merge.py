@@ -31,8 +31,8 @@ def merge_command(**kw: Any) -> None:
 
     become_subreaper()  # orphans below come back here
     from perfkit.params import ParamsError
+    from perfkit.suite import merge_runs
     from perfkit.suite.preflight import SuiteError
-    from perfkit.suite.replay_shards import merge_runs
 
     try:
         res = merge_runs(

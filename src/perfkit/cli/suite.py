@@ -53,9 +53,8 @@ def _suite(kw: dict[str, Any]) -> int:
     become_subreaper()  # orphans below come back here
     from perfkit.params import ParamsError
     from perfkit.scaleout.executor import ExecutorError
-    from perfkit.suite.orchestrate import run_suite
+    from perfkit.suite import run_suite, run_units_suite
     from perfkit.suite.preflight import SuiteError
-    from perfkit.suite.replay_shards import run_units_suite
 
     if kw["address"] and kw["executor"] != "ray":
         fail(f"--address {kw['address']} is ignored: it is for --executor ray")

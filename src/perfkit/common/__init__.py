@@ -1,10 +1,6 @@
-"""Leaf modules that both perfkit and its reference engine (:mod:`perfkit.refengine`) may import:
-LTX frame rules, the per-request record format, the reference engine's presets, provenance.
-They import nothing else from perfkit.
-
-Here too the plugin boundary of the optional stacks (:data:`EXTRAS`): the core
-(``pip install perfkit``: investigations, engine, gate, report, A/B, suite, bisect, wheelhouse)
-never imports them; each entry point that needs one calls :func:`require_extra` first."""
+"""Leaf modules that both perfkit and its reference engine may import (they import nothing else
+from perfkit), and the optional stacks (:data:`EXTRAS`), which the core never imports: an entry
+point that needs one calls :func:`require_extra` first (docs/DESIGN.md, "Optional stacks")."""
 
 from __future__ import annotations
 
@@ -27,12 +23,8 @@ def _importable(module: str) -> bool:
 
 
 def require_extra(extra: str, what: str) -> None:
-    """Check that the modules of ``extra`` (a key of :data:`EXTRAS`) are importable, without
-    importing them.
-
-    Args:
-        extra: ``history``, ``ray`` or ``lab``.
-        what: what needs it, for the message (e.g. ``perfkit history``).
+    """Check, without importing them, that the modules of ``extra`` (a key of :data:`EXTRAS`)
+    are importable; ``what`` needs it (e.g. ``perfkit history``).
 
     Raises:
         MissingExtra: a module is missing: ``<what> needs <modules>: pip install 'perfkit[<extra>]'``.

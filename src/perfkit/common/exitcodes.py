@@ -38,11 +38,9 @@ def _interrupt(signum: int, frame: Any) -> None:  # noqa: ARG001
 
 
 def _redeliver(hook: Any) -> Any:
-    """An ``sys.unraisablehook`` that delivers a swallowed interrupt again: a signal handled while
-    a ``__del__`` or a GC callback ran raises there, and Python only prints "Exception ignored";
-    the command would run on. The signal is raised anew in the main thread from another thread,
-    once the ``__del__`` has returned (a handler reset to SIG_IGN makes it a no-op); anything else
-    goes to ``hook``."""
+    """An ``sys.unraisablehook`` that delivers again an interrupt raised in a ``__del__`` or GC
+    callback (Python only prints "Exception ignored"): the signal is raised anew in the main
+    thread from a timer thread; anything else goes to ``hook``."""
     import _thread
     import threading
 
@@ -79,22 +77,16 @@ def _words(command: "click.Command", args: list[str], prog_name: str) -> str:
 
 def run_click(command: "click.Command", args: list[str], prog_name: str, *, process: bool = False) -> int:
     """Run a click command line under the one exit-code rule; returns its exit code.
-    ``process``: this is the process's command line (``perfkit`` itself, not a caller in the same
-    process), so once the command has ended SIGINT and SIGTERM are ignored until the process exits:
-    a signal after the command ended no longer kills the process past its exit code (Python's
-    death by SIGINT, 130 in a shell).
 
-    An interrupt (SIGINT, or SIGTERM: turned into the same KeyboardInterrupt) unwinds the
-    command, whose ``finally`` blocks end what it started (engines, builds, kernels), and is
-    :data:`EXIT_ERROR` (2) with one line on stderr naming the command and the signal: never 0 or
-    1, which read as verdicts (click's own handling said ``Aborted!`` and exited 1). Bad usage:
-    click's message, exit 2. An interrupt swallowed on the way (a KeyboardInterrupt raised in
-    a ``__del__`` is only printed as "Exception ignored") is delivered again, and ends as exit 2, as does
-    any exception raised after an interrupt (no traceback); once interrupted both signals are
-    ignored until the process exits; with ``process`` it exits there, its exit hooks bounded by
-    :data:`EXIT_DEADLINE_S`, whatever a library's thread would wait for. An OSError no command handled (an output directory under a
-    file, a path it may not write) is one line naming it, exit 2. Output cut by its reader (``| head``) ends quietly with
-    :data:`EXIT_SIGPIPE`, as a process ended by SIGPIPE reads in a shell.
+    An interrupt (SIGINT, or SIGTERM as the same KeyboardInterrupt) unwinds the command (its
+    ``finally`` blocks end what it started) and is :data:`EXIT_ERROR` with one line on stderr
+    naming the command and the signal, never 0 or 1 (verdicts); an interrupt swallowed in a
+    ``__del__`` is delivered again, and any exception after an interrupt is exit 2 without a
+    traceback. Once interrupted, or once the command ended with ``process`` (this is the
+    process's own command line), both signals are ignored until the process exits; an
+    interrupted ``process`` exits there, its exit hooks bounded by :data:`EXIT_DEADLINE_S`. Bad
+    usage: click's message, exit 2; an unhandled OSError: one line, exit 2; output cut by its
+    reader (``| head``): :data:`EXIT_SIGPIPE`, quietly.
     """
     import threading
 
@@ -137,10 +129,9 @@ EXIT_DEADLINE_S = 10.0
 
 
 def _exit_interrupted() -> None:
-    """End this interrupted process now with :data:`EXIT_ERROR`: its exit hooks run (coverage,
-    temporary directories, logging), bounded by :data:`EXIT_DEADLINE_S`; library threads Python
-    would join at exit and module teardown are skipped (CI once saw ``lab --replay`` alive 60 s
-    after its interrupt line). The command's ``finally`` blocks have already ended what it started."""
+    """End this interrupted process now with :data:`EXIT_ERROR`: its exit hooks run, bounded by
+    :data:`EXIT_DEADLINE_S`; library threads and module teardown are skipped (CI once saw
+    ``lab --replay`` alive 60 s after its interrupt line)."""
     import atexit
     import os
     import threading

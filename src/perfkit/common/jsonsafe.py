@@ -1,11 +1,7 @@
-"""JSON that stays JSON: no ``NaN``/``Infinity`` literals in anything perfkit writes.
-
-Python's :func:`json.dumps` writes float NaN as the bare word ``NaN``, which is not JSON (RFC 8259)
-and which strict readers (``json.loads(..., parse_constant=...)`` refusing it, JavaScript's
-``JSON.parse``, jq) refuse. :func:`finite` turns every non-finite float (numpy scalars included)
-into ``null``; :func:`dumps` does that and then writes with ``allow_nan=False``, so a value that
-slipped through is an error, never a bad file. "Not measured" is ``null``; the reason lives
-beside it (a request row's ``error``, a check's ``reason``).
+"""JSON that stays JSON (RFC 8259): no ``NaN``/``Infinity`` literals, which strict readers
+(``JSON.parse``, jq) refuse. :func:`finite` turns non-finite floats into ``null`` ("not measured";
+the reason lives beside it); :func:`dumps` writes with ``allow_nan=False``, so one that slipped
+through is an error, never a bad file.
 """
 
 from __future__ import annotations

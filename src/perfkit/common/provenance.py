@@ -36,13 +36,10 @@ def git_commit() -> str | None:
 
 
 def source_digest(root: Path | None = None) -> str | None:
-    """SHA-256 (hex, first 16 digits) of perfkit's source as it is on disk: every ``*.py`` under
-    ``src/perfkit`` and ``pyproject.toml``, by path (sorted) and content. It names the code that
-    ran when the commit cannot: a GPU host that received a working tree whose ``.git`` is older
-    than its files reports ``<old commit>+dirty``, and this digest, recomputed from any checkout
-    (``python -c "from perfkit.common.provenance import source_digest; print(source_digest())"``),
-    says which commit's files those were. None when ``root`` (default: the checkout perfkit is
-    imported from) has no ``src/perfkit`` (an installed wheel)."""
+    """SHA-256 (hex, first 16 digits) of every ``*.py`` under ``src/perfkit`` and
+    ``pyproject.toml`` on disk, by sorted path and content: names the code that ran where the
+    commit cannot (a copied tree whose ``.git`` is older reports ``<commit>+dirty``). None when
+    ``root`` (default: the checkout perfkit is imported from) has no ``src/perfkit``."""
     root = _source_root() if root is None else Path(root)
     pkg = root / "src" / "perfkit"
     if not pkg.is_dir():

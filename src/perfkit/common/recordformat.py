@@ -7,5 +7,3 @@ The reference engine writes it; :mod:`perfkit.readings.records` reads it.
 
 #: file name inside ``SGLANG_PERF_LOG_DIR`` that holds one JSON object per line
 PERF_LOG_NAME = "performance.log"
-#: tag of records written by the startup warmup (the one way a warmup request is marked)
-WARMUP_TAG = "warmup"

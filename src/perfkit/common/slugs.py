@@ -41,20 +41,12 @@ def clip(text: Any, n: int = 200) -> str | None:
 
 
 def md_text(text: Any, *, cell: bool = False, code: bool = False, limit: int | None = None) -> str:
-    """``text`` (op, kernel, stage, case or file names, error texts, log lines, commit subjects:
-    anything perfkit did not write itself) as Markdown that shows it as it is, markup never live:
-    ``&``, ``<``, ``>``, backticks, ``|`` and backslashes become character references, brackets
-    ``\\[`` ``\\]`` (no link or image); line breaks a space (``cell=True``: ``<br>``, a line break
-    inside one table cell); trimmed; ``None`` is "". Emphasis (``*``, ``_``) stays Markdown's: not markup
-    that runs or loads anything, and names keep their underscores in the raw text.
-
-    ``code=True`` wraps it in ``<code>``: code font without a code span (inside a span a
-    character reference shows as written, and a backtick in the text would end it).
-
-    ``limit``: the text is first cut to that many characters (:func:`clip`), so one long error
-    cannot fill a page or a PR comment.
-
-    The result is for Markdown outside code spans and fenced blocks only.
+    """Text perfkit did not write (names, error texts, log lines, commit subjects) as Markdown
+    that shows it as it is, markup never live (outside code spans and fences): ``&``, ``<``,
+    ``>``, backticks, ``|`` and backslashes as character references, brackets escaped; line
+    breaks a space (``cell=True``: ``<br>``); trimmed; None is "". Emphasis stays (it runs or
+    loads nothing). ``code=True``: in ``<code>`` (a code span would show the references as
+    written); ``limit``: first cut to that many characters (:func:`clip`).
     """
     t = "" if text is None else str(text).strip()
     if limit is not None:

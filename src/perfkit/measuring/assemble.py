@@ -24,7 +24,7 @@ def assemble(
 ) -> ResultBundle:
     """Build a ResultBundle from launches (tables concatenated and conformed, records and logs
     kept). ``params`` (``meta["params"]``) must hold ``spec`` and ``request`` dicts: a replay
-    compares them with its params (:func:`perfkit.nbparams.identity_differences`).
+    compares them with its params (:func:`perfkit.bundle.identity_differences`).
 
     Raises:
         ValueError: a row carries a column its table does not declare.

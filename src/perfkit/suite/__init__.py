@@ -1,57 +1,444 @@
-"""Papermill orchestration: run the investigation notebooks, gate the run, assemble its outputs.
-
-``perfkit suite --params params/ci-cpu.yaml --out outputs/RUN`` calls :func:`run_suite`, which
-
-1. validates the params (:func:`perfkit.params.load_params`) before anything is launched;
-2. runs each enabled investigation notebook (``cold_warm``, ``warmup_shapes``,
-   ``memory_budget``) with papermill; each writes its bundle to ``RUN/<scenario>/`` and its gate
-   rows to ``RUN/<scenario>/verdict.json``;
-3. runs the baseline gate notebook, which launches nothing: it reuses the bundles measured in
-   step 2, writes ``RUN/baseline.json`` (this run's numbers, sglang layout), compares them with
-   the params' baseline file when one is set and re-checks the invariants on all results;
-4. writes ``RUN/summary.md`` (appended to ``$GITHUB_STEP_SUMMARY`` when set), ``RUN/run.json``
-   and ``RUN/report.html`` (:mod:`perfkit.report`), even when a notebook failed.
-
-Before anything runs, a replay directory without bundles, a missing or broken ``baseline.file``
-and an ``--out`` already holding another run (without ``--force``) are errors (exit 2). A replay
-launches nothing: an investigation whose bundle the replay directory lacks is skipped.
-
-Exit codes (:data:`perfkit.gate.verdicts.EXIT_OK`, :data:`perfkit.gate.verdicts.EXIT_REGRESSION`,
-:data:`perfkit.gate.verdicts.EXIT_ERROR`): 0 every gate passed,
-1 a gate failed (regression), 2 an error (bad params, engine crash, notebook exception, kernel
-death).
-
-The helpers the notebooks call, so notebooks stay thin:
-:func:`perfkit.scenarios.runner.load_or_run` (replay a recorded bundle or run a scenario),
-:func:`perfkit.gate.verdicts.write_verdict`, :func:`perfkit.gate.run.case_id`,
-:func:`perfkit.gate.run.bundle_cases`, :func:`perfkit.gate.run.gate`.
-
-The package, one module per job: :mod:`perfkit.suite.preflight` (checks and the run directory
-before anything runs), :mod:`perfkit.suite.execute` (one notebook through papermill),
-:mod:`perfkit.suite.orchestrate` (:func:`run_suite`), :mod:`perfkit.suite.replay_shards`
-(:func:`merge_runs`, :func:`run_units_suite`); the names other modules use are re-exported here.
-
-Run directory layout::
-
-    RUN/params.yaml            the validated params (resolved, with defaults)
-    RUN/run.json               notebook statuses, wall times, errors, exit code
-    RUN/notebooks/<nb>.ipynb   executed notebooks (with outputs)
-    RUN/<scenario>/            ResultBundle + verdict.json
-    RUN/baseline_gate/verdict.json
-    RUN/baseline.json  RUN/summary.md  RUN/report.html  RUN/report.png (when chromium is there)
+"""Papermill orchestration: run the investigation notebooks, gate the run, assemble its outputs
+(:func:`run_suite`, :func:`merge_runs`); what a run directory holds: docs/suite.md, "The run
+directory". Exit codes: 0 every gate passed, 1 a regression, 2 an error.
 """
 
-# ruff: noqa: F401 (the public names, re-exported)
 from __future__ import annotations
 
-from perfkit.suite.execute import NotebookRun, execute_notebook, notebook_parameters
-from perfkit.suite.orchestrate import SuiteResult, run_suite
+import datetime as _dt
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from perfkit.common import jsonsafe
+from perfkit.common.provenance import repo_root
+from perfkit.engine.owner import REGISTRY_ENV, Ended, Watch, describe, spawn_reaper, stop_reaper
+from perfkit.engine.spec import EngineSpec
+from perfkit.gate.verdicts import (
+    GATE,
+    RUN_FILE,
+    VERDICT_FILE,
+    collect_verdicts,
+    exit_code_for,
+    jsonable,
+    read_verdict,
+    status_word,
+)
+from perfkit.gate.verdicts import notebooks as notebook_names
+from perfkit.measuring.progress import RunBars, in_flight
+from perfkit.params import ParamsError, SuiteParams, load_params
+from perfkit.scaleout.shards import select
+from perfkit.scenarios import registry
+from perfkit.suite.execute import (
+    NotebookRun,
+    _env,
+    execute_notebook,
+    kernel_name,
+    notebook_parameters,
+    notebooks_dir,
+)
 from perfkit.suite.preflight import (
+    NO_REPLAY_BUNDLE,
+    NOT_MERGED,
     SCALEOUT,
     SuiteError,
     check_baseline_file,
+    check_replay_identity,
+    default_out,
+    link_latest,
     prepare_run_dir,
     replay_plan,
     run_plan,
 )
-from perfkit.suite.replay_shards import merge_runs, run_units_suite
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SuiteResult:
+    run_dir: Path
+    exit_code: int
+    status: str
+    notebooks: list[NotebookRun]
+    verdicts: pd.DataFrame
+
+
+def run_suite(
+    params_path: str | Path,
+    out: str | Path | None = None,
+    *,
+    replay: str | Path | None = None,
+    only: Iterable[str] | None = None,
+    notebooks: str | Path | None = None,
+    screenshot: bool = True,
+    progress: bool = True,
+    force: bool = False,
+    tier: str | None = None,
+    scaleout: Mapping[str, Any] | None = None,
+    sets: Sequence[str] = (),
+) -> SuiteResult:
+    """Run the suite (docs/suite.md, "The run directory"). Raises :class:`ParamsError` (bad
+    params, baseline file, unknown ``tier``) or :class:`SuiteError` (replay directory without
+    bundles, ``out`` holding another run and no ``force``) before anything runs; every later
+    failure is reported through the exit code. ``scaleout``: a merge document
+    (:func:`perfkit.scaleout.merge.merge_shards`), kept in run.json, whose ``problems`` become a
+    :data:`SCALEOUT` error entry (exit 2). ``sets``: ``section.key=value`` overrides.
+    """
+    from perfkit import report
+
+    params = load_params(params_path, sets)
+    check_baseline_file(params, params_path)
+    spec = params.engine_spec()
+    try:
+        spec.check()
+    except FileNotFoundError as exc:
+        if not replay:
+            raise ParamsError(f"{params_path}: engine: {exc}") from None
+    new_default = out is None
+    replay_dir = Path(replay).resolve() if replay else None
+    selected, skipped = _selection(params, params_path, only, tier, replay_dir, scaleout)
+    # a new default directory only once every check passed (a refused run leaves nothing)
+    run_dir = (Path(out) if out else default_out(params.name)).resolve()
+    prepare_run_dir(run_dir, force=force, replay_dir=replay_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "params.yaml").write_text(
+        f"# validated from {params_path}{''.join(f' --set {x}' for x in sets)}\n"
+        + yaml.safe_dump(params.model_dump(), sort_keys=False)
+    )
+    nb_dir = Path(notebooks) if notebooks else notebooks_dir()
+    names = [n for n in selected if n not in skipped] + [GATE]
+    runs: list[NotebookRun] = [
+        NotebookRun(n, status="skipped", reason=skipped[n]) for n in registry.names() if n in skipped
+    ]
+    kern = kernel_name()
+    t_start = time.monotonic()
+    _run_notebooks(runs, names, _Where(nb_dir, run_dir, replay_dir), params, spec, kern, progress)
+    order = {n: i for i, n in enumerate(notebook_names())}
+    runs.sort(key=lambda r: order.get(r.name, 99))
+    if problems := list((scaleout or {}).get("problems") or []):
+        error = f"{len(problems)} scale-out problem{'' if len(problems) == 1 else 's'}: {'; '.join(problems)}"
+        runs.insert(0, NotebookRun(SCALEOUT, status="error", ename="ScaleOutError", error=error))
+    verdicts = collect_verdicts(run_dir)
+    code = exit_code_for(runs, verdicts)
+    info = {
+        "params_file": str(params_path),
+        "params_set": list(sets),
+        "name": params.name,
+        "description": params.description,
+        "exit_code": code,
+        "status": status_word(code, verdicts),
+        "wall_s": round(time.monotonic() - t_start, 2),
+        "finished": _dt.datetime.now().isoformat(timespec="seconds"),
+        "replay": _shown_path(replay_dir) if replay_dir else None,
+        "notebooks": [asdict(r) for r in runs],
+    }
+    if scaleout is not None:
+        info["scaleout"] = {k: v for k, v in scaleout.items() if k != "params"}
+    (run_dir / RUN_FILE).write_text(jsonsafe.dumps(jsonable(info), indent=2, default=str) + "\n")
+    _write_report(report, run_dir, link=new_default, screenshot=screenshot)
+    return SuiteResult(run_dir, code, status_word(code, verdicts), runs, verdicts)
+
+
+def _selection(
+    params: SuiteParams,
+    params_path: str | Path,
+    only: Iterable[str] | None,
+    tier: str | None,
+    replay_dir: Path | None,
+    scaleout: Mapping[str, Any] | None,
+) -> tuple[list[str], dict[str, str]]:
+    """(selected investigations, skipped name -> reason): ``only`` and ``tier`` applied, and on a
+    replay the investigations without a bundle skipped (:data:`NOT_MERGED` in a merge, else
+    :data:`NO_REPLAY_BUNDLE`). Raises ParamsError or SuiteError as :func:`run_suite`."""
+    try:
+        selected, skipped = select(params, only, tier)
+    except ValueError as exc:
+        raise ParamsError(str(exc)) from None
+    if replay_dir is not None:
+        check_replay_identity(replay_dir, selected, params, str(params_path))
+        for n in replay_plan(replay_dir, selected, allow_empty=scaleout is not None):
+            skipped[n] = NOT_MERGED if scaleout is not None else NO_REPLAY_BUNDLE
+            log.warning("--replay %s: no %s bundle: %s skipped", replay_dir, n, n)
+    return selected, skipped
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where a suite's notebooks come from and go: the notebooks directory, the run directory,
+    the replay directory (None: a measuring run)."""
+
+    nb_dir: Path
+    run_dir: Path
+    replay_dir: Path | None
+
+
+def _run_notebooks(
+    runs: list[NotebookRun],
+    names: list[str],
+    where: _Where,
+    params: SuiteParams,
+    spec: EngineSpec,
+    kern: str,
+    progress: bool,
+) -> None:
+    """Run the notebooks ``names`` in order, appending each one's :class:`NotebookRun` to
+    ``runs``, with the suite's bars and (when measuring) the reaper of what the kernels start.
+    Ctrl-C or SIGTERM stops the loop: the notebook under way is an error, the rest skipped."""
+    from tqdm.std import tqdm
+
+    run_dir, replay_dir = where.run_dir, where.replay_dir
+    # the bars write to a copy of the terminal's stderr: fd 2 goes to kernel logs meanwhile
+    bar_file = os.fdopen(os.dup(2), "w") if progress else sys.stderr
+    it = tqdm(names, desc="perfkit suite", unit="notebook", disable=not progress, file=bar_file)
+    planned = run_plan(params, [n for n in names if n != GATE]) if replay_dir is None else (0, 0)
+    bars = RunBars(bar_file, *planned, enabled=progress)
+    # if this process is killed outright, the reaper ends what its kernels started
+    (run_dir / "notebooks").mkdir(parents=True, exist_ok=True)
+    reaper = spawn_reaper(run_dir / "notebooks", spec.stop_grace_s) if replay_dir is None else None
+    try:
+        for name in it:
+            it.set_postfix_str(name)
+            r = _run_notebook(name, where, params, spec, kern, bars)
+            if r is None:
+                # Ctrl-C or SIGTERM (CI cancel): the kernel is shut down, its engine follows it
+                # (launch's parent-death signal); stop here, but still write the report (exit 2)
+                log.error("interrupted while running %s: writing the report of what ran", name)
+                runs.append(
+                    NotebookRun(
+                        name,
+                        status="error",
+                        ename="KeyboardInterrupt",
+                        error=f"interrupted (Ctrl-C or SIGTERM) while running {name}",
+                    )
+                )
+                done = {r.name for r in runs}
+                runs += [
+                    NotebookRun(n, status="skipped", reason="not run: interrupted")
+                    for n in names
+                    if n not in done
+                ]
+                break
+            runs.append(r)
+    finally:
+        stop_reaper(reaper)
+    bars.close()
+    it.close()
+
+
+def _run_notebook(
+    name: str, where: _Where, params: SuiteParams, spec: EngineSpec, kern: str, bars: RunBars
+) -> NotebookRun | None:
+    """Run one notebook into ``RUN/notebooks/``, ending what its kernel left running; its run
+    record (an error when the notebook is missing, its kernel stopped mid-launch or it wrote no
+    verdict), or None when interrupted (Ctrl-C or SIGTERM) while it ran."""
+    run_dir, replay_dir = where.run_dir, where.replay_dir
+    src = where.nb_dir / f"{name}.ipynb"
+    dst = run_dir / "notebooks" / f"{name}.ipynb"
+    if not src.exists():
+        return NotebookRun(name, status="error", error=f"notebook {src} not found", ename="FileNotFoundError")
+    # a stale verdict from an earlier run in the same directory must not count
+    stale = run_dir / name / VERDICT_FILE
+    if stale.exists():
+        stale.unlink()
+    log.info("running %s", src)
+    pfile = run_dir / "notebooks" / f"{name}.progress.jsonl"
+    # this process owns what the kernel launches: registered there, ended here if it
+    # outlives the kernel (perfkit.engine.owner)
+    registry_file = run_dir / "notebooks" / f"{name}.processes.jsonl"
+    watch = Watch.start(registry_file)
+    try:
+        with (
+            bars.watch(pfile, name, run_plan(params, [name])[1] if replay_dir is None else 0),
+            _env(REGISTRY_ENV, str(registry_file)),
+        ):
+            r = execute_notebook(
+                src,
+                dst,
+                notebook_parameters(name, params, run_dir, replay_dir),
+                cwd=run_dir,
+                timeout_s=params.timeout_s,
+                kernel=kern,
+                kernel_log=run_dir / "notebooks" / f"{name}.kernel.log",
+                progress_file=pfile,
+            )
+    except KeyboardInterrupt:
+        _end_outlived(watch, spec.stop_grace_s)
+        return None
+    r.outlived = _end_outlived(watch, spec.stop_grace_s)
+    if r.status == "error":
+        # a kernel that died mid-launch (cell timeout, kill) left a request in flight
+        r.in_flight = in_flight(pfile)
+        if r.in_flight:
+            r.error = (
+                f"{r.error}\nthe kernel stopped during launch {r.in_flight['launch']!r}, "
+                f"request {r.in_flight['request']}"
+            )
+        if r.outlived:
+            r.error = f"{r.error}\n{describe([Ended(**e) for e in r.outlived])}"
+    if r.status == "ok" and read_verdict(run_dir / name) is None:
+        r.status, r.ename = "error", "MissingVerdict"
+        r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"
+    return r
+
+
+def _write_report(report: Any, run_dir: Path, *, link: bool, screenshot: bool) -> None:
+    """summary.md (appended to ``$GITHUB_STEP_SUMMARY`` when set), report.html, the ``latest``
+    link (``link``: a new default directory) and report.png (``screenshot``, best effort)."""
+    summary = report.write_summary(run_dir)
+    gh = os.environ.get("GITHUB_STEP_SUMMARY")
+    if gh:
+        try:
+            with open(gh, "a", encoding="utf-8") as fh:
+                fh.write(summary + "\n")
+        except OSError as exc:
+            log.warning("cannot append to GITHUB_STEP_SUMMARY %s: %s", gh, exc)
+    html = report.render_report(run_dir)
+    if link:
+        link_latest(run_dir)
+    if screenshot:
+        try:
+            report.screenshot(html, run_dir / "report.png")
+        except Exception as exc:  # noqa: BLE001 - a screenshot is a nicety
+            log.warning("no screenshot: %s", exc)
+
+
+def _end_outlived(watch: Watch, grace_s: float) -> list[dict[str, Any]]:
+    """End what a notebook's kernel started and left running (:meth:`Watch.reap`); as dicts."""
+    return [e.to_dict() for e in watch.reap(grace_s=grace_s)]
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the perfkit checkout when inside it (what a committed report should
+    show), else absolute."""
+    try:
+        return str(path.resolve().relative_to(repo_root().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def merge_runs(
+    dirs: Iterable[str | Path],
+    out: str | Path,
+    *,
+    params_path: str | Path | None = None,
+    notebooks: str | Path | None = None,
+    screenshot: bool = True,
+    progress: bool = True,
+    force: bool = False,
+    allow_mixed_commits: bool = False,
+    sets: Sequence[str] = (),
+) -> SuiteResult:
+    """``perfkit merge DIR... --out RUN``: shard outputs joined into ``RUN/merged/``
+    (:func:`perfkit.scaleout.merge.merge_shards`), then :func:`run_suite` replaying them; its
+    problems (missing shards, failed units, other params, commits, engine) make exit 2
+    (``allow_mixed_commits``: other commits accepted).
+
+    Raises:
+        ParamsError: a bad ``params_path``. SuiteError: ``out`` holds another run (without
+            ``force``), or nothing could be merged (no readable shard, no unit output).
+    """
+    from perfkit.scaleout.manifest import MERGED_DIR
+    from perfkit.scaleout.merge import merge_shards
+
+    run_dir = Path(out).resolve()
+    params = load_params(params_path, sets) if params_path else None
+    prepare_run_dir(run_dir, force=force)
+    merged = run_dir / MERGED_DIR
+    if merged.exists():
+        if not force:
+            raise SuiteError(
+                f"--out {run_dir} already holds merged shards ({merged}): pass --force to replace them"
+            )
+        shutil.rmtree(merged)
+    try:
+        doc = merge_shards(dirs, merged, params, allow_mixed_commits=allow_mixed_commits)
+    except ValueError as exc:
+        raise SuiteError(f"merge: {exc}") from None
+    if not doc["merged"]:
+        # still a run: its report names every problem (the report is written in every case)
+        log.error(
+            "perfkit merge: no bundle could be merged: %s",
+            "; ".join(doc["problems"] or ["no units were planned"]),
+        )
+        if not doc["problems"]:
+            doc["problems"] = ["no units were planned: nothing was measured"]
+    return run_suite(
+        params_path or merged / "params.yaml",
+        run_dir,
+        replay=merged,
+        only=doc.get("only"),
+        tier=doc.get("tier"),
+        notebooks=notebooks,
+        screenshot=screenshot,
+        progress=progress,
+        scaleout=doc,
+        sets=sets if params_path else (),
+    )
+
+
+def run_units_suite(
+    params_path: str | Path,
+    out: str | Path | None = None,
+    *,
+    executor: str = "inprocess",
+    executor_options: Mapping[str, Any] | None = None,
+    only: Iterable[str] | None = None,
+    tier: str | None = None,
+    notebooks: str | Path | None = None,
+    screenshot: bool = True,
+    progress: bool = True,
+    force: bool = False,
+    sets: Sequence[str] = (),
+) -> SuiteResult:
+    """``perfkit suite --executor NAME``: every unit of work through that executor (one shard of
+    one, into ``RUN/shards/1/``), then :func:`merge_runs` into ``RUN``.
+
+    Raises:
+        ParamsError, SuiteError: as :func:`merge_runs`. ExecutorError: unknown or missing
+            executor (e.g. ``ray`` without ``perfkit[ray]``).
+    """
+    from perfkit.scaleout.executor import executor as get_executor
+    from perfkit.scaleout.shards import ShardInterrupted, run_shard
+
+    params = load_params(params_path, sets)
+    check_baseline_file(params, params_path)
+    get_executor(executor)  # fails before anything runs
+    run_dir = (Path(out) if out else default_out(params.name)).resolve()
+    prepare_run_dir(run_dir, force=force)
+    shard_dir = run_dir / "shards" / "1"
+    if shard_dir.exists():
+        shutil.rmtree(shard_dir)
+    try:
+        run_shard(
+            params_path,
+            shard_dir,
+            1,
+            1,
+            only=only,
+            tier=tier,
+            executor=executor,
+            executor_options=executor_options,
+            progress=progress,
+            sets=sets,
+        )
+    except ShardInterrupted as exc:  # the manifest keeps what finished: report it (exit 2)
+        log.error("%s", exc)
+    return merge_runs(
+        [shard_dir],
+        run_dir,
+        params_path=params_path,
+        notebooks=notebooks,
+        screenshot=screenshot,
+        progress=progress,
+        force=True,
+        sets=sets,
+    )

@@ -78,10 +78,9 @@ def kernel_name() -> str:
 
 @functools.cache
 def ipc_kernel_manager():
-    """Built on first use, so that the unit path (``--partition``, executors) runs on a GPU
-    host without the Jupyter stack. A jupyter_client kernel manager whose kernel listens on IPC sockets, not TCP: the
-    kernel is local, and ipykernel warns on every start that TCP without encryption is
-    readable by anyone on the host (the source of that warning, fixed rather than hidden)."""
+    """A jupyter_client kernel manager whose local kernel listens on IPC sockets, not TCP
+    (ipykernel warns that unencrypted TCP is readable by anyone on the host); built on first use
+    (GPU hosts without the Jupyter stack never import it)."""
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import Unicode
 
@@ -135,17 +134,10 @@ def execute_notebook(
     kernel_log: str | Path | None = None,
     progress_file: str | Path | None = None,
 ) -> NotebookRun:
-    """Run one notebook with papermill; never raises for a failing notebook.
-
-    ``kernel_log``: file that receives the kernel's own stderr (ipykernel's transport warnings,
-    shutdown noise) and papermill's log lines instead of the terminal.
-    ``progress_file``: where the kernel appends its progress events
-    (:mod:`perfkit.measuring.progress`; default ``<dst>.progress.jsonl``): no bar is drawn into
-    the notebook's saved outputs.
-
-    A notebook whose last cell raised :class:`perfkit.gate.outcome.GateFailed` (run with
-    ``fail_on="gate"``) ran to its end: its status is ``ok`` and its gate result is in its
-    ``verdict.json``, as for ``fail_on="never"``.
+    """Run one notebook with papermill; never raises for a failing notebook (a last cell's
+    :class:`perfkit.gate.outcome.GateFailed` is status ``ok``: the gate result is in its
+    verdict.json). ``kernel_log`` takes the kernel's stderr and papermill's log lines;
+    ``progress_file`` the kernel's progress events (default ``<dst>.progress.jsonl``).
     """
     import papermill as pm
 

@@ -5,13 +5,13 @@ the default ``outputs/<name>/<timestamp>`` directory and its ``latest`` link, th
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from perfkit.bundle import identity_differences, read_meta
 from perfkit.common.outdirs import stamped_dir
 from perfkit.common.provenance import repo_root
 from perfkit.common.slugs import slug
@@ -20,7 +20,6 @@ from perfkit.gate.run import resolve_baseline_file
 from perfkit.gate.verdicts import RUN_FILE
 from perfkit.gate.verdicts import notebooks as notebook_names
 from perfkit.measuring.progress import planned_requests
-from perfkit.nbparams import identity_differences
 from perfkit.params import ParamsError, SuiteParams
 from perfkit.scenarios import registry
 
@@ -69,7 +68,7 @@ SCALEOUT = "scale-out"
 
 #: skip reason of an investigation whose bundle the replay directory lacks
 NO_REPLAY_BUNDLE = "no bundle in replay dir"
-#: what a run directory holds once a suite ran there (see the module doc)
+#: what a run directory holds once a suite ran there
 RUN_OUTPUTS = (
     RUN_FILE,
     "params.yaml",
@@ -110,10 +109,9 @@ def check_baseline_file(params: SuiteParams, source: str | Path) -> None:
 
 
 def replay_plan(replay_dir: Path, selected: Iterable[str], *, allow_empty: bool = False) -> list[str]:
-    """The selected investigations without a bundle in ``replay_dir`` (they are skipped, never
-    launched). Raises :class:`SuiteError` when ``replay_dir`` is missing or, unless
-    ``allow_empty`` (a merge whose every unit failed: its report names why), holds no bundle of
-    the selected investigations."""
+    """The selected investigations without a bundle in ``replay_dir`` (skipped). Raises
+    :class:`SuiteError` when ``replay_dir`` is missing or, unless ``allow_empty`` (a merge whose
+    every unit failed), holds no bundle of them."""
     selected = list(selected)
     if allow_empty and replay_dir.is_dir():
         return [n for n in selected if not (replay_dir / n / "meta.json").exists()]
@@ -142,16 +140,13 @@ def replay_plan(replay_dir: Path, selected: Iterable[str], *, allow_empty: bool 
 
 def check_replay_identity(replay_dir: Path, names: Iterable[str], params: SuiteParams, source: str) -> None:
     """Raise :class:`SuiteError` when a replayed bundle was measured with another engine or
-    request shape than ``params`` describe (:func:`perfkit.nbparams.identity_differences`): case
-    ids and the baseline's hardware label come from the params, so such a replay would file one
-    engine's numbers under another's name. Bundles that record no params (hand-made ones) cannot
-    be checked and are logged."""
+    request shape than ``params`` describe (:func:`perfkit.bundle.identity_differences`): its
+    numbers would be filed under another engine's case ids. Bundles recording none are logged."""
     problems = []
     for name in names:
-        meta_file = replay_dir / name / "meta.json"
-        if not meta_file.exists():
+        if not (replay_dir / name / "meta.json").exists():
             continue
-        recorded = json.loads(meta_file.read_text()).get("params") or {}
+        recorded = read_meta(replay_dir / name).get("params") or {}
         if not recorded.get("spec") or not recorded.get("request"):
             log.warning(
                 "--replay %s: the %s bundle records no engine spec or request: not checked", replay_dir, name
