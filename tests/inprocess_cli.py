@@ -21,7 +21,7 @@ from perfkit.cli import cli
 def perfkit(*args: str, cwd: Path | str | None = None) -> subprocess.CompletedProcess:
     """Run ``perfkit ARGS`` (in ``cwd``) as a finished process would be seen: returncode, stdout,
     stderr. An exception the command does not turn into an exit code is raised here, not read
-    as exit 1 (a subprocess would have printed its traceback and exited 1)."""
+    as an exit code (a subprocess prints its traceback and exits 2)."""
     with contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext():
         res = CliRunner().invoke(cli, list(args))
     if res.exception is not None and not isinstance(res.exception, SystemExit):

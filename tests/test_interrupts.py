@@ -347,3 +347,22 @@ def test_a_signal_after_the_command_ended_keeps_its_exit_code(tmp_path, then):
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+
+
+def test_a_command_that_crashes_exits_2_with_its_traceback_never_1(tmp_path):
+    """An exception perfkit did not handle (Ray's raylet failing to start once did this) is an
+    error, exit 2, with its traceback and one line: Python's own exit 1 would read as a failed
+    check."""
+    script = tmp_path / "cmd.py"
+    script.write_text(
+        "import sys, click\n"
+        "from perfkit.common.exitcodes import run_click\n"
+        "@click.command()\n"
+        "def cmd():\n"
+        "    raise RuntimeError('raylet failed to start')\n"
+        "sys.exit(run_click(cmd, [], 'perfkit demo', process=True))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert "RuntimeError: raylet failed to start" in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().endswith("perfkit demo: crashed: no verdict (exit 2)"), done.stderr[-2000:]

@@ -85,8 +85,9 @@ def run_click(command: "click.Command", args: list[str], prog_name: str, *, proc
     traceback. Once interrupted, or once the command ended with ``process`` (this is the
     process's own command line), both signals are ignored until the process exits; an
     interrupted ``process`` exits there, its exit hooks bounded by :data:`EXIT_DEADLINE_S`. Bad
-    usage: click's message, exit 2; an unhandled OSError: one line, exit 2; output cut by its
-    reader (``| head``): :data:`EXIT_SIGPIPE`, quietly.
+    usage: click's message, exit 2; an unhandled OSError: one line, exit 2; any other exception:
+    its traceback and one line, exit 2 (Python's own 1 would read as a failed check); output cut
+    by its reader (``| head``): :data:`EXIT_SIGPIPE`, quietly.
     """
     import threading
 
@@ -179,8 +180,14 @@ def _run(command: "click.Command", args: list[str], prog_name: str) -> tuple[int
         else:
             print(f"{_words(command, args, prog_name)}: error: {exc}", file=sys.stderr)
             code = EXIT_ERROR
-    except BaseException:  # once interrupted, a library's failing cleanup (nbclient's) is the interrupt
-        if not _SEEN:
-            raise
+    except Exception:  # a crash is an error, never a verdict: exit 2, not Python's 1
+        if not _SEEN:  # once interrupted, a library's failing cleanup (nbclient's) is the interrupt
+            import traceback
+
+            traceback.print_exc()
+            print(
+                f"{_words(command, args, prog_name)}: crashed: no verdict (exit {EXIT_ERROR})",
+                file=sys.stderr,
+            )
         code = EXIT_ERROR
     return code, said
