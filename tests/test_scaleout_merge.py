@@ -5,7 +5,8 @@ warmup_shapes, memory_budget, offload_modes; a scenario of tier ``extra``: overh
 unsplit (through a local Ray: test_ray_suite's subject too; the in-process executor's unsplit
 run is test_suite's live ci-cpu run), then as shards 1/2 and 2/2 through the CLI (in process)
 and merged: same verdict, same tables bar timing values. A deleted shard, a failed unit and shards of other params exit 2, named; the six
-malformed manifests are six copies of shard 2/2 in one merge. The executor's mechanics (the
+malformed manifests are six copies of shard 2/2 in one merge, a failed unit and a lost table
+file one broken copy in one merge. The executor's mechanics (the
 inprocess executor, every unit failing) run the stand-in engine (tests/fake_engine.py)."""
 
 from __future__ import annotations
@@ -289,14 +290,31 @@ def test_shards_of_other_params_exit_2(runs, tmp_path):
     assert 'description "another" ≠' in proc.stderr or "description" in proc.stderr.split("other params")[1]
 
 
-def test_failed_unit_with_other_bundles_is_named_in_the_report(runs, tmp_path):
-    s2 = tmp_path / "s2"
+@pytest.fixture(scope="module")
+def broken_s2(runs, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path, dict, str]:
+    """One ``perfkit merge`` of shard 1/2 with a copy of shard 2/2 broken two ways, one unit each:
+    its first unit (warmup25) failed (the manifest's outcome: an error after 2 attempts), and its
+    second unit (cap1) ran but lost a table file (requests.parquet deleted). Each is read per unit,
+    so each is named on its own: one merge (its notebooks, gate and report) instead of two.
+    Returns (the merge, its run dir, the lost table's unit, the lost table's part id)."""
+    tmp = tmp_path_factory.mktemp("broken-s2")
+    s2 = tmp / "s2"
     shutil.copytree(runs["s2_dir"], s2)
     m = json.loads((s2 / shards.MANIFEST).read_text())
     m["outcomes"][0].update(status="error", error="RuntimeError: node lost", attempts=2)
     (s2 / shards.MANIFEST).write_text(json.dumps(m))
-    out = tmp_path / "merged"
+    unit = [u for u in m["units"] if u["shard"] == 2][1]
+    assert unit["id"] != m["outcomes"][0]["unit_id"]  # the lost table is in a unit that ran
+    part = unit["parts"][0]
+    pid = part["scenario"] + (f".{part['key']}" if part.get("key") else "")
+    (s2 / shards.UNITS_DIR / unit["id"] / pid / "requests.parquet").unlink()
+    out = tmp / "merged"
     proc = perfkit("merge", str(runs["s1_dir"]), str(s2), "--out", str(out), "-q", "--no-screenshot")
+    return proc, out, unit, pid
+
+
+def test_failed_unit_with_other_bundles_is_named_in_the_report(broken_s2):
+    proc, out, _, _ = broken_s2
     assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
     summary, report, run = _summary_and_report(out)
     for text in (summary, report, json.dumps(run)):
@@ -338,16 +356,8 @@ def test_executor_inprocess_runs_units_then_the_report(tmp_path):
     assert (out / "shards" / "1" / shards.MANIFEST).is_file() and (out / "report.html").is_file()
 
 
-def test_a_lost_table_file_is_named_not_read_as_empty(runs, tmp_path):
-    s2 = tmp_path / "s2"
-    shutil.copytree(runs["s2_dir"], s2)
-    m = json.loads((s2 / shards.MANIFEST).read_text())
-    unit = next(u for u in m["units"] if u["shard"] == 2)
-    part = unit["parts"][0]
-    pid = part["scenario"] + (f".{part['key']}" if part.get("key") else "")
-    (s2 / shards.UNITS_DIR / unit["id"] / pid / "requests.parquet").unlink()
-    out = tmp_path / "merged"
-    proc = perfkit("merge", str(runs["s1_dir"]), str(s2), "--out", str(out), "-q", "--no-screenshot")
+def test_a_lost_table_file_is_named_not_read_as_empty(broken_s2):
+    proc, out, unit, pid = broken_s2
     assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
     summary, report, run = _summary_and_report(out)
     for text in (summary, report, json.dumps(run["scaleout"]["problems"])):
