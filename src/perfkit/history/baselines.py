@@ -1,15 +1,6 @@
-"""sglang ``perf_baselines`` files across a repository's git history as history runs.
-
-Each commit that changed the file is one run (source ``perf-baselines``): its version's
-expected values, one per case × metric as for a perfkit run (:func:`perfkit.history.runs.
-case_values`: ``e2e_ms``, ``<Stage>_ms``, ...; the top-level ``load_peak_vram_mb`` /
-``runtime_peak_vram_mb`` maps count as the case's own keys), at the commit's committer time.
-The series then show expected values moving as pull requests tighten or loosen them (e.g.
-sglang's 5090 case, DecodingStage 26,550 → 13,000 ms by hand). Hardware: ``--hardware``, else
-the file's ``metadata.hardware``, else the file name (``perf_baselines/h100.json`` → ``h100``,
-``perf_baselines_5090.json`` → ``5090``, ``perf_baselines.json`` → ``default``).
-Tolerances, flat (the oldest versions) or profiled, are read as sglang reads them; a version
-that cannot be read is skipped with a note naming its commit and why, never aborting the others.
+"""sglang ``perf_baselines`` files across a repository's git history as history runs (source
+``perf-baselines``): one run per commit that changed the file, at its committer time; a version
+that cannot be read is skipped with a note. Hardware and tolerance rules: docs/history.md ("Sources").
 """
 
 from __future__ import annotations

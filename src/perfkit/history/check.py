@@ -1,21 +1,7 @@
-"""``perfkit history check RUN``: is this run's value a new step against its series?
-
-Not a fixed percentage: each value is judged against the current level of its own series
-(hardware × case × metric) in the store, i.e. the runs since the series' last change point
-(:mod:`perfkit.history.changepoints`), outliers and gaps left out. The run is a new step when
-its value lies outside the level's prediction interval on log values,
-``mean ± t(1 − max_pvalue/2, n − 1) · sd · √(1 + 1/n)`` (the interval a next run of that level
-falls in with probability 1 − max_pvalue; runs beyond 4 robust sd out of ``sd``), and differs
-from the level's mean by more than ``min_step`` (5 %, sglang's own tolerance). A two-level level
-(runs alternating between two modes, :func:`perfkit.history.changepoints.two_modes`) has an
-interval per mode: a run in either mode, or between them, is ok. A level whose interval is
-wider than ``max_step`` (50 %) is "not gated" (its noise, and the smallest step it could see),
-never ok. One run cannot tell a step from a single-run outlier: by default (``confirm_runs`` 2)
-only the second run in a row above the level is a regression, the first "unconfirmed" (exit 0;
-``confirm_runs`` 1 alarms at once), and the history sorts it out once later runs are in.
-
-Exit codes (the one rule, :mod:`perfkit.gate.verdicts`): 0 no regression step, 1 a regression
-step, 2 bad input or nothing compared (no series with enough runs, every value a gap).
+"""``perfkit history check RUN``: is each value of this run a new step against the current level
+of its series (its prediction interval, two modes, not gated, confirm runs)? The rule and exit
+codes (0 no regression step, 1 a regression step, 2 bad input or nothing compared):
+docs/history.md ("Gate").
 """
 
 from __future__ import annotations

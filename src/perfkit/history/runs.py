@@ -1,28 +1,7 @@
-"""perfkit's own runs as history runs: a suite run or a merged run (its ``baseline.json``), an
-A/B output (each side's bundle: ``ab-A``, ``ab-B``) or a single bundle directory.
-
-Values come from the sglang-layout case entries (:func:`perfkit.gate.baseline.from_bundle`,
-the numbers the baseline gate compares), one per case × metric:
-
-====================================  =====================  ====
-case entry key                        metric                 unit
-====================================  =====================  ====
-``expected_e2e_ms``                   ``e2e_ms``             ms
-``stages_ms.<Stage>``                 ``<Stage>_ms``         ms
-``expected_avg_denoise_ms``           ``avg_denoise_step_ms``  ms
-``expected_median_denoise_ms``        ``median_denoise_step_ms``  ms
-``expected_load_ms``                  ``load_ms``            ms
-``expected_first_result_ms``          ``first_result_ms``    ms
-``<name>_vram_mb`` / ``_allocated_mb``  ``<name>_vram_mib`` / ``_allocated_mib``  MiB
-====================================  =====================  ====
-
-sglang writes 0.0 for the denoise averages of a case without denoising steps; such a 0.0 is
-"not applicable" and is left out (never stored as a value).
-
-The commit measured is ``--commit`` when given, else the bundles' ``git_commit`` (perfkit's
-checkout, which is the engine's code for the reference engine); the time is ``run.json``'s
-``finished``, else ``baseline.json``'s modification time; an A/B side's is ``ab.json``'s
-modification time, a bundle's its ``meta.json``'s (the provenance says which).
+"""perfkit's own runs as history runs: a suite or merged run (its ``baseline.json``), an A/B
+output (sides ``ab-A``, ``ab-B``) or a bundle directory; values from the sglang-layout case
+entries (:func:`perfkit.gate.baseline.from_bundle`). Metrics, units, commit and time rules:
+docs/history.md ("Sources").
 """
 
 from __future__ import annotations
