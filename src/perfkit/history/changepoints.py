@@ -21,30 +21,21 @@ from perfkit.common.numfmt import json_float, number_text
 
 @dataclass(frozen=True)
 class Settings:
-    """Detection settings (unitless).
+    """Detection settings (unitless; the rules: docs/history.md, "Change points", "Gate").
 
     Attributes:
-        max_pvalue: a step is kept when the t-test between its segments gives p below this.
-        min_magnitude: ... and its relative size (max of after/before − 1 and before/after − 1)
-            is above this.
+        max_pvalue, min_magnitude: a step's t-test p is below, its relative size above these.
         window_len: Otava's sliding window (points).
-        outlier_sigmas: a single-run outlier is this many robust noise units from both sides.
-        outlier_min: ... and at least this relative difference from both sides.
+        outlier_sigmas, outlier_min: a single-run outlier's distance from both sides, in robust
+            noise units and relative.
         confidence: of the step size interval.
-        min_segment: a level needs this many runs (fewer: the change point next to it is
-            dropped, merging those runs into the nearer level).
-        mode_gap: a level is two-level (bimodal) when a two-means split of its log values
-            leaves an empty gap between the modes wider than this many pooled standard
-            deviations of the modes, ...
-        min_mode_share: ... each mode holds at least this share of the level's runs (and
-            ``min_segment`` runs), and the modes differ by more than ``min_magnitude``.
-        max_step: the gate judges a level only when the smallest step it could see (its
-            prediction interval's half width, relative) is at most this; else "not gated".
-        robust_from, trim_sigmas: a level of this many runs or more leaves the runs beyond
-            ``trim_sigmas`` robust standard deviations (1.4826 × MAD) out of its sd.
-        min_step: the gate's interval is at least this wide (sglang's nightly tolerates 5 %).
-        confirm_runs: the gate calls a regression only when this many runs in a row are
-            above the level (2: this run and the one before; 1: this run alone).
+        min_segment: runs a level needs.
+        mode_gap, min_mode_share: two modes' empty gap (pooled sd) and least share of runs.
+        max_step: the largest relative step a gated level may hide ("not gated" above).
+        robust_from, trim_sigmas: from this many runs, runs beyond ``trim_sigmas`` robust sd
+            (1.4826 × MAD) are left out of a level's sd.
+        min_step: the gate's least interval half width (sglang's nightly tolerates 5 %).
+        confirm_runs: runs in a row above the level for a regression.
     """
 
     max_pvalue: float = 0.001
@@ -113,10 +104,6 @@ class Analysis:
     outliers: list[tuple[Point, float]] = field(default_factory=list)  # (point, ratio to neighbours)
     gaps: list[Point] = field(default_factory=list)
     noise: float = math.nan  # robust relative run-to-run noise (log units ~ fraction)
-
-    @property
-    def series(self) -> str:
-        return f"{self.case_id} {self.metric}"
 
     def level(self, settings: Settings | None = None) -> Level | None:
         """The current level's model (:func:`level_model` of :meth:`segment_values`)."""

@@ -87,11 +87,8 @@ class Judgement:
 def judge(
     history: Sequence[cp.Point], value: float, *, metric: str, settings: cp.Settings = cp.Settings()
 ) -> Judgement:
-    """Judge one value (> 0) against the current level of ``history`` (points in time order):
-    its model (:func:`perfkit.history.changepoints.level_model`), one mode or two. Inside a
-    mode's interval, or between two modes, is ok; above (below) them all a regression
-    (improvement) when higher is worse; a level whose smallest visible step exceeds
-    ``max_step`` is not gated."""
+    """Judge one value (> 0) against the current level of ``history`` (points in time order),
+    its :func:`perfkit.history.changepoints.level_model` (rules: docs/history.md, "Gate")."""
     a = cp.analyse(history, metric=metric, settings=settings)
     seg = a.segment_values()
     lv = cp.level_model(seg, settings)
@@ -132,9 +129,8 @@ def _confirmed(history: Sequence[cp.Point], metric: str, settings: cp.Settings) 
 def check_runs(
     frame: pd.DataFrame, runs: Sequence[HistoryRun], settings: cp.Settings = cp.Settings()
 ) -> CheckResult:
-    """Check every value of ``runs`` against the series in ``frame`` (a store frame,
-    :func:`perfkit.history.store.read_store`), using only the runs before each checked run
-    (the run itself, if stored, is left out)."""
+    """Check every value of ``runs`` against the series in ``frame`` (a store frame), using
+    only the runs before each checked run (the run itself left out)."""
     rows: list[CheckRow] = []
     groups = dict(tuple(frame.groupby(["hardware", "case_id", "metric"]))) if not frame.empty else {}
     for run in runs:

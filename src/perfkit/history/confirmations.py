@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -73,20 +72,13 @@ class Confirmation:
         if self.outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {self.outcome!r}")
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (the time as ISO text)."""
-        d = asdict(self)
-        d["time"] = self.time.isoformat()
-        return d
-
 
 def _num(x: float | None) -> float | None:
     return None if x is None or x != x else float(x)
 
 
 def add_confirmation(store: str | Path, c: Confirmation) -> Path:
-    """Store ``c`` as ``STORE/confirmations/<digest>.parquet`` (temporary name, then renamed,
-    under the store's lock). Returns the file."""
+    """Store ``c`` as ``STORE/confirmations/<digest>.parquet``. Returns the file."""
     store = Path(store)
     row = {k: [getattr(c, k)] for k in COLUMNS}
     row["launches"] = [json.dumps(c.launches, sort_keys=True)]

@@ -47,8 +47,7 @@ class _File(BaseModel):
 
 @functools.lru_cache(maxsize=4096)
 def _labels(model: str | None, task: str | None, framework: str) -> dict[str, str | None]:
-    """One shared (never mutated) dict per distinct label set: 500,000 values need not carry
-    500,000 dicts."""
+    """One shared (never mutated) dict per distinct label set."""
     return {"model": model, "task": task, "framework": framework}
 
 

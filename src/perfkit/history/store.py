@@ -139,12 +139,8 @@ def _files(store: Path) -> list[Path]:
 
 
 def _check_files(files: Sequence[Path]) -> None:
-    """Each file is a parquet file with every column of :data:`COLUMNS`.
-
-    Raises:
-        HistoryError: a file that is not parquet (e.g. truncated by a full disk, or a stray
-            file) or lacks a column; names the file.
-    """
+    """Raise HistoryError (naming the file) unless each file is parquet with every column of
+    :data:`COLUMNS` in a compatible type."""
     for f in files:
         try:
             schema = pq.read_schema(f)
