@@ -26,9 +26,8 @@ def make_setup(
     warm: int = 3,
     build_timeout_s: float | None = None,
 ) -> ProbeSetup:
-    """A :class:`ProbeSetup` from the command's options (``design``: ``perfkit ab``'s sequential
-    design, paired or not; None: 2 to 6 launches a side, unpaired; ``thresholds``: per-metric,
-    from ``--threshold-from``).
+    """A :class:`ProbeSetup` from the command's options (``design`` None: 2 to 6 launches a
+    side, unpaired; ``thresholds``: per-metric, from ``--threshold-from``).
 
     Raises:
         BisectError: the spec file is missing.

@@ -1,10 +1,5 @@
-"""Git for the bisection: the commit range, each commit's subject and author date, and probe
-checkouts as detached worktrees (``git worktree add --detach``) in a temporary directory.
-
-The user's checkout is never touched: no checkout, reset or stash; ``git worktree add`` writes
-only under ``.git/worktrees/`` (its HEAD and index are the new worktree's), and every worktree
-is removed (``git worktree remove --force``, then ``git worktree prune``) when its context ends,
-also on an error or an interrupt.
+"""Git for the bisection: the commit range, subjects and author dates, and probe checkouts as
+detached worktrees in a temporary directory, always removed; the user's checkout is never touched.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from perfkit.engine.owner import run_bounded
-from perfkit.history.baselines import git as _git
+from perfkit.history.runs import git as _git
 
 log = logging.getLogger(__name__)
 

@@ -1,18 +1,6 @@
-"""``perfkit history confirm SERIES CHANGE``: does the A/B between the commits on either side of a
-change point of the history say what the history says?
-
-The step (:func:`perfkit.history.confirmations.find_step`) names its last run before and its
-first run after; their commits are checked out as detached worktrees of the engine's
-repository (:mod:`perfkit.bisect.checkout`), built and compared by ``perfkit ab``'s sequential
-A/B (before = A, after = B; :mod:`perfkit.bisect.probe`) on the series' metric:
-
-- **confirmed**: the A/B decides the step's direction (a regression step: ``regression``; an
-  improvement step: ``improvement``); exit 0;
-- **not reproduced**: it decides anything else (``no change``, or the other direction); exit 1;
-- **undecided**: still inconclusive at the A/B's maximum launches; exit 1 (nobody is blamed);
-- **error**: a build or a launch failed, or the metric was not measured; exit 2.
-
-The outcome is stored next to the step (:func:`perfkit.history.confirmations.add_confirmation`).
+"""``perfkit history confirm SERIES CHANGE``: an A/B between the commits on either side of a
+history change point (before = A, after = B) on the series' metric; outcome confirmed (exit 0),
+not reproduced or undecided (1), error (2), stored next to the step. See docs/history.md ("Confirm").
 """
 
 from __future__ import annotations
@@ -30,7 +18,7 @@ from perfkit.common.jsonsafe import finite
 from perfkit.history.changepoints import Step
 from perfkit.history.confirmations import Confirmation, add_confirmation, find_step
 
-#: outcome -> exit code (module doc)
+#: outcome -> exit code
 EXIT_CODES = {"confirmed": 0, "not reproduced": 1, "undecided": 1, "error": 2}
 RESULT_FILE = "confirm.json"
 
@@ -122,10 +110,9 @@ def confirm(
     metric: str | None = None,
     tmp: str | Path | None = None,
 ) -> ConfirmResult:
-    """Run the A/B between the commits on either side of step ``change`` of ``series`` (see
-    :func:`perfkit.history.confirmations.find_step`), store its outcome next to the step and
-    write ``out/confirm.json`` and the probe's A/B under ``out/probe/``. The A/B compares
-    ``metric``, else the series' own (:func:`ab_metric`); ``setup.metric`` is not read.
+    """A/B the commits either side of step ``change`` of ``series`` on ``metric`` (else
+    :func:`ab_metric` of the series'; ``setup.metric`` is not read), store the outcome and
+    write ``out/confirm.json`` and the probe's A/B under ``out/probe/``.
 
     Raises:
         HistoryError: no such series or step.

@@ -1,21 +1,6 @@
-"""One probe: build a checkout, point the engine spec at it, and run ``perfkit ab``'s sequential
-A/B of it against a reference checkout on one metric.
-
-The engine spec (a spec YAML or a params file, as ``perfkit ab --a`` takes) is read once per
-checkout with every ``{checkout}`` in its text replaced by the checkout's absolute path, so its
-command, ``env`` or ``extra_args`` can refer to the probe's files. Two ways to build a probe:
-
-- **Python overlay** (``python_path``, a directory inside the checkout, e.g. ``python`` for
-  sglang, ``.`` for a flat repository): prepended to the engine's ``PYTHONPATH``, as most sglang
-  diffusion pull requests change only Python;
-- **a build command** (``build``, a shell line run in the checkout before the spec is read,
-  e.g. ``pip install --target .probe-site . && ...``): a non-zero exit is that probe's error
-  (its output in ``build.log``), never a verdict.
-
-The statistics are ``perfkit ab``'s own (:func:`perfkit.ab.sequential.run_sequential` and
-:func:`perfkit.ab.sequential.decide_sequential`, gating on the one metric; the outputs by
-:func:`perfkit.report.ab.write_ab_outputs`), so a probe's verdict is exactly what ``perfkit ab``
-would say of the two checkouts.
+"""One probe: build a checkout (``build`` or the ``python_path`` overlay), read the engine spec
+for it (``{checkout}`` filled), and run ``perfkit ab``'s sequential A/B of it against a reference
+checkout on one metric, so a verdict is what ``perfkit ab`` would say. See docs/history.md ("Probe builders").
 """
 
 from __future__ import annotations
@@ -75,9 +60,8 @@ class ProbeSetup:
     thresholds: dict[str, float] = field(default_factory=dict)
 
     def require_varies(self) -> None:
-        """Raise BisectError unless a probe's engine can depend on its commit: a build command,
-        the Python overlay, or ``{checkout}`` in the spec. Without any, every probe runs the same
-        engine and any verdict is noise."""
+        """Raise BisectError unless a probe's engine can depend on its commit (a build command,
+        the Python overlay, or ``{checkout}`` in the spec)."""
         if self.build or self.python_path is not None:
             return
         try:
@@ -195,9 +179,8 @@ def compare(
     commit: Commit,
     position: int,
 ) -> Probe:
-    """The sequential A/B of ``probe`` (side B) against ``ref`` (side A) on ``setup.metric``,
-    its outputs under ``out``. Never raises for engine failures: a failed launch or an
-    unmeasured metric is the probe's ``error``."""
+    """The sequential A/B of ``probe`` (B) against ``ref`` (A) on ``setup.metric``, outputs under
+    ``out``; a failed launch or an unmeasured metric is the probe's ``error``, never raised."""
     t0 = time.time()
     spec_a, req_a = ref
     spec_b, req_b = probe

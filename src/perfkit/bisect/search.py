@@ -1,26 +1,6 @@
-"""``perfkit bisect``: the first bad commit between a good and a bad one, an A/B at each probe.
-
-The commits after ``good`` up to ``bad`` along the first-parent line are positions 1..n (``bad``
-is n). The search keeps ``lo`` (the last position known good; 0 is the good commit) and ``hi``
-(the first known bad; n is assumed bad until probed) and probes the untried position nearest the
-middle of (lo, hi). Each probe is a sequential A/B of that commit (side B) against the good
-commit (side A) on one metric (:mod:`perfkit.bisect.probe`): a regression moves ``hi`` down,
-no change or an improvement moves ``lo`` up. A probe that is **undecided** (still inconclusive
-at the A/B's maximum launches: the sequential rule has already added launches) or **failed**
-(its build or a launch) is never guessed: it is skipped, as ``git bisect skip`` does, and the
-search tries the next position nearest the middle.
-
-It ends when:
-
-- ``hi − lo = 1`` and ``hi`` was probed bad: **found** (exit 0);
-- the bad commit itself (position n) probed good: **not reproduced** (exit 1);
-- every position left in (lo, hi) was skipped, or the bad commit could not be decided:
-  **not decided** (exit 2), naming the range (lo, hi] the first bad commit lies in and each
-  probe that could not be decided, with why.
-
-The bad commit is probed only when the search needs it (every other probe was good), so n
-commits take ⌈log2 n⌉ probes when every probe decides (16 commits: 4; with the bad commit's
-own: 5 at most).
+"""``perfkit bisect``: the first bad commit between a good and a bad one (first-parent positions
+1..n), a sequential A/B at each probe; undecided or failed probes skipped, never guessed. Ends
+found (exit 0), not reproduced (1), not decided (2): docs/history.md ("Search").
 """
 
 from __future__ import annotations
@@ -145,9 +125,8 @@ def bisect(
     tmp: str | Path | None = None,
 ) -> BisectResult:
     """Find the first commit after ``good`` up to ``bad`` whose ``setup.metric`` regressed
-    against ``good`` (module doc), writing ``out/bisect.json`` and each probe's A/B under
-    ``out/probes/<position>-<commit>/``. Worktrees go in temporary directories (under ``tmp``
-    when given) and are removed whatever happens.
+    against ``good``, writing ``out/bisect.json`` and each probe's A/B under
+    ``out/probes/<position>-<commit>/`` (worktrees under ``tmp`` when given).
 
     Raises:
         BisectError: bad input (a repository, a commit, the spec). A good commit that cannot be

@@ -92,14 +92,10 @@ def _replay_series(a: cp.Analysis, settings: cp.Settings) -> dict[str, Any]:
 
 
 def replay(runs: Sequence[HistoryRun], settings: cp.Settings = cp.Settings()) -> pd.DataFrame:
-    """Replay ``runs`` day by day: each measured value judged by ``history check``'s
-    :func:`perfkit.history.check.judge` against the runs before it (the store as it was that
-    day), beside sglang's 5 % rule (:func:`perfkit.history.changepoints.last3_alarms`). An
-    alarm is "at a step" when its run is the onset of a regression step of the whole history
-    (:func:`perfkit.history.changepoints.analyse`): in the step's new level, nearer the new
-    level's mean than the old one's, not an outlier, on a day the gate's level still began
-    before the step; every other alarm is false. ``perfkit``: ``history check`` with ``settings``
-    (default: 2 runs in a row); ``confirm1``: ``--confirm 1`` (also each "unconfirmed" run).
+    """Replay ``runs`` day by day: each measured value judged by
+    :func:`perfkit.history.check.judge` against the runs before it, beside sglang's 5 % rule
+    (:func:`perfkit.history.changepoints.last3_alarms`); "at a step" as in docs/history.md
+    ("Replay"). ``perfkit``: ``settings``; ``confirm1``: ``--confirm 1``.
 
     Returns:
         one row per case: ``case``, ``runs`` (measured), ``steps`` (regression steps of the
@@ -117,11 +113,9 @@ def _run(p: cp.Point) -> dict[str, Any]:
 
 
 def changes(analyses: Sequence[cp.Analysis]) -> dict[str, list[dict[str, Any]]]:
-    """``perfkit history changes`` as data: ``steps`` (every change point: hardware, case,
-    metric, unit, its ``number`` in the series as ``history confirm`` takes it, the last run
-    before and first run after, level means, ``change_pct`` with its 95 % interval, kind,
-    runs either side) and ``events`` (:func:`perfkit.history.changepoints.events`: the
-    narrowest common commit range and each series moved)."""
+    """``perfkit history changes`` as data: ``steps`` (every change point with its ``number``
+    in the series, as ``history confirm`` takes it) and ``events`` (the narrowest common commit
+    range and each series moved)."""
     steps = []
     for a in analyses:
         for n, s in enumerate(a.steps, 1):

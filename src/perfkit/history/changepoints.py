@@ -1,38 +1,6 @@
 """Change points, outliers and gaps in one series (hardware × case × metric), and events across
-series.
-
-The library: Apache Otava (``apache-otava``, the Python package of the E-Divisive change point
-detector that MongoDB published as ``signal-processing-algorithms`` and then gave to Apache as
-Hunter/Otava): :func:`otava.analysis.compute_change_points` splits the series in sliding
-windows with E-Divisive, then keeps a change only when a two-sided t-test between the
-neighbouring segments gives ``p < max_pvalue`` and its relative size exceeds ``min_magnitude``
-(Fleming et al., "Hunter: Using Change Point Detection to Hunt for Performance Regressions",
-ICPE 2023). No per-metric threshold: the series' own noise decides. ``signal-processing-
-algorithms`` itself cannot be installed beside torch 2.13 (it pins ``numpy<2`` and
-``setuptools<71``; pip then downgrades torch).
-
-What is done around it, per series (points ordered by run time):
-
-1. **Gaps**: a missing value (an error, a null, a non-positive number) is a gap: kept with its
-   reason, left out of everything else, never 0.
-2. **Outliers**: a point is a single-run outlier when it differs, in the same direction, from
-   both the median of up to 3 points before it and the median of up to 3 points after it, by
-   more than ``outlier_sigmas`` robust noise units and by more than ``outlier_min`` (relative),
-   while those two medians agree with each other better than with it; and, once the steps
-   are known, when it lies that far from the median of its own level (a level of at least
-   2 × ``min_segment`` runs, and not the series' first or last run, which have no
-   neighbour on one side; the steps are then searched again without it). Noise: the MAD of the
-   series' successive log differences / √2 (steps are a few large differences, so they barely
-   move it). Outliers are reported, then left out of the change point search: a single run is
-   never a step.
-3. **Steps**: Otava on the remaining values. Each step gets its commit range (the last run
-   before it and the first run after it, with the gaps and outliers between them), its size
-   as the ratio of the segment means (after / before) with a 95 % Welch t interval on the log
-   values of the two segments, and regression or improvement (higher is worse for times and
-   memory; see :func:`higher_is_worse`).
-
-Across series, :func:`events` groups steps of one hardware whose commit ranges share a time:
-one cause (a merge, a dependency bump, a runner change) moving many cases at once.
+series: Apache Otava's E-Divisive with perfkit's outlier, pruning and two-mode rules around it.
+The rules, their sources and limits: docs/history.md ("Change points", "Gate").
 """
 
 from __future__ import annotations
@@ -53,30 +21,21 @@ from perfkit.common.numfmt import json_float, number_text
 
 @dataclass(frozen=True)
 class Settings:
-    """Detection settings (unitless).
+    """Detection settings (unitless; the rules: docs/history.md, "Change points", "Gate").
 
     Attributes:
-        max_pvalue: a step is kept when the t-test between its segments gives p below this.
-        min_magnitude: ... and its relative size (max of after/before − 1 and before/after − 1)
-            is above this.
+        max_pvalue, min_magnitude: a step's t-test p is below, its relative size above these.
         window_len: Otava's sliding window (points).
-        outlier_sigmas: a single-run outlier is this many robust noise units from both sides.
-        outlier_min: ... and at least this relative difference from both sides.
+        outlier_sigmas, outlier_min: a single-run outlier's distance from both sides, in robust
+            noise units and relative.
         confidence: of the step size interval.
-        min_segment: a level needs this many runs (fewer: the change point next to it is
-            dropped, merging those runs into the nearer level).
-        mode_gap: a level is two-level (bimodal) when a two-means split of its log values
-            leaves an empty gap between the modes wider than this many pooled standard
-            deviations of the modes, ...
-        min_mode_share: ... each mode holds at least this share of the level's runs (and
-            ``min_segment`` runs), and the modes differ by more than ``min_magnitude``.
-        max_step: the gate judges a level only when the smallest step it could see (its
-            prediction interval's half width, relative) is at most this; else "not gated".
-        robust_from, trim_sigmas: a level of this many runs or more leaves the runs beyond
-            ``trim_sigmas`` robust standard deviations (1.4826 × MAD) out of its sd.
-        min_step: the gate's interval is at least this wide (sglang's nightly tolerates 5 %).
-        confirm_runs: the gate calls a regression only when this many runs in a row are
-            above the level (2: this run and the one before; 1: this run alone).
+        min_segment: runs a level needs.
+        mode_gap, min_mode_share: two modes' empty gap (pooled sd) and least share of runs.
+        max_step: the largest relative step a gated level may hide ("not gated" above).
+        robust_from, trim_sigmas: from this many runs, runs beyond ``trim_sigmas`` robust sd
+            (1.4826 × MAD) are left out of a level's sd.
+        min_step: the gate's least interval half width (sglang's nightly tolerates 5 %).
+        confirm_runs: runs in a row above the level for a regression.
     """
 
     max_pvalue: float = 0.001
@@ -146,10 +105,6 @@ class Analysis:
     gaps: list[Point] = field(default_factory=list)
     noise: float = math.nan  # robust relative run-to-run noise (log units ~ fraction)
 
-    @property
-    def series(self) -> str:
-        return f"{self.case_id} {self.metric}"
-
     def level(self, settings: Settings | None = None) -> Level | None:
         """The current level's model (:func:`level_model` of :meth:`segment_values`)."""
         return level_model(self.segment_values(), settings or Settings())
@@ -185,8 +140,7 @@ def robust_noise(values: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class Mode:
-    """One mode of a level: its geometric mean, the prediction interval of a next run of it
-    (``low`` .. ``high``, the values' unit) and its runs."""
+    """One mode of a level: geometric mean, next run's prediction interval (values' unit), runs."""
 
     mean: float
     low: float
@@ -196,9 +150,8 @@ class Mode:
 
 @dataclass(frozen=True)
 class Level:
-    """A level's runs as the gate sees them: one mode, or two (a two-level series: e.g. a
-    runner that alternates between two speeds). ``noise``: the modes' pooled standard deviation
-    of log values (a fraction, 0.01 = 1 %) over ``n`` runs."""
+    """A level as the gate sees it: one mode or two; ``noise`` the modes' pooled sd of log values
+    (a fraction) over ``n`` runs."""
 
     modes: tuple[Mode, ...]
     noise: float
@@ -218,12 +171,7 @@ class Level:
 
 def two_modes(y: np.ndarray, s: Settings) -> np.ndarray | None:
     """Labels (0 lower mode, 1 upper) of log values ``y`` (shape (n,), time order) when they
-    form two levels, else None: :func:`scipy.cluster.vq.kmeans2` from the 10th and 90th
-    percentiles; two levels when each side holds ``min_segment`` runs and ``min_mode_share``
-    of them, the empty gap between the sides is wider than ``mode_gap`` pooled standard
-    deviations, their means differ by more than ``min_magnitude``, and they alternate (at
-    least ``min_segment`` switches in time order: one block of runs at another level is a
-    step, not a mode)."""
+    form two alternating levels (:class:`Settings` ``mode_gap``, ``min_mode_share``), else None."""
     from scipy.cluster.vq import ClusterError, kmeans2
 
     n = y.size
@@ -249,10 +197,8 @@ def two_modes(y: np.ndarray, s: Settings) -> np.ndarray | None:
 
 def level_model(values: Sequence[float], s: Settings = Settings()) -> Level | None:
     """The gate's model of a level's values (> 0, at least ``min_segment``; else None): one
-    mode, or two (:func:`two_modes`), each with the prediction interval of a next run on log
-    values, ``mean ± t(1 − max_pvalue/2, df) · sd · √(1 + 1/n_mode)``, ``sd`` pooled over the
-    modes with ``df`` = runs − modes (from ``robust_from`` runs, the runs beyond ``trim_sigmas``
-    robust sd of their mode's median left out), and at least ``min_step`` wide."""
+    mode or two (:func:`two_modes`), each with the prediction interval of a next run on log
+    values, ``mean ± t(1 − max_pvalue/2, df) · sd · √(1 + 1/n_mode)``, at least ``min_step`` wide."""
     y = np.log(np.asarray(values, dtype=float))
     if y.size < s.min_segment:
         return None
@@ -296,16 +242,11 @@ def _step(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[float | None
 
 
 def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
-    """Drop change points until every level has ``min_segment`` runs and every step passes a
-    Welch t-test on log values at ``max_pvalue`` (divided by runs / 100 beyond 100 runs; Otava's
-    own test uses the population standard deviation, which overstates small levels), has an
-    interval that excludes "no change" and a size above ``min_magnitude``. A short level merges
-    into the nearer neighbouring level (by log mean); else the step with the weakest Welch test
-    goes first (Otava's merge step, repeated once the short levels are gone)."""
+    """Drop change points until every level has ``min_segment`` runs (a short one merges into
+    the nearer neighbour) and every step passes a Welch t-test on logs at ``max_pvalue`` (/ runs
+    / 100 beyond 100 runs), excludes "no change" and exceeds ``min_magnitude``; weakest first."""
     logv = np.log(vals)
     idx = list(idx)
-    # a long series offers E-Divisive many windows to find a chance level in: the test's p is
-    # divided by the number of windows beyond the first 100 runs (Bonferroni)
     alpha = s.max_pvalue / max(1.0, vals.size / 100)
     while idx:
         b = [0, *idx, vals.size]
@@ -336,9 +277,8 @@ def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
 
 
 def _restore_modes(y: np.ndarray, bounds: list[tuple[int, int]], out: dict[int, float], s: Settings) -> None:
-    """Runs of a two-level series' second mode are no outliers: per level (``bounds``: index
-    ranges of ``y``, the log values), when its runs and outliers within ``P10 ± (P90 − P10)``
-    form two modes (:func:`level_model`), the outliers inside a mode's interval leave ``out``."""
+    """Drop from ``out`` the outliers inside a mode's interval of a two-mode level (``bounds``:
+    index ranges of ``y``, the log values; runs within ``P10 ± (P90 − P10)`` modelled)."""
     for a, b in bounds:
         seg, cands = y[a:b], [j for j in out if a <= j < b]
         if seg.size < 2 * s.min_segment or not cands:
@@ -362,16 +302,8 @@ def analyse(
     unit: str = "",
     settings: Settings = Settings(),
 ) -> Analysis:
-    """Gaps, single-run outliers and steps of one series (see the module doc for the rules).
-
-    Args:
-        points: the series' runs in time order (one value each; None = gap).
-        hardware, case_id, metric, unit: the series' name (metric decides regression vs
-            improvement: :func:`higher_is_worse`).
-
-    Returns:
-        :class:`Analysis`; steps ordered by time, ``index`` being the position of
-        ``after`` in ``points``.
+    """Gaps, single-run outliers and steps of ``points`` (time order; None = gap); steps in
+    time order, ``index`` the position of ``after`` in ``points``.
 
     Raises:
         MissingExtra: apache-otava is not installed (``pip install 'perfkit[history]'``).
@@ -414,7 +346,6 @@ def analyse(
             seg = np.log(vals[b[n] : b[n + 1]])
             med = float(np.median(seg))
             for j in np.nonzero(np.abs(seg - med) > thr)[0]:
-                # the series' first and last runs have no neighbour on one side: unconfirmed
                 if seg.size >= 2 * settings.min_segment and 0 < b[n] + int(j) < vals.size - 1:
                     more[kept_k[b[n] + int(j)]] = math.exp(seg[j] - med)
         if not more or attempt == 2:  # the last search's levels stand (its outliers none)
@@ -453,9 +384,8 @@ def analyse(
 
 
 def analyse_frame(df: pd.DataFrame, settings: Settings = Settings(), *, workers: int = 1) -> list[Analysis]:
-    """Every series of a store frame (:func:`perfkit.history.store.read_store`): one
-    :class:`Analysis` per hardware × case × metric, points in time order. ``workers`` > 1
-    analyses the series in that many processes (spawned; worth it from thousands of runs)."""
+    """One :class:`Analysis` per hardware × case × metric of a store frame; ``workers`` > 1:
+    that many spawned processes (worth it from thousands of runs)."""
     out: list[Analysis] = []
     if df.empty:
         return out
@@ -493,8 +423,8 @@ def frame_points(g: pd.DataFrame) -> list[Point]:
 
 @dataclass
 class Event:
-    """Steps of several series of one hardware whose commit ranges share a time: reported as one
-    event with the narrowest common range (``before`` .. ``after``)."""
+    """Steps of one hardware whose commit ranges share a time; ``before`` .. ``after`` the
+    narrowest common range."""
 
     hardware: str
     before: Point
@@ -503,9 +433,8 @@ class Event:
 
 
 def events(analyses: Sequence[Analysis]) -> list[Event]:
-    """Group every step by hardware and overlapping commit range (interval stabbing: ranges
-    sorted by their end; each event takes every range that contains the earliest end not yet
-    covered). Ordered by hardware, then time."""
+    """Steps grouped by hardware and overlapping commit range (interval stabbing), by hardware
+    then time."""
     out: list[Event] = []
     by_hw: dict[str, list[tuple[Analysis, Step]]] = {}
     for a in analyses:

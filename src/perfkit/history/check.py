@@ -1,21 +1,7 @@
-"""``perfkit history check RUN``: is this run's value a new step against its series?
-
-Not a fixed percentage: each value is judged against the current level of its own series
-(hardware × case × metric) in the store, i.e. the runs since the series' last change point
-(:mod:`perfkit.history.changepoints`), outliers and gaps left out. The run is a new step when
-its value lies outside the level's prediction interval on log values,
-``mean ± t(1 − max_pvalue/2, n − 1) · sd · √(1 + 1/n)`` (the interval a next run of that level
-falls in with probability 1 − max_pvalue; runs beyond 4 robust sd out of ``sd``), and differs
-from the level's mean by more than ``min_step`` (5 %, sglang's own tolerance). A two-level level
-(runs alternating between two modes, :func:`perfkit.history.changepoints.two_modes`) has an
-interval per mode: a run in either mode, or between them, is ok. A level whose interval is
-wider than ``max_step`` (50 %) is "not gated" (its noise, and the smallest step it could see),
-never ok. One run cannot tell a step from a single-run outlier: by default (``confirm_runs`` 2)
-only the second run in a row above the level is a regression, the first "unconfirmed" (exit 0;
-``confirm_runs`` 1 alarms at once), and the history sorts it out once later runs are in.
-
-Exit codes (the one rule, :mod:`perfkit.gate.verdicts`): 0 no regression step, 1 a regression
-step, 2 bad input or nothing compared (no series with enough runs, every value a gap).
+"""``perfkit history check RUN``: is each value of this run a new step against the current level
+of its series (its prediction interval, two modes, not gated, confirm runs)? The rule and exit
+codes (0 no regression step, 1 a regression step, 2 bad input or nothing compared):
+docs/history.md ("Gate").
 """
 
 from __future__ import annotations
@@ -101,11 +87,8 @@ class Judgement:
 def judge(
     history: Sequence[cp.Point], value: float, *, metric: str, settings: cp.Settings = cp.Settings()
 ) -> Judgement:
-    """Judge one value (> 0) against the current level of ``history`` (points in time order):
-    its model (:func:`perfkit.history.changepoints.level_model`), one mode or two. Inside a
-    mode's interval, or between two modes, is ok; above (below) them all a regression
-    (improvement) when higher is worse; a level whose smallest visible step exceeds
-    ``max_step`` is not gated."""
+    """Judge one value (> 0) against the current level of ``history`` (points in time order),
+    its :func:`perfkit.history.changepoints.level_model` (rules: docs/history.md, "Gate")."""
     a = cp.analyse(history, metric=metric, settings=settings)
     seg = a.segment_values()
     lv = cp.level_model(seg, settings)
@@ -146,9 +129,8 @@ def _confirmed(history: Sequence[cp.Point], metric: str, settings: cp.Settings) 
 def check_runs(
     frame: pd.DataFrame, runs: Sequence[HistoryRun], settings: cp.Settings = cp.Settings()
 ) -> CheckResult:
-    """Check every value of ``runs`` against the series in ``frame`` (a store frame,
-    :func:`perfkit.history.store.read_store`), using only the runs before each checked run
-    (the run itself, if stored, is left out)."""
+    """Check every value of ``runs`` against the series in ``frame`` (a store frame), using
+    only the runs before each checked run (the run itself left out)."""
     rows: list[CheckRow] = []
     groups = dict(tuple(frame.groupby(["hardware", "case_id", "metric"]))) if not frame.empty else {}
     for run in runs:

@@ -1,23 +1,15 @@
-"""Confirmations of change points (``perfkit history confirm``): the outcome of an A/B between the
-commits on either side of a step, stored next to the runs.
-
-Layout: ``STORE/confirmations/<digest>.parquet``, one file per confirmation (written under a
-temporary name and renamed while ``STORE/.lock`` is held, as the runs' files), columns
-:data:`COLUMNS`. A series' step is named by its hardware, case, metric and commit range
-(``before_commit`` .. ``after_commit``); a later confirmation of the same step is another row
-(the newest is the one :func:`latest` returns), so nothing is overwritten.
-
-This module only stores and reads them; the A/B itself is :mod:`perfkit.bisect.confirm`.
+"""Confirmations of change points (``perfkit history confirm``), stored next to the runs as
+``STORE/confirmations/<digest>.parquet``, one file each (:data:`COLUMNS`, written as the runs'
+files); a later confirmation of a step is another row. The A/B itself: :mod:`perfkit.bisect.confirm`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -80,20 +72,13 @@ class Confirmation:
         if self.outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {self.outcome!r}")
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (the time as ISO text)."""
-        d = asdict(self)
-        d["time"] = self.time.isoformat()
-        return d
-
 
 def _num(x: float | None) -> float | None:
     return None if x is None or x != x else float(x)
 
 
 def add_confirmation(store: str | Path, c: Confirmation) -> Path:
-    """Store ``c`` as ``STORE/confirmations/<digest>.parquet`` (temporary name, then renamed,
-    under the store's lock). Returns the file."""
+    """Store ``c`` as ``STORE/confirmations/<digest>.parquet``. Returns the file."""
     store = Path(store)
     row = {k: [getattr(c, k)] for k in COLUMNS}
     row["launches"] = [json.dumps(c.launches, sort_keys=True)]
@@ -129,16 +114,6 @@ def read_confirmations(store: str | Path) -> pd.DataFrame:
             raise HistoryError(f"{f}: not a confirmation file: missing column {missing[0]!r}")
         tables.append(t.select(list(COLUMNS)))
     return pa.concat_tables(tables).to_pandas().sort_values("time", kind="stable", ignore_index=True)
-
-
-def latest(
-    store: str | Path, hardware: str, case_id: str, metric: str, before: str, after: str
-) -> dict | None:
-    """The newest confirmation of one step (a row as a dict), or None."""
-    df = read_confirmations(store)
-    cols = ["hardware", "case_id", "metric", "before_commit", "after_commit"]
-    m = df[(df[cols] == [hardware, case_id, metric, before, after]).all(axis=1)]
-    return None if m.empty else m.iloc[-1].to_dict()
 
 
 def find_step(

@@ -9,7 +9,7 @@ from typing import Any
 from perfkit.history import changepoints as cp
 from perfkit.history.check import CheckResult, check_runs, write_summary
 from perfkit.history.nightly import read_nightly
-from perfkit.history.runs import read_run
+from perfkit.history.runs import read_baseline_history, read_run
 from perfkit.history.store import AddResult, HistoryError, HistoryRun, add_runs, read_store
 
 
@@ -26,14 +26,12 @@ def import_baselines(
     store: str | Path, repo: str | Path, path: str, *, hardware: str | None = None
 ) -> tuple[AddResult, list[str]]:
     """``perfkit history import REPO --baselines FILE``: every committed version of a
-    perf_baselines file (:func:`perfkit.history.baselines.read_baseline_history`).
+    perf_baselines file (:func:`perfkit.history.runs.read_baseline_history`).
 
     Returns what was stored and one note per version skipped (it names the commit and why).
     Raises HistoryError when no version can be read (the message holds the notes), so that an
     import of nothing is never a success.
     """
-    from perfkit.history.baselines import read_baseline_history
-
     runs, skipped = read_baseline_history(repo, path, hardware=hardware)
     if not runs:
         raise HistoryError(f"{repo}: {path}: no version could be read:\n  " + "\n  ".join(skipped))

@@ -1,15 +1,7 @@
-"""sglang's nightly diffusion comparisons as history runs.
-
-Source: the public repository ``sgl-project/ci-data-diffusion``, one JSON file per nightly run
-in ``diffusion-comparisons/<date>_<run_id>.json``::
-
-    {"timestamp": ISO-8601, "commit_sha": str, "run_id": str,
-     "results": [{"case_id", "framework", "model", "task", "latency_s": float | null,
-                  "error": str | null}, ...]}
-
-Each result is one value of metric ``latency_s`` (seconds). A result with an error or a null
-latency is stored as a gap with its error text, never as 0. The files do not name the
-hardware (sglang's nightly job runs on an H100 runner), so the caller says it.
+"""sglang's nightly diffusion comparisons as history runs: ``sgl-project/ci-data-diffusion``'s
+``diffusion-comparisons/<date>_<run_id>.json`` (``timestamp``, ``commit_sha``, ``run_id``,
+``results``: ``case_id``, ``framework``, ``model``, ``task``, ``latency_s``, ``error``), metric
+``latency_s`` (s); an error or a null is a gap. The files do not name the hardware: the caller does.
 """
 
 from __future__ import annotations
@@ -55,8 +47,7 @@ class _File(BaseModel):
 
 @functools.lru_cache(maxsize=4096)
 def _labels(model: str | None, task: str | None, framework: str) -> dict[str, str | None]:
-    """One shared (never mutated) dict per distinct label set: 500,000 values need not carry
-    500,000 dicts."""
+    """One shared (never mutated) dict per distinct label set."""
     return {"model": model, "task": task, "framework": framework}
 
 

@@ -1,28 +1,7 @@
-"""perfkit's own runs as history runs: a suite run or a merged run (its ``baseline.json``), an
-A/B output (each side's bundle: ``ab-A``, ``ab-B``) or a single bundle directory.
-
-Values come from the sglang-layout case entries (:func:`perfkit.gate.baseline.from_bundle`,
-the numbers the baseline gate compares), one per case × metric:
-
-====================================  =====================  ====
-case entry key                        metric                 unit
-====================================  =====================  ====
-``expected_e2e_ms``                   ``e2e_ms``             ms
-``stages_ms.<Stage>``                 ``<Stage>_ms``         ms
-``expected_avg_denoise_ms``           ``avg_denoise_step_ms``  ms
-``expected_median_denoise_ms``        ``median_denoise_step_ms``  ms
-``expected_load_ms``                  ``load_ms``            ms
-``expected_first_result_ms``          ``first_result_ms``    ms
-``<name>_vram_mb`` / ``_allocated_mb``  ``<name>_vram_mib`` / ``_allocated_mib``  MiB
-====================================  =====================  ====
-
-sglang writes 0.0 for the denoise averages of a case without denoising steps; such a 0.0 is
-"not applicable" and is left out (never stored as a value).
-
-The commit measured is ``--commit`` when given, else the bundles' ``git_commit`` (perfkit's
-checkout, which is the engine's code for the reference engine); the time is ``run.json``'s
-``finished``, else ``baseline.json``'s modification time; an A/B side's is ``ab.json``'s
-modification time, a bundle's its ``meta.json``'s (the provenance says which).
+"""History runs from sglang-layout case entries: perfkit's own (a suite or merged run's
+``baseline.json``, an A/B output's sides ``ab-A``, ``ab-B``, a bundle directory) and every
+committed version of an sglang ``perf_baselines`` file (one run per commit, skipped versions
+noted). Metrics, units, commit, time, hardware and tolerance rules: docs/history.md ("Sources").
 """
 
 from __future__ import annotations
@@ -30,9 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import subprocess
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from perfkit.bundle import ResultBundle
@@ -51,8 +31,8 @@ _SCALARS = {
 
 
 def case_values(case: str, entry: Mapping[str, Any], where: str) -> list[Value]:
-    """The values of one sglang-layout case entry (see the module table); a null is a gap (value
-    None, its error naming ``where`` and the key), as ``perfkit compare`` reads it.
+    """The values of one sglang-layout case entry; a null is a gap (its error naming ``where``
+    and the key), as ``perfkit compare`` reads it.
 
     Raises:
         HistoryError: a value that is not a finite number (NaN, inf, a string, a bool; names ``where``, the case and the key).
@@ -92,8 +72,7 @@ def _commit(bundles: Mapping[str, ResultBundle], given: str | None, where: Path)
 
     Raises:
         HistoryError: no bundle names a commit, one names a non-string, or they name several
-            (a merge with ``--allow-mixed-commits``: its values belong to different commits,
-            so no one commit may be stored for all of them).
+            (e.g. a merge with ``--allow-mixed-commits``).
     """
     if given:
         return given
@@ -244,4 +223,104 @@ def read_run(path: str | Path, *, commit: str | None = None, hardware: str | Non
 def _bad(p: Path) -> list[HistoryRun]:
     raise HistoryError(
         f"{p}: not a perfkit run (no baseline.json), A/B output (no ab.json with a/ and b/) or bundle (no meta.json)"
+    )
+
+
+#: the source of a perf_baselines version
+BASELINES_SOURCE = "perf-baselines"
+
+
+def git(repo: str | Path, *args: str, error: type[ValueError] = HistoryError) -> str:
+    """Run ``git -C repo args`` and return its stdout.
+
+    Raises:
+        error: git failed or is not installed: ``{repo}: git {args}: {why}``, ``why`` being
+            git's stderr's first line or the OS error.
+    """
+    try:
+        p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise error(f"{repo}: git {' '.join(args)}: {exc}") from None
+    if p.returncode != 0:
+        why = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[0]
+        raise error(f"{repo}: git {' '.join(args)}: {why}")
+    return p.stdout
+
+
+def read_baseline_history(
+    repo: str | Path, path: str, *, hardware: str | None = None
+) -> tuple[list[HistoryRun], list[str]]:
+    """Every committed version of ``path`` (relative to ``repo``) as a run, oldest first (``git
+    log`` of HEAD; renames not followed). The tolerances sglang's CI gates with (``pr_test``, or
+    the oldest versions' flat set: :func:`perfkit.gate.baseline.tolerance_profile`) go into each
+    run's provenance.
+
+    Returns:
+        ``(runs, skipped)``: one line per version that cannot be read or deleted the file,
+        naming ``repo:commit:path`` and why.
+
+    Raises:
+        HistoryError: not a git repository, or no commit touches the file.
+    """
+    repo = Path(repo)
+    log = git(repo, "log", "--format=%H %cI", "--", path).split("\n")
+    commits = [line.split(" ", 1) for line in log if line.strip()]
+    if not commits:
+        raise HistoryError(f"{repo}: {path}: no commit touches this file")
+    suffix = PurePosixPath(path).stem.removeprefix("perf_baselines").lstrip("_") or "default"
+    runs: list[HistoryRun] = []
+    skipped: list[str] = []
+    for sha, when in reversed(commits):
+        where = f"{repo}:{sha[:10]}:{path}"
+        try:
+            text = git(repo, "show", f"{sha}:{path}")
+        except HistoryError:
+            skipped.append(f"{where}: skipped: the file is deleted at this commit")
+            continue
+        try:
+            run = _version_run(text, where, sha, when, path, repo, hardware or None, suffix)
+        except (bl.BaselineError, HistoryError) as exc:
+            skipped.append(f"{exc} (version skipped)")
+            continue
+        runs.append(run)
+    return runs, skipped
+
+
+def _version_run(
+    text: str, where: str, sha: str, when: str, path: str, repo: Path, hardware: str | None, suffix: str
+) -> HistoryRun:
+    """One version's run. Raises BaselineError/HistoryError naming ``where`` and the key."""
+    doc = bl.loads_baseline(text, where)
+    cases = doc.get("scenarios")
+    if not isinstance(cases, dict):
+        raise HistoryError(f"{where}: scenarios: missing or not an object")
+    values = []
+    for case, entry in cases.items():
+        merged = dict(entry)  # loads_baseline checked that each entry is an object
+        for top in ("load_peak_vram_mb", "runtime_peak_vram_mb"):
+            m = doc.get(top)
+            if isinstance(m, dict) and case in m and top not in merged:
+                merged[top] = m[case]
+        values += case_values(case, merged, where)
+    if not values:
+        raise HistoryError(f"{where}: scenarios: no expected value in any case")
+    try:
+        name, tols = bl.tolerance_profile(doc.get("tolerances"), "pr_test")
+        tolerances: dict | None = {"profile": name, **tols}
+    except KeyError:  # no pr_test and not flat: sglang's CI could not gate with this version
+        tolerances = None
+    return HistoryRun(
+        source=BASELINES_SOURCE,
+        run_id=sha,
+        hardware=hardware or str((doc.get("metadata") or {}).get("hardware") or suffix),
+        commit=sha,
+        time=datetime.fromisoformat(when),
+        values=values,
+        source_file=path,
+        provenance={
+            "repository": str(repo),
+            "kind": "expected values",
+            "metadata": doc.get("metadata"),
+            "tolerances": tolerances,
+        },
     )

@@ -1,35 +1,7 @@
 """The history store: one row per case × metric × hardware × commit × time, in parquet files
-that DuckDB reads.
-
-Layout (``STORE`` is a directory; ``outputs/history`` by default)::
-
-    STORE/.lock                       the writers' lock (fcntl, advisory)
-    STORE/hw-<hardware slug>/<digest>.parquet
-                                      one file per add (a batch of runs of one hardware),
-                                      written to a temporary .NAME.<random>.tmp and renamed:
-                                      a reader (``*.parquet``) never sees half a file; mode
-                                      0o666 less the umask (group-readable under 0o022)
-
-Why parquet files read by DuckDB rather than one DuckDB database file: a DuckDB file takes one
-writing process at a time (a second process cannot even open it while the first holds it),
-whereas parquet files are immutable once renamed into place, so writers on many CI runners can
-each drop their own files into the same directory on shared storage, and ``git``/``rsync``/
-object stores copy them as they are. DuckDB reads them all with one ``read_parquet`` glob and
-answers queries in SQL (``stored_run_keys``; ``duckdb -c "SELECT ... FROM
-read_parquet('STORE/hw-*/*.parquet')"`` by hand); :func:`read_store` reads the files with
-pyarrow, which needs a fifth of the memory for a whole store (measured).
-
-Rules:
-
-- The same run added twice is stored once: a run's key (:func:`run_key`: source, hardware,
-  run id, commit, time) is looked up under the lock before writing, and reading keeps one copy
-  of a key should two files on shared storage (where the lock cannot reach) hold it.
-- Two writers at once lose nothing: each add holds ``STORE/.lock`` (``fcntl.flock``) while it
-  reads the known keys and renames its file into place.
-- A value that was not measured (an error, a null) is stored as NULL with its error text: a
-  gap, never 0.
-- Every row carries ``schema_version`` (:data:`SCHEMA_VERSION`); a file of a newer schema is
-  refused naming the file.
+(``STORE/hw-<hardware slug>/<digest>.parquet``, one per add, renamed into place under
+``STORE/.lock``) that DuckDB reads; a run stored once, a missing value a NULL gap. Layout,
+rules and why not one DuckDB file: docs/history.md ("Store").
 """
 
 from __future__ import annotations
@@ -148,10 +120,8 @@ def _locked(store: Path) -> Iterator[None]:
 
 
 def write_parquet(table: pa.Table, final: Path) -> Path:
-    """Write ``table`` to ``final`` so that no reader sees half a file: first to a temporary
-    ``.NAME.<random>.tmp`` beside it, which ``*.parquet`` (the documented DuckDB glob) never
-    matches, then renamed. The file's mode is 0o666 less the process umask (0o644 under umask
-    0o022, group-writable under 0o002), as for any file the user writes. Returns ``final``."""
+    """Write ``table`` to ``final`` via a ``.NAME.<random>.tmp`` beside it (never matched by
+    ``*.parquet``) and a rename; mode 0o666 less the umask. Returns ``final``."""
     tmp = final.with_name(f".{final.name}.{secrets.token_hex(6)}.tmp")
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the kernel applies the umask
     try:
@@ -164,18 +134,13 @@ def write_parquet(table: pa.Table, final: Path) -> Path:
 
 
 def _files(store: Path) -> list[Path]:
-    """The store's files, without a dot file (an older writer's ``.tmp-*.parquet``, being
-    written or left by a writer that was killed): pathlib's ``*`` matches names starting with a dot."""
+    """The store's files, without dot files (temporary files; pathlib's ``*`` matches them)."""
     return sorted(f for f in store.glob("hw-*/*.parquet") if not f.name.startswith("."))
 
 
 def _check_files(files: Sequence[Path]) -> None:
-    """Each file is a parquet file with every column of :data:`COLUMNS`.
-
-    Raises:
-        HistoryError: a file that is not parquet (e.g. truncated by a full disk, or a stray
-            file) or lacks a column; names the file.
-    """
+    """Raise HistoryError (naming the file) unless each file is parquet with every column of
+    :data:`COLUMNS` in a compatible type."""
     for f in files:
         try:
             schema = pq.read_schema(f)
@@ -260,11 +225,8 @@ class AddResult:
 
 
 def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
-    """Store ``runs`` in ``store`` (created when missing), each run once.
-
-    Holds ``STORE/.lock`` while it reads the stored keys and renames its files into place, so
-    concurrent writers (processes on one host) lose nothing and store no run twice. Runs of
-    one hardware go into one new parquet file, written under a temporary name first.
+    """Store ``runs`` in ``store`` (created when missing), each run once, one new file per
+    hardware, under ``STORE/.lock``.
 
     Raises:
         HistoryError: a run without values, or a value that is not a finite number or None
@@ -343,9 +305,7 @@ def read_store(
     if not files:
         return pd.DataFrame({k: pd.Series(dtype=object) for k in cols})
     _check_files(files)
-    # pyarrow reads the files (projected columns) and pandas drops duplicate keys and sorts:
-    # DuckDB's conversion of 500,000 rows to pandas peaked at 5x the frame's size (measured,
-    # benchmarks/history_scale.py); DuckDB stays the query engine over the same files.
+    # pyarrow, not DuckDB: its conversion of 500,000 rows peaked at 5x the frame (docs/history.md)
     tables = []
     for i, f in enumerate(files):
         t = pq.read_table(

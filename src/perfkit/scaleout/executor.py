@@ -1,10 +1,6 @@
-"""Run units of work: :func:`run_unit` measures one unit without Jupyter, the in-process
-executor runs units one after another, :func:`executor` picks an executor by name, and
-:func:`progress_events` draws the one progress bar every executor drives through ``on_event``.
-
-Output of a unit: ``DEST/<unit id>/<part id>/`` bundles (``cold_warm/``,
-``warmup_shapes.warmup17/``), each bundle's ``meta.json`` naming its unit and part under
-``scaleout``, and ``DEST/<unit id>/unit.json`` (the unit and its outcome).
+"""Run units of work: :func:`run_unit` measures one unit without Jupyter (``DEST/<unit id>/<part
+id>/`` bundles and ``unit.json``), the in-process executor, :func:`executor` by name, and
+:func:`progress_events`, the one progress bar every executor drives through ``on_event``.
 """
 
 from __future__ import annotations
@@ -45,11 +41,8 @@ def _unit(unit: Mapping[str, Any] | WorkUnit) -> WorkUnit:
 
 
 def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
-    """Measure one unit (a :class:`WorkUnit` or its dict) into ``out_dir``: its parts one after
-    another, each through its scenario's ``run`` as ``python -m perfkit.measure`` does, each
-    bundle saved to ``out_dir/<part id>/`` (launch directories under ``<part id>/launches``).
-    A part sees as shared launches the bundles of the whole single-launch scenarios before it
-    in the unit (what the unsplit run would offer it).
+    """Measure one unit (a :class:`WorkUnit` or its dict) into ``out_dir``: its parts in order,
+    each bundle to ``out_dir/<part id>/``; a part may reuse the earlier whole scenarios' launches.
 
     Raises:
         ValueError: a part's params that its params model refuses (naming the field).
@@ -116,15 +109,9 @@ def run_units_inprocess(
     retries: int = 0,
     on_event: OnEvent | None = None,
 ) -> list[UnitOutcome]:
-    """Run ``units`` one after another in this process, each into ``dest/<unit id>/``.
-
-    A unit that raises is retried ``retries`` more times (its partial output removed first),
-    then reported as an ``error`` outcome with the error and the end of its logs; the other
-    units still run. ``on_event`` gets ``("started"|"retry"|"finished", unit id, outcome)``.
-
-    Returns:
-        one :class:`UnitOutcome` per unit, in the given order (``wall_s``, ``started_at`` and
-        ``ended_at`` of the last attempt; ``out_dir`` the unit's directory).
+    """Run ``units`` one after another in this process, each into ``dest/<unit id>/``; one
+    :class:`UnitOutcome` per unit, in order. A unit that raises is retried ``retries`` more
+    times (its partial output removed first), then is an ``error`` outcome; the others still run.
 
     Raises:
         ValueError: ``retries`` < 0.
@@ -216,13 +203,8 @@ def executor(name: str) -> Callable[..., list[UnitOutcome]]:
 def progress_events(
     units: Sequence[WorkUnit], *, enabled: bool = True, file: Any = None
 ) -> tuple[OnEvent, Callable[[], None]]:
-    """One tqdm bar over every unit's launches (whichever executor drives it).
-
-    Returns:
-        ``(on_event, close)``: pass ``on_event`` to the executor; call ``close`` at the end.
-        The bar advances by one per ``launch`` event (in-process executors) and by the rest of
-        a unit's planned launches when it finishes (any executor); it names running units.
-    """
+    """One tqdm bar over every unit's launches, whichever executor drives it: ``(on_event,
+    close)``; ``on_event`` for the executor, ``close`` at the end."""
     from tqdm.std import tqdm
 
     launches = {u.id: max(u.launches, 1) for u in units}

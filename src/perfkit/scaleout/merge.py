@@ -1,5 +1,6 @@
 """``perfkit merge``'s library: shard outputs joined into one run's bundles, every problem
-named (:func:`merge_shards`); layout in :mod:`perfkit.scaleout.shards`.
+named (:func:`merge_shards`), and what a part or shard was measured with (:func:`part_identity`)
+and how they differ (:func:`identity_problems`); layout in docs/scale-out.md.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import yaml
 
@@ -16,7 +17,6 @@ from perfkit.bundle import TABLES, ResultBundle, redact
 from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
 from perfkit.common import jsonsafe
 from perfkit.params import ParamsError, SuiteParams
-from perfkit.scaleout.identity import _canon, _differences, identity_problems, part_identity
 from perfkit.scaleout.manifest import (
     MERGE_FILE,
     PLAN_NOT_RECORDED,
@@ -33,6 +33,92 @@ log = logging.getLogger(__name__)
 
 #: what merge.json's ``shards`` repeat of each shard's manifest
 _SHARD_KEYS = ("params_file", "params_sha256", "perfkit_commit", "perfkit_version", "executor", "wall_s")
+
+#: what every part and shard of one merged run must share (see :func:`part_identity`)
+IDENTITY_KEYS = ("commit", "perfkit version", "engine spec", "request", "engine program")
+
+
+def _program(argv: Any) -> str | None:
+    """The engine program of an argv: the executable's file name and the tokens before the first
+    ``--option`` (``python -m perfkit.refengine``, ``sglang serve``); values and ports, which
+    a scenario varies per launch, are left out."""
+    if not isinstance(argv, list) or not argv:
+        return None
+    out = [Path(str(argv[0])).name]
+    for tok in argv[1:]:
+        if str(tok).startswith("--"):
+            break
+        out.append(str(tok))
+    return " ".join(out)
+
+
+def _canon(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def part_identity(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What a part bundle's ``meta.json`` says it was measured with: ``commit``, ``perfkit
+    version``, ``engine spec``, ``request``, ``engine program`` (:func:`_program` of each
+    launch's argv) and ``plan`` (``meta.scaleout.planned``, compared with the manifest's unit)."""
+    params = meta.get("params") if isinstance(meta.get("params"), Mapping) else {}
+    cmds = meta.get("commands") if isinstance(meta.get("commands"), Mapping) else {}
+    so = meta.get("scaleout") if isinstance(meta.get("scaleout"), Mapping) else {}
+    return {
+        "commit": meta.get("git_commit"),
+        "perfkit version": meta.get("perfkit_version"),
+        "engine spec": params.get("spec"),
+        "request": params.get("request"),
+        "engine program": sorted({p for p in map(_program, cmds.values()) if p}),
+        "plan": so.get("planned"),
+    }
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """``key: A ≠ B`` for each leaf that differs (at most 5 named)."""
+    out: list[str] = []
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        for k in sorted(set(a) | set(b), key=str):
+            out += _differences(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else str(k))
+    elif _canon(a) != _canon(b):
+        out.append(f"{prefix or 'value'} {_short(a)} ≠ {_short(b)}")
+    return out
+
+
+def _short(v: Any) -> str:
+    t = _canon(v)
+    return t if len(t) <= 60 else t[:57] + "…"
+
+
+def identity_problems(
+    items: list[tuple[str, Mapping[str, Any]]], *, allow_mixed_commits: bool = False
+) -> list[str]:
+    """One named problem per item of ``items`` (``(name, identity)``) and key of
+    :data:`IDENTITY_KEYS` that differs from the first item's (a key it lacks is not compared);
+    ``allow_mixed_commits`` accepts other commits."""
+    if not items:
+        return []
+    ref_name, ref = items[0]
+    out: list[str] = []
+    for name, ident in items[1:]:
+        for key in IDENTITY_KEYS:
+            if key not in ref or ref[key] in (None, []):
+                continue
+            if key == "commit" and allow_mixed_commits:
+                continue
+            got = ident.get(key)
+            if got == [] and key == "engine program":
+                continue  # a part that launched nothing (it reused a launch, or was refused)
+            if got in (None, []):
+                out.append(f"{name}: records no {key} ({ref_name} has {_short(ref[key])})")
+                continue
+            diff = _differences(got, ref[key])
+            if diff:
+                more = f" (+{len(diff) - 5} more)" if len(diff) > 5 else ""
+                hint = " (pass --allow-mixed-commits to merge builds on purpose)" if key == "commit" else ""
+                out.append(
+                    f"{name}: measured with another {key} than {ref_name}: {'; '.join(diff[:5])}{more}{hint}"
+                )
+    return out
 
 
 def merge_shards(
@@ -62,12 +148,7 @@ def merge_shards(
         "part P (shard …): plan not recorded: not checked", an additive table absent; each
         part's too, in ``parts.<id>.notes``).
 
-    Every shard and every part is compared with the first (:func:`identity_problems`): commit,
-    perfkit version, params (each manifest's re-validated with today's model, digested like
-    ``params``: a changed value is named by key), engine spec, request, engine program and the
-    planned unit (a part that records none: a note);
-    each difference is a named problem (exit 2), other commits only without
-    ``allow_mixed_commits``.
+    Every shard and part is compared with the first (:func:`identity_problems`; docs/robustness.md).
 
     Raises:
         ValueError: no shard manifest could be read at all (nothing to merge; naming the dirs).

@@ -1,36 +1,7 @@
-"""The Ray executor: each unit of work is a Ray task asking for the GPUs its engine needs.
-
-::
-
-    outcomes = run_units_ray(units, run_unit, dest, address="auto", retries=1, on_event=bar)
-
-- A unit is a JSON-able dict with at least ``id`` and ``gpus`` (int; 0 on CPU), optionally
-  ``cpus``. Its task asks Ray for ``num_gpus=unit["gpus"]``, so a 2-GPU CFG-parallel launch
-  waits for two free GPUs and 1-GPU launches on a multi-GPU host run side by side. ``cpus``
-  defaults to 1 for a GPU unit; a CPU unit (``gpus`` 0) asks for every CPU of the smallest
-  alive node, so that engines measured on CPU never share cores with each other. Ray
-  sets ``CUDA_VISIBLE_DEVICES`` of the task to the GPUs it got; the engine launched by the unit
-  inherits it and perfkit's sampler resolves it to NVML devices by UUID
-  (:func:`perfkit.readings.sampler.resolve_visible_gpus`).
-- The task runs ``run_unit(unit, out_dir)`` in a temporary directory on the worker, packs that
-  directory as a tar archive in memory (it travels back through Ray's object store, also when
-  ``run_unit`` failed: partial bundles and engine logs are kept) and returns it with its status,
-  error, log tail, host name, GPUs (Ray ids and NVML UUIDs) and start/end times.
-- The driver unpacks each unit's archive to ``dest/<unit id>/``, writes ``unit.json`` there (the
-  unit and its outcome, as the in-process executor does) and returns one
-  :class:`~perfkit.scaleout.unit_outcome.UnitOutcome` per unit, **in the order of** ``units``.
-- A unit that raises or whose worker dies (``os._exit``, OOM kill, node lost: Ray raises
-  ``WorkerCrashedError``, ``NodeDiedError``, ``RayTaskError``, ...) is resubmitted by the driver
-  up to ``retries`` times (Ray's own task retries are off, so the count is ours), then reported
-  as an ``error`` outcome with the error and log tail; no exception of a unit reaches the caller.
-- ``on_event(event, unit_id, outcome)`` runs on the driver: ``started`` when a unit's task
-  starts on its worker (not while Ray queues it for its GPUs), ``launch`` each time one of its
-  engine launches is done, ``retry`` with the failed attempt's outcome when it is resubmitted,
-  ``finished`` with the final outcome. Workers send ``started``/``launch`` through a
-  ``ray.util.queue.Queue`` (an actor asking for no CPU; it may run puts out of order, so each
-  attempt numbers its events and the driver emits them in that order); they draw no bars of their own.
-
-``ray`` is imported lazily: the rest of perfkit works without it (``pip install 'perfkit[ray]'``).
+"""The Ray executor: :func:`run_units_ray` runs each unit of work as a Ray task asking for the
+GPUs its engine needs (a CPU unit: every CPU of the smallest node), its output back as an
+in-memory tar archive, units retried by the driver, progress events through a Ray queue.
+``ray`` is imported lazily (``perfkit[ray]``). See docs/scale-out.md ("The Ray executor").
 """
 
 from __future__ import annotations
@@ -141,13 +112,9 @@ def _gpus_here(ray: Any) -> tuple[list[str], list[str]]:
 
 
 class _Sender:
-    """Puts ``(event, unit id)`` on the driver's queue without waiting (never raises).
-
-    A task blocked in ``ray.get`` gives its CPUs back to Ray, which may then start another unit
-    on them (a CPU unit would no longer have the node to itself), so events are sent as
-    fire-and-forget actor calls; :meth:`flush` waits for them once the unit is done, so that
-    they reach the queue before the task's result does.
-    """
+    """Puts ``(event, unit id)`` on the driver's queue without waiting (a task blocked in
+    ``ray.get`` gives its CPUs back to Ray); :meth:`flush` waits for them once the unit is done.
+    Never raises."""
 
     def __init__(self, events: Any, unit_id: str) -> None:
         self.events, self.unit_id, self.refs = events, unit_id, []
@@ -196,11 +163,9 @@ def run_one(
 ) -> dict[str, Any]:
     """Run one unit here (the body of the Ray task; also usable without Ray).
 
-    ``events``: a ``ray.util.queue.Queue`` for ``("started" | "launch", unit id)`` progress
-    events (None: none sent).
-    ``omp_threads``: the driver's ``OMP_NUM_THREADS`` (None: unset). Ray sets it to the task's
-    CPUs (1 for a GPU unit) when unset, and an engine launched here would inherit that; the
-    unit runs with the driver's value instead, as it would in process.
+    ``events``: a ``ray.util.queue.Queue`` for ``("started" | "launch", unit id)`` (None: none
+    sent); ``omp_threads``: the driver's ``OMP_NUM_THREADS`` (None: unset), which the unit runs
+    with instead of Ray's.
 
     Returns a dict: status ("ok"/"error"), error, log_tail, host, gpu_ids, gpu_uuids,
     started_at, ended_at, archive (bytes of :func:`pack_dir` of the unit's output directory).
@@ -327,7 +292,8 @@ def run_units_ray(
         address: None: use the Ray of this process when initialised, else start a local one;
             ``"auto"`` or ``"ray://host:10001"``: join that cluster.
         retries: resubmissions of a failed or crashed unit (0: none).
-        on_event: progress callback (see the module doc), called on the driver.
+        on_event: ``(event, unit id, outcome)`` on the driver: ``started``, ``launch``, ``retry``,
+            ``finished`` (docs/scale-out.md).
         runtime_env: merged over :func:`default_runtime_env` (``env_vars`` merged key by key).
 
     Returns:

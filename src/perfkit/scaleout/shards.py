@@ -1,28 +1,7 @@
-"""CI partitions and merging: ``perfkit suite --partition I/N`` runs shard I's units into
-bundles plus a shard manifest; ``perfkit merge`` joins shard outputs into one run's bundles.
-
-Shard output layout::
-
-    SHARD/shard.json               the manifest (see :func:`run_shard`)
-    SHARD/units/<unit id>/         unit.json and one bundle per part (<part id>/)
-
-Merged layout (what ``perfkit merge DIR... --out RUN`` replays from)::
-
-    RUN/merged/<scenario>/         the bundle the unsplit run would have written
-    RUN/merged/merge.json          shards read, problems, units with outcomes, concurrency
-    RUN/merged/params.yaml         the shards' params (when ``--params`` is not given)
-
-A shard whose manifest is missing, a planned unit without outputs, a failed unit and shards
-measured with other params are *problems*: each is named (shard, unit) in ``merge.json`` and,
-through the suite, in run.json, summary.md and the report, and the verdict is an error (2).
-Honest older data is merged with a *note* instead: a part of a perfkit that recorded no plan
-("plan not recorded: not checked") and an additive table absent from a bundle saved before it
-existed (:data:`perfkit.bundle_schema.Table.additive`).
-
-Beside this module (shard runs and estimate refresh): :mod:`perfkit.scaleout.manifest` (the
-layout's names, manifests read, the params digest), :mod:`perfkit.scaleout.identity` (what a
-part was measured with, differences named), :mod:`perfkit.scaleout.merge` (:func:`merge_shards`);
-the names other modules read through this one are re-exported here.
+"""CI partitions: ``perfkit suite --partition I/N`` runs shard I's units into ``SHARD/units/<unit
+id>/`` bundles plus ``SHARD/shard.json`` (:func:`run_shard`), and :func:`refresh_estimates`;
+merging is :mod:`perfkit.scaleout.merge`. Layouts, problems and notes: docs/scale-out.md. The
+names other modules read through this one are re-exported here.
 """
 
 from __future__ import annotations

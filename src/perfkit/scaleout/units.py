@@ -1,19 +1,7 @@
 """Units of work: the suite's launches grouped so that each unit runs on its own (a CI shard, a
-Ray task) and the merged bundles equal those of one unsplit run.
-
-A unit is one or more *parts*; a part is a whole scenario, or one launch of a scenario that
-splits (``Scenario.split``: ``warmup_shapes.warmup25``). A part that would reuse a launch of an
-earlier single-launch scenario (``Scenario.launches``: same spec, request and caps, no more
-requests) joins that scenario's unit and runs right after it, so a shared launch is never
-launched twice. Estimates follow sglang's ``multimodal_gen/test/run_suite.py``:
-
-1. ``baseline``: the baseline file's ``estimated_full_test_time_s`` of the part's cases;
-2. ``e2e``: else their ``expected_e2e_ms / 1000 + 120``;
-3. ``recorded``: else the unit's measured wall time from an earlier run (a shard manifest);
-4. ``default``: else 300 s.
-
-:func:`partition` puts the longest unit first onto the least-loaded shard (ties: lower shard
-index; units of equal estimate in id order), so every shard of a CI matrix plans alike.
+Ray task) and the merged bundles equal those of one unsplit run; estimates after sglang's
+``multimodal_gen/test/run_suite.py`` (baseline, e2e, recorded, default 300 s) and
+:func:`partition` (longest first onto the least-loaded shard). See docs/scale-out.md ("Units of work").
 """
 
 from __future__ import annotations
@@ -248,14 +236,11 @@ def plan_units(
     """The units of work of the scenarios ``names`` (registered names, run order kept).
 
     Args:
-        params: validated suite params.
-        names: scenarios to run (the suite's selection after ``--only``/``--tier``/enabled).
         baseline: a loaded sglang-layout baseline (``estimated_full_test_time_s`` per case).
         recorded: unit id -> measured wall seconds of an earlier run (shard manifests).
 
     Returns:
-        units in run order of their first part; a part that reuses an earlier single-launch
-        scenario's launch sits in that scenario's unit, right after it.
+        units in run order of their first part (a part reusing a launch sits right after it).
 
     Raises:
         KeyError: an unknown scenario name.
