@@ -164,6 +164,25 @@ def test_occupied_fixed_port_is_refused_before_launch(tmp_path):
     assert not (tmp_path / "engine").exists()
 
 
+def test_a_launch_refused_before_it_started_takes_no_other_launchs_logs(tmp_path):
+    """Launch ``cap1`` refused for its taken port made no directory: its row has no logs, not
+    those of ``cap10`` (the newest directory whose name starts with its label)."""
+    from perfkit.measuring.launch_rows import measure_launch
+
+    other = tmp_path / "cap10"
+    other.mkdir()
+    (other / "stdout.log").write_text("cap10's engine\n")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    try:
+        data = measure_launch(fake(port=s.getsockname()[1]), [], tmp_path, "cap1")
+    finally:
+        s.close()
+    assert "already in use" in data.error
+    assert data.logs == {}, data.logs
+
+
 def test_fixed_free_port_is_used(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -240,6 +240,7 @@ def measure_launch(
     data = LaunchData(label=label)
     timeout_s = float(request_timeout_s or spec.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
     h = None
+    start_dir: Path | None = None
     failed: int | None = None  # the request that ended the launch
     launching(label)  # the seconds before the first request: say what they wait for
     try:
@@ -289,8 +290,9 @@ def measure_launch(
     except EngineStartError as exc:
         data.error = str(exc)
         log.error("launch %s failed: %s", label, exc)
+        start_dir = exc.run_dir  # None: it failed before its directory was made
     finally:
-        d = _launch_dir(run_dir, label)
+        d = Path(h.run_dir) if h is not None else start_dir
         if d is not None:
             for name in ("stdout.log", "stderr.log"):
                 p = d / name
@@ -348,11 +350,6 @@ def first_result(outcomes: list[RequestOutcome], cold_start: dict[str, Any]) -> 
         "first_request_wait_s": ok.t_submit - t_ready if t_ready is not None else NAN,
         "first_request_ms": ok.client_ms,
     }
-
-
-def _launch_dir(run_dir: Path, label: str) -> Path | None:
-    cands = sorted(Path(run_dir).glob(f"{label}*"), key=lambda p: p.stat().st_mtime)
-    return cands[-1] if cands else None
 
 
 def _read_log(data: LaunchData, path: Path | None) -> None:
