@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 import yaml
 
@@ -208,6 +209,32 @@ def test_request_roles_and_first_request_costs_on_h200_warmup_shapes():
     assert row["compiles"] == 1 and round(row["compiling (ms)"]) == 58685
     assert round(row["penalty (ms)"]) == round(60426.521 - 905.793)
     assert REASON in row["recompile reason"]
+
+
+def test_the_penalty_stage_compares_per_request_sums_when_a_stage_runs_twice():
+    """Two DenoisingStage rows a request (40 ms each, cold and warm alike) and a cold
+    DecodingStage 30 ms over the warm one: the penalty is DecodingStage's +30 ms, not
+    DenoisingStage's cold sum against the warm median of single rows (+40 ms)."""
+    req = pd.DataFrame(
+        {
+            "launch": ["L"] * 3,
+            "index": [0, 1, 2],
+            "request_id": ["c", "w1", "w2"],
+            "e2e_ms": [130.0, 100.0, 100.0],
+            "status": ["completed"] * 3,
+            "num_frames": [17] * 3,
+            "height": [64] * 3,
+            "width": [64] * 3,
+            "num_inference_steps": [4] * 3,
+        }
+    )
+    rows = []
+    for rid, extra in (("c", 30.0), ("w1", 0.0), ("w2", 0.0)):
+        rows += [{"request_id": rid, "stage": "DenoisingStage", "ms": 40.0}] * 2
+        rows += [{"request_id": rid, "stage": "DecodingStage", "ms": 20.0 + extra}]
+    row = nbk.first_request_costs(req, pd.DataFrame(rows)).iloc[0]
+    assert row["penalty stage"] == "DecodingStage"
+    assert row["stage penalty (ms)"] == pytest.approx(30.0, abs=1e-9)
 
 
 def test_verdict_sentences_come_from_the_check_rows():

@@ -184,7 +184,8 @@ def _penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: 
     theirs = stages[stages["request_id"].isin(list(warm["request_id"]))]
     if mine.empty or theirs.empty:
         return None, math.nan
-    med = theirs.groupby("stage")["ms"].median()
+    # a stage may run more than once a request (two-stage pipelines): per-request sums first
+    med = theirs.groupby(["request_id", "stage"])["ms"].sum().groupby("stage").median()
     pen = mine.groupby("stage")["ms"].sum() - med
     pen = pen.dropna()
     if pen.empty:
