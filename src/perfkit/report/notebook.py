@@ -35,16 +35,6 @@ def show_table(df: pd.DataFrame, caption: str | None = None, transpose: bool | s
     display(styled(df, caption=caption, transpose=transpose))
 
 
-def _shape_key(row: Mapping[str, Any]) -> tuple:
-    """What makes two requests the same compiled shape: the latent shape when recorded, else
-    (latent frames of the aligned frame count, height, width)."""
-    ls = row.get("latent_shape")
-    if isinstance(ls, str) and ls.strip():
-        return ("latent", ls)
-    nf = _int(row.get("num_frames"))
-    return ("frames", latent_frames(nf) if nf else None, _int(row.get("height")), _int(row.get("width")))
-
-
 def _int(v: Any) -> int | None:
     try:
         return None if pd.isna(v) else int(v)
@@ -148,13 +138,12 @@ def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = No
         return pd.DataFrame(columns=cols)
     df = request_roles(requests)
     ok = df[df.get("status", "completed").astype("string").fillna("completed") == "completed"]
-    keys = {i: _shape_key(r) for i, r in ok.iterrows()}
     out = []
     for i, r in ok.iterrows():
         if r["role"] not in FIRST_OF_SHAPE:
             continue
         warm = ok[(ok["launch"] == r["launch"]) & (ok["role"] == ROLE_WARM)]
-        warm = warm[[keys[j] == keys[i] for j in warm.index]]
+        warm = warm[warm["shape"] == r["shape"]]  # the roles' shape: one rule for both
         wmed = float(warm["e2e_ms"].median()) if not warm.empty else math.nan
         first = float(r["e2e_ms"]) if pd.notna(r.get("e2e_ms")) else math.nan
         stage, stage_ms = _penalty_stage(stages, r, warm)
