@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from perfkit.bundle import ResultBundle, table_rows
+from perfkit.common.numfmt import json_float
 from perfkit.gate.baseline.files import new_baseline
 from perfkit.gate.baseline.rules import (
     DEFAULT_STEP_FRACTIONS,
@@ -26,16 +27,8 @@ from perfkit.readings.engine_config import effective_config
 from perfkit.readings.records import parse_lines
 
 
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
-
-
 def _max(values: Iterable[Any]) -> float | None:
-    vals = [f for f in (_num(v) for v in values) if f is not None]
+    vals = [f for f in (json_float(v) for v in values) if f is not None]
     return max(vals) if vals else None
 
 
@@ -243,13 +236,13 @@ def _full_test_time_s(
     total_s = 0.0
     ready_by_launch = {}
     if "ready_s" in lt and "launch" in lt:
-        ready_by_launch = {la: _num(r) or 0.0 for la, r in zip(lt["launch"], lt["ready_s"])}
+        ready_by_launch = {la: json_float(r) or 0.0 for la, r in zip(lt["launch"], lt["ready_s"])}
     elif ready is not None:  # launches without labels: count the cold start once
         total_s += ready
     for la, grp in req.assign(_launch=launch_col).groupby("_launch", sort=False, dropna=False):
         span = None
         if "t_start_s" in grp and "t_end_s" in grp:
-            t0, t1 = _num(grp["t_start_s"].min()), _num(grp["t_end_s"].max())
+            t0, t1 = json_float(grp["t_start_s"].min()), json_float(grp["t_end_s"].max())
             if t0 is not None and t1 is not None:
                 span = t1 - t0
         if span is None:
