@@ -180,7 +180,11 @@ def _run(command: "click.Command", args: list[str], prog_name: str) -> tuple[int
         else:
             print(f"{_words(command, args, prog_name)}: error: {exc}", file=sys.stderr)
             code = EXIT_ERROR
-    except Exception:  # a crash is an error, never a verdict: exit 2, not Python's 1
+    except Exception as exc:  # a crash is an error, never a verdict: exit 2, not Python's 1
+        from perfkit.common import MissingExtra
+
+        if isinstance(exc, MissingExtra) and not _SEEN:  # the caller prints its pip line
+            raise
         if not _SEEN:  # once interrupted, a library's failing cleanup (nbclient's) is the interrupt
             import traceback
 
