@@ -596,7 +596,7 @@ def test_a_key_given_twice_is_refused_in_bundles_performance_logs_and_nightly_fi
     """A breaker's finds: a results.json with ``cold_ms`` given twice replayed as PASS with
     "cold request | 1 ms", a performance.log record's second ``total_duration_ms`` was compared,
     a nightly file's second ``latency_s`` stored; a 400-digit results value was an OverflowError
-    naming neither file nor key."""
+    naming neither file nor key; 1e400, NaN and Infinity were read as not measured."""
     import shutil
 
     from perfkit.bundle import ResultBundle, read_results
@@ -616,6 +616,11 @@ def test_a_key_given_twice_is_refused_in_bundles_performance_logs_and_nightly_fi
     res.write_text(text.replace('"cold_ms": 58427.881', '"cold_ms": 1' + "0" * 400))
     with pytest.raises(ValueError, match=r"results\.json: an integer of 401 digits"):
         ResultBundle.load(b)
+    for bad, shown in (("1e400", "inf"), ("NaN", "nan"), ("-Infinity", "-inf")):
+        res.write_text(text.replace('"cold_ms": 58427.881', f'"cold_ms": {bad}'))
+        for read in (ResultBundle.load, read_results):
+            with pytest.raises(ValueError, match=rf"results\.json: cold_ms: {shown} is not a finite number"):
+                read(b)
     log = tmp_path / "performance.log"
     log.write_text(json.dumps(RECORD)[:-1] + ', "request_id": "r2"}\n')
     code, out = _invoke("compare", "--run", str(log), "--baseline", str(FIXTURE_BASELINE), "--case", "x")

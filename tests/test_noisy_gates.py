@@ -48,6 +48,14 @@ def test_over_the_limit_fails_only_when_its_lower_bound_is_over_too():
     assert check_max("s", "m", None, 3.0, lower=1.0).status == "skipped"
 
 
+def test_a_number_written_as_text_is_not_read_as_that_number():
+    """A breaker's replayed results.json with ``"cold_ms": "12"`` passed the gate as 12 ms: text
+    is not a measured value, so the check is skipped (not measured), never a pass."""
+    row = check_max("c", "warm_cold_ratio", "1.01", 1.05)
+    assert row.status == "skipped" and row.actual is None
+    assert check_max("c", "warm_cold_ratio", 1.01, 1.05).status == "pass"
+
+
 def test_an_inconclusive_row_is_neither_a_pass_nor_a_regression():
     rows = [check_max("s", "a", 0.5, 1.0), check_max("s", "b", 3.4, 3.0, lower=2.7)]
     df = check_table(rows)

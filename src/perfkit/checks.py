@@ -54,8 +54,9 @@ class Check:
 
 
 def number(v: Any) -> float | None:
-    """A finite float, or None for None/NaN/inf/bool/non-numbers."""
-    return None if isinstance(v, bool) else json_float(v)
+    """A finite float, or None for None/NaN/inf/bool/text/non-numbers (a number written as
+    text, ``"12"``, is not read as 12)."""
+    return None if isinstance(v, (bool, str, bytes)) else json_float(v)
 
 
 def check_max(
