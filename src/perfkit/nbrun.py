@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -149,11 +150,9 @@ def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: fl
     if nb.stem in registry.names() and not params.get("bundle_dir"):
         s = registry.get(nb.stem)
         fields = s.params_model.model_fields
-        try:
+        with contextlib.suppress(ValueError):  # invalid: no bars, the notebook's bind cell says why
             sec = s.params_model.model_validate({k: v for k, v in params.items() if k in fields})
             plan = list(s.plan(sec)) if s.plan is not None else []
-        except ValueError:
-            plan = []
     planned = sum(plan)
     pfile = out.with_suffix(".progress.jsonl")
     # the kernel's stderr (its shutdown noise: a traceback when interrupted) goes to a log; the

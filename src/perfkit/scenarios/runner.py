@@ -9,8 +9,6 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import ValidationError
-
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
@@ -57,8 +55,8 @@ def load_or_run(
         section: the scenario's params (its params model validates them; ``enabled`` ignored).
 
     Raises:
-        KeyError: unknown scenario. ValueError: invalid params (the message names the field), or
-            ``bundle_dir`` holds another scenario's bundle.
+        KeyError: unknown scenario. ValueError: invalid params (pydantic's ValidationError, naming
+            the field), or ``bundle_dir`` holds another scenario's bundle.
         ScenarioError: the bundle holds no usable measurement (the notebook fails, exit 2).
     """
     s = registry.get(scenario)
@@ -72,11 +70,8 @@ def load_or_run(
         log.info("replaying %s bundle from %s", scenario, bundle_dir)
         s.check_bundle(b)
         return b
-    try:
-        params = s.params_model.model_validate({k: v for k, v in section.items() if k != "enabled"})
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"{scenario} params: {problems}") from None
+    # a notebook's bind cell already validated the section (its messages name each parameter)
+    params = s.params_model.model_validate({k: v for k, v in section.items() if k != "enabled"})
     out.mkdir(parents=True, exist_ok=True)
     ctx = RunContext(
         engine=EngineSpec.from_dict(dict(engine or {})),
