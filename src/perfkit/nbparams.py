@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from perfkit.bundle import identity_differences, read_meta
+from perfkit.common.slugs import did_you_mean
 from perfkit.engine.spec import EngineSpec, EngineSpecError
 from perfkit.gate.outcome import FailOn
 from perfkit.gate.verdicts import GATE
@@ -28,7 +29,6 @@ from perfkit.params import (
     InvariantsParams,
     ParamsError,
     RequestParams,
-    _suggest,
     load_yaml,
     parse_params,
 )
@@ -263,7 +263,7 @@ def unknown_names(notebook: str, given: Any) -> list[str]:
     closest declared name when one is close."""
     known = [p.name for p in declared(notebook)]
     return [
-        f"unknown parameter {k!r}{_suggest(str(k), known)}; known: {', '.join(known)}"
+        f"unknown parameter {k!r}{did_you_mean(k, known)}; known: {', '.join(known)}"
         for k in given
         if k not in known
     ]
@@ -348,7 +348,7 @@ _GATE_PARAMS = {"baseline_file": "file", "profile": "profile", "strict": "strict
 
 def _suggest_extra(model: Any, loc: tuple) -> str:
     """`` (did you mean 'x'?)`` for an unknown key at ``loc`` of ``model`` (a pydantic model)."""
-    return _suggest(str(loc[-1]), list(model.model_fields)) if _is_model(model) and loc else ""
+    return did_you_mean(loc[-1], model.model_fields) if _is_model(model) and loc else ""
 
 
 def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0, model: Any = None) -> list[str]:
