@@ -29,6 +29,8 @@ from perfkit.params import (
     InvariantsParams,
     ParamsError,
     RequestParams,
+    _dotted,
+    _error_text,
     load_yaml,
     parse_params,
 )
@@ -356,17 +358,12 @@ def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0, model: 
     unknown key gets the closest field of ``model``."""
     out = []
     for e in exc.errors():
-        parts = list(e.get("loc") or ())[drop:]
-        loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in parts)
-        if not prefix:
-            loc = loc.lstrip(".")
+        parts = tuple(e.get("loc") or ())[drop:]
+        loc = _dotted((prefix, *parts) if prefix else parts)
         if e.get("type") == "extra_forbidden":
-            out.append(f"{prefix}{loc}: unknown field" + _suggest_extra(model, tuple(parts)))
-            continue
-        got = e.get("input")
-        got_s = "" if isinstance(got, (dict, list)) else f", got {got!r}"
-        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
-        out.append(f"{prefix}{loc}: {msg}{got_s}")
+            out.append(f"{loc}: unknown field" + _suggest_extra(model, parts))
+        else:
+            out.append(f"{loc}: {_error_text(e)}")
     return out
 
 

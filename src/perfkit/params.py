@@ -325,13 +325,17 @@ def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
     if typ == "missing":
         for_kind = f" for kind {kind!r}" if kind and loc[:1] == ("engine",) else ""
         return f"{source}: {path}: required key is missing{for_kind}"
-    msg = str(exc) if exc is not None else err.get("msg", "invalid")
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
     got = err.get("input")
-    skip = got is None and typ == CROSS_FIELD
-    got_s = "" if skip or isinstance(got, (dict, list, BaseModel)) or exc is not None else f", got {got!r}"
-    return f"{source}: {path or 'top level'}: {msg}{got_s}{at}"
+    bare = (got is None and typ == CROSS_FIELD) or isinstance(got, BaseModel)
+    return f"{source}: {path or 'top level'}: {_error_text(err, exc, bare)}{at}"
+
+
+def _error_text(err: dict[str, Any], exc: Any = None, bare: bool = False) -> str:
+    """``message, got <input>`` of one pydantic error (params files, notebook parameters): ``exc``'s
+    text when given; no input when ``bare``, given ``exc`` or a mapping or list."""
+    msg = (str(exc) if exc is not None else str(err.get("msg", "invalid"))).removeprefix("Value error, ")
+    got = err.get("input")
+    return msg if bare or exc is not None or isinstance(got, (dict, list)) else f"{msg}, got {got!r}"
 
 
 def parse_params(data: Any, source: str = "<params>", text: str | None = None) -> SuiteParams:
