@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from perfkit.bundle import identity_differences, read_meta
+from perfkit.common.slugs import did_you_mean
 from perfkit.engine.spec import EngineSpec, EngineSpecError
 from perfkit.gate.outcome import FailOn
 from perfkit.gate.verdicts import GATE
@@ -28,7 +29,8 @@ from perfkit.params import (
     InvariantsParams,
     ParamsError,
     RequestParams,
-    _suggest,
+    _dotted,
+    _error_text,
     load_yaml,
     parse_params,
 )
@@ -263,7 +265,7 @@ def unknown_names(notebook: str, given: Any) -> list[str]:
     closest declared name when one is close."""
     known = [p.name for p in declared(notebook)]
     return [
-        f"unknown parameter {k!r}{_suggest(str(k), known)}; known: {', '.join(known)}"
+        f"unknown parameter {k!r}{did_you_mean(k, known)}; known: {', '.join(known)}"
         for k in given
         if k not in known
     ]
@@ -348,7 +350,7 @@ _GATE_PARAMS = {"baseline_file": "file", "profile": "profile", "strict": "strict
 
 def _suggest_extra(model: Any, loc: tuple) -> str:
     """`` (did you mean 'x'?)`` for an unknown key at ``loc`` of ``model`` (a pydantic model)."""
-    return _suggest(str(loc[-1]), list(model.model_fields)) if _is_model(model) and loc else ""
+    return did_you_mean(loc[-1], model.model_fields) if _is_model(model) and loc else ""
 
 
 def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0, model: Any = None) -> list[str]:
@@ -356,17 +358,12 @@ def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0, model: 
     unknown key gets the closest field of ``model``."""
     out = []
     for e in exc.errors():
-        parts = list(e.get("loc") or ())[drop:]
-        loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in parts)
-        if not prefix:
-            loc = loc.lstrip(".")
+        parts = tuple(e.get("loc") or ())[drop:]
+        loc = _dotted((prefix, *parts) if prefix else parts)
         if e.get("type") == "extra_forbidden":
-            out.append(f"{prefix}{loc}: unknown field" + _suggest_extra(model, tuple(parts)))
-            continue
-        got = e.get("input")
-        got_s = "" if isinstance(got, (dict, list)) else f", got {got!r}"
-        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
-        out.append(f"{prefix}{loc}: {msg}{got_s}")
+            out.append(f"{loc}: unknown field" + _suggest_extra(model, parts))
+        else:
+            out.append(f"{loc}: {_error_text(e)}")
     return out
 
 

@@ -14,9 +14,10 @@ from typing import Any
 import yaml
 
 from perfkit.common import require_extra
+from perfkit.common.slugs import did_you_mean
 from perfkit.gate.outcome import gate_result
 from perfkit.gate.verdicts import read_verdict
-from perfkit.params import ParamsError, _suggest, load_params, load_yaml
+from perfkit.params import ParamsError, load_params, load_yaml
 
 
 class UsageError(ValueError):
@@ -63,7 +64,7 @@ def check_notebook_parameters(nb: Path, given: dict[str, Any]) -> list[str]:
     unknown = [k for k in given if k not in declared]
     if not unknown:
         return declared
-    hints = [f"{k!r}{_suggest(k, declared)}" for k in unknown]
+    hints = [f"{k!r}{did_you_mean(k, declared)}" for k in unknown]
     known = ", ".join(declared) if declared else "none (the notebook has no parameters cell)"
     raise UsageError(
         f"{nb.name}: unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; known: {known}"

@@ -6,7 +6,6 @@ closest known key. Their layout: docs/suite.md, "Params files".
 from __future__ import annotations
 
 import copy
-import difflib
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from pydantic import (
 )
 
 from perfkit.common.presets import MAX_FRAMES, PIXEL_MULTIPLE
+from perfkit.common.slugs import did_you_mean
 from perfkit.engine.spec import (
     BAD_KIND,
     CROSS_FIELD,
@@ -235,11 +235,6 @@ class _AtKeys(ValueError):
         super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in problems))
 
 
-def _suggest(key: str, known: list[str]) -> str:
-    m = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-    return f" (did you mean {m[0]!r}?)" if m else ""
-
-
 def _known_fields(model: type[BaseModel], loc: tuple) -> list[str]:
     """Field names of the model at ``loc`` (the parent of an unknown key)."""
     cur: Any = model
@@ -319,7 +314,7 @@ def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
         if parent == ("engine",):
             hint = unknown_key_hint(kind, str(key))
         else:
-            hint = _suggest(str(key), _known_fields(SuiteParams, parent))
+            hint = did_you_mean(key, _known_fields(SuiteParams, parent))
         return f"{source}: unknown key {key!r}" + (f" in {where}" if where else "") + at + hint
     if isinstance(exc, _AtKeys):
         out = []
@@ -330,13 +325,17 @@ def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
     if typ == "missing":
         for_kind = f" for kind {kind!r}" if kind and loc[:1] == ("engine",) else ""
         return f"{source}: {path}: required key is missing{for_kind}"
-    msg = str(exc) if exc is not None else err.get("msg", "invalid")
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
     got = err.get("input")
-    skip = got is None and typ == CROSS_FIELD
-    got_s = "" if skip or isinstance(got, (dict, list, BaseModel)) or exc is not None else f", got {got!r}"
-    return f"{source}: {path or 'top level'}: {msg}{got_s}{at}"
+    bare = (got is None and typ == CROSS_FIELD) or isinstance(got, BaseModel)
+    return f"{source}: {path or 'top level'}: {_error_text(err, exc, bare)}{at}"
+
+
+def _error_text(err: dict[str, Any], exc: Any = None, bare: bool = False) -> str:
+    """``message, got <input>`` of one pydantic error (params files, notebook parameters): ``exc``'s
+    text when given; no input when ``bare``, given ``exc`` or a mapping or list."""
+    msg = (str(exc) if exc is not None else str(err.get("msg", "invalid"))).removeprefix("Value error, ")
+    got = err.get("input")
+    return msg if bare or exc is not None or isinstance(got, (dict, list)) else f"{msg}, got {got!r}"
 
 
 def parse_params(data: Any, source: str = "<params>", text: str | None = None) -> SuiteParams:

@@ -1,10 +1,18 @@
 """Text from outside made safe where perfkit writes it: :func:`slug` (case ids) and
-:func:`md_text` (Markdown: notebooks, summary.md, every ``*.md`` perfkit writes)."""
+:func:`md_text` (Markdown: notebooks, summary.md, every ``*.md`` perfkit writes); and
+:func:`did_you_mean` (the hint after an unknown name)."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
+
+
+def did_you_mean(key: Any, known: Any, cutoff: float = 0.6) -> str:
+    """`` (did you mean 'x'?)`` with ``x`` the name of ``known`` closest to ``key``, else ""."""
+    m = difflib.get_close_matches(str(key), list(known), n=1, cutoff=cutoff)
+    return f" (did you mean {m[0]!r}?)" if m else ""
 
 
 def slug(s: Any) -> str:

@@ -8,7 +8,6 @@ docs/DESIGN.md ("One parameter's path") and docs/sglang.md.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
@@ -29,6 +28,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from perfkit.common.presets import PRESET_NAMES
+from perfkit.common.slugs import did_you_mean
 from perfkit.engine.argv import (
     argv_list,
     check_command,
@@ -497,5 +497,4 @@ def unknown_key_hint(kind: str | None, key: str) -> str:
     owners = [k for k in KINDS if k != kind and key in engine_keys(k)]
     if owners:
         return f" (a field of kind {' and '.join(map(repr, owners))})"
-    m = difflib.get_close_matches(key, engine_keys(kind or "reference"), n=1, cutoff=0.6)
-    return f" (did you mean {m[0]!r}?)" if m else ""
+    return did_you_mean(key, engine_keys(kind or "reference"))

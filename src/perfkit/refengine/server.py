@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from perfkit.common.frames import TEMPORAL_COMPRESSION, align_frames
+from perfkit.common.slugs import did_you_mean
 from perfkit.refengine.jobs import GenRequest, Job, PerfLogWriter, RunResult, job_body, job_record
 from perfkit.refengine.memhistory import MIB, SnapshotRecorder, snapshot
 from perfkit.refengine.pipeline import StagedPipeline
@@ -363,13 +364,6 @@ class FieldError(ValueError):
         self.message = message
 
 
-def _did_you_mean(name: str) -> str:
-    import difflib
-
-    m = difflib.get_close_matches(name, list(VideoRequest.model_fields), n=1, cutoff=0.6)
-    return f" (did you mean {m[0]!r}?)" if m else ""
-
-
 def _invalid_request(message: str, fields: list[str]) -> JSONResponse:
     error = {"message": message, "fields": fields, "type": "invalid_request_error"}
     return JSONResponse(status_code=400, content={"error": error})
@@ -395,7 +389,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
             name = ".".join(loc) or "body"
             fields.append(".".join(loc))
             if e.get("type") == "extra_forbidden":
-                parts.append(f"{name}: unknown field{_did_you_mean(name)}")
+                parts.append(f"{name}: unknown field{did_you_mean(name, VideoRequest.model_fields)}")
             else:
                 parts.append(f"{name}: {e.get('msg')}")
         return _invalid_request("; ".join(parts), fields)

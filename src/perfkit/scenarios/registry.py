@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check
 from perfkit.common.numfmt import number_text
+from perfkit.common.slugs import did_you_mean
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
@@ -385,12 +386,7 @@ def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return out
     unknown = [k for k in given if k not in out]
     if unknown:
-        import difflib
-
-        hints = []
-        for k in unknown:
-            m = difflib.get_close_matches(str(k), list(out), n=1, cutoff=0.6)
-            hints.append(f"{k!r}" + (f" (did you mean {m[0]!r}?)" if m else ""))
+        hints = [f"{k!r}{did_you_mean(k, out)}" for k in unknown]
         raise ValueError(f"invariants: unknown key {', '.join(hints)}; known: {', '.join(out)}")
     from pydantic import ValidationError
 

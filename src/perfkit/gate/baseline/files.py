@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime as _dt
-import difflib
 import json
 import os
 import tempfile
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.common import jsonsafe
+from perfkit.common.slugs import did_you_mean
 from perfkit.gate.baseline.rules import (
     DEFAULT_IMPROVEMENT_THRESHOLD,
     DEFAULT_STEP_FRACTIONS,
@@ -113,9 +113,8 @@ def _validate(doc: Any, source: str) -> None:
         if not isinstance(entry, dict):
             raise bad(f"scenarios.{case}", "expected an object")
         for k in entry:  # a renamed key would read as "nothing in the baseline": every stage new
-            near = difflib.get_close_matches(str(k), DERIVED_KEYS, n=1, cutoff=0.8)
-            if k not in DERIVED_KEYS and near:
-                raise bad(f"scenarios.{case}.{k}", f"unknown key (did you mean {near[0]!r}?)")
+            if k not in DERIVED_KEYS and (near := did_you_mean(k, DERIVED_KEYS, 0.8)):
+                raise bad(f"scenarios.{case}.{k}", f"unknown key{near}")
         if not any(k in entry for k in DERIVED_KEYS if k != ENGINE_KEY):
             raise bad(f"scenarios.{case}", f"no metric (keys: {', '.join(map(str, entry)) or 'none'})")
         for mkey in ("stages_ms", "denoise_step_ms"):
