@@ -90,7 +90,7 @@ def design_for(
     --max-launches``) out of range; (``--paired``) with ``--slow-rule replace``."""
     rec: dict[str, Any] = {}
     if bundles is not None:
-        rec = dict((bundles["A"].meta.get("ab") or {}).get("sequential") or {})
+        rec = recorded_design(bundles)
         if not rec:
             per = min(len(bundles["A"].launches), len(bundles["B"].launches))
             rec = {"min_launches": max(2, min(sq.DEFAULT_MIN_LAUNCHES, per)), "max_launches": max(2, per)}
@@ -179,16 +179,21 @@ def load_replay(dir_a: str, dir_b: str) -> dict[str, ResultBundle]:
     return bundles
 
 
+def recorded_design(bundles: dict[str, ResultBundle]) -> dict[str, Any]:
+    """What a replay's side A recorded of its design (its meta ``ab.sequential``); {}: nothing."""
+    return dict((bundles["A"].meta.get("ab") or {}).get("sequential") or {})
+
+
 def recorded_gate_metrics(bundles: dict[str, ResultBundle]) -> list[str] | None:
     """The gated metrics a replay recorded (side A's meta ``ab.sequential.gate_metrics``); None: all."""
-    recorded = ((bundles["A"].meta.get("ab") or {}).get("sequential") or {}).get("gate_metrics")
+    recorded = recorded_design(bundles).get("gate_metrics")
     return parse_gate_metrics([",".join(map(str, recorded))]) if recorded else None
 
 
 def recorded_thresholds(bundles: dict[str, ResultBundle]) -> tuple[float | None, dict[str, float]]:
     """The threshold and per-metric thresholds a run recorded (side A's meta
     ``ab.sequential``); (None, {}) for recordings made before they were kept."""
-    seq = (bundles["A"].meta.get("ab") or {}).get("sequential") or {}
+    seq = recorded_design(bundles)
     return seq.get("threshold"), {str(k): float(v) for k, v in (seq.get("thresholds") or {}).items()}
 
 
