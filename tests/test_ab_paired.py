@@ -12,8 +12,8 @@ import pytest
 from scipy import stats as sps
 
 from perfkit import stats
-from perfkit.ab.options import AbInputError, design_for
-from perfkit.ab.paired import Alternation, run_pair
+from perfkit.ab.ab_command import AbInputError, design_for
+from perfkit.ab.driver import Alternation, run_pair
 from perfkit.ab.procedure import Design, Walker
 
 

@@ -149,8 +149,8 @@ def run_ab(
         ValueError: ``out`` missing for a live run, a spec file that is not an engine spec
             (naming the key), sides that cannot be one A/B, or a gated metric nobody measured.
     """
+    from perfkit.ab.ab_command import request_for
     from perfkit.ab.driver import AbPlan
-    from perfkit.ab.options import request_for
     from perfkit.ab.sequential import Design, decide_sequential, run_sequential
     from perfkit.bundle import ResultBundle
     from perfkit.engine.client import VideoRequestSpec

@@ -1,22 +1,150 @@
-"""Run or replay an A/B and decide it: what ``perfkit ab`` does, apart from reading its options
-(:mod:`perfkit.ab.options`) and writing the outputs (:func:`perfkit.report.ab.write_ab_outputs`).
+"""``perfkit ab`` apart from writing its outputs (:func:`perfkit.report.ab.write_ab_outputs`):
+read its options into an A/B (thresholds, gated metrics, the sequential design, the output
+directory, the request shape), run or replay it, decide it.
 
-Errors are :class:`perfkit.ab.options.AbInputError`, naming the option they came from.
+Every error is an :class:`AbInputError` naming the option it came from.
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
+from perfkit import stats
+from perfkit.ab import procedure as sq
 from perfkit.ab.decide import incomparable, needed_text
 from perfkit.ab.driver import AbPlan
-from perfkit.ab.options import AbInputError, parse_gate_metrics
+from perfkit.ab.metrics import METRIC_UNITS
 from perfkit.ab.procedure import Design
 from perfkit.ab.sequential import decide_sequential, run_sequential
 from perfkit.bundle import ResultBundle
+from perfkit.common.outdirs import given_out_problem
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
+from perfkit.readings.stages import KNOWN_STAGES
+
+
+class AbInputError(ValueError):
+    """Bad A/B input; ``option`` names the command-line option (e.g. ``--threshold``)."""
+
+    def __init__(self, message: str, option: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+def parse_fraction(text: str | None, option: str) -> float | None:
+    """``5%`` or ``0.05`` -> 0.05 (None: not given). Raises :class:`AbInputError` outside (0, 1)."""
+    if text is None:
+        return None
+    t = str(text).strip()
+    try:
+        v = float(t.rstrip("%")) / (100.0 if t.endswith("%") else 1.0)
+    except ValueError:
+        raise AbInputError(
+            f"expected a fraction like 0.05 or a percent like 5%, got {text!r}", option
+        ) from None
+    if not 0.0 < v < 1.0:
+        raise AbInputError(f"must be between 0 and 1 (0 % and 100 %), got {text!r}", option)
+    return v
+
+
+def parse_gate_metrics(texts: str | Iterable[str] | None, option: str = "--gate-metrics") -> list[str] | None:
+    """``--gate-metrics``: comma-separated metric names (the option may be given twice), each a
+    fixed A/B metric (:data:`perfkit.ab.metrics.METRIC_UNITS`) or an sglang stage name
+    (``…Stage``); None: all. Raises :class:`AbInputError`: empty, or a name that is neither."""
+    if not texts:
+        return None
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    names = list(dict.fromkeys(x.strip() for t in texts for x in str(t).split(",") if x.strip()))
+    if not names:
+        raise AbInputError("no metric named", option)
+    known = [*METRIC_UNITS, *KNOWN_STAGES]
+    for x in names:
+        if x not in METRIC_UNITS and not x.endswith("Stage"):
+            near = [k for k in known if k.lower() == x.lower()] or difflib.get_close_matches(
+                x, known, n=1, cutoff=0.6
+            )
+            raise AbInputError(
+                f"unknown metric {x!r}"
+                + (f" (did you mean {near[0]}? names are case-sensitive)" if near else "")
+                + f"; metrics: {', '.join(METRIC_UNITS)} or a stage such as DenoisingStage",
+                option,
+            )
+    return names
+
+
+def design_for(
+    launches: int | None,
+    max_launches: int | None,
+    confidence: float | None,
+    spending: str | None,
+    slow_rule: str | None,
+    bundles: dict[str, ResultBundle] | None = None,
+    paired: bool | None = None,
+) -> sq.Design:
+    """The sequential design from the options; a replay's (``bundles``) unset ones from the
+    recording (its meta ``ab.sequential``, else one look at its launches a side: the fixed-N A/B
+    it was). ``paired`` (``--paired``; None: the recording's, else False) makes the slow-spell
+    rule ``keep`` unless one is given. Raises :class:`AbInputError` (``-n/--launches,
+    --max-launches``) out of range; (``--paired``) with ``--slow-rule replace``."""
+    rec: dict[str, Any] = {}
+    if bundles is not None:
+        rec = recorded_design(bundles)
+        if not rec:
+            per = min(len(bundles["A"].launches), len(bundles["B"].launches))
+            rec = {"min_launches": max(2, min(sq.DEFAULT_MIN_LAUNCHES, per)), "max_launches": max(2, per)}
+    lo = launches or rec.get("min_launches") or sq.DEFAULT_MIN_LAUNCHES
+    hi = max_launches or rec.get("max_launches") or max(sq.DEFAULT_MAX_LAUNCHES, lo)
+    pair = bool(rec.get("paired", False)) if paired is None else bool(paired)
+    if pair and slow_rule == "replace":
+        raise AbInputError(
+            "a paired A/B keeps every launch (a pair shares its host state; replacing one side's "
+            "launch would break the pair): leave --slow-rule out or pass keep",
+            "--paired",
+        )
+    try:
+        return sq.Design(
+            min_launches=int(lo),
+            max_launches=int(hi),
+            confidence=confidence or float(rec.get("confidence") or stats.DEFAULT_CONFIDENCE),
+            spending=spending or rec.get("spending") or "pocock",
+            slow_rule=slow_rule or ("keep" if pair else rec.get("slow_rule") or "replace"),
+            paired=pair,
+        )
+    except ValueError as exc:
+        raise AbInputError(str(exc), "-n/--launches, --max-launches") from None
+
+
+def out_dir(given: str | None, stamp: str) -> Path:
+    """The ab run directory: ``given`` (refused when it is a file or a non-empty directory: a
+    replay must not overwrite a run, e.g. the A/A its thresholds come from), else a new
+    ``outputs/ab/<stamp>`` (``-2``, ``-3``, … when that is taken). Raises :class:`AbInputError`."""
+    if given:
+        problem = given_out_problem(given)
+        if problem:
+            raise AbInputError(f"{Path(given)} {problem}", "--out")
+        return Path(given)
+    out, k = Path("outputs") / "ab" / stamp, 1
+    while out.exists():
+        k += 1
+        out = Path("outputs") / "ab" / f"{stamp}-{k}"
+    return out
+
+
+def request_for(
+    req_a: dict[str, Any] | None, req_b: dict[str, Any] | None, overrides: dict[str, int | None]
+) -> dict[str, Any]:
+    """The one request shape of an A/B: the params files' (they must agree), then ``overrides``
+    (request keys, None: not given). Raises :class:`AbInputError` (``--a/--b``) on two shapes."""
+    if req_a is not None and req_b is not None and req_a != req_b:
+        raise AbInputError(
+            f"the params files ask for different requests ({req_a} vs {req_b}): an A/B compares one shape",
+            "--a/--b",
+        )
+    req = dict(req_a or req_b or {})
+    req.update({k: v for k, v in overrides.items() if v is not None})
+    return req
 
 
 def load_replay(dir_a: str, dir_b: str) -> dict[str, ResultBundle]:
@@ -51,16 +179,21 @@ def load_replay(dir_a: str, dir_b: str) -> dict[str, ResultBundle]:
     return bundles
 
 
+def recorded_design(bundles: dict[str, ResultBundle]) -> dict[str, Any]:
+    """What a replay's side A recorded of its design (its meta ``ab.sequential``); {}: nothing."""
+    return dict((bundles["A"].meta.get("ab") or {}).get("sequential") or {})
+
+
 def recorded_gate_metrics(bundles: dict[str, ResultBundle]) -> list[str] | None:
     """The gated metrics a replay recorded (side A's meta ``ab.sequential.gate_metrics``); None: all."""
-    recorded = ((bundles["A"].meta.get("ab") or {}).get("sequential") or {}).get("gate_metrics")
+    recorded = recorded_design(bundles).get("gate_metrics")
     return parse_gate_metrics([",".join(map(str, recorded))]) if recorded else None
 
 
 def recorded_thresholds(bundles: dict[str, ResultBundle]) -> tuple[float | None, dict[str, float]]:
     """The threshold and per-metric thresholds a run recorded (side A's meta
     ``ab.sequential``); (None, {}) for recordings made before they were kept."""
-    seq = (bundles["A"].meta.get("ab") or {}).get("sequential") or {}
+    seq = recorded_design(bundles)
     return seq.get("threshold"), {str(k): float(v) for k, v in (seq.get("thresholds") or {}).items()}
 
 

@@ -1,21 +1,27 @@
 """Run an A/B: balanced interleaved launches (``A B B A …``) of two or more engine specs, each a
 :func:`perfkit.measuring.launch_rows.measure_launch`, into a bundle per side with the host's load
 averages in its meta (the runner may be shared).
+
+Paired launches (``perfkit ab --paired``): an A and a B launch run side by side, their requests
+in turn (A's cold request, B's, A's first warm one, …; never overlapping). :class:`Alternation`
+is the turnstile; :func:`run_pair` runs the two launches on two threads. Why and what it costs:
+docs/choosing-n-m.md, "Paired launches".
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from tqdm.std import tqdm  # a text bar, never a widget (perfkit.measuring.progress)
 
-from perfkit.ab.paired import run_pair
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, describe
@@ -105,7 +111,7 @@ def run_arms(
     after the measured launches, one extra launch per arm (``profiled-<arm>``, outside the order,
     counts and metrics) profiles a cold and a warm request into that arm's bundle. ``paired``
     (arms A and B, equal counts): the order is taken two at a time, an A and a B launch side by
-    side with their requests in turn (:mod:`perfkit.ab.paired`; ``extend`` returns two arms); the
+    side with their requests in turn (:func:`run_pair`; ``extend`` returns two arms); the
     meta ``ab`` says ``paired`` and each pair's request order.
 
     Raises:
@@ -174,7 +180,7 @@ def _launch(
     loads: dict[str, Any],
 ) -> tuple[str, list[str]]:
     """One launch of :func:`run_arms` (``group`` one arm), or an A and a B launch side by side,
-    their requests in turn (:func:`perfkit.ab.paired.run_pair`, ``group[0]`` first): each arm's
+    their requests in turn (:func:`run_pair`, ``group[0]`` first): each arm's
     :class:`LaunchData` is appended to ``data`` and its load averages put in ``loads``; what
     outlived the teardown is named in each error. Returns the key (``"A00+B00"``) and, paired,
     the request order (``["A00:0", "B00:0", …]``)."""
@@ -259,3 +265,82 @@ def _save_arms(
         b.save(out / arm.lower())
         bundles[arm] = b
     return bundles
+
+
+class Alternation:
+    """Two sides' requests in turn: ``first``'s request 0, ``second``'s request 0, ``first``'s
+    request 1, … A side that has ended (its launch failed, or it ran all its requests) no longer
+    holds the other up.
+
+    Args:
+        first, second: the side names (e.g. "A", "B"); ``first`` goes first.
+    """
+
+    def __init__(self, first: str, second: str) -> None:
+        self._cv = threading.Condition()
+        self._other = {first: second, second: first}
+        self._turn = first
+        self._ended: set[str] = set()
+        #: (side, request index) in the order the requests ran
+        self.log: list[tuple[str, int]] = []
+
+    @contextlib.contextmanager
+    def turn(self, side: str, i: int) -> Iterator[None]:
+        """Wait until it is ``side``'s turn (or the other side has ended), run the block, pass
+        the turn on. Raises KeyError for a side that is not one of the two."""
+        other = self._other[side]
+        with self._cv:
+            self._cv.wait_for(lambda: self._turn == side or other in self._ended)
+            self.log.append((side, i))
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._turn = other
+                self._cv.notify_all()
+
+    def end(self, side: str) -> None:
+        """``side`` sends no more requests: the other runs on alone."""
+        with self._cv:
+            self._ended.add(side)
+            self._turn = self._other[side]
+            self._cv.notify_all()
+
+
+def run_pair(
+    first: str, second: str, measure: Callable[[str, Callable[[int], Any]], Any]
+) -> tuple[dict[str, Any], list[tuple[str, int]]]:
+    """Run ``measure(side, turn)`` for both sides at once, on two threads, their requests in
+    turn (``turn(i)`` is the context manager a launch enters around its request ``i``,
+    :func:`perfkit.measuring.launch_rows.measure_launch`'s ``turn``).
+
+    Returns:
+        ({side: what its ``measure`` returned}, the (side, request index) order they ran in).
+
+    Raises:
+        Whatever a ``measure`` raised (the first side's first), after both threads ended;
+        KeyboardInterrupt as the main thread received it (the launches' own teardown ends
+        their engines: each runs inside its ``measure``).
+    """
+    alt = Alternation(first, second)
+    results: dict[str, Any] = {}
+    errors: dict[str, BaseException] = {}
+
+    def work(side: str) -> None:
+        try:
+            results[side] = measure(side, lambda i: alt.turn(side, i))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            errors[side] = exc
+        finally:
+            alt.end(side)
+
+    threads = [threading.Thread(target=work, args=(s,), name=f"ab-{s}", daemon=True) for s in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(timeout=0.5)  # wakes for Ctrl-C / SIGTERM (raised in this thread)
+    for s in (first, second):
+        if s in errors:
+            raise errors[s]
+    return results, alt.log

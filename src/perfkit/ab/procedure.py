@@ -313,23 +313,19 @@ def end_of_recording(w: Walk, metrics: Sequence[str], design: Design) -> Walk:
     """A replayed recording that ends before the procedure stopped: undecided, as at the maximum
     (the recording's launches a side are its maximum)."""
     if w.stop is None:
-        _at_maximum(w, metrics, design)
-        w.reason = w.reason.replace(
-            f"maximum reached ({design.max_launches} launches run a side)",
-            f"the recording ends ({', '.join(f'{len(v)} of {s}' for s, v in w.run.items())} launches)",
-        )
+        ran = ", ".join(f"{len(v)} of {s}" for s, v in w.run.items())
+        _at_maximum(w, metrics, design, f"the recording ends ({ran} launches)")
     return w
 
 
-def _at_maximum(w: Walk, metrics: Sequence[str], design: Design) -> Walk:
-    """Stop ``w`` at the maximum: the gated metrics still inconclusive are undecided."""
+def _at_maximum(w: Walk, metrics: Sequence[str], design: Design, why: str = "") -> Walk:
+    """Stop ``w`` at the maximum (``why``: the reason's start; default: the maximum reached):
+    the gated metrics still inconclusive are undecided."""
     w.stop, w.next_arm = "maximum", None
     final = w.final
     w.undecided = (
         [m for m, v in final.metrics.items() if v["decision"] == "inconclusive"] if final else list(metrics)
     )
-    w.reason = (
-        f"maximum reached ({design.max_launches} launches run a side) with "
-        f"{', '.join(w.undecided) or 'no metric'} still inconclusive"
-    )
+    why = why or f"maximum reached ({design.max_launches} launches run a side)"
+    w.reason = f"{why} with {', '.join(w.undecided) or 'no metric'} still inconclusive"
     return w

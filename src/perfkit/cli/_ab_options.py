@@ -90,19 +90,19 @@ def read_decision(kw: dict[str, Any], bundles: Any = None) -> tuple[Any, float |
     """The decision options in ``kw`` -> (the sequential design, ``--threshold`` or None when not
     given, ``--threshold-from``'s per-metric thresholds or {}); ``bundles``: a replay's, whose
     recorded design fills what is not given. Raises
-    :class:`perfkit.ab.options.AbInputError` naming the option."""
-    from perfkit.ab import options
+    :class:`perfkit.ab.ab_command.AbInputError` naming the option."""
+    from perfkit.ab import ab_command
     from perfkit.ab.decide import thresholds_from_run
 
-    threshold = options.parse_fraction(kw["threshold"], "--threshold")
-    confidence = options.parse_fraction(kw["confidence"], "--confidence")
+    threshold = ab_command.parse_fraction(kw["threshold"], "--threshold")
+    confidence = ab_command.parse_fraction(kw["confidence"], "--confidence")
     thresholds: dict[str, float] = {}
     if kw["threshold_from"]:
         try:
             thresholds = thresholds_from_run(kw["threshold_from"])
         except (FileNotFoundError, ValueError) as exc:
-            raise options.AbInputError(str(exc), "--threshold-from") from None
-    design = options.design_for(
+            raise ab_command.AbInputError(str(exc), "--threshold-from") from None
+    design = ab_command.design_for(
         kw["launches"], kw["max_launches"], confidence, kw["spending"], kw["slow_spells"], bundles,
         paired=kw["paired"],
     )  # fmt: skip

@@ -1,5 +1,5 @@
 """``perfkit ab``: A/B two engines (or replay two recorded sides), a thin wrapper over
-:mod:`perfkit.ab.options` (the options read) and :mod:`perfkit.ab.ab_command` (run or replay, decide)."""
+:mod:`perfkit.ab.ab_command` (read the options; run or replay, decide)."""
 
 from __future__ import annotations
 
@@ -42,16 +42,16 @@ def side(path: str, option: str) -> tuple[Any, dict[str, Any] | None]:
 
 def _run_or_replay(kw: dict[str, Any]) -> int:
     from perfkit import stats
-    from perfkit.ab import ab_command, options
+    from perfkit.ab import ab_command
     from perfkit.report.ab import write_ab_outputs
 
-    gate = options.parse_gate_metrics(kw["gate_metrics"])
+    gate = ab_command.parse_gate_metrics(kw["gate_metrics"])
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     if kw["replay"]:
         if kw["a"] or kw["b"]:
             raise click.UsageError("give either --replay DIR_A DIR_B or --a/--b, not both")
         bundles = ab_command.load_replay(*kw["replay"])
-        out = options.out_dir(kw["out"], f"{stamp}-replay")
+        out = ab_command.out_dir(kw["out"], f"{stamp}-replay")
         design, threshold, thresholds = read_decision(kw, bundles)
         if gate is None:  # the alpha is split over them
             gate = ab_command.recorded_gate_metrics(bundles)
@@ -69,12 +69,12 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
             except FileNotFoundError as exc:
                 raise click.BadParameter(f"{kw[opt[2:]]}: {exc}", param_hint=opt) from None
         shape = {k: kw[k] for k in ("num_frames", "height", "width")} | {"num_inference_steps": kw["steps"]}
-        req = options.request_for(req_a, req_b, shape)
+        req = ab_command.request_for(req_a, req_b, shape)
         if kw["share_compile_cache"]:
             spec_a, spec_b = (s.replace(share_compile_cache=True) for s in (spec_a, spec_b))
         design, threshold, thresholds = read_decision(kw)
         threshold = threshold or stats.DEFAULT_THRESHOLD
-        out = options.out_dir(kw["out"], stamp)
+        out = ab_command.out_dir(kw["out"], stamp)
         pkeys = ("profile_steps", "profile_all_stages", "profile_warm")
         profile = ab_command.profile_params(*(kw[k] for k in pkeys)) if kw["profile"] else None
         from perfkit.engine.owner import become_subreaper
@@ -111,7 +111,7 @@ def ab_command(**kw: Any) -> None:
     ]
     if given and not kw["profile"]:  # they mean nothing without it: never silently ignored
         raise click.UsageError(f"{', '.join(given)} only with --profile (nothing is profiled without it)")
-    from perfkit.ab.options import AbInputError  # here: `perfkit ab --help` starts without the A/B stack
+    from perfkit.ab.ab_command import AbInputError  # here: `perfkit ab --help` starts without the A/B stack
 
     try:
         code = _run_or_replay(kw)

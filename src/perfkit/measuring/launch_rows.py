@@ -235,7 +235,7 @@ def measure_launch(
 
     ``after(handle, client, sampler)`` runs in the same session after the requests (its dict:
     :attr:`LaunchData.extra`; its requests are not measured rows). ``turn(i)``: a context manager
-    around request ``i`` that may wait (``perfkit ab --paired``, :mod:`perfkit.ab.paired`).
+    around request ``i`` that may wait (``perfkit ab --paired``, :func:`perfkit.ab.driver.run_pair`).
     """
     data = LaunchData(label=label)
     timeout_s = float(request_timeout_s or spec.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from perfkit.stats.launches import *  # noqa: F403 (the surface: its public names)
+from perfkit.stats.launches import _check
 
 #: Fewest samples per side for which :func:`mann_whitney` runs the rank test.
 MIN_RANK_TEST_SAMPLES = 5
@@ -55,10 +56,16 @@ def _bootstrap_medians(a: np.ndarray, n_resamples: int, rng: np.random.Generator
 
 
 def _check_args(confidence: float, n_resamples: int) -> None:
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    _check(confidence)
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+
+
+def _ends(v: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The two-sided percentile interval ``(lo, hi)`` of bootstrap statistics ``v``."""
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(v, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return (float(lo), float(hi))
 
 
 def bootstrap_median_ci(
@@ -79,9 +86,7 @@ def bootstrap_median_ci(
         return (float(a[0]), float(a[0]))
     rng = np.random.default_rng(seed)
     meds = _bootstrap_medians(a, n_resamples, rng)
-    alpha = 1.0 - confidence
-    lo, hi = np.quantile(meds, [alpha / 2.0, 1.0 - alpha / 2.0])
-    return (float(lo), float(hi))
+    return _ends(meds, confidence)
 
 
 def bootstrap_ratio_ci(
@@ -108,9 +113,7 @@ def bootstrap_ratio_ci(
     ratios = ratios[~np.isnan(ratios)]
     if ratios.size == 0:
         return (math.nan, math.nan)
-    alpha = 1.0 - confidence
-    lo, hi = np.quantile(ratios, [alpha / 2.0, 1.0 - alpha / 2.0])
-    return (float(lo), float(hi))
+    return _ends(ratios, confidence)
 
 
 def bootstrap_mean_ratio_ci(a: Any, b: Any, confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
