@@ -239,7 +239,7 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def probe_run(kind: str, fn: Callable[..., Any], kw: dict[str, Any], *args: Any, **more: Any) -> None:
     """Build the probe setup from ``kw``, run ``fn(*args, setup, out, **more)``, print, exit."""
-    from perfkit.ab.options import AbInputError, parse_gate_metrics
+    from perfkit.ab.ab_command import AbInputError, parse_gate_metrics
     from perfkit.bisect.bisect_command import make_setup, out_dir
     from perfkit.bisect.checkout import BisectError
     from perfkit.history.store import HistoryError
