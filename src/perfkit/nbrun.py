@@ -137,15 +137,12 @@ def run_dir_for(name: str, given: str | None) -> RunDir:
 
 
 def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: float | None):
-    """Execute the notebook (:func:`perfkit.suite.execute_notebook`); on a terminal, draw its
-    requests' progress from the kernel's events (:class:`perfkit.measuring.progress.RunBars`; the
-    estimate from the scenario's plan). This process owns what the kernel starts
-    (:mod:`perfkit.engine.owner`): ended here if it outlives it, and named in the error."""
-    from perfkit.engine.owner import REGISTRY_ENV, Watch, become_subreaper, describe
+    """Execute the notebook (:func:`perfkit.suite.execute_owned`: what its kernel starts ended
+    here); on a terminal, its requests' progress bars (the estimate from the scenario's plan)."""
+    from perfkit.engine.owner import become_subreaper
     from perfkit.measuring.progress import RunBars
     from perfkit.scenarios import registry
-    from perfkit.suite import execute_notebook
-    from perfkit.suite.execute import _env
+    from perfkit.suite import execute_owned
 
     plan: list[int] = []
     if nb.stem in registry.names() and not params.get("bundle_dir"):
@@ -155,28 +152,18 @@ def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: fl
             sec = s.params_model.model_validate({k: v for k, v in params.items() if k in fields})
             plan = list(s.plan(sec)) if s.plan is not None else []
     planned = sum(plan)
-    pfile = out.with_suffix(".progress.jsonl")
     # the kernel's stderr (its shutdown noise: a traceback when interrupted) goes to a log; the
     # bars to the terminal
     bar_file, log_file = os.fdopen(os.dup(2), "w"), out.with_suffix(".kernel.log")
     bars = RunBars(bar_file, len(plan), planned, enabled=planned > 0 and bar_file.isatty())
     become_subreaper()
-    registry_file = out.with_suffix(".processes.jsonl")
-    watch = Watch.start(registry_file)
     try:
-        with bars.watch(pfile, nb.stem, planned), _env(REGISTRY_ENV, str(registry_file)):
-            r = execute_notebook(
-                nb, out, params, cwd=Path.cwd(), timeout_s=timeout_s, kernel_log=log_file, progress_file=pfile
-            )
+        return execute_owned(nb, out, params, bars, planned, cwd=Path.cwd(), timeout_s=timeout_s)
     finally:
         bars.close()
         bar_file.close()
         if log_file.exists() and not log_file.stat().st_size:
             log_file.unlink()
-        left = watch.reap()
-    if left and r.status == "error":
-        r.error = f"{r.error}\n{describe(left)}"
-    return r
 
 
 @dataclass

@@ -21,7 +21,7 @@ import yaml
 
 from perfkit.common import jsonsafe
 from perfkit.common.provenance import repo_root
-from perfkit.engine.owner import REGISTRY_ENV, Ended, Watch, describe, spawn_reaper, stop_reaper
+from perfkit.engine.owner import REGISTRY_ENV, Watch, describe, spawn_reaper, stop_reaper
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate.verdicts import (
     GATE,
@@ -250,43 +250,62 @@ def _run_notebook(
     if stale.exists():
         stale.unlink()
     log.info("running %s", src)
-    pfile = run_dir / "notebooks" / f"{name}.progress.jsonl"
-    # this process owns what the kernel launches: registered there, ended here if it
-    # outlives the kernel (perfkit.engine.owner)
-    registry_file = run_dir / "notebooks" / f"{name}.processes.jsonl"
+    try:
+        r = execute_owned(
+            src,
+            dst,
+            notebook_parameters(name, params, run_dir, replay_dir),
+            bars,
+            run_plan(params, [name])[1] if replay_dir is None else 0,
+            grace_s=spec.stop_grace_s,
+            in_flight_error=True,
+            cwd=run_dir,
+            timeout_s=params.timeout_s,
+            kernel=kern,
+        )
+    except KeyboardInterrupt:
+        return None
+    if r.status == "ok" and read_verdict(run_dir / name) is None:
+        r.status, r.ename = "error", "MissingVerdict"
+        r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"
+    return r
+
+
+def execute_owned(
+    src: Path,
+    dst: Path,
+    parameters: Mapping[str, Any],
+    bars: RunBars,
+    planned: int,
+    *,
+    grace_s: float = 5.0,
+    in_flight_error: bool = False,
+    **kw: Any,
+) -> NotebookRun:
+    """:func:`execute_notebook` (``kw`` passed on), its events (drawn on ``bars``, ``planned``
+    requests), kernel log and process registry beside ``dst``. What the kernel launches is ended
+    here (``grace_s``) if it outlives it (:mod:`perfkit.engine.owner`), also on Ctrl-C or SIGTERM
+    (raised on): ``outlived``, named in a failed run's error (after ``in_flight_error``'s launch)."""
+    pfile, registry_file = dst.with_suffix(".progress.jsonl"), dst.with_suffix(".processes.jsonl")
     watch = Watch.start(registry_file)
     try:
-        with (
-            bars.watch(pfile, name, run_plan(params, [name])[1] if replay_dir is None else 0),
-            _env(REGISTRY_ENV, str(registry_file)),
-        ):
+        with bars.watch(pfile, src.stem, planned), _env(REGISTRY_ENV, str(registry_file)):
             r = execute_notebook(
-                src,
-                dst,
-                notebook_parameters(name, params, run_dir, replay_dir),
-                cwd=run_dir,
-                timeout_s=params.timeout_s,
-                kernel=kern,
-                kernel_log=run_dir / "notebooks" / f"{name}.kernel.log",
-                progress_file=pfile,
+                src, dst, parameters, kernel_log=dst.with_suffix(".kernel.log"), progress_file=pfile, **kw
             )
-    except KeyboardInterrupt:
-        _end_outlived(watch, spec.stop_grace_s)
-        return None
-    r.outlived = _end_outlived(watch, spec.stop_grace_s)
+    finally:
+        left = watch.reap(grace_s=grace_s)
+    r.outlived = [e.to_dict() for e in left]
     if r.status == "error":
         # a kernel that died mid-launch (cell timeout, kill) left a request in flight
-        r.in_flight = in_flight(pfile)
+        r.in_flight = in_flight(pfile) if in_flight_error else None
         if r.in_flight:
             r.error = (
                 f"{r.error}\nthe kernel stopped during launch {r.in_flight['launch']!r}, "
                 f"request {r.in_flight['request']}"
             )
-        if r.outlived:
-            r.error = f"{r.error}\n{describe([Ended(**e) for e in r.outlived])}"
-    if r.status == "ok" and read_verdict(run_dir / name) is None:
-        r.status, r.ename = "error", "MissingVerdict"
-        r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"
+        if left:
+            r.error = f"{r.error}\n{describe(left)}"
     return r
 
 
@@ -309,11 +328,6 @@ def _write_report(report: Any, run_dir: Path, *, link: bool, screenshot: bool) -
             report.screenshot(html, run_dir / "report.png")
         except Exception as exc:  # noqa: BLE001 - a screenshot is a nicety
             log.warning("no screenshot: %s", exc)
-
-
-def _end_outlived(watch: Watch, grace_s: float) -> list[dict[str, Any]]:
-    """End what a notebook's kernel started and left running (:meth:`Watch.reap`); as dicts."""
-    return [e.to_dict() for e in watch.reap(grace_s=grace_s)]
 
 
 def _shown_path(path: Path) -> str:
