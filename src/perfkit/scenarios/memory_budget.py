@@ -22,10 +22,16 @@ from perfkit.common.slugs import md_text, slug
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.measuring.assemble import assemble, join_bundles, relabel
+from perfkit.measuring.assemble import (
+    PlannedLaunch,
+    assemble,
+    join_bundles,
+    launch_key,
+    relabel,
+    reuse_launch,
+)
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown
-from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.readings.sampler.nvml import nvml_inventory
 from perfkit.scenarios import cells, registry
 from perfkit.scenarios.common import as_request, host_peak_text, mib, peak_mib, pick_columns
