@@ -185,7 +185,7 @@ def test_a_missing_file_is_named(tmp_path):
 def test_collect_from_the_h200_records_names_the_leak_in_table_reading_and_verdict(tmp_path):
     from perfkit.checks import check_table
     from perfkit.gate.run import scenario_checks
-    from perfkit.measuring.memsites import SnapshotParams, collect, sites_markdown, top_sites_text
+    from perfkit.measuring.profiled import SnapshotParams, collect, sites_markdown, top_sites_text
 
     lines = []
     for r in _records("leak64"):  # the records name the engine's files: point them at the fixture
@@ -231,7 +231,7 @@ def test_collect_from_the_h200_records_names_the_leak_in_table_reading_and_verdi
 
 
 def test_collect_without_the_leak_names_no_growing_site(tmp_path):
-    from perfkit.measuring.memsites import SnapshotParams, collect, sites_markdown
+    from perfkit.measuring.profiled import SnapshotParams, collect, sites_markdown
 
     lines = []
     for r in _records("noleak"):
@@ -287,7 +287,7 @@ def test_live_h200_bundle_gives_the_leak_verdict_with_its_allocation_site():
 
 def test_an_engine_without_snapshots_is_said_so_not_failed():
     from perfkit.engine.spec import EngineSpec
-    from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown
+    from perfkit.measuring.profiled import SnapshotParams, ask_engine, collect, sites_markdown
 
     sgl = EngineSpec(kind="sglang", model_path="Lightricks/LTX-Video")
     spec, why = ask_engine(sgl, SnapshotParams(), 5)

@@ -129,7 +129,7 @@ def test_history_check_summary_keeps_its_table(case, reason, commit):
 @FAST
 @given(hostile, hostile)
 def test_verdict_sites_load_and_bisect_texts_are_inert(a, b):
-    from perfkit.measuring.memsites import sites_markdown
+    from perfkit.measuring.profiled import sites_markdown
     from perfkit.report.bisect import bisect_summary_markdown
     from perfkit.report.notebook import verdict_markdown
     from perfkit.scenarios import load as L

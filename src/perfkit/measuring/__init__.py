@@ -1,3 +1,3 @@
 """The measuring layer: one engine launch measured -> its rows and samples (launch_rows,
-assemble, reuse, progress, profiled, memsites); nothing here names an investigation.
+assemble (with shared launches), progress, profiled (with memory sites); nothing here names an investigation.
 """

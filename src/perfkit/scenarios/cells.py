@@ -26,8 +26,8 @@ ROOT_CAUSE = """show_table(first_request_costs(bundle.requests, bundle.stages), 
 
 REQUESTS = """show_table(request_frame(bundle.requests), transpose=False)"""
 
-#: what grew between the allocator snapshots, by allocation site (perfkit.measuring.memsites)
-MEMORY_SITES = """from perfkit.measuring.memsites import sites_markdown
+#: what grew between the allocator snapshots, by allocation site (perfkit.measuring.profiled)
+MEMORY_SITES = """from perfkit.measuring.profiled import sites_markdown
 
 display(Markdown(sites_markdown(results) or "No allocator snapshots: set `snapshot` (e.g. `{}`) to take them."))
 sites = bundle.tables.get("memory_sites")

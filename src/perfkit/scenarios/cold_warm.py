@@ -25,11 +25,18 @@ from perfkit.common.slugs import md_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.measuring.assemble import assemble
+from perfkit.measuring.assemble import PlannedLaunch, assemble, launch_key
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
-from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown, top_sites_text
-from perfkit.measuring.profiled import ProfileParams, attach, run_profiled
-from perfkit.measuring.reuse import PlannedLaunch, launch_key
+from perfkit.measuring.profiled import (
+    ProfileParams,
+    SnapshotParams,
+    ask_engine,
+    attach,
+    collect,
+    run_profiled,
+    sites_markdown,
+    top_sites_text,
+)
 from perfkit.reported import NOT_REPORTED, reported_count, reported_sum
 from perfkit.scenarios import cells, registry
 from perfkit.scenarios.common import as_request, stage_penalty

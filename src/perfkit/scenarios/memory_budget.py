@@ -22,10 +22,16 @@ from perfkit.common.slugs import md_text, slug
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.measuring.assemble import assemble, join_bundles, relabel
+from perfkit.measuring.assemble import (
+    PlannedLaunch,
+    assemble,
+    join_bundles,
+    launch_key,
+    relabel,
+    reuse_launch,
+)
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
-from perfkit.measuring.memsites import SnapshotParams, ask_engine, collect, sites_markdown
-from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
+from perfkit.measuring.profiled import SnapshotParams, ask_engine, collect, sites_markdown
 from perfkit.readings.sampler.nvml import nvml_inventory
 from perfkit.scenarios import cells, registry
 from perfkit.scenarios.common import as_request, host_peak_text, mib, peak_mib, pick_columns
@@ -146,7 +152,7 @@ def memory_budget(
         reuse: bundles measured earlier in this run; the unlimited cap takes a session that
             ran the same spec and request without caps (results ``reused_launches``).
         snapshot: allocator snapshots after the cold request and warm request k of each launch
-            (:class:`~perfkit.measuring.memsites.SnapshotParams`; needs repeats >= 2): the
+            (:class:`~perfkit.measuring.profiled.SnapshotParams`; needs repeats >= 2): the
             ``memory_sites`` table, each cap entry's ``memory_sites`` and ``results.memory_sites``
             (the first budget's; ``not available on cpu`` on a CPU engine).
 

@@ -19,9 +19,8 @@ from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
-from perfkit.measuring.assemble import assemble, join_bundles
+from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key, reuse_launch
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
-from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.readings.records import parse_lines
 from perfkit.scenarios import cells, registry
 from perfkit.scenarios.common import ANON_SUM_LABEL, as_request, mib, peak_mib

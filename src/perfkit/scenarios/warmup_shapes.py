@@ -22,10 +22,9 @@ from perfkit.common.numfmt import fmt
 from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.measuring.assemble import assemble, join_bundles
+from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key, reuse_launch
 from perfkit.measuring.launch_rows import measure_launch
 from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
-from perfkit.measuring.reuse import PlannedLaunch, launch_key, reuse_launch
 from perfkit.reported import NOT_REPORTED, NOT_REPORTED_REASON
 from perfkit.scenarios import cells, registry
 from perfkit.scenarios.common import as_request, pick_columns
@@ -94,7 +93,7 @@ def warmup_shapes(
         reuse: bundles measured earlier in this run; a warmup setting whose launch one already
             measured (same spec and warmup, one request shape equal to its request, at least
             ``repeats`` requests) takes that session's first requests instead of launching again
-            (:func:`perfkit.measuring.reuse.reuse_launch`; results ``reused_launches``).
+            (:func:`perfkit.measuring.assemble.reuse_launch`; results ``reused_launches``).
         profile: profile extra requests (:class:`~perfkit.measuring.profiled.ProfileParams`):
             after the measured launches, an extra launch (label ``profiled-warmup{w}``) with the
             warmup of the first (warmup, shape) pair that is not covered sends that shape's first
