@@ -4,7 +4,6 @@ network, no markup in Python, one table formatter): docs/suite.md, "The report p
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -15,6 +14,7 @@ from typing import Any, Mapping
 import markupsafe
 import pandas as pd
 
+from perfkit.bundle import read_meta
 from perfkit.engine.owner import run_bounded
 from perfkit.gate.outcome import check_counts
 from perfkit.gate.verdicts import (
@@ -269,13 +269,12 @@ def write_tool_outputs(
 def _env_line(run_dir: Path) -> str:
     """Hardware and versions (engine's, perfkit's) from the first bundle's ``meta.json``, or ""."""
     for s in registry.all_scenarios():
-        p = run_dir / s.name / "meta.json"
-        if not p.exists():
+        if not (run_dir / s.name / "meta.json").exists():
             continue
         try:
-            m = json.loads(p.read_text())
+            m = read_meta(run_dir / s.name)
         except (OSError, ValueError) as exc:
-            log.warning("report: unreadable %s: %r", p, exc)
+            log.warning("report: unreadable %s: %r", run_dir / s.name / "meta.json", exc)
             continue
         bits = [m.get("gpu_name") or f"CPU x{m.get('cpu_count')}", engine_versions_text(m)]
         bits.append(f"perfkit {m.get('perfkit_version')} (torch {m.get('torch_version')})")

@@ -5,7 +5,6 @@ and how they differ (:func:`identity_problems`); layout in docs/scale-out.md.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from perfkit.bundle import TABLES, ResultBundle, redact
+from perfkit.bundle import TABLES, ResultBundle, read_meta, redact
 from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
 from perfkit.common import jsonsafe
 from perfkit.params import ParamsError, SuiteParams
@@ -331,9 +330,7 @@ def _collect_unit(
             problems.append(f"unit {u.id} of {where}: its output {pd_} is missing")
             continue
         try:
-            meta = json.loads((pd_ / "meta.json").read_text(encoding="utf-8"))
-            if not isinstance(meta, dict):
-                raise ValueError(f"is {type(meta).__name__}, expected an object")
+            meta = read_meta(pd_)
         except (OSError, ValueError, RecursionError) as exc:
             problems.append(f"unit {u.id}: part {p.id}: unreadable {pd_ / 'meta.json'} ({exc})")
             continue
