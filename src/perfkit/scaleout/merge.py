@@ -5,6 +5,7 @@ and how they differ (:func:`identity_problems`); layout in docs/scale-out.md.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
