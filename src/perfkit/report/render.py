@@ -17,20 +17,19 @@ import pandas as pd
 from perfkit.bundle import read_meta
 from perfkit.engine.owner import run_bounded
 from perfkit.gate.outcome import check_counts
-from perfkit.gate.verdicts import (
-    GATE,
-    read_verdict,
-)
+from perfkit.gate.verdicts import GATE
 from perfkit.report.runinfo import (  # noqa: F401
     GATE_COLUMNS,
     GATE_ORDER,
     engine_ends_frame,
     gate_view,
     investigations,
+    investigations_table,
     key_numbers,
     notebook_error,
     refused_records,
     run_status,
+    run_warnings,
     section_title,
     units_frame,
 )
@@ -157,20 +156,9 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         meta.append({"text": "replayed from", "code": info["replay"]})
     inv = investigations(run_dir, nbs)
     toc = [{**i, "status_text": i["ran"]} for i in inv]
-    rows = [
-        {
-            "investigation": i["title"],
-            "gate": i["gate"],
-            "checks": i["gate_text"].partition(": ")[2],
-            "notebook": i["ran"],
-            "wall (s)": i["wall_s"],
-            "note": i["note"] or (i["error"] if i["gate"] != "error" else ""),
-        }
-        for i in inv
-    ]
-    nb_table = format_table(pd.DataFrame(rows), status_col="gate") if nbs else None
+    rows = pd.DataFrame(investigations_table(inv, checks=True))
+    nb_table = format_table(rows, status_col="gate") if nbs else None
     keys = key_numbers(run_dir)
-    gate_doc = read_verdict(run_dir / GATE) or {}
     return {
         "title": f"perfkit report: {info.get('name', run_dir.name)}",
         "verdict": word,
@@ -184,7 +172,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "units_table": format_table(units) if (units := units_frame(info)) is not None else None,
         "engine_ends_table": format_table(ends) if (ends := engine_ends_frame(run_dir)) is not None else None,
         "key_numbers": format_table(pd.DataFrame(keys, columns=["what", "value"]), None) if keys else None,
-        "warnings": [*(gate_doc.get("warnings") or []), *refused_records(run_dir)],
+        "warnings": run_warnings(run_dir),
         "gates": _gate_table(verdicts),
         "gates_attention": _gate_table(verdicts, ("fail", "improved")),
         "gate_counts": gate_counts(verdicts),

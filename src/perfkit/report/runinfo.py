@@ -228,6 +228,27 @@ def investigations(run_dir: str | Path, nbs: list[dict[str, Any]]) -> list[dict[
     return out
 
 
+def investigations_table(inv: list[dict[str, Any]], checks: bool = False) -> list[dict[str, Any]]:
+    """The Investigations table of :func:`investigations`' entries: the page's (``checks``: the
+    gate word and the check counts apart) or the summary's (the gate text)."""
+    return [
+        {
+            "investigation": i["title"],
+            "gate": i["gate"] if checks else i["gate_text"],
+            **({"checks": i["gate_text"].partition(": ")[2]} if checks else {}),
+            "notebook": i["ran"],
+            "wall (s)": i["wall_s"],
+            "note": i["note"] or (i["error"] if i["gate"] != "error" else ""),
+        }
+        for i in inv
+    ]
+
+
+def run_warnings(run_dir: Path) -> list[str]:
+    """The run's warnings: the gate's, then :func:`refused_records`."""
+    return [*((read_verdict(run_dir / GATE) or {}).get("warnings") or []), *refused_records(run_dir)]
+
+
 def run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
     """(run.json info, verdict rows, exit code, status word) of a run directory."""
     info = run_info(run_dir)

@@ -12,15 +12,16 @@ import pandas as pd
 
 from perfkit.common.slugs import clip, md_text
 from perfkit.gate.outcome import check_counts
-from perfkit.gate.verdicts import GATE, nothing_measured_reason, read_verdict
+from perfkit.gate.verdicts import nothing_measured_reason
 from perfkit.report.runinfo import (
     engine_ends_frame,
     gate_view,
     investigations,
+    investigations_table,
     key_numbers,
     plural,
-    refused_records,
     run_status,
+    run_warnings,
     units_frame,
 )
 from perfkit.report.tables import markdown_table
@@ -96,18 +97,10 @@ def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
     """The summary's blocks between the failed and the passing gate rows."""
     nbs = info.get("notebooks", [])
     inv = [
-        {
-            "investigation": i["title"],
-            "gate": i["gate_text"],
-            "notebook": i["ran"],
-            "wall (s)": i["wall_s"],
-            "note": wrap_cell(i["note"] or (clip(i["error"]) if i["gate"] != "error" else "")),
-        }
-        for i in investigations(run_dir, nbs)
+        {**r, "note": wrap_cell(clip(r["note"]))} for r in investigations_table(investigations(run_dir, nbs))
     ]
     keys = key_numbers(run_dir)
     units, ends = units_frame(info), engine_ends_frame(run_dir)
-    gate_doc = read_verdict(run_dir / GATE) or {}
     blocks = [
         (
             "Errors",
@@ -134,7 +127,7 @@ def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
         ("How the engines ended", [markdown_table(ends)] if ends is not None else []),
         (
             "Warnings",
-            [f"- {md_text(w)}" for w in [*(gate_doc.get("warnings") or []), *refused_records(run_dir)]],
+            [f"- {md_text(w)}" for w in run_warnings(run_dir)],
         ),
     ]
     return [line for title, lines in blocks if lines for line in ("", f"### {title}", "", *lines)]

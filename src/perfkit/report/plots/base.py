@@ -1,6 +1,6 @@
 """Helpers every figure module of :mod:`perfkit.report.plots` shares: bundle unpacking, launch
 names, ms ticks, the figure, its PNG and alt text, and the colours (stages by class, the cold
-request). Times in ms, memory in MiB."""
+request, request roles). Times in ms, memory in MiB."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pandas as pd
 from perfkit.bundle_schema import WARMUP_INDEX
 from perfkit.readings import stages as _stages
 from perfkit.readings.stages import order_stages as ordered_stages  # noqa: F401 (the plots' name)
-from perfkit.roles import is_finite, launches_of  # noqa: F401 (the plots import them from here)
+from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, is_finite, launches_of  # noqa: F401
 
 if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn (new_figure)
     from matplotlib.figure import Figure
@@ -51,12 +51,13 @@ def launch_names(launches: pd.DataFrame | None) -> dict[Any, str]:
     return out
 
 
-def unbundle(obj: Any) -> tuple[Any, dict[str, Any]]:
-    """(first argument, tables and meta) of a ResultBundle passed where a table is expected."""
-    if hasattr(obj, "tables") and hasattr(obj, "requests") and not isinstance(obj, pd.DataFrame):
-        tables = {k: getattr(obj, k) for k in ("requests", "stages", "steps", "memory", "launches")}
-        return obj, {**tables, "meta": dict(getattr(obj, "meta", {}) or {})}
-    return obj, {}
+def unbundle(obj: Any, main: str, **given: Any) -> tuple[Any, dict[str, Any]]:
+    """(the ``main`` table, ``given`` with each None filled from the bundle, plus ``meta``) of
+    ``obj``: a ResultBundle passed where a table is expected, or that table itself."""
+    if not (hasattr(obj, "tables") and hasattr(obj, "requests")) or isinstance(obj, pd.DataFrame):
+        return obj, {**given, "meta": {}}
+    filled = {k: v if v is not None else getattr(obj, k) for k, v in given.items()}
+    return getattr(obj, main), {**filled, "meta": dict(getattr(obj, "meta", {}) or {})}
 
 
 def ms_text(v: float) -> str:
@@ -178,6 +179,14 @@ OTHER_STAGE_COLORS = (
 
 #: Colour of the cold request (index 0) in every figure.
 COLD_COLOR = "tab:red"
+
+#: Request role (:mod:`perfkit.roles`) -> colour in every figure.
+ROLE_COLORS = {
+    ROLE_COLD: COLD_COLOR,
+    ROLE_NEW_SHAPE: "tab:orange",
+    ROLE_WARMUP: "tab:gray",
+    ROLE_WARM: "tab:blue",
+}
 
 
 def stage_colors(stage_cols: list[str]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from perfkit.report.plots.base import (
-    COLD_COLOR,
+    ROLE_COLORS,
     Figure,
     drop_warmup,
     empty_note,
@@ -24,11 +24,7 @@ from perfkit.report.plots.base import (
 )
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARMUP, request_roles
 
-_ROLE_MARKERS = {
-    ROLE_COLD: ("*", COLD_COLOR, 170),
-    ROLE_NEW_SHAPE: ("D", "tab:orange", 60),
-    ROLE_WARMUP: ("s", "tab:gray", 40),
-}
+_ROLE_MARKERS = {ROLE_COLD: ("*", 170), ROLE_NEW_SHAPE: ("D", 60), ROLE_WARMUP: ("s", 40)}
 
 
 def e2e_per_request(
@@ -50,9 +46,8 @@ def e2e_per_request(
 
     Returns:
         Figure with one axis: a line per launch plus a marker collection per launch and role drawn."""
-    obj, b = unbundle(requests)
-    requests = b.get("requests", obj)
-    launches = launches if launches is not None else b.get("launches")
+    requests, b = unbundle(requests, "requests", launches=launches)
+    launches = b["launches"]
     names = launch_names(launches)
     df = drop_warmup(requests, include_warmup) if requests is not None else pd.DataFrame()
     fig = new_figure(8.5, 4.6)
@@ -77,7 +72,7 @@ def e2e_per_request(
                 continue
             name = names.get(lk, str(lk)) if len(launch_list) > 1 else "requests of one launch"
             (line,) = ax.plot(sub["_i"], sub["_v"], marker="o", ms=4, label=name)
-            for role, (mk, color, size) in _ROLE_MARKERS.items():
+            for role, (mk, size) in _ROLE_MARKERS.items():
                 pts = sub[sub["role"] == role] if "role" in sub else sub.iloc[0:0]
                 if role == ROLE_COLD and pts.empty and "role" in sub and sub["role"].isna().all():
                     pts = sub[sub["_i"] == 0]
@@ -88,7 +83,7 @@ def e2e_per_request(
                     pts["_v"],
                     s=size,
                     marker=mk,
-                    color=color,
+                    color=ROLE_COLORS[role],
                     zorder=5,
                     label=None if role in labelled else (role if role != ROLE_COLD else "cold request"),
                 )

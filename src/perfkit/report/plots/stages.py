@@ -10,7 +10,7 @@ import pandas as pd
 
 from perfkit.bundle_schema import WARMUP_INDEX
 from perfkit.report.plots.base import (
-    COLD_COLOR,
+    ROLE_COLORS,
     Figure,
     empty_note,
     is_finite,
@@ -28,11 +28,12 @@ from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, req
 #: (stage values per request, role info) of one series: a (shape, kind) of one launch
 _Items = list[tuple[Any, np.ndarray, Mapping[str, Any]]]
 
-#: bar colours (first shape, second shape) of the first request of a shape, by role
-_FIRST_COLORS = {
-    ROLE_WARMUP: ("tab:gray", "#c7c7c7"),
-    ROLE_COLD: (COLD_COLOR, "#fc9272"),
-    ROLE_NEW_SHAPE: ("tab:orange", "#fdae6b"),
+#: bar colour of a series of the second shape, by role (the first shape's: :data:`ROLE_COLORS`)
+_LIGHT_COLORS = {
+    ROLE_WARMUP: "#c7c7c7",
+    ROLE_COLD: "#fc9272",
+    ROLE_NEW_SHAPE: "#fdae6b",
+    ROLE_WARM: "#6baed6",
 }
 
 #: series order within a shape
@@ -79,10 +80,8 @@ def stage_breakdown(
     Returns:
         Figure with one axis per launch; each bar container one series labelled with role and
         shape (``"cold · 25 frames"``, ``"warm median · 25 frames (n=4)"``), one bar per stage."""
-    obj, b = unbundle(stages)
-    stages = b.get("stages", obj)
-    requests = requests if requests is not None else b.get("requests")
-    launches = launches if launches is not None else b.get("launches")
+    stages, b = unbundle(stages, "stages", requests=requests, launches=launches)
+    requests, launches = b["requests"], b["launches"]
     df = stages if stages is not None else pd.DataFrame()
     if launch is not None:
         df = of_launch(df, launch)
@@ -153,16 +152,17 @@ def _series_bars(kind: str, items: _Items, shade: int) -> tuple[np.ndarray, Any,
     frames = items[0][2].get("frames")
     fr = f" · {frames} frames" if frames is not None and not pd.isna(frames) else ""
     arr = np.vstack([v for _, v, _ in items])
+    colors = (ROLE_COLORS, _LIGHT_COLORS)[shade]
+    color = colors.get(kind, colors[ROLE_WARMUP])
     if kind == "warm":
         med = np.nanmedian(arr, axis=0)
         lo, hi = np.nanmin(arr, axis=0), np.nanmax(arr, axis=0)
         yerr = np.vstack([med - lo, hi - med]) if len(items) > 1 else None
         tops = med if yerr is None else np.fmax(med, hi)
-        return med, yerr, tops, ("tab:blue", "#6baed6")[shade], f"warm median{fr} (n={len(items)})"
+        return med, yerr, tops, color, f"warm median{fr} (n={len(items)})"
     label = items[0][2].get("label") or kind
     if len(items) > 1:
         label += f" (+{len(items) - 1} more)"
-    color = _FIRST_COLORS.get(kind, ("tab:gray", "#c7c7c7"))[shade]
     return arr[0], None, arr[0], color, label
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from perfkit.report.plots.base import (
-    COLD_COLOR,
+    ROLE_COLORS,
     Figure,
     drop_warmup,
     empty_note,
@@ -20,7 +20,7 @@ from perfkit.report.plots.base import (
     unbundle,
     use_log,
 )
-from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, request_label, request_roles
+from perfkit.roles import ROLE_COLD, ROLE_WARM, ROLE_WARMUP, request_label, request_roles
 
 
 def step_times(
@@ -45,10 +45,8 @@ def step_times(
     Returns:
         Figure with one axis, one line per (launch, request) in ``ax.lines``, labelled with role
         and shape (warm lines after the first: ``_child``)."""
-    obj, b = unbundle(steps)
-    steps = b.get("steps", obj)
-    requests = requests if requests is not None else b.get("requests")
-    launches = launches if launches is not None else b.get("launches")
+    steps, b = unbundle(steps, "steps", requests=requests, launches=launches)
+    requests, launches = b["requests"], b["launches"]
     names = launch_names(launches)
     df = drop_warmup(steps, include_warmup) if steps is not None else pd.DataFrame()
     if stage is not None and "stage" in df.columns and (df["stage"] == stage).any():
@@ -87,7 +85,7 @@ def step_times(
                 ax.plot(
                     g["step"],
                     g["ms"],
-                    color="tab:blue",
+                    color=ROLE_COLORS[ROLE_WARM],
                     lw=0.9,
                     alpha=0.45,
                     marker=".",
@@ -96,7 +94,7 @@ def step_times(
                 )
                 warm_labelled = True
             else:
-                color = {ROLE_COLD: COLD_COLOR, ROLE_NEW_SHAPE: "tab:orange"}.get(role, "tab:gray")
+                color = ROLE_COLORS.get(role, ROLE_COLORS[ROLE_WARMUP])
                 ls = ("-", "--", ":", "-.")[launch_keys.index(lk) % 4 if lk in launch_keys else 0]
                 ax.plot(g["step"], g["ms"], color=color, ls=ls, lw=2, marker="o", ms=4, label=lab, zorder=4)
             n_lines += 1

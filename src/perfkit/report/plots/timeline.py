@@ -12,7 +12,7 @@ import pandas as pd
 
 from perfkit.bundle_schema import WARMUP_INDEX
 from perfkit.report.plots.base import (
-    COLD_COLOR,
+    ROLE_COLORS,
     Figure,
     drop_warmup,
     empty_note,
@@ -26,7 +26,7 @@ from perfkit.report.plots.base import (
     stage_colors,
     unbundle,
 )
-from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, request_label, request_roles
+from perfkit.roles import ROLE_COLD, ROLE_WARM, ROLE_WARMUP, request_label, request_roles
 
 
 @dataclass
@@ -122,9 +122,7 @@ def _draw_request(tl: Timeline, r: Mapping[str, Any], role: str, short: str, x_s
     from matplotlib.patches import Patch
 
     axes = tl.axes
-    color = {ROLE_COLD: COLD_COLOR, ROLE_NEW_SHAPE: "tab:orange", ROLE_WARMUP: "tab:grey"}.get(
-        role, "tab:blue"
-    )
+    color = ROLE_COLORS.get(role, ROLE_COLORS[ROLE_WARM])
     a, z = float(r["t_start_s"]) - tl.t0, float(r["t_end_s"]) - tl.t0
     phase = role == ROLE_WARMUP and tl.from_launch
     for ax in axes if not phase else []:
@@ -253,12 +251,9 @@ def memory_timeline(
     Returns:
         Figure with one or two axes sharing the time axis (s since launch, else since the first
         sample)."""
-    obj, b = unbundle(memory)
-    mem = b.get("memory", obj)
-    requests = requests if requests is not None else b.get("requests")
-    stages = stages if stages is not None else b.get("stages")
-    launches = launches if launches is not None else b.get("launches")
-    device_name = device_name or (b.get("meta") or {}).get("gpu_name")
+    mem, b = unbundle(memory, "memory", requests=requests, stages=stages, launches=launches)
+    requests, stages, launches = b["requests"], b["stages"], b["launches"]
+    device_name = device_name or b["meta"].get("gpu_name")
     mem = mem if mem is not None else pd.DataFrame()
     names = launch_names(launches)  # before selecting one: "unlimited" beside capped ones
     if launch is not None:
