@@ -44,7 +44,7 @@ import numpy as np
 import yaml
 
 from perfkit.gate.verdicts import collect_verdicts
-from perfkit.scenarios import registry
+from perfkit.investigations import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 #: arm -> (params overrides {section: {key: value}}, invariant keys whose investigations run
@@ -90,7 +90,7 @@ def arm_params(params: Path, arm: str, out: Path) -> tuple[Path, list[str]]:
     keys = keys or tuple((doc.get("invariants") or {}).keys())
     only = [
         s.name
-        for s in registry.all_scenarios()
+        for s in registry.all_investigations()
         if (doc.get(s.name) or {}).get("enabled") and any(k in s.invariants_model.model_fields for k in keys)
     ]
     if not only:

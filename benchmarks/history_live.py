@@ -47,7 +47,7 @@ def measure(
     to lane i mod lanes, so a lane's bias is spread over the history, not turned into a step."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from perfkit.scenarios import registry
+    from perfkit.investigations import registry
 
     SESSION = registry.session_name()  # the investigation whose bundle is one session
     base = yaml.safe_load((ROOT / "params/ci-cpu.yaml").read_text())
@@ -105,7 +105,7 @@ def judge(out: Path, runs: int, first_slow: int, hardware: str) -> dict[int, int
     from perfkit.history import changepoints as cp
     from perfkit.history.history_commands import add, check
     from perfkit.history.store import read_store
-    from perfkit.scenarios import registry
+    from perfkit.investigations import registry
 
     SESSION = registry.session_name()  # the investigation whose bundle is one session
     store = out / "store"

@@ -17,7 +17,7 @@ is drawn, a request sent, HTML rendered or a test run):
 Measured on the 2-core dev machine (shared, so ±20 %), bytecode cached, best of 5, before ->
 after the import deferrals: notebook imports 1.20 -> 0.71 s CPU (importtime 805 -> 495 ms);
 `perfkit merge --help` 0.79 -> 0.07 s, `compare --help` 0.74 -> 0.05 s, `ab --help` 0.75 ->
-0.05 s; `perfkit --help` and `suite --help` ~0.8-1.0 s both (they import the scenarios' registry).
+0.05 s; `perfkit --help` and `suite --help` ~0.8-1.0 s both (they import the investigations' registry).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from perfkit.gate.outcome import finish
 from perfkit.readings.stages import REFINEMENT, stage_class
 from perfkit.report import plots, reading, show, summary_frame, tables
 from perfkit.report.notebook import check_frame, replay_markdown, show_table
-from perfkit.scenarios.runner import load_or_run
+from perfkit.investigations.runner import load_or_run
 """
 HEAVY = ("matplotlib", "httpx", "jinja2", "scipy", "torch", "papermill")
 COMMANDS = [[], ["merge"], ["suite"], ["compare"], ["ab"]]

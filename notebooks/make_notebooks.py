@@ -6,7 +6,7 @@
 Notebooks stay thin: perfkit calls, plots, a short reading. Logic lives in the package
 (perfkit.suite, perfkit.report, perfkit.report.plots, perfkit.gate.baseline) where tests reach it.
 An investigation's notebook is generic cells around the cells, figures and intro its module
-declares (perfkit.scenarios.parts; Scenario.notebook_cells): one per registered investigation,
+declares (perfkit.investigations.parts; Investigation.notebook_cells): one per registered investigation,
 nothing here names one.
 """
 
@@ -21,9 +21,9 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from perfkit import nbparams
-from perfkit.scenarios import registry
-from perfkit.scenarios.parts import Cell
-from perfkit.scenarios.registry import Scenario
+from perfkit.investigations import registry
+from perfkit.investigations.parts import Cell
+from perfkit.investigations.registry import Investigation
 
 HERE = Path(__file__).resolve().parent
 
@@ -41,7 +41,7 @@ from perfkit.readings.stages import REFINEMENT, stage_class
 from perfkit.report import plots, reading, show, summary_frame, tables
 from perfkit.report.notebook import (check_frame, first_request_costs, invariants_frame,
                                      replay_markdown, request_frame, show_table, verdict_markdown)
-from perfkit.scenarios.runner import load_or_run
+from perfkit.investigations.runner import load_or_run
 
 _ = tables.use_in_notebook()  # every DataFrame shown through perfkit's one table formatter"""
 
@@ -56,7 +56,7 @@ globals().update(bind("{name}", globals()))'''
 
 
 def _fields(name: str) -> list[str]:
-    """The scenario's own parameters (its params model's fields)."""
+    """The investigation's own parameters (its params model's fields)."""
     return [p.name for p in nbparams.section_params(name)]
 
 
@@ -77,13 +77,13 @@ def gate_cells(name: str, where: str) -> list:
 
 
 def measure_cell(name: str) -> str:
-    """Replay or run the scenario, then write its verdict."""
+    """Replay or run the investigation, then write its verdict."""
     args = ", ".join(f"{k}={k}" for k in _fields(name))
     return f'''out = Path(run_dir) / "{name}"
 bundle = load_or_run("{name}", out=out, bundle_dir=bundle_dir, engine=engine, request=request,
                      {args})
 results = bundle.results
-rows = gate_run.scenario_checks("{name}", results, invariants)  # defaults merged with `invariants`
+rows = gate_run.investigation_checks("{name}", results, invariants)  # defaults merged with `invariants`
 _verdict = verdicts.write_verdict(out, "{name}", rows)
 if bundle_dir:
     display(Markdown(replay_markdown(bundle.meta.get("params"), dict({args}), bundle_dir)))
@@ -119,18 +119,18 @@ def _cell(c: Cell) -> nbformat.NotebookNode:
     return new_markdown_cell(c.source) if c.kind == "markdown" else new_code_cell(c.source)
 
 
-def scenario_notebook(s: Scenario) -> nbformat.NotebookNode:
+def investigation_notebook(s: Investigation) -> nbformat.NotebookNode:
     """Investigation ``s``'s notebook: its title and intro, the parameters, the generic setup
     and measuring cells, the cells and figures its module declares
-    (:meth:`~perfkit.scenarios.registry.Scenario.notebook_cells`), and the gate's last cells.
-    An investigation outside :mod:`perfkit.scenarios` is imported in the setup cell (importing
+    (:meth:`~perfkit.investigations.registry.Investigation.notebook_cells`), and the gate's last cells.
+    An investigation outside :mod:`perfkit.investigations` is imported in the setup cell (importing
     it registers it in the kernel)."""
     setup = SETUP
     module = s.run.__module__
-    if not module.startswith("perfkit.scenarios."):
+    if not module.startswith("perfkit.investigations."):
         setup += f"\n\nimport {module}  # registers the investigation {s.name!r}"
     if s.figures:
-        setup += "\nfrom perfkit.scenarios.registry import figure"
+        setup += "\nfrom perfkit.investigations.registry import figure"
     cells = [new_code_cell(measure_cell(s.name)), *map(_cell, s.notebook_cells())]
     cells += gate_cells(f'"{s.name}"', 'str(out / "verdict.json")')
     return _nb(s.name, s.title, s.notebook_intro or s.question, cells, setup=setup)
@@ -316,7 +316,7 @@ def notebooks() -> dict[str, Callable[[], nbformat.NotebookNode]]:
     """Notebook file stem -> its maker: one per registered investigation, then the gate's, the
     A/B's and the history's."""
     out: dict[str, Callable[[], nbformat.NotebookNode]] = {
-        s.name: functools.partial(scenario_notebook, s) for s in registry.all_scenarios()
+        s.name: functools.partial(investigation_notebook, s) for s in registry.all_investigations()
     }
     out.update(baseline_gate=baseline_gate, ab=ab, history=history)
     return out

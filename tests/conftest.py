@@ -62,7 +62,7 @@ HEAVY_FIRST = (
     "test_report_browser",
     "test_figures",
     "test_notebooks",
-    "test_scenarios",
+    "test_investigations",
     "test_profiling",
     "test_engine_config",
     "test_cfg_parallel",

@@ -1,6 +1,6 @@
 """Synthetic ResultBundles (the documented tables and results) for report/suite/CLI tests.
 
-``make_run(dir)`` writes ``dir/<scenario>/`` bundles for the three investigations, so the suite
+``make_run(dir)`` writes ``dir/<investigation>/`` bundles for the three investigations, so the suite
 can replay them (``perfkit suite --replay dir``) without launching an engine.
 """
 
@@ -131,7 +131,7 @@ def _launch_row(launch: str, label: str, warmup_frames: int = 17, device_cap=Non
     }
 
 
-def _bundle(scenario: str, sessions, launches, results) -> ResultBundle:
+def _bundle(investigation: str, sessions, launches, results) -> ResultBundle:
     cols = list(zip(*sessions))
     tables = {
         name: pd.DataFrame([r for part in cols[i] for r in part])
@@ -147,7 +147,7 @@ def _bundle(scenario: str, sessions, launches, results) -> ResultBundle:
         "host": "synthetic",
         "gpu_name": None,
     }
-    return ResultBundle(scenario=scenario, meta=meta, results=results, tables=tables)
+    return ResultBundle(investigation=investigation, meta=meta, results=results, tables=tables)
 
 
 def cold_warm(*, slow_warm: bool = False, leak_mib: float = 0.0) -> ResultBundle:

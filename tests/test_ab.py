@@ -270,14 +270,14 @@ def test_bad_input_exits_2_naming_what_was_wrong(tmp_path):
     res = ab("--replay", str(AA / "a"), str(ROOT / "examples/h200/bundles/cold_warm"), "--undecided", "pass")
     assert (
         res.exit_code == 2
-        and "cannot be one A/B, they differ in scenario: A 'ab', B 'cold_warm'" in res.output
+        and "cannot be one A/B, they differ in investigation: A 'ab', B 'cold_warm'" in res.output
     )
     assert "gpu_name: A None, B 'NVIDIA H200'" in res.output and "request.height: A None, B 512" in res.output
     res = ab("--replay", str(AA / "a"), str(AA / "b"), "--threshold-from", str(tmp_path))
     assert res.exit_code == 2 and "ab.json" in res.output
     # two bundles that measured nothing: nothing compared, exit 2 (never "no change")
     for side in "ab":
-        ResultBundle(scenario="ab").save(tmp_path / side)
+        ResultBundle(investigation="ab").save(tmp_path / side)
     res = ab("--replay", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "o"))
     assert res.exit_code == 2
     md = (tmp_path / "o" / "summary.md").read_text()
@@ -459,6 +459,6 @@ def test_host_peak_is_the_largest_pss_read_of_the_watchdog_and_the_sampler():
             "host_pss_mib": [nan, 1500.0, nan, nan, nan, 900.0, nan, nan],
         }
     )
-    v = metric_values(ResultBundle(scenario="ab", tables={"launches": launches, "memory": memory}))
+    v = metric_values(ResultBundle(investigation="ab", tables={"launches": launches, "memory": memory}))
     host = v[v["metric"] == "host_peak"].set_index("launch")["value"].to_dict()
     assert host == {"L0": 1500.0, "L1": 1000.0}  # L2: no PSS read at all, no row (not 0)

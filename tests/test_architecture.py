@@ -1,6 +1,6 @@
 """The house rules of docs/DESIGN.md, checked on the source: no import cycle, the layers of the
-import-linter contract, no scenario name written outside its own module, and no investigation
-module imported outside :mod:`perfkit.scenarios`."""
+import-linter contract, no investigation name written outside its own module, and no investigation
+module imported outside :mod:`perfkit.investigations`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import grimp
 import pytest
 
-from perfkit.scenarios import registry
+from perfkit.investigations import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "perfkit"
@@ -74,7 +74,7 @@ def _literals(path: Path) -> list[tuple[int, str]]:
 
 
 def _names(text: str, name: str) -> bool:
-    """``text`` names scenario ``name``: equal to it, or (for names with an underscore, which
+    """``text`` names investigation ``name``: equal to it, or (for names with an underscore, which
     are no English words) holding it as a word; ``overhead`` in prose is not a name."""
     if text == name:
         return True
@@ -86,11 +86,11 @@ def test_run_order_is_declared_not_import_order():
     # new investigation module (discovered, not listed) may sit anywhere its order says
     known = ("cold_warm", "warmup_shapes", "memory_budget", "offload_modes", "overhead")
     assert tuple(n for n in registry.names() if n in known) == known
-    orders = [s.order for s in registry.all_scenarios()]
+    orders = [s.order for s in registry.all_investigations()]
     assert orders == sorted(orders)
 
 
-#: (file, text): strings of outside formats that happen to equal a scenario's name
+#: (file, text): strings of outside formats that happen to equal an investigation's name
 EXTERNAL_WORDS = {
     # sglang's perf_baselines tolerance key for model load time (docs/sglang.md "Interop facts")
     ("src/perfkit/gate/baseline/rules.py", "load"),
@@ -98,13 +98,13 @@ EXTERNAL_WORDS = {
 
 
 def _investigation_modules() -> set[str]:
-    """The modules that register an investigation: each registered scenario's ``run`` module."""
-    return {s.run.__module__ for s in registry.all_scenarios()}
+    """The modules that register an investigation: each registered investigation's ``run`` module."""
+    return {s.run.__module__ for s in registry.all_investigations()}
 
 
 def _investigation_imports(text: str, mods: set[str]) -> list[tuple[int, str]]:
     """(line, module) of every import in ``text`` of a module in ``mods`` (``import m``,
-    ``from m import x``, ``from perfkit.scenarios import <m's last part>``)."""
+    ``from m import x``, ``from perfkit.investigations import <m's last part>``)."""
     short = {m.rpartition(".")[2] for m in mods}
     found = []
     for node in ast.walk(ast.parse(text)):
@@ -113,46 +113,46 @@ def _investigation_imports(text: str, mods: set[str]) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             if node.module in mods:
                 found.append((node.lineno, node.module))
-            if node.module == "perfkit.scenarios":
+            if node.module == "perfkit.investigations":
                 found += [(node.lineno, a.name) for a in node.names if a.name in short]
     return found
 
 
-def test_nothing_outside_scenarios_imports_an_investigation_module():
+def test_nothing_outside_investigations_imports_an_investigation_module():
     mods = _investigation_modules()
-    assert "perfkit.scenarios.cold_warm" in mods and len(mods) >= 5
-    files = [f for f in SRC.rglob("*.py") if f.parent != SRC / "scenarios"]
+    assert "perfkit.investigations.cold_warm" in mods and len(mods) >= 5
+    files = [f for f in SRC.rglob("*.py") if f.parent != SRC / "investigations"]
     files += [ROOT / "notebooks" / "make_notebooks.py", *(ROOT / "benchmarks").rglob("*.py")]
     found = [
         f"{f.relative_to(ROOT)}:{line}: {m}"
         for f in files
         for line, m in _investigation_imports(f.read_text(encoding="utf-8"), mods)
     ]
-    assert not found, "investigation modules imported outside perfkit.scenarios:\n" + "\n".join(found)
+    assert not found, "investigation modules imported outside perfkit.investigations:\n" + "\n".join(found)
 
 
 def test_the_scan_sees_each_form_of_import():
     """The scan above reads every form of import it checks (it cannot pass by not looking)."""
     text = (
-        "import perfkit.scenarios.cold_warm\n"
-        "from perfkit.scenarios.overhead import NAME\n"
-        "from perfkit.scenarios import registry, warmup_shapes\n"
-        "from perfkit.scenarios.registry import get\n"
+        "import perfkit.investigations.cold_warm\n"
+        "from perfkit.investigations.overhead import NAME\n"
+        "from perfkit.investigations import registry, warmup_shapes\n"
+        "from perfkit.investigations.registry import get\n"
     )
     assert _investigation_imports(text, _investigation_modules()) == [
-        (1, "perfkit.scenarios.cold_warm"),
-        (2, "perfkit.scenarios.overhead"),
+        (1, "perfkit.investigations.cold_warm"),
+        (2, "perfkit.investigations.overhead"),
         (3, "warmup_shapes"),
     ]
 
 
-def test_scenario_names_are_written_only_in_their_own_module():
+def test_investigation_names_are_written_only_in_their_own_module():
     names = registry.names()
     assert len(names) >= 4
     files = [*SRC.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
     found = []
     for f in files:
-        own = f.parent.name == "scenarios" and f.stem in names
+        own = f.parent.name == "investigations" and f.stem in names
         for line, text in _literals(f):
             for name in names:
                 if own and f.stem == name:
@@ -161,13 +161,13 @@ def test_scenario_names_are_written_only_in_their_own_module():
                     continue
                 if _names(text, name):
                     found.append(f"{f.relative_to(ROOT)}:{line}: {name!r} in {text[:60]!r}")
-    assert not found, "scenario names outside their module:\n" + "\n".join(found)
+    assert not found, "investigation names outside their module:\n" + "\n".join(found)
 
 
-def test_every_scenario_has_its_notebook_template_and_params_section():
+def test_every_investigation_has_its_notebook_template_and_params_section():
     from perfkit.params import SuiteParams
 
-    for s in registry.all_scenarios():
+    for s in registry.all_investigations():
         assert (ROOT / "notebooks" / s.notebook).exists(), s.notebook
         assert (SRC / "report" / "templates" / s.template).exists(), s.template
         assert s.name in SuiteParams.model_fields
@@ -175,12 +175,12 @@ def test_every_scenario_has_its_notebook_template_and_params_section():
         assert SuiteParams.model_fields[s.name].annotation is s.params_model
 
 
-def test_invariant_defaults_come_from_the_scenarios():
+def test_invariant_defaults_come_from_the_investigations():
     from perfkit.params import parse_params
 
     p = parse_params({"name": "x"})
     merged = registry.EngineInvariants().model_dump()  # what every launch's engine must run
-    for s in registry.all_scenarios():
+    for s in registry.all_investigations():
         merged.update({k: v for k, v in s.invariant_defaults().items() if v is not None})
     assert p.invariants_all() == merged
     assert p.invariants_all()["warm_cold_ratio_max"] == 1.0
@@ -191,13 +191,13 @@ def test_invariant_defaults_come_from_the_scenarios():
 def test_the_cli_and_a_notebook_kernel_start_without_scipy():
     """scipy (0.4-0.7 s of CPU to import) is imported where a test or interval needs it, not at
     module level: every ``perfkit`` command and every notebook kernel of a suite imports the
-    CLI, the scenarios (all of them, through the registry), the report and the gate. So are
+    CLI, the investigations (all of them, through the registry), the report and the gate. So are
     matplotlib (0.2-0.5 s: where a figure is drawn), httpx (0.1 s: where a request is sent) and
     jinja2 (where HTML is rendered): a replayed notebook sends no request and renders no page."""
     heavy = {"scipy", "torch", "papermill", "matplotlib", "httpx", "jinja2"}
     code = (
         "import sys\n"
-        "import perfkit.cli, perfkit.nbparams, perfkit.report, perfkit.scenarios.runner\n"
+        "import perfkit.cli, perfkit.nbparams, perfkit.report, perfkit.investigations.runner\n"
         "import perfkit.gate.run, perfkit.report.notebook, perfkit.suite, perfkit.scaleout.merge\n"
         "import perfkit.report.plots, perfkit.measuring.launch_rows, perfkit.engine.launch, importlib\n"
         "[importlib.import_module(c.split(':')[0]) for c in perfkit.cli.COMMANDS.values()]\n"
@@ -211,12 +211,12 @@ def test_the_cli_and_a_notebook_kernel_start_without_scipy():
 
 def test_a_command_imports_only_its_own_module():
     """``perfkit merge`` (any command that needs neither) starts without pandas and the
-    scenarios: the group imports a command's module when it runs (``perfkit.cli.COMMANDS``)."""
+    investigations: the group imports a command's module when it runs (``perfkit.cli.COMMANDS``)."""
     code = (
         "import sys\n"
         "from perfkit.cli import cli\n"
         "cli.get_command(None, 'merge')\n"
-        "print(sorted({m for m in sys.modules if m.split('.')[0] == 'pandas' or m.startswith('perfkit.scenarios')})[:3])"
+        "print(sorted({m for m in sys.modules if m.split('.')[0] == 'pandas' or m.startswith('perfkit.investigations')})[:3])"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120

@@ -14,7 +14,7 @@ import pytest
 from perfkit.bundle import ResultBundle
 from perfkit.checks import CHECK_COLUMNS, STATUSES, check_markdown, check_table, overall_status
 from perfkit.gate import baseline as bl
-from perfkit.scenarios import registry
+from perfkit.investigations import registry
 
 FIXTURE = Path(__file__).parent / "fixtures" / "perf_baselines_5090.json"
 
@@ -25,7 +25,7 @@ def doc():
 
 
 def run_from(doc, *cases):
-    """A run identical to the baseline (scenario entries + top-level VRAM maps)."""
+    """A run identical to the baseline (case entries + top-level VRAM maps)."""
     run = {}
     for case in cases or doc["scenarios"]:
         entry = copy.deepcopy(doc["scenarios"][case])
@@ -378,7 +378,7 @@ def synthetic_bundle(commit="abc1234"):
         [dict(launch="L0", label="cold", ready_s=42.5, load_peak_mib=3000.0, warmup_peak_mib=6000.0)]
     )
     return ResultBundle(
-        scenario="cold_warm",
+        investigation="cold_warm",
         meta={"git_commit": commit},
         tables={
             "requests": pd.DataFrame(reqs),

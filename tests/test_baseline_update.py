@@ -121,10 +121,10 @@ def test_update_records_what_the_engine_ran(copy):
     }
 
 
-def _entries(scenario: str) -> dict:
+def _entries(investigation: str) -> dict:
     """Case -> entry of one investigation of the 2026-12-04 run, as its gate derives them."""
     p = load_params(ROOT / "params/h200-sglang-traces.yaml")
-    b = {scenario: ResultBundle.load(TRACES / scenario)}
+    b = {investigation: ResultBundle.load(TRACES / investigation)}
     cases = bundle_cases(b, p.engine.model_dump(), p.request.model_dump())
     return {c: bl.from_bundle(sb, c) for c, sb in cases.items()}
 

@@ -81,7 +81,9 @@ def test_save_refuses_an_undeclared_column(tmp_path):
 
 
 def test_table_has_every_declared_column():
-    b = ResultBundle(scenario="cold_warm", tables={"requests": pd.DataFrame({"index": [0], "e2e_ms": [5.0]})})
+    b = ResultBundle(
+        investigation="cold_warm", tables={"requests": pd.DataFrame({"index": [0], "e2e_ms": [5.0]})}
+    )
     req = b.table("requests")
     assert list(req.columns) == TABLE_SCHEMAS["requests"].names
     assert req["peak_reserved_mib"].isna().all() and req["e2e_ms"].iloc[0] == 5.0

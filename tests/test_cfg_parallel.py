@@ -1,6 +1,6 @@
 """The reference engine with ``--num-gpus 2`` on the CPU: CFG parallel over two gloo ranks.
 
-Started through :func:`perfkit.engine.launch.launch`, as scenarios start it. Checks: a request completes,
+Started through :func:`perfkit.engine.launch.launch`, as investigations start it. Checks: a request completes,
 both ranks' timings are in its record, memory snapshots are the max across ranks, the frames match
 the single-process engine for the same seed, the multi-GPU two-stage warmup option, a dead rank
 makes the engine unhealthy, and teardown leaves no rank alive.
@@ -176,7 +176,7 @@ def test_warmup_shapes_on_two_ranks_reports_each_rank_and_steady_state_across_wa
     """Seed 003's investigation on two gloo ranks: per rank the first request's compiles and
     where its penalty sits, the warm step split (branch vs all_gather wait), and the warm median
     after each warmup setting compared with an interval."""
-    from perfkit.scenarios.warmup_shapes import reading, warmup_shapes
+    from perfkit.investigations.warmup_shapes import reading, warmup_shapes
 
     s = _spec(compile=True, compile_backend="aot_eager", warmup_frames=17)
     b = warmup_shapes(s, warmup_frames=[17, 25], request_frames=[24], repeats=3, run_dir=tmp_path)

@@ -131,11 +131,12 @@ def test_help_of_every_command_lists_exit_codes(sub):
 
 
 def test_suite_help_lists_every_investigation_in_run_order():
-    from perfkit.scenarios import registry
+    from perfkit.investigations import registry
 
     text = quick("suite", "--help").stdout.split("Investigations (", 1)[1]
     lines = [
-        next(ln for ln in text.splitlines() if ln.split()[:1] == [s.name]) for s in registry.all_scenarios()
+        next(ln for ln in text.splitlines() if ln.split()[:1] == [s.name])
+        for s in registry.all_investigations()
     ]
     assert [ln.split()[0] for ln in lines] == [
         "cold_warm",

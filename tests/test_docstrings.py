@@ -114,7 +114,7 @@ def test_the_public_api_on_recorded_bundles():
 
     root = Path(__file__).resolve().parents[1]
     b = perfkit.load_bundle(root / "examples/h200/bundles/cold_warm")
-    assert b.scenario == "cold_warm" and len(b.requests) == 6
+    assert b.investigation == "cold_warm" and len(b.requests) == 6
     case = "ltx-2b_25f_512x768_30s_w17"
     rows = perfkit.compare(root / "examples/h200/bundles/cold_warm", root / "baselines/h200.json", case=case)
     assert set(rows["case"]) == {case}

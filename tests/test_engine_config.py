@@ -19,6 +19,7 @@ import yaml
 
 from perfkit.bundle import ResultBundle
 from perfkit.gate import run as gate_run
+from perfkit.investigations import registry
 from perfkit.readings.engine_config import (
     NOT_REPORTED,
     effective_config,
@@ -26,7 +27,6 @@ from perfkit.readings.engine_config import (
     from_sglang_log,
     server_args,
 )
-from perfkit.scenarios import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 

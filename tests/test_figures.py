@@ -86,7 +86,7 @@ def test_bad_blocks_are_errors_naming_the_file(tmp_path):
     doc = tmp_path / "x.md"
     doc.write_text("<!-- perfkit:figures src=nowhere kind=full -->\n<!-- perfkit:end -->\n")
     proc = _figures("--root", str(tmp_path), str(doc))
-    assert proc.returncode == 2 and "no <scenario>/results.json" in proc.stderr
+    assert proc.returncode == 2 and "no <investigation>/results.json" in proc.stderr
     doc.write_text("<!-- perfkit:figures src=. kind=pie -->\n<!-- perfkit:end -->\n")
     proc = _figures("--root", str(tmp_path), str(doc))
     assert proc.returncode == 2 and "kind='pie'" in proc.stderr and str(doc) in proc.stderr
@@ -170,7 +170,7 @@ def test_pooled_overhead_is_every_launchs_pairs_under_one_estimator():
 
     import numpy as np
 
-    from perfkit.scenarios.overhead import pooled
+    from perfkit.investigations.overhead import pooled
 
     runs = [
         json.loads((ROOT / f"examples/h200/{d}/overhead/results.json").read_text())
@@ -197,9 +197,9 @@ def test_pooled_overhead_refuses_bad_launches_naming_launch_and_field(tmp_path):
 
     import pytest
 
+    from perfkit.investigations.overhead import pooled
+    from perfkit.investigations.registry import InvestigationError
     from perfkit.report.figures import FiguresError
-    from perfkit.scenarios.overhead import pooled
-    from perfkit.scenarios.registry import ScenarioError
 
     good = json.loads((ROOT / "examples/h200/bundles-overhead-2/overhead/results.json").read_text())
 
@@ -223,7 +223,7 @@ def test_pooled_overhead_refuses_bad_launches_naming_launch_and_field(tmp_path):
     other["stage_timing"]["pairs_ms"] = [[a + 1.0, b] for a, b in st["pairs_ms"]]
     bad["launch 2 repeats the sampler pairs of launch 1"] = [good, {**other, "sampler": good["sampler"]}]
     for msg, runs in bad.items():
-        with pytest.raises(ScenarioError, match=msg):
+        with pytest.raises(InvestigationError, match=msg):
             pooled(runs)
     # figures: a directory given twice (also by another spelling), an empty item, a missing one
     for src, msg in (

@@ -17,8 +17,8 @@ from floats import close
 from perfkit.ab.decide import AbResult
 from perfkit.bundle import ResultBundle
 from perfkit.cli import cli
-from perfkit.scenarios import load as L
-from perfkit.scenarios.registry import merged_invariants
+from perfkit.investigations import load as L
+from perfkit.investigations.registry import merged_invariants
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "examples/h200/load-trace"

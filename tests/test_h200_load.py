@@ -10,8 +10,8 @@ from pathlib import Path
 
 from floats import close as _close
 from perfkit.bundle import ResultBundle
-from perfkit.scenarios import load as L
-from perfkit.scenarios.registry import merged_invariants
+from perfkit.investigations import load as L
+from perfkit.investigations.registry import merged_invariants
 
 BUNDLE = Path(__file__).resolve().parents[1] / "examples/h200/load/bundles/load"
 #: the keys the open loop's row gained or changed after the H200 run (three-way queue verdict,

@@ -26,8 +26,8 @@ COMMITTED = ROOT / "examples/h200/bundles"
 STAGES = ["TextEncodingStage", "LatentPreparationStage", "DenoisingStage", "DecodingStage"]
 
 
-def _traces(scenario: str) -> pd.DataFrame:
-    return pd.read_parquet(RUN / scenario / "traces.parquet")
+def _traces(investigation: str) -> pd.DataFrame:
+    return pd.read_parquet(RUN / investigation / "traces.parquet")
 
 
 def test_traces_are_sglang_shaped():

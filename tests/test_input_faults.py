@@ -1,7 +1,7 @@
 """Issue 34: no input hangs a run, loses its data, or is half-read.
 
 A real stand-in engine (tests/fake_engine.py) writes a 1 MiB stderr line, a NaN stage time and
-an undecodable stage name; the launch is measured, assembled and saved as the scenarios do.
+an undecodable stage name; the launch is measured, assembled and saved as the investigations do.
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def test_p_value_nested_20000_levels_exit_2_naming_it(tmp_path):
 
 def _make_shards(tmp: Path) -> list[Path]:
     """Two shards of params/ci-cpu.yaml's plan (per-commit tier) as run_shard writes them, each
-    part a saved bundle whose meta carries what run_unit and the scenarios record."""
+    part a saved bundle whose meta carries what run_unit and the investigations record."""
     from perfkit.params import load_params
     from perfkit.scaleout import shards
     from perfkit.scaleout.units import partition, plan_units
@@ -245,7 +245,7 @@ def _make_shards(tmp: Path) -> list[Path]:
                         "planned": {"engine": u.engine, "request": u.request, "params": p.params},
                     },
                 }
-                ResultBundle(p.scenario, meta=meta).save(d / shards.UNITS_DIR / u.id / p.id)
+                ResultBundle(p.investigation, meta=meta).save(d / shards.UNITS_DIR / u.id / p.id)
             outcomes.append({"unit_id": u.id, "status": "ok", "attempts": 1, "wall_s": 1.0})
         manifest = {
             "kind": "perfkit-shard",
@@ -631,7 +631,7 @@ def test_a_key_given_twice_is_refused_in_bundles_performance_logs_and_nightly_fi
         meta.read_text().replace('"scenario": "cold_warm"', '"scenario": "<svg onload=alert(9)>|x"', 1)
     )
     with pytest.raises(
-        ValueError, match=r"meta\.json: scenario: '<svg onload=alert\(9\)>\|x' is not a scenario name"
+        ValueError, match=r"meta\.json: scenario: '<svg onload=alert\(9\)>\|x' is not an investigation name"
     ):
         ResultBundle.load(b)
     nightly = tmp_path / "n.json"
@@ -682,10 +682,10 @@ def test_a_bundle_table_with_a_row_twice_a_fractional_index_or_millions_of_rows_
 
 def test_oversized_params_logs_and_load_traces_are_refused_before_reading(tmp_path):
     from perfkit.engine.client import VideoRequestSpec
+    from perfkit.investigations import load_measure
+    from perfkit.investigations.registry import InvestigationError
     from perfkit.params import MAX_YAML_BYTES, ParamsError, load_params
     from perfkit.readings.records import MAX_LINE_BYTES
-    from perfkit.scenarios import load_measure
-    from perfkit.scenarios.registry import ScenarioError
 
     def sparse(name: str, size: int) -> Path:
         f = tmp_path / name
@@ -698,10 +698,10 @@ def test_oversized_params_logs_and_load_traces_are_refused_before_reading(tmp_pa
     log = sparse("performance.log", MAX_LINE_BYTES + 10)
     code, out = _invoke("compare", "--run", str(log), "--baseline", str(FIXTURE_BASELINE), "--case", "x")
     assert code == 2 and f"longer than {MAX_LINE_BYTES:,} bytes" in out, out
-    with pytest.raises(ScenarioError, match="bytes, over"):
+    with pytest.raises(InvestigationError, match="bytes, over"):
         load_measure.read_trace(sparse("t.jsonl", load_measure.MAX_BYTES + 1), VideoRequestSpec())
     (tmp_path / "big.jsonl").write_text('{"num_frames": 100000}\n')
-    with pytest.raises(ScenarioError, match="big.jsonl:1"):
+    with pytest.raises(InvestigationError, match="big.jsonl:1"):
         load_measure.read_trace(tmp_path / "big.jsonl", VideoRequestSpec())
 
 
@@ -710,8 +710,8 @@ def test_a_hung_capped_launch_is_an_error_not_a_held_budget(tmp_path):
     ended it) read "did not complete, held" and PASS."""
     import shutil
 
-    from perfkit.scenarios import memory_budget as mb
-    from perfkit.scenarios.registry import ScenarioError
+    from perfkit.investigations import memory_budget as mb
+    from perfkit.investigations.registry import InvestigationError
 
     root = Path(__file__).resolve().parents[1]
     d = tmp_path / "mb"
@@ -722,7 +722,7 @@ def test_a_hung_capped_launch_is_an_error_not_a_held_budget(tmp_path):
     last = req.index[req["launch"] == req["launch"].iloc[-1]][0]
     req.loc[last, ["status", "error"]] = ["timeout", "request r not finished after 15 s"]
     with pytest.raises(
-        ScenarioError,
+        InvestigationError,
         match=r"launch cap\d: request -?\d+ timed out .*: the engine hung, not a budget verdict",
     ):
         mb.check_bundle(b)

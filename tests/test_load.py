@@ -1,4 +1,4 @@
-"""Serving under load (perfkit.scenarios.load) on the tiny reference engine: one module-scoped
+"""Serving under load (perfkit.investigations.load) on the tiny reference engine: one module-scoped
 launch measures a 17/25-frame trace against a 17-frame warmup, the closed-loop levels 1, 2 and 4
 (8 measured requests each) and an open loop at 3x capacity; a second launch with a 25-frame
 warmup replays the trace's 25-frame requests. The engine runs with one torch thread so that a
@@ -22,11 +22,11 @@ import yaml
 
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import RequestOutcome, VideoRequestSpec
+from perfkit.investigations import load as L
+from perfkit.investigations import load_measure as M
+from perfkit.investigations.load_stats import open_loop_stats, trace_summary
+from perfkit.investigations.registry import InvestigationError, RunContext, merged_invariants
 from perfkit.params import load_params
-from perfkit.scenarios import load as L
-from perfkit.scenarios import load_measure as M
-from perfkit.scenarios.load_stats import open_loop_stats, trace_summary
-from perfkit.scenarios.registry import RunContext, ScenarioError, merged_invariants
 from perfkit.stats import quantile_ci
 
 # queue wait against (k - 1) x service and throughput across levels are speed comparisons on a
@@ -275,10 +275,10 @@ def test_sglangs_job_json_fields_land_in_the_rows_as_written():
 def test_a_bad_trace_line_is_refused_naming_file_line_and_key(tmp_path):
     p = tmp_path / "t.jsonl"
     p.write_text('{"num_frames": 17}\n{"num_frame": 25}\n')
-    with pytest.raises(ScenarioError, match=r"t\.jsonl:2: key 'num_frame'"):
+    with pytest.raises(InvestigationError, match=r"t\.jsonl:2: key 'num_frame'"):
         L.read_trace(p, REQUEST)
     p.write_text('{"num_frames": "25"}\n')
-    with pytest.raises(ScenarioError, match=r"t\.jsonl:1: key 'num_frames'"):
+    with pytest.raises(InvestigationError, match=r"t\.jsonl:1: key 'num_frames'"):
         L.read_trace(p, REQUEST)
 
 
@@ -378,7 +378,7 @@ def test_a_trace_line_with_a_null_a_repeated_key_or_a_value_the_params_refuse_is
         ('{"seed": 99999999999999999999999}', "seed"),  # torch seeds are 64 bits
     ]:
         p.write_text('{"num_frames": 17}\n' + line + "\n")
-        with pytest.raises(ScenarioError, match=rf"t\.jsonl:2: .*{key}"):
+        with pytest.raises(InvestigationError, match=rf"t\.jsonl:2: .*{key}"):
             L.read_trace(p, REQUEST)
 
 
@@ -415,11 +415,11 @@ def test_an_edited_per_request_row_is_refused_naming_row_and_key_and_a_missing_s
     ]:
         bad = [dict(r) for r in rows]
         bad[1].update(edit)
-        with pytest.raises(ScenarioError, match=rf"per_request\[1\]: key '{key}'"):
+        with pytest.raises(InvestigationError, match=rf"per_request\[1\]: key '{key}'"):
             L.summarise({"per_request": bad, "slo_ms_given": 500.0}, None)
     bad = [dict(r) for r in rows]
     del bad[2]["in_flight_at_submit"]
-    with pytest.raises(ScenarioError, match=r"per_request\[2\]: key 'in_flight_at_submit'.*missing"):
+    with pytest.raises(InvestigationError, match=r"per_request\[2\]: key 'in_flight_at_submit'.*missing"):
         L.summarise({"per_request": bad}, None)
     # the engine's start left out: "not reported" (None), never 0
     lv = L.summarise({"per_request": rows, "slo_ms_given": 500.0}, None)["levels"][0]
@@ -545,7 +545,7 @@ def test_a_derived_queue_wait_is_never_a_clamped_0_and_a_bad_slo_in_results_is_n
     assert row["queue_wait_ms"] is None and row["service_ms"] == 900.0
     assert row["start_source"].startswith("not reported")
     rows = [_row("warmup", 1, 0, t=10.0), _row("closed", 1, 0, t=11.0), _row("closed", 1, 1, t=12.0)]
-    with pytest.raises(ScenarioError, match=r"results\.slo_ms_given: .*'500'"):
+    with pytest.raises(InvestigationError, match=r"results\.slo_ms_given: .*'500'"):
         L.summarise({"per_request": rows, "slo_ms_given": "500"}, None)
     # no slo_ms and no scale recorded: the SLO is not set, never 0 x the warm-up median
     s = L.summarise({"per_request": rows}, None)

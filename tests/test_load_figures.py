@@ -18,8 +18,8 @@ import yaml
 
 import inprocess_cli
 from perfkit.bundle import ResultBundle
-from perfkit.scenarios import load as L
-from perfkit.scenarios.load_stats import quantile_row
+from perfkit.investigations import load as L
+from perfkit.investigations.load_stats import quantile_row
 from perfkit.stats import quantile_ci
 
 REPO = Path(__file__).resolve().parents[1]

@@ -443,14 +443,14 @@ def test_forked_tree_is_counted_once_through_the_memory_budget_entry(shared_tree
     about 1,200 MiB and says so; USS holds none of the shared block."""
     import importlib
 
+    from perfkit.investigations.common import ANON_SUM_LABEL
+    from perfkit.investigations.memory_budget import cap_entry
     from perfkit.measuring.launch_rows import LaunchData
-    from perfkit.scenarios.common import ANON_SUM_LABEL
-    from perfkit.scenarios.memory_budget import cap_entry
 
     with MemorySampler(shared_tree.pid, interval_s=0.05) as s:
         time.sleep(0.4)
     mem = s.to_frame()
-    memory_budget = importlib.import_module("perfkit.scenarios.memory_budget")
+    memory_budget = importlib.import_module("perfkit.investigations.memory_budget")
     e = cap_entry(LaunchData("unlimited", memory=mem), MemoryCaps(), repeats=0)
     assert abs(e["host_pss_peak_mib"] - 400) < 0.15 * 400, e
     assert 3 * 400 <= e["host_anon_peak_mib"] < 3 * 400 * 1.15, e

@@ -179,12 +179,12 @@ def test_a_missing_file_is_named(tmp_path):
         read_snapshot(tmp_path / "nope.pickle")
 
 
-# -- the scenario side: the bundle's memory_sites rows and the leak verdict's sites ----------
+# -- the investigation side: the bundle's memory_sites rows and the leak verdict's sites ----------
 
 
 def test_collect_from_the_h200_records_names_the_leak_in_table_reading_and_verdict(tmp_path):
     from perfkit.checks import check_table
-    from perfkit.gate.run import scenario_checks
+    from perfkit.gate.run import investigation_checks
     from perfkit.measuring.profiled import SnapshotParams, collect, sites_markdown, top_sites_text
 
     lines = []
@@ -220,7 +220,7 @@ def test_collect_from_the_h200_records_names_the_leak_in_table_reading_and_verdi
     }
     results["leak_checks"][0]["sites"] = top_sites_text(results)
     rows = check_table(
-        scenario_checks("cold_warm", results, {"device_reserved_slope_mib_per_request_max": 16.0})
+        investigation_checks("cold_warm", results, {"device_reserved_slope_mib_per_request_max": 16.0})
     )
     row = rows[rows["metric"] == "device_reserved_slope_mib_per_request"].iloc[0]
     assert row["status"] == "fail"
@@ -257,7 +257,7 @@ LIVE = Path(__file__).parent.parent / "examples" / "h200" / "memsnap"
 def test_live_h200_bundle_gives_the_leak_verdict_with_its_allocation_site():
     from perfkit.bundle import ResultBundle
     from perfkit.checks import check_table
-    from perfkit.gate.run import scenario_checks
+    from perfkit.gate.run import investigation_checks
 
     b = ResultBundle.load(LIVE / "leak" / "cold_warm")
     grew = b.tables["memory_sites"].query("kind == 'grew'")
@@ -270,7 +270,7 @@ def test_live_h200_bundle_gives_the_leak_verdict_with_its_allocation_site():
     a, z = (read_snapshot(b.traces[f"memsnap-session-request-{i}.pickle.gz"]) for i in (0, k))
     assert diff_snapshots(a, z).iloc[0]["grown_mib"] == pytest.approx(top["mib"])
     rows = check_table(
-        scenario_checks("cold_warm", b.results, {"device_reserved_slope_mib_per_request_max": 16.0})
+        investigation_checks("cold_warm", b.results, {"device_reserved_slope_mib_per_request_max": 16.0})
     )
     slope = rows[rows["metric"] == "device_reserved_slope_mib_per_request"].iloc[0]
     assert slope["status"] == "fail" and slope["actual"] == pytest.approx(LEAK_MIB, rel=0.1)

@@ -22,9 +22,9 @@ import pandas as pd
 import pytest
 
 from perfkit.bundle import ResultBundle
+from perfkit.investigations import registry
 from perfkit.report import figures as readme_figures
 from perfkit.report import sections
-from perfkit.scenarios import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "throwaway_probe"
@@ -38,13 +38,13 @@ import matplotlib.figure
 import pandas as pd
 
 from perfkit.bundle import ResultBundle
-from perfkit.scenarios.parts import DocBlock, Figure, code, md
-from perfkit.scenarios.registry import KeyNumber, RunContext, Scenario, ScenarioParams, register
+from perfkit.investigations.parts import DocBlock, Figure, code, md
+from perfkit.investigations.registry import KeyNumber, RunContext, Investigation, InvestigationParams, register
 
 NAME = "throwaway_probe"
 
 
-class ProbeParams(ScenarioParams):
+class ProbeParams(InvestigationParams):
     enabled: bool = False
     sleeps: int = 3
 
@@ -70,8 +70,8 @@ def pooled(results: list[Mapping[str, Any]], names: list[str]) -> dict[str, Any]
     return {"slowest_ms": max(r["slowest_ms"] for r in results)}
 
 
-SCENARIO = register(
-    Scenario(
+INVESTIGATION = register(
+    Investigation(
         name=NAME,
         title="Throwaway probe",
         question="Does a sleep take as long as asked?",
@@ -99,7 +99,7 @@ def probe(tmp_path_factory):
     sys.path.insert(0, str(root))
     try:
         module = importlib.import_module("throwaway_pkg.probe")
-        yield module.SCENARIO
+        yield module.INVESTIGATION
     finally:
         if NAME in registry.names():
             registry.unregister(NAME)
@@ -125,7 +125,7 @@ def _bundle() -> ResultBundle:
         }
     )
     requests["status"] = "completed"
-    return ResultBundle(scenario=NAME, results={"slowest_ms": 30.0}, tables={"requests": requests})
+    return ResultBundle(investigation=NAME, results={"slowest_ms": 30.0}, tables={"requests": requests})
 
 
 def test_its_notebook_is_generated_from_its_module(probe):
@@ -139,7 +139,7 @@ def test_its_notebook_is_generated_from_its_module(probe):
     assert nb.cells[1].metadata["tags"] == ["parameters"]
     assert "sleeps: int = 3" in sources[1]  # its params model, written by nbparams
     assert "import throwaway_pkg.probe  # registers the investigation" in sources[3]
-    assert "from perfkit.scenarios.registry import figure" in sources[3]
+    assert "from perfkit.investigations.registry import figure" in sources[3]
     assert f'load_or_run("{NAME}"' in sources[4] and "sleeps=sleeps" in sources[4]
     i = sources.index("## Sleeps, one row each")
     assert sources[i + 1 : i + 4] == [
@@ -180,7 +180,7 @@ def test_its_report_section_uses_the_generic_template(probe, tmp_path):
     nb = _generator().notebooks()[NAME]()
     (run_dir / "notebooks").mkdir()
     nbformat.write(nb, run_dir / "notebooks" / f"{NAME}.ipynb")
-    assert sections.section_template(NAME) == "sections/scenario.html.j2"
+    assert sections.section_template(NAME) == "sections/investigation.html.j2"
     html = sections.render_section(run_dir, {"name": NAME, "status": "ok", "wall_s": 1.5})
     assert f'<section id="{NAME}"' in html
     assert "<h2>Throwaway probe</h2>" in html
@@ -205,7 +205,7 @@ def test_its_readme_figures_and_block_kind(probe, tmp_path):
 
 
 def test_a_second_module_cannot_take_its_figure_kind(probe):
-    dup = registry.Scenario(
+    dup = registry.Investigation(
         name="throwaway_twin",
         title="Twin",
         question="?",
@@ -266,8 +266,8 @@ def test_the_register_module_shorthand_takes_the_module_declarations():
     """``register_module(globals(), ...)`` (the built-in investigations' shorthand, DESIGN.md
     step 1): NAME, NOTEBOOK, SECTION_INTRO and the functions defined in the module named as a
     field; a function it imported under a field's name is not taken; keywords override."""
-    from perfkit.scenarios import cells
-    from perfkit.scenarios.parts import code
+    from perfkit.investigations import cells
+    from perfkit.investigations.parts import code
 
     def run(ctx, p):
         raise NotImplementedError
@@ -286,7 +286,7 @@ def test_the_register_module_shorthand_takes_the_module_declarations():
         "plan": 3,  # not a function
     }
     s = registry.register_module(
-        namespace, title="Short", question="?", params_model=registry.ScenarioParams, order=7
+        namespace, title="Short", question="?", params_model=registry.InvestigationParams, order=7
     )
     try:
         assert registry.get("throwaway_short") is s
@@ -302,7 +302,7 @@ def test_the_register_module_shorthand_takes_the_module_declarations():
             {**namespace, "NAME": "throwaway_short2"},
             title="S",
             question="?",
-            params_model=registry.ScenarioParams,
+            params_model=registry.InvestigationParams,
             reading=registry.no_reading,
             section_intro="x",
         )

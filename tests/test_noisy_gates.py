@@ -18,8 +18,8 @@ from perfkit.checks import check_max, check_table, overall_status
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate import outcome
 from perfkit.gate.verdicts import exit_code_for, status_word
-from perfkit.scenarios import registry
-from perfkit.scenarios.warmup_shapes import warmup_shapes
+from perfkit.investigations import registry
+from perfkit.investigations.warmup_shapes import warmup_shapes
 
 INV = {"covered_first_request_max_ratio": 3.0, "covered_compiles_max": 0}
 #: the tiny engine of params/ci-cpu.yaml

@@ -18,15 +18,15 @@ from perfkit.bundle import WARMUP_INDEX
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate.config_rows import engine_checks
+from perfkit.investigations.shape_coverage import RECORD, Warmed, coverage_entry
 from perfkit.measuring.launch_rows import record_rows
 from perfkit.readings.records import PerfRecord, RecordError, parse_lines
 from perfkit.report.notebook import first_request_costs, request_frame
 from perfkit.report.sections import render_section
-from perfkit.scenarios.shape_coverage import RECORD, Warmed, coverage_entry
 
 # the modules (the package's names of these are their entry functions)
-cold_warm = importlib.import_module("perfkit.scenarios.cold_warm")
-warmup_shapes = importlib.import_module("perfkit.scenarios.warmup_shapes")
+cold_warm = importlib.import_module("perfkit.investigations.cold_warm")
+warmup_shapes = importlib.import_module("perfkit.investigations.warmup_shapes")
 
 REQ = VideoRequestSpec(num_frames=9, height=64, width=64, num_inference_steps=2)
 

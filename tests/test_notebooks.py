@@ -22,10 +22,10 @@ from perfkit.bundle import ResultBundle
 from perfkit.checks import Check
 from perfkit.common.numfmt import number_text
 from perfkit.gate import verdicts
-from perfkit.gate.run import scenario_checks
+from perfkit.gate.run import investigation_checks
+from perfkit.investigations import registry
 from perfkit.measuring import progress
 from perfkit.report import notebook as nbk
-from perfkit.scenarios import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "examples" / "h200" / "bundles"
@@ -183,7 +183,7 @@ def test_recorded_verdicts_of_a_schema1_bundle_are_not_kept():
     b = ResultBundle.load(H200 / "cold_warm")  # schema 1: recorded "passed"/"threshold"
     assert "thresholds" not in b.results
     assert all(set(c) <= {"name", "value", "measured"} for c in b.results["leak_checks"])
-    rows = scenario_checks("cold_warm", b.results, {"latency_drift_max": 0.05})
+    rows = investigation_checks("cold_warm", b.results, {"latency_drift_max": 0.05})
     assert [r.status for r in rows if r.metric == "latency_drift"] == ["fail"]
     assert len(rows) == 4
 

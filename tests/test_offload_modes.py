@@ -16,9 +16,9 @@ from matplotlib.figure import Figure
 
 from perfkit.checks import Check
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
+from perfkit.investigations.offload_modes import offload_modes
+from perfkit.investigations.registry import get, invariant_defaults
 from perfkit.report import plots
-from perfkit.scenarios.offload_modes import offload_modes
-from perfkit.scenarios.registry import get, invariant_defaults
 from refengine_helpers import running_engine, spec
 
 NAME = "offload_modes"
@@ -282,4 +282,4 @@ def test_compile_text_says_what_the_engine_reported():
 def offload_modes_module():
     import importlib
 
-    return importlib.import_module("perfkit.scenarios.offload_modes")
+    return importlib.import_module("perfkit.investigations.offload_modes")

@@ -129,10 +129,10 @@ def test_history_check_summary_keeps_its_table(case, reason, commit):
 @FAST
 @given(hostile, hostile)
 def test_verdict_sites_load_and_bisect_texts_are_inert(a, b):
+    from perfkit.investigations import load as L
     from perfkit.measuring.profiled import sites_markdown
     from perfkit.report.bisect import bisect_summary_markdown
     from perfkit.report.notebook import verdict_markdown
-    from perfkit.scenarios import load as L
 
     assert_inert(verdict_markdown([{"case": "c", "metric": a, "status": "fail", "reason": b}]))
     ms = {"status": "ok", "from": 0, "to": 3, "grew": [{"site": a, "grown_mib": 64.0}]}
@@ -170,8 +170,8 @@ def test_a_trace_with_a_hostile_op_name_leaves_no_live_svg_in_the_report(tmp_pat
     notebook and renders the page."""
     import yaml
 
+    from perfkit.investigations.cold_warm import cold_vs_warm
     from perfkit.params import load_params
-    from perfkit.scenarios.cold_warm import cold_vs_warm
     from perfkit.suite import run_suite
 
     params = yaml.safe_load((ROOT / "params/ci-cpu.yaml").read_text())

@@ -202,7 +202,7 @@ def test_yaml_syntax_error(tmp_path):
 def test_a_negative_or_infinite_invariant_limit_is_refused_naming_its_key(bad):
     """Found by the breaker: ``-p invariants '{latency_drift_max: -5}'`` was judged, and every
     run failed as a regression; a misuse is an error (exit 2), not a verdict."""
-    from perfkit.scenarios import registry
+    from perfkit.investigations import registry
 
     with pytest.raises(ValueError, match=r"latency_drift_max.*finite number >= 0"):
         registry.merged_invariants({"latency_drift_max": bad})

@@ -20,8 +20,8 @@ from perfkit import suite
 from perfkit.checks import check_table, overall_status
 from perfkit.gate import baseline as bl
 from perfkit.gate import run as gate_run
+from perfkit.investigations import registry
 from perfkit.params import ParamsError, load_params, parse_params
-from perfkit.scenarios import registry
 
 sys.path.insert(0, str(Path(__file__).parent))
 import inprocess_cli  # noqa: E402
@@ -268,7 +268,7 @@ def test_warmup_shapes_with_nothing_measured_is_an_error():
     req["error"] = req["error"].astype(object)
     req.loc[req["index"] >= 0, "error"] = "num_frames: must be between 1 and 257, got 300"
     b.tables["requests"] = req
-    with pytest.raises(registry.ScenarioError, match="no request shape was measured.*must be between"):
+    with pytest.raises(registry.InvestigationError, match="no request shape was measured.*must be between"):
         registry.get("warmup_shapes").check_bundle(b)
     registry.get("warmup_shapes").check_bundle(synthetic.warmup_shapes())
 
@@ -276,8 +276,8 @@ def test_warmup_shapes_with_nothing_measured_is_an_error():
 def test_cold_warm_error_carries_the_request_error(monkeypatch, tmp_path):
     from perfkit.engine.client import RequestOutcome, VideoRequestSpec
     from perfkit.engine.spec import EngineSpec
+    from perfkit.investigations import cold_warm as cw
     from perfkit.measuring.launch_rows import LaunchData, failed_row
-    from perfkit.scenarios import cold_warm as cw
 
     def fake_measure(spec, requests, run_dir, label, **kw):
         d = LaunchData(label=label, launch_row={"launch": label, "ready_s": 1.0})
@@ -293,7 +293,7 @@ def test_cold_warm_error_carries_the_request_error(monkeypatch, tmp_path):
     b = cw.cold_vs_warm(EngineSpec(), VideoRequestSpec(height=65), repeats=3, run_dir=tmp_path)
     err = b.results["error"]
     assert "0 of 3 requests completed" in err and "HTTP 400" in err and "got 65" in err
-    with pytest.raises(registry.ScenarioError, match="HTTP 400"):
+    with pytest.raises(registry.InvestigationError, match="HTTP 400"):
         registry.get("cold_warm").check_bundle(b)
 
 

@@ -455,7 +455,7 @@ def test_a_stopped_engine_costs_one_timeout_then_the_level_ends_as_an_error(monk
     import socket
 
     from perfkit.engine import client as C
-    from perfkit.scenarios.load import engine_lost
+    from perfkit.investigations.load import engine_lost
 
     monkeypatch.setattr(C, "HEALTH_AFTER_TIMEOUT_S", 0.5)
     srv = socket.socket()
@@ -495,14 +495,14 @@ def test_a_capped_launch_lost_to_an_outside_sigkill_is_an_error(tmp_path):
     (exit 2) naming the launch, its budget and how it ended; with an OOM record it stays a verdict."""
     from perfkit.engine.caps import MemoryCaps
     from perfkit.engine.spec import EngineSpec
-    from perfkit.scenarios import memory_budget as mb
-    from perfkit.scenarios.registry import ScenarioError
+    from perfkit.investigations import memory_budget as mb
+    from perfkit.investigations.registry import InvestigationError
 
     spec = EngineSpec.from_dict(engine("sigkill", tmp_path / "pids", request_timeout_s=30))
     b = mb.memory_budget(spec, caps=[MemoryCaps(host_gib=8)], repeats=3, run_dir=tmp_path / "mb")
     c = b.results["caps"][0]
     assert c["label"] == "8GiB host" and not c["completed"] and c["n_completed"] == 1, c
-    with pytest.raises(ScenarioError, match=r"launch cap0 \(8GiB host\) lost its engine") as exc:
+    with pytest.raises(InvestigationError, match=r"launch cap0 \(8GiB host\) lost its engine") as exc:
         mb.check_bundle(b)
     assert "was killed by signal 9 (SIGKILL, not sent by perfkit)" in str(exc.value)
     # the same launch with the cap's OOM record (a cgroup OOM kill) is the cap's verdict
@@ -510,7 +510,7 @@ def test_a_capped_launch_lost_to_an_outside_sigkill_is_an_error(tmp_path):
     mb.check_bundle(b)
     # and so is a CUDA OOM under the cap (cap_held False)
     b.tables["launches"].loc[0, "oom_record"] = "no record found (read /dev/kmsg)"
-    with pytest.raises(ScenarioError):
+    with pytest.raises(InvestigationError):
         mb.check_bundle(b)
     c["cap_held"] = False
     mb.check_bundle(b)

@@ -16,13 +16,13 @@ import pytest
 from perfkit.bundle import ResultBundle
 from perfkit.checks import check_table
 from perfkit.engine.spec import EngineSpec
-from perfkit.gate.run import scenario_checks
+from perfkit.gate.run import investigation_checks
+from perfkit.investigations.cold_warm import cold_vs_warm
 from perfkit.measuring.profiled import ProfileParams
 from perfkit.readings import traces as tr
 from perfkit.refengine.profiling import INJECTED_RANGE, trace_dir
 from perfkit.report.belowstage import below_stage
 from perfkit.report.render import external_refs, render_section
-from perfkit.scenarios.cold_warm import cold_vs_warm
 from refengine_helpers import running_engine, spec
 
 NAME_RE = re.compile(r"^(video_[0-9a-f]+)-(full_stages|\d+_steps)-global-rank0\.trace\.json\.gz$")
@@ -197,7 +197,7 @@ def test_same_verdict_rows_with_and_without_profiling(runs):
     # without profiling, fail with it); 3.0, like latency_drift's, is a noise limit
     inv = {"latency_drift_max": 3.0, "warm_cold_ratio_max": 3.0, "host_anon_slope_mib_per_request_max": 16.0}
     rows = [
-        check_table(scenario_checks("cold_warm", b.results, inv))[["case", "metric", "status"]].to_dict(
+        check_table(investigation_checks("cold_warm", b.results, inv))[["case", "metric", "status"]].to_dict(
             "records"
         )
         for b in (plain, prof)
@@ -330,7 +330,7 @@ def test_bad_profile_settings_are_refused_naming_the_field():
     from click.testing import CliRunner
 
     from perfkit.cli import cli
-    from perfkit.scenarios.cold_warm import ColdWarmParams
+    from perfkit.investigations.cold_warm import ColdWarmParams
 
     with pytest.raises(ValueError, match="steps must be -1"):
         ColdWarmParams.model_validate({"profile": {"steps": 0}})
@@ -440,7 +440,7 @@ def test_overhead_of_a_steps_only_trace(served):
 def shapes(tmp_path_factory):
     """warmup_shapes with a 17-frame warmup and 25-frame requests (not covered), profiled in
     steps mode, compile off (bundle saved and loaded back)."""
-    from perfkit.scenarios.warmup_shapes import warmup_shapes
+    from perfkit.investigations.warmup_shapes import warmup_shapes
 
     tmp_path = tmp_path_factory.mktemp("shapes")
     tiny = EngineSpec(kind="reference", preset="tiny")  # compile off
@@ -488,7 +488,7 @@ def test_warmup_shapes_profiles_the_first_request_of_an_uncovered_shape_against_
 def test_warmup_shapes_join_keeps_the_first_profiled_parts_traces(tmp_path):
     import pandas as pd
 
-    from perfkit.scenarios.warmup_shapes import WarmupShapesParams, join
+    from perfkit.investigations.warmup_shapes import WarmupShapesParams, join
 
     def part(w: int, profiled: dict, roles: list[str]) -> ResultBundle:
         files = {
@@ -501,7 +501,7 @@ def test_warmup_shapes_join_keeps_the_first_profiled_parts_traces(tmp_path):
             {"launch": f"profiled-warmup{w}", "role": roles, "file": [f"traces/{n}" for n in files]}
         )
         return ResultBundle(
-            scenario="warmup_shapes",
+            investigation="warmup_shapes",
             meta={"params": {"warmup_frames": [w]}},
             results={"coverage": [], "profiled": profiled},
             tables={"traces": traces} if roles else {},

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from perfkit.bundle import ResultBundle
+from perfkit.investigations.cold_warm import NAME as COLD_WARM
+from perfkit.investigations.memory_budget import NAME as MEMORY_BUDGET
+from perfkit.investigations.offload_modes import NAME as OFFLOAD_MODES
+from perfkit.investigations.warmup_shapes import NAME as WARMUP_SHAPES
 from perfkit.scaleout import shards
-from perfkit.scenarios.cold_warm import NAME as COLD_WARM
-from perfkit.scenarios.memory_budget import NAME as MEMORY_BUDGET
-from perfkit.scenarios.offload_modes import NAME as OFFLOAD_MODES
-from perfkit.scenarios.warmup_shapes import NAME as WARMUP_SHAPES
 
 pytest.importorskip("ray")
 

@@ -320,7 +320,7 @@ def test_bundle_json_refused_naming_file(bundle_dir, data, which):
         return
     finally:
         (d / which).write_bytes(good)
-    assert isinstance(b.meta, dict) and isinstance(b.results, dict) and isinstance(b.scenario, str)
+    assert isinstance(b.meta, dict) and isinstance(b.results, dict) and isinstance(b.investigation, str)
 
 
 # ---- redaction and log scans: linear, and redaction as the earlier patterns read secrets ------

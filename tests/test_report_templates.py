@@ -1,6 +1,6 @@
 """The HTML report renders from jinja2 templates: no HTML markup in the report's Python files,
 one table formatter for the page and the Markdown summary, one section template per
-registered scenario (named by the registry) plus the gate's, and a real replayed H200 run that
+registered investigation (named by the registry) plus the gate's, and a real replayed H200 run that
 renders with its key numbers, its verdict and no network reference."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 
 import perfkit.report
 from perfkit.gate.verdicts import GATE
+from perfkit.investigations import registry
 from perfkit.report import render, sections, tables
 from perfkit.report.render import external_refs
-from perfkit.scenarios import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT_PKG = Path(perfkit.report.__file__).parent
@@ -88,13 +88,13 @@ def test_no_html_markup_in_report_python_files():
 # --------------------------------------------------------------------------- templates
 
 
-def test_every_registered_scenario_has_its_section_template():
+def test_every_registered_investigation_has_its_section_template():
     env = render.template_env()
     names = registry.names()
-    assert names, "no scenario registered"
-    for s in registry.all_scenarios():
+    assert names, "no investigation registered"
+    for s in registry.all_investigations():
         # no template of its own: the generic one reads its declarations (issue 32)
-        assert s.template == registry.GENERIC_TEMPLATE == "sections/scenario.html.j2"
+        assert s.template == registry.GENERIC_TEMPLATE == "sections/investigation.html.j2"
         tpl = env.get_template(s.template)  # raises TemplateNotFound
         assert render.section_template(s.name) == s.template
         assert s.section_intro, s.name
@@ -104,7 +104,7 @@ def test_every_registered_scenario_has_its_section_template():
     env.get_template(render.GATE_TEMPLATE)
     assert render.section_template(GATE) == f"sections/{GATE}.html.j2"
     env.get_template(render.PAGE_TEMPLATE)
-    assert render.section_template("no_such_scenario") == render.FALLBACK_SECTION_TEMPLATE
+    assert render.section_template("no_such_investigation") == render.FALLBACK_SECTION_TEMPLATE
 
 
 def test_environment_autoescapes_html_templates():
@@ -133,7 +133,7 @@ def test_templates_are_package_data():
         "report.css",
         "sections/_base.html.j2",
         f"sections/{GATE}.html.j2",
-        *(s.template for s in registry.all_scenarios()),
+        *(s.template for s in registry.all_investigations()),
     ):
         assert (tpl / name).is_file(), name
 
@@ -295,7 +295,7 @@ def test_page_has_every_enabled_section(h200_run: Path, h200_html: str):
     from perfkit.params import load_params
 
     enabled = load_params(ROOT / "params" / "h200.yaml").enabled()
-    assert enabled, "params/h200.yaml enables no scenario"
+    assert enabled, "params/h200.yaml enables no investigation"
     p = _Cells()
     p.feed(h200_html)
     for name in (*enabled, GATE):
@@ -303,7 +303,7 @@ def test_page_has_every_enabled_section(h200_run: Path, h200_html: str):
         assert name in p.sections
         title = render.section_title(name)
         assert f"<h2>{title}</h2>" in h200_html, title
-    # every registered scenario appears once (a disabled one as a skipped section), in run order
+    # every registered investigation appears once (a disabled one as a skipped section), in run order
     assert p.sections == [*registry.names(), GATE]
 
 

@@ -1,7 +1,7 @@
 """Partitions and merge, for real on the tiny reference engine (CPU): a small suite derived from
 params/ci-cpu.yaml (shared launches: warmup_shapes' 17-frame warmup, memory_budget's unlimited
-budget and offload mode none reuse cold_warm's session; multi-launch scenarios split into units:
-warmup_shapes, memory_budget, offload_modes; a scenario of tier ``extra``: overhead) run
+budget and offload mode none reuse cold_warm's session; multi-launch investigations split into units:
+warmup_shapes, memory_budget, offload_modes; an investigation of tier ``extra``: overhead) run
 unsplit (through a local Ray: test_ray_suite's subject too; the in-process executor's unsplit
 run is test_suite's live ci-cpu run), then as shards 1/2 and 2/2 through the CLI (in process)
 and merged: same verdict, same tables bar timing values. A deleted shard, a failed unit and shards of other params exit 2, named; the six
@@ -26,14 +26,14 @@ import yaml
 import fake_engine
 from perfkit.bundle import ResultBundle
 from perfkit.gate import verdicts
+from perfkit.investigations.cold_warm import NAME as COLD_WARM
+from perfkit.investigations.memory_budget import NAME as MEMORY_BUDGET
+from perfkit.investigations.offload_modes import NAME as OFFLOAD_MODES
+from perfkit.investigations.overhead import NAME as OVERHEAD
+from perfkit.investigations.warmup_shapes import NAME as WARMUP_SHAPES
 from perfkit.params import load_yaml
 from perfkit.scaleout import manifest as shard_manifest
 from perfkit.scaleout import shards
-from perfkit.scenarios.cold_warm import NAME as COLD_WARM
-from perfkit.scenarios.memory_budget import NAME as MEMORY_BUDGET
-from perfkit.scenarios.offload_modes import NAME as OFFLOAD_MODES
-from perfkit.scenarios.overhead import NAME as OVERHEAD
-from perfkit.scenarios.warmup_shapes import NAME as WARMUP_SHAPES
 from perfkit.suite import SCALEOUT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,7 +184,12 @@ def test_shards_exit_0_and_write_manifests(runs):
     assert m1["units"] == m2["units"] and m1["params_sha256"] == m2["params_sha256"]
     # the shared launch: warmup17 ran in cold_warm's unit, after it, in one shard
     first = m1["units"][0]
-    assert [p["scenario"] for p in first["parts"]] == [COLD_WARM, WARMUP_SHAPES, MEMORY_BUDGET, OFFLOAD_MODES]
+    assert [p["investigation"] for p in first["parts"]] == [
+        COLD_WARM,
+        WARMUP_SHAPES,
+        MEMORY_BUDGET,
+        OFFLOAD_MODES,
+    ]
 
 
 def test_merged_equals_unsplit(runs):
@@ -306,7 +311,7 @@ def broken_s2(runs, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path
     unit = [u for u in m["units"] if u["shard"] == 2][1]
     assert unit["id"] != m["outcomes"][0]["unit_id"]  # the lost table is in a unit that ran
     part = unit["parts"][0]
-    pid = part["scenario"] + (f".{part['key']}" if part.get("key") else "")
+    pid = part["investigation"] + (f".{part['key']}" if part.get("key") else "")
     (s2 / shards.UNITS_DIR / unit["id"] / pid / "requests.parquet").unlink()
     out = tmp / "merged"
     proc = perfkit("merge", str(runs["s1_dir"]), str(s2), "--out", str(out), "-q", "--no-screenshot")
@@ -319,7 +324,7 @@ def test_failed_unit_with_other_bundles_is_named_in_the_report(broken_s2):
     summary, report, run = _summary_and_report(out)
     for text in (summary, report, json.dumps(run)):
         assert "node lost" in text and f"{WARMUP_SHAPES}.warmup25" in text
-    # the scenario missing a part is not replayed as if complete
+    # the investigation missing a part is not replayed as if complete
     st = {n["name"]: n["status"] for n in run["notebooks"]}
     assert st[WARMUP_SHAPES] == "skipped"
     # the units table names the failed unit, its attempts and its error, on the page too

@@ -15,6 +15,11 @@ from hypothesis import strategies as st
 from perfkit.cli import cli
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import case_namer
+from perfkit.investigations import registry
+from perfkit.investigations.cold_warm import NAME as COLD_WARM
+from perfkit.investigations.memory_budget import NAME as MEMORY_BUDGET
+from perfkit.investigations.offload_modes import NAME as OFFLOAD_MODES
+from perfkit.investigations.warmup_shapes import NAME as WARMUP_SHAPES
 from perfkit.params import load_params, parse_params
 from perfkit.scaleout import executor as ex
 from perfkit.scaleout import shards
@@ -27,11 +32,6 @@ from perfkit.scaleout.units import (
     partition,
     plan_units,
 )
-from perfkit.scenarios import registry
-from perfkit.scenarios.cold_warm import NAME as COLD_WARM
-from perfkit.scenarios.memory_budget import NAME as MEMORY_BUDGET
-from perfkit.scenarios.offload_modes import NAME as OFFLOAD_MODES
-from perfkit.scenarios.warmup_shapes import NAME as WARMUP_SHAPES
 
 ROOT = Path(__file__).resolve().parents[1]
 CI = ROOT / "params" / "ci-cpu.yaml"

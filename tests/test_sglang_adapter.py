@@ -24,6 +24,7 @@ from perfkit.engine.client import RequestOutcome, job_fields
 from perfkit.engine.launch import parse_marks, started_processes
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate import baseline as bl
+from perfkit.investigations.cold_warm import cold_vs_warm
 from perfkit.measuring.launch_rows import LaunchData, _rows
 from perfkit.params import load_params
 from perfkit.readings import stages
@@ -31,7 +32,6 @@ from perfkit.readings.engine_config import from_sglang_log
 from perfkit.readings.records import SNAPSHOT_KEYS, find_record, parse_lines, read_perf_log
 from perfkit.refengine.cli import sglang_perf_log_dir
 from perfkit.report import plots
-from perfkit.scenarios.cold_warm import cold_vs_warm
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["serve", "--model-path", "/models/ltx2", "--port", "30000", "--host", "127.0.0.1"]
@@ -376,7 +376,7 @@ def test_baseline_gate_tolerances_for_sglang_stage_names():
         "expected_avg_denoise_ms": 0.0,
         "expected_median_denoise_ms": 0.0,
     }
-    bl.set_scenario(doc, "ltx2", case)
+    bl.set_case(doc, "ltx2", case)
     run = {"ltx2": {**case, "stages_ms": {k: 1700.0 for k in case["stages_ms"]}}}
     rows = {r.metric: r for r in bl.compare(run, doc, profile="long_term")}
     # long_term: denoise_stage tolerance (0.1) for denoising and refinement, decoding gets
@@ -445,7 +445,7 @@ def test_diffusers_backend_gives_no_denoise_pass_from_nothing():
     entry = bl.entry_from_records([rec])
     assert entry["expected_avg_denoise_ms"] == 0.0 and entry["denoise_step_ms"] == {}
     doc = bl.new_baseline("cpu")
-    bl.set_scenario(doc, "sana_diffusers", entry)
+    bl.set_case(doc, "sana_diffusers", entry)
     rows = {r.metric: r for r in bl.compare({"sana_diffusers": entry}, doc, profile="pr_test")}
     why = "not reported by sglang's diffusers backend: one DiffusersExecutionStage, no steps"
     for m in ("expected_avg_denoise_ms", "expected_median_denoise_ms"):
@@ -453,7 +453,7 @@ def test_diffusers_backend_gives_no_denoise_pass_from_nothing():
     assert rows["stages_ms.DiffusersExecutionStage"].status == "pass"
     assert rows["expected_e2e_ms"].status == "pass"
     native = bl.new_baseline("cpu")
-    bl.set_scenario(
+    bl.set_case(
         native,
         "sana_diffusers",
         {

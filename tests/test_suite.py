@@ -22,8 +22,8 @@ from perfkit.bundle import ResultBundle
 from perfkit.gate import baseline as bl
 from perfkit.gate import run as gate_run
 from perfkit.gate import verdicts
+from perfkit.investigations import registry
 from perfkit.params import load_params
-from perfkit.scenarios import registry
 
 sys.path.insert(0, str(Path(__file__).parent))
 import synthetic  # noqa: E402
@@ -212,14 +212,14 @@ def test_notebook_that_raises_still_reports_exit_2(tmp_path):
     assert "cold_warm failed" in (out / "report.html").read_text()
 
 
-def test_engine_crash_is_a_scenario_error():
+def test_engine_crash_is_a_investigation_error():
     b = synthetic.cold_warm()
     b.results = {"error": "engine exited with code -9 during request 1", "leak_checks": []}
-    with pytest.raises(registry.ScenarioError, match="engine exited"):
+    with pytest.raises(registry.InvestigationError, match="engine exited"):
         registry.get("cold_warm").check_bundle(b)
     mb = synthetic.memory_budget()
     mb.results["caps"][0]["completed"] = False  # the uncapped run crashed
-    with pytest.raises(registry.ScenarioError, match="without caps"):
+    with pytest.raises(registry.InvestigationError, match="without caps"):
         registry.get("memory_budget").check_bundle(mb)
     mb = synthetic.memory_budget()
     mb.results["caps"][1]["completed"] = False  # a capped run failing is a verdict, not an error
@@ -247,7 +247,7 @@ def test_replayed_engine_crash_exits_2(tmp_path):
         "-q",
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "ScenarioError" in (out / "report.html").read_text()
+    assert "InvestigationError" in (out / "report.html").read_text()
 
 
 @pytest.mark.slow

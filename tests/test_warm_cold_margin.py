@@ -20,7 +20,7 @@ import pytest
 from perfkit import stats
 from perfkit.bundle import ResultBundle
 from perfkit.engine.spec import ReferenceEngine
-from perfkit.scenarios.cold_warm import checks, cold_vs_warm
+from perfkit.investigations.cold_warm import checks, cold_vs_warm
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("TextEncodingStage", "LatentPreparationStage", "DenoisingStage", "DecodingStage")

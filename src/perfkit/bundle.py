@@ -1,4 +1,4 @@
-"""ResultBundle: one scenario run's data on disk (``outputs/RUN/<scenario>/``: ``meta.json``,
+"""ResultBundle: one investigation run's data on disk (``outputs/RUN/<investigation>/``: ``meta.json``,
 ``results.json``, one parquet file per table, ``records/<launch>.jsonl`` (raw performance.log
 lines), ``logs/``, ``traces/``), loadable anywhere. Bundle files are read only here
 (:meth:`ResultBundle.load`, :func:`read_results`, :func:`read_meta`); columns, units and
@@ -50,7 +50,7 @@ REDACTED = "***REDACTED***"
 
 
 #: what makes two measurements the same engine and request shape (``meta["params"]`` ``spec``
-#: and ``request``; the frame count is a scenario's own axis, an A/B compares it too)
+#: and ``request``; the frame count is an investigation's own axis, an A/B compares it too)
 IDENTITY_SPEC = ("kind", "preset", "model_path")
 IDENTITY_REQUEST = ("height", "width", "num_inference_steps")
 
@@ -218,13 +218,13 @@ def _nccl_version() -> str | None:
 
 @dataclass
 class ResultBundle:
-    """One scenario's data; read tables through :meth:`table` (or the properties): every
+    """One investigation's data; read tables through :meth:`table` (or the properties): every
     declared column (:data:`TABLE_SCHEMAS`; ms, s, MiB, GiB) in its dtype.
 
     Attributes:
-        scenario: the investigation's registered name, or ``ab`` for an A/B side's bundle.
+        investigation: the investigation's registered name, or ``ab`` for an A/B side's bundle.
         meta: reproduction facts (:func:`environment_meta`), caps, params, commands.
-        results: scenario-derived results (JSON-serialisable dict).
+        results: investigation-derived results (JSON-serialisable dict).
         tables: name -> DataFrame (may lack declared columns; an undeclared one is a ValueError).
         records: launch label -> raw performance.log lines (JSON strings).
         logs: file name -> text of engine logs.
@@ -232,7 +232,7 @@ class ResultBundle:
         path: where it was saved/loaded, if anywhere.
     """
 
-    scenario: str
+    investigation: str
     meta: dict[str, Any] = field(default_factory=dict)
     results: dict[str, Any] = field(default_factory=dict)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
@@ -304,7 +304,7 @@ class ResultBundle:
         d.mkdir(parents=True, exist_ok=True)
         meta = dict(self.meta)
         meta["schema_version"] = SCHEMA_VERSION
-        meta["scenario"] = self.scenario
+        meta["scenario"] = self.investigation
         meta["tables"] = list(TABLES)  # what this writer wrote (merge: a missing one is lost)
         results = {k: v for k, v in dict(self.results).items() if k != "schema_version"}
         nulled = jsonsafe.non_finite_paths(results)
@@ -332,7 +332,7 @@ class ResultBundle:
                 shutil.copyfile(src, dest)
             self.traces[name] = dest
         self.path = d
-        log.info("bundle %s saved to %s", self.scenario, d)
+        log.info("bundle %s saved to %s", self.investigation, d)
         return d
 
     @classmethod
@@ -344,7 +344,7 @@ class ResultBundle:
             FileNotFoundError: ``path`` has no meta.json.
             ValueError: meta.json or results.json is not a JSON object (:func:`_read_object`),
                 its schema version is not an integer >= 1 or newer than this perfkit, its
-                scenario not a name, or a table has an undeclared column or too many rows
+                investigation not a name, or a table has an undeclared column or too many rows
                 (the message names the file and key).
         """
         d = Path(path)
@@ -352,8 +352,8 @@ class ResultBundle:
         meta = read_meta(d)
         version = _version(meta, meta_p, default=1)
         scen = meta.get("scenario", d.name)
-        if not isinstance(scen, str) or not (_SCENARIO_NAME.fullmatch(scen) or "scenario" not in meta):
-            raise ValueError(f"{meta_p}: scenario: {scen!r} is not a scenario name")
+        if not isinstance(scen, str) or not (_INVESTIGATION_NAME.fullmatch(scen) or "scenario" not in meta):
+            raise ValueError(f"{meta_p}: scenario: {scen!r} is not an investigation name")
         results = _results(d, version)
         tables = {}
         for name in TABLES:
@@ -373,7 +373,7 @@ class ResultBundle:
         logs = {p.name: p.read_text(errors="replace") for p in _listing(d / "logs")}
         traces = {p.name: p for p in _listing(d / "traces")}
         return cls(
-            scenario=scen,
+            investigation=scen,
             meta=meta,
             results=results,
             tables=tables,
@@ -432,7 +432,7 @@ def _results(d: Path, version: int) -> dict[str, Any]:
 
 
 #: an investigation's name as perfkit writes it (``cold_warm``, ``ab``): letters, digits, ``_.-``
-_SCENARIO_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+_INVESTIGATION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 #: a bundle's meta.json and results.json are a few KiB to a few MiB; larger is not a bundle
 MAX_JSON_BYTES = 256 * 2**20
 
@@ -583,7 +583,7 @@ def load_many(paths: Iterable[str | Path], table: str = "requests") -> pd.DataFr
         b = ResultBundle.load(p)
         df = b.table(table).copy()
         df.insert(0, "host", b.meta.get("host"))
-        df.insert(1, "scenario", b.scenario)
+        df.insert(1, "scenario", b.investigation)
         df.insert(2, "bundle", str(p))
         frames.append(df)
     if not frames:

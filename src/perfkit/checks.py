@@ -1,4 +1,4 @@
-"""The check rows scenarios emit and the gate judges (:class:`Check`: an invariant within a run,
+"""The check rows investigations emit and the gate judges (:class:`Check`: an invariant within a run,
 or a baseline metric by sglang's rule), and their tables. Statuses: ``pass``, ``fail``, ``new``
 (a case the baseline lacks), ``improved`` (faster than the baseline by more than its improvement
 threshold), ``inconclusive`` (over its limit, but its noise interval is not: neither a pass nor a
@@ -27,7 +27,7 @@ class Check:
     """One checked metric.
 
     Attributes:
-        case: case id (baseline rows) or the scenario's name (invariants).
+        case: case id (baseline rows) or the investigation's name (invariants).
         metric: ``stages_ms.<stage>``, ``denoise_step_ms.<i>``, ``expected_e2e_ms``, ... or the
             invariant's metric name (``warm_cold_ratio``, ``cap_held[12GiB]``).
         expected: the baseline value (ms or MiB) or the invariant's limit.

@@ -23,9 +23,9 @@ from perfkit.bundle import read_meta
 from perfkit.common import MissingExtra, require_extra
 from perfkit.common.outdirs import stamped_dir
 from perfkit.engine.owner import Watch, end_processes
+from perfkit.investigations import registry
 from perfkit.nbparams import section_params, validate
 from perfkit.params import ParamsError
-from perfkit.scenarios import registry
 from perfkit.suite.execute import ipc_kernel_manager, kernel_name, notebooks_dir
 
 log = logging.getLogger(__name__)

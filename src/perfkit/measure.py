@@ -1,5 +1,5 @@
 """``python -m perfkit.measure``: the enabled investigations of a params file into bundles
-(``DIR/<scenario>/``, ``DIR/measure.json``) without notebooks, for GPU hosts without the Jupyter
+(``DIR/<investigation>/``, ``DIR/measure.json``) without notebooks, for GPU hosts without the Jupyter
 stack; the notebooks and the report render elsewhere (``perfkit suite --replay DIR``).
 """
 
@@ -20,11 +20,11 @@ from perfkit.common.exitcodes import run_click
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.handle import EngineExitedError, EngineStartError
 from perfkit.engine.owner import Watch, become_subreaper, describe
+from perfkit.investigations import registry
+from perfkit.investigations.registry import RunContext
 from perfkit.measuring.progress import RunBars, planned_requests
 from perfkit.params import SuiteParams, load_params
 from perfkit.readings.sampler import pss_enabled
-from perfkit.scenarios import registry
-from perfkit.scenarios.registry import RunContext
 
 log = logging.getLogger("perfkit.measure")
 
@@ -37,13 +37,13 @@ def measure(
     options: Mapping[str, Any] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Run the enabled investigations (of ``only``), each bundle saved under ``out/<scenario>``;
+    """Run the enabled investigations (of ``only``), each bundle saved under ``out/<investigation>``;
     launch directories and compile caches go to ``work_dir`` (default: a temp dir). ``options``:
-    the investigations' measure options by Python name (:class:`~perfkit.scenarios.parts.MeasureOption`,
+    the investigations' measure options by Python name (:class:`~perfkit.investigations.parts.MeasureOption`,
     e.g. ``{"overhead_pairs": 10}``); ``progress``: bars on stderr.
 
     Returns:
-        ``{scenario: {"bundle": path, "wall_s": s, "error": str | None}}``, also written to
+        ``{investigation: {"bundle": path, "wall_s": s, "error": str | None}}``, also written to
         ``out/measure.json``; a failed investigation, one without a usable measurement or with a
         process that outlived its launch is an error recorded there, not raised.
 
@@ -56,7 +56,7 @@ def measure(
     spec = params.engine_spec()
     req = VideoRequestSpec.from_dict(params.request.model_dump(exclude_none=True))
     jobs: list[tuple[str, Any, Any, Any]] = []
-    for s in registry.all_scenarios():
+    for s in registry.all_investigations():
         if only and s.name not in only:
             continue
         mine: list[tuple[str, Any, Any]] = [("", params.section(s.name), spec)]
@@ -83,7 +83,7 @@ def measure(
                 s.check_bundle(bundle)
                 summary[name] = {"bundle": str(path), "wall_s": round(time.time() - t0, 1), "error": None}
             except Exception as exc:  # noqa: BLE001 - one failed investigation must not lose the others
-                known = isinstance(exc, (registry.ScenarioError, EngineStartError, EngineExitedError))
+                known = isinstance(exc, (registry.InvestigationError, EngineStartError, EngineExitedError))
                 # a named failure (an engine lost, bad input) is one line; anything else its traceback
                 (log.error if known else log.exception)("%s failed: %s", name, exc)
                 error = f"{type(exc).__name__}: {exc}"
@@ -110,9 +110,9 @@ def investigations(values: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
-def _scenario_options(f: Any) -> Any:
+def _investigation_options(f: Any) -> Any:
     """The measure options the investigations declare
-    (:attr:`~perfkit.scenarios.registry.Scenario.measure_options`) as click options of ``f``."""
+    (:attr:`~perfkit.investigations.registry.Investigation.measure_options`) as click options of ``f``."""
     for _, o in reversed(registry.measure_options()):
         kind = {"is_flag": True} if o.is_flag else {"type": click.IntRange(min=o.minimum), "default": 0}
         f = click.option(o.flag, o.dest, help=o.help, show_default=not o.is_flag, **kind)(f)
@@ -159,7 +159,7 @@ def _scenario_options(f: Any) -> Any:
     default=None,
     help="launch directories with logs and compile caches (default: a temp dir)",
 )
-@_scenario_options
+@_investigation_options
 def measure_command(
     params_file: str,
     out: str,

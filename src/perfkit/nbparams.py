@@ -2,7 +2,7 @@
 ``parameters`` cell by ``notebooks/make_notebooks.py`` as ``name: type = default  # help`` (what
 papermill reads), and bound in the notebook before anything runs (:func:`bind`: unknown names,
 ``-p`` strings read as YAML 1.2, every value validated by the params file's models). Nothing here
-names a scenario. See docs/lab.md, "Notebooks that papermill alone can run and gate".
+names an investigation. See docs/lab.md, "Notebooks that papermill alone can run and gate".
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from perfkit.common.slugs import did_you_mean
 from perfkit.engine.spec import EngineSpec, EngineSpecError
 from perfkit.gate.outcome import FailOn
 from perfkit.gate.verdicts import GATE
+from perfkit.investigations import registry
 from perfkit.params import (
     BaselineParams,
     InvariantsParams,
@@ -34,9 +35,8 @@ from perfkit.params import (
     load_yaml,
     parse_params,
 )
-from perfkit.scenarios import registry
 
-#: the notebooks that are neither a scenario nor the baseline gate
+#: the notebooks that are neither an investigation nor the baseline gate
 AB = "ab"
 HISTORY = "history"
 
@@ -122,13 +122,15 @@ def _takes_str(ann: Any) -> bool:
 
 _ENGINE_HELP = "perfkit.engine.spec.EngineSpec fields of its kind (JSON or YAML with -p)"
 _REQUEST_HELP = "a /v1/videos request: num_frames, height, width, num_inference_steps, seed, prompt"
-_INVARIANTS_HELP = "limits over the scenarios' defaults, e.g. {latency_drift_max: 0.05} (None: the defaults)"
+_INVARIANTS_HELP = (
+    "limits over the investigations' defaults, e.g. {latency_drift_max: 0.05} (None: the defaults)"
+)
 _FAIL_ON_HELP = "gate: the last cell raises when the gate fails (papermill exits 1); never: explore"
 _FAIL_ON = NotebookParam("fail_on", FailOn, "gate", _FAIL_ON_HELP)
 
 
 def section_params(name: str) -> list[NotebookParam]:
-    """A scenario's params model fields but ``enabled`` and ``tier``, with their ``#:`` comments."""
+    """An investigation's params model fields but ``enabled`` and ``tier``, with their ``#:`` comments."""
     model = registry.get(name).params_model
     out = []
     for key, f in model.model_fields.items():
@@ -156,14 +158,17 @@ def _field_comment(model: type[BaseModel], key: str) -> str:
     return ""
 
 
-def _scenario(name: str) -> list[NotebookParam]:
+def _investigation(name: str) -> list[NotebookParam]:
     return [
         NotebookParam("engine", dict, NOTEBOOK_ENGINE, _ENGINE_HELP),
         NotebookParam("request", dict, NOTEBOOK_REQUEST, _REQUEST_HELP),
         *section_params(name),
         NotebookParam("invariants", Optional[dict], None, _INVARIANTS_HELP),
         NotebookParam(
-            "run_dir", str, "outputs/notebooks", "the bundle and verdict.json land in run_dir/<scenario>/"
+            "run_dir",
+            str,
+            "outputs/notebooks",
+            "the bundle and verdict.json land in run_dir/<investigation>/",
         ),
         NotebookParam(
             "bundle_dir", Optional[str], None, "a recorded bundle to replay instead of launching anything"
@@ -223,10 +228,10 @@ def _history() -> list[NotebookParam]:
 
 
 def declared(notebook: str) -> list[NotebookParam]:
-    """The parameters of ``notebook`` (a scenario name, the baseline gate, :data:`AB`,
+    """The parameters of ``notebook`` (an investigation name, the baseline gate, :data:`AB`,
     :data:`HISTORY`), in the order of its parameters cell. Raises KeyError for another name."""
     if notebook in registry.names():
-        return _scenario(notebook)
+        return _investigation(notebook)
     table = {GATE: _gate, AB: _ab, HISTORY: _history}
     if notebook not in table:
         raise KeyError(f"no declared parameters for notebook {notebook!r}")
@@ -369,7 +374,7 @@ def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0, model: 
 
 def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """Notebook parameters validated with the models a params file goes through (the
-    scenario's params model, the engine spec, the request, the invariants, the gate's baseline
+    investigation's params model, the engine spec, the request, the invariants, the gate's baseline
     fields; other declared parameters by their annotation); undeclared names pass through.
 
     Raises:

@@ -138,10 +138,10 @@ def run_dir_for(name: str, given: str | None) -> RunDir:
 
 def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: float | None):
     """Execute the notebook (:func:`perfkit.suite.execute_owned`: what its kernel starts ended
-    here); on a terminal, its requests' progress bars (the estimate from the scenario's plan)."""
+    here); on a terminal, its requests' progress bars (the estimate from the investigation's plan)."""
     from perfkit.engine.owner import become_subreaper
+    from perfkit.investigations import registry
     from perfkit.measuring.progress import RunBars
-    from perfkit.scenarios import registry
     from perfkit.suite import execute_owned
 
     plan: list[int] = []

@@ -35,8 +35,8 @@ from perfkit.engine.spec import (
     split_kind,
     unknown_key_hint,
 )
-from perfkit.scenarios import registry
-from perfkit.scenarios.registry import ScenarioParams
+from perfkit.investigations import registry
+from perfkit.investigations.registry import InvestigationParams
 
 #: seconds a cell keeps, after a request's timeout and the engine's stop grace, for the rest of
 #: its teardown (records, the bundle, the logs)
@@ -118,9 +118,9 @@ class _SuiteBase(_Model):
         # an unknown preset is refused by ReferenceEngine itself (perfkit.engine.spec)
         max_frames = eng.max_frames or MAX_FRAMES
         frames = [(("request", "num_frames"), self.request.num_frames)]
-        for s in registry.all_scenarios():
+        for s in registry.all_investigations():
             sec = getattr(self, s.name)
-            if sec.enabled:  # any request-frame list a scenario declares
+            if sec.enabled:  # any request-frame list an investigation declares
                 frames += [
                     ((s.name, k, i), f) for k, v in sec if k == "request_frames" for i, f in enumerate(v)
                 ]
@@ -166,7 +166,7 @@ class _SuiteBase(_Model):
 
     def enabled(self) -> list[str]:
         """Enabled investigations, in run order."""
-        return [s.name for s in registry.all_scenarios() if getattr(self, s.name).enabled]
+        return [s.name for s in registry.all_investigations() if getattr(self, s.name).enabled]
 
     def refuse_disabled(self, only: Any) -> None:
         """Raise :class:`ParamsError` for ``--only`` naming a disabled investigation, with the
@@ -180,8 +180,8 @@ class _SuiteBase(_Model):
                 )
             )
 
-    def section(self, name: str) -> ScenarioParams:
-        """The validated params section of scenario ``name``."""
+    def section(self, name: str) -> InvestigationParams:
+        """The validated params section of investigation ``name``."""
         return getattr(self, name)
 
     def engine_spec(self) -> EngineSpec:
@@ -197,29 +197,29 @@ class _SuiteBase(_Model):
         return self.engine_spec().to_dict()
 
     def invariants_all(self) -> dict[str, Any]:
-        """Every gated invariant: the scenarios' defaults overlaid with this file's
+        """Every gated invariant: the investigations' defaults overlaid with this file's
         ``invariants`` (keys whose limit is None are not gated and left out)."""
         return {k: v for k, v in self.invariants.model_dump().items() if v is not None}
 
 
 def _build_models() -> tuple[type[BaseModel], type[BaseModel]]:
-    """(InvariantsModel, SuiteParams) assembled from the registry: one section per scenario,
-    one ``invariants`` mapping with every scenario's invariant fields and defaults."""
+    """(InvariantsModel, SuiteParams) assembled from the registry: one section per investigation,
+    one ``invariants`` mapping with every investigation's invariant fields and defaults."""
     inv_fields: dict[str, Any] = {
         k: (f.annotation, f) for k, f in registry.EngineInvariants.model_fields.items()
     }
-    for s in registry.all_scenarios():
+    for s in registry.all_investigations():
         for key, f in s.invariants_model.model_fields.items():
             inv_fields[key] = (f.annotation, f)
     invariants = create_model("InvariantsParams", __base__=registry.InvariantParams, **inv_fields)
     sections: dict[str, Any] = {
-        s.name: (s.params_model, Field(default_factory=s.params_model)) for s in registry.all_scenarios()
+        s.name: (s.params_model, Field(default_factory=s.params_model)) for s in registry.all_investigations()
     }
     sections["invariants"] = (invariants, Field(default_factory=invariants))
     model = create_model("SuiteParams", __base__=_SuiteBase, **sections)
     model.__doc__ = (
         "A params file: name, description, timeout_s, engine, request, baseline, one "
-        "section per registered scenario, invariants."
+        "section per registered investigation, invariants."
     )
     return invariants, model
 

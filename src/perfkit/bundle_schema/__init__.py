@@ -184,7 +184,7 @@ load_peak_mib            float64  MiB     device peak reserved during model load
 load_peak_allocated_mib  float64  MiB     device peak allocated during model load
 warmup_peak_mib          float64  MiB     device peak reserved during the startup warmup
 placement                string   text    where the weights lived (device, group_offload, ...)
-reused_from              string   text    '<scenario>/<launch>' whose session this launch reuses
+reused_from              string   text    '<investigation>/<launch>' whose session this launch reuses
 config_source            string   text    where the effective config came from: engine record, engine log (<form of sglang's
                                           server_args line>), not reported
 compile_requested        boolean  bool    torch.compile asked for (engine's view)
@@ -214,7 +214,7 @@ note            string   text   why no trace was kept (size cap, the engine's er
 e2e_ms          float64  ms     the profiled request's server time (profiler overhead included)
 injected_ms     float64  ms     test-only injected slowdown of the request, wall time (engine record; NaN: none)
 """, additive=True),
-        _table("memory_sites", "allocation sites from CUDA allocator snapshots on request boundaries (scenario "
+        _table("memory_sites", "allocation sites from CUDA allocator snapshots on request boundaries (investigation "
                "setting ``snapshot``): what grew between the snapshot after the cold request and after "
                "warm request k, and the blocks alive at warm request k's peak; the snapshots themselves "
                "are under traces/ (memsnap-<launch>-request-<i>.pickle.gz). Empty with the reason in "

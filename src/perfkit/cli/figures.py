@@ -59,7 +59,7 @@ def figures_command(files: tuple[str, ...], root: str | None, check: bool) -> No
     KIND: key-numbers, full (a bundle's key numbers / all its figures),
     compare (vs=DIR2: two bundles side by side), ab-power (a recorded A/B power
     pool; attributes threshold=0.01 confidence=0.95), overhead-pooled
-    (src=DIR1,DIR2,...: the overhead scenario's ABBA pairs of several launches),
+    (src=DIR1,DIR2,...: the overhead investigation's ABBA pairs of several launches),
     commands (every perfkit command's --help: docs/commands.md).
 
     Exit codes: 0 up to date (or rewritten), 1 --check found a stale block, 2 a bad block or a

@@ -9,8 +9,8 @@ import click
 
 from perfkit.cli._common import EXIT_CODES, done, fail, file_option, print_result
 from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
+from perfkit.investigations import registry
 from perfkit.measure import investigations
-from perfkit.scenarios import registry
 
 
 def _partition(kw: dict[str, Any], executor_options: dict[str, Any]) -> int:
@@ -83,7 +83,7 @@ def _investigations_help() -> str:
     """The registered investigations in run order, one line each: name, title, question (and
     whether its params section is off by default), for ``perfkit suite --help``."""
     lines = []
-    for s in registry.all_scenarios():
+    for s in registry.all_investigations():
         off = "" if s.params_model.model_fields["enabled"].default else " [off by default]"
         lines.append(f"  {s.name:14s} {s.title}: {s.question}{off}")
     return "Investigations (each a params section of that name; --only picks them):\n\n\b\n" + "\n".join(

@@ -1,7 +1,7 @@
 """Exit codes, one rule for every perfkit command and the suite: :data:`EXIT_OK` (0) every check
 passed, :data:`EXIT_REGRESSION` (1) a check failed, :data:`EXIT_ERROR` (2) an error (bad input,
 engine crash, notebook exception, nothing compared). A leaf, so that a command starts without
-importing the gate (pandas, the scenarios); :mod:`perfkit.gate.verdicts` re-exports them.
+importing the gate (pandas, the investigations); :mod:`perfkit.gate.verdicts` re-exports them.
 :func:`run_click` applies the rule to a command line, interrupts included."""
 
 from __future__ import annotations

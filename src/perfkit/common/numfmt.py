@@ -1,7 +1,7 @@
 """Numbers as a reader sees them, in every table, sentence and check reason perfkit writes.
 
 :func:`number_text` is the one rule (the report's table formatter, the check reasons and the
-scenarios' readings use it): whole numbers with thousands separators (``14,512``); other
+investigations' readings use it): whole numbers with thousands separators (``14,512``); other
 values by magnitude: ``>= 100`` no decimals (``58,428``), ``>= 10`` one decimal (``91.9``),
 ``>= 1`` two (``2.31``), below that three (``0.016``); trailing zeros dropped below 10
 (``1.5``, ``0.25``; ``73.0`` keeps its one decimal); never

@@ -1,2 +1,2 @@
 """The gate: sglang-layout baseline files, comparison with sglang's tolerance rule, the
-within-run invariants the scenarios declare, verdict files and exit codes."""
+within-run invariants the investigations declare, verdict files and exit codes."""

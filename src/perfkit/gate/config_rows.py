@@ -27,15 +27,15 @@ def _request_label(row: Mapping[str, Any]) -> str:
 
 
 def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, Any]) -> list[Check]:
-    """Check rows (case = scenario name) for every launch of every bundle; see the module doc.
+    """Check rows (case = investigation name) for every launch of every bundle; see the module doc.
 
     Args:
-        bundles: scenario -> its bundle.
+        bundles: investigation -> its bundle.
         invariants: the merged invariants; ``compile_inactive_ok`` (bool) is read.
     """
     inactive_ok = bool(invariants.get("compile_inactive_ok", False))
     rows: list[Check] = []
-    for scenario, b in bundles.items():
+    for investigation, b in bundles.items():
         launches = b.table("launches")
         requests = b.table("requests")
         for ln in table_rows(launches):  # missing values as None
@@ -46,13 +46,15 @@ def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, 
             if asked:
                 metric = f"compile_active[{label}]"
                 if active:
-                    rows.append(Check(scenario, metric, 1.0, 1.0, 1.0, "pass", "compile asked and active"))
+                    rows.append(
+                        Check(investigation, metric, 1.0, 1.0, 1.0, "pass", "compile asked and active")
+                    )
                 elif active is False:
                     why = _text(ln.get("compile_disabled_reason")) or "the engine gave no reason"
                     status = "pass" if inactive_ok else "fail"
                     tail = " (expected: invariants.compile_inactive_ok)" if inactive_ok else ""
                     why = f"compile asked but not active: {why}{tail}"
-                    rows.append(Check(scenario, metric, 1.0, 0.0, 1.0, status, why))
+                    rows.append(Check(investigation, metric, 1.0, 0.0, 1.0, status, why))
             if not active:
                 continue
             mine = requests[requests["launch"] == label] if not requests.empty else requests
@@ -63,13 +65,13 @@ def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, 
                 told = sum(is_reported(f) for f in flags)
                 if not told:  # the engine reports no flag (sglang): not measured, never a pass
                     why = "not measured: the engine reported no recompile-limit flag for any request"
-                    rows.append(Check(scenario, metric, 0.0, None, 0.0, "skipped", why))
+                    rows.append(Check(investigation, metric, 0.0, None, 0.0, "skipped", why))
                     continue
                 unknown = len(flags) - told
                 why = "no request hit the recompile limit" + (
                     f" ({unknown} of {len(flags)} requests did not report it)" if unknown else ""
                 )
-                rows.append(Check(scenario, metric, 0.0, 0.0, 0.0, "pass", why))
+                rows.append(Check(investigation, metric, 0.0, 0.0, 0.0, "pass", why))
                 continue
             first = table_rows(hit.iloc[:1])[0]
             stage = _text(first.get("recompile_limit_stage")) or "a stage not reported"
@@ -81,5 +83,5 @@ def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, 
                 f"later calls ran eagerly. torch: {'; '.join(reasons) or 'no reason logged'}"
                 + (f" ({len(hit)} requests hit it)" if len(hit) > 1 else "")
             )
-            rows.append(Check(scenario, metric, 0.0, float(len(hit)), 0.0, "fail", why))
+            rows.append(Check(investigation, metric, 0.0, float(len(hit)), 0.0, "fail", why))
     return rows

@@ -29,9 +29,9 @@ def _bundle_cases(b: ResultBundle, case: str | None) -> dict[str, dict[str, Any]
     A bundle without its params: one case named ``case`` or its investigation."""
     p = b.meta.get("params") or {}
     if not isinstance(p.get("spec"), dict) or not isinstance(p.get("request"), dict):
-        cid = case or b.scenario
+        cid = case or b.investigation
         return {cid: bl.from_bundle(b, cid)}
-    cases = bundle_cases({b.scenario: b}, p["spec"], p["request"])
+    cases = bundle_cases({b.investigation: b}, p["spec"], p["request"])
     if case is not None:
         if case not in cases and len(cases) != 1:
             raise ValueError(f"{b.path}: no case {case!r}; its cases: {', '.join(cases)}")
@@ -40,7 +40,7 @@ def _bundle_cases(b: ResultBundle, case: str | None) -> dict[str, dict[str, Any]
 
 
 def compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]], str | None]:
-    """Case id -> scenario entry for what ``run`` names, and its hardware label (None: unknown).
+    """Case id -> case entry for what ``run`` names, and its hardware label (None: unknown).
 
     ``case`` names the case of a bundle (default: its cases as its run's baseline.json names
     them), a performance.log or a perf dump (default the file's stem). An empty mapping: nothing measured.

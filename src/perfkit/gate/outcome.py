@@ -116,7 +116,7 @@ def exit_code(word: str, verdict: Mapping[str, Any] | None) -> int:
 
 
 def finish(name: str, verdict: Mapping[str, Any] | None, fail_on: str = "gate", where: str = "") -> str:
-    """The last cell of a gated notebook (``name``: a scenario, the baseline gate): show the
+    """The last cell of a gated notebook (``name``: an investigation, the baseline gate): show the
     gate's sentence for ``verdict`` (:func:`perfkit.gate.verdicts.write_verdict`'s document;
     ``where`` its path) and return the gate word (:func:`gate_result`); with ``fail_on="gate"``
     raise :class:`GateFailed` when the gate failed or judged nothing (papermill then exits 1);

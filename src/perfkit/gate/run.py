@@ -21,7 +21,7 @@ from perfkit.engine.spec import DEFAULT_WARMUP_FRAMES
 from perfkit.gate import baseline as bl
 from perfkit.gate.config_rows import engine_checks
 from perfkit.gate.verdicts import read_verdict
-from perfkit.scenarios import registry
+from perfkit.investigations import registry
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def case_id(
     ``_2stage`` for the two-stage pipeline and ``_<N>gpu`` for an engine over N > 1 GPUs
     (``ltx-2b_24f_512x768_30s_w25_2stage_2gpu``), so one baseline file can hold both sides.
 
-    ``suffix`` distinguishes scenarios measuring the same shape (``_shapes``, ``_cap-24GiBdev``).
+    ``suffix`` distinguishes investigations measuring the same shape (``_shapes``, ``_cap-24GiBdev``).
     """
     preset = engine.get("preset") or engine.get("kind") or "engine"
     if engine.get("kind") == "sglang":
@@ -58,37 +58,37 @@ def case_id(
 
 
 def case_namer(engine: Mapping[str, Any], request: Mapping[str, Any]):
-    """``case_id`` bound to this run's engine and request (what scenarios' ``cases`` receive)."""
+    """``case_id`` bound to this run's engine and request (what investigations' ``cases`` receive)."""
     return functools.partial(case_id, engine, request)
 
 
 def bundle_cases(
     bundles: Mapping[str, ResultBundle], engine: Mapping[str, Any], request: Mapping[str, Any]
 ) -> dict[str, ResultBundle]:
-    """Case id -> (sub-)bundle for this run's baseline.json: each scenario's ``cases`` (see
-    :attr:`perfkit.scenarios.registry.Scenario.cases`), in run order."""
+    """Case id -> (sub-)bundle for this run's baseline.json: each investigation's ``cases`` (see
+    :attr:`perfkit.investigations.registry.Investigation.cases`), in run order."""
     namer = case_namer(engine, request)
     cases: dict[str, ResultBundle] = {}
-    for s in registry.all_scenarios():
+    for s in registry.all_investigations():
         b = bundles.get(s.name)
         if b is not None:
             cases.update(s.cases(b, namer))
     return cases
 
 
-def scenario_checks(
-    scenario: str, results: Mapping[str, Any], invariants: Mapping[str, Any] | None = None
+def investigation_checks(
+    investigation: str, results: Mapping[str, Any], invariants: Mapping[str, Any] | None = None
 ) -> list[Check]:
-    """Check rows of one scenario against the invariants it declares: the registry's defaults
-    overlaid with ``invariants`` (:func:`perfkit.scenarios.registry.merged_invariants`: a key
+    """Check rows of one investigation against the invariants it declares: the registry's defaults
+    overlaid with ``invariants`` (:func:`perfkit.investigations.registry.merged_invariants`: a key
     given replaces its default, None turns it off, the others stay gated). Raises ValueError for
     an unknown invariant key."""
     inv = registry.merged_invariants(invariants)
-    return registry.checks_for({scenario: dict(results)}, inv, only=scenario)
+    return registry.checks_for({investigation: dict(results)}, inv, only=investigation)
 
 
 def load_run_bundles(run_dir: str | Path) -> dict[str, ResultBundle]:
-    """Scenario -> bundle for each ``run_dir/<scenario>/`` holding one."""
+    """Investigation -> bundle for each ``run_dir/<investigation>/`` holding one."""
     out: dict[str, ResultBundle] = {}
     for s in registry.names():
         d = Path(run_dir) / s
@@ -102,13 +102,13 @@ def investigation_rows(
 ) -> list[Check]:
     """Each investigation's check rows as its notebook judged them: its ``RUN/<name>/verdict.json``
     (its ``invariants`` and replay applied there). One that wrote no readable verdict is judged
-    here (:func:`scenario_checks` on its bundle; skipped rows without one)."""
+    here (:func:`investigation_checks` on its bundle; skipped rows without one)."""
     rows: list[Check] = []
     for s in registry.names():
         doc = read_verdict(run_dir / s)
         if doc is None or doc.get("status") == "error":
             b = bundles.get(s)
-            rows += scenario_checks(s, b.results if b is not None else {}, invariants)
+            rows += investigation_checks(s, b.results if b is not None else {}, invariants)
         else:
             rows += [Check(**{c: r.get(c) for c in CHECK_COLUMNS}) for r in doc["rows"]]
     return rows
@@ -224,7 +224,7 @@ def _hardware(bundles: Mapping[str, ResultBundle]) -> str:
 
 
 def run_cases(run_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """Case id -> scenario entry for a finished run: its baseline.json's, else its bundles' named
+    """Case id -> case entry for a finished run: its baseline.json's, else its bundles' named
     with its params.yaml's engine and request."""
     run_dir = Path(run_dir)
     if (run_dir / "baseline.json").exists():

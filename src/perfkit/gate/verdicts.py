@@ -1,4 +1,4 @@
-"""Verdict files and exit codes: ``RUN/<notebook>/verdict.json`` (``{scenario, status, rows:
+"""Verdict files and exit codes: ``RUN/<notebook>/verdict.json`` (``{investigation, status, rows:
 [Check...], ...}``; the gate's adds ``cases``, ``compared_with``, ``warnings``) read back for the
 summary, the report and the suite's exit code. The exit codes are the leaf
 :mod:`perfkit.common.exitcodes`' (0 pass or inconclusive, 1 a check failed, 2 an error or
@@ -19,29 +19,29 @@ from perfkit.common import jsonsafe
 from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, STATUS_WORD  # noqa: F401
 from perfkit.common.jsonsafe import finite as jsonable  # NaN/inf -> null, recursively
 from perfkit.gate.baseline.files import atomic_write_text
-from perfkit.scenarios import registry
+from perfkit.investigations import registry
 
 log = logging.getLogger(__name__)
 
 
-#: the notebook that gates the run (after every scenario's notebook)
+#: the notebook that gates the run (after every investigation's notebook)
 GATE = "baseline_gate"
 VERDICT_FILE = "verdict.json"
 RUN_FILE = "run.json"
 
 
 def notebooks() -> tuple[str, ...]:
-    """Notebook names in run order: every registered scenario, then the gate."""
+    """Notebook names in run order: every registered investigation, then the gate."""
     return (*registry.names(), GATE)
 
 
 def write_verdict(
-    out: str | Path, scenario: str, rows: Iterable[Check | Mapping[str, Any]], **extra: Any
+    out: str | Path, investigation: str, rows: Iterable[Check | Mapping[str, Any]], **extra: Any
 ) -> dict[str, Any]:
-    """Write ``out/verdict.json``: {scenario, status, rows, ...extra}. Returns the document."""
+    """Write ``out/verdict.json``: {investigation, status, rows, ...extra}. Returns the document."""
     df = check_table(rows)
     doc = {
-        "scenario": scenario,
+        "scenario": investigation,
         "status": overall_status(df),
         "rows": jsonable(df.to_dict("records")),
         **jsonable(extra),

@@ -157,7 +157,7 @@ def read_bundle_run(
     time_file: str | Path | None = None,
 ) -> HistoryRun:
     """One bundle directory (an A/B side: ``meta.params`` has ``spec`` and ``request``; else a
-    scenario bundle with ``params.engine``/``params.request``) as one run of one case.
+    investigation bundle with ``params.engine``/``params.request``) as one run of one case.
 
     Raises:
         HistoryError: not a bundle, or no engine spec/request in its meta (names the file).

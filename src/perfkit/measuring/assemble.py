@@ -1,6 +1,6 @@
-"""Launches -> one :class:`~perfkit.bundle.ResultBundle`, and the bundles of a scenario's split
-parts -> the bundle the unsplit scenario would have written (:func:`join_bundles`,
-:func:`relabel`); one engine launch serving several investigations: what a scenario would launch
+"""Launches -> one :class:`~perfkit.bundle.ResultBundle`, and the bundles of an investigation's split
+parts -> the bundle the unsplit investigation would have written (:func:`join_bundles`,
+:func:`relabel`); one engine launch serving several investigations: what an investigation would launch
 (:class:`PlannedLaunch`, :func:`launch_key`) and taking a matching earlier launch's rows instead
 of launching again (:func:`reuse_launch`; seed 001: share a launch across the cases that can)."""
 
@@ -24,7 +24,7 @@ from perfkit.measuring.launch_rows import LaunchData
 
 
 def assemble(
-    scenario: str,
+    investigation: str,
     launches: Iterable[LaunchData],
     params: dict[str, Any],
     results: dict[str, Any],
@@ -60,7 +60,7 @@ def assemble(
         }
     )
     return ResultBundle(
-        scenario=scenario,
+        investigation=investigation,
         meta=meta,
         results=results,
         tables=tables,
@@ -79,21 +79,21 @@ def _engine_versions(launches: list[LaunchData]) -> dict[str, dict[str, Any]]:
 
 
 def join_bundles(
-    scenario: str, parts: list[ResultBundle], params: dict[str, Any], results: dict[str, Any]
+    investigation: str, parts: list[ResultBundle], params: dict[str, Any], results: dict[str, Any]
 ) -> ResultBundle:
-    """One bundle from the bundles of a scenario's split parts
-    (:attr:`perfkit.scenarios.registry.Scenario.split`): tables concatenated in part order and
+    """One bundle from the bundles of an investigation's split parts
+    (:attr:`perfkit.investigations.registry.Investigation.split`): tables concatenated in part order and
     conformed, records, logs, commands and caps united, the first part's environment,
     ``params`` and ``results`` as given.
 
     Raises:
-        ValueError: no parts, or a part of another scenario (naming it).
+        ValueError: no parts, or a part of another investigation (naming it).
     """
     if not parts:
-        raise ValueError(f"{scenario}: nothing to join (no part bundles)")
+        raise ValueError(f"{investigation}: nothing to join (no part bundles)")
     for b in parts:
-        if b.scenario != scenario:
-            raise ValueError(f"{scenario}: cannot join a {b.scenario!r} bundle ({b.path})")
+        if b.investigation != investigation:
+            raise ValueError(f"{investigation}: cannot join a {b.investigation!r} bundle ({b.path})")
     tables = {}
     for name in {n for b in parts for n in b.tables}:
         frames = [b.tables[name] for b in parts if name in b.tables and not b.tables[name].empty]
@@ -103,7 +103,7 @@ def join_bundles(
     meta["commands"] = {k: v for b in parts for k, v in (b.meta.get("commands") or {}).items()}
     meta["caps"] = [c for b in parts for c in (b.meta.get("caps") or [])]
     return ResultBundle(
-        scenario=scenario,
+        investigation=investigation,
         meta=meta,
         results=results,
         tables=tables,
@@ -200,7 +200,7 @@ def reuse_launch(
         mem["launch"] = label
     data.memory = mem
     lr = table_rows(launches.iloc[:1])[0]
-    lr.update({"launch": label, "label": label, "reused_from": f"{bundle.scenario}/{src}"})
+    lr.update({"launch": label, "label": label, "reused_from": f"{bundle.investigation}/{src}"})
     data.launch_row = lr
     data.record_lines = [ln for ln in bundle.records.get(src, []) if any(i in ln for i in ids)]
     data.logs = {k.replace(src, label, 1): v for k, v in bundle.logs.items() if k.startswith(src)}
@@ -208,13 +208,13 @@ def reuse_launch(
     data.gpus = list(((bundle.meta.get("launch_gpus") or {}).get(src)) or [])
     err = lr.get("error")
     data.error = None if err is None or (isinstance(err, float) and math.isnan(err)) else str(err)
-    log.info("%s reuses the %s launch of %s (%d requests)", label, src, bundle.scenario, n_requests)
+    log.info("%s reuses the %s launch of %s (%d requests)", label, src, bundle.investigation, n_requests)
     return data
 
 
 @dataclass(frozen=True)
 class PlannedLaunch:
-    """What a scenario would launch, as the scale-out planner sees it: ``keys`` (its
+    """What an investigation would launch, as the scale-out planner sees it: ``keys`` (its
     :func:`launch_key` identities; empty: never matched), ``requests`` (measured requests it
     sends), ``reuses`` (it takes a matching earlier launch instead of launching)."""
 

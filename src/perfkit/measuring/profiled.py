@@ -211,7 +211,7 @@ NOT_ON_CPU = "not available on cpu"
 
 
 class SnapshotParams(BaseModel):
-    """``snapshot`` setting of a scenario: allocator snapshots on request boundaries (CUDA).
+    """``snapshot`` setting of an investigation: allocator snapshots on request boundaries (CUDA).
 
     ``warm``: which warm request k to compare with the cold one (None: the last); ``max_entries``:
     allocation history kept (bounds a file's size); ``top``: sites kept per table;

@@ -172,14 +172,14 @@ def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]]
 
 
 def planned_requests(plans: Iterable[Sequence[int]]) -> tuple[int, int]:
-    """(launches, requests) of several scenarios' plans (each a list of requests per launch)."""
+    """(launches, requests) of several investigations' plans (each a list of requests per launch)."""
     plans = [list(p) for p in plans]
     return sum(map(len, plans)), sum(int(x) for p in plans for x in p)
 
 
 class RunBars:
     """Terminal bars of a whole run, drawn from progress events: every request of the run (its
-    total from the scenarios' plans, so tqdm gives an ETA; the launches so far in its postfix)
+    total from the investigations' plans, so tqdm gives an ETA; the launches so far in its postfix)
     and the requests of the current launch. ``perfkit suite`` and ``perfkit run`` feed it from
     a kernel's events file (:meth:`watch`); ``python -m perfkit.measure`` in process
     (:meth:`listen`)."""
@@ -197,7 +197,7 @@ class RunBars:
         )
         self.launch_bar: Any = None
 
-    def handle(self, ev: Mapping[str, Any], scenario: str = "") -> None:
+    def handle(self, ev: Mapping[str, Any], investigation: str = "") -> None:
         """Apply one event (``launch``, ``request``, ``launch_done``) to the bars."""
         if not self.enabled:
             return
@@ -213,7 +213,7 @@ class RunBars:
                 self.launch_bar.close()
             self.launch_bar = self._tqdm(
                 total=int(ev.get("requests") or 0),
-                desc=f"{scenario} {ev.get('label', '')}".strip(),
+                desc=f"{investigation} {ev.get('label', '')}".strip(),
                 unit="request",
                 file=self.file,
                 position=2,
@@ -228,10 +228,10 @@ class RunBars:
             self.launch_bar = None
 
     @contextlib.contextmanager
-    def watch(self, path: Path, scenario: str, planned: int = 0):
-        """Tail ``path`` (events of ``scenario``'s notebook) while the block runs. ``planned``:
+    def watch(self, path: Path, investigation: str, planned: int = 0):
+        """Tail ``path`` (events of ``investigation``'s notebook) while the block runs. ``planned``:
         the requests its plan estimated; those it did not send (a launch reused from an earlier
-        scenario, a failure) are counted as done when it ends, so the ETA stays honest."""
+        investigation, a failure) are counted as done when it ends, so the ETA stays honest."""
         if not self.enabled:
             yield
             return
@@ -243,7 +243,7 @@ class RunBars:
             while True:
                 events, offset = read_events(path, offset)
                 for ev in events:
-                    self.handle(ev, scenario)
+                    self.handle(ev, investigation)
                 if stop.is_set():
                     return
                 stop.wait(0.5)
@@ -258,13 +258,13 @@ class RunBars:
                 t.join(timeout=5)
 
     @contextlib.contextmanager
-    def listen(self, scenario: str, planned: int = 0):
+    def listen(self, investigation: str, planned: int = 0):
         """Take this process's events (:func:`track_requests` in the same process) while the
         block runs; the per-launch bar is drawn here, not by :func:`track_requests`."""
         if not self.enabled:
             yield
             return
-        with self._planned(planned), listening(lambda ev: self.handle(ev, scenario)):
+        with self._planned(planned), listening(lambda ev: self.handle(ev, investigation)):
             yield
 
     @contextlib.contextmanager

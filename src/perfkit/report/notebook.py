@@ -14,11 +14,11 @@ from perfkit.checks import Check, check_table, overall_status
 from perfkit.common.frames import align_frames, latent_frames
 from perfkit.common.slugs import md_text
 from perfkit.gate.outcome import check_counts
+from perfkit.investigations import registry
 from perfkit.report.tables import styled
 from perfkit.reported import NOT_REPORTED, is_reported, reported_count
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP
 from perfkit.roles import request_roles as plot_roles
-from perfkit.scenarios import registry
 
 #: request roles (:func:`perfkit.roles.request_roles`', the cold one split by its shape's warmup)
 COLD_NEW_SHAPE = "cold, new shape"
@@ -228,11 +228,11 @@ def check_frame(
     return df.rename(columns={"actual": "measured"})[cols].reset_index(drop=True)
 
 
-def invariants_frame(scenario: str, given: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """Each invariant of ``scenario``: default, ``given``, in effect
-    (:func:`perfkit.scenarios.registry.merged_invariants`). Raises KeyError (unknown scenario),
+def invariants_frame(investigation: str, given: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """Each invariant of ``investigation``: default, ``given``, in effect
+    (:func:`perfkit.investigations.registry.merged_invariants`). Raises KeyError (unknown investigation),
     ValueError (an unknown invariant in ``given``)."""
-    s = registry.get(scenario)
+    s = registry.get(investigation)
     merged = registry.merged_invariants(given)
     defaults = s.invariant_defaults()
     given = dict(given or {})

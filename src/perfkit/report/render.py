@@ -18,6 +18,7 @@ from perfkit.bundle import read_meta
 from perfkit.engine.owner import run_bounded
 from perfkit.gate.outcome import check_counts
 from perfkit.gate.verdicts import GATE
+from perfkit.investigations import registry
 from perfkit.report.runinfo import (  # noqa: F401
     GATE_COLUMNS,
     GATE_ORDER,
@@ -51,7 +52,6 @@ from perfkit.report.summary import (  # noqa: F401
     write_summary,
 )
 from perfkit.report.tables import Table, format_table
-from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
@@ -107,14 +107,14 @@ def show(fig: Any, dpi: int = 100, alt: str | None = None) -> None:
     display(Image(data=figure_to_png_bytes(fig, dpi=dpi), format="png", alt=alt or alt_text(fig)))
 
 
-def reading(scenario: str, results: Mapping[str, Any]) -> str:
-    """A few sentences of Markdown saying what the results mean (the scenario's ``reading``)."""
-    return registry.get(scenario).reading(results or {})
+def reading(investigation: str, results: Mapping[str, Any]) -> str:
+    """A few sentences of Markdown saying what the results mean (the investigation's ``reading``)."""
+    return registry.get(investigation).reading(results or {})
 
 
-def summary_frame(scenario: str, results: Mapping[str, Any]) -> pd.DataFrame:
-    """The headline numbers of a scenario as a small table (the scenario's ``summary_table``)."""
-    return registry.get(scenario).summary_table(results or {})
+def summary_frame(investigation: str, results: Mapping[str, Any]) -> pd.DataFrame:
+    """The headline numbers of an investigation as a small table (the investigation's ``summary_table``)."""
+    return registry.get(investigation).summary_table(results or {})
 
 
 def _gate_table(verdicts: pd.DataFrame, statuses: tuple[str, ...] | None = None) -> Table:
@@ -256,7 +256,7 @@ def write_tool_outputs(
 
 def _env_line(run_dir: Path) -> str:
     """Hardware and versions (engine's, perfkit's) from the first bundle's ``meta.json``, or ""."""
-    for s in registry.all_scenarios():
+    for s in registry.all_investigations():
         if not (run_dir / s.name / "meta.json").exists():
             continue
         try:

@@ -14,11 +14,11 @@ import pandas as pd
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, read_results
 from perfkit.common.numfmt import json_float
+from perfkit.investigations import registry
 from perfkit.readings.records import read_number
 from perfkit.report.tables import MISSING, Table, cell_text, format_table
 from perfkit.reported import NOT_REPORTED, is_reported
 from perfkit.roles import request_roles
-from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ def instrumentation_overhead(run_dir: str | Path, name: str) -> tuple[Table | No
     """(table, where) of the instrumentation overhead from ``name``'s results, else another
     investigation's (``where``: its title). (None, None) when none measured it."""
     run_dir = Path(run_dir)
-    order = [name] + [s.name for s in registry.all_scenarios() if s.name != name]
+    order = [name] + [s.name for s in registry.all_investigations() if s.name != name]
     for n in order:
         p = run_dir / n / "results.json"
         if not p.exists():

@@ -14,7 +14,7 @@ import pandas as pd
 from perfkit.bundle import read_results
 from perfkit.common.slugs import clip
 from perfkit.gate.verdicts import GATE, collect_verdicts, exit_code_for, notebooks, read_verdict, status_word
-from perfkit.scenarios import registry
+from perfkit.investigations import registry
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +28,12 @@ GATE_ORDER = {"fail": 0, "inconclusive": 1, "improved": 2, "pass": 3, "new": 4, 
 
 
 def section_title(name: str) -> str:
-    """The heading of a notebook's section: the scenario's title, or the gate's."""
+    """The heading of a notebook's section: the investigation's title, or the gate's."""
     return GATE_TITLE if name == GATE else registry.get(name).title
 
 
 def section_question(name: str) -> str:
-    """The one-sentence question of a notebook's section (the scenario's, or the gate's).
+    """The one-sentence question of a notebook's section (the investigation's, or the gate's).
     Raises KeyError for a name that is neither registered nor the gate."""
     return GATE_QUESTION if name == GATE else registry.get(name).question
 
@@ -94,10 +94,10 @@ def run_info(run_dir: Path) -> dict[str, Any]:
     return {"name": run_dir.name, "notebooks": nbs}
 
 
-def scenario_key_numbers(run_dir: Path, name: str) -> list[registry.KeyNumber]:
-    """The key numbers of scenario ``name`` from ``run_dir/<name>/results.json`` ([] when the
-    file is not there). Raises KeyError (unknown scenario), ValueError (unreadable JSON) or
-    whatever the scenario's ``key_numbers`` raises."""
+def investigation_key_numbers(run_dir: Path, name: str) -> list[registry.KeyNumber]:
+    """The key numbers of investigation ``name`` from ``run_dir/<name>/results.json`` ([] when the
+    file is not there). Raises KeyError (unknown investigation), ValueError (unreadable JSON) or
+    whatever the investigation's ``key_numbers`` raises."""
     s = registry.get(name)
     if not (run_dir / s.name / "results.json").exists():
         return []
@@ -105,12 +105,12 @@ def scenario_key_numbers(run_dir: Path, name: str) -> list[registry.KeyNumber]:
 
 
 def key_numbers(run_dir: str | Path) -> list[tuple[str, str]]:
-    """(what, value) of every scenario's key numbers, from ``run_dir/<scenario>/results.json``,
-    in registry order. A scenario whose results cannot be read is logged and left out."""
+    """(what, value) of every investigation's key numbers, from ``run_dir/<investigation>/results.json``,
+    in registry order. An investigation whose results cannot be read is logged and left out."""
     out: list[tuple[str, str]] = []
-    for s in registry.all_scenarios():
+    for s in registry.all_investigations():
         try:
-            out += [(k.label, k.text) for k in scenario_key_numbers(Path(run_dir), s.name)]
+            out += [(k.label, k.text) for k in investigation_key_numbers(Path(run_dir), s.name)]
         except Exception as exc:  # noqa: BLE001 - the summary is written in every case
             log.warning("report: key numbers of %s: %r", s.name, exc)
     return out
@@ -161,7 +161,7 @@ def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
     place of expected/actual/bound, failures first (:data:`GATE_ORDER`)."""
     if verdicts.empty:
         return pd.DataFrame(columns=GATE_COLUMNS)
-    inv = verdicts["case"].isin([s.name for s in registry.all_scenarios()])
+    inv = verdicts["case"].isin([s.name for s in registry.all_investigations()])
     exp = pd.to_numeric(verdicts["expected"], errors="coerce")
     bound = pd.to_numeric(verdicts["bound"], errors="coerce")
     return (
@@ -178,14 +178,14 @@ def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
 
 def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
     """The title of another investigation whose results hold skipped investigation ``name``'s
-    measurement (the scenario's ``found_in``, e.g. an in-session probe), or None."""
+    measurement (the investigation's ``found_in``, e.g. an in-session probe), or None."""
     try:
         s = registry.get(name)
     except KeyError:
         return None
     if s.found_in is None:
         return None
-    for other in registry.all_scenarios():
+    for other in registry.all_investigations():
         p = run_dir / other.name / "results.json"
         if other.name == name or not p.exists():
             continue
@@ -265,8 +265,10 @@ def plural(n: int, word: str, plural: str | None = None) -> str:
 
 
 def _part_id(part: Mapping[str, Any]) -> str:
-    """A planned part's id (``scaleout.units.Part.id``): ``scenario`` or ``scenario.key``."""
-    return str(part.get("scenario", "")) + (f".{part['key']}" if part.get("key") else "")
+    """A planned part's id (``scaleout.units.Part.id``): ``investigation`` or ``investigation.key``."""
+    return str(part.get("investigation", part.get("scenario", ""))) + (
+        f".{part['key']}" if part.get("key") else ""
+    )
 
 
 def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:

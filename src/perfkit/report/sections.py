@@ -12,17 +12,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from perfkit.gate.verdicts import GATE, read_verdict
+from perfkit.investigations import registry
 from perfkit.report.belowstage import panel as below_stage_panel
 from perfkit.report.rootcause import root_cause
 from perfkit.report.runinfo import (
     gate_result,
-    scenario_key_numbers,
+    investigation_key_numbers,
     section_question,
     section_title,
     status_text,
 )
 from perfkit.report.tables import status_class
-from perfkit.scenarios import registry
 
 if TYPE_CHECKING:  # annotations only: jinja2 is imported where HTML is rendered
     import jinja2
@@ -55,7 +55,7 @@ def neutralise_external(text: str) -> str:
 
 #: the page template; it includes ``report.css`` inline and renders each section's HTML
 PAGE_TEMPLATE = "page.html.j2"
-#: the gate notebook's section template (scenario sections come from the registry)
+#: the gate notebook's section template (investigation sections come from the registry)
 GATE_TEMPLATE = f"sections/{GATE}.html.j2"
 #: the section of a notebook that is neither registered nor the gate (a run of an older perfkit)
 FALLBACK_SECTION_TEMPLATE = "sections/_base.html.j2"
@@ -111,13 +111,13 @@ def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
 
 
 def section_template(name: str) -> str:
-    """The section template of ``name``: the scenario's, the gate's, or the shared base."""
+    """The section template of ``name``: the investigation's, the gate's, or the shared base."""
     if name == GATE:
         return GATE_TEMPLATE
     try:
         return registry.get(name).template
     except KeyError:
-        log.warning("report: notebook %r is not a registered scenario; plain section", name)
+        log.warning("report: notebook %r is not a registered investigation; plain section", name)
         return FALLBACK_SECTION_TEMPLATE
 
 
@@ -145,7 +145,7 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
     keys, keys_error = [], None
     if name != GATE:
         try:
-            keys = scenario_key_numbers(run_dir, name)
+            keys = investigation_key_numbers(run_dir, name)
         except Exception as exc:  # noqa: BLE001 - a broken results file must not kill the report
             log.warning("report: key numbers of %s: %r", name, exc)
             keys_error = repr(exc)

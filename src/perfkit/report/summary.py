@@ -13,6 +13,7 @@ import pandas as pd
 from perfkit.common.slugs import clip, md_text
 from perfkit.gate.outcome import check_counts
 from perfkit.gate.verdicts import nothing_measured_reason
+from perfkit.investigations import registry
 from perfkit.report.runinfo import (
     engine_ends_frame,
     gate_view,
@@ -25,7 +26,6 @@ from perfkit.report.runinfo import (
     units_frame,
 )
 from perfkit.report.tables import markdown_table
-from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def _engine_lines(run_dir: Path) -> list[str]:
     """The first launch's engine versions and where its config and cold start parts were read from."""
     from perfkit.bundle import ResultBundle
 
-    for s in registry.all_scenarios():
+    for s in registry.all_investigations():
         if not (run_dir / s.name / "meta.json").is_file():
             continue
         try:

@@ -17,11 +17,11 @@ from perfkit.common import MissingExtra, require_extra
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, describe
 from perfkit.engine.spec import EngineSpec
+from perfkit.investigations import registry
+from perfkit.investigations.registry import RunContext
 from perfkit.measuring.progress import listening
 from perfkit.scaleout.unit_outcome import UNIT_FILE, OnEvent, RunUnit, UnitOutcome, write_unit_file  # noqa: F401
 from perfkit.scaleout.units import WorkUnit
-from perfkit.scenarios import registry
-from perfkit.scenarios.registry import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +42,13 @@ def _unit(unit: Mapping[str, Any] | WorkUnit) -> WorkUnit:
 
 def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
     """Measure one unit (a :class:`WorkUnit` or its dict) into ``out_dir``: its parts in order,
-    each bundle to ``out_dir/<part id>/``; a part may reuse the earlier whole scenarios' launches.
+    each bundle to ``out_dir/<part id>/``; a part may reuse the earlier whole investigations' launches.
 
     Raises:
         ValueError: a part's params that its params model refuses (naming the field).
-        ScenarioError: a whole-scenario part that measured nothing usable (its bundle is saved
+        InvestigationError: a whole-investigation part that measured nothing usable (its bundle is saved
             first); a split part's bundle is checked once joined, when the merged run replays it.
-        Exception: whatever the engine or the scenario raised.
+        Exception: whatever the engine or the investigation raised.
     """
     u = _unit(unit)
     out_dir = Path(out_dir)
@@ -57,7 +57,7 @@ def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
     request = VideoRequestSpec.from_dict(dict(u.request))
     shared: dict[str, Any] = {}
     for part in u.parts:
-        s = registry.get(part.scenario)
+        s = registry.get(part.investigation)
         sec = s.params_model.model_validate(part.params)
         dest = out_dir / part.id
         ctx = RunContext(engine=engine, request=request, work_dir=dest / "launches", shared=dict(shared))
@@ -81,7 +81,7 @@ def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
         bundle.save(dest)
         if part.key is None:  # a split part is judged whole: the joined bundle, on replay
             s.check_bundle(bundle)
-            shared.setdefault(part.scenario, bundle)
+            shared.setdefault(part.investigation, bundle)
 
 
 def _log_tail(out_dir: Path, error_text: str) -> str:

@@ -16,6 +16,7 @@ import yaml
 from perfkit.bundle import TABLES, ResultBundle, read_meta, redact
 from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
 from perfkit.common import jsonsafe
+from perfkit.investigations import registry
 from perfkit.params import ParamsError, SuiteParams
 from perfkit.scaleout.manifest import (
     MERGE_FILE,
@@ -27,7 +28,6 @@ from perfkit.scaleout.manifest import (
     params_hash,
 )
 from perfkit.scaleout.units import WorkUnit
-from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ IDENTITY_KEYS = ("commit", "perfkit version", "engine spec", "request", "engine 
 def _program(argv: Any) -> str | None:
     """The engine program of an argv: the executable's file name and the tokens before the first
     ``--option`` (``python -m perfkit.refengine``, ``sglang serve``); values and ports, which
-    a scenario varies per launch, are left out."""
+    an investigation varies per launch, are left out."""
     if not isinstance(argv, list) or not argv:
         return None
     out = [Path(str(argv[0])).name]
@@ -128,8 +128,8 @@ def merge_shards(
     *,
     allow_mixed_commits: bool = False,
 ) -> dict[str, Any]:
-    """Join shard outputs into ``dest/<scenario>/`` bundles (``Scenario.join`` for split
-    scenarios) and write ``dest/merge.json``.
+    """Join shard outputs into ``dest/<investigation>/`` bundles (``Investigation.join`` for split
+    investigations) and write ``dest/merge.json``.
 
     Args:
         dirs: shard output directories (``--partition`` ``--out`` of each shard).
@@ -142,7 +142,7 @@ def merge_shards(
         the merge document: ``shards`` (dir, partition, params hash, commit), ``problems``
         (each naming the shard or unit), ``units`` (planned, with shard and outcome),
         ``outcomes``, ``concurrent`` (:func:`concurrent_pairs`), ``selected``, ``skipped``,
-        ``merged`` (scenario -> bundle dir), ``params_sha256``, ``params`` (validated dict),
+        ``merged`` (investigation -> bundle dir), ``params_sha256``, ``params`` (validated dict),
         ``parts`` (part id -> {unit, shard, commit, perfkit_version}), ``commits`` (the distinct
         commits measured), ``allow_mixed_commits``, ``notes`` (honest older data merged:
         "part P (shard …): plan not recorded: not checked", an additive table absent; each
@@ -398,20 +398,20 @@ def _join_bundles(
     dest: Path,
     problems: list[str],
 ) -> dict[str, str]:
-    """Save each selected scenario's bundle (its parts joined by ``Scenario.join`` when split,
-    ``meta.scaleout`` stamped: units, parts, wall times, concurrency) to ``dest/<scenario>``;
-    scenario -> its dir. A scenario with a part missing is left out (already a problem); one
+    """Save each selected investigation's bundle (its parts joined by ``Investigation.join`` when split,
+    ``meta.scaleout`` stamped: units, parts, wall times, concurrency) to ``dest/<investigation>``;
+    investigation -> its dir. An investigation with a part missing is left out (already a problem); one
     whose parts cannot be joined is a problem appended to ``problems``."""
     merged: dict[str, str] = {}
     for name in selected:
         s = registry.get(name)
-        parts = [p for u in units for p in u.parts if p.scenario == name]
+        parts = [p for u in units for p in u.parts if p.investigation == name]
         if not parts or any(p.id not in part_dirs for p in parts):
             continue  # named above; the suite skips its notebook (no bundle)
         try:
             bundles = [ResultBundle.load(part_dirs[p.id]) for p in parts]
             if len(parts) > 1:
-                assert s.join is not None  # split scenarios have join (registry checks)
+                assert s.join is not None  # split investigations have join (registry checks)
                 b = s.join(bundles, the_params.section(name))
             else:
                 b = bundles[0]
@@ -428,7 +428,7 @@ def _join_bundles(
                 {x for a, c in pairs for x in (a, c) if (a in mine or c in mine)} - set(mine)
             ),
             # every pair of units that overlapped in time where one is this bundle's, its own
-            # parts' units among them (a split scenario whose launches ran side by side)
+            # parts' units among them (a split investigation whose launches ran side by side)
             "concurrent_pairs": [[a, c] for a, c in pairs if a in mine or c in mine],
         }
         b.save(dest / name)

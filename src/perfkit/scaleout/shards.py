@@ -17,6 +17,7 @@ from perfkit.common.provenance import git_commit
 from perfkit.common.version import __version__
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
+from perfkit.investigations import registry
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.scaleout.executor import executor as get_executor
 from perfkit.scaleout.executor import progress_events, run_unit
@@ -33,7 +34,6 @@ from perfkit.scaleout.manifest import (  # noqa: F401 (re-exported)
 from perfkit.scaleout.merge import merge_shards  # noqa: F401
 from perfkit.scaleout.unit_outcome import UnitOutcome
 from perfkit.scaleout.units import WorkUnit, partition, plan_units
-from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 def select(
     params: SuiteParams, only: Iterable[str] | None = None, tier: str | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """(selected scenario names in run order, {left-out name: why}): enabled in the params,
+    """(selected investigation names in run order, {left-out name: why}): enabled in the params,
     picked by ``only`` (when given) and of ``tier`` (when given).
 
     Raises:

@@ -14,8 +14,8 @@ from typing import Any, Iterable, Mapping
 
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.gate.run import case_namer
+from perfkit.investigations import registry
 from perfkit.params import SuiteParams
-from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
@@ -34,20 +34,20 @@ class PartitionError(ValueError):
 
 @dataclass(frozen=True)
 class Part:
-    """One scenario, or one launch of a scenario that splits.
+    """One investigation, or one launch of an investigation that splits.
 
     Attributes:
-        scenario: registry name.
-        key: the split part's key (``warmup17``); None for the whole scenario.
+        investigation: registry name.
+        key: the split part's key (``warmup17``); None for the whole investigation.
         params: the (sub-)section as a plain dict (what ``params_model`` validates).
         launches: new launches it makes (a launch it reuses from an earlier part of its unit
             does not count: 0 when it only reuses).
         requests: measured requests it sends (0 when it only reuses a launch's requests).
-        case_ids: baseline cases it writes (``Scenario.case_ids``; [] when unknown).
+        case_ids: baseline cases it writes (``Investigation.case_ids``; [] when unknown).
         reuses: ids of the parts whose launch it reuses (empty when it launches its own).
     """
 
-    scenario: str
+    investigation: str
     key: str | None
     params: dict[str, Any]
     launches: int = 1
@@ -57,8 +57,8 @@ class Part:
 
     @property
     def id(self) -> str:
-        """``<scenario>`` or ``<scenario>.<key>`` (filesystem-safe)."""
-        return self.scenario if self.key is None else f"{self.scenario}.{self.key}"
+        """``<investigation>`` or ``<investigation>.<key>`` (filesystem-safe)."""
+        return self.investigation if self.key is None else f"{self.investigation}.{self.key}"
 
 
 @dataclass
@@ -90,14 +90,14 @@ class WorkUnit:
     request: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def scenarios(self) -> list[str]:
-        """Scenario names of its parts (a split scenario's name once)."""
-        return list(dict.fromkeys(p.scenario for p in self.parts))
+    def investigations(self) -> list[str]:
+        """Investigation names of its parts (a split investigation's name once)."""
+        return list(dict.fromkeys(p.investigation for p in self.parts))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (what executors receive as the unit; :func:`from_dict` reads it)."""
         d = asdict(self)
-        d["scenarios"] = self.scenarios
+        d["investigations"] = self.investigations
         for p in d["parts"]:
             p["case_ids"] = list(p["case_ids"])
             p["reuses"] = list(p["reuses"])
@@ -108,7 +108,7 @@ class WorkUnit:
         """Inverse of :meth:`to_dict`, every field checked (a manifest is outside input).
 
         Raises:
-            KeyError: a required key (``id``, ``parts``, a part's ``scenario``) is missing.
+            KeyError: a required key (``id``, ``parts``, a part's ``investigation``) is missing.
             ValueError: a field of the wrong type or range, naming it (``parts[1].launches``).
         """
         if not isinstance(d, Mapping):
@@ -123,15 +123,15 @@ class WorkUnit:
             if not isinstance(p, Mapping):
                 raise ValueError(f"parts[{i}]: {p!r} is not a mapping")
             where = f"parts[{i}]"
-            scen = p["scenario"]
+            scen = p["investigation"] if "investigation" in p or "scenario" not in p else p["scenario"]
             if not isinstance(scen, str) or not scen:
-                raise ValueError(f"{where}.scenario: {scen!r} is not a scenario name")
+                raise ValueError(f"{where}.investigation: {scen!r} is not an investigation name")
             key = p.get("key")
             if key is not None and not isinstance(key, str):
                 raise ValueError(f"{where}.key: {key!r} is not a string")
             parts.append(
                 Part(
-                    scenario=scen,
+                    investigation=scen,
                     key=key,
                     params=_mapping(p.get("params"), f"{where}.params"),
                     launches=_count(p.get("launches", 1), f"{where}.launches"),
@@ -233,7 +233,7 @@ def plan_units(
     baseline: Mapping[str, Any] | None = None,
     recorded: Mapping[str, float] | None = None,
 ) -> list[WorkUnit]:
-    """The units of work of the scenarios ``names`` (registered names, run order kept).
+    """The units of work of the investigations ``names`` (registered names, run order kept).
 
     Args:
         baseline: a loaded sglang-layout baseline (``estimated_full_test_time_s`` per case).
@@ -243,21 +243,21 @@ def plan_units(
         units in run order of their first part (a part reusing a launch sits right after it).
 
     Raises:
-        KeyError: an unknown scenario name.
+        KeyError: an unknown investigation name.
         ValueError: a split key that would make a unit id that is not filesystem-safe.
     """
     wanted = set(names)
     unknown = wanted - set(registry.names())
     if unknown:
-        raise KeyError(f"unknown scenario(s) {sorted(unknown)}; known: {', '.join(registry.names())}")
+        raise KeyError(f"unknown investigation(s) {sorted(unknown)}; known: {', '.join(registry.names())}")
     engine_d, request_d = params.engine_dict(), params.request.model_dump()
     engine, request = params.engine_spec(), VideoRequestSpec.from_dict(request_d)
     namer = case_namer(engine_d, request_d)
     gpus = _gpus(params)
     units: list[WorkUnit] = []
-    #: launch key -> (unit, measured requests) of earlier single-launch whole scenarios
+    #: launch key -> (unit, measured requests) of earlier single-launch whole investigations
     reusable: dict[str, tuple[WorkUnit, int, str]] = {}
-    for s in registry.all_scenarios():
+    for s in registry.all_investigations():
         if s.name not in wanted:
             continue
         sec = params.section(s.name)
@@ -283,7 +283,7 @@ def plan_units(
                     host = hit[0]
                     reused.append(hit[2])
             part = Part(
-                scenario=s.name,
+                investigation=s.name,
                 key=key if not whole else None,
                 params=dump,
                 launches=len(fresh) if planned else 1,

@@ -34,10 +34,10 @@ from perfkit.gate.verdicts import (
     status_word,
 )
 from perfkit.gate.verdicts import notebooks as notebook_names
+from perfkit.investigations import registry
 from perfkit.measuring.progress import RunBars, in_flight
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.scaleout.shards import select
-from perfkit.scenarios import registry
 from perfkit.suite.execute import (
     NotebookRun,
     _env,

@@ -19,9 +19,9 @@ from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
 from perfkit.gate.verdicts import RUN_FILE
 from perfkit.gate.verdicts import notebooks as notebook_names
+from perfkit.investigations import registry
 from perfkit.measuring.progress import planned_requests
 from perfkit.params import ParamsError, SuiteParams
-from perfkit.scenarios import registry
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ def prepare_run_dir(run_dir: Path, *, force: bool = False, replay_dir: Path | No
 
 def run_plan(params: SuiteParams, names: Iterable[str]) -> tuple[int, int]:
     """(launches, requests) the investigations ``names`` would make with ``params``, from each
-    scenario's ``plan`` (an upper bound: a scenario may reuse an earlier one's launch)."""
+    investigation's ``plan`` (an upper bound: an investigation may reuse an earlier one's launch)."""
     plans = []
     for n in names:
         if n not in registry.names():  # the gate notebook launches nothing

@@ -67,7 +67,7 @@ def _expected_metrics(baseline: Mapping[str, Any], case: str) -> dict[str, float
         return None
     flat = _flatten(entry or {}, f"baseline scenarios.{case}")
     for k, v in top.items():
-        # a value inside the scenario entry wins
+        # a value inside the case entry wins
         flat.setdefault(k, _metric_value(v, f"baseline {k}.{case}"))
     return flat
 
@@ -95,7 +95,7 @@ def compare(
     callable, or name -> class with the default rules as fallback) says otherwise.
 
     Args:
-        run: case id -> scenario entry (:func:`from_bundle`'s); ms and MiB.
+        run: case id -> case entry (:func:`from_bundle`'s); ms and MiB.
         profile: tolerance profile name; a flat file has one set for every profile.
         strict: a case (or metric) with no baseline fails instead of being ``new``.
         video: the 160 ms pad for denoise steps after step 0 (False: 20 ms, image models).

@@ -1,4 +1,4 @@
-"""Derive sglang-layout scenario entries from bundles or per-request records."""
+"""Derive sglang-layout case entries from bundles or per-request records."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def from_bundle(
     launch: str | None = None,
     stage_classes: StageClassifier | Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Derive one scenario entry (sglang layout) from a bundle's tables.
+    """Derive one case entry (sglang layout) from a bundle's tables.
 
     Measured requests are ``requests`` rows with ``index != WARMUP_INDEX`` and ``status == "completed"``
     (restricted to ``launch`` when given). Like sglang's baseline dump, each value is the worst
@@ -97,7 +97,7 @@ def from_bundle(
     if req.empty:
         where = f" in launch {launch!r}" if launch is not None else ""
         raise ValueError(
-            f"bundle {bundle.path or bundle.scenario}: no completed non-warmup "
+            f"bundle {bundle.path or bundle.investigation}: no completed non-warmup "
             f"requests{where} for case {case_id!r}"
         )
     launch_col = pd.Series([k[0] for k in _keys(req)], index=req.index, dtype=object)
@@ -252,15 +252,15 @@ def _full_test_time_s(
     return total_s
 
 
-def set_scenario(doc: dict[str, Any], case_id: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+def set_case(doc: dict[str, Any], case_id: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     """Put ``entry`` under ``doc["scenarios"][case_id]`` in place and return ``doc``.
 
     Keys of an existing entry that :func:`from_bundle` does not derive (``notes``, unknown keys)
     are kept; derived keys are replaced. Top-level ``load_peak_vram_mb``/``runtime_peak_vram_mb``
     maps, when the document has them, get this case's values too so they cannot go stale.
     """
-    scenarios = doc.setdefault("scenarios", {})
-    old = scenarios.get(case_id) or {}
+    cases = doc.setdefault("scenarios", {})
+    old = cases.get(case_id) or {}
     merged: dict[str, Any] = {}
     for k, v in old.items():  # old key order; stale derived keys dropped
         if k not in DERIVED_KEYS:
@@ -269,7 +269,7 @@ def set_scenario(doc: dict[str, Any], case_id: str, entry: Mapping[str, Any]) ->
             merged[k] = entry[k]
     for k, v in entry.items():
         merged.setdefault(k, v)
-    scenarios[case_id] = merged
+    cases[case_id] = merged
     for key in TOP_LEVEL_CASE_MAPS:
         if isinstance(doc.get(key), dict) and key in entry:
             doc[key][case_id] = entry[key]
@@ -306,14 +306,14 @@ def baseline_from_bundles(
         hardware, model=model, tolerances=tolerances, step_fractions=fractions, description=description
     )
     for case_id, bundle in items:
-        set_scenario(doc, case_id, from_bundle(bundle, case_id, fractions, launch=launch))
+        set_case(doc, case_id, from_bundle(bundle, case_id, fractions, launch=launch))
     return doc
 
 
 def entry_from_records(
     records: Iterable[Any], step_fractions: Iterable[float] | None = None
 ) -> dict[str, Any]:
-    """One scenario entry (sglang layout) from per-request records
+    """One case entry (sglang layout) from per-request records
     (:class:`perfkit.readings.records.PerfRecord`, e.g. a performance.log's lines or a perf
     dump's :meth:`~perfkit.readings.perfdump.PerfDump.to_record`), the worst request kept as
     sglang's baseline dump does (``test_server_utils.py``): ``stages_ms``, ``denoise_step_ms``

@@ -79,7 +79,7 @@ MS_DECIMALS = 2
 MB_DECIMALS = 1
 S_DECIMALS = 1
 
-#: Scalar timing metrics of a scenario entry -> (tolerance key, pad ms).
+#: Scalar timing metrics of a case entry -> (tolerance key, pad ms).
 SCALAR_TIMING_METRICS: dict[str, tuple[str, float]] = {
     "expected_e2e_ms": ("e2e", DEFAULT_PAD_MS),
     "expected_avg_denoise_ms": ("denoise_agg", DEFAULT_PAD_MS),
@@ -116,7 +116,7 @@ TOP_LEVEL_CASE_MAPS = ("load_peak_vram_mb", "runtime_peak_vram_mb")
 #: reported (``compile_active``, ``compile_backend``, ``dtype``, ``device``); a case measured
 #: otherwise than this run is not compared (:func:`perfkit.gate.baseline.compare.compare`)
 ENGINE_KEY = "perfkit_engine"
-#: Keys of a scenario entry that :func:`from_bundle` derives (replaced on update; others kept).
+#: Keys of a case entry that :func:`from_bundle` derives (replaced on update; others kept).
 DERIVED_KEYS = (
     ENGINE_KEY,
     "stages_ms",

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.bundle import ResultBundle, steady_state
-from perfkit.gate.baseline.derive import from_bundle, set_scenario
+from perfkit.gate.baseline.derive import from_bundle, set_case
 from perfkit.gate.baseline.files import load_baseline, new_baseline, save_baseline
 from perfkit.gate.baseline.rules import DEFAULT_STEP_FRACTIONS
 
@@ -74,12 +74,12 @@ def update_baseline(
         doc = new_baseline(hardware, tolerances=tolerances)
     fractions = (doc.get("sampling") or {}).get("step_fractions") or DEFAULT_STEP_FRACTIONS
     entry = from_bundle(sel, case_id, fractions)
-    set_scenario(doc, case_id, entry)
+    set_case(doc, case_id, entry)
     meta = doc.setdefault("metadata", {})
     commit = bundle.meta.get("git_commit") or "unknown"
     meta["description"] = (
         f"Reference numbers for {case_id} from perfkit bundle "
-        f"{Path(bundle_dir).name} ({bundle.scenario}) at git commit {commit}."
+        f"{Path(bundle_dir).name} ({bundle.investigation}) at git commit {commit}."
     )
     meta["last_updated"] = _dt.date.today().isoformat()
     if hardware is not None:

@@ -21,10 +21,10 @@ from perfkit.common.numfmt import json_float
 from perfkit.common.presets import MAX_FRAMES
 from perfkit.common.provenance import repo_root
 from perfkit.engine.client import AsyncVideoClient, RequestOutcome, VideoRequestSpec, closed_loop, open_loop
+from perfkit.investigations.load_stats import capacity_rps, first_error, shape_key
+from perfkit.investigations.registry import InvestigationError
 from perfkit.measuring.launch_rows import record_rows
 from perfkit.readings.records import parse_lines
-from perfkit.scenarios.load_stats import capacity_rps, first_error, shape_key
-from perfkit.scenarios.registry import ScenarioError
 
 #: at most this many lines (a trace is a sample of a day's requests, replayed in one launch)
 MAX_LINES = 100_000
@@ -57,48 +57,48 @@ def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpe
     """The trace's requests in order, each as (request, its slo_ms or None).
 
     Raises:
-        ScenarioError: the file is missing, a line is not a JSON object, has an unknown field or
+        InvestigationError: the file is missing, a line is not a JSON object, has an unknown field or
             a wrong value (``trace.jsonl:3: key 'num_frames': ...``), or the trace is empty.
     """
     try:
         if path.stat().st_size > MAX_BYTES:  # before reading it
-            raise ScenarioError(f"trace {path}: {path.stat().st_size:,} bytes, over {MAX_BYTES:,}")
+            raise InvestigationError(f"trace {path}: {path.stat().st_size:,} bytes, over {MAX_BYTES:,}")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"trace {path}: cannot be read: {exc}") from None
+        raise InvestigationError(f"trace {path}: cannot be read: {exc}") from None
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         if len(out) >= MAX_LINES:
-            raise ScenarioError(f"{path}: more than {MAX_LINES} requests")
+            raise InvestigationError(f"{path}: more than {MAX_LINES} requests")
         try:
             obj = json.loads(line, object_pairs_hook=unique_keys)
         except ValueError as exc:
-            raise ScenarioError(f"{path}:{n}: not JSON: {exc}") from None
+            raise InvestigationError(f"{path}:{n}: not JSON: {exc}") from None
         if not isinstance(obj, dict):
-            raise ScenarioError(f"{path}:{n}: a request is a JSON object, got {type(obj).__name__}")
+            raise InvestigationError(f"{path}:{n}: a request is a JSON object, got {type(obj).__name__}")
         # a field left out takes the params' value; a null is a value, and not one of a request
         nulls = [k for k, v in obj.items() if v is None]
         if nulls:
-            raise ScenarioError(
+            raise InvestigationError(
                 f"{path}:{n}: key {nulls[0]!r}: null is not a value (leave the key out to take the params' request value)"
             )
         try:
             tl = TraceLine.model_validate(obj)
         except ValidationError as exc:
-            raise ScenarioError(f"{path}:{n}: {first_error(exc)}") from None
+            raise InvestigationError(f"{path}:{n}: {first_error(exc)}") from None
         fields = {k: v for k, v in tl.model_dump().items() if v is not None and k != "slo_ms"}
         out.append((dataclasses.replace(base, **fields), tl.slo_ms))
     if not out:
-        raise ScenarioError(f"{path}: no request in the trace")
+        raise InvestigationError(f"{path}: no request in the trace")
     return out
 
 
 def run_phases(
     base_url: str, p: Any, request: VideoRequestSpec, trace: list, timeout_s: float, alive: Any = None
 ):
-    """Every phase against one engine (:mod:`perfkit.scenarios.load`'s order), ``p`` its
+    """Every phase against one engine (:mod:`perfkit.investigations.load`'s order), ``p`` its
     ``LoadParams``: ([(phase, level, outcome, spec)], why the engine counts as lost or None).
     ``alive``: the engine's liveness (see :class:`~perfkit.engine.client.AsyncVideoClient`):
     once it is dead, or stopped answering after a timeout, the requests in flight end at once
@@ -143,7 +143,7 @@ def _run_coroutine(make: Any) -> Any:
 
 
 def _timing(phase: str, level: Any, o: RequestOutcome) -> dict[str, Any]:
-    """What :func:`perfkit.scenarios.load_stats.capacity_rps` reads of one outcome."""
+    """What :func:`perfkit.investigations.load_stats.capacity_rps` reads of one outcome."""
     return {"phase": phase, "level": level, "status": o.status, "t_submit_s": o.t_submit,
             "t_arrival_s": o.t_arrival, "t_end_s": o.t_end}  # fmt: skip
 

@@ -1,8 +1,8 @@
 """What an investigation declares beyond measuring: its notebook cells, its figures, its
 ``perfkit figures`` block kinds and its ``python -m perfkit.measure`` options. Plain frozen
-dataclasses, fields of :class:`perfkit.scenarios.registry.Scenario`; the generator
+dataclasses, fields of :class:`perfkit.investigations.registry.Investigation`; the generator
 (``notebooks/make_notebooks.py``), the report's generic section template
-(``sections/scenario.html.j2``), :mod:`perfkit.report.figures` and :mod:`perfkit.measure` read
+(``sections/investigation.html.j2``), :mod:`perfkit.report.figures` and :mod:`perfkit.measure` read
 them, so adding an investigation is one module (docs/DESIGN.md, "Where things go")."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class DocBlock:
     """A ``perfkit figures`` block kind an investigation adds (``kind=<name>``): ``src`` a
     comma-separated list of bundles directories, each holding this investigation's
     ``results.json``; ``combine(results list, names) -> results`` makes one results dict of
-    them (raising :class:`~perfkit.scenarios.registry.ScenarioError` when they do not combine),
+    them (raising :class:`~perfkit.investigations.registry.InvestigationError` when they do not combine),
     rendered as the investigation's ``full`` figures."""
 
     combine: Callable[[list[Mapping[str, Any]], list[str]], Mapping[str, Any]]

@@ -2,7 +2,7 @@
 loop (quantiles with order-statistic intervals, throughput, capacity, SLO and its attainment,
 goodput, memory peaks, findings against the first level, whether the queue grows), and what a
 request trace's requests say about warmup coverage (the trace is read by
-:func:`perfkit.scenarios.load_measure.read_trace`).
+:func:`perfkit.investigations.load_measure.read_trace`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from perfkit import stats
 from perfkit.checks import number
 from perfkit.common.numfmt import json_float
 from perfkit.engine.client import VideoRequestSpec
-from perfkit.scenarios.registry import ScenarioError
+from perfkit.investigations.registry import InvestigationError
 
 
 class RequestRow(BaseModel):
@@ -52,17 +52,17 @@ def check_rows(rows: Any, source: str = "results") -> list[dict[str, Any]]:
     """``rows`` (``results.per_request``) validated as :class:`RequestRow`, as plain dicts.
 
     Raises:
-        ScenarioError: not a list of objects, or a row with a missing, null or wrongly typed
+        InvestigationError: not a list of objects, or a row with a missing, null or wrongly typed
             key, naming it: ``results.per_request[16]: key 'e2e_ms': ... (got None)``.
     """
     if not isinstance(rows, list):
-        raise ScenarioError(f"{source}.per_request: a list of requests, got {type(rows).__name__}")
+        raise InvestigationError(f"{source}.per_request: a list of requests, got {type(rows).__name__}")
     out = []
     for i, row in enumerate(rows):
         try:
             out.append(RequestRow.model_validate(row).model_dump())
         except ValidationError as exc:
-            raise ScenarioError(f"{source}.per_request[{i}]: {first_error(exc)}") from None
+            raise InvestigationError(f"{source}.per_request[{i}]: {first_error(exc)}") from None
     return out
 
 
@@ -316,11 +316,11 @@ def slo(rows: list[dict], given: Any, scale: Any) -> tuple[float | None, str]:
     and the text says so).
 
     Raises:
-        ScenarioError: ``given`` or ``scale`` is not a number > 0 or None (``results.slo_ms_given``).
+        InvestigationError: ``given`` or ``scale`` is not a number > 0 or None (``results.slo_ms_given``).
     """
     for key, v in (("slo_ms_given", given), ("slo_scale", scale)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
-            raise ScenarioError(f"results.{key}: a number > 0 or null, got {v!r}")
+            raise InvestigationError(f"results.{key}: a number > 0 or null, got {v!r}")
     if given is not None:
         return float(given), "slo_ms (fixed)"
     warm = [r for r in rows if r["phase"] == "warmup" and r["status"] == "completed"]
@@ -400,7 +400,7 @@ def concurrency_findings(levels: list[dict], closed: list[dict]) -> list[str]:
 def capacity_rps(rows: list[dict]) -> tuple[float | None, str | None]:
     """(requests/s, where): the largest throughput delivered by a closed level
     (:func:`delivered_rps`), else by the warm-up; what the open loop's ``rate_over_capacity``
-    multiplies (:func:`perfkit.scenarios.load_measure.run_phases` computes it from the same
+    multiplies (:func:`perfkit.investigations.load_measure.run_phases` computes it from the same
     rows before the open loop). ``rows``: per-request rows (or dicts with ``phase``, ``level``,
     ``status``, ``t_submit_s``, ``t_arrival_s``, ``t_end_s``)."""
     groups: dict[str, list[dict]] = {}
@@ -422,8 +422,8 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
     ``memory_growth_host_source`` (``pss``, ``rss`` or None: the host series the growth read).
 
     Raises:
-        ScenarioError: a row of ``per_request`` lacks a key, or has a null or wrongly typed one
-            (:func:`perfkit.scenarios.load_stats.check_rows`, naming the row and the key), or
+        InvestigationError: a row of ``per_request`` lacks a key, or has a null or wrongly typed one
+            (:func:`perfkit.investigations.load_stats.check_rows`, naming the row and the key), or
             ``slo_ms_given``/``slo_scale`` is not a number > 0 or null.
     """
     rows = check_rows(results.get("per_request") or [])

@@ -1,4 +1,4 @@
-"""The scenario registry: one investigation = one module that registers one :class:`Scenario`,
+"""The investigation registry: one investigation = one module that registers one :class:`Investigation`,
 which declares everything the rest of perfkit reads of it (only name, title, question, params
 model and ``run`` are required); see docs/DESIGN.md, "Where things go".
 """
@@ -21,11 +21,11 @@ from perfkit.common.slugs import did_you_mean
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.scenarios import cells
-from perfkit.scenarios.parts import Cell, DocBlock, Figure, MeasureOption, code, figure_cells, md
+from perfkit.investigations import cells
+from perfkit.investigations.parts import Cell, DocBlock, Figure, MeasureOption, code, figure_cells, md
 
 
-class ScenarioError(RuntimeError):
+class InvestigationError(RuntimeError):
     """The measurement itself failed (engine crash, no completed request): the notebook fails
     and the suite exits 2."""
 
@@ -34,8 +34,8 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
-class ScenarioParams(_Model):
-    """Base of every scenario's params section: ``enabled``, ``tier`` plus the scenario's own
+class InvestigationParams(_Model):
+    """Base of every investigation's params section: ``enabled``, ``tier`` plus the investigation's own
     fields. ``tier``: ``per-commit`` (default) or ``extra``; ``perfkit suite --tier`` picks them
     (seed 001: split per-commit from extra runs)."""
 
@@ -44,7 +44,7 @@ class ScenarioParams(_Model):
 
 
 class InvariantParams(_Model):
-    """Base of every scenario's invariants: keys of the params file's ``invariants`` section.
+    """Base of every investigation's invariants: keys of the params file's ``invariants`` section.
     A field set to None is not gated. Every numeric limit is a finite number >= 0 (ratios,
     fractions, MiB per request, counts): a negative or infinite limit is refused naming its key,
     never judged (a drift limit of -5 would call every run a regression)."""
@@ -85,13 +85,13 @@ class CapParams(_Model):
 
 @dataclass
 class RunContext:
-    """What a scenario's ``run`` gets besides its params.
+    """What an investigation's ``run`` gets besides its params.
 
     Attributes:
         engine: the engine to launch.
         request: the request shape the params file gives (``request`` section).
         work_dir: launch directories (engine logs, perf logs, compile caches) go under it.
-        shared: bundles other scenarios measured earlier in the same run, by name; a scenario may
+        shared: bundles other investigations measured earlier in the same run, by name; an investigation may
             reuse their launch when it ran exactly what it would launch (seed 001: share one
             engine launch across the cases that can).
     """
@@ -135,17 +135,19 @@ class KeyNumber:
 
 CaseNamer = Callable[..., str]
 
-#: the generic section template: the scenario's ``section_intro``, then the shared section
-GENERIC_TEMPLATE = "sections/scenario.html.j2"
+#: the generic section template: the investigation's ``section_intro``, then the shared section
+GENERIC_TEMPLATE = "sections/investigation.html.j2"
 
 
 def needs_a_completed_request(bundle: ResultBundle) -> None:
-    """The default ``check_bundle``: raises :class:`ScenarioError` when no measured request
+    """The default ``check_bundle``: raises :class:`InvestigationError` when no measured request
     (``index >= 0``) completed."""
     req = bundle.requests
     ok = not req.empty and bool(((req["index"] >= 0) & (req["status"] == "completed")).fillna(False).any())
     if not ok:
-        raise ScenarioError(f"{bundle.scenario} ({bundle.path or 'bundle'}): no measured request completed")
+        raise InvestigationError(
+            f"{bundle.investigation} ({bundle.path or 'bundle'}): no measured request completed"
+        )
 
 
 def no_checks(results: Mapping[str, Any], invariants: Mapping[str, Any]) -> list[Check]:
@@ -159,19 +161,19 @@ def no_reading(results: Mapping[str, Any]) -> str:
 
 
 def default_cells(name: str) -> list[Cell]:
-    """The notebook cells of a scenario that declares none: its headline table and reading,
+    """The notebook cells of an investigation that declares none: its headline table and reading,
     and its gate rows."""
     return [*cells.headline(name), md("## Gate"), code(cells.GATE_CELL)]
 
 
 @dataclass(frozen=True)
-class Scenario:
+class Investigation:
     """One investigation; docs/DESIGN.md, "Where things go", says what each field is for.
 
     Attributes:
         name: registry key, params section, bundle directory and notebook name.
         run: ``(context, params) -> ResultBundle``.
-        check_bundle: raises :class:`ScenarioError` when a bundle holds no usable measurement.
+        check_bundle: raises :class:`InvestigationError` when a bundle holds no usable measurement.
         checks: ``(results, invariants dict) -> [Check]``; key_numbers: ``results ->
             [KeyNumber]``; summary_table: ``results -> DataFrame``; reading: ``results -> Markdown``.
         cases: ``(bundle, case_id) -> {case id: sub-bundle}`` for this run's baseline.json.
@@ -184,9 +186,9 @@ class Scenario:
         case_ids: ``(params, namer) -> [case id]`` a (sub-)params would write (the planner reads
             their ``estimated_full_test_time_s``); None: no baseline estimate.
         launches: ``(params, engine, request) -> [PlannedLaunch]`` in run order, so the planner
-            keeps a launch a later scenario reuses and that scenario in one unit; None: one
+            keeps a launch a later investigation reuses and that investigation in one unit; None: one
             launch, never shared.
-        found_in: ``results of another scenario -> bool``: they hold this one's measurement.
+        found_in: ``results of another investigation -> bool``: they hold this one's measurement.
         cells: notebook cells between the measuring cell and the gate's (None:
             :func:`default_cells`); figures are drawn after them (:func:`figure` by kind).
     """
@@ -194,7 +196,7 @@ class Scenario:
     name: str
     title: str
     question: str
-    params_model: type[ScenarioParams]
+    params_model: type[InvestigationParams]
     run: Callable[[RunContext, Any], ResultBundle]
     invariants_model: type[InvariantParams] = InvariantParams
     check_bundle: Callable[[ResultBundle], None] = needs_a_completed_request
@@ -222,7 +224,7 @@ class Scenario:
 
     def __post_init__(self) -> None:
         if (self.split is None) != (self.join is None):
-            raise ValueError(f"scenario {self.name!r}: split and join come together")
+            raise ValueError(f"investigation {self.name!r}: split and join come together")
         if not self.template:
             object.__setattr__(self, "template", GENERIC_TEMPLATE)
         if not self.notebook:
@@ -238,81 +240,83 @@ class Scenario:
         return self.invariants_model().model_dump()
 
 
-_REGISTRY: dict[str, Scenario] = {}
+_REGISTRY: dict[str, Investigation] = {}
 
 
-def register(scenario: Scenario) -> Scenario:
-    """Add ``scenario`` (run order: :attr:`Scenario.order`, then name). Raises ValueError on a
-    duplicate name or an invariant key another scenario already declares."""
-    if scenario.name in _REGISTRY:
-        raise ValueError(f"scenario {scenario.name!r} is registered twice")
-    mine = set(scenario.invariants_model.model_fields)
+def register(investigation: Investigation) -> Investigation:
+    """Add ``investigation`` (run order: :attr:`Investigation.order`, then name). Raises ValueError on a
+    duplicate name or an invariant key another investigation already declares."""
+    if investigation.name in _REGISTRY:
+        raise ValueError(f"investigation {investigation.name!r} is registered twice")
+    mine = set(investigation.invariants_model.model_fields)
     taken = mine & set(EngineInvariants.model_fields)
     if taken:
         raise ValueError(
-            f"invariant keys {sorted(taken)} of {scenario.name!r} are the engine's (EngineInvariants)"
+            f"invariant keys {sorted(taken)} of {investigation.name!r} are the engine's (EngineInvariants)"
         )
     for other in _REGISTRY.values():
         clash = mine & set(other.invariants_model.model_fields)
         if clash:
             raise ValueError(
-                f"invariant keys {sorted(clash)} of {scenario.name!r} are already declared by {other.name!r}"
+                f"invariant keys {sorted(clash)} of {investigation.name!r} are already declared by {other.name!r}"
             )
-    _declared_once(scenario)
-    _REGISTRY[scenario.name] = scenario
+    _declared_once(investigation)
+    _REGISTRY[investigation.name] = investigation
     ordered = sorted(_REGISTRY.values(), key=lambda s: (s.order, s.name))
     _REGISTRY.clear()
     _REGISTRY.update((s.name, s) for s in ordered)
-    return scenario
+    return investigation
 
 
-def register_module(namespace: Mapping[str, Any], **fields: Any) -> Scenario:
-    """Register the investigation a module declares: ``SCENARIO = register_module(globals(),
+def register_module(namespace: Mapping[str, Any], **fields: Any) -> Investigation:
+    """Register the investigation a module declares: ``INVESTIGATION = register_module(globals(),
     title=..., ...)`` takes its ``NAME``, ``NOTEBOOK`` (the cells), ``SECTION_INTRO`` and its
     functions named as a field that takes one (``run``, ``checks``, ``launches``, ...; defined in
     it, not imported), each where the module has it; ``fields`` give the rest and override.
-    Raises as :class:`Scenario` and :func:`register`."""
+    Raises as :class:`Investigation` and :func:`register`."""
     module = namespace["__name__"]
-    hooks = [f.name for f in dataclasses.fields(Scenario) if "Callable" in str(f.type)]
+    hooks = [f.name for f in dataclasses.fields(Investigation) if "Callable" in str(f.type)]
     found = {k: fn for k in hooks if callable(fn := namespace.get(k)) and fn.__module__ == module}
     for const, key in (("NAME", "name"), ("NOTEBOOK", "cells"), ("SECTION_INTRO", "section_intro")):
         if const in namespace:
             found[key] = namespace[const]
-    return register(Scenario(**{**found, **fields}))
+    return register(Investigation(**{**found, **fields}))
 
 
-def _declared_once(scenario: Scenario) -> None:
-    """Raise ValueError when ``scenario`` declares a figure kind, ``perfkit figures`` block kind
-    or measure option another registered scenario declares, or a second session."""
+def _declared_once(investigation: Investigation) -> None:
+    """Raise ValueError when ``investigation`` declares a figure kind, ``perfkit figures`` block kind
+    or measure option another registered investigation declares, or a second session."""
     for other in _REGISTRY.values():
         for what, mine, theirs in (
-            ("figure kind", {f.kind for f in scenario.figures}, {f.kind for f in other.figures}),
-            ("figures block kind", set(scenario.doc_blocks), set(other.doc_blocks)),
+            ("figure kind", {f.kind for f in investigation.figures}, {f.kind for f in other.figures}),
+            ("figures block kind", set(investigation.doc_blocks), set(other.doc_blocks)),
             (
                 "measure option",
-                {o.flag for o in scenario.measure_options},
+                {o.flag for o in investigation.measure_options},
                 {o.flag for o in other.measure_options},
             ),
-            ("session", {True} & {scenario.session}, {True} & {other.session}),
+            ("session", {True} & {investigation.session}, {True} & {other.session}),
         ):
             clash = mine & theirs
             if clash:
-                raise ValueError(f"{what} {sorted(map(str, clash))} of {scenario.name!r} is {other.name!r}'s")
+                raise ValueError(
+                    f"{what} {sorted(map(str, clash))} of {investigation.name!r} is {other.name!r}'s"
+                )
 
 
 def unregister(name: str) -> None:
-    """Remove scenario ``name`` (a module re-imported in a notebook, a throwaway test module).
+    """Remove investigation ``name`` (a module re-imported in a notebook, a throwaway test module).
     Raises KeyError naming the known ones."""
     get(name)
     del _REGISTRY[name]
 
 
 def figure(kind: str, bundle: ResultBundle) -> Any:
-    """The figure of kind ``kind`` (a :class:`~perfkit.scenarios.parts.Figure` some scenario
+    """The figure of kind ``kind`` (a :class:`~perfkit.investigations.parts.Figure` some investigation
     declares) drawn from ``bundle``: a matplotlib Figure.
 
     Raises:
-        KeyError: no scenario declares ``kind`` (naming the known ones).
+        KeyError: no investigation declares ``kind`` (naming the known ones).
     """
     kinds = figure_kinds()
     if kind not in kinds:
@@ -321,47 +325,47 @@ def figure(kind: str, bundle: ResultBundle) -> Any:
 
 
 def figure_kinds() -> dict[str, Figure]:
-    """Every declared figure kind -> its :class:`~perfkit.scenarios.parts.Figure`, in run order."""
+    """Every declared figure kind -> its :class:`~perfkit.investigations.parts.Figure`, in run order."""
     return {f.kind: f for s in _REGISTRY.values() for f in s.figures}
 
 
-def doc_blocks() -> dict[str, tuple[Scenario, DocBlock]]:
-    """Every ``perfkit figures`` block kind a scenario adds -> (that scenario, its declaration)."""
+def doc_blocks() -> dict[str, tuple[Investigation, DocBlock]]:
+    """Every ``perfkit figures`` block kind an investigation adds -> (that investigation, its declaration)."""
     return {k: (s, b) for s in _REGISTRY.values() for k, b in s.doc_blocks.items()}
 
 
-def measure_options() -> list[tuple[Scenario, MeasureOption]]:
-    """Every ``python -m perfkit.measure`` option the scenarios declare, in run order."""
+def measure_options() -> list[tuple[Investigation, MeasureOption]]:
+    """Every ``python -m perfkit.measure`` option the investigations declare, in run order."""
     return [(s, o) for s in _REGISTRY.values() for o in s.measure_options]
 
 
 def session_name() -> str | None:
-    """The scenario whose bundle is one session ``perfkit figures kind=compare`` compares
-    (:attr:`Scenario.session`), or None."""
+    """The investigation whose bundle is one session ``perfkit figures kind=compare`` compares
+    (:attr:`Investigation.session`), or None."""
     return next((s.name for s in _REGISTRY.values() if s.session), None)
 
 
-def get(name: str) -> Scenario:
-    """The registered scenario ``name``. Raises KeyError naming the known ones."""
+def get(name: str) -> Investigation:
+    """The registered investigation ``name``. Raises KeyError naming the known ones."""
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(_REGISTRY)}") from None
+        raise KeyError(f"unknown investigation {name!r}; known: {', '.join(_REGISTRY)}") from None
 
 
-def all_scenarios() -> list[Scenario]:
-    """Every registered scenario, in run order."""
+def all_investigations() -> list[Investigation]:
+    """Every registered investigation, in run order."""
     return list(_REGISTRY.values())
 
 
 def names() -> tuple[str, ...]:
-    """Registered scenario names, in run order."""
+    """Registered investigation names, in run order."""
     return tuple(_REGISTRY)
 
 
 def invariant_defaults() -> dict[str, Any]:
-    """Every scenario's invariant defaults and the engine's (:class:`EngineInvariants`), merged
-    (keys are unique across scenarios)."""
+    """Every investigation's invariant defaults and the engine's (:class:`EngineInvariants`), merged
+    (keys are unique across investigations)."""
     out: dict[str, Any] = EngineInvariants().model_dump()
     for s in _REGISTRY.values():
         out.update(s.invariant_defaults())
@@ -378,7 +382,7 @@ def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
         invariant key -> limit (None: reported, not gated), every declared key present.
 
     Raises:
-        ValueError: a key no scenario declares (with the closest known one), or a value its
+        ValueError: a key no investigation declares (with the closest known one), or a value its
             invariants model refuses (naming the key).
     """
     out = invariant_defaults()
@@ -407,9 +411,9 @@ def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
 def checks_for(
     results: Mapping[str, Mapping[str, Any]], invariants: Mapping[str, Any], only: str | None = None
 ) -> list[Check]:
-    """Check rows of every scenario (or of ``only``) against exactly the ``invariants`` given
+    """Check rows of every investigation (or of ``only``) against exactly the ``invariants`` given
     that it declares: pass :func:`merged_invariants` (or ``SuiteParams.invariants_all()``); a key
-    left out, or set to None, is not gated. A scenario without
+    left out, or set to None, is not gated. An investigation without
     results gives ``skipped`` rows for its gated invariants (never a pass)."""
     rows: list[Check] = []
     for s in _REGISTRY.values():

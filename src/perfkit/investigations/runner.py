@@ -1,5 +1,5 @@
-"""Run a registered scenario, or replay its recorded bundle (:func:`load_or_run`): what every
-scenario notebook calls. Launch directories (engine logs, perf logs, compile caches) go to
+"""Run a registered investigation, or replay its recorded bundle (:func:`load_or_run`): what every
+investigation notebook calls. Launch directories (engine logs, perf logs, compile caches) go to
 ``out/launches/``.
 """
 
@@ -12,15 +12,15 @@ from typing import Any, Mapping
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.scenarios import registry
-from perfkit.scenarios.registry import RunContext
+from perfkit.investigations import registry
+from perfkit.investigations.registry import RunContext
 
 log = logging.getLogger(__name__)
 
 
 def shared_bundles(out: Path, name: str) -> dict[str, ResultBundle]:
-    """Bundles that scenarios registered before ``name`` already wrote beside ``out`` in this run
-    (``out.parent/<scenario>/``); a later scenario may reuse their launch."""
+    """Bundles that investigations registered before ``name`` already wrote beside ``out`` in this run
+    (``out.parent/<investigation>/``); a later investigation may reuse their launch."""
     found: dict[str, ResultBundle] = {}
     for other in registry.names():
         if other == name:
@@ -35,7 +35,7 @@ def shared_bundles(out: Path, name: str) -> dict[str, ResultBundle]:
 
 
 def load_or_run(
-    scenario: str,
+    investigation: str,
     *,
     out: str | Path,
     bundle_dir: str | Path | None = None,
@@ -44,30 +44,32 @@ def load_or_run(
     share_launches: bool = True,
     **section: Any,
 ) -> ResultBundle:
-    """Replay ``bundle_dir`` (launches nothing) or run ``scenario``; the bundle lands in ``out``.
+    """Replay ``bundle_dir`` (launches nothing) or run ``investigation``; the bundle lands in ``out``.
 
     Args:
-        out: the bundle's directory (``RUN/<scenario>``).
+        out: the bundle's directory (``RUN/<investigation>``).
         bundle_dir: a recorded bundle to replay instead of launching anything.
         engine: EngineSpec fields; request: VideoRequestSpec fields (sglang's names).
-        share_launches: reuse a launch that an earlier scenario of this run already measured
+        share_launches: reuse a launch that an earlier investigation of this run already measured
             when it ran exactly what this one would launch.
-        section: the scenario's params (its params model validates them; ``enabled`` ignored).
+        section: the investigation's params (its params model validates them; ``enabled`` ignored).
 
     Raises:
-        KeyError: unknown scenario. ValueError: invalid params (pydantic's ValidationError, naming
-            the field), or ``bundle_dir`` holds another scenario's bundle.
-        ScenarioError: the bundle holds no usable measurement (the notebook fails, exit 2).
+        KeyError: unknown investigation. ValueError: invalid params (pydantic's ValidationError, naming
+            the field), or ``bundle_dir`` holds another investigation's bundle.
+        InvestigationError: the bundle holds no usable measurement (the notebook fails, exit 2).
     """
-    s = registry.get(scenario)
+    s = registry.get(investigation)
     out = Path(out)
     if bundle_dir:
         b = ResultBundle.load(bundle_dir)
-        if b.scenario != scenario:
-            raise ValueError(f"bundle_dir {bundle_dir} holds a {b.scenario!r} bundle, expected {scenario!r}")
+        if b.investigation != investigation:
+            raise ValueError(
+                f"bundle_dir {bundle_dir} holds a {b.investigation!r} bundle, expected {investigation!r}"
+            )
         if Path(bundle_dir).resolve() != out.resolve():
             b.save(out)
-        log.info("replaying %s bundle from %s", scenario, bundle_dir)
+        log.info("replaying %s bundle from %s", investigation, bundle_dir)
         s.check_bundle(b)
         return b
     # a notebook's bind cell already validated the section (its messages name each parameter)
@@ -77,7 +79,7 @@ def load_or_run(
         engine=EngineSpec.from_dict(dict(engine or {})),
         request=VideoRequestSpec.from_dict(dict(request or {})),
         work_dir=out / "launches",
-        shared=shared_bundles(out, scenario) if share_launches else {},
+        shared=shared_bundles(out, investigation) if share_launches else {},
     )
     b = s.run(ctx, params)
     b.save(out)

@@ -25,6 +25,9 @@ from perfkit.common.slugs import md_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
+from perfkit.investigations import cells, registry
+from perfkit.investigations.common import as_request, stage_penalty
+from perfkit.investigations.parts import code, md
 from perfkit.measuring.assemble import PlannedLaunch, assemble, launch_key
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.measuring.profiled import (
@@ -38,9 +41,6 @@ from perfkit.measuring.profiled import (
     top_sites_text,
 )
 from perfkit.reported import NOT_REPORTED, reported_count, reported_sum
-from perfkit.scenarios import cells, registry
-from perfkit.scenarios.common import as_request, stage_penalty
-from perfkit.scenarios.parts import code, md
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ LEAK_NOISE = "lower bound: the least-squares slope over the warm requests, one-s
 SITE_CHECKS = ("device_reserved_slope_mib_per_request",)
 
 
-class ColdWarmParams(registry.ScenarioParams):
+class ColdWarmParams(registry.InvestigationParams):
     """``cold_warm`` section: one session, the cold request then warm ones of the same shape."""
 
     #: requests in the session: one cold + (repeats - 1) warm
@@ -165,7 +165,7 @@ def cold_vs_warm(
             table and ``traces/``; nothing measured reads them.
 
     Returns:
-        A ResultBundle (scenario ``cold_warm``) whose results hold ``cold_ms``, ``warm_median_ms``,
+        A ResultBundle (investigation ``cold_warm``) whose results hold ``cold_ms``, ``warm_median_ms``,
         ``warm_cold_ratio`` (warm median / cold) and ``cold_warm_ratio`` (cold / warm median)
         with 95 % bootstrap intervals, ``penalty_ms`` per stage, ``penalty_stage``,
         ``cold_compiles`` / ``warm_compiles`` (the cold request's compiles, the warm requests'
@@ -261,10 +261,10 @@ def run(ctx: registry.RunContext, p: ColdWarmParams) -> ResultBundle:
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`ScenarioError` when the bundle has an error or no cold/warm numbers."""
+    """Raise :class:`InvestigationError` when the bundle has an error or no cold/warm numbers."""
     r = bundle.results or {}
     if r.get("error") or r.get("cold_ms") is None or r.get("warm_median_ms") is None:
-        raise registry.ScenarioError(
+        raise registry.InvestigationError(
             f"{NAME} ({bundle.path or 'bundle'}): no cold/warm measurement: "
             f"{r.get('error') or 'fewer than 2 completed requests'}"
         )
@@ -475,7 +475,7 @@ NOTEBOOK = cells.headline(NAME) + (
              "host_cap_gib": (caps or {}).get("host_gib")}
 show(plots.memory_timeline(bundle, caps=cap_lines))"""),
     md("## Leak checks (rows of the gate above)"),
-    code("""from perfkit.scenarios.cold_warm import LEAK_CHECKS
+    code("""from perfkit.investigations.cold_warm import LEAK_CHECKS
 
 leak_rows = [r for r in rows if r.metric in LEAK_CHECKS]
 show_table(check_frame(leak_rows))
@@ -498,7 +498,7 @@ display(Markdown(verdict_markdown(leak_rows, "Leak checks")))"""),
 SECTION_INTRO = "Cold request: the first request after ready. Warm request: a later one with the same shape, in the same session. The gate compares their latencies and the memory slope across requests."
 
 
-SCENARIO = registry.register_module(
+INVESTIGATION = registry.register_module(
     globals(),
     order=10,
     plan=lambda p: [p.repeats],

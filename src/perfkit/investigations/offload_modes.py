@@ -19,12 +19,12 @@ from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
+from perfkit.investigations import cells, registry
+from perfkit.investigations.common import ANON_SUM_LABEL, as_request, mib, peak_mib
+from perfkit.investigations.parts import code, md
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key, reuse_launch
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.readings.records import parse_lines
-from perfkit.scenarios import cells, registry
-from perfkit.scenarios.common import ANON_SUM_LABEL, as_request, mib, peak_mib
-from perfkit.scenarios.parts import code, md
 
 NAME = "offload_modes"
 #: Slack of the ">=" comparisons of ``offload_vram_order`` (model vs group modes: their peaks
@@ -115,7 +115,7 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
     return e
 
 
-class OffloadModesParams(registry.ScenarioParams):
+class OffloadModesParams(registry.InvestigationParams):
     """``offload_modes`` section: one launch per mode, ``repeats`` requests each. Off unless a
     params file enables it: the modes are the reference engine's ``--offload`` flags."""
 
@@ -258,17 +258,17 @@ def run(ctx: registry.RunContext, p: OffloadModesParams) -> ResultBundle:
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`ScenarioError` when no mode was measured, or no mode ran although some were
+    """Raise :class:`InvestigationError` when no mode was measured, or no mode ran although some were
     applicable (every launch crashed: an engine failure, not a verdict). Modes the device cannot
     run are results, not errors."""
     where = f"{NAME} ({bundle.path or 'bundle'})"
     rows = (bundle.results or {}).get("modes") or []
     if not rows:
-        raise registry.ScenarioError(f"{where}: no offload mode measured")
+        raise registry.InvestigationError(f"{where}: no offload mode measured")
     if not any(r.get("status") == RAN for r in rows):
         failed = [r for r in rows if r.get("status") == FAILED]
         if failed:
-            raise registry.ScenarioError(
+            raise registry.InvestigationError(
                 f"{where}: no offload mode ran; "
                 + "; ".join(f"{r.get('mode')}: {r.get('reason')}" for r in failed)
             )
@@ -548,7 +548,7 @@ show_table(placement.rename_axis("mode").reset_index())"""
 SECTION_INTRO = "One launch per offload mode (none, model, group-block, group-leaf): cold start, cold and warm latency, peak device memory and host memory, and the placement the engine reported per component. Modes the device cannot run are shown as not applicable, with the engine's reason."
 
 
-SCENARIO = registry.register_module(
+INVESTIGATION = registry.register_module(
     globals(),
     order=40,
     title="Offload modes",

@@ -1,12 +1,12 @@
 """The investigations, one module each (see docs/DESIGN.md). Each registers one
-:class:`~perfkit.scenarios.registry.Scenario` when imported; importing this package imports
+:class:`~perfkit.investigations.registry.Investigation` when imported; importing this package imports
 every module in it (:func:`discover`), so a new investigation is one new module here.
 """
 
 import importlib
 import pkgutil
 
-from perfkit.scenarios.registry import all_scenarios, get, names  # noqa: F401 (re-exported)
+from perfkit.investigations.registry import all_investigations, get, names  # noqa: F401 (re-exported)
 
 
 def discover() -> list[str]:

@@ -13,15 +13,15 @@ from perfkit.checks import check_table, overall_status
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.gate.run import scenario_checks
+from perfkit.gate.run import investigation_checks
+from perfkit.investigations import registry
+from perfkit.investigations.cold_warm import cold_vs_warm
+from perfkit.investigations.cold_warm import reading as cold_warm_reading
+from perfkit.investigations.memory_budget import find_min_budget, memory_budget
+from perfkit.investigations.shape_coverage import ENGINE_LOG, RECORD, coverage_entry, warmed_shapes
+from perfkit.investigations.warmup_shapes import warmup_shapes
 from perfkit.measuring.launch_rows import LaunchData, record_rows
 from perfkit.readings.records import read_perf_log
-from perfkit.scenarios import registry
-from perfkit.scenarios.cold_warm import cold_vs_warm
-from perfkit.scenarios.cold_warm import reading as cold_warm_reading
-from perfkit.scenarios.memory_budget import find_min_budget, memory_budget
-from perfkit.scenarios.shape_coverage import ENGINE_LOG, RECORD, coverage_entry, warmed_shapes
-from perfkit.scenarios.warmup_shapes import warmup_shapes
 
 REQ = {"num_frames": 25, "height": 64, "width": 64, "num_inference_steps": 4}
 SPEC = EngineSpec(
@@ -98,7 +98,7 @@ def test_sampler_timeline_covers_requests_and_records_match(cold_warm):
 
 
 def test_normal_engine_passes_leak_checks_and_invariants(cold_warm):
-    rows = scenario_checks("cold_warm", cold_warm.results, INVARIANTS)
+    rows = investigation_checks("cold_warm", cold_warm.results, INVARIANTS)
     table = check_table(rows)
     slope = table[table["metric"] == "host_anon_slope_mib_per_request"].iloc[0]
     assert slope["status"] == "pass" and abs(slope["actual"]) < 16, table
@@ -110,7 +110,7 @@ def test_normal_engine_passes_leak_checks_and_invariants(cold_warm):
 
 
 def test_leaking_engine_is_caught(leaky):
-    table = check_table(scenario_checks("cold_warm", leaky.results, INVARIANTS))
+    table = check_table(investigation_checks("cold_warm", leaky.results, INVARIANTS))
     slope = table[table["metric"] == "host_anon_slope_mib_per_request"].iloc[0]
     assert slope["status"] == "fail"
     assert 48 <= slope["actual"] <= 80, slope  # 64 MiB kept per request
@@ -146,7 +146,7 @@ def test_warmup_coverage_matrix(shapes):
     assert hit["warmup_latent_shape"] == hit["request_latent_shape"]
     assert miss["penalty_ms"] > hit["penalty_ms"]
     # covered shapes gate green; a loaded runner may leave a ratio inside its noise: inconclusive
-    table = check_table(scenario_checks("warmup_shapes", shapes.results, INVARIANTS))
+    table = check_table(investigation_checks("warmup_shapes", shapes.results, INVARIANTS))
     assert overall_status(table) in ("pass", "inconclusive"), table.to_dict("records")
     unsure = table[table["status"] == "inconclusive"]
     assert unsure["reason"].str.contains("noise").all(), unsure.to_dict("records")

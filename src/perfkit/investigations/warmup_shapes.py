@@ -22,21 +22,21 @@ from perfkit.common.numfmt import fmt
 from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
+from perfkit.investigations import cells, registry
+from perfkit.investigations.common import as_request, pick_columns
+from perfkit.investigations.parts import MeasureOption, code, md
+from perfkit.investigations.shape_coverage import coverage_entry, warm_across_warmups, warmed_shapes
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key, reuse_launch
 from perfkit.measuring.launch_rows import measure_launch
 from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
 from perfkit.reported import NOT_REPORTED, NOT_REPORTED_REASON
-from perfkit.scenarios import cells, registry
-from perfkit.scenarios.common import as_request, pick_columns
-from perfkit.scenarios.parts import MeasureOption, code, md
-from perfkit.scenarios.shape_coverage import coverage_entry, warm_across_warmups, warmed_shapes
 
 log = logging.getLogger(__name__)
 
 NAME = "warmup_shapes"
 
 
-class WarmupShapesParams(registry.ScenarioParams):
+class WarmupShapesParams(registry.InvestigationParams):
     """``warmup_shapes`` section: one launch per startup warmup setting, each request shape sent
     ``repeats`` times in a row."""
 
@@ -272,19 +272,19 @@ def _first_request_error(bundle: ResultBundle) -> str | None:
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`ScenarioError` when no coverage was measured or an entry failed."""
+    """Raise :class:`InvestigationError` when no coverage was measured or an entry failed."""
     where = f"{NAME} ({bundle.path or 'bundle'})"
     cov = (bundle.results or {}).get("coverage") or []
     if not cov:
-        raise registry.ScenarioError(f"{where}: no coverage measured")
+        raise registry.InvestigationError(f"{where}: no coverage measured")
     bad = [c for c in cov if c.get("error")]
     if bad:
-        raise registry.ScenarioError(
+        raise registry.InvestigationError(
             f"{where}: warmup {bad[0].get('warmup_frames')}f / request "
             f"{bad[0].get('request_frames')}f failed: {bad[0]['error']}"
         )
     if not any(c.get("first_ms") is not None for c in cov):
-        raise registry.ScenarioError(
+        raise registry.InvestigationError(
             f"{where}: no request shape was measured (every entry lacks a first "
             f"request and a warm one): "
             f"{_first_request_error(bundle) or 'see the engine log'}"
@@ -496,7 +496,7 @@ if any(stage_class(s) == REFINEMENT for s in by_stage.columns):  # only for a tw
 SECTION_INTRO = "A covered shape is one the startup warmup already ran (same latent shape): its first request should cost what a warm one does, with no compiles. An uncovered shape pays shape setup (recompilation, graph capture) on its first call."
 
 
-SCENARIO = registry.register_module(
+INVESTIGATION = registry.register_module(
     globals(),
     order=20,
     plan=lambda p: [len(p.request_frames) * p.repeats] * len(p.warmup_frames),

@@ -17,10 +17,10 @@ from perfkit.bundle import WARMUP_INDEX
 from perfkit.common.frames import latent_frames
 from perfkit.common.numfmt import json_float
 from perfkit.engine.handle import WarmupShape, parse_warmup_shapes
+from perfkit.investigations.common import stage_penalty
 from perfkit.measuring.launch_rows import LaunchData
 from perfkit.readings.records import PerfRecord, parse_lines
 from perfkit.reported import is_reported, reported_any, reported_count, reported_sum
-from perfkit.scenarios.common import stage_penalty
 
 #: where the warmup's shape came from: its performance.log record, or the engine's log line
 RECORD, ENGINE_LOG = "record", "engine log"
@@ -81,7 +81,7 @@ def coverage_entry(
     x ``height`` pixels, None: the engine's default) after warmup ``w`` (frames), whose shapes
     are ``warmed`` (:func:`warmed_shapes`), from its completed request rows ``ok`` (the first,
     then the warm ones; ``first_index`` the first's index in the launch) and the launch's
-    ``stages``; see :func:`perfkit.scenarios.warmup_shapes.warmup_shapes` for the keys (ms)."""
+    ``stages``; see :func:`perfkit.investigations.warmup_shapes.warmup_shapes` for the keys (ms)."""
     entry: dict[str, Any] = {
         "warmup_frames": int(w),
         "request_frames": int(f),

@@ -1,11 +1,11 @@
-"""Notebook cell texts several investigations show (:class:`~perfkit.scenarios.parts.Cell`
+"""Notebook cell texts several investigations show (:class:`~perfkit.investigations.parts.Cell`
 sources): the gate rows, the root-cause table, every request's role and shape, allocation
 sites, the profiled requests op by op. Code cells run after the generic cells of
 ``notebooks/make_notebooks.py`` (``bundle``, ``results``, ``rows`` and the setup cell's helpers)."""
 
 from __future__ import annotations
 
-from perfkit.scenarios.parts import Cell, code, md
+from perfkit.investigations.parts import Cell, code, md
 
 
 def headline(

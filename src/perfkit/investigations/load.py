@@ -16,19 +16,19 @@ from perfkit.checks import Check, check_max, check_min
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
+from perfkit.investigations import cells, registry
+from perfkit.investigations.load_measure import per_request_rows, read_trace, run_phases, trace_path
+from perfkit.investigations.load_stats import check_rows, summarise
+from perfkit.investigations.parts import code, md
+from perfkit.investigations.registry import KeyNumber
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch_rows import measure_launch
-from perfkit.scenarios import cells, registry
-from perfkit.scenarios.load_measure import per_request_rows, read_trace, run_phases, trace_path
-from perfkit.scenarios.load_stats import check_rows, summarise
-from perfkit.scenarios.parts import code, md
-from perfkit.scenarios.registry import KeyNumber
 
 NAME = "load"
 INTERVAL = "order-statistic (binomial) 95 % interval"
 
 
-class LoadParams(registry.ScenarioParams):
+class LoadParams(registry.InvestigationParams):
     """``load`` section: one launch; the phases run in the order of docs/load.md."""
 
     enabled: bool = False
@@ -106,7 +106,7 @@ class LoadInvariants(registry.InvariantParams):
 
 def _queue_verdict(ol: dict[str, Any]) -> str:
     """``grows``, ``does not grow`` or ``not shown (n requests, rho r)`` from an open loop's
-    row (:func:`perfkit.scenarios.load_stats.open_loop_stats`); bundles recorded before
+    row (:func:`perfkit.investigations.load_stats.open_loop_stats`); bundles recorded before
     ``queue_verdict`` existed read ``grows`` or ``not shown``, never "does not grow"."""
     v = ol.get("queue_verdict") or ("grows" if ol.get("queue_grows") else "not shown")
     if v == "not shown":
@@ -119,7 +119,7 @@ def run(ctx: registry.RunContext, p: LoadParams) -> ResultBundle:
     """One launch: trace, warm-up, closed-loop levels, open loop (docs/load.md).
 
     Raises:
-        ScenarioError: the trace file cannot be read (naming the file, line and key).
+        InvestigationError: the trace file cannot be read (naming the file, line and key).
     """
     trace = read_trace(trace_path(p.trace), ctx.request) if p.trace else []
     timeout_s = float(ctx.engine.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
@@ -237,14 +237,14 @@ def _failed(r: Mapping[str, Any]) -> int | None:
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`ScenarioError` when no request of any phase completed, or a row of
+    """Raise :class:`InvestigationError` when no request of any phase completed, or a row of
     ``per_request`` is not what the summaries read (naming the bundle, the row and the key)."""
     r = bundle.results or {}
     check_rows(r.get("per_request") or [], source=f"{NAME} ({bundle.path or 'bundle'}): results")
     if r.get("error"):
-        raise registry.ScenarioError(f"{NAME} ({bundle.path or 'bundle'}): {r['error']}")
+        raise registry.InvestigationError(f"{NAME} ({bundle.path or 'bundle'}): {r['error']}")
     if not any(x.get("status") == "completed" for x in r.get("per_request") or []):
-        raise registry.ScenarioError(
+        raise registry.InvestigationError(
             f"{NAME} ({bundle.path or 'bundle'}): nothing measured: no request completed"
         )
 
@@ -482,7 +482,7 @@ SECTION_INTRO = (
 
 # no ``cases`` (the registry's default: none): requests overlap, per-request stage times are not
 # sglang's baseline cases
-SCENARIO = registry.register_module(
+INVESTIGATION = registry.register_module(
     globals(),
     order=80,
     title="Serving under load",

@@ -19,10 +19,10 @@ from perfkit.checks import Check, check_max, number
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoClient, VideoRequestSpec
+from perfkit.investigations import cells, registry
+from perfkit.investigations.parts import DocBlock, MeasureOption, code, md
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch_rows import measure_launch
-from perfkit.scenarios import cells, registry
-from perfkit.scenarios.parts import DocBlock, MeasureOption, code, md
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ NAME = "overhead"
 PARTS = ("stage_timing", "sampler")
 
 
-class OverheadParams(registry.ScenarioParams):
+class OverheadParams(registry.InvestigationParams):
     """``overhead`` section: interleaved on/off pairs in one session of its own."""
 
     enabled: bool = False
@@ -117,7 +117,7 @@ def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = N
         ``timing_agreement``.
 
     Raises:
-        ScenarioError: fewer than two launches; a launch that is not a results mapping; a part
+        InvestigationError: fewer than two launches; a launch that is not a results mapping; a part
             whose ``pairs_ms`` / ``on_ms`` / ``off_ms`` are missing (a launch recorded before
             pairs were kept), not lists of finite positive ms, with fewer than 2 pairs or with
             ``on_ms``/``off_ms`` of another length than the pairs; a launch whose pairs repeat
@@ -125,13 +125,15 @@ def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = N
     """
     names = list(names) if names is not None else [f"launch {i}" for i in range(1, len(results) + 1)]
     if len(results) < 2:
-        raise registry.ScenarioError(
+        raise registry.InvestigationError(
             f"{NAME}: pooling needs two or more launches, got {len(results)} (one launch is its own "
             "results: kind=full)"
         )
     for name, r in zip(names, results):
         if not isinstance(r, Mapping):
-            raise registry.ScenarioError(f"{NAME}: {name}: results are a {type(r).__name__}, not a mapping")
+            raise registry.InvestigationError(
+                f"{NAME}: {name}: results are a {type(r).__name__}, not a mapping"
+            )
     out: dict[str, Any] = {"launches": len(results)}
     for part in PARTS:
         pairs: list[tuple[float, float]] = []
@@ -141,7 +143,7 @@ def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = N
         for name, r in zip(names, results):
             raw = r.get(part)
             if not isinstance(raw, Mapping) or not raw.get("pairs_ms"):
-                raise registry.ScenarioError(
+                raise registry.InvestigationError(
                     f"{NAME}: {name} has no {part}.pairs_ms (missing, null or empty; a launch recorded "
                     "before pairs were kept cannot be pooled)"
                 )
@@ -152,15 +154,15 @@ def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = N
                     f"{part}.{'.'.join(str(x) for x in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
                     for e in exc.errors()[:3]
                 )
-                raise registry.ScenarioError(f"{NAME}: {name}: {bad}") from None
+                raise registry.InvestigationError(f"{NAME}: {name}: {bad}") from None
             if not len(s.on_ms) == len(s.off_ms) == len(s.pairs_ms):
-                raise registry.ScenarioError(
+                raise registry.InvestigationError(
                     f"{NAME}: {name}: {part} has {len(s.pairs_ms)} pairs but {len(s.on_ms)} on_ms and "
                     f"{len(s.off_ms)} off_ms (one of each per pair)"
                 )
             key = tuple(s.pairs_ms)
             if key in seen:
-                raise registry.ScenarioError(
+                raise registry.InvestigationError(
                     f"{NAME}: {name} repeats the {part} pairs of {seen[key]} (the same launch twice)"
                 )
             seen[key] = name
@@ -282,10 +284,10 @@ def run(ctx: registry.RunContext, p: OverheadParams) -> ResultBundle:
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`ScenarioError` when the probe did not run or measured nothing."""
+    """Raise :class:`InvestigationError` when the probe did not run or measured nothing."""
     r = bundle.results or {}
     if r.get("error") or not any(number((r.get(k) or {}).get("overhead")) is not None for k in PARTS):
-        raise registry.ScenarioError(
+        raise registry.InvestigationError(
             f"{NAME} ({bundle.path or 'bundle'}): no overhead measured: "
             f"{r.get('error') or 'every probe request failed'}"
         )
@@ -385,7 +387,7 @@ NOTEBOOK = cells.headline(NAME, "Overhead of each instrument") + (
 SECTION_INTRO = "Warm requests of one shape with each piece of perfkit's instrumentation (stage timing, memory sampler) on and off, interleaved, judged on the server's end-to-end time."
 
 
-SCENARIO = registry.register_module(
+INVESTIGATION = registry.register_module(
     globals(),
     order=90,
     plan=lambda p: [1],

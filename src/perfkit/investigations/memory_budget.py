@@ -22,6 +22,9 @@ from perfkit.common.slugs import md_text, slug
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
+from perfkit.investigations import cells, registry
+from perfkit.investigations.common import as_request, host_peak_text, mib, peak_mib, pick_columns
+from perfkit.investigations.parts import code, md
 from perfkit.measuring.assemble import (
     PlannedLaunch,
     assemble,
@@ -33,9 +36,6 @@ from perfkit.measuring.assemble import (
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.measuring.profiled import SnapshotParams, ask_engine, collect, sites_markdown
 from perfkit.readings.sampler.nvml import nvml_inventory
-from perfkit.scenarios import cells, registry
-from perfkit.scenarios.common import as_request, host_peak_text, mib, peak_mib, pick_columns
-from perfkit.scenarios.parts import code, md
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class MinBudgetParams(registry._Model):
         return self
 
 
-class MemoryBudgetParams(registry.ScenarioParams):
+class MemoryBudgetParams(registry.InvestigationParams):
     """``memory_budget`` section: one launch per budget, ``repeats`` requests each."""
 
     #: the budgets; the default is one launch without caps
@@ -316,17 +316,17 @@ def run(ctx: registry.RunContext, p: MemoryBudgetParams) -> ResultBundle:
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`ScenarioError` when no budget was measured, the launch without caps did not
+    """Raise :class:`InvestigationError` when no budget was measured, the launch without caps did not
     complete, any launch's engine was killed by a signal perfkit did not send with no OOM
     record, no cap kill and no CUDA OOM, or a request timed out (lost or hung, not a budget
     verdict; a cap that ran out is a check)."""
     where = f"{NAME} ({bundle.path or 'bundle'})"
     caps = (bundle.results or {}).get("caps") or []
     if not caps:
-        raise registry.ScenarioError(f"{where}: no budget measured")
+        raise registry.InvestigationError(f"{where}: no budget measured")
     for c in caps:
         if c.get("device_cap_gib") is None and c.get("host_cap_gib") is None and not c.get("completed"):
-            raise registry.ScenarioError(
+            raise registry.InvestigationError(
                 f"{where}: the run without caps ({c.get('label')}) did not "
                 f"complete: {c.get('error') or 'see the engine log'}"
             )
@@ -340,7 +340,7 @@ def check_bundle(bundle: ResultBundle) -> None:
             and held.get(row.get("launch")) is not False
             and not oom.startswith(("cgroup ", "kernel log: "))
         ):
-            raise registry.ScenarioError(
+            raise registry.InvestigationError(
                 f"{where}: launch {row.get('launch')} ({row.get('cap_label') or row.get('label')}) lost "
                 f"its engine, not to its cap: it {row.get('ended')}; OOM-kill record: {oom or 'none'}"
             )
@@ -350,7 +350,7 @@ def check_bundle(bundle: ResultBundle) -> None:
         hung = req[req["status"] == "timeout"]
         if len(hung):
             r = hung.iloc[0]
-            raise registry.ScenarioError(
+            raise registry.InvestigationError(
                 f"{where}: launch {r.get('launch')}: request {r.get('index')} timed out "
                 f"({r.get('error') or 'no answer'}): the engine hung, not a budget verdict"
             )
@@ -496,7 +496,7 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 
 def split(p: MemoryBudgetParams) -> list[tuple[str, MemoryBudgetParams]]:
     """The registry's ``split``: one part per budget (``cap0``, ``cap1``: each a launch of its
-    own) when no minimum-budget search is asked; with ``min_budget`` the scenario stays one
+    own) when no minimum-budget search is asked; with ``min_budget`` the investigation stays one
     part (the bisection is one dependent chain after the budgets)."""
     if p.min_budget is not None or len(p.caps) < 2:
         return [("all", p)]
@@ -532,7 +532,7 @@ def join(parts: list[ResultBundle], p: MemoryBudgetParams) -> ResultBundle:
 def launches(p: MemoryBudgetParams, engine: EngineSpec, request: VideoRequestSpec) -> list[PlannedLaunch]:
     """The registry's ``launches``: one per budget (each may reuse an earlier session of the
     same spec, request and caps); the min-budget bisection's launches are one dependent chain
-    of unknown length, left out (the scenario is one unit of work)."""
+    of unknown length, left out (the investigation is one unit of work)."""
     return [
         PlannedLaunch((launch_key(engine, request, c.to_caps()),), p.repeats, reuses=True) for c in p.caps
     ]
@@ -565,7 +565,7 @@ NOTEBOOK = cells.headline(NAME, "Budgets") + (
 SECTION_INTRO = "The same request under each memory budget (device and host caps): did it complete, did the cap hold, and what did it cost in latency."
 
 
-SCENARIO = registry.register_module(
+INVESTIGATION = registry.register_module(
     globals(),
     order=30,
     title="Memory budget",
