@@ -292,7 +292,7 @@ def compare(
 
 #: what two sides of an A/B must share: what they measured, its shape, the GPU it ran on (the
 #: engines may differ: that is what an A/B compares)
-SIDE_IDENTITY = ("scenario", "gpu_name", *(f"request.{k}" for k in ("num_frames", *IDENTITY_REQUEST)))
+SIDE_IDENTITY = ("investigation", "gpu_name", *(f"request.{k}" for k in ("num_frames", *IDENTITY_REQUEST)))
 
 
 def incomparable(a: ResultBundle, b: ResultBundle) -> list[str]:
@@ -302,6 +302,8 @@ def incomparable(a: ResultBundle, b: ResultBundle) -> list[str]:
     difference (a hand-made bundle against a measured one)."""
 
     def field(bd: ResultBundle, key: str) -> Any:
+        if key == "investigation":  # meta.json's ``scenario``
+            return bd.investigation
         if key.startswith("request."):
             return ((bd.meta.get("params") or {}).get("request") or {}).get(key.split(".", 1)[1])
         return bd.meta.get(key)
