@@ -156,7 +156,7 @@ def read_bundle_run(
     hardware: str | None = None,
     time_file: str | Path | None = None,
 ) -> HistoryRun:
-    """One bundle directory (an A/B side: ``meta.params`` has ``spec`` and ``request``; else a
+    """One bundle directory (an A/B side: ``meta.params`` has ``spec`` and ``request``; else an
     investigation bundle with ``params.engine``/``params.request``) as one run of one case.
 
     Raises:
