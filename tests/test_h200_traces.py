@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfkit.readings.records import iter_records
+from perfkit.readings.records import read_perf_log
 from perfkit.readings.traces import TraceError, load_trace, op_diff, op_events
 from perfkit.report.belowstage import ab_panel, panel
 
@@ -56,7 +56,7 @@ def test_consumer_12g_recompile_under_the_cap_and_without():
     recompiled for 284 s under the 12 GiB + 32 GiB cap (the engine's own performance.log: the
     capped run's bundle was cut) against 83 s without (a bundle), for the same guard, while the
     warmup's compile took about as long on both sides (the figures evidence/README.md quotes)."""
-    recs = list(iter_records(CONSUMER / "cap/session/perf/performance.log"))
+    recs = read_perf_log(CONSUMER / "cap/session/perf/performance.log").records
     assert [r.tag for r in recs] == ["warmup", "request", "request", "request"]
     warm_cap, first_cap = recs[0], recs[1]
     assert (

@@ -29,7 +29,7 @@ from perfkit.measuring.launch_rows import LaunchData, _rows
 from perfkit.params import load_params
 from perfkit.readings import stages
 from perfkit.readings.engine_config import from_sglang_log
-from perfkit.readings.records import SNAPSHOT_KEYS, find_record, parse_lines, read_perf_log
+from perfkit.readings.records import SNAPSHOT_KEYS, PerfRecord, lookup, parse_lines, read_perf_log
 from perfkit.refengine.cli import sglang_perf_log_dir
 from perfkit.report import plots
 
@@ -288,8 +288,8 @@ def test_records_in_sglangs_layout(tmp_path):
     (perf / "performance.log").write_text("\n".join(lines) + "\n" + lines[0][:40])  # partial last line
     rep = read_perf_log(perf)
     assert [r.request_id for r in rep.records] == ids and rep.skipped == []
-    rec = find_record(perf, ids[1])
-    assert rec is not None and rec.tag == "pipeline_stage_metrics" and not rec.is_warmup
+    rec = lookup(perf, ids[1])
+    assert isinstance(rec, PerfRecord) and rec.tag == "pipeline_stage_metrics" and not rec.is_warmup
     assert [n for n, _ in rec.stages] == [n for n, _, _ in LTX2_STAGES]
     assert rec.stage_ms()["LTX2AVDenoisingStage"] == 9000.0
     assert len(rec.steps) == 30
@@ -526,7 +526,7 @@ def test_cold_vs_warm_through_the_sglang_adapter(tmp_path, tiny_checkpoint):
     measured = req_df[pd.to_numeric(req_df["index"]) >= 0]
     assert len(measured) == 3
     for rid in measured["request_id"]:
-        assert rid in recs and find_record(perf_log.parent, rid) is not None
+        assert rid in recs and isinstance(lookup(perf_log.parent, rid), PerfRecord)
     assert (measured["status"] == "completed").all()
     assert all(math.isfinite(float(v)) for v in measured["e2e_ms"])
     # the startup warmup ran with the frames passed as --warmup-num-frames

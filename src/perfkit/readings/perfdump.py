@@ -5,19 +5,17 @@ departs from compare_perf.py: docs/sglang.md, "Readers".
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfkit.common.jsonsafe import unique_keys
 from perfkit.common.slugs import md_text
 from perfkit.readings.records import (
     PerfRecord,
     RecordError,
     decode_text,
-    json_int,
+    load_json,
     read_head,
     read_memory_map,
     read_number,
@@ -106,16 +104,7 @@ MAX_DUMP_BYTES = 16 * 2**20
 
 def loads_perf_dump(text: str, source: str = "<string>") -> PerfDump:
     """Parse dump text. Raises :class:`RecordError` naming ``source`` (and the key)."""
-    try:
-        obj = json.loads(text, parse_int=json_int, object_pairs_hook=unique_keys)
-    except json.JSONDecodeError as exc:
-        raise RecordError(
-            "<json>", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=source
-        ) from None
-    except ValueError as exc:  # a key twice (json_int's own errors name their number)
-        raise RecordError("<json>", str(exc), source=source) from None
-    except RecursionError:
-        raise RecordError("<json>", "nested too deeply to be a perf dump", source=source) from None
+    obj = load_json(text, "a perf dump", "invalid JSON at line {lineno} column {colno}: {msg}", source)
     try:
         dump = perf_dump_from_dict(obj)
     except RecordError as exc:

@@ -310,16 +310,24 @@ def _request_id_of(text: str) -> str | None:
     return rid if isinstance(rid, str) and rid else None
 
 
+def load_json(text: str, what: str, bad_json: str, source: str | None = None) -> Any:
+    """``text`` parsed (:func:`json_int`; a key given twice refused). Raises :class:`RecordError`
+    (key ``<json>``, naming ``source``): ``bad_json`` formatted with the decoder's ``msg``,
+    ``lineno`` and ``colno``, "nested too deeply to be ``what``", or the duplicate key."""
+    try:
+        return json.loads(text, parse_int=json_int, object_pairs_hook=unique_keys)
+    except json.JSONDecodeError as exc:
+        problem = bad_json.format(msg=exc.msg, lineno=exc.lineno, colno=exc.colno)
+    except RecursionError:
+        problem = f"nested too deeply to be {what}"
+    except ValueError as exc:  # a key given twice: which value did the engine mean?
+        problem = str(exc)
+    raise RecordError("<json>", problem, source=source)
+
+
 def _read_line(text: str, i: int) -> PerfRecord:
     """One stripped, non-empty line -> record; :class:`RecordError` (no file yet) otherwise."""
-    try:
-        obj = json.loads(text, parse_int=json_int, object_pairs_hook=unique_keys)
-    except json.JSONDecodeError as exc:
-        raise RecordError("<json>", f"not a whole JSON object ({exc.msg} at column {exc.colno})") from None
-    except RecursionError:
-        raise RecordError("<json>", "nested too deeply to be a performance.log record") from None
-    except ValueError as exc:  # a key given twice: which value did the engine mean?
-        raise RecordError("<json>", str(exc)) from None
+    obj = load_json(text, "a performance.log record", "not a whole JSON object ({msg} at column {colno})")
     return PerfRecord.from_dict(obj, line_no=i)
 
 
@@ -385,14 +393,10 @@ def _collect(items: Iterable[PerfRecord | RecordError]) -> ParseReport:
 
 
 def parse_lines(
-    lines: Iterable[str | bytes],
-    partial_last: bool = True,
-    *,
-    source: str | None = None,
-    strict: bool = False,
+    lines: Iterable[str | bytes], *, source: str | None = None, strict: bool = False
 ) -> ParseReport:
     """:func:`iter_lines_report` collected into a :class:`ParseReport`."""
-    return _collect(iter_lines_report(lines, source=source, strict=strict, partial_last=partial_last))
+    return _collect(iter_lines_report(lines, source=source, strict=strict))
 
 
 def decode_text(raw: bytes, source: str) -> str:
@@ -444,17 +448,6 @@ def read_perf_log(path: str | Path, *, strict: bool = False) -> ParseReport:
     """Read a ``performance.log`` file (or a directory holding one), streamed; a missing file
     gives an empty report. Malformed lines are logged and skipped (``strict``: raised)."""
     return _collect(iter_perf_log(path, strict=strict))
-
-
-def iter_records(path: str | Path) -> Iterator[PerfRecord]:
-    """Iterate the well-formed records of a performance.log (streamed)."""
-    yield from (it for it in iter_perf_log(path) if isinstance(it, PerfRecord))
-
-
-def find_record(path: str | Path, request_id: str) -> PerfRecord | None:
-    """The last record with this request id, or None."""
-    found = [rec for rec in iter_records(path) if rec.request_id == request_id]
-    return found[-1] if found else None
 
 
 def lookup(path: str | Path, request_id: str) -> PerfRecord | RecordError | None:
