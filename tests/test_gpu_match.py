@@ -10,7 +10,7 @@ import pytest
 
 from perfkit.engine.launch import launch
 from perfkit.engine.spec import EngineSpec
-from perfkit.readings.sampler import (
+from perfkit.readings.sampler.nvml import (
     DeviceReading,
     GpuRef,
     GpuResolveError,

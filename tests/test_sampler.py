@@ -16,16 +16,13 @@ from perfkit.bundle_schema import conform, sampler_frame
 from perfkit.engine.launch import launch
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings.memory import HostMemoryReader
-from perfkit.readings.sampler import (
-    COLUMNS,
+from perfkit.readings.sampler import COLUMNS, PSS_ENV, MemorySampler, pss_enabled
+from perfkit.readings.sampler.nvml import (
     NAN,
     NVML_NOT_AVAILABLE,
-    PSS_ENV,
     DeviceReading,
-    MemorySampler,
     PynvmlSource,
     device_used_mib,
-    pss_enabled,
 )
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
@@ -467,7 +464,7 @@ def test_unreadable_pss_falls_back_to_statm_said_once(tmp_path, caplog):
     sampler says so once, keeps sampling RSS from statm, PSS NaN, no PSS read counted."""
     reader = _fake_proc(tmp_path, 4242, "Rss: 10240 kB\n")
     s = MemorySampler(4242, interval_s=0.05, reader=reader, nvml=FakeNvml(0.0, 1.0, []))
-    with caplog.at_level(logging.WARNING, logger="perfkit.readings.sampler.timeline"):
+    with caplog.at_level(logging.WARNING, logger="perfkit.readings.sampler"):
         for _ in range(4):
             assert s.sample_once()
     df = s.to_frame()

@@ -398,7 +398,7 @@ class EngineHandle:
         """A (not started) MemorySampler of this engine with the pre-launch device baseline and
         its own cgroup, if any; ``gpu_index`` defaults to :attr:`gpu_indices`, ``nvml`` to the
         launch's source."""
-        from perfkit.readings.sampler.timeline import MemorySampler
+        from perfkit.readings.sampler import MemorySampler
 
         return MemorySampler(
             self.pid,
