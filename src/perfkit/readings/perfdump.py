@@ -6,6 +6,7 @@ departs from compare_perf.py: docs/sglang.md, "Readers".
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from perfkit.readings.records import (
     read_number,
     read_optional_str,
     read_step_list,
+    sum_by_name,
 )
 
 #: Keys every dump has (``dump_benchmark_report`` writes them unconditionally).
@@ -207,24 +209,12 @@ def _stage_status(b: float | None, n: float | None) -> str:
 _STEP_NAME = re.compile(r"^denoising_step_(\d+)$")
 
 
-def _grouped(d: PerfDump) -> tuple[dict[str, float | None], list[str], dict[str, int]]:
+def _grouped(d: PerfDump) -> tuple[dict[str, float | None], Counter[str]]:
     """Stage durations with the denoising steps summed into one ``Denoising Loop`` row
-    (compare_perf.py's ``consolidate_steps``); a null part makes the sum None."""
-    dur: dict[str, float | None] = {}
-    counts: dict[str, int] = {}
-    order: list[str] = []
-    items = list(d.stages)
-    if d.denoise_steps:
-        items += [(f"denoising_step_{i}", ms) for i, ms in enumerate(d.denoise_steps)]
-    for name, ms in items:
-        key = DENOISING_LOOP if _STEP_NAME.match(name) else name
-        if key not in dur:
-            dur[key], counts[key] = 0.0, 0
-            order.append(key)
-        prev = dur[key]
-        dur[key] = None if prev is None or ms is None else prev + ms
-        counts[key] += 1
-    return dur, order, counts
+    (compare_perf.py's ``consolidate_steps``) and the parts of each; a null part makes it None."""
+    items = [(DENOISING_LOOP if _STEP_NAME.match(n) else n, ms) for n, ms in d.stages]
+    items += [(DENOISING_LOOP, ms) for ms in d.denoise_steps or ()]
+    return sum_by_name(items), Counter(n for n, _ in items)
 
 
 def compare_dumps(before: PerfDump, after: PerfDump) -> DumpComparison:
@@ -236,13 +226,11 @@ def compare_dumps(before: PerfDump, after: PerfDump) -> DumpComparison:
         e2e.status = (
             "faster" if e2e.pct < -E2E_STATUS_PCT else "slower" if e2e.pct > E2E_STATUS_PCT else "similar"
         )
-    b_dur, b_order, b_cnt = _grouped(before)
-    n_dur, n_order, n_cnt = _grouped(after)
-    names = list(n_order) + [x for x in b_order if x not in n_order]
+    (b_dur, b_cnt), (n_dur, n_cnt) = _grouped(before), _grouped(after)
     rows: list[DumpRow] = []
-    for name in names:
+    for name in [*n_dur, *(x for x in b_dur if x not in n_dur)]:
         b, n = b_dur.get(name), n_dur.get(name)
-        steps = (b_cnt.get(name, 0), n_cnt.get(name, 0)) if name == DENOISING_LOOP else None
+        steps = (b_cnt[name], n_cnt[name]) if name == DENOISING_LOOP else None
         row = DumpRow(name, b, n, _stage_status(b, n), steps)
         d = row.diff
         if d is None or abs(d) > STAGE_SHOW_DIFF_MS or b > STAGE_SHOW_MS or n > STAGE_SHOW_MS:

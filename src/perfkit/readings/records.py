@@ -210,6 +210,16 @@ def read_memory_map(obj: Any, key: str) -> dict[str, dict[str, float | None]]:
     return out
 
 
+def sum_by_name(items: Iterable[tuple[str, float | None]]) -> dict[str, float | None]:
+    """Name -> the sum of its ms, in first-seen order; None when any part was not measured."""
+    out: dict[str, float | None] = {}
+    for name, ms in items:
+        if name in out:
+            ms = None if out[name] is None or ms is None else out[name] + ms
+        out[name] = ms
+    return out
+
+
 @dataclass
 class PerfRecord:
     """One request's record, fields as in docs/sglang.md (ms, MiB): ``stages`` (name, ms) in
@@ -235,14 +245,7 @@ class PerfRecord:
 
     def stage_ms(self) -> dict[str, float | None]:
         """Stage name -> ms (a repeated name sums; None when any part was not measured)."""
-        out: dict[str, float | None] = {}
-        for name, ms in self.stages:
-            if name in out:
-                prev = out[name]
-                out[name] = None if prev is None or ms is None else prev + ms
-            else:
-                out[name] = ms
-        return out
+        return sum_by_name(self.stages)
 
     def peak_mb(self, checkpoint: str = "runtime_peak", key: str = "peak_reserved_mb") -> float | None:
         """A memory snapshot value in MiB, or None when the engine did not write it."""
