@@ -216,6 +216,10 @@ def _nccl_version() -> str | None:
         return None
 
 
+def _table_property(name: str, doc: str) -> Any:
+    return property(lambda self: self.table(name), doc=f"The ``{name}`` table: {doc}.")
+
+
 @dataclass
 class ResultBundle:
     """One investigation's data; read tables through :meth:`table` (or the properties): every
@@ -256,30 +260,11 @@ class ResultBundle:
             self.tables[name] = df  # conformed once; later reads are cheap
         return df
 
-    @property
-    def requests(self) -> pd.DataFrame:
-        """The ``requests`` table: one row per request, startup warmup included (index -1)."""
-        return self.table("requests")
-
-    @property
-    def stages(self) -> pd.DataFrame:
-        """The ``stages`` table: one row per (request, stage); ms."""
-        return self.table("stages")
-
-    @property
-    def steps(self) -> pd.DataFrame:
-        """The ``steps`` table: one row per (request, step); ms."""
-        return self.table("steps")
-
-    @property
-    def memory(self) -> pd.DataFrame:
-        """The ``memory`` table: memory timeline samples; MiB, t_s epoch s."""
-        return self.table("memory")
-
-    @property
-    def launches(self) -> pd.DataFrame:
-        """The ``launches`` table: one row per engine launch; cold start parts in s, peaks in MiB."""
-        return self.table("launches")
+    requests = _table_property("requests", "one row per request, startup warmup included (index -1)")
+    stages = _table_property("stages", "one row per (request, stage); ms")
+    steps = _table_property("steps", "one row per (request, step); ms")
+    memory = _table_property("memory", "memory timeline samples; MiB, t_s epoch s")
+    launches = _table_property("launches", "one row per engine launch; cold start parts in s, peaks in MiB")
 
     def measured_requests(self, launch: str | None = None) -> pd.DataFrame:
         """Completed request rows that are not the startup warmup (``index != WARMUP_INDEX``),
@@ -372,16 +357,7 @@ class ResultBundle:
         records = {p.stem: p.read_text().splitlines() for p in sorted((d / "records").glob("*.jsonl"))}
         logs = {p.name: p.read_text(errors="replace") for p in _listing(d / "logs")}
         traces = {p.name: p for p in _listing(d / "traces")}
-        return cls(
-            investigation=scen,
-            meta=meta,
-            results=results,
-            tables=tables,
-            records=records,
-            logs=logs,
-            traces=traces,
-            path=d,
-        )
+        return cls(scen, meta, results, tables, records, logs, traces, d)
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:

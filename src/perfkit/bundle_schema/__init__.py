@@ -260,27 +260,21 @@ def _cast(s: pd.Series, dtype: str) -> pd.Series:
         return s.map(lambda v: None if _missing(v) else str(v)).astype("string")
     if dtype == "boolean":
         return s.map(lambda v: pd.NA if _missing(v) else bool(v)).astype("boolean")
-    if dtype in ("Int64", "int64", "float64"):
-        num = pd.to_numeric(s, errors="coerce")
-        bad = s[(num.isna() & ~s.map(_missing)) | s.map(lambda v: dtype == "float64" and isinstance(v, str))]
-        if len(bad):  # text in a number column: an error, never a silent NaN (issue 54)
-            raise ValueError(f"column {s.name!r} holds {bad.iloc[0]!r}, not a number ({dtype})")
-        if dtype == "float64":
-            return num.astype("float64")
-        frac = num[num.notna() & (num != num.round())] if num.dtype.kind == "f" else num[:0]
-        if len(frac):  # 1.5 as a request index was rounded to 2: another request's row
-            raise ValueError(f"column {s.name!r} holds {float(frac.iloc[0])!r}, not an integer ({dtype})")
-        # integers that came as floats (NaN-padded) or strings
-        return num.round().astype("Int64") if num.dtype.kind == "f" else num.astype(dtype)
-    return s.astype(dtype)
+    num = pd.to_numeric(s, errors="coerce")  # Int64 or float64
+    bad = s[(num.isna() & ~s.map(_missing)) | s.map(lambda v: dtype == "float64" and isinstance(v, str))]
+    if len(bad):  # text in a number column: an error, never a silent NaN (issue 54)
+        raise ValueError(f"column {s.name!r} holds {bad.iloc[0]!r}, not a number ({dtype})")
+    if dtype == "float64":
+        return num.astype("float64")
+    frac = num[num.notna() & (num != num.round())] if num.dtype.kind == "f" else num[:0]
+    if len(frac):  # 1.5 as a request index was rounded to 2: another request's row
+        raise ValueError(f"column {s.name!r} holds {float(frac.iloc[0])!r}, not an integer ({dtype})")
+    # integers that came as floats (NaN-padded) or strings
+    return num.round().astype("Int64") if num.dtype.kind == "f" else num.astype(dtype)
 
 
 def _missing(v: Any) -> bool:
-    if v is None or v is pd.NA:
-        return True
-    if isinstance(v, (float, np.floating)):
-        return math.isnan(v)
-    return False
+    return v is None or v is pd.NA or (isinstance(v, (float, np.floating)) and math.isnan(v))
 
 
 def conform(name: str, df: pd.DataFrame | None) -> pd.DataFrame:
@@ -331,11 +325,6 @@ def check_rows(name: str, df: pd.DataFrame) -> None:
     if len(dup):
         first = ", ".join(f"{k} {v!r}" if isinstance(v := dup.iloc[0][k], str) else f"{k} {v}" for k in keys)
         raise ValueError(f"two rows for {first}: one row each is what perfkit writes")
-
-
-def empty(name: str) -> pd.DataFrame:
-    """An empty frame with table ``name``'s declared columns and dtypes."""
-    return conform(name, None)
 
 
 # --------------------------------------------------------------------------- version 1
