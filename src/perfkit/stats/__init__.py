@@ -212,8 +212,6 @@ def mann_whitney(
     na, nb = int(xa.size), int(xb.size)
     med_a = float(np.median(xa)) if na else math.nan
     med_b = float(np.median(xb)) if nb else math.nan
-    allow_a = alternative in ("two-sided", "greater")
-    allow_b = alternative in ("two-sided", "less")
     out: dict[str, Any] = {
         "statistic": None,
         "pvalue": None,
@@ -236,38 +234,25 @@ def mann_whitney(
 
         res = _sst.mannwhitneyu(xa, xb, alternative=alternative)
         p = float(res.pvalue)
-        decision = "no difference"
-        if p < alpha:
-            if med_a > med_b and allow_a:
-                decision = "a slower"
-            elif med_b > med_a and allow_b:
-                decision = "b slower"
-        out.update(
-            statistic=float(res.statistic),
-            pvalue=p,
-            method="mannwhitneyu",
-            decision=decision,
-            note=f"Mann-Whitney U ({alternative}), p={p:.3g} vs alpha={alpha}",
-        )
+        a_wins, b_wins = p < alpha and med_a > med_b, p < alpha and med_b > med_a
+        out.update(statistic=float(res.statistic), pvalue=p, method="mannwhitneyu")
+        out["note"] = f"Mann-Whitney U ({alternative}), p={p:.3g} vs alpha={alpha}"
     else:
         sep_a = bool(xa.min() > xb.max())
         sep_b = bool(xb.min() > xa.max())
-        big_a = bool(med_a > med_b * (1.0 + rel_threshold))
-        big_b = bool(med_b > med_a * (1.0 + rel_threshold))
-        decision = "no difference"
-        if allow_a and sep_a and big_a:
-            decision = "a slower"
-        elif allow_b and sep_b and big_b:
-            decision = "b slower"
-        out.update(
-            decision=decision,
-            note=(
-                f"fewer than {MIN_RANK_TEST_SAMPLES} samples on a side (n_a={na}, n_b={nb}): no "
-                f"p-value; rule: slower only with complete separation and a median difference "
-                f"> {rel_threshold:.0%} (separated: a>b {sep_a}, b>a {sep_b}; "
-                f"medians {med_a:.4g} vs {med_b:.4g})"
-            ),
+        a_wins = sep_a and med_a > med_b * (1.0 + rel_threshold)
+        b_wins = sep_b and med_b > med_a * (1.0 + rel_threshold)
+        out["note"] = (
+            f"fewer than {MIN_RANK_TEST_SAMPLES} samples on a side (n_a={na}, n_b={nb}): no "
+            f"p-value; rule: slower only with complete separation and a median difference "
+            f"> {rel_threshold:.0%} (separated: a>b {sep_a}, b>a {sep_b}; "
+            f"medians {med_a:.4g} vs {med_b:.4g})"
         )
+    allow_a = alternative in ("two-sided", "greater")
+    allow_b = alternative in ("two-sided", "less")
+    out["decision"] = (
+        "a slower" if allow_a and a_wins else "b slower" if allow_b and b_wins else "no difference"
+    )
     out["a_slower"] = out["decision"] == "a slower"
     return out
 

@@ -356,12 +356,7 @@ def launches_needed(
         return None
     lr = math.log(iv.ratio)
     up, lo = math.log1p(threshold), math.log1p(-threshold)
-    if lr > up:
-        margin = lr - up
-    elif lr < lo:
-        margin = lo - lr
-    else:
-        margin = min(up - lr, lr - lo)
+    margin = abs(max(lr - up, lo - lr))  # to the nearest boundary, outside or inside the band
     if margin <= 0:
         return None
     if iv.se_log == 0:
