@@ -353,10 +353,7 @@ class HostMemoryReader:
             return _int(_read(d / key, key).strip(), d / key, key) / MIB
 
         cur = mib("memory.current")
-        if not (d / "memory.peak").exists():
-            log.debug("%s: no memory.peak (kernel < 5.19)", d)
-            return CgroupMemory(str(d), cur, None)
-        return CgroupMemory(str(d), cur, mib("memory.peak"))
+        return CgroupMemory(str(d), cur, mib("memory.peak") if (d / "memory.peak").exists() else None)
 
     def cgroup_events(self, path: str | Path) -> dict[str, int]:
         """``memory.events`` of the cgroup v2 directory ``path`` (``oom_kill``, ...). Raises

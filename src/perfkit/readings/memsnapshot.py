@@ -148,11 +148,7 @@ _GETS = {"GET", "BINGET", "LONG_BINGET", "DUP"}
 
 
 def _scan(raw: bytes, path: Path, limit: int) -> None:
-    """Refuse a pickle that would build more than ``limit`` bytes, before unpickling it, from one
-    pass over its opcodes (~3 µs each): 24 a reference pushed, 24 + its size a new object (216 a
-    container), 16 a memo slot, 24 a reference so far a set/frozenset/complex call. A memo index
-    past the opcodes read is refused (the C unpickler sizes its memo by it: an 8-byte pickle
-    took 1.6 GiB)."""
+    """Refuse a pickle that would build more than ``limit`` bytes, before unpickling it."""
     total = refs = 0
     for n, (op, arg, _) in enumerate(pickletools.genops(raw)):
         if op.name in _GETS:
@@ -174,10 +170,7 @@ def _scan(raw: bytes, path: Path, limit: int) -> None:
 
 
 def _build_cost(data: dict[str, Any], path: Path, limit: int) -> None:
-    """Refuse ``data`` when validating it would build more than ``limit`` bytes (estimated:
-    :data:`_MODEL_BYTES` a segment, block or event, 8 a frame reference). pydantic builds one model
-    per reference, so the count is per reference, each shared object's cost computed once (by id);
-    the walk stops at the limit. Parts of the wrong type cost nothing (validation names them)."""
+    """Refuse ``data`` when validating it would build more than ``limit`` bytes."""
     memo: dict[tuple[int, str | None], int] = {}
     total = 0
 
@@ -352,10 +345,7 @@ class Peak:
 
 
 def _rounded(size: int) -> int:
-    """A request's size as the block the caching allocator hands out: at least 512 bytes, a
-    multiple of 512 (torch's ``CUDACachingAllocator`` ``round_size``, with
-    ``roundup_power2_divisions`` unset). Trace events carry requested sizes; blocks and
-    ``memory_allocated`` carry these."""
+    """A requested size as the caching allocator's block: a multiple of 512 bytes, at least 512."""
     return max(512, -(-size // 512) * 512)
 
 
