@@ -35,6 +35,7 @@ from perfkit.bundle_schema import TABLE_NAMES as TABLES  # noqa: I001 - file ord
 from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
 from perfkit.common import jsonsafe
 from perfkit.common.provenance import git_commit, source_digest
+from perfkit.readings.sampler.nvml import gpu_facts
 
 log = logging.getLogger(__name__)
 
@@ -144,41 +145,6 @@ def redact(obj: Any) -> Any:
     return obj
 
 
-def _gpu_info() -> dict[str, Any]:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-
-            def text(v: Any) -> str:
-                return v if isinstance(v, str) else v.decode()
-
-            gpus = []
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                gpus.append(
-                    {
-                        "index": i,
-                        "name": text(pynvml.nvmlDeviceGetName(h)),
-                        "uuid": text(pynvml.nvmlDeviceGetUUID(h)),
-                        "total_mib": round(pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**20),
-                    }
-                )
-            return {
-                "gpu_name": gpus[0]["name"],
-                "gpu_driver": text(pynvml.nvmlSystemGetDriverVersion()),
-                "gpu_count": len(gpus),
-                "gpu_total_mib": gpus[0]["total_mib"],
-                # every GPU NVML sees, by NVML index (which ignores CUDA_VISIBLE_DEVICES)
-                "gpus": gpus,
-            }
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no NVML on this host is a normal case
-        return {"gpu_name": None, "gpu_driver": None, "gpu_count": 0, "gpu_total_mib": None}
-
-
 def environment_meta() -> dict[str, Any]:
     """Facts needed to reproduce a run: versions, git commit and source digest
     (:func:`perfkit.common.provenance.source_digest`), host, CPU count, GPU."""
@@ -198,7 +164,7 @@ def environment_meta() -> dict[str, Any]:
             meta[f"{mod}_version"] = __import__(mod).__version__
         except Exception:  # noqa: BLE001
             meta[f"{mod}_version"] = None
-    meta.update(_gpu_info())
+    meta.update(gpu_facts())
     meta["nccl_version"] = _nccl_version()
     return meta
 

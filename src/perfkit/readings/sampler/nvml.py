@@ -126,6 +126,34 @@ def nvml_inventory(nvml: Any = None) -> list[GpuRef] | None:
         _nvml_shutdown(nv)
 
 
+def gpu_facts() -> dict[str, Any]:
+    """This host's GPUs for a bundle's meta.json: ``gpu_name``, ``gpu_driver``, ``gpu_count`` and
+    ``gpu_total_mib`` (MiB, the first GPU), ``gpus`` (index, name, uuid, total_mib of every GPU
+    NVML sees, by NVML index, which ignores CUDA_VISIBLE_DEVICES); None and 0 without NVML."""
+    none = {"gpu_name": None, "gpu_driver": None, "gpu_count": 0, "gpu_total_mib": None}
+    nv = _nvml_init()
+    if nv is None:
+        return none
+    try:
+        gpus = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            name, uuid = _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h))
+            total = round(nv.nvmlDeviceGetMemoryInfo(h).total / MIB)
+            gpus.append({"index": i, "name": name, "uuid": uuid, "total_mib": total})
+        return {
+            "gpu_name": gpus[0]["name"],
+            "gpu_driver": _text(nv.nvmlSystemGetDriverVersion()),
+            "gpu_count": len(gpus),
+            "gpu_total_mib": gpus[0]["total_mib"],
+            "gpus": gpus,
+        }
+    except Exception:  # noqa: BLE001 - no GPU (or a failing driver) is a normal case
+        return none
+    finally:
+        _nvml_shutdown(nv)
+
+
 def resolve_visible_gpus(visible: str | None, nvml: Any = None) -> list[GpuRef]:
     """The NVML devices a CUDA process sees, in its CUDA order, from its ``CUDA_VISIBLE_DEVICES``
     (which NVML ignores: Ray's task on GPU 1 calls it ``cuda:0``); [] without NVML.
