@@ -269,7 +269,7 @@ def _short(filename: str) -> str:
     return "/".join(parts[-2:])
 
 
-def site_of(frames: list[Frame], engine_markers: tuple[str, ...] = ENGINE_MARKERS) -> tuple[str, str, bool]:
+def site_of(frames: list[Frame]) -> tuple[str, str, bool]:
     """(site, library line, in_engine) of an allocation stack (frames innermost first): the
     site is ``function (file:line)`` of the innermost engine frame, else of the library line
     (the innermost frame outside torch, else the innermost); :data:`NO_STACK` without frames."""
@@ -281,7 +281,7 @@ def site_of(frames: list[Frame], engine_markers: tuple[str, ...] = ENGINE_MARKER
 
     outside = next((f for f in frames if not any(m in f.filename for m in _INTERNAL)), frames[0])
     for f in frames:
-        if any(m in f.filename for m in engine_markers):
+        if any(m in f.filename for m in ENGINE_MARKERS):
             return fmt(f), fmt(outside), True
     return fmt(outside), fmt(outside), False
 
@@ -289,10 +289,10 @@ def site_of(frames: list[Frame], engine_markers: tuple[str, ...] = ENGINE_MARKER
 _COLUMNS = ["site", "library_line", "in_engine", "blocks", "mib"]
 
 
-def _group(blocks: list[tuple[int, list[Frame]]], engine_markers: tuple[str, ...]) -> pd.DataFrame:
+def _group(blocks: list[tuple[int, list[Frame]]]) -> pd.DataFrame:
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for size, frames in blocks:
-        site, lib, in_engine = site_of(frames, engine_markers)
+        site, lib, in_engine = site_of(frames)
         r = rows.setdefault(
             (site, lib), {"site": site, "library_line": lib, "in_engine": in_engine, "blocks": 0, "mib": 0.0}
         )
@@ -302,14 +302,12 @@ def _group(blocks: list[tuple[int, list[Frame]]], engine_markers: tuple[str, ...
     return df.sort_values(["mib", "site"], ascending=[False, True], ignore_index=True)
 
 
-def live_by_site(snap: MemSnapshot, engine_markers: tuple[str, ...] = ENGINE_MARKERS) -> pd.DataFrame:
+def live_by_site(snap: MemSnapshot) -> pd.DataFrame:
     """The live blocks by site: columns site, library_line, in_engine, blocks, mib (largest first)."""
-    return _group([(b.size, b.frames) for _, b in _active(snap)], engine_markers)
+    return _group([(b.size, b.frames) for _, b in _active(snap)])
 
 
-def diff_snapshots(
-    before: MemSnapshot, after: MemSnapshot, engine_markers: tuple[str, ...] = ENGINE_MARKERS
-) -> pd.DataFrame:
+def diff_snapshots(before: MemSnapshot, after: MemSnapshot) -> pd.DataFrame:
     """What grew from ``before`` to ``after`` by allocation site (a block is the same in both
     when address, size and stack match): one row a changed site, site, library_line, in_engine,
     new_blocks, gone_blocks, new_mib, gone_mib, grown_mib (new - gone), largest grown first."""
@@ -319,8 +317,8 @@ def diff_snapshots(
 
     a = {key(b): b for _, b in _active(before)}
     z = {key(b): b for _, b in _active(after)}
-    new = _group([(b.size, b.frames) for k, b in z.items() if k not in a], engine_markers)
-    gone = _group([(b.size, b.frames) for k, b in a.items() if k not in z], engine_markers)
+    new = _group([(b.size, b.frames) for k, b in z.items() if k not in a])
+    gone = _group([(b.size, b.frames) for k, b in a.items() if k not in z])
     cols = ["site", "library_line", "in_engine"]
     df = new.rename(columns={"blocks": "new_blocks", "mib": "new_mib"}).merge(
         gone.rename(columns={"blocks": "gone_blocks", "mib": "gone_mib"}), on=cols, how="outer"
@@ -349,12 +347,7 @@ def _rounded(size: int) -> int:
     return max(512, -(-size // 512) * 512)
 
 
-def peak_by_site(
-    snap: MemSnapshot,
-    since_s: float | None = None,
-    device: int | None = None,
-    engine_markers: tuple[str, ...] = ENGINE_MARKERS,
-) -> Peak:
+def peak_by_site(snap: MemSnapshot, since_s: float | None = None, device: int | None = None) -> Peak:
     """The blocks alive at the peak of allocated bytes in the trace window (after ``since_s``,
     epoch s), grouped by site: the trace replayed back from the dump's live blocks (an ``alloc``
     undone, a ``free_completed`` brought back with its stack), then forward, summing live bytes
@@ -409,5 +402,5 @@ def peak_by_site(
         mib=best / MIB,
         time_us=events[best_i].time_us,
         events=len(events) - start,
-        by_site=_group(list(state.values()), engine_markers),
+        by_site=_group(list(state.values())),
     )
