@@ -55,12 +55,6 @@ def _bootstrap_medians(a: np.ndarray, n_resamples: int, rng: np.random.Generator
     return out
 
 
-def _check_args(confidence: float, n_resamples: int) -> None:
-    _check(confidence)
-    if n_resamples < 1:
-        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
-
-
 def _ends(v: np.ndarray, confidence: float) -> tuple[float, float]:
     """The two-sided percentile interval ``(lo, hi)`` of bootstrap statistics ``v``."""
     alpha = 1.0 - confidence
@@ -78,7 +72,7 @@ def bootstrap_median_ci(
     Raises:
         ValueError: confidence outside (0, 1) or n_resamples < 1.
     """
-    _check_args(confidence, n_resamples)
+    _check(confidence, n_resamples)
     a = _clean(x)
     if a.size == 0:
         return (math.nan, math.nan)
@@ -101,7 +95,7 @@ def bootstrap_ratio_ci(
         ``(lo, hi)``, unitless. ``(nan, nan)`` when either side is empty. Resamples whose
         denominator median is 0 give ±inf/NaN ratios; NaN ratios are ignored.
     """
-    _check_args(confidence, n_resamples)
+    _check(confidence, n_resamples)
     xa, xb = _clean(a), _clean(b)
     if xa.size == 0 or xb.size == 0:
         return (math.nan, math.nan)
@@ -147,19 +141,16 @@ def bootstrap_mean_ratio_ci(a: Any, b: Any, confidence: float = 0.95, seed: int 
 def ratio_lower_bound_single_reference(
     sample: Any, reference: float, confidence: float = 0.95, n_resamples: int = 4000, seed: int | None = 0
 ) -> float:
-    """One-sided lower confidence bound of ``median(sample) / reference`` where ``reference`` is
-    one measurement with no spread of its own (the cold request of a session).
-
-    Percentile bootstrap: each resample is the median of ``sample`` resampled over a reference
-    draw ``reference * x_j / median(sample)`` (``x_j`` one more random sample value: the reference
-    gets the sample's relative spread, so a noisy reference cannot make an identical build
-    fail). ``confidence`` is one-sided (0.95: the bound is the 5th percentile of the ratios).
+    """One-sided lower confidence bound (``confidence`` 0.95: the 5th percentile) of
+    ``median(sample) / reference``, ``reference`` one measurement with no spread of its own (the
+    cold request): a percentile bootstrap whose reference draws ``reference * x_j / median(sample)``
+    get the sample's relative spread, so a noisy reference cannot fail an identical build.
 
     Returns:
-        The lower bound (unitless ratio); NaN when the sample is empty or the reference is not a
-        positive finite number. With one sample value the bound is that value / reference.
+        The bound (unitless); NaN for an empty sample or a reference that is not a positive
+        finite number; with one sample value, that value / reference.
     """
-    _check_args(confidence, n_resamples)
+    _check(confidence, n_resamples)
     x = _clean(sample)
     ref = float(reference) if reference is not None else math.nan
     if x.size == 0 or not math.isfinite(ref) or ref <= 0:
@@ -181,24 +172,13 @@ def mann_whitney(
     alpha: float = 0.05,
 ) -> dict[str, Any]:
     """Mann-Whitney U rank test of ``a`` against ``b`` ("a slower": ``a``'s values tend to be
-    larger), with an explicit rule for tiny samples.
+    larger; ``scipy.stats.mannwhitneyu``); with fewer than :data:`MIN_RANK_TEST_SAMPLES` values a
+    side, no p-value but a separation rule (docs/suite.md, "Investigations that are off by
+    default"). ``alternative`` ``"greater"`` reports only ``"a slower"``, ``"less"`` only ``"b
+    slower"``; an empty side gives ``"inconclusive"``.
 
-    With at least :data:`MIN_RANK_TEST_SAMPLES` (5) finite values a side: ``scipy.stats.mannwhitneyu``
-    (``method`` ``"mannwhitneyu"``); the decision is ``"a slower"`` / ``"b slower"`` when
-    ``pvalue < alpha`` and the medians point that way (``"greater"`` allows only ``"a slower"``,
-    ``"less"`` only ``"b slower"``), else ``"no difference"``.
-
-    With fewer (a rank test has no power: 1 vs 4 gives two-sided p >= 0.4), ``statistic`` and
-    ``pvalue`` are None, ``method`` is ``"insufficient-samples"`` and the rule is:
-
-    - ``"a slower"`` only when ``min(a) > max(b)`` (complete separation) **and**
-      ``median(a) > median(b) * (1 + rel_threshold)``;
-    - ``"b slower"`` by the mirror rule (``min(b) > max(a)`` and
-      ``median(b) > median(a) * (1 + rel_threshold)``);
-    - otherwise ``"no difference"``.
-
-    The ``alternative`` restricts which of the two can be reported (as above). An empty side
-    gives decision ``"inconclusive"``.
+    Raises:
+        ValueError: ``alternative`` is not two-sided, greater or less.
 
     Returns:
         dict with ``statistic`` (U of ``a``, or None), ``pvalue`` (or None), ``method``,

@@ -29,9 +29,11 @@ def _positive(x: Any) -> np.ndarray:
     return a[np.isfinite(a) & (a > 0)]
 
 
-def _check(confidence: float) -> None:
+def _check(confidence: float, n_resamples: int = 1) -> None:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
 
 
 @dataclass(frozen=True)
@@ -372,18 +374,9 @@ def launches_needed(
 
 
 def requests_per_launch(split: VarianceSplit, launch_cost_s: float, request_cost_s: float) -> int | None:
-    """Warm requests per launch that minimise the variance of the mean for a fixed time budget:
-    ``⌈√((launch_cost / request_cost) · σ_w² / σ_b²)⌉`` (Kalibera & Jones 2013, eq. for the
-    optimal repetition count of the lower level of a two-level experiment).
-
-    Args:
-        launch_cost_s: cost of one more launch (s: cold start + cold request).
-        request_cost_s: cost of one more warm request (s).
-
-    Returns:
-        requests a launch (≥ 1), or None when σ_b² is 0 or unknown (then any M; more launches do
-        not beat more requests).
-    """
+    """Warm requests per launch that spend a fixed time best, ``M*`` of docs/choosing-n-m.md
+    (Kalibera & Jones 2013): ``launch_cost_s`` one more launch (s: cold start + cold request),
+    ``request_cost_s`` one more warm request (s). At least 1; None when σ_b² is 0 or unknown."""
     b, w = split.between, split.within
     if not (math.isfinite(b) and math.isfinite(w)) or b <= 0 or request_cost_s <= 0:
         return None
