@@ -210,10 +210,8 @@ def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.
                 corr = (e.get("args") or {}).get("correlation")
                 if corr is not None:
                     launch_of[corr] = (stage, step, warm)
-            elif not _structural(name):
-                rows.append(
-                    (name, cat, tid, ts, dur / 1000.0, stage, step, warm, not inside_op)
-                )  # EVENT_COLUMNS
+            elif not _structural(name):  # a row of EVENT_COLUMNS
+                rows.append((name, cat, tid, ts, dur / 1000.0, stage, step, warm, not inside_op))
             stack.append((ts + dur, e))
     for e in evs:
         if e.get("cat") != "kernel":
