@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +30,15 @@ REQUIRED_KEYS = ("request_id", "total_duration_ms", "steps")
 
 
 @dataclass
-class PerfDump:
-    """One perf dump, as written (ms, MiB): ``stages`` (name, ms) from the dump's ``steps``,
-    ``denoise_steps`` and ``memory_checkpoints`` None when absent (the older layout), ``raw`` the
-    parsed object, ``path`` its file."""
+class PerfDump(PerfRecord):
+    """One perf dump, as written (ms, MiB), read as a record: ``stages`` (name, ms) from the dump's
+    ``steps``, ``steps`` its ``denoise_steps_ms`` ([] when absent), ``memory_snapshots`` its
+    ``memory_checkpoints``; ``denoise_steps`` and ``memory_checkpoints`` as written (None when
+    absent: the older layout), ``meta`` the dump's, ``path`` its file."""
 
-    request_id: str
-    total_duration_ms: float | None
-    stages: list[tuple[str, float | None]] = field(default_factory=list)
     denoise_steps: list[float | None] | None = None
     memory_checkpoints: dict[str, dict[str, float | None]] | None = None
-    timestamp: str | None = None
-    commit_hash: str | None = None
-    tag: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
-    raw: dict[str, Any] = field(default_factory=dict)
     path: str | None = None
 
     @property
@@ -52,24 +46,9 @@ class PerfDump:
         """``"stages_only"`` (older sglang) or ``"with_denoise_steps"``."""
         return "stages_only" if self.denoise_steps is None else "with_denoise_steps"
 
-    def stage_ms(self) -> dict[str, float | None]:
-        """Stage name -> ms (a repeated name sums; None when a part was not measured)."""
-        return self.to_record().stage_ms()
-
     def to_record(self) -> PerfRecord:
-        """The same request as a :class:`~perfkit.readings.records.PerfRecord` (``steps`` [] for
-        the older layout)."""
-        return PerfRecord(
-            request_id=self.request_id,
-            timestamp=self.timestamp,
-            commit_hash=self.commit_hash,
-            tag=self.tag,
-            stages=list(self.stages),
-            steps=list(self.denoise_steps or []),
-            total_duration_ms=self.total_duration_ms,
-            memory_snapshots=dict(self.memory_checkpoints or {}),
-            raw=self.raw,
-        )
+        """The same request as a plain :class:`~perfkit.readings.records.PerfRecord`."""
+        return PerfRecord(**{f.name: getattr(self, f.name) for f in fields(PerfRecord)})
 
 
 #: the keys newer layouts add, and their readers
@@ -82,19 +61,19 @@ def perf_dump_from_dict(obj: Any) -> PerfDump:
     rid, stages = read_head(obj, "dump", REQUIRED_KEYS, "steps", "is missing (not an sglang perf dump?)")
     # absent (older layout): None; present, as sglang writes it (null refused)
     opt = {k: read(obj[k], k) for k, read in _OPTIONAL.items() if k in obj}
-    denoise, mem = opt.get("denoise_steps_ms"), opt.get("memory_checkpoints")
     meta = obj.get("meta")
     if meta is not None and not isinstance(meta, dict):
         raise RecordError("meta", f"{meta!r} is not an object")
+    denoise, mem = opt.get("denoise_steps_ms"), opt.get("memory_checkpoints")
     return PerfDump(
         request_id=rid,
         total_duration_ms=read_number(obj["total_duration_ms"], "total_duration_ms"),
         stages=stages,
+        steps=list(denoise or []),
+        memory_snapshots=dict(mem or {}),
         denoise_steps=denoise,
         memory_checkpoints=mem,
-        timestamp=read_optional_str(obj, "timestamp"),
-        commit_hash=read_optional_str(obj, "commit_hash"),
-        tag=read_optional_str(obj, "tag"),
+        **{k: read_optional_str(obj, k) for k in ("timestamp", "commit_hash", "tag")},
         meta=dict(meta or {}),
         raw=obj,
     )
