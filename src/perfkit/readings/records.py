@@ -33,12 +33,8 @@ class RecordError(ValueError):
         self.key, self.problem, self.source, self.line = key, problem, source, line
         #: the request the refused line names, when it could still be read (else None)
         self.request_id: str | None = None
-        super().__init__(self._text())
-
-    def _text(self) -> str:
-        line = self.line and (f"{self.source}:{self.line}" if self.source else f"line {self.line}")
-        where = line or self.source
-        return f"{where + ': ' if where else ''}key {self.key!r}: {self.problem}"
+        where = (line and (f"{source}:{line}" if source else f"line {line}")) or source
+        super().__init__(f"{where + ': ' if where else ''}key {key!r}: {problem}")
 
     def located(self, source: str | None = None, line: int | None = None) -> "RecordError":
         """The same error with the file and/or line filled in."""
