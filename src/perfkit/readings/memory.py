@@ -75,19 +75,14 @@ class ProcessMemory:
 
 
 @dataclass(frozen=True)
-class TreeMemory:
-    """Host memory of a process tree, MiB, summed over ``pids`` (those read; ``vanished`` ones
-    skipped, not 0); ``root_alive`` False: the root is gone or a zombie; ``source`` ``pss``
-    (smaps_rollup) or ``rss`` (statm: PSS and USS NaN)."""
+class TreeMemory(ProcessMemory):
+    """Host memory of the process tree rooted at ``pid``, MiB, summed over ``pids`` (those read;
+    ``vanished`` ones skipped, not 0); ``root_alive`` False: the root is gone or a zombie;
+    ``source`` ``pss`` (smaps_rollup) or ``rss`` (statm: PSS and USS NaN)."""
 
     root_alive: bool
     pids: tuple[int, ...]
     vanished: tuple[int, ...]
-    rss_mib: float
-    pss_mib: float
-    uss_mib: float
-    anon_mib: float
-    source: str
 
 
 @dataclass(frozen=True)
@@ -274,6 +269,7 @@ class HostMemoryReader:
         gone = [pid for pid, m in got if m is None]
         by_pss = all(m.source == "smaps_rollup" for m in read) if read else pss and self.has_smaps_rollup()
         return TreeMemory(
+            pid=root,
             root_alive=any(m.pid == root for m in read),
             pids=tuple(m.pid for m in read),
             vanished=tuple(gone),
