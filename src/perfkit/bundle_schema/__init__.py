@@ -299,10 +299,8 @@ def conform(name: str, df: pd.DataFrame | None) -> pd.DataFrame:
     for c in table.columns:
         if c.name in df.columns:
             cols[c.name] = _cast(df[c.name].reset_index(drop=True), c.dtype)
-        else:
-            cols[c.name] = pd.Series(
-                [pd.NA] * n if c.dtype in ("string", "boolean", "Int64") else [np.nan] * n, dtype=c.dtype
-            )
+        else:  # all NA (NaN in float64)
+            cols[c.name] = pd.Series(index=range(n), dtype=c.dtype)
     out = pd.DataFrame(cols, columns=table.names)
     out.index = df.index if n else out.index
     return out
