@@ -370,9 +370,8 @@ def overhead_table(
         kernels = sum(1 for a, b in device for lo, hi in ivs if b > lo and a < hi)
         rows.append((stage, win, ops, win - ops, launch / 1000.0 if device else math.nan, kernels, busy))
     cols = ["stage", "window_ms", "op_ms", "cpu_overhead_ms", "launch_ms", "kernels", "device_busy_ms"]
-    out = pd.DataFrame(rows, columns=cols).assign(rank=rank if rank is not None else math.nan)
+    out = pd.DataFrame(rows, columns=cols)
     total = {
-        "rank": rank if rank is not None else math.nan,
         "stage": "(all stages)",
         **{
             c: out[c].sum(min_count=1)
@@ -381,6 +380,7 @@ def overhead_table(
         "kernels": int(out["kernels"].sum()),
     }
     out = pd.concat([out, pd.DataFrame([total])], ignore_index=True)
+    out["rank"] = rank if rank is not None else math.nan
     out["cpu_overhead_share"] = out["cpu_overhead_ms"] / out["window_ms"].where(out["window_ms"] > 0)
     out["device_idle_share"] = 1.0 - out["device_busy_ms"] / out["window_ms"].where(out["window_ms"] > 0)
     out["kernels"] = out["kernels"].astype(int)
