@@ -381,6 +381,8 @@ def test_an_api_key_without_a_separator_is_redacted():
     # the secret word spanning the name's last dash (hypothesis found 'api-key=-' readable)
     for name in ("api-key", "x-api-key", "MY_ACCESS-KEY"):
         assert redact(f"{name}=v") == _old_redact(f"{name}=v") == f"{name}=***REDACTED***"
+    # a flag word inside a redacted value is not a flag (hypothesis found 'api_key=-token -')
+    assert redact("api_key=-token -") == _old_redact("api_key=-token -") == "api_key=***REDACTED*** -"
 
 
 @pytest.mark.parametrize(

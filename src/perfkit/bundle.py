@@ -112,9 +112,10 @@ def _redact_text(text: str) -> str:
             parts[i] = REDACTED
             flag_before = False
             continue
-        flag_before = "-" in tok and _secret_name(tok, dashed_only=True)
         if "=" in tok:
             tok = _redact_token(tok)
+        # a --secret-flag outside a value that is already redacted
+        flag_before = "-" in tok and _secret_name(tok, dashed_only=True)
         parts[i] = _SECRET_VALUE.sub(REDACTED, tok)
     return "".join(parts)
 
