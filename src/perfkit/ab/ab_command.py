@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from perfkit import stats
-from perfkit.ab import procedure as sq
+from perfkit.ab import sequential as sq
 from perfkit.ab.decide import incomparable, needed_text
 from perfkit.ab.driver import AbPlan
 from perfkit.ab.metrics import METRIC_UNITS
-from perfkit.ab.procedure import Design
-from perfkit.ab.sequential import decide_sequential, run_sequential
+from perfkit.ab.sequential import Design, decide_sequential, run_sequential
 from perfkit.bundle import ResultBundle
 from perfkit.common.outdirs import given_out_problem
 from perfkit.engine.client import VideoRequestSpec

@@ -25,7 +25,7 @@ from perfkit.ab.metrics import (
     metric_values,
     paired_values,
 )
-from perfkit.ab.pool import Pool, slow_spells
+from perfkit.ab.power import Pool, slow_spells
 from perfkit.bundle import IDENTITY_REQUEST, ResultBundle
 from perfkit.common import jsonsafe
 from perfkit.common.numfmt import change_text
@@ -327,7 +327,7 @@ def compare_bundles(
 ) -> AbResult:
     """:func:`compare` of two recorded sides (``perfkit ab`` and ``perfkit ab --replay``): the
     meta records each side's launches, failed launches, the threshold(s) used and each side's
-    slow spells (:func:`perfkit.ab.pool.slow_spells`: warm requests the host slowed down).
+    slow spells (:func:`perfkit.ab.power.slow_spells`: warm requests the host slowed down).
     ``keep``: side -> the launches the intervals use (the sequential procedure's last look,
     :mod:`perfkit.ab.sequential`); None: every launch. ``paired``: as :func:`compare` (None: as
     recorded, the sides' meta ``ab.paired``)."""
