@@ -14,13 +14,10 @@ from typing import Any, Iterable
 from perfkit import stats
 from perfkit.ab import sequential as sq
 from perfkit.ab.decide import incomparable, needed_text
-from perfkit.ab.driver import AbPlan
 from perfkit.ab.metrics import METRIC_UNITS
-from perfkit.ab.sequential import Design, decide_sequential, run_sequential
+from perfkit.ab.sequential import Design, decide_sequential
 from perfkit.bundle import ResultBundle
 from perfkit.common.outdirs import given_out_problem
-from perfkit.engine.client import VideoRequestSpec
-from perfkit.engine.spec import EngineSpec
 from perfkit.readings.stages import KNOWN_STAGES
 
 
@@ -183,17 +180,14 @@ def recorded_design(bundles: dict[str, ResultBundle]) -> dict[str, Any]:
     return dict((bundles["A"].meta.get("ab") or {}).get("sequential") or {})
 
 
-def recorded_gate_metrics(bundles: dict[str, ResultBundle]) -> list[str] | None:
-    """The gated metrics a replay recorded (side A's meta ``ab.sequential.gate_metrics``); None: all."""
-    recorded = recorded_design(bundles).get("gate_metrics")
-    return parse_gate_metrics([",".join(map(str, recorded))]) if recorded else None
-
-
-def recorded_thresholds(bundles: dict[str, ResultBundle]) -> tuple[float | None, dict[str, float]]:
-    """The threshold and per-metric thresholds a run recorded (side A's meta
-    ``ab.sequential``); (None, {}) for recordings made before they were kept."""
+def recorded_decision(
+    bundles: dict[str, ResultBundle],
+) -> tuple[list[str] | None, float | None, dict[str, float]]:
+    """The gated metrics (None: all), threshold and per-metric thresholds a run recorded (side A's
+    meta ``ab.sequential``); (None, None, {}) for recordings made before they were kept."""
     seq = recorded_design(bundles)
-    return seq.get("threshold"), {str(k): float(v) for k, v in (seq.get("thresholds") or {}).items()}
+    gate = parse_gate_metrics([",".join(map(str, seq["gate_metrics"]))]) if seq.get("gate_metrics") else None
+    return gate, seq.get("threshold"), {str(k): float(v) for k, v in (seq.get("thresholds") or {}).items()}
 
 
 def profile_params(steps: int, all_stages: bool, warm: int) -> Any:
@@ -208,24 +202,6 @@ def profile_params(steps: int, all_stages: bool, warm: int) -> Any:
     except ValidationError as exc:  # its messages, without pydantic's prefix
         msg = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
         raise AbInputError(msg, "--profile-steps") from None
-
-
-def launch(
-    specs: tuple[EngineSpec, EngineSpec],
-    request: dict[str, Any],
-    design: Design,
-    warm: int,
-    out: Path,
-    threshold: float,
-    thresholds: dict[str, float],
-    gate: list[str] | None,
-    profile: Any = None,
-) -> dict[str, ResultBundle]:
-    """Launch both sides, interleaved, until every gated metric is decided or the design's
-    ``max_launches`` (:func:`perfkit.ab.sequential.run_sequential`); the side bundles
-    ``{"A": ..., "B": ...}`` are written under ``out`` (``a/``, ``b/``)."""
-    plan = AbPlan(*specs, VideoRequestSpec.from_dict(request), design.min_launches, warm, profile=profile)
-    return run_sequential(plan, design, out, threshold, thresholds, gate)
 
 
 def decide(

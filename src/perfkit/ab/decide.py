@@ -155,12 +155,7 @@ class AbResult:
 
 
 def _gated_column(table: pd.DataFrame, gate: Any, path: Path) -> list[bool]:
-    """Each row's ``gated`` as written (a boolean); a missing or null value is read from the
-    run's ``meta.gate_metrics`` (None there: every metric gated, as before the option existed).
-
-    Raises:
-        ValueError: a ``gated`` value that is not a boolean (the file and metric are named).
-    """
+    """Each row's ``gated``; a null one from the run's ``meta.gate_metrics`` (None: every metric)."""
     out = []
     for metric, v in zip(table["metric"], table["gated"]):
         if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -225,8 +220,7 @@ def compare(
     rows = []
     for metric in names:
         thr = float(thresholds.get(metric, threshold))
-        ma = lm[(lm["side"] == "A") & (lm["metric"] == metric)]["value"].to_numpy(float)
-        mb = lm[(lm["side"] == "B") & (lm["metric"] == metric)]["value"].to_numpy(float)
+        ma, mb = (lm.loc[(lm["side"] == s) & (lm["metric"] == metric), "value"].to_numpy(float) for s in "AB")
         if paired:
             pv = paired_values(values_a, values_b, metric)
             iv = stats.paired_ratio_interval(pv["a"], pv["b"], confidence)
@@ -377,13 +371,11 @@ def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, floa
         FileNotFoundError: no ab.json at ``path``.
         ValueError: the A/A has no metric with an interval.
     """
-    res = AbResult.load(path)
-    out: dict[str, float] = {}
-    for r in res.table.to_dict("records"):
-        lo, hi = r.get("low"), r.get("high")
-        if lo is None or hi is None or not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
-            continue
-        out[r["metric"]] = max(floor, abs(float(hi) - 1.0), abs(1.0 - float(lo)))
+    t = AbResult.load(path).table
+    t = t[np.isfinite(t["low"]) & np.isfinite(t["high"])]
+    out = {
+        m: float(max(floor, abs(hi - 1), abs(1 - lo))) for m, lo, hi in zip(t["metric"], t["low"], t["high"])
+    }
     if not out:
         raise ValueError(
             f"{path}: the A/A run has no metric with an interval (fewer than 2 launches a side?)"

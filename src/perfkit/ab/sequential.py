@@ -445,14 +445,16 @@ def run_sequential(
     gate: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Run a live A/B (a :class:`perfkit.ab.driver.AbPlan`; its ``launches`` is not read):
-    ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_ab`), then the
+    ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_arms`), then the
     launch the procedure asks for after each, with the decision's gate and thresholds, until it stops.
+    Never raises for engine failures: a failed launch keeps its error in the ``launches`` table
+    (the decision then exits 2).
 
     Returns:
         {"A": bundle, "B": bundle} (saved under ``out/a`` and ``out/b``); their meta ``ab``
         holds ``sequential`` (the design and ``gate_metrics``), which ``--replay`` reads back.
     """
-    from perfkit.ab.driver import run_ab
+    from perfkit.ab.driver import run_arms
 
     def extend(bundles: dict[str, Any]) -> list[str]:
         if set(bundles) != {"A", "B"}:
@@ -465,10 +467,12 @@ def run_sequential(
             return ["A", "B"] if k % 2 == 0 else ["B", "A"]
         return [w.next_arm]
 
-    return run_ab(
-        plan,
+    return run_arms(
+        {"A": plan.spec_a, "B": plan.spec_b},
+        plan.request,
+        design.min_launches,
+        plan.warm,
         out,
-        launches=design.min_launches,
         extend=extend,
         # the gated metrics and thresholds with the design: a replay without --gate-metrics or
         # --threshold splits alpha and decides as the run did
@@ -480,6 +484,7 @@ def run_sequential(
                 "thresholds": dict(thresholds or {}),
             }
         },
+        profile=plan.profile,
         paired=design.paired,
     )
 

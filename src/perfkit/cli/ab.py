@@ -53,9 +53,10 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         bundles = ab_command.load_replay(*kw["replay"])
         out = ab_command.out_dir(kw["out"], f"{stamp}-replay")
         design, threshold, thresholds = read_decision(kw, bundles)
-        if gate is None:  # the alpha is split over them
-            gate = ab_command.recorded_gate_metrics(bundles)
-        rec_threshold, rec_thresholds = ab_command.recorded_thresholds(bundles)  # decide as the run did
+        rec_gate, rec_threshold, rec_thresholds = ab_command.recorded_decision(
+            bundles
+        )  # decide as the run did
+        gate = rec_gate if gate is None else gate  # the alpha is split over them
         threshold = threshold or rec_threshold or stats.DEFAULT_THRESHOLD
         if not kw["threshold_from"] and kw["threshold"] is None:
             thresholds = rec_thresholds
@@ -77,12 +78,15 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         out = ab_command.out_dir(kw["out"], stamp)
         pkeys = ("profile_steps", "profile_all_stages", "profile_warm")
         profile = ab_command.profile_params(*(kw[k] for k in pkeys)) if kw["profile"] else None
+        from perfkit.ab.driver import AbPlan
+        from perfkit.ab.sequential import run_sequential
+        from perfkit.engine.client import VideoRequestSpec
         from perfkit.engine.owner import become_subreaper
 
         become_subreaper()  # orphans below come back here
-        bundles = ab_command.launch(
-            (spec_a, spec_b), req, design, kw["warm"], out, threshold, thresholds, gate, profile
-        )
+        request = VideoRequestSpec.from_dict(req)
+        plan = AbPlan(spec_a, spec_b, request, design.min_launches, kw["warm"], profile=profile)
+        bundles = run_sequential(plan, design, out, threshold, thresholds, gate)
     res = ab_command.decide(
         bundles, design, threshold, thresholds, gate, kw["undecided"],
         kept=None if kw["replay"] else out, threshold_from=kw["threshold_from"],
