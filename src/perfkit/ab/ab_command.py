@@ -17,7 +17,7 @@ from perfkit.ab.decide import incomparable, needed_text
 from perfkit.ab.metrics import METRIC_UNITS
 from perfkit.ab.sequential import Design, decide_sequential
 from perfkit.bundle import ResultBundle
-from perfkit.common.outdirs import given_out_problem
+from perfkit.common.outdirs import given_out_problem, stamped_dir
 from perfkit.readings.stages import KNOWN_STAGES
 
 
@@ -112,20 +112,17 @@ def design_for(
         raise AbInputError(str(exc), "-n/--launches, --max-launches") from None
 
 
-def out_dir(given: str | None, stamp: str) -> Path:
+def out_dir(given: str | None, suffix: str = "") -> Path:
     """The ab run directory: ``given`` (refused when it is a file or a non-empty directory: a
     replay must not overwrite a run, e.g. the A/A its thresholds come from), else a new
-    ``outputs/ab/<stamp>`` (``-2``, ``-3``, … when that is taken). Raises :class:`AbInputError`."""
+    ``outputs/ab/<timestamp><suffix>`` (:func:`perfkit.common.outdirs.stamped_dir`). Raises
+    :class:`AbInputError`."""
     if given:
         problem = given_out_problem(given)
         if problem:
             raise AbInputError(f"{Path(given)} {problem}", "--out")
         return Path(given)
-    out, k = Path("outputs") / "ab" / stamp, 1
-    while out.exists():
-        k += 1
-        out = Path("outputs") / "ab" / f"{stamp}-{k}"
-    return out
+    return stamped_dir(Path("outputs") / "ab", suffix)
 
 
 def request_for(

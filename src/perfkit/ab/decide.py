@@ -77,15 +77,12 @@ class AbResult:
         when some gated metric could not be decided (exit 0: no regression found, but not every
         metric was cleared; ``--undecided pass``, or a comparison outside the procedure), else
         ``no regression``."""
+        decisions = set(self.table.loc[self.gated, "decision"])
         if self.exit_code == EXIT_REGRESSION:
-            gated = self.table[self.gated]
-            if self.undecided and not (gated["decision"] == "regression").any():
-                return "undecided"
-            return "regression"
+            return "undecided" if self.undecided and "regression" not in decisions else "regression"
         if self.exit_code != EXIT_OK:
             return "error"
-        gated = self.table[self.gated]
-        return "inconclusive" if (gated["decision"] == "inconclusive").any() else "no regression"
+        return "inconclusive" if "inconclusive" in decisions else "no regression"
 
     @property
     def undecided(self) -> list[str]:
@@ -273,14 +270,10 @@ def compare(
         )
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     table["launches_needed"] = table["launches_needed"].astype("Int64")
-    gated = table[table["gated"]]
-    measured = gated["decision"] != "not measured"
-    if not measured.any() or failed_launches:
+    decisions = set(table.loc[table["gated"].astype(bool), "decision"])
+    code = EXIT_REGRESSION if "regression" in decisions else EXIT_OK
+    if failed_launches or not decisions - {"not measured"}:  # nothing gated was compared
         code = EXIT_ERROR
-    elif (gated["decision"] == "regression").any():
-        code = EXIT_REGRESSION
-    else:
-        code = EXIT_OK
     return AbResult(table=table, launch_means=lm, exit_code=code, confidence=confidence)
 
 

@@ -229,10 +229,7 @@ QUIET_QUANTILE = 0.10
 
 
 def _request_clocks(bundle: ResultBundle) -> pd.DataFrame:
-    """Per warm request (``launch, index``): the median SM clock (MHz) and the share of samples
-    with a power reason set (:data:`perfkit.readings.sampler.POWER_REASONS`) while it ran, from
-    the sampler's memory table; empty when the bundle has no clock samples (recorded without
-    NVML, or before perfkit sampled clocks)."""
+    """Per warm request: median SM clock (MHz), share of samples at a power limit; empty: no clocks."""
     mem, req = bundle.memory, bundle.requests
     if mem.empty or "sm_clock_mhz" not in mem or mem["sm_clock_mhz"].isna().all():
         return pd.DataFrame(columns=["launch", "index", "sm_mhz", "power_capped"])
@@ -341,10 +338,7 @@ Ways = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
 
 
 def _aa_ways(rng: np.random.Generator, n_launches: int, n: int, sims: int) -> Ways:
-    """A/A splits (n launches a side, no launch on both): every ordered split when there are at
-    most :data:`MAX_EXACT` (then both sides are rows of the n-subsets of the launches, in
-    increasing order), else ``sims`` random draws (each side a group of its own); as
-    :data:`Ways` with the same groups for both sides."""
+    """A/A splits, n a side and disjoint: every ordered split up to :data:`MAX_EXACT`, else ``sims`` draws."""
     ways = math.comb(n_launches, n) * math.comb(n_launches - n, n)
     if ways <= MAX_EXACT:
         combos = list(itertools.combinations(range(n_launches), n))
@@ -362,9 +356,7 @@ def _aa_ways(rng: np.random.Generator, n_launches: int, n: int, sims: int) -> Wa
 
 
 def _ab_ways(rng: np.random.Generator, n_a: int, n_b: int, n: int, sims: int) -> Ways:
-    """A's n launches against B's n launches: every pair of subsets when there are at most
-    :data:`MAX_EXACT` (A's groups the n-subsets of A, B's of B), else ``sims`` random draws;
-    as :data:`Ways` (A's groups first)."""
+    """n of A's launches against n of B's: every pair up to :data:`MAX_EXACT`, else ``sims`` draws."""
     if math.comb(n_a, n) * math.comb(n_b, n) <= MAX_EXACT:
         ca = np.array(list(itertools.combinations(range(n_a), n)), dtype=int)
         cb = np.array(list(itertools.combinations(range(n_b), n)), dtype=int)
@@ -375,9 +367,7 @@ def _ab_ways(rng: np.random.Generator, n_a: int, n_b: int, n: int, sims: int) ->
 
 
 def _moments(xa: np.ndarray, xb: np.ndarray, ways: Ways) -> Moments:
-    """Welch (d, se, df, bad) of every draw of ``ways``: ``xa``, ``xb`` (launches, metrics) log
-    values of the first and second side; each group reduced once
-    (:func:`perfkit.stats.side_moments`): as reducing every draw, within rounding."""
+    """Welch (d, se, df, bad) of every draw of ``ways``, each group reduced once."""
     ga, pa, gb, pb, _ = ways
     return stats.combine(
         stats.take(stats.side_moments(xa[ga]), pa), stats.take(stats.side_moments(xb[gb]), pb)
@@ -481,12 +471,8 @@ def power_table(
 def _rates(
     mom: Moments | None, conf: float, cols: list[str], gate: list[int], up: float, aa: bool
 ) -> dict[str, float]:
-    """A/A (``aa``: ``aa_covers``, ``aa_alarm_<metric>``, ``aa_alarm_any``, ``aa_alarm_gate``) or
-    detection (``detect_<metric>``, ``alarm_untouched``, ``detect_any``, ``detect_gate``) columns
-    of one :func:`power_table` row from the draws' Welch moments (:func:`perfkit.stats.combine`,
-    each (draws, metrics); None: nothing drawn, every rate NaN) at two-sided ``conf``; a
-    regression is a low end above ``up`` (log of 1 + threshold). ``*_any`` is the exit code with
-    every metric gating, ``*_gate`` with the key metrics."""
+    """The A/A (``aa``) or detection rates of one :func:`power_table` row from the draws' Welch
+    moments (None: nothing drawn, all NaN); a regression: a low end above ``up``, log(1 + threshold)."""
     pre = "aa_alarm" if aa else "detect"
     keys = [f"{pre}_{m}" for m in KEY_METRICS]
     row = dict.fromkeys(

@@ -178,8 +178,7 @@ class Walk:
 def _kept(
     run: Mapping[str, list[str]], slow: Mapping[str, Mapping[str, np.ndarray]], design: Design
 ) -> tuple[dict[str, list[str]], dict[str, list[str]], list[str]]:
-    """Per side the launches kept (in order), those replaced, and the sides whose marked launches
-    were kept because half or more were marked."""
+    """Per side the launches kept and replaced; the sides whose half or more were marked (all kept)."""
     kept, replaced, spell_kept = {}, {}, []
     for side, labels in run.items():
         marked: list[str] = []
@@ -220,8 +219,7 @@ def _look(
 
 
 def _next_arm(run: Mapping[str, list[str]], kept: Mapping[str, list[str]], last: str | None) -> str:
-    """The side with fewer kept launches; a tie: fewer run; a tie again: the side that ran last
-    (so that without replacements the order is A B B A A B …, :func:`perfkit.stats.interleaved_order`)."""
+    """The side with fewer kept, then fewer run launches, else the last side (A B B A A B …)."""
     ka, kb = ((len(kept[s]), len(run[s])) for s in "AB")
     return (last or "A") if ka == kb else ("A" if ka < kb else "B")
 
@@ -305,8 +303,7 @@ class Walker:
 
 
 def _at_maximum(w: Walk, metrics: Sequence[str], design: Design, why: str = "") -> Walk:
-    """Stop ``w`` at the maximum (``why``: the reason's start; default: the maximum reached):
-    the gated metrics still inconclusive are undecided."""
+    """Stop ``w`` at the maximum: the gated metrics still inconclusive are undecided."""
     w.stop, w.next_arm = "maximum", None
     final = w.final
     w.undecided = (
@@ -320,9 +317,7 @@ def _at_maximum(w: Walk, metrics: Sequence[str], design: Design, why: str = "") 
 def _inputs(
     values: Mapping[str, pd.DataFrame], metrics: Sequence[str], paired: bool = False, m: float = math.inf
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, dict[str, np.ndarray]]]:
-    """Per side: label -> log launch medians of ``metrics`` over the first ``m`` warm requests
-    (:func:`perfkit.ab.power.log_medians`, the values the decision's intervals use; ``paired``: a
-    pair's B value is A's median times the pair's request-by-request ratio,
+    """Per side: label -> log launch medians of ``metrics`` (paired: B's from the pair ratios,
     :func:`perfkit.ab.metrics.paired_values`) and label -> warm :data:`SLOW_METRIC` times (ms)."""
     logmed, slow = {}, {}
     for side, v in values.items():
@@ -343,8 +338,7 @@ def _inputs(
 
 
 def _order(a: Any, b: Any) -> list[tuple[str, str]]:
-    """(side, label) in the order the two bundles' launches ran (their meta ``ab.order``), else
-    interleaved A B B A … over each side's launches in label order."""
+    """(side, label) in the order the launches ran (meta ``ab.order``), else interleaved A B B A …."""
     la, lb = ([str(x) for x in bd.launches["launch"]] if not bd.launches.empty else [] for bd in (a, b))
     recorded = (a.meta.get("ab") or {}).get("order") or []
     side = {x: "A" for x in la} | {x: "B" for x in lb}
@@ -417,11 +411,9 @@ def decide_sequential(
         conf = design.look_confidence(design.min_launches)
     res = compare_bundles(a, b, threshold, thresholds, conf, gate=gate, keep=keep, paired=design.paired)
     t = res.table.set_index("metric")
-    needed = {}  # every gated metric left inconclusive, also when another's regression stopped it
-    for m in metrics:
-        if m in t.index and t.loc[m, "decision"] == "inconclusive":
-            v = t.loc[m, "launches_needed"]
-            needed[m] = None if v is None or pd.isna(v) else int(v)
+    # every gated metric left inconclusive, also when another's regression stopped it
+    left = [m for m in metrics if m in t.index and t.loc[m, "decision"] == "inconclusive"]
+    needed = {m: None if pd.isna(n := t.loc[m, "launches_needed"]) else int(n) for m in left}
     if w.stop == "maximum" and res.exit_code == EXIT_OK and w.undecided and undecided == "fail":
         res.exit_code = EXIT_REGRESSION
     res.meta["sequential"] = jsonable(
@@ -543,8 +535,7 @@ def replay_pool(
         target = None if kind == "A/A" else pool.arms[kind].get("target", SLOW_METRIC)
         other = "A" if kind == "A/A" else kind
         b_labels = np.array(sorted(logmed[other]))
-        lm = {"A": logmed["A"], "B": logmed[other]}
-        sl = {"A": slow["A"], "B": slow[other]}
+        lm, sl = ({"A": d["A"], "B": d[other]} for d in (logmed, slow))
         for _ in range(sims):
             pa = list(rng.permutation(a_labels))
             pb = pa[mx:] if kind == "A/A" else list(rng.permutation(b_labels))  # A/A: no launch on both

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import sys
 from typing import Any
 
@@ -46,12 +45,11 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
     from perfkit.report.ab import write_ab_outputs
 
     gate = ab_command.parse_gate_metrics(kw["gate_metrics"])
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     if kw["replay"]:
         if kw["a"] or kw["b"]:
             raise click.UsageError("give either --replay DIR_A DIR_B or --a/--b, not both")
         bundles = ab_command.load_replay(*kw["replay"])
-        out = ab_command.out_dir(kw["out"], f"{stamp}-replay")
+        out = ab_command.out_dir(kw["out"], "-replay")
         design, threshold, thresholds = read_decision(kw, bundles)
         rec_gate, rec_threshold, rec_thresholds = ab_command.recorded_decision(
             bundles
@@ -75,7 +73,7 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
             spec_a, spec_b = (s.replace(share_compile_cache=True) for s in (spec_a, spec_b))
         design, threshold, thresholds = read_decision(kw)
         threshold = threshold or stats.DEFAULT_THRESHOLD
-        out = ab_command.out_dir(kw["out"], stamp)
+        out = ab_command.out_dir(kw["out"])
         pkeys = ("profile_steps", "profile_all_stages", "profile_warm")
         profile = ab_command.profile_params(*(kw[k] for k in pkeys)) if kw["profile"] else None
         from perfkit.ab.driver import AbPlan
