@@ -174,22 +174,13 @@ def compare(
     gate: Sequence[str] | None = None,
     paired: bool = False,
 ) -> AbResult:
-    """Compare two sides' :func:`~perfkit.ab.metrics.metric_values` tables.
-
-    Args:
-        values_a, values_b: long tables (launch, metric, unit, index, value) of A and B.
-        threshold: decision threshold (fraction) for metrics without their own.
-        thresholds: metric -> its own threshold (e.g. from a recorded A/A).
-        confidence: two-sided confidence of the intervals.
-        failed_launches: launches that failed (start error, crash): any makes the exit code 2.
-        gate: the metrics whose regression sets the exit code (``perfkit ab --gate-metrics``);
-            the others are decided and shown but only reported. None: every metric gates. With
-            none of them measured on both sides the exit code is 2 (nothing gated was compared).
-        paired: launch ``A<k>`` ran beside ``B<k>``: paired t intervals over the pairs
-            (:func:`perfkit.ab.metrics.paired_values`); else Welch's over launch medians.
-
-    Returns:
-        :class:`AbResult` (its ``meta`` empty: the caller adds how it ran).
+    """Compare two sides' :func:`~perfkit.ab.metrics.metric_values` tables into an
+    :class:`AbResult` (its ``meta`` empty: the caller adds how it ran). ``threshold`` (fraction)
+    decides metrics without their own in ``thresholds``; ``confidence``: two-sided; any
+    ``failed_launches`` makes the exit code 2. ``gate``: the metrics whose regression sets the exit
+    code (``--gate-metrics``; None: every metric; none of them measured on both sides: exit 2).
+    ``paired``: launch ``A<k>`` ran beside ``B<k>``: paired t intervals over the pairs
+    (:func:`perfkit.ab.metrics.paired_values`); else Welch's over launch medians.
 
     Raises:
         ValueError: threshold not in (0, 1) or confidence not in (0, 1); ``gate`` empty, or naming

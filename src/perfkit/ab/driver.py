@@ -269,16 +269,10 @@ def run_pair(
     first: str, second: str, measure: Callable[[str, Callable[[int], Any]], Any]
 ) -> tuple[dict[str, Any], list[tuple[str, int]]]:
     """Run ``measure(side, turn)`` for both sides at once, on two threads, their requests in
-    turn (``turn(i)`` is the context manager a launch enters around its request ``i``,
-    :func:`perfkit.measuring.launch_rows.measure_launch`'s ``turn``).
-
-    Returns:
-        ({side: what its ``measure`` returned}, the (side, request index) order they ran in).
-
-    Raises:
-        Whatever a ``measure`` raised (the first side's first), after both threads ended;
-        KeyboardInterrupt as the main thread received it (the launches' own teardown ends
-        their engines: each runs inside its ``measure``).
+    turn (``turn(i)``: the context manager around request ``i``, ``measure_launch``'s ``turn``).
+    Returns ({side: what its ``measure`` returned}, the (side, request index) order they ran in).
+    Raises whatever a ``measure`` raised (the first side's first) once both threads ended, and
+    KeyboardInterrupt as the main thread received it (each launch's teardown ends its engine).
     """
     alt = Alternation(first, second)
     results: dict[str, Any] = {}

@@ -230,41 +230,26 @@ QUIET_QUANTILE = 0.10
 
 def _request_clocks(bundle: ResultBundle) -> pd.DataFrame:
     """Per warm request: median SM clock (MHz), share of samples at a power limit; empty: no clocks."""
-    mem, req = bundle.memory, bundle.requests
+    mem, req, cols = bundle.memory, bundle.requests, ["launch", "index", "sm_mhz", "power_capped"]
     if mem.empty or "sm_clock_mhz" not in mem or mem["sm_clock_mhz"].isna().all():
-        return pd.DataFrame(columns=["launch", "index", "sm_mhz", "power_capped"])
+        return pd.DataFrame(columns=cols)
     rows = []
     warm = req[(req["index"] > 0) & req["t_start_s"].notna() & req["t_end_s"].notna()]
     for r in warm.itertuples():
         m = mem[(mem["launch"] == r.launch) & (mem["t_s"] >= r.t_start_s) & (mem["t_s"] <= r.t_end_s)]
-        clk = m["sm_clock_mhz"].dropna()
         rs = m["clock_event_reasons"].dropna()
-        rows.append(
-            {
-                "launch": r.launch,
-                "index": r.index,
-                "sm_mhz": float(clk.median()) if len(clk) else math.nan,
-                "power_capped": float(((rs.astype("int64") & POWER_REASONS) > 0).mean())
-                if len(rs)
-                else math.nan,
-            }
-        )
-    return pd.DataFrame(rows)
+        capped = float(((rs.astype("int64") & POWER_REASONS) > 0).mean()) if len(rs) else math.nan
+        rows.append((r.launch, r.index, float(m["sm_clock_mhz"].median()), capped))
+    return pd.DataFrame(rows, columns=cols)
 
 
 def slow_launches(
     requests: dict[str, np.ndarray], factor: float = SLOW_FACTOR, share: float = 0.5
 ) -> list[str]:
-    """The launches whose median ran in a slow spell: at least ``share`` of their warm requests
-    took more than ``factor`` × the side's quiet level (the :data:`QUIET_QUANTILE` of all the
-    side's warm requests given), the rule of :func:`slow_spells` applied launch by launch.
-
-    Args:
-        requests: launch label -> its warm requests' times of one metric (ms), one side.
-
-    Returns:
-        the marked labels, in the order given (none when no request was given).
-    """
+    """The labels, in the order given, of the launches whose median ran in a slow spell: at least
+    ``share`` of their warm requests took more than ``factor`` × the side's quiet level (the
+    :data:`QUIET_QUANTILE` of all the side's warm requests given; :func:`slow_spells`' rule,
+    launch by launch). ``requests``: launch label -> its warm requests' times of one metric (ms)."""
     lists = {k: np.asarray(v, dtype=float).ravel().tolist() for k, v in requests.items()}
     every = [x for v in lists.values() for x in v]
     if not every:
@@ -343,13 +328,11 @@ def _aa_ways(rng: np.random.Generator, n_launches: int, n: int, sims: int) -> Wa
     if ways <= MAX_EXACT:
         combos = list(itertools.combinations(range(n_launches), n))
         pos = {c: i for i, c in enumerate(combos)}
-        first, second = [], []
-        for i, x in enumerate(combos):
-            for y in itertools.combinations([j for j in range(n_launches) if j not in x], n):
-                first.append(i)
-                second.append(pos[y])
+        rest = [[j for j in range(n_launches) if j not in x] for x in combos]
+        pairs = [(i, pos[y]) for i in range(len(combos)) for y in itertools.combinations(rest[i], n)]
+        first, second = np.array(pairs, dtype=int).reshape(-1, 2).T
         g = np.array(combos, dtype=int)
-        return g, np.array(first, dtype=int), g, np.array(second, dtype=int), True
+        return g, first, g, second, True
     d = _draws(rng, n_launches, 2 * n, sims)
     rows = np.arange(sims)
     return d[:, :n], rows, d[:, n:], rows, False

@@ -17,9 +17,11 @@ import numpy as np
 import pandas as pd
 
 from perfkit import stats
+from perfkit.ab.decide import compare_bundles
 from perfkit.ab.metrics import launch_errors, metric_order, metric_values, paired_values
 from perfkit.ab.power import log_medians, slow_launches
 from perfkit.common.numfmt import confidence_text
+from perfkit.gate.verdicts import EXIT_OK, EXIT_REGRESSION, jsonable
 
 #: alpha-spending functions (docs/choosing-n-m.md)
 SPENDINGS = ("pocock", "obrien-fleming")
@@ -228,15 +230,9 @@ class Walker:
     """The procedure, one launch at a time (:meth:`add`; :meth:`feed` a whole order): after each
     launch, replace slow-spell launches, look when both sides have a new ``n`` ≥ ``min_launches``
     kept launches, stop at a regression, with every gated metric decided, or at the maximum.
-    ``logmed`` and ``slow`` may grow between calls of :meth:`add` (a live run adds each launch's
-    values as it ends).
-
-    Args:
-        logmed: side -> label -> log launch medians of ``metrics`` (an array, NaN: not measured).
-        slow: side -> label -> the launch's warm :data:`SLOW_METRIC` times (ms; empty: none).
-        metrics: the gated metrics; thresholds: each one's threshold (fraction).
-        design: :class:`Design`.
-        failed: labels of failed launches: the walk stops (``failed``) at the first.
+    ``logmed`` (side -> label -> log launch medians of ``metrics``, NaN: not measured) and ``slow``
+    (side -> label -> warm :data:`SLOW_METRIC` times, ms) may grow between calls of :meth:`add`;
+    ``thresholds``: each gated metric's (fraction); at the first of ``failed`` the walk stops.
     """
 
     def __init__(
@@ -394,9 +390,6 @@ def decide_sequential(
         ValueError: ``undecided`` not in :data:`UNDECIDED`; a gate naming a metric not compared
             (as :func:`perfkit.ab.decide.compare`).
     """
-    from perfkit.ab.decide import compare_bundles
-    from perfkit.gate.verdicts import EXIT_OK, EXIT_REGRESSION, jsonable
-
     if undecided not in UNDECIDED:
         raise ValueError(f"undecided must be one of {', '.join(UNDECIDED)}, got {undecided!r}")
     w, metrics = _walk_bundles(a, b, design, gate, threshold, thresholds)
