@@ -126,11 +126,7 @@ class AbResult:
 
     @classmethod
     def load(cls, path: str | Path) -> "AbResult":
-        """Read an ``ab.json`` (a file or its directory).
-
-        Raises:
-            FileNotFoundError: no ab.json there.
-        """
+        """Read an ``ab.json`` (a file or its directory). Raises FileNotFoundError: no ab.json there."""
         p = Path(path)
         if p.is_dir():
             p = p / RESULT_FILE
@@ -180,11 +176,9 @@ def compare(
     ``failed_launches`` makes the exit code 2. ``gate``: the metrics whose regression sets the exit
     code (``--gate-metrics``; None: every metric; none of them measured on both sides: exit 2).
     ``paired``: launch ``A<k>`` ran beside ``B<k>``: paired t intervals over the pairs
-    (:func:`perfkit.ab.metrics.paired_values`); else Welch's over launch medians.
-
-    Raises:
-        ValueError: threshold not in (0, 1) or confidence not in (0, 1); ``gate`` empty, or naming
-            a metric neither side has (the message lists those compared).
+    (:func:`perfkit.ab.metrics.paired_values`); else Welch's over launch medians. Raises
+    ValueError: threshold or confidence not in (0, 1); ``gate`` empty, or naming a metric neither
+    side has (the message lists those compared).
     """
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold must be a fraction in (0, 1), got {threshold}")
@@ -350,10 +344,7 @@ def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, floa
     """Per-metric thresholds from a recorded A/A run (its ``ab.json``): each metric's largest
     distance of its interval ends from 1, never below ``floor``, so that A/A would have said "no
     change" for it. Metrics the A/A could not bound are left out (they keep the default).
-
-    Raises:
-        FileNotFoundError: no ab.json at ``path``.
-        ValueError: the A/A has no metric with an interval.
+    Raises FileNotFoundError: no ab.json at ``path``; ValueError: none has an interval.
     """
     t = AbResult.load(path).table
     t = t[np.isfinite(t["low"]) & np.isfinite(t["high"])]

@@ -83,18 +83,14 @@ def run_arms(
     order, the load averages and the wall time. ``launches``: a side, or arm -> launches. Never
     raises for engine failures: a failed launch keeps its error in its ``launches`` row, with any
     process that outlived its teardown (ended by :class:`perfkit.engine.owner.Watch`).
-
     ``extend``: once the planned order has run, called with the bundles so far, returns the arms
     to launch next (empty: stop); ``meta`` is added to every bundle's meta ``ab``. ``profile``:
     after the measured launches, one extra launch per arm (``profiled-<arm>``, outside the order,
     counts and metrics) profiles a cold and a warm request into that arm's bundle. ``paired``
-    (arms A and B, equal counts): the order is taken two at a time, an A and a B launch side by
-    side with their requests in turn (:func:`run_pair`; ``extend`` returns two arms); the
-    meta ``ab`` says ``paired`` and each pair's request order.
-
-    Raises:
-        ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec; paired
-            with arms other than A and B, unequal counts, or an extension that is not a pair.
+    (arms A and B, equal counts): an A and a B launch at a time, side by side, their requests in
+    turn (:func:`run_pair`; ``extend`` returns two arms; meta ``ab``: ``paired``, ``pair_turns``).
+    Raises ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec; paired
+    with arms other than A and B, unequal counts, or an extension that is not a pair.
     """
     if warm < 1:
         raise ValueError(f"warm requests a launch must be >= 1, got {warm}")
@@ -228,11 +224,7 @@ def _save_arms(
 class Alternation:
     """Two sides' requests in turn: ``first``'s request 0, ``second``'s request 0, ``first``'s
     request 1, … A side that has ended (its launch failed, or it ran all its requests) no longer
-    holds the other up.
-
-    Args:
-        first, second: the side names (e.g. "A", "B"); ``first`` goes first.
-    """
+    holds the other up. ``first``, ``second``: the side names (e.g. "A", "B")."""
 
     def __init__(self, first: str, second: str) -> None:
         self._cv = threading.Condition()

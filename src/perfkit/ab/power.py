@@ -95,15 +95,11 @@ def _pool_file(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def load_pool(path: str | Path) -> Pool:
-    """Read a pool directory (``a/``, a directory per B arm, optional :data:`POOL_FILE`).
-
-    Raises:
-        FileNotFoundError: no ``a/`` bundle, no B arm bundle, or an arm without one of
-            :data:`NEEDED_TABLES` (the file is named).
-        ValueError: ``pool.json`` unreadable or invalid (the key is named), naming an arm without
-            a bundle or in lower case, describing no arm; an arm without a spec'd slowdown; a
-            launch without a warm DenoisingStage time (named).
-    """
+    """Read a pool directory (``a/``, a directory per B arm, optional :data:`POOL_FILE`). Raises
+    FileNotFoundError: no ``a/`` bundle, no B arm bundle, or an arm without one of
+    :data:`NEEDED_TABLES` (the file is named); ValueError: ``pool.json`` unreadable or invalid (the
+    key is named), naming an arm without a bundle or in lower case, describing no arm; an arm
+    without a spec'd slowdown; a launch without a warm DenoisingStage time (named)."""
     p = Path(path)
     if not (p / "a" / "meta.json").exists():
         raise FileNotFoundError(
@@ -502,15 +498,10 @@ def recommend(
     A/A false-alarm rate is at most ``alarm_max``, judged as ``alarm`` says (:data:`JUDGEMENTS`:
     ``"key"`` each arm's ``target`` metric and the worst of :data:`KEY_METRICS`, ``"gate"`` the
     ``*_gate`` columns, ``"any"`` the ``*_any`` ones). Sorted by N, then M, then false alarms;
-    empty when nothing meets them. A NaN rate (nothing drawn) never meets a target.
-
-    Returns:
-        Columns ``threshold, confidence, n, m, detect_min_seen, alarm_max_seen``.
-
-    Raises:
-        ValueError: ``alarm`` is not one of the three; ``detect_min`` or ``alarm_max`` is not a
-            fraction in [0, 1]; ``table`` lacks a column the judgement needs (not a
-            :func:`power_table`, or one from before the column existed).
+    empty when nothing meets them. A NaN rate (nothing drawn) never meets a target. Columns
+    ``threshold, confidence, n, m, detect_min_seen, alarm_max_seen``. Raises ValueError: ``alarm``
+    is not one of the three; ``detect_min`` or ``alarm_max`` is not a fraction in [0, 1];
+    ``table`` lacks a column the judgement needs (not a :func:`power_table` of this perfkit).
     """
     if alarm not in _JUDGED:
         raise ValueError(f"alarm must be one of {sorted(_JUDGED)}, got {alarm!r}")

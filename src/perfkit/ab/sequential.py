@@ -38,10 +38,7 @@ SLOW_METRIC = "DenoisingStage"
 def spent_alpha(fraction: float, alpha: float, spending: str = "pocock") -> float:
     """The error rate spent up to information fraction ``fraction`` (0..1) of a total ``alpha``
     (two-sided), by the Lan–DeMets ``pocock`` or ``obrien-fleming`` function (docs/choosing-n-m.md).
-
-    Raises:
-        ValueError: an unknown ``spending``.
-    """
+    Raises ValueError: an unknown ``spending``."""
     t = min(max(float(fraction), 0.0), 1.0)
     if spending not in SPENDINGS:
         raise ValueError(f"spending must be one of {', '.join(SPENDINGS)}, got {spending!r}")
@@ -378,17 +375,11 @@ def decide_sequential(
     """Decide two sides' bundles by the procedure: walk their launches in the order they ran (a
     recording that ends first is undecided), then :func:`perfkit.ab.decide.compare_bundles` of
     the last look's launches at its confidence. Undecided gated metrics exit 1 unless
-    ``undecided="pass"``.
-
-    Returns:
-        :class:`perfkit.ab.decide.AbResult` whose ``meta["sequential"]`` holds the design, the
-        looks (launches, confidence, each gated metric's interval and decision), why it
-        stopped, the launches run and replaced, the undecided metrics, the launches a side each
-        would need, and ``undecided_rule``.
-
-    Raises:
-        ValueError: ``undecided`` not in :data:`UNDECIDED`; a gate naming a metric not compared
-            (as :func:`perfkit.ab.decide.compare`).
+    ``undecided="pass"``. Returns a :class:`perfkit.ab.decide.AbResult` whose
+    ``meta["sequential"]`` holds the design, the looks (launches, confidence, each gated metric's
+    interval and decision), why it stopped, the launches run and replaced, the undecided metrics,
+    the launches a side each would need, and ``undecided_rule``. Raises ValueError: ``undecided``
+    not in :data:`UNDECIDED`; a gate naming a metric not compared (as :func:`~perfkit.ab.decide.compare`).
     """
     if undecided not in UNDECIDED:
         raise ValueError(f"undecided must be one of {', '.join(UNDECIDED)}, got {undecided!r}")
@@ -433,11 +424,9 @@ def run_sequential(
     ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_arms`), then the
     launch the procedure asks for after each, with the decision's gate and thresholds, until it stops.
     Never raises for engine failures: a failed launch keeps its error in the ``launches`` table
-    (the decision then exits 2).
-
-    Returns:
-        {"A": bundle, "B": bundle} (saved under ``out/a`` and ``out/b``); their meta ``ab``
-        holds ``sequential`` (the design and ``gate_metrics``), which ``--replay`` reads back.
+    (the decision then exits 2). Returns {"A": bundle, "B": bundle} (saved under ``out/a`` and
+    ``out/b``); their meta ``ab.sequential`` (the design, ``gate_metrics``, thresholds) is what
+    ``--replay`` reads back.
     """
     from perfkit.ab.driver import run_arms
 
@@ -512,8 +501,7 @@ def replay_pool(
         regression), ``launches`` (launches run a side, the larger side), ``looks``,
         ``max_launches``, ``slow_rule``.
 
-    Raises:
-        ValueError: the pool is too small for a first look (:func:`pool_design`).
+    Raises ValueError: the pool is too small for a first look (:func:`pool_design`).
     """
     design = pool_design(pool, design)
     m = int(m or pool.warm)

@@ -51,10 +51,9 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         bundles = ab_command.load_replay(*kw["replay"])
         out = ab_command.out_dir(kw["out"], "-replay")
         design, threshold, thresholds = read_decision(kw, bundles)
-        rec_gate, rec_threshold, rec_thresholds = ab_command.recorded_decision(
-            bundles
-        )  # decide as the run did
-        gate = rec_gate if gate is None else gate  # the alpha is split over them
+        # decide as the run did (its gated metrics: the alpha is split over them)
+        rec_gate, rec_threshold, rec_thresholds = ab_command.recorded_decision(bundles)
+        gate = rec_gate if gate is None else gate
         threshold = threshold or rec_threshold or stats.DEFAULT_THRESHOLD
         if not kw["threshold_from"] and kw["threshold"] is None:
             thresholds = rec_thresholds
