@@ -135,9 +135,7 @@ def request_for(
             f"the params files ask for different requests ({req_a} vs {req_b}): an A/B compares one shape",
             "--a/--b",
         )
-    req = dict(req_a or req_b or {})
-    req.update({k: v for k, v in overrides.items() if v is not None})
-    return req
+    return {**(req_a or req_b or {}), **{k: v for k, v in overrides.items() if v is not None}}
 
 
 def load_replay(dir_a: str, dir_b: str) -> dict[str, ResultBundle]:
@@ -155,12 +153,10 @@ def load_replay(dir_a: str, dir_b: str) -> dict[str, ResultBundle]:
             "record the same spec twice)",
             "--replay",
         )
-    bundles = {}
-    for side, d in zip("AB", (dir_a, dir_b)):
-        try:
-            bundles[side] = ResultBundle.load(d)
-        except (FileNotFoundError, ValueError) as exc:
-            raise AbInputError(str(exc), "--replay") from None
+    try:
+        bundles = {side: ResultBundle.load(d) for side, d in zip("AB", (dir_a, dir_b))}
+    except (FileNotFoundError, ValueError) as exc:
+        raise AbInputError(str(exc), "--replay") from None
     differ = incomparable(bundles["A"], bundles["B"])
     if differ:
         raise AbInputError(

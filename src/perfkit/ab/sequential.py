@@ -337,11 +337,8 @@ def _order(a: Any, b: Any) -> list[tuple[str, str]]:
     side = {x: "A" for x in la} | {x: "B" for x in lb}
     if recorded and set(la) | set(lb) <= set(recorded) and not set(la) & set(lb):
         return [(side[x], x) for x in recorded if x in side]
-    out, seq = [], {"A": list(la), "B": list(lb)}
-    for s in stats.interleaved_order(max(len(la), len(lb), 1)):
-        if seq[s]:
-            out.append((s, seq[s].pop(0)))
-    return out
+    seq = {"A": list(la), "B": list(lb)}
+    return [(s, seq[s].pop(0)) for s in stats.interleaved_order(max(len(la), len(lb), 1)) if seq[s]]
 
 
 def _walk_bundles(
