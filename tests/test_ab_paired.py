@@ -14,7 +14,7 @@ from scipy import stats as sps
 from perfkit import stats
 from perfkit.ab.ab_command import AbInputError, design_for
 from perfkit.ab.driver import Alternation, run_pair
-from perfkit.ab.procedure import Design, Walker
+from perfkit.ab.sequential import Design, Walker
 
 
 def test_paired_interval_is_scipys_paired_t_interval_on_logs():

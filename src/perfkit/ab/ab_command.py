@@ -12,16 +12,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from perfkit import stats
-from perfkit.ab import procedure as sq
+from perfkit.ab import sequential as sq
 from perfkit.ab.decide import incomparable, needed_text
-from perfkit.ab.driver import AbPlan
 from perfkit.ab.metrics import METRIC_UNITS
-from perfkit.ab.procedure import Design
-from perfkit.ab.sequential import decide_sequential, run_sequential
+from perfkit.ab.sequential import Design, decide_sequential
 from perfkit.bundle import ResultBundle
-from perfkit.common.outdirs import given_out_problem
-from perfkit.engine.client import VideoRequestSpec
-from perfkit.engine.spec import EngineSpec
+from perfkit.common.outdirs import given_out_problem, stamped_dir
 from perfkit.readings.stages import KNOWN_STAGES
 
 
@@ -116,20 +112,17 @@ def design_for(
         raise AbInputError(str(exc), "-n/--launches, --max-launches") from None
 
 
-def out_dir(given: str | None, stamp: str) -> Path:
+def out_dir(given: str | None, suffix: str = "") -> Path:
     """The ab run directory: ``given`` (refused when it is a file or a non-empty directory: a
     replay must not overwrite a run, e.g. the A/A its thresholds come from), else a new
-    ``outputs/ab/<stamp>`` (``-2``, ``-3``, … when that is taken). Raises :class:`AbInputError`."""
+    ``outputs/ab/<timestamp><suffix>`` (:func:`perfkit.common.outdirs.stamped_dir`). Raises
+    :class:`AbInputError`."""
     if given:
         problem = given_out_problem(given)
         if problem:
             raise AbInputError(f"{Path(given)} {problem}", "--out")
         return Path(given)
-    out, k = Path("outputs") / "ab" / stamp, 1
-    while out.exists():
-        k += 1
-        out = Path("outputs") / "ab" / f"{stamp}-{k}"
-    return out
+    return stamped_dir(Path("outputs") / "ab", suffix)
 
 
 def request_for(
@@ -142,9 +135,7 @@ def request_for(
             f"the params files ask for different requests ({req_a} vs {req_b}): an A/B compares one shape",
             "--a/--b",
         )
-    req = dict(req_a or req_b or {})
-    req.update({k: v for k, v in overrides.items() if v is not None})
-    return req
+    return {**(req_a or req_b or {}), **{k: v for k, v in overrides.items() if v is not None}}
 
 
 def load_replay(dir_a: str, dir_b: str) -> dict[str, ResultBundle]:
@@ -162,12 +153,10 @@ def load_replay(dir_a: str, dir_b: str) -> dict[str, ResultBundle]:
             "record the same spec twice)",
             "--replay",
         )
-    bundles = {}
-    for side, d in zip("AB", (dir_a, dir_b)):
-        try:
-            bundles[side] = ResultBundle.load(d)
-        except (FileNotFoundError, ValueError) as exc:
-            raise AbInputError(str(exc), "--replay") from None
+    try:
+        bundles = {side: ResultBundle.load(d) for side, d in zip("AB", (dir_a, dir_b))}
+    except (FileNotFoundError, ValueError) as exc:
+        raise AbInputError(str(exc), "--replay") from None
     differ = incomparable(bundles["A"], bundles["B"])
     if differ:
         raise AbInputError(
@@ -184,17 +173,14 @@ def recorded_design(bundles: dict[str, ResultBundle]) -> dict[str, Any]:
     return dict((bundles["A"].meta.get("ab") or {}).get("sequential") or {})
 
 
-def recorded_gate_metrics(bundles: dict[str, ResultBundle]) -> list[str] | None:
-    """The gated metrics a replay recorded (side A's meta ``ab.sequential.gate_metrics``); None: all."""
-    recorded = recorded_design(bundles).get("gate_metrics")
-    return parse_gate_metrics([",".join(map(str, recorded))]) if recorded else None
-
-
-def recorded_thresholds(bundles: dict[str, ResultBundle]) -> tuple[float | None, dict[str, float]]:
-    """The threshold and per-metric thresholds a run recorded (side A's meta
-    ``ab.sequential``); (None, {}) for recordings made before they were kept."""
+def recorded_decision(
+    bundles: dict[str, ResultBundle],
+) -> tuple[list[str] | None, float | None, dict[str, float]]:
+    """The gated metrics (None: all), threshold and per-metric thresholds a run recorded (side A's
+    meta ``ab.sequential``); (None, None, {}) for recordings made before they were kept."""
     seq = recorded_design(bundles)
-    return seq.get("threshold"), {str(k): float(v) for k, v in (seq.get("thresholds") or {}).items()}
+    gate = parse_gate_metrics([",".join(map(str, seq["gate_metrics"]))]) if seq.get("gate_metrics") else None
+    return gate, seq.get("threshold"), {str(k): float(v) for k, v in (seq.get("thresholds") or {}).items()}
 
 
 def profile_params(steps: int, all_stages: bool, warm: int) -> Any:
@@ -209,24 +195,6 @@ def profile_params(steps: int, all_stages: bool, warm: int) -> Any:
     except ValidationError as exc:  # its messages, without pydantic's prefix
         msg = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
         raise AbInputError(msg, "--profile-steps") from None
-
-
-def launch(
-    specs: tuple[EngineSpec, EngineSpec],
-    request: dict[str, Any],
-    design: Design,
-    warm: int,
-    out: Path,
-    threshold: float,
-    thresholds: dict[str, float],
-    gate: list[str] | None,
-    profile: Any = None,
-) -> dict[str, ResultBundle]:
-    """Launch both sides, interleaved, until every gated metric is decided or the design's
-    ``max_launches`` (:func:`perfkit.ab.sequential.run_sequential`); the side bundles
-    ``{"A": ..., "B": ...}`` are written under ``out`` (``a/``, ``b/``)."""
-    plan = AbPlan(*specs, VideoRequestSpec.from_dict(request), design.min_launches, warm, profile=profile)
-    return run_sequential(plan, design, out, threshold, thresholds, gate)
 
 
 def decide(

@@ -25,7 +25,7 @@ from perfkit.ab.metrics import (
     metric_values,
     paired_values,
 )
-from perfkit.ab.pool import Pool, slow_spells
+from perfkit.ab.power import Pool, slow_spells
 from perfkit.bundle import IDENTITY_REQUEST, ResultBundle
 from perfkit.common import jsonsafe
 from perfkit.common.numfmt import change_text
@@ -77,15 +77,12 @@ class AbResult:
         when some gated metric could not be decided (exit 0: no regression found, but not every
         metric was cleared; ``--undecided pass``, or a comparison outside the procedure), else
         ``no regression``."""
+        decisions = set(self.table.loc[self.gated, "decision"])
         if self.exit_code == EXIT_REGRESSION:
-            gated = self.table[self.gated]
-            if self.undecided and not (gated["decision"] == "regression").any():
-                return "undecided"
-            return "regression"
+            return "undecided" if self.undecided and "regression" not in decisions else "regression"
         if self.exit_code != EXIT_OK:
             return "error"
-        gated = self.table[self.gated]
-        return "inconclusive" if (gated["decision"] == "inconclusive").any() else "no regression"
+        return "inconclusive" if "inconclusive" in decisions else "no regression"
 
     @property
     def undecided(self) -> list[str]:
@@ -129,11 +126,7 @@ class AbResult:
 
     @classmethod
     def load(cls, path: str | Path) -> "AbResult":
-        """Read an ``ab.json`` (a file or its directory).
-
-        Raises:
-            FileNotFoundError: no ab.json there.
-        """
+        """Read an ``ab.json`` (a file or its directory). Raises FileNotFoundError: no ab.json there."""
         p = Path(path)
         if p.is_dir():
             p = p / RESULT_FILE
@@ -155,12 +148,7 @@ class AbResult:
 
 
 def _gated_column(table: pd.DataFrame, gate: Any, path: Path) -> list[bool]:
-    """Each row's ``gated`` as written (a boolean); a missing or null value is read from the
-    run's ``meta.gate_metrics`` (None there: every metric gated, as before the option existed).
-
-    Raises:
-        ValueError: a ``gated`` value that is not a boolean (the file and metric are named).
-    """
+    """Each row's ``gated``; a null one from the run's ``meta.gate_metrics`` (None: every metric)."""
     out = []
     for metric, v in zip(table["metric"], table["gated"]):
         if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -182,26 +170,15 @@ def compare(
     gate: Sequence[str] | None = None,
     paired: bool = False,
 ) -> AbResult:
-    """Compare two sides' :func:`~perfkit.ab.metrics.metric_values` tables.
-
-    Args:
-        values_a, values_b: long tables (launch, metric, unit, index, value) of A and B.
-        threshold: decision threshold (fraction) for metrics without their own.
-        thresholds: metric -> its own threshold (e.g. from a recorded A/A).
-        confidence: two-sided confidence of the intervals.
-        failed_launches: launches that failed (start error, crash): any makes the exit code 2.
-        gate: the metrics whose regression sets the exit code (``perfkit ab --gate-metrics``);
-            the others are decided and shown but only reported. None: every metric gates. With
-            none of them measured on both sides the exit code is 2 (nothing gated was compared).
-        paired: launch ``A<k>`` ran beside ``B<k>``: paired t intervals over the pairs
-            (:func:`perfkit.ab.metrics.paired_values`); else Welch's over launch medians.
-
-    Returns:
-        :class:`AbResult` (its ``meta`` empty: the caller adds how it ran).
-
-    Raises:
-        ValueError: threshold not in (0, 1) or confidence not in (0, 1); ``gate`` empty, or naming
-            a metric neither side has (the message lists those compared).
+    """Compare two sides' :func:`~perfkit.ab.metrics.metric_values` tables into an
+    :class:`AbResult` (its ``meta`` empty: the caller adds how it ran). ``threshold`` (fraction)
+    decides metrics without their own in ``thresholds``; ``confidence``: two-sided; any
+    ``failed_launches`` makes the exit code 2. ``gate``: the metrics whose regression sets the exit
+    code (``--gate-metrics``; None: every metric; none of them measured on both sides: exit 2).
+    ``paired``: launch ``A<k>`` ran beside ``B<k>``: paired t intervals over the pairs
+    (:func:`perfkit.ab.metrics.paired_values`); else Welch's over launch medians. Raises
+    ValueError: threshold or confidence not in (0, 1); ``gate`` empty, or naming a metric neither
+    side has (the message lists those compared).
     """
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold must be a fraction in (0, 1), got {threshold}")
@@ -225,8 +202,7 @@ def compare(
     rows = []
     for metric in names:
         thr = float(thresholds.get(metric, threshold))
-        ma = lm[(lm["side"] == "A") & (lm["metric"] == metric)]["value"].to_numpy(float)
-        mb = lm[(lm["side"] == "B") & (lm["metric"] == metric)]["value"].to_numpy(float)
+        ma, mb = (lm.loc[(lm["side"] == s) & (lm["metric"] == metric), "value"].to_numpy(float) for s in "AB")
         if paired:
             pv = paired_values(values_a, values_b, metric)
             iv = stats.paired_ratio_interval(pv["a"], pv["b"], confidence)
@@ -279,14 +255,10 @@ def compare(
         )
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     table["launches_needed"] = table["launches_needed"].astype("Int64")
-    gated = table[table["gated"]]
-    measured = gated["decision"] != "not measured"
-    if not measured.any() or failed_launches:
+    decisions = set(table.loc[table["gated"].astype(bool), "decision"])
+    code = EXIT_REGRESSION if "regression" in decisions else EXIT_OK
+    if failed_launches or not decisions - {"not measured"}:  # nothing gated was compared
         code = EXIT_ERROR
-    elif (gated["decision"] == "regression").any():
-        code = EXIT_REGRESSION
-    else:
-        code = EXIT_OK
     return AbResult(table=table, launch_means=lm, exit_code=code, confidence=confidence)
 
 
@@ -327,7 +299,7 @@ def compare_bundles(
 ) -> AbResult:
     """:func:`compare` of two recorded sides (``perfkit ab`` and ``perfkit ab --replay``): the
     meta records each side's launches, failed launches, the threshold(s) used and each side's
-    slow spells (:func:`perfkit.ab.pool.slow_spells`: warm requests the host slowed down).
+    slow spells (:func:`perfkit.ab.power.slow_spells`: warm requests the host slowed down).
     ``keep``: side -> the launches the intervals use (the sequential procedure's last look,
     :mod:`perfkit.ab.sequential`); None: every launch. ``paired``: as :func:`compare` (None: as
     recorded, the sides' meta ``ab.paired``)."""
@@ -372,18 +344,13 @@ def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, floa
     """Per-metric thresholds from a recorded A/A run (its ``ab.json``): each metric's largest
     distance of its interval ends from 1, never below ``floor``, so that A/A would have said "no
     change" for it. Metrics the A/A could not bound are left out (they keep the default).
-
-    Raises:
-        FileNotFoundError: no ab.json at ``path``.
-        ValueError: the A/A has no metric with an interval.
+    Raises FileNotFoundError: no ab.json at ``path``; ValueError: none has an interval.
     """
-    res = AbResult.load(path)
-    out: dict[str, float] = {}
-    for r in res.table.to_dict("records"):
-        lo, hi = r.get("low"), r.get("high")
-        if lo is None or hi is None or not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
-            continue
-        out[r["metric"]] = max(floor, abs(float(hi) - 1.0), abs(1.0 - float(lo)))
+    t = AbResult.load(path).table
+    t = t[np.isfinite(t["low"]) & np.isfinite(t["high"])]
+    out = {
+        m: float(max(floor, abs(hi - 1), abs(1 - lo))) for m, lo, hi in zip(t["metric"], t["low"], t["high"])
+    }
     if not out:
         raise ValueError(
             f"{path}: the A/A run has no metric with an interval (fewer than 2 launches a side?)"

@@ -44,10 +44,9 @@ class AbPlan:
     Attributes:
         spec_a, spec_b: the two engines (the same one twice: an A/A check).
         request: the request shape (cold and warm requests alike).
-        launches: N, launches a side (>= 1; 2 or more for an interval).
+        launches: N, launches a side (:func:`perfkit.ab.sequential.run_sequential` runs its
+            design's ``min_launches`` instead).
         warm: M, warm requests a launch after the cold request (>= 1).
-        request_timeout_s: per request (s; None: each spec's ``request_timeout_s``, else
-            :data:`~perfkit.engine.spec.DEFAULT_REQUEST_TIMEOUT_S`).
         profile: profile a cold and a warm request of each side in an extra launch after the
             measured ones (:mod:`perfkit.measuring.profiled`); None: nothing profiled.
     """
@@ -57,14 +56,7 @@ class AbPlan:
     request: VideoRequestSpec
     launches: int
     warm: int
-    request_timeout_s: float | None = None
     profile: ProfileParams | None = None
-
-    def __post_init__(self) -> None:
-        if self.launches < 1:
-            raise ValueError(f"launches a side must be >= 1, got {self.launches}")
-        if self.warm < 1:
-            raise ValueError(f"warm requests a launch must be >= 1, got {self.warm}")
 
 
 def _loadavg() -> list[float] | None:
@@ -74,26 +66,12 @@ def _loadavg() -> list[float] | None:
         return None
 
 
-def run_ab(plan: AbPlan, out: str | Path, launches: int | None = None, **kw: Any) -> dict[str, ResultBundle]:
-    """Run the plan's launches (``launches`` a side instead of ``plan.launches`` when given; ``kw``:
-    :func:`run_arms`' ``extend``, ``meta``, ``paired``) in balanced interleaved order; save and
-    return a bundle per side (``out/a``, ``out/b``; launch dirs under ``out/launches``).
-
-    Never raises for engine failures: a failed launch keeps its error in the ``launches`` table
-    (the decision then exits 2). Returns {"A": bundle, "B": bundle}.
-    """
-    n = plan.launches if launches is None else launches
-    kw |= {"request_timeout_s": plan.request_timeout_s, "profile": plan.profile}
-    return run_arms({"A": plan.spec_a, "B": plan.spec_b}, plan.request, n, plan.warm, out, **kw)
-
-
 def run_arms(
     specs: Mapping[str, EngineSpec],
     request: VideoRequestSpec,
     launches: int | Mapping[str, int],
     warm: int,
     out: str | Path,
-    request_timeout_s: float | None = None,
     extend: Callable[[dict[str, ResultBundle]], Sequence[str]] | None = None,
     meta: Mapping[str, Any] | None = None,
     profile: ProfileParams | None = None,
@@ -105,18 +83,14 @@ def run_arms(
     order, the load averages and the wall time. ``launches``: a side, or arm -> launches. Never
     raises for engine failures: a failed launch keeps its error in its ``launches`` row, with any
     process that outlived its teardown (ended by :class:`perfkit.engine.owner.Watch`).
-
     ``extend``: once the planned order has run, called with the bundles so far, returns the arms
     to launch next (empty: stop); ``meta`` is added to every bundle's meta ``ab``. ``profile``:
     after the measured launches, one extra launch per arm (``profiled-<arm>``, outside the order,
     counts and metrics) profiles a cold and a warm request into that arm's bundle. ``paired``
-    (arms A and B, equal counts): the order is taken two at a time, an A and a B launch side by
-    side with their requests in turn (:func:`run_pair`; ``extend`` returns two arms); the
-    meta ``ab`` says ``paired`` and each pair's request order.
-
-    Raises:
-        ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec; paired
-            with arms other than A and B, unequal counts, or an extension that is not a pair.
+    (arms A and B, equal counts): an A and a B launch at a time, side by side, their requests in
+    turn (:func:`run_pair`; ``extend`` returns two arms; meta ``ab``: ``paired``, ``pair_turns``).
+    Raises ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec; paired
+    with arms other than A and B, unequal counts, or an extension that is not a pair.
     """
     if warm < 1:
         raise ValueError(f"warm requests a launch must be >= 1, got {warm}")
@@ -128,8 +102,7 @@ def run_arms(
     out = Path(out)
     order = interleaved_order(counts)
     if paired:
-        meta = {**dict(meta or {}), "paired": True}
-        turns: dict[str, list[str]] = {}
+        meta = {**dict(meta or {}), "paired": True, "pair_turns": {}}
     reqs = [request] * (1 + warm)
     data: dict[str, list[LaunchData]] = {arm: [] for arm in specs}
     loads: dict[str, Any] = {}
@@ -141,10 +114,9 @@ def run_arms(
             group = order[pos : pos + 2] if paired else [order[pos]]
             if paired and sorted(group) != ["A", "B"]:
                 raise ValueError(f"paired launches run an A and a B together; the order has {group} at {pos}")
-            key, ran = _launch(specs, group, pos, len(order), reqs, out, request_timeout_s, data, loads)
+            key, ran = _launch(specs, group, pos, len(order), reqs, out, data, loads)
             if paired:
-                turns[key] = ran
-                meta["pair_turns"] = turns
+                meta["pair_turns"][key] = ran
             pos += len(group)
             # saved after every launch: a pool cut short (a lost host, a killed job) keeps what it ran
             bundles = _save_arms(specs, request, counts, warm, out, data, order[:pos], loads, t0, meta)
@@ -175,24 +147,17 @@ def _launch(
     total: int,
     reqs: list[VideoRequestSpec],
     out: Path,
-    request_timeout_s: float | None,
     data: dict[str, list[LaunchData]],
     loads: dict[str, Any],
 ) -> tuple[str, list[str]]:
-    """One launch of :func:`run_arms` (``group`` one arm), or an A and a B launch side by side,
-    their requests in turn (:func:`run_pair`, ``group[0]`` first): each arm's
-    :class:`LaunchData` is appended to ``data`` and its load averages put in ``loads``; what
-    outlived the teardown is named in each error. Returns the key (``"A00+B00"``) and, paired,
-    the request order (``["A00:0", "B00:0", …]``)."""
+    """One launch, or a pair side by side; returns its key (``"A00+B00"``) and, paired, the request order."""
     labels = {arm: f"{arm}{len(data[arm]):02d}" for arm in group}
     for k, arm in enumerate(group):
         loads[labels[arm]] = {"position": pos + k, "loadavg": _loadavg()}
     watch = Watch.start()
 
     def one(arm: str, turn: Any = None) -> LaunchData:
-        return measure_launch(
-            specs[arm], reqs, out / "launches", labels[arm], request_timeout_s=request_timeout_s, turn=turn
-        )
+        return measure_launch(specs[arm], reqs, out / "launches", labels[arm], turn=turn)
 
     got, ran = run_pair(group[0], group[1], one) if len(group) == 2 else ({group[0]: one(group[0])}, [])
     left = watch.reap(grace_s=max(specs[a].stop_grace_s for a in group))  # what outlived the teardown
@@ -201,19 +166,9 @@ def _launch(
         if left:
             d.launch_row["error"] = d.error = "; ".join(x for x in (d.error, describe(left)) if x)
         ready, err = d.launch_row.get("ready_s") or math.nan, f", error: {d.error}" if d.error else ""
-        if len(group) == 2:
-            log.info("launch %s (paired): ready %.2f s%s", d.label, ready, err)
-        else:
-            first = d.launch_row.get("first_result_s")
-            log.info(
-                "launch %s (%d/%d): ready %.2f s, first result %s s%s",
-                d.label,
-                pos + 1,
-                total,
-                ready,
-                first,
-                err,
-            )
+        where = "paired" if len(group) == 2 else f"{pos + 1}/{total}"
+        first = "" if len(group) == 2 else f", first result {d.launch_row.get('first_result_s')} s"
+        log.info("launch %s (%s): ready %.2f s%s%s", d.label, where, ready, first, err)
         data[arm].append(d)
     return "+".join(labels[a] for a in group), [f"{labels[a]}:{i}" for a, i in ran]
 
@@ -238,8 +193,7 @@ def _save_arms(
     t0: float,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, ResultBundle]:
-    """Assemble and save the bundle of each arm that has launches so far (``out/<arm>``);
-    ``done`` is the order of the launches run so far."""
+    """Assemble and save the bundle of each arm that has launches so far (``out/<arm>``)."""
     meta_ab = {
         "order": [f"{s}{done[:i].count(s):02d}" for i, s in enumerate(done)],
         "launches_per_side": counts["A"] if len(set(counts.values())) == 1 else dict(counts),
@@ -270,11 +224,7 @@ def _save_arms(
 class Alternation:
     """Two sides' requests in turn: ``first``'s request 0, ``second``'s request 0, ``first``'s
     request 1, … A side that has ended (its launch failed, or it ran all its requests) no longer
-    holds the other up.
-
-    Args:
-        first, second: the side names (e.g. "A", "B"); ``first`` goes first.
-    """
+    holds the other up. ``first``, ``second``: the side names (e.g. "A", "B")."""
 
     def __init__(self, first: str, second: str) -> None:
         self._cv = threading.Condition()
@@ -311,16 +261,10 @@ def run_pair(
     first: str, second: str, measure: Callable[[str, Callable[[int], Any]], Any]
 ) -> tuple[dict[str, Any], list[tuple[str, int]]]:
     """Run ``measure(side, turn)`` for both sides at once, on two threads, their requests in
-    turn (``turn(i)`` is the context manager a launch enters around its request ``i``,
-    :func:`perfkit.measuring.launch_rows.measure_launch`'s ``turn``).
-
-    Returns:
-        ({side: what its ``measure`` returned}, the (side, request index) order they ran in).
-
-    Raises:
-        Whatever a ``measure`` raised (the first side's first), after both threads ended;
-        KeyboardInterrupt as the main thread received it (the launches' own teardown ends
-        their engines: each runs inside its ``measure``).
+    turn (``turn(i)``: the context manager around request ``i``, ``measure_launch``'s ``turn``).
+    Returns ({side: what its ``measure`` returned}, the (side, request index) order they ran in).
+    Raises whatever a ``measure`` raised (the first side's first) once both threads ended, and
+    KeyboardInterrupt as the main thread received it (each launch's teardown ends its engine).
     """
     alt = Alternation(first, second)
     results: dict[str, Any] = {}

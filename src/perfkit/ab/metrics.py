@@ -105,8 +105,7 @@ def launch_means(values: pd.DataFrame) -> pd.DataFrame:
     if values.empty:
         return pd.DataFrame(columns=["metric", "launch", "unit", "value", "n"])
     g = values.groupby(["metric", "launch"], sort=False)
-    out = g.agg(unit=("unit", "first"), value=("value", "median"), n=("value", "size")).reset_index()
-    return out[["metric", "launch", "unit", "value", "n"]]
+    return g.agg(unit=("unit", "first"), value=("value", "median"), n=("value", "size")).reset_index()
 
 
 def paired_values(values_a: pd.DataFrame, values_b: pd.DataFrame, metric: str) -> pd.DataFrame:

@@ -1,44 +1,310 @@
-"""Power of ``perfkit ab`` from a recorded pool (:mod:`perfkit.ab.pool`): A/A false-alarm and
-detection rates for each N, M and decision setting (:func:`power_table`, :func:`recommend`).
-Draws share launches, so the rates describe one pool, not independent experiments; how the draws
-are made: docs/choosing-n-m.md. The pool's names other code reads are re-exported here.
+"""Power of ``perfkit ab`` from a recorded pool of A/B launches
+(:func:`perfkit.ab.driver.run_arms`): its arms and description (:data:`POOL_FILE`), loaded and
+checked (:func:`load_pool`, :func:`arm_warnings`), each launch's log medians
+(:func:`log_medians`), the variance split per metric (:func:`variance_table`), host slow spells
+(:func:`slow_launches`, :func:`slow_spells` with the host's clock and power readings), and A/A
+false-alarm and detection rates for each N, M and decision setting (:func:`power_table`,
+:func:`recommend`). Draws share launches, so the rates describe one pool, not independent
+experiments; how the draws are made: docs/choosing-n-m.md.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Iterable
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Literal, Sequence
 
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit import stats
-from perfkit.ab.pool import (
-    KEY_METRICS,
-    POOL_FILE,
-    UNTOUCHED,
-    Pool,
-    arm_warnings,
-    load_pool,
-    log_medians,
-    slow_launches,
-    slow_spells,
-    variance_table,
-)
+from perfkit.ab.metrics import metric_values
+from perfkit.bundle import ResultBundle
+from perfkit.readings.sampler.nvml import POWER_REASONS
 
-__all__ = ["POOL_FILE", "arm_warnings", "load_pool", "variance_table", "slow_spells", "slow_launches"]
+#: the pool's description (arms, their slowdowns and target metrics), next to the bundles
+POOL_FILE = "pool.json"
+#: the metrics whose alarms and detections are reported one by one, and the gate's metrics
+KEY_METRICS = ("DenoisingStage", "warm_e2e")
+#: a stage the injected slowdown does not touch: its "detections" are false alarms
+UNTOUCHED = "TextEncodingStage"
+
+
+@dataclass
+class Pool:
+    """A recorded power pool.
+
+    Attributes:
+        path: its directory.
+        values: arm ("A", "B", …) -> :func:`perfkit.ab.metrics.metric_values` of its bundle.
+        arms: B arm -> ``{"DenoisingStage_pct": float, "target": metric}`` (from ``pool.json``,
+            else from the arm's engine spec with target DenoisingStage).
+        warm: warm requests a launch (M of the pool).
+        meta: the A bundle's ``meta["ab"]`` (order, load averages, wall time).
+        bundles: arm -> its bundle (requests' times, the sampler's clocks and power).
+    """
+
+    path: Path
+    values: dict[str, pd.DataFrame]
+    arms: dict[str, dict[str, Any]]
+    warm: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    bundles: dict[str, ResultBundle] = field(default_factory=dict)
+
+    def launches(self, arm: str) -> list[str]:
+        """The arm's launch labels, sorted."""
+        return sorted(self.values[arm]["launch"].unique())
+
+
+class Arm(BaseModel):
+    """One B arm as ``pool.json`` describes it: the injected share of DenoisingStage (percent)
+    and the metric it is meant to be caught on."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    DenoisingStage_pct: float = Field(gt=0, lt=1000)
+    target: Literal["DenoisingStage", "warm_e2e"] = "DenoisingStage"
+
+
+class PoolFile(BaseModel):
+    """``pool.json``: the arms (B, C, …) and, informative only, what was asked when recording."""
+
+    model_config = ConfigDict(extra="allow")
+
+    arms: dict[str, Arm]
+
+
+#: the tables a pool's bundles must have (a pool without them has nothing to compare)
+NEEDED_TABLES = ("requests.parquet", "stages.parquet", "launches.parquet")
+
+
+def _pool_file(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        doc = PoolFile.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        where = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        )
+        raise ValueError(f"{path}: bad pool description ({where})") from None
+    return {k: v.model_dump() for k, v in doc.arms.items()}
+
+
+def load_pool(path: str | Path) -> Pool:
+    """Read a pool directory (``a/``, a directory per B arm, optional :data:`POOL_FILE`). Raises
+    FileNotFoundError: no ``a/`` bundle, no B arm bundle, or an arm without one of
+    :data:`NEEDED_TABLES` (the file is named); ValueError: ``pool.json`` unreadable or invalid (the
+    key is named), naming an arm without a bundle or in lower case, describing no arm; an arm
+    without a spec'd slowdown; a launch without a warm DenoisingStage time (named)."""
+    p = Path(path)
+    if not (p / "a" / "meta.json").exists():
+        raise FileNotFoundError(
+            f"{p}: no a/meta.json (not a power pool: record one with benchmarks/ab_power.py)"
+        )
+    dirs = [d for d in sorted(p.iterdir()) if d.is_dir() and len(d.name) == 1 and (d / "meta.json").exists()]
+    for d in dirs:
+        for name in NEEDED_TABLES:
+            if not (d / name).exists():
+                raise FileNotFoundError(
+                    f"{d / name}: missing (arm {d.name.upper()} of the pool has no {name})"
+                )
+    bundles = {d.name.upper(): ResultBundle.load(d) for d in dirs}
+    if len(bundles) < 2:
+        raise FileNotFoundError(f"{p}: no B arm (b/meta.json) next to a/")
+    arms: dict[str, dict[str, Any]] = {}
+    if (p / POOL_FILE).exists():
+        arms = _pool_file(p / POOL_FILE)
+        lower = sorted(k for k in arms if k != k.upper())
+        if lower:
+            raise ValueError(f"{p / POOL_FILE}: arm names are upper-case letters (B, C, …), got {lower}")
+        missing = sorted(set(arms) - set(bundles))
+        if missing:
+            raise ValueError(f"{p / POOL_FILE}: arms {missing} have no bundle directory")
+        if not arms:
+            raise ValueError(
+                f"{p / POOL_FILE}: describes no arm, yet {', '.join(sorted(set(bundles) - {'A'}))} "
+                "have bundles (remove the file to read the slowdowns from the bundles)"
+            )
+    for arm, b in bundles.items():
+        if arm != "A" and arm not in arms:
+            delay = ((b.meta.get("params") or {}).get("spec") or {}).get("debug_stage_delay") or {}
+            pct = delay.get("DenoisingStage")
+            if not isinstance(pct, (int, float)) or isinstance(pct, bool):
+                raise ValueError(
+                    f"{p / arm.lower() / 'meta.json'}: params.spec.debug_stage_delay.DenoisingStage is "
+                    f"{pct!r}, not a percentage (and {POOL_FILE} does not describe arm {arm})"
+                )
+            arms[arm] = {"DenoisingStage_pct": float(pct), "target": "DenoisingStage"}
+    a_meta = bundles["A"].meta.get("ab") or {}
+    values = {arm: metric_values(b) for arm, b in bundles.items()}
+    for arm, v in values.items():
+        if not (v["metric"] == "DenoisingStage").any():
+            raise ValueError(f"{p / arm.lower()}: no completed warm request with a DenoisingStage time")
+        # a launch without a warm DenoisingStage would sit in every draw as "no interval":
+        # rates biased down without a word, so it is an error naming the launch
+        la = bundles[arm].launches
+        listed = [str(x) for x in la["launch"]] if not la.empty and "launch" in la else []
+        warm_den = set(v.loc[(v["metric"] == "DenoisingStage") & (v["index"] >= 1), "launch"].astype(str))
+        empty = [x for x in listed if x not in warm_den]
+        if empty:
+            raise ValueError(
+                f"{p / arm.lower()}: launches {empty} have no completed warm request with a DenoisingStage "
+                "time (failed or cut short: drop them from the pool, or record it again)"
+            )
+    warm = int(a_meta.get("warm_per_launch") or values["A"]["index"].max())
+    return Pool(p, values, dict(sorted(arms.items())), warm, a_meta, bundles)
+
+
+def arm_warnings(pool: Pool, tolerance_pp: float = 1.0) -> dict[str, str]:
+    """Arms whose measured DenoisingStage change (ratio of geometric means of launch medians over
+    the whole pool) is further from the asked share than ``tolerance_pp`` percentage points or
+    half the asked share, whichever is larger: their rates do not describe the asked change
+    (an injection that overshot, or a host that swamped it). arm -> the sentence."""
+    var = variance_table(pool, ["DenoisingStage"])
+    out = {}
+    for arm, info in pool.arms.items():
+        asked = float(info["DenoisingStage_pct"])
+        got = float(var[f"{arm}_pct"].iloc[0]) if len(var) else math.nan
+        if not math.isfinite(got) or abs(got - asked) > max(tolerance_pp, asked / 2):
+            out[arm] = (
+                f"arm {arm} measured {got:+.1f} % on DenoisingStage against +{asked:g} % asked (the injection "
+                "overshot, or the host swamped it): its rates describe what the gate saw here, not that change"
+            )
+    return out
+
+
+def log_medians(values: pd.DataFrame, m: int) -> pd.DataFrame:
+    """Log of each launch's median over its first ``m`` warm requests (launch-level metrics as
+    they are): a frame indexed by launch with one column per metric (NaN: not measured there)."""
+    v = values[(values["index"] <= m) | (values["index"] == 0)]
+    med = v.groupby(["launch", "metric"])["value"].median().unstack("metric")
+    return np.log(med.astype(float))
+
+
+def variance_table(pool: Pool, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per metric: CV between and within launches and the ICC of all arms together (each arm's
+    mean removed; :func:`perfkit.stats.variance_split`), the launch-median CV of A (for
+    one-value-a-launch metrics, the only spread there is), and each B arm's measured ratio B/A
+    over the whole pool (percent change).
+
+    Columns: ``metric, cv_between, cv_within, icc, cv_launch_a`` (fractions) and ``<arm>_pct``.
+    """
+    names = list(metrics or (*KEY_METRICS, UNTOUCHED, "denoising_step", "cold_e2e", "ready"))
+    both = pd.concat([v.assign(side=arm) for arm, v in pool.values.items()], ignore_index=True)
+    med = {arm: log_medians(v, pool.warm) for arm, v in pool.values.items()}
+    rows = []
+    for metric in names:
+        sub = both[both["metric"] == metric]
+        if sub.empty:
+            continue
+        sp = stats.variance_split(sub["value"], sub["side"] + sub["launch"], sub["side"])
+        a = med["A"][metric].dropna() if metric in med["A"] else pd.Series(dtype=float)
+        row: dict[str, Any] = {
+            "metric": metric,
+            "cv_between": sp.cv_between,
+            "cv_within": sp.cv_within,
+            "icc": sp.icc,
+            "cv_launch_a": float(a.std(ddof=1)) if len(a) > 1 else math.nan,
+        }
+        for arm in pool.arms:
+            b = med[arm][metric].dropna() if metric in med[arm] else pd.Series(dtype=float)
+            row[f"{arm}_pct"] = (math.exp(b.mean() - a.mean()) - 1) * 100 if len(a) and len(b) else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+#: a warm request ran in a slow spell when it took more than this × its side's quiet level
+SLOW_FACTOR = 1.05
+#: the quiet level: this quantile of the side's warm requests (linear interpolation, Hyndman-Fan 7;
+#: 1 / it an integer)
+QUIET_QUANTILE = 0.10
+
+
+def _request_clocks(bundle: ResultBundle) -> pd.DataFrame:
+    """Per warm request: median SM clock (MHz), share of samples at a power limit; empty: no clocks."""
+    mem, req, cols = bundle.memory, bundle.requests, ["launch", "index", "sm_mhz", "power_capped"]
+    if mem.empty or "sm_clock_mhz" not in mem or mem["sm_clock_mhz"].isna().all():
+        return pd.DataFrame(columns=cols)
+    rows = []
+    warm = req[(req["index"] > 0) & req["t_start_s"].notna() & req["t_end_s"].notna()]
+    for r in warm.itertuples():
+        m = mem[(mem["launch"] == r.launch) & (mem["t_s"] >= r.t_start_s) & (mem["t_s"] <= r.t_end_s)]
+        rs = m["clock_event_reasons"].dropna()
+        capped = float(((rs.astype("int64") & POWER_REASONS) > 0).mean()) if len(rs) else math.nan
+        rows.append((r.launch, r.index, float(m["sm_clock_mhz"].median()), capped))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def slow_launches(
+    requests: dict[str, np.ndarray], factor: float = SLOW_FACTOR, share: float = 0.5
+) -> list[str]:
+    """The labels, in the order given, of the launches whose median ran in a slow spell: at least
+    ``share`` of their warm requests took more than ``factor`` × the side's quiet level (the
+    :data:`QUIET_QUANTILE` of all the side's warm requests given; :func:`slow_spells`' rule,
+    launch by launch). ``requests``: launch label -> its warm requests' times of one metric (ms)."""
+    lists = {k: np.asarray(v, dtype=float).ravel().tolist() for k, v in requests.items()}
+    every = [x for v in lists.values() for x in v]
+    if not every:
+        return []
+    # the sequential replay calls this ~300,000 times: the stdlib's quantiles cost ~1/5 of numpy's
+    if len(every) > 1 and all(math.isfinite(x) for x in every):
+        quiet = statistics.quantiles(every, n=round(1 / QUIET_QUANTILE), method="inclusive")[0]
+    else:
+        quiet = float(np.quantile(np.array(every), QUIET_QUANTILE))
+    cut = factor * quiet
+    return [k for k, v in lists.items() if v and sum(x > cut for x in v) / len(v) >= share]
+
+
+def slow_spells(pool: Pool, metric: str = "DenoisingStage", factor: float = SLOW_FACTOR) -> pd.DataFrame:
+    """How much of each arm ran in a slow spell: warm requests whose ``metric`` took more than
+    ``factor`` × the arm's quiet level (the 10th percentile of all its warm requests), and the
+    launches with at least one such request; where the sampler recorded clocks, the median SM
+    clock (MHz) and the share of samples at a power limit of the slow and the quiet requests.
+
+    Columns: ``arm, quiet_ms, requests, slow_requests, launches, slow_launches, worst_pct``
+    (the slowest request over the quiet level, percent), ``slow_sm_mhz, quiet_sm_mhz,
+    slow_power_capped, quiet_power_capped`` (NaN: no clock samples).
+    """
+    rows = []
+    for arm, v in pool.values.items():
+        x = v[(v["metric"] == metric) & (v["index"] > 0)]
+        if x.empty:
+            continue
+        quiet = float(x["value"].quantile(QUIET_QUANTILE))
+        is_slow = x["value"] > factor * quiet
+        slow = x[is_slow]
+        row: dict[str, Any] = {
+            "arm": arm,
+            "quiet_ms": quiet,
+            "requests": len(x),
+            "slow_requests": len(slow),
+            "launches": x["launch"].nunique(),
+            "slow_launches": slow["launch"].nunique(),
+            "worst_pct": (float(x["value"].max()) / quiet - 1) * 100,
+        }
+        clocks = _request_clocks(pool.bundles[arm]) if arm in pool.bundles else pd.DataFrame()
+        joined = x.assign(slow=is_slow, sm_mhz=math.nan, power_capped=math.nan)
+        if not clocks.empty:
+            joined = x.assign(slow=is_slow).merge(clocks, on=["launch", "index"], how="left")
+        for part, want in (("slow", True), ("quiet", False)):
+            sub = joined[joined["slow"] == want]
+            row[f"{part}_sm_mhz"] = float(sub["sm_mhz"].median())
+            row[f"{part}_power_capped"] = float(sub["power_capped"].mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 #: up to this many ways to pick the launches, every way is taken (exact rates for the pool)
 MAX_EXACT = 100_000
 
 
 def _rate(hits: np.ndarray, has: np.ndarray) -> float:
-    """Share of draws with a hit; a draw without an interval (``has`` False: a side with fewer
-    than 2 values) counts as no hit, as ``perfkit ab`` calls it inconclusive, but no draw with an
-    interval at all is no rate (NaN), never 0."""
-    if not has.any():
-        return math.nan
-    return float(np.mean(hits))
+    """Share of draws with a hit (a draw without an interval: no hit); no draw with one: NaN, never 0."""
+    return float(np.mean(hits)) if has.any() else math.nan
 
 
 def _draws(rng: np.random.Generator, n_launches: int, k: int, sims: int) -> np.ndarray:
@@ -53,30 +319,23 @@ Ways = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
 
 
 def _aa_ways(rng: np.random.Generator, n_launches: int, n: int, sims: int) -> Ways:
-    """A/A splits (n launches a side, no launch on both): every ordered split when there are at
-    most :data:`MAX_EXACT` (then both sides are rows of the n-subsets of the launches, in
-    increasing order), else ``sims`` random draws (each side a group of its own); as
-    :data:`Ways` with the same groups for both sides."""
+    """A/A splits, n a side and disjoint: every ordered split up to :data:`MAX_EXACT`, else ``sims`` draws."""
     ways = math.comb(n_launches, n) * math.comb(n_launches - n, n)
     if ways <= MAX_EXACT:
         combos = list(itertools.combinations(range(n_launches), n))
         pos = {c: i for i, c in enumerate(combos)}
-        first, second = [], []
-        for i, x in enumerate(combos):
-            for y in itertools.combinations([j for j in range(n_launches) if j not in x], n):
-                first.append(i)
-                second.append(pos[y])
+        rest = [[j for j in range(n_launches) if j not in x] for x in combos]
+        pairs = [(i, pos[y]) for i in range(len(combos)) for y in itertools.combinations(rest[i], n)]
+        first, second = np.array(pairs, dtype=int).reshape(-1, 2).T
         g = np.array(combos, dtype=int)
-        return g, np.array(first, dtype=int), g, np.array(second, dtype=int), True
+        return g, first, g, second, True
     d = _draws(rng, n_launches, 2 * n, sims)
     rows = np.arange(sims)
     return d[:, :n], rows, d[:, n:], rows, False
 
 
 def _ab_ways(rng: np.random.Generator, n_a: int, n_b: int, n: int, sims: int) -> Ways:
-    """A's n launches against B's n launches: every pair of subsets when there are at most
-    :data:`MAX_EXACT` (A's groups the n-subsets of A, B's of B), else ``sims`` random draws;
-    as :data:`Ways` (A's groups first)."""
+    """n of A's launches against n of B's: every pair up to :data:`MAX_EXACT`, else ``sims`` draws."""
     if math.comb(n_a, n) * math.comb(n_b, n) <= MAX_EXACT:
         ca = np.array(list(itertools.combinations(range(n_a), n)), dtype=int)
         cb = np.array(list(itertools.combinations(range(n_b), n)), dtype=int)
@@ -87,9 +346,7 @@ def _ab_ways(rng: np.random.Generator, n_a: int, n_b: int, n: int, sims: int) ->
 
 
 def _moments(xa: np.ndarray, xb: np.ndarray, ways: Ways) -> Moments:
-    """Welch (d, se, df, bad) of every draw of ``ways``: ``xa``, ``xb`` (launches, metrics) log
-    values of the first and second side; each group reduced once
-    (:func:`perfkit.stats.side_moments`): as reducing every draw, within rounding."""
+    """Welch (d, se, df, bad) of every draw of ``ways``, each group reduced once."""
     ga, pa, gb, pb, _ = ways
     return stats.combine(
         stats.take(stats.side_moments(xa[ga]), pa), stats.take(stats.side_moments(xb[gb]), pb)
@@ -193,12 +450,8 @@ def power_table(
 def _rates(
     mom: Moments | None, conf: float, cols: list[str], gate: list[int], up: float, aa: bool
 ) -> dict[str, float]:
-    """A/A (``aa``: ``aa_covers``, ``aa_alarm_<metric>``, ``aa_alarm_any``, ``aa_alarm_gate``) or
-    detection (``detect_<metric>``, ``alarm_untouched``, ``detect_any``, ``detect_gate``) columns
-    of one :func:`power_table` row from the draws' Welch moments (:func:`perfkit.stats.combine`,
-    each (draws, metrics); None: nothing drawn, every rate NaN) at two-sided ``conf``; a
-    regression is a low end above ``up`` (log of 1 + threshold). ``*_any`` is the exit code with
-    every metric gating, ``*_gate`` with the key metrics."""
+    """The A/A (``aa``) or detection rates of one :func:`power_table` row from the draws' Welch
+    moments (None: nothing drawn, all NaN); a regression: a low end above ``up``, log(1 + threshold)."""
     pre = "aa_alarm" if aa else "detect"
     keys = [f"{pre}_{m}" for m in KEY_METRICS]
     row = dict.fromkeys(
@@ -245,45 +498,28 @@ def recommend(
     A/A false-alarm rate is at most ``alarm_max``, judged as ``alarm`` says (:data:`JUDGEMENTS`:
     ``"key"`` each arm's ``target`` metric and the worst of :data:`KEY_METRICS`, ``"gate"`` the
     ``*_gate`` columns, ``"any"`` the ``*_any`` ones). Sorted by N, then M, then false alarms;
-    empty when nothing meets them. A NaN rate (nothing drawn) never meets a target.
-
-    Returns:
-        Columns ``threshold, confidence, n, m, detect_min_seen, alarm_max_seen``.
-
-    Raises:
-        ValueError: ``alarm`` is not one of the three; ``detect_min`` or ``alarm_max`` is not a
-            fraction in [0, 1]; ``table`` lacks a column the judgement needs (not a
-            :func:`power_table`, or one from before the column existed).
+    empty when nothing meets them. A NaN rate (nothing drawn) never meets a target. Columns
+    ``threshold, confidence, n, m, detect_min_seen, alarm_max_seen``. Raises ValueError: ``alarm``
+    is not one of the three; ``detect_min`` or ``alarm_max`` is not a fraction in [0, 1];
+    ``table`` lacks a column the judgement needs (not a :func:`power_table` of this perfkit).
     """
     if alarm not in _JUDGED:
         raise ValueError(f"alarm must be one of {sorted(_JUDGED)}, got {alarm!r}")
     for name, v in (("detect_min", detect_min), ("alarm_max", alarm_max)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= float(v) <= 1.0:
             raise ValueError(f"{name} must be a fraction in [0, 1] (0.95, not 95), got {v!r}")
-    if not isinstance(table, pd.DataFrame):
-        raise ValueError(f"table must be a power_table() DataFrame, got {type(table).__name__}")
     if table.empty:
         return pd.DataFrame(
             columns=["threshold", "confidence", "n", "m", "detect_min_seen", "alarm_max_seen"]
         )
     det_col, alarm_cols = _JUDGED[alarm]
     t = table.copy()
-    if det_col is None:
-        targets = sorted(set(t["target"])) if "target" in t else []
-        need = ["target", *[f"detect_{x}" for x in targets]]
-    else:
-        need = [det_col]
+    targets = sorted(set(t["target"])) if "target" in t else []
+    need = [det_col] if det_col else ["target", *[f"detect_{x}" for x in targets]]
     missing = [c for c in [*need, *alarm_cols, "threshold", "confidence", "n", "m"] if c not in t]
     if missing:
         raise ValueError(f"table lacks {missing} (not a power_table() of this perfkit)")
-    cols = list(alarm_cols) + ([det_col] if det_col else [f"detect_{x}" for x in targets])
-    bad = [c for c in cols if not pd.api.types.is_numeric_dtype(t[c])]
-    if bad:
-        raise ValueError(f"table columns {bad} are not numeric rates")
-    if det_col is None:
-        t["detect"] = [r[f"detect_{r['target']}"] for _, r in t.iterrows()]
-    else:
-        t["detect"] = t[det_col]
+    t["detect"] = t[det_col] if det_col else [r[f"detect_{r['target']}"] for _, r in t.iterrows()]
     t["alarm"] = t[list(alarm_cols)].max(axis=1, skipna=False)
     # NaN (no rate: nothing drawn) is never "met": min/max keep it
     g = t.groupby(["threshold", "confidence", "n", "m"], as_index=False).agg(

@@ -1,46 +1,316 @@
-"""The sequential procedure of ``perfkit ab``, launch until every gated metric is decided: run
-live (:func:`run_sequential`), decide a recorded A/B (:func:`decide_sequential`) and replay it on
-a recorded pool (:func:`replay_pool`, :func:`replay_summary`). The procedure itself is in
-:mod:`perfkit.ab.procedure`; the method (looks, alpha spending, slow spells) and its sources are
-in docs/choosing-n-m.md, "Launching until decided". Ratios and confidences are fractions;
-launches are counts a side.
+"""The sequential procedure of ``perfkit ab``, launch until every gated metric is decided: the
+design (:class:`Design`), alpha spending (:func:`spent_alpha`), the walk over launches a side
+(:class:`Walker`, :class:`Walk`); run live (:func:`run_sequential`), decide a recorded A/B
+(:func:`decide_sequential`) and replay it on a recorded pool (:func:`replay_pool`,
+:func:`replay_summary`). The method (looks, alpha spending, slow spells) and its sources are in
+docs/choosing-n-m.md, "Launching until decided". Ratios and confidences are fractions; launches
+are counts a side.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from perfkit import stats
+from perfkit.ab.decide import compare_bundles
 from perfkit.ab.metrics import launch_errors, metric_order, metric_values, paired_values
-from perfkit.ab.pool import log_medians
-from perfkit.ab.procedure import (
-    DEFAULT_MAX_LAUNCHES,
-    DEFAULT_MIN_LAUNCHES,
-    SLOW_METRIC,
-    SLOW_RULES,
-    SPENDINGS,
-    UNDECIDED,
-    Design,
-    Walk,
-    Walker,
-    end_of_recording,
-    spent_alpha,
-)
+from perfkit.ab.power import log_medians, slow_launches
+from perfkit.common.numfmt import confidence_text
+from perfkit.gate.verdicts import EXIT_OK, EXIT_REGRESSION, jsonable
 
-__all__ = ["DEFAULT_MAX_LAUNCHES", "DEFAULT_MIN_LAUNCHES", "SLOW_RULES", "SPENDINGS", "spent_alpha"]
+#: alpha-spending functions (docs/choosing-n-m.md)
+SPENDINGS = ("pocock", "obrien-fleming")
+#: what happens to a launch run in a slow spell
+SLOW_RULES = ("replace", "keep")
+#: ``--undecided``: ``fail`` (exit 1) or ``pass`` (exit 0, said in the summary)
+UNDECIDED = ("fail", "pass")
+DEFAULT_MIN_LAUNCHES = 3
+DEFAULT_MAX_LAUNCHES = 10
+#: the metric whose warm requests mark slow spells (as :func:`perfkit.ab.power.slow_spells`)
+SLOW_METRIC = "DenoisingStage"
+
+
+def spent_alpha(fraction: float, alpha: float, spending: str = "pocock") -> float:
+    """The error rate spent up to information fraction ``fraction`` (0..1) of a total ``alpha``
+    (two-sided), by the Lan–DeMets ``pocock`` or ``obrien-fleming`` function (docs/choosing-n-m.md).
+    Raises ValueError: an unknown ``spending``."""
+    t = min(max(float(fraction), 0.0), 1.0)
+    if spending not in SPENDINGS:
+        raise ValueError(f"spending must be one of {', '.join(SPENDINGS)}, got {spending!r}")
+    if t <= 0.0:
+        return 0.0
+    if spending == "pocock":
+        return alpha * math.log1p((math.e - 1.0) * t)
+    from scipy.stats import norm  # imported here: the CLI starts without scipy
+
+    return float(2.0 * norm.sf(norm.isf(alpha / 2.0) / math.sqrt(t)))
+
+
+@dataclass(frozen=True)
+class Design:
+    """How a sequential A/B runs and decides.
+
+    Attributes:
+        min_launches: launches a side at the first look (>= 2: an interval needs 2).
+        max_launches: launches run a side at most (replacements count), >= min_launches.
+        confidence: overall two-sided confidence over all looks and gated metrics (α = 1 − confidence).
+        spending: the alpha-spending function (:data:`SPENDINGS`).
+        slow_rule: launches in a slow spell: ``replace`` or ``keep`` (:data:`SLOW_RULES`).
+        paired: launch ``i`` of A ran beside launch ``i`` of B (``perfkit ab --paired``): paired t
+            intervals (:func:`perfkit.stats.paired_ratio_interval`), no launch replaced
+            (``slow_rule`` must be ``keep``).
+
+    Raises:
+        ValueError: any of the above out of range (the field is named).
+    """
+
+    min_launches: int = DEFAULT_MIN_LAUNCHES
+    max_launches: int = DEFAULT_MAX_LAUNCHES
+    confidence: float = stats.DEFAULT_CONFIDENCE
+    spending: str = "pocock"
+    slow_rule: str = "replace"
+    paired: bool = False
+
+    def __post_init__(self) -> None:
+        if self.min_launches < 2:
+            raise ValueError(
+                f"min_launches must be >= 2 (an interval needs 2 a side), got {self.min_launches}"
+            )
+        if self.max_launches < self.min_launches:
+            raise ValueError(
+                f"max_launches ({self.max_launches}) must be >= min_launches ({self.min_launches})"
+            )
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
+        if self.spending not in SPENDINGS:
+            raise ValueError(f"spending must be one of {', '.join(SPENDINGS)}, got {self.spending!r}")
+        if self.slow_rule not in SLOW_RULES:
+            raise ValueError(f"slow_rule must be one of {', '.join(SLOW_RULES)}, got {self.slow_rule!r}")
+        if self.paired and self.slow_rule != "keep":
+            raise ValueError(
+                "slow_rule must be 'keep' when paired: a pair shares its host state, and replacing "
+                f"one side's launch would break the pair (got {self.slow_rule!r})"
+            )
+
+    def look_confidence(self, n: int) -> float:
+        """The two-sided confidence of the look with ``n`` launches a side:
+        1 − (α(n / max) − α((n − 1) / max)), the first look (``min_launches``) spending α(min / max);
+        each of K gated metrics then gets 1 − (that share) / K (:class:`Walker`)."""
+        alpha = 1.0 - self.confidence
+        hi = spent_alpha(n / self.max_launches, alpha, self.spending)
+        lo = 0.0 if n <= self.min_launches else spent_alpha((n - 1) / self.max_launches, alpha, self.spending)
+        return 1.0 - max(hi - lo, 1e-12)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict, with each look's confidence."""
+        return {
+            **asdict(self),
+            "look_confidence": {
+                n: self.look_confidence(n) for n in range(self.min_launches, self.max_launches + 1)
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Design":
+        """Inverse of :meth:`to_dict` (``look_confidence`` is recomputed)."""
+        keys = ("min_launches", "max_launches", "confidence", "spending", "slow_rule", "paired")
+        return cls(**{k: d[k] for k in keys if k in d})
+
+
+@dataclass
+class Look:
+    """One look: ``n`` launches a side (the first ``n`` kept launches of each), the interval's
+    confidence, the launches used and per gated metric ``ratio, low, high, decision`` (B/A)."""
+
+    n: int
+    confidence: float
+    launches: dict[str, list[str]]
+    metrics: dict[str, dict[str, Any]]
+    decided: bool
+    position: int
+
+
+@dataclass
+class Walk:
+    """Where the procedure stands after the launches run so far.
+
+    Attributes:
+        looks: the looks taken, in order.
+        stop: why it stopped (``decided``, ``regression``, ``maximum``, ``failed``), or None:
+            keep launching.
+        next_arm: the side to launch next ("A"/"B") while ``stop`` is None.
+        used: launches of the order the procedure read (a replay may hold more).
+        run: side -> launches run (labels, in order) within ``used``.
+        replaced: side -> launches left out as run in a slow spell.
+        spell_kept: sides whose slow launches were kept (half or more marked: the host's state).
+        undecided: gated metrics still inconclusive when it stopped at the maximum.
+        reason: the stop in words.
+    """
+
+    looks: list[Look] = field(default_factory=list)
+    stop: str | None = None
+    next_arm: str | None = None
+    used: int = 0
+    run: dict[str, list[str]] = field(default_factory=dict)
+    replaced: dict[str, list[str]] = field(default_factory=dict)
+    spell_kept: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
+    reason: str = ""
+
+    @property
+    def final(self) -> Look | None:
+        """The last look (None: none was taken)."""
+        return self.looks[-1] if self.looks else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-ready apart from NaN)."""
+        d = asdict(self)
+        d["launches_run"] = {s: len(v) for s, v in self.run.items()}
+        return d
+
+
+def _kept(
+    run: Mapping[str, list[str]], slow: Mapping[str, Mapping[str, np.ndarray]], design: Design
+) -> tuple[dict[str, list[str]], dict[str, list[str]], list[str]]:
+    """Per side the launches kept and replaced; the sides whose half or more were marked (all kept)."""
+    kept, replaced, spell_kept = {}, {}, []
+    for side, labels in run.items():
+        marked: list[str] = []
+        if design.slow_rule == "replace" and labels:
+            marked = slow_launches({x: slow.get(side, {}).get(x, np.empty(0)) for x in labels})
+            if 2 * len(marked) >= len(labels) and marked:
+                spell_kept.append(side)
+                marked = []
+        kept[side] = [x for x in labels if x not in marked]
+        replaced[side] = marked
+    return kept, replaced, spell_kept
+
+
+def _look(
+    n: int,
+    kept: Mapping[str, list[str]],
+    logmed: Mapping[str, Mapping[str, np.ndarray]],
+    metrics: Sequence[str],
+    thresholds: Sequence[float],
+    design: Design,
+    position: int,
+) -> Look:
+    # the look's share of α, split evenly over the gated metrics (Bonferroni): the exit code reads
+    # any of them, so its false-alarm rate, not each metric's, is what the spending bounds
+    conf = 1.0 - (1.0 - design.look_confidence(n)) / max(1, len(metrics))
+    use = {s: kept[s][:n] for s in ("A", "B")}
+    none = np.full(len(metrics), np.nan)  # a launch without any value: not measured there
+    xa, xb = (np.array([logmed[s].get(x, none) for x in use[s]], float).reshape(n, -1) for s in "AB")
+    out: dict[str, dict[str, Any]] = {}
+    # paired: kept == run (nothing replaced): launch i of A is the pair of B's
+    interval = stats.paired_ratio_interval if design.paired else stats.ratio_interval
+    for k, metric in enumerate(metrics):
+        iv = interval(np.exp(xa[:, k]), np.exp(xb[:, k]), conf)
+        out[metric] = {"ratio": iv.ratio, "low": iv.low, "high": iv.high}
+        out[metric]["decision"] = stats.decide(iv, thresholds[k])
+    decided = all(m["decision"] != "inconclusive" for m in out.values())
+    return Look(n, conf, use, out, decided, position)
+
+
+def _next_arm(run: Mapping[str, list[str]], kept: Mapping[str, list[str]], last: str | None) -> str:
+    """The side with fewer kept, then fewer run launches, else the last side (A B B A A B …)."""
+    ka, kb = ((len(kept[s]), len(run[s])) for s in "AB")
+    return (last or "A") if ka == kb else ("A" if ka < kb else "B")
+
+
+class Walker:
+    """The procedure, one launch at a time (:meth:`add`; :meth:`feed` a whole order): after each
+    launch, replace slow-spell launches, look when both sides have a new ``n`` ≥ ``min_launches``
+    kept launches, stop at a regression, with every gated metric decided, or at the maximum.
+    ``logmed`` (side -> label -> log launch medians of ``metrics``, NaN: not measured) and ``slow``
+    (side -> label -> warm :data:`SLOW_METRIC` times, ms) may grow between calls of :meth:`add`;
+    ``thresholds``: each gated metric's (fraction); at the first of ``failed`` the walk stops.
+    """
+
+    def __init__(
+        self,
+        logmed: Mapping[str, Mapping[str, np.ndarray]],
+        slow: Mapping[str, Mapping[str, np.ndarray]],
+        metrics: Sequence[str],
+        thresholds: Sequence[float],
+        design: Design,
+        failed: Sequence[str] = (),
+    ) -> None:
+        self.logmed, self.slow, self.metrics = logmed, slow, list(metrics)
+        self.thresholds, self.design, self.failed = list(thresholds), design, set(failed)
+        self.w = Walk(run={"A": [], "B": []}, next_arm="A")
+        self._last_n, self._last = 0, None
+        self._kept: dict[str, list[str]] = {"A": [], "B": []}
+
+    def add(self, side: str, label: str) -> Walk:
+        """Take the launch ``label`` of ``side`` (the next in the order) and return the state."""
+        w, design = self.w, self.design
+        if w.stop is not None:
+            return w
+        if len(w.run[side]) >= design.max_launches:
+            return _at_maximum(w, self.metrics, design)
+        w.run[side].append(label)
+        w.used += 1
+        self._last = side
+        if label in self.failed:
+            w.stop, w.reason, w.next_arm = "failed", f"launch {label} failed", None
+            return w
+        self._kept, w.replaced, w.spell_kept = _kept(w.run, self.slow, design)
+        n = min(len(self._kept["A"]), len(self._kept["B"]))
+        if n >= design.min_launches and n > self._last_n:
+            self._last_n = n
+            look = _look(n, self._kept, self.logmed, self.metrics, self.thresholds, design, w.used)
+            w.looks.append(look)
+            regressed = [m for m, v in look.metrics.items() if v["decision"] == "regression"]
+            where = f"{n} launches a side (look {len(w.looks)}, {confidence_text(look.confidence)} interval)"
+            if regressed:
+                w.stop, w.next_arm = "regression", None
+                w.reason = f"{', '.join(regressed)} decided a regression at {where}"
+                left = [m for m, v in look.metrics.items() if v["decision"] == "inconclusive"]
+                if left:  # one gated regression decides the exit code: the others are not waited for
+                    w.reason += f"; {', '.join(left)} left inconclusive: one gated regression ends the A/B"
+                return w
+            if look.decided:
+                w.stop, w.next_arm = "decided", None
+                w.reason = f"every gated metric decided at {where}"
+                return w
+        nxt = _next_arm(w.run, self._kept, self._last)
+        if len(w.run[nxt]) >= design.max_launches:
+            return _at_maximum(w, self.metrics, design)
+        w.next_arm = nxt
+        return w
+
+    def feed(self, order: Sequence[tuple[str, str]]) -> Walk:
+        """Take the launches in ``order`` ((side "A"/"B", launch label) in the order they ran: a
+        live run so far, or a recorded one) until the walk stops; with ``stop`` None the caller
+        runs ``next_arm`` (or, replaying, the recording ends: undecided)."""
+        for side, label in order:
+            if self.add(side, label).stop is not None:
+                break
+        return self.w
+
+
+def _at_maximum(w: Walk, metrics: Sequence[str], design: Design, why: str = "") -> Walk:
+    """Stop ``w`` at the maximum: the gated metrics still inconclusive are undecided."""
+    w.stop, w.next_arm = "maximum", None
+    final = w.final
+    w.undecided = (
+        [m for m, v in final.metrics.items() if v["decision"] == "inconclusive"] if final else list(metrics)
+    )
+    why = why or f"maximum reached ({design.max_launches} launches run a side)"
+    w.reason = f"{why} with {', '.join(w.undecided) or 'no metric'} still inconclusive"
+    return w
 
 
 def _inputs(
     values: Mapping[str, pd.DataFrame], metrics: Sequence[str], paired: bool = False, m: float = math.inf
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, dict[str, np.ndarray]]]:
-    """Per side: label -> log launch medians of ``metrics`` over the first ``m`` warm requests
-    (:func:`perfkit.ab.pool.log_medians`, the values the decision's intervals use; ``paired``: a
-    pair's B value is A's median times the pair's request-by-request ratio,
+    """Per side: label -> log launch medians of ``metrics`` (paired: B's from the pair ratios,
     :func:`perfkit.ab.metrics.paired_values`) and label -> warm :data:`SLOW_METRIC` times (ms)."""
     logmed, slow = {}, {}
     for side, v in values.items():
@@ -61,19 +331,14 @@ def _inputs(
 
 
 def _order(a: Any, b: Any) -> list[tuple[str, str]]:
-    """(side, label) in the order the two bundles' launches ran (their meta ``ab.order``), else
-    interleaved A B B A … over each side's launches in label order."""
-    la = [str(x) for x in a.launches["launch"]] if not a.launches.empty else []
-    lb = [str(x) for x in b.launches["launch"]] if not b.launches.empty else []
+    """(side, label) in the order the launches ran (meta ``ab.order``), else interleaved A B B A …."""
+    la, lb = ([str(x) for x in bd.launches["launch"]] if not bd.launches.empty else [] for bd in (a, b))
     recorded = (a.meta.get("ab") or {}).get("order") or []
     side = {x: "A" for x in la} | {x: "B" for x in lb}
     if recorded and set(la) | set(lb) <= set(recorded) and not set(la) & set(lb):
         return [(side[x], x) for x in recorded if x in side]
-    out, seq = [], {"A": list(la), "B": list(lb)}
-    for s in stats.interleaved_order(max(len(la), len(lb), 1)):
-        if seq[s]:
-            out.append((s, seq[s].pop(0)))
-    return out
+    seq = {"A": list(la), "B": list(lb)}
+    return [(s, seq[s].pop(0)) for s in stats.interleaved_order(max(len(la), len(lb), 1)) if seq[s]]
 
 
 def _walk_bundles(
@@ -83,10 +348,8 @@ def _walk_bundles(
     gate: Sequence[str] | None,
     threshold: float,
     thresholds: Mapping[str, float] | None,
-    order: Sequence[tuple[str, str]] | None = None,
 ) -> tuple[Walk, list[str]]:
-    """(the procedure's walk over two sides' bundles in ``order``, default the order they ran
-    (:func:`_order`); the gated metrics)."""
+    """(the procedure's walk over two sides' bundles in the order they ran; the gated metrics)."""
     values = {"A": metric_values(a), "B": metric_values(b)}
     # the metrics the procedure waits for: ``gate``, or every metric either side measured
     every = pd.concat([v["metric"] for v in values.values()]).unique()
@@ -94,8 +357,7 @@ def _walk_bundles(
     logmed, slow = _inputs(values, metrics, design.paired)
     failed = [*launch_errors(a), *launch_errors(b)]
     thr = [float((thresholds or {}).get(m, threshold)) for m in metrics]
-    seq = list(order) if order is not None else _order(a, b)
-    return Walker(logmed, slow, metrics, thr, design, failed).feed(seq), metrics
+    return Walker(logmed, slow, metrics, thr, design, failed).feed(_order(a, b)), metrics
 
 
 def decide_sequential(
@@ -106,31 +368,22 @@ def decide_sequential(
     thresholds: Mapping[str, float] | None = None,
     gate: Sequence[str] | None = None,
     undecided: str = "fail",
-    order: Sequence[tuple[str, str]] | None = None,
 ) -> Any:
     """Decide two sides' bundles by the procedure: walk their launches in the order they ran (a
     recording that ends first is undecided), then :func:`perfkit.ab.decide.compare_bundles` of
     the last look's launches at its confidence. Undecided gated metrics exit 1 unless
-    ``undecided="pass"``.
-
-    Returns:
-        :class:`perfkit.ab.decide.AbResult` whose ``meta["sequential"]`` holds the design, the
-        looks (launches, confidence, each gated metric's interval and decision), why it
-        stopped, the launches run and replaced, the undecided metrics, the launches a side each
-        would need, and ``undecided_rule``.
-
-    Raises:
-        ValueError: ``undecided`` not in :data:`UNDECIDED`; a gate naming a metric not compared
-            (as :func:`perfkit.ab.decide.compare`).
+    ``undecided="pass"``. Returns a :class:`perfkit.ab.decide.AbResult` whose
+    ``meta["sequential"]`` holds the design, the looks (launches, confidence, each gated metric's
+    interval and decision), why it stopped, the launches run and replaced, the undecided metrics,
+    the launches a side each would need, and ``undecided_rule``. Raises ValueError: ``undecided``
+    not in :data:`UNDECIDED`; a gate naming a metric not compared (as :func:`~perfkit.ab.decide.compare`).
     """
-    from perfkit.ab.decide import compare_bundles
-    from perfkit.gate.verdicts import EXIT_OK, EXIT_REGRESSION, jsonable
-
     if undecided not in UNDECIDED:
         raise ValueError(f"undecided must be one of {', '.join(UNDECIDED)}, got {undecided!r}")
-    w, metrics = _walk_bundles(a, b, design, gate, threshold, thresholds, order)
-    if w.stop is None:
-        end_of_recording(w, metrics, design)
+    w, metrics = _walk_bundles(a, b, design, gate, threshold, thresholds)
+    if w.stop is None:  # the recording ends first: undecided, as at the maximum
+        ran = ", ".join(f"{len(v)} of {s}" for s, v in w.run.items())
+        _at_maximum(w, metrics, design, f"the recording ends ({ran} launches)")
     final = w.final
     if final is not None:
         keep, conf = final.launches, final.confidence
@@ -139,11 +392,9 @@ def decide_sequential(
         conf = design.look_confidence(design.min_launches)
     res = compare_bundles(a, b, threshold, thresholds, conf, gate=gate, keep=keep, paired=design.paired)
     t = res.table.set_index("metric")
-    needed = {}  # every gated metric left inconclusive, also when another's regression stopped it
-    for m in metrics:
-        if m in t.index and t.loc[m, "decision"] == "inconclusive":
-            v = t.loc[m, "launches_needed"]
-            needed[m] = None if v is None or pd.isna(v) else int(v)
+    # every gated metric left inconclusive, also when another's regression stopped it
+    left = [m for m in metrics if m in t.index and t.loc[m, "decision"] == "inconclusive"]
+    needed = {m: None if pd.isna(n := t.loc[m, "launches_needed"]) else int(n) for m in left}
     if w.stop == "maximum" and res.exit_code == EXIT_OK and w.undecided and undecided == "fail":
         res.exit_code = EXIT_REGRESSION
     res.meta["sequential"] = jsonable(
@@ -167,14 +418,14 @@ def run_sequential(
     gate: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Run a live A/B (a :class:`perfkit.ab.driver.AbPlan`; its ``launches`` is not read):
-    ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_ab`), then the
+    ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_arms`), then the
     launch the procedure asks for after each, with the decision's gate and thresholds, until it stops.
-
-    Returns:
-        {"A": bundle, "B": bundle} (saved under ``out/a`` and ``out/b``); their meta ``ab``
-        holds ``sequential`` (the design and ``gate_metrics``), which ``--replay`` reads back.
+    Never raises for engine failures: a failed launch keeps its error in the ``launches`` table
+    (the decision then exits 2). Returns {"A": bundle, "B": bundle} (saved under ``out/a`` and
+    ``out/b``); their meta ``ab.sequential`` (the design, ``gate_metrics``, thresholds) is what
+    ``--replay`` reads back.
     """
-    from perfkit.ab.driver import run_ab
+    from perfkit.ab.driver import run_arms
 
     def extend(bundles: dict[str, Any]) -> list[str]:
         if set(bundles) != {"A", "B"}:
@@ -187,10 +438,12 @@ def run_sequential(
             return ["A", "B"] if k % 2 == 0 else ["B", "A"]
         return [w.next_arm]
 
-    return run_ab(
-        plan,
+    return run_arms(
+        {"A": plan.spec_a, "B": plan.spec_b},
+        plan.request,
+        design.min_launches,
+        plan.warm,
         out,
-        launches=design.min_launches,
         extend=extend,
         # the gated metrics and thresholds with the design: a replay without --gate-metrics or
         # --threshold splits alpha and decides as the run did
@@ -202,6 +455,7 @@ def run_sequential(
                 "thresholds": dict(thresholds or {}),
             }
         },
+        profile=plan.profile,
         paired=design.paired,
     )
 
@@ -216,7 +470,7 @@ def pool_design(pool: Any, design: Design) -> Design:
             f"{pool.path}: the pool replays at most {cap} launches a side ({a} of A: an A/A needs two "
             f"disjoint sides), fewer than the first look's {design.min_launches}"
         )
-    return dataclasses.replace(design, max_launches=min(design.max_launches, cap))
+    return replace(design, max_launches=min(design.max_launches, cap))
 
 
 def replay_pool(
@@ -228,7 +482,7 @@ def replay_pool(
     seed: int = 0,
     m: int | None = None,
 ) -> pd.DataFrame:
-    """Replay the procedure on a recorded pool (:func:`perfkit.ab.pool.load_pool`): ``sims``
+    """Replay the procedure on a recorded pool (:func:`perfkit.ab.power.load_pool`): ``sims``
     experiments an arm and as many A/As, each a random order of launches a side fed to a
     :class:`Walker` (docs/choosing-n-m.md, "How the replay resamples").
 
@@ -244,8 +498,7 @@ def replay_pool(
         regression), ``launches`` (launches run a side, the larger side), ``looks``,
         ``max_launches``, ``slow_rule``.
 
-    Raises:
-        ValueError: the pool is too small for a first look (:func:`pool_design`).
+    Raises ValueError: the pool is too small for a first look (:func:`pool_design`).
     """
     design = pool_design(pool, design)
     m = int(m or pool.warm)
@@ -260,8 +513,7 @@ def replay_pool(
         target = None if kind == "A/A" else pool.arms[kind].get("target", SLOW_METRIC)
         other = "A" if kind == "A/A" else kind
         b_labels = np.array(sorted(logmed[other]))
-        lm = {"A": logmed["A"], "B": logmed[other]}
-        sl = {"A": slow["A"], "B": slow[other]}
+        lm, sl = ({"A": d["A"], "B": d[other]} for d in (logmed, slow))
         for _ in range(sims):
             pa = list(rng.permutation(a_labels))
             pb = pa[mx:] if kind == "A/A" else list(rng.permutation(b_labels))  # A/A: no launch on both

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perfkit.ab.procedure import Design
+from perfkit.ab.sequential import Design
 from perfkit.bisect.checkout import BisectError
 from perfkit.bisect.confirm import confirm
 from perfkit.bisect.probe import ProbeSetup

@@ -15,8 +15,7 @@ from typing import Any
 import yaml
 
 from perfkit.ab.driver import AbPlan
-from perfkit.ab.procedure import Design
-from perfkit.ab.sequential import decide_sequential, run_sequential
+from perfkit.ab.sequential import Design, decide_sequential, run_sequential
 from perfkit.bisect.checkout import BisectError, Commit, run_build
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec, EngineSpecError

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import sys
 from typing import Any
 
@@ -46,16 +45,15 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
     from perfkit.report.ab import write_ab_outputs
 
     gate = ab_command.parse_gate_metrics(kw["gate_metrics"])
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     if kw["replay"]:
         if kw["a"] or kw["b"]:
             raise click.UsageError("give either --replay DIR_A DIR_B or --a/--b, not both")
         bundles = ab_command.load_replay(*kw["replay"])
-        out = ab_command.out_dir(kw["out"], f"{stamp}-replay")
+        out = ab_command.out_dir(kw["out"], "-replay")
         design, threshold, thresholds = read_decision(kw, bundles)
-        if gate is None:  # the alpha is split over them
-            gate = ab_command.recorded_gate_metrics(bundles)
-        rec_threshold, rec_thresholds = ab_command.recorded_thresholds(bundles)  # decide as the run did
+        # decide as the run did (its gated metrics: the alpha is split over them)
+        rec_gate, rec_threshold, rec_thresholds = ab_command.recorded_decision(bundles)
+        gate = rec_gate if gate is None else gate
         threshold = threshold or rec_threshold or stats.DEFAULT_THRESHOLD
         if not kw["threshold_from"] and kw["threshold"] is None:
             thresholds = rec_thresholds
@@ -74,15 +72,18 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
             spec_a, spec_b = (s.replace(share_compile_cache=True) for s in (spec_a, spec_b))
         design, threshold, thresholds = read_decision(kw)
         threshold = threshold or stats.DEFAULT_THRESHOLD
-        out = ab_command.out_dir(kw["out"], stamp)
+        out = ab_command.out_dir(kw["out"])
         pkeys = ("profile_steps", "profile_all_stages", "profile_warm")
         profile = ab_command.profile_params(*(kw[k] for k in pkeys)) if kw["profile"] else None
+        from perfkit.ab.driver import AbPlan
+        from perfkit.ab.sequential import run_sequential
+        from perfkit.engine.client import VideoRequestSpec
         from perfkit.engine.owner import become_subreaper
 
         become_subreaper()  # orphans below come back here
-        bundles = ab_command.launch(
-            (spec_a, spec_b), req, design, kw["warm"], out, threshold, thresholds, gate, profile
-        )
+        request = VideoRequestSpec.from_dict(req)
+        plan = AbPlan(spec_a, spec_b, request, design.min_launches, kw["warm"], profile=profile)
+        bundles = run_sequential(plan, design, out, threshold, thresholds, gate)
     res = ab_command.decide(
         bundles, design, threshold, thresholds, gate, kw["undecided"],
         kept=None if kw["replay"] else out, threshold_from=kw["threshold_from"],
