@@ -120,7 +120,7 @@ def test_paired_options():
     d = design_for(2, 5, None, None, None, paired=True)
     assert d.paired and d.slow_rule == "keep"
     assert not design_for(2, 5, None, None, None).paired
-    with pytest.raises(AbInputError, match="keeps every launch") as e:
+    with pytest.raises(AbInputError, match="keeps every launch.*leave --slow-spells out") as e:
         design_for(2, 5, None, None, "replace", paired=True)
     assert e.value.option == "--paired"
     with pytest.raises(ValueError, match="slow_rule must be 'keep' when paired"):

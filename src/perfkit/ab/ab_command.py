@@ -83,7 +83,7 @@ def design_for(
     recording (its meta ``ab.sequential``, else one look at its launches a side: the fixed-N A/B
     it was). ``paired`` (``--paired``; None: the recording's, else False) makes the slow-spell
     rule ``keep`` unless one is given. Raises :class:`AbInputError` (``-n/--launches,
-    --max-launches``) out of range; (``--paired``) with ``--slow-rule replace``."""
+    --max-launches``) out of range; (``--paired``) with ``--slow-spells replace``."""
     rec: dict[str, Any] = {}
     if bundles is not None:
         rec = recorded_design(bundles)
@@ -96,7 +96,7 @@ def design_for(
     if pair and slow_rule == "replace":
         raise AbInputError(
             "a paired A/B keeps every launch (a pair shares its host state; replacing one side's "
-            "launch would break the pair): leave --slow-rule out or pass keep",
+            "launch would break the pair): leave --slow-spells out or pass keep",
             "--paired",
         )
     try:
