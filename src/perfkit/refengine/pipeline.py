@@ -377,16 +377,12 @@ class StagedPipeline:
                     latents, embeds, mask, (n_lat, h_lat, w_lat), req, out, timing, gen
                 )
             out.latent_shape = [int(self.c.transformer.config.in_channels), n_lat, int(h_lat), int(w_lat)]
-            if self.cfg_parallel is not None and self.cfg_parallel.rank != 0:
-                self._sync()
-                self._account_injected(out)
-                self._resolve(out)  # event-timed stages and steps of this rank
-                return out  # only rank 0 decodes (finally below still closes the run)
-            with self._stage("DecodingStage", out, timing):
-                lat5 = self._unpacked(latents, n_lat, h_lat, w_lat)
-                video = self.c.vae.decode(lat5.to(self.dtype), None, return_dict=False)[0]
-                if keep_output:
-                    out.video = ((video.float().clamp(-1, 1) + 1) * 127.5).to(torch.uint8).cpu().numpy()
+            if self.cfg_parallel is None or self.cfg_parallel.rank == 0:  # only rank 0 decodes
+                with self._stage("DecodingStage", out, timing):
+                    lat5 = self._unpacked(latents, n_lat, h_lat, w_lat)
+                    video = self.c.vae.decode(lat5.to(self.dtype), None, return_dict=False)[0]
+                    if keep_output:
+                        out.video = ((video.float().clamp(-1, 1) + 1) * 127.5).to(torch.uint8).cpu().numpy()
             self._sync()
             self._account_injected(out)
         finally:
