@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from perfkit.common.presets import PRESET_NAMES
+from perfkit.common.frames import PRESET_NAMES
 from perfkit.refengine.flags import (
     OffloadNotApplicable,
     build_parser,

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from perfkit.common.presets import PRESET_NAMES
+from perfkit.common.frames import PRESET_NAMES
 
 #: Words the local tokenizer is trained on (a deterministic BPE; only its shape matters).
 _CORPUS = (
@@ -94,7 +94,7 @@ PRESETS: dict[str, Preset] = {
 }
 if tuple(PRESETS) != PRESET_NAMES:  # the leaf module names them for validation without torch
     raise ImportError(
-        f"perfkit.common.presets.PRESET_NAMES {PRESET_NAMES} != refengine presets {tuple(PRESETS)}"
+        f"perfkit.common.frames.PRESET_NAMES {PRESET_NAMES} != refengine presets {tuple(PRESETS)}"
     )
 
 
