@@ -20,7 +20,7 @@ import pytest
 from perfkit.engine.launch import launch
 from perfkit.engine.spec import EngineSpec
 from perfkit.refengine.cli import main as engine_main
-from perfkit.refengine.memhistory import max_snapshots
+from perfkit.refengine.profiling import max_snapshots
 from refengine_helpers import spec
 
 pytestmark = pytest.mark.slow

@@ -44,3 +44,31 @@ def test_frame_math(n, aligned, latent):
 def test_frame_math_rejects_zero():
     with pytest.raises(ValueError, match="num_frames"):
         align_frames(0)
+
+
+class _Rank1:
+    """A CFG-parallel rank 1 without a process group: it computes its own (conditional) branch."""
+
+    rank = 1
+
+    def begin_request(self) -> None:
+        pass
+
+    def step_split(self) -> tuple[list[float], list[float]]:
+        return [], []
+
+    def noise(self, predict, latents, embeds, mask, cfg, guidance):
+        b = slice(1, 2) if cfg else slice(None)
+        return predict(latents, embeds[b], mask[b])
+
+
+def test_non_zero_rank_total_ends_before_its_timings_are_resolved(pipe, monkeypatch):
+    """A rank other than 0 skips decoding, and its total_ms, like rank 0's, excludes the sync
+    that resolves the stage timings."""
+    seen = []
+    resolve = pipe._resolve
+    monkeypatch.setattr(pipe, "cfg_parallel", _Rank1())
+    monkeypatch.setattr(pipe, "_resolve", lambda out: (seen.append(out.total_ms), resolve(out)))
+    r = pipe.run(GenRequest("a cat", 17, 64, 64, 2))
+    assert seen == [r.total_ms] and r.total_ms > 0
+    assert "DecodingStage" not in [s.name for s in r.stages] and len(r.steps) == 2

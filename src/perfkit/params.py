@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from perfkit.common.presets import MAX_FRAMES, PIXEL_MULTIPLE
+from perfkit.common.frames import MAX_FRAMES, PIXEL_MULTIPLE
 from perfkit.common.slugs import did_you_mean
 from perfkit.engine.spec import (
     BAD_KIND,

@@ -38,9 +38,7 @@ def _interrupt(signum: int, frame: Any) -> None:  # noqa: ARG001
 
 
 def _redeliver(hook: Any) -> Any:
-    """An ``sys.unraisablehook`` that delivers again an interrupt raised in a ``__del__`` or GC
-    callback (Python only prints "Exception ignored"): the signal is raised anew in the main
-    thread from a timer thread; anything else goes to ``hook``."""
+    """An ``sys.unraisablehook`` that delivers an interrupt swallowed in a ``__del__`` again."""
     import _thread
     import threading
 
@@ -130,9 +128,7 @@ EXIT_DEADLINE_S = 10.0
 
 
 def _exit_interrupted() -> None:
-    """End this interrupted process now with :data:`EXIT_ERROR`: its exit hooks run, bounded by
-    :data:`EXIT_DEADLINE_S`; library threads and module teardown are skipped (CI once saw
-    ``lab --replay`` alive 60 s after its interrupt line)."""
+    """End this interrupted process now with :data:`EXIT_ERROR`, its exit hooks bounded in time."""
     import atexit
     import os
     import threading
@@ -175,11 +171,9 @@ def _run(command: "click.Command", args: list[str], prog_name: str) -> tuple[int
         if type(sys.stdout).__name__ == "_PacifyFlushWrapper":  # click's exit 1 on EPIPE: `| head`
             code = EXIT_SIGPIPE
     except OSError as exc:  # a path the command cannot write or read (--out under a file, /sys)
-        if _SEEN:
-            code = EXIT_ERROR
-        else:
+        if not _SEEN:
             print(f"{_words(command, args, prog_name)}: error: {exc}", file=sys.stderr)
-            code = EXIT_ERROR
+        code = EXIT_ERROR
     except Exception as exc:  # a crash is an error, never a verdict: exit 2, not Python's 1
         from perfkit.common import MissingExtra
 

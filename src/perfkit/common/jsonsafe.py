@@ -11,42 +11,37 @@ import math
 from typing import Any
 
 
-def finite(v: Any) -> Any:
-    """``v`` with every NaN/±inf float replaced by None, recursively (dict keys become str,
-    tuples lists, numpy scalars Python numbers)."""
+def _walk(v: Any, prefix: str, bad: list[str]) -> Any:
+    """``v`` with non-finite floats as None; their dotted paths appended to ``bad``."""
     if isinstance(v, float):
-        return v if math.isfinite(v) else None
+        if math.isfinite(v):
+            return v
+        bad.append(prefix or "<value>")
+        return None
     if isinstance(v, dict):
-        return {str(k): finite(x) for k, x in v.items()}
+        return {str(k): _walk(x, f"{prefix}.{k}" if prefix else str(k), bad) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [finite(x) for x in v]
+        return [_walk(x, f"{prefix}[{i}]", bad) for i, x in enumerate(v)]
     if hasattr(v, "item") and not isinstance(v, (str, bytes)):
         try:
-            return finite(v.item())
+            return _walk(v.item(), prefix, bad)
         except (TypeError, ValueError):
             pass
     return v
 
 
+def finite(v: Any) -> Any:
+    """``v`` with every NaN/±inf float replaced by None, recursively (dict keys become str,
+    tuples lists, numpy scalars Python numbers)."""
+    return _walk(v, "", [])
+
+
 def non_finite_paths(v: Any, prefix: str = "") -> list[str]:
     """Dotted paths (``results.warm.median_ms``, ``rows[2].actual``) of the non-finite floats in
     ``v``: what :func:`finite` turns into null."""
-    out: list[str] = []
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            out.append(prefix or "<value>")
-    elif isinstance(v, dict):
-        for k, x in v.items():
-            out += non_finite_paths(x, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(v, (list, tuple)):
-        for i, x in enumerate(v):
-            out += non_finite_paths(x, f"{prefix}[{i}]")
-    elif hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        try:
-            out += non_finite_paths(v.item(), prefix)
-        except (TypeError, ValueError):
-            pass
-    return out
+    bad: list[str] = []
+    _walk(v, prefix, bad)
+    return bad
 
 
 def dumps(obj: Any, **kw: Any) -> str:

@@ -27,7 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from perfkit.common.presets import PRESET_NAMES
+from perfkit.common.frames import PRESET_NAMES
 from perfkit.common.slugs import did_you_mean
 from perfkit.engine.argv import (
     argv_list,

@@ -16,9 +16,9 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from perfkit.common.frames import MAX_FRAMES
 from perfkit.common.jsonsafe import unique_keys
 from perfkit.common.numfmt import json_float
-from perfkit.common.presets import MAX_FRAMES
 from perfkit.common.provenance import repo_root
 from perfkit.engine.client import AsyncVideoClient, RequestOutcome, VideoRequestSpec, closed_loop, open_loop
 from perfkit.investigations.load_stats import capacity_rps, first_error, shape_key

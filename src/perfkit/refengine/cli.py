@@ -14,13 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from perfkit.common.presets import PRESET_NAMES
+from perfkit.common.frames import PRESET_NAMES
 from perfkit.refengine.flags import (
-    OffloadNotApplicable,
+    COMPONENTS,
     build_parser,
-    check_applicable,
     parse_indices,
-    requested_modes,
     server_args_line,
     sglang_perf_log_dir,
 )
@@ -65,8 +63,7 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
-    """Check the arguments, build the engine and serve (rank 0) or compute (other ranks).
-    Raises :class:`_Refused` for bad arguments or a refused configuration."""
+    """Check the arguments, build the engine and serve (rank 0) or compute (other ranks)."""
     snapshot_after = _checked(args)
     _refuse_before_torch(args)
 
@@ -75,14 +72,13 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
 
     from perfkit.common.provenance import git_commit
     from perfkit.refengine import dist, models, placement
-    from perfkit.refengine.memhistory import SnapshotRecorder, snapshot
     from perfkit.refengine.pipeline import StagedPipeline
-    from perfkit.refengine.profiling import CompileWatch
+    from perfkit.refengine.profiling import CompileWatch, SnapshotRecorder, snapshot
     from perfkit.refengine.server import Engine
 
     if args.preset not in models.PRESETS and not args.model_path:
         raise _Refused(f"unknown --preset {args.preset!r}; known: {', '.join(models.PRESETS)}")
-    device = _device(args.device)
+    device = _device(args, rank)
     # started before the models load, so the weights' blocks carry their allocation stacks too
     recorder = SnapshotRecorder(
         device,
@@ -91,18 +87,15 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
         args.memory_snapshot_entries,
     )
     recorder.start()
-    if args.num_gpus > 1:
-        device = _rank_device(args, device, rank)
     if args.cpu_threads is not None:  # after the ranks' default: the spec's cpu_threads wins
         torch.set_num_threads(args.cpu_threads)
-    requested = _requested_offload(args, device)
+    requested = _requested_offload(args, device.type)
     preset = models.PRESETS.get(args.preset, models.PRESETS["tiny"])
-    dtype = _dtype(args, preset, device)
+    auto_dtype = preset.dtype if device.type == "cuda" else "float32"
+    dtype = getattr(torch, auto_dtype if args.dtype == "auto" else args.dtype)
 
     # bind first so an occupied port fails before minutes of loading
     sock = _bind(args) if rank == 0 else None
-    if sock is not None:
-        args.port = sock.getsockname()[1]  # the port served (0 asked: the one picked)
     runner, store = _start_ranks(args, raw_argv, rank) if args.num_gpus > 1 else (None, None)
 
     try:
@@ -114,8 +107,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     comps = _components(args, device, dtype, cap, requested)
     placed = placement.place_components(comps, device, cap, requested)
     where = placed.name
-    compiled = _compile_settings(args, placed, device)
-    do_compile, _, recompile_limit, compile_vae = compiled
+    compiled = _compile_settings(args, placed, device, comps)
     stage_delay = _injected_delay(args)
     par = dist.init(rank, args.num_gpus, store, device) if args.num_gpus > 1 else None
     pipe = StagedPipeline(
@@ -124,11 +116,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
         dtype,
         two_stage=args.two_stage,
         refine_steps=args.refine_steps,
-        compile=do_compile,
-        compile_backend=args.compile_backend,
-        compile_vae=compile_vae,
         compile_watch=CompileWatch(),
-        recompile_limit=recompile_limit,
         cfg_parallel=par,
     )
     pipe.stage_delay = stage_delay
@@ -179,14 +167,6 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     return serve_http(engine, comps.source, sock, runner, warm)
 
 
-def _dtype(args: argparse.Namespace, preset: Any, device: Any) -> Any:
-    import torch
-
-    if args.dtype == "auto":
-        return getattr(torch, preset.dtype) if device.type == "cuda" else torch.float32
-    return getattr(torch, args.dtype)
-
-
 def _injected_delay(args: argparse.Namespace) -> dict[str, float]:
     """TEST ONLY ``--debug-stage-delay``: stage -> fraction of its own work to add (logged)."""
     stage_delay = {name: pct / 100.0 for name, pct in args.debug_stage_delay}
@@ -200,11 +180,10 @@ def _injected_delay(args: argparse.Namespace) -> dict[str, float]:
 
 
 def _warmup_frames(args: argparse.Namespace) -> tuple[int, str]:
-    """(startup warmup frames, the rule that chose them): multi-GPU two-stage may use its own
-    frame count (seed case 003), else ``--warmup-frames``."""
-    if args.two_stage and args.num_gpus > 1 and args.warmup_frames > 0:
-        if args.multi_gpu_warmup_frames is not None:
-            return args.multi_gpu_warmup_frames, "multi_gpu_two_stage"
+    """(startup warmup frames, the rule that chose them: multi-GPU two-stage may have its own)."""
+    mg = args.multi_gpu_warmup_frames
+    if args.two_stage and args.num_gpus > 1 and args.warmup_frames > 0 and mg is not None:
+        return mg, "multi_gpu_two_stage"
     return args.warmup_frames, "generic"
 
 
@@ -215,15 +194,14 @@ def _engine_info(
     placed: Any,
     comps: Any,
     cap: Any,
-    compiled: tuple[bool, str | None, int | None, bool],
+    compiled: tuple[bool, str | None, int | None],
     warmup: tuple[int, str],
     stage_delay: dict[str, float],
 ) -> dict[str, Any]:
-    """The engine's effective config, as it runs (the server's ``info``; perfkit records and
-    gates it): device and placement, model, dtype, compile, warmup, cap, parallelism."""
+    """The engine's effective config as it runs (the server's ``info``, in every record)."""
     import torch
 
-    do_compile, compile_off_reason, recompile_limit, _ = compiled
+    do_compile, compile_off_reason, recompile_limit = compiled
     warmup_frames, warmup_rule = warmup
     info = {
         "device": str(device),
@@ -262,8 +240,7 @@ def _engine_info(
 
 
 def _checked(args: argparse.Namespace) -> list[int]:
-    """The measured request indices to snapshot after (``--memory-snapshot-after``), once the
-    numeric options are checked. Raises :class:`_Refused` naming the bad option."""
+    """Check the numeric options; the indices of ``--memory-snapshot-after``."""
     if args.num_gpus < 1:
         raise _Refused(f"--num-gpus must be >= 1, got {args.num_gpus}")
     if args.rank is not None and not (
@@ -289,26 +266,21 @@ def _checked(args: argparse.Namespace) -> list[int]:
     return snapshot_after
 
 
-def _device(name: str) -> Any:
-    """The torch device ``--device`` names (``auto``: CUDA when available, else the CPU; a bare
-    ``cuda`` is the current CUDA device)."""
+def _device(args: argparse.Namespace, rank: int) -> Any:
+    """The torch device ``--device`` names (a bare ``cuda``: the current CUDA device), or with
+    ``--num-gpus`` > 1 this rank's (CPU threads shared, NVLink multicast off)."""
     import torch
 
+    from perfkit.refengine import dist
+
+    name = args.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _rank_device(args: argparse.Namespace, device: Any, rank: int) -> Any:
-    """This rank's device of a multi-rank engine (CPU threads shared, the CUDA device made
-    current before the seeded build, NVLink multicast off). Raises :class:`_Refused`."""
-    import torch
-
-    from perfkit.refengine import dist
-
+    if args.num_gpus == 1:
+        return device
     try:
         device = dist.rank_device(device, rank, args.num_gpus)
     except ValueError as exc:
@@ -323,9 +295,7 @@ def _rank_device(args: argparse.Namespace, device: Any, rank: int) -> Any:
 
 
 def _refuse_before_torch(args: argparse.Namespace) -> None:
-    """Refuse before torch is imported (seconds of CPU) an accelerator offload mode, or
-    ``--placement`` with ``--offload``, on a device named ``cpu``, where :func:`_serve` would
-    refuse it first (a known preset or ``--model-path``). Raises :class:`_Refused`."""
+    """Refuse an offload that :func:`_serve` would refuse on a device named ``cpu``, before torch."""
     known_model = args.preset in PRESET_NAMES or bool(args.model_path)
     name = args.device
     on_cpu = name == "cpu" or (name.startswith("cpu:") and name[4:].isdigit())
@@ -333,28 +303,34 @@ def _refuse_before_torch(args: argparse.Namespace) -> None:
         _requested_offload(args, "cpu")
 
 
-def _requested_offload(args: argparse.Namespace, device: Any) -> dict[str, Any]:
-    """Component -> the offload mode asked for (``--offload``, ``--offload-<component>`` or the
-    older ``--placement``, which a CPU device ignores). ``device``: a torch device or its type
-    (``"cpu"``). Raises :class:`_Refused` when both kinds of flag are given or a mode does not
-    apply to the device."""
-    kind = device if isinstance(device, str) else device.type
-    per_component = {c: getattr(args, f"offload_{c}") for c in ("transformer", "text_encoder", "vae")}
+#: the older ``--placement`` values as offload modes (``device``: all resident)
+_PLACEMENTS = {
+    "device": dict.fromkeys(COMPONENTS, "none"),
+    "group_offload": {"text_encoder": "group-leaf", "transformer": "group-leaf", "vae": "none"},
+}
+
+
+def _requested_offload(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    """Component -> the offload mode asked for (None: automatic) on a device of type ``kind``."""
+    per_component = {c: getattr(args, f"offload_{c}") for c in COMPONENTS}
     asked = args.offload is not None or any(v is not None for v in per_component.values())
     if asked and args.placement is not None:
         raise _Refused("give either --placement or --offload/--offload-<component>, not both")
-    legacy = args.placement if kind == "cuda" else None  # the older flag: ignored on the CPU
-    requested = requested_modes(args.offload, per_component, legacy=legacy)
-    try:
-        check_applicable(requested, kind)
-    except OffloadNotApplicable as exc:
-        raise _Refused(str(exc)) from None
+    legacy = args.placement if kind == "cuda" else None
+    requested = dict(_PLACEMENTS.get(legacy) or dict.fromkeys(COMPONENTS))
+    if args.offload is not None:
+        requested = dict.fromkeys(COMPONENTS, args.offload)
+    requested.update({c: m for c, m in per_component.items() if m is not None})
+    bad = {c: m for c, m in requested.items() if m not in (None, "none")}
+    if kind == "cpu" and bad:
+        comps, mode = ", ".join(f"{c}={m}" for c, m in bad.items()), next(iter(bad.values()))
+        raise _Refused(f"offload mode {mode!r} needs an accelerator; device is cpu ({comps})")
     return requested
 
 
 def _bind(args: argparse.Namespace) -> socket.socket:
-    """The listening socket, bound before the models load (an occupied port fails at once);
-    marks ``listening`` with the port. Raises :class:`_Refused` when it cannot bind."""
+    """The listening socket, bound before the models load; marks ``listening`` with the port
+    served (``args.port``: the one picked when 0 was asked)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # inherited by accepted connections: with Nagle a poll waited for the delayed ACK (40 ms a GET)
@@ -363,14 +339,13 @@ def _bind(args: argparse.Namespace) -> socket.socket:
         sock.bind((args.host, args.port))
     except OSError as exc:
         raise _Refused(f"cannot bind {args.host}:{args.port}: {exc}") from None
-    port = sock.getsockname()[1]
-    mark("listening", port=port)
+    args.port = sock.getsockname()[1]
+    mark("listening", port=args.port)
     return sock
 
 
 def _start_ranks(args: argparse.Namespace, raw_argv: list[str], rank: int) -> tuple[Any, Any]:
-    """(rank 0's runner or None, the rendezvous store): rank 0 spawns the other ranks now (they
-    load in parallel); another rank joins rank 0's store."""
+    """(rank 0's runner or None, the rendezvous store); rank 0 spawns the other ranks now."""
     from perfkit.refengine import dist
 
     if rank == 0:
@@ -386,8 +361,7 @@ def _start_ranks(args: argparse.Namespace, raw_argv: list[str], rank: int) -> tu
 def _components(
     args: argparse.Namespace, device: Any, dtype: Any, cap: Any, requested: dict[str, Any]
 ) -> Any:
-    """The model components: loaded from ``--model-path``, else built from the preset with seeded
-    random weights, straight on the GPU when everything will be resident and fits the cap."""
+    """The model components, from ``--model-path`` or built from the preset (see docs/refengine.md)."""
     import torch
 
     from perfkit.refengine import models, placement
@@ -404,13 +378,14 @@ def _components(
 
 
 def _compile_settings(
-    args: argparse.Namespace, placed: Any, device: Any
-) -> tuple[bool, str | None, int | None, bool]:
-    """(compile the transformer, why not when asked, recompile limit, compile the VAE), as the
-    placement (docs/refengine.md) and the backend allow; sets dynamo's process-wide limit."""
+    args: argparse.Namespace, placed: Any, device: Any, comps: Any
+) -> tuple[bool, str | None, int | None]:
+    """(compile the transformer, why not when asked, recompile limit); compiles the transformer
+    (and the VAE decoder) with ``torch.compile(dynamic=False)`` as the placement allows."""
     import torch._dynamo
 
     from perfkit.refengine import placement
+    from perfkit.refengine.pipeline import compile_kwargs
 
     do_compile, compile_off_reason = args.compile, None
     recompile_limit = args.recompile_limit
@@ -436,30 +411,26 @@ def _compile_settings(
         log.warning("VAE torch.compile disabled: the VAE is offloaded (%s)", placed.offload["vae"])
         compile_vae = False
     if recompile_limit is not None:
-        # thread-local in torch >= 2.13: the pipeline also passes it to torch.compile
+        # thread-local in torch >= 2.13: also passed to torch.compile where it takes it
         torch._dynamo.config.recompile_limit = recompile_limit
-    return do_compile, compile_off_reason, recompile_limit, compile_vae
+    if do_compile:
+        kw = compile_kwargs(args.compile_backend, recompile_limit)
+        comps.transformer.compile(**kw)
+        if compile_vae:
+            comps.vae.decoder.compile(**kw)
+    return do_compile, compile_off_reason, recompile_limit
 
 
 def _startup_warmup(
     engine: Any, args: argparse.Namespace, defaults: dict[str, Any], warmup_frames: int, device: Any
 ) -> bool:
-    """Run the startup warmup request (the engine resets the peak memory statistics as it starts
-    it); False (``error: ...`` on stderr) when it failed."""
+    """Run the startup warmup request; False (``error: ...`` on stderr) when it failed."""
     from perfkit.refengine.jobs import GenRequest
-    from perfkit.refengine.memhistory import snapshot
+    from perfkit.refengine.profiling import snapshot
 
     wh, ww = args.warmup_resolution or (defaults["height"], defaults["width"])
-    job = engine.run_sync(
-        GenRequest(
-            prompt="warmup",
-            num_frames=warmup_frames,
-            height=wh,
-            width=ww,
-            num_inference_steps=args.warmup_steps,
-        ),
-        tag="warmup",
-    )
+    job = engine.submit(GenRequest("warmup", warmup_frames, wh, ww, args.warmup_steps), tag="warmup")
+    job.done.wait()
     if job.status != "completed":
         print(f"error: startup warmup failed: {job.error}", file=sys.stderr)
         return False
@@ -489,8 +460,7 @@ def _attention_backend() -> str:
 
 
 def _compile_unusable(backend: str, device) -> str | None:
-    """Why torch.compile cannot run here, or None: inductor on a CPU device needs a C++ compiler
-    (torch's ``cpp_builder.get_cpp_compiler``, honouring ``CXX``)."""
+    """Why torch.compile cannot run here (inductor on a CPU device without a C++ compiler), or None."""
     if backend != "inductor" or device.type != "cpu":
         return None
     try:

@@ -169,8 +169,7 @@ def init(rank: int, world_size: int, store, device: torch.device) -> CfgParallel
 
 
 def _pdeathsig_hook() -> Callable[[], None] | None:
-    """A preexec_fn asking the kernel to SIGKILL the child when rank 0 dies (Linux; libc loaded
-    here in the parent, so the child only makes the system call between fork and exec)."""
+    """A preexec_fn asking the kernel to SIGKILL the child when rank 0 dies (Linux)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -196,21 +195,18 @@ def spawn_ranks(argv: list[str], world_size: int, init_url: str) -> list[subproc
 
 
 def stop_ranks(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
-    """SIGTERM the ranks, wait ``grace_s``, SIGKILL those left; reaps them all."""
+    """SIGTERM the ranks, wait ``grace_s``, SIGKILL those left; reaps them all (signalling an
+    exited one does nothing)."""
     for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.terminate()
+        p.terminate()
     deadline = time.monotonic() + grace_s
     for p in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
     for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=5)
+        p.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5)
 
 
 def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any]) -> dict[str, Any]:
@@ -256,7 +252,7 @@ class Rank0Runner:
         self.pipe, self.par, self.device = pipe, par, pipe.device
 
     def run(self, req, keep_output: bool = False, slow: bool = False):
-        from perfkit.refengine.memhistory import snapshot
+        from perfkit.refengine.profiling import snapshot
 
         if self.fatal:
             raise RuntimeError(f"multi-rank engine unusable: {self.fatal}")
@@ -317,7 +313,7 @@ def worker_loop(pipe, par: CfgParallel, warmup_first: bool, snapshots: dict[str,
     """Serve rank 0's broadcasts until told to stop; returns the exit code. ``warmup_first``: the
     first run is the startup warmup (its peak becomes ``warmup_peak``)."""
     from perfkit.refengine.jobs import GenRequest
-    from perfkit.refengine.memhistory import snapshot
+    from perfkit.refengine.profiling import snapshot
 
     dev = pipe.device
     n = 0

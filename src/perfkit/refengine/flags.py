@@ -1,9 +1,7 @@
 """The reference engine's command line options (``perfkit engine serve``, ``python -m
 perfkit.refengine``): :func:`build_parser`, sglang's environment for the perf log
-(:func:`sglang_perf_log_dir`), and the offload modes asked for (:func:`requested_modes`,
-:func:`check_applicable`; no torch needed, so a CPU device refuses an accelerator mode before
-torch is imported; :mod:`perfkit.refengine.placement` applies them). Flags follow ``sglang
-serve`` where it has them.
+(:func:`sglang_perf_log_dir`) and sglang's ``server_args`` line. Flags follow ``sglang serve``
+where it has them.
 """
 
 from __future__ import annotations
@@ -11,65 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any, Mapping
+from typing import Any
 
 #: Offload modes, one per component (``--offload``, ``--offload-<component>``).
 OFFLOAD_MODES = ("none", "model", "group-block", "group-leaf")
-#: Modes that move weights between host and an accelerator (refused on a CPU device).
-ACCELERATOR_MODES = ("model", "group-block", "group-leaf")
 #: Components with their own offload flag, in execution order (the upsampler follows ``vae``).
 COMPONENTS = ("text_encoder", "transformer", "vae")
-
-
-class OffloadNotApplicable(ValueError):
-    """An offload mode that the device cannot run (every mode but ``none`` on a CPU device)."""
-
-
-def requested_modes(
-    offload: str | None = None,
-    per_component: Mapping[str, str | None] | None = None,
-    legacy: str | None = None,
-) -> dict[str, str | None]:
-    """component -> the mode asked for (None: automatic) from ``--offload`` (every component),
-    ``--offload-<component>`` (overrides it for that component) and the older ``--placement``
-    (``device``: ``none`` everywhere; ``group_offload``: leaf-level group offload of the
-    transformer and text encoder, VAE resident).
-
-    Raises:
-        ValueError: an unknown mode or component.
-    """
-    out: dict[str, str | None] = {c: None for c in COMPONENTS}
-    if legacy == "device":
-        out = {c: "none" for c in COMPONENTS}
-    elif legacy == "group_offload":
-        out = {"text_encoder": "group-leaf", "transformer": "group-leaf", "vae": "none"}
-    elif legacy is not None:
-        raise ValueError(f"unknown placement {legacy!r}; known: device, group_offload")
-    if offload is not None:
-        out = {c: offload for c in COMPONENTS}
-    for comp, mode in (per_component or {}).items():
-        if comp not in COMPONENTS:
-            raise ValueError(f"unknown component {comp!r}; known: {', '.join(COMPONENTS)}")
-        if mode is not None:
-            out[comp] = mode
-    for comp, mode in out.items():
-        if mode is not None and mode not in OFFLOAD_MODES:
-            raise ValueError(f"unknown offload mode {mode!r} for {comp}; known: {', '.join(OFFLOAD_MODES)}")
-    return out
-
-
-def check_applicable(requested: Mapping[str, str | None], device: Any) -> None:
-    """Raise :class:`OffloadNotApplicable` when a requested mode needs an accelerator and
-    ``device`` (a ``torch.device``, or its type as a string: ``"cpu"``) is the CPU. The message
-    names the mode and the device: ``offload mode 'model' needs an accelerator; device is cpu``
-    (then the components asking)."""
-    kind = device if isinstance(device, str) else device.type
-    bad = {c: m for c, m in requested.items() if m in ACCELERATOR_MODES}
-    if kind != "cpu" or not bad:
-        return
-    mode = next(iter(dict.fromkeys(bad.values())))
-    comps = ", ".join(f"{c}={m}" for c, m in bad.items())
-    raise OffloadNotApplicable(f"offload mode {mode!r} needs an accelerator; device is {kind} ({comps})")
 
 
 def _resolution(text: str) -> tuple[int, int]:
@@ -141,14 +86,11 @@ def parse_indices(text: str) -> list[int]:
     Raises:
         ValueError: an entry is not an integer >= 0.
     """
-    out: list[int] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    for part in parts:
         if not part.isdigit():
             raise ValueError(f"expected request indices like 0,3 (integers >= 0), got {part!r}")
-        out.append(int(part))
-    return sorted(set(out))
+    return sorted({int(p) for p in parts})
 
 
 def build_parser() -> argparse.ArgumentParser:

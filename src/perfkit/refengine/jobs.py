@@ -22,8 +22,7 @@ import numpy as np
 import psutil
 
 from perfkit.common.recordformat import PERF_LOG_NAME
-from perfkit.refengine.memhistory import max_snapshots
-from perfkit.refengine.profiling import CompileWindow, TraceInfo
+from perfkit.refengine.profiling import CompileWindow, TraceInfo, max_snapshots
 
 log = logging.getLogger(__name__)
 
@@ -153,29 +152,27 @@ class Job:
     trace: TraceInfo | None = None
     #: 0-based index among measured requests (0: the cold request); None for the warmup
     measured_index: int | None = None
-    #: the allocator snapshot written after this request (:mod:`.memhistory`), if one was asked
+    #: the allocator snapshot written after this request (:class:`.profiling.SnapshotRecorder`), if one was asked
     memory_snapshot: dict[str, Any] | None = None
 
 
 class PerfLogWriter:
-    """Appends whole lines to DIR/performance.log (one ``os.write`` of an O_APPEND fd per line)."""
+    """Appends whole lines to DIR/performance.log (one ``os.write`` of an O_APPEND fd per line),
+    from the engine's one worker thread."""
 
     def __init__(self, directory: str | Path | None):
         self.path = Path(directory) / PERF_LOG_NAME if directory else None
-        self._lock = threading.Lock()
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, obj: dict[str, Any]) -> None:
         if not self.path:
             return
-        data = (json.dumps(obj, default=_json_default) + "\n").encode()
-        with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(obj, default=_json_default) + "\n").encode())
+        finally:
+            os.close(fd)
 
 
 def _json_default(o: Any) -> Any:
@@ -190,7 +187,6 @@ def job_record(
     snapshots: dict[str, dict[str, float] | None],
     info: dict[str, Any],
     commit_hash: str | None,
-    rank: int = 0,
 ) -> dict[str, Any]:
     """The ``performance.log`` object of one finished job: sglang's per-request layout
     (request_id, timestamp, commit_hash, tag, stages, steps, total_duration_ms,
@@ -214,10 +210,7 @@ def job_record(
         "status": job.status,
         "error": job.error,
         "num_frames_requested": job.req.num_frames,
-        "height": job.req.height,
-        "width": job.req.width,
-        "num_inference_steps": job.req.num_inference_steps,
-        "guidance_scale": job.req.guidance_scale,
+        **{k: getattr(job.req, k) for k in ("height", "width", "num_inference_steps", "guidance_scale")},
         "stage_timing": job.req.timing_mode,
         "ignored_fields": job.ignored_fields,
         **host_memory(),
@@ -235,7 +228,7 @@ def job_record(
     if job.memory_snapshot is not None:
         pk["memory_snapshot"] = job.memory_snapshot
     if job.trace is not None:  # sglang's profile fields: what was profiled and where it went
-        pk["profile"] = {**dataclasses.asdict(job.trace), "rank": rank}
+        pk["profile"] = {**dataclasses.asdict(job.trace), "rank": 0}  # traced by the serving rank 0
     if res is not None:
         rec.update(record_payload(res))
         pk.update(
@@ -270,18 +263,10 @@ def job_record(
     return rec
 
 
-def alignment_note(requested: int, effective: int | None) -> str:
-    """Why the answer's ``num_frames`` differs from the request's: ``"num_frames 24 aligned up
-    to 25 (LTX: 8k+1 frames)"``; empty when they are equal."""
-    if effective is None or effective == requested:
-        return ""
-    return f"num_frames {requested} aligned up to {effective} (LTX: 8k+1 frames)"
-
-
 def job_body(job: Job) -> dict[str, Any]:
     """The /v1/videos answer: sglang's video object plus ``started_at``, ``perfkit_times`` (the
     job's clock, epoch s) and the effective shape (``num_frames`` aligned, ``num_frames_requested``,
-    ``alignment_note``)."""
+    ``alignment_note``: ``"num_frames 24 aligned up to 25 (LTX: 8k+1 frames)"``, else empty)."""
     body: dict[str, Any] = {"id": job.id, "object": "video", "status": job.status}
     body.update({"created_at": int(job.created), "error": job.error})
     if job.started is not None:
@@ -290,12 +275,13 @@ def job_body(job: Job) -> dict[str, Any]:
         body["completed_at"] = int(job.completed)
     r = job.req
     effective = job.effective_frames if job.effective_frames is not None else r.num_frames
+    note = f"num_frames {r.num_frames} aligned up to {effective} (LTX: 8k+1 frames)"
     body.update(
         # sglang's *_at are whole seconds; the job's clock to the microsecond (sub-second queue waits)
         perfkit_times={"submitted": job.created, "started": job.started, "completed": job.completed},
         num_frames=effective,
         num_frames_requested=r.num_frames,
-        alignment_note=alignment_note(r.num_frames, effective),
+        alignment_note=note if effective != r.num_frames else "",
         height=r.height,
         width=r.width,
         size=f"{r.width}x{r.height}",

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from perfkit.common.presets import PRESET_NAMES
+from perfkit.common.frames import PRESET_NAMES
 
 #: Words the local tokenizer is trained on (a deterministic BPE; only its shape matters).
 _CORPUS = (
@@ -30,7 +30,6 @@ class Preset:
     encoder; serving defaults (pixels, steps, frames; ltx-2b's); the weight dtype on GPU (CPU
     always runs float32)."""
 
-    name: str
     transformer: dict[str, Any]
     vae: dict[str, Any]
     text_encoder: dict[str, Any]
@@ -47,7 +46,6 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     # Small enough for 2 CPU cores; keeps the full VAE's compression (32x spatial, 8x temporal).
     "tiny": Preset(
-        name="tiny",
         transformer=dict(
             in_channels=8,
             out_channels=8,
@@ -77,7 +75,6 @@ PRESETS: dict[str, Preset] = {
     ),
     # diffusers' default LTX-Video transformer (~1.9 B parameters), full-size VAE, T5-XXL encoder.
     "ltx-2b": Preset(
-        name="ltx-2b",
         transformer=dict(),
         vae=dict(),
         text_encoder=dict(
@@ -94,7 +91,7 @@ PRESETS: dict[str, Preset] = {
 }
 if tuple(PRESETS) != PRESET_NAMES:  # the leaf module names them for validation without torch
     raise ImportError(
-        f"perfkit.common.presets.PRESET_NAMES {PRESET_NAMES} != refengine presets {tuple(PRESETS)}"
+        f"perfkit.common.frames.PRESET_NAMES {PRESET_NAMES} != refengine presets {tuple(PRESETS)}"
     )
 
 
@@ -146,10 +143,7 @@ def build_tokenizer(vocab_size: int, max_length: int):
 
 @torch.no_grad()
 def _seeded_init(module: torch.nn.Module, seed: int) -> None:
-    """Fill every parameter with seeded values: N(0, 1/sqrt(fan_in)) for matrices, ones for norm
-    scales, zeros for biases (finite activations through deep random stacks). Drawn one parameter
-    at a time on a CUDA generator when a GPU is visible (a 14 GiB model in seconds), else on the
-    CPU; the seed fixes the values for a given generator device."""
+    """Fill every parameter with seeded values (docs/refengine.md, "Models")."""
     gen_dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     gen = torch.Generator(device=gen_dev).manual_seed(seed)
     for name, p in module.named_parameters():
@@ -163,8 +157,7 @@ def _seeded_init(module: torch.nn.Module, seed: int) -> None:
 
 
 def _materialise(cls_factory, seed: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """Construct on the meta device (no slow default init), allocate on ``device`` in ``dtype``,
-    then seed-initialise."""
+    """Construct on the meta device, allocate on ``device`` in ``dtype``, then seed-initialise."""
     from accelerate import init_empty_weights
 
     with init_empty_weights(include_buffers=False):
@@ -185,9 +178,7 @@ def _materialise(cls_factory, seed: int, device: torch.device, dtype: torch.dtyp
 
 
 def _modules(p: Preset, two_stage: bool, build: Callable[[Callable[[], Any], int], Any]) -> tuple[Any, ...]:
-    """(transformer, VAE, text encoder, upsampler or None) of preset ``p``, each made by
-    ``build(constructor, k)`` (k: the component's seed offset, 0..3); the upsampler's
-    ``in_channels`` default to the transformer's."""
+    """(transformer, VAE, text encoder, upsampler or None), each ``build(constructor, seed offset)``."""
     from diffusers import AutoencoderKLLTXVideo, LTXVideoTransformer3DModel
     from diffusers.pipelines.ltx.modeling_latent_upsampler import LTXLatentUpsamplerModel
     from transformers import T5Config, T5EncoderModel
@@ -204,15 +195,10 @@ def _modules(p: Preset, two_stage: bool, build: Callable[[Callable[[], Any], int
 def build_preset(
     name: str, dtype: torch.dtype, seed: int = 0, two_stage: bool = False, device: str | torch.device = "cpu"
 ) -> Components:
-    """Build a preset's components with seeded random weights on ``device``.
-
-    Raises:
-        KeyError: unknown preset (the message lists the known ones).
-    """
+    """Build preset ``name``'s components (a key of :data:`PRESETS`) with seeded random weights
+    on ``device``."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    if name not in PRESETS:
-        raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
     p = PRESETS[name]
     dev = torch.device(device)
     transformer, vae, text_encoder, upsampler = _modules(

@@ -13,12 +13,12 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from perfkit.common.frames import align_frames
+from perfkit.common.frames import align_frames, latent_frames
 from perfkit.refengine.jobs import GenRequest, RunResult, StageResult
-from perfkit.refengine.memhistory import MIB
 from perfkit.refengine.models import Components, ltx_pipeline
 from perfkit.refengine.profiling import (
     INJECTED_RANGE,
+    MIB,
     REGISTERED_NAMES,
     CompileWatch,
     RequestProfiler,
@@ -57,14 +57,12 @@ def compile_kwargs(backend: str, recompile_limit: int | None, compile_fn: Any = 
 
 
 class StagedPipeline:
-    """Runs LTX-Video requests stage by stage on one device, over placed components.
+    """Runs LTX-Video requests stage by stage on one device, over placed (and maybe compiled)
+    components.
 
     Args:
         two_stage: run half resolution + UpsampleStage + RefinementStage (``refine_steps``).
-        compile: ``torch.compile(dynamic=False)`` the transformer (and with ``compile_vae`` the
-            VAE decoder) with ``compile_backend``; ``compile_watch`` counts the compilations.
-        recompile_limit: dynamo's recompile limit (None: torch's default), also given to
-            ``torch.compile`` where it takes it (torch >= 2.13: config overrides are thread-local).
+        compile_watch: counts the torch.compile compilations of each request.
         cfg_parallel: this rank's :class:`~perfkit.refengine.dist.CfgParallel` (``--num-gpus``
             > 1): each rank computes one guidance branch per step and the predictions are
             gathered; only rank 0 decodes. None: one process computes both branches as a batch.
@@ -77,11 +75,7 @@ class StagedPipeline:
         dtype: torch.dtype,
         two_stage: bool = False,
         refine_steps: int = 2,
-        compile: bool = False,
-        compile_backend: str = "inductor",
-        compile_vae: bool = False,
         compile_watch: CompileWatch | None = None,
-        recompile_limit: int | None = None,
         cfg_parallel: Any = None,
     ):
         self.c = comps
@@ -94,11 +88,6 @@ class StagedPipeline:
         self.pipe.set_progress_bar_config(disable=True)
         self.temporal = self.pipe.vae_temporal_compression_ratio
         self.spatial = self.pipe.vae_spatial_compression_ratio
-        if compile:
-            kw = compile_kwargs(compile_backend, recompile_limit)
-            comps.transformer.compile(**kw)
-            if compile_vae:
-                comps.vae.decoder.compile(**kw)
         self.is_cuda = device.type == "cuda"
         self._active_sched = comps.scheduler
         self._one_step_sched = None
@@ -123,8 +112,7 @@ class StagedPipeline:
             torch.cuda.synchronize(self.device)
 
     def _clock(self) -> float:
-        """The clock sizing the injected slowdown (s): wall time on CUDA, this thread's CPU time
-        on a CPU device (other processes' time on a shared host is not work)."""
+        """The clock sizing the injected slowdown (s): wall time on CUDA, else this thread's CPU time."""
         return time.perf_counter() if self.is_cuda else time.thread_time()
 
     def _busy(self, seconds: float) -> None:
@@ -153,9 +141,7 @@ class StagedPipeline:
         return self._sleep_cpms
 
     def _inject(self, frac: float, mark: Any, stage: str) -> None:
-        """Stretch the work since ``mark`` (:meth:`_mark`) by ``frac``: busy compute on a CPU
-        device; on CUDA, without a host sync, a spin kernel sized by the newest completed piece
-        of the same stage (docs/refengine.md); :meth:`_account_injected` reads the exact ms."""
+        """Stretch the work since ``mark`` (:meth:`_mark`) by ``frac`` (docs/refengine.md)."""
         if frac <= 0:
             return
         if not self.is_cuda:
@@ -183,14 +169,6 @@ class StagedPipeline:
                 torch.cuda._sleep(cycles)
         self._inj_pieces.append((stage, mark, e1, b0, self._event()))
 
-    def _account_injected(self, out: RunResult) -> None:
-        """After the final sync: each CUDA-injected piece's [work, busy] ms into ``out.injected``."""
-        pieces, self._inj_pieces = self._inj_pieces, []
-        for st, a, b, b0, b1 in pieces:
-            acc = out.injected.setdefault(st, [0.0, 0.0])
-            acc[0] += a.elapsed_time(b)
-            acc[1] += b0.elapsed_time(b1)
-
     def _event(self):
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
@@ -198,8 +176,7 @@ class StagedPipeline:
 
     @contextmanager
     def _stage(self, name: str, out: RunResult, timing: bool | str) -> Iterator[None]:
-        """Time one stage: ``timing`` "events" (CUDA events, resolved by :meth:`_resolve`),
-        "sync" (sync at both boundaries, host clock) or falsy (none); the stage's peak memory."""
+        """Time one stage (``timing``: "events", "sync" or falsy) and its peak memory."""
         if self.watch is not None:
             self.watch.stage = name
         events = timing == "events" and self.is_cuda
@@ -233,26 +210,29 @@ class StagedPipeline:
         out.stages.append(res)
 
     def _resolve(self, out: RunResult) -> None:
-        """Fill event-timed stages and steps once the request's work is done (one sync)."""
+        """After the final sync: each CUDA-injected piece's [work, busy] ms into ``out.injected``;
+        then the event-timed stages and steps (one sync)."""
+        pieces, self._inj_pieces = self._inj_pieces, []
+        for st, a, b, b0, b1 in pieces:
+            acc = out.injected.setdefault(st, [0.0, 0.0])
+            acc[0] += a.elapsed_time(b)
+            acc[1] += b0.elapsed_time(b1)
         pending, self._pending = self._pending, []
         steps, self._pending_steps = self._pending_steps, []
-        if not pending and not steps:
-            return
-        self._sync()
+        if pending or steps:
+            self._sync()
         origin = self._request_event
-        for res, e0, e1 in pending:
+        for res, e0, e1 in pending:  # wall times on the device's timeline, from the request start
             res.ms = e0.elapsed_time(e1)
-            if origin is not None:  # wall times on the device's timeline, from the request start
-                res.t_start = out.t_start + origin.elapsed_time(e0) / 1000.0
-                res.t_end = out.t_start + origin.elapsed_time(e1) / 1000.0
+            res.t_start = out.t_start + origin.elapsed_time(e0) / 1000.0
+            res.t_end = out.t_start + origin.elapsed_time(e1) / 1000.0
         for target, events in steps:
             target.extend(a.elapsed_time(b) for a, b in zip(events, events[1:]))
 
     def _denoise(
         self, latents, embeds, mask, timesteps, shape, req, timing, step_times, stage="DenoisingStage"
     ):
-        """``timesteps`` of ``stage`` on latents of ``shape`` (frames, height, width); each step's ms
-        appended to ``step_times``."""
+        """``timesteps`` of ``stage`` on latents of ``shape``; each step's ms into ``step_times``."""
         n_lat, h_lat, w_lat = shape
         guidance, slow = req.guidance_scale, self._slow.get(stage, 0.0)
         cfg = guidance > 1.0
@@ -290,12 +270,8 @@ class StagedPipeline:
                 step_times.append((time.perf_counter() - t0) * 1000.0)
             if profiler is not None:
                 profiler.denoising_step_done()
-        if events:
-            if timing == "events":  # resolved with the stages after the request
-                self._pending_steps.append((step_times, events))
-            else:
-                events[-1].synchronize()
-                step_times.extend(a.elapsed_time(b) for a, b in zip(events, events[1:]))
+        if events:  # resolved with the stages after the request
+            self._pending_steps.append((step_times, events))
         return latents
 
     def _predict(self, model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope):
@@ -350,7 +326,7 @@ class StagedPipeline:
         pipe = self.pipe
         frames = align_frames(req.num_frames, self.temporal)
         out.effective_frames = frames
-        n_lat = (frames - 1) // self.temporal + 1
+        n_lat = latent_frames(frames, self.temporal)
         h1, w1 = req.height, req.width
         if self.two_stage:  # the first pass at half resolution, a multiple of the VAE's spatial factor
             h1, w1 = (max(self.spatial, (x // 2) // self.spatial * self.spatial) for x in (h1, w1))
@@ -377,18 +353,13 @@ class StagedPipeline:
                     latents, embeds, mask, (n_lat, h_lat, w_lat), req, out, timing, gen
                 )
             out.latent_shape = [int(self.c.transformer.config.in_channels), n_lat, int(h_lat), int(w_lat)]
-            if self.cfg_parallel is not None and self.cfg_parallel.rank != 0:
-                self._sync()
-                self._account_injected(out)
-                self._resolve(out)  # event-timed stages and steps of this rank
-                return out  # only rank 0 decodes (finally below still closes the run)
-            with self._stage("DecodingStage", out, timing):
-                lat5 = self._unpacked(latents, n_lat, h_lat, w_lat)
-                video = self.c.vae.decode(lat5.to(self.dtype), None, return_dict=False)[0]
-                if keep_output:
-                    out.video = ((video.float().clamp(-1, 1) + 1) * 127.5).to(torch.uint8).cpu().numpy()
+            if self.cfg_parallel is None or self.cfg_parallel.rank == 0:  # only rank 0 decodes
+                with self._stage("DecodingStage", out, timing):
+                    lat5 = self._unpacked(latents, n_lat, h_lat, w_lat)
+                    video = self.c.vae.decode(lat5.to(self.dtype), None, return_dict=False)[0]
+                    if keep_output:
+                        out.video = ((video.float().clamp(-1, 1) + 1) * 127.5).to(torch.uint8).cpu().numpy()
             self._sync()
-            self._account_injected(out)
         finally:
             out.total_ms = (time.perf_counter() - t_all) * 1000.0
             out.t_end = time.time()
@@ -407,8 +378,7 @@ class StagedPipeline:
         return pipe._denormalize_latents(lat5, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
 
     def _encode(self, req: GenRequest, out: RunResult, timing: bool | str) -> tuple[Any, Any]:
-        """TextEncodingStage: (prompt embeddings, attention mask) in the compute dtype, the
-        negative prompt's first when classifier-free guidance is on (``guidance_scale > 1``)."""
+        """TextEncodingStage: (embeddings, mask), the negative prompt's first with CFG."""
         cfg = req.guidance_scale > 1.0
         with self._stage("TextEncodingStage", out, timing):
             embeds, mask, neg, neg_mask = self.pipe.encode_prompt(
@@ -436,8 +406,7 @@ class StagedPipeline:
         timing: bool | str,
         gen: torch.Generator,
     ) -> tuple[Any, int, int]:
-        """The two-stage pipeline's UpsampleStage (the latent upsampler) and RefinementStage (a few
-        steps at full resolution from sigma 0.4); (latents, latent height, latent width)."""
+        """UpsampleStage and RefinementStage: (latents, latent height, latent width)."""
         pipe, vae = self.pipe, self.c.vae
         n_lat, h_lat, w_lat = shape
         p_s, p_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size

@@ -14,7 +14,7 @@ from typing import Mapping
 
 import torch
 
-from perfkit.refengine.flags import COMPONENTS, check_applicable
+from perfkit.refengine.flags import COMPONENTS
 from perfkit.refengine.models import Components
 
 log = logging.getLogger(__name__)
@@ -44,29 +44,25 @@ class Placement:
     """Where each component's weights went: ``name`` the summary (``cpu``, ``device``,
     ``group_offload`` when any component is group-offloaded, else ``model_offload``), ``offload``
     the mode applied and ``requested`` the one asked (None: automatic) per component, whether
-    group offload prefetches on a CUDA stream (any: ``use_stream``; per component: ``streams``),
-    ``automatic``: the modes came from the cap rule, not from flags."""
+    group offload prefetches on a CUDA stream (per component: ``streams``)."""
 
     name: str
     offload: dict[str, str] = field(default_factory=dict)
     requested: dict[str, str | None] = field(default_factory=dict)
-    use_stream: bool = False
     streams: dict[str, bool] = field(default_factory=dict)
-    automatic: bool = True
-
-    def by_component(self, device: torch.device) -> dict[str, str]:
-        """component -> the device (``"cuda:0"``) when resident, else ``"cpu->cuda:0"``."""
-        dev = str(device)
-        return {k: dev if m == "none" else f"cpu->{dev}" for k, m in self.offload.items()}
 
     def info(self, device: torch.device) -> dict[str, object]:
-        """The engine facts (``/v1/models`` and each record's ``perfkit`` extras)."""
+        """The engine facts (``/v1/models`` and each record's ``perfkit`` extras); a component's
+        place is the device (``"cuda:0"``) when resident, else ``"cpu->cuda:0"``."""
+        dev = str(device)
         return {
             "placement": self.name,
-            "placement_by_component": self.by_component(device),
+            "placement_by_component": {
+                k: dev if m == "none" else f"cpu->{dev}" for k, m in self.offload.items()
+            },
             "offload": dict(self.offload),
             "offload_requested": dict(self.requested),
-            "offload_use_stream": self.use_stream,
+            "offload_use_stream": any(self.streams.values()),
             "offload_streams": dict(self.streams),
         }
 
@@ -140,13 +136,9 @@ def place_components(
     requested: Mapping[str, str | None] | None = None,
 ) -> Placement:
     """Place every component by its mode (the requested one, else :func:`auto_modes`; the
-    upsampler follows the VAE) and return what was applied.
-
-    Raises:
-        OffloadNotApplicable: a mode that needs an accelerator on a CPU device.
-    """
+    upsampler follows the VAE; on a CPU device only ``none``, as the command line checked) and
+    return what was applied."""
     req = {c: (requested or {}).get(c) for c in COMPONENTS}
-    check_applicable(req, device)  # a CPU engine: ``none`` everywhere from here on
     modes = auto_modes(comps.param_bytes, cap_gib if device.type == "cuda" else None, req)
     if comps.upsampler is not None:
         modes["upsampler"] = modes["vae"]
@@ -195,12 +187,4 @@ def place_components(
             hooks.append(prev)
         if len(hooks) > 1:  # close the cycle: the first component offloads the last one
             hooks[0].hook.prev_module_hook = hooks[-1]
-    automatic = all(v is None for v in req.values())
-    return Placement(
-        name=_summary(device, modes),
-        offload=modes,
-        requested=req,
-        use_stream=any(streams.values()),
-        streams=streams,
-        automatic=automatic,
-    )
+    return Placement(name=_summary(device, modes), offload=modes, requested=req, streams=streams)

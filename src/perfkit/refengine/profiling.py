@@ -2,8 +2,11 @@
 ``num_profiled_timesteps``, ``profile_all_stages``; sglang's ``runtime/utils/profiler.py``
 ``SGLDiffusionProfiler``, read for the semantics, no code copied): modes, file names, directory
 and ranges as sglang 0.5.23 writes them (docs/below-the-stage.md, "How traces are taken and
-read"); and torch.compile compilations per request (:class:`CompileWatch`, :class:`CompileWindow`;
-docs/refengine.md, "Compilations").
+read"); torch.compile compilations per request (:class:`CompileWatch`, :class:`CompileWindow`;
+docs/refengine.md, "Compilations"); and device memory: snapshots in sglang's layout
+(allocated/reserved and their peaks, MiB; the max across CFG-parallel ranks) and allocator
+snapshot files on request boundaries (:class:`SnapshotRecorder`, CUDA only; see
+docs/below-the-stage.md, "How allocator snapshots are taken and read").
 """
 
 from __future__ import annotations
@@ -89,10 +92,9 @@ class TraceInfo:
 
 
 class RequestProfiler:
-    """torch.profiler around one request, with sglang's modes and file name (:attr:`file_name`).
-    ``all_stages`` and ``num_profiled_timesteps`` (None: 5, -1: all): sglang's request fields;
-    ``directory``: default :func:`trace_dir`; ``cuda``: add CUDA activities (default: whether
-    torch sees a GPU)."""
+    """torch.profiler around one request, with sglang's modes and file name (:attr:`file_name`),
+    into :func:`trace_dir`. ``all_stages`` and ``num_profiled_timesteps`` (None: 5, -1: all):
+    sglang's request fields."""
 
     def __init__(
         self,
@@ -100,17 +102,15 @@ class RequestProfiler:
         all_stages: bool,
         num_profiled_timesteps: int | None,
         num_inference_steps: int,
-        directory: Path | None = None,
         rank: int = 0,
-        cuda: bool | None = None,
     ):
         self.request_id = request_id
         self.all_stages = bool(all_stages)
         self.mode = profile_mode(self.all_stages, num_profiled_timesteps, num_inference_steps)
-        self.directory = Path(directory) if directory is not None else trace_dir()
+        self.directory = trace_dir()
         self.rank = rank
         acts = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available() if cuda is None else cuda:
+        if torch.cuda.is_available():
             acts.append(torch.profiler.ProfilerActivity.CUDA)
         kw: dict[str, Any] = {"activities": acts, "record_shapes": True, "with_stack": True}
         self._active = 0
@@ -178,7 +178,7 @@ class CompileWindow:
     """What compiled inside one window (a request): compilations started, their wall time (ms),
     the failed guard lines, whether (and in which stage) the recompile limit was hit, the same
     per stage (``by_stage``), and ``phases_ms``: torch's ``dynamo_timed`` name -> ms inside the
-    window (names nest; None when this torch has no ``compilation_time_metrics``)."""
+    window (names nest)."""
 
     compiles: int = 0
     compile_ms: float = 0.0
@@ -221,8 +221,8 @@ class CompileWatch:
         self._lock = threading.Lock()
         self._starts: dict[str, float] = {}
         self._current: CompileWindow | None = None
-        #: len of each of torch's compile timers when the window began (None: torch has none)
-        self._phase_marks: dict[str, int] | None = None
+        #: len of each of torch's compile timers when the window began
+        self._phase_marks: dict[str, int] = {}
         self._seen_reasons: set[tuple[str, str]] = set()
         #: the pipeline stage running now (set by the pipeline around each stage)
         self.stage: str | None = None
@@ -280,8 +280,7 @@ class CompileWatch:
         with self._lock:
             self._seen_reasons.clear()
             self._current = CompileWindow()
-            metrics = _time_metrics()
-            self._phase_marks = None if metrics is None else {k: len(v) for k, v in metrics.items()}
+            self._phase_marks = {k: len(v) for k, v in _time_metrics().items()}
             return self._current
 
     def end(self) -> CompileWindow:
@@ -289,22 +288,102 @@ class CompileWatch:
         with self._lock:
             w = self._current or CompileWindow()
             self._current = None
-            metrics, marks = _time_metrics(), self._phase_marks
-            if metrics is not None and marks is not None:
-                w.phases_ms = {
-                    k: round(sum(v[marks.get(k, 0) :]) * 1000.0, 3)
-                    for k, v in metrics.items()
-                    if len(v) > marks.get(k, 0)
-                }
+            marks = self._phase_marks
+            w.phases_ms = {
+                k: round(sum(v[marks.get(k, 0) :]) * 1000.0, 3)
+                for k, v in _time_metrics().items()
+                if len(v) > marks.get(k, 0)
+            }
             return w
 
 
-def _time_metrics() -> dict[str, list[float]] | None:
-    """torch's compile timers (``torch._dynamo.utils.compilation_time_metrics``: name -> seconds
-    of each timed call), or None where this torch has none."""
-    try:
-        from torch._dynamo import utils
-    except ImportError:
+def _time_metrics() -> dict[str, list[float]]:
+    """torch's compile timers: name -> seconds of each timed call."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return compilation_time_metrics
+
+
+MIB = 1024 * 1024
+
+
+def snapshot(device: torch.device) -> dict[str, float] | None:
+    """checkpoint fields (MiB) of ``device``; None off CUDA (no device memory to report)."""
+    if device.type != "cuda":
         return None
-    m = getattr(utils, "compilation_time_metrics", None)
-    return m if isinstance(m, dict) else None
+    return {
+        "allocated_mb": round(torch.cuda.memory_allocated(device) / MIB, 2),
+        "reserved_mb": round(torch.cuda.memory_reserved(device) / MIB, 2),
+        "peak_allocated_mb": round(torch.cuda.max_memory_allocated(device) / MIB, 2),
+        "peak_reserved_mb": round(torch.cuda.max_memory_reserved(device) / MIB, 2),
+    }
+
+
+def max_snapshots(per_rank: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Checkpoint -> field -> max across ranks (sglang reports the max of memory across ranks)."""
+    out: dict[str, dict[str, float]] = {}
+    for snaps in per_rank:
+        for ck, vals in (snaps or {}).items():
+            cur = out.setdefault(ck, {}) if vals else {}
+            for k, v in (vals or {}).items():
+                if v is not None:
+                    cur[k] = max(v, cur.get(k, v))
+    return out
+
+
+#: what the record says on a device with no caching allocator to snapshot
+NOT_ON_CPU = "not available on cpu"
+
+
+@dataclass
+class SnapshotRecorder:
+    """Dumps a snapshot after the chosen measured requests.
+
+    Args:
+        device: the serving device; off CUDA nothing is recorded and :meth:`after_request` says
+            :data:`NOT_ON_CPU` for the chosen requests.
+        after: 0-based measured request indices to snapshot after (0: the cold request).
+        out_dir: where ``request-<index>.pickle`` files go.
+        max_entries: trace entries kept (torch's ring buffer), which bounds the file size.
+    """
+
+    device: torch.device
+    after: list[int]
+    out_dir: Path
+    max_entries: int = 20000
+
+    def start(self) -> None:
+        """Start recording (CUDA only). Python stacks of allocations only (``context="alloc"``,
+        ``stacks="python"``): C++ symbolisation would cost seconds per dump."""
+        if self.device.type != "cuda" or not self.after:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        torch.cuda.memory._record_memory_history(
+            enabled="all", context="alloc", stacks="python", max_entries=self.max_entries
+        )
+        log.info(
+            "recording allocation history (%d entries) for snapshots after %s", self.max_entries, self.after
+        )
+
+    def after_request(self, index: int) -> dict[str, Any] | None:
+        """The record's ``memory_snapshot`` entry for measured request ``index``: None when it
+        was not chosen; ``{request_index, error}`` off CUDA or when the dump failed;
+        ``{request_index, path, bytes, max_entries, stacks}`` once the file is written."""
+        if index not in self.after:
+            return None
+        if self.device.type != "cuda":
+            return {"request_index": index, "error": NOT_ON_CPU}
+        path = self.out_dir / f"request-{index:03d}.pickle"
+        try:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.memory._dump_snapshot(str(path))
+        except Exception as exc:  # noqa: BLE001 - a snapshot must never fail the request
+            log.exception("memory snapshot after request %d failed", index)
+            return {"request_index": index, "error": f"{type(exc).__name__}: {exc}"}
+        return {
+            "request_index": index,
+            "path": str(path.resolve()),
+            "bytes": path.stat().st_size,
+            "max_entries": self.max_entries,
+            "stacks": "python",
+        }

@@ -21,12 +21,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from perfkit.common.frames import TEMPORAL_COMPRESSION, align_frames
+from perfkit.common.frames import PIXEL_MULTIPLE, TEMPORAL_COMPRESSION, align_frames
 from perfkit.common.slugs import did_you_mean
 from perfkit.refengine.jobs import GenRequest, Job, PerfLogWriter, RunResult, job_body, job_record
-from perfkit.refengine.memhistory import MIB, SnapshotRecorder, snapshot
 from perfkit.refengine.pipeline import StagedPipeline
-from perfkit.refengine.profiling import RequestProfiler, TraceInfo, profile_mode, profiled_steps
+from perfkit.refengine.profiling import (
+    MIB,
+    RequestProfiler,
+    SnapshotRecorder,
+    TraceInfo,
+    profile_mode,
+    profiled_steps,
+    snapshot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +134,7 @@ class Engine:
         debug_leak_mib: test-only: MiB kept alive per request (:func:`inject_debug_leak`).
         debug_stage_delay_from: test-only: the pipeline's ``stage_delay`` applies to measured
             requests from this 0-based index on (0: all, 1: warm requests only).
-        snapshots: the allocator snapshot recorder (:mod:`.memhistory`).
+        snapshots: the allocator snapshot recorder (:class:`.profiling.SnapshotRecorder`).
     """
 
     def __init__(
@@ -153,8 +160,6 @@ class Engine:
         self.commit_hash = commit_hash
         self.debug_stage_delay_from = debug_stage_delay_from
         self.snapshot_recorder = snapshots
-        #: the global rank written into trace names (the serving process is rank 0)
-        self.rank = 0
         self._measured = 0  # measured requests run so far (the startup warmup is not one)
         self.jobs: dict[str, Job] = {}
         self.queue: queue.Queue[Job | None] = queue.Queue()
@@ -196,8 +201,8 @@ class Engine:
             raise FieldError("num_frames", f"must be between 1 and {self.max_frames}, got {nf}")
         steps = self.defaults["steps"] if vr.num_inference_steps is None else vr.num_inference_steps
         for name, val in (("height", h), ("width", w)):
-            if val < 32 or val % 32:
-                raise FieldError(name, f"must be a positive multiple of 32, got {val}")
+            if val < PIXEL_MULTIPLE or val % PIXEL_MULTIPLE:
+                raise FieldError(name, f"must be a positive multiple of {PIXEL_MULTIPLE}, got {val}")
         if steps < 1 or steps > MAX_STEPS:
             raise FieldError("num_inference_steps", f"must be between 1 and {MAX_STEPS}, got {steps}")
         guidance = 3.0 if vr.guidance_scale is None else vr.guidance_scale
@@ -254,17 +259,8 @@ class Engine:
         self.queue.put(job)
         return job
 
-    def run_sync(self, req: GenRequest, tag: str) -> Job:
-        """Submit and wait (used by the startup warmup)."""
-        job = self.submit(req, tag)
-        job.done.wait()
-        return job
-
     def _loop(self) -> None:
-        while True:
-            job = self.queue.get()
-            if job is None:
-                return
+        while (job := self.queue.get()) is not None:
             self._execute(job)
 
     def _execute(self, job: Job) -> None:
@@ -277,15 +273,15 @@ class Engine:
         index = None if job.tag == "warmup" else self._measured  # 0: the cold request
         job.slowed = slow = index is not None and index >= self.debug_stage_delay_from
         self._measured += index is not None
-        profiler = None
+        profiler = self._start_profiler(job) if job.profile is not None else None
+        self.pipeline.profiler = profiler
         try:
-            if job.profile is not None:
-                profiler = self._start_profiler(job)
-                self.pipeline.profiler = profiler
-            res = self.pipeline.run(job.req, keep_output=self.keep_dir is not None, slow=slow)
-            if profiler is not None:  # the trace is written before the request reads as done
+            try:
+                res = self.pipeline.run(job.req, keep_output=self.keep_dir is not None, slow=slow)
+            finally:  # the trace is written before the request reads as done
                 self.pipeline.profiler = None
-                job.trace, profiler = profiler.finish(), None
+                if profiler is not None:
+                    job.trace = profiler.finish()
             job.status = "completed"
             if self.keep_dir is not None and res.video is not None:
                 self.keep_dir.mkdir(parents=True, exist_ok=True)
@@ -302,9 +298,6 @@ class Engine:
             job.error = f"{type(exc).__name__}: {exc}"
             log.exception("request %s failed", job.id)
         finally:
-            if profiler is not None:
-                self.pipeline.profiler = None
-                job.trace = profiler.finish()
             peak = snapshot(dev)
             if dev.type == "cuda" and job.status == "failed":
                 torch.cuda.empty_cache()
@@ -320,7 +313,6 @@ class Engine:
                     snapshots=self.snapshots,
                     info=self.info,
                     commit_hash=self.commit_hash,
-                    rank=self.rank,
                 )
                 self.writer.write(job.result)
             except Exception:  # noqa: BLE001
@@ -330,19 +322,12 @@ class Engine:
     def _start_profiler(self, job: Job) -> RequestProfiler | None:
         """The request's profiler (sglang's fields), or None when torch.profiler cannot start
         (then the record's ``profile.error`` says why and the request runs unprofiled)."""
-        all_stages = job.profile["all_stages"]
-        steps = job.profile["num_profiled_timesteps"]
-        try:
-            return RequestProfiler(
-                job.id,
-                all_stages=all_stages,
-                num_profiled_timesteps=steps,
-                num_inference_steps=job.req.num_inference_steps,
-                rank=self.rank,
-            )
+        steps = job.req.num_inference_steps
+        try:  # the serving process is global rank 0 (the trace's name says it)
+            return RequestProfiler(job.id, **job.profile, num_inference_steps=steps)
         except Exception as exc:  # noqa: BLE001 - profiling must never fail the request
             log.exception("request %s: the profiler did not start", job.id)
-            mode = profile_mode(all_stages, steps, job.req.num_inference_steps)
+            mode = profile_mode(**job.profile, num_inference_steps=steps)
             job.trace = TraceInfo(mode, None, None, 0, f"{type(exc).__name__}: {exc}")
             return None
 
@@ -361,7 +346,6 @@ class FieldError(ValueError):
     def __init__(self, field_name: str, message: str):
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
-        self.message = message
 
 
 def _invalid_request(message: str, fields: list[str]) -> JSONResponse:
