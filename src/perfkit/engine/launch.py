@@ -152,7 +152,6 @@ def launch(
     except psutil.Error:
         create_time = 0.0
     _register(StartedProcess(proc.pid, proc.pid, create_time, label, tuple(argv)))
-    _owner.register(proc.pid, proc.pid, create_time, label)
     handle = EngineHandle(
         spec=spec,
         label=label,
@@ -249,9 +248,7 @@ def _start(
                 preexec_fn=_owner.die_with_parent,  # SIGKILL at the launcher's death (own session)
             )
         except OSError as exc:
-            raise EngineStartError(
-                f"could not start engine {label!r}: {exc}", command=argv, run_dir=d
-            ) from exc
+            raise EngineStartError(f"could not start engine {label!r}: {exc}", run_dir=d) from exc
     return proc, dataclasses.replace(clock, pid_boot_s=boot_start_s(proc.pid))
 
 
@@ -286,11 +283,10 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
         tail = h.tail(50)
         return EngineStartError(
             f"{head}\ncommand: {' '.join(h.command)}\n--- last 50 log lines ({h.run_dir}) ---\n{tail}",
-            exit_code=exit_code,
-            log_tail=tail,
-            cap_outcome=h.cap_outcome,
-            command=h.command,
-            run_dir=h.run_dir,
+            exit_code,
+            tail,
+            h.cap_outcome,
+            h.run_dir,
         )
 
     deadline = time.monotonic() + timeout
@@ -320,7 +316,7 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
                 if r.status_code == 503 and health["t_first_503"] is None:
                     health["t_first_503"] = t_answer
                 if r.status_code == 200:
-                    text = "\n".join(h.logs().values())
+                    text = "\n".join(p.read_text(errors="replace") for p in (h.stdout_path, h.stderr_path))
                     h.cold_start = cold_start_parts(
                         parse_marks(text),
                         clock.t_launch,

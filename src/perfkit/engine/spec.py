@@ -342,12 +342,8 @@ class ReferenceEngine(_ServingEngine):
             )
         return self
 
-    def check(self) -> None:
-        """A ``model_path`` that is not a hub id must exist (FileNotFoundError)."""
-        check_model_path(self.model_path)
-
-    def _argv(self, port: int, d: str) -> list[str]:
-        return reference_argv(self, port, d)
+    check = check_model_path
+    _argv = reference_argv
 
 
 class SglangEngine(_ServingEngine):
@@ -379,9 +375,7 @@ class SglangEngine(_ServingEngine):
             self.executable = [str(Path(exe).absolute()), *self.executable[1:]]
         return self
 
-    def check(self) -> None:
-        """:func:`perfkit.engine.argv.check_sglang` (FileNotFoundError naming the field)."""
-        check_sglang(self.executable, self.model_path)
+    check = check_sglang
 
     def _argv(self, port: int, d: str) -> list[str]:
         argv = list(self.executable) + ["serve", "--model-path", self.model_path, "--port", str(port)]
@@ -437,9 +431,7 @@ class CommandEngine(EngineSpec):
             raise _cross_field("command", "give either 'command' or 'command_template', not both")
         return data
 
-    def check(self) -> None:
-        """The program (the argv's first item, unless it is a placeholder) must be found."""
-        check_command(self.command_template)
+    check = check_command
 
     def _argv(self, port: int, d: str) -> list[str]:
         return list(self.command_template) + list(self.extra_args)
@@ -460,11 +452,7 @@ def _kind_of(v: Any) -> Any:
 #: A spec of any kind, told apart by ``kind`` (missing: ``reference``): the type a pydantic field
 #: holding an engine spec uses (the params file's ``engine`` section).
 AnyEngineSpec = Annotated[
-    Union[
-        Annotated[ReferenceEngine, Tag("reference")],
-        Annotated[SglangEngine, Tag("sglang")],
-        Annotated[CommandEngine, Tag("command")],
-    ],
+    Union[tuple(Annotated[model, Tag(kind)] for kind, model in ENGINE_KINDS.items())],
     Discriminator(
         _kind_of,
         custom_error_type=BAD_KIND,
