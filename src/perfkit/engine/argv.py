@@ -154,8 +154,7 @@ def _module_of(argv: list[str]) -> str | None:
 
 
 def _module_importable(python: str, module: str) -> bool:
-    """Whether ``python`` finds the top-level package of ``module`` (not imported: only
-    located, so this is quick even for heavy packages)."""
+    """Whether ``python`` locates ``module``'s top-level package (without importing it)."""
     import importlib.util
     import subprocess
 

@@ -336,19 +336,15 @@ class HostCapEnforcer:
                     cg.remove()
                     raise
                 self._cgroup = cg
-                self.outcome.enforcement = "cgroup"
-                self.outcome.mechanism = "cgroup"
-                self.outcome.host_source = "cgroup"
+                self.outcome.enforcement = self.outcome.mechanism = self.outcome.host_source = "cgroup"
                 self.outcome.message = f"within host cap {host_gib:g} GiB (cgroup)"
                 log.info("host cap %.3g GiB enforced by cgroup %s", host_gib, cg.path)
             except OSError as exc:
                 if mode == "cgroup":
                     raise
                 log.info("host cap %.3g GiB enforced by watchdog (cgroup v2 not usable: %s)", host_gib, exc)
-                self.outcome.enforcement = "watchdog"
-        else:
+        if self._cgroup is None:
             self.outcome.enforcement = "watchdog"
-        if self.outcome.enforcement == "watchdog":
             self.outcome.mechanism = "watchdog-" + self.outcome.host_source
             self.outcome.message = f"within host cap {host_gib:g} GiB ({self.outcome.mechanism})"
             if self.outcome.host_source != "pss":
@@ -438,8 +434,7 @@ class HostCapEnforcer:
                 self._cgroup_oom()
                 break
             if tm is not None:
-                if tm.rss_mib / 1024 > o.peak_rss_gib:
-                    o.peak_rss_gib = tm.rss_mib / 1024
+                o.peak_rss_gib = max(o.peak_rss_gib, tm.rss_mib / 1024)
                 if tm.source == "pss":
                     o.peak_pss_gib = max(o.peak_pss_gib or 0.0, tm.pss_mib / 1024)
             if self._cgroup is not None:

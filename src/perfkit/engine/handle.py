@@ -317,9 +317,7 @@ class EngineHandle:
     @property
     def cap_outcome(self) -> CapOutcome:
         """Live host cap outcome (enforcement, exceeded, message, peak_rss_gib)."""
-        if self._enforcer is not None:
-            return self._enforcer.outcome
-        return CapOutcome(message="no host cap")
+        return self._enforcer.outcome if self._enforcer is not None else CapOutcome(message="no host cap")
 
     @property
     def perf_log_path(self) -> Path:
@@ -327,11 +325,8 @@ class EngineHandle:
 
     def alive(self) -> bool:
         """True while the root process runs."""
-        rc = self._proc.poll()
-        if rc is not None:
-            self.exit_code = rc
-            return False
-        return True
+        self.exit_code = self._proc.poll()
+        return self.exit_code is None
 
     def health(self, timeout_s: float = 2.0) -> bool:
         """One ``GET health_path``: True on 200 (False when dead, refused or timed out)."""
@@ -418,9 +413,7 @@ class EngineHandle:
         return [p for pid, p in found.items() if pid != self.pid]
 
     def _terminate(self, grace_s: float = 10.0) -> int | None:
-        """:func:`perfkit.engine.owner.end_processes` on the engine and every descendant seen
-        (SIGTERM + SIGCONT to its group, SIGKILL after ``grace_s``), then ``cgroup.kill`` of its
-        own cgroup, if any, and SIGKILL to what started meanwhile. Sets :attr:`end`."""
+        """End the engine's tree (docs/robustness.md "Teardown") and set :attr:`end`."""
         _LIVE.pop(self.pid, None)
         if self._enforcer is not None:
             self._enforcer.stop()

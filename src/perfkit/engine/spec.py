@@ -165,8 +165,7 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
 
     @classmethod
     def _kind(cls) -> str | None:
-        f = cls.model_fields.get("kind")
-        return f.default if f is not None and cls is not EngineSpec else None
+        return None if cls is EngineSpec else cls.model_fields["kind"].default
 
     def check(self) -> None:
         """Checks that need the host, run before any launch; FileNotFoundError naming the field."""
