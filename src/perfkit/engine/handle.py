@@ -423,7 +423,9 @@ class EngineHandle:
                 _register(StartedProcess(p.pid, self.pgid, p.create_time(), f"{self.label} (child)", ()))
         rc_before = self._proc.poll()
         procs = dict.fromkeys((p for p in desc if _running(p)), self.label)
-        root = psutil.Process(self.pid) if rc_before is None else None  # our child: not reaped yet
+        root = None
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(self.pid) if rc_before is None else None  # our child: not reaped yet
         if root is not None:
             procs[root] = self.label
         ended = {e.pid: e for e in _owner.end_processes(procs, grace_s)}

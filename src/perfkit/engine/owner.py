@@ -159,6 +159,22 @@ def kill_tree(groups: Iterable[int], procs: Iterable[psutil.Process], sig: int) 
             p.send_signal(sig)
 
 
+def _wait_gone(procs: list[psutil.Process], timeout: float, t0: float, gone_at: dict[int, float]) -> list:
+    """Wait up to ``timeout`` s for ``procs`` to end (a zombie has: another process may reap it),
+    each one's end into ``gone_at`` (s since ``t0``); reaps our own children; returns the rest."""
+    deadline = time.monotonic() + timeout
+    rest = list(procs)
+    while True:
+        for p in [p for p in rest if not _running(p)]:
+            gone_at[p.pid] = time.monotonic() - t0
+            rest.remove(p)
+        if not rest or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    psutil.wait_procs([p for p in procs if p not in rest], timeout=0)  # sets our children's returncode
+    return rest
+
+
 def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ended]:
     """SIGTERM (+ SIGCONT) each process and its process group, wait up to ``grace_s``, SIGKILL
     what is left (groups included), reap our own children; returns how each ended."""
@@ -176,14 +192,10 @@ def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ende
     for sig in (signal.SIGTERM, signal.SIGCONT):
         kill_tree(groups, procs, sig)
     gone_at: dict[int, float] = {}
-
-    def _gone(p: psutil.Process) -> None:
-        gone_at[p.pid] = time.monotonic() - t0
-
-    _, rest = psutil.wait_procs(list(procs), timeout=grace_s, callback=_gone)
+    rest = _wait_gone(list(procs), grace_s, t0, gone_at)
     t_kill = time.monotonic() - t0
     kill_tree(groups, rest, signal.SIGKILL)
-    psutil.wait_procs(rest, timeout=5)
+    _wait_gone(rest, 5, t0, {})
     out = []
     for p, label in procs.items():
         was = " (it was stopped)" if stopped[p.pid] else ""
