@@ -90,7 +90,9 @@ def test_ask_above_this_host_is_clamped_at_launch(tmp_path):
         row = h.launch_row()
     assert told < 10**6 and abs(told - row["host_cap_effective_gib"]) < 1e-3 * told
     assert row["host_cap_asked_gib"] == 10**6 and row["host_cap_clamp"]
-    assert h.cap_outcome.host_cap_gib == row["host_cap_effective_gib"]
+    assert h.cap_outcome.host_cap_gib == row["host_cap_effective_gib"] == h.caps.host_effective_gib
+    # the asked cap and the one in force each from where it is known: both columns say the ask
+    assert row["host_cap_gib"] == 10**6 and row["host_cap_clamp"] == h.cap_outcome.host_cap_clamp
 
 
 def test_host_cap_exceeded_after_ready_is_a_result(tmp_path):

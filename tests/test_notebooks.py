@@ -281,12 +281,6 @@ def test_progress_events_per_launch_and_request(tmp_path, monkeypatch):
     assert progress.read_events(events_file, offset) == ([], offset)
 
 
-def test_progress_outside_jupyter_is_the_text_bar():
-    from tqdm.std import tqdm
-
-    assert progress.tqdm_class() is tqdm
-
-
 def test_suite_bars_estimate_from_the_params():
     from perfkit.measuring.progress import RunBars
     from perfkit.params import load_params

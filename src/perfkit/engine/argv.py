@@ -100,16 +100,18 @@ def reference_argv(spec: Any, port: int, d: str) -> list[str]:
     return argv + list(spec.extra_args)
 
 
-def check_model_path(model_path: str | None) -> None:
-    """A ``model_path`` that is not a hub id must exist (FileNotFoundError)."""
+def check_model_path(spec: Any) -> None:
+    """A reference spec's ``model_path`` that is not a hub id must exist (FileNotFoundError)."""
+    model_path = spec.model_path
     if model_path is not None and not Path(model_path).expanduser().exists() and not _is_hub_id(model_path):
         raise FileNotFoundError(f"EngineSpec.model_path: {model_path!r} does not exist")
 
 
-def check_sglang(executable: list[str], model_path: str) -> None:
-    """The executable must be on PATH (its module importable, for the ``python -m`` form) and
-    a local-looking ``model_path`` must exist (a bare hub id ``org/name`` that is not a local
-    directory is accepted). Raises FileNotFoundError naming the field."""
+def check_sglang(spec: Any) -> None:
+    """An sglang spec's executable must be on PATH (its module importable, for the ``python -m``
+    form) and a local-looking ``model_path`` must exist (a bare hub id ``org/name`` that is not a
+    local directory is accepted). Raises FileNotFoundError naming the field."""
+    executable, model_path = spec.executable, spec.model_path
     exe = executable[0]
     if _which(exe) is None:
         where = "does not exist or is not executable" if os.sep in exe else "is not on PATH"
@@ -133,9 +135,10 @@ def check_sglang(executable: list[str], model_path: str) -> None:
         )
 
 
-def check_command(command_template: list[str]) -> None:
-    """The program (the argv's first item, unless it is a placeholder) must be found."""
-    exe = command_template[0]
+def check_command(spec: Any) -> None:
+    """A command spec's program (its argv's first item, unless a placeholder) must be found
+    (FileNotFoundError)."""
+    exe = spec.command_template[0]
     if "{" not in exe and _which(exe) is None:
         raise FileNotFoundError(f"EngineSpec.command: program {exe!r} not found")
 
@@ -151,8 +154,7 @@ def _module_of(argv: list[str]) -> str | None:
 
 
 def _module_importable(python: str, module: str) -> bool:
-    """Whether ``python`` finds the top-level package of ``module`` (not imported: only
-    located, so this is quick even for heavy packages)."""
+    """Whether ``python`` locates ``module``'s top-level package (without importing it)."""
     import importlib.util
     import subprocess
 

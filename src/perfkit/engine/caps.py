@@ -13,12 +13,13 @@ import signal
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import psutil
 
+from perfkit.engine.owner import kill_tree
 from perfkit.readings.memory import DEFAULT as _DEFAULT_READER
 from perfkit.readings.memory import PSS_DUTY, HostMemoryReader, MemoryReadError, ReadBudget
 
@@ -32,16 +33,6 @@ ENFORCEMENTS = ("auto", "cgroup", "watchdog", "none")
 _CAPS_FIELDS = ("device_gib", "host_gib", "label", "host_enforcement", "interval_s")
 #: where cgroup v2 is mounted
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def kill_tree(pgid: int | None, procs: list[psutil.Process], sig: int = signal.SIGKILL) -> None:
-    """Signal a process group and any listed processes (which may have left the group)."""
-    if pgid is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            p.send_signal(sig)
 
 
 def cgroup2_available() -> bool:
@@ -97,17 +88,6 @@ class _Cgroup:
                 last = exc
         raise OSError(f"cannot create a memory cgroup: {last}")
 
-    def add(self, pid: int) -> None:
-        (self.path / "cgroup.procs").write_text(str(pid))
-
-    def oom_kills(self, reader: HostMemoryReader) -> int:
-        """``oom_kill`` of memory.events (0 when the key is absent: no OOM kill counted yet).
-
-        Raises:
-            MemoryReadError: memory.events is not readable or not ``key number`` lines.
-        """
-        return reader.cgroup_events(self.path).get("oom_kill", 0)
-
     def remove(self) -> None:
         for _ in range(20):
             try:
@@ -120,13 +100,15 @@ class _Cgroup:
         log.warning("could not remove cgroup %s", self.path)
 
 
+@dataclass(unsafe_hash=True)
 class MemoryCaps:
     """Device and host memory budgets for one engine launch.
 
     Args:
         device_gib: device (GPU) budget in GiB, or None for no cap.
         host_gib: host budget in GiB, or None for no cap.
-        label: display label (default: derived, e.g. ``"12GiB dev + 32GiB host"``).
+        label: display label (default: derived, ``unlimited``, ``12GiB dev``, ``32GiB host`` or
+            ``12GiB dev + 32GiB host``).
         host_enforcement: ``auto`` (cgroup where possible, else watchdog), ``cgroup``
             (fail when not possible), ``watchdog`` or ``none`` (environment only).
         interval_s: watchdog sampling interval (s).
@@ -135,33 +117,39 @@ class MemoryCaps:
         host_effective_gib: the host budget in force after :meth:`resolve` (GiB; ``host_gib``
             before it, None without a host cap); ``host_clamp``: why it is lower (None: not).
         resolved: :meth:`resolve` made this object.
+
+    Raises:
+        ValueError: a budget that is not a positive number, an unknown ``host_enforcement``, an
+            ``interval_s`` outside [0.01, 5].
     """
 
-    def __init__(
-        self,
-        device_gib: float | None = None,
-        host_gib: float | None = None,
-        label: str | None = None,
-        host_enforcement: str = "auto",
-        interval_s: float = 0.1,
-    ) -> None:
-        for name, v in (("device_gib", device_gib), ("host_gib", host_gib)):
+    device_gib: float | None = None
+    host_gib: float | None = None
+    label: str | None = None
+    host_enforcement: str = "auto"
+    interval_s: float = 0.1
+    host_effective_gib: float | None = field(default=None, init=False)
+    host_clamp: str | None = field(default=None, init=False)
+    resolved: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        for name in ("device_gib", "host_gib"):
+            v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
                 raise ValueError(f"MemoryCaps.{name} must be a positive number or None, got {v!r}")
-        if host_enforcement not in ENFORCEMENTS:
+            setattr(self, name, float(v) if v is not None else None)
+        if self.host_enforcement not in ENFORCEMENTS:
             raise ValueError(
-                f"MemoryCaps.host_enforcement must be one of {ENFORCEMENTS}, got {host_enforcement!r}"
+                f"MemoryCaps.host_enforcement must be one of {ENFORCEMENTS}, got {self.host_enforcement!r}"
             )
-        if not 0.01 <= interval_s <= 5:
-            raise ValueError(f"MemoryCaps.interval_s must be in [0.01, 5], got {interval_s!r}")
-        self.device_gib = float(device_gib) if device_gib is not None else None
-        self.host_gib = float(host_gib) if host_gib is not None else None
-        self._label = label
-        self.host_enforcement = host_enforcement
-        self.interval_s = float(interval_s)
-        self.host_effective_gib: float | None = self.host_gib
-        self.host_clamp: str | None = None
-        self.resolved = False
+        if not 0.01 <= self.interval_s <= 5:
+            raise ValueError(f"MemoryCaps.interval_s must be in [0.01, 5], got {self.interval_s!r}")
+        self.interval_s = float(self.interval_s)
+        self.host_effective_gib = self.host_gib
+        parts = [
+            f"{v:g}GiB {w}" for v, w in ((self.device_gib, "dev"), (self.host_gib, "host")) if v is not None
+        ]
+        self.label = self.label or " + ".join(parts) or "unlimited"
 
     def resolve(self, reader: HostMemoryReader | None = None) -> "MemoryCaps":
         """A copy with the host budget clamped to min(``host_gib``, every cgroup ``memory.max`` /
@@ -171,7 +159,7 @@ class MemoryCaps:
         Raises:
             MemoryReadError: a limit file or /proc/meminfo could not be read as a number.
         """
-        out = MemoryCaps(self.device_gib, self.host_gib, self._label, self.host_enforcement, self.interval_s)
+        out = replace(self)
         out.resolved = True
         if self.host_gib is None:
             return out
@@ -183,14 +171,6 @@ class MemoryCaps:
                 "host memory cap %g GiB asked, %.4g GiB in force: %s", self.host_gib, b.effective_gib, b.clamp
             )
         return out
-
-    @property
-    def label(self) -> str:
-        """``unlimited``, ``12GiB dev``, ``32GiB host`` or ``12GiB dev + 32GiB host``."""
-        parts = [
-            f"{v:g}GiB {w}" for v, w in ((self.device_gib, "dev"), (self.host_gib, "host")) if v is not None
-        ]
-        return self._label or " + ".join(parts) or "unlimited"
 
     @property
     def unlimited(self) -> bool:
@@ -234,15 +214,6 @@ class MemoryCaps:
             out.host_effective_gib = float(eff) if eff is not None else None
             out.host_clamp = clamp
         return out
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, MemoryCaps) and self.to_dict() == other.to_dict()
-
-    def __hash__(self) -> int:
-        return hash((self.device_gib, self.host_gib, self.label))
-
-    def __repr__(self) -> str:
-        return f"MemoryCaps(device_gib={self.device_gib!r}, host_gib={self.host_gib!r}, label={self.label!r})"
 
     def start(
         self,
@@ -288,7 +259,6 @@ class CapOutcome:
         host_cap_clamp: why the cap in force is below the ask (None: not clamped).
         mechanism: ``cgroup``, ``watchdog-pss``, ``watchdog-rss`` or ``none``.
         host_source: where the host figures came from: ``cgroup``, ``pss``, ``rss`` or ``none``.
-        t_exceeded: epoch seconds when the cap was found exceeded.
     """
 
     enforcement: str = "none"
@@ -302,10 +272,6 @@ class CapOutcome:
     host_cap_clamp: str | None = None
     mechanism: str = "none"
     host_source: str = "none"
-    t_exceeded: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class HostCapEnforcer:
@@ -365,24 +331,20 @@ class HostCapEnforcer:
             try:
                 cg = _Cgroup(int(host_gib * GIB), name)
                 try:
-                    cg.add(pid)
+                    (cg.path / "cgroup.procs").write_text(str(pid))
                 except OSError:
                     cg.remove()
                     raise
                 self._cgroup = cg
-                self.outcome.enforcement = "cgroup"
-                self.outcome.mechanism = "cgroup"
-                self.outcome.host_source = "cgroup"
+                self.outcome.enforcement = self.outcome.mechanism = self.outcome.host_source = "cgroup"
                 self.outcome.message = f"within host cap {host_gib:g} GiB (cgroup)"
                 log.info("host cap %.3g GiB enforced by cgroup %s", host_gib, cg.path)
             except OSError as exc:
                 if mode == "cgroup":
                     raise
                 log.info("host cap %.3g GiB enforced by watchdog (cgroup v2 not usable: %s)", host_gib, exc)
-                self.outcome.enforcement = "watchdog"
-        else:
+        if self._cgroup is None:
             self.outcome.enforcement = "watchdog"
-        if self.outcome.enforcement == "watchdog":
             self.outcome.mechanism = "watchdog-" + self.outcome.host_source
             self.outcome.message = f"within host cap {host_gib:g} GiB ({self.outcome.mechanism})"
             if self.outcome.host_source != "pss":
@@ -409,19 +371,6 @@ class HostCapEnforcer:
         if msg not in self._errors:
             self._errors.add(msg)
             log.error("host cap watchdog of pid %d: %s", self.pid, msg)
-
-    def _read_cgroup(self) -> float | None:
-        """GiB in the engine's cgroup now (and its peak into the outcome); None when unreadable."""
-        assert self._cgroup is not None
-        try:
-            m = self.reader.cgroup_memory(self._cgroup.path)
-        except MemoryReadError as exc:
-            self._error_once(exc)
-            return None
-        gib = max(m.current_mib, m.peak_mib or 0.0) / 1024
-        o = self.outcome
-        o.peak_cgroup_gib = max(o.peak_cgroup_gib or 0.0, gib)
-        return m.current_mib / 1024
 
     def _run(self) -> None:
         root = self._root
@@ -485,8 +434,7 @@ class HostCapEnforcer:
                 self._cgroup_oom()
                 break
             if tm is not None:
-                if tm.rss_mib / 1024 > o.peak_rss_gib:
-                    o.peak_rss_gib = tm.rss_mib / 1024
+                o.peak_rss_gib = max(o.peak_rss_gib, tm.rss_mib / 1024)
                 if tm.source == "pss":
                     o.peak_pss_gib = max(o.peak_pss_gib or 0.0, tm.pss_mib / 1024)
             if self._cgroup is not None:
@@ -519,31 +467,38 @@ class HostCapEnforcer:
             self._stop.wait(max(wait, 4 * cost))
 
     def _cgroup_oom(self) -> bool:
-        """With a cgroup: read its memory (peak into the outcome) and OOM kills; True (and the
-        outcome marked exceeded) when the kernel OOM-killed in it."""
+        """With a cgroup: its memory's peak into the outcome; True (and the outcome marked
+        exceeded) when the kernel OOM-killed in it (``oom_kill`` of memory.events)."""
         if self._cgroup is None:
             return False
-        gib = self._read_cgroup()
+        o = self.outcome
         try:
-            kills = self._cgroup.oom_kills(self.reader)
+            m = self.reader.cgroup_memory(self._cgroup.path)
+            o.peak_cgroup_gib = max(
+                o.peak_cgroup_gib or 0.0, m.current_mib / 1024, (m.peak_mib or 0.0) / 1024
+            )
+        except MemoryReadError as exc:
+            self._error_once(exc)
+        try:
+            kills = self.reader.cgroup_events(self._cgroup.path).get("oom_kill", 0)
         except MemoryReadError as exc:
             self._error_once(exc)
             return False
-        if kills > 0 and not self.outcome.exceeded:
-            peak = max(gib or 0.0, self.outcome.peak_cgroup_gib or 0.0)
-            self._exceeded(peak, kill=False, how="cgroup OOM kill")
+        if kills > 0 and not o.exceeded:
+            self._exceeded(o.peak_cgroup_gib or 0.0, kill=False, how="cgroup OOM kill")
         return kills > 0
 
     def _exceeded(self, gib: float, kill: bool, how: str) -> None:
         o = self.outcome
         o.exceeded = True
-        o.t_exceeded = time.time()
         if self._cgroup is None and o.host_source == "rss":
             o.peak_rss_gib = max(o.peak_rss_gib, gib)
         o.message = f"host memory cap exceeded: {gib:.2f} GiB > {self.host_gib:g} GiB ({how}; engine killed)"
         log.warning("%s (pid %d)", o.message, self.pid)
         if kill:
-            kill_tree(self._pgid, list(self.known.values()))
+            kill_tree(
+                [self._pgid] if self._pgid is not None else [], list(self.known.values()), signal.SIGKILL
+            )
         if self.on_exceeded is not None:
             try:
                 self.on_exceeded(o)

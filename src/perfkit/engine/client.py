@@ -82,8 +82,7 @@ class JobFields:
 
 
 def _job_number(body: dict[str, Any], key: str, *path: str) -> float | None:
-    """``body[key]`` (or ``body[key][path...]``) as a finite number >= 0; None when absent or
-    null; any other value is None with a warning naming the job and the key (never 0)."""
+    """``body[key][path...]`` as a finite number >= 0, else None (a bad value logged, never 0)."""
     v: Any = body.get(key)
     for p in path:
         v = v.get(p) if isinstance(v, dict) else None

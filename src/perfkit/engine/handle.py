@@ -25,10 +25,11 @@ import psutil
 
 from perfkit.common.frames import latent_frames
 from perfkit.engine import owner as _owner
-from perfkit.engine.caps import CapOutcome, HostCapEnforcer, MemoryCaps, kill_tree
-from perfkit.engine.owner import StartedProcess, _cgroup_kill, _end_words, _register, _running
+from perfkit.engine.caps import CapOutcome, HostCapEnforcer, MemoryCaps
+from perfkit.engine.owner import StartedProcess, _cgroup_kill, _register, _running
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings import records as _records
+from perfkit.readings.memory import oom_record
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,7 @@ class EngineStartError(RuntimeError):
             or never started.
         log_tail: the last lines of its stdout+stderr.
         cap_outcome: the host cap outcome (None without a launch).
-        command: the argv.
-        run_dir: the launch directory holding the logs.
+        run_dir: the launch directory holding the logs (None: not made yet).
     """
 
     def __init__(
@@ -51,14 +51,12 @@ class EngineStartError(RuntimeError):
         exit_code: int | None = None,
         log_tail: str = "",
         cap_outcome: CapOutcome | None = None,
-        command: list[str] | None = None,
         run_dir: Path | None = None,
     ) -> None:
         super().__init__(message)
         self.exit_code = exit_code
         self.log_tail = log_tail
         self.cap_outcome = cap_outcome
-        self.command = command
         self.run_dir = run_dir
 
 
@@ -97,19 +95,14 @@ def parse_marks(text: str) -> dict[str, float]:
 
 #: sglang's line when its workers are ready (models loaded, pipeline built): CLOCK_MONOTONIC ns,
 #: system-wide on Linux (sglang 0.5.23, multimodal_gen/runtime/launch_server.py)
-SERVER_LOAD = "[server-load] workers_ready_monotonic_ns="
+SERVER_LOAD_RE = re.compile(r"\[server-load\] workers_ready_monotonic_ns=(\d+)(?!\S)")
 
 
 def parse_server_load(text: str) -> int | None:
     """The first ``[server-load] workers_ready_monotonic_ns=<int>`` value (ns on the host's
     CLOCK_MONOTONIC), or None when the log has none. Linear in ``len(text)``."""
-    for line in text.splitlines():
-        i = line.find(SERVER_LOAD)
-        if i >= 0:
-            digits = line[i + len(SERVER_LOAD) :].split(None, 1)[:1]
-            if digits and digits[0].isdigit():
-                return int(digits[0])
-    return None
+    m = SERVER_LOAD_RE.search(text)
+    return int(m.group(1)) if m else None
 
 
 #: sglang's startup warmup request as its progress bar / CI log line shows it: ``server warmup req
@@ -300,6 +293,7 @@ class EngineHandle:
     perf_log_dir: Path
     stdout_path: Path
     stderr_path: Path
+    _proc: subprocess.Popen = field(repr=False)
     caps: MemoryCaps | None = None
     cold_start: dict[str, Any] = field(default_factory=dict)
     device_baseline_mib: float = math.nan
@@ -307,7 +301,6 @@ class EngineHandle:
     gpu_indices: list[int] = field(default_factory=lambda: [0])
     exit_code: int | None = None
     _nvml: Any = field(default=None, repr=False)
-    _proc: subprocess.Popen | None = field(default=None, repr=False)
     _enforcer: HostCapEnforcer | None = field(default=None, repr=False)
     end: dict[str, Any] = field(default_factory=dict)
     _create_time: float = field(default=0.0, repr=False)
@@ -324,9 +317,7 @@ class EngineHandle:
     @property
     def cap_outcome(self) -> CapOutcome:
         """Live host cap outcome (enforcement, exceeded, message, peak_rss_gib)."""
-        if self._enforcer is not None:
-            return self._enforcer.outcome
-        return CapOutcome(message="no host cap")
+        return self._enforcer.outcome if self._enforcer is not None else CapOutcome(message="no host cap")
 
     @property
     def perf_log_path(self) -> Path:
@@ -334,18 +325,8 @@ class EngineHandle:
 
     def alive(self) -> bool:
         """True while the root process runs."""
-        if self._proc is None:
-            return False
-        rc = self._proc.poll()
-        if rc is not None:
-            self.exit_code = rc
-            return False
-        return True
-
-    def poll(self) -> int | None:
-        """Exit code, or None while running."""
-        self.alive()
-        return self.exit_code
+        self.exit_code = self._proc.poll()
+        return self.exit_code is None
 
     def health(self, timeout_s: float = 2.0) -> bool:
         """One ``GET health_path``: True on 200 (False when dead, refused or timed out)."""
@@ -375,16 +356,6 @@ class EngineHandle:
             return "\n".join(_tail_file(files[stream], n))
         return "\n".join(f"[{k}]\n" + "\n".join(t) for k, p in files.items() if (t := _tail_file(p, n)))
 
-    def logs(self) -> dict[str, str]:
-        """Full log texts: {"<label>.stdout.log": ..., "<label>.stderr.log": ...}."""
-        out = {}
-        for name, p in (("stdout", self.stdout_path), ("stderr", self.stderr_path)):
-            try:
-                out[f"{self.label}.{name}.log"] = p.read_text(errors="replace")
-            except OSError:
-                out[f"{self.label}.{name}.log"] = ""
-        return out
-
     def records(self) -> list[_records.PerfRecord]:
         """Records in ``perf_log_dir/performance.log`` so far (malformed lines skipped)."""
         return _records.read_perf_log(self.perf_log_path).records
@@ -394,19 +365,18 @@ class EngineHandle:
         """The engine's own cgroup (v2) directory while the cap holds it there, else None."""
         return self._enforcer.cgroup_path if self._enforcer is not None else None
 
-    def sampler(self, interval_s: float = 0.1, gpu_index: int | list[int] | None = None, nvml: Any = None):
-        """A (not started) MemorySampler of this engine with the pre-launch device baseline and
-        its own cgroup, if any; ``gpu_index`` defaults to :attr:`gpu_indices`, ``nvml`` to the
-        launch's source."""
+    def sampler(self, interval_s: float = 0.1):
+        """A (not started) MemorySampler of this engine's GPUs (:attr:`gpu_indices`, the launch's
+        NVML source) with the pre-launch device baseline and its own cgroup, if any."""
         from perfkit.readings.sampler import MemorySampler
 
         return MemorySampler(
             self.pid,
             interval_s=interval_s,
-            gpu_index=self.gpu_indices if gpu_index is None else gpu_index,
+            gpu_index=self.gpu_indices,
             baseline_device_mib=self.device_baseline_mib,
             cgroup_path=self.cgroup_path,
-            nvml=nvml if nvml is not None else self._nvml,
+            nvml=self._nvml,
         )
 
     def launch_row(self) -> dict[str, Any]:
@@ -423,9 +393,10 @@ class EngineHandle:
             "warmup_frames": self.spec.startup_warmup_frames(),
             "device_cap_gib": caps.device_gib if caps else None,
             "host_cap_gib": caps.host_gib if caps else None,
-            "host_cap_asked_gib": caps.host_gib if caps else None,
-            "host_cap_effective_gib": caps.host_effective_gib if caps else None,
-            "host_cap_clamp": caps.host_clamp if caps else None,
+            # as asked, and in force (clamped), as the enforcer holds them
+            "host_cap_asked_gib": o.host_cap_asked_gib,
+            "host_cap_effective_gib": o.host_cap_gib,
+            "host_cap_clamp": o.host_cap_clamp,
             "enforcement": o.enforcement,
             "cap_mechanism": o.mechanism,
             "host_source": o.host_source,
@@ -437,77 +408,68 @@ class EngineHandle:
         }
 
     def _descendants(self) -> list[psutil.Process]:
-        found: dict[int, psutil.Process] = {}
-        if self._enforcer is not None:
-            found.update(self._enforcer.known)
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            root = psutil.Process(self.pid)
-            if abs(root.create_time() - self._create_time) < 0.05:
-                found.update({p.pid: p for p in (root, *root.children(recursive=True))})
-        # also anything still in the process group (children that were re-parented)
-        for p in psutil.process_iter(["pid"]):
-            try:
-                if p.pid not in found and os.getpgid(p.pid) == self.pgid:
-                    found[p.pid] = p
-            except (ProcessLookupError, psutil.Error, OSError):
-                continue
+        found = dict(self._enforcer.known) if self._enforcer is not None else {}
+        found.update({p.pid: p for p in _owner.tree(self.pid, self.pgid, self._create_time)})
         return [p for pid, p in found.items() if pid != self.pid]
 
     def _terminate(self, grace_s: float = 10.0) -> int | None:
-        """SIGTERM (and SIGCONT, so that a stopped engine acts on it) to the group, wait
-        ``grace_s``, SIGKILL the group and surviving descendants (and the engine's own cgroup,
-        where it has one: ``cgroup.kill``). Sets :attr:`end` (how the engine ended)."""
+        """End the engine's tree (docs/robustness.md "Teardown") and set :attr:`end`."""
         _LIVE.pop(self.pid, None)
         if self._enforcer is not None:
             self._enforcer.stop()
         desc = self._descendants()
         for p in desc:
             with contextlib.suppress(psutil.Error):
-                sp = StartedProcess(p.pid, self.pgid, p.create_time(), self.label, ())
-                _register(sp)
-                _owner.register(sp.pid, sp.pgid, sp.create_time, f"{self.label} (child)")
-        proc = self._proc
-        rc_before = proc.poll() if proc is not None else None
-        stopped = False
+                _register(StartedProcess(p.pid, self.pgid, p.create_time(), f"{self.label} (child)", ()))
+        rc_before = self._proc.poll()
+        procs = dict.fromkeys((p for p in desc if _running(p)), self.label)
+        root = None
         with contextlib.suppress(psutil.Error):
-            stopped = rc_before is None and psutil.Process(self.pid).status() == psutil.STATUS_STOPPED
-        killed, waited = False, 0.0
-        if proc is not None and proc.poll() is None or any(_running(p) for p in desc):
-            t0 = time.monotonic()
-            kill_tree(self.pgid, desc, signal.SIGTERM)
-            kill_tree(self.pgid, desc, signal.SIGCONT)
-            deadline = t0 + grace_s
-            while time.monotonic() < deadline:
-                if (proc is None or proc.poll() is not None) and not any(_running(p) for p in desc):
-                    break
-                time.sleep(0.05)
-            else:
-                killed = proc is not None and proc.poll() is None
-                log.warning(
-                    "engine %s (pid %d) did not exit within %.1f s of SIGTERM; SIGKILL",
-                    self.label,
-                    self.pid,
-                    grace_s,
-                )
-            waited = time.monotonic() - t0
+            root = psutil.Process(self.pid) if rc_before is None else None  # our child: not reaped yet
+        if root is not None:
+            procs[root] = self.label
+        ended = {e.pid: e for e in _owner.end_processes(procs, grace_s)}
+        if procs:
             _cgroup_kill(self.cgroup_path)
-            kill_tree(self.pgid, desc + self._descendants(), signal.SIGKILL)
-        if proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-            self.exit_code = proc.poll()
-        psutil.wait_procs([p for p in desc if _running(p)], timeout=2)
-        self.end = _end_words(
-            rc_before,
-            self.exit_code,
-            stopped,
-            killed,
-            waited,
-            grace_s,
-            [self.pid, *(p.pid for p in desc)],
-            self.cgroup_path,
-            self._create_time or None,
-        )
+            _owner.kill_tree([self.pgid], self._descendants(), signal.SIGKILL)
+        mine = ended.get(self.pid)
+        if mine is not None and mine.killed:
+            log.warning(
+                "engine %s (pid %d) did not exit within %.1f s of SIGTERM; SIGKILL",
+                self.label,
+                self.pid,
+                grace_s,
+            )
+        if getattr(root, "returncode", None) is not None:  # psutil reaped it: Popen cannot
+            self._proc.returncode = int(root.returncode)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=5)
+        self.exit_code = self._proc.poll()
+        code = self.exit_code
+        sig = -code if code is not None and code < 0 else None
+        stopped, killed = mine is not None and mine.stopped, mine is not None and mine.killed
+        waited = max((e.after_s for e in ended.values()), default=0.0)
+        how, oom = f"ended on perfkit's SIGTERM after {waited:.1f} s (exit code {code})", None
+        if rc_before is not None and sig is not None:  # it ended by itself, before the teardown
+            how = f"was killed by signal {sig} ({_owner.signal_name(sig)}, not sent by perfkit)"
+            oom = oom_record(
+                [self.pid, *(p.pid for p in desc)], self.cgroup_path, since=self._create_time or None
+            )
+        elif rc_before is not None:
+            how = f"exited with code {code}"
+        elif killed:
+            how = f"did not exit within {grace_s:g} s of SIGTERM: killed by perfkit (SIGKILL) after {waited:.1f} s"
+        if stopped:
+            how = f"was stopped (SIGSTOP) when perfkit ended it; {how}"
+        self.end = {
+            "how": how,
+            "exit_code": code,
+            "signal": sig,
+            "by_perfkit": rc_before is None,
+            "after_s": round(waited, 2),
+            "stopped": stopped,
+            "oom": oom,
+        }
         if self._enforcer is not None:
             self._enforcer.finish()
         return self.exit_code

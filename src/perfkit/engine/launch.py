@@ -68,11 +68,10 @@ SGLANG_PORT_FLAGS = ("--master-port", "--scheduler-port")
 
 
 def _sglang_ports(spec: EngineSpec) -> list[str]:
-    """For kind ``sglang``: a free port for each of :data:`SGLANG_PORT_FLAGS` the spec's
-    ``server_args``/``extra_args`` do not set (concurrent launches never race). Empty otherwise."""
+    """For kind ``sglang``: ``--flag port`` for each :data:`SGLANG_PORT_FLAGS` the spec leaves unset."""
     if spec.kind != "sglang":
         return []
-    given = set(getattr(spec, "server_args", [])) | set(spec.extra_args)
+    given = set(spec.server_args) | set(spec.extra_args)
     out: list[str] = []
     for flag in SGLANG_PORT_FLAGS:
         if flag not in given and not any(a.startswith(flag + "=") for a in given):
@@ -152,7 +151,6 @@ def launch(
     except psutil.Error:
         create_time = 0.0
     _register(StartedProcess(proc.pid, proc.pid, create_time, label, tuple(argv)))
-    _owner.register(proc.pid, proc.pid, create_time, label)
     handle = EngineHandle(
         spec=spec,
         label=label,
@@ -200,8 +198,7 @@ def _port(spec: EngineSpec) -> int:
 def _engine_env(
     spec: EngineSpec, caps: MemoryCaps | None, perf_dir: Path, port: int, cache: Path
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """(variables perfkit adds, the engine's whole environment): the spec's, the caps', own
-    compile caches unless set, unbuffered output, NVLink multicast off."""
+    """(variables perfkit adds, the engine's whole environment)."""
     added = {**spec.env_for(perf_dir, port), **(caps.env() if caps is not None else {})}
     added.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
     added.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
@@ -212,8 +209,7 @@ def _engine_env(
 def _engine_gpus(
     spec: EngineSpec, env: dict[str, str], added: dict[str, str], label: str, nvml: Any
 ) -> tuple[list[Any], list[int], Any]:
-    """(the engine's GPUs resolved by UUID, their NVML indices, device used MiB before launch).
-    Sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` in ``env`` and ``added`` when unset (in place)."""
+    """(GPUs by UUID, their NVML indices, device used MiB before launch); sets CUDA_DEVICE_ORDER."""
     from perfkit.readings.sampler.nvml import GpuResolveError, device_used_mib, resolve_visible_gpus
 
     n_gpus = spec.num_gpus if spec.kind != "command" else 1
@@ -232,9 +228,7 @@ def _engine_gpus(
 def _start(
     argv: list[str], env: dict[str, str], stdout_path: Path, stderr_path: Path, label: str, d: Path
 ) -> tuple[subprocess.Popen, LaunchClock]:
-    """Start ``argv`` in a new session, output to the two log files, dying with its parent;
-    (the process, the clocks read at launch with its creation time). Raises
-    :class:`EngineStartError` when it cannot start."""
+    """Start ``argv`` in its own session, dying with its parent; EngineStartError when it cannot."""
     with open(stdout_path, "wb") as out_fh, open(stderr_path, "wb") as err_fh:
         clock = LaunchClock.now()
         try:
@@ -249,9 +243,7 @@ def _start(
                 preexec_fn=_owner.die_with_parent,  # SIGKILL at the launcher's death (own session)
             )
         except OSError as exc:
-            raise EngineStartError(
-                f"could not start engine {label!r}: {exc}", command=argv, run_dir=d
-            ) from exc
+            raise EngineStartError(f"could not start engine {label!r}: {exc}", run_dir=d) from exc
     return proc, dataclasses.replace(clock, pid_boot_s=boot_start_s(proc.pid))
 
 
@@ -275,9 +267,7 @@ def error_line(log_tail: str) -> str | None:
 
 
 def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
-    """Poll ``/health`` every :data:`POLL_S` (:data:`REFUSED_POLL_S` until it first answers)
-    until 200, then set ``h.cold_start`` (the first status and first 503 kept for its parts).
-    Raises :class:`EngineStartError` when the engine exits or ``timeout`` passes."""
+    """Poll ``/health`` until 200 and set ``h.cold_start``; EngineStartError on exit or timeout."""
     import httpx  # here, not at the top: only where a request is sent (a replay sends none)
 
     health: dict[str, Any] = {"first_status": None, "t_first_503": None}
@@ -286,11 +276,10 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
         tail = h.tail(50)
         return EngineStartError(
             f"{head}\ncommand: {' '.join(h.command)}\n--- last 50 log lines ({h.run_dir}) ---\n{tail}",
-            exit_code=exit_code,
-            log_tail=tail,
-            cap_outcome=h.cap_outcome,
-            command=h.command,
-            run_dir=h.run_dir,
+            exit_code,
+            tail,
+            h.cap_outcome,
+            h.run_dir,
         )
 
     deadline = time.monotonic() + timeout
@@ -320,7 +309,7 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
                 if r.status_code == 503 and health["t_first_503"] is None:
                     health["t_first_503"] = t_answer
                 if r.status_code == 200:
-                    text = "\n".join(h.logs().values())
+                    text = "\n".join(p.read_text(errors="replace") for p in (h.stdout_path, h.stderr_path))
                     h.cold_start = cold_start_parts(
                         parse_marks(text),
                         clock.t_launch,

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import psutil
 
@@ -149,6 +149,32 @@ class Ended:
         return dict(self.__dict__)
 
 
+def kill_tree(groups: Iterable[int], procs: Iterable[psutil.Process], sig: int) -> None:
+    """Signal process groups and processes (which may have left them); the gone are skipped."""
+    for g in groups:
+        with contextlib.suppress(OSError):
+            os.killpg(g, sig)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(sig)
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float, t0: float, gone_at: dict[int, float]) -> list:
+    """Wait up to ``timeout`` s for ``procs`` to end (a zombie has: another process may reap it),
+    each one's end into ``gone_at`` (s since ``t0``); reaps our own children; returns the rest."""
+    deadline = time.monotonic() + timeout
+    rest = list(procs)
+    while True:
+        for p in [p for p in rest if not _running(p)]:
+            gone_at[p.pid] = time.monotonic() - t0
+            rest.remove(p)
+        if not rest or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    psutil.wait_procs([p for p in procs if p not in rest], timeout=0)  # sets our children's returncode
+    return rest
+
+
 def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ended]:
     """SIGTERM (+ SIGCONT) each process and its process group, wait up to ``grace_s``, SIGKILL
     what is left (groups included), reap our own children; returns how each ended."""
@@ -164,26 +190,12 @@ def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ende
     groups.discard(os.getpgrp())  # never our own group
     t0 = time.monotonic()
     for sig in (signal.SIGTERM, signal.SIGCONT):
-        for g in groups:
-            with contextlib.suppress(OSError):
-                os.killpg(g, sig)
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                p.send_signal(sig)
+        kill_tree(groups, procs, sig)
     gone_at: dict[int, float] = {}
-
-    def _gone(p: psutil.Process) -> None:
-        gone_at[p.pid] = time.monotonic() - t0
-
-    _, rest = psutil.wait_procs(list(procs), timeout=grace_s, callback=_gone)
+    rest = _wait_gone(list(procs), grace_s, t0, gone_at)
     t_kill = time.monotonic() - t0
-    for g in groups:
-        with contextlib.suppress(OSError):
-            os.killpg(g, signal.SIGKILL)
-    for p in rest:
-        with contextlib.suppress(psutil.Error):
-            p.send_signal(signal.SIGKILL)
-    psutil.wait_procs(rest, timeout=5)
+    kill_tree(groups, rest, signal.SIGKILL)
+    _wait_gone(rest, 5, t0, {})
     out = []
     for p, label in procs.items():
         was = " (it was stopped)" if stopped[p.pid] else ""
@@ -198,19 +210,29 @@ def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ende
     return out
 
 
-def end_tree(pid: int, grace_s: float) -> list[Ended]:
-    """End process ``pid`` with its whole tree: every descendant (whichever group it moved to)
-    and every process of the group ``pid`` leads (also those re-parented after their parent
-    died), by :func:`end_processes` (SIGTERM, SIGKILL after ``grace_s``)."""
-    procs: dict[psutil.Process, str] = {}
+def tree(pid: int, pgid: int | None = None, since: float | None = None) -> list[psutil.Process]:
+    """Process ``pid`` (when it started at ``since``, if given) with every descendant (whichever
+    group it moved to) and every process of group ``pgid`` (default ``pid``) started since, also
+    those re-parented after their parent died; never this process."""
+    found: dict[int, psutil.Process] = {}
     with contextlib.suppress(psutil.Error):
         root = psutil.Process(pid)
-        procs = {q: "" for q in (root, *root.children(recursive=True))}
+        if since is None or abs(root.create_time() - since) <= SAME_START_S:
+            found = {q.pid: q for q in (root, *root.children(recursive=True))}
+    group = pid if pgid is None else pgid
     for q in psutil.process_iter():
         with contextlib.suppress(psutil.Error, OSError):
-            if q not in procs and q.pid != os.getpid() and os.getpgid(q.pid) == pid:
-                procs[q] = ""
-    return end_processes(procs, grace_s)
+            if q.pid not in found and os.getpgid(q.pid) == group:
+                if since is None or q.create_time() >= since - SAME_START_S:
+                    found[q.pid] = q
+    found.pop(os.getpid(), None)
+    return list(found.values())
+
+
+def end_tree(pid: int, grace_s: float) -> list[Ended]:
+    """End process ``pid`` with its whole tree (:func:`tree`) by :func:`end_processes` (SIGTERM,
+    SIGKILL after ``grace_s``)."""
+    return end_processes(dict.fromkeys(tree(pid), ""), grace_s)
 
 
 def run_bounded(
@@ -314,24 +336,12 @@ class Watch:
             p = alive(int(e["pid"]), float(e["create_time"]))
             if p is None:
                 continue
-            k = (p.pid, p.create_time())
-            if k not in self.before:
-                found[k] = (p, str(e.get("label") or ""))
-            # the rest of its group (children that were re-parented elsewhere)
-            pgid = int(e.get("pgid") or 0)
-            for q in psutil.process_iter():
-                try:
-                    qk = (q.pid, q.create_time())
-                    if (
-                        pgid
-                        and qk not in found
-                        and qk not in self.before
-                        and os.getpgid(q.pid) == pgid
-                        and q.create_time() >= float(e["create_time"]) - SAME_START_S
-                    ):
-                        found[qk] = (q, f"{e.get('label') or ''} (child)")
-                except (psutil.Error, OSError):
-                    continue
+            # it, and the rest of its group (children that were re-parented elsewhere)
+            label = str(e.get("label") or "")
+            for q in tree(p.pid, int(e.get("pgid") or 0) or p.pid, float(e["create_time"])):
+                qk = _key(q)
+                if qk is not None and qk not in self.before and (q.pid == p.pid or qk not in found):
+                    found[qk] = (q, label if q.pid == p.pid else f"{label} (child)")
         if self.registry is not None:  # whatever still carries this registry in its environment
             for p in marked(self.registry):
                 k = _key(p)
@@ -390,56 +400,15 @@ def started_processes() -> list[StartedProcess]:
 
 
 def _register(p: StartedProcess) -> None:
+    """Into :func:`started_processes` and the owner's registry file (:func:`register`)."""
     with _REGISTRY_LOCK:
         _REGISTRY.append(p)
+    register(p.pid, p.pgid, p.create_time, p.label)
 
 
 def surviving(procs: list[StartedProcess]) -> list[StartedProcess]:
     """Those of ``procs`` still alive (same pid and start time, not a zombie)."""
     return [sp for sp in procs if alive(sp.pid, sp.create_time) is not None]
-
-
-def _end_words(
-    rc_before: int | None,
-    rc: int | None,
-    stopped: bool,
-    killed: bool,
-    waited_s: float,
-    grace_s: float,
-    pids: list[int],
-    cgroup_path: Path | None,
-    since: float | None = None,
-) -> dict[str, Any]:
-    """How an engine ended, as :attr:`EngineHandle.end` holds it (see there)."""
-    from perfkit.readings.memory import oom_record
-
-    code = rc_before if rc_before is not None else rc
-    sig = -code if code is not None and code < 0 else None
-    oom = None
-    if rc_before is not None:  # it ended by itself, before perfkit's teardown
-        if sig is not None:
-            how = f"was killed by signal {sig} ({signal_name(sig)}, not sent by perfkit)"
-            oom = oom_record(pids, cgroup_path, since=since)
-        else:
-            how = f"exited with code {code}"
-        by_perfkit = False
-    elif killed:
-        how = f"did not exit within {grace_s:g} s of SIGTERM: killed by perfkit (SIGKILL) after {waited_s:.1f} s"
-        by_perfkit = True
-    else:
-        how = f"ended on perfkit's SIGTERM after {waited_s:.1f} s (exit code {code})"
-        by_perfkit = True
-    if stopped:
-        how = f"was stopped (SIGSTOP) when perfkit ended it; {how}"
-    return {
-        "how": how,
-        "exit_code": code,
-        "signal": sig,
-        "by_perfkit": by_perfkit,
-        "after_s": round(waited_s, 2),
-        "stopped": stopped,
-        "oom": oom,
-    }
 
 
 def _cgroup_kill(path: Path | None) -> None:

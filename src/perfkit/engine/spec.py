@@ -165,8 +165,7 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
 
     @classmethod
     def _kind(cls) -> str | None:
-        f = cls.model_fields.get("kind")
-        return f.default if f is not None and cls is not EngineSpec else None
+        return None if cls is EngineSpec else cls.model_fields["kind"].default
 
     def check(self) -> None:
         """Checks that need the host, run before any launch; FileNotFoundError naming the field."""
@@ -342,12 +341,8 @@ class ReferenceEngine(_ServingEngine):
             )
         return self
 
-    def check(self) -> None:
-        """A ``model_path`` that is not a hub id must exist (FileNotFoundError)."""
-        check_model_path(self.model_path)
-
-    def _argv(self, port: int, d: str) -> list[str]:
-        return reference_argv(self, port, d)
+    check = check_model_path
+    _argv = reference_argv
 
 
 class SglangEngine(_ServingEngine):
@@ -379,9 +374,7 @@ class SglangEngine(_ServingEngine):
             self.executable = [str(Path(exe).absolute()), *self.executable[1:]]
         return self
 
-    def check(self) -> None:
-        """:func:`perfkit.engine.argv.check_sglang` (FileNotFoundError naming the field)."""
-        check_sglang(self.executable, self.model_path)
+    check = check_sglang
 
     def _argv(self, port: int, d: str) -> list[str]:
         argv = list(self.executable) + ["serve", "--model-path", self.model_path, "--port", str(port)]
@@ -437,9 +430,7 @@ class CommandEngine(EngineSpec):
             raise _cross_field("command", "give either 'command' or 'command_template', not both")
         return data
 
-    def check(self) -> None:
-        """The program (the argv's first item, unless it is a placeholder) must be found."""
-        check_command(self.command_template)
+    check = check_command
 
     def _argv(self, port: int, d: str) -> list[str]:
         return list(self.command_template) + list(self.extra_args)
@@ -460,11 +451,7 @@ def _kind_of(v: Any) -> Any:
 #: A spec of any kind, told apart by ``kind`` (missing: ``reference``): the type a pydantic field
 #: holding an engine spec uses (the params file's ``engine`` section).
 AnyEngineSpec = Annotated[
-    Union[
-        Annotated[ReferenceEngine, Tag("reference")],
-        Annotated[SglangEngine, Tag("sglang")],
-        Annotated[CommandEngine, Tag("command")],
-    ],
+    Union[tuple(Annotated[model, Tag(kind)] for kind, model in ENGINE_KINDS.items())],
     Discriminator(
         _kind_of,
         custom_error_type=BAD_KIND,

@@ -149,11 +149,8 @@ def reuse_launch(
     same engine spec and request under the same caps with at least that many; else None.
     """
     if isinstance(bundle, (list, tuple)):  # several candidates: the first that fits
-        for b in bundle:
-            data = reuse_launch(b, spec, request, n_requests, label, caps=caps)
-            if data is not None:
-                return data
-        return None
+        found = (reuse_launch(b, spec, request, n_requests, label, caps=caps) for b in bundle)
+        return next((d for d in found if d is not None), None)
     if bundle is None or not getattr(bundle, "tables", None):
         return None
     params = bundle.meta.get("params") or {}
@@ -164,16 +161,11 @@ def reuse_launch(
         or params.get("request") != request.payload()
     ):
         return None
-    their_caps = (bundle.meta.get("caps") or [None])[0]
-    mine = caps.to_dict() if caps is not None and not caps.unlimited else None
-    theirs = (
-        their_caps if their_caps and (their_caps.get("device_gib") or their_caps.get("host_gib")) else None
-    )
-    if (mine or None) != (theirs or None):
+    theirs = (bundle.meta.get("caps") or [None])[0]
+    if _asked(caps) != (theirs if theirs and (theirs.get("device_gib") or theirs.get("host_gib")) else None):
         return None
     req = bundle.requests
-    measured = (req["index"] != WARMUP_INDEX).fillna(False) if not req.empty else None
-    if req.empty or int(measured.sum()) < n_requests:
+    if req.empty:
         return None
     src = launches.iloc[0]["launch"]
     keep = req[((req["launch"] == src) & (req["index"] < n_requests)).fillna(False).to_numpy(bool)]
@@ -226,5 +218,8 @@ class PlannedLaunch:
 def launch_key(spec: EngineSpec, request: VideoRequestSpec, caps: MemoryCaps | None = None) -> str:
     """The identity :func:`reuse_launch` compares (engine spec, request payload, caps as asked
     when they cap anything), as a JSON string."""
-    mine = caps.to_dict() if caps is not None and not caps.unlimited else None
-    return json.dumps([spec.to_dict(), request.payload(), mine], sort_keys=True, default=str)
+    return json.dumps([spec.to_dict(), request.payload(), _asked(caps)], sort_keys=True, default=str)
+
+
+def _asked(caps: MemoryCaps | None) -> dict[str, Any] | None:
+    return caps.to_dict() if caps is not None and not caps.unlimited else None

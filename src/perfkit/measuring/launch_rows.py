@@ -73,9 +73,7 @@ class LaunchData:
         return df[df["index"] != WARMUP_INDEX].sort_values("index")
 
 
-def _snap(rec: PerfRecord | None, checkpoint: str, key: str) -> float:
-    if rec is None:
-        return NAN
+def _snap(rec: PerfRecord, checkpoint: str, key: str) -> float:
     v = rec.peak_mb(checkpoint, key)
     return NAN if v is None else v
 
@@ -86,8 +84,7 @@ def _num(v: Any) -> float:
 
 
 def _epoch(v: Any) -> float:
-    """An epoch-seconds value of a record as written, NaN when absent or null (not reported);
-    anything but a finite number >= 0 is refused naming what it was."""
+    """Epoch s as written, NaN when absent (not reported); ValueError for anything else."""
     if v is None:
         return NAN
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= float(v) < math.inf):
@@ -353,12 +350,11 @@ def first_result(outcomes: list[RequestOutcome], cold_start: dict[str, Any]) -> 
 
 
 def _read_log(data: LaunchData, path: Path | None) -> None:
-    """Read the launch's performance.log once: the raw lines (a line that is not UTF-8 kept with
-    ``\\xNN`` escapes, lossless) and their records (that line refused, naming file and line)."""
+    """The raw lines (non-UTF-8 kept as ``\\xNN``) and their parse report, from one read."""
     try:
         raw = path.read_bytes().splitlines(keepends=True) if path is not None else []
     except OSError:
-        return
+        raw = []
     data.record_lines = [
         ln.decode("utf-8", errors="backslashreplace").rstrip("\r\n") for ln in raw if ln.strip()
     ]
@@ -366,7 +362,7 @@ def _read_log(data: LaunchData, path: Path | None) -> None:
 
 
 def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
-    if data.report is None:
+    if data.report is None:  # rows from record lines alone (no performance.log read)
         data.report = parse_lines(data.record_lines, source=f"records/{data.label}.jsonl")
     report = data.report
     recs = {r.request_id: r for r in report.records}

@@ -188,8 +188,7 @@ def _steps_of(path: Path, mode: str | None, recorded: int | None) -> dict[str, A
 
 
 def _trace_path(prof: dict[str, Any], tdir: Path, request_id: str) -> Path | None:
-    """The trace the engine reported (its record's ``profile.path``), else the one sglang's name
-    pattern finds for the request in ``tdir`` (a real sglang server reports no path)."""
+    """The trace the record names, else the one sglang's file name pattern finds in ``tdir``."""
     p = prof.get("path")
     if p and Path(p).is_file():
         return Path(p)

@@ -40,24 +40,9 @@ def in_kernel() -> bool:
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
-def tqdm_class() -> type:
-    """The tqdm class for a terminal: the text bar (``tqdm.std``). In a Jupyter kernel
-    :func:`track_requests` writes text lines instead (see the module doc)."""
-    from tqdm.std import tqdm as std_tqdm
-
-    return std_tqdm
-
-
 def _quiet() -> bool:
     """Whether someone else draws the progress: the suite (an events file) or a listener."""
     return bool(os.environ.get(PROGRESS_ENV)) or bool(_LISTENERS)
-
-
-def _line(text: str) -> None:
-    """One progress line into the notebook's output (stdout, flushed at once)."""
-    import sys
-
-    print(text, file=sys.stdout, flush=True)
 
 
 def launching(label: str, what: str = "the engine") -> None:
@@ -65,7 +50,7 @@ def launching(label: str, what: str = "the engine") -> None:
     a ``launching`` event, and in a Jupyter kernel nobody else draws for, a text line."""
     emit("launching", label=label, what=what)
     if not _quiet() and in_kernel():
-        _line(f"{label}: launching {what} … (the first request is sent once it serves)")
+        print(f"{label}: launching {what} … (the first request is sent once it serves)", flush=True)
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -110,13 +95,17 @@ def track_requests(requests: Sequence[T], label: str) -> Iterator[T]:
     lines = not quiet and in_kernel()  # text lines in a notebook, never a widget
     bar = None
     if not quiet and not lines and n >= MIN_REQUESTS_FOR_BAR:
-        bar = tqdm_class()(total=n, desc=label, unit="request", leave=False)
+        from tqdm.std import tqdm  # the text bar, on stderr
+
+        bar = tqdm(total=n, desc=label, unit="request", leave=False)
     t0 = time.monotonic()
     done = 0
     try:
         for i, item in enumerate(items):
             if lines:
-                _line(f"{label}: request {i + 1}/{n} sent" + (" (the cold one)" if i == 0 else ""))
+                print(
+                    f"{label}: request {i + 1}/{n} sent" + (" (the cold one)" if i == 0 else ""), flush=True
+                )
             yield item
             done = i + 1
             if bar is not None:
@@ -126,7 +115,7 @@ def track_requests(requests: Sequence[T], label: str) -> Iterator[T]:
         if bar is not None:
             bar.close()
         if lines:
-            _line(f"{label}: {done} of {n} requests done in {time.monotonic() - t0:.1f} s")
+            print(f"{label}: {done} of {n} requests done in {time.monotonic() - t0:.1f} s", flush=True)
         emit("launch_done", label=label)
 
 
