@@ -141,6 +141,16 @@ def ms_axis(ax: Any, axis: str = "y") -> None:
     a.set_major_formatter(FuncFormatter(lambda v, _pos: ms_text(v).replace(".0 s", " s")))
 
 
+def ms_y(ax: Any, what: str, log: bool) -> None:
+    """Label the y axis ``what (ms)``: log-scaled (:func:`ms_axis`, ``ms, s; log scale``) with
+    ``log``, else from 0."""
+    if log:
+        ms_axis(ax)
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_ylabel(f"{what} ({'ms, s; log scale' if log else 'ms'})")
+
+
 def integer_xticks(ax: Any) -> None:
     """Integer ticks on the x axis (request and step indices)."""
     from matplotlib.ticker import MaxNLocator
