@@ -197,6 +197,8 @@ ROLE_COLORS = {
     ROLE_WARMUP: "tab:gray",
     ROLE_WARM: "tab:blue",
 }
+#: a request's role from its :func:`perfkit.roles.request_label` (others: warm)
+LABEL_ROLES = {"cold": ROLE_COLD, "warmup": ROLE_WARMUP}
 
 
 def stage_colors(stage_cols: list[str]) -> dict[str, Any]:

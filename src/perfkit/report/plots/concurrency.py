@@ -5,7 +5,6 @@ and warm latency (ms) per offload mode (:func:`offload_memory_latency`)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -162,12 +161,10 @@ def offload_memory_latency(modes: pd.DataFrame, *, title: str | None = None) -> 
     status = [str(s) for s in modes.get("status", pd.Series(["ran"] * len(modes)))]
     x = np.arange(len(names))
 
-    def col(name: str) -> list[float]:
-        if name not in modes.columns:
-            return [math.nan] * len(modes)
-        return [float(v) if is_finite(v) else math.nan for v in pd.to_numeric(modes[name], errors="coerce")]
-
-    dev, host, warm = col("peak_reserved_mib"), col("host_pss_peak_mib"), col("warm_ms")
+    vals = modes.reindex(columns=["peak_reserved_mib", "host_pss_peak_mib", "warm_ms"]).apply(
+        pd.to_numeric, errors="coerce"
+    )
+    dev, host, warm = (vals[c].replace([np.inf, -np.inf], np.nan).tolist() for c in vals.columns)
     w = 0.38
     ax_mem.bar(x - w / 2, np.nan_to_num(dev), w, label="device peak reserved", color="tab:blue")
     ax_mem.bar(x + w / 2, np.nan_to_num(host), w, label="host PSS peak (engine tree)", color="tab:orange")

@@ -83,15 +83,10 @@ def stage_breakdown(
         shape (``"cold · 25 frames"``, ``"warm median · 25 frames (n=4)"``), one bar per stage."""
     stages, b = unbundle(stages, "stages", requests=requests, launches=launches)
     requests, launches = b["requests"], b["launches"]
-    df = stages if stages is not None else pd.DataFrame()
-    if launch is not None:
-        df = of_launch(df, launch)
+    df = of_launch(stages, launch) if stages is not None else pd.DataFrame()
     pv = _stage_pivot(df) if not df.empty and {"stage", "ms", "index"} <= set(df.columns) else pd.DataFrame()
     names = launch_names(launches)
-    if requests is not None and not requests.empty:
-        roles = request_roles(of_launch(requests, launch) if launch is not None else requests, launches)
-    else:
-        roles = pd.DataFrame()
+    roles = request_roles(of_launch(requests, launch) if requests is not None else None, launches)
     launch_keys = list(dict.fromkeys(pv.index.get_level_values(0))) if not pv.empty else []
     n_panels = max(1, len(launch_keys))
     stage_cols = list(pv.columns) if not pv.empty else []
@@ -103,9 +98,7 @@ def stage_breakdown(
         ax.set_xlabel("pipeline stage")
         ax.set_title(title or "Per-stage latency: cold request vs warm median")
         return fig
-    role_of: dict[tuple[Any, Any], Mapping[str, Any]] = {}
-    for _, r in roles.iterrows():
-        role_of[(r["launch"], r["request_id"])] = r.to_dict()
+    role_of = {(r["launch"], r["request_id"]): r for r in roles.to_dict("records")}
     log = use_log(pv.to_numpy(dtype=float).ravel())
     first_ax = None
     for p, lk in enumerate(launch_keys):
@@ -126,8 +119,7 @@ def stage_breakdown(
 def _panel_series(
     sub: pd.DataFrame, lk: Any, role_of: Mapping[tuple[Any, Any], Mapping[str, Any]], include_warmup: bool
 ) -> dict[tuple[str, str], _Items]:
-    """(shape, kind) -> the requests of one launch's pivot rows; kind is ``warm`` or the role of a
-    first request. Without a role row, index 0 is the cold request and the rest are warm."""
+    """(shape, kind: ``warm`` or a first request's role) -> the requests of one launch's rows."""
     series: dict[tuple[str, str], _Items] = {}
     for key, vals in sub.iterrows():
         _, rid, idx = key
@@ -148,8 +140,7 @@ def _panel_series(
 
 
 def _series_bars(kind: str, items: _Items, shade: int) -> tuple[np.ndarray, Any, Any, str, str]:
-    """(values, yerr, whisker tops, colour, label) of one series: the warm median with a min–max
-    whisker, or the first request of its role (``+n more`` when several share the series)."""
+    """(values, yerr, whisker tops, colour, label): the warm median and min–max, or a first request."""
     frames = items[0][2].get("frames")
     fr = f" · {frames} frames" if frames is not None and not pd.isna(frames) else ""
     arr = np.vstack([v for _, v, _ in items])

@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from perfkit.report.plots.base import (
+    LABEL_ROLES,
     ROLE_COLORS,
     Figure,
     drop_warmup,
@@ -169,7 +170,7 @@ def step_times(
                 role, lab = info["role"], info["label"]
             else:
                 lab = request_label(idx) if idx is not None else str(g[group_keys[0]].iloc[0])
-                role = ROLE_COLD if lab == "cold" else (ROLE_WARMUP if lab == "warmup" else ROLE_WARM)
+                role = LABEL_ROLES.get(lab, ROLE_WARM)
             if multi:
                 lab = f"{names.get(lk, lk)}: {lab}"
             if role == ROLE_WARM:
