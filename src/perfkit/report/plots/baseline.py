@@ -18,14 +18,13 @@ def _metric_unit(metric: str) -> str:
     return "MiB" if any(k in m for k in ("vram", "_mb", "mib", "memory", "peak_alloc")) else "ms"
 
 
-def baseline_vs_actual(verdicts: pd.DataFrame, *, xscale: str = "auto", title: str | None = None) -> Figure:
+def baseline_vs_actual(verdicts: pd.DataFrame, *, title: str | None = None) -> Figure:
     """Actual vs expected per (case, metric) row as horizontal bars coloured by status, a black
     tick at expected and a band from expected to bound; rows without an expected value are left
     out; one panel per unit (ms, MiB: names with ``vram``/``_mb``/``mib``/``memory``).
 
     Args:
         verdicts: case, metric, expected, actual, bound, status.
-        xscale: ``"linear"``, ``"log"`` or ``"auto"`` (log when a panel spans more than 50x).
 
     Returns:
         Figure with one axis per unit; on each the first bar container holds the bands, the
@@ -72,15 +71,7 @@ def baseline_vs_actual(verdicts: pd.DataFrame, *, xscale: str = "auto", title: s
         ax.barh(y, np.nan_to_num(act, nan=0.0), height=0.4, color=colors)
         ax.scatter(exp, y, marker="|", s=300, color="black", zorder=5, label="expected")
         vals = np.concatenate([exp, act[np.isfinite(act)], bnd])
-        pos = vals[vals > 0]
-        log = xscale == "log" or (
-            xscale == "auto"
-            and pos.size
-            and pos.min() > 0
-            and pos.max() / pos.min() > 50
-            and (vals > 0).all()
-        )
-        if log:
+        if (vals > 0).all() and vals.max() / vals.min() > 50:
             ax.set_xscale("log")
         for yi, a, s in zip(y, act, status):
             if np.isfinite(a):

@@ -32,7 +32,6 @@ _ROLE_MARKERS = {ROLE_COLD: ("*", 170), ROLE_NEW_SHAPE: ("D", 60), ROLE_WARMUP: 
 def e2e_per_request(
     requests: Any,
     *,
-    metric: str = "e2e_ms",
     include_warmup: bool = False,
     launches: pd.DataFrame | None = None,
     title: str | None = None,
@@ -42,9 +41,8 @@ def e2e_per_request(
     requests span more than 30x.
 
     Args:
-        requests: the requests table (launch, index, e2e_ms, client_ms, num_frames), or a
+        requests: the requests table (launch, index, e2e_ms, num_frames), or a
             :class:`~perfkit.bundle.ResultBundle`.
-        metric: ``e2e_ms`` (server side) or ``client_ms``.
 
     Returns:
         Figure with one axis: a line per launch plus a marker collection per launch and role drawn."""
@@ -52,14 +50,13 @@ def e2e_per_request(
     launches = b["launches"]
     names = launch_names(launches)
     df = drop_warmup(requests, include_warmup) if requests is not None else pd.DataFrame()
-    what = "end-to-end" if metric == "e2e_ms" else "client-side"
     fig = new_figure(8.5, 4.6)
     ax = fig.add_subplot()
     drew = False
-    if not df.empty and metric in df.columns and "index" in df.columns:
+    if not df.empty and "e2e_ms" in df.columns and "index" in df.columns:
         roles = request_roles(requests, launches)
         df = df.assign(
-            _v=pd.to_numeric(df[metric], errors="coerce"), _i=pd.to_numeric(df["index"], errors="coerce")
+            _v=pd.to_numeric(df["e2e_ms"], errors="coerce"), _i=pd.to_numeric(df["index"], errors="coerce")
         )
         if "request_id" in df.columns and not roles.empty:
             df = df.merge(roles[["request_id", "role", "label", "short"]], on="request_id", how="left")
@@ -105,11 +102,11 @@ def e2e_per_request(
         if drew:
             integer_xticks(ax)
             ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-            ms_y(ax, f"{what} latency", log)
+            ms_y(ax, "end-to-end latency", log)
             ax.margins(x=0.08, y=0.15)
     if not drew:
-        empty_note(ax, f"no {metric} values")
-        ax.set_ylabel(f"{what} latency (ms)")
+        empty_note(ax, "no e2e_ms values")
+        ax.set_ylabel("end-to-end latency (ms)")
     ax.set_xlabel("request index (0 = cold request, the first after ready)")
     ax.set_title(title or "End-to-end latency per request")
     return fig
@@ -118,20 +115,18 @@ def e2e_per_request(
 def step_times(
     steps: Any,
     *,
-    stage: str | None = "DenoisingStage",
-    include_warmup: bool = False,
     requests: pd.DataFrame | None = None,
     launches: pd.DataFrame | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Denoising step time (ms) vs step index, one line per request: the cold request and each
+    """DenoisingStage step time (ms) vs step index (every stage's when the table has none of it),
+    one line per request: the cold request and each
     first of a new shape named with their shape, warm requests thin lines under one legend entry;
     log y when the steps span more than 30x.
 
     Args:
         steps: the steps table (launch, request_id, index, stage, step, ms), or a
             :class:`~perfkit.bundle.ResultBundle`.
-        stage: only this stage's steps (all rows when the table has none of it, or for None).
         requests: for roles and shapes (:func:`request_roles`).
 
     Returns:
@@ -140,9 +135,9 @@ def step_times(
     steps, b = unbundle(steps, "steps", requests=requests, launches=launches)
     requests, launches = b["requests"], b["launches"]
     names = launch_names(launches)
-    df = drop_warmup(steps, include_warmup) if steps is not None else pd.DataFrame()
-    if stage is not None and "stage" in df.columns and (df["stage"] == stage).any():
-        df = df[df["stage"] == stage]
+    df = drop_warmup(steps, False) if steps is not None else pd.DataFrame()
+    if "stage" in df.columns and (df["stage"] == "DenoisingStage").any():
+        df = df[df["stage"] == "DenoisingStage"]
     fig = new_figure(8.5, 5.2)
     ax = fig.add_subplot()
     launch_keys = launches_of(df)
@@ -197,20 +192,17 @@ def step_times(
         empty_note(ax, "no step records")
         ax.set_ylabel("step time (ms)")
     ax.set_xlabel("denoising step index")
-    ax.set_title(title or f"Per-step time{f' ({stage})' if stage else ''}: cold vs warm requests")
+    ax.set_title(title or "Per-step time (DenoisingStage): cold vs warm requests")
     return fig
 
 
-def step_timeline(
-    events: pd.DataFrame, *, step: int | None = None, lanes: int = 8, title: str | None = None
-) -> Figure:
-    """One denoising step of a profiled request over time: its top-level ops as bars, one lane for
-    each of the ``lanes`` ops with most time, the rest in "other ops".
+def step_timeline(events: pd.DataFrame, *, title: str | None = None) -> Figure:
+    """The first recorded denoising step that is not sglang's ``warmup_step`` over time: its
+    top-level ops as bars, one lane for each of the 8 ops with most time, the rest in "other ops";
+    a trace without step ranges (``full_stages``) shows its denoising stage.
 
     Args:
         events: :func:`perfkit.readings.traces.op_events` of one trace (``ts_us`` µs, ``dur_ms``).
-        step: default the first recorded step that is not sglang's ``warmup_step``; a trace
-            without step ranges (``full_stages``) shows its denoising stage.
 
     Returns:
         Figure with one axis (x: ms from the step's first op); an empty note when the trace holds
@@ -222,8 +214,7 @@ def step_timeline(
     what = None
     if not ev.empty:
         warm = ev["warmup_step"] if "warmup_step" in ev else pd.Series(False, index=ev.index)
-        if step is None:
-            step = int(ev.loc[~warm, "step"].min()) if (~warm).any() else int(ev["step"].min())
+        step = int(ev.loc[~warm, "step"].min()) if (~warm).any() else int(ev["step"].min())
         ev = ev[ev["step"] == step]
         what = f"Denoising step {step}"
     elif not top.empty:  # full_stages: no step ranges; the denoising stage whole
@@ -238,8 +229,8 @@ def step_timeline(
     ev = ev[ev["tid"] == ev.groupby("tid")["dur_ms"].sum().idxmax()]  # the thread doing the work
     t0 = float(ev["ts_us"].min())
     order = list(ev.groupby("op")["dur_ms"].sum().sort_values(ascending=False).index)
-    shown = order[:lanes]
-    names = shown + (["other ops"] if len(order) > lanes else [])
+    shown = order[:8]
+    names = shown + (["other ops"] if len(order) > 8 else [])
     colours = [f"C{i % 10}" for i in range(len(names))]
     for lane, name in enumerate(names):
         sel = ev[ev["op"] == name] if name != "other ops" else ev[~ev["op"].isin(shown)]

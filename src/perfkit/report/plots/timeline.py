@@ -84,14 +84,11 @@ def draw_phases(tl: Timeline, t: pd.Series) -> None:
         )
 
 
-def draw_requests(
-    tl: Timeline, req: pd.DataFrame, launches: pd.DataFrame | None, include_warmup: bool, t: pd.Series
-) -> int:
+def draw_requests(tl: Timeline, req: pd.DataFrame, launches: pd.DataFrame | None, t: pd.Series) -> int:
     """Shade each request's span coloured by role (:func:`perfkit.roles.request_roles`) and mark
     its compiles; returns how many requests are drawn besides the warmup phase."""
     roles = request_roles(req, launches)
     role_of = {r["request_id"]: r for _, r in roles.iterrows()} if "request_id" in req.columns else {}
-    req = drop_warmup(req, include_warmup)
     # the startup warmup request is the warmup phase when the phases are drawn (its
     # compile is still marked)
     n_req = len(drop_warmup(req, not tl.from_launch))
@@ -165,12 +162,11 @@ def _draw_request(tl: Timeline, r: Mapping[str, Any], role: str, short: str, x_s
     )
 
 
-def draw_stage_marks(tl: Timeline, stages: pd.DataFrame, include_warmup: bool) -> None:
+def draw_stage_marks(tl: Timeline, stages: pd.DataFrame) -> None:
     """A dotted line at each stage start, coloured by stage class, on every panel."""
     from matplotlib.lines import Line2D  # here: drawing is the only reason to import matplotlib
 
-    st = drop_warmup(stages, include_warmup)
-    st = st[pd.to_numeric(st["t_start_s"], errors="coerce").notna()]
+    st = stages[pd.to_numeric(stages["t_start_s"], errors="coerce").notna()]
     colors = stage_colors(ordered_stages(st["stage"]))
     for _, r in st.iterrows():
         c = colors[str(r["stage"])]
@@ -215,8 +211,6 @@ def memory_timeline(
     launch: Any = None,
     launches: pd.DataFrame | None = None,
     device_name: str | None = None,
-    include_warmup: bool = True,
-    stage_marks: bool | None = None,
     title: str | None = None,
 ) -> Figure:
     """Device and host memory (MiB) over time since the engine's launch, with what happened.
@@ -226,7 +220,7 @@ def memory_timeline(
     (model load, startup warmup, placed from the launches table's cold-start parts), request spans
     by role (:func:`request_roles`), compile marks with their time, the recorded load and warmup
     peaks (device), caps as dashed lines (``device_cap_gib``/``host_cap_gib`` of ``caps``, in
-    MiB), stage starts dotted when ``stage_marks`` (None: at most 4 requests drawn). Artists carry
+    MiB), stage starts dotted when at most 4 requests are drawn. Artists carry
     gids: ``cap:device``, ``cap:host``, ``request-span``, ``phase-span``, ``compile-mark``,
     ``stage-mark``, ``peak:load``, ``peak:warmup``.
 
@@ -271,19 +265,12 @@ def memory_timeline(
         caps.get("host_cap_gib"),
         title or default_title.replace("device and host", "host; no device samples"),
     )
-    if include_warmup and tl.from_launch:
+    if tl.from_launch:
         draw_phases(tl, t)
     if requests is not None and not requests.empty and {"t_start_s", "t_end_s"} <= set(requests.columns):
-        n_req = draw_requests(tl, requests, launches, include_warmup, t)
-        if stage_marks is None:
-            stage_marks = n_req <= 4
-    if (
-        stage_marks
-        and stages is not None
-        and not stages.empty
-        and {"stage", "t_start_s"} <= set(stages.columns)
-    ):
-        draw_stage_marks(tl, stages, include_warmup)
+        few = draw_requests(tl, requests, launches, t) <= 4
+        if few and stages is not None and not stages.empty and {"stage", "t_start_s"} <= set(stages.columns):
+            draw_stage_marks(tl, stages)
     _finish_axes(tl)
     return fig
 
