@@ -348,8 +348,7 @@ def _full_section(name: str, r: dict) -> list[str]:
 
 
 def _combined(block: Block, root: Path) -> str:
-    """An investigation's block kind (:class:`~perfkit.investigations.parts.DocBlock`): the results
-    of the comma-separated ``src`` directories joined by its ``combine``, rendered as ``full``."""
+    """An investigation's DocBlock: the comma-separated ``src`` results combined, as ``full``."""
     investigation, decl = registry.doc_blocks()[block.kind]
     name = investigation.name
     srcs = block.src.split(",")

@@ -177,8 +177,7 @@ def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
 
 
 def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
-    """The title of another investigation whose results hold skipped investigation ``name``'s
-    measurement (the investigation's ``found_in``, e.g. an in-session probe), or None."""
+    """The title of the investigation whose results hold ``name``'s (its ``found_in``), or None."""
     try:
         s = registry.get(name)
     except KeyError:
