@@ -24,6 +24,7 @@ from perfkit.history.store import HistoryError, read_store
 from perfkit.report.plots import alt_text, figure_to_png_bytes
 from perfkit.report.render import template_env, write_tool_outputs
 from perfkit.report.tables import format_table, markdown_table
+from perfkit.reported import is_reported
 
 if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
     from matplotlib.figure import Figure
@@ -96,12 +97,8 @@ def _confirmed(row: Mapping[str, Any] | None) -> str:
     """A step's latest confirmation (``perfkit history confirm``) in words, or "–"."""
     if row is None:
         return "–"
-
-    def given(v: Any) -> bool:
-        return v is not None and v == v  # NaN: not given
-
-    iv = f" [{change_text(row['low'])} to {change_text(row['high'])}]" if given(row.get("low")) else ""
-    ab = f": A/B {change_text(row['ratio'])}{iv}" if given(row.get("ratio")) else ""
+    iv = f" [{change_text(row['low'])} to {change_text(row['high'])}]" if is_reported(row.get("low")) else ""
+    ab = f": A/B {change_text(row['ratio'])}{iv}" if is_reported(row.get("ratio")) else ""
     return f"{row['outcome']}{ab} ({row['time']:%Y-%m-%d})"
 
 

@@ -122,10 +122,7 @@ def _told(values: Iterable[Any], count: bool = False) -> list[Any]:
 
 
 def _reason(v: Any) -> str | None:
-    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
-        return None
-    s = str(v).strip()
-    return s or None
+    return (str(v).strip() or None) if is_reported(v) else None
 
 
 def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = None) -> pd.DataFrame:
