@@ -230,11 +230,8 @@ def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Fig
         ratio=("ratio", lambda s: pd.to_numeric(s, errors="coerce").median()),
         covered=("covered", lambda s: s.dropna().iloc[0] if s.notna().any() else None),
     )
-    rows = sorted(agg.index.get_level_values(0).unique())
-    cols = sorted(agg.index.get_level_values(1).unique())
-    grid = np.full((len(rows), len(cols)), np.nan)
-    for (wf, rf), rec in agg.iterrows():
-        grid[rows.index(wf), cols.index(rf)] = rec["penalty_ms"]
+    wide = agg["penalty_ms"].unstack()  # warmup frames x request frames, both sorted
+    rows, cols, grid = list(wide.index), list(wide.columns), wide.to_numpy(dtype=float)
     masked = np.ma.masked_invalid(grid)
     import matplotlib
 
