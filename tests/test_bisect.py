@@ -26,8 +26,7 @@ from perfkit.bisect.search import bisect, next_position
 from perfkit.cli import main
 from perfkit.history.confirmations import read_confirmations
 from perfkit.history.store import HistoryRun, Value, add_runs
-from perfkit.report.bisect import write_bisect_outputs
-from perfkit.report.history_site import write_site
+from perfkit.report.history_site import write_bisect_outputs, write_site
 
 N_COMMITS, BAD_AT, BROKEN_BUILD_AT = 16, 11, 10
 #: the engine's request: all of it DenoisingStage, times the checkout's knob.DENOISE_FACTOR

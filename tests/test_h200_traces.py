@@ -238,7 +238,7 @@ def test_kernels_on_one_side_only_say_why_there_is_no_kernel_diff(tmp_path):
     """Found probing: side B's warm traces without device kernels (the profiler recorded no
     CUDA activity) dropped the kernel diff without a word; the page now says which side lacks
     them."""
-    from perfkit.report.sections import template_env
+    from perfkit.report.render import template_env
 
     _edit_side_b(tmp_path, _no_kernels, ("profiled warm", "profiled warm 2"))
     p = ab_panel(AB_PROFILED / "a", tmp_path / "b", tmp_path)

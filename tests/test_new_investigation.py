@@ -24,7 +24,7 @@ import pytest
 from perfkit.bundle import ResultBundle
 from perfkit.investigations import registry
 from perfkit.report import figures as readme_figures
-from perfkit.report import sections
+from perfkit.report import render
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "throwaway_probe"
@@ -180,8 +180,8 @@ def test_its_report_section_uses_the_generic_template(probe, tmp_path):
     nb = _generator().notebooks()[NAME]()
     (run_dir / "notebooks").mkdir()
     nbformat.write(nb, run_dir / "notebooks" / f"{NAME}.ipynb")
-    assert sections.section_template(NAME) == "sections/investigation.html.j2"
-    html = sections.render_section(run_dir, {"name": NAME, "status": "ok", "wall_s": 1.5})
+    assert render.section_template(NAME) == "sections/investigation.html.j2"
+    html = render.render_section(run_dir, {"name": NAME, "status": "ok", "wall_s": 1.5})
     assert f'<section id="{NAME}"' in html
     assert "<h2>Throwaway probe</h2>" in html
     assert "Does a sleep take as long as asked?" in html

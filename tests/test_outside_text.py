@@ -131,7 +131,7 @@ def test_history_check_summary_keeps_its_table(case, reason, commit):
 def test_verdict_sites_load_and_bisect_texts_are_inert(a, b):
     from perfkit.investigations import load as L
     from perfkit.measuring.profiled import sites_markdown
-    from perfkit.report.bisect import bisect_summary_markdown
+    from perfkit.report.history_site import bisect_summary_markdown
     from perfkit.report.notebook import verdict_markdown
 
     assert_inert(verdict_markdown([{"case": "c", "metric": a, "status": "fail", "reason": b}]))

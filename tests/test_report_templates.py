@@ -20,7 +20,7 @@ import pytest
 import perfkit.report
 from perfkit.gate.verdicts import GATE
 from perfkit.investigations import registry
-from perfkit.report import render, sections, tables
+from perfkit.report import render, tables
 from perfkit.report.render import external_refs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -407,7 +407,7 @@ def test_network_reference_in_a_notebook_is_neutralised(h200_run: Path, tmp_path
     def body(path, drop_heading=None):
         return real(path, drop_heading) + "<img src='https://example.invalid/x.png' alt='x'>"
 
-    monkeypatch.setattr(sections, "notebook_body", body)  # section_context calls it there
+    monkeypatch.setattr(render, "notebook_body", body)  # section_context calls it there
     html = render.render_report(h200_run, tmp_path / "r.html").read_text(encoding="utf-8")
     assert external_refs(html) == []
     assert "data-offline-src='https://example.invalid/x.png'" in html

@@ -11,7 +11,7 @@ from perfkit.bisect.confirm import confirm
 from perfkit.bisect.probe import ProbeSetup
 from perfkit.bisect.search import bisect
 from perfkit.common.outdirs import given_out_problem, stamped_dir
-from perfkit.report.bisect import write_bisect_outputs
+from perfkit.report.history_site import write_bisect_outputs
 
 
 def make_setup(

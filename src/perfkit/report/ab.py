@@ -121,8 +121,7 @@ def _launch_frame(res: AbResult) -> pd.DataFrame:
 
 
 def _badge(res: AbResult) -> str:
-    """The page's verdict word: pass (no regression, every metric cleared or not measured),
-    inconclusive, regression or error."""
+    """The page's verdict word: pass (for "no regression"), inconclusive, regression or error."""
     return {"no regression": STATUS_WORD[0]}.get(res.verdict, res.verdict)
 
 
@@ -160,8 +159,7 @@ def ab_context(res: AbResult, page_dir: str | Path = ".") -> dict[str, Any]:
 
 
 def _launches_text(res: AbResult) -> str:
-    """ "N launches a side" or "A: n, B: m launches": what the bundles hold, else what was run,
-    else planned."""
+    """ "N launches a side" or "A: n, B: m launches": held, else run, else planned."""
     ab = res.meta.get("ab") or {}
     sides = res.meta.get("sides") or {}
     held = {s: len(v["launches"]) for s, v in sides.items() if (v or {}).get("launches")}
@@ -237,30 +235,23 @@ def sequential_text(res: AbResult) -> str:
     return text
 
 
-def _conf_text(res: AbResult) -> str:
-    """ "95 %", or for a sequential result "95 % over all looks (the last look's 97.92 %)"."""
-    seq = res.meta.get("sequential") or {}
-    overall = (seq.get("design") or {}).get("confidence")
-    if overall is None:
-        return confidence_text(res.confidence)
-    return f"{confidence_text(float(overall))} over all looks (the last look's {confidence_text(res.confidence)})"
-
-
-def _interval_text(ab: dict) -> str:
-    """What the intervals are: Welch's on launch medians, or (``--paired``) paired t on pairs."""
-    if ab.get("paired"):
-        return "paired t intervals on launch pairs (each A launch beside a B launch, requests in turn)"
-    return "Welch t intervals on launch medians"
-
-
 def ab_summary_markdown(res: AbResult) -> str:
     """``summary.md`` of an A/B: the verdict, how it ran, the verdict table."""
     ab = res.meta.get("ab") or {}
     word = {"regression": "REGRESSION", "error": "ERROR"}.get(res.verdict, res.verdict)
+    conf = confidence_text(res.confidence)
+    overall = ((res.meta.get("sequential") or {}).get("design") or {}).get("confidence")
+    if overall is not None:  # sequential: "95 % over all looks (the last look's 97.92 %)"
+        conf = f"{confidence_text(float(overall))} over all looks (the last look's {conf})"
+    intervals = (
+        "paired t intervals on launch pairs (each A launch beside a B launch, requests in turn)"
+        if ab.get("paired")
+        else "Welch t intervals on launch medians"
+    )
     lines = [f"## perfkit ab: {word} (exit code {res.exit_code})", ""]
     how = (
         f"{_launches_text(res)}, {ab.get('warm_per_launch', '?')} warm "
-        f"request{'' if ab.get('warm_per_launch') == 1 else 's'} a launch, {_conf_text(res)} {_interval_text(ab)}, default threshold "
+        f"request{'' if ab.get('warm_per_launch') == 1 else 's'} a launch, {conf} {intervals}, default threshold "
         f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %"
     )
     if res.meta.get("thresholds_from"):
@@ -340,12 +331,6 @@ SIMS = 2000
 _METRIC_WORDS = {"DenoisingStage": "DenoisingStage", "warm_e2e": "warm e2e"}
 
 
-def _arm_words(arm: str, info: dict, launches: int) -> str:
-    pct = info.get("DenoisingStage_pct")
-    target = _METRIC_WORDS.get(info.get("target", ""), info.get("target"))
-    return f"{arm}: DenoisingStage +{pct:g} % ({launches} launches, caught on {target})"
-
-
 def spells_text(sp: pd.DataFrame) -> str:
     """One clause per arm of :func:`perfkit.ab.power.slow_spells` (quiet level in ms; clocks and
     power-cap shares where recorded)."""
@@ -379,7 +364,11 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
     FileNotFoundError, ValueError: as :func:`perfkit.ab.power.load_pool`."""
     pool = power.load_pool(path)
     a_n = len(pool.launches("A"))
-    arms = "; ".join(_arm_words(arm, info, len(pool.launches(arm))) for arm, info in pool.arms.items())
+    arms = "; ".join(
+        f"{arm}: DenoisingStage +{info.get('DenoisingStage_pct'):g} % ({len(pool.launches(arm))} launches, "
+        f"caught on {_METRIC_WORDS.get(info.get('target', ''), info.get('target'))})"
+        for arm, info in pool.arms.items()
+    )
     wall = pool.meta.get("wall_s")
     head = (
         f"Pool `{label or path}`: {a_n} launches of A; {arms}; one interleaved order, "

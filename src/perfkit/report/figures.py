@@ -128,28 +128,22 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
             )
         if kind == "compare" and "vs" not in args:
             raise FiguresError(f"{where}: a kind=compare block needs vs=DIR: {m.group('open').strip()}")
-        out.append(_block(args, where))
+        setting: dict[str, float] = {}
+        for key, default in (
+            ("threshold", stats.DEFAULT_THRESHOLD),
+            ("confidence", stats.DEFAULT_CONFIDENCE),
+        ):
+            text = args.get(key)
+            try:
+                setting[key] = float(text) if text is not None else default
+            except ValueError:
+                raise FiguresError(
+                    f"{where}: figures {key}={text!r} is not a number (a fraction, e.g. 0.01)"
+                ) from None
+            if not 0.0 < setting[key] < 1.0:
+                raise FiguresError(f"{where}: figures {key}={text!r} must be a fraction in (0, 1)")
+        out.append(Block(args["src"], kind, args.get("vs"), setting["threshold"], setting["confidence"]))
     return out
-
-
-def _block(args: dict[str, str], where: str) -> Block:
-    setting: dict[str, float | None] = {}
-    for key, default in (
-        ("threshold", stats.DEFAULT_THRESHOLD),
-        ("confidence", stats.DEFAULT_CONFIDENCE),
-    ):
-        text = args.get(key)
-        try:
-            setting[key] = float(text) if text is not None else default
-        except ValueError:
-            raise FiguresError(
-                f"{where}: figures {key}={text!r} is not a number (a fraction, e.g. 0.01)"
-            ) from None
-        if not 0.0 < float(setting[key] or 0) < 1.0:
-            raise FiguresError(f"{where}: figures {key}={text!r} must be a fraction in (0, 1)")
-    return Block(
-        args["src"], args.get("kind", "full"), args.get("vs"), setting["threshold"], setting["confidence"]
-    )
 
 
 def _results(src: Path) -> dict[str, dict]:
@@ -348,8 +342,7 @@ def _full_section(name: str, r: dict) -> list[str]:
 
 
 def _combined(block: Block, root: Path) -> str:
-    """An investigation's block kind (:class:`~perfkit.investigations.parts.DocBlock`): the results
-    of the comma-separated ``src`` directories joined by its ``combine``, rendered as ``full``."""
+    """An investigation's DocBlock: the comma-separated ``src`` results combined, as ``full``."""
     investigation, decl = registry.doc_blocks()[block.kind]
     name = investigation.name
     srcs = block.src.split(",")
@@ -378,11 +371,11 @@ def _combined(block: Block, root: Path) -> str:
 
 def update_text(text: str, root: Path, where: str = "<text>") -> str:
     """``text`` with every marked block regenerated (see :func:`render_block`)."""
-    blocks(text, where)  # validate first: a bad block fails before anything is rendered
+    found = iter(blocks(text, where))  # validated first: a bad block fails before anything is rendered
 
     def sub(m: re.Match) -> str:
         try:
-            body = render_block(_block(dict(_ARG.findall(m.group("args"))), where), root)
+            body = render_block(next(found), root)
         except FiguresError as exc:
             raise FiguresError(f"{where}: {exc}") from exc
         return m.group("open") + body + m.group("close")

@@ -122,10 +122,7 @@ def _told(values: Iterable[Any], count: bool = False) -> list[Any]:
 
 
 def _reason(v: Any) -> str | None:
-    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
-        return None
-    s = str(v).strip()
-    return s or None
+    return (str(v).strip() or None) if is_reported(v) else None
 
 
 def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -146,7 +143,7 @@ def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = No
         warm = warm[warm["shape"] == r["shape"]]  # the roles' shape: one rule for both
         wmed = float(warm["e2e_ms"].median()) if not warm.empty else math.nan
         first = float(r["e2e_ms"]) if pd.notna(r.get("e2e_ms")) else math.nan
-        stage, stage_ms = _penalty_stage(stages, r, warm)
+        stage, stage_ms = penalty_stage(stages, r, warm)
         out.append(
             {
                 "launch": r["launch"],
@@ -165,8 +162,9 @@ def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = No
     return pd.DataFrame(out, columns=cols)
 
 
-def _penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: pd.DataFrame) -> tuple:
-    """(stage, ms) holding most of ``first``'s penalty over the warm median, per stage."""
+def penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: pd.DataFrame) -> tuple:
+    """(stage, ms) holding most of request ``first``'s excess over the median of the ``warm``
+    requests (per-request sums of each stage: a stage may run twice); (None, nan) when none."""
     if stages is None or stages.empty or warm.empty or "request_id" not in stages.columns:
         return None, math.nan
     mine = stages[stages["request_id"] == first.get("request_id")]

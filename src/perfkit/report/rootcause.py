@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -16,6 +15,7 @@ from perfkit.bundle import WARMUP_INDEX, ResultBundle, read_results
 from perfkit.common.numfmt import json_float
 from perfkit.investigations import registry
 from perfkit.readings.records import read_number
+from perfkit.report.notebook import penalty_stage
 from perfkit.report.tables import MISSING, Table, cell_text, format_table
 from perfkit.reported import NOT_REPORTED, is_reported
 from perfkit.roles import request_roles
@@ -100,35 +100,6 @@ def engine_config(launches: pd.DataFrame) -> Table | None:
     return Table(header=header, rows=rows)
 
 
-def _stage_excess(bundle: ResultBundle, roles: pd.DataFrame) -> dict[Any, tuple[str, float]]:
-    """request_id -> (stage, ms over the warm median of that stage, same launch and shape)."""
-    st = bundle.stages
-    if st is None or st.empty or "request_id" not in st.columns:
-        return {}
-    pv = st.assign(ms=pd.to_numeric(st["ms"], errors="coerce")).pivot_table(
-        index="request_id", columns="stage", values="ms", aggfunc="sum"
-    )
-    r = roles.set_index("request_id")
-    out: dict[Any, tuple[str, float]] = {}
-    for rid in pv.index:
-        if rid not in r.index:
-            continue
-        me = r.loc[rid]
-        if isinstance(me, pd.DataFrame):
-            me = me.iloc[0]
-        warm = r[(r["role"] == "warm") & (r["launch"] == me["launch"]) & (r["shape"] == me["shape"])].index
-        warm = [w for w in warm if w in pv.index]
-        if not warm:
-            continue
-        excess = pv.loc[rid] - pv.loc[warm].median()
-        excess = excess.dropna()
-        if excess.empty:
-            continue
-        stage = str(excess.idxmax())
-        out[rid] = (stage, float(excess.max()))
-    return out
-
-
 #: the compile phases the recompilations table shows: (label, torch ``dynamo_timed`` name). They
 #: nest: the kernel compile wait (inductor waiting for its worker processes to compile the
 #: Triton or C++ kernels) is inside AOT + inductor. Names from torch._dynamo.utils (torch 2.11-2.13).
@@ -173,18 +144,21 @@ def recompilations(bundle: ResultBundle) -> Table | None:
         return None
     roles = request_roles(req, bundle.launches)
     label = dict(zip(roles["request_id"], roles["label"]))
-    excess = _stage_excess(bundle, roles)
     multi = req["launch"].nunique() > 1 if "launch" in req.columns else False
     phased = _present(comp, "compile_phases")
     rows = []
     for _, r in comp.iterrows():
         rid = r.get("request_id")
         reasons = str(r.get("recompile_reasons") or "") if pd.notna(r.get("recompile_reasons")) else ""
-        uniq = list(OrderedDict.fromkeys(x.strip() for x in reasons.split(";") if x.strip()))
+        uniq = list(dict.fromkeys(x.strip() for x in reasons.split(";") if x.strip()))
         if not uniq:
             i = pd.to_numeric(pd.Series([r.get("index")]), errors="coerce").iloc[0]
             uniq = ["first compilation (startup warmup)" if i == WARMUP_INDEX else "no reason recorded"]
-        stage, extra = excess.get(rid, (None, None))
+        me = roles[roles["request_id"] == rid].head(1)
+        warm = roles[
+            (roles["role"] == "warm") & roles["launch"].isin(me["launch"]) & roles["shape"].isin(me["shape"])
+        ]
+        stage, extra = penalty_stage(bundle.stages, {"request_id": rid}, warm)
         ms = r.get("compile_ms")
         rows.append(
             {
@@ -193,7 +167,7 @@ def recompilations(bundle: ResultBundle) -> Table | None:
                 "compiles": r.get("compiles"),
                 "compile time (s)": float(ms) / 1000 if pd.notna(ms) else None,
                 "stage that paid": stage,
-                "stage excess (s)": extra / 1000 if extra is not None else None,
+                "stage excess (s)": extra / 1000,
                 **({"made of": compile_phase_text(r.get("compile_phases"))} if phased else {}),
                 "reason": "; ".join(uniq),
             }
@@ -282,8 +256,7 @@ def command_text(command: str, keep: int = 3) -> str:
 
 
 def _overhead_parts(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """Overhead probe parts in a results dict: top-level ``{part: {median_on_ms,
-    median_off_ms, overhead_ci, ...}}`` entries, or those under ``instrumentation``."""
+    """``{part: {median_on_ms, median_off_ms, overhead_ci, ...}}`` at the top or in ``instrumentation``."""
     parts: dict[str, Mapping[str, Any]] = {}
     for src in (results, results.get("instrumentation") or {}):
         if not isinstance(src, Mapping):

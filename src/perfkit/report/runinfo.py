@@ -15,6 +15,7 @@ from perfkit.bundle import read_results
 from perfkit.common.slugs import clip
 from perfkit.gate.verdicts import GATE, collect_verdicts, exit_code_for, notebooks, read_verdict, status_word
 from perfkit.investigations import registry
+from perfkit.reported import is_reported
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +178,7 @@ def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
 
 
 def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
-    """The title of another investigation whose results hold skipped investigation ``name``'s
-    measurement (the investigation's ``found_in``, e.g. an in-session probe), or None."""
+    """The title of the investigation whose results hold ``name``'s (its ``found_in``), or None."""
     try:
         s = registry.get(name)
     except KeyError:
@@ -346,13 +346,6 @@ def refused_records(run_dir: str | Path) -> list[str]:
     return out
 
 
-def _na(v: Any) -> bool:
-    try:
-        return v is None or bool(pd.isna(v))
-    except (TypeError, ValueError):
-        return False
-
-
 def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
     """One row per launch that did not end by perfkit's plain teardown (each bundle's, the units'
     under ``RUN/shards/`` too), then each process a notebook's kernel left that the suite ended
@@ -375,7 +368,9 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
             continue
         for r in la.to_dict("records"):
             failed, by_perfkit = r.get("failed_request"), r.get("end_by_perfkit")
-            if _na(failed) and (_na(r.get("ended")) or by_perfkit is True or _na(r.get("end_signal"))):
+            if not is_reported(failed) and (
+                not is_reported(r.get("ended")) or by_perfkit is True or not is_reported(r.get("end_signal"))
+            ):
                 continue
             key = (name.split(".")[0], r.get("launch"), r.get("ended"), str(failed))
             if key in seen:  # a merged bundle and its unit's own copy
@@ -385,7 +380,7 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
                 {
                     "investigation": name,
                     "launch": r.get("launch"),
-                    "failed request": None if _na(failed) else int(failed),
+                    "failed request": int(failed) if is_reported(failed) else None,
                     "how the engine ended": r.get("ended") or "not recorded",
                     "OOM-kill record": r.get("oom_record") or "–",
                 }

@@ -105,12 +105,6 @@ class Table:
         return len(self.header) > WIDE_COLUMNS
 
 
-def _should_transpose(df: pd.DataFrame, transpose: bool | str) -> bool:
-    if transpose == "auto":
-        return df.shape[1] > WIDE_COLUMNS and 0 < df.shape[0] < df.shape[1]
-    return bool(transpose)
-
-
 def format_table(
     df: pd.DataFrame,
     status_col: str | None = "status",
@@ -130,7 +124,9 @@ def format_table(
     rows = [[cell_text(v) for v in rec] for rec in df.itertuples(index=False, name=None)]
     names = [str(c) for c in df.columns]
     idx = names.index(status_col) if status_col is not None and status_col in names else None
-    if _should_transpose(df, transpose) and header:
+    if transpose == "auto":
+        transpose = df.shape[1] > WIDE_COLUMNS and 0 < df.shape[0] < df.shape[1]
+    if transpose and header:
         t_header = [header[0], *(r[0] for r in rows)]
         t_rows = [[header[j], *(r[j] for r in rows)] for j in range(1, len(header))]
         return Table(header=t_header, rows=t_rows, status_col=None, transposed=True)

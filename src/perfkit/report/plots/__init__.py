@@ -1,4 +1,4 @@
-"""Matplotlib figures for perfkit bundles, one module per kind of figure (:mod:`.base`: the shared
+"""Matplotlib figures for perfkit bundles, one module per family of figures (:mod:`.base`: the shared
 helpers and colours); their names are re-exported here, with :mod:`perfkit.roles`' request roles
 for notebooks. Each takes a bundle's DataFrames (ms, MiB, ``t*_s`` epoch seconds) and returns a
 pyplot-free Figure: docs/suite.md, "The report page".
@@ -6,7 +6,6 @@ pyplot-free Figure: docs/suite.md, "The report page".
 
 from __future__ import annotations
 
-from perfkit.report.plots.ab import AB_DECISION_COLORS, ab_forest
 from perfkit.report.plots.base import (
     COLD_COLOR,
     OTHER_STAGE_COLORS,
@@ -17,17 +16,15 @@ from perfkit.report.plots.base import (
     launch_names,
     stage_colors,
 )
-from perfkit.report.plots.baseline import STATUS_COLORS, baseline_vs_actual
+from perfkit.report.plots.baseline import AB_DECISION_COLORS, STATUS_COLORS, ab_forest, baseline_vs_actual
 from perfkit.report.plots.concurrency import (
     latency_vs_concurrency,
     memory_under_concurrency,
+    offload_memory_latency,
     queue_vs_service,
 )
-from perfkit.report.plots.coverage import coverage_heatmap
-from perfkit.report.plots.e2e import e2e_per_request
-from perfkit.report.plots.offload import offload_memory_latency
-from perfkit.report.plots.stages import stage_breakdown
-from perfkit.report.plots.steps import step_timeline, step_times
+from perfkit.report.plots.stages import coverage_heatmap, stage_breakdown
+from perfkit.report.plots.steps import e2e_per_request, step_timeline, step_times
 from perfkit.report.plots.timeline import memory_timeline
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, request_label, request_roles
 

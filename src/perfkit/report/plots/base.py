@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from perfkit.bundle_schema import WARMUP_INDEX
+from perfkit.common.numfmt import json_float
 from perfkit.readings import stages as _stages
 from perfkit.readings.stages import order_stages as ordered_stages  # noqa: F401 (the plots' name)
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, is_finite, launches_of  # noqa: F401
@@ -30,17 +31,15 @@ def launch_names(launches: pd.DataFrame | None) -> dict[Any, str]:
     """
     if launches is None or launches.empty or "launch" not in launches.columns:
         return {}
-
-    def num(v: Any) -> float | None:
-        return float(v) if is_finite(v) else None
-
     rows = [r for _, r in launches.iterrows()]
-    capped = any(num(r.get("device_cap_gib")) or num(r.get("host_cap_gib")) for r in rows)
-    wf = {num(r.get("warmup_frames")) for r in rows}
+    capped = any(json_float(r.get("device_cap_gib")) or json_float(r.get("host_cap_gib")) for r in rows)
+    wf = {json_float(r.get("warmup_frames")) for r in rows}
     out: dict[Any, str] = {}
     for r in rows:
         lk = r.get("launch")
-        dev, host, frames = (num(r.get(k)) for k in ("device_cap_gib", "host_cap_gib", "warmup_frames"))
+        dev, host, frames = (
+            json_float(r.get(k)) for k in ("device_cap_gib", "host_cap_gib", "warmup_frames")
+        )
         if capped:
             parts = ([f"{dev:g} GiB GPU"] if dev else []) + ([f"{host:g} GiB host"] if host else [])
             out[lk] = " + ".join(parts) or "unlimited"
@@ -141,6 +140,16 @@ def ms_axis(ax: Any, axis: str = "y") -> None:
     a.set_major_formatter(FuncFormatter(lambda v, _pos: ms_text(v).replace(".0 s", " s")))
 
 
+def ms_y(ax: Any, what: str, log: bool) -> None:
+    """Label the y axis ``what (ms)``: log-scaled (:func:`ms_axis`, ``ms, s; log scale``) with
+    ``log``, else from 0."""
+    if log:
+        ms_axis(ax)
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_ylabel(f"{what} ({'ms, s; log scale' if log else 'ms'})")
+
+
 def integer_xticks(ax: Any) -> None:
     """Integer ticks on the x axis (request and step indices)."""
     from matplotlib.ticker import MaxNLocator
@@ -187,6 +196,8 @@ ROLE_COLORS = {
     ROLE_WARMUP: "tab:gray",
     ROLE_WARM: "tab:blue",
 }
+#: a request's role from its :func:`perfkit.roles.request_label` (others: warm)
+LABEL_ROLES = {"cold": ROLE_COLD, "warmup": ROLE_WARMUP}
 
 
 def stage_colors(stage_cols: list[str]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The stage breakdown figure: per-stage latency (ms), the cold request beside the warm median, per
-launch and request shape (:func:`stage_breakdown`)."""
+launch and request shape (:func:`stage_breakdown`); the warmup coverage figure: first-request
+penalty (ms) by startup warmup frames x request frames (:func:`coverage_heatmap`)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from perfkit.report.plots.base import (
     empty_note,
     is_finite,
     launch_names,
-    ms_axis,
     ms_text,
+    ms_y,
     new_figure,
     of_launch,
     ordered_stages,
@@ -82,15 +83,10 @@ def stage_breakdown(
         shape (``"cold · 25 frames"``, ``"warm median · 25 frames (n=4)"``), one bar per stage."""
     stages, b = unbundle(stages, "stages", requests=requests, launches=launches)
     requests, launches = b["requests"], b["launches"]
-    df = stages if stages is not None else pd.DataFrame()
-    if launch is not None:
-        df = of_launch(df, launch)
+    df = of_launch(stages, launch) if stages is not None else pd.DataFrame()
     pv = _stage_pivot(df) if not df.empty and {"stage", "ms", "index"} <= set(df.columns) else pd.DataFrame()
     names = launch_names(launches)
-    if requests is not None and not requests.empty:
-        roles = request_roles(of_launch(requests, launch) if launch is not None else requests, launches)
-    else:
-        roles = pd.DataFrame()
+    roles = request_roles(of_launch(requests, launch) if requests is not None else None, launches)
     launch_keys = list(dict.fromkeys(pv.index.get_level_values(0))) if not pv.empty else []
     n_panels = max(1, len(launch_keys))
     stage_cols = list(pv.columns) if not pv.empty else []
@@ -102,9 +98,7 @@ def stage_breakdown(
         ax.set_xlabel("pipeline stage")
         ax.set_title(title or "Per-stage latency: cold request vs warm median")
         return fig
-    role_of: dict[tuple[Any, Any], Mapping[str, Any]] = {}
-    for _, r in roles.iterrows():
-        role_of[(r["launch"], r["request_id"])] = r.to_dict()
+    role_of = {(r["launch"], r["request_id"]): r for r in roles.to_dict("records")}
     log = use_log(pv.to_numpy(dtype=float).ravel())
     first_ax = None
     for p, lk in enumerate(launch_keys):
@@ -125,8 +119,7 @@ def stage_breakdown(
 def _panel_series(
     sub: pd.DataFrame, lk: Any, role_of: Mapping[tuple[Any, Any], Mapping[str, Any]], include_warmup: bool
 ) -> dict[tuple[str, str], _Items]:
-    """(shape, kind) -> the requests of one launch's pivot rows; kind is ``warm`` or the role of a
-    first request. Without a role row, index 0 is the cold request and the rest are warm."""
+    """(shape, kind: ``warm`` or a first request's role) -> the requests of one launch's rows."""
     series: dict[tuple[str, str], _Items] = {}
     for key, vals in sub.iterrows():
         _, rid, idx = key
@@ -147,8 +140,7 @@ def _panel_series(
 
 
 def _series_bars(kind: str, items: _Items, shade: int) -> tuple[np.ndarray, Any, Any, str, str]:
-    """(values, yerr, whisker tops, colour, label) of one series: the warm median with a min–max
-    whisker, or the first request of its role (``+n more`` when several share the series)."""
+    """(values, yerr, whisker tops, colour, label): the warm median and min–max, or a first request."""
     frames = items[0][2].get("frames")
     fr = f" · {frames} frames" if frames is not None and not pd.isna(frames) else ""
     arr = np.vstack([v for _, v, _ in items])
@@ -205,11 +197,74 @@ def _draw_series(ax: Any, series: dict[tuple[str, str], _Items], n_stages: int, 
 def _label_panel(ax: Any, stage_cols: list[str], log: bool) -> None:
     """Stage ticks, the y axis in ms (log when the bars span more than 30x) and the legend."""
     ax.set_xticks(np.arange(len(stage_cols)), stage_cols, rotation=15 if len(stage_cols) > 5 else 0)
-    if log:
-        ms_axis(ax)
-        ax.set_ylabel("stage latency (ms, s; log scale)")
-    else:
-        ax.set_ylabel("stage latency (ms)")
-        ax.set_ylim(bottom=0)
+    ms_y(ax, "stage latency", log)
     ax.margins(y=0.25)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Figure:
+    """Heatmap of the first-request penalty (ms) by startup warmup frames x request frames, each
+    cell annotated with the penalty, the ratio (when finite) and ``covered``/``not covered``;
+    repeated cells take the median penalty.
+
+    Args:
+        coverage: warmup_frames, request_frames, covered (bool), penalty_ms, ratio.
+
+    Returns:
+        Figure: the heatmap axis and a colour bar in ms; one text per non-empty cell."""
+    df = coverage.copy()
+    fig = new_figure(7.0, 4.5)
+    ax = fig.add_subplot()
+    ax.set_xlabel("request num_frames")
+    ax.set_ylabel("startup warmup num_frames")
+    ax.set_title(title or "First-request penalty by warmup shape and request shape")
+    if df.empty or not {"warmup_frames", "request_frames", "penalty_ms"} <= set(df.columns):
+        empty_note(ax, "no coverage results")
+        return fig
+    df["penalty_ms"] = pd.to_numeric(df["penalty_ms"], errors="coerce")
+    for c in ("ratio", "covered"):
+        if c not in df.columns:
+            df[c] = np.nan
+    agg = df.groupby(["warmup_frames", "request_frames"], sort=True).agg(
+        penalty_ms=("penalty_ms", "median"),
+        ratio=("ratio", lambda s: pd.to_numeric(s, errors="coerce").median()),
+        covered=("covered", lambda s: s.dropna().iloc[0] if s.notna().any() else None),
+    )
+    wide = agg["penalty_ms"].unstack()  # warmup frames x request frames, both sorted
+    rows, cols, grid = list(wide.index), list(wide.columns), wide.to_numpy(dtype=float)
+    masked = np.ma.masked_invalid(grid)
+    import matplotlib
+
+    cmap = matplotlib.colormaps["Reds"].with_extremes(bad="#eeeeee")
+    finite = grid[np.isfinite(grid)]
+    vmin = min(0.0, float(finite.min())) if finite.size else 0.0
+    vmax = float(finite.max()) if finite.size else 1.0
+    im = ax.imshow(
+        masked, cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax if vmax > vmin else vmin + 1.0, origin="lower"
+    )
+    cb = fig.colorbar(im, ax=ax)
+    cb.set_label("first-request penalty (ms)")
+    ax.set_xticks(range(len(cols)), [str(c) for c in cols])
+    ax.set_yticks(range(len(rows)), [str(r) for r in rows])
+    thresh = vmin + 0.6 * (vmax - vmin)
+    for (wf, rf), rec in agg.iterrows():
+        i, j = rows.index(wf), cols.index(rf)
+        pen = rec["penalty_ms"]
+        cov = rec["covered"]
+        cov_s = "?" if cov is None else ("covered" if bool(cov) else "not covered")
+        lines = [f"{pen:,.0f} ms" if is_finite(pen) else "n/a"]
+        if is_finite(rec["ratio"]):
+            lines.append(f"x{float(rec['ratio']):.2f}")
+        lines.append(cov_s)
+        dark = is_finite(pen) and pen > thresh
+        ax.text(
+            j,
+            i,
+            "\n".join(lines),
+            ha="center",
+            va="center",
+            fontsize="small",
+            color="white" if dark else "black",
+            fontweight="normal" if cov_s == "covered" else "bold",
+        )
+    return fig

@@ -1,5 +1,6 @@
-"""Denoising steps: step time (ms) per step and request (:func:`step_times`), and one profiled
-step's top-level ops over time (:func:`step_timeline`)."""
+"""Per-request figures: end-to-end latency (ms) per request (:func:`e2e_per_request`), step time
+(ms) per step and request (:func:`step_times`), and one profiled step's top-level ops over time
+(:func:`step_timeline`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from perfkit.report.plots.base import (
+    LABEL_ROLES,
     ROLE_COLORS,
     Figure,
     drop_warmup,
@@ -15,31 +17,116 @@ from perfkit.report.plots.base import (
     integer_xticks,
     launch_names,
     launches_of,
-    ms_axis,
+    ms_text,
+    ms_y,
     new_figure,
+    of_launch,
     unbundle,
     use_log,
 )
-from perfkit.roles import ROLE_COLD, ROLE_WARM, ROLE_WARMUP, request_label, request_roles
+from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP, request_label, request_roles
+
+_ROLE_MARKERS = {ROLE_COLD: ("*", 170), ROLE_NEW_SHAPE: ("D", 60), ROLE_WARMUP: ("s", 40)}
+
+
+def e2e_per_request(
+    requests: Any,
+    *,
+    include_warmup: bool = False,
+    launches: pd.DataFrame | None = None,
+    title: str | None = None,
+) -> Figure:
+    """End-to-end latency (ms) per request index, one line per launch (:func:`launch_names`); the
+    cold request and each first of a new shape marked with role and frames; log y when the
+    requests span more than 30x.
+
+    Args:
+        requests: the requests table (launch, index, e2e_ms, num_frames), or a
+            :class:`~perfkit.bundle.ResultBundle`.
+
+    Returns:
+        Figure with one axis: a line per launch plus a marker collection per launch and role drawn."""
+    requests, b = unbundle(requests, "requests", launches=launches)
+    launches = b["launches"]
+    names = launch_names(launches)
+    df = drop_warmup(requests, include_warmup) if requests is not None else pd.DataFrame()
+    fig = new_figure(8.5, 4.6)
+    ax = fig.add_subplot()
+    drew = False
+    if not df.empty and "e2e_ms" in df.columns and "index" in df.columns:
+        roles = request_roles(requests, launches)
+        df = df.assign(
+            _v=pd.to_numeric(df["e2e_ms"], errors="coerce"), _i=pd.to_numeric(df["index"], errors="coerce")
+        )
+        if "request_id" in df.columns and not roles.empty:
+            df = df.merge(roles[["request_id", "role", "label", "short"]], on="request_id", how="left")
+        else:
+            df = df.assign(role=None, label=None, short=None)
+        df = df[df["_v"].notna() & df["_i"].notna()]
+        log = use_log(df["_v"])
+        labelled: set[str] = set()
+        launch_list = launches_of(df)
+        for lk in launch_list:
+            sub = of_launch(df, lk).sort_values("_i")
+            if sub.empty:
+                continue
+            name = names.get(lk, str(lk)) if len(launch_list) > 1 else "requests of one launch"
+            (line,) = ax.plot(sub["_i"], sub["_v"], marker="o", ms=4, label=name)
+            for role, (mk, size) in _ROLE_MARKERS.items():
+                pts = sub[sub["role"] == role] if "role" in sub else sub.iloc[0:0]
+                if role == ROLE_COLD and pts.empty and "role" in sub and sub["role"].isna().all():
+                    pts = sub[sub["_i"] == 0]
+                if pts.empty:
+                    continue
+                ax.scatter(
+                    pts["_i"],
+                    pts["_v"],
+                    s=size,
+                    marker=mk,
+                    color=ROLE_COLORS[role],
+                    zorder=5,
+                    label=None if role in labelled else (role if role != ROLE_COLD else "cold request"),
+                )
+                labelled.add(role)
+                for _, r in pts.iterrows():
+                    text = r.get("label") if isinstance(r.get("label"), str) else role
+                    ax.annotate(
+                        f"{text}\n{ms_text(r['_v'])}",
+                        (r["_i"], r["_v"]),
+                        xytext=(6, -4),
+                        textcoords="offset points",
+                        fontsize=7,
+                        color=line.get_color(),
+                    )
+            drew = True
+        if drew:
+            integer_xticks(ax)
+            ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+            ms_y(ax, "end-to-end latency", log)
+            ax.margins(x=0.08, y=0.15)
+    if not drew:
+        empty_note(ax, "no e2e_ms values")
+        ax.set_ylabel("end-to-end latency (ms)")
+    ax.set_xlabel("request index (0 = cold request, the first after ready)")
+    ax.set_title(title or "End-to-end latency per request")
+    return fig
 
 
 def step_times(
     steps: Any,
     *,
-    stage: str | None = "DenoisingStage",
-    include_warmup: bool = False,
     requests: pd.DataFrame | None = None,
     launches: pd.DataFrame | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Denoising step time (ms) vs step index, one line per request: the cold request and each
+    """DenoisingStage step time (ms) vs step index (every stage's when the table has none of it),
+    one line per request: the cold request and each
     first of a new shape named with their shape, warm requests thin lines under one legend entry;
     log y when the steps span more than 30x.
 
     Args:
         steps: the steps table (launch, request_id, index, stage, step, ms), or a
             :class:`~perfkit.bundle.ResultBundle`.
-        stage: only this stage's steps (all rows when the table has none of it, or for None).
         requests: for roles and shapes (:func:`request_roles`).
 
     Returns:
@@ -48,9 +135,9 @@ def step_times(
     steps, b = unbundle(steps, "steps", requests=requests, launches=launches)
     requests, launches = b["requests"], b["launches"]
     names = launch_names(launches)
-    df = drop_warmup(steps, include_warmup) if steps is not None else pd.DataFrame()
-    if stage is not None and "stage" in df.columns and (df["stage"] == stage).any():
-        df = df[df["stage"] == stage]
+    df = drop_warmup(steps, False) if steps is not None else pd.DataFrame()
+    if "stage" in df.columns and (df["stage"] == "DenoisingStage").any():
+        df = df[df["stage"] == "DenoisingStage"]
     fig = new_figure(8.5, 5.2)
     ax = fig.add_subplot()
     launch_keys = launches_of(df)
@@ -78,7 +165,7 @@ def step_times(
                 role, lab = info["role"], info["label"]
             else:
                 lab = request_label(idx) if idx is not None else str(g[group_keys[0]].iloc[0])
-                role = ROLE_COLD if lab == "cold" else (ROLE_WARMUP if lab == "warmup" else ROLE_WARM)
+                role = LABEL_ROLES.get(lab, ROLE_WARM)
             if multi:
                 lab = f"{names.get(lk, lk)}: {lab}"
             if role == ROLE_WARM:
@@ -100,28 +187,22 @@ def step_times(
             n_lines += 1
         ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
         integer_xticks(ax)
-        if use_log(df["ms"]):
-            ms_axis(ax)
-        else:
-            ax.set_ylim(bottom=0)
+        ms_y(ax, "step time", use_log(df["ms"]))
     if n_lines == 0:
         empty_note(ax, "no step records")
+        ax.set_ylabel("step time (ms)")
     ax.set_xlabel("denoising step index")
-    ax.set_ylabel(f"step time ({'ms, s; log scale' if ax.get_yscale() == 'log' else 'ms'})")
-    ax.set_title(title or f"Per-step time{f' ({stage})' if stage else ''}: cold vs warm requests")
+    ax.set_title(title or "Per-step time (DenoisingStage): cold vs warm requests")
     return fig
 
 
-def step_timeline(
-    events: pd.DataFrame, *, step: int | None = None, lanes: int = 8, title: str | None = None
-) -> Figure:
-    """One denoising step of a profiled request over time: its top-level ops as bars, one lane for
-    each of the ``lanes`` ops with most time, the rest in "other ops".
+def step_timeline(events: pd.DataFrame, *, title: str | None = None) -> Figure:
+    """The first recorded denoising step that is not sglang's ``warmup_step`` over time: its
+    top-level ops as bars, one lane for each of the 8 ops with most time, the rest in "other ops";
+    a trace without step ranges (``full_stages``) shows its denoising stage.
 
     Args:
         events: :func:`perfkit.readings.traces.op_events` of one trace (``ts_us`` µs, ``dur_ms``).
-        step: default the first recorded step that is not sglang's ``warmup_step``; a trace
-            without step ranges (``full_stages``) shows its denoising stage.
 
     Returns:
         Figure with one axis (x: ms from the step's first op); an empty note when the trace holds
@@ -133,8 +214,7 @@ def step_timeline(
     what = None
     if not ev.empty:
         warm = ev["warmup_step"] if "warmup_step" in ev else pd.Series(False, index=ev.index)
-        if step is None:
-            step = int(ev.loc[~warm, "step"].min()) if (~warm).any() else int(ev["step"].min())
+        step = int(ev.loc[~warm, "step"].min()) if (~warm).any() else int(ev["step"].min())
         ev = ev[ev["step"] == step]
         what = f"Denoising step {step}"
     elif not top.empty:  # full_stages: no step ranges; the denoising stage whole
@@ -149,8 +229,8 @@ def step_timeline(
     ev = ev[ev["tid"] == ev.groupby("tid")["dur_ms"].sum().idxmax()]  # the thread doing the work
     t0 = float(ev["ts_us"].min())
     order = list(ev.groupby("op")["dur_ms"].sum().sort_values(ascending=False).index)
-    shown = order[:lanes]
-    names = shown + (["other ops"] if len(order) > lanes else [])
+    shown = order[:8]
+    names = shown + (["other ops"] if len(order) > 8 else [])
     colours = [f"C{i % 10}" for i in range(len(names))]
     for lane, name in enumerate(names):
         sel = ev[ev["op"] == name] if name != "other ops" else ev[~ev["op"].isin(shown)]

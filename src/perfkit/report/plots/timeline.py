@@ -12,6 +12,7 @@ import pandas as pd
 
 from perfkit.bundle_schema import WARMUP_INDEX
 from perfkit.report.plots.base import (
+    LABEL_ROLES,
     ROLE_COLORS,
     Figure,
     drop_warmup,
@@ -52,23 +53,23 @@ def draw_phases(tl: Timeline, t: pd.Series) -> None:
     from matplotlib.patches import Patch  # here: drawing is the only reason to import matplotlib
 
     phases, axes, t0 = tl.phases, tl.axes, tl.t0
-    spans = [("model load", phases.get("process", phases["start"]), phases.get("loaded"), "#fee391")]
-    spans.append(("startup warmup", phases.get("loaded"), phases.get("ready"), "#d9d9d9"))
-    for lab, a, z, color in spans:
+    for lab, a, z, color in (
+        ("model load", phases.get("process", phases["start"]), phases.get("loaded"), "#fee391"),
+        ("startup warmup", phases.get("loaded"), phases.get("ready"), "#d9d9d9"),
+    ):
         if a is None or z is None or z <= a:
             continue
-        for k, ax in enumerate(axes):
+        for ax in axes:
             ax.axvspan(a - t0, z - t0, color=color, alpha=0.5, lw=0, gid="phase-span")
-            if k == len(axes) - 1:
-                ax.text(
-                    (a + z) / 2 - t0,
-                    0.03,
-                    lab,
-                    transform=ax.get_xaxis_transform(),
-                    ha="center",
-                    va="bottom",
-                    fontsize=7,
-                )
+        axes[-1].text(
+            (a + z) / 2 - t0,
+            0.03,
+            lab,
+            transform=axes[-1].get_xaxis_transform(),
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
         tl.handles.setdefault(lab, Patch(color=color, alpha=0.5, label=lab))
     if t.notna().any() and float(t.min()) > phases["ready"] - 0.5:
         axes[-1].text(
@@ -83,41 +84,28 @@ def draw_phases(tl: Timeline, t: pd.Series) -> None:
         )
 
 
-def draw_requests(
-    tl: Timeline, req: pd.DataFrame, launches: pd.DataFrame | None, include_warmup: bool, t: pd.Series
-) -> int:
+def draw_requests(tl: Timeline, req: pd.DataFrame, launches: pd.DataFrame | None, t: pd.Series) -> int:
     """Shade each request's span coloured by role (:func:`perfkit.roles.request_roles`) and mark
     its compiles; returns how many requests are drawn besides the warmup phase."""
     roles = request_roles(req, launches)
     role_of = {r["request_id"]: r for _, r in roles.iterrows()} if "request_id" in req.columns else {}
-    req = drop_warmup(req, include_warmup)
     # the startup warmup request is the warmup phase when the phases are drawn (its
     # compile is still marked)
     n_req = len(drop_warmup(req, not tl.from_launch))
-    t_end = pd.to_numeric(req["t_end_s"], errors="coerce")
-    t0 = tl.t0
-    x_span = max(
-        1e-9,
-        float(np.nanmax([t_end.max() if t_end.notna().any() else t0, t.max() if t.notna().any() else t0]))
-        - t0,
-    )
+    t_end = pd.to_numeric(req["t_end_s"], errors="coerce").max()
+    x_span = max(1e-9, float(np.nanmax([t_end, t.max(), tl.t0])) - tl.t0)
     for _, r in req.iterrows():
         if not (is_finite(r["t_start_s"]) and is_finite(r["t_end_s"])):
             continue
         info = role_of.get(r.get("request_id"))
-        role = (
-            info["role"]
-            if info is not None
-            else ({"cold": ROLE_COLD, "warmup": ROLE_WARMUP}.get(request_label(r.get("index")), ROLE_WARM))
-        )
         short = info["short"] if info is not None else request_label(r.get("index"))
+        role = info["role"] if info is not None else LABEL_ROLES.get(short, ROLE_WARM)
         _draw_request(tl, r, role, short, x_span)
     return n_req
 
 
 def _draw_request(tl: Timeline, r: Mapping[str, Any], role: str, short: str, x_span: float) -> None:
-    """One request: its span on every panel (not the startup warmup's when the phases are drawn),
-    its role written above it when wide enough, and a triangle per panel when it compiled."""
+    """One request's span, role and compile marks (no span for the warmup when phases are drawn)."""
     from matplotlib.lines import Line2D  # here: drawing is the only reason to import matplotlib
     from matplotlib.patches import Patch
 
@@ -139,9 +127,9 @@ def _draw_request(tl: Timeline, r: Mapping[str, Any], role: str, short: str, x_s
             fontsize=7,
             color=color,
         )
-    key = {ROLE_WARM: "warm requests", ROLE_WARMUP: "startup warmup request"}.get(role, role)
-    if role == ROLE_COLD:
-        key = "cold request"
+    key = {ROLE_WARM: "warm requests", ROLE_WARMUP: "startup warmup request", ROLE_COLD: "cold request"}.get(
+        role, role
+    )
     if not phase:
         tl.handles.setdefault(key, Patch(color=color, alpha=0.3, label=key))
     nc = r.get("compiles")
@@ -174,12 +162,11 @@ def _draw_request(tl: Timeline, r: Mapping[str, Any], role: str, short: str, x_s
     )
 
 
-def draw_stage_marks(tl: Timeline, stages: pd.DataFrame, include_warmup: bool) -> None:
+def draw_stage_marks(tl: Timeline, stages: pd.DataFrame) -> None:
     """A dotted line at each stage start, coloured by stage class, on every panel."""
     from matplotlib.lines import Line2D  # here: drawing is the only reason to import matplotlib
 
-    st = drop_warmup(stages, include_warmup)
-    st = st[pd.to_numeric(st["t_start_s"], errors="coerce").notna()]
+    st = stages[pd.to_numeric(stages["t_start_s"], errors="coerce").notna()]
     colors = stage_colors(ordered_stages(st["stage"]))
     for _, r in st.iterrows():
         c = colors[str(r["stage"])]
@@ -191,9 +178,7 @@ def draw_stage_marks(tl: Timeline, stages: pd.DataFrame, include_warmup: bool) -
 
 
 def _launch_phases(launch_row: Mapping[str, Any] | None, req: pd.DataFrame | None) -> dict[str, float]:
-    """Epoch seconds of a launch's phases: ``start``, ``loaded`` (models loaded), ``ready``;
-    whichever can be placed from the launch's cold-start parts and its startup warmup request
-    (its end is ready) or, without one, the first request (ready just before it)."""
+    """Epoch s of ``start``, ``loaded``, ``ready``: ready is the warmup's end, else the first start."""
     lr = dict(launch_row or {})
     ready_s = lr.get("ready_s")
     t_ready = None
@@ -226,8 +211,6 @@ def memory_timeline(
     launch: Any = None,
     launches: pd.DataFrame | None = None,
     device_name: str | None = None,
-    include_warmup: bool = True,
-    stage_marks: bool | None = None,
     title: str | None = None,
 ) -> Figure:
     """Device and host memory (MiB) over time since the engine's launch, with what happened.
@@ -237,7 +220,7 @@ def memory_timeline(
     (model load, startup warmup, placed from the launches table's cold-start parts), request spans
     by role (:func:`request_roles`), compile marks with their time, the recorded load and warmup
     peaks (device), caps as dashed lines (``device_cap_gib``/``host_cap_gib`` of ``caps``, in
-    MiB), stage starts dotted when ``stage_marks`` (None: at most 4 requests drawn). Artists carry
+    MiB), stage starts dotted when at most 4 requests are drawn. Artists carry
     gids: ``cap:device``, ``cap:host``, ``request-span``, ``phase-span``, ``compile-mark``,
     ``stage-mark``, ``peak:load``, ``peak:warmup``.
 
@@ -282,19 +265,12 @@ def memory_timeline(
         caps.get("host_cap_gib"),
         title or default_title.replace("device and host", "host; no device samples"),
     )
-    if include_warmup and tl.from_launch:
+    if tl.from_launch:
         draw_phases(tl, t)
     if requests is not None and not requests.empty and {"t_start_s", "t_end_s"} <= set(requests.columns):
-        n_req = draw_requests(tl, requests, launches, include_warmup, t)
-        if stage_marks is None:
-            stage_marks = n_req <= 4
-    if (
-        stage_marks
-        and stages is not None
-        and not stages.empty
-        and {"stage", "t_start_s"} <= set(stages.columns)
-    ):
-        draw_stage_marks(tl, stages, include_warmup)
+        few = draw_requests(tl, requests, launches, t) <= 4
+        if few and stages is not None and not stages.empty and {"stage", "t_start_s"} <= set(stages.columns):
+            draw_stage_marks(tl, stages)
     _finish_axes(tl)
     return fig
 
@@ -307,23 +283,21 @@ def _col(mem: pd.DataFrame, name: str) -> pd.Series:
 def _time_zero(
     phases: Mapping[str, float], t: pd.Series, requests: pd.DataFrame | None, stages: pd.DataFrame | None
 ) -> float:
-    """The time origin (epoch s): the launch's start, else the first sample, else the earliest
-    request or stage start, else 0."""
-    t0_candidates = [phases["start"]] if "start" in phases else []
-    if not t0_candidates and t.notna().any():
-        t0_candidates = [float(t.min())]
-    if not t0_candidates:  # no samples: fall back to the earliest request/stage time
-        for df in (requests, stages):
-            if df is not None and "t_start_s" in df.columns:
-                ts = pd.to_numeric(df["t_start_s"], errors="coerce")
-                if ts.notna().any():
-                    t0_candidates.append(float(ts.min()))
-    return min(t0_candidates) if t0_candidates else 0.0
+    """The launch's start, else the first sample, else the earliest request or stage start, else 0."""
+    if "start" in phases:
+        return phases["start"]
+    if t.notna().any():
+        return float(t.min())
+    starts = [
+        pd.to_numeric(df["t_start_s"], errors="coerce").min()
+        for df in (requests, stages)
+        if df is not None and "t_start_s" in df.columns
+    ]
+    return float(np.nanmin(starts)) if starts and not np.isnan(starts).all() else 0.0
 
 
 def _default_title(names: Mapping[Any, str], launch: Any, one_launch: Mapping[str, Any] | None) -> str:
-    """``"Memory timeline · <launch name> (device and host, from launch)"``; the name only when it
-    tells launches apart."""
+    """``"Memory timeline · <launch name> (device and host, from launch)"``, the name if it tells apart."""
     name = (
         names.get(launch, None)
         if launch is not None
@@ -394,8 +368,7 @@ def _draw_device(
 
 
 def _draw_host(tl: Timeline, cap_gib: Any, title: str) -> None:
-    """The host panel: PSS, cgroup memory.current, RSS and anonymous memory of the engine's
-    process tree, and the host cap; titled when there is no device panel."""
+    """The host panel: PSS, cgroup memory.current, RSS, anonymous memory and the host cap."""
     ax_host = tl.axes[-1]
     host_drew = _series(tl, ax_host, "host_pss_mib", "host PSS (process tree)")
     host_drew |= _series(tl, ax_host, "cgroup_current_mib", "cgroup memory.current", ls="-.")
@@ -411,8 +384,7 @@ def _draw_host(tl: Timeline, cap_gib: Any, title: str) -> None:
 
 
 def _finish_axes(tl: Timeline) -> None:
-    """Legends (the first panel also lists phases, roles, compiles and stage marks), y from 0,
-    x from the launch."""
+    """Legends (the first also lists :attr:`Timeline.handles`), y from 0, x from the launch."""
     for i, ax in enumerate(tl.axes):
         h, _ = ax.get_legend_handles_labels()
         extra = list(tl.handles.values()) if i == 0 else []
