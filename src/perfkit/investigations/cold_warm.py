@@ -261,12 +261,14 @@ def run(ctx: registry.RunContext, p: ColdWarmParams) -> ResultBundle:
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`InvestigationError` when the bundle has an error or no cold/warm numbers."""
+    """Raise :class:`InvestigationError` when the bundle has an error or no cold/warm numbers
+    (naming the results keys that are missing or null)."""
     r = bundle.results or {}
-    if r.get("error") or r.get("cold_ms") is None or r.get("warm_median_ms") is None:
+    missing = " and ".join(k for k in ("cold_ms", "warm_median_ms") if r.get(k) is None)
+    if r.get("error") or missing:
         raise registry.InvestigationError(
             f"{NAME} ({bundle.path or 'bundle'}): no cold/warm measurement: "
-            f"{r.get('error') or 'fewer than 2 completed requests'}"
+            f"{r.get('error') or f'results have no {missing}'}"
         )
 
 
