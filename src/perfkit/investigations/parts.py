@@ -47,11 +47,6 @@ class Figure:
     draw: Callable[[Any], Any]
 
 
-def figure_cells(figures: tuple[Figure, ...]) -> list[Cell]:
-    """The notebook cells of declared figures: a heading and ``show(figure(kind, bundle))``."""
-    return [c for f in figures for c in (md(f"## {f.title}"), code(f'show(figure("{f.kind}", bundle))'))]
-
-
 @dataclass(frozen=True)
 class MeasureOption:
     """A ``python -m perfkit.measure`` option an investigation declares.
