@@ -24,7 +24,7 @@ from perfkit.common.slugs import md_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import cells, registry
+from perfkit.investigations import parts, registry
 from perfkit.investigations.common import as_request, first_vs_warm, run_kwargs
 from perfkit.investigations.parts import code, md
 from perfkit.measuring.assemble import PlannedLaunch, assemble, launch_key
@@ -424,14 +424,14 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return {case_id(): steady_state(bundle)}
 
 
-NOTEBOOK = cells.headline(NAME) + (
+NOTEBOOK = parts.headline(NAME) + (
     md(
         "## Why the first request pays: recompilation\n\n"
         "Each request that ran a shape first in its launch (the cold request, or the first of a "
         "new shape): its penalty over the warm median of the same shape, the stage holding "
         "most of it, and the recompilations it paid (count, compile time, the compiler's reason)."
     ),
-    code(cells.ROOT_CAUSE),
+    code(parts.ROOT_CAUSE),
     md(
         "## Below the stage: profiled requests\n\n"
         "With `profile` set, an extra launch sends a cold and a warm request with sglang's "
@@ -440,11 +440,11 @@ NOTEBOOK = cells.headline(NAME) + (
         "ui.perfetto.dev, or chrome://tracing). They are extra requests: no statistic, "
         "invariant or gate here reads them. Op time is the wall time of top-level ops."
     ),
-    code(cells.BELOW_STAGE),
+    code(parts.BELOW_STAGE),
     md("## Every request: role and shape"),
-    code(cells.REQUESTS),
+    code(parts.REQUESTS),
     md("## Gate (invariants measured within this run)"),
-    code(cells.GATE_CELL),
+    code(parts.GATE_CELL),
     md("## Per-stage latency, cold vs warm requests"),
     code("show(plots.stage_breakdown(bundle))"),
     md("## End-to-end latency per request"),
@@ -461,8 +461,8 @@ show(plots.memory_timeline(bundle, caps=cap_lines))"""),
 leak_rows = [r for r in rows if r.metric in LEAK_CHECKS]
 show_table(check_frame(leak_rows))
 display(Markdown(verdict_markdown(leak_rows, "Leak checks")))"""),
-    md(cells.MEMORY_SITES_MD),
-    code(cells.MEMORY_SITES),
+    md(parts.MEMORY_SITES_MD),
+    code(parts.MEMORY_SITES),
     md(
         "## How to read this\n\n"
         "- The **cold request** (red) pays what the startup warmup did not: shape setup, "

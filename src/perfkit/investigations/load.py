@@ -16,7 +16,7 @@ from perfkit.checks import Check, check_max, check_min
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
-from perfkit.investigations import cells, registry
+from perfkit.investigations import parts, registry
 from perfkit.investigations.load_measure import per_request_rows, read_trace, run_phases, trace_path
 from perfkit.investigations.load_stats import check_rows, summarise
 from perfkit.investigations.parts import code, md
@@ -154,8 +154,7 @@ def run(ctx: registry.RunContext, p: LoadParams) -> ResultBundle:
             if data.error is None
             else f"open loop not run: {data.error}"
         )
-    mem = data.memory
-    results.update(summarise(results, mem))
+    results.update(summarise(results, data.memory))
     params = {
         "spec": ctx.engine.to_dict(),
         "request": ctx.request.payload(),
@@ -424,11 +423,11 @@ def plan(p: LoadParams) -> list[int]:
     return [p.warmup_requests + len(p.concurrency) * p.requests_per_level + opened]
 
 
-NOTEBOOK = cells.headline(
+NOTEBOOK = parts.headline(
     NAME, "Levels: queue wait, service time, percentiles, throughput, SLO", transpose=False
 ) + (
     md("## Gate (memory stays flat, every request completed; queue model, throughput and SLO when set)"),
-    code(cells.GATE_CELL),
+    code(parts.GATE_CELL),
     md("## Latency vs concurrency"),
     code('show(plots.latency_vs_concurrency(results.get("levels") or []))'),
     md("## Queue wait vs service time per level"),

@@ -21,7 +21,7 @@ from perfkit.common.slugs import md_text, slug
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import cells, common, registry
+from perfkit.investigations import common, parts, registry
 from perfkit.investigations.common import mib
 from perfkit.investigations.parts import code, md
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key, relabel
@@ -492,16 +492,16 @@ def launches(p: MemoryBudgetParams, engine: EngineSpec, request: VideoRequestSpe
     ]
 
 
-NOTEBOOK = cells.headline(NAME, "Budgets") + (
+NOTEBOOK = parts.headline(NAME, "Budgets") + (
     md("## Gate (caps held, runs completed)"),
-    code(cells.GATE_CELL),
+    code(parts.GATE_CELL),
     md("## Memory timeline per budget"),
     code("""for row in table_rows(bundle.launches) or [{}]:
     show(plots.memory_timeline(
         bundle, launch=row.get("launch"),
         caps={"device_cap_gib": row.get("device_cap_gib"), "host_cap_gib": row.get("host_cap_gib")}))"""),
-    md(cells.MEMORY_SITES_MD),
-    code(cells.MEMORY_SITES),
+    md(parts.MEMORY_SITES_MD),
+    code(parts.MEMORY_SITES),
     md("## Latency per request under each budget"),
     code("show(plots.e2e_per_request(bundle))"),
     md(

@@ -18,7 +18,7 @@ from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
-from perfkit.investigations import cells, common, registry
+from perfkit.investigations import common, parts, registry
 from perfkit.investigations.common import mib
 from perfkit.investigations.parts import code, md
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key
@@ -181,27 +181,22 @@ def offload_modes(
     caps = caps if caps is not None else MemoryCaps()
     launches: list[LaunchData] = []
     entries: list[dict[str, Any]] = []
-    device = None
     for mode in modes:
         label = _label(mode)
-        e: dict[str, Any] = {"mode": mode, "label": label, "reused_from": None}
+        entries.append(e := {"mode": mode, "label": label, "reused_from": None})
         specs = _mode_specs(spec, mode, caps)
         if not specs:
             e.update({"status": NOT_APPLICABLE, "reason": f"engine kind {spec.kind!r} has no offload modes"})
-            entries.append(e)
             continue
         mine = reuse if mode == "none" else None
         data = common.reuse_or_launch(
             mine, specs, [req] * repeats, run_dir, label, caps=caps, sample_interval_s=sample_interval_s
         )
-        e["reused_from"] = data.launch_row.get("reused_from")
         launches.append(data)
-        e.update(mode_entry(data, mode, repeats))
-        device = device or e.get("device")
-        entries.append(e)
+        e.update(reused_from=data.launch_row.get("reused_from"), **mode_entry(data, mode, repeats))
     results: dict[str, Any] = {
         "modes": entries,
-        "device": device,
+        "device": next((e["device"] for e in entries if e.get("device")), None),
         "warm_tolerance": WARM_TOLERANCE,
         "order_tolerance": ORDER_TOLERANCE,
         "reused_launches": [e["label"] for e in entries if e.get("reused_from")],
@@ -468,12 +463,12 @@ def _mode_specs(spec: EngineSpec, mode: str, caps: MemoryCaps) -> list[EngineSpe
     return specs
 
 
-NOTEBOOK = cells.headline(NAME, "Modes", keep="modes_table") + (
+NOTEBOOK = parts.headline(NAME, "Modes", keep="modes_table") + (
     md(
         "## Gate (placement reported as asked, warm not slower, memory order on a GPU)\n\n"
         "Modes the device cannot run are `skipped`, never passed."
     ),
-    code(cells.GATE_CELL),
+    code(parts.GATE_CELL),
     md("## Device vs host memory, and warm latency, per mode"),
     code("show(plots.offload_memory_latency(modes_table))"),
     md("## Latency per request, one line per mode"),

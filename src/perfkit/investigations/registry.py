@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check
@@ -21,7 +21,7 @@ from perfkit.common.slugs import did_you_mean
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import cells
+from perfkit.investigations import parts
 from perfkit.investigations.parts import Cell, DocBlock, Figure, MeasureOption, code, md
 
 
@@ -230,7 +230,7 @@ class Investigation:
     def notebook_cells(self) -> list[Cell]:
         """Its cells (declared, else its headline table and reading and its gate rows), then per
         figure a heading and ``show(figure(kind, bundle))``."""
-        out = [*cells.headline(self.name), md("## Gate"), code(cells.GATE_CELL)]
+        out = [*parts.headline(self.name), md("## Gate"), code(parts.GATE_CELL)]
         out = list(self.cells) if self.cells is not None else out
         for f in self.figures:
             out += [md(f"## {f.title}"), code(f'show(figure("{f.kind}", bundle))')]
@@ -387,8 +387,6 @@ def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
     if unknown:
         hints = [f"{k!r}{did_you_mean(k, out)}" for k in unknown]
         raise ValueError(f"invariants: unknown key {', '.join(hints)}; known: {', '.join(out)}")
-    from pydantic import ValidationError
-
     for model in (EngineInvariants, *(s.invariants_model for s in _REGISTRY.values())):
         mine = {k: v for k, v in given.items() if k in model.model_fields}
         if not mine:

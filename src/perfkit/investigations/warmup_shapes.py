@@ -9,7 +9,6 @@ in the measured window, covered or not (same latent shape as the warmup run).
 from __future__ import annotations
 
 import dataclasses
-import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -22,15 +21,13 @@ from perfkit.common.numfmt import fmt
 from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import cells, registry
+from perfkit.investigations import parts, registry
 from perfkit.investigations.common import as_request, join_params, pick_columns, reuse_or_launch, run_kwargs
 from perfkit.investigations.parts import MeasureOption, code, md
 from perfkit.investigations.shape_coverage import coverage_entry, warm_across_warmups, warmed_shapes
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key
 from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
 from perfkit.reported import NOT_REPORTED, NOT_REPORTED_REASON
-
-log = logging.getLogger(__name__)
 
 NAME = "warmup_shapes"
 
@@ -153,17 +150,18 @@ def warmup_shapes(
         "warm_across_warmups": warm_across_warmups(coverage),
     }
     profile = ProfileParams.model_validate(profile) if isinstance(profile, dict) else profile
-    if profile is None:
-        return assemble(NAME, launches, params, results)
-    params["profile"] = profile.model_dump()
     pair = next((c for c in coverage if c.get("covered") is False), None)
-    if pair is None:
-        results["profiled"] = {"note": "every measured shape is covered (or failed): nothing profiled"}
-        log.info("%s: profile set, but no uncovered shape to profile", NAME)
-        return assemble(NAME, launches, params, results)
-    w, f = pair["warmup_frames"], pair["request_frames"]
-    results["profiled"] = {"warmup_frames": w, "request_frames": f}
+    if profile is not None:
+        params["profile"] = profile.model_dump()
+        results["profiled"] = (
+            {k: pair[k] for k in ("warmup_frames", "request_frames")}
+            if pair
+            else {"note": "every measured shape is covered (or failed): nothing profiled"}
+        )
     bundle = assemble(NAME, launches, params, results)
+    if profile is None or pair is None:
+        return bundle
+    w, f = pair["warmup_frames"], pair["request_frames"]
     s = spec.replace(warmup_frames=int(w), share_compile_cache=False)
     req = dataclasses.replace(base, num_frames=int(f))
     label = f"profiled-warmup{w}"
@@ -426,14 +424,14 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return out
 
 
-NOTEBOOK = cells.headline(NAME, "Coverage", keep="coverage") + (
+NOTEBOOK = parts.headline(NAME, "Coverage", keep="coverage") + (
     md(
         "## Why an uncovered shape pays: recompilation\n\n"
         "Each request that ran a shape first in its launch: its penalty over the warm median "
         "of the same shape in that launch, the stage holding most of it, and the "
         "recompilations it paid (count, compile time, the compiler's reason)."
     ),
-    code(cells.ROOT_CAUSE),
+    code(parts.ROOT_CAUSE),
     md(
         "## Below the stage: the first request of a new shape against a warm one\n\n"
         "With `profile` set, an extra launch with the warmup that did not cover a shape sends "
@@ -443,11 +441,11 @@ NOTEBOOK = cells.headline(NAME, "Coverage", keep="coverage") + (
         "invariant or gate here reads them. The diff names the ops the first request of the "
         "new shape spends its penalty in."
     ),
-    code(cells.BELOW_STAGE),
+    code(parts.BELOW_STAGE),
     md("## Every request: role and shape"),
-    code(cells.REQUESTS),
+    code(parts.REQUESTS),
     md("## Gate (covered shapes pay no setup)"),
-    code(cells.GATE_CELL),
+    code(parts.GATE_CELL),
     md("## First-request penalty by warmup shape and request shape"),
     code("show(plots.coverage_heatmap(coverage))"),
     md("## Which stage absorbs the penalty (first request − warm median, ms)"),
