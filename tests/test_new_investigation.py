@@ -266,8 +266,7 @@ def test_the_register_module_shorthand_takes_the_module_declarations():
     """``register_module(globals(), ...)`` (the built-in investigations' shorthand, DESIGN.md
     step 1): NAME, NOTEBOOK, SECTION_INTRO and the functions defined in the module named as a
     field; a function it imported under a field's name is not taken; keywords override."""
-    from perfkit.investigations import cells
-    from perfkit.investigations.parts import code
+    from perfkit.investigations.parts import code, headline
 
     def run(ctx, p):
         raise NotImplementedError
@@ -278,7 +277,7 @@ def test_the_register_module_shorthand_takes_the_module_declarations():
     namespace = {
         "__name__": __name__,
         "NAME": "throwaway_short",
-        "NOTEBOOK": (*cells.headline("throwaway_short", "Sleeps"), code("show_table(bundle.requests)")),
+        "NOTEBOOK": (*headline("throwaway_short", "Sleeps"), code("show_table(bundle.requests)")),
         "SECTION_INTRO": "Short intro.",
         "run": run,
         "reading": reading,

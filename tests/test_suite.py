@@ -217,6 +217,9 @@ def test_engine_crash_is_a_investigation_error():
     b.results = {"error": "engine exited with code -9 during request 1", "leak_checks": []}
     with pytest.raises(registry.InvestigationError, match="engine exited"):
         registry.get("cold_warm").check_bundle(b)
+    b.results = {**synthetic.cold_warm().results, "cold_ms": None}  # a replay with a null cold_ms
+    with pytest.raises(registry.InvestigationError, match="results have no cold_ms$"):
+        registry.get("cold_warm").check_bundle(b)
     mb = synthetic.memory_budget()
     mb.results["caps"][0]["completed"] = False  # the uncapped run crashed
     with pytest.raises(registry.InvestigationError, match="without caps"):

@@ -9,7 +9,6 @@ and leak checks across the warm requests.
 from __future__ import annotations
 
 import logging
-import math
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -25,8 +24,8 @@ from perfkit.common.slugs import md_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import cells, registry
-from perfkit.investigations.common import as_request, stage_penalty
+from perfkit.investigations import parts, registry
+from perfkit.investigations.common import as_request, first_vs_warm, run_kwargs
 from perfkit.investigations.parts import code, md
 from perfkit.measuring.assemble import PlannedLaunch, assemble, launch_key
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
@@ -90,15 +89,11 @@ class ColdWarmInvariants(registry.InvariantParams):
 
 
 def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame, repeats: int) -> None:
-    """Add to ``results`` what the session measured: cold and warm latency (ms) with their
-    ratios and 95 % intervals, compile counts, the first-request penalty per stage (ms) and the
-    leak checks; or, with fewer than 2 completed requests, why not (``error``)."""
+    """Add the session's numbers to ``results`` (see :func:`cold_vs_warm`), or why none (``error``)."""
     ok = df[df["status"] == "completed"] if not df.empty else df
     results["completed"] = int(len(ok))
-    if len(ok) >= 2 and (ok["index"] == 0).any():
-        e2e = ok["e2e_ms"].to_numpy(float)
-        cold = float(ok.loc[ok["index"] == 0, "e2e_ms"].iloc[0])
-        warm = ok.loc[ok["index"] > 0, "e2e_ms"].to_numpy(float)
+    if len(ok) >= 2 and ok["index"].iloc[0] == 0:
+        cold, warm, pen, results["penalty_stage"] = first_vs_warm(ok, pd.DataFrame(data.stages))
         wmed = float(np.median(warm))
         results.update(
             {
@@ -112,17 +107,12 @@ def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame
                 # the noise margin of "warm <= cold": warm is slower only when this bound is
                 "warm_cold_ratio_lower95": json_float(stats.ratio_lower_bound_single_reference(warm, cold)),
                 # None: the engine reports no compile counts (sglang), never 0
-                "cold_compiles": reported_count(ok.loc[ok["index"] == 0, "compiles"].iloc[0]),
-                "warm_compiles": reported_sum(ok.loc[ok["index"] > 0, "compiles"], count=True),
+                "cold_compiles": reported_count(ok["compiles"].iloc[0]),
+                "warm_compiles": reported_sum(ok["compiles"].iloc[1:], count=True),
+                "penalty_ms": {k: json_float(v) for k, v in pen.items()},
+                "penalty_total_ms": json_float(cold - wmed),
             }
         )
-        first_id = ok.loc[ok["index"] == 0, "request_id"].iloc[0]
-        warm_ids = list(ok.loc[ok["index"] > 0, "request_id"])
-        pen = stage_penalty(pd.DataFrame(data.stages), first_id, warm_ids)
-        results["penalty_ms"] = {k: json_float(v) for k, v in pen.items()}
-        finite = {k: v for k, v in pen.items() if not math.isnan(v)}
-        results["penalty_stage"] = max(finite, key=finite.get) if finite else None
-        results["penalty_total_ms"] = json_float(cold - wmed)
         warm_rows = ok[ok["index"] > 0].sort_values("index")
         checks = []
         for name, col in (
@@ -131,7 +121,7 @@ def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame
         ):
             y = warm_rows[col].to_numpy(float)
             checks.append(_leak(name, stats.slope_per_index(y), stats.slope_lower_bound(y)))
-        if len(e2e) >= 3:
+        if len(ok) >= 3:
             # the drift a steady rise at the slope's lower bound gives from the second request on
             y = warm_rows["e2e_ms"].to_numpy(float)
             second, last = float(y[0]), float(y[-1])
@@ -224,8 +214,7 @@ def cold_vs_warm(
 
 
 def _request_error(data: Any, df: pd.DataFrame, repeats: int) -> str:
-    """Why fewer than 2 requests completed: the first failed request's error (e.g. the engine's
-    HTTP 400 message), from the client outcomes or the request rows."""
+    """Why fewer than 2 requests completed: the first failed request's error (an HTTP 400's text)."""
     done = int((df["status"] == "completed").sum()) if not df.empty and "status" in df else 0
     head = f"{done} of {repeats} requests completed"
     for i, out in enumerate(data.outcomes):
@@ -240,8 +229,7 @@ def _request_error(data: Any, df: pd.DataFrame, repeats: int) -> str:
 
 
 def _leak(name: str, value: float, lower: float) -> dict[str, Any]:
-    """A leak check's entry: its value and ``lower95``, the value at the one-sided 95 % lower
-    bound of the least-squares slope over the warm requests (None with fewer than 3)."""
+    """A leak check's entry: its value and ``lower95`` (at the slope's one-sided 95 % lower bound)."""
     v = json_float(value)
     return {"name": name, "value": v, "lower95": json_float(lower), "measured": v is not None}
 
@@ -249,25 +237,18 @@ def _leak(name: str, value: float, lower: float) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ registry entry
 def run(ctx: registry.RunContext, p: ColdWarmParams) -> ResultBundle:
     """The registry's ``run``: :func:`cold_vs_warm` with the params section."""
-    return cold_vs_warm(
-        ctx.engine,
-        ctx.request,
-        repeats=p.repeats,
-        caps=p.caps.to_caps() if p.caps else None,
-        run_dir=ctx.work_dir / NAME,
-        profile=p.profile,
-        snapshot=p.snapshot,
-    )
+    caps = p.caps.to_caps() if p.caps else None
+    return cold_vs_warm(ctx.engine, **run_kwargs(ctx, p, NAME, reuse=False, caps=caps))
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`InvestigationError` when the bundle has an error or no cold/warm numbers."""
+    """Raise :class:`InvestigationError` when the bundle has an error or no cold/warm numbers
+    (naming the results keys that are missing or null)."""
     r = bundle.results or {}
-    if r.get("error") or r.get("cold_ms") is None or r.get("warm_median_ms") is None:
-        raise registry.InvestigationError(
-            f"{NAME} ({bundle.path or 'bundle'}): no cold/warm measurement: "
-            f"{r.get('error') or 'fewer than 2 completed requests'}"
-        )
+    missing = " and ".join(k for k in ("cold_ms", "warm_median_ms") if r.get(k) is None)
+    if r.get("error") or missing:
+        why = r.get("error") or f"results have no {missing}"
+        raise registry.bundle_error(bundle, f"no cold/warm measurement: {why}")
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
@@ -443,14 +424,14 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return {case_id(): steady_state(bundle)}
 
 
-NOTEBOOK = cells.headline(NAME) + (
+NOTEBOOK = parts.headline(NAME) + (
     md(
         "## Why the first request pays: recompilation\n\n"
         "Each request that ran a shape first in its launch (the cold request, or the first of a "
         "new shape): its penalty over the warm median of the same shape, the stage holding "
         "most of it, and the recompilations it paid (count, compile time, the compiler's reason)."
     ),
-    code(cells.ROOT_CAUSE),
+    code(parts.ROOT_CAUSE),
     md(
         "## Below the stage: profiled requests\n\n"
         "With `profile` set, an extra launch sends a cold and a warm request with sglang's "
@@ -459,11 +440,11 @@ NOTEBOOK = cells.headline(NAME) + (
         "ui.perfetto.dev, or chrome://tracing). They are extra requests: no statistic, "
         "invariant or gate here reads them. Op time is the wall time of top-level ops."
     ),
-    code(cells.BELOW_STAGE),
+    code(parts.BELOW_STAGE),
     md("## Every request: role and shape"),
-    code(cells.REQUESTS),
+    code(parts.REQUESTS),
     md("## Gate (invariants measured within this run)"),
-    code(cells.GATE_CELL),
+    code(parts.GATE_CELL),
     md("## Per-stage latency, cold vs warm requests"),
     code("show(plots.stage_breakdown(bundle))"),
     md("## End-to-end latency per request"),
@@ -480,8 +461,8 @@ show(plots.memory_timeline(bundle, caps=cap_lines))"""),
 leak_rows = [r for r in rows if r.metric in LEAK_CHECKS]
 show_table(check_frame(leak_rows))
 display(Markdown(verdict_markdown(leak_rows, "Leak checks")))"""),
-    md(cells.MEMORY_SITES_MD),
-    code(cells.MEMORY_SITES),
+    md(parts.MEMORY_SITES_MD),
+    code(parts.MEMORY_SITES),
     md(
         "## How to read this\n\n"
         "- The **cold request** (red) pays what the startup warmup did not: shape setup, "

@@ -1,17 +1,21 @@
-"""Helpers the investigations share that are not measuring: the columns of a summary table
-(:func:`pick_columns`) and a first request's extra time per stage (:func:`stage_penalty`).
-Measuring one launch lives in :mod:`perfkit.measuring`; number formats in
-:mod:`perfkit.common.numfmt`."""
+"""Helpers the investigations share: ``run``'s arguments, a launch measured or reused, its peaks
+and latencies, a first request against the warm ones, split parts joined, baseline cases, the
+columns of a summary table. Measuring one launch lives in :mod:`perfkit.measuring`."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import numpy as np
 import pandas as pd
 
+from perfkit.bundle import ResultBundle, steady_state
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.client import VideoRequestSpec
+from perfkit.measuring.assemble import reuse_launch
+from perfkit.measuring.launch_rows import LaunchData, measure_launch
 
 NAN = math.nan
 
@@ -26,16 +30,82 @@ def mib(v: Any) -> str:
     return fmt(v, ".0f", " MiB")
 
 
-def stage_penalty(stages: pd.DataFrame, first_id: str, warm_ids: list[str]) -> dict[str, float]:
-    """Stage -> (first request ms - median warm ms)."""
-    if stages.empty:
+def first_vs_warm(ok: pd.DataFrame, stages: pd.DataFrame) -> tuple[float, np.ndarray, dict, str | None]:
+    """The first of the completed rows ``ok`` against the rest (warm): (its e2e, the warm e2e,
+    its extra time per stage: first - median warm, NaN where no warm request ran the stage; the
+    stage holding most of it or None), ms."""
+    pen: dict[str, float] = {}
+    if not stages.empty:
+        ids = ok["request_id"]
+        first = stages[stages["request_id"] == ids.iloc[0]].groupby("stage", sort=False)["ms"].sum()
+        warm = stages[stages["request_id"].isin(ids.iloc[1:])].groupby(["request_id", "stage"], sort=False)
+        warm_med = warm["ms"].sum().groupby("stage").median() if len(warm) else pd.Series(dtype=float)
+        pen = {st: float(first[st] - warm_med.get(st, NAN)) for st in first.index}
+    finite = {k: v for k, v in pen.items() if not math.isnan(v)}
+    e2e = ok["e2e_ms"].to_numpy(float)
+    return float(e2e[0]), e2e[1:], pen, max(finite, key=finite.get, default=None)
+
+
+def reuse_or_launch(
+    reuse: Any, specs: list, requests: list, run_dir: Any, label: str, **kw: Any
+) -> LaunchData:
+    """The launch ``label`` of ``requests``: one a ``reuse`` bundle ran with one of ``specs``
+    under ``kw["caps"]`` (:func:`~perfkit.measuring.assemble.reuse_launch`; its row's
+    ``reused_from`` says which), else a new launch of ``specs[0]`` (``kw``: measure_launch's)."""
+    for spec in specs:
+        data = reuse_launch(reuse, spec, requests[0], len(requests), label, caps=kw.get("caps"))
+        if data is not None:
+            return data
+    return measure_launch(specs[0], requests, Path(run_dir), label, **kw)
+
+
+def launch_numbers(data: LaunchData) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+    """(the sent request rows, the completed ones, their numbers): device peaks of the requests
+    and the model load, host peaks (anon summed per process; PSS of the engine's tree: pinned
+    offload buffers count there), the cgroup's peak (MiB), ``cold_ms`` (the first completed
+    request) and ``warm_ms`` (the median of the rest; None with fewer than 2)."""
+    df = data.sent_rows()
+    ok = df[df["status"] == "completed"] if not df.empty else df
+    lr, n = data.launch_row, len(ok)
+    numbers = {
+        "peak_reserved_mib": json_float(ok["peak_reserved_mib"].max()) if n else None,
+        "peak_allocated_mib": json_float(ok["peak_allocated_mib"].max()) if n else None,
+        "load_peak_mib": json_float(lr.get("load_peak_mib")),
+        "host_anon_peak_mib": peak_mib(data.memory, "host_anon_mib"),
+        "host_pss_peak_mib": peak_mib(data.memory, "host_pss_mib", lr.get("host_pss_peak_mib")),
+        "cgroup_peak_mib": peak_mib(data.memory, "cgroup_current_mib", lr.get("cgroup_peak_mib")),
+        "cold_ms": json_float(ok["e2e_ms"].iloc[0]) if n else None,
+        "warm_ms": json_float(np.median(ok["e2e_ms"].iloc[1:])) if n >= 2 else None,
+    }
+    return df, ok, numbers
+
+
+def run_kwargs(ctx: Any, p: Any, name: str, reuse: bool = True, **changes: Any) -> dict[str, Any]:
+    """An investigation function's keyword arguments in the registry's ``run``: ``request``,
+    ``run_dir`` (``work_dir / name``), ``reuse`` (the run's earlier bundles, or None) and the
+    params section's own fields (nested models as they are), ``changes`` over them."""
+    own = {k: v for k, v in p if k not in ("enabled", "tier")}
+    shared = {"reuse": list(ctx.shared.values()) or None} if reuse else {}
+    return {"request": ctx.request, "run_dir": ctx.work_dir / name, **shared, **own, **changes}
+
+
+def join_params(parts: list[ResultBundle], key: str, asked: list, entries: str) -> tuple[dict, list]:
+    """(the first part's params with ``key`` = ``asked``, the parts' results ``entries`` in
+    order). Raises ValueError when the parts' ``key`` lists in order are not ``asked``."""
+    got = [x for b in parts for x in (b.meta.get("params") or {}).get(key) or []]
+    if got != asked:
+        raise ValueError(f"{parts[0].investigation}: parts measured {key} {got}, the params ask for {asked}")
+    params = {**(parts[0].meta.get("params") or {}), key: asked}
+    return params, [e for b in parts for e in b.results.get(entries) or []]
+
+
+def steady_cases(bundle: ResultBundle, case_id: Any, launches: Mapping[str, Any]) -> dict[str, ResultBundle]:
+    """Baseline cases, one per launch (``launches``: case id suffix -> launch label): its steady
+    state (:func:`perfkit.bundle.steady_state`) where that holds a measured request."""
+    if bundle.requests.empty:
         return {}
-    first = stages[stages["request_id"] == first_id].groupby("stage", sort=False)["ms"].sum()
-    warm = (
-        stages[stages["request_id"].isin(warm_ids)].groupby(["request_id", "stage"], sort=False)["ms"].sum()
-    )
-    warm_med = warm.groupby("stage").median() if not warm.empty else pd.Series(dtype=float)
-    return {st: float(first[st] - warm_med.get(st, NAN)) for st in first.index}
+    cases = {case_id(suffix=k): steady_state(bundle, launch=la) for k, la in launches.items()}
+    return {k: b for k, b in cases.items() if not b.measured_requests().empty}
 
 
 #: the header of a host-anon peak column: anonymous RSS summed over the processes of the engine's

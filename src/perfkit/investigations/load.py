@@ -16,7 +16,7 @@ from perfkit.checks import Check, check_max, check_min
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
-from perfkit.investigations import cells, registry
+from perfkit.investigations import parts, registry
 from perfkit.investigations.load_measure import per_request_rows, read_trace, run_phases, trace_path
 from perfkit.investigations.load_stats import check_rows, summarise
 from perfkit.investigations.parts import code, md
@@ -105,9 +105,7 @@ class LoadInvariants(registry.InvariantParams):
 
 
 def _queue_verdict(ol: dict[str, Any]) -> str:
-    """``grows``, ``does not grow`` or ``not shown (n requests, rho r)`` from an open loop's
-    row (:func:`perfkit.investigations.load_stats.open_loop_stats`); bundles recorded before
-    ``queue_verdict`` existed read ``grows`` or ``not shown``, never "does not grow"."""
+    """The open loop's queue verdict (bundles before ``queue_verdict``: grows or not shown)."""
     v = ol.get("queue_verdict") or ("grows" if ol.get("queue_grows") else "not shown")
     if v == "not shown":
         rho = ol.get("queue_wait_rho")
@@ -156,8 +154,7 @@ def run(ctx: registry.RunContext, p: LoadParams) -> ResultBundle:
             if data.error is None
             else f"open loop not run: {data.error}"
         )
-    mem = data.memory
-    results.update(summarise(results, mem))
+    results.update(summarise(results, data.memory))
     params = {
         "spec": ctx.engine.to_dict(),
         "request": ctx.request.payload(),
@@ -228,8 +225,7 @@ def not_completed(r: Mapping[str, Any]) -> list[str]:
 
 
 def _failed(r: Mapping[str, Any]) -> int | None:
-    """Requests not completed: summarise()'s ``failed_requests``, else (a bundle recorded before
-    it existed) counted from ``per_request``; None when neither is there."""
+    """Requests not completed (bundles before ``failed_requests``: counted from ``per_request``)."""
     if r.get("failed_requests") is not None:
         return int(r["failed_requests"])
     rows = r.get("per_request") or []
@@ -242,11 +238,9 @@ def check_bundle(bundle: ResultBundle) -> None:
     r = bundle.results or {}
     check_rows(r.get("per_request") or [], source=f"{NAME} ({bundle.path or 'bundle'}): results")
     if r.get("error"):
-        raise registry.InvestigationError(f"{NAME} ({bundle.path or 'bundle'}): {r['error']}")
+        raise registry.bundle_error(bundle, r["error"])
     if not any(x.get("status") == "completed" for x in r.get("per_request") or []):
-        raise registry.InvestigationError(
-            f"{NAME} ({bundle.path or 'bundle'}): nothing measured: no request completed"
-        )
+        raise registry.bundle_error(bundle, "nothing measured: no request completed")
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
@@ -429,11 +423,11 @@ def plan(p: LoadParams) -> list[int]:
     return [p.warmup_requests + len(p.concurrency) * p.requests_per_level + opened]
 
 
-NOTEBOOK = cells.headline(
+NOTEBOOK = parts.headline(
     NAME, "Levels: queue wait, service time, percentiles, throughput, SLO", transpose=False
 ) + (
     md("## Gate (memory stays flat, every request completed; queue model, throughput and SLO when set)"),
-    code(cells.GATE_CELL),
+    code(parts.GATE_CELL),
     md("## Latency vs concurrency"),
     code('show(plots.latency_vs_concurrency(results.get("levels") or []))'),
     md("## Queue wait vs service time per level"),

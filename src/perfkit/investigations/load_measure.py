@@ -131,9 +131,7 @@ def run_phases(
 
 
 def _run_coroutine(make: Any) -> Any:
-    """``asyncio.run(make())``; inside a running event loop (a Jupyter kernel: the suite's
-    papermill notebooks run cells inside ipykernel's loop, where ``asyncio.run`` raises
-    ``RuntimeError``) on a thread of its own with a fresh loop, waiting for it."""
+    """``asyncio.run(make())``, inside a running event loop on a thread of its own (docs/load.md)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -342,8 +342,7 @@ def slo(rows: list[dict], given: Any, scale: Any) -> tuple[float | None, str]:
 
 
 def _completion_gaps(rows: list[dict]) -> np.ndarray:
-    """Seconds from the level's first submit (or arrival) to its first result, then between
-    consecutive results of completed requests: their mean is 1 / throughput (none completed: empty)."""
+    """Seconds from the level's start to its first result, then between results: mean 1 / throughput."""
     t0 = _t0(rows)
     ends = sorted(r["t_end_s"] for r in rows if r["status"] == "completed")
     return np.diff([t0, *ends])

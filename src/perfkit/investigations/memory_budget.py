@@ -11,28 +11,20 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from perfkit.bundle import ResultBundle, conform, steady_state, table_rows, upgrade_results
+from perfkit.bundle import ResultBundle, conform, table_rows
 from perfkit.checks import Check, check_flag
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text, slug
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import cells, registry
-from perfkit.investigations.common import as_request, host_peak_text, mib, peak_mib, pick_columns
+from perfkit.investigations import common, parts, registry
+from perfkit.investigations.common import mib
 from perfkit.investigations.parts import code, md
-from perfkit.measuring.assemble import (
-    PlannedLaunch,
-    assemble,
-    join_bundles,
-    launch_key,
-    relabel,
-    reuse_launch,
-)
+from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key, relabel
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.measuring.profiled import SnapshotParams, ask_engine, collect, sites_markdown
 from perfkit.readings.sampler.nvml import nvml_inventory
@@ -51,12 +43,12 @@ def cap_entry(data: LaunchData, cap: MemoryCaps, repeats: int) -> dict[str, Any]
     (``repeats`` requests asked): completion, whether the cap held, device peaks and host peaks
     (MiB), the caps in force, placement, cold and warm latency (ms) and ``warm_degrades``; see
     :func:`memory_budget` for every key."""
-    df = data.sent_rows()
-    ok = df[df["status"] == "completed"] if not df.empty else df
+    df, ok, numbers = common.launch_numbers(data)
     lr = data.launch_row
     exceeded = bool(lr.get("cap_exceeded")) or (data.error or "").startswith("host memory cap exceeded")
     oom = bool(not df.empty and df["error"].fillna("").str.contains("out of device memory").any())
-    e = {
+    cold, warm = numbers["cold_ms"], numbers["warm_ms"]
+    return {
         "label": cap.label,
         "device_cap_gib": cap.device_gib,
         "host_cap_gib": cap.host_gib,
@@ -68,22 +60,11 @@ def cap_entry(data: LaunchData, cap: MemoryCaps, repeats: int) -> dict[str, Any]
         "enforcement": lr.get("enforcement"),
         "cap_mechanism": _text(lr.get("cap_mechanism")),
         "host_source": _text(lr.get("host_source")),
-        "peak_reserved_mib": json_float(ok["peak_reserved_mib"].max()) if len(ok) else None,
-        "peak_allocated_mib": json_float(ok["peak_allocated_mib"].max()) if len(ok) else None,
-        "load_peak_mib": json_float(lr.get("load_peak_mib")),
-        "host_anon_peak_mib": peak_mib(data.memory, "host_anon_mib"),
-        "host_pss_peak_mib": peak_mib(data.memory, "host_pss_mib", lr.get("host_pss_peak_mib")),
-        "cgroup_peak_mib": peak_mib(data.memory, "cgroup_current_mib", lr.get("cgroup_peak_mib")),
+        **numbers,
         "placement": lr.get("placement"),
         "error": data.error or (None if len(ok) == repeats else "; ".join(df["error"].dropna().astype(str))),
+        "warm_degrades": bool(warm > cold * (1 + WARM_DEGRADE_TOLERANCE)) if warm is not None else None,
     }
-    if len(ok) >= 2:
-        cold, warm = float(ok["e2e_ms"].iloc[0]), float(np.median(ok["e2e_ms"].iloc[1:]))
-        e.update(cold_ms=cold, warm_ms=warm, warm_degrades=bool(warm > cold * (1 + WARM_DEGRADE_TOLERANCE)))
-    else:
-        cold = json_float(ok["e2e_ms"].iloc[0]) if len(ok) else None
-        e.update(cold_ms=cold, warm_ms=None, warm_degrades=None)
-    return e
 
 
 def _text(v: Any) -> str | None:
@@ -176,7 +157,7 @@ def memory_budget(
         raise ValueError(f"memory_budget: repeats must be >= 1, got {repeats}")
     caps = list(caps) if caps else [c.to_caps() for c in MemoryBudgetParams().caps]
     caps = [c if c is not None else MemoryCaps() for c in caps]
-    req = as_request(request)
+    req = common.as_request(request)
     snapshot = SnapshotParams.model_validate(snapshot) if isinstance(snapshot, dict) else snapshot
     snapshot_why_not = None
     if snapshot is not None and repeats >= 2:
@@ -186,13 +167,10 @@ def memory_budget(
     launches, entries, reused = [], [], []
     for i, cap in enumerate(caps):
         label = f"cap{i}"
-        data = reuse_launch(reuse, spec, req, repeats, label, caps=cap) if reuse is not None else None
-        if data is not None:
-            reused.append(label)
-        else:
-            data = measure_launch(
-                spec, [req] * repeats, Path(run_dir), label, caps=cap, sample_interval_s=sample_interval_s
-            )
+        data = common.reuse_or_launch(
+            reuse, [spec], [req] * repeats, run_dir, label, caps=cap, sample_interval_s=sample_interval_s
+        )
+        reused += [label] if data.launch_row.get("reused_from") else []
         data.launch_row["cap_label"] = cap.label
         launches.append(data)
         e = cap_entry(data, cap, repeats)
@@ -212,12 +190,10 @@ def memory_budget(
         "reused_launches": reused,
     }
     if min_budget:
-        lo, hi = float(min_budget["lo_gib"]), float(min_budget["hi_gib"])
-        res = float(min_budget.get("resolution_gib", 1.0))
-        mb = find_min_budget(spec, req, lo, hi, run_dir=Path(run_dir) / "bisect", resolution_gib=res)
-        results["min_budget_gib"] = mb.get("min_gib")
-        results["min_budget_probes"] = mb.get("probes")
-        results["min_budget_note"] = mb.get("note")
+        mb = find_min_budget(spec, req, run_dir=Path(run_dir) / "bisect", **min_budget)
+        results.update(
+            min_budget_gib=mb["min_gib"], min_budget_probes=mb["probes"], min_budget_note=mb["note"]
+        )
     params = {
         "spec": spec.to_dict(),
         "caps": [c.to_dict() for c in caps],
@@ -265,7 +241,7 @@ def find_min_budget(
         note = "find_min_budget needs a GPU (device caps are CUDA memory fractions); none visible: skipped"
         log.warning(note)
         return {"min_gib": None, "probes": [], "note": note}
-    req = as_request(request)
+    req = common.as_request(request)
     probes: list[dict[str, Any]] = []
 
     def ok_at(gib: float) -> bool:
@@ -303,15 +279,9 @@ def find_min_budget(
 def run(ctx: registry.RunContext, p: MemoryBudgetParams) -> ResultBundle:
     """The registry's ``run``: :func:`memory_budget` (the unlimited budget reuses a session
     measured earlier in the run when it ran the same spec and request)."""
+    mb = p.min_budget.model_dump() if p.min_budget else None
     return memory_budget(
-        ctx.engine,
-        caps=[c.to_caps() for c in p.caps],
-        request=ctx.request,
-        repeats=p.repeats,
-        run_dir=ctx.work_dir / NAME,
-        min_budget=p.min_budget.model_dump() if p.min_budget else None,
-        reuse=list(ctx.shared.values()) or None,
-        snapshot=p.snapshot,
+        ctx.engine, **common.run_kwargs(ctx, p, NAME, caps=[c.to_caps() for c in p.caps], min_budget=mb)
     )
 
 
@@ -320,15 +290,14 @@ def check_bundle(bundle: ResultBundle) -> None:
     complete, any launch's engine was killed by a signal perfkit did not send with no OOM
     record, no cap kill and no CUDA OOM, or a request timed out (lost or hung, not a budget
     verdict; a cap that ran out is a check)."""
-    where = f"{NAME} ({bundle.path or 'bundle'})"
     caps = (bundle.results or {}).get("caps") or []
     if not caps:
-        raise registry.InvestigationError(f"{where}: no budget measured")
+        raise registry.bundle_error(bundle, "no budget measured")
     for c in caps:
         if c.get("device_cap_gib") is None and c.get("host_cap_gib") is None and not c.get("completed"):
-            raise registry.InvestigationError(
-                f"{where}: the run without caps ({c.get('label')}) did not "
-                f"complete: {c.get('error') or 'see the engine log'}"
+            why = c.get("error") or "see the engine log"
+            raise registry.bundle_error(
+                bundle, f"the run without caps ({c.get('label')}) did not complete: {why}"
             )
     held = {f"cap{i}": c.get("cap_held") for i, c in enumerate(caps)}
     for row in table_rows(bundle.launches):
@@ -340,9 +309,10 @@ def check_bundle(bundle: ResultBundle) -> None:
             and held.get(row.get("launch")) is not False
             and not oom.startswith(("cgroup ", "kernel log: "))
         ):
-            raise registry.InvestigationError(
-                f"{where}: launch {row.get('launch')} ({row.get('cap_label') or row.get('label')}) lost "
-                f"its engine, not to its cap: it {row.get('ended')}; OOM-kill record: {oom or 'none'}"
+            raise registry.bundle_error(
+                bundle,
+                f"launch {row.get('launch')} ({row.get('cap_label') or row.get('label')}) lost its engine, "
+                f"not to its cap: it {row.get('ended')}; OOM-kill record: {oom or 'none'}",
             )
     # a request that timed out: the engine hung (docs/robustness.md: the run exits 2), not a cap
     req = bundle.requests
@@ -350,16 +320,15 @@ def check_bundle(bundle: ResultBundle) -> None:
         hung = req[req["status"] == "timeout"]
         if len(hung):
             r = hung.iloc[0]
-            raise registry.InvestigationError(
-                f"{where}: launch {r.get('launch')}: request {r.get('index')} timed out "
-                f"({r.get('error') or 'no answer'}): the engine hung, not a budget verdict"
+            raise registry.bundle_error(
+                bundle,
+                f"launch {r.get('launch')}: request {r.get('index')} timed out "
+                f"({r.get('error') or 'no answer'}): the engine hung, not a budget verdict",
             )
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
-    """Per budget: cap held, run completed, warm requests not degraded (as the invariants ask).
-    ``r`` may be results.json of any schema version (v1 ``_mb`` keys are read as ``_mib``)."""
-    r = _current(r)
+    """Per budget: cap held, run completed, warm requests not degraded (as the invariants ask)."""
     rows: list[Check] = []
     caps = [c for c in (r.get("caps") or []) if isinstance(c, dict)]
     for key, col, want in (
@@ -376,15 +345,10 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             detail = (
                 f"device cap {_gib(c.get('device_cap_gib'))}, host cap {_gib(c.get('host_cap_gib'))},"
                 f" enforcement {c.get('enforcement') or '–'}, peak reserved "
-                f"{mib(c.get('peak_reserved_mib'))}, {host_peak_text(c)}, placement {c.get('placement') or '–'}"
+                f"{mib(c.get('peak_reserved_mib'))}, {common.host_peak_text(c)}, placement {c.get('placement') or '–'}"
             )
             rows.append(check_flag(NAME, f"{col}[{c.get('label')}]", c.get(col), want, detail))
     return rows
-
-
-def _current(r: Mapping[str, Any]) -> dict[str, Any]:
-    """results with the current keys (a results.json of schema 1 has ``*_mb`` caps keys)."""
-    return upgrade_results(r, int((r or {}).get("schema_version", 1)))
 
 
 def _gib(v: Any) -> str:
@@ -393,8 +357,7 @@ def _gib(v: Any) -> str:
 
 def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     """Per budget: completed, held, peak reserved (MiB); the minimum device budget (GiB) when
-    searched. ``r`` may be results.json of any schema version."""
-    r = _current(r)
+    searched."""
     out = [
         registry.KeyNumber(
             f"cap {c.get('label')}",
@@ -436,8 +399,8 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     times in ms); ``error``, ``host_cap_clamp`` and ``cgroup_peak_mib`` only when some budget
     has one."""
     # shown only where there is something: an error, a clamp, a cgroup of the engine's own
-    return pick_columns(
-        pd.DataFrame(_current(r).get("caps") or []),
+    return common.pick_columns(
+        pd.DataFrame(r.get("caps") or []),
         SUMMARY_COLUMNS,
         sparse=("error", "host_cap_clamp", "cgroup_peak_mib"),
     )
@@ -445,7 +408,6 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
 
 def reading(r: Mapping[str, Any]) -> str:
     """One line per budget (memory in MiB), then the minimum device budget (GiB)."""
-    r = _current(r)
     out = []
     for c in r.get("caps") or []:
         out.append(
@@ -454,7 +416,7 @@ def reading(r: Mapping[str, Any]) -> str:
             + ", cap "
             + ("held" if c.get("cap_held") else "**not held**")
             + f" (enforcement {c.get('enforcement')}); peak reserved "
-            f"{mib(c.get('peak_reserved_mib'))}, {host_peak_text(c)}, placement {c.get('placement') or '–'}"
+            f"{mib(c.get('peak_reserved_mib'))}, {common.host_peak_text(c)}, placement {c.get('placement') or '–'}"
             + ("; warm requests degrade" if c.get("warm_degrades") else "")
             + "."
         )
@@ -479,19 +441,11 @@ def reading(r: Mapping[str, Any]) -> str:
 def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     """One case per launch (budget), suffix ``_cap-<label>``; an uncovered cold request is left
     out as in cold_warm."""
-    out: dict[str, ResultBundle] = {}
-    if bundle.requests.empty:
-        return out
-    rows = (
-        table_rows(bundle.launches) if not bundle.launches.empty else [{"launch": None, "label": "unlimited"}]
+    rows = table_rows(bundle.launches) or [{"launch": None, "label": "unlimited"}]
+    labels = {r.get("launch"): r.get("cap_label") or r.get("label") or r.get("launch") for r in rows}
+    return common.steady_cases(
+        bundle, case_id, {f"_cap-{slug(x or 'unlimited')}": la for la, x in labels.items()}
     )
-    for row in rows:
-        la = row.get("launch")
-        label = row.get("cap_label") or row.get("label") or la or "unlimited"
-        sb = steady_state(bundle, launch=la)
-        if not sb.measured_requests().empty:
-            out[case_id(suffix=f"_cap-{slug(label)}")] = sb
-    return out
 
 
 def split(p: MemoryBudgetParams) -> list[tuple[str, MemoryBudgetParams]]:
@@ -538,16 +492,16 @@ def launches(p: MemoryBudgetParams, engine: EngineSpec, request: VideoRequestSpe
     ]
 
 
-NOTEBOOK = cells.headline(NAME, "Budgets") + (
+NOTEBOOK = parts.headline(NAME, "Budgets") + (
     md("## Gate (caps held, runs completed)"),
-    code(cells.GATE_CELL),
+    code(parts.GATE_CELL),
     md("## Memory timeline per budget"),
     code("""for row in table_rows(bundle.launches) or [{}]:
     show(plots.memory_timeline(
         bundle, launch=row.get("launch"),
         caps={"device_cap_gib": row.get("device_cap_gib"), "host_cap_gib": row.get("host_cap_gib")}))"""),
-    md(cells.MEMORY_SITES_MD),
-    code(cells.MEMORY_SITES),
+    md(parts.MEMORY_SITES_MD),
+    code(parts.MEMORY_SITES),
     md("## Latency per request under each budget"),
     code("show(plots.e2e_per_request(bundle))"),
     md(

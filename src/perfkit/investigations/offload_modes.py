@@ -9,21 +9,20 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
-import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
 
-from perfkit.bundle import ResultBundle, steady_state
+from perfkit.bundle import ResultBundle
 from perfkit.checks import Check, check_flag
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
-from perfkit.investigations import cells, registry
-from perfkit.investigations.common import ANON_SUM_LABEL, as_request, mib, peak_mib
+from perfkit.investigations import common, parts, registry
+from perfkit.investigations.common import mib
 from perfkit.investigations.parts import code, md
-from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key, reuse_launch
-from perfkit.measuring.launch_rows import LaunchData, measure_launch
+from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key
+from perfkit.measuring.launch_rows import LaunchData
 from perfkit.readings.records import parse_lines
 
 NAME = "offload_modes"
@@ -53,8 +52,7 @@ _REPORTED = (
 
 
 def _reported(data: LaunchData) -> dict[str, Any]:
-    """The engine's placement facts from the launch's last record (``perfkit`` extras), as
-    measure_launch parsed them (a reused launch: its kept lines)."""
+    """The engine's placement facts from the launch's last record (``perfkit`` extras)."""
     report = data.report or parse_lines(data.record_lines)
     pk = next((r.perfkit for r in reversed(report.records) if r.perfkit), None)
     return {k: pk.get(k) for k in _REPORTED} if pk else {}
@@ -66,8 +64,7 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
     (``ran``, ``not applicable`` with the engine's reason, ``failed``); see
     :func:`offload_modes` for every key."""
     lr = data.launch_row
-    df = data.sent_rows()
-    ok = df[df["status"] == "completed"] if not df.empty else df
+    df, ok, numbers = common.launch_numbers(data)
     m = REFUSAL_RE.search(data.error or "")
     refused = m.group(0) if m else None  # the engine's "not applicable" reason
     rep = _reported(data)
@@ -78,18 +75,9 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
         "load_s": (ml - ps) if ml is not None and ps is not None else ml,
         "warmup_s": json_float(lr.get("warmup_s")),
         "n_completed": int(len(ok)),
-        "peak_reserved_mib": json_float(ok["peak_reserved_mib"].max()) if len(ok) else None,
-        "peak_allocated_mib": json_float(ok["peak_allocated_mib"].max()) if len(ok) else None,
-        "load_peak_mib": json_float(lr.get("load_peak_mib")),
-        "host_anon_peak_mib": peak_mib(data.memory, "host_anon_mib"),
-        # the host figure the checks use: PSS of the engine's tree (pinned offload buffers are
-        # resident and mapped, so they count here; anon RSS leaves them out)
-        "host_pss_peak_mib": peak_mib(data.memory, "host_pss_mib", lr.get("host_pss_peak_mib")),
-        "cgroup_peak_mib": json_float(lr.get("cgroup_peak_mib")),
+        **numbers,
         "placement": rep.get("placement") or lr.get("placement"),
         **{k: rep.get(k) for k in _REPORTED[1:]},
-        "cold_ms": json_float(ok["e2e_ms"].iloc[0]) if len(ok) else None,
-        "warm_ms": json_float(np.median(ok["e2e_ms"].iloc[1:])) if len(ok) >= 2 else None,
     }
     if refused:
         e.update({"status": NOT_APPLICABLE, "reason": refused})
@@ -102,16 +90,10 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
         if not why and not df.empty:
             why = "; ".join(df["error"].dropna().astype(str))
         e.update({"status": FAILED, "reason": (why or "see the engine log").splitlines()[0][:300]})
-    if e["status"] == RAN:
-        off = e["offload"] or {}
-        e["placement_matches"] = bool(off) and all(v == mode for v in off.values())
-        cold, warm = e["cold_ms"], e["warm_ms"]
-        e["warm_not_slower"] = (
-            bool(warm <= cold * (1 + WARM_TOLERANCE)) if cold is not None and warm is not None else None
-        )
-    else:
-        e["placement_matches"] = None
-        e["warm_not_slower"] = None
+    ran, off, cold, warm = e["status"] == RAN, e["offload"] or {}, e["cold_ms"], e["warm_ms"]
+    e["placement_matches"] = (bool(off) and all(v == mode for v in off.values())) if ran else None
+    timed = ran and cold is not None and warm is not None
+    e["warm_not_slower"] = bool(warm <= cold * (1 + WARM_TOLERANCE)) if timed else None
     return e
 
 
@@ -195,39 +177,26 @@ def offload_modes(
     bad = [m for m in modes if m not in OFFLOAD_MODES]
     if bad or len(set(modes)) != len(modes):
         raise ValueError(f"offload_modes: modes must be unique values of {OFFLOAD_MODES}, got {modes}")
-    req = as_request(request)
+    req = common.as_request(request)
     caps = caps if caps is not None else MemoryCaps()
     launches: list[LaunchData] = []
     entries: list[dict[str, Any]] = []
-    device = None
     for mode in modes:
         label = _label(mode)
-        e: dict[str, Any] = {"mode": mode, "label": label, "reused_from": None}
-        try:
-            mspec = spec.replace(offload=mode, offload_components={})
-        except EngineSpecError:
+        entries.append(e := {"mode": mode, "label": label, "reused_from": None})
+        specs = _mode_specs(spec, mode, caps)
+        if not specs:
             e.update({"status": NOT_APPLICABLE, "reason": f"engine kind {spec.kind!r} has no offload modes"})
-            entries.append(e)
             continue
-        data = None
-        if mode == "none" and reuse is not None:
-            data = reuse_launch(reuse, mspec, req, repeats, label, caps=caps)
-            if data is None and not caps.device_gib and spec.replace(offload_components={}) == spec:
-                auto = spec.replace(offload=None)  # automatic placement without a device cap: none
-                data = reuse_launch(reuse, auto, req, repeats, label, caps=caps)
-            if data is not None:
-                e["reused_from"] = data.launch_row.get("reused_from")
-        if data is None:
-            data = measure_launch(
-                mspec, [req] * repeats, Path(run_dir), label, caps=caps, sample_interval_s=sample_interval_s
-            )
+        mine = reuse if mode == "none" else None
+        data = common.reuse_or_launch(
+            mine, specs, [req] * repeats, run_dir, label, caps=caps, sample_interval_s=sample_interval_s
+        )
         launches.append(data)
-        e.update(mode_entry(data, mode, repeats))
-        device = device or e.get("device")
-        entries.append(e)
+        e.update(reused_from=data.launch_row.get("reused_from"), **mode_entry(data, mode, repeats))
     results: dict[str, Any] = {
         "modes": entries,
-        "device": device,
+        "device": next((e["device"] for e in entries if e.get("device")), None),
         "warm_tolerance": WARM_TOLERANCE,
         "order_tolerance": ORDER_TOLERANCE,
         "reused_launches": [e["label"] for e in entries if e.get("reused_from")],
@@ -246,32 +215,20 @@ def offload_modes(
 def run(ctx: registry.RunContext, p: OffloadModesParams) -> ResultBundle:
     """The registry's ``run``: :func:`offload_modes` (mode ``none`` reuses a session measured
     earlier in the run when it ran the same spec and request)."""
-    return offload_modes(
-        ctx.engine,
-        modes=list(p.modes),
-        request=ctx.request,
-        repeats=p.repeats,
-        caps=p.caps.to_caps() if p.caps else None,
-        run_dir=ctx.work_dir / NAME,
-        reuse=list(ctx.shared.values()) or None,
-    )
+    caps = p.caps.to_caps() if p.caps else None
+    return offload_modes(ctx.engine, **common.run_kwargs(ctx, p, NAME, caps=caps))
 
 
 def check_bundle(bundle: ResultBundle) -> None:
     """Raise :class:`InvestigationError` when no mode was measured, or no mode ran although some were
     applicable (every launch crashed: an engine failure, not a verdict). Modes the device cannot
     run are results, not errors."""
-    where = f"{NAME} ({bundle.path or 'bundle'})"
     rows = (bundle.results or {}).get("modes") or []
     if not rows:
-        raise registry.InvestigationError(f"{where}: no offload mode measured")
-    if not any(r.get("status") == RAN for r in rows):
-        failed = [r for r in rows if r.get("status") == FAILED]
-        if failed:
-            raise registry.InvestigationError(
-                f"{where}: no offload mode ran; "
-                + "; ".join(f"{r.get('mode')}: {r.get('reason')}" for r in failed)
-            )
+        raise registry.bundle_error(bundle, "no offload mode measured")
+    failed = [f"{r.get('mode')}: {r.get('reason')}" for r in rows if r.get("status") == FAILED]
+    if failed and not any(r.get("status") == RAN for r in rows):
+        raise registry.bundle_error(bundle, "no offload mode ran; " + "; ".join(failed))
 
 
 def _ms(v: Any) -> str:
@@ -343,9 +300,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 
 
 def _order_checks(r: Mapping[str, Any], entries: list[dict[str, Any]]) -> list[Check]:
-    """VRAM none > model >= group-*, host memory none < model <= group-* (pairs of modes that
-    ran, with :data:`ORDER_TOLERANCE` on the non-strict ones); skipped off a GPU or with fewer
-    than two modes that ran."""
+    """VRAM none > model >= group-*, host memory the other way (docs/suite.md); GPU only."""
     key = "offload_vram_order"
     ran = {e["mode"]: e for e in entries if e.get("status") == RAN}
     dev = str(r.get("device") or "")
@@ -415,7 +370,7 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     for c in SUMMARY_COLUMNS[3:-2]:  # the numbers: ready_s … host_anon_peak_mib
         df[c] = pd.to_numeric(df[c], errors="coerce")
-    return df.rename(columns={"host_anon_peak_mib": ANON_SUM_LABEL})
+    return df.rename(columns={"host_anon_peak_mib": common.ANON_SUM_LABEL})
 
 
 def reading(r: Mapping[str, Any]) -> str:
@@ -456,17 +411,9 @@ def reading(r: Mapping[str, Any]) -> str:
 def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     """One case per mode that ran, suffix ``_offload-<mode>``; an uncovered cold request is
     left out as in the other investigations."""
-    out: dict[str, ResultBundle] = {}
-    if bundle.requests.empty:
-        return out
-    for e in (bundle.results or {}).get("modes") or []:
-        if e.get("status") != RAN:
-            continue
-        la = e.get("label") or _label(e.get("mode"))
-        sb = steady_state(bundle, launch=la)
-        if not sb.measured_requests().empty:
-            out[case_id(suffix=f"_offload-{e.get('mode')}")] = sb
-    return out
+    ran = [e for e in (bundle.results or {}).get("modes") or [] if e.get("status") == RAN]
+    by = {f"_offload-{e.get('mode')}": e.get("label") or _label(e.get("mode")) for e in ran}
+    return common.steady_cases(bundle, case_id, by)
 
 
 def split(p: OffloadModesParams) -> list[tuple[str, OffloadModesParams]]:
@@ -484,17 +431,13 @@ def join(parts: list[ResultBundle], p: OffloadModesParams) -> ResultBundle:
     Raises:
         ValueError: the parts do not cover ``p.modes`` in order (naming both).
     """
-    got = [m for b in parts for m in (b.meta.get("params") or {}).get("modes") or []]
-    if got != list(p.modes):
-        raise ValueError(f"{NAME}: parts measured modes {got}, the params ask for {list(p.modes)}")
-    entries = [e for b in parts for e in b.results.get("modes") or []]
+    params, entries = common.join_params(parts, "modes", list(p.modes), "modes")
     results = {
         **{k: v for k, v in parts[0].results.items() if k not in ("modes", "device", "reused_launches")},
         "modes": entries,
         "device": next((b.results.get("device") for b in parts if b.results.get("device")), None),
         "reused_launches": [e["label"] for e in entries if e.get("reused_from")],
     }
-    params = {**(parts[0].meta.get("params") or {}), "modes": list(p.modes)}
     return join_bundles(NAME, parts, params, results)
 
 
@@ -504,24 +447,28 @@ def launches(p: OffloadModesParams, engine: EngineSpec, request: VideoRequestSpe
     caps = p.caps.to_caps() if p.caps else MemoryCaps()
     out = []
     for mode in p.modes:
-        try:
-            mspec = engine.replace(offload=mode, offload_components={})
-        except EngineSpecError:
-            out.append(PlannedLaunch((), 0))
-            continue
-        keys = [launch_key(mspec, request, caps)]
-        if mode == "none" and not caps.device_gib and engine.replace(offload_components={}) == engine:
-            keys.append(launch_key(engine.replace(offload=None), request, caps))
-        out.append(PlannedLaunch(tuple(keys), p.repeats, reuses=mode == "none"))
+        keys = tuple(launch_key(s, request, caps) for s in _mode_specs(engine, mode, caps))
+        out.append(PlannedLaunch(keys, p.repeats, reuses=mode == "none") if keys else PlannedLaunch((), 0))
     return out
 
 
-NOTEBOOK = cells.headline(NAME, "Modes", keep="modes_table") + (
+def _mode_specs(spec: EngineSpec, mode: str, caps: MemoryCaps) -> list[EngineSpec]:
+    """The specs a launch of ``mode`` may have run ([]: the engine kind has no offload modes)."""
+    try:
+        specs = [spec.replace(offload=mode, offload_components={})]
+    except EngineSpecError:
+        return []
+    if mode == "none" and not caps.device_gib and spec.replace(offload_components={}) == spec:
+        specs.append(spec.replace(offload=None))
+    return specs
+
+
+NOTEBOOK = parts.headline(NAME, "Modes", keep="modes_table") + (
     md(
         "## Gate (placement reported as asked, warm not slower, memory order on a GPU)\n\n"
         "Modes the device cannot run are `skipped`, never passed."
     ),
-    code(cells.GATE_CELL),
+    code(parts.GATE_CELL),
     md("## Device vs host memory, and warm latency, per mode"),
     code("show(plots.offload_memory_latency(modes_table))"),
     md("## Latency per request, one line per mode"),

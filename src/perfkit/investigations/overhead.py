@@ -19,7 +19,7 @@ from perfkit.checks import Check, check_max, number
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoClient, VideoRequestSpec
-from perfkit.investigations import cells, registry
+from perfkit.investigations import parts, registry
 from perfkit.investigations.parts import DocBlock, MeasureOption, code, md
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch_rows import measure_launch
@@ -50,8 +50,7 @@ class OverheadInvariants(registry.InvariantParams):
 def _summary(
     on: list[float], off: list[float], pairs: list[tuple[float, float]] | None = None
 ) -> dict[str, Any]:
-    """One part's numbers: medians (ms), the overhead (fraction) and its 95 % interval, paired
-    when ``pairs`` (on ms, off ms of one ABBA pair) has 2 or more (docs/suite.md)."""
+    """One part's medians (ms), overhead (fraction) and 95 % interval (docs/suite.md)."""
     if not on or not off:
         return {"n_on": len(on), "n_off": len(off), "overhead": None}
     mw = stats.mann_whitney(on, off)
@@ -176,9 +175,7 @@ def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = N
 
 
 def _agreement(client: VideoClient, request: VideoRequestSpec, ids: list[str], n: int) -> dict[str, Any]:
-    """``n`` interleaved pairs of requests timed with events (the default) and with a sync at
-    every stage boundary: per stage the medians (ms) and events/sync ratio, and the event-timed
-    stages' sum over the server e2e (median; close to 1 when stage times add up)."""
+    """``n`` pairs of requests timed with events and with syncs: per stage medians (ms) and ratio."""
     by: dict[str, dict[str, list[float]]] = {}
     sums: list[float] = []
     for i in range(n):
@@ -287,9 +284,8 @@ def check_bundle(bundle: ResultBundle) -> None:
     """Raise :class:`InvestigationError` when the probe did not run or measured nothing."""
     r = bundle.results or {}
     if r.get("error") or not any(number((r.get(k) or {}).get("overhead")) is not None for k in PARTS):
-        raise registry.InvestigationError(
-            f"{NAME} ({bundle.path or 'bundle'}): no overhead measured: "
-            f"{r.get('error') or 'every probe request failed'}"
+        raise registry.bundle_error(
+            bundle, f"no overhead measured: {r.get('error') or 'every probe request failed'}"
         )
 
 
@@ -372,9 +368,9 @@ def found_in(results: Mapping[str, Any]) -> bool:
     )
 
 
-NOTEBOOK = cells.headline(NAME, "Overhead of each instrument") + (
+NOTEBOOK = parts.headline(NAME, "Overhead of each instrument") + (
     md("## Gate (upper end of each interval)"),
-    code(cells.GATE_CELL),
+    code(parts.GATE_CELL),
     md(
         "## How to read this\n\n"
         "Each instrument is switched on and off in interleaved ABBA pairs of warm requests of one "

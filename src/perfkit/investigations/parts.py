@@ -1,5 +1,7 @@
-"""What an investigation declares beyond measuring: its notebook cells, its figures, its
-``perfkit figures`` block kinds and its ``python -m perfkit.measure`` options. Plain frozen
+"""What an investigation declares beyond measuring: its notebook cells (and the cell texts several
+investigations show: :func:`headline`, the gate rows, the root-cause table, every request's role and
+shape, allocation sites, profiled requests op by op), its figures, its ``perfkit figures`` block
+kinds and its ``python -m perfkit.measure`` options. Plain frozen
 dataclasses, fields of :class:`perfkit.investigations.registry.Investigation`; the generator
 (``notebooks/make_notebooks.py``), the report's generic section template
 (``sections/investigation.html.j2``), :mod:`perfkit.report.figures` and :mod:`perfkit.measure` read
@@ -47,11 +49,6 @@ class Figure:
     draw: Callable[[Any], Any]
 
 
-def figure_cells(figures: tuple[Figure, ...]) -> list[Cell]:
-    """The notebook cells of declared figures: a heading and ``show(figure(kind, bundle))``."""
-    return [c for f in figures for c in (md(f"## {f.title}"), code(f'show(figure("{f.kind}", bundle))'))]
-
-
 @dataclass(frozen=True)
 class MeasureOption:
     """A ``python -m perfkit.measure`` option an investigation declares.
@@ -90,3 +87,63 @@ class DocBlock:
     combine: Callable[[list[Mapping[str, Any]], list[str]], Mapping[str, Any]]
     #: what the footer says was done (``"launches pooled"``)
     verb: str = "combined"
+
+
+def headline(
+    name: str, title: str = "Headline numbers", keep: str = "", transpose: bool = True
+) -> tuple[Cell, ...]:
+    """Investigation ``name``'s first cells: the heading ``title``, then its summary table (kept
+    in variable ``keep`` for later cells when given) and its reading."""
+    table = f'summary_frame("{name}", results)'
+    shown = f"{keep} = {table}\nshow_table({keep}" if keep else f"show_table({table}"
+    shown += ")" if transpose else ", transpose=False)"
+    return md(f"## {title}"), code(f'{shown}\ndisplay(Markdown(reading("{name}", results)))')
+
+
+GATE_CELL = """show_table(check_frame(rows))
+display(Markdown(verdict_markdown(rows)))"""
+
+ROOT_CAUSE = """show_table(first_request_costs(bundle.requests, bundle.stages), transpose=False)"""
+
+REQUESTS = """show_table(request_frame(bundle.requests), transpose=False)"""
+
+#: what grew between the allocator snapshots, by allocation site (perfkit.measuring.profiled)
+MEMORY_SITES = """from perfkit.measuring.profiled import sites_markdown
+
+display(Markdown(sites_markdown(results) or "No allocator snapshots: set `snapshot` (e.g. `{}`) to take them."))
+sites = bundle.tables.get("memory_sites")
+if sites is not None and not sites.empty:
+    for kind, caption in (("grew", "What grew between the snapshots, by allocation site"),
+                          ("peak", "Alive at warm request k's peak, by allocation site")):
+        show_table(sites[sites["kind"] == kind].drop(columns=["kind"]), caption=caption, transpose=False)"""
+
+MEMORY_SITES_MD = (
+    "## Allocation sites: what grew, allocated where\n\n"
+    "With `snapshot` set, the engine records CUDA allocation history and dumps allocator "
+    "snapshots after the cold request and after warm request k (torch's "
+    "`_record_memory_history` / `_dump_snapshot`; open them at pytorch.org/memory_viz). The "
+    "live blocks that grew between the two are grouped by allocation site (the innermost "
+    "engine frame first), and the blocks alive at warm request k's peak the same way. On a CPU "
+    "engine this says *not available on cpu*."
+)
+
+#: the profiled requests of a bundle, op by op (perfkit.report.belowstage)
+BELOW_STAGE = """from perfkit.common.slugs import md_text
+from perfkit.report import belowstage
+
+below = belowstage.below_stage(bundle)
+if below is None:
+    display(Markdown("No request was profiled (set `profile`, e.g. `{'requests': ['cold', 'warm'], 'steps': 5}`)."))
+else:
+    show_table(belowstage.trace_list(below), caption="Profiled requests and their trace files")
+    for err in below.errors:
+        display(Markdown("**Trace not read:** " + md_text(err, code=True)))
+    if below.diff is not None:
+        show_table(belowstage.diff_frame(below.diff, first=belowstage.first_word(below)),
+                   caption=f"Ops whose time changed most, {belowstage.diff_title(below)}")
+    for role, top in below.stage_top.items():
+        show_table(top, caption=f"Top ops per stage, {role}")
+    for role, over in belowstage.overhead_tables(below):
+        show_table(over, caption=f"CPU-side overhead and device idle share per stage, {role}")
+    for role, events in list(below.events.items())[:2]:  # the first one, the first warm one
+        show(plots.step_timeline(events, title=f"One denoising step over time, {role}"))"""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check
@@ -21,8 +21,8 @@ from perfkit.common.slugs import did_you_mean
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import cells
-from perfkit.investigations.parts import Cell, DocBlock, Figure, MeasureOption, code, figure_cells, md
+from perfkit.investigations import parts
+from perfkit.investigations.parts import Cell, DocBlock, Figure, MeasureOption, code, md
 
 
 class InvestigationError(RuntimeError):
@@ -139,15 +139,18 @@ CaseNamer = Callable[..., str]
 GENERIC_TEMPLATE = "sections/investigation.html.j2"
 
 
+def bundle_error(bundle: ResultBundle, why: str) -> InvestigationError:
+    """``InvestigationError("<investigation> (<bundle dir>): <why>")``, what ``check_bundle`` raises."""
+    return InvestigationError(f"{bundle.investigation} ({bundle.path or 'bundle'}): {why}")
+
+
 def needs_a_completed_request(bundle: ResultBundle) -> None:
     """The default ``check_bundle``: raises :class:`InvestigationError` when no measured request
     (``index >= 0``) completed."""
     req = bundle.requests
     ok = not req.empty and bool(((req["index"] >= 0) & (req["status"] == "completed")).fillna(False).any())
     if not ok:
-        raise InvestigationError(
-            f"{bundle.investigation} ({bundle.path or 'bundle'}): no measured request completed"
-        )
+        raise bundle_error(bundle, "no measured request completed")
 
 
 def no_checks(results: Mapping[str, Any], invariants: Mapping[str, Any]) -> list[Check]:
@@ -158,12 +161,6 @@ def no_checks(results: Mapping[str, Any], invariants: Mapping[str, Any]) -> list
 def no_reading(results: Mapping[str, Any]) -> str:
     """The default ``reading``: nothing."""
     return ""
-
-
-def default_cells(name: str) -> list[Cell]:
-    """The notebook cells of an investigation that declares none: its headline table and reading,
-    and its gate rows."""
-    return [*cells.headline(name), md("## Gate"), code(cells.GATE_CELL)]
 
 
 @dataclass(frozen=True)
@@ -189,8 +186,8 @@ class Investigation:
             keeps a launch a later investigation reuses and that investigation in one unit; None: one
             launch, never shared.
         found_in: ``results of another investigation -> bool``: they hold this one's measurement.
-        cells: notebook cells between the measuring cell and the gate's (None:
-            :func:`default_cells`); figures are drawn after them (:func:`figure` by kind).
+        cells: notebook cells between the measuring cell and the gate's (None: its headline
+            table and reading, and its gate rows); figures are drawn after them (:func:`figure`).
     """
 
     name: str
@@ -231,9 +228,13 @@ class Investigation:
             object.__setattr__(self, "notebook", f"{self.name}.ipynb")
 
     def notebook_cells(self) -> list[Cell]:
-        """Its declared cells (or :func:`default_cells`), then its figures' cells."""
-        cells = list(self.cells) if self.cells is not None else default_cells(self.name)
-        return cells + figure_cells(self.figures)
+        """Its cells (declared, else its headline table and reading and its gate rows), then per
+        figure a heading and ``show(figure(kind, bundle))``."""
+        out = [*parts.headline(self.name), md("## Gate"), code(parts.GATE_CELL)]
+        out = list(self.cells) if self.cells is not None else out
+        for f in self.figures:
+            out += [md(f"## {f.title}"), code(f'show(figure("{f.kind}", bundle))')]
+        return out
 
     def invariant_defaults(self) -> dict[str, Any]:
         """Invariant key -> default limit (None: not gated unless the params file sets it)."""
@@ -284,8 +285,7 @@ def register_module(namespace: Mapping[str, Any], **fields: Any) -> Investigatio
 
 
 def _declared_once(investigation: Investigation) -> None:
-    """Raise ValueError when ``investigation`` declares a figure kind, ``perfkit figures`` block kind
-    or measure option another registered investigation declares, or a second session."""
+    """Raise ValueError when ``investigation`` declares what another one declares already."""
     for other in _REGISTRY.values():
         for what, mine, theirs in (
             ("figure kind", {f.kind for f in investigation.figures}, {f.kind for f in other.figures}),
@@ -318,15 +318,10 @@ def figure(kind: str, bundle: ResultBundle) -> Any:
     Raises:
         KeyError: no investigation declares ``kind`` (naming the known ones).
     """
-    kinds = figure_kinds()
+    kinds = {f.kind: f for s in _REGISTRY.values() for f in s.figures}
     if kind not in kinds:
         raise KeyError(f"unknown figure kind {kind!r}; known: {', '.join(kinds) or 'none'}")
     return kinds[kind].draw(bundle)
-
-
-def figure_kinds() -> dict[str, Figure]:
-    """Every declared figure kind -> its :class:`~perfkit.investigations.parts.Figure`, in run order."""
-    return {f.kind: f for s in _REGISTRY.values() for f in s.figures}
 
 
 def doc_blocks() -> dict[str, tuple[Investigation, DocBlock]]:
@@ -392,8 +387,6 @@ def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
     if unknown:
         hints = [f"{k!r}{did_you_mean(k, out)}" for k in unknown]
         raise ValueError(f"invariants: unknown key {', '.join(hints)}; known: {', '.join(out)}")
-    from pydantic import ValidationError
-
     for model in (EngineInvariants, *(s.invariants_model for s in _REGISTRY.values())):
         mine = {k: v for k, v in given.items() if k in model.model_fields}
         if not mine:

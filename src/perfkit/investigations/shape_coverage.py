@@ -5,7 +5,6 @@ shapes the startup warmup ran (:func:`warmed_shapes`), the ``coverage`` entries
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -14,10 +13,11 @@ import pandas as pd
 
 from perfkit import stats
 from perfkit.bundle import WARMUP_INDEX
+from perfkit.checks import number
 from perfkit.common.frames import latent_frames
 from perfkit.common.numfmt import json_float
 from perfkit.engine.handle import WarmupShape, parse_warmup_shapes
-from perfkit.investigations.common import stage_penalty
+from perfkit.investigations.common import first_vs_warm
 from perfkit.measuring.launch_rows import LaunchData
 from perfkit.readings.records import PerfRecord, parse_lines
 from perfkit.reported import is_reported, reported_any, reported_count, reported_sum
@@ -97,12 +97,9 @@ def coverage_entry(
         entry.update(dict.fromkeys(("covered", "first_ms", "warm_median_ms", "penalty_ms", "ratio")))
         entry.update(ratio_ci=[None, None], compiles=None, penalty_stage=None)
         return entry
-    first = float(ok["e2e_ms"].iloc[0])
-    warm = ok["e2e_ms"].iloc[1:].to_numpy(float)
+    first, warm, pen, penalty_stage = first_vs_warm(ok, stages)
     wmed = float(np.median(warm))
     shape = ok["latent_shape"].iloc[0]
-    pen = stage_penalty(stages, ok["request_id"].iloc[0], list(ok["request_id"].iloc[1:]))
-    finite = {k: v for k, v in pen.items() if not math.isnan(v)}
     entry.update(
         {
             "covered": warmed.covers(shape, width, height, f),
@@ -126,7 +123,7 @@ def coverage_entry(
                 else None
             ),
             "recompile_limit_hit": reported_any(ok["recompile_limit_hit"]),
-            "penalty_stage": max(finite, key=finite.get) if finite else None,
+            "penalty_stage": penalty_stage,
             "penalty_by_stage_ms": {k: json_float(v) for k, v in pen.items()},
             "warm_ms": [json_float(v) for v in warm],
             "warm_stage_median_ms": _warm_stage_medians(stages, list(ok["request_id"].iloc[1:])),
@@ -177,7 +174,7 @@ def rank_facts(records: list[PerfRecord], request_ids: list[str]) -> list[dict[s
             return json_float(float(np.median(vals))) if vals else None
 
         warm_compiles = [_count(w.get("compiles")) for w in warm]
-        peaks = [v for v in (_num(r.get("peak_reserved_mb")) for r in [first, *warm]) if v == v]
+        peaks = [v for v in (number(r.get("peak_reserved_mb")) for r in [first, *warm]) if v is not None]
         out.append(
             {
                 "rank": first.get("rank", k),
@@ -203,11 +200,6 @@ def rank_facts(records: list[PerfRecord], request_ids: list[str]) -> list[dict[s
 
 def _count(v: Any) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
-
-
-def _num(v: Any) -> float:
-    """A rank report's MiB value as written (0 stays 0); NaN when absent or not a number."""
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
 def warm_across_warmups(coverage: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ in the measured window, covered or not (same latent shape as the warmup run).
 from __future__ import annotations
 
 import dataclasses
-import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -22,16 +21,13 @@ from perfkit.common.numfmt import fmt
 from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import cells, registry
-from perfkit.investigations.common import as_request, pick_columns
+from perfkit.investigations import parts, registry
+from perfkit.investigations.common import as_request, join_params, pick_columns, reuse_or_launch, run_kwargs
 from perfkit.investigations.parts import MeasureOption, code, md
 from perfkit.investigations.shape_coverage import coverage_entry, warm_across_warmups, warmed_shapes
-from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key, reuse_launch
-from perfkit.measuring.launch_rows import measure_launch
+from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key
 from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
 from perfkit.reported import NOT_REPORTED, NOT_REPORTED_REASON
-
-log = logging.getLogger(__name__)
 
 NAME = "warmup_shapes"
 
@@ -125,13 +121,11 @@ def warmup_shapes(
     for w in warmup_frames:
         s = spec.replace(warmup_frames=int(w), share_compile_cache=False)
         reqs = [dataclasses.replace(base, num_frames=int(f)) for f in request_frames for _ in range(repeats)]
-        data = None
-        if reuse is not None and len(request_frames) == 1:
-            data = reuse_launch(reuse, s, reqs[0], repeats, f"warmup{w}")
-            if data is not None:
-                reused.append(f"warmup{w}")
-        if data is None:
-            data = measure_launch(s, reqs, Path(run_dir), f"warmup{w}", sample_interval_s=sample_interval_s)
+        one_shape = reuse if len(request_frames) == 1 else None  # a reused launch sent one shape
+        data = reuse_or_launch(
+            one_shape, [s], reqs, run_dir, f"warmup{w}", sample_interval_s=sample_interval_s
+        )
+        reused += [f"warmup{w}"] if data.launch_row.get("reused_from") else []
         launches.append(data)
         df = pd.DataFrame(data.requests)
         warmed = warmed_shapes(df, data.logs)
@@ -156,17 +150,18 @@ def warmup_shapes(
         "warm_across_warmups": warm_across_warmups(coverage),
     }
     profile = ProfileParams.model_validate(profile) if isinstance(profile, dict) else profile
-    if profile is None:
-        return assemble(NAME, launches, params, results)
-    params["profile"] = profile.model_dump()
     pair = next((c for c in coverage if c.get("covered") is False), None)
-    if pair is None:
-        results["profiled"] = {"note": "every measured shape is covered (or failed): nothing profiled"}
-        log.info("%s: profile set, but no uncovered shape to profile", NAME)
-        return assemble(NAME, launches, params, results)
-    w, f = pair["warmup_frames"], pair["request_frames"]
-    results["profiled"] = {"warmup_frames": w, "request_frames": f}
+    if profile is not None:
+        params["profile"] = profile.model_dump()
+        results["profiled"] = (
+            {k: pair[k] for k in ("warmup_frames", "request_frames")}
+            if pair
+            else {"note": "every measured shape is covered (or failed): nothing profiled"}
+        )
     bundle = assemble(NAME, launches, params, results)
+    if profile is None or pair is None:
+        return bundle
+    w, f = pair["warmup_frames"], pair["request_frames"]
     s = spec.replace(warmup_frames=int(w), share_compile_cache=False)
     req = dataclasses.replace(base, num_frames=int(f))
     label = f"profiled-warmup{w}"
@@ -179,16 +174,7 @@ def warmup_shapes(
 def run(ctx: registry.RunContext, p: WarmupShapesParams) -> ResultBundle:
     """The registry's ``run``: :func:`warmup_shapes`, reusing a launch measured earlier in the run
     when it ran exactly one of these warmup settings."""
-    return warmup_shapes(
-        ctx.engine,
-        warmup_frames=list(p.warmup_frames),
-        request_frames=list(p.request_frames),
-        repeats=p.repeats,
-        request=ctx.request,
-        run_dir=ctx.work_dir / NAME,
-        reuse=list(ctx.shared.values()) or None,
-        profile=p.profile,
-    )
+    return warmup_shapes(ctx.engine, **run_kwargs(ctx, p, NAME))
 
 
 def split(p: WarmupShapesParams) -> list[tuple[str, WarmupShapesParams]]:
@@ -211,18 +197,12 @@ def join(parts: list[ResultBundle], p: WarmupShapesParams) -> ResultBundle:
     Raises:
         ValueError: the parts do not cover ``p.warmup_frames`` in order (naming both).
     """
-    got = [w for b in parts for w in (b.meta.get("params") or {}).get("warmup_frames") or []]
-    if got != list(map(int, p.warmup_frames)):
-        raise ValueError(
-            f"{NAME}: parts measured warmup_frames {got}, the params ask for {list(p.warmup_frames)}"
-        )
-    coverage = [c for b in parts for c in b.results.get("coverage") or []]
+    params, coverage = join_params(parts, "warmup_frames", list(map(int, p.warmup_frames)), "coverage")
     results = {
         "coverage": coverage,
         "reused_launches": [x for b in parts for x in b.results.get("reused_launches") or []],
         "warm_across_warmups": warm_across_warmups(coverage),
     }
-    params = {**(parts[0].meta.get("params") or {}), "warmup_frames": list(map(int, p.warmup_frames))}
     # profiling: as unsplit, only the first uncovered pair's extra launch (the first part that
     # profiled); the other parts' traces are dropped
     profiled = next((b for b in parts if "warmup_frames" in (b.results.get("profiled") or {})), None)
@@ -273,21 +253,18 @@ def _first_request_error(bundle: ResultBundle) -> str | None:
 
 def check_bundle(bundle: ResultBundle) -> None:
     """Raise :class:`InvestigationError` when no coverage was measured or an entry failed."""
-    where = f"{NAME} ({bundle.path or 'bundle'})"
     cov = (bundle.results or {}).get("coverage") or []
     if not cov:
-        raise registry.InvestigationError(f"{where}: no coverage measured")
-    bad = [c for c in cov if c.get("error")]
+        raise registry.bundle_error(bundle, "no coverage measured")
+    bad = next((c for c in cov if c.get("error")), None)
     if bad:
-        raise registry.InvestigationError(
-            f"{where}: warmup {bad[0].get('warmup_frames')}f / request "
-            f"{bad[0].get('request_frames')}f failed: {bad[0]['error']}"
-        )
+        what = f"warmup {bad.get('warmup_frames')}f / request {bad.get('request_frames')}f"
+        raise registry.bundle_error(bundle, f"{what} failed: {bad['error']}")
     if not any(c.get("first_ms") is not None for c in cov):
-        raise registry.InvestigationError(
-            f"{where}: no request shape was measured (every entry lacks a first "
-            f"request and a warm one): "
-            f"{_first_request_error(bundle) or 'see the engine log'}"
+        raise registry.bundle_error(
+            bundle,
+            "no request shape was measured (every entry lacks a first request and a warm one): "
+            f"{_first_request_error(bundle) or 'see the engine log'}",
         )
 
 
@@ -331,8 +308,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 
 
 def _compiles(n: Any) -> str:
-    """``"1 compile"``, ``"3 compiles"``, ``"compiles not reported"`` (None: not measured, or
-    the engine reports no compile counts)."""
+    """``"1 compile"``, ``"3 compiles"``, ``"compiles not reported"``."""
     x = number(n)
     return f"compiles {NOT_REPORTED}" if x is None else f"{x:.0f} compile{'' if x == 1 else 's'}"
 
@@ -448,14 +424,14 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return out
 
 
-NOTEBOOK = cells.headline(NAME, "Coverage", keep="coverage") + (
+NOTEBOOK = parts.headline(NAME, "Coverage", keep="coverage") + (
     md(
         "## Why an uncovered shape pays: recompilation\n\n"
         "Each request that ran a shape first in its launch: its penalty over the warm median "
         "of the same shape in that launch, the stage holding most of it, and the "
         "recompilations it paid (count, compile time, the compiler's reason)."
     ),
-    code(cells.ROOT_CAUSE),
+    code(parts.ROOT_CAUSE),
     md(
         "## Below the stage: the first request of a new shape against a warm one\n\n"
         "With `profile` set, an extra launch with the warmup that did not cover a shape sends "
@@ -465,11 +441,11 @@ NOTEBOOK = cells.headline(NAME, "Coverage", keep="coverage") + (
         "invariant or gate here reads them. The diff names the ops the first request of the "
         "new shape spends its penalty in."
     ),
-    code(cells.BELOW_STAGE),
+    code(parts.BELOW_STAGE),
     md("## Every request: role and shape"),
-    code(cells.REQUESTS),
+    code(parts.REQUESTS),
     md("## Gate (covered shapes pay no setup)"),
-    code(cells.GATE_CELL),
+    code(parts.GATE_CELL),
     md("## First-request penalty by warmup shape and request shape"),
     code("show(plots.coverage_heatmap(coverage))"),
     md("## Which stage absorbs the penalty (first request − warm median, ms)"),
