@@ -23,6 +23,7 @@ from perfkit.investigations.warmup_shapes import NAME as WARMUP_SHAPES
 from perfkit.params import load_params, parse_params
 from perfkit.scaleout import executor as ex
 from perfkit.scaleout import shards
+from perfkit.scaleout.unit_outcome import UNIT_FILE
 from perfkit.scaleout.units import (
     DEFAULT_ESTIMATE_S,
     E2E_OVERHEAD_S,
@@ -232,7 +233,7 @@ def test_inprocess_executor_retries_and_reports_errors(tmp_path):
     assert "out of memory" in by["broken"].log_tail and "Traceback" in by["broken"].log_tail
     assert all(o.wall_s is not None and o.started_at <= o.ended_at for o in out)
     assert ("retry", "flaky") in events and events[-1] == ("finished", "broken")
-    doc = json.loads((tmp_path / "broken" / ex.UNIT_FILE).read_text())
+    doc = json.loads((tmp_path / "broken" / UNIT_FILE).read_text())
     assert doc["outcome"]["status"] == "error" and doc["unit"]["id"] == "broken"
     # without retries the flaky one fails
     calls.clear()

@@ -20,7 +20,7 @@ from perfkit.engine.spec import EngineSpec
 from perfkit.investigations import registry
 from perfkit.investigations.registry import RunContext
 from perfkit.measuring.progress import listening
-from perfkit.scaleout.unit_outcome import UNIT_FILE, OnEvent, RunUnit, UnitOutcome, write_unit_file  # noqa: F401
+from perfkit.scaleout.unit_outcome import OnEvent, RunUnit, UnitOutcome, newest_log_tail, write_unit_file
 from perfkit.scaleout.units import WorkUnit
 
 log = logging.getLogger(__name__)
@@ -84,23 +84,6 @@ def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
             shared.setdefault(part.investigation, bundle)
 
 
-def _log_tail(out_dir: Path, error_text: str) -> str:
-    """The traceback plus the end of the newest engine log under ``out_dir``."""
-    logs = (
-        sorted((p for p in out_dir.rglob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
-        if out_dir.exists()
-        else []
-    )
-    tail = error_text
-    if logs:
-        try:
-            text = logs[-1].read_text(errors="replace")
-            tail += f"\n--- {logs[-1].name} (end) ---\n" + text[-LOG_TAIL_CHARS:]
-        except OSError:
-            pass
-    return tail[-LOG_TAIL_CHARS:]
-
-
 def run_units_inprocess(
     units: Sequence[Mapping[str, Any] | WorkUnit],
     run_unit: RunUnit = run_unit,
@@ -150,13 +133,14 @@ def run_units_inprocess(
                     emit("retry", u.id, None)
                     continue
                 log.error("unit %s failed after %d attempt(s): %s", u.id, attempt, err)
+                tail = traceback.format_exc() + newest_log_tail(out_dir, LOG_TAIL_CHARS)
                 oc = UnitOutcome(
                     u.id,
                     "error",
                     out_dir=out_dir if out_dir.exists() else None,
                     attempts=attempt,
                     error=err,
-                    log_tail=_log_tail(out_dir, traceback.format_exc()),
+                    log_tail=tail[-LOG_TAIL_CHARS:],
                     host=host,
                 )
             oc.wall_s = round(time.monotonic() - wall0, 2)

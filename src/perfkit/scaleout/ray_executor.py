@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from perfkit.common import MissingExtra, require_extra
-from perfkit.scaleout.unit_outcome import OnEvent, RunUnit, UnitOutcome, write_unit_file
+from perfkit.scaleout.unit_outcome import OnEvent, RunUnit, UnitOutcome, newest_log_tail, write_unit_file
 
 log = logging.getLogger(__name__)
 
@@ -140,17 +140,6 @@ class _Sender:
             log.debug("progress events of %s not confirmed: %s", self.unit_id, exc)
 
 
-def _newest_log_tail(d: Path, chars: int = 4000) -> str:
-    """The end of the newest ``*.log`` under ``d`` (an engine's stdout/stderr), or ""."""
-    try:
-        logs = sorted((p for p in d.rglob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
-        if not logs:
-            return ""
-        return f"\n--- {logs[-1].relative_to(d)} (end) ---\n" + logs[-1].read_text(errors="replace")[-chars:]
-    except OSError:
-        return ""
-
-
 def _set_omp(value: str | None) -> None:
     if value is None:
         os.environ.pop("OMP_NUM_THREADS", None)
@@ -212,7 +201,7 @@ def run_one(
             _set_omp(ray_omp)
         ended = time.time()
         send.flush()
-        tail = "\n".join(handler.lines) + _newest_log_tail(out) if status == "error" else None
+        tail = "\n".join(handler.lines) + newest_log_tail(out) if status == "error" else None
         archive = pack_dir(out)
     return {
         "status": status,

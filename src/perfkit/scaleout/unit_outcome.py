@@ -57,6 +57,17 @@ class UnitOutcome:
         return d
 
 
+def newest_log_tail(d: Path, chars: int = 4000) -> str:
+    """The end of the newest ``*.log`` under ``d`` (an engine's stdout/stderr) under a header, or ""."""
+    try:
+        logs = sorted((p for p in d.rglob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
+        if not logs:
+            return ""
+        return f"\n--- {logs[-1].relative_to(d)} (end) ---\n" + logs[-1].read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
 def write_unit_file(out_dir: Path, unit: Mapping[str, Any], outcome: UnitOutcome) -> None:
     """``out_dir/unit.json``: the unit (its dict) and its outcome."""
     out_dir.mkdir(parents=True, exist_ok=True)
