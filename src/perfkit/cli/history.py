@@ -1,5 +1,5 @@
 """``perfkit history add|import|check|changes|confirm|site``: performance history across commits, thin
-wrappers over :mod:`perfkit.history.history_commands`, :func:`perfkit.bisect.bisect_command.run_confirm` and
+wrappers over :mod:`perfkit.history.history_commands`, :func:`perfkit.bisect.search.run_confirm` and
 :func:`perfkit.report.history_site.write_site`."""
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def history_changes(store: str, hardware: str | None, case: str | None, as_json:
     """List every change point (commit range, levels, change with its 95 % interval) and event."""
     import json
 
-    from perfkit.history.change_tables import changes_table
+    from perfkit.history.check import changes_table
     from perfkit.history.history_commands import changes
 
     data = _history_call(changes, store, hardware=hardware, case=case)
@@ -172,7 +172,7 @@ def history_changes(store: str, hardware: str | None, case: str | None, as_json:
 @probe_options
 def history_confirm(series: str, change: str, **kw: Any) -> None:
     """A/B the commits on either side of step CHANGE (its number, or a commit) of SERIES (CASE/METRIC)."""
-    from perfkit.bisect.bisect_command import run_confirm
+    from perfkit.bisect.search import run_confirm
 
     more = {"metric": kw["metric"], "hardware": kw["hardware"]}
     probe_run("confirm", run_confirm, kw, kw["store"], series, change, kw["repo"], **more)

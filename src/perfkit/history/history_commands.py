@@ -8,8 +8,7 @@ from typing import Any
 
 from perfkit.history import changepoints as cp
 from perfkit.history.check import CheckResult, check_runs, write_summary
-from perfkit.history.nightly import read_nightly
-from perfkit.history.runs import read_baseline_history, read_run
+from perfkit.history.runs import read_baseline_history, read_nightly, read_run
 from perfkit.history.store import AddResult, HistoryError, HistoryRun, add_runs, read_store
 
 
@@ -81,9 +80,9 @@ def changes(
     store: str | Path, *, hardware: str | None = None, case: str | None = None
 ) -> dict[str, list[dict[str, Any]]]:
     """``perfkit history changes``: every change point and event of the store's series
-    (:func:`perfkit.history.change_tables.changes`), of one hardware and/or case when given. Raises
+    (:func:`perfkit.history.check.changes`), of one hardware and/or case when given. Raises
     HistoryError when no series matches (nothing listed is never an empty success)."""
-    from perfkit.history.change_tables import changes as table
+    from perfkit.history.check import changes as table
 
     df = read_store(store, hardware=hardware)
     if case is not None:
