@@ -17,7 +17,7 @@ def _partition(kw: dict[str, Any], executor_options: dict[str, Any]) -> int:
     """``--partition I/N``: shard I's units into bundles and a shard manifest."""
     from perfkit.params import ParamsError
     from perfkit.scaleout.executor import ExecutorError
-    from perfkit.scaleout.manifest import MANIFEST
+    from perfkit.scaleout.merge import MANIFEST
     from perfkit.scaleout.shards import ShardInterrupted, run_shard
     from perfkit.scaleout.units import PartitionError, parse_partition
 
@@ -54,7 +54,7 @@ def _suite(kw: dict[str, Any]) -> int:
     from perfkit.params import ParamsError
     from perfkit.scaleout.executor import ExecutorError
     from perfkit.suite import run_suite, run_units_suite
-    from perfkit.suite.preflight import SuiteError
+    from perfkit.suite.execute import SuiteError
 
     if kw["address"] and kw["executor"] != "ray":
         fail(f"--address {kw['address']} is ignored: it is for --executor ray")

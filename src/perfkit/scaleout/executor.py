@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 #: characters of logs kept with an error outcome
 LOG_TAIL_CHARS = 4000
-#: ``--executor`` values: name -> module (in this package) holding ``run_units_<name>``
-EXECUTORS = {"inprocess": "executor", "ray": "ray_executor"}
+#: ``--executor`` values
+EXECUTORS = ("inprocess", "ray")
 
 
 class ExecutorError(ValueError):
@@ -157,31 +157,20 @@ def executor(name: str) -> Callable[..., list[UnitOutcome]]:
     retries=0, on_event=None, ...)``.
 
     Raises:
-        ExecutorError: an unknown name, or its module (or the package it needs, e.g. ``ray``)
-            is not installed; the message says what to install.
+        ExecutorError: an unknown name, or the package it needs (``ray``) is not installed; the
+            message says what to install.
     """
-    import importlib
-
     if name not in EXECUTORS:
         raise ExecutorError(f"--executor {name!r}: unknown executor; known: {', '.join(EXECUTORS)}")
     if name == "inprocess":
         return run_units_inprocess
-    modname = f"perfkit.scaleout.{EXECUTORS[name]}"
     try:
         require_extra(name, f"--executor {name}")
     except MissingExtra as exc:
         raise ExecutorError(str(exc)) from None
-    try:
-        mod = importlib.import_module(modname)
-    except ImportError as exc:
-        raise ExecutorError(
-            f"--executor {name}: {modname} cannot be imported ({exc}); "
-            f"install it with pip install 'perfkit[{name}]'"
-        ) from None
-    fn = getattr(mod, f"run_units_{name}", None)
-    if fn is None:
-        raise ExecutorError(f"--executor {name}: {modname} has no run_units_{name}")
-    return fn
+    from perfkit.scaleout.ray_executor import run_units_ray
+
+    return run_units_ray
 
 
 def progress_events(

@@ -235,16 +235,6 @@ def default_runtime_env(address: str | None = None) -> dict[str, Any]:
     return rt
 
 
-def _merge_env(base: dict[str, Any], extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in (extra or {}).items():
-        if k == "env_vars":
-            out["env_vars"] = {**out.get("env_vars", {}), **v}
-        else:
-            out[k] = v
-    return out
-
-
 def _error_of(exc: BaseException) -> tuple[str, str]:
     """(one-line error, log tail) of an exception raised by ``ray.get``: a task error names its
     cause (``RayTaskError(ModuleNotFoundError): ...``), a crash its kind (``WorkerCrashedError:
@@ -406,7 +396,8 @@ def _ray_session(
     if not ray.is_initialized():
         from perfkit.scaleout.executor import ExecutorError
 
-        env = _merge_env(default_runtime_env(address), runtime_env)
+        env, extra = default_runtime_env(address), dict(runtime_env or {})
+        env = {**env, **extra, "env_vars": {**env["env_vars"], **extra.get("env_vars", {})}}
         try:
             ray.init(address=address, runtime_env=env, log_to_driver=True)
         except (ConnectionError, RuntimeError, ValueError) as exc:

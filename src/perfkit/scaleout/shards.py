@@ -21,7 +21,7 @@ from perfkit.investigations import registry
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.scaleout.executor import executor as get_executor
 from perfkit.scaleout.executor import progress_events, run_unit
-from perfkit.scaleout.manifest import (  # noqa: F401 (re-exported)
+from perfkit.scaleout.merge import (  # noqa: F401 (re-exported)
     MANIFEST,
     MERGE_FILE,
     MERGED_DIR,
@@ -29,9 +29,9 @@ from perfkit.scaleout.manifest import (  # noqa: F401 (re-exported)
     TIERS,
     UNITS_DIR,
     concurrent_pairs,
+    merge_shards,
     params_hash,
 )
-from perfkit.scaleout.merge import merge_shards  # noqa: F401
 from perfkit.scaleout.unit_outcome import UnitOutcome
 from perfkit.scaleout.units import WorkUnit, partition, plan_units
 

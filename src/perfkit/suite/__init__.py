@@ -39,22 +39,20 @@ from perfkit.measuring.progress import RunBars, in_flight
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.scaleout.shards import select
 from perfkit.suite.execute import (
-    NotebookRun,
-    _env,
-    execute_notebook,
-    kernel_name,
-    notebook_parameters,
-    notebooks_dir,
-)
-from perfkit.suite.preflight import (
     NO_REPLAY_BUNDLE,
     NOT_MERGED,
     SCALEOUT,
+    NotebookRun,
     SuiteError,
+    _env,
     check_baseline_file,
     check_replay_identity,
     default_out,
+    execute_notebook,
+    kernel_name,
     link_latest,
+    notebook_parameters,
+    notebooks_dir,
     prepare_run_dir,
     replay_plan,
     run_plan,
@@ -360,8 +358,7 @@ def merge_runs(
         ParamsError: a bad ``params_path``. SuiteError: ``out`` holds another run (without
             ``force``), or nothing could be merged (no readable shard, no unit output).
     """
-    from perfkit.scaleout.manifest import MERGED_DIR
-    from perfkit.scaleout.merge import merge_shards
+    from perfkit.scaleout.merge import MERGED_DIR, merge_shards
 
     run_dir = Path(out).resolve()
     params = load_params(params_path, sets) if params_path else None
