@@ -144,9 +144,7 @@ IDENTITY_KEYS = ("commit", "perfkit version", "engine spec", "request", "engine 
 
 
 def _program(argv: Any) -> str | None:
-    """The engine program of an argv: the executable's file name and the tokens before the first
-    ``--option`` (``python -m perfkit.refengine``, ``sglang serve``); values and ports, which
-    an investigation varies per launch, are left out."""
+    """The executable's file name and the tokens before the first ``--option`` of an argv."""
     if not isinstance(argv, list) or not argv:
         return None
     out = [Path(str(argv[0])).name]
@@ -340,9 +338,7 @@ def _usable_shards(
     want_name: str,
     problems: list[str],
 ) -> dict[int, tuple[Path, dict[str, Any]]]:
-    """Shard index -> (dir, manifest) of the shards measured with ``the_params`` and the first
-    shard's partition (the first of a shard given twice); every other shard is a problem
-    appended to ``problems``, as is an interrupted one (still used)."""
+    """Shard index -> (dir, manifest) of the shards measured for this merge; others are problems."""
     ref_dir, ref = manifests[0]
     total = int(ref["partition"]["total"])
     by_index: dict[int, tuple[Path, dict[str, Any]]] = {}
@@ -381,8 +377,7 @@ def _usable_shards(
 def _shard_problems(
     by_index: dict[int, tuple[Path, dict[str, Any]]], ref: dict[str, Any], allow_mixed_commits: bool
 ) -> list[str]:
-    """The usable shards compared with each other (commit, perfkit version), and each shard of
-    the first one's partition that is missing, naming its units."""
+    """The usable shards against each other, and each missing shard naming its units."""
     total = int(ref["partition"]["total"])
     problems = identity_problems(
         [(f"shard {i}/{total} ({d})", _shard_identity(m)) for i, (d, m) in sorted(by_index.items())],
@@ -404,8 +399,7 @@ def _shard_identity(m: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class _Found:
-    """What the units' outputs hold: unit id -> outcome, part id -> bundle dir, (name, identity)
-    per part read, and part id -> {unit, shard, commit, perfkit_version[, notes]}."""
+    """What the units' outputs hold: outcomes, part dirs, identities, part info."""
 
     outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
     part_dirs: dict[str, Path] = field(default_factory=dict)
@@ -421,9 +415,7 @@ def _collect_unit(
     problems: list[str],
     notes: list[str],
 ) -> None:
-    """Read unit ``u``'s outcome and parts from its shard into ``found``; a missing or failed
-    outcome, a missing, unreadable or incomplete part and a part measured for another plan are
-    appended to ``problems``, honest older data (no plan, an additive table absent) to ``notes``."""
+    """Read unit ``u``'s outcome and parts into ``found``; problems and notes appended."""
     d, m = shard
     oc = next((o for o in m.get("outcomes") or [] if o.get("unit_id") == u.id), None)
     where = f"shard {u.shard}/{total} ({d})"
@@ -491,10 +483,7 @@ def _join_bundles(
     dest: Path,
     problems: list[str],
 ) -> dict[str, str]:
-    """Save each selected investigation's bundle (its parts joined by ``Investigation.join`` when split,
-    ``meta.scaleout`` stamped: units, parts, wall times, concurrency) to ``dest/<investigation>``;
-    investigation -> its dir. An investigation with a part missing is left out (already a problem); one
-    whose parts cannot be joined is a problem appended to ``problems``."""
+    """Save each selected investigation's (joined) bundle to ``dest/<investigation>``."""
     merged: dict[str, str] = {}
     for name in selected:
         s = registry.get(name)

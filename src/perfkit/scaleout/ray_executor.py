@@ -35,7 +35,7 @@ LOG_TAIL_LINES = 200
 
 
 def _import_ray():
-    from perfkit.scaleout.executor import ExecutorError
+    from perfkit.scaleout.shards import ExecutorError
 
     try:
         require_extra("ray", "the Ray executor")
@@ -112,9 +112,7 @@ def _gpus_here(ray: Any) -> tuple[list[str], list[str]]:
 
 
 class _Sender:
-    """Puts ``(event, unit id)`` on the driver's queue without waiting (a task blocked in
-    ``ray.get`` gives its CPUs back to Ray); :meth:`flush` waits for them once the unit is done.
-    Never raises."""
+    """Puts ``(event, unit id)`` on the driver's queue without waiting; never raises."""
 
     def __init__(self, events: Any, unit_id: str) -> None:
         self.events, self.unit_id, self.refs = events, unit_id, []
@@ -236,9 +234,7 @@ def default_runtime_env(address: str | None = None) -> dict[str, Any]:
 
 
 def _error_of(exc: BaseException) -> tuple[str, str]:
-    """(one-line error, log tail) of an exception raised by ``ray.get``: a task error names its
-    cause (``RayTaskError(ModuleNotFoundError): ...``), a crash its kind (``WorkerCrashedError:
-    The worker died unexpectedly ...``)."""
+    """(one-line error naming the cause or crash, log tail) of an exception of ``ray.get``."""
     text = str(exc).strip()
     name = type(exc).__name__
     cause = getattr(exc, "cause", None)
@@ -368,8 +364,7 @@ def run_units_ray(
 
 
 def _checked_ids(units: Sequence[Mapping[str, Any]], retries: int) -> list[str]:
-    """The units' ids; ValueError for ``retries`` < 0, a unit without ``id``, ids that are not
-    unique as directory names, or ``gpus`` that is not a non-negative int."""
+    """The units' ids; ValueError for a bad ``retries``, id or ``gpus``."""
     if retries < 0:
         raise ValueError(f"retries must be >= 0, got {retries}")
     ids = [str(u.get("id", "")) for u in units]
@@ -387,14 +382,9 @@ def _checked_ids(units: Sequence[Mapping[str, Any]], retries: int) -> list[str]:
 def _ray_session(
     ray: Any, address: str | None, runtime_env: Mapping[str, Any] | None
 ) -> tuple[bool, dict[str, Any] | None]:
-    """(whether Ray was started or joined here, so the caller shuts it down; the runtime_env
-    each task gets, None: the job's). Ray someone else initialised is used as it is.
-
-    Raises:
-        ExecutorError: Ray could not be started or joined.
-    """
+    """(whether Ray was started or joined here, each task's runtime_env); else ExecutorError."""
     if not ray.is_initialized():
-        from perfkit.scaleout.executor import ExecutorError
+        from perfkit.scaleout.shards import ExecutorError
 
         env, extra = default_runtime_env(address), dict(runtime_env or {})
         env = {**env, **extra, "env_vars": {**env["env_vars"], **extra.get("env_vars", {})}}

@@ -130,8 +130,7 @@ _UNIT = TypeAdapter(WorkUnit)
 
 
 def _gpus(params: SuiteParams) -> int:
-    """GPUs one launch of the params' engine takes: ``num_gpus`` (CFG parallel, sequence
-    parallel) when the spec has it, 1 on a CUDA device, 0 on CPU."""
+    """GPUs one launch of the params' engine takes: ``num_gpus``, 1 on a CUDA device, 0 on CPU."""
     eng = params.engine_spec()
     if str(getattr(eng, "device", "") or "").startswith("cpu"):
         return 0
@@ -142,8 +141,7 @@ def _gpus(params: SuiteParams) -> int:
 def _estimate(
     part_cases: Iterable[str], baseline: Mapping[str, Any] | None
 ) -> tuple[float | None, str | None]:
-    """(seconds, source) of a part's cases from a baseline document; (None, None) when any case
-    lacks both an estimate and an expected e2e (the caller falls back)."""
+    """(seconds, source) of a part's cases from a baseline; (None, None) when a case has none."""
     cases = list(part_cases)
     entries = (baseline or {}).get("scenarios") or {}
     if not cases or not entries:
