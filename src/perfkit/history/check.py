@@ -119,8 +119,7 @@ def judge(
 
 
 def _confirmed(history: Sequence[cp.Point], metric: str, settings: cp.Settings) -> bool:
-    """Whether the ``confirm_runs`` − 1 measured runs before this one were each a regression
-    against the runs before them (:func:`judge` with ``confirm_runs`` 1)."""
+    """Whether the ``confirm_runs`` − 1 measured runs before this one were each a regression."""
     need = settings.confirm_runs - 1
     prev = [i for i, p in enumerate(history) if p.value is not None][-need:] if need > 0 else []
     one = replace(settings, confirm_runs=1)

@@ -75,12 +75,7 @@ def _mtime(p: Path) -> datetime:
 
 
 def _commit(bundles: Mapping[str, ResultBundle], given: str | None, where: Path) -> str:
-    """``given``, else the one ``git_commit`` of the bundles' meta.json.
-
-    Raises:
-        HistoryError: no bundle names a commit, one names a non-string, or they name several
-            (e.g. a merge with ``--allow-mixed-commits``).
-    """
+    """``given``, else the one ``git_commit`` of the bundles' meta.json (else HistoryError)."""
     if given:
         return given
     commits: dict[str, list[str]] = {}

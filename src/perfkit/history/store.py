@@ -138,23 +138,22 @@ def write_parquet(table: pa.Table, final: Path) -> Path:
     return final
 
 
-def _files(store: Path) -> list[Path]:
+def _files(store: Path, pattern: str = "hw-*/*.parquet") -> list[Path]:
     """The store's files, without dot files (temporary files; pathlib's ``*`` matches them)."""
-    return sorted(f for f in store.glob("hw-*/*.parquet") if not f.name.startswith("."))
+    return sorted(f for f in store.glob(pattern) if not f.name.startswith("."))
 
 
-def _check_files(files: Sequence[Path]) -> None:
-    """Raise HistoryError (naming the file) unless each file is parquet with every column of
-    :data:`COLUMNS` in a compatible type."""
+def _check_files(files: Sequence[Path], columns: dict = COLUMNS, what: str = "history file") -> None:
+    """HistoryError (naming the file) unless each file is parquet with ``columns`` in kind."""
     for f in files:
         try:
             schema = pq.read_schema(f)
         except (pa.ArrowException, OSError) as exc:
-            raise HistoryError(f"{f}: not a history file (not parquet): {exc}") from None
-        missing = [c for c in COLUMNS if c not in schema.names]
+            raise HistoryError(f"{f}: not a {what} (not parquet): {exc}") from None
+        missing = [c for c in columns if c not in schema.names]
         if missing:
-            raise HistoryError(f"{f}: not a history file: missing column {missing[0]!r}")
-        for name, (want, _) in COLUMNS.items():
+            raise HistoryError(f"{f}: not a {what}: missing column {missing[0]!r}")
+        for name, (want, _) in columns.items():
             got = schema.field(name).type
             if not _same_kind(got, want):
                 raise HistoryError(
@@ -163,8 +162,7 @@ def _check_files(files: Sequence[Path]) -> None:
 
 
 def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
-    """``got`` reads as ``want`` without a change of meaning (a file rewritten by pandas:
-    large_string, int64, nanosecond timestamps); a number stored as text does not."""
+    """``got`` reads as ``want`` without a change of meaning (a pandas rewrite; not text)."""
     t = pa.types
     if t.is_string(want):
         return t.is_string(got) or t.is_large_string(got) or t.is_null(got)
@@ -420,19 +418,11 @@ def read_confirmations(store: str | Path) -> pd.DataFrame:
     Raises:
         HistoryError: a file that is not a confirmation file (names it).
     """
-    files = sorted(f for f in (Path(store) / CONFIRM_DIR).glob("*.parquet") if not f.name.startswith("."))
+    files = _files(Path(store), f"{CONFIRM_DIR}/*.parquet")
     if not files:
         return pd.DataFrame({k: pd.Series(dtype=object) for k in CONFIRM_COLUMNS})
-    tables = []
-    for f in files:
-        try:
-            t = pq.read_table(f)
-        except (pa.ArrowException, OSError) as exc:
-            raise HistoryError(f"{f}: not a confirmation file (not parquet): {exc}") from None
-        missing = [k for k in CONFIRM_COLUMNS if k not in t.column_names]
-        if missing:
-            raise HistoryError(f"{f}: not a confirmation file: missing column {missing[0]!r}")
-        tables.append(t.select(list(CONFIRM_COLUMNS)))
+    _check_files(files, CONFIRM_COLUMNS, "confirmation file")
+    tables = [pq.read_table(f, columns=list(CONFIRM_COLUMNS)) for f in files]
     return pa.concat_tables(tables).to_pandas().sort_values("time", kind="stable", ignore_index=True)
 
 
