@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from perfkit.common import MissingExtra, require_extra
-from perfkit.scaleout.unit_outcome import OnEvent, RunUnit, UnitOutcome, newest_log_tail, write_unit_file
+from perfkit.scaleout.unit_outcome import (
+    ExecutorError,
+    OnEvent,
+    RunUnit,
+    UnitOutcome,
+    newest_log_tail,
+    write_unit_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +42,6 @@ LOG_TAIL_LINES = 200
 
 
 def _import_ray():
-    from perfkit.scaleout.shards import ExecutorError
-
     try:
         require_extra("ray", "the Ray executor")
     except MissingExtra as exc:
@@ -384,8 +389,6 @@ def _ray_session(
 ) -> tuple[bool, dict[str, Any] | None]:
     """(whether Ray was started or joined here, each task's runtime_env); else ExecutorError."""
     if not ray.is_initialized():
-        from perfkit.scaleout.shards import ExecutorError
-
         env, extra = default_runtime_env(address), dict(runtime_env or {})
         env = {**env, **extra, "env_vars": {**env["env_vars"], **extra.get("env_vars", {})}}
         try:

@@ -25,6 +25,7 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import Watch, describe
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate import baseline as bl
+from perfkit.gate.baseline.files import atomic_write_text
 from perfkit.gate.run import resolve_baseline_file
 from perfkit.investigations import registry
 from perfkit.investigations.registry import RunContext
@@ -41,7 +42,14 @@ from perfkit.scaleout.merge import (  # noqa: F401 (re-exported)
     merge_shards,
     params_hash,
 )
-from perfkit.scaleout.unit_outcome import OnEvent, RunUnit, UnitOutcome, newest_log_tail, write_unit_file
+from perfkit.scaleout.unit_outcome import (  # noqa: F401 (ExecutorError re-exported)
+    ExecutorError,
+    OnEvent,
+    RunUnit,
+    UnitOutcome,
+    newest_log_tail,
+    write_unit_file,
+)
 from perfkit.scaleout.units import WorkUnit, partition, plan_units
 
 log = logging.getLogger(__name__)
@@ -51,10 +59,6 @@ log = logging.getLogger(__name__)
 LOG_TAIL_CHARS = 4000
 #: ``--executor`` values
 EXECUTORS = ("inprocess", "ray")
-
-
-class ExecutorError(ValueError):
-    """An executor that cannot be used (unknown name, its module or package missing): exit 2."""
 
 
 def _unit(unit: Mapping[str, Any] | WorkUnit) -> WorkUnit:
@@ -382,10 +386,8 @@ class ShardInterrupted(RuntimeError):
 
 
 def _write_manifest(out: Path, manifest: Mapping[str, Any]) -> None:
-    """Write ``out/shard.json`` whole or not at all (a temporary file, then a rename)."""
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(jsonsafe.dumps(manifest, indent=2, default=str) + "\n")
-    tmp.replace(out / MANIFEST)
+    """Write ``out/shard.json`` whole or not at all."""
+    atomic_write_text(out / MANIFEST, jsonsafe.dumps(manifest, indent=2, default=str) + "\n")
 
 
 def refresh_estimates(baseline_file: str | Path, sources: Iterable[str | Path]) -> dict[str, float]:

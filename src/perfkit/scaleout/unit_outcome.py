@@ -23,6 +23,10 @@ RunUnit = Callable[[Mapping[str, Any], Path], None]
 OnEvent = Callable[[str, str, "UnitOutcome | None"], None]
 
 
+class ExecutorError(ValueError):
+    """An executor that cannot be used (unknown name, its module or package missing): exit 2."""
+
+
 @dataclass
 class UnitOutcome:
     """One unit's result as the driver sees it (a manifest's outcome checked by :data:`OUTCOME`:
