@@ -33,6 +33,7 @@ from perfkit.bisect.probe import (
 )
 from perfkit.common.jsonsafe import finite
 from perfkit.common.outdirs import given_out_problem, stamped_dir
+from perfkit.gate.baseline.files import atomic_write_text
 from perfkit.history.changepoints import Step
 from perfkit.history.store import Confirmation, add_confirmation, find_step
 from perfkit.report.bisect import write_bisect_outputs
@@ -232,12 +233,8 @@ def _conclude(res: BisectResult, bad_known: bool) -> None:
             )
 
 
-def _save(res: BisectResult | ConfirmResult, out: Path, name: str = RESULT_FILE) -> Path:
-    p = out / name
-    tmp = p.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(res.to_dict(), indent=1, default=str), encoding="utf-8")
-    tmp.replace(p)
-    return p
+def _save(res: BisectResult | ConfirmResult, out: Path, name: str = RESULT_FILE) -> None:
+    atomic_write_text(out / name, json.dumps(res.to_dict(), indent=1, default=str))
 
 
 def ab_metric(store_metric: str) -> str:
