@@ -145,12 +145,6 @@ def run_build(command: str, cwd: Path, log_path: Path, timeout_s: float | None =
     return f"build {command!r} exited {p.returncode}" + (f": {last}" if last else "") + f" (log: {log_path})"
 
 
-#: a probe's verdict: ``bad`` (the A/B decided a regression of the metric), ``good`` (no change
-#: or an improvement), ``undecided`` (inconclusive at the maximum), ``error`` (a build or launch
-#: failed, or the metric was not measured)
-VERDICTS = ("bad", "good", "undecided", "error")
-
-
 @dataclass(frozen=True)
 class ProbeSetup:
     """How every probe is built and compared.
@@ -208,7 +202,9 @@ class Probe:
     Attributes:
         commit: the commit probed.
         position: its place in the range (1 = the first commit after the good one).
-        verdict: one of :data:`VERDICTS`.
+        verdict: ``bad`` (the A/B decided a regression of the metric), ``good`` (no change or an
+            improvement), ``undecided`` (inconclusive at the maximum), ``error`` (a build or
+            launch failed, or the metric was not measured).
         decision: the A/B decision of the metric (None when it did not run).
         ratio, low, high: B/A of the metric and its interval (fraction; None: not measured).
         launches: side -> launches run.
