@@ -182,8 +182,8 @@ def executor(name: str) -> Callable[..., list[UnitOutcome]]:
     retries=0, on_event=None, ...)``.
 
     Raises:
-        ExecutorError: an unknown name, or the package it needs (``ray``) is not installed; the
-            message says what to install.
+        ExecutorError: an unknown name, or its module (or the package it needs, e.g. ``ray``)
+            is not installed; the message says what to install.
     """
     if name not in EXECUTORS:
         raise ExecutorError(f"--executor {name!r}: unknown executor; known: {', '.join(EXECUTORS)}")
@@ -193,8 +193,13 @@ def executor(name: str) -> Callable[..., list[UnitOutcome]]:
         require_extra(name, f"--executor {name}")
     except MissingExtra as exc:
         raise ExecutorError(str(exc)) from None
-    from perfkit.scaleout.ray_executor import run_units_ray
-
+    try:
+        from perfkit.scaleout.ray_executor import run_units_ray
+    except ImportError as exc:
+        raise ExecutorError(
+            f"--executor {name}: perfkit.scaleout.ray_executor cannot be imported ({exc}); "
+            f"install it with pip install 'perfkit[{name}]'"
+        ) from None
     return run_units_ray
 
 
