@@ -248,12 +248,12 @@ def select(
     picked by ``only`` (when given) and of ``tier`` (when given).
 
     Raises:
-        ValueError: an unknown tier (naming the known ones); ParamsError (a ValueError): ``only``
+        ParamsError (a ValueError): an unknown tier (naming the known ones), ``only``
             names a disabled investigation (:meth:`SuiteParams.refuse_disabled`), or ``only`` and
             ``tier`` leave nothing selected (naming why each was left out).
     """
     if tier is not None and tier not in TIERS:
-        raise ValueError(f"--tier {tier!r}: unknown tier; known: {', '.join(TIERS)}")
+        raise ParamsError(f"--tier {tier!r}: unknown tier; known: {', '.join(TIERS)}")
     params.refuse_disabled(only)
     only_set = set(only) if only else None
     enabled = params.enabled()

@@ -103,7 +103,12 @@ def run_suite(
             raise ParamsError(f"{params_path}: engine: {exc}") from None
     new_default = out is None
     replay_dir = Path(replay).resolve() if replay else None
-    selected, skipped = _selection(params, params_path, only, tier, replay_dir, scaleout)
+    selected, skipped = select(params, only, tier)
+    if replay_dir is not None:  # investigations without a bundle skipped
+        check_replay_identity(replay_dir, selected, params, str(params_path))
+        for n in replay_plan(replay_dir, selected, allow_empty=scaleout is not None):
+            skipped[n] = NOT_MERGED if scaleout is not None else NO_REPLAY_BUNDLE
+            log.warning("--replay %s: no %s bundle: %s skipped", replay_dir, n, n)
     # a new default directory only once every check passed (a refused run leaves nothing)
     run_dir = (Path(out) if out else default_out(params.name)).resolve()
     prepare_run_dir(run_dir, force=force, replay_dir=replay_dir)
@@ -144,27 +149,6 @@ def run_suite(
     (run_dir / RUN_FILE).write_text(jsonsafe.dumps(jsonable(info), indent=2, default=str) + "\n")
     _write_report(report, run_dir, link=new_default, screenshot=screenshot)
     return SuiteResult(run_dir, code, status_word(code, verdicts), runs, verdicts)
-
-
-def _selection(
-    params: SuiteParams,
-    params_path: str | Path,
-    only: Iterable[str] | None,
-    tier: str | None,
-    replay_dir: Path | None,
-    scaleout: Mapping[str, Any] | None,
-) -> tuple[list[str], dict[str, str]]:
-    """(selected, skipped name -> reason), replays without a bundle skipped."""
-    try:
-        selected, skipped = select(params, only, tier)
-    except ValueError as exc:
-        raise ParamsError(str(exc)) from None
-    if replay_dir is not None:
-        check_replay_identity(replay_dir, selected, params, str(params_path))
-        for n in replay_plan(replay_dir, selected, allow_empty=scaleout is not None):
-            skipped[n] = NOT_MERGED if scaleout is not None else NO_REPLAY_BUNDLE
-            log.warning("--replay %s: no %s bundle: %s skipped", replay_dir, n, n)
-    return selected, skipped
 
 
 def _run_notebooks(
