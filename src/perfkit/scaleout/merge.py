@@ -104,12 +104,14 @@ def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
         for i, u in enumerate(doc["units"]):
             if not isinstance(u, dict):
                 raise ValueError(f"units[{i}] must be a mapping, got {u!r}")
+            if not isinstance(u.get("shard"), int) or isinstance(u.get("shard"), bool):
+                raise ValueError(
+                    f"units[{i}] ({u.get('id')}).shard must be an integer, got {u.get('shard')!r}"
+                )
             try:
-                unit = WorkUnit.from_dict(u)
+                WorkUnit.from_dict(u)
             except ValueError as exc:
                 raise ValueError(f"units[{i}].{exc}") from None
-            if not isinstance(u.get("shard"), int) or isinstance(u.get("shard"), bool):
-                raise ValueError(f"units[{i}] ({unit.id}).shard must be an integer, got {u.get('shard')!r}")
         outcomes = doc.get("outcomes") or []
         if not isinstance(outcomes, list) or not all(
             isinstance(o, dict) and o.get("unit_id") and o.get("status") in ("ok", "error") for o in outcomes
