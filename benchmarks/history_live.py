@@ -103,7 +103,7 @@ def judge(out: Path, runs: int, first_slow: int, hardware: str) -> dict[int, int
     """Store the runs one by one as commits run01..; check runs ``first_slow − 1`` and
     ``first_slow`` before storing them (``--confirm 1``); print every series' steps. Returns the exit codes."""
     from perfkit.history import changepoints as cp
-    from perfkit.history.history_commands import add, check
+    from perfkit.history.check import add, check
     from perfkit.history.store import read_store
     from perfkit.investigations import registry
 

@@ -4,7 +4,7 @@ Writes 10,000 sglang nightly comparison files (50 cases each, log-normal 2 % noi
 step in every fifth case at run 6,000, a 5× outlier every 997 runs, an error every 501 runs)
 to a temporary directory, then times, in this process:
 
-1. ``perfkit.history.history_commands.import_nightly`` (parse + validate every file, store them: one
+1. ``perfkit.history.check.import_nightly`` (parse + validate every file, store them: one
    parquet file),
 2. ``read_store`` (DuckDB over the store),
 3. ``changepoints.analyse_frame`` (50 series of 10,000 runs: outliers, Otava, intervals; in
@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="processes for the change points")
     a = ap.parse_args()
     from perfkit.history import changepoints as cp
-    from perfkit.history.history_commands import import_nightly
+    from perfkit.history.check import import_nightly
     from perfkit.history.store import ANALYSIS_COLUMNS, read_store
 
     with tempfile.TemporaryDirectory() as tmp:

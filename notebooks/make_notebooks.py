@@ -261,7 +261,7 @@ def history() -> nbformat.NotebookNode:
 from IPython.display import Markdown, display
 
 from perfkit.history import changepoints as cp
-from perfkit.history.history_commands import import_nightly
+from perfkit.history.check import import_nightly
 from perfkit.history.store import read_store
 from perfkit.report import show, tables
 from perfkit.report.history_site import series_context, trend_figure

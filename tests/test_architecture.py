@@ -275,7 +275,7 @@ def cli(*args):
     return [code, err.getvalue(), out.getvalue()[:200]]
 
 from perfkit.history import changepoints as cp
-from perfkit.scaleout.executor import ExecutorError, executor
+from perfkit.scaleout.shards import ExecutorError, executor
 try:
     cp.analyse([])
     analyse = "ran"

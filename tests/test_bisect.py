@@ -19,13 +19,10 @@ import yaml
 
 import fake_engine
 from perfkit.ab.sequential import Design
-from perfkit.bisect.bisect_command import run_confirm
-from perfkit.bisect.checkout import BisectError
-from perfkit.bisect.probe import ProbeSetup
-from perfkit.bisect.search import bisect, next_position
+from perfkit.bisect.probe import BisectError, ProbeSetup
+from perfkit.bisect.search import bisect, next_position, run_confirm
 from perfkit.cli import main
-from perfkit.history.confirmations import read_confirmations
-from perfkit.history.store import HistoryRun, Value, add_runs
+from perfkit.history.store import HistoryRun, Value, add_runs, read_confirmations
 from perfkit.report.history_site import write_bisect_outputs, write_site
 
 N_COMMITS, BAD_AT, BROKEN_BUILD_AT = 16, 11, 10

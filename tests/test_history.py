@@ -427,7 +427,7 @@ def test_an_oversized_nightly_file_is_refused_before_parsing(tmp_path: Path, cap
     import time
     import tracemalloc
 
-    from perfkit.history.nightly import read_nightly_file
+    from perfkit.history.runs import read_nightly_file
 
     r = {"case_id": "x", "framework": "sglang", "latency_s": 1.0, "error": None}
     doc = {"timestamp": "2026-07-01T00:00:00+00:00", "commit_sha": "abc", "run_id": "1"}

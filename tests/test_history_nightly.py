@@ -187,8 +187,8 @@ def test_the_default_waits_for_the_second_run_of_a_step(store: Path, tmp_path: P
 @pytest.fixture(scope="module")
 def replayed():
     """The 126 runs replayed day by day (about 30 s: 1,180 change point searches)."""
-    from perfkit.history.change_tables import replay
-    from perfkit.history.nightly import read_nightly
+    from perfkit.history.check import replay
+    from perfkit.history.runs import read_nightly
 
     return replay(read_nightly(NIGHTLY, "H100")).set_index("case")
 
@@ -303,7 +303,7 @@ def test_the_replay_has_fewer_false_alarms_than_the_5pct_rule(replayed):
 def test_the_docs_tables_are_generated_from_the_data(replayed):
     """Both blocks of docs/history-sglang-nightly.md are what the data give (the replay's from
     the fixture above, not computed twice)."""
-    from perfkit.history.change_tables import replay_markdown
+    from perfkit.history.check import replay_markdown
     from perfkit.report.figures import blocks, render_block
 
     text = (ROOT / "docs/history-sglang-nightly.md").read_text()

@@ -600,7 +600,7 @@ def test_a_key_given_twice_is_refused_in_bundles_performance_logs_and_nightly_fi
     import shutil
 
     from perfkit.bundle import ResultBundle, read_results
-    from perfkit.history.nightly import read_nightly_file
+    from perfkit.history.runs import read_nightly_file
     from perfkit.history.store import HistoryError
 
     root = Path(__file__).resolve().parents[1]

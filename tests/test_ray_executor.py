@@ -173,7 +173,7 @@ def test_bad_units_are_refused_before_ray(tmp_path):
 
 def test_without_ray_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
-    from perfkit.scaleout.executor import ExecutorError  # exit 2 in the CLI
+    from perfkit.scaleout.shards import ExecutorError  # exit 2 in the CLI
 
     with pytest.raises(ExecutorError, match=r"pip install 'perfkit\[ray\]'"):
         run_units_ray([{"id": "a", "gpus": 0}], _fail, tmp_path)

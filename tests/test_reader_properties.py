@@ -30,7 +30,7 @@ from perfkit.params import ParamsError, load_params
 from perfkit.readings import perfdump, records
 from perfkit.readings.engine_config import from_sglang_log
 from perfkit.report.rootcause import log_findings
-from perfkit.scaleout import manifest as shard_manifest
+from perfkit.scaleout import merge as shard_manifest
 from perfkit.scaleout import shards
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,7 +32,7 @@ from perfkit.investigations.offload_modes import NAME as OFFLOAD_MODES
 from perfkit.investigations.overhead import NAME as OVERHEAD
 from perfkit.investigations.warmup_shapes import NAME as WARMUP_SHAPES
 from perfkit.params import load_yaml
-from perfkit.scaleout import manifest as shard_manifest
+from perfkit.scaleout import merge as shard_manifest
 from perfkit.scaleout import shards
 from perfkit.suite import SCALEOUT
 

@@ -21,8 +21,8 @@ from perfkit.investigations.memory_budget import NAME as MEMORY_BUDGET
 from perfkit.investigations.offload_modes import NAME as OFFLOAD_MODES
 from perfkit.investigations.warmup_shapes import NAME as WARMUP_SHAPES
 from perfkit.params import load_params, parse_params
-from perfkit.scaleout import executor as ex
 from perfkit.scaleout import shards
+from perfkit.scaleout.unit_outcome import UNIT_FILE
 from perfkit.scaleout.units import (
     DEFAULT_ESTIMATE_S,
     E2E_OVERHEAD_S,
@@ -220,7 +220,7 @@ def test_inprocess_executor_retries_and_reports_errors(tmp_path):
 
     events = []
     units = [WorkUnit(id=i, parts=[]).to_dict() for i in ("fine", "flaky", "broken")]
-    out = ex.run_units_inprocess(
+    out = shards.run_units_inprocess(
         units, run_unit, tmp_path, retries=1, on_event=lambda *e: events.append(e[:2])
     )
     by = {o.unit_id: o for o in out}
@@ -232,18 +232,18 @@ def test_inprocess_executor_retries_and_reports_errors(tmp_path):
     assert "out of memory" in by["broken"].log_tail and "Traceback" in by["broken"].log_tail
     assert all(o.wall_s is not None and o.started_at <= o.ended_at for o in out)
     assert ("retry", "flaky") in events and events[-1] == ("finished", "broken")
-    doc = json.loads((tmp_path / "broken" / ex.UNIT_FILE).read_text())
+    doc = json.loads((tmp_path / "broken" / UNIT_FILE).read_text())
     assert doc["outcome"]["status"] == "error" and doc["unit"]["id"] == "broken"
     # without retries the flaky one fails
     calls.clear()
-    out = ex.run_units_inprocess(units[1:2], run_unit, tmp_path / "b")
+    out = shards.run_units_inprocess(units[1:2], run_unit, tmp_path / "b")
     assert out[0].status == "error" and out[0].attempts == 1
 
 
 def test_executor_lookup():
-    assert ex.executor("inprocess") is ex.run_units_inprocess
-    with pytest.raises(ex.ExecutorError, match="unknown executor"):
-        ex.executor("slurm")
+    assert shards.executor("inprocess") is shards.run_units_inprocess
+    with pytest.raises(shards.ExecutorError, match="unknown executor"):
+        shards.executor("slurm")
 
 
 def test_concurrent_pairs():
@@ -289,14 +289,14 @@ def test_one_progress_bar_over_launches(tmp_path):
 
     units = [WorkUnit(id="a", parts=[], launches=3), WorkUnit(id="b", parts=[], launches=2)]
     buf = io.StringIO()
-    on_event, close = ex.progress_events(units, file=buf)
+    on_event, close = shards.progress_events(units, file=buf)
 
     def run_unit(unit, out_dir):
         emit("launch_done", label="x")  # what track_requests emits at the end of each launch
         if unit["id"] == "b":
             raise RuntimeError("no")
 
-    ex.run_units_inprocess([u.to_dict() for u in units], run_unit, tmp_path, on_event=on_event)
+    shards.run_units_inprocess([u.to_dict() for u in units], run_unit, tmp_path, on_event=on_event)
     close()
     text = buf.getvalue()
     assert "5/5" in text and "1 failed" in text

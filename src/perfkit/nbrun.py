@@ -118,8 +118,8 @@ class RunDir:
 
 def run_dir_for(name: str, given: str | None) -> RunDir:
     """The run directory of notebook ``name``: ``given`` (``-p run_dir=``), else a new
-    ``outputs/<name>/<timestamp>/`` (made, empty, by :func:`perfkit.suite.preflight.default_out`)."""
-    from perfkit.suite.preflight import default_out, outputs_base
+    ``outputs/<name>/<timestamp>/`` (made, empty, by :func:`perfkit.suite.execute.default_out`)."""
+    from perfkit.suite.execute import default_out, outputs_base
 
     def outermost_new(top: Path) -> Path:
         while not top.parent.exists():

@@ -1,6 +1,10 @@
 """``perfkit bisect``: the first bad commit between a good and a bad one (first-parent positions
 1..n), a sequential A/B at each probe; undecided or failed probes skipped, never guessed. Ends
-found (exit 0), not reproduced (1), not decided (2): docs/history.md ("Search").
+found (exit 0), not reproduced (1), not decided (2): docs/history.md ("Search"). ``perfkit history
+confirm SERIES CHANGE``: an A/B between the commits either side of a history change point (before
+= A, after = B) on the series' metric; outcome confirmed (exit 0), not reproduced or undecided (1),
+error (2), stored next to the step: docs/history.md ("Confirm"). :func:`run_bisect` and
+:func:`run_confirm` are what the commands call (their outputs: :mod:`perfkit.report.history_site`).
 """
 
 from __future__ import annotations
@@ -8,13 +12,31 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from perfkit.bisect.checkout import BisectError, Commit, commit_range, worktree
-from perfkit.bisect.probe import Probe, ProbeSetup, compare, prepare
+from perfkit.ab.sequential import Design
+from perfkit.bisect.probe import (
+    BisectError,
+    Commit,
+    Probe,
+    ProbeSetup,
+    check_repo,
+    commit_info,
+    commit_range,
+    compare,
+    prepare,
+    resolve,
+    worktree,
+)
 from perfkit.common.jsonsafe import finite
+from perfkit.common.outdirs import given_out_problem, stamped_dir
+from perfkit.gate.baseline.files import atomic_write_text
+from perfkit.history.changepoints import Step
+from perfkit.history.store import Confirmation, add_confirmation, find_step
+from perfkit.report.history_site import write_bisect_outputs
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +44,11 @@ EXIT_FOUND = 0
 EXIT_NOT_REPRODUCED = 1
 EXIT_ERROR = 2
 
-#: the result file under the output directory
+#: the result files under the output directory
 RESULT_FILE = "bisect.json"
+CONFIRM_FILE = "confirm.json"
+#: a confirmation's outcome -> exit code
+CONFIRM_EXIT_CODES = {"confirmed": 0, "not reproduced": 1, "undecided": 1, "error": 2}
 
 
 @dataclass
@@ -97,20 +122,16 @@ def next_position(lo: int, hi: int, skipped: set[int]) -> int | None:
 
 
 def _probe(
-    repo: Path, commit: Commit, position: int, ref: Any, setup: ProbeSetup, out: Path, tmp: Path | None
+    repo: Path, commit: Commit, position: int, ref: Any, setup: ProbeSetup, d: Path, tmp: Path | None
 ) -> Probe:
-    """Check out, build and A/B one commit; a build or spec error is the probe's error."""
-    d = out / "probes" / f"{position:03d}-{commit.short}"
+    """Check out, build and A/B one commit into ``d``; a build or spec error is the probe's error."""
     d.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with worktree(repo, commit.sha, tmp) as checkout:
         try:
-            spec = prepare(checkout, setup, d)
+            p = compare(ref, prepare(checkout, setup, d), setup, d, commit, position)
         except BisectError as exc:
-            return Probe(
-                commit, position, "error", error=str(exc), out=str(d), wall_s=round(time.time() - t0, 1)
-            )
-        p = compare(ref, spec, setup, d, commit, position)
+            p = Probe(commit, position, "error", error=str(exc), out=str(d))
     p.wall_s = round(time.time() - t0, 1)
     return p
 
@@ -158,7 +179,10 @@ def bisect(
                 pos = n  # every probe so far was good: is the bad commit bad at all?
             if pos is None:
                 break
-            p = _probe(repo, commits[pos - 1], pos, ref, setup, out, Path(tmp) if tmp else None)
+            c = commits[pos - 1]
+            p = _probe(
+                repo, c, pos, ref, setup, out / "probes" / f"{pos:03d}-{c.short}", Path(tmp) if tmp else None
+            )
             res.probes.append(p)
             _save(res, out)
             if p.verdict == "bad":
@@ -209,9 +233,221 @@ def _conclude(res: BisectResult, bad_known: bool) -> None:
             )
 
 
-def _save(res: BisectResult, out: Path) -> Path:
-    p = out / RESULT_FILE
-    tmp = p.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(res.to_dict(), indent=1, default=str), encoding="utf-8")
-    tmp.replace(p)
-    return p
+def _save(res: BisectResult | ConfirmResult, out: Path, name: str = RESULT_FILE) -> None:
+    atomic_write_text(out / name, json.dumps(res.to_dict(), indent=1, default=str))
+
+
+def ab_metric(store_metric: str) -> str:
+    """The A/B metric of a store metric: ``<Stage>_ms`` -> ``<Stage>`` (e.g. DenoisingStage),
+    ``e2e_ms`` -> ``warm_e2e``, ``first_result_ms`` -> ``first_result``, ``avg_denoise_step_ms``
+    and ``median_denoise_step_ms`` -> ``denoising_step``.
+
+    Raises:
+        BisectError: a metric with no A/B counterpart (``--metric`` is then needed).
+    """
+    fixed = {
+        "e2e_ms": "warm_e2e",
+        "first_result_ms": "first_result",
+        "avg_denoise_step_ms": "denoising_step",
+        "median_denoise_step_ms": "denoising_step",
+    }
+    if store_metric in fixed:
+        return fixed[store_metric]
+    if store_metric.endswith("Stage_ms"):
+        return store_metric[: -len("_ms")]
+    raise BisectError(
+        f"the series' metric {store_metric!r} has no A/B counterpart: give --metric (e.g. DenoisingStage)"
+    )
+
+
+@dataclass
+class ConfirmResult:
+    """A confirmation: the series, its step, the A/B (one :class:`Probe`), the outcome."""
+
+    hardware: str
+    case_id: str
+    metric: str
+    step: Step
+    before: Commit
+    after: Commit
+    probe: Probe
+    outcome: str
+    message: str
+    setup: dict[str, Any]
+    stored: str = ""
+    repo: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        return CONFIRM_EXIT_CODES[self.outcome]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (shaped like ``bisect.json``: one probe)."""
+
+        s = self.step
+        keys = ("kind", "ratio", "low", "high", "mean_before", "mean_after", "n_before", "n_after")
+        step = {k: getattr(s, k) for k in keys} | {"before_run": s.before.run_id, "after_run": s.after.run_id}
+        return finite(
+            {
+                "kind": "confirm",
+                "outcome": self.outcome,
+                "exit_code": self.exit_code,
+                "message": self.message,
+                "repo": self.repo,
+                "series": {"hardware": self.hardware, "case_id": self.case_id, "metric": self.metric},
+                "step": step,
+                "good": self.before.to_dict(),
+                "bad": self.after.to_dict(),
+                "launches": sum(self.probe.launches.values()),
+                "probes": [{**self.probe.to_dict(), "commit": self.probe.commit.to_dict()}],
+                "setup": self.setup,
+                "stored": self.stored,
+            }
+        )
+
+
+def _outcome(step: Step, probe: Probe) -> str:
+    if probe.verdict in ("error", "undecided"):
+        return probe.verdict
+    return "confirmed" if probe.decision == step.kind else "not reproduced"
+
+
+def confirm(
+    store: str | Path,
+    series: str,
+    change: str,
+    repo: str | Path,
+    setup: ProbeSetup,
+    out: str | Path,
+    *,
+    hardware: str | None = None,
+    metric: str | None = None,
+    tmp: str | Path | None = None,
+) -> ConfirmResult:
+    """A/B the commits either side of step ``change`` of ``series`` on ``metric`` (else
+    :func:`ab_metric` of the series'; ``setup.metric`` is not read), store the outcome and
+    write ``out/confirm.json`` and the probe's A/B under ``out/probe/``.
+
+    Raises:
+        HistoryError: no such series or step.
+        BisectError: a commit of the step is not in ``repo``, the spec is bad, or the commit
+            before could not be built (nothing to compare with).
+    """
+    t0 = time.time()
+    out = Path(out)
+    analysis, step = find_step(store, series, change, hardware=hardware)
+    setup = replace(setup, metric=metric or ab_metric(analysis.metric))
+    repo = Path(repo).resolve()
+    check_repo(repo)
+    setup.require_varies()
+    shas = []
+    for p in (step.before, step.after):
+        try:
+            shas.append(resolve(repo, p.commit))
+        except BisectError:
+            raise BisectError(
+                f"{repo}: the step's commit {p.commit!r} (run {p.run_id}) is not in this repository"
+            ) from None
+    before, after = (commit_info(repo, s) for s in shas)
+    out.mkdir(parents=True, exist_ok=True)
+    tmpdir = Path(tmp) if tmp else None
+    with worktree(repo, before.sha, tmpdir) as bdir:
+        try:
+            ref = prepare(bdir, setup, out / "before")
+        except BisectError as exc:
+            raise BisectError(
+                f"the commit before the step {before.short} ({before.subject}): {exc}"
+            ) from None
+        probe = _probe(repo, after, 1, ref, setup, out / "probe", tmpdir)
+    probe.wall_s = round(time.time() - t0, 1)
+    outcome = _outcome(step, probe)
+    what = f"{analysis.case_id} {analysis.metric} {step.change_pct:+.1f} % ({step.kind}) between {before.short} and {after.short}"
+    iv = "" if probe.low is None else f" [{(probe.low - 1) * 100:+.1f} %, {(probe.high - 1) * 100:+.1f} %]"
+    ab = f"the A/B says {probe.decision or 'nothing'} on {setup.metric}" + (
+        f" ({(probe.ratio - 1) * 100:+.1f} %{iv})" if probe.ratio is not None else ""
+    )
+    tail = {"undecided": f"{ab}: {probe.reason}", "error": f"{probe.error}"}.get(outcome, ab)
+    message = f"{outcome}: {what}; {tail}"
+    a = analysis
+    res = ConfirmResult(
+        a.hardware, a.case_id, a.metric, step, before, after, probe, outcome, message, setup.to_dict(),
+        repo=str(repo),
+    )  # fmt: skip
+    c = Confirmation(
+        a.hardware, a.case_id, a.metric, step.before.commit, step.after.commit, step.kind, step.ratio,
+        outcome, setup.metric, probe.decision or "", probe.ratio, probe.low, probe.high, probe.launches,
+        probe.error or probe.reason, str(out), datetime.now(timezone.utc),
+    )  # fmt: skip
+    res.stored = str(add_confirmation(store, c))
+    _save(res, out, CONFIRM_FILE)
+    return res
+
+
+def make_setup(
+    spec: str | Path,
+    *,
+    metric: str | None = "DenoisingStage",
+    python_path: str | None = None,
+    build: str | None = None,
+    design: Design | None = None,
+    threshold: float = 0.05,
+    thresholds: dict[str, float] | None = None,
+    warm: int = 3,
+    build_timeout_s: float | None = None,
+) -> ProbeSetup:
+    """A :class:`ProbeSetup` from the command's options (``design`` None: 2 to 6 launches a
+    side, unpaired; ``thresholds``: per-metric, from ``--threshold-from``).
+
+    Raises:
+        BisectError: the spec file is missing.
+    """
+    if not Path(spec).is_file():
+        raise BisectError(
+            f"--spec {spec}: {'is a directory, not a file' if Path(spec).is_dir() else 'not found'}"
+        )
+    return ProbeSetup(
+        Path(spec), metric or "DenoisingStage", python_path, build, design or Design(2, 6), threshold,
+        warm, build_timeout_s, dict(thresholds or {}),
+    )  # fmt: skip
+
+
+def out_dir(given: str | None, kind: str) -> Path:
+    """``--out`` (refused when it is a file or a non-empty directory), else a new
+    ``outputs/<kind>/<timestamp>``.
+
+    Raises:
+        BisectError: ``--out`` is a file or a non-empty directory.
+    """
+    if given:
+        problem = given_out_problem(given)
+        if problem:
+            raise BisectError(f"--out {Path(given)} {problem}")
+        return Path(given)
+    return stamped_dir(Path("outputs") / kind)
+
+
+def run_bisect(repo: str | Path, good: str, bad: str, setup: ProbeSetup, out: Path) -> tuple[int, Path]:
+    """``perfkit bisect``: the search (:func:`perfkit.bisect.search.bisect`) and its outputs.
+    Returns (exit code, summary.md path). Raises BisectError for bad input."""
+    res = bisect(repo, good, bad, setup, out)
+    paths = write_bisect_outputs(res.to_dict(), out)
+    return res.exit_code, paths["summary"]
+
+
+def run_confirm(
+    store: str | Path,
+    series: str,
+    change: str,
+    repo: str | Path,
+    setup: ProbeSetup,
+    out: Path,
+    *,
+    metric: str | None = None,
+    hardware: str | None = None,
+) -> tuple[int, Path]:
+    """``perfkit history confirm``: the A/B across the step (:func:`confirm`,
+    on ``metric`` or the series' own, :func:`ab_metric`) and its outputs.
+    Returns (exit code, summary.md path). Raises BisectError or HistoryError for bad input."""
+    res = confirm(store, series, change, repo, setup, out, hardware=hardware, metric=metric)
+    paths = write_bisect_outputs(res.to_dict(), out)
+    return res.exit_code, paths["summary"]

@@ -227,7 +227,7 @@ _PROBE_OPTIONS = [
 
 
 def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The options ``perfkit bisect`` and ``perfkit history confirm`` share (perfkit.bisect.bisect_command.make_setup):
+    """The options ``perfkit bisect`` and ``perfkit history confirm`` share (perfkit.bisect.search.make_setup):
     the probe's build, then ``perfkit ab``'s decision options (a probe: 2 to 6 launches a side, 3 warm
     requests; still inconclusive at the maximum, the probe is undecided and skipped)."""
     more = [
@@ -240,8 +240,7 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def probe_run(kind: str, fn: Callable[..., Any], kw: dict[str, Any], *args: Any, **more: Any) -> None:
     """Build the probe setup from ``kw``, run ``fn(*args, setup, out, **more)``, print, exit."""
     from perfkit.ab.ab_command import AbInputError, parse_gate_metrics
-    from perfkit.bisect.bisect_command import make_setup, out_dir
-    from perfkit.bisect.checkout import BisectError
+    from perfkit.bisect.search import BisectError, make_setup, out_dir
     from perfkit.history.store import HistoryError
     from perfkit.stats import DEFAULT_THRESHOLD
 

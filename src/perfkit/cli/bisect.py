@@ -21,6 +21,6 @@ from perfkit.cli._ab_options import probe_options, probe_run
 @probe_options
 def bisect_command(**kw: Any) -> None:
     """The first bad commit between --good and --bad: an A/B against --good at each probe."""
-    from perfkit.bisect.bisect_command import run_bisect
+    from perfkit.bisect.search import run_bisect
 
     probe_run("bisect", run_bisect, kw, kw["repo"], kw["good"], kw["bad"])

@@ -1,5 +1,5 @@
 """``perfkit history add|import|check|changes|confirm|site``: performance history across commits, thin
-wrappers over :mod:`perfkit.history.history_commands`, :func:`perfkit.bisect.bisect_command.run_confirm` and
+wrappers over :mod:`perfkit.history.check`, :func:`perfkit.bisect.search.run_confirm` and
 :func:`perfkit.report.history_site.write_site`."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _added(res: Any) -> None:
 @click.option("--hardware", default=None, help="hardware label (default: what the run says)")
 def history_add(runs: tuple[str, ...], store: str, commit: str | None, hardware: str | None) -> None:
     """Store perfkit RUNS: suite or merged runs (baseline.json), A/B outputs (each side), bundles."""
-    from perfkit.history.history_commands import add
+    from perfkit.history.check import add
 
     _added(_history_call(add, store, runs, commit=commit, hardware=hardware))
 
@@ -79,7 +79,7 @@ def history_import(path: str, store: str, hardware: str | None, baselines: str |
     """Store sglang's nightly comparison files (a directory, a file or a ci-data-diffusion
     checkout), or with --baselines a perf_baselines file's versions across git history (a
     version that cannot be read is skipped with a note naming its commit)."""
-    from perfkit.history.history_commands import import_baselines, import_nightly
+    from perfkit.history.check import import_baselines, import_nightly
 
     if baselines:
         res, skipped = _history_call(import_baselines, store, path, baselines, hardware=hardware)
@@ -130,7 +130,7 @@ def history_check(
 ) -> None:
     """Is RUN (a perfkit run or a nightly comparison file) a new step against its series?"""
     from perfkit.history import changepoints as cp
-    from perfkit.history.history_commands import check
+    from perfkit.history.check import check
 
     kw["settings"] = cp.Settings(confirm_runs=confirm, min_step=min_step)
     res, summary = _history_call(check, store, run, out or None, **kw)  # hardware, commit, commit_url
@@ -149,10 +149,9 @@ def history_changes(store: str, hardware: str | None, case: str | None, as_json:
     """List every change point (commit range, levels, change with its 95 % interval) and event."""
     import json
 
-    from perfkit.history.change_tables import changes_table
-    from perfkit.history.history_commands import changes
+    from perfkit.history.check import changes_table, store_changes
 
-    data = _history_call(changes, store, hardware=hardware, case=case)
+    data = _history_call(store_changes, store, hardware=hardware, case=case)
     click.echo(json.dumps(data, indent=1) if as_json else changes_table(data))
 
 
@@ -172,7 +171,7 @@ def history_changes(store: str, hardware: str | None, case: str | None, as_json:
 @probe_options
 def history_confirm(series: str, change: str, **kw: Any) -> None:
     """A/B the commits on either side of step CHANGE (its number, or a commit) of SERIES (CASE/METRIC)."""
-    from perfkit.bisect.bisect_command import run_confirm
+    from perfkit.bisect.search import run_confirm
 
     more = {"metric": kw["metric"], "hardware": kw["hardware"]}
     probe_run("confirm", run_confirm, kw, kw["store"], series, change, kw["repo"], **more)

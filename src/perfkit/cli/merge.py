@@ -32,7 +32,7 @@ def merge_command(**kw: Any) -> None:
     become_subreaper()  # orphans below come back here
     from perfkit.params import ParamsError
     from perfkit.suite import merge_runs
-    from perfkit.suite.preflight import SuiteError
+    from perfkit.suite.execute import SuiteError
 
     try:
         res = merge_runs(

@@ -16,9 +16,8 @@ from perfkit.measure import investigations
 def _partition(kw: dict[str, Any], executor_options: dict[str, Any]) -> int:
     """``--partition I/N``: shard I's units into bundles and a shard manifest."""
     from perfkit.params import ParamsError
-    from perfkit.scaleout.executor import ExecutorError
-    from perfkit.scaleout.manifest import MANIFEST
-    from perfkit.scaleout.shards import ShardInterrupted, run_shard
+    from perfkit.scaleout.merge import MANIFEST
+    from perfkit.scaleout.shards import ExecutorError, ShardInterrupted, run_shard
     from perfkit.scaleout.units import PartitionError, parse_partition
 
     try:
@@ -52,9 +51,9 @@ def _suite(kw: dict[str, Any]) -> int:
 
     become_subreaper()  # orphans below come back here
     from perfkit.params import ParamsError
-    from perfkit.scaleout.executor import ExecutorError
+    from perfkit.scaleout.shards import ExecutorError
     from perfkit.suite import run_suite, run_units_suite
-    from perfkit.suite.preflight import SuiteError
+    from perfkit.suite.execute import SuiteError
 
     if kw["address"] and kw["executor"] != "ray":
         fail(f"--address {kw['address']} is ignored: it is for --executor ray")

@@ -235,16 +235,13 @@ def _outliers(y: np.ndarray, thr: float) -> list[tuple[int, float]]:
 
 
 def _step(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[float | None, float | None, float]:
-    """(low, high, p) of b against a: :func:`perfkit.stats.ratio_interval` on log values (None
-    ends with fewer than 2 values a side) and its Welch t-test p-value (NaN there)."""
+    """(low, high, p) of b against a on log values (None ends below 2 values a side, p NaN there)."""
     iv = stats.ratio_interval(a, b, confidence)
     return json_float(iv.low), json_float(iv.high), iv.pvalue
 
 
 def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
-    """Drop change points until every level has ``min_segment`` runs (a short one merges into
-    the nearer neighbour) and every step passes a Welch t-test on logs at ``max_pvalue`` (/ runs
-    / 100 beyond 100 runs), excludes "no change" and exceeds ``min_magnitude``; weakest first."""
+    """Drop change points, weakest first, until every level and step passes (docs/history.md)."""
     logv = np.log(vals)
     idx = list(idx)
     alpha = s.max_pvalue / max(1.0, vals.size / 100)
@@ -277,8 +274,7 @@ def _prune(vals: np.ndarray, idx: list[int], s: Settings) -> list[int]:
 
 
 def _restore_modes(y: np.ndarray, bounds: list[tuple[int, int]], out: dict[int, float], s: Settings) -> None:
-    """Drop from ``out`` the outliers inside a mode's interval of a two-mode level (``bounds``:
-    index ranges of ``y``, the log values; runs within ``P10 ± (P90 − P10)`` modelled)."""
+    """Drop from ``out`` the outliers inside a mode's interval of a two-mode level."""
     for a, b in bounds:
         seg, cands = y[a:b], [j for j in out if a <= j < b]
         if seg.size < 2 * s.min_segment or not cands:

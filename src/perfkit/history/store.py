@@ -1,7 +1,9 @@
 """The history store: one row per case × metric × hardware × commit × time, in parquet files
 (``STORE/hw-<hardware slug>/<digest>.parquet``, one per add, renamed into place under
 ``STORE/.lock``) that DuckDB reads; a run stored once, a missing value a NULL gap. Layout,
-rules and why not one DuckDB file: docs/history.md ("Store").
+rules and why not one DuckDB file: docs/history.md ("Store"). Confirmations of change points
+(``perfkit history confirm``) are stored beside the runs, ``STORE/confirmations/<digest>.parquet``,
+one file each (:data:`CONFIRM_COLUMNS`); a later confirmation of a step is another row.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +30,9 @@ import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
 from perfkit.common import require_extra
+
+if TYPE_CHECKING:
+    from perfkit.history import changepoints as cp
 
 log = logging.getLogger(__name__)
 
@@ -133,23 +138,22 @@ def write_parquet(table: pa.Table, final: Path) -> Path:
     return final
 
 
-def _files(store: Path) -> list[Path]:
+def _files(store: Path, pattern: str = "hw-*/*.parquet") -> list[Path]:
     """The store's files, without dot files (temporary files; pathlib's ``*`` matches them)."""
-    return sorted(f for f in store.glob("hw-*/*.parquet") if not f.name.startswith("."))
+    return sorted(f for f in store.glob(pattern) if not f.name.startswith("."))
 
 
-def _check_files(files: Sequence[Path]) -> None:
-    """Raise HistoryError (naming the file) unless each file is parquet with every column of
-    :data:`COLUMNS` in a compatible type."""
+def _check_files(files: Sequence[Path], columns: dict = COLUMNS, what: str = "history file") -> None:
+    """HistoryError (naming the file) unless each file is parquet with ``columns`` in kind."""
     for f in files:
         try:
             schema = pq.read_schema(f)
         except (pa.ArrowException, OSError) as exc:
-            raise HistoryError(f"{f}: not a history file (not parquet): {exc}") from None
-        missing = [c for c in COLUMNS if c not in schema.names]
+            raise HistoryError(f"{f}: not a {what} (not parquet): {exc}") from None
+        missing = [c for c in columns if c not in schema.names]
         if missing:
-            raise HistoryError(f"{f}: not a history file: missing column {missing[0]!r}")
-        for name, (want, _) in COLUMNS.items():
+            raise HistoryError(f"{f}: not a {what}: missing column {missing[0]!r}")
+        for name, (want, _) in columns.items():
             got = schema.field(name).type
             if not _same_kind(got, want):
                 raise HistoryError(
@@ -158,8 +162,7 @@ def _check_files(files: Sequence[Path]) -> None:
 
 
 def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
-    """``got`` reads as ``want`` without a change of meaning (a file rewritten by pandas:
-    large_string, int64, nanosecond timestamps); a number stored as text does not."""
+    """``got`` reads as ``want`` without a change of meaning (a pandas rewrite; not text)."""
     t = pa.types
     if t.is_string(want):
         return t.is_string(got) or t.is_large_string(got) or t.is_null(got)
@@ -331,3 +334,148 @@ def read_store(
             f"than this perfkit reads ({SCHEMA_VERSION})"
         )
     return df[cols].reset_index(drop=True)
+
+
+#: what an A/B between a step's commits can say
+OUTCOMES = ("confirmed", "not reproduced", "undecided", "error")
+#: the directory under the store
+CONFIRM_DIR = "confirmations"
+
+#: a confirmation's column -> (arrow type, doc)
+CONFIRM_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
+    "hardware": (pa.string(), "the series' hardware"),
+    "case_id": (pa.string(), "the series' case"),
+    "metric": (pa.string(), "the series' metric (store name, e.g. DenoisingStage_ms)"),
+    "before_commit": (pa.string(), "the step's last run before (commit)"),
+    "after_commit": (pa.string(), "the step's first run after (commit)"),
+    "step_kind": (pa.string(), "regression | improvement (from the history)"),
+    "step_ratio": (pa.float64(), "the history's level ratio after / before"),
+    "outcome": (pa.string(), "confirmed | not reproduced | undecided | error"),
+    "ab_metric": (pa.string(), "the A/B metric compared (e.g. DenoisingStage)"),
+    "ab_decision": (pa.string(), "the A/B decision of that metric (regression, no change, ...)"),
+    "ratio": (pa.float64(), "A/B ratio after / before (NULL: not measured)"),
+    "low": (pa.float64(), "its interval's low end"),
+    "high": (pa.float64(), "its interval's high end"),
+    "launches": (pa.string(), "JSON: launches run a side"),
+    "detail": (pa.string(), "why (the A/B's stop reason or the error)"),
+    "out": (pa.string(), "the confirmation's output directory"),
+    "time": (pa.timestamp("us", tz="UTC"), "when it was confirmed (UTC)"),
+}
+CONFIRM_SCHEMA = pa.schema([(k, t) for k, (t, _) in CONFIRM_COLUMNS.items()])
+
+
+@dataclass
+class Confirmation:
+    """One confirmation row (fields as :data:`CONFIRM_COLUMNS`; ``launches``: side -> launches run)."""
+
+    hardware: str
+    case_id: str
+    metric: str
+    before_commit: str
+    after_commit: str
+    step_kind: str
+    step_ratio: float
+    outcome: str
+    ab_metric: str
+    ab_decision: str
+    ratio: float | None
+    low: float | None
+    high: float | None
+    launches: dict[str, int]
+    detail: str
+    out: str
+    time: datetime
+
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {self.outcome!r}")
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or x != x else float(x)
+
+
+def add_confirmation(store: str | Path, c: Confirmation) -> Path:
+    """Store ``c`` as ``STORE/confirmations/<digest>.parquet``. Returns the file."""
+    store = Path(store)
+    row = {k: [getattr(c, k)] for k in CONFIRM_COLUMNS}
+    row["launches"] = [json.dumps(c.launches, sort_keys=True)]
+    row["time"] = [c.time.astimezone(timezone.utc)]
+    for k in ("ratio", "low", "high", "step_ratio"):
+        row[k] = [_num(getattr(c, k))]
+    table = pa.table(row, schema=CONFIRM_SCHEMA)
+    key = "\x1f".join([c.hardware, c.case_id, c.metric, c.before_commit, c.after_commit, c.time.isoformat()])
+    with _locked(store):
+        d = store / CONFIRM_DIR
+        d.mkdir(parents=True, exist_ok=True)
+        return write_parquet(table, d / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.parquet")
+
+
+def read_confirmations(store: str | Path) -> pd.DataFrame:
+    """Every confirmation of ``store`` (:data:`CONFIRM_COLUMNS`), oldest first; empty with the columns
+    when there is none.
+
+    Raises:
+        HistoryError: a file that is not a confirmation file (names it).
+    """
+    files = _files(Path(store), f"{CONFIRM_DIR}/*.parquet")
+    if not files:
+        return pd.DataFrame({k: pd.Series(dtype=object) for k in CONFIRM_COLUMNS})
+    _check_files(files, CONFIRM_COLUMNS, "confirmation file")
+    tables = [pq.read_table(f, columns=list(CONFIRM_COLUMNS)) for f in files]
+    return pa.concat_tables(tables).to_pandas().sort_values("time", kind="stable", ignore_index=True)
+
+
+def find_step(
+    store: str | Path, series: str, change: str, *, hardware: str | None = None
+) -> tuple[cp.Analysis, cp.Step]:
+    """The step ``change`` of ``series`` in ``store``.
+
+    Args:
+        series: ``CASE/METRIC`` (e.g. ``tiny/DenoisingStage_ms``; split at the last ``/``).
+        change: the step's number in the series (1 = its first step, in time order) or a
+            commit (a prefix of 4 or more hex digits) of the step's first run after (or its last
+            run before).
+        hardware: needed when the series is stored for several hardware.
+
+    Raises:
+        HistoryError: a malformed series, a series not in the store, several hardware without
+            ``hardware`` (those named), no such step (the series' steps named).
+    """
+    from perfkit.history import changepoints as cp
+
+    if "/" not in series:
+        raise HistoryError(f"series {series!r}: expected CASE/METRIC (e.g. tiny/DenoisingStage_ms)")
+    case_id, metric = series.rsplit("/", 1)
+    df = read_store(store, hardware=hardware)
+    df = df[(df["case_id"] == case_id) & (df["metric"] == metric)]
+    if df.empty:
+        raise HistoryError(
+            f"{store}: no series {series!r}" + (f" on hardware {hardware!r}" if hardware else "") + " stored"
+        )
+    hws = sorted(df["hardware"].unique())
+    if len(hws) > 1:
+        raise HistoryError(
+            f"series {series!r} is stored for several hardware ({', '.join(hws)}): give --hardware"
+        )
+    (analysis,) = cp.analyse_frame(df)
+    steps = analysis.steps
+    listed = (
+        "; ".join(
+            f"{i}: {s.before.commit[:10]} .. {s.after.commit[:10]} ({s.change_pct:+.1f} %)"
+            for i, s in enumerate(steps, 1)
+        )
+        or "none"
+    )
+    if change.isdigit() and len(change) < 4:
+        k = int(change)
+        if not 1 <= k <= len(steps):
+            raise HistoryError(f"series {series!r} has no step {k}; its steps: {listed}")
+        return analysis, steps[k - 1]
+    c = change.lower()
+    hits = [s for s in steps if s.after.commit.lower().startswith(c)] or [
+        s for s in steps if s.before.commit.lower().startswith(c)
+    ]
+    if len(c) < 4 or not hits:
+        raise HistoryError(f"series {series!r} has no step at commit {change!r}; its steps: {listed}")
+    return analysis, hits[0]

@@ -203,10 +203,10 @@ def render_block(block: Block, root: Path) -> str:
 def _history_nightly(block: Block, root: Path) -> str:
     """``kind=history-nightly`` / ``history-replay``: sglang's nightly files under ``src`` (H100):
     change points and outliers beside sglang's 5 %-over-last-3 alarms, or the runs replayed
-    through ``history check`` (:func:`perfkit.history.change_tables.replay`)."""
+    through ``history check`` (:func:`perfkit.history.check.replay`)."""
     from perfkit.history import changepoints as cp
-    from perfkit.history.change_tables import changes_markdown, replay, replay_markdown
-    from perfkit.history.nightly import read_nightly
+    from perfkit.history.check import changes_markdown, replay, replay_markdown
+    from perfkit.history.runs import read_nightly
     from perfkit.history.store import HistoryError, runs_frame
 
     try:

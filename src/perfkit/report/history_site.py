@@ -19,8 +19,7 @@ from perfkit.common.numfmt import change_text, number_text
 from perfkit.common.slugs import md_text
 from perfkit.history import changepoints as cp
 from perfkit.history.check import judge
-from perfkit.history.confirmations import read_confirmations
-from perfkit.history.store import HistoryError, read_store
+from perfkit.history.store import HistoryError, read_confirmations, read_store
 from perfkit.report.plots import alt_text, figure_to_png_bytes
 from perfkit.report.render import template_env, write_tool_outputs
 from perfkit.report.tables import format_table, markdown_table

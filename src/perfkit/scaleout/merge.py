@@ -1,10 +1,13 @@
-"""``perfkit merge``'s library: shard outputs joined into one run's bundles, every problem
-named (:func:`merge_shards`), and what a part or shard was measured with (:func:`part_identity`)
-and how they differ (:func:`identity_problems`); layout in docs/scale-out.md.
+"""``perfkit merge``'s library: the layout's names (:data:`MANIFEST`, :data:`UNITS_DIR`,
+:data:`MERGED_DIR`, :data:`MERGE_FILE`), the params digest (:func:`params_hash`), shard manifests
+read and checked, shard outputs joined into one run's bundles, every problem named
+(:func:`merge_shards`), and what a part or shard was measured with (:func:`part_identity`) and how
+they differ (:func:`identity_problems`); layout in docs/scale-out.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -12,24 +15,128 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import yaml
+from pydantic import ValidationError
 
 from perfkit.bundle import TABLES, ResultBundle, read_meta, redact
 from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
 from perfkit.common import jsonsafe
 from perfkit.investigations import registry
 from perfkit.params import ParamsError, SuiteParams
-from perfkit.scaleout.manifest import (
-    MERGE_FILE,
-    PLAN_NOT_RECORDED,
-    UNITS_DIR,
-    _params_from,
-    _read_manifest,
-    concurrent_pairs,
-    params_hash,
-)
-from perfkit.scaleout.units import WorkUnit
+from perfkit.scaleout.unit_outcome import OUTCOME
+from perfkit.scaleout.units import MAX_SHARDS, WorkUnit
 
 log = logging.getLogger(__name__)
+
+MANIFEST = "shard.json"
+UNITS_DIR = "units"
+MERGED_DIR = "merged"
+MERGE_FILE = "merge.json"
+TIERS = ("per-commit", "extra")
+#: the note on a part measured by a perfkit that did not record its plan (merged, not checked)
+PLAN_NOT_RECORDED = "plan not recorded: not checked"
+
+
+def params_hash(params: SuiteParams) -> str:
+    """sha256 of the validated params (canonical JSON): equal for the same settings whatever
+    the file's comments, key order or path, and whether a number was written 0 or 0.0 (a
+    value typed loosely, such as an invariant, keeps YAML's int but a manifest's float)."""
+    doc = json.dumps(_same_numbers(params.model_dump()), sort_keys=True, default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def _same_numbers(v: Any) -> Any:
+    """``v`` with every whole float as an int (0.0 -> 0), in nested dicts and lists."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, Mapping):
+        return {k: _same_numbers(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_same_numbers(x) for x in v]
+    return v
+
+
+def concurrent_pairs(outcomes: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+    """Pairs of unit ids whose last attempts overlapped in time (``started_at``/``ended_at``,
+    epoch seconds), sorted: [[a, b], ...] with a < b."""
+    spans = [
+        (str(o["unit_id"]), float(o["started_at"]), float(o["ended_at"]))
+        for o in outcomes
+        if o.get("started_at") is not None and o.get("ended_at") is not None
+    ]
+    pairs = []
+    for i, (a, s1, e1) in enumerate(spans):
+        for b, s2, e2 in spans[i + 1 :]:
+            if s1 < e2 and s2 < e1:
+                pairs.append(sorted([a, b]))
+    return sorted(pairs)
+
+
+def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
+    f = d / MANIFEST
+    if not f.is_file():
+        return None, f"{d}: not a shard output (no {MANIFEST})"
+    try:
+        doc = json.loads(f.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError included
+        return None, f"{f}: unreadable shard manifest ({exc})"
+    except RecursionError:
+        return None, f"{f}: unreadable shard manifest (nested too deeply)"
+    if not isinstance(doc, dict) or doc.get("kind") != "perfkit-shard":
+        return None, f"{f}: not a perfkit shard manifest"
+    missing = [k for k in ("partition", "params_sha256", "params", "units") if k not in doc]
+    part = doc.get("partition")
+    if missing or not isinstance(part, dict) or not {"index", "total"} <= set(part):
+        return (
+            None,
+            f"{f}: incomplete shard manifest (missing {', '.join(missing) or 'partition index/total'})",
+        )
+    # the shapes merge relies on, checked here so that a hand-edited file is a named problem
+    try:
+        for k in ("index", "total"):
+            if not isinstance(part[k], int) or isinstance(part[k], bool):
+                raise ValueError(f"partition.{k} must be an integer, got {part[k]!r}")
+        if not 1 <= part["index"] <= part["total"] <= MAX_SHARDS:
+            raise ValueError(
+                f"partition {part['index']}/{part['total']}: expected 1 <= index <= total <= {MAX_SHARDS}"
+            )
+        if not isinstance(doc["units"], list):
+            raise ValueError(f"units must be a list, got {type(doc['units']).__name__}")
+        for i, u in enumerate(doc["units"]):
+            if not isinstance(u, dict):
+                raise ValueError(f"units[{i}] must be a mapping, got {u!r}")
+            if not isinstance(u.get("shard"), int) or isinstance(u.get("shard"), bool):
+                raise ValueError(
+                    f"units[{i}] ({u.get('id')}).shard must be an integer, got {u.get('shard')!r}"
+                )
+            try:
+                WorkUnit.from_dict(u)
+            except ValueError as exc:
+                raise ValueError(f"units[{i}].{exc}") from None
+        outcomes = doc.get("outcomes") or []
+        if not isinstance(outcomes, list) or not all(
+            isinstance(o, dict) and o.get("unit_id") and o.get("status") in ("ok", "error") for o in outcomes
+        ):
+            raise ValueError("outcomes must be a list of mappings with unit_id and status ok|error")
+        for i, o in enumerate(outcomes):
+            try:
+                OUTCOME.validate_python(o)
+            except ValidationError as exc:
+                e = exc.errors()[0]
+                key = ".".join(str(x) for x in e["loc"])
+                raise ValueError(
+                    f"outcomes[{i}] ({o['unit_id']}).{key}: {e['msg']}, got {e.get('input')!r}"
+                ) from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+        return None, f"{f}: malformed shard manifest: {what}"
+    return doc, None
+
+
+def _params_from(manifest: Mapping[str, Any]) -> SuiteParams:
+    from perfkit.params import parse_params
+
+    return parse_params(manifest["params"], source=f"{manifest.get('params_file')} (from the shard manifest)")
+
 
 #: what merge.json's ``shards`` repeat of each shard's manifest
 _SHARD_KEYS = ("params_file", "params_sha256", "perfkit_commit", "perfkit_version", "executor", "wall_s")
@@ -39,9 +146,7 @@ IDENTITY_KEYS = ("commit", "perfkit version", "engine spec", "request", "engine 
 
 
 def _program(argv: Any) -> str | None:
-    """The engine program of an argv: the executable's file name and the tokens before the first
-    ``--option`` (``python -m perfkit.refengine``, ``sglang serve``); values and ports, which
-    an investigation varies per launch, are left out."""
+    """The executable's file name and the tokens before the first ``--option`` of an argv."""
     if not isinstance(argv, list) or not argv:
         return None
     out = [Path(str(argv[0])).name]
@@ -180,7 +285,14 @@ def merge_shards(
     for u in units:
         if u.shard in by_index:
             _collect_unit(u, by_index[u.shard], total, found, problems, notes)
-    problems += _part_identity_problems(found.identities, units, by_index, total, allow_mixed_commits)
+    if found.identities:  # every part against the first, and the first against its shard's manifest
+        if units and units[0].shard in by_index:
+            d0, m0 = by_index[units[0].shard]
+            first = (f"shard {units[0].shard}/{total} ({d0})", _shard_identity(m0))
+            problems += identity_problems(
+                [first, found.identities[0]], allow_mixed_commits=allow_mixed_commits
+            )
+        problems += identity_problems(found.identities, allow_mixed_commits=allow_mixed_commits)
     dest.mkdir(parents=True, exist_ok=True)
     pairs = concurrent_pairs(found.outcomes.values())
     merged = _join_bundles(
@@ -228,9 +340,7 @@ def _usable_shards(
     want_name: str,
     problems: list[str],
 ) -> dict[int, tuple[Path, dict[str, Any]]]:
-    """Shard index -> (dir, manifest) of the shards measured with ``the_params`` and the first
-    shard's partition (the first of a shard given twice); every other shard is a problem
-    appended to ``problems``, as is an interrupted one (still used)."""
+    """Shard index -> (dir, manifest) of the shards measured for this merge; others are problems."""
     ref_dir, ref = manifests[0]
     total = int(ref["partition"]["total"])
     by_index: dict[int, tuple[Path, dict[str, Any]]] = {}
@@ -269,8 +379,7 @@ def _usable_shards(
 def _shard_problems(
     by_index: dict[int, tuple[Path, dict[str, Any]]], ref: dict[str, Any], allow_mixed_commits: bool
 ) -> list[str]:
-    """The usable shards compared with each other (commit, perfkit version), and each shard of
-    the first one's partition that is missing, naming its units."""
+    """The usable shards against each other, and each missing shard naming its units."""
     total = int(ref["partition"]["total"])
     problems = identity_problems(
         [(f"shard {i}/{total} ({d})", _shard_identity(m)) for i, (d, m) in sorted(by_index.items())],
@@ -292,8 +401,7 @@ def _shard_identity(m: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class _Found:
-    """What the units' outputs hold: unit id -> outcome, part id -> bundle dir, (name, identity)
-    per part read, and part id -> {unit, shard, commit, perfkit_version[, notes]}."""
+    """What the units' outputs hold: outcomes, part dirs, identities, part info."""
 
     outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
     part_dirs: dict[str, Path] = field(default_factory=dict)
@@ -309,9 +417,7 @@ def _collect_unit(
     problems: list[str],
     notes: list[str],
 ) -> None:
-    """Read unit ``u``'s outcome and parts from its shard into ``found``; a missing or failed
-    outcome, a missing, unreadable or incomplete part and a part measured for another plan are
-    appended to ``problems``, honest older data (no plan, an additive table absent) to ``notes``."""
+    """Read unit ``u``'s outcome and parts into ``found``; problems and notes appended."""
     d, m = shard
     oc = next((o for o in m.get("outcomes") or [] if o.get("unit_id") == u.id), None)
     where = f"shard {u.shard}/{total} ({d})"
@@ -370,25 +476,6 @@ def _collect_unit(
         found.part_dirs[p.id] = pd_
 
 
-def _part_identity_problems(
-    identities: list[tuple[str, dict[str, Any]]],
-    units: list[WorkUnit],
-    by_index: dict[int, tuple[Path, dict[str, Any]]],
-    total: int,
-    allow_mixed_commits: bool,
-) -> list[str]:
-    """Every part against the first (:func:`identity_problems`), and the first against its
-    shard's manifest; ``identities`` is left as given."""
-    problems: list[str] = []
-    if identities:
-        ref_shard = by_index.get(units[0].shard) if units else None
-        if ref_shard is not None:
-            first = (f"shard {units[0].shard}/{total} ({ref_shard[0]})", _shard_identity(ref_shard[1]))
-            problems += identity_problems([first, identities[0]], allow_mixed_commits=allow_mixed_commits)
-        problems += identity_problems(identities, allow_mixed_commits=allow_mixed_commits)
-    return problems
-
-
 def _join_bundles(
     selected: list[str],
     units: list[WorkUnit],
@@ -398,10 +485,7 @@ def _join_bundles(
     dest: Path,
     problems: list[str],
 ) -> dict[str, str]:
-    """Save each selected investigation's bundle (its parts joined by ``Investigation.join`` when split,
-    ``meta.scaleout`` stamped: units, parts, wall times, concurrency) to ``dest/<investigation>``;
-    investigation -> its dir. An investigation with a part missing is left out (already a problem); one
-    whose parts cannot be joined is a problem appended to ``problems``."""
+    """Save each selected investigation's (joined) bundle to ``dest/<investigation>``."""
     merged: dict[str, str] = {}
     for name in selected:
         s = registry.get(name)

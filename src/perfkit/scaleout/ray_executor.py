@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from perfkit.common import MissingExtra, require_extra
-from perfkit.scaleout.unit_outcome import OnEvent, RunUnit, UnitOutcome, write_unit_file
+from perfkit.scaleout.unit_outcome import (
+    ExecutorError,
+    OnEvent,
+    RunUnit,
+    UnitOutcome,
+    newest_log_tail,
+    write_unit_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +42,6 @@ LOG_TAIL_LINES = 200
 
 
 def _import_ray():
-    from perfkit.scaleout.executor import ExecutorError
-
     try:
         require_extra("ray", "the Ray executor")
     except MissingExtra as exc:
@@ -112,9 +117,7 @@ def _gpus_here(ray: Any) -> tuple[list[str], list[str]]:
 
 
 class _Sender:
-    """Puts ``(event, unit id)`` on the driver's queue without waiting (a task blocked in
-    ``ray.get`` gives its CPUs back to Ray); :meth:`flush` waits for them once the unit is done.
-    Never raises."""
+    """Puts ``(event, unit id)`` on the driver's queue without waiting; never raises."""
 
     def __init__(self, events: Any, unit_id: str) -> None:
         self.events, self.unit_id, self.refs = events, unit_id, []
@@ -138,17 +141,6 @@ class _Sender:
             ray.wait(self.refs, num_returns=len(self.refs), timeout=timeout_s)
         except Exception as exc:  # noqa: BLE001
             log.debug("progress events of %s not confirmed: %s", self.unit_id, exc)
-
-
-def _newest_log_tail(d: Path, chars: int = 4000) -> str:
-    """The end of the newest ``*.log`` under ``d`` (an engine's stdout/stderr), or ""."""
-    try:
-        logs = sorted((p for p in d.rglob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
-        if not logs:
-            return ""
-        return f"\n--- {logs[-1].relative_to(d)} (end) ---\n" + logs[-1].read_text(errors="replace")[-chars:]
-    except OSError:
-        return ""
 
 
 def _set_omp(value: str | None) -> None:
@@ -212,7 +204,7 @@ def run_one(
             _set_omp(ray_omp)
         ended = time.time()
         send.flush()
-        tail = "\n".join(handler.lines) + _newest_log_tail(out) if status == "error" else None
+        tail = "\n".join(handler.lines) + newest_log_tail(out) if status == "error" else None
         archive = pack_dir(out)
     return {
         "status": status,
@@ -246,20 +238,8 @@ def default_runtime_env(address: str | None = None) -> dict[str, Any]:
     return rt
 
 
-def _merge_env(base: dict[str, Any], extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in (extra or {}).items():
-        if k == "env_vars":
-            out["env_vars"] = {**out.get("env_vars", {}), **v}
-        else:
-            out[k] = v
-    return out
-
-
 def _error_of(exc: BaseException) -> tuple[str, str]:
-    """(one-line error, log tail) of an exception raised by ``ray.get``: a task error names its
-    cause (``RayTaskError(ModuleNotFoundError): ...``), a crash its kind (``WorkerCrashedError:
-    The worker died unexpectedly ...``)."""
+    """(one-line error naming the cause or crash, log tail) of an exception of ``ray.get``."""
     text = str(exc).strip()
     name = type(exc).__name__
     cause = getattr(exc, "cause", None)
@@ -389,8 +369,7 @@ def run_units_ray(
 
 
 def _checked_ids(units: Sequence[Mapping[str, Any]], retries: int) -> list[str]:
-    """The units' ids; ValueError for ``retries`` < 0, a unit without ``id``, ids that are not
-    unique as directory names, or ``gpus`` that is not a non-negative int."""
+    """The units' ids; ValueError for a bad ``retries``, id or ``gpus``."""
     if retries < 0:
         raise ValueError(f"retries must be >= 0, got {retries}")
     ids = [str(u.get("id", "")) for u in units]
@@ -408,16 +387,10 @@ def _checked_ids(units: Sequence[Mapping[str, Any]], retries: int) -> list[str]:
 def _ray_session(
     ray: Any, address: str | None, runtime_env: Mapping[str, Any] | None
 ) -> tuple[bool, dict[str, Any] | None]:
-    """(whether Ray was started or joined here, so the caller shuts it down; the runtime_env
-    each task gets, None: the job's). Ray someone else initialised is used as it is.
-
-    Raises:
-        ExecutorError: Ray could not be started or joined.
-    """
+    """(whether Ray was started or joined here, each task's runtime_env); else ExecutorError."""
     if not ray.is_initialized():
-        from perfkit.scaleout.executor import ExecutorError
-
-        env = _merge_env(default_runtime_env(address), runtime_env)
+        env, extra = default_runtime_env(address), dict(runtime_env or {})
+        env = {**env, **extra, "env_vars": {**env["env_vars"], **extra.get("env_vars", {})}}
         try:
             ray.init(address=address, runtime_env=env, log_to_driver=True)
         except (ConnectionError, RuntimeError, ValueError) as exc:

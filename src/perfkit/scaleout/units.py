@@ -7,10 +7,11 @@ Ray task) and the merged bundles equal those of one unsplit run; estimates after
 from __future__ import annotations
 
 import logging
-import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Annotated, Any, Iterable, Literal, Mapping
+
+from pydantic import AliasChoices, Field, TypeAdapter, ValidationError
 
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.gate.run import case_namer
@@ -26,6 +27,8 @@ DEFAULT_ESTIMATE_S = 300.0
 E2E_OVERHEAD_S = 120.0
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+#: a count in a manifest: an integer >= 0 (not a bool, not "1")
+_Count = Annotated[int, Field(strict=True, ge=0)]
 
 
 class PartitionError(ValueError):
@@ -47,11 +50,13 @@ class Part:
         reuses: ids of the parts whose launch it reuses (empty when it launches its own).
     """
 
-    investigation: str
-    key: str | None
-    params: dict[str, Any]
-    launches: int = 1
-    requests: int = 0
+    investigation: Annotated[
+        str, Field(min_length=1, validation_alias=AliasChoices("investigation", "scenario"))
+    ]
+    key: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    launches: _Count = 1
+    requests: _Count = 0
     case_ids: tuple[str, ...] = ()
     reuses: tuple[str, ...] = ()
 
@@ -77,15 +82,15 @@ class WorkUnit:
         engine, request: the engine spec and request fields every part runs with.
     """
 
-    id: str
+    id: Annotated[str, Field(min_length=1)]
     parts: list[Part]
-    launches: int = 0
-    requests: int = 0
-    gpus: int = 0
-    tier: str = "per-commit"
-    estimate_s: float = DEFAULT_ESTIMATE_S
+    launches: _Count = 0
+    requests: _Count = 0
+    gpus: _Count = 0
+    tier: Literal["per-commit", "extra"] = "per-commit"
+    estimate_s: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0)] = DEFAULT_ESTIMATE_S
     estimate_source: str = "default"
-    shard: int | None = None
+    shard: Annotated[int, Field(strict=True, ge=1)] | None = None
     engine: dict[str, Any] = field(default_factory=dict)
     request: dict[str, Any] = field(default_factory=dict)
 
@@ -111,88 +116,21 @@ class WorkUnit:
             KeyError: a required key (``id``, ``parts``, a part's ``investigation``) is missing.
             ValueError: a field of the wrong type or range, naming it (``parts[1].launches``).
         """
-        if not isinstance(d, Mapping):
-            raise ValueError(f"is {type(d).__name__}, expected a mapping")
-        uid = d["id"]
-        if not isinstance(uid, str) or not uid:
-            raise ValueError(f"id: {uid!r} is not a unit id")
-        if not isinstance(d["parts"], list):
-            raise ValueError(f"parts: {type(d['parts']).__name__}, expected a list")
-        parts = []
-        for i, p in enumerate(d["parts"]):
-            if not isinstance(p, Mapping):
-                raise ValueError(f"parts[{i}]: {p!r} is not a mapping")
-            where = f"parts[{i}]"
-            scen = p["investigation"] if "investigation" in p or "scenario" not in p else p["scenario"]
-            if not isinstance(scen, str) or not scen:
-                raise ValueError(f"{where}.investigation: {scen!r} is not an investigation name")
-            key = p.get("key")
-            if key is not None and not isinstance(key, str):
-                raise ValueError(f"{where}.key: {key!r} is not a string")
-            parts.append(
-                Part(
-                    investigation=scen,
-                    key=key,
-                    params=_mapping(p.get("params"), f"{where}.params"),
-                    launches=_count(p.get("launches", 1), f"{where}.launches"),
-                    requests=_count(p.get("requests", 0), f"{where}.requests"),
-                    case_ids=_strings(p.get("case_ids"), f"{where}.case_ids"),
-                    reuses=_strings(p.get("reuses"), f"{where}.reuses"),
-                )
-            )
-        keep: dict[str, Any] = {}
-        for k in ("launches", "requests", "gpus"):
-            if k in d:
-                keep[k] = _count(d[k], k)
-        if "tier" in d:
-            if d["tier"] not in ("per-commit", "extra"):
-                raise ValueError(f"tier: {d['tier']!r} is not per-commit or extra")
-            keep["tier"] = d["tier"]
-        if "estimate_s" in d:
-            v = d["estimate_s"]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"estimate_s: {v!r} is not a finite number of seconds >= 0")
-            keep["estimate_s"] = float(v)
-        if "estimate_source" in d:
-            if not isinstance(d["estimate_source"], str):
-                raise ValueError(f"estimate_source: {d['estimate_source']!r} is not a string")
-            keep["estimate_source"] = d["estimate_source"]
-        if d.get("shard") is not None:
-            v = d["shard"]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"shard must be an integer >= 1, got {v!r}")
-            keep["shard"] = v
-        for k in ("engine", "request"):
-            if k in d:
-                keep[k] = _mapping(d[k], k)
-        return cls(id=uid, parts=parts, **keep)
+        try:
+            return _UNIT.validate_python(d)
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            if e["type"] == "missing":
+                raise KeyError(e["loc"][-1]) from None
+            where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in e["loc"]).lstrip(".")
+            raise ValueError(f"{where or 'unit'}: {e['msg']}, got {e.get('input')!r}") from None
 
 
-def _count(v: Any, where: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"{where}: {v!r} is not a count (an integer >= 0)")
-    return v
-
-
-def _mapping(v: Any, where: str) -> dict[str, Any]:
-    if v is None:
-        return {}
-    if not isinstance(v, Mapping):
-        raise ValueError(f"{where}: {v!r} is not a mapping")
-    return dict(v)
-
-
-def _strings(v: Any, where: str) -> tuple[str, ...]:
-    if v is None:
-        return ()
-    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
-        raise ValueError(f"{where}: {v!r} is not a list of strings")
-    return tuple(v)
+_UNIT = TypeAdapter(WorkUnit)
 
 
 def _gpus(params: SuiteParams) -> int:
-    """GPUs one launch of the params' engine takes: ``num_gpus`` (CFG parallel, sequence
-    parallel) when the spec has it, 1 on a CUDA device, 0 on CPU."""
+    """GPUs one launch of the params' engine takes: ``num_gpus``, 1 on a CUDA device, 0 on CPU."""
     eng = params.engine_spec()
     if str(getattr(eng, "device", "") or "").startswith("cpu"):
         return 0
@@ -203,8 +141,7 @@ def _gpus(params: SuiteParams) -> int:
 def _estimate(
     part_cases: Iterable[str], baseline: Mapping[str, Any] | None
 ) -> tuple[float | None, str | None]:
-    """(seconds, source) of a part's cases from a baseline document; (None, None) when any case
-    lacks both an estimate and an expected e2e (the caller falls back)."""
+    """(seconds, source) of a part's cases from a baseline; (None, None) when a case has none."""
     cases = list(part_cases)
     entries = (baseline or {}).get("scenarios") or {}
     if not cases or not entries:

@@ -39,22 +39,20 @@ from perfkit.measuring.progress import RunBars, in_flight
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.scaleout.shards import select
 from perfkit.suite.execute import (
-    NotebookRun,
-    _env,
-    execute_notebook,
-    kernel_name,
-    notebook_parameters,
-    notebooks_dir,
-)
-from perfkit.suite.preflight import (
     NO_REPLAY_BUNDLE,
     NOT_MERGED,
     SCALEOUT,
+    NotebookRun,
     SuiteError,
+    _env,
     check_baseline_file,
     check_replay_identity,
     default_out,
+    execute_notebook,
+    kernel_name,
     link_latest,
+    notebook_parameters,
+    notebooks_dir,
     prepare_run_dir,
     replay_plan,
     run_plan,
@@ -105,7 +103,12 @@ def run_suite(
             raise ParamsError(f"{params_path}: engine: {exc}") from None
     new_default = out is None
     replay_dir = Path(replay).resolve() if replay else None
-    selected, skipped = _selection(params, params_path, only, tier, replay_dir, scaleout)
+    selected, skipped = select(params, only, tier)
+    if replay_dir is not None:  # investigations without a bundle skipped
+        check_replay_identity(replay_dir, selected, params, str(params_path))
+        for n in replay_plan(replay_dir, selected, allow_empty=scaleout is not None):
+            skipped[n] = NOT_MERGED if scaleout is not None else NO_REPLAY_BUNDLE
+            log.warning("--replay %s: no %s bundle: %s skipped", replay_dir, n, n)
     # a new default directory only once every check passed (a refused run leaves nothing)
     run_dir = (Path(out) if out else default_out(params.name)).resolve()
     prepare_run_dir(run_dir, force=force, replay_dir=replay_dir)
@@ -121,7 +124,7 @@ def run_suite(
     ]
     kern = kernel_name()
     t_start = time.monotonic()
-    _run_notebooks(runs, names, _Where(nb_dir, run_dir, replay_dir), params, spec, kern, progress)
+    _run_notebooks(runs, names, nb_dir, run_dir, replay_dir, params, spec, kern, progress)
     order = {n: i for i, n in enumerate(notebook_names())}
     runs.sort(key=lambda r: order.get(r.name, 99))
     if problems := list((scaleout or {}).get("problems") or []):
@@ -148,54 +151,49 @@ def run_suite(
     return SuiteResult(run_dir, code, status_word(code, verdicts), runs, verdicts)
 
 
-def _selection(
-    params: SuiteParams,
-    params_path: str | Path,
-    only: Iterable[str] | None,
-    tier: str | None,
-    replay_dir: Path | None,
-    scaleout: Mapping[str, Any] | None,
-) -> tuple[list[str], dict[str, str]]:
-    """(selected investigations, skipped name -> reason): ``only`` and ``tier`` applied, and on a
-    replay the investigations without a bundle skipped (:data:`NOT_MERGED` in a merge, else
-    :data:`NO_REPLAY_BUNDLE`). Raises ParamsError or SuiteError as :func:`run_suite`."""
-    try:
-        selected, skipped = select(params, only, tier)
-    except ValueError as exc:
-        raise ParamsError(str(exc)) from None
-    if replay_dir is not None:
-        check_replay_identity(replay_dir, selected, params, str(params_path))
-        for n in replay_plan(replay_dir, selected, allow_empty=scaleout is not None):
-            skipped[n] = NOT_MERGED if scaleout is not None else NO_REPLAY_BUNDLE
-            log.warning("--replay %s: no %s bundle: %s skipped", replay_dir, n, n)
-    return selected, skipped
-
-
-@dataclass(frozen=True)
-class _Where:
-    """Where a suite's notebooks come from and go: the notebooks directory, the run directory,
-    the replay directory (None: a measuring run)."""
-
-    nb_dir: Path
-    run_dir: Path
-    replay_dir: Path | None
-
-
 def _run_notebooks(
     runs: list[NotebookRun],
     names: list[str],
-    where: _Where,
+    nb_dir: Path,
+    run_dir: Path,
+    replay_dir: Path | None,
     params: SuiteParams,
     spec: EngineSpec,
     kern: str,
     progress: bool,
 ) -> None:
-    """Run the notebooks ``names`` in order, appending each one's :class:`NotebookRun` to
-    ``runs``, with the suite's bars and (when measuring) the reaper of what the kernels start.
-    Ctrl-C or SIGTERM stops the loop: the notebook under way is an error, the rest skipped."""
+    """Run ``names`` in order into ``runs``; Ctrl-C or SIGTERM: the one under way an error."""
     from tqdm.std import tqdm
 
-    run_dir, replay_dir = where.run_dir, where.replay_dir
+    def run_one(name: str) -> NotebookRun | None:  # None: interrupted (Ctrl-C or SIGTERM)
+        src, dst = nb_dir / f"{name}.ipynb", run_dir / "notebooks" / f"{name}.ipynb"
+        if not src.exists():
+            return NotebookRun(
+                name, status="error", error=f"notebook {src} not found", ename="FileNotFoundError"
+            )
+        # a stale verdict from an earlier run in the same directory must not count
+        (run_dir / name / VERDICT_FILE).unlink(missing_ok=True)
+        log.info("running %s", src)
+        try:
+            r = execute_owned(
+                src,
+                dst,
+                notebook_parameters(name, params, run_dir, replay_dir),
+                bars,
+                run_plan(params, [name])[1] if replay_dir is None else 0,
+                grace_s=spec.stop_grace_s,
+                in_flight_error=True,
+                cwd=run_dir,
+                timeout_s=params.timeout_s,
+                kernel=kern,
+            )
+        except KeyboardInterrupt:
+            return None
+        if r.status == "ok" and read_verdict(run_dir / name) is None:
+            r.status, r.ename = "error", "MissingVerdict"
+            r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"
+        return r
+
     # the bars write to a copy of the terminal's stderr: fd 2 goes to kernel logs meanwhile
     bar_file = os.fdopen(os.dup(2), "w") if progress else sys.stderr
     it = tqdm(names, desc="perfkit suite", unit="notebook", disable=not progress, file=bar_file)
@@ -207,7 +205,7 @@ def _run_notebooks(
     try:
         for name in it:
             it.set_postfix_str(name)
-            r = _run_notebook(name, where, params, spec, kern, bars)
+            r = run_one(name)
             if r is None:
                 # Ctrl-C or SIGTERM (CI cancel): the kernel is shut down, its engine follows it
                 # (launch's parent-death signal); stop here, but still write the report (exit 2)
@@ -232,43 +230,6 @@ def _run_notebooks(
         stop_reaper(reaper)
     bars.close()
     it.close()
-
-
-def _run_notebook(
-    name: str, where: _Where, params: SuiteParams, spec: EngineSpec, kern: str, bars: RunBars
-) -> NotebookRun | None:
-    """Run one notebook into ``RUN/notebooks/``, ending what its kernel left running; its run
-    record (an error when the notebook is missing, its kernel stopped mid-launch or it wrote no
-    verdict), or None when interrupted (Ctrl-C or SIGTERM) while it ran."""
-    run_dir, replay_dir = where.run_dir, where.replay_dir
-    src = where.nb_dir / f"{name}.ipynb"
-    dst = run_dir / "notebooks" / f"{name}.ipynb"
-    if not src.exists():
-        return NotebookRun(name, status="error", error=f"notebook {src} not found", ename="FileNotFoundError")
-    # a stale verdict from an earlier run in the same directory must not count
-    stale = run_dir / name / VERDICT_FILE
-    if stale.exists():
-        stale.unlink()
-    log.info("running %s", src)
-    try:
-        r = execute_owned(
-            src,
-            dst,
-            notebook_parameters(name, params, run_dir, replay_dir),
-            bars,
-            run_plan(params, [name])[1] if replay_dir is None else 0,
-            grace_s=spec.stop_grace_s,
-            in_flight_error=True,
-            cwd=run_dir,
-            timeout_s=params.timeout_s,
-            kernel=kern,
-        )
-    except KeyboardInterrupt:
-        return None
-    if r.status == "ok" and read_verdict(run_dir / name) is None:
-        r.status, r.ename = "error", "MissingVerdict"
-        r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"
-    return r
 
 
 def execute_owned(
@@ -310,8 +271,7 @@ def execute_owned(
 
 
 def _write_report(report: Any, run_dir: Path, *, link: bool, screenshot: bool) -> None:
-    """summary.md (appended to ``$GITHUB_STEP_SUMMARY`` when set), report.html, the ``latest``
-    link (``link``: a new default directory) and report.png (``screenshot``, best effort)."""
+    """summary.md (and ``$GITHUB_STEP_SUMMARY``), report.html, the ``latest`` link, report.png."""
     summary = report.write_summary(run_dir)
     gh = os.environ.get("GITHUB_STEP_SUMMARY")
     if gh:
@@ -331,8 +291,7 @@ def _write_report(report: Any, run_dir: Path, *, link: bool, screenshot: bool) -
 
 
 def _shown_path(path: Path) -> str:
-    """``path`` relative to the perfkit checkout when inside it (what a committed report should
-    show), else absolute."""
+    """``path`` relative to the perfkit checkout when inside it, else absolute."""
     try:
         return str(path.resolve().relative_to(repo_root().resolve()))
     except ValueError:
@@ -360,8 +319,7 @@ def merge_runs(
         ParamsError: a bad ``params_path``. SuiteError: ``out`` holds another run (without
             ``force``), or nothing could be merged (no readable shard, no unit output).
     """
-    from perfkit.scaleout.manifest import MERGED_DIR
-    from perfkit.scaleout.merge import merge_shards
+    from perfkit.scaleout.merge import MERGED_DIR, merge_shards
 
     run_dir = Path(out).resolve()
     params = load_params(params_path, sets) if params_path else None
@@ -420,8 +378,8 @@ def run_units_suite(
         ParamsError, SuiteError: as :func:`merge_runs`. ExecutorError: unknown or missing
             executor (e.g. ``ray`` without ``perfkit[ray]``).
     """
-    from perfkit.scaleout.executor import executor as get_executor
     from perfkit.scaleout.shards import ShardInterrupted, run_shard
+    from perfkit.scaleout.shards import executor as get_executor
 
     params = load_params(params_path, sets)
     check_baseline_file(params, params_path)
