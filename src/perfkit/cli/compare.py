@@ -63,6 +63,10 @@ def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bo
     if nothing_compared(df) or status == "skipped":
         print(f"compare: ERROR: nothing compared (no case of {run} is in {baseline})")
         return EXIT_ERROR
+    compared = any(r.status in ("pass", "fail", "improved") and r.metric != "metrics compared" for r in rows)
+    if not compared and any(r.reason.endswith("every metric was skipped") for r in rows):
+        print(f"compare: ERROR: nothing compared (every metric of {baseline} for {run} is null or skipped)")
+        return EXIT_ERROR
     print(f"compare: {status.upper()}")
     return EXIT_REGRESSION if status == "fail" else EXIT_OK
 

@@ -203,13 +203,26 @@ def run_hardware(run_dir: str | Path) -> str:
     except (OSError, bl.BaselineError):
         pass
     try:
-        sp = yaml.safe_load((run_dir / "params.yaml").read_text()) or {}
-        hw = (sp.get("baseline") or {}).get("hardware")
+        hw = (_run_params(run_dir).get("baseline") or {}).get("hardware")
         if hw:
             return str(hw)
-    except (OSError, yaml.YAMLError, AttributeError):
+    except (OSError, ValueError, AttributeError):
         pass
     return _hardware(load_run_bundles(run_dir))
+
+
+def _run_params(run_dir: Path) -> dict[str, Any]:
+    """A run's params.yaml ({} when absent). Raises ValueError naming the file: not YAML, not a mapping."""
+    p = run_dir / "params.yaml"
+    if not p.exists():
+        return {}
+    try:
+        sp = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{p}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(sp, dict):
+        raise ValueError(f"{p}: top level must be a mapping, got {type(sp).__name__}")
+    return sp
 
 
 def _hardware(bundles: Mapping[str, ResultBundle]) -> str:
@@ -225,11 +238,10 @@ def _hardware(bundles: Mapping[str, ResultBundle]) -> str:
 
 def run_cases(run_dir: str | Path) -> dict[str, dict[str, Any]]:
     """Case id -> case entry for a finished run: its baseline.json's, else its bundles' named
-    with its params.yaml's engine and request."""
+    with its params.yaml's engine and request. Raises ValueError naming an unreadable params.yaml."""
     run_dir = Path(run_dir)
     if (run_dir / "baseline.json").exists():
         return dict(bl.load_baseline(run_dir / "baseline.json").get("scenarios") or {})
-    p = run_dir / "params.yaml"
-    sp = (yaml.safe_load(p.read_text()) if p.exists() else None) or {}
+    sp = _run_params(run_dir)
     cases = bundle_cases(load_run_bundles(run_dir), sp.get("engine") or {}, sp.get("request") or {})
     return {c: bl.from_bundle(b, c) for c, b in cases.items()}
