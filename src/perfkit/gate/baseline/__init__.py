@@ -7,7 +7,7 @@ other modules use of them is re-exported here. Times in ms, memory in MiB.
 # ruff: noqa: F401 (the public API, re-exported)
 from __future__ import annotations
 
-from perfkit.gate.baseline.compare import check_overlap, compare, improvement_snippets
+from perfkit.gate.baseline.compare import check_overlap, compare
 from perfkit.gate.baseline.derive import baseline_from_bundles, entry_from_records, from_bundle, set_case
 from perfkit.gate.baseline.files import (
     BaselineError,

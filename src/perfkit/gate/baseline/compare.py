@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +19,10 @@ from perfkit.gate.baseline.rules import (
     SCALAR_TIMING_METRICS,
     TOP_LEVEL_CASE_MAPS,
     StageClassifier,
-    _classifier,
     _metric_rule,
     _number_problem,
     bound,
+    classify_stage,
     tolerance_profile,
 )
 
@@ -85,14 +85,14 @@ def compare(
     profile: str = "pr_test",
     strict: bool = False,
     *,
-    stage_classes: StageClassifier | Mapping[str, str] | None = None,
+    stage_classes: Mapping[str, str] | None = None,
     video: bool = True,
     threshold: float | None = None,
 ) -> list[Check]:
     """Check a run against a baseline with sglang's rule: a metric passes when ``actual <=
     max(expected * (1 + tol), expected + pad)`` (:mod:`~perfkit.gate.baseline.rules`; nulls as
-    docs/sglang.md says). Stage classes: :func:`classify_stage` unless ``stage_classes`` (a
-    callable, or name -> class with the default rules as fallback) says otherwise.
+    docs/sglang.md says). Stage classes: :func:`classify_stage` unless ``stage_classes`` (name
+    -> class) says otherwise.
 
     Args:
         run: case id -> case entry (:func:`from_bundle`'s); ms and MiB.
@@ -123,7 +123,12 @@ def compare(
             "the baseline's" if given is not None else "sglang's default: the baseline gives none"
         )
         threshold = float(DEFAULT_IMPROVEMENT_THRESHOLD if given is None else given)
-    rule = _Rule(profile, tols, _classifier(stage_classes), video, threshold, threshold_from)
+    classes = dict(stage_classes or {})
+
+    def classify(name: str) -> str:
+        return classes.get(name) or classify_stage(name)
+
+    rule = _Rule(profile, tols, classify, video, threshold, threshold_from)
     rows: list[Check] = []
     for case, entry in run.items():
         expected = _expected_metrics(baseline, case)
@@ -277,18 +282,3 @@ def check_overlap(
             f"numbers are only comparable on the same hardware"
         ]
     return [], []
-
-
-def improvement_snippets(rows: Iterable[Check]) -> dict[str, dict[str, Any]]:
-    """Merge the snippets of ``improved`` rows per case: case id -> fragment to paste."""
-    out: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        if r.status != "improved" or not r.snippet:
-            continue
-        dst = out.setdefault(r.case, {})
-        for k, v in r.snippet.items():
-            if isinstance(v, dict):
-                dst.setdefault(k, {}).update(v)
-            else:
-                dst[k] = v
-    return out

@@ -20,8 +20,7 @@ from perfkit.gate.baseline.rules import (
     MS_DECIMALS,
     S_DECIMALS,
     TOP_LEVEL_CASE_MAPS,
-    StageClassifier,
-    _classifier,
+    classify_stage,
 )
 from perfkit.readings.engine_config import effective_config
 from perfkit.readings.records import parse_lines
@@ -59,7 +58,6 @@ def from_bundle(
     case_id: str,
     step_fractions: Iterable[float] | None = None,
     launch: str | None = None,
-    stage_classes: StageClassifier | Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Derive one case entry (sglang layout) from a bundle's tables.
 
@@ -92,7 +90,6 @@ def from_bundle(
             request's stage or step ``ms`` is null (the message names the file and column).
     """
     fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
-    classify = _classifier(stage_classes)
     req = bundle.measured_requests(launch)
     if req.empty:
         where = f" in launch {launch!r}" if launch is not None else ""
@@ -103,7 +100,7 @@ def from_bundle(
     launch_col = pd.Series([k[0] for k in _keys(req)], index=req.index, dtype=object)
     keys = set(_keys(req))
     entry: dict[str, Any] = {"stages_ms": _worst_stages_ms(bundle, keys)}
-    step_ms, avgs, medians = _denoise_steps(bundle, keys, classify, fractions)
+    step_ms, avgs, medians = _denoise_steps(bundle, keys, fractions)
     entry["denoise_step_ms"] = {str(i): round(v, MS_DECIMALS) for i, v in sorted(step_ms.items())}
 
     e2e = _max(req["e2e_ms"]) if "e2e_ms" in req else None
@@ -167,7 +164,7 @@ def _worst_stages_ms(bundle: ResultBundle, keys: set[tuple[Any, str]]) -> dict[s
 
 
 def _denoise_steps(
-    bundle: ResultBundle, keys: set[tuple[Any, str]], classify: StageClassifier, fractions: list[float]
+    bundle: ResultBundle, keys: set[tuple[Any, str]], fractions: list[float]
 ) -> tuple[dict[int, float], list[float], list[float]]:
     """(worst ms per sampled step index, per-request mean step ms, per-request median step ms)
     from the steps of denoise stages (``DenoisingStage`` when present, else any ``denoise`` class)."""
@@ -176,8 +173,8 @@ def _denoise_steps(
         names = steps["stage"].fillna("").astype(str)
         if (names == "DenoisingStage").any():
             steps = steps[names == "DenoisingStage"]
-        elif names.map(lambda s: classify(s) == "denoise").any():
-            steps = steps[names.map(lambda s: classify(s) == "denoise")]
+        elif (denoise := names.map(lambda s: classify_stage(s) == "denoise")).any():
+            steps = steps[denoise]
     step_ms: dict[int, float] = {}
     avgs: list[float] = []
     medians: list[float] = []
@@ -276,37 +273,14 @@ def set_case(doc: dict[str, Any], case_id: str, entry: Mapping[str, Any]) -> dic
     return doc
 
 
-def baseline_from_bundles(
-    cases: Mapping[str, ResultBundle] | Iterable[tuple[str, ResultBundle]],
-    hardware: str | None = None,
-    *,
-    tolerances: Mapping[str, Mapping[str, float]] | None = None,
-    step_fractions: Iterable[float] | None = None,
-    launch: str | None = None,
-    description: str | None = None,
-    model: str = "Diffusion Server",
-) -> dict[str, Any]:
-    """Build a whole baseline document from bundles.
-
-    Args:
-        cases: case id -> bundle (or (case id, bundle) pairs).
-        hardware: ``metadata.hardware``.
-        tolerances: profiles; default :data:`DEFAULT_TOLERANCES` (sglang's 5090 numbers).
-        step_fractions: default :data:`DEFAULT_STEP_FRACTIONS`.
-        launch: restrict every case to this launch label.
-        description: ``metadata.description``; default names the bundles' git commits.
-    """
-    items = list(cases.items()) if isinstance(cases, Mapping) else list(cases)
-    fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
-    if description is None:
-        commits = sorted({str(b.meta.get("git_commit")) for _, b in items if b.meta.get("git_commit")})
-        at = f" at git commit {', '.join(commits)}" if commits else ""
-        description = f"Reference numbers from perfkit bundles{at}."
-    doc = new_baseline(
-        hardware, model=model, tolerances=tolerances, step_fractions=fractions, description=description
-    )
-    for case_id, bundle in items:
-        set_case(doc, case_id, from_bundle(bundle, case_id, fractions, launch=launch))
+def baseline_from_bundles(cases: Mapping[str, ResultBundle], hardware: str | None = None) -> dict[str, Any]:
+    """A whole baseline document (sglang's default tolerances and step fractions) from case id ->
+    bundle; ``metadata.description`` names the bundles' git commits."""
+    commits = sorted({str(b.meta.get("git_commit")) for b in cases.values() if b.meta.get("git_commit")})
+    at = f" at git commit {', '.join(commits)}" if commits else ""
+    doc = new_baseline(hardware, description=f"Reference numbers from perfkit bundles{at}.")
+    for case_id, bundle in cases.items():
+        set_case(doc, case_id, from_bundle(bundle, case_id))
     return doc
 
 

@@ -26,28 +26,17 @@ def update_baseline(
     launch: str | None = None,
     num_frames: int | None = None,
 ) -> dict[str, Any]:
-    """Write ``case_id``'s entry, derived from the bundle at ``bundle_dir``, into ``baseline_file``.
-
-    The entry holds the steady state the suite's gate writes (:func:`perfkit.gate.run.bundle_cases`):
-    every measured request of the selected launch (``launch``; ``num_frames`` picks one request
-    shape), the worst kept as sglang does, except an uncovered cold request (its shape differs
-    from the startup warmup's, so its recompilation is the investigation's finding, not a number
-    to gate on). A bundle of several launches needs ``launch``.
+    """Write ``case_id``'s entry, derived from the bundle at ``bundle_dir``, into ``baseline_file``
+    (atomically, :func:`save_baseline`; created with ``tolerances``, default sglang's, when
+    missing) and return the document. The entry is the steady state the suite's gate writes
+    (:func:`perfkit.bundle.steady_state` of ``launch``; ``num_frames`` picks one request shape).
+    Other cases, tolerances and unknown keys are kept; ``metadata`` gets today's date, the bundle's
+    git commit and ``hardware`` when given.
 
     Raises:
         ValueError: a case id that is empty, longer than 200 characters or not printable; several
             launches and no ``launch``; an unknown launch; ``hardware`` differs
             from the file's ``metadata.hardware`` (a baseline holds one hardware's numbers).
-
-    The file is replaced atomically (temp file in the same directory, flush + fsync,
-    ``os.replace``): an interruption leaves the old file intact. Other cases, tolerances and
-    unknown keys are kept. ``metadata.last_updated`` becomes today (YYYY-MM-DD),
-    ``metadata.description`` names the bundle's git commit (``meta["git_commit"]``), and
-    ``metadata.hardware`` is set when ``hardware`` is given. A missing file is created with
-    ``tolerances`` (default :data:`DEFAULT_TOLERANCES`, sglang's values).
-
-    Returns:
-        The document written.
     """
     if not case_id or len(case_id) > 200 or not case_id.isprintable():
         raise ValueError(f"case id {case_id[:60]!r}: 1 to 200 printable characters")
