@@ -27,6 +27,7 @@ from perfkit.investigations import registry
 from perfkit.nbparams import section_params, validate
 from perfkit.params import ParamsError
 from perfkit.suite.execute import ipc_kernel_manager, kernel_name, notebooks_dir
+from perfkit.suite.preflight import SuiteError, replay_plan
 
 log = logging.getLogger(__name__)
 
@@ -114,26 +115,14 @@ def _recorded_section(name: str, bundle: Path) -> dict[str, Any]:
 
 
 def replay_names(replay: str | Path, only: Iterable[str] | None = None) -> list[str]:
-    """The investigations ``replay`` holds a bundle of (those of ``only`` when given), in the
-    registry's order.
-
-    Raises:
-        LabError: ``replay`` is no directory, ``only`` names no investigation, or no bundle is there.
-    """
-    replay = Path(replay).resolve()
-    if not replay.is_dir():
-        raise LabError(f"--replay {replay}: no such directory")
-    names = list(only) if only else list(registry.names())
-    unknown = [n for n in names if n not in registry.names()]
-    if unknown:
-        raise LabError(f"--only {', '.join(unknown)}: not an investigation ({', '.join(registry.names())})")
-    have = [n for n in names if (replay / n / "meta.json").is_file()]
-    if not have:
-        raise LabError(
-            f"--replay {replay}: no bundle to open (expected <dir>/<investigation>/meta.json for "
-            f"one of {', '.join(names)})"
-        )
-    return have
+    """The investigations (of ``only``) ``replay`` holds a bundle of, in the registry's order.
+    Raises :class:`LabError`: no such directory, or no bundle of them there."""
+    names = [n for n in registry.names() if not only or n in only]
+    try:
+        missing = replay_plan(Path(replay).resolve(), names)
+    except SuiteError as exc:
+        raise LabError(str(exc)) from None
+    return [n for n in names if n not in missing]
 
 
 def prepare_replay(
@@ -149,8 +138,8 @@ def prepare_replay(
     once and signed unless ``execute`` is False.
 
     Raises:
-        LabError: ``replay`` holds no bundle (of ``only``), ``only`` names no investigation, or
-            ``dest`` is inside the tracked tree or already holds notebooks.
+        LabError: ``replay`` holds no bundle (of ``only``), or ``dest`` is inside the tracked
+            tree or already holds notebooks.
     """
     replay = Path(replay).resolve()
     have = replay_names(replay, only)

@@ -9,6 +9,7 @@ import click
 
 from perfkit.cli._common import EXIT_CODES, done
 from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
+from perfkit.measure import investigations
 
 
 @click.command(
@@ -29,7 +30,12 @@ from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
     default=None,
     help="the lab directory (default outputs/lab/<time>); must be outside the tracked tree",
 )
-@click.option("--only", multiple=True, help="with --replay: only this investigation (repeatable)")
+@click.option(
+    "--only",
+    multiple=True,
+    callback=lambda ctx, param, value: investigations(value),
+    help="with --replay: only this investigation (repeatable)",
+)
 @click.option("--no-execute", is_flag=True, help="with --replay: copy and bind the notebooks, run none")
 @click.option("--no-browser", is_flag=True, help="start JupyterLab without opening a browser")
 @click.option("--no-launch", is_flag=True, help="prepare the notebooks and print the JupyterLab command only")
