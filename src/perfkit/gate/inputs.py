@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.bundle import ResultBundle
+from perfkit.checks import Check
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import bundle_cases, run_cases, run_hardware
 from perfkit.readings import perfdump, records
@@ -77,3 +78,32 @@ def compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]
         if isinstance(exc, records.RecordError):
             raise
         return {}, None  # no measured record
+
+
+def compare_run(
+    run: str | Path,
+    baseline: str | Path,
+    case: str | None = None,
+    profile: str = "pr_test",
+    strict: bool = False,
+) -> tuple[list[Check], list[str]]:
+    """What ``run`` names (:func:`compare_cases`) against the baseline file ``baseline``:
+    (check rows, the overlap's first, :func:`perfkit.gate.baseline.check_overlap`'s warnings).
+
+    Raises:
+        OSError: a file missing or unreadable.
+        ValueError: an unreadable input or baseline, a profile the baseline lacks, nothing
+            measured in ``run`` (each message names the file).
+    """
+    ref = bl.load_baseline(baseline)
+    cases, hardware = compare_cases(Path(run), case)
+    if not cases:
+        raise ValueError(f"no cases in {run} (no baseline.json, bundles nor records)")
+    try:
+        rows = bl.compare(cases, ref, profile=profile, strict=strict)
+    except KeyError as exc:  # the profile is not in the file's tolerances: name the file
+        raise bl.BaselineError(f"{baseline}: tolerances: {exc.args[0]}") from None
+    except bl.BaselineError as exc:
+        raise bl.BaselineError(f"{baseline}: {exc}") from None
+    overlap, warnings = bl.check_overlap(cases, ref, source=str(baseline), run_hardware=hardware)
+    return [*overlap, *rows], warnings
