@@ -102,7 +102,7 @@ def compare(
             names the file and key).
     """
     from perfkit.checks import check_table
-    from perfkit.gate.inputs import compare_run
+    from perfkit.gate.run import compare_run
 
     return check_table(compare_run(run, baseline, case, profile, strict)[0])
 

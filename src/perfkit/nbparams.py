@@ -22,8 +22,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from perfkit.bundle import identity_differences, read_meta
 from perfkit.common.slugs import did_you_mean
 from perfkit.engine.spec import EngineSpec, EngineSpecError
-from perfkit.gate.outcome import FailOn
-from perfkit.gate.verdicts import GATE
+from perfkit.gate.verdicts import GATE, FailOn
 from perfkit.investigations import registry
 from perfkit.params import (
     BaselineParams,

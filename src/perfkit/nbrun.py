@@ -15,8 +15,7 @@ import yaml
 
 from perfkit.common import require_extra
 from perfkit.common.slugs import did_you_mean
-from perfkit.gate.outcome import gate_result
-from perfkit.gate.verdicts import read_verdict
+from perfkit.gate.verdicts import gate_result, read_verdict
 from perfkit.params import ParamsError, load_params, load_yaml
 
 

@@ -32,7 +32,7 @@ def _compare_dumps(before: str, after: str) -> int:
 
 def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bool) -> int:
     from perfkit.checks import check_markdown, check_table, overall_status
-    from perfkit.gate.inputs import compare_run
+    from perfkit.gate.run import compare_run
     from perfkit.gate.verdicts import nothing_compared
 
     try:

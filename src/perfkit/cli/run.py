@@ -30,7 +30,7 @@ def run_command(
     notebook: str, p: tuple[str, ...], params: str | None, out: str | None, timeout: float | None
 ) -> None:
     """Run one notebook with papermill (its parameters validated by the same models as a params file)."""
-    from perfkit.gate.outcome import exit_code, verdict_line
+    from perfkit.gate.verdicts import exit_code, verdict_line
     from perfkit.nbrun import RunInputError, run_notebook
 
     try:

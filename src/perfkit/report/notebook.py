@@ -13,7 +13,7 @@ from perfkit.bundle import WARMUP_INDEX
 from perfkit.checks import Check, check_table, overall_status
 from perfkit.common.frames import align_frames, latent_frames
 from perfkit.common.slugs import md_text
-from perfkit.gate.outcome import check_counts
+from perfkit.gate.verdicts import check_counts
 from perfkit.investigations import registry
 from perfkit.report.tables import styled
 from perfkit.reported import NOT_REPORTED, is_reported, reported_count

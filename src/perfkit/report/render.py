@@ -16,8 +16,7 @@ import pandas as pd
 
 from perfkit.bundle import read_meta
 from perfkit.engine.owner import run_bounded
-from perfkit.gate.outcome import check_counts
-from perfkit.gate.verdicts import GATE
+from perfkit.gate.verdicts import GATE, check_counts
 from perfkit.investigations import registry
 from perfkit.report.runinfo import (  # noqa: F401
     GATE_COLUMNS,

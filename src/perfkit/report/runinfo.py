@@ -128,8 +128,8 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
     """(result, text) of notebook entry ``n``'s gate, apart from whether it ran (docs/suite.md):
     text as the notebook's last line (``fail: 4 checks: 1 failed, 2 passed, 1 skipped``)."""
     from perfkit.checks import check_table
-    from perfkit.gate.outcome import check_counts
-    from perfkit.gate.outcome import gate_result as gate_word
+    from perfkit.gate.verdicts import check_counts
+    from perfkit.gate.verdicts import gate_result as gate_word
 
     st = str(n.get("status") or "")
     if st == "skipped":

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.common.provenance import repo_root
-from perfkit.gate.outcome import GATE_FAILED
-from perfkit.gate.verdicts import GATE, jsonable
+from perfkit.gate.verdicts import GATE, GATE_FAILED, jsonable
 from perfkit.measuring.progress import PROGRESS_ENV
 from perfkit.params import SuiteParams
 from perfkit.report.render import notebook_error
@@ -135,7 +134,7 @@ def execute_notebook(
     progress_file: str | Path | None = None,
 ) -> NotebookRun:
     """Run one notebook with papermill; never raises for a failing notebook (a last cell's
-    :class:`perfkit.gate.outcome.GateFailed` is status ``ok``: the gate result is in its
+    :class:`perfkit.gate.verdicts.GateFailed` is status ``ok``: the gate result is in its
     verdict.json). ``kernel_log`` takes the kernel's stderr and papermill's log lines;
     ``progress_file`` the kernel's progress events (default ``<dst>.progress.jsonl``).
     """
@@ -186,7 +185,7 @@ def notebook_parameters(
         # params file turns off (null) must reach it as None, not be left out
         "invariants": params.invariants.model_dump(),
         # the suite reads each verdict.json itself: a failed gate is a regression (exit 1), not
-        # a notebook error, so the notebooks never raise for it here (perfkit.gate.outcome)
+        # a notebook error, so the notebooks never raise for it here (perfkit.gate.verdicts)
         "fail_on": "never",
     }
     if name == GATE:
