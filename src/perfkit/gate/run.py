@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import yaml
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, table_rows
-from perfkit.checks import CHECK_COLUMNS, Check
+from perfkit.checks import CHECK_COLUMNS, Check, is_reported
 from perfkit.common.provenance import repo_root
 from perfkit.common.slugs import slug
 from perfkit.engine.spec import DEFAULT_WARMUP_FRAMES
@@ -26,7 +26,6 @@ from perfkit.gate import baseline as bl
 from perfkit.gate.verdicts import read_verdict
 from perfkit.investigations import registry
 from perfkit.readings import perfdump, records
-from perfkit.reported import is_reported
 
 log = logging.getLogger(__name__)
 

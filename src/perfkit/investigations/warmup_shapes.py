@@ -17,7 +17,7 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, sub_bundle, table_rows
-from perfkit.checks import Check, check_max, number
+from perfkit.checks import NOT_REPORTED, NOT_REPORTED_REASON, Check, check_max, number
 from perfkit.common.numfmt import fmt
 from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoRequestSpec
@@ -29,7 +29,6 @@ from perfkit.investigations.shape_coverage import coverage_entry, warm_across_wa
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key, reuse_launch
 from perfkit.measuring.launch_rows import measure_launch
 from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
-from perfkit.reported import NOT_REPORTED, NOT_REPORTED_REASON
 
 log = logging.getLogger(__name__)
 
