@@ -102,8 +102,7 @@ def _new_dir(dest: str | Path | None) -> Path:
 
 
 def _recorded_section(name: str, bundle: Path) -> dict[str, Any]:
-    """The section parameters ``bundle`` records (meta.json ``params``) that its notebook
-    declares and that validate today; the others keep the notebook's defaults (logged)."""
+    """The section parameters ``bundle`` records that its notebook declares and that validate."""
     try:
         recorded = read_meta(bundle).get("params") or {}
     except (OSError, ValueError) as exc:
@@ -193,8 +192,7 @@ def prepare_run(run: str | Path, dest: str | Path | None = None) -> LabDir:
 
 
 def _execute(path: Path, lab: LabDir, timeout_s: float | None) -> None:
-    """Run ``path`` top to bottom with nbclient in ``lab.dir``, save it with its outputs (also
-    when a cell raised: the error is kept and named in ``lab.errors``), sign it."""
+    """Run ``path`` with nbclient in ``lab.dir``, save it with its outputs (and error), sign it."""
     from jupyter_core.utils import ensure_event_loop
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -233,8 +231,7 @@ def _keep_signals(*_: Any) -> None:
 
 
 def _sign(path: Path) -> None:
-    """Trust ``path``'s outputs (its signature goes to the user's Jupyter notary database,
-    never into the file)."""
+    """Trust ``path``'s outputs (docs/lab.md)."""
     from nbformat.sign import NotebookNotary
 
     try:

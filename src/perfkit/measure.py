@@ -111,8 +111,7 @@ def investigations(values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _investigation_options(f: Any) -> Any:
-    """The measure options the investigations declare
-    (:attr:`~perfkit.investigations.registry.Investigation.measure_options`) as click options of ``f``."""
+    """The investigations' measure options as click options of ``f``."""
     for _, o in reversed(registry.measure_options()):
         kind = {"is_flag": True} if o.is_flag else {"type": click.IntRange(min=o.minimum), "default": 0}
         f = click.option(o.flag, o.dest, help=o.help, show_default=not o.is_flag, **kind)(f)

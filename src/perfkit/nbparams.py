@@ -296,8 +296,7 @@ def coerce(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _bundle_problems(notebook: str, given: Mapping[str, Any], injected: Iterable[str]) -> list[str]:
-    """A replay's bundle against the notebook: of this investigation, and measured with the
-    engine and request shape the parameters name where they were given (injected)."""
+    """A replay's bundle against the notebook: its investigation, engine and request as injected."""
     bundle = given.get("bundle_dir")
     if not bundle or notebook not in registry.names():
         return []
@@ -358,8 +357,7 @@ def _suggest_extra(model: Any, loc: tuple) -> str:
 
 
 def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0, model: Any = None) -> list[str]:
-    """``prefix<loc>: message, got <input>`` per error (``drop`` leading loc parts skipped); an
-    unknown key gets the closest field of ``model``."""
+    """``prefix<loc>: message, got <input>`` per error (``drop`` leading loc parts skipped)."""
     out = []
     for e in exc.errors():
         parts = tuple(e.get("loc") or ())[drop:]
@@ -447,8 +445,7 @@ def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _invariants(value: Any) -> dict[str, Any] | None:
-    """The given invariants, validated (unknown keys with the closest known one); only the
-    keys given (the notebook merges them over the defaults)."""
+    """The given invariants validated; only the keys given (merged over the defaults later)."""
     if value is None:
         return None
     if not isinstance(value, Mapping):

@@ -93,12 +93,8 @@ def investigation_checks(
 
 def load_run_bundles(run_dir: str | Path) -> dict[str, ResultBundle]:
     """Investigation -> bundle for each ``run_dir/<investigation>/`` holding one."""
-    out: dict[str, ResultBundle] = {}
-    for s in registry.names():
-        d = Path(run_dir) / s
-        if (d / "meta.json").exists():
-            out[s] = ResultBundle.load(d)
-    return out
+    dirs = {s: Path(run_dir) / s for s in registry.names()}
+    return {s: ResultBundle.load(d) for s, d in dirs.items() if (d / "meta.json").exists()}
 
 
 def investigation_rows(
@@ -230,14 +226,12 @@ def _run_params(run_dir: Path) -> dict[str, Any]:
 
 
 def _hardware(bundles: Mapping[str, ResultBundle]) -> str:
-    for b in bundles.values():
-        gpu = b.meta.get("gpu_name")
-        if gpu:
-            return str(gpu)
-    for b in bundles.values():
-        if b.meta.get("cpu_count"):
-            return f"cpu x{b.meta['cpu_count']} ({b.meta.get('host', 'host')})"
-    return "unknown"
+    metas = [b.meta for b in bundles.values()]
+    gpu = next((m["gpu_name"] for m in metas if m.get("gpu_name")), None)
+    cpu = next(
+        (f"cpu x{m['cpu_count']} ({m.get('host', 'host')})" for m in metas if m.get("cpu_count")), None
+    )
+    return str(gpu or cpu or "unknown")
 
 
 def run_cases(run_dir: str | Path) -> dict[str, dict[str, Any]]:
@@ -337,9 +331,7 @@ def _json_or_none(raw: bytes) -> Any:
 
 
 def _bundle_cases(b: ResultBundle, case: str | None) -> dict[str, dict[str, Any]]:
-    """A bundle's cases named as its run's baseline.json names them (the engine and request it
-    recorded, :func:`perfkit.gate.run.bundle_cases`); ``case`` picks one, or names the only one.
-    A bundle without its params: one case named ``case`` or its investigation."""
+    """A bundle's cases as its run's baseline.json names them; ``case`` picks or names one."""
     p = b.meta.get("params") or {}
     if not isinstance(p.get("spec"), dict) or not isinstance(p.get("request"), dict):
         cid = case or b.investigation

@@ -30,8 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def _metric_value(v: Any, where: str) -> float | None:
-    """A metric as written: None for JSON null ("not measured"), else a finite, non-negative
-    number; anything else raises :class:`BaselineError` naming ``where`` (never read as 0)."""
+    """None for JSON null ("not measured"), else a number; BaselineError naming ``where``."""
     if v is None:
         return None
     problem = _number_problem(v)
@@ -200,15 +199,13 @@ def no_denoise_reason(entry: Mapping[str, Any], classify: StageClassifier) -> st
 
 
 def _is_denoise_metric(metric: str) -> bool:
-    """The step metrics (aggregates and sampled steps); a denoising stage the baseline has and
-    the run lacks stays a failure ("missing from run")."""
+    """The step metrics (a denoising stage the run lacks stays "missing from run")."""
     return metric in _DENOISE_AGGREGATES or metric.startswith("denoise_step_ms.")
 
 
 @dataclass(frozen=True)
 class _Rule:
-    """What :func:`compare` checks every metric with: the tolerance profile (name and values),
-    the stage classifier, video or image pads, and the improvement threshold (and its source)."""
+    """What :func:`compare` checks every metric with."""
 
     profile: str
     tols: Mapping[str, float]

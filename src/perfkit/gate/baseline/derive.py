@@ -129,10 +129,8 @@ _ENGINE_COLUMNS = ("compile_active", "compile_backend", "dtype", "engine_device"
 
 
 def _engine_ran(bundle: ResultBundle, lt: pd.DataFrame) -> dict[str, Any]:
-    """``compile_active``, ``compile_backend``, ``dtype``, ``device`` of the launches in ``lt``, as
-    the engine reported them: the launches table's effective config, else (a bundle older than
-    those columns) its records' ``perfkit`` block or sglang's logged ServerArgs. A field not
-    reported, or not the same in every launch, is left out."""
+    """What the launches in ``lt`` ran as reported (older bundles: their records or logs);
+    a field not reported, or not the same in every launch, is left out."""
     seen: dict[str, set[Any]] = {}
     for ln in table_rows(lt):
         cfg = {c.removeprefix("engine_"): ln.get(c) for c in _ENGINE_COLUMNS}
@@ -172,8 +170,7 @@ def _worst_stages_ms(bundle: ResultBundle, keys: set[tuple[Any, str]]) -> dict[s
 def _denoise_steps(
     bundle: ResultBundle, keys: set[tuple[Any, str]], fractions: list[float]
 ) -> tuple[dict[int, float], list[float], list[float]]:
-    """(worst ms per sampled step index, per-request mean step ms, per-request median step ms)
-    from the steps of denoise stages (``DenoisingStage`` when present, else any ``denoise`` class)."""
+    """(worst ms per sampled step index, per-request mean step ms, per-request median step ms)."""
     steps = _rows_of(bundle.steps, keys)
     if not steps.empty and "stage" in steps:
         names = steps["stage"].fillna("").astype(str)
@@ -208,8 +205,7 @@ def _launch_values(
     launch: str | None,
     entry: dict[str, Any],
 ) -> tuple[pd.DataFrame, float | None]:
-    """Put cold start, first result and the load/warmup/runtime peaks into ``entry`` (in place);
-    return the launches rows used and the worst ``ready_s`` (None when not recorded)."""
+    """Put the launch values and peaks into ``entry``; return the launches used and worst ready_s."""
     lt = bundle.launches
     used = {k[0] for k in keys}
     if not lt.empty and "launch" in lt:
@@ -234,8 +230,7 @@ def _launch_values(
 def _full_test_time_s(
     req: pd.DataFrame, launch_col: pd.Series, lt: pd.DataFrame, ready: float | None
 ) -> float:
-    """Seconds: per launch, ready_s plus the span of its measured requests (sum of e2e when no
-    timestamps), summed over launches."""
+    """``estimated_full_test_time_s`` (see :func:`from_bundle`)."""
     total_s = 0.0
     ready_by_launch = {}
     if "ready_s" in lt and "launch" in lt:

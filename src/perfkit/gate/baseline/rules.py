@@ -121,11 +121,7 @@ DERIVED_KEYS = (
     ENGINE_KEY,
     "stages_ms",
     "denoise_step_ms",
-    "expected_e2e_ms",
-    "expected_avg_denoise_ms",
-    "expected_median_denoise_ms",
-    "expected_load_ms",
-    "expected_first_result_ms",
+    *SCALAR_TIMING_METRICS,
     *MEMORY_METRICS,
     "estimated_full_test_time_s",
 )
