@@ -25,7 +25,6 @@ from perfkit.engine.spec import EngineSpec, EngineSpecError
 from perfkit.gate.verdicts import GATE, FailOn
 from perfkit.investigations import registry
 from perfkit.params import (
-    BaselineParams,
     InvariantsParams,
     ParamsError,
     RequestParams,
@@ -347,20 +346,16 @@ def bind(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
     return given
 
 
-#: the gate notebook's parameters -> BaselineParams fields
-_GATE_PARAMS = {"baseline_file": "file", "profile": "profile", "strict": "strict", "hardware": "hardware"}
-
-
 def _suggest_extra(model: Any, loc: tuple) -> str:
     """`` (did you mean 'x'?)`` for an unknown key at ``loc`` of ``model`` (a pydantic model)."""
     return did_you_mean(loc[-1], model.model_fields) if _is_model(model) and loc else ""
 
 
-def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0, model: Any = None) -> list[str]:
-    """``prefix<loc>: message, got <input>`` per error (``drop`` leading loc parts skipped)."""
+def _pydantic_problems(prefix: str, exc: ValidationError, model: Any = None) -> list[str]:
+    """``prefix<loc>: message, got <input>`` per error."""
     out = []
     for e in exc.errors():
-        parts = tuple(e.get("loc") or ())[drop:]
+        parts = tuple(e.get("loc") or ())
         loc = _dotted((prefix, *parts) if prefix else parts)
         if e.get("type") == "extra_forbidden":
             out.append(f"{loc}: unknown field" + _suggest_extra(model, parts))
@@ -371,8 +366,8 @@ def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0, model: 
 
 def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """Notebook parameters validated with the models a params file goes through (the
-    investigation's params model, the engine spec, the request, the invariants, the gate's baseline
-    fields; other declared parameters by their annotation); undeclared names pass through.
+    investigation's params model, the engine spec, the request, the invariants; other declared
+    parameters by their annotation, strictly); undeclared names pass through.
 
     Raises:
         ParamsError: every problem, each naming its parameter (``repeats: Input should be a
@@ -404,17 +399,13 @@ def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
                 out[key] = _invariants(value)
             elif section is not None and key in section.model_fields:
                 continue  # validated together below: a rule may join two fields
-            elif name == GATE and key in _GATE_PARAMS:
-                field = _GATE_PARAMS[key]
-                out[key] = BaselineParams.model_validate({field: value}).model_dump()[field]
             elif key in types:
                 out[key] = TypeAdapter(types[key]).validate_python(value, strict=True)
             else:
                 out[key] = value
         except ValidationError as exc:
-            # gate models are validated one field at a time: their loc starts with it
             model = RequestParams if key == "request" else InvariantsParams if key == "invariants" else None
-            problems += _pydantic_problems(key, exc, drop=1 if key in _GATE_PARAMS else 0, model=model)
+            problems += _pydantic_problems(key, exc, model=model)
         except EngineSpecError as exc:
             problems += [f"engine.{f}: {m}" for f, m in exc.problems]
         except (TypeError, ValueError) as exc:
