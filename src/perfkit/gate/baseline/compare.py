@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfkit.checks import Check
-from perfkit.gate.baseline.files import BaselineError
+from perfkit.gate.baseline.files import BaselineError, metric_value
 from perfkit.gate.baseline.rules import (
     DEFAULT_IMPROVEMENT_THRESHOLD,
     ENGINE_KEY,
@@ -20,23 +20,12 @@ from perfkit.gate.baseline.rules import (
     TOP_LEVEL_CASE_MAPS,
     StageClassifier,
     _metric_rule,
-    _number_problem,
     bound,
     classify_stage,
     tolerance_profile,
 )
 
 log = logging.getLogger(__name__)
-
-
-def _metric_value(v: Any, where: str) -> float | None:
-    """None for JSON null ("not measured"), else a number; BaselineError naming ``where``."""
-    if v is None:
-        return None
-    problem = _number_problem(v)
-    if problem:
-        raise BaselineError(f"{where}: {v!r} {problem}")
-    return float(v)
 
 
 def _flatten(entry: Mapping[str, Any], where: str = "<entry>") -> dict[str, float | None]:
@@ -48,10 +37,10 @@ def _flatten(entry: Mapping[str, Any], where: str = "<entry>") -> dict[str, floa
         if not isinstance(m, Mapping):
             raise BaselineError(f"{where}.{k}: {m!r} is not an object")
         for name, v in m.items():
-            out[f"{k}.{name}"] = _metric_value(v, f"{where}.{k}.{name}")
+            out[f"{k}.{name}"] = metric_value(v, f"{where}.{k}.{name}")
     for k in (*SCALAR_TIMING_METRICS, *MEMORY_METRICS):
         if k in entry:
-            out[k] = _metric_value(entry[k], f"{where}.{k}")
+            out[k] = metric_value(entry[k], f"{where}.{k}")
     return out
 
 
@@ -67,7 +56,7 @@ def _expected_metrics(baseline: Mapping[str, Any], case: str) -> dict[str, float
     flat = _flatten(entry or {}, f"baseline scenarios.{case}")
     for k, v in top.items():
         # a value inside the case entry wins
-        flat.setdefault(k, _metric_value(v, f"baseline {k}.{case}"))
+        flat.setdefault(k, metric_value(v, f"baseline {k}.{case}"))
     return flat
 
 

@@ -60,6 +60,17 @@ def new_baseline(
     }
 
 
+def metric_value(v: Any, where: str, nullable: bool = True) -> float | None:
+    """A metric as written: None for JSON null ("not measured", sglang writes it), else a finite,
+    non-negative number; anything else raises :class:`BaselineError` naming ``where`` (never 0)."""
+    if v is None and nullable:
+        return None
+    problem = _number_problem(v)
+    if problem:
+        raise BaselineError(f"{where}: {short_repr(v)} {problem}")
+    return float(v)
+
+
 def _validate(doc: Any, source: str) -> None:
     def bad(where: str, what: str) -> BaselineError:
         return BaselineError(f"{source}: {where}: {what}")
@@ -72,13 +83,7 @@ def _validate(doc: Any, source: str) -> None:
             raise bad(key, f"is {type(doc[key]).__name__}, expected an object")
 
     def number(where: str, v: Any, nullable: bool = True) -> None:
-        # JSON null is "not measured" (sglang writes it, e.g. stages_ms.per_frame_generation of
-        # video cases); anything but a finite, non-negative number is an error, never 0.
-        if v is None and nullable:
-            return
-        problem = _number_problem(v)
-        if problem:
-            raise bad(where, f"{short_repr(v)} {problem}")
+        metric_value(v, f"{source}: {where}", nullable)
 
     imp = doc.get("improvement_reporting") or {}
     if "threshold" in imp:
