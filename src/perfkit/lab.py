@@ -136,8 +136,6 @@ def prepare_replay(
     *,
     only: Iterable[str] | None = None,
     execute: bool = True,
-    timeout_s: float | None = 600,
-    notebooks: str | Path | None = None,
 ) -> LabDir:
     """Fresh copies of the investigation notebooks bound to the bundles of ``replay``, executed
     once and signed unless ``execute`` is False.
@@ -148,13 +146,12 @@ def prepare_replay(
     """
     replay = Path(replay).resolve()
     have = replay_names(replay, only)
-    src_dir = Path(notebooks) if notebooks else notebooks_dir()
     lab = LabDir(_new_dir(dest))
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
     for name in have:
-        nb = load_notebook_node(str(src_dir / f"{name}.ipynb"))  # papermill's reader (cell tags)
+        nb = load_notebook_node(str(notebooks_dir() / f"{name}.ipynb"))  # papermill's reader (cell tags)
         params = {
             **_recorded_section(name, replay / name),
             "bundle_dir": str(replay / name),
@@ -167,7 +164,7 @@ def prepare_replay(
         lab.notebooks.append(out)
     if execute:
         for out in lab.notebooks:
-            _execute(out, lab, timeout_s)
+            _execute(out, lab)
     return lab
 
 
@@ -191,7 +188,7 @@ def prepare_run(run: str | Path, dest: str | Path | None = None) -> LabDir:
     return lab
 
 
-def _execute(path: Path, lab: LabDir, timeout_s: float | None) -> None:
+def _execute(path: Path, lab: LabDir, timeout_s: int = 600) -> None:
     """Run ``path`` with nbclient in ``lab.dir``, save it with its outputs (and error), sign it."""
     from jupyter_core.utils import ensure_event_loop
     from nbclient import NotebookClient
@@ -201,7 +198,7 @@ def _execute(path: Path, lab: LabDir, timeout_s: float | None) -> None:
     client = NotebookClient(
         nb,
         kernel_name=kernel_name(),
-        timeout=int(timeout_s) if timeout_s else None,
+        timeout=timeout_s,
         resources={"metadata": {"path": str(lab.dir)}},
         kernel_manager_class=ipc_kernel_manager(),
     )

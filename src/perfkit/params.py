@@ -480,12 +480,8 @@ def load_params(path: str | Path, sets: Sequence[str] = ()) -> SuiteParams:
         raise ParamsError(f"{p}: invalid YAML: {str(exc).replace('<unicode string>', str(p))}") from None
     if data is None:
         raise ParamsError(f"{p}: empty params file")
-    if not sets:
-        return parse_params(data, str(path), text)
-    if not isinstance(data, dict):
-        raise ParamsError(f"{p}: top level must be a mapping, got {type(data).__name__}")
-    parse_params(data, str(path), text)  # the file's own errors with their lines first
-    return parse_params(apply_sets(data, sets), f"{path} with --set {' '.join(sets)}")
+    params = parse_params(data, str(path), text)  # the file's own errors with their lines first
+    return parse_params(apply_sets(data, sets), f"{path} with --set {' '.join(sets)}") if sets else params
 
 
 def load_side(path: str | Path) -> tuple[EngineSpec, dict[str, Any] | None]:
