@@ -294,7 +294,7 @@ def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, 
             if not active:
                 continue
             mine = requests[requests["launch"] == label] if not requests.empty else requests
-            flags = list(mine["recompile_limit_hit"]) if "recompile_limit_hit" in mine.columns else []
+            flags = list(mine["recompile_limit_hit"])
             hit = mine[[is_reported(f) and bool(f) for f in flags]] if flags else mine.iloc[:0]
             metric = f"recompile_limit[{label}]"
             if hit.empty:

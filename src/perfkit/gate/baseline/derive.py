@@ -38,16 +38,12 @@ def _max(values: Iterable[Any]) -> float | None:
 
 
 def _keys(df: pd.DataFrame) -> list[tuple[Any, str]]:
-    """(launch, request_id) per row; a missing launch (column or value) is None."""
-    launches = df["launch"] if "launch" in df else [None] * len(df)
-    return [
-        (None if la is None or la is pd.NA or (isinstance(la, float) and math.isnan(la)) else la, str(rid))
-        for la, rid in zip(launches, df["request_id"])
-    ]
+    """(launch, request_id) per row; a missing launch is None."""
+    return [(None if pd.isna(la) else la, str(rid)) for la, rid in zip(df["launch"], df["request_id"])]
 
 
 def _rows_of(df: pd.DataFrame, keys: set[tuple[Any, str]]) -> pd.DataFrame:
-    if df.empty or not keys or "request_id" not in df:
+    if df.empty or not keys:
         return df.iloc[0:0]
     return df[[k in keys for k in _keys(df)]]
 
@@ -109,16 +105,16 @@ def from_bundle(
     step_ms, avgs, medians = _denoise_steps(bundle, keys, fractions)
     entry["denoise_step_ms"] = {str(i): round(v, MS_DECIMALS) for i, v in sorted(step_ms.items())}
 
-    e2e = _max(req["e2e_ms"]) if "e2e_ms" in req else None
-    if e2e is None and "client_ms" in req:
+    e2e = _max(req["e2e_ms"])
+    if e2e is None:
         e2e = _max(req["client_ms"])
     if e2e is not None:
         entry["expected_e2e_ms"] = round(e2e, MS_DECIMALS)
     entry["expected_avg_denoise_ms"] = round(max(avgs), MS_DECIMALS) if avgs else 0.0
     entry["expected_median_denoise_ms"] = round(max(medians), MS_DECIMALS) if medians else 0.0
 
-    lt, ready = _launch_values(bundle, req, keys, launch, entry)
-    entry["estimated_full_test_time_s"] = round(_full_test_time_s(req, launch_col, lt, ready), S_DECIMALS)
+    lt = _launch_values(bundle, req, keys, launch, entry)
+    entry["estimated_full_test_time_s"] = round(_full_test_time_s(req, launch_col, lt), S_DECIMALS)
     if ran := _engine_ran(bundle, lt):
         entry[ENGINE_KEY] = ran
     return entry
@@ -157,11 +153,7 @@ def _worst_stages_ms(bundle: ResultBundle, keys: set[tuple[Any, str]]) -> dict[s
             f"{miss['request_id']!r}: no baseline from an unmeasured stage"
         )
     if not stages.empty:
-        per_req = (
-            stages.assign(_launch=stages["launch"] if "launch" in stages else None)
-            .groupby(["_launch", "request_id", "stage"], sort=False, dropna=False)["ms"]
-            .sum()
-        )
+        per_req = stages.groupby(["launch", "request_id", "stage"], sort=False, dropna=False)["ms"].sum()
         worst = per_req.groupby(level="stage", sort=False).max()
         stages_ms = {str(k): round(float(v), MS_DECIMALS) for k, v in worst.items()}
     return stages_ms
@@ -172,7 +164,7 @@ def _denoise_steps(
 ) -> tuple[dict[int, float], list[float], list[float]]:
     """(worst ms per sampled step index, per-request mean step ms, per-request median step ms)."""
     steps = _rows_of(bundle.steps, keys)
-    if not steps.empty and "stage" in steps:
+    if not steps.empty:
         names = steps["stage"].fillna("").astype(str)
         if (names == "DenoisingStage").any():
             steps = steps[names == "DenoisingStage"]
@@ -182,8 +174,7 @@ def _denoise_steps(
     avgs: list[float] = []
     medians: list[float] = []
     if not steps.empty:
-        sl = steps["launch"] if "launch" in steps else pd.Series(None, index=steps.index)
-        for _, grp in steps.assign(_launch=sl).groupby(["_launch", "request_id"], sort=False, dropna=False):
+        for _, grp in steps.groupby(["launch", "request_id"], sort=False, dropna=False):
             seq = [float(v) for v in grp.sort_values("step")["ms"]]
             if any(math.isnan(v) for v in seq):
                 raise ValueError(
@@ -204,11 +195,11 @@ def _launch_values(
     keys: set[tuple[Any, str]],
     launch: str | None,
     entry: dict[str, Any],
-) -> tuple[pd.DataFrame, float | None]:
-    """Put the launch values and peaks into ``entry``; return the launches used and worst ready_s."""
+) -> pd.DataFrame:
+    """Put the launch values and peaks into ``entry``; return the launches used."""
     lt = bundle.launches
     used = {k[0] for k in keys}
-    if not lt.empty and "launch" in lt:
+    if not lt.empty:
         lt = lt[lt["launch"].isin(used)] if used != {None} else lt
         if launch is not None:
             lt = lt[lt["launch"] == launch]
@@ -220,32 +211,19 @@ def _launch_values(
         (req, "peak_reserved_mib", "runtime_peak_vram_mb", 1.0, MB_DECIMALS),
         (req, "peak_allocated_mib", "runtime_peak_allocated_mb", 1.0, MB_DECIMALS),
     ):
-        v = _max(df[col]) if col in df else None
+        v = _max(df[col])
         if v is not None:
             entry[key] = round(v * scale, decimals)
-    ready = _max(lt["ready_s"]) if "ready_s" in lt else None
-    return lt, ready
+    return lt
 
 
-def _full_test_time_s(
-    req: pd.DataFrame, launch_col: pd.Series, lt: pd.DataFrame, ready: float | None
-) -> float:
+def _full_test_time_s(req: pd.DataFrame, launch_col: pd.Series, lt: pd.DataFrame) -> float:
     """``estimated_full_test_time_s`` (see :func:`from_bundle`)."""
     total_s = 0.0
-    ready_by_launch = {}
-    if "ready_s" in lt and "launch" in lt:
-        ready_by_launch = {la: json_float(r) or 0.0 for la, r in zip(lt["launch"], lt["ready_s"])}
-    elif ready is not None:  # launches without labels: count the cold start once
-        total_s += ready
+    ready_by_launch = {la: json_float(r) or 0.0 for la, r in zip(lt["launch"], lt["ready_s"])}
     for la, grp in req.assign(_launch=launch_col).groupby("_launch", sort=False, dropna=False):
-        span = None
-        if "t_start_s" in grp and "t_end_s" in grp:
-            t0, t1 = json_float(grp["t_start_s"].min()), json_float(grp["t_end_s"].max())
-            if t0 is not None and t1 is not None:
-                span = t1 - t0
-        if span is None:
-            col = "e2e_ms" if "e2e_ms" in grp else "client_ms" if "client_ms" in grp else None
-            span = float(grp[col].fillna(0).sum()) / 1000.0 if col else 0.0
+        t0, t1 = json_float(grp["t_start_s"].min()), json_float(grp["t_end_s"].max())
+        span = t1 - t0 if t0 is not None and t1 is not None else float(grp["e2e_ms"].fillna(0).sum()) / 1000
         total_s += span + ready_by_launch.get(la, 0.0)
     return total_s
 
