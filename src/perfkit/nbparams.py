@@ -30,6 +30,7 @@ from perfkit.params import (
     RequestParams,
     _dotted,
     _error_text,
+    _is_model,
     load_yaml,
     parse_params,
 )
@@ -72,10 +73,6 @@ def _strip(ann: Any) -> Any:
     while typing.get_origin(ann) is Annotated:
         ann = typing.get_args(ann)[0]
     return ann
-
-
-def _is_model(ann: Any) -> bool:
-    return isinstance(ann, type) and issubclass(ann, BaseModel)
 
 
 def _union_args(ann: Any) -> tuple[Any, ...] | None:

@@ -232,30 +232,23 @@ class _AtKeys(ValueError):
         super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in problems))
 
 
+def _is_model(ann: Any) -> bool:
+    return isinstance(ann, type) and issubclass(ann, BaseModel)
+
+
 def _known_fields(model: type[BaseModel], loc: tuple) -> list[str]:
     """Field names of the model at ``loc`` (the parent of an unknown key)."""
     cur: Any = model
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        if not (isinstance(cur, type) and issubclass(cur, BaseModel)) or part not in cur.model_fields:
+    for part in (p for p in loc if not isinstance(p, int)):
+        if not _is_model(cur) or part not in cur.model_fields:
             return []
-        ann = cur.model_fields[part].annotation
-        cur = _unwrap(ann)
-    if isinstance(cur, type) and issubclass(cur, BaseModel):
-        return list(cur.model_fields)
-    return []
+        cur = _unwrap(cur.model_fields[part].annotation)
+    return list(cur.model_fields) if _is_model(cur) else []
 
 
 def _unwrap(ann: Any) -> Any:
-    args = get_args(ann)
-    if not args:
-        return ann
-    for a in args:
-        u = _unwrap(a)
-        if isinstance(u, type) and issubclass(u, BaseModel):
-            return u
-    return ann
+    models = [u for u in map(_unwrap, get_args(ann)) if _is_model(u)]
+    return models[0] if models else ann
 
 
 def _line_of(text: str, loc: tuple) -> int | None:
