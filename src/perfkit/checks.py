@@ -194,17 +194,12 @@ def reported_flag(v: Any) -> bool | None:
     return bool(v) if is_reported(v) else None
 
 
-def all_reported(values: Iterable[Any]) -> bool:
-    """Every value is reported (True for no values)."""
-    return all(is_reported(v) for v in values)
-
-
 def reported_sum(values: Iterable[Any], *, count: bool = False) -> int | float | None:
     """The sum of ``values`` when every one was reported (and there is at least one), else None:
     a sum over requests some of which did not report is not known. ``count``: an int sum of
     counts (:func:`reported_count`)."""
     vals = list(values)
-    if not vals or not all_reported(vals):
+    if not vals or not all(map(is_reported, vals)):
         return None
     if count:
         return sum(reported_count(v) or 0 for v in vals)
@@ -217,6 +212,6 @@ def reported_any(values: Iterable[Any]) -> bool | None:
     vals = list(values)
     if any(is_reported(v) and bool(v) for v in vals):
         return True
-    if not vals or not all_reported(vals):
+    if not vals or not all(map(is_reported, vals)):
         return None
     return False
