@@ -263,10 +263,6 @@ def launch(lab: LabDir, browser: bool = True) -> int:
     return 0
 
 
-class UsageError(ValueError):
-    """A bad command line (``-p`` without ``=``, unparsable value, unknown parameter): exit 2."""
-
-
 class RunInputError(ValueError):
     """Bad input to :func:`run_notebook` (a missing notebook, an invalid params file, a bad or
     unknown ``-p``); its text is the whole message (the CLI prefixes ``perfkit: ``)."""
@@ -274,21 +270,21 @@ class RunInputError(ValueError):
 
 def parse_kv(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """``-p KEY=VALUE`` items -> {key: value read as YAML 1.2 (``1e3`` is a number)}.
-    Raises :class:`UsageError`."""
+    Raises :class:`RunInputError`."""
     out: dict[str, Any] = {}
     for it in items or []:
         if "=" not in it:
-            raise UsageError(f"-p expects KEY=VALUE, got {it!r}")
+            raise RunInputError(f"-p expects KEY=VALUE, got {it!r}")
         k, v = it.split("=", 1)
         k = k.strip()
         if not k:
-            raise UsageError(f"-p expects KEY=VALUE, got {it!r} (empty key)")
+            raise RunInputError(f"-p expects KEY=VALUE, got {it!r} (empty key)")
         try:
             out[k] = load_yaml(v) if v != "" else ""
         except yaml.YAMLError as exc:
             where = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             shown = repr(v) if len(v) <= 80 else repr(v[:60]) + f"… ({len(v):,} characters)"
-            raise UsageError(
+            raise RunInputError(
                 f"-p {k}: value {shown} is not valid YAML ({where}); quote strings "
                 f"with special characters, e.g. -p '{k}=\"...\"'"
             ) from None
@@ -296,20 +292,20 @@ def parse_kv(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
 
 
 def check_notebook_parameters(nb: Path, given: dict[str, Any]) -> list[str]:
-    """The names the notebook's ``parameters`` cell declares; :class:`UsageError` for a ``-p``
+    """The names the notebook's ``parameters`` cell declares; :class:`RunInputError` for a ``-p``
     name it lacks."""
     import papermill as pm
 
     try:
         declared = list(pm.inspect_notebook(str(nb)))
     except Exception as exc:  # noqa: BLE001 - not a notebook, unreadable JSON, ...
-        raise UsageError(f"cannot read the parameters of {nb}: {exc}") from None
+        raise RunInputError(f"cannot read the parameters of {nb}: {exc}") from None
     unknown = [k for k in given if k not in declared]
     if not unknown:
         return declared
     hints = [f"{k!r}{did_you_mean(k, declared)}" for k in unknown]
     known = ", ".join(declared) if declared else "none (the notebook has no parameters cell)"
-    raise UsageError(
+    raise RunInputError(
         f"{nb.name}: unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; known: {known}"
     )
 
@@ -334,8 +330,6 @@ def notebook_params(nb: Path, params_file: str | None, kv: list[str] | tuple[str
         given = parse_kv(kv)
         declared = check_notebook_parameters(nb, given)
         given = validate(nb.stem, given)
-    except UsageError as exc:
-        raise RunInputError(str(exc)) from None
     except ParamsError as exc:
         raise RunInputError(f"invalid parameters for {nb.name}:\n{exc}") from None
     params.update(given)
