@@ -263,14 +263,12 @@ def baseline_from_bundles(cases: Mapping[str, ResultBundle], hardware: str | Non
     return doc
 
 
-def entry_from_records(
-    records: Iterable[Any], step_fractions: Iterable[float] | None = None
-) -> dict[str, Any]:
+def entry_from_records(records: Iterable[Any]) -> dict[str, Any]:
     """One case entry (sglang layout) from per-request records
     (:class:`perfkit.readings.records.PerfRecord`, e.g. a performance.log's lines or a perf
     dump's :meth:`~perfkit.readings.perfdump.PerfDump.to_record`), the worst request kept as
     sglang's baseline dump does (``test_server_utils.py``): ``stages_ms``, ``denoise_step_ms``
-    at ``step_fractions``, ``expected_e2e_ms`` (``total_duration_ms``),
+    at sglang's step fractions, ``expected_e2e_ms`` (``total_duration_ms``),
     ``expected_avg_denoise_ms`` / ``expected_median_denoise_ms`` and, when the records carry a
     ``runtime_peak`` snapshot, ``runtime_peak_vram_mb`` / ``runtime_peak_allocated_mb``.
 
@@ -280,7 +278,6 @@ def entry_from_records(
     Raises:
         ValueError: no records.
     """
-    fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
 
     def worse(cur: float | None, v: float | None) -> float | None:
         return cur if v is None else (v if cur is None else max(cur, v))
@@ -298,7 +295,7 @@ def entry_from_records(
         for name, ms in r.stage_ms().items():
             stages[name] = worse(stages.get(name), ms)
         seq = list(r.steps)
-        for i in step_indices(len(seq), fractions):
+        for i in step_indices(len(seq), DEFAULT_STEP_FRACTIONS):
             step_ms[i] = worse(step_ms.get(i), seq[i])
         if seq and all(v is not None for v in seq):
             avg = worse(avg, statistics.fmean(seq))
@@ -335,13 +332,11 @@ def update_baseline(
     case_id: str,
     *,
     hardware: str | None = None,
-    tolerances: Mapping[str, Mapping[str, float]] | None = None,
     launch: str | None = None,
     num_frames: int | None = None,
 ) -> dict[str, Any]:
     """Write ``case_id``'s entry, derived from the bundle at ``bundle_dir``, into ``baseline_file``
-    (atomically, :func:`save_baseline`; created with ``tolerances``, default sglang's, when
-    missing) and return the document. The entry is the steady state the suite's gate writes
+    (atomically, :func:`save_baseline`; created with sglang's default tolerances when missing) and return the document. The entry is the steady state the suite's gate writes
     (:func:`perfkit.bundle.steady_state` of ``launch``; ``num_frames`` picks one request shape).
     Other cases, tolerances and unknown keys are kept; ``metadata`` gets today's date, the bundle's
     git commit and ``hardware`` when given.
@@ -373,7 +368,7 @@ def update_baseline(
             )
     else:
         log.info("creating baseline %s", path)
-        doc = new_baseline(hardware, tolerances=tolerances)
+        doc = new_baseline(hardware)
     fractions = (doc.get("sampling") or {}).get("step_fractions") or DEFAULT_STEP_FRACTIONS
     entry = from_bundle(sel, case_id, fractions)
     set_case(doc, case_id, entry)

@@ -8,7 +8,7 @@ import datetime as _dt
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,26 +36,19 @@ class BaselineError(ValueError):
     """A baseline file that cannot be read; the message names the file (and line/column)."""
 
 
-def new_baseline(
-    hardware: str | None = None,
-    *,
-    model: str = "Diffusion Server",
-    tolerances: Mapping[str, Mapping[str, float]] | None = None,
-    step_fractions: Iterable[float] | None = None,
-    threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
-    description: str = "",
-) -> dict[str, Any]:
-    """An empty baseline document with sglang's default tolerances (:data:`DEFAULT_TOLERANCES`)."""
+def new_baseline(hardware: str | None = None, *, description: str = "") -> dict[str, Any]:
+    """An empty baseline document with sglang's default tolerances (:data:`DEFAULT_TOLERANCES`),
+    improvement threshold and step fractions."""
     return {
         "metadata": {
-            "model": model,
+            "model": "Diffusion Server",
             "hardware": hardware or "unknown",
             "description": description,
             "last_updated": _dt.date.today().isoformat(),
         },
-        "tolerances": copy.deepcopy(dict(tolerances or DEFAULT_TOLERANCES)),
-        "improvement_reporting": {"threshold": threshold},
-        "sampling": {"step_fractions": list(step_fractions or DEFAULT_STEP_FRACTIONS)},
+        "tolerances": copy.deepcopy(DEFAULT_TOLERANCES),
+        "improvement_reporting": {"threshold": DEFAULT_IMPROVEMENT_THRESHOLD},
+        "sampling": {"step_fractions": list(DEFAULT_STEP_FRACTIONS)},
         "scenarios": {},
     }
 
