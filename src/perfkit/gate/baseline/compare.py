@@ -75,7 +75,6 @@ def compare(
     *,
     stage_classes: Mapping[str, str] | None = None,
     video: bool = True,
-    threshold: float | None = None,
 ) -> list[Check]:
     """Check a run against a baseline with sglang's rule: a metric passes when ``actual <=
     max(expected * (1 + tol), expected + pad)`` (:mod:`~perfkit.gate.baseline.rules`; nulls as
@@ -87,11 +86,11 @@ def compare(
         profile: tolerance profile name; a flat file has one set for every profile.
         strict: a case (or metric) with no baseline fails instead of being ``new``.
         video: the 160 ms pad for denoise steps after step 0 (False: 20 ms, image models).
-        threshold: improvement threshold; default the document's (0.2).
 
     Returns:
         Verdict rows: ``fail`` when over the bound or missing (or null) in the run; ``improved``
-        (a pass) when faster than ``expected * (1 - threshold)``, with a snippet to paste;
+        (a pass) when faster than ``expected * (1 - threshold)`` (the document's improvement
+        threshold, else sglang's 0.2), with a snippet to paste;
         ``skipped`` when the profile has no tolerance for an optional metric (``load``,
         allocated/warmup peaks), the baseline value is null, for ``stages_ms.per_frame_generation``
         of video cases, for the denoise metrics of a run without a denoising stage
@@ -104,13 +103,9 @@ def compare(
             message names the case and the key).
     """
     profile, tols = tolerance_profile(baseline.get("tolerances"), profile)
-    threshold_from = "given"
-    if threshold is None:
-        given = (baseline.get("improvement_reporting") or {}).get("threshold")
-        threshold_from = (
-            "the baseline's" if given is not None else "sglang's default: the baseline gives none"
-        )
-        threshold = float(DEFAULT_IMPROVEMENT_THRESHOLD if given is None else given)
+    given = (baseline.get("improvement_reporting") or {}).get("threshold")
+    threshold_from = "the baseline's" if given is not None else "sglang's default: the baseline gives none"
+    threshold = float(DEFAULT_IMPROVEMENT_THRESHOLD if given is None else given)
     classes = dict(stage_classes or {})
 
     def classify(name: str) -> str:
