@@ -124,6 +124,10 @@ _FAIL_ON_HELP = "gate: the last cell raises when the gate fails (papermill exits
 _FAIL_ON = NotebookParam("fail_on", FailOn, "gate", _FAIL_ON_HELP)
 
 
+#: defaults as plain values (models as dicts, None fields left out), as a parameters cell writes them
+_DUMP = TypeAdapter(Any)
+
+
 def section_params(name: str) -> list[NotebookParam]:
     """An investigation's params model fields but ``enabled`` and ``tier``, with their ``#:`` comments."""
     model = registry.get(name).params_model
@@ -131,11 +135,7 @@ def section_params(name: str) -> list[NotebookParam]:
     for key, f in model.model_fields.items():
         if key in ("enabled", "tier"):
             continue
-        default = f.get_default(call_default_factory=True)
-        if isinstance(default, BaseModel):
-            default = default.model_dump(exclude_none=True)
-        elif isinstance(default, list):
-            default = [d.model_dump(exclude_none=True) if isinstance(d, BaseModel) else d for d in default]
+        default = _DUMP.dump_python(f.get_default(call_default_factory=True), exclude_none=True)
         out.append(NotebookParam(key, f.annotation, default, _field_comment(model, key)))
     return out
 
