@@ -35,7 +35,7 @@ from perfkit.bundle import table_rows
 from perfkit.checks import check_table
 from perfkit.gate import run as gate_run
 from perfkit.gate import verdicts
-from perfkit.gate.outcome import finish
+from perfkit.gate.verdicts import finish
 from perfkit.readings.stages import REFINEMENT, stage_class
 from perfkit.report import plots, reading, show, summary_frame, tables
 from perfkit.report.notebook import check_frame, replay_markdown, show_table

@@ -36,7 +36,7 @@ from perfkit.bundle import table_rows
 from perfkit.checks import check_table
 from perfkit.gate import run as gate_run
 from perfkit.gate import verdicts
-from perfkit.gate.outcome import finish
+from perfkit.gate.verdicts import finish
 from perfkit.readings.stages import REFINEMENT, stage_class
 from perfkit.report import plots, reading, show, summary_frame, tables
 from perfkit.report.notebook import (check_frame, first_request_costs, invariants_frame,
@@ -202,7 +202,7 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.params import load_yaml
 from perfkit.report import plots, show
-from perfkit.gate.outcome import finish_code
+from perfkit.gate.verdicts import finish_code
 from perfkit.report.ab import ab_summary_markdown
 
 pd.set_option("display.max_colwidth", 120)"""

@@ -14,9 +14,8 @@ import inprocess_cli
 from floats import close
 from perfkit.bundle import ResultBundle
 from perfkit.gate import baseline as bl
-from perfkit.gate.outcome import exit_code, gate_result
 from perfkit.gate.run import bundle_cases, gate
-from perfkit.gate.verdicts import write_verdict
+from perfkit.gate.verdicts import exit_code, gate_result, write_verdict
 from perfkit.params import load_params
 
 ROOT = Path(__file__).resolve().parents[1]

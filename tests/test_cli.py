@@ -14,7 +14,7 @@ import pytest
 from perfkit.cli import cli
 from perfkit.gate import baseline as bl
 from perfkit.gate import run as gate_run
-from perfkit.nbrun import parse_kv as _parse_kv
+from perfkit.lab import parse_kv as _parse_kv
 
 sys.path.insert(0, str(Path(__file__).parent))
 import inprocess_cli  # noqa: E402

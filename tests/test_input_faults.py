@@ -799,3 +799,28 @@ def test_hostile_stage_names_stay_inert_in_the_ab_summary(tmp_path):
     assert "<svg" not in md and "<script>" not in md and "&lt;svg onload=alert(1)&gt;" in md, md
     assert AbResult.load(out).table["metric"].str.contains("svg onload").any()
     assert all("\n" not in ln or ln.startswith("perfkit") for ln in text.splitlines())
+
+
+def test_a_baseline_whose_every_metric_is_null_compares_nothing_exit_2(tmp_path):
+    """Every metric of the run's case null in the baseline: nothing compared (exit 2, the file
+    named), never a regression (exit 1)."""
+    from perfkit.gate import baseline as bl
+
+    doc = bl.new_baseline("cpu")
+    doc["scenarios"]["performance"] = {"stages_ms": {"DenoisingStage": None}, "expected_e2e_ms": None}
+    bpath = tmp_path / "b.json"
+    bl.save_baseline(doc, bpath)
+    log = tmp_path / "performance.log"
+    log.write_text(json.dumps(RECORD) + "\n")
+    code, out = _invoke("compare", "--run", str(log), "--baseline", str(bpath))
+    assert code == 2 and f"every metric of {bpath}" in out, out
+
+
+def test_a_run_whose_params_yaml_is_a_list_is_refused_naming_it(tmp_path):
+    from perfkit.gate.run import run_cases
+
+    (tmp_path / "params.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ValueError, match="params.yaml: top level must be a mapping, got list"):
+        run_cases(tmp_path)
+    code, out = _invoke("compare", "--run", str(tmp_path), "--baseline", str(FIXTURE_BASELINE))
+    assert code == 2 and f"{tmp_path / 'params.yaml'}: top level must be a mapping" in out, out

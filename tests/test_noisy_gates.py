@@ -16,7 +16,7 @@ import pytest
 from perfkit import stats
 from perfkit.checks import check_max, check_table, overall_status
 from perfkit.engine.spec import EngineSpec
-from perfkit.gate import outcome
+from perfkit.gate import verdicts
 from perfkit.gate.verdicts import exit_code_for, status_word
 from perfkit.investigations import registry
 from perfkit.investigations.warmup_shapes import warmup_shapes
@@ -62,12 +62,12 @@ def test_an_inconclusive_row_is_neither_a_pass_nor_a_regression():
     assert overall_status(df) == "inconclusive"
     assert exit_code_for([], df) == 0 and status_word(0, df) == "inconclusive"
     doc = {"status": "inconclusive", "rows": df.to_dict("records")}
-    assert outcome.gate_result("ok", doc) == "inconclusive" and outcome.exit_code("inconclusive", doc) == 0
-    line = outcome.verdict_line("s", doc)
+    assert verdicts.gate_result("ok", doc) == "inconclusive" and verdicts.exit_code("inconclusive", doc) == 0
+    line = verdicts.verdict_line("s", doc)
     assert line.startswith(
         "s gate: inconclusive: 2 checks: 1 inconclusive, 1 passed; noise could flip: b (3.4 > 3"
     ), line
-    assert outcome.finish("s", doc) == "inconclusive"  # shown, not raised: papermill does not fail
+    assert verdicts.finish("s", doc) == "inconclusive"  # shown, not raised: papermill does not fail
     failed = check_table([*rows, check_max("s", "c", 9.0, 3.0, lower=5.0)])
     assert overall_status(failed) == "fail" and exit_code_for([], failed) == 1
 

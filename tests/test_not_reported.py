@@ -17,7 +17,7 @@ import fake_engine
 from perfkit.bundle import WARMUP_INDEX
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.gate.config_rows import engine_checks
+from perfkit.gate.run import engine_checks
 from perfkit.investigations.shape_coverage import RECORD, Warmed, coverage_entry
 from perfkit.measuring.launch_rows import record_rows
 from perfkit.readings.records import PerfRecord, RecordError, parse_lines

@@ -18,7 +18,7 @@ import nbformat
 import pytest
 
 from perfkit import nbparams
-from perfkit.gate import outcome
+from perfkit.gate import verdicts
 from perfkit.gate.verdicts import read_verdict
 from perfkit.measuring import progress
 from perfkit.params import ParamsError
@@ -106,7 +106,7 @@ def test_papermill_exits_1_on_a_failing_gate_and_keeps_every_output(pass_fail):
     assert doc["status"] == "fail"
     # the exception is the last cell's, after every output: the same figures as the passing run
     (err,) = errors(out)
-    assert err["ename"] == outcome.GATE_FAILED
+    assert err["ename"] == verdicts.GATE_FAILED
     assert "finish(" in code_cells(out)[-1].source and code_cells(out)[-1].outputs[-1] == err
     assert images(out) == images(pass_fail["pass"][1]) >= 4
 
@@ -125,10 +125,10 @@ def test_papermill_exit_code_is_the_gate_of_every_investigation(tmp_path, name):
     )
     doc = read_verdict(tmp_path / name)
     assert doc is not None, proc.stderr[-3000:]
-    want = 0 if outcome.gate_result("ok", doc) == "pass" else 1
+    want = 0 if verdicts.gate_result("ok", doc) == "pass" else 1
     assert proc.returncode == want, (doc["status"], proc.stderr[-3000:])
     if want:
-        assert [e["ename"] for e in errors(out)] == [outcome.GATE_FAILED]
+        assert [e["ename"] for e in errors(out)] == [verdicts.GATE_FAILED]
     else:
         assert errors(out) == []
 
@@ -291,30 +291,32 @@ def test_gate_outcome_words_and_the_last_cell():
     }
     ok = {"status": "pass", "rows": [{"metric": "latency_drift", "status": "pass"}]}
     none = {"status": "skipped", "rows": [{"metric": "x", "status": "skipped"}]}
-    assert [outcome.gate_result("ok", v) for v in (ok, fail, none, None)] == [
+    assert [verdicts.gate_result("ok", v) for v in (ok, fail, none, None)] == [
         "pass",
         "fail",
         "not gated",
         "not gated",
     ]
-    assert outcome.gate_result("error", ok) == "error"
-    assert outcome.gate_result("ok", None, outcome.GATE_FAILED) == "fail"
-    assert [outcome.exit_code(w, v) for w, v in (("pass", ok), ("fail", fail), ("not gated", none))] == [
+    assert verdicts.gate_result("error", ok) == "error"
+    assert verdicts.gate_result("ok", None, verdicts.GATE_FAILED) == "fail"
+    assert [verdicts.exit_code(w, v) for w, v in (("pass", ok), ("fail", fail), ("not gated", none))] == [
         0,
         1,
         2,
     ]
-    assert outcome.exit_code("not gated", None) == 0  # a notebook without a gate (history)
-    assert outcome.finish("x", ok) == "pass"
-    assert outcome.finish("x", fail, "never") == "fail"
+    assert verdicts.exit_code("not gated", None) == 0  # a notebook without a gate (history)
+    assert verdicts.finish("x", ok) == "pass"
+    assert verdicts.finish("x", fail, "never") == "fail"
     with pytest.raises(
-        outcome.GateFailed, match=r"x gate: fail: 1 check: 1 failed; failed: latency_drift \(0.091"
+        verdicts.GateFailed, match=r"x gate: fail: 1 check: 1 failed; failed: latency_drift \(0.091"
     ):
-        outcome.finish("x", fail)
-    with pytest.raises(outcome.GateFailed, match=r"not gated: \d+ checks?: \d+ skipped \(nothing measured\)"):
-        outcome.finish("x", none)
+        verdicts.finish("x", fail)
+    with pytest.raises(
+        verdicts.GateFailed, match=r"not gated: \d+ checks?: \d+ skipped \(nothing measured\)"
+    ):
+        verdicts.finish("x", none)
     with pytest.raises(ValueError, match="fail_on: must be one of 'gate', 'never', got 'sometimes'"):
-        outcome.finish("x", ok, "sometimes")
+        verdicts.finish("x", ok, "sometimes")
 
 
 @pytest.mark.slow

@@ -97,18 +97,14 @@ def compare(
         failing ``cases compared`` row, never an empty pass.
 
     Raises:
-        OSError: a file missing or unreadable; ValueError: an unreadable input or baseline
-            (:class:`perfkit.gate.baseline.BaselineError` names the file and key).
+        OSError: a file missing or unreadable; ValueError: an unreadable input or baseline, a
+            profile it lacks, nothing measured in ``run`` (:class:`perfkit.gate.baseline.BaselineError`
+            names the file and key).
     """
     from perfkit.checks import check_table
-    from perfkit.gate import baseline as bl
-    from perfkit.gate.inputs import compare_cases
+    from perfkit.gate.run import compare_run
 
-    ref = bl.load_baseline(baseline)
-    cases, hardware = compare_cases(Path(run), case)
-    rows = bl.compare(cases, ref, profile=profile, strict=strict)
-    overlap, _ = bl.check_overlap(cases, ref, source=str(baseline), run_hardware=hardware)
-    return check_table([*overlap, *rows])
+    return check_table(compare_run(run, baseline, case, profile, strict)[0])
 
 
 def run_ab(

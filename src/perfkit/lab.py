@@ -1,5 +1,7 @@
-"""``perfkit lab``: JupyterLab on a run's executed notebooks (``perfkit lab RUN``), or on fresh
-copies of the investigation notebooks bound to recorded bundles (``--replay DIR``), in a lab
+"""``perfkit run`` but its printing (:func:`run_notebook`: ``-p`` parameters read and checked,
+the run directory made, and removed again when nothing ran, one notebook executed with progress
+bars) and ``perfkit lab``: JupyterLab on a run's executed notebooks (``perfkit lab RUN``), or on
+fresh copies of the investigation notebooks bound to recorded bundles (``--replay DIR``), in a lab
 directory outside the tracked tree (else :class:`LabError`); never on the tracked notebooks.
 See docs/lab.md.
 """
@@ -13,20 +15,32 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import nbformat
+import yaml
 
 from perfkit.bundle import read_meta
 from perfkit.common import MissingExtra, require_extra
 from perfkit.common.outdirs import stamped_dir
-from perfkit.engine.owner import Watch, end_processes
+from perfkit.common.slugs import did_you_mean
+from perfkit.engine.owner import Watch, become_subreaper, end_processes, run_bounded
+from perfkit.gate.verdicts import gate_result, read_verdict
 from perfkit.investigations import registry
-from perfkit.nbparams import section_params, validate
-from perfkit.params import ParamsError
-from perfkit.suite.execute import ipc_kernel_manager, kernel_name, notebooks_dir
+from perfkit.nbparams import HISTORY, section_params, validate
+from perfkit.params import ParamsError, load_params, load_yaml
+from perfkit.suite.execute import (
+    SuiteError,
+    default_out,
+    ipc_kernel_manager,
+    kernel_name,
+    notebooks_dir,
+    outputs_base,
+    replay_plan,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +109,7 @@ def _new_dir(dest: str | Path | None) -> Path:
 
 
 def _recorded_section(name: str, bundle: Path) -> dict[str, Any]:
-    """The section parameters ``bundle`` records (meta.json ``params``) that its notebook
-    declares and that validate today; the others keep the notebook's defaults (logged)."""
+    """The section parameters ``bundle`` records that its notebook declares and that validate."""
     try:
         recorded = read_meta(bundle).get("params") or {}
     except (OSError, ValueError) as exc:
@@ -114,26 +127,14 @@ def _recorded_section(name: str, bundle: Path) -> dict[str, Any]:
 
 
 def replay_names(replay: str | Path, only: Iterable[str] | None = None) -> list[str]:
-    """The investigations ``replay`` holds a bundle of (those of ``only`` when given), in the
-    registry's order.
-
-    Raises:
-        LabError: ``replay`` is no directory, ``only`` names no investigation, or no bundle is there.
-    """
-    replay = Path(replay).resolve()
-    if not replay.is_dir():
-        raise LabError(f"--replay {replay}: no such directory")
-    names = list(only) if only else list(registry.names())
-    unknown = [n for n in names if n not in registry.names()]
-    if unknown:
-        raise LabError(f"--only {', '.join(unknown)}: not an investigation ({', '.join(registry.names())})")
-    have = [n for n in names if (replay / n / "meta.json").is_file()]
-    if not have:
-        raise LabError(
-            f"--replay {replay}: no bundle to open (expected <dir>/<investigation>/meta.json for "
-            f"one of {', '.join(names)})"
-        )
-    return have
+    """The investigations (of ``only``) ``replay`` holds a bundle of, in the registry's order.
+    Raises :class:`LabError`: no such directory, or no bundle of them there."""
+    names = [n for n in registry.names() if not only or n in only]
+    try:
+        missing = replay_plan(Path(replay).resolve(), names)
+    except SuiteError as exc:
+        raise LabError(str(exc)) from None
+    return [n for n in names if n not in missing]
 
 
 def prepare_replay(
@@ -142,25 +143,22 @@ def prepare_replay(
     *,
     only: Iterable[str] | None = None,
     execute: bool = True,
-    timeout_s: float | None = 600,
-    notebooks: str | Path | None = None,
 ) -> LabDir:
     """Fresh copies of the investigation notebooks bound to the bundles of ``replay``, executed
     once and signed unless ``execute`` is False.
 
     Raises:
-        LabError: ``replay`` holds no bundle (of ``only``), ``only`` names no investigation, or
-            ``dest`` is inside the tracked tree or already holds notebooks.
+        LabError: ``replay`` holds no bundle (of ``only``), or ``dest`` is inside the tracked
+            tree or already holds notebooks.
     """
     replay = Path(replay).resolve()
     have = replay_names(replay, only)
-    src_dir = Path(notebooks) if notebooks else notebooks_dir()
     lab = LabDir(_new_dir(dest))
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
     for name in have:
-        nb = load_notebook_node(str(src_dir / f"{name}.ipynb"))  # papermill's reader (cell tags)
+        nb = load_notebook_node(str(notebooks_dir() / f"{name}.ipynb"))  # papermill's reader (cell tags)
         params = {
             **_recorded_section(name, replay / name),
             "bundle_dir": str(replay / name),
@@ -173,7 +171,7 @@ def prepare_replay(
         lab.notebooks.append(out)
     if execute:
         for out in lab.notebooks:
-            _execute(out, lab, timeout_s)
+            _execute(out, lab)
     return lab
 
 
@@ -197,11 +195,8 @@ def prepare_run(run: str | Path, dest: str | Path | None = None) -> LabDir:
     return lab
 
 
-def _execute(path: Path, lab: LabDir, timeout_s: float | None) -> None:
-    """Run ``path`` top to bottom with nbclient in ``lab.dir``, save it with its outputs (also
-    when a cell raised: the error is kept and named in ``lab.errors``), sign it."""
-    import time
-
+def _execute(path: Path, lab: LabDir, timeout_s: int = 600) -> None:
+    """Run ``path`` with nbclient in ``lab.dir``, save it with its outputs (and error), sign it."""
     from jupyter_core.utils import ensure_event_loop
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -210,7 +205,7 @@ def _execute(path: Path, lab: LabDir, timeout_s: float | None) -> None:
     client = NotebookClient(
         nb,
         kernel_name=kernel_name(),
-        timeout=int(timeout_s) if timeout_s else None,
+        timeout=timeout_s,
         resources={"metadata": {"path": str(lab.dir)}},
         kernel_manager_class=ipc_kernel_manager(),
     )
@@ -240,8 +235,7 @@ def _keep_signals(*_: Any) -> None:
 
 
 def _sign(path: Path) -> None:
-    """Trust ``path``'s outputs (its signature goes to the user's Jupyter notary database,
-    never into the file)."""
+    """Trust ``path``'s outputs (docs/lab.md)."""
     from nbformat.sign import NotebookNotary
 
     try:
@@ -267,8 +261,6 @@ def launch(lab: LabDir, browser: bool = True) -> int:
         require_extra("lab", "perfkit lab")
     except MissingExtra as exc:
         raise LabError(f"{exc}; the notebooks are ready in {lab.dir}") from None
-    from perfkit.engine.owner import run_bounded
-
     rc = run_bounded(lab_command(lab, browser), grace_s=10).returncode
     if rc not in (0, -signal.SIGINT, 128 + signal.SIGINT):
         raise LabError(
@@ -276,3 +268,178 @@ def launch(lab: LabDir, browser: bool = True) -> int:
             f"{lab.dir}: open them with any Jupyter, or rerun with --no-launch"
         )
     return 0
+
+
+class RunInputError(ValueError):
+    """Bad input to :func:`run_notebook` (a missing notebook, an invalid params file, a bad or
+    unknown ``-p``); its text is the whole message (the CLI prefixes ``perfkit: ``)."""
+
+
+def parse_kv(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``-p KEY=VALUE`` items -> {key: value read as YAML 1.2 (``1e3`` is a number)}.
+    Raises :class:`RunInputError`."""
+    out: dict[str, Any] = {}
+    for it in items or []:
+        if "=" not in it:
+            raise RunInputError(f"-p expects KEY=VALUE, got {it!r}")
+        k, v = it.split("=", 1)
+        k = k.strip()
+        if not k:
+            raise RunInputError(f"-p expects KEY=VALUE, got {it!r} (empty key)")
+        try:
+            out[k] = load_yaml(v) if v != "" else ""
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            shown = repr(v) if len(v) <= 80 else repr(v[:60]) + f"… ({len(v):,} characters)"
+            raise RunInputError(
+                f"-p {k}: value {shown} is not valid YAML ({where}); quote strings "
+                f"with special characters, e.g. -p '{k}=\"...\"'"
+            ) from None
+    return out
+
+
+def check_notebook_parameters(nb: Path, given: dict[str, Any]) -> list[str]:
+    """The names the notebook's ``parameters`` cell declares; :class:`RunInputError` for a ``-p``
+    name it lacks."""
+    import papermill as pm
+
+    try:
+        declared = list(pm.inspect_notebook(str(nb)))
+    except Exception as exc:  # noqa: BLE001 - not a notebook, unreadable JSON, ...
+        raise RunInputError(f"cannot read the parameters of {nb}: {exc}") from None
+    unknown = [k for k in given if k not in declared]
+    if not unknown:
+        return declared
+    hints = [f"{k!r}{did_you_mean(k, declared)}" for k in unknown]
+    known = ", ".join(declared) if declared else "none (the notebook has no parameters cell)"
+    raise RunInputError(
+        f"{nb.name}: unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; known: {known}"
+    )
+
+
+def notebook_params(nb: Path, params_file: str | None, kv: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """The parameters of one run: the params file's for this notebook (when given), then ``-p``
+    items, validated (:func:`perfkit.nbparams.validate`); ``fail_on`` ``never`` unless given (the
+    exit code comes from verdict.json). Raises :class:`RunInputError`."""
+    from perfkit.suite.execute import notebook_parameters
+
+    if not nb.exists():
+        raise RunInputError(f"notebook {nb} not found")
+    params: dict[str, Any] = {}
+    if params_file:
+        try:
+            sp = load_params(params_file)
+        except ParamsError as exc:
+            raise RunInputError(f"invalid params:\n{exc}") from None
+        params.update(notebook_parameters(nb.stem, sp, Path("unused")))
+        params.pop("run_dir", None)
+    try:
+        given = parse_kv(kv)
+        declared = check_notebook_parameters(nb, given)
+        given = validate(nb.stem, given)
+    except ParamsError as exc:
+        raise RunInputError(f"invalid parameters for {nb.name}:\n{exc}") from None
+    params.update(given)
+    if "fail_on" in declared and "fail_on" not in given:
+        params["fail_on"] = "never"
+    return params
+
+
+@dataclass
+class RunDir:
+    """A run directory: ``path``; ``top`` the outermost folder this run creates; ``created``."""
+
+    path: Path
+    top: Path
+    created: bool
+
+    def remove_if_empty(self) -> None:
+        """Nothing ran: leave no empty run directory (only what this run created, holding no file)."""
+        if self.created and self.top.exists() and not any(f.is_file() for f in self.top.rglob("*")):
+            shutil.rmtree(self.top, ignore_errors=True)
+
+
+def run_dir_for(name: str, given: str | None) -> RunDir:
+    """The run directory of notebook ``name``: ``given`` (``-p run_dir=``), else a new
+    ``outputs/<name>/<timestamp>/`` (made, empty, by :func:`perfkit.suite.execute.default_out`)."""
+
+    def outermost_new(top: Path) -> Path:
+        while not top.parent.exists():
+            top = top.parent
+        return top
+
+    if given:
+        path = Path(given).resolve()
+        return RunDir(path, outermost_new(path), not path.exists())
+    base = outputs_base(name).resolve()
+    # remove what this run creates, outputs/ included, if nothing ran
+    top = None if base.exists() else outermost_new(base)
+    path = default_out(name).resolve()
+    return RunDir(path, top or path, True)
+
+
+def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: float | None):
+    """Execute the notebook (:func:`perfkit.suite.execute_owned`: what its kernel starts ended
+    here); on a terminal, its requests' progress bars (the estimate from the investigation's plan)."""
+    from perfkit.measuring.progress import RunBars
+    from perfkit.suite import execute_owned
+
+    plan: list[int] = []
+    if nb.stem in registry.names() and not params.get("bundle_dir"):
+        s = registry.get(nb.stem)
+        fields = s.params_model.model_fields
+        with contextlib.suppress(ValueError):  # invalid: no bars, the notebook's bind cell says why
+            sec = s.params_model.model_validate({k: v for k, v in params.items() if k in fields})
+            plan = list(s.plan(sec)) if s.plan is not None else []
+    planned = sum(plan)
+    # the kernel's stderr (its shutdown noise: a traceback when interrupted) goes to a log; the
+    # bars to the terminal
+    bar_file, log_file = os.fdopen(os.dup(2), "w"), out.with_suffix(".kernel.log")
+    bars = RunBars(bar_file, len(plan), planned, enabled=planned > 0 and bar_file.isatty())
+    become_subreaper()
+    try:
+        return execute_owned(nb, out, params, bars, planned, cwd=Path.cwd(), timeout_s=timeout_s)
+    finally:
+        bars.close()
+        bar_file.close()
+        if log_file.exists() and not log_file.stat().st_size:
+            log_file.unlink()
+
+
+@dataclass
+class NotebookRun:
+    """What :func:`run_notebook` did: the execution ``result`` (perfkit.suite's), the ``verdict``
+    (None unless it ran to the end), the gate ``word`` (pass / fail / not gated / error), the
+    executed notebook ``out`` and the ``run_dir``."""
+
+    result: Any
+    verdict: Any
+    word: str
+    out: Path
+    run_dir: Path
+
+
+def run_notebook(
+    notebook: str,
+    params_file: str | None,
+    kv: list[str] | tuple[str, ...],
+    out: str | None,
+    timeout_s: float | None,
+) -> NotebookRun:
+    """Run one notebook with papermill: its parameters from ``params_file`` then ``kv`` (``-p``),
+    validated before the kernel starts; the executed copy at ``out`` (default
+    RUN_DIR/notebooks/NAME). A run that errors before writing anything leaves no run directory.
+    Raises :class:`RunInputError` for bad input, :class:`~perfkit.common.MissingExtra` for
+    the history notebook without ``perfkit[history]``."""
+    nb = Path(notebook)
+    if nb.stem == HISTORY:
+        require_extra("history", nb.name)
+    params = notebook_params(nb, params_file, kv)
+    rd = run_dir_for(nb.stem, params.get("run_dir"))
+    params["run_dir"] = str(rd.path)
+    dest = Path(out) if out else rd.path / "notebooks" / nb.name
+    r = execute_with_bars(nb, dest, params, timeout_s)
+    v = read_verdict(rd.path / nb.stem) if r.status == "ok" else None
+    if r.error:
+        rd.remove_if_empty()
+    return NotebookRun(r, v, gate_result(r.status, v, r.ename), dest, rd.path)

@@ -35,12 +35,11 @@ def measure(
     only: list[str] | None = None,
     work_dir: str | Path | None = None,
     options: Mapping[str, Any] | None = None,
-    progress: bool = True,
 ) -> dict[str, Any]:
     """Run the enabled investigations (of ``only``), each bundle saved under ``out/<investigation>``;
     launch directories and compile caches go to ``work_dir`` (default: a temp dir). ``options``:
     the investigations' measure options by Python name (:class:`~perfkit.investigations.parts.MeasureOption`,
-    e.g. ``{"overhead_pairs": 10}``); ``progress``: bars on stderr.
+    e.g. ``{"overhead_pairs": 10}``); progress bars on stderr.
 
     Returns:
         ``{investigation: {"bundle": path, "wall_s": s, "error": str | None}}``, also written to
@@ -68,7 +67,7 @@ def measure(
     summary: dict[str, Any] = {}
     shared: dict[str, Any] = {}
     plans = {name: (s.plan(sec) if s.plan is not None else []) for name, s, sec, _ in jobs}
-    bars = RunBars(sys.stderr, *planned_requests(plans.values()), enabled=progress)
+    bars = RunBars(sys.stderr, *planned_requests(plans.values()))
     try:
         for name, s, sec, eng in jobs:
             t0 = time.time()
@@ -111,8 +110,7 @@ def investigations(values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _investigation_options(f: Any) -> Any:
-    """The measure options the investigations declare
-    (:attr:`~perfkit.investigations.registry.Investigation.measure_options`) as click options of ``f``."""
+    """The investigations' measure options as click options of ``f``."""
     for _, o in reversed(registry.measure_options()):
         kind = {"is_flag": True} if o.is_flag else {"type": click.IntRange(min=o.minimum), "default": 0}
         f = click.option(o.flag, o.dest, help=o.help, show_default=not o.is_flag, **kind)(f)

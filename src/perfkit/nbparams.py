@@ -22,16 +22,15 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from perfkit.bundle import identity_differences, read_meta
 from perfkit.common.slugs import did_you_mean
 from perfkit.engine.spec import EngineSpec, EngineSpecError
-from perfkit.gate.outcome import FailOn
-from perfkit.gate.verdicts import GATE
+from perfkit.gate.verdicts import GATE, FailOn
 from perfkit.investigations import registry
 from perfkit.params import (
-    BaselineParams,
     InvariantsParams,
     ParamsError,
     RequestParams,
     _dotted,
     _error_text,
+    _is_model,
     load_yaml,
     parse_params,
 )
@@ -74,10 +73,6 @@ def _strip(ann: Any) -> Any:
     while typing.get_origin(ann) is Annotated:
         ann = typing.get_args(ann)[0]
     return ann
-
-
-def _is_model(ann: Any) -> bool:
-    return isinstance(ann, type) and issubclass(ann, BaseModel)
 
 
 def _union_args(ann: Any) -> tuple[Any, ...] | None:
@@ -129,6 +124,10 @@ _FAIL_ON_HELP = "gate: the last cell raises when the gate fails (papermill exits
 _FAIL_ON = NotebookParam("fail_on", FailOn, "gate", _FAIL_ON_HELP)
 
 
+#: defaults as plain values (models as dicts, None fields left out), as a parameters cell writes them
+_DUMP = TypeAdapter(Any)
+
+
 def section_params(name: str) -> list[NotebookParam]:
     """An investigation's params model fields but ``enabled`` and ``tier``, with their ``#:`` comments."""
     model = registry.get(name).params_model
@@ -136,11 +135,7 @@ def section_params(name: str) -> list[NotebookParam]:
     for key, f in model.model_fields.items():
         if key in ("enabled", "tier"):
             continue
-        default = f.get_default(call_default_factory=True)
-        if isinstance(default, BaseModel):
-            default = default.model_dump(exclude_none=True)
-        elif isinstance(default, list):
-            default = [d.model_dump(exclude_none=True) if isinstance(d, BaseModel) else d for d in default]
+        default = _DUMP.dump_python(f.get_default(call_default_factory=True), exclude_none=True)
         out.append(NotebookParam(key, f.annotation, default, _field_comment(model, key)))
     return out
 
@@ -297,8 +292,7 @@ def coerce(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _bundle_problems(notebook: str, given: Mapping[str, Any], injected: Iterable[str]) -> list[str]:
-    """A replay's bundle against the notebook: of this investigation, and measured with the
-    engine and request shape the parameters name where they were given (injected)."""
+    """A replay's bundle against the notebook: its investigation, engine and request as injected."""
     bundle = given.get("bundle_dir")
     if not bundle or notebook not in registry.names():
         return []
@@ -349,21 +343,16 @@ def bind(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
     return given
 
 
-#: the gate notebook's parameters -> BaselineParams fields
-_GATE_PARAMS = {"baseline_file": "file", "profile": "profile", "strict": "strict", "hardware": "hardware"}
-
-
 def _suggest_extra(model: Any, loc: tuple) -> str:
     """`` (did you mean 'x'?)`` for an unknown key at ``loc`` of ``model`` (a pydantic model)."""
     return did_you_mean(loc[-1], model.model_fields) if _is_model(model) and loc else ""
 
 
-def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0, model: Any = None) -> list[str]:
-    """``prefix<loc>: message, got <input>`` per error (``drop`` leading loc parts skipped); an
-    unknown key gets the closest field of ``model``."""
+def _pydantic_problems(prefix: str, exc: ValidationError, model: Any = None) -> list[str]:
+    """``prefix<loc>: message, got <input>`` per error."""
     out = []
     for e in exc.errors():
-        parts = tuple(e.get("loc") or ())[drop:]
+        parts = tuple(e.get("loc") or ())
         loc = _dotted((prefix, *parts) if prefix else parts)
         if e.get("type") == "extra_forbidden":
             out.append(f"{loc}: unknown field" + _suggest_extra(model, parts))
@@ -374,8 +363,8 @@ def _pydantic_problems(prefix: str, exc: ValidationError, drop: int = 0, model: 
 
 def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """Notebook parameters validated with the models a params file goes through (the
-    investigation's params model, the engine spec, the request, the invariants, the gate's baseline
-    fields; other declared parameters by their annotation); undeclared names pass through.
+    investigation's params model, the engine spec, the request, the invariants; other declared
+    parameters by their annotation, strictly); undeclared names pass through.
 
     Raises:
         ParamsError: every problem, each naming its parameter (``repeats: Input should be a
@@ -407,17 +396,13 @@ def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
                 out[key] = _invariants(value)
             elif section is not None and key in section.model_fields:
                 continue  # validated together below: a rule may join two fields
-            elif name == GATE and key in _GATE_PARAMS:
-                field = _GATE_PARAMS[key]
-                out[key] = BaselineParams.model_validate({field: value}).model_dump()[field]
             elif key in types:
                 out[key] = TypeAdapter(types[key]).validate_python(value, strict=True)
             else:
                 out[key] = value
         except ValidationError as exc:
-            # gate models are validated one field at a time: their loc starts with it
             model = RequestParams if key == "request" else InvariantsParams if key == "invariants" else None
-            problems += _pydantic_problems(key, exc, drop=1 if key in _GATE_PARAMS else 0, model=model)
+            problems += _pydantic_problems(key, exc, model=model)
         except EngineSpecError as exc:
             problems += [f"engine.{f}: {m}" for f, m in exc.problems]
         except (TypeError, ValueError) as exc:
@@ -448,8 +433,7 @@ def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _invariants(value: Any) -> dict[str, Any] | None:
-    """The given invariants, validated (unknown keys with the closest known one); only the
-    keys given (the notebook merges them over the defaults)."""
+    """The given invariants validated; only the keys given (merged over the defaults later)."""
     if value is None:
         return None
     if not isinstance(value, Mapping):

@@ -103,8 +103,7 @@ class _SuiteBase(_Model):
 
     @model_validator(mode="after")
     def _reference_engine(self) -> "_SuiteBase":
-        """What the reference engine would refuse only after a launch: a 400 for a height or
-        width that is not a multiple of 32, an unknown preset, more frames than --max-frames."""
+        """What the reference engine would refuse only after a launch (pixel multiples, max frames)."""
         eng = self.engine
         if not isinstance(eng, ReferenceEngine):
             return self
@@ -132,8 +131,7 @@ class _SuiteBase(_Model):
 
     @model_validator(mode="after")
     def _timeouts_ordered(self) -> "_SuiteBase":
-        """``request_timeout_s + stop_grace_s + TEARDOWN_MARGIN_S <= timeout_s``: a hung request
-        ends and its engine is stopped before papermill's cell timeout kills the kernel."""
+        """``request_timeout_s + stop_grace_s + TEARDOWN_MARGIN_S <= timeout_s`` (docs/robustness.md)."""
         if self.timeout_s is None:
             return self
         eng, margin = self.engine, TEARDOWN_MARGIN_S
@@ -203,8 +201,7 @@ class _SuiteBase(_Model):
 
 
 def _build_models() -> tuple[type[BaseModel], type[BaseModel]]:
-    """(InvariantsModel, SuiteParams) assembled from the registry: one section per investigation,
-    one ``invariants`` mapping with every investigation's invariant fields and defaults."""
+    """(InvariantsParams, SuiteParams) assembled from the registry."""
     inv_fields: dict[str, Any] = {
         k: (f.annotation, f) for k, f in registry.EngineInvariants.model_fields.items()
     }
@@ -235,30 +232,23 @@ class _AtKeys(ValueError):
         super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in problems))
 
 
+def _is_model(ann: Any) -> bool:
+    return isinstance(ann, type) and issubclass(ann, BaseModel)
+
+
 def _known_fields(model: type[BaseModel], loc: tuple) -> list[str]:
     """Field names of the model at ``loc`` (the parent of an unknown key)."""
     cur: Any = model
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        if not (isinstance(cur, type) and issubclass(cur, BaseModel)) or part not in cur.model_fields:
+    for part in (p for p in loc if not isinstance(p, int)):
+        if not _is_model(cur) or part not in cur.model_fields:
             return []
-        ann = cur.model_fields[part].annotation
-        cur = _unwrap(ann)
-    if isinstance(cur, type) and issubclass(cur, BaseModel):
-        return list(cur.model_fields)
-    return []
+        cur = _unwrap(cur.model_fields[part].annotation)
+    return list(cur.model_fields) if _is_model(cur) else []
 
 
 def _unwrap(ann: Any) -> Any:
-    args = get_args(ann)
-    if not args:
-        return ann
-    for a in args:
-        u = _unwrap(a)
-        if isinstance(u, type) and issubclass(u, BaseModel):
-            return u
-    return ann
+    models = [u for u in map(_unwrap, get_args(ann)) if _is_model(u)]
+    return models[0] if models else ann
 
 
 def _line_of(text: str, loc: tuple) -> int | None:
@@ -331,8 +321,7 @@ def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
 
 
 def _error_text(err: dict[str, Any], exc: Any = None, bare: bool = False) -> str:
-    """``message, got <input>`` of one pydantic error (params files, notebook parameters): ``exc``'s
-    text when given; no input when ``bare``, given ``exc`` or a mapping or list."""
+    """``message, got <input>`` of one pydantic error (no input when ``bare``, ``exc`` or a mapping or list)."""
     msg = (str(exc) if exc is not None else str(err.get("msg", "invalid"))).removeprefix("Value error, ")
     got = err.get("input")
     return msg if bare or exc is not None or isinstance(got, (dict, list)) else f"{msg}, got {got!r}"
@@ -350,8 +339,7 @@ def parse_params(data: Any, source: str = "<params>", text: str | None = None) -
 
 
 class _Yaml12Loader(yaml.SafeLoader):
-    """yaml.SafeLoader that reads YAML 1.2 floats (``1e3``, ``5e-1``: strings to PyYAML's 1.1)
-    and refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+    """yaml.SafeLoader with YAML 1.2 floats (``1e3``) that refuses a key given twice in one mapping."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -399,8 +387,7 @@ class YamlLimitError(yaml.YAMLError):
 
 
 def _check_limits(text: str) -> None:
-    """Refuse text over the size or nesting limit before parsing it (the scanner is a loop, not
-    a recursion: linear and stack-safe)."""
+    """Refuse text over the size or nesting limit before parsing it (the scanner is stack-safe)."""
     if len(text) > MAX_YAML_BYTES:
         raise YamlLimitError(f"{len(text):,} characters, over the limit of {MAX_YAML_BYTES:,}")
     depth = 0
@@ -416,8 +403,7 @@ def _check_limits(text: str) -> None:
 
 
 def _check_values(data: Any) -> None:
-    """Refuse data holding more than :data:`MAX_YAML_VALUES` values counted with aliases
-    expanded (an alias "bomb" is small text but exponentially many values to validate)."""
+    """Refuse data holding more than :data:`MAX_YAML_VALUES` values, aliases expanded."""
     stack, n = [data], 0
     while stack:
         v = stack.pop()
@@ -487,12 +473,8 @@ def load_params(path: str | Path, sets: Sequence[str] = ()) -> SuiteParams:
         raise ParamsError(f"{p}: invalid YAML: {str(exc).replace('<unicode string>', str(p))}") from None
     if data is None:
         raise ParamsError(f"{p}: empty params file")
-    if not sets:
-        return parse_params(data, str(path), text)
-    if not isinstance(data, dict):
-        raise ParamsError(f"{p}: top level must be a mapping, got {type(data).__name__}")
-    parse_params(data, str(path), text)  # the file's own errors with their lines first
-    return parse_params(apply_sets(data, sets), f"{path} with --set {' '.join(sets)}")
+    params = parse_params(data, str(path), text)  # the file's own errors with their lines first
+    return parse_params(apply_sets(data, sets), f"{path} with --set {' '.join(sets)}") if sets else params
 
 
 def load_side(path: str | Path) -> tuple[EngineSpec, dict[str, Any] | None]:

@@ -151,7 +151,6 @@ def wheelhouse_size(dest: str | Path) -> int:
 def requirement_closure(
     roots: tuple[str, ...] | list[str] = ("perfkit",),
     have: set[str] = frozenset(),
-    extras: tuple[str, ...] = (),
 ) -> dict[str, str]:
     """Project name -> installed version for the dependency closure of ``roots`` here, not
     descending into ``have`` (the host's copy brings its own), markers evaluated for this
@@ -162,7 +161,7 @@ def requirement_closure(
     """
     seen: dict[str, str] = {}
     root_keys = {canonical(r) for r in roots}
-    stack: list[tuple[str, tuple[str, ...]]] = [(r, extras) for r in roots]
+    stack: list[tuple[str, tuple[str, ...]]] = [(r, ()) for r in roots]
     while stack:
         name, ex = stack.pop()
         key = canonical(name)
@@ -213,7 +212,6 @@ def download(
     have_file: str | Path | None,
     python_version: str = "3.12",
     platforms: tuple[str, ...] = DEFAULT_PLATFORMS,
-    pin: bool = True,
     profile: str = "full",
 ) -> list[str]:
     """Download wheels of what the host lacks into ``dest`` for ``profile`` (:data:`PROFILES`,
@@ -237,14 +235,14 @@ def download(
             "environment (for the ray profile: pip install 'perfkit[ray]')"
         ) from exc
     need = missing(closure, have)
-    reqs = [f"{n}=={v}" if pin else n for n, v in sorted(need.items())]
+    reqs = [f"{n}=={v}" for n, v in sorted(need.items())]
     log.info("%d packages to download for Python %s: %s", len(reqs), python_version, " ".join(reqs))
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     cmd += ["--python-version", python_version, "--implementation", "cp", "-d", str(d), "-q"]
     cmd += [a for p in platforms for a in ("--platform", p)]
     for r in reqs:
         out = run_bounded(cmd + [r], capture_output=True, text=True)
-        if out.returncode != 0 and pin:
+        if out.returncode != 0:
             # the exact version may have no wheel for that Python: take the newest that has one
             out = run_bounded(cmd + [r.split("==")[0]], capture_output=True, text=True)
         if out.returncode != 0:

@@ -40,8 +40,7 @@ def file_option(*decls: str, kind: str, help: str, **kw: Any) -> Callable[[Calla
 def print_result(res: Any, command: str) -> int:
     """Print a suite result (each notebook's gate result, the status, where the report is);
     return its exit code."""
-    from perfkit.gate.outcome import gate_result
-    from perfkit.gate.verdicts import nothing_measured_reason, read_verdict
+    from perfkit.gate.verdicts import gate_result, nothing_measured_reason, read_verdict
 
     for n in res.notebooks:
         wall = f"{n.wall_s:.1f} s" if n.wall_s is not None else ""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -33,28 +32,14 @@ def _compare_dumps(before: str, after: str) -> int:
 
 def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bool) -> int:
     from perfkit.checks import check_markdown, check_table, overall_status
-    from perfkit.gate import baseline as bl
-    from perfkit.gate.inputs import compare_cases
+    from perfkit.gate.run import compare_run
     from perfkit.gate.verdicts import nothing_compared
 
     try:
-        ref = bl.load_baseline(baseline)
-    except (OSError, bl.BaselineError) as exc:
-        return fail(str(exc))
-    try:
-        cases, hardware = compare_cases(Path(run), case)
+        rows, warnings = compare_run(run, baseline, case, profile, strict)
     except (OSError, ValueError) as exc:
         return fail(str(exc))
-    if not cases:
-        return fail(f"no cases in {run} (no baseline.json, bundles nor records)")
-    try:
-        rows = bl.compare(cases, ref, profile=profile, strict=strict)
-    except KeyError as exc:  # the profile is not in the file's tolerances: name the file
-        return fail(f"{baseline}: tolerances: {exc.args[0]}")
-    except bl.BaselineError as exc:
-        return fail(f"{baseline}: {exc}")
-    overlap, warnings = bl.check_overlap(cases, ref, source=str(baseline), run_hardware=hardware)
-    df = check_table([*overlap, *rows])
+    df = check_table(rows)
     for w in warnings:
         fail(f"{'error' if nothing_compared(df) else 'warning'}: {w}")
     shown = df.astype(object).where(df.notna(), "–")  # not measured: "–", never 0
@@ -62,6 +47,10 @@ def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bo
     status = overall_status(df)
     if nothing_compared(df) or status == "skipped":
         print(f"compare: ERROR: nothing compared (no case of {run} is in {baseline})")
+        return EXIT_ERROR
+    compared = any(r.status in ("pass", "fail", "improved") and r.metric != "metrics compared" for r in rows)
+    if not compared and any(r.reason.endswith("every metric was skipped") for r in rows):
+        print(f"compare: ERROR: nothing compared (every metric of {baseline} for {run} is null or skipped)")
         return EXIT_ERROR
     print(f"compare: {status.upper()}")
     return EXIT_REGRESSION if status == "fail" else EXIT_OK

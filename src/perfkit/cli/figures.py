@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
+from perfkit.cli._common import done, fail
+from perfkit.common.exitcodes import EXIT_OK
 
 #: the width every help page of ``kind=commands`` is formatted at (independent of the terminal)
 HELP_WIDTH = 100
@@ -77,11 +77,10 @@ def figures_command(files: tuple[str, ...], root: str | None, check: bool) -> No
             for f in stale:
                 update_file(f, base)
     except (FiguresError, OSError, ValueError) as exc:
-        click.echo(f"perfkit figures: {exc}", err=True)
-        sys.exit(EXIT_ERROR)
+        done(fail(str(exc), prefix="perfkit figures"))
     for f in files:
         if f in stale:
             click.echo(f"{f}: {'stale (differs from its bundles)' if check else 'regenerated'}")
         else:
             click.echo(f"{f}: up to date")
-    sys.exit(1 if check and stale else EXIT_OK)
+    done(1 if check and stale else EXIT_OK)

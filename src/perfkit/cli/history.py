@@ -4,7 +4,6 @@ wrappers over :mod:`perfkit.history.check`, :func:`perfkit.bisect.search.run_con
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,7 +11,6 @@ import click
 
 from perfkit.cli._ab_options import probe_options, probe_run
 from perfkit.cli._common import COMMIT_URL, EXIT_CODES, STORE, done, fail
-from perfkit.common.exitcodes import EXIT_ERROR
 
 
 @click.group(
@@ -37,8 +35,7 @@ def _history_call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
     try:
         return fn(*args, **kw)
     except (HistoryError, OSError) as exc:
-        click.echo(f"perfkit history: {exc}", err=True)
-        sys.exit(EXIT_ERROR)
+        done(fail(str(exc), prefix="perfkit history"))
 
 
 def _added(res: Any) -> None:
@@ -84,7 +81,7 @@ def history_import(path: str, store: str, hardware: str | None, baselines: str |
     if baselines:
         res, skipped = _history_call(import_baselines, store, path, baselines, hardware=hardware)
         for note in skipped:
-            click.echo(f"perfkit history: {note}", err=True)
+            fail(note, prefix="perfkit history")
         n = len(res.added) + len(res.skipped)
         click.echo(f"{n} version(s) imported, {len(skipped)} skipped")
         _added(res)

@@ -7,8 +7,9 @@ from typing import Any
 
 import click
 
-from perfkit.cli._common import EXIT_CODES, done
-from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
+from perfkit.cli._common import EXIT_CODES, done, fail
+from perfkit.common.exitcodes import EXIT_OK
+from perfkit.measure import investigations
 
 
 @click.command(
@@ -29,7 +30,12 @@ from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
     default=None,
     help="the lab directory (default outputs/lab/<time>); must be outside the tracked tree",
 )
-@click.option("--only", multiple=True, help="with --replay: only this investigation (repeatable)")
+@click.option(
+    "--only",
+    multiple=True,
+    callback=lambda ctx, param, value: investigations(value),
+    help="with --replay: only this investigation (repeatable)",
+)
 @click.option("--no-execute", is_flag=True, help="with --replay: copy and bind the notebooks, run none")
 @click.option("--no-browser", is_flag=True, help="start JupyterLab without opening a browser")
 @click.option("--no-launch", is_flag=True, help="prepare the notebooks and print the JupyterLab command only")
@@ -41,8 +47,7 @@ def lab_command(**kw: Any) -> None:
 
     run, replay, lab_dir, only, no_execute = (kw[k] for k in ("run", "replay", "dir", "only", "no_execute"))
     if bool(run) == bool(replay):
-        print("perfkit lab: give a run directory or --replay DIR (one of them)", file=sys.stderr)
-        done(EXIT_ERROR)
+        done(fail("give a run directory or --replay DIR (one of them)", prefix="perfkit lab"))
     try:
         if replay:
             names = replay_names(replay, only or None)  # checked before anything is said or written
@@ -61,5 +66,4 @@ def lab_command(**kw: Any) -> None:
             done(EXIT_OK)
         done(launch(lab, not kw["no_browser"]))
     except LabError as exc:
-        print(f"perfkit lab: {exc}", file=sys.stderr)
-        done(EXIT_ERROR)
+        done(fail(str(exc), prefix="perfkit lab"))

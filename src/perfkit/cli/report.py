@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -35,5 +34,5 @@ def report_command(run: str, out: str | None, screenshot: bool) -> None:
         try:
             print(f"screenshot: {report.screenshot(html, d / 'report.png')}")
         except Exception as exc:  # noqa: BLE001
-            print(f"perfkit: no screenshot: {exc}", file=sys.stderr)
+            fail(f"no screenshot: {exc}")
     done(EXIT_OK)

@@ -1,4 +1,4 @@
-"""``perfkit run``: one notebook with papermill (a thin wrapper over :func:`perfkit.nbrun.run_notebook`)."""
+"""``perfkit run``: one notebook with papermill (a thin wrapper over :func:`perfkit.lab.run_notebook`)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def run_command(
     notebook: str, p: tuple[str, ...], params: str | None, out: str | None, timeout: float | None
 ) -> None:
     """Run one notebook with papermill (its parameters validated by the same models as a params file)."""
-    from perfkit.gate.outcome import exit_code, verdict_line
-    from perfkit.nbrun import RunInputError, run_notebook
+    from perfkit.gate.verdicts import exit_code, verdict_line
+    from perfkit.lab import RunInputError, run_notebook
 
     try:
         run = run_notebook(notebook, params, p, out, timeout)

@@ -79,8 +79,7 @@ def _suite(kw: dict[str, Any]) -> int:
 
 
 def _investigations_help() -> str:
-    """The registered investigations in run order, one line each: name, title, question (and
-    whether its params section is off by default), for ``perfkit suite --help``."""
+    """The registered investigations in run order, one line each, for ``perfkit suite --help``."""
     lines = []
     for s in registry.all_investigations():
         off = "" if s.params_model.model_fields["enabled"].default else " [off by default]"

@@ -1,11 +1,15 @@
 """The run's gate: this run's numbers in sglang's baseline layout, compared with a baseline of
-the same hardware, plus the within-run checks each investigation's notebook wrote. Launches
-nothing: reads the bundles and verdicts a run directory holds.
+the same hardware, plus the within-run checks each investigation's notebook wrote and the rows
+for what each launch's engine really ran (:func:`engine_checks`). Launches nothing: reads the
+bundles and verdicts a run directory holds. Also what ``perfkit compare --run`` names, read into
+baseline cases (:func:`compare_cases`: a run directory, a bundle directory, a performance.log or
+an sglang perf dump JSON).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,15 +17,15 @@ from typing import Any, Mapping
 
 import yaml
 
-from perfkit.bundle import ResultBundle
-from perfkit.checks import CHECK_COLUMNS, Check
+from perfkit.bundle import WARMUP_INDEX, ResultBundle, table_rows
+from perfkit.checks import CHECK_COLUMNS, Check, is_reported
 from perfkit.common.provenance import repo_root
 from perfkit.common.slugs import slug
 from perfkit.engine.spec import DEFAULT_WARMUP_FRAMES
 from perfkit.gate import baseline as bl
-from perfkit.gate.config_rows import engine_checks
 from perfkit.gate.verdicts import read_verdict
 from perfkit.investigations import registry
+from perfkit.readings import perfdump, records
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +93,8 @@ def investigation_checks(
 
 def load_run_bundles(run_dir: str | Path) -> dict[str, ResultBundle]:
     """Investigation -> bundle for each ``run_dir/<investigation>/`` holding one."""
-    out: dict[str, ResultBundle] = {}
-    for s in registry.names():
-        d = Path(run_dir) / s
-        if (d / "meta.json").exists():
-            out[s] = ResultBundle.load(d)
-    return out
+    dirs = {s: Path(run_dir) / s for s in registry.names()}
+    return {s: ResultBundle.load(d) for s, d in dirs.items() if (d / "meta.json").exists()}
 
 
 def investigation_rows(
@@ -146,7 +146,7 @@ def gate(
     Writes ``run_dir/baseline.json`` (this run's numbers, sglang layout, one case per
     :func:`bundle_cases`), compares them with ``baseline_file`` when given (``profile``,
     ``strict``), takes each investigation's rows from its verdict (:func:`investigation_rows`),
-    and checks what each launch's engine really ran (:func:`perfkit.gate.config_rows.engine_checks`,
+    and checks what each launch's engine really ran (:func:`engine_checks`,
     ``invariants`` merged over the defaults).
     """
     run_dir = Path(run_dir)
@@ -203,33 +203,211 @@ def run_hardware(run_dir: str | Path) -> str:
     except (OSError, bl.BaselineError):
         pass
     try:
-        sp = yaml.safe_load((run_dir / "params.yaml").read_text()) or {}
-        hw = (sp.get("baseline") or {}).get("hardware")
+        hw = (_run_params(run_dir).get("baseline") or {}).get("hardware")
         if hw:
             return str(hw)
-    except (OSError, yaml.YAMLError, AttributeError):
+    except (OSError, ValueError, AttributeError):
         pass
     return _hardware(load_run_bundles(run_dir))
 
 
+def _run_params(run_dir: Path) -> dict[str, Any]:
+    """A run's params.yaml ({} when absent). Raises ValueError naming the file: not YAML, not a mapping."""
+    p = run_dir / "params.yaml"
+    if not p.exists():
+        return {}
+    try:
+        sp = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{p}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(sp, dict):
+        raise ValueError(f"{p}: top level must be a mapping, got {type(sp).__name__}")
+    return sp
+
+
 def _hardware(bundles: Mapping[str, ResultBundle]) -> str:
-    for b in bundles.values():
-        gpu = b.meta.get("gpu_name")
-        if gpu:
-            return str(gpu)
-    for b in bundles.values():
-        if b.meta.get("cpu_count"):
-            return f"cpu x{b.meta['cpu_count']} ({b.meta.get('host', 'host')})"
-    return "unknown"
+    metas = [b.meta for b in bundles.values()]
+    gpu = next((m["gpu_name"] for m in metas if m.get("gpu_name")), None)
+    cpu = next(
+        (f"cpu x{m['cpu_count']} ({m.get('host', 'host')})" for m in metas if m.get("cpu_count")), None
+    )
+    return str(gpu or cpu or "unknown")
 
 
 def run_cases(run_dir: str | Path) -> dict[str, dict[str, Any]]:
     """Case id -> case entry for a finished run: its baseline.json's, else its bundles' named
-    with its params.yaml's engine and request."""
+    with its params.yaml's engine and request. Raises ValueError naming an unreadable params.yaml."""
     run_dir = Path(run_dir)
     if (run_dir / "baseline.json").exists():
         return dict(bl.load_baseline(run_dir / "baseline.json").get("scenarios") or {})
-    p = run_dir / "params.yaml"
-    sp = (yaml.safe_load(p.read_text()) if p.exists() else None) or {}
+    sp = _run_params(run_dir)
     cases = bundle_cases(load_run_bundles(run_dir), sp.get("engine") or {}, sp.get("request") or {})
     return {c: bl.from_bundle(b, c) for c, b in cases.items()}
+
+
+def _text(v: Any) -> str:
+    return "" if v is None or (isinstance(v, float) and v != v) else str(v)
+
+
+def _request_label(row: Mapping[str, Any]) -> str:
+    idx = row.get("index")
+    role = "the startup warmup" if idx == WARMUP_INDEX else f"request {idx}"
+    frames = row.get("effective_num_frames")
+    if frames is None:
+        frames = row.get("num_frames")
+    return f"{role} ({frames} frames)" if _text(frames) else role
+
+
+def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, Any]) -> list[Check]:
+    """Check rows (case = investigation name) for what every launch of every bundle really ran
+    (docs/suite.md, "What the gate checks"): ``compile_active[<launch>]`` (torch.compile asked
+    for but not in force fails unless ``invariants.compile_inactive_ok``) and
+    ``recompile_limit[<launch>]`` (a request that hit torch's recompile limit fails; an engine
+    that reports no flag, as sglang, gives a ``skipped`` row).
+
+    Args:
+        bundles: investigation -> its bundle.
+        invariants: the merged invariants; ``compile_inactive_ok`` (bool) is read.
+    """
+    inactive_ok = bool(invariants.get("compile_inactive_ok", False))
+    rows: list[Check] = []
+    for investigation, b in bundles.items():
+        launches = b.table("launches")
+        requests = b.table("requests")
+        for ln in table_rows(launches):  # missing values as None
+            if _text(ln.get("reused_from")):
+                continue  # judged in the bundle that measured it
+            label = _text(ln.get("launch"))
+            asked, active = ln.get("compile_requested"), ln.get("compile_active")
+            if asked:
+                metric = f"compile_active[{label}]"
+                if active:
+                    rows.append(
+                        Check(investigation, metric, 1.0, 1.0, 1.0, "pass", "compile asked and active")
+                    )
+                elif active is False:
+                    why = _text(ln.get("compile_disabled_reason")) or "the engine gave no reason"
+                    status = "pass" if inactive_ok else "fail"
+                    tail = " (expected: invariants.compile_inactive_ok)" if inactive_ok else ""
+                    why = f"compile asked but not active: {why}{tail}"
+                    rows.append(Check(investigation, metric, 1.0, 0.0, 1.0, status, why))
+            if not active:
+                continue
+            mine = requests[requests["launch"] == label] if not requests.empty else requests
+            flags = list(mine["recompile_limit_hit"])
+            hit = mine[[is_reported(f) and bool(f) for f in flags]] if flags else mine.iloc[:0]
+            metric = f"recompile_limit[{label}]"
+            if hit.empty:
+                told = sum(is_reported(f) for f in flags)
+                if not told:  # the engine reports no flag (sglang): not measured, never a pass
+                    why = "not measured: the engine reported no recompile-limit flag for any request"
+                    rows.append(Check(investigation, metric, 0.0, None, 0.0, "skipped", why))
+                    continue
+                unknown = len(flags) - told
+                why = "no request hit the recompile limit" + (
+                    f" ({unknown} of {len(flags)} requests did not report it)" if unknown else ""
+                )
+                rows.append(Check(investigation, metric, 0.0, 0.0, 0.0, "pass", why))
+                continue
+            first = table_rows(hit.iloc[:1])[0]
+            stage = _text(first.get("recompile_limit_stage")) or "a stage not reported"
+            reasons = [r for r in _text(first.get("recompile_reasons")).split("; ") if r]
+            limit = ln.get("recompile_limit")
+            lim = f" (limit {int(limit)})" if _text(limit) else ""
+            why = (
+                f"{_request_label(first)} hit torch.compile's recompile limit{lim} in {stage}; "
+                f"later calls ran eagerly. torch: {'; '.join(reasons) or 'no reason logged'}"
+                + (f" ({len(hit)} requests hit it)" if len(hit) > 1 else "")
+            )
+            rows.append(Check(investigation, metric, 0.0, float(len(hit)), 0.0, "fail", why))
+    return rows
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _bundle_cases(b: ResultBundle, case: str | None) -> dict[str, dict[str, Any]]:
+    """A bundle's cases as its run's baseline.json names them; ``case`` picks or names one."""
+    p = b.meta.get("params") or {}
+    if not isinstance(p.get("spec"), dict) or not isinstance(p.get("request"), dict):
+        cid = case or b.investigation
+        return {cid: bl.from_bundle(b, cid)}
+    cases = bundle_cases({b.investigation: b}, p["spec"], p["request"])
+    if case is not None:
+        if case not in cases and len(cases) != 1:
+            raise ValueError(f"{b.path}: no case {case!r}; its cases: {', '.join(cases)}")
+        cases = {case: cases[case] if case in cases else next(iter(cases.values()))}
+    return {c: bl.from_bundle(sub, c) for c, sub in cases.items()}
+
+
+def compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """Case id -> case entry for what ``run`` names, and its hardware label (None: unknown).
+
+    ``case`` names the case of a bundle (default: its cases as its run's baseline.json names
+    them), a performance.log or a perf dump (default the file's stem). An empty mapping: nothing measured.
+
+    Raises:
+        OSError: ``run`` missing or unreadable.
+        ValueError: unreadable input (RecordError, BaselineError name file and key).
+    """
+    if run.is_dir():
+        if (run / "meta.json").exists():
+            b = ResultBundle.load(run)
+            return _bundle_cases(b, case), b.meta.get("gpu_name")
+        cases = run_cases(run)
+        if cases or not (run / "performance.log").exists():
+            return cases, run_hardware(run)
+        run = run / "performance.log"
+    if not run.exists():
+        raise FileNotFoundError(f"{run}: no such file or directory")
+    cid = case or run.stem
+    with open(run, "rb") as fh:
+        head = fh.read(perfdump.MAX_DUMP_BYTES + 1)
+    if len(head) <= perfdump.MAX_DUMP_BYTES and perfdump.is_perf_dump(_json_or_none(head)):
+        return {cid: bl.entry_from_records([perfdump.read_perf_dump(run).to_record()])}, None
+    del head
+    # a performance.log: streamed, one record at a time (raw fields dropped), strict UTF-8
+    recs = (
+        r
+        for r in records.iter_perf_log(run, strict=True, keep_raw=False, partial_last=False)
+        if isinstance(r, records.PerfRecord) and not r.is_warmup
+    )
+    try:
+        return {cid: bl.entry_from_records(recs)}, None
+    except ValueError as exc:
+        if isinstance(exc, records.RecordError):
+            raise
+        return {}, None  # no measured record
+
+
+def compare_run(
+    run: str | Path,
+    baseline: str | Path,
+    case: str | None = None,
+    profile: str = "pr_test",
+    strict: bool = False,
+) -> tuple[list[Check], list[str]]:
+    """What ``run`` names (:func:`compare_cases`) against the baseline file ``baseline``:
+    (check rows, the overlap's first, :func:`perfkit.gate.baseline.check_overlap`'s warnings).
+
+    Raises:
+        OSError: a file missing or unreadable.
+        ValueError: an unreadable input or baseline, a profile the baseline lacks, nothing
+            measured in ``run`` (each message names the file).
+    """
+    ref = bl.load_baseline(baseline)
+    cases, hardware = compare_cases(Path(run), case)
+    if not cases:
+        raise ValueError(f"no cases in {run} (no baseline.json, bundles nor records)")
+    try:
+        rows = bl.compare(cases, ref, profile=profile, strict=strict)
+    except KeyError as exc:  # the profile is not in the file's tolerances: name the file
+        raise bl.BaselineError(f"{baseline}: tolerances: {exc.args[0]}") from None
+    except bl.BaselineError as exc:
+        raise bl.BaselineError(f"{baseline}: {exc}") from None
+    overlap, warnings = bl.check_overlap(cases, ref, source=str(baseline), run_hardware=hardware)
+    return [*overlap, *rows], warnings

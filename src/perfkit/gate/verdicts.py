@@ -2,7 +2,10 @@
 [Check...], ...}``; the gate's adds ``cases``, ``compared_with``, ``warnings``) read back for the
 summary, the report and the suite's exit code. The exit codes are the leaf
 :mod:`perfkit.common.exitcodes`' (0 pass or inconclusive, 1 a check failed, 2 an error or
-nothing compared), re-exported here.
+nothing compared), re-exported here. A notebook's gate outcome: the word a console prints for it
+(:func:`gate_result`: ``pass``, ``fail``, ``inconclusive``, ``not gated``, ``error``,
+``skipped``), and the last cell (:func:`finish`) that raises :class:`GateFailed` so papermill
+exits 1 when the gate failed or judged nothing; see docs/lab.md and docs/suite.md.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Literal, Mapping, get_args
 
 import pandas as pd
 
@@ -18,6 +21,7 @@ from perfkit.checks import CHECK_COLUMNS, Check, check_table, overall_status
 from perfkit.common import jsonsafe
 from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, STATUS_WORD  # noqa: F401
 from perfkit.common.jsonsafe import finite as jsonable  # NaN/inf -> null, recursively
+from perfkit.common.slugs import md_text
 from perfkit.gate.baseline.files import atomic_write_text
 from perfkit.investigations import registry
 
@@ -96,7 +100,6 @@ NOTHING_COMPARED = ("baseline", "cases compared")
 
 
 def _nothing_compared_rows(verdicts: pd.DataFrame) -> pd.DataFrame:
-    """The failing :data:`NOTHING_COMPARED` rows of ``verdicts`` (empty when there are none)."""
     if verdicts.empty or not {"case", "metric", "status"} <= set(verdicts.columns):
         return verdicts.iloc[:0]
     hit = (verdicts["case"] == NOTHING_COMPARED[0]) & (verdicts["metric"] == NOTHING_COMPARED[1])
@@ -129,12 +132,9 @@ def nothing_measured_reason(verdicts: pd.DataFrame) -> str | None:
 def exit_code_for(notebooks: Iterable[Any], verdicts: pd.DataFrame) -> int:
     """One rule for every command: 2 when a notebook errored or a baseline compared nothing
     (misuse, not a regression), 1 when a check failed, else 0."""
-    if nothing_compared(verdicts) or overall_status(verdicts) == "skipped":
-        return EXIT_ERROR  # nothing compared, or every check skipped: misuse, never a pass
-    for n in notebooks:
-        st = n.status if not isinstance(n, Mapping) else n.get("status")
-        if st == "error":
-            return EXIT_ERROR
+    statuses = [n.get("status") if isinstance(n, Mapping) else n.status for n in notebooks]
+    if nothing_compared(verdicts) or overall_status(verdicts) == "skipped" or "error" in statuses:
+        return EXIT_ERROR  # nothing compared, every check skipped, or an error: never a pass
     if not verdicts.empty and (verdicts["status"] == "fail").any():
         return EXIT_REGRESSION
     return EXIT_OK
@@ -146,3 +146,165 @@ def status_word(code: int, verdicts: pd.DataFrame) -> str:
     if code == EXIT_OK and overall_status(verdicts) == "inconclusive":
         return "inconclusive"
     return STATUS_WORD.get(code, "error")
+
+
+#: values of a notebook's ``fail_on`` parameter: "gate" raises on a failed (or unjudged) gate
+FailOn = Literal["gate", "never"]
+FAIL_ON = get_args(FailOn)
+#: the exception class name papermill records (``ename``) for a gate failure
+GATE_FAILED = "GateFailed"
+
+
+class GateFailed(Exception):
+    """The notebook ran to its end and its gate failed (or judged nothing) with
+    ``fail_on="gate"``: papermill exits 1. Not an error of the notebook: every output is
+    rendered and ``verdict.json`` written before it is raised."""
+
+
+def _failed_rows(verdict: Mapping[str, Any], status: str = "fail") -> list[str]:
+    rows = verdict.get("rows") or []
+    return [
+        f"{r.get('metric')} ({r.get('reason')})" if r.get("reason") else str(r.get("metric"))
+        for r in rows
+        if r.get("status") == status
+    ]
+
+
+#: the order and words of :func:`check_counts`
+_COUNT_WORDS = {
+    "fail": "failed",
+    "inconclusive": "inconclusive",
+    "improved": "improved",
+    "pass": "passed",
+    "new": "new",
+    "skipped": "skipped",
+}
+
+
+def check_counts(statuses: Iterable[Any]) -> str:
+    """The one count of a set of checks, for the page, summary.md and a notebook's last line
+    alike: ``"4 checks: 1 failed, 2 passed, 1 skipped"`` (statuses in :data:`_COUNT_WORDS`'s
+    order, only those present; another status is named as it is); ``"0 checks"`` for none."""
+    seen = [str(s) for s in statuses]
+    n = len(seen)
+    order = [*_COUNT_WORDS, *sorted(set(seen) - set(_COUNT_WORDS))]
+    parts = [f"{seen.count(s)} {_COUNT_WORDS.get(s, s)}" for s in order if s in seen]
+    return f"{n} check{'' if n == 1 else 's'}" + (": " + ", ".join(parts) if parts else "")
+
+
+def verdict_line(name: str, verdict: Mapping[str, Any] | None) -> str:
+    """One sentence on a verdict document (:func:`perfkit.gate.verdicts.write_verdict`'s):
+    ``"<name> gate: fail: 4 checks: 1 failed, 3 passed; failed: latency_drift (0.091 > 0.05)"``
+    (the counts of :func:`check_counts`)."""
+    word = gate_result("ok", verdict)
+    if verdict is None:
+        return f"{name} gate: not gated (no verdict written)"
+    rows = verdict.get("rows") or []
+    counts = check_counts(r.get("status") for r in rows if isinstance(r, Mapping))
+    failed = _failed_rows(verdict)
+    if word == "fail":
+        shown = "; ".join(failed[:5]) + (f" (+{len(failed) - 5} more)" if len(failed) > 5 else "")
+        return f"{name} gate: fail: {counts}" + (f"; failed: {shown}" if shown else "")
+    if word == "inconclusive":
+        shown = "; ".join(_failed_rows(verdict, "inconclusive"))
+        return f"{name} gate: inconclusive: {counts}; noise could flip: {shown}"
+    if word == "not gated":
+        why = "no check rows" if not rows else f"{counts} (nothing measured)"
+        return f"{name} gate: not gated: {why}; not a pass"
+    if word == "error":
+        return f"{name} gate: error: {verdict.get('error') or 'unreadable verdict'}"
+    return f"{name} gate: pass: {counts}"
+
+
+def gate_result(status: str, verdict: Mapping[str, Any] | None, ename: str | None = None) -> str:
+    """The gate word of one notebook run: ``pass``, ``fail``, ``inconclusive``, ``not gated``,
+    ``error`` or ``skipped`` (docs/suite.md). ``status``: the run's (``ok``, ``error``,
+    ``skipped``); ``verdict``: its ``verdict.json`` or None; ``ename``: the exception its last
+    cell raised (:data:`GATE_FAILED` is a failed gate: the A/B notebook writes no verdict)."""
+    if status in ("error", "skipped"):
+        return status
+    if verdict is None:
+        return "fail" if ename == GATE_FAILED else "not gated"
+    st = verdict.get("status")
+    if st == "error":
+        return "error"
+    if st in ("fail", "inconclusive"):
+        return st
+    rows = verdict.get("rows") or []
+    if st == "skipped" or all(isinstance(r, Mapping) and r.get("status") == "skipped" for r in rows):
+        return "not gated"  # no rows, or every check skipped: nothing compared is not a pass
+    return "pass"
+
+
+def exit_code(word: str, verdict: Mapping[str, Any] | None) -> int:
+    """The exit code of one notebook run from its gate word (one rule for every command,
+    :mod:`perfkit.gate.verdicts`): 0 pass or inconclusive, 1 fail, 2 error; ``not gated`` is 2 when a verdict
+    judged nothing (every check skipped: never a pass) and 0 for a notebook that writes no
+    verdict (the history notebook: nothing to gate)."""
+    if word in ("pass", "inconclusive"):
+        return 0
+    if word == "fail":
+        return 1
+    if word == "not gated" and verdict is None:
+        return 0
+    return 2
+
+
+def finish(name: str, verdict: Mapping[str, Any] | None, fail_on: str = "gate", where: str = "") -> str:
+    """The last cell of a gated notebook (``name``: an investigation, the baseline gate): show the
+    gate's sentence for ``verdict`` (:func:`perfkit.gate.verdicts.write_verdict`'s document;
+    ``where`` its path) and return the gate word (:func:`gate_result`); with ``fail_on="gate"``
+    raise :class:`GateFailed` when the gate failed or judged nothing (papermill then exits 1);
+    an inconclusive gate is shown, not raised.
+
+    Raises:
+        GateFailed: the gate failed, or judged nothing, and ``fail_on == "gate"``.
+        ValueError: ``fail_on`` is not one of :data:`FAIL_ON`.
+    """
+    _check_fail_on(fail_on)
+    word = gate_result("ok", verdict)
+    line = verdict_line(name, verdict)
+    at = f" (verdict: {where})" if where else ""
+    _show(f"**{md_text(line)}** {md_text(at)}".rstrip())  # names, errors, the path: outside text
+    if word in ("pass", "inconclusive") or fail_on == "never":
+        if word not in ("pass", "inconclusive"):
+            _show(f"`fail_on` is {fail_on!r}: this notebook does not fail the run.")
+        return word
+    raise GateFailed(
+        f"{line}{at}. Every output above is rendered; papermill exits 1 on this exception "
+        "(pass -p fail_on never to explore without failing the run)."
+    )
+
+
+def finish_code(name: str, code: int, text: str, fail_on: str = "gate") -> int:
+    """:func:`finish` for a notebook whose gate is an exit code (the A/B notebook: 0 pass,
+    1 regression or undecided, 2 nothing compared); ``text`` says what was decided.
+
+    Raises:
+        GateFailed: ``code`` is not 0 and ``fail_on == "gate"``.
+        ValueError: ``fail_on`` is not one of :data:`FAIL_ON`.
+    """
+    _check_fail_on(fail_on)
+    line = f"{name} gate: {'pass' if code == 0 else 'fail'} (exit code {code}): {text}"
+    _show(f"**{line}**")
+    if code == 0 or fail_on == "never":
+        return code
+    raise GateFailed(f"{line}. papermill exits 1 on this exception (pass -p fail_on never to explore).")
+
+
+def _check_fail_on(fail_on: str) -> None:
+    if fail_on not in FAIL_ON:
+        raise ValueError(f"fail_on: must be one of {', '.join(map(repr, FAIL_ON))}, got {fail_on!r}")
+
+
+def _show(markdown: str) -> None:
+    """Markdown in a notebook, a log line elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+    except ImportError:  # pragma: no cover - IPython is a dependency of the notebooks
+        get_ipython = None
+    if get_ipython is None or get_ipython() is None:
+        log.info("%s", markdown)
+        return
+    display(Markdown(markdown))

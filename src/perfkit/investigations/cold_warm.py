@@ -18,7 +18,7 @@ from pydantic import Field
 
 from perfkit import stats
 from perfkit.bundle import ResultBundle, steady_state
-from perfkit.checks import Check, check_max, check_min, number
+from perfkit.checks import NOT_REPORTED, Check, check_max, check_min, number, reported_count, reported_sum
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text
 from perfkit.engine.caps import MemoryCaps
@@ -39,7 +39,6 @@ from perfkit.measuring.profiled import (
     sites_markdown,
     top_sites_text,
 )
-from perfkit.reported import NOT_REPORTED, reported_count, reported_sum
 
 log = logging.getLogger(__name__)
 

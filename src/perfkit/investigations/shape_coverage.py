@@ -13,14 +13,13 @@ import pandas as pd
 
 from perfkit import stats
 from perfkit.bundle import WARMUP_INDEX
-from perfkit.checks import number
+from perfkit.checks import is_reported, number, reported_any, reported_count, reported_sum
 from perfkit.common.frames import latent_frames
 from perfkit.common.numfmt import json_float
 from perfkit.engine.handle import WarmupShape, parse_warmup_shapes
 from perfkit.investigations.common import first_vs_warm
 from perfkit.measuring.launch_rows import LaunchData
 from perfkit.readings.records import PerfRecord, parse_lines
-from perfkit.reported import is_reported, reported_any, reported_count, reported_sum
 
 #: where the warmup's shape came from: its performance.log record, or the engine's log line
 RECORD, ENGINE_LOG = "record", "engine log"

@@ -16,7 +16,7 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, sub_bundle, table_rows
-from perfkit.checks import Check, check_max, number
+from perfkit.checks import NOT_REPORTED, NOT_REPORTED_REASON, Check, check_max, number
 from perfkit.common.numfmt import fmt
 from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoRequestSpec
@@ -27,7 +27,6 @@ from perfkit.investigations.parts import MeasureOption, code, md
 from perfkit.investigations.shape_coverage import coverage_entry, warm_across_warmups, warmed_shapes
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key
 from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
-from perfkit.reported import NOT_REPORTED, NOT_REPORTED_REASON
 
 NAME = "warmup_shapes"
 

@@ -17,6 +17,7 @@ import pandas as pd
 
 from perfkit.bundle import WARMUP_INDEX
 from perfkit.bundle_schema import sampler_frame
+from perfkit.checks import reported_count, reported_flag
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import RequestOutcome, VideoClient, VideoRequestSpec
 from perfkit.engine.launch import EngineStartError, launch
@@ -24,7 +25,6 @@ from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S, EngineSpec
 from perfkit.measuring.progress import launching, track_requests
 from perfkit.readings.engine_config import effective_config
 from perfkit.readings.records import PERF_LOG_NAME, ParseReport, PerfRecord, parse_lines
-from perfkit.reported import reported_count, reported_flag
 
 log = logging.getLogger(__name__)
 

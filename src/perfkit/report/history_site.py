@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import pandas as pd
 
+from perfkit.checks import is_reported
 from perfkit.common.numfmt import change_text, number_text
 from perfkit.common.slugs import md_text
 from perfkit.history import changepoints as cp
@@ -23,7 +24,6 @@ from perfkit.history.store import HistoryError, read_confirmations, read_store
 from perfkit.report.plots import alt_text, figure_to_png_bytes
 from perfkit.report.render import template_env, write_tool_outputs
 from perfkit.report.tables import format_table, markdown_table
-from perfkit.reported import is_reported
 
 if TYPE_CHECKING:  # annotations only: matplotlib is imported where a figure is drawn
     from matplotlib.figure import Figure

@@ -10,13 +10,12 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 
 from perfkit.bundle import WARMUP_INDEX
-from perfkit.checks import Check, check_table, overall_status
+from perfkit.checks import NOT_REPORTED, Check, check_table, is_reported, overall_status, reported_count
 from perfkit.common.frames import align_frames, latent_frames
 from perfkit.common.slugs import md_text
-from perfkit.gate.outcome import check_counts
+from perfkit.gate.verdicts import check_counts
 from perfkit.investigations import registry
 from perfkit.report.tables import styled
-from perfkit.reported import NOT_REPORTED, is_reported, reported_count
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP
 from perfkit.roles import request_roles as plot_roles
 

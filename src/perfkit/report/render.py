@@ -22,8 +22,7 @@ import pandas as pd
 
 from perfkit.bundle import read_meta
 from perfkit.engine.owner import run_bounded
-from perfkit.gate.outcome import check_counts
-from perfkit.gate.verdicts import GATE, read_verdict
+from perfkit.gate.verdicts import GATE, check_counts, read_verdict
 from perfkit.investigations import registry
 from perfkit.report.belowstage import panel as below_stage_panel
 from perfkit.report.rootcause import root_cause

@@ -12,12 +12,12 @@ from typing import Any, Mapping
 import pandas as pd
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, read_results
+from perfkit.checks import NOT_REPORTED, is_reported
 from perfkit.common.numfmt import json_float
 from perfkit.investigations import registry
 from perfkit.readings.records import read_number
 from perfkit.report.notebook import penalty_stage
 from perfkit.report.tables import MISSING, Table, cell_text, format_table
-from perfkit.reported import NOT_REPORTED, is_reported
 from perfkit.roles import request_roles
 
 log = logging.getLogger(__name__)

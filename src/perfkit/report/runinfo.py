@@ -12,10 +12,10 @@ from typing import Any, Mapping
 import pandas as pd
 
 from perfkit.bundle import read_results
+from perfkit.checks import is_reported
 from perfkit.common.slugs import clip
 from perfkit.gate.verdicts import GATE, collect_verdicts, exit_code_for, notebooks, read_verdict, status_word
 from perfkit.investigations import registry
-from perfkit.reported import is_reported
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +129,8 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
     """(result, text) of notebook entry ``n``'s gate, apart from whether it ran (docs/suite.md):
     text as the notebook's last line (``fail: 4 checks: 1 failed, 2 passed, 1 skipped``)."""
     from perfkit.checks import check_table
-    from perfkit.gate.outcome import check_counts
-    from perfkit.gate.outcome import gate_result as gate_word
+    from perfkit.gate.verdicts import check_counts
+    from perfkit.gate.verdicts import gate_result as gate_word
 
     st = str(n.get("status") or "")
     if st == "skipped":

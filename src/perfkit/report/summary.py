@@ -11,8 +11,7 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 
 from perfkit.common.slugs import clip, md_text
-from perfkit.gate.outcome import check_counts
-from perfkit.gate.verdicts import nothing_measured_reason
+from perfkit.gate.verdicts import check_counts, nothing_measured_reason
 from perfkit.investigations import registry
 from perfkit.report.runinfo import (
     engine_ends_frame,

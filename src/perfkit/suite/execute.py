@@ -24,9 +24,8 @@ from perfkit.common.outdirs import stamped_dir
 from perfkit.common.provenance import repo_root
 from perfkit.common.slugs import slug
 from perfkit.gate import baseline as bl
-from perfkit.gate.outcome import GATE_FAILED
 from perfkit.gate.run import resolve_baseline_file
-from perfkit.gate.verdicts import GATE, RUN_FILE, jsonable
+from perfkit.gate.verdicts import GATE, GATE_FAILED, RUN_FILE, jsonable
 from perfkit.gate.verdicts import notebooks as notebook_names
 from perfkit.investigations import registry
 from perfkit.measuring.progress import PROGRESS_ENV, planned_requests
@@ -327,7 +326,7 @@ def execute_notebook(
     progress_file: str | Path | None = None,
 ) -> NotebookRun:
     """Run one notebook with papermill; never raises for a failing notebook (a last cell's
-    :class:`perfkit.gate.outcome.GateFailed` is status ``ok``: the gate result is in its
+    :class:`perfkit.gate.verdicts.GateFailed` is status ``ok``: the gate result is in its
     verdict.json). ``kernel_log`` takes the kernel's stderr and papermill's log lines;
     ``progress_file`` the kernel's progress events (default ``<dst>.progress.jsonl``).
     """
@@ -378,7 +377,7 @@ def notebook_parameters(
         # params file turns off (null) must reach it as None, not be left out
         "invariants": params.invariants.model_dump(),
         # the suite reads each verdict.json itself: a failed gate is a regression (exit 1), not
-        # a notebook error, so the notebooks never raise for it here (perfkit.gate.outcome)
+        # a notebook error, so the notebooks never raise for it here (perfkit.gate.verdicts)
         "fail_on": "never",
     }
     if name == GATE:

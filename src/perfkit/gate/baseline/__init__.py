@@ -1,14 +1,20 @@
 """Baseline JSON in sglang's ``perf_baselines`` layout (see docs/sglang.md "Interop facts"):
 rules (tolerances, pads, the pass bound), files (load, save: atomic), derive (entries from
-bundles or records), compare (verdict rows), update (one case's entry written into a file); what
+bundles or records; one case's entry written into a file), compare (verdict rows); what
 other modules use of them is re-exported here. Times in ms, memory in MiB.
 """
 
 # ruff: noqa: F401 (the public API, re-exported)
 from __future__ import annotations
 
-from perfkit.gate.baseline.compare import check_overlap, compare, improvement_snippets
-from perfkit.gate.baseline.derive import baseline_from_bundles, entry_from_records, from_bundle, set_case
+from perfkit.gate.baseline.compare import check_overlap, compare
+from perfkit.gate.baseline.derive import (
+    baseline_from_bundles,
+    entry_from_records,
+    from_bundle,
+    set_case,
+    update_baseline,
+)
 from perfkit.gate.baseline.files import (
     BaselineError,
     dumps_baseline,
@@ -25,4 +31,3 @@ from perfkit.gate.baseline.rules import (
     is_flat,
     tolerance_profile,
 )
-from perfkit.gate.baseline.update import update_baseline

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from perfkit.checks import Check
-from perfkit.gate.baseline.files import BaselineError
+from perfkit.gate.baseline.files import BaselineError, metric_value
 from perfkit.gate.baseline.rules import (
     DEFAULT_IMPROVEMENT_THRESHOLD,
     ENGINE_KEY,
@@ -19,25 +19,13 @@ from perfkit.gate.baseline.rules import (
     SCALAR_TIMING_METRICS,
     TOP_LEVEL_CASE_MAPS,
     StageClassifier,
-    _classifier,
     _metric_rule,
-    _number_problem,
     bound,
+    classify_stage,
     tolerance_profile,
 )
 
 log = logging.getLogger(__name__)
-
-
-def _metric_value(v: Any, where: str) -> float | None:
-    """A metric as written: None for JSON null ("not measured"), else a finite, non-negative
-    number; anything else raises :class:`BaselineError` naming ``where`` (never read as 0)."""
-    if v is None:
-        return None
-    problem = _number_problem(v)
-    if problem:
-        raise BaselineError(f"{where}: {v!r} {problem}")
-    return float(v)
 
 
 def _flatten(entry: Mapping[str, Any], where: str = "<entry>") -> dict[str, float | None]:
@@ -49,10 +37,10 @@ def _flatten(entry: Mapping[str, Any], where: str = "<entry>") -> dict[str, floa
         if not isinstance(m, Mapping):
             raise BaselineError(f"{where}.{k}: {m!r} is not an object")
         for name, v in m.items():
-            out[f"{k}.{name}"] = _metric_value(v, f"{where}.{k}.{name}")
+            out[f"{k}.{name}"] = metric_value(v, f"{where}.{k}.{name}")
     for k in (*SCALAR_TIMING_METRICS, *MEMORY_METRICS):
         if k in entry:
-            out[k] = _metric_value(entry[k], f"{where}.{k}")
+            out[k] = metric_value(entry[k], f"{where}.{k}")
     return out
 
 
@@ -68,7 +56,7 @@ def _expected_metrics(baseline: Mapping[str, Any], case: str) -> dict[str, float
     flat = _flatten(entry or {}, f"baseline scenarios.{case}")
     for k, v in top.items():
         # a value inside the case entry wins
-        flat.setdefault(k, _metric_value(v, f"baseline {k}.{case}"))
+        flat.setdefault(k, metric_value(v, f"baseline {k}.{case}"))
     return flat
 
 
@@ -85,25 +73,24 @@ def compare(
     profile: str = "pr_test",
     strict: bool = False,
     *,
-    stage_classes: StageClassifier | Mapping[str, str] | None = None,
+    stage_classes: Mapping[str, str] | None = None,
     video: bool = True,
-    threshold: float | None = None,
 ) -> list[Check]:
     """Check a run against a baseline with sglang's rule: a metric passes when ``actual <=
     max(expected * (1 + tol), expected + pad)`` (:mod:`~perfkit.gate.baseline.rules`; nulls as
-    docs/sglang.md says). Stage classes: :func:`classify_stage` unless ``stage_classes`` (a
-    callable, or name -> class with the default rules as fallback) says otherwise.
+    docs/sglang.md says). Stage classes: :func:`classify_stage` unless ``stage_classes`` (name
+    -> class) says otherwise.
 
     Args:
         run: case id -> case entry (:func:`from_bundle`'s); ms and MiB.
         profile: tolerance profile name; a flat file has one set for every profile.
         strict: a case (or metric) with no baseline fails instead of being ``new``.
         video: the 160 ms pad for denoise steps after step 0 (False: 20 ms, image models).
-        threshold: improvement threshold; default the document's (0.2).
 
     Returns:
         Verdict rows: ``fail`` when over the bound or missing (or null) in the run; ``improved``
-        (a pass) when faster than ``expected * (1 - threshold)``, with a snippet to paste;
+        (a pass) when faster than ``expected * (1 - threshold)`` (the document's improvement
+        threshold, else sglang's 0.2), with a snippet to paste;
         ``skipped`` when the profile has no tolerance for an optional metric (``load``,
         allocated/warmup peaks), the baseline value is null, for ``stages_ms.per_frame_generation``
         of video cases, for the denoise metrics of a run without a denoising stage
@@ -116,14 +103,15 @@ def compare(
             message names the case and the key).
     """
     profile, tols = tolerance_profile(baseline.get("tolerances"), profile)
-    threshold_from = "given"
-    if threshold is None:
-        given = (baseline.get("improvement_reporting") or {}).get("threshold")
-        threshold_from = (
-            "the baseline's" if given is not None else "sglang's default: the baseline gives none"
-        )
-        threshold = float(DEFAULT_IMPROVEMENT_THRESHOLD if given is None else given)
-    rule = _Rule(profile, tols, _classifier(stage_classes), video, threshold, threshold_from)
+    given = (baseline.get("improvement_reporting") or {}).get("threshold")
+    threshold_from = "the baseline's" if given is not None else "sglang's default: the baseline gives none"
+    threshold = float(DEFAULT_IMPROVEMENT_THRESHOLD if given is None else given)
+    classes = dict(stage_classes or {})
+
+    def classify(name: str) -> str:
+        return classes.get(name) or classify_stage(name)
+
+    rule = _Rule(profile, tols, classify, video, threshold, threshold_from)
     rows: list[Check] = []
     for case, entry in run.items():
         expected = _expected_metrics(baseline, case)
@@ -195,15 +183,13 @@ def no_denoise_reason(entry: Mapping[str, Any], classify: StageClassifier) -> st
 
 
 def _is_denoise_metric(metric: str) -> bool:
-    """The step metrics (aggregates and sampled steps); a denoising stage the baseline has and
-    the run lacks stays a failure ("missing from run")."""
+    """The step metrics (a denoising stage the run lacks stays "missing from run")."""
     return metric in _DENOISE_AGGREGATES or metric.startswith("denoise_step_ms.")
 
 
 @dataclass(frozen=True)
 class _Rule:
-    """What :func:`compare` checks every metric with: the tolerance profile (name and values),
-    the stage classifier, video or image pads, and the improvement threshold (and its source)."""
+    """What :func:`compare` checks every metric with."""
 
     profile: str
     tols: Mapping[str, float]
@@ -277,18 +263,3 @@ def check_overlap(
             f"numbers are only comparable on the same hardware"
         ]
     return [], []
-
-
-def improvement_snippets(rows: Iterable[Check]) -> dict[str, dict[str, Any]]:
-    """Merge the snippets of ``improved`` rows per case: case id -> fragment to paste."""
-    out: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        if r.status != "improved" or not r.snippet:
-            continue
-        dst = out.setdefault(r.case, {})
-        for k, v in r.snippet.items():
-            if isinstance(v, dict):
-                dst.setdefault(k, {}).update(v)
-            else:
-                dst[k] = v
-    return out

@@ -1,17 +1,21 @@
-"""Derive sglang-layout case entries from bundles or per-request records."""
+"""Derive sglang-layout case entries from bundles or per-request records; write one case's
+entry, derived from a bundle, into a baseline file (:func:`update_baseline`)."""
 
 from __future__ import annotations
 
+import datetime as _dt
+import logging
 import math
 import statistics
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from perfkit.bundle import ResultBundle, table_rows
+from perfkit.bundle import ResultBundle, steady_state, table_rows
 from perfkit.common.numfmt import json_float
-from perfkit.gate.baseline.files import new_baseline
+from perfkit.gate.baseline.files import load_baseline, new_baseline, save_baseline
 from perfkit.gate.baseline.rules import (
     DEFAULT_STEP_FRACTIONS,
     DERIVED_KEYS,
@@ -20,11 +24,12 @@ from perfkit.gate.baseline.rules import (
     MS_DECIMALS,
     S_DECIMALS,
     TOP_LEVEL_CASE_MAPS,
-    StageClassifier,
-    _classifier,
+    classify_stage,
 )
 from perfkit.readings.engine_config import effective_config
 from perfkit.readings.records import parse_lines
+
+log = logging.getLogger(__name__)
 
 
 def _max(values: Iterable[Any]) -> float | None:
@@ -33,16 +38,12 @@ def _max(values: Iterable[Any]) -> float | None:
 
 
 def _keys(df: pd.DataFrame) -> list[tuple[Any, str]]:
-    """(launch, request_id) per row; a missing launch (column or value) is None."""
-    launches = df["launch"] if "launch" in df else [None] * len(df)
-    return [
-        (None if la is None or la is pd.NA or (isinstance(la, float) and math.isnan(la)) else la, str(rid))
-        for la, rid in zip(launches, df["request_id"])
-    ]
+    """(launch, request_id) per row; a missing launch is None."""
+    return [(None if pd.isna(la) else la, str(rid)) for la, rid in zip(df["launch"], df["request_id"])]
 
 
 def _rows_of(df: pd.DataFrame, keys: set[tuple[Any, str]]) -> pd.DataFrame:
-    if df.empty or not keys or "request_id" not in df:
+    if df.empty or not keys:
         return df.iloc[0:0]
     return df[[k in keys for k in _keys(df)]]
 
@@ -59,7 +60,6 @@ def from_bundle(
     case_id: str,
     step_fractions: Iterable[float] | None = None,
     launch: str | None = None,
-    stage_classes: StageClassifier | Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Derive one case entry (sglang layout) from a bundle's tables.
 
@@ -92,7 +92,6 @@ def from_bundle(
             request's stage or step ``ms`` is null (the message names the file and column).
     """
     fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
-    classify = _classifier(stage_classes)
     req = bundle.measured_requests(launch)
     if req.empty:
         where = f" in launch {launch!r}" if launch is not None else ""
@@ -103,19 +102,19 @@ def from_bundle(
     launch_col = pd.Series([k[0] for k in _keys(req)], index=req.index, dtype=object)
     keys = set(_keys(req))
     entry: dict[str, Any] = {"stages_ms": _worst_stages_ms(bundle, keys)}
-    step_ms, avgs, medians = _denoise_steps(bundle, keys, classify, fractions)
+    step_ms, avgs, medians = _denoise_steps(bundle, keys, fractions)
     entry["denoise_step_ms"] = {str(i): round(v, MS_DECIMALS) for i, v in sorted(step_ms.items())}
 
-    e2e = _max(req["e2e_ms"]) if "e2e_ms" in req else None
-    if e2e is None and "client_ms" in req:
+    e2e = _max(req["e2e_ms"])
+    if e2e is None:
         e2e = _max(req["client_ms"])
     if e2e is not None:
         entry["expected_e2e_ms"] = round(e2e, MS_DECIMALS)
     entry["expected_avg_denoise_ms"] = round(max(avgs), MS_DECIMALS) if avgs else 0.0
     entry["expected_median_denoise_ms"] = round(max(medians), MS_DECIMALS) if medians else 0.0
 
-    lt, ready = _launch_values(bundle, req, keys, launch, entry)
-    entry["estimated_full_test_time_s"] = round(_full_test_time_s(req, launch_col, lt, ready), S_DECIMALS)
+    lt = _launch_values(bundle, req, keys, launch, entry)
+    entry["estimated_full_test_time_s"] = round(_full_test_time_s(req, launch_col, lt), S_DECIMALS)
     if ran := _engine_ran(bundle, lt):
         entry[ENGINE_KEY] = ran
     return entry
@@ -126,10 +125,8 @@ _ENGINE_COLUMNS = ("compile_active", "compile_backend", "dtype", "engine_device"
 
 
 def _engine_ran(bundle: ResultBundle, lt: pd.DataFrame) -> dict[str, Any]:
-    """``compile_active``, ``compile_backend``, ``dtype``, ``device`` of the launches in ``lt``, as
-    the engine reported them: the launches table's effective config, else (a bundle older than
-    those columns) its records' ``perfkit`` block or sglang's logged ServerArgs. A field not
-    reported, or not the same in every launch, is left out."""
+    """What the launches in ``lt`` ran as reported (older bundles: their records or logs);
+    a field not reported, or not the same in every launch, is left out."""
     seen: dict[str, set[Any]] = {}
     for ln in table_rows(lt):
         cfg = {c.removeprefix("engine_"): ln.get(c) for c in _ENGINE_COLUMNS}
@@ -156,34 +153,28 @@ def _worst_stages_ms(bundle: ResultBundle, keys: set[tuple[Any, str]]) -> dict[s
             f"{miss['request_id']!r}: no baseline from an unmeasured stage"
         )
     if not stages.empty:
-        per_req = (
-            stages.assign(_launch=stages["launch"] if "launch" in stages else None)
-            .groupby(["_launch", "request_id", "stage"], sort=False, dropna=False)["ms"]
-            .sum()
-        )
+        per_req = stages.groupby(["launch", "request_id", "stage"], sort=False, dropna=False)["ms"].sum()
         worst = per_req.groupby(level="stage", sort=False).max()
         stages_ms = {str(k): round(float(v), MS_DECIMALS) for k, v in worst.items()}
     return stages_ms
 
 
 def _denoise_steps(
-    bundle: ResultBundle, keys: set[tuple[Any, str]], classify: StageClassifier, fractions: list[float]
+    bundle: ResultBundle, keys: set[tuple[Any, str]], fractions: list[float]
 ) -> tuple[dict[int, float], list[float], list[float]]:
-    """(worst ms per sampled step index, per-request mean step ms, per-request median step ms)
-    from the steps of denoise stages (``DenoisingStage`` when present, else any ``denoise`` class)."""
+    """(worst ms per sampled step index, per-request mean step ms, per-request median step ms)."""
     steps = _rows_of(bundle.steps, keys)
-    if not steps.empty and "stage" in steps:
+    if not steps.empty:
         names = steps["stage"].fillna("").astype(str)
         if (names == "DenoisingStage").any():
             steps = steps[names == "DenoisingStage"]
-        elif names.map(lambda s: classify(s) == "denoise").any():
-            steps = steps[names.map(lambda s: classify(s) == "denoise")]
+        elif (denoise := names.map(lambda s: classify_stage(s) == "denoise")).any():
+            steps = steps[denoise]
     step_ms: dict[int, float] = {}
     avgs: list[float] = []
     medians: list[float] = []
     if not steps.empty:
-        sl = steps["launch"] if "launch" in steps else pd.Series(None, index=steps.index)
-        for _, grp in steps.assign(_launch=sl).groupby(["_launch", "request_id"], sort=False, dropna=False):
+        for _, grp in steps.groupby(["launch", "request_id"], sort=False, dropna=False):
             seq = [float(v) for v in grp.sort_values("step")["ms"]]
             if any(math.isnan(v) for v in seq):
                 raise ValueError(
@@ -204,12 +195,11 @@ def _launch_values(
     keys: set[tuple[Any, str]],
     launch: str | None,
     entry: dict[str, Any],
-) -> tuple[pd.DataFrame, float | None]:
-    """Put cold start, first result and the load/warmup/runtime peaks into ``entry`` (in place);
-    return the launches rows used and the worst ``ready_s`` (None when not recorded)."""
+) -> pd.DataFrame:
+    """Put the launch values and peaks into ``entry``; return the launches used."""
     lt = bundle.launches
     used = {k[0] for k in keys}
-    if not lt.empty and "launch" in lt:
+    if not lt.empty:
         lt = lt[lt["launch"].isin(used)] if used != {None} else lt
         if launch is not None:
             lt = lt[lt["launch"] == launch]
@@ -221,33 +211,19 @@ def _launch_values(
         (req, "peak_reserved_mib", "runtime_peak_vram_mb", 1.0, MB_DECIMALS),
         (req, "peak_allocated_mib", "runtime_peak_allocated_mb", 1.0, MB_DECIMALS),
     ):
-        v = _max(df[col]) if col in df else None
+        v = _max(df[col])
         if v is not None:
             entry[key] = round(v * scale, decimals)
-    ready = _max(lt["ready_s"]) if "ready_s" in lt else None
-    return lt, ready
+    return lt
 
 
-def _full_test_time_s(
-    req: pd.DataFrame, launch_col: pd.Series, lt: pd.DataFrame, ready: float | None
-) -> float:
-    """Seconds: per launch, ready_s plus the span of its measured requests (sum of e2e when no
-    timestamps), summed over launches."""
+def _full_test_time_s(req: pd.DataFrame, launch_col: pd.Series, lt: pd.DataFrame) -> float:
+    """``estimated_full_test_time_s`` (see :func:`from_bundle`)."""
     total_s = 0.0
-    ready_by_launch = {}
-    if "ready_s" in lt and "launch" in lt:
-        ready_by_launch = {la: json_float(r) or 0.0 for la, r in zip(lt["launch"], lt["ready_s"])}
-    elif ready is not None:  # launches without labels: count the cold start once
-        total_s += ready
+    ready_by_launch = {la: json_float(r) or 0.0 for la, r in zip(lt["launch"], lt["ready_s"])}
     for la, grp in req.assign(_launch=launch_col).groupby("_launch", sort=False, dropna=False):
-        span = None
-        if "t_start_s" in grp and "t_end_s" in grp:
-            t0, t1 = json_float(grp["t_start_s"].min()), json_float(grp["t_end_s"].max())
-            if t0 is not None and t1 is not None:
-                span = t1 - t0
-        if span is None:
-            col = "e2e_ms" if "e2e_ms" in grp else "client_ms" if "client_ms" in grp else None
-            span = float(grp[col].fillna(0).sum()) / 1000.0 if col else 0.0
+        t0, t1 = json_float(grp["t_start_s"].min()), json_float(grp["t_end_s"].max())
+        span = t1 - t0 if t0 is not None and t1 is not None else float(grp["e2e_ms"].fillna(0).sum()) / 1000
         total_s += span + ready_by_launch.get(la, 0.0)
     return total_s
 
@@ -276,48 +252,23 @@ def set_case(doc: dict[str, Any], case_id: str, entry: Mapping[str, Any]) -> dic
     return doc
 
 
-def baseline_from_bundles(
-    cases: Mapping[str, ResultBundle] | Iterable[tuple[str, ResultBundle]],
-    hardware: str | None = None,
-    *,
-    tolerances: Mapping[str, Mapping[str, float]] | None = None,
-    step_fractions: Iterable[float] | None = None,
-    launch: str | None = None,
-    description: str | None = None,
-    model: str = "Diffusion Server",
-) -> dict[str, Any]:
-    """Build a whole baseline document from bundles.
-
-    Args:
-        cases: case id -> bundle (or (case id, bundle) pairs).
-        hardware: ``metadata.hardware``.
-        tolerances: profiles; default :data:`DEFAULT_TOLERANCES` (sglang's 5090 numbers).
-        step_fractions: default :data:`DEFAULT_STEP_FRACTIONS`.
-        launch: restrict every case to this launch label.
-        description: ``metadata.description``; default names the bundles' git commits.
-    """
-    items = list(cases.items()) if isinstance(cases, Mapping) else list(cases)
-    fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
-    if description is None:
-        commits = sorted({str(b.meta.get("git_commit")) for _, b in items if b.meta.get("git_commit")})
-        at = f" at git commit {', '.join(commits)}" if commits else ""
-        description = f"Reference numbers from perfkit bundles{at}."
-    doc = new_baseline(
-        hardware, model=model, tolerances=tolerances, step_fractions=fractions, description=description
-    )
-    for case_id, bundle in items:
-        set_case(doc, case_id, from_bundle(bundle, case_id, fractions, launch=launch))
+def baseline_from_bundles(cases: Mapping[str, ResultBundle], hardware: str | None = None) -> dict[str, Any]:
+    """A whole baseline document (sglang's default tolerances and step fractions) from case id ->
+    bundle; ``metadata.description`` names the bundles' git commits."""
+    commits = sorted({str(b.meta.get("git_commit")) for b in cases.values() if b.meta.get("git_commit")})
+    at = f" at git commit {', '.join(commits)}" if commits else ""
+    doc = new_baseline(hardware, description=f"Reference numbers from perfkit bundles{at}.")
+    for case_id, bundle in cases.items():
+        set_case(doc, case_id, from_bundle(bundle, case_id))
     return doc
 
 
-def entry_from_records(
-    records: Iterable[Any], step_fractions: Iterable[float] | None = None
-) -> dict[str, Any]:
+def entry_from_records(records: Iterable[Any]) -> dict[str, Any]:
     """One case entry (sglang layout) from per-request records
     (:class:`perfkit.readings.records.PerfRecord`, e.g. a performance.log's lines or a perf
     dump's :meth:`~perfkit.readings.perfdump.PerfDump.to_record`), the worst request kept as
     sglang's baseline dump does (``test_server_utils.py``): ``stages_ms``, ``denoise_step_ms``
-    at ``step_fractions``, ``expected_e2e_ms`` (``total_duration_ms``),
+    at sglang's step fractions, ``expected_e2e_ms`` (``total_duration_ms``),
     ``expected_avg_denoise_ms`` / ``expected_median_denoise_ms`` and, when the records carry a
     ``runtime_peak`` snapshot, ``runtime_peak_vram_mb`` / ``runtime_peak_allocated_mb``.
 
@@ -327,7 +278,6 @@ def entry_from_records(
     Raises:
         ValueError: no records.
     """
-    fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
 
     def worse(cur: float | None, v: float | None) -> float | None:
         return cur if v is None else (v if cur is None else max(cur, v))
@@ -345,7 +295,7 @@ def entry_from_records(
         for name, ms in r.stage_ms().items():
             stages[name] = worse(stages.get(name), ms)
         seq = list(r.steps)
-        for i in step_indices(len(seq), fractions):
+        for i in step_indices(len(seq), DEFAULT_STEP_FRACTIONS):
             step_ms[i] = worse(step_ms.get(i), seq[i])
         if seq and all(v is not None for v in seq):
             avg = worse(avg, statistics.fmean(seq))
@@ -374,3 +324,63 @@ def entry_from_records(
         if key in peaks:
             entry[key] = r3(peaks[key])
     return entry
+
+
+def update_baseline(
+    bundle_dir: str | Path,
+    baseline_file: str | Path,
+    case_id: str,
+    *,
+    hardware: str | None = None,
+    launch: str | None = None,
+    num_frames: int | None = None,
+) -> dict[str, Any]:
+    """Write ``case_id``'s entry, derived from the bundle at ``bundle_dir``, into ``baseline_file``
+    (atomically, :func:`save_baseline`; created with sglang's default tolerances when missing) and return the document. The entry is the steady state the suite's gate writes
+    (:func:`perfkit.bundle.steady_state` of ``launch``; ``num_frames`` picks one request shape).
+    Other cases, tolerances and unknown keys are kept; ``metadata`` gets today's date, the bundle's
+    git commit and ``hardware`` when given.
+
+    Raises:
+        ValueError: a case id that is empty, longer than 200 characters or not printable; several
+            launches and no ``launch``; an unknown launch; ``hardware`` differs
+            from the file's ``metadata.hardware`` (a baseline holds one hardware's numbers).
+    """
+    if not case_id or len(case_id) > 200 or not case_id.isprintable():
+        raise ValueError(f"case id {case_id[:60]!r}: 1 to 200 printable characters")
+    bundle = ResultBundle.load(bundle_dir)
+    launches = [str(x) for x in bundle.launches.get("launch", [])] if not bundle.launches.empty else []
+    if launch is None and len(launches) > 1:
+        raise ValueError(
+            f"{bundle_dir} holds {len(launches)} launches ({', '.join(launches)}): name one with --launch"
+        )
+    if launch is not None and launches and launch not in launches:
+        raise ValueError(f"{bundle_dir}: no launch {launch!r} (has {', '.join(launches)})")
+    sel = steady_state(bundle, launch=launch, num_frames=num_frames)
+    path = Path(baseline_file)
+    if path.exists():
+        doc = load_baseline(path)
+        have = (doc.get("metadata") or {}).get("hardware")
+        if hardware is not None and have and have != hardware:
+            raise ValueError(
+                f"{path} holds numbers for hardware {have!r}, not {hardware!r}: "
+                f"write another hardware's numbers to its own baseline file"
+            )
+    else:
+        log.info("creating baseline %s", path)
+        doc = new_baseline(hardware)
+    fractions = (doc.get("sampling") or {}).get("step_fractions") or DEFAULT_STEP_FRACTIONS
+    entry = from_bundle(sel, case_id, fractions)
+    set_case(doc, case_id, entry)
+    meta = doc.setdefault("metadata", {})
+    commit = bundle.meta.get("git_commit") or "unknown"
+    meta["description"] = (
+        f"Reference numbers for {case_id} from perfkit bundle "
+        f"{Path(bundle_dir).name} ({bundle.investigation}) at git commit {commit}."
+    )
+    meta["last_updated"] = _dt.date.today().isoformat()
+    if hardware is not None:
+        meta["hardware"] = hardware
+    save_baseline(doc, path)
+    log.info("baseline %s: case %s updated from %s", path, case_id, bundle_dir)
+    return doc

@@ -8,7 +8,7 @@ import datetime as _dt
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,28 +36,32 @@ class BaselineError(ValueError):
     """A baseline file that cannot be read; the message names the file (and line/column)."""
 
 
-def new_baseline(
-    hardware: str | None = None,
-    *,
-    model: str = "Diffusion Server",
-    tolerances: Mapping[str, Mapping[str, float]] | None = None,
-    step_fractions: Iterable[float] | None = None,
-    threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
-    description: str = "",
-) -> dict[str, Any]:
-    """An empty baseline document with sglang's default tolerances (:data:`DEFAULT_TOLERANCES`)."""
+def new_baseline(hardware: str | None = None, *, description: str = "") -> dict[str, Any]:
+    """An empty baseline document with sglang's default tolerances (:data:`DEFAULT_TOLERANCES`),
+    improvement threshold and step fractions."""
     return {
         "metadata": {
-            "model": model,
+            "model": "Diffusion Server",
             "hardware": hardware or "unknown",
             "description": description,
             "last_updated": _dt.date.today().isoformat(),
         },
-        "tolerances": copy.deepcopy(dict(tolerances or DEFAULT_TOLERANCES)),
-        "improvement_reporting": {"threshold": threshold},
-        "sampling": {"step_fractions": list(step_fractions or DEFAULT_STEP_FRACTIONS)},
+        "tolerances": copy.deepcopy(DEFAULT_TOLERANCES),
+        "improvement_reporting": {"threshold": DEFAULT_IMPROVEMENT_THRESHOLD},
+        "sampling": {"step_fractions": list(DEFAULT_STEP_FRACTIONS)},
         "scenarios": {},
     }
+
+
+def metric_value(v: Any, where: str, nullable: bool = True) -> float | None:
+    """A metric as written: None for JSON null ("not measured", sglang writes it), else a finite,
+    non-negative number; anything else raises :class:`BaselineError` naming ``where`` (never 0)."""
+    if v is None and nullable:
+        return None
+    problem = _number_problem(v)
+    if problem:
+        raise BaselineError(f"{where}: {short_repr(v)} {problem}")
+    return float(v)
 
 
 def _validate(doc: Any, source: str) -> None:
@@ -72,13 +76,7 @@ def _validate(doc: Any, source: str) -> None:
             raise bad(key, f"is {type(doc[key]).__name__}, expected an object")
 
     def number(where: str, v: Any, nullable: bool = True) -> None:
-        # JSON null is "not measured" (sglang writes it, e.g. stages_ms.per_frame_generation of
-        # video cases); anything but a finite, non-negative number is an error, never 0.
-        if v is None and nullable:
-            return
-        problem = _number_problem(v)
-        if problem:
-            raise bad(where, f"{short_repr(v)} {problem}")
+        metric_value(v, f"{source}: {where}", nullable)
 
     imp = doc.get("improvement_reporting") or {}
     if "threshold" in imp:
