@@ -271,8 +271,6 @@ def _device(args: argparse.Namespace, rank: int) -> Any:
     ``--num-gpus`` > 1 this rank's (CPU threads shared, NVLink multicast off)."""
     import torch
 
-    from perfkit.refengine import dist
-
     name = args.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -281,13 +279,13 @@ def _device(args: argparse.Namespace, rank: int) -> Any:
         device = torch.device("cuda", torch.cuda.current_device())
     if args.num_gpus == 1:
         return device
-    try:
-        device = dist.rank_device(device, rank, args.num_gpus)
-    except ValueError as exc:
-        raise _Refused(str(exc)) from None
     if device.type == "cpu" and not os.environ.get("PERFKIT_TORCH_THREADS"):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.num_gpus))  # ranks share the cores
-    if device.type == "cuda":
+    if device.type == "cuda":  # rank r on cuda:(base + r)
+        base, n, have = device.index, args.num_gpus, torch.cuda.device_count()
+        if base + n > have:
+            raise _Refused(f"--num-gpus {n} from cuda:{base} needs {base + n} CUDA devices, {have} visible")
+        device = torch.device("cuda", base + rank)
         # before building: the seeded init draws on the current device (not GPU 0 on every rank)
         torch.cuda.set_device(device)
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # read at NCCL communicator init

@@ -35,23 +35,6 @@ def timeout() -> _dt.timedelta:
     return _dt.timedelta(seconds=float(os.environ.get("PERFKIT_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
 
 
-def rank_device(device: torch.device, rank: int, world_size: int) -> torch.device:
-    """The device of ``rank``: ``cuda:(base + rank)`` (base: the index given, else 0), or the CPU.
-
-    Raises:
-        ValueError: fewer CUDA devices than ranks.
-    """
-    if device.type != "cuda" or world_size == 1:
-        return device
-    base = device.index or 0
-    have = torch.cuda.device_count()
-    if base + world_size > have:
-        raise ValueError(
-            f"--num-gpus {world_size} from cuda:{base} needs {base + world_size} CUDA devices, {have} visible"
-        )
-    return torch.device("cuda", base + rank)
-
-
 def make_store(init: str | None, world_size: int, master: bool):
     """(TCPStore, ``tcp://HOST:PORT`` for the other ranks): rank 0's (``master``: on the port of
     ``init``, else a free one) or a client of it.
@@ -73,14 +56,13 @@ def make_store(init: str | None, world_size: int, master: bool):
 
 @dataclass
 class CfgParallel:
-    """One rank's view of the CFG-parallel group. ``backend``: ``nccl`` (CUDA) or ``gloo`` (CPU)
-    for the noise all_gather; ``control``: the gloo group for requests and reports (None: the
-    default group is gloo)."""
+    """One rank's view of the CFG-parallel group (noise all_gather over ``nccl`` on CUDA, ``gloo``
+    on the CPU). ``control``: the gloo group for requests and reports (None: the default group is
+    gloo)."""
 
     rank: int
     world_size: int
     device: torch.device
-    backend: str
     control: Any = None
     _marks: list = field(default_factory=list, repr=False)
 
@@ -160,12 +142,10 @@ def init(rank: int, world_size: int, store, device: torch.device) -> CfgParallel
     import torch.distributed as dist
 
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout())
     control = dist.new_group(backend="gloo", timeout=timeout()) if backend != "gloo" else None
     log.info("rank %d/%d joined (%s on %s)", rank, world_size, backend, device)
-    return CfgParallel(rank, world_size, device, backend, control)
+    return CfgParallel(rank, world_size, device, control)
 
 
 def _pdeathsig_hook() -> Callable[[], None] | None:

@@ -93,6 +93,161 @@ def parse_indices(text: str) -> list[int]:
     return sorted({int(p) for p in parts})
 
 
+def _o(*flags: str, **kwargs: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
+    return flags, kwargs
+
+
+_UNUSED = "accepted as sglang's command line has it; unused (no such port)"
+
+#: The options as (flags, add_argument keywords), in help order: model, compile, warmup and
+#: serving defaults; parallelism; offload, test-only and memory snapshots; logging.
+_OPTIONS = [
+    _o("--preset", default="tiny", help="model preset: tiny | ltx-2b (default tiny)"),
+    _o("--model-path", help="local diffusers-format checkpoint directory"),
+    _o("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"),
+    _o("--port", type=int, default=0, help="0 picks a free port (printed as a mark)"),
+    _o(
+        "--perf-log-dir",
+        help="append performance.log here (default: $SGLANG_PERF_LOG_DIR when "
+        "$SGLANG_DIFFUSION_STAGE_LOGGING is true, as sglang's server does)",
+    ),
+    _o("--device", default="auto", help="auto | cpu | cuda | cuda:N"),
+    _o("--dtype", default="auto", help="auto | float32 | bfloat16 | float16"),
+    _o("--seed", type=int, default=0, help="weight seed"),
+    _o(
+        "--compile",
+        "--enable-torch-compile",
+        action="store_true",
+        help="torch.compile the transformer (dynamic=False)",
+    ),
+    _o(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend: inductor | aot_eager | eager | cudagraphs",
+    ),
+    _o("--compile-vae", action="store_true", help="also compile the VAE decoder"),
+    _o("--recompile-limit", type=int, help="torch._dynamo recompile limit"),
+    _o("--two-stage", action="store_true", help="half-res pass + UpsampleStage + RefinementStage"),
+    _o("--refine-steps", type=int, default=2, help="RefinementStage steps of the two-stage pipeline"),
+    _o(
+        "--warmup-frames",
+        "--warmup-num-frames",
+        type=int,
+        default=17,
+        help="startup warmup frames (0 disables)",
+    ),
+    _o(
+        "--warmup-mode",
+        choices=["off", "server"],
+        help="sglang's flag: off disables the startup warmup, server keeps it",
+    ),
+    _o("--warmup-steps", type=int, default=2, help="denoising steps of the startup warmup (sglang: 2)"),
+    _o("--warmup-resolution", type=_resolution, help="HEIGHTxWIDTH"),
+    _o("--height", type=int, help="serving default height (px)"),
+    _o("--width", type=int, help="serving default width (px)"),
+    _o("--steps", type=int, help="serving default num_inference_steps"),
+    _o("--max-frames", type=int, default=257, help="requests with more frames get a 400 (default 257)"),
+    _o(
+        "--num-gpus",
+        type=int,
+        default=1,
+        help="N > 1: CFG parallel over N ranks with torch.distributed (NCCL on cuda:0..N-1, gloo "
+        "on the CPU); rank 0 serves HTTP and spawns the others (see refengine.dist)",
+    ),
+    _o("--master-port", type=int, help=_UNUSED),  # sglang 0.5.23's internal ports
+    _o("--scheduler-port", type=int, help=_UNUSED),
+    _o(
+        "--output-path",
+        help="accepted as sglang's command line has it; --keep-outputs writes under perf-log-dir",
+    ),
+    _o(
+        "--cpu-threads",
+        type=int,
+        help="torch intra-op threads (torch.set_num_threads) of every rank, 1 to the host's "
+        "logical CPUs (more exits 2); default: torch's own "
+        "(OMP_NUM_THREADS, else the cores), or the cores shared between the ranks of a CPU engine "
+        "with --num-gpus > 1. Recorded as torch_threads",
+    ),
+    _o(
+        "--multi-gpu-warmup-frames",
+        type=int,
+        help="startup warmup frames for --two-stage with --num-gpus > 1 instead of --warmup-frames "
+        "(sglang uses 25 there: a 24-frame request aligns to 25 = 4 latent frames, a 17-frame "
+        "warmup covers 3); default: --warmup-frames",
+    ),
+    _o("--dist-init", help="tcp://HOST:PORT of rank 0's rendezvous store (default: 127.0.0.1, a free port)"),
+    _o("--rank", type=int, help=argparse.SUPPRESS),  # set by rank 0 for the others
+    _o("--world-size", type=int, help=argparse.SUPPRESS),
+    _o(
+        "--placement",
+        choices=["device", "group_offload"],
+        help="force a placement instead of deciding from the cap (older flag; ignored on a CPU "
+        "device; see --offload)",
+    ),
+    _o(
+        "--offload",
+        choices=OFFLOAD_MODES,
+        help="offload mode of every component: none (resident), model (whole component moved in "
+        "and out, accelerate's cpu_offload_with_hook), group-block / group-leaf (diffusers' "
+        "apply_group_offloading at block / leaf level, CUDA stream prefetch). Default: none, "
+        "unless the device cap forces group-leaf offload: the text encoder first, then the "
+        "transformer, until the resident rest fits. "
+        "Modes other than none need an accelerator: on a CPU device the engine exits with code 2",
+    ),
+    *(
+        _o(
+            f"--offload-{comp.replace(' ', '-')}",
+            choices=OFFLOAD_MODES,
+            help=f"offload mode of the {comp} (overrides --offload for it{tail}",
+        )
+        for comp, tail in (
+            ("transformer", ")"),
+            ("text encoder", ")"),
+            ("vae", "; the two-stage upsampler follows it)"),
+        )
+    ),
+    _o("--keep-outputs", action="store_true", help="save generated frames as .npy"),
+    _o("--debug-leak-mib", type=int, default=0, help="TEST ONLY: leak this many MiB per request"),
+    _o(
+        "--memory-snapshot-after",
+        default="",
+        metavar="I,J",
+        help="CUDA: record allocation history and dump an allocator snapshot after these 0-based "
+        "measured requests (0: the cold request), into --memory-snapshot-dir; on CPU the records "
+        "say 'not available on cpu'",
+    ),
+    _o(
+        "--memory-snapshot-entries",
+        type=int,
+        default=20000,
+        help="trace entries the allocation history keeps (bounds each snapshot's size)",
+    ),
+    _o(
+        "--memory-snapshot-dir",
+        help="where request-<index>.pickle snapshots go (default: <perf-log-dir>/memory_snapshots)",
+    ),
+    _o(
+        "--debug-stage-delay",
+        action="append",
+        type=_stage_delay,
+        default=[],
+        metavar="STAGE=PCT",
+        help="TEST ONLY: slow STAGE down by PCT %% of its own work (e.g. DenoisingStage=30%%): busy "
+        "compute on the device inside the stage's span (per denoising step for DenoisingStage and "
+        "RefinementStage), on measured requests only, never the startup warmup; repeatable",
+    ),
+    _o(
+        "--debug-stage-delay-from",
+        type=int,
+        default=0,
+        metavar="N",
+        help="TEST ONLY: apply --debug-stage-delay from the N-th measured request on (0-based; "
+        "0: every request, 1: warm requests only)",
+    ),
+    _o("--log-level", default="INFO", help="logging level: DEBUG | INFO | WARNING | ERROR"),
+]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The engine's argument parser, options in help order: model, compile, warmup and serving
     defaults; parallelism; offload, test-only and memory snapshots; logging."""
@@ -106,181 +261,6 @@ def build_parser() -> argparse.ArgumentParser:
         "offload mode on a CPU device), other non-zero: the engine failed.",
         fromfile_prefix_chars="@",
     )
-    p.add_argument("--preset", default="tiny", help="model preset: tiny | ltx-2b (default tiny)")
-    p.add_argument("--model-path", default=None, help="local diffusers-format checkpoint directory")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as a mark)")
-    p.add_argument(
-        "--perf-log-dir",
-        default=None,
-        help="append performance.log here (default: $SGLANG_PERF_LOG_DIR when "
-        "$SGLANG_DIFFUSION_STAGE_LOGGING is true, as sglang's server does)",
-    )
-    _model_options(p)
-    _parallel_options(p)
-    _offload_options(p)
-    p.add_argument("--log-level", default="INFO", help="logging level: DEBUG | INFO | WARNING | ERROR")
+    for flags, kwargs in _OPTIONS:
+        p.add_argument(*flags, **kwargs)
     return p
-
-
-def _model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--seed", type=int, default=0, help="weight seed")
-    p.add_argument(
-        "--compile",
-        "--enable-torch-compile",
-        action="store_true",
-        help="torch.compile the transformer (dynamic=False)",
-    )
-    p.add_argument(
-        "--compile-backend",
-        default="inductor",
-        help="torch.compile backend: inductor | aot_eager | eager | cudagraphs",
-    )
-    p.add_argument("--compile-vae", action="store_true", help="also compile the VAE decoder")
-    p.add_argument("--recompile-limit", type=int, default=None, help="torch._dynamo recompile limit")
-    p.add_argument("--two-stage", action="store_true", help="half-res pass + UpsampleStage + RefinementStage")
-    p.add_argument(
-        "--refine-steps", type=int, default=2, help="RefinementStage steps of the two-stage pipeline"
-    )
-
-    p.add_argument(
-        "--warmup-frames",
-        "--warmup-num-frames",
-        type=int,
-        default=17,
-        help="startup warmup frames (0 disables)",
-    )
-    p.add_argument(
-        "--warmup-mode",
-        choices=["off", "server"],
-        default=None,
-        help="sglang's flag: off disables the startup warmup, server keeps it",
-    )
-    p.add_argument(
-        "--warmup-steps", type=int, default=2, help="denoising steps of the startup warmup (sglang: 2)"
-    )
-    p.add_argument("--warmup-resolution", type=_resolution, default=None, help="HEIGHTxWIDTH")
-
-    p.add_argument("--height", type=int, default=None, help="serving default height (px)")
-    p.add_argument("--width", type=int, default=None, help="serving default width (px)")
-    p.add_argument("--steps", type=int, default=None, help="serving default num_inference_steps")
-    p.add_argument(
-        "--max-frames", type=int, default=257, help="requests with more frames get a 400 (default 257)"
-    )
-
-
-def _parallel_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--num-gpus",
-        type=int,
-        default=1,
-        help="N > 1: CFG parallel over N ranks with torch.distributed (NCCL on cuda:0..N-1, gloo "
-        "on the CPU); rank 0 serves HTTP and spawns the others (see refengine.dist)",
-    )
-    for flag in ("--master-port", "--scheduler-port"):  # sglang 0.5.23's internal ports
-        p.add_argument(
-            flag,
-            type=int,
-            default=None,
-            help="accepted as sglang's command line has it; unused (no such port)",
-        )
-    p.add_argument(
-        "--output-path",
-        default=None,
-        help="accepted as sglang's command line has it; --keep-outputs writes under perf-log-dir",
-    )
-    p.add_argument(
-        "--cpu-threads",
-        type=int,
-        default=None,
-        help="torch intra-op threads (torch.set_num_threads) of every rank, 1 to the host's "
-        "logical CPUs (more exits 2); default: torch's own "
-        "(OMP_NUM_THREADS, else the cores), or the cores shared between the ranks of a CPU engine "
-        "with --num-gpus > 1. Recorded as torch_threads",
-    )
-    p.add_argument(
-        "--multi-gpu-warmup-frames",
-        type=int,
-        default=None,
-        help="startup warmup frames for --two-stage with --num-gpus > 1 instead of --warmup-frames "
-        "(sglang uses 25 there: a 24-frame request aligns to 25 = 4 latent frames, a 17-frame "
-        "warmup covers 3); default: --warmup-frames",
-    )
-    p.add_argument(
-        "--dist-init",
-        default=None,
-        help="tcp://HOST:PORT of rank 0's rendezvous store (default: 127.0.0.1, a free port)",
-    )
-    p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)  # set by rank 0 for the others
-    p.add_argument("--world-size", type=int, default=None, help=argparse.SUPPRESS)
-
-
-def _offload_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--placement",
-        default=None,
-        choices=["device", "group_offload"],
-        help="force a placement instead of deciding from the cap (older flag; ignored on a CPU "
-        "device; see --offload)",
-    )
-    p.add_argument(
-        "--offload",
-        default=None,
-        choices=OFFLOAD_MODES,
-        help="offload mode of every component: none (resident), model (whole component moved in "
-        "and out, accelerate's cpu_offload_with_hook), group-block / group-leaf (diffusers' "
-        "apply_group_offloading at block / leaf level, CUDA stream prefetch). Default: none, "
-        "unless the device cap forces group-leaf offload: the text encoder first, then the "
-        "transformer, until the resident rest fits. "
-        "Modes other than none need an accelerator: on a CPU device the engine exits with code 2",
-    )
-    for comp in ("transformer", "text-encoder", "vae"):
-        p.add_argument(
-            f"--offload-{comp}",
-            default=None,
-            choices=OFFLOAD_MODES,
-            help=f"offload mode of the {comp.replace('-', ' ')} (overrides --offload for it"
-            + ("; the two-stage upsampler follows it)" if comp == "vae" else ")"),
-        )
-
-    p.add_argument("--keep-outputs", action="store_true", help="save generated frames as .npy")
-    p.add_argument("--debug-leak-mib", type=int, default=0, help="TEST ONLY: leak this many MiB per request")
-    p.add_argument(
-        "--memory-snapshot-after",
-        default="",
-        metavar="I,J",
-        help="CUDA: record allocation history and dump an allocator snapshot after these 0-based "
-        "measured requests (0: the cold request), into --memory-snapshot-dir; on CPU the records "
-        "say 'not available on cpu'",
-    )
-    p.add_argument(
-        "--memory-snapshot-entries",
-        type=int,
-        default=20000,
-        help="trace entries the allocation history keeps (bounds each snapshot's size)",
-    )
-    p.add_argument(
-        "--memory-snapshot-dir",
-        default=None,
-        help="where request-<index>.pickle snapshots go (default: <perf-log-dir>/memory_snapshots)",
-    )
-    p.add_argument(
-        "--debug-stage-delay",
-        action="append",
-        type=_stage_delay,
-        default=[],
-        metavar="STAGE=PCT",
-        help="TEST ONLY: slow STAGE down by PCT %% of its own work (e.g. DenoisingStage=30%%): busy "
-        "compute on the device inside the stage's span (per denoising step for DenoisingStage and "
-        "RefinementStage), on measured requests only, never the startup warmup; repeatable",
-    )
-    p.add_argument(
-        "--debug-stage-delay-from",
-        type=int,
-        default=0,
-        metavar="N",
-        help="TEST ONLY: apply --debug-stage-delay from the N-th measured request on (0-based; "
-        "0: every request, 1: warm requests only)",
-    )

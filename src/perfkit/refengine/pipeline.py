@@ -89,21 +89,13 @@ class StagedPipeline:
         self.temporal = self.pipe.vae_temporal_compression_ratio
         self.spatial = self.pipe.vae_spatial_compression_ratio
         self.is_cuda = device.type == "cuda"
-        self._active_sched = comps.scheduler
         self._one_step_sched = None
         self.cfg_parallel = cfg_parallel
-        # event-timed stages/steps of the running request, resolved after it (see _resolve)
-        self._pending: list = []
-        self._pending_steps: list = []
-        self._request_event = None
         #: test-only ``--debug-stage-delay``: stage -> fraction of its own work added (``slow=True`` runs)
         self.stage_delay: dict[str, float] = {}
-        self._slow: dict[str, float] = {}
-        # CUDA injection: (stage, start, end, busy start, busy end) pieces, ms estimate per stage
-        self._inj_pieces: list = []
+        # CUDA injection: ms estimate per stage (kept across requests)
         self._inj_est: dict[str, float] = {}
         self._sleep_cpms: float | None = None
-        self._run = RunResult()
         #: the running request's profiler (sglang's ``profile`` field), set by the engine
         self.profiler: RequestProfiler | None = None
 
@@ -212,21 +204,18 @@ class StagedPipeline:
     def _resolve(self, out: RunResult) -> None:
         """After the final sync: each CUDA-injected piece's [work, busy] ms into ``out.injected``;
         then the event-timed stages and steps (one sync)."""
-        pieces, self._inj_pieces = self._inj_pieces, []
-        for st, a, b, b0, b1 in pieces:
+        for st, a, b, b0, b1 in self._inj_pieces:
             acc = out.injected.setdefault(st, [0.0, 0.0])
             acc[0] += a.elapsed_time(b)
             acc[1] += b0.elapsed_time(b1)
-        pending, self._pending = self._pending, []
-        steps, self._pending_steps = self._pending_steps, []
-        if pending or steps:
+        if self._pending or self._pending_steps:
             self._sync()
         origin = self._request_event
-        for res, e0, e1 in pending:  # wall times on the device's timeline, from the request start
+        for res, e0, e1 in self._pending:  # wall times on the device's timeline, from the request start
             res.ms = e0.elapsed_time(e1)
             res.t_start = out.t_start + origin.elapsed_time(e0) / 1000.0
             res.t_end = out.t_start + origin.elapsed_time(e1) / 1000.0
-        for target, events in steps:
+        for target, events in self._pending_steps:
             target.extend(a.elapsed_time(b) for a, b in zip(events, events[1:]))
 
     def _denoise(
@@ -319,9 +308,12 @@ class StagedPipeline:
         out = RunResult()
         self._run = out
         self._slow = dict(self.stage_delay) if slow else {}
-        self._inj_pieces = []
+        # CUDA-injected (stage, start, end, busy start, busy end) pieces and the event-timed
+        # stages/steps of this request, resolved after it (see _resolve)
+        self._inj_pieces: list = []
         timing = {"off": False, "events": "events", "sync": "sync"}[req.timing_mode]
-        self._pending, self._pending_steps = [], []
+        self._pending: list = []
+        self._pending_steps: list = []
         self._request_event = self._event() if timing == "events" and self.is_cuda else None
         pipe = self.pipe
         frames = align_frames(req.num_frames, self.temporal)

@@ -102,13 +102,11 @@ class RequestProfiler:
         all_stages: bool,
         num_profiled_timesteps: int | None,
         num_inference_steps: int,
-        rank: int = 0,
     ):
         self.request_id = request_id
         self.all_stages = bool(all_stages)
         self.mode = profile_mode(self.all_stages, num_profiled_timesteps, num_inference_steps)
         self.directory = trace_dir()
-        self.rank = rank
         acts = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             acts.append(torch.profiler.ProfilerActivity.CUDA)
@@ -128,8 +126,9 @@ class RequestProfiler:
 
     @property
     def file_name(self) -> str:
-        """``{request_id}-{mode}-global-rank{rank}.trace.json.gz`` (sglang's name)."""
-        return f"{self.request_id}-{self.mode}-global-rank{self.rank}.trace.json.gz"
+        """``{request_id}-{mode}-global-rank0.trace.json.gz`` (sglang's name; the serving process
+        is global rank 0)."""
+        return f"{self.request_id}-{self.mode}-global-rank0.trace.json.gz"
 
     def denoising_step_done(self) -> None:
         """After one denoising step (sglang's ``step_denoising_step``): ``N_steps`` advances the

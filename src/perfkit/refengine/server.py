@@ -19,7 +19,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, create_model
 
 from perfkit.common.frames import PIXEL_MULTIPLE, TEMPORAL_COMPRESSION, align_frames
 from perfkit.common.slugs import did_you_mean
@@ -50,62 +50,9 @@ DEFAULT_FPS = 24
 MAX_STEPS = 1000
 
 
-class VideoRequest(BaseModel):
-    """sglang's /v1/videos request (:data:`SGLANG_VIDEO_FIELDS`, in order) plus perfkit's own
-    ``perfkit_stage_timing``. Any other field is refused (400 naming it): a misspelt field such as
-    ``num_frame`` would otherwise be ignored and the request measured with the default shape."""
-
+class _VideoRequestBase(BaseModel):
     # allow_inf_nan=False: a NaN guidance_scale (Python's JSON reads it) would pass "must be >= 0"
     model_config = ConfigDict(extra="forbid", strict=False, allow_inf_nan=False)
-
-    prompt: str = Field(min_length=1)
-    input_reference: Optional[str] = None
-    reference_url: Optional[str] = None
-    video_path: Optional[str] = None
-    video_url: Optional[str] = None
-    model: Optional[str] = None
-    n: Optional[int] = 1
-    num_outputs_per_prompt: Optional[int] = None
-    #: sglang's duration: frames = seconds x fps when num_frames is not given
-    seconds: Optional[int] = 4
-    #: "WIDTHxHEIGHT", used when height and width are not given
-    size: Optional[str] = ""
-    fps: Optional[int] = Field(default=None, ge=1)
-    num_frames: Optional[int] = None
-    seed: Optional[Union[int, list[int]]] = 0
-    generator_device: Optional[str] = "cuda"
-    width: Optional[int] = None
-    height: Optional[int] = None
-    num_inference_steps: Optional[int] = None
-    guidance_scale: Optional[float] = None
-    guidance_scale_2: Optional[float] = None
-    true_cfg_scale: Optional[float] = None
-    negative_prompt: Optional[str] = None
-    max_sequence_length: Optional[int] = None
-    flow_shift: Optional[float] = None
-    enable_teacache: Optional[bool] = False
-    enable_frame_interpolation: Optional[bool] = False
-    frame_interpolation_exp: Optional[int] = 1
-    frame_interpolation_scale: Optional[float] = 1.0
-    frame_interpolation_model_path: Optional[str] = None
-    enable_upscaling: Optional[bool] = False
-    upscaling_model_path: Optional[str] = None
-    upscaling_scale: Optional[int] = 4
-    output_quality: Optional[str] = "default"
-    output_compression: Optional[int] = None
-    output_path: Optional[str] = None
-    diffusers_kwargs: Optional[dict[str, Any]] = None
-    task: Optional[str] = None
-    conditions: Optional[Any] = None
-    target: Optional[Any] = None
-    audio_flow_shift: Optional[float] = None
-    perf_dump_path: Optional[str] = None
-    # sglang's profiling fields, strict: "yes", 1 or "5" is a 400 (lax mode would read true or 5)
-    profile: Optional[StrictBool] = False
-    num_profiled_timesteps: Optional[StrictInt] = None
-    profile_all_stages: Optional[StrictBool] = False
-    #: perfkit extension: stage timing, true / "events", "sync" or false / "off" (:class:`GenRequest`)
-    perfkit_stage_timing: Union[bool, Literal["events", "sync", "off"]] = True
 
     def ignored_fields(self) -> list[str]:
         """sglang fields this request sets to something other than their default that the
@@ -114,6 +61,55 @@ class VideoRequest(BaseModel):
         return [
             n for n in sorted(self.model_fields_set - USED_FIELDS) if getattr(self, n) != fields[n].default
         ]
+
+
+_S, _I, _F = Optional[str], Optional[int], Optional[float]
+#: VideoRequest's fields: names (one key may hold several) -> (type, default or Field).
+#: ``seconds``: frames = seconds x fps when num_frames is not given; ``size``: "WIDTHxHEIGHT" when
+#: height and width are not; the profiling fields are strict ("yes", 1 or "5" is a 400).
+_FIELD_SPECS: dict[str, tuple[Any, Any]] = {
+    "prompt": (str, Field(min_length=1)),
+    "input_reference reference_url video_path video_url model negative_prompt": (_S, None),
+    "frame_interpolation_model_path upscaling_model_path output_path task perf_dump_path": (_S, None),
+    "n": (_I, 1),
+    "num_outputs_per_prompt num_frames width height num_inference_steps max_sequence_length": (_I, None),
+    "output_compression": (_I, None),
+    "seconds": (_I, 4),
+    "size": (_S, ""),
+    "fps": (_I, Field(default=None, ge=1)),
+    "seed": (Optional[Union[int, list[int]]], 0),
+    "generator_device": (_S, "cuda"),
+    "guidance_scale guidance_scale_2 true_cfg_scale flow_shift audio_flow_shift": (_F, None),
+    "enable_teacache enable_frame_interpolation enable_upscaling": (Optional[bool], False),
+    "frame_interpolation_exp": (_I, 1),
+    "frame_interpolation_scale": (_F, 1.0),
+    "upscaling_scale": (_I, 4),
+    "output_quality": (_S, "default"),
+    "diffusers_kwargs": (Optional[dict[str, Any]], None),
+    "conditions target": (Optional[Any], None),
+    "profile profile_all_stages": (Optional[StrictBool], False),
+    "num_profiled_timesteps": (Optional[StrictInt], None),
+    #: perfkit extension: stage timing, true / "events", "sync" or false / "off" (:class:`GenRequest`)
+    "perfkit_stage_timing": (Union[bool, Literal["events", "sync", "off"]], True),
+}
+#: the fields in sglang's order, then perfkit's own
+_FIELD_ORDER = """prompt input_reference reference_url video_path video_url model n num_outputs_per_prompt
+seconds size fps num_frames seed generator_device width height num_inference_steps guidance_scale
+guidance_scale_2 true_cfg_scale negative_prompt max_sequence_length flow_shift enable_teacache
+enable_frame_interpolation frame_interpolation_exp frame_interpolation_scale
+frame_interpolation_model_path enable_upscaling upscaling_model_path upscaling_scale output_quality
+output_compression output_path diffusers_kwargs task conditions target audio_flow_shift
+perf_dump_path profile num_profiled_timesteps profile_all_stages perfkit_stage_timing""".split()
+_SPEC_OF = {name: spec for names, spec in _FIELD_SPECS.items() for name in names.split()}
+
+VideoRequest = create_model(
+    "VideoRequest",
+    __base__=_VideoRequestBase,
+    __doc__="""sglang's /v1/videos request (:data:`SGLANG_VIDEO_FIELDS`, in order) plus perfkit's own
+    ``perfkit_stage_timing``. Any other field is refused (400 naming it): a misspelt field such as
+    ``num_frame`` would otherwise be ignored and the request measured with the default shape.""",
+    **{name: _SPEC_OF[name] for name in _FIELD_ORDER},
+)
 
 
 #: Every field of sglang's ``POST /v1/videos`` request model (``VideoGenerationsRequest`` in
