@@ -417,7 +417,7 @@ def run_sequential(
     thresholds: Mapping[str, float] | None = None,
     gate: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Run a live A/B (a :class:`perfkit.ab.driver.AbPlan`; its ``launches`` is not read):
+    """Run a live A/B (a :class:`perfkit.ab.driver.AbPlan`):
     ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_arms`), then the
     launch the procedure asks for after each, with the decision's gate and thresholds, until it stops.
     Never raises for engine failures: a failed launch keeps its error in the ``launches`` table
