@@ -214,7 +214,7 @@ pd.set_option("display.max_colwidth", 120)"""
 else:
     spec = lambda p: EngineSpec.from_dict(load_yaml(Path(p).read_text()))  # noqa: E731
     design = Design(launches, max_launches)
-    plan = AbPlan(spec(spec_a), spec(spec_b), VideoRequestSpec(), launches, warm)
+    plan = AbPlan(spec(spec_a), spec(spec_b), VideoRequestSpec(), warm)
     bundles = run_sequential(plan, design, run_dir, threshold, gate=gate_metrics)
 res = decide_sequential(bundles["A"], bundles["B"], design, threshold, gate=gate_metrics, undecided=undecided)"""),
         new_markdown_cell("## Verdict per metric"),

@@ -446,7 +446,7 @@ def test_host_peak_is_the_largest_pss_read_of_the_watchdog_and_the_sampler():
     """PSS is read on some samples only (readings.memory.PSS_DUTY), by the watchdog (launch row)
     and the sampler (memory table) on their own schedules: before, a launch row with a PSS peak
     hid the sampler's higher read; NaN rows (between reads) are not 0."""
-    from perfkit.ab.metrics import metric_values
+    from perfkit.ab.decide import metric_values
     from perfkit.bundle import ResultBundle
 
     launches = pd.DataFrame({"launch": ["L0", "L1", "L2"], "host_pss_peak_mib": [1000.0, 1000.0, None]})

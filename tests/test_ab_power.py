@@ -15,6 +15,7 @@ import pytest
 
 from perfkit import stats
 from perfkit.ab import power
+from perfkit.ab.decide import slow_spells
 from perfkit.ab.driver import run_arms
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
@@ -83,7 +84,7 @@ def test_slow_spells_of_the_second_h200_pool():
     # the pool alone on one H200 (examples/h200/README.md, "Gate power"): spells in 8 of 10 A launches
     pool = power.load_pool(ROOT / "examples/h200/ab-pool/h200-1gpu")
     assert pool.arms["C"] == {"DenoisingStage_pct": 5.85, "target": "warm_e2e"}
-    sp = power.slow_spells(pool).set_index("arm")
+    sp = slow_spells(pool.values, pool.bundles).set_index("arm")
     assert list(sp.loc["A", ["requests", "slow_requests", "launches", "slow_launches"]]) == [60, 24, 10, 8]
     # quiet, the injected shares are where they were asked: B +2 %, C +4-6 %
     assert 1.015 < sp.loc["B", "quiet_ms"] / sp.loc["A", "quiet_ms"] < 1.025
@@ -99,7 +100,7 @@ def test_the_quiet_h200_pool_meets_the_gate_targets_at_n5_m5():
     # in every draw and no A/A split does; with every metric gating the A/A exits 1 in 11 of 252
     pool = power.load_pool(ROOT / "examples/h200/ab-pool/h200-dec01")
     assert pool.warm == 6 and [len(pool.launches(a)) for a in "ABC"] == [10, 10, 8]
-    assert power.slow_spells(pool)["slow_requests"].sum() == 0
+    assert slow_spells(pool.values, pool.bundles)["slow_requests"].sum() == 0
     assert power.arm_warnings(pool) == {}
     t = power.power_table(pool, n=[4, 5], m=[3, 5], settings=[(0.01, 0.95), (0.01, 0.99)])
     assert t["aa_exact"].all() and t["ab_exact"].all()
@@ -138,7 +139,8 @@ def test_slow_spells_read_the_clocks_the_sampler_recorded(tmp_path):
     shutil.copytree(ROOT / "examples/h200/ab-pool/h200-1gpu", tmp_path / "p")
     a = ResultBundle.load(tmp_path / "p" / "a")
     pool = power.load_pool(tmp_path / "p")
-    assert math.isnan(power.slow_spells(pool).set_index("arm").loc["A", "slow_sm_mhz"])  # not recorded
+    sp = slow_spells(pool.values, pool.bundles).set_index("arm")
+    assert math.isnan(sp.loc["A", "slow_sm_mhz"])  # not recorded
     x = pool.values["A"]
     x = x[(x["metric"] == "DenoisingStage") & (x["index"] > 0)]
     slow = x[x["value"] > 1.05 * x["value"].quantile(0.10)][["launch", "index"]]
@@ -151,7 +153,8 @@ def test_slow_spells_read_the_clocks_the_sampler_recorded(tmp_path):
         mem.loc[inside, ["sm_clock_mhz", "clock_event_reasons"]] = [1600.0, 0x4]
     a.tables["memory"] = mem
     a.save(tmp_path / "p" / "a")
-    sp = power.slow_spells(power.load_pool(tmp_path / "p")).set_index("arm")
+    pool = power.load_pool(tmp_path / "p")
+    sp = slow_spells(pool.values, pool.bundles).set_index("arm")
     assert (sp.loc["A", "slow_sm_mhz"], sp.loc["A", "quiet_sm_mhz"]) == (1600.0, 1900.0)
     assert (sp.loc["A", "slow_power_capped"], sp.loc["A", "quiet_power_capped"]) == (1.0, 0.0)
     assert math.isnan(sp.loc["B", "slow_sm_mhz"])

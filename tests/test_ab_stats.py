@@ -12,8 +12,7 @@ import pytest
 from scipy import stats as sps
 
 from perfkit import stats
-from perfkit.ab.decide import compare
-from perfkit.ab.metrics import launch_means
+from perfkit.ab.decide import compare, launch_means
 
 
 def _launches(rng, n, m, sigma_b, sigma_w, scale=1.0, mu=math.log(100.0)):

@@ -17,7 +17,7 @@ from scipy.special import stdtrit
 
 from perfkit import stats
 from perfkit.ab import power
-from perfkit.ab.power import QUIET_QUANTILE, SLOW_FACTOR, slow_launches
+from perfkit.ab.decide import QUIET_QUANTILE, SLOW_FACTOR, slow_launches
 
 POOL = Path(__file__).resolve().parents[1] / "examples/h200/ab-pool/sync-den2"
 _log = st.floats(-3.0, 3.0, allow_nan=False)

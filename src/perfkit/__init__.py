@@ -163,6 +163,6 @@ def run_ab(
         (spec_a, req_a), (spec_b, req_b) = load_side(a), load_side(b)
         request = VideoRequestSpec.from_dict(request_for(req_a, req_b, {}))
         design = Design(launches, max_launches)
-        plan = AbPlan(spec_a, spec_b, request, launches, warm)
+        plan = AbPlan(spec_a, spec_b, request, warm)
         bundles = run_sequential(plan, design, Path(out), threshold, gate=gate)
     return decide_sequential(bundles["A"], bundles["B"], design, threshold, gate=gate, undecided=undecided)

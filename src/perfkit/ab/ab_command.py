@@ -13,8 +13,7 @@ from typing import Any, Iterable
 
 from perfkit import stats
 from perfkit.ab import sequential as sq
-from perfkit.ab.decide import incomparable, needed_text
-from perfkit.ab.metrics import METRIC_UNITS
+from perfkit.ab.decide import METRIC_UNITS, incomparable, needed_text
 from perfkit.ab.sequential import Design, decide_sequential
 from perfkit.bundle import ResultBundle
 from perfkit.common.outdirs import given_out_problem, stamped_dir
@@ -47,7 +46,7 @@ def parse_fraction(text: str | None, option: str) -> float | None:
 
 def parse_gate_metrics(texts: str | Iterable[str] | None, option: str = "--gate-metrics") -> list[str] | None:
     """``--gate-metrics``: comma-separated metric names (the option may be given twice), each a
-    fixed A/B metric (:data:`perfkit.ab.metrics.METRIC_UNITS`) or an sglang stage name
+    fixed A/B metric (:data:`perfkit.ab.decide.METRIC_UNITS`) or an sglang stage name
     (``…Stage``); None: all. Raises :class:`AbInputError`: empty, or a name that is neither."""
     if not texts:
         return None

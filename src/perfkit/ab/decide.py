@@ -1,6 +1,7 @@
-"""Decide an A/B from two sides' bundles: per metric the ratio B/A, its interval, the variance
-split and the decision; the exit code (:mod:`perfkit.gate.verdicts`' rule): 0 no gated metric
-regressed; 1 a gated metric regressed or (:mod:`perfkit.ab.sequential`) is undecided at the
+"""Decide an A/B from two sides' bundles: the values compared (:func:`metric_values`; metrics
+and units: docs/ab.md, "Metrics"), slow spells, and per metric the ratio B/A, its interval, the
+variance split and the decision; the exit code (:mod:`perfkit.gate.verdicts`' rule): 0 no gated
+metric regressed; 1 a gated metric regressed or (:mod:`perfkit.ab.sequential`) is undecided at the
 maximum; 2 nothing gated was compared or a launch failed. Every metric gates unless
 ``--gate-metrics`` names some; the others are decided and shown ("reported, not gated").
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -17,19 +19,235 @@ import numpy as np
 import pandas as pd
 
 from perfkit import stats
-from perfkit.ab.metrics import (
-    METRIC_UNITS,
-    launch_errors,
-    launch_means,
-    metric_order,
-    metric_values,
-    paired_values,
-)
-from perfkit.ab.power import Pool, slow_spells
-from perfkit.bundle import IDENTITY_REQUEST, ResultBundle
+from perfkit.bundle import IDENTITY_REQUEST, WARMUP_INDEX, ResultBundle
 from perfkit.common import jsonsafe
 from perfkit.common.numfmt import change_text
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, jsonable
+from perfkit.readings import stages as _stages
+from perfkit.readings.sampler.nvml import POWER_REASONS
+
+#: unit of each fixed metric (stage metrics are ms)
+METRIC_UNITS = {
+    **dict.fromkeys(("ready", "first_result"), "s"),
+    **dict.fromkeys(("cold_e2e", "warm_e2e", "denoising_step"), "ms"),
+    **dict.fromkeys(("peak_vram", "host_peak"), "MiB"),
+}
+#: metrics with one value a launch (no variance within a launch)
+LAUNCH_METRICS = ("ready", "first_result", "cold_e2e", "peak_vram", "host_peak")
+
+COLUMNS = ["launch", "metric", "unit", "index", "value"]
+
+
+def _num(v: Any) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return x if math.isfinite(x) and x > 0 else math.nan
+
+
+def metric_values(bundle: ResultBundle) -> pd.DataFrame:
+    """Long table of a side's values: columns ``launch, metric, unit, index, value`` (``index``:
+    the request's place in its launch, 0 for launch-level metrics). Only completed measured
+    requests count; values that are missing, zero or not finite are left out (not measured).
+    Units: :data:`METRIC_UNITS` (s, ms, MiB; stages ms).
+    """
+    rows: list[tuple[Any, str, str, int, float]] = []
+    launches = bundle.launches
+    req = bundle.measured_requests()
+    mem = bundle.memory
+
+    def add(launch: Any, metric: str, index: int, value: Any, unit: str | None = None) -> None:
+        v = _num(value)
+        if not math.isnan(v):
+            rows.append((str(launch), metric, unit or METRIC_UNITS.get(metric, "ms"), int(index), v))
+
+    for lr in launches.to_dict("records"):
+        lab = lr["launch"]
+        add(lab, "ready", 0, lr.get("ready_s"))
+        add(lab, "first_result", 0, lr.get("first_result_s"))
+        # PSS is read on some samples only, by the cap watchdog (launch row) and the sampler
+        # (memory table) each within its time budget (readings.memory.PSS_DUTY): the peak is the
+        # largest read of either, as memory_budget and offload_modes take it
+        host = _num(lr.get("host_pss_peak_mib"))
+        if not mem.empty and "host_pss_mib" in mem.columns:
+            m = mem[(mem["launch"] == lab).fillna(False).to_numpy(bool)]
+            sampled = (
+                _num(pd.to_numeric(m["host_pss_mib"], errors="coerce").max()) if not m.empty else math.nan
+            )
+            host = float(np.fmax(host, sampled))
+        add(lab, "host_peak", 0, host)
+        r = req[(req["launch"] == lab).fillna(False).to_numpy(bool)] if not req.empty else req
+        if not r.empty:
+            add(lab, "peak_vram", 0, pd.to_numeric(r["peak_reserved_mib"], errors="coerce").max())
+            cold = r[r["index"] == 0]
+            if not cold.empty:
+                add(lab, "cold_e2e", 0, cold["e2e_ms"].iloc[0])
+            for rec in r[r["index"] >= 1].to_dict("records"):
+                add(lab, "warm_e2e", rec["index"], rec["e2e_ms"])
+    warm_ids = set(req.loc[(req["index"] >= 1).fillna(False).to_numpy(bool), "request_id"].astype(str))
+    st = bundle.stages
+    if not st.empty and warm_ids:
+        st = st[st["request_id"].astype(str).isin(warm_ids) & (st["index"] != WARMUP_INDEX).fillna(False)]
+        per = st.groupby(["launch", "index", "stage"], sort=False)["ms"].sum().reset_index()
+        for rec in per.to_dict("records"):
+            add(rec["launch"], rec["stage"], rec["index"], rec["ms"], "ms")
+    sp = bundle.steps
+    if not sp.empty and warm_ids:
+        sp = sp[sp["request_id"].astype(str).isin(warm_ids)]
+        sp = sp[sp["stage"].map(lambda s: _stages.stage_class(str(s)) == _stages.DENOISING)]
+        per = sp.groupby(["launch", "index"], sort=False)["ms"].mean().reset_index()
+        for rec in per.to_dict("records"):
+            add(rec["launch"], "denoising_step", rec["index"], rec["ms"])
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def launch_errors(bundle: ResultBundle) -> dict[str, Any]:
+    """Launch label -> error of each failed launch (start error, crash) of a side's bundle."""
+    la = bundle.launches
+    if la.empty or "error" not in la:
+        return {}
+    return {str(r["launch"]): r["error"] for r in la[la["error"].notna()].to_dict("records")}
+
+
+def launch_means(values: pd.DataFrame) -> pd.DataFrame:
+    """Per (metric, launch): the launch's one number, the **median** of its values (in the
+    metric's unit; why not the mean: docs/choosing-n-m.md), and how many requests it has.
+    Columns ``metric, launch, unit, value, n``."""
+    if values.empty:
+        return pd.DataFrame(columns=["metric", "launch", "unit", "value", "n"])
+    g = values.groupby(["metric", "launch"], sort=False)
+    return g.agg(unit=("unit", "first"), value=("value", "median"), n=("value", "size")).reset_index()
+
+
+def paired_values(values_a: pd.DataFrame, values_b: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The pairs of a paired A/B (``perfkit ab --paired``: launch ``A<k>`` ran beside ``B<k>``,
+    their requests in turn) for one metric: a row per pair with a value on both sides.
+
+    Columns ``pair`` (``k``), ``a`` (A's launch median, the metric's unit), ``b``: A's median times
+    the **median over the warm requests of B's request over A's request of the same place** (the
+    host's state cancels request by request); a launch-level metric (ready, cold e2e, peaks)
+    takes B's value itself. ``log b − log a`` is what :func:`perfkit.stats.paired_ratio_interval`
+    averages.
+    """
+    rows = []
+    va, vb = values_a[values_a["metric"] == metric], values_b[values_b["metric"] == metric]
+    by_a = {str(x)[1:]: g for x, g in va.groupby("launch")}
+    by_b = {str(x)[1:]: g for x, g in vb.groupby("launch")}
+    for k in sorted(set(by_a) & set(by_b)):
+        ga, gb = by_a[k], by_b[k]
+        a_med = float(ga["value"].median())
+        if metric in LAUNCH_METRICS:
+            rows.append((k, a_med, float(gb["value"].median())))
+            continue
+        both = (
+            ga.set_index("index")["value"]
+            .to_frame("a")
+            .join(gb.set_index("index")["value"].to_frame("b"), how="inner")
+        )
+        if both.empty:
+            continue
+        ratio = float(np.exp(np.median(np.log(both["b"].to_numpy(float) / both["a"].to_numpy(float)))))
+        rows.append((k, a_med, a_med * ratio))
+    return pd.DataFrame(rows, columns=["pair", "a", "b"])
+
+
+def metric_order(names: Any) -> list[str]:
+    """Metrics in report order: ready, first result, cold e2e, warm e2e, the stages in pipeline
+    order, denoising step, peak VRAM, host peak."""
+    names = list(dict.fromkeys(names))
+    head = [m for m in ("ready", "first_result", "cold_e2e", "warm_e2e") if m in names]
+    tail = [m for m in ("denoising_step", "peak_vram", "host_peak") if m in names]
+    stages = _stages.order_stages([m for m in names if m not in head and m not in tail])
+    return head + stages + tail
+
+
+#: a warm request ran in a slow spell when it took more than this × its side's quiet level
+SLOW_FACTOR = 1.05
+#: the quiet level: this quantile of the side's warm requests (linear interpolation, Hyndman-Fan 7;
+#: 1 / it an integer)
+QUIET_QUANTILE = 0.10
+
+
+def _request_clocks(bundle: ResultBundle) -> pd.DataFrame:
+    """Per warm request: median SM clock (MHz), share of samples at a power limit; empty: no clocks."""
+    mem, req, cols = bundle.memory, bundle.requests, ["launch", "index", "sm_mhz", "power_capped"]
+    if mem.empty or "sm_clock_mhz" not in mem or mem["sm_clock_mhz"].isna().all():
+        return pd.DataFrame(columns=cols)
+    rows = []
+    warm = req[(req["index"] > 0) & req["t_start_s"].notna() & req["t_end_s"].notna()]
+    for r in warm.itertuples():
+        m = mem[(mem["launch"] == r.launch) & (mem["t_s"] >= r.t_start_s) & (mem["t_s"] <= r.t_end_s)]
+        rs = m["clock_event_reasons"].dropna()
+        capped = float(((rs.astype("int64") & POWER_REASONS) > 0).mean()) if len(rs) else math.nan
+        rows.append((r.launch, r.index, float(m["sm_clock_mhz"].median()), capped))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def slow_launches(
+    requests: dict[str, np.ndarray], factor: float = SLOW_FACTOR, share: float = 0.5
+) -> list[str]:
+    """The labels, in the order given, of the launches whose median ran in a slow spell: at least
+    ``share`` of their warm requests took more than ``factor`` × the side's quiet level (the
+    :data:`QUIET_QUANTILE` of all the side's warm requests given; :func:`slow_spells`' rule,
+    launch by launch). ``requests``: launch label -> its warm requests' times of one metric (ms)."""
+    lists = {k: np.asarray(v, dtype=float).ravel().tolist() for k, v in requests.items()}
+    every = [x for v in lists.values() for x in v]
+    if not every:
+        return []
+    # the sequential replay calls this ~300,000 times: the stdlib's quantiles cost ~1/5 of numpy's
+    if len(every) > 1 and all(math.isfinite(x) for x in every):
+        quiet = statistics.quantiles(every, n=round(1 / QUIET_QUANTILE), method="inclusive")[0]
+    else:
+        quiet = float(np.quantile(np.array(every), QUIET_QUANTILE))
+    cut = factor * quiet
+    return [k for k, v in lists.items() if v and sum(x > cut for x in v) / len(v) >= share]
+
+
+def slow_spells(
+    values: Mapping[str, pd.DataFrame],
+    bundles: Mapping[str, ResultBundle],
+    metric: str = "DenoisingStage",
+    factor: float = SLOW_FACTOR,
+) -> pd.DataFrame:
+    """How much of each arm ran in a slow spell (``values``: arm -> :func:`metric_values`;
+    ``bundles``: arm -> its bundle, for the sampler's clocks): warm requests whose ``metric`` took more than
+    ``factor`` × the arm's quiet level (the 10th percentile of all its warm requests), and the
+    launches with at least one such request; where the sampler recorded clocks, the median SM
+    clock (MHz) and the share of samples at a power limit of the slow and the quiet requests.
+
+    Columns: ``arm, quiet_ms, requests, slow_requests, launches, slow_launches, worst_pct``
+    (the slowest request over the quiet level, percent), ``slow_sm_mhz, quiet_sm_mhz,
+    slow_power_capped, quiet_power_capped`` (NaN: no clock samples).
+    """
+    rows = []
+    for arm, v in values.items():
+        x = v[(v["metric"] == metric) & (v["index"] > 0)]
+        if x.empty:
+            continue
+        quiet = float(x["value"].quantile(QUIET_QUANTILE))
+        is_slow = x["value"] > factor * quiet
+        slow = x[is_slow]
+        row: dict[str, Any] = {
+            "arm": arm,
+            "quiet_ms": quiet,
+            "requests": len(x),
+            "slow_requests": len(slow),
+            "launches": x["launch"].nunique(),
+            "slow_launches": slow["launch"].nunique(),
+            "worst_pct": (float(x["value"].max()) / quiet - 1) * 100,
+        }
+        clocks = _request_clocks(bundles[arm]) if arm in bundles else pd.DataFrame()
+        joined = x.assign(slow=is_slow, sm_mhz=math.nan, power_capped=math.nan)
+        if not clocks.empty:
+            joined = x.assign(slow=is_slow).merge(clocks, on=["launch", "index"], how="left")
+        for part, want in (("slow", True), ("quiet", False)):
+            sub = joined[joined["slow"] == want]
+            row[f"{part}_sm_mhz"] = float(sub["sm_mhz"].median())
+            row[f"{part}_power_capped"] = float(sub["power_capped"].mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
 
 #: the comparison's file in an ab run directory (next to the bundles ``a/`` and ``b/``)
 RESULT_FILE = "ab.json"
@@ -92,10 +310,8 @@ class AbResult:
 
     @property
     def gated(self) -> pd.Series:
-        """Per table row, whether its regression sets the exit code (booleans; a table without
-        the column, from before ``--gate-metrics``, gates every row)."""
-        t = self.table
-        return t["gated"].fillna(True).astype(bool) if "gated" in t else pd.Series(True, index=t.index)
+        """Per table row, whether its regression sets the exit code (booleans)."""
+        return self.table["gated"].astype(bool)
 
     @property
     def gated_unmeasured(self) -> list[str]:
@@ -170,13 +386,13 @@ def compare(
     gate: Sequence[str] | None = None,
     paired: bool = False,
 ) -> AbResult:
-    """Compare two sides' :func:`~perfkit.ab.metrics.metric_values` tables into an
+    """Compare two sides' :func:`metric_values` tables into an
     :class:`AbResult` (its ``meta`` empty: the caller adds how it ran). ``threshold`` (fraction)
     decides metrics without their own in ``thresholds``; ``confidence``: two-sided; any
     ``failed_launches`` makes the exit code 2. ``gate``: the metrics whose regression sets the exit
     code (``--gate-metrics``; None: every metric; none of them measured on both sides: exit 2).
     ``paired``: launch ``A<k>`` ran beside ``B<k>``: paired t intervals over the pairs
-    (:func:`perfkit.ab.metrics.paired_values`); else Welch's over launch medians. Raises
+    (:func:`paired_values`); else Welch's over launch medians. Raises
     ValueError: threshold or confidence not in (0, 1); ``gate`` empty, or naming a metric neither
     side has (the message lists those compared).
     """
@@ -290,21 +506,21 @@ def incomparable(a: ResultBundle, b: ResultBundle) -> list[str]:
 def compare_bundles(
     a: ResultBundle,
     b: ResultBundle,
+    values: Mapping[str, pd.DataFrame],
     threshold: float = stats.DEFAULT_THRESHOLD,
     thresholds: Mapping[str, float] | None = None,
     confidence: float = stats.DEFAULT_CONFIDENCE,
     gate: Sequence[str] | None = None,
     keep: Mapping[str, Sequence[str]] | None = None,
-    paired: bool | None = None,
+    paired: bool = False,
 ) -> AbResult:
-    """:func:`compare` of two recorded sides (``perfkit ab`` and ``perfkit ab --replay``): the
-    meta records each side's launches, failed launches, the threshold(s) used and each side's
-    slow spells (:func:`perfkit.ab.power.slow_spells`: warm requests the host slowed down).
-    ``keep``: side -> the launches the intervals use (the sequential procedure's last look,
-    :mod:`perfkit.ab.sequential`); None: every launch. ``paired``: as :func:`compare` (None: as
-    recorded, the sides' meta ``ab.paired``)."""
+    """:func:`compare` of two recorded sides (``perfkit ab`` and ``perfkit ab --replay``) whose
+    :func:`metric_values` are ``values`` (side -> table): the meta records each side's launches,
+    failed launches, the threshold(s) used and each side's slow spells (:func:`slow_spells`: warm
+    requests the host slowed down). ``keep``: side -> the launches the intervals use (the
+    sequential procedure's last look, :mod:`perfkit.ab.sequential`); None: every launch.
+    ``paired``: as :func:`compare`."""
     errors = [f"{k}: {v}" for bd in (a, b) for k, v in launch_errors(bd).items()]
-    values = {"A": metric_values(a), "B": metric_values(b)}
     used = dict(values)
     for side, labels in (keep or {}).items():
         used[side] = values[side][values[side]["launch"].isin([str(x) for x in labels])]
@@ -316,9 +532,9 @@ def compare_bundles(
         confidence=confidence,
         failed_launches=len(errors),
         gate=gate,
-        paired=bool((a.meta.get("ab") or {}).get("paired")) if paired is None else paired,
+        paired=paired,
     )
-    spells = slow_spells(Pool(Path(a.path or "."), values, {}, 0, {}, {"A": a, "B": b}))
+    spells = slow_spells(values, {"A": a, "B": b})
     res.meta.update(
         {
             "slow_spells": jsonable(spells.to_dict("records")),

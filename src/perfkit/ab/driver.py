@@ -44,8 +44,6 @@ class AbPlan:
     Attributes:
         spec_a, spec_b: the two engines (the same one twice: an A/A check).
         request: the request shape (cold and warm requests alike).
-        launches: N, launches a side (:func:`perfkit.ab.sequential.run_sequential` runs its
-            design's ``min_launches`` instead).
         warm: M, warm requests a launch after the cold request (>= 1).
         profile: profile a cold and a warm request of each side in an extra launch after the
             measured ones (:mod:`perfkit.measuring.profiled`); None: nothing profiled.
@@ -54,7 +52,6 @@ class AbPlan:
     spec_a: EngineSpec
     spec_b: EngineSpec
     request: VideoRequestSpec
-    launches: int
     warm: int
     profile: ProfileParams | None = None
 

@@ -1,8 +1,7 @@
 """Power of ``perfkit ab`` from a recorded pool of A/B launches
 (:func:`perfkit.ab.driver.run_arms`): its arms and description (:data:`POOL_FILE`), loaded and
 checked (:func:`load_pool`, :func:`arm_warnings`), each launch's log medians
-(:func:`log_medians`), the variance split per metric (:func:`variance_table`), host slow spells
-(:func:`slow_launches`, :func:`slow_spells` with the host's clock and power readings), and A/A
+(:func:`log_medians`), the variance split per metric (:func:`variance_table`), and A/A
 false-alarm and detection rates for each N, M and decision setting (:func:`power_table`,
 :func:`recommend`). Draws share launches, so the rates describe one pool, not independent
 experiments; how the draws are made: docs/choosing-n-m.md.
@@ -12,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
@@ -22,9 +20,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit import stats
-from perfkit.ab.metrics import metric_values
+from perfkit.ab.decide import metric_values
 from perfkit.bundle import ResultBundle
-from perfkit.readings.sampler.nvml import POWER_REASONS
 
 #: the pool's description (arms, their slowdowns and target metrics), next to the bundles
 POOL_FILE = "pool.json"
@@ -40,7 +37,7 @@ class Pool:
 
     Attributes:
         path: its directory.
-        values: arm ("A", "B", …) -> :func:`perfkit.ab.metrics.metric_values` of its bundle.
+        values: arm ("A", "B", …) -> :func:`perfkit.ab.decide.metric_values` of its bundle.
         arms: B arm -> ``{"DenoisingStage_pct": float, "target": metric}`` (from ``pool.json``,
             else from the arm's engine spec with target DenoisingStage).
         warm: warm requests a launch (M of the pool).
@@ -213,87 +210,6 @@ def variance_table(pool: Pool, metrics: Sequence[str] | None = None) -> pd.DataF
         for arm in pool.arms:
             b = med[arm][metric].dropna() if metric in med[arm] else pd.Series(dtype=float)
             row[f"{arm}_pct"] = (math.exp(b.mean() - a.mean()) - 1) * 100 if len(a) and len(b) else math.nan
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-#: a warm request ran in a slow spell when it took more than this × its side's quiet level
-SLOW_FACTOR = 1.05
-#: the quiet level: this quantile of the side's warm requests (linear interpolation, Hyndman-Fan 7;
-#: 1 / it an integer)
-QUIET_QUANTILE = 0.10
-
-
-def _request_clocks(bundle: ResultBundle) -> pd.DataFrame:
-    """Per warm request: median SM clock (MHz), share of samples at a power limit; empty: no clocks."""
-    mem, req, cols = bundle.memory, bundle.requests, ["launch", "index", "sm_mhz", "power_capped"]
-    if mem.empty or "sm_clock_mhz" not in mem or mem["sm_clock_mhz"].isna().all():
-        return pd.DataFrame(columns=cols)
-    rows = []
-    warm = req[(req["index"] > 0) & req["t_start_s"].notna() & req["t_end_s"].notna()]
-    for r in warm.itertuples():
-        m = mem[(mem["launch"] == r.launch) & (mem["t_s"] >= r.t_start_s) & (mem["t_s"] <= r.t_end_s)]
-        rs = m["clock_event_reasons"].dropna()
-        capped = float(((rs.astype("int64") & POWER_REASONS) > 0).mean()) if len(rs) else math.nan
-        rows.append((r.launch, r.index, float(m["sm_clock_mhz"].median()), capped))
-    return pd.DataFrame(rows, columns=cols)
-
-
-def slow_launches(
-    requests: dict[str, np.ndarray], factor: float = SLOW_FACTOR, share: float = 0.5
-) -> list[str]:
-    """The labels, in the order given, of the launches whose median ran in a slow spell: at least
-    ``share`` of their warm requests took more than ``factor`` × the side's quiet level (the
-    :data:`QUIET_QUANTILE` of all the side's warm requests given; :func:`slow_spells`' rule,
-    launch by launch). ``requests``: launch label -> its warm requests' times of one metric (ms)."""
-    lists = {k: np.asarray(v, dtype=float).ravel().tolist() for k, v in requests.items()}
-    every = [x for v in lists.values() for x in v]
-    if not every:
-        return []
-    # the sequential replay calls this ~300,000 times: the stdlib's quantiles cost ~1/5 of numpy's
-    if len(every) > 1 and all(math.isfinite(x) for x in every):
-        quiet = statistics.quantiles(every, n=round(1 / QUIET_QUANTILE), method="inclusive")[0]
-    else:
-        quiet = float(np.quantile(np.array(every), QUIET_QUANTILE))
-    cut = factor * quiet
-    return [k for k, v in lists.items() if v and sum(x > cut for x in v) / len(v) >= share]
-
-
-def slow_spells(pool: Pool, metric: str = "DenoisingStage", factor: float = SLOW_FACTOR) -> pd.DataFrame:
-    """How much of each arm ran in a slow spell: warm requests whose ``metric`` took more than
-    ``factor`` × the arm's quiet level (the 10th percentile of all its warm requests), and the
-    launches with at least one such request; where the sampler recorded clocks, the median SM
-    clock (MHz) and the share of samples at a power limit of the slow and the quiet requests.
-
-    Columns: ``arm, quiet_ms, requests, slow_requests, launches, slow_launches, worst_pct``
-    (the slowest request over the quiet level, percent), ``slow_sm_mhz, quiet_sm_mhz,
-    slow_power_capped, quiet_power_capped`` (NaN: no clock samples).
-    """
-    rows = []
-    for arm, v in pool.values.items():
-        x = v[(v["metric"] == metric) & (v["index"] > 0)]
-        if x.empty:
-            continue
-        quiet = float(x["value"].quantile(QUIET_QUANTILE))
-        is_slow = x["value"] > factor * quiet
-        slow = x[is_slow]
-        row: dict[str, Any] = {
-            "arm": arm,
-            "quiet_ms": quiet,
-            "requests": len(x),
-            "slow_requests": len(slow),
-            "launches": x["launch"].nunique(),
-            "slow_launches": slow["launch"].nunique(),
-            "worst_pct": (float(x["value"].max()) / quiet - 1) * 100,
-        }
-        clocks = _request_clocks(pool.bundles[arm]) if arm in pool.bundles else pd.DataFrame()
-        joined = x.assign(slow=is_slow, sm_mhz=math.nan, power_capped=math.nan)
-        if not clocks.empty:
-            joined = x.assign(slow=is_slow).merge(clocks, on=["launch", "index"], how="left")
-        for part, want in (("slow", True), ("quiet", False)):
-            sub = joined[joined["slow"] == want]
-            row[f"{part}_sm_mhz"] = float(sub["sm_mhz"].median())
-            row[f"{part}_power_capped"] = float(sub["power_capped"].mean())
         rows.append(row)
     return pd.DataFrame(rows)
 

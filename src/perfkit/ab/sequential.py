@@ -17,9 +17,15 @@ import numpy as np
 import pandas as pd
 
 from perfkit import stats
-from perfkit.ab.decide import compare_bundles
-from perfkit.ab.metrics import launch_errors, metric_order, metric_values, paired_values
-from perfkit.ab.power import log_medians, slow_launches
+from perfkit.ab.decide import (
+    compare_bundles,
+    launch_errors,
+    metric_order,
+    metric_values,
+    paired_values,
+    slow_launches,
+)
+from perfkit.ab.power import log_medians
 from perfkit.common.numfmt import confidence_text
 from perfkit.gate.verdicts import EXIT_OK, EXIT_REGRESSION, jsonable
 
@@ -31,7 +37,7 @@ SLOW_RULES = ("replace", "keep")
 UNDECIDED = ("fail", "pass")
 DEFAULT_MIN_LAUNCHES = 3
 DEFAULT_MAX_LAUNCHES = 10
-#: the metric whose warm requests mark slow spells (as :func:`perfkit.ab.power.slow_spells`)
+#: the metric whose warm requests mark slow spells (as :func:`perfkit.ab.decide.slow_spells`)
 SLOW_METRIC = "DenoisingStage"
 
 
@@ -311,7 +317,7 @@ def _inputs(
     values: Mapping[str, pd.DataFrame], metrics: Sequence[str], paired: bool = False, m: float = math.inf
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, dict[str, np.ndarray]]]:
     """Per side: label -> log launch medians of ``metrics`` (paired: B's from the pair ratios,
-    :func:`perfkit.ab.metrics.paired_values`) and label -> warm :data:`SLOW_METRIC` times (ms)."""
+    :func:`perfkit.ab.decide.paired_values`) and label -> warm :data:`SLOW_METRIC` times (ms)."""
     logmed, slow = {}, {}
     for side, v in values.items():
         med = log_medians(v, m).reindex(columns=list(metrics))
@@ -348,8 +354,9 @@ def _walk_bundles(
     gate: Sequence[str] | None,
     threshold: float,
     thresholds: Mapping[str, float] | None,
-) -> tuple[Walk, list[str]]:
-    """(the procedure's walk over two sides' bundles in the order they ran; the gated metrics)."""
+) -> tuple[Walk, list[str], dict[str, pd.DataFrame]]:
+    """(the procedure's walk over two sides' bundles in the order they ran; the gated metrics;
+    the sides' :func:`~perfkit.ab.decide.metric_values`)."""
     values = {"A": metric_values(a), "B": metric_values(b)}
     # the metrics the procedure waits for: ``gate``, or every metric either side measured
     every = pd.concat([v["metric"] for v in values.values()]).unique()
@@ -357,7 +364,7 @@ def _walk_bundles(
     logmed, slow = _inputs(values, metrics, design.paired)
     failed = [*launch_errors(a), *launch_errors(b)]
     thr = [float((thresholds or {}).get(m, threshold)) for m in metrics]
-    return Walker(logmed, slow, metrics, thr, design, failed).feed(_order(a, b)), metrics
+    return Walker(logmed, slow, metrics, thr, design, failed).feed(_order(a, b)), metrics, values
 
 
 def decide_sequential(
@@ -380,7 +387,7 @@ def decide_sequential(
     """
     if undecided not in UNDECIDED:
         raise ValueError(f"undecided must be one of {', '.join(UNDECIDED)}, got {undecided!r}")
-    w, metrics = _walk_bundles(a, b, design, gate, threshold, thresholds)
+    w, metrics, values = _walk_bundles(a, b, design, gate, threshold, thresholds)
     if w.stop is None:  # the recording ends first: undecided, as at the maximum
         ran = ", ".join(f"{len(v)} of {s}" for s, v in w.run.items())
         _at_maximum(w, metrics, design, f"the recording ends ({ran} launches)")
@@ -390,7 +397,7 @@ def decide_sequential(
     else:
         keep = {s: [x for x in w.run[s] if x not in w.replaced.get(s, [])] for s in ("A", "B")}
         conf = design.look_confidence(design.min_launches)
-    res = compare_bundles(a, b, threshold, thresholds, conf, gate=gate, keep=keep, paired=design.paired)
+    res = compare_bundles(a, b, values, threshold, thresholds, conf, gate, keep, design.paired)
     t = res.table.set_index("metric")
     # every gated metric left inconclusive, also when another's regression stopped it
     left = [m for m in metrics if m in t.index and t.loc[m, "decision"] == "inconclusive"]
@@ -417,7 +424,7 @@ def run_sequential(
     thresholds: Mapping[str, float] | None = None,
     gate: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Run a live A/B (a :class:`perfkit.ab.driver.AbPlan`; its ``launches`` is not read):
+    """Run a live A/B (a :class:`perfkit.ab.driver.AbPlan`):
     ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_arms`), then the
     launch the procedure asks for after each, with the decision's gate and thresholds, until it stops.
     Never raises for engine failures: a failed launch keeps its error in the ``launches`` table
@@ -430,7 +437,7 @@ def run_sequential(
     def extend(bundles: dict[str, Any]) -> list[str]:
         if set(bundles) != {"A", "B"}:
             return []
-        w, _ = _walk_bundles(bundles["A"], bundles["B"], design, gate, threshold, thresholds)
+        w, _, _ = _walk_bundles(bundles["A"], bundles["B"], design, gate, threshold, thresholds)
         if w.stop is not None or not w.next_arm:
             return []
         if design.paired:  # a pair more, its first request side alternating: A B, B A, A B, …

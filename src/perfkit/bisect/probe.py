@@ -302,7 +302,7 @@ def compare(
         why = f"the two checkouts' params ask for different requests ({req_a} vs {req_b})"
         return Probe(commit, position, "error", error=why)
     request = VideoRequestSpec.from_dict(dict(req_a or req_b))
-    plan = AbPlan(spec_a, spec_b, request, setup.design.min_launches, setup.warm)
+    plan = AbPlan(spec_a, spec_b, request, setup.warm)
     gate = [setup.metric]
     thr = setup.thresholds or None
     bundles = run_sequential(plan, setup.design, out, setup.threshold, thr, gate)

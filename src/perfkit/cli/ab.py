@@ -82,7 +82,7 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
 
         become_subreaper()  # orphans below come back here
         request = VideoRequestSpec.from_dict(req)
-        plan = AbPlan(spec_a, spec_b, request, design.min_launches, kw["warm"], profile=profile)
+        plan = AbPlan(spec_a, spec_b, request, kw["warm"], profile=profile)
         bundles = run_sequential(plan, design, out, threshold, thresholds, gate)
     res = ab_command.decide(
         bundles, design, threshold, thresholds, gate, kw["undecided"],

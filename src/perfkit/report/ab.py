@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from perfkit.ab import power
-from perfkit.ab.decide import AbResult, needed_text
+from perfkit.ab.decide import AbResult, needed_text, slow_spells
 from perfkit.checks import number
 from perfkit.common.numfmt import change_text, confidence_text, number_text, percent_text
 from perfkit.common.slugs import md_text
@@ -332,7 +332,7 @@ _METRIC_WORDS = {"DenoisingStage": "DenoisingStage", "warm_e2e": "warm e2e"}
 
 
 def spells_text(sp: pd.DataFrame) -> str:
-    """One clause per arm of :func:`perfkit.ab.power.slow_spells` (quiet level in ms; clocks and
+    """One clause per arm of :func:`perfkit.ab.decide.slow_spells` (quiet level in ms; clocks and
     power-cap shares where recorded)."""
     sp = sp.assign(**{c: pd.to_numeric(sp[c], errors="coerce") for c in sp.columns if c != "arm"})
     return "; ".join(
@@ -391,7 +391,7 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
             },
         }
     )
-    spells = spells_text(power.slow_spells(pool))
+    spells = spells_text(slow_spells(pool.values, pool.bundles))
     table = power.power_table(pool, settings=[(threshold, confidence)], sims=SIMS, seed=0)
     rows = []
     for (n, m), g in table.groupby(["n", "m"], sort=True):
