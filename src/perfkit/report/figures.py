@@ -16,11 +16,12 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit import stats
-from perfkit.bundle import ResultBundle, read_results
+from perfkit.bundle import ResultBundle
 from perfkit.common.slugs import md_code
 from perfkit.investigations import registry
 from perfkit.readings.records import parse_lines
 from perfkit.report.ab import power_markdown, sequential_markdown
+from perfkit.report.runinfo import run_results
 from perfkit.report.tables import markdown_table
 
 #: the block kinds of this module (:func:`kinds` adds the others)
@@ -146,16 +147,14 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
     return out
 
 
+def _unreadable(p: Path, exc: Exception) -> None:
+    if isinstance(exc, OSError):
+        raise exc
+    raise FiguresError(f"{p}: unreadable results ({exc})") from exc
+
+
 def _results(src: Path) -> dict[str, dict]:
-    found = {}
-    for s in registry.all_investigations():
-        p = src / s.name / "results.json"
-        if p.exists():
-            try:
-                found[s.name] = read_results(p.parent)
-            except ValueError as exc:
-                raise FiguresError(f"{p}: unreadable results ({exc})") from exc
-    return found
+    return {s.name: r for s, r in run_results(src, on_error=_unreadable)}
 
 
 def render_block(block: Block, root: Path) -> str:
