@@ -123,6 +123,13 @@ def run_results(
         yield s, r
 
 
+def bundle_dirs(run_dir: Path) -> list[Path]:
+    """``run_dir/<investigation>`` of each investigation with a ``meta.json``, in registry order."""
+    return [
+        run_dir / s.name for s in registry.all_investigations() if (run_dir / s.name / "meta.json").is_file()
+    ]
+
+
 def _log_unreadable(p: Path, exc: Exception) -> None:
     log.warning("report: results of %s: %r", p.parent.name, exc)
 
@@ -371,12 +378,9 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
     run_dir = Path(run_dir)
     rows = []
     # the run's bundles, then those of its units (--executor: RUN/shards/<i>/units/<unit>/<part>)
-    dirs = [(name, run_dir / name) for name in registry.names()]
-    dirs += [(d.name, d) for d in sorted(run_dir.glob("shards/*/units/*/*")) if d.is_dir()]
+    dirs = bundle_dirs(run_dir) + [m.parent for m in sorted(run_dir.glob("shards/*/units/*/*/meta.json"))]
     seen: set[tuple[Any, ...]] = set()
-    for name, d in dirs:
-        if not (d / "meta.json").exists():
-            continue
+    for d in dirs:
         try:
             la = ResultBundle.load(d).table("launches")
         except (OSError, ValueError, KeyError) as exc:
@@ -388,13 +392,13 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
                 not is_reported(r.get("ended")) or by_perfkit is True or not is_reported(r.get("end_signal"))
             ):
                 continue
-            key = (name.split(".")[0], r.get("launch"), r.get("ended"), str(failed))
+            key = (d.name.split(".")[0], r.get("launch"), r.get("ended"), str(failed))
             if key in seen:  # a merged bundle and its unit's own copy
                 continue
             seen.add(key)
             rows.append(
                 {
-                    "investigation": name,
+                    "investigation": d.name,
                     "launch": r.get("launch"),
                     "failed request": int(failed) if is_reported(failed) else None,
                     "how the engine ended": r.get("ended") or "not recorded",
