@@ -14,9 +14,8 @@ import pandas as pd
 from perfkit.bundle import WARMUP_INDEX, ResultBundle
 from perfkit.common.numfmt import json_float
 from perfkit.readings.records import read_number
-from perfkit.report.notebook import penalty_stage
 from perfkit.report.runinfo import run_results
-from perfkit.report.tables import MISSING, Table, cell_text, format_table
+from perfkit.report.tables import MISSING, Table, cell_text, format_table, penalty_stage
 from perfkit.reported import NOT_REPORTED, is_reported
 from perfkit.roles import request_roles
 
