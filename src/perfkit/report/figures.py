@@ -426,12 +426,7 @@ def same_figures(old: str, new: str) -> bool:
 
 
 def _warm(src: str, root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.Series]:
-    """(warm requests, their stages, their steps, the launch row with ``rank_peaks`` MiB) of
-    ``root/src``'s session, or of one launch when ``src`` is ``DIR/<investigation>@<launch>``.
-
-    Raises:
-        ValueError: no warm request or no such launch; OSError: no bundle there.
-    """
+    """(warm requests, stages, steps, launch row + ``rank_peaks`` MiB) of ``DIR/<inv>[@<launch>]``."""
     path, _, launch = src.partition("@")
     b = ResultBundle.load(root / path if launch else root / path / _session())
     warm = b.measured_requests(launch or None)

@@ -347,8 +347,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _failed_boxes(toc: list[dict[str, Any]], verdicts: pd.DataFrame) -> list[dict[str, Any]]:
-    """The toc entries that get a red box; the gate's only for failed rows no investigation
-    holds (docs/suite.md)."""
+    """The toc entries that get a red box (docs/suite.md)."""
     out = []
     for t in toc:
         if t["gate"] != "fail":

@@ -344,8 +344,7 @@ def request_frame(requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def _told(values: Iterable[Any], count: bool = False) -> list[Any]:
-    """Each value as reported (an int for a ``count``), "not reported" where the engine gave none
-    (sglang's records carry no compile counts): a table never shows 0 for what was not measured."""
+    """Each value as reported (an int for a ``count``), "not reported" where the engine gave none."""
     return [
         NOT_REPORTED if not is_reported(v) else (reported_count(v) if count else float(v)) for v in values
     ]
