@@ -198,7 +198,7 @@ def test_the_cli_and_a_notebook_kernel_start_without_scipy():
     code = (
         "import sys\n"
         "import perfkit.cli, perfkit.nbparams, perfkit.report, perfkit.investigations.runner\n"
-        "import perfkit.gate.run, perfkit.report.notebook, perfkit.suite, perfkit.scaleout.merge\n"
+        "import perfkit.gate.run, perfkit.report.tables, perfkit.suite, perfkit.scaleout.merge\n"
         "import perfkit.report.plots, perfkit.measuring.launch_rows, perfkit.engine.launch, importlib\n"
         "[importlib.import_module(c.split(':')[0]) for c in perfkit.cli.COMMANDS.values()]\n"
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(heavy)!r})))"

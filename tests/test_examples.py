@@ -198,11 +198,11 @@ def test_timings_block_states_machine_and_date(tmp_path: Path):
 def test_every_example_params_file_matches_the_bundles_it_replays():
     """Each ``perfkit suite --params P --replay DIR`` the docs give: every investigation
     section of P states what DIR's bundles were measured with (the replay note of the notebook,
-    :func:`perfkit.report.notebook.replay_markdown`, names no difference)."""
+    :func:`perfkit.report.tables.replay_markdown`, names no difference)."""
     import json
 
     from perfkit.params import load_params
-    from perfkit.report.notebook import replay_markdown
+    from perfkit.report.tables import replay_markdown
 
     docs = [p for p in _tracked("README.md", "docs", "examples") if p.suffix == ".md"]
     pairs = set()
@@ -226,7 +226,7 @@ def test_every_example_params_file_matches_the_bundles_it_replays():
 def test_replay_note_prints_params_in_words_not_python_reprs():
     """A replay whose params differ from the bundle's names both values in words
     ("caps: given [unlimited; 24GiB dev (device_gib 24)]"), never a raw Python dict."""
-    from perfkit.report.notebook import replay_markdown
+    from perfkit.report.tables import replay_markdown
 
     recorded = {"caps": [{"label": "unlimited"}, {"label": "12GiB", "device_gib": 12.0, "host_gib": 32.0}]}
     given = {"caps": [{"label": "unlimited"}, {"label": "24GiB dev", "device_gib": 24}]}

@@ -21,8 +21,8 @@ from perfkit.gate.run import engine_checks
 from perfkit.investigations.shape_coverage import RECORD, Warmed, coverage_entry
 from perfkit.measuring.launch_rows import record_rows
 from perfkit.readings.records import PerfRecord, RecordError, parse_lines
-from perfkit.report.notebook import first_request_costs, request_frame
 from perfkit.report.render import render_section
+from perfkit.report.tables import first_request_costs, request_frame
 
 # the modules (the package's names of these are their entry functions)
 cold_warm = importlib.import_module("perfkit.investigations.cold_warm")

@@ -25,7 +25,7 @@ from perfkit.gate import verdicts
 from perfkit.gate.run import investigation_checks
 from perfkit.investigations import registry
 from perfkit.measuring import progress
-from perfkit.report import notebook as nbk
+from perfkit.report import tables as nbk
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "examples" / "h200" / "bundles"

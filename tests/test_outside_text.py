@@ -132,7 +132,7 @@ def test_verdict_sites_load_and_bisect_texts_are_inert(a, b):
     from perfkit.investigations import load as L
     from perfkit.measuring.profiled import sites_markdown
     from perfkit.report.history_site import bisect_summary_markdown
-    from perfkit.report.notebook import verdict_markdown
+    from perfkit.report.tables import verdict_markdown
 
     assert_inert(verdict_markdown([{"case": "c", "metric": a, "status": "fail", "reason": b}]))
     ms = {"status": "ok", "from": 0, "to": 3, "grew": [{"site": a, "grown_mib": 64.0}]}

@@ -230,14 +230,7 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
         bs = below_stage(ResultBundle.load(d), top=top)
     except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the report
         log.warning("report: below the stage of %s: %r", d, exc)
-        return {
-            "traces": None,
-            "files": [],
-            "diff": None,
-            "stage_top": [],
-            "cpu_and_idle": [],
-            "errors": [repr(exc)],
-        }
+        return _panel(pd.DataFrame(), errors=[repr(exc)])
     if bs is None:
         return None
     tl = trace_list(bs, link_prefix)
@@ -246,17 +239,25 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
     def shown(d: pd.DataFrame | None) -> Table | None:
         return format_table(diff_frame(d, first=first_word(bs))) if d is not None else None
 
+    return _panel(
+        tl,
+        diff=shown(bs.diff),
+        diff_title=diff_title(bs),
+        kernel_diff=shown(bs.kernel_diff),
+        kernel_note=bs.kernel_note,
+        stage_top=[(role, format_table(t)) for role, t in bs.stage_top.items()],
+        cpu_and_idle=[(role, format_table(t)) for role, t in overhead_tables(bs)],
+        timeline=timeline(bs.events[last], last) if last is not None else None,
+        errors=bs.errors,
+    )
+
+
+def _panel(tl: pd.DataFrame, **fields: Any) -> dict[str, Any]:
+    """A panel: the traces table ``tl`` (None when empty), its files, then ``fields``."""
     return {
-        "traces": format_table(tl),
-        "files": [f for f in tl["file"] if isinstance(f, str)],
-        "diff": shown(bs.diff),
-        "diff_title": diff_title(bs),
-        "kernel_diff": shown(bs.kernel_diff),
-        "kernel_note": bs.kernel_note,
-        "stage_top": [(role, format_table(t)) for role, t in bs.stage_top.items()],
-        "cpu_and_idle": [(role, format_table(t)) for role, t in overhead_tables(bs)],
-        "timeline": timeline(bs.events[last], last) if last is not None else None,
-        "errors": bs.errors,
+        "traces": format_table(tl) if not tl.empty else None,
+        "files": [f for f in (tl["file"] if not tl.empty else []) if isinstance(f, str)],
+        **fields,
     }
 
 
@@ -317,20 +318,19 @@ def ab_panel(
         for side, bs in sides.items()
         if DIFF_ROLES[1] in bs.stage_top
     ]
-    return {
-        "traces": format_table(tl) if not tl.empty else None,
-        "files": [f for f in (tl["file"] if not tl.empty else []) if isinstance(f, str)],
-        "diff": diff,
-        "diff_title": "side A's profiled warm requests → side B's (each op's median over them)",
-        "kernel_diff": kernel_diff,
-        "kernel_note": note,
-        "stage_diffs": stage_diffs,
-        "stage_top": stage_top,
-        "cpu_and_idle": [
+    return _panel(
+        tl,
+        diff=diff,
+        diff_title="side A's profiled warm requests → side B's (each op's median over them)",
+        kernel_diff=kernel_diff,
+        kernel_note=note,
+        stage_diffs=stage_diffs,
+        stage_top=stage_top,
+        cpu_and_idle=[
             (f"side {side}, {role}", format_table(t))
             for side, bs in sides.items()
             for role, t in overhead_tables(bs)
         ],
-        "timeline": timeline(events["B"][0], f"side B, {DIFF_ROLES[1]}") if "B" in events else None,
-        "errors": errors,
-    }
+        timeline=timeline(events["B"][0], f"side B, {DIFF_ROLES[1]}") if "B" in events else None,
+        errors=errors,
+    )

@@ -16,11 +16,12 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfkit import stats
-from perfkit.bundle import ResultBundle, read_results
+from perfkit.bundle import ResultBundle
 from perfkit.common.slugs import md_code
 from perfkit.investigations import registry
 from perfkit.readings.records import parse_lines
 from perfkit.report.ab import power_markdown, sequential_markdown
+from perfkit.report.runinfo import run_results
 from perfkit.report.tables import markdown_table
 
 #: the block kinds of this module (:func:`kinds` adds the others)
@@ -146,16 +147,14 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
     return out
 
 
+def _unreadable(p: Path, exc: Exception) -> None:
+    if isinstance(exc, OSError):
+        raise exc
+    raise FiguresError(f"{p}: unreadable results ({exc})") from exc
+
+
 def _results(src: Path) -> dict[str, dict]:
-    found = {}
-    for s in registry.all_investigations():
-        p = src / s.name / "results.json"
-        if p.exists():
-            try:
-                found[s.name] = read_results(p.parent)
-            except ValueError as exc:
-                raise FiguresError(f"{p}: unreadable results ({exc})") from exc
-    return found
+    return {s.name: r for s, r in run_results(src, on_error=_unreadable)}
 
 
 def render_block(block: Block, root: Path) -> str:
@@ -427,12 +426,7 @@ def same_figures(old: str, new: str) -> bool:
 
 
 def _warm(src: str, root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.Series]:
-    """(warm requests, their stages, their steps, the launch row with ``rank_peaks`` MiB) of
-    ``root/src``'s session, or of one launch when ``src`` is ``DIR/<investigation>@<launch>``.
-
-    Raises:
-        ValueError: no warm request or no such launch; OSError: no bundle there.
-    """
+    """(warm requests, stages, steps, launch row + ``rank_peaks`` MiB) of ``DIR/<inv>[@<launch>]``."""
     path, _, launch = src.partition("@")
     b = ResultBundle.load(root / path if launch else root / path / _session())
     warm = b.measured_requests(launch or None)

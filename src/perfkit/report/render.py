@@ -29,6 +29,7 @@ from perfkit.report.rootcause import root_cause
 from perfkit.report.runinfo import (  # noqa: F401
     GATE_COLUMNS,
     GATE_ORDER,
+    bundle_dirs,
     engine_ends_frame,
     gate_result,
     gate_view,
@@ -345,8 +346,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _failed_boxes(toc: list[dict[str, Any]], verdicts: pd.DataFrame) -> list[dict[str, Any]]:
-    """The toc entries that get a red box; the gate's only for failed rows no investigation
-    holds (docs/suite.md)."""
+    """The toc entries that get a red box (docs/suite.md)."""
     out = []
     for t in toc:
         if t["gate"] != "fail":
@@ -420,13 +420,11 @@ def write_tool_outputs(
 
 def _env_line(run_dir: Path) -> str:
     """Hardware and versions (engine's, perfkit's) from the first bundle's ``meta.json``, or ""."""
-    for s in registry.all_investigations():
-        if not (run_dir / s.name / "meta.json").exists():
-            continue
+    for d in bundle_dirs(run_dir):
         try:
-            m = read_meta(run_dir / s.name)
+            m = read_meta(d)
         except (OSError, ValueError) as exc:
-            log.warning("report: unreadable %s: %r", run_dir / s.name / "meta.json", exc)
+            log.warning("report: unreadable %s: %r", d / "meta.json", exc)
             continue
         bits = [m.get("gpu_name") or f"CPU x{m.get('cpu_count')}", engine_versions_text(m)]
         bits.append(f"perfkit {m.get('perfkit_version')} (torch {m.get('torch_version')})")

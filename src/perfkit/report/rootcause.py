@@ -11,13 +11,12 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from perfkit.bundle import WARMUP_INDEX, ResultBundle, read_results
+from perfkit.bundle import WARMUP_INDEX, ResultBundle
 from perfkit.checks import NOT_REPORTED, is_reported
 from perfkit.common.numfmt import json_float
-from perfkit.investigations import registry
 from perfkit.readings.records import read_number
-from perfkit.report.notebook import penalty_stage
-from perfkit.report.tables import MISSING, Table, cell_text, format_table
+from perfkit.report.runinfo import run_results
+from perfkit.report.tables import MISSING, Table, cell_text, format_table, penalty_stage
 from perfkit.roles import request_roles
 
 log = logging.getLogger(__name__)
@@ -270,16 +269,8 @@ def _overhead_parts(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 def instrumentation_overhead(run_dir: str | Path, name: str) -> tuple[Table | None, str | None]:
     """(table, where) of the instrumentation overhead from ``name``'s results, else another
     investigation's (``where``: its title). (None, None) when none measured it."""
-    run_dir = Path(run_dir)
-    order = [name] + [s.name for s in registry.all_investigations() if s.name != name]
-    for n in order:
-        p = run_dir / n / "results.json"
-        if not p.exists():
-            continue
-        try:
-            parts = _overhead_parts(read_results(p.parent))
-        except (OSError, ValueError):
-            continue
+    for inv, r in run_results(Path(run_dir), first=name, on_error=lambda p, exc: None):
+        parts = _overhead_parts(r)
         if not parts:
             continue
         rows = []
@@ -295,7 +286,7 @@ def instrumentation_overhead(run_dir: str | Path, name: str) -> tuple[Table | No
                     "95% interval": f"{_pct(ci[0])} … {_pct(ci[1])}" if ci[0] is not None else MISSING,
                 }
             )
-        where = None if n == name else registry.get(n).title
+        where = None if inv.name == name else inv.title
         return format_table(pd.DataFrame(rows), None, labels=False), where
     return None, None
 

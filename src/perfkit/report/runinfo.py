@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import pandas as pd
 
@@ -105,13 +105,42 @@ def investigation_key_numbers(run_dir: Path, name: str) -> list[registry.KeyNumb
     return list(s.key_numbers(read_results(run_dir / s.name)))
 
 
+def run_results(
+    run_dir: Path, first: str | None = None, on_error: Callable[[Path, Exception], None] | None = None
+) -> Iterator[tuple[registry.Investigation, dict]]:
+    """(investigation, its results) for each ``run_dir/<name>/results.json``, in registry order
+    (``first`` first). One that cannot be read (OSError, ValueError) goes to ``on_error(path, exc)``
+    (default: logged) and is skipped."""
+    for s in sorted(registry.all_investigations(), key=lambda s: s.name != first):
+        p = run_dir / s.name / "results.json"
+        if not p.exists():
+            continue
+        try:
+            r = read_results(p.parent)
+        except (OSError, ValueError) as exc:
+            (on_error or _log_unreadable)(p, exc)
+            continue
+        yield s, r
+
+
+def bundle_dirs(run_dir: Path) -> list[Path]:
+    """``run_dir/<investigation>`` of each investigation with a ``meta.json``, in registry order."""
+    return [
+        run_dir / s.name for s in registry.all_investigations() if (run_dir / s.name / "meta.json").is_file()
+    ]
+
+
+def _log_unreadable(p: Path, exc: Exception) -> None:
+    log.warning("report: results of %s: %r", p.parent.name, exc)
+
+
 def key_numbers(run_dir: str | Path) -> list[tuple[str, str]]:
     """(what, value) of every investigation's key numbers, from ``run_dir/<investigation>/results.json``,
     in registry order. An investigation whose results cannot be read is logged and left out."""
     out: list[tuple[str, str]] = []
-    for s in registry.all_investigations():
+    for s, r in run_results(Path(run_dir)):
         try:
-            out += [(k.label, k.text) for k in investigation_key_numbers(Path(run_dir), s.name)]
+            out += [(k.label, k.text) for k in s.key_numbers(r)]
         except Exception as exc:  # noqa: BLE001 - the summary is written in every case
             log.warning("report: key numbers of %s: %r", s.name, exc)
     return out
@@ -185,15 +214,9 @@ def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
         return None
     if s.found_in is None:
         return None
-    for other in registry.all_investigations():
-        p = run_dir / other.name / "results.json"
-        if other.name == name or not p.exists():
-            continue
-        try:
-            if s.found_in(read_results(p.parent)):
-                return other.title
-        except (OSError, ValueError) as exc:
-            log.warning("report: results of %s: %r", other.name, exc)
+    for other, r in run_results(run_dir):
+        if other.name != name and s.found_in(r):
+            return other.title
     return None
 
 
@@ -355,12 +378,9 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
     run_dir = Path(run_dir)
     rows = []
     # the run's bundles, then those of its units (--executor: RUN/shards/<i>/units/<unit>/<part>)
-    dirs = [(name, run_dir / name) for name in registry.names()]
-    dirs += [(d.name, d) for d in sorted(run_dir.glob("shards/*/units/*/*")) if d.is_dir()]
+    dirs = bundle_dirs(run_dir) + [m.parent for m in sorted(run_dir.glob("shards/*/units/*/*/meta.json"))]
     seen: set[tuple[Any, ...]] = set()
-    for name, d in dirs:
-        if not (d / "meta.json").exists():
-            continue
+    for d in dirs:
         try:
             la = ResultBundle.load(d).table("launches")
         except (OSError, ValueError, KeyError) as exc:
@@ -372,13 +392,13 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
                 not is_reported(r.get("ended")) or by_perfkit is True or not is_reported(r.get("end_signal"))
             ):
                 continue
-            key = (name.split(".")[0], r.get("launch"), r.get("ended"), str(failed))
+            key = (d.name.split(".")[0], r.get("launch"), r.get("ended"), str(failed))
             if key in seen:  # a merged bundle and its unit's own copy
                 continue
             seen.add(key)
             rows.append(
                 {
-                    "investigation": name,
+                    "investigation": d.name,
                     "launch": r.get("launch"),
                     "failed request": int(failed) if is_reported(failed) else None,
                     "how the engine ended": r.get("ended") or "not recorded",

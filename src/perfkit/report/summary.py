@@ -12,8 +12,8 @@ import pandas as pd
 
 from perfkit.common.slugs import clip, md_text
 from perfkit.gate.verdicts import check_counts, nothing_measured_reason
-from perfkit.investigations import registry
 from perfkit.report.runinfo import (
+    bundle_dirs,
     engine_ends_frame,
     gate_view,
     investigations,
@@ -72,14 +72,12 @@ def _engine_lines(run_dir: Path) -> list[str]:
     """The first launch's engine versions and where its config and cold start parts were read from."""
     from perfkit.bundle import ResultBundle
 
-    for s in registry.all_investigations():
-        if not (run_dir / s.name / "meta.json").is_file():
-            continue
+    for d in bundle_dirs(run_dir):
         try:
-            b = ResultBundle.load(run_dir / s.name)
+            b = ResultBundle.load(d)
             ln = b.table("launches")
         except Exception as exc:  # noqa: BLE001 - the summary is written in every case
-            log.warning("summary: engine facts of %s: %r", s.name, exc)
+            log.warning("summary: engine facts of %s: %r", d.name, exc)
             continue
         if ln.empty:
             continue

@@ -106,6 +106,12 @@ def new_figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
+def one_axis(width: float, height: float) -> tuple[Figure, Any]:
+    """:func:`new_figure` with its one axis."""
+    fig = new_figure(width, height)
+    return fig, fig.add_subplot()
+
+
 def figure_to_png_bytes(fig: Figure, dpi: int = 100) -> bytes:
     """Render ``fig`` to PNG and return the bytes (for embedding in an HTML report)."""
     buf = io.BytesIO()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfkit.report.plots.base import Figure, empty_note, is_finite, new_figure
+from perfkit.report.plots.base import Figure, empty_note, is_finite, new_figure, one_axis
 
 #: Colour per verdict status in :func:`baseline_vs_actual`.
 STATUS_COLORS = {"pass": "tab:green", "fail": "tab:red", "improved": "tab:blue", "new": "tab:grey"}
@@ -36,8 +36,7 @@ def baseline_vs_actual(verdicts: pd.DataFrame, *, title: str | None = None) -> F
         df[c] = pd.to_numeric(df[c], errors="coerce") if c in df.columns else np.nan
     df = df[df["expected"].notna()] if not df.empty else df
     if df.empty:
-        fig = new_figure(7.0, 3.0)
-        ax = fig.add_subplot()
+        fig, ax = one_axis(7.0, 3.0)
         empty_note(ax, "no metrics with an expected value")
         ax.set_xlabel("value (ms)")
         ax.set_title(title or "Baseline vs actual")
@@ -121,8 +120,7 @@ def ab_forest(table: pd.DataFrame, launch_means: pd.DataFrame, *, title: str | N
         df = df[df["decision"] != "not measured"].reset_index(drop=True)
     else:
         skipped = []
-    fig = new_figure(9.0, max(3.0, 1.4 + 0.42 * len(df)))
-    ax = fig.add_subplot()
+    fig, ax = one_axis(9.0, max(3.0, 1.4 + 0.42 * len(df)))
     title = title or "B/A per metric: interval on launch medians, dots = launches (grey A, coloured B)"
     if df.empty:
         empty_note(ax, "no metric measured on both sides")

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from perfkit.report.plots.base import Figure, empty_note, is_finite, ms_axis, new_figure
+from perfkit.report.plots.base import Figure, empty_note, is_finite, ms_axis, new_figure, one_axis
 
 
 def _label(lv: Mapping[str, Any]) -> str:
@@ -27,8 +27,7 @@ def latency_vs_concurrency(levels: Sequence[Mapping[str, Any]], *, title: str | 
     """p50 and p99 of e2e (ms) per closed-loop level; the p99's 95 % order-statistic interval
     drawn as a bar from its lower end (an upper end the requests cannot bound is drawn as an
     arrow up). Returns a Figure with one axes."""
-    fig = new_figure(6.4, 3.8)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = one_axis(6.4, 3.8)
     closed = [lv for lv in levels if lv.get("concurrency") is not None]
     if not closed:
         empty_note(ax, "no closed-loop level measured")
@@ -64,8 +63,7 @@ def queue_vs_service(levels: Sequence[Mapping[str, Any]], *, title: str | None =
     reported" under it (never a bar of 0); a level whose queue wait was derived (the engine
     reports no start: e2e − the record's duration) is marked "derived". Returns a Figure with
     one axes."""
-    fig = new_figure(6.4, 3.8)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = one_axis(6.4, 3.8)
     if not levels:
         empty_note(ax, "no level measured")
         return fig
@@ -100,8 +98,7 @@ def memory_under_concurrency(
 ) -> Figure:
     """Device memory in use and host PSS of the engine (MiB) over the launch (s since the first
     sample), each level's window shaded and named. Returns a Figure with one axes."""
-    fig = new_figure(8.0, 3.8)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = one_axis(8.0, 3.8)
     if memory is None or memory.empty or "t_s" not in memory.columns:
         empty_note(ax, "no memory samples")
         return fig

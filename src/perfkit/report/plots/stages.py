@@ -20,6 +20,7 @@ from perfkit.report.plots.base import (
     ms_y,
     new_figure,
     of_launch,
+    one_axis,
     ordered_stages,
     unbundle,
     use_log,
@@ -213,8 +214,7 @@ def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Fig
     Returns:
         Figure: the heatmap axis and a colour bar in ms; one text per non-empty cell."""
     df = coverage.copy()
-    fig = new_figure(7.0, 4.5)
-    ax = fig.add_subplot()
+    fig, ax = one_axis(7.0, 4.5)
     ax.set_xlabel("request num_frames")
     ax.set_ylabel("startup warmup num_frames")
     ax.set_title(title or "First-request penalty by warmup shape and request shape")

@@ -19,8 +19,8 @@ from perfkit.report.plots.base import (
     launches_of,
     ms_text,
     ms_y,
-    new_figure,
     of_launch,
+    one_axis,
     unbundle,
     use_log,
 )
@@ -50,8 +50,7 @@ def e2e_per_request(
     launches = b["launches"]
     names = launch_names(launches)
     df = drop_warmup(requests, include_warmup) if requests is not None else pd.DataFrame()
-    fig = new_figure(8.5, 4.6)
-    ax = fig.add_subplot()
+    fig, ax = one_axis(8.5, 4.6)
     drew = False
     if not df.empty and "e2e_ms" in df.columns and "index" in df.columns:
         roles = request_roles(requests, launches)
@@ -138,8 +137,7 @@ def step_times(
     df = drop_warmup(steps, False) if steps is not None else pd.DataFrame()
     if "stage" in df.columns and (df["stage"] == "DenoisingStage").any():
         df = df[df["stage"] == "DenoisingStage"]
-    fig = new_figure(8.5, 5.2)
-    ax = fig.add_subplot()
+    fig, ax = one_axis(8.5, 5.2)
     launch_keys = launches_of(df)
     multi = len(launch_keys) > 1
     roles = request_roles(requests, launches) if requests is not None else pd.DataFrame()
@@ -209,8 +207,7 @@ def step_timeline(events: pd.DataFrame, *, title: str | None = None) -> Figure:
         no step and no denoising stage."""
     top = events[(events["cat"] != "kernel") & events["top"]] if not events.empty else events
     ev = top[top["step"] >= 0] if not top.empty else top
-    fig = new_figure(8.5, 3.8)
-    ax = fig.add_subplot()
+    fig, ax = one_axis(8.5, 3.8)
     what = None
     if not ev.empty:
         warm = ev["warmup_step"] if "warmup_step" in ev else pd.Series(False, index=ev.index)
