@@ -126,3 +126,24 @@ def test_paired_options():
     with pytest.raises(ValueError, match="slow_rule must be 'keep' when paired"):
         Design(paired=True)
     assert Design.from_dict(Design(slow_rule="keep", paired=True).to_dict()).paired
+
+
+def test_the_library_replays_a_paired_recording_paired(tmp_path):
+    """perfkit.run_ab(replay=True) reads the recorded pairing, as `perfkit ab --replay` does."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    import perfkit
+
+    src = Path(__file__).resolve().parents[1] / "examples/h200/ab-live/ab-2pct"
+    for side in "ab":
+        shutil.copytree(src / side, tmp_path / side)
+        meta = json.loads((tmp_path / side / "meta.json").read_text())
+        meta["ab"]["sequential"].update(paired=True, slow_rule="keep")
+        (tmp_path / side / "meta.json").write_text(json.dumps(meta))
+    paired = perfkit.run_ab(tmp_path / "a", tmp_path / "b", replay=True, threshold=0.01)
+    design = paired.meta["sequential"]["design"]
+    assert (design["paired"], design["slow_rule"]) == (True, "keep")
+    unpaired = perfkit.run_ab(src / "a", src / "b", replay=True, threshold=0.01)
+    assert unpaired.meta["sequential"]["design"]["paired"] is False

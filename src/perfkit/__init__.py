@@ -127,7 +127,8 @@ def run_ab(
     Args:
         a, b: engine spec or params YAML files (:func:`perfkit.params.load_side`; the request
             shape is the params files', which must agree); with ``replay``, two recorded side bundles
-            (``OUT/a``, ``OUT/b`` of an earlier run) decided again, nothing launched.
+            (``OUT/a``, ``OUT/b`` of an earlier run) decided again, nothing launched, paired if
+            the recording was.
         out: where the side bundles go (required unless ``replay``).
         launches: launches a side at the first look (>= 2).
         max_launches: launches a side at most.
@@ -145,7 +146,7 @@ def run_ab(
         ValueError: ``out`` missing for a live run, a spec file that is not an engine spec
             (naming the key), sides that cannot be one A/B, or a gated metric nobody measured.
     """
-    from perfkit.ab.ab_command import request_for
+    from perfkit.ab.ab_command import design_for, request_for
     from perfkit.ab.driver import AbPlan
     from perfkit.ab.sequential import Design, decide_sequential, run_sequential
     from perfkit.bundle import ResultBundle
@@ -156,7 +157,8 @@ def run_ab(
     if replay:
         bundles = {"A": ResultBundle.load(a), "B": ResultBundle.load(b)}
         recorded = min(len(x.launches) for x in bundles.values())
-        design = Design(min(launches, recorded), min(max_launches, recorded))
+        # the recorded pairing and slow-spell rule, as `perfkit ab --replay` reads them
+        design = design_for(min(launches, recorded), min(max_launches, recorded), None, None, None, bundles)
     else:
         if out is None:
             raise ValueError("ab: out is required for a live run (where the side bundles go)")
