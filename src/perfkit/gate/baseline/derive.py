@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from perfkit.bundle import ResultBundle, table_rows
+from perfkit.bundle import ResultBundle, row_keys, table_rows
 from perfkit.common.numfmt import json_float
 from perfkit.gate.baseline.files import new_baseline
 from perfkit.gate.baseline.rules import (
@@ -32,19 +32,10 @@ def _max(values: Iterable[Any]) -> float | None:
     return max(vals) if vals else None
 
 
-def _keys(df: pd.DataFrame) -> list[tuple[Any, str]]:
-    """(launch, request_id) per row; a missing launch (column or value) is None."""
-    launches = df["launch"] if "launch" in df else [None] * len(df)
-    return [
-        (None if la is None or la is pd.NA or (isinstance(la, float) and math.isnan(la)) else la, str(rid))
-        for la, rid in zip(launches, df["request_id"])
-    ]
-
-
 def _rows_of(df: pd.DataFrame, keys: set[tuple[Any, str]]) -> pd.DataFrame:
-    if df.empty or not keys or "request_id" not in df:
+    if df.empty or not keys:
         return df.iloc[0:0]
-    return df[[k in keys for k in _keys(df)]]
+    return df[[k in keys for k in row_keys(df)]]
 
 
 def step_indices(n_steps: int, step_fractions: Iterable[float]) -> list[int]:
@@ -100,8 +91,8 @@ def from_bundle(
             f"bundle {bundle.path or bundle.investigation}: no completed non-warmup "
             f"requests{where} for case {case_id!r}"
         )
-    launch_col = pd.Series([k[0] for k in _keys(req)], index=req.index, dtype=object)
-    keys = set(_keys(req))
+    launch_col = pd.Series([k[0] for k in row_keys(req)], index=req.index, dtype=object)
+    keys = set(row_keys(req))
     entry: dict[str, Any] = {"stages_ms": _worst_stages_ms(bundle, keys)}
     step_ms, avgs, medians = _denoise_steps(bundle, keys, classify, fractions)
     entry["denoise_step_ms"] = {str(i): round(v, MS_DECIMALS) for i, v in sorted(step_ms.items())}
