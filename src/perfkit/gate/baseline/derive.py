@@ -128,8 +128,8 @@ def _engine_ran(bundle: ResultBundle, lt: pd.DataFrame) -> dict[str, Any]:
             label = str(ln.get("launch"))
             recs = parse_lines(bundle.records.get(label, [])).records
             logs = {n: t for n, t in bundle.logs.items() if n.startswith(f"{label}.")}
-            old = effective_config(recs[0].perfkit if recs else None, logs).to_row()
-            cfg = {k: old[k] if v is None else v for k, v in cfg.items()}
+            old = effective_config(recs[0].perfkit if recs else None, logs)
+            cfg = {k: getattr(old, k) if v is None else v for k, v in cfg.items()}
         for k, v in cfg.items():
             if v is not None and v == v:  # not NaN
                 seen.setdefault(k, set()).add(bool(v) if k == "compile_active" else str(v))
