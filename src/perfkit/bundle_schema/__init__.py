@@ -294,15 +294,9 @@ def conform(name: str, df: pd.DataFrame | None) -> pd.DataFrame:
             f"table {name!r}: undeclared column(s) {', '.join(map(repr, extra))} "
             f"(declare them in perfkit.bundle_schema.TABLES[{name!r}])"
         )
-    n = len(df)
-    cols = {}
-    for c in table.columns:
-        if c.name in df.columns:
-            cols[c.name] = _cast(df[c.name].reset_index(drop=True), c.dtype)
-        else:  # all NA (NaN in float64)
-            cols[c.name] = pd.Series(index=range(n), dtype=c.dtype)
-    out = pd.DataFrame(cols, columns=table.names)
-    out.index = df.index if n else out.index
+    wide = df.reset_index(drop=True).reindex(columns=table.names)  # a missing column all NaN
+    out = pd.DataFrame({c.name: _cast(wide[c.name], c.dtype) for c in table.columns}, columns=table.names)
+    out.index = df.index if len(df) else out.index
     return out
 
 
