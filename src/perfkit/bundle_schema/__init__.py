@@ -56,13 +56,6 @@ class Table:
         """Column names, in order."""
         return [c.name for c in self.columns]
 
-    def column(self, name: str) -> Column:
-        """The declared column ``name``. Raises KeyError when undeclared."""
-        for c in self.columns:
-            if c.name == name:
-                return c
-        raise KeyError(f"table {self.name!r} declares no column {name!r}")
-
 
 def _table(name: str, doc: str, rows: str, additive: bool = False) -> Table:
     """Table ``name`` from ``rows``: a column a line, ``name dtype unit doc`` (an indented line
