@@ -463,7 +463,7 @@ def sub_bundle(
     for name in ("stages", "steps"):
         t = bundle.table(name)
         if not t.empty:
-            tables[name] = t[[k in keys for k in row_keys(t)]]
+            tables[name] = rows_of(t, keys)
     for name in ("memory", "launches"):
         t = bundle.table(name)
         if launch is not None and not t.empty:
@@ -474,6 +474,13 @@ def sub_bundle(
 def row_keys(df: pd.DataFrame) -> list[tuple[Any, str]]:
     """(launch, request_id) per row of a conformed table; a missing launch is None."""
     return [(None if pd.isna(la) else la, str(rid)) for la, rid in zip(df["launch"], df["request_id"])]
+
+
+def rows_of(df: pd.DataFrame, keys: set[tuple[Any, str]]) -> pd.DataFrame:
+    """The rows of conformed table ``df`` whose :func:`row_keys` are in ``keys``."""
+    if df.empty or not keys:
+        return df.iloc[0:0]
+    return df[[k in keys for k in row_keys(df)]]
 
 
 def table_rows(df: pd.DataFrame) -> list[dict[str, Any]]:

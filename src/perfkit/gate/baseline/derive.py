@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from perfkit.bundle import ResultBundle, row_keys, table_rows
+from perfkit.bundle import ResultBundle, row_keys, rows_of, table_rows
 from perfkit.common.numfmt import json_float
 from perfkit.gate.baseline.files import new_baseline
 from perfkit.gate.baseline.rules import (
@@ -30,12 +30,6 @@ from perfkit.readings.records import parse_lines
 def _max(values: Iterable[Any]) -> float | None:
     vals = [f for f in (json_float(v) for v in values) if f is not None]
     return max(vals) if vals else None
-
-
-def _rows_of(df: pd.DataFrame, keys: set[tuple[Any, str]]) -> pd.DataFrame:
-    if df.empty or not keys:
-        return df.iloc[0:0]
-    return df[[k in keys for k in row_keys(df)]]
 
 
 def step_indices(n_steps: int, step_fractions: Iterable[float]) -> list[int]:
@@ -138,7 +132,7 @@ def _engine_ran(bundle: ResultBundle, lt: pd.DataFrame) -> dict[str, Any]:
 
 def _worst_stages_ms(bundle: ResultBundle, keys: set[tuple[Any, str]]) -> dict[str, float]:
     """Stage -> ms of the worst request: per request summed by stage name, then the max."""
-    stages = _rows_of(bundle.stages, keys)
+    stages = rows_of(bundle.stages, keys)
     stages_ms: dict[str, float] = {}
     if stages["ms"].isna().any():
         miss = stages[stages["ms"].isna()].iloc[0]
@@ -162,7 +156,7 @@ def _denoise_steps(
 ) -> tuple[dict[int, float], list[float], list[float]]:
     """(worst ms per sampled step index, per-request mean step ms, per-request median step ms)
     from the steps of denoise stages (``DenoisingStage`` when present, else any ``denoise`` class)."""
-    steps = _rows_of(bundle.steps, keys)
+    steps = rows_of(bundle.steps, keys)
     if not steps.empty and "stage" in steps:
         names = steps["stage"].fillna("").astype(str)
         if (names == "DenoisingStage").any():
