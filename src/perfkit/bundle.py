@@ -457,13 +457,13 @@ def sub_bundle(
         if len(measured) >= 2:
             mask &= req.index != measured["index"].astype("float64").idxmin()
     keep = req[mask.to_numpy(bool)]
-    keys = set(_row_keys(keep))
+    keys = set(row_keys(keep))
     tables = dict(bundle.tables)
     tables["requests"] = keep
     for name in ("stages", "steps"):
         t = bundle.table(name)
         if not t.empty:
-            tables[name] = t[[k in keys for k in _row_keys(t)]]
+            tables[name] = rows_of(t, keys)
     for name in ("memory", "launches"):
         t = bundle.table(name)
         if launch is not None and not t.empty:
@@ -471,9 +471,16 @@ def sub_bundle(
     return replace(bundle, tables=tables)  # records and logs kept: what the engine ran
 
 
-def _row_keys(df: pd.DataFrame) -> list[tuple[Any, str]]:
-    """(launch, request_id) per row; a missing launch is None."""
+def row_keys(df: pd.DataFrame) -> list[tuple[Any, str]]:
+    """(launch, request_id) per row of a conformed table; a missing launch is None."""
     return [(None if pd.isna(la) else la, str(rid)) for la, rid in zip(df["launch"], df["request_id"])]
+
+
+def rows_of(df: pd.DataFrame, keys: set[tuple[Any, str]]) -> pd.DataFrame:
+    """The rows of conformed table ``df`` whose :func:`row_keys` are in ``keys``."""
+    if df.empty or not keys:
+        return df.iloc[0:0]
+    return df[[k in keys for k in row_keys(df)]]
 
 
 def table_rows(df: pd.DataFrame) -> list[dict[str, Any]]:

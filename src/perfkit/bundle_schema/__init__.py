@@ -56,13 +56,6 @@ class Table:
         """Column names, in order."""
         return [c.name for c in self.columns]
 
-    def column(self, name: str) -> Column:
-        """The declared column ``name``. Raises KeyError when undeclared."""
-        for c in self.columns:
-            if c.name == name:
-                return c
-        raise KeyError(f"table {self.name!r} declares no column {name!r}")
-
 
 def _table(name: str, doc: str, rows: str, additive: bool = False) -> Table:
     """Table ``name`` from ``rows``: a column a line, ``name dtype unit doc`` (an indented line
@@ -294,15 +287,9 @@ def conform(name: str, df: pd.DataFrame | None) -> pd.DataFrame:
             f"table {name!r}: undeclared column(s) {', '.join(map(repr, extra))} "
             f"(declare them in perfkit.bundle_schema.TABLES[{name!r}])"
         )
-    n = len(df)
-    cols = {}
-    for c in table.columns:
-        if c.name in df.columns:
-            cols[c.name] = _cast(df[c.name].reset_index(drop=True), c.dtype)
-        else:  # all NA (NaN in float64)
-            cols[c.name] = pd.Series(index=range(n), dtype=c.dtype)
-    out = pd.DataFrame(cols, columns=table.names)
-    out.index = df.index if n else out.index
+    wide = df.reset_index(drop=True).reindex(columns=table.names)  # a missing column all NaN
+    out = pd.DataFrame({c.name: _cast(wide[c.name], c.dtype) for c in table.columns}, columns=table.names)
+    out.index = df.index if len(df) else out.index
     return out
 
 

@@ -9,7 +9,7 @@ import contextlib
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
@@ -380,7 +380,7 @@ def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
         data.launch_row["load_peak_allocated_mib"] = _snap(any_rec, "load_peak", "peak_allocated_mb")
         data.launch_row["warmup_peak_mib"] = _snap(any_rec, "warmup_peak", "peak_reserved_mb")
         data.launch_row["placement"] = any_rec.perfkit.get("placement")
-    cfg = effective_config(any_rec.perfkit if any_rec is not None else None, data.logs).to_row()
+    cfg = asdict(effective_config(any_rec.perfkit if any_rec is not None else None, data.logs))
     cfg["engine_device"] = cfg.pop("device")
     data.launch_row.update(cfg)
     for i, (out, req) in enumerate(zip(data.outcomes, requests)):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,6 @@ class EngineConfig:
     dtype: str | None = None
     offload: str | None = None
     device: str | None = None
-
-    def to_row(self) -> dict[str, Any]:
-        """The ``launches`` table columns (see :mod:`perfkit.bundle_schema`)."""
-        return asdict(self)
 
 
 def _offload_text(value: Any) -> str | None:

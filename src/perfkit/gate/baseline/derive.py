@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from perfkit.bundle import ResultBundle, steady_state, table_rows
+from perfkit.bundle import ResultBundle, row_keys, rows_of, steady_state, table_rows
 from perfkit.common.numfmt import json_float
 from perfkit.gate.baseline.files import load_baseline, new_baseline, save_baseline
 from perfkit.gate.baseline.rules import (
@@ -35,17 +35,6 @@ log = logging.getLogger(__name__)
 def _max(values: Iterable[Any]) -> float | None:
     vals = [f for f in (json_float(v) for v in values) if f is not None]
     return max(vals) if vals else None
-
-
-def _keys(df: pd.DataFrame) -> list[tuple[Any, str]]:
-    """(launch, request_id) per row; a missing launch is None."""
-    return [(None if pd.isna(la) else la, str(rid)) for la, rid in zip(df["launch"], df["request_id"])]
-
-
-def _rows_of(df: pd.DataFrame, keys: set[tuple[Any, str]]) -> pd.DataFrame:
-    if df.empty or not keys:
-        return df.iloc[0:0]
-    return df[[k in keys for k in _keys(df)]]
 
 
 def step_indices(n_steps: int, step_fractions: Iterable[float]) -> list[int]:
@@ -99,8 +88,8 @@ def from_bundle(
             f"bundle {bundle.path or bundle.investigation}: no completed non-warmup "
             f"requests{where} for case {case_id!r}"
         )
-    launch_col = pd.Series([k[0] for k in _keys(req)], index=req.index, dtype=object)
-    keys = set(_keys(req))
+    launch_col = pd.Series([k[0] for k in row_keys(req)], index=req.index, dtype=object)
+    keys = set(row_keys(req))
     entry: dict[str, Any] = {"stages_ms": _worst_stages_ms(bundle, keys)}
     step_ms, avgs, medians = _denoise_steps(bundle, keys, fractions)
     entry["denoise_step_ms"] = {str(i): round(v, MS_DECIMALS) for i, v in sorted(step_ms.items())}
@@ -134,8 +123,8 @@ def _engine_ran(bundle: ResultBundle, lt: pd.DataFrame) -> dict[str, Any]:
             label = str(ln.get("launch"))
             recs = parse_lines(bundle.records.get(label, [])).records
             logs = {n: t for n, t in bundle.logs.items() if n.startswith(f"{label}.")}
-            old = effective_config(recs[0].perfkit if recs else None, logs).to_row()
-            cfg = {k: old[k] if v is None else v for k, v in cfg.items()}
+            old = effective_config(recs[0].perfkit if recs else None, logs)
+            cfg = {k: getattr(old, k) if v is None else v for k, v in cfg.items()}
         for k, v in cfg.items():
             if v is not None and v == v:  # not NaN
                 seen.setdefault(k, set()).add(bool(v) if k == "compile_active" else str(v))
@@ -144,7 +133,7 @@ def _engine_ran(bundle: ResultBundle, lt: pd.DataFrame) -> dict[str, Any]:
 
 def _worst_stages_ms(bundle: ResultBundle, keys: set[tuple[Any, str]]) -> dict[str, float]:
     """Stage -> ms of the worst request: per request summed by stage name, then the max."""
-    stages = _rows_of(bundle.stages, keys)
+    stages = rows_of(bundle.stages, keys)
     stages_ms: dict[str, float] = {}
     if stages["ms"].isna().any():
         miss = stages[stages["ms"].isna()].iloc[0]
@@ -163,7 +152,7 @@ def _denoise_steps(
     bundle: ResultBundle, keys: set[tuple[Any, str]], fractions: list[float]
 ) -> tuple[dict[int, float], list[float], list[float]]:
     """(worst ms per sampled step index, per-request mean step ms, per-request median step ms)."""
-    steps = _rows_of(bundle.steps, keys)
+    steps = rows_of(bundle.steps, keys)
     if not steps.empty:
         names = steps["stage"].fillna("").astype(str)
         if (names == "DenoisingStage").any():

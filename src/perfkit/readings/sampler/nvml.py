@@ -104,54 +104,57 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _with_nvml(read: Callable[[Any], Any], default: Any) -> Any:
+    """``read(pynvml)`` in an NVML session; ``default`` without NVML or when it raises."""
+    nv = _nvml_init()
+    if nv is None:
+        return default
+    try:
+        return read(nv)
+    except Exception as exc:  # noqa: BLE001 - no GPU (or a failing driver) is a normal case
+        log.debug("NVML read failed: %s", exc)
+        return default
+    finally:
+        _nvml_shutdown(nv)
+
+
+def _gpus(nv: Any) -> list[tuple[GpuRef, Any]]:
+    """(GpuRef, NVML handle) of every device, by NVML index."""
+    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+    return [
+        (GpuRef(i, _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h))), h)
+        for i, h in enumerate(handles)
+    ]
+
+
 def nvml_inventory(nvml: Any = None) -> list[GpuRef] | None:
     """Every GPU NVML sees, by NVML index, or None without NVML. ``nvml``: a source with an
     ``inventory()`` method (tests), default pynvml."""
     if nvml is not None:
         inv = getattr(nvml, "inventory", None)
         return list(inv()) if inv is not None else None
-    nv = _nvml_init()
-    if nv is None:
-        return None
-    try:
-        out = []
-        for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            out.append(GpuRef(i, _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h))))
-        return out
-    except Exception as exc:  # noqa: BLE001
-        log.debug("NVML inventory failed: %s", exc)
-        return None
-    finally:
-        _nvml_shutdown(nv)
+    return _with_nvml(lambda nv: [g for g, _ in _gpus(nv)], None)
+
+
+def _facts(nv: Any) -> dict[str, Any]:
+    gpus = [
+        {**g.to_dict(), "total_mib": round(nv.nvmlDeviceGetMemoryInfo(h).total / MIB)} for g, h in _gpus(nv)
+    ]
+    return {
+        "gpu_name": gpus[0]["name"],
+        "gpu_driver": _text(nv.nvmlSystemGetDriverVersion()),
+        "gpu_count": len(gpus),
+        "gpu_total_mib": gpus[0]["total_mib"],
+        "gpus": gpus,
+    }
 
 
 def gpu_facts() -> dict[str, Any]:
     """This host's GPUs for a bundle's meta.json: ``gpu_name``, ``gpu_driver``, ``gpu_count`` and
     ``gpu_total_mib`` (MiB, the first GPU), ``gpus`` (index, name, uuid, total_mib of every GPU
-    NVML sees, by NVML index, which ignores CUDA_VISIBLE_DEVICES); None and 0 without NVML."""
-    none = {"gpu_name": None, "gpu_driver": None, "gpu_count": 0, "gpu_total_mib": None}
-    nv = _nvml_init()
-    if nv is None:
-        return none
-    try:
-        gpus = []
-        for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            name, uuid = _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h))
-            total = round(nv.nvmlDeviceGetMemoryInfo(h).total / MIB)
-            gpus.append({"index": i, "name": name, "uuid": uuid, "total_mib": total})
-        return {
-            "gpu_name": gpus[0]["name"],
-            "gpu_driver": _text(nv.nvmlSystemGetDriverVersion()),
-            "gpu_count": len(gpus),
-            "gpu_total_mib": gpus[0]["total_mib"],
-            "gpus": gpus,
-        }
-    except Exception:  # noqa: BLE001 - no GPU (or a failing driver) is a normal case
-        return none
-    finally:
-        _nvml_shutdown(nv)
+    NVML sees, by NVML index, which ignores CUDA_VISIBLE_DEVICES); None and 0 without NVML (or
+    with no GPU)."""
+    return _with_nvml(_facts, {"gpu_name": None, "gpu_driver": None, "gpu_count": 0, "gpu_total_mib": None})
 
 
 def resolve_visible_gpus(visible: str | None, nvml: Any = None) -> list[GpuRef]:
