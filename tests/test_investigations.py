@@ -106,7 +106,11 @@ def test_normal_engine_passes_leak_checks_and_invariants(cold_warm):
     assert overall_status(table) in ("pass", "inconclusive"), table
     unsure = table[table["status"] == "inconclusive"]
     assert unsure["reason"].str.contains("noise").all(), unsure.to_dict("records")
-    assert (table["status"] == "pass").sum() >= 3, table.to_dict("records")
+    status = dict(zip(table["metric"], table["status"]))
+    # the warm request is far faster than the cold one: no load makes that ratio doubtful
+    assert status["warm_cold_ratio"] == "pass", table.to_dict("records")
+    assert status["latency_drift"] in ("pass", "inconclusive"), table.to_dict("records")
+    assert status["device_reserved_slope_mib_per_request"] == "skipped"  # no device memory on CPU
 
 
 def test_leaking_engine_is_caught(leaky):
