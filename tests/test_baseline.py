@@ -84,7 +84,8 @@ def test_empty_stage_maps_and_zero_denoise_are_valid():
 def test_an_empty_stage_map_with_nothing_else_compared_is_never_a_pass(tmp_path, capsys):
     """A case whose baseline entry is an empty stages map (and no step, E2E or memory value),
     or whose every value is null, compares nothing: one failing row says so, the verdict is
-    fail, and ``perfkit compare`` exits 1 on a run whose record has no stage either."""
+    fail; ``perfkit compare`` refuses such a baseline file as bad input (exit 2, naming the file
+    and the case's key), as it does an all-null one."""
     from perfkit.cli import main
 
     doc = bl.new_baseline("cpu")
@@ -103,13 +104,13 @@ def test_an_empty_stage_map_with_nothing_else_compared_is_never_a_pass(tmp_path,
     # the CLI: a performance.log record with no stage against the empty entry
     doc["scenarios"]["performance"] = {"stages_ms": {}, "denoise_step_ms": {}}
     bpath = tmp_path / "b.json"
-    bl.save_baseline(doc, bpath)
+    bpath.write_text(json.dumps(doc))  # save_baseline refuses it too
     log = tmp_path / "performance.log"
     record = {"request_id": "r1", "tag": "pipeline_stage_metrics", "stages": [], "steps": []}
     log.write_text(json.dumps({**record, "total_duration_ms": 25.0, "memory_snapshots": {}}) + "\n")
-    assert main(["compare", "--run", str(log), "--baseline", str(bpath)]) == 1
-    out = capsys.readouterr().out
-    assert why in out and "compare: FAIL" in out
+    assert main(["compare", "--run", str(log), "--baseline", str(bpath)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bpath}: scenarios.performance: no metric (keys: stages_ms, denoise_step_ms)" in err, err
 
 
 def test_corrupt_json_names_file_and_line(tmp_path):

@@ -113,7 +113,7 @@ def _validate(doc: Any, source: str) -> None:
         for k in entry:  # a renamed key would read as "nothing in the baseline": every stage new
             if k not in DERIVED_KEYS and (near := did_you_mean(k, DERIVED_KEYS, 0.8)):
                 raise bad(f"scenarios.{case}.{k}", f"unknown key{near}")
-        if not any(k in entry for k in DERIVED_KEYS if k != ENGINE_KEY):
+        if all(entry.get(k, {}) == {} for k in DERIVED_KEYS if k != ENGINE_KEY):  # empty maps hold none
             raise bad(f"scenarios.{case}", f"no metric (keys: {', '.join(map(str, entry)) or 'none'})")
         for mkey in ("stages_ms", "denoise_step_ms"):
             if mkey not in entry:
