@@ -54,6 +54,15 @@ def test_column_unit_and_suffix_agree(table, col):
     assert not col.name.endswith("_mb"), "perfkit's own MiB columns end in _mib"
 
 
+def test_host_cap_columns_say_which_cap():
+    """Each host cap column of ``launches`` has its own doc; ``host_cap_gib`` (the ask, as
+    test_caps reads it) points to the cap in force."""
+    docs = {c.name: c.doc for c in TABLE_SCHEMAS["launches"].columns if c.name.startswith("host_cap")}
+    assert len(set(docs.values())) == len(docs) == 4, docs
+    assert "in force: host_cap_effective_gib" in docs["host_cap_gib"]
+    assert "in force" in docs["host_cap_effective_gib"]
+
+
 def test_unit_of_suffix():
     assert bs.unit_of_suffix("e2e_ms") == "ms" and bs.unit_of_suffix("ms") == "ms"
     assert bs.unit_of_suffix("ready_s") == "s" and bs.unit_of_suffix("steps") is None

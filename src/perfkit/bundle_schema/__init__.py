@@ -154,8 +154,8 @@ first_request_ms         float64  ms      time to first result part: the first s
 warmup_frames            Int64    frames  startup warmup num_frames (0: none)
 warmup_latent_shape      string   text    latent shape the startup warmup ran
 device_cap_gib           float64  GiB     device memory cap (NaN: none)
-host_cap_gib             float64  GiB     host memory cap as asked (NaN: none)
-host_cap_asked_gib       float64  GiB     host memory cap asked (NaN: none)
+host_cap_gib             float64  GiB     host memory cap asked, the launch's budget (NaN: none; in force: host_cap_effective_gib)
+host_cap_asked_gib       float64  GiB     host memory cap asked, as its enforcer held it (NaN: no cap enforced)
 host_cap_effective_gib   float64  GiB     host cap in force: min(asked, cgroup limits above perfkit, MemTotal)
 host_cap_clamp           string   text    why the host cap in force is below the ask (NA: not)
 cap_label                string   text    the memory budget's label (a capped launch)
