@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-import math
 import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -80,7 +79,7 @@ def from_bundle(
         ValueError: when the bundle has no measured requests (for ``launch``), or a measured
             request's stage or step ``ms`` is null (the message names the file and column).
     """
-    fractions = list(step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS)
+    fractions = step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS
     req = bundle.measured_requests(launch)
     if req.empty:
         where = f" in launch {launch!r}" if launch is not None else ""
@@ -90,23 +89,20 @@ def from_bundle(
         )
     launch_col = pd.Series([k[0] for k in row_keys(req)], index=req.index, dtype=object)
     keys = set(row_keys(req))
-    entry: dict[str, Any] = {"stages_ms": _worst_stages_ms(bundle, keys)}
-    step_ms, avgs, medians = _denoise_steps(bundle, keys, fractions)
-    entry["denoise_step_ms"] = {str(i): round(v, MS_DECIMALS) for i, v in sorted(step_ms.items())}
-
-    e2e = _max(req["e2e_ms"])
-    if e2e is None:
+    stage_ms, step_ms = _request_stages(bundle, keys)
+    rows = (
+        (stage_ms.get(k, {}), step_ms.get(k, []), json_float(e), {})
+        for k, e in zip(row_keys(req), req["e2e_ms"])
+    )
+    entry = _worst_entry(rows, fractions)
+    if entry["expected_e2e_ms"] is None:  # no e2e_ms: the client's view
         e2e = _max(req["client_ms"])
-    if e2e is not None:
-        entry["expected_e2e_ms"] = round(e2e, MS_DECIMALS)
-    entry["expected_avg_denoise_ms"] = round(max(avgs), MS_DECIMALS) if avgs else 0.0
-    entry["expected_median_denoise_ms"] = round(max(medians), MS_DECIMALS) if medians else 0.0
-
+        entry["expected_e2e_ms"] = None if e2e is None else round(e2e, MS_DECIMALS)
     lt = _launch_values(bundle, req, keys, launch, entry)
     entry["estimated_full_test_time_s"] = round(_full_test_time_s(req, launch_col, lt), S_DECIMALS)
     if ran := _engine_ran(bundle, lt):
         entry[ENGINE_KEY] = ran
-    return entry
+    return {k: v for k, v in entry.items() if v is not None}
 
 
 #: the ``launches`` columns :data:`ENGINE_KEY` holds (``engine_device`` as ``device``)
@@ -131,51 +127,38 @@ def _engine_ran(bundle: ResultBundle, lt: pd.DataFrame) -> dict[str, Any]:
     return {k: v.pop() for k, v in seen.items() if len(v) == 1}
 
 
-def _worst_stages_ms(bundle: ResultBundle, keys: set[tuple[Any, str]]) -> dict[str, float]:
-    """Stage -> ms of the worst request: per request summed by stage name, then the max."""
-    stages = rows_of(bundle.stages, keys)
-    stages_ms: dict[str, float] = {}
+def _request_stages(
+    bundle: ResultBundle, keys: set[tuple[Any, str]]
+) -> tuple[dict[tuple[Any, str], dict[str, float]], dict[tuple[Any, str], list[float]]]:
+    """Per request of ``keys``: stage -> ms (a repeated stage sums) and its denoise steps' ms in
+    step order (``DenoisingStage`` when present, else any stage classed ``denoise``)."""
+    stages, steps = rows_of(bundle.stages, keys), rows_of(bundle.steps, keys)
     if stages["ms"].isna().any():
         miss = stages[stages["ms"].isna()].iloc[0]
         raise ValueError(
             f"{bundle.path}/stages.parquet: column ms is null for stage {miss['stage']!r} of request "
             f"{miss['request_id']!r}: no baseline from an unmeasured stage"
         )
-    if not stages.empty:
-        per_req = stages.groupby(["launch", "request_id", "stage"], sort=False, dropna=False)["ms"].sum()
-        worst = per_req.groupby(level="stage", sort=False).max()
-        stages_ms = {str(k): round(float(v), MS_DECIMALS) for k, v in worst.items()}
-    return stages_ms
-
-
-def _denoise_steps(
-    bundle: ResultBundle, keys: set[tuple[Any, str]], fractions: list[float]
-) -> tuple[dict[int, float], list[float], list[float]]:
-    """(worst ms per sampled step index, per-request mean step ms, per-request median step ms)."""
-    steps = rows_of(bundle.steps, keys)
+    stage_ms: dict[tuple[Any, str], dict[str, float]] = {}
+    for k, name, ms in zip(row_keys(stages), stages["stage"].astype(str), stages["ms"]):
+        per = stage_ms.setdefault(k, {})
+        per[name] = per.get(name, 0.0) + float(ms)
     if not steps.empty:
         names = steps["stage"].fillna("").astype(str)
         if (names == "DenoisingStage").any():
             steps = steps[names == "DenoisingStage"]
         elif (denoise := names.map(lambda s: classify_stage(s) == "denoise")).any():
             steps = steps[denoise]
-    step_ms: dict[int, float] = {}
-    avgs: list[float] = []
-    medians: list[float] = []
-    if not steps.empty:
-        for _, grp in steps.groupby(["launch", "request_id"], sort=False, dropna=False):
-            seq = [float(v) for v in grp.sort_values("step")["ms"]]
-            if any(math.isnan(v) for v in seq):
-                raise ValueError(
-                    f"{bundle.path}/steps.parquet: column ms is null in request {grp['request_id'].iloc[0]!r}"
-                )
-            if not seq:
-                continue
-            avgs.append(statistics.fmean(seq))
-            medians.append(statistics.median(seq))
-            for i in step_indices(len(seq), fractions):
-                step_ms[i] = max(step_ms.get(i, -math.inf), seq[i])
-    return step_ms, avgs, medians
+    if steps["ms"].isna().any():
+        raise ValueError(
+            f"{bundle.path}/steps.parquet: column ms is null in request "
+            f"{steps[steps['ms'].isna()]['request_id'].iloc[0]!r}"
+        )
+    step_ms: dict[tuple[Any, str], list[float]] = {}
+    steps = steps.sort_values("step", kind="stable")
+    for k, ms in zip(row_keys(steps), steps["ms"]):
+        step_ms.setdefault(k, []).append(float(ms))
+    return stage_ms, step_ms
 
 
 def _launch_values(
@@ -268,10 +251,26 @@ def entry_from_records(records: Iterable[Any]) -> dict[str, Any]:
         ValueError: no records.
     """
 
+    peak_keys = (
+        ("runtime_peak_vram_mb", "peak_reserved_mb"),
+        ("runtime_peak_allocated_mb", "peak_allocated_mb"),
+    )
+    rows = (
+        (r.stage_ms(), list(r.steps), r.total_duration_ms, {k: r.peak_mb(key=sk) for k, sk in peak_keys})
+        for r in records
+    )
+    return _worst_entry(rows, DEFAULT_STEP_FRACTIONS)
+
+
+def _worst_entry(rows: Iterable[tuple[dict, list, Any, dict]], fractions: Iterable[float]) -> dict[str, Any]:
+    """A case entry from per-request (stage -> ms, step ms list, e2e ms, key -> MiB) rows, the
+    worst request's value each, in one pass (rows may stream from a file of any size); a value
+    no row measured is None. Raises ValueError: no rows."""
+
     def worse(cur: float | None, v: float | None) -> float | None:
         return cur if v is None else (v if cur is None else max(cur, v))
 
-    # one pass, keeping only the worst so far: records may be streamed from a file of any size
+    fractions = list(fractions)
     n = 0
     stages: dict[str, float | None] = {}  # first-seen order
     step_ms: dict[int, float | None] = {}
@@ -279,23 +278,17 @@ def entry_from_records(records: Iterable[Any]) -> dict[str, Any]:
     avg: float | None = None
     med: float | None = None
     peaks: dict[str, float | None] = {}
-    for r in records:
+    for stage_ms, seq, total_ms, peak in rows:
         n += 1
-        for name, ms in r.stage_ms().items():
+        for name, ms in stage_ms.items():
             stages[name] = worse(stages.get(name), ms)
-        seq = list(r.steps)
-        for i in step_indices(len(seq), DEFAULT_STEP_FRACTIONS):
+        for i in step_indices(len(seq), fractions):
             step_ms[i] = worse(step_ms.get(i), seq[i])
         if seq and all(v is not None for v in seq):
             avg = worse(avg, statistics.fmean(seq))
             med = worse(med, statistics.median(seq))
-        e2e = worse(e2e, r.total_duration_ms)
-        snap = r.memory_snapshots.get("runtime_peak") or {}
-        for key, snap_key in (
-            ("runtime_peak_vram_mb", "peak_reserved_mb"),
-            ("runtime_peak_allocated_mb", "peak_allocated_mb"),
-        ):
-            v = snap.get(snap_key)
+        e2e = worse(e2e, total_ms)
+        for key, v in peak.items():
             if v is not None:
                 peaks[key] = worse(peaks.get(key), v)
     if not n:
@@ -309,9 +302,7 @@ def entry_from_records(records: Iterable[Any]) -> dict[str, Any]:
     entry["expected_e2e_ms"] = r3(e2e)
     entry["expected_avg_denoise_ms"] = r3(avg) if avg is not None else 0.0
     entry["expected_median_denoise_ms"] = r3(med) if med is not None else 0.0
-    for key in ("runtime_peak_vram_mb", "runtime_peak_allocated_mb"):
-        if key in peaks:
-            entry[key] = r3(peaks[key])
+    entry.update({k: r3(v) for k, v in peaks.items()})
     return entry
 
 
