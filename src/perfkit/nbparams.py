@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from perfkit.bundle import identity_differences, read_meta
 from perfkit.common.slugs import did_you_mean
-from perfkit.engine.spec import EngineSpec, EngineSpecError
+from perfkit.engine.spec import EngineSpec, EngineSpecError, error_text
 from perfkit.gate.verdicts import GATE, FailOn
 from perfkit.investigations import registry
 from perfkit.params import (
@@ -29,7 +29,6 @@ from perfkit.params import (
     ParamsError,
     RequestParams,
     _dotted,
-    _error_text,
     _is_model,
     load_yaml,
     parse_params,
@@ -357,7 +356,7 @@ def _pydantic_problems(prefix: str, exc: ValidationError, model: Any = None) -> 
         if e.get("type") == "extra_forbidden":
             out.append(f"{loc}: unknown field" + _suggest_extra(model, parts))
         else:
-            out.append(f"{loc}: {_error_text(e)}")
+            out.append(f"{loc}: {error_text(e)}")
     return out
 
 

@@ -32,6 +32,7 @@ from perfkit.engine.spec import (
     EngineSpec,
     EngineSpecError,
     ReferenceEngine,
+    error_text,
     split_kind,
     unknown_key_hint,
 )
@@ -317,14 +318,7 @@ def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
         return f"{source}: {path}: required key is missing{for_kind}"
     got = err.get("input")
     bare = (got is None and typ == CROSS_FIELD) or isinstance(got, BaseModel)
-    return f"{source}: {path or 'top level'}: {_error_text(err, exc, bare)}{at}"
-
-
-def _error_text(err: dict[str, Any], exc: Any = None, bare: bool = False) -> str:
-    """``message, got <input>`` of one pydantic error (no input when ``bare``, ``exc`` or a mapping or list)."""
-    msg = (str(exc) if exc is not None else str(err.get("msg", "invalid"))).removeprefix("Value error, ")
-    got = err.get("input")
-    return msg if bare or exc is not None or isinstance(got, (dict, list)) else f"{msg}, got {got!r}"
+    return f"{source}: {path or 'top level'}: {error_text(err, bare)}{at}"
 
 
 def parse_params(data: Any, source: str = "<params>", text: str | None = None) -> SuiteParams:

@@ -103,11 +103,19 @@ class EngineSpecError(ValueError):
                 got = got.get("kind") if isinstance(got, Mapping) else getattr(got, "kind", got)
                 msg = f"must be one of {', '.join(KINDS)}, got {got!r}"
             else:
-                msg = err.get("msg", "invalid").removeprefix("Value error, ")
-                if "error" not in ctx and not isinstance(got, (dict, list)):
-                    msg += f", got {got!r}"
+                msg = error_text(err)
             problems.append((name, msg))
         return cls(problems)
+
+
+def error_text(err: Mapping[str, Any], bare: bool = False) -> str:
+    """``message, got <input>`` of one pydantic error (``ValidationError.errors()`` item); no
+    input when ``bare``, for a raised error's message or a mapping or list input."""
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    got = err.get("input")
+    if bare or "error" in (err.get("ctx") or {}) or isinstance(got, (dict, list)):
+        return msg
+    return f"{msg}, got {got!r}"
 
 
 def _cross_field(field: str, detail: str) -> PydanticCustomError:
