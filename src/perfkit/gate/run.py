@@ -167,12 +167,8 @@ def gate(
         bpath = resolve_baseline_file(baseline_file)
         if bpath.exists():
             ref = bl.load_baseline(bpath)
-            base_rows = bl.compare(doc["scenarios"], ref, profile=profile, strict=strict)
+            base_rows, warnings = _against(doc["scenarios"], baseline_file, ref, profile, strict, hw)
             compared = str(bpath)
-            overlap, warnings = bl.check_overlap(
-                doc["scenarios"], ref, source=str(baseline_file), run_hardware=hw
-            )
-            base_rows = [*overlap, *base_rows]
             for w in warnings:
                 log.warning("%s", w)
         else:
@@ -403,11 +399,23 @@ def compare_run(
     cases, hardware = compare_cases(Path(run), case)
     if not cases:
         raise ValueError(f"no cases in {run} (no baseline.json, bundles nor records)")
+    return _against(cases, baseline, ref, profile, strict, hardware)
+
+
+def _against(
+    cases: Mapping[str, Any],
+    baseline: Any,
+    ref: Mapping[str, Any],
+    profile: str,
+    strict: bool,
+    hw: str | None,
+) -> tuple[list[Check], list[str]]:
+    """``cases`` against ``ref``, file ``baseline``'s document: (overlap rows then compare's, warnings)."""
     try:
         rows = bl.compare(cases, ref, profile=profile, strict=strict)
     except KeyError as exc:  # the profile is not in the file's tolerances: name the file
         raise bl.BaselineError(f"{baseline}: tolerances: {exc.args[0]}") from None
     except bl.BaselineError as exc:
         raise bl.BaselineError(f"{baseline}: {exc}") from None
-    overlap, warnings = bl.check_overlap(cases, ref, source=str(baseline), run_hardware=hardware)
+    overlap, warnings = bl.check_overlap(cases, ref, source=str(baseline), run_hardware=hw)
     return [*overlap, *rows], warnings
