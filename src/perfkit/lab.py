@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import nbformat
-import yaml
 
 from perfkit.bundle import read_meta
 from perfkit.common import MissingExtra, require_extra
@@ -31,7 +30,7 @@ from perfkit.engine.owner import Watch, become_subreaper, end_processes, run_bou
 from perfkit.gate.verdicts import gate_result, read_verdict
 from perfkit.investigations import registry
 from perfkit.nbparams import HISTORY, section_params, validate
-from perfkit.params import ParamsError, load_params, load_yaml
+from perfkit.params import ParamsError, load_params, yaml_value
 from perfkit.suite.execute import (
     SuiteError,
     default_out,
@@ -287,9 +286,8 @@ def parse_kv(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
         if not k:
             raise RunInputError(f"-p expects KEY=VALUE, got {it!r} (empty key)")
         try:
-            out[k] = load_yaml(v) if v != "" else ""
-        except yaml.YAMLError as exc:
-            where = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            out[k] = yaml_value(v) if v != "" else ""
+        except ParamsError as where:
             shown = repr(v) if len(v) <= 80 else repr(v[:60]) + f"… ({len(v):,} characters)"
             raise RunInputError(
                 f"-p {k}: value {shown} is not valid YAML ({where}); quote strings "

@@ -16,7 +16,6 @@ from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Iterable, Literal, Mapping, Optional, Union
 
-import yaml
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from perfkit.bundle import identity_differences, read_meta
@@ -30,8 +29,8 @@ from perfkit.params import (
     RequestParams,
     _dotted,
     _is_model,
-    load_yaml,
     parse_params,
+    yaml_value,
 )
 
 #: the notebooks that are neither an investigation nor the baseline gate
@@ -279,9 +278,8 @@ def coerce(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
     for k, v in given.items():
         if isinstance(v, str) and k in types and not _takes_str(types[k]):
             try:
-                v = load_yaml(v)
-            except yaml.YAMLError as exc:
-                where = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+                v = yaml_value(v)
+            except ParamsError as where:
                 problems.append(f"{k}: {v!r} is not valid JSON or YAML ({where})")
                 continue
         out[k] = v

@@ -427,6 +427,15 @@ def load_yaml(text: str) -> Any:
     return data
 
 
+def yaml_value(text: str) -> Any:
+    """``text`` read as YAML 1.2 (:func:`load_yaml`), as ``-p`` and ``--set`` values are.
+    Raises :class:`ParamsError`: the parser's problem, one line."""
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as exc:
+        raise ParamsError(getattr(exc, "problem", None) or str(exc).splitlines()[0]) from None
+
+
 def apply_sets(data: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]:
     """A copy of ``data`` with each ``section.key=value`` of ``sets`` put in (the value read as
     YAML; a key the file lacks is added, for validation to name). Raises :class:`ParamsError`
