@@ -17,7 +17,7 @@ import shutil
 import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -525,17 +525,3 @@ def _write_json(path: Path, obj: Any) -> None:
     tmp.write_text(jsonsafe.dumps(obj, indent=2, sort_keys=True, default=str))
     os.replace(tmp, path)
 
-
-def load_many(paths: Iterable[str | Path], table: str = "requests") -> pd.DataFrame:
-    """One table of several bundles (any hosts), with ``host``, ``scenario`` and ``bundle`` columns."""
-    frames = []
-    for p in paths:
-        b = ResultBundle.load(p)
-        df = b.table(table).copy()
-        df.insert(0, "host", b.meta.get("host"))
-        df.insert(1, "scenario", b.investigation)
-        df.insert(2, "bundle", str(p))
-        frames.append(df)
-    if not frames:
-        return pd.DataFrame()
-    return pd.concat(frames, ignore_index=True)
