@@ -20,16 +20,17 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from perfkit.bundle import identity_differences, read_meta
 from perfkit.common.slugs import did_you_mean
-from perfkit.engine.spec import EngineSpec, EngineSpecError, error_text
+from perfkit.engine.spec import EngineSpecError, error_text
 from perfkit.gate.verdicts import GATE, FailOn
 from perfkit.investigations import registry
 from perfkit.params import (
     InvariantsParams,
     ParamsError,
     RequestParams,
+    SuiteParams,
+    _AtKeys,
     _dotted,
     _is_model,
-    parse_params,
     yaml_value,
 )
 
@@ -345,10 +346,10 @@ def _suggest_extra(model: Any, loc: tuple) -> str:
     return did_you_mean(loc[-1], model.model_fields) if _is_model(model) and loc else ""
 
 
-def _pydantic_problems(prefix: str, exc: ValidationError, model: Any = None) -> list[str]:
-    """``prefix<loc>: message, got <input>`` per error."""
+def _pydantic_problems(prefix: str, errors: Iterable[Any], model: Any = None) -> list[str]:
+    """``prefix<loc>: message, got <input>`` per pydantic error."""
     out = []
-    for e in exc.errors():
+    for e in errors:
         parts = tuple(e.get("loc") or ())
         loc = _dotted((prefix, *parts) if prefix else parts)
         if e.get("type") == "extra_forbidden":
@@ -358,10 +359,31 @@ def _pydantic_problems(prefix: str, exc: ValidationError, model: Any = None) -> 
     return out
 
 
+def _suite_problems(name: str, exc: ValidationError, problems: dict[Any, list[str]]) -> None:
+    """The params model's errors in a notebook's words, each naming its parameter, added to
+    ``problems`` by parameter (``name``: the section's fields, None: the rules across sections,
+    only when nothing else was wrong)."""
+    earlier = any(problems.values())
+    for e in exc.errors():
+        top, rest = (e["loc"][0], tuple(e["loc"][1:])) if e["loc"] else (None, ())
+        out = problems.setdefault(top, [])
+        if top == "engine":
+            out += [
+                f"engine.{f}: {m}" for f, m in EngineSpecError.from_validation([{**e, "loc": rest}]).problems
+            ]
+        elif top == "request":
+            out += _pydantic_problems("request", [{**e, "loc": rest}], RequestParams)
+        elif top == name:
+            out += [p if p[:1] != ":" else f"{name}{p}" for p in _pydantic_problems("", [{**e, "loc": rest}])]
+        elif not earlier and isinstance(err := (e.get("ctx") or {}).get("error"), _AtKeys):
+            out += [f"{_dotted(loc)}: {msg}" for loc, msg in err.problems]
+
+
 def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
-    """Notebook parameters validated with the models a params file goes through (the
-    investigation's params model, the engine spec, the request, the invariants; other declared
-    parameters by their annotation, strictly); undeclared names pass through.
+    """Notebook parameters validated with the models a params file goes through, in one pass
+    (the investigation's params model, the engine spec, the request, with the rules across
+    them; the invariants; other declared parameters by their annotation, strictly);
+    undeclared names pass through.
 
     Raises:
         ParamsError: every problem, each naming its parameter (``repeats: Input should be a
@@ -374,58 +396,48 @@ def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
     except KeyError:
         types = {}
     out: dict[str, Any] = {}
-    problems: list[str] = []
+    problems: dict[Any, list[str]] = {}  # by parameter, reported in the order given
+    # timeout_s None: papermill's cell timeout is not a notebook parameter (the suite checks
+    # its params file's order of timeouts; a notebook only gets the resulting engine spec)
+    doc: dict[str, Any] = {"name": "-p", "timeout_s": None}
     for key, value in given.items():
+        mine = problems.setdefault(key, [])
         try:
             if key in ("run_dir", "bundle_dir"):
                 if value is not None and not isinstance(value, str):
-                    problems.append(f"{key}: must be a path, got {value!r}")
+                    mine.append(f"{key}: must be a path, got {value!r}")
                 elif key == "bundle_dir" and value and not (Path(value) / "meta.json").is_file():
-                    problems.append(f"bundle_dir: {value} is not a result bundle (no meta.json)")
+                    mine.append(f"bundle_dir: {value} is not a result bundle (no meta.json)")
                 out[key] = value
-            elif key == "engine":
-                if not isinstance(value, Mapping):
-                    raise ValueError(f"must be a mapping of engine fields, got {value!r}")
-                out[key] = EngineSpec.from_dict(dict(value)).to_dict()
-            elif key == "request":
-                out[key] = RequestParams.model_validate(value).model_dump()
+            elif key == "engine" and not isinstance(value, Mapping):
+                raise ValueError(f"must be a mapping of engine fields, got {value!r}")
+            elif key in ("engine", "request"):
+                doc[key] = dict(value) if key == "engine" else value
             elif key == "invariants":
                 out[key] = _invariants(value)
             elif section is not None and key in section.model_fields:
-                continue  # validated together below: a rule may join two fields
+                doc.setdefault(name, {})[key] = value  # with the others: a rule may join two fields
             elif key in types:
                 out[key] = TypeAdapter(types[key]).validate_python(value, strict=True)
             else:
                 out[key] = value
         except ValidationError as exc:
-            model = RequestParams if key == "request" else InvariantsParams if key == "invariants" else None
-            problems += _pydantic_problems(key, exc, model=model)
-        except EngineSpecError as exc:
-            problems += [f"engine.{f}: {m}" for f, m in exc.problems]
+            mine += _pydantic_problems(key, exc.errors(), InvariantsParams if key == "invariants" else None)
         except (TypeError, ValueError) as exc:
-            problems.append(f"{key}: {exc}")
-    fields = {k: v for k, v in given.items() if section is not None and k in section.model_fields}
-    if fields:  # the investigation's fields together (load: concurrency against requests_per_level)
-        try:
-            dumped = section.model_validate(fields).model_dump()
-            out.update({k: dumped[k] for k in fields})
-        except ValidationError as exc:
-            problems += [p if not p.startswith(": ") else f"{name}{p}" for p in _pydantic_problems("", exc)]
-    if not problems:  # rules across sections (pixel multiples, max frames), as for a params file
-        # timeout_s None: papermill's cell timeout is not a notebook parameter (the suite checks
-        # its params file's order of timeouts; a notebook only gets the resulting engine spec)
-        doc: dict[str, Any] = {"name": "-p", "timeout_s": None}
-        for key in ("engine", "request"):
-            if out.get(key) is not None:
-                doc[key] = out[key]
-        if section is not None:
-            doc[name] = {k: v for k, v in out.items() if k in section.model_fields}
-        try:
-            parse_params(doc, source="-p")
-        except ParamsError as exc:
-            problems += [line.removeprefix("-p: ") for line in str(exc).splitlines()]
-    if problems:
-        raise ParamsError("\n".join(problems))
+            mine.append(f"{key}: {exc}")
+    try:
+        suite = SuiteParams.model_validate(doc)
+    except ValidationError as exc:
+        _suite_problems(name, exc, problems)
+    else:
+        if "engine" in doc:
+            out["engine"] = suite.engine.to_dict()
+        if "request" in doc:
+            out["request"] = suite.request.model_dump()
+        dumped = suite.section(name).model_dump() if name in doc else {}
+        out.update({k: dumped[k] for k in doc.get(name, {})})
+    if lines := [p for k in (*given, name, None) for p in problems.get(k, [])]:
+        raise ParamsError("\n".join(lines))
     return out
 
 

@@ -79,13 +79,13 @@ class EngineSpecError(ValueError):
 
     @classmethod
     def from_validation(
-        cls, exc: ValidationError, kind: str | None = None, tagged: bool = True
+        cls, exc: ValidationError | list[Any], kind: str | None = None, tagged: bool = True
     ) -> EngineSpecError:
-        """Each pydantic error of ``exc`` as a field-named problem. ``exc`` comes from validating
-        :data:`AnyEngineSpec` (``tagged``: locations start with the kind) or, ``tagged=False``,
-        the model of ``kind``."""
+        """Each pydantic error of ``exc`` (or a list of its errors) as a field-named problem.
+        ``exc`` comes from validating :data:`AnyEngineSpec` (``tagged``: locations start with the
+        kind) or, ``tagged=False``, the model of ``kind``."""
         problems = []
-        for err in exc.errors():
+        for err in exc if isinstance(exc, list) else exc.errors():
             loc = tuple(err.get("loc") or ())
             tag, loc = split_kind(loc) if tagged else (None, loc)
             k = tag or kind
