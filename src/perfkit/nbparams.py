@@ -31,6 +31,7 @@ from perfkit.params import (
     _AtKeys,
     _dotted,
     _is_model,
+    _known_fields,
     yaml_value,
 )
 
@@ -121,6 +122,9 @@ _INVARIANTS_HELP = (
 )
 _FAIL_ON_HELP = "gate: the last cell raises when the gate fails (papermill exits 1); never: explore"
 _FAIL_ON = NotebookParam("fail_on", FailOn, "gate", _FAIL_ON_HELP)
+_ENGINE = NotebookParam("engine", dict, NOTEBOOK_ENGINE, _ENGINE_HELP)
+_REQUEST = NotebookParam("request", dict, NOTEBOOK_REQUEST, _REQUEST_HELP)
+_INVARIANTS = NotebookParam("invariants", Optional[dict], None, _INVARIANTS_HELP)
 
 
 #: defaults as plain values (models as dicts, None fields left out), as a parameters cell writes them
@@ -154,10 +158,10 @@ def _field_comment(model: type[BaseModel], key: str) -> str:
 
 def _investigation(name: str) -> list[NotebookParam]:
     return [
-        NotebookParam("engine", dict, NOTEBOOK_ENGINE, _ENGINE_HELP),
-        NotebookParam("request", dict, NOTEBOOK_REQUEST, _REQUEST_HELP),
+        _ENGINE,
+        _REQUEST,
         *section_params(name),
-        NotebookParam("invariants", Optional[dict], None, _INVARIANTS_HELP),
+        _INVARIANTS,
         NotebookParam(
             "run_dir",
             str,
@@ -173,8 +177,8 @@ def _investigation(name: str) -> list[NotebookParam]:
 
 def _gate() -> list[NotebookParam]:
     return [
-        NotebookParam("engine", dict, NOTEBOOK_ENGINE, _ENGINE_HELP),
-        NotebookParam("request", dict, NOTEBOOK_REQUEST, _REQUEST_HELP),
+        _ENGINE,
+        _REQUEST,
         NotebookParam(
             "baseline_file", Optional[str], None, "a baseline JSON (sglang layout) of the same hardware"
         ),
@@ -186,7 +190,7 @@ def _gate() -> list[NotebookParam]:
             None,
             "metadata.hardware of this run's baseline.json (None: from the bundles)",
         ),
-        NotebookParam("invariants", Optional[dict], None, _INVARIANTS_HELP),
+        _INVARIANTS,
         NotebookParam(
             "run_dir", str, "outputs/notebooks", "the run whose bundles are gated (nothing is launched)"
         ),
@@ -341,11 +345,6 @@ def bind(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
     return given
 
 
-def _suggest_extra(model: Any, loc: tuple) -> str:
-    """`` (did you mean 'x'?)`` for an unknown key at ``loc`` of ``model`` (a pydantic model)."""
-    return did_you_mean(loc[-1], model.model_fields) if _is_model(model) and loc else ""
-
-
 def _pydantic_problems(prefix: str, errors: Iterable[Any], model: Any = None) -> list[str]:
     """``prefix<loc>: message, got <input>`` per pydantic error."""
     out = []
@@ -353,7 +352,7 @@ def _pydantic_problems(prefix: str, errors: Iterable[Any], model: Any = None) ->
         parts = tuple(e.get("loc") or ())
         loc = _dotted((prefix, *parts) if prefix else parts)
         if e.get("type") == "extra_forbidden":
-            out.append(f"{loc}: unknown field" + _suggest_extra(model, parts))
+            out.append(f"{loc}: unknown field" + did_you_mean(parts[-1], _known_fields(model, parts[:-1])))
         else:
             out.append(f"{loc}: {error_text(e)}")
     return out

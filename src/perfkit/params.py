@@ -186,8 +186,6 @@ class _SuiteBase(_Model):
     def engine_spec(self) -> EngineSpec:
         """The validated engine spec (the ``engine`` section), its ``request_timeout_s`` filled
         in from the cell timeout when not given (:meth:`request_timeout_s`)."""
-        if self.engine.request_timeout_s is not None:
-            return self.engine
         return self.engine.replace(request_timeout_s=self.request_timeout_s())
 
     def engine_dict(self) -> dict[str, Any]:
