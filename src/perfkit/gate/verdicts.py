@@ -241,13 +241,9 @@ def exit_code(word: str, verdict: Mapping[str, Any] | None) -> int:
     :mod:`perfkit.gate.verdicts`): 0 pass or inconclusive, 1 fail, 2 error; ``not gated`` is 2 when a verdict
     judged nothing (every check skipped: never a pass) and 0 for a notebook that writes no
     verdict (the history notebook: nothing to gate)."""
-    if word in ("pass", "inconclusive"):
-        return 0
-    if word == "fail":
-        return 1
     if word == "not gated" and verdict is None:
-        return 0
-    return 2
+        return EXIT_OK
+    return {"pass": EXIT_OK, "inconclusive": EXIT_OK, "fail": EXIT_REGRESSION}.get(word, EXIT_ERROR)
 
 
 def finish(name: str, verdict: Mapping[str, Any] | None, fail_on: str = "gate", where: str = "") -> str:

@@ -329,7 +329,7 @@ def update_baseline(
     if not case_id or len(case_id) > 200 or not case_id.isprintable():
         raise ValueError(f"case id {case_id[:60]!r}: 1 to 200 printable characters")
     bundle = ResultBundle.load(bundle_dir)
-    launches = [str(x) for x in bundle.launches.get("launch", [])] if not bundle.launches.empty else []
+    launches = [str(x) for x in bundle.launches["launch"]]
     if launch is None and len(launches) > 1:
         raise ValueError(
             f"{bundle_dir} holds {len(launches)} launches ({', '.join(launches)}): name one with --launch"
