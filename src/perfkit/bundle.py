@@ -524,4 +524,3 @@ def _write_json(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(jsonsafe.dumps(obj, indent=2, sort_keys=True, default=str))
     os.replace(tmp, path)
-
