@@ -167,7 +167,9 @@ def gate(
         bpath = resolve_baseline_file(baseline_file)
         if bpath.exists():
             ref = bl.load_baseline(bpath)
-            base_rows, warnings = _against(doc["scenarios"], baseline_file, ref, profile, strict, hw)
+            base_rows, warnings = _against(
+                doc["scenarios"], baseline_file, ref, hw, profile=profile, strict=strict
+            )
             compared = str(bpath)
             for w in warnings:
                 log.warning("%s", w)
@@ -399,20 +401,16 @@ def compare_run(
     cases, hardware = compare_cases(Path(run), case)
     if not cases:
         raise ValueError(f"no cases in {run} (no baseline.json, bundles nor records)")
-    return _against(cases, baseline, ref, profile, strict, hardware)
+    return _against(cases, baseline, ref, hardware, profile=profile, strict=strict)
 
 
 def _against(
-    cases: Mapping[str, Any],
-    baseline: Any,
-    ref: Mapping[str, Any],
-    profile: str,
-    strict: bool,
-    hw: str | None,
+    cases: Mapping, baseline: Any, ref: dict, hw: str | None, **how: Any
 ) -> tuple[list[Check], list[str]]:
-    """``cases`` against ``ref``, file ``baseline``'s document: (overlap rows then compare's, warnings)."""
+    """``cases`` against ``ref``, file ``baseline``'s document (``how``: compare's profile and
+    strict): (overlap rows then compare's, warnings)."""
     try:
-        rows = bl.compare(cases, ref, profile=profile, strict=strict)
+        rows = bl.compare(cases, ref, **how)
     except KeyError as exc:  # the profile is not in the file's tolerances: name the file
         raise bl.BaselineError(f"{baseline}: tolerances: {exc.args[0]}") from None
     except bl.BaselineError as exc:
