@@ -12,7 +12,6 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import numpy as np
 import pandas as pd
 from pydantic import Field
 
@@ -92,8 +91,7 @@ def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame
     ok = df[df["status"] == "completed"] if not df.empty else df
     results["completed"] = int(len(ok))
     if len(ok) >= 2 and ok["index"].iloc[0] == 0:
-        cold, warm, pen, results["penalty_stage"] = first_vs_warm(ok, pd.DataFrame(data.stages))
-        wmed = float(np.median(warm))
+        cold, warm, wmed, pen, results["penalty_stage"] = first_vs_warm(ok, pd.DataFrame(data.stages))
         results.update(
             {
                 "cold_ms": cold,
@@ -108,7 +106,7 @@ def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame
                 # None: the engine reports no compile counts (sglang), never 0
                 "cold_compiles": reported_count(ok["compiles"].iloc[0]),
                 "warm_compiles": reported_sum(ok["compiles"].iloc[1:], count=True),
-                "penalty_ms": {k: json_float(v) for k, v in pen.items()},
+                "penalty_ms": pen,
                 "penalty_total_ms": json_float(cold - wmed),
             }
         )

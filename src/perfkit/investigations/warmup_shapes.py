@@ -314,14 +314,14 @@ def _compiles(n: Any) -> str:
 
 def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     """One line per (warmup setting, request shape): covered or not, penalty, compiles."""
-    out = []
-    for c in r.get("coverage") or []:
-        pen = number(c.get("penalty_ms"))
-        label = f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f"
-        cov = "covered" if c.get("covered") else "not covered"
-        text = f"{cov}, penalty {fmt(pen, '.0f', ' ms')}, {_compiles(c.get('compiles'))}"
-        out.append(registry.KeyNumber(label, text))
-    return out
+    return [
+        registry.KeyNumber(
+            f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f",
+            f"{'covered' if c.get('covered') else 'not covered'}, penalty "
+            f"{fmt(number(c.get('penalty_ms')), '.0f', ' ms')}, {_compiles(c.get('compiles'))}",
+        )
+        for c in r.get("coverage") or []
+    ]
 
 
 SUMMARY_COLUMNS = (
