@@ -1,10 +1,5 @@
-"""Cold vs warm: does the warm request in one server session meet the cold request's numbers,
-or does state leak across requests (seed case 000: residency, in-flight copies, host copies)?
-
-One launch; the cold start and its parts; N identical requests. Request 0 is the cold request,
-1..N-1 are warm. Reports the first-request penalty per stage, the stage that absorbs most of it,
-and leak checks across the warm requests.
-"""
+"""Cold vs warm (seed case 000): one launch, its cold start and N identical requests, request 0
+the cold one; the first-request penalty per stage and leak checks across the warm requests."""
 
 from __future__ import annotations
 

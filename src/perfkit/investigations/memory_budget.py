@@ -1,9 +1,5 @@
-"""Memory budget: does the pipeline fit a consumer budget (e.g. 12 GiB GPU + 32 GiB host), and
-what does it cost in latency? (seed case 000)
-
-A launch per cap; per request the peak device reserved/allocated, the host PSS of the engine tree; the
-placement the engine chose; whether the cap held; whether the warm request degrades.
-"""
+"""Memory budget (seed case 000): a launch per cap; the device and host peaks (MiB), the placement
+the engine chose, whether the cap held and whether warm requests degrade."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Warmup shapes: does the server's startup warmup cover the shapes users send?
-
-A 17-frame warmup gives 3 latent frames; a 25-frame request gives 4, so its first call pays shape
-setup (recompilation, graph capture) — seed case 003. One launch per warmup setting, each with
-fresh compile caches; for each request shape: first-request latency vs the warm median, compiles
-in the measured window, covered or not (same latent shape as the warmup run).
-"""
+"""Warmup shapes (seed case 003): one launch per startup warmup setting, each with fresh compile
+caches; per request shape its first request against the warm median, its compiles, and whether the
+warmup covered it (docs/DESIGN.md, "covered shape")."""
 
 from __future__ import annotations
 
