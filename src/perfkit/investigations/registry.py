@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional
@@ -19,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check
-from perfkit.common.numfmt import number_text
+from perfkit.common.numfmt import fmt
 from perfkit.common.slugs import did_you_mean
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
@@ -124,15 +123,10 @@ class KeyNumber:
     @property
     def text(self) -> str:
         """``"954 ms"``, ``"58,428 ms"`` (thousands separated); "–" when not measured."""
-        v = self.value
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return "–"
-        if isinstance(v, str):
-            return v
-        if self.fmt.endswith("g"):  # as many digits as read well: the one number rule
-            return number_text(v) + (f" {self.unit}" if self.unit else "")
+        if isinstance(self.value, str):
+            return self.value
         spec = self.fmt if "," in self.fmt or not self.fmt.startswith(".") else "," + self.fmt
-        return f"{v:{spec}}" + (f" {self.unit}" if self.unit else "")
+        return fmt(self.value, spec, f" {self.unit}" if self.unit else "")
 
 
 CaseNamer = Callable[..., str]
@@ -382,8 +376,6 @@ def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
         raise ValueError(f"invariants: unknown key {', '.join(hints)}; known: {', '.join(out)}")
     for model in (EngineInvariants, *(s.invariants_model for s in _REGISTRY.values())):
         mine = {k: v for k, v in given.items() if k in model.model_fields}
-        if not mine:
-            continue
         try:
             model.model_validate(mine)
         except ValidationError as exc:

@@ -239,8 +239,6 @@ def case_ids(p: WarmupShapesParams, namer: Any) -> list[str]:
 def _first_request_error(bundle: ResultBundle) -> str | None:
     """The first measured request's error text (e.g. the engine's HTTP 400 message), if any."""
     req = bundle.requests
-    if req.empty:
-        return None
     req = req[(req["index"] != WARMUP_INDEX).fillna(False).to_numpy(bool)].sort_values("index", kind="stable")
     errs = [str(e) for e in req["error"] if isinstance(e, str) and e.strip()]
     return errs[0] if errs else None
@@ -396,8 +394,6 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     left out: their first request's shape setup is the finding, gated by the invariants."""
     out: dict[str, ResultBundle] = {}
     req = bundle.requests
-    if req.empty:
-        return out
     covered = {
         (c.get("warmup_frames"), c.get("request_frames")): c.get("covered")
         for c in (bundle.results or {}).get("coverage") or []
