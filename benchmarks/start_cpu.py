@@ -39,7 +39,7 @@ from perfkit.gate.verdicts import finish
 from perfkit.readings.stages import REFINEMENT, stage_class
 from perfkit.report import plots, reading, show, summary_frame, tables
 from perfkit.report.tables import check_frame, replay_markdown, show_table
-from perfkit.investigations.runner import load_or_run
+from perfkit.investigations.registry import load_or_run
 """
 HEAVY = ("matplotlib", "httpx", "jinja2", "scipy", "torch", "papermill")
 COMMANDS = [[], ["merge"], ["suite"], ["compare"], ["ab"]]

@@ -41,7 +41,7 @@ from perfkit.readings.stages import REFINEMENT, stage_class
 from perfkit.report import plots, reading, show, summary_frame, tables
 from perfkit.report.tables import (check_frame, first_request_costs, invariants_frame,
                                    replay_markdown, request_frame, show_table, verdict_markdown)
-from perfkit.investigations.runner import load_or_run
+from perfkit.investigations.registry import load_or_run
 
 _ = tables.use_in_notebook()  # every DataFrame shown through perfkit's one table formatter"""
 

@@ -197,7 +197,7 @@ def test_the_cli_and_a_notebook_kernel_start_without_scipy():
     heavy = {"scipy", "torch", "papermill", "matplotlib", "httpx", "jinja2"}
     code = (
         "import sys\n"
-        "import perfkit.cli, perfkit.nbparams, perfkit.report, perfkit.investigations.runner\n"
+        "import perfkit.cli, perfkit.nbparams, perfkit.report, perfkit.investigations.registry\n"
         "import perfkit.gate.run, perfkit.report.tables, perfkit.suite, perfkit.scaleout.merge\n"
         "import perfkit.report.plots, perfkit.measuring.launch_rows, perfkit.engine.launch, importlib\n"
         "[importlib.import_module(c.split(':')[0]) for c in perfkit.cli.COMMANDS.values()]\n"

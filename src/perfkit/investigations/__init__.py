@@ -6,8 +6,6 @@ every module in it (:func:`discover`), so a new investigation is one new module 
 import importlib
 import pkgutil
 
-from perfkit.investigations.registry import all_investigations, get, names  # noqa: F401 (re-exported)
-
 
 def discover() -> list[str]:
     """Import every module of this package (each investigation registers itself); returns

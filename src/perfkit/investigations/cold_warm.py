@@ -1,10 +1,5 @@
-"""Cold vs warm: does the warm request in one server session meet the cold request's numbers,
-or does state leak across requests (seed case 000: residency, in-flight copies, host copies)?
-
-One launch; the cold start and its parts; N identical requests. Request 0 is the cold request,
-1..N-1 are warm. Reports the first-request penalty per stage, the stage that absorbs most of it,
-and leak checks across the warm requests.
-"""
+"""Cold vs warm (seed case 000): one launch, its cold start and N identical requests, request 0
+the cold one; the first-request penalty per stage and leak checks across the warm requests."""
 
 from __future__ import annotations
 
@@ -12,7 +7,6 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import numpy as np
 import pandas as pd
 from pydantic import Field
 
@@ -92,8 +86,7 @@ def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame
     ok = df[df["status"] == "completed"] if not df.empty else df
     results["completed"] = int(len(ok))
     if len(ok) >= 2 and ok["index"].iloc[0] == 0:
-        cold, warm, pen, results["penalty_stage"] = first_vs_warm(ok, pd.DataFrame(data.stages))
-        wmed = float(np.median(warm))
+        cold, warm, wmed, pen, results["penalty_stage"] = first_vs_warm(ok, pd.DataFrame(data.stages))
         results.update(
             {
                 "cold_ms": cold,
@@ -108,7 +101,7 @@ def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame
                 # None: the engine reports no compile counts (sglang), never 0
                 "cold_compiles": reported_count(ok["compiles"].iloc[0]),
                 "warm_compiles": reported_sum(ok["compiles"].iloc[1:], count=True),
-                "penalty_ms": {k: json_float(v) for k, v in pen.items()},
+                "penalty_ms": pen,
                 "penalty_total_ms": json_float(cold - wmed),
             }
         )

@@ -30,10 +30,12 @@ def mib(v: Any) -> str:
     return fmt(v, ".0f", " MiB")
 
 
-def first_vs_warm(ok: pd.DataFrame, stages: pd.DataFrame) -> tuple[float, np.ndarray, dict, str | None]:
+def first_vs_warm(
+    ok: pd.DataFrame, stages: pd.DataFrame
+) -> tuple[float, np.ndarray, float, dict, str | None]:
     """The first of the completed rows ``ok`` against the rest (warm): (its e2e, the warm e2e,
-    its extra time per stage: first - median warm, NaN where no warm request ran the stage; the
-    stage holding most of it or None), ms."""
+    their median, its extra time per stage: first - median warm, None where no warm request ran
+    the stage; the stage holding most of it or None), ms."""
     pen: dict[str, float] = {}
     if not stages.empty:
         ids = ok["request_id"]
@@ -43,7 +45,9 @@ def first_vs_warm(ok: pd.DataFrame, stages: pd.DataFrame) -> tuple[float, np.nda
         pen = {st: float(first[st] - warm_med.get(st, NAN)) for st in first.index}
     finite = {k: v for k, v in pen.items() if not math.isnan(v)}
     e2e = ok["e2e_ms"].to_numpy(float)
-    return float(e2e[0]), e2e[1:], pen, max(finite, key=finite.get, default=None)
+    stage = max(finite, key=finite.get, default=None)
+    pen = {k: json_float(v) for k, v in pen.items()}
+    return float(e2e[0]), e2e[1:], float(np.median(e2e[1:])), pen, stage
 
 
 def reuse_or_launch(

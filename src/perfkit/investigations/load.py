@@ -173,11 +173,9 @@ def engine_lost(
     bad = [r for r in rows if r.get("status") != "completed"]
     if (launch.get("end_by_perfkit") is not False and not stalled) or not bad:
         return None
-    groups: dict[tuple[Any, Any], list[int]] = {}
-    for r in bad:
-        groups.setdefault((r.get("phase"), r.get("level")), []).append(int(r.get("slot") or 0))
     parts = [
-        f"{_where(ph, lv).removeprefix('the ')}: requests {_ranges(ix)}" for (ph, lv), ix in groups.items()
+        f"{_where(ph, lv).removeprefix('the ')}: requests {_ranges([int(r.get('slot') or 0) for r in g])}"
+        for (ph, lv), g in _by_level(bad).items()
     ]
     how = stalled or f"the engine {launch.get('ended') or 'ended by itself'}"
     return (
@@ -199,6 +197,14 @@ def _ranges(ix: list[int], most: int = 20) -> str:
     return text + (f" and {len(runs) - most} more runs" if len(runs) > most else "")
 
 
+def _by_level(rows: list[Mapping[str, Any]]) -> dict[tuple[Any, Any], list[Mapping[str, Any]]]:
+    """The rows grouped by (phase, level), in order of first appearance."""
+    groups: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r.get("phase"), r.get("level")), []).append(r)
+    return groups
+
+
 # ------------------------------------------------------------------------------- registry entry
 def _where(phase: str, level: Any) -> str:
     return {"closed": f"concurrency {level}", "open": "the open loop"}.get(phase, f"the {phase}")
@@ -207,11 +213,8 @@ def _where(phase: str, level: Any) -> str:
 def not_completed(r: Mapping[str, Any]) -> list[str]:
     """One sentence per phase and level with requests that did not complete, naming how many
     and the first of them (its index in the level, request id, status and error)."""
-    groups: dict[tuple[str, Any], list[dict]] = {}
-    for row in r.get("per_request") or []:
-        groups.setdefault((row.get("phase"), row.get("level")), []).append(row)
     out = []
-    for (phase, level), rows in groups.items():
+    for (phase, level), rows in _by_level(r.get("per_request") or []).items():
         bad = [x for x in rows if x.get("status") != "completed"]
         if bad:
             b = bad[0]

@@ -1,9 +1,5 @@
-"""The serving-under-load investigation's statistics: per closed-loop level and for the open
-loop (quantiles with order-statistic intervals, throughput, capacity, SLO and its attainment,
-goodput, memory peaks, findings against the first level, whether the queue grows), and what a
-request trace's requests say about warmup coverage (the trace is read by
-:func:`perfkit.investigations.load_measure.read_trace`).
-"""
+"""The serving-under-load investigation's statistics, per closed-loop level and for the open loop,
+and what a request trace's requests say about warmup coverage (docs/load.md)."""
 
 from __future__ import annotations
 

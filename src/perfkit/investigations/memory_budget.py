@@ -1,9 +1,5 @@
-"""Memory budget: does the pipeline fit a consumer budget (e.g. 12 GiB GPU + 32 GiB host), and
-what does it cost in latency? (seed case 000)
-
-A launch per cap; per request the peak device reserved/allocated, the host PSS of the engine tree; the
-placement the engine chose; whether the cap held; whether the warm request degrades.
-"""
+"""Memory budget (seed case 000): a launch per cap; the device and host peaks (MiB), the placement
+the engine chose, whether the cap held and whether warm requests degrade."""
 
 from __future__ import annotations
 
@@ -315,16 +311,14 @@ def check_bundle(bundle: ResultBundle) -> None:
                 f"not to its cap: it {row.get('ended')}; OOM-kill record: {oom or 'none'}",
             )
     # a request that timed out: the engine hung (docs/robustness.md: the run exits 2), not a cap
-    req = bundle.requests
-    if not req.empty and "status" in req.columns:
-        hung = req[req["status"] == "timeout"]
-        if len(hung):
-            r = hung.iloc[0]
-            raise registry.bundle_error(
-                bundle,
-                f"launch {r.get('launch')}: request {r.get('index')} timed out "
-                f"({r.get('error') or 'no answer'}): the engine hung, not a budget verdict",
-            )
+    hung = bundle.requests[bundle.requests["status"] == "timeout"]
+    if len(hung):
+        r = hung.iloc[0]
+        raise registry.bundle_error(
+            bundle,
+            f"launch {r.get('launch')}: request {r.get('index')} timed out "
+            f"({r.get('error') or 'no answer'}): the engine hung, not a budget verdict",
+        )
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:

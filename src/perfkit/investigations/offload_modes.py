@@ -66,7 +66,6 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
     lr = data.launch_row
     df, ok, numbers = common.launch_numbers(data)
     m = REFUSAL_RE.search(data.error or "")
-    refused = m.group(0) if m else None  # the engine's "not applicable" reason
     rep = _reported(data)
     ps, ml = json_float(lr.get("process_start_s")), json_float(lr.get("models_loaded_s"))
     e: dict[str, Any] = {
@@ -79,10 +78,8 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
         "placement": rep.get("placement") or lr.get("placement"),
         **{k: rep.get(k) for k in _REPORTED[1:]},
     }
-    if refused:
-        e.update({"status": NOT_APPLICABLE, "reason": refused})
-        m = REFUSAL_RE.search(refused)
-        e["device"] = e["device"] or (m.group("device") if m else None)
+    if m:  # the engine's "not applicable" reason
+        e.update({"status": NOT_APPLICABLE, "reason": m.group(0), "device": e["device"] or m.group("device")})
     elif len(ok) == repeats and data.error is None:
         e.update({"status": RAN, "reason": None})
     else:
@@ -504,6 +501,4 @@ INVESTIGATION = registry.register_module(
     plan=lambda p: [p.repeats] * len(p.modes),
     params_model=OffloadModesParams,
     invariants_model=OffloadModesInvariants,
-    notebook_intro="What does each offload mode (none, model, group-block, group-leaf) cost in latency and "
-    "save in device memory, and what does it move to the host?",
 )

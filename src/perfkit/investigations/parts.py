@@ -1,11 +1,7 @@
-"""What an investigation declares beyond measuring: its notebook cells (and the cell texts several
-investigations show: :func:`headline`, the gate rows, the root-cause table, every request's role and
-shape, allocation sites, profiled requests op by op), its figures, its ``perfkit figures`` block
-kinds and its ``python -m perfkit.measure`` options. Plain frozen
-dataclasses, fields of :class:`perfkit.investigations.registry.Investigation`; the generator
-(``notebooks/make_notebooks.py``), the report's generic section template
-(``sections/investigation.html.j2``), :mod:`perfkit.report.figures` and :mod:`perfkit.measure` read
-them, so adding an investigation is one module (docs/DESIGN.md, "Where things go")."""
+"""What an investigation declares beyond measuring (fields of
+:class:`perfkit.investigations.registry.Investigation`; docs/DESIGN.md, "Where things go"): its
+notebook cells and the cell texts several share, its figures, its ``perfkit figures`` block kinds
+and its ``python -m perfkit.measure`` options."""
 
 from __future__ import annotations
 

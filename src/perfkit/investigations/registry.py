@@ -1,12 +1,14 @@
 """The investigation registry: one investigation = one module that registers one :class:`Investigation`,
 which declares everything the rest of perfkit reads of it (only name, title, question, params
-model and ``run`` are required); see docs/DESIGN.md, "Where things go".
+model and ``run`` are required); see docs/DESIGN.md, "Where things go". :func:`load_or_run`, what
+every investigation notebook calls, runs one (launch directories under ``out/launches/``) or
+replays its recorded bundle.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional
@@ -16,13 +18,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from perfkit.bundle import ResultBundle
 from perfkit.checks import Check
-from perfkit.common.numfmt import number_text
+from perfkit.common.numfmt import fmt
 from perfkit.common.slugs import did_you_mean
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.investigations import parts
 from perfkit.investigations.parts import Cell, DocBlock, Figure, MeasureOption, code, md
+
+log = logging.getLogger(__name__)
 
 
 class InvestigationError(RuntimeError):
@@ -59,11 +63,8 @@ class InvariantParams(_Model):
 
 class EngineInvariants(InvariantParams):
     """What every launch's engine must really run (checked on every bundle by the gate, from
-    the ``launches`` table's effective config: :mod:`perfkit.readings.engine_config`).
-
-    A launch whose engine hit torch.compile's recompile limit always fails: after the limit
-    torch runs the frame eagerly, a silent slowdown a baseline would absorb.
-    """
+    the ``launches`` table's effective config: :mod:`perfkit.readings.engine_config`;
+    docs/suite.md, "What the engine really ran")."""
 
     #: True when the params expect the engine to drop torch.compile (e.g. a placement that
     #: offloads the transformer); otherwise compile asked but not active fails, with the
@@ -122,15 +123,10 @@ class KeyNumber:
     @property
     def text(self) -> str:
         """``"954 ms"``, ``"58,428 ms"`` (thousands separated); "–" when not measured."""
-        v = self.value
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return "–"
-        if isinstance(v, str):
-            return v
-        if self.fmt.endswith("g"):  # as many digits as read well: the one number rule
-            return number_text(v) + (f" {self.unit}" if self.unit else "")
+        if isinstance(self.value, str):
+            return self.value
         spec = self.fmt if "," in self.fmt or not self.fmt.startswith(".") else "," + self.fmt
-        return f"{v:{spec}}" + (f" {self.unit}" if self.unit else "")
+        return fmt(self.value, spec, f" {self.unit}" if self.unit else "")
 
 
 CaseNamer = Callable[..., str]
@@ -168,12 +164,9 @@ class Investigation:
     """One investigation; docs/DESIGN.md, "Where things go", says what each field is for.
 
     Attributes:
-        name: registry key, params section, bundle directory and notebook name.
-        run: ``(context, params) -> ResultBundle``.
         check_bundle: raises :class:`InvestigationError` when a bundle holds no usable measurement.
         checks: ``(results, invariants dict) -> [Check]``; key_numbers: ``results ->
             [KeyNumber]``; summary_table: ``results -> DataFrame``; reading: ``results -> Markdown``.
-        cases: ``(bundle, case_id) -> {case id: sub-bundle}`` for this run's baseline.json.
         plan: ``params -> [requests per launch]`` (an upper bound when it reuses a launch): the
             suite's progress bars estimate from it.
         split: ``params -> [(part key, sub-params)]``: independent launches, each a unit of work
@@ -185,9 +178,6 @@ class Investigation:
         launches: ``(params, engine, request) -> [PlannedLaunch]`` in run order, so the planner
             keeps a launch a later investigation reuses and that investigation in one unit; None: one
             launch, never shared.
-        found_in: ``results of another investigation -> bool``: they hold this one's measurement.
-        cells: notebook cells between the measuring cell and the gate's (None: its headline
-            table and reading, and its gate rows); figures are drawn after them (:func:`figure`).
     """
 
     name: str
@@ -222,8 +212,6 @@ class Investigation:
     def __post_init__(self) -> None:
         if (self.split is None) != (self.join is None):
             raise ValueError(f"investigation {self.name!r}: split and join come together")
-        if not self.template:
-            object.__setattr__(self, "template", GENERIC_TEMPLATE)
         if not self.notebook:
             object.__setattr__(self, "notebook", f"{self.name}.ipynb")
 
@@ -370,8 +358,7 @@ def invariant_defaults() -> dict[str, Any]:
 def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every invariant default (:func:`invariant_defaults`) overlaid with ``given`` (the ``invariants`` of a params
     file, of a notebook or of a replay): a key given replaces its default, a key given as None is
-    not gated, every key not given keeps its default. So ``{"latency_drift_max": 0.05}`` tightens
-    one limit and leaves every other check in place.
+    not gated, every key not given keeps its default.
 
     Returns:
         invariant key -> limit (None: reported, not gated), every declared key present.
@@ -389,8 +376,6 @@ def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
         raise ValueError(f"invariants: unknown key {', '.join(hints)}; known: {', '.join(out)}")
     for model in (EngineInvariants, *(s.invariants_model for s in _REGISTRY.values())):
         mine = {k: v for k, v in given.items() if k in model.model_fields}
-        if not mine:
-            continue
         try:
             model.model_validate(mine)
         except ValidationError as exc:
@@ -418,3 +403,72 @@ def checks_for(
             continue
         rows += s.checks(results.get(s.name) or {}, mine)
     return rows
+
+
+def shared_bundles(out: Path, name: str) -> dict[str, ResultBundle]:
+    """Bundles that investigations registered before ``name`` already wrote beside ``out`` in this run
+    (``out.parent/<investigation>/``); a later investigation may reuse their launch."""
+    found: dict[str, ResultBundle] = {}
+    for other in names():
+        if other == name:
+            break
+        d = out.parent / other
+        if (d / "meta.json").exists():
+            try:
+                found[other] = ResultBundle.load(d)
+            except (OSError, ValueError) as exc:
+                log.warning("%s bundle not reusable: %s", other, exc)
+    return found
+
+
+def load_or_run(
+    investigation: str,
+    *,
+    out: str | Path,
+    bundle_dir: str | Path | None = None,
+    engine: Mapping[str, Any] | None = None,
+    request: Mapping[str, Any] | None = None,
+    share_launches: bool = True,
+    **section: Any,
+) -> ResultBundle:
+    """Replay ``bundle_dir`` (launches nothing) or run ``investigation``; the bundle lands in ``out``.
+
+    Args:
+        out: the bundle's directory (``RUN/<investigation>``).
+        bundle_dir: a recorded bundle to replay instead of launching anything.
+        engine: EngineSpec fields; request: VideoRequestSpec fields (sglang's names).
+        share_launches: reuse a launch that an earlier investigation of this run already measured
+            when it ran exactly what this one would launch.
+        section: the investigation's params (its params model validates them; ``enabled`` ignored).
+
+    Raises:
+        KeyError: unknown investigation. ValueError: invalid params (pydantic's ValidationError, naming
+            the field), or ``bundle_dir`` holds another investigation's bundle.
+        InvestigationError: the bundle holds no usable measurement (the notebook fails, exit 2).
+    """
+    s = get(investigation)
+    out = Path(out)
+    if bundle_dir:
+        b = ResultBundle.load(bundle_dir)
+        if b.investigation != investigation:
+            raise ValueError(
+                f"bundle_dir {bundle_dir} holds a {b.investigation!r} bundle, expected {investigation!r}"
+            )
+        if Path(bundle_dir).resolve() != out.resolve():
+            b.save(out)
+        log.info("replaying %s bundle from %s", investigation, bundle_dir)
+        s.check_bundle(b)
+        return b
+    # a notebook's bind cell already validated the section (its messages name each parameter)
+    params = s.params_model.model_validate({k: v for k, v in section.items() if k != "enabled"})
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = RunContext(
+        engine=EngineSpec.from_dict(dict(engine or {})),
+        request=VideoRequestSpec.from_dict(dict(request or {})),
+        work_dir=out / "launches",
+        shared=shared_bundles(out, investigation) if share_launches else {},
+    )
+    b = s.run(ctx, params)
+    b.save(out)
+    s.check_bundle(b)  # after saving: the bundle (engine logs) is there to look at
+    return b

@@ -96,8 +96,7 @@ def coverage_entry(
         entry.update(dict.fromkeys(("covered", "first_ms", "warm_median_ms", "penalty_ms", "ratio")))
         entry.update(ratio_ci=[None, None], compiles=None, penalty_stage=None)
         return entry
-    first, warm, pen, penalty_stage = first_vs_warm(ok, stages)
-    wmed = float(np.median(warm))
+    first, warm, wmed, pen, penalty_stage = first_vs_warm(ok, stages)
     shape = ok["latent_shape"].iloc[0]
     entry.update(
         {
@@ -123,7 +122,7 @@ def coverage_entry(
             ),
             "recompile_limit_hit": reported_any(ok["recompile_limit_hit"]),
             "penalty_stage": penalty_stage,
-            "penalty_by_stage_ms": {k: json_float(v) for k, v in pen.items()},
+            "penalty_by_stage_ms": pen,
             "warm_ms": [json_float(v) for v in warm],
             "warm_stage_median_ms": _warm_stage_medians(stages, list(ok["request_id"].iloc[1:])),
         }

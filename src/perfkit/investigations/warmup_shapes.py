@@ -1,10 +1,6 @@
-"""Warmup shapes: does the server's startup warmup cover the shapes users send?
-
-A 17-frame warmup gives 3 latent frames; a 25-frame request gives 4, so its first call pays shape
-setup (recompilation, graph capture) — seed case 003. One launch per warmup setting, each with
-fresh compile caches; for each request shape: first-request latency vs the warm median, compiles
-in the measured window, covered or not (same latent shape as the warmup run).
-"""
+"""Warmup shapes (seed case 003): one launch per startup warmup setting, each with fresh compile
+caches; per request shape its first request against the warm median, its compiles, and whether the
+warmup covered it (docs/DESIGN.md, "covered shape")."""
 
 from __future__ import annotations
 
@@ -243,8 +239,6 @@ def case_ids(p: WarmupShapesParams, namer: Any) -> list[str]:
 def _first_request_error(bundle: ResultBundle) -> str | None:
     """The first measured request's error text (e.g. the engine's HTTP 400 message), if any."""
     req = bundle.requests
-    if req.empty:
-        return None
     req = req[(req["index"] != WARMUP_INDEX).fillna(False).to_numpy(bool)].sort_values("index", kind="stable")
     errs = [str(e) for e in req["error"] if isinstance(e, str) and e.strip()]
     return errs[0] if errs else None
@@ -314,14 +308,14 @@ def _compiles(n: Any) -> str:
 
 def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     """One line per (warmup setting, request shape): covered or not, penalty, compiles."""
-    out = []
-    for c in r.get("coverage") or []:
-        pen = number(c.get("penalty_ms"))
-        label = f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f"
-        cov = "covered" if c.get("covered") else "not covered"
-        text = f"{cov}, penalty {fmt(pen, '.0f', ' ms')}, {_compiles(c.get('compiles'))}"
-        out.append(registry.KeyNumber(label, text))
-    return out
+    return [
+        registry.KeyNumber(
+            f"warmup {c.get('warmup_frames')}f → request {c.get('request_frames')}f",
+            f"{'covered' if c.get('covered') else 'not covered'}, penalty "
+            f"{fmt(number(c.get('penalty_ms')), '.0f', ' ms')}, {_compiles(c.get('compiles'))}",
+        )
+        for c in r.get("coverage") or []
+    ]
 
 
 SUMMARY_COLUMNS = (
@@ -400,8 +394,6 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     left out: their first request's shape setup is the finding, gated by the invariants."""
     out: dict[str, ResultBundle] = {}
     req = bundle.requests
-    if req.empty:
-        return out
     covered = {
         (c.get("warmup_frames"), c.get("request_frames")): c.get("covered")
         for c in (bundle.results or {}).get("coverage") or []
