@@ -120,9 +120,8 @@ def launch_means(values: pd.DataFrame) -> pd.DataFrame:
 
 def paired_values(values_a: pd.DataFrame, values_b: pd.DataFrame, metric: str) -> pd.DataFrame:
     """The pairs of a paired A/B (``perfkit ab --paired``: launch ``A<k>`` ran beside ``B<k>``,
-    their requests in turn) for one metric: a row per pair with a value on both sides.
-
-    Columns ``pair`` (``k``), ``a`` (A's launch median, the metric's unit), ``b``: A's median times
+    their requests in turn) for one metric: a row per pair with a value on both sides. Columns
+    ``pair`` (``k``), ``a`` (A's launch median, the metric's unit), ``b``: A's median times
     the **median over the warm requests of B's request over A's request of the same place** (the
     host's state cancels request by request); a launch-level metric (ready, cold e2e, peaks)
     takes B's value itself. ``log b − log a`` is what :func:`perfkit.stats.paired_ratio_interval`
@@ -369,15 +368,14 @@ def compare(
     gate: Sequence[str] | None = None,
     paired: bool = False,
 ) -> AbResult:
-    """Compare two sides' :func:`metric_values` tables into an
-    :class:`AbResult` (its ``meta`` empty: the caller adds how it ran). ``threshold`` (fraction)
-    decides metrics without their own in ``thresholds``; ``confidence``: two-sided; any
-    ``failed_launches`` makes the exit code 2. ``gate``: the metrics whose regression sets the exit
-    code (``--gate-metrics``; None: every metric; none of them measured on both sides: exit 2).
-    ``paired``: launch ``A<k>`` ran beside ``B<k>``: paired t intervals over the pairs
-    (:func:`paired_values`); else Welch's over launch medians. Raises
-    ValueError: threshold or confidence not in (0, 1); ``gate`` empty, or naming a metric neither
-    side has (the message lists those compared)."""
+    """Compare two sides' :func:`metric_values` tables into an :class:`AbResult` (its ``meta``
+    empty: the caller adds how it ran). ``threshold`` (fraction) decides metrics without their own
+    in ``thresholds``; ``confidence``: two-sided; any ``failed_launches`` makes the exit code 2.
+    ``gate``: the metrics whose regression sets the exit code (``--gate-metrics``; None: every
+    metric; none of them measured on both sides: exit 2). ``paired``: launch ``A<k>`` ran beside
+    ``B<k>``: paired t intervals over the pairs (:func:`paired_values`); else Welch's over launch
+    medians. Raises ValueError: threshold or confidence not in (0, 1); ``gate`` empty, or naming a
+    metric neither side has (the message lists those compared)."""
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold must be a fraction in (0, 1), got {threshold}")
     thresholds = dict(thresholds or {})

@@ -9,7 +9,7 @@ are counts a side."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -112,8 +112,7 @@ class Design:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Design":
         """Inverse of :meth:`to_dict` (``look_confidence`` is recomputed)."""
-        keys = ("min_launches", "max_launches", "confidence", "spending", "slow_rule", "paired")
-        return cls(**{k: d[k] for k in keys if k in d})
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
 @dataclass
