@@ -195,7 +195,6 @@ def ab() -> nbformat.NotebookNode:
 import pandas as pd
 from IPython.display import Markdown, display
 
-from perfkit.ab.driver import AbPlan
 from perfkit.ab.sequential import Design, decide_sequential, run_sequential
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
@@ -214,8 +213,8 @@ pd.set_option("display.max_colwidth", 120)"""
 else:
     spec = lambda p: EngineSpec.from_dict(load_yaml(Path(p).read_text()))  # noqa: E731
     design = Design(launches, max_launches)
-    plan = AbPlan(spec(spec_a), spec(spec_b), VideoRequestSpec(), warm)
-    bundles = run_sequential(plan, design, run_dir, threshold, gate=gate_metrics)
+    specs = {"A": spec(spec_a), "B": spec(spec_b)}
+    bundles = run_sequential(specs, VideoRequestSpec(), warm, design, run_dir, threshold, gate=gate_metrics)
 res = decide_sequential(bundles["A"], bundles["B"], design, threshold, gate=gate_metrics, undecided=undecided)"""),
         new_markdown_cell("## Verdict per metric"),
         new_code_cell("display(Markdown(ab_summary_markdown(res)))"),

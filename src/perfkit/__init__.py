@@ -147,7 +147,6 @@ def run_ab(
             (naming the key), sides that cannot be one A/B, or a gated metric nobody measured.
     """
     from perfkit.ab.ab_command import design_for, request_for
-    from perfkit.ab.driver import AbPlan
     from perfkit.ab.sequential import Design, decide_sequential, run_sequential
     from perfkit.bundle import ResultBundle
     from perfkit.engine.client import VideoRequestSpec
@@ -165,6 +164,6 @@ def run_ab(
         (spec_a, req_a), (spec_b, req_b) = load_side(a), load_side(b)
         request = VideoRequestSpec.from_dict(request_for(req_a, req_b, {}))
         design = Design(launches, max_launches)
-        plan = AbPlan(spec_a, spec_b, request, warm)
-        bundles = run_sequential(plan, design, Path(out), threshold, gate=gate)
+        specs = {"A": spec_a, "B": spec_b}
+        bundles = run_sequential(specs, request, warm, design, Path(out), threshold, gate=gate)
     return decide_sequential(bundles["A"], bundles["B"], design, threshold, gate=gate, undecided=undecided)

@@ -2,8 +2,7 @@
 read its options into an A/B (thresholds, gated metrics, the sequential design, the output
 directory, the request shape), run or replay it, decide it.
 
-Every error is an :class:`AbInputError` naming the option it came from.
-"""
+Every error is an :class:`AbInputError` naming the option it came from."""
 
 from __future__ import annotations
 

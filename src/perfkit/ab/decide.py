@@ -3,8 +3,7 @@ and units: docs/ab.md, "Metrics"), slow spells, and per metric the ratio B/A, it
 variance split and the decision; the exit code (:mod:`perfkit.gate.verdicts`' rule): 0 no gated
 metric regressed; 1 a gated metric regressed or (:mod:`perfkit.ab.sequential`) is undecided at the
 maximum; 2 nothing gated was compared or a launch failed. Every metric gates unless
-``--gate-metrics`` names some; the others are decided and shown ("reported, not gated").
-"""
+``--gate-metrics`` names some; the others are decided and shown ("reported, not gated")."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def metric_values(bundle: ResultBundle) -> pd.DataFrame:
     """Long table of a side's values: columns ``launch, metric, unit, index, value`` (``index``:
     the request's place in its launch, 0 for launch-level metrics). Only completed measured
     requests count; values that are missing, zero or not finite are left out (not measured).
-    Units: :data:`METRIC_UNITS` (s, ms, MiB; stages ms).
-    """
+    Units: :data:`METRIC_UNITS` (s, ms, MiB; stages ms)."""
     rows: list[tuple[Any, str, str, int, float]] = []
     launches = bundle.launches
     req = bundle.measured_requests()
@@ -122,14 +120,12 @@ def launch_means(values: pd.DataFrame) -> pd.DataFrame:
 
 def paired_values(values_a: pd.DataFrame, values_b: pd.DataFrame, metric: str) -> pd.DataFrame:
     """The pairs of a paired A/B (``perfkit ab --paired``: launch ``A<k>`` ran beside ``B<k>``,
-    their requests in turn) for one metric: a row per pair with a value on both sides.
-
-    Columns ``pair`` (``k``), ``a`` (A's launch median, the metric's unit), ``b``: A's median times
+    their requests in turn) for one metric: a row per pair with a value on both sides. Columns
+    ``pair`` (``k``), ``a`` (A's launch median, the metric's unit), ``b``: A's median times
     the **median over the warm requests of B's request over A's request of the same place** (the
     host's state cancels request by request); a launch-level metric (ready, cold e2e, peaks)
     takes B's value itself. ``log b − log a`` is what :func:`perfkit.stats.paired_ratio_interval`
-    averages.
-    """
+    averages."""
     rows = []
     va, vb = values_a[values_a["metric"] == metric], values_b[values_b["metric"] == metric]
     by_a = {str(x)[1:]: g for x, g in va.groupby("launch")}
@@ -162,6 +158,8 @@ def metric_order(names: Any) -> list[str]:
     return head + stages + tail
 
 
+#: the metric whose warm requests mark slow spells
+SLOW_METRIC = "DenoisingStage"
 #: a warm request ran in a slow spell when it took more than this × its side's quiet level
 SLOW_FACTOR = 1.05
 #: the quiet level: this quantile of the side's warm requests (linear interpolation, Hyndman-Fan 7;
@@ -184,11 +182,9 @@ def _request_clocks(bundle: ResultBundle) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def slow_launches(
-    requests: dict[str, np.ndarray], factor: float = SLOW_FACTOR, share: float = 0.5
-) -> list[str]:
+def slow_launches(requests: dict[str, np.ndarray]) -> list[str]:
     """The labels, in the order given, of the launches whose median ran in a slow spell: at least
-    ``share`` of their warm requests took more than ``factor`` × the side's quiet level (the
+    half of their warm requests took more than :data:`SLOW_FACTOR` × the side's quiet level (the
     :data:`QUIET_QUANTILE` of all the side's warm requests given; :func:`slow_spells`' rule,
     launch by launch). ``requests``: launch label -> its warm requests' times of one metric (ms)."""
     lists = {k: np.asarray(v, dtype=float).ravel().tolist() for k, v in requests.items()}
@@ -200,33 +196,26 @@ def slow_launches(
         quiet = statistics.quantiles(every, n=round(1 / QUIET_QUANTILE), method="inclusive")[0]
     else:
         quiet = float(np.quantile(np.array(every), QUIET_QUANTILE))
-    cut = factor * quiet
-    return [k for k, v in lists.items() if v and sum(x > cut for x in v) / len(v) >= share]
+    cut = SLOW_FACTOR * quiet
+    return [k for k, v in lists.items() if v and sum(x > cut for x in v) / len(v) >= 0.5]
 
 
-def slow_spells(
-    values: Mapping[str, pd.DataFrame],
-    bundles: Mapping[str, ResultBundle],
-    metric: str = "DenoisingStage",
-    factor: float = SLOW_FACTOR,
-) -> pd.DataFrame:
+def slow_spells(values: Mapping[str, pd.DataFrame], bundles: Mapping[str, ResultBundle]) -> pd.DataFrame:
     """How much of each arm ran in a slow spell (``values``: arm -> :func:`metric_values`;
-    ``bundles``: arm -> its bundle, for the sampler's clocks): warm requests whose ``metric`` took more than
-    ``factor`` × the arm's quiet level (the 10th percentile of all its warm requests), and the
-    launches with at least one such request; where the sampler recorded clocks, the median SM
-    clock (MHz) and the share of samples at a power limit of the slow and the quiet requests.
-
-    Columns: ``arm, quiet_ms, requests, slow_requests, launches, slow_launches, worst_pct``
-    (the slowest request over the quiet level, percent), ``slow_sm_mhz, quiet_sm_mhz,
-    slow_power_capped, quiet_power_capped`` (NaN: no clock samples).
-    """
+    ``bundles``: arm -> its bundle, for the sampler's clocks): warm requests whose
+    :data:`SLOW_METRIC` took more than :data:`SLOW_FACTOR` × the arm's quiet level (the 10th
+    percentile of all its warm requests), and the launches with at least one; where the sampler
+    recorded clocks, the median SM clock (MHz) and the share of samples at a power limit of the
+    slow and the quiet requests. Columns: ``arm, quiet_ms, requests, slow_requests, launches,
+    slow_launches, worst_pct`` (the slowest request over the quiet level, percent), ``slow_sm_mhz,
+    quiet_sm_mhz, slow_power_capped, quiet_power_capped`` (NaN: no clock samples)."""
     rows = []
     for arm, v in values.items():
-        x = v[(v["metric"] == metric) & (v["index"] > 0)]
+        x = v[(v["metric"] == SLOW_METRIC) & (v["index"] > 0)]
         if x.empty:
             continue
         quiet = float(x["value"].quantile(QUIET_QUANTILE))
-        is_slow = x["value"] > factor * quiet
+        is_slow = x["value"] > SLOW_FACTOR * quiet
         slow = x[is_slow]
         row: dict[str, Any] = {
             "arm": arm,
@@ -260,22 +249,15 @@ TABLE_COLUMNS = (
 
 @dataclass
 class AbResult:
-    """One A/B decision.
-
-    Attributes:
-        table: one row per metric, :data:`TABLE_COLUMNS`: ``a``/``b`` geometric means of the launch
-            medians (metric unit: ms, s, MiB), ``ratio`` B/A with [``low``, ``high``]
-            (``confidence``), ``threshold`` (fraction), ``decision`` (one of
-            :data:`perfkit.stats.DECISIONS`), launches used, ``launches_needed`` a side to
-            decide (Kalibera–Jones sizing; NA when decided or unknown), the variance split
-            (ICC, CVs between/within launches, of log values), ``gated`` (whether its regression
-            sets the exit code: every metric unless ``--gate-metrics`` named some), ``reason``
-            in words.
-        launch_means: ``side, metric, launch, unit, value, n``: each launch's median.
-        exit_code: 0, 1 or 2 (module doc).
-        confidence: two-sided confidence of the intervals.
-        meta: how it was run (order, load averages, specs, N, M, threshold source, errors).
-    """
+    """One A/B decision. ``table``: one row per metric, :data:`TABLE_COLUMNS`: ``a``/``b``
+    geometric means of the launch medians (metric unit: ms, s, MiB), ``ratio`` B/A with [``low``,
+    ``high``] at the two-sided ``confidence``, ``threshold`` (fraction), ``decision`` (one of
+    :data:`perfkit.stats.DECISIONS`), launches used, ``launches_needed`` a side to decide
+    (Kalibera–Jones sizing; NA when decided or unknown), the variance split (ICC, CVs
+    between/within launches, of log values), ``gated`` (its regression sets the exit code: every
+    metric unless ``--gate-metrics`` named some), ``reason`` in words. ``launch_means``: ``side,
+    metric, launch, unit, value, n``, each launch's median. ``exit_code``: 0, 1 or 2 (module doc).
+    ``meta``: how it was run (order, load averages, specs, N, M, threshold source, errors)."""
 
     table: pd.DataFrame
     launch_means: pd.DataFrame
@@ -386,16 +368,14 @@ def compare(
     gate: Sequence[str] | None = None,
     paired: bool = False,
 ) -> AbResult:
-    """Compare two sides' :func:`metric_values` tables into an
-    :class:`AbResult` (its ``meta`` empty: the caller adds how it ran). ``threshold`` (fraction)
-    decides metrics without their own in ``thresholds``; ``confidence``: two-sided; any
-    ``failed_launches`` makes the exit code 2. ``gate``: the metrics whose regression sets the exit
-    code (``--gate-metrics``; None: every metric; none of them measured on both sides: exit 2).
-    ``paired``: launch ``A<k>`` ran beside ``B<k>``: paired t intervals over the pairs
-    (:func:`paired_values`); else Welch's over launch medians. Raises
-    ValueError: threshold or confidence not in (0, 1); ``gate`` empty, or naming a metric neither
-    side has (the message lists those compared).
-    """
+    """Compare two sides' :func:`metric_values` tables into an :class:`AbResult` (its ``meta``
+    empty: the caller adds how it ran). ``threshold`` (fraction) decides metrics without their own
+    in ``thresholds``; ``confidence``: two-sided; any ``failed_launches`` makes the exit code 2.
+    ``gate``: the metrics whose regression sets the exit code (``--gate-metrics``; None: every
+    metric; none of them measured on both sides: exit 2). ``paired``: launch ``A<k>`` ran beside
+    ``B<k>``: paired t intervals over the pairs (:func:`paired_values`); else Welch's over launch
+    medians. Raises ValueError: threshold or confidence not in (0, 1); ``gate`` empty, or naming a
+    metric neither side has (the message lists those compared)."""
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold must be a fraction in (0, 1), got {threshold}")
     thresholds = dict(thresholds or {})
@@ -503,65 +483,11 @@ def incomparable(a: ResultBundle, b: ResultBundle) -> list[str]:
     ]
 
 
-def compare_bundles(
-    a: ResultBundle,
-    b: ResultBundle,
-    values: Mapping[str, pd.DataFrame],
-    threshold: float = stats.DEFAULT_THRESHOLD,
-    thresholds: Mapping[str, float] | None = None,
-    confidence: float = stats.DEFAULT_CONFIDENCE,
-    gate: Sequence[str] | None = None,
-    keep: Mapping[str, Sequence[str]] | None = None,
-    paired: bool = False,
-) -> AbResult:
-    """:func:`compare` of two recorded sides (``perfkit ab`` and ``perfkit ab --replay``) whose
-    :func:`metric_values` are ``values`` (side -> table): the meta records each side's launches,
-    failed launches, the threshold(s) used and each side's slow spells (:func:`slow_spells`: warm
-    requests the host slowed down). ``keep``: side -> the launches the intervals use (the
-    sequential procedure's last look, :mod:`perfkit.ab.sequential`); None: every launch.
-    ``paired``: as :func:`compare`."""
-    errors = [f"{k}: {v}" for bd in (a, b) for k, v in launch_errors(bd).items()]
-    used = dict(values)
-    for side, labels in (keep or {}).items():
-        used[side] = values[side][values[side]["launch"].isin([str(x) for x in labels])]
-    res = compare(
-        used["A"],
-        used["B"],
-        threshold=threshold,
-        thresholds=thresholds,
-        confidence=confidence,
-        failed_launches=len(errors),
-        gate=gate,
-        paired=paired,
-    )
-    spells = slow_spells(values, {"A": a, "B": b})
-    res.meta.update(
-        {
-            "slow_spells": jsonable(spells.to_dict("records")),
-            "ab": a.meta.get("ab") or b.meta.get("ab") or {},
-            "threshold": threshold,
-            "thresholds": dict(thresholds or {}),
-            "gate_metrics": list(dict.fromkeys(gate)) if gate is not None else None,
-            "launch_errors": errors,
-            "sides": {
-                side: {
-                    "path": str(bd.path) if bd.path else None,
-                    "launches": [str(x) for x in bd.launches["launch"]] if not bd.launches.empty else [],
-                    "spec": (bd.meta.get("params") or {}).get("spec"),
-                }
-                for side, bd in (("A", a), ("B", b))
-            },
-        }
-    )
-    return res
-
-
 def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, float]:
     """Per-metric thresholds from a recorded A/A run (its ``ab.json``): each metric's largest
     distance of its interval ends from 1, never below ``floor``, so that A/A would have said "no
     change" for it. Metrics the A/A could not bound are left out (they keep the default).
-    Raises FileNotFoundError: no ab.json at ``path``; ValueError: none has an interval.
-    """
+    Raises FileNotFoundError: no ab.json at ``path``; ValueError: none has an interval."""
     t = AbResult.load(path).table
     t = t[np.isfinite(t["low"]) & np.isfinite(t["high"])]
     out = {

@@ -5,8 +5,7 @@ averages in its meta (the runner may be shared).
 Paired launches (``perfkit ab --paired``): an A and a B launch run side by side, their requests
 in turn (A's cold request, B's, A's first warm one, …; never overlapping). :class:`Alternation`
 is the turnstile; :func:`run_pair` runs the two launches on two threads. Why and what it costs:
-docs/choosing-n-m.md, "Paired launches".
-"""
+docs/choosing-n-m.md, "Paired launches"."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -35,25 +33,6 @@ log = logging.getLogger(__name__)
 
 #: the ``scenario`` field of the sides' bundles
 BUNDLE_NAME = "ab"
-
-
-@dataclass(frozen=True)
-class AbPlan:
-    """What to run.
-
-    Attributes:
-        spec_a, spec_b: the two engines (the same one twice: an A/A check).
-        request: the request shape (cold and warm requests alike).
-        warm: M, warm requests a launch after the cold request (>= 1).
-        profile: profile a cold and a warm request of each side in an extra launch after the
-            measured ones (:mod:`perfkit.measuring.profiled`); None: nothing profiled.
-    """
-
-    spec_a: EngineSpec
-    spec_b: EngineSpec
-    request: VideoRequestSpec
-    warm: int
-    profile: ProfileParams | None = None
 
 
 def _loadavg() -> list[float] | None:
@@ -87,8 +66,7 @@ def run_arms(
     (arms A and B, equal counts): an A and a B launch at a time, side by side, their requests in
     turn (:func:`run_pair`; ``extend`` returns two arms; meta ``ab``: ``paired``, ``pair_turns``).
     Raises ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec; paired
-    with arms other than A and B, unequal counts, or an extension that is not a pair.
-    """
+    with arms other than A and B, unequal counts, or an extension that is not a pair."""
     if warm < 1:
         raise ValueError(f"warm requests a launch must be >= 1, got {warm}")
     counts = {arm: launches for arm in specs} if isinstance(launches, int) else dict(launches)
@@ -261,8 +239,7 @@ def run_pair(
     turn (``turn(i)``: the context manager around request ``i``, ``measure_launch``'s ``turn``).
     Returns ({side: what its ``measure`` returned}, the (side, request index) order they ran in).
     Raises whatever a ``measure`` raised (the first side's first) once both threads ended, and
-    KeyboardInterrupt as the main thread received it (each launch's teardown ends its engine).
-    """
+    KeyboardInterrupt as the main thread received it (each launch's teardown ends its engine)."""
     alt = Alternation(first, second)
     results: dict[str, Any] = {}
     errors: dict[str, BaseException] = {}

@@ -4,8 +4,7 @@ checked (:func:`load_pool`, :func:`arm_warnings`), each launch's log medians
 (:func:`log_medians`), the variance split per metric (:func:`variance_table`), and A/A
 false-alarm and detection rates for each N, M and decision setting (:func:`power_table`,
 :func:`recommend`). Draws share launches, so the rates describe one pool, not independent
-experiments; how the draws are made: docs/choosing-n-m.md.
-"""
+experiments; how the draws are made: docs/choosing-n-m.md."""
 
 from __future__ import annotations
 
@@ -33,17 +32,12 @@ UNTOUCHED = "TextEncodingStage"
 
 @dataclass
 class Pool:
-    """A recorded power pool.
-
-    Attributes:
-        path: its directory.
-        values: arm ("A", "B", …) -> :func:`perfkit.ab.decide.metric_values` of its bundle.
-        arms: B arm -> ``{"DenoisingStage_pct": float, "target": metric}`` (from ``pool.json``,
-            else from the arm's engine spec with target DenoisingStage).
-        warm: warm requests a launch (M of the pool).
-        meta: the A bundle's ``meta["ab"]`` (order, load averages, wall time).
-        bundles: arm -> its bundle (requests' times, the sampler's clocks and power).
-    """
+    """A recorded power pool: its ``path``; ``values`` (arm "A", "B", … ->
+    :func:`perfkit.ab.decide.metric_values` of its bundle); ``arms`` (B arm ->
+    ``{"DenoisingStage_pct": float, "target": metric}``, from ``pool.json``, else the arm's engine
+    spec with target DenoisingStage); ``warm`` requests a launch (its M); ``meta`` (the A bundle's
+    ``meta["ab"]``: order, load averages, wall time); ``bundles`` (arm -> its bundle: requests'
+    times, the sampler's clocks and power)."""
 
     path: Path
     values: dict[str, pd.DataFrame]
@@ -188,8 +182,7 @@ def variance_table(pool: Pool, metrics: Sequence[str] | None = None) -> pd.DataF
     one-value-a-launch metrics, the only spread there is), and each B arm's measured ratio B/A
     over the whole pool (percent change).
 
-    Columns: ``metric, cv_between, cv_within, icc, cv_launch_a`` (fractions) and ``<arm>_pct``.
-    """
+    Columns: ``metric, cv_between, cv_within, icc, cv_launch_a`` (fractions) and ``<arm>_pct``."""
     names = list(metrics or (*KEY_METRICS, UNTOUCHED, "denoising_step", "cold_e2e", "ready"))
     both = pd.concat([v.assign(side=arm) for arm, v in pool.values.items()], ignore_index=True)
     med = {arm: log_medians(v, pool.warm) for arm, v in pool.values.items()}
@@ -231,7 +224,7 @@ def _draws(rng: np.random.Generator, n_launches: int, k: int, sims: int) -> np.n
 Moments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 #: draws of one kind: (launch index groups (G, n), each draw's first side (rows,) and second side
 #: (rows,) as rows of the groups, every way taken); a group's moments are reduced once
-Ways = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
+Ways = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
 
 
 def _aa_ways(rng: np.random.Generator, n_launches: int, n: int, sims: int) -> Ways:
@@ -261,12 +254,14 @@ def _ab_ways(rng: np.random.Generator, n_a: int, n_b: int, n: int, sims: int) ->
     return _draws(rng, n_a, n, sims), rows, _draws(rng, n_b, n, sims), rows, False
 
 
-def _moments(xa: np.ndarray, xb: np.ndarray, ways: Ways) -> Moments:
-    """Welch (d, se, df, bad) of every draw of ``ways``, each group reduced once."""
-    ga, pa, gb, pb, _ = ways
-    return stats.combine(
-        stats.take(stats.side_moments(xa[ga]), pa), stats.take(stats.side_moments(xb[gb]), pb)
-    )
+def _moments(xa: np.ndarray, xb: np.ndarray, ways: Ways | None) -> tuple[Moments | None, int, bool | None]:
+    """(Welch (d, se, df, bad) of the draws, the draws, every way taken); None ways: (None, 0, None)."""
+    if ways is None:
+        return None, 0, None
+    ga, pa, gb, pb, exact = ways
+    sa, sb = stats.side_moments(xa[ga]), stats.side_moments(xb[gb])
+    mom = stats.combine(tuple(v[pa] for v in sa), tuple(v[pb] for v in sb))  # type: ignore[arg-type]
+    return mom, len(pa), exact
 
 
 def power_table(
@@ -277,31 +272,22 @@ def power_table(
     sims: int = 2000,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Resampled rates for every B arm, N, M and decision setting (module doc).
+    """Resampled rates of a :func:`load_pool` pool for every B arm, N (``n``, launches a side; an
+    A/A needs 2N distinct A launches: NaN rates where the pool has fewer), M (``m``, warm requests
+    a launch; default 1, 3, 5 and the pool's own M, those ≤ it) and (threshold, confidence) of
+    ``settings`` (a regression: an interval wholly above 1 + threshold, :func:`perfkit.stats.decide`).
+    ``sims`` random draws (seeded by ``seed``) per (arm, N, M) where there are more than
+    :data:`MAX_EXACT` ways to pick the launches; up to that, every way once (exact for the pool).
 
-    Args:
-        pool: from :func:`load_pool`.
-        n: launches a side. A/A needs 2N distinct A launches (NaN rates where the pool has fewer).
-        m: warm requests a launch (default 1, 3, 5 and the pool's own M, those ≤ the pool's M).
-        settings: (threshold, confidence) pairs: a regression is an interval wholly above
-            1 + threshold (:func:`perfkit.stats.decide`).
-        sims: random draws per (arm, N, M) where there are more than :data:`MAX_EXACT` ways to
-            pick the launches; up to that, every way is taken once (exact for the pool).
-        seed: of the draws (the same seed gives the same table).
-
-    Returns:
-        One row per (arm, n, m, threshold, confidence) with ``slowdown_pct`` (of DenoisingStage),
-        ``target``, ``launches_a``, ``launches_b`` (the pool), ``aa_covers`` (DenoisingStage
-        interval holds 1), ``aa_alarm_<metric>`` for :data:`KEY_METRICS`, ``aa_alarm_any``,
-        ``detect_<metric>`` for :data:`KEY_METRICS`, ``detect_any`` (the B draw's exit code is 1:
-        any metric called a regression), ``detect_gate`` and ``aa_alarm_gate`` (the exit code of
-        ``perfkit ab --gate-metrics DenoisingStage,warm_e2e``: any key metric called a
-        regression), ``alarm_untouched`` (fractions of the draws); ``aa_ways``/``ab_ways`` (how
-        many draws) and ``aa_exact``/``ab_exact`` (every way taken; None: no draw).
-
-    Raises:
-        ValueError: a setting outside (0, 1), or N < 2.
-    """
+    One row per (arm, n, m, threshold, confidence) with ``slowdown_pct`` (of DenoisingStage),
+    ``target``, ``launches_a``, ``launches_b`` (the pool), ``aa_covers`` (DenoisingStage
+    interval holds 1), ``aa_alarm_<metric>`` for :data:`KEY_METRICS`, ``aa_alarm_any``,
+    ``detect_<metric>`` for :data:`KEY_METRICS`, ``detect_any`` (the B draw's exit code is 1:
+    any metric called a regression), ``detect_gate`` and ``aa_alarm_gate`` (the exit code of
+    ``perfkit ab --gate-metrics DenoisingStage,warm_e2e``: any key metric called a regression),
+    ``alarm_untouched`` (fractions of the draws); ``aa_ways``/``ab_ways`` (how many draws) and
+    ``aa_exact``/``ab_exact`` (every way taken; None: no draw). Raises ValueError: a setting
+    outside (0, 1), or N < 2."""
     settings = [(float(t), float(c)) for t, c in settings]
     for t, c in settings:
         if not (0.0 < t < 1.0 and 0.0 < c < 1.0):
@@ -329,22 +315,19 @@ def power_table(
         cols = list(a.columns)
         gate = [cols.index(k) for k in KEY_METRICS if k in cols]
         for nn in ns:
-            aa, aa_ways, aa_exact = None, 0, None
-            if 2 * nn <= len(a):
-                ways = _aa_ways(rng, len(a), nn, sims)
-                aa, aa_ways, aa_exact = _moments(la, la, ways), len(ways[1]), ways[-1]
+            aa, aa_ways, aa_exact = _moments(
+                la, la, _aa_ways(rng, len(a), nn, sims) if 2 * nn <= len(a) else None
+            )
             for arm, info in pool.arms.items():
                 b = med[arm].reindex(columns=cols)
                 # N launches of each side: none drawn (no rate) when either side has fewer
-                ab, ab_ways, ab_exact = None, 0, None
-                if nn <= len(a) and nn <= len(b):
-                    ways = _ab_ways(rng, len(a), len(b), nn, sims)
-                    ab, ab_ways, ab_exact = _moments(la, b.to_numpy(), ways), len(ways[1]), ways[-1]
+                ways = _ab_ways(rng, len(a), len(b), nn, sims) if nn <= min(len(a), len(b)) else None
+                ab, ab_ways, ab_exact = _moments(la, b.to_numpy(), ways)
                 for thr, conf in settings:
                     row: dict[str, Any] = {
                         "arm": arm,
-                        "slowdown_pct": info.get("DenoisingStage_pct"),
-                        "target": info.get("target", "DenoisingStage"),
+                        "slowdown_pct": info["DenoisingStage_pct"],
+                        "target": info["target"],
                         "n": nn,
                         "m": mm,
                         "threshold": thr,
@@ -366,8 +349,7 @@ def power_table(
 def _rates(
     mom: Moments | None, conf: float, cols: list[str], gate: list[int], up: float, aa: bool
 ) -> dict[str, float]:
-    """The A/A (``aa``) or detection rates of one :func:`power_table` row from the draws' Welch
-    moments (None: nothing drawn, all NaN); a regression: a low end above ``up``, log(1 + threshold)."""
+    """A/A (``aa``) or detection rates of a row (None moments: NaN); regression: low end > ``up``."""
     pre = "aa_alarm" if aa else "detect"
     keys = [f"{pre}_{m}" for m in KEY_METRICS]
     row = dict.fromkeys(
@@ -417,8 +399,7 @@ def recommend(
     empty when nothing meets them. A NaN rate (nothing drawn) never meets a target. Columns
     ``threshold, confidence, n, m, detect_min_seen, alarm_max_seen``. Raises ValueError: ``alarm``
     is not one of the three; ``detect_min`` or ``alarm_max`` is not a fraction in [0, 1];
-    ``table`` lacks a column the judgement needs (not a :func:`power_table` of this perfkit).
-    """
+    ``table`` lacks a column the judgement needs (not a :func:`power_table` of this perfkit)."""
     if alarm not in _JUDGED:
         raise ValueError(f"alarm must be one of {sorted(_JUDGED)}, got {alarm!r}")
     for name, v in (("detect_min", detect_min), ("alarm_max", alarm_max)):

@@ -4,13 +4,12 @@ design (:class:`Design`), alpha spending (:func:`spent_alpha`), the walk over la
 (:func:`decide_sequential`) and replay it on a recorded pool (:func:`replay_pool`,
 :func:`replay_summary`). The method (looks, alpha spending, slow spells) and its sources are in
 docs/choosing-n-m.md, "Launching until decided". Ratios and confidences are fractions; launches
-are counts a side.
-"""
+are counts a side."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -18,12 +17,14 @@ import pandas as pd
 
 from perfkit import stats
 from perfkit.ab.decide import (
-    compare_bundles,
+    SLOW_METRIC,
+    compare,
     launch_errors,
     metric_order,
     metric_values,
     paired_values,
     slow_launches,
+    slow_spells,
 )
 from perfkit.ab.power import log_medians
 from perfkit.common.numfmt import confidence_text
@@ -37,17 +38,12 @@ SLOW_RULES = ("replace", "keep")
 UNDECIDED = ("fail", "pass")
 DEFAULT_MIN_LAUNCHES = 3
 DEFAULT_MAX_LAUNCHES = 10
-#: the metric whose warm requests mark slow spells (as :func:`perfkit.ab.decide.slow_spells`)
-SLOW_METRIC = "DenoisingStage"
 
 
 def spent_alpha(fraction: float, alpha: float, spending: str = "pocock") -> float:
     """The error rate spent up to information fraction ``fraction`` (0..1) of a total ``alpha``
-    (two-sided), by the Lan–DeMets ``pocock`` or ``obrien-fleming`` function (docs/choosing-n-m.md).
-    Raises ValueError: an unknown ``spending``."""
+    (two-sided), by the Lan–DeMets ``pocock`` or ``obrien-fleming`` function (docs/choosing-n-m.md)."""
     t = min(max(float(fraction), 0.0), 1.0)
-    if spending not in SPENDINGS:
-        raise ValueError(f"spending must be one of {', '.join(SPENDINGS)}, got {spending!r}")
     if t <= 0.0:
         return 0.0
     if spending == "pocock":
@@ -59,21 +55,13 @@ def spent_alpha(fraction: float, alpha: float, spending: str = "pocock") -> floa
 
 @dataclass(frozen=True)
 class Design:
-    """How a sequential A/B runs and decides.
-
-    Attributes:
-        min_launches: launches a side at the first look (>= 2: an interval needs 2).
-        max_launches: launches run a side at most (replacements count), >= min_launches.
-        confidence: overall two-sided confidence over all looks and gated metrics (α = 1 − confidence).
-        spending: the alpha-spending function (:data:`SPENDINGS`).
-        slow_rule: launches in a slow spell: ``replace`` or ``keep`` (:data:`SLOW_RULES`).
-        paired: launch ``i`` of A ran beside launch ``i`` of B (``perfkit ab --paired``): paired t
-            intervals (:func:`perfkit.stats.paired_ratio_interval`), no launch replaced
-            (``slow_rule`` must be ``keep``).
-
-    Raises:
-        ValueError: any of the above out of range (the field is named).
-    """
+    """How a sequential A/B runs and decides: ``min_launches`` a side at the first look (>= 2: an
+    interval needs 2); ``max_launches`` run a side at most (replacements count, >= min_launches);
+    ``confidence``, two-sided over all looks and gated metrics (α = 1 − confidence); the
+    alpha-``spending`` function (:data:`SPENDINGS`); ``slow_rule`` for launches in a slow spell
+    (:data:`SLOW_RULES`); ``paired``: launch ``i`` of A ran beside launch ``i`` of B (``perfkit ab
+    --paired``): paired t intervals (:func:`perfkit.stats.paired_ratio_interval`), no launch
+    replaced (``slow_rule`` must be ``keep``). Raises ValueError naming a field out of range."""
 
     min_launches: int = DEFAULT_MIN_LAUNCHES
     max_launches: int = DEFAULT_MAX_LAUNCHES
@@ -124,8 +112,7 @@ class Design:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Design":
         """Inverse of :meth:`to_dict` (``look_confidence`` is recomputed)."""
-        keys = ("min_launches", "max_launches", "confidence", "spending", "slow_rule", "paired")
-        return cls(**{k: d[k] for k in keys if k in d})
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
 @dataclass
@@ -143,20 +130,13 @@ class Look:
 
 @dataclass
 class Walk:
-    """Where the procedure stands after the launches run so far.
-
-    Attributes:
-        looks: the looks taken, in order.
-        stop: why it stopped (``decided``, ``regression``, ``maximum``, ``failed``), or None:
-            keep launching.
-        next_arm: the side to launch next ("A"/"B") while ``stop`` is None.
-        used: launches of the order the procedure read (a replay may hold more).
-        run: side -> launches run (labels, in order) within ``used``.
-        replaced: side -> launches left out as run in a slow spell.
-        spell_kept: sides whose slow launches were kept (half or more marked: the host's state).
-        undecided: gated metrics still inconclusive when it stopped at the maximum.
-        reason: the stop in words.
-    """
+    """Where the procedure stands after the launches run so far: the ``looks`` taken, in order;
+    why it stopped (``stop``: ``decided``, ``regression``, ``maximum``, ``failed``; None: keep
+    launching) and the ``reason`` in words; ``next_arm`` ("A"/"B") to launch while ``stop`` is
+    None; ``used`` launches of the order read (a replay may hold more), of them ``run`` (side ->
+    labels, in order); ``replaced`` (side -> launches left out as run in a slow spell);
+    ``spell_kept`` (sides whose slow launches were kept: half or more marked, the host's state);
+    ``undecided`` (gated metrics still inconclusive when it stopped at the maximum)."""
 
     looks: list[Look] = field(default_factory=list)
     stop: str | None = None
@@ -235,8 +215,7 @@ class Walker:
     kept launches, stop at a regression, with every gated metric decided, or at the maximum.
     ``logmed`` (side -> label -> log launch medians of ``metrics``, NaN: not measured) and ``slow``
     (side -> label -> warm :data:`SLOW_METRIC` times, ms) may grow between calls of :meth:`add`;
-    ``thresholds``: each gated metric's (fraction); at the first of ``failed`` the walk stops.
-    """
+    ``thresholds``: each gated metric's (fraction); at the first of ``failed`` the walk stops."""
 
     def __init__(
         self,
@@ -316,8 +295,7 @@ def _at_maximum(w: Walk, metrics: Sequence[str], design: Design, why: str = "") 
 def _inputs(
     values: Mapping[str, pd.DataFrame], metrics: Sequence[str], paired: bool = False, m: float = math.inf
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, dict[str, np.ndarray]]]:
-    """Per side: label -> log launch medians of ``metrics`` (paired: B's from the pair ratios,
-    :func:`perfkit.ab.decide.paired_values`) and label -> warm :data:`SLOW_METRIC` times (ms)."""
+    """Per side: label -> log launch medians (paired: B's from pair ratios), label -> slow-metric ms."""
     logmed, slow = {}, {}
     for side, v in values.items():
         med = log_medians(v, m).reindex(columns=list(metrics))
@@ -355,8 +333,7 @@ def _walk_bundles(
     threshold: float,
     thresholds: Mapping[str, float] | None,
 ) -> tuple[Walk, list[str], dict[str, pd.DataFrame]]:
-    """(the procedure's walk over two sides' bundles in the order they ran; the gated metrics;
-    the sides' :func:`~perfkit.ab.decide.metric_values`)."""
+    """(the walk over the launches in the order they ran, the gated metrics, the metric values)."""
     values = {"A": metric_values(a), "B": metric_values(b)}
     # the metrics the procedure waits for: ``gate``, or every metric either side measured
     every = pd.concat([v["metric"] for v in values.values()]).unique()
@@ -377,14 +354,14 @@ def decide_sequential(
     undecided: str = "fail",
 ) -> Any:
     """Decide two sides' bundles by the procedure: walk their launches in the order they ran (a
-    recording that ends first is undecided), then :func:`perfkit.ab.decide.compare_bundles` of
-    the last look's launches at its confidence. Undecided gated metrics exit 1 unless
-    ``undecided="pass"``. Returns a :class:`perfkit.ab.decide.AbResult` whose
-    ``meta["sequential"]`` holds the design, the looks (launches, confidence, each gated metric's
-    interval and decision), why it stopped, the launches run and replaced, the undecided metrics,
-    the launches a side each would need, and ``undecided_rule``. Raises ValueError: ``undecided``
-    not in :data:`UNDECIDED`; a gate naming a metric not compared (as :func:`~perfkit.ab.decide.compare`).
-    """
+    recording that ends first is undecided), then :func:`perfkit.ab.decide.compare` of the last
+    look's launches at its confidence. Undecided gated metrics exit 1 unless ``undecided="pass"``.
+    Returns a :class:`perfkit.ab.decide.AbResult` whose meta records each side's launches, failed
+    launches, the threshold(s), the slow spells (:func:`perfkit.ab.decide.slow_spells`: warm
+    requests the host slowed down), and in ``meta["sequential"]`` the design, the looks (launches,
+    confidence, each gated metric's interval and decision), why it stopped, the launches run and
+    replaced, the undecided metrics, the launches a side each would need, and ``undecided_rule``.
+    Raises ValueError: ``undecided`` not in :data:`UNDECIDED`; a gate naming a metric not compared."""
     if undecided not in UNDECIDED:
         raise ValueError(f"undecided must be one of {', '.join(UNDECIDED)}, got {undecided!r}")
     w, metrics, values = _walk_bundles(a, b, design, gate, threshold, thresholds)
@@ -397,41 +374,63 @@ def decide_sequential(
     else:
         keep = {s: [x for x in w.run[s] if x not in w.replaced.get(s, [])] for s in ("A", "B")}
         conf = design.look_confidence(design.min_launches)
-    res = compare_bundles(a, b, values, threshold, thresholds, conf, gate, keep, design.paired)
+    errors = [f"{k}: {v}" for bd in (a, b) for k, v in launch_errors(bd).items()]
+    used = {s: v[v["launch"].isin([str(x) for x in keep[s]])] for s, v in values.items()}
+    res = compare(used["A"], used["B"], threshold, thresholds, conf, len(errors), gate, design.paired)
     t = res.table.set_index("metric")
     # every gated metric left inconclusive, also when another's regression stopped it
     left = [m for m in metrics if m in t.index and t.loc[m, "decision"] == "inconclusive"]
     needed = {m: None if pd.isna(n := t.loc[m, "launches_needed"]) else int(n) for m in left}
     if w.stop == "maximum" and res.exit_code == EXIT_OK and w.undecided and undecided == "fail":
         res.exit_code = EXIT_REGRESSION
-    res.meta["sequential"] = jsonable(
-        {
-            "design": design.to_dict(),
-            **w.to_dict(),
-            "launches_needed": needed,
-            "undecided_rule": undecided,
-            "metrics": metrics,
-        }
-    )
+    res.meta = {
+        "slow_spells": jsonable(slow_spells(values, {"A": a, "B": b}).to_dict("records")),
+        "ab": a.meta.get("ab") or b.meta.get("ab") or {},
+        "threshold": threshold,
+        "thresholds": dict(thresholds or {}),
+        "gate_metrics": list(dict.fromkeys(gate)) if gate is not None else None,
+        "launch_errors": errors,
+        "sides": {
+            side: {
+                "path": str(bd.path) if bd.path else None,
+                "launches": [str(x) for x in bd.launches["launch"]] if not bd.launches.empty else [],
+                "spec": (bd.meta.get("params") or {}).get("spec"),
+            }
+            for side, bd in (("A", a), ("B", b))
+        },
+        "sequential": jsonable(
+            {
+                "design": design.to_dict(),
+                **w.to_dict(),
+                "launches_needed": needed,
+                "undecided_rule": undecided,
+                "metrics": metrics,
+            }
+        ),
+    }
     return res
 
 
 def run_sequential(
-    plan: Any,
+    specs: Mapping[str, Any],
+    request: Any,
+    warm: int,
     design: Design,
     out: Any,
     threshold: float = stats.DEFAULT_THRESHOLD,
     thresholds: Mapping[str, float] | None = None,
     gate: Sequence[str] | None = None,
+    profile: Any = None,
 ) -> dict[str, Any]:
-    """Run a live A/B (a :class:`perfkit.ab.driver.AbPlan`):
+    """Run a live A/B of ``specs`` ({"A": EngineSpec, "B": EngineSpec}; the same twice: an A/A)
+    with ``warm`` warm requests of ``request`` a launch after the cold one:
     ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_arms`), then the
-    launch the procedure asks for after each, with the decision's gate and thresholds, until it stops.
+    launch the procedure asks for after each, with the decision's gate and thresholds, until it stops;
+    ``profile`` (:class:`perfkit.measuring.profiled.ProfileParams`): a profiled launch a side after.
     Never raises for engine failures: a failed launch keeps its error in the ``launches`` table
     (the decision then exits 2). Returns {"A": bundle, "B": bundle} (saved under ``out/a`` and
     ``out/b``); their meta ``ab.sequential`` (the design, ``gate_metrics``, thresholds) is what
-    ``--replay`` reads back.
-    """
+    ``--replay`` reads back."""
     from perfkit.ab.driver import run_arms
 
     def extend(bundles: dict[str, Any]) -> list[str]:
@@ -446,10 +445,10 @@ def run_sequential(
         return [w.next_arm]
 
     return run_arms(
-        {"A": plan.spec_a, "B": plan.spec_b},
-        plan.request,
+        specs,
+        request,
         design.min_launches,
-        plan.warm,
+        warm,
         out,
         extend=extend,
         # the gated metrics and thresholds with the design: a replay without --gate-metrics or
@@ -462,7 +461,7 @@ def run_sequential(
                 "thresholds": dict(thresholds or {}),
             }
         },
-        profile=plan.profile,
+        profile=profile,
         paired=design.paired,
     )
 
@@ -491,22 +490,13 @@ def replay_pool(
 ) -> pd.DataFrame:
     """Replay the procedure on a recorded pool (:func:`perfkit.ab.power.load_pool`): ``sims``
     experiments an arm and as many A/As, each a random order of launches a side fed to a
-    :class:`Walker` (docs/choosing-n-m.md, "How the replay resamples").
-
-    Args:
-        design: its ``max_launches`` is cut by :func:`pool_design` (at most the pool's launches).
-        metrics: the gated metrics; threshold: theirs (fraction).
-        m: warm requests a launch used (default the pool's).
-
-    Returns:
-        One row per experiment: ``kind`` ("A/A" or the arm), ``target`` (the arm's metric;
-        None for A/A), ``stop`` (``regression``, ``decided``, ``maximum``), ``regressed`` (the
-        metrics called a regression, comma-separated), ``caught`` (the target called a
-        regression), ``launches`` (launches run a side, the larger side), ``looks``,
-        ``max_launches``, ``slow_rule``.
-
-    Raises ValueError: the pool is too small for a first look (:func:`pool_design`).
-    """
+    :class:`Walker` (docs/choosing-n-m.md, "How the replay resamples"); ``design``'s maximum cut
+    by :func:`pool_design`, ``metrics`` gated at ``threshold`` (fraction), ``m`` warm requests a
+    launch (default the pool's). One row per experiment: ``kind`` ("A/A" or the arm), ``target``
+    (the arm's metric; None for A/A), ``stop`` (``regression``, ``decided``, ``maximum``),
+    ``regressed`` (the metrics called a regression, comma-separated), ``caught`` (the target
+    called a regression), ``launches`` (run a side, the larger side), ``looks``,
+    ``max_launches``, ``slow_rule``. Raises ValueError: the pool is too small for a first look."""
     design = pool_design(pool, design)
     m = int(m or pool.warm)
     mx = design.max_launches
@@ -517,7 +507,7 @@ def replay_pool(
     rows = []
     a_labels = np.array(sorted(logmed["A"]))
     for kind in ["A/A", *pool.arms]:
-        target = None if kind == "A/A" else pool.arms[kind].get("target", SLOW_METRIC)
+        target = None if kind == "A/A" else pool.arms[kind]["target"]
         other = "A" if kind == "A/A" else kind
         b_labels = np.array(sorted(logmed[other]))
         lm, sl = ({"A": d["A"], "B": d[other]} for d in (logmed, slow))

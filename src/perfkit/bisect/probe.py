@@ -22,7 +22,6 @@ from typing import Any
 
 import yaml
 
-from perfkit.ab.driver import AbPlan
 from perfkit.ab.sequential import Design, decide_sequential, run_sequential
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import run_bounded
@@ -302,10 +301,10 @@ def compare(
         why = f"the two checkouts' params ask for different requests ({req_a} vs {req_b})"
         return Probe(commit, position, "error", error=why)
     request = VideoRequestSpec.from_dict(dict(req_a or req_b))
-    plan = AbPlan(spec_a, spec_b, request, setup.warm)
     gate = [setup.metric]
     thr = setup.thresholds or None
-    bundles = run_sequential(plan, setup.design, out, setup.threshold, thr, gate)
+    specs = {"A": spec_a, "B": spec_b}
+    bundles = run_sequential(specs, request, setup.warm, setup.design, out, setup.threshold, thr, gate)
     try:
         res = decide_sequential(bundles["A"], bundles["B"], setup.design, setup.threshold, thr, gate=gate)
     except ValueError as exc:  # the metric was not compared

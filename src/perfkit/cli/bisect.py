@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from perfkit.cli._ab_options import probe_options, probe_run
+from perfkit.cli.ab import probe_options, probe_run
 
 
 @click.command(

@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 import click
 
-from perfkit.cli._ab_options import probe_options, probe_run
 from perfkit.cli._common import COMMIT_URL, EXIT_CODES, STORE, done, fail
+from perfkit.cli.ab import probe_options, probe_run
 
 
 @click.group(

@@ -4,8 +4,7 @@ intervals, decisions and sizing (:mod:`perfkit.stats.launches`, re-exported).
 
 Results are in the input unit (ms, MiB) unless said (ratios, drifts: unitless). Inputs are
 array-likes; non-finite values are dropped first. Bootstraps are seeded and vectorised. scipy is
-imported inside the functions that need it (the CLI starts without it).
-"""
+imported inside the functions that need it (the CLI starts without it)."""
 
 from __future__ import annotations
 
@@ -67,11 +66,8 @@ def bootstrap_median_ci(
 ) -> tuple[float, float]:
     """Percentile-bootstrap two-sided interval ``(lo, hi)`` of the median, in the unit of ``x``
     (the same seed and sample give the same interval). A single value gives ``(v, v)`` (no
-    spread can be estimated from one sample); an empty sample gives ``(nan, nan)``.
-
-    Raises:
-        ValueError: confidence outside (0, 1) or n_resamples < 1.
-    """
+    spread can be estimated from one sample); an empty sample gives ``(nan, nan)``. Raises
+    ValueError: confidence outside (0, 1) or n_resamples < 1."""
     _check(confidence, n_resamples)
     a = _clean(x)
     if a.size == 0:
@@ -89,12 +85,8 @@ def bootstrap_ratio_ci(
     """Percentile-bootstrap confidence interval of ``median(a) / median(b)``, ``a`` and ``b``
     resampled independently from one seeded Generator. A side with one value (a session's cold
     request) is held fixed, so the interval reflects the other side's spread alone; one value on
-    both sides gives ``(r, r)``.
-
-    Returns:
-        ``(lo, hi)``, unitless. ``(nan, nan)`` when either side is empty. Resamples whose
-        denominator median is 0 give ±inf/NaN ratios; NaN ratios are ignored.
-    """
+    both sides gives ``(r, r)``. Returns ``(lo, hi)``, unitless; ``(nan, nan)`` when either side
+    is empty. Resamples whose denominator median is 0 give ±inf/NaN ratios; NaN ones are ignored."""
     _check(confidence, n_resamples)
     xa, xb = _clean(a), _clean(b)
     if xa.size == 0 or xb.size == 0:
@@ -112,12 +104,9 @@ def bootstrap_ratio_ci(
 
 def bootstrap_mean_ratio_ci(a: Any, b: Any, confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile-bootstrap interval of ``mean(a) / mean(b)`` (``scipy.stats.bootstrap``, the two
-    samples resampled independently, 9,999 resamples, seeded).
-
-    Returns:
-        ``(lo, hi)`` unitless; ``(nan, nan)`` when a side has fewer than 2 values or both are
-        constant (no spread to resample). NaN ratios of degenerate resamples are left out.
-    """
+    samples resampled independently, 9,999 resamples, seeded): ``(lo, hi)`` unitless; ``(nan,
+    nan)`` when a side has fewer than 2 values or both are constant (no spread to resample). NaN
+    ratios of degenerate resamples are left out."""
     import warnings
 
     from scipy.stats import bootstrap
@@ -144,12 +133,9 @@ def ratio_lower_bound_single_reference(
     """One-sided lower confidence bound (``confidence`` 0.95: the 5th percentile) of
     ``median(sample) / reference``, ``reference`` one measurement with no spread of its own (the
     cold request): a percentile bootstrap whose reference draws ``reference * x_j / median(sample)``
-    get the sample's relative spread, so a noisy reference cannot fail an identical build.
-
-    Returns:
-        The bound (unitless); NaN for an empty sample or a reference that is not a positive
-        finite number; with one sample value, that value / reference.
-    """
+    get the sample's relative spread, so a noisy reference cannot fail an identical build. The
+    bound is unitless; NaN for an empty sample or a reference that is not a positive finite
+    number; with one sample value, that value / reference."""
     _check(confidence, n_resamples)
     x = _clean(sample)
     ref = float(reference) if reference is not None else math.nan
@@ -175,17 +161,11 @@ def mann_whitney(
     larger; ``scipy.stats.mannwhitneyu``); with fewer than :data:`MIN_RANK_TEST_SAMPLES` values a
     side, no p-value but a separation rule (docs/suite.md, "Investigations that are off by
     default"). ``alternative`` ``"greater"`` reports only ``"a slower"``, ``"less"`` only ``"b
-    slower"``; an empty side gives ``"inconclusive"``.
-
-    Raises:
-        ValueError: ``alternative`` is not two-sided, greater or less.
-
-    Returns:
-        dict with ``statistic`` (U of ``a``, or None), ``pvalue`` (or None), ``method``,
-        ``n_a``, ``n_b``, ``note`` (human-readable reason), ``decision`` (``"a slower"``,
-        ``"b slower"``, ``"no difference"`` or ``"inconclusive"``), ``a_slower`` (bool),
-        ``median_a``, ``median_b`` (input unit) and ``alternative``.
-    """
+    slower"``; an empty side gives ``"inconclusive"``. Returns a dict with ``statistic`` (U of
+    ``a``, or None), ``pvalue`` (or None), ``method``, ``n_a``, ``n_b``, ``note`` (the reason in
+    words), ``decision`` (``"a slower"``, ``"b slower"``, ``"no difference"`` or
+    ``"inconclusive"``), ``a_slower`` (bool), ``median_a``, ``median_b`` (input unit) and
+    ``alternative``. Raises ValueError: ``alternative`` is not two-sided, greater or less."""
     if alternative not in ("two-sided", "greater", "less"):
         raise ValueError(f"alternative must be two-sided, greater or less, got {alternative!r}")
     xa, xb = _clean(a), _clean(b)
@@ -255,13 +235,9 @@ def slope_lower_bound(y: Any, confidence: float = 0.95) -> float:
     """One-sided lower confidence bound of :func:`slope_per_index`'s slope: the least-squares
     slope minus Student's t (``n - 2`` degrees of freedom, ``scipy.stats.t``) times its standard
     error (``scipy.stats.linregress``). A scatter around a flat line keeps it at or below 0; a
-    steady rise lifts it above 0.
-
-    Returns:
-        the bound in units of ``y`` per index step (0 for a constant series); NaN with fewer
-        than 3 finite points (no spread to estimate). Non-finite values are dropped with their
-        index; ``confidence`` is one-sided.
-    """
+    steady rise lifts it above 0. The bound is in units of ``y`` per index step (0 for a
+    constant series); NaN with fewer than 3 finite points (no spread to estimate). Non-finite
+    values are dropped with their index; ``confidence`` is one-sided."""
     from scipy.stats import linregress, t
 
     arr = np.asarray(y, dtype=float).ravel()
@@ -293,15 +269,9 @@ def quantile_bounded_from(q: float, confidence: float = 0.95) -> int:
 def quantile_ci(x: Any, q: float, confidence: float = 0.95) -> tuple[float, float]:
     """Distribution-free interval of the ``q`` quantile from order statistics (the binomial
     method: ranks l < u with P(l <= B < u) >= ``confidence`` for B ~ Binomial(n, q), as
-    narrow as possible around n·q).
-
-    Returns:
-        (low, high) in the units of ``x``; an end the samples cannot bound is NaN (p99 of 8
-        requests has no upper bound: the interval is then (low, NaN), never the maximum).
-
-    Raises:
-        ValueError: ``q`` or ``confidence`` outside (0, 1).
-    """
+    narrow as possible around n·q): (low, high) in the units of ``x``; an end the samples
+    cannot bound is NaN (p99 of 8 requests has no upper bound: (low, NaN), never the maximum).
+    Raises ValueError: ``q`` or ``confidence`` outside (0, 1)."""
     from scipy.stats import binom
 
     if not (0 < q < 1 and 0 < confidence < 1):

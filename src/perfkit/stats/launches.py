@@ -1,8 +1,7 @@
 """Ratio intervals with the engine launch as the unit of repetition (A/B, history's steps), part
 of :mod:`perfkit.stats` (import them from there): Welch t intervals on log launch values, their
 decisions and sizing (Kalibera & Jones, ISMM 2013). Why Welch t and not a bootstrap or a rank
-test: docs/choosing-n-m.md. Ratios and fractions are unitless; inputs in any positive unit.
-"""
+test: docs/choosing-n-m.md. Ratios and fractions are unitless; inputs in any positive unit."""
 
 from __future__ import annotations
 
@@ -38,17 +37,11 @@ def _check(confidence: float, n_resamples: int = 1) -> None:
 
 @dataclass(frozen=True)
 class RatioInterval:
-    """Ratio B/A of the geometric means of per-launch values (launch medians), with its Welch t interval.
-
-    Attributes:
-        ratio: exp(mean log B − mean log A) (unitless; NaN when a side has no launch).
-        low, high: the interval's ends (NaN with fewer than 2 launches on a side).
-        n_a, n_b: launches used per side.
-        df: Welch–Satterthwaite degrees of freedom.
-        se_log: standard error of the log ratio.
-        sd_log_a, sd_log_b: standard deviation of log launch means per side (≈ CV of launch means).
-        confidence: two-sided confidence of [low, high].
-    """
+    """Ratio B/A of the geometric means of per-launch values (launch medians), with its Welch t
+    interval: ``ratio`` exp(mean log B − mean log A) (unitless; NaN when a side has no launch),
+    ``low``/``high`` (NaN with fewer than 2 launches on a side) at two-sided ``confidence``,
+    ``n_a``/``n_b`` launches used, Welch–Satterthwaite ``df``, ``se_log`` the log ratio's standard
+    error, ``sd_log_a``/``sd_log_b`` the sides' SD of log launch values (≈ CV of launch means)."""
 
     ratio: float
     low: float
@@ -75,22 +68,13 @@ class RatioInterval:
 def ratio_interval(
     a: Iterable[float], b: Iterable[float], confidence: float = DEFAULT_CONFIDENCE
 ) -> RatioInterval:
-    """Welch t interval of the ratio B/A from per-launch values.
-
-    Args:
-        a, b: one value per launch and side (a launch mean, or a launch's single value such as its
-            ready time), any positive unit (ms, s, MiB). Non-finite and non-positive values are
-            dropped.
-
-    Returns:
-        :class:`RatioInterval`: ``ratio`` is the ratio of geometric means; [low, high] is
-        ``exp(d ± t_{df, (1+c)/2} · se)`` with d the difference of mean logs,
-        ``se = sqrt(s_a²/n_a + s_b²/n_b)`` and Welch–Satterthwaite df. With both sides constant
-        (se = 0) the interval is the ratio itself. Fewer than 2 launches on a side: NaN ends.
-
-    Raises:
-        ValueError: confidence outside (0, 1).
-    """
+    """Welch t interval of the ratio B/A from one value per launch and side (a launch median, or
+    its single value such as its ready time; any positive unit: ms, s, MiB; non-finite and
+    non-positive values dropped). Returns a :class:`RatioInterval`: ``ratio`` the ratio of
+    geometric means, [low, high] ``exp(d ± t_{df, (1+c)/2} · se)`` with d the difference of mean
+    logs, ``se = sqrt(s_a²/n_a + s_b²/n_b)`` and Welch–Satterthwaite df; both sides constant
+    (se = 0): the ratio itself; fewer than 2 launches on a side: NaN ends. Raises ValueError:
+    confidence outside (0, 1)."""
     la, lb = np.log(_positive(a)), np.log(_positive(b))
     return _interval(la, lb, confidence, _sd(la), _sd(lb))
 
@@ -151,16 +135,11 @@ def side_moments(x: np.ndarray) -> Side:
     """(count, var/count, mean) of one side's (S, n, K) log values along axis 1 (NaN: not
     measured; var with ddof 1), each (S, K): what :func:`combine` needs of a side. A row's
     numbers depend only on that row, so a side drawn in many comparisons may be reduced once and
-    its rows taken (``perfkit.ab.power``'s draws)."""
+    its rows indexed (``perfkit.ab.power``'s draws)."""
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: NaN, marked bad
         count = np.isfinite(x).sum(1)
         return count, np.nanvar(x, axis=1, ddof=1) / count, np.nanmean(x, axis=1)
-
-
-def take(side: Side, rows: np.ndarray) -> Side:
-    """The ``rows`` (indices along axis 0) of a :func:`side_moments` result."""
-    return tuple(v[rows] for v in side)  # type: ignore[return-value]
 
 
 def combine(a: Side, b: Side) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -183,10 +162,7 @@ def log_ends(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) of the Welch t intervals of :func:`combine`'s (d, se, df, bad) at two-sided
     ``confidence``, in log units: ``d ± t_df · se`` (``d`` itself when se = 0; NaN where bad).
-
-    Raises:
-        ValueError: ``confidence`` outside (0, 1).
-    """
+    Raises ValueError: ``confidence`` outside (0, 1)."""
     _check(confidence)
     d, se, df, bad = (np.asarray(v) for v in (d, se, df, bad))
     with np.errstate(invalid="ignore", over="ignore"):
@@ -201,10 +177,7 @@ def welch_log_intervals(
     """The Welch t interval of mean(xb) − mean(xa) for many comparisons at once: ``xa``, ``xb``
     are (S, n, K) arrays of log launch values (S draws, n launches a side, K metrics; NaN: not
     measured there), reduced along axis 1; :func:`ratio_interval` is its one-comparison case.
-
-    Returns:
-        (d, se, df, low, high), each (S, K): as :func:`combine` and :func:`log_ends`.
-    """
+    Returns (d, se, df, low, high), each (S, K): as :func:`combine` and :func:`log_ends`."""
     d, se, df, bad = combine(side_moments(xa), side_moments(xb))
     return (d, se, df, *log_ends(d, se, df, bad, confidence))
 
@@ -212,23 +185,12 @@ def welch_log_intervals(
 def paired_ratio_interval(
     a: Iterable[float], b: Iterable[float], confidence: float = DEFAULT_CONFIDENCE
 ) -> RatioInterval:
-    """Paired t interval of the ratio B/A from launch pairs (``perfkit ab --paired``: launch
-    ``i`` of A ran beside launch ``i`` of B).
-
-    Args:
-        a, b: one value per launch, aligned: ``a[i]`` and ``b[i]`` are one pair (any positive
-            unit: ms, s, MiB). A pair with a non-finite or non-positive value on either side is
-            dropped whole.
-
-    Returns:
-        :class:`RatioInterval` with ``n_a == n_b`` = pairs used: ``ratio`` = exp(mean d) over the
-        pairs' log differences ``d_i = log b_i − log a_i``; [low, high] =
-        ``exp(mean d ± t_{n−1, (1+c)/2} · sd(d)/√n)`` (Student's paired t). Fewer than 2 pairs:
-        NaN ends.
-
-    Raises:
-        ValueError: confidence outside (0, 1); ``a`` and ``b`` of different lengths.
-    """
+    """Paired t interval of the ratio B/A from launch pairs (``perfkit ab --paired``): ``a[i]``
+    and ``b[i]`` are one pair (any positive unit: ms, s, MiB; a pair with a non-finite or
+    non-positive value on either side is dropped whole). Returns a :class:`RatioInterval` with
+    ``n_a == n_b`` = pairs used: ``ratio`` = exp(mean d) over ``d_i = log b_i − log a_i``,
+    [low, high] = ``exp(mean d ± t_{n−1, (1+c)/2} · sd(d)/√n)`` (Student's paired t); fewer than 2
+    pairs: NaN ends. Raises ValueError: confidence outside (0, 1); ``a`` and ``b`` of different lengths."""
     xa = np.asarray(a if isinstance(a, np.ndarray) else list(a), dtype=float).ravel()
     xb = np.asarray(b if isinstance(b, np.ndarray) else list(b), dtype=float).ravel()
     if xa.size != xb.size:
@@ -242,16 +204,11 @@ def paired_ratio_interval(
 
 @dataclass(frozen=True)
 class VarianceSplit:
-    """Variance of log values split between and within launches (one-way random effects).
-
-    Attributes:
-        between: σ_b², variance of launch means beyond what the requests inside explain (log²;
-            √ ≈ CV between launches).
-        within: σ_w², variance of requests around their launch mean (log²).
-        icc: σ_b² / (σ_b² + σ_w²): the share of a single request's variance that lies between
-            launches (intraclass correlation).
-        launches: launches used; requests_per_launch: mean requests per launch.
-    """
+    """Variance of log values split between and within launches (one-way random effects):
+    ``between`` σ_b² (log²: of launch means beyond what the requests inside explain; √ ≈ CV
+    between launches), ``within`` σ_w² (log²: of requests around their launch mean), ``icc``
+    σ_b² / (σ_b² + σ_w²) (intraclass correlation: the share of a request's variance between
+    launches), ``launches`` used and mean ``requests_per_launch``."""
 
     between: float
     within: float
@@ -273,19 +230,13 @@ class VarianceSplit:
 def variance_split(
     values: Iterable[float], launches: Iterable[Any], sides: Iterable[Any] | None = None
 ) -> VarianceSplit:
-    """One-way ANOVA estimate of the variance components of log values (launches nested in sides).
-
-    Args:
-        values: one value per request (positive; ms or any unit), non-positive/non-finite dropped.
-        launches: the launch of each value (any hashable label, unique across sides).
-        sides: the side of each value (``"A"``/``"B"``); the side means are removed first, so a
-            real A/B difference does not count as variance between launches. None: one side.
-
-    Returns:
-        :class:`VarianceSplit` with σ_w² = MSW and σ_b² = max(0, (MSB − MSW) / m₀), m₀ the
-        ANOVA's effective group size (Searle, Casella & McCulloch, Variance Components, §3.5).
-        NaN components when fewer than 2 launches or no launch with 2 requests.
-    """
+    """One-way ANOVA estimate of the variance components of log ``values`` (one a request, any
+    positive unit; non-positive/non-finite dropped) of ``launches`` (each value's label, unique
+    across sides) nested in ``sides`` (each value's ``"A"``/``"B"``, whose means are removed first
+    so a real A/B difference is not variance between launches; None: one side). Returns a
+    :class:`VarianceSplit` with σ_w² = MSW and σ_b² = max(0, (MSB − MSW) / m₀), m₀ the ANOVA's
+    effective group size (Searle, Casella & McCulloch, Variance Components, §3.5); NaN components
+    with fewer than 2 launches or no launch with 2 requests."""
     import pandas as pd
 
     v = np.asarray(list(values), dtype=float)
@@ -310,23 +261,18 @@ def variance_split(
         return VarianceSplit(nan, ss_w / df_w if df_w >= 1 else nan, nan, k, m_bar)
     msw, msb = ss_w / df_w, ss_b / df_b
     # effective group size, per side then pooled (equal sizes: m)
-    m0 = 0.0
-    for _, s in sizes.groupby(level=0):
-        ns = s.sum()
-        m0 += float(ns - (s**2).sum() / ns)
-    m0 /= df_b
+    ns = sizes.groupby(level=0).sum()
+    m0 = float((ns - (sizes**2).groupby(level=0).sum() / ns).sum()) / df_b
     between = max(0.0, (msb - msw) / m0) if m0 > 0 else nan
     total = between + msw
     return VarianceSplit(between, msw, between / total if total > 0 else nan, k, m_bar)
 
 
 def decide(iv: RatioInterval, threshold: float = DEFAULT_THRESHOLD) -> str:
-    """The decision for one metric.
-
-    ``regression``: the interval lies above 1 + threshold; ``improvement``: below 1 − threshold;
-    ``no change``: inside [1 − threshold, 1 + threshold]; ``inconclusive``: anything else (it
-    straddles a boundary, or a side has a single launch); ``not measured``: a side has no value.
-    """
+    """The decision for one metric: ``regression``: the interval lies above 1 + threshold;
+    ``improvement``: below 1 − threshold; ``no change``: inside [1 − threshold, 1 + threshold];
+    ``inconclusive``: anything else (it straddles a boundary, or a side has a single launch);
+    ``not measured``: a side has no value."""
     if iv.n_a == 0 or iv.n_b == 0 or not math.isfinite(iv.ratio):
         return "not measured"
     if not (math.isfinite(iv.low) and math.isfinite(iv.high)):
@@ -344,16 +290,10 @@ def launches_needed(
     iv: RatioInterval, threshold: float = DEFAULT_THRESHOLD, max_launches: int = 200, paired: bool = False
 ) -> int | None:
     """Launches a side that would decide a metric, if the ratio and the noise stay as measured
-    (Kalibera & Jones 2013, §"dimensioning": size the repetitions from a first run's variance).
-
-    The smallest n whose half-width ``t · se · √(k / n)`` (k = 2 / (1/n_a + 1/n_b); t at df
-    2n − 2, paired n − 1, and ``iv.confidence``) fits between the log ratio and the nearest
-    decision boundary (log(1 ± threshold)).
-
-    Returns:
-        launches a side (≥ the current count), or None when it cannot be estimated (fewer than 2
-        launches on a side) or would exceed ``max_launches`` (the ratio sits on a boundary).
-    """
+    (Kalibera & Jones 2013, §"dimensioning"): the smallest n (≥ the current count) whose half-width
+    ``t · se · √(k / n)`` (k = 2 / (1/n_a + 1/n_b); t at df 2n − 2, paired n − 1, and
+    ``iv.confidence``) fits between the log ratio and the nearest boundary (log(1 ± threshold));
+    None with fewer than 2 launches on a side or past ``max_launches`` (the ratio on a boundary)."""
     if iv.n_a < 2 or iv.n_b < 2 or not (math.isfinite(iv.ratio) and math.isfinite(iv.se_log)):
         return None
     lr = math.log(iv.ratio)
@@ -389,10 +329,7 @@ def interleaved_order(n: int | Mapping[str, int]) -> list[str]:
     ``continuous`` alternates rounds the same way). Given a mapping arm -> launches (a power
     pool with several B arms), each round holds every arm with launches left, forward in even
     rounds and backward in odd ones: ``{"A": 2, "B": 2, "C": 1}`` gives ``A B C B A``.
-
-    Raises:
-        ValueError: a count < 1 (or no arm).
-    """
+    Raises ValueError: a count < 1 (or no arm)."""
     counts = {"A": n, "B": n} if isinstance(n, int) else dict(n)
     if not counts or min(counts.values()) < 1:
         raise ValueError(f"launches per side must be >= 1, got {n}")
