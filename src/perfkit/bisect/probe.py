@@ -171,6 +171,12 @@ class ProbeSetup:
     build_timeout_s: float | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Raise BisectError when the spec file is missing or a directory."""
+        if not Path(self.spec).is_file():
+            what = "is a directory, not a file" if Path(self.spec).is_dir() else "not found"
+            raise BisectError(f"--spec {self.spec}: {what}")
+
     def require_varies(self) -> None:
         """Raise BisectError unless a probe's engine can depend on its commit (a build command,
         the Python overlay, or ``{checkout}`` in the spec)."""

@@ -17,7 +17,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from perfkit.ab.sequential import Design
 from perfkit.bisect.probe import (
     BisectError,
     Commit,
@@ -35,7 +34,7 @@ from perfkit.common.jsonsafe import finite
 from perfkit.common.outdirs import given_out_problem, stamped_dir
 from perfkit.gate.baseline.files import atomic_write_text
 from perfkit.history.changepoints import Step
-from perfkit.history.store import Confirmation, add_confirmation, find_step
+from perfkit.history.store import CONFIRM_COLUMNS, add_confirmation, find_step
 from perfkit.report.history_site import write_bisect_outputs
 
 log = logging.getLogger(__name__)
@@ -373,42 +372,14 @@ def confirm(
         a.hardware, a.case_id, a.metric, step, before, after, probe, outcome, message, setup.to_dict(),
         repo=str(repo),
     )  # fmt: skip
-    c = Confirmation(
+    row = (
         a.hardware, a.case_id, a.metric, step.before.commit, step.after.commit, step.kind, step.ratio,
         outcome, setup.metric, probe.decision or "", probe.ratio, probe.low, probe.high, probe.launches,
         probe.error or probe.reason, str(out), datetime.now(timezone.utc),
     )  # fmt: skip
-    res.stored = str(add_confirmation(store, c))
+    res.stored = str(add_confirmation(store, **dict(zip(CONFIRM_COLUMNS, row))))
     _save(res, out, CONFIRM_FILE)
     return res
-
-
-def make_setup(
-    spec: str | Path,
-    *,
-    metric: str | None = "DenoisingStage",
-    python_path: str | None = None,
-    build: str | None = None,
-    design: Design | None = None,
-    threshold: float = 0.05,
-    thresholds: dict[str, float] | None = None,
-    warm: int = 3,
-    build_timeout_s: float | None = None,
-) -> ProbeSetup:
-    """A :class:`ProbeSetup` from the command's options (``design`` None: 2 to 6 launches a
-    side, unpaired; ``thresholds``: per-metric, from ``--threshold-from``).
-
-    Raises:
-        BisectError: the spec file is missing.
-    """
-    if not Path(spec).is_file():
-        raise BisectError(
-            f"--spec {spec}: {'is a directory, not a file' if Path(spec).is_dir() else 'not found'}"
-        )
-    return ProbeSetup(
-        Path(spec), metric or "DenoisingStage", python_path, build, design or Design(2, 6), threshold,
-        warm, build_timeout_s, dict(thresholds or {}),
-    )  # fmt: skip
 
 
 def out_dir(given: str | None, kind: str) -> Path:

@@ -364,47 +364,25 @@ CONFIRM_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
 CONFIRM_SCHEMA = pa.schema([(k, t) for k, (t, _) in CONFIRM_COLUMNS.items()])
 
 
-@dataclass
-class Confirmation:
-    """One confirmation row (fields as :data:`CONFIRM_COLUMNS`; ``launches``: side -> launches run)."""
-
-    hardware: str
-    case_id: str
-    metric: str
-    before_commit: str
-    after_commit: str
-    step_kind: str
-    step_ratio: float
-    outcome: str
-    ab_metric: str
-    ab_decision: str
-    ratio: float | None
-    low: float | None
-    high: float | None
-    launches: dict[str, int]
-    detail: str
-    out: str
-    time: datetime
-
-    def __post_init__(self) -> None:
-        if self.outcome not in OUTCOMES:
-            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {self.outcome!r}")
-
-
 def _num(x: float | None) -> float | None:
     return None if x is None or x != x else float(x)
 
 
-def add_confirmation(store: str | Path, c: Confirmation) -> Path:
-    """Store ``c`` as ``STORE/confirmations/<digest>.parquet``. Returns the file."""
+def add_confirmation(store: str | Path, **row: Any) -> Path:
+    """Store one confirmation, ``row`` its :data:`CONFIRM_COLUMNS` (``launches``: side -> launches
+    run; ``outcome`` one of :data:`OUTCOMES`, else ValueError), as
+    ``STORE/confirmations/<digest>.parquet``. Returns the file."""
+    if row["outcome"] not in OUTCOMES:
+        raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {row['outcome']!r}")
     store = Path(store)
-    row = {k: [getattr(c, k)] for k in CONFIRM_COLUMNS}
-    row["launches"] = [json.dumps(c.launches, sort_keys=True)]
-    row["time"] = [c.time.astimezone(timezone.utc)]
+    cols = {k: [row[k]] for k in CONFIRM_COLUMNS}
+    cols["launches"] = [json.dumps(row["launches"], sort_keys=True)]
+    cols["time"] = [row["time"].astimezone(timezone.utc)]
     for k in ("ratio", "low", "high", "step_ratio"):
-        row[k] = [_num(getattr(c, k))]
-    table = pa.table(row, schema=CONFIRM_SCHEMA)
-    key = "\x1f".join([c.hardware, c.case_id, c.metric, c.before_commit, c.after_commit, c.time.isoformat()])
+        cols[k] = [_num(row[k])]
+    table = pa.table(cols, schema=CONFIRM_SCHEMA)
+    names = ("hardware", "case_id", "metric", "before_commit", "after_commit")
+    key = "\x1f".join([*(row[k] for k in names), row["time"].isoformat()])
     with _locked(store):
         d = store / CONFIRM_DIR
         d.mkdir(parents=True, exist_ok=True)
