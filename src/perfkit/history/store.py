@@ -23,7 +23,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
@@ -93,15 +92,18 @@ class HistoryRun:
 
     @property
     def key(self) -> str:
-        return run_key(self.source, self.hardware, self.run_id, self.commit, self.time)
+        """The identity of the run: sha256 (hex, 24 chars) of its source, hardware, run id, commit
+        and UTC time. The same run read twice (from the same or a copied file) has the same key."""
+        t = _utc(self.time).isoformat()
+        text = "\x1f".join([self.source, self.hardware, str(self.run_id), self.commit, t])
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def run_key(source: str, hardware: str, run_id: str, commit: str, time: datetime) -> str:
-    """The identity of a run: sha256 (hex, 24 chars) of its source, hardware, run id, commit and
-    UTC time. The same run read twice (from the same or a copied file) has the same key."""
-    t = _utc(time).isoformat()
-    text = "\x1f".join([source, hardware, str(run_id), commit, t])
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+def finite_number(v: Any) -> bool:
+    """Whether ``v`` is a finite int or float (not a bool; an int below 1e300)."""
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) and abs(v) < 1e300 or isinstance(v, float) and math.isfinite(v)
 
 
 def _utc(t: datetime) -> datetime:
@@ -220,11 +222,10 @@ def _table(runs: Sequence[HistoryRun], added_at: datetime) -> pa.Table:
 
 @dataclass
 class AddResult:
-    """What :func:`add_runs` did: keys stored now, keys already there, files written."""
+    """What :func:`add_runs` did: keys stored now, keys already there."""
 
     added: list[str]
     skipped: list[str]
-    files: list[Path]
 
 
 def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
@@ -241,16 +242,10 @@ def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
         if not r.values:
             raise HistoryError(f"{r.source_file or r.run_id}: the run has no values")
         for v in r.values:
-            ok = (
-                isinstance(v.value, (int, float))
-                and not isinstance(v.value, bool)
-                and (math.isfinite(v.value) if isinstance(v.value, float) else abs(v.value) < 1e300)
-            )
-            if v.value is not None and not ok:
+            if v.value is not None and not finite_number(v.value):
                 raise HistoryError(f"{r.source_file}: {v.case_id}.{v.metric}: not a number: {v.value!r}")
     added: list[str] = []
     skipped: list[str] = []
-    files: list[Path] = []
     with _locked(store):
         known = stored_run_keys(store)
         fresh: dict[str, HistoryRun] = {}
@@ -269,10 +264,10 @@ def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
             digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:20]
             d = store / f"hw-{_slug(hw)}"
             d.mkdir(parents=True, exist_ok=True)
-            files.append(write_parquet(_table(group, now), d / f"{digest}.parquet"))
+            write_parquet(_table(group, now), d / f"{digest}.parquet")
             added.extend(keys)
     log.info("history %s: %d run(s) added, %d already stored", store, len(added), len(skipped))
-    return AddResult(added, skipped, files)
+    return AddResult(added, skipped)
 
 
 def runs_frame(runs: Sequence[HistoryRun]) -> pd.DataFrame:
@@ -310,7 +305,7 @@ def read_store(
     _check_files(files)
     # pyarrow, not DuckDB: its conversion of 500,000 rows peaked at 5x the frame (docs/history.md)
     tables = []
-    for i, f in enumerate(files):
+    for f in files:
         t = pq.read_table(
             f,
             columns=list(
@@ -321,18 +316,17 @@ def read_store(
             t = t.cast(pa.schema([SCHEMA.field(n) for n in t.column_names]))
         except pa.ArrowInvalid as exc:
             raise HistoryError(f"{f}: {exc}") from None
+        newest = pa.compute.max(t["schema_version"]).as_py() or 0
+        if newest > SCHEMA_VERSION:
+            raise HistoryError(
+                f"{f}: schema_version {newest} is newer than this perfkit reads ({SCHEMA_VERSION})"
+            )
         if hardware is not None:
             t = t.filter(pa.compute.equal(t["hardware"], hardware))
-        tables.append(t.append_column("file_index", pa.array(np.full(t.num_rows, i, dtype=np.int32))))
+        tables.append(t)
     df = pa.concat_tables(tables).to_pandas()
     df = df.drop_duplicates(["run_key", "case_id", "metric"], keep="first")  # files in name order
     df = df.sort_values(["hardware", "case_id", "metric", "time", "run_key"], kind="stable")
-    newer = df[df["schema_version"] > SCHEMA_VERSION]
-    if len(newer):
-        raise HistoryError(
-            f"{files[int(newer['file_index'].iloc[0])]}: schema_version {int(newer['schema_version'].iloc[0])} is newer "
-            f"than this perfkit reads ({SCHEMA_VERSION})"
-        )
     return df[cols].reset_index(drop=True)
 
 
