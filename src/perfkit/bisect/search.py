@@ -30,7 +30,6 @@ from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
 from perfkit.common.jsonsafe import finite
 from perfkit.common.outdirs import given_out_problem, stamped_dir
 from perfkit.gate.baseline.files import atomic_write_text
-from perfkit.history.changepoints import Step
 from perfkit.history.store import CONFIRM_COLUMNS, add_confirmation, find_step
 from perfkit.report.history_site import write_bisect_outputs
 
@@ -80,10 +79,6 @@ class BisectResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``launches`` and each commit's ``short`` included)."""
-
-        def c(x: Commit | None) -> dict[str, Any] | None:
-            return None if x is None else x.to_dict()
-
         return finite(
             {
                 "kind": "bisect",
@@ -91,10 +86,10 @@ class BisectResult:
                 "exit_code": self.exit_code,
                 "message": self.message,
                 "repo": self.repo,
-                "good": c(self.good),
-                "bad": c(self.bad),
-                "commits": [c(x) for x in self.commits],
-                "found": c(self.found),
+                "good": self.good.to_dict(),
+                "bad": self.bad.to_dict(),
+                "commits": [x.to_dict() for x in self.commits],
+                "found": self.found and self.found.to_dict(),
                 "range": {"lo": self.lo, "hi": self.hi},
                 "launches": self.launches,
                 "probes": [_probe_dict(p) for p in self.probes],
@@ -244,12 +239,6 @@ def ab_metric(store_metric: str) -> str:
     )
 
 
-def _outcome(step: Step, probe: Probe) -> str:
-    if probe.verdict in ("error", "undecided"):
-        return probe.verdict
-    return "confirmed" if probe.decision == step.kind else "not reproduced"
-
-
 def out_dir(given: str | None, kind: str) -> Path:
     """``--out`` (refused when it is a file or a non-empty directory), else a new
     ``outputs/<kind>/<timestamp>``.
@@ -320,7 +309,10 @@ def run_confirm(
             ) from None
         probe = _probe(repo, after, 1, ref, setup, out / "probe")
     probe.wall_s = round(time.time() - t0, 1)
-    outcome = _outcome(step, probe)
+    if probe.verdict in ("error", "undecided"):
+        outcome = probe.verdict
+    else:
+        outcome = "confirmed" if probe.decision == step.kind else "not reproduced"
     what = f"{analysis.case_id} {analysis.metric} {step.change_pct:+.1f} % ({step.kind}) between {before.short} and {after.short}"
     iv = "" if probe.low is None else f" [{(probe.low - 1) * 100:+.1f} %, {(probe.high - 1) * 100:+.1f} %]"
     ab = f"the A/B says {probe.decision or 'nothing'} on {setup.metric}" + (

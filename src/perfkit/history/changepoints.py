@@ -127,16 +127,6 @@ def higher_is_worse(metric: str) -> bool:
     return not m.endswith(("qps", "throughput", "attainment", "_rate"))
 
 
-def robust_noise(values: Sequence[float]) -> float:
-    """Relative run-to-run noise of a series: 1.4826 × MAD of successive log differences / √2
-    (a fraction; 0.01 = 1 %). NaN for fewer than 3 values."""
-    y = np.log(np.asarray(values, dtype=float))
-    if y.size < 3:
-        return math.nan
-    d = np.diff(y)
-    return float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2.0))
-
-
 @dataclass(frozen=True)
 class Mode:
     """One mode of a level: geometric mean, next run's prediction interval (values' unit), runs."""
@@ -313,9 +303,11 @@ def analyse(
     res.gaps = [p for p, k in zip(pts, ok) if not k]
     if not good:
         return res
-    measured = [pts[i].value for i in good]
-    y = np.log(np.array(measured, dtype=float))
-    res.noise = robust_noise(measured)
+    y = np.log(np.array([pts[i].value for i in good], dtype=float))
+    d = np.diff(y)  # the noise: 1.4826 × MAD of successive log differences / √2 (docs/history.md)
+    res.noise = (
+        float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2.0)) if y.size >= 3 else math.nan
+    )
     sigma = res.noise if math.isfinite(res.noise) else 0.0
     thr = max(settings.outlier_sigmas * sigma, math.log1p(settings.outlier_min))
     out = dict(_outliers(y, thr)) if y.size >= 3 else {}

@@ -379,24 +379,19 @@ def replay_markdown(df: pd.DataFrame) -> str:
         "| not gated | not compared |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in df.itertuples(index=False):
-        cell = [
-            f"{getattr(r, w + '_alarms')}, {getattr(r, w + '_false')}, {getattr(r, w + '_caught')}"
-            + (f" (missed {getattr(r, w + '_missed')})" if w != "rule" and getattr(r, w + "_missed") else "")
-            for w in ("rule", "perfkit", "confirm1")
-        ]
-        out.append(
-            f"| {md_text(r.case, cell=True, code=True)} | {r.runs} | {r.steps} | {' | '.join(cell)} | {r.not_gated} | {r.not_compared} |"
-        )
     t = df.sum(numeric_only=True)
-    out.append(
-        f"| all | {t['runs']} | {t['steps']} | "
-        + " | ".join(
-            f"{t[w + '_alarms']}, {t[w + '_false']}, {t[w + '_caught']}"
-            for w in ("rule", "perfkit", "confirm1")
+    for r in [*df.to_dict("records"), {**t.to_dict(), "case": None}]:  # the cases, then all
+        cells = []
+        for w in ("rule", "perfkit", "confirm1"):
+            missed = r["case"] is not None and w != "rule" and r[w + "_missed"]
+            cells.append(
+                f"{r[w + '_alarms']}, {r[w + '_false']}, {r[w + '_caught']}"
+                + (f" (missed {r[w + '_missed']})" if missed else "")
+            )
+        case = "all" if r["case"] is None else md_text(r["case"], cell=True, code=True)
+        out.append(
+            f"| {case} | {r['runs']} | {r['steps']} | {' | '.join(cells)} | {r['not_gated']} | {r['not_compared']} |"
         )
-        + f" | {t['not_gated']} | {t['not_compared']} |"
-    )
     some = df[df["rule_false"] > 0]
     out.append("")
     for w, name in (("perfkit", "perfkit (default)"), ("confirm1", "perfkit `--confirm 1`")):

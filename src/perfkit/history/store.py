@@ -358,10 +358,6 @@ CONFIRM_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
 CONFIRM_SCHEMA = pa.schema([(k, t) for k, (t, _) in CONFIRM_COLUMNS.items()])
 
 
-def _num(x: float | None) -> float | None:
-    return None if x is None or x != x else float(x)
-
-
 def add_confirmation(store: str | Path, **row: Any) -> Path:
     """Store one confirmation, ``row`` its :data:`CONFIRM_COLUMNS` (``launches``: side -> launches
     run; ``outcome`` one of :data:`OUTCOMES`, else ValueError), as
@@ -372,8 +368,8 @@ def add_confirmation(store: str | Path, **row: Any) -> Path:
     cols = {k: [row[k]] for k in CONFIRM_COLUMNS}
     cols["launches"] = [json.dumps(row["launches"], sort_keys=True)]
     cols["time"] = [row["time"].astimezone(timezone.utc)]
-    for k in ("ratio", "low", "high", "step_ratio"):
-        cols[k] = [_num(row[k])]
+    for k in ("ratio", "low", "high", "step_ratio"):  # NaN: NULL
+        cols[k] = [None if row[k] is None or row[k] != row[k] else float(row[k])]
     table = pa.table(cols, schema=CONFIRM_SCHEMA)
     names = ("hardware", "case_id", "metric", "before_commit", "after_commit")
     key = "\x1f".join([*(row[k] for k in names), row["time"].isoformat()])
