@@ -72,11 +72,6 @@ class BisectResult:
     repo: str = ""
     wall_s: float = 0.0
 
-    @property
-    def launches(self) -> int:
-        """Launches run over every probe, both sides."""
-        return sum(sum(p.launches.values()) for p in self.probes)
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``launches`` and each commit's ``short`` included)."""
         return finite(
@@ -91,7 +86,7 @@ class BisectResult:
                 "commits": [x.to_dict() for x in self.commits],
                 "found": self.found and self.found.to_dict(),
                 "range": {"lo": self.lo, "hi": self.hi},
-                "launches": self.launches,
+                "launches": sum(sum(p.launches.values()) for p in self.probes),  # every probe, both sides
                 "probes": [_probe_dict(p) for p in self.probes],
                 "setup": self.setup,
                 "wall_s": round(self.wall_s, 1),
