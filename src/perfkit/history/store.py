@@ -185,18 +185,11 @@ def stored_run_keys(store: str | Path) -> set[str]:
     if not files:
         return set()
     _check_files(files)
-    con = _duckdb()
-    got = con.execute(
-        "SELECT DISTINCT run_key FROM read_parquet(?, union_by_name=true)", [[str(f) for f in files]]
-    ).fetchall()
-    return {r[0] for r in got}
-
-
-def _duckdb():
     require_extra("history", "the history store")
     import duckdb
 
-    return duckdb.connect()
+    query = "SELECT DISTINCT run_key FROM read_parquet(?, union_by_name=true)"
+    return {r[0] for r in duckdb.connect().execute(query, [[str(f) for f in files]]).fetchall()}
 
 
 def _table(runs: Sequence[HistoryRun], added_at: datetime) -> pa.Table:
@@ -304,14 +297,10 @@ def read_store(
         return pd.DataFrame({k: pd.Series(dtype=object) for k in cols})
     _check_files(files)
     # pyarrow, not DuckDB: its conversion of 500,000 rows peaked at 5x the frame (docs/history.md)
+    need = list(dict.fromkeys([*cols, "schema_version", "run_key", "case_id", "metric", "hardware", "time"]))
     tables = []
     for f in files:
-        t = pq.read_table(
-            f,
-            columns=list(
-                dict.fromkeys([*cols, "schema_version", "run_key", "case_id", "metric", "hardware", "time"])
-            ),
-        )
+        t = pq.read_table(f, columns=need)
         try:  # another writer's types (checked above: same meaning)
             t = t.cast(pa.schema([SCHEMA.field(n) for n in t.column_names]))
         except pa.ArrowInvalid as exc:
