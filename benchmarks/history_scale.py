@@ -8,11 +8,11 @@ to a temporary directory, then times, in this process:
    parquet file),
 2. ``read_store`` (DuckDB over the store),
 3. ``changepoints.analyse_frame`` (50 series of 10,000 runs: outliers, Otava, intervals; in
-   ``--workers`` processes, 1 by default: with 2, spawning and pickling cost 6.5 s more CPU
-   and 270 MiB more in this process, measured),
+   this process: 2 spawned processes, once tried, cost 6.5 s more CPU and 270 MiB more in
+   this process, measured),
 
-and prints each phase's wall time, the peak RSS of this process and of the largest worker
-(``ru_maxrss``) and what was found. Writing the input files is not timed (it is the nightly job's part).
+and prints each phase's wall time, the peak RSS of this process (``ru_maxrss``) and what was
+found. Writing the input files is not timed (it is the nightly job's part).
 
     PYTHONPATH=src python benchmarks/history_scale.py [--runs 10000] [--cases 50]
 """
@@ -69,7 +69,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10_000)
     ap.add_argument("--cases", type=int, default=50)
-    ap.add_argument("--workers", type=int, default=1, help="processes for the change points")
     a = ap.parse_args()
     from perfkit.history import changepoints as cp
     from perfkit.history.check import import_nightly
@@ -88,7 +87,7 @@ def main() -> None:
         frame = read_store(store, columns=ANALYSIS_COLUMNS)
         t2 = time.perf_counter()
         rss.append(_peak_mib())
-        analyses = cp.analyse_frame(frame, workers=a.workers)
+        analyses = cp.analyse_frame(frame)
         t3, c3 = time.perf_counter(), time.process_time()
         rss.append(_peak_mib())
         size = sum(f.stat().st_size for f in store.rglob("*.parquet"))
@@ -97,14 +96,11 @@ def main() -> None:
     outliers = sum(len(x.outliers) for x in analyses)
     gaps = sum(len(x.gaps) for x in analyses)
     peak_mib = _peak_mib()
-    child_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"peak RSS of the largest worker process: {child_mib:.0f} MiB")
     print(f"peak RSS after import / read / change points: {rss[0]:.0f} / {rss[1]:.0f} / {rss[2]:.0f} MiB")
     print(f"import ({len(res.added)} runs, {len(frame)} rows, store {size / 2**20:.1f} MiB): {t1 - t0:.1f} s")
     print(f"read_store (pyarrow): {t2 - t1:.1f} s")
     print(f"change points ({len(analyses)} series): {t3 - t2:.1f} s")
-    child_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = c3 - c0 + child_cpu.ru_utime + child_cpu.ru_stime
+    cpu = c3 - c0
     print(
         f"total import + change points: {t3 - t0:.1f} s wall, {cpu:.1f} s CPU (target 30 s); "
         f"peak RSS {peak_mib:.0f} MiB (target 1024); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"

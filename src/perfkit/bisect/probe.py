@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -70,19 +69,14 @@ def check_repo(repo: str | Path) -> None:
         raise BisectError(f"{repo}: not a git repository") from None
 
 
-def resolve(repo: str | Path, rev: str) -> str:
-    """The full sha of commit ``rev`` in ``repo``. Raises BisectError naming it when unknown."""
+def commit_info(repo: str | Path, rev: str) -> Commit:
+    """Commit ``rev`` of ``repo``: its full sha, subject and author date. Raises BisectError
+    naming it when unknown."""
     try:
-        return git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
+        out = git(repo, "show", "-s", "--format=%H%x1f%s%x1f%aI", f"{rev}^{{commit}}", "--")
     except BisectError:
         raise BisectError(f"{repo}: no commit {rev!r}") from None
-
-
-def commit_info(repo: str | Path, sha: str) -> Commit:
-    """Subject and author date of ``sha``."""
-    out = git(repo, "show", "-s", "--format=%H%x1f%s%x1f%aI", sha).strip()
-    h, subject, date = out.split("\x1f")
-    return Commit(h, subject, date)
+    return Commit(*out.strip().split("\x1f"))
 
 
 def commit_range(repo: str | Path, good: str, bad: str) -> tuple[Commit, list[Commit]]:
@@ -94,7 +88,8 @@ def commit_range(repo: str | Path, good: str, bad: str) -> tuple[Commit, list[Co
             the same commit.
     """
     check_repo(repo)
-    g, b = resolve(repo, good), resolve(repo, bad)
+    gc, bc = commit_info(repo, good), commit_info(repo, bad)
+    g, b = gc.sha, bc.sha
     if g == b:
         raise BisectError(f"good and bad are the same commit ({g[:10]})")
     p = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", g, b], check=False)
@@ -105,14 +100,14 @@ def commit_range(repo: str | Path, good: str, bad: str) -> tuple[Commit, list[Co
     shas = git(repo, "rev-list", "--first-parent", "--reverse", f"{g}..{b}").split()
     if not shas or shas[-1] != b:
         raise BisectError(f"{repo}: {bad} is not on the first-parent line after {good}")
-    return commit_info(repo, g), [commit_info(repo, s) for s in shas]
+    return gc, [commit_info(repo, s) for s in shas]
 
 
 @contextlib.contextmanager
-def worktree(repo: str | Path, sha: str, parent: str | Path | None = None) -> Iterator[Path]:
-    """A detached worktree of ``sha`` in a new temporary directory (under ``parent`` when
-    given); removed on exit, also on an error."""
-    tmp = Path(tempfile.mkdtemp(prefix=f"perfkit-probe-{sha[:10]}-", dir=parent))
+def worktree(repo: str | Path, sha: str) -> Iterator[Path]:
+    """A detached worktree of ``sha`` in a new temporary directory; removed on exit, also on an
+    error."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"perfkit-probe-{sha[:10]}-"))
     path = tmp / "checkout"
     try:
         git(repo, "worktree", "add", "--detach", "--quiet", str(path), sha)
@@ -170,6 +165,12 @@ class ProbeSetup:
     build_timeout_s: float | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Raise BisectError when the spec file is missing or a directory."""
+        if not Path(self.spec).is_file():
+            what = "is a directory, not a file" if Path(self.spec).is_dir() else "not found"
+            raise BisectError(f"--spec {self.spec}: {what}")
+
     def require_varies(self) -> None:
         """Raise BisectError unless a probe's engine can depend on its commit (a build command,
         the Python overlay, or ``{checkout}`` in the spec)."""
@@ -224,10 +225,6 @@ class Probe:
     reason: str = ""
     out: str = ""
     wall_s: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict."""
-        return asdict(self)
 
 
 def load_spec(
@@ -293,8 +290,8 @@ def compare(
     position: int,
 ) -> Probe:
     """The sequential A/B of ``probe`` (B) against ``ref`` (A) on ``setup.metric``, outputs under
-    ``out``; a failed launch or an unmeasured metric is the probe's ``error``, never raised."""
-    t0 = time.time()
+    ``out``; a failed launch or an unmeasured metric is the probe's ``error``, never raised
+    (``wall_s`` left to the caller)."""
     spec_a, req_a = ref
     spec_b, req_b = probe
     if req_a and req_b and req_a != req_b:
@@ -308,7 +305,7 @@ def compare(
     try:
         res = decide_sequential(bundles["A"], bundles["B"], setup.design, setup.threshold, thr, gate=gate)
     except ValueError as exc:  # the metric was not compared
-        return Probe(commit, position, "error", error=str(exc), out=str(out), wall_s=time.time() - t0)
+        return Probe(commit, position, "error", error=str(exc), out=str(out))
     write_ab_outputs(res, out)
     seq = res.meta.get("sequential") or {}
     row = (
@@ -328,9 +325,8 @@ def compare(
         verdict = {"regression": "bad", "no change": "good", "improvement": "good"}.get(decision, "undecided")
         error = None
     launches, reason = dict(seq.get("launches_run") or {}), str(seq.get("reason") or "")
-    p = Probe(
-        commit, position, verdict, decision, num("ratio"), num("low"), num("high"), launches, error, reason,
-        str(out), round(time.time() - t0, 1),
-    )  # fmt: skip
     log.info("probe %s (%s): %s, %s", commit.short, commit.subject, verdict, decision)
-    return p
+    return Probe(
+        commit, position, verdict, decision, num("ratio"), num("low"), num("high"), launches, error, reason,
+        str(out),
+    )  # fmt: skip

@@ -1,10 +1,7 @@
-"""``perfkit bisect``: the first bad commit between a good and a bad one (first-parent positions
-1..n), a sequential A/B at each probe; undecided or failed probes skipped, never guessed. Ends
-found (exit 0), not reproduced (1), not decided (2): docs/history.md ("Search"). ``perfkit history
-confirm SERIES CHANGE``: an A/B between the commits either side of a history change point (before
-= A, after = B) on the series' metric; outcome confirmed (exit 0), not reproduced or undecided (1),
-error (2), stored next to the step: docs/history.md ("Confirm"). :func:`run_bisect` and
-:func:`run_confirm` are what the commands call (their outputs: :mod:`perfkit.report.history_site`).
+"""``perfkit bisect`` (:func:`run_bisect`: the first bad commit between a good and a bad one, a
+sequential A/B at each probe; docs/history.md, "Search") and ``perfkit history confirm``
+(:func:`run_confirm`: an A/B between the commits either side of a history change point, stored
+next to the step; "Confirm"). Their outputs: :mod:`perfkit.report.history_site`.
 """
 
 from __future__ import annotations
@@ -12,12 +9,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from perfkit.ab.sequential import Design
 from perfkit.bisect.probe import (
     BisectError,
     Commit,
@@ -28,21 +24,16 @@ from perfkit.bisect.probe import (
     commit_range,
     compare,
     prepare,
-    resolve,
     worktree,
 )
+from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
 from perfkit.common.jsonsafe import finite
 from perfkit.common.outdirs import given_out_problem, stamped_dir
 from perfkit.gate.baseline.files import atomic_write_text
-from perfkit.history.changepoints import Step
-from perfkit.history.store import Confirmation, add_confirmation, find_step
+from perfkit.history.store import CONFIRM_COLUMNS, add_confirmation, find_step
 from perfkit.report.history_site import write_bisect_outputs
 
 log = logging.getLogger(__name__)
-
-EXIT_FOUND = 0
-EXIT_NOT_REPRODUCED = 1
-EXIT_ERROR = 2
 
 #: the result files under the output directory
 RESULT_FILE = "bisect.json"
@@ -81,17 +72,8 @@ class BisectResult:
     repo: str = ""
     wall_s: float = 0.0
 
-    @property
-    def launches(self) -> int:
-        """Launches run over every probe, both sides."""
-        return sum(sum(p.launches.values()) for p in self.probes)
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``launches`` and each commit's ``short`` included)."""
-
-        def c(x: Commit | None) -> dict[str, Any] | None:
-            return None if x is None else x.to_dict()
-
         return finite(
             {
                 "kind": "bisect",
@@ -99,13 +81,13 @@ class BisectResult:
                 "exit_code": self.exit_code,
                 "message": self.message,
                 "repo": self.repo,
-                "good": c(self.good),
-                "bad": c(self.bad),
-                "commits": [c(x) for x in self.commits],
-                "found": c(self.found),
+                "good": self.good.to_dict(),
+                "bad": self.bad.to_dict(),
+                "commits": [x.to_dict() for x in self.commits],
+                "found": self.found and self.found.to_dict(),
                 "range": {"lo": self.lo, "hi": self.hi},
-                "launches": self.launches,
-                "probes": [{**p.to_dict(), "commit": c(p.commit)} for p in self.probes],
+                "launches": sum(sum(p.launches.values()) for p in self.probes),  # every probe, both sides
+                "probes": [_probe_dict(p) for p in self.probes],
                 "setup": self.setup,
                 "wall_s": round(self.wall_s, 1),
             }
@@ -121,13 +103,11 @@ def next_position(lo: int, hi: int, skipped: set[int]) -> int | None:
     return min(cands, key=lambda i: (abs(i - mid), i))
 
 
-def _probe(
-    repo: Path, commit: Commit, position: int, ref: Any, setup: ProbeSetup, d: Path, tmp: Path | None
-) -> Probe:
+def _probe(repo: Path, commit: Commit, position: int, ref: Any, setup: ProbeSetup, d: Path) -> Probe:
     """Check out, build and A/B one commit into ``d``; a build or spec error is the probe's error."""
     d.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    with worktree(repo, commit.sha, tmp) as checkout:
+    with worktree(repo, commit.sha) as checkout:
         try:
             p = compare(ref, prepare(checkout, setup, d), setup, d, commit, position)
         except BisectError as exc:
@@ -136,18 +116,10 @@ def _probe(
     return p
 
 
-def bisect(
-    repo: str | Path,
-    good: str,
-    bad: str,
-    setup: ProbeSetup,
-    out: str | Path,
-    *,
-    tmp: str | Path | None = None,
-) -> BisectResult:
+def bisect(repo: str | Path, good: str, bad: str, setup: ProbeSetup, out: str | Path) -> BisectResult:
     """Find the first commit after ``good`` up to ``bad`` whose ``setup.metric`` regressed
     against ``good``, writing ``out/bisect.json`` and each probe's A/B under
-    ``out/probes/<position>-<commit>/`` (worktrees under ``tmp`` when given).
+    ``out/probes/<position>-<commit>/``.
 
     Raises:
         BisectError: bad input (a repository, a commit, the spec). A good commit that cannot be
@@ -163,14 +135,14 @@ def bisect(
         "not decided", EXIT_ERROR, good_c, commits[-1], commits, hi=n, repo=str(repo), setup=setup.to_dict()
     )
     out.mkdir(parents=True, exist_ok=True)
-    with worktree(repo, good_c.sha, tmp) as good_dir:
+    with worktree(repo, good_c.sha) as good_dir:
         try:
             ref = prepare(good_dir, setup, out / "good")
         except BisectError as exc:
             res.outcome, res.exit_code = "error", EXIT_ERROR
             res.message = f"the good commit {good_c.short} ({good_c.subject}): {exc}; nothing to compare with"
             res.wall_s = time.time() - t0
-            _save(res, out)
+            _save(res.to_dict(), out)
             return res
         lo, hi, skipped, bad_known = 0, n, set(), False
         while True:
@@ -180,11 +152,9 @@ def bisect(
             if pos is None:
                 break
             c = commits[pos - 1]
-            p = _probe(
-                repo, c, pos, ref, setup, out / "probes" / f"{pos:03d}-{c.short}", Path(tmp) if tmp else None
-            )
+            p = _probe(repo, c, pos, ref, setup, out / "probes" / f"{pos:03d}-{c.short}")
             res.probes.append(p)
-            _save(res, out)
+            _save(res.to_dict(), out)
             if p.verdict == "bad":
                 hi, bad_known = pos, True
             elif p.verdict == "good":
@@ -196,7 +166,7 @@ def bisect(
     res.lo, res.hi = lo, hi
     res.wall_s = time.time() - t0
     _conclude(res, bad_known)
-    _save(res, out)
+    _save(res.to_dict(), out)
     return res
 
 
@@ -211,14 +181,14 @@ def _conclude(res: BisectResult, bad_known: bool) -> None:
         )
 
     if lo == n:
-        res.outcome, res.exit_code = "not reproduced", EXIT_NOT_REPRODUCED
+        res.outcome, res.exit_code = "not reproduced", EXIT_REGRESSION
         res.message = (
             f"not reproduced: the bad commit {res.bad.short} is not a regression of {res.setup.get('metric')} "
             f"against the good commit {res.good.short}"
         )
     elif bad_known and hi - lo == 1:
         res.found = res.commits[hi - 1]
-        res.outcome, res.exit_code = "found", EXIT_FOUND
+        res.outcome, res.exit_code = "found", EXIT_OK
         res.message = f"first bad commit: {res.found.short} {res.found.subject} ({res.found.author_date})"
     else:
         first = res.commits[lo].short
@@ -233,8 +203,12 @@ def _conclude(res: BisectResult, bad_known: bool) -> None:
             )
 
 
-def _save(res: BisectResult | ConfirmResult, out: Path, name: str = RESULT_FILE) -> None:
-    atomic_write_text(out / name, json.dumps(res.to_dict(), indent=1, default=str))
+def _save(res: dict[str, Any], out: Path, name: str = RESULT_FILE) -> None:
+    atomic_write_text(out / name, json.dumps(res, indent=1, default=str))
+
+
+def _probe_dict(p: Probe) -> dict[str, Any]:
+    return asdict(p) | {"commit": p.commit.to_dict()}
 
 
 def ab_metric(store_metric: str) -> str:
@@ -258,157 +232,6 @@ def ab_metric(store_metric: str) -> str:
     raise BisectError(
         f"the series' metric {store_metric!r} has no A/B counterpart: give --metric (e.g. DenoisingStage)"
     )
-
-
-@dataclass
-class ConfirmResult:
-    """A confirmation: the series, its step, the A/B (one :class:`Probe`), the outcome."""
-
-    hardware: str
-    case_id: str
-    metric: str
-    step: Step
-    before: Commit
-    after: Commit
-    probe: Probe
-    outcome: str
-    message: str
-    setup: dict[str, Any]
-    stored: str = ""
-    repo: str = ""
-
-    @property
-    def exit_code(self) -> int:
-        return CONFIRM_EXIT_CODES[self.outcome]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (shaped like ``bisect.json``: one probe)."""
-
-        s = self.step
-        keys = ("kind", "ratio", "low", "high", "mean_before", "mean_after", "n_before", "n_after")
-        step = {k: getattr(s, k) for k in keys} | {"before_run": s.before.run_id, "after_run": s.after.run_id}
-        return finite(
-            {
-                "kind": "confirm",
-                "outcome": self.outcome,
-                "exit_code": self.exit_code,
-                "message": self.message,
-                "repo": self.repo,
-                "series": {"hardware": self.hardware, "case_id": self.case_id, "metric": self.metric},
-                "step": step,
-                "good": self.before.to_dict(),
-                "bad": self.after.to_dict(),
-                "launches": sum(self.probe.launches.values()),
-                "probes": [{**self.probe.to_dict(), "commit": self.probe.commit.to_dict()}],
-                "setup": self.setup,
-                "stored": self.stored,
-            }
-        )
-
-
-def _outcome(step: Step, probe: Probe) -> str:
-    if probe.verdict in ("error", "undecided"):
-        return probe.verdict
-    return "confirmed" if probe.decision == step.kind else "not reproduced"
-
-
-def confirm(
-    store: str | Path,
-    series: str,
-    change: str,
-    repo: str | Path,
-    setup: ProbeSetup,
-    out: str | Path,
-    *,
-    hardware: str | None = None,
-    metric: str | None = None,
-    tmp: str | Path | None = None,
-) -> ConfirmResult:
-    """A/B the commits either side of step ``change`` of ``series`` on ``metric`` (else
-    :func:`ab_metric` of the series'; ``setup.metric`` is not read), store the outcome and
-    write ``out/confirm.json`` and the probe's A/B under ``out/probe/``.
-
-    Raises:
-        HistoryError: no such series or step.
-        BisectError: a commit of the step is not in ``repo``, the spec is bad, or the commit
-            before could not be built (nothing to compare with).
-    """
-    t0 = time.time()
-    out = Path(out)
-    analysis, step = find_step(store, series, change, hardware=hardware)
-    setup = replace(setup, metric=metric or ab_metric(analysis.metric))
-    repo = Path(repo).resolve()
-    check_repo(repo)
-    setup.require_varies()
-    shas = []
-    for p in (step.before, step.after):
-        try:
-            shas.append(resolve(repo, p.commit))
-        except BisectError:
-            raise BisectError(
-                f"{repo}: the step's commit {p.commit!r} (run {p.run_id}) is not in this repository"
-            ) from None
-    before, after = (commit_info(repo, s) for s in shas)
-    out.mkdir(parents=True, exist_ok=True)
-    tmpdir = Path(tmp) if tmp else None
-    with worktree(repo, before.sha, tmpdir) as bdir:
-        try:
-            ref = prepare(bdir, setup, out / "before")
-        except BisectError as exc:
-            raise BisectError(
-                f"the commit before the step {before.short} ({before.subject}): {exc}"
-            ) from None
-        probe = _probe(repo, after, 1, ref, setup, out / "probe", tmpdir)
-    probe.wall_s = round(time.time() - t0, 1)
-    outcome = _outcome(step, probe)
-    what = f"{analysis.case_id} {analysis.metric} {step.change_pct:+.1f} % ({step.kind}) between {before.short} and {after.short}"
-    iv = "" if probe.low is None else f" [{(probe.low - 1) * 100:+.1f} %, {(probe.high - 1) * 100:+.1f} %]"
-    ab = f"the A/B says {probe.decision or 'nothing'} on {setup.metric}" + (
-        f" ({(probe.ratio - 1) * 100:+.1f} %{iv})" if probe.ratio is not None else ""
-    )
-    tail = {"undecided": f"{ab}: {probe.reason}", "error": f"{probe.error}"}.get(outcome, ab)
-    message = f"{outcome}: {what}; {tail}"
-    a = analysis
-    res = ConfirmResult(
-        a.hardware, a.case_id, a.metric, step, before, after, probe, outcome, message, setup.to_dict(),
-        repo=str(repo),
-    )  # fmt: skip
-    c = Confirmation(
-        a.hardware, a.case_id, a.metric, step.before.commit, step.after.commit, step.kind, step.ratio,
-        outcome, setup.metric, probe.decision or "", probe.ratio, probe.low, probe.high, probe.launches,
-        probe.error or probe.reason, str(out), datetime.now(timezone.utc),
-    )  # fmt: skip
-    res.stored = str(add_confirmation(store, c))
-    _save(res, out, CONFIRM_FILE)
-    return res
-
-
-def make_setup(
-    spec: str | Path,
-    *,
-    metric: str | None = "DenoisingStage",
-    python_path: str | None = None,
-    build: str | None = None,
-    design: Design | None = None,
-    threshold: float = 0.05,
-    thresholds: dict[str, float] | None = None,
-    warm: int = 3,
-    build_timeout_s: float | None = None,
-) -> ProbeSetup:
-    """A :class:`ProbeSetup` from the command's options (``design`` None: 2 to 6 launches a
-    side, unpaired; ``thresholds``: per-metric, from ``--threshold-from``).
-
-    Raises:
-        BisectError: the spec file is missing.
-    """
-    if not Path(spec).is_file():
-        raise BisectError(
-            f"--spec {spec}: {'is a directory, not a file' if Path(spec).is_dir() else 'not found'}"
-        )
-    return ProbeSetup(
-        Path(spec), metric or "DenoisingStage", python_path, build, design or Design(2, 6), threshold,
-        warm, build_timeout_s, dict(thresholds or {}),
-    )  # fmt: skip
 
 
 def out_dir(given: str | None, kind: str) -> Path:
@@ -440,14 +263,84 @@ def run_confirm(
     change: str,
     repo: str | Path,
     setup: ProbeSetup,
-    out: Path,
+    out: str | Path,
     *,
     metric: str | None = None,
     hardware: str | None = None,
 ) -> tuple[int, Path]:
-    """``perfkit history confirm``: the A/B across the step (:func:`confirm`,
-    on ``metric`` or the series' own, :func:`ab_metric`) and its outputs.
-    Returns (exit code, summary.md path). Raises BisectError or HistoryError for bad input."""
-    res = confirm(store, series, change, repo, setup, out, hardware=hardware, metric=metric)
-    paths = write_bisect_outputs(res.to_dict(), out)
-    return res.exit_code, paths["summary"]
+    """``perfkit history confirm``: A/B the commits either side of step ``change`` of ``series``
+    on ``metric`` (else :func:`ab_metric` of the series'; ``setup.metric`` is not read), store
+    the outcome, write ``out/confirm.json`` (shaped like ``bisect.json``: one probe), the
+    probe's A/B under ``out/probe/`` and the outputs. Returns (exit code, summary.md path).
+
+    Raises:
+        HistoryError: no such series or step.
+        BisectError: a commit of the step is not in ``repo``, the spec is bad, or the commit
+            before could not be built (nothing to compare with).
+    """
+    t0 = time.time()
+    out = Path(out)
+    analysis, step = find_step(store, series, change, hardware=hardware)
+    setup = replace(setup, metric=metric or ab_metric(analysis.metric))
+    repo = Path(repo).resolve()
+    check_repo(repo)
+    setup.require_varies()
+    commits = []
+    for p in (step.before, step.after):
+        try:
+            commits.append(commit_info(repo, p.commit))
+        except BisectError:
+            raise BisectError(
+                f"{repo}: the step's commit {p.commit!r} (run {p.run_id}) is not in this repository"
+            ) from None
+    before, after = commits
+    out.mkdir(parents=True, exist_ok=True)
+    with worktree(repo, before.sha) as bdir:
+        try:
+            ref = prepare(bdir, setup, out / "before")
+        except BisectError as exc:
+            raise BisectError(
+                f"the commit before the step {before.short} ({before.subject}): {exc}"
+            ) from None
+        probe = _probe(repo, after, 1, ref, setup, out / "probe")
+    probe.wall_s = round(time.time() - t0, 1)
+    if probe.verdict in ("error", "undecided"):
+        outcome = probe.verdict
+    else:
+        outcome = "confirmed" if probe.decision == step.kind else "not reproduced"
+    what = f"{analysis.case_id} {analysis.metric} {step.change_pct:+.1f} % ({step.kind}) between {before.short} and {after.short}"
+    iv = "" if probe.low is None else f" [{(probe.low - 1) * 100:+.1f} %, {(probe.high - 1) * 100:+.1f} %]"
+    ab = f"the A/B says {probe.decision or 'nothing'} on {setup.metric}" + (
+        f" ({(probe.ratio - 1) * 100:+.1f} %{iv})" if probe.ratio is not None else ""
+    )
+    tail = {"undecided": f"{ab}: {probe.reason}", "error": f"{probe.error}"}.get(outcome, ab)
+    message = f"{outcome}: {what}; {tail}"
+    a = analysis
+    row = (
+        a.hardware, a.case_id, a.metric, step.before.commit, step.after.commit, step.kind, step.ratio,
+        outcome, setup.metric, probe.decision or "", probe.ratio, probe.low, probe.high, probe.launches,
+        probe.error or probe.reason, str(out), datetime.now(timezone.utc),
+    )  # fmt: skip
+    stored = add_confirmation(store, **dict(zip(CONFIRM_COLUMNS, row)))
+    keys = ("kind", "ratio", "low", "high", "mean_before", "mean_after", "n_before", "n_after")
+    step_d = {k: getattr(step, k) for k in keys}
+    step_d |= {"before_run": step.before.run_id, "after_run": step.after.run_id}
+    res = finite(
+        {
+            "kind": "confirm",
+            "outcome": outcome,
+            "exit_code": CONFIRM_EXIT_CODES[outcome],
+            "message": message,
+            "repo": str(repo),
+            "series": {"hardware": a.hardware, "case_id": a.case_id, "metric": a.metric},
+            "step": step_d,
+            "good": before.to_dict(),
+            "bad": after.to_dict(),
+            "launches": sum(probe.launches.values()),
+            "probes": [_probe_dict(probe)],
+            "setup": setup.to_dict(),
+            "stored": str(stored),
+        }
+    )
+    _save(res, out, CONFIRM_FILE)
+    return res["exit_code"], write_bisect_outputs(res, out)["summary"]

@@ -227,7 +227,7 @@ _PROBE_OPTIONS = [
 
 
 def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The options ``perfkit bisect`` and ``perfkit history confirm`` share (perfkit.bisect.search.make_setup):
+    """The options ``perfkit bisect`` and ``perfkit history confirm`` share (perfkit.bisect.probe.ProbeSetup):
     the probe's build, then ``perfkit ab``'s decision options (a probe: 2 to 6 launches a side, 3 warm
     requests; still inconclusive at the maximum, the probe is undecided and skipped)."""
     more = [
@@ -239,8 +239,10 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def probe_run(kind: str, fn: Callable[..., Any], kw: dict[str, Any], *args: Any, **more: Any) -> None:
     """Build the probe setup from ``kw``, run ``fn(*args, setup, out, **more)``, print, exit."""
+    from pathlib import Path
+
     from perfkit.ab.ab_command import AbInputError, parse_gate_metrics
-    from perfkit.bisect.search import BisectError, make_setup, out_dir
+    from perfkit.bisect.search import BisectError, ProbeSetup, out_dir
     from perfkit.history.store import HistoryError
     from perfkit.stats import DEFAULT_THRESHOLD
 
@@ -250,10 +252,9 @@ def probe_run(kind: str, fn: Callable[..., Any], kw: dict[str, Any], *args: Any,
     except AbInputError as exc:
         raise click.BadParameter(str(exc), param_hint=exc.option) from None
     try:
-        setup = make_setup(
-            kw["spec"], metric=metric, python_path=kw["python_path"], build=kw["build"], design=design,
-            threshold=threshold or DEFAULT_THRESHOLD, thresholds=thresholds, warm=kw["warm"],
-            build_timeout_s=kw["build_timeout"],
+        setup = ProbeSetup(
+            Path(kw["spec"]), metric or "DenoisingStage", kw["python_path"], kw["build"], design,
+            threshold or DEFAULT_THRESHOLD, kw["warm"], kw["build_timeout"], thresholds,
         )  # fmt: skip
         from perfkit.engine.owner import become_subreaper
 

@@ -81,7 +81,6 @@ class Step:
     ratio: float
     low: float | None
     high: float | None
-    pvalue: float
     kind: str  # "regression" | "improvement"
     n_before: int
     n_after: int
@@ -126,16 +125,6 @@ def higher_is_worse(metric: str) -> bool:
     ``attainment``, ``_rate``)."""
     m = metric.lower()
     return not m.endswith(("qps", "throughput", "attainment", "_rate"))
-
-
-def robust_noise(values: Sequence[float]) -> float:
-    """Relative run-to-run noise of a series: 1.4826 × MAD of successive log differences / √2
-    (a fraction; 0.01 = 1 %). NaN for fewer than 3 values."""
-    y = np.log(np.asarray(values, dtype=float))
-    if y.size < 3:
-        return math.nan
-    d = np.diff(y)
-    return float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2.0))
 
 
 @dataclass(frozen=True)
@@ -309,17 +298,16 @@ def analyse(
 
     pts = list(points)
     res = Analysis(hardware, case_id, metric, unit, pts)
-    good = []
-    for i, p in enumerate(pts):
-        v = p.value
-        if v is None or not math.isfinite(v) or v <= 0:
-            res.gaps.append(p)
-        else:
-            good.append(i)
+    ok = [p.value is not None and math.isfinite(p.value) and p.value > 0 for p in pts]
+    good = [i for i, k in enumerate(ok) if k]
+    res.gaps = [p for p, k in zip(pts, ok) if not k]
     if not good:
         return res
     y = np.log(np.array([pts[i].value for i in good], dtype=float))
-    res.noise = robust_noise([pts[i].value for i in good])
+    d = np.diff(y)  # the noise: 1.4826 × MAD of successive log differences / √2 (docs/history.md)
+    res.noise = (
+        float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2.0)) if y.size >= 3 else math.nan
+    )
     sigma = res.noise if math.isfinite(res.noise) else 0.0
     thr = max(settings.outlier_sigmas * sigma, math.log1p(settings.outlier_min))
     out = dict(_outliers(y, thr)) if y.size >= 3 else {}
@@ -357,7 +345,7 @@ def analyse(
         ia, ib = levels[n], levels[n + 1]
         a = np.array([pts[i].value for i in ia], dtype=float)
         b = np.array([pts[i].value for i in ib], dtype=float)
-        lo, hi, p = _step(a, b, settings.confidence)
+        lo, hi, _ = _step(a, b, settings.confidence)
         ratio = float(b.mean() / a.mean())
         res.steps.append(
             Step(
@@ -370,7 +358,6 @@ def analyse(
                 ratio=ratio,
                 low=lo,
                 high=hi,
-                pvalue=p,
                 kind="regression" if (ratio > 1) == worse_up else "improvement",
                 n_before=int(a.size),
                 n_after=int(b.size),
@@ -379,28 +366,13 @@ def analyse(
     return res
 
 
-def analyse_frame(df: pd.DataFrame, settings: Settings = Settings(), *, workers: int = 1) -> list[Analysis]:
-    """One :class:`Analysis` per hardware × case × metric of a store frame; ``workers`` > 1:
-    that many spawned processes (worth it from thousands of runs)."""
-    out: list[Analysis] = []
-    if df.empty:
-        return out
-    if workers > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        keys = ["hardware", "case_id", "metric"]
-        parts = [g for _, g in df.groupby(keys, sort=True)]
-        chunks = [pd.concat(parts[i::workers]) for i in range(min(workers, len(parts)))]
-        with ProcessPoolExecutor(len(chunks), mp_context=multiprocessing.get_context("spawn")) as ex:
-            done = [a for res in ex.map(analyse_frame, chunks, [settings] * len(chunks)) for a in res]
-        return sorted(done, key=lambda a: (a.hardware, a.case_id, a.metric))
-    for (hw, case, metric), g in df.groupby(["hardware", "case_id", "metric"], sort=True):
-        unit = str(g["unit"].iloc[0])
-        out.append(
-            analyse(frame_points(g), hardware=hw, case_id=case, metric=metric, unit=unit, settings=settings)
-        )
-    return out
+def analyse_frame(df: pd.DataFrame, settings: Settings = Settings()) -> list[Analysis]:
+    """One :class:`Analysis` per hardware × case × metric of a store frame."""
+    keys = ["hardware", "case_id", "metric"]
+    return [
+        analyse(frame_points(g), **dict(zip(keys, k)), unit=str(g["unit"].iloc[0]), settings=settings)
+        for k, g in df.groupby(keys, sort=True)
+    ]
 
 
 def frame_points(g: pd.DataFrame) -> list[Point]:

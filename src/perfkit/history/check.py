@@ -1,12 +1,7 @@
 """``perfkit history check RUN``: is each value of this run a new step against the current level
-of its series (its prediction interval, two modes, not gated, confirm runs)? The rule and exit
-codes (0 no regression step, 1 a regression step, 2 bad input or nothing compared):
-docs/history.md ("Gate"). Tables of a history: ``perfkit history changes`` (:func:`changes`,
-:func:`changes_table`) and the docs tables of ``docs/history-sglang-nightly.md`` (``perfkit
-figures`` kinds ``history-nightly``: :func:`changes_markdown`; ``history-replay``: :func:`replay`,
-sglang's nightly replayed day by day beside its "5 % over the mean of the last 3 runs" rule). The
-history commands as single functions (what ``perfkit history ...`` calls): :func:`add`,
-:func:`import_baselines`, :func:`import_nightly`, :func:`check`, :func:`changes`.
+of its series? The rule and exit codes: docs/history.md ("Gate"). Also the tables of a history
+(``perfkit history changes``; ``perfkit figures`` kinds ``history-nightly``, ``history-replay``)
+and the other ``perfkit history`` commands as functions.
 """
 
 from __future__ import annotations
@@ -28,15 +23,32 @@ from perfkit.history.store import AddResult, HistoryError, HistoryRun, add_runs,
 
 
 @dataclass
-class CheckRow:
-    """One value of the checked run against its series.
+class Judgement:
+    """One value against its series' current level (:func:`judge`).
 
     ``status``: ``regression`` / ``improvement`` (a new step), ``ok`` (inside the level),
-    ``not measured`` (the run's value is a gap), ``not compared`` (too few runs at the
-    series' current level), ``not gated`` (its noise hides any step up to ``max_step``),
-    ``unconfirmed`` (above the level, but fewer than ``confirm_runs`` runs in a row; exit 0).
-    ``before`` is the series' last run before this one, or before the first of a confirmed
-    regression's runs (the commit range of a new step is ``before.commit`` .. ``commit``).
+    ``not measured`` (the run's value is a gap; never from :func:`judge`), ``not compared`` (too
+    few runs at the series' current level), ``not gated`` (its noise hides any step up to
+    ``max_step``), ``unconfirmed`` (above the level, but fewer than ``confirm_runs`` runs in a
+    row; exit 0). ``reason`` in words; ``level``, ``low``, ``high``: the mean and prediction
+    interval (the value's unit) of the level's mode nearest the value; ``n`` the level's runs,
+    ``since`` its first run (None: the series' first run, or no level).
+    """
+
+    status: str
+    reason: str
+    level: float | None = None
+    low: float | None = None
+    high: float | None = None
+    n: int = 0
+    since: cp.Point | None = None
+
+
+@dataclass(kw_only=True)
+class CheckRow(Judgement):
+    """One value of the checked run against its series (:class:`Judgement`). ``before`` is the
+    series' last run before this one, or before the first of a confirmed regression's runs (the
+    commit range of a new step is ``before.commit`` .. ``commit``).
     """
 
     hardware: str
@@ -44,13 +56,7 @@ class CheckRow:
     metric: str
     unit: str
     value: float | None
-    status: str
-    reason: str
     commit: str
-    level: float | None = None
-    low: float | None = None
-    high: float | None = None
-    n: int = 0
     before: cp.Point | None = None
 
     @property
@@ -65,30 +71,10 @@ class CheckResult:
     rows: list[CheckRow]
 
     @property
-    def compared(self) -> list[CheckRow]:
-        return [r for r in self.rows if r.status in ("ok", "regression", "improvement", "unconfirmed")]
-
-    @property
     def exit_code(self) -> int:
-        if not self.compared:
+        if not any(r.status in ("ok", "regression", "improvement", "unconfirmed") for r in self.rows):
             return EXIT_ERROR
         return EXIT_REGRESSION if any(r.status == "regression" for r in self.rows) else EXIT_OK
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """One value against its series' current level (:func:`judge`): ``status`` as in
-    :class:`CheckRow` (never ``not measured``), ``reason`` in words, the mean and prediction
-    interval (the value's unit) of the level's mode nearest the value, the level's runs ``n``
-    and its first run ``since`` (None: the series' first run, or no level)."""
-
-    status: str
-    reason: str
-    level: float | None = None
-    low: float | None = None
-    high: float | None = None
-    n: int = 0
-    since: cp.Point | None = None
 
 
 def judge(
@@ -157,8 +143,7 @@ def check_runs(
             k = settings.confirm_runs if j.status == "regression" else 1
             measured = [p for p in pts if p.value is not None]
             before = measured[-k] if len(measured) >= k else None
-            got = {k: getattr(j, k) for k in ("status", "reason", "level", "low", "high", "n")}
-            rows.append(CheckRow(**base, value=v.value, **got, before=before))
+            rows.append(CheckRow(**vars(j), **base, value=v.value, before=before))
     return CheckResult(rows)
 
 
@@ -228,15 +213,6 @@ def summary_markdown(result: CheckResult, commit_url: str | None = None, limit: 
         out.append(row)
         size += len(row) + 1
     return "\n".join(out) + "\n"
-
-
-def write_summary(result: CheckResult, out_dir: str | Path, commit_url: str | None = None) -> Path:
-    """Write ``out_dir/summary.md`` (created) and return its path."""
-    d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    p = d / "summary.md"
-    p.write_text(summary_markdown(result, commit_url))
-    return p
 
 
 def changes_markdown(analyses: Sequence[cp.Analysis], settings: cp.Settings = cp.Settings()) -> str:
@@ -403,24 +379,19 @@ def replay_markdown(df: pd.DataFrame) -> str:
         "| not gated | not compared |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in df.itertuples(index=False):
-        cell = [
-            f"{getattr(r, w + '_alarms')}, {getattr(r, w + '_false')}, {getattr(r, w + '_caught')}"
-            + (f" (missed {getattr(r, w + '_missed')})" if w != "rule" and getattr(r, w + "_missed") else "")
-            for w in ("rule", "perfkit", "confirm1")
-        ]
-        out.append(
-            f"| {md_text(r.case, cell=True, code=True)} | {r.runs} | {r.steps} | {' | '.join(cell)} | {r.not_gated} | {r.not_compared} |"
-        )
     t = df.sum(numeric_only=True)
-    out.append(
-        f"| all | {t['runs']} | {t['steps']} | "
-        + " | ".join(
-            f"{t[w + '_alarms']}, {t[w + '_false']}, {t[w + '_caught']}"
-            for w in ("rule", "perfkit", "confirm1")
+    for r in [*df.to_dict("records"), {**t.to_dict(), "case": None}]:  # the cases, then all
+        cells = []
+        for w in ("rule", "perfkit", "confirm1"):
+            missed = r["case"] is not None and w != "rule" and r[w + "_missed"]
+            cells.append(
+                f"{r[w + '_alarms']}, {r[w + '_false']}, {r[w + '_caught']}"
+                + (f" (missed {r[w + '_missed']})" if missed else "")
+            )
+        case = "all" if r["case"] is None else md_text(r["case"], cell=True, code=True)
+        out.append(
+            f"| {case} | {r['runs']} | {r['steps']} | {' | '.join(cells)} | {r['not_gated']} | {r['not_compared']} |"
         )
-        + f" | {t['not_gated']} | {t['not_compared']} |"
-    )
     some = df[df["rule_false"] > 0]
     out.append("")
     for w, name in (("perfkit", "perfkit (default)"), ("confirm1", "perfkit `--confirm 1`")):
@@ -463,17 +434,6 @@ def import_nightly(store: str | Path, path: str | Path, *, hardware: str) -> Add
     return add_runs(store, read_nightly(path, hardware))
 
 
-def read_any(path: str | Path, *, hardware: str | None = None, commit: str | None = None) -> list[HistoryRun]:
-    """A run to check: a nightly comparison file (``*.json``; ``hardware`` needed) or a perfkit
-    run/A-B output/bundle directory."""
-    p = Path(path)
-    if p.is_file() and p.suffix == ".json":
-        if not hardware:
-            raise HistoryError(f"{p}: a nightly comparison file does not name its hardware; give --hardware")
-        return read_nightly(p, hardware)
-    return read_run(p, commit=commit, hardware=hardware)
-
-
 def check(
     store: str | Path,
     path: str | Path,
@@ -486,14 +446,23 @@ def check(
 ) -> tuple[CheckResult, Path]:
     """``perfkit history check``: judge the run at ``path`` against the store's series and write
     ``out_dir/summary.md`` (default ``path/history/`` for a run directory, never ``path/summary.md``:
-    that is the suite's own; ``outputs/history-check/<stem>/`` for a file). Returns the result
-    (``exit_code``) and the summary's path."""
+    that is the suite's own; ``outputs/history-check/<stem>/`` for a file). ``path``: a nightly
+    comparison file (``*.json``; ``hardware`` needed) or a perfkit run/A-B output/bundle directory.
+    Returns the result (``exit_code``) and the summary's path."""
+    p = Path(path)
     if out_dir is None:
-        p = Path(path)
         out_dir = p / "history" if p.is_dir() else Path("outputs/history-check") / p.stem
-    runs = read_any(path, hardware=hardware, commit=commit)
+    if p.is_file() and p.suffix == ".json":
+        if not hardware:
+            raise HistoryError(f"{p}: a nightly comparison file does not name its hardware; give --hardware")
+        runs = read_nightly(p, hardware)
+    else:
+        runs = read_run(p, commit=commit, hardware=hardware)
     res = check_runs(read_store(store), runs, settings)
-    return res, write_summary(res, out_dir, commit_url)
+    summary = Path(out_dir) / "summary.md"
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text(summary_markdown(res, commit_url))
+    return res, summary
 
 
 def store_changes(

@@ -1,10 +1,7 @@
-"""History runs from sglang-layout case entries: perfkit's own (a suite or merged run's
-``baseline.json``, an A/B output's sides ``ab-A``, ``ab-B``, a bundle directory) and every
-committed version of an sglang ``perf_baselines`` file (one run per commit, skipped versions
-noted), and sglang's nightly diffusion comparisons (``sgl-project/ci-data-diffusion``'s
-``diffusion-comparisons/<date>_<run_id>.json``: metric ``latency_s``, an error or a null a gap, the
-hardware given by the caller). Metrics, units, commit, time, hardware and tolerance rules:
-docs/history.md ("Sources").
+"""History runs from perfkit's outputs (a suite or merged run, an A/B output's sides ``ab-A``,
+``ab-B``, a bundle), every committed version of an sglang ``perf_baselines`` file and sglang's
+nightly diffusion comparisons (``sgl-project/ci-data-diffusion``). Metrics, units, commit, time,
+hardware and tolerance rules: docs/history.md ("Sources").
 """
 
 from __future__ import annotations
@@ -12,7 +9,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import subprocess
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -26,7 +22,7 @@ from perfkit.common.jsonsafe import unique_keys
 from perfkit.common.provenance import repo_root
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import case_id, load_run_bundles, run_hardware
-from perfkit.history.store import HistoryError, HistoryRun, Value
+from perfkit.history.store import HistoryError, HistoryRun, Value, finite_number
 
 _SCALARS = {
     "expected_e2e_ms": ("e2e_ms", "ms"),
@@ -47,8 +43,7 @@ def case_values(case: str, entry: Mapping[str, Any], where: str) -> list[Value]:
     out: list[Value] = []
 
     def num(key: str, v: Any) -> float:
-        finite = isinstance(v, int) and abs(v) < 1e300 or isinstance(v, float) and math.isfinite(v)
-        if isinstance(v, bool) or not finite:
+        if not finite_number(v):
             raise HistoryError(f"{where}: scenarios.{case}.{key}: not a finite number: {v!r}")
         return float(v)
 

@@ -23,7 +23,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
@@ -93,15 +92,18 @@ class HistoryRun:
 
     @property
     def key(self) -> str:
-        return run_key(self.source, self.hardware, self.run_id, self.commit, self.time)
+        """The identity of the run: sha256 (hex, 24 chars) of its source, hardware, run id, commit
+        and UTC time. The same run read twice (from the same or a copied file) has the same key."""
+        t = _utc(self.time).isoformat()
+        text = "\x1f".join([self.source, self.hardware, str(self.run_id), self.commit, t])
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def run_key(source: str, hardware: str, run_id: str, commit: str, time: datetime) -> str:
-    """The identity of a run: sha256 (hex, 24 chars) of its source, hardware, run id, commit and
-    UTC time. The same run read twice (from the same or a copied file) has the same key."""
-    t = _utc(time).isoformat()
-    text = "\x1f".join([source, hardware, str(run_id), commit, t])
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+def finite_number(v: Any) -> bool:
+    """Whether ``v`` is a finite int or float (not a bool; an int below 1e300)."""
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) and abs(v) < 1e300 or isinstance(v, float) and math.isfinite(v)
 
 
 def _utc(t: datetime) -> datetime:
@@ -183,18 +185,11 @@ def stored_run_keys(store: str | Path) -> set[str]:
     if not files:
         return set()
     _check_files(files)
-    con = _duckdb()
-    got = con.execute(
-        "SELECT DISTINCT run_key FROM read_parquet(?, union_by_name=true)", [[str(f) for f in files]]
-    ).fetchall()
-    return {r[0] for r in got}
-
-
-def _duckdb():
     require_extra("history", "the history store")
     import duckdb
 
-    return duckdb.connect()
+    query = "SELECT DISTINCT run_key FROM read_parquet(?, union_by_name=true)"
+    return {r[0] for r in duckdb.connect().execute(query, [[str(f) for f in files]]).fetchall()}
 
 
 def _table(runs: Sequence[HistoryRun], added_at: datetime) -> pa.Table:
@@ -220,11 +215,10 @@ def _table(runs: Sequence[HistoryRun], added_at: datetime) -> pa.Table:
 
 @dataclass
 class AddResult:
-    """What :func:`add_runs` did: keys stored now, keys already there, files written."""
+    """What :func:`add_runs` did: keys stored now, keys already there."""
 
     added: list[str]
     skipped: list[str]
-    files: list[Path]
 
 
 def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
@@ -241,16 +235,10 @@ def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
         if not r.values:
             raise HistoryError(f"{r.source_file or r.run_id}: the run has no values")
         for v in r.values:
-            ok = (
-                isinstance(v.value, (int, float))
-                and not isinstance(v.value, bool)
-                and (math.isfinite(v.value) if isinstance(v.value, float) else abs(v.value) < 1e300)
-            )
-            if v.value is not None and not ok:
+            if v.value is not None and not finite_number(v.value):
                 raise HistoryError(f"{r.source_file}: {v.case_id}.{v.metric}: not a number: {v.value!r}")
     added: list[str] = []
     skipped: list[str] = []
-    files: list[Path] = []
     with _locked(store):
         known = stored_run_keys(store)
         fresh: dict[str, HistoryRun] = {}
@@ -269,10 +257,10 @@ def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
             digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:20]
             d = store / f"hw-{_slug(hw)}"
             d.mkdir(parents=True, exist_ok=True)
-            files.append(write_parquet(_table(group, now), d / f"{digest}.parquet"))
+            write_parquet(_table(group, now), d / f"{digest}.parquet")
             added.extend(keys)
     log.info("history %s: %d run(s) added, %d already stored", store, len(added), len(skipped))
-    return AddResult(added, skipped, files)
+    return AddResult(added, skipped)
 
 
 def runs_frame(runs: Sequence[HistoryRun]) -> pd.DataFrame:
@@ -309,30 +297,25 @@ def read_store(
         return pd.DataFrame({k: pd.Series(dtype=object) for k in cols})
     _check_files(files)
     # pyarrow, not DuckDB: its conversion of 500,000 rows peaked at 5x the frame (docs/history.md)
+    need = list(dict.fromkeys([*cols, "schema_version", "run_key", "case_id", "metric", "hardware", "time"]))
     tables = []
-    for i, f in enumerate(files):
-        t = pq.read_table(
-            f,
-            columns=list(
-                dict.fromkeys([*cols, "schema_version", "run_key", "case_id", "metric", "hardware", "time"])
-            ),
-        )
+    for f in files:
+        t = pq.read_table(f, columns=need)
         try:  # another writer's types (checked above: same meaning)
             t = t.cast(pa.schema([SCHEMA.field(n) for n in t.column_names]))
         except pa.ArrowInvalid as exc:
             raise HistoryError(f"{f}: {exc}") from None
+        newest = pa.compute.max(t["schema_version"]).as_py() or 0
+        if newest > SCHEMA_VERSION:
+            raise HistoryError(
+                f"{f}: schema_version {newest} is newer than this perfkit reads ({SCHEMA_VERSION})"
+            )
         if hardware is not None:
             t = t.filter(pa.compute.equal(t["hardware"], hardware))
-        tables.append(t.append_column("file_index", pa.array(np.full(t.num_rows, i, dtype=np.int32))))
+        tables.append(t)
     df = pa.concat_tables(tables).to_pandas()
     df = df.drop_duplicates(["run_key", "case_id", "metric"], keep="first")  # files in name order
     df = df.sort_values(["hardware", "case_id", "metric", "time", "run_key"], kind="stable")
-    newer = df[df["schema_version"] > SCHEMA_VERSION]
-    if len(newer):
-        raise HistoryError(
-            f"{files[int(newer['file_index'].iloc[0])]}: schema_version {int(newer['schema_version'].iloc[0])} is newer "
-            f"than this perfkit reads ({SCHEMA_VERSION})"
-        )
     return df[cols].reset_index(drop=True)
 
 
@@ -364,47 +347,21 @@ CONFIRM_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
 CONFIRM_SCHEMA = pa.schema([(k, t) for k, (t, _) in CONFIRM_COLUMNS.items()])
 
 
-@dataclass
-class Confirmation:
-    """One confirmation row (fields as :data:`CONFIRM_COLUMNS`; ``launches``: side -> launches run)."""
-
-    hardware: str
-    case_id: str
-    metric: str
-    before_commit: str
-    after_commit: str
-    step_kind: str
-    step_ratio: float
-    outcome: str
-    ab_metric: str
-    ab_decision: str
-    ratio: float | None
-    low: float | None
-    high: float | None
-    launches: dict[str, int]
-    detail: str
-    out: str
-    time: datetime
-
-    def __post_init__(self) -> None:
-        if self.outcome not in OUTCOMES:
-            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {self.outcome!r}")
-
-
-def _num(x: float | None) -> float | None:
-    return None if x is None or x != x else float(x)
-
-
-def add_confirmation(store: str | Path, c: Confirmation) -> Path:
-    """Store ``c`` as ``STORE/confirmations/<digest>.parquet``. Returns the file."""
+def add_confirmation(store: str | Path, **row: Any) -> Path:
+    """Store one confirmation, ``row`` its :data:`CONFIRM_COLUMNS` (``launches``: side -> launches
+    run; ``outcome`` one of :data:`OUTCOMES`, else ValueError), as
+    ``STORE/confirmations/<digest>.parquet``. Returns the file."""
+    if row["outcome"] not in OUTCOMES:
+        raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {row['outcome']!r}")
     store = Path(store)
-    row = {k: [getattr(c, k)] for k in CONFIRM_COLUMNS}
-    row["launches"] = [json.dumps(c.launches, sort_keys=True)]
-    row["time"] = [c.time.astimezone(timezone.utc)]
-    for k in ("ratio", "low", "high", "step_ratio"):
-        row[k] = [_num(getattr(c, k))]
-    table = pa.table(row, schema=CONFIRM_SCHEMA)
-    key = "\x1f".join([c.hardware, c.case_id, c.metric, c.before_commit, c.after_commit, c.time.isoformat()])
+    cols = {k: [row[k]] for k in CONFIRM_COLUMNS}
+    cols["launches"] = [json.dumps(row["launches"], sort_keys=True)]
+    cols["time"] = [row["time"].astimezone(timezone.utc)]
+    for k in ("ratio", "low", "high", "step_ratio"):  # NaN: NULL
+        cols[k] = [None if row[k] is None or row[k] != row[k] else float(row[k])]
+    table = pa.table(cols, schema=CONFIRM_SCHEMA)
+    names = ("hardware", "case_id", "metric", "before_commit", "after_commit")
+    key = "\x1f".join([*(row[k] for k in names), row["time"].isoformat()])
     with _locked(store):
         d = store / CONFIRM_DIR
         d.mkdir(parents=True, exist_ok=True)
