@@ -140,7 +140,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     info = _engine_info(args, device, dtype, placed, comps, cap, compiled, warmup, stage_delay)
     log.info("%s", server_args_line(args, info, warmup_frames))
     engine = Engine(
-        runner or pipe,
+        pipe,
         defaults,
         args.max_frames,
         args.perf_log_dir,
@@ -150,6 +150,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
         commit_hash=git_commit(),
         debug_stage_delay_from=args.debug_stage_delay_from,
         snapshots=recorder,
+        runner=runner,
     )
     engine.snapshots["load_peak"] = snapshot(device)
     mark("models_loaded", t=f"{time.time():.6f}", placement=where)
@@ -164,7 +165,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
 
     from perfkit.refengine.server import serve_http
 
-    return serve_http(engine, comps.source, sock, runner, warm)
+    return serve_http(engine, comps.source, sock, warm)
 
 
 def _injected_delay(args: argparse.Namespace) -> dict[str, float]:

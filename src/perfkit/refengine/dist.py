@@ -209,8 +209,8 @@ def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any])
 
 
 class Rank0Runner:
-    """Rank 0's pipeline front (``run`` and ``device`` of a ``StagedPipeline`` to the server):
-    broadcasts each request, runs its part, gathers the reports.
+    """Rank 0's pipeline front (the server runs requests through :meth:`run`): broadcasts each
+    request, runs its part on the ``StagedPipeline``, gathers the reports.
     Made right after the ranks are spawned (one dying while loading exits rank 0 with 3);
     :meth:`attach` adds the pipeline; ``fatal`` is set once the group is unusable."""
 
@@ -218,7 +218,6 @@ class Rank0Runner:
         self.pipe = None
         self.par: CfgParallel | None = None
         self.procs = procs
-        self.device = torch.device("cpu")
         self.fatal: str | None = None
         self.busy = False
         self.ready = False
@@ -229,7 +228,7 @@ class Rank0Runner:
 
     def attach(self, pipe, par: CfgParallel) -> None:
         """The pipeline and group, once built (the monitor runs from the spawn on)."""
-        self.pipe, self.par, self.device = pipe, par, pipe.device
+        self.pipe, self.par = pipe, par
 
     def run(self, req, keep_output: bool = False, slow: bool = False):
         from perfkit.refengine.profiling import snapshot
@@ -241,7 +240,8 @@ class Rank0Runner:
             self.par.broadcast({"op": "run", "seq": self._seq, "req": dataclasses.asdict(req)})
             self._seq += 1
             res = self.pipe.run(req, keep_output=keep_output, slow=slow)
-            mine = rank_report(res, 0, self.device, {"runtime_peak": snapshot(self.device)})
+            dev = self.pipe.device
+            mine = rank_report(res, 0, dev, {"runtime_peak": snapshot(dev)})
             res.ranks = self.par.gather(mine)
             return res
         except BaseException as exc:

@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, create_model
 
-from perfkit.common.frames import PIXEL_MULTIPLE, TEMPORAL_COMPRESSION, align_frames
+from perfkit.common.frames import PIXEL_MULTIPLE, align_frames
 from perfkit.common.slugs import did_you_mean
 from perfkit.refengine.jobs import GenRequest, Job, PerfLogWriter, RunResult, job_body, job_record
 from perfkit.refengine.pipeline import StagedPipeline
@@ -131,6 +131,8 @@ class Engine:
         debug_stage_delay_from: test-only: the pipeline's ``stage_delay`` applies to measured
             requests from this 0-based index on (0: all, 1: warm requests only).
         snapshots: the allocator snapshot recorder (:class:`.profiling.SnapshotRecorder`).
+        runner: the multi-rank front (:class:`.dist.Rank0Runner`) that runs ``pipeline`` with the
+            other ranks; None: ``pipeline`` runs alone.
     """
 
     def __init__(
@@ -145,8 +147,10 @@ class Engine:
         commit_hash: str | None = None,
         debug_stage_delay_from: int = 0,
         snapshots: SnapshotRecorder | None = None,
+        runner: Any = None,
     ):
         self.pipeline = pipeline
+        self.runner = runner
         self.defaults = defaults
         self.max_frames = max_frames
         self.writer = PerfLogWriter(perf_log_dir)
@@ -245,9 +249,7 @@ class Engine:
             req=req,
             tag=tag,
             # 8k + 1 (the LTX VAE's temporal compression)
-            effective_frames=align_frames(
-                req.num_frames, getattr(self.pipeline, "temporal", TEMPORAL_COMPRESSION)
-            ),
+            effective_frames=align_frames(req.num_frames, self.pipeline.temporal),
             ignored_fields=list(ignored_fields or []),
             profile=profile,
         )
@@ -273,7 +275,8 @@ class Engine:
         self.pipeline.profiler = profiler
         try:
             try:
-                res = self.pipeline.run(job.req, keep_output=self.keep_dir is not None, slow=slow)
+                run = (self.runner or self.pipeline).run
+                res = run(job.req, keep_output=self.keep_dir is not None, slow=slow)
             finally:  # the trace is written before the request reads as done
                 self.pipeline.profiler = None
                 if profiler is not None:
@@ -378,7 +381,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     async def health() -> JSONResponse:
         if not engine.ready:
             return JSONResponse(status_code=503, content={"status": "warming up"})
-        fatal = getattr(engine.pipeline, "fatal", None)  # multi-rank engine after a rank failed
+        fatal = engine.runner and engine.runner.fatal  # multi-rank engine after a rank failed
         if fatal:
             return JSONResponse(status_code=503, content={"status": "failed", "error": fatal})
         return JSONResponse(content={"status": "ok"})
@@ -418,10 +421,10 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     return app
 
 
-def serve_http(engine: Engine, model_name: str, sock: Any, runner: Any, warm: Callable[[], bool]) -> int:
+def serve_http(engine: Engine, model_name: str, sock: Any, warm: Callable[[], bool]) -> int:
     """Serve the engine's app on the bound socket (uvicorn) until it stops; ``warm`` (the startup
     warmup, True when it succeeded) runs on a thread once serving starts (``/health`` answers 503
-    until then). Then end the queue and the other ranks (``runner``, or None). Returns 0, or 3 when
+    until then). Then end the queue and the other ranks (the engine's ``runner``, if any). Returns 0, or 3 when
     the warmup failed (the server stops then)."""
     import uvicorn
 
@@ -438,12 +441,12 @@ def serve_http(engine: Engine, model_name: str, sock: Any, runner: Any, warm: Ca
             server.should_exit = True
             return
         engine.ready = True
-        if runner is not None:
-            runner.ready = True
+        if engine.runner is not None:
+            engine.runner.ready = True
 
     threading.Thread(target=warm_then_ready, name="startup-warmup", daemon=True).start()
     server.run(sockets=[sock])
     engine.queue.put(None)
-    if runner is not None:
-        runner.shutdown()
+    if engine.runner is not None:
+        engine.runner.shutdown()
     return 3 if failed else 0
