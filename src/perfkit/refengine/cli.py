@@ -384,7 +384,6 @@ def _compile_settings(
     import torch._dynamo
 
     from perfkit.refengine import placement
-    from perfkit.refengine.pipeline import compile_kwargs
 
     do_compile, compile_off_reason = args.compile, None
     recompile_limit = args.recompile_limit
@@ -418,6 +417,36 @@ def _compile_settings(
         if compile_vae:
             comps.vae.decoder.compile(**kw)
     return do_compile, compile_off_reason, recompile_limit
+
+
+def compile_kwargs(backend: str, recompile_limit: int | None, compile_fn: Any = None) -> dict[str, Any]:
+    """Keyword arguments for ``torch.compile`` (``dynamic=False``, ``backend``), with
+    ``recompile_limit`` only where ``compile_fn`` (default ``torch.compile``) takes it: torch 2.13
+    added the argument, torch 2.11 raises ``TypeError`` on it (found on the H200 host) and reads the
+    limit from ``torch._dynamo.config`` alone.
+
+    Raises:
+        ValueError: ``backend`` empty or not a string; ``recompile_limit`` not a positive int.
+    """
+    import inspect
+
+    import torch
+
+    if not isinstance(backend, str) or not backend:
+        raise ValueError(
+            f"compile backend must be a non-empty name (inductor, aot_eager, …), got {backend!r}"
+        )
+    if recompile_limit is not None and (
+        isinstance(recompile_limit, bool) or not isinstance(recompile_limit, int) or recompile_limit < 1
+    ):
+        raise ValueError(f"recompile_limit must be a positive integer, got {recompile_limit!r}")
+    kw: dict[str, Any] = {"dynamic": False, "backend": backend}
+    takes = "recompile_limit" in inspect.signature(compile_fn or torch.compile).parameters
+    if recompile_limit is not None and takes:
+        kw["recompile_limit"] = recompile_limit
+    elif recompile_limit is not None:
+        log.info("torch.compile takes no recompile_limit here: dynamo's process-wide limit applies")
+    return kw
 
 
 def _startup_warmup(

@@ -64,43 +64,47 @@ class _VideoRequestBase(BaseModel):
 
 
 _S, _I, _F = Optional[str], Optional[int], Optional[float]
-#: VideoRequest's fields: names (one key may hold several) -> (type, default or Field).
-#: ``seconds``: frames = seconds x fps when num_frames is not given; ``size``: "WIDTHxHEIGHT" when
-#: height and width are not; the profiling fields are strict ("yes", 1 or "5" is a 400).
-_FIELD_SPECS: dict[str, tuple[Any, Any]] = {
+#: VideoRequest's fields in sglang's order, then perfkit's own: names (one key may hold several)
+#: -> (type, default or Field). ``seconds``: frames = seconds x fps when num_frames is not given;
+#: ``size``: "WIDTHxHEIGHT" when height and width are not; the profiling fields are strict
+#: ("yes", 1 or "5" is a 400).
+_FIELDS: dict[str, tuple[Any, Any]] = {
     "prompt": (str, Field(min_length=1)),
-    "input_reference reference_url video_path video_url model negative_prompt": (_S, None),
-    "frame_interpolation_model_path upscaling_model_path output_path task perf_dump_path": (_S, None),
+    "input_reference reference_url video_path video_url model": (_S, None),
     "n": (_I, 1),
-    "num_outputs_per_prompt num_frames width height num_inference_steps max_sequence_length": (_I, None),
-    "output_compression": (_I, None),
+    "num_outputs_per_prompt": (_I, None),
     "seconds": (_I, 4),
     "size": (_S, ""),
     "fps": (_I, Field(default=None, ge=1)),
+    "num_frames": (_I, None),
     "seed": (Optional[Union[int, list[int]]], 0),
     "generator_device": (_S, "cuda"),
-    "guidance_scale guidance_scale_2 true_cfg_scale flow_shift audio_flow_shift": (_F, None),
-    "enable_teacache enable_frame_interpolation enable_upscaling": (Optional[bool], False),
+    "width height num_inference_steps": (_I, None),
+    "guidance_scale guidance_scale_2 true_cfg_scale": (_F, None),
+    "negative_prompt": (_S, None),
+    "max_sequence_length": (_I, None),
+    "flow_shift": (_F, None),
+    "enable_teacache enable_frame_interpolation": (Optional[bool], False),
     "frame_interpolation_exp": (_I, 1),
     "frame_interpolation_scale": (_F, 1.0),
+    "frame_interpolation_model_path": (_S, None),
+    "enable_upscaling": (Optional[bool], False),
+    "upscaling_model_path": (_S, None),
     "upscaling_scale": (_I, 4),
     "output_quality": (_S, "default"),
+    "output_compression": (_I, None),
+    "output_path": (_S, None),
     "diffusers_kwargs": (Optional[dict[str, Any]], None),
+    "task": (_S, None),
     "conditions target": (Optional[Any], None),
-    "profile profile_all_stages": (Optional[StrictBool], False),
+    "audio_flow_shift": (_F, None),
+    "perf_dump_path": (_S, None),
+    "profile": (Optional[StrictBool], False),
     "num_profiled_timesteps": (Optional[StrictInt], None),
+    "profile_all_stages": (Optional[StrictBool], False),
     #: perfkit extension: stage timing, true / "events", "sync" or false / "off" (:class:`GenRequest`)
     "perfkit_stage_timing": (Union[bool, Literal["events", "sync", "off"]], True),
 }
-#: the fields in sglang's order, then perfkit's own
-_FIELD_ORDER = """prompt input_reference reference_url video_path video_url model n num_outputs_per_prompt
-seconds size fps num_frames seed generator_device width height num_inference_steps guidance_scale
-guidance_scale_2 true_cfg_scale negative_prompt max_sequence_length flow_shift enable_teacache
-enable_frame_interpolation frame_interpolation_exp frame_interpolation_scale
-frame_interpolation_model_path enable_upscaling upscaling_model_path upscaling_scale output_quality
-output_compression output_path diffusers_kwargs task conditions target audio_flow_shift
-perf_dump_path profile num_profiled_timesteps profile_all_stages perfkit_stage_timing""".split()
-_SPEC_OF = {name: spec for names, spec in _FIELD_SPECS.items() for name in names.split()}
 
 VideoRequest = create_model(
     "VideoRequest",
@@ -108,7 +112,7 @@ VideoRequest = create_model(
     __doc__="""sglang's /v1/videos request (:data:`SGLANG_VIDEO_FIELDS`, in order) plus perfkit's own
     ``perfkit_stage_timing``. Any other field is refused (400 naming it): a misspelt field such as
     ``num_frame`` would otherwise be ignored and the request measured with the default shape.""",
-    **{name: _SPEC_OF[name] for name in _FIELD_ORDER},
+    **{name: spec for names, spec in _FIELDS.items() for name in names.split()},
 )
 
 
