@@ -71,7 +71,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     import uvicorn  # noqa: F401 - imported before the models load, as it always was (cold start parts)
 
     from perfkit.common.provenance import git_commit
-    from perfkit.refengine import dist, models, placement
+    from perfkit.refengine import dist, models
     from perfkit.refengine.pipeline import StagedPipeline
     from perfkit.refengine.profiling import CompileWatch, SnapshotRecorder, snapshot
     from perfkit.refengine.server import Engine
@@ -99,14 +99,14 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     runner, store = _start_ranks(args, raw_argv, rank) if args.num_gpus > 1 else (None, None)
 
     try:
-        cap = placement.apply_device_cap(device)
+        cap = models.apply_device_cap(device)
     except ValueError as exc:
         raise _Refused(str(exc)) from None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     comps = _components(args, device, dtype, cap, requested)
-    placed = placement.place_components(comps, device, cap, requested)
-    where = placed.name
+    placed = models.place_components(comps, device, cap, requested)
+    where = placed["placement"]
     compiled = _compile_settings(args, placed, device, comps)
     stage_delay = _injected_delay(args)
     par = dist.init(rank, args.num_gpus, store, device) if args.num_gpus > 1 else None
@@ -195,18 +195,19 @@ def _engine_info(
     placed: Any,
     comps: Any,
     cap: Any,
-    compiled: tuple[bool, str | None, int | None],
+    compiled: tuple[bool, str | None],
     warmup: tuple[int, str],
     stage_delay: dict[str, float],
 ) -> dict[str, Any]:
     """The engine's effective config as it runs (the server's ``info``, in every record)."""
     import torch
+    import torch._dynamo
 
-    do_compile, compile_off_reason, recompile_limit = compiled
+    do_compile, compile_off_reason = compiled
     warmup_frames, warmup_rule = warmup
     info = {
         "device": str(device),
-        **placed.info(device),  # placement (summary), placement_by_component, offload, ...
+        **placed,  # placement (summary), placement_by_component, offload, ...
         "preset": args.preset,
         "model_source": comps.source,
         "dtype": str(dtype).replace("torch.", ""),
@@ -215,9 +216,8 @@ def _engine_info(
         "compile_active": do_compile,
         "compile_disabled_reason": compile_off_reason,
         "compile_backend": args.compile_backend if do_compile else None,
-        "recompile_limit": (
-            (recompile_limit if recompile_limit is not None else _recompile_limit()) if do_compile else None
-        ),
+        # _compile_settings set dynamo's limit when one was given or chosen
+        "recompile_limit": torch._dynamo.config.recompile_limit if do_compile else None,
         "attention_backend": _attention_backend(),
         # torch's intra-op threads as this engine runs (--cpu-threads, else OMP_NUM_THREADS or the
         # cores): on a shared CPU host, 2 threads on 2 cores ran the tiny DenoisingStage 7-10x slower
@@ -363,7 +363,7 @@ def _components(
     """The model components, from ``--model-path`` or built from the preset (see docs/refengine.md)."""
     import torch
 
-    from perfkit.refengine import models, placement
+    from perfkit.refengine import models
 
     if args.model_path:
         return models.load_checkpoint(args.model_path, dtype, two_stage=args.two_stage, preset=args.preset)
@@ -371,33 +371,33 @@ def _components(
     build_dev = torch.device("cpu")
     if device.type == "cuda" and all(m in (None, "none") for m in requested.values()):
         need = models.estimate_param_bytes(args.preset, dtype, args.two_stage)
-        if cap is None or need <= placement.WEIGHTS_SHARE_OF_CAP * cap * placement.GIB:
+        if cap is None or need <= models.WEIGHTS_SHARE_OF_CAP * cap * models.GIB:
             build_dev = device
     return models.build_preset(args.preset, dtype, seed=args.seed, two_stage=args.two_stage, device=build_dev)
 
 
 def _compile_settings(
     args: argparse.Namespace, placed: Any, device: Any, comps: Any
-) -> tuple[bool, str | None, int | None]:
-    """(compile the transformer, why not when asked, recompile limit); compiles the transformer
+) -> tuple[bool, str | None]:
+    """(compile the transformer, why not when asked); sets dynamo's recompile limit and compiles the transformer
     (and the VAE decoder) with ``torch.compile(dynamic=False)`` as the placement allows."""
     import torch._dynamo
 
-    from perfkit.refengine import placement
+    from perfkit.refengine import models
 
     do_compile, compile_off_reason = args.compile, None
     recompile_limit = args.recompile_limit
-    t_mode = placed.offload.get("transformer", "none")
-    if do_compile and t_mode not in placement.COMPILE_COMPATIBLE:
+    t_mode = placed["offload"].get("transformer", "none")
+    if do_compile and t_mode not in models.COMPILE_COMPATIBLE:
         compile_off_reason = (
             f"the transformer is offloaded ({t_mode}); torch.compile is kept only under "
-            f"{' or '.join(placement.COMPILE_COMPATIBLE)}"
+            f"{' or '.join(models.COMPILE_COMPATIBLE)}"
         )
         log.warning("torch.compile disabled: %s", compile_off_reason)
         do_compile = False
     if do_compile and t_mode == "group-block" and recompile_limit is None:
         # one graph per offloaded block: dynamo's default limit (8) would leave most blocks eager
-        recompile_limit = placement.GROUP_COMPILE_RECOMPILE_LIMIT
+        recompile_limit = models.GROUP_COMPILE_RECOMPILE_LIMIT
         log.info("block-level offloaded transformer compiled: recompile limit %d", recompile_limit)
     if do_compile:
         compile_off_reason = _compile_unusable(args.compile_backend, device)
@@ -405,8 +405,8 @@ def _compile_settings(
             log.warning("torch.compile disabled: %s", compile_off_reason)
             do_compile = False
     compile_vae = args.compile_vae and do_compile
-    if compile_vae and placed.offload.get("vae", "none") != "none":
-        log.warning("VAE torch.compile disabled: the VAE is offloaded (%s)", placed.offload["vae"])
+    if compile_vae and placed["offload"].get("vae", "none") != "none":
+        log.warning("VAE torch.compile disabled: the VAE is offloaded (%s)", placed["offload"]["vae"])
         compile_vae = False
     if recompile_limit is not None:
         # thread-local in torch >= 2.13: also passed to torch.compile where it takes it
@@ -416,7 +416,7 @@ def _compile_settings(
         comps.transformer.compile(**kw)
         if compile_vae:
             comps.vae.decoder.compile(**kw)
-    return do_compile, compile_off_reason, recompile_limit
+    return do_compile, compile_off_reason
 
 
 def compile_kwargs(backend: str, recompile_limit: int | None, compile_fn: Any = None) -> dict[str, Any]:
@@ -464,16 +464,6 @@ def _startup_warmup(
         return False
     engine.snapshots["warmup_peak"] = snapshot(device)
     return True
-
-
-def _recompile_limit() -> int | None:
-    import torch._dynamo
-
-    cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(cfg, name):
-            return int(getattr(cfg, name))
-    return None
 
 
 def _attention_backend() -> str:

@@ -152,11 +152,7 @@ def _pdeathsig_hook() -> Callable[[], None] | None:
     """A preexec_fn asking the kernel to SIGKILL the child when rank 0 dies (Linux)."""
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded here, not between fork and exec
     return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
@@ -191,14 +187,13 @@ def stop_ranks(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
 
 def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any]) -> dict[str, Any]:
     """One rank's part of a record: stages, steps, compile window, memory, host RSS."""
-    from perfkit.refengine.jobs import host_memory, record_payload, run_extras
+    from perfkit.refengine.jobs import host_memory, run_fields
 
     rt = snapshots.get("runtime_peak") or {}
     return {
         "rank": rank,
         "device": str(device),
-        **record_payload(res),
-        **run_extras(res),
+        **run_fields(res),
         "peak_allocated_mb": rt.get("peak_allocated_mb"),
         "peak_reserved_mb": rt.get("peak_reserved_mb"),
         "memory_snapshots": {k: v for k, v in snapshots.items() if v is not None},

@@ -22,8 +22,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, create_model
 
 from perfkit.common.frames import PIXEL_MULTIPLE, align_frames
+from perfkit.common.recordformat import PERF_LOG_NAME
 from perfkit.common.slugs import did_you_mean
-from perfkit.refengine.jobs import GenRequest, Job, PerfLogWriter, RunResult, job_body, job_record
+from perfkit.refengine.jobs import GenRequest, Job, RunResult, append_line, job_body, job_record
 from perfkit.refengine.pipeline import StagedPipeline
 from perfkit.refengine.profiling import (
     MIB,
@@ -123,7 +124,7 @@ SGLANG_VIDEO_FIELDS = tuple(n for n in VideoRequest.model_fields if n != "perfki
 
 
 class Engine:
-    """The serving state: pipeline, job table, worker thread, record writer.
+    """The serving state: pipeline, job table, worker thread, performance.log.
 
     Args:
         defaults: serving defaults {height, width, steps, num_frames}.
@@ -157,7 +158,9 @@ class Engine:
         self.runner = runner
         self.defaults = defaults
         self.max_frames = max_frames
-        self.writer = PerfLogWriter(perf_log_dir)
+        self.perf_log = Path(perf_log_dir) / PERF_LOG_NAME if perf_log_dir else None
+        if self.perf_log is not None:
+            self.perf_log.parent.mkdir(parents=True, exist_ok=True)
         self.info = info
         self.keep_dir = Path(keep_outputs_dir) if keep_outputs_dir else None
         self.debug_leak_mib = debug_leak_mib
@@ -317,7 +320,8 @@ class Engine:
                     info=self.info,
                     commit_hash=self.commit_hash,
                 )
-                self.writer.write(job.result)
+                if self.perf_log is not None:
+                    append_line(self.perf_log, job.result)
             except Exception:  # noqa: BLE001
                 log.exception("could not write the record of %s", job.id)
             job.done.set()
