@@ -268,8 +268,7 @@ def _checked(args: argparse.Namespace) -> list[int]:
 
 
 def _device(args: argparse.Namespace, rank: int) -> Any:
-    """The torch device ``--device`` names (a bare ``cuda``: the current CUDA device), or with
-    ``--num-gpus`` > 1 this rank's (CPU threads shared, NVLink multicast off)."""
+    """The device ``--device`` names (bare ``cuda``: the current one), or this rank's (``--num-gpus`` > 1)."""
     import torch
 
     name = args.device
@@ -328,8 +327,7 @@ def _requested_offload(args: argparse.Namespace, kind: str) -> dict[str, Any]:
 
 
 def _bind(args: argparse.Namespace) -> socket.socket:
-    """The listening socket, bound before the models load; marks ``listening`` with the port
-    served (``args.port``: the one picked when 0 was asked)."""
+    """The listening socket, bound before the models load; ``args.port`` becomes the port served."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # inherited by accepted connections: with Nagle a poll waited for the delayed ACK (40 ms a GET)
@@ -379,8 +377,7 @@ def _components(
 def _compile_settings(
     args: argparse.Namespace, placed: Any, device: Any, comps: Any
 ) -> tuple[bool, str | None]:
-    """(compile the transformer, why not when asked); sets dynamo's recompile limit and compiles the transformer
-    (and the VAE decoder) with ``torch.compile(dynamic=False)`` as the placement allows."""
+    """(compile, why not when asked); sets dynamo's recompile limit and compiles what placement allows."""
     import torch._dynamo
 
     from perfkit.refengine import models

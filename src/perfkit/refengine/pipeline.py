@@ -171,8 +171,7 @@ class StagedPipeline:
         out.stages.append(res)
 
     def _resolve(self, out: RunResult) -> None:
-        """After the final sync: each CUDA-injected piece's [work, busy] ms into ``out.injected``;
-        then the event-timed stages and steps (one sync)."""
+        """After the request: the CUDA-injected pieces' and event-timed stages' and steps' ms."""
         for st, a, b, b0, b1 in self._inj_pieces:
             acc = out.injected.setdefault(st, [0.0, 0.0])
             acc[0] += a.elapsed_time(b)

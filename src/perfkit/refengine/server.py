@@ -131,13 +131,13 @@ class Engine:
         max_frames: largest num_frames accepted (larger is a 400 naming the field).
         perf_log_dir: where performance.log goes (None: no records).
         info: engine facts copied into each record (device, placement, preset, ...).
+        runner: the multi-rank front (:class:`.dist.Rank0Runner`) that runs ``pipeline`` with the
+            other ranks; None: ``pipeline`` runs alone.
         keep_outputs_dir: where generated frames are saved as .npy (None: discarded).
         debug_leak_mib: test-only: MiB kept alive per request (:func:`inject_debug_leak`).
         debug_stage_delay_from: test-only: the pipeline's ``stage_delay`` applies to measured
             requests from this 0-based index on (0: all, 1: warm requests only).
         snapshots: the allocator snapshot recorder (:class:`.profiling.SnapshotRecorder`).
-        runner: the multi-rank front (:class:`.dist.Rank0Runner`) that runs ``pipeline`` with the
-            other ranks; None: ``pipeline`` runs alone.
     """
 
     def __init__(
@@ -147,21 +147,21 @@ class Engine:
         max_frames: int,
         perf_log_dir: str | None,
         info: dict[str, Any],
+        runner: Any = None,
         keep_outputs_dir: str | None = None,
         debug_leak_mib: int = 0,
         commit_hash: str | None = None,
         debug_stage_delay_from: int = 0,
         snapshots: SnapshotRecorder | None = None,
-        runner: Any = None,
     ):
         self.pipeline = pipeline
-        self.runner = runner
         self.defaults = defaults
         self.max_frames = max_frames
         self.perf_log = Path(perf_log_dir) / PERF_LOG_NAME if perf_log_dir else None
         if self.perf_log is not None:
             self.perf_log.parent.mkdir(parents=True, exist_ok=True)
         self.info = info
+        self.runner = runner
         self.keep_dir = Path(keep_outputs_dir) if keep_outputs_dir else None
         self.debug_leak_mib = debug_leak_mib
         self.commit_hash = commit_hash
@@ -327,8 +327,7 @@ class Engine:
             job.done.set()
 
     def _start_profiler(self, job: Job) -> RequestProfiler | None:
-        """The request's profiler (sglang's fields), or None when torch.profiler cannot start
-        (then the record's ``profile.error`` says why and the request runs unprofiled)."""
+        """The request's profiler, or None (the record's ``profile.error`` says why) when it cannot start."""
         steps = job.req.num_inference_steps
         try:  # the serving process is global rank 0 (the trace's name says it)
             return RequestProfiler(job.id, **job.profile, num_inference_steps=steps)
@@ -432,8 +431,8 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 def serve_http(engine: Engine, model_name: str, sock: Any, warm: Callable[[], bool]) -> int:
     """Serve the engine's app on the bound socket (uvicorn) until it stops; ``warm`` (the startup
     warmup, True when it succeeded) runs on a thread once serving starts (``/health`` answers 503
-    until then). Then end the queue and the other ranks (the engine's ``runner``, if any). Returns 0, or 3 when
-    the warmup failed (the server stops then)."""
+    until then). Then end the queue and the other ranks (the engine's ``runner``, if any).
+    Returns 0, or 3 when the warmup failed (the server stops then)."""
     import uvicorn
 
     server = uvicorn.Server(
