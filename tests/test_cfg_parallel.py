@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -136,6 +137,36 @@ def test_max_snapshots_takes_the_max_of_each_field_across_ranks():
         "runtime_peak": {"peak_allocated_mb": 5.0},
         "warmup_peak": {"peak_allocated_mb": 7.0},
     }
+
+
+def test_the_server_aligns_and_profiles_on_the_pipeline_behind_rank0s_runner(tmp_path, monkeypatch):
+    """With --num-gpus > 1 requests go through dist.Rank0Runner: the frame alignment (the VAE's
+    temporal factor) and the request's profiler are the StagedPipeline's, not the runner's."""
+    import torch
+
+    from perfkit.refengine.dist import Rank0Runner
+    from perfkit.refengine.jobs import GenRequest, RunResult
+    from perfkit.refengine.server import Engine
+
+    monkeypatch.setenv("SGLANG_DIFFUSION_TORCH_PROFILER_DIR", str(tmp_path))
+    profiled = []
+
+    def run(req, keep_output=False, slow=False):
+        profiled.append(pipe.profiler is not None)
+        return RunResult()
+
+    pipe = SimpleNamespace(temporal=4, device=torch.device("cpu"), profiler=None, run=run)
+    runner = Rank0Runner([])
+    runner.attach(pipe, SimpleNamespace(broadcast=lambda msg: msg, gather=lambda obj: [obj]))
+    defaults = {"height": 64, "width": 64, "steps": 2, "num_frames": 9}
+    engine = Engine(pipe, defaults, 257, None, {}, runner=runner)
+    profile = {"all_stages": True, "num_profiled_timesteps": None}
+    job = engine.submit(GenRequest("a cat", 10, 64, 64, 2), profile=profile)
+    assert job.done.wait(60)
+    runner.stopping = True
+    assert job.status == "completed", job.error
+    assert job.effective_frames == 13  # 4k + 1 for this VAE (8k + 1 would be 17)
+    assert profiled == [True]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Automatic per-component placement under a device cap (perfkit.refengine.placement.auto_modes).
+"""Automatic per-component placement under a device cap (perfkit.refengine.models.auto_modes).
 
 The sizes are ltx-2b's in bf16 as the H200 engine recorded them (``param_mib`` in
 examples/h200/bundles): the T5-XXL-shaped text encoder goes to the host first, the transformer
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfkit.refengine.placement import WEIGHTS_SHARE_OF_CAP, auto_modes
+from perfkit.refengine.models import WEIGHTS_SHARE_OF_CAP, auto_modes
 
 MIB = 2**20
 LTX_2B = {"transformer": int(3668.6 * MIB), "vae": int(799.5 * MIB), "text_encoder": int(9334.4 * MIB)}

@@ -487,7 +487,7 @@ def test_cpu_threads_past_the_hosts_cpus_exits_2_before_torch():
 
 
 def test_compile_kwargs_pass_the_recompile_limit_only_where_torch_compile_takes_it():
-    from perfkit.refengine.pipeline import compile_kwargs
+    from perfkit.refengine.cli import compile_kwargs
 
     def compile_2_11(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None):
         """torch 2.11's torch.compile keywords (no recompile_limit)."""

@@ -40,7 +40,7 @@ WARM_TOLERANCE = 0.10
 #: Row statuses.
 RAN, NOT_APPLICABLE, FAILED = "ran", "not applicable", "failed"
 
-#: The engine's refusal of a mode the device cannot run (refengine.placement).
+#: The engine's refusal of a mode the device cannot run (refengine.models).
 REFUSAL_RE = re.compile(r"offload mode '(?P<mode>[\w-]+)' needs an accelerator; device is (?P<device>\w+)")
 
 

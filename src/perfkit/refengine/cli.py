@@ -71,7 +71,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     import uvicorn  # noqa: F401 - imported before the models load, as it always was (cold start parts)
 
     from perfkit.common.provenance import git_commit
-    from perfkit.refengine import dist, models, placement
+    from perfkit.refengine import dist, models
     from perfkit.refengine.pipeline import StagedPipeline
     from perfkit.refengine.profiling import CompileWatch, SnapshotRecorder, snapshot
     from perfkit.refengine.server import Engine
@@ -99,14 +99,14 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     runner, store = _start_ranks(args, raw_argv, rank) if args.num_gpus > 1 else (None, None)
 
     try:
-        cap = placement.apply_device_cap(device)
+        cap = models.apply_device_cap(device)
     except ValueError as exc:
         raise _Refused(str(exc)) from None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     comps = _components(args, device, dtype, cap, requested)
-    placed = placement.place_components(comps, device, cap, requested)
-    where = placed.name
+    placed = models.place_components(comps, device, cap, requested)
+    where = placed["placement"]
     compiled = _compile_settings(args, placed, device, comps)
     stage_delay = _injected_delay(args)
     par = dist.init(rank, args.num_gpus, store, device) if args.num_gpus > 1 else None
@@ -140,7 +140,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     info = _engine_info(args, device, dtype, placed, comps, cap, compiled, warmup, stage_delay)
     log.info("%s", server_args_line(args, info, warmup_frames))
     engine = Engine(
-        runner or pipe,
+        pipe,
         defaults,
         args.max_frames,
         args.perf_log_dir,
@@ -150,6 +150,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
         commit_hash=git_commit(),
         debug_stage_delay_from=args.debug_stage_delay_from,
         snapshots=recorder,
+        runner=runner,
     )
     engine.snapshots["load_peak"] = snapshot(device)
     mark("models_loaded", t=f"{time.time():.6f}", placement=where)
@@ -164,7 +165,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
 
     from perfkit.refengine.server import serve_http
 
-    return serve_http(engine, comps.source, sock, runner, warm)
+    return serve_http(engine, comps.source, sock, warm)
 
 
 def _injected_delay(args: argparse.Namespace) -> dict[str, float]:
@@ -194,18 +195,19 @@ def _engine_info(
     placed: Any,
     comps: Any,
     cap: Any,
-    compiled: tuple[bool, str | None, int | None],
+    compiled: tuple[bool, str | None],
     warmup: tuple[int, str],
     stage_delay: dict[str, float],
 ) -> dict[str, Any]:
     """The engine's effective config as it runs (the server's ``info``, in every record)."""
     import torch
+    import torch._dynamo
 
-    do_compile, compile_off_reason, recompile_limit = compiled
+    do_compile, compile_off_reason = compiled
     warmup_frames, warmup_rule = warmup
     info = {
         "device": str(device),
-        **placed.info(device),  # placement (summary), placement_by_component, offload, ...
+        **placed,  # placement (summary), placement_by_component, offload, ...
         "preset": args.preset,
         "model_source": comps.source,
         "dtype": str(dtype).replace("torch.", ""),
@@ -214,9 +216,8 @@ def _engine_info(
         "compile_active": do_compile,
         "compile_disabled_reason": compile_off_reason,
         "compile_backend": args.compile_backend if do_compile else None,
-        "recompile_limit": (
-            (recompile_limit if recompile_limit is not None else _recompile_limit()) if do_compile else None
-        ),
+        # _compile_settings set dynamo's limit when one was given or chosen
+        "recompile_limit": torch._dynamo.config.recompile_limit if do_compile else None,
         "attention_backend": _attention_backend(),
         # torch's intra-op threads as this engine runs (--cpu-threads, else OMP_NUM_THREADS or the
         # cores): on a shared CPU host, 2 threads on 2 cores ran the tiny DenoisingStage 7-10x slower
@@ -267,8 +268,7 @@ def _checked(args: argparse.Namespace) -> list[int]:
 
 
 def _device(args: argparse.Namespace, rank: int) -> Any:
-    """The torch device ``--device`` names (a bare ``cuda``: the current CUDA device), or with
-    ``--num-gpus`` > 1 this rank's (CPU threads shared, NVLink multicast off)."""
+    """The device ``--device`` names (bare ``cuda``: the current one), or this rank's (``--num-gpus`` > 1)."""
     import torch
 
     name = args.device
@@ -327,8 +327,7 @@ def _requested_offload(args: argparse.Namespace, kind: str) -> dict[str, Any]:
 
 
 def _bind(args: argparse.Namespace) -> socket.socket:
-    """The listening socket, bound before the models load; marks ``listening`` with the port
-    served (``args.port``: the one picked when 0 was asked)."""
+    """The listening socket, bound before the models load; ``args.port`` becomes the port served."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # inherited by accepted connections: with Nagle a poll waited for the delayed ACK (40 ms a GET)
@@ -362,7 +361,7 @@ def _components(
     """The model components, from ``--model-path`` or built from the preset (see docs/refengine.md)."""
     import torch
 
-    from perfkit.refengine import models, placement
+    from perfkit.refengine import models
 
     if args.model_path:
         return models.load_checkpoint(args.model_path, dtype, two_stage=args.two_stage, preset=args.preset)
@@ -370,34 +369,32 @@ def _components(
     build_dev = torch.device("cpu")
     if device.type == "cuda" and all(m in (None, "none") for m in requested.values()):
         need = models.estimate_param_bytes(args.preset, dtype, args.two_stage)
-        if cap is None or need <= placement.WEIGHTS_SHARE_OF_CAP * cap * placement.GIB:
+        if cap is None or need <= models.WEIGHTS_SHARE_OF_CAP * cap * models.GIB:
             build_dev = device
     return models.build_preset(args.preset, dtype, seed=args.seed, two_stage=args.two_stage, device=build_dev)
 
 
 def _compile_settings(
     args: argparse.Namespace, placed: Any, device: Any, comps: Any
-) -> tuple[bool, str | None, int | None]:
-    """(compile the transformer, why not when asked, recompile limit); compiles the transformer
-    (and the VAE decoder) with ``torch.compile(dynamic=False)`` as the placement allows."""
+) -> tuple[bool, str | None]:
+    """(compile, why not when asked); sets dynamo's recompile limit and compiles what placement allows."""
     import torch._dynamo
 
-    from perfkit.refengine import placement
-    from perfkit.refengine.pipeline import compile_kwargs
+    from perfkit.refengine import models
 
     do_compile, compile_off_reason = args.compile, None
     recompile_limit = args.recompile_limit
-    t_mode = placed.offload.get("transformer", "none")
-    if do_compile and t_mode not in placement.COMPILE_COMPATIBLE:
+    t_mode = placed["offload"].get("transformer", "none")
+    if do_compile and t_mode not in models.COMPILE_COMPATIBLE:
         compile_off_reason = (
             f"the transformer is offloaded ({t_mode}); torch.compile is kept only under "
-            f"{' or '.join(placement.COMPILE_COMPATIBLE)}"
+            f"{' or '.join(models.COMPILE_COMPATIBLE)}"
         )
         log.warning("torch.compile disabled: %s", compile_off_reason)
         do_compile = False
     if do_compile and t_mode == "group-block" and recompile_limit is None:
         # one graph per offloaded block: dynamo's default limit (8) would leave most blocks eager
-        recompile_limit = placement.GROUP_COMPILE_RECOMPILE_LIMIT
+        recompile_limit = models.GROUP_COMPILE_RECOMPILE_LIMIT
         log.info("block-level offloaded transformer compiled: recompile limit %d", recompile_limit)
     if do_compile:
         compile_off_reason = _compile_unusable(args.compile_backend, device)
@@ -405,8 +402,8 @@ def _compile_settings(
             log.warning("torch.compile disabled: %s", compile_off_reason)
             do_compile = False
     compile_vae = args.compile_vae and do_compile
-    if compile_vae and placed.offload.get("vae", "none") != "none":
-        log.warning("VAE torch.compile disabled: the VAE is offloaded (%s)", placed.offload["vae"])
+    if compile_vae and placed["offload"].get("vae", "none") != "none":
+        log.warning("VAE torch.compile disabled: the VAE is offloaded (%s)", placed["offload"]["vae"])
         compile_vae = False
     if recompile_limit is not None:
         # thread-local in torch >= 2.13: also passed to torch.compile where it takes it
@@ -416,7 +413,37 @@ def _compile_settings(
         comps.transformer.compile(**kw)
         if compile_vae:
             comps.vae.decoder.compile(**kw)
-    return do_compile, compile_off_reason, recompile_limit
+    return do_compile, compile_off_reason
+
+
+def compile_kwargs(backend: str, recompile_limit: int | None, compile_fn: Any = None) -> dict[str, Any]:
+    """Keyword arguments for ``torch.compile`` (``dynamic=False``, ``backend``), with
+    ``recompile_limit`` only where ``compile_fn`` (default ``torch.compile``) takes it: torch 2.13
+    added the argument, torch 2.11 raises ``TypeError`` on it (found on the H200 host) and reads the
+    limit from ``torch._dynamo.config`` alone.
+
+    Raises:
+        ValueError: ``backend`` empty or not a string; ``recompile_limit`` not a positive int.
+    """
+    import inspect
+
+    import torch
+
+    if not isinstance(backend, str) or not backend:
+        raise ValueError(
+            f"compile backend must be a non-empty name (inductor, aot_eager, …), got {backend!r}"
+        )
+    if recompile_limit is not None and (
+        isinstance(recompile_limit, bool) or not isinstance(recompile_limit, int) or recompile_limit < 1
+    ):
+        raise ValueError(f"recompile_limit must be a positive integer, got {recompile_limit!r}")
+    kw: dict[str, Any] = {"dynamic": False, "backend": backend}
+    takes = "recompile_limit" in inspect.signature(compile_fn or torch.compile).parameters
+    if recompile_limit is not None and takes:
+        kw["recompile_limit"] = recompile_limit
+    elif recompile_limit is not None:
+        log.info("torch.compile takes no recompile_limit here: dynamo's process-wide limit applies")
+    return kw
 
 
 def _startup_warmup(
@@ -434,16 +461,6 @@ def _startup_warmup(
         return False
     engine.snapshots["warmup_peak"] = snapshot(device)
     return True
-
-
-def _recompile_limit() -> int | None:
-    import torch._dynamo
-
-    cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(cfg, name):
-            return int(getattr(cfg, name))
-    return None
 
 
 def _attention_backend() -> str:

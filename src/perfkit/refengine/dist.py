@@ -152,11 +152,7 @@ def _pdeathsig_hook() -> Callable[[], None] | None:
     """A preexec_fn asking the kernel to SIGKILL the child when rank 0 dies (Linux)."""
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded here, not between fork and exec
     return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
@@ -191,14 +187,13 @@ def stop_ranks(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
 
 def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any]) -> dict[str, Any]:
     """One rank's part of a record: stages, steps, compile window, memory, host RSS."""
-    from perfkit.refengine.jobs import host_memory, record_payload, run_extras
+    from perfkit.refengine.jobs import host_memory, run_fields
 
     rt = snapshots.get("runtime_peak") or {}
     return {
         "rank": rank,
         "device": str(device),
-        **record_payload(res),
-        **run_extras(res),
+        **run_fields(res),
         "peak_allocated_mb": rt.get("peak_allocated_mb"),
         "peak_reserved_mb": rt.get("peak_reserved_mb"),
         "memory_snapshots": {k: v for k, v in snapshots.items() if v is not None},
@@ -209,8 +204,8 @@ def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any])
 
 
 class Rank0Runner:
-    """Rank 0's pipeline front (``run`` and ``device`` of a ``StagedPipeline`` to the server):
-    broadcasts each request, runs its part, gathers the reports.
+    """Rank 0's pipeline front (the server runs requests through :meth:`run`): broadcasts each
+    request, runs its part on the ``StagedPipeline``, gathers the reports.
     Made right after the ranks are spawned (one dying while loading exits rank 0 with 3);
     :meth:`attach` adds the pipeline; ``fatal`` is set once the group is unusable."""
 
@@ -218,7 +213,6 @@ class Rank0Runner:
         self.pipe = None
         self.par: CfgParallel | None = None
         self.procs = procs
-        self.device = torch.device("cpu")
         self.fatal: str | None = None
         self.busy = False
         self.ready = False
@@ -229,7 +223,7 @@ class Rank0Runner:
 
     def attach(self, pipe, par: CfgParallel) -> None:
         """The pipeline and group, once built (the monitor runs from the spawn on)."""
-        self.pipe, self.par, self.device = pipe, par, pipe.device
+        self.pipe, self.par = pipe, par
 
     def run(self, req, keep_output: bool = False, slow: bool = False):
         from perfkit.refengine.profiling import snapshot
@@ -241,7 +235,8 @@ class Rank0Runner:
             self.par.broadcast({"op": "run", "seq": self._seq, "req": dataclasses.asdict(req)})
             self._seq += 1
             res = self.pipe.run(req, keep_output=keep_output, slow=slow)
-            mine = rank_report(res, 0, self.device, {"runtime_peak": snapshot(self.device)})
+            dev = self.pipe.device
+            mine = rank_report(res, 0, dev, {"runtime_peak": snapshot(dev)})
             res.ranks = self.par.gather(mine)
             return res
         except BaseException as exc:

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import psutil
 
-from perfkit.common.recordformat import PERF_LOG_NAME
 from perfkit.refengine.profiling import CompileWindow, TraceInfo, max_snapshots
 
 log = logging.getLogger(__name__)
@@ -87,21 +86,15 @@ class RunResult:
     injected_wall: dict[str, float] = field(default_factory=dict)
 
 
-def record_payload(res: RunResult) -> dict[str, Any]:
-    """The parts of a record that come from a run (stages, steps, perfkit extras)."""
+def run_fields(res: RunResult) -> dict[str, Any]:
+    """The fields of a run that a record and a rank report share: sglang's stages, steps and
+    total_duration_ms (ms), then perfkit's refinement steps (ms), each stage's peak allocated
+    (MiB), the compile window (count, ms, reasons, torch's phase ms) and the run's span (epoch s)."""
+    c = res.compile
     return {
         "stages": [{"name": s.name, "execution_time_ms": round(s.ms, 3)} for s in res.stages],
         "steps": [round(x, 3) for x in res.steps],
         "total_duration_ms": round(res.total_ms, 3),
-    }
-
-
-def run_extras(res: RunResult) -> dict[str, Any]:
-    """perfkit's fields of a run that a record and a rank report share: refinement steps (ms),
-    each stage's peak allocated (MiB), the compile window (count, ms, reasons, torch's phase ms)
-    and the run's span (epoch s)."""
-    c = res.compile
-    return {
         "refinement_steps": [round(x, 3) for x in res.refinement_steps],
         "stage_peak_allocated_mb": {
             s.name: round(s.peak_allocated_mb, 2) for s in res.stages if s.peak_allocated_mb is not None
@@ -156,23 +149,13 @@ class Job:
     memory_snapshot: dict[str, Any] | None = None
 
 
-class PerfLogWriter:
-    """Appends whole lines to DIR/performance.log (one ``os.write`` of an O_APPEND fd per line),
-    from the engine's one worker thread."""
-
-    def __init__(self, directory: str | Path | None):
-        self.path = Path(directory) / PERF_LOG_NAME if directory else None
-        if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(self, obj: dict[str, Any]) -> None:
-        if not self.path:
-            return
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (json.dumps(obj, default=_json_default) + "\n").encode())
-        finally:
-            os.close(fd)
+def append_line(path: Path, obj: dict[str, Any]) -> None:
+    """Append ``obj`` to ``path`` as one whole JSON line (one ``os.write`` of an O_APPEND fd)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(obj, default=_json_default) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def _json_default(o: Any) -> Any:
@@ -230,13 +213,14 @@ def job_record(
     if job.trace is not None:  # sglang's profile fields: what was profiled and where it went
         pk["profile"] = {**dataclasses.asdict(job.trace), "rank": 0}  # traced by the serving rank 0
     if res is not None:
-        rec.update(record_payload(res))
+        run = run_fields(res)
+        rec.update({k: run.pop(k) for k in ("stages", "steps", "total_duration_ms")})  # sglang's
         pk.update(
             {
                 "num_frames_effective": res.effective_frames,
                 "latent_shape": res.latent_shape,
                 "latent_frames": res.latent_shape[1] if res.latent_shape else None,
-                **run_extras(res),
+                **run,
                 "recompile_limit_hit": res.compile.limit_hit,
                 "recompile_limit_stage": res.compile.limit_stage,
                 "compile_by_stage": {
@@ -290,7 +274,6 @@ def job_body(job: Job) -> dict[str, Any]:
     )
     if job.result is not None:
         # no duration (failed before its stages ran): None, as sglang's failed jobs, never 0 s
-        ms = job.result.get("total_duration_ms")
-        ok = isinstance(ms, (int, float)) and not isinstance(ms, bool)
-        body["inference_time_s"] = ms / 1000.0 if ok else None
+        ms = job.result["total_duration_ms"]
+        body["inference_time_s"] = None if ms is None else ms / 1000.0
     return body

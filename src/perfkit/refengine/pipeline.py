@@ -5,7 +5,6 @@ and step's time (ms) and peak memory (MiB), and the test-only injected slowdown
 
 from __future__ import annotations
 
-import logging
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -24,36 +23,6 @@ from perfkit.refengine.profiling import (
     RequestProfiler,
     maybe_range,
 )
-
-log = logging.getLogger(__name__)
-
-
-def compile_kwargs(backend: str, recompile_limit: int | None, compile_fn: Any = None) -> dict[str, Any]:
-    """Keyword arguments for ``torch.compile`` (``dynamic=False``, ``backend``), with
-    ``recompile_limit`` only where ``compile_fn`` (default ``torch.compile``) takes it: torch 2.13
-    added the argument, torch 2.11 raises ``TypeError`` on it (found on the H200 host) and reads the
-    limit from ``torch._dynamo.config`` alone.
-
-    Raises:
-        ValueError: ``backend`` empty or not a string; ``recompile_limit`` not a positive int.
-    """
-    import inspect
-
-    if not isinstance(backend, str) or not backend:
-        raise ValueError(
-            f"compile backend must be a non-empty name (inductor, aot_eager, …), got {backend!r}"
-        )
-    if recompile_limit is not None and (
-        isinstance(recompile_limit, bool) or not isinstance(recompile_limit, int) or recompile_limit < 1
-    ):
-        raise ValueError(f"recompile_limit must be a positive integer, got {recompile_limit!r}")
-    kw: dict[str, Any] = {"dynamic": False, "backend": backend}
-    takes = "recompile_limit" in inspect.signature(compile_fn or torch.compile).parameters
-    if recompile_limit is not None and takes:
-        kw["recompile_limit"] = recompile_limit
-    elif recompile_limit is not None:
-        log.info("torch.compile takes no recompile_limit here: dynamo's process-wide limit applies")
-    return kw
 
 
 class StagedPipeline:
@@ -202,8 +171,7 @@ class StagedPipeline:
         out.stages.append(res)
 
     def _resolve(self, out: RunResult) -> None:
-        """After the final sync: each CUDA-injected piece's [work, busy] ms into ``out.injected``;
-        then the event-timed stages and steps (one sync)."""
+        """After the request: the CUDA-injected pieces' and event-timed stages' and steps' ms."""
         for st, a, b, b0, b1 in self._inj_pieces:
             acc = out.injected.setdefault(st, [0.0, 0.0])
             acc[0] += a.elapsed_time(b)

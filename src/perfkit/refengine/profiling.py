@@ -1,12 +1,7 @@
-"""Per-request torch.profiler traces with sglang's diffusion profiling API (``profile``,
-``num_profiled_timesteps``, ``profile_all_stages``; sglang's ``runtime/utils/profiler.py``
-``SGLDiffusionProfiler``, read for the semantics, no code copied): modes, file names, directory
-and ranges as sglang 0.5.23 writes them (docs/below-the-stage.md, "How traces are taken and
-read"); torch.compile compilations per request (:class:`CompileWatch`, :class:`CompileWindow`;
-docs/refengine.md, "Compilations"); and device memory: snapshots in sglang's layout
-(allocated/reserved and their peaks, MiB; the max across CFG-parallel ranks) and allocator
-snapshot files on request boundaries (:class:`SnapshotRecorder`, CUDA only; see
-docs/below-the-stage.md, "How allocator snapshots are taken and read").
+"""Per-request torch.profiler traces with sglang 0.5.23's profiling fields and file names
+(docs/below-the-stage.md, "How traces are taken and read"), torch.compile compilations per
+request (docs/refengine.md, "Compilations"), and device memory: snapshots (MiB) and allocator
+snapshot files on request boundaries (CUDA only).
 """
 
 from __future__ import annotations
@@ -26,15 +21,12 @@ log = logging.getLogger(__name__)
 
 #: sglang's default number of profiled denoising steps (after one warm-up step)
 DEFAULT_PROFILED_STEPS = 5
-#: the most ``num_profiled_timesteps`` a request may ask for (diffusers' LTX defaults to 50 steps;
-#: sglang takes any int)
+#: the most ``num_profiled_timesteps`` a request may ask for (sglang takes any int)
 MAX_PROFILED_STEPS = 1000
-#: the warm-up steps sglang's schedule runs under the profiler and discards; sglang adds as
-#: many to the active (recorded) steps (``runtime/utils/profiler.py``)
+#: the warm-up steps sglang's schedule discards, added to the active (recorded) steps
 WARMUP_STEPS = 1
-#: stage -> the name sglang 0.5.23 registers it under (Wan's ``pipelines/wan_pipeline.py``, the
-#: standard helpers of ``composed_pipeline_base.py``); other stages: the class name. Ranges are
-#: ``STAGE <registered name>``
+#: stage -> the name sglang 0.5.23 registers it under (others: the class name), for the
+#: ``STAGE <name>`` ranges
 REGISTERED_NAMES = {"DenoisingStage": "denoising_stage", "DecodingStage": "decoding_stage"}
 #: directory variables, in the order sglang reads them; then ``./logs``
 DIR_VARIABLES = ("SGLANG_DIFFUSION_TORCH_PROFILER_DIR", "SGLANG_TORCH_PROFILER_DIR")
@@ -44,8 +36,7 @@ INJECTED_RANGE = "perfkit::debug_stage_delay"
 
 
 def trace_dir(environ: dict[str, str] | None = None) -> Path:
-    """Where traces go: ``SGLANG_DIFFUSION_TORCH_PROFILER_DIR``, else ``SGLANG_TORCH_PROFILER_DIR``,
-    else ``./logs`` (sglang's order; an empty variable counts as unset)."""
+    """Where traces go: the first of :data:`DIR_VARIABLES` set and not empty, else ``./logs``."""
     env = os.environ if environ is None else environ
     return Path(next((env[name] for name in DIR_VARIABLES if env.get(name)), DEFAULT_DIR))
 
@@ -92,9 +83,8 @@ class TraceInfo:
 
 
 class RequestProfiler:
-    """torch.profiler around one request, with sglang's modes and file name (:attr:`file_name`),
-    into :func:`trace_dir`. ``all_stages`` and ``num_profiled_timesteps`` (None: 5, -1: all):
-    sglang's request fields."""
+    """torch.profiler around one request, with sglang's modes and file name, into
+    :func:`trace_dir`; ``all_stages`` and ``num_profiled_timesteps``: sglang's request fields."""
 
     def __init__(
         self,
@@ -126,14 +116,12 @@ class RequestProfiler:
 
     @property
     def file_name(self) -> str:
-        """``{request_id}-{mode}-global-rank0.trace.json.gz`` (sglang's name; the serving process
-        is global rank 0)."""
+        """``{request_id}-{mode}-global-rank0.trace.json.gz`` (the serving process is rank 0)."""
         return f"{self.request_id}-{self.mode}-global-rank0.trace.json.gz"
 
     def denoising_step_done(self) -> None:
-        """After one denoising step (sglang's ``step_denoising_step``): ``N_steps`` advances the
-        schedule while ``N+1`` active steps are left, then stops the profiler; ``full_stages``
-        only counts."""
+        """After one denoising step (sglang's ``step_denoising_step``): advance the schedule, or
+        stop once it is done; ``full_stages`` only counts."""
         if self.all_stages:
             self.steps_recorded += 1
             return
@@ -174,10 +162,9 @@ def maybe_range(profiler: RequestProfiler | None, name: str) -> ContextManager[A
 
 @dataclass
 class CompileWindow:
-    """What compiled inside one window (a request): compilations started, their wall time (ms),
-    the failed guard lines, whether (and in which stage) the recompile limit was hit, the same
-    per stage (``by_stage``), and ``phases_ms``: torch's ``dynamo_timed`` name -> ms inside the
-    window (names nest)."""
+    """What compiled inside one window (a request): compilations, their wall time (ms), failed
+    guard lines, the recompile limit hit (in which stage), the same per stage (``by_stage``), and
+    ``phases_ms``: torch's ``dynamo_timed`` name -> ms inside the window (names nest)."""
 
     compiles: int = 0
     compile_ms: float = 0.0
@@ -234,10 +221,7 @@ class CompileWatch:
             logging.getLogger(name).addHandler(h)
 
     def _cid(self, args) -> str:
-        try:
-            return str(args[0].compile_id)
-        except Exception:  # noqa: BLE001
-            return "?"
+        return str(getattr(args[0], "compile_id", "?")) if args else "?"
 
     def _on_start(self, *args, **kwargs) -> None:
         with self._lock:
@@ -307,7 +291,7 @@ MIB = 1024 * 1024
 
 
 def snapshot(device: torch.device) -> dict[str, float] | None:
-    """checkpoint fields (MiB) of ``device``; None off CUDA (no device memory to report)."""
+    """sglang's checkpoint fields (MiB) of ``device``; None off CUDA."""
     if device.type != "cuda":
         return None
     return {
@@ -336,15 +320,9 @@ NOT_ON_CPU = "not available on cpu"
 
 @dataclass
 class SnapshotRecorder:
-    """Dumps a snapshot after the chosen measured requests.
-
-    Args:
-        device: the serving device; off CUDA nothing is recorded and :meth:`after_request` says
-            :data:`NOT_ON_CPU` for the chosen requests.
-        after: 0-based measured request indices to snapshot after (0: the cold request).
-        out_dir: where ``request-<index>.pickle`` files go.
-        max_entries: trace entries kept (torch's ring buffer), which bounds the file size.
-    """
+    """Dumps an allocator snapshot (``out_dir/request-<index>.pickle``, CUDA only) after the
+    measured requests ``after`` (0-based; 0: the cold request); ``max_entries``: trace entries
+    torch's ring buffer keeps, which bounds the file size."""
 
     device: torch.device
     after: list[int]
@@ -352,8 +330,7 @@ class SnapshotRecorder:
     max_entries: int = 20000
 
     def start(self) -> None:
-        """Start recording (CUDA only). Python stacks of allocations only (``context="alloc"``,
-        ``stacks="python"``): C++ symbolisation would cost seconds per dump."""
+        """Start recording (CUDA only; Python stacks: C++ symbolisation costs seconds per dump)."""
         if self.device.type != "cuda" or not self.after:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -21,9 +21,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, create_model
 
-from perfkit.common.frames import PIXEL_MULTIPLE, TEMPORAL_COMPRESSION, align_frames
+from perfkit.common.frames import PIXEL_MULTIPLE, align_frames
+from perfkit.common.recordformat import PERF_LOG_NAME
 from perfkit.common.slugs import did_you_mean
-from perfkit.refengine.jobs import GenRequest, Job, PerfLogWriter, RunResult, job_body, job_record
+from perfkit.refengine.jobs import GenRequest, Job, RunResult, append_line, job_body, job_record
 from perfkit.refengine.pipeline import StagedPipeline
 from perfkit.refengine.profiling import (
     MIB,
@@ -64,43 +65,47 @@ class _VideoRequestBase(BaseModel):
 
 
 _S, _I, _F = Optional[str], Optional[int], Optional[float]
-#: VideoRequest's fields: names (one key may hold several) -> (type, default or Field).
-#: ``seconds``: frames = seconds x fps when num_frames is not given; ``size``: "WIDTHxHEIGHT" when
-#: height and width are not; the profiling fields are strict ("yes", 1 or "5" is a 400).
-_FIELD_SPECS: dict[str, tuple[Any, Any]] = {
+#: VideoRequest's fields in sglang's order, then perfkit's own: names (one key may hold several)
+#: -> (type, default or Field). ``seconds``: frames = seconds x fps when num_frames is not given;
+#: ``size``: "WIDTHxHEIGHT" when height and width are not; the profiling fields are strict
+#: ("yes", 1 or "5" is a 400).
+_FIELDS: dict[str, tuple[Any, Any]] = {
     "prompt": (str, Field(min_length=1)),
-    "input_reference reference_url video_path video_url model negative_prompt": (_S, None),
-    "frame_interpolation_model_path upscaling_model_path output_path task perf_dump_path": (_S, None),
+    "input_reference reference_url video_path video_url model": (_S, None),
     "n": (_I, 1),
-    "num_outputs_per_prompt num_frames width height num_inference_steps max_sequence_length": (_I, None),
-    "output_compression": (_I, None),
+    "num_outputs_per_prompt": (_I, None),
     "seconds": (_I, 4),
     "size": (_S, ""),
     "fps": (_I, Field(default=None, ge=1)),
+    "num_frames": (_I, None),
     "seed": (Optional[Union[int, list[int]]], 0),
     "generator_device": (_S, "cuda"),
-    "guidance_scale guidance_scale_2 true_cfg_scale flow_shift audio_flow_shift": (_F, None),
-    "enable_teacache enable_frame_interpolation enable_upscaling": (Optional[bool], False),
+    "width height num_inference_steps": (_I, None),
+    "guidance_scale guidance_scale_2 true_cfg_scale": (_F, None),
+    "negative_prompt": (_S, None),
+    "max_sequence_length": (_I, None),
+    "flow_shift": (_F, None),
+    "enable_teacache enable_frame_interpolation": (Optional[bool], False),
     "frame_interpolation_exp": (_I, 1),
     "frame_interpolation_scale": (_F, 1.0),
+    "frame_interpolation_model_path": (_S, None),
+    "enable_upscaling": (Optional[bool], False),
+    "upscaling_model_path": (_S, None),
     "upscaling_scale": (_I, 4),
     "output_quality": (_S, "default"),
+    "output_compression": (_I, None),
+    "output_path": (_S, None),
     "diffusers_kwargs": (Optional[dict[str, Any]], None),
+    "task": (_S, None),
     "conditions target": (Optional[Any], None),
-    "profile profile_all_stages": (Optional[StrictBool], False),
+    "audio_flow_shift": (_F, None),
+    "perf_dump_path": (_S, None),
+    "profile": (Optional[StrictBool], False),
     "num_profiled_timesteps": (Optional[StrictInt], None),
+    "profile_all_stages": (Optional[StrictBool], False),
     #: perfkit extension: stage timing, true / "events", "sync" or false / "off" (:class:`GenRequest`)
     "perfkit_stage_timing": (Union[bool, Literal["events", "sync", "off"]], True),
 }
-#: the fields in sglang's order, then perfkit's own
-_FIELD_ORDER = """prompt input_reference reference_url video_path video_url model n num_outputs_per_prompt
-seconds size fps num_frames seed generator_device width height num_inference_steps guidance_scale
-guidance_scale_2 true_cfg_scale negative_prompt max_sequence_length flow_shift enable_teacache
-enable_frame_interpolation frame_interpolation_exp frame_interpolation_scale
-frame_interpolation_model_path enable_upscaling upscaling_model_path upscaling_scale output_quality
-output_compression output_path diffusers_kwargs task conditions target audio_flow_shift
-perf_dump_path profile num_profiled_timesteps profile_all_stages perfkit_stage_timing""".split()
-_SPEC_OF = {name: spec for names, spec in _FIELD_SPECS.items() for name in names.split()}
 
 VideoRequest = create_model(
     "VideoRequest",
@@ -108,7 +113,7 @@ VideoRequest = create_model(
     __doc__="""sglang's /v1/videos request (:data:`SGLANG_VIDEO_FIELDS`, in order) plus perfkit's own
     ``perfkit_stage_timing``. Any other field is refused (400 naming it): a misspelt field such as
     ``num_frame`` would otherwise be ignored and the request measured with the default shape.""",
-    **{name: _SPEC_OF[name] for name in _FIELD_ORDER},
+    **{name: spec for names, spec in _FIELDS.items() for name in names.split()},
 )
 
 
@@ -119,13 +124,15 @@ SGLANG_VIDEO_FIELDS = tuple(n for n in VideoRequest.model_fields if n != "perfki
 
 
 class Engine:
-    """The serving state: pipeline, job table, worker thread, record writer.
+    """The serving state: pipeline, job table, worker thread, performance.log.
 
     Args:
         defaults: serving defaults {height, width, steps, num_frames}.
         max_frames: largest num_frames accepted (larger is a 400 naming the field).
         perf_log_dir: where performance.log goes (None: no records).
         info: engine facts copied into each record (device, placement, preset, ...).
+        runner: the multi-rank front (:class:`.dist.Rank0Runner`) that runs ``pipeline`` with the
+            other ranks; None: ``pipeline`` runs alone.
         keep_outputs_dir: where generated frames are saved as .npy (None: discarded).
         debug_leak_mib: test-only: MiB kept alive per request (:func:`inject_debug_leak`).
         debug_stage_delay_from: test-only: the pipeline's ``stage_delay`` applies to measured
@@ -140,6 +147,7 @@ class Engine:
         max_frames: int,
         perf_log_dir: str | None,
         info: dict[str, Any],
+        runner: Any = None,
         keep_outputs_dir: str | None = None,
         debug_leak_mib: int = 0,
         commit_hash: str | None = None,
@@ -149,8 +157,11 @@ class Engine:
         self.pipeline = pipeline
         self.defaults = defaults
         self.max_frames = max_frames
-        self.writer = PerfLogWriter(perf_log_dir)
+        self.perf_log = Path(perf_log_dir) / PERF_LOG_NAME if perf_log_dir else None
+        if self.perf_log is not None:
+            self.perf_log.parent.mkdir(parents=True, exist_ok=True)
         self.info = info
+        self.runner = runner
         self.keep_dir = Path(keep_outputs_dir) if keep_outputs_dir else None
         self.debug_leak_mib = debug_leak_mib
         self.commit_hash = commit_hash
@@ -245,9 +256,7 @@ class Engine:
             req=req,
             tag=tag,
             # 8k + 1 (the LTX VAE's temporal compression)
-            effective_frames=align_frames(
-                req.num_frames, getattr(self.pipeline, "temporal", TEMPORAL_COMPRESSION)
-            ),
+            effective_frames=align_frames(req.num_frames, self.pipeline.temporal),
             ignored_fields=list(ignored_fields or []),
             profile=profile,
         )
@@ -273,7 +282,8 @@ class Engine:
         self.pipeline.profiler = profiler
         try:
             try:
-                res = self.pipeline.run(job.req, keep_output=self.keep_dir is not None, slow=slow)
+                run = (self.runner or self.pipeline).run
+                res = run(job.req, keep_output=self.keep_dir is not None, slow=slow)
             finally:  # the trace is written before the request reads as done
                 self.pipeline.profiler = None
                 if profiler is not None:
@@ -310,14 +320,14 @@ class Engine:
                     info=self.info,
                     commit_hash=self.commit_hash,
                 )
-                self.writer.write(job.result)
+                if self.perf_log is not None:
+                    append_line(self.perf_log, job.result)
             except Exception:  # noqa: BLE001
                 log.exception("could not write the record of %s", job.id)
             job.done.set()
 
     def _start_profiler(self, job: Job) -> RequestProfiler | None:
-        """The request's profiler (sglang's fields), or None when torch.profiler cannot start
-        (then the record's ``profile.error`` says why and the request runs unprofiled)."""
+        """The request's profiler, or None (the record's ``profile.error`` says why) when it cannot start."""
         steps = job.req.num_inference_steps
         try:  # the serving process is global rank 0 (the trace's name says it)
             return RequestProfiler(job.id, **job.profile, num_inference_steps=steps)
@@ -378,7 +388,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     async def health() -> JSONResponse:
         if not engine.ready:
             return JSONResponse(status_code=503, content={"status": "warming up"})
-        fatal = getattr(engine.pipeline, "fatal", None)  # multi-rank engine after a rank failed
+        fatal = engine.runner and engine.runner.fatal  # multi-rank engine after a rank failed
         if fatal:
             return JSONResponse(status_code=503, content={"status": "failed", "error": fatal})
         return JSONResponse(content={"status": "ok"})
@@ -418,11 +428,11 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     return app
 
 
-def serve_http(engine: Engine, model_name: str, sock: Any, runner: Any, warm: Callable[[], bool]) -> int:
+def serve_http(engine: Engine, model_name: str, sock: Any, warm: Callable[[], bool]) -> int:
     """Serve the engine's app on the bound socket (uvicorn) until it stops; ``warm`` (the startup
     warmup, True when it succeeded) runs on a thread once serving starts (``/health`` answers 503
-    until then). Then end the queue and the other ranks (``runner``, or None). Returns 0, or 3 when
-    the warmup failed (the server stops then)."""
+    until then). Then end the queue and the other ranks (the engine's ``runner``, if any).
+    Returns 0, or 3 when the warmup failed (the server stops then)."""
     import uvicorn
 
     server = uvicorn.Server(
@@ -438,12 +448,12 @@ def serve_http(engine: Engine, model_name: str, sock: Any, runner: Any, warm: Ca
             server.should_exit = True
             return
         engine.ready = True
-        if runner is not None:
-            runner.ready = True
+        if engine.runner is not None:
+            engine.runner.ready = True
 
     threading.Thread(target=warm_then_ready, name="startup-warmup", daemon=True).start()
     server.run(sockets=[sock])
     engine.queue.put(None)
-    if runner is not None:
-        runner.shutdown()
+    if engine.runner is not None:
+        engine.runner.shutdown()
     return 3 if failed else 0
