@@ -149,24 +149,48 @@ def status_class(word: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "", first) or "none"
 
 
-def markdown_table(df: pd.DataFrame, *, labels: bool = True, own_markdown: bool = False) -> str:
+#: an HTML tag's start: ``<`` before a letter, ``/``, ``!`` or ``?`` (``<= 1`` stays as written)
+_TAG = re.compile(r"<(?=[A-Za-z/!?])")
+
+
+def _check_cell(v: Any, name: bool) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    if name:  # case ids and metric names (stage names) come from outside
+        return md_text(v)
+    t = _TAG.sub("&lt;", str(v).replace("\\", "&#92;")).replace("\r", " ").replace("\n", " ")
+    return t.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
+
+
+def markdown_table(
+    df: pd.DataFrame, *, labels: bool = True, own_markdown: bool = False, checks: bool = False
+) -> str:
     """A GitHub Markdown table of ``df`` (:func:`format_table`), cells through
     :func:`perfkit.common.slugs.md_text`; ``own_markdown`` keeps the cells' Markdown (the
-    project's own text), escaping only ``|`` and line breaks.
+    project's own text), escaping only ``|`` and line breaks. ``checks``: a check table as
+    ``perfkit compare`` prints it: headers as they are, numbers with 2 decimals, the case and
+    metric cells through ``md_text``; in the others (perfkit's sentences, which may quote a name)
+    no HTML tag, link or table break is live, while ``<=`` stays as written.
 
     Raises:
         TypeError: if ``df`` is not a DataFrame."""
-    t = format_table(df, None, labels=labels)
+    if checks:
+        header = [str(c) for c in df.columns]
+        rows = [
+            [_check_cell(v, c in ("case", "metric")) for v, c in zip(rec, header)]
+            for rec in df.itertuples(index=False)
+        ]
+    else:
+        t = format_table(df, None, labels=labels)
 
-    def cell(c: str) -> str:
-        return " ".join(c.replace("|", "\\|").splitlines()) if own_markdown else md_text(c, cell=True)
+        def cell(c: str) -> str:
+            return " ".join(c.replace("|", "\\|").splitlines()) if own_markdown else md_text(c, cell=True)
 
-    lines = [
-        "| " + " | ".join(cell(h) for h in t.header) + " |",
-        "|" + "|".join("---" for _ in t.header) + "|",
-    ]
-    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in t.rows]
-    return "\n".join(lines)
+        header, rows = [cell(h) for h in t.header], [[cell(c) for c in row] for row in t.rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 #: inline style of a status word by its class (notebooks have no report stylesheet)
