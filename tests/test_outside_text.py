@@ -96,7 +96,7 @@ def test_markdown_table_keeps_rows_and_cells(a, b):
 @FAST
 @given(hostile)
 def test_summary_md_of_a_run_with_hostile_errors_names_and_warnings(tmp_path_factory, s):
-    from perfkit.report.summary import summary_markdown
+    from perfkit.report.render import summary_markdown
 
     d = tmp_path_factory.mktemp("run")
     run = {"name": s, "description": s, "notebooks": [{"name": "cold_warm", "status": "error", "error": s}]}
