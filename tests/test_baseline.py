@@ -12,9 +12,10 @@ import pandas as pd
 import pytest
 
 from perfkit.bundle import ResultBundle
-from perfkit.checks import CHECK_COLUMNS, STATUSES, check_markdown, check_table, overall_status
+from perfkit.checks import CHECK_COLUMNS, STATUSES, check_table, overall_status
 from perfkit.gate import baseline as bl
 from perfkit.investigations import registry
+from perfkit.report.tables import markdown_table
 
 FIXTURE = Path(__file__).parent / "fixtures" / "perf_baselines_5090.json"
 
@@ -328,7 +329,7 @@ def test_verdict_table_and_markdown(doc):
     df = check_table(bl.compare(run, doc))
     assert list(df.columns) == CHECK_COLUMNS
     assert set(df["status"]) <= set(STATUSES)
-    md = check_markdown(df)
+    md = markdown_table(df, checks=True)
     lines = md.strip().splitlines()
     assert lines[0].startswith("| case") and "status" in lines[0]
     assert set(lines[1].replace("|", "").replace(":", "")) <= {"-", " "}

@@ -20,7 +20,8 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch_rows import measure_launch
-from perfkit.report.render import refused_records, summary_markdown
+from perfkit.report.render import summary_markdown
+from perfkit.report.runinfo import refused_records
 
 MIB = 2**20
 
@@ -369,7 +370,7 @@ def test_merge_names_a_shard_of_another_commit_unless_allowed(shard_dirs, tmp_pa
     ok = shards.merge_shards(dirs, tmp_path / "m2", allow_mixed_commits=True)
     assert _identity(ok) == [] and ok["commits"] == ["a" * 40, "c" * 40]
     # the page and summary.md show each unit's commit
-    from perfkit.report.render import units_frame
+    from perfkit.report.runinfo import units_frame
 
     frame = units_frame({"scaleout": ok})
     assert set(frame["commit"].dropna()) == {"a" * 12, "c" * 12}

@@ -96,7 +96,7 @@ def test_markdown_table_keeps_rows_and_cells(a, b):
 @FAST
 @given(hostile)
 def test_summary_md_of_a_run_with_hostile_errors_names_and_warnings(tmp_path_factory, s):
-    from perfkit.report.summary import summary_markdown
+    from perfkit.report.render import summary_markdown
 
     d = tmp_path_factory.mktemp("run")
     run = {"name": s, "description": s, "notebooks": [{"name": "cold_warm", "status": "error", "error": s}]}
@@ -208,7 +208,7 @@ def test_a_trace_with_a_hostile_op_name_leaves_no_live_svg_in_the_report(tmp_pat
 def test_compare_check_table_keeps_its_rows_and_no_markup_live(case, metric, reason):
     """`perfkit compare` printed a performance.log's stage name and a `baseline update --case`
     name raw in its Markdown table (a breaker's `<svg onload=alert(8)>`)."""
-    from perfkit.checks import check_markdown
+    from perfkit.report.tables import markdown_table
 
     df = pd.DataFrame(
         {
@@ -218,6 +218,6 @@ def test_compare_check_table_keeps_its_rows_and_no_markup_live(case, metric, rea
             "reason": [reason, "<= 1"],
         }
     )
-    md = check_markdown(df)
+    md = markdown_table(df, checks=True)
     assert_inert(md, rows=3, cells=4)
     assert md.rstrip().endswith("| x | e2e_ms | pass | <= 1 |"), md

@@ -20,7 +20,7 @@ import pytest
 import perfkit.report
 from perfkit.gate.verdicts import GATE
 from perfkit.investigations import registry
-from perfkit.report import render, tables
+from perfkit.report import render, runinfo, tables
 from perfkit.report.render import external_refs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -301,7 +301,7 @@ def test_page_has_every_enabled_section(h200_run: Path, h200_html: str):
     for name in (*enabled, GATE):
         assert f'<section id="{name}"' in h200_html, name
         assert name in p.sections
-        title = render.section_title(name)
+        title = runinfo.section_title(name)
         assert f"<h2>{title}</h2>" in h200_html, title
     # every registered investigation appears once (a disabled one as a skipped section), in run order
     assert p.sections == [*registry.names(), GATE]

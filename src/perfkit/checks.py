@@ -10,15 +10,12 @@ counts, compile times, recompile-limit flag or host RSS; only the reference engi
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
 from perfkit.common.numfmt import json_float, number_text
-from perfkit.common.slugs import md_text
 
 CHECK_COLUMNS = ["case", "metric", "expected", "actual", "bound", "status", "reason"]
 STATUSES = ("pass", "fail", "new", "improved", "inconclusive", "skipped")
@@ -112,34 +109,6 @@ def check_table(rows: Iterable[Check | Mapping[str, Any]]) -> pd.DataFrame:
     (case, metric, expected, actual, bound, status, reason)."""
     dicts = (r.__dict__ if isinstance(r, Check) else dict(r) for r in rows)
     return pd.DataFrame([{c: d.get(c) for c in CHECK_COLUMNS} for d in dicts], columns=CHECK_COLUMNS)
-
-
-#: an HTML tag's start: ``<`` before a letter, ``/``, ``!`` or ``?`` (``<= 1`` stays as written)
-_TAG = re.compile(r"<(?=[A-Za-z/!?])")
-
-
-def _cell(v: Any, name: bool) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    if isinstance(v, float):
-        return f"{v:.2f}"
-    if name:  # case ids and metric names (stage names) come from outside
-        return md_text(v)
-    t = _TAG.sub("&lt;", str(v).replace("\\", "&#92;")).replace("\r", " ").replace("\n", " ")
-    return t.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
-
-
-def check_markdown(df: pd.DataFrame) -> str:
-    """A GitHub-flavoured Markdown table of a check table (numbers with 2 decimals); the case and
-    metric cells escaped as outside text (:func:`perfkit.common.slugs.md_text`); in the others
-    (perfkit's sentences, which may quote a name) no HTML tag, link or table break is live, while
-    ``<=`` stays as written."""
-    cols = list(df.columns)
-    names = [c in ("case", "metric") for c in cols]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for rec in df.itertuples(index=False):
-        lines.append("| " + " | ".join(_cell(v, n) for v, n in zip(rec, names)) + " |")
-    return "\n".join(lines) + "\n"
 
 
 #: statuses of rows that compared a measured value with something

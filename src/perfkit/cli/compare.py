@@ -31,9 +31,10 @@ def _compare_dumps(before: str, after: str) -> int:
 
 
 def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bool) -> int:
-    from perfkit.checks import check_markdown, check_table, overall_status
+    from perfkit.checks import check_table, overall_status
     from perfkit.gate.run import compare_run
     from perfkit.gate.verdicts import nothing_compared
+    from perfkit.report.tables import markdown_table
 
     try:
         rows, warnings = compare_run(run, baseline, case, profile, strict)
@@ -43,7 +44,7 @@ def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bo
     for w in warnings:
         fail(f"{'error' if nothing_compared(df) else 'warning'}: {w}")
     shown = df.astype(object).where(df.notna(), "–")  # not measured: "–", never 0
-    print(check_markdown(shown))
+    print(markdown_table(shown, checks=True) + "\n")
     status = overall_status(df)
     if nothing_compared(df) or status == "skipped":
         print(f"compare: ERROR: nothing compared (no case of {run} is in {baseline})")

@@ -484,9 +484,7 @@ def sequential_markdown(
 ) -> str:
     """``kind=ab-sequential``: the sequential ``perfkit ab`` (Pocock spending, gated on
     :data:`SEQ_GATE`) replayed on the pool with each slow-spell rule.
-
-    Raises:
-        FileNotFoundError, ValueError: as :func:`perfkit.ab.power.load_pool`, or a pool too small."""
+    Raises FileNotFoundError, ValueError: as :func:`perfkit.ab.power.load_pool`, or a pool too small."""
     from perfkit.ab import sequential as sq
 
     pool = power.load_pool(path)

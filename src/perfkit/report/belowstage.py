@@ -3,7 +3,9 @@ panel (:func:`panel`, :func:`ab_panel`): docs/below-the-stage.md."""
 
 from __future__ import annotations
 
+import base64
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,13 +45,15 @@ class BelowStage:
     overhead: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
-def read_traces(
-    bundle: ResultBundle, roles: tuple[str, ...] | None = None
-) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame], list[str]]:
-    """``(events, overhead, errors)``: per role of each kept trace (of ``roles`` when given), and
-    the traces that could not be read."""
-    out, overhead, errors = {}, {}, []
+def below_stage(
+    bundle: ResultBundle, top: int = 5, roles: tuple[str, ...] | None = None
+) -> BelowStage | None:
+    """The profiled requests of ``bundle`` (of ``roles`` when given) op by op; None when it
+    profiled nothing."""
     t = bundle.table("traces")
+    if t.empty:
+        return None
+    out = BelowStage(traces=t)
     todo: list[tuple[str, Path, list[str] | None]] = []
     for row in t.itertuples(index=False):
         if (
@@ -58,43 +62,38 @@ def read_traces(
             or (roles is not None and not str(row.role).startswith(roles))
         ):
             continue
-        name = Path(str(row.file)).name
-        path = bundle.traces.get(name) or (Path(bundle.path) / str(row.file) if bundle.path else None)
+        path = bundle.traces.get(Path(str(row.file)).name) or (
+            Path(bundle.path) / str(row.file) if bundle.path else None
+        )
         if path is None:
-            errors.append(f"{row.file}: not in the bundle")
+            out.errors.append(f"{row.file}: not in the bundle")
         else:
-            st = getattr(row, "stages", None)
-            todo.append((str(row.role), Path(path), str(st).split("; ") if isinstance(st, str) else None))
+            st = row.stages.split("; ") if isinstance(row.stages, str) else None
+            todo.append((str(row.role), Path(path), st))
     for (role, _, _), got in zip(todo, tr.read_many([p for _, p, _ in todo], [s for _, _, s in todo])):
         if got.error is not None:
-            errors.append(got.error)
+            out.errors.append(got.error)
         else:
-            out[role], overhead[role] = got.events, got.overhead
-    return out, overhead, errors
-
-
-def below_stage(
-    bundle: ResultBundle, top: int = 5, roles: tuple[str, ...] | None = None
-) -> BelowStage | None:
-    """The profiled requests of ``bundle`` op by op; None when it profiled nothing."""
-    t = bundle.table("traces")
-    if t.empty:
-        return None
-    events, overhead, errors = read_traces(bundle, roles)
-    out = BelowStage(traces=t, errors=errors, events=events, overhead=overhead)
+            out.events[role], out.overhead[role] = got.events, got.overhead
+    events = out.events
     for role, ev in events.items():
         if role in (*FIRST_ROLES, DIFF_ROLES[1]):  # the first one and the first warm one
             out.stage_top[role] = tr.stage_top_ops(ev, top)
     warm = warm_events(events)
     first = next((r for r in events if r in FIRST_ROLES), None)
     if first is not None and warm:
-        out.diff = tr.op_diff(events[first], warm)
         out.diff_from = first
-        if has_kernels([events[first], *warm]):
-            out.kernel_diff = tr.op_diff(events[first], warm, kernels=True)
-        else:
-            out.kernel_note = kernel_note({first: [events[first]], DIFF_ROLES[1]: warm})
+        out.diff, out.kernel_diff, out.kernel_note = _op_diffs(
+            events[first], warm, {first: [events[first]], DIFF_ROLES[1]: warm}
+        )
     return out
+
+
+def _op_diffs(a: Any, b: Any, sides: dict[str, list[pd.DataFrame]]) -> tuple[Any, Any, str | None]:
+    """(op diff, kernel diff or None, :func:`kernel_note`) of ``a`` -> ``b``; ``sides``: their traces."""
+    if has_kernels([e for evs in sides.values() for e in evs]):
+        return tr.op_diff(a, b), tr.op_diff(a, b, kernels=True), None
+    return tr.op_diff(a, b), None, kernel_note(sides)
 
 
 def has_kernels(events: list[pd.DataFrame]) -> bool:
@@ -126,8 +125,6 @@ def warm_events(events: dict[str, pd.DataFrame]) -> list[pd.DataFrame]:
 def timeline(events: pd.DataFrame, who: str) -> dict[str, str]:
     """One denoising step of ``events`` as an embeddable figure: ``{"png": base64, "alt": …,
     "who": who}`` (:func:`perfkit.report.plots.step_timeline`)."""
-    import base64
-
     fig = step_timeline(events, title=None)
     title = fig.axes[0].get_title()
     fig.axes[0].set_title(f"{title}, {who}")
@@ -167,7 +164,7 @@ def trace_list(bs: BelowStage, link_prefix: str = "") -> pd.DataFrame:
     recorded, :func:`steps_text`), size (MiB), file (path from the page: ``link_prefix`` + the
     bundle's relative path), note."""
     t = bs.traces
-    asked = t["steps_asked"] if "steps_asked" in t else pd.Series(pd.NA, index=t.index)
+    asked = t["steps_asked"]
     return pd.DataFrame(
         {
             "role": t["role"],
@@ -220,14 +217,14 @@ def overhead_tables(bs: BelowStage) -> list[tuple[str, pd.DataFrame]]:
     ]
 
 
-def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[str, Any] | None:
+def panel(bundle_dir: str | Path, link_prefix: str = "") -> dict[str, Any] | None:
     """The report's "below the stage" panel of one bundle directory (None when it profiled
     nothing). Never raises: an unreadable bundle gives an ``errors`` entry."""
     d = Path(bundle_dir)
     if not (d / "meta.json").exists():
         return None
     try:
-        bs = below_stage(ResultBundle.load(d), top=top)
+        bs = below_stage(ResultBundle.load(d))
     except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the report
         log.warning("report: below the stage of %s: %r", d, exc)
         return _panel(pd.DataFrame(), errors=[repr(exc)])
@@ -235,21 +232,21 @@ def panel(bundle_dir: str | Path, link_prefix: str = "", top: int = 5) -> dict[s
         return None
     tl = trace_list(bs, link_prefix)
     last = DIFF_ROLES[1] if DIFF_ROLES[1] in bs.events else (list(bs.events)[-1] if bs.events else None)
-
-    def shown(d: pd.DataFrame | None) -> Table | None:
-        return format_table(diff_frame(d, first=first_word(bs))) if d is not None else None
-
     return _panel(
         tl,
-        diff=shown(bs.diff),
+        diff=_shown(bs.diff, first_word(bs)),
         diff_title=diff_title(bs),
-        kernel_diff=shown(bs.kernel_diff),
+        kernel_diff=_shown(bs.kernel_diff, first_word(bs)),
         kernel_note=bs.kernel_note,
         stage_top=[(role, format_table(t)) for role, t in bs.stage_top.items()],
         cpu_and_idle=[(role, format_table(t)) for role, t in overhead_tables(bs)],
         timeline=timeline(bs.events[last], last) if last is not None else None,
         errors=bs.errors,
     )
+
+
+def _shown(d: pd.DataFrame | None, first: str, second: str = "warm") -> Table | None:
+    return format_table(diff_frame(d, 8, first, second)) if d is not None else None
 
 
 def _panel(tl: pd.DataFrame, **fields: Any) -> dict[str, Any]:
@@ -266,8 +263,6 @@ def ab_panel(
 ) -> dict[str, Any] | None:
     """The A/B page's panel: the ops that changed most from side A's profiled warm requests to
     B's, per stage too (``stage_diffs``). None when neither side profiled. Never raises."""
-    import os
-
     sides: dict[str, BelowStage] = {}
     events: dict[str, pd.DataFrame] = {}
     errors: list[str] = []
@@ -286,24 +281,20 @@ def ab_panel(
         sides[side] = bs
         errors += [f"side {side}: {e}" for e in bs.errors]
         prefix = os.path.relpath(Path(p), Path(page_dir)).replace(os.sep, "/") + "/"
-        lists.append(trace_list(bs, prefix).assign(side=side))
+        lists.append(trace_list(bs, prefix))
+        lists[-1].insert(0, "side", side)
         if warm_events(bs.events):
             events[side] = warm_events(bs.events)
     if not sides and not errors:
         return None
     tl = pd.concat(lists, ignore_index=True) if lists else pd.DataFrame()
-    if not tl.empty:
-        tl = tl[["side", *[c for c in tl.columns if c != "side"]]]
     diff = kernel_diff = note = None
     stage_diffs: list[tuple[str, Any]] = []
     if "A" in events and "B" in events:
-        diff = format_table(diff_frame(tr.op_diff(events["A"], events["B"]), 8, "a", "b"))
-        if has_kernels([*events["A"], *events["B"]]):
-            kernel_diff = format_table(
-                diff_frame(tr.op_diff(events["A"], events["B"], kernels=True), 8, "a", "b")
-            )
-        else:
-            note = kernel_note({f"side {k}'s profiled warm traces": events[k] for k in "AB"})
+        diff, kernel_diff, note = _op_diffs(
+            events["A"], events["B"], {f"side {k}'s profiled warm traces": events[k] for k in "AB"}
+        )
+        diff, kernel_diff = _shown(diff, "a", "b"), _shown(kernel_diff, "a", "b")
         # per stage: a stage-level verdict (DenoisingStage +2 %) comes with the ops of that stage,
         # not drowned by another stage's launch-to-launch noise
         ran = (x for side in "AB" for e in events[side] for x in e["stage"].dropna() if isinstance(x, str))

@@ -89,10 +89,7 @@ class Block:
 
 def blocks(text: str, where: str = "<text>") -> list[Block]:
     """The marked blocks of a document, in order.
-
-    Raises:
-        FiguresError: a block without ``src`` or with an unknown ``kind`` (names ``where``).
-    """
+    Raises FiguresError: a block without ``src`` or with an unknown ``kind`` (names ``where``)."""
     opens = len(re.findall(r"<!-- perfkit:figures\b", text))
     ends = text.count("<!-- perfkit:end -->")
     found = list(_BLOCK.finditer(text))
@@ -159,10 +156,7 @@ def _results(src: Path) -> dict[str, dict]:
 
 def render_block(block: Block, root: Path) -> str:
     """The Markdown of one block from the bundles under ``root / block.src``.
-
-    Raises:
-        FiguresError: the directory holds no investigation results.
-    """
+    Raises FiguresError: the directory holds no investigation results."""
     src = root / block.src
     if block.kind in _ABOVE:
         return _ABOVE[block.kind](block, root)
@@ -250,9 +244,7 @@ def _duration(s: float) -> str:
 
 def timings_markdown(path: Path, label: str) -> str:
     """``kind=timings``: the wall times recorded in ``path`` (:class:`Timings`).
-
-    Raises:
-        FiguresError: the file is missing, not JSON, or not :class:`Timings` (naming the key)."""
+    Raises FiguresError: the file is missing, not JSON, or not :class:`Timings` (naming the key)."""
     try:
         doc = Timings.model_validate_json(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -280,9 +272,7 @@ TIER_FILE = "verdicts.json"
 def tier_markdown(path: Path, label: str) -> str:
     """``kind=sglang-tier``: one row per run of ``verdicts.json`` (``_meta`` {date, sglang, machine,
     commit}; per run ``verdict``, ``exit_code``, ``wall_s`` (s), ``checks`` {metric: status}).
-
-    Raises:
-        FiguresError: the file is missing or not JSON, ``_meta`` lacks a key, a run lacks ``wall_s``."""
+    Raises FiguresError: the file is missing or not JSON, ``_meta`` lacks a key, a run lacks ``wall_s``."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         meta = doc["_meta"]
@@ -389,10 +379,8 @@ MAX_DOC_BYTES = 8 * 2**20
 def update_file(path: str | Path, root: str | Path, check: bool = False) -> bool:
     """Regenerate the blocks of ``path`` (replaced whole; left as it is with ``check``); returns
     whether its text changed.
-
-    Raises:
-        FiguresError: a bad block, a ``src`` without results, a file over :data:`MAX_DOC_BYTES`.
-        OSError: unreadable file."""
+    Raises FiguresError: a bad block, a ``src`` without results, a file over :data:`MAX_DOC_BYTES`;
+    OSError: unreadable file."""
     p = Path(path)
     if p.stat().st_size > MAX_DOC_BYTES:
         raise FiguresError(

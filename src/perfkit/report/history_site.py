@@ -6,6 +6,7 @@ confirm`` (``summary.md``, ``report.html``) from the plain dict of ``bisect.json
 from __future__ import annotations
 
 import base64
+import functools
 import math
 import os
 import re
@@ -270,12 +271,8 @@ def probes_frame(d: Mapping[str, Any]) -> pd.DataFrame:
 def _facts(d: Mapping[str, Any], md: bool = True) -> list[str]:
     """The facts as Markdown lines, or plain text for the page (``md=False``: it escapes)."""
 
-    def c(x: Any) -> str:  # a name, in code font
-        return md_text(x, code=True) if md else str(x)
-
-    def t(x: Any) -> str:  # words from outside
-        return md_text(x) if md else str(x)
-
+    c = functools.partial(md_text, code=True) if md else str  # a name, in code font
+    t = md_text if md else str  # words from outside
     s = d.get("setup") or {}
     des = s.get("design") or {}
     how = (

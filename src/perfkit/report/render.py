@@ -1,58 +1,35 @@
-"""The run's HTML page (:func:`render_report`) and one notebook's section of it (its template
-:func:`section_template`, what it gets :func:`section_context`, the executed notebook as offline
-HTML :func:`notebook_body`; :func:`external_refs` finds what would make a browser fetch from the
-network, :func:`neutralise_external` makes it inert), the jinja2 environment, the page's PNG
-(:func:`screenshot`, headless Chromium) and the notebook display helpers; re-exports the names
-callers import. The page's rules (no network, no markup in Python, one table formatter):
-docs/suite.md, "The report page"."""
+"""The run's HTML page (:func:`render_report`; a notebook's section: :func:`section_context`,
+:func:`notebook_body`; network references found, :func:`external_refs`, and made inert; its PNG,
+:func:`screenshot`) and ``summary.md`` (:func:`write_summary`: the verdict as Markdown for a PR
+comment or ``$GITHUB_STEP_SUMMARY``), and the notebook display helpers. Rules: docs/suite.md."""
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import os
 import re
 import shutil
 import tempfile
+import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import markupsafe
 import pandas as pd
 
-from perfkit.bundle import read_meta
+from perfkit.bundle import ResultBundle, read_meta
+from perfkit.common.provenance import repo_root
+from perfkit.common.slugs import clip, md_text
 from perfkit.engine.owner import run_bounded
-from perfkit.gate.verdicts import GATE, check_counts, read_verdict
+from perfkit.gate.verdicts import GATE, check_counts, nothing_measured_reason, read_verdict
 from perfkit.investigations import registry
+from perfkit.report import runinfo as ri
 from perfkit.report.belowstage import panel as below_stage_panel
+from perfkit.report.plots import alt_text, figure_to_png_bytes
 from perfkit.report.rootcause import root_cause
-from perfkit.report.runinfo import (  # noqa: F401
-    GATE_COLUMNS,
-    GATE_ORDER,
-    bundle_dirs,
-    engine_ends_frame,
-    gate_result,
-    gate_view,
-    investigation_key_numbers,
-    investigations,
-    investigations_table,
-    key_numbers,
-    notebook_error,
-    refused_records,
-    run_status,
-    run_warnings,
-    section_question,
-    section_title,
-    status_text,
-    units_frame,
-)
-from perfkit.report.summary import (  # noqa: F401
-    engine_versions_text,
-    relative_paths,
-    summary_markdown,
-    write_summary,
-)
-from perfkit.report.tables import Table, format_table, status_class
+from perfkit.report.tables import Table, format_table, markdown_table, status_class
 
 if TYPE_CHECKING:  # annotations only: jinja2 is imported where HTML is rendered
     import jinja2
@@ -108,9 +85,7 @@ def template_env() -> jinja2.Environment:
 def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
     """HTML of an executed notebook (nbconvert's ``basic``, offline): code hidden, stderr
     dropped, a first Markdown cell ``# <drop_heading>`` left out.
-
-    Raises:
-        OSError, nbformat.ValidationError, ValueError: when the notebook cannot be read."""
+    Raises OSError, nbformat.ValidationError, ValueError: when the notebook cannot be read."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -151,16 +126,6 @@ def section_template(name: str) -> str:
         return FALLBACK_SECTION_TEMPLATE
 
 
-def _notebook_path(run_dir: Path, n: Mapping[str, Any]) -> Path:
-    name = n["name"]
-    nbp = Path(n.get("output") or run_dir / "notebooks" / f"{name}.ipynb")
-    if not nbp.is_absolute():
-        nbp = run_dir / nbp
-    if not nbp.exists():
-        nbp = run_dir / "notebooks" / f"{name}.ipynb"
-    return nbp
-
-
 def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]:
     """What a section template gets for notebook entry ``n`` of ``run.json`` (the keys below).
     Never raises on a broken notebook or results file: logged and shown in the section."""
@@ -168,14 +133,14 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
     name = str(n["name"])
     status = str(n.get("status") or "")
     try:
-        title, question = section_title(name), section_question(name)
+        title, question = ri.section_title(name), ri.section_question(name)
         intro = registry.get(name).section_intro if name != GATE else ""
     except KeyError:
         title, question, intro = name, "", ""
     keys, keys_error = [], None
     if name != GATE:
         try:
-            keys = investigation_key_numbers(run_dir, name)
+            keys = ri.investigation_key_numbers(run_dir, name)
         except Exception as exc:  # noqa: BLE001 - a broken results file must not kill the report
             log.warning("report: key numbers of %s: %r", name, exc)
             keys_error = repr(exc)
@@ -183,7 +148,8 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
     rc = root_cause(run_dir, name) if name != GATE and status != "skipped" else None
     # the bundle sits at RUN/<name>/, beside the page: trace links are relative to the page
     below = below_stage_panel(run_dir / name, link_prefix=f"{name}/") if name != GATE else None
-    nbp = _notebook_path(run_dir, n)
+    nbp = run_dir / (n.get("output") or f"notebooks/{name}.ipynb")  # relative to the run, or absolute
+    nbp = nbp if nbp.exists() else run_dir / "notebooks" / f"{name}.ipynb"
     body, body_error = None, None
     if status != "skipped" and nbp.exists():
         try:
@@ -191,14 +157,14 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
         except Exception as exc:  # noqa: BLE001 - a broken notebook must not kill the report
             log.warning("report: cannot render %s: %r", nbp, exc)
             body_error = repr(exc)
-    gate, gate_text = gate_result(run_dir, n)
+    gate, gate_text = ri.gate_result(run_dir, n)
     return {
         "name": name,
         "title": title,
         "question": question,
         "intro": intro,
         "status": status,
-        "status_text": status_text(n),
+        "status_text": ri.status_text(n),
         "gate": gate,
         "gate_text": gate_text,
         "reason": n.get("reason"),
@@ -229,21 +195,13 @@ CHROMIUM_FLAGS = (
 
 def chromium_binary() -> str | None:
     """Path of a Chromium/Chrome binary (``$PERFKIT_CHROMIUM`` first), or None."""
-    for name in (os.environ.get("PERFKIT_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
+    names = (os.environ.get("PERFKIT_CHROMIUM"), "chromium", "chromium-browser", "google-chrome")
+    return next((shutil.which(n) for n in names if n and shutil.which(n)), None)
 
 
-def screenshot(
-    html_path: str | Path,
-    png_path: str | Path,
-    *,
-    width: int = 1280,
-    height: int = 2400,
-    timeout_s: float = 90,
-) -> Path:
-    """Save a PNG of the page with headless Chromium. Raises RuntimeError when it cannot."""
+def screenshot(html_path: str | Path, png_path: str | Path) -> Path:
+    """Save a PNG of the page (a 1280x2400 window) with headless Chromium, waiting at most 90 s.
+    Raises RuntimeError when it cannot."""
     exe = chromium_binary()
     if exe is None:
         raise RuntimeError("chromium not found")
@@ -253,11 +211,11 @@ def screenshot(
             exe,
             *CHROMIUM_FLAGS,
             f"--user-data-dir={prof}",
-            f"--window-size={width},{height}",
+            "--window-size=1280,2400",
             f"--screenshot={png}",
             Path(html_path).resolve().as_uri(),
         ]
-        proc = run_bounded(cmd, timeout_s, capture_output=True, text=True)  # its helpers too
+        proc = run_bounded(cmd, 90, capture_output=True, text=True)  # its helpers too
     if not png.exists():
         raise RuntimeError(f"chromium wrote no screenshot (exit {proc.returncode}): {proc.stderr[-500:]}")
     return png
@@ -267,8 +225,6 @@ def show(fig: Any, dpi: int = 100, alt: str | None = None) -> None:
     """Display a matplotlib Figure in a notebook as a PNG with alt text (:func:`perfkit.report.plots.alt_text`);
     no pyplot needed, and the report embeds it as a ``data:`` URI."""
     from IPython.display import Image, display
-
-    from perfkit.report.plots import alt_text, figure_to_png_bytes
 
     display(Image(data=figure_to_png_bytes(fig, dpi=dpi), format="png", alt=alt or alt_text(fig)))
 
@@ -285,7 +241,7 @@ def summary_frame(investigation: str, results: Mapping[str, Any]) -> pd.DataFram
 
 def _gate_table(verdicts: pd.DataFrame, statuses: tuple[str, ...] | None = None) -> Table:
     """The gate rows (failures first) as a table, of ``statuses`` only when given."""
-    v = gate_view(verdicts)[GATE_COLUMNS]
+    v = ri.gate_view(verdicts)[ri.GATE_COLUMNS]
     return format_table(v if statuses is None else v[v["status"].isin(statuses)])
 
 
@@ -294,10 +250,9 @@ def gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
     (``"60 passed"``, ``"1 failed"``, ``"30 skipped"``)."""
     if verdicts.empty:
         return []
-    words = {"fail": "failed", "pass": "passed", "improved": "improved", "new": "new", "skipped": "skipped"}
-    words["inconclusive"] = "inconclusive (noise could flip)"
+    words = {"fail": "failed", "pass": "passed", "inconclusive": "inconclusive (noise could flip)"}
     counts = verdicts["status"].astype(str).value_counts()
-    order = sorted(counts.index, key=lambda s: GATE_ORDER.get(s, 5))
+    order = sorted(counts.index, key=lambda s: ri.GATE_ORDER.get(s, 5))
     return [{"status": s, "n": int(counts[s]), "text": f"{int(counts[s])} {words.get(s, s)}"} for s in order]
 
 
@@ -305,7 +260,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
     """What ``page.html.j2`` gets for a run directory (the keys below; tables are
     :class:`~perfkit.report.tables.Table` or None, sections :class:`markupsafe.Markup`)."""
     run_dir = Path(run_dir)
-    info, verdicts, code, word = run_status(run_dir)
+    info, verdicts, code, word = ri.run_status(run_dir)
     nbs = info.get("notebooks", [])
     meta: list[dict[str, Any]] = []
     if info.get("description"):
@@ -319,11 +274,11 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         meta.append({"text": f"wall time {info['wall_s']:.0f} s"})
     if info.get("replay"):
         meta.append({"text": "replayed from", "code": info["replay"]})
-    inv = investigations(run_dir, nbs)
+    inv = ri.investigations(run_dir, nbs)
     toc = [{**i, "status_text": i["ran"]} for i in inv]
-    rows = pd.DataFrame(investigations_table(inv, checks=True))
+    rows = pd.DataFrame(ri.investigations_table(inv, checks=True))
     nb_table = format_table(rows, status_col="gate") if nbs else None
-    keys = key_numbers(run_dir)
+    keys = ri.key_numbers(run_dir)
     return {
         "title": f"perfkit report: {info.get('name', run_dir.name)}",
         "verdict": word,
@@ -334,10 +289,12 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "failed": _failed_boxes(toc, verdicts),
         "errors": [n for n in nbs if n.get("status") == "error"],
         "notebooks_table": nb_table,
-        "units_table": format_table(units) if (units := units_frame(info)) is not None else None,
-        "engine_ends_table": format_table(ends) if (ends := engine_ends_frame(run_dir)) is not None else None,
+        "units_table": format_table(units) if (units := ri.units_frame(info)) is not None else None,
+        "engine_ends_table": format_table(ends)
+        if (ends := ri.engine_ends_frame(run_dir)) is not None
+        else None,
         "key_numbers": format_table(pd.DataFrame(keys, columns=["what", "value"]), None) if keys else None,
-        "warnings": run_warnings(run_dir),
+        "warnings": ri.run_warnings(run_dir),
         "gates": _gate_table(verdicts),
         "gates_attention": _gate_table(verdicts, ("fail", "improved")),
         "gate_counts": gate_counts(verdicts),
@@ -420,7 +377,7 @@ def write_tool_outputs(
 
 def _env_line(run_dir: Path) -> str:
     """Hardware and versions (engine's, perfkit's) from the first bundle's ``meta.json``, or ""."""
-    for d in bundle_dirs(run_dir):
+    for d in ri.bundle_dirs(run_dir):
         try:
             m = read_meta(d)
         except (OSError, ValueError) as exc:
@@ -435,3 +392,201 @@ def _env_line(run_dir: Path) -> str:
             bits.append(f"source {m['source_digest']}")
         return ", ".join(str(b) for b in bits)
     return ""
+
+
+#: what summary.md is fitted into: GitHub's 65,536-character comment limit less room for a
+#: caller's header or footer
+SUMMARY_LIMIT = 60_000
+#: a table cell's text is wrapped (``<br>``) at about this many characters
+WRAP_AT = 60
+
+
+def wrap_cell(text: Any) -> str:
+    """``text`` broken at words every :data:`WRAP_AT` characters, so it wraps in a GitHub table."""
+    t = str(text if text is not None else "").strip()
+    wrapped = textwrap.wrap(t, WRAP_AT, break_long_words=True, break_on_hyphens=False)
+    return t if len(t) <= WRAP_AT else "\n".join(wrapped)
+
+
+def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tuple[str, int]:
+    """(Markdown table of the first ``n`` rows of ``df[cols]``, reasons wrapped; rows left out)."""
+    v = df[[c for c in cols if c in df.columns]]
+    left, v = 0 if n is None else max(0, len(v) - n), v.iloc[:n]
+    if "reason" in v.columns:
+        v = v.assign(reason=v["reason"].map(wrap_cell))
+    return markdown_table(v), left
+
+
+def engine_versions_text(meta: Mapping[str, Any]) -> str:
+    """The first launch's engine versions (``engine: sglang 0.5.23, torch 2.14.1+cu130,
+    diffusers 0.37.0``), else perfkit's torch and diffusers, said as such."""
+    ev = next(iter((meta.get("engine_versions") or {}).values()), None)
+    if not ev or "error" in ev:
+        why = f" ({ev['error']})" if ev else ""
+        return (
+            f"engine versions not recorded{why}; perfkit's torch {meta.get('torch_version')}, "
+            f"diffusers {meta.get('diffusers_version')}"
+        )
+    return "engine: " + ", ".join(f"{p} {ev[p]}" for p in ("sglang", "torch", "diffusers") if ev.get(p))
+
+
+def _engine_lines(run_dir: Path) -> list[str]:
+    """The first launch's engine versions and where its config and cold start parts were read from."""
+    for d in ri.bundle_dirs(run_dir):
+        try:
+            b = ResultBundle.load(d)
+            ln = b.table("launches")
+        except Exception as exc:  # noqa: BLE001 - the summary is written in every case
+            log.warning("summary: engine facts of %s: %r", d.name, exc)
+            continue
+        if ln.empty:
+            continue
+        row = ln.iloc[0]
+        return [
+            f"- {md_text(engine_versions_text(b.meta))}",
+            f"- effective config from: {md_text(row.get('config_source'))}",
+            f"- cold start parts from: {md_text(row.get('cold_start_sources'))}",
+        ]
+    return []
+
+
+def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
+    """The summary's blocks between the failed and the passing gate rows."""
+    nbs = info.get("notebooks", [])
+    inv = [
+        {**r, "note": wrap_cell(clip(r["note"]))}
+        for r in ri.investigations_table(ri.investigations(run_dir, nbs))
+    ]
+    keys = ri.key_numbers(run_dir)
+    units, ends = ri.units_frame(info), ri.engine_ends_frame(run_dir)
+    blocks = [
+        (
+            "Errors",
+            [
+                f"- **{md_text(n['name'])}**: {md_text(clip(n.get('error'), 400))}"
+                for n in nbs
+                if n.get("status") == "error"
+            ],
+        ),
+        ("Investigations", [markdown_table(pd.DataFrame(inv))] if inv else []),
+        (
+            "Key numbers",
+            [
+                "Informational: what was measured. The gate rows decide the verdict; a key number is not a check.",
+                "",
+                markdown_table(pd.DataFrame(keys, columns=["what", "value"])),
+            ]
+            if keys
+            else [],
+        ),
+        ("Engine", _engine_lines(run_dir)),
+        ("Units of work", [markdown_table(units)] if units is not None else []),
+        ("Merge notes", [f"- {md_text(n)}" for n in (info.get("scaleout") or {}).get("notes") or []]),
+        ("How the engines ended", [markdown_table(ends)] if ends is not None else []),
+        (
+            "Warnings",
+            [f"- {md_text(w)}" for w in ri.run_warnings(run_dir)],
+        ),
+    ]
+    return [line for title, lines in blocks if lines for line in ("", f"### {title}", "", *lines)]
+
+
+def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
+    """The run's verdict as Markdown, the passing rows in a collapsed ``<details>``, within
+    ``limit`` characters: passing rows, then failed rows, left out from the end, whole rows only."""
+    run_dir = Path(run_dir)
+    info, verdicts, code, word = ri.run_status(run_dir)
+    icon = {"pass": "✅", "inconclusive": "⚠️", "regression": "❌", "error": "💥"}.get(word, "")
+    view = ri.gate_view(verdicts)
+    n_fail, n_inc = ((view["status"] == s).sum() for s in ("fail", "inconclusive"))
+    head = [
+        f"## perfkit: {md_text(info.get('name', run_dir.name))} — {icon} {word.upper()} (exit {code})",
+        "",
+        f"{check_counts(view['status'])}"
+        + (" (inconclusive: over the limit within the run's noise)." if n_inc else "."),
+    ]
+    why = nothing_measured_reason(verdicts)
+    if why:
+        head += ["", f"**Error: {md_text(why)}**"]
+    if info.get("description"):
+        head += ["", md_text(info["description"])]
+    cols = ["case", "metric", "baseline", "measured", "limit", "status", "reason"]
+    if view["baseline"].isna().all():  # invariants only: no baseline value to show
+        cols.remove("baseline")
+    shown = view[view["status"] != "skipped"]
+    look = shown["status"].isin(["fail", "inconclusive", "improved"])
+    attention, passing = shown[look], shown[~look]
+    # passing rows: compact (their reasons are on the page), a status column only when mixed
+    pass_cols = [c for c in cols if c not in ("status", "reason")]
+    if len(passing) and set(passing["status"].astype(str)) != {"pass"}:
+        pass_cols.append("status")
+
+    middle = _middle_blocks(run_dir, info)
+    sk = len(verdicts) - len(shown)
+    page = "the report page (`report.html`)"
+
+    def build(n_att: int | None, n_pass_rows: int | None) -> str:
+        parts = list(head)
+        if len(attention):
+            t, left = _rows_table(attention, cols, n_att)
+            title = (
+                "Failed gate rows"
+                if n_fail == len(attention)
+                else "Failed, inconclusive and improved gate rows"
+            )
+            parts += ["", f"### {title}", "", t]
+            if left:
+                parts.append(f"\n{ri.plural(left, 'more row')} not shown here: see {page}.")
+        parts += middle
+        if len(passing):
+            t, left = _rows_table(passing, pass_cols, n_pass_rows)
+            parts += [
+                "",
+                "<details><summary>" + f"{ri.plural(len(passing), 'passing gate row')}</summary>",
+                "",
+                f"Each row's reason (tolerance, pad, interval) is on {page}.",
+                "",
+                t,
+            ]
+            if left:
+                parts.append(f"\n{ri.plural(left, 'more passing row')} not shown here: see {page}.")
+            parts += ["", "</details>"]
+        if sk:
+            parts.append(f"\n{ri.plural(sk, 'row')} skipped (not measured here).")
+        return "\n".join(parts) + "\n"
+
+    def most(n: int, make: Callable[[int], str]) -> str:
+        """``make(k)`` for the most rows ``k`` <= ``n`` that fit (0 when none does): a bisection."""
+        return make(max(bisect.bisect_left(range(n + 1), True, key=lambda k: len(make(k)) > limit) - 1, 0))
+
+    text = build(None, None)
+    if len(text) > limit:  # fit: passing rows first, then failed rows, whole rows only
+        text = most(len(passing), lambda k: build(None, k))
+    if len(text) > limit:
+        text = most(len(attention), lambda k: build(k, 0))
+    if len(text) <= limit:
+        return text
+    # still too long (a huge units or warnings list): cut between blocks, never inside a table
+    return text[: limit - 200].rsplit("\n\n", 1)[0] + f"\n\n… cut at {limit} characters: see {page}.\n"
+
+
+def relative_paths(text: str, run_dir: str | Path) -> str:
+    """``text`` with the run directory's, the checkout's and the working directory's absolute
+    paths made relative (``/tmp/x/baseline.json`` -> ``baseline.json``; itself -> ``.``)."""
+    roots: list[str] = []
+    for r in (Path(run_dir), repo_root(), Path.cwd()):
+        for form in {str(r), str(r.resolve())}:
+            if form not in roots and form != "/":
+                roots.append(form)
+    roots.sort(key=len, reverse=True)  # the run dir may lie inside the checkout: longest first
+    for root in roots:
+        text = re.sub(re.escape(root) + r"/(?=[^\s/])", "", text)
+        text = re.sub(re.escape(root) + r"(?![\w./-])", ".", text)
+    return text
+
+
+def write_summary(run_dir: str | Path) -> str:
+    """Write ``run_dir/summary.md`` (paths made relative) and return its text."""
+    text = relative_paths(summary_markdown(run_dir), run_dir)
+    (Path(run_dir) / "summary.md").write_text(text, encoding="utf-8")
+    return text

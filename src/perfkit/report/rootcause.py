@@ -15,6 +15,7 @@ from perfkit.bundle import WARMUP_INDEX, ResultBundle
 from perfkit.checks import NOT_REPORTED, is_reported
 from perfkit.common.numfmt import json_float
 from perfkit.readings.records import read_number
+from perfkit.report.plots import launch_names
 from perfkit.report.runinfo import run_results
 from perfkit.report.tables import MISSING, Table, cell_text, format_table, penalty_stage
 from perfkit.roles import request_roles
@@ -81,8 +82,6 @@ def engine_config(launches: pd.DataFrame) -> Table | None:
     :data:`NOT_REPORTED`), then warmup, placement and caps when recorded."""
     if launches is None or launches.empty or "launch" not in launches.columns:
         return None
-    from perfkit.report.plots import launch_names
-
     names = launch_names(launches)
     cols = [str(lk) for lk in launches["launch"]]
     header = [
@@ -135,15 +134,12 @@ def recompilations(bundle: ResultBundle) -> Table | None:
     its excess (s over the warm median, same launch and shape), reasons (each once). None when
     none compiled."""
     req = bundle.requests
-    if req is None or req.empty or not _present(req, "compiles"):
-        return None
-    n = pd.to_numeric(req["compiles"], errors="coerce").fillna(0)
-    comp = req[n > 0]
+    comp = req[(req["compiles"] > 0).fillna(False).to_numpy(bool)]
     if comp.empty:
         return None
     roles = request_roles(req, bundle.launches)
     label = dict(zip(roles["request_id"], roles["label"]))
-    multi = req["launch"].nunique() > 1 if "launch" in req.columns else False
+    multi = req["launch"].nunique() > 1
     phased = _present(comp, "compile_phases")
     rows = []
     for _, r in comp.iterrows():
@@ -178,10 +174,6 @@ def compile_count_note(bundle: ResultBundle) -> str | None:
     """Which requests report no compile count (sglang's records carry none), so an empty
     recompilations table is never read as "none compiled"; None when all do."""
     req = bundle.requests
-    if req is None or req.empty:
-        return None
-    if "compiles" not in req.columns:
-        return f"Compile counts {NOT_REPORTED}: the bundle has no compile column."
     missing = int(req["compiles"].isna().sum())
     if not missing:
         return None
@@ -246,12 +238,10 @@ _ABS_WORD = re.compile(r"^/[^\s]*$")
 def command_text(command: str, keep: int = 3) -> str:
     """An engine command with each absolute path cut to its last ``keep`` parts
     (``/tmp/work/cold_warm/session/perf`` -> ``…/cold_warm/session/perf``)."""
-    words = []
-    for w in command.split(" "):
-        if _ABS_WORD.match(w) and w.count("/") > keep:
-            w = "…/" + "/".join(w.rstrip("/").split("/")[-keep:])
-        words.append(w)
-    return " ".join(words)
+    return " ".join(
+        "…/" + "/".join(w.rstrip("/").split("/")[-keep:]) if _ABS_WORD.match(w) and w.count("/") > keep else w
+        for w in command.split(" ")
+    )
 
 
 def _overhead_parts(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -316,7 +306,7 @@ def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
         return None
     try:
         ov, ov_from = instrumentation_overhead(run_dir, name)
-        launches = b.launches if b.launches is not None else pd.DataFrame()
+        launches = b.launches
         commands = []
         if _present(launches, "command"):
             commands = [

@@ -11,10 +11,19 @@ from typing import Any, Callable, Iterator, Mapping
 
 import pandas as pd
 
-from perfkit.bundle import read_results
-from perfkit.checks import is_reported
+from perfkit.bundle import ResultBundle, read_results
+from perfkit.checks import check_table, is_reported
 from perfkit.common.slugs import clip
-from perfkit.gate.verdicts import GATE, collect_verdicts, exit_code_for, notebooks, read_verdict, status_word
+from perfkit.gate.verdicts import (
+    GATE,
+    check_counts,
+    collect_verdicts,
+    exit_code_for,
+    notebooks,
+    read_verdict,
+    status_word,
+)
+from perfkit.gate.verdicts import gate_result as gate_word
 from perfkit.investigations import registry
 
 log = logging.getLogger(__name__)
@@ -56,9 +65,7 @@ def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
 
 def run_info(run_dir: Path) -> dict[str, Any]:
     """``run_dir/run.json``, or one inferred from the notebooks and verdicts of a run made by hand.
-
-    Raises:
-        ValueError: a run.json that is not an object with a list of notebook objects (names the file)."""
+    Raises ValueError: a run.json that is not an object with a list of notebook objects (names the file)."""
     p = run_dir / "run.json"
     if p.exists():
         try:
@@ -157,10 +164,6 @@ def status_text(n: Mapping[str, Any]) -> str:
 def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
     """(result, text) of notebook entry ``n``'s gate, apart from whether it ran (docs/suite.md):
     text as the notebook's last line (``fail: 4 checks: 1 failed, 2 passed, 1 skipped``)."""
-    from perfkit.checks import check_table
-    from perfkit.gate.verdicts import check_counts
-    from perfkit.gate.verdicts import gate_result as gate_word
-
     st = str(n.get("status") or "")
     if st == "skipped":
         return "not run", "not run"
@@ -339,12 +342,12 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
 
 def _unit_notes(unit: Mapping[str, Any], parts_info: Mapping[str, Any]) -> str | None:
     """The merge's notes on ``unit``'s parts, distinct, in order ("; "-joined); None without."""
-    out: list[str] = []
-    for p in unit.get("parts") or []:
-        for n in (parts_info.get(_part_id(p)) or {}).get("notes") or []:
-            if n not in out:
-                out.append(str(n))
-    return "; ".join(out) or None
+    notes = (
+        str(n)
+        for p in unit.get("parts") or []
+        for n in (parts_info.get(_part_id(p)) or {}).get("notes") or []
+    )
+    return "; ".join(dict.fromkeys(notes)) or None
 
 
 def refused_records(run_dir: str | Path) -> list[str]:
@@ -373,8 +376,6 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
     """One row per launch that did not end by perfkit's plain teardown (each bundle's, the units'
     under ``RUN/shards/`` too), then each process a notebook's kernel left that the suite ended
     (``outlived``). None when there is none."""
-    from perfkit.bundle import ResultBundle
-
     run_dir = Path(run_dir)
     rows = []
     # the run's bundles, then those of its units (--executor: RUN/shards/<i>/units/<unit>/<part>)

@@ -23,6 +23,7 @@ from perfkit.common.numfmt import number_text
 from perfkit.common.slugs import md_text
 from perfkit.gate.verdicts import check_counts
 from perfkit.investigations import registry
+from perfkit.investigations.common import first_vs_warm
 from perfkit.roles import ROLE_COLD, ROLE_NEW_SHAPE, ROLE_WARM, ROLE_WARMUP
 from perfkit.roles import request_roles as plot_roles
 
@@ -124,9 +125,7 @@ def format_table(
     """``df`` as a :class:`Table` (index dropped; headers through :func:`column_label` with
     ``labels``); ``transpose`` True: one row per column, headed by the first column's cells;
     ``"auto"``: so for a wide table with few rows.
-
-    Raises:
-        TypeError: if ``df`` is not a DataFrame."""
+    Raises TypeError: if ``df`` is not a DataFrame."""
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"format_table needs a DataFrame, got {type(df).__name__}")
     header = [column_label(c) if labels else str(c) for c in df.columns]
@@ -149,24 +148,46 @@ def status_class(word: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "", first) or "none"
 
 
-def markdown_table(df: pd.DataFrame, *, labels: bool = True, own_markdown: bool = False) -> str:
+#: an HTML tag's start: ``<`` before a letter, ``/``, ``!`` or ``?`` (``<= 1`` stays as written)
+_TAG = re.compile(r"<(?=[A-Za-z/!?])")
+
+
+def _check_cell(v: Any, name: bool) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    if name:  # case ids and metric names (stage names) come from outside
+        return md_text(v)
+    t = _TAG.sub("&lt;", str(v).replace("\\", "&#92;")).replace("\r", " ").replace("\n", " ")
+    return t.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
+
+
+def markdown_table(
+    df: pd.DataFrame, *, labels: bool = True, own_markdown: bool = False, checks: bool = False
+) -> str:
     """A GitHub Markdown table of ``df`` (:func:`format_table`), cells through
     :func:`perfkit.common.slugs.md_text`; ``own_markdown`` keeps the cells' Markdown (the
-    project's own text), escaping only ``|`` and line breaks.
+    project's own text), escaping only ``|`` and line breaks. ``checks``: a check table as
+    ``perfkit compare`` prints it: headers as they are, numbers with 2 decimals, the case and
+    metric cells through ``md_text``; in the others (perfkit's sentences, which may quote a name)
+    no HTML tag, link or table break is live, while ``<=`` stays as written.
+    Raises TypeError: if ``df`` is not a DataFrame."""
+    if checks:
+        header = [str(c) for c in df.columns]
+        rows = [
+            [_check_cell(v, c in ("case", "metric")) for v, c in zip(rec, header)]
+            for rec in df.itertuples(index=False)
+        ]
+    else:
+        t = format_table(df, None, labels=labels)
 
-    Raises:
-        TypeError: if ``df`` is not a DataFrame."""
-    t = format_table(df, None, labels=labels)
+        def cell(c: str) -> str:
+            return " ".join(c.replace("|", "\\|").splitlines()) if own_markdown else md_text(c, cell=True)
 
-    def cell(c: str) -> str:
-        return " ".join(c.replace("|", "\\|").splitlines()) if own_markdown else md_text(c, cell=True)
-
-    lines = [
-        "| " + " | ".join(cell(h) for h in t.header) + " |",
-        "|" + "|".join("---" for _ in t.header) + "|",
-    ]
-    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in t.rows]
-    return "\n".join(lines)
+        header, rows = [cell(h) for h in t.header], [[cell(c) for c in row] for row in t.rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 #: inline style of a status word by its class (notebooks have no report stylesheet)
@@ -196,9 +217,7 @@ def styled(
 ) -> Any:
     """A pandas ``Styler`` of ``df`` (:func:`format_table`; a labelled index becomes the first
     column, headed by its name or "row"), status words coloured, text HTML-escaped.
-
-    Raises:
-        TypeError: if ``df`` is not a DataFrame."""
+    Raises TypeError: if ``df`` is not a DataFrame."""
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"styled needs a DataFrame, got {type(df).__name__}")
     if not _default_index(df):  # a labelled index (a transposed frame) is a column of its own
@@ -251,7 +270,6 @@ def use_in_notebook() -> bool:
 
 #: request roles (:func:`perfkit.roles.request_roles`', the cold one split by its shape's warmup)
 COLD_NEW_SHAPE = "cold, new shape"
-ROLES = (ROLE_WARMUP, ROLE_COLD, COLD_NEW_SHAPE, ROLE_NEW_SHAPE, ROLE_WARM)
 #: the roles of a request that ran its shape first in its launch
 FIRST_OF_SHAPE = (ROLE_COLD, COLD_NEW_SHAPE, ROLE_NEW_SHAPE)
 
@@ -293,23 +311,15 @@ def request_roles(requests: pd.DataFrame, launches: pd.DataFrame | None = None) 
     """``requests`` with ``role`` (``cold, new shape`` when the warmup had not run its latent
     shape), ``shape`` (``"24→25 frames (4 latent), 512x768, 30 steps"``) and ``request``
     (``"warmup17 #3 first of a new shape"``).
-
-    Raises:
-        ValueError: ``requests`` lacks the ``launch`` or ``index`` column."""
+    Raises ValueError: ``requests`` lacks the ``launch`` or ``index`` column."""
     missing = [c for c in ("launch", "index") if c not in requests.columns]
     if missing:
         raise ValueError(f"request_roles: the requests table has no {', '.join(missing)} column")
     df = requests.reset_index(drop=True)
-    roles = plot_roles(df, launches)
-    by_key = {
-        (r["launch"], r["request_id"], _int(r["index"])): (r["role"], bool(r["new_shape"]))
-        for _, r in roles.iterrows()
-    }
-    role = []
-    for _, r in df.iterrows():
-        name, new = by_key.get((r["launch"], r.get("request_id"), _int(r["index"])), (ROLE_WARM, False))
-        role.append(COLD_NEW_SHAPE if name == ROLE_COLD and new else name)
-    df["role"] = role
+    # each row's roles by position (request_id: the row number), ROLE_WARM where none came back
+    roles = plot_roles(df.assign(request_id=df.index), launches).set_index("request_id").reindex(df.index)
+    cold_new = (roles["role"] == ROLE_COLD) & roles["new_shape"].fillna(False).astype(bool)
+    df["role"] = roles["role"].fillna(ROLE_WARM).mask(cold_new, COLD_NEW_SHAPE).tolist()
     df["shape"] = [_shape_text(r) for _, r in df.iterrows()]
     df["request"] = [
         f"{r['launch']} " + ("warmup" if r["role"] == ROLE_WARMUP else f"#{_int(r['index'])} {r['role']}")
@@ -393,20 +403,11 @@ def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = No
 def penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: pd.DataFrame) -> tuple:
     """(stage, ms) holding most of request ``first``'s excess over the median of the ``warm``
     requests (per-request sums of each stage: a stage may run twice); (None, nan) when none."""
-    if stages is None or stages.empty or warm.empty or "request_id" not in stages.columns:
+    if stages is None or warm.empty or "request_id" not in stages.columns:
         return None, math.nan
-    mine = stages[stages["request_id"] == first.get("request_id")]
-    theirs = stages[stages["request_id"].isin(list(warm["request_id"]))]
-    if mine.empty or theirs.empty:
-        return None, math.nan
-    # a stage may run more than once a request (two-stage pipelines): per-request sums first
-    med = theirs.groupby(["request_id", "stage"])["ms"].sum().groupby("stage").median()
-    pen = mine.groupby("stage")["ms"].sum() - med
-    pen = pen.dropna()
-    if pen.empty:
-        return None, math.nan
-    top = str(pen.idxmax())
-    return top, float(pen[top])
+    ids = pd.concat([pd.Series([first.get("request_id")]), warm["request_id"]], ignore_index=True)
+    _, _, pen, top = first_vs_warm(pd.DataFrame({"request_id": ids, "e2e_ms": math.nan}), stages)
+    return (top, pen[top]) if top is not None else (None, math.nan)
 
 
 def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gate") -> str:
@@ -495,8 +496,6 @@ def _plain(v: Any) -> Any:
 def value_text(v: Any) -> str:
     """A params value in plain words, never a Python repr:
     ``[{'label': 'x', 'device_gib': 12}]`` -> ``[x (device_gib 12)]``."""
-    from perfkit.common.numfmt import number_text
-
     if isinstance(v, Mapping):
         items = {k: x for k, x in v.items() if x is not None}
         label = items.pop("label", None)

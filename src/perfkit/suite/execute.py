@@ -30,7 +30,7 @@ from perfkit.gate.verdicts import notebooks as notebook_names
 from perfkit.investigations import registry
 from perfkit.measuring.progress import PROGRESS_ENV, planned_requests
 from perfkit.params import ParamsError, SuiteParams
-from perfkit.report.render import notebook_error
+from perfkit.report.runinfo import notebook_error
 
 log = logging.getLogger(__name__)
 
