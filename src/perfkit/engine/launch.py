@@ -224,7 +224,7 @@ def _start(
 ) -> tuple[subprocess.Popen, LaunchClock]:
     """Start ``argv`` in its own session, dying with its parent; EngineStartError when it cannot."""
     with open(stdout_path, "wb") as out_fh, open(stderr_path, "wb") as err_fh:
-        clock = LaunchClock.now()
+        clock = LaunchClock(time.time(), time.monotonic_ns(), time.clock_gettime(time.CLOCK_BOOTTIME))
         try:
             proc = subprocess.Popen(
                 argv,

@@ -145,9 +145,6 @@ class Ended:
     after_s: float
     stopped: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 def kill_tree(groups: Iterable[int], procs: Iterable[psutil.Process], sig: int) -> None:
     """Signal process groups and processes (which may have left them); the gone are skipped."""

@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -367,7 +367,7 @@ def execute_owned(
             run.wall_s = round(time.monotonic() - t0, 2)
     finally:
         left = watch.reap(grace_s=grace_s)
-    run.outlived = [e.to_dict() for e in left]
+    run.outlived = [asdict(e) for e in left]
     if run.status == "error":
         # a kernel that died mid-launch (cell timeout, kill) left a request in flight
         run.in_flight = in_flight(pfile) if in_flight_error else None
