@@ -44,8 +44,7 @@ def _own_v2() -> tuple[Path, Path] | None:
 
 
 class _Cgroup:
-    """A child cgroup v2 with memory.max (under this process's cgroup or its parent, where the
-    memory controller is delegated); raises OSError when that is not possible."""
+    """A child cgroup v2 with memory.max, under this process's cgroup or its parent (else OSError)."""
 
     def __init__(self, cap_bytes: int, name: str) -> None:
         top, own = _own_v2() or (None, None)
@@ -447,8 +446,7 @@ class HostCapEnforcer:
             self._stop.wait(max(wait, 4 * cost))
 
     def _cgroup_oom(self) -> bool:
-        """With a cgroup: its memory's peak into the outcome; True (and the outcome marked
-        exceeded) when the kernel OOM-killed in it (``oom_kill`` of memory.events)."""
+        """Its cgroup's peak into the outcome; True (exceeded) on an ``oom_kill`` in memory.events."""
         if self._cgroup is None:
             return False
         o = self.outcome

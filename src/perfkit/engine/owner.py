@@ -157,8 +157,7 @@ def kill_tree(groups: Iterable[int], procs: Iterable[psutil.Process], sig: int) 
 
 
 def _wait_gone(procs: list[psutil.Process], timeout: float, t0: float, gone_at: dict[int, float]) -> list:
-    """Wait up to ``timeout`` s for ``procs`` to end (a zombie has: another process may reap it),
-    each one's end into ``gone_at`` (s since ``t0``); reaps our own children; returns the rest."""
+    """Wait up to ``timeout`` s for ``procs`` to end (a zombie has), ends into ``gone_at``; the rest."""
     deadline = time.monotonic() + timeout
     rest = list(procs)
     while True:
@@ -269,10 +268,7 @@ def _ended_alone(code: int | None) -> str:
 
 
 def _teardown_end(code: int | None, label: str) -> bool:
-    """Whether a zombie found at reap ended with its launch's teardown: on SIGTERM, with exit
-    code 0, or, for an engine's own child (label ``... (child)``), on the group's SIGKILL. Real
-    sglang 0.5.23 leaves both: its worker exits 0, multiprocessing's resource tracker (it
-    ignores SIGTERM) ends on SIGKILL."""
+    """Whether a zombie found at reap ended with its launch's teardown (docs/robustness.md)."""
     if code in (0, -signal.SIGTERM):
         return True
     return label.endswith(" (child)") and code == -signal.SIGKILL

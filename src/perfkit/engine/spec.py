@@ -115,8 +115,7 @@ def _cross_field(field: str, detail: str) -> PydanticCustomError:
 
 
 class _SpecMeta(type(BaseModel)):  # type: ignore[misc]
-    """``EngineSpec(...)`` builds the model of ``kind``; a bad field raises EngineSpecError
-    (pydantic validation does not call the class, so its errors keep their structure)."""
+    """``EngineSpec(...)`` builds the model of ``kind``; a bad field raises EngineSpecError."""
 
     def __call__(cls, /, **data: Any) -> Any:
         if cls is EngineSpec:
