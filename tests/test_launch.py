@@ -131,7 +131,7 @@ def test_startup_timeout_is_clear_and_leaves_nothing(tmp_path):
     n0 = len(started_processes())
     t0 = time.monotonic()
     with pytest.raises(EngineStartError, match=r"not ready after 2 s") as ei:
-        with launch(fake("--mode", "hang", "--child"), run_dir=tmp_path, startup_timeout_s=2):
+        with launch(fake("--mode", "hang", "--child", startup_timeout_s=2), run_dir=tmp_path):
             pass
     assert time.monotonic() - t0 < 2 + 10 + 3  # timeout + SIGTERM grace at most
     assert "perfkit-mark warmup_done" in ei.value.log_tail
@@ -141,7 +141,7 @@ def test_startup_timeout_is_clear_and_leaves_nothing(tmp_path):
 
 def test_sigterm_ignored_escalates_to_sigkill(tmp_path):
     t0 = time.monotonic()
-    with launch(fake("--ignore-term", "--child"), run_dir=tmp_path, grace_s=1.0) as h:
+    with launch(fake("--ignore-term", "--child", stop_grace_s=1.0), run_dir=tmp_path) as h:
         pid = h.pid
     assert time.monotonic() - t0 < 10
     assert _gone(pid)

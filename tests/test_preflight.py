@@ -319,13 +319,13 @@ def test_run_bad_p_is_a_usage_error(tmp_path, p, expected):  # noqa: D103
 def test_failed_run_leaves_no_empty_run_dir(monkeypatch, tmp_path):
     from perfkit import cli
 
-    def fails(nb, out, params, **kw):  # the kernel never started: nothing was written
-        Path(out).parent.mkdir(parents=True, exist_ok=True)  # as execute_notebook does
+    def fails(nb, out, params, *args, **kw):  # the kernel never started: nothing was written
+        Path(out).parent.mkdir(parents=True, exist_ok=True)  # as execute_owned does
         return suite.NotebookRun(
             Path(nb).stem, status="error", wall_s=0.1, error="NoSuchKernel: python3", ename="NoSuchKernel"
         )
 
-    monkeypatch.setattr(suite, "execute_notebook", fails)
+    monkeypatch.setattr(suite, "execute_owned", fails)
     monkeypatch.chdir(tmp_path)
     rc = cli.main(["run", str(ROOT / "notebooks" / "cold_warm.ipynb"), "-p", "repeats=3"])
     assert rc == 2

@@ -52,7 +52,7 @@ def _suite(kw: dict[str, Any]) -> int:
     become_subreaper()  # orphans below come back here
     from perfkit.params import ParamsError
     from perfkit.scaleout.shards import ExecutorError
-    from perfkit.suite import run_suite, run_units_suite
+    from perfkit.suite import run_suite
     from perfkit.suite.execute import SuiteError
 
     if kw["address"] and kw["executor"] != "ray":
@@ -60,17 +60,12 @@ def _suite(kw: dict[str, Any]) -> int:
     options = {"address": kw["address"]} if kw["executor"] == "ray" and kw["address"] else {}
     if kw["partition"] is not None:
         return _partition(kw, options)
-    common = {k: kw[k] for k in ("only", "tier", "notebooks", "force", "sets")}
+    common = {k: kw[k] for k in ("only", "tier", "notebooks", "force", "sets", "executor")}
     common.update(screenshot=not kw["no_screenshot"], progress=not kw["quiet"])
+    if kw["executor"] is not None and kw["replay"]:
+        return fail("--executor measures; it cannot be combined with --replay")
     try:
-        if kw["executor"] is not None:
-            if kw["replay"]:
-                return fail("--executor measures; it cannot be combined with --replay")
-            res = run_units_suite(
-                kw["params"], kw["out"], executor=kw["executor"], executor_options=options, **common
-            )
-        else:
-            res = run_suite(kw["params"], kw["out"], replay=kw["replay"], **common)
+        res = run_suite(kw["params"], kw["out"], replay=kw["replay"], executor_options=options, **common)
     except ParamsError as exc:
         return fail(f"invalid params:\n{exc}")
     except (ExecutorError, SuiteError, FileNotFoundError) as exc:

@@ -113,7 +113,7 @@ def check_sglang(spec: Any) -> None:
     local directory is accepted). Raises FileNotFoundError naming the field."""
     executable, model_path = spec.executable, spec.model_path
     exe = executable[0]
-    if _which(exe) is None:
+    if shutil.which(exe) is None:
         where = "does not exist or is not executable" if os.sep in exe else "is not on PATH"
         raise FileNotFoundError(
             f"EngineSpec.executable: {exe!r} {where} (kind 'sglang'); install sglang "
@@ -121,8 +121,8 @@ def check_sglang(spec: Any) -> None:
             f"'sglang[diffusion]') or set executable to an sglang environment's "
             f"['<venv>/bin/python', '-m', 'sglang.cli.main']"
         )
-    module = _module_of(executable)
-    if module is not None and not _module_importable(_which(exe) or exe, module):
+    module = executable[2] if len(executable) >= 3 and executable[1] == "-m" else None
+    if module is not None and not _module_importable(shutil.which(exe) or exe, module):
         raise FileNotFoundError(
             f"EngineSpec.executable: {' '.join(executable)!r}: module {module!r} "
             f"cannot be imported by {exe} (kind 'sglang'); install sglang into that "
@@ -139,18 +139,8 @@ def check_command(spec: Any) -> None:
     """A command spec's program (its argv's first item, unless a placeholder) must be found
     (FileNotFoundError)."""
     exe = spec.command_template[0]
-    if "{" not in exe and _which(exe) is None:
+    if "{" not in exe and shutil.which(exe) is None:
         raise FileNotFoundError(f"EngineSpec.command: program {exe!r} not found")
-
-
-def _which(exe: str) -> str | None:
-    if os.sep in exe:
-        return exe if os.path.isfile(exe) and os.access(exe, os.X_OK) else None
-    return shutil.which(exe)
-
-
-def _module_of(argv: list[str]) -> str | None:
-    return argv[2] if len(argv) >= 3 and argv[1] == "-m" else None
 
 
 def _module_importable(python: str, module: str) -> bool:
@@ -192,7 +182,7 @@ def engine_python(command: list[str]) -> str | None:
     as ``.sglang-venv/bin/sglang``); None when neither (a binary, a shell wrapper)."""
     if not command:
         return None
-    exe = _which(command[0])
+    exe = shutil.which(command[0])
     if exe is None:
         return None
     if Path(exe).name.startswith("python"):

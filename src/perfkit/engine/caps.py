@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
@@ -31,40 +31,26 @@ GIB = 2**30
 CHECK_PSS_DUTY = 0.05
 ENFORCEMENTS = ("auto", "cgroup", "watchdog", "none")
 _CAPS_FIELDS = ("device_gib", "host_gib", "label", "host_enforcement", "interval_s")
-#: where cgroup v2 is mounted
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def cgroup2_available() -> bool:
-    """True when /sys/fs/cgroup is a cgroup v2 mount."""
-    try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return False
-    return any(p[1:3] == [str(CGROUP_ROOT), "cgroup2"] for p in map(str.split, mounts))
+    """True when this process has a cgroup v2 directory (``/proc/self/cgroup``'s ``0::`` line)."""
+    return _own_v2() is not None
 
 
-def own_cgroup() -> Path | None:
-    """This process's cgroup v2 directory (from /proc/self/cgroup's ``0::`` line), None when
-    it has none or the file is not readable."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            if line.startswith("0::"):
-                return CGROUP_ROOT / line[3:].lstrip("/")
-    return None
+def _own_v2() -> tuple[Path, Path] | None:
+    """(hierarchy root, this process's directory) of its cgroup v2 (None: none)."""
+    return next(((top, d) for kind, top, d in _DEFAULT_READER.own_cgroups() if kind == "cgroup-v2"), None)
 
 
 class _Cgroup:
-    """A child cgroup v2 with memory.max (under this process's cgroup or its parent, where the
-    memory controller is delegated); raises OSError when that is not possible."""
+    """A child cgroup v2 with memory.max, under this process's cgroup or its parent (else OSError)."""
 
     def __init__(self, cap_bytes: int, name: str) -> None:
-        if not cgroup2_available():
-            raise OSError("/sys/fs/cgroup is not cgroup v2")
-        own = own_cgroup()
+        top, own = _own_v2() or (None, None)
         if own is None or not own.is_dir():
-            raise OSError("own cgroup not found")
-        candidates = [own, own.parent] if own != CGROUP_ROOT else [own]
+            raise OSError("own cgroup v2 not found")
+        candidates = [own, own.parent] if own != top else [own]
         last: Exception | None = None
         for parent in candidates:
             path = parent / f"perfkit-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -219,8 +205,6 @@ class MemoryCaps:
         self,
         pid: int,
         name: str = "engine",
-        on_exceeded: Callable[["CapOutcome"], None] | None = None,
-        reader: HostMemoryReader | None = None,
     ) -> "HostCapEnforcer":
         """Start enforcing the effective host budget on the process tree rooted at ``pid``.
 
@@ -235,8 +219,6 @@ class MemoryCaps:
             mode=self.host_enforcement,
             interval_s=self.interval_s,
             name=name,
-            on_exceeded=on_exceeded,
-            reader=reader,
             asked_gib=caps.host_gib,
             clamp=caps.host_clamp,
         )
@@ -284,7 +266,6 @@ class HostCapEnforcer:
         host_gib: the cap in force (GiB; None: only track the peak).
         mode, interval_s: as :class:`MemoryCaps`' ``host_enforcement``, ``interval_s``.
         name: used in the cgroup's name.
-        on_exceeded: called with the outcome when the cap is found exceeded.
         asked_gib, clamp: recorded in the outcome.
 
     Raises:
@@ -298,7 +279,6 @@ class HostCapEnforcer:
         mode: str = "auto",
         interval_s: float = 0.1,
         name: str = "engine",
-        on_exceeded: Callable[[CapOutcome], None] | None = None,
         reader: HostMemoryReader | None = None,
         asked_gib: float | None = None,
         clamp: str | None = None,
@@ -306,7 +286,6 @@ class HostCapEnforcer:
         self.pid = pid
         self.host_gib = host_gib
         self.interval_s = interval_s
-        self.on_exceeded = on_exceeded
         self.reader = reader or _DEFAULT_READER
         self.outcome = CapOutcome(
             host_cap_gib=host_gib,
@@ -467,8 +446,7 @@ class HostCapEnforcer:
             self._stop.wait(max(wait, 4 * cost))
 
     def _cgroup_oom(self) -> bool:
-        """With a cgroup: its memory's peak into the outcome; True (and the outcome marked
-        exceeded) when the kernel OOM-killed in it (``oom_kill`` of memory.events)."""
+        """Its cgroup's peak into the outcome; True (exceeded) on an ``oom_kill`` in memory.events."""
         if self._cgroup is None:
             return False
         o = self.outcome
@@ -499,11 +477,6 @@ class HostCapEnforcer:
             kill_tree(
                 [self._pgid] if self._pgid is not None else [], list(self.known.values()), signal.SIGKILL
             )
-        if self.on_exceeded is not None:
-            try:
-                self.on_exceeded(o)
-            except Exception:  # noqa: BLE001
-                log.exception("on_exceeded callback failed")
 
     def stop(self, timeout: float = 2.0) -> CapOutcome:
         """Stop watching (the cap is no longer enforced by the watchdog). Returns the outcome."""

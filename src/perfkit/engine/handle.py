@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,10 +167,6 @@ class LaunchClock:
     mono_ns: int
     boot_s: float
     pid_boot_s: float | None = None
-
-    @classmethod
-    def now(cls) -> "LaunchClock":
-        return cls(time.time(), time.monotonic_ns(), time.clock_gettime(time.CLOCK_BOOTTIME))
 
 
 def cold_start_parts(

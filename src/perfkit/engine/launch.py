@@ -96,8 +96,6 @@ def launch(
     caps: MemoryCaps | None = None,
     run_dir: str | Path | None = None,
     label: str = "engine",
-    grace_s: float | None = None,
-    startup_timeout_s: float | None = None,
     nvml: Any = None,
 ) -> Iterator[EngineHandle]:
     """Start ``spec`` under ``caps``, wait for health, yield an :class:`EngineHandle`, tear down.
@@ -109,8 +107,6 @@ def launch(
             gets the effective value.
         run_dir: directory for this run's launches (default: a new temporary directory).
         label: launch label; the launch directory is ``run_dir/<label>`` (``<label>-1``, …).
-        grace_s: seconds between SIGTERM and SIGKILL at teardown (default ``spec.stop_grace_s``).
-        startup_timeout_s: overrides ``spec.startup_timeout_s``.
         nvml: NVML source for GPU matching, the baseline and the sampler (tests; default pynvml).
 
     GPUs: resolved by UUID from the engine's ``CUDA_VISIBLE_DEVICES`` (docs/scale-out.md, "GPUs
@@ -124,10 +120,8 @@ def launch(
         MemoryReadError: a cgroup limit or /proc/meminfo could not be read as a number.
     """
     spec.check()
-    grace_s = float(spec.stop_grace_s if grace_s is None else grace_s)
     if caps is not None and not caps.resolved:
         caps = caps.resolve()
-    timeout = float(startup_timeout_s if startup_timeout_s is not None else spec.startup_timeout_s)
     port = _port(spec)
 
     base = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="perfkit-run-"))
@@ -175,11 +169,11 @@ def launch(
     _LIVE[proc.pid] = handle
     try:
         handle._enforcer = (caps or MemoryCaps()).start(proc.pid, name=label)
-        _wait_ready(handle, timeout, clock)
+        _wait_ready(handle, spec.startup_timeout_s, clock)
         log.info("engine %s ready in %.2f s at %s", label, handle.cold_start["ready_s"], handle.base_url)
         yield handle
     finally:
-        handle._terminate(grace_s)
+        handle._terminate(spec.stop_grace_s)
         log.info("engine %s stopped (exit code %s)", label, handle.exit_code)
 
 
@@ -230,7 +224,7 @@ def _start(
 ) -> tuple[subprocess.Popen, LaunchClock]:
     """Start ``argv`` in its own session, dying with its parent; EngineStartError when it cannot."""
     with open(stdout_path, "wb") as out_fh, open(stderr_path, "wb") as err_fh:
-        clock = LaunchClock.now()
+        clock = LaunchClock(time.time(), time.monotonic_ns(), time.clock_gettime(time.CLOCK_BOOTTIME))
         try:
             proc = subprocess.Popen(
                 argv,

@@ -145,9 +145,6 @@ class Ended:
     after_s: float
     stopped: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 def kill_tree(groups: Iterable[int], procs: Iterable[psutil.Process], sig: int) -> None:
     """Signal process groups and processes (which may have left them); the gone are skipped."""
@@ -160,8 +157,7 @@ def kill_tree(groups: Iterable[int], procs: Iterable[psutil.Process], sig: int) 
 
 
 def _wait_gone(procs: list[psutil.Process], timeout: float, t0: float, gone_at: dict[int, float]) -> list:
-    """Wait up to ``timeout`` s for ``procs`` to end (a zombie has: another process may reap it),
-    each one's end into ``gone_at`` (s since ``t0``); reaps our own children; returns the rest."""
+    """Wait up to ``timeout`` s for ``procs`` to end (a zombie has), ends into ``gone_at``; the rest."""
     deadline = time.monotonic() + timeout
     rest = list(procs)
     while True:
@@ -229,17 +225,11 @@ def tree(pid: int, pgid: int | None = None, since: float | None = None) -> list[
     return list(found.values())
 
 
-def end_tree(pid: int, grace_s: float) -> list[Ended]:
-    """End process ``pid`` with its whole tree (:func:`tree`) by :func:`end_processes` (SIGTERM,
-    SIGKILL after ``grace_s``)."""
-    return end_processes(dict.fromkeys(tree(pid), ""), grace_s)
-
-
 def run_bounded(
     args: str | list[str], timeout_s: float | None = None, grace_s: float = 2.0, **popen: Any
 ) -> "subprocess.CompletedProcess[Any]":
     """:func:`subprocess.run` that never leaves a process behind: started in its own session,
-    its whole tree is ended (:func:`end_tree`) when ``timeout_s`` (s; None: no limit) passes or
+    its whole tree (:func:`tree`) is ended (:func:`end_processes`) when ``timeout_s`` (s; None: no limit) passes or
     this process is interrupted. ``popen``: Popen's keywords plus ``capture_output``.
 
     Raises:
@@ -254,7 +244,7 @@ def run_bounded(
         out, err = proc.communicate(timeout=timeout_s)
     except BaseException:
         if getattr(proc, "pid", None) is not None:
-            ended = end_tree(proc.pid, grace_s)
+            ended = end_processes(dict.fromkeys(tree(proc.pid), ""), grace_s)
             log.info("ended %s with %d process(es) of its tree", args, len(ended))
             with contextlib.suppress(Exception):
                 proc.__exit__(None, None, None)  # its pipes closed, itself reaped
@@ -278,10 +268,7 @@ def _ended_alone(code: int | None) -> str:
 
 
 def _teardown_end(code: int | None, label: str) -> bool:
-    """Whether a zombie found at reap ended with its launch's teardown: on SIGTERM, with exit
-    code 0, or, for an engine's own child (label ``... (child)``), on the group's SIGKILL. Real
-    sglang 0.5.23 leaves both: its worker exits 0, multiprocessing's resource tracker (it
-    ignores SIGTERM) ends on SIGKILL."""
+    """Whether a zombie found at reap ended with its launch's teardown (docs/robustness.md)."""
     if code in (0, -signal.SIGTERM):
         return True
     return label.endswith(" (child)") and code == -signal.SIGKILL
@@ -468,22 +455,6 @@ def stop_reaper(proc: "subprocess.Popen[bytes] | None") -> None:
         proc.wait(timeout=5)
 
 
-def reap_directory(directory: str | Path, grace_s: float) -> list[Ended]:
-    """End what the registries under ``directory`` name and what carries one of them in its
-    environment (the reaper's work once its owner is gone)."""
-    d = Path(directory)
-    procs: dict[psutil.Process, str] = {}
-    for f in sorted(d.glob("*.processes.jsonl")):
-        for e in registered(f):
-            p = alive(int(e["pid"]), float(e["create_time"]))
-            if p is not None:
-                procs[p] = str(e.get("label") or "")
-    for p in marked(d):
-        if not any(q.pid == p.pid for q in procs):
-            procs[p] = "started under the run"
-    return end_processes(procs, grace_s)
-
-
 def _reaper_main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -496,10 +467,21 @@ def _reaper_main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     while alive(a.owner, a.owner_start) is not None:
         time.sleep(a.poll)
-    ended = reap_directory(a.dir, a.grace)
+    # what the registries under the directory name, and what carries one in its environment
+    d = Path(a.dir)
+    procs: dict[psutil.Process, str] = {}
+    for f in sorted(d.glob("*.processes.jsonl")):
+        for e in registered(f):
+            p = alive(int(e["pid"]), float(e["create_time"]))
+            if p is not None:
+                procs[p] = str(e.get("label") or "")
+    for p in marked(d):
+        if not any(q.pid == p.pid for q in procs):
+            procs[p] = "started under the run"
+    ended = end_processes(procs, a.grace)
     if ended:
         with contextlib.suppress(OSError):
-            with open(Path(a.dir) / "reaper.log", "a", encoding="utf-8") as fh:
+            with open(d / "reaper.log", "a", encoding="utf-8") as fh:
                 fh.write(describe(ended) + "\n")
     return 0
 

@@ -123,8 +123,7 @@ def _cross_field(field: str, detail: str) -> PydanticCustomError:
 
 
 class _SpecMeta(type(BaseModel)):  # type: ignore[misc]
-    """``EngineSpec(...)`` builds the model of ``kind``; a bad field raises EngineSpecError
-    (pydantic validation does not call the class, so its errors keep their structure)."""
+    """``EngineSpec(...)`` builds the model of ``kind``; a bad field raises EngineSpecError."""
 
     def __call__(cls, /, **data: Any) -> Any:
         if cls is EngineSpec:
@@ -471,10 +470,10 @@ AnyEngineSpec = Annotated[
 _ADAPTER: TypeAdapter[EngineSpec] = TypeAdapter(AnyEngineSpec)
 
 
-def engine_keys(kind: str) -> list[str]:
-    """The keys a spec of ``kind`` takes (the command kind's argv as ``command``)."""
-    model = ENGINE_KINDS.get(kind, ReferenceEngine)
-    return ["command" if n == "command_template" else n for n in model.model_fields]
+#: the keys a spec of each kind takes (the command kind's argv as ``command``)
+_KEYS = {
+    k: ["command" if n == "command_template" else n for n in m.model_fields] for k, m in ENGINE_KINDS.items()
+}
 
 
 def split_kind(loc: tuple) -> tuple[str | None, tuple]:
@@ -489,7 +488,7 @@ def split_kind(loc: tuple) -> tuple[str | None, tuple]:
 def unknown_key_hint(kind: str | None, key: str) -> str:
     """What to say after "unknown key" for a spec of ``kind``: the kinds that have it
     (`` (a field of kind 'sglang')``), else the closest key of that kind (`` (did you mean 'x'?)``)."""
-    owners = [k for k in KINDS if k != kind and key in engine_keys(k)]
+    owners = [k for k in KINDS if k != kind and key in _KEYS[k]]
     if owners:
         return f" (a field of kind {' and '.join(map(repr, owners))})"
-    return did_you_mean(key, engine_keys(kind or "reference"))
+    return did_you_mean(key, _KEYS.get(kind or "reference", _KEYS["reference"]))

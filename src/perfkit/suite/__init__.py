@@ -21,7 +21,7 @@ import yaml
 
 from perfkit.common import jsonsafe
 from perfkit.common.provenance import repo_root
-from perfkit.engine.owner import REGISTRY_ENV, Watch, describe, spawn_reaper, stop_reaper
+from perfkit.engine.owner import spawn_reaper, stop_reaper
 from perfkit.engine.spec import EngineSpec
 from perfkit.gate.verdicts import (
     GATE,
@@ -35,7 +35,7 @@ from perfkit.gate.verdicts import (
 )
 from perfkit.gate.verdicts import notebooks as notebook_names
 from perfkit.investigations import registry
-from perfkit.measuring.progress import RunBars, in_flight
+from perfkit.measuring.progress import RunBars
 from perfkit.params import ParamsError, SuiteParams, load_params
 from perfkit.scaleout.shards import select
 from perfkit.suite.execute import (
@@ -44,11 +44,10 @@ from perfkit.suite.execute import (
     SCALEOUT,
     NotebookRun,
     SuiteError,
-    _env,
     check_baseline_file,
     check_replay_identity,
     default_out,
-    execute_notebook,
+    execute_owned,
     kernel_name,
     link_latest,
     notebook_parameters,
@@ -83,6 +82,8 @@ def run_suite(
     tier: str | None = None,
     scaleout: Mapping[str, Any] | None = None,
     sets: Sequence[str] = (),
+    executor: str | None = None,
+    executor_options: Mapping[str, Any] | None = None,
 ) -> SuiteResult:
     """Run the suite (docs/suite.md, "The run directory"). Raises :class:`ParamsError` (bad
     params, baseline file, unknown ``tier``) or :class:`SuiteError` (replay directory without
@@ -90,11 +91,49 @@ def run_suite(
     failure is reported through the exit code. ``scaleout``: a merge document
     (:func:`perfkit.scaleout.merge.merge_shards`), kept in run.json, whose ``problems`` become a
     :data:`SCALEOUT` error entry (exit 2). ``sets``: ``section.key=value`` overrides.
+    ``executor`` (``perfkit suite --executor NAME``): every unit of work through that executor
+    (one shard of one, into ``RUN/shards/1/``), then :func:`merge_runs` into ``RUN``; an unknown
+    or missing one (``ray`` without ``perfkit[ray]``) raises ExecutorError before anything runs.
     """
     from perfkit import report
 
     params = load_params(params_path, sets)
     check_baseline_file(params, params_path)
+    if executor is not None:
+        from perfkit.scaleout.shards import ShardInterrupted, run_shard
+        from perfkit.scaleout.shards import executor as get_executor
+
+        get_executor(executor)  # fails before anything runs
+        run_dir = (Path(out) if out else default_out(params.name)).resolve()
+        prepare_run_dir(run_dir, force=force)
+        shard_dir = run_dir / "shards" / "1"
+        if shard_dir.exists():
+            shutil.rmtree(shard_dir)
+        try:
+            run_shard(
+                params_path,
+                shard_dir,
+                1,
+                1,
+                only=only,
+                tier=tier,
+                executor=executor,
+                executor_options=executor_options,
+                progress=progress,
+                sets=sets,
+            )
+        except ShardInterrupted as exc:  # the manifest keeps what finished: report it (exit 2)
+            log.error("%s", exc)
+        return merge_runs(
+            [shard_dir],
+            run_dir,
+            params_path=params_path,
+            notebooks=notebooks,
+            screenshot=screenshot,
+            progress=progress,
+            force=True,
+            sets=sets,
+        )
     spec = params.engine_spec()
     try:
         spec.check()
@@ -232,44 +271,6 @@ def _run_notebooks(
     it.close()
 
 
-def execute_owned(
-    src: Path,
-    dst: Path,
-    parameters: Mapping[str, Any],
-    bars: RunBars,
-    planned: int,
-    *,
-    grace_s: float = 5.0,
-    in_flight_error: bool = False,
-    **kw: Any,
-) -> NotebookRun:
-    """:func:`execute_notebook` (``kw`` passed on), its events (drawn on ``bars``, ``planned``
-    requests), kernel log and process registry beside ``dst``. What the kernel launches is ended
-    here (``grace_s``) if it outlives it (:mod:`perfkit.engine.owner`), also on Ctrl-C or SIGTERM
-    (raised on): ``outlived``, named in a failed run's error (after ``in_flight_error``'s launch)."""
-    pfile, registry_file = dst.with_suffix(".progress.jsonl"), dst.with_suffix(".processes.jsonl")
-    watch = Watch.start(registry_file)
-    try:
-        with bars.watch(pfile, src.stem, planned), _env(REGISTRY_ENV, str(registry_file)):
-            r = execute_notebook(
-                src, dst, parameters, kernel_log=dst.with_suffix(".kernel.log"), progress_file=pfile, **kw
-            )
-    finally:
-        left = watch.reap(grace_s=grace_s)
-    r.outlived = [e.to_dict() for e in left]
-    if r.status == "error":
-        # a kernel that died mid-launch (cell timeout, kill) left a request in flight
-        r.in_flight = in_flight(pfile) if in_flight_error else None
-        if r.in_flight:
-            r.error = (
-                f"{r.error}\nthe kernel stopped during launch {r.in_flight['launch']!r}, "
-                f"request {r.in_flight['request']}"
-            )
-        if left:
-            r.error = f"{r.error}\n{describe(left)}"
-    return r
-
-
 def _write_report(report: Any, run_dir: Path, *, link: bool, screenshot: bool) -> None:
     """summary.md (and ``$GITHUB_STEP_SUMMARY``), report.html, the ``latest`` link, report.png."""
     summary = report.write_summary(run_dir)
@@ -354,63 +355,4 @@ def merge_runs(
         progress=progress,
         scaleout=doc,
         sets=sets if params_path else (),
-    )
-
-
-def run_units_suite(
-    params_path: str | Path,
-    out: str | Path | None = None,
-    *,
-    executor: str = "inprocess",
-    executor_options: Mapping[str, Any] | None = None,
-    only: Iterable[str] | None = None,
-    tier: str | None = None,
-    notebooks: str | Path | None = None,
-    screenshot: bool = True,
-    progress: bool = True,
-    force: bool = False,
-    sets: Sequence[str] = (),
-) -> SuiteResult:
-    """``perfkit suite --executor NAME``: every unit of work through that executor (one shard of
-    one, into ``RUN/shards/1/``), then :func:`merge_runs` into ``RUN``.
-
-    Raises:
-        ParamsError, SuiteError: as :func:`merge_runs`. ExecutorError: unknown or missing
-            executor (e.g. ``ray`` without ``perfkit[ray]``).
-    """
-    from perfkit.scaleout.shards import ShardInterrupted, run_shard
-    from perfkit.scaleout.shards import executor as get_executor
-
-    params = load_params(params_path, sets)
-    check_baseline_file(params, params_path)
-    get_executor(executor)  # fails before anything runs
-    run_dir = (Path(out) if out else default_out(params.name)).resolve()
-    prepare_run_dir(run_dir, force=force)
-    shard_dir = run_dir / "shards" / "1"
-    if shard_dir.exists():
-        shutil.rmtree(shard_dir)
-    try:
-        run_shard(
-            params_path,
-            shard_dir,
-            1,
-            1,
-            only=only,
-            tier=tier,
-            executor=executor,
-            executor_options=executor_options,
-            progress=progress,
-            sets=sets,
-        )
-    except ShardInterrupted as exc:  # the manifest keeps what finished: report it (exit 2)
-        log.error("%s", exc)
-    return merge_runs(
-        [shard_dir],
-        run_dir,
-        params_path=params_path,
-        notebooks=notebooks,
-        screenshot=screenshot,
-        progress=progress,
-        force=True,
-        sets=sets,
     )

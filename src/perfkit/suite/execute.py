@@ -1,5 +1,5 @@
 """One notebook executed with papermill on an IPC kernel running this Python, and its parameters
-from the suite params: :func:`execute_notebook`, :func:`notebook_parameters`, :class:`NotebookRun`;
+from the suite params: :func:`execute_owned`, :func:`notebook_parameters`, :class:`NotebookRun`;
 what the suite checks and prepares before anything runs: the baseline file, the replay directory
 and its bundles' identity, the run directory (refused when it holds another run), the default
 ``outputs/<name>/<timestamp>`` directory and its ``latest`` link, the launch plan.
@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +23,13 @@ from perfkit.bundle import identity_differences, read_meta
 from perfkit.common.outdirs import stamped_dir
 from perfkit.common.provenance import repo_root
 from perfkit.common.slugs import slug
+from perfkit.engine.owner import REGISTRY_ENV, Watch, describe
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import resolve_baseline_file
 from perfkit.gate.verdicts import GATE, GATE_FAILED, RUN_FILE, jsonable
 from perfkit.gate.verdicts import notebooks as notebook_names
 from perfkit.investigations import registry
-from perfkit.measuring.progress import PROGRESS_ENV, planned_requests
+from perfkit.measuring.progress import PROGRESS_ENV, RunBars, in_flight, planned_requests
 from perfkit.params import ParamsError, SuiteParams
 from perfkit.report.runinfo import notebook_error
 
@@ -55,8 +56,7 @@ def link_latest(run_dir: Path) -> Path | None:
     link = run_dir.parent / LATEST
     tmp = run_dir.parent / f".{LATEST}.{os.getpid()}"
     try:
-        if tmp.is_symlink() or tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
         tmp.symlink_to(run_dir.name, target_is_directory=True)
         os.replace(tmp, link)
         return link
@@ -296,11 +296,8 @@ def _env(key: str, value: str):
 
 
 @contextlib.contextmanager
-def _stderr_to(path: Path | None):
+def _stderr_to(path: Path):
     """Send file descriptor 2 (ours and the kernel's, which inherits it) to ``path``."""
-    if path is None:
-        yield
-        return
     path.parent.mkdir(parents=True, exist_ok=True)
     sys.stderr.flush()
     saved = os.dup(2)
@@ -314,54 +311,73 @@ def _stderr_to(path: Path | None):
             os.close(saved)
 
 
-def execute_notebook(
-    src: str | Path,
-    dst: str | Path,
+def execute_owned(
+    src: Path,
+    dst: Path,
     parameters: Mapping[str, Any],
+    bars: RunBars,
+    planned: int,
     *,
+    grace_s: float = 5.0,
+    in_flight_error: bool = False,
     cwd: str | Path | None = None,
     timeout_s: float | None = None,
     kernel: str | None = None,
-    kernel_log: str | Path | None = None,
-    progress_file: str | Path | None = None,
 ) -> NotebookRun:
     """Run one notebook with papermill; never raises for a failing notebook (a last cell's
     :class:`perfkit.gate.verdicts.GateFailed` is status ``ok``: the gate result is in its
-    verdict.json). ``kernel_log`` takes the kernel's stderr and papermill's log lines;
-    ``progress_file`` the kernel's progress events (default ``<dst>.progress.jsonl``).
-    """
+    verdict.json). Beside ``dst``: the kernel's stderr and papermill's log lines (``.kernel.log``),
+    its progress events (``.progress.jsonl``, drawn on ``bars``, ``planned`` requests) and process
+    registry (``.processes.jsonl``). What the kernel launches is ended here (``grace_s``) if it
+    outlives it (:mod:`perfkit.engine.owner`), also on Ctrl-C or SIGTERM (raised on):
+    ``outlived``, named in a failed run's error (after ``in_flight_error``'s launch)."""
     import papermill as pm
 
-    src, dst = Path(src), Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     run = NotebookRun(name=src.stem, output=str(dst), parameters=jsonable(dict(parameters)))
-    t0 = time.monotonic()
-    pfile = Path(progress_file) if progress_file else dst.with_suffix(".progress.jsonl")
+    pfile, registry_file = dst.with_suffix(".progress.jsonl"), dst.with_suffix(".processes.jsonl")
+    watch = Watch.start(registry_file)
     try:
-        with _stderr_to(Path(kernel_log) if kernel_log else None), _env(PROGRESS_ENV, str(pfile)):
-            pm.execute_notebook(
-                str(src),
-                str(dst),
-                parameters=dict(parameters),
-                kernel_name=kernel or kernel_name(),
-                cwd=str(cwd) if cwd else None,
-                progress_bar=False,
-                log_output=False,
-                execution_timeout=int(timeout_s) if timeout_s else None,
-                kernel_manager_class=ipc_kernel_manager(),
+        with bars.watch(pfile, src.stem, planned), _env(REGISTRY_ENV, str(registry_file)):
+            t0 = time.monotonic()
+            try:
+                with _stderr_to(dst.with_suffix(".kernel.log")), _env(PROGRESS_ENV, str(pfile)):
+                    pm.execute_notebook(
+                        str(src),
+                        str(dst),
+                        parameters=dict(parameters),
+                        kernel_name=kernel or kernel_name(),
+                        cwd=str(cwd) if cwd else None,
+                        progress_bar=False,
+                        log_output=False,
+                        execution_timeout=int(timeout_s) if timeout_s else None,
+                        kernel_manager_class=ipc_kernel_manager(),
+                    )
+                run.status = "ok"
+            except Exception as exc:  # noqa: BLE001 - papermill errors, dead kernels, timeouts
+                ename, text = notebook_error(dst) if dst.exists() else (None, None)
+                if (ename or getattr(exc, "ename", None)) == GATE_FAILED:
+                    # the last cell's gate exception (fail_on="gate"): the notebook ran to its end and
+                    # wrote its verdict; the gate result comes from verdict.json, not from this
+                    run.status, run.ename = "ok", GATE_FAILED
+                else:
+                    run.status, run.ename = "error", ename or type(exc).__name__
+                    run.error = text or f"{type(exc).__name__}: {exc}"
+                    log.error("notebook %s failed: %s", src.name, run.error)
+            run.wall_s = round(time.monotonic() - t0, 2)
+    finally:
+        left = watch.reap(grace_s=grace_s)
+    run.outlived = [asdict(e) for e in left]
+    if run.status == "error":
+        # a kernel that died mid-launch (cell timeout, kill) left a request in flight
+        run.in_flight = in_flight(pfile) if in_flight_error else None
+        if run.in_flight:
+            run.error = (
+                f"{run.error}\nthe kernel stopped during launch {run.in_flight['launch']!r}, "
+                f"request {run.in_flight['request']}"
             )
-        run.status = "ok"
-    except Exception as exc:  # noqa: BLE001 - papermill errors, dead kernels, timeouts
-        ename, text = notebook_error(dst) if dst.exists() else (None, None)
-        if (ename or getattr(exc, "ename", None)) == GATE_FAILED:
-            # the last cell's gate exception (fail_on="gate"): the notebook ran to its end and
-            # wrote its verdict; the gate result comes from verdict.json, not from this
-            run.status, run.ename = "ok", GATE_FAILED
-        else:
-            run.status, run.ename = "error", ename or type(exc).__name__
-            run.error = text or f"{type(exc).__name__}: {exc}"
-            log.error("notebook %s failed: %s", src.name, run.error)
-    run.wall_s = round(time.monotonic() - t0, 2)
+        if left:
+            run.error = f"{run.error}\n{describe(left)}"
     return run
 
 
