@@ -22,8 +22,7 @@ from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
 from perfkit.common import jsonsafe
 from perfkit.investigations import registry
 from perfkit.params import ParamsError, SuiteParams
-from perfkit.scaleout.unit_outcome import OUTCOME
-from perfkit.scaleout.units import MAX_SHARDS, WorkUnit
+from perfkit.scaleout.units import MAX_SHARDS, OUTCOME, WorkUnit
 
 log = logging.getLogger(__name__)
 

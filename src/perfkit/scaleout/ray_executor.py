@@ -22,14 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from perfkit.common import MissingExtra, require_extra
-from perfkit.scaleout.unit_outcome import (
-    ExecutorError,
-    OnEvent,
-    RunUnit,
-    UnitOutcome,
-    newest_log_tail,
-    write_unit_file,
-)
+from perfkit.scaleout import units as _units
+from perfkit.scaleout.units import ExecutorError, UnitOutcome
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +145,7 @@ def _set_omp(value: str | None) -> None:
 
 
 def run_one(
-    unit: Mapping[str, Any], run_unit: RunUnit, events: Any = None, omp_threads: str | None = None
+    unit: Mapping[str, Any], run_unit: _units.RunUnit, events: Any = None, omp_threads: str | None = None
 ) -> dict[str, Any]:
     """Run one unit here (the body of the Ray task; also usable without Ray).
 
@@ -204,7 +198,7 @@ def run_one(
             _set_omp(ray_omp)
         ended = time.time()
         send.flush()
-        tail = "\n".join(handler.lines) + newest_log_tail(out) if status == "error" else None
+        tail = "\n".join(handler.lines) + _units.newest_log_tail(out) if status == "error" else None
         archive = pack_dir(out)
     return {
         "status": status,
@@ -253,12 +247,12 @@ def _error_of(exc: BaseException) -> tuple[str, str]:
 
 def run_units_ray(
     units: Sequence[Mapping[str, Any]],
-    run_unit: RunUnit,
+    run_unit: _units.RunUnit,
     dest: str | Path,
     *,
     address: str | None = None,
     retries: int = 0,
-    on_event: OnEvent | None = None,
+    on_event: _units.OnEvent | None = None,
     runtime_env: Mapping[str, Any] | None = None,
 ) -> list[UnitOutcome]:
     """Run ``units`` as Ray tasks; unpack each one's output to ``dest/<unit id>/``.
@@ -285,11 +279,11 @@ def run_units_ray(
         ValueError: a unit without ``id``, a duplicate id, ``gpus`` not a non-negative int, or
             ``retries`` < 0.
     """
-    ids = _checked_ids(units, retries)
+    emit = _units.check_retries(retries, on_event)
+    ids = _checked_ids(units)
     ray = _import_ray()
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    emit = on_event or (lambda *_: None)
 
     started_here, job_env = _ray_session(ray, address, runtime_env)
     events = _event_queue(ray)
@@ -347,16 +341,11 @@ def run_units_ray(
             ref = ready[0]
             i, attempt = pending.pop(ref)
             oc = _collect(ray, ref, ids[i], attempt, dest)
-            if oc.status != "ok" and attempt <= retries:
-                log.warning("unit %s failed (attempt %d): %s; retrying", ids[i], attempt, oc.error)
-                flush(ids[i])
-                emit("retry", ids[i], oc)
-                pending[submit(units[i])] = (i, attempt + 1)
-                continue
-            results[i] = oc
-            write_unit_file(dest / unit_dir_name(ids[i]), units[i], oc)
             flush(ids[i])
-            emit("finished", ids[i], oc)
+            if _units.settle(units[i], oc, retries, dest / unit_dir_name(ids[i]), emit):
+                results[i] = oc
+            else:
+                pending[submit(units[i])] = (i, attempt + 1)
         return [r for r in results if r is not None]
     finally:
         if events is not None:
@@ -368,10 +357,8 @@ def run_units_ray(
             ray.shutdown()
 
 
-def _checked_ids(units: Sequence[Mapping[str, Any]], retries: int) -> list[str]:
-    """The units' ids; ValueError for a bad ``retries``, id or ``gpus``."""
-    if retries < 0:
-        raise ValueError(f"retries must be >= 0, got {retries}")
+def _checked_ids(units: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The units' ids; ValueError for a bad id or ``gpus``."""
     ids = [str(u.get("id", "")) for u in units]
     if any(not i for i in ids):
         raise ValueError("every unit needs an 'id'")

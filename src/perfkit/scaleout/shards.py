@@ -42,15 +42,18 @@ from perfkit.scaleout.merge import (  # noqa: F401 (re-exported)
     merge_shards,
     params_hash,
 )
-from perfkit.scaleout.unit_outcome import (  # noqa: F401 (ExecutorError re-exported)
+from perfkit.scaleout.units import (  # noqa: F401 (ExecutorError re-exported)
     ExecutorError,
     OnEvent,
     RunUnit,
     UnitOutcome,
+    WorkUnit,
+    check_retries,
     newest_log_tail,
-    write_unit_file,
+    partition,
+    plan_units,
+    settle,
 )
-from perfkit.scaleout.units import WorkUnit, partition, plan_units
 
 log = logging.getLogger(__name__)
 
@@ -124,56 +127,37 @@ def run_units_inprocess(
     Raises:
         ValueError: ``retries`` < 0.
     """
-    if retries < 0:
-        raise ValueError(f"retries must be >= 0, got {retries}")
+    emit = check_retries(retries, on_event)
     dest = Path(dest)
     outcomes = []
     host = socket.gethostname()
-    emit = on_event or (lambda *_: None)
     for raw in units:
         u = _unit(raw)
         out_dir = dest / u.id
         emit("started", u.id, None)
-        attempt = 0
-        while True:
-            attempt += 1
+
+        def on_progress(ev: Mapping[str, Any], uid: str = u.id) -> None:
+            if ev.get("event") == "launch_done":
+                emit("launch", uid, None)
+
+        for attempt in range(1, retries + 2):
             if out_dir.exists():
                 shutil.rmtree(out_dir)
             t0, wall0 = time.time(), time.monotonic()
-
-            def on_progress(ev: Mapping[str, Any], uid: str = u.id) -> None:
-                if ev.get("event") == "launch_done":
-                    emit("launch", uid, None)
-
+            oc = UnitOutcome(u.id, "ok", out_dir=out_dir, attempts=attempt, host=host)
             try:
                 with listening(on_progress):
                     run_unit(u.to_dict(), out_dir)
-                oc = UnitOutcome(u.id, "ok", out_dir=out_dir, attempts=attempt, host=host)
             except Exception as exc:  # noqa: BLE001 - one failed unit must not lose the others
-                err = f"{type(exc).__name__}: {exc}"
-                if attempt <= retries:
-                    log.warning(
-                        "unit %s failed (attempt %d of %d): %s: retrying", u.id, attempt, retries + 1, err
-                    )
-                    emit("retry", u.id, None)
-                    continue
-                log.error("unit %s failed after %d attempt(s): %s", u.id, attempt, err)
                 tail = traceback.format_exc() + newest_log_tail(out_dir, LOG_TAIL_CHARS)
-                oc = UnitOutcome(
-                    u.id,
-                    "error",
-                    out_dir=out_dir if out_dir.exists() else None,
-                    attempts=attempt,
-                    error=err,
-                    log_tail=tail[-LOG_TAIL_CHARS:],
-                    host=host,
-                )
+                oc.status, oc.error = "error", f"{type(exc).__name__}: {exc}"
+                oc.log_tail = tail[-LOG_TAIL_CHARS:]
+                oc.out_dir = out_dir if out_dir.exists() else None
             oc.wall_s = round(time.monotonic() - wall0, 2)
             oc.started_at, oc.ended_at = t0, time.time()
-            break
-        write_unit_file(out_dir, u.to_dict(), oc)
+            if settle(u.to_dict(), oc, retries, out_dir, emit):
+                break
         outcomes.append(oc)
-        emit("finished", u.id, oc)
     return outcomes
 
 
