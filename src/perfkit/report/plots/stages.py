@@ -87,7 +87,7 @@ def stage_breakdown(
     df = of_launch(stages, launch) if stages is not None else pd.DataFrame()
     pv = _stage_pivot(df) if not df.empty and {"stage", "ms", "index"} <= set(df.columns) else pd.DataFrame()
     names = launch_names(launches)
-    roles = request_roles(of_launch(requests, launch) if requests is not None else None, launches)
+    roles = request_roles(of_launch(requests, launch), launches)
     launch_keys = list(dict.fromkeys(pv.index.get_level_values(0))) if not pv.empty else []
     n_panels = max(1, len(launch_keys))
     stage_cols = list(pv.columns) if not pv.empty else []
@@ -222,9 +222,7 @@ def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Fig
         empty_note(ax, "no coverage results")
         return fig
     df["penalty_ms"] = pd.to_numeric(df["penalty_ms"], errors="coerce")
-    for c in ("ratio", "covered"):
-        if c not in df.columns:
-            df[c] = np.nan
+    df = df.reindex(columns=[*df.columns, *({"ratio", "covered"} - set(df.columns))])  # NaN when absent
     agg = df.groupby(["warmup_frames", "request_frames"], sort=True).agg(
         penalty_ms=("penalty_ms", "median"),
         ratio=("ratio", lambda s: pd.to_numeric(s, errors="coerce").median()),
