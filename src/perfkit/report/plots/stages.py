@@ -67,12 +67,8 @@ def stage_breakdown(
     launch: Any = None,
     title: str | None = None,
 ) -> Figure:
-    """Per-stage latency (ms): for each stage, the cold request beside the warm median.
-
-    One panel per launch (:func:`launch_names`); stages in sglang's order; per request shape one
-    bar for its first request (cold or first of a new shape) and one for its warm median (with a
-    min–max whisker), each labelled; log y when the bars span more than 30x. Repeated rows of one
-    stage in one request are summed.
+    """Per-stage latency (ms): for each stage, the cold request beside the warm median (what it
+    draws: docs/suite.md, "The report page").
 
     Args:
         stages: the stages table (launch, request_id, index, stage, ms), or a

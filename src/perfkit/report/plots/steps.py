@@ -118,10 +118,8 @@ def step_times(
     launches: pd.DataFrame | None = None,
     title: str | None = None,
 ) -> Figure:
-    """DenoisingStage step time (ms) vs step index (every stage's when the table has none of it),
-    one line per request: the cold request and each
-    first of a new shape named with their shape, warm requests thin lines under one legend entry;
-    log y when the steps span more than 30x.
+    """DenoisingStage step time (ms) vs step index, one line per request (what it draws:
+    docs/suite.md, "The report page").
 
     Args:
         steps: the steps table (launch, request_id, index, stage, step, ms), or a
