@@ -1,10 +1,7 @@
-"""Running units of work and CI partitions: :func:`run_unit` measures one unit without Jupyter
-(``DEST/<unit id>/<part id>/`` bundles and ``unit.json``), the in-process executor, :func:`executor`
-by name, :func:`progress_events` (the one progress bar every executor drives through ``on_event``);
-``perfkit suite --partition I/N`` runs shard I's units into ``SHARD/units/<unit id>/`` bundles plus
-``SHARD/shard.json`` (:func:`run_shard`), and :func:`refresh_estimates`; merging is
-:mod:`perfkit.scaleout.merge`. Layouts, problems and notes: docs/scale-out.md. The names other
-modules read through this one are re-exported here.
+"""Running units of work and CI partitions: :func:`run_unit`, the in-process executor,
+:func:`executor` by name, :func:`progress_events`, :func:`run_shard` (``perfkit suite --partition
+I/N``) and :func:`refresh_estimates`; merging is :mod:`perfkit.scaleout.merge`, whose names other
+modules read through this one. Layouts: docs/scale-out.md.
 """
 
 from __future__ import annotations
@@ -279,19 +276,13 @@ def run_shard(
     tier: str | None = None,
     executor: str = "inprocess",
     executor_options: Mapping[str, Any] | None = None,
-    recorded: Mapping[str, float] | None = None,
     progress: bool = True,
     sets: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run shard ``index`` of ``total`` (1-based): plan every unit of the selection, partition
     them (:func:`perfkit.scaleout.units.partition`), run this shard's with ``executor``; writes
-    bundles under ``out/units/`` and the manifest ``out/shard.json``.
-
-    The manifest holds: ``kind`` ("perfkit-shard"), ``params_file``, ``params_sha256``
-    (:func:`params_hash`), ``params`` (validated), ``partition`` {index, total}, ``selected``
-    and ``skipped`` (name -> why), ``units`` (every planned unit of ALL shards, with its shard,
-    estimate and source), ``outcomes`` (this shard's :class:`UnitOutcome` dicts),
-    ``perfkit_commit``, ``executor``, ``wall_s``.
+    bundles under ``out/units/`` and the manifest ``out/shard.json`` (its keys: docs/scale-out.md,
+    "Partitions").
 
     Returns:
         the manifest.
@@ -305,7 +296,7 @@ def run_shard(
     params = load_params(params_path, sets)
     run_units = _executor(executor)
     selected, skipped = select(params, only, tier)
-    units = plan_units(params, selected, baseline=_baseline_doc(params), recorded=recorded)
+    units = plan_units(params, selected, baseline=_baseline_doc(params))
     shards = partition(units, total)
     mine = shards[index - 1]
     out = Path(out).resolve()

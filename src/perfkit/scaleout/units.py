@@ -133,9 +133,8 @@ class WorkUnit:
 _UNIT = TypeAdapter(WorkUnit)
 
 
-def _gpus(params: SuiteParams) -> int:
-    """GPUs one launch of the params' engine takes: ``num_gpus``, 1 on a CUDA device, 0 on CPU."""
-    eng = params.engine_spec()
+def _gpus(eng: Any) -> int:
+    """GPUs one launch of the engine spec takes: ``num_gpus``, 1 on a CUDA device, 0 on CPU."""
     if str(getattr(eng, "device", "") or "").startswith("cpu"):
         return 0
     n = getattr(eng, "num_gpus", None)
@@ -194,7 +193,7 @@ def plan_units(
     engine_d, request_d = params.engine_dict(), params.request.model_dump()
     engine, request = params.engine_spec(), VideoRequestSpec.from_dict(request_d)
     namer = case_namer(engine_d, request_d)
-    gpus = _gpus(params)
+    gpus = _gpus(engine)
     units: list[WorkUnit] = []
     #: launch key -> (unit, measured requests) of earlier single-launch whole investigations
     reusable: dict[str, tuple[WorkUnit, int, str]] = {}
