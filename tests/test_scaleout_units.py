@@ -22,10 +22,10 @@ from perfkit.investigations.offload_modes import NAME as OFFLOAD_MODES
 from perfkit.investigations.warmup_shapes import NAME as WARMUP_SHAPES
 from perfkit.params import load_params, parse_params
 from perfkit.scaleout import shards
-from perfkit.scaleout.unit_outcome import UNIT_FILE
 from perfkit.scaleout.units import (
     DEFAULT_ESTIMATE_S,
     E2E_OVERHEAD_S,
+    UNIT_FILE,
     PartitionError,
     WorkUnit,
     parse_partition,

@@ -1,8 +1,6 @@
-"""``perfkit merge``'s library: the layout's names (:data:`MANIFEST`, :data:`UNITS_DIR`,
-:data:`MERGED_DIR`, :data:`MERGE_FILE`), the params digest (:func:`params_hash`), shard manifests
-read and checked, shard outputs joined into one run's bundles, every problem named
-(:func:`merge_shards`), and what a part or shard was measured with (:func:`part_identity`) and how
-they differ (:func:`identity_problems`); layout in docs/scale-out.md.
+"""``perfkit merge``'s library: the layout's names, the params digest (:func:`params_hash`) and
+:func:`merge_shards` (manifests checked, shard outputs joined, every problem named); layout in
+docs/scale-out.md, what is compared in docs/robustness.md ("Merge identity").
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
 from perfkit.common import jsonsafe
 from perfkit.investigations import registry
 from perfkit.params import ParamsError, SuiteParams
-from perfkit.scaleout.unit_outcome import OUTCOME
-from perfkit.scaleout.units import MAX_SHARDS, WorkUnit
+from perfkit.scaleout.units import MAX_SHARDS, OUTCOME, WorkUnit
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +34,8 @@ PLAN_NOT_RECORDED = "plan not recorded: not checked"
 
 
 def params_hash(params: SuiteParams) -> str:
-    """sha256 of the validated params (canonical JSON): equal for the same settings whatever
-    the file's comments, key order or path, and whether a number was written 0 or 0.0 (a
-    value typed loosely, such as an invariant, keeps YAML's int but a manifest's float)."""
+    """sha256 of the validated params (canonical JSON, whole floats as ints): equal for the same
+    settings whatever the file's comments, key order, path, or 0 written for 0.0."""
     doc = json.dumps(_same_numbers(params.model_dump()), sort_keys=True, default=str)
     return hashlib.sha256(doc.encode()).hexdigest()
 
@@ -141,8 +137,8 @@ def _params_from(manifest: Mapping[str, Any]) -> SuiteParams:
 #: what merge.json's ``shards`` repeat of each shard's manifest
 _SHARD_KEYS = ("params_file", "params_sha256", "perfkit_commit", "perfkit_version", "executor", "wall_s")
 
-#: what every part and shard of one merged run must share (see :func:`part_identity`)
-IDENTITY_KEYS = ("commit", "perfkit version", "engine spec", "request", "engine program")
+#: what every part and shard of one merged run must share
+_IDENTITY_KEYS = ("commit", "perfkit version", "engine spec", "request", "engine program")
 
 
 def _program(argv: Any) -> str | None:
@@ -161,10 +157,8 @@ def _canon(v: Any) -> str:
     return json.dumps(v, sort_keys=True, default=str)
 
 
-def part_identity(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """What a part bundle's ``meta.json`` says it was measured with: ``commit``, ``perfkit
-    version``, ``engine spec``, ``request``, ``engine program`` (:func:`_program` of each
-    launch's argv) and ``plan`` (``meta.scaleout.planned``, compared with the manifest's unit)."""
+def _part_identity(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What a part bundle's ``meta.json`` says it was measured with (:data:`_IDENTITY_KEYS`, ``plan``)."""
     params = meta.get("params") if isinstance(meta.get("params"), Mapping) else {}
     cmds = meta.get("commands") if isinstance(meta.get("commands"), Mapping) else {}
     so = meta.get("scaleout") if isinstance(meta.get("scaleout"), Mapping) else {}
@@ -194,18 +188,16 @@ def _short(v: Any) -> str:
     return t if len(t) <= 60 else t[:57] + "…"
 
 
-def identity_problems(
+def _identity_problems(
     items: list[tuple[str, Mapping[str, Any]]], *, allow_mixed_commits: bool = False
 ) -> list[str]:
-    """One named problem per item of ``items`` (``(name, identity)``) and key of
-    :data:`IDENTITY_KEYS` that differs from the first item's (a key it lacks is not compared);
-    ``allow_mixed_commits`` accepts other commits."""
+    """A problem per ``(name, identity)`` and key that differs from the first's (if it has the key)."""
     if not items:
         return []
     ref_name, ref = items[0]
     out: list[str] = []
     for name, ident in items[1:]:
-        for key in IDENTITY_KEYS:
+        for key in _IDENTITY_KEYS:
             if key not in ref or ref[key] in (None, []):
                 continue
             if key == "commit" and allow_mixed_commits:
@@ -244,16 +236,9 @@ def merge_shards(
             commit is then in ``parts`` and on the page); otherwise each is a problem.
 
     Returns:
-        the merge document: ``shards`` (dir, partition, params hash, commit), ``problems``
-        (each naming the shard or unit), ``units`` (planned, with shard and outcome),
-        ``outcomes``, ``concurrent`` (:func:`concurrent_pairs`), ``selected``, ``skipped``,
-        ``merged`` (investigation -> bundle dir), ``params_sha256``, ``params`` (validated dict),
-        ``parts`` (part id -> {unit, shard, commit, perfkit_version}), ``commits`` (the distinct
-        commits measured), ``allow_mixed_commits``, ``notes`` (honest older data merged:
-        "part P (shard …): plan not recorded: not checked", an additive table absent; each
-        part's too, in ``parts.<id>.notes``).
+        the merge document (its keys: docs/scale-out.md, "Merge").
 
-    Every shard and part is compared with the first (:func:`identity_problems`; docs/robustness.md).
+    Every shard and part is compared with the first (docs/robustness.md, "Merge identity").
 
     Raises:
         ValueError: no shard manifest could be read at all (nothing to merge; naming the dirs).
@@ -271,9 +256,7 @@ def merge_shards(
         raise ValueError("nothing to merge: " + "; ".join(problems or ["no shard directories given"]))
     ref_dir, ref = manifests[0]
     notes: list[str] = []
-    # what the user means, digested the same way on both sides: each manifest's recorded params
-    # re-validated with today's model (fields added since get their defaults) versus --params
-    # (or the first shard's) validated the same way; a changed value is refused by name
+    # params as the user means them, digested alike on both sides (docs/robustness.md)
     the_params = params if params is not None else _params_from(ref)
     want_hash = params_hash(the_params)
     want_name = "--params" if params is not None else f"{ref.get('params_file')} (shard {ref_dir})"
@@ -289,10 +272,10 @@ def merge_shards(
         if units and units[0].shard in by_index:
             d0, m0 = by_index[units[0].shard]
             first = (f"shard {units[0].shard}/{total} ({d0})", _shard_identity(m0))
-            problems += identity_problems(
+            problems += _identity_problems(
                 [first, found.identities[0]], allow_mixed_commits=allow_mixed_commits
             )
-        problems += identity_problems(found.identities, allow_mixed_commits=allow_mixed_commits)
+        problems += _identity_problems(found.identities, allow_mixed_commits=allow_mixed_commits)
     dest.mkdir(parents=True, exist_ok=True)
     pairs = concurrent_pairs(found.outcomes.values())
     merged = _join_bundles(
@@ -381,7 +364,7 @@ def _shard_problems(
 ) -> list[str]:
     """The usable shards against each other, and each missing shard naming its units."""
     total = int(ref["partition"]["total"])
-    problems = identity_problems(
+    problems = _identity_problems(
         [(f"shard {i}/{total} ({d})", _shard_identity(m)) for i, (d, m) in sorted(by_index.items())],
         allow_mixed_commits=allow_mixed_commits,
     )
@@ -395,7 +378,7 @@ def _shard_problems(
 
 
 def _shard_identity(m: dict[str, Any]) -> dict[str, Any]:
-    """A shard manifest's commit and perfkit version, as :func:`identity_problems` compares them."""
+    """A shard manifest's commit and perfkit version, as :func:`_identity_problems` compares them."""
     return {"commit": m.get("perfkit_commit"), "perfkit version": m.get("perfkit_version")}
 
 
@@ -453,7 +436,7 @@ def _collect_unit(
             problems.append(f"unit {u.id}: part {p.id} lacks {', '.join(lost)} ({where}: {pd_})")
             continue
         part_notes = [f"{t}.parquet absent: saved before the table existed, read as empty" for t in older]
-        ident = part_identity(meta)
+        ident = _part_identity(meta)
         # as the bundle saved it (secrets redacted, NaN as null)
         planned = jsonsafe.finite(redact({"engine": u.engine, "request": u.request, "params": p.params}))
         if ident["plan"] is None:

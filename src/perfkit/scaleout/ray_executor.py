@@ -1,8 +1,5 @@
-"""The Ray executor: :func:`run_units_ray` runs each unit of work as a Ray task asking for the
-GPUs its engine needs (a CPU unit: every CPU of the smallest node), its output back as an
-in-memory tar archive, units retried by the driver, progress events through a Ray queue.
-``ray`` is imported lazily (``perfkit[ray]``). See docs/scale-out.md ("The Ray executor").
-"""
+"""The Ray executor: :func:`run_units_ray`, one Ray task per unit of work; ``ray`` is imported
+lazily (``perfkit[ray]``). See docs/scale-out.md ("The Ray executor")."""
 
 from __future__ import annotations
 
@@ -22,14 +19,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from perfkit.common import MissingExtra, require_extra
-from perfkit.scaleout.unit_outcome import (
-    ExecutorError,
-    OnEvent,
-    RunUnit,
-    UnitOutcome,
-    newest_log_tail,
-    write_unit_file,
-)
+from perfkit.scaleout import units as _units
+from perfkit.scaleout.units import ExecutorError, UnitOutcome
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +88,13 @@ class _TailHandler(logging.Handler):
             pass
 
 
-def _gpus_here(ray: Any) -> tuple[list[str], list[str]]:
+def _gpus_here() -> tuple[list[str], list[str]]:
     """(Ray's GPU ids of this task, their NVML UUIDs or [] when NVML does not work here)."""
     try:
+        import ray
+
         ids = [str(i) for i in ray.get_gpu_ids()]
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - also run_one without Ray
         ids = []
     if not ids:
         return [], []
@@ -151,13 +144,10 @@ def _set_omp(value: str | None) -> None:
 
 
 def run_one(
-    unit: Mapping[str, Any], run_unit: RunUnit, events: Any = None, omp_threads: str | None = None
+    unit: Mapping[str, Any], run_unit: _units.RunUnit, events: Any = None, omp_threads: str | None = None
 ) -> dict[str, Any]:
-    """Run one unit here (the body of the Ray task; also usable without Ray).
-
-    ``events``: a ``ray.util.queue.Queue`` for ``("started" | "launch", unit id)`` (None: none
-    sent); ``omp_threads``: the driver's ``OMP_NUM_THREADS`` (None: unset), which the unit runs
-    with instead of Ray's.
+    """Run one unit here (the body of the Ray task), sending ``("started" | "launch", unit id)``
+    to the ``events`` queue (None: none sent), with the driver's ``omp_threads`` (None: unset).
 
     Returns a dict: status ("ok"/"error"), error, log_tail, host, gpu_ids, gpu_uuids,
     started_at, ended_at, archive (bytes of :func:`pack_dir` of the unit's output directory).
@@ -166,12 +156,8 @@ def run_one(
 
     send = _Sender(events, str(unit["id"]))
     send("started")
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - run_one without Ray
-        ray = None
     started = time.time()
-    gpu_ids, gpu_uuids = _gpus_here(ray) if ray is not None else ([], [])
+    gpu_ids, gpu_uuids = _gpus_here()
     handler = _TailHandler(LOG_TAIL_LINES)
     root = logging.getLogger()
     root.addHandler(handler)
@@ -204,7 +190,7 @@ def run_one(
             _set_omp(ray_omp)
         ended = time.time()
         send.flush()
-        tail = "\n".join(handler.lines) + newest_log_tail(out) if status == "error" else None
+        tail = "\n".join(handler.lines) + _units.newest_log_tail(out) if status == "error" else None
         archive = pack_dir(out)
     return {
         "status": status,
@@ -220,10 +206,8 @@ def run_one(
 
 
 def default_runtime_env(address: str | None = None) -> dict[str, Any]:
-    """What the workers get: ``env_vars`` (``PERFKIT_*``, ``HF_*``, ``SGLANG_*``, … of this
-    process, secrets left out) and perfkit's own source. A local Ray (``address=None``) gets it on
-    ``PYTHONPATH`` (the workers run on this machine); a cluster gets the package through
-    ``py_modules`` (uploaded by Ray; the workers need perfkit's dependencies installed)."""
+    """What the workers get: ``env_vars`` (:data:`ENV_PREFIXES`, secrets left out) and perfkit's
+    source, on ``PYTHONPATH`` for a local Ray (``address=None``), else as ``py_modules``."""
     pkg = Path(__file__).resolve().parents[1]  # the perfkit package
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and not _SECRET.search(k)}
     rt: dict[str, Any] = {"env_vars": env}
@@ -253,28 +237,25 @@ def _error_of(exc: BaseException) -> tuple[str, str]:
 
 def run_units_ray(
     units: Sequence[Mapping[str, Any]],
-    run_unit: RunUnit,
+    run_unit: _units.RunUnit,
     dest: str | Path,
     *,
     address: str | None = None,
     retries: int = 0,
-    on_event: OnEvent | None = None,
+    on_event: _units.OnEvent | None = None,
     runtime_env: Mapping[str, Any] | None = None,
 ) -> list[UnitOutcome]:
     """Run ``units`` as Ray tasks; unpack each one's output to ``dest/<unit id>/``.
 
     Args:
         units: JSON-able dicts with ``id`` (unique), ``gpus`` (int) and optionally ``cpus``.
-        run_unit: ``(unit, out_dir) -> None``; measures the unit into ``out_dir``, raises on
-            failure. Pickled to the workers (cloudpickle): a module-level function of an
-            importable module, or a closure over picklable values.
-        dest: driver directory for the units' outputs.
-        address: None: use the Ray of this process when initialised, else start a local one;
-            ``"auto"`` or ``"ray://host:10001"``: join that cluster.
+        run_unit: ``(unit, out_dir) -> None``, raising on failure; pickled to the workers
+            (cloudpickle).
+        address: None: the Ray of this process when initialised, else a local one; ``"auto"``
+            or ``"ray://host:10001"``: join that cluster.
         retries: resubmissions of a failed or crashed unit (0: none).
-        on_event: ``(event, unit id, outcome)`` on the driver: ``started``, ``launch``, ``retry``,
-            ``finished`` (docs/scale-out.md).
-        runtime_env: merged over :func:`default_runtime_env` (``env_vars`` merged key by key).
+        on_event, runtime_env: docs/scale-out.md (runtime_env merged over
+            :func:`default_runtime_env`).
 
     Returns:
         One UnitOutcome per unit, in the order of ``units``.
@@ -285,11 +266,11 @@ def run_units_ray(
         ValueError: a unit without ``id``, a duplicate id, ``gpus`` not a non-negative int, or
             ``retries`` < 0.
     """
-    ids = _checked_ids(units, retries)
+    emit = _units.check_retries(retries, on_event)
+    ids = _checked_ids(units)
     ray = _import_ray()
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    emit = on_event or (lambda *_: None)
 
     started_here, job_env = _ray_session(ray, address, runtime_env)
     events = _event_queue(ray)
@@ -347,16 +328,11 @@ def run_units_ray(
             ref = ready[0]
             i, attempt = pending.pop(ref)
             oc = _collect(ray, ref, ids[i], attempt, dest)
-            if oc.status != "ok" and attempt <= retries:
-                log.warning("unit %s failed (attempt %d): %s; retrying", ids[i], attempt, oc.error)
-                flush(ids[i])
-                emit("retry", ids[i], oc)
-                pending[submit(units[i])] = (i, attempt + 1)
-                continue
-            results[i] = oc
-            write_unit_file(dest / unit_dir_name(ids[i]), units[i], oc)
             flush(ids[i])
-            emit("finished", ids[i], oc)
+            if _units.settle(units[i], oc, retries, dest / unit_dir_name(ids[i]), emit):
+                results[i] = oc
+            else:
+                pending[submit(units[i])] = (i, attempt + 1)
         return [r for r in results if r is not None]
     finally:
         if events is not None:
@@ -368,10 +344,8 @@ def run_units_ray(
             ray.shutdown()
 
 
-def _checked_ids(units: Sequence[Mapping[str, Any]], retries: int) -> list[str]:
-    """The units' ids; ValueError for a bad ``retries``, id or ``gpus``."""
-    if retries < 0:
-        raise ValueError(f"retries must be >= 0, got {retries}")
+def _checked_ids(units: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The units' ids; ValueError for a bad id or ``gpus``."""
     ids = [str(u.get("id", "")) for u in units]
     if any(not i for i in ids):
         raise ValueError("every unit needs an 'id'")

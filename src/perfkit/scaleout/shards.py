@@ -1,10 +1,7 @@
-"""Running units of work and CI partitions: :func:`run_unit` measures one unit without Jupyter
-(``DEST/<unit id>/<part id>/`` bundles and ``unit.json``), the in-process executor, :func:`executor`
-by name, :func:`progress_events` (the one progress bar every executor drives through ``on_event``);
-``perfkit suite --partition I/N`` runs shard I's units into ``SHARD/units/<unit id>/`` bundles plus
-``SHARD/shard.json`` (:func:`run_shard`), and :func:`refresh_estimates`; merging is
-:mod:`perfkit.scaleout.merge`. Layouts, problems and notes: docs/scale-out.md. The names other
-modules read through this one are re-exported here.
+"""Running units of work and CI partitions: :func:`run_unit`, the in-process executor,
+:func:`executor` by name, :func:`progress_events`, :func:`run_shard` (``perfkit suite --partition
+I/N``) and :func:`refresh_estimates`; merging is :mod:`perfkit.scaleout.merge`, whose names other
+modules read through this one. Layouts: docs/scale-out.md.
 """
 
 from __future__ import annotations
@@ -42,15 +39,18 @@ from perfkit.scaleout.merge import (  # noqa: F401 (re-exported)
     merge_shards,
     params_hash,
 )
-from perfkit.scaleout.unit_outcome import (  # noqa: F401 (ExecutorError re-exported)
+from perfkit.scaleout.units import (  # noqa: F401 (ExecutorError re-exported)
     ExecutorError,
     OnEvent,
     RunUnit,
     UnitOutcome,
+    WorkUnit,
+    check_retries,
     newest_log_tail,
-    write_unit_file,
+    partition,
+    plan_units,
+    settle,
 )
-from perfkit.scaleout.units import WorkUnit, partition, plan_units
 
 log = logging.getLogger(__name__)
 
@@ -124,56 +124,37 @@ def run_units_inprocess(
     Raises:
         ValueError: ``retries`` < 0.
     """
-    if retries < 0:
-        raise ValueError(f"retries must be >= 0, got {retries}")
+    emit = check_retries(retries, on_event)
     dest = Path(dest)
     outcomes = []
     host = socket.gethostname()
-    emit = on_event or (lambda *_: None)
     for raw in units:
         u = _unit(raw)
         out_dir = dest / u.id
         emit("started", u.id, None)
-        attempt = 0
-        while True:
-            attempt += 1
+
+        def on_progress(ev: Mapping[str, Any], uid: str = u.id) -> None:
+            if ev.get("event") == "launch_done":
+                emit("launch", uid, None)
+
+        for attempt in range(1, retries + 2):
             if out_dir.exists():
                 shutil.rmtree(out_dir)
             t0, wall0 = time.time(), time.monotonic()
-
-            def on_progress(ev: Mapping[str, Any], uid: str = u.id) -> None:
-                if ev.get("event") == "launch_done":
-                    emit("launch", uid, None)
-
+            oc = UnitOutcome(u.id, "ok", out_dir=out_dir, attempts=attempt, host=host)
             try:
                 with listening(on_progress):
                     run_unit(u.to_dict(), out_dir)
-                oc = UnitOutcome(u.id, "ok", out_dir=out_dir, attempts=attempt, host=host)
             except Exception as exc:  # noqa: BLE001 - one failed unit must not lose the others
-                err = f"{type(exc).__name__}: {exc}"
-                if attempt <= retries:
-                    log.warning(
-                        "unit %s failed (attempt %d of %d): %s: retrying", u.id, attempt, retries + 1, err
-                    )
-                    emit("retry", u.id, None)
-                    continue
-                log.error("unit %s failed after %d attempt(s): %s", u.id, attempt, err)
                 tail = traceback.format_exc() + newest_log_tail(out_dir, LOG_TAIL_CHARS)
-                oc = UnitOutcome(
-                    u.id,
-                    "error",
-                    out_dir=out_dir if out_dir.exists() else None,
-                    attempts=attempt,
-                    error=err,
-                    log_tail=tail[-LOG_TAIL_CHARS:],
-                    host=host,
-                )
+                oc.status, oc.error = "error", f"{type(exc).__name__}: {exc}"
+                oc.log_tail = tail[-LOG_TAIL_CHARS:]
+                oc.out_dir = out_dir if out_dir.exists() else None
             oc.wall_s = round(time.monotonic() - wall0, 2)
             oc.started_at, oc.ended_at = t0, time.time()
-            break
-        write_unit_file(out_dir, u.to_dict(), oc)
+            if settle(u.to_dict(), oc, retries, out_dir, emit):
+                break
         outcomes.append(oc)
-        emit("finished", u.id, oc)
     return outcomes
 
 
@@ -295,19 +276,13 @@ def run_shard(
     tier: str | None = None,
     executor: str = "inprocess",
     executor_options: Mapping[str, Any] | None = None,
-    recorded: Mapping[str, float] | None = None,
     progress: bool = True,
     sets: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run shard ``index`` of ``total`` (1-based): plan every unit of the selection, partition
     them (:func:`perfkit.scaleout.units.partition`), run this shard's with ``executor``; writes
-    bundles under ``out/units/`` and the manifest ``out/shard.json``.
-
-    The manifest holds: ``kind`` ("perfkit-shard"), ``params_file``, ``params_sha256``
-    (:func:`params_hash`), ``params`` (validated), ``partition`` {index, total}, ``selected``
-    and ``skipped`` (name -> why), ``units`` (every planned unit of ALL shards, with its shard,
-    estimate and source), ``outcomes`` (this shard's :class:`UnitOutcome` dicts),
-    ``perfkit_commit``, ``executor``, ``wall_s``.
+    bundles under ``out/units/`` and the manifest ``out/shard.json`` (its keys: docs/scale-out.md,
+    "Partitions").
 
     Returns:
         the manifest.
@@ -321,7 +296,7 @@ def run_shard(
     params = load_params(params_path, sets)
     run_units = _executor(executor)
     selected, skipped = select(params, only, tier)
-    units = plan_units(params, selected, baseline=_baseline_doc(params), recorded=recorded)
+    units = plan_units(params, selected, baseline=_baseline_doc(params))
     shards = partition(units, total)
     mine = shards[index - 1]
     out = Path(out).resolve()

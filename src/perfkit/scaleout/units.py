@@ -1,7 +1,9 @@
 """Units of work: the suite's launches grouped so that each unit runs on its own (a CI shard, a
 Ray task) and the merged bundles equal those of one unsplit run; estimates after sglang's
 ``multimodal_gen/test/run_suite.py`` (baseline, e2e, recorded, default 300 s) and
-:func:`partition` (longest first onto the least-loaded shard). See docs/scale-out.md ("Units of work").
+:func:`partition` (longest first onto the least-loaded shard); what an executor reports for a
+unit (:class:`UnitOutcome`, the contract between the planner and every executor: in-process and
+Ray). See docs/scale-out.md ("Units of work").
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, Iterable, Literal, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterable, Literal, Mapping
 
 from pydantic import AliasChoices, Field, TypeAdapter, ValidationError
 
+from perfkit.common import jsonsafe
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.gate.run import case_namer
 from perfkit.investigations import registry
@@ -129,9 +133,8 @@ class WorkUnit:
 _UNIT = TypeAdapter(WorkUnit)
 
 
-def _gpus(params: SuiteParams) -> int:
-    """GPUs one launch of the params' engine takes: ``num_gpus``, 1 on a CUDA device, 0 on CPU."""
-    eng = params.engine_spec()
+def _gpus(eng: Any) -> int:
+    """GPUs one launch of the engine spec takes: ``num_gpus``, 1 on a CUDA device, 0 on CPU."""
     if str(getattr(eng, "device", "") or "").startswith("cpu"):
         return 0
     n = getattr(eng, "num_gpus", None)
@@ -190,7 +193,7 @@ def plan_units(
     engine_d, request_d = params.engine_dict(), params.request.model_dump()
     engine, request = params.engine_spec(), VideoRequestSpec.from_dict(request_d)
     namer = case_namer(engine_d, request_d)
-    gpus = _gpus(params)
+    gpus = _gpus(engine)
     units: list[WorkUnit] = []
     #: launch key -> (unit, measured requests) of earlier single-launch whole investigations
     reusable: dict[str, tuple[WorkUnit, int, str]] = {}
@@ -299,3 +302,95 @@ def partition(units: Iterable[WorkUnit], n: int) -> list[list[WorkUnit]]:
         u.shard = k + 1
         load[k] += u.estimate_s
     return [[u for u in units if u.shard == k + 1] for k in range(n)]
+
+
+#: a unit's record beside its bundles (every executor writes it: :func:`settle`)
+UNIT_FILE = "unit.json"
+
+#: ``(unit, out_dir) -> None``: measure one unit (a JSON-able dict with at least ``id``,
+#: ``gpus``) and write its bundles under ``out_dir``; raise on failure.
+RunUnit = Callable[[Mapping[str, Any], Path], None]
+
+#: ``(event, unit id, outcome or None)``: "started", "launch" (one of its launches finished;
+#: optional), "retry", "finished" (for progress bars).
+OnEvent = Callable[[str, str, "UnitOutcome | None"], None]
+
+
+class ExecutorError(ValueError):
+    """An executor that cannot be used (unknown name, its module or package missing): exit 2."""
+
+
+@dataclass
+class UnitOutcome:
+    """One unit's result as the driver sees it (a manifest's outcome checked by :data:`OUTCOME`:
+    numbers strict, a string ``"164.26"`` or ``true`` is a mistyped key, not a time, and finite).
+
+    Attributes:
+        unit_id: the unit's id (stable across shards and executors).
+        status: "ok" or "error" (an error after the last attempt).
+        out_dir: where the unit's bundles landed on the driver (None when nothing came back).
+        wall_s: seconds from the last attempt's start to its end, on the worker.
+        attempts: attempts made (1 + retries used).
+        error: why the last attempt failed (None when ok).
+        log_tail: the end of the failed attempt's logs (engine stderr, traceback).
+        host: the worker's host name.
+        gpu_uuids: the GPUs the unit ran on, by NVML UUID (empty on CPU).
+        started_at, ended_at: epoch seconds of the last attempt (to tell which units overlapped).
+    """
+
+    unit_id: Annotated[str, Field(min_length=1)]
+    status: Literal["ok", "error"]
+    out_dir: Path | None = None
+    wall_s: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0)] | None = None
+    attempts: Annotated[int, Field(strict=True, ge=1)] = 1
+    error: str | None = None
+    log_tail: str | None = None
+    host: str | None = None
+    gpu_uuids: list[str] = field(default_factory=list)
+    started_at: Annotated[float, Field(strict=True, allow_inf_nan=False)] | None = None
+    ended_at: Annotated[float, Field(strict=True, allow_inf_nan=False)] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (``out_dir`` as a string)."""
+        d = asdict(self)
+        d["out_dir"] = str(self.out_dir) if self.out_dir is not None else None
+        return d
+
+
+OUTCOME = TypeAdapter(UnitOutcome)
+
+
+def newest_log_tail(d: Path, chars: int = 4000) -> str:
+    """The end of the newest ``*.log`` under ``d`` (an engine's stdout/stderr) under a header, or ""."""
+    try:
+        logs = sorted((p for p in d.rglob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
+        if not logs:
+            return ""
+        return f"\n--- {logs[-1].relative_to(d)} (end) ---\n" + logs[-1].read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def check_retries(retries: int, on_event: OnEvent | None) -> OnEvent:
+    """``on_event`` or a no-op, for an executor given ``retries``; ValueError when ``retries`` < 0."""
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries}")
+    return on_event or (lambda *_: None)
+
+
+def settle(unit: Mapping[str, Any], oc: UnitOutcome, retries: int, out_dir: Path, emit: OnEvent) -> bool:
+    """Every executor's step after an attempt: ``retry`` emitted while ``retries`` are left
+    (False); else ``out_dir/unit.json`` (the unit and its outcome) written and ``finished`` emitted."""
+    if oc.status != "ok" and oc.attempts <= retries:
+        log.warning(
+            "unit %s failed (attempt %d of %d): %s: retrying", oc.unit_id, oc.attempts, retries + 1, oc.error
+        )
+        emit("retry", oc.unit_id, oc)
+        return False
+    if oc.status != "ok":
+        log.error("unit %s failed after %d attempt(s): %s", oc.unit_id, oc.attempts, oc.error)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"unit": dict(unit), "outcome": oc.to_dict()}
+    (out_dir / UNIT_FILE).write_text(jsonsafe.dumps(doc, indent=2, default=str) + "\n")
+    emit("finished", oc.unit_id, oc)
+    return True

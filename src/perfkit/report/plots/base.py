@@ -86,9 +86,10 @@ def drop_warmup(df: pd.DataFrame, include_warmup: bool) -> pd.DataFrame:
     return df[keep.fillna(True).to_numpy(bool)]
 
 
-def of_launch(df: pd.DataFrame, launch: Any) -> pd.DataFrame:
-    """The rows of ``launch`` (all rows when ``launch`` is None or ``df`` has no launch column)."""
-    if launch is None or "launch" not in df.columns:
+def of_launch(df: pd.DataFrame | None, launch: Any) -> pd.DataFrame | None:
+    """The rows of ``launch`` (all rows when ``launch`` is None or ``df`` has no launch column;
+    None for None)."""
+    if df is None or launch is None or "launch" not in df.columns:
         return df
     return df[df["launch"] == launch]
 

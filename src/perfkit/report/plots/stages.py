@@ -67,12 +67,8 @@ def stage_breakdown(
     launch: Any = None,
     title: str | None = None,
 ) -> Figure:
-    """Per-stage latency (ms): for each stage, the cold request beside the warm median.
-
-    One panel per launch (:func:`launch_names`); stages in sglang's order; per request shape one
-    bar for its first request (cold or first of a new shape) and one for its warm median (with a
-    min–max whisker), each labelled; log y when the bars span more than 30x. Repeated rows of one
-    stage in one request are summed.
+    """Per-stage latency (ms): for each stage, the cold request beside the warm median (what it
+    draws: docs/suite.md, "The report page").
 
     Args:
         stages: the stages table (launch, request_id, index, stage, ms), or a
@@ -87,7 +83,7 @@ def stage_breakdown(
     df = of_launch(stages, launch) if stages is not None else pd.DataFrame()
     pv = _stage_pivot(df) if not df.empty and {"stage", "ms", "index"} <= set(df.columns) else pd.DataFrame()
     names = launch_names(launches)
-    roles = request_roles(of_launch(requests, launch) if requests is not None else None, launches)
+    roles = request_roles(of_launch(requests, launch), launches)
     launch_keys = list(dict.fromkeys(pv.index.get_level_values(0))) if not pv.empty else []
     n_panels = max(1, len(launch_keys))
     stage_cols = list(pv.columns) if not pv.empty else []
@@ -222,9 +218,7 @@ def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Fig
         empty_note(ax, "no coverage results")
         return fig
     df["penalty_ms"] = pd.to_numeric(df["penalty_ms"], errors="coerce")
-    for c in ("ratio", "covered"):
-        if c not in df.columns:
-            df[c] = np.nan
+    df = df.reindex(columns=[*df.columns, *({"ratio", "covered"} - set(df.columns))])  # NaN when absent
     agg = df.groupby(["warmup_frames", "request_frames"], sort=True).agg(
         penalty_ms=("penalty_ms", "median"),
         ratio=("ratio", lambda s: pd.to_numeric(s, errors="coerce").median()),

@@ -58,9 +58,9 @@ def e2e_per_request(
             _v=pd.to_numeric(df["e2e_ms"], errors="coerce"), _i=pd.to_numeric(df["index"], errors="coerce")
         )
         if "request_id" in df.columns and not roles.empty:
-            df = df.merge(roles[["request_id", "role", "label", "short"]], on="request_id", how="left")
+            df = df.merge(roles[["request_id", "role", "label"]], on="request_id", how="left")
         else:
-            df = df.assign(role=None, label=None, short=None)
+            df = df.assign(role=None, label=None)
         df = df[df["_v"].notna() & df["_i"].notna()]
         log = use_log(df["_v"])
         labelled: set[str] = set()
@@ -72,8 +72,8 @@ def e2e_per_request(
             name = names.get(lk, str(lk)) if len(launch_list) > 1 else "requests of one launch"
             (line,) = ax.plot(sub["_i"], sub["_v"], marker="o", ms=4, label=name)
             for role, (mk, size) in _ROLE_MARKERS.items():
-                pts = sub[sub["role"] == role] if "role" in sub else sub.iloc[0:0]
-                if role == ROLE_COLD and pts.empty and "role" in sub and sub["role"].isna().all():
+                pts = sub[sub["role"] == role]
+                if role == ROLE_COLD and pts.empty and sub["role"].isna().all():
                     pts = sub[sub["_i"] == 0]
                 if pts.empty:
                     continue
@@ -118,10 +118,8 @@ def step_times(
     launches: pd.DataFrame | None = None,
     title: str | None = None,
 ) -> Figure:
-    """DenoisingStage step time (ms) vs step index (every stage's when the table has none of it),
-    one line per request: the cold request and each
-    first of a new shape named with their shape, warm requests thin lines under one legend entry;
-    log y when the steps span more than 30x.
+    """DenoisingStage step time (ms) vs step index, one line per request (what it draws:
+    docs/suite.md, "The report page").
 
     Args:
         steps: the steps table (launch, request_id, index, stage, step, ms), or a
@@ -144,17 +142,15 @@ def step_times(
     role_of = {(r["launch"], r["request_id"]): r for _, r in roles.iterrows()}
     n_lines = 0
     if not df.empty and {"step", "ms"} <= set(df.columns):
-        df = df.assign(ms=pd.to_numeric(df["ms"], errors="coerce"), step=pd.to_numeric(df["step"]))
-        group_keys = [k for k in ("launch", "request_id") if k in df.columns] or ["index"]
-        groups = list(df.groupby(group_keys, sort=False))
-        groups.sort(
-            key=lambda kv: (
-                launch_keys.index(kv[1]["launch"].iloc[0]) if "launch" in kv[1] else 0,
-                float(pd.to_numeric(kv[1]["index"], errors="coerce").min()) if "index" in kv[1] else 0.0,
-            )
+        df = df.assign(
+            ms=pd.to_numeric(df["ms"], errors="coerce"),
+            step=pd.to_numeric(df["step"]),
+            _o=df["launch"].map(launch_keys.index) if "launch" in df else 0,
+            _n=pd.to_numeric(df["index"], errors="coerce") if "index" in df else 0.0,
         )
-        warm_labelled = False
-        for _, g in groups:
+        group_keys = [k for k in ("launch", "request_id") if k in df.columns] or ["index"]
+        warm_labelled = False  # requests in launch order, then by index
+        for _, g in df.sort_values(["_o", "_n"], kind="stable").groupby(group_keys, sort=False):
             g = g.sort_values("step")
             idx = g["index"].iloc[0] if "index" in g else None
             lk = g["launch"].iloc[0] if "launch" in g else None

@@ -213,16 +213,8 @@ def memory_timeline(
     device_name: str | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Device and host memory (MiB) over time since the engine's launch, with what happened.
-
-    Panels: device used (only with a finite ``device_used_mib``) and the host memory of the
-    engine's process tree (PSS, cgroup, RSS, anonymous). On each: the launch's phases shaded
-    (model load, startup warmup, placed from the launches table's cold-start parts), request spans
-    by role (:func:`request_roles`), compile marks with their time, the recorded load and warmup
-    peaks (device), caps as dashed lines (``device_cap_gib``/``host_cap_gib`` of ``caps``, in
-    MiB), stage starts dotted when at most 4 requests are drawn. Artists carry
-    gids: ``cap:device``, ``cap:host``, ``request-span``, ``phase-span``, ``compile-mark``,
-    ``stage-mark``, ``peak:load``, ``peak:warmup``.
+    """Device and host memory (MiB) over time since the engine's launch, with what happened
+    (its panels, marks and artist gids: docs/suite.md, "The report page").
 
     Args:
         memory: the memory table (launch, t_s epoch s, device_used_mib, host_*_mib), or a
@@ -239,11 +231,7 @@ def memory_timeline(
     device_name = device_name or b["meta"].get("gpu_name")
     mem = mem if mem is not None else pd.DataFrame()
     names = launch_names(launches)  # before selecting one: "unlimited" beside capped ones
-    if launch is not None:
-        mem = of_launch(mem, launch)
-        requests = of_launch(requests, launch) if requests is not None else None
-        stages = of_launch(stages, launch) if stages is not None else None
-        launches = of_launch(launches, launch) if launches is not None else None
+    mem, requests, stages, launches = (of_launch(d, launch) for d in (mem, requests, stages, launches))
     caps = dict(caps or {})
     launch_rows = [r.to_dict() for _, r in launches.iterrows()] if launches is not None else []
     one_launch = launch_rows[0] if len(launch_rows) == 1 else None
@@ -251,11 +239,8 @@ def memory_timeline(
     t = _col(mem, "t_s")
     has_device = bool(_col(mem, "device_used_mib").notna().any())
     fig = new_figure(10.0, 6.8 if has_device else 4.4)
-    if has_device:
-        ax_dev = fig.add_subplot(2, 1, 1)
-        axes = [ax_dev, fig.add_subplot(2, 1, 2, sharex=ax_dev)]
-    else:
-        axes = [fig.add_subplot()]
+    axes = list(fig.subplots(2, 1, sharex=True)) if has_device else [fig.add_subplot()]
+    axes[0].tick_params(labelbottom=True)  # the device panel keeps its time ticks
     tl = Timeline(mem, names, _time_zero(phases, t, requests, stages), phases, axes)
     default_title = _default_title(names, launch, one_launch)
     if has_device:
@@ -298,11 +283,7 @@ def _time_zero(
 
 def _default_title(names: Mapping[Any, str], launch: Any, one_launch: Mapping[str, Any] | None) -> str:
     """``"Memory timeline · <launch name> (device and host, from launch)"``, the name if it tells apart."""
-    name = (
-        names.get(launch, None)
-        if launch is not None
-        else (names.get(one_launch["launch"]) if one_launch else None)
-    )
+    name = names.get(launch if launch is not None else (one_launch or {}).get("launch"))
     if name is not None and len(names) == 1 and name == str(next(iter(names))):
         name = None  # one launch with only its label ("session"): nothing to tell apart
     return "Memory timeline" + (f" · {name}" if name else "") + " (device and host, from launch)"
