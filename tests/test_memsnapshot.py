@@ -185,6 +185,7 @@ def test_a_missing_file_is_named(tmp_path):
 def test_collect_from_the_h200_records_names_the_leak_in_table_reading_and_verdict(tmp_path):
     from perfkit.checks import check_table
     from perfkit.gate.run import investigation_checks
+    from perfkit.measuring.launch_rows import LaunchData
     from perfkit.measuring.profiled import SnapshotParams, collect, sites_markdown, top_sites_text
 
     lines = []
@@ -197,7 +198,7 @@ def test_collect_from_the_h200_records_names_the_leak_in_table_reading_and_verdi
             )
             snap["path"] = str(raw)
         lines.append(json.dumps(r))
-    table, res, files = collect("session", lines, SnapshotParams(), repeats=4)
+    table, res, files = collect(LaunchData("session", record_lines=lines), SnapshotParams(), repeats=4)
     assert res["status"] == "ok" and (res["from"], res["to"]) == (0, 3)
     grew = table[table["kind"] == "grew"]
     assert grew.iloc[0]["site"].startswith("inject_debug_leak (perfkit/refengine/server.py:")
@@ -231,6 +232,7 @@ def test_collect_from_the_h200_records_names_the_leak_in_table_reading_and_verdi
 
 
 def test_collect_without_the_leak_names_no_growing_site(tmp_path):
+    from perfkit.measuring.launch_rows import LaunchData
     from perfkit.measuring.profiled import SnapshotParams, collect, sites_markdown
 
     lines = []
@@ -243,7 +245,7 @@ def test_collect_without_the_leak_names_no_growing_site(tmp_path):
             )
             snap["path"] = str(raw)
         lines.append(json.dumps(r))
-    table, res, _ = collect("session", lines, SnapshotParams(), repeats=4)
+    table, res, _ = collect(LaunchData("session", record_lines=lines), SnapshotParams(), repeats=4)
     assert res["status"] == "ok" and res["grew"] == []
     assert table[table["kind"] == "grew"].empty and not table[table["kind"] == "peak"].empty
     assert sites_markdown({"memory_sites": res}).endswith("no allocation site grew by 1 MiB or more.")
@@ -287,12 +289,13 @@ def test_live_h200_bundle_gives_the_leak_verdict_with_its_allocation_site():
 
 def test_an_engine_without_snapshots_is_said_so_not_failed():
     from perfkit.engine.spec import EngineSpec
+    from perfkit.measuring.launch_rows import LaunchData
     from perfkit.measuring.profiled import SnapshotParams, ask_engine, collect, sites_markdown
 
     sgl = EngineSpec(kind="sglang", model_path="Lightricks/LTX-Video")
     spec, why = ask_engine(sgl, SnapshotParams(), 5)
     assert spec is sgl and why.startswith("not available for engine kind 'sglang'")
-    table, res, files = collect("session", [], SnapshotParams(), 5, why)
+    table, res, files = collect(LaunchData("session"), SnapshotParams(), 5, why)
     assert table.empty and files == {} and res["status"] == why
     assert sites_markdown({"memory_sites": res}) == f"**Allocation sites** (allocator snapshots): {why}."
     ref, why = ask_engine(EngineSpec(kind="reference"), SnapshotParams(warm=2, max_entries=500), 5)

@@ -190,9 +190,7 @@ def cold_vs_warm(
     sites = files = None
     if snapshot is not None:
         params["snapshot"] = snapshot.model_dump()
-        sites, results["memory_sites"], files = collect(
-            data.label, data.record_lines, snapshot, repeats, snapshot_why_not
-        )
+        sites, results["memory_sites"], files = collect(data, snapshot, repeats, snapshot_why_not)
         for chk in results.get("leak_checks") or []:
             if chk["name"] in SITE_CHECKS:
                 chk["sites"] = top_sites_text(results)

@@ -174,9 +174,7 @@ def memory_budget(
             if repeats < 2:
                 e["memory_sites"] = {"status": "needs repeats >= 2 (a cold and a warm request)"}
             else:
-                table, e["memory_sites"], files = collect(
-                    data.label, data.record_lines, snapshot, repeats, snapshot_why_not
-                )
+                table, e["memory_sites"], files = collect(data, snapshot, repeats, snapshot_why_not)
                 site_tables.append(table)
                 site_files.update(files)
         entries.append(e)

@@ -8,7 +8,6 @@ see docs/below-the-stage.md ("perfkit asks for traces"). Also allocation sites o
 from __future__ import annotations
 
 import gzip
-import json
 import logging
 import math
 import re
@@ -24,9 +23,10 @@ from perfkit.common.slugs import md_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.measuring.launch_rows import measure_launch
+from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.readings import traces as tr
 from perfkit.readings.memsnapshot import MemSnapshotError, diff_snapshots, peak_by_site, read_snapshot
+from perfkit.readings.records import parse_lines
 
 log = logging.getLogger(__name__)
 
@@ -242,24 +242,10 @@ def ask_engine(spec: EngineSpec, params: SnapshotParams, repeats: int) -> tuple[
     ), None
 
 
-def _snapshot_entries(record_lines: list[str]) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
-    for ln in record_lines:
-        try:
-            rec = json.loads(ln)
-        except ValueError:
-            continue
-        pk = rec.get("perfkit") if isinstance(rec, dict) else None
-        snap = pk.get("memory_snapshot") if isinstance(pk, dict) else None
-        if isinstance(snap, dict) and isinstance(snap.get("request_index"), int):
-            out[snap["request_index"]] = {**snap, "t_start": pk.get("t_start")}
-    return out
-
-
 def collect(
-    launch: str, record_lines: list[str], params: SnapshotParams, repeats: int, why_not: str | None = None
+    data: LaunchData, params: SnapshotParams, repeats: int, why_not: str | None = None
 ) -> tuple[pd.DataFrame, dict[str, Any], dict[str, Path]]:
-    """Read the snapshots a launch's records name and compare them.
+    """Read the snapshots the records of launch ``data`` name and compare them.
 
     ``why_not``: :func:`ask_engine`'s reason; then nothing is read and it is the status.
 
@@ -268,8 +254,14 @@ def collect(
         entry: ``status`` (``ok``, :data:`NOT_ON_CPU`, or why not), ``from``/``to`` request
         indices, ``grew`` (top sites: site, grown_mib) and ``peak_mib``.
     """
+    launch = data.label
+    entries = {
+        snap["request_index"]: {**snap, "t_start": r.perfkit.get("t_start")}
+        for r in (data.report or parse_lines(data.record_lines)).records
+        if isinstance(snap := r.perfkit.get("memory_snapshot"), dict)
+        and isinstance(snap.get("request_index"), int)
+    }
     first, k = params.indices(repeats)
-    entries = _snapshot_entries(record_lines)
     res: dict[str, Any] = {"from": first, "to": k, "grew": [], "peak_mib": None}
     if why_not:
         return conform("memory_sites", pd.DataFrame()), {**res, "status": why_not}, {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -109,12 +109,11 @@ class MemoryLimit:
 class HostBudget:
     """The host budget (GiB) after clamping to what exists: ``effective_gib`` = min(``asked_gib``,
     every limit) (both None: no cap asked), ``clamp`` why it is below the ask (None: not clamped),
-    e.g. ``"cgroup-v2 /sys/fs/cgroup/a/memory.max = 1 GiB"``, ``limits`` every finite limit."""
+    e.g. ``"cgroup-v2 /sys/fs/cgroup/a/memory.max = 1 GiB"``."""
 
     asked_gib: float | None
     effective_gib: float | None
     clamp: str | None
-    limits: tuple[MemoryLimit, ...] = field(default_factory=tuple)
 
 
 def _kib_lines(text: str, path: Path, keys: tuple[str, ...]) -> dict[str, int]:
@@ -358,24 +357,21 @@ class HostMemoryReader:
         lines = (line.partition(" ") for line in _read(f, "memory.events").splitlines())
         return {k: _int(v, f, k) for k, _, v in lines}
 
-    def limits(self) -> list[MemoryLimit]:
-        """:meth:`cgroup_limits` and MemTotal (GiB). Raises MemoryReadError as they do."""
-        out = self.cgroup_limits()
-        out.append(MemoryLimit("meminfo", str(self.proc_root / "meminfo"), self.mem_total_mib() / 1024))
-        return out
-
     def host_budget(self, asked_gib: float | None) -> HostBudget:
-        """min(``asked_gib``, every limit of :meth:`limits`), GiB; no ask (None) is no cap.
-        Raises MemoryReadError as :meth:`limits`."""
+        """min(``asked_gib``, every limit of :meth:`cgroup_limits` and MemTotal), GiB; no ask
+        (None) is no cap. Raises MemoryReadError as they do."""
         if asked_gib is None:
-            return HostBudget(None, None, None, ())
-        lims = tuple(self.limits())
-        low = min(lims, key=lambda m: m.gib) if lims else None
-        if low is None or not low.gib < asked_gib:
-            return HostBudget(float(asked_gib), float(asked_gib), None, lims)
+            return HostBudget(None, None, None)
+        lims = [
+            *self.cgroup_limits(),
+            MemoryLimit("meminfo", str(self.proc_root / "meminfo"), self.mem_total_mib() / 1024),
+        ]
+        low = min(lims, key=lambda m: m.gib)
+        if not low.gib < asked_gib:
+            return HostBudget(float(asked_gib), float(asked_gib), None)
         name = "MemTotal" if low.source == "meminfo" else low.source
         why = f"{name} {low.path} = {low.gib:.4g} GiB < asked {asked_gib:g} GiB"
-        return HostBudget(float(asked_gib), low.gib, why, lims)
+        return HostBudget(float(asked_gib), low.gib, why)
 
 
 #: the reader of this host (real /proc and /sys/fs/cgroup)

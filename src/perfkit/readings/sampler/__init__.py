@@ -30,6 +30,8 @@ COLUMNS = tuple(
 )
 #: numeric columns (all but ``device_source``)
 NUMERIC = tuple(c for c in COLUMNS if c != "device_source")
+#: how often the engine's process tree is re-scanned (s)
+TREE_REFRESH_S = 1.0
 #: a per-process NVML figure of 0 while the device grew by more than this (MiB) is not true
 IMPLAUSIBLE_GROWTH_MIB = 256.0
 
@@ -65,7 +67,6 @@ class MemorySampler:
         gpu_index: NVML device index, or several (summed; utilisation is their mean).
         baseline_device_mib: device used memory (MiB) read before the launch, for the
             ``nvml-device-delta`` fallback and the "device grew" check (None/NaN: neither).
-        tree_refresh_s: how often the process tree is re-scanned (s).
         cgroup_path: the engine's own cgroup v2 directory (``cgroup_current_mib``; None: none).
         nvml, reader: NVML access and host memory reader (defaults: :class:`PynvmlSource`, this
             host's).
@@ -85,7 +86,6 @@ class MemorySampler:
         interval_s: float = 0.1,
         gpu_index: int | Sequence[int] = 0,
         baseline_device_mib: float | None = None,
-        tree_refresh_s: float = 1.0,
         cgroup_path: str | Path | None = None,
         nvml: NvmlSource | None = None,
         reader: HostMemoryReader | None = None,
@@ -104,7 +104,6 @@ class MemorySampler:
         self.interval_s = float(interval_s)
         self.gpu_indices = _indices(gpu_index)
         self.baseline_device_mib = baseline_device_mib
-        self.tree_refresh_s = tree_refresh_s
         self.cgroup_path = Path(cgroup_path) if cgroup_path is not None else None
         self.nvml: NvmlSource = nvml if nvml is not None else PynvmlSource()
         self.reader = reader or _DEFAULT_READER
@@ -211,7 +210,7 @@ class MemorySampler:
     def _host(self) -> tuple[float, float, float, float, bool]:
         """(rss, anon, pss, uss) MiB of the tree and whether the root is alive."""
         now = time.monotonic()
-        if now - self._tree_t >= self.tree_refresh_s:
+        if now - self._tree_t >= TREE_REFRESH_S:
             self._tree = self.reader.tree_pids(self.pid)
             self._tree_t = now
         if self._pss and self._pss_budget.due(now):
