@@ -388,7 +388,7 @@ def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: fl
         fields = s.params_model.model_fields
         with contextlib.suppress(ValueError):  # invalid: no bars, the notebook's bind cell says why
             sec = s.params_model.model_validate({k: v for k, v in params.items() if k in fields})
-            plan = list(s.plan(sec)) if s.plan is not None else []
+            plan = list(s.plan(sec))
     planned = sum(plan)
     # the kernel's stderr (its shutdown noise: a traceback when interrupted) goes to a log; the
     # bars to the terminal

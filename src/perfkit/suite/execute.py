@@ -208,12 +208,10 @@ def run_plan(params: SuiteParams, names: Iterable[str]) -> tuple[int, int]:
     for n in names:
         if n not in registry.names():  # the gate notebook launches nothing
             continue
-        s = registry.get(n)
-        if s.plan is not None:
-            try:
-                plans.append(s.plan(params.section(n)))
-            except (AttributeError, TypeError, ValueError) as exc:
-                log.debug("no plan for %s: %s", n, exc)
+        try:
+            plans.append(registry.get(n).plan(params.section(n)))
+        except (AttributeError, TypeError, ValueError) as exc:
+            log.debug("no plan for %s: %s", n, exc)
     return planned_requests(plans)
 
 
