@@ -289,7 +289,7 @@ def test_the_register_module_shorthand_takes_the_module_declarations():
     )
     try:
         assert registry.get("throwaway_short") is s
-        assert (s.run, s.reading, s.checks, s.plan) == (run, reading, registry.no_checks, None)
+        assert (s.run, s.reading, s.checks, s.plan(None)) == (run, reading, registry.no_checks, [])
         assert (s.section_intro, s.order, s.title) == ("Short intro.", 7, "Short")
         assert [c.source for c in s.notebook_cells()] == [
             "## Sleeps",

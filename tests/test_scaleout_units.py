@@ -246,6 +246,14 @@ def test_executor_lookup():
         shards.executor("slurm")
 
 
+def test_executor_refuses_replay(tmp_path):
+    from perfkit.suite import run_suite
+
+    with pytest.raises(ValueError, match="cannot be combined with --replay"):
+        run_suite(tmp_path / "p.yaml", tmp_path / "out", replay=tmp_path, executor="inprocess")
+    assert not (tmp_path / "out").exists()
+
+
 def test_concurrent_pairs():
     oc = [
         {"unit_id": "a", "started_at": 0, "ended_at": 10},

@@ -36,6 +36,7 @@ from perfkit.suite.execute import (
     default_out,
     ipc_kernel_manager,
     kernel_name,
+    notebook_parameters,
     notebooks_dir,
     outputs_base,
     replay_plan,
@@ -319,8 +320,6 @@ def notebook_params(nb: Path, params_file: str | None, kv: list[str] | tuple[str
     """The parameters of one run: the params file's for this notebook (when given), then ``-p``
     items, validated (:func:`perfkit.nbparams.validate`); ``fail_on`` ``never`` unless given (the
     exit code comes from verdict.json). Raises :class:`RunInputError`."""
-    from perfkit.suite.execute import notebook_parameters
-
     if not nb.exists():
         raise RunInputError(f"notebook {nb} not found")
     params: dict[str, Any] = {}
@@ -388,7 +387,7 @@ def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: fl
         fields = s.params_model.model_fields
         with contextlib.suppress(ValueError):  # invalid: no bars, the notebook's bind cell says why
             sec = s.params_model.model_validate({k: v for k, v in params.items() if k in fields})
-            plan = list(s.plan(sec)) if s.plan is not None else []
+            plan = list(s.plan(sec))
     planned = sum(plan)
     # the kernel's stderr (its shutdown noise: a traceback when interrupted) goes to a log; the
     # bars to the terminal

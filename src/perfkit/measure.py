@@ -66,7 +66,7 @@ def measure(
     params.refuse_disabled([n for n in only or () if not any(j[1].name == n for j in jobs)])
     summary: dict[str, Any] = {}
     shared: dict[str, Any] = {}
-    plans = {name: (s.plan(sec) if s.plan is not None else []) for name, s, sec, _ in jobs}
+    plans = {name: s.plan(sec) for name, s, sec, _ in jobs}
     bars = RunBars(sys.stderr, *planned_requests(plans.values()))
     try:
         for name, s, sec, eng in jobs:

@@ -73,10 +73,14 @@ def register(pid: int, pgid: int, create_time: float, label: str, path: str | Pa
 
 
 def registered(path: str | Path) -> list[dict[str, Any]]:
-    """The entries of a registry file (unreadable lines skipped; a missing file: [])."""
+    """The entries of a registry file, or of a directory's ``*.processes.jsonl`` (unreadable
+    lines skipped; a missing file: [])."""
+    path = Path(path)
+    if path.is_dir():
+        return [e for f in sorted(path.glob("*.processes.jsonl")) for e in registered(f)]
     out = []
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except OSError:
         return []
     for ln in text.splitlines():
@@ -277,7 +281,8 @@ def _teardown_end(code: int | None, label: str) -> bool:
 @dataclass
 class Watch:
     """Everything under this process (and in a registry file) before a piece of work; see
-    :meth:`reap`. ``registry``: the file the work's launches register in (None: none)."""
+    :meth:`reap`. ``registry``: the file (or directory of files, :func:`registered`) the work's
+    launches register in (None: none)."""
 
     registry: Path | None = None
     before: set[tuple[int, float]] = field(default_factory=set)
@@ -469,15 +474,7 @@ def _reaper_main(argv: list[str] | None = None) -> int:
         time.sleep(a.poll)
     # what the registries under the directory name, and what carries one in its environment
     d = Path(a.dir)
-    procs: dict[psutil.Process, str] = {}
-    for f in sorted(d.glob("*.processes.jsonl")):
-        for e in registered(f):
-            p = alive(int(e["pid"]), float(e["create_time"]))
-            if p is not None:
-                procs[p] = str(e.get("label") or "")
-    for p in marked(d):
-        if not any(q.pid == p.pid for q in procs):
-            procs[p] = "started under the run"
+    procs = Watch(d).leftovers()
     ended = end_processes(procs, a.grace)
     if ended:
         with contextlib.suppress(OSError):

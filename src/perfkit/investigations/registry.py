@@ -167,8 +167,8 @@ class Investigation:
         check_bundle: raises :class:`InvestigationError` when a bundle holds no usable measurement.
         checks: ``(results, invariants dict) -> [Check]``; key_numbers: ``results ->
             [KeyNumber]``; summary_table: ``results -> DataFrame``; reading: ``results -> Markdown``.
-        plan: ``params -> [requests per launch]`` (an upper bound when it reuses a launch): the
-            suite's progress bars estimate from it.
+        plan: ``params -> [requests per launch]`` (an upper bound when it reuses a launch; default
+            []): the suite's progress bars estimate from it.
         split: ``params -> [(part key, sub-params)]``: independent launches, each a unit of work
             (:mod:`perfkit.scaleout.units`), filesystem-safe keys (``warmup17``) in the unsplit
             run's order; None: one unit. join: ``([part bundles in split order], params) ->
@@ -193,7 +193,7 @@ class Investigation:
     reading: Callable[[Mapping[str, Any]], str] = no_reading
     cases: Callable[[ResultBundle, CaseNamer], dict[str, ResultBundle]] = lambda bundle, namer: {}
     order: int = 100
-    plan: Optional[Callable[[Any], list[int]]] = None
+    plan: Callable[[Any], list[int]] = lambda p: []
     split: Optional[Callable[[Any], list[tuple[str, Any]]]] = None
     join: Optional[Callable[[list[ResultBundle], Any], ResultBundle]] = None
     case_ids: Optional[Callable[[Any, CaseNamer], list[str]]] = None

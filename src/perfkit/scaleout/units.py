@@ -227,7 +227,7 @@ def plan_units(
                 key=key if not whole else None,
                 params=dump,
                 launches=len(fresh) if planned else 1,
-                requests=sum(p.requests for p in fresh) if planned else (sum(s.plan(sub)) if s.plan else 0),
+                requests=sum(p.requests for p in fresh) if planned else sum(s.plan(sub)),
                 case_ids=tuple(s.case_ids(sub, namer)) if s.case_ids is not None else (),
                 reuses=tuple(dict.fromkeys(reused)),
             )

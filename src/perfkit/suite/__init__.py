@@ -48,7 +48,6 @@ from perfkit.suite.execute import (
     check_replay_identity,
     default_out,
     execute_owned,
-    kernel_name,
     link_latest,
     notebook_parameters,
     notebooks_dir,
@@ -93,10 +92,13 @@ def run_suite(
     :data:`SCALEOUT` error entry (exit 2). ``sets``: ``section.key=value`` overrides.
     ``executor`` (``perfkit suite --executor NAME``): every unit of work through that executor
     (one shard of one, into ``RUN/shards/1/``), then :func:`merge_runs` into ``RUN``; an unknown
-    or missing one (``ray`` without ``perfkit[ray]``) raises ExecutorError before anything runs.
+    or missing one (``ray`` without ``perfkit[ray]``) raises ExecutorError before anything runs;
+    with ``replay`` too, ValueError.
     """
     from perfkit import report
 
+    if executor is not None and replay:
+        raise ValueError("--executor measures; it cannot be combined with --replay")
     params = load_params(params_path, sets)
     check_baseline_file(params, params_path)
     if executor is not None:
@@ -161,9 +163,8 @@ def run_suite(
     runs: list[NotebookRun] = [
         NotebookRun(n, status="skipped", reason=skipped[n]) for n in registry.names() if n in skipped
     ]
-    kern = kernel_name()
     t_start = time.monotonic()
-    _run_notebooks(runs, names, nb_dir, run_dir, replay_dir, params, spec, kern, progress)
+    _run_notebooks(runs, names, nb_dir, run_dir, replay_dir, params, spec, progress)
     order = {n: i for i, n in enumerate(notebook_names())}
     runs.sort(key=lambda r: order.get(r.name, 99))
     if problems := list((scaleout or {}).get("problems") or []):
@@ -198,7 +199,6 @@ def _run_notebooks(
     replay_dir: Path | None,
     params: SuiteParams,
     spec: EngineSpec,
-    kern: str,
     progress: bool,
 ) -> None:
     """Run ``names`` in order into ``runs``; Ctrl-C or SIGTERM: the one under way an error."""
@@ -224,7 +224,6 @@ def _run_notebooks(
                 in_flight_error=True,
                 cwd=run_dir,
                 timeout_s=params.timeout_s,
-                kernel=kern,
             )
         except KeyboardInterrupt:
             return None

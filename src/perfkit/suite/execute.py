@@ -208,12 +208,10 @@ def run_plan(params: SuiteParams, names: Iterable[str]) -> tuple[int, int]:
     for n in names:
         if n not in registry.names():  # the gate notebook launches nothing
             continue
-        s = registry.get(n)
-        if s.plan is not None:
-            try:
-                plans.append(s.plan(params.section(n)))
-            except (AttributeError, TypeError, ValueError) as exc:
-                log.debug("no plan for %s: %s", n, exc)
+        try:
+            plans.append(registry.get(n).plan(params.section(n)))
+        except (AttributeError, TypeError, ValueError) as exc:
+            log.debug("no plan for %s: %s", n, exc)
     return planned_requests(plans)
 
 
@@ -244,9 +242,11 @@ class NotebookRun:
     in_flight: dict[str, Any] | None = None
 
 
+@functools.cache
 def kernel_name() -> str:
     """A kernel that runs this Python (``python3`` resolves to ``sys.executable``; otherwise a
-    ``perfkit`` kernelspec pointing at this interpreter is installed under ``sys.prefix``)."""
+    ``perfkit`` kernelspec pointing at this interpreter is installed under ``sys.prefix``); once
+    a process."""
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
     ksm = KernelSpecManager()
@@ -322,7 +322,6 @@ def execute_owned(
     in_flight_error: bool = False,
     cwd: str | Path | None = None,
     timeout_s: float | None = None,
-    kernel: str | None = None,
 ) -> NotebookRun:
     """Run one notebook with papermill; never raises for a failing notebook (a last cell's
     :class:`perfkit.gate.verdicts.GateFailed` is status ``ok``: the gate result is in its
@@ -346,7 +345,7 @@ def execute_owned(
                         str(src),
                         str(dst),
                         parameters=dict(parameters),
-                        kernel_name=kernel or kernel_name(),
+                        kernel_name=kernel_name(),
                         cwd=str(cwd) if cwd else None,
                         progress_bar=False,
                         log_output=False,
