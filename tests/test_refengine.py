@@ -7,6 +7,8 @@ Compiling tests use ``--compile-backend aot_eager`` (inductor takes ~37 s on the
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -224,6 +226,19 @@ def test_covered_shape_does_not_recompile(tmp_path):
         first = _ok(c.generate(spec(25)))
     assert first.perfkit["compiles"] == 0, first.perfkit
     assert first.perfkit["recompile_reasons"] == []
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+def test_a_recompile_limit_below_one_is_refused_before_the_engine_starts(value):
+    proc = subprocess.run(
+        [sys.executable, "-m", "perfkit.refengine", "--compile", "--recompile-limit", value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"argument --recompile-limit: expected a whole number >= 1, got '{value}'" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_recompile_limit_hit_is_recorded(tmp_path):

@@ -25,6 +25,16 @@ def _resolution(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH, got {text!r}") from None
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return n
+
+
 #: Values sglang reads as true for its boolean environment variables.
 _TRUTHY = ("1", "true", "yes", "y", "t", "on")
 
@@ -126,7 +136,7 @@ _OPTIONS = [
         help="torch.compile backend: inductor | aot_eager | eager | cudagraphs",
     ),
     _o("--compile-vae", action="store_true", help="also compile the VAE decoder"),
-    _o("--recompile-limit", type=int, help="torch._dynamo recompile limit"),
+    _o("--recompile-limit", type=_positive_int, help="torch._dynamo recompile limit"),
     _o("--two-stage", action="store_true", help="half-res pass + UpsampleStage + RefinementStage"),
     _o("--refine-steps", type=int, default=2, help="RefinementStage steps of the two-stage pipeline"),
     _o(
