@@ -83,9 +83,7 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
     elif len(ok) == repeats and data.error is None:
         e.update({"status": RAN, "reason": None})
     else:
-        why = data.error
-        if not why and not df.empty:
-            why = "; ".join(df["error"].dropna().astype(str))
+        why = data.error or (common.request_errors(df) if not df.empty else None)
         e.update({"status": FAILED, "reason": (why or "see the engine log").splitlines()[0][:300]})
     ran, off, cold, warm = e["status"] == RAN, e["offload"] or {}, e["cold_ms"], e["warm_ms"]
     e["placement_matches"] = (bool(off) and all(v == mode for v in off.values())) if ran else None
@@ -164,16 +162,8 @@ def offload_modes(
         ``compile_requested``, ``compile_active``, ``compile_disabled_reason`` (the engine's
         records: whether torch.compile was asked, in force, and why not; None: not recorded),
         ``placement_matches``, ``warm_not_slower``, ``reused_from``; ``device``: the engine's.
-
-    Raises:
-        ValueError: repeats < 2, an unknown or repeated mode.
     """
-    if repeats < 2:
-        raise ValueError(f"offload_modes: repeats must be >= 2, got {repeats}")
     modes = list(modes) if modes else list(OFFLOAD_MODES)
-    bad = [m for m in modes if m not in OFFLOAD_MODES]
-    if bad or len(set(modes)) != len(modes):
-        raise ValueError(f"offload_modes: modes must be unique values of {OFFLOAD_MODES}, got {modes}")
     req = common.as_request(request)
     caps = caps if caps is not None else MemoryCaps()
     launches: list[LaunchData] = []

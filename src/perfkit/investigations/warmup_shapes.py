@@ -101,14 +101,7 @@ def warmup_shapes(
         (95 % bootstrap) and ``ratio_lower`` (first / the slowest warm request), ``compiles``
         and ``compile_ms`` in the measured window (None: the engine reports no compile counts),
         ``penalty_stage``, ``recompile_reasons``.
-
-    Raises:
-        ValueError: repeats < 2 or an empty setting list.
     """
-    if repeats < 2:
-        raise ValueError(f"warmup_shapes: repeats must be >= 2, got {repeats}")
-    if not warmup_frames or not request_frames:
-        raise ValueError("warmup_shapes: warmup_frames and request_frames must not be empty")
     base = as_request(request)
     launches = []
     reused: list[str] = []
