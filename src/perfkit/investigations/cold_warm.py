@@ -18,7 +18,7 @@ from perfkit.common.slugs import md_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import parts, registry
+from perfkit.investigations import common, parts, registry
 from perfkit.investigations.common import as_request, first_vs_warm, run_kwargs
 from perfkit.investigations.parts import code, md
 from perfkit.measuring.assemble import PlannedLaunch, assemble, launch_key
@@ -26,9 +26,7 @@ from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.measuring.profiled import (
     ProfileParams,
     SnapshotParams,
-    ask_engine,
     attach,
-    collect,
     run_profiled,
     sites_markdown,
     top_sites_text,
@@ -161,10 +159,7 @@ def cold_vs_warm(
         raise ValueError(f"cold_vs_warm: repeats must be >= 2 (one cold + warm), got {repeats}")
     req = as_request(request)
     run_dir = Path(run_dir)
-    snapshot = SnapshotParams.model_validate(snapshot) if isinstance(snapshot, dict) else snapshot
-    snapshot_why_not = None
-    if snapshot is not None:
-        spec, snapshot_why_not = ask_engine(spec, snapshot, repeats)
+    spec, snapshot, why_not = common.snapshot_spec(spec, snapshot, repeats)
     data = measure_launch(
         spec, [req] * repeats, run_dir, "session", caps=caps, sample_interval_s=sample_interval_s
     )
@@ -187,17 +182,16 @@ def cold_vs_warm(
     profile = ProfileParams.model_validate(profile) if isinstance(profile, dict) else profile
     if profile is not None:
         params["profile"] = profile.model_dump()
-    sites = files = None
+    collected: list = []
     if snapshot is not None:
         params["snapshot"] = snapshot.model_dump()
-        sites, results["memory_sites"], files = collect(data, snapshot, repeats, snapshot_why_not)
+        results["memory_sites"] = common.snapshot_sites(data, snapshot, repeats, why_not, collected)
         for chk in results.get("leak_checks") or []:
             if chk["name"] in SITE_CHECKS:
                 chk["sites"] = top_sites_text(results)
     bundle = assemble(NAME, [data], params, results, caps=[caps])
-    if sites is not None:
-        bundle.tables["memory_sites"] = sites
-        bundle.traces.update(files or {})
+    if snapshot is not None:
+        common.attach_sites(bundle, collected)
     if profile is not None:
         attach(bundle, *run_profiled(spec, req, profile, run_dir, caps=caps))
     return bundle

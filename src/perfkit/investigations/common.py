@@ -11,11 +11,13 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from perfkit.bundle import ResultBundle, steady_state
+from perfkit.bundle import ResultBundle, conform, steady_state
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.client import VideoRequestSpec
+from perfkit.engine.spec import EngineSpec
 from perfkit.measuring.assemble import reuse_launch
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
+from perfkit.measuring.profiled import SnapshotParams, ask_engine, collect
 
 NAN = math.nan
 
@@ -61,6 +63,45 @@ def reuse_or_launch(
         if data is not None:
             return data
     return measure_launch(specs[0], requests, Path(run_dir), label, **kw)
+
+
+def request_errors(df: pd.DataFrame) -> str:
+    """The sent rows' errors joined with ``; `` (empty when none)."""
+    return "; ".join(df["error"].dropna().astype(str))
+
+
+def snapshot_spec(
+    spec: EngineSpec, snapshot: SnapshotParams | Mapping[str, Any] | None, repeats: int
+) -> tuple[EngineSpec, SnapshotParams | None, str | None]:
+    """(``spec`` with the allocator snapshot flags set where asked, the params as a model, why
+    no snapshots: :func:`~perfkit.measuring.profiled.ask_engine`'s reason or None)."""
+    snapshot = SnapshotParams.model_validate(snapshot) if isinstance(snapshot, Mapping) else snapshot
+    if snapshot is None or repeats < 2:
+        return spec, snapshot, None
+    spec, why_not = ask_engine(spec, snapshot, repeats)
+    return spec, snapshot, why_not
+
+
+def snapshot_sites(
+    data: LaunchData, snapshot: SnapshotParams, repeats: int, why_not: str | None, collected: list
+) -> dict[str, Any]:
+    """The launch's ``memory_sites`` results entry (:func:`~perfkit.measuring.profiled.collect`);
+    its table and files appended to ``collected`` for :func:`attach_sites`."""
+    if repeats < 2:
+        return {"status": "needs repeats >= 2 (a cold and a warm request)"}
+    table, entry, files = collect(data, snapshot, repeats, why_not)
+    collected.append((table, files))
+    return entry
+
+
+def attach_sites(bundle: ResultBundle, collected: list[tuple[pd.DataFrame, dict[str, Path]]]) -> None:
+    """The bundle's ``memory_sites`` table (the launches' tables in order) and snapshot files."""
+    tables = [t for t, _ in collected if not t.empty]
+    bundle.tables["memory_sites"] = conform(
+        "memory_sites", pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    )
+    for _, files in collected:
+        bundle.traces.update(files)
 
 
 def launch_numbers(data: LaunchData) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:

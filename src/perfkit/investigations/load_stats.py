@@ -194,17 +194,6 @@ def _t0(rows: list[dict]) -> float:
     return min(r["t_submit_s"] if r.get("t_arrival_s") is None else r["t_arrival_s"] for r in rows)
 
 
-def delivered_rps(rows: list[dict]) -> float | None:
-    """Requests completed per second of the rows' wall time (first submit or arrival to the last
-    result, the client's clock); None for no rows or no wall time. The throughput of a level,
-    and (its largest over the closed levels) the capacity an open loop's rate is a multiple of."""
-    if not rows:
-        return None
-    t0 = _t0(rows)
-    span = max(r["t_end_s"] for r in rows) - t0
-    return sum(r["status"] == "completed" for r in rows) / span if span > 0 else None
-
-
 def level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None) -> dict[str, Any]:
     """One level's row (docs/load.md): counts, medians (ms), throughput and goodput (videos/min),
     SLO attainment, quantiles with intervals, engine idle share, memory peaks."""
@@ -214,7 +203,6 @@ def level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None
     t1 = max(r["t_end_s"] for r in rows)
     minutes = (t1 - t0) / 60.0
     met = [r for r in ok if slo_ms is not None and r["e2e_ms"] <= slo_ms]
-    rps = delivered_rps(rows)
     out: dict[str, Any] = {
         "n": len(rows),
         "completed": len(ok),
@@ -223,7 +211,7 @@ def level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None
         "service_ms": median([r["service_ms"] for r in ok]),
         "e2e_median_ms": median(e2e),
         "start_source": sorted({r["start_source"] for r in ok}),
-        "throughput_vpm": rps * 60.0 if rps is not None else None,
+        "throughput_vpm": len(ok) / (t1 - t0) * 60.0 if t1 > t0 else None,
         "slo_attainment": (len(met) / len(rows)) if slo_ms is not None and rows else None,
         "goodput_vpm": (len(met) / minutes) if slo_ms is not None and minutes > 0 else None,
         "t0_s": t0,
@@ -393,8 +381,9 @@ def concurrency_findings(levels: list[dict], closed: list[dict]) -> list[str]:
 
 
 def capacity_rps(rows: list[dict]) -> tuple[float | None, str | None]:
-    """(requests/s, where): the largest throughput delivered by a closed level
-    (:func:`delivered_rps`), else by the warm-up; what the open loop's ``rate_over_capacity``
+    """(requests/s, where): the largest throughput delivered by a closed level (completed
+    requests per second from the first submit or arrival to the last result, the client's
+    clock), else by the warm-up; what the open loop's ``rate_over_capacity``
     multiplies (:func:`perfkit.investigations.load_measure.run_phases` computes it from the same
     rows before the open loop). ``rows``: per-request rows (or dicts with ``phase``, ``level``,
     ``status``, ``t_submit_s``, ``t_arrival_s``, ``t_end_s``)."""
@@ -404,7 +393,10 @@ def capacity_rps(rows: list[dict]) -> tuple[float | None, str | None]:
             where = f"concurrency {r['level']}" if r["phase"] == "closed" else "the warm-up"
             groups.setdefault(where, []).append(r)
     closed = {w: g for w, g in groups.items() if w != "the warm-up"} or groups
-    rated = [(rps, w) for w, g in closed.items() if (rps := delivered_rps(g))]
+    rated = []
+    for w, g in closed.items():
+        n, span = sum(r["status"] == "completed" for r in g), max(r["t_end_s"] for r in g) - _t0(g)
+        rated += [(n / span, w)] if n and span > 0 else []
     return max(rated) if rated else (None, None)
 
 

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional
 import pandas as pd
 from pydantic import Field, model_validator
 
-from perfkit.bundle import ResultBundle, conform, table_rows
+from perfkit.bundle import ResultBundle, table_rows
 from perfkit.checks import Check, check_flag
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text, slug
@@ -22,7 +22,7 @@ from perfkit.investigations.common import mib
 from perfkit.investigations.parts import code, md
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key, relabel
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
-from perfkit.measuring.profiled import SnapshotParams, ask_engine, collect, sites_markdown
+from perfkit.measuring.profiled import SnapshotParams, sites_markdown
 from perfkit.readings.sampler.nvml import nvml_inventory
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def cap_entry(data: LaunchData, cap: MemoryCaps, repeats: int) -> dict[str, Any]
         "host_source": _text(lr.get("host_source")),
         **numbers,
         "placement": lr.get("placement"),
-        "error": data.error or (None if len(ok) == repeats else "; ".join(df["error"].dropna().astype(str))),
+        "error": data.error or (None if len(ok) == repeats else common.request_errors(df)),
         "warm_degrades": bool(warm > cold * (1 + WARM_DEGRADE_TOLERANCE)) if warm is not None else None,
     }
 
@@ -154,13 +154,8 @@ def memory_budget(
     caps = list(caps) if caps else [c.to_caps() for c in MemoryBudgetParams().caps]
     caps = [c if c is not None else MemoryCaps() for c in caps]
     req = common.as_request(request)
-    snapshot = SnapshotParams.model_validate(snapshot) if isinstance(snapshot, dict) else snapshot
-    snapshot_why_not = None
-    if snapshot is not None and repeats >= 2:
-        spec, snapshot_why_not = ask_engine(spec, snapshot, repeats)
-    site_tables: list[pd.DataFrame] = []
-    site_files: dict[str, Path] = {}
-    launches, entries, reused = [], [], []
+    spec, snapshot, why_not = common.snapshot_spec(spec, snapshot, repeats)
+    launches, entries, reused, collected = [], [], [], []
     for i, cap in enumerate(caps):
         label = f"cap{i}"
         data = common.reuse_or_launch(
@@ -171,12 +166,7 @@ def memory_budget(
         launches.append(data)
         e = cap_entry(data, cap, repeats)
         if snapshot is not None:
-            if repeats < 2:
-                e["memory_sites"] = {"status": "needs repeats >= 2 (a cold and a warm request)"}
-            else:
-                table, e["memory_sites"], files = collect(data, snapshot, repeats, snapshot_why_not)
-                site_tables.append(table)
-                site_files.update(files)
+            e["memory_sites"] = common.snapshot_sites(data, snapshot, repeats, why_not, collected)
         entries.append(e)
     results: dict[str, Any] = {
         "caps": entries,
@@ -200,11 +190,7 @@ def memory_budget(
         results["memory_sites"] = entries[0].get("memory_sites") if entries else None
     bundle = assemble(NAME, launches, params, results, caps=caps)
     if snapshot is not None:
-        tables = [t for t in site_tables if not t.empty]
-        bundle.tables["memory_sites"] = conform(
-            "memory_sites", pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
-        )
-        bundle.traces.update(site_files)
+        common.attach_sites(bundle, collected)
     return bundle
 
 
@@ -249,7 +235,7 @@ def find_min_budget(
                 "completed": good,
                 "placement": data.launch_row.get("placement"),
                 "e2e_ms": json_float(df["e2e_ms"].iloc[0]) if not df.empty else None,
-                "error": data.error or (None if good else "; ".join(df["error"].dropna().astype(str))),
+                "error": data.error or (None if good else common.request_errors(df)),
             }
         )
         log.info("min budget probe %.2f GiB: %s", gib, "ok" if good else "failed")

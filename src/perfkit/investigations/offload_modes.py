@@ -83,9 +83,7 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
     elif len(ok) == repeats and data.error is None:
         e.update({"status": RAN, "reason": None})
     else:
-        why = data.error
-        if not why and not df.empty:
-            why = "; ".join(df["error"].dropna().astype(str))
+        why = data.error or (common.request_errors(df) if not df.empty else None)
         e.update({"status": FAILED, "reason": (why or "see the engine log").splitlines()[0][:300]})
     ran, off, cold, warm = e["status"] == RAN, e["offload"] or {}, e["cold_ms"], e["warm_ms"]
     e["placement_matches"] = (bool(off) and all(v == mode for v in off.values())) if ran else None
