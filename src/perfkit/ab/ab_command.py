@@ -110,17 +110,17 @@ def design_for(
         raise AbInputError(str(exc), "-n/--launches, --max-launches") from None
 
 
-def out_dir(given: str | None, suffix: str = "") -> Path:
-    """The ab run directory: ``given`` (refused when it is a file or a non-empty directory: a
+def out_dir(given: str | None, suffix: str = "", kind: str = "ab") -> Path:
+    """The run directory: ``given`` (refused when it is a file or a non-empty directory: a
     replay must not overwrite a run, e.g. the A/A its thresholds come from), else a new
-    ``outputs/ab/<timestamp><suffix>`` (:func:`perfkit.common.outdirs.stamped_dir`). Raises
-    :class:`AbInputError`."""
+    ``outputs/<kind>/<timestamp><suffix>`` (:func:`perfkit.common.outdirs.stamped_dir`). Raises
+    :class:`AbInputError` (``--out``)."""
     if given:
         problem = given_out_problem(given)
         if problem:
             raise AbInputError(f"{Path(given)} {problem}", "--out")
         return Path(given)
-    return stamped_dir(Path("outputs") / "ab", suffix)
+    return stamped_dir(Path("outputs") / kind, suffix)
 
 
 def request_for(

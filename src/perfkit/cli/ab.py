@@ -241,8 +241,8 @@ def probe_run(kind: str, fn: Callable[..., Any], kw: dict[str, Any], *args: Any,
     """Build the probe setup from ``kw``, run ``fn(*args, setup, out, **more)``, print, exit."""
     from pathlib import Path
 
-    from perfkit.ab.ab_command import AbInputError, parse_gate_metrics
-    from perfkit.bisect.search import BisectError, ProbeSetup, out_dir
+    from perfkit.ab.ab_command import AbInputError, out_dir, parse_gate_metrics
+    from perfkit.bisect.search import BisectError, ProbeSetup
     from perfkit.history.store import HistoryError
     from perfkit.stats import DEFAULT_THRESHOLD
 
@@ -261,10 +261,11 @@ def probe_run(kind: str, fn: Callable[..., Any], kw: dict[str, Any], *args: Any,
         become_subreaper()  # orphans below come back here
         if "metric" in more:  # confirm: the series' own metric unless --metric
             more["metric"] = metric
-        code, summary = fn(*args, setup, out_dir(kw["out"], kind), **more)
-    except (BisectError, HistoryError) as exc:
+        code, summary = fn(*args, setup, out_dir(kw["out"], kind=kind), **more)
+    except (AbInputError, BisectError, HistoryError) as exc:
         command = "history confirm" if kind == "confirm" else kind  # its outputs: outputs/confirm/
-        click.echo(f"perfkit {command}: error: {exc}", err=True)
+        where = f"{exc.option} " if isinstance(exc, AbInputError) else ""
+        click.echo(f"perfkit {command}: error: {where}{exc}", err=True)
         sys.exit(EXIT_ERROR)
     if not kw["quiet"]:
         click.echo(summary.read_text())
