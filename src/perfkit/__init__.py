@@ -134,7 +134,7 @@ def run_ab(
         max_launches: launches a side at most.
         warm: warm requests a launch after the cold one.
         threshold: the relative change that matters (0.05: ±5 %).
-        gate_metrics: the metrics that decide (default: every metric).
+        gate_metrics: the metrics that decide (default: every metric; a replay: as recorded).
         undecided: ``fail`` (exit code 1) or ``pass`` when a gated metric stays inconclusive.
 
     Returns:
