@@ -134,7 +134,7 @@ def run_ab(
         max_launches: launches a side at most.
         warm: warm requests a launch after the cold one.
         threshold: the relative change that matters (0.05: ±5 %).
-        gate_metrics: the metrics that decide (default: every metric).
+        gate_metrics: the metrics that decide (default: every metric; a replay: as recorded).
         undecided: ``fail`` (exit code 1) or ``pass`` when a gated metric stays inconclusive.
 
     Returns:
@@ -146,24 +146,19 @@ def run_ab(
         ValueError: ``out`` missing for a live run, a spec file that is not an engine spec
             (naming the key), sides that cannot be one A/B, or a gated metric nobody measured.
     """
-    from perfkit.ab.ab_command import design_for, request_for
-    from perfkit.ab.sequential import Design, decide_sequential, run_sequential
-    from perfkit.bundle import ResultBundle
-    from perfkit.engine.client import VideoRequestSpec
+    from perfkit.ab.ab_command import design_for, run_or_replay
     from perfkit.params import load_side
 
     gate = list(gate_metrics) if gate_metrics else None
-    if replay:
-        bundles = {"A": ResultBundle.load(a), "B": ResultBundle.load(b)}
-        recorded = min(len(x.launches) for x in bundles.values())
-        # the recorded pairing and slow-spell rule, as `perfkit ab --replay` reads them
-        design = design_for(min(launches, recorded), min(max_launches, recorded), None, None, None, bundles)
-    else:
+
+    def decision(bundles: Any) -> tuple[Any, float, dict[str, float]]:
+        # a replay: as many as recorded, its pairing and slow-spell rule as `perfkit ab --replay` reads them
+        n = [len(x.launches) for x in (bundles or {}).values()]
+        lo, hi = min([launches, *n]), min([max_launches, *n])
+        return design_for(lo, hi, None, None, None, bundles), threshold, {}
+
+    if not replay:
         if out is None:
             raise ValueError("ab: out is required for a live run (where the side bundles go)")
-        (spec_a, req_a), (spec_b, req_b) = load_side(a), load_side(b)
-        request = VideoRequestSpec.from_dict(request_for(req_a, req_b, {}))
-        design = Design(launches, max_launches)
-        specs = {"A": spec_a, "B": spec_b}
-        bundles = run_sequential(specs, request, warm, design, Path(out), threshold, gate=gate)
-    return decide_sequential(bundles["A"], bundles["B"], design, threshold, gate=gate, undecided=undecided)
+        a, b, out = load_side(a), load_side(b), Path(out)
+    return run_or_replay(a, b, out, decision, gate, undecided, replay=replay, warm=warm)

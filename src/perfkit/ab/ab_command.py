@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from perfkit import stats
 from perfkit.ab import sequential as sq
 from perfkit.ab.decide import METRIC_UNITS, incomparable, needed_text
-from perfkit.ab.sequential import Design, decide_sequential
+from perfkit.ab.sequential import decide_sequential
 from perfkit.bundle import ResultBundle
 from perfkit.common.outdirs import given_out_problem, stamped_dir
 from perfkit.readings.stages import KNOWN_STAGES
@@ -110,17 +110,17 @@ def design_for(
         raise AbInputError(str(exc), "-n/--launches, --max-launches") from None
 
 
-def out_dir(given: str | None, suffix: str = "") -> Path:
-    """The ab run directory: ``given`` (refused when it is a file or a non-empty directory: a
+def out_dir(given: str | None, suffix: str = "", kind: str = "ab") -> Path:
+    """The run directory: ``given`` (refused when it is a file or a non-empty directory: a
     replay must not overwrite a run, e.g. the A/A its thresholds come from), else a new
-    ``outputs/ab/<timestamp><suffix>`` (:func:`perfkit.common.outdirs.stamped_dir`). Raises
-    :class:`AbInputError`."""
+    ``outputs/<kind>/<timestamp><suffix>`` (:func:`perfkit.common.outdirs.stamped_dir`). Raises
+    :class:`AbInputError` (``--out``)."""
     if given:
         problem = given_out_problem(given)
         if problem:
             raise AbInputError(f"{Path(given)} {problem}", "--out")
         return Path(given)
-    return stamped_dir(Path("outputs") / "ab", suffix)
+    return stamped_dir(Path("outputs") / kind, suffix)
 
 
 def request_for(
@@ -195,30 +195,47 @@ def profile_params(steps: int, all_stages: bool, warm: int) -> Any:
         raise AbInputError(msg, "--profile-steps") from None
 
 
-def decide(
-    bundles: dict[str, ResultBundle],
-    design: Design,
-    threshold: float,
-    thresholds: dict[str, float],
-    gate: list[str] | None,
-    undecided: str,
-    kept: Path | None = None,
-    threshold_from: str | None = None,
+def run_or_replay(
+    a: Any, b: Any, out: Path | None, decision: Callable, gate: Any, undecided: str, **live: Any
 ) -> Any:
-    """The A/B result (:func:`perfkit.ab.sequential.decide_sequential`), its meta saying whether
-    it was a replay (``kept`` None) and where its thresholds came from. Raises
-    :class:`AbInputError` (``--gate-metrics``) when a gated metric cannot be decided; for a run,
-    the message names the ``--replay`` that re-decides the launches kept in ``kept``."""
+    """Run (``a``, ``b``: (EngineSpec, request dict or None), :func:`perfkit.params.load_side`;
+    bundles saved under ``out``) or replay (``live["replay"]``; ``a``, ``b``: recorded side
+    directories, :func:`load_replay`) an A/B and decide it, for ``perfkit ab`` and
+    :func:`perfkit.run_ab`. ``decision(bundles)`` (None: live) -> (design, threshold or None,
+    per-metric thresholds); a replay decides as the run did (:func:`recorded_decision`) unless
+    given. ``live``: ``warm``, ``shape`` (:func:`request_for`), ``profile``, ``threshold_from``.
+    Returns the A/B result (:func:`perfkit.ab.sequential.decide_sequential`), its meta saying
+    whether it was a replay and where its thresholds came from. Raises :class:`AbInputError`;
+    (``--gate-metrics``) a gated metric that cannot be decided, for a run naming the ``--replay``
+    that re-decides the launches kept in ``out``."""
+    if live.get("replay"):
+        bundles = load_replay(str(a), str(b))
+        design, threshold, thresholds = decision(bundles)
+        # decide as the run did (its gated metrics: the alpha is split over them)
+        rec_gate, rec_threshold, rec_thresholds = recorded_decision(bundles)
+        gate = rec_gate if gate is None else gate
+        if not live.get("threshold_from") and threshold is None:
+            thresholds = rec_thresholds
+        threshold = threshold or rec_threshold or stats.DEFAULT_THRESHOLD
+    else:
+        from perfkit.ab.sequential import run_sequential
+        from perfkit.engine.client import VideoRequestSpec
+
+        request = VideoRequestSpec.from_dict(request_for(a[1], b[1], live.get("shape", {})))
+        design, threshold, thresholds = decision(None)
+        threshold = threshold or stats.DEFAULT_THRESHOLD
+        specs, more = {"A": a[0], "B": b[0]}, (thresholds, gate, live.get("profile"))
+        bundles = run_sequential(specs, request, live["warm"], design, out, threshold, *more)
     try:
         res = decide_sequential(
             bundles["A"], bundles["B"], design, threshold, thresholds, gate=gate, undecided=undecided
         )
     except ValueError as exc:
-        why = "" if kept is None else f" (the launches are kept: --replay {kept / 'a'} {kept / 'b'})"
+        why = "" if live.get("replay") else f" (the launches are kept: --replay {out / 'a'} {out / 'b'})"
         raise AbInputError(f"{exc}{why}", "--gate-metrics") from None
-    res.meta["replay"] = kept is None
-    if threshold_from:
-        res.meta["thresholds_from"] = str(threshold_from)
+    res.meta["replay"] = bool(live.get("replay"))
+    if live.get("threshold_from"):
+        res.meta["thresholds_from"] = str(live["threshold_from"])
     return res
 
 

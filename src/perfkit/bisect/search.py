@@ -28,7 +28,6 @@ from perfkit.bisect.probe import (
 )
 from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
 from perfkit.common.jsonsafe import finite
-from perfkit.common.outdirs import given_out_problem, stamped_dir
 from perfkit.gate.baseline.files import atomic_write_text
 from perfkit.history.store import CONFIRM_COLUMNS, add_confirmation, find_step
 from perfkit.report.history_site import write_bisect_outputs
@@ -232,21 +231,6 @@ def ab_metric(store_metric: str) -> str:
     raise BisectError(
         f"the series' metric {store_metric!r} has no A/B counterpart: give --metric (e.g. DenoisingStage)"
     )
-
-
-def out_dir(given: str | None, kind: str) -> Path:
-    """``--out`` (refused when it is a file or a non-empty directory), else a new
-    ``outputs/<kind>/<timestamp>``.
-
-    Raises:
-        BisectError: ``--out`` is a file or a non-empty directory.
-    """
-    if given:
-        problem = given_out_problem(given)
-        if problem:
-            raise BisectError(f"--out {Path(given)} {problem}")
-        return Path(given)
-    return stamped_dir(Path("outputs") / kind)
 
 
 def run_bisect(repo: str | Path, good: str, bad: str, setup: ProbeSetup, out: Path) -> tuple[int, Path]:

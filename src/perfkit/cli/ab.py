@@ -241,8 +241,8 @@ def probe_run(kind: str, fn: Callable[..., Any], kw: dict[str, Any], *args: Any,
     """Build the probe setup from ``kw``, run ``fn(*args, setup, out, **more)``, print, exit."""
     from pathlib import Path
 
-    from perfkit.ab.ab_command import AbInputError, parse_gate_metrics
-    from perfkit.bisect.search import BisectError, ProbeSetup, out_dir
+    from perfkit.ab.ab_command import AbInputError, out_dir, parse_gate_metrics
+    from perfkit.bisect.search import BisectError, ProbeSetup
     from perfkit.history.store import HistoryError
     from perfkit.stats import DEFAULT_THRESHOLD
 
@@ -261,10 +261,11 @@ def probe_run(kind: str, fn: Callable[..., Any], kw: dict[str, Any], *args: Any,
         become_subreaper()  # orphans below come back here
         if "metric" in more:  # confirm: the series' own metric unless --metric
             more["metric"] = metric
-        code, summary = fn(*args, setup, out_dir(kw["out"], kind), **more)
-    except (BisectError, HistoryError) as exc:
+        code, summary = fn(*args, setup, out_dir(kw["out"], kind=kind), **more)
+    except (AbInputError, BisectError, HistoryError) as exc:
         command = "history confirm" if kind == "confirm" else kind  # its outputs: outputs/confirm/
-        click.echo(f"perfkit {command}: error: {exc}", err=True)
+        where = f"{exc.option} " if isinstance(exc, AbInputError) else ""
+        click.echo(f"perfkit {command}: error: {where}{exc}", err=True)
         sys.exit(EXIT_ERROR)
     if not kw["quiet"]:
         click.echo(summary.read_text())
@@ -301,7 +302,6 @@ def side(path: str, option: str) -> tuple[Any, dict[str, Any] | None]:
 
 
 def _run_or_replay(kw: dict[str, Any]) -> int:
-    from perfkit import stats
     from perfkit.ab import ab_command
     from perfkit.report.ab import write_ab_outputs
 
@@ -309,15 +309,7 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
     if kw["replay"]:
         if kw["a"] or kw["b"]:
             raise click.UsageError("give either --replay DIR_A DIR_B or --a/--b, not both")
-        bundles = ab_command.load_replay(*kw["replay"])
-        out = ab_command.out_dir(kw["out"], "-replay")
-        design, threshold, thresholds = read_decision(kw, bundles)
-        # decide as the run did (its gated metrics: the alpha is split over them)
-        rec_gate, rec_threshold, rec_thresholds = ab_command.recorded_decision(bundles)
-        gate = rec_gate if gate is None else gate
-        threshold = threshold or rec_threshold or stats.DEFAULT_THRESHOLD
-        if not kw["threshold_from"] and kw["threshold"] is None:
-            thresholds = rec_thresholds
+        (a, b), out, live = kw["replay"], ab_command.out_dir(kw["out"], "-replay"), {}
     else:
         if not (kw["a"] and kw["b"]):
             raise click.UsageError("give --a and --b (engine spec or params files), or --replay DIR_A DIR_B")
@@ -328,28 +320,18 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
             except FileNotFoundError as exc:
                 raise click.BadParameter(f"{kw[opt[2:]]}: {exc}", param_hint=opt) from None
         shape = {k: kw[k] for k in ("num_frames", "height", "width")} | {"num_inference_steps": kw["steps"]}
-        req = ab_command.request_for(req_a, req_b, shape)
         if kw["share_compile_cache"]:
             spec_a, spec_b = (s.replace(share_compile_cache=True) for s in (spec_a, spec_b))
-        design, threshold, thresholds = read_decision(kw)
-        threshold = threshold or stats.DEFAULT_THRESHOLD
-        out = ab_command.out_dir(kw["out"])
+        a, b, out = (spec_a, req_a), (spec_b, req_b), ab_command.out_dir(kw["out"])
         pkeys = ("profile_steps", "profile_all_stages", "profile_warm")
         profile = ab_command.profile_params(*(kw[k] for k in pkeys)) if kw["profile"] else None
-        from perfkit.ab.sequential import run_sequential
-        from perfkit.engine.client import VideoRequestSpec
+        live = {"shape": shape, "warm": kw["warm"], "profile": profile}
         from perfkit.engine.owner import become_subreaper
 
         become_subreaper()  # orphans below come back here
-        request = VideoRequestSpec.from_dict(req)
-        specs = {"A": spec_a, "B": spec_b}
-        bundles = run_sequential(
-            specs, request, kw["warm"], design, out, threshold, thresholds, gate, profile
-        )
-    res = ab_command.decide(
-        bundles, design, threshold, thresholds, gate, kw["undecided"],
-        kept=None if kw["replay"] else out, threshold_from=kw["threshold_from"],
-    )  # fmt: skip
+    decision = functools.partial(read_decision, kw)
+    live |= {"replay": kw["replay"], "threshold_from": kw["threshold_from"]}
+    res = ab_command.run_or_replay(a, b, out, decision, gate, kw["undecided"], **live)
     paths = write_ab_outputs(res, out)
     if not kw["quiet"]:
         print(paths["summary"].read_text())
