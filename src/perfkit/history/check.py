@@ -19,7 +19,7 @@ from perfkit.common.slugs import md_text
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
 from perfkit.history import changepoints as cp
 from perfkit.history.runs import read_baseline_history, read_nightly, read_run
-from perfkit.history.store import AddResult, HistoryError, HistoryRun, add_runs, read_store, runs_frame
+from perfkit.history.store import AddResult, HistoryError, HistoryRun, add_runs, read_store, runs_frame, utc
 
 
 @dataclass
@@ -127,8 +127,7 @@ def check_runs(
     groups = dict(tuple(frame.groupby(["hardware", "case_id", "metric"]))) if not frame.empty else {}
     for run in runs:
         key = run.key
-        t = pd.Timestamp(run.time)
-        t = t.tz_convert("UTC") if t.tzinfo else t.tz_localize("UTC")
+        t = pd.Timestamp(utc(run.time))
         for v in run.values:
             base = dict(
                 hardware=run.hardware, case_id=v.case_id, metric=v.metric, unit=v.unit, commit=run.commit

@@ -22,7 +22,7 @@ from perfkit.common.jsonsafe import unique_keys
 from perfkit.common.provenance import repo_root
 from perfkit.gate import baseline as bl
 from perfkit.gate.run import case_id, load_run_bundles, run_hardware
-from perfkit.history.store import HistoryError, HistoryRun, Value, finite_number
+from perfkit.history.store import HistoryError, HistoryRun, Value, finite_number, utc
 
 _SCALARS = {
     "expected_e2e_ms": ("e2e_ms", "ms"),
@@ -131,8 +131,7 @@ def read_suite_run(
     if when is None:
         when = _mtime(bfile)
         prov["time_from"] = "baseline.json modification time"
-    if when.tzinfo is None:
-        when = when.astimezone(timezone.utc)
+    when = utc(when)
     return HistoryRun(
         source="suite",
         run_id=f"{run_dir.name}@{when.isoformat()}",

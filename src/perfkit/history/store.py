@@ -94,7 +94,7 @@ class HistoryRun:
     def key(self) -> str:
         """The identity of the run: sha256 (hex, 24 chars) of its source, hardware, run id, commit
         and UTC time. The same run read twice (from the same or a copied file) has the same key."""
-        t = _utc(self.time).isoformat()
+        t = utc(self.time).isoformat()
         text = "\x1f".join([self.source, self.hardware, str(self.run_id), self.commit, t])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -106,7 +106,8 @@ def finite_number(v: Any) -> bool:
     return isinstance(v, int) and abs(v) < 1e300 or isinstance(v, float) and math.isfinite(v)
 
 
-def _utc(t: datetime) -> datetime:
+def utc(t: datetime) -> datetime:
+    """``t`` in UTC; a time without a timezone is read as UTC."""
     return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
 
 
@@ -196,7 +197,7 @@ def _table(runs: Sequence[HistoryRun], added_at: datetime) -> pa.Table:
     rows = []
     for r in runs:
         prov = json.dumps(r.provenance, sort_keys=True, default=str)
-        key, t = r.key, _utc(r.time)
+        key, t = r.key, utc(r.time)
         memo: dict[int, str] = {}
         for v in r.values:
             row_prov = prov
