@@ -30,7 +30,8 @@ from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
 from perfkit.common.jsonsafe import finite
 from perfkit.common.outdirs import given_out_problem, stamped_dir
 from perfkit.gate.baseline.files import atomic_write_text
-from perfkit.history.store import CONFIRM_COLUMNS, add_confirmation, find_step
+from perfkit.history.check import find_step
+from perfkit.history.store import CONFIRM_COLUMNS, add_confirmation
 from perfkit.report.history_site import write_bisect_outputs
 
 log = logging.getLogger(__name__)
