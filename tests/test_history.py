@@ -729,3 +729,28 @@ def test_a_nightly_case_id_with_a_line_break_is_refused(tmp_path: Path, capsys):
     f.write_text(json.dumps(doc))
     assert main(["history", "import", str(f), "--store", str(tmp_path / "s"), "--hardware", "H"]) == 2
     assert "results.0.case_id: String should match pattern" in capsys.readouterr().err
+
+
+def test_a_run_json_time_without_a_timezone_is_utc_whatever_the_local_zone(tmp_path: Path, monkeypatch):
+    """run.json's ``finished`` without an offset is read as UTC, as the store and check read such times
+    (it was read as the importing machine's local time)."""
+    import shutil
+    import time
+
+    from perfkit.history.runs import read_suite_run
+
+    root = Path(__file__).resolve().parents[1]
+    run = tmp_path / "report"
+    shutil.copytree(root / "examples/h200/report", run)
+    doc = json.loads((run / "run.json").read_text())
+    doc["replay"] = str(root / doc["replay"])
+    (run / "run.json").write_text(json.dumps(doc | {"finished": "2026-03-01T10:00:00"}))
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        r = read_suite_run(run, commit="c1")
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert r.time == datetime(2026, 3, 1, 10, tzinfo=timezone.utc)
+    assert r.run_id == "report@2026-03-01T10:00:00+00:00"

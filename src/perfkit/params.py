@@ -478,15 +478,21 @@ def load_params(path: str | Path, sets: Sequence[str] = ()) -> SuiteParams:
     return parse_params(apply_sets(data, sets), f"{path} with --set {' '.join(sets)}") if sets else params
 
 
-def load_side(path: str | Path) -> tuple[EngineSpec, dict[str, Any] | None]:
+def load_side(
+    path: str | Path, checkout: str | Path | None = None
+) -> tuple[EngineSpec, dict[str, Any] | None]:
     """One side of an A/B (``perfkit ab --a/--b``) -> (EngineSpec, request dict or None): a
-    params file (a mapping with ``engine``; its ``request`` taken) or an engine spec. Raises
-    :class:`ParamsError` naming the file: missing, unreadable, not YAML, not a mapping, invalid."""
+    params file (a mapping with ``engine``; its ``request`` taken) or an engine spec; with
+    ``checkout`` (``perfkit bisect``), ``{checkout}`` in its text is that directory's absolute path.
+    Raises :class:`ParamsError` naming the file: missing, unreadable, not YAML, not a mapping, invalid."""
     p = Path(path)
     if not p.is_file():
         raise ParamsError(f"{'is a directory, not a file' if p.is_dir() else 'not found'}: {path}")
     try:
-        data = load_yaml(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+        if checkout is not None:
+            text = text.replace("{checkout}", str(Path(checkout).resolve()))
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ParamsError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
     except UnicodeDecodeError as exc:  # a binary file given by mistake
@@ -499,7 +505,7 @@ def load_side(path: str | Path) -> tuple[EngineSpec, dict[str, Any] | None]:
         raise ParamsError(f"{path}: expected an engine spec or a params file (a mapping)")
     try:
         if "engine" in data:
-            params = load_params(p)
+            params = parse_params(data, str(path), text)
             return params.engine_spec(), params.request.model_dump(exclude_none=True)
         return EngineSpec.from_dict(data), None
     except (ParamsError, EngineSpecError) as exc:

@@ -19,14 +19,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from perfkit.ab.sequential import Design, decide_sequential, run_sequential
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import run_bounded
-from perfkit.engine.spec import EngineSpec, EngineSpecError
+from perfkit.engine.spec import EngineSpec
 from perfkit.history.runs import git as _git
-from perfkit.params import ParamsError, load_yaml, parse_params
+from perfkit.params import ParamsError, load_side
 from perfkit.report.ab import write_ab_outputs
 from perfkit.stats import DEFAULT_THRESHOLD
 
@@ -239,24 +237,9 @@ def load_spec(
             file (names the file and the key); ``python_path`` is not a directory of the checkout.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BisectError(f"{path}: unreadable engine spec: {exc}") from None
-    text = text.replace("{checkout}", str(Path(checkout).resolve()))
-    try:
-        data = load_yaml(text)
-    except yaml.YAMLError as exc:
-        raise BisectError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise BisectError(f"{path}: expected an engine spec or a params file (a mapping)")
-    try:
-        if "engine" in data:
-            params = parse_params(data, str(path), text)
-            spec, request = params.engine_spec(), params.request.model_dump(exclude_none=True)
-        else:
-            spec, request = EngineSpec.from_dict(data), {}
-    except (ParamsError, EngineSpecError) as exc:
-        raise BisectError(f"{path}:\n{exc}") from None
+        spec, request = load_side(path, checkout)
+    except ParamsError as exc:
+        raise BisectError(str(exc)) from None
     if python_path is not None:
         src = (Path(checkout) / python_path).resolve()
         if not src.is_dir():
@@ -264,7 +247,7 @@ def load_spec(
         rest = spec.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
         env = {**spec.env, "PYTHONPATH": os.pathsep.join(x for x in (str(src), rest) if x)}
         spec = spec.replace(env=env)
-    return spec, request
+    return spec, request or {}
 
 
 def prepare(checkout: Path, setup: ProbeSetup, log_dir: Path) -> tuple[EngineSpec, dict[str, Any]]:

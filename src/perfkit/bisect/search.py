@@ -29,7 +29,8 @@ from perfkit.bisect.probe import (
 from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
 from perfkit.common.jsonsafe import finite
 from perfkit.gate.baseline.files import atomic_write_text
-from perfkit.history.store import CONFIRM_COLUMNS, add_confirmation, find_step
+from perfkit.history.check import find_step
+from perfkit.history.store import CONFIRM_COLUMNS, add_confirmation
 from perfkit.report.history_site import write_bisect_outputs
 
 log = logging.getLogger(__name__)
@@ -73,24 +74,29 @@ class BisectResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``launches`` and each commit's ``short`` included)."""
-        return finite(
-            {
-                "kind": "bisect",
-                "outcome": self.outcome,
-                "exit_code": self.exit_code,
-                "message": self.message,
-                "repo": self.repo,
-                "good": self.good.to_dict(),
-                "bad": self.bad.to_dict(),
-                "commits": [x.to_dict() for x in self.commits],
-                "found": self.found and self.found.to_dict(),
-                "range": {"lo": self.lo, "hi": self.hi},
-                "launches": sum(sum(p.launches.values()) for p in self.probes),  # every probe, both sides
-                "probes": [_probe_dict(p) for p in self.probes],
-                "setup": self.setup,
-                "wall_s": round(self.wall_s, 1),
-            }
+        return _result_dict(
+            self.probes,
+            kind="bisect",
+            outcome=self.outcome,
+            exit_code=self.exit_code,
+            message=self.message,
+            repo=self.repo,
+            good=self.good.to_dict(),
+            bad=self.bad.to_dict(),
+            commits=[x.to_dict() for x in self.commits],
+            found=self.found and self.found.to_dict(),
+            range={"lo": self.lo, "hi": self.hi},
+            setup=self.setup,
+            wall_s=round(self.wall_s, 1),
         )
+
+
+def _result_dict(probes: list[Probe], **keys: Any) -> dict[str, Any]:
+    """``keys``, then ``launches`` (every probe, both sides) and ``probes``: bisect.json, confirm.json."""
+    launches = sum(sum(p.launches.values()) for p in probes)
+    return finite(
+        keys | {"launches": launches, "probes": [asdict(p) | {"commit": p.commit.to_dict()} for p in probes]}
+    )
 
 
 def next_position(lo: int, hi: int, skipped: set[int]) -> int | None:
@@ -206,10 +212,6 @@ def _save(res: dict[str, Any], out: Path, name: str = RESULT_FILE) -> None:
     atomic_write_text(out / name, json.dumps(res, indent=1, default=str))
 
 
-def _probe_dict(p: Probe) -> dict[str, Any]:
-    return asdict(p) | {"commit": p.commit.to_dict()}
-
-
 def ab_metric(store_metric: str) -> str:
     """The A/B metric of a store metric: ``<Stage>_ms`` -> ``<Stage>`` (e.g. DenoisingStage),
     ``e2e_ms`` -> ``warm_e2e``, ``first_result_ms`` -> ``first_result``, ``avg_denoise_step_ms``
@@ -309,22 +311,19 @@ def run_confirm(
     keys = ("kind", "ratio", "low", "high", "mean_before", "mean_after", "n_before", "n_after")
     step_d = {k: getattr(step, k) for k in keys}
     step_d |= {"before_run": step.before.run_id, "after_run": step.after.run_id}
-    res = finite(
-        {
-            "kind": "confirm",
-            "outcome": outcome,
-            "exit_code": CONFIRM_EXIT_CODES[outcome],
-            "message": message,
-            "repo": str(repo),
-            "series": {"hardware": a.hardware, "case_id": a.case_id, "metric": a.metric},
-            "step": step_d,
-            "good": before.to_dict(),
-            "bad": after.to_dict(),
-            "launches": sum(probe.launches.values()),
-            "probes": [_probe_dict(probe)],
-            "setup": setup.to_dict(),
-            "stored": str(stored),
-        }
+    res = _result_dict(
+        [probe],
+        kind="confirm",
+        outcome=outcome,
+        exit_code=CONFIRM_EXIT_CODES[outcome],
+        message=message,
+        repo=str(repo),
+        series={"hardware": a.hardware, "case_id": a.case_id, "metric": a.metric},
+        step=step_d,
+        good=before.to_dict(),
+        bad=after.to_dict(),
+        setup=setup.to_dict(),
+        stored=str(stored),
     )
     _save(res, out, CONFIRM_FILE)
     return res["exit_code"], write_bisect_outputs(res, out)["summary"]

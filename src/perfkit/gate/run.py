@@ -155,7 +155,7 @@ def gate(
     if not bundles:
         errors.append(f"no bundles under {run_dir}")
     cases = bundle_cases(bundles, engine, request)
-    hw = hardware or _hardware(bundles)
+    hw = hardware or bundles_hardware(bundles)
     doc = bl.baseline_from_bundles(cases, hardware=hw)
     bl.save_baseline(doc, run_dir / "baseline.json")
     inv = registry.merged_invariants(invariants)
@@ -206,7 +206,7 @@ def run_hardware(run_dir: str | Path) -> str:
             return str(hw)
     except (OSError, ValueError, AttributeError):
         pass
-    return _hardware(load_run_bundles(run_dir))
+    return bundles_hardware(load_run_bundles(run_dir))
 
 
 def _run_params(run_dir: Path) -> dict[str, Any]:
@@ -223,7 +223,8 @@ def _run_params(run_dir: Path) -> dict[str, Any]:
     return sp
 
 
-def _hardware(bundles: Mapping[str, ResultBundle]) -> str:
+def bundles_hardware(bundles: Mapping[str, ResultBundle]) -> str:
+    """The bundles' hardware label: a GPU name, else ``cpu xN (host)``, else ``unknown``."""
     metas = [b.meta for b in bundles.values()]
     gpu = next((m["gpu_name"] for m in metas if m.get("gpu_name")), None)
     cpu = next(

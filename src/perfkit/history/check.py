@@ -19,7 +19,7 @@ from perfkit.common.slugs import md_text
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
 from perfkit.history import changepoints as cp
 from perfkit.history.runs import read_baseline_history, read_nightly, read_run
-from perfkit.history.store import AddResult, HistoryError, HistoryRun, add_runs, read_store, runs_frame
+from perfkit.history.store import AddResult, HistoryError, HistoryRun, add_runs, read_store, runs_frame, utc
 
 
 @dataclass
@@ -127,8 +127,7 @@ def check_runs(
     groups = dict(tuple(frame.groupby(["hardware", "case_id", "metric"]))) if not frame.empty else {}
     for run in runs:
         key = run.key
-        t = pd.Timestamp(run.time)
-        t = t.tz_convert("UTC") if t.tzinfo else t.tz_localize("UTC")
+        t = pd.Timestamp(utc(run.time))
         for v in run.values:
             base = dict(
                 hardware=run.hardware, case_id=v.case_id, metric=v.metric, unit=v.unit, commit=run.commit
@@ -471,9 +470,65 @@ def store_changes(
     """``perfkit history changes``: every change point and event of the store's series
     (:func:`changes`), of one hardware and/or case when given. Raises
     HistoryError when no series matches (nothing listed is never an empty success)."""
+    return changes(
+        _analyses(store, " stored" + (f" for case {case!r}" if case else ""), hardware, case_id=case)
+    )
+
+
+def _analyses(store: str | Path, what: str, hardware: str | None, **match: str | None) -> list[cp.Analysis]:
+    """The store's series of ``hardware`` whose columns equal ``match`` (None: any); HistoryError
+    ``{store}: no series{what}`` when there is none."""
     df = read_store(store, hardware=hardware)
-    if case is not None:
-        df = df[df["case_id"] == case]
+    for col, v in match.items():
+        if v is not None:
+            df = df[df[col] == v]
     if df.empty:
-        raise HistoryError(f"{store}: no series stored" + (f" for case {case!r}" if case else ""))
-    return changes(cp.analyse_frame(df))
+        raise HistoryError(f"{store}: no series{what}")
+    return cp.analyse_frame(df)
+
+
+def find_step(
+    store: str | Path, series: str, change: str, *, hardware: str | None = None
+) -> tuple[cp.Analysis, cp.Step]:
+    """The step ``change`` of ``series`` in ``store``.
+
+    Args:
+        series: ``CASE/METRIC`` (e.g. ``tiny/DenoisingStage_ms``; split at the last ``/``).
+        change: the step's number in the series (1 = its first step, in time order) or a
+            commit (a prefix of 4 or more hex digits) of the step's first run after (or its last
+            run before).
+        hardware: needed when the series is stored for several hardware.
+
+    Raises:
+        HistoryError: a malformed series, a series not in the store, several hardware without
+            ``hardware`` (those named), no such step (the series' steps named).
+    """
+    if "/" not in series:
+        raise HistoryError(f"series {series!r}: expected CASE/METRIC (e.g. tiny/DenoisingStage_ms)")
+    case_id, metric = series.rsplit("/", 1)
+    on = f" on hardware {hardware!r}" if hardware else ""
+    analyses = _analyses(store, f" {series!r}{on} stored", hardware, case_id=case_id, metric=metric)
+    if len(analyses) > 1:
+        hws = ", ".join(a.hardware for a in analyses)
+        raise HistoryError(f"series {series!r} is stored for several hardware ({hws}): give --hardware")
+    (analysis,) = analyses
+    steps = analysis.steps
+    listed = (
+        "; ".join(
+            f"{i}: {s.before.commit[:10]} .. {s.after.commit[:10]} ({s.change_pct:+.1f} %)"
+            for i, s in enumerate(steps, 1)
+        )
+        or "none"
+    )
+    if change.isdigit() and len(change) < 4:
+        k = int(change)
+        if not 1 <= k <= len(steps):
+            raise HistoryError(f"series {series!r} has no step {k}; its steps: {listed}")
+        return analysis, steps[k - 1]
+    c = change.lower()
+    hits = [s for s in steps if s.after.commit.lower().startswith(c)] or [
+        s for s in steps if s.before.commit.lower().startswith(c)
+    ]
+    if len(c) < 4 or not hits:
+        raise HistoryError(f"series {series!r} has no step at commit {change!r}; its steps: {listed}")
+    return analysis, hits[0]

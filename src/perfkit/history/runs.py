@@ -21,8 +21,8 @@ from perfkit.bundle import ResultBundle
 from perfkit.common.jsonsafe import unique_keys
 from perfkit.common.provenance import repo_root
 from perfkit.gate import baseline as bl
-from perfkit.gate.run import case_id, load_run_bundles, run_hardware
-from perfkit.history.store import HistoryError, HistoryRun, Value, finite_number
+from perfkit.gate.run import bundles_hardware, case_id, load_run_bundles, run_hardware
+from perfkit.history.store import HistoryError, HistoryRun, Value, finite_number, utc
 
 _SCALARS = {
     "expected_e2e_ms": ("e2e_ms", "ms"),
@@ -131,8 +131,7 @@ def read_suite_run(
     if when is None:
         when = _mtime(bfile)
         prov["time_from"] = "baseline.json modification time"
-    if when.tzinfo is None:
-        when = when.astimezone(timezone.utc)
+    when = utc(when)
     return HistoryRun(
         source="suite",
         run_id=f"{run_dir.name}@{when.isoformat()}",
@@ -176,14 +175,13 @@ def read_bundle_run(
         else str(engine.get("preset") or engine.get("kind"))
     )
     entry = bl.from_bundle(b, case)
-    hw = hardware or str(b.meta.get("gpu_name") or f"cpu x{b.meta.get('cpu_count')} ({b.meta.get('host')})")
     tf = Path(time_file) if time_file else d / "meta.json"
     when = _mtime(tf)
     digest = hashlib.sha256((d / "meta.json").read_bytes()).hexdigest()[:12]
     return HistoryRun(
         source=source,
         run_id=f"{d.parent.name}/{d.name}:{digest}",
-        hardware=hw,
+        hardware=hardware or bundles_hardware({"b": b}),
         commit=_commit({"b": b}, commit, d),
         time=when,
         values=case_values(case, entry, str(d)),

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -29,9 +29,6 @@ import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
 from perfkit.common import require_extra
-
-if TYPE_CHECKING:
-    from perfkit.history import changepoints as cp
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +91,7 @@ class HistoryRun:
     def key(self) -> str:
         """The identity of the run: sha256 (hex, 24 chars) of its source, hardware, run id, commit
         and UTC time. The same run read twice (from the same or a copied file) has the same key."""
-        t = _utc(self.time).isoformat()
+        t = utc(self.time).isoformat()
         text = "\x1f".join([self.source, self.hardware, str(self.run_id), self.commit, t])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -106,7 +103,8 @@ def finite_number(v: Any) -> bool:
     return isinstance(v, int) and abs(v) < 1e300 or isinstance(v, float) and math.isfinite(v)
 
 
-def _utc(t: datetime) -> datetime:
+def utc(t: datetime) -> datetime:
+    """``t`` in UTC; a time without a timezone is read as UTC."""
     return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
 
 
@@ -196,7 +194,7 @@ def _table(runs: Sequence[HistoryRun], added_at: datetime) -> pa.Table:
     rows = []
     for r in runs:
         prov = json.dumps(r.provenance, sort_keys=True, default=str)
-        key, t = r.key, _utc(r.time)
+        key, t = r.key, utc(r.time)
         memo: dict[int, str] = {}
         for v in r.values:
             row_prov = prov
@@ -381,58 +379,3 @@ def read_confirmations(store: str | Path) -> pd.DataFrame:
     _check_files(files, CONFIRM_COLUMNS, "confirmation file")
     tables = [pq.read_table(f, columns=list(CONFIRM_COLUMNS)) for f in files]
     return pa.concat_tables(tables).to_pandas().sort_values("time", kind="stable", ignore_index=True)
-
-
-def find_step(
-    store: str | Path, series: str, change: str, *, hardware: str | None = None
-) -> tuple[cp.Analysis, cp.Step]:
-    """The step ``change`` of ``series`` in ``store``.
-
-    Args:
-        series: ``CASE/METRIC`` (e.g. ``tiny/DenoisingStage_ms``; split at the last ``/``).
-        change: the step's number in the series (1 = its first step, in time order) or a
-            commit (a prefix of 4 or more hex digits) of the step's first run after (or its last
-            run before).
-        hardware: needed when the series is stored for several hardware.
-
-    Raises:
-        HistoryError: a malformed series, a series not in the store, several hardware without
-            ``hardware`` (those named), no such step (the series' steps named).
-    """
-    from perfkit.history import changepoints as cp
-
-    if "/" not in series:
-        raise HistoryError(f"series {series!r}: expected CASE/METRIC (e.g. tiny/DenoisingStage_ms)")
-    case_id, metric = series.rsplit("/", 1)
-    df = read_store(store, hardware=hardware)
-    df = df[(df["case_id"] == case_id) & (df["metric"] == metric)]
-    if df.empty:
-        raise HistoryError(
-            f"{store}: no series {series!r}" + (f" on hardware {hardware!r}" if hardware else "") + " stored"
-        )
-    hws = sorted(df["hardware"].unique())
-    if len(hws) > 1:
-        raise HistoryError(
-            f"series {series!r} is stored for several hardware ({', '.join(hws)}): give --hardware"
-        )
-    (analysis,) = cp.analyse_frame(df)
-    steps = analysis.steps
-    listed = (
-        "; ".join(
-            f"{i}: {s.before.commit[:10]} .. {s.after.commit[:10]} ({s.change_pct:+.1f} %)"
-            for i, s in enumerate(steps, 1)
-        )
-        or "none"
-    )
-    if change.isdigit() and len(change) < 4:
-        k = int(change)
-        if not 1 <= k <= len(steps):
-            raise HistoryError(f"series {series!r} has no step {k}; its steps: {listed}")
-        return analysis, steps[k - 1]
-    c = change.lower()
-    hits = [s for s in steps if s.after.commit.lower().startswith(c)] or [
-        s for s in steps if s.before.commit.lower().startswith(c)
-    ]
-    if len(c) < 4 or not hits:
-        raise HistoryError(f"series {series!r} has no step at commit {change!r}; its steps: {listed}")
-    return analysis, hits[0]
