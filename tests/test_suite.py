@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import nbformat
@@ -205,6 +206,8 @@ def test_notebook_that_raises_still_reports_exit_2(tmp_path):
     run = json.loads((out / "run.json").read_text())
     nb = {n["name"]: n for n in run["notebooks"]}
     assert nb["cold_warm"]["status"] == "error" and nb["cold_warm"]["ename"] == "NotebookParamsError"
+    # the finish time names its UTC offset (history reads it on any machine's time zone)
+    assert datetime.fromisoformat(run["finished"]).utcoffset() is not None, run["finished"]
     assert "ERROR" in (out / "summary.md").read_text()
     # perfkit report re-renders the same run
     (out / "report.html").unlink()

@@ -180,7 +180,7 @@ def run_suite(
         "exit_code": code,
         "status": status_word(code, verdicts),
         "wall_s": round(time.monotonic() - t_start, 2),
-        "finished": _dt.datetime.now().isoformat(timespec="seconds"),
+        "finished": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "replay": _shown_path(replay_dir) if replay_dir else None,
         "notebooks": [asdict(r) for r in runs],
     }
