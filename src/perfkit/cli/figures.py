@@ -65,17 +65,15 @@ def figures_command(files: tuple[str, ...], root: str | None, check: bool) -> No
     Exit codes: 0 up to date (or rewritten), 1 --check found a stale block, 2 a bad block or a
     src without results."""
     from perfkit.common.provenance import repo_root
-    from perfkit.report.figures import FiguresError, register_kind, update_file
-
-    register_kind("commands", commands_markdown)
+    from perfkit.report.figures import FiguresError, update_file
 
     base = Path(root) if root else repo_root()
     stale = []
     try:  # every file is rendered before any is written: one bad block leaves all files as they were
-        stale = [f for f in files if update_file(f, base, check=True)]
+        stale = [f for f in files if update_file(f, base, check=True, commands=commands_markdown)]
         if not check:
             for f in stale:
-                update_file(f, base)
+                update_file(f, base, commands=commands_markdown)
     except (FiguresError, OSError, ValueError) as exc:
         done(fail(str(exc), prefix="perfkit figures"))
     for f in files:

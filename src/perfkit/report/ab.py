@@ -9,7 +9,7 @@ import base64
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -81,16 +81,20 @@ def decision_counts(res: AbResult) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["status", "metrics", "which"])
 
 
+def _noise(t: pd.DataFrame, icc: Callable[[Any], str] = _num) -> dict[str, Any]:
+    """The metric, its CVs between and within launches and its ICC, as text columns."""
+    return {
+        "metric": t["metric"],
+        "CV between launches": [percent_text(v) for v in t["cv_between"]],
+        "CV within a launch": [percent_text(v) for v in t["cv_within"]],
+        "ICC": [icc(v) for v in t["icc"]],
+    }
+
+
 def _variance_frame(res: AbResult) -> pd.DataFrame:
     t = res.table[res.table["decision"] != "not measured"]
     return pd.DataFrame(
-        {
-            "metric": t["metric"],
-            "CV between launches": [percent_text(v) for v in t["cv_between"]],
-            "CV within a launch": [percent_text(v) for v in t["cv_within"]],
-            "ICC": [_num(v) for v in t["icc"]],
-            "launches needed": ["" if pd.isna(v) else str(v) for v in t["launches_needed"]],
-        }
+        {**_noise(t), "launches needed": ["" if pd.isna(v) else str(v) for v in t["launches_needed"]]}
     )
 
 
@@ -379,10 +383,7 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
     var = power.variance_table(pool)
     vt = pd.DataFrame(
         {
-            "metric": var["metric"],
-            "CV between launches": [percent_text(x) for x in var["cv_between"]],
-            "CV within a launch": [percent_text(x) for x in var["cv_within"]],
-            "ICC": ["–" if x != x else f"{x:.2f}" for x in var["icc"]],
+            **_noise(var, lambda x: "–" if x != x else f"{x:.2f}"),
             "CV of A's launch medians": [percent_text(x) for x in var["cv_launch_a"]],
             **{
                 f"measured {c[:-4]}/A": ["–" if x != x else f"{x:+.1f} %" for x in var[c]]

@@ -24,9 +24,10 @@ from perfkit.report.ab import power_markdown, sequential_markdown
 from perfkit.report.runinfo import run_results
 from perfkit.report.tables import markdown_table
 
-#: the block kinds of this module (:func:`kinds` adds the others)
+#: the block kinds of this module (``commands``: rendered by the caller of :func:`update_file`;
+#: :func:`kinds` adds the investigations')
 KINDS = tuple(
-    "key-numbers full compare ab-power ab-sequential history-nightly history-replay timings sglang-tier".split()
+    "key-numbers full compare ab-power ab-sequential history-nightly history-replay timings sglang-tier commands".split()
 )
 #: ``kind=timings``: the file under ``src`` that records wall times
 TIMINGS_FILE = "timings.json"
@@ -49,18 +50,9 @@ _KIND_ATTRS = {
 }
 
 
-#: block kinds a layer above renders (``commands``), by :func:`register_kind`
-_ABOVE: dict[str, Callable[["Block", Path], str]] = {}
-
-
-def register_kind(kind: str, render: Callable[["Block", Path], str]) -> None:
-    """Let a layer above this one render ``kind`` blocks (``render(block, root) -> Markdown``)."""
-    _ABOVE[kind] = render
-
-
 def kinds() -> tuple[str, ...]:
-    """Every block kind: :data:`KINDS`, those registered from above, the investigations' own."""
-    return (*KINDS, *_ABOVE, *registry.doc_blocks())
+    """Every block kind: :data:`KINDS` and the investigations' own."""
+    return (*KINDS, *registry.doc_blocks())
 
 
 def _session() -> str:
@@ -158,8 +150,6 @@ def render_block(block: Block, root: Path) -> str:
     """The Markdown of one block from the bundles under ``root / block.src``.
     Raises FiguresError: the directory holds no investigation results."""
     src = root / block.src
-    if block.kind in _ABOVE:
-        return _ABOVE[block.kind](block, root)
     if block.kind == "compare":
         return _compare(block, root)
     if block.kind in ("ab-power", "ab-sequential"):
@@ -358,13 +348,15 @@ def _combined(block: Block, root: Path) -> str:
     return _with_footer(_full_section(name, r), f"{names} ({len(srcs)} {decl.verb})")
 
 
-def update_text(text: str, root: Path, where: str = "<text>") -> str:
-    """``text`` with every marked block regenerated (see :func:`render_block`)."""
+def update_text(text: str, root: Path, where: str = "<text>", commands: Callable | None = None) -> str:
+    """``text`` with every marked block regenerated (see :func:`render_block`; ``kind=commands``
+    by ``commands(block, root)``)."""
     found = iter(blocks(text, where))  # validated first: a bad block fails before anything is rendered
 
     def sub(m: re.Match) -> str:
         try:
-            body = render_block(next(found), root)
+            b = next(found)
+            body = commands(b, root) if commands and b.kind == "commands" else render_block(b, root)
         except FiguresError as exc:
             raise FiguresError(f"{where}: {exc}") from exc
         return m.group("open") + body + m.group("close")
@@ -376,9 +368,11 @@ def update_text(text: str, root: Path, where: str = "<text>") -> str:
 MAX_DOC_BYTES = 8 * 2**20
 
 
-def update_file(path: str | Path, root: str | Path, check: bool = False) -> bool:
-    """Regenerate the blocks of ``path`` (replaced whole; left as it is with ``check``); returns
-    whether its text changed.
+def update_file(
+    path: str | Path, root: str | Path, check: bool = False, commands: Callable | None = None
+) -> bool:
+    """Regenerate the blocks of ``path`` (replaced whole; left as it is with ``check``; ``commands``:
+    as :func:`update_text`'s); returns whether its text changed.
     Raises FiguresError: a bad block, a ``src`` without results, a file over :data:`MAX_DOC_BYTES`;
     OSError: unreadable file."""
     p = Path(path)
@@ -389,7 +383,7 @@ def update_file(path: str | Path, root: str | Path, check: bool = False) -> bool
     old = p.read_text(encoding="utf-8")
     if not blocks(old, str(p)):
         raise FiguresError(f"{p}: no '<!-- perfkit:figures src=... -->' block")
-    new = update_text(old, Path(root), str(p))
+    new = update_text(old, Path(root), str(p), commands)
     changed = not same_figures(old, new)
     if changed and not check:
         tmp = p.with_name(p.name + ".tmp")

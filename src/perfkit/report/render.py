@@ -126,8 +126,9 @@ def section_template(name: str) -> str:
         return FALLBACK_SECTION_TEMPLATE
 
 
-def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]:
-    """What a section template gets for notebook entry ``n`` of ``run.json`` (the keys below).
+def section_context(run_dir: str | Path, n: Mapping[str, Any], keys: Mapping | None = None) -> dict[str, Any]:
+    """What a section template gets for notebook entry ``n`` of ``run.json`` (the keys below;
+    ``keys``: the run's :func:`~perfkit.report.runinfo.key_numbers`, read when not given).
     Never raises on a broken notebook or results file: logged and shown in the section."""
     run_dir = Path(run_dir)
     name = str(n["name"])
@@ -137,13 +138,7 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
         intro = registry.get(name).section_intro if name != GATE else ""
     except KeyError:
         title, question, intro = name, "", ""
-    keys, keys_error = [], None
-    if name != GATE:
-        try:
-            keys = ri.investigation_key_numbers(run_dir, name)
-        except Exception as exc:  # noqa: BLE001 - a broken results file must not kill the report
-            log.warning("report: key numbers of %s: %r", name, exc)
-            keys_error = repr(exc)
+    keys = (ri.key_numbers(run_dir) if keys is None else keys).get(name, [])
     verdict = {k: v for k, v in (read_verdict(run_dir / name) or {}).items() if k != "rows"}
     rc = root_cause(run_dir, name) if name != GATE and status != "skipped" else None
     # the bundle sits at RUN/<name>/, beside the page: trace links are relative to the page
@@ -170,8 +165,8 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
         "reason": n.get("reason"),
         "error": n.get("error"),
         "wall_s": n.get("wall_s"),
-        "keys": keys,
-        "keys_error": keys_error,
+        "keys": [] if isinstance(keys, str) else keys,
+        "keys_error": keys if isinstance(keys, str) else None,
         "verdict": verdict,
         "notebook_path": str(nbp),
         "body": body,
@@ -181,9 +176,10 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any]) -> dict[str, Any]
     }
 
 
-def render_section(run_dir: str | Path, n: Mapping[str, Any]) -> str:
-    """The HTML of one notebook's section. Raises jinja2.TemplateNotFound: a missing template."""
-    ctx = section_context(run_dir, n)
+def render_section(run_dir: str | Path, n: Mapping[str, Any], keys: Mapping | None = None) -> str:
+    """The HTML of one notebook's section (``keys``: as :func:`section_context`'s).
+    Raises jinja2.TemplateNotFound: a missing template."""
+    ctx = section_context(run_dir, n, keys)
     return template_env().get_template(section_template(ctx["name"])).render(**ctx)
 
 
@@ -256,12 +252,31 @@ def gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
     return [{"status": s, "n": int(counts[s]), "text": f"{int(counts[s])} {words.get(s, s)}"} for s in order]
 
 
+def _run_view(run_dir: Path) -> dict[str, Any]:
+    """What the page and summary.md both show, read once."""
+    info, verdicts, code, word = ri.run_status(run_dir)
+    keys = ri.key_numbers(run_dir)
+    rows = [(k.label, k.text) for v in keys.values() if not isinstance(v, str) for k in v]
+    return {
+        "info": info,
+        "verdicts": verdicts,
+        "code": code,
+        "word": word,
+        "inv": ri.investigations(run_dir, info.get("notebooks", [])),
+        "keys": keys,
+        "key_rows": pd.DataFrame(rows, columns=["what", "value"]) if rows else None,
+        "units": ri.units_frame(info),
+        "ends": ri.engine_ends_frame(run_dir),
+        "warnings": ri.run_warnings(run_dir),
+    }
+
+
 def page_context(run_dir: str | Path) -> dict[str, Any]:
     """What ``page.html.j2`` gets for a run directory (the keys below; tables are
     :class:`~perfkit.report.tables.Table` or None, sections :class:`markupsafe.Markup`)."""
     run_dir = Path(run_dir)
-    info, verdicts, code, word = ri.run_status(run_dir)
-    nbs = info.get("notebooks", [])
+    v = _run_view(run_dir)
+    info, verdicts, nbs = v["info"], v["verdicts"], v["info"].get("notebooks", [])
     meta: list[dict[str, Any]] = []
     if info.get("description"):
         meta.append({"text": info["description"]})
@@ -274,31 +289,26 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         meta.append({"text": f"wall time {info['wall_s']:.0f} s"})
     if info.get("replay"):
         meta.append({"text": "replayed from", "code": info["replay"]})
-    inv = ri.investigations(run_dir, nbs)
-    toc = [{**i, "status_text": i["ran"]} for i in inv]
-    rows = pd.DataFrame(ri.investigations_table(inv, checks=True))
-    nb_table = format_table(rows, status_col="gate") if nbs else None
-    keys = ri.key_numbers(run_dir)
+    toc = [{**i, "status_text": i["ran"]} for i in v["inv"]]
+    rows = pd.DataFrame(ri.investigations_table(v["inv"], checks=True))
     return {
         "title": f"perfkit report: {info.get('name', run_dir.name)}",
-        "verdict": word,
-        "exit_code": code,
+        "verdict": v["word"],
+        "exit_code": v["code"],
         "meta": meta,
         "environment": _env_line(run_dir),
         "toc": toc,
         "failed": _failed_boxes(toc, verdicts),
         "errors": [n for n in nbs if n.get("status") == "error"],
-        "notebooks_table": nb_table,
-        "units_table": format_table(units) if (units := ri.units_frame(info)) is not None else None,
-        "engine_ends_table": format_table(ends)
-        if (ends := ri.engine_ends_frame(run_dir)) is not None
-        else None,
-        "key_numbers": format_table(pd.DataFrame(keys, columns=["what", "value"]), None) if keys else None,
-        "warnings": ri.run_warnings(run_dir),
+        "notebooks_table": format_table(rows, status_col="gate") if nbs else None,
+        "units_table": None if v["units"] is None else format_table(v["units"]),
+        "engine_ends_table": None if v["ends"] is None else format_table(v["ends"]),
+        "key_numbers": None if v["key_rows"] is None else format_table(v["key_rows"], None),
+        "warnings": v["warnings"],
         "gates": _gate_table(verdicts),
         "gates_attention": _gate_table(verdicts, ("fail", "improved")),
         "gate_counts": gate_counts(verdicts),
-        "sections": [markupsafe.Markup(render_section(run_dir, n)) for n in nbs],
+        "sections": [markupsafe.Markup(render_section(run_dir, n, v["keys"])) for n in nbs],
     }
 
 
@@ -450,15 +460,11 @@ def _engine_lines(run_dir: Path) -> list[str]:
     return []
 
 
-def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
-    """The summary's blocks between the failed and the passing gate rows."""
+def _middle_blocks(run_dir: Path, v: Mapping[str, Any]) -> list[str]:
+    """The summary's blocks between the failed and the passing gate rows (``v``: the run view)."""
+    info, keys, units, ends = v["info"], v["key_rows"], v["units"], v["ends"]
     nbs = info.get("notebooks", [])
-    inv = [
-        {**r, "note": wrap_cell(clip(r["note"]))}
-        for r in ri.investigations_table(ri.investigations(run_dir, nbs))
-    ]
-    keys = ri.key_numbers(run_dir)
-    units, ends = ri.units_frame(info), ri.engine_ends_frame(run_dir)
+    inv = [{**r, "note": wrap_cell(clip(r["note"]))} for r in ri.investigations_table(v["inv"])]
     blocks = [
         (
             "Errors",
@@ -474,9 +480,9 @@ def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
             [
                 "Informational: what was measured. The gate rows decide the verdict; a key number is not a check.",
                 "",
-                markdown_table(pd.DataFrame(keys, columns=["what", "value"])),
+                markdown_table(keys),
             ]
-            if keys
+            if keys is not None
             else [],
         ),
         ("Engine", _engine_lines(run_dir)),
@@ -485,7 +491,7 @@ def _middle_blocks(run_dir: Path, info: Mapping[str, Any]) -> list[str]:
         ("How the engines ended", [markdown_table(ends)] if ends is not None else []),
         (
             "Warnings",
-            [f"- {md_text(w)}" for w in ri.run_warnings(run_dir)],
+            [f"- {md_text(w)}" for w in v["warnings"]],
         ),
     ]
     return [line for title, lines in blocks if lines for line in ("", f"### {title}", "", *lines)]
@@ -495,7 +501,8 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
     """The run's verdict as Markdown, the passing rows in a collapsed ``<details>``, within
     ``limit`` characters: passing rows, then failed rows, left out from the end, whole rows only."""
     run_dir = Path(run_dir)
-    info, verdicts, code, word = ri.run_status(run_dir)
+    v = _run_view(run_dir)
+    info, verdicts, code, word = v["info"], v["verdicts"], v["code"], v["word"]
     icon = {"pass": "✅", "inconclusive": "⚠️", "regression": "❌", "error": "💥"}.get(word, "")
     view = ri.gate_view(verdicts)
     n_fail, n_inc = ((view["status"] == s).sum() for s in ("fail", "inconclusive"))
@@ -521,7 +528,7 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
     if len(passing) and set(passing["status"].astype(str)) != {"pass"}:
         pass_cols.append("status")
 
-    middle = _middle_blocks(run_dir, info)
+    middle = _middle_blocks(run_dir, v)
     sk = len(verdicts) - len(shown)
     page = "the report page (`report.html`)"
 

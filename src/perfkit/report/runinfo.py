@@ -102,16 +102,6 @@ def run_info(run_dir: Path) -> dict[str, Any]:
     return {"name": run_dir.name, "notebooks": nbs}
 
 
-def investigation_key_numbers(run_dir: Path, name: str) -> list[registry.KeyNumber]:
-    """The key numbers of investigation ``name`` from ``run_dir/<name>/results.json`` ([] when the
-    file is not there). Raises KeyError (unknown investigation), ValueError (unreadable JSON) or
-    whatever the investigation's ``key_numbers`` raises."""
-    s = registry.get(name)
-    if not (run_dir / s.name / "results.json").exists():
-        return []
-    return list(s.key_numbers(read_results(run_dir / s.name)))
-
-
 def run_results(
     run_dir: Path, first: str | None = None, on_error: Callable[[Path, Exception], None] | None = None
 ) -> Iterator[tuple[registry.Investigation, dict]]:
@@ -141,15 +131,20 @@ def _log_unreadable(p: Path, exc: Exception) -> None:
     log.warning("report: results of %s: %r", p.parent.name, exc)
 
 
-def key_numbers(run_dir: str | Path) -> list[tuple[str, str]]:
-    """(what, value) of every investigation's key numbers, from ``run_dir/<investigation>/results.json``,
-    in registry order. An investigation whose results cannot be read is logged and left out."""
-    out: list[tuple[str, str]] = []
-    for s, r in run_results(Path(run_dir)):
+def key_numbers(run_dir: str | Path) -> dict[str, list[registry.KeyNumber] | str]:
+    """Each investigation's key numbers from ``run_dir/<investigation>/results.json``, in registry
+    order, or the error (``repr``, logged) of an unreadable file or a raising ``key_numbers``."""
+    out: dict[str, list[registry.KeyNumber] | str] = {}
+
+    def bad(name: str, exc: Exception) -> None:
+        log.warning("report: key numbers of %s: %r", name, exc)
+        out[name] = repr(exc)
+
+    for s, r in run_results(Path(run_dir), on_error=lambda p, exc: bad(p.parent.name, exc)):
         try:
-            out += [(k.label, k.text) for k in s.key_numbers(r)]
-        except Exception as exc:  # noqa: BLE001 - the summary is written in every case
-            log.warning("report: key numbers of %s: %r", s.name, exc)
+            out[s.name] = list(s.key_numbers(r))
+        except Exception as exc:  # noqa: BLE001 - the report is written in every case
+            bad(s.name, exc)
     return out
 
 

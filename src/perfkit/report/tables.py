@@ -406,7 +406,7 @@ def penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: p
     if stages is None or warm.empty or "request_id" not in stages.columns:
         return None, math.nan
     ids = pd.concat([pd.Series([first.get("request_id")]), warm["request_id"]], ignore_index=True)
-    _, _, _, pen, top = first_vs_warm(pd.DataFrame({"request_id": ids, "e2e_ms": math.nan}), stages)
+    *_, pen, top = first_vs_warm(pd.DataFrame({"request_id": ids, "e2e_ms": math.nan}), stages)
     return (top, pen[top]) if top is not None else (None, math.nan)
 
 
