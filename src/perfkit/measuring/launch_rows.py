@@ -362,7 +362,9 @@ def _read_log(data: LaunchData, path: Path | None) -> None:
 
 
 def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
-    report = data.report  # set by _read_log
+    if data.report is None:  # rows from record lines alone (no performance.log read)
+        data.report = parse_lines(data.record_lines, source=f"records/{data.label}.jsonl")
+    report = data.report
     recs = {r.request_id: r for r in report.records}
     warm = [r for r in recs.values() if r.is_warmup]
     for rec in warm:
