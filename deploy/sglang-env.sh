@@ -15,11 +15,26 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
 fi
 t0=$(date +%s)
 rm -rf "$VENV"
+mkdir -p "$(dirname "$VENV")"
+# the venv is about 6.4 GiB; pip holds one downloaded wheel beside it (torch's is about 1 GiB)
+need_kib=$((7 * 1024 * 1024))
+free_kib=$(df -Pk "$(dirname "$VENV")" | awk 'NR==2 {print $4}')
+if [ "$free_kib" -lt "$need_kib" ]; then
+  echo "sglang-env: $((free_kib / 1024)) MiB free under $(dirname "$VENV"), needs about 7 GiB (SGLANG_VENV=path puts it elsewhere)" >&2
+  exit 1
+fi
 "$PY" -m venv "$VENV"
-# --no-deps: the lock is complete; sglang's metadata names GPU-only packages a CPU run never imports
-# (a machine's pip config may name file:// indexes without these packages: pip warns once per name)
-"$VENV/bin/python" -m pip install --quiet --no-compile --no-deps --disable-pip-version-check -r "$REQ" \
-  2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+# --no-deps: the lock is complete; sglang's metadata names GPU-only packages a CPU run never imports.
+# --no-cache-dir, and the CUDA wheels one per pip call: a cached copy of every wheel beside the venv
+# filled CI's disk. (A machine's pip config may name file:// indexes without these packages: pip
+# warns once per name.)
+pipi() {
+  "$VENV/bin/python" -m pip install --quiet --no-compile --no-deps --no-cache-dir --disable-pip-version-check "$@" \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+heavy='^(torch|triton|nvidia-|cuda-)'
+for pin in $(grep -E "$heavy" "$REQ"); do pipi "$pin"; done
+pipi -r <(grep -v -E "$heavy" "$REQ")
 # bytecode once, here: with PYTHONDONTWRITEBYTECODE set (CI images often set it) every sglang launch
 # would compile its imports from source, twice (server and worker): 11.7 -> 5.3 s a process measured
 # on the 2-core runner. Vendored files of other Python versions fail to compile: not an error.
