@@ -330,9 +330,9 @@ def main(argv: list[str]) -> int:
         p = HERE / (registry.get(name).notebook if name in registry.names() else f"{name}.ipynb")
         if check:
             if not p.exists() or p.read_text() != text:
-                print(f"{p} is stale: run python notebooks/make_notebooks.py")
+                print(f"{p} is stale: run make notebooks")
                 bad = 1
-        else:
+        elif not p.exists() or p.read_text() != text:
             p.write_text(text)
             print(f"wrote {p}")
     return bad

@@ -49,6 +49,21 @@ def test_import_linter_contracts_hold():
     assert "Contracts: 3 kept, 0 broken." in proc.stdout
 
 
+def test_every_top_level_module_sits_in_a_layer():
+    """A module in no layer of the contract goes unchecked by import-linter: every top-level
+    module and package of perfkit is named in ``layers`` (pyproject.toml), but the root, its
+    ``__main__`` and the reference engine (its own contracts)."""
+    import tomllib
+
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    (layers,) = [c for c in conf["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    named = {m.strip() for layer in layers["layers"] for m in layer.split("|")}
+    pkgs = [d.name for d in SRC.iterdir() if (d / "__init__.py").is_file()]
+    tops = {f"perfkit.{name}" for name in pkgs + [f.stem for f in SRC.glob("*.py")]}
+    outside = tops - named - {"perfkit.__init__", "perfkit.__main__", "perfkit.refengine"}
+    assert not outside, f"in no layer of pyproject.toml's contract: {sorted(outside)}"
+
+
 def _docstring_nodes(tree: ast.AST) -> set[int]:
     ids = set()
     for node in ast.walk(tree):

@@ -13,13 +13,18 @@ from perfkit.common.exitcodes import EXIT_OK
 HELP_WIDTH = 100
 
 
-def _help_pages(cmd: click.Command, path: str) -> list[tuple[str, click.Command, str]]:
-    """(command path, command, its --help text) of ``cmd`` and, for a group, of every subcommand."""
-    ctx = click.Context(cmd, info_name=path, terminal_width=HELP_WIDTH, max_content_width=HELP_WIDTH)
-    pages = [(path, cmd, cmd.get_help(ctx))]
+def _help_pages(
+    cmd: click.Command, name: str, parent: click.Context | None = None
+) -> list[tuple[str, click.Command, str]]:
+    """(command path, command, its --help text) of ``cmd`` and, for a group, of every subcommand;
+    each in a context under its group's, with its own context_settings, as click runs it (so a
+    subcommand shows the ``-h`` it inherits)."""
+    settings = {**cmd.context_settings, "terminal_width": HELP_WIDTH, "max_content_width": HELP_WIDTH}
+    ctx = click.Context(cmd, info_name=name, parent=parent, **settings)
+    pages = [(ctx.command_path, cmd, cmd.get_help(ctx))]
     if isinstance(cmd, click.Group):
-        for name in cmd.list_commands(ctx):
-            pages += _help_pages(cmd.get_command(ctx, name), f"{path} {name}")
+        for sub in cmd.list_commands(ctx):
+            pages += _help_pages(cmd.get_command(ctx, sub), sub, ctx)
     return pages
 
 
@@ -50,7 +55,11 @@ def commands_markdown(block: object, root: Path) -> str:
     type=click.Path(exists=True, file_okay=False),
     help="directory the blocks' src= paths are relative to (default: the perfkit checkout)",
 )
-@click.option("--check", is_flag=True, help="change nothing; exit 1 when a block differs from its bundles")
+@click.option(
+    "--check",
+    is_flag=True,
+    help="change nothing; exit 1 when a block differs from what it would be regenerated as",
+)
 def figures_command(files: tuple[str, ...], root: str | None, check: bool) -> None:
     """Regenerate the generated blocks of Markdown FILES (between the HTML comments
     'perfkit:figures src=DIR kind=KIND' and 'perfkit:end') from the data under DIR.
@@ -78,7 +87,7 @@ def figures_command(files: tuple[str, ...], root: str | None, check: bool) -> No
         done(fail(str(exc), prefix="perfkit figures"))
     for f in files:
         if f in stale:
-            click.echo(f"{f}: {'stale (differs from its bundles)' if check else 'regenerated'}")
+            click.echo(f"{f}: stale (run: perfkit figures {f})" if check else f"{f}: regenerated")
         else:
             click.echo(f"{f}: up to date")
     done(1 if check and stale else EXIT_OK)

@@ -196,8 +196,7 @@ class RunBars:
             self.overall.set_postfix_str(f"launch {n}: launching {ev.get('what', 'the engine')} …")
         elif kind == "launch":
             self.launches_seen += 1
-            of = f"/~{self.launches_planned}" if self.launches_planned else ""
-            self.overall.set_postfix_str(f"launch {self.launches_seen}{of}")
+            self._launches_postfix()
             if self.launch_bar is not None:
                 self.launch_bar.close()
             self.launch_bar = self._tqdm(
@@ -266,6 +265,11 @@ class RunBars:
             short = planned - (self.overall.n - start)
             if short > 0:
                 self.overall.update(short)
+            self._launches_postfix()  # not "launching …" of a launch that sent no request
+
+    def _launches_postfix(self) -> None:
+        of = f"/~{self.launches_planned}" if self.launches_planned else ""
+        self.overall.set_postfix_str(f"launch {self.launches_seen}{of}")
 
     def close(self) -> None:
         """Close the bars."""
