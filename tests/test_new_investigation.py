@@ -309,3 +309,24 @@ def test_the_register_module_shorthand_takes_the_module_declarations():
         assert (over.reading, over.section_intro) == (registry.no_reading, "x")
     finally:
         registry.unregister("throwaway_short")
+
+
+def test_designs_minimal_investigation_sketch_runs_against_the_real_api():
+    """The ``python`` sketch in DESIGN.md's "Adding an investigation" executes (every import it
+    names exists) and its ``measure_launch``/``assemble`` calls bind to their real signatures."""
+    import inspect
+
+    from perfkit.measuring.assemble import assemble
+    from perfkit.measuring.launch_rows import measure_launch
+
+    text = (ROOT / "docs" / "DESIGN.md").read_text(encoding="utf-8")
+    section = text.split("### Adding an investigation", 1)[1].split("### Adding a command", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    ns: dict = {}
+    exec(compile(textwrap.dedent(block), "DESIGN.md sketch", "exec"), ns)
+    assert issubclass(ns["Params"], registry.InvestigationParams)
+    calls = {"measure_launch": measure_launch, "assemble": assemble}
+    for call in re.findall(r"(measure_launch|assemble)\((.*)\)\n", textwrap.dedent(block)):
+        n_args = len([a for a in re.split(r",(?![^\[]*\])", call[1]) if a.strip()])
+        inspect.signature(calls[call[0]]).bind(*range(n_args))  # TypeError when the arity is off
+    assert list(inspect.signature(measure_launch).parameters)[:4] == ["spec", "requests", "run_dir", "label"]
