@@ -258,8 +258,8 @@ class EngineHandle:
     Attributes:
         spec: the EngineSpec.
         label: launch label.
-        host, port, base_url: where it answers (``http://host:port``).
-        pid, pgid: root process id and its process group.
+        port, base_url: where it answers (``http://spec.host:port``).
+        pid: root process id, also its process group's.
         command: the exact argv; env_added: environment added to os.environ (spec + caps + caches).
         run_dir: this launch's directory (``<run_dir>/<label>``).
         perf_log_dir: where the engine writes ``performance.log``.
@@ -278,10 +278,8 @@ class EngineHandle:
 
     spec: EngineSpec
     label: str
-    host: str
     port: int
     pid: int
-    pgid: int
     command: list[str]
     env_added: dict[str, str]
     run_dir: Path
@@ -302,7 +300,7 @@ class EngineHandle:
 
     @property
     def base_url(self) -> str:
-        h = f"[{self.host}]" if ":" in self.host else self.host
+        h = f"[{self.spec.host}]" if ":" in self.spec.host else self.spec.host
         return f"http://{h}:{self.port}"
 
     @property
@@ -404,7 +402,7 @@ class EngineHandle:
 
     def _descendants(self) -> list[psutil.Process]:
         found = dict(self._enforcer.known) if self._enforcer is not None else {}
-        found.update({p.pid: p for p in _owner.tree(self.pid, self.pgid, self._create_time)})
+        found.update({p.pid: p for p in _owner.tree(self.pid, since=self._create_time)})
         return [p for pid, p in found.items() if pid != self.pid]
 
     def _terminate(self, grace_s: float = 10.0) -> int | None:
@@ -415,7 +413,7 @@ class EngineHandle:
         desc = self._descendants()
         for p in desc:
             with contextlib.suppress(psutil.Error):
-                _register(StartedProcess(p.pid, self.pgid, p.create_time(), f"{self.label} (child)", ()))
+                _register(StartedProcess(p.pid, self.pid, p.create_time(), f"{self.label} (child)", ()))
         rc_before = self._proc.poll()
         procs = dict.fromkeys((p for p in desc if _running(p)), self.label)
         root = None
@@ -426,7 +424,7 @@ class EngineHandle:
         ended = {e.pid: e for e in _owner.end_processes(procs, grace_s)}
         if procs:
             _cgroup_kill(self.cgroup_path)
-            _owner.kill_tree([self.pgid], self._descendants(), signal.SIGKILL)
+            _owner.kill_tree([self.pid], self._descendants(), signal.SIGKILL)
         mine = ended.get(self.pid)
         if mine is not None and mine.killed:
             log.warning(

@@ -148,10 +148,8 @@ def launch(
     handle = EngineHandle(
         spec=spec,
         label=label,
-        host=spec.host,
         port=port,
         pid=proc.pid,
-        pgid=proc.pid,
         command=argv,
         env_added=added,
         run_dir=d,

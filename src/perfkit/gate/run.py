@@ -384,11 +384,7 @@ def compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]
 
 
 def compare_run(
-    run: str | Path,
-    baseline: str | Path,
-    case: str | None = None,
-    profile: str = "pr_test",
-    strict: bool = False,
+    run: str | Path, baseline: str | Path, case: str | None, profile: str, strict: bool
 ) -> tuple[list[Check], list[str]]:
     """What ``run`` names (:func:`compare_cases`) against the baseline file ``baseline``:
     (check rows, the overlap's first, :func:`perfkit.gate.baseline.check_overlap`'s warnings).

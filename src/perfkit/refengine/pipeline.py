@@ -190,10 +190,11 @@ class StagedPipeline:
         self, latents, embeds, mask, timesteps, shape, req, timing, step_times, stage="DenoisingStage"
     ):
         """``timesteps`` of ``stage`` on latents of ``shape``; each step's ms into ``step_times``."""
-        n_lat, h_lat, w_lat = shape
         guidance, slow = req.guidance_scale, self._slow.get(stage, 0.0)
         cfg = guidance > 1.0
+        n_lat, h_lat, w_lat = shape
         rope = (self.temporal / req.fps, self.spatial, self.spatial)
+        dims = {"num_frames": n_lat, "height": h_lat, "width": w_lat, "rope_interpolation_scale": rope}
         sched = self._active_sched
         # CUDA: events between steps, no host sync per step (docs/refengine.md)
         events = [self._event()] if timing and self.is_cuda else []
@@ -206,13 +207,13 @@ class StagedPipeline:
             if par is None:
                 model_in = torch.cat([latents] * 2) if cfg else latents
                 model_in = model_in.to(embeds.dtype)
-                noise = self._predict(model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope)
+                noise = self._predict(model_in, embeds, mask, t, dims)
                 if cfg:
                     uncond, text = noise.chunk(2)
                     noise = uncond + guidance * (text - uncond)
             else:  # one branch here, the other on the peer rank; gathered and combined
                 noise = par.noise(
-                    lambda x, e, m, t=t: self._predict(x.to(e.dtype), e, m, t, n_lat, h_lat, w_lat, rope),
+                    lambda x, e, m, t=t: self._predict(x.to(e.dtype), e, m, t, dims),
                     latents,
                     embeds,
                     mask,
@@ -231,17 +232,14 @@ class StagedPipeline:
             self._pending_steps.append((step_times, events))
         return latents
 
-    def _predict(self, model_in, embeds, mask, t, n_lat, h_lat, w_lat, rope):
+    def _predict(self, model_in, embeds, mask, t, dims):
         return self.c.transformer(
             hidden_states=model_in,
             encoder_hidden_states=embeds,
             timestep=t.expand(model_in.shape[0]),
             encoder_attention_mask=mask,
-            num_frames=n_lat,
-            height=h_lat,
-            width=w_lat,
-            rope_interpolation_scale=rope,
             return_dict=False,
+            **dims,
         )[0].float()
 
     def _timesteps(self, steps: int, seq_len: int, start_sigma: float = 1.0):

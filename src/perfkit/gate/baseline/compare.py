@@ -13,10 +13,9 @@ from perfkit.gate.baseline.files import BaselineError, metric_value
 from perfkit.gate.baseline.rules import (
     DEFAULT_IMPROVEMENT_THRESHOLD,
     ENGINE_KEY,
-    MEMORY_METRICS,
     OPTIONAL_TOLERANCES,
     PER_FRAME_METRIC,
-    SCALAR_TIMING_METRICS,
+    SCALAR_METRICS,
     TOP_LEVEL_CASE_MAPS,
     StageClassifier,
     _metric_rule,
@@ -38,7 +37,7 @@ def _flatten(entry: Mapping[str, Any], where: str = "<entry>") -> dict[str, floa
             raise BaselineError(f"{where}.{k}: {m!r} is not an object")
         for name, v in m.items():
             out[f"{k}.{name}"] = metric_value(v, f"{where}.{k}.{name}")
-    for k in (*SCALAR_TIMING_METRICS, *MEMORY_METRICS):
+    for k in SCALAR_METRICS:
         if k in entry:
             out[k] = metric_value(entry[k], f"{where}.{k}")
     return out

@@ -20,8 +20,7 @@ from perfkit.gate.baseline.rules import (
     DEFAULT_TOLERANCES,
     DERIVED_KEYS,
     ENGINE_KEY,
-    MEMORY_METRICS,
-    SCALAR_TIMING_METRICS,
+    SCALAR_METRICS,
     TOP_LEVEL_CASE_MAPS,
     _number_problem,
     is_flat,
@@ -123,7 +122,7 @@ def _validate(doc: Any, source: str) -> None:
                 raise bad(f"scenarios.{case}.{mkey}", f"{m!r} is not an object")
             for k, v in m.items():
                 number(f"scenarios.{case}.{mkey}.{k}", v)
-        for mkey in (*SCALAR_TIMING_METRICS, *MEMORY_METRICS, "estimated_full_test_time_s"):
+        for mkey in (*SCALAR_METRICS, "estimated_full_test_time_s"):
             if mkey in entry:
                 number(f"scenarios.{case}.{mkey}", entry[mkey])
         ran = entry.get(ENGINE_KEY, {})

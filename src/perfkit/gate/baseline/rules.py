@@ -93,12 +93,17 @@ SCALAR_TIMING_METRICS: dict[str, tuple[str, float]] = {
 #: Memory metrics (MiB) -> (tolerance key, pad MiB). Keys without a tolerance in the profile are
 #: reported as skipped (informational): sglang only gates load/runtime peak VRAM.
 MEMORY_METRICS: dict[str, tuple[str, float]] = {
-    "load_peak_vram_mb": ("load_peak_vram", VRAM_PAD_MB),
-    "runtime_peak_vram_mb": ("runtime_peak_vram", VRAM_PAD_MB),
-    "warmup_peak_vram_mb": ("warmup_peak_vram", VRAM_PAD_MB),
-    "load_peak_allocated_mb": ("load_peak_allocated", VRAM_PAD_MB),
-    "runtime_peak_allocated_mb": ("runtime_peak_allocated", VRAM_PAD_MB),
+    f"{key}_mb": (key, VRAM_PAD_MB)
+    for key in (
+        "load_peak_vram",
+        "runtime_peak_vram",
+        "warmup_peak_vram",
+        "load_peak_allocated",
+        "runtime_peak_allocated",
+    )
 }
+#: Both tables: every scalar metric of a case entry -> (tolerance key, pad).
+SCALAR_METRICS = {**SCALAR_TIMING_METRICS, **MEMORY_METRICS}
 #: sglang's per-frame time stage key: null in its baselines when not measured; skipped for
 #: video cases by its check (``_validate_stages``).
 PER_FRAME_METRIC = "stages_ms.per_frame_generation"
@@ -121,8 +126,7 @@ DERIVED_KEYS = (
     ENGINE_KEY,
     "stages_ms",
     "denoise_step_ms",
-    *SCALAR_TIMING_METRICS,
-    *MEMORY_METRICS,
+    *SCALAR_METRICS,
     "estimated_full_test_time_s",
 )
 
@@ -201,8 +205,7 @@ def _metric_rule(
             return STEP0_TOL, STEP0_PAD_MS, "step 0"
         pad = VIDEO_STEP_PAD_MS if video else IMAGE_STEP_PAD_MS
         return tols.get("denoise_step"), pad, "denoise_step"
-    for table in (SCALAR_TIMING_METRICS, MEMORY_METRICS):
-        if metric in table:
-            key, pad = table[metric]
-            return tols.get(key), pad, key
+    if metric in SCALAR_METRICS:
+        key, pad = SCALAR_METRICS[metric]
+        return tols.get(key), pad, key
     return None, DEFAULT_PAD_MS, "unknown"
