@@ -182,16 +182,15 @@ def cold_vs_warm(
     profile = ProfileParams.model_validate(profile) if isinstance(profile, dict) else profile
     if profile is not None:
         params["profile"] = profile.model_dump()
-    collected: list = []
     if snapshot is not None:
         params["snapshot"] = snapshot.model_dump()
-        results["memory_sites"] = common.snapshot_sites(data, snapshot, repeats, why_not, collected)
+        results["memory_sites"], sites = common.snapshot_sites(data, snapshot, repeats, why_not)
         for chk in results.get("leak_checks") or []:
             if chk["name"] in SITE_CHECKS:
                 chk["sites"] = top_sites_text(results)
     bundle = assemble(NAME, [data], params, results, caps=[caps])
     if snapshot is not None:
-        common.attach_sites(bundle, collected)
+        common.attach_sites(bundle, [sites])
     if profile is not None:
         attach(bundle, *run_profiled(spec, req, profile, run_dir, caps=caps))
     return bundle

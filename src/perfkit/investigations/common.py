@@ -83,15 +83,14 @@ def snapshot_spec(
 
 
 def snapshot_sites(
-    data: LaunchData, snapshot: SnapshotParams, repeats: int, why_not: str | None, collected: list
-) -> dict[str, Any]:
-    """The launch's ``memory_sites`` results entry (:func:`~perfkit.measuring.profiled.collect`);
-    its table and files appended to ``collected`` for :func:`attach_sites`."""
+    data: LaunchData, snapshot: SnapshotParams, repeats: int, why_not: str | None
+) -> tuple[dict[str, Any], tuple[pd.DataFrame, dict[str, Path]]]:
+    """(the launch's ``memory_sites`` results entry, its table and snapshot files for
+    :func:`attach_sites`): :func:`~perfkit.measuring.profiled.collect`."""
     if repeats < 2:
-        return {"status": "needs repeats >= 2 (a cold and a warm request)"}
+        return {"status": "needs repeats >= 2 (a cold and a warm request)"}, (pd.DataFrame(), {})
     table, entry, files = collect(data, snapshot, repeats, why_not)
-    collected.append((table, files))
-    return entry
+    return entry, (table, files)
 
 
 def attach_sites(bundle: ResultBundle, collected: list[tuple[pd.DataFrame, dict[str, Path]]]) -> None:

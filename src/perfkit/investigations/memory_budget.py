@@ -166,7 +166,8 @@ def memory_budget(
         launches.append(data)
         e = cap_entry(data, cap, repeats)
         if snapshot is not None:
-            e["memory_sites"] = common.snapshot_sites(data, snapshot, repeats, why_not, collected)
+            e["memory_sites"], sites = common.snapshot_sites(data, snapshot, repeats, why_not)
+            collected.append(sites)
         entries.append(e)
     results: dict[str, Any] = {
         "caps": entries,

@@ -231,25 +231,37 @@ class Investigation:
 
 _REGISTRY: dict[str, Investigation] = {}
 
+#: what one investigation declares and no other may: (what, the declared set of an investigation)
+_DECLARED_ONCE: tuple[tuple[str, Callable[[Investigation], set]], ...] = (
+    ("invariant key", lambda s: set(s.invariants_model.model_fields)),
+    ("figure kind", lambda s: {f.kind for f in s.figures}),
+    ("figures block kind", lambda s: set(s.doc_blocks)),
+    ("measure option", lambda s: {o.flag for o in s.measure_options}),
+    ("session", lambda s: {True} & {s.session}),
+)
+
 
 def register(investigation: Investigation) -> Investigation:
     """Add ``investigation`` (run order: :attr:`Investigation.order`, then name). Raises ValueError on a
-    duplicate name or an invariant key another investigation already declares."""
+    duplicate name, an invariant key of the engine's, or what another investigation already
+    declares (an invariant key, a figure or block kind, a measure option, the session)."""
     if investigation.name in _REGISTRY:
         raise ValueError(f"investigation {investigation.name!r} is registered twice")
-    mine = set(investigation.invariants_model.model_fields)
-    taken = mine & set(EngineInvariants.model_fields)
+    taken = set(investigation.invariants_model.model_fields) & set(EngineInvariants.model_fields)
     if taken:
         raise ValueError(
             f"invariant keys {sorted(taken)} of {investigation.name!r} are the engine's (EngineInvariants)"
         )
     for other in _REGISTRY.values():
-        clash = mine & set(other.invariants_model.model_fields)
-        if clash:
-            raise ValueError(
-                f"invariant keys {sorted(clash)} of {investigation.name!r} are already declared by {other.name!r}"
-            )
-    _declared_once(investigation)
+        for what, declared in _DECLARED_ONCE:
+            clash = declared(investigation) & declared(other)
+            if clash:
+                mine, theirs = f"{sorted(map(str, clash))} of {investigation.name!r}", repr(other.name)
+                raise ValueError(
+                    f"invariant keys {mine} are already declared by {theirs}"
+                    if what == "invariant key"
+                    else f"{what} {mine} is {theirs}'s"
+                )
     _REGISTRY[investigation.name] = investigation
     ordered = sorted(_REGISTRY.values(), key=lambda s: (s.order, s.name))
     _REGISTRY.clear()
@@ -270,26 +282,6 @@ def register_module(namespace: Mapping[str, Any], **fields: Any) -> Investigatio
         if const in namespace:
             found[key] = namespace[const]
     return register(Investigation(**{**found, **fields}))
-
-
-def _declared_once(investigation: Investigation) -> None:
-    """Raise ValueError when ``investigation`` declares what another one declares already."""
-    for other in _REGISTRY.values():
-        for what, mine, theirs in (
-            ("figure kind", {f.kind for f in investigation.figures}, {f.kind for f in other.figures}),
-            ("figures block kind", set(investigation.doc_blocks), set(other.doc_blocks)),
-            (
-                "measure option",
-                {o.flag for o in investigation.measure_options},
-                {o.flag for o in other.measure_options},
-            ),
-            ("session", {True} & {investigation.session}, {True} & {other.session}),
-        ):
-            clash = mine & theirs
-            if clash:
-                raise ValueError(
-                    f"{what} {sorted(map(str, clash))} of {investigation.name!r} is {other.name!r}'s"
-                )
 
 
 def unregister(name: str) -> None:
