@@ -42,7 +42,7 @@ LEAK_CHECKS = {
     "latency_drift": "latency_drift_max",
 }
 #: where a leak check's lower bound comes from (:func:`perfkit.stats.slope_lower_bound`)
-LEAK_NOISE = "lower bound: the least-squares slope over the warm requests, one-sided 95 %"
+_LEAK_NOISE = "lower bound: the least-squares slope over the warm requests, one-sided 95 %"
 #: the leak checks a CUDA allocator snapshot explains (device memory only)
 SITE_CHECKS = ("device_reserved_slope_mib_per_request",)
 
@@ -268,7 +268,9 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             what = str(chk.get("sites") or "") if chk and name in SITE_CHECKS else ""
             chk = chk or {}
             rows.append(
-                check_max(NAME, name, chk.get("value"), float(inv[key]), what, chk.get("lower95"), LEAK_NOISE)
+                check_max(
+                    NAME, name, chk.get("value"), float(inv[key]), what, chk.get("lower95"), _LEAK_NOISE
+                )
             )
     return rows
 

@@ -5,6 +5,7 @@ requests (the SLO base), the closed-loop levels, the open loop; see docs/load.md
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Literal, Mapping, Optional
 
 import pandas as pd
@@ -25,7 +26,7 @@ from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch_rows import measure_launch
 
 NAME = "load"
-INTERVAL = "order-statistic (binomial) 95 % interval"
+_INTERVAL = "order-statistic (binomial) 95 % interval"
 
 
 class LoadParams(registry.InvestigationParams):
@@ -187,13 +188,9 @@ def engine_lost(
 
 def _ranges(ix: list[int], most: int = 20) -> str:
     """``[3, 4, 5, 7]`` -> ``"3-5, 7"`` (at most ``most`` runs, then how many more)."""
-    runs: list[list[int]] = []
-    for i in sorted(set(ix)):
-        if runs and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:most])
+    step = itertools.count()
+    runs = [list(g) for _, g in itertools.groupby(sorted(set(ix)), lambda i: i - next(step))]
+    text = ", ".join(f"{g[0]}" if len(g) == 1 else f"{g[0]}-{g[-1]}" for g in runs[:most])
     return text + (f" and {len(runs) - most} more runs" if len(runs) > most else "")
 
 
@@ -351,7 +348,7 @@ def reading(r: Mapping[str, Any]) -> str:
     lines = [f"- **{md_text(k.label)}**: {md_text(k.text)}" for k in key_numbers(r)]
     lines += [
         "",
-        f"SLO: {fmt(r.get('slo_ms'), '.0f', ' ms')} ({r.get('slo_source')}); quantile intervals: {INTERVAL} "
+        f"SLO: {fmt(r.get('slo_ms'), '.0f', ' ms')} ({r.get('slo_source')}); quantile intervals: {_INTERVAL} "
         f"(a p99's is bounded from {stats.quantile_bounded_from(0.99)} requests).",
     ]
     levels = r.get("levels") or []

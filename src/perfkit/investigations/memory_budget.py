@@ -31,7 +31,7 @@ NAME = "memory_budget"
 
 
 #: A warm request slower than the cold one by more than this fraction "degrades".
-WARM_DEGRADE_TOLERANCE = 0.10
+_WARM_DEGRADE_TOLERANCE = 0.10
 
 
 def cap_entry(data: LaunchData, cap: MemoryCaps, repeats: int) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def cap_entry(data: LaunchData, cap: MemoryCaps, repeats: int) -> dict[str, Any]
         **numbers,
         "placement": lr.get("placement"),
         "error": data.error or (None if len(ok) == repeats else common.request_errors(df)),
-        "warm_degrades": bool(warm > cold * (1 + WARM_DEGRADE_TOLERANCE)) if warm is not None else None,
+        "warm_degrades": bool(warm > cold * (1 + _WARM_DEGRADE_TOLERANCE)) if warm is not None else None,
     }
 
 
@@ -104,7 +104,7 @@ class MemoryBudgetInvariants(registry.InvariantParams):
     #: every capped run completed all its requests
     caps_completed: Optional[bool] = None
     #: False gates: warm requests under a cap must not be slower than the cold one by more than
-    #: ``WARM_DEGRADE_TOLERANCE``
+    #: ``_WARM_DEGRADE_TOLERANCE``
     warm_degrades_allowed: Optional[bool] = None
 
 
@@ -171,7 +171,7 @@ def memory_budget(
         entries.append(e)
     results: dict[str, Any] = {
         "caps": entries,
-        "warm_degrade_tolerance": WARM_DEGRADE_TOLERANCE,
+        "warm_degrade_tolerance": _WARM_DEGRADE_TOLERANCE,
         "reused_launches": reused,
     }
     if min_budget:

@@ -140,9 +140,8 @@ def bundle_error(bundle: ResultBundle, why: str) -> InvestigationError:
     return InvestigationError(f"{bundle.investigation} ({bundle.path or 'bundle'}): {why}")
 
 
-def needs_a_completed_request(bundle: ResultBundle) -> None:
-    """The default ``check_bundle``: raises :class:`InvestigationError` when no measured request
-    (``index >= 0``) completed."""
+def _needs_a_completed_request(bundle: ResultBundle) -> None:
+    """The default ``check_bundle``: raises when no measured request completed."""
     req = bundle.requests
     ok = not req.empty and bool(((req["index"] >= 0) & (req["status"] == "completed")).fillna(False).any())
     if not ok:
@@ -186,7 +185,7 @@ class Investigation:
     params_model: type[InvestigationParams]
     run: Callable[[RunContext, Any], ResultBundle]
     invariants_model: type[InvariantParams] = InvariantParams
-    check_bundle: Callable[[ResultBundle], None] = needs_a_completed_request
+    check_bundle: Callable[[ResultBundle], None] = _needs_a_completed_request
     checks: Callable[[Mapping[str, Any], Mapping[str, Any]], list[Check]] = no_checks
     key_numbers: Callable[[Mapping[str, Any]], list[KeyNumber]] = lambda r: []
     summary_table: Callable[[Mapping[str, Any]], pd.DataFrame] = lambda r: pd.DataFrame()
@@ -397,9 +396,8 @@ def checks_for(
     return rows
 
 
-def shared_bundles(out: Path, name: str) -> dict[str, ResultBundle]:
-    """Bundles that investigations registered before ``name`` already wrote beside ``out`` in this run
-    (``out.parent/<investigation>/``); a later investigation may reuse their launch."""
+def _shared_bundles(out: Path, name: str) -> dict[str, ResultBundle]:
+    """Bundles of investigations before ``name`` already written beside ``out`` in this run."""
     found: dict[str, ResultBundle] = {}
     for other in names():
         if other == name:
@@ -458,7 +456,7 @@ def load_or_run(
         engine=EngineSpec.from_dict(dict(engine or {})),
         request=VideoRequestSpec.from_dict(dict(request or {})),
         work_dir=out / "launches",
-        shared=shared_bundles(out, investigation) if share_launches else {},
+        shared=_shared_bundles(out, investigation) if share_launches else {},
     )
     b = s.run(ctx, params)
     b.save(out)
