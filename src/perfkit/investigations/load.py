@@ -18,7 +18,7 @@ from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
 from perfkit.investigations import parts, registry
-from perfkit.investigations.load_measure import per_request_rows, read_trace, run_phases, trace_path
+from perfkit.investigations.load_measure import per_request_rows, read_trace, run_phases
 from perfkit.investigations.load_stats import check_rows, summarise
 from perfkit.investigations.parts import code, md
 from perfkit.investigations.registry import KeyNumber
@@ -120,7 +120,7 @@ def run(ctx: registry.RunContext, p: LoadParams) -> ResultBundle:
     Raises:
         InvestigationError: the trace file cannot be read (naming the file, line and key).
     """
-    trace = read_trace(trace_path(p.trace), ctx.request) if p.trace else []
+    trace = read_trace(p.trace, ctx.request) if p.trace else []
     timeout_s = float(ctx.engine.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
     holder: dict[str, Any] = {}
 
@@ -325,7 +325,7 @@ def _ci_text(ci: Any) -> str:
 
 #: summary_table's columns after ``level`` and ``requests`` (a level's keys; ``p99_interval_ms``
 #: is its ``p99_ci`` as text)
-SUMMARY_COLUMNS = (
+_SUMMARY_COLUMNS = (
     "completed queue_wait_ms queue_wait_steady_ms queue_wait_expected_ms service_ms p50_ms p90_ms p99_ms "
     "p99_interval_ms throughput_vpm engine_idle_share goodput_vpm slo_attainment device_peak_mib host_peak_mib"
 ).split()
@@ -338,7 +338,7 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     rows = []
     for lv in [*(r.get("levels") or []), *([r["open_loop"]] if r.get("open_loop") else [])]:
         level = f"c{lv['concurrency']}" if "concurrency" in lv else f"open {lv['rate_rps']:.2f}/s"
-        row = {"level": level, "requests": lv["n"], **{c: lv.get(c) for c in SUMMARY_COLUMNS}}
+        row = {"level": level, "requests": lv["n"], **{c: lv.get(c) for c in _SUMMARY_COLUMNS}}
         rows.append({**row, "p99_interval_ms": _ci_text(lv.get("p99_ci"))})
     return pd.DataFrame(rows)
 

@@ -53,13 +53,17 @@ class _TraceLine(BaseModel):
     prompt: Optional[str] = None
 
 
-def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpec, float | None]]:
-    """The trace's requests in order, each as (request, its slo_ms or None).
+def read_trace(given: str | Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpec, float | None]]:
+    """The trace's requests in order, each as (request, its slo_ms or None). The file: ``given``
+    when it exists (absolute or from the working directory), else relative to the checkout
+    (``params/traces/...`` from a notebook's working directory).
 
     Raises:
         InvestigationError: the file is missing, a line is not a JSON object, has an unknown field or
             a wrong value (``trace.jsonl:3: key 'num_frames': ...``), or the trace is empty.
     """
+    path = Path(given)
+    path = path if path.is_absolute() or path.exists() else repo_root() / path
     try:
         if path.stat().st_size > MAX_BYTES:  # before reading it
             raise InvestigationError(f"trace {path}: {path.stat().st_size:,} bytes, over {MAX_BYTES:,}")
@@ -205,10 +209,3 @@ def _times(sub, start, done, server_ms, client_ms) -> dict[str, Any]:
     else:
         wait, service, source = None, None, "not reported"
     return {"queue_wait_ms": wait, "service_ms": service, "start_source": source}
-
-
-def trace_path(given: str) -> Path:
-    """The trace file: as given when it exists (absolute or from the working directory), else
-    relative to the checkout (``params/traces/...`` from a notebook's working directory)."""
-    path = Path(given)
-    return path if path.is_absolute() or path.exists() else repo_root() / path

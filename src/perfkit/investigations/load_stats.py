@@ -111,14 +111,13 @@ def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]
     n = len(rows)
     uncovered = {t["shape"] for t in table if t["covered"] is False}
     e2e = [r["e2e_ms"] for r in rows if r["status"] == "completed"]
-    fixed = []
-    firsts = {id(shapes[k][0]) for k in uncovered}
-    later = {t["shape"]: t["later_median_ms"] for t in table}
-    for r in rows:
-        if r["status"] != "completed":
-            continue
-        swap = id(r) in firsts and later.get(r["shape"]) is not None
-        fixed.append(later[r["shape"]] if swap else r["e2e_ms"])
+    # each uncovered shape's first hit replaced by its shape's later median
+    swap = {id(shapes[t["shape"]][0]): t["later_median_ms"] for t in table if t["shape"] in uncovered}
+    fixed = [
+        swap[id(r)] if swap.get(id(r)) is not None else r["e2e_ms"]
+        for r in rows
+        if r["status"] == "completed"
+    ]
     p99, p99_fixed = (float(np.quantile(x, 0.99)) if x else None for x in (e2e, fixed))
     share_p99 = (p99 - p99_fixed) / p99 if p99 and p99_fixed is not None else None
     with_slo = [(r, s) for r, s in zip(rows, slos) if s is not None]

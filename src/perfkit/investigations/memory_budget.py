@@ -366,7 +366,7 @@ def _failing_below(r: Mapping[str, Any], mb: float) -> list[float]:
     ]
 
 
-SUMMARY_COLUMNS = (
+_SUMMARY_COLUMNS = (
     "label device_cap_gib host_cap_gib host_cap_effective_gib host_cap_clamp completed cap_held enforcement "
     "cap_mechanism peak_reserved_mib host_pss_peak_mib cgroup_peak_mib host_anon_peak_mib placement cold_ms "
     "warm_ms warm_degrades error"
@@ -374,13 +374,13 @@ SUMMARY_COLUMNS = (
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per budget with :data:`SUMMARY_COLUMNS` that exist (memory in MiB, caps in GiB,
+    """One row per budget with :data:`_SUMMARY_COLUMNS` that exist (memory in MiB, caps in GiB,
     times in ms); ``error``, ``host_cap_clamp`` and ``cgroup_peak_mib`` only when some budget
     has one."""
     # shown only where there is something: an error, a clamp, a cgroup of the engine's own
     return common.pick_columns(
         pd.DataFrame(r.get("caps") or []),
-        SUMMARY_COLUMNS,
+        _SUMMARY_COLUMNS,
         sparse=("error", "host_cap_clamp", "cgroup_peak_mib"),
     )
 

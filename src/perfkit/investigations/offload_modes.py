@@ -342,25 +342,25 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     return out
 
 
-SUMMARY_COLUMNS = (
+_SUMMARY_COLUMNS = (
     "mode status reason ready_s process_start_s load_s warmup_s cold_ms warm_ms peak_reserved_mib "
     "peak_allocated_mib host_pss_peak_mib cgroup_peak_mib host_anon_peak_mib compile placement"
 ).split()
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per mode with :data:`SUMMARY_COLUMNS`: ran / not applicable / failed and why,
+    """One row per mode with :data:`_SUMMARY_COLUMNS`: ran / not applicable / failed and why,
     the cold start and its parts (s), cold and warm e2e (ms), peak VRAM reserved/allocated (MiB),
     host memory peak (MiB), torch.compile as the engine reported it (:func:`compile_text`), the
     placement the engine reported (summary: component=mode)."""
     rows = []
     for e in r.get("modes") or []:
-        row = {c: e.get(c) for c in SUMMARY_COLUMNS}
+        row = {c: e.get(c) for c in _SUMMARY_COLUMNS}
         row["placement"] = _placement_text(e) if e.get("status") == RAN else (e.get("placement") or "–")
         row["compile"] = compile_text(e) if e.get("status") == RAN else "–"
         rows.append(row)
-    df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-    for c in SUMMARY_COLUMNS[3:-2]:  # the numbers: ready_s … host_anon_peak_mib
+    df = pd.DataFrame(rows, columns=_SUMMARY_COLUMNS)
+    for c in _SUMMARY_COLUMNS[3:-2]:  # the numbers: ready_s … host_anon_peak_mib
         df[c] = pd.to_numeric(df[c], errors="coerce")
     return df.rename(columns={"host_anon_peak_mib": common.ANON_SUM_LABEL})
 

@@ -309,15 +309,15 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     ]
 
 
-SUMMARY_COLUMNS = (
+_SUMMARY_COLUMNS = (
     "warmup_frames request_frames warmup_latent_frames request_latent_frames covered warmup_source first_ms "
     "warm_median_ms penalty_ms ratio compiles penalty_stage error"
 ).split()
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per (warmup setting, request shape) with :data:`SUMMARY_COLUMNS` that exist."""
-    return pick_columns(pd.DataFrame(r.get("coverage") or []), SUMMARY_COLUMNS)
+    """One row per (warmup setting, request shape) with :data:`_SUMMARY_COLUMNS` that exist."""
+    return pick_columns(pd.DataFrame(r.get("coverage") or []), _SUMMARY_COLUMNS)
 
 
 def reading(r: Mapping[str, Any]) -> str:
