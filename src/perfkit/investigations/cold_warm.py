@@ -18,9 +18,8 @@ from perfkit.common.slugs import md_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import common, parts, registry
-from perfkit.investigations.common import as_request, first_vs_warm, run_kwargs
-from perfkit.investigations.parts import code, md
+from perfkit.investigations import common, registry
+from perfkit.investigations.common import as_request, code, first_vs_warm, md, run_kwargs
 from perfkit.measuring.assemble import PlannedLaunch, assemble, launch_key
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.measuring.profiled import (
@@ -409,14 +408,14 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return {case_id(): steady_state(bundle)}
 
 
-NOTEBOOK = parts.headline(NAME) + (
+NOTEBOOK = common.headline(NAME) + (
     md(
         "## Why the first request pays: recompilation\n\n"
         "Each request that ran a shape first in its launch (the cold request, or the first of a "
         "new shape): its penalty over the warm median of the same shape, the stage holding "
         "most of it, and the recompilations it paid (count, compile time, the compiler's reason)."
     ),
-    code(parts.ROOT_CAUSE),
+    code(common.ROOT_CAUSE),
     md(
         "## Below the stage: profiled requests\n\n"
         "With `profile` set, an extra launch sends a cold and a warm request with sglang's "
@@ -425,11 +424,11 @@ NOTEBOOK = parts.headline(NAME) + (
         "ui.perfetto.dev, or chrome://tracing). They are extra requests: no statistic, "
         "invariant or gate here reads them. Op time is the wall time of top-level ops."
     ),
-    code(parts.BELOW_STAGE),
+    code(common.BELOW_STAGE),
     md("## Every request: role and shape"),
-    code(parts.REQUESTS),
+    code(common.REQUESTS),
     md("## Gate (invariants measured within this run)"),
-    code(parts.GATE_CELL),
+    code(common.GATE_CELL),
     md("## Per-stage latency, cold vs warm requests"),
     code("show(plots.stage_breakdown(bundle))"),
     md("## End-to-end latency per request"),
@@ -446,8 +445,8 @@ show(plots.memory_timeline(bundle, caps=cap_lines))"""),
 leak_rows = [r for r in rows if r.metric in LEAK_CHECKS]
 show_table(check_frame(leak_rows))
 display(Markdown(verdict_markdown(leak_rows, "Leak checks")))"""),
-    md(parts.MEMORY_SITES_MD),
-    code(parts.MEMORY_SITES),
+    md(common.MEMORY_SITES_MD),
+    code(common.MEMORY_SITES),
     md(
         "## How to read this\n\n"
         "- The **cold request** (red) pays what the startup warmup did not: shape setup, "

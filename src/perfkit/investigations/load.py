@@ -17,10 +17,10 @@ from perfkit.checks import Check, check_max, check_min
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
-from perfkit.investigations import parts, registry
+from perfkit.investigations import common, registry
+from perfkit.investigations.common import code, md
 from perfkit.investigations.load_measure import per_request_rows, read_trace, run_phases
 from perfkit.investigations.load_stats import check_rows, summarise
-from perfkit.investigations.parts import code, md
 from perfkit.investigations.registry import KeyNumber
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch_rows import measure_launch
@@ -423,11 +423,11 @@ def plan(p: LoadParams) -> list[int]:
     return [p.warmup_requests + len(p.concurrency) * p.requests_per_level + opened]
 
 
-NOTEBOOK = parts.headline(
+NOTEBOOK = common.headline(
     NAME, "Levels: queue wait, service time, percentiles, throughput, SLO", transpose=False
 ) + (
     md("## Gate (memory stays flat, every request completed; queue model, throughput and SLO when set)"),
-    code(parts.GATE_CELL),
+    code(common.GATE_CELL),
     md("## Latency vs concurrency"),
     code('show(plots.latency_vs_concurrency(results.get("levels") or []))'),
     md("## Queue wait vs service time per level"),

@@ -17,9 +17,8 @@ from perfkit.common.slugs import md_text, slug
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import common, parts, registry
-from perfkit.investigations.common import mib
-from perfkit.investigations.parts import code, md
+from perfkit.investigations import common, registry
+from perfkit.investigations.common import code, md, mib
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key, relabel
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.measuring.profiled import SnapshotParams, sites_markdown
@@ -471,16 +470,16 @@ def launches(p: MemoryBudgetParams, engine: EngineSpec, request: VideoRequestSpe
     ]
 
 
-NOTEBOOK = parts.headline(NAME, "Budgets") + (
+NOTEBOOK = common.headline(NAME, "Budgets") + (
     md("## Gate (caps held, runs completed)"),
-    code(parts.GATE_CELL),
+    code(common.GATE_CELL),
     md("## Memory timeline per budget"),
     code("""for row in table_rows(bundle.launches) or [{}]:
     show(plots.memory_timeline(
         bundle, launch=row.get("launch"),
         caps={"device_cap_gib": row.get("device_cap_gib"), "host_cap_gib": row.get("host_cap_gib")}))"""),
-    md(parts.MEMORY_SITES_MD),
-    code(parts.MEMORY_SITES),
+    md(common.MEMORY_SITES_MD),
+    code(common.MEMORY_SITES),
     md("## Latency per request under each budget"),
     code("show(plots.e2e_per_request(bundle))"),
     md(

@@ -18,9 +18,8 @@ from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
-from perfkit.investigations import common, parts, registry
-from perfkit.investigations.common import mib
-from perfkit.investigations.parts import code, md
+from perfkit.investigations import common, registry
+from perfkit.investigations.common import code, md, mib
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key
 from perfkit.measuring.launch_rows import LaunchData
 from perfkit.readings.records import parse_lines
@@ -455,12 +454,12 @@ def _mode_specs(spec: EngineSpec, mode: str, caps: MemoryCaps) -> list[EngineSpe
     return specs
 
 
-NOTEBOOK = parts.headline(NAME, "Modes", keep="modes_table") + (
+NOTEBOOK = common.headline(NAME, "Modes", keep="modes_table") + (
     md(
         "## Gate (placement reported as asked, warm not slower, memory order on a GPU)\n\n"
         "Modes the device cannot run are `skipped`, never passed."
     ),
-    code(parts.GATE_CELL),
+    code(common.GATE_CELL),
     md("## Device vs host memory, and warm latency, per mode"),
     code("show(plots.offload_memory_latency(modes_table))"),
     md("## Latency per request, one line per mode"),

@@ -19,8 +19,8 @@ from perfkit.checks import Check, check_max, number
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoClient, VideoRequestSpec
-from perfkit.investigations import parts, registry
-from perfkit.investigations.parts import DocBlock, MeasureOption, code, md
+from perfkit.investigations import common, registry
+from perfkit.investigations.common import DocBlock, MeasureOption, code, md
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch_rows import measure_launch
 
@@ -358,9 +358,9 @@ def found_in(results: Mapping[str, Any]) -> bool:
     )
 
 
-NOTEBOOK = parts.headline(NAME, "Overhead of each instrument") + (
+NOTEBOOK = common.headline(NAME, "Overhead of each instrument") + (
     md("## Gate (upper end of each interval)"),
-    code(parts.GATE_CELL),
+    code(common.GATE_CELL),
     md(
         "## How to read this\n\n"
         "Each instrument is switched on and off in interleaved ABBA pairs of warm requests of one "

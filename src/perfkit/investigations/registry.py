@@ -23,8 +23,8 @@ from perfkit.common.slugs import did_you_mean
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import parts
-from perfkit.investigations.parts import Cell, DocBlock, Figure, MeasureOption, code, md
+from perfkit.investigations import common
+from perfkit.investigations.common import Cell, DocBlock, Figure, MeasureOption, code, md
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class Investigation:
     def notebook_cells(self) -> list[Cell]:
         """Its cells (declared, else its headline table and reading and its gate rows), then per
         figure a heading and ``show(figure(kind, bundle))``."""
-        out = [*parts.headline(self.name), md("## Gate"), code(parts.GATE_CELL)]
+        out = [*common.headline(self.name), md("## Gate"), code(common.GATE_CELL)]
         out = list(self.cells) if self.cells is not None else out
         for f in self.figures:
             out += [md(f"## {f.title}"), code(f'show(figure("{f.kind}", bundle))')]
@@ -291,7 +291,7 @@ def unregister(name: str) -> None:
 
 
 def figure(kind: str, bundle: ResultBundle) -> Any:
-    """The figure of kind ``kind`` (a :class:`~perfkit.investigations.parts.Figure` some investigation
+    """The figure of kind ``kind`` (a :class:`~perfkit.investigations.common.Figure` some investigation
     declares) drawn from ``bundle``: a matplotlib Figure.
 
     Raises:

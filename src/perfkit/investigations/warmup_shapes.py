@@ -17,9 +17,8 @@ from perfkit.common.numfmt import fmt
 from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import parts, registry
-from perfkit.investigations.common import as_request, join_params, pick_columns, reuse_or_launch, run_kwargs
-from perfkit.investigations.parts import MeasureOption, code, md
+from perfkit.investigations import common, registry
+from perfkit.investigations.common import as_request, code, join_params, md, reuse_or_launch, run_kwargs
 from perfkit.investigations.shape_coverage import coverage_entry, warm_across_warmups, warmed_shapes
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key
 from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
@@ -317,7 +316,7 @@ _SUMMARY_COLUMNS = (
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     """One row per (warmup setting, request shape) with :data:`_SUMMARY_COLUMNS` that exist."""
-    return pick_columns(pd.DataFrame(r.get("coverage") or []), _SUMMARY_COLUMNS)
+    return common.pick_columns(pd.DataFrame(r.get("coverage") or []), _SUMMARY_COLUMNS)
 
 
 def reading(r: Mapping[str, Any]) -> str:
@@ -406,14 +405,14 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return out
 
 
-NOTEBOOK = parts.headline(NAME, "Coverage", keep="coverage") + (
+NOTEBOOK = common.headline(NAME, "Coverage", keep="coverage") + (
     md(
         "## Why an uncovered shape pays: recompilation\n\n"
         "Each request that ran a shape first in its launch: its penalty over the warm median "
         "of the same shape in that launch, the stage holding most of it, and the "
         "recompilations it paid (count, compile time, the compiler's reason)."
     ),
-    code(parts.ROOT_CAUSE),
+    code(common.ROOT_CAUSE),
     md(
         "## Below the stage: the first request of a new shape against a warm one\n\n"
         "With `profile` set, an extra launch with the warmup that did not cover a shape sends "
@@ -423,11 +422,11 @@ NOTEBOOK = parts.headline(NAME, "Coverage", keep="coverage") + (
         "invariant or gate here reads them. The diff names the ops the first request of the "
         "new shape spends its penalty in."
     ),
-    code(parts.BELOW_STAGE),
+    code(common.BELOW_STAGE),
     md("## Every request: role and shape"),
-    code(parts.REQUESTS),
+    code(common.REQUESTS),
     md("## Gate (covered shapes pay no setup)"),
-    code(parts.GATE_CELL),
+    code(common.GATE_CELL),
     md("## First-request penalty by warmup shape and request shape"),
     code("show(plots.coverage_heatmap(coverage))"),
     md("## Which stage absorbs the penalty (first request − warm median, ms)"),
@@ -463,7 +462,7 @@ INVESTIGATION = registry.register_module(
     params_model=WarmupShapesParams,
     invariants_model=WarmupShapesInvariants,
     measure_options=(
-        MeasureOption(
+        common.MeasureOption(
             "--two-stage-shapes",
             "also run the warmup-shapes investigation with the two-stage pipeline",
             jobs=lambda on, sec, spec: [
