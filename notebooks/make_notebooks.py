@@ -6,7 +6,7 @@
 Notebooks stay thin: perfkit calls, plots, a short reading. Logic lives in the package
 (perfkit.suite, perfkit.report, perfkit.report.plots, perfkit.gate.baseline) where tests reach it.
 An investigation's notebook is generic cells around the cells, figures and intro its module
-declares (perfkit.investigations.parts; Investigation.notebook_cells): one per registered investigation,
+declares (perfkit.investigations.common; Investigation.notebook_cells): one per registered investigation,
 nothing here names one.
 """
 
@@ -22,7 +22,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from perfkit import nbparams
 from perfkit.investigations import registry
-from perfkit.investigations.parts import Cell
+from perfkit.investigations.common import Cell
 from perfkit.investigations.registry import Investigation
 
 HERE = Path(__file__).resolve().parent

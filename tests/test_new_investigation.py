@@ -38,7 +38,7 @@ import matplotlib.figure
 import pandas as pd
 
 from perfkit.bundle import ResultBundle
-from perfkit.investigations.parts import DocBlock, Figure, code, md
+from perfkit.investigations.common import DocBlock, Figure, code, md
 from perfkit.investigations.registry import KeyNumber, RunContext, Investigation, InvestigationParams, register
 
 NAME = "throwaway_probe"
@@ -266,7 +266,7 @@ def test_the_register_module_shorthand_takes_the_module_declarations():
     """``register_module(globals(), ...)`` (the built-in investigations' shorthand, DESIGN.md
     step 1): NAME, NOTEBOOK, SECTION_INTRO and the functions defined in the module named as a
     field; a function it imported under a field's name is not taken; keywords override."""
-    from perfkit.investigations.parts import code, headline
+    from perfkit.investigations.common import code, headline
 
     def run(ctx, p):
         raise NotImplementedError

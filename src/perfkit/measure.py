@@ -38,7 +38,7 @@ def measure(
 ) -> dict[str, Any]:
     """Run the enabled investigations (of ``only``), each bundle saved under ``out/<investigation>``;
     launch directories and compile caches go to ``work_dir`` (default: a temp dir). ``options``:
-    the investigations' measure options by Python name (:class:`~perfkit.investigations.parts.MeasureOption`,
+    the investigations' measure options by Python name (:class:`~perfkit.investigations.common.MeasureOption`,
     e.g. ``{"overhead_pairs": 10}``); progress bars on stderr.
 
     Returns:

@@ -18,9 +18,8 @@ from perfkit.common.slugs import md_text
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import common, parts, registry
-from perfkit.investigations.common import as_request, first_vs_warm, run_kwargs
-from perfkit.investigations.parts import code, md
+from perfkit.investigations import common, registry
+from perfkit.investigations.common import as_request, code, first_vs_warm, md, run_kwargs
 from perfkit.measuring.assemble import PlannedLaunch, assemble, launch_key
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.measuring.profiled import (
@@ -42,7 +41,7 @@ LEAK_CHECKS = {
     "latency_drift": "latency_drift_max",
 }
 #: where a leak check's lower bound comes from (:func:`perfkit.stats.slope_lower_bound`)
-LEAK_NOISE = "lower bound: the least-squares slope over the warm requests, one-sided 95 %"
+_LEAK_NOISE = "lower bound: the least-squares slope over the warm requests, one-sided 95 %"
 #: the leak checks a CUDA allocator snapshot explains (device memory only)
 SITE_CHECKS = ("device_reserved_slope_mib_per_request",)
 
@@ -182,16 +181,15 @@ def cold_vs_warm(
     profile = ProfileParams.model_validate(profile) if isinstance(profile, dict) else profile
     if profile is not None:
         params["profile"] = profile.model_dump()
-    collected: list = []
     if snapshot is not None:
         params["snapshot"] = snapshot.model_dump()
-        results["memory_sites"] = common.snapshot_sites(data, snapshot, repeats, why_not, collected)
+        results["memory_sites"], sites = common.snapshot_sites(data, snapshot, repeats, why_not)
         for chk in results.get("leak_checks") or []:
             if chk["name"] in SITE_CHECKS:
                 chk["sites"] = top_sites_text(results)
     bundle = assemble(NAME, [data], params, results, caps=[caps])
     if snapshot is not None:
-        common.attach_sites(bundle, collected)
+        common.attach_sites(bundle, [sites])
     if profile is not None:
         attach(bundle, *run_profiled(spec, req, profile, run_dir, caps=caps))
     return bundle
@@ -269,7 +267,9 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             what = str(chk.get("sites") or "") if chk and name in SITE_CHECKS else ""
             chk = chk or {}
             rows.append(
-                check_max(NAME, name, chk.get("value"), float(inv[key]), what, chk.get("lower95"), LEAK_NOISE)
+                check_max(
+                    NAME, name, chk.get("value"), float(inv[key]), what, chk.get("lower95"), _LEAK_NOISE
+                )
             )
     return rows
 
@@ -408,14 +408,14 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return {case_id(): steady_state(bundle)}
 
 
-NOTEBOOK = parts.headline(NAME) + (
+NOTEBOOK = common.headline(NAME) + (
     md(
         "## Why the first request pays: recompilation\n\n"
         "Each request that ran a shape first in its launch (the cold request, or the first of a "
         "new shape): its penalty over the warm median of the same shape, the stage holding "
         "most of it, and the recompilations it paid (count, compile time, the compiler's reason)."
     ),
-    code(parts.ROOT_CAUSE),
+    code(common.ROOT_CAUSE),
     md(
         "## Below the stage: profiled requests\n\n"
         "With `profile` set, an extra launch sends a cold and a warm request with sglang's "
@@ -424,11 +424,11 @@ NOTEBOOK = parts.headline(NAME) + (
         "ui.perfetto.dev, or chrome://tracing). They are extra requests: no statistic, "
         "invariant or gate here reads them. Op time is the wall time of top-level ops."
     ),
-    code(parts.BELOW_STAGE),
+    code(common.BELOW_STAGE),
     md("## Every request: role and shape"),
-    code(parts.REQUESTS),
+    code(common.REQUESTS),
     md("## Gate (invariants measured within this run)"),
-    code(parts.GATE_CELL),
+    code(common.GATE_CELL),
     md("## Per-stage latency, cold vs warm requests"),
     code("show(plots.stage_breakdown(bundle))"),
     md("## End-to-end latency per request"),
@@ -445,8 +445,8 @@ show(plots.memory_timeline(bundle, caps=cap_lines))"""),
 leak_rows = [r for r in rows if r.metric in LEAK_CHECKS]
 show_table(check_frame(leak_rows))
 display(Markdown(verdict_markdown(leak_rows, "Leak checks")))"""),
-    md(parts.MEMORY_SITES_MD),
-    code(parts.MEMORY_SITES),
+    md(common.MEMORY_SITES_MD),
+    code(common.MEMORY_SITES),
     md(
         "## How to read this\n\n"
         "- The **cold request** (red) pays what the startup warmup did not: shape setup, "

@@ -5,6 +5,7 @@ requests (the SLO base), the closed-loop levels, the open loop; see docs/load.md
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Literal, Mapping, Optional
 
 import pandas as pd
@@ -16,16 +17,16 @@ from perfkit.checks import Check, check_max, check_min
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text
 from perfkit.engine.spec import DEFAULT_REQUEST_TIMEOUT_S
-from perfkit.investigations import parts, registry
-from perfkit.investigations.load_measure import per_request_rows, read_trace, run_phases, trace_path
+from perfkit.investigations import common, registry
+from perfkit.investigations.common import code, md
+from perfkit.investigations.load_measure import per_request_rows, read_trace, run_phases
 from perfkit.investigations.load_stats import check_rows, summarise
-from perfkit.investigations.parts import code, md
 from perfkit.investigations.registry import KeyNumber
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch_rows import measure_launch
 
 NAME = "load"
-INTERVAL = "order-statistic (binomial) 95 % interval"
+_INTERVAL = "order-statistic (binomial) 95 % interval"
 
 
 class LoadParams(registry.InvestigationParams):
@@ -119,7 +120,7 @@ def run(ctx: registry.RunContext, p: LoadParams) -> ResultBundle:
     Raises:
         InvestigationError: the trace file cannot be read (naming the file, line and key).
     """
-    trace = read_trace(trace_path(p.trace), ctx.request) if p.trace else []
+    trace = read_trace(p.trace, ctx.request) if p.trace else []
     timeout_s = float(ctx.engine.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
     holder: dict[str, Any] = {}
 
@@ -187,13 +188,9 @@ def engine_lost(
 
 def _ranges(ix: list[int], most: int = 20) -> str:
     """``[3, 4, 5, 7]`` -> ``"3-5, 7"`` (at most ``most`` runs, then how many more)."""
-    runs: list[list[int]] = []
-    for i in sorted(set(ix)):
-        if runs and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:most])
+    step = itertools.count()
+    runs = [list(g) for _, g in itertools.groupby(sorted(set(ix)), lambda i: i - next(step))]
+    text = ", ".join(f"{g[0]}" if len(g) == 1 else f"{g[0]}-{g[-1]}" for g in runs[:most])
     return text + (f" and {len(runs) - most} more runs" if len(runs) > most else "")
 
 
@@ -328,7 +325,7 @@ def _ci_text(ci: Any) -> str:
 
 #: summary_table's columns after ``level`` and ``requests`` (a level's keys; ``p99_interval_ms``
 #: is its ``p99_ci`` as text)
-SUMMARY_COLUMNS = (
+_SUMMARY_COLUMNS = (
     "completed queue_wait_ms queue_wait_steady_ms queue_wait_expected_ms service_ms p50_ms p90_ms p99_ms "
     "p99_interval_ms throughput_vpm engine_idle_share goodput_vpm slo_attainment device_peak_mib host_peak_mib"
 ).split()
@@ -341,7 +338,7 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
     rows = []
     for lv in [*(r.get("levels") or []), *([r["open_loop"]] if r.get("open_loop") else [])]:
         level = f"c{lv['concurrency']}" if "concurrency" in lv else f"open {lv['rate_rps']:.2f}/s"
-        row = {"level": level, "requests": lv["n"], **{c: lv.get(c) for c in SUMMARY_COLUMNS}}
+        row = {"level": level, "requests": lv["n"], **{c: lv.get(c) for c in _SUMMARY_COLUMNS}}
         rows.append({**row, "p99_interval_ms": _ci_text(lv.get("p99_ci"))})
     return pd.DataFrame(rows)
 
@@ -351,7 +348,7 @@ def reading(r: Mapping[str, Any]) -> str:
     lines = [f"- **{md_text(k.label)}**: {md_text(k.text)}" for k in key_numbers(r)]
     lines += [
         "",
-        f"SLO: {fmt(r.get('slo_ms'), '.0f', ' ms')} ({r.get('slo_source')}); quantile intervals: {INTERVAL} "
+        f"SLO: {fmt(r.get('slo_ms'), '.0f', ' ms')} ({r.get('slo_source')}); quantile intervals: {_INTERVAL} "
         f"(a p99's is bounded from {stats.quantile_bounded_from(0.99)} requests).",
     ]
     levels = r.get("levels") or []
@@ -426,11 +423,11 @@ def plan(p: LoadParams) -> list[int]:
     return [p.warmup_requests + len(p.concurrency) * p.requests_per_level + opened]
 
 
-NOTEBOOK = parts.headline(
+NOTEBOOK = common.headline(
     NAME, "Levels: queue wait, service time, percentiles, throughput, SLO", transpose=False
 ) + (
     md("## Gate (memory stays flat, every request completed; queue model, throughput and SLO when set)"),
-    code(parts.GATE_CELL),
+    code(common.GATE_CELL),
     md("## Latency vs concurrency"),
     code('show(plots.latency_vs_concurrency(results.get("levels") or []))'),
     md("## Queue wait vs service time per level"),

@@ -27,14 +27,14 @@ from perfkit.measuring.launch_rows import record_rows
 from perfkit.readings.records import parse_lines
 
 #: at most this many lines (a trace is a sample of a day's requests, replayed in one launch)
-MAX_LINES = 100_000
+_MAX_LINES = 100_000
 #: at most this many bytes (100,000 lines of about 300 bytes)
 MAX_BYTES = 32 * 2**20
 #: the widest or tallest frame a trace line may ask (pixels)
-MAX_PIXELS = 16_384
+_MAX_PIXELS = 16_384
 
 
-class TraceLine(BaseModel):
+class _TraceLine(BaseModel):
     """One trace request (vllm-omni's fields; pixels, frames, steps, ms)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -42,8 +42,8 @@ class TraceLine(BaseModel):
     # the bounds of the params' ``request`` section (perfkit.params.RequestParams: pixels >= 8,
     # at most 1000 steps, the reference engine's MAX_STEPS; frames at most MAX_FRAMES), so that
     # a trace line cannot ask what the params file may not
-    width: Optional[int] = Field(None, ge=8, le=MAX_PIXELS)
-    height: Optional[int] = Field(None, ge=8, le=MAX_PIXELS)
+    width: Optional[int] = Field(None, ge=8, le=_MAX_PIXELS)
+    height: Optional[int] = Field(None, ge=8, le=_MAX_PIXELS)
     num_frames: Optional[int] = Field(None, gt=0, le=MAX_FRAMES)
     num_inference_steps: Optional[int] = Field(None, gt=0, le=1000)
     #: torch.Generator.manual_seed takes at most 64 bits
@@ -53,13 +53,17 @@ class TraceLine(BaseModel):
     prompt: Optional[str] = None
 
 
-def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpec, float | None]]:
-    """The trace's requests in order, each as (request, its slo_ms or None).
+def read_trace(given: str | Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpec, float | None]]:
+    """The trace's requests in order, each as (request, its slo_ms or None). The file: ``given``
+    when it exists (absolute or from the working directory), else relative to the checkout
+    (``params/traces/...`` from a notebook's working directory).
 
     Raises:
         InvestigationError: the file is missing, a line is not a JSON object, has an unknown field or
             a wrong value (``trace.jsonl:3: key 'num_frames': ...``), or the trace is empty.
     """
+    path = Path(given)
+    path = path if path.is_absolute() or path.exists() else repo_root() / path
     try:
         if path.stat().st_size > MAX_BYTES:  # before reading it
             raise InvestigationError(f"trace {path}: {path.stat().st_size:,} bytes, over {MAX_BYTES:,}")
@@ -70,8 +74,8 @@ def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpe
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        if len(out) >= MAX_LINES:
-            raise InvestigationError(f"{path}: more than {MAX_LINES} requests")
+        if len(out) >= _MAX_LINES:
+            raise InvestigationError(f"{path}: more than {_MAX_LINES} requests")
         try:
             obj = json.loads(line, object_pairs_hook=unique_keys)
         except ValueError as exc:
@@ -85,7 +89,7 @@ def read_trace(path: Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpe
                 f"{path}:{n}: key {nulls[0]!r}: null is not a value (leave the key out to take the params' request value)"
             )
         try:
-            tl = TraceLine.model_validate(obj)
+            tl = _TraceLine.model_validate(obj)
         except ValidationError as exc:
             raise InvestigationError(f"{path}:{n}: {first_error(exc)}") from None
         fields = {k: v for k, v in tl.model_dump().items() if v is not None and k != "slo_ms"}
@@ -205,10 +209,3 @@ def _times(sub, start, done, server_ms, client_ms) -> dict[str, Any]:
     else:
         wait, service, source = None, None, "not reported"
     return {"queue_wait_ms": wait, "service_ms": service, "start_source": source}
-
-
-def trace_path(given: str) -> Path:
-    """The trace file: as given when it exists (absolute or from the working directory), else
-    relative to the checkout (``params/traces/...`` from a notebook's working directory)."""
-    path = Path(given)
-    return path if path.is_absolute() or path.exists() else repo_root() / path

@@ -111,14 +111,13 @@ def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]
     n = len(rows)
     uncovered = {t["shape"] for t in table if t["covered"] is False}
     e2e = [r["e2e_ms"] for r in rows if r["status"] == "completed"]
-    fixed = []
-    firsts = {id(shapes[k][0]) for k in uncovered}
-    later = {t["shape"]: t["later_median_ms"] for t in table}
-    for r in rows:
-        if r["status"] != "completed":
-            continue
-        swap = id(r) in firsts and later.get(r["shape"]) is not None
-        fixed.append(later[r["shape"]] if swap else r["e2e_ms"])
+    # each uncovered shape's first hit replaced by its shape's later median
+    swap = {id(shapes[t["shape"]][0]): t["later_median_ms"] for t in table if t["shape"] in uncovered}
+    fixed = [
+        swap[id(r)] if swap.get(id(r)) is not None else r["e2e_ms"]
+        for r in rows
+        if r["status"] == "completed"
+    ]
     p99, p99_fixed = (float(np.quantile(x, 0.99)) if x else None for x in (e2e, fixed))
     share_p99 = (p99 - p99_fixed) / p99 if p99 and p99_fixed is not None else None
     with_slo = [(r, s) for r, s in zip(rows, slos) if s is not None]
@@ -149,21 +148,21 @@ def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]
 
 
 #: the quantiles reported per level
-QUANTILES = (0.5, 0.9, 0.99)
+_QUANTILES = (0.5, 0.9, 0.99)
 #: coverage of the quantile intervals and of the concurrency findings' intervals
-CONFIDENCE = 0.95
+_CONFIDENCE = 0.95
 
 
 def quantile_row(e2e: list[float]) -> dict[str, Any]:
     """``p50_ms``, ``p90_ms``, ``p99_ms`` (numpy's quantiles of ``e2e``, ms) with ``*_ci``
     ([low, high], :func:`perfkit.stats.quantile_ci`; an end the sample cannot bound is None)."""
     out: dict[str, Any] = {}
-    for q in QUANTILES:
+    for q in _QUANTILES:
         tag = f"p{int(q * 100)}"
         if not e2e:
             out.update({f"{tag}_ms": None, f"{tag}_ci": [None, None]})
             continue
-        lo, hi = stats.quantile_ci(e2e, q, CONFIDENCE)
+        lo, hi = stats.quantile_ci(e2e, q, _CONFIDENCE)
         out[f"{tag}_ms"] = float(np.quantile(e2e, q))
         out[f"{tag}_ci"] = [json_float(lo), json_float(hi)]
     return out
@@ -175,18 +174,22 @@ def median(xs: list) -> float | None:
     return json_float(stats.median_iqr([v for v in (number(x) for x in xs) if v is not None])[0])
 
 
+#: a level's peak key -> the memory timeline's column it is the maximum of (MiB)
+_PEAKS = {
+    "device_peak_mib": "device_used_mib",
+    "host_peak_mib": "host_pss_mib",
+    "host_rss_peak_mib": "host_rss_mib",
+}
+
+
 def peaks(mem: pd.DataFrame, t0: float, t1: float) -> dict[str, float | None]:
     """Device and host peaks (MiB) of the memory samples in [t0, t1]: ``device_peak_mib``,
     ``host_peak_mib`` (PSS, read on some samples only: None when none fell in the window, see
     :data:`perfkit.readings.memory.PSS_DUTY`) and ``host_rss_peak_mib`` (RSS, every sample)."""
     if mem is None or mem.empty:
-        return {"device_peak_mib": None, "host_peak_mib": None, "host_rss_peak_mib": None}
+        return dict.fromkeys(_PEAKS)
     sel = mem[(mem["t_s"] >= t0) & (mem["t_s"] <= t1)]
-    return {
-        "device_peak_mib": json_float(pd.to_numeric(sel.get("device_used_mib"), errors="coerce").max()),
-        "host_peak_mib": json_float(pd.to_numeric(sel.get("host_pss_mib"), errors="coerce").max()),
-        "host_rss_peak_mib": json_float(pd.to_numeric(sel.get("host_rss_mib"), errors="coerce").max()),
-    }
+    return {k: json_float(pd.to_numeric(sel.get(col), errors="coerce").max()) for k, col in _PEAKS.items()}
 
 
 def _t0(rows: list[dict]) -> float:
@@ -194,9 +197,8 @@ def _t0(rows: list[dict]) -> float:
     return min(r["t_submit_s"] if r.get("t_arrival_s") is None else r["t_arrival_s"] for r in rows)
 
 
-def level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None) -> dict[str, Any]:
-    """One level's row (docs/load.md): counts, medians (ms), throughput and goodput (videos/min),
-    SLO attainment, quantiles with intervals, engine idle share, memory peaks."""
+def _level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None) -> dict[str, Any]:
+    """One closed or open level's row (docs/load.md; ms, videos/min, MiB)."""
     ok = [r for r in rows if r["status"] == "completed"]
     e2e = [r["e2e_ms"] for r in ok]
     t0 = _t0(rows)
@@ -226,7 +228,7 @@ def level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None
 
 #: an open loop of fewer requests than 3 x this (per third of its arrivals) shows neither a
 #: growing nor a bounded queue: its verdict is "not shown"
-MIN_PER_THIRD = 2
+_MIN_PER_THIRD = 2
 
 
 def open_loop_stats(
@@ -236,10 +238,10 @@ def open_loop_stats(
     order: Spearman's rho and the least-squares slope; the last third's median against the
     first third's). ``queue_verdict``: ``grows`` (rho >= 0.5 and the last third waited longer),
     ``does not grow`` (rho <= 0.2, or the last third waited no longer), else ``not shown`` (fewer
-    than 3 x ``MIN_PER_THIRD`` requests with a queue wait, or a draw of arrivals with long gaps); ``arrival_rate_rps``: the rate the
+    than 3 x ``_MIN_PER_THIRD`` requests with a queue wait, or a draw of arrivals with long gaps); ``arrival_rate_rps``: the rate the
     seeded Poisson draw really gave ((n - 1) / first-to-last arrival, requests/s), beside the
     asked ``rate_rps``."""
-    out = level_stats(rows, slo_ms, mem)
+    out = _level_stats(rows, slo_ms, mem)
     rate = rows[0]["level"]
     waits = [r["queue_wait_ms"] for r in rows]
     finite = [w for w in waits if number(w) is not None]
@@ -249,7 +251,7 @@ def open_loop_stats(
 
     rho = float(spearmanr(range(len(finite)), finite).statistic) if len(set(finite)) > 1 else None
     # too few requests to show either answer (4 requests: one per third, rho of 4 points)
-    too_few = third < MIN_PER_THIRD or len(finite) < 3 * MIN_PER_THIRD
+    too_few = third < _MIN_PER_THIRD or len(finite) < 3 * _MIN_PER_THIRD
     rising = first is not None and last is not None and last > first
     grows = bool(not too_few and rho is not None and rho >= 0.5 and rising)
     # three answers, not two: a short or unlucky Poisson draw (a long gap between arrivals lets
@@ -334,16 +336,11 @@ def _completion_gaps(rows: list[dict]) -> np.ndarray:
 
 #: a level's throughput or median service time this far from the first level's (relative), at
 #: the far end of its 95 % interval, is a finding: one-at-a-time serving should keep both flat
-FINDING_REL = 0.15
+_FINDING_REL = 0.15
 
 
-def concurrency_findings(levels: list[dict], closed: list[dict]) -> list[str]:
-    """Per closed level after the first: ``service_ratio`` with ``service_ratio_ci`` (median
-    service time over the first level's, percentile bootstrap of the medians,
-    :func:`perfkit.stats.bootstrap_ratio_ci`) and ``throughput_ratio_ci`` (mean completion gap
-    of the first level over this level's, :func:`perfkit.stats.bootstrap_mean_ratio_ci`), added to ``levels``;
-    returns one sentence per level whose throughput interval lies below 1 - FINDING_REL or whose
-    service interval lies above 1 + FINDING_REL (the finding beyond noise)."""
+def _concurrency_findings(levels: list[dict], closed: list[dict]) -> list[str]:
+    """Add each later level's service and throughput ratio intervals; one sentence per finding (docs/load.md)."""
     if not levels:
         return []
     rows = {k: [r for r in closed if r["level"] == k] for k in (lv["concurrency"] for lv in levels)}
@@ -355,22 +352,22 @@ def concurrency_findings(levels: list[dict], closed: list[dict]) -> list[str]:
     for lv in levels[1:]:
         k = lv["concurrency"]
         svc = [r["service_ms"] for r in rows[k] if r["status"] == "completed"]
-        lo, hi = stats.bootstrap_ratio_ci(svc, svc1, CONFIDENCE)
+        lo, hi = stats.bootstrap_ratio_ci(svc, svc1, _CONFIDENCE)
         a, b = lv.get("service_ms"), first.get("service_ms")
         lv["service_ratio"] = json_float(a / b) if a is not None and b else None
         lv["service_ratio_ci"] = [json_float(lo), json_float(hi)]
         t_lo, t_hi = (
-            json_float(v) for v in stats.bootstrap_mean_ratio_ci(g1, _completion_gaps(rows[k]), CONFIDENCE)
+            json_float(v) for v in stats.bootstrap_mean_ratio_ci(g1, _completion_gaps(rows[k]), _CONFIDENCE)
         )
         lv["throughput_ratio_ci"] = [t_lo, t_hi]
         said = []
-        if t_hi is not None and t_hi < 1 - FINDING_REL:
+        if t_hi is not None and t_hi < 1 - _FINDING_REL:
             said.append(
                 f"throughput fell to {lv.get('throughput_ratio', 0):.2f} x concurrency {k1}'s "
                 f"({lv['throughput_vpm']:,.0f} vs {first['throughput_vpm']:,.0f} videos/min, "
                 f"95 % interval {t_lo:.2f}-{t_hi:.2f})"
             )
-        if lo == lo and lo > 1 + FINDING_REL:
+        if lo == lo and lo > 1 + _FINDING_REL:
             said.append(
                 f"median service time rose from {b:,.0f} to {a:,.0f} ms ({a / b:.2f} x, 95 % "
                 f"interval {lo:.2f}-{hi:.2f}): the engine itself slowed with requests in flight"
@@ -405,7 +402,7 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
     memory timeline for the peaks): ``slo_ms``, ``slo_source``, ``requests``, ``failed_requests``
     (of every phase, not completed), ``levels`` (one dict per
     closed-loop level), ``open_loop``, ``trace``, ``capacity_rps`` and ``capacity_at``
-    (:func:`capacity_rps`), ``findings`` (:func:`concurrency_findings`), ``memory_growth_mib`` and
+    (:func:`capacity_rps`), ``findings`` (:func:`_concurrency_findings`), ``memory_growth_mib`` and
     ``memory_growth_host_source`` (``pss``, ``rss`` or None: the host series the growth read).
 
     Raises:
@@ -418,7 +415,7 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
     levels = []
     for k in sorted({r["level"] for r in rows if r["phase"] == "closed"}):
         mine = [r for r in rows if r["phase"] == "closed" and r["level"] == k]
-        lv = {"concurrency": k, **level_stats(mine, slo_ms, mem)}
+        lv = {"concurrency": k, **_level_stats(mine, slo_ms, mem)}
         # the steady state: requests submitted with k - 1 others in flight (the first k - 1 of
         # the level found fewer ahead of them: the ramp-up)
         steady = [r for r in mine if r["status"] == "completed" and r["in_flight_at_submit"] == k - 1]
@@ -457,7 +454,7 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
         if any(lv.get(host_key) is not None for lv in levels):
             host_source = "pss" if host_key == "host_peak_mib" else "rss"
     capacity, capacity_at = capacity_rps(rows)
-    findings = concurrency_findings(levels, [r for r in rows if r["phase"] == "closed"])
+    findings = _concurrency_findings(levels, [r for r in rows if r["phase"] == "closed"])
     opened = [r for r in rows if r["phase"] == "open"]
     traced = [r for r in rows if r["phase"] == "trace"]
     return {

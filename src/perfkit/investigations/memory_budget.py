@@ -17,9 +17,8 @@ from perfkit.common.slugs import md_text, slug
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import common, parts, registry
-from perfkit.investigations.common import mib
-from perfkit.investigations.parts import code, md
+from perfkit.investigations import common, registry
+from perfkit.investigations.common import code, md, mib
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key, relabel
 from perfkit.measuring.launch_rows import LaunchData, measure_launch
 from perfkit.measuring.profiled import SnapshotParams, sites_markdown
@@ -31,7 +30,7 @@ NAME = "memory_budget"
 
 
 #: A warm request slower than the cold one by more than this fraction "degrades".
-WARM_DEGRADE_TOLERANCE = 0.10
+_WARM_DEGRADE_TOLERANCE = 0.10
 
 
 def cap_entry(data: LaunchData, cap: MemoryCaps, repeats: int) -> dict[str, Any]:
@@ -59,7 +58,7 @@ def cap_entry(data: LaunchData, cap: MemoryCaps, repeats: int) -> dict[str, Any]
         **numbers,
         "placement": lr.get("placement"),
         "error": data.error or (None if len(ok) == repeats else common.request_errors(df)),
-        "warm_degrades": bool(warm > cold * (1 + WARM_DEGRADE_TOLERANCE)) if warm is not None else None,
+        "warm_degrades": bool(warm > cold * (1 + _WARM_DEGRADE_TOLERANCE)) if warm is not None else None,
     }
 
 
@@ -104,7 +103,7 @@ class MemoryBudgetInvariants(registry.InvariantParams):
     #: every capped run completed all its requests
     caps_completed: Optional[bool] = None
     #: False gates: warm requests under a cap must not be slower than the cold one by more than
-    #: ``WARM_DEGRADE_TOLERANCE``
+    #: ``_WARM_DEGRADE_TOLERANCE``
     warm_degrades_allowed: Optional[bool] = None
 
 
@@ -166,11 +165,12 @@ def memory_budget(
         launches.append(data)
         e = cap_entry(data, cap, repeats)
         if snapshot is not None:
-            e["memory_sites"] = common.snapshot_sites(data, snapshot, repeats, why_not, collected)
+            e["memory_sites"], sites = common.snapshot_sites(data, snapshot, repeats, why_not)
+            collected.append(sites)
         entries.append(e)
     results: dict[str, Any] = {
         "caps": entries,
-        "warm_degrade_tolerance": WARM_DEGRADE_TOLERANCE,
+        "warm_degrade_tolerance": _WARM_DEGRADE_TOLERANCE,
         "reused_launches": reused,
     }
     if min_budget:
@@ -365,7 +365,7 @@ def _failing_below(r: Mapping[str, Any], mb: float) -> list[float]:
     ]
 
 
-SUMMARY_COLUMNS = (
+_SUMMARY_COLUMNS = (
     "label device_cap_gib host_cap_gib host_cap_effective_gib host_cap_clamp completed cap_held enforcement "
     "cap_mechanism peak_reserved_mib host_pss_peak_mib cgroup_peak_mib host_anon_peak_mib placement cold_ms "
     "warm_ms warm_degrades error"
@@ -373,13 +373,13 @@ SUMMARY_COLUMNS = (
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per budget with :data:`SUMMARY_COLUMNS` that exist (memory in MiB, caps in GiB,
+    """One row per budget with :data:`_SUMMARY_COLUMNS` that exist (memory in MiB, caps in GiB,
     times in ms); ``error``, ``host_cap_clamp`` and ``cgroup_peak_mib`` only when some budget
     has one."""
     # shown only where there is something: an error, a clamp, a cgroup of the engine's own
     return common.pick_columns(
         pd.DataFrame(r.get("caps") or []),
-        SUMMARY_COLUMNS,
+        _SUMMARY_COLUMNS,
         sparse=("error", "host_cap_clamp", "cgroup_peak_mib"),
     )
 
@@ -470,16 +470,16 @@ def launches(p: MemoryBudgetParams, engine: EngineSpec, request: VideoRequestSpe
     ]
 
 
-NOTEBOOK = parts.headline(NAME, "Budgets") + (
+NOTEBOOK = common.headline(NAME, "Budgets") + (
     md("## Gate (caps held, runs completed)"),
-    code(parts.GATE_CELL),
+    code(common.GATE_CELL),
     md("## Memory timeline per budget"),
     code("""for row in table_rows(bundle.launches) or [{}]:
     show(plots.memory_timeline(
         bundle, launch=row.get("launch"),
         caps={"device_cap_gib": row.get("device_cap_gib"), "host_cap_gib": row.get("host_cap_gib")}))"""),
-    md(parts.MEMORY_SITES_MD),
-    code(parts.MEMORY_SITES),
+    md(common.MEMORY_SITES_MD),
+    code(common.MEMORY_SITES),
     md("## Latency per request under each budget"),
     code("show(plots.e2e_per_request(bundle))"),
     md(

@@ -18,9 +18,8 @@ from perfkit.common.numfmt import fmt, json_float
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import OFFLOAD_MODES, EngineSpec, EngineSpecError
-from perfkit.investigations import common, parts, registry
-from perfkit.investigations.common import mib
-from perfkit.investigations.parts import code, md
+from perfkit.investigations import common, registry
+from perfkit.investigations.common import code, md, mib
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key
 from perfkit.measuring.launch_rows import LaunchData
 from perfkit.readings.records import parse_lines
@@ -28,20 +27,20 @@ from perfkit.readings.records import parse_lines
 NAME = "offload_modes"
 #: Slack of the ">=" comparisons of ``offload_vram_order`` (model vs group modes: their peaks
 #: can be equal up to allocator rounding), as a fraction of the larger value.
-ORDER_TOLERANCE = 0.05
+_ORDER_TOLERANCE = 0.05
 
 OffloadMode = Literal["none", "model", "group-block", "group-leaf"]
 
 
 #: A warm request slower than the cold one by more than this fraction fails
 #: ``offload_warm_not_slower``.
-WARM_TOLERANCE = 0.10
+_WARM_TOLERANCE = 0.10
 
 #: Row statuses.
 RAN, NOT_APPLICABLE, FAILED = "ran", "not applicable", "failed"
 
 #: The engine's refusal of a mode the device cannot run (refengine.models).
-REFUSAL_RE = re.compile(r"offload mode '(?P<mode>[\w-]+)' needs an accelerator; device is (?P<device>\w+)")
+_REFUSAL_RE = re.compile(r"offload mode '(?P<mode>[\w-]+)' needs an accelerator; device is (?P<device>\w+)")
 
 
 #: the placement facts the engine reports in its records, in results order
@@ -58,14 +57,11 @@ def _reported(data: LaunchData) -> dict[str, Any]:
     return {k: pk.get(k) for k in _REPORTED} if pk else {}
 
 
-def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
-    """The results entry of one offload mode's launch: cold start parts (s), device and host
-    peaks (MiB), the placement the engine reported, cold and warm latency (ms) and the status
-    (``ran``, ``not applicable`` with the engine's reason, ``failed``); see
-    :func:`offload_modes` for every key."""
+def _mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
+    """One mode's results entry (keys: :func:`offload_modes`)."""
     lr = data.launch_row
     df, ok, numbers = common.launch_numbers(data)
-    m = REFUSAL_RE.search(data.error or "")
+    m = _REFUSAL_RE.search(data.error or "")
     rep = _reported(data)
     ps, ml = json_float(lr.get("process_start_s")), json_float(lr.get("models_loaded_s"))
     e: dict[str, Any] = {
@@ -88,7 +84,7 @@ def mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
     ran, off, cold, warm = e["status"] == RAN, e["offload"] or {}, e["cold_ms"], e["warm_ms"]
     e["placement_matches"] = (bool(off) and all(v == mode for v in off.values())) if ran else None
     timed = ran and cold is not None and warm is not None
-    e["warm_not_slower"] = bool(warm <= cold * (1 + WARM_TOLERANCE)) if timed else None
+    e["warm_not_slower"] = bool(warm <= cold * (1 + _WARM_TOLERANCE)) if timed else None
     return e
 
 
@@ -118,7 +114,7 @@ class OffloadModesInvariants(registry.InvariantParams):
 
     #: the engine reports, for every component, the offload mode that was asked for
     offload_placement_matches: Optional[bool] = True
-    #: the warm request is not slower than the cold one (beyond ``WARM_TOLERANCE``)
+    #: the warm request is not slower than the cold one (beyond ``_WARM_TOLERANCE``)
     offload_warm_not_slower: Optional[bool] = True
     #: GPU: peak VRAM none > model >= group modes, host memory peak in the reverse order
     offload_vram_order: Optional[bool] = True
@@ -188,12 +184,12 @@ def offload_modes(
             mine, specs, [req] * repeats, run_dir, label, caps=caps, sample_interval_s=sample_interval_s
         )
         launches.append(data)
-        e.update(reused_from=data.launch_row.get("reused_from"), **mode_entry(data, mode, repeats))
+        e.update(reused_from=data.launch_row.get("reused_from"), **_mode_entry(data, mode, repeats))
     results: dict[str, Any] = {
         "modes": entries,
         "device": next((e["device"] for e in entries if e.get("device")), None),
-        "warm_tolerance": WARM_TOLERANCE,
-        "order_tolerance": ORDER_TOLERANCE,
+        "warm_tolerance": _WARM_TOLERANCE,
+        "order_tolerance": _ORDER_TOLERANCE,
         "reused_launches": [e["label"] for e in entries if e.get("reused_from")],
     }
     params = {
@@ -285,7 +281,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
                     f"asked {e.get('mode')}, engine reports {_placement_text(e)}"
                     if col == "placement_matches"
                     else f"cold {_ms(e.get('cold_ms'))}, warm {_ms(e.get('warm_ms'))}, margin "
-                    f"{WARM_TOLERANCE:.0%} (fixed: a launch per mode has too few warm requests to "
+                    f"{_WARM_TOLERANCE:.0%} (fixed: a launch per mode has too few warm requests to "
                     "estimate its own noise)"
                 )
                 rows.append(check_flag(NAME, metric, e.get(col), True, detail))
@@ -319,8 +315,8 @@ def _order_checks(r: Mapping[str, Any], entries: list[dict[str, Any]]) -> list[C
                 rows.append(_skip(metric, f"{col} not measured"))
                 continue
             big, small = (a, b) if sign > 0 else (b, a)
-            ok = big > small if strict else big >= small * (1 - ORDER_TOLERANCE)
-            rel = ">" if strict else f">= (within {ORDER_TOLERANCE:.0%})"
+            ok = big > small if strict else big >= small * (1 - _ORDER_TOLERANCE)
+            rel = ">" if strict else f">= (within {_ORDER_TOLERANCE:.0%})"
             why = f"{col}: {hi} {mib(a)}, {lo} {mib(b)}; needs {'the first' if sign > 0 else 'the second'} {rel}"
             rows.append(Check(NAME, metric, None, big - small, 0.0, "pass" if ok else "fail", why))
     return rows or [_skip(key, "no pair of ordered modes ran")]
@@ -338,32 +334,32 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
             )
         else:
             why = str(e.get("reason") or "")
-            m = REFUSAL_RE.search(why)
+            m = _REFUSAL_RE.search(why)
             short = f"needs an accelerator; device is {m.group('device')}" if m else why[:80]
             text = f"{st}" + (f" ({short})" if short else "")
         out.append(registry.KeyNumber(f"offload {e.get('mode')}", text))
     return out
 
 
-SUMMARY_COLUMNS = (
+_SUMMARY_COLUMNS = (
     "mode status reason ready_s process_start_s load_s warmup_s cold_ms warm_ms peak_reserved_mib "
     "peak_allocated_mib host_pss_peak_mib cgroup_peak_mib host_anon_peak_mib compile placement"
 ).split()
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per mode with :data:`SUMMARY_COLUMNS`: ran / not applicable / failed and why,
+    """One row per mode with :data:`_SUMMARY_COLUMNS`: ran / not applicable / failed and why,
     the cold start and its parts (s), cold and warm e2e (ms), peak VRAM reserved/allocated (MiB),
     host memory peak (MiB), torch.compile as the engine reported it (:func:`compile_text`), the
     placement the engine reported (summary: component=mode)."""
     rows = []
     for e in r.get("modes") or []:
-        row = {c: e.get(c) for c in SUMMARY_COLUMNS}
+        row = {c: e.get(c) for c in _SUMMARY_COLUMNS}
         row["placement"] = _placement_text(e) if e.get("status") == RAN else (e.get("placement") or "–")
         row["compile"] = compile_text(e) if e.get("status") == RAN else "–"
         rows.append(row)
-    df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-    for c in SUMMARY_COLUMNS[3:-2]:  # the numbers: ready_s … host_anon_peak_mib
+    df = pd.DataFrame(rows, columns=_SUMMARY_COLUMNS)
+    for c in _SUMMARY_COLUMNS[3:-2]:  # the numbers: ready_s … host_anon_peak_mib
         df[c] = pd.to_numeric(df[c], errors="coerce")
     return df.rename(columns={"host_anon_peak_mib": common.ANON_SUM_LABEL})
 
@@ -458,12 +454,12 @@ def _mode_specs(spec: EngineSpec, mode: str, caps: MemoryCaps) -> list[EngineSpe
     return specs
 
 
-NOTEBOOK = parts.headline(NAME, "Modes", keep="modes_table") + (
+NOTEBOOK = common.headline(NAME, "Modes", keep="modes_table") + (
     md(
         "## Gate (placement reported as asked, warm not slower, memory order on a GPU)\n\n"
         "Modes the device cannot run are `skipped`, never passed."
     ),
-    code(parts.GATE_CELL),
+    code(common.GATE_CELL),
     md("## Device vs host memory, and warm latency, per mode"),
     code("show(plots.offload_memory_latency(modes_table))"),
     md("## Latency per request, one line per mode"),

@@ -19,8 +19,8 @@ from perfkit.checks import Check, check_max, number
 from perfkit.common.numfmt import fmt, json_float
 from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoClient, VideoRequestSpec
-from perfkit.investigations import parts, registry
-from perfkit.investigations.parts import DocBlock, MeasureOption, code, md
+from perfkit.investigations import common, registry
+from perfkit.investigations.common import DocBlock, MeasureOption, code, md
 from perfkit.measuring.assemble import assemble
 from perfkit.measuring.launch_rows import measure_launch
 
@@ -203,19 +203,10 @@ def _agreement(client: VideoClient, request: VideoRequestSpec, ids: list[str], n
     }
 
 
-def overhead_probe(
-    request: VideoRequestSpec,
-    pairs: int = 10,
-    sampler_interval_s: float = 0.1,
-    warmup: int = 1,
-    agree: int = 3,
+def _overhead_probe(
+    request: VideoRequestSpec, pairs: int = 10, sampler_interval_s: float = 0.1
 ) -> Callable[[Any, VideoClient, Any], dict[str, Any]]:
-    """An ``after`` hook for :func:`perfkit.measuring.launch_rows.measure_launch`.
-
-    Returns a dict ``{"stage_timing": {...}, "sampler": {...}, "request_ids": [...]}`` where each
-    part has median_on_ms, median_off_ms, overhead (fraction), overhead_ci, the estimator, the
-    samples and the complete pairs (``pairs_ms``: [on, off], ms).
-    """
+    """measure_launch's ``after`` hook: ABBA pairs per part, timing agreement (:func:`_summary`'s keys, ms)."""
 
     def run(handle, client: VideoClient, sampler) -> dict[str, Any]:
         ids: list[str] = []
@@ -230,8 +221,7 @@ def overhead_probe(
 
         timed = request
         untimed = dataclasses.replace(request, extra={**request.extra, "perfkit_stage_timing": False})
-        for _ in range(warmup):
-            e2e(timed)
+        e2e(timed)  # one warm-up request
 
         def abba(one: Callable[[bool], float | None]) -> dict[str, Any]:
             """``pairs`` ABBA pairs of ``one(on)``: the on and off values and the complete pairs."""
@@ -256,7 +246,7 @@ def overhead_probe(
         stage_timing = abba(lambda flag: e2e(timed if flag else untimed))
         sampler.stop()
         sampler_part = abba(sampled)
-        agreement = _agreement(client, request, ids, agree)
+        agreement = _agreement(client, request, ids, 3)
         return {
             "stage_timing": stage_timing,
             "timing_agreement": agreement,
@@ -270,8 +260,8 @@ def overhead_probe(
 
 # ------------------------------------------------------------------------------ registry entry
 def run(ctx: registry.RunContext, p: OverheadParams) -> ResultBundle:
-    """One launch: a warm-up request, then :func:`overhead_probe` with ``p.pairs`` ABBA pairs."""
-    probe = overhead_probe(ctx.request, pairs=p.pairs, sampler_interval_s=p.sampler_interval_s)
+    """One launch: a warm-up request, then :func:`_overhead_probe` with ``p.pairs`` ABBA pairs."""
+    probe = _overhead_probe(ctx.request, pairs=p.pairs, sampler_interval_s=p.sampler_interval_s)
     data = measure_launch(ctx.engine, [ctx.request], ctx.work_dir / NAME, "probe", after=probe)
     own = p.model_dump(exclude={"enabled", "tier"})  # pairs, sampler_interval_s
     results: dict[str, Any] = {"error": data.error, **own}
@@ -368,9 +358,9 @@ def found_in(results: Mapping[str, Any]) -> bool:
     )
 
 
-NOTEBOOK = parts.headline(NAME, "Overhead of each instrument") + (
+NOTEBOOK = common.headline(NAME, "Overhead of each instrument") + (
     md("## Gate (upper end of each interval)"),
-    code(parts.GATE_CELL),
+    code(common.GATE_CELL),
     md(
         "## How to read this\n\n"
         "Each instrument is switched on and off in interleaved ABBA pairs of warm requests of one "

@@ -23,8 +23,8 @@ from perfkit.common.slugs import did_you_mean
 from perfkit.engine.caps import MemoryCaps
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import parts
-from perfkit.investigations.parts import Cell, DocBlock, Figure, MeasureOption, code, md
+from perfkit.investigations import common
+from perfkit.investigations.common import Cell, DocBlock, Figure, MeasureOption, code, md
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +140,8 @@ def bundle_error(bundle: ResultBundle, why: str) -> InvestigationError:
     return InvestigationError(f"{bundle.investigation} ({bundle.path or 'bundle'}): {why}")
 
 
-def needs_a_completed_request(bundle: ResultBundle) -> None:
-    """The default ``check_bundle``: raises :class:`InvestigationError` when no measured request
-    (``index >= 0``) completed."""
+def _needs_a_completed_request(bundle: ResultBundle) -> None:
+    """The default ``check_bundle``: raises when no measured request completed."""
     req = bundle.requests
     ok = not req.empty and bool(((req["index"] >= 0) & (req["status"] == "completed")).fillna(False).any())
     if not ok:
@@ -186,7 +185,7 @@ class Investigation:
     params_model: type[InvestigationParams]
     run: Callable[[RunContext, Any], ResultBundle]
     invariants_model: type[InvariantParams] = InvariantParams
-    check_bundle: Callable[[ResultBundle], None] = needs_a_completed_request
+    check_bundle: Callable[[ResultBundle], None] = _needs_a_completed_request
     checks: Callable[[Mapping[str, Any], Mapping[str, Any]], list[Check]] = no_checks
     key_numbers: Callable[[Mapping[str, Any]], list[KeyNumber]] = lambda r: []
     summary_table: Callable[[Mapping[str, Any]], pd.DataFrame] = lambda r: pd.DataFrame()
@@ -218,7 +217,7 @@ class Investigation:
     def notebook_cells(self) -> list[Cell]:
         """Its cells (declared, else its headline table and reading and its gate rows), then per
         figure a heading and ``show(figure(kind, bundle))``."""
-        out = [*parts.headline(self.name), md("## Gate"), code(parts.GATE_CELL)]
+        out = [*common.headline(self.name), md("## Gate"), code(common.GATE_CELL)]
         out = list(self.cells) if self.cells is not None else out
         for f in self.figures:
             out += [md(f"## {f.title}"), code(f'show(figure("{f.kind}", bundle))')]
@@ -231,25 +230,37 @@ class Investigation:
 
 _REGISTRY: dict[str, Investigation] = {}
 
+#: what one investigation declares and no other may: (what, the declared set of an investigation)
+_DECLARED_ONCE: tuple[tuple[str, Callable[[Investigation], set]], ...] = (
+    ("invariant key", lambda s: set(s.invariants_model.model_fields)),
+    ("figure kind", lambda s: {f.kind for f in s.figures}),
+    ("figures block kind", lambda s: set(s.doc_blocks)),
+    ("measure option", lambda s: {o.flag for o in s.measure_options}),
+    ("session", lambda s: {True} & {s.session}),
+)
+
 
 def register(investigation: Investigation) -> Investigation:
     """Add ``investigation`` (run order: :attr:`Investigation.order`, then name). Raises ValueError on a
-    duplicate name or an invariant key another investigation already declares."""
+    duplicate name, an invariant key of the engine's, or what another investigation already
+    declares (an invariant key, a figure or block kind, a measure option, the session)."""
     if investigation.name in _REGISTRY:
         raise ValueError(f"investigation {investigation.name!r} is registered twice")
-    mine = set(investigation.invariants_model.model_fields)
-    taken = mine & set(EngineInvariants.model_fields)
+    taken = set(investigation.invariants_model.model_fields) & set(EngineInvariants.model_fields)
     if taken:
         raise ValueError(
             f"invariant keys {sorted(taken)} of {investigation.name!r} are the engine's (EngineInvariants)"
         )
     for other in _REGISTRY.values():
-        clash = mine & set(other.invariants_model.model_fields)
-        if clash:
-            raise ValueError(
-                f"invariant keys {sorted(clash)} of {investigation.name!r} are already declared by {other.name!r}"
-            )
-    _declared_once(investigation)
+        for what, declared in _DECLARED_ONCE:
+            clash = declared(investigation) & declared(other)
+            if clash:
+                mine, theirs = f"{sorted(map(str, clash))} of {investigation.name!r}", repr(other.name)
+                raise ValueError(
+                    f"invariant keys {mine} are already declared by {theirs}"
+                    if what == "invariant key"
+                    else f"{what} {mine} is {theirs}'s"
+                )
     _REGISTRY[investigation.name] = investigation
     ordered = sorted(_REGISTRY.values(), key=lambda s: (s.order, s.name))
     _REGISTRY.clear()
@@ -272,26 +283,6 @@ def register_module(namespace: Mapping[str, Any], **fields: Any) -> Investigatio
     return register(Investigation(**{**found, **fields}))
 
 
-def _declared_once(investigation: Investigation) -> None:
-    """Raise ValueError when ``investigation`` declares what another one declares already."""
-    for other in _REGISTRY.values():
-        for what, mine, theirs in (
-            ("figure kind", {f.kind for f in investigation.figures}, {f.kind for f in other.figures}),
-            ("figures block kind", set(investigation.doc_blocks), set(other.doc_blocks)),
-            (
-                "measure option",
-                {o.flag for o in investigation.measure_options},
-                {o.flag for o in other.measure_options},
-            ),
-            ("session", {True} & {investigation.session}, {True} & {other.session}),
-        ):
-            clash = mine & theirs
-            if clash:
-                raise ValueError(
-                    f"{what} {sorted(map(str, clash))} of {investigation.name!r} is {other.name!r}'s"
-                )
-
-
 def unregister(name: str) -> None:
     """Remove investigation ``name`` (a module re-imported in a notebook, a throwaway test module).
     Raises KeyError naming the known ones."""
@@ -300,7 +291,7 @@ def unregister(name: str) -> None:
 
 
 def figure(kind: str, bundle: ResultBundle) -> Any:
-    """The figure of kind ``kind`` (a :class:`~perfkit.investigations.parts.Figure` some investigation
+    """The figure of kind ``kind`` (a :class:`~perfkit.investigations.common.Figure` some investigation
     declares) drawn from ``bundle``: a matplotlib Figure.
 
     Raises:
@@ -405,9 +396,8 @@ def checks_for(
     return rows
 
 
-def shared_bundles(out: Path, name: str) -> dict[str, ResultBundle]:
-    """Bundles that investigations registered before ``name`` already wrote beside ``out`` in this run
-    (``out.parent/<investigation>/``); a later investigation may reuse their launch."""
+def _shared_bundles(out: Path, name: str) -> dict[str, ResultBundle]:
+    """Bundles of investigations before ``name`` already written beside ``out`` in this run."""
     found: dict[str, ResultBundle] = {}
     for other in names():
         if other == name:
@@ -466,7 +456,7 @@ def load_or_run(
         engine=EngineSpec.from_dict(dict(engine or {})),
         request=VideoRequestSpec.from_dict(dict(request or {})),
         work_dir=out / "launches",
-        shared=shared_bundles(out, investigation) if share_launches else {},
+        shared=_shared_bundles(out, investigation) if share_launches else {},
     )
     b = s.run(ctx, params)
     b.save(out)

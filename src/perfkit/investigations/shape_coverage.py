@@ -1,7 +1,7 @@
 """What warmup_shapes computes per (warmup setting, request shape) from a measured launch: the
 shapes the startup warmup ran (:func:`warmed_shapes`), the ``coverage`` entries
 (:func:`coverage_entry`; ms, MiB), per-rank facts of a multi-rank engine
-(:func:`rank_facts`) and the warm medians across warmup settings (:func:`warm_across_warmups`)."""
+(:func:`_rank_facts`) and the warm medians across warmup settings (:func:`warm_across_warmups`)."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def coverage_entry(
     )
     # the launch's records as measure_launch parsed them (a reused launch: its kept lines)
     report = data.report or parse_lines(data.record_lines)
-    ranks = rank_facts(report.records, list(ok["request_id"]))
+    ranks = _rank_facts(report.records, list(ok["request_id"]))
     if ranks:
         entry["ranks"] = ranks
     return entry
@@ -143,11 +143,8 @@ def _warm_stage_medians(stages: pd.DataFrame, warm_ids: list[str]) -> dict[str, 
     return {str(k): json_float(v) for k, v in w.groupby("stage", sort=False)["ms"].median().items()}
 
 
-def rank_facts(records: list[PerfRecord], request_ids: list[str]) -> list[dict[str, Any]]:
-    """Per rank of a multi-rank (CFG parallel) engine, for one shape's requests (the first, then
-    the warm ones): the first request's compiles, its penalty per stage and the stage that
-    absorbs most of it, and the warm medians of the step time and of its parts (the rank's
-    transformer branch vs its wait in the all_gather, ms). [] for a single-rank engine."""
+def _rank_facts(records: list[PerfRecord], request_ids: list[str]) -> list[dict[str, Any]]:
+    """Per rank of a CFG-parallel engine, one shape's first-request penalty and warm step parts (ms, MiB); [] for one rank."""
     recs = {r.request_id: r for r in records}
     chosen = [recs[i] for i in request_ids if i in recs]
     if len(chosen) < 2 or not chosen[0].perfkit.get("ranks"):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Annotated, Any, Mapping, Optional
 
 import pandas as pd
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, sub_bundle, table_rows
 from perfkit.checks import NOT_REPORTED, NOT_REPORTED_REASON, Check, check_max, number
@@ -17,9 +17,8 @@ from perfkit.common.numfmt import fmt
 from perfkit.common.slugs import md_text
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
-from perfkit.investigations import parts, registry
-from perfkit.investigations.common import as_request, join_params, pick_columns, reuse_or_launch, run_kwargs
-from perfkit.investigations.parts import MeasureOption, code, md
+from perfkit.investigations import common, registry
+from perfkit.investigations.common import as_request, code, join_params, md, reuse_or_launch, run_kwargs
 from perfkit.investigations.shape_coverage import coverage_entry, warm_across_warmups, warmed_shapes
 from perfkit.measuring.assemble import PlannedLaunch, assemble, join_bundles, launch_key
 from perfkit.measuring.profiled import FIRST_OF_NEW_SHAPE, ProfileParams, attach, run_profiled
@@ -32,24 +31,15 @@ class WarmupShapesParams(registry.InvestigationParams):
     ``repeats`` times in a row."""
 
     #: startup warmup frames, one launch each (0: no warmup). 17 -> 3 latent frames.
-    warmup_frames: list[int] = Field(default_factory=lambda: [17, 25], min_length=1)
+    warmup_frames: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [17, 25], min_length=1)
     #: request frames sent to each launch. 25 -> 4 latent frames.
-    request_frames: list[int] = Field(default_factory=lambda: [25], min_length=1)
+    request_frames: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [25], min_length=1)
     #: requests per shape per launch (the first and at least one warm)
     repeats: int = Field(3, ge=2, le=1000)
     #: profiler traces of extra requests in an extra launch: the first request of the first
     #: uncovered shape (``cold`` in ``requests``) and warm ones of that shape; None (default)
     #: profiles nothing
     profile: Optional[ProfileParams] = None
-
-    @field_validator("warmup_frames", "request_frames")
-    @classmethod
-    def _frames(cls, v: list[int], info) -> list[int]:
-        least = 0 if info.field_name == "warmup_frames" else 1
-        for x in v:
-            if x < least:
-                raise ValueError(f"frame counts must be >= {least}, got {x}")
-        return v
 
 
 class WarmupShapesInvariants(registry.InvariantParams):
@@ -318,15 +308,15 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
     ]
 
 
-SUMMARY_COLUMNS = (
+_SUMMARY_COLUMNS = (
     "warmup_frames request_frames warmup_latent_frames request_latent_frames covered warmup_source first_ms "
     "warm_median_ms penalty_ms ratio compiles penalty_stage error"
 ).split()
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per (warmup setting, request shape) with :data:`SUMMARY_COLUMNS` that exist."""
-    return pick_columns(pd.DataFrame(r.get("coverage") or []), SUMMARY_COLUMNS)
+    """One row per (warmup setting, request shape) with :data:`_SUMMARY_COLUMNS` that exist."""
+    return common.pick_columns(pd.DataFrame(r.get("coverage") or []), _SUMMARY_COLUMNS)
 
 
 def reading(r: Mapping[str, Any]) -> str:
@@ -415,14 +405,14 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     return out
 
 
-NOTEBOOK = parts.headline(NAME, "Coverage", keep="coverage") + (
+NOTEBOOK = common.headline(NAME, "Coverage", keep="coverage") + (
     md(
         "## Why an uncovered shape pays: recompilation\n\n"
         "Each request that ran a shape first in its launch: its penalty over the warm median "
         "of the same shape in that launch, the stage holding most of it, and the "
         "recompilations it paid (count, compile time, the compiler's reason)."
     ),
-    code(parts.ROOT_CAUSE),
+    code(common.ROOT_CAUSE),
     md(
         "## Below the stage: the first request of a new shape against a warm one\n\n"
         "With `profile` set, an extra launch with the warmup that did not cover a shape sends "
@@ -432,11 +422,11 @@ NOTEBOOK = parts.headline(NAME, "Coverage", keep="coverage") + (
         "invariant or gate here reads them. The diff names the ops the first request of the "
         "new shape spends its penalty in."
     ),
-    code(parts.BELOW_STAGE),
+    code(common.BELOW_STAGE),
     md("## Every request: role and shape"),
-    code(parts.REQUESTS),
+    code(common.REQUESTS),
     md("## Gate (covered shapes pay no setup)"),
-    code(parts.GATE_CELL),
+    code(common.GATE_CELL),
     md("## First-request penalty by warmup shape and request shape"),
     code("show(plots.coverage_heatmap(coverage))"),
     md("## Which stage absorbs the penalty (first request − warm median, ms)"),
@@ -472,7 +462,7 @@ INVESTIGATION = registry.register_module(
     params_model=WarmupShapesParams,
     invariants_model=WarmupShapesInvariants,
     measure_options=(
-        MeasureOption(
+        common.MeasureOption(
             "--two-stage-shapes",
             "also run the warmup-shapes investigation with the two-stage pipeline",
             jobs=lambda on, sec, spec: [
