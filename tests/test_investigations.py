@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from pydantic import ValidationError
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle
 from perfkit.checks import check_table, overall_status
@@ -232,6 +233,13 @@ def test_memory_budget_under_host_cap_completes(tmp_path):
 def test_find_min_budget_says_gpu_only_on_cpu(tmp_path):
     out = find_min_budget(SPEC, REQ, 1, 8, run_dir=tmp_path)
     assert out["min_gib"] is None and "GPU" in out["note"]
+    # caps are rounded to 0.01 GiB: a finer resolution would bisect forever (lo 1.0, hi 1.01 -> mid 1.0)
+    with pytest.raises(ValueError, match="resolution_gib must be >= 0.01"):
+        find_min_budget(SPEC, REQ, 1, 1.01, run_dir=tmp_path, resolution_gib=0.001)
+    from perfkit.investigations.memory_budget import MinBudgetParams
+
+    with pytest.raises(ValidationError, match="resolution_gib"):
+        MinBudgetParams(lo_gib=1, hi_gib=2, resolution_gib=0.001)
 
 
 def test_bundles_round_trip(cold_warm, shapes, tmp_path):

@@ -72,7 +72,7 @@ class MinBudgetParams(registry._Model):
     lo_gib: float = Field(gt=0)
     hi_gib: float = Field(gt=0)
     #: bisection stops when hi - lo <= this (GiB)
-    resolution_gib: float = Field(1.0, gt=0)
+    resolution_gib: float = Field(1.0, ge=0.01)  # the bisection's step is 0.01 GiB
 
     @model_validator(mode="after")
     def _order(self) -> "MinBudgetParams":
@@ -213,10 +213,15 @@ def find_min_budget(
         "error"}], "note": str}``.
 
     Raises:
-        ValueError: lo_gib >= hi_gib or non-positive bounds.
+        ValueError: lo_gib >= hi_gib, non-positive bounds, or resolution_gib below the
+            0.01 GiB the probes' caps are rounded to (the search would never end).
     """
     if not (0 < lo_gib < hi_gib):
         raise ValueError(f"find_min_budget: need 0 < lo_gib < hi_gib, got {lo_gib}, {hi_gib}")
+    if not resolution_gib >= 0.01:
+        raise ValueError(
+            f"find_min_budget: resolution_gib must be >= 0.01 (caps are rounded to it), got {resolution_gib}"
+        )
     if not nvml_inventory():
         note = "find_min_budget needs a GPU (device caps are CUDA memory fractions); none visible: skipped"
         log.warning(note)
