@@ -1,5 +1,5 @@
 """Baseline JSON in sglang's ``perf_baselines`` layout (see docs/sglang.md "Interop facts"):
-rules (tolerances, pads, the pass bound), files (load, save: atomic), derive (entries from
+files (sglang's rules: tolerances, pads, the pass bound; load, save: atomic), derive (entries from
 bundles or records; one case's entry written into a file), compare (verdict rows); what
 other modules use of them is re-exported here. Times in ms, memory in MiB.
 """
@@ -16,18 +16,16 @@ from perfkit.gate.baseline.derive import (
     update_baseline,
 )
 from perfkit.gate.baseline.files import (
+    DEFAULT_TOLERANCES,
+    SCALAR_TIMING_METRICS,
+    TOP_LEVEL_CASE_MAPS,
     BaselineError,
+    classify_stage,
     dumps_baseline,
+    is_flat,
     load_baseline,
     loads_baseline,
     new_baseline,
     save_baseline,
-)
-from perfkit.gate.baseline.rules import (
-    DEFAULT_TOLERANCES,
-    SCALAR_TIMING_METRICS,
-    TOP_LEVEL_CASE_MAPS,
-    classify_stage,
-    is_flat,
     tolerance_profile,
 )

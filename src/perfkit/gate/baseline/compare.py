@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfkit.checks import Check
-from perfkit.gate.baseline.files import BaselineError, metric_value
-from perfkit.gate.baseline.rules import (
+from perfkit.gate.baseline.files import (
     DEFAULT_IMPROVEMENT_THRESHOLD,
     ENGINE_KEY,
     MEMORY_METRICS,
@@ -18,10 +17,12 @@ from perfkit.gate.baseline.rules import (
     PER_FRAME_METRIC,
     SCALAR_TIMING_METRICS,
     TOP_LEVEL_CASE_MAPS,
+    BaselineError,
     StageClassifier,
     _metric_rule,
     bound,
     classify_stage,
+    metric_value,
     tolerance_profile,
 )
 
@@ -77,7 +78,7 @@ def compare(
     video: bool = True,
 ) -> list[Check]:
     """Check a run against a baseline with sglang's rule: a metric passes when ``actual <=
-    max(expected * (1 + tol), expected + pad)`` (:mod:`~perfkit.gate.baseline.rules`; nulls as
+    max(expected * (1 + tol), expected + pad)`` (:mod:`~perfkit.gate.baseline.files`; nulls as
     docs/sglang.md says). Stage classes: :func:`classify_stage` unless ``stage_classes`` (name
     -> class) says otherwise.
 

@@ -14,8 +14,7 @@ import pandas as pd
 
 from perfkit.bundle import ResultBundle, row_keys, rows_of, steady_state, table_rows
 from perfkit.common.numfmt import json_float
-from perfkit.gate.baseline.files import load_baseline, new_baseline, save_baseline
-from perfkit.gate.baseline.rules import (
+from perfkit.gate.baseline.files import (
     DEFAULT_STEP_FRACTIONS,
     DERIVED_KEYS,
     ENGINE_KEY,
@@ -24,6 +23,9 @@ from perfkit.gate.baseline.rules import (
     S_DECIMALS,
     TOP_LEVEL_CASE_MAPS,
     classify_stage,
+    load_baseline,
+    new_baseline,
+    save_baseline,
 )
 from perfkit.readings.engine_config import effective_config
 from perfkit.readings.records import parse_lines
