@@ -72,11 +72,7 @@ def bootstrap_median_ci(
     a = _clean(x)
     if a.size == 0:
         return (math.nan, math.nan)
-    if a.size == 1:
-        return (float(a[0]), float(a[0]))
-    rng = np.random.default_rng(seed)
-    meds = _bootstrap_medians(a, n_resamples, rng)
-    return _ends(meds, confidence)
+    return _ends(_bootstrap_medians(a, n_resamples, np.random.default_rng(seed)), confidence)
 
 
 def bootstrap_ratio_ci(
@@ -227,8 +223,7 @@ def slope_per_index(y: Any) -> float:
     keep = np.isfinite(arr)
     if keep.sum() < 2:
         return math.nan
-    slope, _intercept = np.polyfit(x[keep], arr[keep], 1)
-    return float(slope)
+    return float(np.polyfit(x[keep], arr[keep], 1)[0])
 
 
 def slope_lower_bound(y: Any, confidence: float = 0.95) -> float:

@@ -164,7 +164,6 @@ def log_ends(
     ``confidence``, in log units: ``d ± t_df · se`` (``d`` itself when se = 0; NaN where bad).
     Raises ValueError: ``confidence`` outside (0, 1)."""
     _check(confidence)
-    d, se, df, bad = (np.asarray(v) for v in (d, se, df, bad))
     with np.errstate(invalid="ignore", over="ignore"):
         half = np.where(se > 0, t_quantiles(np.where(se > 0, df, 1.0), 0.5 + confidence / 2.0) * se, 0.0)
         low, high = d - half, d + half
@@ -191,8 +190,7 @@ def paired_ratio_interval(
     ``n_a == n_b`` = pairs used: ``ratio`` = exp(mean d) over ``d_i = log b_i − log a_i``,
     [low, high] = ``exp(mean d ± t_{n−1, (1+c)/2} · sd(d)/√n)`` (Student's paired t); fewer than 2
     pairs: NaN ends. Raises ValueError: confidence outside (0, 1); ``a`` and ``b`` of different lengths."""
-    xa = np.asarray(a if isinstance(a, np.ndarray) else list(a), dtype=float).ravel()
-    xb = np.asarray(b if isinstance(b, np.ndarray) else list(b), dtype=float).ravel()
+    xa, xb = (np.asarray(x if isinstance(x, np.ndarray) else list(x), dtype=float).ravel() for x in (a, b))
     if xa.size != xb.size:
         raise ValueError(f"paired values need one B per A: {xa.size} A values, {xb.size} B values")
     ok = np.isfinite(xa) & np.isfinite(xb) & (xa > 0) & (xb > 0)
