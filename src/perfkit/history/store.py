@@ -288,9 +288,6 @@ def read_store(
     """
     files = _files(Path(store))
     cols = list(columns or COLUMNS)
-    unknown = [c for c in cols if c not in COLUMNS]
-    if unknown:
-        raise ValueError(f"read_store: unknown column {unknown[0]!r}")
     if not files:
         return pd.DataFrame({k: pd.Series(dtype=object) for k in cols})
     _check_files(files)

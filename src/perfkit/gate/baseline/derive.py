@@ -51,31 +51,11 @@ def from_bundle(
     step_fractions: Iterable[float] | None = None,
     launch: str | None = None,
 ) -> dict[str, Any]:
-    """Derive one case entry (sglang layout) from a bundle's tables.
-
-    Measured requests are ``requests`` rows with ``index != WARMUP_INDEX`` and ``status == "completed"``
-    (restricted to ``launch`` when given). Like sglang's baseline dump, each value is the worst
-    (largest) over the measured requests:
-
-    - ``stages_ms``: stage -> ms (a stage repeated within a request sums first).
-    - ``denoise_step_ms``: ``str(step index)`` -> ms at ``step_fractions`` (default
-      :data:`DEFAULT_STEP_FRACTIONS`), index = ``round(fraction * (n - 1))``, from the steps of
-      denoise stages (``DenoisingStage`` when present, else any stage classed ``denoise``).
-    - ``expected_e2e_ms``: worst ``e2e_ms`` (``client_ms`` when e2e is missing).
-    - ``expected_avg_denoise_ms`` / ``expected_median_denoise_ms``: worst per-request mean /
-      median denoise step ms (0.0 when there are no steps, as sglang writes for such cases).
-    - ``expected_load_ms``: cold start, ``launches.ready_s * 1000`` (worst launch).
-    - ``expected_first_result_ms``: time to first result, ``launches.first_result_s * 1000``
-      (worst launch; perfkit's key, absent in sglang's files).
-    - ``load_peak_vram_mb`` / ``warmup_peak_vram_mb``: ``launches.load_peak_mib`` /
-      ``warmup_peak_mib`` (MiB; sglang's ``_mb`` keys are MiB).
-    - ``runtime_peak_vram_mb`` / ``runtime_peak_allocated_mb``: max ``requests.peak_reserved_mib``
-      / ``peak_allocated_mib`` (MiB).
-    - ``estimated_full_test_time_s``: per launch, ready_s plus the span from its first measured
-      request start to its last end (sum of e2e when no timestamps), summed over launches.
-    - :data:`ENGINE_KEY` (perfkit's): what the engine ran, as it reported (:func:`_engine_ran`).
-
-    Keys whose source columns are missing or empty are left out.
+    """Derive one case entry (sglang layout) from a bundle's tables: each value the worst
+    (largest) over the measured requests (``index != WARMUP_INDEX``, completed; of ``launch`` when
+    given), denoise steps sampled at ``step_fractions`` (default :data:`DEFAULT_STEP_FRACTIONS`);
+    ms, MiB; a key whose source columns are missing or empty is left out. The keys and their
+    sources: docs/sglang.md ("Baseline files").
 
     Raises:
         ValueError: when the bundle has no measured requests (for ``launch``), or a measured
