@@ -124,7 +124,7 @@ OPTIONAL_TOLERANCES = {
 TOP_LEVEL_CASE_MAPS = ("load_peak_vram_mb", "runtime_peak_vram_mb")
 #: perfkit's key in a case entry (sglang's readers skip it): what the engine really ran, as it
 #: reported (``compile_active``, ``compile_backend``, ``dtype``, ``device``); a case measured
-#: otherwise than this run is not compared (:func:`perfkit.gate.baseline.compare.compare`)
+#: otherwise than this run is not compared (:func:`perfkit.gate.baseline.compare`)
 ENGINE_KEY = "perfkit_engine"
 #: Keys of a case entry that :func:`from_bundle` derives (replaced on update; others kept).
 DERIVED_KEYS = (
