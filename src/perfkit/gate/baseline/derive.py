@@ -395,13 +395,6 @@ def _expected_metrics(baseline: Mapping[str, Any], case: str) -> dict[str, float
     return flat
 
 
-def _snippet(metric: str, value: float) -> dict[str, Any]:
-    if "." in metric:
-        group, name = metric.split(".", 1)
-        return {group: {name: value}}
-    return {metric: value}
-
-
 def compare(
     run: Mapping[str, Mapping[str, Any]],
     baseline: Mapping[str, Any],
@@ -562,7 +555,8 @@ def _metric_check(
         why = f"{act:g} > bound {b:g} (+{(act / exp - 1.0) * 100:.1f}% vs expected; {rule_txt})"
         return Check(case, metric, exp, act, b, "fail", why)
     if exp > 0 and act < exp * (1.0 - threshold):
-        snip = _snippet(metric, act)
+        group, _, name = metric.partition(".")
+        snip = {group: {name: act}} if name else {metric: act}
         why = (
             f"{(1 - act / exp) * 100:.1f}% faster than expected (improvement threshold "
             f"{threshold:g}, {rule.threshold_from}); update scenarios.{case} with {json.dumps(snip)}"
