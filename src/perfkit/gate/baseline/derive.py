@@ -84,19 +84,25 @@ def from_bundle(
             f"bundle {bundle.path or bundle.investigation}: no completed non-warmup "
             f"requests{where} for case {case_id!r}"
         )
-    launch_col = pd.Series([k[0] for k in row_keys(req)], index=req.index, dtype=object)
-    keys = set(row_keys(req))
+    req_keys = row_keys(req)
+    keys = set(req_keys)
     stage_ms, step_ms = _request_stages(bundle, keys)
     rows = (
-        (stage_ms.get(k, {}), step_ms.get(k, []), json_float(e), {})
-        for k, e in zip(row_keys(req), req["e2e_ms"])
+        (stage_ms.get(k, {}), step_ms.get(k, []), json_float(e), {}) for k, e in zip(req_keys, req["e2e_ms"])
     )
     entry = _worst_entry(rows, fractions)
     if entry["expected_e2e_ms"] is None:  # no e2e_ms: the client's view
         e2e = _max(req["client_ms"])
         entry["expected_e2e_ms"] = None if e2e is None else round(e2e, MS_DECIMALS)
     lt = _launch_values(bundle, req, keys, launch, entry)
-    entry["estimated_full_test_time_s"] = round(_full_test_time_s(req, launch_col, lt), S_DECIMALS)
+    # per launch its ready time plus the span of its measured requests (their e2e sum without times)
+    total_s, ready = 0.0, {la: json_float(r) or 0.0 for la, r in zip(lt["launch"], lt["ready_s"])}
+    launch_col = pd.Series([k[0] for k in req_keys], index=req.index, dtype=object)
+    for la, grp in req.groupby(launch_col, sort=False, dropna=False):
+        t0, t1 = json_float(grp["t_start_s"].min()), json_float(grp["t_end_s"].max())
+        span = t1 - t0 if t0 is not None and t1 is not None else float(grp["e2e_ms"].fillna(0).sum()) / 1000
+        total_s += span + ready.get(la, 0.0)
+    entry["estimated_full_test_time_s"] = round(total_s, S_DECIMALS)
     if ran := _engine_ran(bundle, lt):
         entry[ENGINE_KEY] = ran
     return {k: v for k, v in entry.items() if v is not None}
@@ -184,17 +190,6 @@ def _launch_values(
         if v is not None:
             entry[key] = round(v * scale, decimals)
     return lt
-
-
-def _full_test_time_s(req: pd.DataFrame, launch_col: pd.Series, lt: pd.DataFrame) -> float:
-    """``estimated_full_test_time_s`` (see :func:`from_bundle`)."""
-    total_s = 0.0
-    ready_by_launch = {la: json_float(r) or 0.0 for la, r in zip(lt["launch"], lt["ready_s"])}
-    for la, grp in req.assign(_launch=launch_col).groupby("_launch", sort=False, dropna=False):
-        t0, t1 = json_float(grp["t_start_s"].min()), json_float(grp["t_end_s"].max())
-        span = t1 - t0 if t0 is not None and t1 is not None else float(grp["e2e_ms"].fillna(0).sum()) / 1000
-        total_s += span + ready_by_launch.get(la, 0.0)
-    return total_s
 
 
 def set_case(doc: dict[str, Any], case_id: str, entry: Mapping[str, Any]) -> dict[str, Any]:
