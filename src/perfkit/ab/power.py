@@ -73,18 +73,6 @@ class PoolFile(BaseModel):
 NEEDED_TABLES = ("requests.parquet", "stages.parquet", "launches.parquet")
 
 
-def _pool_file(path: Path) -> dict[str, dict[str, Any]]:
-    try:
-        doc = PoolFile.model_validate_json(path.read_text())
-    except ValidationError as exc:
-        where = "; ".join(
-            f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}"
-            for e in exc.errors(include_url=False)
-        )
-        raise ValueError(f"{path}: bad pool description ({where})") from None
-    return {k: v.model_dump() for k, v in doc.arms.items()}
-
-
 def load_pool(path: str | Path) -> Pool:
     """Read a pool directory (``a/``, a directory per B arm, optional :data:`POOL_FILE`). Raises
     FileNotFoundError: no ``a/`` bundle, no B arm bundle, or an arm without one of
@@ -108,7 +96,15 @@ def load_pool(path: str | Path) -> Pool:
         raise FileNotFoundError(f"{p}: no B arm (b/meta.json) next to a/")
     arms: dict[str, dict[str, Any]] = {}
     if (p / POOL_FILE).exists():
-        arms = _pool_file(p / POOL_FILE)
+        try:
+            doc = PoolFile.model_validate_json((p / POOL_FILE).read_text())
+        except ValidationError as exc:
+            where = "; ".join(
+                f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}"
+                for e in exc.errors(include_url=False)
+            )
+            raise ValueError(f"{p / POOL_FILE}: bad pool description ({where})") from None
+        arms = {k: v.model_dump() for k, v in doc.arms.items()}
         lower = sorted(k for k in arms if k != k.upper())
         if lower:
             raise ValueError(f"{p / POOL_FILE}: arm names are upper-case letters (B, C, …), got {lower}")

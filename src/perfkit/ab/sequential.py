@@ -203,12 +203,6 @@ def _look(
     return Look(n, conf, use, out, decided, position)
 
 
-def _next_arm(run: Mapping[str, list[str]], kept: Mapping[str, list[str]], last: str | None) -> str:
-    """The side with fewer kept, then fewer run launches, else the last side (A B B A A B …)."""
-    ka, kb = ((len(kept[s]), len(run[s])) for s in "AB")
-    return (last or "A") if ka == kb else ("A" if ka < kb else "B")
-
-
 class Walker:
     """The procedure, one launch at a time (:meth:`add`; :meth:`feed` a whole order): after each
     launch, replace slow-spell launches, look when both sides have a new ``n`` ≥ ``min_launches``
@@ -264,7 +258,9 @@ class Walker:
                 w.stop, w.next_arm = "decided", None
                 w.reason = f"every gated metric decided at {where}"
                 return w
-        nxt = _next_arm(w.run, self._kept, self._last)
+        # the side with fewer kept, then fewer run launches, else the last side (A B B A A B …)
+        ka, kb = ((len(self._kept[s]), len(w.run[s])) for s in "AB")
+        nxt = (self._last or "A") if ka == kb else ("A" if ka < kb else "B")
         if len(w.run[nxt]) >= design.max_launches:
             return _at_maximum(w, self.metrics, design)
         w.next_arm = nxt

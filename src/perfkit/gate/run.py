@@ -248,15 +248,6 @@ def _text(v: Any) -> str:
     return "" if v is None or (isinstance(v, float) and v != v) else str(v)
 
 
-def _request_label(row: Mapping[str, Any]) -> str:
-    idx = row.get("index")
-    role = "the startup warmup" if idx == WARMUP_INDEX else f"request {idx}"
-    frames = row.get("effective_num_frames")
-    if frames is None:
-        frames = row.get("num_frames")
-    return f"{role} ({frames} frames)" if _text(frames) else role
-
-
 def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, Any]) -> list[Check]:
     """Check rows (case = investigation name) for what every launch of every bundle really ran
     (docs/suite.md, "What the gate checks"): ``compile_active[<launch>]`` (torch.compile asked
@@ -309,24 +300,21 @@ def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, 
                 rows.append(Check(investigation, metric, 0.0, 0.0, 0.0, "pass", why))
                 continue
             first = table_rows(hit.iloc[:1])[0]
+            idx, frames = first.get("index"), first.get("effective_num_frames")
+            frames = first.get("num_frames") if frames is None else frames
+            who = "the startup warmup" if idx == WARMUP_INDEX else f"request {idx}"
+            who += f" ({frames} frames)" if _text(frames) else ""
             stage = _text(first.get("recompile_limit_stage")) or "a stage not reported"
             reasons = [r for r in _text(first.get("recompile_reasons")).split("; ") if r]
             limit = ln.get("recompile_limit")
             lim = f" (limit {int(limit)})" if _text(limit) else ""
             why = (
-                f"{_request_label(first)} hit torch.compile's recompile limit{lim} in {stage}; "
+                f"{who} hit torch.compile's recompile limit{lim} in {stage}; "
                 f"later calls ran eagerly. torch: {'; '.join(reasons) or 'no reason logged'}"
                 + (f" ({len(hit)} requests hit it)" if len(hit) > 1 else "")
             )
             rows.append(Check(investigation, metric, 0.0, float(len(hit)), 0.0, "fail", why))
     return rows
-
-
-def _json_or_none(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
 
 
 def _bundle_cases(b: ResultBundle, case: str | None) -> dict[str, dict[str, Any]]:
@@ -366,7 +354,11 @@ def compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]
     cid = case or run.stem
     with open(run, "rb") as fh:
         head = fh.read(perfdump.MAX_DUMP_BYTES + 1)
-    if len(head) <= perfdump.MAX_DUMP_BYTES and perfdump.is_perf_dump(_json_or_none(head)):
+    try:
+        doc = json.loads(head) if len(head) <= perfdump.MAX_DUMP_BYTES else None
+    except (ValueError, RecursionError):
+        doc = None
+    if perfdump.is_perf_dump(doc):
         return {cid: bl.entry_from_records([perfdump.read_perf_dump(run).to_record()])}, None
     del head
     # a performance.log: streamed, one record at a time (raw fields dropped), strict UTF-8

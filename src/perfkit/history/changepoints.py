@@ -425,14 +425,7 @@ def last3_alarms(points: Sequence[Point], threshold: float = 0.05) -> list[tuple
     (5 %) above the mean of the last 3 measured runs before it (gaps skipped). Returns
     ``(run, value / mean − 1)`` for each alarm. Source: sgl-project/ci-data-diffusion's
     dashboard ("more than 5 % above the mean of the last 3 runs")."""
-    seen: list[float] = []
-    out = []
-    for p in points:
-        if p.value is None or not math.isfinite(p.value) or p.value <= 0:
-            continue
-        if len(seen) >= 3:
-            m = sum(seen[-3:]) / 3
-            if p.value > m * (1 + threshold):
-                out.append((p, p.value / m - 1))
-        seen.append(float(p.value))
-    return out
+    pts = [p for p in points if p.value is not None and math.isfinite(p.value) and p.value > 0]
+    v = pd.Series([float(p.value) for p in pts], dtype=float)
+    last3 = v.rolling(3).mean().shift(1)  # NaN before the 4th run: never an alarm
+    return [(p, x / m - 1) for p, x, m in zip(pts, v, last3) if x > m * (1 + threshold)]

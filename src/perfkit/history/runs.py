@@ -40,28 +40,25 @@ def case_values(case: str, entry: Mapping[str, Any], where: str) -> list[Value]:
     Raises:
         HistoryError: a value that is not a finite number (NaN, inf, a string, a bool; names ``where``, the case and the key).
     """
+    items = [(m, u, k, entry[k]) for k, (m, u) in _SCALARS.items() if k in entry]
+    items += [
+        (f"{s}_ms", "ms", f"stages_ms.{s}", v) for s, v in sorted((entry.get("stages_ms") or {}).items())
+    ]
+    items += [
+        (k[:-3] + "_mib", "MiB", k, v)
+        for k, v in sorted(entry.items())
+        if k.endswith(("_vram_mb", "_allocated_mb"))
+    ]
     out: list[Value] = []
-
-    def num(key: str, v: Any) -> float:
-        if not finite_number(v):
+    for metric, unit, key, v in items:
+        if v is None:  # a gap, as compare reads it
+            out.append(
+                Value(case, metric, unit, None, f"not measured (null in {where}: scenarios.{case}.{key})")
+            )
+        elif not finite_number(v):
             raise HistoryError(f"{where}: scenarios.{case}.{key}: not a finite number: {v!r}")
-        return float(v)
-
-    def value(metric: str, unit: str, key: str, v: Any) -> Value:  # a null: a gap, as compare reads it
-        if v is None:
-            return Value(case, metric, unit, None, f"not measured (null in {where}: scenarios.{case}.{key})")
-        return Value(case, metric, unit, num(key, v))
-
-    for key, (metric, unit) in _SCALARS.items():
-        if key in entry:
-            if entry[key] is not None and num(key, entry[key]) == 0.0 and "denoise" in key:
-                continue
-            out.append(value(metric, unit, key, entry[key]))
-    for stage, v in sorted((entry.get("stages_ms") or {}).items()):
-        out.append(value(f"{stage}_ms", "ms", f"stages_ms.{stage}", v))
-    for key, v in sorted(entry.items()):
-        if key.endswith(("_vram_mb", "_allocated_mb")):
-            out.append(value(key[: -len("_mb")] + "_mib", "MiB", key, v))
+        elif v or key not in _SCALARS or "denoise" not in key:  # sglang's 0.0 denoise aggregate: no steps
+            out.append(Value(case, metric, unit, float(v)))
     return out
 
 

@@ -108,11 +108,6 @@ def utc(t: datetime) -> datetime:
     return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
 
 
-def _slug(text: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
-    return s or "unknown"
-
-
 @contextlib.contextmanager
 def _locked(store: Path) -> Iterator[None]:
     store.mkdir(parents=True, exist_ok=True)
@@ -253,7 +248,7 @@ def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
         for hw, group in sorted(by_hw.items()):
             keys = sorted(r.key for r in group)
             digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:20]
-            d = store / f"hw-{_slug(hw)}"
+            d = store / ("hw-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", hw).strip("-") or "unknown"))
             d.mkdir(parents=True, exist_ok=True)
             write_parquet(_table(group, now), d / f"{digest}.parquet")
             added.extend(keys)
@@ -288,9 +283,6 @@ def read_store(
     """
     files = _files(Path(store))
     cols = list(columns or COLUMNS)
-    unknown = [c for c in cols if c not in COLUMNS]
-    if unknown:
-        raise ValueError(f"read_store: unknown column {unknown[0]!r}")
     if not files:
         return pd.DataFrame({k: pd.Series(dtype=object) for k in cols})
     _check_files(files)

@@ -1,33 +1,32 @@
 """Baseline JSON in sglang's ``perf_baselines`` layout (see docs/sglang.md "Interop facts"):
-rules (tolerances, pads, the pass bound), files (load, save: atomic), derive (entries from
-bundles or records; one case's entry written into a file), compare (verdict rows); what
+files (sglang's rules: tolerances, pads, the pass bound; load, save: atomic), derive (entries from
+bundles or records; one case's entry written into a file; compare: verdict rows); what
 other modules use of them is re-exported here. Times in ms, memory in MiB.
 """
 
 # ruff: noqa: F401 (the public API, re-exported)
 from __future__ import annotations
 
-from perfkit.gate.baseline.compare import check_overlap, compare
 from perfkit.gate.baseline.derive import (
     baseline_from_bundles,
+    check_overlap,
+    compare,
     entry_from_records,
     from_bundle,
     set_case,
     update_baseline,
 )
 from perfkit.gate.baseline.files import (
+    DEFAULT_TOLERANCES,
+    SCALAR_TIMING_METRICS,
+    TOP_LEVEL_CASE_MAPS,
     BaselineError,
+    classify_stage,
     dumps_baseline,
+    is_flat,
     load_baseline,
     loads_baseline,
     new_baseline,
     save_baseline,
-)
-from perfkit.gate.baseline.rules import (
-    DEFAULT_TOLERANCES,
-    SCALAR_TIMING_METRICS,
-    TOP_LEVEL_CASE_MAPS,
-    classify_stage,
-    is_flat,
     tolerance_profile,
 )
