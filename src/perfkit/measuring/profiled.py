@@ -263,15 +263,12 @@ def collect(
     }
     first, k = params.indices(repeats)
     res: dict[str, Any] = {"from": first, "to": k, "grew": [], "peak_mib": None}
-    if why_not:
-        return conform("memory_sites", pd.DataFrame()), {**res, "status": why_not}, {}
     errors = [e["error"] for e in entries.values() if e.get("error")]
-    if any(err == NOT_ON_CPU for err in errors):
-        return conform("memory_sites", pd.DataFrame()), {**res, "status": NOT_ON_CPU}, {}
     missing = [i for i in (first, k) if not entries.get(i, {}).get("path")]
-    if missing:
+    if why_not or NOT_ON_CPU in errors or missing:
         why = "; ".join(errors) or f"no snapshot named in the records for request(s) {missing}"
-        return conform("memory_sites", pd.DataFrame()), {**res, "status": f"no snapshot: {why}"}, {}
+        status = why_not or (NOT_ON_CPU if NOT_ON_CPU in errors else f"no snapshot: {why}")
+        return conform("memory_sites", pd.DataFrame()), {**res, "status": status}, {}
     try:
         a, b = (read_snapshot(entries[i]["path"]) for i in (first, k))
         grew = diff_snapshots(a, b)
