@@ -136,10 +136,7 @@ def run_profiled(
             "mode": prof.get("mode"),
             "steps_recorded": prof.get("steps_recorded"),
             "stages": "; ".join(n for n, _ in rec.stages) if rec is not None and rec.stages else None,
-            "file": None,
-            "size_mib": math.nan,
-            "kept": False,
-            "note": None,
+            "kept": False,  # file, size_mib and note: NA (conform) unless set below
             "e2e_ms": math.nan if rec is None or rec.total_duration_ms is None else rec.total_duration_ms,
             "injected_ms": sum(injected.values())
             if (injected := pk.get("debug_stage_delay_wall_ms"))
