@@ -367,7 +367,7 @@ def compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]
     with open(run, "rb") as fh:
         head = fh.read(perfdump.MAX_DUMP_BYTES + 1)
     if len(head) <= perfdump.MAX_DUMP_BYTES and perfdump.is_perf_dump(_json_or_none(head)):
-        return {cid: bl.entry_from_records([perfdump.read_perf_dump(run).to_record()])}, None
+        return {cid: bl.entry_from_records([perfdump.read_perf_dump(run)])}, None
     del head
     # a performance.log: streamed, one record at a time (raw fields dropped), strict UTF-8
     recs = (
