@@ -248,8 +248,7 @@ def test_dump_reads_back_exactly(case):
         assert d.memory_checkpoints == {
             k: {kk: float(vv) for kk, vv in v.items()} for k, v in obj["memory_checkpoints"].items()
         }
-    rec = d.to_record()
-    assert rec.stages == d.stages and rec.steps == (d.denoise_steps or [])
+    assert d.steps == (d.denoise_steps or [])  # the dump read as a record (PerfDump is one)
 
 
 @PROPS
@@ -295,7 +294,7 @@ def test_real_layout_dumps_load():
     assert v1.stage_ms()["DenoisingStage"] == 5229.75 == v2.stage_ms()["DenoisingStage"]
     assert v2.denoise_steps[2] == 1010.47
     assert v2.memory_checkpoints["after_DenoisingStage"]["peak_reserved_mb"] == 35926.0
-    assert v2.to_record().total_duration_ms == 8400.19
+    assert v2.total_duration_ms == 8400.19
 
 
 def test_dump_comparison_rules():
@@ -471,11 +470,11 @@ def test_cli_compare_run_as_dump_or_log(tmp_path):
     base = tmp_path / "b.json"
     doc = bl.new_baseline("H100")
     d = perfdump.read_perf_dump(DUMP_V2)
-    doc["scenarios"]["fast_hunyuan_video"] = bl.entry_from_records([d.to_record()])
+    doc["scenarios"]["fast_hunyuan_video"] = bl.entry_from_records([d])
     bl.save_baseline(doc, base)
     proc = perfkit("compare", "--run", str(DUMP_V2), "--baseline", str(base), "--case", "fast_hunyuan_video")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rec = dict(d.to_record().raw)
+    rec = dict(d.raw)
     line = {
         "request_id": "r1",
         "timestamp": None,
@@ -507,9 +506,7 @@ def test_cli_compare_refuses_an_absurd_or_zero_expected_duration(tmp_path, e2e, 
     are exit 2 naming the baseline file and key."""
     base = tmp_path / "b.json"
     doc = bl.new_baseline("H100")
-    doc["scenarios"]["fast_hunyuan_video"] = bl.entry_from_records(
-        [perfdump.read_perf_dump(DUMP_V2).to_record()]
-    )
+    doc["scenarios"]["fast_hunyuan_video"] = bl.entry_from_records([perfdump.read_perf_dump(DUMP_V2)])
     doc["scenarios"]["fast_hunyuan_video"]["expected_e2e_ms"] = e2e
     base.write_text(json.dumps(doc))
     proc = perfkit("compare", "--run", str(DUMP_V2), "--baseline", str(base), "--case", "fast_hunyuan_video")

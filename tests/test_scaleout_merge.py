@@ -453,19 +453,16 @@ def test_a_mistyped_outcome_is_a_named_problem(tmp_path, edit, words):
     was a bare 'could not convert string to float' naming no file (read on the committed
     example shard: no launch)."""
     shutil.copytree(_RAY_SHARD, tmp_path / "s", ignore=shutil.ignore_patterns("*.parquet"))
-    assert shard_manifest._read_manifest(tmp_path / "s") == (
-        json.loads((tmp_path / "s" / shards.MANIFEST).read_text()),
-        None,
+    assert shard_manifest._read_manifest(tmp_path / "s") == json.loads(
+        (tmp_path / "s" / shards.MANIFEST).read_text()
     )
     m = json.loads((tmp_path / "s" / shards.MANIFEST).read_text())
     edit(m["outcomes"][0])
     (tmp_path / "s" / shards.MANIFEST).write_text(json.dumps(m))
-    doc, err = shard_manifest._read_manifest(tmp_path / "s")
-    assert (
-        doc is None
-        and err.startswith(f"{tmp_path / 's' / shards.MANIFEST}: malformed shard manifest: ")
-        and words in err
-    )
+    with pytest.raises(ValueError) as exc:
+        shard_manifest._read_manifest(tmp_path / "s")
+    err = str(exc.value)
+    assert err.startswith(f"{tmp_path / 's' / shards.MANIFEST}: malformed shard manifest: ") and words in err
 
 
 def test_a_shard_stopped_by_sigterm_keeps_what_finished_and_exits_2(runs, tmp_path):

@@ -158,7 +158,7 @@ def launch(
         stderr_path=stderr_path,
         caps=caps,
         device_baseline_mib=baseline,
-        gpus=[g.to_dict() for g in gpus],
+        gpus=[dataclasses.asdict(g) for g in gpus],
         gpu_indices=gpu_indices,
         _nvml=nvml,
         _proc=proc,

@@ -359,7 +359,7 @@ def compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]
     except (ValueError, RecursionError):
         doc = None
     if perfdump.is_perf_dump(doc):
-        return {cid: bl.entry_from_records([perfdump.read_perf_dump(run).to_record()])}, None
+        return {cid: bl.entry_from_records([perfdump.read_perf_dump(run)])}, None
     del head
     # a performance.log: streamed, one record at a time (raw fields dropped), strict UTF-8
     recs = (

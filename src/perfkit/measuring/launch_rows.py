@@ -73,11 +73,6 @@ class LaunchData:
         return df[df["index"] != WARMUP_INDEX].sort_values("index")
 
 
-def _snap(rec: PerfRecord, checkpoint: str, key: str) -> float:
-    v = rec.peak_mb(checkpoint, key)
-    return NAN if v is None else v
-
-
 def _num(v: Any) -> float:
     """A record's ms or MiB value as written (0 stays 0), NaN when absent or null: not reported."""
     return NAN if v is None else float(v)
@@ -123,7 +118,7 @@ def record_rows(
         "width": pk.get("width"),
         "steps": pk.get("num_inference_steps"),
         "client_ms": outcome.client_ms if outcome is not None else NAN,
-        "e2e_ms": rec.total_duration_ms if rec.total_duration_ms is not None else NAN,
+        "e2e_ms": _num(rec.total_duration_ms),
         # compile columns: only the reference engine reports them; NA for sglang, never 0
         "compiles": reported_count(pk.get("compiles")),
         "compile_ms": _num(pk.get("compile_ms")),
@@ -133,9 +128,9 @@ def record_rows(
         "compile_phases": json.dumps(pk["compile_phases_ms"]) if pk.get("compile_phases_ms") else None,
         "recompile_limit_hit": reported_flag(pk.get("recompile_limit_hit")),
         "recompile_limit_stage": pk.get("recompile_limit_stage"),
-        "peak_allocated_mib": _snap(rec, "runtime_peak", "peak_allocated_mb"),
-        "peak_reserved_mib": _snap(rec, "runtime_peak", "peak_reserved_mb"),
-        "reserved_mib": _snap(rec, "runtime_peak", "reserved_mb"),
+        "peak_allocated_mib": _num(rec.peak_mb("runtime_peak", "peak_allocated_mb")),
+        "peak_reserved_mib": _num(rec.peak_mb("runtime_peak", "peak_reserved_mb")),
+        "reserved_mib": _num(rec.peak_mb("runtime_peak", "reserved_mb")),
         "host_rss_mib": _num(pk.get("host_rss_mib")),
         "host_anon_mib": _num(pk.get("host_anon_mib")),
         "placement": pk.get("placement"),
@@ -376,9 +371,9 @@ def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
     # the last record carries every snapshot (the warmup's own line predates warmup_peak)
     any_rec = next(reversed(list(recs.values())), None)
     if any_rec is not None:
-        data.launch_row["load_peak_mib"] = _snap(any_rec, "load_peak", "peak_reserved_mb")
-        data.launch_row["load_peak_allocated_mib"] = _snap(any_rec, "load_peak", "peak_allocated_mb")
-        data.launch_row["warmup_peak_mib"] = _snap(any_rec, "warmup_peak", "peak_reserved_mb")
+        data.launch_row["load_peak_mib"] = _num(any_rec.peak_mb("load_peak", "peak_reserved_mb"))
+        data.launch_row["load_peak_allocated_mib"] = _num(any_rec.peak_mb("load_peak", "peak_allocated_mb"))
+        data.launch_row["warmup_peak_mib"] = _num(any_rec.peak_mb("warmup_peak", "peak_reserved_mb"))
         data.launch_row["placement"] = any_rec.perfkit.get("placement")
     cfg = asdict(effective_config(any_rec.perfkit if any_rec is not None else None, data.logs))
     cfg["engine_device"] = cfg.pop("device")

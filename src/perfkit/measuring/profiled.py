@@ -136,10 +136,7 @@ def run_profiled(
             "mode": prof.get("mode"),
             "steps_recorded": prof.get("steps_recorded"),
             "stages": "; ".join(n for n, _ in rec.stages) if rec is not None and rec.stages else None,
-            "file": None,
-            "size_mib": math.nan,
-            "kept": False,
-            "note": None,
+            "kept": False,  # file, size_mib and note: NA (conform) unless set below
             "e2e_ms": math.nan if rec is None or rec.total_duration_ms is None else rec.total_duration_ms,
             "injected_ms": sum(injected.values())
             if (injected := pk.get("debug_stage_delay_wall_ms"))
@@ -263,15 +260,12 @@ def collect(
     }
     first, k = params.indices(repeats)
     res: dict[str, Any] = {"from": first, "to": k, "grew": [], "peak_mib": None}
-    if why_not:
-        return conform("memory_sites", pd.DataFrame()), {**res, "status": why_not}, {}
     errors = [e["error"] for e in entries.values() if e.get("error")]
-    if any(err == NOT_ON_CPU for err in errors):
-        return conform("memory_sites", pd.DataFrame()), {**res, "status": NOT_ON_CPU}, {}
     missing = [i for i in (first, k) if not entries.get(i, {}).get("path")]
-    if missing:
+    if why_not or NOT_ON_CPU in errors or missing:
         why = "; ".join(errors) or f"no snapshot named in the records for request(s) {missing}"
-        return conform("memory_sites", pd.DataFrame()), {**res, "status": f"no snapshot: {why}"}, {}
+        status = why_not or (NOT_ON_CPU if NOT_ON_CPU in errors else f"no snapshot: {why}")
+        return conform("memory_sites", pd.DataFrame()), {**res, "status": status}, {}
     try:
         a, b = (read_snapshot(entries[i]["path"]) for i in (first, k))
         grew = diff_snapshots(a, b)

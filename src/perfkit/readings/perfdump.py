@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +45,6 @@ class PerfDump(PerfRecord):
     def layout(self) -> str:
         """``"stages_only"`` (older sglang) or ``"with_denoise_steps"``."""
         return "stages_only" if self.denoise_steps is None else "with_denoise_steps"
-
-    def to_record(self) -> PerfRecord:
-        """The same request as a plain :class:`~perfkit.readings.records.PerfRecord`."""
-        return PerfRecord(**{f.name: getattr(self, f.name) for f in fields(PerfRecord)})
 
 
 #: the keys newer layouts add, and their readers

@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
+from itertools import combinations
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -59,32 +60,28 @@ def concurrent_pairs(outcomes: Iterable[Mapping[str, Any]]) -> list[list[str]]:
         for o in outcomes
         if o.get("started_at") is not None and o.get("ended_at") is not None
     ]
-    pairs = []
-    for i, (a, s1, e1) in enumerate(spans):
-        for b, s2, e2 in spans[i + 1 :]:
-            if s1 < e2 and s2 < e1:
-                pairs.append(sorted([a, b]))
-    return sorted(pairs)
+    pairs = combinations(spans, 2)
+    return sorted(sorted([a, b]) for (a, s1, e1), (b, s2, e2) in pairs if s1 < e2 and s2 < e1)
 
 
-def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
+def _read_manifest(d: Path) -> dict[str, Any]:
+    """``d``'s shard manifest, checked; ValueError naming the file and what is wrong with it."""
     f = d / MANIFEST
     if not f.is_file():
-        return None, f"{d}: not a shard output (no {MANIFEST})"
+        raise ValueError(f"{d}: not a shard output (no {MANIFEST})")
     try:
         doc = json.loads(f.read_bytes().decode("utf-8"))
     except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError included
-        return None, f"{f}: unreadable shard manifest ({exc})"
+        raise ValueError(f"{f}: unreadable shard manifest ({exc})") from None
     except RecursionError:
-        return None, f"{f}: unreadable shard manifest (nested too deeply)"
+        raise ValueError(f"{f}: unreadable shard manifest (nested too deeply)") from None
     if not isinstance(doc, dict) or doc.get("kind") != "perfkit-shard":
-        return None, f"{f}: not a perfkit shard manifest"
+        raise ValueError(f"{f}: not a perfkit shard manifest")
     missing = [k for k in ("partition", "params_sha256", "params", "units") if k not in doc]
     part = doc.get("partition")
     if missing or not isinstance(part, dict) or not {"index", "total"} <= set(part):
-        return (
-            None,
-            f"{f}: incomplete shard manifest (missing {', '.join(missing) or 'partition index/total'})",
+        raise ValueError(
+            f"{f}: incomplete shard manifest (missing {', '.join(missing) or 'partition index/total'})"
         )
     # the shapes merge relies on, checked here so that a hand-edited file is a named problem
     try:
@@ -124,8 +121,8 @@ def _read_manifest(d: Path) -> tuple[dict[str, Any] | None, str | None]:
                 ) from None
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
-        return None, f"{f}: malformed shard manifest: {what}"
-    return doc, None
+        raise ValueError(f"{f}: malformed shard manifest: {what}") from None
+    return doc
 
 
 def _params_from(manifest: Mapping[str, Any]) -> SuiteParams:
@@ -247,11 +244,10 @@ def merge_shards(
     problems: list[str] = []
     manifests: list[tuple[Path, dict[str, Any]]] = []
     for d in map(Path, dirs):
-        doc, err = _read_manifest(d)
-        if err:
-            problems.append(err)
-        else:
-            manifests.append((d.resolve(), doc))
+        try:
+            manifests.append((d.resolve(), _read_manifest(d)))
+        except ValueError as exc:
+            problems.append(str(exc))
     if not manifests:
         raise ValueError("nothing to merge: " + "; ".join(problems or ["no shard directories given"]))
     ref_dir, ref = manifests[0]

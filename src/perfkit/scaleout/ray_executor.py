@@ -15,6 +15,7 @@ import time
 import traceback
 import uuid
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -88,8 +89,8 @@ class _TailHandler(logging.Handler):
             pass
 
 
-def _gpus_here() -> tuple[list[str], list[str]]:
-    """(Ray's GPU ids of this task, their NVML UUIDs or [] when NVML does not work here)."""
+def _gpus_here() -> list[str]:
+    """The NVML UUIDs of Ray's GPUs of this task ([] when none, or NVML does not work here)."""
     try:
         import ray
 
@@ -97,7 +98,7 @@ def _gpus_here() -> tuple[list[str], list[str]]:
     except Exception:  # noqa: BLE001 - also run_one without Ray
         ids = []
     if not ids:
-        return [], []
+        return []
     try:
         from perfkit.readings.sampler.nvml import resolve_visible_gpus
 
@@ -106,7 +107,7 @@ def _gpus_here() -> tuple[list[str], list[str]]:
     except Exception as exc:  # noqa: BLE001 - logical GPUs on a host without NVML
         log.debug("GPU ids %s not resolved to NVML devices: %s", ids, exc)
         refs = []
-    return ids, [r.uuid for r in refs]
+    return [r.uuid for r in refs]
 
 
 class _Sender:
@@ -145,19 +146,19 @@ def _set_omp(value: str | None) -> None:
 
 def run_one(
     unit: Mapping[str, Any], run_unit: _units.RunUnit, events: Any = None, omp_threads: str | None = None
-) -> dict[str, Any]:
+) -> tuple[UnitOutcome, bytes]:
     """Run one unit here (the body of the Ray task), sending ``("started" | "launch", unit id)``
     to the ``events`` queue (None: none sent), with the driver's ``omp_threads`` (None: unset).
 
-    Returns a dict: status ("ok"/"error"), error, log_tail, host, gpu_ids, gpu_uuids,
-    started_at, ended_at, archive (bytes of :func:`pack_dir` of the unit's output directory).
+    Returns its outcome (``attempts`` and ``out_dir`` are the driver's to set) and the bytes of
+    :func:`pack_dir` of its output directory.
     """
     from perfkit.measuring.progress import listening
 
     send = _Sender(events, str(unit["id"]))
     send("started")
     started = time.time()
-    gpu_ids, gpu_uuids = _gpus_here()
+    gpu_uuids = _gpus_here()
     handler = _TailHandler(LOG_TAIL_LINES)
     root = logging.getLogger()
     root.addHandler(handler)
@@ -192,17 +193,9 @@ def run_one(
         send.flush()
         tail = "\n".join(handler.lines) + _units.newest_log_tail(out) if status == "error" else None
         archive = pack_dir(out)
-    return {
-        "status": status,
-        "error": error,
-        "log_tail": tail,
-        "host": socket.gethostname(),
-        "gpu_ids": gpu_ids,
-        "gpu_uuids": gpu_uuids,
-        "started_at": started,
-        "ended_at": ended,
-        "archive": archive,
-    }
+    host = socket.gethostname()
+    oc = UnitOutcome(str(unit["id"]), status, wall_s=round(ended - started, 2), error=error, log_tail=tail)
+    return replace(oc, host=host, gpu_uuids=gpu_uuids, started_at=started, ended_at=ended), archive
 
 
 def default_runtime_env(address: str | None = None) -> dict[str, Any]:
@@ -402,26 +395,13 @@ def _smallest_node_cpus(ray: Any) -> float:
 def _collect(ray: Any, ref: Any, unit_id: str, attempt: int, dest: Path) -> UnitOutcome:
     """The outcome of one finished attempt (its archive unpacked to ``dest/<unit id>/``)."""
     try:
-        r = ray.get(ref)
+        oc, archive = ray.get(ref)
     except Exception as exc:  # noqa: BLE001 - crashes, lost nodes, task errors: all reported
         err, tail = _error_of(exc)
         return UnitOutcome(unit_id, "error", attempts=attempt, error=err, log_tail=tail)
-    out_dir: Path | None = None
-    status, error, tail = r["status"], r["error"], r["log_tail"]
+    oc.attempts = attempt
     try:
-        out_dir = unpack_dir(r["archive"], dest / unit_dir_name(unit_id))
+        oc.out_dir = unpack_dir(archive, dest / unit_dir_name(unit_id))
     except (tarfile.TarError, OSError) as exc:
-        status, error = "error", f"the unit's output did not unpack: {type(exc).__name__}: {exc}"
-    return UnitOutcome(
-        unit_id,
-        status,
-        out_dir=out_dir,
-        wall_s=round(r["ended_at"] - r["started_at"], 2),
-        attempts=attempt,
-        error=error,
-        log_tail=tail,
-        host=r["host"],
-        gpu_uuids=list(r["gpu_uuids"]),
-        started_at=r["started_at"],
-        ended_at=r["ended_at"],
-    )
+        oc.status, oc.error = "error", f"the unit's output did not unpack: {type(exc).__name__}: {exc}"
+    return oc

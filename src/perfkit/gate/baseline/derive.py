@@ -229,7 +229,7 @@ def baseline_from_bundles(cases: Mapping[str, ResultBundle], hardware: str | Non
 def entry_from_records(records: Iterable[Any]) -> dict[str, Any]:
     """One case entry (sglang layout) from per-request records
     (:class:`perfkit.readings.records.PerfRecord`, e.g. a performance.log's lines or a perf
-    dump's :meth:`~perfkit.readings.perfdump.PerfDump.to_record`), the worst request kept as
+    dump, :class:`~perfkit.readings.perfdump.PerfDump`), the worst request kept as
     sglang's baseline dump does (``test_server_utils.py``): ``stages_ms``, ``denoise_step_ms``
     at sglang's step fractions, ``expected_e2e_ms`` (``total_duration_ms``),
     ``expected_avg_denoise_ms`` / ``expected_median_denoise_ms`` and, when the records carry a

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 log = logging.getLogger(__name__)
@@ -92,9 +92,6 @@ class GpuRef:
     uuid: str
     name: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "uuid": self.uuid, "name": self.name}
-
 
 class GpuResolveError(ValueError):
     """CUDA_VISIBLE_DEVICES names a device NVML does not have (or a MIG instance)."""
@@ -138,7 +135,7 @@ def nvml_inventory(nvml: Any = None) -> list[GpuRef] | None:
 
 def _facts(nv: Any) -> dict[str, Any]:
     gpus = [
-        {**g.to_dict(), "total_mib": round(nv.nvmlDeviceGetMemoryInfo(h).total / MIB)} for g, h in _gpus(nv)
+        {**asdict(g), "total_mib": round(nv.nvmlDeviceGetMemoryInfo(h).total / MIB)} for g, h in _gpus(nv)
     ]
     return {
         "gpu_name": gpus[0]["name"],
