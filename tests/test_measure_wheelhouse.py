@@ -125,4 +125,4 @@ def test_download_and_offline_install(tmp_path):
 
 def test_install_without_wheels_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no .whl"):
-        wheelhouse.install_command(tmp_path)
+        wheelhouse.install(tmp_path)

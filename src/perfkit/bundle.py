@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import platform
 import re
@@ -259,10 +258,10 @@ class ResultBundle:
         meta["scenario"] = self.investigation
         meta["tables"] = list(TABLES)  # what this writer wrote (merge: a missing one is lost)
         results = {k: v for k, v in dict(self.results).items() if k != "schema_version"}
-        nulled = jsonsafe.non_finite_paths(results)
+        nulled = jsonsafe.non_finite(results)
         if nulled:  # JSON has no NaN: written as null, and meta.json says which and why
             meta["results_null"] = {
-                p: "not a finite number (nothing measured): written as null" for p in nulled
+                p: "not a finite number (nothing measured): written as null" for p, _ in nulled
             }
         _write_json(d / "meta.json", redact(meta))
         _write_json(d / "results.json", redact({"schema_version": SCHEMA_VERSION, **results}))
@@ -400,23 +399,9 @@ def _read_object(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: {exc}") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: top level: is {type(doc).__name__}, expected a JSON object")
-    if bad := _non_finite(doc):
-        raise ValueError(f"{path}: {bad[0]}: {bad[1]!r} is not a finite number (perfkit writes null)")
+    if bad := jsonsafe.non_finite(doc):
+        raise ValueError(f"{path}: {bad[0][0]}: {bad[0][1]!r} is not a finite number (perfkit writes null)")
     return doc
-
-
-def _non_finite(v: Any, where: str = "") -> tuple[str, float] | None:
-    """(key path, value) of the first NaN or ±inf in a loaded JSON document (``NaN``,
-    ``Infinity`` or an overflowing ``1e400`` in the text), else None."""
-    if isinstance(v, float):
-        return None if math.isfinite(v) else (where or "top level", v)
-    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
-    for k, x in items:
-        if bad := _non_finite(
-            x, f"{where}.{k}" if where and isinstance(k, str) else f"{where}[{k}]" if where else str(k)
-        ):
-            return bad
-    return None
 
 
 def _bundle_int(digits: str) -> int:

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -26,7 +25,7 @@ from perfkit.bundle import read_meta
 from perfkit.common import MissingExtra, require_extra
 from perfkit.common.outdirs import stamped_dir
 from perfkit.common.slugs import did_you_mean
-from perfkit.engine.owner import Watch, become_subreaper, end_processes, run_bounded
+from perfkit.engine.owner import become_subreaper, run_bounded
 from perfkit.gate.verdicts import gate_result, read_verdict
 from perfkit.investigations import registry
 from perfkit.nbparams import HISTORY, section_params, validate
@@ -34,8 +33,6 @@ from perfkit.params import ParamsError, load_params, yaml_value
 from perfkit.suite.execute import (
     SuiteError,
     default_out,
-    ipc_kernel_manager,
-    kernel_name,
     notebook_parameters,
     notebooks_dir,
     outputs_base,
@@ -66,29 +63,21 @@ class LabDir:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-def _git(*args: str, cwd: Path) -> subprocess.CompletedProcess | None:
-    if shutil.which("git") is None:
-        return None
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
-
-
-def _existing_parent(path: Path) -> Path:
-    p = path.resolve()
-    while not p.exists():
-        p = p.parent
-    return p if p.is_dir() else p.parent
-
-
 def tracked_tree(path: Path) -> Path | None:
     """The git work tree ``path`` lies in when git would track files there (inside the work
     tree and not ignored), else None (outside any work tree, ignored, or no git)."""
-    base = _existing_parent(path)
-    top = _git("rev-parse", "--show-toplevel", cwd=base)
-    if top is None or top.returncode != 0:
+    if shutil.which("git") is None:
         return None
+    base = path.resolve()
+    while not base.is_dir():  # its nearest existing directory
+        base = base.parent
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=base, capture_output=True, text=True, timeout=30)
+
+    top = git("rev-parse", "--show-toplevel")
     probe = path.resolve() / "probe.ipynb"  # what a notebook saved there would be
-    ignored = _git("check-ignore", "-q", "--no-index", str(probe), cwd=base)
-    if ignored is not None and ignored.returncode == 0:
+    if top.returncode != 0 or git("check-ignore", "-q", "--no-index", str(probe)).returncode == 0:
         return None
     return Path(top.stdout.strip())
 
@@ -145,33 +134,39 @@ def prepare_replay(
     execute: bool = True,
 ) -> LabDir:
     """Fresh copies of the investigation notebooks bound to the bundles of ``replay``, executed
-    once and signed unless ``execute`` is False.
+    once (:func:`perfkit.suite.execute.execute_owned`, its logs beside each) and signed unless
+    ``execute`` is False.
 
     Raises:
         LabError: ``replay`` holds no bundle (of ``only``), or ``dest`` is inside the tracked
             tree or already holds notebooks.
     """
+    import papermill as pm
+
+    from perfkit.measuring.progress import RunBars
+    from perfkit.suite import execute_owned
+
     replay = Path(replay).resolve()
     have = replay_names(replay, only)
     lab = LabDir(_new_dir(dest))
-    from papermill.iorw import load_notebook_node
-    from papermill.parameterize import parameterize_notebook
-
     for name in have:
-        nb = load_notebook_node(str(notebooks_dir() / f"{name}.ipynb"))  # papermill's reader (cell tags)
+        src, out = notebooks_dir() / f"{name}.ipynb", lab.dir / f"{name}.ipynb"
         params = {
             **_recorded_section(name, replay / name),
             "bundle_dir": str(replay / name),
             "run_dir": RUN_SUBDIR,
             "fail_on": "never",
         }
-        nb = parameterize_notebook(nb, params)
-        out = lab.dir / f"{name}.ipynb"
-        nbformat.write(nb, str(out))
         lab.notebooks.append(out)
-    if execute:
-        for out in lab.notebooks:
-            _execute(out, lab)
+        if not execute:
+            pm.execute_notebook(str(src), str(out), parameters=params, prepare_only=True)
+            continue
+        # the kernel's working directory is the lab's (the IPC sockets are files relative to it)
+        r = execute_owned(src, out, params, RunBars(None, 0, 0), 0, cwd=lab.dir, timeout_s=600)
+        lab.executed[name] = r.wall_s
+        if r.error:
+            lab.errors[name] = r.error
+        _sign(out)
     return lab
 
 
@@ -193,45 +188,6 @@ def prepare_run(run: str | Path, dest: str | Path | None = None) -> LabDir:
     for p in lab.notebooks:
         _sign(p)
     return lab
-
-
-def _execute(path: Path, lab: LabDir, timeout_s: int = 600) -> None:
-    """Run ``path`` with nbclient in ``lab.dir``, save it with its outputs (and error), sign it."""
-    from jupyter_core.utils import ensure_event_loop
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
-
-    nb = nbformat.read(str(path), as_version=4)
-    client = NotebookClient(
-        nb,
-        kernel_name=kernel_name(),
-        timeout=timeout_s,
-        resources={"metadata": {"path": str(lab.dir)}},
-        kernel_manager_class=ipc_kernel_manager(),
-    )
-    # nbclient's loop would take SIGINT and SIGTERM from perfkit's exit rule (and give them back
-    # as the defaults): refused, an interrupt unwinds nbclient as KeyboardInterrupt
-    ensure_event_loop().add_signal_handler = _keep_signals
-    t0 = time.monotonic()
-    watch = Watch.start()
-    try:
-        # the IPC sockets are files relative to the working directory: client and kernel share it
-        with contextlib.chdir(lab.dir):
-            client.execute()
-    except CellExecutionError as exc:
-        lab.errors[path.stem] = f"{getattr(exc, 'ename', 'error')}: {getattr(exc, 'evalue', exc)}"
-        log.error("%s: %s", path.name, lab.errors[path.stem])
-    except BaseException as exc:  # Ctrl-C, SIGTERM or a failure: the kernel, maybe still starting, ends here
-        # (quietly on an interrupt: the exit rule's one line says it)
-        end_processes(watch.leftovers(), 5) if isinstance(exc, KeyboardInterrupt) else watch.reap(5)
-        raise
-    nbformat.write(nb, str(path))
-    lab.executed[path.stem] = round(time.monotonic() - t0, 1)
-    _sign(path)
-
-
-def _keep_signals(*_: Any) -> None:
-    raise RuntimeError("perfkit keeps its SIGINT and SIGTERM handlers")  # nbclient goes without
 
 
 def _sign(path: Path) -> None:
@@ -342,23 +298,10 @@ def notebook_params(nb: Path, params_file: str | None, kv: list[str] | tuple[str
     return params
 
 
-@dataclass
-class RunDir:
-    """A run directory: ``path``; ``top`` the outermost folder this run creates; ``created``."""
-
-    path: Path
-    top: Path
-    created: bool
-
-    def remove_if_empty(self) -> None:
-        """Nothing ran: leave no empty run directory (only what this run created, holding no file)."""
-        if self.created and self.top.exists() and not any(f.is_file() for f in self.top.rglob("*")):
-            shutil.rmtree(self.top, ignore_errors=True)
-
-
-def run_dir_for(name: str, given: str | None) -> RunDir:
-    """The run directory of notebook ``name``: ``given`` (``-p run_dir=``), else a new
-    ``outputs/<name>/<timestamp>/`` (made, empty, by :func:`perfkit.suite.execute.default_out`)."""
+def run_dir_for(name: str, given: str | None) -> tuple[Path, Path | None]:
+    """The run directory of notebook ``name`` and the outermost folder this run creates (None:
+    none): ``given`` (``-p run_dir=``), else a new ``outputs/<name>/<timestamp>/`` (made, empty,
+    by :func:`perfkit.suite.execute.default_out`; outputs/ too when missing)."""
 
     def outermost_new(top: Path) -> Path:
         while not top.parent.exists():
@@ -367,12 +310,11 @@ def run_dir_for(name: str, given: str | None) -> RunDir:
 
     if given:
         path = Path(given).resolve()
-        return RunDir(path, outermost_new(path), not path.exists())
+        return path, None if path.exists() else outermost_new(path)
     base = outputs_base(name).resolve()
-    # remove what this run creates, outputs/ included, if nothing ran
     top = None if base.exists() else outermost_new(base)
     path = default_out(name).resolve()
-    return RunDir(path, top or path, True)
+    return path, top or path
 
 
 def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: float | None):
@@ -432,11 +374,12 @@ def run_notebook(
     if nb.stem == HISTORY:
         require_extra("history", nb.name)
     params = notebook_params(nb, params_file, kv)
-    rd = run_dir_for(nb.stem, params.get("run_dir"))
-    params["run_dir"] = str(rd.path)
-    dest = Path(out) if out else rd.path / "notebooks" / nb.name
+    run_dir, made = run_dir_for(nb.stem, params.get("run_dir"))
+    params["run_dir"] = str(run_dir)
+    dest = Path(out) if out else run_dir / "notebooks" / nb.name
     r = execute_with_bars(nb, dest, params, timeout_s)
-    v = read_verdict(rd.path / nb.stem) if r.status == "ok" else None
-    if r.error:
-        rd.remove_if_empty()
-    return NotebookRun(r, v, gate_result(r.status, v, r.ename), dest, rd.path)
+    v = read_verdict(run_dir / nb.stem) if r.status == "ok" else None
+    # nothing ran: leave no empty run directory (only what this run made, holding no file)
+    if r.error and made is not None and made.exists() and not any(f.is_file() for f in made.rglob("*")):
+        shutil.rmtree(made, ignore_errors=True)
+    return NotebookRun(r, v, gate_result(r.status, v, r.ename), dest, run_dir)

@@ -143,11 +143,6 @@ def slim_wheel(path: str | Path, drop: tuple[str, ...] = RAY_SLIM_DROP) -> tuple
     return before, p.stat().st_size
 
 
-def wheelhouse_size(dest: str | Path) -> int:
-    """Bytes of the ``*.whl`` files in ``dest``."""
-    return sum(f.stat().st_size for f in Path(dest).glob("*.whl"))
-
-
 def requirement_closure(
     roots: tuple[str, ...] | list[str] = ("perfkit",),
     have: set[str] = frozenset(),
@@ -254,29 +249,21 @@ def download(
     return reqs
 
 
-def install_command(wheel_dir: str | Path, target: str | Path | None = None) -> list[str]:
-    """The offline pip command that installs a wheelhouse (into ``target`` when given)."""
-    wheels = sorted(str(p) for p in Path(wheel_dir).glob("*.whl"))
-    if not wheels:
-        raise FileNotFoundError(f"{wheel_dir}: no .whl files")
-    cmd = [sys.executable, "-m", "pip", "install", *"-q --no-index --no-deps --no-compile --upgrade".split()]
-    if target:
-        cmd += ["--target", str(target)]
-    return cmd + wheels
-
-
 def install(wheel_dir: str | Path, target: str | Path | None = None) -> None:
-    """Install a wheelhouse offline.
+    """Install a wheelhouse offline with pip (into ``target`` when given).
 
     Raises:
         FileNotFoundError: no wheel in ``wheel_dir``.
         ValueError: a wheel that is not a zip file (truncated, not a wheel), named.
         RuntimeError: pip failed (its exit status; pip's own message is on stderr).
     """
-    cmd = install_command(wheel_dir, target)
-    for w in cmd[cmd.index("--upgrade") + 1 :]:
-        if w.endswith(".whl") and not zipfile.is_zipfile(w):
+    wheels = sorted(str(p) for p in Path(wheel_dir).glob("*.whl"))
+    if not wheels:
+        raise FileNotFoundError(f"{wheel_dir}: no .whl files")
+    for w in wheels:
+        if not zipfile.is_zipfile(w):
             raise ValueError(f"{w}: not a wheel (not a zip file: truncated or corrupt)")
-    rc = subprocess.run(cmd).returncode
+    cmd = [sys.executable, "-m", "pip", "install", *"-q --no-index --no-deps --no-compile --upgrade".split()]
+    rc = subprocess.run(cmd + (["--target", str(target)] if target else []) + wheels).returncode
     if rc:
         raise RuntimeError(f"pip install of {wheel_dir} failed (exit {rc}; pip's message above)")

@@ -67,11 +67,14 @@ def check_repo(repo: str | Path) -> None:
         raise BisectError(f"{repo}: not a git repository") from None
 
 
+_FORMAT = "%H%x1f%s%x1f%aI"
+
+
 def commit_info(repo: str | Path, rev: str) -> Commit:
     """Commit ``rev`` of ``repo``: its full sha, subject and author date. Raises BisectError
     naming it when unknown."""
     try:
-        out = git(repo, "show", "-s", "--format=%H%x1f%s%x1f%aI", f"{rev}^{{commit}}", "--")
+        out = git(repo, "show", "-s", f"--format={_FORMAT}", f"{rev}^{{commit}}", "--")
     except BisectError:
         raise BisectError(f"{repo}: no commit {rev!r}") from None
     return Commit(*out.strip().split("\x1f"))
@@ -79,7 +82,7 @@ def commit_info(repo: str | Path, rev: str) -> Commit:
 
 def commit_range(repo: str | Path, good: str, bad: str) -> tuple[Commit, list[Commit]]:
     """The good commit and the commits after it up to ``bad`` (oldest first, ``bad`` last), along
-    the first-parent line (``git rev-list --first-parent --reverse good..bad``).
+    the first-parent line (one ``git log --first-parent --reverse good..bad``).
 
     Raises:
         BisectError: not a repository, an unknown commit, ``good`` not an ancestor of ``bad``, or
@@ -95,10 +98,11 @@ def commit_range(repo: str | Path, good: str, bad: str) -> tuple[Commit, list[Co
         raise BisectError(
             f"{repo}: the good commit {good} ({g[:10]}) is not an ancestor of the bad one {bad} ({b[:10]})"
         )
-    shas = git(repo, "rev-list", "--first-parent", "--reverse", f"{g}..{b}").split()
-    if not shas or shas[-1] != b:
+    out = git(repo, "log", "--first-parent", "--reverse", f"--format={_FORMAT}", f"{g}..{b}", "--")
+    commits = [Commit(*line.split("\x1f")) for line in out.splitlines() if line]
+    if not commits or commits[-1].sha != b:
         raise BisectError(f"{repo}: {bad} is not on the first-parent line after {good}")
-    return gc, [commit_info(repo, s) for s in shas]
+    return gc, commits
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -41,7 +42,7 @@ def wheelhouse_download_command(**kw: Any) -> None:
             dir, kw["have"], python_version=kw["python_version"], profile=kw["profile"], platforms=platforms
         )
         print(f"{len(reqs)} wheels in {dir}: {' '.join(reqs)}")
-        print(f"wheelhouse size: {wheelhouse.wheelhouse_size(dir) / 2**20:.1f} MiB")
+        print(f"wheelhouse size: {sum(f.stat().st_size for f in Path(dir).glob('*.whl')) / 2**20:.1f} MiB")
         print(
             "on the host: python3 -m pip install --no-index --no-deps "
             f"{dir}/*.whl   (or: perfkit wheelhouse install {dir})"

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 
+#: the per-request record file both sides agree on (sglang's: ``SGLANG_PERF_LOG_DIR=DIR`` with
+#: ``SGLANG_DIFFUSION_STAGE_LOGGING=1`` appends one JSON object a request to ``DIR/performance.log``;
+#: the reference engine writes it, :mod:`perfkit.readings.records` reads it)
+PERF_LOG_NAME = "performance.log"
 #: extra name -> the top-level modules it brings (pyproject.toml's optional-dependencies)
 EXTRAS = {"history": ("otava", "duckdb"), "ray": ("ray",), "lab": ("jupyterlab",)}
 

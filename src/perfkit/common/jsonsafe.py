@@ -11,12 +11,12 @@ import math
 from typing import Any
 
 
-def _walk(v: Any, prefix: str, bad: list[str]) -> Any:
-    """``v`` with non-finite floats as None; their dotted paths appended to ``bad``."""
+def _walk(v: Any, prefix: str, bad: list[tuple[str, float]]) -> Any:
+    """``v`` with non-finite floats as None; (dotted path, value) of each appended to ``bad``."""
     if isinstance(v, float):
         if math.isfinite(v):
             return v
-        bad.append(prefix or "<value>")
+        bad.append((prefix or "<value>", v))
         return None
     if isinstance(v, dict):
         return {str(k): _walk(x, f"{prefix}.{k}" if prefix else str(k), bad) for k, x in v.items()}
@@ -36,11 +36,11 @@ def finite(v: Any) -> Any:
     return _walk(v, "", [])
 
 
-def non_finite_paths(v: Any, prefix: str = "") -> list[str]:
-    """Dotted paths (``results.warm.median_ms``, ``rows[2].actual``) of the non-finite floats in
-    ``v``: what :func:`finite` turns into null."""
-    bad: list[str] = []
-    _walk(v, prefix, bad)
+def non_finite(v: Any) -> list[tuple[str, float]]:
+    """(dotted path, value) of each non-finite float in ``v`` (``warm.median_ms``,
+    ``rows[2].actual``): what :func:`finite` turns into null."""
+    bad: list[tuple[str, float]] = []
+    _walk(v, "", bad)
     return bad
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from perfkit.common import PERF_LOG_NAME
 from perfkit.common.jsonsafe import unique_keys
-from perfkit.common.recordformat import PERF_LOG_NAME
 
 log = logging.getLogger(__name__)
 

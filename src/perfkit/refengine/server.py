@@ -21,8 +21,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, create_model
 
+from perfkit.common import PERF_LOG_NAME
 from perfkit.common.frames import PIXEL_MULTIPLE, align_frames
-from perfkit.common.recordformat import PERF_LOG_NAME
 from perfkit.common.slugs import did_you_mean
 from perfkit.refengine.jobs import GenRequest, Job, RunResult, append_line, job_body, job_record
 from perfkit.refengine.pipeline import StagedPipeline
