@@ -280,9 +280,9 @@ class AsyncVideoClient:
         def done(
             rid: str, status: str, error: str | None, body: dict[str, Any] | None = None
         ) -> RequestOutcome:
-            o = RequestOutcome(rid, status, t_submit, time.time(), code, error, body or {})
-            o.slot, o.t_arrival, o.in_flight_at_submit = slot, t_arrival, others
-            return o
+            return RequestOutcome(
+                rid, status, t_submit, time.time(), code, error, body or {}, None, slot, t_arrival, others
+            )
 
         def left() -> httpx.Timeout:
             # no single HTTP call outlives the request's deadline (a stopped engine accepts the
@@ -424,9 +424,7 @@ class VideoClient:
         return out
 
     def wait_record(self, request_id: str, timeout_s: float = 10.0) -> PerfRecord | None:
-        """Poll performance.log for the request's line."""
-        if self.perf_log_dir is None:
-            return None
+        """Poll performance.log (``perf_log_dir`` set) for the request's line."""
         deadline = time.perf_counter() + timeout_s
         while True:
             found = lookup(self.perf_log_dir, request_id)
@@ -441,13 +439,12 @@ class VideoClient:
 def _error_text(resp: httpx.Response) -> str:
     body = _json_object(resp)
     if body is None:
-        return f"HTTP {resp.status_code}: {resp.text[:300]}"
-    err = body.get("error")
-    if isinstance(err, dict):
-        return f"HTTP {resp.status_code}: {err.get('message')}"
-    if "detail" in body:
-        return f"HTTP {resp.status_code}: {body['detail']}"
-    return f"HTTP {resp.status_code}: {str(body)[:300]}"
+        why = resp.text[:300]
+    elif isinstance(body.get("error"), dict):
+        why = body["error"].get("message")
+    else:
+        why = body["detail"] if "detail" in body else str(body)[:300]
+    return f"HTTP {resp.status_code}: {why}"
 
 
 async def closed_loop(
