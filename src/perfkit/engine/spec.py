@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 from perfkit.common.frames import PRESET_NAMES
 from perfkit.common.slugs import did_you_mean
 from perfkit.engine.argv import (
+    OFFLOAD_COMPONENTS,
     argv_list,
     check_command,
     check_model_path,
@@ -56,7 +57,7 @@ Argv = Annotated[list[str], BeforeValidator(argv_list)]
 #: Offload modes of the reference engine (``--offload``): resident, whole-model offload, group
 #: offload at block or leaf level.
 OFFLOAD_MODES = ("none", "model", "group-block", "group-leaf")
-OffloadMode = Literal["none", "model", "group-block", "group-leaf"]
+OffloadMode = Literal[OFFLOAD_MODES]
 #: Stages of the reference engine's pipeline (names as sglang spells them): the keys
 #: ``ReferenceEngine.debug_stage_delay`` accepts.
 REFERENCE_STAGES = (
@@ -126,12 +127,7 @@ class _SpecMeta(type(BaseModel)):  # type: ignore[misc]
     """``EngineSpec(...)`` builds the model of ``kind``; a bad field raises EngineSpecError."""
 
     def __call__(cls, /, **data: Any) -> Any:
-        if cls is EngineSpec:
-            return EngineSpec.from_dict(data)
-        try:
-            return super().__call__(**data)
-        except ValidationError as exc:
-            raise EngineSpecError.from_validation(exc, cls._kind(), tagged=False) from None
+        return cls.from_dict(data)
 
 
 class EngineSpec(BaseModel, metaclass=_SpecMeta):
@@ -169,10 +165,6 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
 
     #: whether the engine writes sglang's per-request records (their environment is set)
     _sglang_records: ClassVar[bool] = False
-
-    @classmethod
-    def _kind(cls) -> str | None:
-        return None if cls is EngineSpec else cls.model_fields["kind"].default
 
     def check(self) -> None:
         """Checks that need the host, run before any launch; FileNotFoundError naming the field."""
@@ -223,7 +215,8 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
                 return _ADAPTER.validate_python(dict(d))
             return cls.model_validate(dict(d))
         except ValidationError as exc:
-            raise EngineSpecError.from_validation(exc, cls._kind(), tagged=cls is EngineSpec) from None
+            kind = cls.model_fields["kind"].default
+            raise EngineSpecError.from_validation(exc, kind, tagged=cls is EngineSpec) from None
 
     def replace(self, **changes: Any) -> EngineSpec:
         """A validated copy with some fields changed (``kind`` too): unlike ``model_copy``, a bad
@@ -326,9 +319,7 @@ class ReferenceEngine(_ServingEngine):
     max_frames: Optional[int] = Field(None, ge=1)
     cpu_threads: Optional[int] = Field(None, ge=1)
     offload: Optional[OffloadMode] = None
-    offload_components: dict[Literal["transformer", "text_encoder", "vae"], OffloadMode] = Field(
-        default_factory=dict
-    )
+    offload_components: dict[Literal[OFFLOAD_COMPONENTS], OffloadMode] = Field(default_factory=dict)
 
     @field_validator("warmup_mode", mode="before")
     @classmethod
