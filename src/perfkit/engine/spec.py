@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import (
     AliasChoices,
@@ -40,7 +40,6 @@ from perfkit.engine.argv import (
     reference_argv,
 )
 
-KINDS = ("reference", "sglang", "command")
 #: a request's timeout when neither the spec nor a params file's ``timeout_s`` sets one (s)
 DEFAULT_REQUEST_TIMEOUT_S = 1800.0
 #: The default ``warmup_frames``; for kind ``sglang`` it adds no flag (sglang's own default).
@@ -163,14 +162,8 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
     stop_grace_s: float = Field(10.0, gt=0)
     share_compile_cache: bool = False
 
-    #: whether the engine writes sglang's per-request records (their environment is set)
-    _sglang_records: ClassVar[bool] = False
-
     def check(self) -> None:
         """Checks that need the host, run before any launch; FileNotFoundError naming the field."""
-
-    def _argv(self, port: int, perf_log_dir: str) -> list[str]:
-        raise NotImplementedError
 
     def command(self, port: int, perf_log_dir: str | Path) -> list[str]:
         """The exact argv to start this engine on ``port``, writing records to ``perf_log_dir``."""
@@ -187,7 +180,7 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         ``PERFKIT_PERF_LOG_DIR``; kinds ``sglang`` and ``command`` also sglang's record variables."""
         d = str(perf_log_dir)
         out = {"PERFKIT_PERF_LOG_DIR": d}
-        if self._sglang_records:
+        if self.kind != "reference":  # the kinds that write sglang's per-request records
             out["SGLANG_DIFFUSION_STAGE_LOGGING"] = "1"
             out["SGLANG_PERF_LOG_DIR"] = d
         return {**out, **{k: self._subst(v, port, d) for k, v in self.env.items()}}
@@ -358,13 +351,9 @@ class SglangEngine(_ServingEngine):
     executable: Argv = Field(default_factory=lambda: ["sglang"], min_length=1)
     server_args: Argv = Field(default_factory=list)
 
-    _sglang_records: ClassVar[bool] = True
-
     @model_validator(mode="after")
     def _absolute_paths(self) -> SglangEngine:
-        """A relative ``model_path`` or executable path (``.sglang-venv/bin/sglang``) that exists
-        where perfkit runs is made absolute here: the notebooks run in the run directory, where
-        the relative path names nothing."""
+        """Relative ``model_path`` / executable paths that exist here made absolute (docs/sglang.md)."""
         if not Path(self.model_path).is_absolute() and Path(self.model_path).exists():
             self.model_path = str(Path(self.model_path).resolve())
         exe = self.executable[0]
@@ -419,8 +408,6 @@ class CommandEngine(EngineSpec):
         min_length=1,
     )
 
-    _sglang_records: ClassVar[bool] = True
-
     @model_validator(mode="before")
     @classmethod
     def _one_spelling(cls, data: Any) -> Any:
@@ -440,6 +427,7 @@ ENGINE_KINDS: dict[str, type[EngineSpec]] = {
     "sglang": SglangEngine,
     "command": CommandEngine,
 }
+KINDS = tuple(ENGINE_KINDS)
 
 
 def _kind_of(v: Any) -> Any:
