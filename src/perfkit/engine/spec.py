@@ -212,11 +212,9 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
             raise EngineSpecError.from_validation(exc, kind, tagged=cls is EngineSpec) from None
 
     def replace(self, **changes: Any) -> EngineSpec:
-        """A validated copy with some fields changed (``kind`` too): unlike ``model_copy``, a bad
-        value or a field this kind lacks raises :class:`EngineSpecError`."""
-        if "command" in changes:
-            changes["command_template"] = changes.pop("command")
-        return EngineSpec.from_dict({**self.model_dump(), **changes})
+        """A validated copy with some fields changed (``kind`` too; keys as :meth:`to_dict`'s):
+        unlike ``model_copy``, a bad value or a field this kind lacks raises :class:`EngineSpecError`."""
+        return EngineSpec.from_dict({**self.to_dict(), **changes})
 
 
 class _ServingEngine(EngineSpec):
