@@ -67,7 +67,7 @@ def test_launch_ready_cold_start_and_teardown(tmp_path):
         assert h.run_dir == tmp_path / "fake"
         assert h.stdout_path.exists() and h.stderr_path.exists()
         assert "perfkit-mark models_loaded" in h.tail()
-        assert "fake engine pid" in h.tail(5, stream="stdout")
+        assert "fake engine pid" in h.tail(5)
         recs = h.records()
         assert [r.request_id for r in recs] == ["warmup-0"] and recs[0].is_warmup
         env = h.env_added

@@ -344,11 +344,9 @@ class EngineHandle:
             f"engine {self.label!r} (pid {self.pid}) is not running: {why}\n--- log tail ---\n{self.tail(30)}"
         )
 
-    def tail(self, n: int = 50, stream: str = "both") -> str:
-        """Last ``n`` lines of stdout, stderr or both (stdout's then stderr's, each labelled)."""
+    def tail(self, n: int = 50) -> str:
+        """Last ``n`` lines of stdout, then of stderr, each labelled."""
         files = {"stdout": self.stdout_path, "stderr": self.stderr_path}
-        if stream in files:
-            return "\n".join(_tail_file(files[stream], n))
         return "\n".join(f"[{k}]\n" + "\n".join(t) for k, p in files.items() if (t := _tail_file(p, n)))
 
     def records(self) -> list[_records.PerfRecord]:

@@ -264,7 +264,7 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
     """Poll ``/health`` until 200 and set ``h.cold_start``; EngineStartError on exit or timeout."""
     import httpx  # here, not at the top: only where a request is sent (a replay sends none)
 
-    health: dict[str, Any] = {"first_status": None, "t_first_503": None}
+    health: dict[str, Any] = {}  # first_status, t_first_503 once seen
 
     def failed(head: str, exit_code: int | None) -> EngineStartError:
         tail = h.tail(50)
@@ -298,10 +298,9 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
             try:
                 r = client.get(h.health_url, timeout=max(0.1, min(2.0, remaining)))
                 t_answer = time.time()
-                if health["first_status"] is None:
-                    health["first_status"] = r.status_code
-                if r.status_code == 503 and health["t_first_503"] is None:
-                    health["t_first_503"] = t_answer
+                health.setdefault("first_status", r.status_code)
+                if r.status_code == 503:
+                    health.setdefault("t_first_503", t_answer)
                 if r.status_code == 200:
                     text = "\n".join(p.read_text(errors="replace") for p in (h.stdout_path, h.stderr_path))
                     h.cold_start = cold_start_parts(
@@ -315,5 +314,5 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
                     )
                     return
             except httpx.HTTPError:
-                pause = REFUSED_POLL_S if health["first_status"] is None else POLL_S
+                pause = POLL_S if health else REFUSED_POLL_S
             time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
