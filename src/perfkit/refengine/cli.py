@@ -147,7 +147,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
         debug_leak_mib=args.debug_leak_mib,
         commit_hash=git_commit(),
         debug_stage_delay_from=args.debug_stage_delay_from,
-        snapshots=recorder,
+        snapshot_recorder=recorder,
         runner=runner,
     )
     engine.snapshots["load_peak"] = snapshot(device)
