@@ -178,11 +178,8 @@ class MemoryCaps:
 
     def to_dict(self) -> dict[str, Any]:
         """The caps as asked; a resolved one adds ``host_effective_gib`` and ``host_clamp``."""
-        out: dict[str, Any] = {k: getattr(self, k) for k in _CAPS_FIELDS}
-        if self.resolved:
-            out["host_effective_gib"] = self.host_effective_gib
-            out["host_clamp"] = self.host_clamp
-        return out
+        keys = _CAPS_FIELDS + (("host_effective_gib", "host_clamp") if self.resolved else ())
+        return {k: getattr(self, k) for k in keys}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "MemoryCaps":

@@ -179,11 +179,9 @@ class AsyncVideoClient:
             engine reports ``queued`` is polled every ``queued_every`` x ``poll_s``.
         alive: whether the engine's process still runs, checked every :data:`ALIVE_EVERY_S`
             during each HTTP call: once False, requests in flight end at once (``error``) and no
-            later one is sent. A request that times out is then followed by ``GET /health``
-            (:data:`HEALTH_AFTER_TIMEOUT_S`); no answer and the engine counts as lost too
-            (:attr:`lost_why`): a stopped engine costs one timeout, not one a request.
-        queued_every: see ``poll_s`` (10: k requests in flight cost the engine about one fast
-            poller, not k).
+            later one is sent; a request that times out is then followed by ``GET /health``
+            (:data:`HEALTH_AFTER_TIMEOUT_S`, docs/robustness.md; no answer: :attr:`lost_why`).
+        queued_every: see ``poll_s`` (docs/load.md).
 
     Use as ``async with AsyncVideoClient(url, 4) as c: out = await c.generate(spec, slot=0)``.
 
