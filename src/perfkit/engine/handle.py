@@ -260,7 +260,7 @@ class EngineHandle:
         label: launch label.
         host, port, base_url: where it answers (``http://host:port``).
         pid, pgid: root process id and its process group.
-        command: the exact argv; env_added: environment added to os.environ (spec + caps + caches).
+        command: the exact argv.
         run_dir: this launch's directory (``<run_dir>/<label>``).
         perf_log_dir: where the engine writes ``performance.log``.
         stdout_path, stderr_path: engine log files.
@@ -283,7 +283,6 @@ class EngineHandle:
     pid: int
     pgid: int
     command: list[str]
-    env_added: dict[str, str]
     run_dir: Path
     perf_log_dir: Path
     stdout_path: Path

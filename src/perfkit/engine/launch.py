@@ -133,8 +133,8 @@ def launch(
         (cache / sub).mkdir(parents=True, exist_ok=True)
 
     argv = spec.command(port, perf_dir) + _sglang_ports(spec)
-    added, env = _engine_env(spec, caps, perf_dir, port, cache)
-    gpus, gpu_indices, baseline = _engine_gpus(spec, env, added, label, nvml)
+    env = _engine_env(spec, caps, perf_dir, port, cache)
+    gpus, gpu_indices, baseline = _engine_gpus(spec, env, label, nvml)
 
     stdout_path, stderr_path = d / "stdout.log", d / "stderr.log"
     (d / "command.txt").write_text(" ".join(argv) + "\n")
@@ -153,7 +153,6 @@ def launch(
         pid=proc.pid,
         pgid=proc.pid,
         command=argv,
-        env_added=added,
         run_dir=d,
         perf_log_dir=perf_dir,
         stdout_path=stdout_path,
@@ -191,17 +190,17 @@ def _port(spec: EngineSpec) -> int:
 
 def _engine_env(
     spec: EngineSpec, caps: MemoryCaps | None, perf_dir: Path, port: int, cache: Path
-) -> tuple[dict[str, str], dict[str, str]]:
-    """(variables perfkit adds, the engine's whole environment)."""
+) -> dict[str, str]:
+    """The engine's whole environment: this one, plus the spec's, the caps' and the caches'."""
     added = {**spec.env_for(perf_dir, port), **(caps.env() if caps is not None else {})}
     added.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
     added.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
     added.update(PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
-    return added, {**os.environ, **added}
+    return {**os.environ, **added}
 
 
 def _engine_gpus(
-    spec: EngineSpec, env: dict[str, str], added: dict[str, str], label: str, nvml: Any
+    spec: EngineSpec, env: dict[str, str], label: str, nvml: Any
 ) -> tuple[list[Any], list[int], Any]:
     """(GPUs by UUID, their NVML indices, device used MiB before launch); sets CUDA_DEVICE_ORDER."""
     from perfkit.readings.sampler.nvml import GpuResolveError, device_used_mib, resolve_visible_gpus
@@ -209,7 +208,7 @@ def _engine_gpus(
     n_gpus = spec.num_gpus if spec.kind != "command" else 1
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if "CUDA_DEVICE_ORDER" not in env:  # CUDA ordinals = NVML indices
-        added["CUDA_DEVICE_ORDER"] = env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     try:
         gpus = resolve_visible_gpus(visible, nvml=nvml)[:n_gpus]
     except GpuResolveError as exc:
