@@ -110,14 +110,10 @@ def marked(prefix: str | Path) -> list[psutil.Process]:
     out = []
     me = os.getpid()
     for p in psutil.process_iter():
-        if p.pid == me:
-            continue
-        try:
-            v = p.environ().get(REGISTRY_ENV)
+        with contextlib.suppress(psutil.Error):
+            v = p.pid != me and p.environ().get(REGISTRY_ENV)
             if v and (v == pre or v.startswith(pre.rstrip("/") + "/")) and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
-        except psutil.Error:
-            continue
     return out
 
 
