@@ -132,18 +132,15 @@ def parse_warmup_shapes(text: str) -> list[WarmupShape]:
     """The distinct shapes of sglang's startup warmup requests in an engine log (its ``server
     warmup req (WxHxNf, S/D steps)`` lines, sglang 0.5.23: docs/sglang.md), in order of first
     appearance ([] when the log shows none); ``ran out of memory`` segments are skipped."""
-    out: list[WarmupShape] = []
-    seen: set[tuple[int, int, int]] = set()
+    out: dict[tuple[int, int, int], WarmupShape] = {}  # the first of each shape
     for seg in re.split(r"[\r\n]", text):
         if "warmup req" not in seg or "ran out of memory" in seg:
             continue
         for m in WARMUP_REQ_RE.finditer(seg):
             w, h, f, steps, default = m.groups()
             key = (int(w), int(h), int(f) if f else 1)
-            if key not in seen:
-                seen.add(key)
-                out.append(WarmupShape(*key, int(steps), int(default) if default else None))
-    return out
+            out.setdefault(key, WarmupShape(*key, int(steps), int(default) if default else None))
+    return list(out.values())
 
 
 def boot_start_s(pid: int) -> float | None:
