@@ -269,9 +269,7 @@ def _ended_alone(code: int | None) -> str:
 
 def _teardown_end(code: int | None, label: str) -> bool:
     """Whether a zombie found at reap ended with its launch's teardown (docs/robustness.md)."""
-    if code in (0, -signal.SIGTERM):
-        return True
-    return label.endswith(" (child)") and code == -signal.SIGKILL
+    return code in (0, -signal.SIGTERM) or (label.endswith(" (child)") and code == -signal.SIGKILL)
 
 
 @dataclass
