@@ -33,6 +33,7 @@ from perfkit.readings.memory import oom_record
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False, repr=False)
 class EngineStartError(RuntimeError):
     """The engine did not become ready: it exited, timed out, or could not be started.
 
@@ -44,19 +45,14 @@ class EngineStartError(RuntimeError):
         run_dir: the launch directory holding the logs (None: not made yet).
     """
 
-    def __init__(
-        self,
-        message: str,
-        exit_code: int | None = None,
-        log_tail: str = "",
-        cap_outcome: CapOutcome | None = None,
-        run_dir: Path | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.log_tail = log_tail
-        self.cap_outcome = cap_outcome
-        self.run_dir = run_dir
+    message: str
+    exit_code: int | None = None
+    log_tail: str = ""
+    cap_outcome: CapOutcome | None = None
+    run_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
 
 
 class PortInUseError(EngineStartError):
