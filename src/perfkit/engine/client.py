@@ -49,9 +49,7 @@ class VideoRequestSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def payload(self) -> dict[str, Any]:
-        body = {k: v for k, v in self.__dict__.items() if k != "extra" and v is not None}
-        body.update(self.extra)
-        return body
+        return {**{k: v for k, v in self.__dict__.items() if k != "extra" and v is not None}, **self.extra}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "VideoRequestSpec":
