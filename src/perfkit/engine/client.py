@@ -95,14 +95,10 @@ def _job_number(body: dict[str, Any], key: str, *path: str) -> float | None:
 
 def job_fields(body: dict[str, Any]) -> JobFields:
     """The job JSON's own fields (:class:`JobFields`), each as written or None."""
-
-    def whole(key: str) -> int | None:
-        v = _job_number(body, key)
-        return int(v) if v is not None else None
-
+    created, completed = (_job_number(body, k) for k in ("created_at", "completed_at"))
     return JobFields(
-        created_at_s=whole("created_at"),
-        completed_at_s=whole("completed_at"),
+        created_at_s=None if created is None else int(created),
+        completed_at_s=None if completed is None else int(completed),
         inference_time_s=_job_number(body, "inference_time_s"),
         peak_memory_mib=_job_number(body, "peak_memory_mb"),
         started_at_s=_job_number(body, "perfkit_times", "started"),
