@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from perfkit.engine.launch import launch
@@ -76,7 +77,8 @@ def test_cuda_visible_devices_1_samples_the_second_gpu(tmp_path, monkeypatch):
     with launch(spec, run_dir=tmp_path, label="g1", nvml=nv) as h:
         assert h.gpus == [{"index": 1, "uuid": "GPU-bbbb-1111", "name": "NVIDIA H200"}]
         assert h.gpu_indices == [1] and h.device_baseline_mib == 1000.0  # read from GPU 1
-        assert h.env_added["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # CUDA ordinal 1 = NVML index 1
+        # CUDA ordinal 1 = NVML index 1
+        assert psutil.Process(h.pid).environ()["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
         nv.used[1] = 4000.0  # the engine allocates on its GPU; GPU 0 stays busy with others
         s = h.sampler(interval_s=0.05)
         s._nvml_ok = s.nvml.open(s.gpu_indices)

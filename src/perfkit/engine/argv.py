@@ -180,9 +180,7 @@ def engine_python(command: list[str]) -> str | None:
     """The Python interpreter an engine command runs in: the command's first item when it is
     a ``python*`` executable, else the interpreter of its ``#!`` line (a console script such
     as ``.sglang-venv/bin/sglang``); None when neither (a binary, a shell wrapper)."""
-    if not command:
-        return None
-    exe = shutil.which(command[0])
+    exe = shutil.which(command[0]) if command else None
     if exe is None:
         return None
     if Path(exe).name.startswith("python"):

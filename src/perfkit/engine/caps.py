@@ -165,24 +165,18 @@ class MemoryCaps:
     def env(self) -> dict[str, str]:
         """Environment variables telling the engine its budgets (GiB; the host one is the
         effective budget once :meth:`resolve` clamped it)."""
-        out: dict[str, str] = {}
-        if self.device_gib is not None:
-            v = f"{self.device_gib:g}"
-            out["PERFKIT_CAP_DEVICE_MEMORY_GIB"] = v
-            out["SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB"] = v
-        if self.host_effective_gib is not None:
-            v = f"{self.host_effective_gib:g}"
-            out["SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB"] = v
-            out["PERFKIT_CAP_HOST_MEMORY_GIB"] = v
-        return out
+        gib = {
+            "PERFKIT_CAP_DEVICE_MEMORY_GIB": self.device_gib,
+            "SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB": self.device_gib,
+            "SGLANG_DIFFUSION_TEST_FORCE_HOST_AVAILABLE_GIB": self.host_effective_gib,
+            "PERFKIT_CAP_HOST_MEMORY_GIB": self.host_effective_gib,
+        }
+        return {k: f"{v:g}" for k, v in gib.items() if v is not None}
 
     def to_dict(self) -> dict[str, Any]:
         """The caps as asked; a resolved one adds ``host_effective_gib`` and ``host_clamp``."""
-        out: dict[str, Any] = {k: getattr(self, k) for k in _CAPS_FIELDS}
-        if self.resolved:
-            out["host_effective_gib"] = self.host_effective_gib
-            out["host_clamp"] = self.host_clamp
-        return out
+        keys = _CAPS_FIELDS + (("host_effective_gib", "host_clamp") if self.resolved else ())
+        return {k: getattr(self, k) for k in keys}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "MemoryCaps":

@@ -49,9 +49,7 @@ class VideoRequestSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def payload(self) -> dict[str, Any]:
-        body = {k: v for k, v in self.__dict__.items() if k != "extra" and v is not None}
-        body.update(self.extra)
-        return body
+        return {**{k: v for k, v in self.__dict__.items() if k != "extra" and v is not None}, **self.extra}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "VideoRequestSpec":
@@ -97,14 +95,10 @@ def _job_number(body: dict[str, Any], key: str, *path: str) -> float | None:
 
 def job_fields(body: dict[str, Any]) -> JobFields:
     """The job JSON's own fields (:class:`JobFields`), each as written or None."""
-
-    def whole(key: str) -> int | None:
-        v = _job_number(body, key)
-        return int(v) if v is not None else None
-
+    created, completed = (_job_number(body, k) for k in ("created_at", "completed_at"))
     return JobFields(
-        created_at_s=whole("created_at"),
-        completed_at_s=whole("completed_at"),
+        created_at_s=None if created is None else int(created),
+        completed_at_s=None if completed is None else int(completed),
         inference_time_s=_job_number(body, "inference_time_s"),
         peak_memory_mib=_job_number(body, "peak_memory_mb"),
         started_at_s=_job_number(body, "perfkit_times", "started"),
@@ -179,11 +173,9 @@ class AsyncVideoClient:
             engine reports ``queued`` is polled every ``queued_every`` x ``poll_s``.
         alive: whether the engine's process still runs, checked every :data:`ALIVE_EVERY_S`
             during each HTTP call: once False, requests in flight end at once (``error``) and no
-            later one is sent. A request that times out is then followed by ``GET /health``
-            (:data:`HEALTH_AFTER_TIMEOUT_S`); no answer and the engine counts as lost too
-            (:attr:`lost_why`): a stopped engine costs one timeout, not one a request.
-        queued_every: see ``poll_s`` (10: k requests in flight cost the engine about one fast
-            poller, not k).
+            later one is sent; a request that times out is then followed by ``GET /health``
+            (:data:`HEALTH_AFTER_TIMEOUT_S`, docs/robustness.md; no answer: :attr:`lost_why`).
+        queued_every: see ``poll_s`` (docs/load.md).
 
     Use as ``async with AsyncVideoClient(url, 4) as c: out = await c.generate(spec, slot=0)``.
 
@@ -280,9 +272,9 @@ class AsyncVideoClient:
         def done(
             rid: str, status: str, error: str | None, body: dict[str, Any] | None = None
         ) -> RequestOutcome:
-            o = RequestOutcome(rid, status, t_submit, time.time(), code, error, body or {})
-            o.slot, o.t_arrival, o.in_flight_at_submit = slot, t_arrival, others
-            return o
+            return RequestOutcome(
+                rid, status, t_submit, time.time(), code, error, body or {}, None, slot, t_arrival, others
+            )
 
         def left() -> httpx.Timeout:
             # no single HTTP call outlives the request's deadline (a stopped engine accepts the
@@ -424,9 +416,7 @@ class VideoClient:
         return out
 
     def wait_record(self, request_id: str, timeout_s: float = 10.0) -> PerfRecord | None:
-        """Poll performance.log for the request's line."""
-        if self.perf_log_dir is None:
-            return None
+        """Poll performance.log (``perf_log_dir`` set) for the request's line."""
         deadline = time.perf_counter() + timeout_s
         while True:
             found = lookup(self.perf_log_dir, request_id)
@@ -441,13 +431,12 @@ class VideoClient:
 def _error_text(resp: httpx.Response) -> str:
     body = _json_object(resp)
     if body is None:
-        return f"HTTP {resp.status_code}: {resp.text[:300]}"
-    err = body.get("error")
-    if isinstance(err, dict):
-        return f"HTTP {resp.status_code}: {err.get('message')}"
-    if "detail" in body:
-        return f"HTTP {resp.status_code}: {body['detail']}"
-    return f"HTTP {resp.status_code}: {str(body)[:300]}"
+        why = resp.text[:300]
+    elif isinstance(body.get("error"), dict):
+        why = body["error"].get("message")
+    else:
+        why = body["detail"] if "detail" in body else str(body)[:300]
+    return f"HTTP {resp.status_code}: {why}"
 
 
 async def closed_loop(

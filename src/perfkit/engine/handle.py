@@ -33,6 +33,7 @@ from perfkit.readings.memory import oom_record
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False, repr=False)
 class EngineStartError(RuntimeError):
     """The engine did not become ready: it exited, timed out, or could not be started.
 
@@ -44,19 +45,14 @@ class EngineStartError(RuntimeError):
         run_dir: the launch directory holding the logs (None: not made yet).
     """
 
-    def __init__(
-        self,
-        message: str,
-        exit_code: int | None = None,
-        log_tail: str = "",
-        cap_outcome: CapOutcome | None = None,
-        run_dir: Path | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.log_tail = log_tail
-        self.cap_outcome = cap_outcome
-        self.run_dir = run_dir
+    message: str
+    exit_code: int | None = None
+    log_tail: str = ""
+    cap_outcome: CapOutcome | None = None
+    run_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
 
 
 class PortInUseError(EngineStartError):
@@ -132,18 +128,15 @@ def parse_warmup_shapes(text: str) -> list[WarmupShape]:
     """The distinct shapes of sglang's startup warmup requests in an engine log (its ``server
     warmup req (WxHxNf, S/D steps)`` lines, sglang 0.5.23: docs/sglang.md), in order of first
     appearance ([] when the log shows none); ``ran out of memory`` segments are skipped."""
-    out: list[WarmupShape] = []
-    seen: set[tuple[int, int, int]] = set()
+    out: dict[tuple[int, int, int], WarmupShape] = {}  # the first of each shape
     for seg in re.split(r"[\r\n]", text):
         if "warmup req" not in seg or "ran out of memory" in seg:
             continue
         for m in WARMUP_REQ_RE.finditer(seg):
             w, h, f, steps, default = m.groups()
             key = (int(w), int(h), int(f) if f else 1)
-            if key not in seen:
-                seen.add(key)
-                out.append(WarmupShape(*key, int(steps), int(default) if default else None))
-    return out
+            out.setdefault(key, WarmupShape(*key, int(steps), int(default) if default else None))
+    return list(out.values())
 
 
 def boot_start_s(pid: int) -> float | None:
@@ -260,7 +253,7 @@ class EngineHandle:
         label: launch label.
         port, base_url: where it answers (``http://spec.host:port``).
         pid: root process id, also its process group's.
-        command: the exact argv; env_added: environment added to os.environ (spec + caps + caches).
+        command: the exact argv.
         run_dir: this launch's directory (``<run_dir>/<label>``).
         perf_log_dir: where the engine writes ``performance.log``.
         stdout_path, stderr_path: engine log files.
@@ -281,7 +274,6 @@ class EngineHandle:
     port: int
     pid: int
     command: list[str]
-    env_added: dict[str, str]
     run_dir: Path
     perf_log_dir: Path
     stdout_path: Path
@@ -342,11 +334,9 @@ class EngineHandle:
             f"engine {self.label!r} (pid {self.pid}) is not running: {why}\n--- log tail ---\n{self.tail(30)}"
         )
 
-    def tail(self, n: int = 50, stream: str = "both") -> str:
-        """Last ``n`` lines of stdout, stderr or both (stdout's then stderr's, each labelled)."""
+    def tail(self, n: int = 50) -> str:
+        """Last ``n`` lines of stdout, then of stderr, each labelled."""
         files = {"stdout": self.stdout_path, "stderr": self.stderr_path}
-        if stream in files:
-            return "\n".join(_tail_file(files[stream], n))
         return "\n".join(f"[{k}]\n" + "\n".join(t) for k, p in files.items() if (t := _tail_file(p, n)))
 
     def records(self) -> list[_records.PerfRecord]:

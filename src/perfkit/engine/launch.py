@@ -133,8 +133,8 @@ def launch(
         (cache / sub).mkdir(parents=True, exist_ok=True)
 
     argv = spec.command(port, perf_dir) + _sglang_ports(spec)
-    added, env = _engine_env(spec, caps, perf_dir, port, cache)
-    gpus, gpu_indices, baseline = _engine_gpus(spec, env, added, label, nvml)
+    env = _engine_env(spec, caps, perf_dir, port, cache)
+    gpus, gpu_indices, baseline = _engine_gpus(spec, env, label, nvml)
 
     stdout_path, stderr_path = d / "stdout.log", d / "stderr.log"
     (d / "command.txt").write_text(" ".join(argv) + "\n")
@@ -151,7 +151,6 @@ def launch(
         port=port,
         pid=proc.pid,
         command=argv,
-        env_added=added,
         run_dir=d,
         perf_log_dir=perf_dir,
         stdout_path=stdout_path,
@@ -189,17 +188,17 @@ def _port(spec: EngineSpec) -> int:
 
 def _engine_env(
     spec: EngineSpec, caps: MemoryCaps | None, perf_dir: Path, port: int, cache: Path
-) -> tuple[dict[str, str], dict[str, str]]:
-    """(variables perfkit adds, the engine's whole environment)."""
+) -> dict[str, str]:
+    """The engine's whole environment: this one, plus the spec's, the caps' and the caches'."""
     added = {**spec.env_for(perf_dir, port), **(caps.env() if caps is not None else {})}
     added.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
     added.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
     added.update(PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
-    return added, {**os.environ, **added}
+    return {**os.environ, **added}
 
 
 def _engine_gpus(
-    spec: EngineSpec, env: dict[str, str], added: dict[str, str], label: str, nvml: Any
+    spec: EngineSpec, env: dict[str, str], label: str, nvml: Any
 ) -> tuple[list[Any], list[int], Any]:
     """(GPUs by UUID, their NVML indices, device used MiB before launch); sets CUDA_DEVICE_ORDER."""
     from perfkit.readings.sampler.nvml import GpuResolveError, device_used_mib, resolve_visible_gpus
@@ -207,7 +206,7 @@ def _engine_gpus(
     n_gpus = spec.num_gpus if spec.kind != "command" else 1
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if "CUDA_DEVICE_ORDER" not in env:  # CUDA ordinals = NVML indices
-        added["CUDA_DEVICE_ORDER"] = env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     try:
         gpus = resolve_visible_gpus(visible, nvml=nvml)[:n_gpus]
     except GpuResolveError as exc:
@@ -262,7 +261,7 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
     """Poll ``/health`` until 200 and set ``h.cold_start``; EngineStartError on exit or timeout."""
     import httpx  # here, not at the top: only where a request is sent (a replay sends none)
 
-    health: dict[str, Any] = {"first_status": None, "t_first_503": None}
+    health: dict[str, Any] = {}  # first_status, t_first_503 once seen
 
     def failed(head: str, exit_code: int | None) -> EngineStartError:
         tail = h.tail(50)
@@ -296,10 +295,9 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
             try:
                 r = client.get(h.health_url, timeout=max(0.1, min(2.0, remaining)))
                 t_answer = time.time()
-                if health["first_status"] is None:
-                    health["first_status"] = r.status_code
-                if r.status_code == 503 and health["t_first_503"] is None:
-                    health["t_first_503"] = t_answer
+                health.setdefault("first_status", r.status_code)
+                if r.status_code == 503:
+                    health.setdefault("t_first_503", t_answer)
                 if r.status_code == 200:
                     text = "\n".join(p.read_text(errors="replace") for p in (h.stdout_path, h.stderr_path))
                     h.cold_start = cold_start_parts(
@@ -313,5 +311,5 @@ def _wait_ready(h: EngineHandle, timeout: float, clock: LaunchClock) -> None:
                     )
                     return
             except httpx.HTTPError:
-                pause = REFUSED_POLL_S if health["first_status"] is None else POLL_S
+                pause = POLL_S if health else REFUSED_POLL_S
             time.sleep(min(pause, max(0.0, deadline - time.monotonic())))

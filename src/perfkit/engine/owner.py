@@ -110,14 +110,10 @@ def marked(prefix: str | Path) -> list[psutil.Process]:
     out = []
     me = os.getpid()
     for p in psutil.process_iter():
-        if p.pid == me:
-            continue
-        try:
-            v = p.environ().get(REGISTRY_ENV)
+        with contextlib.suppress(psutil.Error):
+            v = p.pid != me and p.environ().get(REGISTRY_ENV)
             if v and (v == pre or v.startswith(pre.rstrip("/") + "/")) and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
-        except psutil.Error:
-            continue
     return out
 
 
@@ -273,9 +269,7 @@ def _ended_alone(code: int | None) -> str:
 
 def _teardown_end(code: int | None, label: str) -> bool:
     """Whether a zombie found at reap ended with its launch's teardown (docs/robustness.md)."""
-    if code in (0, -signal.SIGTERM):
-        return True
-    return label.endswith(" (child)") and code == -signal.SIGKILL
+    return code in (0, -signal.SIGTERM) or (label.endswith(" (child)") and code == -signal.SIGKILL)
 
 
 @dataclass
@@ -428,19 +422,8 @@ def spawn_reaper(directory: str | Path, grace_s: float) -> "subprocess.Popen[byt
     end. Returns None when it cannot be started (logged)."""
 
     me = psutil.Process()
-    argv = [
-        sys.executable,
-        "-m",
-        "perfkit.engine.owner",
-        "--owner",
-        str(me.pid),
-        "--owner-start",
-        repr(me.create_time()),
-        "--dir",
-        str(directory),
-        "--grace",
-        repr(float(grace_s)),
-    ]
+    job = {"owner": me.pid, "start": me.create_time(), "dir": str(directory), "grace": float(grace_s)}
+    argv = [sys.executable, "-m", "perfkit.engine.owner", json.dumps(job)]
     try:
         return subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True
@@ -460,22 +443,14 @@ def stop_reaper(proc: "subprocess.Popen[bytes] | None") -> None:
         proc.wait(timeout=5)
 
 
-def _reaper_main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m perfkit.engine.owner", description=spawn_reaper.__doc__)
-    ap.add_argument("--owner", type=int, required=True)
-    ap.add_argument("--owner-start", type=float, required=True)
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--grace", type=float, default=5.0)
-    ap.add_argument("--poll", type=float, default=0.5)
-    a = ap.parse_args(argv)
-    while alive(a.owner, a.owner_start) is not None:
-        time.sleep(a.poll)
+def _reaper_main(job: str) -> int:
+    """The reaper (:func:`spawn_reaper`); ``job``: its JSON (owner pid and start, dir, grace)."""
+    a = json.loads(job)
+    while alive(a["owner"], a["start"]) is not None:
+        time.sleep(0.5)
     # what the registries under the directory name, and what carries one in its environment
-    d = Path(a.dir)
-    procs = Watch(d).leftovers()
-    ended = end_processes(procs, a.grace)
+    d = Path(a["dir"])
+    ended = end_processes(Watch(d).leftovers(), a["grace"])
     if ended:
         with contextlib.suppress(OSError):
             with open(d / "reaper.log", "a", encoding="utf-8") as fh:
@@ -484,4 +459,4 @@ def _reaper_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(_reaper_main())
+    raise SystemExit(_reaper_main(sys.argv[1]))

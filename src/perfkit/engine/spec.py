@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import (
     AliasChoices,
@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 from perfkit.common.frames import PRESET_NAMES
 from perfkit.common.slugs import did_you_mean
 from perfkit.engine.argv import (
+    OFFLOAD_COMPONENTS,
     argv_list,
     check_command,
     check_model_path,
@@ -39,7 +40,6 @@ from perfkit.engine.argv import (
     reference_argv,
 )
 
-KINDS = ("reference", "sglang", "command")
 #: a request's timeout when neither the spec nor a params file's ``timeout_s`` sets one (s)
 DEFAULT_REQUEST_TIMEOUT_S = 1800.0
 #: The default ``warmup_frames``; for kind ``sglang`` it adds no flag (sglang's own default).
@@ -56,7 +56,7 @@ Argv = Annotated[list[str], BeforeValidator(argv_list)]
 #: Offload modes of the reference engine (``--offload``): resident, whole-model offload, group
 #: offload at block or leaf level.
 OFFLOAD_MODES = ("none", "model", "group-block", "group-leaf")
-OffloadMode = Literal["none", "model", "group-block", "group-leaf"]
+OffloadMode = Literal[OFFLOAD_MODES]
 #: Stages of the reference engine's pipeline (names as sglang spells them): the keys
 #: ``ReferenceEngine.debug_stage_delay`` accepts.
 REFERENCE_STAGES = (
@@ -126,12 +126,7 @@ class _SpecMeta(type(BaseModel)):  # type: ignore[misc]
     """``EngineSpec(...)`` builds the model of ``kind``; a bad field raises EngineSpecError."""
 
     def __call__(cls, /, **data: Any) -> Any:
-        if cls is EngineSpec:
-            return EngineSpec.from_dict(data)
-        try:
-            return super().__call__(**data)
-        except ValidationError as exc:
-            raise EngineSpecError.from_validation(exc, cls._kind(), tagged=False) from None
+        return cls.from_dict(data)
 
 
 class EngineSpec(BaseModel, metaclass=_SpecMeta):
@@ -167,18 +162,8 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
     stop_grace_s: float = Field(10.0, gt=0)
     share_compile_cache: bool = False
 
-    #: whether the engine writes sglang's per-request records (their environment is set)
-    _sglang_records: ClassVar[bool] = False
-
-    @classmethod
-    def _kind(cls) -> str | None:
-        return None if cls is EngineSpec else cls.model_fields["kind"].default
-
     def check(self) -> None:
         """Checks that need the host, run before any launch; FileNotFoundError naming the field."""
-
-    def _argv(self, port: int, perf_log_dir: str) -> list[str]:
-        raise NotImplementedError
 
     def command(self, port: int, perf_log_dir: str | Path) -> list[str]:
         """The exact argv to start this engine on ``port``, writing records to ``perf_log_dir``."""
@@ -195,7 +180,7 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         ``PERFKIT_PERF_LOG_DIR``; kinds ``sglang`` and ``command`` also sglang's record variables."""
         d = str(perf_log_dir)
         out = {"PERFKIT_PERF_LOG_DIR": d}
-        if self._sglang_records:
+        if self.kind != "reference":  # the kinds that write sglang's per-request records
             out["SGLANG_DIFFUSION_STAGE_LOGGING"] = "1"
             out["SGLANG_PERF_LOG_DIR"] = d
         return {**out, **{k: self._subst(v, port, d) for k, v in self.env.items()}}
@@ -223,14 +208,13 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
                 return _ADAPTER.validate_python(dict(d))
             return cls.model_validate(dict(d))
         except ValidationError as exc:
-            raise EngineSpecError.from_validation(exc, cls._kind(), tagged=cls is EngineSpec) from None
+            kind = cls.model_fields["kind"].default
+            raise EngineSpecError.from_validation(exc, kind, tagged=cls is EngineSpec) from None
 
     def replace(self, **changes: Any) -> EngineSpec:
-        """A validated copy with some fields changed (``kind`` too): unlike ``model_copy``, a bad
-        value or a field this kind lacks raises :class:`EngineSpecError`."""
-        if "command" in changes:
-            changes["command_template"] = changes.pop("command")
-        return EngineSpec.from_dict({**self.model_dump(), **changes})
+        """A validated copy with some fields changed (``kind`` too; keys as :meth:`to_dict`'s):
+        unlike ``model_copy``, a bad value or a field this kind lacks raises :class:`EngineSpecError`."""
+        return EngineSpec.from_dict({**self.to_dict(), **changes})
 
 
 class _ServingEngine(EngineSpec):
@@ -326,9 +310,7 @@ class ReferenceEngine(_ServingEngine):
     max_frames: Optional[int] = Field(None, ge=1)
     cpu_threads: Optional[int] = Field(None, ge=1)
     offload: Optional[OffloadMode] = None
-    offload_components: dict[Literal["transformer", "text_encoder", "vae"], OffloadMode] = Field(
-        default_factory=dict
-    )
+    offload_components: dict[Literal[OFFLOAD_COMPONENTS], OffloadMode] = Field(default_factory=dict)
 
     @field_validator("warmup_mode", mode="before")
     @classmethod
@@ -367,13 +349,9 @@ class SglangEngine(_ServingEngine):
     executable: Argv = Field(default_factory=lambda: ["sglang"], min_length=1)
     server_args: Argv = Field(default_factory=list)
 
-    _sglang_records: ClassVar[bool] = True
-
     @model_validator(mode="after")
     def _absolute_paths(self) -> SglangEngine:
-        """A relative ``model_path`` or executable path (``.sglang-venv/bin/sglang``) that exists
-        where perfkit runs is made absolute here: the notebooks run in the run directory, where
-        the relative path names nothing."""
+        """Relative ``model_path`` / executable paths that exist here made absolute (docs/sglang.md)."""
         if not Path(self.model_path).is_absolute() and Path(self.model_path).exists():
             self.model_path = str(Path(self.model_path).resolve())
         exe = self.executable[0]
@@ -428,8 +406,6 @@ class CommandEngine(EngineSpec):
         min_length=1,
     )
 
-    _sglang_records: ClassVar[bool] = True
-
     @model_validator(mode="before")
     @classmethod
     def _one_spelling(cls, data: Any) -> Any:
@@ -449,6 +425,7 @@ ENGINE_KINDS: dict[str, type[EngineSpec]] = {
     "sglang": SglangEngine,
     "command": CommandEngine,
 }
+KINDS = tuple(ENGINE_KINDS)
 
 
 def _kind_of(v: Any) -> Any:

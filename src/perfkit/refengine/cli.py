@@ -76,8 +76,6 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     from perfkit.refengine.profiling import CompileWatch, SnapshotRecorder, snapshot
     from perfkit.refengine.server import Engine
 
-    if args.preset not in models.PRESETS and not args.model_path:
-        raise _Refused(f"unknown --preset {args.preset!r}; known: {', '.join(models.PRESETS)}")
     device = _device(args, rank)
     # started before the models load, so the weights' blocks carry their allocation stacks too
     recorder = SnapshotRecorder(
@@ -149,7 +147,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
         debug_leak_mib=args.debug_leak_mib,
         commit_hash=git_commit(),
         debug_stage_delay_from=args.debug_stage_delay_from,
-        snapshots=recorder,
+        snapshot_recorder=recorder,
         runner=runner,
     )
     engine.snapshots["load_peak"] = snapshot(device)
@@ -293,11 +291,11 @@ def _device(args: argparse.Namespace, rank: int) -> Any:
 
 
 def _refuse_before_torch(args: argparse.Namespace) -> None:
-    """Refuse an offload that :func:`_serve` would refuse on a device named ``cpu``, before torch."""
-    known_model = args.preset in PRESET_NAMES or bool(args.model_path)
-    name = args.device
-    on_cpu = name == "cpu" or (name.startswith("cpu:") and name[4:].isdigit())
-    if known_model and on_cpu:
+    """Refuse an unknown preset, and an offload :func:`_serve` would refuse on a device named
+    ``cpu``, before torch."""
+    if args.preset not in PRESET_NAMES and not args.model_path:
+        raise _Refused(f"unknown --preset {args.preset!r}; known: {', '.join(PRESET_NAMES)}")
+    if args.device == "cpu" or (args.device.startswith("cpu:") and args.device[4:].isdigit()):
         _requested_offload(args, "cpu")
 
 

@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Union
 
@@ -123,6 +124,7 @@ VideoRequest = create_model(
 SGLANG_VIDEO_FIELDS = tuple(n for n in VideoRequest.model_fields if n != "perfkit_stage_timing")
 
 
+@dataclass(eq=False)
 class Engine:
     """The serving state: pipeline, job table, worker thread, performance.log.
 
@@ -137,36 +139,27 @@ class Engine:
         debug_leak_mib: test-only: MiB kept alive per request (:func:`inject_debug_leak`).
         debug_stage_delay_from: test-only: the pipeline's ``stage_delay`` applies to measured
             requests from this 0-based index on (0: all, 1: warm requests only).
-        snapshots: the allocator snapshot recorder (:class:`.profiling.SnapshotRecorder`).
+        commit_hash: the records' ``commit_hash``.
+        snapshot_recorder: the allocator snapshot recorder (:class:`.profiling.SnapshotRecorder`).
     """
 
-    def __init__(
-        self,
-        pipeline: StagedPipeline,
-        defaults: dict[str, int],
-        max_frames: int,
-        perf_log_dir: str | None,
-        info: dict[str, Any],
-        runner: Any = None,
-        keep_outputs_dir: str | None = None,
-        debug_leak_mib: int = 0,
-        commit_hash: str | None = None,
-        debug_stage_delay_from: int = 0,
-        snapshots: SnapshotRecorder | None = None,
-    ):
-        self.pipeline = pipeline
-        self.defaults = defaults
-        self.max_frames = max_frames
-        self.perf_log = Path(perf_log_dir) / PERF_LOG_NAME if perf_log_dir else None
+    pipeline: StagedPipeline
+    defaults: dict[str, int]
+    max_frames: int
+    perf_log_dir: str | None
+    info: dict[str, Any]
+    runner: Any = None
+    keep_outputs_dir: str | None = None
+    debug_leak_mib: int = 0
+    commit_hash: str | None = None
+    debug_stage_delay_from: int = 0
+    snapshot_recorder: SnapshotRecorder | None = None
+
+    def __post_init__(self) -> None:
+        self.perf_log = Path(self.perf_log_dir) / PERF_LOG_NAME if self.perf_log_dir else None
         if self.perf_log is not None:
             self.perf_log.parent.mkdir(parents=True, exist_ok=True)
-        self.info = info
-        self.runner = runner
-        self.keep_dir = Path(keep_outputs_dir) if keep_outputs_dir else None
-        self.debug_leak_mib = debug_leak_mib
-        self.commit_hash = commit_hash
-        self.debug_stage_delay_from = debug_stage_delay_from
-        self.snapshot_recorder = snapshots
+        self.keep_dir = Path(self.keep_outputs_dir) if self.keep_outputs_dir else None
         self._measured = 0  # measured requests run so far (the startup warmup is not one)
         self.jobs: dict[str, Job] = {}
         self.queue: queue.Queue[Job | None] = queue.Queue()
