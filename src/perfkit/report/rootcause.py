@@ -14,9 +14,9 @@ import pandas as pd
 from perfkit.bundle import WARMUP_INDEX, ResultBundle
 from perfkit.checks import NOT_REPORTED, is_reported
 from perfkit.common.numfmt import json_float
+from perfkit.investigations import registry
 from perfkit.readings.records import read_number
 from perfkit.report.plots import launch_names
-from perfkit.report.runinfo import run_results
 from perfkit.report.tables import MISSING, Table, cell_text, format_table, penalty_stage
 from perfkit.roles import request_roles
 
@@ -256,11 +256,11 @@ def _overhead_parts(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return parts
 
 
-def instrumentation_overhead(run_dir: str | Path, name: str) -> tuple[Table | None, str | None]:
-    """(table, where) of the instrumentation overhead from ``name``'s results, else another
-    investigation's (``where``: its title). (None, None) when none measured it."""
-    for inv, r in run_results(Path(run_dir), first=name, on_error=lambda p, exc: None):
-        parts = _overhead_parts(r)
+def _instrumentation_overhead(results: Mapping[str, Any], name: str) -> tuple[Table | None, str | None]:
+    """(table, title of the investigation it is from when not ``name``) of the instrumentation
+    overhead, ``name``'s results first; (None, None) when none measured it."""
+    for inv, r in sorted(results.items(), key=lambda kv: kv[0] != name):
+        parts = _overhead_parts(r) if isinstance(r, Mapping) else None
         if not parts:
             continue
         rows = []
@@ -276,7 +276,7 @@ def instrumentation_overhead(run_dir: str | Path, name: str) -> tuple[Table | No
                     "95% interval": f"{_pct(ci[0])} … {_pct(ci[1])}" if ci[0] is not None else MISSING,
                 }
             )
-        where = None if inv.name == name else inv.title
+        where = None if inv == name else registry.get(inv).title
         return format_table(pd.DataFrame(rows), None, labels=False), where
     return None, None
 
@@ -292,10 +292,10 @@ def _pct(v: Any) -> str:
     return MISSING if f is None else f"{f:+.2%}"
 
 
-def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
+def root_cause(run_dir: str | Path, name: str, results: Mapping[str, Any]) -> dict[str, Any] | None:
     """The panel of ``run_dir/<name>``: ``config``, ``not_reported``, ``recompiles``,
-    ``compiles_note``, ``logs``, ``clamps``, ``instrumentation``/``_from``, ``commands``. None
-    without a bundle; never raises."""
+    ``compiles_note``, ``logs``, ``clamps``, ``instrumentation``/``_from`` (from ``results``,
+    :func:`perfkit.report.runinfo.read_results_all`), ``commands``. None without a bundle; never raises."""
     d = Path(run_dir) / name
     if not (d / "meta.json").exists():
         return None
@@ -305,7 +305,7 @@ def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
         log.warning("report: cannot load bundle %s: %r", d, exc)
         return None
     try:
-        ov, ov_from = instrumentation_overhead(run_dir, name)
+        ov, ov_from = _instrumentation_overhead(results, name)
         launches = b.launches
         commands = []
         if _present(launches, "command"):

@@ -103,19 +103,18 @@ def run_info(run_dir: Path) -> dict[str, Any]:
 
 
 def run_results(
-    run_dir: Path, first: str | None = None, on_error: Callable[[Path, Exception], None] | None = None
+    run_dir: Path, on_error: Callable[[Path, Exception], None]
 ) -> Iterator[tuple[registry.Investigation, dict]]:
-    """(investigation, its results) for each ``run_dir/<name>/results.json``, in registry order
-    (``first`` first). One that cannot be read (OSError, ValueError) goes to ``on_error(path, exc)``
-    (default: logged) and is skipped."""
-    for s in sorted(registry.all_investigations(), key=lambda s: s.name != first):
+    """(investigation, its results) for each ``run_dir/<name>/results.json``, in registry order.
+    One that cannot be read (OSError, ValueError) goes to ``on_error(path, exc)`` and is skipped."""
+    for s in registry.all_investigations():
         p = run_dir / s.name / "results.json"
         if not p.exists():
             continue
         try:
             r = read_results(p.parent)
         except (OSError, ValueError) as exc:
-            (on_error or _log_unreadable)(p, exc)
+            on_error(p, exc)
             continue
         yield s, r
 
@@ -127,24 +126,30 @@ def bundle_dirs(run_dir: Path) -> list[Path]:
     ]
 
 
-def _log_unreadable(p: Path, exc: Exception) -> None:
-    log.warning("report: results of %s: %r", p.parent.name, exc)
+def read_results_all(run_dir: Path) -> dict[str, dict | str]:
+    """Each investigation's ``run_dir/<investigation>/results.json`` in registry order, read once
+    for the page and summary.md: its dict, or the error (``repr``, logged) of an unreadable file."""
+    out: dict[str, dict | str] = {}
+
+    def bad(p: Path, exc: Exception) -> None:
+        log.warning("report: results of %s: %r", p.parent.name, exc)
+        out[p.parent.name] = repr(exc)
+
+    for s, r in run_results(run_dir, on_error=bad):
+        out[s.name] = r
+    return out
 
 
-def key_numbers(run_dir: str | Path) -> dict[str, list[registry.KeyNumber] | str]:
-    """Each investigation's key numbers from ``run_dir/<investigation>/results.json``, in registry
-    order, or the error (``repr``, logged) of an unreadable file or a raising ``key_numbers``."""
+def key_numbers(results: Mapping[str, dict | str]) -> dict[str, list[registry.KeyNumber] | str]:
+    """Each investigation's key numbers from its :func:`read_results_all` entry, or the error
+    (``repr``, logged) of an unreadable file or a raising ``key_numbers``."""
     out: dict[str, list[registry.KeyNumber] | str] = {}
-
-    def bad(name: str, exc: Exception) -> None:
-        log.warning("report: key numbers of %s: %r", name, exc)
-        out[name] = repr(exc)
-
-    for s, r in run_results(Path(run_dir), on_error=lambda p, exc: bad(p.parent.name, exc)):
+    for name, r in results.items():
         try:
-            out[s.name] = list(s.key_numbers(r))
+            out[name] = r if isinstance(r, str) else list(registry.get(name).key_numbers(r))
         except Exception as exc:  # noqa: BLE001 - the report is written in every case
-            bad(s.name, exc)
+            log.warning("report: key numbers of %s: %r", name, exc)
+            out[name] = repr(exc)
     return out
 
 
@@ -204,7 +209,7 @@ def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
+def _measured_elsewhere(results: Mapping[str, dict | str], name: str) -> str | None:
     """The title of the investigation whose results hold ``name``'s (its ``found_in``), or None."""
     try:
         s = registry.get(name)
@@ -212,16 +217,18 @@ def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
         return None
     if s.found_in is None:
         return None
-    for other, r in run_results(run_dir):
-        if other.name != name and s.found_in(r):
-            return other.title
+    for other, r in results.items():
+        if other != name and isinstance(r, dict) and s.found_in(r):
+            return registry.get(other).title
     return None
 
 
-def investigations(run_dir: str | Path, nbs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def investigations(
+    run_dir: str | Path, nbs: list[dict[str, Any]], results: Mapping[str, dict | str]
+) -> list[dict[str, Any]]:
     """One entry per notebook: ``name``, ``title``, ``ran`` (:func:`status_text`),
     ``gate``/``gate_text`` (:func:`gate_result`), ``note`` (where another investigation measured
-    a skipped one, else None), ``wall_s``, ``error``."""
+    a skipped one, per ``results``, :func:`read_results_all`; else None), ``wall_s``, ``error``."""
     run_dir = Path(run_dir)
     out = []
     for n in nbs:
@@ -232,7 +239,7 @@ def investigations(run_dir: str | Path, nbs: list[dict[str, Any]]) -> list[dict[
             title = name
         gate, text = gate_result(run_dir, n)
         note = None
-        if gate == "not run" and (where := _measured_elsewhere(run_dir, name)):
+        if gate == "not run" and (where := _measured_elsewhere(results, name)):
             note = f"not run on its own; measured inside {where}: see its root-cause panel"
         out.append(
             {
