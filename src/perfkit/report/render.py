@@ -339,16 +339,12 @@ def _failed_boxes(toc: list[dict[str, Any]], verdicts: pd.DataFrame) -> list[dic
     return out
 
 
-def render_page(run_dir: str | Path) -> str:
-    """The report page of ``run_dir`` as HTML (not yet checked for network references)."""
-    return template_env().get_template(PAGE_TEMPLATE).render(**page_context(run_dir))
-
-
 def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``run_dir/report.html`` (or ``out``) and return its path. Raises RuntimeError: the
     page would load from the network; jinja2.TemplateError: a missing or broken template."""
     run_dir = Path(run_dir)
-    page = relative_paths(render_page(run_dir), run_dir)
+    page = template_env().get_template(PAGE_TEMPLATE).render(**page_context(run_dir))
+    page = relative_paths(page, run_dir)
     bad = external_refs(page)
     if bad:  # e.g. an HTML output of a notebook pointing at the web: neutralise, keep offline
         log.warning("report: %d network reference(s) neutralised, e.g. %s", len(bad), bad[0])
@@ -401,14 +397,14 @@ def write_tool_outputs(
 #: caller's header or footer
 SUMMARY_LIMIT = 60_000
 #: a table cell's text is wrapped (``<br>``) at about this many characters
-WRAP_AT = 60
+_WRAP_AT = 60
 
 
-def wrap_cell(text: Any) -> str:
-    """``text`` broken at words every :data:`WRAP_AT` characters, so it wraps in a GitHub table."""
+def _wrap_cell(text: Any) -> str:
+    """``text`` broken at words every :data:`_WRAP_AT` characters, so it wraps in a GitHub table."""
     t = str(text if text is not None else "").strip()
-    wrapped = textwrap.wrap(t, WRAP_AT, break_long_words=True, break_on_hyphens=False)
-    return t if len(t) <= WRAP_AT else "\n".join(wrapped)
+    wrapped = textwrap.wrap(t, _WRAP_AT, break_long_words=True, break_on_hyphens=False)
+    return t if len(t) <= _WRAP_AT else "\n".join(wrapped)
 
 
 def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tuple[str, int]:
@@ -416,7 +412,7 @@ def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tupl
     v = df[[c for c in cols if c in df.columns]]
     left, v = 0 if n is None else max(0, len(v) - n), v.iloc[:n]
     if "reason" in v.columns:
-        v = v.assign(reason=v["reason"].map(wrap_cell))
+        v = v.assign(reason=v["reason"].map(_wrap_cell))
     return markdown_table(v), left
 
 
@@ -467,7 +463,7 @@ def _middle_blocks(v: Mapping[str, Any]) -> list[str]:
     """The summary's blocks between the failed and the passing gate rows (``v``: the run view)."""
     info, keys, units, ends = v["info"], v["key_rows"], v["units"], v["ends"]
     nbs = info.get("notebooks", [])
-    inv = [{**r, "note": wrap_cell(clip(r["note"]))} for r in ri.investigations_table(v["inv"])]
+    inv = [{**r, "note": _wrap_cell(clip(r["note"]))} for r in ri.investigations_table(v["inv"])]
     blocks = [
         (
             "Errors",

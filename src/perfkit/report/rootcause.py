@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 #: launches-table column -> row label of the effective config; the first block is always shown
 #: ("not reported" when the bundle lacks the column or it is empty), the second when present
-CONFIG_COLUMNS: dict[str, str] = {
+_CONFIG_COLUMNS: dict[str, str] = {
     "compile_requested": "torch.compile requested",
     "compile_active": "torch.compile active",
     "compile_backend": "compile backend",
@@ -66,19 +66,19 @@ def _present(df: pd.DataFrame, col: str) -> bool:
 
 
 def not_reported(launches: pd.DataFrame | None) -> list[str]:
-    """Labels of the :data:`CONFIG_COLUMNS` settings no launch reported (the bundle lacks the
+    """Labels of the :data:`_CONFIG_COLUMNS` settings no launch reported (the bundle lacks the
     column, or every launch left it empty); why compile was disabled is not missing when every
     launch ran with compile active."""
     df = launches if launches is not None else pd.DataFrame()
-    out = [label for col, label in CONFIG_COLUMNS.items() if not _present(df, col)]
+    out = [label for col, label in _CONFIG_COLUMNS.items() if not _present(df, col)]
     if _present(df, "compile_active") and df["compile_active"].fillna(False).astype(bool).all():
-        out = [x for x in out if x != CONFIG_COLUMNS["compile_disabled_reason"]]  # nothing to explain
+        out = [x for x in out if x != _CONFIG_COLUMNS["compile_disabled_reason"]]  # nothing to explain
     return out
 
 
 def engine_config(launches: pd.DataFrame) -> Table | None:
     """The effective engine config per launch (rows: settings, columns: launches), or None
-    without launches: the :data:`CONFIG_COLUMNS` some launch reported (empty reads
+    without launches: the :data:`_CONFIG_COLUMNS` some launch reported (empty reads
     :data:`NOT_REPORTED`), then warmup, placement and caps when recorded."""
     if launches is None or launches.empty or "launch" not in launches.columns:
         return None
@@ -89,7 +89,7 @@ def engine_config(launches: pd.DataFrame) -> Table | None:
         *(names.get(lk, lk) if names.get(lk, lk) == lk else f"{lk} ({names[lk]})" for lk in cols),
     ]
     rows = []
-    for col, label in CONFIG_COLUMNS.items():
+    for col, label in _CONFIG_COLUMNS.items():
         if _present(launches, col):
             rows.append([label, *(NOT_REPORTED if pd.isna(v) else cell_text(v) for v in launches[col])])
     for col, label in _EXTRA_CONFIG.items():
@@ -170,9 +170,8 @@ def recompilations(bundle: ResultBundle) -> Table | None:
     return format_table(pd.DataFrame(rows), None, labels=False)
 
 
-def compile_count_note(bundle: ResultBundle) -> str | None:
-    """Which requests report no compile count (sglang's records carry none), so an empty
-    recompilations table is never read as "none compiled"; None when all do."""
+def _compile_count_note(bundle: ResultBundle) -> str | None:
+    """Which requests report no compile count (sglang's records carry none); None when all do."""
     req = bundle.requests
     missing = int(req["compiles"].isna().sum())
     if not missing:
@@ -318,7 +317,7 @@ def root_cause(run_dir: str | Path, name: str, results: Mapping[str, Any]) -> di
             "config": engine_config(launches),
             "not_reported": not_reported(launches),
             "recompiles": recompilations(b),
-            "compiles_note": compile_count_note(b),
+            "compiles_note": _compile_count_note(b),
             "logs": log_findings(b.logs),
             "clamps": budget_clamps(launches),
             "instrumentation": ov,

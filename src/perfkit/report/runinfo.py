@@ -29,8 +29,8 @@ from perfkit.investigations import registry
 log = logging.getLogger(__name__)
 
 
-GATE_TITLE = "Baseline gate"
-GATE_QUESTION = "This run's numbers against the baseline, and the invariants."
+_GATE_TITLE = "Baseline gate"
+_GATE_QUESTION = "This run's numbers against the baseline, and the invariants."
 #: the columns of :func:`gate_view`, as the page shows them
 GATE_COLUMNS = ["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
 #: gate rows sort failures first
@@ -39,13 +39,13 @@ GATE_ORDER = {"fail": 0, "inconclusive": 1, "improved": 2, "pass": 3, "new": 4, 
 
 def section_title(name: str) -> str:
     """The heading of a notebook's section: the investigation's title, or the gate's."""
-    return GATE_TITLE if name == GATE else registry.get(name).title
+    return _GATE_TITLE if name == GATE else registry.get(name).title
 
 
 def section_question(name: str) -> str:
     """The one-sentence question of a notebook's section (the investigation's, or the gate's).
     Raises KeyError for a name that is neither registered nor the gate."""
-    return GATE_QUESTION if name == GATE else registry.get(name).question
+    return _GATE_QUESTION if name == GATE else registry.get(name).question
 
 
 def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
@@ -63,9 +63,8 @@ def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
     return None, None
 
 
-def run_info(run_dir: Path) -> dict[str, Any]:
-    """``run_dir/run.json``, or one inferred from the notebooks and verdicts of a run made by hand.
-    Raises ValueError: a run.json that is not an object with a list of notebook objects (names the file)."""
+def _run_info(run_dir: Path) -> dict[str, Any]:
+    """``run.json`` (ValueError naming it when not a run record), or one inferred from a run made by hand."""
     p = run_dir / "run.json"
     if p.exists():
         try:
@@ -279,7 +278,7 @@ def run_warnings(run_dir: Path) -> list[str]:
 
 def run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
     """(run.json info, verdict rows, exit code, status word) of a run directory."""
-    info = run_info(run_dir)
+    info = _run_info(run_dir)
     verdicts = collect_verdicts(run_dir)
     code = info.get("exit_code")
     if code is None:
@@ -408,7 +407,7 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
                     "OOM-kill record": r.get("oom_record") or "–",
                 }
             )
-    for n in run_info(run_dir).get("notebooks", []):
+    for n in _run_info(run_dir).get("notebooks", []):
         fl = n.get("in_flight") or {}
         for e in n.get("outlived") or []:
             label = str(e.get("label") or "")
