@@ -90,30 +90,17 @@ def below_stage(
 
 
 def _op_diffs(a: Any, b: Any, sides: dict[str, list[pd.DataFrame]]) -> tuple[Any, Any, str | None]:
-    """(op diff, kernel diff or None, :func:`kernel_note`) of ``a`` -> ``b``; ``sides``: their traces."""
-    if _has_kernels([e for evs in sides.values() for e in evs]):
+    """(op diff, kernel diff when every trace of ``sides`` has device kernels, else why not or None)."""
+    with_k = [k for k, evs in sides.items() if evs and all((e["cat"] == "kernel").any() for e in evs)]
+    if len(with_k) == len(sides):
         return tr.op_diff(a, b), tr.op_diff(a, b, kernels=True), None
-    return tr.op_diff(a, b), None, kernel_note(sides)
-
-
-def _has_kernels(events: list[pd.DataFrame]) -> bool:
-    """True when every one of ``events`` has device kernels (a GPU trace)."""
-    return bool(events) and all((e["cat"] == "kernel").any() for e in events)
-
-
-def kernel_note(sides: dict[str, list[pd.DataFrame]]) -> str | None:
-    """Why the kernel diff is missing when some of its sides' traces have device kernels and
-    others none (``sides``: label -> :func:`~perfkit.readings.traces.op_events` frames); None
-    when every trace has kernels (there is a diff) or none has (a CPU run: nothing to say)."""
-    with_k = [k for k, evs in sides.items() if evs and _has_kernels(evs)]
     without = [k for k in sides if k not in with_k]
-    if not with_k or not without:
-        return None
-    return (
+    note = (
         f"No device-kernel diff: not every trace of {' and '.join(without)} has device kernels (a "
         f"CPU run, or the profiler recorded no CUDA activity), while those of {' and '.join(with_k)} "
         "do; the op diff above compares CPU-side time only."
     )
+    return tr.op_diff(a, b), None, note if with_k else None
 
 
 def warm_events(events: dict[str, pd.DataFrame]) -> list[pd.DataFrame]:

@@ -52,14 +52,6 @@ def external_refs(text: str) -> list[str]:
     return [text[max(0, m.start() - 40) : m.end() + 60] for m in _EXTERNAL.finditer(text)]
 
 
-def neutralise_external(text: str) -> str:
-    """Make network references inert: ``src="https://x"`` -> ``data-offline-src="https://x"``,
-    ``url(https://x)`` -> ``url(data:,https://x)``."""
-    text = _ATTR_EXT.sub(lambda m: f"data-offline-{m.group(1)}{m.group(2)}{m.group(3)}", text)
-    text = _URL_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", text)
-    return _IMPORT_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", text)
-
-
 #: the page template; it includes ``report.css`` inline and renders each section's HTML
 PAGE_TEMPLATE = "page.html.j2"
 #: the gate notebook's section template (investigation sections come from the registry)
@@ -244,9 +236,8 @@ def _gate_table(verdicts: pd.DataFrame, statuses: tuple[str, ...] | None = None)
     return format_table(v if statuses is None else v[v["status"].isin(statuses)])
 
 
-def gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
-    """``[{"status", "n", "text"}]`` per gate status present, failures first
-    (``"60 passed"``, ``"1 failed"``, ``"30 skipped"``)."""
+def _gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
+    """``[{"status", "n", "text": "60 passed"}]`` per gate status present, failures first."""
     if verdicts.empty:
         return []
     words = {"fail": "failed", "pass": "passed", "inconclusive": "inconclusive (noise could flip)"}
@@ -319,7 +310,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "warnings": v["warnings"],
         "gates": _gate_table(verdicts),
         "gates_attention": _gate_table(verdicts, ("fail", "improved")),
-        "gate_counts": gate_counts(verdicts),
+        "gate_counts": _gate_counts(verdicts),
         "sections": [markupsafe.Markup(render_section(run_dir, n, v["reads"])) for n in nbs],
     }
 
@@ -348,7 +339,10 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     bad = external_refs(page)
     if bad:  # e.g. an HTML output of a notebook pointing at the web: neutralise, keep offline
         log.warning("report: %d network reference(s) neutralised, e.g. %s", len(bad), bad[0])
-        page = neutralise_external(page)
+        # inert: src="https://x" -> data-offline-src="https://x", url(https://x) -> url(data:,https://x)
+        page = _ATTR_EXT.sub(lambda m: f"data-offline-{m.group(1)}{m.group(2)}{m.group(3)}", page)
+        page = _URL_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", page)
+        page = _IMPORT_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", page)
         left = external_refs(page)
         if left:
             raise RuntimeError(f"report would load from the network: {left[:3]}")

@@ -88,13 +88,14 @@ def engine_config(launches: pd.DataFrame) -> Table | None:
         "setting",
         *(names.get(lk, lk) if names.get(lk, lk) == lk else f"{lk} ({names[lk]})" for lk in cols),
     ]
-    rows = []
-    for col, label in _CONFIG_COLUMNS.items():
-        if _present(launches, col):
-            rows.append([label, *(NOT_REPORTED if pd.isna(v) else cell_text(v) for v in launches[col])])
-    for col, label in _EXTRA_CONFIG.items():
-        if _present(launches, col):
-            rows.append([label, *(cell_text(v) for v in launches[col])])
+    rows = [
+        [
+            label,
+            *(NOT_REPORTED if col in _CONFIG_COLUMNS and pd.isna(v) else cell_text(v) for v in launches[col]),
+        ]
+        for col, label in {**_CONFIG_COLUMNS, **_EXTRA_CONFIG}.items()
+        if _present(launches, col)
+    ]
     return Table(header=header, rows=rows)
 
 
@@ -225,7 +226,7 @@ def budget_clamps(launches: pd.DataFrame) -> list[str]:
             if pd.isna(ask):
                 ask = r.get("host_cap_gib")
             out.append(f"{lk}: host cap asked {cell_text(ask)} GiB, in force {cell_text(eff)} GiB ({clamp})")
-        if r.get("cap_exceeded") is True or (pd.notna(r.get("cap_exceeded")) and bool(r.get("cap_exceeded"))):
+        if pd.notna(r.get("cap_exceeded")) and bool(r.get("cap_exceeded")):
             out.append(f"{lk}: the host cap was exceeded and the engine was stopped")
     return out
 
